@@ -1,0 +1,110 @@
+"""Forget-gate activations and the initialisers of their parameters.
+
+KDA's forget gate is a per-channel log-space decay ``g <= 0``. It is computed from a raw
+projection ``f`` of the input, a per-channel bias ``dt_bias`` and a per-head rate
+``A = exp(A_log)``:
+
+* softplus gate (``lower_bound=None``): ``g = -A * softplus(f + dt_bias)``, unbounded below;
+* safe gate (``lower_bound`` in [-5, 0)): ``g = lower_bound * sigmoid(A * (f + dt_bias))``,
+  so every step decays by at most ``exp(lower_bound)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+LOWER_BOUND_RANGE = (-5.0, 0.0)
+
+
+def check_lower_bound(lower_bound: float | None) -> None:
+    """Raise ValueError unless ``lower_bound`` is None or a float in [-5, 0)."""
+    if lower_bound is None:
+        return
+    lo, hi = LOWER_BOUND_RANGE
+    if not isinstance(lower_bound, (int, float)) or not lo <= float(lower_bound) < hi:
+        raise ValueError(
+            f"lower_bound must be a float in [{lo:g}, {hi:g}) (or None for the softplus gate), "
+            f"got {lower_bound!r}"
+        )
+
+
+def kda_gate(
+    f: jax.Array,
+    a_log: jax.Array,
+    dt_bias: jax.Array | None,
+    *,
+    lower_bound: float | None = None,
+) -> jax.Array:
+    """Log-space forget gate ``g`` from the raw gate input ``f``.
+
+    Args:
+      f: raw gate input ``[B, T, H, K]`` (any float dtype).
+      a_log: per-head log rate ``[H]``; ``A = exp(a_log)``.
+      dt_bias: per-channel bias ``[H * K]`` (fla's layout) or ``[H, K]``, or None for no bias.
+      lower_bound: None for the softplus gate, else the safe gate's bound in [-5, 0).
+
+    Returns:
+      ``g`` ``[B, T, H, K]`` float32, ``<= 0``.
+    """
+    check_lower_bound(lower_bound)
+    if f.ndim != 4:
+        raise ValueError(f"f must have shape [B, T, H, K], got shape {f.shape}")
+    num_heads, head_dim = f.shape[2], f.shape[3]
+    if a_log.shape != (num_heads,):
+        raise ValueError(f"a_log must have shape [H]=({num_heads},), got {a_log.shape}")
+    x = f.astype(jnp.float32)
+    if dt_bias is not None:
+        if dt_bias.shape == (num_heads * head_dim,):
+            dt_bias = dt_bias.reshape(num_heads, head_dim)
+        elif dt_bias.shape != (num_heads, head_dim):
+            raise ValueError(
+                f"dt_bias must have shape [H*K]=({num_heads * head_dim},) or "
+                f"[H, K]=({num_heads}, {head_dim}), got {dt_bias.shape}"
+            )
+        x = x + dt_bias.astype(jnp.float32)
+    rate = jnp.exp(a_log.astype(jnp.float32))[:, None]  # [H, 1], broadcasts over K
+    if lower_bound is None:
+        return -rate * jax.nn.softplus(x)
+    return float(lower_bound) * jax.nn.sigmoid(rate * x)
+
+
+def init_a_log(
+    key: jax.Array,
+    num_heads: int,
+    *,
+    safe_gate: bool = False,
+    low: float = 1.0,
+    high: float = 16.0,
+) -> jax.Array:
+    """``A_log`` ``[H]`` float32: ``log U(low, high)``; zeros for the safe gate (A = 1)."""
+    if safe_gate:
+        return jnp.zeros((num_heads,), jnp.float32)
+    if not 0 < low < high:
+        raise ValueError(f"init_a_log needs 0 < low < high, got low={low}, high={high}")
+    return jnp.log(jax.random.uniform(key, (num_heads,), jnp.float32, low, high))
+
+
+def init_dt_bias(
+    key: jax.Array,
+    num_heads: int,
+    head_dim: int,
+    *,
+    dt_min: float = 1e-3,
+    dt_max: float = 1e-1,
+    dt_floor: float = 1e-4,
+) -> jax.Array:
+    """``dt_bias`` ``[H * K]`` float32 with ``softplus(dt_bias) = dt``.
+
+    ``dt`` is log-uniform in ``[dt_min, dt_max]`` and floored at ``dt_floor``; the bias is its
+    inverse softplus ``dt + log(-expm1(-dt))``, so that at init the softplus gate decays each
+    channel by ``exp(-A * dt)`` per token.
+    """
+    if not 0 < dt_min < dt_max:
+        raise ValueError(f"init_dt_bias needs 0 < dt_min < dt_max, got {dt_min}, {dt_max}")
+    u = jax.random.uniform(key, (num_heads * head_dim,), jnp.float32)
+    dt = jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = jnp.maximum(dt, dt_floor)
+    return dt + jnp.log(-jnp.expm1(-dt))

@@ -1,0 +1,154 @@
+"""The plain KDA recurrence, one token at a time: the oracle every other form is checked against.
+
+Per head, with state ``S [K, V]``::
+
+    S = S * exp(g_t)[:, None]                     # per-channel forget gate
+    S = S + beta_t * outer(k_t, v_t - k_t @ S)    # delta rule (read after the decay)
+    o_t = (scale * q_t) @ S                       # read after write
+
+Run it under ``jax_enable_x64`` with float64 inputs for a float64 oracle.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kda_lib._checks import (
+    Dims,
+    accumulation_dtype,
+    check_kda_inputs,
+    check_state,
+    resolve_scale,
+)
+
+
+def _delta_update(state, k_t, v_t, g_t, beta_t):
+    """One decay + delta-rule write. state [..., K, V]; k_t, g_t [..., K]; v_t [..., V]."""
+    state = state * jnp.exp(g_t)[..., :, None]
+    prediction = jnp.einsum("...k,...kv->...v", k_t, state)
+    return state + (beta_t[..., None] * k_t)[..., :, None] * (v_t - prediction)[..., None, :]
+
+
+def first_segment_id(segment_ids: jax.Array) -> jax.Array:
+    """``[B]``: the first non-zero id of each row (0 for an all-padding row).
+
+    The initial state belongs to this segment, also when the row starts with padding.
+    """
+    valid = segment_ids != 0
+    first = jnp.argmax(valid, axis=1)
+    return jnp.where(valid.any(axis=1), jnp.take_along_axis(segment_ids, first[:, None], 1)[:, 0], 0)
+
+
+def kda_recurrent(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
+    allow_neg_eigval: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """KDA as a ``lax.scan`` over time.
+
+    Args:
+      q, k: ``[B, T, H, K]``; used as given (normalise them first if you want L2-normed keys).
+      v: ``[B, T, H, V]``.
+      g: ``[B, T, H, K]`` log-space decay, ``<= 0``.
+      beta: ``[B, T, H]`` write strength in [0, 1] ([0, 2] with ``allow_neg_eigval``).
+      scale: query scale, default ``K ** -0.5``.
+      initial_state: ``[B, H, K, V]`` state before the first token (of the row's first
+        segment), default zeros.
+      output_final_state: also return the state after the last non-padding token.
+      segment_ids: ``[B, T]`` int, 1-based, 0 = padding. The state resets to zero whenever the
+        id changes; padding tokens output 0 and leave the state alone.
+      allow_neg_eigval: accept beta in [0, 2].
+
+    Returns:
+      ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
+      float32 (float64 for float64 inputs), or None.
+    """
+    dims = check_kda_inputs(
+        q, k, v, g, beta,
+        initial_state=initial_state, segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval,
+    )
+    scale = resolve_scale(scale, dims.key_dim)
+    acc = accumulation_dtype(q.dtype)
+    state0 = _initial_state(initial_state, dims, acc)
+
+    # time-major for the scan
+    xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
+    if segment_ids is None:
+        ids = jnp.ones((dims.seq_len, dims.batch), jnp.int32)
+        prev0 = jnp.ones((dims.batch,), jnp.int32)
+    else:
+        ids = jnp.moveaxis(segment_ids.astype(jnp.int32), 1, 0)
+        prev0 = first_segment_id(segment_ids.astype(jnp.int32))
+
+    def step(carry, x):
+        state, prev_id = carry
+        q_t, k_t, v_t, g_t, beta_t, id_t = x
+        valid = id_t != 0  # [B]
+        fresh = valid & (id_t != prev_id)
+        state_in = jnp.where(fresh[:, None, None, None], 0.0, state)
+        new_state = _delta_update(state_in, k_t, v_t, g_t, beta_t)
+        o_t = jnp.einsum("bhk,bhkv->bhv", q_t * scale, new_state)
+        o_t = jnp.where(valid[:, None, None], o_t, 0.0)
+        state = jnp.where(valid[:, None, None, None], new_state, state)
+        return (state, jnp.where(valid, id_t, prev_id)), o_t
+
+    (final_state, _), o = jax.lax.scan(step, (state0, prev0), (*xs, ids))
+    o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
+    return o, (final_state if output_final_state else None)
+
+
+def kda_step(
+    state: jax.Array,
+    q_t: jax.Array,
+    k_t: jax.Array,
+    v_t: jax.Array,
+    g_t: jax.Array,
+    beta_t: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One decoding step.
+
+    Args:
+      state: ``[B, H, K, V]`` (kept in float32, or float64 for float64 inputs).
+      q_t, k_t, g_t: ``[B, H, K]``; v_t: ``[B, H, V]``; beta_t: ``[B, H]``.
+      scale: default ``K ** -0.5``.
+
+    Returns:
+      ``(new_state [B, H, K, V], o_t [B, H, V])``; o_t in q_t's dtype.
+    """
+    if q_t.ndim != 3:
+        raise ValueError(f"q_t must have shape [B, H, K], got shape {q_t.shape}")
+    batch, num_heads, key_dim = q_t.shape
+    if v_t.ndim != 3 or v_t.shape[:2] != (batch, num_heads):
+        raise ValueError(f"v_t must have shape [B, H, V]=({batch}, {num_heads}, V), got {v_t.shape}")
+    dims = Dims(batch, 1, num_heads, key_dim, v_t.shape[2])
+    for name, x in (("k_t", k_t), ("g_t", g_t)):
+        if x.shape != q_t.shape:
+            raise ValueError(f"{name} must have shape [B, H, K]={q_t.shape}, got {x.shape}")
+    if beta_t.shape != (batch, num_heads):
+        raise ValueError(f"beta_t must have shape [B, H]={(batch, num_heads)}, got {beta_t.shape}")
+    check_state(state, dims)
+    scale = resolve_scale(scale, key_dim)
+    acc = jnp.promote_types(accumulation_dtype(q_t.dtype), state.dtype)
+    new_state = _delta_update(
+        state.astype(acc), k_t.astype(acc), v_t.astype(acc), g_t.astype(acc), beta_t.astype(acc)
+    )
+    o_t = jnp.einsum("bhk,bhkv->bhv", q_t.astype(acc) * scale, new_state)
+    return new_state.astype(state.dtype), o_t.astype(q_t.dtype)
+
+
+def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:
+    shape = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
+    if initial_state is None:
+        return jnp.zeros(shape, acc)
+    return initial_state.astype(acc)
