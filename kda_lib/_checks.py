@@ -84,9 +84,9 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> None:
     if ids.min() < 0:
         raise ValueError(f"segment_ids must be >= 0 (0 = padding), got min {ids.min()}")
     for row in range(batch):
-        nonzero = ids[row][ids[row] != 0]
-        starts = np.concatenate([[True], nonzero[1:] != nonzero[:-1]]) if nonzero.size else []
-        run_ids = nonzero[np.asarray(starts, bool)] if nonzero.size else nonzero
+        row_ids = ids[row]
+        starts = (row_ids != 0) & np.concatenate([[True], row_ids[1:] != row_ids[:-1]])
+        run_ids = row_ids[starts]
         values, counts = np.unique(run_ids, return_counts=True)
         if (counts > 1).any():
             reused = values[counts > 1][0]

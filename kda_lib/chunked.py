@@ -12,11 +12,11 @@ are chained across chunks, either by a sequential scan or by ``lax.associative_s
 across devices.
 
 Numerical safety: decay ratios ``exp(G_i - G_j)`` (G = in-chunk cumulative log decay) are never
-formed as ``exp(G_i) * exp(-G_j)``, which overflows for strong gates. Each block of 8 score rows
-factors through the log decay of its middle row, so earlier keys only ever see factors <= 1 and
-exponents inside the block stay bounded once per-step decays are floored at ``-gate_floor``
-(a floor whose effect, ``exp(-20)`` in float32, is below the dtype's resolution). Any ``g <= 0``
-is safe, the unbounded softplus gate included.
+formed as ``exp(G_i) * exp(-G_j)``, which overflows for strong gates. Keys in earlier blocks of 8
+rows factor through the log decay just before the row block (two factors <= 1, one matmul);
+pairs inside a block use the exact ratio. Every exponent is summed over exactly its own range.
+Any ``g <= 0`` is safe, the unbounded softplus gate included, and float32 results stay as close
+to the float64 oracle as the float32 recurrence is.
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     lead = a.shape[:-2]
     block = min(base, size)
     if size % block or block & (block - 1) or (size // block) & (size // block - 1):
-        raise ValueError(f"unit_lower_inverse needs C = base * 2^j with base a power of 2, got C={size}")
+        raise ValueError(
+            f"unit_lower_inverse needs C = base * 2^j with base a power of 2, got C={size}"
+        )
     n = size // block
     x = jnp.moveaxis(jnp.diagonal(a.reshape(*lead, n, block, n, block), axis1=-4, axis2=-2), -1, -3)
     eye = jnp.eye(block, dtype=a.dtype)
@@ -91,45 +93,93 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     return inv.reshape(*lead, size, size)
 
 
-def gate_floor(dtype) -> float:
-    """Per-step log decay below which a channel counts as fully forgotten.
+SUB_CHUNK = 8  # rows per score block
 
-    A step with ``g < -floor`` scales the old state by less than ``exp(-floor)`` (2e-9 in
-    float32, 4e-18 in float64), far below the dtype's resolution, so clamping it there changes
-    nothing measurable; it bounds the in-sub-block exponents that keep scores matmul-friendly.
+
+def _suffix_sum(x, axis):
+    """``sum_{m > i} x_m`` along ``axis`` (exclusive), summed directly, not as a difference."""
+    rev = jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis), axis)
+    zero = jnp.zeros_like(jax.lax.slice_in_dim(rev, 0, 1, axis=axis))
+    return jnp.concatenate([jax.lax.slice_in_dim(rev, 1, None, axis=axis), zero], axis)
+
+
+class ScoreDecays(NamedTuple):
+    """Decay factors for :func:`_decayed_scores`, shared by the q.k and k.k scores.
+
+    For row block I (rows lo..hi-1, s = SUB_CHUNK, n = C / s blocks):
+      row[..., I, i, K]      = exp(G_i - G_{lo-1})       rows from the block start, <= 1
+      keys[I]  [..., lo, K]  = exp(G_{lo-1} - G_j)       earlier keys up to the block start, <= 1
+      within[..., I, i, j, K] = exp(G_i - G_j), j <= i    the exact ratio inside the block
+    Every exponent is a sum of same-sign terms over exactly its own range, so its rounding error
+    is eps * |exponent|; differences of prefix sums would cost eps * |G| instead, i.e. relative
+    precision of decay factors in chunks with strong gates.
     """
-    return 40.0 if jnp.dtype(dtype) == jnp.float64 else 20.0
+
+    row: jax.Array
+    keys: tuple
+    within: jax.Array
 
 
-SUB_CHUNK = 8  # rows per score block: |exponent| <= SUB_CHUNK / 2 * gate_floor = 80 in float32
+def _score_decays(g) -> ScoreDecays:
+    """g: ``[..., C, K]`` per-step log decays ``<= 0``."""
+    *lead, size, dim = g.shape
+    s = min(SUB_CHUNK, size)
+    n = size // s
+    gb = g.reshape(*lead, n, s, dim)
+    row = jnp.exp(jnp.cumsum(gb, axis=-2))
+    tail = _suffix_sum(gb, axis=-2)  # [..., n, s, K]: sum over (j, block end]
+    totals = jnp.sum(gb, axis=-2)  # [..., n, K]
+    idx = jnp.arange(n)
+    between = (idx[None, None, :] > idx[None, :, None]) & (idx[None, None, :] < idx[:, None, None])
+    span = _mm("...mk,IJm->...IJk", totals, between.astype(g.dtype))  # blocks J < m < I
+    keys = tuple(
+        jnp.exp(tail[..., :block, :, :] + span[..., block, :block, None, :]).reshape(
+            *lead, block * s, dim
+        )
+        for block in range(n)
+    )
+    # exact in-block ratios: sum_{j < m <= i} g_m as a cumulative sum along i for each j
+    pos = jnp.arange(s)
+    after_j = jnp.where(pos[:, None, None] < pos[None, :, None], gb[..., None, :, :], 0.0)
+    ratio_log = jnp.cumsum(after_j, axis=-2)  # [..., n, j, i, K]
+    lower = (pos[:, None] <= pos[None, :])[..., None]  # [j, i, 1]: j <= i
+    within = jnp.exp(jnp.where(lower, ratio_log, -jnp.inf))
+    return ScoreDecays(row, keys, jnp.swapaxes(within, -3, -2))  # [..., n, i, j, K]
 
 
-def _decayed_scores(x, k, cum_g, strict: bool):
+def _decayed_scores(x, k, decays: ScoreDecays, strict: bool):
     """``S[i, j] = sum_c x[i, c] k[j, c] exp(G[i, c] - G[j, c])`` for j <= i (j < i if strict).
 
-    x, k, cum_g: ``[..., C, K]`` with per-step decays ``>= -gate_floor``. Returns ``[..., C, C]``,
-    zero above (on) the diagonal. Rows go in blocks of SUB_CHUNK, each factored through the log
-    decay of its middle row r: ``x_i exp(G_i - G_r) . k_j exp(G_r - G_j)``. For earlier columns
-    the key factor is <= 1; inside the block both exponents are bounded by the gate floor.
+    x, k: ``[..., C, K]``. Returns ``[..., C, C]``, zero above (on) the diagonal. Keys in earlier
+    row blocks factor through the log decay just before the block (both factors <= 1, a
+    matmul); keys in the same block use the exact ratio.
     """
-    *lead, size, _ = x.shape
-    s = min(SUB_CHUNK, size)
+    *lead, size, dim = x.shape
+    n = decays.row.shape[-3]
+    s = size // n
+    xb = x.reshape(*lead, n, s, dim)
+    kb = k.reshape(*lead, n, s, dim)
+    within = _mm("...Iik,...Ijk,...Iijk->...Iij", xb, kb, decays.within)
+    if strict:
+        within = jnp.where(jnp.tril(jnp.ones((s, s), bool), -1), within, 0.0)
+    x_dec = xb * decays.row
     pad = [(0, 0)] * len(lead)
-    rows = []
-    for block in range(size // s):
-        lo, hi = block * s, (block + 1) * s
-        ref = cum_g[..., lo + s // 2, None, :]
-        x_dec = x[..., lo:hi, :] * jnp.exp(cum_g[..., lo:hi, :] - ref)
-        k_dec = k[..., :hi, :] * jnp.exp(ref - cum_g[..., :hi, :])
-        causal = jnp.tril(jnp.ones((s, hi), bool), lo - 1 if strict else lo)
-        scores = jnp.where(causal, _mm("...ik,...jk->...ij", x_dec, k_dec), 0.0)
-        rows.append(jnp.pad(scores, pad + [(0, 0), (0, size - hi)]))
+    rows = [jnp.pad(within[..., 0, :, :], pad + [(0, 0), (0, size - s)])]
+    for block in range(1, n):
+        lo = block * s
+        earlier = _mm(
+            "...ik,...jk->...ij", x_dec[..., block, :, :], k[..., :lo, :] * decays.keys[block]
+        )
+        rows.append(
+            jnp.concatenate(
+                [earlier, within[..., block, :, :], jnp.zeros((*lead, s, size - lo - s), x.dtype)],
+                -1,
+            )
+        )
     return jnp.concatenate(rows, axis=-2)
 
 
-def chunk_affine_maps(
-    q, k, v, g, beta, *, scale: float, segments=None
-) -> ChunkMaps:
+def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> ChunkMaps:
     """Affine summaries of every chunk, computed in parallel.
 
     Args:
@@ -140,12 +190,13 @@ def chunk_affine_maps(
         which tokens continue the segment entering the chunk, which belong to the segment
         leaving it, and whether the entering segment is also the leaving one.
     """
-    cum_g = jnp.cumsum(jnp.maximum(g, -gate_floor(g.dtype)), axis=-2)
-    attn_kk = beta[..., None] * _decayed_scores(k, k, cum_g, strict=True)
-    attn_qk = scale * _decayed_scores(q, k, cum_g, strict=False)
+    decays = _score_decays(g)
+    attn_kk = beta[..., None] * _decayed_scores(k, k, decays, strict=True)
+    attn_qk = scale * _decayed_scores(q, k, decays, strict=False)
+    cum_g = jnp.cumsum(g, axis=-2)
     decay_in = jnp.exp(cum_g)  # chunk start -> token, <= 1
     last_g = cum_g[..., -1, :]
-    decay_out = jnp.exp(last_g[..., None, :] - cum_g)  # token -> chunk end, <= 1
+    decay_out = jnp.exp(_suffix_sum(g, axis=-2))  # token -> chunk end, <= 1
     k_in = k * decay_in
     q_in = scale * q * decay_in
     k_out = k * decay_out
@@ -184,6 +235,7 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode):
     Returns ``(entering [B, H, N, K, V], final [B, H, K, V])``.
     """
     if mode == "sequential":
+
         def step(state, maps):
             m, e = maps
             return _mm("bhij,bhjv->bhiv", m, state) + e, state
@@ -210,8 +262,9 @@ def segment_masks(segment_ids: jax.Array, chunk_size: int):
     last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
     first = first_segment_id(ids)
     # id of the segment the state belongs to after each token (the row's first id before any)
-    current = jnp.where(last_valid >= 0, jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1),
-                        first[:, None])
+    current = jnp.where(
+        last_valid >= 0, jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1), first[:, None]
+    )
     leaving = current[:, chunk_size - 1 :: chunk_size]  # [B, N]
     entering = jnp.concatenate([first[:, None], leaving[:, :-1]], axis=1)
     ids_c = ids.reshape(batch, num_chunks, chunk_size)
@@ -254,8 +307,14 @@ def kda_chunked(
       ``(o [B, T, H, V], final_state [B, H, K, V] float32 | None)``.
     """
     dims = check_kda_inputs(
-        q, k, v, g, beta,
-        initial_state=initial_state, segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
     )
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two, got {chunk_size!r}")
@@ -285,8 +344,13 @@ def kda_chunked(
 
     segments = None if segment_ids is None else segment_masks(segment_ids, chunk_size)
     maps = chunk_affine_maps(
-        to_chunks(q), to_chunks(k), to_chunks(v), to_chunks(g), to_chunks(beta),
-        scale=scale, segments=segments,
+        to_chunks(q),
+        to_chunks(k),
+        to_chunks(v),
+        to_chunks(g),
+        to_chunks(beta),
+        scale=scale,
+        segments=segments,
     )
     state0 = (
         jnp.zeros((batch, heads, key_dim, value_dim), acc)

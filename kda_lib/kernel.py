@@ -38,9 +38,7 @@ from kda_lib.reference import first_segment_id, kda_recurrent
 Implementation = Literal[
     "auto", "recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic"
 ]
-IMPLEMENTATIONS = (
-    "recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic"
-)
+IMPLEMENTATIONS = ("recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic")
 TOKAMAX_IMPLEMENTATIONS = {
     "tokamax_xla": "xla",
     "tokamax_xla_chunked": "xla_chunked",
@@ -114,8 +112,9 @@ def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> li
 
 def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
     """The ``"auto"`` policy (module docstring), as a function so it can be inspected."""
-    if not mosaic_problems(key_dim=key_dim, dtype=dtype, lower_bound=lower_bound,
-                           fused_gate=fused_gate):
+    if not mosaic_problems(
+        key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
+    ):
         try:
             tokamax_kda_api()
             return "tokamax_mosaic"
@@ -169,37 +168,69 @@ def kda(
     fused_gate = a_log is not None
     check_lower_bound(lower_bound)
     if not fused_gate and (dt_bias is not None or lower_bound is not None):
-        raise ValueError("dt_bias and lower_bound only apply with the fused gate: pass a_log too "
-                         "(or activate the gate yourself with kda_lib.kda_gate)")
+        raise ValueError(
+            "dt_bias and lower_bound only apply with the fused gate: pass a_log too "
+            "(or activate the gate yourself with kda_lib.kda_gate)"
+        )
     if implementation != "auto" and implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation must be 'auto' or one of {IMPLEMENTATIONS}, got {implementation!r}"
         )
     if fused_gate:
-        dims = _check_fused(q, k, v, g, beta, initial_state, segment_ids, allow_neg_eigval,
-                            a_log, dt_bias)
+        dims = _check_fused(
+            q, k, v, g, beta, initial_state, segment_ids, allow_neg_eigval, a_log, dt_bias
+        )
     else:
-        dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)
+        dims = check_kda_inputs(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=initial_state,
+            segment_ids=segment_ids,
+            allow_neg_eigval=allow_neg_eigval,
+        )
     if implementation == "auto":
         implementation = select_implementation(
-            seq_len=dims.seq_len, key_dim=dims.key_dim, dtype=q.dtype,
-            lower_bound=lower_bound, fused_gate=fused_gate,
+            seq_len=dims.seq_len,
+            key_dim=dims.key_dim,
+            dtype=q.dtype,
+            lower_bound=lower_bound,
+            fused_gate=fused_gate,
         )
     if implementation in TOKAMAX_IMPLEMENTATIONS:
         return _tokamax_kda(
-            implementation, q, k, v, g, beta, dims=dims, scale=scale,
-            initial_state=initial_state, output_final_state=output_final_state,
-            segment_ids=segment_ids, max_num_segments=max_num_segments, a_log=a_log,
-            dt_bias=dt_bias, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-            allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size,
+            implementation,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            dims=dims,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            segment_ids=segment_ids,
+            max_num_segments=max_num_segments,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            lower_bound=lower_bound,
+            use_qk_l2norm=use_qk_l2norm,
+            allow_neg_eigval=allow_neg_eigval,
+            chunk_size=chunk_size,
         )
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
     if fused_gate:
         g = kda_gate(g, a_log, dt_bias, lower_bound=lower_bound)
-    kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-                  segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)
+    kwargs = dict(
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
+    )
     if implementation == "recurrent":
         return kda_recurrent(q, k, v, g, beta, **kwargs)
     return kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
@@ -208,8 +239,14 @@ def kda(
 def _check_fused(q, k, v, g, beta, initial_state, segment_ids, allow_neg_eigval, a_log, dt_bias):
     # the raw gate may be positive: validate shapes with a zero stand-in for g
     dims = check_kda_inputs(
-        q, k, v, jnp.zeros(g.shape, g.dtype) if g.shape == q.shape else g, beta,
-        initial_state=initial_state, segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval,
+        q,
+        k,
+        v,
+        jnp.zeros(g.shape, g.dtype) if g.shape == q.shape else g,
+        beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
     )
     if a_log.shape != (dims.num_heads,):
         raise ValueError(f"a_log must have shape [H]=({dims.num_heads},), got {a_log.shape}")
@@ -220,9 +257,27 @@ def _check_fused(q, k, v, g, beta, initial_state, segment_ids, allow_neg_eigval,
     return dims
 
 
-def _tokamax_kda(implementation, q, k, v, g, beta, *, dims, scale, initial_state,
-                 output_final_state, segment_ids, max_num_segments, a_log, dt_bias, lower_bound,
-                 use_qk_l2norm, allow_neg_eigval, chunk_size):
+def _tokamax_kda(
+    implementation,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    dims,
+    scale,
+    initial_state,
+    output_final_state,
+    segment_ids,
+    max_num_segments,
+    a_log,
+    dt_bias,
+    lower_bound,
+    use_qk_l2norm,
+    allow_neg_eigval,
+    chunk_size,
+):
     fused_gate = a_log is not None
     name = implementation
     if allow_neg_eigval:
@@ -233,8 +288,9 @@ def _tokamax_kda(implementation, q, k, v, g, beta, *, dims, scale, initial_state
             "(and a raw gate input g); use implementation='chunked' for log-space gates"
         )
     if implementation == "tokamax_mosaic":
-        problems = mosaic_problems(key_dim=dims.key_dim, dtype=q.dtype, lower_bound=lower_bound,
-                                   fused_gate=fused_gate)
+        problems = mosaic_problems(
+            key_dim=dims.key_dim, dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
+        )
         if problems:
             raise ValueError("; ".join(problems))
     if implementation != "tokamax_xla" and chunk_size != TOKAMAX_CHUNK:
@@ -246,8 +302,11 @@ def _tokamax_kda(implementation, q, k, v, g, beta, *, dims, scale, initial_state
     api = tokamax_kda_api()
     batch, seq_len, heads, key_dim, value_dim = dims
     if segment_ids is not None:
-        if isinstance(max_num_segments, bool) or not isinstance(max_num_segments, int) or \
-                max_num_segments < 1:
+        if (
+            isinstance(max_num_segments, bool)
+            or not isinstance(max_num_segments, int)
+            or max_num_segments < 1
+        ):
             raise ValueError(f"max_num_segments must be a positive int, got {max_num_segments!r}")
     # tokamax's chunked kernels need T % 64 == 0
     pad = (-seq_len) % TOKAMAX_CHUNK if implementation != "tokamax_xla" else 0
@@ -255,8 +314,9 @@ def _tokamax_kda(implementation, q, k, v, g, beta, *, dims, scale, initial_state
         widths = [(0, 0), (0, pad)]
         q, k, v, g = (jnp.pad(x, widths + [(0, 0), (0, 0)]) for x in (q, k, v, g))
         beta = jnp.pad(beta, widths + [(0, 0)])
-        valid = jnp.pad(jnp.ones((batch, seq_len), bool) if segment_ids is None
-                        else segment_ids != 0, widths)
+        valid = jnp.pad(
+            jnp.ones((batch, seq_len), bool) if segment_ids is None else segment_ids != 0, widths
+        )
         if segment_ids is not None:
             segment_ids = jnp.pad(segment_ids, widths)
     elif segment_ids is not None:
@@ -274,21 +334,29 @@ def _tokamax_kda(implementation, q, k, v, g, beta, *, dims, scale, initial_state
     if valid is not None:
         # tokamax's backends disagree on padding (id 0) inside a row, so padding is made neutral
         # instead: part of the segment before it, with no decay, no write and a zero query.
-        neutral_gate = -jnp.inf if fused_gate else 0.0  # activates to g = 0 in both gates
+        # -1e30 activates to exactly g = 0 in both gates, with zero (not NaN) gradients
+        neutral_gate = -1e30 if fused_gate else 0.0
         g = jnp.where(valid[..., None, None], g, neutral_gate)
         beta = jnp.where(valid[..., None], beta, 0.0)
         q = jnp.where(valid[..., None, None], q, 0.0)
     tk_state = None
     if initial_state is not None:
         state = initial_state.astype(jnp.float32)[:, None]  # state of the row's first segment
-        tk_state = state if num_states == 1 else jnp.pad(
-            state, [(0, 0), (0, num_states - 1), (0, 0), (0, 0), (0, 0)])
+        tk_state = (
+            state
+            if num_states == 1
+            else jnp.pad(state, [(0, 0), (0, num_states - 1), (0, 0), (0, 0), (0, 0)])
+        )
 
     def head_first(x):
         return jnp.moveaxis(x, 2, 0)
 
     out, final = api.kimi_delta_attention(
-        head_first(q), head_first(k), head_first(v), head_first(g), head_first(beta),
+        head_first(q),
+        head_first(k),
+        head_first(v),
+        head_first(g),
+        head_first(beta),
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
         scale=scale,
@@ -318,14 +386,18 @@ def _segment_ordinals(segment_ids: jax.Array, max_num_segments: int) -> jax.Arra
     valid = ids != 0
     positions = jnp.arange(ids.shape[1])
     last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
-    current = jnp.where(last_valid >= 0,
-                        jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1),
-                        first_segment_id(ids)[:, None])
+    current = jnp.where(
+        last_valid >= 0,
+        jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1),
+        first_segment_id(ids)[:, None],
+    )
     previous = jnp.concatenate([current[:, :1], current[:, :-1]], axis=1)
     ordinals = 1 + jnp.cumsum(current != previous, axis=1)
     if not isinstance(ordinals, jax.core.Tracer):
         most = int(ordinals.max())
         if most > max_num_segments:
-            raise ValueError(f"segment_ids has a row with {most} segments but max_num_segments="
-                             f"{max_num_segments}")
+            raise ValueError(
+                f"segment_ids has a row with {most} segments but max_num_segments="
+                f"{max_num_segments}"
+            )
     return ordinals.astype(jnp.int32)

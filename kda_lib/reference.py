@@ -37,7 +37,9 @@ def first_segment_id(segment_ids: jax.Array) -> jax.Array:
     """
     valid = segment_ids != 0
     first = jnp.argmax(valid, axis=1)
-    return jnp.where(valid.any(axis=1), jnp.take_along_axis(segment_ids, first[:, None], 1)[:, 0], 0)
+    return jnp.where(
+        valid.any(axis=1), jnp.take_along_axis(segment_ids, first[:, None], 1)[:, 0], 0
+    )
 
 
 def kda_recurrent(
@@ -73,8 +75,14 @@ def kda_recurrent(
       float32 (float64 for float64 inputs), or None.
     """
     dims = check_kda_inputs(
-        q, k, v, g, beta,
-        initial_state=initial_state, segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
     )
     scale = resolve_scale(scale, dims.key_dim)
     acc = accumulation_dtype(q.dtype)
@@ -130,7 +138,9 @@ def kda_step(
         raise ValueError(f"q_t must have shape [B, H, K], got shape {q_t.shape}")
     batch, num_heads, key_dim = q_t.shape
     if v_t.ndim != 3 or v_t.shape[:2] != (batch, num_heads):
-        raise ValueError(f"v_t must have shape [B, H, V]=({batch}, {num_heads}, V), got {v_t.shape}")
+        raise ValueError(
+            f"v_t must have shape [B, H, V]=({batch}, {num_heads}, V), got {v_t.shape}"
+        )
     dims = Dims(batch, 1, num_heads, key_dim, v_t.shape[2])
     for name, x in (("k_t", k_t), ("g_t", g_t)):
         if x.shape != q_t.shape:

@@ -17,8 +17,11 @@ DEFAULT_TOLERANCES = {
 def _as_f64(x) -> np.ndarray:
     # via float32 first: numpy cannot cast bfloat16 straight to float64 on every version
     x = np.asarray(x)
-    return x.astype(np.float64) if x.dtype.kind == "f" and x.itemsize >= 4 else x.astype(
-        np.float32).astype(np.float64)
+    return (
+        x.astype(np.float64)
+        if x.dtype.kind == "f" and x.itemsize >= 4
+        else x.astype(np.float32).astype(np.float64)
+    )
 
 
 def tolerances(dtype) -> tuple[float, float]:
@@ -26,8 +29,9 @@ def tolerances(dtype) -> tuple[float, float]:
     return DEFAULT_TOLERANCES.get(jnp.dtype(dtype).name, DEFAULT_TOLERANCES["float32"])
 
 
-def assert_close(actual, expected, *, atol: float | None = None, rtol: float | None = None,
-                 name: str = "array") -> float:
+def assert_close(
+    actual, expected, *, atol: float | None = None, rtol: float | None = None, name: str = "array"
+) -> float:
     """Assert ``|actual - expected| <= atol + rtol * |expected|`` elementwise; return max abs error.
 
     Tolerances default by ``actual``'s dtype (bf16-aware, see DEFAULT_TOLERANCES). Shapes must

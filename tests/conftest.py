@@ -22,8 +22,19 @@ def x64():
         yield
 
 
-def make_inputs(key, batch, seq_len, heads, key_dim, value_dim, *, dtype=jnp.float32,
-                gate="softplus", gate_scale=1.0, with_state=False):
+def make_inputs(
+    key,
+    batch,
+    seq_len,
+    heads,
+    key_dim,
+    value_dim,
+    *,
+    dtype=jnp.float32,
+    gate="softplus",
+    gate_scale=1.0,
+    with_state=False,
+):
     """Random KDA inputs: L2-normalised q/k, gates from kda_gate, beta in (0, 1)."""
     ks = jax.random.split(key, 7)
     shape = (batch, seq_len, heads, key_dim)
@@ -41,7 +52,8 @@ def make_inputs(key, batch, seq_len, heads, key_dim, value_dim, *, dtype=jnp.flo
     out = dict(q=q, k=k, v=v, g=g, beta=beta)
     if with_state:
         out["initial_state"] = 0.5 * jax.random.normal(
-            ks[6], (batch, heads, key_dim, value_dim), jnp.float32)
+            ks[6], (batch, heads, key_dim, value_dim), jnp.float32
+        )
     return {n: x if n == "initial_state" else x.astype(dtype) for n, x in out.items()}
 
 

@@ -20,8 +20,9 @@ def test_gate_matches_formula(lower_bound):
     assert g.dtype == jnp.float32 and g.shape == f.shape
     x = np.asarray(f, np.float64) + np.asarray(dt_bias, np.float64).reshape(3, 4)
     rate = np.exp(np.asarray(a_log, np.float64))[:, None]
-    expected = (-rate * _np_softplus(x) if lower_bound is None
-                else lower_bound / (1 + np.exp(-rate * x)))
+    expected = (
+        -rate * _np_softplus(x) if lower_bound is None else lower_bound / (1 + np.exp(-rate * x))
+    )
     assert_close(g, expected, atol=1e-5, rtol=1e-5)
     assert (np.asarray(g) <= 0).all()
     if lower_bound is not None:
@@ -65,6 +66,7 @@ def test_inits():
     assert dt.min() >= 1e-3 * 0.999 and dt.max() <= 1e-1 * 1.001
     # log-uniform: the median dt sits near the geometric mean 1e-2
     assert 5e-3 < np.median(dt) < 2e-2
-    floored = _np_softplus(np.asarray(init_dt_bias(jax.random.key(2), 1, 64, dt_min=1e-6,
-                                                   dt_max=1e-5), np.float64))
+    floored = _np_softplus(
+        np.asarray(init_dt_bias(jax.random.key(2), 1, 64, dt_min=1e-6, dt_max=1e-5), np.float64)
+    )
     np.testing.assert_allclose(floored, 1e-4, rtol=1e-3)

@@ -29,7 +29,9 @@ def numpy_kda(q, k, v, g, beta, scale, state0, segment_ids):
                     state[:] = 0
                     prev = ids[t]
                 state = state * np.exp(g[b, t, h])[:, None]
-                state = state + beta[b, t, h] * np.outer(k[b, t, h], v[b, t, h] - k[b, t, h] @ state)
+                state = state + beta[b, t, h] * np.outer(
+                    k[b, t, h], v[b, t, h] - k[b, t, h] @ state
+                )
                 out[b, t, h] = scale * q[b, t, h] @ state
             final[b, h] = state
     return out, final
@@ -45,10 +47,22 @@ def test_recurrent_matches_numpy_loop(x64, with_segments):
         ids[0, 20:25] = 0
         ids[0, 25:] = 2
         ids[1, 10:] = 3
-    o, s = kda_recurrent(**inputs, output_final_state=True, scale=0.3,
-                         segment_ids=jnp.asarray(ids) if with_segments else None)
-    o_np, s_np = numpy_kda(inputs["q"], inputs["k"], inputs["v"], inputs["g"], inputs["beta"],
-                           0.3, inputs["initial_state"], ids)
+    o, s = kda_recurrent(
+        **inputs,
+        output_final_state=True,
+        scale=0.3,
+        segment_ids=jnp.asarray(ids) if with_segments else None,
+    )
+    o_np, s_np = numpy_kda(
+        inputs["q"],
+        inputs["k"],
+        inputs["v"],
+        inputs["g"],
+        inputs["beta"],
+        0.3,
+        inputs["initial_state"],
+        ids,
+    )
     assert o.dtype == jnp.float64 and s.dtype == jnp.float64
     assert_close(o, o_np, atol=1e-12, rtol=1e-12)
     assert_close(s, s_np, atol=1e-12, rtol=1e-12)
