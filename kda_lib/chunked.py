@@ -47,7 +47,7 @@ class ChunkMaps(NamedTuple):
 
 
 def default_scan_mode() -> ScanMode:
-    """Sequential on CPU (measured faster there); associative where sequential steps cost launches."""
+    """Sequential on CPU (measured faster there); associative where steps cost kernel launches."""
     return "sequential" if jax.default_backend() == "cpu" else "associative"
 
 
