@@ -3,9 +3,12 @@
 from kda_lib.chunked import kda_chunked
 from kda_lib.gating import init_a_log, init_dt_bias, kda_gate
 from kda_lib.kernel import kda
+from kda_lib.layer import KDAConfig, KimiDeltaAttention
 from kda_lib.reference import kda_recurrent, kda_step
 
 __all__ = [
+    "KDAConfig",
+    "KimiDeltaAttention",
     "init_a_log",
     "kda",
     "init_dt_bias",

@@ -1,0 +1,129 @@
+"""ShortConvolution: the depthwise causal convolution KDA applies to q, k and v.
+
+Tap order (same as PyTorch's ``Conv1d``): ``kernel [W, C]`` with ``kernel[w]`` multiplying the
+input ``W - 1 - w`` steps back, so ``kernel[W - 1]`` is the current token:
+
+    y[t, c] = silu( sum_w kernel[w, c] * x[t - (W - 1) + w, c] )
+
+A PyTorch ``Conv1d(C, C, W, groups=C)`` weight ``[C, 1, W]`` converts with
+:func:`kernel_from_torch` (a transpose, no flip). Taps never reach across a segment boundary,
+and the last ``W - 1`` inputs are the conv state carried between decode steps (or the halo a
+context-parallel rank receives from its predecessors).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def kernel_from_torch(weight) -> np.ndarray:
+    """PyTorch depthwise ``Conv1d`` weight ``[C, 1, W]`` -> kda_lib kernel ``[W, C]``."""
+    weight = np.asarray(weight)
+    if weight.ndim != 3 or weight.shape[1] != 1:
+        raise ValueError(
+            f"expected a depthwise Conv1d weight of shape [C, 1, W], got {weight.shape}"
+        )
+    return weight[:, 0, :].T
+
+
+def depthwise_causal_conv(
+    x: jax.Array,
+    kernel: jax.Array,
+    *,
+    history: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    history_segment_ids: jax.Array | None = None,
+) -> jax.Array:
+    """Depthwise causal conv (no activation).
+
+    Args:
+      x: ``[B, T, C]``.
+      kernel: ``[W, C]``, ``kernel[W-1]`` = current token.
+      history: ``[B, W-1, C]`` inputs just before x (decode conv state, CP halo); zeros if None.
+      segment_ids: ``[B, T]``; taps only combine tokens of the same segment.
+      history_segment_ids: ``[B, W-1]`` segment ids of ``history`` (default: with segment_ids
+        given, the history belongs to each row's first token's segment).
+
+    Returns:
+      ``[B, T, C]`` in the promoted dtype of x and kernel.
+    """
+    width = kernel.shape[0]
+    batch, seq_len, channels = x.shape
+    if kernel.shape != (width, channels):
+        raise ValueError(f"kernel must have shape [W, C]=(W, {channels}), got {kernel.shape}")
+    if history is None:
+        history = jnp.zeros((batch, width - 1, channels), x.dtype)
+    elif history.shape != (batch, width - 1, channels):
+        raise ValueError(
+            f"history must have shape [B, W-1, C]={(batch, width - 1, channels)}, "
+            f"got {history.shape}"
+        )
+    padded = jnp.concatenate([history.astype(x.dtype), x], axis=1)  # [B, W-1+T, C]
+    if segment_ids is not None:
+        if history_segment_ids is None:
+            history_segment_ids = jnp.repeat(segment_ids[:, :1], width - 1, axis=1)
+        padded_ids = jnp.concatenate([history_segment_ids, segment_ids], axis=1)
+    out = jnp.zeros((batch, seq_len, channels), jnp.promote_types(x.dtype, kernel.dtype))
+    for w in range(width):
+        tap = padded[:, w : w + seq_len]
+        if segment_ids is not None and w != width - 1:
+            same = padded_ids[:, w : w + seq_len] == segment_ids
+            tap = jnp.where(same[..., None], tap, 0)
+        out = out + tap * kernel[w]
+    return out
+
+
+class ShortConvolution(nnx.Module):
+    """Depthwise causal conv + SiLU over ``[B, T, C]``; no bias.
+
+    Args:
+      channels: C.
+      conv_size: W (default 4).
+      dtype: compute dtype (None: inputs' dtype); param_dtype: kernel dtype (float32).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        conv_size: int = 4,
+        *,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if conv_size < 1:
+            raise ValueError(f"conv_size must be >= 1, got {conv_size}")
+        self.channels = channels
+        self.conv_size = conv_size
+        self.dtype = dtype
+        # PyTorch's Conv1d default init: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = W
+        bound = 1.0 / np.sqrt(conv_size)
+        self.kernel = nnx.Param(
+            jax.random.uniform(rngs.params(), (conv_size, channels), param_dtype, -bound, bound)
+        )
+
+    def __call__(self, x, *, segment_ids=None, conv_state=None, history_segment_ids=None):
+        """x ``[B, T, C]`` -> ``(y [B, T, C], new_conv_state [B, W-1, C])``.
+
+        ``conv_state`` holds the ``W - 1`` inputs before x (zeros when None). The new state is
+        the last ``W - 1`` inputs, so decoding can continue from it.
+        """
+        if x.ndim != 3 or x.shape[-1] != self.channels:
+            raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
+        dtype = self.dtype or x.dtype
+        x = x.astype(dtype)
+        y = depthwise_causal_conv(
+            x,
+            self.kernel[...].astype(dtype),
+            history=conv_state,
+            segment_ids=segment_ids,
+            history_segment_ids=history_segment_ids,
+        )
+        width = self.conv_size
+        if conv_state is None:
+            conv_state = jnp.zeros((x.shape[0], width - 1, self.channels), dtype)
+        new_state = jnp.concatenate([conv_state.astype(dtype), x], axis=1)[:, x.shape[1] :]
+        return jax.nn.silu(y), new_state

@@ -1,0 +1,66 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kda_lib.conv import ShortConvolution, depthwise_causal_conv, kernel_from_torch
+from kda_lib.testing import assert_close
+
+
+def _numpy_conv(x, kernel, ids=None):
+    batch, seq_len, _ = x.shape
+    width = kernel.shape[0]
+    out = np.zeros_like(x, dtype=np.float64)
+    for b in range(batch):
+        for t in range(seq_len):
+            for w in range(width):
+                src = t - (width - 1) + w
+                if src < 0 or (ids is not None and ids[b, src] != ids[b, t]):
+                    continue
+                out[b, t] += kernel[w] * x[b, src]
+    return out
+
+
+def test_conv_matches_definition_and_torch_tap_order():
+    x = np.random.default_rng(0).normal(size=(2, 9, 3))
+    torch_weight = np.random.default_rng(1).normal(size=(3, 1, 4))  # [C, 1, W]
+    kernel = kernel_from_torch(torch_weight)
+    assert kernel.shape == (4, 3)
+    np.testing.assert_array_equal(kernel[-1], torch_weight[:, 0, -1])  # last tap = current token
+    got = depthwise_causal_conv(jnp.asarray(x), jnp.asarray(kernel))
+    assert_close(got, _numpy_conv(x, kernel), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_taps_stop_at_segment_boundaries():
+    x = np.random.default_rng(2).normal(size=(1, 10, 2))
+    kernel = np.random.default_rng(3).normal(size=(4, 2))
+    ids = np.array([[1, 1, 1, 2, 2, 0, 0, 3, 3, 3]])
+    got = depthwise_causal_conv(jnp.asarray(x), jnp.asarray(kernel), segment_ids=jnp.asarray(ids))
+    assert_close(got, _numpy_conv(x, kernel, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_state_continues_a_sequence():
+    conv = ShortConvolution(6, 4, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 11, 6))
+    full, _ = conv(x)
+    first, state = conv(x[:, :5])
+    assert state.shape == (2, 3, 6)
+    pieces = [first]
+    for t in range(5, 11):
+        y, state = conv(x[:, t : t + 1], conv_state=state)
+        pieces.append(y)
+    assert_close(jnp.concatenate(pieces, 1), full, atol=1e-6, rtol=1e-6)
+    # silu after the conv
+    raw = depthwise_causal_conv(x, conv.kernel[...])
+    assert_close(full, jax.nn.silu(raw), atol=1e-6, rtol=1e-6)
+
+
+def test_conv_errors():
+    conv = ShortConvolution(4, 3, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, 4\]"):
+        conv(jnp.zeros((1, 5, 3)))
+    with pytest.raises(ValueError, match=r"history must have shape \[B, W-1, C\]"):
+        conv(jnp.zeros((1, 5, 4)), conv_state=jnp.zeros((1, 3, 4)))
+    with pytest.raises(ValueError, match=r"\[C, 1, W\]"):
+        kernel_from_torch(np.zeros((4, 2, 3)))

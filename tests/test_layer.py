@@ -1,0 +1,187 @@
+"""KimiDeltaAttention: fla parity, implementations, packing, decoding, errors."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layer import weight_decay_mask
+from kda_lib.testing import assert_close, relative_l2
+
+BASE = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8)
+
+
+def _layer(**changes):
+    return KimiDeltaAttention(dataclasses.replace(BASE, **changes), rngs=nnx.Rngs(0))
+
+
+def _x(batch=2, seq_len=70, hidden=32, seed=1):
+    return jax.random.normal(jax.random.key(seed), (batch, seq_len, hidden))
+
+
+def _name(path):
+    """'f_proj.layers.0.kernel' from a pytree path over nnx.state (drops the trailing .value)."""
+    keys = [str(p.key) for p in path if hasattr(p, "key")]
+    return ".".join(keys)
+
+
+def _with_impl(layer, implementation):
+    layer.config = dataclasses.replace(layer.config, implementation=implementation)
+    return layer
+
+
+@pytest.mark.parametrize("fixture", ["default", "safe_gate"])
+def test_fla_layer_parity(fixture):
+    data = np.load(f"data/fixtures/fla_layer_{fixture}.npz", allow_pickle=False)
+    cfg_json = json.loads(str(data["config_json"]))
+    config = KDAConfig(
+        hidden_size=cfg_json["hidden_size"],
+        num_heads=cfg_json["num_heads"],
+        head_dim=cfg_json["head_dim"],
+        conv_size=cfg_json["conv_size"],
+        lower_bound=cfg_json["lower_bound"],
+        gate_low_rank=cfg_json["head_dim"],
+        norm_eps=cfg_json["norm_eps"],
+    )
+    state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}
+    layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
+    for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
+        y = _with_impl(layer, impl)(jnp.asarray(data["x"]))
+        err = assert_close(y, data["y"], atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
+        print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
+
+
+def test_fla_state_dict_mismatch_is_reported():
+    layer_sd = {"q_proj.weight": np.zeros((32, 32))}
+    with pytest.raises(ValueError, match="missing .*'A_log'"):
+        KimiDeltaAttention.from_fla_state_dict(layer_sd, BASE, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+@pytest.mark.parametrize("gate_low_rank", [None, 8])
+def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
+    layer = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank)
+    x = _x()
+    y = layer(x)
+    assert y.shape == x.shape and y.dtype == jnp.float32
+    grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(layer)
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        assert np.isfinite(np.asarray(g)).all(), path
+        assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
+    bf16 = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank, dtype=jnp.bfloat16)
+    assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
+    y16 = bf16(x)
+    assert y16.dtype == jnp.bfloat16
+    assert relative_l2(y16, y) < 3e-2
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_all_cpu_implementations_agree_on_outputs_and_param_grads(lower_bound):
+    layer = _layer(lower_bound=lower_bound)
+    x = _x(seq_len=100)
+    impls = ["recurrent", "chunked", "tokamax_xla"] + (
+        ["tokamax_xla_chunked"] if lower_bound is not None else []
+    )
+
+    def run(impl):
+        _with_impl(layer, impl)
+        return layer(x), nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer)
+
+    y_ref, g_ref = run("recurrent")
+    for impl in impls[1:]:
+        y, g = run(impl)
+        assert_close(y, y_ref, atol=2e-6, rtol=1e-5, name=impl)
+        for (path, got), want in zip(
+            jax.tree_util.tree_leaves_with_path(g), jax.tree_util.tree_leaves(g_ref), strict=True
+        ):
+            assert relative_l2(got, want) < 1e-5, (impl, path)
+
+
+def test_packed_documents_are_isolated():
+    layer = _layer()
+    x = _x(batch=1, seq_len=90)
+    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5], jnp.int32)
+    y = layer(x, segment_ids=ids)
+    assert_close(y[:, :40], layer(x[:, :40]), atol=2e-6, rtol=1e-5, name="document 1")
+    assert_close(y[:, 40:85], layer(x[:, 40:85]), atol=2e-6, rtol=1e-5, name="document 2")
+    assert np.all(np.asarray(y[:, 85:]) == 0)
+
+
+@pytest.mark.parametrize("prefill", [1, 37, 64])
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
+    layer = _layer(lower_bound=lower_bound)
+    x = _x(batch=2, seq_len=75)
+    full = layer(x)
+    cache = layer.init_cache(2)
+    y, cache = layer(x[:, :prefill], cache=cache)
+    outs = [y]
+    step = nnx.jit(lambda m, xt, c: m(xt, cache=c))
+    for t in range(prefill, 75):
+        y, cache = step(layer, x[:, t : t + 1], cache)
+        outs.append(y)
+    err = assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
+    print(f"prefill {prefill} + decode vs full forward: max abs err {err:.2e}")
+    assert cache.state.shape == (2, 2, 16, 8) and cache.state.dtype == jnp.float32
+
+
+def test_no_conv_and_neg_eigval_variants():
+    for changes in (dict(conv_size=0), dict(allow_neg_eigval=True)):
+        layer = _layer(**changes)
+        x = _x(seq_len=20)
+        cache = layer.init_cache(2)
+        y_full = layer(x)
+        y1, cache = layer(x[:, :10], cache=cache)
+        y2, _ = layer(x[:, 10:], cache=cache)
+        assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_names_dtypes_and_decay_mask():
+    layer = _layer(gate_low_rank=8)
+    params = nnx.state(layer, nnx.Param)
+    names = {_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    for expected in (
+        "q_proj.kernel",
+        "q_conv1d.kernel",
+        "f_proj.layers.0.kernel",
+        "g_proj.layers.1.bias",
+        "b_proj.kernel",
+        "A_log",
+        "dt_bias",
+        "o_norm",
+        "o_proj.kernel",
+    ):
+        assert expected in names, (expected, sorted(names))
+    assert layer.A_log[...].dtype == jnp.float32 and layer.dt_bias[...].dtype == jnp.float32
+    mask = {
+        _name(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
+    }
+    assert not mask["A_log"] and not mask["dt_bias"] and not mask["o_norm"]
+    assert not mask["g_proj.layers.1.bias"]
+    assert mask["q_proj.kernel"] and mask["q_conv1d.kernel"]
+
+
+def test_errors_are_clear():
+    layer = _layer()
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, hidden_size=32\]"):
+        layer(jnp.zeros((1, 5, 31)))
+    with pytest.raises(ValueError, match=r"cache.state has shape .* for batch size 3"):
+        layer(jnp.zeros((3, 1, 32)), cache=layer.init_cache(2))
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
+        layer(jnp.zeros((2, 5, 32)), segment_ids=jnp.ones((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="tokamax_mosaic needs a TPU v6 or newer"):
+        _layer(lower_bound=-5.0, implementation="tokamax_mosaic")(jnp.zeros((1, 64, 32)))
+    with pytest.raises(ValueError, match="lower_bound must be a float in"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, lower_bound=0.5)
+    with pytest.raises(ValueError, match="conv_size must be an int >= 0"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, conv_size=-1)
+    with pytest.raises(ValueError, match="needs the safe gate"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="tokamax_xla_chunked")
+    with pytest.raises(ValueError, match="implementation must be 'auto' or one of"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="cuda")
