@@ -242,13 +242,11 @@ class KimiDeltaAttention(nnx.Module):
         y, new_cache = self.forward(x, segment_ids=segment_ids, cache=cache)
         return y if cache is None else (y, new_cache)
 
-    def project(
-        self, x, *, segment_ids=None, cache=None, conv_history=None, history_segment_ids=None
-    ):
+    def project(self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None):
         """Everything before the kernel: ``(q, k, v, f, beta, new_conv_states)``.
 
-        ``conv_history`` (a triple of ``[B, W-1, C]`` inputs, e.g. a CP halo) overrides the
-        cache's conv states.
+        ``halo``: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
+        before it (context parallelism); otherwise the cache's conv states (or zeros) are used.
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
@@ -268,13 +266,7 @@ class KimiDeltaAttention(nnx.Module):
                 streams.append(jax.nn.silu(z))
                 conv_states.append(None)
                 continue
-            history = (
-                conv_history[i]
-                if conv_history is not None
-                else None
-                if cache is None
-                else cache[1 + i]
-            )
+            history = halo(z) if halo is not None else None if cache is None else cache[1 + i]
             z, state = conv(
                 z,
                 segment_ids=segment_ids,

@@ -109,6 +109,9 @@ def kda_recurrent(
         state = jnp.where(valid[:, None, None, None], new_state, state)
         return (state, jnp.where(valid, id_t, prev_id)), o_t
 
+    # inside shard_map the carry must vary over the same mesh axes as the inputs
+    state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
+    prev0 = prev0 + jnp.zeros_like(ids[0])
     (final_state, _), o = jax.lax.scan(step, (state0, prev0), (*xs, ids))
     o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
     return o, (final_state if output_final_state else None)

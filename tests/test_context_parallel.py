@@ -1,0 +1,236 @@
+"""Context parallelism on simulated CPU devices (8, configured in conftest) equals one device."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_inputs
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from kda_lib import KDAConfig, KimiDeltaAttention, kda_chunked
+from kda_lib.context_parallel import halo_exchange, hlo_collectives, kda_context_parallel, place
+from kda_lib.testing import relative_l2
+
+NAMES = ("q", "k", "v", "g", "beta")
+SEQ = P(None, "context")
+
+
+def _mesh(ranks):
+    if len(jax.devices()) < ranks:
+        pytest.fail(f"need {ranks} devices; conftest sets XLA_FLAGS before jax is imported")
+    return jax.make_mesh(
+        (ranks,),
+        ("context",),
+        axis_types=(jax.sharding.AxisType.Explicit,),
+        devices=jax.devices()[:ranks],
+    )
+
+
+def _cp_kernel(mesh, with_segments, **kwargs):
+    specs = (SEQ,) * 5 + ((SEQ,) if with_segments else ())
+
+    def local(*args):
+        segment_ids = args[5] if with_segments else None
+        return kda_context_parallel(
+            *args[:5], axis_name="context", segment_ids=segment_ids, **kwargs
+        )
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=SEQ)
+    return jax.jit(lambda *args: fn(*(place(a, mesh, SEQ) for a in args)))
+
+
+def _per_rank_errors(got, want, ranks):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    pieces = zip(np.split(got, ranks, axis=1), np.split(want, ranks, axis=1), strict=True)
+    return [relative_l2(a, b) for a, b in pieces]
+
+
+def _segments(seq_len, ranks):
+    local = seq_len // ranks
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, local // 2 : local * ranks // 2] = 2  # spans several ranks
+    ids[0, local * ranks // 2 :] = 3  # boundary exactly at a rank split
+    ids[0, -local // 2 :] = 0  # trailing padding
+    ids[1, : local // 3] = 0  # leading padding
+    ids[1, local // 3 : local + 5] = 7
+    ids[1, local + 5 : local + 9] = 0  # padding inside
+    ids[1, local + 9 :] = 8
+    return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+@pytest.mark.parametrize("with_segments", [False, True])
+def test_kernel_cp_equals_one_device(ranks, with_segments):
+    seq_len = 192
+    inputs = make_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
+    ids = _segments(seq_len, ranks) if with_segments else None
+    cot = jax.random.normal(jax.random.key(99), inputs["v"].shape)
+    single = jax.jit(lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0])
+    cp = _cp_kernel(_mesh(ranks), with_segments, implementation="chunked")
+    args = tuple(inputs[n] for n in NAMES) + ((ids,) if with_segments else ())
+    errors = _per_rank_errors(cp(*args), single(*args), ranks)
+    assert max(errors) < 1e-5, errors
+    grad_cp = jax.grad(lambda *a: jnp.sum(cp(*a) * cot), argnums=tuple(range(5)))(*args)
+    grad_one = jax.grad(lambda *a: jnp.sum(single(*a) * cot), argnums=tuple(range(5)))(*args)
+    for name, a, b in zip(NAMES, grad_cp, grad_one, strict=True):
+        errors = _per_rank_errors(a, b, ranks)
+        assert max(errors) < 1e-5, (name, errors)
+
+
+def test_kernel_cp_with_fused_gate_and_recurrent_backend():
+    ranks, seq_len = 4, 64
+    inputs = make_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
+    raw = jax.random.normal(jax.random.key(4), inputs["g"].shape)
+    gate = dict(
+        a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
+    )
+    args = (inputs["q"], inputs["k"], inputs["v"], raw, inputs["beta"])
+    from kda_lib import kda
+
+    want = kda(*args, **gate, implementation="recurrent")[0]
+    for impl in ("recurrent", "chunked", "auto"):
+        got = _cp_kernel(_mesh(ranks), False, implementation=impl, **gate)(*args)
+        assert relative_l2(got, want) < 1e-5, impl
+
+
+def test_bf16_cp_close_to_one_device_bf16():
+    ranks, seq_len = 4, 256
+    inputs = {
+        n: x.astype(jnp.bfloat16)
+        for n, x in make_inputs(jax.random.key(5), 1, seq_len, 2, 16, 16).items()
+    }
+    args = tuple(inputs[n] for n in NAMES)
+    got = _cp_kernel(_mesh(ranks), False, implementation="chunked")(*args)
+    want = kda_chunked(*args)[0]
+    assert got.dtype == jnp.bfloat16
+    assert relative_l2(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("ranks,halo", [(4, 3), (8, 3), (8, 5)])
+def test_halo_exchange(ranks, halo):
+    seq_len = 16  # 2 tokens per rank with 8 ranks: the halo spans several ranks
+    x = jnp.arange(2 * seq_len * 3, dtype=jnp.float32).reshape(2, seq_len, 3) + 1
+    mesh = _mesh(ranks)
+    exchange = jax.shard_map(
+        lambda z: halo_exchange(z, axis_name="context", halo_size=halo),
+        mesh=mesh,
+        in_specs=SEQ,
+        out_specs=SEQ,
+    )
+    fn = jax.jit(lambda z: exchange(place(z, mesh, SEQ)))
+    local = seq_len // ranks
+    got = np.asarray(fn(x)).reshape(2, ranks, local + halo, 3)
+    padded = np.concatenate([np.zeros((2, halo, 3)), np.asarray(x)], axis=1)
+    for rank in range(ranks):
+        np.testing.assert_array_equal(
+            got[:, rank], padded[:, rank * local : rank * local + local + halo]
+        )
+
+
+# the layer tests check the CP wiring (halo, summaries, gradients); the recurrent backend
+# compiles fastest, and the kernel tests above cover the chunked one
+CFG = KDAConfig(
+    hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8, implementation="recurrent"
+)
+
+
+@nnx.jit
+def _layer_grads(layer, x, segment_ids=None):
+    return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x, segment_ids=segment_ids))))(layer)
+
+
+@nnx.jit
+def _apply(layer, x, segment_ids=None):
+    return layer(x, segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize(
+    "ranks,seq_len,impl",
+    [(2, 64, "chunked"), (4, 64, "recurrent"), (8, 16, "recurrent"), (4, 50, "recurrent")],
+)
+def test_layer_cp_equals_one_device(ranks, seq_len, impl):
+    """Includes 2 tokens per rank (halo > slice) and T not divisible by the ranks."""
+    mesh = _mesh(ranks)
+    cfg = dataclasses.replace(CFG, implementation=impl)
+    single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
+    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    ids = None
+    if seq_len % ranks == 0:
+        ids = np.ones((2, seq_len), np.int32)
+        ids[0, seq_len // 2 :] = 2
+        ids[1, 3 : seq_len - 3] = 5
+        ids[1, seq_len - 3 :] = 0
+        ids = jnp.asarray(ids)
+    for segment_ids in (None, ids) if ids is not None else (None,):
+        want = _apply(single, x, segment_ids)
+        assert relative_l2(_apply(cp, x, segment_ids), want) < 1e-5
+        if seq_len % ranks == 0:  # x already sharded along T
+            sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "context")))
+            assert relative_l2(_apply(cp, sharded, segment_ids), want) < 1e-5
+        g_cp = _layer_grads(cp, x, segment_ids)
+        g_one = _layer_grads(single, x, segment_ids)
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
+        ):
+            assert relative_l2(a, b) < 1e-5, path
+
+
+def _assert_no_sequence_sized_collective(hlo, ranks, bound, seq_lens):
+    collectives = hlo_collectives(hlo, ranks)
+    assert collectives, "expected all-gathers of the chunk summaries"
+    for c in collectives:
+        assert c["elements"] <= bound, c
+        assert not set(c["shape"]) & set(seq_lens), c
+
+
+def test_traffic_does_not_grow_with_sequence_length():
+    ranks, batch, heads, key_dim, value_dim = 4, 1, 2, 16, 16
+    bound = ranks * batch * heads * key_dim * (key_dim + value_dim)
+    for seq_len in (512, 2048):
+        inputs = make_inputs(jax.random.key(0), batch, seq_len, heads, key_dim, value_dim)
+        args = tuple(inputs[n] for n in NAMES)
+        fwd = _cp_kernel(_mesh(ranks), False, implementation="chunked")
+        hlo = fwd.lower(*args).compile().as_text()
+        _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+        bwd = jax.jit(jax.grad(lambda *a, f=fwd: jnp.sum(f(*a) ** 2), argnums=tuple(range(5))))
+        hlo = bwd.lower(*args).compile().as_text()
+        _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+
+
+def test_layer_traffic_is_halo_plus_summaries():
+    ranks, seq_len = 4, 256
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
+    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    graphdef, state = nnx.split(layer)
+    hlo = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, x).compile().as_text()
+    bound = ranks * 2 * 2 * 16 * (16 + 8)
+    _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+
+
+def test_cp_errors():
+    with pytest.raises(ValueError, match="context_axis='seq' is not one of them"):
+        KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2), context_axis="seq")
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
+    with pytest.raises(ValueError, match="does not decode"):
+        layer(jnp.zeros((1, 4, 32)), cache=layer.init_cache(1))
+    for impl in ("tokamax_mosaic", "tokamax_xla"):
+        with pytest.raises(ValueError, match="cannot run inside shard_map"):
+            kda_context_parallel(
+                *(jnp.zeros((1, 4, 1, 4)),) * 4,
+                jnp.zeros((1, 4, 1)),
+                axis_name="context",
+                implementation=impl,
+            )
+
+
+def test_replace_config_keeps_mesh():
+    layer = KimiDeltaAttention(
+        dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0), mesh=_mesh(2)
+    )
+    single = KimiDeltaAttention(dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (1, 8, 32))
+    assert relative_l2(_apply(layer, x), _apply(single, x)) < 1e-5
