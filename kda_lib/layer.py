@@ -41,6 +41,8 @@ class KDAConfig:
       lower_bound: None = softplus gate; a float in [-5, 0) = safe (lower-bound sigmoid) gate.
       gate_low_rank: None = full-rank forget/output gates; int r = fla's low-rank gates.
       allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
+      per_head_decay: one forget-gate value per head, shared by its K channels (Gated
+        DeltaNet) instead of KDA's per-channel gate; f_proj then has H outputs, dt_bias [H].
       norm_eps: output RMSNorm epsilon (1e-5).
       dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
       implementation: kernel implementation for :func:`kda_lib.kda` ("auto").
@@ -55,6 +57,7 @@ class KDAConfig:
     lower_bound: float | None = None
     gate_low_rank: int | None = None
     allow_neg_eigval: bool = False
+    per_head_decay: bool = False
     norm_eps: float = 1e-5
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
@@ -162,15 +165,16 @@ class KimiDeltaAttention(nnx.Module):
             self.v_conv1d = ShortConvolution(h * vd, **conv)
         else:
             self.q_conv1d = self.k_conv1d = self.v_conv1d = None
+        gate_channels = 1 if cfg.per_head_decay else kd
         self.f_proj = _gate_projection(
-            hidden, h * kd, cfg.gate_low_rank, use_bias=False, cfg=cfg, rngs=rngs
+            hidden, h * gate_channels, cfg.gate_low_rank, use_bias=False, cfg=cfg, rngs=rngs
         )
         self.b_proj = nnx.Linear(hidden, h, **linear)
         self.g_proj = _gate_projection(
             hidden, h * vd, cfg.gate_low_rank, use_bias=True, cfg=cfg, rngs=rngs
         )
         self.A_log = nnx.Param(init_a_log(rngs.params(), h, safe_gate=cfg.lower_bound is not None))
-        self.dt_bias = nnx.Param(init_dt_bias(rngs.params(), h, kd))
+        self.dt_bias = nnx.Param(init_dt_bias(rngs.params(), h, gate_channels))
         self.o_norm = nnx.Param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
         self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
@@ -278,7 +282,9 @@ class KimiDeltaAttention(nnx.Module):
         q = streams[0].reshape(batch, seq_len, h, kd)
         k = streams[1].reshape(batch, seq_len, h, kd)
         v = streams[2].reshape(batch, seq_len, h, vd)
-        f = self.f_proj(x).reshape(batch, seq_len, h, kd)
+        f = self.f_proj(x).reshape(batch, seq_len, h, -1)
+        if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
+            f = jnp.broadcast_to(f, (batch, seq_len, h, kd))
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         if cfg.allow_neg_eigval:
             beta = 2.0 * beta
@@ -286,9 +292,12 @@ class KimiDeltaAttention(nnx.Module):
 
     def kernel_kwargs(self):
         cfg = self.config
+        dt_bias = self.dt_bias[...]
+        if cfg.per_head_decay:
+            dt_bias = jnp.repeat(dt_bias, cfg.key_dim)
         return dict(
             a_log=self.A_log[...],
-            dt_bias=self.dt_bias[...],
+            dt_bias=dt_bias,
             lower_bound=cfg.lower_bound,
             use_qk_l2norm=True,
             allow_neg_eigval=cfg.allow_neg_eigval,

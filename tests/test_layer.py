@@ -185,3 +185,22 @@ def test_errors_are_clear():
         KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="tokamax_xla_chunked")
     with pytest.raises(ValueError, match="implementation must be 'auto' or one of"):
         KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="cuda")
+
+
+def test_per_head_decay_is_gated_deltanet():
+    """per_head_decay: one gate value per head, shared by its K channels; decoding still works."""
+    from kda_lib import kda_gate
+
+    layer = _layer(per_head_decay=True)
+    assert layer.dt_bias[...].shape == (2,) and layer.f_proj.kernel[...].shape == (32, 2)
+    x = _x(seq_len=20)
+    _, _, _, f, _, _ = layer.project(x)
+    kw = layer.kernel_kwargs()
+    g = kda_gate(f, kw["a_log"], kw["dt_bias"])
+    np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
+    y = layer(x)
+    y1, cache = layer(x[:, :7], cache=layer.init_cache(2))
+    y2, _ = layer(x[:, 7:], cache=cache)
+    assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
+    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
