@@ -40,7 +40,7 @@ notebooks: $(STAMP)
 	  params=notebooks/params/$(PARAMS)/$$name.yaml; opt=""; [ -f $$params ] && opt="-f $$params"; \
 	  $(VENV)/bin/papermill --no-progress-bar -k python3 $$opt \
 	    $$nb build/notebooks/$$name.ipynb || exit 1; \
-	  $(VENV)/bin/jupyter nbconvert --log-level WARN --to html --output-dir build/html \
+	  $(VENV)/bin/jupyter nbconvert --log-level ERROR --to html --output-dir build/html \
 	    build/notebooks/$$name.ipynb || exit 1; \
 	  echo "   $$(( $$(date +%s) - start )) s"; \
 	done

@@ -57,8 +57,10 @@ def check_kda_inputs(
     if segment_ids is not None:
         check_segment_ids(segment_ids, batch, seq_len)
     beta_max = 2.0 if allow_neg_eigval else 1.0
+    # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
     if is_concrete(beta):
-        lo, hi = float(jnp.min(beta)), float(jnp.max(beta))
+        lo, hi = float(np.min(np.asarray(beta, np.float32))), float(
+            np.max(np.asarray(beta, np.float32)))
         if not (lo >= 0.0 and hi <= beta_max):
             raise ValueError(
                 f"beta must lie in [0, {beta_max:g}]"
@@ -66,7 +68,7 @@ def check_kda_inputs(
                 + f", got values in [{lo:g}, {hi:g}]"
             )
     if is_concrete(g):
-        hi = float(jnp.max(g))
+        hi = float(np.max(np.asarray(g, np.float32)))
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
     return Dims(batch, seq_len, num_heads, key_dim, value_dim)
