@@ -5,22 +5,29 @@ is linear in the state entering the chunk, so the whole chunk is an affine map
 
     S_out = M @ S_in + S_ext          M [K, K], S_ext [K, V]
 
-and its outputs are ``O = Q_eff @ S_in + O_intra``. All four come from one unit-lower-triangular
-solve per chunk (the WY/UT form), computed for every chunk in parallel; only the cheap affine maps
-are chained across chunks, either by a sequential scan or by ``lax.associative_scan``
-(log depth, more flops). Context parallelism (kda_lib.context_parallel) chains the same maps
-across devices.
+and its outputs are ``O = Q_eff @ S_in + O_intra``. Everything inside a chunk comes from one
+unit-lower-triangular solve per chunk (the WY/UT form), computed for every chunk in parallel
+(:class:`IntraChunk`). Across chunks the state is carried either by a sequential scan that
+corrects each chunk's values with the entering state (two matmuls per step, no K x K maps) or
+by ``lax.associative_scan`` over the affine maps (log depth, more flops). Context parallelism
+(kda_lib.context_parallel) chains the same maps across devices.
 
 Numerical safety: decay ratios ``exp(G_i - G_j)`` (G = in-chunk cumulative log decay) are never
-formed as ``exp(G_i) * exp(-G_j)``, which overflows for strong gates. Keys in earlier blocks of 8
-rows factor through the log decay just before the row block (two factors <= 1, one matmul);
-pairs inside a block use the exact ratio. Every exponent is summed over exactly its own range.
-Any ``g <= 0`` is safe, the unbounded softplus gate included, and float32 results stay as close
-to the float64 oracle as the float32 recurrence is.
+formed as ``exp(G_i) * exp(-G_j)``, which overflows for strong gates, nor from differences of
+long prefix sums. The chunk's score matrices are built by merging neighbouring segments
+(1 + 1 tokens, 2 + 2, ...); each merge's cross term factors through the log decay at the
+boundary into two factors <= 1, each a product of ``exp(g_m)`` over exactly its own range
+(:func:`_segment_decays`). Any ``g <= 0`` is safe, the unbounded softplus gate included, and
+float32 results stay as close to the float64 oracle as the float32 recurrence is.
+
+Speed (CPU, XLA): the score matrices and the triangular inverse have hand-written gradients
+(:func:`_decayed_scores_bwd`, ``unit_lower_inverse``): a few batched matmuls per level instead
+of differentiating every slice, product and concatenation. ``python -m kda_lib.bench`` measures.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal, NamedTuple
 
@@ -61,7 +68,14 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     Diagonal blocks of size ``base`` are inverted by the finite Neumann product
     ``(I - X)(I + X^2)(I + X^4)...``; blocks are then merged pairwise with the exact formula
     ``[[X1, 0], [L21, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L21 X1^-1, X2^-1]]``.
+    The gradient is the inverse's own formula, ``da = -X^T dX X^T`` (strictly lower part), two
+    matmuls instead of differentiating every step.
     """
+    return _unit_lower_inverse(a, base)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _unit_lower_inverse(a, base):
     size = a.shape[-1]
     lead = a.shape[:-2]
     block = min(base, size)
@@ -69,8 +83,19 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
         raise ValueError(
             f"unit_lower_inverse needs C = base * 2^j with base a power of 2, got C={size}"
         )
+    # one flat batch dimension and slices (not jnp.diagonal): XLA's CPU simplifier aborted on
+    # diagonal + moveaxis + batched dot with several batch dimensions under jit
+    a = a.reshape(-1, size, size)
+
+    def blocks(rows, cols, width, count):  # [N, count, width, width] from block offsets
+        return jnp.stack(
+            [a[:, r : r + width, c : c + width] for r, c in zip(rows, cols, strict=True)][:count],
+            axis=1,
+        )
+
     n = size // block
-    x = jnp.moveaxis(jnp.diagonal(a.reshape(*lead, n, block, n, block), axis1=-4, axis2=-2), -1, -3)
+    starts = [i * block for i in range(n)]
+    x = blocks(starts, starts, block, n)
     eye = jnp.eye(block, dtype=a.dtype)
     inv = eye - x
     power = x
@@ -80,11 +105,11 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     m = block
     while m < size:
         pairs = size // (2 * m)
-        inv = inv.reshape(*lead, pairs, 2, m, m)
-        x1, x2 = inv[..., 0, :, :], inv[..., 1, :, :]
-        a_blocks = a.reshape(*lead, pairs, 2 * m, pairs, 2 * m)
-        diag = jnp.moveaxis(jnp.diagonal(a_blocks, axis1=-4, axis2=-2), -1, -3)
-        l21 = diag[..., m:, :m]
+        inv = inv.reshape(-1, pairs, 2, m, m)
+        x1, x2 = inv[:, :, 0], inv[:, :, 1]
+        l21 = blocks(
+            [(2 * p + 1) * m for p in range(pairs)], [2 * p * m for p in range(pairs)], m, pairs
+        )
         lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
         top = jnp.concatenate([x1, jnp.zeros_like(x1)], axis=-1)
         bottom = jnp.concatenate([lower, x2], axis=-1)
@@ -93,90 +118,238 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     return inv.reshape(*lead, size, size)
 
 
-SUB_CHUNK = 8  # rows per score block
+def _unit_lower_inverse_fwd(a, base):
+    inv = _unit_lower_inverse(a, base)
+    return inv, inv
 
 
-def _suffix_sum(x, axis):
-    """``sum_{m > i} x_m`` along ``axis`` (exclusive), summed directly, not as a difference."""
-    rev = jnp.flip(jnp.cumsum(jnp.flip(x, axis), axis), axis)
-    zero = jnp.zeros_like(jax.lax.slice_in_dim(rev, 0, 1, axis=axis))
-    return jnp.concatenate([jax.lax.slice_in_dim(rev, 1, None, axis=axis), zero], axis)
+def _unit_lower_inverse_bwd(base, inv, d_inv):
+    inv_t = jnp.swapaxes(inv, -1, -2)
+    d_a = -_mm("...ij,...jk->...ik", inv_t, _mm("...ij,...jk->...ik", d_inv, inv_t))
+    return (jnp.tril(d_a, -1),)
 
 
-class ScoreDecays(NamedTuple):
-    """Decay factors for :func:`_decayed_scores`, shared by the q.k and k.k scores.
+_unit_lower_inverse.defvjp(_unit_lower_inverse_fwd, _unit_lower_inverse_bwd)
 
-    For row block I (rows lo..hi-1, s = SUB_CHUNK, n = C / s blocks):
-      row[..., I, i, K]      = exp(G_i - G_{lo-1})       rows from the block start, <= 1
-      keys[I]  [..., lo, K]  = exp(G_{lo-1} - G_j)       earlier keys up to the block start, <= 1
-      within[..., I, i, j, K] = exp(G_i - G_j), j <= i    the exact ratio inside the block
-    Every exponent is a sum of same-sign terms over exactly its own range, so its rounding error
-    is eps * |exponent|; differences of prefix sums would cost eps * |G| instead, i.e. relative
-    precision of decay factors in chunks with strong gates.
+
+def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
+    """Decay factors of aligned segments of width 1, 2, 4, ..., C.
+
+    g: ``[..., C, K]`` log decays ``<= 0``. Entry ``l`` (segments of width ``w = 2^l``) is
+    ``(head, tail)``, both ``[..., C, K]``: for each token, ``head = prod e_m`` from the start
+    of its segment through the token, and ``tail = prod e_m`` after the token through the end of
+    its segment, with ``e_m = exp(g_m) <= 1``. The last entry (one segment, the chunk) is
+    ``(exp(G_i), exp(G_C - G_i))``.
+
+    Factors are products over exactly their own range (a segment of width 2w extends the
+    later half's heads by the earlier half's total, and the earlier half's tails by the later
+    half's total): only one ``exp`` per token and channel, nothing is a ratio or a difference
+    of long prefix sums (those lose relative precision, or overflow, with strong gates), each
+    factor has a relative error of a few eps and underflows only when its true value does.
     """
-
-    row: jax.Array
-    keys: tuple
-    within: jax.Array
-
-
-def _score_decays(g) -> ScoreDecays:
-    """g: ``[..., C, K]`` per-step log decays ``<= 0``."""
-    *lead, size, dim = g.shape
-    s = min(SUB_CHUNK, size)
-    n = size // s
-    gb = g.reshape(*lead, n, s, dim)
-    row = jnp.exp(jnp.cumsum(gb, axis=-2))
-    tail = _suffix_sum(gb, axis=-2)  # [..., n, s, K]: sum over (j, block end]
-    totals = jnp.sum(gb, axis=-2)  # [..., n, K]
-    idx = jnp.arange(n)
-    between = (idx[None, None, :] > idx[None, :, None]) & (idx[None, None, :] < idx[:, None, None])
-    span = _mm("...mk,IJm->...IJk", totals, between.astype(g.dtype))  # blocks J < m < I
-    keys = tuple(
-        jnp.exp(tail[..., :block, :, :] + span[..., block, :block, None, :]).reshape(
-            *lead, block * s, dim
-        )
-        for block in range(n)
-    )
-    # exact in-block ratios: sum_{j < m <= i} g_m as a cumulative sum along i for each j
-    pos = jnp.arange(s)
-    after_j = jnp.where(pos[:, None, None] < pos[None, :, None], gb[..., None, :, :], 0.0)
-    ratio_log = jnp.cumsum(after_j, axis=-2)  # [..., n, j, i, K]
-    lower = (pos[:, None] <= pos[None, :])[..., None]  # [j, i, 1]: j <= i
-    within = jnp.exp(jnp.where(lower, ratio_log, -jnp.inf))
-    return ScoreDecays(row, keys, jnp.swapaxes(within, -3, -2))  # [..., n, i, j, K]
+    size = g.shape[-2]
+    head, tail = jnp.exp(g), jnp.ones_like(g)
+    levels = [(head, tail)]
+    width = 1
+    while width < size:
+        head, tail = _halves(head, width), _halves(tail, width)
+        totals = head[..., -1:, :]  # [..., pairs, 2, 1, K]: each half's product
+        ones = jnp.ones_like(totals[..., :1, :, :])
+        # heads of the later half times the earlier half's total, tails of the earlier half
+        # times the later half's total (one broadcast multiply each)
+        head = _whole(head * jnp.concatenate([ones, totals[..., :1, :, :]], axis=-3))
+        tail = _whole(tail * jnp.concatenate([totals[..., 1:, :, :], ones], axis=-3))
+        levels.append((head, tail))
+        width *= 2
+    return levels
 
 
-def _decayed_scores(x, k, decays: ScoreDecays, strict: bool):
-    """``S[i, j] = sum_c x[i, c] k[j, c] exp(G[i, c] - G[j, c])`` for j <= i (j < i if strict).
+def _halves(x, width):
+    """``[..., C, D] -> [..., C / (2 width), 2, width, D]``: neighbouring segments in pairs."""
+    size, dim = x.shape[-2:]
+    return x.reshape(*x.shape[:-2], size // (2 * width), 2, width, dim)
 
-    x, k: ``[..., C, K]``. Returns ``[..., C, C]``, zero above (on) the diagonal. Keys in earlier
-    row blocks factor through the log decay just before the block (both factors <= 1, a
-    matmul); keys in the same block use the exact ratio.
+
+def _whole(x):
+    """Inverse of :func:`_halves`."""
+    return x.reshape(*x.shape[:-4], -1, x.shape[-1])
+
+
+@jax.custom_vjp
+def _decayed_scores(xs, k, g):
+    """Decayed scores within each chunk, and the chunk's boundary decays.
+
+    ``S_x[i, j] = sum_c x[i, c] k[j, c] exp(G_i - G_j)_c`` for j <= i (zero above), for each row
+    set x in ``xs`` (e.g. ``(k, q)``), where ``G`` is the in-chunk cumulative log decay.
+    xs: tuple of ``[..., C, K]``; k, g: ``[..., C, K]``.
+
+    Returns ``(tuple of S_x [..., C, C], decay_in, decay_out)`` with ``decay_in_i = exp(G_i)``
+    (chunk start through token i) and ``decay_out_j = exp(G_C - G_j)`` (after token j through
+    the chunk end), both ``[..., C, K]``.
+
+    The C x C matrix is built by merging neighbouring segments, 1 + 1 tokens, 2 + 2, ...: the
+    cross term of a merge (rows in the later half, keys in the earlier one) factors through the
+    log decay at the boundary a, ``exp(G_i - G_a) * exp(G_a - G_j)``: the later half's heads
+    times the earlier half's tails (:func:`_segment_decays`), both <= 1, and one batched matmul
+    per level. The backward pass (:func:`_decayed_scores_bwd`) walks the same levels.
     """
-    *lead, size, dim = x.shape
-    n = decays.row.shape[-3]
-    s = size // n
-    xb = x.reshape(*lead, n, s, dim)
-    kb = k.reshape(*lead, n, s, dim)
-    within = _mm("...Iik,...Ijk,...Iijk->...Iij", xb, kb, decays.within)
-    if strict:
-        within = jnp.where(jnp.tril(jnp.ones((s, s), bool), -1), within, 0.0)
-    x_dec = xb * decays.row
-    pad = [(0, 0)] * len(lead)
-    rows = [jnp.pad(within[..., 0, :, :], pad + [(0, 0), (0, size - s)])]
-    for block in range(1, n):
-        lo = block * s
-        earlier = _mm(
-            "...ik,...jk->...ij", x_dec[..., block, :, :], k[..., :lo, :] * decays.keys[block]
-        )
-        rows.append(
-            jnp.concatenate(
-                [earlier, within[..., block, :, :], jnp.zeros((*lead, s, size - lo - s), x.dtype)],
-                -1,
+    levels = _segment_decays(g)
+    size = k.shape[-2]
+    crosses = [[] for _ in xs]
+    width = 1
+    for head, tail in levels[:-1]:
+        keys = _halves(k, width)[..., 0, :, :] * _halves(tail, width)[..., 0, :, :]
+        later_head = _halves(head, width)[..., 1, :, :]
+        for x, cross in zip(xs, crosses, strict=True):
+            rows = _halves(x, width)[..., 1, :, :] * later_head
+            cross.append(_mm("...pik,...pjk->...pij", rows, keys))  # [..., pairs, w, w]
+        width *= 2
+    scores = []
+    for x, cross in zip(xs, crosses, strict=True):
+        merged = jnp.sum(x * k, axis=-1)[..., None, None]  # [..., C, 1, 1]: ratio 1 on the diagonal
+        width = 1
+        for block in cross:
+            merged = merged.reshape(*block.shape[:-3], block.shape[-3], 2, width, width)
+            top = jnp.concatenate([merged[..., 0, :, :], jnp.zeros_like(block)], axis=-1)
+            bottom = jnp.concatenate([block, merged[..., 1, :, :]], axis=-1)
+            merged = jnp.concatenate([top, bottom], axis=-2)
+            width *= 2
+        scores.append(merged.reshape(*merged.shape[:-3], size, size))
+    decay_in, decay_out = levels[-1]
+    return tuple(scores), decay_in, decay_out
+
+
+def _decayed_scores_fwd(xs, k, g):
+    return _decayed_scores(xs, k, g), (xs, k, g)
+
+
+def _decayed_scores_bwd(residuals, cotangents):
+    """Row and key gradients walk the merge levels again (two matmuls per level and row set).
+
+    ``g`` enters the scores only through ``exp(G_i - G_j)`` (j < i), whose derivative with
+    respect to ``g_m`` is itself when ``j < m <= i``. With ``P[i, j] = dS[i, j] x_i k_j
+    exp(G_i - G_j)`` (per channel), ``dg_m = sum_{i >= m > j} P[i, j]``, and since the row sums
+    of P are ``x * dx`` and its column sums ``k * dk`` (off the diagonal), ``dg`` is the reverse
+    cumulative sum of ``sum_x x * dx - k * dk``. In float32 this is as close to the float64
+    oracle as autodiff through the forward was (measured on kda_chunked's gradients).
+    """
+    xs, k, g = residuals
+    d_scores, d_in, d_out = cotangents
+    size = k.shape[-2]
+    levels = _segment_decays(g)
+    below = jnp.tril(jnp.ones((size, size), bool), -1)
+    # levels: the cross blocks of each merge, split off the score cotangent from the top down
+    d_xs_levels = [jnp.zeros_like(x) for x in xs]
+    d_k_levels = jnp.zeros_like(k)
+    splits = [_cross_blocks(jnp.where(below, d, 0.0)) for d in d_scores]
+    width = 1
+    for head, tail in levels[:-1]:
+        later_head = _halves(head, width)[..., 1, :, :]
+        earlier_tail = _halves(tail, width)[..., 0, :, :]
+        keys = _halves(k, width)[..., 0, :, :] * earlier_tail
+        d_keys = jnp.zeros_like(keys)
+        for n, x in enumerate(xs):
+            rows = _halves(x, width)[..., 1, :, :] * later_head
+            d_cross = splits[n][width]  # [..., pairs, w(i), w(j)]
+            d_rows = _mm("...pij,...pjc->...pic", d_cross, keys)
+            d_keys = d_keys + _mm("...pij,...pic->...pjc", d_cross, rows)
+            d_xs_levels[n] = d_xs_levels[n] + _whole(
+                jnp.stack([jnp.zeros_like(d_rows), d_rows * later_head], axis=-3)
             )
+        d_k_levels = d_k_levels + _whole(
+            jnp.stack([d_keys * earlier_tail, jnp.zeros_like(d_keys)], axis=-3)
         )
-    return jnp.concatenate(rows, axis=-2)
+        width *= 2
+    row_terms = sum(x * d for x, d in zip(xs, d_xs_levels, strict=True))
+    decay_in, decay_out = levels[-1]
+    # decay_in_i covers g over [0, i], decay_out_j over (j, C)
+    d_g = _sum_from(row_terms - k * d_k_levels + d_in * decay_in) + _sum_before(d_out * decay_out)
+    # the diagonal (ratio 1) adds to the row and key gradients only
+    d_xs, d_k = [], d_k_levels
+    for x, d, d_level in zip(xs, d_scores, d_xs_levels, strict=True):
+        diagonal = jnp.diagonal(d, axis1=-2, axis2=-1)[..., None]
+        d_xs.append(d_level + diagonal * k)
+        d_k = d_k + diagonal * x
+    return tuple(d_xs), d_k, d_g
+
+
+_decayed_scores.defvjp(_decayed_scores_fwd, _decayed_scores_bwd)
+
+
+def _sum_from(x):
+    """``out[m] = sum_{i >= m} x[i]`` along axis -2."""
+    return _triangular_sum(x, lambda m, i: i >= m)
+
+
+def _sum_before(x):
+    """``out[m] = sum_{j < m} x[j]`` along axis -2."""
+    return _triangular_sum(x, lambda m, j: j < m)
+
+
+def _triangular_sum(x, keep):
+    # one batched matmul with a 0/1 mask broadcast over the batch: on CPU, jnp.cumsum (a reduce
+    # window) and an unbatched constant operand both cost layout copies of x
+    size = x.shape[-2]
+    pos = jnp.arange(size)
+    mask = keep(pos[:, None], pos[None, :]).astype(x.dtype)
+    return _mm("...mi,...ic->...mc", jnp.broadcast_to(mask, (*x.shape[:-2], size, size)), x)
+
+
+def _cross_blocks(d_scores) -> dict:
+    """``{w: [..., C / 2w, w, w]}``: the lower-left block of every 2w x 2w diagonal block."""
+    size = d_scores.shape[-1]
+    blocks = d_scores[..., None, :, :]  # [..., 1, C, C]
+    crosses = {}
+    width = size // 2
+    while width >= 1:
+        split = blocks.reshape(*blocks.shape[:-2], 2, width, 2, width)
+        crosses[width] = split[..., 1, :, 0, :]
+        blocks = jnp.stack([split[..., 0, :, 0, :], split[..., 1, :, 1, :]], axis=-3)
+        blocks = blocks.reshape(*blocks.shape[:-4], -1, width, width)
+        width //= 2
+    return crosses
+
+
+class IntraChunk(NamedTuple):
+    """Everything inside each chunk that does not depend on the state entering it.
+
+    With ``S`` the state entering the chunk, the chunk's corrected values, outputs and
+    leaving state are ``U = u - w @ S``, ``O = q_in @ S + attn_qk @ U`` and
+    ``S_out = keep * S + k_out^T @ U``. Leading dims ``[...]`` are those of the inputs
+    (``[B, H, N]`` in :func:`chunk_affine_maps`, chunk-major ``[N, B, H]`` in
+    :func:`kda_chunked`).
+    """
+
+    attn_qk: jax.Array  # [..., C, C] scaled, decayed, causal q.k scores
+    w: jax.Array  # [..., C, K]
+    u: jax.Array  # [..., C, V]
+    q_in: jax.Array  # [..., C, K] scaled queries decayed from the chunk start
+    k_out: jax.Array  # [..., C, K] keys decayed to the chunk end
+    keep: jax.Array  # [..., K] decay over the whole chunk
+
+
+def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None) -> IntraChunk:
+    """The WY/UT form of every chunk, in parallel (arguments as in :func:`chunk_affine_maps`)."""
+    (scores_kk, scores_qk), decay_in, decay_out = _decayed_scores((k, q), k, g)
+    strict = jnp.tril(jnp.ones(scores_kk.shape[-2:], bool), -1)
+    attn_kk = beta[..., None] * jnp.where(strict, scores_kk, 0.0)
+    attn_qk = scale * scores_qk
+    keep = decay_in[..., -1, :]  # through the whole chunk
+    k_in = k * decay_in
+    q_in = scale * q * decay_in
+    k_out = k * decay_out
+    if segments is not None:
+        same, sees_in, in_last, keeps_in = segments
+        attn_kk = jnp.where(same, attn_kk, 0.0)
+        attn_qk = jnp.where(same, attn_qk, 0.0)
+        k_in = jnp.where(sees_in[..., None], k_in, 0.0)
+        q_in = jnp.where(sees_in[..., None], q_in, 0.0)
+        k_out = jnp.where(in_last[..., None], k_out, 0.0)
+        keep = jnp.where(keeps_in[..., None], keep, 0.0)
+    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]))
+    w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in)  # [.., C, K]
+    u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v)  # [.., C, V]
+    return IntraChunk(attn_qk, w, u, q_in, k_out, keep)
 
 
 def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> ChunkMaps:
@@ -190,35 +363,45 @@ def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> Chunk
         which tokens continue the segment entering the chunk, which belong to the segment
         leaving it, and whether the entering segment is also the leaving one.
     """
-    decays = _score_decays(g)
-    attn_kk = beta[..., None] * _decayed_scores(k, k, decays, strict=True)
-    attn_qk = scale * _decayed_scores(q, k, decays, strict=False)
-    cum_g = jnp.cumsum(g, axis=-2)
-    decay_in = jnp.exp(cum_g)  # chunk start -> token, <= 1
-    last_g = cum_g[..., -1, :]
-    decay_out = jnp.exp(_suffix_sum(g, axis=-2))  # token -> chunk end, <= 1
-    k_in = k * decay_in
-    q_in = scale * q * decay_in
-    k_out = k * decay_out
-    keep = jnp.exp(last_g)
-    if segments is not None:
-        same, sees_in, in_last, keeps_in = segments
-        attn_kk = jnp.where(same, attn_kk, 0.0)
-        attn_qk = jnp.where(same, attn_qk, 0.0)
-        k_in = jnp.where(sees_in[..., None], k_in, 0.0)
-        q_in = jnp.where(sees_in[..., None], q_in, 0.0)
-        k_out = jnp.where(in_last[..., None], k_out, 0.0)
-        keep = jnp.where(keeps_in[..., None], keep, 0.0)
-    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]))
-    w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in)  # [.., C, K]
-    u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v)  # [.., C, V]
+    return _affine_maps(_intra_chunk(q, k, v, g, beta, scale=scale, segments=segments))
+
+
+def _affine_maps(intra: IntraChunk) -> ChunkMaps:
+    attn_qk, w, u, q_in, k_out, keep = intra
     q_eff = q_in - _mm("...ij,...jk->...ik", attn_qk, w)
     o_intra = _mm("...ij,...jv->...iv", attn_qk, u)
-    transition = keep[..., :, None] * jnp.eye(k.shape[-1], dtype=k.dtype) - _mm(
+    transition = keep[..., :, None] * jnp.eye(w.shape[-1], dtype=w.dtype) - _mm(
         "...ck,...cl->...kl", k_out, w
     )
     state_ext = _mm("...ck,...cv->...kv", k_out, u)
     return ChunkMaps(transition, state_ext, q_eff, o_intra)
+
+
+def _pass_states(intra: IntraChunk, initial_state):
+    """Outputs ``[N, B, H, C, V]`` and final state, carrying the state chunk by chunk.
+
+    ``intra`` is chunk-major (leading dims ``[N, B, H]``), so the scan reads and writes its
+    per-chunk slices in place. The sequential scan needs no ``K x K`` transition maps: each step
+    corrects the chunk's values with the entering state and updates the state (two matmuls),
+    and the outputs of all chunks are then computed together.
+    """
+    k_out_t = jnp.swapaxes(intra.k_out, -1, -2)  # [.., K, C]: a plain matmul inside the scan
+    # inside shard_map the carry must vary over the same mesh axes as the chunks
+    initial_state = initial_state + jnp.zeros_like(intra.u[0, ..., :1, :])
+
+    def step(state, chunk):
+        w, u, k_out_t, keep = chunk
+        corrected = u - _mm("bhck,bhkv->bhcv", w, state)
+        new = keep[..., None] * state + _mm("bhkc,bhcv->bhkv", k_out_t, corrected)
+        return new, (state, corrected)
+
+    final, (entering, corrected) = jax.lax.scan(
+        step, initial_state, (intra.w, intra.u, k_out_t, intra.keep)
+    )
+    o = _mm("nbhck,nbhkv->nbhcv", intra.q_in, entering) + _mm(
+        "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected
+    )
+    return o, final
 
 
 def compose_affine(first, second):
@@ -234,6 +417,8 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode):
     transition ``[B, H, N, K, K]``, state_ext ``[B, H, N, K, V]``, initial_state ``[B, H, K, V]``.
     Returns ``(entering [B, H, N, K, V], final [B, H, K, V])``.
     """
+    # inside shard_map the carry must vary over the same mesh axes as the maps
+    initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
     if mode == "sequential":
 
         def step(state, maps):
@@ -305,6 +490,9 @@ def kda_chunked(
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] float32 | None)``.
+
+    Differentiable in reverse mode (``jax.grad``/``jax.vjp``; parts of it have hand-written
+    gradients); forward mode (``jax.jvp``, ``jacfwd``) needs :func:`kda_lib.kda_recurrent`.
     """
     dims = check_kda_inputs(
         q,
@@ -338,12 +526,14 @@ def kda_chunked(
         if segment_ids is not None:
             segment_ids = jnp.pad(segment_ids, pad)
 
-    def to_chunks(x):  # [B, T, H, D] -> [B, H, N, C, D]
+    def to_chunks(x):  # [B, T, H, D] -> [N, B, H, C, D]: chunk-major, for the state scan
         x = x.reshape(batch, num_chunks, chunk_size, heads, *x.shape[3:])
-        return jnp.moveaxis(x, 3, 1)
+        return jnp.moveaxis(x, (1, 3), (0, 2))
 
-    segments = None if segment_ids is None else segment_masks(segment_ids, chunk_size)
-    maps = chunk_affine_maps(
+    segments = None
+    if segment_ids is not None:  # [B, 1, N, ...] -> [N, B, 1, ...]
+        segments = tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
+    intra = _intra_chunk(
         to_chunks(q),
         to_chunks(k),
         to_chunks(v),
@@ -357,7 +547,13 @@ def kda_chunked(
         if initial_state is None
         else initial_state.astype(acc)
     )
-    entering, final_state = chain_states(maps.transition, maps.state_ext, state0, mode)
-    o = _mm("bhnck,bhnkv->bhncv", maps.q_eff, entering) + maps.o_intra
-    o = jnp.moveaxis(o, 1, 3).reshape(batch, padded, heads, value_dim)[:, :seq_len]
+    if mode == "sequential":
+        o, final_state = _pass_states(intra, state0)
+    else:
+        maps = _affine_maps(intra)
+        entering, final_state = chain_states(
+            jnp.moveaxis(maps.transition, 0, 2), jnp.moveaxis(maps.state_ext, 0, 2), state0, mode
+        )
+        o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering) + maps.o_intra
+    o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, padded, heads, value_dim)[:, :seq_len]
     return o.astype(out_dtype), (final_state if output_final_state else None)
