@@ -22,9 +22,19 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.kernel import RECURRENT_MAX_AUTO_T, kda
+from kda_lib._checks import check_kda_inputs
+from kda_lib.kernel import (
+    RECURRENT_MAX_AUTO_T,
+    TOKAMAX_CHUNK,
+    _check_fused,
+    call_tokamax,
+    kda,
+    mosaic_problems,
+    tokamax_kda_api,
+)
 
 
 def _axis_size(axis_name) -> int:
@@ -103,6 +113,7 @@ def kda_context_parallel(
     scale: float | None = None,
     segment_ids: jax.Array | None = None,
     implementation: str = "auto",
+    mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
     **kernel_kwargs,
 ) -> jax.Array:
     """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
@@ -112,12 +123,29 @@ def kda_context_parallel(
         (log-space, or raw with ``a_log`` in kernel_kwargs); beta: ``[B, T_local, H]``.
       axis_name: the mesh axis the sequence is split over (default "context").
       scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`.
+        ``"tokamax_mosaic"`` runs tokamax's own CP (see :func:`_tokamax_mosaic_cp`).
+      mesh: the mesh of the enclosing ``shard_map`` (only ``"tokamax_mosaic"`` uses it, for
+        ``ContextParallelMetadata``); default: the current abstract mesh.
       kernel_kwargs: passed to :func:`kda_lib.kda` (``a_log``, ``dt_bias``, ``lower_bound``,
-        ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``).
+        ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``; ``"tokamax_mosaic"`` also
+        takes ``max_num_segments``, a static bound on the segments of one rank's slice).
 
     Returns:
       The local outputs ``[B, T_local, H, V]``, equal to the matching slice of a one-device run.
     """
+    if implementation == "tokamax_mosaic":
+        return _tokamax_mosaic_cp(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            axis_name=axis_name,
+            mesh=mesh,
+            scale=scale,
+            segment_ids=segment_ids,
+            **kernel_kwargs,
+        )
     if implementation.startswith("tokamax"):
         # tokamax's XLA kernels build loop carries that do not vary over the mesh axis, which
         # shard_map rejects; its Mosaic kernel has its own CP path (ContextParallelMetadata)
@@ -164,6 +192,153 @@ def kda_context_parallel(
     # 3. this rank's outputs from its true initial state
     out, _ = kda(q, k, v, g, beta, initial_state=initial, **kw)
     return out
+
+
+def _tokamax_mosaic_cp(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    axis_name,
+    mesh,
+    scale=None,
+    segment_ids=None,
+    a_log=None,
+    dt_bias=None,
+    lower_bound=None,
+    use_qk_l2norm=False,
+    allow_neg_eigval=False,
+    chunk_size=TOKAMAX_CHUNK,
+    max_num_segments=None,
+    **unsupported,
+):
+    """tokamax's own CP for its Mosaic kernel: ``ContextParallelMetadata(mesh, axis_name)``.
+
+    tokamax all-gathers per-rank ``(S_ext, M)`` summaries like kda_lib's path, but derives the
+    chain from rank-local segment ids: padding (id 0) is filled with the id of the segment it
+    follows (so the chain sees through it) and made neutral (no decay, no write, zero output);
+    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints: a TPU v6+
+    (or :func:`kda_lib.emulate_tpu`), K and V multiples of 128 (and K <= 256), float32/bfloat16,
+    the fused gate with ``lower_bound``, no initial/final state, beta in [0, 1], chunk_size 64,
+    and a ``shard_map`` with ``check_vma=False`` (tokamax's CP loops carry values that do not
+    vary over the mesh axis).
+    """
+    fused_gate = a_log is not None
+    name = "'tokamax_mosaic'"
+    problems = mosaic_problems(
+        key_dim=q.shape[-1], dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
+    )
+    key_dim, value_dim = q.shape[-1], v.shape[-1]
+    if key_dim % 128 or value_dim % 128:
+        problems.append(
+            f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
+            f"got K={key_dim}, V={value_dim}"
+        )
+    for arg in ("initial_state", "output_final_state"):
+        value = unsupported.pop(arg, None)
+        if value is not None and value is not False:
+            problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
+    if unsupported:
+        raise TypeError(f"kda_context_parallel got unexpected arguments {sorted(unsupported)}")
+    if allow_neg_eigval:
+        problems.append("tokamax_mosaic requires beta in [0, 1]; allow_neg_eigval is not supported")
+    if chunk_size != TOKAMAX_CHUNK:
+        problems.append(
+            f"tokamax_mosaic supports chunk_size={TOKAMAX_CHUNK} only, got {chunk_size}"
+        )
+    if max_num_segments is not None and (
+        isinstance(max_num_segments, bool)
+        or not isinstance(max_num_segments, int)
+        or max_num_segments < 1
+    ):
+        problems.append(f"max_num_segments must be a positive int, got {max_num_segments!r}")
+    if problems:
+        raise ValueError(f"{name} cannot run inside shard_map here: " + "; ".join(problems))
+    if axis_name in _varying_axes(q):
+        raise ValueError(
+            f"{name} context parallelism needs jax.shard_map(..., check_vma=False): tokamax's CP "
+            "kernels build loop carries that do not vary over the mesh axis, which the vma "
+            "check rejects"
+        )
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"{name} context parallelism needs the shard_map's mesh (mesh=...); "
+            f"{axis_name!r} is not one of its axes {mesh.axis_names}"
+        )
+    if fused_gate:
+        dims = _check_fused(q, k, v, g, beta, None, segment_ids, False, a_log, dt_bias)
+    else:
+        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
+    batch, seq_len = dims.batch, dims.seq_len
+    if segment_ids is None:
+        ids = jnp.ones((batch, seq_len), jnp.int32)
+        max_num_segments = 1
+    else:
+        ids = _fill_padding_ids(segment_ids.astype(jnp.int32), axis_name)
+        valid = (segment_ids != 0)[..., None, None]
+        neutral_gate = -1e30 if fused_gate else 0.0  # activates to exactly g = 0
+        g = jnp.where(valid, g, neutral_gate)
+        beta = jnp.where(valid[..., 0], beta, 0.0)
+        q = jnp.where(valid, q, 0.0)
+        # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
+        max_num_segments = min(max_num_segments or seq_len, seq_len)
+
+    def head_first(x):
+        return jnp.moveaxis(x, 2, 0)
+
+    metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
+    out, _ = call_tokamax(
+        tokamax_kda_api(),
+        "tokamax_mosaic",
+        head_first(q),
+        head_first(k),
+        head_first(v),
+        head_first(g),
+        head_first(beta),
+        a_log=None if a_log is None else a_log.astype(jnp.float32),
+        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
+        scale=scale,
+        use_qk_l2norm=use_qk_l2norm,
+        use_gate_in_kernel=fused_gate,
+        segment_ids=ids,
+        lower_bound=lower_bound,
+        max_num_segments=max_num_segments,
+        context_parallel_metadata=metadata,
+    )
+    return jnp.moveaxis(out, 0, 2).astype(q.dtype)
+
+
+def _varying_axes(x) -> frozenset:
+    """Mesh axes ``x`` varies over (empty unless shard_map checks vma): ``typeof(x).mat.varying``
+    in jax 0.12, ``typeof(x).vma`` before."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def _fill_padding_ids(segment_ids, axis_name):
+    """Rank-local ids with padding (0) replaced by the id of the last valid token before it,
+    looking across ranks (an all-padding row gets 1), so tokamax's chain detection, which
+    compares neighbouring ranks' first and last ids, links a segment across padding and across
+    all-padding ranks exactly as kda_lib's segments do."""
+    before, _, rank = _segment_links(segment_ids, axis_name)
+    upstream = jnp.take(before, rank, axis=0)  # [B]: last valid id on earlier ranks (0: none)
+    valid = segment_ids != 0
+    positions = jnp.arange(segment_ids.shape[1])
+    last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
+    filled = jnp.where(
+        last_valid >= 0,
+        jnp.take_along_axis(segment_ids, jnp.maximum(last_valid, 0), 1),
+        upstream[:, None],
+    )
+    # leading padding of a row that has no valid token before it: join the first segment
+    first = jnp.take_along_axis(segment_ids, jnp.argmax(valid, 1)[:, None], 1)
+    filled = jnp.where(filled == 0, first, filled)
+    return jnp.where(filled == 0, 1, filled).astype(jnp.int32)
 
 
 def layer_forward_context_parallel(layer, x, *, segment_ids=None):
@@ -214,13 +389,20 @@ def layer_forward_context_parallel(layer, x, *, segment_ids=None):
             segment_ids=segment_ids,
             implementation=cfg.implementation,
             chunk_size=cfg.chunk_size,
+            **mosaic,
             **module.kernel_kwargs(),
         )
         return module.finish(x, o)
 
+    # tokamax's CP needs the mesh and a shard_map without the vma check (see _tokamax_mosaic_cp)
+    tokamax_cp = cfg.implementation == "tokamax_mosaic"
+    mosaic = dict(mesh=mesh, max_num_segments=_slice_segments_bound(segment_ids, ranks))
+    mosaic = mosaic if tokamax_cp else {}
     seq = P(None, axis)
     specs = (P(), P(None, axis, None), None if segment_ids is None else seq)
-    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P(None, axis, None))
+    fn = jax.shard_map(
+        local, mesh=mesh, in_specs=specs, out_specs=P(None, axis, None), check_vma=not tokamax_cp
+    )
 
     def run(state, x, segment_ids):
         # put the inputs in the layout shard_map expects, whatever they arrive in
@@ -231,6 +413,19 @@ def layer_forward_context_parallel(layer, x, *, segment_ids=None):
 
     y = jax.jit(run)(state, x, segment_ids)
     return y[:, :seq_len]
+
+
+def _slice_segments_bound(segment_ids, ranks):
+    """Most segments in one rank's slice of one row (for tokamax Mosaic's static bound), from
+    concrete ids; None (the slice length) when they are traced or absent."""
+    if segment_ids is None or isinstance(segment_ids, jax.core.Tracer):
+        return None
+    ids = np.asarray(segment_ids)
+    slices = ids.reshape(ids.shape[0], ranks, -1)
+    starts = np.concatenate(
+        [np.ones(slices.shape[:2] + (1,), bool), slices[..., 1:] != slices[..., :-1]], axis=-1
+    )
+    return max(int(starts.sum(-1).max()), 1)
 
 
 def place(array, mesh, spec):

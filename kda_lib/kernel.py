@@ -7,9 +7,10 @@ Implementations:
 * ``"tokamax_xla"``: tokamax's token-by-token XLA reference.
 * ``"tokamax_xla_chunked"``: tokamax's pure-JAX chunked form (needs the fused gate:
   ``a_log`` and ``lower_bound``).
-* ``"tokamax_mosaic"``: tokamax's Pallas Mosaic kernel, TPU v6 or newer.
+* ``"tokamax_mosaic"``: tokamax's Pallas Mosaic kernel, TPU v6 or newer (on CPU: inside
+  :func:`kda_lib.emulate_tpu`, interpreted; for checking, not speed).
 
-``"auto"`` policy (:func:`select_implementation`): tokamax Mosaic on a TPU v6+ when its
+``"auto"`` policy (:func:`select_implementation`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
 a padded 64-token chunk) and ``"chunked"`` above. kda_lib's chunked form is faster than
 tokamax's ``xla_chunked`` on CPU (fwd+bwd 0.4x at T=4096, see data/benchmarks/) and serves
@@ -30,6 +31,7 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from kda_lib import emulation
 from kda_lib._checks import check_kda_inputs
 from kda_lib.chunked import kda_chunked
 from kda_lib.gating import check_lower_bound, kda_gate
@@ -91,16 +93,27 @@ def tpu_generation() -> int | None:
 
 
 def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
-    """Why tokamax Mosaic cannot serve these inputs here (empty list: it can)."""
+    """Why tokamax Mosaic cannot serve these inputs here (empty list: it can).
+
+    Inside :func:`kda_lib.emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) a CPU counts as the
+    emulated TPU; :func:`select_implementation` still never picks the emulated kernel.
+    """
     problems = []
     generation = tpu_generation()
+    emulated = ""
+    if generation is None:
+        generation = emulation.emulated_tpu_generation()
+        emulated = " (emulated)"
     if generation is None:
         problems.append(
             f"tokamax_mosaic needs a TPU v6 or newer; the default device is "
-            f"{jax.devices()[0].platform}"
+            f"{jax.devices()[0].platform} (to run it in Pallas interpret mode anyway, "
+            f"wrap the call in kda_lib.emulate_tpu())"
         )
     elif generation < 6:
-        problems.append(f"tokamax_mosaic needs a TPU v6 or newer; this is TPU v{generation}")
+        problems.append(
+            f"tokamax_mosaic needs a TPU v6 or newer; this is TPU v{generation}{emulated}"
+        )
     if key_dim > 256:
         problems.append(f"tokamax_mosaic supports K <= 256, got K={key_dim}")
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
@@ -111,8 +124,11 @@ def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> li
 
 
 def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
-    """The ``"auto"`` policy (module docstring), as a function so it can be inspected."""
-    if not mosaic_problems(
+    """The ``"auto"`` policy (module docstring), as a function so it can be inspected.
+
+    Only a real TPU gets tokamax Mosaic: an emulated one (:func:`kda_lib.emulate_tpu`) runs the
+    kernel interpreted, far slower than ``"chunked"``."""
+    if tpu_generation() is not None and not mosaic_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
         try:
@@ -329,6 +345,12 @@ def _tokamax_kda(
     if segment_ids is not None:
         num_states = max_num_segments
         tk_segments = _segment_ordinals(segment_ids, max_num_segments)
+        if implementation == "tokamax_mosaic":
+            # Mosaic aligns every segment slot to a 64-token chunk, so its work grows with the
+            # slot count: keep it tight (a row has at most T segments; concrete ids: the count)
+            num_states = min(num_states, seq_len + pad)
+            if not isinstance(tk_segments, jax.core.Tracer):
+                num_states = min(num_states, int(tk_segments.max()))
     elif pad:
         tk_segments = jnp.ones((batch, seq_len + pad), jnp.int32)
     if valid is not None:
@@ -351,7 +373,9 @@ def _tokamax_kda(
     def head_first(x):
         return jnp.moveaxis(x, 2, 0)
 
-    out, final = api.kimi_delta_attention(
+    out, final = call_tokamax(
+        api,
+        implementation,
         head_first(q),
         head_first(k),
         head_first(v),
@@ -367,7 +391,6 @@ def _tokamax_kda(
         segment_ids=tk_segments,
         lower_bound=lower_bound,
         max_num_segments=None if tk_segments is None else num_states,
-        implementation=TOKAMAX_IMPLEMENTATIONS[implementation],
     )
     out = jnp.moveaxis(out, 0, 2)[:, :seq_len]
     if not output_final_state:
@@ -377,6 +400,16 @@ def _tokamax_kda(
     last = tk_segments[:, -1] - 1  # ordinal of the row's last segment
     picked = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)[:, 0]
     return out, picked.astype(jnp.float32)
+
+
+def call_tokamax(api, implementation: str, *args, **kwargs):
+    """``api.kimi_delta_attention(*args, **kwargs)`` with kda_lib's implementation name; under
+    TPU emulation, tokamax Mosaic goes through its op with the device check bypassed."""
+    if implementation == "tokamax_mosaic" and tpu_generation() is None and emulation.is_emulating():
+        return emulation.tokamax_mosaic_op()(*args, **kwargs)
+    return api.kimi_delta_attention(
+        *args, implementation=TOKAMAX_IMPLEMENTATIONS[implementation], **kwargs
+    )
 
 
 def _segment_ordinals(segment_ids: jax.Array, max_num_segments: int) -> jax.Array:

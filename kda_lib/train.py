@@ -1,0 +1,450 @@
+"""Tiny language models and a training loop, for the notebooks and tests (Flax NNX + optax).
+
+The model is ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`` with residual
+connections around the mixer and the MLP. The token mixer is chosen by name from
+:data:`MIXERS`:
+
+* ``"kda"``: :class:`kda_lib.KimiDeltaAttention` (short convs + the delta-rule recurrence);
+* ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
+  the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer.
+
+More mixers (Gated DeltaNet, softmax attention, ...) plug in with :func:`register_mixer`; a
+mixer maps ``[B, T, hidden]`` to ``[B, T, hidden]`` and, for decoding, offers
+``init_cache(batch)`` and ``mixer(x, cache=cache) -> (y, new_cache)``.
+
+:func:`train` runs AdamW (no weight decay on norms, biases, embeddings, ``A_log``,
+``dt_bias``) on batches drawn from a task of :mod:`kda_lib.tasks`, one jitted step per batch,
+and returns a history of the masked loss and accuracy; :func:`evaluate` scores held-out
+batches. Randomness: the model's init comes from the ``nnx.Rngs`` you build it with; batches
+come from ``seed`` (training and evaluation draw from different streams of it, so they never
+share a batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from kda_lib.conv import ShortConvolution
+from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
+from kda_lib.tasks import TaskBatch, TaskFn
+
+TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
+EVAL_STREAM = 1  # held-out batches for evaluate()
+NO_DECAY_NAMES = frozenset({"A_log", "dt_bias", "o_norm", "bias", "scale", "embedding"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of :class:`TinyLM`.
+
+    Attributes:
+      vocab_size: tokens in and out.
+      hidden_size: model width (default 64).
+      num_layers: N blocks (default 2).
+      mixer: a name in :data:`MIXERS` ("kda", "conv", ...).
+      num_heads, head_dim, value_head_dim: the mixer's H, K, V (V defaults to K).
+      conv_size: short-conv width W (default 4).
+      lower_bound: None = KDA's softplus gate; a float in [-5, 0) = the safe gate.
+      mlp_ratio: MLP width as a multiple of hidden_size (default 2).
+      norm_eps: RMSNorm epsilon.
+      implementation, chunk_size: the KDA kernel's (see :func:`kda_lib.kda`).
+    """
+
+    vocab_size: int
+    hidden_size: int = 64
+    num_layers: int = 2
+    mixer: str = "kda"
+    num_heads: int = 2
+    head_dim: int = 32
+    value_head_dim: int | None = None
+    conv_size: int = 4
+    lower_bound: float | None = None
+    mlp_ratio: int = 2
+    norm_eps: float = 1e-5
+    implementation: str = "auto"
+    chunk_size: int = 64
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.mixer not in MIXERS:
+            raise ValueError(
+                f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
+            )
+
+    def kda_config(self) -> KDAConfig:
+        """The :class:`kda_lib.KDAConfig` of every mixer layer."""
+        return KDAConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            value_head_dim=self.value_head_dim,
+            conv_size=self.conv_size,
+            lower_bound=self.lower_bound,
+            implementation=self.implementation,
+            chunk_size=self.chunk_size,
+        )
+
+    @property
+    def conv_reach(self) -> int:
+        """How many tokens back the convolutions alone can see through all layers:
+        ``num_layers * (conv_size - 1)``. A conv-only model is blind beyond it."""
+        return self.num_layers * max(self.conv_size - 1, 0)
+
+
+# ----------------------------------------------------------------------------- mixers
+MixerFactory = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+MIXERS: dict[str, MixerFactory] = {}
+
+
+def register_mixer(name: str):
+    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
+
+    def register(factory: MixerFactory) -> MixerFactory:
+        MIXERS[name] = factory
+        return factory
+
+    return register
+
+
+def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The token mixer named by ``config.mixer``."""
+    try:
+        factory = MIXERS[config.mixer]
+    except KeyError:
+        raise ValueError(f"unknown mixer {config.mixer!r}; known: {sorted(MIXERS)}") from None
+    return factory(config, rngs)
+
+
+class ConvMixer(nnx.Module):
+    """KDA's short-conv path without the recurrence: the ablation that cannot remember.
+
+    ``y = o_proj(rmsnorm(silu(conv(v_proj(x)))) * o_norm * sigmoid(g_proj(x)))`` per head,
+    i.e. :class:`kda_lib.KimiDeltaAttention` with the kernel's output replaced by its values
+    (no state). Output ``t`` depends on inputs ``t - conv_size + 1 .. t`` only. Parameter names
+    match the KDA layer's (``v_proj v_conv1d g_proj o_norm o_proj``).
+    """
+
+    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
+        if config.conv_size < 1:
+            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
+        self.config = config
+        h, vd, hidden = config.num_heads, config.value_dim, config.hidden_size
+        linear = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, **linear)
+        self.v_conv1d = ShortConvolution(
+            h * vd,
+            conv_size=config.conv_size,
+            dtype=config.dtype,
+            param_dtype=config.param_dtype,
+            rngs=rngs,
+        )
+        self.g_proj = nnx.Linear(hidden, h * vd, use_bias=True, **linear)
+        self.o_norm = nnx.Param(jnp.ones((vd,), config.param_dtype))
+        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, **linear)
+
+    def init_cache(self, batch_size: int) -> jax.Array:
+        """Decode state: the last ``conv_size - 1`` value-stream inputs ``[B, W-1, H*V]``."""
+        cfg = self.config
+        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.num_heads * cfg.value_dim), cfg.dtype)
+
+    def __call__(self, x: jax.Array, *, cache: jax.Array | None = None):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        h, vd = cfg.num_heads, cfg.value_dim
+        x = x.astype(cfg.dtype)
+        o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
+        of = o.reshape(batch, seq_len, h, vd).astype(jnp.float32)
+        gate = self.g_proj(x).reshape(batch, seq_len, h, vd).astype(jnp.float32)
+        normed = of * jax.lax.rsqrt(jnp.mean(of * of, axis=-1, keepdims=True) + cfg.norm_eps)
+        normed = normed * self.o_norm[...].astype(jnp.float32) * jax.nn.sigmoid(gate)
+        y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        return y if cache is None else (y, new_cache)
+
+
+@register_mixer("kda")
+def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return KimiDeltaAttention(config.kda_config(), rngs=rngs)
+
+
+@register_mixer("conv")
+def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return ConvMixer(config.kda_config(), rngs=rngs)
+
+
+# ----------------------------------------------------------------------------- model
+class MLP(nnx.Module):
+    """``down(gelu(up(x)))``."""
+
+    def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs):
+        self.up = nnx.Linear(hidden, width, rngs=rngs)
+        self.down = nnx.Linear(width, hidden, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        hidden = config.hidden_size
+        self.mixer_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
+        self.mixer = make_mixer(config, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
+        self.mlp = MLP(hidden, config.mlp_ratio * hidden, rngs=rngs)
+
+    def __call__(self, x, *, cache=None):
+        mixed = self.mixer(self.mixer_norm(x), cache=cache)
+        if cache is not None:
+            mixed, cache = mixed
+        x = x + mixed
+        x = x + self.mlp(self.mlp_norm(x))
+        return x if cache is None else (x, cache)
+
+
+class TinyLM(nnx.Module):
+    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``.
+
+    ``model(tokens, cache=model.init_cache(B))`` also returns the per-layer caches after the
+    tokens (for KDA layers a :class:`kda_lib.layer.KDACache`, whose ``state`` is
+    ``[B, H, K, V]``), so decoding can continue from them.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
+        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.final_norm = nnx.RMSNorm(config.hidden_size, epsilon=config.norm_eps, rngs=rngs)
+        self.head = nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs)
+
+    def init_cache(self, batch_size: int) -> tuple:
+        """One empty cache per block (see the mixers' ``init_cache``)."""
+        return tuple(block.mixer.init_cache(batch_size) for block in self.blocks)
+
+    def __call__(self, tokens: jax.Array, *, cache: tuple | None = None):
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
+        x = self.embed(tokens)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x = block(x)
+            else:
+                x, layer_cache = block(x, cache=cache[i])
+                new_cache.append(layer_cache)
+        logits = self.head(self.final_norm(x))
+        return logits if cache is None else (logits, tuple(new_cache))
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+# ----------------------------------------------------------------------------- optimiser
+def _path_names(path) -> tuple[str, ...]:
+    """('blocks', '0', 'mixer', 'A_log') from a pytree path over nnx.state (no '.value')."""
+    names = []
+    for entry in path:
+        key = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry)))
+        names.append(str(key))
+    return tuple(n for n in names if n != "value")
+
+
+def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
+    """Parameter path -> whether AdamW decays it.
+
+    KDA layers use :func:`kda_lib.layer.weight_decay_mask` (no decay for ``A_log``,
+    ``dt_bias``, ``o_norm`` and biases); everywhere else norms' ``scale``, biases and embeddings
+    are not decayed either. Matmul and conv kernels are.
+    """
+    params = nnx.state(model, nnx.Param)
+    mask = {
+        _path_names(path): not (set(_path_names(path)) & NO_DECAY_NAMES)
+        for path, _ in jax.tree_util.tree_leaves_with_path(params)
+    }
+    for module_path, module in nnx.iter_modules(model):
+        if isinstance(module, KimiDeltaAttention):
+            prefix = tuple(str(p) for p in module_path)
+            for path, decay in jax.tree_util.tree_leaves_with_path(weight_decay_mask(module)):
+                mask[prefix + _path_names(path)] = bool(decay)
+    return mask
+
+
+def make_optimizer(
+    model: nnx.Module,
+    *,
+    steps: int,
+    learning_rate: float,
+    weight_decay: float = 0.1,
+    warmup_steps: int | None = None,
+    clip_norm: float | None = 1.0,
+) -> nnx.Optimizer:
+    """AdamW with linear warmup then cosine decay to 10%, global-norm clipping and the
+    :func:`decay_mask`. ``warmup_steps`` defaults to 10% of ``steps``."""
+    warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=learning_rate,
+        warmup_steps=min(warmup, steps),
+        decay_steps=max(steps, 1),
+        end_value=0.1 * learning_rate,
+    )
+    mask = decay_mask(model)
+
+    def mask_fn(params):
+        return jax.tree_util.tree_map_with_path(lambda p, _: mask[_path_names(p)], params)
+
+    chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
+    chain.append(optax.adamw(schedule, weight_decay=weight_decay, mask=mask_fn))
+    return nnx.Optimizer(model, optax.chain(*chain), wrt=nnx.Param)
+
+
+# ----------------------------------------------------------------------------- training
+def masked_metrics(logits: jax.Array, batch: TaskBatch) -> tuple[jax.Array, jax.Array]:
+    """Mean cross-entropy (nats) and accuracy over ``batch.mask``; logits ``[B, T, vocab]``."""
+    mask = batch.mask.astype(jnp.float32)
+    count = jnp.maximum(mask.sum(), 1.0)
+    losses = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), batch.targets
+    )
+    correct = (jnp.argmax(logits, -1) == batch.targets).astype(jnp.float32)
+    return (losses * mask).sum() / count, (correct * mask).sum() / count
+
+
+def _stream(seed: int, stream: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), stream)
+
+
+def train(
+    model: TinyLM,
+    task_fn: TaskFn,
+    *,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+    log_every: int = 10,
+    progress: bool | Callable[[dict], None] = False,
+    weight_decay: float = 0.1,
+    warmup_steps: int | None = None,
+    clip_norm: float | None = 1.0,
+) -> dict[str, list]:
+    """Train ``model`` in place on ``task_fn(key, batch_size, seq_len)`` batches.
+
+    Batch ``i`` (0-based) is ``task_fn(fold_in(fold_in(key(seed), TRAIN_STREAM), i), ...)``,
+    drawn inside the jitted step.
+
+    Args:
+      model: e.g. :class:`TinyLM`; any module mapping ``[B, T]`` tokens to logits.
+      task_fn: ``(key, batch, seq_len) -> TaskBatch``, jittable (see :mod:`kda_lib.tasks`).
+      steps, batch_size, seq_len: optimiser steps and the batch shape.
+      learning_rate: AdamW peak (see :func:`make_optimizer` for the schedule).
+      seed: the batches' seed.
+      log_every: record the mean loss/accuracy of every ``log_every`` steps (and of the last,
+        possibly shorter, window).
+      progress: False: silent. True: print one line per record. A callable: called with each
+        record (``{"step", "loss", "accuracy", "seconds"}``).
+      weight_decay, warmup_steps, clip_norm: see :func:`make_optimizer`.
+
+    Returns:
+      ``{"step": [...], "loss": [...], "accuracy": [...], "seconds": [...]}``: the last step of
+      each window (1-based), the window's mean masked loss (nats) and accuracy, and the wall
+      time since the start (the first record includes compilation).
+    """
+    if steps < 1 or log_every < 1:
+        raise ValueError(f"steps and log_every must be >= 1, got {steps} and {log_every}")
+    optimizer = make_optimizer(
+        model,
+        steps=steps,
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        clip_norm=clip_norm,
+    )
+
+    def loss_fn(model, batch):
+        return masked_metrics(model(batch.inputs), batch)
+
+    @nnx.jit
+    def train_step(model, optimizer, key):
+        batch = task_fn(key, batch_size, seq_len)
+        (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+        optimizer.update(model, grads)
+        return loss, accuracy
+
+    step_fn = nnx.cached_partial(train_step, model, optimizer)
+    data_key = _stream(seed, TRAIN_STREAM)
+    history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "seconds": []}
+    window: list[tuple[jax.Array, jax.Array]] = []
+    report = print_record if progress is True else (progress or None)
+    start = time.perf_counter()
+    for i in range(steps):
+        window.append(step_fn(jax.random.fold_in(data_key, i)))
+        if len(window) == log_every or i == steps - 1:
+            losses, accuracies = zip(*jax.device_get(window), strict=True)
+            record = dict(
+                step=i + 1,
+                loss=float(sum(losses) / len(losses)),
+                accuracy=float(sum(accuracies) / len(accuracies)),
+                seconds=time.perf_counter() - start,
+            )
+            for name, value in record.items():
+                history[name].append(value)
+            if report:
+                report(record)
+            window = []
+    return history
+
+
+def print_record(record: dict) -> None:
+    """One plain line per training record."""
+    print(
+        f"step {record['step']:6d}  loss {record['loss']:.4f}  "
+        f"accuracy {record['accuracy']:.3f}  {record['seconds']:.1f} s",
+        flush=True,
+    )
+
+
+def evaluate(
+    model: TinyLM,
+    task_fn: TaskFn,
+    *,
+    batch_size: int,
+    seq_len: int,
+    num_batches: int = 4,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Masked loss (nats) and accuracy on ``num_batches`` held-out batches.
+
+    The batches come from ``fold_in(key(seed), EVAL_STREAM)``, a stream :func:`train` never
+    draws from, so with the same seed they are unseen. Returns ``{"loss", "accuracy"}``
+    averaged over the batches (all have the same mask size for a fixed task).
+    """
+
+    @nnx.jit
+    def eval_step(model, key):
+        batch = task_fn(key, batch_size, seq_len)
+        return masked_metrics(model(batch.inputs), batch)
+
+    if num_batches < 1:
+        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    key = _stream(seed, EVAL_STREAM)
+    results = [eval_step(model, jax.random.fold_in(key, i)) for i in range(num_batches)]
+    results = jax.device_get(results)
+    return dict(
+        loss=sum(float(loss) for loss, _ in results) / num_batches,
+        accuracy=sum(float(acc) for _, acc in results) / num_batches,
+    )
