@@ -1,0 +1,532 @@
+"""``python -m kda_lib.bench``: time every KDA implementation, softmax attention and the layer.
+
+Everything runs in one process at the same shapes, so the ratios between rows are meaningful
+even on a noisy machine (absolute times are only comparable on a quiet one). Each function is
+jitted and compiled ahead of time (compile time is reported separately) and warmed up; then
+every function is timed once per round for ``--reps`` rounds (interleaved, so a change of load
+hits all of them alike; ``--no-interleave`` times each one's reps back to back instead). The
+table shows the median and the spread, and a JSON file keeps everything.
+
+Entries (``--impls``; default: all that run on this platform):
+
+* ``chunked``, ``recurrent``, ``tokamax_xla``, ``tokamax_xla_chunked``, ``tokamax_mosaic``:
+  :func:`kda_lib.kda` with that implementation. All get the same fused-gate inputs (raw gate
+  ``f``, ``a_log``, ``dt_bias``, ``lower_bound=-5``) because tokamax's chunked form needs them.
+  The token-by-token forms (``recurrent``, ``tokamax_xla``) only run for T <= 2048
+  (``--sequential-max-t``) unless named in ``--impls``; Mosaic only on TPU v6+.
+* ``softmax``: ``jax.nn.dot_product_attention`` (causal, ``implementation=None``: the fastest
+  backend available), same B, T, H and head dim K.
+* ``layer``: the full :class:`kda_lib.layer.KimiDeltaAttention` (hidden = H * K, safe gate),
+  and, as separate rows, its kernel call alone (``layer_kernel``) and everything around the
+  kernel (``layer_projections``: projections, convs, gates, output norm and projection), so the
+  layer's overhead is ``layer / (layer_kernel + layer_projections)``.
+
+Modes: ``fwd`` (outputs only) and ``fwd+bwd`` (``jax.grad`` of ``sum(outputs * fixed random
+cotangents)`` with respect to every input, parameters included).
+
+Usage::
+
+    python -m kda_lib.bench                                   # T = 1024 4096, both modes
+    python -m kda_lib.bench --seq-lens 2048 8192 --heads 16 --key-dim 128 --value-dim 128 \\
+        --dtype bfloat16 --impls chunked tokamax_xla_chunked softmax
+    python -m kda_lib.bench --impls recurrent --seq-lens 4096 # force a sequential form
+    python -m kda_lib.bench --modes fwd --reps 5 --out -      # print only, no JSON
+
+The JSON (default ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
+directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
+(one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
+``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU
+``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kda_lib.kernel import IMPLEMENTATIONS, kda, mosaic_problems, tokamax_kda_api
+
+MODES = ("fwd", "fwd+bwd")
+SEQUENTIAL_IMPLS = ("recurrent", "tokamax_xla")  # O(T) steps: slow at large T
+LAYER_ENTRIES = ("layer", "layer_kernel", "layer_projections")
+LOWER_BOUND = -5.0  # safe gate: tokamax's chunked form needs it
+# ratios reported in the JSON and after the table: (numerator, denominator entries)
+RATIOS = (
+    ("chunked", ("tokamax_xla_chunked",)),
+    ("chunked", ("softmax",)),
+    ("chunked", ("recurrent",)),
+    ("tokamax_xla_chunked", ("softmax",)),
+    ("layer", ("layer_kernel", "layer_projections")),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    batch: int
+    heads: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+
+
+def default_out_path(platform: str, today: datetime.date) -> Path:
+    return Path("data") / "benchmarks" / f"{platform}-{today.isoformat()}.json"
+
+
+def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
+    """Every entry that can run here (``platform_ok(name)`` is None when it can)."""
+    names = [n for n in IMPLEMENTATIONS if platform_ok(n) is None]
+    return names + ["softmax", "layer"]
+
+
+def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
+    """Why a kda implementation cannot run on this platform (None: it can)."""
+    if name.startswith("tokamax"):
+        try:
+            tokamax_kda_api()
+        except ImportError as e:
+            return str(e)
+    if name == "tokamax_mosaic":
+        problems = mosaic_problems(
+            key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
+        )
+        return "; ".join(problems) or None
+    return None
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+def kernel_inputs(cfg: BenchConfig, seq_len: int, key: jax.Array) -> dict:
+    """Fused-gate KDA inputs: L2-normalised q/k, raw gate f, beta in (0, 1), a_log, dt_bias."""
+    ks = jax.random.split(key, 6)
+    shape = (cfg.batch, seq_len, cfg.heads, cfg.key_dim)
+    dtype = jnp.dtype(cfg.dtype)
+
+    def unit(k):
+        x = jax.random.normal(k, shape, jnp.float32)
+        return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
+
+    return dict(
+        q=unit(ks[0]),
+        k=unit(ks[1]),
+        v=jax.random.normal(ks[2], (*shape[:3], cfg.value_dim), jnp.float32).astype(dtype),
+        f=jax.random.normal(ks[3], shape, jnp.float32).astype(dtype),
+        beta=jax.nn.sigmoid(jax.random.normal(ks[4], shape[:3], jnp.float32)).astype(dtype),
+        a_log=jnp.zeros((cfg.heads,), jnp.float32),
+        dt_bias=0.5 * jax.random.normal(ks[5], (cfg.heads * cfg.key_dim,), jnp.float32),
+    )
+
+
+def kda_entry(implementation: str):
+    def run(q, k, v, f, beta, a_log, dt_bias):
+        o, _ = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            lower_bound=LOWER_BOUND,
+            implementation=implementation,
+        )
+        return o
+
+    return run
+
+
+def softmax_entry(cfg: BenchConfig, seq_len: int, key: jax.Array):
+    shape = (cfg.batch, seq_len, cfg.heads, cfg.key_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    args = tuple(
+        jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 3)
+    )
+
+    def run(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None)
+
+    return run, args
+
+
+def layer_entries(cfg: BenchConfig, seq_len: int, key: jax.Array, implementation: str):
+    """``{name: (fn, args)}`` for the full layer, its kernel call and the rest of it.
+
+    Every function takes its parameters as explicit arguments, so fwd+bwd differentiates them.
+    """
+    from flax import nnx
+
+    from kda_lib.layer import KDAConfig, KimiDeltaAttention
+
+    dtype = jnp.dtype(cfg.dtype)
+    config = KDAConfig(
+        hidden_size=cfg.heads * cfg.key_dim,
+        num_heads=cfg.heads,
+        head_dim=cfg.key_dim,
+        value_head_dim=cfg.value_dim,
+        lower_bound=LOWER_BOUND,
+        dtype=dtype,
+        implementation=implementation,
+    )
+    k_init, k_x = jax.random.split(key)
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(k_init))
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    x = jax.random.normal(k_x, (cfg.batch, seq_len, config.hidden_size), jnp.float32).astype(dtype)
+
+    def full(params, x):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    entries = {"layer": (full, (params, x))}
+    # the split below needs the layer's project / kernel_kwargs / finish steps
+    if all(hasattr(layer, m) for m in ("project", "kernel_kwargs", "finish")):
+
+        def around_kernel(params, x, o):
+            model = nnx.merge(graphdef, params, rest)
+            q, k, v, f, beta, _ = model.project(x)
+            return model.finish(x, o), q, k, v, f, beta
+
+        q, k, v, f, beta, _ = layer.project(x)
+        kwargs = layer.kernel_kwargs()
+        gate = (kwargs.pop("a_log"), kwargs.pop("dt_bias"))
+        o = jnp.zeros((*v.shape[:3], cfg.value_dim), dtype)
+
+        def kernel(q, k, v, f, beta, a_log, dt_bias):
+            out, _ = kda(
+                q,
+                k,
+                v,
+                f,
+                beta,
+                a_log=a_log,
+                dt_bias=dt_bias,
+                **kwargs,
+                chunk_size=config.chunk_size,
+                implementation=implementation,
+            )
+            return out
+
+        entries["layer_kernel"] = (kernel, (q, k, v, f, beta, *gate))
+        entries["layer_projections"] = (around_kernel, (params, x, o))
+    return entries
+
+
+# ------------------------------------------------------------------------------- timing
+
+
+def with_gradients(fn: Callable, args: tuple, key: jax.Array) -> Callable:
+    """``grad`` of ``sum(outputs * fixed random cotangents)`` w.r.t. every argument."""
+    leaves = jax.tree.leaves(jax.eval_shape(fn, *args))
+    keys = jax.random.split(key, len(leaves))
+    cotangents = [
+        jax.random.normal(k, leaf.shape, jnp.float32).astype(leaf.dtype)
+        for k, leaf in zip(keys, leaves, strict=True)
+    ]
+
+    def loss(*args):
+        outs = jax.tree.leaves(fn(*args))
+        return sum(
+            jnp.sum(o.astype(jnp.float32) * c.astype(jnp.float32))
+            for o, c in zip(outs, cotangents, strict=True)
+        )
+
+    return jax.grad(loss, argnums=tuple(range(len(args))))
+
+
+@dataclasses.dataclass
+class Job:
+    """One timed function: an entry at one T in one mode."""
+
+    impl: str
+    seq_len: int
+    mode: str
+    fn: Callable
+    args: tuple
+    compiled: Callable | None = None
+    times_ms: list = dataclasses.field(default_factory=list)
+    info: dict = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+    def prepare(self, warmup: int) -> None:
+        """Compile ahead of time (timed separately), then warm up."""
+        start = time.perf_counter()
+        self.compiled = jax.jit(self.fn).lower(*self.args).compile()
+        self.info["compile_s"] = time.perf_counter() - start
+        memory = self.compiled.memory_analysis()
+        if memory is not None:
+            self.info["compiled_bytes"] = int(
+                memory.temp_size_in_bytes
+                + memory.argument_size_in_bytes
+                + memory.output_size_in_bytes
+                - memory.alias_size_in_bytes
+            )
+        for _ in range(warmup):
+            jax.block_until_ready(self.compiled(*self.args))
+        if jax.default_backend() == "gpu":
+            stats = jax.devices()[0].memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                # the process-wide peak so far (jobs are prepared in order, smallest T first
+                # within each entry); compiled_bytes is this function's own footprint
+                self.info["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+
+    def time_once(self) -> None:
+        start = time.perf_counter()
+        jax.block_until_ready(self.compiled(*self.args))
+        self.times_ms.append(1e3 * (time.perf_counter() - start))
+
+    def record(self) -> dict:
+        record = dict(impl=self.impl, T=self.seq_len, mode=self.mode)
+        if self.error is not None:
+            return record | dict(median_ms=None, error=self.error)
+        times = self.times_ms
+        p25, p75 = np.percentile(times, [25, 75]).tolist()
+        return record | dict(
+            median_ms=statistics.median(times),
+            min_ms=min(times),
+            max_ms=max(times),
+            p25_ms=p25,
+            p75_ms=p75,
+            reps=len(times),
+            **self.info,
+        )
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m kda_lib.bench",
+        description="Time KDA implementations, softmax attention and the KDA layer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--key-dim", type=int, default=64)
+    parser.add_argument("--value-dim", type=int, default=64)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        default=None,
+        choices=(*IMPLEMENTATIONS, "softmax", "layer"),
+        help="entries to time (default: every one that runs here); naming a sequential form "
+        "runs it at every T",
+    )
+    parser.add_argument(
+        "--sequential-max-t",
+        type=int,
+        default=2048,
+        help="default entries skip recurrent / tokamax_xla above this T",
+    )
+    parser.add_argument(
+        "--layer-impl", default="auto", help="kernel implementation inside the layer"
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="time each function's reps back to back (default: one rep of every function per "
+        "round, so load changes on a busy machine hit all of them alike; needs all inputs alive)",
+    )
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
+    )
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.warmup < 0:
+        parser.error("--reps must be >= 1 and --warmup >= 0")
+    return args
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compute_ratios(records: list[dict]) -> dict:
+    """``{"a/b": {mode: {T: median_a / median_b}}}``; ``a/(b+c)`` sums the denominators."""
+    median = {
+        (r["impl"], r["T"], r["mode"]): r["median_ms"]
+        for r in records
+        if r.get("median_ms") is not None
+    }
+    ratios = {}
+    for top, bottom in RATIOS:
+        name = f"{top}/{bottom[0]}" if len(bottom) == 1 else f"{top}/({'+'.join(bottom)})"
+        per_mode = {}
+        for (impl, seq_len, mode), value in sorted(median.items()):
+            parts = [median.get((b, seq_len, mode)) for b in bottom]
+            if impl == top and None not in parts:
+                per_mode.setdefault(mode, {})[str(seq_len)] = value / sum(parts)
+        if per_mode:
+            ratios[name] = per_mode
+    return ratios
+
+
+def format_table(records: list[dict]) -> str:
+    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'min':>10}{'max':>10}"
+    header += f"{'compile s':>11}"
+    lines = [header, "-" * len(header)]
+    for r in records:
+        if r.get("median_ms") is None:
+            lines.append(f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}  error: {r['error']}")
+            continue
+        lines.append(
+            f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}{r['median_ms']:>11.2f}"
+            f"{r['min_ms']:>10.2f}{r['max_ms']:>10.2f}{r['compile_s']:>11.2f}"
+        )
+    return "\n".join(lines)
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    """Run the benchmark; returns the JSON document (also written unless ``--out -``)."""
+    args = parse_args(argv)
+    cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
+    platform = jax.default_backend()
+    requested = args.impls
+    impls = requested or default_impls(lambda n: kernel_problem(n, cfg))
+    key = jax.random.key(args.seed)
+    records = []
+
+    def note(message):
+        print(f"note: {message}", file=sys.stderr)
+
+    jobs = []
+
+    def add(name, seq_len, fn, fn_args):
+        for mode in args.modes:
+            timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
+            jobs.append(Job(name, seq_len, mode, timed, fn_args))
+
+    for name in impls:
+        for seq_len in args.seq_lens:
+            inputs_key = jax.random.fold_in(key, seq_len)
+            if name == "softmax":
+                add(name, seq_len, *softmax_entry(cfg, seq_len, inputs_key))
+            elif name == "layer":
+                try:
+                    entries = layer_entries(cfg, seq_len, inputs_key, args.layer_impl)
+                except ImportError as e:
+                    note(f"skipping the layer entry: kda_lib.layer is not importable ({e})")
+                    break
+                for entry in LAYER_ENTRIES:
+                    if entry in entries:
+                        add(entry, seq_len, *entries[entry])
+                    elif seq_len == args.seq_lens[0]:
+                        note(f"layer has no project/kernel_kwargs/finish: no {entry} row")
+            else:
+                if (
+                    requested is None
+                    and name in SEQUENTIAL_IMPLS
+                    and seq_len > args.sequential_max_t
+                ):
+                    note(f"skipping {name} at T={seq_len} (token by token; name it to force)")
+                    continue
+                problem = kernel_problem(name, cfg)
+                if problem is not None:
+                    records.extend(
+                        dict(impl=name, T=seq_len, mode=m, median_ms=None, error=problem)
+                        for m in args.modes
+                    )
+                    note(f"{name}: {problem}")
+                    continue
+                inputs = kernel_inputs(cfg, seq_len, inputs_key)
+                add(name, seq_len, kda_entry(name), tuple(inputs.values()))
+
+    def attempt(job, step):
+        if job.error is None:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001  one failing entry must not stop the rest
+                job.error = f"{type(e).__name__}: {e}"[:500]
+                job.compiled = job.args = None
+                note(f"{job.impl} T={job.seq_len} {job.mode} failed: {job.error}")
+
+    for job in jobs:
+        attempt(job, lambda job=job: job.prepare(args.warmup))
+        if args.no_interleave:
+            for _ in range(args.reps):
+                attempt(job, job.time_once)
+            job.args = job.compiled = None  # free its inputs before the next one
+        print(f"compiled {job.impl} T={job.seq_len} {job.mode}", file=sys.stderr, flush=True)
+    if not args.no_interleave:
+        for _ in range(args.reps):
+            for job in jobs:
+                attempt(job, job.time_once)
+    records.extend(job.record() for job in jobs)
+
+    device = jax.devices()[0]
+    today = datetime.date.today()
+    document = dict(
+        platform=platform,
+        device_kind=device.device_kind,
+        jax_version=jax.__version__,
+        tokamax_version=_version("tokamax"),
+        date=today.isoformat(),
+        config=dict(
+            dataclasses.asdict(cfg),
+            seq_lens=args.seq_lens,
+            modes=args.modes,
+            impls=impls,
+            reps=args.reps,
+            warmup=args.warmup,
+            interleaved=not args.no_interleave,
+            lower_bound=LOWER_BOUND,
+            layer_impl=args.layer_impl,
+            sequential_max_t=args.sequential_max_t,
+            seed=args.seed,
+            cpu_count=_cpu_count(),
+            argv=list(sys.argv[1:] if argv is None else argv),
+        ),
+        records=records,
+        ratios=compute_ratios(records),
+    )
+    print()
+    print(format_table(records))
+    for name, per_mode in document["ratios"].items():
+        for mode, per_t in per_mode.items():
+            values = "  ".join(f"T={t}: {r:.3f}" for t, r in per_t.items())
+            print(f"{name:<45} {mode:<8} {values}")
+    out = args.out if args.out is not None else str(default_out_path(platform, today))
+    if out != "-":
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+        print(f"wrote {path}")
+    return document
+
+
+def _cpu_count() -> int | None:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()
