@@ -13,7 +13,7 @@ Implementations:
 ``"auto"`` policy (:func:`select_implementation`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
 a padded 64-token chunk) and ``"chunked"`` above. kda_lib's chunked form is faster than
-tokamax's ``xla_chunked`` on CPU (fwd+bwd 0.4x at T=4096, see data/benchmarks/) and serves
+tokamax's ``xla_chunked`` on CPU (fwd+bwd 0.63x at T=4096, data/benchmarks/) and serves
 every input (any T, initial/final state, both gates), so it is the portable default. An
 explicitly requested implementation never falls back: if it cannot serve the inputs, a
 ValueError names the constraint.
