@@ -5,10 +5,13 @@ connections around the mixer and the MLP. The token mixer is chosen by name from
 :data:`MIXERS`:
 
 * ``"kda"``: :class:`kda_lib.KimiDeltaAttention` (short convs + the delta-rule recurrence);
+* ``"gdn"``: Gated DeltaNet, the same layer with one decay per head instead of per channel
+  (``KDAConfig(per_head_decay=True)``);
+* ``"attention"``: :class:`CausalSelfAttention`, causal softmax attention with RoPE;
 * ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
   the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer.
 
-More mixers (Gated DeltaNet, softmax attention, ...) plug in with :func:`register_mixer`; a
+More mixers plug in with :func:`register_mixer`; a
 mixer maps ``[B, T, hidden]`` to ``[B, T, hidden]`` and, for decoding, offers
 ``init_cache(batch)`` and ``mixer(x, cache=cache) -> (y, new_cache)``.
 
@@ -22,9 +25,18 @@ share a batch).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import inspect
+import json
+import pathlib
+import sys
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +45,7 @@ from flax import nnx
 
 from kda_lib.conv import ShortConvolution
 from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
-from kda_lib.tasks import TaskBatch, TaskFn
+from kda_lib.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
 EVAL_STREAM = 1  # held-out batches for evaluate()
@@ -172,9 +184,93 @@ class ConvMixer(nnx.Module):
         return y if cache is None else (y, new_cache)
 
 
+def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
+    """Rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] * freq_i``
+    (RoPE), so a query-key dot product depends on positions only through their difference."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
+    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, D/2]
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+class AttentionCache(NamedTuple):
+    """Decode state of :class:`CausalSelfAttention`: every key and value seen so far,
+    ``[B, T_seen, H, K]`` and ``[B, T_seen, H, V]`` (it grows by one token per step, which is
+    what makes softmax attention's decoding memory linear in T)."""
+
+    keys: jax.Array
+    values: jax.Array
+
+
+class CausalSelfAttention(nnx.Module):
+    """Multi-head causal softmax attention with rotary positions: the quadratic baseline.
+
+    ``y = o_proj(softmax(mask(rope(q) rope(k)^T / sqrt(K))) v)`` per head, scores and softmax
+    in float32. Uses the mixer's H, K and V (``num_heads``, ``head_dim``, ``value_dim``) of the
+    :class:`kda_lib.KDAConfig`; it has no short convolution, gate or decay.
+    """
+
+    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
+        if config.head_dim % 2:
+            raise ValueError(f"attention needs an even head_dim for RoPE, got {config.head_dim}")
+        self.config = config
+        h, kd, vd, hidden = config.num_heads, config.head_dim, config.value_dim, config.hidden_size
+        linear = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
+        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
+        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
+        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
+
+    def init_cache(self, batch_size: int) -> AttentionCache:
+        """An empty cache (no tokens seen)."""
+        cfg = self.config
+        shape = (batch_size, 0, cfg.num_heads)
+        return AttentionCache(
+            jnp.zeros((*shape, cfg.head_dim), cfg.dtype),
+            jnp.zeros((*shape, cfg.value_dim), cfg.dtype),
+        )
+
+    def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+        x = x.astype(cfg.dtype)
+        seen = 0 if cache is None else cache.keys.shape[1]
+        positions = seen + jnp.arange(seq_len)
+        q = rotary_embedding(self.q_proj(x).reshape(batch, seq_len, h, kd), positions)
+        k = rotary_embedding(self.k_proj(x).reshape(batch, seq_len, h, kd), positions)
+        v = self.v_proj(x).reshape(batch, seq_len, h, vd)
+        if cache is not None:
+            k = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
+            v = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
+        scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
+        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]  # [T, seen + T]
+        scores = jnp.where(causal, scores * kd**-0.5, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+        o = jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
+        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        return y if cache is None else (y, AttentionCache(k, v))
+
+
 @register_mixer("kda")
 def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     return KimiDeltaAttention(config.kda_config(), rngs=rngs)
+
+
+@register_mixer("gdn")
+def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Gated DeltaNet: the KDA layer with one forget-gate value per head (not per channel)."""
+    return KimiDeltaAttention(
+        dataclasses.replace(config.kda_config(), per_head_decay=True), rngs=rngs
+    )
+
+
+@register_mixer("attention")
+def _attention_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return CausalSelfAttention(config.kda_config(), rngs=rngs)
 
 
 @register_mixer("conv")
@@ -448,3 +544,244 @@ def evaluate(
         loss=sum(float(loss) for loss, _ in results) / num_batches,
         accuracy=sum(float(acc) for _, acc in results) / num_batches,
     )
+
+
+# ----------------------------------------------------------------------------- experiments
+# Task options used when neither the caller nor the command line gives one. Small enough for
+# CI; the notebooks' "full" parameters and the command line scale them up.
+DEFAULT_TASK_OPTIONS: dict[str, dict] = {
+    "delayed_copy": dict(vocab_size=16, delay=8),
+    "mqar": dict(vocab_size=64, num_pairs=8),
+    "palindrome": dict(vocab_size=16),
+    "stack": dict(vocab_size=16),
+}
+RESULTS_DIR = "data/results"
+
+
+def make_task(name: str, **options) -> TaskFn:
+    """``TASKS[name]`` with its options bound (missing ones from :data:`DEFAULT_TASK_OPTIONS`).
+
+    Raises ValueError naming the task for an unknown task or an option it does not take.
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+    generator = TASKS[name]
+    accepted = [
+        p.name
+        for p in inspect.signature(generator).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"task {name!r} takes the options {accepted}; got unknown {unknown}")
+    bound = {**DEFAULT_TASK_OPTIONS.get(name, {}), **options}
+    return functools.partial(generator, **bound)
+
+
+def run_experiment(
+    task: str,
+    *,
+    mixer: str,
+    seq_len: int,
+    steps: int,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+    eval_batches: int = 4,
+    task_options: dict | None = None,
+    model_options: dict | None = None,
+    log_every: int = 50,
+    progress: bool | Callable[[dict], None] = False,
+) -> dict:
+    """Train a :class:`TinyLM` with ``mixer`` on ``task`` and score it on held-out batches.
+
+    Args:
+      task: a name in :data:`kda_lib.tasks.TASKS`.
+      mixer: a name in :data:`MIXERS`.
+      seq_len, batch_size: T and B of every batch (training and evaluation).
+      steps, learning_rate, log_every, progress: see :func:`train`.
+      seed: seeds the model's init (``nnx.Rngs(seed)``) and the batches (see :func:`train`).
+      eval_batches: held-out batches for :func:`evaluate`.
+      task_options: the task generator's keyword options (defaults from
+        :data:`DEFAULT_TASK_OPTIONS`); ``vocab_size`` is also the model's.
+      model_options: other :class:`ModelConfig` fields (hidden_size, num_layers, ...).
+
+    Returns:
+      A JSON-ready record: ``task``, ``task_options``, ``mixer``, ``model`` (the
+      ModelConfig), ``params``, ``training`` (steps, batch_size, seq_len, learning_rate, seed),
+      ``history`` (from :func:`train`), ``eval`` (``loss``, ``accuracy``, ``batches``),
+      ``chance_accuracy`` (:func:`kda_lib.tasks.chance_accuracy`), ``train_seconds``
+      (compilation included), ``platform``, ``versions`` and ``date`` (UTC).
+    """
+    task_fn = make_task(task, **(task_options or {}))
+    # fail here, with the generator's own message, rather than inside the jitted step
+    jax.eval_shape(lambda key: task_fn(key, batch_size, seq_len), jax.random.key(0))
+    options = task_fn.keywords
+    config = ModelConfig(vocab_size=options["vocab_size"], mixer=mixer, **(model_options or {}))
+    model = TinyLM(config, rngs=nnx.Rngs(seed))
+    start = time.perf_counter()
+    history = train(
+        model,
+        task_fn,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        learning_rate=learning_rate,
+        seed=seed,
+        log_every=log_every,
+        progress=progress,
+    )
+    train_seconds = time.perf_counter() - start
+    scores = evaluate(
+        model, task_fn, batch_size=batch_size, seq_len=seq_len, num_batches=eval_batches, seed=seed
+    )
+    return dict(
+        task=task,
+        task_options=dict(options),
+        mixer=mixer,
+        model=dataclasses.asdict(config),
+        params=count_params(model),
+        training=dict(
+            steps=steps,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            learning_rate=learning_rate,
+            seed=seed,
+        ),
+        history=history,
+        eval=dict(scores, batches=eval_batches),
+        chance_accuracy=chance_accuracy(task, **options),
+        train_seconds=train_seconds,
+        platform=jax.devices()[0].platform,
+        versions={dist: importlib.metadata.version(dist) for dist in ("jax", "flax", "optax")},
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def default_result_path(record: dict, results_dir: str = RESULTS_DIR) -> pathlib.Path:
+    """``<results_dir>/<task>-<mixer>-T<seq_len>-seed<seed>.json``."""
+    training = record["training"]
+    name = f"{record['task']}-{record['mixer']}-T{training['seq_len']}-seed{training['seed']}"
+    return pathlib.Path(results_dir) / f"{name}.json"
+
+
+def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
+    """Write ``record`` as indented JSON (creating folders); returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+class _ProgressBar:
+    """A tqdm bar fed by :func:`train`'s records (for terminals)."""
+
+    def __init__(self, steps: int, description: str):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=steps, desc=description, unit="step")
+        self.done = 0
+
+    def __call__(self, record: dict) -> None:
+        self.bar.update(record["step"] - self.done)
+        self.done = record["step"]
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kda_lib.train",
+        description="Train a tiny language model on a synthetic task, score it on held-out "
+        "batches and write a JSON record.",
+    )
+    parser.add_argument("task", choices=sorted(TASKS), help="synthetic task")
+    parser.add_argument("--mixer", choices=sorted(MIXERS), default="kda", help="token mixer")
+    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps")
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence T")
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per batch B")
+    parser.add_argument("--learning-rate", type=float, default=3e-3, help="AdamW peak rate")
+    parser.add_argument("--seed", type=int, default=0, help="model init and batches")
+    parser.add_argument("--eval-batches", type=int, default=8, help="held-out batches")
+    parser.add_argument("--log-every", type=int, default=50, help="steps per progress record")
+    task = parser.add_argument_group("task options (default: DEFAULT_TASK_OPTIONS)")
+    task.add_argument("--vocab-size", type=int, help="tokens in the task and the model")
+    task.add_argument("--num-pairs", type=int, help="mqar: key/value pairs per sequence")
+    task.add_argument("--delay", type=int, help="delayed_copy: how far back to copy")
+    task.add_argument("--pop-probability", type=float, help="stack: chance of a pop")
+    model = parser.add_argument_group("model options (default: ModelConfig)")
+    for field in ("hidden_size", "num_layers", "num_heads", "head_dim", "conv_size"):
+        model.add_argument(f"--{field.replace('_', '-')}", type=int)
+    model.add_argument("--implementation", help="KDA kernel (see kda_lib.kda)")
+    parser.add_argument(
+        "--output",
+        help="JSON record path (default: data/results/<task>-<mixer>-T<seq_len>-seed<seed>.json)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "bar", "lines", "none"),
+        default="auto",
+        help="auto: a tqdm bar on a terminal, plain lines otherwise",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The command line; returns the record it wrote."""
+    args = _parser().parse_args(argv)
+    task_options = {
+        name: getattr(args, name)
+        for name in ("vocab_size", "num_pairs", "delay", "pop_probability")
+        if getattr(args, name) is not None
+    }
+    model_options = {
+        name: getattr(args, name)
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "head_dim",
+            "conv_size",
+            "implementation",
+        )
+        if getattr(args, name) is not None
+    }
+    style = args.progress
+    if style == "auto":
+        style = "bar" if sys.stdout.isatty() else "lines"
+    bar = _ProgressBar(args.steps, f"{args.task}/{args.mixer}") if style == "bar" else None
+    progress = bar if bar else (style == "lines")
+    try:
+        record = run_experiment(
+            args.task,
+            mixer=args.mixer,
+            seq_len=args.seq_len,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            seed=args.seed,
+            eval_batches=args.eval_batches,
+            task_options=task_options,
+            model_options=model_options,
+            log_every=args.log_every,
+            progress=progress,
+        )
+    except ValueError as error:
+        _parser().error(str(error))
+    finally:
+        if bar:
+            bar.close()
+    path = save_record(record, args.output or default_result_path(record))
+    print(
+        f"{args.task} / {args.mixer}, T={args.seq_len}: held-out accuracy "
+        f"{record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f}), "
+        f"loss {record['eval']['loss']:.3f}; {record['train_seconds']:.0f} s; wrote {path}",
+        flush=True,
+    )
+    return record
+
+
+if __name__ == "__main__":
+    main()

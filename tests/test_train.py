@@ -3,6 +3,10 @@ weight-decay mask, and a few training steps that lower the loss."""
 
 import dataclasses
 import functools
+import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,16 +19,22 @@ from kda_lib import KimiDeltaAttention
 from kda_lib.tasks import delayed_copy
 from kda_lib.train import (
     MIXERS,
+    CausalSelfAttention,
     ConvMixer,
     ModelConfig,
     TinyLM,
     decay_mask,
+    default_result_path,
     evaluate,
     make_optimizer,
+    make_task,
     masked_metrics,
     register_mixer,
+    run_experiment,
+    save_record,
     train,
 )
+from kda_lib.train import main as train_main
 
 # tiny and quick to compile; the recurrent kernel compiles fastest on CPU
 CFG = ModelConfig(
@@ -36,15 +46,15 @@ def _model(**changes):
     return TinyLM(dataclasses.replace(CFG, **changes), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("mixer", ["kda", "conv"])
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "conv"])
 def test_shapes_and_cache_decoding(mixer):
     model = _model(mixer=mixer)
     tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 8)
     apply = nnx.jit(lambda model, tokens, cache=None: model(tokens, cache=cache))
     logits = apply(model, tokens)
     assert logits.shape == (2, 9, 8) and logits.dtype == jnp.float32
-    kind = KimiDeltaAttention if mixer == "kda" else ConvMixer
-    assert all(isinstance(b.mixer, kind) for b in model.blocks)
+    kind = dict(kda=KimiDeltaAttention, gdn=KimiDeltaAttention, attention=CausalSelfAttention)
+    assert all(isinstance(b.mixer, kind.get(mixer, ConvMixer)) for b in model.blocks)
     # prefill 5 tokens, then decode one at a time: same logits as the full forward
     out, cache = apply(model, tokens[:, :5], model.init_cache(2))
     steps = [out]
@@ -52,8 +62,11 @@ def test_shapes_and_cache_decoding(mixer):
         out, cache = apply(model, tokens[:, t : t + 1], cache)
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, 1), logits, atol=2e-5, rtol=2e-5)
-    if mixer == "kda":
+    if mixer in ("kda", "gdn"):
         assert cache[0].state.shape == (2, 2, 8, 8)
+        assert model.blocks[0].mixer.config.per_head_decay == (mixer == "gdn")
+    if mixer == "attention":
+        assert cache[0].keys.shape == (2, 9, 2, 8)  # every token's key is kept
 
 
 def test_conv_mixer_sees_only_its_taps():
@@ -120,9 +133,7 @@ def test_optimizer_decays_only_the_masked_params():
     )
     zeros = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
     # Adam's step is 0 for zero gradients: only the weight decay moves parameters
-    nnx.jit(lambda optimizer, model, grads: optimizer.update(model, grads))(
-        optimizer, model, zeros
-    )
+    nnx.jit(lambda optimizer, model, grads: optimizer.update(model, grads))(optimizer, model, zeros)
     mask = decay_mask(model)
     after = nnx.state(model, nnx.Param)
     from kda_lib.train import _path_names
@@ -230,3 +241,99 @@ def test_mixer_registry_and_errors():
     with pytest.raises(ValueError, match="conv_size >= 1"):
         _model(mixer="conv", conv_size=0)
     assert optax is not None
+
+
+# ----------------------------------------------------------------------------- experiments
+def test_make_task_binds_defaults_and_rejects_unknown_options():
+    task = make_task("mqar", num_pairs=3)
+    assert task.keywords == dict(vocab_size=64, num_pairs=3)
+    assert task(jax.random.key(0), 2, 12).inputs.shape == (2, 12)
+    with pytest.raises(ValueError, match=r"task 'mqar' takes the options \['vocab_size', "):
+        make_task("mqar", delay=3)
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        make_task("nope")
+
+
+def test_run_experiment_record(tmp_path):
+    record = run_experiment(
+        "mqar",
+        mixer="conv",
+        seq_len=12,
+        steps=3,
+        batch_size=2,
+        eval_batches=2,
+        task_options=dict(vocab_size=9, num_pairs=2),
+        model_options=dict(hidden_size=16, num_layers=1, num_heads=2, head_dim=8),
+        log_every=2,
+    )
+    assert record["task"] == "mqar" and record["mixer"] == "conv"
+    assert record["task_options"] == dict(vocab_size=9, num_pairs=2)
+    assert record["model"]["vocab_size"] == 9 and record["model"]["num_layers"] == 1
+    assert record["training"] == dict(steps=3, batch_size=2, seq_len=12, learning_rate=3e-3, seed=0)
+    assert record["history"]["step"] == [2, 3]
+    assert 0.0 <= record["eval"]["accuracy"] <= 1.0 and record["eval"]["batches"] == 2
+    assert record["chance_accuracy"] == 0.25  # 4 value tokens
+    assert record["params"] > 0 and record["versions"]["jax"] == jax.__version__
+    path = save_record(record, default_result_path(record, tmp_path))
+    assert path.name == "mqar-conv-T12-seed0.json"
+    assert json.loads(path.read_text()) == json.loads(json.dumps(record))
+    # a generator's own error surfaces before any compilation of the training step
+    with pytest.raises(ValueError, match="seq_len must be >= 3 \\* num_pairs = 6"):
+        run_experiment("mqar", mixer="conv", seq_len=5, steps=1, task_options=dict(num_pairs=2))
+
+
+CLI_TINY = ["--mixer", "conv", "--steps", "3", "--seq-len", "12", "--batch-size", "2",
+            "--eval-batches", "1", "--hidden-size", "16", "--num-layers", "1",
+            "--num-heads", "2", "--head-dim", "8", "--log-every", "2"]  # fmt: skip
+
+
+def test_command_line_lines_and_record(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    record = train_main(["palindrome", *CLI_TINY, "--vocab-size", "6", "--output", str(out)])
+    printed = capsys.readouterr().out.splitlines()
+    # not a terminal: plain lines, one per record, then the summary
+    assert printed[0].startswith("step      2  loss") and printed[1].startswith("step      3")
+    assert printed[-1].startswith("palindrome / conv, T=12: held-out accuracy")
+    assert str(out) in printed[-1]
+    saved = json.loads(out.read_text())
+    assert saved["task_options"] == {"vocab_size": 6} and saved["eval"] == record["eval"]
+
+
+def test_command_line_progress_bar_and_errors(tmp_path, capsys):
+    train_main(["stack", *CLI_TINY, "--progress", "bar", "--output", str(tmp_path / "s.json")])
+    captured = capsys.readouterr()
+    assert "stack/conv" in captured.err and "3/3" in captured.err  # the tqdm bar
+    assert "step      2" not in captured.out
+    with pytest.raises(SystemExit):
+        train_main(["mqar", *CLI_TINY, "--delay", "3"])
+    assert "task 'mqar' takes the options" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["mqar", *CLI_TINY, "--num-pairs", "5"])
+    assert "seq_len must be >= 3 * num_pairs = 15" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["copy"])
+    assert "invalid choice: 'copy'" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    out = tmp_path / "cli.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kda_lib.train",
+            "delayed_copy",
+            *CLI_TINY,
+            "--delay",
+            "2",
+            "--output",
+            str(out),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=pathlib.Path(__file__).parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "delayed_copy / conv, T=12: held-out accuracy" in result.stdout
+    assert json.loads(out.read_text())["task_options"] == {"vocab_size": 16, "delay": 2}
