@@ -390,21 +390,30 @@ def make_optimizer(
     """AdamW with linear warmup then cosine decay to 10%, global-norm clipping and the
     :func:`decay_mask`. ``warmup_steps`` defaults to 10% of ``steps``."""
     warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
+    mask = tuple(sorted(decay_mask(model).items()))
+    transform = _adamw(steps, learning_rate, weight_decay, min(warmup, steps), clip_norm, mask)
+    return nnx.Optimizer(model, transform, wrt=nnx.Param)
+
+
+@functools.lru_cache(maxsize=64)
+def _adamw(steps, learning_rate, weight_decay, warmup, clip_norm, mask_items):
+    """One optax transform per setting: equal settings give the *same* object, so optimisers
+    built for equal models have equal graphdefs and share compiled training steps."""
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=learning_rate,
-        warmup_steps=min(warmup, steps),
+        warmup_steps=warmup,
         decay_steps=max(steps, 1),
         end_value=0.1 * learning_rate,
     )
-    mask = decay_mask(model)
+    mask = dict(mask_items)
 
     def mask_fn(params):
         return jax.tree_util.tree_map_with_path(lambda p, _: mask[_path_names(p)], params)
 
     chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     chain.append(optax.adamw(schedule, weight_decay=weight_decay, mask=mask_fn))
-    return nnx.Optimizer(model, optax.chain(*chain), wrt=nnx.Param)
+    return optax.chain(*chain)
 
 
 # ----------------------------------------------------------------------------- training
@@ -421,6 +430,32 @@ def masked_metrics(logits: jax.Array, batch: TaskBatch) -> tuple[jax.Array, jax.
 
 def _stream(seed: int, stream: int) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed), stream)
+
+
+def _loss(model: nnx.Module, batch: TaskBatch):
+    return masked_metrics(model(batch.inputs), batch)
+
+
+# Module-level jitted steps, cached on the model's and optimiser's graphdefs (structure and
+# static config): models of equal config share one compilation across tasks and runs, as long
+# as their batches have the same shape (a sweep over tasks of one vocabulary and length
+# compiles each mixer once).
+@nnx.jit
+def _train_step(model, optimizer, batch: TaskBatch):
+    (loss, accuracy), grads = nnx.value_and_grad(_loss, has_aux=True)(model, batch)
+    optimizer.update(model, grads)
+    return loss, accuracy
+
+
+@nnx.jit
+def _eval_step(model, batch: TaskBatch):
+    return _loss(model, batch)
+
+
+def _batch_drawer(task_fn: TaskFn, batch_size: int, seq_len: int):
+    """``key -> task_fn(key, batch_size, seq_len)``, jitted (batches are drawn outside the
+    model's step so that the step does not depend on the task)."""
+    return jax.jit(lambda key: task_fn(key, batch_size, seq_len))
 
 
 def train(
@@ -440,8 +475,9 @@ def train(
 ) -> dict[str, list]:
     """Train ``model`` in place on ``task_fn(key, batch_size, seq_len)`` batches.
 
-    Batch ``i`` (0-based) is ``task_fn(fold_in(fold_in(key(seed), TRAIN_STREAM), i), ...)``,
-    drawn inside the jitted step.
+    Batch ``i`` (0-based) is ``task_fn(fold_in(fold_in(key(seed), TRAIN_STREAM), i), ...)``.
+    The jitted step is shared by every model of the same config and batch shape, so a sweep
+    over tasks compiles it once per mixer.
 
     Args:
       model: e.g. :class:`TinyLM`; any module mapping ``[B, T]`` tokens to logits.
@@ -471,24 +507,15 @@ def train(
         clip_norm=clip_norm,
     )
 
-    def loss_fn(model, batch):
-        return masked_metrics(model(batch.inputs), batch)
-
-    @nnx.jit
-    def train_step(model, optimizer, key):
-        batch = task_fn(key, batch_size, seq_len)
-        (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
-        optimizer.update(model, grads)
-        return loss, accuracy
-
-    step_fn = nnx.cached_partial(train_step, model, optimizer)
+    draw = _batch_drawer(task_fn, batch_size, seq_len)
+    step_fn = nnx.cached_partial(_train_step, model, optimizer)
     data_key = _stream(seed, TRAIN_STREAM)
     history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "seconds": []}
     window: list[tuple[jax.Array, jax.Array]] = []
     report = print_record if progress is True else (progress or None)
     start = time.perf_counter()
     for i in range(steps):
-        window.append(step_fn(jax.random.fold_in(data_key, i)))
+        window.append(step_fn(draw(jax.random.fold_in(data_key, i))))
         if len(window) == log_every or i == steps - 1:
             losses, accuracies = zip(*jax.device_get(window), strict=True)
             record = dict(
@@ -530,15 +557,11 @@ def evaluate(
     averaged over the batches (all have the same mask size for a fixed task).
     """
 
-    @nnx.jit
-    def eval_step(model, key):
-        batch = task_fn(key, batch_size, seq_len)
-        return masked_metrics(model(batch.inputs), batch)
-
     if num_batches < 1:
         raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    draw = _batch_drawer(task_fn, batch_size, seq_len)
     key = _stream(seed, EVAL_STREAM)
-    results = [eval_step(model, jax.random.fold_in(key, i)) for i in range(num_batches)]
+    results = [_eval_step(model, draw(jax.random.fold_in(key, i))) for i in range(num_batches)]
     results = jax.device_get(results)
     return dict(
         loss=sum(float(loss) for loss, _ in results) / num_batches,
@@ -658,6 +681,51 @@ def run_experiment(
     )
 
 
+def run_sweep(
+    tasks: dict[str, dict],
+    mixers: list[str],
+    seq_lens: list[int],
+    *,
+    report: Callable[[dict], None] | None = None,
+    **experiment,
+) -> list[dict]:
+    """:func:`run_experiment` for every task x sequence length x mixer, in that order.
+
+    Args:
+      tasks: task name -> its options (e.g. ``{"mqar": {"vocab_size": 32, "num_pairs": 4}}``).
+        Give every task the same ``vocab_size`` and the runs of one mixer and length share one
+        compiled training step.
+      mixers: names in :data:`MIXERS`.
+      seq_lens: T values.
+      report: called with each record as it finishes (e.g. to print a line).
+      **experiment: the other :func:`run_experiment` arguments (steps, batch_size,
+        learning_rate, seed, eval_batches, model_options, log_every).
+
+    Returns:
+      The records, one per run.
+    """
+    records = []
+    for task, options in tasks.items():
+        for seq_len in seq_lens:
+            for mixer in mixers:
+                record = run_experiment(
+                    task, mixer=mixer, seq_len=seq_len, task_options=options, **experiment
+                )
+                records.append(record)
+                if report:
+                    report(record)
+    return records
+
+
+def summary_line(record: dict) -> str:
+    """``mqar  T=64  kda  accuracy 0.941 (chance 0.062)  12.3 s`` for one record."""
+    return (
+        f"{record['task']:<12s} T={record['training']['seq_len']:<5d} {record['mixer']:<10s} "
+        f"accuracy {record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f})  "
+        f"{record['train_seconds']:.1f} s"
+    )
+
+
 def default_result_path(record: dict, results_dir: str = RESULTS_DIR) -> pathlib.Path:
     """``<results_dir>/<task>-<mixer>-T<seq_len>-seed<seed>.json``."""
     training = record["training"]
@@ -665,8 +733,8 @@ def default_result_path(record: dict, results_dir: str = RESULTS_DIR) -> pathlib
     return pathlib.Path(results_dir) / f"{name}.json"
 
 
-def save_record(record: dict, path: str | pathlib.Path) -> pathlib.Path:
-    """Write ``record`` as indented JSON (creating folders); returns the path."""
+def save_record(record: dict | list[dict], path: str | pathlib.Path) -> pathlib.Path:
+    """Write a record (or a list of them) as indented JSON, creating folders; returns the path."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -31,7 +31,9 @@ from kda_lib.train import (
     masked_metrics,
     register_mixer,
     run_experiment,
+    run_sweep,
     save_record,
+    summary_line,
     train,
 )
 from kda_lib.train import main as train_main
@@ -337,3 +339,37 @@ def test_python_dash_m_entry_point(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "delayed_copy / conv, T=12: held-out accuracy" in result.stdout
     assert json.loads(out.read_text())["task_options"] == {"vocab_size": 16, "delay": 2}
+
+
+def test_run_sweep_order_report_and_shared_compilation():
+    tiny = dict(hidden_size=16, num_layers=1, num_heads=2, head_dim=8)
+    lines = []
+    before = _train_step_cache_size()
+    records = run_sweep(
+        {"palindrome": dict(vocab_size=9), "mqar": dict(vocab_size=9, num_pairs=2)},
+        ["conv"],
+        [12, 16],
+        report=lambda r: lines.append(summary_line(r)),
+        steps=2,
+        batch_size=2,
+        eval_batches=1,
+        model_options=tiny,
+        log_every=1,
+    )
+    order = [(r["task"], r["training"]["seq_len"], r["mixer"]) for r in records]
+    assert order == [
+        ("palindrome", 12, "conv"),
+        ("palindrome", 16, "conv"),
+        ("mqar", 12, "conv"),
+        ("mqar", 16, "conv"),
+    ]
+    assert lines[0].startswith("palindrome   T=12    conv       accuracy ")
+    assert "(chance 0.143)" in lines[0] and "(chance 0.250)" in lines[2]
+    # one vocabulary: the two tasks reuse the training step compiled for each length
+    assert _train_step_cache_size() - before <= 2
+
+
+def _train_step_cache_size():
+    from kda_lib import train as train_module
+
+    return train_module._train_step.jitted_fn._cache_size()
