@@ -115,7 +115,7 @@ def kda_context_parallel(
     implementation: str = "auto",
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
     **kernel_kwargs,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
 
     Args:
@@ -129,9 +129,14 @@ def kda_context_parallel(
       kernel_kwargs: passed to :func:`kda_lib.kda` (``a_log``, ``dt_bias``, ``lower_bound``,
         ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``; ``"tokamax_mosaic"`` also
         takes ``max_num_segments``, a static bound on the segments of one rank's slice).
+        kda_lib's kernels also take ``initial_state`` ``[B, H, K, V]`` (the state before the
+        whole sequence, the same array on every rank; it belongs to each row's first segment)
+        and ``output_final_state`` (default False); tokamax's Mosaic CP takes neither.
 
     Returns:
-      The local outputs ``[B, T_local, H, V]``, equal to the matching slice of a one-device run.
+      The local outputs ``[B, T_local, H, V]``, equal to the matching slice of a one-device run;
+      with ``output_final_state=True`` also the state after the last token of the whole
+      sequence, ``[B, H, K, V]`` float32, the same on every rank (``out_specs`` ``P()``).
     """
     if implementation == "tokamax_mosaic":
         return _tokamax_mosaic_cp(
@@ -157,6 +162,16 @@ def kda_context_parallel(
         implementation = "recurrent" if q.shape[1] <= RECURRENT_MAX_AUTO_T else "chunked"
     batch, _, heads, key_dim = q.shape
     value_dim = v.shape[-1]
+    initial_state = kernel_kwargs.pop("initial_state", None)
+    output_final_state = kernel_kwargs.pop("output_final_state", False)
+    state_shape = (batch, heads, key_dim, value_dim)
+    if initial_state is not None and tuple(initial_state.shape) != state_shape:
+        raise ValueError(
+            f"initial_state must have shape [B, H, K, V]={state_shape} (the same on every "
+            f"rank), got {tuple(initial_state.shape)}"
+        )
+    if not isinstance(output_final_state, bool):
+        raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
     kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
 
     # 1. this rank's affine summary: augmented values [0 | v], initial state [I | 0]
@@ -176,9 +191,15 @@ def kda_context_parallel(
     else:
         before, all_ends, rank = _segment_links(segment_ids, axis_name)
         # a rank keeps the incoming state iff its first segment is the upstream's last one;
-        # an all-padding rank passes the state through (its M is the identity)
-        keeps = (all_ends[:, :, 0] == before) | (all_ends[:, :, 0] == 0)
-    state = jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32)
+        # an all-padding rank passes the state through (its M is the identity), and with no
+        # real token upstream the state is the initial state, which belongs to the row's first
+        # segment
+        first = all_ends[:, :, 0]
+        keeps = (first == before) | (first == 0) | (before == 0)
+    if initial_state is None:
+        state = jnp.zeros(state_shape, jnp.float32)
+    else:
+        state = initial_state.astype(jnp.float32)
     entering = []
     for j in range(ranks):
         state = jnp.where(keeps[j][:, None, None, None], state, 0.0)
@@ -191,7 +212,13 @@ def kda_context_parallel(
 
     # 3. this rank's outputs from its true initial state
     out, _ = kda(q, k, v, g, beta, initial_state=initial, **kw)
-    return out
+    if not output_final_state:
+        return out
+    # after the fold, `state` is the state after the last token of the whole sequence, equal
+    # on every rank; shard_map cannot know that, so take the last rank's copy through a psum
+    # (B H K V floats, independent of T) to return it replicated (out_specs P())
+    last = jax.lax.axis_index(axis_name) == ranks - 1
+    return out, jax.lax.psum(jnp.where(last, state, 0.0), axis_name)
 
 
 def _tokamax_mosaic_cp(

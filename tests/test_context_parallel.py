@@ -21,8 +21,9 @@ SEQ = P(None, "context")
 def _mesh(ranks, axis_type=jax.sharding.AxisType.Auto):
     if len(jax.devices()) < ranks:
         pytest.fail(f"need {ranks} devices; conftest sets XLA_FLAGS before jax is imported")
-    return jax.make_mesh((ranks,), ("context",), axis_types=(axis_type,),
-                         devices=jax.devices()[:ranks])
+    return jax.make_mesh(
+        (ranks,), ("context",), axis_types=(axis_type,), devices=jax.devices()[:ranks]
+    )
 
 
 def _cp_kernel(mesh, with_segments, **kwargs):
@@ -234,3 +235,68 @@ def test_replace_config_keeps_mesh():
     single = KimiDeltaAttention(dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(2), (1, 8, 32))
     assert relative_l2(_apply(layer, x), _apply(single, x)) < 1e-5
+
+
+@pytest.mark.parametrize("with_segments", [False, True])
+def test_kernel_cp_initial_and_final_state(with_segments):
+    """initial_state enters before the whole sequence (the row's first segment, also after
+    leading padding); the final state is the one after the last token, on every rank."""
+    ranks, seq_len = 4, 64
+    inputs = make_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
+    ids = _segments(seq_len, ranks) if with_segments else None
+    h0 = jax.random.normal(jax.random.key(12), (2, 2, 8, 8))
+    mesh = _mesh(ranks)
+    specs = (SEQ,) * 5 + (P(), SEQ)
+
+    def local(q, k, v, g, beta, h0, ids):
+        return kda_context_parallel(
+            q, k, v, g, beta, segment_ids=ids if with_segments else None, initial_state=h0,
+            output_final_state=True, implementation="chunked",
+        )  # fmt: skip
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P()))
+    cp = jax.jit(lambda *a: fn(*(place(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+    single = jax.jit(
+        lambda q, k, v, g, beta, h0, ids: kda_chunked(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=h0,
+            output_final_state=True,
+            segment_ids=ids if with_segments else None,
+        )  # fmt: skip
+    )
+    ids_arg = ids if with_segments else jnp.ones((2, seq_len), jnp.int32)
+    args = tuple(inputs[n] for n in NAMES) + (h0, ids_arg)
+    (out_cp, final_cp), (out_one, final_one) = cp(*args), single(*args)
+    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
+    assert relative_l2(final_cp, final_one) < 1e-5
+    cot = jax.random.normal(jax.random.key(13), out_one.shape)
+
+    def loss(f):
+        return lambda *a: jnp.sum(f(*a)[0] * cot) + jnp.sum(jnp.sin(f(*a)[1]))
+
+    grads_cp = jax.grad(loss(cp), argnums=tuple(range(6)))(*args)
+    grads_one = jax.grad(loss(single), argnums=tuple(range(6)))(*args)
+    for name, a, b in zip((*NAMES, "initial_state"), grads_cp, grads_one, strict=True):
+        assert relative_l2(a, b) < 1e-5, name
+
+
+def test_kernel_cp_state_arguments_are_checked():
+    mesh = _mesh(2)
+
+    def run(**kwargs):
+        def local(q, beta):
+            return kda_context_parallel(q, q, q, -jnp.abs(q), beta, **kwargs)
+
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
+        return jax.jit(fn).trace(
+            place(jnp.zeros((1, 8, 1, 4)), mesh, SEQ), place(jnp.zeros((1, 8, 1)), mesh, SEQ)
+        )
+
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+        run(initial_state=jnp.zeros((1, 4, 4)))
+    with pytest.raises(ValueError, match="output_final_state must be a bool"):
+        run(output_final_state="yes")
