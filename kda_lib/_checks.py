@@ -59,8 +59,10 @@ def check_kda_inputs(
     beta_max = 2.0 if allow_neg_eigval else 1.0
     # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
     if is_concrete(beta):
-        lo, hi = float(np.min(np.asarray(beta, np.float32))), float(
-            np.max(np.asarray(beta, np.float32)))
+        lo, hi = (
+            float(np.min(np.asarray(beta, np.float32))),
+            float(np.max(np.asarray(beta, np.float32))),
+        )
         if not (lo >= 0.0 and hi <= beta_max):
             raise ValueError(
                 f"beta must lie in [0, {beta_max:g}]"

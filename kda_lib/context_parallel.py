@@ -22,7 +22,6 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from kda_lib._checks import check_kda_inputs
@@ -376,6 +375,8 @@ def layer_forward_context_parallel(layer, x, *, segment_ids=None):
     """
     from flax import nnx
 
+    from kda_lib.layer import max_segments_bound
+
     axis = layer.context_axis
     # an Auto-typed view of the user's mesh: outputs then carry ordinary shardings, so code
     # outside needs no mesh context, whichever axis types the user's mesh has
@@ -423,7 +424,7 @@ def layer_forward_context_parallel(layer, x, *, segment_ids=None):
 
     # tokamax's CP needs the mesh and a shard_map without the vma check (see _tokamax_mosaic_cp)
     tokamax_cp = cfg.implementation == "tokamax_mosaic"
-    mosaic = dict(mesh=mesh, max_num_segments=_slice_segments_bound(segment_ids, ranks))
+    mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
     mosaic = mosaic if tokamax_cp else {}
     seq = P(None, axis)
     specs = (P(), P(None, axis, None), None if segment_ids is None else seq)
@@ -440,19 +441,6 @@ def layer_forward_context_parallel(layer, x, *, segment_ids=None):
 
     y = jax.jit(run)(state, x, segment_ids)
     return y[:, :seq_len]
-
-
-def _slice_segments_bound(segment_ids, ranks):
-    """Most segments in one rank's slice of one row (for tokamax Mosaic's static bound), from
-    concrete ids; None (the slice length) when they are traced or absent."""
-    if segment_ids is None or isinstance(segment_ids, jax.core.Tracer):
-        return None
-    ids = np.asarray(segment_ids)
-    slices = ids.reshape(ids.shape[0], ranks, -1)
-    starts = np.concatenate(
-        [np.ones(slices.shape[:2] + (1,), bool), slices[..., 1:] != slices[..., :-1]], axis=-1
-    )
-    return max(int(starts.sum(-1).max()), 1)
 
 
 def place(array, mesh, spec):

@@ -47,6 +47,10 @@ class KDAConfig:
       dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
       implementation: kernel implementation for :func:`kda_lib.kda` ("auto").
       chunk_size: chunk length of the chunked kernel (64).
+      max_num_segments: static bound on the segments in one row of ``segment_ids`` (one rank's
+        slice under context parallelism), for tokamax backends, which keep one state slot per
+        segment. None (default): counted from the ids when they are concrete; under ``jit``
+        (traced ids) a tokamax backend then raises, asking for this bound.
     """
 
     hidden_size: int
@@ -63,8 +67,18 @@ class KDAConfig:
     param_dtype: jnp.dtype = jnp.float32
     implementation: str = "auto"
     chunk_size: int = 64
+    max_num_segments: int | None = None
 
     def __post_init__(self):
+        if self.max_num_segments is not None and (
+            isinstance(self.max_num_segments, bool)
+            or not isinstance(self.max_num_segments, int)
+            or self.max_num_segments < 1
+        ):
+            raise ValueError(
+                f"KDAConfig.max_num_segments must be None or a positive int, "
+                f"got {self.max_num_segments!r}"
+            )
         for name in ("hidden_size", "num_heads", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -330,7 +344,7 @@ class KimiDeltaAttention(nnx.Module):
             initial_state=None if cache is None else cache.state,
             output_final_state=cache is not None,
             segment_ids=segment_ids,
-            max_num_segments=_max_segments(segment_ids, cfg.implementation),
+            max_num_segments=max_segments_bound(segment_ids, cfg),
             chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
         )
@@ -354,11 +368,32 @@ class KimiDeltaAttention(nnx.Module):
         return layer
 
 
-def _max_segments(segment_ids, implementation):
-    # tokamax backends need a static bound on segments per row; T/1 always holds
-    if segment_ids is None or not implementation.startswith("tokamax"):
+def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
+    """The static bound on segments per row (per rank's slice when ``ranks > 1``) that
+    tokamax backends need; None for kda_lib's kernels or without ``segment_ids``.
+
+    ``config.max_num_segments`` when set; otherwise counted from concrete ids: runs of one id,
+    padding runs included, so it may exceed the true count by the padding runs. Traced ids
+    without the config bound raise: the count is unknowable at trace time, and the only safe
+    bound, T, would give tokamax T state slots.
+    """
+    if segment_ids is None or not config.implementation.startswith("tokamax"):
         return None
-    return int(segment_ids.shape[1])
+    if config.max_num_segments is not None:
+        return config.max_num_segments
+    if isinstance(segment_ids, jax.core.Tracer):
+        raise ValueError(
+            f"implementation={config.implementation!r} with segment_ids under jit needs "
+            f"KDAConfig.max_num_segments, a static bound on the segments in one row"
+            f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
+        )
+    # runs of one id, padding runs included (tokamax's CP gives padding the id before it, so
+    # counting them keeps the bound safe)
+    slices = np.asarray(segment_ids).reshape(segment_ids.shape[0] * ranks, -1)
+    starts = np.concatenate(
+        [np.ones((slices.shape[0], 1), bool), slices[:, 1:] != slices[:, :-1]], axis=1
+    )
+    return int(starts.sum(axis=1).max())
 
 
 def _fla_names(layer: KimiDeltaAttention) -> dict:

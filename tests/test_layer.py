@@ -204,3 +204,36 @@ def test_per_head_decay_is_gated_deltanet():
     assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
     grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
+
+
+def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
+    from kda_lib import layer as layer_module
+    from kda_lib.layer import max_segments_bound
+
+    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
+    cfg = dataclasses.replace(BASE, lower_bound=-5.0, implementation="tokamax_xla")
+    assert max_segments_bound(ids, cfg) == 3  # row 0: runs 1, 2 and the padding
+    assert max_segments_bound(ids, dataclasses.replace(cfg, max_num_segments=5)) == 5
+    assert max_segments_bound(ids, dataclasses.replace(cfg, implementation="chunked")) is None
+    assert max_segments_bound(ids.reshape(4, 45), cfg, ranks=1) == 2
+    assert max_segments_bound(ids, cfg, ranks=2) == 2  # per 45-token slice
+    seen = []
+    original = layer_module.kda
+    monkeypatch.setattr(
+        layer_module,
+        "kda",
+        lambda *a, **kw: seen.append(kw["max_num_segments"]) or original(*a, **kw),
+    )
+    x = _x(batch=2, seq_len=90)
+    want = _layer(lower_bound=-5.0)(x, segment_ids=ids)
+    got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
+    assert seen[-1] == 3
+    assert_close(got, want, atol=2e-6, rtol=1e-5)
+    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
+        jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
+    bounded = KimiDeltaAttention(dataclasses.replace(cfg, max_num_segments=4), rngs=nnx.Rngs(0))
+    assert_close(jitted(bounded, x, ids), want, atol=2e-6, rtol=1e-5)
+    assert seen[-1] == 4
+    with pytest.raises(ValueError, match="KDAConfig.max_num_segments must be None or a positive"):
+        dataclasses.replace(cfg, max_num_segments=0)
