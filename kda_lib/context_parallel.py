@@ -29,7 +29,7 @@ from kda_lib.kernel import (
     RECURRENT_MAX_AUTO_T,
     TOKAMAX_CHUNK,
     _check_fused,
-    call_tokamax,
+    call_tokamax_batch_first,
     kda,
     mosaic_problems,
     tokamax_kda_api,
@@ -313,29 +313,24 @@ def _tokamax_mosaic_cp(
         # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
         max_num_segments = min(max_num_segments or seq_len, seq_len)
 
-    def head_first(x):
-        return jnp.moveaxis(x, 2, 0)
-
     metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
-    out, _ = call_tokamax(
-        tokamax_kda_api(),
+    out, _ = call_tokamax_batch_first(
         "tokamax_mosaic",
-        head_first(q),
-        head_first(k),
-        head_first(v),
-        head_first(g),
-        head_first(beta),
-        a_log=None if a_log is None else a_log.astype(jnp.float32),
-        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log=a_log,
+        dt_bias=dt_bias,
         scale=scale,
         use_qk_l2norm=use_qk_l2norm,
-        use_gate_in_kernel=fused_gate,
         segment_ids=ids,
         lower_bound=lower_bound,
         max_num_segments=max_num_segments,
         context_parallel_metadata=metadata,
     )
-    return jnp.moveaxis(out, 0, 2).astype(q.dtype)
+    return out.astype(q.dtype)
 
 
 def _varying_axes(x) -> frozenset:

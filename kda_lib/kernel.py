@@ -315,7 +315,7 @@ def _tokamax_kda(
         raise ValueError(
             f"{name} with segment_ids needs max_num_segments (a static bound on the ids)"
         )
-    api = tokamax_kda_api()
+    tokamax_kda_api()  # fails here, naming the problem, when tokamax cannot be imported
     batch, seq_len, heads, key_dim, value_dim = dims
     if segment_ids is not None:
         if (
@@ -370,29 +370,24 @@ def _tokamax_kda(
             else jnp.pad(state, [(0, 0), (0, num_states - 1), (0, 0), (0, 0), (0, 0)])
         )
 
-    def head_first(x):
-        return jnp.moveaxis(x, 2, 0)
-
-    out, final = call_tokamax(
-        api,
+    out, final = call_tokamax_batch_first(
         implementation,
-        head_first(q),
-        head_first(k),
-        head_first(v),
-        head_first(g),
-        head_first(beta),
-        a_log=None if a_log is None else a_log.astype(jnp.float32),
-        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log=a_log,
+        dt_bias=dt_bias,
         scale=scale,
         initial_state=tk_state,
         output_final_state=output_final_state,
         use_qk_l2norm=use_qk_l2norm,
-        use_gate_in_kernel=fused_gate,
         segment_ids=tk_segments,
         lower_bound=lower_bound,
         max_num_segments=None if tk_segments is None else num_states,
     )
-    out = jnp.moveaxis(out, 0, 2)[:, :seq_len]
+    out = out[:, :seq_len]
     if not output_final_state:
         return out, None
     if tk_segments is None:
@@ -400,6 +395,32 @@ def _tokamax_kda(
     last = tk_segments[:, -1] - 1  # ordinal of the row's last segment
     picked = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)[:, 0]
     return out, picked.astype(jnp.float32)
+
+
+def call_tokamax_batch_first(
+    implementation: str, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kwargs
+):
+    """tokamax's KDA on kda_lib's batch-first layout: ``q, k, g [B, T, H, K]``,
+    ``v [B, T, H, V]``, ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``.
+
+    Moves the head axis first (tokamax's ``[H, B, T, D]``) and back, and passes the fused
+    gate's ``a_log`` and ``dt_bias`` (tokamax's ``delta_time_bias``) in float32, with
+    ``use_gate_in_kernel`` set when ``a_log`` is given. ``kwargs`` go to tokamax as they are.
+    """
+
+    def head_first(x):
+        return jnp.moveaxis(x, 2, 0)
+
+    out, final = call_tokamax(
+        tokamax_kda_api(),
+        implementation,
+        *(head_first(x) for x in (q, k, v, g, beta)),
+        a_log=None if a_log is None else a_log.astype(jnp.float32),
+        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
+        use_gate_in_kernel=a_log is not None,
+        **kwargs,
+    )
+    return jnp.moveaxis(out, 0, 2), final
 
 
 def call_tokamax(api, implementation: str, *args, **kwargs):

@@ -130,6 +130,26 @@ def heatmap(
     return image
 
 
+def token_rows(ax: plt.Axes, inputs, targets, mask, *, vocab_size: int, title: str):
+    """A task example as two heatmap rows, ``input`` over ``target``, each cell labelled with
+    its token id; unscored targets (``mask`` False) are left blank. ``inputs``, ``targets``,
+    ``mask``: ``[T]``. Returns the ``[2, T]`` grid drawn (NaN where blank)."""
+    inputs, targets, mask = np.asarray(inputs), np.asarray(targets), np.asarray(mask)
+    length = inputs.shape[0]
+    grid = np.stack([inputs, np.where(mask, targets, -1)]).astype(float)
+    grid[grid < 0] = np.nan
+    heatmap(ax, grid, title=title, xlabel="position t (tokens)", ylabel="",
+            cbar_label="token id", vmin=0, vmax=vocab_size - 1,
+            extent=(-0.5, length - 0.5, 1.5, -0.5))  # fmt: skip
+    ax.set_yticks([0, 1], ["input", "target"])
+    for t in range(length):
+        for row in (0, 1):
+            if not np.isnan(grid[row, t]):
+                ax.text(t, row, f"{int(grid[row, t])}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[row, t] < vocab_size / 2 else "black")  # fmt: skip
+    return grid
+
+
 def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array:
     """The implicit ``[T, T]`` mixing matrix ``A`` of one KDA head: ``o = A @ v``.
 

@@ -114,17 +114,8 @@ np.testing.assert_array_equal(y0[delay:], x0[:-delay])
 assert not m0[:delay].any() and m0[delay:].all()
 
 fig, ax = plt.subplots(figsize=(max(8.0, shown / 3), 1.9))
-grid = np.stack([x0[:shown], np.where(m0[:shown], y0[:shown], -1)]).astype(float)
-grid[grid < 0] = np.nan
-viz.heatmap(ax, grid, title=f"Delayed copy: the target row is the input row shifted by {delay}",
-            xlabel="position t (tokens)", ylabel="", cbar_label="token id",
-            extent=(-0.5, shown - 0.5, 1.5, -0.5))
-ax.set_yticks([0, 1], ["input", "target"])
-for t in range(shown):
-    for row in (0, 1):
-        if not np.isnan(grid[row, t]):
-            ax.text(t, row, f"{int(grid[row, t])}", ha="center", va="center", fontsize=7,
-                    color="white" if grid[row, t] < vocab_size / 2 else "black")
+viz.token_rows(ax, x0[:shown], y0[:shown], m0[:shown], vocab_size=vocab_size,
+               title=f"Delayed copy: the target row is the input row shifted by {delay}")
 ax.annotate("", xy=(delay, 0.75), xytext=(0, 0.25),
             arrowprops=dict(arrowstyle="->", color=viz.PALETTE["vermillion"], lw=2))
 ax.text((delay - 1) / 2, 1, "not scored", ha="center", va="center", fontsize=9, color="0.3")

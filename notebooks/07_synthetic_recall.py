@@ -132,18 +132,8 @@ examples = {name: make_task(name, **options)(k, 1, example_len)
 fig, axes = plt.subplots(len(examples), 1, figsize=(9, 1.35 * len(examples) + 0.4),
                          squeeze=False)
 for ax, (name, batch) in zip(axes[:, 0], examples.items(), strict=True):
-    inputs, targets, mask = (np.asarray(a[0]) for a in batch)
-    grid = np.stack([inputs, np.where(mask, targets, -1)]).astype(float)
-    grid[grid < 0] = np.nan
-    viz.heatmap(ax, grid, title=f"{name}: input tokens (top) and scored targets (bottom)",
-                xlabel="position t (tokens)", ylabel="", cbar_label="token id",
-                vmin=0, vmax=vocab_size - 1, extent=(-0.5, example_len - 0.5, 1.5, -0.5))
-    ax.set_yticks([0, 1], ["input", "target"])
-    for t in range(example_len):
-        for row in (0, 1):
-            if not np.isnan(grid[row, t]):
-                ax.text(t, row, f"{int(grid[row, t])}", ha="center", va="center", fontsize=7,
-                        color="white" if grid[row, t] < vocab_size / 2 else "black")
+    viz.token_rows(ax, *(a[0] for a in batch), vocab_size=vocab_size,
+                   title=f"{name}: input tokens (top) and scored targets (bottom)")
 viz.show(fig, "07_tasks")
 
 # %% [markdown]
