@@ -780,8 +780,15 @@ def _parser() -> argparse.ArgumentParser:
     task.add_argument("--delay", type=int, help="delayed_copy: how far back to copy")
     task.add_argument("--pop-probability", type=float, help="stack: chance of a pop")
     model = parser.add_argument_group("model options (default: ModelConfig)")
-    for field in ("hidden_size", "num_layers", "num_heads", "head_dim", "conv_size"):
-        model.add_argument(f"--{field.replace('_', '-')}", type=int)
+    model_help = dict(
+        hidden_size="model width",
+        num_layers="blocks of (norm, mixer, norm, MLP)",
+        num_heads="heads H of the mixer",
+        head_dim="K (and V) per head",
+        conv_size="short-conv width W (kda, gdn, conv)",
+    )
+    for field, meaning in model_help.items():
+        model.add_argument(f"--{field.replace('_', '-')}", type=int, help=meaning)
     model.add_argument("--implementation", help="KDA kernel (see kda_lib.kda)")
     parser.add_argument(
         "--output",
