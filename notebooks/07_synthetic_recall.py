@@ -220,9 +220,9 @@ live = accuracy_table(records)
 # ## 4. Accuracy against sequence length, live and recorded
 #
 # Solid lines: this run. Dashed lines: the full-size run recorded in `recorded_results`
-# (its setting is in the legend title), made with `make notebooks PARAMS=full` on the
-# 2-core CPU machine this project's CI uses. Dotted: chance, guessing uniformly among the
-# possible answers.
+# (its setting is in the legend title; the parameters of `notebooks/params/full/`), made on
+# the 2-core CPU machine this project's CI uses. Dotted: chance, guessing uniformly among the
+# possible answers (the recorded run has a larger vocabulary, so a lower chance level).
 
 # %%
 recorded_path = pathlib.Path(recorded_results)
@@ -251,7 +251,10 @@ for ax, task in zip(axes[0], tasks, strict=True):
         if rec:
             ax.plot(sorted(rec), [rec[t] for t in sorted(rec)], "s--", color=color, alpha=0.7,
                     markerfacecolor="none", label=f"{mixer}, recorded")
-    ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2, label="chance")
+    ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2, label="chance, this run")
+    recorded_chance = {r["chance_accuracy"] for r in recorded if r["task"] == task}
+    for level in recorded_chance - {chance[task]}:
+        ax.axhline(level, color="0.6", linestyle=":", linewidth=1.2, label="chance, recorded")
     ax.set_xscale("log", base=2)
     drawn = sorted(set(seq_lens) | {t for (k, _), v in recorded_table.items() if k == task
                                      for t in v})
@@ -307,24 +310,38 @@ if "mqar" in tasks:
 # ## 6. The recorded full-size run: does KDA beat GDN?
 #
 # The paper's claim is about KDA against GDN at growing lengths. In the recorded run we
-# compare them per task and length; a tie within 0.01 counts as "KDA >= GDN".
+# compare them per task and length, and call differences within 0.01 (a few scored positions
+# of the held-out batches) a tie.
+#
+# What the recorded run shows (two layers, 800 steps, vocabulary 64):
+#
+# - **MQAR**: KDA and GDN both recall 8 pairs almost perfectly up to `T = 256`; KDA is ahead
+#   at 64 tokens (GDN learned more slowly there), level at 128 and 256. Softmax attention without a short convolution stays near 0.2 in 800 steps:
+#   it has to build its key-to-next-token binding from two attention layers, which the
+#   recurrent mixers get from their short convolutions. The conv-only control stays at chance.
+# - **Palindrome**: attention, which keeps every token, is far ahead; the fixed-size states
+#   of KDA and GDN lose the order of long strings, KDA less than GDN at every length.
+# - **Stack**: KDA is ahead of GDN at 64 and 128 tokens and level at 256; both are far above
+#   attention and the conv control (which gets the pops of recent pushes right).
 
 # %%
 if recorded:
     print_table(recorded, f"Held-out accuracy, {recorded_setting}:")
-    comparisons = []
+    verdicts = []
     for (task, mixer), by_len in recorded_table.items():
         if mixer != "kda" or (task, "gdn") not in recorded_table:
             continue
         for t, kda_acc in sorted(by_len.items()):
             gdn_acc = recorded_table[(task, "gdn")].get(t)
-            if gdn_acc is not None:
-                comparisons.append((task, t, kda_acc, gdn_acc, kda_acc >= gdn_acc - 0.01))
-    for task, t, kda_acc, gdn_acc, holds in comparisons:
-        print(f"{task:12s} T={t:<5d} kda {kda_acc:.3f}  gdn {gdn_acc:.3f}  "
-              f"{'KDA >= GDN' if holds else 'GDN ahead'}")
-    held = sum(c[-1] for c in comparisons)
-    print(f"KDA >= GDN (within 0.01) in {held} of {len(comparisons)} task/length pairs")
+            if gdn_acc is None:
+                continue
+            diff = kda_acc - gdn_acc
+            verdict = "tie" if abs(diff) <= 0.01 else "KDA ahead" if diff > 0 else "GDN ahead"
+            verdicts.append(verdict)
+            print(f"{task:12s} T={t:<5d} kda {kda_acc:.3f}  gdn {gdn_acc:.3f}  {verdict}")
+    counts = {v: verdicts.count(v) for v in ("KDA ahead", "tie", "GDN ahead")}
+    print(f"of {len(verdicts)} task/length pairs: " + ", ".join(f"{n} {v}" for v, n in
+                                                             counts.items()))
     assert all(0.0 <= r["eval"]["accuracy"] <= 1.0 for r in recorded)
 
 # %% [markdown]
@@ -336,9 +353,10 @@ if recorded:
 # - At CI size, one-layer KDA solves MQAR at every length; the conv-only ablation stays near
 #   chance, as its finite reach says it must; one-layer attention cannot bind a key to the
 #   next token.
-# - Palindrome and stack need the order of many tokens, not just bindings, and are harder
-#   for every mixer at this scale; see the recorded run for how accuracy falls with `T`, and
-#   how KDA compares with GDN there.
+# - In the recorded two-layer run, KDA was ahead of GDN or level (within 0.01) at every task
+#   and length: clearly ahead on palindrome and on stack up to 128 tokens, level on MQAR.
+#   Softmax attention wins palindrome, where keeping every token pays, and had not learned
+#   MQAR in 800 steps without the short convolutions the recurrent layers have.
 #
 # Try: more `num_pairs` (does the state run out of room?), `num_layers=2` (attention learns
 # MQAR), longer `seq_lens`, or `mixers=["kda", "gdn"]` with more `steps`.
