@@ -316,9 +316,10 @@ if "mqar" in tasks:
 # What the recorded run shows (two layers, 800 steps, vocabulary 64):
 #
 # - **MQAR**: KDA and GDN both recall 8 pairs almost perfectly up to `T = 256`; KDA is ahead
-#   at 64 tokens (GDN learned more slowly there), level at 128 and 256. Softmax attention without a short convolution stays near 0.2 in 800 steps:
-#   it has to build its key-to-next-token binding from two attention layers, which the
-#   recurrent mixers get from their short convolutions. The conv-only control stays at chance.
+#   at 64 tokens (GDN learned more slowly there), level at 128 and 256. Softmax attention
+#   without a short convolution stays near 0.2 in 800 steps: it has to build its
+#   key-to-next-token binding from two attention layers, which the recurrent mixers get from
+#   their short convolutions. The conv-only control stays at chance.
 # - **Palindrome**: attention, which keeps every token, is far ahead; the fixed-size states
 #   of KDA and GDN lose the order of long strings, KDA less than GDN at every length.
 # - **Stack**: KDA is ahead of GDN at 64 and 128 tokens and level at 256; both are far above
