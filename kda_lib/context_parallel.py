@@ -30,6 +30,7 @@ from kda_lib.kernel import (
     TOKAMAX_CHUNK,
     _check_fused,
     call_tokamax_batch_first,
+    fill_padding_ids,
     kda,
     mosaic_problems,
     tokamax_kda_api,
@@ -304,7 +305,7 @@ def _tokamax_mosaic_cp(
         ids = jnp.ones((batch, seq_len), jnp.int32)
         max_num_segments = 1
     else:
-        ids = _fill_padding_ids(segment_ids.astype(jnp.int32), axis_name)
+        ids = _fill_padding_ids_across_ranks(segment_ids.astype(jnp.int32), axis_name)
         valid = (segment_ids != 0)[..., None, None]
         neutral_gate = -1e30 if fused_gate else 0.0  # activates to exactly g = 0
         g = jnp.where(valid, g, neutral_gate)
@@ -341,23 +342,16 @@ def _varying_axes(x) -> frozenset:
     return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
-def _fill_padding_ids(segment_ids, axis_name):
+def _fill_padding_ids_across_ranks(segment_ids, axis_name):
     """Rank-local ids with padding (0) replaced by the id of the last valid token before it,
     looking across ranks (an all-padding row gets 1), so tokamax's chain detection, which
     compares neighbouring ranks' first and last ids, links a segment across padding and across
     all-padding ranks exactly as kda_lib's segments do."""
     before, _, rank = _segment_links(segment_ids, axis_name)
     upstream = jnp.take(before, rank, axis=0)  # [B]: last valid id on earlier ranks (0: none)
-    valid = segment_ids != 0
-    positions = jnp.arange(segment_ids.shape[1])
-    last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
-    filled = jnp.where(
-        last_valid >= 0,
-        jnp.take_along_axis(segment_ids, jnp.maximum(last_valid, 0), 1),
-        upstream[:, None],
-    )
+    filled = fill_padding_ids(segment_ids, upstream)
     # leading padding of a row that has no valid token before it: join the first segment
-    first = jnp.take_along_axis(segment_ids, jnp.argmax(valid, 1)[:, None], 1)
+    first = jnp.take_along_axis(segment_ids, jnp.argmax(segment_ids != 0, 1)[:, None], 1)
     filled = jnp.where(filled == 0, first, filled)
     return jnp.where(filled == 0, 1, filled).astype(jnp.int32)
 

@@ -433,18 +433,24 @@ def call_tokamax(api, implementation: str, *args, **kwargs):
     )
 
 
+def fill_padding_ids(segment_ids: jax.Array, fallback: jax.Array) -> jax.Array:
+    """``segment_ids [B, T]`` with every padding token (id 0) given the id of the last
+    non-padding token before it in its row, or ``fallback [B]`` where there is none."""
+    valid = segment_ids != 0
+    positions = jnp.arange(segment_ids.shape[1])
+    last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
+    return jnp.where(
+        last_valid >= 0,
+        jnp.take_along_axis(segment_ids, jnp.maximum(last_valid, 0), 1),
+        fallback[:, None],
+    )
+
+
 def _segment_ordinals(segment_ids: jax.Array, max_num_segments: int) -> jax.Array:
     """Renumber each row's segments 1, 2, ... in order; padding joins the segment before it
     (or the first one). tokamax indexes per-segment states by these ordinals."""
     ids = segment_ids.astype(jnp.int32)
-    valid = ids != 0
-    positions = jnp.arange(ids.shape[1])
-    last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
-    current = jnp.where(
-        last_valid >= 0,
-        jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1),
-        first_segment_id(ids)[:, None],
-    )
+    current = fill_padding_ids(ids, first_segment_id(ids))
     previous = jnp.concatenate([current[:, :1], current[:, :-1]], axis=1)
     ordinals = 1 + jnp.cumsum(current != previous, axis=1)
     if not isinstance(ordinals, jax.core.Tracer):
