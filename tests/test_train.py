@@ -373,3 +373,13 @@ def _train_step_cache_size():
     from kda_lib import train as train_module
 
     return train_module._train_step.jitted_fn._cache_size()
+
+
+def test_attention_mixer_takes_a_value_dim_other_than_the_key_dim():
+    model = _model(mixer="attention", value_head_dim=12)
+    tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 8)
+    logits = model(tokens)
+    assert logits.shape == (2, 7, 8) and model.blocks[0].mixer.v_proj.kernel.shape == (16, 24)
+    # causal: changing the last token leaves every earlier position's logits alone
+    changed = model(tokens.at[:, -1].set((tokens[:, -1] + 1) % 8))
+    np.testing.assert_array_equal(changed[:, :-1], logits[:, :-1])
