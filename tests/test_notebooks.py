@@ -19,6 +19,7 @@ import jupytext
 import nbformat
 import pytest
 import yaml
+from conftest import USER_XLA_FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -26,6 +27,8 @@ FULL_PARAMS_DIR = NOTEBOOK_DIR / "params" / "full"
 SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
 TIMES_FILE = ROOT / "build" / "notebook_times.json"
 KERNEL = "python3"
+# a cell that runs longer has hung (07's sweep, the longest CI cell, takes ~5 min here)
+CELL_TIMEOUT_S = 1200
 COLAB = "https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks"
 # `name: type = value  # meaning`, one per line
 PARAMETER_LINE = re.compile(
@@ -138,8 +141,13 @@ def _record_time(name: str, seconds: float) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
-def test_notebook_executes(source, tmp_path):
+def test_notebook_executes(source, tmp_path, monkeypatch):
     papermill = pytest.importorskip("papermill")
+    # the kernel inherits this environment: give it the user's XLA flags, not the suite's
+    if USER_XLA_FLAGS is None:
+        monkeypatch.delenv("XLA_FLAGS", raising=False)
+    else:
+        monkeypatch.setenv("XLA_FLAGS", USER_XLA_FLAGS)
     ipynb = source.with_suffix(".ipynb")
     if not ipynb.exists():
         pytest.fail(f"{ipynb.name} is missing: run `make sync`")
@@ -152,6 +160,7 @@ def test_notebook_executes(source, tmp_path):
         cwd=str(ROOT),
         progress_bar=False,
         log_output=False,
+        execution_timeout=CELL_TIMEOUT_S,
     )
     elapsed = time.perf_counter() - start
     _record_time(source.stem, elapsed)
