@@ -70,3 +70,16 @@ def make_inputs(
 
 def to_dtype(inputs, dtype):
     return {n: x.astype(dtype) for n, x in inputs.items()}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Start the notebook executions first, 07 (the longest test, minutes) at the very front:
+    `pytest -n 2` hands tests out in collection order, so a long test collected last would run
+    alone at the end while the other worker idles."""
+
+    def rank(item):
+        if item.originalname != "test_notebook_executes":
+            return 2
+        return 0 if "07_synthetic_recall" in item.name else 1
+
+    items.sort(key=rank)  # stable: the original order within each rank
