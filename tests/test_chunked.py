@@ -27,7 +27,7 @@ def _loss_and_grads(fn, inputs, cotangents, wrt):
         o, s = fn(**{**inputs, **diff}, output_final_state=True)
         return jnp.sum(o * cotangents["o"]) + jnp.sum(s * cotangents["s"])
 
-    return jax.grad(loss)({n: inputs[n] for n in wrt})
+    return jax.jit(jax.grad(loss))({n: inputs[n] for n in wrt})
 
 
 def _cotangents(key, inputs):
@@ -150,9 +150,9 @@ def test_bf16_inputs_float32_accumulation():
     o_ref, s_ref = kda_recurrent(**to_dtype(bf16, jnp.float32), output_final_state=True)
     assert relative_l2(o, o_ref) < 1e-2
     assert_close(s, s_ref, atol=1e-4, rtol=1e-4)
-    grads = jax.grad(lambda x: jnp.sum(kda_chunked(**{**bf16, **x})[0].astype(jnp.float32)))(
-        {n: bf16[n] for n in NAMES}
-    )
+    grads = jax.jit(
+        jax.grad(lambda x: jnp.sum(kda_chunked(**{**bf16, **x})[0].astype(jnp.float32)))
+    )({n: bf16[n] for n in NAMES})
     for name, grad in grads.items():
         assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
 
@@ -169,12 +169,16 @@ def test_saturated_gates_are_finite_and_exact(x64, case):
     o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True)
     for dtype in (jnp.float64, jnp.float32):
         cast = to_dtype(inputs, dtype)
-        o, s = kda_chunked(**cast, output_final_state=True)
+        o, s = jax.jit(lambda x: kda_chunked(**x, output_final_state=True))(cast)
         tol = 1e-10 if dtype == jnp.float64 else 1e-5
         assert_close(o, o_ref, atol=tol, rtol=tol * 10)
         assert_close(s, s_ref, atol=tol, rtol=tol * 10)
-        grads = jax.grad(
-            lambda x, cast=cast: jnp.sum(kda_chunked(**{**cast, **x}, output_final_state=True)[1])
+        grads = jax.jit(
+            jax.grad(
+                lambda x, cast=cast: jnp.sum(
+                    kda_chunked(**{**cast, **x}, output_final_state=True)[1]
+                )
+            )
         )({n: cast[n] for n in NAMES + ("initial_state",)})
         for name, grad in grads.items():
             assert np.isfinite(np.asarray(grad)).all(), name
@@ -226,7 +230,7 @@ def test_chunk_size_variants(x64):
     o_ref = kda_recurrent(**inputs)[0]
     for chunk_size in (1, 2, 8, 16, 32, 128):
         assert_close(
-            kda_chunked(**inputs, chunk_size=chunk_size)[0],
+            jax.jit(lambda x, c=chunk_size: kda_chunked(**x, chunk_size=c)[0])(inputs),
             o_ref,
             atol=1e-11,
             rtol=1e-9,

@@ -120,7 +120,7 @@ def test_adapter_gradients_agree():
             )
             return jnp.sum(o * jnp.cos(o)) + jnp.sum(s**2)
 
-        return jax.grad(loss)({n: x[n] for n in diff})
+        return jax.jit(jax.grad(loss))({n: x[n] for n in diff})
 
     ref = grads("recurrent")
     for impl in ("chunked", "tokamax_xla", "tokamax_xla_chunked"):

@@ -69,7 +69,7 @@ def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
     x = _x()
     y = layer(x)
     assert y.shape == x.shape and y.dtype == jnp.float32
-    grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(layer)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.mean(m(x) ** 2)))(layer)
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert np.isfinite(np.asarray(g)).all(), path
         assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
@@ -90,7 +90,7 @@ def test_all_cpu_implementations_agree_on_outputs_and_param_grads(lower_bound):
 
     def run(impl):
         _with_impl(layer, impl)
-        return layer(x), nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer)
+        return nnx.jit(lambda m: (m(x), nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(m)))(layer)
 
     y_ref, g_ref = run("recurrent")
     for impl in impls[1:]:
@@ -202,7 +202,7 @@ def test_per_head_decay_is_gated_deltanet():
     y1, cache = layer(x[:, :7], cache=layer.init_cache(2))
     y2, _ = layer(x[:, 7:], cache=cache)
     assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
-    grads = nnx.grad(lambda m: jnp.sum(m(x) ** 2))(layer)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
 
 
