@@ -108,7 +108,7 @@ def test_chunked_segments_match_oracle(x64):
     )
     for scan in ("sequential", "associative"):
         fn = functools.partial(kda_chunked, segment_ids=ids, scan=scan)
-        o, s = fn(**inputs, output_final_state=True)
+        o, s = jax.jit(lambda x, fn=fn: fn(**x, output_final_state=True))(inputs)
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name="o")
         assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name="state")
         assert np.all(np.asarray(o)[np.asarray(ids) == 0] == 0)
@@ -121,11 +121,12 @@ def test_packed_documents_equal_separate_runs():
     """Two documents packed in one row give exactly what each gives alone."""
     inputs = make_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
     ids = jnp.asarray(np.r_[np.full(70, 1), np.full(80, 2)][None], jnp.int32)
-    o_packed, s_packed = kda_chunked(**inputs, segment_ids=ids, output_final_state=True)
+    run = jax.jit(lambda x, ids=None: kda_chunked(**x, segment_ids=ids, output_final_state=True))
+    o_packed, s_packed = run(inputs, ids)
     first = {n: x[:, :70] for n, x in inputs.items()}
     second = {n: x[:, 70:] for n, x in inputs.items()}
-    assert_close(o_packed[:, :70], kda_chunked(**first)[0], atol=2e-6, rtol=1e-5)
-    o2, s2 = kda_chunked(**second, output_final_state=True)
+    assert_close(o_packed[:, :70], run(first)[0], atol=2e-6, rtol=1e-5)
+    o2, s2 = run(second)
     assert_close(o_packed[:, 70:], o2, atol=2e-6, rtol=1e-5)
     assert_close(s_packed, s2, atol=2e-6, rtol=1e-5)
 
