@@ -8,15 +8,16 @@ are executed with the environment's own XLA_FLAGS (``USER_XLA_FLAGS``), as a use
 import os
 
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
-FAST_COMPILE_FLAGS = (
+# the suite's defaults; a flag the user already set keeps the user's value. The last two are
+# kda_lib.emulation.FAST_COMPILE_OPTIONS as flags (importing kda_lib here would import jax).
+SUITE_XLA_FLAGS = (
+    "--xla_force_host_platform_device_count=8",
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
 )
-_flags = (USER_XLA_FLAGS or "").split()
-if not any("xla_force_host_platform_device_count" in f for f in _flags):
-    _flags.append("--xla_force_host_platform_device_count=8")
-_flags += [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in (USER_XLA_FLAGS or "")]
-os.environ["XLA_FLAGS"] = " ".join(_flags)
+_user = USER_XLA_FLAGS or ""
+_added = [f for f in SUITE_XLA_FLAGS if f.split("=")[0] not in _user]
+os.environ["XLA_FLAGS"] = " ".join([*_user.split(), *_added])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
