@@ -16,16 +16,47 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from kda_lib._checks import check_array, check_chunk_size, check_segment_ids, is_concrete
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.conv import ShortConvolution, kernel_from_torch
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
 from kda_lib.kernel import IMPLEMENTATIONS, kda
+from kda_lib.norms import gated_rms_norm
+from kda_lib.segments import check_max_num_segments, count_segments
+
+
+def _config_int(name: str, value, expected: str, minimum: int) -> int:
+    """``value`` as a Python int (numpy ints accepted, bools not), or a ValueError naming
+    ``KDAConfig.<name>``."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        raise ValueError(f"KDAConfig.{name} must be {expected}, got {value!r}")
+    return int(value)
+
+
+def _check_float_dtype(name: str, value) -> None:
+    """``value`` must name a floating-point dtype (jnp.float32, "bfloat16", np.float16, ...)."""
+    try:
+        dtype = None if value is None else jnp.dtype(value)  # np.dtype(None) is float64
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"KDAConfig.{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), "
+            f"got {value!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,42 +101,54 @@ class KDAConfig:
     max_num_segments: int | None = None
 
     def __post_init__(self):
-        if self.max_num_segments is not None and (
-            isinstance(self.max_num_segments, bool)
-            or not isinstance(self.max_num_segments, int)
-            or self.max_num_segments < 1
-        ):
-            raise ValueError(
-                f"KDAConfig.max_num_segments must be None or a positive int, "
-                f"got {self.max_num_segments!r}"
-            )
+        # every field is checked here, so a bad value fails at construction, not at first use;
+        # numpy scalars are accepted where a Python number is and stored as Python numbers
+        check_max_num_segments(self.max_num_segments, "KDAConfig.max_num_segments", optional=True)
         for name in ("hidden_size", "num_heads", "head_dim"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"KDAConfig.{name} must be a positive int, got {value!r}")
-        if self.value_head_dim is not None and (
-            not isinstance(self.value_head_dim, int) or self.value_head_dim < 1
-        ):
-            raise ValueError(
-                f"KDAConfig.value_head_dim must be a positive int or None, "
-                f"got {self.value_head_dim!r}"
+            self._set(name, _config_int(name, getattr(self, name), "a positive int", minimum=1))
+        if self.max_num_segments is not None:
+            self._set("max_num_segments", int(self.max_num_segments))
+        if self.value_head_dim is not None:
+            self._set(
+                "value_head_dim",
+                _config_int("value_head_dim", self.value_head_dim, "a positive int or None", 1),
             )
-        if not isinstance(self.conv_size, int) or self.conv_size < 0:
-            raise ValueError(
-                f"KDAConfig.conv_size must be an int >= 0 (0 disables the conv), "
-                f"got {self.conv_size!r}"
-            )
+        self._set(
+            "conv_size",
+            _config_int(
+                "conv_size", self.conv_size, "an int >= 0 (0 disables the conv)", minimum=0
+            ),
+        )
         check_lower_bound(self.lower_bound)
-        if self.gate_low_rank is not None and (
-            not isinstance(self.gate_low_rank, int) or self.gate_low_rank < 1
-        ):
-            raise ValueError(
-                f"KDAConfig.gate_low_rank must be a positive int or None, "
-                f"got {self.gate_low_rank!r}"
+        if self.lower_bound is not None:
+            self._set("lower_bound", float(self.lower_bound))
+        if self.gate_low_rank is not None:
+            self._set(
+                "gate_low_rank",
+                _config_int("gate_low_rank", self.gate_low_rank, "a positive int or None", 1),
             )
-        if not self.norm_eps > 0:
-            raise ValueError(f"KDAConfig.norm_eps must be > 0, got {self.norm_eps!r}")
-        if self.implementation != "auto" and self.implementation not in IMPLEMENTATIONS:
+        for name in ("allow_neg_eigval", "per_head_decay"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
+            self._set(name, bool(value))
+        eps = self.norm_eps
+        if (
+            isinstance(eps, (bool, np.bool_))
+            or not isinstance(eps, (int, float, np.integer, np.floating))
+            or not (np.isfinite(eps) and eps > 0)
+        ):
+            raise ValueError(f"KDAConfig.norm_eps must be a finite float > 0, got {eps!r}")
+        self._set("norm_eps", float(eps))
+        for name in ("dtype", "param_dtype"):
+            _check_float_dtype(name, getattr(self, name))
+        try:
+            self._set("chunk_size", check_chunk_size(self.chunk_size))
+        except ValueError as error:
+            raise ValueError(f"KDAConfig.{error}") from None
+        if not isinstance(self.implementation, str) or (
+            self.implementation != "auto" and self.implementation not in IMPLEMENTATIONS
+        ):
             raise ValueError(
                 f"KDAConfig.implementation must be 'auto' or one of "
                 f"{IMPLEMENTATIONS}, got {self.implementation!r}"
@@ -116,6 +159,9 @@ class KDAConfig:
                 "gate; set lower_bound (e.g. -5.0)"
             )
 
+    def _set(self, name, value):
+        object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
+
     @property
     def key_dim(self) -> int:
         return self.head_dim
@@ -123,6 +169,17 @@ class KDAConfig:
     @property
     def value_dim(self) -> int:
         return self.value_head_dim or self.head_dim
+
+
+class Projected(NamedTuple):
+    """What :meth:`KimiDeltaAttention.project` hands the kernel."""
+
+    q: jax.Array  # [B, T, H, K] after conv + SiLU (not yet L2-normalised)
+    k: jax.Array  # [B, T, H, K]
+    v: jax.Array  # [B, T, H, V]
+    f: jax.Array  # [B, T, H, K] raw forget-gate input (activated inside kda())
+    beta: jax.Array  # [B, T, H] float32
+    conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
 
 
 class KDACache(NamedTuple):
@@ -193,30 +250,94 @@ class KimiDeltaAttention(nnx.Module):
         self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     # ----------------------------------------------------------------- decoding
-    def init_cache(self, batch_size: int) -> KDACache:
-        """An empty cache for ``batch_size`` rows: zero state, zero conv history."""
+    def _cache_shapes(self, batch_size: int) -> KDACache:
+        """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
         h, kd, vd = cfg.num_heads, cfg.key_dim, cfg.value_dim
-        state = jnp.zeros((batch_size, h, kd, vd), jnp.float32)
+        state = (batch_size, h, kd, vd)
         if not cfg.conv_size:
             return KDACache(state, None, None, None)
         width = cfg.conv_size - 1
         return KDACache(
             state,
-            jnp.zeros((batch_size, width, h * kd), cfg.dtype),
-            jnp.zeros((batch_size, width, h * kd), cfg.dtype),
-            jnp.zeros((batch_size, width, h * vd), cfg.dtype),
+            (batch_size, width, h * kd),
+            (batch_size, width, h * kd),
+            (batch_size, width, h * vd),
         )
 
+    def init_cache(self, batch_size: int) -> KDACache:
+        """An empty cache for ``batch_size`` rows (a positive int): zero state, zero conv
+        history."""
+        if (
+            isinstance(batch_size, (bool, np.bool_))
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
+            raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
+        shapes = self._cache_shapes(int(batch_size))
+        state = jnp.zeros(shapes.state, jnp.float32)
+        conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
+        return KDACache(state, *conv)
+
     def _check_cache(self, cache: KDACache, batch: int):
-        expected = self.init_cache(batch)
-        for name, got, want in zip(KDACache._fields, cache, expected, strict=True):
-            if (got is None) != (want is None) or (got is not None and got.shape != want.shape):
+        if not isinstance(cache, KDACache):
+            raise ValueError(
+                f"cache must be a KDACache, got {type(cache).__name__}; build it with "
+                f"layer.init_cache({batch}) (or pass on the cache a previous call returned)"
+            )
+        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
+            if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
                 raise ValueError(
-                    f"cache.{name} has shape {None if got is None else got.shape}, expected "
-                    f"{None if want is None else want.shape} for batch size {batch}; build it "
+                    f"cache.{name} must be an array, got {type(got).__name__}; build the cache "
                     f"with layer.init_cache({batch})"
                 )
+            if (got is None) != (want is None) or (got is not None and got.shape != want):
+                raise ValueError(
+                    f"cache.{name} has shape {None if got is None else got.shape}, expected "
+                    f"{want} for batch size {batch}; build it with layer.init_cache({batch})"
+                )
+            if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
+                raise ValueError(
+                    f"cache.{name} must be a floating-point array, got dtype {got.dtype}; "
+                    f"build the cache with layer.init_cache({batch})"
+                )
+
+    def _check_inputs(self, x, segment_ids, cache) -> None:
+        """The eager checks of ``__call__``, the same for the one-device and the CP forward.
+
+        Shapes and dtypes always; values (finite ``x``, the segment-id rule) when the arrays
+        are concrete, i.e. outside ``jit``."""
+        cfg = self.config
+        check_array("x", x)
+        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(
+                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
+            )
+        batch, seq_len, _ = x.shape
+        if batch < 1 or seq_len < 1:
+            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
+            raise ValueError(
+                f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the layer needs at "
+                "least one row and one token"
+            )
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
+        if segment_ids is not None:
+            check_array("segment_ids", segment_ids)
+            check_segment_ids(segment_ids, batch, seq_len)
+            if cache is not None:
+                raise ValueError(
+                    "segment_ids cannot be combined with a cache: decode one document per row"
+                )
+        if cache is not None:
+            self._check_cache(cache, batch)
+        if self.mesh is not None and cache is not None:
+            raise ValueError(
+                "a layer built with a mesh (context parallel) does not decode; "
+                "build one without a mesh for decoding"
+            )
+        if is_concrete(x):
+            _check_finite("x", x)
 
     # ----------------------------------------------------------------- forward
     def __call__(
@@ -225,46 +346,34 @@ class KimiDeltaAttention(nnx.Module):
         """``x [B, T, hidden]`` -> ``y [B, T, hidden]``, or ``(y, new_cache)`` with a cache.
 
         Args:
-          x: ``[B, T, hidden]``.
+          x: ``[B, T, hidden]`` floating-point array (jax or numpy; Python lists are rejected),
+            B >= 1 and T >= 1 (an empty x raises ValueError). Outside ``jit`` a NaN or inf in x
+            raises ValueError naming its position.
           segment_ids: ``[B, T]`` int, 1-based, 0 = padding: packed documents never see each
             other (neither through the conv nor through the state); padding outputs 0.
-          cache: from :meth:`init_cache` (or a previous call); continues decoding from it.
+          cache: a :class:`KDACache` from :meth:`init_cache` (or a previous call); continues
+            decoding from it.
         """
-        cfg = self.config
-        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
-            )
-        batch, seq_len, _ = x.shape
-        if segment_ids is not None:
-            if segment_ids.shape != (batch, seq_len):
-                raise ValueError(
-                    f"segment_ids must have shape [B, T]={(batch, seq_len)}, "
-                    f"got {segment_ids.shape}"
-                )
-            if cache is not None:
-                raise ValueError(
-                    "segment_ids cannot be combined with a cache: decode one document per row"
-                )
-        if cache is not None:
-            self._check_cache(cache, batch)
+        self._check_inputs(x, segment_ids, cache)
         if self.mesh is not None:
-            if cache is not None:
-                raise ValueError(
-                    "a layer built with a mesh (context parallel) does not decode; "
-                    "build one without a mesh for decoding"
-                )
-            from kda_lib.context_parallel import layer_forward_context_parallel
-
-            return layer_forward_context_parallel(self, x, segment_ids=segment_ids)
-        y, new_cache = self.forward(x, segment_ids=segment_ids, cache=cache)
+            return self._forward_context_parallel(x, segment_ids=segment_ids)
+        y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
         return y if cache is None else (y, new_cache)
 
-    def project(self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None):
-        """Everything before the kernel: ``(q, k, v, f, beta, new_conv_states)``.
+    # ------------------------------------------------ extension API: project, kernel, finish
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> finish; subclasses and tools (the
+    # benchmark times the parts separately) may call or override each step.
+    def project(
+        self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
+    ) -> Projected:
+        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
 
-        ``halo``: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
-        before it (context parallelism); otherwise the cache's conv states (or zeros) are used.
+        Args:
+          segment_ids: ``[B, T]`` as in ``__call__`` (masks the convolutions).
+          cache: a :class:`KDACache` whose conv states precede ``x`` (decoding).
+          halo: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
+            before it (context parallelism); otherwise the cache's conv states (or zeros).
+          history_segment_ids: ``[B, W-1]`` ids of the halo tokens (context parallelism).
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
@@ -302,9 +411,11 @@ class KimiDeltaAttention(nnx.Module):
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         if cfg.allow_neg_eigval:
             beta = 2.0 * beta
-        return q, k, v, f, beta, conv_states
+        return Projected(q, k, v, f, beta, tuple(conv_states))
 
-    def kernel_kwargs(self):
+    def kernel_kwargs(self) -> dict:
+        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [H]``,
+        ``dt_bias [H * K]``, ``lower_bound``, ``use_qk_l2norm=True``, ``allow_neg_eigval``."""
         cfg = self.config
         dt_bias = self.dt_bias[...]
         if cfg.per_head_decay:
@@ -317,20 +428,17 @@ class KimiDeltaAttention(nnx.Module):
             allow_neg_eigval=cfg.allow_neg_eigval,
         )
 
-    def finish(self, x, o):
-        """Everything after the kernel: gated RMSNorm and the output projection."""
+    def finish(self, x, o) -> jax.Array:
+        """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
+        kernel's ``o [B, T, H, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, vd = cfg.num_heads, cfg.value_dim
         gate = self.g_proj(x.astype(cfg.dtype)).reshape(batch, seq_len, h, vd)
-        of = o.astype(jnp.float32)
-        normed = of * jax.lax.rsqrt(jnp.mean(of * of, axis=-1, keepdims=True) + cfg.norm_eps)
-        normed = (
-            normed * self.o_norm[...].astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))
-        )
+        normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
         return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
 
-    def forward(self, x, *, segment_ids=None, cache=None):
+    def _forward(self, x, *, segment_ids=None, cache=None):
         """Single-device forward: ``(y, new_cache | None)``."""
         cfg = self.config
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=segment_ids, cache=cache)
@@ -353,6 +461,82 @@ class KimiDeltaAttention(nnx.Module):
             return y, None
         return y, KDACache(state, *conv_states)
 
+    def _forward_context_parallel(self, x, *, segment_ids=None):
+        """``layer(x)`` with the sequence split over ``self.mesh``'s ``self.context_axis``.
+
+        x ``[B, T, hidden]`` (replicated or sharded along T). T that does not divide by the
+        number of ranks is padded at the end (trailing tokens cannot change earlier outputs) and
+        cut back.
+        """
+        axis = self.context_axis
+        # an Auto-typed view of the user's mesh: outputs then carry ordinary shardings, so code
+        # outside needs no mesh context, whichever axis types the user's mesh has
+        mesh = jax.sharding.Mesh(
+            self.mesh.devices,
+            self.mesh.axis_names,
+            axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh.axis_names),
+        )
+        ranks = mesh.shape[axis]
+        batch, seq_len, hidden = x.shape
+        pad = (-seq_len) % ranks
+        if pad:
+            x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
+            if segment_ids is not None:
+                segment_ids = jnp.pad(segment_ids, [(0, 0), (0, pad)])
+        graphdef, state = nnx.split(self)
+        width = max(self.config.conv_size - 1, 0)
+        cfg = self.config
+
+        def local(state, x, segment_ids):
+            module = nnx.merge(graphdef, state)
+            halo = (
+                (lambda z: halo_exchange(z, axis_name=axis, halo_size=width)[:, :width])
+                if width
+                else None
+            )
+            history_ids = None if segment_ids is None or not width else halo(segment_ids)
+            q, k, v, f, beta, _ = module.project(
+                x, segment_ids=segment_ids, halo=halo, history_segment_ids=history_ids
+            )
+            o = kda_context_parallel(
+                q,
+                k,
+                v,
+                f,
+                beta,
+                axis_name=axis,
+                segment_ids=segment_ids,
+                implementation=cfg.implementation,
+                chunk_size=cfg.chunk_size,
+                **mosaic,
+                **module.kernel_kwargs(),
+            )
+            return module.finish(x, o)
+
+        # tokamax's CP needs the mesh and a shard_map without the vma check (see _tokamax_mosaic_cp)
+        tokamax_cp = cfg.implementation == "tokamax_mosaic"
+        mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
+        mosaic = mosaic if tokamax_cp else {}
+        seq = P(None, axis)
+        specs = (P(), P(None, axis, None), None if segment_ids is None else seq)
+        fn = jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=specs,
+            out_specs=P(None, axis, None),
+            check_vma=not tokamax_cp,
+        )
+
+        def run(state, x, segment_ids):
+            # put the inputs in the layout shard_map expects, whatever they arrive in
+            state = jax.tree.map(lambda a: place(a, mesh, P()), state)
+            x = place(x, mesh, specs[1])
+            segment_ids = None if segment_ids is None else place(segment_ids, mesh, seq)
+            return fn(state, x, segment_ids)
+
+        y = jax.jit(run)(state, x, segment_ids)
+        return y[:, :seq_len]
+
     # ----------------------------------------------------------------- fla checkpoints
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
@@ -366,6 +550,19 @@ class KimiDeltaAttention(nnx.Module):
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
         return layer
+
+
+def _check_finite(name: str, x) -> None:
+    """Raise a ValueError naming ``name`` and the first position if concrete ``x`` has a NaN
+    or an infinity."""
+    values = np.asarray(x)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"{name} contains NaN/inf at {list(first)} ({int(bad.sum())} non-finite values in "
+            f"all, the first is {float(values[first])})"
+        )
 
 
 def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
@@ -387,13 +584,8 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
             f"KDAConfig.max_num_segments, a static bound on the segments in one row"
             f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
         )
-    # runs of one id, padding runs included (tokamax's CP gives padding the id before it, so
-    # counting them keeps the bound safe)
-    slices = np.asarray(segment_ids).reshape(segment_ids.shape[0] * ranks, -1)
-    starts = np.concatenate(
-        [np.ones((slices.shape[0], 1), bool), slices[:, 1:] != slices[:, :-1]], axis=1
-    )
-    return int(starts.sum(axis=1).max())
+    # padding runs count too (tokamax's CP gives padding the id before it): a safe bound
+    return count_segments(segment_ids, ranks)
 
 
 def _fla_names(layer: KimiDeltaAttention) -> dict:
@@ -424,15 +616,40 @@ def _fla_names(layer: KimiDeltaAttention) -> dict:
     return names
 
 
+def _fla_array(name: str, value) -> np.ndarray:
+    """One fla tensor or array as a real-valued numpy array, or a ValueError naming it."""
+    if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        value = value.numpy()
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"fla {name}: not convertible to an array ({error})") from None
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        # np.asarray([None, None]) is an object array; strings, bools and complex numbers are
+        # no weights either
+        raise ValueError(
+            f"fla {name}: expected an array of real numbers, got dtype {array.dtype} "
+            f"({type(value).__name__} {value!r:.80})"
+        )
+    return array
+
+
 def load_fla_state_dict(layer: KimiDeltaAttention, state_dict) -> None:
-    """Copy an fla state_dict into ``layer`` in place (see from_fla_state_dict)."""
+    """Copy an fla state_dict into ``layer`` in place (see from_fla_state_dict).
+
+    All or nothing: every name, shape and value is checked (arrays of finite real numbers,
+    numpy, torch or nested lists) before the first parameter is written, so a bad entry raises
+    ValueError naming it and leaves the layer unchanged."""
+    if not isinstance(state_dict, Mapping):
+        raise ValueError(
+            f"state_dict must be a mapping of fla names to arrays, got {type(state_dict).__name__}"
+        )
     names = _fla_names(layer)
-    given = {
-        k: (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v))
-        for k, v in state_dict.items()
-    }
-    missing = sorted(set(names) - set(given))
-    unexpected = sorted(set(given) - set(names))
+    missing = sorted(set(names) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(names), key=str)
     if missing or unexpected:
         raise ValueError(
             "fla state_dict does not match this KDAConfig: "
@@ -441,23 +658,40 @@ def load_fla_state_dict(layer: KimiDeltaAttention, state_dict) -> None:
             + (f"unexpected {unexpected}" if unexpected else "")
             + " (check gate_low_rank, conv_size, value_head_dim; conv biases are not supported)"
         )
+    converted = {}
     for name, (variable, convert) in names.items():
-        value = convert(given[name])
-        if value.shape != variable[...].shape:
+        given = _fla_array(name, state_dict[name])
+        try:
+            value = convert(given)
+        except ValueError as error:
+            raise ValueError(f"fla {name}: {error}") from None
+        expected = variable[...]
+        if value.shape != expected.shape:
             raise ValueError(
-                f"fla {name}: shape {given[name].shape} converts to {value.shape}, "
-                f"but the layer expects {variable[...].shape}"
+                f"fla {name}: shape {given.shape} converts to {value.shape}, "
+                f"but the layer expects {expected.shape}"
             )
-        variable.set_value(jnp.asarray(value, variable[...].dtype))
+        value = np.asarray(value, expected.dtype)
+        if not np.isfinite(value).all():
+            raise ValueError(f"fla {name}: contains NaN or inf values (as {expected.dtype})")
+        converted[name] = jnp.asarray(value)
+    for name, (variable, _) in names.items():  # nothing raises from here on
+        variable.set_value(converted[name])
 
 
-def weight_decay_mask(layer: KimiDeltaAttention):
-    """Pytree of bools over ``nnx.state(layer, nnx.Param)``: False for A_log, dt_bias, the
-    norm weight and biases (no weight decay), True for matmul and conv kernels."""
-    params = nnx.state(layer, nnx.Param)
-    no_decay = {"A_log", "dt_bias", "o_norm", "bias"}
+# Parameter names that AdamW must not decay, in KDA layers and in the models built on them:
+# gate parameters (A_log, dt_bias), norm weights (o_norm, nnx's RMSNorm ``scale``), biases and
+# embeddings. Everything else (matmul and conv kernels) decays.
+NO_WEIGHT_DECAY = frozenset({"A_log", "dt_bias", "o_norm", "bias", "scale", "embedding"})
+
+
+def weight_decay_mask(module: nnx.Module):
+    """Pytree of bools over ``nnx.state(module, nnx.Param)``: False where the parameter's path
+    names one of :data:`NO_WEIGHT_DECAY`, True for matmul and conv kernels. Works for a
+    :class:`KimiDeltaAttention` and for any model containing it (one policy)."""
+    params = nnx.state(module, nnx.Param)
 
     def decide(path, _):
-        return not any(str(getattr(p, "key", p)) in no_decay for p in path)
+        return not any(str(getattr(p, "key", p)) in NO_WEIGHT_DECAY for p in path)
 
     return jax.tree_util.tree_map_with_path(decide, params)

@@ -1,0 +1,240 @@
+"""Bad input to the layer fails at the boundary, naming the argument, before any work.
+
+KDAConfig at construction, ``init_cache``, the cache, ``x`` (type, dtype, empty, NaN), segment
+ids on the context-parallel layer exactly as on one device, and the all-or-nothing fla loader.
+Tiny shapes and the recurrent kernel: nothing here compiles more than a few small programs.
+"""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layer import _fla_names, load_fla_state_dict
+
+CFG = KDAConfig(hidden_size=8, num_heads=2, head_dim=4, implementation="recurrent")
+
+
+def _layer(mesh=None, **changes):
+    return KimiDeltaAttention(dataclasses.replace(CFG, **changes), rngs=nnx.Rngs(0), mesh=mesh)
+
+
+def _x(batch=1, seq_len=4):
+    return jax.random.normal(jax.random.key(1), (batch, seq_len, CFG.hidden_size))
+
+
+# ------------------------------------------------------------------------------ KDAConfig
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("dtype", "bogus", "KDAConfig.dtype must be a floating-point dtype"),
+        ("dtype", jnp.int32, "KDAConfig.dtype must be a floating-point dtype"),
+        ("param_dtype", jnp.int32, "KDAConfig.param_dtype must be a floating-point dtype"),
+        ("param_dtype", None, "KDAConfig.param_dtype must be a floating-point dtype"),
+        ("chunk_size", 48, "KDAConfig.chunk_size must be a power of two >= 1, got 48"),
+        ("chunk_size", 0, "KDAConfig.chunk_size must be a power of two >= 1, got 0"),
+        ("chunk_size", 64.0, "KDAConfig.chunk_size must be a power of two >= 1, got 64.0"),
+        ("hidden_size", True, "KDAConfig.hidden_size must be a positive int, got True"),
+        ("num_heads", 2.0, "KDAConfig.num_heads must be a positive int, got 2.0"),
+        ("value_head_dim", 0, "KDAConfig.value_head_dim must be a positive int or None"),
+        ("conv_size", -1, "KDAConfig.conv_size must be an int >= 0"),
+        ("gate_low_rank", "4", "KDAConfig.gate_low_rank must be a positive int or None"),
+        ("norm_eps", "1e-5", "KDAConfig.norm_eps must be a finite float > 0"),
+        ("norm_eps", float("nan"), "KDAConfig.norm_eps must be a finite float > 0"),
+        ("allow_neg_eigval", "no", "KDAConfig.allow_neg_eigval must be a bool"),
+        ("per_head_decay", 1, "KDAConfig.per_head_decay must be a bool"),
+        ("implementation", "cuda", "KDAConfig.implementation must be 'auto' or one of"),
+        ("implementation", None, "KDAConfig.implementation must be 'auto' or one of"),
+        ("lower_bound", np.float32(-6.0), "lower_bound must be a float in"),
+    ],
+)
+def test_config_rejects_bad_fields_at_construction(field, value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dataclasses.replace(CFG, **{field: value})
+
+
+def test_config_accepts_numpy_scalars_and_dtype_names():
+    cfg = KDAConfig(
+        hidden_size=np.int64(8),
+        num_heads=np.int32(2),
+        head_dim=4,
+        conv_size=np.int64(3),
+        lower_bound=np.float32(-5.0),
+        norm_eps=np.float32(1e-5),
+        chunk_size=np.int64(32),
+        allow_neg_eigval=np.bool_(True),
+        dtype="bfloat16",
+        param_dtype=np.float32,
+    )
+    # stored as Python numbers: equal configs hash alike whichever scalars built them
+    assert type(cfg.hidden_size) is int and type(cfg.chunk_size) is int
+    assert type(cfg.lower_bound) is float and cfg.lower_bound == -5.0
+    assert type(cfg.allow_neg_eigval) is bool
+    assert cfg == dataclasses.replace(cfg, hidden_size=8, num_heads=2, lower_bound=-5.0)
+
+
+# ------------------------------------------------------------------------------ the cache
+@pytest.mark.parametrize("batch_size", [-1, 0, 2.0, True, "2", None])
+def test_init_cache_rejects_bad_batch_sizes(batch_size):
+    with pytest.raises(ValueError, match=r"init_cache: batch_size must be a positive int, got"):
+        _layer().init_cache(batch_size)
+
+
+def test_init_cache_shapes_and_a_numpy_batch_size():
+    cache = _layer().init_cache(np.int64(2))
+    assert cache.state.shape == (2, 2, 4, 4) and cache.state.dtype == jnp.float32
+    assert cache.q_conv.shape == (2, 3, 8) and cache.v_conv.shape == (2, 3, 8)
+    assert _layer(conv_size=0).init_cache(1).q_conv is None
+
+
+def test_a_cache_that_is_not_a_kdacache_is_rejected():
+    layer = _layer()
+    plain = tuple(layer.init_cache(1))
+    with pytest.raises(ValueError, match=r"cache must be a KDACache, got tuple; .*init_cache\(1\)"):
+        layer(_x(), cache=plain)
+    broken = layer.init_cache(1)._replace(state=np.zeros((1, 2, 4, 4)).tolist())
+    with pytest.raises(ValueError, match=r"cache.state must be an array, got list"):
+        layer(_x(), cache=broken)
+    ints = layer.init_cache(1)._replace(state=jnp.zeros((1, 2, 4, 4), jnp.int32))
+    with pytest.raises(ValueError, match=r"cache.state must be a floating-point array"):
+        layer(_x(), cache=ints)
+
+
+# ------------------------------------------------------------------------------ x
+def test_x_must_be_a_floating_array():
+    layer = _layer()
+    with pytest.raises(ValueError, match=r"x must be a jax or numpy array, got list"):
+        layer(np.asarray(_x()).tolist())
+    with pytest.raises(ValueError, match=r"x must be a floating-point array, got dtype int32"):
+        layer(jnp.ones((1, 4, 8), jnp.int32))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, hidden_size=8\]"):
+        layer(jnp.ones((4, 8)))
+    with pytest.raises(ValueError, match=r"segment_ids must be a jax or numpy array, got list"):
+        layer(_x(), segment_ids=[[1, 1, 2, 2]])
+
+
+@pytest.mark.parametrize(
+    ("shape", "empty"), [((1, 0, 8), "T = 0"), ((0, 4, 8), "B = 0"), ((0, 0, 8), "B and T = 0")]
+)
+def test_empty_x_raises_saying_what_is_empty(shape, empty):
+    layer = _layer()
+    with pytest.raises(ValueError, match=rf"x \[B, T, hidden\] is empty: {empty} \(shape"):
+        layer(jnp.ones(shape))
+
+
+def test_empty_prefill_raises_before_touching_the_cache():
+    layer = _layer()
+    with pytest.raises(ValueError, match=r"x \[B, T, hidden\] is empty: T = 0"):
+        layer(jnp.ones((1, 0, 8)), cache=layer.init_cache(1))
+
+
+def test_nan_in_x_is_named_with_its_position_not_blamed_on_beta():
+    layer = _layer()
+    x = _x().at[0, 2, 5].set(jnp.nan)
+    with pytest.raises(ValueError, match=r"x contains NaN/inf at \[0, 2, 5\]") as error:
+        layer(x)
+    assert "beta" not in str(error.value)
+    with pytest.raises(ValueError, match=r"x contains NaN/inf at \[0, 3, 0\] \(2 non-finite"):
+        layer(_x().at[0, 3, 0].set(jnp.inf).at[0, 3, 1].set(-jnp.inf))
+    # a numpy x is fine and gives what the jax array gives
+    np.testing.assert_array_equal(layer(np.asarray(_x())), layer(_x()))
+
+
+# ------------------------------------------------------------------------------ CP layer
+def _mesh(ranks=2):
+    return jax.make_mesh(
+        (ranks,),
+        ("context",),
+        axis_types=(jax.sharding.AxisType.Auto,),
+        devices=jax.devices()[:ranks],
+    )
+
+
+@pytest.mark.parametrize("with_mesh", [False, True], ids=["one_device", "context_parallel"])
+@pytest.mark.parametrize(
+    ("x", "ids", "message"),
+    [
+        (_x(), [[1, 2, 1, 1]], "segment_ids row 0 uses id 1 for two separate runs"),
+        (_x(), [[1, -1, 2, 2]], r"segment_ids must be >= 0 \(0 = padding\), got min -1"),
+        (_x(), [[1.0, 1.0, 2.0, 2.0]], "segment_ids must be an integer array"),
+        (_x().at[0, 1, 1].set(jnp.nan), None, r"x contains NaN/inf at \[0, 1, 1\]"),
+        (jnp.ones((1, 0, 8)), None, r"x \[B, T, hidden\] is empty: T = 0"),
+        (jnp.ones((0, 4, 8)), None, r"x \[B, T, hidden\] is empty: B = 0"),
+    ],
+    ids=["reused_ids", "negative_ids", "float_ids", "nan_x", "empty_T", "empty_B"],
+)
+def test_context_parallel_layer_runs_the_one_device_checks(with_mesh, x, ids, message, monkeypatch):
+    layer = _layer(mesh=_mesh() if with_mesh else None)
+    # the checks come before any compilation: the CP forward (jitted inside) is never reached
+    monkeypatch.setattr(layer, "_forward_context_parallel", None)
+    monkeypatch.setattr(layer, "_forward", None)
+    segment_ids = None if ids is None else jnp.asarray(ids)
+    with pytest.raises(ValueError, match=message):
+        layer(x, segment_ids=segment_ids)
+
+
+# ------------------------------------------------------------------------------ fla loader
+def _fla_state_dict(layer, offset=0.0):
+    """An fla-layout state_dict holding ``layer``'s own weights (plus ``offset``)."""
+    out = {}
+    for name, (variable, _) in _fla_names(layer).items():
+        value = np.asarray(variable[...]) + offset
+        if name.endswith("conv1d.weight"):  # [W, C] -> torch's [C, 1, W]
+            value = value.T[:, None, :]
+        elif value.ndim == 2:  # [in, out] -> torch's [out, in]
+            value = value.T
+        out[name] = value
+    return out
+
+
+def _params(layer):
+    return {name: np.asarray(v[...]).copy() for name, (v, _) in _fla_names(layer).items()}
+
+
+def test_fla_loader_round_trips_and_takes_lists():
+    source, target = _layer(), KimiDeltaAttention(CFG, rngs=nnx.Rngs(7))
+    state_dict = _fla_state_dict(source)
+    state_dict["A_log"] = state_dict["A_log"].tolist()  # nested lists of numbers convert
+    load_fla_state_dict(target, state_dict)
+    want, got = _params(source), _params(target)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("o_norm.weight", np.ones(7, np.float32), r"fla o_norm.weight: shape \(7,\) converts"),
+        ("A_log", [None, None], "fla A_log: expected an array of real numbers, got dtype object"),
+        ("A_log", np.array(["a", "b"]), "fla A_log: expected an array of real numbers"),
+        ("dt_bias", np.ones(8, bool), "fla dt_bias: expected an array of real numbers"),
+        ("dt_bias", np.full(8, np.nan), "fla dt_bias: contains NaN or inf"),
+        ("q_proj.weight", [[1.0, 2.0], [3.0]], "fla q_proj.weight: not convertible"),
+        ("k_conv1d.weight", np.ones((8, 4)), r"fla k_conv1d.weight: expected a depthwise Conv1d"),
+    ],
+)
+def test_fla_loader_is_all_or_nothing(name, value, message):
+    layer = _layer()
+    before = _params(layer)
+    state_dict = _fla_state_dict(layer, offset=1.0)  # every other entry valid and different
+    state_dict[name] = value
+    with pytest.raises(ValueError, match=message):
+        load_fla_state_dict(layer, state_dict)
+    after = _params(layer)
+    for param in before:
+        np.testing.assert_array_equal(after[param], before[param], err_msg=param)
+
+
+def test_fla_loader_rejects_a_non_mapping_and_wrong_names():
+    layer = _layer()
+    with pytest.raises(ValueError, match="state_dict must be a mapping of fla names to arrays"):
+        load_fla_state_dict(layer, list(_fla_state_dict(layer).items()))
+    state_dict = _fla_state_dict(layer)
+    state_dict["q_conv1d.bias"] = state_dict.pop("A_log")
+    with pytest.raises(ValueError, match=r"missing \['A_log'\]; unexpected \['q_conv1d.bias'\]"):
+        load_fla_state_dict(layer, state_dict)
