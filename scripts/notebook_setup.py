@@ -1,0 +1,149 @@
+"""The notebooks' Colab badge and setup-cell install block, derived from one repository URL.
+
+The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. From it come
+
+* each notebook's badge (in its opening markdown cell)::
+
+    [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/NAME/blob/main/notebooks/NN_name.ipynb)
+
+* the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
+  kda_lib where it is missing and then its dependencies for the machine's accelerator through
+  ``kda_lib/notebook.py``.
+
+Commands (``make repository-url URL=...`` runs the second, then ``make sync``)::
+
+    python scripts/notebook_setup.py --check                 # exit 1 naming what disagrees
+    python scripts/notebook_setup.py --set-repository-url https://github.com/OWNER/NAME
+
+tests/test_notebooks.py asserts that every notebook agrees with pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PYPROJECT = ROOT / "pyproject.toml"
+NOTEBOOK_DIR = ROOT / "notebooks"
+BRANCH = "main"  # the branch Colab opens the notebooks from
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+_GITHUB = re.compile(r"^https://github\.com/(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(\.git)?/?$")
+_BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+_SOURCE_LINE = re.compile(r'KDA_LIB_SOURCE = "[^"]*"')
+_PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
+
+# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib
+# without importing it; the installer runs by path because `import kda_lib` needs jax.
+INSTALL_BLOCK = """\
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
+    KDA_LIB_SOURCE = "{source}"
+    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
+    (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
+    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"]()
+"""
+SETUP_CALL = "kda_lib.notebook.setup()"
+
+
+def repository_url(pyproject: pathlib.Path = PYPROJECT) -> str:
+    """``[project.urls] Repository`` of ``pyproject``; KeyError naming the key if it is absent."""
+    urls = tomllib.loads(pyproject.read_text())["project"].get("urls", {})
+    if "Repository" not in urls:
+        raise KeyError(f"{pyproject}: [project.urls] has no Repository entry")
+    return _checked(urls["Repository"])
+
+
+def _checked(url: str) -> str:
+    if not _GITHUB.match(url):
+        raise ValueError(
+            f"url must look like https://github.com/OWNER/NAME (Colab opens "
+            f"notebooks from GitHub), got {url!r}"
+        )
+    return url.rstrip("/").removesuffix(".git")
+
+
+def colab_url(url: str, notebook: str) -> str:
+    """Colab's address of ``notebooks/<notebook>`` (an ``.ipynb`` file name) on :data:`BRANCH`."""
+    match = _GITHUB.match(_checked(url))
+    return (
+        f"https://colab.research.google.com/github/{match['owner']}/{match['name']}"
+        f"/blob/{BRANCH}/notebooks/{notebook}"
+    )
+
+
+def badge(url: str, notebook: str) -> str:
+    """The markdown Colab badge linking to ``notebook`` (an ``.ipynb`` file name)."""
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(url, notebook)})"
+
+
+def install_block(url: str) -> str:
+    """The setup cell's install block, installing kda_lib from ``git+url``."""
+    return INSTALL_BLOCK.format(source=f"git+{_checked(url)}")
+
+
+def problems(source: pathlib.Path, url: str) -> list[str]:
+    """What in the notebook ``source`` (a jupytext ``.py``) disagrees with ``url``; [] if none."""
+    text = source.read_text()
+    found = []
+    ipynb = source.with_suffix(".ipynb").name
+    badges = _BADGE.findall(text)
+    if badges != [badge(url, ipynb)]:
+        found.append(f"{source.name}: want exactly one badge {badge(url, ipynb)!r}, found {badges}")
+    if install_block(url) not in text:
+        found.append(
+            f"{source.name}: the setup cell lacks the install block for {url} "
+            "(scripts/notebook_setup.py INSTALL_BLOCK)"
+        )
+    if SETUP_CALL not in text:
+        found.append(f"{source.name}: the setup cell does not call {SETUP_CALL}")
+    return found
+
+
+def set_repository_url(
+    url: str, sources: list[pathlib.Path], pyproject: pathlib.Path = PYPROJECT
+) -> None:
+    """Write ``url`` into ``pyproject`` and into every notebook's badge and install line."""
+    url = _checked(url)
+    text = pyproject.read_text()
+    if len(_PYPROJECT_URL.findall(text)) != 1:
+        raise ValueError(f"{pyproject}: want one line 'Repository = \"...\"' under [project.urls]")
+    pyproject.write_text(_PYPROJECT_URL.sub(f'Repository = "{url}"', text))
+    for source in sources:
+        ipynb = source.with_suffix(".ipynb").name
+        text = _BADGE.sub(lambda _, n=ipynb: badge(url, n), source.read_text())
+        text = _SOURCE_LINE.sub(f'KDA_LIB_SOURCE = "git+{url}"', text)
+        source.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--check", action="store_true", help="report disagreements (exit 1)")
+    group.add_argument("--set-repository-url", metavar="URL", help="https://github.com/O/N")
+    args = parser.parse_args(argv)
+    sources = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
+    if args.set_repository_url:
+        set_repository_url(args.set_repository_url, sources)
+        print(
+            f"{PYPROJECT.name} and {len(sources)} notebooks now use {args.set_repository_url}; "
+            "run `make sync` to update the .ipynb twins"
+        )
+        return 0
+    url = repository_url()
+    found = [p for source in sources for p in problems(source, url)]
+    print("\n".join(found) or f"{len(sources)} notebooks agree with {url}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

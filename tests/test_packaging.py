@@ -1,0 +1,306 @@
+"""Packaging: the wheel, the Colab path and the recorded data.
+
+The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
+virtual environment without kda_lib, from a temporary folder with no checkout on ``sys.path``,
+the notebook's own setup cell installs the wheel (in place of the ``git+`` URL), installs the
+dependencies through ``kda_lib/notebook.py`` and runs the notebook; then the recorded data that
+notebooks 03 and 08 read is loaded there. To stay offline and fast, the fresh environment sees
+the project venv's installed *dependencies* (only those of ``kda-lib[notebook]`` and what runs
+a notebook: papermill, ipykernel) through a ``.pth`` line to a folder of links that leaves out
+the editable kda_lib; pip runs with ``PIP_NO_INDEX=1``, so an unmet requirement fails instead of
+downloading.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import importlib.metadata
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+from conftest import USER_XLA_FLAGS
+from packaging.requirements import Requirement
+
+from kda_lib import notebook as nb_setup
+from kda_lib import recorded
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "00_quickstart.ipynb"
+# what a notebook server needs that Colab has and kda_lib does not declare
+RUNNER_REQUIREMENTS = ["papermill", "ipykernel"]
+NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
+REQUIRES = [
+    "jax>=0.12.0.1",
+    "numpy>=2.5.5",
+    'matplotlib>=3.11.2; extra == "notebook"',
+    'jax[cuda13]>=0.12.0.1; extra == "gpu"',
+    'jax[cuda12]>=0.12.0.1; extra == "cuda12"',
+    'jax[tpu]>=0.12.0.1; extra == "tpu"',
+    'pytest>=9; extra == "dev"',
+]
+
+
+# ----------------------------------------------------------------------------- install plans
+def test_plan_keeps_a_new_enough_runtime_jax_and_adds_no_accelerator_build():
+    installed = {"jax": "0.13.0", "jaxlib": "0.13.0", "jax-cuda12-plugin": "0.13.0"}
+    plan = nb_setup.plan_install(REQUIRES, "gpu", installed, colab=True, version="0.1.0")
+    assert plan.extras == ("notebook",)
+    assert plan.requirements == ("jax>=0.12.0.1", "numpy>=2.5.5", "matplotlib>=3.11.2")
+    assert set(plan.constraints) == {"jax==0.13.0", "jaxlib==0.13.0", "jax-cuda12-plugin==0.13.0"}
+    assert "kept the runtime's jax 0.13.0" in plan.summary and "Colab" in plan.summary
+
+
+def test_plan_replaces_an_old_runtime_jax_with_the_same_accelerator_build():
+    installed = {"jax": "0.4.30", "jaxlib": "0.4.30", "jax-cuda12-plugin": "0.4.30"}
+    plan = nb_setup.plan_install(REQUIRES, "gpu", installed)
+    assert plan.extras == ("notebook", "cuda12")  # stays on the runtime's CUDA 12
+    assert plan.constraints == ()
+    assert "jax[cuda12]>=0.12.0.1" in plan.requirements
+    assert "replaced the runtime's jax 0.4.30 (kda_lib needs >= 0.12.0.1)" in plan.summary
+
+
+def test_plan_adds_the_tpu_build_where_jax_cannot_drive_the_tpu():
+    plan = nb_setup.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "jaxlib": "0.12.0.1"})
+    assert plan.extras == ("notebook", "tpu")
+    assert "jax==0.12.0.1" in plan.constraints  # the extra adds libtpu, jax stays
+    plan = nb_setup.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "libtpu": "0.0.50"})
+    assert plan.extras == ("notebook",)
+    plan = nb_setup.plan_install(REQUIRES, "gpu", {})
+    assert plan.extras == ("notebook", "gpu") and "installed jax" in plan.summary
+
+
+def test_plan_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="accelerator"):
+        nb_setup.plan_install(REQUIRES, "npu", {})
+    with pytest.raises(ValueError, match="marker"):
+        nb_setup.plan_install(["jax>=0.12; python_version < '3.13'"], "cpu", {})
+
+
+def test_detect_accelerator_from_the_runtime_variables():
+    assert nb_setup.detect_accelerator({"TPU_ACCELERATOR_TYPE": "v5litepod-1"}) == "tpu"
+    assert nb_setup.detect_accelerator({"COLAB_TPU_ADDR": "10.0.0.2:8470"}) == "tpu"
+
+
+def test_install_dependencies_runs_one_pip_command_and_reports_failure(capsys):
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    plan = nb_setup.install_dependencies(run=fake_pip)
+    ((command,),) = [calls]
+    assert command[:4] == [sys.executable, "-m", "pip", "install"]
+    assert command[-len(plan.requirements) :] == list(plan.requirements)
+    assert capsys.readouterr().out.strip() == plan.summary  # one line
+
+    def failing_pip(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "", "ERROR: no matching distribution")
+
+    with pytest.raises(RuntimeError, match="no matching distribution"):
+        nb_setup.install_dependencies(run=failing_pip)
+
+
+# ----------------------------------------------------------------------------- recorded data
+def test_recorded_data_is_found_and_parsed():
+    assert recorded.recorded_files("benchmarks"), "no recorded benchmarks"
+    runs = recorded.load_recorded("results", "synthetic_recall_full.json")
+    assert isinstance(runs, list) and runs and "eval" in runs[0]
+
+
+def test_a_missing_recording_is_an_explicit_error():
+    with pytest.raises(FileNotFoundError, match=r"not found in .*available: \['synthetic"):
+        recorded.recorded_path("results", "no_such_run.json")
+    with pytest.raises(ValueError, match="kind"):
+        recorded.recorded_dir("fixtures")
+    with pytest.raises(ValueError, match="name"):
+        recorded.recorded_path("results", "../benchmarks/x.json")
+
+
+def test_benchmark_loader_falls_back_to_the_recorded_benchmarks(tmp_path):
+    from kda_lib import viz
+
+    runs, notes = viz.load_benchmark_runs(tmp_path / "absent")
+    assert runs and any("not found" in note for note in notes)
+    assert runs == viz.load_benchmark_runs()[0]
+
+
+# ----------------------------------------------------------------------------- the wheel
+def _copy_sources(target: pathlib.Path) -> pathlib.Path:
+    """The files a wheel is built from, so the build writes nothing into the checkout."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, target / name)
+    shutil.copytree(ROOT / "kda_lib", target / "kda_lib", ignore=ignore)
+    for kind in recorded.KINDS:
+        shutil.copytree(ROOT / "data" / kind, target / "data" / kind, ignore=ignore)
+    return target
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> pathlib.Path:
+    source = _copy_sources(tmp_path_factory.mktemp("source"))
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(source),
+        ],
+        check=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    (path,) = dist.glob("kda_lib-*.whl")
+    return path
+
+
+def _wheel_requires(wheel: pathlib.Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(zf.read(name).decode())
+    return metadata.get_all("Requires-Dist") or []
+
+
+def test_wheel_holds_the_package_and_the_recorded_data(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    modules = {f"kda_lib/{p.name}" for p in (ROOT / "kda_lib").glob("*.py")}
+    assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
+    for kind in recorded.KINDS:
+        files = {f"kda_lib/recorded_data/{kind}/{p.name}" for p in recorded.recorded_files(kind)}
+        assert files and files <= names, f"recorded {kind} missing: {sorted(files - names)}"
+    assert not [n for n in names if n.startswith(("tests/", "notebooks/", "data/"))]
+    assert not [n for n in names if "fixtures" in n], "parity fixtures do not belong in the wheel"
+
+
+def test_plain_install_pulls_no_plotting_or_notebook_package(wheel):
+    core = [Requirement(r) for r in _wheel_requires(wheel)]
+    core = {r.name.lower() for r in core if r.marker is None}
+    assert core and not (core & NOTEBOOK_ONLY), f"core requires {sorted(core & NOTEBOOK_ONLY)}"
+
+
+def _dependency_closure(requirements: list[str]) -> set[str]:
+    """Canonical names of the installed distributions ``requirements`` pull in (extras too)."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), ()) for r in requirements]
+    while todo:
+        requirement, extras = todo.pop()
+        name = requirement.name.lower().replace("_", "-")
+        wanted = tuple(sorted(requirement.extras))
+        if (name, wanted) in seen or (
+            requirement.marker
+            and not any(requirement.marker.evaluate({"extra": e}) for e in (extras or ("",)))
+        ):
+            continue
+        seen.add((name, wanted))
+        dist = importlib.metadata.distribution(name)
+        for line in dist.requires or []:
+            todo.append((Requirement(line), wanted))
+    return {name for name, _ in seen}
+
+
+def _dependency_view(requirements: list[str], view: pathlib.Path) -> pathlib.Path:
+    """A folder of links to the installed files of the closure of ``requirements``."""
+    site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    view.mkdir()
+    for name in _dependency_closure(requirements) - {"kda-lib"}:
+        for file in importlib.metadata.distribution(name).files or []:
+            top = file.parts[0]
+            if top != ".." and (site / top).exists() and not (view / top).exists():
+                (view / top).symlink_to(site / top)
+    return view
+
+
+@pytest.mark.slow
+def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
+    requires = _wheel_requires(wheel)
+    kda_requires = [r for r in requires if "extra ==" not in r]
+    kda_requires += [r.split(";")[0] for r in requires if 'extra == "notebook"' in r]
+    view = _dependency_view([*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+
+    notebook = json.loads(NOTEBOOK.read_text())
+    setup_cells = [c for c in notebook["cells"] if "KDA_LIB_SOURCE = " in "".join(c["source"])]
+    assert len(setup_cells) == 1, "notebook 00 has no setup cell with an install line"
+    source = "".join(setup_cells[0]["source"])
+    start = source.index('KDA_LIB_SOURCE = "') + len('KDA_LIB_SOURCE = "')
+    setup_cells[0]["source"] = source[:start] + str(wheel) + source[source.index('"', start) :]
+    workdir = tmp_path / "colab"  # no checkout here or above it
+    workdir.mkdir()
+    (workdir / "00.ipynb").write_text(json.dumps(notebook))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    run = subprocess.run(
+        [
+            python,
+            "-m",
+            "papermill",
+            "--no-progress-bar",
+            "-k",
+            "python3",
+            "--cwd",
+            str(workdir),
+            "00.ipynb",
+            "00-executed.ipynb",
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, f"notebook 00 failed in the fresh venv:\n{run.stderr[-6000:]}"
+    executed = json.loads((workdir / "00-executed.ipynb").read_text())
+    printed = "".join(
+        "".join(out.get("text", ""))
+        for cell in executed["cells"]
+        if cell["cell_type"] == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "stream"
+    )
+    assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
+    assert f"kda_lib 0.1.0 from {purelib}/kda_lib" in printed, printed[:2000]
+
+    check = (
+        "import kda_lib, pathlib\n"
+        "from kda_lib import recorded, viz\n"
+        "runs, notes = viz.load_benchmark_runs()\n"
+        "results = recorded.load_recorded('results', 'synthetic_recall_full.json')\n"
+        "print(kda_lib.__file__, recorded.recorded_dir('benchmarks'), len(runs), len(results))\n"
+    )
+    run = subprocess.run(
+        [python, "-c", check], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    module, benchmarks, n_runs, n_results = run.stdout.split()
+    assert module.startswith(purelib) and benchmarks.startswith(purelib), run.stdout
+    assert int(n_runs) >= 1 and int(n_results) >= 1, run.stdout
