@@ -46,8 +46,11 @@ import dataclasses
 import datetime
 import importlib.metadata
 import json
+import math
+import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,8 +58,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-from kda_lib.kernel import IMPLEMENTATIONS, kda, mosaic_problems, tokamax_kda_api
+from kda_lib.kernel import IMPLEMENTATIONS, kda
+from kda_lib.layer import KDAConfig, KimiDeltaAttention
+from kda_lib.testing import random_kda_inputs
+from kda_lib.tokamax_backend import mosaic_problems
 
 MODES = ("fwd", "fwd+bwd")
 SEQUENTIAL_IMPLS = ("recurrent", "tokamax_xla")  # O(T) steps: slow at large T
@@ -93,11 +100,6 @@ def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
 
 def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
     """Why a kda implementation cannot run on this platform (None: it can)."""
-    if name.startswith("tokamax"):
-        try:
-            tokamax_kda_api()
-        except ImportError as e:
-            return str(e)
     if name == "tokamax_mosaic":
         problems = mosaic_problems(
             key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
@@ -111,22 +113,17 @@ def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
 
 def kernel_inputs(cfg: BenchConfig, seq_len: int, key: jax.Array) -> dict:
     """Fused-gate KDA inputs: L2-normalised q/k, raw gate f, beta in (0, 1), a_log, dt_bias."""
-    ks = jax.random.split(key, 6)
-    shape = (cfg.batch, seq_len, cfg.heads, cfg.key_dim)
-    dtype = jnp.dtype(cfg.dtype)
-
-    def unit(k):
-        x = jax.random.normal(k, shape, jnp.float32)
-        return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
-
+    x = random_kda_inputs(
+        key, cfg.batch, seq_len, cfg.heads, cfg.key_dim, cfg.value_dim, dtype=cfg.dtype, gate="raw"
+    )
     return dict(
-        q=unit(ks[0]),
-        k=unit(ks[1]),
-        v=jax.random.normal(ks[2], (*shape[:3], cfg.value_dim), jnp.float32).astype(dtype),
-        f=jax.random.normal(ks[3], shape, jnp.float32).astype(dtype),
-        beta=jax.nn.sigmoid(jax.random.normal(ks[4], shape[:3], jnp.float32)).astype(dtype),
-        a_log=jnp.zeros((cfg.heads,), jnp.float32),
-        dt_bias=0.5 * jax.random.normal(ks[5], (cfg.heads * cfg.key_dim,), jnp.float32),
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        f=x["g"],
+        beta=x["beta"],
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
     )
 
 
@@ -166,10 +163,6 @@ def layer_entries(cfg: BenchConfig, seq_len: int, key: jax.Array, implementation
 
     Every function takes its parameters as explicit arguments, so fwd+bwd differentiates them.
     """
-    from flax import nnx
-
-    from kda_lib.layer import KDAConfig, KimiDeltaAttention
-
     dtype = jnp.dtype(cfg.dtype)
     config = KDAConfig(
         hidden_size=cfg.heads * cfg.key_dim,
@@ -189,36 +182,34 @@ def layer_entries(cfg: BenchConfig, seq_len: int, key: jax.Array, implementation
         return nnx.merge(graphdef, params, rest)(x)
 
     entries = {"layer": (full, (params, x))}
-    # the split below needs the layer's project / kernel_kwargs / finish steps
-    if all(hasattr(layer, m) for m in ("project", "kernel_kwargs", "finish")):
 
-        def around_kernel(params, x, o):
-            model = nnx.merge(graphdef, params, rest)
-            q, k, v, f, beta, _ = model.project(x)
-            return model.finish(x, o), q, k, v, f, beta
+    def around_kernel(params, x, o):
+        model = nnx.merge(graphdef, params, rest)
+        q, k, v, f, beta, _ = model.project(x)
+        return model.finish(x, o), q, k, v, f, beta
 
-        q, k, v, f, beta, _ = layer.project(x)
-        kwargs = layer.kernel_kwargs()
-        gate = (kwargs.pop("a_log"), kwargs.pop("dt_bias"))
-        o = jnp.zeros((*v.shape[:3], cfg.value_dim), dtype)
+    q, k, v, f, beta, _ = layer.project(x)
+    kwargs = layer.kernel_kwargs()
+    gate = (kwargs.pop("a_log"), kwargs.pop("dt_bias"))
+    o = jnp.zeros((*v.shape[:3], cfg.value_dim), dtype)
 
-        def kernel(q, k, v, f, beta, a_log, dt_bias):
-            out, _ = kda(
-                q,
-                k,
-                v,
-                f,
-                beta,
-                a_log=a_log,
-                dt_bias=dt_bias,
-                **kwargs,
-                chunk_size=config.chunk_size,
-                implementation=implementation,
-            )
-            return out
+    def kernel(q, k, v, f, beta, a_log, dt_bias):
+        out, _ = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            **kwargs,
+            chunk_size=config.chunk_size,
+            implementation=implementation,
+        )
+        return out
 
-        entries["layer_kernel"] = (kernel, (q, k, v, f, beta, *gate))
-        entries["layer_projections"] = (around_kernel, (params, x, o))
+    entries["layer_kernel"] = (kernel, (q, k, v, f, beta, *gate))
+    entries["layer_projections"] = (around_kernel, (params, x, o))
     return entries
 
 
@@ -332,7 +323,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="default entries skip recurrent / tokamax_xla above this T",
     )
     parser.add_argument(
-        "--layer-impl", default="auto", help="kernel implementation inside the layer"
+        "--layer-impl",
+        default="auto",
+        choices=("auto", *IMPLEMENTATIONS),
+        help="kernel implementation inside the layer",
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--reps", type=int, default=10)
@@ -350,9 +344,71 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
     )
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.warmup < 0:
-        parser.error("--reps must be >= 1 and --warmup >= 0")
+    minimums = dict(batch=1, heads=1, key_dim=1, value_dim=1, reps=1, warmup=0, sequential_max_t=0)
+    for name, minimum in minimums.items():
+        value = getattr(args, name)
+        if value < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+    if min(args.seq_lens) < 1:
+        parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
+    # the output path is checked (and its folder created) before anything is timed
+    args.out_path = None
+    if args.out != "-":
+        out = args.out or default_out_path(jax.default_backend(), datetime.date.today())
+        problem = output_path_problem(out)
+        if problem:
+            parser.error(f"--out: {problem}")
+        args.out_path = Path(out)
     return args
+
+
+def output_path_problem(path: str | Path) -> str | None:
+    """Why the JSON cannot be written to ``path`` (None: it can): ``path`` is a folder, a
+    parent is a file, or the folder cannot be created or written to. Creates the folder."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'b.json')!r}"
+    for ancestor in (path.parent, *path.parent.parents):
+        if ancestor.exists() and not ancestor.is_dir():
+            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        return f"cannot write {str(path)!r}: {error}"
+    return None
+
+
+def _strict_json(value):
+    """``value`` with every non-finite float replaced by None: JSON has no NaN or infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def write_json(document: dict, path: Path) -> None:
+    """Strict JSON, written atomically: a temporary file in the same folder, then os.replace,
+    so an interrupted run never leaves a truncated file (nor destroys an older one)."""
+    text = json.dumps(_strict_json(document), indent=1, allow_nan=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def _version(dist: str) -> str | None:
@@ -423,16 +479,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
             if name == "softmax":
                 add(name, seq_len, *softmax_entry(cfg, seq_len, inputs_key))
             elif name == "layer":
-                try:
-                    entries = layer_entries(cfg, seq_len, inputs_key, args.layer_impl)
-                except ImportError as e:
-                    note(f"skipping the layer entry: kda_lib.layer is not importable ({e})")
-                    break
+                entries = layer_entries(cfg, seq_len, inputs_key, args.layer_impl)
                 for entry in LAYER_ENTRIES:
-                    if entry in entries:
-                        add(entry, seq_len, *entries[entry])
-                    elif seq_len == args.seq_lens[0]:
-                        note(f"layer has no project/kernel_kwargs/finish: no {entry} row")
+                    add(entry, seq_len, *entries[entry])
             else:
                 if (
                     requested is None
@@ -500,17 +549,23 @@ def run(argv: Sequence[str] | None = None) -> dict:
         records=records,
         ratios=compute_ratios(records),
     )
+    # the JSON first: a failure to write it prints the document instead of losing it
+    path = args.out_path
+    if path is not None:
+        try:
+            write_json(document, path)
+        except OSError as error:
+            print(json.dumps(_strict_json(document), indent=1, allow_nan=False))
+            raise SystemExit(
+                f"error: could not write {path} ({error}); the JSON document is printed above"
+            ) from error
     print()
     print(format_table(records))
     for name, per_mode in document["ratios"].items():
         for mode, per_t in per_mode.items():
             values = "  ".join(f"T={t}: {r:.3f}" for t, r in per_t.items())
             print(f"{name:<45} {mode:<8} {values}")
-    out = args.out if args.out is not None else str(default_out_path(platform, today))
-    if out != "-":
-        path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n")
+    if path is not None:
         print(f"wrote {path}")
     return document
 

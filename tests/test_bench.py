@@ -6,6 +6,8 @@ Not a timed test: it only checks that the benchmark runs and writes what it prom
 import datetime
 import json
 
+import pytest
+
 from kda_lib import bench
 
 RECORD_KEYS = {"impl", "T", "mode", "median_ms", "min_ms", "max_ms", "compile_s"}
@@ -66,3 +68,61 @@ def test_default_impls_and_out_path():
     )
     path = bench.default_out_path("cpu", datetime.date(2026, 1, 2))
     assert str(path) == "data/benchmarks/cpu-2026-01-02.json"
+
+
+# ------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--layer-impl", "bogus"], "argument --layer-impl: invalid choice: 'bogus' (choose from "),
+        (["--heads", "0"], "--heads must be >= 1, got 0"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--key-dim", "-1"], "--key-dim must be >= 1, got -1"),
+        (["--value-dim", "0"], "--value-dim must be >= 1, got 0"),
+        (["--seq-lens", "64", "0"], "--seq-lens must all be >= 1, got [64, 0]"),
+        (["--reps", "0"], "--reps must be >= 1, got 0"),
+        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["--sequential-max-t", "-1"], "--sequential-max-t must be >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_are_argparse_errors_before_any_timing(options, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.run([*TINY, *options, "--out", str(tmp_path / "b.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m kda_lib.bench: error: {message}" in err
+    if "--layer-impl" in options:
+        assert all(f"'{name}'" in err for name in ("auto", *bench.IMPLEMENTATIONS))
+
+
+def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.Job, "prepare", None)  # timing anything would fail
+    (tmp_path / "afile").write_text("not a folder")
+    for out, message in [
+        (tmp_path / "afile" / "b.json", f"'{tmp_path / 'afile'}' is a file, so"),
+        (tmp_path, f"'{tmp_path}' is a directory; give a file path"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            bench.run([*TINY, "--impls", "softmax", "--seq-lens", "8", "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert f"error: --out: {message}" in capsys.readouterr().err
+
+
+def test_the_json_is_written_before_the_table_and_never_lost(tmp_path, monkeypatch, capsys):
+    args = [*TINY, "--impls", "softmax", "--seq-lens", "8", "--modes", "fwd"]
+    out = tmp_path / "b.json"
+    document = bench.run([*args, "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert json.loads(out.read_text()) == document
+    assert printed.rstrip().endswith(f"wrote {out}") and "median ms" in printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]  # no temp file left
+
+    def disk_full(document, path):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(bench, "write_json", disk_full)
+    with pytest.raises(SystemExit, match=r"could not write .*b2.json \(disk full\); the JSON"):
+        bench.run([*args, "--out", str(tmp_path / "b2.json")])
+    printed = capsys.readouterr().out
+    assert json.loads(printed)["records"][0]["impl"] == "softmax"  # the timings, as JSON
+    assert "median ms" not in printed  # no table whose JSON went missing
