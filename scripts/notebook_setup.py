@@ -6,6 +6,7 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
 
     [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/NAME/blob/main/notebooks/NN_name.ipynb)
 
+* the README's ``pip install git+URL`` and ``git clone URL`` commands;
 * the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
   kda_lib where it is missing and then its dependencies for the machine's accelerator through
   ``kda_lib/notebook.py``.
@@ -28,6 +29,7 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
+README = ROOT / "README.md"
 NOTEBOOK_DIR = ROOT / "notebooks"
 BRANCH = "main"  # the branch Colab opens the notebooks from
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -35,6 +37,8 @@ _GITHUB = re.compile(r"^https://github\.com/(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?
 _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 _SOURCE_LINE = re.compile(r'KDA_LIB_SOURCE = "[^"]*"')
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
+# the README's install and clone commands
+_README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
 
 # The setup cell's install block, identical in every notebook. find_spec looks for kda_lib
 # without importing it; the installer runs by path because `import kda_lib` needs jax.
@@ -109,11 +113,22 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
     return found
 
 
+def readme_problems(url: str, readme: pathlib.Path = README) -> list[str]:
+    """The README's install/clone commands that name another address than ``url``."""
+    found = _README_URL.findall(readme.read_text())
+    return [f"{readme.name}: {other} is not {url}" for other in found if other != url]
+
+
 def set_repository_url(
-    url: str, sources: list[pathlib.Path], pyproject: pathlib.Path = PYPROJECT
+    url: str,
+    sources: list[pathlib.Path],
+    pyproject: pathlib.Path = PYPROJECT,
+    readme: pathlib.Path = README,
 ) -> None:
-    """Write ``url`` into ``pyproject`` and into every notebook's badge and install line."""
+    """Write ``url`` into ``pyproject``, every notebook's badge and install line, and the
+    README's commands (where they name the address ``pyproject`` held)."""
     url = _checked(url)
+    old_url = repository_url(pyproject)
     text = pyproject.read_text()
     if len(_PYPROJECT_URL.findall(text)) != 1:
         raise ValueError(f"{pyproject}: want one line 'Repository = \"...\"' under [project.urls]")
@@ -123,6 +138,9 @@ def set_repository_url(
         text = _BADGE.sub(lambda _, n=ipynb: badge(url, n), source.read_text())
         text = _SOURCE_LINE.sub(f'KDA_LIB_SOURCE = "git+{url}"', text)
         source.write_text(text)
+    readme.write_text(
+        _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     url = repository_url()
-    found = [p for source in sources for p in problems(source, url)]
+    found = [p for source in sources for p in problems(source, url)] + readme_problems(url)
     print("\n".join(found) or f"{len(sources)} notebooks agree with {url}")
     return 1 if found else 0
 

@@ -127,6 +127,10 @@ def test_badge_and_setup_cell_follow_the_repository_url(source):
     )
 
 
+def test_readme_commands_use_the_repository_url():
+    assert notebook_setup.readme_problems(notebook_setup.repository_url()) == []
+
+
 def test_repository_url_rewrites_every_badge_and_install_line(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text((ROOT / "pyproject.toml").read_text())
@@ -134,14 +138,17 @@ def test_repository_url_rewrites_every_badge_and_install_line(tmp_path):
     for source in SOURCES:
         copies.append(tmp_path / source.name)
         copies[-1].write_text(source.read_text())
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
     url = "https://github.com/someone/kda-fork"
-    notebook_setup.set_repository_url(url, copies, pyproject)
+    notebook_setup.set_repository_url(url, copies, pyproject, readme)
     assert notebook_setup.repository_url(pyproject) == url
+    assert notebook_setup.readme_problems(url, readme) == []
     for copy in copies:
         assert notebook_setup.problems(copy, url) == []
         assert "kda-notebooks/kda-notebooks" not in copy.read_text()
     with pytest.raises(ValueError, match="url must look like"):
-        notebook_setup.set_repository_url("https://example.org/x", copies, pyproject)
+        notebook_setup.set_repository_url("https://example.org/x", copies, pyproject, readme)
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
