@@ -48,6 +48,16 @@ WIDGET_NOTE = (
     "the notebook in Jupyter or on Colab to move its controls; the figures on this page show "
     "the default setting."
 )
+# MathJax environments latex2mathml lacks -> (begin, end) of equivalents it has (same layout)
+_ENVIRONMENTS = {
+    name: (f"\\begin{{{name}}}", f"\\end{{{name}}}", begin, end)
+    for name, begin, end in (
+        ("aligned", r"\begin{align*}", r"\end{align*}"),
+        ("gathered", r"\begin{array}{c}", r"\end{array}"),
+        ("gather*", r"\begin{array}{c}", r"\end{array}"),
+        ("gather", r"\begin{array}{c}", r"\end{array}"),
+    )
+}
 _UNKNOWN_COMMAND = re.compile(r">(\\[A-Za-z]+)<")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _REMOTE = re.compile(r"^(https?:)?//", re.IGNORECASE)
@@ -99,15 +109,23 @@ class Page:
 
 
 def _math(latex: str, options: dict) -> str:
+    """MathML for ``latex``; ValueError for TeX that would not come out as written."""
     display = "block" if options.get("display_mode") else "inline"
+    tex = latex.strip()
+    for old_begin, old_end, begin, end in _ENVIRONMENTS.values():
+        tex = tex.replace(old_begin, begin).replace(old_end, end)
     try:
-        mathml = latex2mathml.converter.convert(latex.strip(), display=display)
+        mathml = latex2mathml.converter.convert(tex, display=display)
     except Exception as e:  # latex2mathml raises several exception types for malformed TeX
         raise ValueError(f"cannot typeset the math {latex!r}: {type(e).__name__} {e}") from e
-    # a command latex2mathml does not know comes out verbatim, as an identifier: refuse it
-    unknown = _UNKNOWN_COMMAND.findall(mathml)
-    if unknown:
-        raise ValueError(f"cannot typeset the math {latex!r}: unsupported {', '.join(unknown)}")
+    # what latex2mathml cannot place it writes out verbatim, or drops silently: refuse it
+    problems = [f"unsupported {command}" for command in _UNKNOWN_COMMAND.findall(mathml)]
+    if "<mi>&</mi>" in mathml:
+        problems.append("'&' outside an alignment environment (use align* or aligned)")
+    if 'linebreak="newline"' in mathml:
+        problems.append("a line break \\\\ outside an environment (use align* or gather*)")
+    if problems:
+        raise ValueError(f"cannot typeset the math {latex!r}: {'; '.join(problems)}")
     return mathml
 
 

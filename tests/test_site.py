@@ -33,7 +33,8 @@ def _notebook(name: str, title: str, with_widget: bool) -> nbformat.NotebookNode
         nbformat.v4.new_markdown_cell(
             f"# {title}\n\n**Claim.** The state obeys $S_t = S_{{t-1}} + k_t v_t^\\top$ for "
             f"every token. A second sentence.\n\n{BADGE.format(name=name)}\n\n"
-            "$$\n\\beta_t \\in (0, 1), \\qquad \\sum_{i=1}^{T} \\alpha_i^2\n$$"
+            "$$\n\\begin{aligned} \\beta_t &\\in (0, 1), \\\\ \\sum_{i=1}^{T} \\alpha_i^2 &\\le T"
+            "\n\\end{aligned}\n$$"
         ),
         nbformat.v4.new_code_cell("seed = 0", metadata={"tags": ["parameters"]}),
         nbformat.v4.new_code_cell("print('checked:', 2 + 2)"),
@@ -106,6 +107,7 @@ def test_math_is_mathml_and_plotting_code_is_folded(site):
     output, _ = site
     page = (output / "00_first.html").read_text()
     assert page.count("<math") == 2 and 'display="block"' in page, "inline + display math"
+    assert "<mtable" in page and "&amp;" not in page, "the aligned rows are a table"
     assert "$$" not in page and "S_t" not in page, "raw TeX left on the page"
     folded = re.search(r"<details class=\"hidden-input\">.*?</details>", page, re.S)
     assert folded and "subplots" in folded.group(0)
@@ -141,7 +143,12 @@ def test_bad_input_is_named(tmp_path):
         build_site.build_site([], tmp_path)
     with pytest.raises(FileNotFoundError, match="missing.ipynb"):
         build_site.build_site([tmp_path / "missing.ipynb"], tmp_path)
-    for bad, why in (("x^", "MissingSuperScript"), ("\\eqref{x}", "unsupported \\\\eqref")):
+    for bad, why in (
+        ("x^", "MissingSuperScript"),
+        ("\\eqref{x}", "unsupported \\\\eqref"),
+        ("a &= b", "outside an alignment"),
+        ("a \\\\ b", "line break"),
+    ):
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(f"# t\n\n${bad}$")])
         nbformat.write(nb, tmp_path / "bad.ipynb")
         with pytest.raises(ValueError, match=rf"bad.ipynb: cannot typeset .*{why}"):
