@@ -1,26 +1,13 @@
-"""Tiny language models and a training loop, for the notebooks and tests (Flax NNX + optax).
-
-The model is ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`` with residual
-connections around the mixer and the MLP. The token mixer is chosen by name from
-:data:`MIXERS`:
-
-* ``"kda"``: :class:`kda_lib.KimiDeltaAttention` (short convs + the delta-rule recurrence);
-* ``"gdn"``: Gated DeltaNet, the same layer with one decay per head instead of per channel
-  (``KDAConfig(per_head_decay=True)``);
-* ``"attention"``: :class:`CausalSelfAttention`, causal softmax attention with RoPE;
-* ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
-  the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer.
-
-More mixers plug in with :func:`register_mixer`; a
-mixer maps ``[B, T, hidden]`` to ``[B, T, hidden]`` and, for decoding, offers
-``init_cache(batch)`` and ``mixer(x, cache=cache) -> (y, new_cache)``.
+"""Training for the tiny models of :mod:`kda_lib.models` (Flax NNX + optax).
 
 :func:`train` runs AdamW (no weight decay on norms, biases, embeddings, ``A_log``,
-``dt_bias``) on batches drawn from a task of :mod:`kda_lib.tasks`, one jitted step per batch,
-and returns a history of the masked loss and accuracy; :func:`evaluate` scores held-out
-batches. Randomness: the model's init comes from the ``nnx.Rngs`` you build it with; batches
-come from ``seed`` (training and evaluation draw from different streams of it, so they never
-share a batch).
+``dt_bias``: :func:`kda_lib.models.decay_mask`) on batches drawn from a task of
+:mod:`kda_lib.tasks`, one jitted step per batch, and returns a history of the masked loss and
+accuracy; :func:`evaluate` scores held-out batches; :func:`run_experiment` and
+:func:`run_sweep` train, score and describe runs as JSON records; ``python -m kda_lib.train``
+is the command line. Randomness: the model's init comes from the ``nnx.Rngs`` you build it
+with; batches come from ``seed`` (training and evaluation draw from different streams of it,
+so they never share a batch).
 """
 
 from __future__ import annotations
@@ -32,350 +19,34 @@ import functools
 import importlib.metadata
 import inspect
 import json
+import math
+import os
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from kda_lib.conv import ShortConvolution
-from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
+from kda_lib.models import (
+    MIXERS,
+    ModelConfig,
+    TinyLM,
+    count_params,
+    decay_mask,
+    parameter_path_names,
+)
 from kda_lib.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
 EVAL_STREAM = 1  # held-out batches for evaluate()
-NO_DECAY_NAMES = frozenset({"A_log", "dt_bias", "o_norm", "bias", "scale", "embedding"})
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Hyper-parameters of :class:`TinyLM`.
-
-    Attributes:
-      vocab_size: tokens in and out.
-      hidden_size: model width (default 64).
-      num_layers: N blocks (default 2).
-      mixer: a name in :data:`MIXERS` ("kda", "conv", ...).
-      num_heads, head_dim, value_head_dim: the mixer's H, K, V (V defaults to K).
-      conv_size: short-conv width W (default 4).
-      lower_bound: None = KDA's softplus gate; a float in [-5, 0) = the safe gate.
-      mlp_ratio: MLP width as a multiple of hidden_size (default 2).
-      norm_eps: RMSNorm epsilon.
-      implementation, chunk_size: the KDA kernel's (see :func:`kda_lib.kda`).
-    """
-
-    vocab_size: int
-    hidden_size: int = 64
-    num_layers: int = 2
-    mixer: str = "kda"
-    num_heads: int = 2
-    head_dim: int = 32
-    value_head_dim: int | None = None
-    conv_size: int = 4
-    lower_bound: float | None = None
-    mlp_ratio: int = 2
-    norm_eps: float = 1e-5
-    implementation: str = "auto"
-    chunk_size: int = 64
-
-    def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.mixer not in MIXERS:
-            raise ValueError(
-                f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
-            )
-
-    def kda_config(self) -> KDAConfig:
-        """The :class:`kda_lib.KDAConfig` of every mixer layer."""
-        return KDAConfig(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            value_head_dim=self.value_head_dim,
-            conv_size=self.conv_size,
-            lower_bound=self.lower_bound,
-            implementation=self.implementation,
-            chunk_size=self.chunk_size,
-        )
-
-    @property
-    def conv_reach(self) -> int:
-        """How many tokens back the convolutions alone can see through all layers:
-        ``num_layers * (conv_size - 1)``. A conv-only model is blind beyond it."""
-        return self.num_layers * max(self.conv_size - 1, 0)
-
-
-# ----------------------------------------------------------------------------- mixers
-MixerFactory = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
-MIXERS: dict[str, MixerFactory] = {}
-
-
-def register_mixer(name: str):
-    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
-
-    def register(factory: MixerFactory) -> MixerFactory:
-        MIXERS[name] = factory
-        return factory
-
-    return register
-
-
-def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The token mixer named by ``config.mixer``."""
-    try:
-        factory = MIXERS[config.mixer]
-    except KeyError:
-        raise ValueError(f"unknown mixer {config.mixer!r}; known: {sorted(MIXERS)}") from None
-    return factory(config, rngs)
-
-
-class ConvMixer(nnx.Module):
-    """KDA's short-conv path without the recurrence: the ablation that cannot remember.
-
-    ``y = o_proj(rmsnorm(silu(conv(v_proj(x)))) * o_norm * sigmoid(g_proj(x)))`` per head,
-    i.e. :class:`kda_lib.KimiDeltaAttention` with the kernel's output replaced by its values
-    (no state). Output ``t`` depends on inputs ``t - conv_size + 1 .. t`` only. Parameter names
-    match the KDA layer's (``v_proj v_conv1d g_proj o_norm o_proj``).
-    """
-
-    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
-        if config.conv_size < 1:
-            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
-        self.config = config
-        h, vd, hidden = config.num_heads, config.value_dim, config.hidden_size
-        linear = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
-        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, **linear)
-        self.v_conv1d = ShortConvolution(
-            h * vd,
-            conv_size=config.conv_size,
-            dtype=config.dtype,
-            param_dtype=config.param_dtype,
-            rngs=rngs,
-        )
-        self.g_proj = nnx.Linear(hidden, h * vd, use_bias=True, **linear)
-        self.o_norm = nnx.Param(jnp.ones((vd,), config.param_dtype))
-        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, **linear)
-
-    def init_cache(self, batch_size: int) -> jax.Array:
-        """Decode state: the last ``conv_size - 1`` value-stream inputs ``[B, W-1, H*V]``."""
-        cfg = self.config
-        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.num_heads * cfg.value_dim), cfg.dtype)
-
-    def __call__(self, x: jax.Array, *, cache: jax.Array | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        h, vd = cfg.num_heads, cfg.value_dim
-        x = x.astype(cfg.dtype)
-        o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
-        of = o.reshape(batch, seq_len, h, vd).astype(jnp.float32)
-        gate = self.g_proj(x).reshape(batch, seq_len, h, vd).astype(jnp.float32)
-        normed = of * jax.lax.rsqrt(jnp.mean(of * of, axis=-1, keepdims=True) + cfg.norm_eps)
-        normed = normed * self.o_norm[...].astype(jnp.float32) * jax.nn.sigmoid(gate)
-        y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
-        return y if cache is None else (y, new_cache)
-
-
-def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-    """Rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] * freq_i``
-    (RoPE), so a query-key dot product depends on positions only through their difference."""
-    half = x.shape[-1] // 2
-    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
-    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, D/2]
-    first, second = x[..., :half], x[..., half:]
-    return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
-
-
-class AttentionCache(NamedTuple):
-    """Decode state of :class:`CausalSelfAttention`: every key and value seen so far,
-    ``[B, T_seen, H, K]`` and ``[B, T_seen, H, V]`` (it grows by one token per step, which is
-    what makes softmax attention's decoding memory linear in T)."""
-
-    keys: jax.Array
-    values: jax.Array
-
-
-class CausalSelfAttention(nnx.Module):
-    """Multi-head causal softmax attention with rotary positions: the quadratic baseline.
-
-    ``y = o_proj(softmax(mask(rope(q) rope(k)^T / sqrt(K))) v)`` per head, scores and softmax
-    in float32. Uses the mixer's H, K and V (``num_heads``, ``head_dim``, ``value_dim``) of the
-    :class:`kda_lib.KDAConfig`; it has no short convolution, gate or decay.
-    """
-
-    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
-        if config.head_dim % 2:
-            raise ValueError(f"attention needs an even head_dim for RoPE, got {config.head_dim}")
-        self.config = config
-        h, kd, vd, hidden = config.num_heads, config.head_dim, config.value_dim, config.hidden_size
-        linear = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
-        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
-
-    def init_cache(self, batch_size: int) -> AttentionCache:
-        """An empty cache (no tokens seen)."""
-        cfg = self.config
-        shape = (batch_size, 0, cfg.num_heads)
-        return AttentionCache(
-            jnp.zeros((*shape, cfg.head_dim), cfg.dtype),
-            jnp.zeros((*shape, cfg.value_dim), cfg.dtype),
-        )
-
-    def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-        x = x.astype(cfg.dtype)
-        seen = 0 if cache is None else cache.keys.shape[1]
-        positions = seen + jnp.arange(seq_len)
-        q = rotary_embedding(self.q_proj(x).reshape(batch, seq_len, h, kd), positions)
-        k = rotary_embedding(self.k_proj(x).reshape(batch, seq_len, h, kd), positions)
-        v = self.v_proj(x).reshape(batch, seq_len, h, vd)
-        if cache is not None:
-            k = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
-            v = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
-        scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
-        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]  # [T, seen + T]
-        scores = jnp.where(causal, scores * kd**-0.5, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1)
-        o = jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
-        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
-        return y if cache is None else (y, AttentionCache(k, v))
-
-
-@register_mixer("kda")
-def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return KimiDeltaAttention(config.kda_config(), rngs=rngs)
-
-
-@register_mixer("gdn")
-def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Gated DeltaNet: the KDA layer with one forget-gate value per head (not per channel)."""
-    return KimiDeltaAttention(
-        dataclasses.replace(config.kda_config(), per_head_decay=True), rngs=rngs
-    )
-
-
-@register_mixer("attention")
-def _attention_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return CausalSelfAttention(config.kda_config(), rngs=rngs)
-
-
-@register_mixer("conv")
-def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return ConvMixer(config.kda_config(), rngs=rngs)
-
-
-# ----------------------------------------------------------------------------- model
-class MLP(nnx.Module):
-    """``down(gelu(up(x)))``."""
-
-    def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs):
-        self.up = nnx.Linear(hidden, width, rngs=rngs)
-        self.down = nnx.Linear(width, hidden, rngs=rngs)
-
-    def __call__(self, x):
-        return self.down(jax.nn.gelu(self.up(x)))
-
-
-class Block(nnx.Module):
-    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
-
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        hidden = config.hidden_size
-        self.mixer_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
-        self.mixer = make_mixer(config, rngs=rngs)
-        self.mlp_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
-        self.mlp = MLP(hidden, config.mlp_ratio * hidden, rngs=rngs)
-
-    def __call__(self, x, *, cache=None):
-        mixed = self.mixer(self.mixer_norm(x), cache=cache)
-        if cache is not None:
-            mixed, cache = mixed
-        x = x + mixed
-        x = x + self.mlp(self.mlp_norm(x))
-        return x if cache is None else (x, cache)
-
-
-class TinyLM(nnx.Module):
-    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``.
-
-    ``model(tokens, cache=model.init_cache(B))`` also returns the per-layer caches after the
-    tokens (for KDA layers a :class:`kda_lib.layer.KDACache`, whose ``state`` is
-    ``[B, H, K, V]``), so decoding can continue from them.
-    """
-
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        self.config = config
-        self.embed = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
-        self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
-        self.final_norm = nnx.RMSNorm(config.hidden_size, epsilon=config.norm_eps, rngs=rngs)
-        self.head = nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs)
-
-    def init_cache(self, batch_size: int) -> tuple:
-        """One empty cache per block (see the mixers' ``init_cache``)."""
-        return tuple(block.mixer.init_cache(batch_size) for block in self.blocks)
-
-    def __call__(self, tokens: jax.Array, *, cache: tuple | None = None):
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
-        x = self.embed(tokens)
-        new_cache = []
-        for i, block in enumerate(self.blocks):
-            if cache is None:
-                x = block(x)
-            else:
-                x, layer_cache = block(x, cache=cache[i])
-                new_cache.append(layer_cache)
-        logits = self.head(self.final_norm(x))
-        return logits if cache is None else (logits, tuple(new_cache))
-
-
-def count_params(model: nnx.Module) -> int:
-    """Number of trainable scalars."""
-    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 # ----------------------------------------------------------------------------- optimiser
-def _path_names(path) -> tuple[str, ...]:
-    """('blocks', '0', 'mixer', 'A_log') from a pytree path over nnx.state (no '.value')."""
-    names = []
-    for entry in path:
-        key = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry)))
-        names.append(str(key))
-    return tuple(n for n in names if n != "value")
-
-
-def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
-    """Parameter path -> whether AdamW decays it.
-
-    KDA layers use :func:`kda_lib.layer.weight_decay_mask` (no decay for ``A_log``,
-    ``dt_bias``, ``o_norm`` and biases); everywhere else norms' ``scale``, biases and embeddings
-    are not decayed either. Matmul and conv kernels are.
-    """
-    params = nnx.state(model, nnx.Param)
-    mask = {
-        _path_names(path): not (set(_path_names(path)) & NO_DECAY_NAMES)
-        for path, _ in jax.tree_util.tree_leaves_with_path(params)
-    }
-    for module_path, module in nnx.iter_modules(model):
-        if isinstance(module, KimiDeltaAttention):
-            prefix = tuple(str(p) for p in module_path)
-            for path, decay in jax.tree_util.tree_leaves_with_path(weight_decay_mask(module)):
-                mask[prefix + _path_names(path)] = bool(decay)
-    return mask
 
 
 def make_optimizer(
@@ -409,7 +80,7 @@ def _adamw(steps, learning_rate, weight_decay, warmup, clip_norm, mask_items):
     mask = dict(mask_items)
 
     def mask_fn(params):
-        return jax.tree_util.tree_map_with_path(lambda p, _: mask[_path_names(p)], params)
+        return jax.tree_util.tree_map_with_path(lambda p, _: mask[parameter_path_names(p)], params)
 
     chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
     chain.append(optax.adamw(schedule, weight_decay=weight_decay, mask=mask_fn))
@@ -452,9 +123,11 @@ def _eval_step(model, batch: TaskBatch):
     return _loss(model, batch)
 
 
+@functools.lru_cache(maxsize=64)
 def _batch_drawer(task_fn: TaskFn, batch_size: int, seq_len: int):
     """``key -> task_fn(key, batch_size, seq_len)``, jitted (batches are drawn outside the
-    model's step so that the step does not depend on the task)."""
+    model's step so that the step does not depend on the task). Cached: the checks of
+    :func:`run_experiment`, :func:`train` and :func:`evaluate` share one compilation."""
     return jax.jit(lambda key: task_fn(key, batch_size, seq_len))
 
 
@@ -494,7 +167,8 @@ def train(
     Returns:
       ``{"step": [...], "loss": [...], "accuracy": [...], "seconds": [...]}``: the last step of
       each window (1-based), the window's mean masked loss (nats) and accuracy, and the wall
-      time since the start (the first record includes compilation).
+      time since the start (the first record includes compilation). Training stops after the
+      first window whose mean loss is not finite (the run diverged; that record is the last).
     """
     if steps < 1 or log_every < 1:
         raise ValueError(f"steps and log_every must be >= 1, got {steps} and {log_every}")
@@ -529,6 +203,8 @@ def train(
             if report:
                 report(record)
             window = []
+            if not math.isfinite(record["loss"]):
+                break  # diverged: the remaining steps cannot recover from a non-finite loss
     return history
 
 
@@ -634,12 +310,25 @@ def run_experiment(
       ModelConfig), ``params``, ``training`` (steps, batch_size, seq_len, learning_rate, seed),
       ``history`` (from :func:`train`), ``eval`` (``loss``, ``accuracy``, ``batches``),
       ``chance_accuracy`` (:func:`kda_lib.tasks.chance_accuracy`), ``train_seconds``
-      (compilation included), ``platform``, ``versions`` and ``date`` (UTC).
+      (compilation included), ``diverged`` (True when a training or the held-out loss is not
+      finite; training then stops early), ``platform``, ``versions`` and ``date`` (UTC).
+
+    Raises:
+      ValueError: an unknown task or option, a shape the task cannot fill, or a task that
+        scores no position (e.g. delayed_copy with ``delay >= seq_len``), before training.
     """
     task_fn = make_task(task, **(task_options or {}))
     # fail here, with the generator's own message, rather than inside the jitted step
     jax.eval_shape(lambda key: task_fn(key, batch_size, seq_len), jax.random.key(0))
     options = task_fn.keywords
+    first = _batch_drawer(task_fn, batch_size, seq_len)(
+        jax.random.fold_in(_stream(seed, TRAIN_STREAM), 0)
+    )
+    if not bool(jnp.any(first.mask)):
+        raise ValueError(
+            f"task {task!r} with seq_len={seq_len} and options {dict(options)} scores no "
+            "position (the first batch's mask is all False): nothing to train or evaluate"
+        )
     config = ModelConfig(vocab_size=options["vocab_size"], mixer=mixer, **(model_options or {}))
     model = TinyLM(config, rngs=nnx.Rngs(seed))
     start = time.perf_counter()
@@ -661,7 +350,7 @@ def run_experiment(
     return dict(
         task=task,
         task_options=dict(options),
-        mixer=mixer,
+        mixer=config.label,
         model=dataclasses.asdict(config),
         params=count_params(model),
         training=dict(
@@ -675,6 +364,7 @@ def run_experiment(
         eval=dict(scores, batches=eval_batches),
         chance_accuracy=chance_accuracy(task, **options),
         train_seconds=train_seconds,
+        diverged=not all(math.isfinite(v) for v in [*history["loss"], scores["loss"]]),
         platform=jax.devices()[0].platform,
         versions={dist: importlib.metadata.version(dist) for dist in ("jax", "flax", "optax")},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -734,11 +424,63 @@ def default_result_path(record: dict, results_dir: str = RESULTS_DIR) -> pathlib
 
 
 def save_record(record: dict | list[dict], path: str | pathlib.Path) -> pathlib.Path:
-    """Write a record (or a list of them) as indented JSON, creating folders; returns the path."""
+    """Write a record (or a list of them) as indented, strict JSON (a NaN or infinite number
+    becomes null), creating folders; returns the path.
+
+    Atomic: the text goes to a temporary file in the same folder, which then replaces ``path``,
+    so an interrupted write never leaves a truncated record (nor destroys an older one)."""
     path = pathlib.Path(path)
+    text = json.dumps(_strict_json(record), indent=1, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    _write_atomically(path, text)
     return path
+
+
+def _strict_json(value):
+    """``value`` with every non-finite float replaced by None: JSON has no NaN or infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+    """``path.write_text(text)`` through a temporary file in the same folder and os.replace."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600; a record is world-readable
+        os.replace(temporary, path)
+    except BaseException:
+        pathlib.Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def output_path_problem(path: str | pathlib.Path) -> str | None:
+    """Why a JSON record cannot be written to ``path`` (None: it can), found before any work:
+    ``path`` is a folder, a parent is a file, or the folder cannot be created or written to.
+    Creates the folder (as writing the record would) to find out."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'run.json')!r}"
+    for ancestor in (path.parent, *path.parent.parents):
+        if ancestor.exists() and not ancestor.is_dir():
+            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        return f"cannot write {str(path)!r}: {error}"
+    return None
 
 
 class _ProgressBar:
@@ -757,6 +499,24 @@ class _ProgressBar:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def _layer_pattern(text: str) -> tuple[str, ...]:
+    """``"kda,kda,kda,attention"`` -> ``("kda", "kda", "kda", "attention")``, names checked."""
+    names = tuple(name.strip() for name in text.split(","))
+    unknown = [name for name in names if name not in MIXERS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown mixers {unknown} in {text!r}; known: {', '.join(sorted(MIXERS))}"
+        )
+    return names
+
+
+def _model_label(args: argparse.Namespace) -> str:
+    """The record's mixer name: ``--mixer``, or the ``--layers`` pattern's label."""
+    if not args.layers:
+        return args.mixer
+    return ModelConfig(vocab_size=1, num_layers=len(args.layers), layers=args.layers).label
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -790,6 +550,17 @@ def _parser() -> argparse.ArgumentParser:
     for field, meaning in model_help.items():
         model.add_argument(f"--{field.replace('_', '-')}", type=int, help=meaning)
     model.add_argument("--implementation", help="KDA kernel (see kda_lib.kda)")
+    model.add_argument(
+        "--layers",
+        type=_layer_pattern,
+        help="per-layer mixers, comma-separated (e.g. kda,kda,kda,attention: Kimi Linear's 3:1 "
+        "hybrid), tiled over --num-layers (default: one copy); replaces --mixer",
+    )
+    model.add_argument(
+        "--rope",
+        action=argparse.BooleanOptionalAction,
+        help="rotary positions in attention layers (default: on; --no-rope is NoPE)",
+    )
     parser.add_argument(
         "--output",
         help="JSON record path (default: data/results/<task>-<mixer>-T<seq_len>-seed<seed>.json)",
@@ -803,9 +574,56 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the smallest value of each integer option (absent options: not given, or not this parser's)
+OPTION_MINIMUMS = dict(
+    steps=1,
+    seq_len=1,
+    batch_size=1,
+    eval_batches=1,
+    log_every=1,
+    vocab_size=1,
+    num_pairs=1,
+    delay=0,
+    hidden_size=1,
+    num_layers=1,
+    num_heads=1,
+    head_dim=1,
+    conv_size=0,
+)
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pathlib.Path:
+    """Reject bad option values before any work (argparse's error: exit status 2, naming the
+    option) and return the record's path, checked to be writable."""
+    for name, minimum in OPTION_MINIMUMS.items():
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+    if args.pop_probability is not None and not 0.0 <= args.pop_probability <= 1.0:
+        parser.error(f"--pop-probability must lie in [0, 1], got {args.pop_probability}")
+    if args.learning_rate < 0:  # NaN passes: such a run diverges and is recorded as diverged
+        parser.error(f"--learning-rate must be >= 0, got {args.learning_rate}")
+    where = dict(
+        task=args.task,
+        mixer=_model_label(args),
+        training=dict(seq_len=args.seq_len, seed=args.seed),
+    )
+    path = pathlib.Path(args.output) if args.output else default_result_path(where)
+    problem = output_path_problem(path)
+    if problem:
+        parser.error(f"--output: {problem}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """The command line; returns the record it wrote."""
-    args = _parser().parse_args(argv)
+    """The command line; returns the record it wrote.
+
+    Every option and the output path are checked before training (exit status 2). A run whose
+    loss is not finite is recorded with ``"diverged": true`` (nulls for the non-finite numbers)
+    and the process exits with status 1."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    path = _check_args(parser, args)
     task_options = {
         name: getattr(args, name)
         for name in ("vocab_size", "num_pairs", "delay", "pop_probability")
@@ -820,9 +638,14 @@ def main(argv: list[str] | None = None) -> dict:
             "head_dim",
             "conv_size",
             "implementation",
+            "layers",
+            "rope",
         )
         if getattr(args, name) is not None
     }
+    if args.layers:  # the pattern names every layer's mixer; one copy unless --num-layers
+        model_options.setdefault("num_layers", len(args.layers))
+        args.mixer = args.layers[0]
     style = args.progress
     if style == "auto":
         style = "bar" if sys.stdout.isatty() else "lines"
@@ -844,13 +667,31 @@ def main(argv: list[str] | None = None) -> dict:
             progress=progress,
         )
     except ValueError as error:
-        _parser().error(str(error))
+        parser.error(str(error))
     finally:
         if bar:
             bar.close()
-    path = save_record(record, args.output or default_result_path(record))
+    save_record(record, path)
+    if record["diverged"]:
+        history = record["history"]
+        step = next(
+            (
+                s
+                for s, v in zip(history["step"], history["loss"], strict=True)
+                if not math.isfinite(v)
+            ),
+            None,
+        )
+        where = f"the training loss at step {step}" if step else "the held-out loss"
+        print(
+            f"{args.task} / {record['mixer']}, T={args.seq_len}: diverged ({where} is not finite); "
+            f'recorded with "diverged": true in {path}',
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1)
     print(
-        f"{args.task} / {args.mixer}, T={args.seq_len}: held-out accuracy "
+        f"{args.task} / {record['mixer']}, T={args.seq_len}: held-out accuracy "
         f"{record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f}), "
         f"loss {record['eval']['loss']:.3f}; {record['train_seconds']:.0f} s; wrote {path}",
         flush=True,

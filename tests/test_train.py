@@ -16,20 +16,23 @@ import pytest
 from flax import nnx
 
 from kda_lib import KimiDeltaAttention
-from kda_lib.tasks import delayed_copy
-from kda_lib.train import (
+from kda_lib.models import (
     MIXERS,
     CausalSelfAttention,
     ConvMixer,
     ModelConfig,
     TinyLM,
     decay_mask,
+    parameter_path_names,
+    register_mixer,
+)
+from kda_lib.tasks import delayed_copy
+from kda_lib.train import (
     default_result_path,
     evaluate,
     make_optimizer,
     make_task,
     masked_metrics,
-    register_mixer,
     run_experiment,
     run_sweep,
     save_record,
@@ -138,12 +141,10 @@ def test_optimizer_decays_only_the_masked_params():
     nnx.jit(lambda optimizer, model, grads: optimizer.update(model, grads))(optimizer, model, zeros)
     mask = decay_mask(model)
     after = nnx.state(model, nnx.Param)
-    from kda_lib.train import _path_names
-
     flat_before = dict(jax.tree_util.tree_leaves_with_path(before))
     for path, value in jax.tree_util.tree_leaves_with_path(after):
         changed = not np.array_equal(np.asarray(value), flat_before[path])
-        assert changed == mask[_path_names(path)], (_path_names(path), changed)
+        assert changed == mask[parameter_path_names(path)], (parameter_path_names(path), changed)
 
 
 def test_masked_metrics():
@@ -275,6 +276,7 @@ def test_run_experiment_record(tmp_path):
     assert record["history"]["step"] == [2, 3]
     assert 0.0 <= record["eval"]["accuracy"] <= 1.0 and record["eval"]["batches"] == 2
     assert record["chance_accuracy"] == 0.25  # 4 value tokens
+    assert record["diverged"] is False
     assert record["params"] > 0 and record["versions"]["jax"] == jax.__version__
     path = save_record(record, default_result_path(record, tmp_path))
     assert path.name == "mqar-conv-T12-seed0.json"
@@ -383,3 +385,119 @@ def test_attention_mixer_takes_a_value_dim_other_than_the_key_dim():
     # causal: changing the last token leaves every earlier position's logits alone
     changed = model(tokens.at[:, -1].set((tokens[:, -1] + 1) % 8))
     np.testing.assert_array_equal(changed[:, :-1], logits[:, :-1])
+
+
+# ----------------------------------------------------------------------------- CLI: bad input
+def _no_training(monkeypatch):
+    """Make any training or experiment fail loudly: the checks must come first."""
+    from kda_lib import train as train_module
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("training started before the arguments were checked")
+
+    monkeypatch.setattr(train_module, "run_experiment", forbidden)
+    monkeypatch.setattr(train_module, "train", forbidden)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--eval-batches", "0"], "--eval-batches must be >= 1, got 0"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--batch-size", "-1"], "--batch-size must be >= 1, got -1"),
+        (["--seq-len", "0"], "--seq-len must be >= 1, got 0"),
+        (["--log-every", "0"], "--log-every must be >= 1, got 0"),
+        (["--hidden-size", "-8"], "--hidden-size must be >= 1, got -8"),
+        (["--num-heads", "0"], "--num-heads must be >= 1, got 0"),
+        (["--conv-size", "-1"], "--conv-size must be >= 0, got -1"),
+        (["--delay", "-2"], "--delay must be >= 0, got -2"),
+        (["--pop-probability", "1.5"], "--pop-probability must lie in [0, 1], got 1.5"),
+        (["--learning-rate", "-0.1"], "--learning-rate must be >= 0, got -0.1"),
+    ],
+)
+def test_command_line_rejects_bad_options_before_training(
+    options, message, tmp_path, monkeypatch, capsys
+):
+    _no_training(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["stack", *CLI_TINY, *options, "--output", str(tmp_path / "unused.json")])
+    assert exit_info.value.code == 2
+    assert f"python -m kda_lib.train: error: {message}" in capsys.readouterr().err
+
+
+def test_command_line_checks_the_output_path_before_training(tmp_path, monkeypatch, capsys):
+    _no_training(monkeypatch)
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "adir").mkdir()
+    for output, message in [
+        (tmp_path / "afile" / "x.json", f"'{tmp_path / 'afile'}' is a file, so"),
+        (tmp_path / "afile" / "deeper" / "x.json", f"'{tmp_path / 'afile'}' is a file, so"),
+        (tmp_path / "adir", f"'{tmp_path / 'adir'}' is a directory; give a file path"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            train_main(["stack", *CLI_TINY, "--output", str(output)])
+        assert exit_info.value.code == 2
+        assert f"error: --output: {message}" in capsys.readouterr().err
+    # the default path is checked too: here data/results would have to be made inside a file
+    monkeypatch.chdir(tmp_path / "adir")
+    pathlib.Path("data").write_text("a file where the results folder should go")
+    with pytest.raises(SystemExit):
+        train_main(["stack", *CLI_TINY])
+    assert "error: --output: 'data' is a file, so 'data/results/stack-conv-T12" in (
+        capsys.readouterr().err
+    )
+
+
+def test_an_experiment_with_nothing_to_score_is_an_error(monkeypatch, capsys):
+    from kda_lib import train as train_module
+
+    monkeypatch.setattr(train_module, "train", None)  # never reached
+    with pytest.raises(ValueError, match="scores no position .* nothing to train or evaluate"):
+        run_experiment("delayed_copy", mixer="conv", seq_len=4, steps=1, batch_size=2,
+                       task_options=dict(delay=8))  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["delayed_copy", *CLI_TINY, "--seq-len", "4", "--delay", "8"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: task 'delayed_copy' with seq_len=4 and options" in err and "'delay': 8" in err
+
+
+def _strict_load(path):
+    """json.load that refuses NaN and Infinity (which json.dumps writes unless told not to)."""
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(pathlib.Path(path).read_text(), parse_constant=refuse)
+
+
+def test_a_diverged_run_is_recorded_as_diverged_in_strict_json_and_exits_1(tmp_path, capsys):
+    out = tmp_path / "nan.json"
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["palindrome", *CLI_TINY, "--learning-rate", "nan", "--output", str(out)])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    assert "diverged (the training loss at step 2 is not finite)" in captured.err
+    assert "held-out accuracy" not in captured.out
+    saved = _strict_load(out)
+    assert saved["diverged"] is True
+    assert saved["training"]["learning_rate"] is None and saved["eval"]["loss"] is None
+    # step 1's loss comes before the first (NaN) update; training stops at the first NaN window
+    assert saved["history"]["step"] == [2] and saved["history"]["loss"] == [None]
+
+
+def test_save_record_is_strict_and_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "deep" / "run.json"
+    save_record({"loss": float("nan"), "history": [1.0, float("inf"), -float("inf")]}, path)
+    assert _strict_load(path) == {"loss": None, "history": [1.0, None, None]}
+    assert path.stat().st_mode & 0o644 == 0o644  # readable like any file, not mkstemp's 0600
+    before = path.read_text()
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_record({"loss": 1.0}, path)
+    assert path.read_text() == before  # the old record survives a failed write
+    assert sorted(p.name for p in path.parent.iterdir()) == ["run.json"]  # no temp file left
