@@ -3,9 +3,15 @@
 * :func:`setup_style` once per notebook; :data:`PALETTE` is the Okabe-Ito colour-blind-safe set.
 * :func:`show` displays a figure and, when the environment variable ``KDA_FIGURE_DIR`` is set,
   also saves it there as ``<name>.png`` (how figures are reviewed outside a browser).
-* :func:`heatmap` draws a labelled matrix with a colour bar.
+* :func:`heatmap` draws a labelled matrix with a colour bar; :func:`signed_log_norm` is a colour
+  scale on which a dominant diagonal and small off-diagonal weights are both visible.
+* :func:`gate_explorer` draws one head's cumulative decay, mixing matrix and state norm.
 * :func:`kda_mixing_matrix` is the implicit ``T x T`` attention matrix of one KDA head.
-* :func:`load_benchmark_runs` reads recorded timings from ``data/benchmarks/*.json`` defensively.
+* :func:`load_benchmark_runs` reads recorded timings from ``data/benchmarks/*.json`` defensively;
+  :func:`time_vs_length` draws live timings and recorded ones in separate panels.
+* :func:`state_norms` is ``||S_t||_F`` after every token of one head (the state's size over time).
+* :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
+  receives and the state summaries the ranks exchange.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kda_lib.reference import kda_recurrent
+from kda_lib.reference import kda_recurrent, kda_step
 
 # Okabe & Ito (2008), distinguishable under the common colour-vision deficiencies.
 PALETTE = {
@@ -98,15 +104,19 @@ def heatmap(
     cmap: str | None = None,
     extent=None,
     colorbar: bool = True,
+    norm=None,
 ):
     """Draw ``data`` ``[rows, cols]`` on ``ax`` with a labelled colour bar; return the image.
 
     ``diverging=True`` centres a diverging map on zero (symmetric limits unless given).
     ``colorbar=False`` leaves the bar out (e.g. to draw one shared bar for several panels with
-    ``fig.colorbar(image, ax=axes)``).
+    ``fig.colorbar(image, ax=axes)``). ``norm``: a matplotlib norm (e.g. ``SymLogNorm``, to
+    show entries of very different sizes on one scale); it replaces vmin/vmax.
     """
     data = np.asarray(data)
-    if diverging:
+    if norm is not None:
+        vmin = vmax = None
+    elif diverging:
         bound = float(np.nanmax(np.abs(data))) or 1.0
         vmin = -bound if vmin is None else vmin
         vmax = bound if vmax is None else vmax
@@ -117,6 +127,7 @@ def heatmap(
         cmap=cmap or (DIVERGING_CMAP if diverging else SEQUENTIAL_CMAP),
         vmin=vmin,
         vmax=vmax,
+        norm=norm,
         extent=extent,
         origin="upper",
     )
@@ -127,6 +138,10 @@ def heatmap(
     if colorbar:
         bar = ax.figure.colorbar(image, ax=ax, shrink=0.9)
         bar.set_label(cbar_label)
+        if isinstance(norm, mpl.colors.SymLogNorm):  # decades only, none inside the linear band
+            top, low = np.log10(norm.vmax), np.log10(norm.linthresh)
+            decades = 10.0 ** np.arange(np.floor(top), np.ceil(low), -1.0)
+            bar.set_ticks(np.r_[-decades, 0.0, decades[::-1]])
     return image
 
 
@@ -184,8 +199,12 @@ def softmax_attention_matrix(q, k, *, scale: float | None = None) -> jax.Array:
     return jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
 
 
-def load_benchmark_runs(directory) -> tuple[list[dict], list[str]]:
+def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
     """Recorded benchmark runs from ``directory/*.json``, as written by ``python -m kda_lib.bench``.
+
+    ``directory`` None, or a folder that does not exist, reads the benchmarks recorded with
+    kda_lib (:func:`kda_lib.recorded.recorded_dir`: the wheel's copy, or ``data/benchmarks/`` of
+    the checkout), and a note says so.
 
     Accepts files with a top-level ``"platform"`` (optionally ``"device"``) and a list of records
     (under ``"records"``, ``"results"``, ..., or a bare list), each record holding at least
@@ -197,6 +216,12 @@ def load_benchmark_runs(directory) -> tuple[list[dict], list[str]]:
       the file says, records keep only usable entries); notes say what was skipped and why.
     """
     runs, notes = [], []
+    if directory is None or not pathlib.Path(directory).is_dir():
+        from kda_lib.recorded import recorded_dir
+
+        if directory is not None:
+            notes.append(f"{directory}/ not found; reading the benchmarks recorded with kda_lib")
+        directory = recorded_dir("benchmarks")
     directory = pathlib.Path(directory)
     files = sorted(directory.glob("*.json")) if directory.is_dir() else []
     if not files:
@@ -249,3 +274,156 @@ def load_benchmark_runs(directory) -> tuple[list[dict], list[str]]:
                 "numeric median_ms (failed or skipped runs) left out"
             )
     return runs, notes
+
+
+@jax.jit
+def state_norms(k, v, g, beta) -> jax.Array:
+    """``||S_t||_F`` after every token of one head, by the token-by-token recurrence from zero.
+
+    Args:
+      k, g: ``[T, K]``; v: ``[T, V]``; beta: ``[T]`` (one head, the query does not matter).
+    Returns:
+      ``[T]`` Frobenius norms of the state after each token.
+    """
+
+    def step(state, x):
+        k_t, v_t, g_t, b_t = (y[None, None] for y in x)  # add B = H = 1
+        state, _ = kda_step(state, k_t, k_t, v_t, g_t, b_t)
+        return state, jnp.linalg.norm(state)
+
+    state0 = jnp.zeros((1, 1, k.shape[-1], v.shape[-1]), jnp.result_type(v.dtype, jnp.float32))
+    return jax.lax.scan(step, state0, (k, v, g, beta))[1]
+
+
+def time_vs_length(lengths, live: dict, runs: list[dict], *, mode: str, live_title: str,
+                   names: dict | None = None) -> plt.Figure:
+    """Measured time against sequence length on log-log axes: live timings on the left, each
+    recorded benchmark run (from :func:`load_benchmark_runs`) in a panel of its own, so that runs
+    of different sizes or machines are never read off one axis as if comparable.
+
+    Args:
+      lengths: the live sequence lengths; live: ``{name: [ms per length]}``.
+      runs: recorded runs; their records with ``mode`` and an ``impl`` in ``names`` are drawn.
+      names: recorded ``impl`` -> the label used for the live series (same colour); default: as is.
+    """
+    names = names or {}
+    colours = {name: CYCLE[i % len(CYCLE)] for i, name in enumerate(live)}
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.2 * (1 + len(runs)), 3.8), squeeze=False)
+    _time_panel(axes[0, 0], {n: (lengths, ms) for n, ms in live.items()}, colours, live_title)
+    for ax, run in zip(axes[0, 1:], runs, strict=True):
+        series = {}
+        for r in run["records"]:
+            if r["mode"] == mode and r["impl"] in names:
+                series.setdefault(names[r["impl"]], {})[int(r["T"])] = float(r["median_ms"])
+        series = {n: tuple(zip(*sorted(p.items()), strict=True)) for n, p in series.items()}
+        for n in series:
+            colours.setdefault(n, CYCLE[len(colours) % len(CYCLE)])
+        _time_panel(ax, series, colours, f"{run['label']}\n{run['config'] or 'config ?'}")
+    return fig
+
+
+def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
+    for name, (ts, ms) in series.items():
+        ax.loglog(ts, ms, "o-", color=colours[name], label=name, markersize=4)
+    every_t = sorted({t for ts, _ in series.values() for t in ts})
+    if every_t:
+        t_ref = np.array([every_t[0], every_t[-1]], float)
+        base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
+        ax.loglog(t_ref, base * t_ref / t_ref[0], color="0.6", lw=1, label="slope 1: O(T)")
+        ax.loglog(t_ref, base * (t_ref / t_ref[0]) ** 2, color="0.6", lw=1, ls=":",
+                  label="slope 2: O(T²)")
+        ax.set_xticks(every_t, [str(t) for t in every_t])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def draw_context_parallel(ranks: int, local_len: int, halo: int, *, shown_ranks: int = 4,
+                          drawn_tokens: int = 8) -> plt.Figure:
+    """Sketch of a sequence split over ``ranks`` devices, ``local_len`` tokens each.
+
+    Top: the tokens of the first ``shown_ranks`` ranks (at most ``drawn_tokens`` boxes per rank,
+    the label says how many there really are) and the ``halo`` tokens each receives from its
+    predecessor (hatched; rank 0 receives zeros). Bottom: every rank summarises its slice as an
+    affine map (M, E) of the state entering it, the ranks all-gather the summaries, and each
+    folds those of the ranks before it into its true initial state.
+    """
+    shown, drawn = min(ranks, shown_ranks), min(local_len, drawn_tokens)
+    colours = [CYCLE[r % len(CYCLE)] for r in range(shown)]
+    fig, (ax_top, ax_bot) = plt.subplots(2, 1, figsize=(10, 5.6), height_ratios=[1.25, 1])
+    _draw_halo(ax_top, shown, drawn, halo, colours)
+    _draw_summaries(ax_bot, shown, drawn, colours)
+    per_rank = f"{local_len} per rank" + (f", {drawn} drawn" if drawn < local_len else "")
+    for ax in (ax_top, ax_bot):
+        ax.set_xlim(-halo - 2.5, shown * drawn + 0.5)
+        ax.set_yticks([])
+        ax.set_xlabel(f"token position (tokens; {per_rank})")
+        ax.grid(False)
+        ax.spines[["left"]].set_visible(False)
+    ax_top.set_title(f"Conv halo: each rank receives the {halo} tokens before its slice "
+                     "(hatched) from its predecessor (ppermute)")
+    ax_bot.set_title("State passing: slice summaries $S \\mapsto M S + E$ are all-gathered, "
+                     "each rank folds the upstream ones")
+    return fig
+
+
+def _draw_halo(ax, shown, drawn, halo, colours):
+    box = dict(width=0.9, height=0.7)
+    for r in range(shown):
+        y, start = shown - 1 - r, r * drawn
+        for t in range(start, start + drawn):
+            ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), color=colours[r], **box))
+        for t in range(start - halo, start):
+            style = (dict(fill=False, edgecolor="0.5", linestyle=":") if t < 0 else
+                     dict(facecolor="white", edgecolor=colours[r - 1], hatch="///"))
+            ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), **box, **style))
+        if r > 0:
+            x = start - halo / 2
+            ax.annotate("", xy=(x, y + 0.85), xytext=(x, y + 1.15),
+                        arrowprops=dict(arrowstyle="->", color="0.2", lw=1.4))
+        ax.text(start + drawn / 2, y + 0.5, f"rank {r}", ha="center", va="center",
+                color="white", fontsize=9, fontweight="bold")
+    ax.text(-halo - 0.2, shown - 0.5, "zeros", ha="right", va="center", fontsize=8, color="0.4")
+    ax.set_ylim(-0.1, shown + 0.1)
+
+
+def _draw_summaries(ax, shown, drawn, colours):
+    for r in range(shown):
+        x0, middle = r * drawn, r * drawn + drawn / 2
+        ax.add_patch(mpl.patches.FancyBboxPatch((x0 + 0.3, 1.3), drawn - 0.6, 1.0,
+                                                boxstyle="round,pad=0.1", color=colours[r]))
+        ax.text(middle, 1.8, f"rank {r}: $(M^{{({r})}}, E^{{({r})}})$", ha="center",
+                va="center", color="white", fontsize=9, fontweight="bold")
+        ax.annotate("", xy=(middle, 0.75), xytext=(middle, 1.25),
+                    arrowprops=dict(arrowstyle="<->", color="0.2", lw=1.2))
+        entering = "0" if r == 0 else f"M^{{({r - 1})}} S^{{({r - 1})}} + E^{{({r - 1})}}"
+        ax.text(middle, 2.7, f"$S^{{({r})}} = {entering}$", ha="center", va="center", fontsize=8)
+    ax.add_patch(mpl.patches.Rectangle((0.3, 0.25), shown * drawn - 0.6, 0.5, color="0.85"))
+    ax.text(shown * drawn / 2, 0.5, "all_gather of the summaries: R x (K x K + K x V) floats per "
+            "row and head, independent of T", ha="center", va="center", fontsize=9)
+    ax.set_ylim(0, 3.1)
+
+
+def signed_log_norm(data, *, decades: float = 3.0) -> mpl.colors.SymLogNorm:
+    """A symmetric log colour scale for signed ``data``: linear within ``decades`` decades below
+    its largest magnitude, logarithmic above, so that entries from the largest down to that
+    floor are all visible (a delta-rule mixing matrix's diagonal and its small corrections)."""
+    bound = float(np.nanmax(np.abs(np.asarray(data)))) or 1.0
+    return mpl.colors.SymLogNorm(linthresh=bound * 10.0**-decades, vmin=-bound, vmax=bound)
+
+
+def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0) -> plt.Figure:
+    """Three views of one head: cumulative decay ``log10_kept [K, T]`` (rows sorted by the
+    caller), the mixing matrix ``[T', T']`` and the state norm ``[T]`` after every token."""
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(13, 3.6),
+                                        gridspec_kw={"width_ratios": [1.1, 1.1, 1]})
+    heatmap(ax0, np.maximum(log10_kept, floor), title="Cumulative decay",
+            xlabel="tokens since the write (tokens)", ylabel="channel (longest memory on top)",
+            cbar_label="log10 fraction retained", vmin=floor, vmax=0.0)
+    heatmap(ax1, mixing, title=r"Mixing matrix $\Omega$", xlabel="source token s",
+            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+            diverging=True, norm=signed_log_norm(mixing))
+    ax2.plot(np.arange(1, len(norms) + 1), norms)
+    ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
+    fig.suptitle(title)
+    return fig
