@@ -26,23 +26,43 @@ def _shape_error(name: str, expected: str, got) -> ValueError:
 
 
 def is_concrete(x) -> bool:
-    return x is not None and not isinstance(x, jax.core.Tracer)
+    """Are ``x``'s values readable here? Not under ``jit`` (a tracer), and not for an array
+    spread over several processes (multi-host): value checks then skip, as under jit."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return False
+    return getattr(x, "is_fully_addressable", True)
+
+
+def check_array(name: str, x) -> None:
+    """``x`` must be an array (jax or numpy), not a Python list, tuple or scalar."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(
+            f"{name} must be a jax or numpy array, got {type(x).__name__}"
+            + (" (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else "")
+        )
 
 
 def check_kda_inputs(
     q, k, v, g, beta, *, initial_state=None, segment_ids=None, allow_neg_eigval=False
 ) -> Dims:
     """Validate the core-op arguments (batch-first layout) and return their dimensions."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        check_array(name, x)
     if q.ndim != 4:
         raise _shape_error("q", "[B, T, H, K]", q.shape)
     batch, seq_len, num_heads, key_dim = q.shape
     if seq_len < 1:
         raise ValueError(f"q must have at least one time step (T >= 1), got shape {q.shape}")
+    for letter, size in (("B", batch), ("H", num_heads), ("K", key_dim)):
+        if size < 1:
+            raise ValueError(f"q [B, T, H, K] is empty: {letter} = 0 (shape {q.shape})")
     if k.shape != q.shape:
         raise _shape_error("k", f"[B, T, H, K]={q.shape} (same as q)", k.shape)
     if v.ndim != 4 or v.shape[:3] != (batch, seq_len, num_heads):
         raise _shape_error("v", f"[B, T, H, V]=({batch}, {seq_len}, {num_heads}, V)", v.shape)
     value_dim = v.shape[3]
+    if value_dim < 1:
+        raise ValueError(f"v [B, T, H, V] is empty: V = 0 (shape {v.shape})")
     if g.shape != q.shape:
         raise _shape_error("g", f"[B, T, H, K]={q.shape} (same as q)", g.shape)
     if beta.shape != (batch, seq_len, num_heads):
@@ -51,18 +71,25 @@ def check_kda_inputs(
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
     if initial_state is not None:
+        check_array("initial_state", initial_state)
+        if not jnp.issubdtype(initial_state.dtype, jnp.floating):
+            raise ValueError(
+                f"initial_state must be a floating-point array, got dtype {initial_state.dtype}"
+            )
         expected = (batch, num_heads, key_dim, value_dim)
         if initial_state.shape != expected:
             raise _shape_error("initial_state", f"[B, H, K, V]={expected}", initial_state.shape)
     if segment_ids is not None:
+        check_array("segment_ids", segment_ids)
         check_segment_ids(segment_ids, batch, seq_len)
     beta_max = 2.0 if allow_neg_eigval else 1.0
     # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
+    # value checks skip non-finite entries: those are handled (and propagated like the
+    # recurrence does) by every form; a NaN is not "beta out of range"
     if is_concrete(beta):
-        lo, hi = (
-            float(np.min(np.asarray(beta, np.float32))),
-            float(np.max(np.asarray(beta, np.float32))),
-        )
+        finite = np.asarray(beta, np.float32)
+        finite = finite[np.isfinite(finite)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
         if not (lo >= 0.0 and hi <= beta_max):
             raise ValueError(
                 f"beta must lie in [0, {beta_max:g}]"
@@ -70,10 +97,51 @@ def check_kda_inputs(
                 + f", got values in [{lo:g}, {hi:g}]"
             )
     if is_concrete(g):
-        hi = float(np.max(np.asarray(g, np.float32)))
+        values = np.asarray(g, np.float32)
+        values = values[~np.isnan(values)]
+        hi = float(values.max()) if values.size else 0.0
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
     return Dims(batch, seq_len, num_heads, key_dim, value_dim)
+
+
+def check_fused_inputs(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    a_log,
+    dt_bias,
+    *,
+    initial_state=None,
+    segment_ids=None,
+    allow_neg_eigval=False,
+) -> Dims:
+    """:func:`check_kda_inputs` for the fused gate, where ``g`` is the raw gate input (any
+    sign), plus ``a_log [H]`` and ``dt_bias [H * K]`` (or None)."""
+    # the raw gate may be positive: validate shapes with a zero stand-in for g
+    dims = check_kda_inputs(
+        q,
+        k,
+        v,
+        jnp.zeros(g.shape, g.dtype) if g.shape == q.shape else g,
+        beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
+    )
+    check_array("a_log", a_log)
+    if a_log.shape != (dims.num_heads,):
+        raise ValueError(f"a_log must have shape [H]=({dims.num_heads},), got {a_log.shape}")
+    if dt_bias is not None:
+        check_array("dt_bias", dt_bias)
+        flat, split = (dims.num_heads * dims.key_dim,), (dims.num_heads, dims.key_dim)
+        if dt_bias.shape not in (flat, split):  # the same rule as kda_lib.kda_gate
+            raise ValueError(
+                f"dt_bias must have shape [H*K]={flat} or [H, K]={split}, got {dt_bias.shape}"
+            )
+    return dims
 
 
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> None:
@@ -107,12 +175,40 @@ def check_state(state, dims: Dims, name: str = "state") -> None:
         raise _shape_error(name, f"[B, H, K, V]={expected}", state.shape)
 
 
-def resolve_scale(scale: float | None, key_dim: int) -> float:
+def resolve_scale(scale, key_dim: int) -> float:
+    """``scale`` as a Python float: None -> ``K ** -0.5``; a positive finite number (Python,
+    numpy or a concrete 0-d jax array) is accepted; anything else raises, naming it."""
     if scale is None:
         return key_dim**-0.5
-    if not isinstance(scale, (int, float)) or not scale > 0:
+    if isinstance(scale, jax.core.Tracer):
+        raise ValueError(
+            "scale must be a static number (a Python float), not a traced value; "
+            "close over it instead of passing it through jit"
+        )
+    if isinstance(scale, (bool, str, bytes)) or np.ndim(scale) != 0:
         raise ValueError(f"scale must be a positive float or None (K ** -0.5), got {scale!r}")
-    return float(scale)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"scale must be a positive float or None (K ** -0.5), got {scale!r}"
+        ) from None
+    if not (np.isfinite(value) and value > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    return value
+
+
+def check_chunk_size(chunk_size) -> int:
+    """``chunk_size`` must be a power of two >= 1 (the chunked form's tokens per chunk); the
+    same rule for every implementation, whether or not it chunks."""
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, (int, np.integer))
+        or chunk_size < 1
+        or chunk_size & (chunk_size - 1)
+    ):
+        raise ValueError(f"chunk_size must be a power of two >= 1, got {chunk_size!r}")
+    return int(chunk_size)
 
 
 def accumulation_dtype(dtype) -> jnp.dtype:

@@ -34,8 +34,18 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kda_lib._checks import accumulation_dtype, check_kda_inputs, resolve_scale
-from kda_lib.reference import first_segment_id
+from kda_lib._checks import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_kda_inputs,
+    resolve_scale,
+)
+from kda_lib.segments import (
+    isolate_non_finite,
+    restore_non_finite,
+    segment_masks,
+    zero_padding,
+)
 
 ScanMode = Literal["sequential", "associative"]
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -437,30 +447,6 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode):
     raise ValueError(f"scan must be 'sequential', 'associative' or None, got {mode!r}")
 
 
-def segment_masks(segment_ids: jax.Array, chunk_size: int):
-    """Masks for :func:`chunk_affine_maps` from padded ``segment_ids`` ``[B, T]`` (T % C == 0)."""
-    batch, seq_len = segment_ids.shape
-    num_chunks = seq_len // chunk_size
-    ids = segment_ids.astype(jnp.int32)
-    valid = ids != 0
-    positions = jnp.arange(seq_len)
-    last_valid = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)
-    first = first_segment_id(ids)
-    # id of the segment the state belongs to after each token (the row's first id before any)
-    current = jnp.where(
-        last_valid >= 0, jnp.take_along_axis(ids, jnp.maximum(last_valid, 0), 1), first[:, None]
-    )
-    leaving = current[:, chunk_size - 1 :: chunk_size]  # [B, N]
-    entering = jnp.concatenate([first[:, None], leaving[:, :-1]], axis=1)
-    ids_c = ids.reshape(batch, num_chunks, chunk_size)
-    valid_c = valid.reshape(batch, num_chunks, chunk_size)
-    same = (ids_c[..., :, None] == ids_c[..., None, :]) & valid_c[..., :, None]
-    sees_in = valid_c & (ids_c == entering[..., None])
-    in_last = valid_c & (ids_c == leaving[..., None])
-    keeps_in = leaving == entering
-    return tuple(x[:, None] for x in (same, sees_in, in_last, keeps_in))  # head axis
-
-
 def kda_chunked(
     q: jax.Array,
     k: jax.Array,
@@ -504,8 +490,7 @@ def kda_chunked(
         segment_ids=segment_ids,
         allow_neg_eigval=allow_neg_eigval,
     )
-    if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two, got {chunk_size!r}")
+    chunk_size = check_chunk_size(chunk_size)
     mode = scan or default_scan_mode()
     scale = resolve_scale(scale, dims.key_dim)
     acc = accumulation_dtype(q.dtype)
@@ -515,10 +500,12 @@ def kda_chunked(
 
     out_dtype = q.dtype
     q, k, v, g, beta = (x.astype(acc) for x in (q, k, v, g, beta))
-    if segment_ids is not None:
-        valid = segment_ids != 0
-        g = jnp.where(valid[..., None, None], g, 0.0)
-        beta = jnp.where(valid[..., None], beta, 0.0)
+    # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
+    # restored as NaN exactly where the recurrence has them (matmuls would spread them)
+    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
+        q, k, v, g, beta, initial_state, segment_ids
+    )
     if padded != seq_len:  # padding tokens: no decay, no write, outputs dropped
         pad = [(0, 0), (0, padded - seq_len)]
         q, k, v, g = (jnp.pad(x, pad + [(0, 0), (0, 0)]) for x in (q, k, v, g))
@@ -556,4 +543,5 @@ def kda_chunked(
         )
         o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering) + maps.o_intra
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, padded, heads, value_dim)[:, :seq_len]
+    o, final_state = restore_non_finite(o, final_state, non_finite)
     return o.astype(out_dtype), (final_state if output_final_state else None)

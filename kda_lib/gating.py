@@ -15,6 +15,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 LOWER_BOUND_RANGE = (-5.0, 0.0)
 
@@ -24,7 +25,11 @@ def check_lower_bound(lower_bound: float | None) -> None:
     if lower_bound is None:
         return
     lo, hi = LOWER_BOUND_RANGE
-    if not isinstance(lower_bound, (int, float)) or not lo <= float(lower_bound) < hi:
+    # numpy scalars count as numbers (np.float32(-5.0) is a fine bound); bools and arrays do not
+    number = isinstance(lower_bound, (int, float, np.integer, np.floating)) and not isinstance(
+        lower_bound, bool
+    )
+    if not number or not lo <= float(lower_bound) < hi:
         raise ValueError(
             f"lower_bound must be a float in [{lo:g}, {hi:g}) (or None for the softplus gate), "
             f"got {lower_bound!r}"

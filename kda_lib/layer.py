@@ -477,6 +477,10 @@ class KimiDeltaAttention(nnx.Module):
             axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh.axis_names),
         )
         ranks = mesh.shape[axis]
+        # arrays laid out on the user's mesh (e.g. fed per process on several hosts) are
+        # relabelled onto the Auto view: same devices and spec, no data moves
+        home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
+        x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
         batch, seq_len, hidden = x.shape
         pad = (-seq_len) % ranks
         if pad:
@@ -534,8 +538,8 @@ class KimiDeltaAttention(nnx.Module):
             segment_ids = None if segment_ids is None else place(segment_ids, mesh, seq)
             return fn(state, x, segment_ids)
 
-        y = jax.jit(run)(state, x, segment_ids)
-        return y[:, :seq_len]
+        y = jax.jit(run)(state, x, segment_ids)[:, :seq_len]
+        return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
 
     # ----------------------------------------------------------------- fla checkpoints
     @classmethod
@@ -563,6 +567,14 @@ def _check_finite(name: str, x) -> None:
             f"{name} contains NaN/inf at {list(first)} ({int(bad.sum())} non-finite values in "
             f"all, the first is {float(values[first])})"
         )
+
+
+def _onto_mesh(array, mesh):
+    """``array`` on ``mesh`` if it is laid out on another mesh of the same devices."""
+    sharding = getattr(array, "sharding", None) if not isinstance(array, jax.core.Tracer) else None
+    if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh != mesh:
+        return jax.device_put(array, jax.sharding.NamedSharding(mesh, sharding.spec))
+    return array
 
 
 def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:

@@ -17,10 +17,12 @@ import jax.numpy as jnp
 from kda_lib._checks import (
     Dims,
     accumulation_dtype,
+    check_array,
     check_kda_inputs,
     check_state,
     resolve_scale,
 )
+from kda_lib.segments import canonical_segment_ids, first_segment_id, zero_padding
 
 
 def _delta_update(state, k_t, v_t, g_t, beta_t):
@@ -28,18 +30,6 @@ def _delta_update(state, k_t, v_t, g_t, beta_t):
     state = state * jnp.exp(g_t)[..., :, None]
     prediction = jnp.einsum("...k,...kv->...v", k_t, state)
     return state + (beta_t[..., None] * k_t)[..., :, None] * (v_t - prediction)[..., None, :]
-
-
-def first_segment_id(segment_ids: jax.Array) -> jax.Array:
-    """``[B]``: the first non-zero id of each row (0 for an all-padding row).
-
-    The initial state belongs to this segment, also when the row starts with padding.
-    """
-    valid = segment_ids != 0
-    first = jnp.argmax(valid, axis=1)
-    return jnp.where(
-        valid.any(axis=1), jnp.take_along_axis(segment_ids, first[:, None], 1)[:, 0], 0
-    )
 
 
 def kda_recurrent(
@@ -88,14 +78,17 @@ def kda_recurrent(
     acc = accumulation_dtype(q.dtype)
     state0 = _initial_state(initial_state, dims, acc)
 
+    # padding by selection: its values never reach an output or a gradient
+    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
     # time-major for the scan
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
     if segment_ids is None:
         ids = jnp.ones((dims.seq_len, dims.batch), jnp.int32)
         prev0 = jnp.ones((dims.batch,), jnp.int32)
     else:
-        ids = jnp.moveaxis(segment_ids.astype(jnp.int32), 1, 0)
-        prev0 = first_segment_id(segment_ids.astype(jnp.int32))
+        ids = canonical_segment_ids(segment_ids)  # compared in their own dtype, then numbered
+        prev0 = first_segment_id(ids)
+        ids = jnp.moveaxis(ids, 1, 0)
 
     def step(carry, x):
         state, prev_id = carry
@@ -135,8 +128,14 @@ def kda_step(
       scale: default ``K ** -0.5``.
 
     Returns:
-      ``(new_state [B, H, K, V], o_t [B, H, V])``; o_t in q_t's dtype.
+      ``(new_state [B, H, K, V], o_t [B, H, V])``: the state in float32 (float64 for float64
+      inputs), as :func:`kda_recurrent` keeps it; o_t in q_t's dtype. The same rules as
+      :func:`kda_recurrent` apply (floating dtypes, beta in [0, 1], g <= 0).
     """
+    for name, x in (("state", state), ("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        check_array(name, x)
+    for name, x in (("g_t", g_t), ("beta_t", beta_t)):
+        check_array(name, x)
     if q_t.ndim != 3:
         raise ValueError(f"q_t must have shape [B, H, K], got shape {q_t.shape}")
     batch, num_heads, key_dim = q_t.shape
@@ -151,13 +150,22 @@ def kda_step(
     if beta_t.shape != (batch, num_heads):
         raise ValueError(f"beta_t must have shape [B, H]={(batch, num_heads)}, got {beta_t.shape}")
     check_state(state, dims)
+    # the sequence rules (dtypes, values) on the one-token sequence
+    check_kda_inputs(
+        q_t[:, None],
+        k_t[:, None],
+        v_t[:, None],
+        g_t[:, None],
+        beta_t[:, None],
+        initial_state=state,
+    )
     scale = resolve_scale(scale, key_dim)
-    acc = jnp.promote_types(accumulation_dtype(q_t.dtype), state.dtype)
+    acc = jnp.promote_types(accumulation_dtype(q_t.dtype), accumulation_dtype(state.dtype))
     new_state = _delta_update(
         state.astype(acc), k_t.astype(acc), v_t.astype(acc), g_t.astype(acc), beta_t.astype(acc)
     )
     o_t = jnp.einsum("bhk,bhkv->bhv", q_t.astype(acc) * scale, new_state)
-    return new_state.astype(state.dtype), o_t.astype(q_t.dtype)
+    return new_state, o_t.astype(q_t.dtype)
 
 
 def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:

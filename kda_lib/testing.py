@@ -1,9 +1,77 @@
-"""Tolerance helpers shared by the tests and the notebooks' assertions."""
+"""Helpers shared by the tests, the benchmark and the notebooks: random KDA inputs and
+tolerance-aware comparisons."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from kda_lib.gating import kda_gate
+
+GATES = ("softplus", "safe", "raw")
+SAFE_LOWER_BOUND = -5.0
+
+
+def _unit(x: jax.Array) -> jax.Array:
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def random_kda_inputs(
+    key: jax.Array,
+    batch: int,
+    seq_len: int,
+    heads: int,
+    key_dim: int,
+    value_dim: int | None = None,
+    *,
+    dtype=jnp.float32,
+    gate: str = "softplus",
+    gate_scale: float = 1.0,
+    with_state: bool = False,
+) -> dict[str, jax.Array]:
+    """Random inputs for :func:`kda_lib.kda` and friends, the one generator of the project.
+
+    q/k ``[B, T, H, K]`` are L2-normalised Gaussians, v ``[B, T, H, V]`` Gaussian (V defaults
+    to K), beta ``[B, T, H]`` = sigmoid of a Gaussian. The gate input f is Gaussian; per-head
+    ``a_log = log(linspace(1, 16, H))`` and ``dt_bias ~ 0.5 N(0, 1)`` ``[H * K]``.
+
+    Args:
+      gate: ``"softplus"`` or ``"safe"`` (lower bound -5): ``g`` is the activated log-space
+        decay ``[B, T, H, K]`` (times ``gate_scale``); ``"raw"``: ``g`` is the raw gate input
+        and the dict also holds ``a_log``, ``dt_bias`` and ``lower_bound`` (-5) for the fused
+        gate.
+      with_state: add ``initial_state`` ``[B, H, K, V]`` float32 (0.5 N(0, 1)).
+      dtype: dtype of q, k, v, g, beta (the state and fused-gate parameters stay float32).
+
+    Returns:
+      ``dict(q, k, v, g, beta[, initial_state][, a_log, dt_bias, lower_bound])``.
+    """
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    value_dim = key_dim if value_dim is None else value_dim
+    ks = jax.random.split(key, 7)
+    shape = (batch, seq_len, heads, key_dim)
+    q, k = (_unit(jax.random.normal(kx, shape, jnp.float32)) for kx in ks[:2])
+    v = jax.random.normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32)
+    f = jax.random.normal(ks[3], shape, jnp.float32)
+    a_log = jnp.log(jnp.linspace(1.0, 16.0, heads))
+    dt_bias = jax.random.normal(ks[4], (heads * key_dim,)) * 0.5
+    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (batch, seq_len, heads)))
+    if gate == "raw":
+        g = f
+    else:
+        lower_bound = None if gate == "softplus" else SAFE_LOWER_BOUND
+        g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound) * gate_scale
+    out = {n: x.astype(dtype) for n, x in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
+    if with_state:
+        out["initial_state"] = 0.5 * jax.random.normal(
+            ks[6], (batch, heads, key_dim, value_dim), jnp.float32
+        )
+    if gate == "raw":
+        out.update(a_log=a_log, dt_bias=dt_bias, lower_bound=SAFE_LOWER_BOUND)
+    return out
+
 
 # (atol, rtol) by the dtype of the array under test
 DEFAULT_TOLERANCES = {
@@ -66,3 +134,9 @@ def relative_l2(actual, expected) -> float:
     denom = np.linalg.norm(e)
     diff = np.linalg.norm(a - e)
     return float(diff / denom) if denom > 0 else float(diff)
+
+
+def cast_inputs(inputs: dict, dtype) -> dict:
+    """Every array of an input dict (as from :func:`random_kda_inputs`) cast to ``dtype``;
+    non-array entries (``lower_bound``) are kept."""
+    return {n: x.astype(dtype) if hasattr(x, "astype") else x for n, x in inputs.items()}

@@ -16,19 +16,22 @@
 # %% [markdown]
 # # 01 · From linear attention to Kimi Delta Attention
 #
-# **Claim.** Linear attention stores key/value pairs by adding outer products into a `K x V`
-# matrix, so every stored pair leaks into every recall. The delta rule instead writes only the
-# part of the value the memory gets wrong: it is one gradient step on the recall error
-# `1/2 ||S^T k - v||^2` with learning rate `beta`, and it recalls far more reliably while the
-# number of pairs stays below the key dimension `K`. Adding a forget gate gives the gated delta
-# rule (one decay per head) and then KDA (one decay per key channel), whose per-token
-# transition is a diagonal-plus-low-rank matrix. We build each step as a few lines of NumPy,
-# check them against `kda_lib`, and measure recall against the number of stored pairs.
+# **Claim.** Linear attention stores key/value pairs by adding outer products into a
+# $d_k \times d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes
+# only the part of the value the memory gets wrong: it is one gradient step on the recall error
+# $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the
+# newest pair exactly, and its average recall error stays below linear attention's for every
+# number of pairs up to the key dimension $d_k$; one pass cannot store them all, because each
+# write disturbs the earlier keys it overlaps. Adding a forget gate gives the gated delta rule
+# (one decay per head) and then KDA (one decay per key channel), whose per-token transition is
+# a diagonal-plus-rank-one matrix. Each step is derived on paper, checked in float64, and built
+# as a few lines of NumPy that are checked against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
-# CI runs the small defaults of the `parameters` cell below in seconds; `make notebooks
-# PARAMS=full` runs the bigger experiment in `notebooks/params/full/01_delta_rule.yaml`.
+# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
+# the bigger experiment in `notebooks/params/full/01_delta_rule.yaml`.
 
 # %% tags=["parameters"]
 key_dim: int = 32  # K: dimension of keys (and of the memory's rows)
@@ -41,30 +44,39 @@ half_life_max: float = 256.0  # tokens: longest per-channel half-life of the KDA
 seed: int = 0  # seed of the one jax.random.key below
 
 # %%
-# Setup: install kda_lib when it is missing (e.g. on Colab); a no-op wherever it is importable.
-try:
-    import kda_lib
-except ImportError:
-    # %pip install -q git+https://github.com/kda-notebooks/kda-notebooks
-    import kda_lib
+# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
+# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
+# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
+    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
+    (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import Markdown, display
 
+import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.testing import assert_close
 
-viz.setup_style()
-# Draw random numbers with the non-partitionable threefry: on CPU it compiles multi-dimensional
-# draws many times faster (seconds per shape otherwise); it only changes which numbers are drawn.
-jax.config.update("jax_threefry_partitionable", False)
+kda_lib.notebook.setup()
 
 # %%
 # Derived values
 key = jax.random.key(seed)
 key_memory, key_delta, key_gate, key_toy, key_recall = jax.random.split(key, 5)
+key_sweep = jax.random.fold_in(key_delta, 1)  # section 3's pairs
 
 
 def unit_rows(x):
@@ -84,16 +96,33 @@ def random_pairs(key, num, *, batch=()):
 # %% [markdown]
 # ## 1. Linear attention is an associative memory
 #
-# Causal linear attention outputs `o_t = sum_{s <= t} (q_t . k_s) v_s`. Pulling `q_t` out of
-# the sum gives `o_t = S_t^T q_t` with the **state** `S_t = sum_{s <= t} k_s v_s^T`, a `K x V`
-# matrix updated by one outer product per token: `S_t = S_{t-1} + k_t v_t^T`. The state is a
-# memory of key/value pairs; querying it with a stored key `k_j` returns
+# Causal linear attention outputs $\mathbf o_t = \sum_{s \le t} (\mathbf q_t^\top \mathbf k_s)\,
+# \mathbf v_s$. A scalar times a vector can be written as the vector times the scalar, and the
+# sum can be moved inside:
 #
-# `S^T k_j = v_j (k_j . k_j) + sum_{i != j} (k_i . k_j) v_i`,
+# $$
+# \begin{align*}
+# \mathbf o_t &= \sum_{s \le t} \mathbf v_s\, (\mathbf k_s^\top \mathbf q_t)
+#   = \Big(\sum_{s \le t} \mathbf v_s \mathbf k_s^\top\Big) \mathbf q_t
+#   = S_t^\top \mathbf q_t,
+# \qquad S_t = \sum_{s \le t} \mathbf k_s \mathbf v_s^\top
+#   = S_{t-1} + \mathbf k_t \mathbf v_t^\top .
+# \end{align*}
+# $$
 #
-# the right value plus **crosstalk** from every other pair. With orthonormal keys the crosstalk
-# vanishes, but at most `K` keys can be orthonormal; random unit keys overlap by about
-# `1/sqrt(K)` each, so the crosstalk grows like `sqrt((n - 1) / K)` with `n` stored pairs.
+# The **state** $S_t$ is a $d_k \times d_v$ memory of key/value pairs, updated by one outer
+# product per token. Querying it with a stored key $\mathbf k_j$ gives
+#
+# $$
+# S^\top \mathbf k_j = \sum_i \mathbf v_i\, (\mathbf k_i^\top \mathbf k_j)
+#   = \underbrace{\mathbf v_j \lVert \mathbf k_j \rVert^2}_{\text{the value}}
+#   + \underbrace{\sum_{i \ne j} (\mathbf k_i^\top \mathbf k_j)\, \mathbf v_i}_{\text{crosstalk}} .
+# $$
+#
+# With orthonormal keys the crosstalk vanishes, but at most $d_k$ keys can be orthonormal. For
+# random unit keys $\mathbb E[(\mathbf k_i^\top \mathbf k_j)^2] = 1/d_k$, and the $n - 1$ terms are
+# uncorrelated, so the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$:
+# the relative recall error grows like $\sqrt{(n-1)/d_k}$ with $n$ stored pairs.
 
 # %%
 n_demo = key_dim // 2
@@ -101,42 +130,53 @@ key_pairs_demo, key_queries, key_ortho = jax.random.split(key_memory, 3)
 keys, values = random_pairs(key_pairs_demo, n_demo)
 queries = unit_rows(jax.random.normal(key_queries, (n_demo, key_dim)))
 
-# attention form vs state form
+# attention form vs state form (float64)
 causal = np.tril(np.ones((n_demo, n_demo)))
 o_attention = ((queries @ keys.T) * causal) @ values
 states = np.cumsum(np.einsum("tk,tv->tkv", keys, values), axis=0)  # S_t for every t
 o_state = np.einsum("tk,tkv->tv", queries, states)
-assert_close(o_state, o_attention, name="state form")
+assert_close(o_state, o_attention, atol=1e-12, name="o_t = S_t^T q_t")
 
 # exact recall with orthonormal keys, crosstalk with random ones
 ortho = np.linalg.qr(np.asarray(jax.random.normal(key_ortho, (key_dim, key_dim)), np.float64))[0]
 ortho_keys = ortho.T[:n_demo]  # n_demo orthonormal rows
-memory = ortho_keys.T @ values
-assert_close(ortho_keys @ memory, values, atol=1e-12, name="recall, orthonormal keys")
-
+assert_close(ortho_keys @ (ortho_keys.T @ values), values, atol=1e-12, name="orthonormal keys")
 memory = keys.T @ values  # S = sum_i k_i v_i^T
 recalled = keys @ memory  # row j: S^T k_j
-overlap = keys @ keys.T
-crosstalk = (overlap - np.eye(n_demo)) @ values
-assert_close(recalled, values + crosstalk, atol=1e-12, name="crosstalk identity")
+crosstalk = (keys @ keys.T - np.eye(n_demo)) @ values
+assert_close(recalled, values + crosstalk, atol=1e-12, name="value + crosstalk")
 rel_error = np.linalg.norm(recalled - values) / np.linalg.norm(values)
-print(f"{n_demo} random pairs in K={key_dim}: relative recall error {rel_error:.2f} "
-      f"(sqrt((n-1)/K) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
+print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f} "
+      f"(sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
 assert rel_error > 0.25, "random keys should interfere"
 
 # %% [markdown]
 # ## 2. The delta rule: write only what the memory gets wrong
 #
-# Before writing `(k_t, v_t)`, read what the memory already returns for `k_t`,
-# `v_old = S^T k_t`, and store only the difference, scaled by a write strength `beta_t`:
+# Ask the memory what it returns for the new key, $S^\top \mathbf k_t$, and store only the
+# difference to the new value, scaled by a write strength $\beta_t$:
 #
-# `S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T`.
+# $$
+# S_t = S_{t-1} + \beta_t\, \mathbf k_t\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big)^\top .
+# $$
 #
-# This is exactly one step of gradient descent on the recall loss
-# `L(S) = 1/2 ||S^T k_t - v_t||^2`, whose gradient is `k_t (S^T k_t - v_t)^T`, with learning
-# rate `beta_t`. With a unit key and `beta_t = 1` the step lands on the minimum: right after
-# the write the memory returns `v_t` exactly. Writing a new value under an old key
-# **replaces** it, where linear attention would return the sum of both.
+# **This is one gradient step.** Take the recall loss of the new pair and differentiate it
+# entry by entry ($c$ indexes key channels, $e$ value channels):
+#
+# $$
+# \begin{align*}
+# \mathcal L(S) &= \tfrac12 \lVert S^\top \mathbf k - \mathbf v \rVert^2
+#   = \tfrac12 \sum_{e} \Big(\sum_{c} S_{ce}\, k_c - v_e\Big)^2 \\
+# \frac{\partial \mathcal L}{\partial S_{ce}} &= k_c \Big(\sum_{c'} S_{c'e}\, k_{c'} - v_e\Big)
+#   = k_c\, \big(S^\top \mathbf k - \mathbf v\big)_e \\
+# \nabla_S \mathcal L &= \mathbf k\, \big(S^\top \mathbf k - \mathbf v\big)^\top \\
+# S - \beta\, \nabla_S \mathcal L
+#   &= S + \beta\, \mathbf k\, \big(\mathbf v - S^\top \mathbf k\big)^\top .
+# \end{align*}
+# $$
+#
+# The last line is the delta rule with learning rate $\beta$. The first code cell checks the
+# third line against `jax.grad` and the fourth against the update, in float64.
 
 # %%
 def delta_write(S, k, v, beta):
@@ -151,29 +191,110 @@ beta_demo = 0.7
 
 with jax.enable_x64(True):
     recall_loss = lambda S: 0.5 * jnp.sum((S.T @ k_new - v_new) ** 2)  # noqa: E731
-    sgd_step = S0 - beta_demo * np.asarray(jax.grad(recall_loss)(jnp.asarray(S0)))  # float64
-assert_close(delta_write(S0, k_new, v_new, beta_demo), sgd_step, name="delta rule = SGD step")
+    grad = np.asarray(jax.grad(recall_loss)(jnp.asarray(S0)))  # float64
+assert_close(grad, np.outer(k_new, k_new @ S0 - v_new), atol=1e-12, name="grad = k (S^T k - v)^T")
+sgd_step = S0 - beta_demo * grad
+assert_close(delta_write(S0, k_new, v_new, beta_demo), sgd_step, atol=1e-12,
+             name="delta rule = SGD step")
+print("gradient and delta rule = one SGD step with learning rate beta: checked in float64")
 
+# %% [markdown]
+# **What one write does to the recall of its own key.** Multiply the update by $\mathbf k_t$
+# (unit length, $\mathbf k_t^\top \mathbf k_t = 1$) and subtract $\mathbf v_t$:
+#
+# $$
+# \begin{align*}
+# S_t^\top \mathbf k_t &= S_{t-1}^\top \mathbf k_t
+#   + \beta_t\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big)\,
+#     (\mathbf k_t^\top \mathbf k_t) \\
+# S_t^\top \mathbf k_t - \mathbf v_t
+#   &= (1 - \beta_t)\, \big(S_{t-1}^\top \mathbf k_t - \mathbf v_t\big) .
+# \end{align*}
+# $$
+#
+# The error on the written key shrinks by the factor $1 - \beta_t$; with $\beta_t = 1$ the memory
+# returns $\mathbf v_t$ exactly. Writing a new value under an old key therefore **replaces** it,
+# where linear attention returns the sum of both.
+
+# %%
+err_before, err_after = k_new @ S0 - v_new, k_new @ delta_write(S0, k_new, v_new, beta_demo) - v_new
+assert_close(err_after, (1 - beta_demo) * err_before, atol=1e-12, name="error x (1 - beta)")
 S1 = delta_write(S0, k_new, v_new, 1.0)
-assert_close(k_new @ S1, v_new, atol=1e-12, name="exact recall after a beta=1 write")
+assert_close(k_new @ S1, v_new, atol=1e-12, name="exact recall after a beta = 1 write")
 
-# overwrite: same key, new value
-v_newer = -v_new
+v_newer = -v_new  # overwrite: same key, new value
 linear_memory = np.outer(k_new, v_new) + np.outer(k_new, v_newer)
 delta_memory = delta_write(delta_write(np.zeros_like(S0), k_new, v_new, 1.0), k_new, v_newer, 1.0)
 assert_close(k_new @ linear_memory, v_new + v_newer, atol=1e-12, name="linear: sum")
 assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replaced")
-print("delta rule = one SGD step on 1/2 |S^T k - v|^2 with learning rate beta: checked")
 miss_linear = np.linalg.norm(k_new @ linear_memory - v_newer)
 miss_delta = np.linalg.norm(k_new @ delta_memory - v_newer)
 print(f"overwrite one key: |recall - new value| = {miss_linear:.2f} (linear attention), "
       f"{miss_delta:.1e} (delta rule)")
 
 # %% [markdown]
-# As a map of the state, the delta write is `S_t = (I - beta_t k_t k_t^T) S_{t-1} +
-# beta_t k_t v_t^T`. For a unit key, `I - beta k k^T` leaves every direction orthogonal to `k`
-# alone and shrinks the `k` direction by `1 - beta`: its eigenvalues are `1` (`K - 1` times) and
-# `1 - beta`, so for `beta` in [0, 1] it never amplifies the state.
+# ## 3. Why one pass cannot store $n$ overlapping pairs
+#
+# The write of pair $t$ also changes what the memory returns for an **earlier** key
+# $\mathbf k_j$. Multiply the update by $\mathbf k_j$ instead of $\mathbf k_t$:
+#
+# $$
+# S_t^\top \mathbf k_j - S_{t-1}^\top \mathbf k_j
+#   = \beta_t\, (\mathbf k_t^\top \mathbf k_j)\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big) .
+# $$
+#
+# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall by its key
+# overlap times the later write's correction, and the delta rule never goes back to repair
+# pair $j$. Storing $n$ pairs means solving the $n$ linear equations
+# $\mathbf k_j^\top S = \mathbf v_j^\top$ (one per pair) for $S$. With $n \le d_k$ linearly
+# independent keys an exact solution exists (for example $S = K^{+} V$, with the keys as the rows
+# of $K$ and $K^{+}$ its pseudo-inverse), but one pass of the delta rule with $\beta = 1$ is one
+# sweep of **Kaczmarz's method**, which projects onto one equation at a time. One sweep solves
+# the system only when the keys are orthogonal; repeated sweeps converge to a solution. With
+# $n > d_k$ pairs the equations outnumber the unknowns per value channel and no $S$ recalls them
+# all. The cell checks the disturbance formula, then sweeps $n = d_k / 2$ pairs repeatedly.
+
+# %%
+pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
+S_prev = delta_write(np.zeros((key_dim, value_dim)), pair_keys[0], pair_values[0], beta_demo)
+S_next = delta_write(S_prev, pair_keys[1], pair_values[1], beta_demo)
+correction = pair_values[1] - pair_keys[1] @ S_prev
+_ = assert_close(pair_keys[0] @ (S_next - S_prev),
+                 beta_demo * (pair_keys[1] @ pair_keys[0]) * correction, atol=1e-12,
+                 name="disturbance of an earlier key")
+
+
+# %%
+def sweep(S, keys, values):
+    """One pass of the delta rule (beta = 1) over every pair: one Kaczmarz sweep."""
+    for k_j, v_j in zip(keys, values, strict=True):
+        S = delta_write(S, k_j, v_j, 1.0)
+    return S
+
+
+S_sweep, sweep_errors = np.zeros((key_dim, value_dim)), []
+for _ in range(100):
+    S_sweep = sweep(S_sweep, pair_keys, pair_values)
+    sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values)
+                        / np.linalg.norm(pair_values))
+print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative recall error after 1 sweep "
+      f"{sweep_errors[0]:.3f}, after 10 {sweep_errors[9]:.1e}, after 100 {sweep_errors[-1]:.1e}")
+assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
+too_many_keys, too_many_values = random_pairs(key_sweep, 2 * key_dim)
+best = np.linalg.lstsq(too_many_keys, too_many_values, rcond=None)[0]  # the best S possible
+assert np.linalg.norm(too_many_keys @ best - too_many_values) > 0.1, "n > d_k: no exact S"
+
+# %% [markdown]
+# **The update as a map of the state.** Collecting the terms in $S_{t-1}$:
+#
+# $$
+# S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) S_{t-1}
+#   + \beta_t \mathbf k_t \mathbf v_t^\top .
+# $$
+#
+# For a unit key, $I - \beta \mathbf k \mathbf k^\top$ leaves every direction orthogonal to
+# $\mathbf k$ alone and multiplies $\mathbf k$ by $1 - \beta$: its eigenvalues are $1$ ($d_k - 1$
+# times) and $1 - \beta$, so for $\beta \in [0, 1]$ it never amplifies the state.
 
 # %%
 transition = np.eye(key_dim) - beta_demo * np.outer(k_new, k_new)
@@ -183,18 +304,33 @@ assert_close(eigenvalues, np.r_[1 - beta_demo, np.ones(key_dim - 1)], atol=1e-12
 print(f"eigenvalues of I - beta k k^T: {eigenvalues[0]:.2f} once, 1.00 x {key_dim - 1}")
 
 # %% [markdown]
-# ## 3. Forgetting: scalar decay, then one decay per channel
+# ## 4. Forgetting: scalar decay, then one decay per channel
 #
 # A memory that only overwrites cannot clear what is no longer relevant. The **gated delta
-# rule** decays the whole state by a scalar `alpha_t = exp(g_t)` in (0, 1] before the write.
-# **KDA** makes the decay per key channel, `diag(exp(g_t))` with `g_t` in `R^K`, `g_t <= 0`,
-# so some channels keep memories for thousands of tokens while others turn over in a few:
+# rule** multiplies the whole state by a scalar $\alpha_t = e^{g_t} \in (0, 1]$ before the write.
+# **KDA** makes the decay per key channel, $D_t = \operatorname{diag}(e^{\mathbf g_t})$ with
+# $\mathbf g_t \in \mathbb R^{d_k}$, $\mathbf g_t \le 0$, so some channels keep memories for
+# thousands of tokens while others turn over in a few. Decay first, then the delta write on the
+# decayed state:
 #
-# `S_t = (I - beta_t k_t k_t^T) diag(exp g_t) S_{t-1} + beta_t k_t v_t^T`.
+# $$
+# \begin{align*}
+# S_t &= D_t S_{t-1}
+#   + \beta_t \mathbf k_t \big(\mathbf v_t - (D_t S_{t-1})^\top \mathbf k_t\big)^\top \\
+#   &= \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t\, S_{t-1}
+#   + \beta_t \mathbf k_t \mathbf v_t^\top
+#   = M_t S_{t-1} + E_t , \\
+# M_t &= D_t - \beta_t\, \mathbf k_t (D_t \mathbf k_t)^\top
+#   \qquad (\mathbf k_t \mathbf k_t^\top D_t = \mathbf k_t (D_t \mathbf k_t)^\top
+#   \text{ since } D_t = D_t^\top).
+# \end{align*}
+# $$
 #
-# The transition `A_t = (I - beta_t k_t k_t^T) D_t = D_t - beta_t k_t (D_t k_t)^T` is
-# **diagonal plus rank one**: cheap to apply, and with `||k_t|| = 1` its spectral norm is at
-# most 1. `kda_lib.kda_step` is this update followed by the read `o_t = scale * S_t^T q_t`.
+# The transition $M_t$ is **diagonal plus rank one**: cheap to apply. Its spectral norm is at
+# most
+# $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1 \cdot 1$.
+# `kda_lib.kda_step` is this update followed by the read $\mathbf o_t = S_t^\top \mathbf q_t /
+# \sqrt{d_k}$.
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -202,11 +338,12 @@ g_t = -np.asarray(jax.random.uniform(keys_g[0], (key_dim,), maxval=0.5), np.floa
 (k_t,), (v_t,) = random_pairs(keys_g[1], 1)
 q_t = unit_rows(jax.random.normal(keys_g[2], (key_dim,)))
 decay = np.diag(np.exp(g_t))
-A_t = (np.eye(key_dim) - beta_demo * np.outer(k_t, k_t)) @ decay
-assert_close(A_t, decay - beta_demo * np.outer(k_t, decay @ k_t), atol=1e-12,
+M_t = (np.eye(key_dim) - beta_demo * np.outer(k_t, k_t)) @ decay
+assert_close(M_t, decay - beta_demo * np.outer(k_t, decay @ k_t), atol=1e-12,
              name="diagonal plus rank one")
-assert np.linalg.norm(A_t, 2) <= 1 + 1e-12, "the KDA transition never amplifies the state"
-
+assert_close(delta_write(decay @ S0, k_t, v_t, beta_demo),
+             M_t @ S0 + beta_demo * np.outer(k_t, v_t), atol=1e-12, name="decay, then write")
+assert np.linalg.norm(M_t, 2) <= 1 + 1e-12, "the KDA transition never amplifies the state"
 
 
 def lib_step(S, q, k, v, g, beta):
@@ -218,8 +355,9 @@ def lib_step(S, q, k, v, g, beta):
         return np.asarray(S[0, 0]), np.asarray(o[0, 0])
 
 
+# %%
 S_next, o_next = lib_step(S0, q_t, k_t, v_t, g_t, beta_demo)
-assert_close(S_next, A_t @ S0 + beta_demo * np.outer(k_t, v_t), name="kda_step state")
+assert_close(S_next, M_t @ S0 + beta_demo * np.outer(k_t, v_t), name="kda_step state")
 assert_close(o_next, key_dim**-0.5 * q_t @ S_next, name="kda_step read")
 
 # the gated delta rule is KDA with the same decay in every channel: decay, then delta write
@@ -227,16 +365,16 @@ g_scalar = g_t[0]
 gated = delta_write(np.exp(g_scalar) * S0, k_t, v_t, beta_demo)
 S_uniform, _ = lib_step(S0, q_t, k_t, v_t, np.full(key_dim, g_scalar), beta_demo)
 assert_close(S_uniform, gated, name="gated delta rule = KDA with uniform decay")
-print(f"|A_t|_2 = {np.linalg.norm(A_t, 2):.3f} <= 1; kda_step matches the matrix form, and "
+print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1; kda_step matches the matrix form, and "
       "with one decay for all channels it is the gated delta rule")
 
 # %% [markdown]
-# ## 4. The whole recurrence in six lines
+# ## 5. The whole recurrence in six lines
 #
 # Everything above fits in one loop. This toy is the mathematical definition `kda_lib`
-# implements (per head, with a query scale `K^-1/2` by default); we run it in float64 and
-# check it against `kda_lib.kda_recurrent` under `jax.enable_x64`, with the gate computed by
-# `kda_lib.kda_gate` from random raw inputs, for two heads.
+# implements (per head, with the query scaled by $1/\sqrt{d_k}$ by default); we run it in
+# float64 and check it against `kda_lib.kda_recurrent` under `jax.enable_x64`, with the gate
+# computed by `kda_lib.kda_gate` from random raw inputs, for two heads.
 
 # %%
 def toy_kda(q, k, v, g, beta, scale):
@@ -254,20 +392,16 @@ def toy_kda(q, k, v, g, beta, scale):
     return np.array(outputs), np.array(states)
 
 
+# %%
 num_heads = 2
 ks = jax.random.split(key_toy, 7)
 shape = (1, toy_len, num_heads, key_dim)
 q = unit_rows(jax.random.normal(ks[0], shape))
 k = unit_rows(jax.random.normal(ks[1], shape))
 v = np.asarray(jax.random.normal(ks[2], (1, toy_len, num_heads, value_dim)), np.float64)
-g = np.asarray(
-    kda_lib.kda_gate(
-        jax.random.normal(ks[3], shape),
-        kda_lib.init_a_log(ks[4], num_heads),
-        kda_lib.init_dt_bias(ks[5], num_heads, key_dim),
-    ),
-    np.float64,
-)
+a_log, dt_bias = kda_lib.init_a_log(ks[4], num_heads), kda_lib.init_dt_bias(ks[5], num_heads,
+                                                                            key_dim)
+g = np.asarray(kda_lib.kda_gate(jax.random.normal(ks[3], shape), a_log, dt_bias), np.float64)
 beta = np.asarray(jax.nn.sigmoid(jax.random.normal(ks[6], (1, toy_len, num_heads))), np.float64)
 
 with jax.enable_x64(True):
@@ -283,15 +417,17 @@ for h in range(num_heads):
 print(f"toy == kda_lib.kda_recurrent (float64, {toy_len} tokens, {num_heads} heads)")
 
 # %% [markdown]
-# ## 5. How many pairs fit? Recall error against the number of stored pairs
+# ## 6. How many pairs fit? Recall error against the number of stored pairs
 #
-# Store `n` random pairs (unit keys, values of norm about 1) one token at a time, then query
-# the final memory with every stored key and measure the relative recall error
-# `||S^T k_j - v_j||^2 / ||v_j||^2`, averaged over pairs and over `num_seeds` draws. Three
-# memories: linear attention (`S += k v^T`), the delta rule (`beta = 1`, no decay) and KDA
-# (`beta = 1`, per-channel decay with half-lives log-uniform in
-# [`half_life_min`, `half_life_max`] tokens). One pass over each sequence gives the memory
-# after every prefix, so all `n` come from the same runs.
+# Store $n$ random pairs (unit keys, values of norm about 1) one token at a time, then query the
+# final memory with every stored key and measure the relative recall error
+# $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf v_j\rVert^2$, averaged over
+# pairs and over `num_seeds` draws. An error of $1$ is what a memory that returns $\mathbf 0$
+# scores; above $1$ the recall points away from the value. Three memories: linear attention
+# ($S \mathrel{+}= \mathbf k \mathbf v^\top$), the delta rule ($\beta = 1$, no decay) and KDA
+# ($\beta = 1$, per-channel decay with half-lives log-uniform in
+# [`half_life_min`, `half_life_max`] tokens). One pass over each sequence gives the memory after
+# every prefix, so all $n$ come from the same runs.
 
 # %%
 def recall_errors(states, keys, values):
@@ -300,19 +436,18 @@ def recall_errors(states, keys, values):
     return np.sum((recalled - values[None]) ** 2, -1) / np.sum(values**2, -1)[None]
 
 
+# %%
 key_pairs, key_life = jax.random.split(key_recall)
 all_keys, all_values = random_pairs(key_pairs, max_pairs, batch=(num_seeds,))
 log_life = jax.random.uniform(key_life, (num_seeds, key_dim), minval=np.log(half_life_min),
                               maxval=np.log(half_life_max))
 g_channels = np.log(0.5) / np.exp(np.asarray(log_life, np.float64))  # per step, <= 0
-
 stored = np.tril(np.ones((max_pairs, max_pairs)))  # stored[n, j]: pair j is in memory n
 curves = {"linear attention": [], "delta rule": [], "KDA": []}
 by_age = {name: [] for name in curves}
-ones = np.ones(max_pairs)
+ones, no_decay = np.ones(max_pairs), np.zeros((max_pairs, key_dim))
 for s in range(num_seeds):
     keys_s, values_s = all_keys[s], all_values[s]
-    no_decay = np.zeros((max_pairs, key_dim))
     memories = {
         "linear attention": np.cumsum(np.einsum("tk,tv->tkv", keys_s, values_s), axis=0),
         "delta rule": toy_kda(keys_s, keys_s, values_s, no_decay, ones, 1.0)[1],
@@ -326,7 +461,7 @@ for s in range(num_seeds):
 curves = {name: np.mean(c, axis=0) for name, c in curves.items()}
 by_age = {name: np.mean(c, axis=0) for name, c in by_age.items()}
 
-# %%
+# %% tags=["hide-input"]
 n_pairs = np.arange(1, max_pairs + 1)
 fig, (ax_n, ax_age) = plt.subplots(1, 2, figsize=(10, 3.8))
 styles = {"linear attention": "-", "delta rule": "--", "KDA": "-."}
@@ -334,51 +469,118 @@ for name, curve in curves.items():
     ax_n.plot(n_pairs, curve, styles[name], label=name)
     ax_age.plot(np.arange(max_pairs), by_age[name], styles[name], label=name)
 ax_n.axvline(key_dim, color="0.4", linewidth=1, linestyle=":")
-ax_n.annotate(f"n = K = {key_dim}", (key_dim, ax_n.get_ylim()[1] * 0.95), xytext=(4, 0),
-              textcoords="offset points", va="top", fontsize=9, color="0.3")
-ax_n.set_title("Recall error vs pairs stored")
-ax_n.set_xlabel("stored key/value pairs n")
-ax_n.set_ylabel("mean |S^T k - v|^2 / |v|^2")
+ax_n.annotate(f"$n = d_k = {key_dim}$", (key_dim, 0.02), xycoords=("data", "axes fraction"),
+              xytext=(4, 0), textcoords="offset points", fontsize=9, color="0.3")
+ax_n.set(title="Recall error vs pairs stored", xlabel="stored key/value pairs $n$",
+         ylabel=r"mean $\|S^\top k - v\|^2 / \|v\|^2$")
 ax_n.legend(loc="upper left")
 ax_age.axhline(1.0, color="0.4", linewidth=1, linestyle=":")
-ax_age.annotate("error 1 = recalls nothing", (0, 1.0), xytext=(0, 4),
-                textcoords="offset points", ha="left", fontsize=9, color="0.3")
+ax_age.annotate("error 1: what returning 0 scores", (max_pairs - 1, 1.0), xytext=(0, -12),
+                textcoords="offset points", ha="right", fontsize=9, color="0.3")
 ax_age.legend(loc="lower right")
-ax_age.set_title(f"After {max_pairs} writes: error by age of the pair")
-ax_age.set_xlabel("age of the pair (writes since it was stored)")
-ax_age.set_ylabel("|S^T k - v|^2 / |v|^2")
-fig.suptitle(f"Associative recall, K = V = {key_dim}, mean over {num_seeds} seeds")
+ax_age.set(title=f"After {max_pairs} writes: error by age of the pair",
+           xlabel="age of the pair (writes since it was stored)",
+           ylabel=r"$\|S^\top k - v\|^2 / \|v\|^2$")
+fig.suptitle(f"Associative recall, $d_k = d_v = {key_dim}$, mean over {num_seeds} seeds")
 viz.show(fig, "01_recall_vs_pairs")
 
 # %%
 lin, delta, kda_curve = curves["linear attention"], curves["delta rule"], curves["KDA"]
-upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. K (n = 1 is exact for all three)
+upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. d_k (n = 1 is exact for all three)
 assert np.all(delta[upto_k] < lin[upto_k]), "delta rule should beat linear attention for n <= K"
 assert max(lin[0], delta[0], kda_curve[0]) < 1e-12, "one pair is recalled exactly"
-if max_pairs >= 2 * key_dim:
-    assert kda_curve[-1] < delta[-1], "beyond capacity, forgetting beats interference"
 at_k = min(key_dim, max_pairs) - 1
-print(f"n = {at_k + 1}: linear {lin[at_k]:.2f}, delta {delta[at_k]:.2f}, KDA {kda_curve[at_k]:.2f}")
-print(f"n = {max_pairs}: linear {lin[-1]:.2f}, delta {delta[-1]:.2f}, KDA {kda_curve[-1]:.2f}")
+assert abs(lin[at_k] - at_k / key_dim) < 0.3 * at_k / key_dim, "linear: about (n - 1) / d_k"
+old = slice(max_pairs // 2, None)  # the older half of the pairs, after all writes
+old_error = {name: float(by_age[name][old].mean()) for name in by_age}
+beyond = max_pairs >= 2 * key_dim
+if beyond:
+    assert kda_curve[-1] < delta[-1], "beyond capacity, KDA's decay lowers the mean error"
+    assert min(old_error["delta rule"], old_error["KDA"]) > 1, "old pairs: worse than nothing"
+display(Markdown(
+    f"At $n = d_k = {at_k + 1}$ the mean errors are linear attention {lin[at_k]:.2f}, delta "
+    f"rule {delta[at_k]:.2f}, KDA {kda_curve[at_k]:.2f}; at $n = {max_pairs}$ they are "
+    f"{lin[-1]:.2f}, {delta[-1]:.2f} and {kda_curve[-1]:.2f}. The older half of the pairs "
+    f"ends at {old_error['linear attention']:.2f}, {old_error['delta rule']:.2f} and "
+    f"{old_error['KDA']:.2f}: "
+    + ("above 1 for every memory, so an old pair is not forgotten cleanly but recalled as "
+       "interference." if min(old_error.values()) > 1 else "see the right panel.")))
 
 # %% [markdown]
-# Reading the figure: linear attention's error grows like `(n - 1) / K` from the first
-# overlapping pair on; the delta rule recalls the newest pairs exactly and stays well below it
-# up to `n = K`, after which it must overwrite older pairs too. KDA's decay (half-lives of at
-# least `half_life_min` tokens here) barely changes the recall of recent pairs; beyond capacity
-# it lets old pairs fade to
-# "recalls nothing" (error 1) instead of leaving them as interference (error above 1), so its
-# average error ends lowest. In a trained model the gates choose, per channel and per token,
-# how long to remember; notebook 02 looks at those gates.
+# Reading the figure: linear attention's error grows like $(n-1)/d_k$ from the first
+# overlapping pair on. The delta rule recalls the newest pairs exactly and stays below linear
+# attention up to $n = d_k$, but not at zero: each write disturbs the older pairs it overlaps
+# (section 3), so a one-pass memory holds fewer than $d_k$ random pairs well. Beyond capacity
+# the old pairs of both delta-rule memories end with errors above 1 (the right panel): what
+# they return for an old key is mostly the residue of later writes, worse than returning
+# nothing. KDA's decay, with half-lives of at least `half_life_min` tokens here, is too slow to
+# clear them in `max_pairs` writes; it barely changes the recent pairs and lowers the mean a
+# little. In a trained model the gates choose, per channel and per token, how long to remember;
+# notebook 02 looks at those gates.
 #
 # ## Summary
 #
-# - Linear attention's state `S = sum k v^T` is an associative memory whose recall of pair `j`
-#   carries crosstalk `sum_{i != j} (k_i . k_j) v_i` (identity checked).
-# - The delta rule writes `beta k (v - S^T k)^T`: one SGD step on `1/2 ||S^T k - v||^2`
-#   (checked with `jax.grad`); it recalls the newest pair exactly and overwrites old values.
+# - Linear attention's state $S = \sum \mathbf k \mathbf v^\top$ is an associative memory whose
+#   recall of pair $j$ carries crosstalk $\sum_{i \ne j} (\mathbf k_i^\top \mathbf k_j)\mathbf v_i$
+#   (identity checked).
+# - The delta rule writes $\beta \mathbf k (\mathbf v - S^\top \mathbf k)^\top$: one SGD step on
+#   $\tfrac12 \lVert S^\top \mathbf k - \mathbf v\rVert^2$ (derived, checked with `jax.grad`); it
+#   shrinks the written key's error by $1 - \beta$ and overwrites old values.
+# - One pass is one Kaczmarz sweep: each write disturbs earlier overlapping keys, so one pass
+#   does not store $n \le d_k$ random pairs exactly; repeated sweeps do (checked).
 # - Gated delta rule = scalar decay; KDA = per-channel decay, a diagonal-plus-rank-one
-#   transition with spectral norm at most 1; `kda_step` is exactly that update and read.
+#   transition $M_t$ with spectral norm at most 1; `kda_step` is exactly that update and read.
 # - A six-line NumPy recurrence equals `kda_lib.kda_recurrent` in float64.
-# - Recall: the delta rule beats linear attention for every `n <= K`; beyond capacity KDA's
-#   forgetting gives the lowest error.
+# - Recall: the delta rule beats linear attention for every $n \le d_k$ (asserted); the numbers
+#   above come from this run.
+#
+# ## Exercises
+#
+# 1. **Partial writes.** Write the same pair $(\mathbf k, \mathbf v)$ three times with
+#    $\beta = 0.5$ into an empty memory. What fraction of $\mathbf v$ does the memory return?
+#    (Use section 2's error formula.)
+# 2. **Orthogonal keys do not interfere.** Store $d_k$ pairs with orthonormal keys in one
+#    delta-rule pass ($\beta = 1$) and check that every pair is recalled exactly.
+# 3. **Negative eigenvalues.** fla's `allow_neg_eigval` lets $\beta \in [0, 2]$. Show that
+#    $I - \beta \mathbf k \mathbf k^\top$ then has the eigenvalue $1 - \beta \in [-1, 1]$ and
+#    spectral norm still at most 1, so the state still cannot blow up.
+#
+# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+
+# %% tags=["solution", "hide-input"]
+# 1: the error is multiplied by (1 - beta) per write: 0.5^3 of v is still missing
+S_ex = np.zeros((key_dim, value_dim))
+for _ in range(3):
+    S_ex = delta_write(S_ex, k_new, v_new, 0.5)
+assert_close(k_new @ S_ex, (1 - 0.5**3) * v_new, atol=1e-12, name="exercise 1")
+# 2: orthonormal keys, one pass, exact recall of every pair
+values_ex = random_pairs(key_ortho, key_dim)[1]
+assert_close(ortho.T @ sweep(np.zeros((key_dim, value_dim)), ortho.T, values_ex), values_ex,
+             atol=1e-12, name="exercise 2")
+# 3: beta in [0, 2]: eigenvalues 1 - beta (once) and 1; spectral norm <= 1
+for beta_ex in (1.5, 2.0):
+    eig = np.sort(np.linalg.eigvalsh(np.eye(key_dim) - beta_ex * np.outer(k_new, k_new)))
+    assert np.isclose(eig[0], 1 - beta_ex) and np.abs(eig).max() <= 1 + 1e-12, "exercise 3"
+print("exercises 1-3: solutions checked")
+
+# %% [markdown]
+# ## References
+#
+# - A. Katharopoulos, A. Vyas, N. Pappas, F. Fleuret, *Transformers are RNNs: fast
+#   autoregressive transformers with linear attention*, ICML 2020.
+#   [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
+# - I. Schlag, K. Irie, J. Schmidhuber, *Linear transformers are secretly fast weight
+#   programmers*, ICML 2021 (the delta rule as a fast-weight update).
+#   [arXiv:2102.11174](https://arxiv.org/abs/2102.11174)
+# - S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, *Parallelizing linear transformers with the
+#   delta rule over sequence length* (DeltaNet), NeurIPS 2024.
+#   [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
+# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta
+#   rule*, ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA), 2025.
+#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - T. Strohmer, R. Vershynin, *A randomized Kaczmarz algorithm with exponential convergence*,
+#   2009 (Kaczmarz's method). [arXiv:math/0702226](https://arxiv.org/abs/math/0702226)
+# - fla's reference implementation of KDA:
+#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
+#   (`fla/ops/kda/naive.py`).

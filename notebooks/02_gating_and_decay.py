@@ -16,19 +16,21 @@
 # %% [markdown]
 # # 02 · Gating and decay: what KDA remembers, and for how long
 #
-# **Claim.** KDA's forget gate turns a raw per-channel input into a log-space decay `g <= 0`
-# with three parameters: `dt_bias` shifts the operating point of each channel, `A = exp(A_log)`
-# sets each head's rate, and the safe gate's `lower_bound` caps how much one token can erase.
-# At initialisation the per-channel half-lives span more than two orders of magnitude (from
-# under a token to hundreds of tokens), so one head holds short- and long-term memories side by
-# side. The delta rule keeps the state's norm bounded where linear attention's grows without
-# limit, and a KDA head is, for fixed queries, keys and gates, a causal `T x T` linear mixing
-# of the values, like attention but with signed weights. Every statement is checked below.
+# **Claim.** KDA's forget gate turns a raw per-channel input $\mathbf f_t$ into a log-space decay
+# $\mathbf g_t \le 0$ with three parameters: the bias $\mathbf b$ (`dt_bias`) shifts the
+# operating point of each channel, the rate $a_h$ (stored as `A_log`) sets each head's speed, and
+# the safe gate's floor $g_{\min}$ (`lower_bound`) caps how much one token can erase. At
+# initialisation the per-channel half-lives span more than two orders of magnitude, so one head
+# holds short- and long-term memories side by side. The delta rule keeps the state's norm
+# bounded where linear attention's grows without limit, and a KDA head is, for fixed queries,
+# keys and gates, a causal $T \times T$ linear mixing $\Omega$ of the values, like attention but
+# with signed weights. Every statement is checked below.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/02_gating_and_decay.ipynb)
 #
-# CI runs the small defaults of the `parameters` cell below in seconds; `make notebooks
-# PARAMS=full` runs the bigger experiment in `notebooks/params/full/02_gating_and_decay.yaml`.
+# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
+# the bigger experiment in `notebooks/params/full/02_gating_and_decay.yaml`.
 
 # %% tags=["parameters"]
 num_heads: int = 4  # heads whose gate parameters are drawn at initialisation
@@ -43,27 +45,36 @@ softmax_temperature: float = 0.1  # softmax attention scores are q.k / temperatu
 interactive: bool = True  # add ipywidgets sliders when ipywidgets is available
 seed: int = 0  # seed of the one jax.random.key below
 
+
 # %%
-# Setup: install kda_lib when it is missing (e.g. on Colab); a no-op wherever it is importable.
-try:
-    import kda_lib
-except ImportError:
-    # %pip install -q git+https://github.com/kda-notebooks/kda-notebooks
-    import kda_lib
+# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
+# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
+# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
+    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
+    (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import Markdown, display
 
+import kda_lib.notebook
 from kda_lib import viz
-from kda_lib.kernel import l2_normalize
+from kda_lib.norms import l2_normalize
 from kda_lib.testing import assert_close
 
-viz.setup_style()
-# Draw random numbers with the non-partitionable threefry: on CPU it compiles multi-dimensional
-# draws many times faster (seconds per shape otherwise); it only changes which numbers are drawn.
-jax.config.update("jax_threefry_partitionable", False)
+kda_lib.notebook.setup()
 
 # %%
 # Derived values
@@ -72,6 +83,7 @@ assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len g
 key = jax.random.key(seed)
 key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
 LN2 = float(np.log(2.0))
+A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)  # init_a_log and init_dt_bias draw from these
 
 
 def half_life(g):
@@ -82,16 +94,22 @@ def half_life(g):
 # %% [markdown]
 # ## 1. Two gate functions
 #
-# The layer projects each token to a raw gate input `f` (`[B, T, H, K]`), adds a learned
-# per-channel bias and activates it into a log decay, with `A = exp(A_log)` per head:
+# The layer projects each token to a raw gate input $\mathbf f_t \in \mathbb R^{d_k}$ per head
+# (`f: [B, T, H, K]`), adds a learned per-channel bias $\mathbf b$ and activates the sum into a
+# log decay, with the rate $a_h = e^{\texttt{A\_log}_h}$ of head $h$:
 #
-# - **softplus gate** (`lower_bound=None`): `g = -A * softplus(f + dt_bias)`. Unbounded below:
-#   a large input can wipe a channel in one token.
-# - **safe gate** (`lower_bound` in [-5, 0)): `g = lower_bound * sigmoid(A * (f + dt_bias))`.
-#   One token can remove at most a fraction `1 - exp(lower_bound)` of a channel.
+# $$
+# \text{softplus gate: } \mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t + \mathbf b),
+# \qquad
+# \text{safe gate: } \mathbf g_t = g_{\min}\, \sigma\big(a_h (\mathbf f_t + \mathbf b)\big),
+# \quad g_{\min} \in [-5, 0).
+# $$
 #
-# `dt_bias` moves the curve left and right (which inputs count as "forget"), `A_log` stretches
-# it (softplus: vertically; safe gate: horizontally), `lower_bound` sets the safe gate's floor.
+# The softplus gate (`lower_bound=None`) is unbounded below: a large input can wipe a channel in
+# one token. The safe gate (`lower_bound` $= g_{\min}$) stays above $g_{\min}$, so one token
+# removes at most a fraction $1 - e^{g_{\min}}$ of a channel. $\mathbf b$ moves the curve left
+# and right (which inputs count as "forget"), $a_h$ stretches it (softplus gate: vertically;
+# safe gate: horizontally), $g_{\min}$ sets the safe gate's floor.
 
 # %%
 x = np.linspace(-8.0, 8.0, 401, dtype=np.float32)
@@ -105,23 +123,24 @@ def gate_curve(a_log, bound=None, bias=0.0):
     return np.asarray(g[0, :, 0, 0])
 
 
+# %% tags=["hide-input"]
 fig, (ax_sp, ax_safe) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
 for a in (1.0, 4.0, 16.0):
-    ax_sp.plot(x, gate_curve(np.log(a)), label=f"A = {a:g}")
-ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="A = 1, dt_bias = +2")
+    ax_sp.plot(x, gate_curve(np.log(a)), label=f"$a = {a:g}$")
+ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a = 1$, $b = +2$")
 ax_sp.set_ylim(-20, 1)
-ax_sp.set_title("Softplus gate  g = -A softplus(f + dt_bias)")
+ax_sp.set_title(r"Softplus gate  $g = -a\,\mathrm{softplus}(f + b)$")
 for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (-1.0, 1.0)):
-    ax_safe.plot(x, gate_curve(np.log(a), bound), label=f"bound {bound:g}, A = {a:g}")
+    ax_safe.plot(x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a = {a:g}$")
 ax_safe.plot(x, gate_curve(0.0, lower_bound, bias=2.0), linestyle="--",
-             label=f"bound {lower_bound:g}, A = 1, dt_bias = +2")
+             label=f"$g_{{\\min}} = {lower_bound:g}$, $a = 1$, $b = +2$")
 ax_safe.axhline(lower_bound, color="0.4", linewidth=1, linestyle=":")
-ax_safe.set_title("Safe gate  g = bound * sigmoid(A (f + dt_bias))")
+ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a (f + b))$")
 for ax in (ax_sp, ax_safe):
-    ax.set_xlabel("raw gate input f (dt_bias = 0 unless stated)")
-    ax.set_ylabel("log decay per token g")
+    ax.set(xlabel="raw gate input $f$ (bias $b = 0$ unless stated)",
+           ylabel="log decay per token $g$")
 ax_sp.legend(loc="lower left", fontsize=8)
-ax_safe.legend(loc="center left", bbox_to_anchor=(0.58, 0.5), fontsize=8)
+ax_safe.legend(loc="center left", bbox_to_anchor=(0.5, 0.5), fontsize=8)
 viz.show(fig, "02_gate_functions")
 
 # %%
@@ -133,8 +152,7 @@ assert_close(gate_curve(np.log(4.0), lower_bound), lower_bound * sigmoid, name="
 assert gate_curve(np.log(16.0)).max() <= 0 and gate_curve(0.0, lower_bound).max() <= 0
 assert gate_curve(np.log(16.0), lower_bound).min() >= lower_bound
 assert gate_curve(0.0)[-1] < lower_bound, "the softplus gate is unbounded below"
-# dt_bias is a shift of the input axis
-n_shift = round(2.0 / float(x[1] - x[0]))  # grid points in a shift of 2
+n_shift = round(2.0 / float(x[1] - x[0]))  # grid points in a shift of 2: b shifts the input axis
 shifted = gate_curve(0.0, lower_bound, bias=2.0)
 _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], atol=1e-5,
                  name="dt_bias shifts the input axis")
@@ -142,14 +160,21 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 # %% [markdown]
 # ## 2. Half-lives at initialisation
 #
-# `init_a_log` draws `A` uniformly in [1, 16] per head; `init_dt_bias` draws
-# `dt = softplus(dt_bias)` log-uniformly in [1e-3, 1e-1] per channel. For a zero raw input the
-# softplus gate then decays channel `c` of head `h` by `g = -A_h dt_c` per token, a
-# **half-life** of `ln 2 / (A_h dt_c)` tokens: between `ln 2 / 1.6 = 0.4` and `ln 2 / 1e-3 =
-# 693` tokens. The safe gate starts from `A_log = 0` (A = 1) and the same `dt_bias`, so
-# `g = lower_bound * sigmoid(dt_bias) = lower_bound * (1 - exp(-dt))` (because
-# `exp(dt_bias) = exp(dt) - 1`), almost `lower_bound * dt`: at init the safe gate behaves like
-# a softplus gate with `A = |lower_bound|`.
+# `init_a_log` draws $a_h$ uniformly in $[1, 16]$ per head; `init_dt_bias` draws the time step
+# $\boldsymbol\tau = \operatorname{softplus}(\mathbf b)$ log-uniformly in $[10^{-3}, 10^{-1}]$ per
+# channel. For a zero raw input the softplus gate then decays channel $c$ of head $h$ by
+# $g = -a_h \tau_c$ per token, a **half-life**
+#
+# $$
+# t_{1/2} = \frac{\ln 2}{a_h \tau_c} \in \Big[\frac{\ln 2}{16 \cdot 10^{-1}},\
+#   \frac{\ln 2}{1 \cdot 10^{-3}}\Big] \text{ tokens}.
+# $$
+#
+# The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since
+# $e^{b} = e^{\tau} - 1$ (the inverse softplus),
+# $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its initial decay is
+# $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$: at initialisation the safe gate behaves
+# like a softplus gate with $a = \lvert g_{\min} \rvert$.
 
 # %%
 a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)
@@ -158,108 +183,101 @@ dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 zero_f = jnp.zeros((1, 1, num_heads, key_dim))
 g0_sp = np.asarray(kda_lib.kda_gate(zero_f, a_log_sp, dt_bias)[0, 0])  # [H, K]
 g0_safe = np.asarray(kda_lib.kda_gate(zero_f, a_log_safe, dt_bias, lower_bound=lower_bound)[0, 0])
-
-dt = np.logaddexp(0.0, np.asarray(dt_bias, np.float64))  # softplus(dt_bias)
-assert dt.min() >= 1e-3 * (1 - 1e-4) and dt.max() <= 1e-1 * (1 + 1e-4), "dt in [1e-3, 1e-1]"
-assert np.all((np.exp(a_log_sp) >= 1) & (np.exp(a_log_sp) <= 16)), "A in [1, 16]"
-assert_close(g0_sp, -np.exp(np.asarray(a_log_sp))[:, None] * dt.reshape(num_heads, key_dim),
-             rtol=1e-5, name="g = -A dt at f = 0")
-assert_close(g0_safe, lower_bound * -np.expm1(-dt).reshape(num_heads, key_dim), rtol=1e-5,
-             name="safe gate at init = lower_bound (1 - exp(-dt))")
+tau = np.logaddexp(0.0, np.asarray(dt_bias, np.float64)).reshape(num_heads, key_dim)
+assert tau.min() >= DT_RANGE[0] * (1 - 1e-4) and tau.max() <= DT_RANGE[1] * (1 + 1e-4)
+a_h = np.exp(np.asarray(a_log_sp, np.float64))
+assert np.all((a_h >= A_RANGE[0]) & (a_h <= A_RANGE[1])), "a in [1, 16]"
+assert_close(g0_sp, -a_h[:, None] * tau, rtol=1e-5, name="g = -a tau at f = 0")
+assert_close(g0_safe, lower_bound * -np.expm1(-tau), rtol=1e-5,
+             name="safe gate at init = g_min (1 - exp(-tau))")
 life_sp, life_safe = half_life(g0_sp), half_life(g0_safe)
-assert life_sp.min() >= LN2 / 1.6 * (1 - 1e-4) and life_sp.max() <= LN2 / 1e-3 * (1 + 1e-4)
+bounds = (LN2 / (A_RANGE[1] * DT_RANGE[1]), LN2 / (A_RANGE[0] * DT_RANGE[0]))
+assert bounds[0] * (1 - 1e-4) <= life_sp.min() and life_sp.max() <= bounds[1] * (1 + 1e-4)
 assert life_sp.max() / life_sp.min() > 100, "init half-lives span over two orders of magnitude"
-for name, life in (("softplus gate", life_sp), ("safe gate", life_safe)):
-    print(f"{name:13s}: half-lives from {life.min():6.2f} to {life.max():6.1f} tokens "
-          f"(median {np.median(life):5.1f}) over {life.size} channels")
+display(Markdown(
+    f"Possible range at init: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn here: "
+    + "; ".join(f"{name}, {life.min():.2f} to {life.max():.1f} tokens (median "
+                f"{np.median(life):.1f}) over {life.size} channels"
+                for name, life in (("softplus gate", life_sp), ("safe gate", life_safe)))
+    + f". The softplus gate's spread is {life_sp.max() / life_sp.min():.0f}x."))
 
-bins = np.geomspace(0.2, 2e3, 41)
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
+bins = np.geomspace(0.2, 2e3, 41)
 ax.hist(life_sp.ravel(), bins=bins, histtype="step", linewidth=2,
-        label="softplus gate (A_log = log U(1, 16))")
+        label=r"softplus gate ($a \sim U(1, 16)$)")
 ax.hist(life_safe.ravel(), bins=bins, histtype="step", linewidth=2, linestyle="--",
-        label=f"safe gate (A_log = 0, lower_bound = {lower_bound:g})")
-for bound_life in (LN2 / 1.6, LN2 / 1e-3):
+        label=f"safe gate ($a = 1$, $g_{{\\min}} = {lower_bound:g}$)")
+for bound_life in bounds:
     ax.axvline(bound_life, color="0.5", linewidth=1, linestyle=":")
-ax.annotate("softplus range at init", (LN2 / 1.6, 0.97), xycoords=("data", "axes fraction"),
+ax.annotate("softplus range at init", (bounds[0], 0.97), xycoords=("data", "axes fraction"),
             xytext=(4, 0), textcoords="offset points", va="top", fontsize=9, color="0.3")
 ax.set_xscale("log")
 ax.yaxis.get_major_locator().set_params(integer=True)
 ax.set_ylim(0, 1.35 * ax.get_ylim()[1])  # room for the legend
-ax.set_title(f"Per-channel half-lives at init, zero gate input ({num_heads} heads x {key_dim} "
-             "channels)")
-ax.set_xlabel("half-life (tokens, log scale)")
-ax.set_ylabel("channels")
+ax.set(title=f"Per-channel half-lives at init, zero gate input ({num_heads} heads x {key_dim} "
+       "channels)", xlabel="half-life $t_{1/2}$ (tokens, log scale)", ylabel="channels")
 ax.legend(loc="upper right")
 viz.show(fig, "02_half_lives_at_init")
 
 # %% [markdown]
 # ## 3. Cumulative decay over a sequence
 #
-# What a channel stored at token 0 is still there at token `t` with weight
-# `exp(g_1 + ... + g_t)`. With a random raw input `f` (standing in for the projection of real
-# tokens) the per-token decays fluctuate around the init values. In each panel a row is one
-# channel of one head (sorted by its half-life at init) and the colour is the log10 of the
-# fraction retained since token 0: long-memory channels stay bright for the whole sequence,
-# fast ones are gone within a few tokens. The head with the largest `A` forgets fastest. The
-# safe gate looks like the softplus gate with `A = |lower_bound|` (section 2) and, unlike it,
-# can never drop below `lower_bound * t`.
+# What a channel stored at token 0 is still there at token $t$ with weight
+# $e^{g_1 + \dots + g_t}$. With a random raw input $\mathbf f$ (standing in for the projection of
+# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate around the
+# init values. In each panel a row is one channel of one head (sorted by its half-life at init)
+# and the colour is the $\log_{10}$ of the fraction retained since token 0: long-memory channels
+# stay bright for the whole sequence, fast ones are gone within a few tokens. The head with the
+# largest $a_h$ forgets fastest. The safe gate looks like the softplus gate with
+# $a = \lvert g_{\min}\rvert$ (section 2) and, unlike it, its cumulative decay never drops below
+# $g_{\min}\, t$.
 
 # %%
 f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))
 g_sp = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64)  # [T, H, K]
 g_safe = np.asarray(kda_lib.kda_gate(f, a_log_safe, dt_bias, lower_bound=lower_bound)[0],
                     np.float64)
-rates = np.exp(np.asarray(a_log_sp, np.float64))
-slow, fast = int(np.argmin(rates)), int(np.argmax(rates))
-panels = [
-    (f"softplus gate, head {slow} (A = {rates[slow]:.1f})", g_sp[:, slow], life_sp[slow]),
-    (f"softplus gate, head {fast} (A = {rates[fast]:.1f})", g_sp[:, fast], life_sp[fast]),
-    (f"safe gate, head {slow} (A = 1, bound {lower_bound:g})", g_safe[:, slow], life_safe[slow]),
-]
-floor = -6.0
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
-for i, (ax, (title, g_head, life)) in enumerate(zip(axes, panels, strict=True)):
-    log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)  # [K, T]
-    image = viz.heatmap(ax, np.maximum(log10_kept, floor), title=title,
-                        xlabel="tokens since the write (tokens)",
-                        ylabel="channel (longest memory on top)" if i == 0 else "",
-                        cbar_label="", vmin=floor, vmax=0.0, colorbar=False,
-                        extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5))
-fig.colorbar(image, ax=axes, shrink=0.9, label="log10 fraction retained")
-fig.suptitle(f"Cumulative decay exp(g_1 + ... + g_t) per channel, f ~ N(0, {gate_input_std:g}^2)")
-viz.show(fig, "02_cumulative_decay")
-
+slow, fast = int(np.argmin(a_h)), int(np.argmax(a_h))
 kept_sp, kept_safe = np.exp(np.cumsum(g_sp, 0)), np.exp(np.cumsum(g_safe, 0))
 for kept in (kept_sp, kept_safe):
     assert np.all(np.diff(kept, axis=0) <= 0) and kept.max() <= 1.0, "retention only shrinks"
 steps = np.arange(1, seq_len + 1)[:, None, None]
 assert np.all(np.cumsum(g_safe, 0) >= lower_bound * steps - 1e-9), "safe gate floor"
-assert np.median(life_sp[fast]) < np.median(life_sp[slow]), "larger A forgets faster"
+assert np.median(life_sp[fast]) < np.median(life_sp[slow]), "larger a forgets faster"
+
+# %% tags=["hide-input"]
+panels = [(f"softplus gate, head {slow} ($a$ = {a_h[slow]:.1f})", g_sp[:, slow], life_sp[slow]),
+          (f"softplus gate, head {fast} ($a$ = {a_h[fast]:.1f})", g_sp[:, fast], life_sp[fast]),
+          (f"safe gate, head {slow} ($a$ = 1, $g_{{\\min}}$ = {lower_bound:g})", g_safe[:, slow],
+           life_safe[slow])]
+floor = -6.0
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
+for n, (ax, (title, g_head, life)) in enumerate(zip(axes, panels, strict=True)):
+    log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)  # [K, T]
+    image = viz.heatmap(ax, np.maximum(log10_kept, floor), title=title,
+                        xlabel="tokens since the write (tokens)",
+                        ylabel="channel (longest memory on top)" if n == 0 else "",
+                        cbar_label="", vmin=floor, vmax=0.0, colorbar=False,
+                        extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5))
+fig.colorbar(image, ax=axes, shrink=0.9, label="log10 fraction retained")
+fig.suptitle(r"Cumulative decay $e^{g_1 + \dots + g_t}$ per channel, "
+             f"$f \\sim N(0, {gate_input_std:g}^2)$")
+viz.show(fig, "02_cumulative_decay")
 
 # %% [markdown]
 # ## 4. The state's norm over a sequence
 #
-# Linear attention adds `k v^T` forever, so `||S_t||_F` grows like `sqrt(t)` for random
-# inputs. The delta rule writes only the recall error, so the state stops growing once it is
-# "full" (its `||S||` settles at the size of about `K` stored pairs), and decay shrinks it
-# further. We run `kda_lib.kda_step` in a `lax.scan`, recording `||S_t||_F` after each token,
-# with random unit keys, unit-variance values and `beta = beta_value`.
+# Linear attention adds $\mathbf k_t \mathbf v_t^\top$ forever. For random unit keys and values
+# with $\mathbb E \lVert \mathbf v\rVert^2 = d_v$ the terms are uncorrelated, so
+# $\mathbb E \lVert S_t \rVert_F^2 = \sum_{s \le t} \lVert \mathbf k_s\rVert^2 \lVert\mathbf v_s
+# \rVert^2 = t\, d_v$ and $\lVert S_t\rVert_F$ grows like $\sqrt{t\, d_v}$. The delta rule writes
+# only the recall error, so the state stops growing once it is "full", and decay shrinks it
+# further. `kda_lib.viz.state_norms` runs `kda_step` in a `lax.scan` and records
+# $\lVert S_t\rVert_F$ after each token, here with random unit keys, unit-variance values and
+# $\beta$ = `beta_value`.
 
 # %%
-@jax.jit
-def state_norms(k, v, g, beta):
-    """||S_t||_F after every token for one head: k, g [T, K]; v [T, V]; beta [T]."""
-
-    def step(state, x):
-        k_t, v_t, g_t, b_t = (y[None, None] for y in x)  # add B = H = 1
-        state, _ = kda_lib.kda_step(state, k_t, k_t, v_t, g_t, b_t)
-        return state, jnp.linalg.norm(state)
-
-    state0 = jnp.zeros((1, 1, k.shape[-1], v.shape[-1]))
-    return jax.lax.scan(step, state0, (k, v, g, beta))[1]
-
-
 norm_len = 4 * seq_len
 key_k, key_v, key_fn = jax.random.split(key_state, 3)
 k_rand = l2_normalize(jax.random.normal(key_k, (norm_len, key_dim)))
@@ -268,26 +286,12 @@ f_long = gate_input_std * jax.random.normal(key_fn, (1, norm_len, num_heads, key
 g_long_sp = kda_lib.kda_gate(f_long, a_log_sp, dt_bias)[0, :, 0]
 g_long_safe = kda_lib.kda_gate(f_long, a_log_safe, dt_bias, lower_bound=lower_bound)[0, :, 0]
 betas = jnp.full((norm_len,), beta_value)
-norms = {
-    "linear attention": np.linalg.norm(
-        np.cumsum(np.einsum("tk,tv->tkv", k_rand, v_rand), axis=0), axis=(1, 2)),
-    "delta rule (no decay)": np.asarray(
-        state_norms(k_rand, v_rand, jnp.zeros_like(g_long_sp), betas)),
-    "KDA, softplus gate": np.asarray(state_norms(k_rand, v_rand, g_long_sp, betas)),
-    "KDA, safe gate": np.asarray(state_norms(k_rand, v_rand, g_long_safe, betas)),
-}
-fig, ax = plt.subplots(figsize=(8, 3.4))
-tokens = np.arange(1, norm_len + 1)
-for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=True):
-    ax.plot(tokens, n, style, label=name)
-ax.plot(tokens, np.sqrt(tokens * value_dim), color="0.5", linewidth=1,
-        label="sqrt(t V)  (random walk)")
-ax.set_title(f"State norm over a sequence (K = V = {key_dim}, beta = {beta_value:g}, head 0)")
-ax.set_xlabel("token t (tokens)")
-ax.set_ylabel("|S_t|_F")
-ax.legend(loc="upper left")
-viz.show(fig, "02_state_norm")
-
+norms = {"linear attention": np.linalg.norm(np.cumsum(np.einsum("tk,tv->tkv", k_rand, v_rand),
+                                                      axis=0), axis=(1, 2)),
+         "delta rule (no decay)": viz.state_norms(k_rand, v_rand, 0 * g_long_sp, betas),
+         "KDA, softplus gate": viz.state_norms(k_rand, v_rand, g_long_sp, betas),
+         "KDA, safe gate": viz.state_norms(k_rand, v_rand, g_long_safe, betas)}
+norms = {name: np.asarray(n) for name, n in norms.items()}
 lin, delta = norms["linear attention"], norms["delta rule (no decay)"]
 quarter = norm_len // 4
 assert 1.6 < lin[-1] / lin[quarter - 1] < 2.5, "linear attention grows like sqrt(t)"
@@ -297,20 +301,37 @@ for name in ("KDA, softplus gate", "KDA, safe gate"):
     assert norms[name][-1] <= delta[-1], f"{name}: with these gates the state ends smaller"
 print(", ".join(f"{name}: {n[-1]:.1f}" for name, n in norms.items()), f"at t = {norm_len}")
 
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(8, 3.4))
+tokens = np.arange(1, norm_len + 1)
+for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=True):
+    ax.plot(tokens, n, style, label=name)
+ax.plot(tokens, np.sqrt(tokens * value_dim), color="0.5", linewidth=1,
+        label=r"$\sqrt{t\, d_v}$ (random walk)")
+ax.set(title=f"State norm over a sequence ($d_k = d_v = {key_dim}$, $\\beta = {beta_value:g}$, "
+       "head 0)", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
+ax.legend(loc="upper left")
+viz.show(fig, "02_state_norm")
+
 # %% [markdown]
-# ## 5. A KDA head as a T x T mixing matrix
+# ## 5. A KDA head as a $T \times T$ mixing matrix
 #
-# For fixed `q, k, g, beta` the recurrence is linear in the values, and every value channel
-# goes through the same map, so `o = A v` for one lower-triangular `A` (`[T, T]`): `A[t, s]` is
-# how much `v_s` contributes to `o_t`. `kda_lib.viz.kda_mixing_matrix` reads it off by feeding
-# one-hot values; we check it against `jax.jacobian`. To make both matrices readable the
-# tokens come from a small vocabulary (`q_t = k_t` = the token's unit embedding): softmax
-# attention spreads its weight over **every** earlier occurrence of the current token, while
-# KDA's delta rule mostly reads the **latest** one (each write of a key overwrites the last,
-# with weight `beta`, `beta (1 - beta)`, ... on older copies), with small signed corrections and
-# the gates fading old writes (we use the slowest head's decays from section 3). We pass
-# `scale=1` so the entries read as recall weights. The diagonal (`A[t, t] = beta`) is left off
-# the colour scale so the rest is visible.
+# For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, and
+# every value channel goes through the same map, so $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$
+# for one lower-triangular $\Omega \in \mathbb R^{T \times T}$: $\Omega_{ts}$ is how much
+# $\mathbf v_s$ contributes to $\mathbf o_t$. `kda_lib.viz.kda_mixing_matrix` reads it off by
+# feeding one-hot values; we check it against `jax.jacobian`. To make both matrices readable the
+# tokens come from a small vocabulary ($\mathbf q_t = \mathbf k_t$ = the token's unit
+# embedding), and we pass `scale=1` so the entries read as recall weights.
+#
+# What to expect from the delta rule: the read comes after the write, and the write of token
+# $t$ replaces a fraction $\beta$ of what its key held. So with $\mathbf q_t = \mathbf k_t$ the
+# diagonal is $\Omega_{tt} = \beta$, the latest earlier occurrence of the same token keeps about
+# $(1 - \beta)$ times its decay, the one before $(1 - \beta)^2$, and so on, plus small signed
+# corrections from the overlaps of different tokens' embeddings. Softmax attention instead
+# spreads its weight over **every** earlier occurrence of the current token. A symmetric log
+# colour scale shows the diagonal and the small weights at once (we use the slowest head's
+# decays from section 3).
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -319,9 +340,8 @@ embedding = l2_normalize(jax.random.normal(key_emb, (vocab_size, key_dim)))
 q_mix = k_mix = embedding[tokens_ids]  # [T, K]
 g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays (section 3)
 beta_mix = jnp.full((mix_len,), beta_value)
-
 mixing = jax.jit(viz.kda_mixing_matrix, static_argnames=["scale"])
-A = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
+Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
 v_probe = jax.random.normal(key_fm, (mix_len, 1))
 
 
@@ -333,104 +353,92 @@ def one_channel(v_col):
 
 
 jac = np.asarray(jax.jacobian(one_channel)(v_probe)[:, :, 0])
-assert_close(A, jac, atol=1e-5, name="mixing matrix = d o / d v")
-assert_close(A @ np.asarray(v_probe[:, 0]), one_channel(v_probe), atol=1e-5, name="o = A v")
-assert np.all(np.triu(A, 1) == 0), "causal: o_t never sees v_s for s > t"
+assert_close(Omega, jac, atol=1e-5, name="mixing matrix = d o / d v")
+assert_close(Omega @ np.asarray(v_probe[:, 0]), one_channel(v_probe), atol=1e-5, name="o = Ω v")
+assert np.all(np.triu(Omega, 1) == 0), "causal: o_t never sees v_s for s > t"
+_ = assert_close(np.diag(Omega), np.full(mix_len, beta_value), atol=1e-5, name="diagonal = beta")
 
-P = np.asarray(viz.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
-off_diagonal = np.abs(np.tril(A, -1)).max()
-soft_max = float(np.tril(P, -1).max())
+# %% tags=["hide-input"]
+Omega_soft = np.asarray(viz.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
 fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
-viz.heatmap(ax_kda, A, title="KDA head: o = A v (signed)", xlabel="source token s",
-            ylabel="output token t", cbar_label="A[t, s] (diagonal off scale)", diverging=True,
-            vmin=-off_diagonal, vmax=off_diagonal)
-viz.heatmap(ax_soft, P, title=f"Causal softmax attention, temperature {softmax_temperature:g}",
-            xlabel="source token s", ylabel="output token t",
-            cbar_label="weight (diagonal off scale)", vmin=0.0, vmax=soft_max)
-fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, q_t = k_t, "
-             f"beta = {beta_value:g}")
+viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
+            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+            diverging=True, norm=viz.signed_log_norm(Omega))
+viz.heatmap(ax_soft, Omega_soft, title=f"Causal softmax attention, temperature "
+            f"{softmax_temperature:g}", xlabel="source token s", ylabel="output token t",
+            cbar_label="weight (log scale)",
+            norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0, clip=True))
+fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
+             f"$\\beta = {beta_value:g}$")
 viz.show(fig, "02_mixing_matrices")
 
 # %%
-ids = np.asarray(tokens_ids)
-t_last = mix_len - 1
-same = np.flatnonzero(ids[: t_last] == ids[t_last])  # earlier occurrences of the last token
+ids, t_last = np.asarray(tokens_ids), mix_len - 1
+same = np.flatnonzero(ids[:t_last] == ids[t_last])  # earlier occurrences of the last token
+assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's can be negative"
+_ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
 if same.size >= 2:
     latest, older = same[-1], same[:-1]
-    print(f"last token: softplus-gate KDA weight {A[t_last, latest]:.3f} on its latest earlier "
-          f"occurrence, max {np.abs(A[t_last, older]).max():.3f} on older ones; softmax "
-          f"{P[t_last, latest]:.3f} vs {P[t_last, older].max():.3f}")
-    assert P[t_last, older].max() > 0.5 * P[t_last, latest], "softmax spreads over repeats"
-assert np.all(P >= 0) and (A < -1e-3).any(), "softmax weights are >= 0; KDA's can be negative"
-_ = assert_close(P.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
+    assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
+    assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "softmax spreads"
+    display(Markdown(
+        f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
+        f"{Omega[t_last, t_last]:.3f} on itself, {Omega[t_last, latest]:.3f} on its latest earlier "
+        f"occurrence ($(1 - \\beta)$ times the decay since: "
+        f"{(1 - beta_value) * np.exp(g_mix[latest + 1:].sum(0)).mean():.3f} on average over the "
+        f"channels) and at most {np.abs(Omega[t_last, older]).max():.3f} on older ones; softmax "
+        f"puts {Omega_soft[t_last, t_last]:.3f} on itself, {Omega_soft[t_last, latest]:.3f} on "
+        f"the latest and up to {Omega_soft[t_last, older].max():.3f} on older ones."))
 
 # %% [markdown]
 # ## 6. Explore: move the gate parameters yourself
 #
-# `plot_gate_explorer` recomputes the three views above for one head with **one** shared
-# `A_log`, `dt_bias`, `lower_bound` and `beta` (the random gate input `f` still varies by
-# channel and token). The notebook calls it directly; with `interactive=True` and ipywidgets
-# installed, sliders below drive the same function (the sliders need a live notebook; papermill
-# and the rendered HTML show the direct call).
+# `plot_gate_explorer` recomputes the three views above for one head with **one** shared $a$
+# (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input $\mathbf f$ still
+# varies by channel and token). The notebook calls it directly; with `interactive=True` and
+# ipywidgets installed, sliders below drive the same function (the sliders need a live
+# notebook; papermill and the rendered HTML show the direct call).
 
 # %%
 def plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=-5.0, beta=0.9, gate="safe"):
-    """Cumulative decay, mixing matrix and state norm of one head for the given gate settings.
-
-    gate: "safe" (uses ``bound``) or "softplus" (ignores it).
-    """
-    f_head = f[:, :, slow : slow + 1]  # [1, T, 1, K] raw gate input of one head
-    g = kda_lib.kda_gate(f_head, jnp.array([a_log], jnp.float32),
+    """Cumulative decay, mixing matrix and state norm of one head (gate: "safe" or "softplus")."""
+    g = kda_lib.kda_gate(f[:, :, slow: slow + 1], jnp.array([a_log], jnp.float32),
                          jnp.full((key_dim,), dt_bias_value, jnp.float32),
                          lower_bound=bound if gate == "safe" else None)[0, :, 0]  # [T, K]
     b = jnp.full((seq_len,), beta)
     matrix = np.asarray(mixing(q_mix, k_mix, g[:mix_len], b[:mix_len], scale=1.0))
-    norm = np.asarray(state_norms(k_rand[:seq_len], v_rand[:seq_len], g, b))
+    norm = np.asarray(viz.state_norms(k_rand[:seq_len], v_rand[:seq_len], g, b))
     assert np.isfinite(matrix).all() and np.isfinite(norm).all()
-    log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)
     life = half_life(np.median(np.asarray(g), axis=0))
-
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(13, 3.6),
-                                        gridspec_kw={"width_ratios": [1.1, 1.1, 1]})
-    fig.get_layout_engine().set(wspace=0.06)
-    off_diagonal = max(float(np.abs(np.tril(matrix, -1)).max()), 1e-6)
-    viz.heatmap(ax0, np.maximum(log10_kept[np.argsort(life)[::-1]], floor),
-                title="Cumulative decay", xlabel="tokens since the write (tokens)",
-                ylabel="channel (longest memory on top)", cbar_label="log10 fraction retained",
-                vmin=floor, vmax=0.0)
-    viz.heatmap(ax1, matrix, title="Mixing matrix A", xlabel="source token s",
-                ylabel="output token t", cbar_label="A[t, s] (diagonal off scale)",
-                diverging=True, vmin=-off_diagonal, vmax=off_diagonal)
-    ax2.plot(np.arange(1, seq_len + 1), norm)
-    ax2.set_title("State norm")
-    ax2.set_xlabel("token t (tokens)")
-    ax2.set_ylabel("|S_t|_F")
-    detail = f", lower_bound {bound:g}" if gate == "safe" else ""
-    fig.suptitle(f"{gate} gate: A_log {a_log:g}, dt_bias {dt_bias_value:g}{detail}, "
-                 f"beta {beta:g}; median half-life {np.median(life):.1f} tokens")
+    log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)
+    detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
+    fig = viz.gate_explorer(log10_kept[np.argsort(life)[::-1]], matrix, norm, floor=floor,
+                            title=f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}, "
+                                  f"$\\beta$ {beta:g}; median half-life "
+                                  f"{np.median(life):.1f} tokens")
     viz.show(fig, "02_gate_explorer")
 
 
 plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value, gate="safe")
 
-# %%
+# %% tags=["hide-input"]
 if interactive:
     try:
         import ipywidgets as widgets
-        from IPython.display import display
     except ImportError:
         widgets = None
         print("ipywidgets is not installed: no sliders (the figure above is the default view)")
     if widgets is not None:
+        slider = dict(continuous_update=False)
         sliders = {
-            "a_log": widgets.FloatSlider(value=0.0, min=-2.0, max=3.0, step=0.1,
-                                         description="A_log"),
-            "dt_bias_value": widgets.FloatSlider(value=-6.0, min=-10.0, max=4.0, step=0.25,
-                                                 description="dt_bias"),
-            "bound": widgets.FloatSlider(value=lower_bound, min=-5.0, max=-0.1, step=0.1,
-                                         description="lower_bound"),
-            "beta": widgets.FloatSlider(value=beta_value, min=0.0, max=1.0, step=0.05,
-                                        description="beta"),
+            "a_log": widgets.FloatSlider(0.0, min=-2, max=3, step=0.1, description="A_log",
+                                         **slider),
+            "dt_bias_value": widgets.FloatSlider(-6.0, min=-10, max=4, step=0.25,
+                                                 description="dt_bias", **slider),
+            "bound": widgets.FloatSlider(lower_bound, min=-5, max=-0.1, step=0.1,
+                                         description="lower_bound", **slider),
+            "beta": widgets.FloatSlider(beta_value, min=0, max=1, step=0.05, description="beta",
+                                        **slider),
             "gate": widgets.Dropdown(options=["safe", "softplus"], value="safe",
                                      description="gate"),
         }
@@ -441,15 +449,52 @@ if interactive:
 # %% [markdown]
 # ## Summary
 #
-# - `kda_gate` is `-A softplus(f + dt_bias)` (unbounded) or
-#   `lower_bound * sigmoid(A (f + dt_bias))` (each token erases at most `1 - e^lower_bound`);
-#   both are `<= 0`, `dt_bias` shifts the input axis and `A_log` scales it.
-# - At init (`A` in [1, 16], `dt` log-uniform in [1e-3, 1e-1]) half-lives span about 0.4 to
-#   700 tokens, so every head mixes fast and slow memories; the safe gate starts slower.
-# - Retention only shrinks over time, and never faster than `lower_bound` per token with the
+# - `kda_gate` is $-a_h \operatorname{softplus}(\mathbf f + \mathbf b)$ (unbounded) or
+#   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (each token erases at most
+#   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis and $a_h$ scales it.
+# - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives span
+#   more than two orders of magnitude (asserted; the range drawn is printed in section 2), so
+#   every head mixes fast and slow memories; the safe gate starts slower.
+# - Retention only shrinks over time, and never faster than $g_{\min}$ per token with the
 #   safe gate.
-# - Linear attention's state grows like `sqrt(t)`; the delta rule's stops growing, and decay
+# - Linear attention's state grows like $\sqrt{t}$; the delta rule's stops growing, and decay
 #   keeps it smaller still.
-# - A KDA head is a causal, signed `T x T` mixing of the values (checked against
-#   `jax.jacobian`); on repeated tokens it reads the latest occurrence where softmax
-#   attention averages all of them.
+# - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
+#   `jax.jacobian`); on repeated tokens it puts $\beta$ on the current one and geometrically
+#   less on earlier occurrences, where softmax attention spreads over all of them.
+#
+# ## Exercises
+#
+# 1. **A half-life by hand.** A channel with $g = -0.01$ per token: compute its half-life from
+#    $e^{g\, t_{1/2}} = \tfrac12$ and compare with `half_life`.
+# 2. **The safe gate's floor.** With `lower_bound=-1`, what fraction of a channel can one token
+#    erase at most? Check it on `gate_curve` at a large input.
+# 3. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ as in section 5),
+#    show on paper that $\mathbf o_t = \mathbf v_t$, so every row of $\Omega$ is one-hot, and
+#    check it on the mixing matrix.
+#
+# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+
+# %% tags=["solution", "hide-input"]
+# 1: e^(g t) = 1/2  =>  t = ln 2 / (-g)
+assert np.isclose(half_life(-0.01), np.log(2) / 0.01)
+# 2: g >= lower_bound, so at most 1 - e^{lower_bound} is erased
+erased = 1 - np.exp(gate_curve(0.0, -1.0)[-1])
+assert np.isclose(erased, 1 - np.exp(-1.0), atol=1e-3), erased
+# 3: S_t^T k_t = (1 - beta) (D_t S_{t-1})^T k_t + beta v_t = v_t for beta = 1: Omega = I
+full = np.asarray(mixing(q_mix, k_mix, g_mix, jnp.ones(mix_len), scale=1.0))
+assert_close(full, np.eye(mix_len), atol=1e-5, name="exercise 3: every row one-hot")
+print(f"exercises 1-3: solutions checked (at most {erased:.3f} erased per token)")
+
+# %% [markdown]
+# ## References
+#
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA's
+#   per-channel gate), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*
+#   (the scalar gate), ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+# - A. Gu, T. Dao, *Mamba: linear-time sequence modeling with selective state spaces* (the
+#   softplus time-step parametrisation and its initialisation), 2023.
+#   [arXiv:2312.00752](https://arxiv.org/abs/2312.00752)
+# - fla's gate functions, `fla/ops/kda/gate.py`:
+#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

@@ -21,10 +21,7 @@ os.environ["XLA_FLAGS"] = " ".join([*_user.split(), *_added])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
-
-from kda_lib.gating import kda_gate  # noqa: E402
 
 
 @pytest.fixture
@@ -34,53 +31,22 @@ def x64():
         yield
 
 
-def make_inputs(
-    key,
-    batch,
-    seq_len,
-    heads,
-    key_dim,
-    value_dim,
-    *,
-    dtype=jnp.float32,
-    gate="softplus",
-    gate_scale=1.0,
-    with_state=False,
-):
-    """Random KDA inputs: L2-normalised q/k, gates from kda_gate, beta in (0, 1)."""
-    ks = jax.random.split(key, 7)
-    shape = (batch, seq_len, heads, key_dim)
-    q = jax.random.normal(ks[0], shape, jnp.float32)
-    k = jax.random.normal(ks[1], shape, jnp.float32)
-    q = q / jnp.linalg.norm(q, axis=-1, keepdims=True)
-    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
-    v = jax.random.normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32)
-    f = jax.random.normal(ks[3], shape, jnp.float32)
-    a_log = jnp.log(jnp.linspace(1.0, 16.0, heads))
-    dt_bias = jax.random.normal(ks[4], (heads * key_dim,)) * 0.5
-    lower_bound = None if gate == "softplus" else -5.0
-    g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound) * gate_scale
-    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (batch, seq_len, heads)))
-    out = dict(q=q, k=k, v=v, g=g, beta=beta)
-    if with_state:
-        out["initial_state"] = 0.5 * jax.random.normal(
-            ks[6], (batch, heads, key_dim, value_dim), jnp.float32
-        )
-    return {n: x if n == "initial_state" else x.astype(dtype) for n, x in out.items()}
-
-
-def to_dtype(inputs, dtype):
-    return {n: x.astype(dtype) for n, x in inputs.items()}
+# tests of a minute or more besides the notebooks: started early as well
+LONG_TESTS = (
+    "test_colab_path_runs_notebook_00_from_the_wheel",
+    "test_papermill_injects_parameters",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Start the notebook executions first, 07 (the longest test, minutes) at the very front:
-    `pytest -n 2` hands tests out in collection order, so a long test collected last would run
-    alone at the end while the other worker idles."""
+    """Start the notebook executions and the other long tests first, the synthetic-recall
+    notebook (the longest test, minutes) at the very front: `pytest -n 2` hands tests out in
+    collection order, so a long test collected last would run alone at the end while the other
+    worker idles."""
 
     def rank(item):
-        if item.originalname != "test_notebook_executes":
-            return 2
-        return 0 if "07_synthetic_recall" in item.name else 1
+        if item.originalname == "test_notebook_executes":
+            return 0 if "synthetic_recall" in item.name else 1
+        return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank

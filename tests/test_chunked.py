@@ -6,13 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_inputs, to_dtype
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kda_lib import kda_chunked, kda_recurrent
 from kda_lib.chunked import unit_lower_inverse
-from kda_lib.testing import assert_close, relative_l2
+from kda_lib.testing import assert_close, cast_inputs, random_kda_inputs, relative_l2
 
 NAMES = ("q", "k", "v", "g", "beta")
 SHAPES = [  # (B, H, K, V)
@@ -45,8 +44,8 @@ def _cotangents(key, inputs):
 @pytest.mark.parametrize("gate", ["softplus", "safe"])
 def test_chunked_matches_float64_oracle(x64, seq_len, gate):
     batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
-    inputs = to_dtype(
-        make_inputs(
+    inputs = cast_inputs(
+        random_kda_inputs(
             jax.random.key(seq_len),
             batch,
             seq_len,
@@ -68,8 +67,9 @@ def test_chunked_matches_float64_oracle(x64, seq_len, gate):
 
 @pytest.mark.parametrize("seq_len,with_state", [(1, True), (65, False), (200, True)])
 def test_chunked_gradients_match_oracle(x64, seq_len, with_state):
-    inputs = to_dtype(
-        make_inputs(jax.random.key(7), 2, seq_len, 2, 16, 8, with_state=with_state), jnp.float64
+    inputs = cast_inputs(
+        random_kda_inputs(jax.random.key(7), 2, seq_len, 2, 16, 8, with_state=with_state),
+        jnp.float64,
     )
     cot = _cotangents(jax.random.key(8), inputs)
     wrt = NAMES + (("initial_state",) if with_state else ())
@@ -97,8 +97,8 @@ def _segment_cases(seq_len):
 
 def test_chunked_segments_match_oracle(x64):
     seq_len = 200
-    inputs = to_dtype(
-        make_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
+    inputs = cast_inputs(
+        random_kda_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
     )
     ids = _segment_cases(seq_len)
     o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True, segment_ids=ids)
@@ -119,7 +119,7 @@ def test_chunked_segments_match_oracle(x64):
 
 def test_packed_documents_equal_separate_runs():
     """Two documents packed in one row give exactly what each gives alone."""
-    inputs = make_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
+    inputs = random_kda_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
     ids = jnp.asarray(np.r_[np.full(70, 1), np.full(80, 2)][None], jnp.int32)
     run = jax.jit(lambda x, ids=None: kda_chunked(**x, segment_ids=ids, output_final_state=True))
     o_packed, s_packed = run(inputs, ids)
@@ -133,22 +133,22 @@ def test_packed_documents_equal_separate_runs():
 
 @pytest.mark.parametrize("seq_len", [64, 300])
 def test_float32_chunked_close_to_float64_oracle(seq_len):
-    inputs = make_inputs(jax.random.key(11), 2, seq_len, 2, 32, 32, with_state=True)
+    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 32, 32, with_state=True)
     o, s = kda_chunked(**inputs, output_final_state=True)
     with jax.enable_x64(True):
-        o_ref, s_ref = kda_recurrent(**to_dtype(inputs, jnp.float64), output_final_state=True)
+        o_ref, s_ref = kda_recurrent(**cast_inputs(inputs, jnp.float64), output_final_state=True)
     assert o.dtype == jnp.float32 and s.dtype == jnp.float32
     assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
     assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
 
 
 def test_bf16_inputs_float32_accumulation():
-    inputs = make_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
+    inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
     bf16 = {n: x if n == "initial_state" else x.astype(jnp.bfloat16) for n, x in inputs.items()}
     o, s = kda_chunked(**bf16, output_final_state=True)
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
     # reference: the same bf16-rounded inputs, computed in float32
-    o_ref, s_ref = kda_recurrent(**to_dtype(bf16, jnp.float32), output_final_state=True)
+    o_ref, s_ref = kda_recurrent(**cast_inputs(bf16, jnp.float32), output_final_state=True)
     assert relative_l2(o, o_ref) < 1e-2
     assert_close(s, s_ref, atol=1e-4, rtol=1e-4)
     grads = jax.jit(
@@ -160,8 +160,8 @@ def test_bf16_inputs_float32_accumulation():
 
 @pytest.mark.parametrize("case", ["at_lower_bound", "huge_a_log"])
 def test_saturated_gates_are_finite_and_exact(x64, case):
-    inputs = to_dtype(
-        make_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True), jnp.float64
+    inputs = cast_inputs(
+        random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True), jnp.float64
     )
     if case == "at_lower_bound":
         inputs["g"] = jnp.full_like(inputs["g"], -5.0)
@@ -169,7 +169,7 @@ def test_saturated_gates_are_finite_and_exact(x64, case):
         inputs["g"] = inputs["g"] * jnp.exp(20.0)
     o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True)
     for dtype in (jnp.float64, jnp.float32):
-        cast = to_dtype(inputs, dtype)
+        cast = cast_inputs(inputs, dtype)
         o, s = jax.jit(lambda x: kda_chunked(**x, output_final_state=True))(cast)
         tol = 1e-10 if dtype == jnp.float64 else 1e-5
         assert_close(o, o_ref, atol=tol, rtol=tol * 10)
@@ -185,7 +185,7 @@ def test_saturated_gates_are_finite_and_exact(x64, case):
             assert np.isfinite(np.asarray(grad)).all(), name
 
 
-_PREFIX_INPUTS = make_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
+_PREFIX_INPUTS = random_kda_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
 _prefix_fn = jax.jit(lambda x: kda_chunked(**x)[0])
 
 
@@ -227,7 +227,7 @@ def test_unit_lower_inverse_exact(x64):
 
 
 def test_chunk_size_variants(x64):
-    inputs = to_dtype(make_inputs(jax.random.key(31), 1, 100, 2, 8, 8), jnp.float64)
+    inputs = cast_inputs(random_kda_inputs(jax.random.key(31), 1, 100, 2, 8, 8), jnp.float64)
     o_ref = kda_recurrent(**inputs)[0]
     for chunk_size in (1, 2, 8, 16, 32, 128):
         assert_close(
@@ -241,7 +241,7 @@ def test_chunk_size_variants(x64):
 
 @pytest.mark.parametrize("fn", [kda_chunked, kda_recurrent])
 def test_bad_inputs_name_the_argument(fn):
-    ok = make_inputs(jax.random.key(0), 2, 10, 3, 4, 5)
+    ok = random_kda_inputs(jax.random.key(0), 2, 10, 3, 4, 5)
 
     def call(**changes):
         return fn(**{**ok, **changes})

@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_inputs
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import KDAConfig, KimiDeltaAttention, kda_chunked
-from kda_lib.context_parallel import halo_exchange, hlo_collectives, kda_context_parallel, place
-from kda_lib.testing import relative_l2
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.measure import hlo_collectives
+from kda_lib.testing import random_kda_inputs, relative_l2
 
 NAMES = ("q", "k", "v", "g", "beta")
 SEQ = P(None, "context")
@@ -62,7 +62,7 @@ def _segments(seq_len, ranks):
 @pytest.mark.parametrize("with_segments", [False, True])
 def test_kernel_cp_equals_one_device(ranks, with_segments):
     seq_len = 128
-    inputs = make_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
+    inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
     ids = _segments(seq_len, ranks) if with_segments else None
     cot = jax.random.normal(jax.random.key(99), inputs["v"].shape)
     single = jax.jit(lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0])
@@ -81,7 +81,7 @@ def test_kernel_cp_equals_one_device(ranks, with_segments):
 
 def test_kernel_cp_with_fused_gate_and_recurrent_backend():
     ranks, seq_len = 4, 64
-    inputs = make_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
+    inputs = random_kda_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
     raw = jax.random.normal(jax.random.key(4), inputs["g"].shape)
     gate = dict(
         a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
@@ -99,7 +99,7 @@ def test_bf16_cp_close_to_one_device_bf16():
     ranks, seq_len = 4, 256
     inputs = {
         n: x.astype(jnp.bfloat16)
-        for n, x in make_inputs(jax.random.key(5), 1, seq_len, 2, 16, 16).items()
+        for n, x in random_kda_inputs(jax.random.key(5), 1, seq_len, 2, 16, 16).items()
     }
     args = tuple(inputs[n] for n in NAMES)
     got = _cp_kernel(_mesh(ranks), False, implementation="chunked")(*args)
@@ -191,7 +191,7 @@ def test_traffic_does_not_grow_with_sequence_length():
     bound = ranks * batch * heads * key_dim * (key_dim + value_dim)
     sent = {}
     for seq_len in (256, 2048):
-        inputs = make_inputs(jax.random.key(0), batch, seq_len, heads, key_dim, value_dim)
+        inputs = random_kda_inputs(jax.random.key(0), batch, seq_len, heads, key_dim, value_dim)
         args = tuple(inputs[n] for n in NAMES)
         fwd = _cp_kernel(_mesh(ranks), False, implementation="chunked")
         hlo = fwd.lower(*args).compile().as_text()
@@ -244,7 +244,7 @@ def test_kernel_cp_initial_and_final_state(with_segments):
     """initial_state enters before the whole sequence (the row's first segment, also after
     leading padding); the final state is the one after the last token, on every rank."""
     ranks, seq_len = 4, 64
-    inputs = make_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
+    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
     ids = _segments(seq_len, ranks) if with_segments else None
     h0 = jax.random.normal(jax.random.key(12), (2, 2, 8, 8))
     mesh = _mesh(ranks)

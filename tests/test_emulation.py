@@ -15,10 +15,11 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu, emulation, kda, kernel
+from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu, emulation, kda, tokamax_backend
 from kda_lib.context_parallel import kda_context_parallel, place
-from kda_lib.kernel import mosaic_problems, select_implementation
+from kda_lib.kernel import select_implementation
 from kda_lib.testing import relative_l2
+from kda_lib.tokamax_backend import mosaic_problems
 
 FAST = emulation.FAST_COMPILE_OPTIONS
 CFG = KDAConfig(
@@ -136,7 +137,7 @@ def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatc
         def no_tokamax(*args, **kwargs):
             raise AssertionError("auto picked a tokamax kernel")
 
-        monkeypatch.setattr(kernel, "call_tokamax", no_tokamax)
+        monkeypatch.setattr(tokamax_backend, "call_tokamax", no_tokamax)
         x = jnp.ones((1, 32, 1, 128), jnp.bfloat16)
         beta = jnp.full((1, 32, 1), 0.5)
         a_log = jnp.zeros((1,))

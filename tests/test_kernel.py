@@ -4,11 +4,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_inputs
 
 from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
-from kda_lib.kernel import l2_normalize, select_implementation, tokamax_kda_api
-from kda_lib.testing import assert_close
+from kda_lib.kernel import select_implementation
+from kda_lib.norms import l2_normalize
+from kda_lib.testing import assert_close, random_kda_inputs
+from kda_lib.tokamax_backend import tokamax_kda_api
 
 B, T, H, K, V = 2, 100, 2, 32, 16
 
@@ -130,7 +131,7 @@ def test_adapter_gradients_agree():
 
 
 def test_log_space_gate_path():
-    inputs = make_inputs(jax.random.key(4), 1, 70, 2, 16, 16)
+    inputs = random_kda_inputs(jax.random.key(4), 1, 70, 2, 16, 16)
     o_ref = kda_recurrent(**inputs)[0]
     for impl in ("chunked", "tokamax_xla", "auto"):
         assert_close(kda(**inputs, implementation=impl)[0], o_ref, atol=2e-6, rtol=1e-5)

@@ -4,10 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_inputs
 
 from kda_lib import kda_recurrent, kda_step
-from kda_lib.testing import assert_close
+from kda_lib.testing import assert_close, random_kda_inputs
 
 
 def numpy_kda(q, k, v, g, beta, scale, state0, segment_ids):
@@ -39,7 +38,9 @@ def numpy_kda(q, k, v, g, beta, scale, state0, segment_ids):
 
 @pytest.mark.parametrize("with_segments", [False, True])
 def test_recurrent_matches_numpy_loop(x64, with_segments):
-    inputs = make_inputs(jax.random.key(0), 2, 37, 2, 8, 5, dtype=jnp.float64, with_state=True)
+    inputs = random_kda_inputs(
+        jax.random.key(0), 2, 37, 2, 8, 5, dtype=jnp.float64, with_state=True
+    )
     ids = np.ones((2, 37), np.int64)
     if with_segments:
         ids[0, :3] = 0
@@ -71,7 +72,7 @@ def test_recurrent_matches_numpy_loop(x64, with_segments):
 
 
 def test_step_by_step_decoding_equals_recurrence():
-    inputs = make_inputs(jax.random.key(1), 2, 9, 3, 8, 4, with_state=True)
+    inputs = random_kda_inputs(jax.random.key(1), 2, 9, 3, 8, 4, with_state=True)
     o, s = kda_recurrent(**inputs, output_final_state=True)
     state = inputs["initial_state"]
     outs = []
@@ -84,7 +85,7 @@ def test_step_by_step_decoding_equals_recurrence():
 
 
 def test_output_dtype_follows_q_and_state_is_float32():
-    inputs = make_inputs(jax.random.key(2), 1, 5, 2, 4, 4, dtype=jnp.bfloat16)
+    inputs = random_kda_inputs(jax.random.key(2), 1, 5, 2, 4, 4, dtype=jnp.bfloat16)
     o, s = kda_recurrent(**inputs, output_final_state=True)
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
     o, s = kda_recurrent(**inputs)

@@ -14,22 +14,24 @@
 # ---
 
 # %% [markdown]
-# # 04 · Context parallelism: split the sequence, pass the state, get the same answer
+# # 05 · Context parallelism: split the sequence, pass the state, get the same answer
 #
-# **Claim.** A KDA layer can run with its sequence split over `R` devices and compute exactly
+# **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute exactly
 # what one device computes, outputs and gradients, while the devices exchange only two small
-# things: the `conv_size - 1` tokens before each slice (the convolution's *halo*) and one
-# affine summary `S_out = M S_in + S_ext` of each slice's effect on the state. Neither
-# depends on the sequence length `T`, whereas gathering the sequence onto every device moves
-# bytes in proportion to `T`. We check the equality for the kernel and for the full layer, and
-# read the bytes moved off the compiled program.
+# things: the $w - 1$ tokens before each slice (the short convolution's *halo*, notebook 04) and
+# one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each slice's effect on the state
+# (the chunk maps of notebook 03, one per device). Neither depends on the sequence length $T$,
+# whereas gathering the sequence onto every device moves bytes in proportion to $T$. We check
+# the equality for the kernel and for the full layer, and read the bytes moved off the compiled
+# program.
 #
-# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_context_parallel.ipynb)
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
+# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
 # On a laptop or Colab CPU the devices are simulated (XLA splits the host CPU into
 # `num_devices` devices); on a TPU VM or a multi-GPU host the real accelerators are used. CI
 # runs the small defaults of the `parameters` cell; `make notebooks PARAMS=full` runs
-# `notebooks/params/full/04_context_parallel.yaml`.
+# `notebooks/params/full/05_context_parallel.yaml`.
 
 # %% tags=["parameters"]
 num_devices: int = 4  # context-parallel ranks R (simulated CPU devices without accelerators)
@@ -47,9 +49,13 @@ mosaic_ranks: int = 2  # ranks of section 7 (tokamax Mosaic; emulated without a 
 mosaic_seq_len: int = 128  # tokens T of section 7 (emulation is slow: keep it small)
 seed: int = 0  # seed of the one jax.random.key below
 
+
 # %%
 # Setup. Simulated devices must be requested before jax is first imported; an XLA_FLAGS
-# setting of your own wins. Then install kda_lib when it is missing (e.g. on Colab).
+# setting of your own wins. Then, where kda_lib is missing (Colab, a fresh VM), install it
+# and the dependencies for this machine's accelerator, keeping the runtime's JAX when it
+# is new enough (one line says what was installed); kda_lib.notebook.setup() applies the
+# settings every notebook shares.
 import dataclasses
 import os
 import sys
@@ -63,29 +69,34 @@ if "jax" not in sys.modules:
 else:
     print("jax was imported before this cell: the simulated device count cannot change now")
 
-try:
-    import kda_lib
-except ImportError:
-    # %pip install -q git+https://github.com/kda-notebooks/kda-notebooks
-    import kda_lib
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
+    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
+    (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec as P
-from matplotlib import patches
+from IPython.display import Markdown, display
+from jax.sharding import PartitionSpec
 
+import kda_lib.notebook
 from kda_lib import viz
-from kda_lib.context_parallel import halo_exchange, hlo_collectives, kda_context_parallel, place
-from kda_lib.kernel import l2_normalize
-from kda_lib.testing import relative_l2
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.measure import hlo_collectives
+from kda_lib.testing import random_kda_inputs, relative_l2
 
-viz.setup_style()
-# Draw random numbers with the non-partitionable threefry: on CPU it compiles multi-dimensional
-# draws many times faster; it only changes which numbers are drawn.
-jax.config.update("jax_threefry_partitionable", False)
+kda_lib.notebook.setup()
 # full-precision float32 matmuls (TPUs default to bfloat16 passes), so every difference below
 # is about context parallelism and not about matmul precision
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -101,7 +112,7 @@ local_len = seq_len // ranks
 halo = conv_size - 1
 mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
                      devices=pool[:ranks])
-SEQ = P(None, "context")  # arrays [B, T, ...] split along T
+SEQ = PartitionSpec(None, "context")  # arrays [B, T, ...] split along T
 key = jax.random.key(seed)
 key_inputs, key_cotangent, key_layer, key_x, key_mosaic = jax.random.split(key, 5)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
@@ -116,8 +127,8 @@ print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices; "
 # `[B, T / R, ...]`; `place` puts an array into that layout inside `jax.jit`.
 
 # %%
-for i, device in enumerate(mesh.devices.flat):
-    print(f"rank {i}: {device} -> tokens {i * local_len}..{(i + 1) * local_len - 1}")
+for r, device in enumerate(mesh.devices.flat):
+    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
 assert mesh.shape["context"] == ranks and seq_len % ranks == 0
 if num_devices > len(pool):
     print(f"asked for {num_devices} devices, {len(pool)} available: using {ranks}")
@@ -125,83 +136,28 @@ if num_devices > len(pool):
 # %% [markdown]
 # ## 2. What crosses a device boundary
 #
-# Two things. **The halo**: the short convolution at a rank's first token needs the `W - 1`
+# Two things. **The halo**: the short convolution at a rank's first token needs the $w - 1$
 # tokens before it, which live on the previous rank; `halo_exchange` sends them down an open
 # chain with `ppermute` (rank 0 receives zeros, as a single device pads with zeros). **The
 # state**: the recurrence at a rank's first token needs the state left by every token before
-# it. Each rank summarises its slice as an affine map of the incoming state,
-# `S_out = M_r S_in + E_r` (`M_r: [K, K]`, `E_r: [K, V]` per row and head), the ranks
-# all-gather these summaries, and each one folds the summaries of the ranks before it into its
-# true initial state. The picture shows both for the first few ranks.
+# it. Each rank $\rho$ summarises its slice as an affine map of the incoming state,
+#
+# $$
+# S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}, \qquad
+# M^{(\rho)} \in \mathbb R^{d_k \times d_k},\ E^{(\rho)} \in \mathbb R^{d_k \times d_v}
+# \text{ per sequence and head},
+# $$
+#
+# the ranks all-gather these summaries, and each one folds the summaries of the ranks before it
+# into its true initial state,
+# $S^{(\rho)} = M^{(\rho - 1)} S^{(\rho - 1)} + E^{(\rho - 1)}$ with $S^{(0)} = 0$. The picture
+# shows both for the first few ranks.
 
-# %%
-def draw_context_parallel(ranks, local, halo, *, shown_ranks=4):
-    """Sketch of the sequence split, the conv halo and the state summaries."""
-    shown = min(ranks, shown_ranks)
-    colors = [viz.CYCLE[r % len(viz.CYCLE)] for r in range(shown)]
-    fig, (ax_top, ax_bot) = plt.subplots(2, 1, figsize=(10, 5.6), height_ratios=[1.25, 1])
-    # top: tokens per rank, with the halo each rank receives
-    for r in range(shown):
-        y = shown - 1 - r
-        start = r * local
-        for t in range(start, start + local):
-            ax_top.add_patch(patches.Rectangle((t, y + 0.15), 0.9, 0.7, color=colors[r]))
-        for t in range(start - halo, start):
-            if t < 0:
-                ax_top.add_patch(patches.Rectangle((t, y + 0.15), 0.9, 0.7, fill=False,
-                                                   edgecolor="0.5", linestyle=":"))
-                continue
-            ax_top.add_patch(patches.Rectangle((t, y + 0.15), 0.9, 0.7, facecolor="white",
-                                               edgecolor=colors[r - 1], hatch="///"))
-        if r > 0:
-            ax_top.annotate("", xy=(start - halo / 2, y + 0.85), xytext=(start - halo / 2,
-                                                                          y + 1.15),
-                            arrowprops=dict(arrowstyle="->", color="0.2", lw=1.4))
-        ax_top.text(start + local / 2, y + 0.5, f"rank {r}", ha="center", va="center",
-                    color="white", fontsize=9, fontweight="bold")
-    ax_top.text(-halo - 0.2, shown - 0.5, "zeros", ha="right", va="center", fontsize=8,
-                color="0.4")
-    ax_top.set_xlim(-halo - 2.5, shown * local + 0.5)
-    ax_top.set_ylim(-0.1, shown + 0.1)
-    ax_top.set_yticks([])
-    ax_top.set_xlabel(f"token position (tokens; {local} per rank drawn)")
-    ax_top.set_title(f"Conv halo: each rank receives the {halo} tokens before its slice "
-                     "(hatched) from the previous rank via ppermute")
-    ax_top.grid(False)
-    # bottom: summaries, all-gather, fold
-    for r in range(shown):
-        x0 = r * local
-        ax_bot.add_patch(patches.FancyBboxPatch((x0 + 0.3, 1.3), local - 0.6, 1.0,
-                                                boxstyle="round,pad=0.1", color=colors[r]))
-        ax_bot.text(x0 + local / 2, 1.8, f"rank {r}: (M{r}, E{r})", ha="center", va="center",
-                    color="white", fontsize=9, fontweight="bold")
-        ax_bot.annotate("", xy=(x0 + local / 2, 0.75), xytext=(x0 + local / 2, 1.25),
-                        arrowprops=dict(arrowstyle="<->", color="0.2", lw=1.2))
-        entering = "0"
-        for j in range(r):
-            entering = f"A{j}({entering})" if j >= r - 3 else "..."
-        entering = f"S_in = {entering}"
-        ax_bot.text(x0 + local / 2, 2.7, entering, ha="center", va="center", fontsize=8)
-    ax_bot.add_patch(patches.Rectangle((0.3, 0.25), shown * local - 0.6, 0.5, color="0.85"))
-    ax_bot.text(shown * local / 2, 0.5,
-                "all_gather of the summaries: R x (K x K + K x V) floats per row and head, "
-                "independent of T", ha="center", va="center", fontsize=9)
-    ax_bot.set_xlim(-halo - 2.5, shown * local + 0.5)
-    ax_bot.set_ylim(0, 3.1)
-    ax_bot.set_yticks([])
-    ax_bot.set_xlabel(f"token position (tokens; {local} per rank drawn)")
-    ax_bot.set_title("State passing: each rank summarises its slice as A_r(S) = M_r S + E_r; "
-                     "all ranks gather the summaries and fold the upstream ones")
-    ax_bot.grid(False)
-    for ax in (ax_top, ax_bot):
-        ax.spines[["left"]].set_visible(False)
-    return fig
-
-
-viz.show(draw_context_parallel(ranks, min(local_len, 8), halo), "04_split_and_halo")
+# %% tags=["hide-input"]
+viz.show(viz.draw_context_parallel(ranks, local_len, halo), "05_split_and_halo")
 
 # %% [markdown]
-# The halo, checked: rank `r` receives exactly the `W - 1` entries before its slice (its
+# The halo, checked: rank $\rho$ receives exactly the $w - 1$ entries before its slice (its
 # predecessor's last ones), rank 0 receives zeros. Positions are numbered from 1 so that the
 # zeros stand out.
 
@@ -223,29 +179,32 @@ for r in range(ranks):
 # %% [markdown]
 # ## 3. A slice is an affine map of the state that enters it
 #
-# The KDA recurrence `S <- (I - beta k k^T) diag(exp g) S + beta k v^T` is affine in `S`, so a
-# whole slice is too: `S_out = M S_in + E`. One kernel run computes both: start from the
-# augmented state `[I | 0]` (`K x (K + V)`) with augmented values `[0 | v]`; the final state is
-# exactly `[M | E]`. Below we compute the summaries on one device, fold them
-# (`S_r = M_{r-1} S_{r-1} + E_{r-1}`, starting from zero) and compare with the state a single
-# device reaches at every slice boundary.
+# Per token the recurrence is $S_t = M_t S_{t-1} + E_t$ with
+# $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$ and $E_t = \beta_t \mathbf k_t
+# \mathbf v_t^\top$ (notebook 01), so a whole slice is affine in the state that enters it:
+# $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$ with $M^{(\rho)}$ the product of the
+# slice's $M_t$. One kernel run computes both. Run the slice on the augmented state
+# $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with augmented values $[\,\mathbf 0 \mid
+# \mathbf v_t\,]$: the update is linear in the state's columns, the first $d_k$ columns start at
+# $I$ and receive no writes (their values are zero), so they end at $M^{(\rho)} I$; the last
+# $d_v$ start at $0$ and receive the slice's writes, so they end at $E^{(\rho)}$:
+#
+# $$
+# \big[\, I \mid 0 \,\big] \;\xrightarrow{\text{slice}}\;
+#   \big[\, M^{(\rho)} \mid E^{(\rho)} \,\big].
+# $$
+#
+# Below we compute the summaries on one device, fold them and compare with the state a single
+# device reaches at every slice boundary. The inputs come from `kda_lib.testing.random_kda_inputs`
+# (unit $\mathbf q, \mathbf k$, Gaussian $\mathbf v$ and gate input), the gates from a freshly
+# initialised layer's `A_log` and `dt_bias` (half-lives from about one to hundreds of tokens).
 
 # %%
-def make_inputs(key):
-    ks = jax.random.split(key, 6)
-    shape_k = (batch, seq_len, num_heads, key_dim)
-    q = l2_normalize(jax.random.normal(ks[0], shape_k))
-    k = l2_normalize(jax.random.normal(ks[1], shape_k))
-    v = jax.random.normal(ks[2], (batch, seq_len, num_heads, value_dim))
-    # gates as a freshly initialised layer makes them: half-lives from ~1 to ~700 tokens
-    a_log = kda_lib.init_a_log(ks[3], num_heads)
-    dt_bias = kda_lib.init_dt_bias(ks[3], num_heads, key_dim)
-    g = kda_lib.kda_gate(jax.random.normal(ks[4], shape_k), a_log, dt_bias)  # log decay <= 0
-    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (batch, seq_len, num_heads)))
-    return q, k, v, g, beta
-
-
-inputs = make_inputs(key_inputs)
+raw = random_kda_inputs(key_inputs, batch, seq_len, num_heads, key_dim, value_dim, gate="raw")
+key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))  # one key per parameter
+g = kda_lib.kda_gate(raw["g"], kda_lib.init_a_log(key_a, num_heads),
+                     kda_lib.init_dt_bias(key_dt, num_heads, key_dim))  # log decay <= 0
+inputs = (raw["q"], raw["k"], raw["v"], g, raw["beta"])
 kernel = jax.jit(kda_lib.kda, static_argnames=("output_final_state", "implementation"))
 
 
@@ -263,6 +222,7 @@ def slices(r):
     return [x[:, r * local_len: (r + 1) * local_len] for x in inputs]
 
 
+# %%
 summaries = [slice_summary(*slices(r)) for r in range(ranks)]
 state = jnp.zeros((batch, num_heads, key_dim, value_dim))
 folded = []
@@ -270,9 +230,7 @@ for m, e in summaries:
     folded.append(state)  # the state entering this slice
     state = jnp.einsum("bhij,bhjv->bhiv", m, state) + e
 folded.append(state)
-
-# the single-device state at each slice boundary (run the prefix, keep the final state)
-boundary_errors = []
+boundary_errors = []  # the single-device state at each slice boundary: run the prefix
 for r in range(1, ranks + 1):
     prefix = [x[:, : r * local_len] for x in inputs]
     _, truth = kernel(*prefix, output_final_state=True, implementation=implementation)
@@ -280,6 +238,8 @@ for r in range(1, ranks + 1):
 print("relative error of the folded state at each boundary:",
       ", ".join(f"{e:.1e}" for e in boundary_errors))
 assert max(boundary_errors) < 1e-5
+
+# %%
 # affine, not just at zero: any incoming state maps through the same (M, E)
 s_in = jax.random.normal(key_cotangent, (batch, num_heads, key_dim, value_dim))
 _, s_out = kernel(*slices(1), initial_state=s_in, output_final_state=True,
@@ -292,33 +252,23 @@ o_zero = kernel(*slices(1), implementation=implementation)[0]
 carried = relative_l2(o_zero, o_true)
 print(f"slice 1 run from a zero state instead of the carried one: {carried:.0%} off")
 assert carried > 0.05
+q0, k0, v0, g0, beta0 = (x[0, :, 0] for x in inputs)  # row 0, head 0
+norms = np.asarray(viz.state_norms(k0, v0, g0, beta0))
+boundaries = np.arange(1, ranks + 1) * local_len
+assert np.allclose([float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], norms[boundaries - 1],
+                   rtol=1e-4)
 
-# %%
-@jax.jit
-def state_norms(q, k, v, g, beta):
-    """||S_t||_F after every token (row 0, head 0), by the token-by-token recurrence."""
-
-    def step(state, x):
-        state, _ = kda_lib.kda_step(state, *x)
-        return state, jnp.linalg.norm(state[0, 0])
-
-    xs = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta)]
-    return jax.lax.scan(step, jnp.zeros((batch, num_heads, key_dim, value_dim)), xs)[1]
-
-
-norms = np.asarray(state_norms(*inputs))
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
 ax.plot(np.arange(1, seq_len + 1), norms, label="one device, token by token")
-boundaries = np.arange(1, ranks + 1) * local_len
 ax.plot(boundaries, [float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], "o",
         color=viz.PALETTE["vermillion"], markersize=7, label="folded slice summaries")
 for b in boundaries[:-1]:
     ax.axvline(b + 0.5, color="0.6", linewidth=0.8, linestyle=":")
-ax.set_title("The state at every slice boundary, from the summaries alone")
-ax.set_xlabel("tokens processed t (tokens)")
-ax.set_ylabel("||S_t|| (Frobenius, head 0)")
+ax.set(title="The state at every slice boundary, from the summaries alone",
+       xlabel="tokens processed t (tokens)", ylabel=r"$\|S_t\|_F$ (row 0, head 0)")
 ax.legend(loc="lower right")
-viz.show(fig, "04_folded_states")
+viz.show(fig, "05_folded_states")
 
 # %% [markdown]
 # ## 4. The kernel: context parallel == one device, outputs and gradients
@@ -348,6 +298,7 @@ def per_rank(a, b):
     return [relative_l2(x, y) for x, y in pairs]
 
 
+# %%
 with jax.default_device(pool[0]):
     out_errors = per_rank(cp(*inputs), one(*inputs))
     grads_cp = jax.jit(jax.grad(loss(cp), argnums=tuple(range(5))))(*inputs)
@@ -359,26 +310,25 @@ for name, errors in kernel_errors.items():
     print(f"{name:6s} relative error per rank: " + "  ".join(f"{e:.1e}" for e in errors))
 assert max(max(e) for e in kernel_errors.values()) < 1e-5
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
 width = 0.8 / len(kernel_errors)
 floor = 1e-9  # exact zeros (rank 0's outputs need nothing from other ranks) drawn at the floor
-for i, (name, errors) in enumerate(kernel_errors.items()):
-    ax.bar(np.arange(ranks) + (i - len(kernel_errors) / 2 + 0.5) * width,
-           np.maximum(errors, floor), width, label=name, color=viz.CYCLE[i % len(viz.CYCLE)])
+for n, (name, errors) in enumerate(kernel_errors.items()):
+    ax.bar(np.arange(ranks) + (n - len(kernel_errors) / 2 + 0.5) * width,
+           np.maximum(errors, floor), width, label=name, color=viz.CYCLE[n % len(viz.CYCLE)])
 ax.axhline(1e-5, color="0.3", linestyle=":", linewidth=1.2, label="tolerance 1e-5")
 ax.axhline(np.finfo(np.float32).eps, color="0.6", linestyle="--", linewidth=1,
            label="float32 eps")
 ax.set_yscale("log")
 ax.set_ylim(floor / 2, 1e-3)
 ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
-ax.set_title("Kernel: context parallel vs one device, per rank's slice")
-ax.set_xlabel("rank (slice of the sequence)")
-ax.set_ylabel("relative L2 error")
+ax.set(title="Kernel: context parallel vs one device, per rank's slice",
+       xlabel="rank (slice of the sequence)", ylabel="relative L2 error")
 ax.text(ranks - 0.55, 4e-4, "bars at 1e-9: bitwise equal", ha="right", va="center",
         fontsize=8, color="0.35")
 ax.legend(loc="upper left", ncol=4, fontsize=8)
-viz.show(fig, "04_kernel_errors")
+viz.show(fig, "05_kernel_errors")
 
 # %% [markdown]
 # ## 5. The full layer
@@ -395,16 +345,12 @@ config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_di
 layer_one = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
 layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
 x = jax.random.normal(key_x, (batch, seq_len, hidden_size))
+forward = nnx.jit(lambda layer, x: layer(x))
+param_grads = nnx.jit(lambda layer, x: nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer))
 
 
-@nnx.jit
-def forward(layer, x):
-    return layer(x)
-
-
-@nnx.jit
-def param_grads(layer, x):
-    return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer)
+def gradient_name(path):
+    return "d " + ".".join(str(getattr(p, "key", p)) for p in path if hasattr(p, "key"))
 
 
 with jax.default_device(pool[0]):
@@ -413,8 +359,7 @@ with jax.default_device(pool[0]):
 layer_errors = {"output y": relative_l2(y_cp, y_one)}
 for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_cp),
                         jax.tree_util.tree_leaves(g_one), strict=True):
-    name = "d " + ".".join(str(getattr(p, "key", p)) for p in path if hasattr(p, "key"))
-    layer_errors[name] = relative_l2(a, b)
+    layer_errors[gradient_name(path)] = relative_l2(a, b)
 for name, err in layer_errors.items():
     print(f"{name:22s} relative error {err:.1e}")
 assert max(layer_errors.values()) < 1e-5
@@ -422,13 +367,23 @@ assert max(layer_errors.values()) < 1e-5
 # %% [markdown]
 # ## 6. Bytes moved: state passing vs gathering the sequence
 #
-# The obvious alternative is to all-gather `q, k, v, g, beta` so every rank holds the whole
-# sequence: each rank then sends `(R-1)/R` of `B T H (3K + V + 1)` floats, linear in `T`.
-# State passing sends the summaries, `(R-1) B H K (K + V)` floats per rank for the ring
-# all-gather, plus the layer's halo, `(W-1) B H (2K + V)` floats to the next rank; neither
-# depends on `T`. **Measured**: we compile each variant for a few `T`, find the collectives in
-# the compiled HLO (`hlo_collectives`) and add up the bytes each rank sends. **Analytic**: the
-# formulas above, drawn out to long sequences.
+# The obvious alternative is to all-gather $\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta$ so
+# every rank holds the whole sequence. With 4-byte floats, per rank (ring all-gathers):
+#
+# $$
+# \begin{align*}
+# \text{gather the sequence:}&\quad \tfrac{R - 1}{R}\, B\, T\, H\, (3 d_k + d_v + 1) \cdot 4
+#   \text{ bytes, linear in } T, \\
+# \text{state passing (kernel):}&\quad (R - 1)\, B\, H\, d_k (d_k + d_v) \cdot 4 \text{ bytes}, \\
+# \text{state passing + halo (layer):}&\quad \text{the above} + (w - 1)\, B\, H\, (2 d_k + d_v)
+#   \cdot 4 \text{ bytes},
+# \end{align*}
+# $$
+#
+# the last two independent of $T$. Setting the first equal to the second, gathering moves more
+# bytes once $T > R\, d_k (d_k + d_v) / (3 d_k + d_v + 1)$. **Measured**: we compile each
+# variant for a few $T$, find the collectives in the compiled HLO (`hlo_collectives`) and add
+# up the bytes each rank sends. **Analytic**: the formulas, drawn out to long sequences.
 
 # %%
 bytes_f32 = 4
@@ -455,12 +410,7 @@ gather = jax.jit(lambda *a: gather_kernel(*(place(x, mesh, SEQ) for x in a)))
 layer_graph, layer_state = nnx.split(layer_cp)
 layer_fn = jax.jit(lambda s, x: nnx.merge(layer_graph, s)(x))
 
-
-def sent_bytes(compiled):
-    found = hlo_collectives(compiled.as_text(), ranks)
-    return sum(c["sent_bytes"] for c in found), sorted({c["op"] for c in found})
-
-
+# %%
 measured = {name: [] for name in formula}
 lengths = [ranks * -(-t // ranks) for t in traffic_lengths]
 for t in lengths:
@@ -471,17 +421,17 @@ for t in lengths:
     for name, lowered in (("state passing (kernel)", cp.lower(*args)),
                           ("gather the sequence", gather.lower(*args)),
                           ("state passing + halo (layer)", layer_fn.lower(layer_state, x_spec))):
-        total, ops = sent_bytes(lowered.compile())
-        measured[name].append(total)
-        print(f"T = {t:5d}  {name:29s} {total:9,d} bytes per rank  ({', '.join(ops)})")
-
+        found = hlo_collectives(lowered.compile().as_text(), ranks)
+        measured[name].append(sum(c["sent_bytes"] for c in found))
+        print(f"T = {t:5d}  {name:29s} {measured[name][-1]:9,d} bytes per rank  "
+              f"({', '.join(sorted({c['op'] for c in found}))})")
 for name, values in measured.items():
     for t, value in zip(lengths, values, strict=True):
         assert value == formula[name](t), (name, t, value, formula[name](t))
 assert len(set(measured["state passing (kernel)"])) == 1, "state passing is flat in T"
 assert len(set(measured["state passing + halo (layer)"])) == 1
 
-# %%
+# %% tags=["hide-input"]
 long_t = np.geomspace(lengths[0], max(traffic_max_len, lengths[-1]), 60)
 styles = {"state passing (kernel)": (viz.PALETTE["blue"], "-", "o"),
           "state passing + halo (layer)": (viz.PALETTE["green"], "--", "s"),
@@ -495,18 +445,25 @@ for name, (color, line, marker) in styles.items():
             label=f"{name}, measured (compiled HLO)")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
-ax.set_title(f"Bytes each rank sends per forward pass, R = {ranks}, B = {batch}, "
-             f"H = {num_heads}, K = {key_dim}, V = {value_dim}")
-ax.set_xlabel("sequence length T (tokens, log scale)")
-ax.set_ylabel("bytes sent per rank (log scale)")
+ax.set(title=f"Bytes each rank sends per forward pass, R = {ranks}, B = {batch}, H = {num_heads}, "
+       f"$d_k$ = {key_dim}, $d_v$ = {value_dim}", xlabel="sequence length T (tokens, log scale)",
+       ylabel="bytes sent per rank (log scale)")
 ax.legend(loc="upper left", fontsize=8)
-viz.show(fig, "04_traffic")
+viz.show(fig, "05_traffic")
+
+# %%
 crossover = ranks * key_dim * (key_dim + value_dim) / (3 * key_dim + value_dim + 1)
-print(f"state passing moves fewer bytes than gathering for T > {crossover:.0f} tokens")
+assert formula["gather the sequence"](2 * crossover) > formula["state passing (kernel)"](0)
+assert formula["gather the sequence"](crossover / 2) < formula["state passing (kernel)"](0)
+ratio_at_longest = measured["gather the sequence"][-1] / measured["state passing (kernel)"][-1]
+display(Markdown(
+    f"At these sizes state passing moves fewer bytes than gathering for $T >$ {crossover:.0f} "
+    f"tokens; at the longest compiled length, $T = {lengths[-1]}$, gathering sends "
+    f"{ratio_at_longest:.1f}x the bytes of state passing, and the ratio keeps growing with $T$."))
 
 # %% [markdown]
 # The backward pass moves the transposes of the same collectives (the all-gathers become
-# reduce-scatters of the same sizes), so it is flat in `T` as well;
+# reduce-scatters of the same sizes), so it is flat in $T$ as well;
 # `tests/test_context_parallel.py` checks that on the compiled gradient.
 #
 # ## 7. The same on TPU kernels
@@ -514,15 +471,15 @@ print(f"state passing moves fewer bytes than gathering for T > {crossover:.0f} t
 # On a TPU, `implementation="tokamax_mosaic"` runs tokamax's Pallas Mosaic kernel, and the
 # layer with a `mesh` runs tokamax's *own* context-parallel path (`ContextParallelMetadata`)
 # instead of kda_lib's. It is a different implementation of the same idea, with its own
-# constraints: `K` and `V` multiples of 128, the safe gate (`lower_bound`), segment ids
+# constraints: $d_k$ and $d_v$ multiples of 128, the safe gate (`lower_bound`), segment ids
 # numbered per rank, and no initial or final state.
 #
 # **Without a TPU this section is emulated.** `kda_lib.emulate_tpu()` runs the same Pallas
 # kernels on the CPU in interpret mode, with a TPU v6e's hardware limits deciding the
 # kernel's blocking. That checks tokamax's maths and its CP plumbing (what each rank sends and
 # how it folds the states); it says nothing about TPU speed. Interpretation is slow, so the
-# sizes are small: one head with `K = V = 128`, `T = mosaic_seq_len`. Three runs of the same
-# layer weights must agree, outputs and every parameter gradient:
+# sizes are small: one head with $d_k = d_v = 128$, $T$ = `mosaic_seq_len`. Three runs of the
+# same layer weights must agree, outputs and every parameter gradient:
 #
 # 1. tokamax Mosaic + tokamax CP on `mosaic_ranks` ranks (real or emulated TPU);
 # 2. kda_lib's chunked kernel + kda_lib's CP on the same mesh;
@@ -545,6 +502,7 @@ x_mosaic = jax.random.normal(key_mosaic, (batch, mosaic_len, hidden_size))
 fast_compile = None if on_tpu else kda_lib.emulation.FAST_COMPILE_OPTIONS
 
 
+# %%
 def outputs_and_grads(config, mesh=None):
     """Outputs [B, T, hidden] and parameter gradients of sum(sin(layer(x)))."""
     graphdef, state = nnx.split(
@@ -556,11 +514,11 @@ def outputs_and_grads(config, mesh=None):
 
     (_, y), grads = jax.jit(jax.value_and_grad(loss, has_aux=True),
                             compiler_options=fast_compile)(state)
-    return {"output y": y} | {
-        "d " + ".".join(str(getattr(p, "key", p)) for p in path if hasattr(p, "key")): g
-        for path, g in jax.tree_util.tree_leaves_with_path(grads)}
+    return {"output y": y} | {gradient_name(path): g
+                              for path, g in jax.tree_util.tree_leaves_with_path(grads)}
 
 
+# %%
 with jax.default_device(mosaic_pool[0]):
     with kda_lib.emulate_tpu() as chip:
         where = "a real TPU" if chip is None else f"an EMULATED TPU {chip} (interpret mode, CPU)"
@@ -590,15 +548,78 @@ assert np.isfinite(worst) and worst < mosaic_tolerance
 # %% [markdown]
 # ## Summary
 #
-# - Each slice of the sequence acts on the state as an affine map `S_out = M S_in + E`; one
-#   kernel run from `[I | 0]` with values `[0 | v]` computes it, and folding the summaries
-#   gives the exact state at every slice boundary.
+# - Each slice of the sequence acts on the state as an affine map
+#   $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$; one kernel run from $[\,I \mid 0\,]$
+#   with values $[\,\mathbf 0 \mid \mathbf v\,]$ computes it, and folding the summaries gives the
+#   exact state at every slice boundary.
 # - With the summaries all-gathered and the conv halo passed down the chain, the kernel and the
-#   full `KimiDeltaAttention` layer on `R` devices match one device to float32 rounding, for
+#   full `KimiDeltaAttention` layer on $R$ devices match one device to float32 rounding, for
 #   outputs and for every gradient.
-# - What the devices exchange does not grow with `T` (measured in the compiled programs, and
-#   equal to the formula); gathering the sequence instead grows linearly and loses beyond a few
-#   hundred tokens at these sizes.
+# - What the devices exchange does not grow with $T$ (measured in the compiled programs, and
+#   equal to the formula); gathering the sequence instead grows linearly and moves more bytes
+#   beyond the crossover length computed above.
 # - tokamax's Mosaic kernel with its own context parallelism computes the same outputs and
 #   gradients as kda_lib's CP and as one device (checked in TPU emulation on CPU when no TPU is
 #   present).
+#
+# ## Exercises
+#
+# 1. **A halo longer than a slice.** With $w - 1$ larger than the tokens per rank, a rank
+#    needs tokens from several predecessors. Run `halo_exchange` with
+#    `halo_size = local_len + 2` and check what rank $R - 1$ receives.
+# 2. **Summaries compose in any grouping.** Folding is composing affine maps, which is
+#    associative: combine ranks (0, 1) and (2, 3) first, then the two results, and check that
+#    the composed map equals the sequential fold of all ranks.
+# 3. **A realistic crossover.** For $R = 8$ and $d_k = d_v = 128$, from which $T$ does
+#    gathering move more bytes than state passing?
+#
+# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+
+# %% tags=["solution", "hide-input"]
+# 1: a halo of local_len + 2 tokens reaches two ranks back (zeros before the sequence start)
+long_halo = local_len + 2
+wide = jax.shard_map(lambda z: halo_exchange(z, axis_name="context", halo_size=long_halo),
+                     mesh=mesh, in_specs=SEQ, out_specs=SEQ)
+got = np.asarray(jax.jit(lambda z: wide(place(z, mesh, SEQ)))(positions))
+got = got.reshape(ranks, local_len + long_halo)[-1, :long_halo]
+start = (ranks - 1) * local_len - long_halo
+want = np.concatenate([np.zeros(max(-start, 0)), np.arange(max(start, 0), start + long_halo) + 1])
+np.testing.assert_array_equal(got, want)
+
+
+# %% tags=["solution", "hide-input"]
+# 2: compose (M, E) maps: apply `first`, then `second`
+def compose(first, second):
+    return (jnp.einsum("bhij,bhjk->bhik", second[0], first[0]),
+            jnp.einsum("bhij,bhjv->bhiv", second[0], first[1]) + second[1])
+
+
+if ranks >= 4:
+    grouped = compose(compose(summaries[0], summaries[1]), compose(summaries[2], summaries[3]))
+    in_order = summaries[0]
+    for s in summaries[1:4]:
+        in_order = compose(in_order, s)
+    assert max(relative_l2(a, b) for a, b in zip(grouped, in_order, strict=True)) < 1e-5
+# 3: gather (R-1)/R T (3K + V + 1) vs state passing (R-1) K (K + V), per row and head
+R8, K128 = 8, 128
+first_t = next(t for t in range(1, 10**6)
+               if (R8 - 1) / R8 * t * (3 * K128 + K128 + 1) > (R8 - 1) * K128 * (2 * K128))
+assert first_t == int(R8 * K128 * 2 * K128 / (3 * K128 + K128 + 1)) + 1
+print(f"exercises 1-3: solutions checked; at R = 8, K = V = 128 gathering moves more bytes "
+      f"from T = {first_t} tokens on")
+
+# %% [markdown]
+# ## References
+#
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025.
+#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for
+#   near-infinite context* (context parallelism for softmax attention, for contrast), 2023.
+#   [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
+# - S. Li, F. Xue, C. Baranwal, Y. Li, Y. You, *Sequence parallelism: long sequence training
+#   from system perspective*, 2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
+# - JAX, *Manual parallelism with `shard_map`*:
+#   [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
+# - tokamax's KDA kernels and their context parallelism:
+#   [openxla/tokamax](https://github.com/openxla/tokamax); fla's chunk-state passing:
+#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

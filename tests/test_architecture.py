@@ -1,0 +1,114 @@
+"""The package's import graph points down only: notebooks -> apps -> layer -> kernel -> maths.
+
+Every module of kda_lib has a layer below; a module may import (at module level or lazily
+inside a function) only modules of strictly lower layers. This rules out cycles and any import
+from the maths (gating, reference, chunked, segments, ...) into the layer, CP, models, training,
+benchmark or plotting code. A new module must be given a layer here.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "kda_lib"
+
+LAYERS = {
+    # 0: leaves - validation, segment ids, norms, gates, platform switches, task data
+    "_checks": 0,
+    "segments": 0,
+    "norms": 0,
+    "gating": 0,
+    "emulation": 0,
+    "tasks": 0,
+    "corpus": 0,
+    "measure": 0,
+    "recorded": 0,
+    # 1: the maths forms and the tokamax backend
+    "reference": 1,
+    "chunked": 1,
+    "tokamax_backend": 1,
+    "testing": 1,
+    # 2: the one entry point
+    "kernel": 2,
+    # 3: arrays across devices
+    "context_parallel": 3,
+    "conv": 3,
+    # 4: the Flax layer
+    "layer": 4,
+    # 5: models built from layers
+    "models": 5,
+    # 6: applications
+    "train": 6,
+    "generate": 6,
+    "bench": 6,
+    "viz": 6,
+    # 7: what users import first
+    "notebook": 7,
+    "__init__": 8,
+    "__main__": 8,
+}
+MATHS = {"_checks", "segments", "norms", "gating", "reference", "chunked"}
+UPPER = {"layer", "context_parallel", "models", "train", "bench", "viz"}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """kda_lib modules imported anywhere in ``path`` (module level or inside functions)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "kda_lib":  # from kda_lib import x, y
+                found.update(alias.name for alias in node.names)
+            elif node.module.startswith("kda_lib."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("kda_lib."):
+                    found.add(alias.name.split(".")[1])
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    return found & modules
+
+
+GRAPH = {p.stem: _imports(p) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted(set(GRAPH) - set(LAYERS))
+    assert not unknown, f"give these kda_lib modules a layer in LAYERS: {unknown}"
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_point_down(module):
+    upward = sorted(m for m in GRAPH[module] if LAYERS.get(m, 99) >= LAYERS.get(module, -1))
+    assert not upward, f"kda_lib.{module} (layer {LAYERS.get(module)}) imports {upward}"
+
+
+def test_no_cycles():
+    visiting, done = [], set()
+
+    def visit(module):
+        if module in visiting:
+            cycle = visiting[visiting.index(module) :] + [module]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        visiting.append(module)
+        for dependency in GRAPH.get(module, ()):
+            visit(dependency)
+        visiting.pop()
+        done.add(module)
+
+    for module in GRAPH:
+        visit(module)
+
+
+def test_maths_never_imports_the_upper_layers():
+    for module in MATHS:
+        assert not GRAPH[module] & UPPER, (module, GRAPH[module] & UPPER)
+
+
+def test_the_checker_sees_lazy_imports(tmp_path):
+    source = tmp_path / "probe.py"
+    lazy = "def f():\n    from kda_lib.layer import KDAConfig\n    import kda_lib.train\n"
+    source.write_text(lazy)
+    assert _imports(source) == {"layer", "train"}
