@@ -143,7 +143,12 @@ def plan_install(
     groups = _split_requirements(requires)
     minimum = _minimum_version(groups.get("", []), "jax")
     runtime_jax = installed.get("jax")
-    keep_jax = runtime_jax is not None and _version_tuple(runtime_jax) >= minimum
+    # kept only if jax and jaxlib are both new enough: pinned, an old jaxlib would not resolve
+    keep_jax = all(
+        name in installed
+        and _version_tuple(installed[name]) >= _minimum_version(groups.get("", []), name)
+        for name in ("jax", "jaxlib")
+    )
     has_cuda = [n for n in installed if n.startswith("jax-cuda") and n.endswith("-plugin")]
     drives = {
         "cpu": True,

@@ -35,9 +35,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "00_quickstart.ipynb"
 # what a notebook server needs that Colab has and kda_lib does not declare
 RUNNER_REQUIREMENTS = ["papermill", "ipykernel"]
+RECORDED_CHECK = """\
+import kda_lib
+from kda_lib import recorded, viz
+
+runs, notes = viz.load_benchmark_runs()
+results = recorded.load_recorded("results", "synthetic_recall_full.json")
+print("recorded:", kda_lib.__file__, recorded.recorded_dir("benchmarks"), len(runs), len(results))
+"""
 NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
 REQUIRES = [
     "jax>=0.12.0.1",
+    "jaxlib>=0.12.0.1",
     "numpy>=2.5.5",
     'matplotlib>=3.11.2; extra == "notebook"',
     'jax[cuda13]>=0.12.0.1; extra == "gpu"',
@@ -52,7 +61,12 @@ def test_plan_keeps_a_new_enough_runtime_jax_and_adds_no_accelerator_build():
     installed = {"jax": "0.13.0", "jaxlib": "0.13.0", "jax-cuda12-plugin": "0.13.0"}
     plan = nb_setup.plan_install(REQUIRES, "gpu", installed, colab=True, version="0.1.0")
     assert plan.extras == ("notebook",)
-    assert plan.requirements == ("jax>=0.12.0.1", "numpy>=2.5.5", "matplotlib>=3.11.2")
+    assert plan.requirements == (
+        "jax>=0.12.0.1",
+        "jaxlib>=0.12.0.1",
+        "numpy>=2.5.5",
+        "matplotlib>=3.11.2",
+    )
     assert set(plan.constraints) == {"jax==0.13.0", "jaxlib==0.13.0", "jax-cuda12-plugin==0.13.0"}
     assert "kept the runtime's jax 0.13.0" in plan.summary and "Colab" in plan.summary
 
@@ -70,10 +84,14 @@ def test_plan_adds_the_tpu_build_where_jax_cannot_drive_the_tpu():
     plan = nb_setup.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "jaxlib": "0.12.0.1"})
     assert plan.extras == ("notebook", "tpu")
     assert "jax==0.12.0.1" in plan.constraints  # the extra adds libtpu, jax stays
-    plan = nb_setup.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "libtpu": "0.0.50"})
+    with_libtpu = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "libtpu": "0.0.50"}
+    plan = nb_setup.plan_install(REQUIRES, "tpu", with_libtpu)
     assert plan.extras == ("notebook",)
     plan = nb_setup.plan_install(REQUIRES, "gpu", {})
     assert plan.extras == ("notebook", "gpu") and "installed jax" in plan.summary
+    old_jaxlib = {"jax": "0.12.0.1", "jaxlib": "0.11.2", "libtpu": "0.0.40"}
+    plan = nb_setup.plan_install(REQUIRES, "tpu", old_jaxlib)
+    assert plan.extras == ("notebook", "tpu") and plan.constraints == ()
 
 
 def test_plan_rejects_bad_arguments():
@@ -106,6 +124,20 @@ def test_install_dependencies_runs_one_pip_command_and_reports_failure(capsys):
 
     with pytest.raises(RuntimeError, match="no matching distribution"):
         nb_setup.install_dependencies(run=failing_pip)
+
+
+def test_the_core_imports_no_plotting_or_notebook_package():
+    """`pip install kda-lib` brings no matplotlib: only kda_lib.viz may import it."""
+    modules = [p.stem for p in (ROOT / "kda_lib").glob("*.py") if p.stem not in ("viz", "__main__")]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module('kda_lib' if name == '__init__' else 'kda_lib.' + name)\n"
+        f"print(sorted(m for m in {sorted(NOTEBOOK_ONLY)!r} if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]", f"imported by the core: {run.stdout}"
 
 
 # ----------------------------------------------------------------------------- recorded data
@@ -249,6 +281,16 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
     source = "".join(setup_cells[0]["source"])
     start = source.index('KDA_LIB_SOURCE = "') + len('KDA_LIB_SOURCE = "')
     setup_cells[0]["source"] = source[:start] + str(wheel) + source[source.index('"', start) :]
+    # then what notebooks 03 and 08 load: the recorded benchmarks and training results
+    notebook["cells"].append(
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": RECORDED_CHECK,
+        }
+    )
     workdir = tmp_path / "colab"  # no checkout here or above it
     workdir.mkdir()
     (workdir / "00.ipynb").write_text(json.dumps(notebook))
@@ -289,18 +331,7 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
     )
     assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
     assert f"kda_lib 0.1.0 from {purelib}/kda_lib" in printed, printed[:2000]
-
-    check = (
-        "import kda_lib, pathlib\n"
-        "from kda_lib import recorded, viz\n"
-        "runs, notes = viz.load_benchmark_runs()\n"
-        "results = recorded.load_recorded('results', 'synthetic_recall_full.json')\n"
-        "print(kda_lib.__file__, recorded.recorded_dir('benchmarks'), len(runs), len(results))\n"
-    )
-    run = subprocess.run(
-        [python, "-c", check], cwd=workdir, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    module, benchmarks, n_runs, n_results = run.stdout.split()
-    assert module.startswith(purelib) and benchmarks.startswith(purelib), run.stdout
-    assert int(n_runs) >= 1 and int(n_results) >= 1, run.stdout
+    (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]
+    _, module, benchmarks, n_runs, n_results = line.split()
+    assert module.startswith(purelib) and benchmarks.startswith(purelib), line
+    assert int(n_runs) >= 1 and int(n_results) >= 1, line
