@@ -56,7 +56,9 @@ def main():
         grads_ref = nnx.grad(loss)(reference, x_full, ids_full, cotangent)
 
     # the mesh over every device of every process; each process feeds its half of T
-    mesh = jax.make_mesh((jax.device_count(),), ("context",))
+    mesh = jax.make_mesh(
+        (jax.device_count(),), ("context",), axis_types=(jax.sharding.AxisType.Auto,)
+    )
     layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0), mesh=mesh)
     half = seq_len // num_processes
     mine = slice(process_id * half, (process_id + 1) * half)
