@@ -31,7 +31,7 @@ from kda_lib.conv import ShortConvolution, kernel_from_torch
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.norms import gated_rms_norm
-from kda_lib.segments import check_max_num_segments, count_segments
+from kda_lib.segments import canonical_segment_ids, check_max_num_segments, count_segments
 
 
 def _config_int(name: str, value, expected: str, minimum: int) -> int:
@@ -355,6 +355,10 @@ class KimiDeltaAttention(nnx.Module):
             decoding from it.
         """
         self._check_inputs(x, segment_ids, cache)
+        if segment_ids is not None:
+            # one rule everywhere (kda_lib.segments): each segment gets its own id before the
+            # convolutions and the kernel see them, so jit cannot change what a segment is
+            segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids=segment_ids)
         y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)

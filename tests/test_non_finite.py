@@ -194,3 +194,26 @@ def test_padding_values_change_nothing(implementation, data):
         assert np.isfinite(grad).all(), (name, found)
         np.testing.assert_array_equal(grad[~real], 0.0, err_msg=f"{name} {found}")
         np.testing.assert_array_equal(grad[real], grad_clean[real], err_msg=f"{name} {found}")
+
+
+def test_the_layer_keeps_a_bad_token_in_its_segment_under_jit():
+    from flax import nnx
+
+    from kda_lib import KDAConfig, KimiDeltaAttention
+
+    ids = jnp.asarray([[1] * 40 + [2] * 30 + [1] * 30])  # the reused id is a third segment
+    x = jax.random.normal(jax.random.key(1), (1, 100, 16)).at[0, 5, 3].set(jnp.nan)
+    outputs = {}
+    for implementation in ("recurrent", "chunked"):
+        config = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation=implementation)
+        layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+        outputs[implementation] = np.asarray(
+            nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(layer, x, ids)
+        )
+    bad = ~np.isfinite(outputs["chunked"]).all(-1)[0]
+    np.testing.assert_array_equal(np.nonzero(bad)[0], np.arange(5, 40))  # its segment, from t=5
+    np.testing.assert_array_equal(bad, ~np.isfinite(outputs["recurrent"]).all(-1)[0])
+    finite = ~bad
+    np.testing.assert_allclose(
+        outputs["chunked"][0, finite], outputs["recurrent"][0, finite], atol=2e-5
+    )
