@@ -353,11 +353,13 @@ def draw_context_parallel(ranks: int, local_len: int, halo: int, *, shown_ranks:
     fig, (ax_top, ax_bot) = plt.subplots(2, 1, figsize=(10, 5.6), height_ratios=[1.25, 1])
     _draw_halo(ax_top, shown, drawn, halo, colours)
     _draw_summaries(ax_bot, shown, drawn, colours)
-    per_rank = f"{local_len} per rank" + (f", {drawn} drawn" if drawn < local_len else "")
+    per_rank = f"{local_len} per rank" + (f", {drawn} of them drawn" if drawn < local_len else "")
     for ax in (ax_top, ax_bot):
         ax.set_xlim(-halo - 2.5, shown * drawn + 0.5)
         ax.set_yticks([])
-        ax.set_xlabel(f"token position (tokens; {per_rank})")
+        if drawn < local_len:  # positions on the axis would not be the tokens' positions
+            ax.set_xticks([])
+        ax.set_xlabel(f"token position (one box per token; {per_rank})")
         ax.grid(False)
         ax.spines[["left"]].set_visible(False)
     ax_top.set_title(f"Conv halo: each rank receives the {halo} tokens before its slice "
