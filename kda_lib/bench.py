@@ -45,12 +45,9 @@ import argparse
 import dataclasses
 import datetime
 import importlib.metadata
-import json
-import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,6 +59,7 @@ from flax import nnx
 
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.layer import KDAConfig, KimiDeltaAttention
+from kda_lib.records import dumps, output_path_problem, write_json
 from kda_lib.testing import random_kda_inputs
 from kda_lib.tokamax_backend import mosaic_problems
 
@@ -362,55 +360,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def output_path_problem(path: str | Path) -> str | None:
-    """Why the JSON cannot be written to ``path`` (None: it can): ``path`` is a folder, a
-    parent is a file, or the folder cannot be created or written to. Creates the folder."""
-    path = Path(path)
-    if path.is_dir():
-        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'b.json')!r}"
-    for ancestor in (path.parent, *path.parent.parents):
-        if ancestor.exists() and not ancestor.is_dir():
-            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as error:
-        return f"cannot write {str(path)!r}: {error}"
-    return None
-
-
-def _strict_json(value):
-    """``value`` with every non-finite float replaced by None: JSON has no NaN or infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(item) for item in value]
-    return value
-
-
-def write_json(document: dict, path: Path) -> None:
-    """Strict JSON, written atomically: a temporary file in the same folder, then os.replace,
-    so an interrupted run never leaves a truncated file (nor destroys an older one)."""
-    text = json.dumps(_strict_json(document), indent=1, allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -555,7 +504,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         try:
             write_json(document, path)
         except OSError as error:
-            print(json.dumps(_strict_json(document), indent=1, allow_nan=False))
+            print(dumps(document), end="")
             raise SystemExit(
                 f"error: could not write {path} ({error}); the JSON document is printed above"
             ) from error
@@ -571,7 +520,6 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
 
 def _cpu_count() -> int | None:
-    import os
 
     try:
         return len(os.sched_getaffinity(0))

@@ -18,12 +18,9 @@ import datetime
 import functools
 import importlib.metadata
 import inspect
-import json
 import math
-import os
 import pathlib
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -40,6 +37,7 @@ from kda_lib.models import (
     decay_mask,
     parameter_path_names,
 )
+from kda_lib.records import output_path_problem, write_json
 from kda_lib.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
@@ -429,58 +427,7 @@ def save_record(record: dict | list[dict], path: str | pathlib.Path) -> pathlib.
 
     Atomic: the text goes to a temporary file in the same folder, which then replaces ``path``,
     so an interrupted write never leaves a truncated record (nor destroys an older one)."""
-    path = pathlib.Path(path)
-    text = json.dumps(_strict_json(record), indent=1, allow_nan=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, text)
-    return path
-
-
-def _strict_json(value):
-    """``value`` with every non-finite float replaced by None: JSON has no NaN or infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _strict_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(item) for item in value]
-    return value
-
-
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-    """``path.write_text(text)`` through a temporary file in the same folder and os.replace."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600; a record is world-readable
-        os.replace(temporary, path)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def output_path_problem(path: str | pathlib.Path) -> str | None:
-    """Why a JSON record cannot be written to ``path`` (None: it can), found before any work:
-    ``path`` is a folder, a parent is a file, or the folder cannot be created or written to.
-    Creates the folder (as writing the record would) to find out."""
-    path = pathlib.Path(path)
-    if path.is_dir():
-        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'run.json')!r}"
-    for ancestor in (path.parent, *path.parent.parents):
-        if ancestor.exists() and not ancestor.is_dir():
-            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
-    except OSError as error:
-        return f"cannot write {str(path)!r}: {error}"
-    return None
+    return write_json(record, path)
 
 
 class _ProgressBar:

@@ -24,6 +24,7 @@ LAYERS = {
     "corpus": 0,
     "measure": 0,
     "recorded": 0,
+    "records": 0,
     # 1: the maths forms and the tokamax backend
     "reference": 1,
     "chunked": 1,
