@@ -1,0 +1,487 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · The KDA layer: from hidden states to hidden states
+#
+# **Claim.** The recurrence of notebooks 01-03 is the middle of a layer that maps hidden states
+# $\mathbf x_t \in \mathbb R^d$ to $\mathbf y_t \in \mathbb R^d$. Around it sit linear
+# projections, a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2
+# norm on $\mathbf q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the
+# forget gate, and an output gate with a per-head RMSNorm. We build the layer from these parts in
+# one short function, check that it equals `kda_lib.KimiDeltaAttention`, tabulate every shape
+# and count the parameters beside softmax attention, show what goes wrong without each part, and
+# load a checkpoint of fla's PyTorch layer through `KimiDeltaAttention.from_fla_state_dict`,
+# matching fla's intermediate values part by part.
+#
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
+#
+# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
+# `notebooks/params/full/04_kda_layer.yaml`.
+
+# %% tags=["parameters"]
+batch: int = 2  # sequences per batch
+seq_len: int = 48  # tokens per sequence
+hidden_size: int = 64  # d: model width
+num_heads: int = 2  # H
+head_dim: int = 16  # d_k and d_v per head
+conv_size: int = 4  # w: short-conv width
+gate_low_rank: int = 8  # r: rank of the forget- and output-gate projections
+big_hidden: int = 2048  # d of the realistic layer whose parameters are counted (not built)
+big_heads: int = 16  # H of that layer (d_k and d_v are big_hidden / big_heads)
+ablation_scale: float = 3.0  # section 4 feeds the layer x times this (a grown residual stream)
+seed: int = 0  # seed of the one jax.random.key below
+
+# %%
+# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
+# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
+# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+import importlib.util
+import runpy
+import subprocess
+import sys
+
+if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
+    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+    subprocess.run(pip, check=True)
+    importlib.invalidate_caches()
+    (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
+
+import dataclasses
+import importlib.metadata
+import json
+import pathlib
+import urllib.request
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from flax import nnx
+from IPython.display import Markdown, display
+
+import kda_lib.notebook
+from kda_lib import viz
+from kda_lib.conv import depthwise_causal_conv
+from kda_lib.norms import l2_normalize
+from kda_lib.testing import assert_close, relative_l2
+
+kda_lib.notebook.setup()
+
+# %%
+# Derived values
+key = jax.random.key(seed)
+key_layer, key_x, key_conv = jax.random.split(key, 3)
+layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
+config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
+                           conv_size=conv_size, gate_low_rank=gate_low_rank)
+layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
+x = jax.random.normal(key_x, (batch, seq_len, hidden_size))
+H, K, V = num_heads, head_dim, head_dim
+FIXTURES = pathlib.Path(kda_lib.__file__).resolve().parents[1] / "data" / "fixtures"
+
+
+def fixture(name):
+    """A file of data/fixtures/: from the checkout, or downloaded (Colab installs no data)."""
+    path = FIXTURES / name
+    if not path.exists():  # the repository named in kda_lib's metadata, on GitHub
+        urls = importlib.metadata.metadata("kda-lib").get_all("Project-URL") or []
+        repository = next(u.split(", ", 1)[1] for u in urls if u.startswith("Repository"))
+        raw = repository.replace("https://github.com/", "https://raw.githubusercontent.com/")
+        path = pathlib.Path(name)
+        urllib.request.urlretrieve(f"{raw}/main/data/fixtures/{name}", path)
+    return np.load(path, allow_pickle=False)
+
+# %% [markdown]
+# ## 1. The layer in equations
+#
+# Stack the tokens as the rows of $X \in \mathbb R^{T \times d}$. Per head $h$ (the projections'
+# outputs are cut into $H$ slices of $d_k$ or $d_v$ channels):
+#
+# $$
+# \begin{align*}
+# \mathbf q_t &= \operatorname{L2}\big(\operatorname{SiLU}(\operatorname{conv}_q(X W_q)_t)\big),
+# \qquad
+# \mathbf k_t = \operatorname{L2}\big(\operatorname{SiLU}(\operatorname{conv}_k(X W_k)_t)\big),
+# \qquad
+# \mathbf v_t = \operatorname{SiLU}(\operatorname{conv}_v(X W_v)_t), \\
+# \mathbf g_t &= -a_h \operatorname{softplus}\big(\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}
+#   + \mathbf b\big),
+# \qquad \beta_t = \sigma(\mathbf x_t W_\beta),
+# \qquad \mathbf o_t = \text{KDA}(\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta)_t, \\
+# \mathbf z_t &= \mathbf x_t W_z^{\downarrow} W_z^{\uparrow} + \mathbf b_z,
+# \qquad
+# \mathbf y_t = \Big[\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o_t^{(h)}) \odot
+#   \sigma(\mathbf z_t^{(h)})\Big]_{h = 1..H}\, W_o .
+# \end{align*}
+# $$
+#
+# The parts, one line each:
+#
+# - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1}$ on the current
+#   token: $\operatorname{conv}(U)_t = \sum_{j=0}^{w-1} \boldsymbol\kappa_j \odot
+#   \mathbf u_{t - (w - 1) + j}$ (zeros before the first token), then
+#   $\operatorname{SiLU}(u) = u\, \sigma(u)$;
+# - **L2 norm** $\operatorname{L2}(\mathbf u) = \mathbf u / \sqrt{\lVert \mathbf u\rVert^2 +
+#   \epsilon}$, $\epsilon = 10^{-6}$;
+# - **gate**: the softplus gate of notebook 02 (or the safe gate with `lower_bound`), its input
+#   through a rank-$r$ bottleneck $W_f^{\downarrow} \in \mathbb R^{d \times r}$,
+#   $W_f^{\uparrow} \in \mathbb R^{r \times H d_k}$;
+# - **per-head RMSNorm** $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot
+#   \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$, $\epsilon$ = `norm_eps`,
+#   one $\boldsymbol\eta \in \mathbb R^{d_v}$ shared by the heads.
+#
+# The function below is these equations with the layer's own parameters, and nothing else.
+
+# %%
+def layer_from_parts(layer, x):
+    """The KDA layer written out part by part; returns every intermediate (batch-first)."""
+    B, T, _ = x.shape
+    kda_ = layer.config
+    H, K, V = kda_.num_heads, kda_.key_dim, kda_.value_dim
+
+    def stream(proj, conv, dim):  # projection, short causal conv, SiLU, split into heads
+        return jax.nn.silu(depthwise_causal_conv(proj(x), conv.kernel[...])).reshape(B, T, H, dim)
+
+    p = dict(q=l2_normalize(stream(layer.q_proj, layer.q_conv1d, K)),
+             k=l2_normalize(stream(layer.k_proj, layer.k_conv1d, K)),
+             v=stream(layer.v_proj, layer.v_conv1d, V),
+             f=layer.f_proj(x).reshape(B, T, H, K), beta=jax.nn.sigmoid(layer.b_proj(x)))
+    p["g"] = kda_lib.kda_gate(p["f"], layer.A_log[...], layer.dt_bias[...],
+                              lower_bound=kda_.lower_bound)
+    p["o"], p["state"] = kda_lib.kda_recurrent(p["q"], p["k"], p["v"], p["g"], p["beta"],
+                                               output_final_state=True)
+    p["z"] = layer.g_proj(x).reshape(B, T, H, V)
+    rms = jnp.sqrt(jnp.mean(p["o"] ** 2, axis=-1, keepdims=True) + kda_.norm_eps)
+    p["gated"] = p["o"] / rms * layer.o_norm[...] * jax.nn.sigmoid(p["z"])
+    p["y"] = layer.o_proj(p["gated"].reshape(B, T, H * V))
+    return p
+
+
+# %%
+forward_parts = nnx.jit(layer_from_parts)
+parts = forward_parts(layer, x)
+forward = nnx.jit(lambda m, x: m(x))
+y_layer = forward(layer, x)
+err = assert_close(parts["y"], y_layer, atol=1e-5, rtol=1e-4, name="parts == KimiDeltaAttention")
+print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e}")
+
+# the convolution is the tap formula, and causal
+u = jax.random.normal(key_conv, (1, seq_len, 3))
+taps = jax.random.normal(jax.random.fold_in(key_conv, 1), (conv_size, 3))
+padded = np.concatenate([np.zeros((conv_size - 1, 3)), np.asarray(u[0], np.float64)])
+by_formula = sum(np.asarray(taps[j], np.float64) * padded[j: j + seq_len]
+                 for j in range(conv_size))
+assert_close(depthwise_causal_conv(u, taps)[0], by_formula, name="conv = sum_j kappa_j u_{t-w+1+j}")
+later = u.at[:, seq_len // 2:].set(0.0)  # change the future: the past outputs must not move
+_ = assert_close(depthwise_causal_conv(later, taps)[0, : seq_len // 2],
+                 depthwise_causal_conv(u, taps)[0, : seq_len // 2], atol=0, name="conv is causal")
+
+# %% [markdown]
+# ## 2. Shapes, part by part
+#
+# Every array of the forward pass above, for this notebook's $B$, $T$, $d$, $H$, $d_k = d_v$ and
+# $r$ (read off the arrays, not typed in):
+
+# %%
+rows = [("x", "layer input", "B, T, d", x), ("q, k", "after conv, SiLU, L2 norm", "B, T, H, K",
+                                              parts["q"]),
+        ("v", "after conv, SiLU", "B, T, H, V", parts["v"]),
+        ("f", "raw gate input (rank-r projection)", "B, T, H, K", parts["f"]),
+        ("g", "log decay per channel, <= 0", "B, T, H, K", parts["g"]),
+        ("beta", "write strength", "B, T, H", parts["beta"]),
+        ("o", "recurrence output", "B, T, H, V", parts["o"]),
+        ("S_T", "final state", "B, H, K, V", parts["state"]),
+        ("z", "output-gate logits", "B, T, H, V", parts["z"]),
+        ("y", "layer output", "B, T, d", parts["y"])]
+table = ["| array | what | axes | shape here |", "| --- | --- | --- | --- |"]
+for name, what, axes, a in rows:
+    assert len(axes.split(", ")) == a.ndim, name
+    table.append(f"| `{name}` | {what} | `[{axes}]` | `{tuple(a.shape)}` |")
+display(Markdown("\n".join(table)))
+assert parts["q"].shape == (batch, seq_len, H, K) and parts["state"].shape == (batch, H, K, V)
+assert float(parts["g"].max()) <= 0 and 0 < float(parts["beta"].min()) < 1
+
+# %% [markdown]
+# ## 3. Parameters, beside softmax attention
+#
+# Counted from the layer's arrays and compared with the formula per part. A softmax attention
+# layer with the same heads has only $W_q, W_k, W_v, W_o$: $d\,H(2 d_k + d_v) + H d_v\, d$. We
+# count both for this notebook's small layer and for a realistic one ($d$ = `big_hidden`, $H$ =
+# `big_heads`, $r = d_v$ as fla uses), whose parameters are counted from shapes without being
+# allocated (`nnx.eval_shape`).
+
+# %%
+def kda_parameters(d, H, K, V, r, w):
+    """Formula per part (fla's names); r None = full-rank gates."""
+    gate = (lambda out: d * out) if r is None else (lambda out: d * r + r * out)
+    return {"q_proj, k_proj": 2 * d * H * K, "v_proj": d * H * V,
+            "conv (q, k, v)": w * H * (2 * K + V), "f_proj": gate(H * K),
+            "b_proj": d * H, "g_proj (+ bias)": gate(H * V) + H * V,
+            "A_log, dt_bias": H + H * K, "o_norm": V, "o_proj": H * V * d}
+
+
+def counted(module):
+    return sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads,
+                        head_dim=big_hidden // big_heads, gate_low_rank=big_hidden // big_heads)
+big_layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(big, rngs=nnx.Rngs(0)))
+sizes = {"this notebook": (hidden_size, H, K, V, gate_low_rank, conv_size, layer),
+         f"d = {big_hidden}, H = {big_heads}": (big_hidden, big_heads, big.key_dim,
+                                                big.value_dim, big.gate_low_rank, 4, big_layer)}
+counts = {}
+for label, (d, h, k_, v_, r, w, module) in sizes.items():
+    formula = kda_parameters(d, h, k_, v_, r, w)
+    assert counted(module) == sum(formula.values()), (label, counted(module), formula)
+    counts[label] = formula | {"KDA layer": sum(formula.values()),
+                               "softmax attention": d * h * (2 * k_ + v_) + h * v_ * d}
+
+# %%
+table = ["| part | " + " | ".join(counts) + " |", "| --- |" + " ---: |" * len(counts)]
+for part in next(iter(counts.values())):
+    bold = "**" if part in ("KDA layer", "softmax attention") else ""
+    table.append(f"| {bold}{part}{bold} | " + " | ".join(f"{c[part]:,}" for c in counts.values())
+                 + " |")
+display(Markdown("\n".join(table)))
+ratio = {label: c["KDA layer"] / c["softmax attention"] for label, c in counts.items()}
+display(Markdown("The KDA layer has " + ", ".join(f"{r:.2f}x ({label})" for label, r
+                                                   in ratio.items())
+                 + " the parameters of softmax attention with the same heads."))
+assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
+
+# %% [markdown]
+# At realistic sizes the extra parts cost little: the gates go through rank-$r$ bottlenecks and
+# the convolutions have $w$ taps per channel, so KDA's layer is dominated by the same four
+# $d \times H d$ matrices as attention, plus one more for the output gate's way up. What it does
+# not have is a KV cache: its state is $H d_k d_v$ floats at any length (notebook 07).
+#
+# ## 4. What each part is for: take it away
+#
+# **L2 norm and the $\beta$ sigmoid keep the transition contractive.** Notebook 01 showed that
+# $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$ along
+# $\mathbf k$. With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an
+# unnormalised key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$,
+# pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
+# L2 norm makes the keys' length independent of the scale of the layer's input, which in a deep
+# network grows along the residual stream. Below, head 0 of this layer runs on inputs
+# `ablation_scale` times larger than $X$, three ways: as built; with the keys left
+# unnormalised; with $\beta$ taken as the raw projection $\mathbf x_t W_\beta$ (no sigmoid).
+
+# %%
+x_big = ablation_scale * x
+scaled = forward_parts(layer, x_big)
+raw_k = jax.nn.silu(depthwise_causal_conv(layer.k_proj(x_big), layer.k_conv1d.kernel[...]))
+raw_k = raw_k.reshape(batch, seq_len, H, K)[0, :, 0]  # head 0, unnormalised
+k0, v0, g0, beta0 = (scaled[n][0, :, 0] for n in ("k", "v", "g", "beta"))
+raw_beta = layer.b_proj(x_big)[0, :, 0]
+norms = {"as built": viz.state_norms(k0, v0, g0, beta0),
+         "no L2 norm on k": viz.state_norms(raw_k, v0, g0, beta0),
+         "no sigmoid on beta": viz.state_norms(k0, v0, g0, raw_beta)}
+worst = {name: float(np.nanmax(np.where(np.isfinite(n), n, np.inf))) for name, n in
+         norms.items()}
+eig = {"no L2 norm on k": 1 - np.asarray(beta0) * np.sum(np.asarray(raw_k) ** 2, -1),
+       "no sigmoid on beta": 1 - np.asarray(raw_beta)}
+display(Markdown(
+    f"As built, the largest state norm is {worst['as built']:.3g}. "
+    + " ".join(f"With {name}, the eigenvalue along the key leaves $[-1, 1]$ at "
+               f"{np.sum(np.abs(e) > 1)} of {seq_len} tokens and the state reaches "
+               f"{worst[name]:.3g} ({worst[name] / worst['as built']:.2g} times)." for name, e in
+               eig.items())
+    + " The gate's decay holds some of the growth back; the figure shows the rest."))
+assert worst["as built"] < 10 * ablation_scale * np.sqrt(V), "the state stays bounded"
+for name in eig:
+    assert worst[name] > 10 * worst["as built"], f"{name}: the state should blow up"
+
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(8, 3.4))
+for (name, n), style in zip(norms.items(), ("-", "--", "-."), strict=True):
+    ax.semilogy(np.arange(1, seq_len + 1), np.where(np.isfinite(n), n, np.nan), style,
+                label=name)
+ax.set(title="State norm of head 0 with and without the contractive parts",
+       xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$ (log scale)")
+ax.legend(loc="upper left")
+viz.show(fig, "04_ablation_state_norm")
+
+# %% [markdown]
+# **The short convolution lets one write bind two tokens.** Associative recall needs the layer
+# to store "value of token $t$ under the key of token $t - 1$" in a single write. The write at
+# token $t$ uses $\mathbf k_t$ and $\mathbf v_t$; without the convolution both depend on
+# $\mathbf x_t$ alone, so one layer cannot store that pair (it needs a second layer to move
+# $\mathbf x_{t-1}$ forward first). With it, $\mathbf k_t$ sees $\mathbf x_{t-w+1}, \dots,
+# \mathbf x_t$. The Jacobian of $\mathbf k_t$ with respect to every input token shows it (the
+# same layer weights, with and without `conv_size`; notebook 06 trains a model and shows the
+# converse: without the recurrence the conv alone cannot reach further than $w - 1$ tokens).
+
+# %%
+t_probe = seq_len // 2
+
+
+def key_reach(module):
+    """|d k_t / d x_s| summed over channels, for every s (t = t_probe, row 0)."""
+    jac = jax.jit(jax.jacobian(lambda x: module.project(x).k[0, t_probe]))(x[:1])  # [H,K,1,T,d]
+    return np.abs(np.asarray(jac)).sum(axis=(0, 1, 2, 4))
+
+
+no_conv = kda_lib.KimiDeltaAttention(dataclasses.replace(config, conv_size=0),
+                                     rngs=nnx.Rngs(layer_seed))
+reach = {"with conv": key_reach(layer), "without conv": key_reach(no_conv)}
+for name, r in reach.items():
+    print(f"{name}: k_t depends on tokens {np.flatnonzero(r).tolist()} (t = {t_probe})")
+assert np.flatnonzero(reach["with conv"]).tolist() == list(range(t_probe - conv_size + 1,
+                                                                 t_probe + 1))
+assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
+
+# %% [markdown]
+# **The low-rank gate projection saves parameters, not expressiveness that matters.** The raw gate
+# input $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of the
+# $H d_k$ dimensions. Section 3 counts what that saves; the check below confirms the rank.
+#
+# **The per-head RMSNorm and the output gate fix the output's scale and let it be switched off.**
+# The recurrence's output scale depends on how full the state is and on the decays, so it
+# differs between heads and along the sequence; the RMSNorm brings every head and token to RMS
+# $\lVert\boldsymbol\eta\rVert / \sqrt{d_v}$ (1 at initialisation, where
+# $\boldsymbol\eta = \mathbf 1$), except outputs so small that $\epsilon$ dominates their mean
+# square, which stay small instead of amplifying noise (checked below on the larger inputs of
+# the experiment above; the printout says how many outputs are well above $\epsilon$). The
+# sigmoid gate then scales each
+# channel by $\sigma(\mathbf z_t) \in (0, 1)$, computed from the token itself, so a head can be
+# muted where it has nothing useful to add.
+
+# %%
+f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
+print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = "
+      f"{gate_low_rank})")
+assert f_rank == min(gate_low_rank, seq_len, H * K)
+rms_o = np.sqrt(np.mean(np.asarray(scaled["o"]) ** 2, axis=-1))  # [B, T, H], section 4's input
+normed = np.asarray(scaled["gated"] / jax.nn.sigmoid(scaled["z"]))
+rms_normed = np.sqrt(np.mean(normed**2, axis=-1))
+above_eps = rms_o**2 > 100 * config.norm_eps  # mean square well above the norm's epsilon
+print(f"RMS of o per head and token: {rms_o.min():.2e} .. {rms_o.max():.2e}; after the "
+      f"RMSNorm, where the mean square exceeds 100 eps ({above_eps.mean():.0%} of them): "
+      f"{rms_normed[above_eps].min():.4f} .. {rms_normed[above_eps].max():.4f}")
+assert rms_o.max() / rms_o.min() > 2 and above_eps.any()
+assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
+gate = np.asarray(jax.nn.sigmoid(scaled["z"]))
+assert 0 < gate.min() and gate.max() < 1
+
+# %% [markdown]
+# ## 5. Loading an fla checkpoint
+#
+# fla's `KimiDeltaAttention` (PyTorch) names its parameters as this layer does (`q_proj`,
+# `q_conv1d`, `f_proj.0`, `f_proj.1`, `g_proj.*`, `o_norm`, `A_log`, `dt_bias`, ...).
+# `from_fla_state_dict` transposes the linear weights (`[out, in]` in PyTorch) and turns each
+# conv weight `[C, 1, w]` into `[w, C]` with the same tap order (PyTorch's last tap multiplies the
+# current token, as $\boldsymbol\kappa_{w-1}$ here). The fixture
+# `data/fixtures/fla_layer_default.npz` holds such a state dict, an input and fla's output, plus
+# fla's intermediate values (see `data/fixtures/README.md`); we load it and compare every part.
+
+# %%
+fla = fixture("fla_layer_default.npz")
+fla_config = json.loads(str(fla["config_json"]))
+loaded_config = kda_lib.KDAConfig(
+    hidden_size=fla_config["hidden_size"], num_heads=fla_config["num_heads"],
+    head_dim=fla_config["head_dim"], conv_size=fla_config["conv_size"],
+    lower_bound=fla_config["lower_bound"], gate_low_rank=fla_config["head_dim"],  # fla: r = d_v
+    norm_eps=fla_config["norm_eps"])
+state_dict = {name.removeprefix("sd/"): fla[name] for name in fla.files
+              if name.startswith("sd/")}
+fla_layer = kda_lib.KimiDeltaAttention.from_fla_state_dict(state_dict, loaded_config,
+                                                           rngs=nnx.Rngs(0))
+x_fla = jnp.asarray(fla["x"])
+ours = forward_parts(fla_layer, x_fla)
+
+# %%
+pairs = {"q (L2-normalised)": ("q", "dbg/q_l2"), "k (L2-normalised)": ("k", "dbg/k_l2"),
+         "v (conv, SiLU)": ("v", "dbg/v_conv"), "g (gate)": ("g", "dbg/g"),
+         "beta": ("beta", "dbg/beta"), "o (recurrence)": ("o", "dbg/o_core"),
+         "final state": ("state", "dbg/state_core"), "y (layer output)": ("y", "y")}
+fla_errors = {name: relative_l2(ours[mine], fla[theirs])
+              for name, (mine, theirs) in pairs.items()}
+for name, e in fla_errors.items():
+    print(f"{name:18s} relative L2 vs fla: {e:.1e}")
+assert max(fla_errors.values()) < 1e-5
+y_loaded = forward(fla_layer, x_fla)
+_ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's y")
+
+# %% [markdown]
+# ## Summary
+#
+# - `KimiDeltaAttention` is projections, a short causal conv with SiLU, L2-normalised $\mathbf q$
+#   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the KDA
+#   recurrence, a per-head RMSNorm with a sigmoid output gate and an output projection; a
+#   function writing out exactly these parts equals the layer.
+# - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
+#   more than softmax attention's parameters (asserted below 1.6x) and no KV cache.
+# - Without the L2 norm or the $\beta$ sigmoid the state blows up; without the convolution a key
+#   sees only its own token; the gate's input has rank $r$; the RMSNorm brings every head's
+#   output to RMS 1 (all checked above).
+# - fla's PyTorch layer, loaded through `from_fla_state_dict`, matches part by part.
+#
+# ## Exercises
+#
+# 1. **Full-rank gates.** Count the parameters of this notebook's layer with
+#    `gate_low_rank=None` (MaxText's choice) and check the difference against `kda_parameters`.
+# 2. **One decay per head.** `KDAConfig(per_head_decay=True)` turns the layer into Gated
+#    DeltaNet. Check that every channel of a head then gets the same log decay $g$.
+# 3. **The safe gate.** Load the second fixture, `fla_layer_safe_gate.npz` (fla with
+#    `safe_gate=True`, `lower_bound=-5`), and check the layer's output against fla's.
+#
+# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+
+# %% tags=["solution", "hide-input"]
+# 1: full-rank gates
+full_rank = kda_lib.KimiDeltaAttention(dataclasses.replace(config, gate_low_rank=None),
+                                       rngs=nnx.Rngs(0))
+assert counted(full_rank) == sum(kda_parameters(hidden_size, H, K, V, None, conv_size).values())
+print(f"exercise 1: full-rank gates {counted(full_rank):,} parameters, low-rank {counted(layer):,}")
+# 2: per-head decay: g is constant across the channels of each head
+gdn = kda_lib.KimiDeltaAttention(dataclasses.replace(config, per_head_decay=True),
+                                 rngs=nnx.Rngs(0))
+g_ = nnx.jit(lambda m, x: kda_lib.kda_gate(m.project(x).f, m.A_log[...],
+                                           m.kernel_kwargs()["dt_bias"]))(gdn, x)
+assert np.allclose(g_, g_[..., :1]), "exercise 2"
+# 3: the safe-gate fixture
+safe = fixture("fla_layer_safe_gate.npz")
+safe_sd = {n.removeprefix("sd/"): safe[n] for n in safe.files if n.startswith("sd/")}
+safe_layer = kda_lib.KimiDeltaAttention.from_fla_state_dict(
+    safe_sd, dataclasses.replace(loaded_config, lower_bound=-5.0),
+    rngs=nnx.Rngs(0))
+assert_close(forward(safe_layer, jnp.asarray(safe["x"])), safe["y"], atol=5e-6, rtol=1e-5,
+             name="exercise 3")
+print("exercises 2-3: solutions checked")
+
+# %% [markdown]
+# ## References
+#
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (the KDA layer:
+#   short convolutions, low-rank gates, output gate and norm), 2025.
+#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*
+#   (the layer design KDA extends), ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+# - S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, *Parallelizing linear transformers with the delta
+#   rule over sequence length* (L2-normalised keys, short convolutions in DeltaNet), NeurIPS 2024.
+#   [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
+# - S. Arora et al., *Zoology: measuring and improving recall in efficient language models*
+#   (associative recall, why short convolutions help), 2023.
+#   [arXiv:2312.04927](https://arxiv.org/abs/2312.04927)
+# - B. Zhang, R. Sennrich, *Root mean square layer normalization*, NeurIPS 2019.
+#   [arXiv:1910.07467](https://arxiv.org/abs/1910.07467)
+# - fla's layer, `fla/layers/kda.py`:
+#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
