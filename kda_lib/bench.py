@@ -21,6 +21,13 @@ Entries (``--impls``; default: all that run on this platform):
   kernel (``layer_projections``: projections, convs, gates, output norm and projection), so the
   layer's overhead is ``layer / (layer_kernel + layer_projections)``.
 
+Every run also times a ``2048 x 2048`` float32 matmul (row ``matmul``): each row with a FLOP
+count from XLA's cost analysis gets ``achieved_gflops`` and ``roofline_fraction`` (achieved over
+the matmul's GFLOP/s, measured in the same run) and ``bytes_per_token`` (bytes accessed per
+token). ``--train`` adds training-step rows (``train_<model>``: one AdamW step of a 4-layer
+byte-level TinyLM with KDA, Gated DeltaNet, softmax attention or the 3:1 hybrid) with
+``tokens_per_s``.
+
 Modes: ``fwd`` (outputs only) and ``fwd+bwd`` (``jax.grad`` of ``sum(outputs * fixed random
 cotangents)`` with respect to every input, parameters included).
 
@@ -59,9 +66,12 @@ from flax import nnx
 
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.layer import KDAConfig, KimiDeltaAttention
+from kda_lib.models import ModelConfig, TinyLM
 from kda_lib.records import dumps, output_path_problem, write_json
+from kda_lib.tasks import TaskBatch
 from kda_lib.testing import random_kda_inputs
 from kda_lib.tokamax_backend import mosaic_problems
+from kda_lib.train import make_optimizer, train_step
 
 MODES = ("fwd", "fwd+bwd")
 SEQUENTIAL_IMPLS = ("recurrent", "tokamax_xla")  # O(T) steps: slow at large T
@@ -243,6 +253,7 @@ class Job:
     fn: Callable
     args: tuple
     compiled: Callable | None = None
+    tokens: int = 0  # tokens per call (B * T): bytes and training throughput per token
     times_ms: list = dataclasses.field(default_factory=list)
     info: dict = dataclasses.field(default_factory=dict)
     error: str | None = None
@@ -260,6 +271,14 @@ class Job:
                 + memory.output_size_in_bytes
                 - memory.alias_size_in_bytes
             )
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+        if isinstance(cost, dict) and cost.get("flops", 0) > 0:
+            # XLA's count for the compiled program (a custom call such as a Pallas kernel counts
+            # nothing, so such rows get no roofline figures)
+            self.info["flops"] = float(cost["flops"])
+            if cost.get("bytes accessed"):
+                self.info["bytes_accessed"] = float(cost["bytes accessed"])
         for _ in range(warmup):
             jax.block_until_ready(self.compiled(*self.args))
         if jax.default_backend() == "gpu":
@@ -280,14 +299,26 @@ class Job:
             return record | dict(median_ms=None, error=self.error)
         times = self.times_ms
         p25, p75 = np.percentile(times, [25, 75]).tolist()
-        return record | dict(
-            median_ms=statistics.median(times),
-            min_ms=min(times),
-            max_ms=max(times),
-            p25_ms=p25,
-            p75_ms=p75,
-            reps=len(times),
-            **self.info,
+        median_s = statistics.median(times) / 1e3
+        derived = {}
+        if "flops" in self.info:
+            derived["achieved_gflops"] = self.info["flops"] / median_s / 1e9
+        if "bytes_accessed" in self.info and self.tokens:
+            derived["bytes_per_token"] = self.info["bytes_accessed"] / self.tokens
+        if self.mode == "train" and self.tokens:
+            derived["tokens_per_s"] = self.tokens / median_s
+        return (
+            record
+            | derived
+            | dict(
+                median_ms=statistics.median(times),
+                min_ms=min(times),
+                max_ms=max(times),
+                p25_ms=p25,
+                p75_ms=p75,
+                reps=len(times),
+                **self.info,
+            )
         )
 
 
@@ -327,6 +358,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="kernel implementation inside the layer",
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="also time TinyLM training steps (tokens/s) with the mixers of --train-mixers",
+    )
+    parser.add_argument(
+        "--train-mixers",
+        nargs="+",
+        default=list(TRAIN_MODELS),
+        choices=list(TRAIN_MODELS),
+        help="models of the training-step rows (hybrid: kda, kda, kda, attention)",
+    )
+    parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument(
         "--no-interleave",
@@ -342,7 +386,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
     )
     args = parser.parse_args(argv)
-    minimums = dict(batch=1, heads=1, key_dim=1, value_dim=1, reps=1, warmup=0, sequential_max_t=0)
+    minimums = dict(
+        batch=1,
+        heads=1,
+        key_dim=1,
+        value_dim=1,
+        reps=1,
+        warmup=0,
+        sequential_max_t=0,
+        train_batch=1,
+    )
     for name, minimum in minimums.items():
         value = getattr(args, name)
         if value < minimum:
@@ -420,7 +473,24 @@ def run(argv: Sequence[str] | None = None) -> dict:
     def add(name, seq_len, fn, fn_args):
         for mode in args.modes:
             timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
-            jobs.append(Job(name, seq_len, mode, timed, fn_args))
+            jobs.append(Job(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
+
+    # the machine's matmul throughput, measured beside the entries: the roofline's ceiling
+    jobs.append(Job(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
+    if args.train:
+        for mixer in args.train_mixers:
+            for seq_len in args.seq_lens:
+                fn, fn_args = train_step_entry(mixer, args.train_batch, seq_len, key)
+                jobs.append(
+                    Job(
+                        f"train_{mixer}",
+                        seq_len,
+                        "train",
+                        fn,
+                        fn_args,
+                        tokens=args.train_batch * seq_len,
+                    )
+                )
 
     for name in impls:
         for seq_len in args.seq_lens:
@@ -471,6 +541,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             for job in jobs:
                 attempt(job, job.time_once)
     records.extend(job.record() for job in jobs)
+    matmul_gflops = add_roofline(records)
 
     device = jax.devices()[0]
     today = datetime.date.today()
@@ -495,6 +566,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             cpu_count=_cpu_count(),
             argv=list(sys.argv[1:] if argv is None else argv),
         ),
+        matmul_gflops=matmul_gflops,
         records=records,
         ratios=compute_ratios(records),
     )
@@ -517,6 +589,63 @@ def run(argv: Sequence[str] | None = None) -> dict:
     if path is not None:
         print(f"wrote {path}")
     return document
+
+
+MATMUL_ENTRY = "matmul"
+MATMUL_SIZE = 2048
+
+
+def matmul_entry(key: jax.Array):
+    """A ``2048 x 2048`` float32 ``jnp.dot`` at HIGHEST precision (as the kernels' matmuls):
+    what this machine's matmuls reach, the roofline's ceiling."""
+    a, b = (jax.random.normal(k, (MATMUL_SIZE, MATMUL_SIZE)) for k in jax.random.split(key))
+    return (lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)), (a, b)
+
+
+def add_roofline(records: list[dict]) -> float | None:
+    """Add ``roofline_fraction`` (achieved GFLOP/s over the matmul row's) to every record with
+    a FLOP count; returns the matmul row's GFLOP/s (None if it failed)."""
+    matmul = next((r for r in records if r["impl"] == MATMUL_ENTRY and r.get("median_ms")), None)
+    if matmul is None:
+        return None
+    ceiling = 2 * MATMUL_SIZE**3 / (matmul["median_ms"] / 1e3) / 1e9
+    for record in records:
+        if "achieved_gflops" in record:
+            record["roofline_fraction"] = record["achieved_gflops"] / ceiling
+    return ceiling
+
+
+TRAIN_MODELS = {
+    "kda": dict(mixer="kda"),
+    "gdn": dict(mixer="gdn"),
+    "attention": dict(mixer="attention"),
+    "hybrid": dict(layers=("kda", "kda", "kda", "attention")),
+}
+
+
+def train_step_entry(model: str, batch: int, seq_len: int, key: jax.Array):
+    """``(step, args)``: one AdamW step of a 4-layer byte-level TinyLM (hidden 128, 2 heads of
+    64) with the mixers of ``TRAIN_MODELS[model]``; ``step(state, batch)`` returns the loss."""
+    config = ModelConfig(
+        vocab_size=256,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=2,
+        head_dim=64,
+        **TRAIN_MODELS[model],
+    )
+    model_ = TinyLM(config, rngs=nnx.Rngs(0))
+    optimizer = make_optimizer(model_, steps=1000, learning_rate=1e-3)
+    graphdef, state = nnx.split((model_, optimizer))
+    tokens = jax.random.randint(key, (batch, seq_len + 1), 0, 256)
+    data = TaskBatch(tokens[:, :-1], tokens[:, 1:], jnp.ones((batch, seq_len), bool))
+
+    def step(state, data):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, _ = train_step(model, optimizer, data)
+        return loss, nnx.state((model, optimizer))
+
+    return step, (state, data)
 
 
 def _cpu_count() -> int | None:

@@ -110,7 +110,7 @@ def _loss(model: nnx.Module, batch: TaskBatch):
 # as their batches have the same shape (a sweep over tasks of one vocabulary and length
 # compiles each mixer once).
 @nnx.jit
-def _train_step(model, optimizer, batch: TaskBatch):
+def train_step(model, optimizer, batch: TaskBatch):
     (loss, accuracy), grads = nnx.value_and_grad(_loss, has_aux=True)(model, batch)
     optimizer.update(model, grads)
     return loss, accuracy
@@ -180,7 +180,7 @@ def train(
     )
 
     draw = _batch_drawer(task_fn, batch_size, seq_len)
-    step_fn = nnx.cached_partial(_train_step, model, optimizer)
+    step_fn = nnx.cached_partial(train_step, model, optimizer)
     data_key = _stream(seed, TRAIN_STREAM)
     history: dict[str, list] = {"step": [], "loss": [], "accuracy": [], "seconds": []}
     window: list[tuple[jax.Array, jax.Array]] = []

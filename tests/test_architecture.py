@@ -42,12 +42,14 @@ LAYERS = {
     # 6: applications
     "train": 6,
     "generate": 6,
-    "bench": 6,
+
     "viz": 6,
-    # 7: what users import first
-    "notebook": 7,
-    "__init__": 8,
-    "__main__": 8,
+    # 7: measurements of the applications
+    "bench": 7,
+    # 8: what users import first
+    "notebook": 8,
+    "__init__": 9,
+    "__main__": 9,
 }
 MATHS = {"_checks", "segments", "norms", "gating", "reference", "chunked"}
 UPPER = {"layer", "context_parallel", "models", "train", "bench", "viz"}

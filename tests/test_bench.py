@@ -6,6 +6,7 @@ Not a timed test: it only checks that the benchmark runs and writes what it prom
 import datetime
 import json
 
+import jax
 import pytest
 
 from kda_lib import bench
@@ -126,3 +127,23 @@ def test_the_json_is_written_before_the_table_and_never_lost(tmp_path, monkeypat
     printed = capsys.readouterr().out
     assert json.loads(printed)["records"][0]["impl"] == "softmax"  # the timings, as JSON
     assert "median ms" not in printed  # no table whose JSON went missing
+
+
+def test_roofline_fraction_is_relative_to_the_matmul_row():
+    records = [
+        dict(impl="matmul", T=2048, mode="fwd", median_ms=100.0, achieved_gflops=171.8),
+        dict(impl="chunked", T=4096, mode="fwd", median_ms=50.0, achieved_gflops=42.95),
+        dict(impl="tokamax_mosaic", T=4096, mode="fwd", median_ms=5.0),  # no FLOP count
+    ]
+    ceiling = bench.add_roofline(records)
+    assert ceiling == pytest.approx(2 * 2048**3 / 0.1 / 1e9)
+    assert records[1]["roofline_fraction"] == pytest.approx(42.95 / ceiling)
+    assert "roofline_fraction" not in records[2]
+    assert bench.add_roofline([dict(impl="matmul", T=2048, mode="fwd", median_ms=None)]) is None
+
+
+@pytest.mark.parametrize("model", sorted(bench.TRAIN_MODELS))
+def test_training_step_entries_trace(model):
+    step, args = bench.train_step_entry(model, batch=2, seq_len=8, key=jax.random.key(0))
+    loss, state = jax.eval_shape(step, *args)  # traced, not compiled: cheap
+    assert loss.shape == () and jax.tree.structure(state) == jax.tree.structure(args[0])

@@ -374,7 +374,7 @@ def test_run_sweep_order_report_and_shared_compilation():
 def _train_step_cache_size():
     from kda_lib import train as train_module
 
-    return train_module._train_step.jitted_fn._cache_size()
+    return train_module.train_step.jitted_fn._cache_size()
 
 
 def test_attention_mixer_takes_a_value_dim_other_than_the_key_dim():
