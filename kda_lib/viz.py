@@ -206,9 +206,9 @@ def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
     kda_lib (:func:`kda_lib.recorded.recorded_dir`: the wheel's copy, or ``data/benchmarks/`` of
     the checkout), and a note says so.
 
-    Accepts files with a top-level ``"platform"`` (optionally ``"device"``) and a list of records
-    (under ``"records"``, ``"results"``, ..., or a bare list), each record holding at least
-    ``impl``, ``T``, ``mode`` and ``median_ms``. Anything else is skipped, not raised.
+    Reads the layout the benchmark writes (``platform``, ``device_kind``, ``config``,
+    ``records``); records need ``impl``, ``T``, ``mode`` and a numeric ``median_ms`` (failed rows
+    are left out). Other files are skipped with a note, not raised.
 
     Returns:
       ``(runs, notes)``: runs are ``{"label", "file", "config", "records"}`` dicts (label like
@@ -232,18 +232,11 @@ def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
         except (OSError, ValueError) as e:
             notes.append(f"{path.name}: unreadable ({e})")
             continue
+        # the layout python -m kda_lib.bench writes (platform, device_kind, config, records)
         meta = payload if isinstance(payload, dict) else {}
-        records = payload if isinstance(payload, list) else None
-        for key in ("records", "results", "rows", "benchmarks"):
-            if records is None and isinstance(meta.get(key), list):
-                records = meta[key]
-        if records is None:  # any other list of dicts at the top level
-            records = next(
-                (v for v in meta.values() if isinstance(v, list) and v and isinstance(v[0], dict)),
-                None,
-            )
-        if records is None:
-            notes.append(f"{path.name}: no list of records found; skipped")
+        records = meta.get("records")
+        if not isinstance(records, list):
+            notes.append(f"{path.name}: not a kda_lib.bench file (no 'records' list); skipped")
             continue
         usable = [
             r
@@ -257,7 +250,7 @@ def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
             notes.append(f"{path.name}: no record with impl, T, mode and median_ms; skipped")
             continue
         platform = str(meta.get("platform", "unknown platform"))
-        device = meta.get("device") or meta.get("device_kind")
+        device = meta.get("device_kind")
         label = f"recorded: {platform}" + (f" {device}" if device and device != platform else "")
         config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
         shape = ", ".join(
