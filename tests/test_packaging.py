@@ -148,7 +148,8 @@ def test_recorded_data_is_found_and_parsed():
 
 
 def test_a_missing_recording_is_an_explicit_error():
-    with pytest.raises(FileNotFoundError, match=r"not found in .*available: \['synthetic"):
+    listed = r"not found in .*available: .*'synthetic_recall_full.json'"
+    with pytest.raises(FileNotFoundError, match=listed):
         recorded.recorded_path("results", "no_such_run.json")
     with pytest.raises(ValueError, match="kind"):
         recorded.recorded_dir("fixtures")
