@@ -42,9 +42,9 @@ head_dim: int = 16  # K and V per head
 seq_len: int = 64  # bytes per training window
 batch_size: int = 8  # windows per step
 steps: int = 150  # optimiser steps per model
-learning_rate: float = 0.003  # AdamW peak rate (warmup, cosine decay)
+learning_rate: float = 0.01  # AdamW peak rate (warmup, cosine decay; full run: 0.003)
 eval_every: int = 50  # steps between validation scores
-val_windows: int = 16  # fixed validation windows (the same for every model and step)
+val_windows: int = 32  # fixed validation windows (the same for every model and step)
 implementation: str = "recurrent"  # KDA kernel (recurrent compiles fastest at small T on CPU)
 sample_prompt: str = "def "  # prompt for the generated samples
 sample_steps: int = 60  # bytes generated per sample
@@ -224,7 +224,9 @@ viz.show(fig, "09_validation_curves")
 # Position $t$ of a window has seen $t + 1$ bytes. A model that uses more context than its
 # neighbours gets better the further into the window it is; one that forgets stays flat. Below,
 # the validation bits per byte at each position (mean over windows, smoothed over 8 positions),
-# this run (the recorded run in section 7).
+# this run (the recorded run in section 7). With the few validation windows and short training
+# of the CI defaults, which bytes happen to sit at which position dominates this curve; the
+# recorded run (128 windows, 800 steps) shows the gain from context.
 
 # %% tags=["hide-input"]
 def smooth(y, width=8):
@@ -283,7 +285,8 @@ for name, model in models.items():
 # and the last $W - 1$ inputs of its convolutions, whatever $t$ is; an attention layer needs
 # the keys and values of all $t$ tokens, $2 H K$ numbers per token. `kda_lib.generate.decode_cost`
 # fills each model's caches as if `context` tokens had been seen and times single decode steps
-# (the cost of a step depends on the caches' shapes and fill, not their values).
+# (the cost of a step depends on the caches' shapes and fill, not their values). In the memory
+# panel the KDA and GDN lines coincide.
 
 # %%
 costs = {name: decode_cost(model, decode_contexts, steps=8, repeats=3)
@@ -329,7 +332,10 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
 #
 # The recorded run (`recorded_results`, command and time in `data/results/README.md`) has four
 # layers, so its hybrid is Kimi Linear's 3:1 pattern. Left of each pair: this run; right: the
-# recorded one.
+# recorded one. In it the 3:1 hybrid reached the lowest validation bits per byte and softmax
+# attention the highest; KDA and GDN ended within 0.01 of each other, which one seed cannot
+# order (asserted below). Every model gained about a quarter of a bit per byte from the first
+# to the last quarter of its window.
 
 # %%
 recorded = load_recorded("results", recorded_results)
@@ -357,9 +363,12 @@ viz.show(fig, "09_live_and_recorded")
 for name, r in recorded["models"].items():
     first, last = context_gain(r)
     print(f"--- {name} (recorded; context gain {first - last:+.3f} bits per byte)\n{r['sample']}")
+    assert 0.2 < first - last < 0.3, (name, first - last)  # "about a quarter of a bit"
 rec_bpb = {name: r["bpb"] for name, r in recorded["models"].items()}
 print("KDA vs GDN (recorded, one seed):", "KDA lower" if rec_bpb["kda"] < rec_bpb["gdn"] else
       "GDN lower", f"by {abs(rec_bpb['kda'] - rec_bpb['gdn']):.3f} bits per byte")
+assert min(rec_bpb, key=rec_bpb.get) == "hybrid" and max(rec_bpb, key=rec_bpb.get) == "attention"
+assert abs(rec_bpb["kda"] - rec_bpb["gdn"]) < 0.02
 
 # %% [markdown]
 # ## Summary
@@ -368,8 +377,9 @@ print("KDA vs GDN (recorded, one seed):", "KDA lower" if rec_bpb["kda"] < rec_bp
 #   decodes from its own cache, and greedy decoding from the caches reproduces the full forward
 #   pass byte for byte (asserted above, and for the 3:1 pattern in `tests/test_models.py`).
 # - On the standard library's bytes, all four models of equal size beat the byte-frequency
-#   baseline after a few hundred steps; the bits per byte, the loss against position and the
-#   speeds are printed above for this run and for the recorded run.
+#   baseline (asserted); in the recorded run the 3:1 hybrid was best and attention worst, with
+#   KDA and GDN level at one seed. Bits per byte, loss against position and speeds are printed
+#   above for this run and for the recorded run.
 # - The decode cache of the KDA model is the same at every context; the attention model's grows
 #   by $2 H K$ floats per token and layer (asserted), the hybrid's by that times the share of
 #   attention layers.
