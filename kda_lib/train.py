@@ -72,7 +72,7 @@ def _adamw(steps, learning_rate, weight_decay, warmup, clip_norm, mask_items):
         init_value=0.0,
         peak_value=learning_rate,
         warmup_steps=warmup,
-        decay_steps=max(steps, 1),
+        decay_steps=max(steps, warmup + 1),  # optax needs a decay phase after the warmup
         end_value=0.1 * learning_rate,
     )
     mask = dict(mask_items)

@@ -501,3 +501,8 @@ def test_save_record_is_strict_and_atomic(tmp_path, monkeypatch):
         save_record({"loss": 1.0}, path)
     assert path.read_text() == before  # the old record survives a failed write
     assert sorted(p.name for p in path.parent.iterdir()) == ["run.json"]  # no temp file left
+
+
+def test_a_one_step_schedule_is_valid():
+    # warmup takes the one step; optax still needs a (zero-length-free) decay phase after it
+    make_optimizer(_model(), steps=1, learning_rate=1e-3)
