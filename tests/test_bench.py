@@ -42,7 +42,11 @@ def _check_schema(document, impls, seq_lens, modes):
         assert record["min_ms"] <= record["median_ms"] <= record["max_ms"]
         assert record["compile_s"] > 0
     seen = {(r["impl"], r["T"], r["mode"]) for r in document["records"]}
-    assert seen == {(i, t, m) for i in impls for t in seq_lens for m in modes}
+    # every run also times the roofline's matmul
+    assert seen == {(i, t, m) for i in impls for t in seq_lens for m in modes} | {
+        (bench.MATMUL_ENTRY, bench.MATMUL_SIZE, "fwd")
+    }
+    assert document["matmul_gflops"] > 0
 
 
 def test_bench_kernels_both_modes(tmp_path):
@@ -125,7 +129,8 @@ def test_the_json_is_written_before_the_table_and_never_lost(tmp_path, monkeypat
     with pytest.raises(SystemExit, match=r"could not write .*b2.json \(disk full\); the JSON"):
         bench.run([*args, "--out", str(tmp_path / "b2.json")])
     printed = capsys.readouterr().out
-    assert json.loads(printed)["records"][0]["impl"] == "softmax"  # the timings, as JSON
+    impls = {r["impl"] for r in json.loads(printed)["records"]}  # the timings, as JSON
+    assert impls == {"softmax", bench.MATMUL_ENTRY}
     assert "median ms" not in printed  # no table whose JSON went missing
 
 
