@@ -46,9 +46,9 @@ ablation_scale: float = 3.0  # section 4 feeds the layer x times this (a grown r
 seed: int = 0  # seed of the one jax.random.key below
 
 # %%
-# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
-# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
-# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
+# dependencies for this machine's accelerator, keeping the runtime's JAX when it
+# is new enough (one line says what was installed).
 import importlib.util
 import runpy
 import subprocess
@@ -62,6 +62,8 @@ if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install 
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
+# %%
+# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import importlib.metadata
 import json
@@ -240,6 +242,7 @@ def counted(module):
     return sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
+# %%
 big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads,
                         head_dim=big_hidden // big_heads, gate_low_rank=big_hidden // big_heads)
 big_layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(big, rngs=nnx.Rngs(0)))

@@ -51,12 +51,8 @@ seed: int = 0  # seed of the one jax.random.key below
 
 
 # %%
-# Setup. Simulated devices must be requested before jax is first imported; an XLA_FLAGS
-# setting of your own wins. Then, where kda_lib is missing (Colab, a fresh VM), install it
-# and the dependencies for this machine's accelerator, keeping the runtime's JAX when it
-# is new enough (one line says what was installed); kda_lib.notebook.setup() applies the
-# settings every notebook shares.
-import dataclasses
+# Simulated devices must be requested before jax is first imported; an XLA_FLAGS setting of
+# your own wins.
 import os
 import sys
 
@@ -69,6 +65,10 @@ if "jax" not in sys.modules:
 else:
     print("jax was imported before this cell: the simulated device count cannot change now")
 
+# %%
+# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
+# dependencies for this machine's accelerator, keeping the runtime's JAX when it
+# is new enough (one line says what was installed).
 import importlib.util
 import runpy
 import subprocess
@@ -81,6 +81,10 @@ if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install 
     importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
+
+# %%
+# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -62,9 +62,9 @@ recorded_phase: str = "mqar_attention_phase_transition_seed0.json"  # long atten
 seed: int = 0  # seed of the one jax.random.key below
 
 # %%
-# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
-# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
-# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
+# dependencies for this machine's accelerator, keeping the runtime's JAX when it
+# is new enough (one line says what was installed).
 import importlib.util
 import runpy
 import subprocess
@@ -78,6 +78,8 @@ if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install 
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
+# %%
+# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
@@ -207,6 +209,7 @@ def report(record, into):
         save_record(dict(tuning=tuning, runs=records), record_results)
 
 
+# %%
 common = dict(steps=steps, batch_size=batch_size, eval_batches=eval_batches,
               log_every=log_every, model_options=model_options)
 best_rate = {mixer: learning_rates[0] for mixer in mixers}

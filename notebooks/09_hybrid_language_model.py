@@ -54,9 +54,9 @@ recorded_results: str = "stdlib_lm_full.json"  # recorded full run, in data/resu
 seed: int = 0  # seed of the one jax.random.key below
 
 # %%
-# Setup: where kda_lib is missing (Colab, a fresh VM) install it, then the dependencies
-# for this machine's accelerator, keeping the runtime's JAX when it is new enough (one
-# line says what was installed); kda_lib.notebook.setup() applies the shared settings.
+# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
+# dependencies for this machine's accelerator, keeping the runtime's JAX when it
+# is new enough (one line says what was installed).
 import importlib.util
 import runpy
 import subprocess
@@ -70,6 +70,8 @@ if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install 
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
 
+# %%
+# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import datetime
 import math
