@@ -480,11 +480,6 @@ def kda_form(implementation):
 forms = {name: kda_form(name) for name in ("recurrent", "chunked", "tokamax_xla_chunked")}
 forms["softmax attention"] = lambda q, k, v, *gates: jax.nn.dot_product_attention(
     q, k, v, is_causal=True)
-try:
-    kda_lib.tokamax_backend.tokamax_kda_api()
-except ImportError as error:  # tokamax is optional outside this repository's environment
-    print(f"skipping tokamax_xla_chunked: {error}")
-    del forms["tokamax_xla_chunked"]
 
 
 def with_backward(fn):

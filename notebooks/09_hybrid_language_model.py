@@ -228,7 +228,8 @@ viz.show(fig, "09_validation_curves")
 # the validation bits per byte at each position (mean over windows, smoothed over 8 positions),
 # this run (the recorded run in section 7). With the few validation windows and short training
 # of the CI defaults, which bytes happen to sit at which position dominates this curve; the
-# recorded run (128 windows, 800 steps) shows the gain from context.
+# recorded run (more windows and steps; its setting is printed in section 7) shows the gain
+# from context.
 
 # %% tags=["hide-input"]
 def smooth(y, width=8):

@@ -32,9 +32,6 @@ import pytest
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 SOURCES = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
-# notebooks another change is rewriting (issue 14, items 5 and 9: the recall sweep's seeds and
-# the hybrid language model); they are held to the rule once that lands
-NOT_YET = {"08_synthetic_recall", "09_hybrid_language_model"}
 
 _LINK = re.compile(r"\]\([^)]*\)|https?://\S+|doi:\S+|arXiv[: ]\s*\S+", re.I)
 _NOTEBOOK_REF = re.compile(r"\bnotebooks? \d\d(?:\s*(?:,|and|-|to)\s*\d\d)*", re.I)
@@ -93,16 +90,7 @@ def typed_in_numbers(nb) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize(
-    "source",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(reason="being rewritten", strict=False))
-        if p.stem in NOT_YET
-        else p
-        for p in SOURCES
-    ],
-    ids=[p.stem for p in SOURCES],
-)
+@pytest.mark.parametrize("source", SOURCES, ids=[p.stem for p in SOURCES])
 def test_no_result_is_typed_into_the_prose(source):
     problems = typed_in_numbers(jupytext.read(source))
     assert not problems, (
