@@ -41,6 +41,7 @@ from kda_lib._checks import (
     resolve_scale,
 )
 from kda_lib.segments import (
+    NonFinite,
     isolate_non_finite,
     restore_non_finite,
     segment_masks,
@@ -447,6 +448,32 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode):
     raise ValueError(f"scan must be 'sequential', 'associative' or None, got {mode!r}")
 
 
+def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
+    """:func:`kda_lib.segments.isolate_non_finite`, skipped when every input is finite.
+
+    With finite inputs (and no ``+inf``/NaN gate) it changes nothing and flags nothing, so a
+    ``lax.cond`` on one max-reduction per input saves its segment-wise running maximum over
+    ``[B, T, H, V]`` (measured: a large part of the forward on CPU, and of tokamax's).
+    """
+
+    def finite(x):
+        return jnp.max(jnp.abs(x)) < jnp.inf  # False for inf or NaN: max propagates NaN
+
+    clean = finite(q) & finite(k) & finite(v) & finite(beta) & (jnp.max(g) < jnp.inf)
+    if initial_state is not None:
+        clean = clean & finite(initial_state)
+
+    def unchanged(operands):
+        # zeros_like: inside shard_map the flags vary over the same mesh axes as v
+        flags = NonFinite(jnp.zeros_like(v, bool), jnp.zeros_like(v[:, 0], bool))
+        return (*operands, flags)
+
+    def isolate(operands):
+        return isolate_non_finite(*operands, segment_ids)
+
+    return jax.lax.cond(clean, unchanged, isolate, (q, k, v, g, beta, initial_state))
+
+
 def kda_chunked(
     q: jax.Array,
     k: jax.Array,
@@ -503,7 +530,7 @@ def kda_chunked(
     # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
     # restored as NaN exactly where the recurrence has them (matmuls would spread them)
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
-    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
+    q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids
     )
     if padded != seq_len:  # padding tokens: no decay, no write, outputs dropped
