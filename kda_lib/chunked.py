@@ -453,8 +453,11 @@ def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
 
     With finite inputs (and no ``+inf``/NaN gate) it changes nothing and flags nothing, so a
     ``lax.cond`` on one max-reduction per input saves its segment-wise running maximum over
-    ``[B, T, H, V]`` (measured: a large part of the forward on CPU, and of tokamax's).
+    ``[B, T, H, V]`` (measured: a large part of the forward on CPU). The cond only yields
+    booleans (where an input is replaced, and the NonFinite flags); the replacements are
+    selections outside it, so differentiating never goes through the cond.
     """
+    operands = (q, k, v, g, beta, initial_state)
 
     def finite(x):
         return jnp.max(jnp.abs(x)) < jnp.inf  # False for inf or NaN: max propagates NaN
@@ -463,15 +466,26 @@ def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
     if initial_state is not None:
         clean = clean & finite(initial_state)
 
-    def unchanged(operands):
+    def unchanged(xs):
         # zeros_like: inside shard_map the flags vary over the same mesh axes as v
         flags = NonFinite(jnp.zeros_like(v, bool), jnp.zeros_like(v[:, 0], bool))
-        return (*operands, flags)
+        return tuple(None if x is None else jnp.zeros_like(x, bool) for x in xs), flags
 
-    def isolate(operands):
-        return isolate_non_finite(*operands, segment_ids)
+    def isolate(xs):
+        # it decides from finiteness alone and replaces by 0: with every finite value set to
+        # 1, the zeros it returns are exactly where it replaces
+        probes = jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), 1, x), xs)
+        *replaced, flags = isolate_non_finite(*probes, segment_ids)
+        return tuple(None if y is None else y == 0 for y in replaced), flags
 
-    return jax.lax.cond(clean, unchanged, isolate, (q, k, v, g, beta, initial_state))
+    changed, flags = jax.lax.cond(
+        clean, unchanged, isolate, jax.tree.map(jax.lax.stop_gradient, operands)
+    )
+    replaced = tuple(
+        None if x is None else jnp.where(c, jnp.zeros_like(x), x)
+        for x, c in zip(operands, changed, strict=True)
+    )
+    return (*replaced, flags)
 
 
 def kda_chunked(

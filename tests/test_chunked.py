@@ -277,3 +277,41 @@ def test_bad_inputs_name_the_argument(fn):
             call(chunk_size=48)
         with pytest.raises(ValueError, match="scan must be"):
             call(scan="parallel")
+
+
+@pytest.mark.parametrize("bad", ["none", "nan_beta", "inf_v", "nan_q", "neg_inf_g", "inf_state"])
+def test_isolate_non_finite_shortcut_equals_segments(bad):
+    """kda_chunked's cond-guarded isolation gives isolate_non_finite's values, flags, gradients."""
+    from kda_lib.chunked import _isolate_non_finite
+    from kda_lib.segments import isolate_non_finite
+
+    x = random_kda_inputs(jax.random.key(41), 2, 12, 2, 4, 3, with_state=True)
+    x["k"] = x["k"].at[0, 3, 1, 2].set(0.0)  # an exact zero at a token that is replaced
+    where = {
+        "nan_beta": ("beta", (0, 3, 1), jnp.nan),
+        "inf_v": ("v", (1, 5, 0, 2), jnp.inf),
+        "nan_q": ("q", (0, 7, 1, 0), jnp.nan),
+        "neg_inf_g": ("g", (1, 2, 0, 1), -jnp.inf),
+        "inf_state": ("initial_state", (0, 1, 2, 1), jnp.inf),
+    }.get(bad)
+    if where is not None:
+        name, index, value = where
+        x[name] = x[name].at[index].set(value)
+    ids = jnp.asarray(np.r_[np.full(5, 1), np.full(7, 2)][None].repeat(2, 0), jnp.int32)
+    args = tuple(x[n] for n in NAMES + ("initial_state",))
+
+    def total(fn, *a):
+        *arrays, flags = fn(*a, ids)
+        finite = [jnp.where(jnp.isfinite(y), y, 0.0) for y in arrays]
+        return sum(jnp.sum(y * (i + 1.0)) for i, y in enumerate(finite)), (arrays, flags)
+
+    for fn in (_isolate_non_finite, isolate_non_finite):
+        (_, out), grads = jax.jit(
+            jax.value_and_grad(functools.partial(total, fn), (0, 1, 2, 3, 4, 5), has_aux=True)
+        )(*args)
+        if fn is _isolate_non_finite:
+            got = (out, grads)
+        else:
+            want = (out, grads)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
