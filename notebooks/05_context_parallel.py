@@ -110,6 +110,8 @@ jax.config.update("jax_default_matmul_precision", "highest")
 accelerators = [d for d in jax.devices() if d.platform != "cpu"]
 pool = accelerators if len(accelerators) >= 2 else jax.devices("cpu")
 ranks = min(num_devices, len(pool))
+assert ranks >= 2, (f"context parallelism needs at least 2 devices, found {len(pool)}: restart "
+                    "the kernel so the device cell runs before jax is imported")
 simulated = pool[0].platform == "cpu"
 seq_len = ranks * -(-seq_len // ranks)  # round T up to a multiple of the ranks
 local_len = seq_len // ranks
