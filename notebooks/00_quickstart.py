@@ -25,7 +25,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
-# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# Symbols follow the notation table,
+# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
 # the bigger experiment in `notebooks/params/full/00_quickstart.yaml`.
 

@@ -27,7 +27,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
-# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# Symbols follow the notation table,
+# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # On a laptop or Colab CPU the devices are simulated (XLA splits the host CPU into
 # `num_devices` devices); on a TPU VM or a multi-GPU host the real accelerators are used. CI
 # runs the small defaults of the `parameters` cell; `make notebooks PARAMS=full` runs

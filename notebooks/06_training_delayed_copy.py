@@ -27,7 +27,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/06_training_delayed_copy.ipynb)
 #
-# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# Symbols follow the notation table,
+# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
 # the bigger experiment in `notebooks/params/full/06_training_delayed_copy.yaml`. The model and
 # the loop live in `kda_lib.models` and `kda_lib.train`, the task in `kda_lib.tasks`; this

@@ -29,7 +29,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/08_synthetic_recall.ipynb)
 #
-# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# Symbols follow the notation table,
+# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults below (MQAR only, one layer, two seeds, one rate, KDA and the
 # attention and conv controls);
 # `make notebooks PARAMS=full` runs `notebooks/params/full/08_synthetic_recall.yaml`, the

@@ -27,7 +27,8 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
-# Symbols follow the notation table, [`docs/NOTATION.md`](../docs/NOTATION.md).
+# Symbols follow the notation table,
+# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults below (two layers, so its hybrid is one KDA layer to one attention
 # layer, and a few hundred steps); `make notebooks PARAMS=full` runs
 # `notebooks/params/full/09_hybrid_language_model.yaml` (four layers, the 3:1 hybrid), the run

@@ -7,6 +7,8 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
     [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/NAME/blob/main/notebooks/NN_name.ipynb)
 
 * the README's ``pip install git+URL`` and ``git clone URL`` commands;
+* each notebook's link to the notation table, ``docs/NOTATION.md`` on GitHub (a relative link
+  is broken on Colab, which opens the notebook alone);
 * the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
   kda_lib where it is missing and then its dependencies for the machine's accelerator through
   ``kda_lib/notebook.py``.
@@ -36,6 +38,7 @@ BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 _GITHUB = re.compile(r"^https://github\.com/(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(\.git)?/?$")
 _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 _SOURCE_LINE = re.compile(r'KDA_LIB_SOURCE = "[^"]*"')
+_NOTATION_LINK = re.compile(r"\[`docs/NOTATION\.md`\]\([^)]*\)")
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 # the README's install and clone commands
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
@@ -90,6 +93,11 @@ def badge(url: str, notebook: str) -> str:
     return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(url, notebook)})"
 
 
+def notation_link(url: str) -> str:
+    """The markdown link to the notation table on :data:`BRANCH` of the repository."""
+    return f"[`docs/NOTATION.md`]({_checked(url)}/blob/{BRANCH}/docs/NOTATION.md)"
+
+
 def install_block(url: str) -> str:
     """The setup cell's install block, installing kda_lib from ``git+url``."""
     return INSTALL_BLOCK.format(source=f"git+{_checked(url)}")
@@ -108,6 +116,9 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
             f"{source.name}: the setup cell lacks the install block for {url} "
             "(scripts/notebook_setup.py INSTALL_BLOCK)"
         )
+    links = _NOTATION_LINK.findall(text)
+    if links != [notation_link(url)]:
+        found.append(f"{source.name}: want one link {notation_link(url)!r}, found {links}")
     if SETUP_CALL not in text:
         found.append(f"{source.name}: the setup cell does not call {SETUP_CALL}")
     return found
@@ -137,6 +148,7 @@ def set_repository_url(
         ipynb = source.with_suffix(".ipynb").name
         text = _BADGE.sub(lambda _, n=ipynb: badge(url, n), source.read_text())
         text = _SOURCE_LINE.sub(f'KDA_LIB_SOURCE = "git+{url}"', text)
+        text = _NOTATION_LINK.sub(lambda _: notation_link(url), text)
         source.write_text(text)
     readme.write_text(
         _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
