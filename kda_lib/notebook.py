@@ -2,15 +2,16 @@
 
 Every notebook's setup takes two short cells:
 
-1. The install cell: where kda_lib is not importable (a fresh Colab runtime, a new TPU VM) it installs kda_lib
-   alone (``pip install --no-deps``) and then runs :func:`install_dependencies` from this file
-   *by path*, with only the standard library: ``import kda_lib`` would import jax and tokamax,
-   which may not be there yet. :func:`install_dependencies` picks the extras for the machine's
-   accelerator and keeps the JAX the runtime already has when it is new enough, so a GPU or TPU
-   runtime never gets its accelerator build of JAX replaced by a CPU one. It prints one line
-   saying what it did.
-2. The imports cell ends with :func:`setup`, which applies the settings every notebook shares (plot style, random numbers) and
-   prints one line: the JAX version, its backend and devices, and where kda_lib came from.
+1. The install cell: where kda_lib is not importable (a fresh Colab runtime, a new TPU VM),
+   it installs kda_lib alone (``pip install --no-deps``) and then runs
+   :func:`install_dependencies` from this file *by path*, with only the standard library:
+   ``import kda_lib`` would import jax and tokamax, which may not be there yet.
+   :func:`install_dependencies` picks the extras for the machine's accelerator and keeps the JAX
+   the runtime already has when it is new enough, so a GPU or TPU runtime never gets its
+   accelerator build of JAX replaced by a CPU one. It prints one line saying what it did.
+2. The imports cell ends with :func:`setup`, which applies the settings every notebook shares
+   (plot style, random numbers) and prints one line: the JAX version, its backend and devices,
+   and where kda_lib came from.
 
 Nothing at the top of this module may import a third-party package (see 1).
 """
