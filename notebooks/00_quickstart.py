@@ -39,7 +39,7 @@ value_dim: int = 32  # V: channels of v and of the output
 chunk_size: int = 32  # tokens per chunk in kda_chunked (a power of two)
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

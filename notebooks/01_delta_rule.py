@@ -44,7 +44,7 @@ half_life_min: float = 16.0  # tokens: shortest per-channel half-life of the KDA
 half_life_max: float = 256.0  # tokens: longest per-channel half-life of the KDA memory
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

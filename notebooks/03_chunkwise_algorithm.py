@@ -47,7 +47,7 @@ timing_backward: bool = False  # also time forward + backward (gradient of sum o
 timing_repeats: int = 3  # timed calls per point, after one warm-up call; the median is shown
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

@@ -46,7 +46,7 @@ big_heads: int = 16  # H of that layer (d_k and d_v are big_hidden / big_heads)
 ablation_scale: float = 3.0  # section 4 feeds the layer x times this (a grown residual stream)
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

@@ -66,7 +66,7 @@ if "jax" not in sys.modules:
 else:
     print("jax was imported before this cell: the simulated device count cannot change now")
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

@@ -52,7 +52,7 @@ eval_batches: int = 4  # held-out batches for the final scores
 seed: int = 0  # seed of the one jax.random.key below
 
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

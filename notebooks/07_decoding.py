@@ -45,7 +45,7 @@ memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

@@ -62,7 +62,7 @@ recorded_results: str = "synthetic_recall_seeds.json"  # recorded full run, in d
 recorded_phase: str = "mqar_attention_phase_transition_seed0.json"  # long attention MQAR run
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).

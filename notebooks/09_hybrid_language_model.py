@@ -54,7 +54,7 @@ record_results: str = ""  # write this run's results to this JSON path ("" to sk
 recorded_results: str = "stdlib_lm_full.json"  # recorded full run, in data/results/
 seed: int = 0  # seed of the one jax.random.key below
 
-# %%
+# %% tags=["hide-input"]
 # Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
 # dependencies for this machine's accelerator, keeping the runtime's JAX when it
 # is new enough (one line says what was installed).
