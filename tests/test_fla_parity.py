@@ -12,6 +12,7 @@ same fla code run in float64 (``o_ref_f64``/``state_ref_f64``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import pathlib
 
@@ -87,9 +88,12 @@ def _run(impl: str, case: dict, dtype):
     arrays = [jnp.asarray(case[name], dtype) for name in ("q", "k", "v", "g", "beta")]
     h0 = case["initial_state"]
     h0 = None if h0 is None else jnp.asarray(h0, dtype)
-    o, state = IMPLEMENTATIONS[impl](
-        *arrays, scale=case["scale"], initial_state=h0, output_final_state=True
+    # jitted: one compilation instead of one per op in eager mode (about 5x faster for the
+    # chunked form); the same numerics, and the eager value checks are tested elsewhere
+    run = jax.jit(
+        functools.partial(IMPLEMENTATIONS[impl], scale=case["scale"], output_final_state=True)
     )
+    o, state = run(*arrays, initial_state=h0)
     assert state is not None
     return np.asarray(o), np.asarray(state)
 
