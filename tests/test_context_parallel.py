@@ -39,6 +39,17 @@ def _cp_kernel(mesh, with_segments, **kwargs):
     return jax.jit(lambda *args: fn(*(place(a, mesh, SEQ) for a in args)))
 
 
+def _output_and_grads(fn, cot, n_diff):
+    """One jitted program: ``fn(*args)`` and the gradients of ``sum(fn(*args) * cot)`` with
+    respect to the first ``n_diff`` arguments (one compilation instead of two)."""
+
+    def run(*args):
+        out, pullback = jax.vjp(lambda *a: fn(*a, *args[n_diff:]), *args[:n_diff])
+        return out, pullback(cot)
+
+    return jax.jit(run)
+
+
 def _per_rank_errors(got, want, ranks):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     pieces = zip(np.split(got, ranks, axis=1), np.split(want, ranks, axis=1), strict=True)
@@ -58,22 +69,25 @@ def _segments(seq_len, ranks):
     return jnp.asarray(ids)
 
 
-@pytest.mark.parametrize("ranks", [2, 4, 8])
-@pytest.mark.parametrize("with_segments", [False, True])
+# 2 ranks (one upstream summary) and 8 (seven folded, with and without segments spanning
+# several ranks); 4 ranks, with and without segments (and with an initial and a final state), are
+# checked by test_kernel_cp_initial_and_final_state
+@pytest.mark.parametrize("ranks,with_segments", [(2, False), (8, False), (8, True)])
 def test_kernel_cp_equals_one_device(ranks, with_segments):
     seq_len = 128
     inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
     ids = _segments(seq_len, ranks) if with_segments else None
     cot = jax.random.normal(jax.random.key(99), inputs["v"].shape)
-    single = jax.jit(lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0])
-    cp = _cp_kernel(_mesh(ranks), with_segments, implementation="chunked")
-    args = tuple(inputs[n] for n in NAMES) + ((ids,) if with_segments else ())
-    errors = _per_rank_errors(cp(*args), single(*args), ranks)
-    assert max(errors) < 1e-5, errors
-    grad_cp = jax.jit(jax.grad(lambda *a: jnp.sum(cp(*a) * cot), argnums=tuple(range(5))))(*args)
-    grad_one = jax.jit(jax.grad(lambda *a: jnp.sum(single(*a) * cot), argnums=tuple(range(5))))(
-        *args
+    single = _output_and_grads(
+        lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0], cot, 5
     )
+    cp = _output_and_grads(
+        _cp_kernel(_mesh(ranks), with_segments, implementation="chunked"), cot, 5
+    )
+    args = tuple(inputs[n] for n in NAMES) + ((ids,) if with_segments else ())
+    (out_cp, grad_cp), (out_one, grad_one) = cp(*args), single(*args)
+    errors = _per_rank_errors(out_cp, out_one, ranks)
+    assert max(errors) < 1e-5, errors
     for name, a, b in zip(NAMES, grad_cp, grad_one, strict=True):
         errors = _per_rank_errors(a, b, ranks)
         assert max(errors) < 1e-5, (name, errors)
@@ -103,7 +117,7 @@ def test_bf16_cp_close_to_one_device_bf16():
     }
     args = tuple(inputs[n] for n in NAMES)
     got = _cp_kernel(_mesh(ranks), False, implementation="chunked")(*args)
-    want = kda_chunked(*args)[0]
+    want = jax.jit(lambda *a: kda_chunked(*a)[0])(*args)
     assert got.dtype == jnp.bfloat16
     assert relative_l2(got, want) < 1e-2
 
@@ -137,8 +151,15 @@ CFG = KDAConfig(
 
 
 @nnx.jit
-def _layer_grads(layer, x, segment_ids=None):
-    return nnx.grad(lambda m: jnp.sum(jnp.sin(m(x, segment_ids=segment_ids))))(layer)
+def _apply_and_grads(layer, x, segment_ids=None):
+    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+
+    def loss(m):
+        y = m(x, segment_ids=segment_ids)
+        return jnp.sum(jnp.sin(y)), y
+
+    grads, y = nnx.grad(loss, has_aux=True)(layer)
+    return y, grads
 
 
 @nnx.jit
@@ -147,31 +168,33 @@ def _apply(layer, x, segment_ids=None):
 
 
 @pytest.mark.parametrize(
-    "ranks,seq_len,impl",
-    [(2, 64, "chunked"), (4, 64, "recurrent"), (8, 16, "recurrent"), (4, 50, "recurrent")],
+    "ranks,seq_len,impl,segments",
+    [
+        (2, 64, "chunked", (True,)),
+        (8, 16, "recurrent", (False, True)),
+        (4, 50, "recurrent", (False,)),
+    ],
+    ids=["2-64-chunked-segments", "8-16-recurrent-both", "4-50-recurrent"],
 )
-def test_layer_cp_equals_one_device(ranks, seq_len, impl):
-    """Includes 2 tokens per rank (halo > slice) and T not divisible by the ranks."""
+def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
+    """Includes 2 tokens per rank (halo > slice), with and without segments, segments with a
+    halo from one rank, x replicated or sharded, and T not divisible by the ranks."""
     mesh = _mesh(ranks, jax.sharding.AxisType.Explicit)  # the layer accepts either axis type
     cfg = dataclasses.replace(CFG, implementation=impl)
     single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
     x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
-    ids = None
-    if seq_len % ranks == 0 and impl == "recurrent":  # segments: covered by the kernel tests too
-        ids = np.ones((2, seq_len), np.int32)
-        ids[0, seq_len // 2 :] = 2
-        ids[1, 3 : seq_len - 3] = 5
-        ids[1, seq_len - 3 :] = 0
-        ids = jnp.asarray(ids)
-    for segment_ids in (None, ids) if ids is not None else (None,):
-        want = _apply(single, x, segment_ids)
-        assert relative_l2(_apply(cp, x, segment_ids), want) < 1e-5
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, seq_len // 2 :] = 2
+    ids[1, 3 : seq_len - 3] = 5
+    ids[1, seq_len - 3 :] = 0
+    for segment_ids in (jnp.asarray(ids) if s else None for s in segments):
+        want, g_one = _apply_and_grads(single, x, segment_ids)
+        y_cp, g_cp = _apply_and_grads(cp, x, segment_ids)
+        assert relative_l2(y_cp, want) < 1e-5
         if seq_len % ranks == 0:  # x already sharded along T
             sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "context")))
             assert relative_l2(_apply(cp, sharded, segment_ids), want) < 1e-5
-        g_cp = _layer_grads(cp, x, segment_ids)
-        g_one = _layer_grads(single, x, segment_ids)
         for (path, a), b in zip(
             jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
         ):
@@ -272,16 +295,19 @@ def test_kernel_cp_initial_and_final_state(with_segments):
     )
     ids_arg = ids if with_segments else jnp.ones((2, seq_len), jnp.int32)
     args = tuple(inputs[n] for n in NAMES) + (h0, ids_arg)
-    (out_cp, final_cp), (out_one, final_one) = cp(*args), single(*args)
+    cot = jax.random.normal(jax.random.key(13), inputs["v"].shape)
+
+    def outputs_and_grads(f):  # one compiled program for the outputs and the gradients
+        def loss(*a):
+            out, final = f(*a)
+            return jnp.sum(out * cot) + jnp.sum(jnp.sin(final)), (out, final)
+
+        return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))
+
+    grads_cp, (out_cp, final_cp) = outputs_and_grads(cp)(*args)
+    grads_one, (out_one, final_one) = outputs_and_grads(single)(*args)
     assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
     assert relative_l2(final_cp, final_one) < 1e-5
-    cot = jax.random.normal(jax.random.key(13), out_one.shape)
-
-    def loss(f):
-        return lambda *a: jnp.sum(f(*a)[0] * cot) + jnp.sum(jnp.sin(f(*a)[1]))
-
-    grads_cp = jax.jit(jax.grad(loss(cp), argnums=tuple(range(6))))(*args)
-    grads_one = jax.jit(jax.grad(loss(single), argnums=tuple(range(6))))(*args)
     for name, a, b in zip((*NAMES, "initial_state"), grads_cp, grads_one, strict=True):
         assert relative_l2(a, b) < 1e-5, name
 
