@@ -211,6 +211,17 @@ def check_chunk_size(chunk_size) -> int:
     return int(chunk_size)
 
 
+PRECISIONS = ("highest", "input")
+
+
+def check_precision(precision):
+    """``precision`` (the chunked form's matmul policy) must be ``"highest"``, ``"input"`` or
+    None (the default for the inputs' dtype)."""
+    if precision is not None and (not isinstance(precision, str) or precision not in PRECISIONS):
+        raise ValueError(f"precision must be 'highest', 'input' or None, got {precision!r}")
+    return precision
+
+
 def accumulation_dtype(dtype) -> jnp.dtype:
     """float32, or float64 when the inputs are float64 (the oracle under jax_enable_x64)."""
     return jnp.promote_types(dtype, jnp.float32)

@@ -23,6 +23,27 @@ float32 results stay as close to the float64 oracle as the float32 recurrence is
 Speed (CPU, XLA): the score matrices and the triangular inverse have hand-written gradients
 (:func:`_decayed_scores_bwd`, ``unit_lower_inverse``): a few batched matmuls per level instead
 of differentiating every slice, product and concatenation. ``python -m kda_lib.bench`` measures.
+
+Precision policy (``precision=``, :func:`_mm` is the one place matmuls happen). ``"highest"``:
+inputs of any dtype are cast to float32 (float64 stays float64) and every matmul runs at
+``Precision.HIGHEST``. ``"input"`` (the default, None): for bfloat16/float16 inputs the matmul
+groups in ``LOW_PRECISION_MATMULS`` take operands rounded to that dtype, with float32
+accumulation (``preferred_element_type``, precision DEFAULT: tensor cores on GPU, as fla's
+Triton kernel and tokamax do); their gradients follow the same policy. For float32/float64
+inputs ``"input"`` is ``"highest"``. Low precision (measured, bf16 against the float64 oracle,
+``tests/test_precision.py``): the decayed scores' cross blocks ``"scores"``, ``W``/``U`` from
+the inverse ``"wu"``, the chunk maps ``"maps"``, the state carry ``"state"`` (the state is
+float32 and only rounded as an operand), the outputs ``"outputs"`` and the associative scan's
+compositions ``"compose"``. Float32 throughout: the gates and every decay factor (elementwise),
+the triangular inverse and its gradient (``"inverse"``/``"inverse_bwd"``: bf16 there changed
+no error measurably on random inputs, but it is small C x C work whose Neumann products would
+compound rounding on ill-conditioned chunks; fla solves it in float32 too), the scores'
+gradient matmuls ``"scores_bwd"`` (the gate gradient is a difference of their results: bf16
+there took dg's error from 3.3e-3 to 4.6e-3) and the triangular sums of the gate gradient.
+Relative L2 errors measured (B=2, T=256, H=2, K=V=64): outputs 3.3e-3 with ``"input"``, 1.7e-3
+with ``"highest"`` (the bf16 rounding of the outputs alone); gradients 2.2e-3 to 3.8e-3
+against 1.3e-3 to 2.4e-3; final state 2.7e-3 against 5e-8 (the same with T=200, with segments
+and with the associative scan).
 """
 
 from __future__ import annotations
@@ -38,6 +59,7 @@ from kda_lib._checks import (
     accumulation_dtype,
     check_chunk_size,
     check_kda_inputs,
+    check_precision,
     resolve_scale,
 )
 from kda_lib.segments import (
@@ -49,6 +71,8 @@ from kda_lib.segments import (
 )
 
 ScanMode = Literal["sequential", "associative"]
+Precision = Literal["highest", "input"]
+LOW_PRECISION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -69,24 +93,96 @@ def default_scan_mode() -> ScanMode:
     return "sequential" if jax.default_backend() == "cpu" else "associative"
 
 
-def _mm(subscripts: str, *operands):
-    return jnp.einsum(subscripts, *operands, precision=HIGHEST)
+# matmul groups that take low-precision operands under the "input" policy (module docstring)
+LOW_PRECISION_MATMULS = frozenset({"scores", "wu", "maps", "state", "outputs", "compose"})
 
 
-def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
+def _low(group: str, operand_dtype):
+    """``operand_dtype`` for a matmul of ``group`` if the group goes low-precision, else None."""
+    return operand_dtype if group in LOW_PRECISION_MATMULS else None
+
+
+def _mm(subscripts: str, *operands, operand_dtype=None):
+    """The one place the chunked form multiplies matrices (an einsum).
+
+    ``operand_dtype`` None: operands as they are (float32/float64), ``Precision.HIGHEST``.
+    Otherwise (bfloat16/float16, the ``"input"`` policy): operands cast to ``operand_dtype``,
+    products accumulated in the dtype they were passed in, float32 (``preferred_element_type``),
+    precision DEFAULT (tensor cores on GPU); the gradient has the same policy (:func:`_low_mm`).
+    """
+    if operand_dtype is None:
+        return jnp.einsum(subscripts, *operands, precision=HIGHEST)
+    if len(operands) != 2:
+        raise ValueError(f"a low-precision matmul takes two operands, got {len(operands)}")
+    return _low_mm(subscripts, jnp.dtype(operand_dtype), *operands)
+
+
+def _low_einsum(subscripts, operand_dtype, a, b, out_dtype):
+    return jnp.einsum(
+        subscripts,
+        a.astype(operand_dtype),
+        b.astype(operand_dtype),
+        preferred_element_type=out_dtype,
+        precision=jax.lax.Precision.DEFAULT,
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _low_mm(subscripts, operand_dtype, a, b):
+    """``einsum(a, b)`` with ``operand_dtype`` operands, accumulated in a's and b's dtype.
+
+    Its gradient takes the cotangent as a low-precision operand too (two matmuls of the same
+    kind, results in the operands' dtype): autodiff through ``astype`` would instead run mixed
+    float32 x bfloat16 dots and round each gradient to bfloat16.
+    """
+    return _low_einsum(subscripts, operand_dtype, a, b, jnp.result_type(a, b))
+
+
+def _low_mm_fwd(subscripts, operand_dtype, a, b):
+    out = _low_mm(subscripts, operand_dtype, a, b)
+    # residuals in the operand dtype: what the backward matmuls read anyway
+    return out, (a.astype(operand_dtype), b.astype(operand_dtype))
+
+
+def _low_mm_bwd(subscripts, operand_dtype, residuals, d_out):
+    a, b = residuals
+    inputs, out = subscripts.split("->")
+    sub_a, sub_b = inputs.split(",")
+    # both operands are in the accumulation dtype (float32), the dtype of d_out
+    d_a = _low_einsum(f"{out},{sub_b}->{sub_a}", operand_dtype, d_out, b, d_out.dtype)
+    d_b = _low_einsum(f"{out},{sub_a}->{sub_b}", operand_dtype, d_out, a, d_out.dtype)
+    return _unbroadcast(d_a, a.shape), _unbroadcast(d_b, b.shape)
+
+
+def _unbroadcast(x, shape):
+    """Sum ``x`` down to ``shape`` over the dimensions an einsum's ``...`` broadcast."""
+    if x.shape == tuple(shape):
+        return x
+    extra = x.ndim - len(shape)
+    x = jnp.sum(x, axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return jnp.sum(x, axis=axes, keepdims=True)
+
+
+_low_mm.defvjp(_low_mm_fwd, _low_mm_bwd)
+
+
+def unit_lower_inverse(a: jax.Array, base: int = 16, operand_dtype=None) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a`` ``[..., C, C]``, with matmuls only.
 
     Diagonal blocks of size ``base`` are inverted by the finite Neumann product
     ``(I - X)(I + X^2)(I + X^4)...``; blocks are then merged pairwise with the exact formula
     ``[[X1, 0], [L21, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L21 X1^-1, X2^-1]]``.
     The gradient is the inverse's own formula, ``da = -X^T dX X^T`` (strictly lower part), two
-    matmuls instead of differentiating every step.
+    matmuls instead of differentiating every step. ``operand_dtype``: the matmul policy
+    (:func:`_mm`); its groups ``"inverse"`` and ``"inverse_bwd"`` are not in
+    ``LOW_PRECISION_MATMULS``, so the inverse and its gradient stay float32 (module docstring).
     """
-    return _unit_lower_inverse(a, base)
+    return _unit_lower_inverse(a, base, operand_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _unit_lower_inverse(a, base):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _unit_lower_inverse(a, base, operand_dtype):
     size = a.shape[-1]
     lead = a.shape[:-2]
     block = min(base, size)
@@ -110,9 +206,10 @@ def _unit_lower_inverse(a, base):
     eye = jnp.eye(block, dtype=a.dtype)
     inv = eye - x
     power = x
+    low = _low("inverse", operand_dtype)
     for _ in range(int(math.log2(block)) - 1):
-        power = _mm("...ij,...jk->...ik", power, power)
-        inv = _mm("...ij,...jk->...ik", inv, eye + power)
+        power = _mm("...ij,...jk->...ik", power, power, operand_dtype=low)
+        inv = _mm("...ij,...jk->...ik", inv, eye + power, operand_dtype=low)
     m = block
     while m < size:
         pairs = size // (2 * m)
@@ -121,7 +218,11 @@ def _unit_lower_inverse(a, base):
         l21 = blocks(
             [(2 * p + 1) * m for p in range(pairs)], [2 * p * m for p in range(pairs)], m, pairs
         )
-        lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
+        if low is None:
+            lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
+        else:
+            x2_l21 = _mm("...ij,...jk->...ik", x2, l21, operand_dtype=low)
+            lower = -_mm("...ij,...jk->...ik", x2_l21, x1, operand_dtype=low)
         top = jnp.concatenate([x1, jnp.zeros_like(x1)], axis=-1)
         bottom = jnp.concatenate([lower, x2], axis=-1)
         inv = jnp.concatenate([top, bottom], axis=-2)
@@ -129,14 +230,20 @@ def _unit_lower_inverse(a, base):
     return inv.reshape(*lead, size, size)
 
 
-def _unit_lower_inverse_fwd(a, base):
-    inv = _unit_lower_inverse(a, base)
+def _unit_lower_inverse_fwd(a, base, operand_dtype):
+    inv = _unit_lower_inverse(a, base, operand_dtype)
     return inv, inv
 
 
-def _unit_lower_inverse_bwd(base, inv, d_inv):
+def _unit_lower_inverse_bwd(base, operand_dtype, inv, d_inv):
     inv_t = jnp.swapaxes(inv, -1, -2)
-    d_a = -_mm("...ij,...jk->...ik", inv_t, _mm("...ij,...jk->...ik", d_inv, inv_t))
+    low = _low("inverse_bwd", operand_dtype)
+    d_a = -_mm(
+        "...ij,...jk->...ik",
+        inv_t,
+        _mm("...ij,...jk->...ik", d_inv, inv_t, operand_dtype=low),
+        operand_dtype=low,
+    )
     return (jnp.tril(d_a, -1),)
 
 
@@ -186,8 +293,8 @@ def _whole(x):
     return x.reshape(*x.shape[:-4], -1, x.shape[-1])
 
 
-@jax.custom_vjp
-def _decayed_scores(xs, k, g):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _decayed_scores(xs, k, g, operand_dtype=None):
     """Decayed scores within each chunk, and the chunk's boundary decays.
 
     ``S_x[i, j] = sum_c x[i, c] k[j, c] exp(G_i - G_j)_c`` for j <= i (zero above), for each row
@@ -203,8 +310,10 @@ def _decayed_scores(xs, k, g):
     log decay at the boundary a, ``exp(G_i - G_a) * exp(G_a - G_j)``: the later half's heads
     times the earlier half's tails (:func:`_segment_decays`), both <= 1, and one batched matmul
     per level. The backward pass (:func:`_decayed_scores_bwd`) walks the same levels.
+    ``operand_dtype``: the matmul policy (:func:`_mm`); the decays are float32 regardless.
     """
     levels = _segment_decays(g)
+    low = _low("scores", operand_dtype)
     size = k.shape[-2]
     crosses = [[] for _ in xs]
     width = 1
@@ -213,7 +322,7 @@ def _decayed_scores(xs, k, g):
         later_head = _halves(head, width)[..., 1, :, :]
         for x, cross in zip(xs, crosses, strict=True):
             rows = _halves(x, width)[..., 1, :, :] * later_head
-            cross.append(_mm("...pik,...pjk->...pij", rows, keys))  # [..., pairs, w, w]
+            cross.append(_mm("...pik,...pjk->...pij", rows, keys, operand_dtype=low))
         width *= 2
     scores = []
     for x, cross in zip(xs, crosses, strict=True):
@@ -230,11 +339,11 @@ def _decayed_scores(xs, k, g):
     return tuple(scores), decay_in, decay_out
 
 
-def _decayed_scores_fwd(xs, k, g):
-    return _decayed_scores(xs, k, g), (xs, k, g)
+def _decayed_scores_fwd(xs, k, g, operand_dtype):
+    return _decayed_scores(xs, k, g, operand_dtype), (xs, k, g)
 
 
-def _decayed_scores_bwd(residuals, cotangents):
+def _decayed_scores_bwd(operand_dtype, residuals, cotangents):
     """Row and key gradients walk the merge levels again (two matmuls per level and row set).
 
     ``g`` enters the scores only through ``exp(G_i - G_j)`` (j < i), whose derivative with
@@ -248,6 +357,7 @@ def _decayed_scores_bwd(residuals, cotangents):
     d_scores, d_in, d_out = cotangents
     size = k.shape[-2]
     levels = _segment_decays(g)
+    low = _low("scores_bwd", operand_dtype)
     below = jnp.tril(jnp.ones((size, size), bool), -1)
     # levels: the cross blocks of each merge, split off the score cotangent from the top down
     d_xs_levels = [jnp.zeros_like(x) for x in xs]
@@ -262,8 +372,8 @@ def _decayed_scores_bwd(residuals, cotangents):
         for n, x in enumerate(xs):
             rows = _halves(x, width)[..., 1, :, :] * later_head
             d_cross = splits[n][width]  # [..., pairs, w(i), w(j)]
-            d_rows = _mm("...pij,...pjc->...pic", d_cross, keys)
-            d_keys = d_keys + _mm("...pij,...pic->...pjc", d_cross, rows)
+            d_rows = _mm("...pij,...pjc->...pic", d_cross, keys, operand_dtype=low)
+            d_keys = d_keys + _mm("...pij,...pic->...pjc", d_cross, rows, operand_dtype=low)
             d_xs_levels[n] = d_xs_levels[n] + _whole(
                 jnp.stack([jnp.zeros_like(d_rows), d_rows * later_head], axis=-3)
             )
@@ -339,9 +449,11 @@ class IntraChunk(NamedTuple):
     keep: jax.Array  # [..., K] decay over the whole chunk
 
 
-def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None) -> IntraChunk:
+def _intra_chunk(
+    q, k, v, g, beta, *, scale: float, segments=None, operand_dtype=None
+) -> IntraChunk:
     """The WY/UT form of every chunk, in parallel (arguments as in :func:`chunk_affine_maps`)."""
-    (scores_kk, scores_qk), decay_in, decay_out = _decayed_scores((k, q), k, g)
+    (scores_kk, scores_qk), decay_in, decay_out = _decayed_scores((k, q), k, g, operand_dtype)
     strict = jnp.tril(jnp.ones(scores_kk.shape[-2:], bool), -1)
     attn_kk = beta[..., None] * jnp.where(strict, scores_kk, 0.0)
     attn_qk = scale * scores_qk
@@ -357,13 +469,16 @@ def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None) -> IntraChunk
         q_in = jnp.where(sees_in[..., None], q_in, 0.0)
         k_out = jnp.where(in_last[..., None], k_out, 0.0)
         keep = jnp.where(keeps_in[..., None], keep, 0.0)
-    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]))
-    w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in)  # [.., C, K]
-    u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v)  # [.., C, V]
+    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]), operand_dtype=operand_dtype)
+    low = _low("wu", operand_dtype)
+    w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in, operand_dtype=low)  # [.., C, K]
+    u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v, operand_dtype=low)  # [.., C, V]
     return IntraChunk(attn_qk, w, u, q_in, k_out, keep)
 
 
-def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> ChunkMaps:
+def chunk_affine_maps(
+    q, k, v, g, beta, *, scale: float, segments=None, operand_dtype=None
+) -> ChunkMaps:
     """Affine summaries of every chunk, computed in parallel.
 
     Args:
@@ -373,22 +488,28 @@ def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> Chunk
         in_last [B,1,N,C] bool, keeps_in [B,1,N] bool)``: which token pairs share a segment,
         which tokens continue the segment entering the chunk, which belong to the segment
         leaving it, and whether the entering segment is also the leaving one.
+      operand_dtype: the matmul policy (:func:`_mm`): None (all float32) or the low-precision
+        operand dtype of the ``"input"`` policy.
     """
-    return _affine_maps(_intra_chunk(q, k, v, g, beta, scale=scale, segments=segments))
-
-
-def _affine_maps(intra: IntraChunk) -> ChunkMaps:
-    attn_qk, w, u, q_in, k_out, keep = intra
-    q_eff = q_in - _mm("...ij,...jk->...ik", attn_qk, w)
-    o_intra = _mm("...ij,...jv->...iv", attn_qk, u)
-    transition = keep[..., :, None] * jnp.eye(w.shape[-1], dtype=w.dtype) - _mm(
-        "...ck,...cl->...kl", k_out, w
+    intra = _intra_chunk(
+        q, k, v, g, beta, scale=scale, segments=segments, operand_dtype=operand_dtype
     )
-    state_ext = _mm("...ck,...cv->...kv", k_out, u)
+    return _affine_maps(intra, operand_dtype)
+
+
+def _affine_maps(intra: IntraChunk, operand_dtype=None) -> ChunkMaps:
+    attn_qk, w, u, q_in, k_out, keep = intra
+    low = _low("maps", operand_dtype)
+    q_eff = q_in - _mm("...ij,...jk->...ik", attn_qk, w, operand_dtype=low)
+    o_intra = _mm("...ij,...jv->...iv", attn_qk, u, operand_dtype=low)
+    transition = keep[..., :, None] * jnp.eye(w.shape[-1], dtype=w.dtype) - _mm(
+        "...ck,...cl->...kl", k_out, w, operand_dtype=low
+    )
+    state_ext = _mm("...ck,...cv->...kv", k_out, u, operand_dtype=low)
     return ChunkMaps(transition, state_ext, q_eff, o_intra)
 
 
-def _pass_states(intra: IntraChunk, initial_state):
+def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     """Outputs ``[N, B, H, C, V]`` and final state, carrying the state chunk by chunk.
 
     ``intra`` is chunk-major (leading dims ``[N, B, H]``), so the scan reads and writes its
@@ -399,53 +520,76 @@ def _pass_states(intra: IntraChunk, initial_state):
     k_out_t = jnp.swapaxes(intra.k_out, -1, -2)  # [.., K, C]: a plain matmul inside the scan
     # inside shard_map the carry must vary over the same mesh axes as the chunks
     initial_state = initial_state + jnp.zeros_like(intra.u[0, ..., :1, :])
+    low = _low("state", operand_dtype)
 
     def step(state, chunk):
         w, u, k_out_t, keep = chunk
-        corrected = u - _mm("bhck,bhkv->bhcv", w, state)
-        new = keep[..., None] * state + _mm("bhkc,bhcv->bhkv", k_out_t, corrected)
+        corrected = u - _mm("bhck,bhkv->bhcv", w, state, operand_dtype=low)
+        new = keep[..., None] * state + _mm(
+            "bhkc,bhcv->bhkv", k_out_t, corrected, operand_dtype=low
+        )
         return new, (state, corrected)
 
     final, (entering, corrected) = jax.lax.scan(
         step, initial_state, (intra.w, intra.u, k_out_t, intra.keep)
     )
-    o = _mm("nbhck,nbhkv->nbhcv", intra.q_in, entering) + _mm(
-        "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected
+    low = _low("outputs", operand_dtype)
+    o = _mm("nbhck,nbhkv->nbhcv", intra.q_in, entering, operand_dtype=low) + _mm(
+        "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected, operand_dtype=low
     )
     return o, final
 
 
-def compose_affine(first, second):
+def compose_affine(first, second, operand_dtype=None):
     """Apply ``first`` then ``second``: ``(M2 M1, M2 E1 + E2)``. Works on stacked maps."""
     m1, e1 = first
     m2, e2 = second
-    return _mm("...ij,...jk->...ik", m2, m1), _mm("...ij,...jv->...iv", m2, e1) + e2
+    low = _low("compose", operand_dtype)
+    return (
+        _mm("...ij,...jk->...ik", m2, m1, operand_dtype=low),
+        _mm("...ij,...jv->...iv", m2, e1, operand_dtype=low) + e2,
+    )
 
 
-def chain_states(transition, state_ext, initial_state, mode: ScanMode):
+def chain_states(transition, state_ext, initial_state, mode: ScanMode, operand_dtype=None):
     """States entering each chunk and the final state.
 
     transition ``[B, H, N, K, K]``, state_ext ``[B, H, N, K, V]``, initial_state ``[B, H, K, V]``.
-    Returns ``(entering [B, H, N, K, V], final [B, H, K, V])``.
+    Returns ``(entering [B, H, N, K, V], final [B, H, K, V])``. ``operand_dtype``: the
+    matmul policy (:func:`_mm`).
     """
+    low = _low("state", operand_dtype)
     # inside shard_map the carry must vary over the same mesh axes as the maps
     initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
     if mode == "sequential":
 
         def step(state, maps):
             m, e = maps
-            return _mm("bhij,bhjv->bhiv", m, state) + e, state
+            return _mm("bhij,bhjv->bhiv", m, state, operand_dtype=low) + e, state
 
         final, entering = jax.lax.scan(
             step, initial_state, (jnp.moveaxis(transition, 2, 0), jnp.moveaxis(state_ext, 2, 0))
         )
         return jnp.moveaxis(entering, 0, 2), final
     if mode == "associative":
-        m_cum, e_cum = jax.lax.associative_scan(compose_affine, (transition, state_ext), axis=2)
-        after = _mm("bhnij,bhjv->bhniv", m_cum, initial_state) + e_cum  # state after each chunk
+        compose = functools.partial(compose_affine, operand_dtype=operand_dtype)
+        m_cum, e_cum = jax.lax.associative_scan(compose, (transition, state_ext), axis=2)
+        # the state after each chunk
+        after = _mm("bhnij,bhjv->bhniv", m_cum, initial_state, operand_dtype=low) + e_cum
         entering = jnp.concatenate([initial_state[:, :, None], after[:, :, :-1]], axis=2)
         return entering, after[:, :, -1]
     raise ValueError(f"scan must be 'sequential', 'associative' or None, got {mode!r}")
+
+
+def _operand_dtype(precision: Precision | None, q, k, v):
+    """The matmul policy as :func:`_mm`'s ``operand_dtype``: None (all float32/float64) for
+    ``"highest"``; for ``"input"``/None the low-precision dtype of the matmul inputs q, k, v
+    (bfloat16 or float16; float32 q/k with bfloat16 v, as ``kda(use_qk_l2norm=True)`` passes
+    them, count as bfloat16), or None when there is none (or both kinds are mixed)."""
+    if precision == "highest":
+        return None
+    low = {jnp.dtype(x.dtype) for x in (q, k, v)} & set(LOW_PRECISION_DTYPES)
+    return low.pop() if len(low) == 1 else None
 
 
 def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
@@ -502,6 +646,7 @@ def kda_chunked(
     allow_neg_eigval: bool = False,
     chunk_size: int = 64,
     scan: ScanMode | None = None,
+    precision: Precision | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """KDA in chunkwise (WY/UT) form; same results as :func:`kda_lib.kda_recurrent`.
 
@@ -514,6 +659,11 @@ def kda_chunked(
       chunk_size: tokens per chunk, a power of two (default 64). Any T works (padded inside).
       scan: how chunk maps are chained: ``"sequential"``, ``"associative"``, or None for the
         platform default (:func:`default_scan_mode`).
+      precision: the matmul policy (module docstring). ``"highest"``: every matmul in float32
+        (float64) at ``Precision.HIGHEST``. ``"input"``: for bfloat16/float16 inputs the large
+        matmuls take operands in that dtype with float32 accumulation (tensor cores on GPU);
+        for float32/float64 inputs it is ``"highest"``. None (default): ``"input"``, i.e.
+        ``"input"`` for bfloat16/float16 inputs and ``"highest"`` for float32/float64.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] float32 | None)``.
@@ -532,6 +682,7 @@ def kda_chunked(
         allow_neg_eigval=allow_neg_eigval,
     )
     chunk_size = check_chunk_size(chunk_size)
+    operand_dtype = _operand_dtype(check_precision(precision), q, k, v)
     mode = scan or default_scan_mode()
     scale = resolve_scale(scale, dims.key_dim)
     acc = accumulation_dtype(q.dtype)
@@ -569,6 +720,7 @@ def kda_chunked(
         to_chunks(beta),
         scale=scale,
         segments=segments,
+        operand_dtype=operand_dtype,
     )
     state0 = (
         jnp.zeros((batch, heads, key_dim, value_dim), acc)
@@ -576,13 +728,18 @@ def kda_chunked(
         else initial_state.astype(acc)
     )
     if mode == "sequential":
-        o, final_state = _pass_states(intra, state0)
+        o, final_state = _pass_states(intra, state0, operand_dtype)
     else:
-        maps = _affine_maps(intra)
+        maps = _affine_maps(intra, operand_dtype)
         entering, final_state = chain_states(
-            jnp.moveaxis(maps.transition, 0, 2), jnp.moveaxis(maps.state_ext, 0, 2), state0, mode
+            jnp.moveaxis(maps.transition, 0, 2),
+            jnp.moveaxis(maps.state_ext, 0, 2),
+            state0,
+            mode,
+            operand_dtype,
         )
-        o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering) + maps.o_intra
+        low = _low("outputs", operand_dtype)
+        o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, padded, heads, value_dim)[:, :seq_len]
     o, final_state = restore_non_finite(o, final_state, non_finite)
     return o.astype(out_dtype), (final_state if output_final_state else None)

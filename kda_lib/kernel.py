@@ -18,6 +18,13 @@ default: it is faster than tokamax's ``xla_chunked`` on CPU (see the recorded ru
 explicitly requested implementation never falls back: if it cannot serve the inputs, a
 ValueError names the constraint.
 
+``precision`` (the chunked form's matmul policy, :func:`kda_lib.kda_chunked`): None, the
+default, lets every implementation compute as it does. ``"highest"`` or ``"input"`` apply to
+``"chunked"``; ``"recurrent"`` computes in float32 (float64) anyway, so it honours
+``"highest"`` and rejects ``"input"``; tokamax's kernels choose their own matmul precision, so
+they reject both. With ``"auto"``, a precision keeps the choice on kda_lib's own forms (never
+tokamax), and a decode-sized call (``"recurrent"``) is float32 whatever it says.
+
 tokamax's layout and quirks live in :mod:`kda_lib.tokamax_backend`; this module only validates
 and dispatches.
 """
@@ -33,9 +40,10 @@ from kda_lib._checks import (
     check_chunk_size,
     check_fused_inputs,
     check_kda_inputs,
+    check_precision,
     resolve_scale,
 )
-from kda_lib.chunked import kda_chunked
+from kda_lib.chunked import Precision, kda_chunked
 from kda_lib.gating import check_lower_bound, kda_gate
 from kda_lib.norms import l2_normalize
 from kda_lib.reference import kda_recurrent
@@ -72,6 +80,20 @@ def portable_implementation(seq_len: int) -> str:
     return "recurrent" if seq_len <= RECURRENT_MAX_AUTO_T else "chunked"
 
 
+def _check_precision_supported(implementation: str, precision: str) -> None:
+    """An explicitly chosen implementation must honour an explicit ``precision``."""
+    if implementation in TOKAMAX_IMPLEMENTATIONS:
+        raise ValueError(
+            f"precision={precision!r} applies to kda_lib's 'chunked' implementation; "
+            f"{implementation!r} chooses its own matmul precision (pass precision=None)"
+        )
+    if implementation == "recurrent" and precision != "highest":
+        raise ValueError(
+            f"precision={precision!r} applies to the 'chunked' implementation; 'recurrent' "
+            "computes in float32 throughout (pass precision=None or 'highest')"
+        )
+
+
 def kda(
     q: jax.Array,
     k: jax.Array,
@@ -91,6 +113,7 @@ def kda(
     allow_neg_eigval: bool = False,
     chunk_size: int = 64,
     implementation: Implementation = "auto",
+    precision: Precision | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Kimi Delta Attention with a chosen (or automatically selected) implementation.
 
@@ -114,6 +137,10 @@ def kda(
       chunk_size: chunk length of the chunked form, a power of two (default 64; validated for
         every implementation; tokamax's chunked backends take 64 only).
       implementation: one of IMPLEMENTATIONS or ``"auto"``.
+      precision: the chunked form's matmul policy, ``"highest"``, ``"input"`` or None (see
+        :func:`kda_lib.kda_chunked`; None: ``"input"``, i.e. bfloat16/float16 operands with
+        float32 accumulation for bfloat16/float16 inputs). What the other implementations do
+        with it: module docstring (a value one cannot honour raises ValueError).
 
     Returns:
       ``(o [B, T, H, V] in q's dtype, final_state [B, H, K, V] float32 | None)``.
@@ -156,6 +183,9 @@ def kda(
     q, k, v, g, beta = (jnp.asarray(x) for x in (q, k, v, g, beta))
     scale = resolve_scale(scale, dims.key_dim)
     chunk_size = check_chunk_size(chunk_size)
+    check_precision(precision)
+    if implementation != "auto" and precision is not None:
+        _check_precision_supported(implementation, precision)
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
     if initial_state is not None:
@@ -172,12 +202,16 @@ def kda(
             segment_ids, q, k, v, g, beta, neutral_gate=NEUTRAL_RAW_GATE if fused_gate else 0.0
         )
     if implementation == "auto":
-        implementation = select_implementation(
-            seq_len=dims.seq_len,
-            key_dim=dims.key_dim,
-            dtype=q.dtype,
-            lower_bound=lower_bound,
-            fused_gate=fused_gate,
+        implementation = (
+            select_implementation(
+                seq_len=dims.seq_len,
+                key_dim=dims.key_dim,
+                dtype=q.dtype,
+                lower_bound=lower_bound,
+                fused_gate=fused_gate,
+            )
+            if precision is None
+            else portable_implementation(dims.seq_len)
         )
     if implementation in TOKAMAX_IMPLEMENTATIONS:
         return tokamax_kda(
@@ -215,5 +249,7 @@ def kda(
     if implementation == "recurrent":
         out, final = kda_recurrent(q, k, v, g, beta, **kwargs)
     else:
-        out, final = kda_chunked(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
+        out, final = kda_chunked(
+            q, k, v, g, beta, chunk_size=chunk_size, precision=precision, **kwargs
+        )
     return out.astype(out_dtype), final

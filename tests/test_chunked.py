@@ -145,7 +145,9 @@ def test_float32_chunked_close_to_float64_oracle(seq_len):
 def test_bf16_inputs_float32_accumulation():
     inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
     bf16 = {n: x if n == "initial_state" else x.astype(jnp.bfloat16) for n, x in inputs.items()}
-    o, s = kda_chunked(**bf16, output_final_state=True)
+    # "highest": every matmul in float32, the point here (the default, "input", feeds bf16
+    # operands to the matmuls: tests/test_precision.py)
+    o, s = kda_chunked(**bf16, output_final_state=True, precision="highest")
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
     # reference: the same bf16-rounded inputs, computed in float32
     o_ref, s_ref = kda_recurrent(**cast_inputs(bf16, jnp.float32), output_final_state=True)

@@ -1,0 +1,213 @@
+"""The chunked form's matmul precision policy (``precision=``): "input" (bfloat16 operands,
+float32 accumulation) and "highest" against the float64 oracle, and what each policy runs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kda_lib import kda, kda_chunked, kda_recurrent
+from kda_lib.testing import cast_inputs, random_kda_inputs, relative_l2
+
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
+
+# Relative L2 errors against the float64 recurrence on the same bf16-rounded inputs, measured
+# on CPU (B=2, H=2, K=V=64, softplus gate, initial state; the three cases of CASES agree to
+# within 15%). Outputs and input gradients are bf16, so rounding them alone costs ~1.6e-3.
+# Largest over the three cases:
+# "highest": o 1.66e-3, s 5.5e-8, dq 2.38e-3, dk 1.63e-3, dv 1.70e-3, dg 1.87e-3, dbeta 1.98e-3,
+#   dinitial_state 1.73e-3.
+# "input": o 3.32e-3, s 2.73e-3, dq 3.28e-3, dk 3.27e-3, dv 3.18e-3, dg 3.76e-3 (T200),
+#   dbeta 3.83e-3 (T200), dinitial_state 2.46e-3 (fla's bf16 Triton kernel: ~2e-3 on outputs).
+#   The associative scan measured the same to within 0.1e-3.
+# Bounds: the largest measured value times 1.4 to 1.8.
+BOUNDS = {
+    "highest": dict(
+        o=2.5e-3,
+        s=1e-7,
+        dq=3.5e-3,
+        dk=2.5e-3,
+        dv=2.5e-3,
+        dg=3e-3,
+        dbeta=3e-3,
+        dinitial_state=2.5e-3,
+    ),
+    "input": dict(
+        o=5e-3, s=4e-3, dq=5e-3, dk=5e-3, dv=5e-3, dg=5.5e-3, dbeta=5.5e-3, dinitial_state=4e-3
+    ),
+}
+CASES = {  # name: (T, segments)
+    "T256": (256, False),
+    "T200": (200, False),  # not a multiple of the chunk size
+    "T256_segments": (256, True),
+}
+
+
+def _case(seq_len, segments):
+    x = random_kda_inputs(jax.random.key(0), 2, seq_len, 2, 64, 64, with_state=True)
+    x = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
+    ids = None
+    if segments:  # several documents per row, and leading padding
+        ids = np.ones((2, seq_len), np.int32)
+        ids[0, 100:], ids[0, 180:], ids[1, :30], ids[1, 150:] = 2, 3, 0, 2
+        ids = jnp.asarray(ids)
+    ct_o, ct_s = jax.random.split(jax.random.key(100))
+    cot = (
+        jax.random.normal(ct_o, x["v"].shape, jnp.float32),
+        jax.random.normal(ct_s, x["initial_state"].shape, jnp.float32),
+    )
+    return x, ids, cot
+
+
+def _outputs_and_grads(fn, x, ids, cot):
+    def loss(inputs):
+        o, s = fn(**inputs, segment_ids=ids, output_final_state=True)
+        dtype = cot[0].dtype
+        total = jnp.sum(o.astype(dtype) * cot[0]) + jnp.sum(s.astype(dtype) * cot[1])
+        return total, (o, s)
+
+    (_, (o, s)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    return {"o": o, "s": s, **{"d" + n: grads[n] for n in NAMES}}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_policies_close_to_float64_oracle(case):
+    x, ids, cot = _case(*CASES[case])
+    with jax.enable_x64(True):
+        want = _outputs_and_grads(
+            kda_recurrent,
+            cast_inputs(x, jnp.float64),
+            ids,
+            tuple(c.astype(jnp.float64) for c in cot),
+        )
+        want = jax.tree.map(np.asarray, want)
+    for precision, bounds in BOUNDS.items():
+        got = _outputs_and_grads(functools.partial(kda_chunked, precision=precision), x, ids, cot)
+        assert got["o"].dtype == jnp.bfloat16 and got["s"].dtype == jnp.float32
+        errors = {name: relative_l2(got[name], want[name]) for name in QUANTITIES}
+        bad = {n: f"{e:.2e}" for n, e in errors.items() if not e <= bounds[n]}
+        assert not bad, (precision, bad)
+
+
+def test_highest_is_the_float32_computation_bit_for_bit():
+    # "highest" on bf16 inputs is what the chunked form always did: the inputs upcast to
+    # float32, every matmul at Precision.HIGHEST
+    x, ids, _ = _case(200, True)
+    o, s = kda_chunked(**x, segment_ids=ids, output_final_state=True, precision="highest")
+    o32, s32 = kda_chunked(**cast_inputs(x, jnp.float32), segment_ids=ids, output_final_state=True)
+    np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(o32.astype(o.dtype)))
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(s32))
+    # and the default for bf16 inputs is the "input" policy, not "highest"
+    o_default, _ = kda_chunked(**x, segment_ids=ids)
+    o_input, _ = kda_chunked(**x, segment_ids=ids, precision="input")
+    o_default, o_input, o = (np.asarray(y, np.float32) for y in (o_default, o_input, o))
+    np.testing.assert_array_equal(o_default, o_input)
+    assert not np.array_equal(o_default, o)
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_float32_inputs_identical_under_every_policy(scan):
+    x = random_kda_inputs(jax.random.key(1), 1, 100, 2, 16, 16, with_state=True)
+
+    def run(precision):
+        def loss(inputs):
+            o, s = kda_chunked(**inputs, output_final_state=True, scan=scan, precision=precision)
+            return jnp.sum(jnp.sin(o)) + jnp.sum(s**2), (o, s)
+
+        return jax.tree.map(np.asarray, jax.value_and_grad(loss, has_aux=True)(x))
+
+    want = run("highest")
+    for precision in (None, "input"):
+        jax.tree.map(np.testing.assert_array_equal, run(precision), want)
+
+
+def _dots(jaxpr):
+    """Every dot_general equation of ``jaxpr`` and of the jaxprs nested in it."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from _dots(sub)
+
+
+def _flops(eqn):
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[i] for i in contract])
+
+
+def _low_precision_dots(fn, *args):
+    dots = list(_dots(jax.make_jaxpr(fn)(*args).jaxpr))
+    assert dots
+    low = [
+        eqn
+        for eqn in dots
+        if all(var.aval.dtype == jnp.bfloat16 for var in eqn.invars)
+        and eqn.params["preferred_element_type"] == jnp.float32
+        and eqn.outvars[0].aval.dtype == jnp.float32
+    ]
+    return low, dots
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_input_policy_runs_bf16_dots_with_float32_accumulation(scan):
+    x, ids, _ = _case(128, True)
+    args = tuple(x[n] for n in NAMES)
+
+    def forward(q, k, v, g, beta, state, precision):
+        return kda_chunked(
+            q, k, v, g, beta, initial_state=state, segment_ids=ids, scan=scan, precision=precision
+        )[0]
+
+    def backward(*args, precision):
+        return jax.grad(
+            lambda *a: jnp.sum(forward(*a, precision).astype(jnp.float32)), argnums=range(6)
+        )(*args)
+
+    for fn in (forward, backward):
+        low, dots = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="input"), *args)
+        # most matmul flops (the state carry, outputs, W/U, scores and their gradients) are
+        # bf16; the triangular inverse and the gate gradient's matmuls stay float32
+        share = sum(map(_flops, low)) / sum(map(_flops, dots))
+        assert share > 0.6, (fn.__name__, share)  # measured: 0.90 forward, 0.71 backward
+        low, _ = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="highest"), *args)
+        assert not low, fn.__name__
+    # kda() hands the policy on (default None: "input" for bf16)
+    low, _ = _low_precision_dots(
+        lambda *a: kda(*a[:5], initial_state=a[5], implementation="chunked")[0], *args
+    )
+    assert low
+
+
+@pytest.mark.parametrize("bad", ["low", "HIGHEST", "float32", 1, jax.lax.Precision.HIGHEST])
+def test_bad_precision_is_a_value_error(bad):
+    x = random_kda_inputs(jax.random.key(2), 1, 32, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"precision must be 'highest', 'input' or None"):
+        kda_chunked(**x, precision=bad)
+    for implementation in ("auto", "chunked", "recurrent", "tokamax_xla"):
+        with pytest.raises(ValueError, match=r"precision must be 'highest', 'input' or None"):
+            kda(**x, precision=bad, implementation=implementation)
+
+
+def test_kda_rejects_a_precision_an_implementation_cannot_honour():
+    x = random_kda_inputs(jax.random.key(3), 1, 32, 1, 8, 8, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="'recurrent' computes in float32"):
+        kda(**x, implementation="recurrent", precision="input")
+    for precision in ("highest", "input"):
+        with pytest.raises(ValueError, match="chooses its own matmul precision"):
+            kda(**x, implementation="tokamax_xla", precision=precision)
+    # "highest" is what the recurrence does anyway; None leaves every implementation as it is
+    want, _ = kda(**x, implementation="recurrent")
+    got, _ = kda(**x, implementation="recurrent", precision="highest")
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    # "auto" with a precision stays on kda_lib's forms: chunked for T > 16
+    for precision in ("highest", "input"):
+        got, _ = kda(**x, precision=precision)
+        want, _ = kda_chunked(**x, precision=precision)
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
