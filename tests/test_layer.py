@@ -30,6 +30,10 @@ def _name(path):
     return ".".join(keys)
 
 
+# the layer jitted (one compilation, not one per eager op); a cache in gives (y, cache) out
+_apply = nnx.jit(lambda m, x, cache=None: m(x, cache=cache))
+
+
 def _with_impl(layer, implementation):
     layer.config = dataclasses.replace(layer.config, implementation=implementation)
     return layer
@@ -51,7 +55,8 @@ def test_fla_layer_parity(fixture):
     state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}
     layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
     for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
-        y = _with_impl(layer, impl)(jnp.asarray(data["x"]))
+        # jitted: one compilation per implementation instead of one per eager op
+        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(data["x"]))
         err = assert_close(y, data["y"], atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
         print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
 
@@ -62,20 +67,25 @@ def test_fla_state_dict_mismatch_is_reported():
         KimiDeltaAttention.from_fla_state_dict(layer_sd, BASE, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("lower_bound", [None, -5.0])
-@pytest.mark.parametrize("gate_low_rank", [None, 8])
+# both gates and both gate projections: the two flags select independent parts of the layer
+# (the gate function; the gate projection's layers), so two cases cover all four values
+@pytest.mark.parametrize("lower_bound,gate_low_rank", [(None, None), (-5.0, 8)])
 def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
     layer = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank)
     x = _x()
-    y = layer(x)
+
+    def loss(m):
+        y = m(x)
+        return jnp.mean(y**2), y
+
+    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)  # one program: forward and grads
     assert y.shape == x.shape and y.dtype == jnp.float32
-    grads = nnx.jit(nnx.grad(lambda m: jnp.mean(m(x) ** 2)))(layer)
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert np.isfinite(np.asarray(g)).all(), path
         assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
     bf16 = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank, dtype=jnp.bfloat16)
     assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
-    y16 = bf16(x)
+    y16 = nnx.jit(lambda m: m(x))(bf16)
     assert y16.dtype == jnp.bfloat16
     assert relative_l2(y16, y) < 3e-2
 
@@ -113,18 +123,18 @@ def test_packed_documents_are_isolated():
     assert np.all(np.asarray(y[:, 85:]) == 0)
 
 
-@pytest.mark.parametrize("prefill", [1, 37, 64])
-@pytest.mark.parametrize("lower_bound", [None, -5.0])
+# prefill of one token, of T not a multiple of the chunk and of one whole chunk; the safe gate
+# (lower_bound) changes the gate, not the cache, so it runs with one of them
+@pytest.mark.parametrize("lower_bound,prefill", [(None, 1), (None, 37), (None, 64), (-5.0, 37)])
 def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     layer = _layer(lower_bound=lower_bound)
     x = _x(batch=2, seq_len=75)
-    full = layer(x)
+    full = _apply(layer, x)
     cache = layer.init_cache(2)
-    y, cache = layer(x[:, :prefill], cache=cache)
+    y, cache = _apply(layer, x[:, :prefill], cache)
     outs = [y]
-    step = nnx.jit(lambda m, xt, c: m(xt, cache=c))
     for t in range(prefill, 75):
-        y, cache = step(layer, x[:, t : t + 1], cache)
+        y, cache = _apply(layer, x[:, t : t + 1], cache)
         outs.append(y)
     err = assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
     print(f"prefill {prefill} + decode vs full forward: max abs err {err:.2e}")
@@ -136,9 +146,9 @@ def test_no_conv_and_neg_eigval_variants():
         layer = _layer(**changes)
         x = _x(seq_len=20)
         cache = layer.init_cache(2)
-        y_full = layer(x)
-        y1, cache = layer(x[:, :10], cache=cache)
-        y2, _ = layer(x[:, 10:], cache=cache)
+        y_full = _apply(layer, x)
+        y1, cache = _apply(layer, x[:, :10], cache)
+        y2, _ = _apply(layer, x[:, 10:], cache)
         assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
 
 
@@ -199,9 +209,9 @@ def test_per_head_decay_is_gated_deltanet():
     kw = layer.kernel_kwargs()
     g = kda_gate(f, kw["a_log"], kw["dt_bias"])
     np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
-    y = layer(x)
-    y1, cache = layer(x[:, :7], cache=layer.init_cache(2))
-    y2, _ = layer(x[:, 7:], cache=cache)
+    y = _apply(layer, x)
+    y1, cache = _apply(layer, x[:, :7], layer.init_cache(2))
+    y2, _ = _apply(layer, x[:, 7:], cache)
     assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
     grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
