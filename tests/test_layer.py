@@ -98,9 +98,13 @@ def test_all_cpu_implementations_agree_on_outputs_and_param_grads(lower_bound):
         ["tokamax_xla_chunked"] if lower_bound is not None else []
     )
 
-    def run(impl):
-        _with_impl(layer, impl)
-        return nnx.jit(lambda m: (m(x), nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(m)))(layer)
+    def loss(m):
+        y = m(x)
+        return jnp.sum(jnp.sin(y)), y
+
+    def run(impl):  # outputs and gradients from one forward in one program
+        grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(_with_impl(layer, impl))
+        return y, grads
 
     y_ref, g_ref = run("recurrent")
     for impl in impls[1:]:
@@ -236,11 +240,11 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
         lambda *a, **kw: seen.append(kw["max_num_segments"]) or original(*a, **kw),
     )
     x = _x(batch=2, seq_len=90)
-    want = _layer(lower_bound=-5.0)(x, segment_ids=ids)
+    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    want = jitted(_layer(lower_bound=-5.0), x, ids)  # reference: auto, kda_lib on CPU
     got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
     assert seen[-1] == 3
     assert_close(got, want, atol=2e-6, rtol=1e-5)
-    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
     with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
         jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
     bounded = KimiDeltaAttention(dataclasses.replace(cfg, max_num_segments=4), rngs=nnx.Rngs(0))
