@@ -107,11 +107,11 @@ def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
     mixer = model.blocks[0].mixer
     assert mixer.short_conv and mixer.q_conv1d.kernel.shape == (4, 16)
     tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 11)
-    full = model(tokens)
-    out, cache = model(tokens[:, :4], cache=model.init_cache(1, max_len=9))
+    full = _jitted(model, tokens)
+    out, cache = _jitted(model, tokens[:, :4], model.init_cache(1, max_len=9))
     pieces = [out]
     for t in range(4, 9):
-        out, cache = model(tokens[:, t : t + 1], cache=cache)
+        out, cache = _jitted(model, tokens[:, t : t + 1], cache)
         pieces.append(out)
     np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=3e-5, rtol=3e-5)
     assert cache[0].k_conv.shape == (1, 3, 16) and cache[1].k_conv is None
