@@ -69,10 +69,10 @@ def _segments(seq_len, ranks):
     return jnp.asarray(ids)
 
 
-# 2 ranks (one upstream summary) and 8 (seven folded, with and without segments spanning
-# several ranks); 4 ranks, with and without segments (and with an initial and a final state), are
-# checked by test_kernel_cp_initial_and_final_state
-@pytest.mark.parametrize("ranks,with_segments", [(2, False), (8, False), (8, True)])
+# 2 ranks without segments (one upstream summary) and 8 with segments (seven summaries folded,
+# a segment passing through whole ranks); 4 ranks, with and without segments (and with an
+# initial and a final state), are checked by test_kernel_cp_initial_and_final_state
+@pytest.mark.parametrize("ranks,with_segments", [(2, False), (8, True)])
 def test_kernel_cp_equals_one_device(ranks, with_segments):
     seq_len = 128
     inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
