@@ -80,7 +80,7 @@ def test_conv_mixer_sees_only_its_taps():
     x = jax.random.normal(jax.random.key(0), (1, 12, cfg.hidden_size))
     t = 10
     # d y[t] / d x[s] for every s: zero for s < t - (W - 1), non-zero on the W taps
-    jac = jax.jacobian(lambda x: mixer(x)[0, t])(x)[:, 0]  # [hidden, T, hidden]
+    jac = jax.jit(jax.jacobian(lambda x: mixer(x)[0, t]))(x)[:, 0]  # [hidden, T, hidden]
     reach = np.abs(np.asarray(jac)).sum(axis=(0, 2))
     w = cfg.conv_size
     assert (reach[: t - w + 1] == 0).all()
@@ -380,10 +380,11 @@ def _train_step_cache_size():
 def test_attention_mixer_takes_a_value_dim_other_than_the_key_dim():
     model = _model(mixer="attention", value_head_dim=12)
     tokens = jax.random.randint(jax.random.key(2), (2, 7), 0, 8)
-    logits = model(tokens)
+    apply = nnx.jit(lambda m, t: m(t))  # one compilation, not one per eager op
+    logits = apply(model, tokens)
     assert logits.shape == (2, 7, 8) and model.blocks[0].mixer.v_proj.kernel.shape == (16, 24)
     # causal: changing the last token leaves every earlier position's logits alone
-    changed = model(tokens.at[:, -1].set((tokens[:, -1] + 1) % 8))
+    changed = apply(model, tokens.at[:, -1].set((tokens[:, -1] + 1) % 8))
     np.testing.assert_array_equal(changed[:, :-1], logits[:, :-1])
 
 
