@@ -170,11 +170,11 @@ def _apply(layer, x, segment_ids=None):
 @pytest.mark.parametrize(
     "ranks,seq_len,impl,segments",
     [
-        (2, 64, "chunked", (True,)),
+        (2, 64, "recurrent", (True,)),
         (8, 16, "recurrent", (False, True)),
-        (4, 50, "recurrent", (False,)),
+        (4, 50, "chunked", (False,)),
     ],
-    ids=["2-64-chunked-segments", "8-16-recurrent-both", "4-50-recurrent"],
+    ids=["2-64-recurrent-segments", "8-16-recurrent-both", "4-50-chunked"],
 )
 def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
     """Includes 2 tokens per rank (halo > slice), with and without segments, segments with a
