@@ -47,7 +47,7 @@ implementation: str = "recurrent"  # kernel each rank runs locally (recurrent or
 traffic_lengths: list[int] = [64, 256, 1024]  # T at which the compiled programs are inspected
 traffic_max_len: int = 1048576  # longest T of the analytic traffic curves
 mosaic_ranks: int = 2  # ranks of section 7 (tokamax Mosaic; emulated without a TPU)
-mosaic_seq_len: int = 128  # tokens T of section 7 (emulation is slow: keep it small)
+mosaic_seq_len: int = 64  # tokens T of section 7 (emulation is slow: keep it small)
 seed: int = 0  # seed of the one jax.random.key below
 
 
