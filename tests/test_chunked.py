@@ -21,14 +21,6 @@ SHAPES = [  # (B, H, K, V)
 ]
 
 
-def _loss_and_grads(fn, inputs, cotangents, wrt):
-    def loss(diff):
-        o, s = fn(**{**inputs, **diff}, output_final_state=True)
-        return jnp.sum(o * cotangents["o"]) + jnp.sum(s * cotangents["s"])
-
-    return jax.jit(jax.grad(loss))({n: inputs[n] for n in wrt})
-
-
 def _cotangents(key, inputs):
     b, t, h, k = inputs["q"].shape
     v = inputs["v"].shape[-1]
@@ -40,44 +32,77 @@ def _cotangents(key, inputs):
     }
 
 
-@pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 200, 1000])
-@pytest.mark.parametrize("gate", ["softplus", "safe"])
-def test_chunked_matches_float64_oracle(x64, seq_len, gate):
-    batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
-    inputs = cast_inputs(
-        random_kda_inputs(
-            jax.random.key(seq_len),
-            batch,
-            seq_len,
-            heads,
-            key_dim,
-            value_dim,
-            gate=gate,
-            with_state=seq_len % 2 == 1,
-        ),
-        jnp.float64,
-    )
-    o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True)
+FORMS = {
+    "recurrent": kda_recurrent,
+    "sequential": functools.partial(kda_chunked, scan="sequential"),
+    "associative": functools.partial(kda_chunked, scan="associative"),
+}
+
+
+@functools.partial(jax.jit, static_argnames="with_grads")
+def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
+    """``{form: (o, final_state, grads or None)}`` for the oracle and both chunked scans, in one
+    program (one compilation; eager calls would compile every op separately). The gradients are
+    those of ``<o, cot_o> + <s, cot_s>`` with respect to every array of ``inputs``."""
+
+    def run(fn):
+        def loss(x):
+            o, s = fn(**x, segment_ids=segment_ids, output_final_state=True)
+            return jnp.sum(o * cotangents["o"]) + jnp.sum(s * cotangents["s"]), (o, s)
+
+        if not with_grads:
+            return (*loss(inputs)[1], None)
+        (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
+        return o, s, grads
+
+    return {name: run(fn) for name, fn in FORMS.items()}
+
+
+def _check_against_oracle(forms, *, grads):
+    o_ref, s_ref, g_ref = forms["recurrent"]
     for scan in ("sequential", "associative"):
-        o, s = kda_chunked(**inputs, output_final_state=True, scan=scan)
-        assert o.dtype == jnp.float64
+        o, s, got = forms[scan]
+        assert o.dtype == o_ref.dtype
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({scan})")
         assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name=f"state ({scan})")
+        if grads:
+            assert set(got) == set(g_ref)
+            for name in got:
+                assert_close(
+                    got[name], g_ref[name], atol=1e-10, rtol=1e-8, name=f"d{name} ({scan})"
+                )
 
 
-@pytest.mark.parametrize("seq_len,with_state", [(1, True), (65, False), (200, True)])
-def test_chunked_gradients_match_oracle(x64, seq_len, with_state):
-    inputs = cast_inputs(
-        random_kda_inputs(jax.random.key(7), 2, seq_len, 2, 16, 8, with_state=with_state),
-        jnp.float64,
-    )
-    cot = _cotangents(jax.random.key(8), inputs)
-    wrt = NAMES + (("initial_state",) if with_state else ())
-    ref = _loss_and_grads(kda_recurrent, inputs, cot, wrt)
-    for scan in ("sequential", "associative"):
-        got = _loss_and_grads(functools.partial(kda_chunked, scan=scan), inputs, cot, wrt)
-        for name in wrt:
-            assert_close(got[name], ref[name], atol=1e-10, rtol=1e-8, name=f"d{name} ({scan})")
+# T = 1; within one chunk; exactly one chunk; one chunk and one token; several chunks, the last
+# one partial; many chunks. Gradients at T = 1 (with an initial state), 65 (with a state, a
+# one-token last chunk) and 200 (without a state, several chunks)
+GRADIENT_LENGTHS = (1, 65, 200)
+
+
+@pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 200, 1000])
+def test_chunked_matches_float64_oracle(x64, seq_len):
+    """Outputs, final states and (for GRADIENT_LENGTHS) every input's gradient, both scans,
+    both gates (same shapes: one compilation)."""
+    batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
+    grads = seq_len in GRADIENT_LENGTHS
+    for gate in ("softplus", "safe"):
+        inputs = cast_inputs(
+            random_kda_inputs(
+                jax.random.key(seq_len),
+                batch,
+                seq_len,
+                heads,
+                key_dim,
+                value_dim,
+                gate=gate,
+                with_state=seq_len % 2 == 1,
+            ),
+            jnp.float64,
+        )
+        cot = _cotangents(jax.random.key(8), inputs)
+        forms = _every_form(inputs, cot, with_grads=grads)
+        assert forms["sequential"][0].dtype == jnp.float64
+        _check_against_oracle(forms, grads=grads)
 
 
 def _segment_cases(seq_len):
@@ -101,42 +126,38 @@ def test_chunked_segments_match_oracle(x64):
         random_kda_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
     )
     ids = _segment_cases(seq_len)
-    o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True, segment_ids=ids)
     cot = _cotangents(jax.random.key(4), inputs)
-    ref = _loss_and_grads(
-        functools.partial(kda_recurrent, segment_ids=ids), inputs, cot, NAMES + ("initial_state",)
-    )
+    forms = _every_form(inputs, cot, ids, with_grads=True)
+    assert set(forms["recurrent"][2]) == set(NAMES + ("initial_state",))
+    _check_against_oracle(forms, grads=True)
     for scan in ("sequential", "associative"):
-        fn = functools.partial(kda_chunked, segment_ids=ids, scan=scan)
-        o, s = jax.jit(lambda x, fn=fn: fn(**x, output_final_state=True))(inputs)
-        assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name="o")
-        assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name="state")
-        assert np.all(np.asarray(o)[np.asarray(ids) == 0] == 0)
-        got = _loss_and_grads(fn, inputs, cot, NAMES + ("initial_state",))
-        for name in got:
-            assert_close(got[name], ref[name], atol=1e-10, rtol=1e-8, name=f"d{name}")
+        assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
 
 
 def test_packed_documents_equal_separate_runs():
     """Two documents packed in one row give exactly what each gives alone."""
+    # two documents of 75 tokens (the boundary inside the second chunk; each alone ends in a
+    # partial chunk): the separate runs share one compilation
     inputs = random_kda_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
-    ids = jnp.asarray(np.r_[np.full(70, 1), np.full(80, 2)][None], jnp.int32)
+    ids = jnp.asarray(np.r_[np.full(75, 1), np.full(75, 2)][None], jnp.int32)
     run = jax.jit(lambda x, ids=None: kda_chunked(**x, segment_ids=ids, output_final_state=True))
     o_packed, s_packed = run(inputs, ids)
-    first = {n: x[:, :70] for n, x in inputs.items()}
-    second = {n: x[:, 70:] for n, x in inputs.items()}
-    assert_close(o_packed[:, :70], run(first)[0], atol=2e-6, rtol=1e-5)
+    first = {n: x[:, :75] for n, x in inputs.items()}
+    second = {n: x[:, 75:] for n, x in inputs.items()}
+    assert_close(o_packed[:, :75], run(first)[0], atol=2e-6, rtol=1e-5)
     o2, s2 = run(second)
-    assert_close(o_packed[:, 70:], o2, atol=2e-6, rtol=1e-5)
+    assert_close(o_packed[:, 75:], o2, atol=2e-6, rtol=1e-5)
     assert_close(s_packed, s2, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("seq_len", [64, 300])
 def test_float32_chunked_close_to_float64_oracle(seq_len):
     inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 32, 32, with_state=True)
-    o, s = kda_chunked(**inputs, output_final_state=True)
+    o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True))(**inputs)
     with jax.enable_x64(True):
-        o_ref, s_ref = kda_recurrent(**cast_inputs(inputs, jnp.float64), output_final_state=True)
+        o_ref, s_ref = jax.jit(functools.partial(kda_recurrent, output_final_state=True))(
+            **cast_inputs(inputs, jnp.float64)
+        )
     assert o.dtype == jnp.float32 and s.dtype == jnp.float32
     assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
     assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
@@ -145,46 +166,59 @@ def test_float32_chunked_close_to_float64_oracle(seq_len):
 def test_bf16_inputs_float32_accumulation():
     inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
     bf16 = {n: x if n == "initial_state" else x.astype(jnp.bfloat16) for n, x in inputs.items()}
-    # "highest": every matmul in float32, the point here (the default, "input", feeds bf16
-    # operands to the matmuls: tests/test_precision.py)
-    o, s = kda_chunked(**bf16, output_final_state=True, precision="highest")
+
+    @jax.jit  # the forward, its reference and the gradients in one program
+    def run(bf16):
+        # "highest": every matmul in float32, the point here (the default, "input", feeds bf16
+        # operands to the matmuls: tests/test_precision.py)
+        o, s = kda_chunked(**bf16, output_final_state=True, precision="highest")
+        # reference: the same bf16-rounded inputs, computed in float32
+        ref = kda_recurrent(**cast_inputs(bf16, jnp.float32), output_final_state=True)
+        grads = jax.grad(lambda x: jnp.sum(kda_chunked(**{**bf16, **x})[0].astype(jnp.float32)))(
+            {n: bf16[n] for n in NAMES}
+        )
+        return (o, s), ref, grads
+
+    (o, s), (o_ref, s_ref), grads = run(bf16)
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
-    # reference: the same bf16-rounded inputs, computed in float32
-    o_ref, s_ref = kda_recurrent(**cast_inputs(bf16, jnp.float32), output_final_state=True)
     assert relative_l2(o, o_ref) < 1e-2
     assert_close(s, s_ref, atol=1e-4, rtol=1e-4)
-    grads = jax.jit(
-        jax.grad(lambda x: jnp.sum(kda_chunked(**{**bf16, **x})[0].astype(jnp.float32)))
-    )({n: bf16[n] for n in NAMES})
     for name, grad in grads.items():
         assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
 
 
-@pytest.mark.parametrize("case", ["at_lower_bound", "huge_a_log"])
-def test_saturated_gates_are_finite_and_exact(x64, case):
-    inputs = cast_inputs(
+@jax.jit
+def _outputs_and_state_grads(x):
+    """kda_chunked's ``(o, s)`` and the gradients of ``sum(s)``, in one program."""
+
+    def loss(x):
+        o, s = kda_chunked(**x, output_final_state=True)
+        return jnp.sum(s), (o, s)
+
+    return jax.value_and_grad(loss, has_aux=True)(x)
+
+
+def test_saturated_gates_are_finite_and_exact(x64):
+    # both cases have the same shapes: one compilation per dtype
+    base = cast_inputs(
         random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True), jnp.float64
     )
-    if case == "at_lower_bound":
-        inputs["g"] = jnp.full_like(inputs["g"], -5.0)
-    else:  # A = exp(20): softplus gates of order -1e8
-        inputs["g"] = inputs["g"] * jnp.exp(20.0)
-    o_ref, s_ref = kda_recurrent(**inputs, output_final_state=True)
-    for dtype in (jnp.float64, jnp.float32):
-        cast = cast_inputs(inputs, dtype)
-        o, s = jax.jit(lambda x: kda_chunked(**x, output_final_state=True))(cast)
-        tol = 1e-10 if dtype == jnp.float64 else 1e-5
-        assert_close(o, o_ref, atol=tol, rtol=tol * 10)
-        assert_close(s, s_ref, atol=tol, rtol=tol * 10)
-        grads = jax.jit(
-            jax.grad(
-                lambda x, cast=cast: jnp.sum(
-                    kda_chunked(**{**cast, **x}, output_final_state=True)[1]
-                )
-            )
-        )({n: cast[n] for n in NAMES + ("initial_state",)})
-        for name, grad in grads.items():
-            assert np.isfinite(np.asarray(grad)).all(), name
+    oracle = jax.jit(functools.partial(kda_recurrent, output_final_state=True))
+    for case in ("at_lower_bound", "huge_a_log"):
+        if case == "at_lower_bound":
+            inputs = {**base, "g": jnp.full_like(base["g"], -5.0)}
+        else:  # A = exp(20): softplus gates of order -1e8
+            inputs = {**base, "g": base["g"] * jnp.exp(20.0)}
+        o_ref, s_ref = oracle(**inputs)
+        for dtype in (jnp.float64, jnp.float32):
+            cast = cast_inputs(inputs, dtype)
+            (_, (o, s)), grads = _outputs_and_state_grads(cast)
+            tol = 1e-10 if dtype == jnp.float64 else 1e-5
+            assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
+            assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
+            assert set(grads) == set(NAMES + ("initial_state",))
+            for name, grad in grads.items():
+                assert np.isfinite(np.asarray(grad)).all(), (case, name)
 
 
 _PREFIX_INPUTS = random_kda_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
@@ -212,7 +246,7 @@ def test_prefix_invariance(prefix, seed, which):
 
 def test_unit_lower_inverse_exact(x64):
     a = jnp.tril(jax.random.normal(jax.random.key(0), (3, 64, 64), jnp.float64) * 0.3, -1)
-    inv = unit_lower_inverse(a)
+    inv = jax.jit(unit_lower_inverse)(a)
     eye = np.eye(64)
     assert_close(
         np.asarray(inv) @ (eye + np.asarray(a)),
@@ -221,7 +255,7 @@ def test_unit_lower_inverse_exact(x64):
         rtol=0,
     )
     assert_close(
-        unit_lower_inverse(a[:, :8, :8]) @ (eye[:8][:, :8] + a[:, :8, :8]),
+        jax.jit(unit_lower_inverse)(a[:, :8, :8]) @ (eye[:8][:, :8] + a[:, :8, :8]),
         np.broadcast_to(eye[:8, :8], (3, 8, 8)),
         atol=1e-12,
         rtol=0,
@@ -230,7 +264,7 @@ def test_unit_lower_inverse_exact(x64):
 
 def test_chunk_size_variants(x64):
     inputs = cast_inputs(random_kda_inputs(jax.random.key(31), 1, 100, 2, 8, 8), jnp.float64)
-    o_ref = kda_recurrent(**inputs)[0]
+    o_ref = jax.jit(kda_recurrent)(**inputs)[0]
     for chunk_size in (1, 2, 8, 16, 32, 128):
         assert_close(
             jax.jit(lambda x, c=chunk_size: kda_chunked(**x, chunk_size=c)[0])(inputs),
@@ -281,12 +315,27 @@ def test_bad_inputs_name_the_argument(fn):
             call(scan="parallel")
 
 
-@pytest.mark.parametrize("bad", ["none", "nan_beta", "inf_v", "nan_q", "neg_inf_g", "inf_state"])
-def test_isolate_non_finite_shortcut_equals_segments(bad):
-    """kda_chunked's cond-guarded isolation gives isolate_non_finite's values, flags, gradients."""
+@functools.cache
+def _isolation_values_and_grads(shortcut: bool):
+    """Jitted ``(*arrays, ids) -> ((total, (arrays, flags)), grads)`` of kda_chunked's
+    cond-guarded isolation (``shortcut``) or of isolate_non_finite; built once per worker, so
+    the cases below share two compilations."""
     from kda_lib.chunked import _isolate_non_finite
     from kda_lib.segments import isolate_non_finite
 
+    fn = _isolate_non_finite if shortcut else isolate_non_finite
+
+    def total(*a):
+        *arrays, flags = fn(*a)
+        finite = [jnp.where(jnp.isfinite(y), y, 0.0) for y in arrays]
+        return sum(jnp.sum(y * (i + 1.0)) for i, y in enumerate(finite)), (arrays, flags)
+
+    return jax.jit(jax.value_and_grad(total, (0, 1, 2, 3, 4, 5), has_aux=True))
+
+
+@pytest.mark.parametrize("bad", ["none", "nan_beta", "inf_v", "nan_q", "neg_inf_g", "inf_state"])
+def test_isolate_non_finite_shortcut_equals_segments(bad):
+    """kda_chunked's cond-guarded isolation gives isolate_non_finite's values, flags, gradients."""
     x = random_kda_inputs(jax.random.key(41), 2, 12, 2, 4, 3, with_state=True)
     x["k"] = x["k"].at[0, 3, 1, 2].set(0.0)  # an exact zero at a token that is replaced
     where = {
@@ -300,20 +349,9 @@ def test_isolate_non_finite_shortcut_equals_segments(bad):
         name, index, value = where
         x[name] = x[name].at[index].set(value)
     ids = jnp.asarray(np.r_[np.full(5, 1), np.full(7, 2)][None].repeat(2, 0), jnp.int32)
-    args = tuple(x[n] for n in NAMES + ("initial_state",))
-
-    def total(fn, *a):
-        *arrays, flags = fn(*a, ids)
-        finite = [jnp.where(jnp.isfinite(y), y, 0.0) for y in arrays]
-        return sum(jnp.sum(y * (i + 1.0)) for i, y in enumerate(finite)), (arrays, flags)
-
-    for fn in (_isolate_non_finite, isolate_non_finite):
-        (_, out), grads = jax.jit(
-            jax.value_and_grad(functools.partial(total, fn), (0, 1, 2, 3, 4, 5), has_aux=True)
-        )(*args)
-        if fn is _isolate_non_finite:
-            got = (out, grads)
-        else:
-            want = (out, grads)
+    args = tuple(x[n] for n in NAMES + ("initial_state",)) + (ids,)
+    (_, got), got_grads = _isolation_values_and_grads(True)(*args)
+    (_, want), want_grads = _isolation_values_and_grads(False)(*args)
+    got, want = (got, got_grads), (want, want_grads)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
