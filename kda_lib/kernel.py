@@ -12,11 +12,13 @@ Implementations:
 
 ``"auto"`` policy (:func:`select_implementation`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
-a padded 64-token chunk) and ``"chunked"`` above. kda_lib's chunked form is the portable
-default: it is faster than tokamax's ``xla_chunked`` on CPU (see the recorded runs in
-``data/benchmarks/``) and serves every input (any T, initial/final state, both gates). An
-explicitly requested implementation never falls back: if it cannot serve the inputs, a
-ValueError names the constraint.
+a padded 64-token chunk) and ``"chunked"`` above. On CPU (:func:`scan_forward`), that
+``"chunked"`` computes calls that are not differentiated with the scan (measured faster forward
+there at every length) and takes the chunked form's value and gradient under ``jax.grad``.
+kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
+on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
+initial/final state, both gates). An explicitly requested implementation never falls back: if
+it cannot serve the inputs, a ValueError names the constraint.
 
 ``precision`` (the chunked form's matmul policy, :func:`kda_lib.kda_chunked`): None, the
 default, lets every implementation compute as it does. ``"highest"`` or ``"input"`` apply to
@@ -31,6 +33,7 @@ and dispatches.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import jax
@@ -60,6 +63,10 @@ Implementation = Literal[
 ]
 IMPLEMENTATIONS = ("recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic")
 RECURRENT_MAX_AUTO_T = 16
+# platforms where "auto"'s chunked choice runs forward-only calls through the scan: on CPU the
+# scan's forward was faster at every length measured (T = 64..4096, data/benchmarks/), while
+# its gradient is far slower than the chunked form's
+SCAN_FORWARD_PLATFORMS = ("cpu",)
 
 
 def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
@@ -78,6 +85,42 @@ def portable_implementation(seq_len: int) -> str:
     """kda_lib's own form for ``seq_len`` tokens: ``"recurrent"`` for decode-sized calls
     (T <= RECURRENT_MAX_AUTO_T), ``"chunked"`` above."""
     return "recurrent" if seq_len <= RECURRENT_MAX_AUTO_T else "chunked"
+
+
+def scan_forward(platform: str | None = None) -> bool:
+    """Whether ``"auto"``, having chosen ``"chunked"``, computes forward-only calls with the
+    scan on ``platform`` (default: JAX's default backend). Differentiated calls always take the
+    chunked form's forward and gradient (:func:`_scan_forward_chunked_gradient`)."""
+    return (platform or jax.default_backend()) in SCAN_FORWARD_PLATFORMS
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _scan_forward_chunked_gradient(options, q, k, v, g, beta, initial_state, segment_ids):
+    """``kda_recurrent`` when only the value is needed; under ``jax.grad``/``jax.vjp`` the
+    value and the gradient of ``kda_chunked`` (the two agree to float32 rounding; both are
+    tested against the float64 oracle). ``options``: hashable ``(name, value)`` pairs of the
+    static keyword arguments. Reverse mode only, like ``kda_chunked``."""
+    chunk_options = dict(options)
+    chunk_options.pop("chunk_size"), chunk_options.pop("precision")
+    return kda_recurrent(
+        q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids, **chunk_options
+    )
+
+
+def _chunked_with_vjp(options, q, k, v, g, beta, initial_state, segment_ids):
+    def chunked(q, k, v, g, beta, initial_state):
+        return kda_chunked(
+            q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids, **dict(options)
+        )
+
+    return jax.vjp(chunked, q, k, v, g, beta, initial_state)
+
+
+def _chunked_gradient(options, vjp, cotangents):
+    return (*vjp(cotangents), None)  # no gradient for the integer segment ids
+
+
+_scan_forward_chunked_gradient.defvjp(_chunked_with_vjp, _chunked_gradient)
 
 
 def _check_precision_supported(implementation: str, precision: str) -> None:
@@ -201,6 +244,7 @@ def kda(
         q, k, v, g, beta = zero_padding(
             segment_ids, q, k, v, g, beta, neutral_gate=NEUTRAL_RAW_GATE if fused_gate else 0.0
         )
+    scan_on_forward = False
     if implementation == "auto":
         implementation = (
             select_implementation(
@@ -213,6 +257,7 @@ def kda(
             if precision is None
             else portable_implementation(dims.seq_len)
         )
+        scan_on_forward = implementation == "chunked" and precision is None and scan_forward()
     if implementation in TOKAMAX_IMPLEMENTATIONS:
         return tokamax_kda(
             implementation,
@@ -248,6 +293,12 @@ def kda(
     )
     if implementation == "recurrent":
         out, final = kda_recurrent(q, k, v, g, beta, **kwargs)
+    elif scan_on_forward:
+        static = dict(kwargs, chunk_size=chunk_size, precision=precision)
+        initial_state, segment_ids = static.pop("initial_state"), static.pop("segment_ids")
+        out, final = _scan_forward_chunked_gradient(
+            tuple(sorted(static.items())), q, k, v, g, beta, initial_state, segment_ids
+        )
     else:
         out, final = kda_chunked(
             q, k, v, g, beta, chunk_size=chunk_size, precision=precision, **kwargs

@@ -108,7 +108,9 @@ def run(layer, x, cache):
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is the chunked
 # form for a prompt (matrix products over chunks of $C$ = `chunk_size` tokens) and the
-# token-by-token recurrence for a single token, where one scan step beats a padded chunk:
+# token-by-token recurrence for a single token, where one scan step beats a padded chunk (on
+# a CPU, where the scan's forward pass measured faster at every length, a prompt that is not
+# differentiated also runs the scan; training takes the chunked form's gradient):
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
