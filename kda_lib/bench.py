@@ -38,12 +38,15 @@ Usage::
         --dtype bfloat16 --impls chunked tokamax_xla_chunked softmax
     python -m kda_lib.bench --impls recurrent --seq-lens 4096 # force a sequential form
     python -m kda_lib.bench --modes fwd --reps 5 --out -      # print only, no JSON
+    python -m kda_lib.bench --preset accelerator              # on a GPU or TPU (see README)
 
 The JSON (default ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
 directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
 (one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
-``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU
-``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T).
+``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU and TPU
+``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T). ``--preset
+accelerator`` sets the published GPU shapes; on an H200 the JSON adds ``vs_h200_anchors``
+(chunked fwd+bwd over fla's Triton kernel and tokamax's xla_chunked, as measured by others).
 """
 
 from __future__ import annotations
@@ -85,6 +88,28 @@ RATIOS = (
     ("tokamax_xla_chunked", ("softmax",)),
     ("layer", ("layer_kernel", "layer_projections")),
 )
+
+
+# --preset accelerator: the shapes of the published GPU numbers (bf16, B = 1, H = 16,
+# K = V = 128, T = 2K / 8K / 32K); explicit flags override any of these
+PRESETS = {
+    "accelerator": dict(
+        seq_lens=[2048, 8192, 32768],
+        batch=1,
+        heads=16,
+        key_dim=128,
+        value_dim=128,
+        dtype="bfloat16",
+        impls=["chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"],
+        reps=10,
+    ),
+}
+# fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
+# anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
+H200_ANCHORS_MS = {
+    "fla_chunk_kda": {2048: 3.72, 8192: 4.10, 32768: 9.66},
+    "tokamax_xla_chunked": {2048: 7.27, 8192: 23.1, 32768: 81.8},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +306,7 @@ class Job:
                 self.info["bytes_accessed"] = float(cost["bytes accessed"])
         for _ in range(warmup):
             jax.block_until_ready(self.compiled(*self.args))
-        if jax.default_backend() == "gpu":
+        if jax.default_backend() in ("gpu", "tpu"):
             stats = jax.devices()[0].memory_stats() or {}
             if "peak_bytes_in_use" in stats:
                 # the process-wide peak so far (jobs are prepared in order, smallest T first
@@ -330,6 +355,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m kda_lib.bench",
         description="Time KDA implementations, softmax attention and the KDA layer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=None,
+        help="defaults for a GPU or TPU (accelerator: bf16, H=16, K=V=128, T=2K/8K/32K, "
+        "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
+        "flags win",
     )
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--batch", type=int, default=1)
@@ -385,6 +418,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
     )
+    preset, _ = parser.parse_known_args(argv)
+    if preset.preset:
+        parser.set_defaults(**PRESETS[preset.preset])
     args = parser.parse_args(argv)
     minimums = dict(
         batch=1,
@@ -438,6 +474,20 @@ def compute_ratios(records: list[dict]) -> dict:
         if per_mode:
             ratios[name] = per_mode
     return ratios
+
+
+def compare_with_anchors(records: list[dict]) -> dict:
+    """``chunked`` fwd+bwd over each anchor of :data:`H200_ANCHORS_MS`, per T it has (the goal:
+    <= 1.5 over fla's kernel, <= 1/3 of tokamax's xla_chunked)."""
+    ours = {
+        r["T"]: r["median_ms"]
+        for r in records
+        if r["impl"] == "chunked" and r["mode"] == "fwd+bwd" and r.get("median_ms")
+    }
+    return {
+        f"chunked / {name}": {t: ours[t] / ms for t, ms in anchors.items() if t in ours}
+        for name, anchors in H200_ANCHORS_MS.items()
+    }
 
 
 def format_table(records: list[dict]) -> str:
@@ -563,6 +613,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             layer_impl=args.layer_impl,
             sequential_max_t=args.sequential_max_t,
             seed=args.seed,
+            preset=args.preset,
             cpu_count=_cpu_count(),
             argv=list(sys.argv[1:] if argv is None else argv),
         ),
@@ -570,6 +621,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
         records=records,
         ratios=compute_ratios(records),
     )
+    if args.preset == "accelerator" and "H200" in device.device_kind:
+        document["vs_h200_anchors"] = compare_with_anchors(records)
     # the JSON first: a failure to write it prints the document instead of losing it
     path = args.out_path
     if path is not None:
