@@ -26,6 +26,13 @@ TINY = ["--batch", "1", "--heads", "2", "--key-dim", "16", "--value-dim", "16"]
 TINY += ["--reps", "2", "--warmup", "1"]
 
 
+@pytest.fixture
+def small_matmul(monkeypatch):
+    """The roofline's matmul row at 256 instead of 2048: a smoke test times nothing that
+    matters, and the big matmul is most of a tiny run."""
+    monkeypatch.setattr(bench, "MATMUL_SIZE", 256)
+
+
 def _run(tmp_path, *args):
     out = tmp_path / "bench.json"
     document = bench.run([*TINY, *args, "--out", str(out)])
@@ -49,13 +56,13 @@ def _check_schema(document, impls, seq_lens, modes):
     assert document["matmul_gflops"] > 0
 
 
-def test_bench_kernels_both_modes(tmp_path):
+def test_bench_kernels_both_modes(tmp_path, small_matmul):
     impls = ["recurrent", "softmax"]
     document = _run(tmp_path, "--seq-lens", "64", "--impls", *impls, "--modes", "fwd", "fwd+bwd")
     _check_schema(document, impls, [64], ["fwd", "fwd+bwd"])
 
 
-def test_bench_chunked_and_layer(tmp_path):
+def test_bench_chunked_and_layer(tmp_path, small_matmul):
     # the layer runs the recurrent kernel here: it compiles in a fraction of the chunked time
     impls = ["chunked", "layer"]
     document = _run(
@@ -113,7 +120,9 @@ def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, cap
         assert f"error: --out: {message}" in capsys.readouterr().err
 
 
-def test_the_json_is_written_before_the_table_and_never_lost(tmp_path, monkeypatch, capsys):
+def test_the_json_is_written_before_the_table_and_never_lost(
+    tmp_path, monkeypatch, capsys, small_matmul
+):
     args = [*TINY, "--impls", "softmax", "--seq-lens", "8", "--modes", "fwd"]
     out = tmp_path / "b.json"
     document = bench.run([*args, "--out", str(out)])

@@ -1,5 +1,7 @@
 """kda(...) dispatch, the tokamax adapter, and parity with tokamax called directly."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,32 +44,43 @@ def _head_first(x):
     return jnp.moveaxis(x, 2, 0)
 
 
+@functools.partial(jax.jit, static_argnames="lower_bound")
+def _kda_lib_forms(x, lower_bound):
+    """kda_lib's recurrent and chunked forms on the activated inputs, and (with the safe gate,
+    for tokamax's xla_chunked) the chunked form on the first T - T % 64 tokens: one program."""
+    q, k = l2_normalize(x["q"]), l2_normalize(x["k"])
+    g = kda_gate(x["g"], x["a_log"], x["dt_bias"], lower_bound=lower_bound)
+    args = (q, k, x["v"], g, x["beta"])
+    kw = dict(initial_state=x["initial_state"], output_final_state=True)
+    seq = T - T % 64
+    truncated = None if lower_bound is None else kda_chunked(*(a[:, :seq] for a in args), **kw)
+    return kda_recurrent(*args, **kw), kda_chunked(*args, **kw), truncated
+
+
 @pytest.mark.parametrize("lower_bound", [None, -5.0])
 def test_tokamax_direct_parity(lower_bound):
     """tokamax's own API (head-first, fused gate) against kda_lib's forms on the same inputs."""
     api = tokamax_kda_api()
     x = _raw_inputs(1)
-    q, k = l2_normalize(x["q"]), l2_normalize(x["k"])
-    g = kda_gate(x["g"], x["a_log"], x["dt_bias"], lower_bound=lower_bound)
-    o_rec, s_rec = kda_recurrent(
-        q, k, x["v"], g, x["beta"], initial_state=x["initial_state"], output_final_state=True
-    )
-    o_chk, s_chk = kda_chunked(
-        q, k, x["v"], g, x["beta"], initial_state=x["initial_state"], output_final_state=True
-    )
+    (o_rec, s_rec), (o_chk, s_chk), truncated = _kda_lib_forms(x, lower_bound)
     impls = ["xla"] + (["xla_chunked"] if lower_bound is not None else [])
     for impl in impls:
         seq = T - T % 64 if impl == "xla_chunked" else T  # fixed-length xla_chunked: T % 64 == 0
-        o_tk, s_tk = api.kimi_delta_attention(
+        tokamax = jax.jit(
+            functools.partial(
+                api.kimi_delta_attention,
+                use_gate_in_kernel=True,
+                lower_bound=lower_bound,
+                use_qk_l2norm=True,
+                output_final_state=True,
+                implementation=impl,
+            )
+        )
+        o_tk, s_tk = tokamax(
             *(_head_first(x[n][:, :seq]) for n in ("q", "k", "v", "g", "beta")),
             a_log=x["a_log"],
             delta_time_bias=x["dt_bias"],
-            use_gate_in_kernel=True,
-            lower_bound=lower_bound,
-            use_qk_l2norm=True,
             initial_state=x["initial_state"][:, None],
-            output_final_state=True,
-            implementation=impl,
         )
         o_tk = jnp.moveaxis(o_tk, 0, 2)
         if seq == T:
@@ -76,30 +89,32 @@ def test_tokamax_direct_parity(lower_bound):
             assert_close(o_tk, o_chk, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs chunked")
             assert_close(s_tk[:, 0], s_chk, atol=5e-6, rtol=1e-5)
         else:
-            o_ref, s_ref = kda_chunked(
-                q[:, :seq],
-                k[:, :seq],
-                x["v"][:, :seq],
-                g[:, :seq],
-                x["beta"][:, :seq],
-                initial_state=x["initial_state"],
-                output_final_state=True,
-            )
+            o_ref, s_ref = truncated
             assert_close(o_tk, o_ref, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs chunked")
             assert_close(s_tk[:, 0], s_ref, atol=5e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lower_bound", [None, -5.0])
-@pytest.mark.parametrize("with_segments", [False, True])
+@functools.partial(jax.jit, static_argnames=("impls", "lower_bound"))
+def _every_implementation(x, segment_ids, impls, lower_bound):
+    """``{implementation: kda(...)}`` in one program (static shapes and options; the eager
+    value checks are tested in test_errors_name_the_constraint and test_kernel_validation)."""
+    kw = dict(use_qk_l2norm=True, output_final_state=True, lower_bound=lower_bound)
+    if segment_ids is not None:
+        kw.update(segment_ids=segment_ids, max_num_segments=3)
+    return {impl: kda(**x, **kw, implementation=impl) for impl in impls}
+
+
+# the safe gate without segments: test_adapter_gradients_agree (outputs and gradients)
+@pytest.mark.parametrize("lower_bound, with_segments", [(None, False), (None, True), (-5.0, True)])
 def test_every_implementation_agrees(lower_bound, with_segments):
     x = _raw_inputs(2)
-    kw = dict(use_qk_l2norm=True, output_final_state=True, lower_bound=lower_bound)
-    if with_segments:
-        kw.update(segment_ids=_segments(), max_num_segments=3)
-    o_ref, s_ref = kda(**x, **kw, implementation="recurrent")
     impls = ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if lower_bound else [])
+    outputs = _every_implementation(
+        x, _segments() if with_segments else None, ("recurrent", *impls), lower_bound
+    )
+    o_ref, s_ref = outputs["recurrent"]
     for impl in impls:
-        o, s = kda(**x, **kw, implementation=impl)
+        o, s = outputs[impl]
         assert_close(o, o_ref, atol=2e-6, rtol=1e-5, name=impl)
         assert_close(s, s_ref, atol=5e-6, rtol=1e-5, name=f"{impl} state")
         if with_segments:
@@ -107,10 +122,11 @@ def test_every_implementation_agrees(lower_bound, with_segments):
 
 
 def test_adapter_gradients_agree():
+    """Outputs, final states and gradients of every implementation, safe gate, no segments."""
     x = _raw_inputs(3)
     diff = ("q", "k", "v", "g", "beta", "a_log", "dt_bias", "initial_state")
 
-    def grads(impl):
+    def outputs_and_grads(impl):
         def loss(p):
             o, s = kda(
                 **{**x, **p},
@@ -119,22 +135,31 @@ def test_adapter_gradients_agree():
                 output_final_state=True,
                 implementation=impl,
             )
-            return jnp.sum(o * jnp.cos(o)) + jnp.sum(s**2)
+            return jnp.sum(o * jnp.cos(o)) + jnp.sum(s**2), (o, s)
 
-        return jax.jit(jax.grad(loss))({n: x[n] for n in diff})
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))({n: x[n] for n in diff})
+        return out, grads
 
-    ref = grads("recurrent")
+    (o_ref, s_ref), ref = outputs_and_grads("recurrent")
     for impl in ("chunked", "tokamax_xla", "tokamax_xla_chunked"):
-        got = grads(impl)
+        (o, s), got = outputs_and_grads(impl)
+        assert_close(o, o_ref, atol=2e-6, rtol=1e-5, name=impl)
+        assert_close(s, s_ref, atol=5e-6, rtol=1e-5, name=f"{impl} state")
         for name in diff:
             assert_close(got[name], ref[name], atol=1e-4, rtol=1e-4, name=f"{impl} d{name}")
 
 
 def test_log_space_gate_path():
     inputs = random_kda_inputs(jax.random.key(4), 1, 70, 2, 16, 16)
-    o_ref = kda_recurrent(**inputs)[0]
-    for impl in ("chunked", "tokamax_xla", "auto"):
-        assert_close(kda(**inputs, implementation=impl)[0], o_ref, atol=2e-6, rtol=1e-5)
+
+    @jax.jit  # one program
+    def run(inputs):
+        impls = ("chunked", "tokamax_xla", "auto")
+        return kda_recurrent(**inputs)[0], [kda(**inputs, implementation=i)[0] for i in impls]
+
+    o_ref, outputs = run(inputs)
+    for o in outputs:
+        assert_close(o, o_ref, atol=2e-6, rtol=1e-5)
 
 
 def test_auto_policy():

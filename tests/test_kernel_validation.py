@@ -6,6 +6,8 @@ thing in every implementation under jit, and tokamax's static segment bound can 
 a silently wrong number.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,12 +76,12 @@ def test_empty_value_dim_and_python_lists():
 def test_dt_bias_takes_the_same_shapes_as_kda_gate():
     x = random_kda_inputs(jax.random.key(1), 1, 20, 2, 8, 8, gate="raw")
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    gate = dict(a_log=x["a_log"], lower_bound=-5.0)
-    flat, _ = kda(*args, dt_bias=x["dt_bias"], **gate)
-    split, _ = kda(*args, dt_bias=x["dt_bias"].reshape(2, 8), **gate)
+    run = jax.jit(functools.partial(kda, lower_bound=-5.0))  # shapes are checked under jit
+    flat, _ = run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"])
+    split, _ = run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"].reshape(2, 8))
     np.testing.assert_array_equal(flat, split)
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]"):
-        kda(*args, dt_bias=x["dt_bias"][:5], **gate)
+        run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"][:5])
 
 
 def test_lower_bound_accepts_numpy_floats_in_range():
@@ -109,10 +111,18 @@ def test_int64_ids_are_compared_without_truncation():
         args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
         ids = jnp.asarray([[1, 1, 1, 1, 1 + 2**32, 1 + 2**32, 1 + 2**32, 1 + 2**32]], jnp.int64)
         split = jnp.asarray([[1, 1, 1, 1, 2, 2, 2, 2]])
-        for implementation in ("recurrent", "chunked"):
-            got, _ = kda(*args, segment_ids=ids, implementation=implementation)
+
+        @jax.jit  # one program
+        def run(ids, split):
             want, _ = kda(*args, segment_ids=split, implementation="recurrent")
-            np.testing.assert_allclose(got, want, atol=1e-6)
+            impls = ("recurrent", "chunked")
+            got = [kda(*args, segment_ids=ids, implementation=i)[0] for i in impls]
+            return got, want
+
+        got, want = run(ids, split)
+        assert ids.dtype == jnp.int64
+        for o in got:
+            np.testing.assert_allclose(o, want, atol=1e-6)
 
 
 @pytest.mark.parametrize("implementation", ("chunked", "tokamax_xla"))
@@ -149,7 +159,7 @@ def test_too_small_tokamax_segment_bound_under_jit_is_nan_not_wrong():
     )
     o, state = run(*args, ids=ids)
     assert np.isnan(np.asarray(o[0])).all() and np.isnan(np.asarray(state[0])).all()
-    want, _ = kda_recurrent(*(a[1:] for a in args), segment_ids=ids[1:])
+    want, _ = jax.jit(kda_recurrent)(*(a[1:] for a in args), segment_ids=ids[1:])
     np.testing.assert_allclose(o[1:], want, atol=1e-5)  # the row within the bound is right
 
 
