@@ -32,13 +32,20 @@ def test_scale_is_validated_once_for_every_implementation(implementation, scale)
 
 @pytest.mark.parametrize("implementation", ALL)
 def test_numpy_and_jax_scalars_are_accepted_where_valid(implementation):
-    want, _ = kda(*ARGS, scale=0.5, implementation="recurrent")
-    for scale in (np.float32(0.5), jnp.float32(0.5)):
-        got, _ = kda(*ARGS, scale=scale, implementation=implementation)
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    scales = (np.float32(0.5), jnp.float32(0.5))
     state = np.zeros((1, 2, 8, 8), np.float32)  # a numpy initial state, tokamax included
-    got, _ = kda(*ARGS, initial_state=state, implementation=implementation)
-    np.testing.assert_allclose(got, kda_recurrent(*ARGS)[0], atol=1e-5)
+
+    @jax.jit  # one program; scale and state are constants of it, validated as given
+    def run(*args):
+        want = kda(*args, scale=0.5, implementation="recurrent")[0]
+        got = [kda(*args, scale=scale, implementation=implementation)[0] for scale in scales]
+        with_state = kda(*args, initial_state=state, implementation=implementation)[0]
+        return want, got, with_state, kda_recurrent(*args)[0]
+
+    want, got, with_state, want_with_state = run(*ARGS)
+    for o in got:
+        np.testing.assert_allclose(o, want, atol=1e-5)
+    np.testing.assert_allclose(with_state, want_with_state, atol=1e-5)
 
 
 @pytest.mark.parametrize("implementation", ("auto", *ALL))
