@@ -684,6 +684,8 @@ def kda_chunked(
     chunk_size = check_chunk_size(chunk_size)
     operand_dtype = _operand_dtype(check_precision(precision), q, k, v)
     mode = scan or default_scan_mode()
+    if mode not in ("sequential", "associative"):  # before any work
+        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
     scale = resolve_scale(scale, dims.key_dim)
     acc = accumulation_dtype(q.dtype)
     batch, seq_len, heads, key_dim, value_dim = dims

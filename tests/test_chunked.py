@@ -318,10 +318,8 @@ def test_bad_inputs_name_the_argument(fn):
     if fn is kda_chunked:
         with pytest.raises(ValueError, match="chunk_size must be a power of two"):
             call(chunk_size=48)
-        # the scan is checked where the chunks are chained, after the chunk work: traced (the
-        # same check, raised while tracing), not run op by op
-        with pytest.raises(ValueError, match="scan must be"):
-            jax.jit(functools.partial(fn, scan="parallel"))(**ok)
+        with pytest.raises(ValueError, match="scan must be 'sequential', 'associative' or None"):
+            call(scan="parallel")  # checked with the arguments, before any chunk work
 
 
 @functools.cache
