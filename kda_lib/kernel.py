@@ -67,6 +67,7 @@ RECURRENT_MAX_AUTO_T = 16
 # scan's forward was faster at every length measured (T = 64..4096, data/benchmarks/), while
 # its gradient is far slower than the chunked form's
 SCAN_FORWARD_PLATFORMS = ("cpu",)
+CHUNKED_ONLY = ("chunk_size", "precision")  # options the scan does not take
 
 
 def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
@@ -100,10 +101,9 @@ def _scan_forward_chunked_gradient(options, q, k, v, g, beta, initial_state, seg
     value and the gradient of ``kda_chunked`` (the two agree to float32 rounding; both are
     tested against the float64 oracle). ``options``: hashable ``(name, value)`` pairs of the
     static keyword arguments. Reverse mode only, like ``kda_chunked``."""
-    chunk_options = dict(options)
-    chunk_options.pop("chunk_size"), chunk_options.pop("precision")
+    scan_options = {name: value for name, value in options if name not in CHUNKED_ONLY}
     return kda_recurrent(
-        q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids, **chunk_options
+        q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids, **scan_options
     )
 
 
