@@ -35,7 +35,7 @@ inputs ``"input"`` is ``"highest"``. Low precision (measured, bf16 against the f
 the inverse ``"wu"``, the chunk maps ``"maps"``, the state carry ``"state"`` (the state is
 float32 and only rounded as an operand), the outputs ``"outputs"`` and the associative scan's
 compositions ``"compose"``. Float32 throughout: the gates and every decay factor (elementwise),
-the triangular inverse and its gradient (``"inverse"``/``"inverse_bwd"``: bf16 there changed
+the triangular inverse and its gradient (:func:`unit_lower_inverse`: bf16 there changed
 no error measurably on random inputs, but it is small C x C work whose Neumann products would
 compound rounding on ill-conditioned chunks; fla solves it in float32 too), the scores'
 gradient matmuls ``"scores_bwd"`` (the gate gradient is a difference of their results: bf16
@@ -167,22 +167,21 @@ def _unbroadcast(x, shape):
 _low_mm.defvjp(_low_mm_fwd, _low_mm_bwd)
 
 
-def unit_lower_inverse(a: jax.Array, base: int = 16, operand_dtype=None) -> jax.Array:
+def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a`` ``[..., C, C]``, with matmuls only.
 
     Diagonal blocks of size ``base`` are inverted by the finite Neumann product
     ``(I - X)(I + X^2)(I + X^4)...``; blocks are then merged pairwise with the exact formula
     ``[[X1, 0], [L21, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L21 X1^-1, X2^-1]]``.
     The gradient is the inverse's own formula, ``da = -X^T dX X^T`` (strictly lower part), two
-    matmuls instead of differentiating every step. ``operand_dtype``: the matmul policy
-    (:func:`_mm`); its groups ``"inverse"`` and ``"inverse_bwd"`` are not in
-    ``LOW_PRECISION_MATMULS``, so the inverse and its gradient stay float32 (module docstring).
+    matmuls instead of differentiating every step. Float32 under every precision policy
+    (module docstring).
     """
-    return _unit_lower_inverse(a, base, operand_dtype)
+    return _unit_lower_inverse(a, base)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _unit_lower_inverse(a, base, operand_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _unit_lower_inverse(a, base):
     size = a.shape[-1]
     lead = a.shape[:-2]
     block = min(base, size)
@@ -206,10 +205,9 @@ def _unit_lower_inverse(a, base, operand_dtype):
     eye = jnp.eye(block, dtype=a.dtype)
     inv = eye - x
     power = x
-    low = _low("inverse", operand_dtype)
     for _ in range(int(math.log2(block)) - 1):
-        power = _mm("...ij,...jk->...ik", power, power, operand_dtype=low)
-        inv = _mm("...ij,...jk->...ik", inv, eye + power, operand_dtype=low)
+        power = _mm("...ij,...jk->...ik", power, power)
+        inv = _mm("...ij,...jk->...ik", inv, eye + power)
     m = block
     while m < size:
         pairs = size // (2 * m)
@@ -218,11 +216,7 @@ def _unit_lower_inverse(a, base, operand_dtype):
         l21 = blocks(
             [(2 * p + 1) * m for p in range(pairs)], [2 * p * m for p in range(pairs)], m, pairs
         )
-        if low is None:
-            lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
-        else:
-            x2_l21 = _mm("...ij,...jk->...ik", x2, l21, operand_dtype=low)
-            lower = -_mm("...ij,...jk->...ik", x2_l21, x1, operand_dtype=low)
+        lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
         top = jnp.concatenate([x1, jnp.zeros_like(x1)], axis=-1)
         bottom = jnp.concatenate([lower, x2], axis=-1)
         inv = jnp.concatenate([top, bottom], axis=-2)
@@ -230,20 +224,14 @@ def _unit_lower_inverse(a, base, operand_dtype):
     return inv.reshape(*lead, size, size)
 
 
-def _unit_lower_inverse_fwd(a, base, operand_dtype):
-    inv = _unit_lower_inverse(a, base, operand_dtype)
+def _unit_lower_inverse_fwd(a, base):
+    inv = _unit_lower_inverse(a, base)
     return inv, inv
 
 
-def _unit_lower_inverse_bwd(base, operand_dtype, inv, d_inv):
+def _unit_lower_inverse_bwd(base, inv, d_inv):
     inv_t = jnp.swapaxes(inv, -1, -2)
-    low = _low("inverse_bwd", operand_dtype)
-    d_a = -_mm(
-        "...ij,...jk->...ik",
-        inv_t,
-        _mm("...ij,...jk->...ik", d_inv, inv_t, operand_dtype=low),
-        operand_dtype=low,
-    )
+    d_a = -_mm("...ij,...jk->...ik", inv_t, _mm("...ij,...jk->...ik", d_inv, inv_t))
     return (jnp.tril(d_a, -1),)
 
 
@@ -469,7 +457,7 @@ def _intra_chunk(
         q_in = jnp.where(sees_in[..., None], q_in, 0.0)
         k_out = jnp.where(in_last[..., None], k_out, 0.0)
         keep = jnp.where(keeps_in[..., None], keep, 0.0)
-    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]), operand_dtype=operand_dtype)
+    solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]))
     low = _low("wu", operand_dtype)
     w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in, operand_dtype=low)  # [.., C, K]
     u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v, operand_dtype=low)  # [.., C, V]
