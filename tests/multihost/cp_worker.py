@@ -48,9 +48,6 @@ def main():
     # one device, every process computes the whole reference
     reference = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
 
-    def loss(layer, x, ids, cot):
-        return jnp.sum(layer(x, segment_ids=ids) * cot)
-
     def loss_and_output(layer, x, ids, cot):
         y = layer(x, segment_ids=ids)
         return jnp.sum(y * cot), y
@@ -77,8 +74,9 @@ def main():
     x = global_array(x_full, seq3)
     ids = global_array(ids_full, seq2)
     cot = global_array(cotangent, seq3)
-    y = layer(x, segment_ids=ids)
-    grads = nnx.grad(loss)(layer, x, ids, cot)
+    # one program across the processes: op by op, every eager op would be compiled and
+    # synchronised across them separately
+    grads, y = nnx.jit(nnx.grad(loss_and_output, has_aux=True))(layer, x, ids, cot)
 
     def local_part(array):  # this process's slices of a sequence-sharded output
         shards = sorted(array.addressable_shards, key=lambda s: s.index[1].start or 0)
