@@ -9,8 +9,10 @@ PYTHON ?= $(shell for c in $(PYTHON_CANDIDATES); do \
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# the extras installed into .venv: add `tpu` on a TPU VM, `gpu` (CUDA 13) or `cuda12` on a GPU host
-EXTRAS ?= dev,jupyter
+# the extras installed into .venv: add `tpu` on a TPU VM, `gpu` (CUDA 13) or `cuda12` on a GPU host.
+# JupyterLab (the `jupyter` extra) only where `make lab` asks for it: its dependencies slow
+# every notebook run's start (jsonschema's URI grammar alone takes 2 s to import)
+EXTRAS ?= dev
 # the exact versions CI tests (`make lock` regenerates them); pyproject.toml holds the ranges
 CONSTRAINTS := constraints.txt
 PARAMS ?= ci
@@ -20,7 +22,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 EXECUTED := $(patsubst notebooks/%,build/notebooks/%,$(NOTEBOOKS))
 PYTEST_ARGS ?=
 
-.PHONY: test notebooks site lint sync lock repository-url clean check-python bench FORCE
+.PHONY: test notebooks site lab lint sync lock repository-url clean check-python bench FORCE
 
 check-python:
 	@if [ -z "$(PYTHON)" ]; then \
@@ -71,6 +73,12 @@ notebooks: $(STAMP)
 # the site again from the notebooks already executed in build/notebooks/
 site: $(STAMP)
 	$(VPY) scripts/build_site.py $(EXECUTED) --output build/html
+
+# JupyterLab on the notebooks: adds the `jupyter` extra to .venv first (LAB_ARGS: e.g.
+# --no-browser --port 8888 on a remote VM)
+lab: | check-python
+	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
 
 sync: $(STAMP)
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
