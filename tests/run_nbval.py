@@ -58,6 +58,9 @@ def nbval_args(notebooks: list[str]) -> list[str]:
         "no:cacheprovider",
         "-p",
         "no:xdist",
+        # plugins a notebook run never uses; hypothesis alone takes a second to import
+        *("-p", "no:hypothesispytest", "-p", "no:anyio", "-p", "no:jaxtyping"),
+        *("-p", "no:platformdirs", "-p", "no:xdist.looponfail"),
         *notebooks,
     ]
 
