@@ -114,8 +114,8 @@ ranks = min(num_devices, len(pool))
 assert ranks >= 2, (f"context parallelism needs at least 2 devices, found {len(pool)}: restart "
                     "the kernel so the device cell runs before jax is imported")
 simulated = pool[0].platform == "cpu"
-seq_len = ranks * -(-seq_len // ranks)  # round T up to a multiple of the ranks
-local_len = seq_len // ranks
+total_len = ranks * -(-seq_len // ranks)  # T: seq_len rounded up to a multiple of the ranks
+local_len = total_len // ranks
 halo = conv_size - 1
 mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
                      devices=pool[:ranks])
@@ -124,7 +124,7 @@ key = jax.random.key(seed)
 key_inputs, key_cotangent, key_layer, key_x, key_mosaic = jax.random.split(key, 5)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices; "
-      f"T = {seq_len} tokens, {local_len} per rank; halo {halo} tokens")
+      f"T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
 
 # %% [markdown]
 # ## 1. Devices and the mesh
@@ -136,7 +136,7 @@ print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices; "
 # %%
 for r, device in enumerate(mesh.devices.flat):
     print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
-assert mesh.shape["context"] == ranks and seq_len % ranks == 0
+assert mesh.shape["context"] == ranks and total_len % ranks == 0
 if num_devices > len(pool):
     print(f"asked for {num_devices} devices, {len(pool)} available: using {ranks}")
 
@@ -169,12 +169,12 @@ viz.show(viz.draw_context_parallel(ranks, local_len, halo), "05_split_and_halo")
 # zeros stand out.
 
 # %%
-positions = jnp.arange(1, seq_len + 1, dtype=jnp.float32)[None, :, None]  # [1, T, 1]
+positions = jnp.arange(1, total_len + 1, dtype=jnp.float32)[None, :, None]  # [1, T, 1]
 exchange = jax.shard_map(lambda z: halo_exchange(z, axis_name="context", halo_size=halo),
                          mesh=mesh, in_specs=SEQ, out_specs=SEQ)
 with_halo = np.asarray(jax.jit(lambda z: exchange(place(z, mesh, SEQ)))(positions))
 with_halo = with_halo.reshape(ranks, local_len + halo)
-padded = np.concatenate([np.zeros(halo), np.arange(1, seq_len + 1)])
+padded = np.concatenate([np.zeros(halo), np.arange(1, total_len + 1)])
 for r in range(ranks):
     received = with_halo[r, :halo]
     np.testing.assert_array_equal(received, padded[r * local_len: r * local_len + halo])
@@ -207,7 +207,7 @@ for r in range(ranks):
 # initialised layer's `A_log` and `dt_bias` (half-lives from about one to hundreds of tokens).
 
 # %%
-raw = random_kda_inputs(key_inputs, batch, seq_len, num_heads, key_dim, value_dim, gate="raw")
+raw = random_kda_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim, gate="raw")
 key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))  # one key per parameter
 g = kda_lib.kda_gate(raw["g"], kda_lib.init_a_log(key_a, num_heads),
                      kda_lib.init_dt_bias(key_dt, num_heads, key_dim))  # log decay <= 0
@@ -267,7 +267,7 @@ assert np.allclose([float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], norms[
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
-ax.plot(np.arange(1, seq_len + 1), norms, label="one device, token by token")
+ax.plot(np.arange(1, total_len + 1), norms, label="one device, token by token")
 ax.plot(boundaries, [float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], "o",
         color=viz.PALETTE["vermillion"], markersize=7, label="folded slice summaries")
 for b in boundaries[:-1]:
@@ -351,7 +351,7 @@ config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_di
                            implementation=implementation)
 layer_one = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
 layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
-x = jax.random.normal(key_x, (batch, seq_len, hidden_size))
+x = jax.random.normal(key_x, (batch, total_len, hidden_size))
 forward = nnx.jit(lambda layer, x: layer(x))
 param_grads = nnx.jit(lambda layer, x: nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer))
 

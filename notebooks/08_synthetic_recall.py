@@ -41,14 +41,14 @@
 # %% tags=["parameters"]
 tasks: list[str] = ["mqar"]  # names in kda_lib.tasks.TASKS (the full run: all three)
 mixers: list[str] = ["kda", "attention", "attention_conv", "conv"]  # full run: + gdn, - conv
-seq_lens: list[int] = [64]  # sequence lengths T (tokens) of the sweep
+seq_lens: list[int] = [32]  # sequence lengths T (tokens) of the sweep (full run: 64, 128)
 vocab_size: int = 32  # tokens, the same for every task so runs share compiled steps
 num_pairs: int = 4  # MQAR key/value pairs per sequence
 steps: int = 300  # optimiser steps per run
 batch_size: int = 8  # sequences per step (the full run: 16)
 learning_rates: list[float] = [0.01]  # AdamW peak rates tried per mixer; the best is kept
 tune_task: str = "mqar"  # the rates are compared on this task ...
-tune_seq_len: int = 64  # ... at this length, with the first seed
+tune_seq_len: int = 32  # ... at this length, with the first seed
 num_seeds: int = 2  # seeds per setting (model init and batches; the full run: 3)
 hidden_size: int = 64  # model width
 num_layers: int = 1  # blocks of (norm, mixer, norm, MLP)

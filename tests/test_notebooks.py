@@ -274,15 +274,82 @@ def test_notebook_executes(source):
     )
 
 
+def _assigned_names(code: str) -> set[str]:
+    """Names a cell binds at its top level (assignments, loop and with targets, imports,
+    definitions); a function's or class's own locals are not the notebook's."""
+    names = set()
+
+    def bind(target):
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+
+    def visit(node):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                bind(target)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+            bind(node.target)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                if item.optional_vars is not None:
+                    bind(item.optional_vars)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            return
+        elif isinstance(node, ast.NamedExpr):
+            bind(node.target)
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child)
+            else:
+                names.add(child.name)
+
+    for statement in ast.parse(code).body:
+        visit(statement)
+    return names
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
+def test_no_cell_after_the_parameters_rebinds_one(source):
+    """An injected parameter holds for the whole run only if no later cell assigns the name."""
+    nb = jupytext.read(source)
+    params = set(_parameters(nb))
+    (cell,) = _parameters_cells(nb)
+    later = nb.cells[nb.cells.index(cell) + 1 :]
+    for index, later_cell in enumerate(later):
+        if later_cell.cell_type != "code":
+            continue
+        lines = later_cell.source.splitlines()
+        code = "\n".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+        rebound = _assigned_names(code) & params
+        assert not rebound, f"code cell {index + 1} after the parameters rebinds {sorted(rebound)}"
+
+
+def test_assigned_names_sees_every_binding_form():
+    code = (
+        "a = 1\nb: int = 2\nc += 1\nfor d, e in x: pass\nwith f() as g: pass\n"
+        "import h.i\nfrom j import k as m\ndef n(o): p = 1\nif (q := 3): pass\nclass R: s = 1"
+    )
+    assert _assigned_names(code) == set("abcdeghmnqR")
+
+
 @pytest.mark.slow
 def test_papermill_injects_parameters(tmp_path, monkeypatch):
-    """`make notebooks` feeds parameters through papermill: an injected value must replace the
-    default for the whole run (the injected cell right after the `parameters` cell)."""
+    """`make notebooks` feeds parameters through papermill: an injected value replaces the
+    default (the injected cell right after the `parameters` cell) and holds at the end of the
+    run. Run on the notebook's cells up to its parameters cell, then a cell that prints the
+    value: that no later cell rebinds a parameter is checked for every notebook, statically,
+    by test_no_cell_after_the_parameters_rebinds_one."""
     papermill = pytest.importorskip("papermill")
     source = SOURCES[0]
     defaults = _parameters(jupytext.read(source))
     injected = {"seed": defaults["seed"] + 1}
     nb = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    (parameters_cell,) = _parameters_cells(nb)
+    nb.cells = nb.cells[: nb.cells.index(parameters_cell) + 1]
     nb.cells.append(nbformat.v4.new_code_cell("print('seed at the end:', seed)"))
     original = tmp_path / "in.ipynb"
     nbformat.write(nb, original)
