@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -46,16 +47,20 @@ def _pick(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Arra
     return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
 
 
-@nnx.jit
-def _prefill(model: TinyLM, prompt, cache, key, temperature):
-    logits, cache = model(prompt, cache=cache)
+# The model enters as (graphdef, state), split once per generation: a step then dispatches like
+# any jitted function. nnx.jit would walk the module graph on every call, which at the sizes
+# of the notebooks costs more than the step itself. Decoding changes no parameter, so nothing
+# has to be merged back into the model.
+@functools.partial(jax.jit, static_argnums=0)
+def _prefill(graphdef: nnx.GraphDef, state: nnx.State, prompt, cache, key, temperature):
+    logits, cache = nnx.merge(graphdef, state)(prompt, cache=cache)
     return _pick(logits[:, -1], key, temperature), cache
 
 
-@nnx.jit
-def _decode_step(model: TinyLM, token, cache, key, temperature):
+@functools.partial(jax.jit, static_argnums=0)
+def _decode_step(graphdef: nnx.GraphDef, state: nnx.State, token, cache, key, temperature):
     """One token ``[B]`` in, the next token ``[B]`` and the updated caches out."""
-    logits, cache = model(token[:, None], cache=cache)
+    logits, cache = nnx.merge(graphdef, state)(token[:, None], cache=cache)
     return _pick(logits[:, -1], key, temperature), cache
 
 
@@ -103,12 +108,16 @@ def generate(
     batch = prompt[None] if prompt.ndim == 1 else prompt
     key = jax.random.key(seed)
     cache = model.init_cache(batch.shape[0], max_len=batch.shape[1] + steps)
+    graphdef, state = nnx.split(model)
     token, cache = _prefill(
-        model, jnp.asarray(batch, jnp.int32), cache, jax.random.fold_in(key, 0), temperature
-    )
+        graphdef, state, jnp.asarray(batch, jnp.int32), cache, jax.random.fold_in(key, 0),
+        temperature,
+    )  # fmt: skip
     tokens = [token]
     for i in range(1, steps):
-        token, cache = _decode_step(model, token, cache, jax.random.fold_in(key, i), temperature)
+        token, cache = _decode_step(
+            graphdef, state, token, cache, jax.random.fold_in(key, i), temperature
+        )
         tokens.append(token)
     out = np.concatenate([batch.astype(np.int32), np.stack(jax.device_get(tokens), 1)], 1)
     return out[0] if prompt.ndim == 1 else out
@@ -235,11 +244,12 @@ def decode_cost(
         _check_positive("every context", context, minimum=0)
     key = jax.random.key(seed)
     temperature = jnp.float32(0.0)
+    graphdef, state = nnx.split(model)
     results = []
     for context in contexts:
         cache = _as_if_seen(model.init_cache(batch_size, max_len=context + steps + 1), context, key)
         token = jnp.zeros((batch_size,), jnp.int32)
-        token, cache = _decode_step(model, token, cache, key, temperature)  # compile
+        token, cache = _decode_step(graphdef, state, token, cache, key, temperature)  # compile
         jax.block_until_ready(cache)
         best = math.inf
         for _ in range(repeats):
@@ -247,7 +257,7 @@ def decode_cost(
             start = time.perf_counter()
             for i in range(steps):
                 run_token, run_cache = _decode_step(
-                    model, run_token, run_cache, jax.random.fold_in(key, i), temperature
+                    graphdef, state, run_token, run_cache, jax.random.fold_in(key, i), temperature
                 )
             jax.block_until_ready(run_cache)
             best = min(best, (time.perf_counter() - start) / steps)
