@@ -31,6 +31,7 @@ def x64():
         yield
 
 
+LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model")
 # tests of a minute or more besides the notebooks: started early as well
 LONG_TESTS = (
     "test_colab_path_runs_notebook_00_from_the_wheel",
@@ -39,14 +40,14 @@ LONG_TESTS = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Start the notebook executions and the other long tests first, the synthetic-recall
-    notebook (the longest test, minutes) at the very front: `pytest -n 2` hands tests out in
-    collection order, so a long test collected last would run alone at the end while the other
-    worker idles."""
+    """Start the notebook executions and the other long tests first, the two training
+    notebooks (the longest tests, 80-90 s each in CI) at the very front: `pytest -n 2` hands
+    tests out in collection order, so a long test collected last would run alone at the end
+    while the other worker idles."""
 
     def rank(item):
         if item.originalname == "test_notebook_executes":
-            return 0 if "synthetic_recall" in item.name else 1
+            return 0 if any(n in item.name for n in LONGEST_NOTEBOOKS) else 1
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
