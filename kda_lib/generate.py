@@ -109,10 +109,10 @@ def generate(
     key = jax.random.key(seed)
     cache = model.init_cache(batch.shape[0], max_len=batch.shape[1] + steps)
     graphdef, state = nnx.split(model)
+    prompt_ids = jnp.asarray(batch, jnp.int32)
     token, cache = _prefill(
-        graphdef, state, jnp.asarray(batch, jnp.int32), cache, jax.random.fold_in(key, 0),
-        temperature,
-    )  # fmt: skip
+        graphdef, state, prompt_ids, cache, jax.random.fold_in(key, 0), temperature
+    )
     tokens = [token]
     for i in range(1, steps):
         token, cache = _decode_step(
