@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,21 +48,32 @@ def _pick(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Arra
     return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
 
 
+class _Steps(NamedTuple):
+    prefill: Callable  # (state, prompt [B, T], cache, key, temperature) -> (token [B], cache)
+    decode: Callable  # (state, token [B], cache, key, temperature) -> (token [B], cache)
+
+
 # The model enters as (graphdef, state), split once per generation: a step then dispatches like
-# any jitted function. nnx.jit would walk the module graph on every call, which at the sizes
-# of the notebooks costs more than the step itself. Decoding changes no parameter, so nothing
-# has to be merged back into the model.
-@functools.partial(jax.jit, static_argnums=0)
-def _prefill(graphdef: nnx.GraphDef, state: nnx.State, prompt, cache, key, temperature):
-    logits, cache = nnx.merge(graphdef, state)(prompt, cache=cache)
-    return _pick(logits[:, -1], key, temperature), cache
+# any jitted function. nnx.jit would walk the module graph on every call, and a graphdef passed
+# as a static argument is hashed on every call (about 1 ms for a 4-layer model, as long as the
+# step itself); here it is hashed once per generation, to find the model's compiled steps.
+# Decoding changes no parameter, so nothing has to be merged back into the model.
+@functools.lru_cache(maxsize=32)
+def _steps(graphdef: nnx.GraphDef) -> _Steps:
+    """Jitted prefill and decode steps for models of ``graphdef``'s structure (models of one
+    config share them, and their compilations)."""
 
+    @jax.jit
+    def prefill(state: nnx.State, prompt, cache, key, temperature):
+        logits, cache = nnx.merge(graphdef, state)(prompt, cache=cache)
+        return _pick(logits[:, -1], key, temperature), cache
 
-@functools.partial(jax.jit, static_argnums=0)
-def _decode_step(graphdef: nnx.GraphDef, state: nnx.State, token, cache, key, temperature):
-    """One token ``[B]`` in, the next token ``[B]`` and the updated caches out."""
-    logits, cache = nnx.merge(graphdef, state)(token[:, None], cache=cache)
-    return _pick(logits[:, -1], key, temperature), cache
+    @jax.jit
+    def decode(state: nnx.State, token, cache, key, temperature):
+        logits, cache = nnx.merge(graphdef, state)(token[:, None], cache=cache)
+        return _pick(logits[:, -1], key, temperature), cache
+
+    return _Steps(prefill, decode)
 
 
 def generate(
@@ -109,15 +121,12 @@ def generate(
     key = jax.random.key(seed)
     cache = model.init_cache(batch.shape[0], max_len=batch.shape[1] + steps)
     graphdef, state = nnx.split(model)
+    step = _steps(graphdef)
     prompt_ids = jnp.asarray(batch, jnp.int32)
-    token, cache = _prefill(
-        graphdef, state, prompt_ids, cache, jax.random.fold_in(key, 0), temperature
-    )
+    token, cache = step.prefill(state, prompt_ids, cache, jax.random.fold_in(key, 0), temperature)
     tokens = [token]
     for i in range(1, steps):
-        token, cache = _decode_step(
-            graphdef, state, token, cache, jax.random.fold_in(key, i), temperature
-        )
+        token, cache = step.decode(state, token, cache, jax.random.fold_in(key, i), temperature)
         tokens.append(token)
     out = np.concatenate([batch.astype(np.int32), np.stack(jax.device_get(tokens), 1)], 1)
     return out[0] if prompt.ndim == 1 else out
@@ -245,19 +254,20 @@ def decode_cost(
     key = jax.random.key(seed)
     temperature = jnp.float32(0.0)
     graphdef, state = nnx.split(model)
+    decode = _steps(graphdef).decode
     results = []
     for context in contexts:
         cache = _as_if_seen(model.init_cache(batch_size, max_len=context + steps + 1), context, key)
         token = jnp.zeros((batch_size,), jnp.int32)
-        token, cache = _decode_step(graphdef, state, token, cache, key, temperature)  # compile
+        token, cache = decode(state, token, cache, key, temperature)  # compiles
         jax.block_until_ready(cache)
         best = math.inf
         for _ in range(repeats):
             run_cache, run_token = cache, token
             start = time.perf_counter()
             for i in range(steps):
-                run_token, run_cache = _decode_step(
-                    graphdef, state, run_token, run_cache, jax.random.fold_in(key, i), temperature
+                run_token, run_cache = decode(
+                    state, run_token, run_cache, jax.random.fold_in(key, i), temperature
                 )
             jax.block_until_ready(run_cache)
             best = min(best, (time.perf_counter() - start) / steps)

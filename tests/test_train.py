@@ -182,6 +182,46 @@ def test_training_lowers_the_loss_and_is_deterministic():
     assert metrics["loss"] < 0.5 * np.log(8) and metrics["accuracy"] > 0.5
 
 
+def _param_vector(model):
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))])
+
+
+def test_training_updates_the_model_for_callbacks_and_when_interrupted(monkeypatch):
+    """train() trains in place: each progress callback sees the parameters after its window,
+    and the model holds the last completed step also when the loop is interrupted between
+    callbacks (here: drawing the fifth batch raises)."""
+    from kda_lib import train as train_module
+
+    task = functools.partial(delayed_copy, vocab_size=8, delay=2)
+    options = dict(steps=6, batch_size=4, seq_len=12, learning_rate=1e-2, log_every=2)
+    seen = []
+    full = _model(mixer="conv", num_layers=1)
+    start = _param_vector(full)
+    train(full, task, **options, progress=lambda record: seen.append(_param_vector(full)))
+    assert len(seen) == 3 and not np.array_equal(seen[0], start)
+    assert not np.array_equal(seen[1], seen[2])
+    np.testing.assert_array_equal(seen[2], _param_vector(full))
+
+    drawer, calls = train_module._batch_drawer, []
+
+    def interrupted_before_the_fifth_step(*args):
+        draw = drawer(*args)
+
+        def interrupted(key):
+            calls.append(1)
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+            return draw(key)
+
+        return interrupted
+
+    monkeypatch.setattr(train_module, "_batch_drawer", interrupted_before_the_fifth_step)
+    model = _model(mixer="conv", num_layers=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, task, **options)
+    np.testing.assert_array_equal(_param_vector(model), seen[1])  # after 4 of 6 steps
+
+
 def test_kda_training_steps_reduce_loss_with_progress_lines(capsys):
     task = functools.partial(delayed_copy, vocab_size=8, delay=2)
     model = _model()
