@@ -31,7 +31,9 @@ def x64():
         yield
 
 
+# the two training notebooks: the longest tests, handed out first
 LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model")
+
 # tests of a minute or more besides the notebooks: started early as well
 LONG_TESTS = (
     "test_colab_path_runs_notebook_00_from_the_wheel",

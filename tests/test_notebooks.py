@@ -298,14 +298,11 @@ def _assigned_names(code: str) -> set[str]:
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-            return
+            return  # its body binds its own locals
         elif isinstance(node, ast.NamedExpr):
             bind(node.target)
         for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                visit(child)
-            else:
-                names.add(child.name)
+            visit(child)
 
     for statement in ast.parse(code).body:
         visit(statement)
