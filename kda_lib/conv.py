@@ -49,6 +49,10 @@ def depthwise_causal_conv(
 
     Returns:
       ``[B, T, C]`` in the promoted dtype of x and kernel.
+
+    Differentiable in reverse mode (``jax.grad``/``jax.vjp``, a hand-written backward, see
+    :func:`_causal_taps_bwd`); forward mode (``jax.jvp``) is not supported, as through
+    :func:`kda_lib.kda_chunked`.
     """
     width = kernel.shape[0]
     batch, seq_len, channels = x.shape
