@@ -96,10 +96,15 @@ def _causal_taps(padded, kernel, masks):
 
 
 def _tap(padded, masks, w, seq_len):
-    tap = padded[:, w : w + seq_len]
-    if masks is not None and w < masks.shape[-1]:
-        tap = jnp.where(masks[..., w, None], tap, 0)
-    return tap
+    """What tap w reads, ``[B, T, C]``: the inputs it reaches, 0 across a segment boundary."""
+    return _masked(padded[:, w : w + seq_len], masks, w)
+
+
+def _masked(x, masks, w):
+    """``x [B, T, C]`` with 0 where tap w of a token would cross a segment boundary."""
+    if masks is None or w >= masks.shape[-1]:  # no segments, or the current token's own tap
+        return x
+    return jnp.where(masks[..., w, None], x, 0)
 
 
 def _causal_taps_fwd(padded, kernel, masks):
@@ -121,9 +126,7 @@ def _causal_taps_bwd(residuals, d_out):
     )
     d_padded = jnp.zeros(padded.shape, d_out.dtype)
     for w in range(width):
-        term = d_out * kernel[w]
-        if masks is not None and w < masks.shape[-1]:
-            term = jnp.where(masks[..., w, None], term, 0)
+        term = _masked(d_out * kernel[w], masks, w)
         d_padded = d_padded + jnp.pad(term, ((0, 0), (w, width - 1 - w), (0, 0)))
     d_padded = jax.lax.optimization_barrier(d_padded)
     return d_padded.astype(padded.dtype), d_kernel.astype(kernel.dtype), None

@@ -125,7 +125,7 @@ def test_conv_gradient_matches_autodiff_with_history_and_segments(width):
 def test_conv_gradient_keeps_low_precision_dtypes():
     x = jax.random.normal(jax.random.key(0), (1, 8, 4)).astype(jnp.bfloat16)
     kernel = jax.random.normal(jax.random.key(1), (4, 4))
-    d_x, d_kernel = jax.grad(
-        lambda x, k: jnp.sum(depthwise_causal_conv(x, k)), argnums=(0, 1)
-    )(x, kernel)
+    d_x, d_kernel = jax.grad(lambda x, k: jnp.sum(depthwise_causal_conv(x, k)), argnums=(0, 1))(
+        x, kernel
+    )
     assert d_x.dtype == jnp.bfloat16 and d_kernel.dtype == jnp.float32
