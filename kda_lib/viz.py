@@ -191,6 +191,28 @@ def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array
     return o[0, :, 0, :]
 
 
+def mixing_matrix_by_products(q, k, g, beta, *, scale: float = 1.0) -> np.ndarray:
+    """The mixing matrix of one KDA head from its closed form, in float64 NumPy:
+    ``A[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with the
+    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (notebook 02, section 5).
+
+    Args:
+      q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
+    Returns:
+      ``A`` ``[T, T]`` float64, lower triangular; equals :func:`kda_mixing_matrix`.
+    """
+    q, k, g, beta = (np.asarray(x, np.float64) for x in (q, k, g, beta))
+    seq_len = q.shape[0]
+    written = np.zeros((k.shape[1], seq_len))  # column s: where v_s sits in the state, [K, T]
+    mixing = np.zeros((seq_len, seq_len))
+    for t in range(seq_len):
+        written = np.exp(g[t])[:, None] * written  # D_t on every earlier column
+        written -= beta[t] * np.outer(k[t], k[t] @ written)  # then I - beta_t k_t k_t^T
+        written[:, t] = beta[t] * k[t]  # token t's own write
+        mixing[t, : t + 1] = scale * q[t] @ written[:, : t + 1]
+    return mixing
+
+
 def softmax_attention_matrix(q, k, *, scale: float | None = None) -> jax.Array:
     """Causal softmax attention weights ``[T, T]`` for one head (q, k ``[T, K]``)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale

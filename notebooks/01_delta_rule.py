@@ -69,6 +69,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
+import kda_lib.exercises
 import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.testing import assert_close
@@ -125,7 +126,10 @@ def random_pairs(key, num, *, batch=()):
 # With orthonormal keys the crosstalk vanishes, but at most $d_k$ keys can be orthonormal. For
 # random unit keys $\mathbb E[(\mathbf k_i^\top \mathbf k_j)^2] = 1/d_k$, and the $n - 1$ terms are
 # uncorrelated, so the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$:
-# the relative recall error grows like $\sqrt{(n-1)/d_k}$ with $n$ stored pairs.
+# the relative recall error grows like $\sqrt{(n-1)/d_k}$ with $n$ stored pairs. Here and in
+# section 3 the relative error is a **ratio of norms**, $\lVert R - V\rVert_F / \lVert V\rVert_F$
+# with the recalls $R$ and the values $V$ of all pairs as rows; section 6 uses its **square**,
+# per pair.
 
 # %%
 n_demo = key_dim // 2
@@ -312,9 +316,12 @@ print(f"eigenvalues of I - beta k k^T: {eigenvalues[0]:.2f} once, 1.00 x {key_di
 # A memory that only overwrites cannot clear what is no longer relevant. The **gated delta
 # rule** multiplies the whole state by a scalar $\alpha_t = e^{g_t} \in (0, 1]$ before the write.
 # **KDA** makes the decay per key channel, $D_t = \operatorname{diag}(e^{\mathbf g_t})$ with
-# $\mathbf g_t \in \mathbb R^{d_k}$, $\mathbf g_t \le 0$, so some channels keep memories for
-# thousands of tokens while others turn over in a few. Decay first, then the delta write on the
-# decayed state:
+# $\mathbf g_t \in \mathbb R^{d_k}$, $\mathbf g_t \le 0$, so one head can keep some channels for
+# hundreds of tokens while others turn over in a few. At initialisation the longest half-life
+# is $\ln 2 / (1 \cdot 10^{-3}) \approx 693$ tokens (smallest rate $a_h = 1$ times smallest time
+# step $\tau = 10^{-3}$, notebook 02); longer memories must be learned (the code cell below
+# prints the longest half-life drawn over 64 heads; nothing here is trained). Decay first, then
+# the delta write on the decayed state:
 #
 # $$
 # \begin{align*}
@@ -334,6 +341,18 @@ print(f"eigenvalues of I - beta k k^T: {eigenvalues[0]:.2f} once, 1.00 x {key_di
 # $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1 \cdot 1$.
 # `kda_lib.kda_step` is this update followed by the read $\mathbf o_t = S_t^\top \mathbf q_t /
 # \sqrt{d_k}$.
+#
+# **Why $1/\sqrt{d_k}$ on a unit query?** In softmax attention the scale keeps the scores
+# $\mathbf q^\top \mathbf k$ of vectors with unit-variance entries at variance about 1. Here
+# $\lVert\mathbf q_t\rVert = \lVert\mathbf k_t\rVert = 1$, so $|\mathbf q^\top\mathbf k| \le 1$
+# already and the scale only shrinks every output of the head by the same factor $\sqrt{d_k}$.
+# It is kept because fla's KDA kernels apply it by default (`scale=None` means $d_k^{-1/2}$) and
+# `kda_lib` matches them, so a model trained with fla computes the same outputs here; the
+# paper's Eq. (1) writes $\mathbf o_t = S_t^\top \mathbf q_t$ without it. In the layer
+# (notebook 04) a per-head RMSNorm follows the read, and
+# $\operatorname{RMSNorm}(c\,\mathbf o) = \operatorname{RMSNorm}(\mathbf o)$ for every $c > 0$
+# (exactly for $\epsilon = 0$), so there the scale changes nothing but the norm's
+# $\epsilon$ margin. The second cell below checks both facts in float64.
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -347,6 +366,15 @@ assert_close(M_t, decay - beta_demo * np.outer(k_t, decay @ k_t), atol=1e-12,
 assert_close(delta_write(decay @ S0, k_t, v_t, beta_demo),
              M_t @ S0 + beta_demo * np.outer(k_t, v_t), atol=1e-12, name="decay, then write")
 assert np.linalg.norm(M_t, 2) <= 1 + 1e-12, "the KDA transition never amplifies the state"
+
+# the longest half-life at initialisation: a_h >= 1 (init_a_log), tau >= 1e-3 (init_dt_bias)
+life_bound = np.log(2) / (1.0 * 1e-3)
+a_init = np.exp(np.asarray(kda_lib.init_a_log(keys_g[0], 64), np.float64))  # 64 heads
+tau_init = np.logaddexp(0.0, np.asarray(kda_lib.init_dt_bias(keys_g[1], 64, key_dim), np.float64))
+life_init = np.log(2) / (a_init[:, None] * tau_init.reshape(64, key_dim))
+assert life_init.max() <= life_bound * (1 + 1e-4) and round(life_bound) == 693
+print(f"half-lives at init over 64 heads x {key_dim} channels: {life_init.min():.2f} to "
+      f"{life_init.max():.0f} tokens (bound ln 2 / 1e-3 = {life_bound:.0f})")
 
 
 def lib_step(S, q, k, v, g, beta):
@@ -362,6 +390,10 @@ def lib_step(S, q, k, v, g, beta):
 S_next, o_next = lib_step(S0, q_t, k_t, v_t, g_t, beta_demo)
 assert_close(S_next, M_t @ S0 + beta_demo * np.outer(k_t, v_t), name="kda_step state")
 assert_close(o_next, key_dim**-0.5 * q_t @ S_next, name="kda_step read")
+assert abs(q_t @ k_t) <= 1, "unit query and key: the score is a cosine, in [-1, 1]"
+rms_normed = lambda o: o / np.sqrt(np.mean(o**2))  # noqa: E731  (RMSNorm with eps = 0)
+assert_close(rms_normed(o_next), rms_normed(q_t @ S_next), atol=1e-12,
+             name="RMSNorm removes the 1/sqrt(d_k)")
 
 # the gated delta rule is KDA with the same decay in every channel: decay, then delta write
 g_scalar = g_t[0]
@@ -425,8 +457,15 @@ print(f"toy == kda_lib.kda_recurrent (float64, {toy_len} tokens, {num_heads} hea
 # Store $n$ random pairs (unit keys, values of norm about 1) one token at a time, then query the
 # final memory with every stored key and measure the relative recall error
 # $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf v_j\rVert^2$, averaged over
-# pairs and over `num_seeds` draws. An error of $1$ is what a memory that returns $\mathbf 0$
-# scores; above $1$ the recall points away from the value. Three memories: linear attention
+# pairs and over `num_seeds` draws: the **squared** norm ratio, per pair (sections 1 and 3
+# printed the plain ratio over all pairs). An error of $1$ is what a memory that returns
+# $\mathbf 0$ scores. With the recall $\mathbf r = S^\top \mathbf k_j$, expanding
+# $\lVert\mathbf r - \mathbf v\rVert^2 = \lVert\mathbf r\rVert^2 - 2\,\mathbf r^\top\mathbf v
+# + \lVert\mathbf v\rVert^2$ shows that the error exceeds 1 **exactly when
+# $\lVert\mathbf r\rVert^2 > 2\,\mathbf r^\top \mathbf v$**: when the recall points away from
+# the value ($\mathbf r^\top\mathbf v < 0$), but also when it points at it and is too long
+# ($\mathbf r = 3\mathbf v$ scores 4). Either way it is worse than returning nothing (checked
+# in the first cell below). Three memories: linear attention
 # ($S \mathrel{+}= \mathbf k \mathbf v^\top$), the delta rule ($\beta = 1$, no decay) and KDA
 # ($\beta = 1$, per-channel decay with half-lives log-uniform in
 # [`half_life_min`, `half_life_max`] tokens). One pass over each sequence gives the memory after
@@ -437,6 +476,18 @@ def recall_errors(states, keys, values):
     """err[n, j]: relative error recalling pair j from the memory after n + 1 writes."""
     recalled = np.einsum("nkv,jk->njv", states, keys)
     return np.sum((recalled - values[None]) ** 2, -1) / np.sum(values**2, -1)[None]
+
+
+# error > 1 exactly when |r|^2 > 2 r.v: r = 3v scores 4 while pointing at v
+v_x = random_pairs(key_recall, 1)[1]  # [1, V]
+err_3v = recall_errors(3 * v_x[None], np.ones((1, 1)), v_x)[0, 0]  # one memory, K = 1, key 1
+assert np.isclose(err_3v, 4.0, atol=1e-12)
+r_x = np.asarray(jax.random.normal(jax.random.fold_in(key_recall, 1), (1000, value_dim)),
+                 np.float64) / np.sqrt(value_dim)  # recalls of all directions and lengths
+err_x = np.sum((r_x - v_x) ** 2, -1) / np.sum(v_x**2)
+assert np.array_equal(err_x > 1, np.sum(r_x**2, -1) > 2 * r_x @ v_x[0])
+print(f"r = 3v: error {err_3v:.1f}; error > 1 <=> |r|^2 > 2 r.v on {len(r_x)} random recalls "
+      f"({np.mean(err_x > 1):.0%} above 1)")
 
 
 # %%
@@ -541,30 +592,39 @@ display(Markdown(
 #
 # 1. **Partial writes.** Write the same pair $(\mathbf k, \mathbf v)$ three times with
 #    $\beta = 0.5$ into an empty memory. What fraction of $\mathbf v$ does the memory return?
-#    (Use section 2's error formula.)
-# 2. **Orthogonal keys do not interfere.** Store $d_k$ pairs with orthonormal keys in one
-#    delta-rule pass ($\beta = 1$) and check that every pair is recalled exactly.
-# 3. **Negative eigenvalues.** fla's `allow_neg_eigval` lets $\beta \in [0, 2]$. Show that
-#    $I - \beta \mathbf k \mathbf k^\top$ then has the eigenvalue $1 - \beta \in [-1, 1]$ and
-#    spectral norm still at most 1, so the state still cannot blow up.
+#    (Use section 2's error formula; the answer is one number.)
+# 2. **Orthogonal keys do not interfere.** Store the $d_k$ pairs `(ortho_keys_ex, values_ex)`
+#    (orthonormal keys) in one delta-rule pass ($\beta = 1$) and give the memory $S$; the
+#    checker recalls every pair from it.
+# 3. **Negative eigenvalues.** fla's `allow_neg_eigval` lets $\beta \in [0, 2]$. Write
+#    `eigenvalues(beta, k)` returning the eigenvalues of $I - \beta \mathbf k \mathbf k^\top$
+#    for a unit $\mathbf k$, and show on paper that the spectral norm stays at most 1, so the
+#    state still cannot blow up.
+# 4. **Derive and implement the gated delta rule's step.** Gated DeltaNet is KDA with one decay
+#    $\alpha_t \in (0, 1]$ for the whole head, $D_t = \alpha_t I$. From section 4's derivation,
+#    write its update as a transition times $S_{t-1}$ plus a write, then implement
+#    `gdn_step(S, k, v, alpha, beta)` in NumPy (float64; `S: [K, V]`, `k: [K]` unit, `v: [V]`).
+#    The checker compares it with `kda_lib.kda_step` at equal decay in every channel.
 #
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+# Each cell below says whether your answer is right without showing the expected one; worked
+# solutions (with the derivations) are in `notebooks/solutions/ch01.py`.
 
-# %% tags=["solution", "hide-input"]
-# 1: the error is multiplied by (1 - beta) per write: 0.5^3 of v is still missing
-S_ex = np.zeros((key_dim, value_dim))
-for _ in range(3):
-    S_ex = delta_write(S_ex, k_new, v_new, 0.5)
-assert_close(k_new @ S_ex, (1 - 0.5**3) * v_new, atol=1e-12, name="exercise 1")
-# 2: orthonormal keys, one pass, exact recall of every pair
-values_ex = random_pairs(key_ortho, key_dim)[1]
-assert_close(ortho.T @ sweep(np.zeros((key_dim, value_dim)), ortho.T, values_ex), values_ex,
-             atol=1e-12, name="exercise 2")
-# 3: beta in [0, 2]: eigenvalues 1 - beta (once) and 1; spectral norm <= 1
-for beta_ex in (1.5, 2.0):
-    eig = np.sort(np.linalg.eigvalsh(np.eye(key_dim) - beta_ex * np.outer(k_new, k_new)))
-    assert np.isclose(eig[0], 1 - beta_ex) and np.abs(eig).max() <= 1 + 1e-12, "exercise 3"
-print("exercises 1-3: solutions checked")
+# %%
+answer = None  # exercise 1: the fraction of v returned (a number)
+kda_lib.exercises.check("01.1", answer, beta=0.5, writes=3)
+
+# %%
+ortho_keys_ex, values_ex = ortho.T, random_pairs(key_ortho, key_dim)[1]  # [K, K], [K, V]
+answer = None  # exercise 2: the memory S [K, V] after one pass
+kda_lib.exercises.check("01.2", answer, keys=ortho_keys_ex, values=values_ex)
+
+# %%
+answer = None  # exercise 3: a function eigenvalues(beta, k) -> the K eigenvalues
+kda_lib.exercises.check("01.3", answer, key_dim=key_dim)
+
+# %%
+answer = None  # exercise 4: a function gdn_step(S, k, v, alpha, beta) -> the next state [K, V]
+kda_lib.exercises.check("01.4", answer, key_dim=key_dim, value_dim=value_dim)
 
 # %% [markdown]
 # ## References

@@ -72,6 +72,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
+import kda_lib.exercises
 import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.norms import l2_normalize
@@ -279,6 +280,26 @@ viz.show(fig, "02_cumulative_decay")
 # further. `kda_lib.viz.state_norms` runs `kda_step` in a `lax.scan` and records
 # $\lVert S_t\rVert_F$ after each token, here with random unit keys, unit-variance values and
 # $\beta$ = `beta_value`.
+#
+# **Where the delta rule's state levels off.** Without decay,
+# $S_t = P_t S_{t-1} + \beta \mathbf k_t \mathbf v_t^\top$ with $P_t = I - \beta \mathbf k_t
+# \mathbf k_t^\top$. Assume the keys are uniform on the unit sphere ($\mathbb E\, \mathbf k
+# \mathbf k^\top = I / d_k$) and the values zero-mean with unit-variance channels
+# ($\mathbb E \lVert\mathbf v\rVert^2 = d_v$), both independent of the past. The cross term has
+# mean zero, $\lVert\beta \mathbf k \mathbf v^\top\rVert_F^2 = \beta^2 \lVert\mathbf v\rVert^2$,
+# and $P_t^\top P_t = I - \beta(2 - \beta) \mathbf k_t \mathbf k_t^\top$, so
+#
+# $$
+# \mathbb E \lVert S_t\rVert_F^2 = \rho\, \mathbb E \lVert S_{t-1}\rVert_F^2 + \beta^2 d_v,
+# \quad \rho = 1 - \frac{\beta (2 - \beta)}{d_k}
+# \quad\Longrightarrow\quad
+# \mathbb E \lVert S_t\rVert_F^2 = \frac{\beta\, d_k d_v}{2 - \beta}\,\big(1 - \rho^t\big)
+# \;\to\; \frac{\beta\, d_k d_v}{2 - \beta} .
+# $$
+#
+# The cell after the figure checks $P^\top P$ and $\mathbb E\,\mathbf k \mathbf k^\top$ in
+# float64 and the prediction against the mean over independent sequences; the figure draws the
+# limit, as $\sqrt{\beta d_k d_v / (2 - \beta)}$, dashed.
 
 # %%
 norm_len = 4 * seq_len
@@ -311,10 +332,42 @@ for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=True):
     ax.plot(tokens, n, style, label=name)
 ax.plot(tokens, np.sqrt(tokens * value_dim), color="0.5", linewidth=1,
         label=r"$\sqrt{t\, d_v}$ (random walk)")
+steady = np.sqrt(beta_value * key_dim * value_dim / (2 - beta_value))
+ax.axhline(steady, color="0.3", linewidth=1, linestyle=(0, (6, 3)),
+           label=r"delta rule's steady state $\sqrt{\beta d_k d_v / (2 - \beta)}$")
 ax.set(title=f"State norm over a sequence ($d_k = d_v = {key_dim}$, $\\beta = {beta_value:g}$, "
        "head 0)", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
 ax.legend(loc="upper left")
 viz.show(fig, "02_state_norm")
+
+# %%
+# the steady state, in float64: P^T P, E k k^T = I / d_k, then the mean over sequences
+P = np.eye(key_dim) - beta_value * np.outer(k_rand[0], k_rand[0])
+assert_close(P.T @ P, np.eye(key_dim) - beta_value * (2 - beta_value)
+             * np.outer(k_rand[0], k_rand[0]), atol=1e-6, name="P^T P")
+k_many = np.asarray(k_rand, np.float64)
+assert_close(k_many.T @ k_many / norm_len, np.eye(key_dim) / key_dim, atol=3 / norm_len,
+             name="E k k^T = I / d_k")
+num_runs = 16  # independent sequences, for the mean over runs
+key_runs_k, key_runs_v = jax.random.split(jax.random.fold_in(key_state, 1))
+with jax.enable_x64(True):
+    k_runs = l2_normalize(jax.random.normal(key_runs_k, (num_runs, norm_len, key_dim),
+                                            jnp.float64))
+    v_runs = jax.random.normal(key_runs_v, (num_runs, norm_len, value_dim), jnp.float64)
+    zeros = jnp.zeros((norm_len, key_dim), jnp.float64)
+    sq = np.asarray(jax.vmap(viz.state_norms, (0, 0, None, None))(
+        k_runs, v_runs, zeros, jnp.full(norm_len, beta_value, jnp.float64))) ** 2  # [runs, T]
+rho = 1 - beta_value * (2 - beta_value) / key_dim
+limit = beta_value * key_dim * value_dim / (2 - beta_value)
+window = slice(3 * norm_len // 4, None)  # the last quarter: the plateau
+predicted = (limit * (1 - rho ** tokens))[window].mean()
+per_run = sq[:, window].mean(axis=1)  # each run's plateau
+stderr = per_run.std(ddof=1) / np.sqrt(num_runs)
+print(f"E|S|_F^2 on the last quarter: measured {per_run.mean():.0f} +- {stderr:.0f} (mean of "
+      f"{num_runs} runs +- its standard error), predicted {predicted:.0f}, limit "
+      f"beta d_k d_v / (2 - beta) = {limit:.0f}; the run drawn: {np.mean(delta[window]**2):.0f}")
+assert abs(per_run.mean() - predicted) < 4 * stderr, "the plateau is the predicted one"
+assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 
 # %% [markdown]
 # ## 5. A KDA head as a $T \times T$ mixing matrix
@@ -327,14 +380,43 @@ viz.show(fig, "02_state_norm")
 # tokens come from a small vocabulary ($\mathbf q_t = \mathbf k_t$ = the token's unit
 # embedding), and we pass `scale=1` so the entries read as recall weights.
 #
-# What to expect from the delta rule: the read comes after the write, and the write of token
-# $t$ replaces a fraction $\beta$ of what its key held. So with $\mathbf q_t = \mathbf k_t$ the
-# diagonal is $\Omega_{tt} = \beta$, the latest earlier occurrence of the same token keeps about
-# $(1 - \beta)$ times its decay, the one before $(1 - \beta)^2$, and so on, plus small signed
-# corrections from the overlaps of different tokens' embeddings. Softmax attention instead
-# spreads its weight over **every** earlier occurrence of the current token. A symmetric log
-# colour scale shows the diagonal and the small weights at once (we use the slowest head's
-# decays from section 3).
+# **What to expect, derived.** The output is linear in the values: $\mathbf v_s$ enters the state
+# through token $s$'s write $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token $u$
+# multiplies the state by its transition $M_u = (I - \beta_u \mathbf k_u \mathbf k_u^\top) D_u$
+# (notebook 01). Read with $\mathbf q_t$ at scale 1:
+#
+# $$
+# \Omega_{ts} = \beta_s\, \mathbf q_t^\top M_t M_{t-1} \cdots M_{s+1}\, \mathbf k_s
+#   \quad (s < t), \qquad \Omega_{tt} = \beta_t\, \mathbf q_t^\top \mathbf k_t .
+# $$
+#
+# With $\mathbf q_t = \mathbf k_t$ the diagonal is $\beta$. Let $\mathbf k$ be the current
+# token's key, $s$ its latest earlier occurrence, and leave out the writes of the other tokens in
+# between (their $M_u$ become $D_u$). The last factor is $M_t = (I - \beta \mathbf k \mathbf
+# k^\top) D_t$ and $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf
+# k^\top$, so
+#
+# $$
+# \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k
+#   = \beta (1 - \beta) \sum_c k_c^2\, e^{\gamma_c}, \qquad \Gamma = D_t \cdots D_{s+1} ,
+# $$
+#
+# a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
+# For the occurrence $s'$ before it, with $\Gamma_1 = D_s \cdots D_{s'+1}$ and
+# $\Gamma_2 = D_t \cdots D_{s+1}$, the same steps through the write at $s$ give
+#
+# $$
+# \Omega_{ts'} = \beta (1 - \beta) \big[\mathbf k^\top \Gamma_2 \Gamma_1 \mathbf k
+#   - \beta\, (\mathbf k^\top \Gamma_1 \mathbf k)(\mathbf k^\top \Gamma_2 \mathbf k)\big],
+# $$
+#
+# which is $\beta (1 - \beta)^2\, \mathbf k^\top \Gamma_2 \Gamma_1 \mathbf k$ only when every
+# channel decays alike (a scalar gate). Per-channel decay turns the stored key out of its own
+# direction, and the write at $s$ corrects only along $\mathbf k$, so more than $(1 - \beta)^2$
+# survives in the slow channels. The other tokens' writes add small signed corrections (first
+# order in their keys' overlaps with $\mathbf k$). Softmax attention instead spreads its weight
+# over **every** earlier occurrence of the current token. A symmetric log colour scale shows the
+# diagonal and the small weights at once (we use the slowest head's decays from section 3).
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -376,22 +458,52 @@ fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t
 viz.show(fig, "02_mixing_matrices")
 
 # %%
+# the derivation in float64: the product formula for every entry, then the two occurrences
+# on the same stream with the other tokens' writes switched off (beta_u = 0)
 ids, t_last = np.asarray(tokens_ids), mix_len - 1
 same = np.flatnonzero(ids[:t_last] == ids[t_last])  # earlier occurrences of the last token
+with jax.enable_x64(True):
+    k64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (k_mix, g_mix))
+    beta64 = jnp.full(mix_len, beta_value, jnp.float64)
+    only_same = jnp.where(ids == ids[t_last], beta_value, 0.0)  # other tokens write nothing
+    Omega64 = np.asarray(viz.kda_mixing_matrix(k64, k64, g64, beta64, scale=1.0))
+    Omega_same = np.asarray(viz.kda_mixing_matrix(k64, k64, g64, only_same, scale=1.0))
+    g_alike = jnp.broadcast_to(g64.mean(1, keepdims=True), g64.shape)  # one decay per token
+    Omega_alike = np.asarray(viz.kda_mixing_matrix(k64, k64, g_alike, only_same, scale=1.0))
+assert_close(Omega64, viz.mixing_matrix_by_products(k64, k64, g64, beta64), atol=1e-12,
+             name="Omega_ts = beta q_t^T M_t ... M_(s+1) k_s")
+assert_close(Omega64, Omega, atol=1e-5, name="float32 == float64 mixing matrix")
 assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's can be negative"
 _ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
 if same.size >= 2:
-    latest, older = same[-1], same[:-1]
+    latest, second = same[-1], same[-2]
+    kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
+    quad = lambda lo, hi, g=g_np: kk @ (np.exp(g[lo + 1: hi + 1].sum(0)) * kk)  # noqa: E731
+    w_latest = beta_value * (1 - beta_value) * quad(latest, t_last)
+    w_second = beta_value * (1 - beta_value) * (
+        quad(second, t_last) - beta_value * quad(second, latest) * quad(latest, t_last))
+    w_naive = beta_value * (1 - beta_value) ** 2 * quad(second, t_last)  # scalar-gate form
+    assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
+    assert_close(Omega_same[t_last, second], w_second, atol=1e-12, name="second-latest")
+    alike = np.asarray(g_alike)
+    assert_close(Omega_alike[t_last, second],
+                 beta_value * (1 - beta_value) ** 2 * np.exp(alike[second + 1:, 0].sum()),
+                 atol=1e-12, name="scalar gate: (1 - beta)^2")
+    older = same[:-1]
     assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
     assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "softmax spreads"
     display(Markdown(
         f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
-        f"{Omega[t_last, t_last]:.3f} on itself, {Omega[t_last, latest]:.3f} on its latest earlier "
-        f"occurrence ($(1 - \\beta)$ times the decay since: "
-        f"{(1 - beta_value) * np.exp(g_mix[latest + 1:].sum(0)).mean():.3f} on average over the "
-        f"channels) and at most {np.abs(Omega[t_last, older]).max():.3f} on older ones; softmax "
-        f"puts {Omega_soft[t_last, t_last]:.3f} on itself, {Omega_soft[t_last, latest]:.3f} on "
-        f"the latest and up to {Omega_soft[t_last, older].max():.3f} on older ones."))
+        f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
+        f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
+        f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens "
+        f"in between write nothing: {Omega_same[t_last, latest]:.4f}); on the one before, "
+        f"{Omega[t_last, second]:.4f}, where the formula gives {w_second:.4f} and the "
+        f"scalar-gate form $\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ only "
+        f"{w_naive:.4f}. Older occurrences get at most "
+        f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts "
+        f"{Omega_soft[t_last, t_last]:.3f} on itself, {Omega_soft[t_last, latest]:.3f} on the "
+        f"latest and up to {Omega_soft[t_last, older].max():.3f} on older ones."))
 
 # %% [markdown]
 # ## 6. Explore: move the gate parameters yourself
@@ -463,31 +575,38 @@ if interactive:
 # - Linear attention's state grows like $\sqrt{t}$; the delta rule's stops growing, and decay
 #   keeps it smaller still.
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
-#   `jax.jacobian`); on repeated tokens it puts $\beta$ on the current one and geometrically
-#   less on earlier occurrences, where softmax attention spreads over all of them.
+#   `jax.jacobian`, and against its closed form $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t
+#   \cdots M_{s+1} \mathbf k_s$ in float64); on repeated tokens it puts $\beta$ on the current
+#   one and $\beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k$ on the latest earlier
+#   occurrence when the tokens in between write nothing along $\mathbf k$, and less on older
+#   ones, where softmax attention spreads over all of them.
+# - The delta rule's state levels off at $\mathbb E \lVert S\rVert_F^2 = \beta d_k d_v /
+#   (2 - \beta)$ for random unit keys and unit-variance values (derived and asserted).
 #
 # ## Exercises
 #
 # 1. **A half-life by hand.** A channel with $g = -0.01$ per token: compute its half-life from
-#    $e^{g\, t_{1/2}} = \tfrac12$ and compare with `half_life`.
+#    $e^{g\, t_{1/2}} = \tfrac12$ (in tokens, one number).
 # 2. **The safe gate's floor.** With `lower_bound=-1`, what fraction of a channel can one token
-#    erase at most? Check it on `gate_curve` at a large input.
+#    erase at most? (One number; check it on `gate_curve` at a large input before answering.)
 # 3. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ as in section 5),
-#    show on paper that $\mathbf o_t = \mathbf v_t$, so every row of $\Omega$ is one-hot, and
-#    check it on the mixing matrix.
+#    show on paper that $\mathbf o_t = \mathbf v_t$, so every row of $\Omega$ is one-hot; then
+#    compute that mixing matrix with `mixing(q_mix, k_mix, g_mix, ..., scale=1.0)`.
 #
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+# Each cell below says whether your answer is right without showing the expected one; worked
+# solutions are in `notebooks/solutions/ch02.py`.
 
-# %% tags=["solution", "hide-input"]
-# 1: e^(g t) = 1/2  =>  t = ln 2 / (-g)
-assert np.isclose(half_life(-0.01), np.log(2) / 0.01)
-# 2: g >= lower_bound, so at most 1 - e^{lower_bound} is erased
-erased = 1 - np.exp(gate_curve(0.0, -1.0)[-1])
-assert np.isclose(erased, 1 - np.exp(-1.0), atol=1e-3), erased
-# 3: S_t^T k_t = (1 - beta) (D_t S_{t-1})^T k_t + beta v_t = v_t for beta = 1: Omega = I
-full = np.asarray(mixing(q_mix, k_mix, g_mix, jnp.ones(mix_len), scale=1.0))
-assert_close(full, np.eye(mix_len), atol=1e-5, name="exercise 3: every row one-hot")
-print(f"exercises 1-3: solutions checked (at most {erased:.3f} erased per token)")
+# %%
+answer = None  # exercise 1: the half-life in tokens
+kda_lib.exercises.check("02.1", answer, g=-0.01)
+
+# %%
+answer = None  # exercise 2: the largest fraction one token erases
+kda_lib.exercises.check("02.2", answer, lower_bound=-1.0)
+
+# %%
+answer = None  # exercise 3: the [mix_len, mix_len] mixing matrix with beta = 1
+kda_lib.exercises.check("02.3", answer, q=q_mix, k=k_mix, g=g_mix)
 
 # %% [markdown]
 # ## References

@@ -1,7 +1,9 @@
 """The package's import graph points down only: notebooks -> apps -> layer -> kernel -> maths.
 
 Every module of kda_lib has a layer below; a module may import (at module level or lazily
-inside a function) only modules of strictly lower layers. This rules out cycles and any import
+inside a function) only modules of strictly lower layers. A subpackage (``kda_lib/exercises/``)
+is one node of the graph: the imports of all its files together, imports among its own files
+left out. This rules out cycles and any import
 from the maths (gating, reference, chunked, segments, ...) into the layer, CP, models, training,
 benchmark or plotting code. A new module must be given a layer here.
 """
@@ -46,8 +48,9 @@ LAYERS = {
     "viz": 6,
     # 7: measurements of the applications
     "bench": 7,
-    # 8: what users import first
+    # 8: what users import first; the exercise checkers sit at the notebooks' level
     "notebook": 8,
+    "exercises": 8,
     "__init__": 9,
     "__main__": 9,
 }
@@ -68,11 +71,14 @@ def _imports(path: pathlib.Path) -> set[str]:
             for alias in node.names:
                 if alias.name.startswith("kda_lib."):
                     found.add(alias.name.split(".")[1])
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return found & modules
+    return found & set(MODULES)
 
 
+SUBPACKAGES = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+MODULES = [p.stem for p in sorted(PACKAGE.glob("*.py"))] + SUBPACKAGES
 GRAPH = {p.stem: _imports(p) for p in sorted(PACKAGE.glob("*.py"))}
+for _sub in SUBPACKAGES:
+    GRAPH[_sub] = set().union(*map(_imports, sorted((PACKAGE / _sub).rglob("*.py")))) - {_sub}
 
 
 def test_every_module_has_a_layer():
@@ -108,6 +114,14 @@ def test_no_cycles():
 def test_maths_never_imports_the_upper_layers():
     for module in MATHS:
         assert not GRAPH[module] & UPPER, (module, GRAPH[module] & UPPER)
+
+
+def test_subpackages_are_nodes_of_the_graph():
+    assert "exercises" in SUBPACKAGES and "exercises" in GRAPH
+    # its chapter checkers import the library below it (reference, layer, ...)
+    assert {"reference", "layer"} <= GRAPH["exercises"], GRAPH["exercises"]
+    # and nothing in the library imports it
+    assert not [m for m, deps in GRAPH.items() if "exercises" in deps and m != "__init__"]
 
 
 def test_the_checker_sees_lazy_imports(tmp_path):
