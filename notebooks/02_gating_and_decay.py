@@ -411,9 +411,13 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # $$
 #
 # which is $\beta (1 - \beta)^2\, \mathbf k^\top \Gamma_2 \Gamma_1 \mathbf k$ only when every
-# channel decays alike (a scalar gate). Per-channel decay turns the stored key out of its own
-# direction, and the write at $s$ corrects only along $\mathbf k$, so more than $(1 - \beta)^2$
-# survives in the slow channels. The other tokens' writes add small signed corrections (first
+# channel decays alike (a scalar gate). With the weights $w_c = k_c^2$ (they sum to 1) and the
+# decays $a_c$ of $\Gamma_1$ and $b_c$ of $\Gamma_2$, the difference is
+# $\beta^2 (1 - \beta) \big(\sum_c w_c a_c b_c - \sum_c w_c a_c \sum_c w_c b_c\big)$, a
+# covariance over channels: per-channel decay turns the stored key out of its own direction and
+# the write at $s$ corrects only along $\mathbf k$. When the same channels are slow in both
+# intervals (per-channel rates, as here) it is positive, and more than $(1 - \beta)^2$ survives.
+# The other tokens' writes add small signed corrections (first
 # order in their keys' overlaps with $\mathbf k$). Softmax attention instead spreads its weight
 # over **every** earlier occurrence of the current token. A symmetric log colour scale shows the
 # diagonal and the small weights at once (we use the slowest head's decays from section 3).
@@ -483,6 +487,13 @@ if same.size >= 2:
     w_second = beta_value * (1 - beta_value) * (
         quad(second, t_last) - beta_value * quad(second, latest) * quad(latest, t_last))
     w_naive = beta_value * (1 - beta_value) ** 2 * quad(second, t_last)  # scalar-gate form
+    w_c = kk**2
+    a_c, b_c = (np.exp(g_np[lo + 1: hi + 1].sum(0)) for lo, hi in ((second, latest),
+                                                                  (latest, t_last)))
+    cov = np.sum(w_c * a_c * b_c) - np.sum(w_c * a_c) * np.sum(w_c * b_c)
+    assert_close(w_second - w_naive, beta_value**2 * (1 - beta_value) * cov, atol=1e-12,
+                 name="difference to (1 - beta)^2 = beta^2 (1 - beta) covariance")
+    assert cov > 0, "per-channel rates: the same channels are slow before and after s"
     assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
     assert_close(Omega_same[t_last, second], w_second, atol=1e-12, name="second-latest")
     alike = np.asarray(g_alike)
@@ -499,8 +510,8 @@ if same.size >= 2:
         f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens "
         f"in between write nothing: {Omega_same[t_last, latest]:.4f}); on the one before, "
         f"{Omega[t_last, second]:.4f}, where the formula gives {w_second:.4f} and the "
-        f"scalar-gate form $\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ only "
-        f"{w_naive:.4f}. Older occurrences get at most "
+        f"scalar-gate form $\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ "
+        f"{w_naive:.4f} (the covariance is {cov:+.2e}). Older occurrences get at most "
         f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts "
         f"{Omega_soft[t_last, t_last]:.3f} on itself, {Omega_soft[t_last, latest]:.3f} on the "
         f"latest and up to {Omega_soft[t_last, older].max():.3f} on older ones."))
