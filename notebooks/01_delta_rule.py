@@ -319,7 +319,7 @@ print(f"eigenvalues of I - beta k k^T: {eigenvalues[0]:.2f} once, 1.00 x {key_di
 # $\mathbf g_t \in \mathbb R^{d_k}$, $\mathbf g_t \le 0$, so one head can keep some channels for
 # hundreds of tokens while others turn over in a few. At initialisation the longest half-life
 # is $\ln 2 / (1 \cdot 10^{-3}) \approx 693$ tokens (smallest rate $a_h = 1$ times smallest time
-# step $\tau = 10^{-3}$, notebook 02); longer memories must be learned (the code cell below
+# step $\tau = 10^{-3}$, notebook 02); longer memories must be learned (a code cell below
 # prints the longest half-life drawn over 64 heads; nothing here is trained). Decay first, then
 # the delta write on the decayed state:
 #
@@ -367,6 +367,7 @@ assert_close(delta_write(decay @ S0, k_t, v_t, beta_demo),
              M_t @ S0 + beta_demo * np.outer(k_t, v_t), atol=1e-12, name="decay, then write")
 assert np.linalg.norm(M_t, 2) <= 1 + 1e-12, "the KDA transition never amplifies the state"
 
+# %%
 # the longest half-life at initialisation: a_h >= 1 (init_a_log), tau >= 1e-3 (init_dt_bias)
 life_bound = np.log(2) / (1.0 * 1e-3)
 a_init = np.exp(np.asarray(kda_lib.init_a_log(keys_g[0], 64), np.float64))  # 64 heads

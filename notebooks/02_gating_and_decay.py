@@ -357,6 +357,9 @@ with jax.enable_x64(True):
     zeros = jnp.zeros((norm_len, key_dim), jnp.float64)
     sq = np.asarray(jax.vmap(viz.state_norms, (0, 0, None, None))(
         k_runs, v_runs, zeros, jnp.full(norm_len, beta_value, jnp.float64))) ** 2  # [runs, T]
+
+# %%
+# the measured plateau against the prediction E|S_t|^2 = limit (1 - rho^t)
 rho = 1 - beta_value * (2 - beta_value) / key_dim
 limit = beta_value * key_dim * value_dim / (2 - beta_value)
 window = slice(3 * norm_len // 4, None)  # the last quarter: the plateau
@@ -479,42 +482,45 @@ assert_close(Omega64, viz.mixing_matrix_by_products(k64, k64, g64, beta64), atol
 assert_close(Omega64, Omega, atol=1e-5, name="float32 == float64 mixing matrix")
 assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's can be negative"
 _ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
-if same.size >= 2:
-    latest, second = same[-1], same[-2]
-    kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
-    quad = lambda lo, hi, g=g_np: kk @ (np.exp(g[lo + 1: hi + 1].sum(0)) * kk)  # noqa: E731
-    w_latest = beta_value * (1 - beta_value) * quad(latest, t_last)
-    w_second = beta_value * (1 - beta_value) * (
-        quad(second, t_last) - beta_value * quad(second, latest) * quad(latest, t_last))
-    w_naive = beta_value * (1 - beta_value) ** 2 * quad(second, t_last)  # scalar-gate form
-    w_c = kk**2
-    a_c, b_c = (np.exp(g_np[lo + 1: hi + 1].sum(0)) for lo, hi in ((second, latest),
-                                                                  (latest, t_last)))
-    cov = np.sum(w_c * a_c * b_c) - np.sum(w_c * a_c) * np.sum(w_c * b_c)
-    assert_close(w_second - w_naive, beta_value**2 * (1 - beta_value) * cov, atol=1e-12,
-                 name="difference to (1 - beta)^2 = beta^2 (1 - beta) covariance")
-    assert cov > 0, "per-channel rates: the same channels are slow before and after s"
-    assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
-    assert_close(Omega_same[t_last, second], w_second, atol=1e-12, name="second-latest")
-    alike = np.asarray(g_alike)
-    assert_close(Omega_alike[t_last, second],
-                 beta_value * (1 - beta_value) ** 2 * np.exp(alike[second + 1:, 0].sum()),
+
+# %%
+# the latest and the second-latest occurrence: the two formulas, in float64
+assert same.size >= 2, "the example needs the last token twice before it: change seed"
+latest, second, older = same[-1], same[-2], same[:-1]
+kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
+quad = lambda lo, hi: kk @ (np.exp(g_np[lo + 1: hi + 1].sum(0)) * kk)  # noqa: E731  k^T Γ k
+w_latest = beta_value * (1 - beta_value) * quad(latest, t_last)
+w_second = beta_value * (1 - beta_value) * (
+    quad(second, t_last) - beta_value * quad(second, latest) * quad(latest, t_last))
+assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
+assert_close(Omega_same[t_last, second], w_second, atol=1e-12, name="second-latest")
+w_naive = beta_value * (1 - beta_value) ** 2 * quad(second, t_last)  # scalar-gate form
+a_c, b_c = (np.exp(g_np[lo + 1: hi + 1].sum(0)) for lo, hi in ((second, latest),
+                                                              (latest, t_last)))
+cov = np.sum(kk**2 * a_c * b_c) - np.sum(kk**2 * a_c) * np.sum(kk**2 * b_c)
+assert_close(w_second - w_naive, beta_value**2 * (1 - beta_value) * cov, atol=1e-12,
+             name="difference to (1 - beta)^2 = beta^2 (1 - beta) covariance")
+assert cov > 0, "per-channel rates: the same channels are slow before and after s"
+alike = np.asarray(g_alike)[:, 0]  # the scalar gate: (1 - beta)^2 exactly
+_ = assert_close(Omega_alike[t_last, second],
+                 beta_value * (1 - beta_value) ** 2 * np.exp(alike[second + 1:].sum()),
                  atol=1e-12, name="scalar gate: (1 - beta)^2")
-    older = same[:-1]
-    assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
-    assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "softmax spreads"
-    display(Markdown(
-        f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
-        f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
-        f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
-        f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens "
-        f"in between write nothing: {Omega_same[t_last, latest]:.4f}); on the one before, "
-        f"{Omega[t_last, second]:.4f}, where the formula gives {w_second:.4f} and the "
-        f"scalar-gate form $\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ "
-        f"{w_naive:.4f} (the covariance is {cov:+.2e}). Older occurrences get at most "
-        f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts "
-        f"{Omega_soft[t_last, t_last]:.3f} on itself, {Omega_soft[t_last, latest]:.3f} on the "
-        f"latest and up to {Omega_soft[t_last, older].max():.3f} on older ones."))
+
+# %%
+assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
+assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "softmax spreads"
+display(Markdown(
+    f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
+    f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
+    f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
+    f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens in between write nothing: "
+    f"{Omega_same[t_last, latest]:.4f}); on the one before, {Omega[t_last, second]:.4f}, where "
+    f"the formula gives {w_second:.4f} and the scalar-gate form "
+    f"$\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ {w_naive:.4f} (the "
+    f"covariance is {cov:+.2e}). Older occurrences get at most "
+    f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} "
+    f"on itself, {Omega_soft[t_last, latest]:.3f} on the latest and up to "
+    f"{Omega_soft[t_last, older].max():.3f} on older ones."))
 
 # %% [markdown]
 # ## 6. Explore: move the gate parameters yourself

@@ -317,6 +317,8 @@ along_k = 1 - np.asarray(scaled["beta"], np.float64) * np.sum(
 assert np.all((along_k >= 0) & (along_k <= 1)), "as built: I - beta k k^T is contractive"
 print(f"as built, 1 - beta |k|^2 lies in [{along_k.min():.3f}, {along_k.max():.3f}] for all "
       f"{along_k.size} tokens and heads")
+
+# %%
 raw_k = jax.nn.silu(depthwise_causal_conv(layer.k_proj(x_big), layer.k_conv1d.kernel[...]))
 raw_k = raw_k.reshape(batch, seq_len, H, K)[0, :, 0]  # head 0, unnormalised
 k0, v0, g0, beta0 = (scaled[n][0, :, 0] for n in ("k", "v", "g", "beta"))

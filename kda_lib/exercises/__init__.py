@@ -39,7 +39,9 @@ def _checker_for(exercise_id: str) -> Callable[..., str | None]:
     try:
         importlib.import_module(f"{__name__}.ch{chapter}")
     except ModuleNotFoundError as err:
-        raise ValueError(f"no exercises for notebook {chapter} (exercise_id {exercise_id!r})") from err
+        raise ValueError(
+            f"no exercises for notebook {chapter} (exercise_id {exercise_id!r})"
+        ) from err
     if exercise_id not in _CHECKERS:
         raise ValueError(f"no exercise {exercise_id!r}; known: {sorted(_CHECKERS)}")
     return _CHECKERS[exercise_id]
