@@ -395,6 +395,9 @@ assert abs(q_t @ k_t) <= 1, "unit query and key: the score is a cosine, in [-1, 
 rms_normed = lambda o: o / np.sqrt(np.mean(o**2))  # noqa: E731  (RMSNorm with eps = 0)
 assert_close(rms_normed(o_next), rms_normed(q_t @ S_next), atol=1e-12,
              name="RMSNorm removes the 1/sqrt(d_k)")
+raw = np.asarray(jax.random.normal(jax.random.fold_in(key_gate, 9), (2, 4096, key_dim)), np.float64)
+scaled_var = np.var(np.sum(raw[0] * raw[1], -1) / np.sqrt(key_dim))
+assert 0.9 < scaled_var < 1.1, "softmax's scale: q.k / sqrt(d_k) has variance about 1"
 
 # the gated delta rule is KDA with the same decay in every channel: decay, then delta write
 g_scalar = g_t[0]
