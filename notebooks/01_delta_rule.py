@@ -486,12 +486,16 @@ def recall_errors(states, keys, values):
 v_x = random_pairs(key_recall, 1)[1]  # [1, V]
 err_3v = recall_errors(3 * v_x[None], np.ones((1, 1)), v_x)[0, 0]  # one memory, K = 1, key 1
 assert np.isclose(err_3v, 4.0, atol=1e-12)
-r_x = np.asarray(jax.random.normal(jax.random.fold_in(key_recall, 1), (1000, value_dim)),
-                 np.float64) / np.sqrt(value_dim)  # recalls of all directions and lengths
+along, off = (np.asarray(x, np.float64) for x in jax.random.uniform(
+    jax.random.fold_in(key_recall, 1), (2, 1000, 1), minval=-1.0, maxval=3.0))
+noise = np.asarray(jax.random.normal(jax.random.fold_in(key_recall, 2), (1000, value_dim)))
+r_x = along * v_x + np.abs(off) * noise / np.sqrt(value_dim)  # recalls around the line of v
 err_x = np.sum((r_x - v_x) ** 2, -1) / np.sum(v_x**2)
 assert np.array_equal(err_x > 1, np.sum(r_x**2, -1) > 2 * r_x @ v_x[0])
+toward = (err_x > 1) & (r_x @ v_x[0] > 0)  # worse than 0, yet pointing at v
+assert toward.any() and ((err_x > 1) & (r_x @ v_x[0] < 0)).any()
 print(f"r = 3v: error {err_3v:.1f}; error > 1 <=> |r|^2 > 2 r.v on {len(r_x)} random recalls "
-      f"({np.mean(err_x > 1):.0%} above 1)")
+      f"({np.mean(err_x > 1):.0%} above 1, {np.mean(toward):.0%} of all with r.v > 0)")
 
 
 # %%
