@@ -342,9 +342,10 @@ viz.show(fig, "02_state_norm")
 
 # %%
 # the steady state, in float64: P^T P, E k k^T = I / d_k, then the mean over sequences
-P = np.eye(key_dim) - beta_value * np.outer(k_rand[0], k_rand[0])
-assert_close(P.T @ P, np.eye(key_dim) - beta_value * (2 - beta_value)
-             * np.outer(k_rand[0], k_rand[0]), atol=1e-6, name="P^T P")
+k0 = np.asarray(k_rand[0], np.float64) / np.linalg.norm(np.asarray(k_rand[0], np.float64))
+P = np.eye(key_dim) - beta_value * np.outer(k0, k0)
+assert_close(P.T @ P, np.eye(key_dim) - beta_value * (2 - beta_value) * np.outer(k0, k0),
+             atol=1e-12, name="P^T P")
 k_many = np.asarray(k_rand, np.float64)
 assert_close(k_many.T @ k_many / norm_len, np.eye(key_dim) / key_dim, atol=3 / norm_len,
              name="E k k^T = I / d_k")
