@@ -212,7 +212,9 @@ def _wheel_requires(wheel: pathlib.Path) -> list[str]:
 def test_wheel_holds_the_package_and_the_recorded_data(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-    modules = {f"kda_lib/{p.name}" for p in (ROOT / "kda_lib").glob("*.py")}
+    modules = {  # subpackages too: the notebooks import kda_lib.exercises on Colab
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "kda_lib").rglob("*.py")
+    }
     assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
     for kind in recorded.KINDS:
         files = {f"kda_lib/recorded_data/{kind}/{p.name}" for p in recorded.recorded_files(kind)}
