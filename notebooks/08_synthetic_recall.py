@@ -22,7 +22,9 @@
 # Associative Recall (MQAR) and Stack and plots accuracy against sequence length and against
 # training steps, with KDA ahead of Gated DeltaNet (GDN). We rerun that comparison at laptop
 # scale, with every number a mean over seeds (spread shown) and every mixer's learning rate
-# picked from a grid (the Zoology protocol: each model gets its best rate). We also show why
+# picked from a grid on MQAR (the Zoology protocol: each model gets its best rate there; the
+# other tasks reuse it, section 7). In section 9 we build, in closed form, a case where the
+# decay per channel does what a scalar forget gate cannot. We also show why
 # plain softmax attention, which is known to solve MQAR, sits low here: it has to *grow* an
 # induction circuit, a sudden phase transition that the recurrent mixers skip because their
 # short convolution hands each token its predecessor.
