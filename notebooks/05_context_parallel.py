@@ -49,7 +49,7 @@ traffic_max_len: int = 1048576  # longest T of the analytic traffic curves
 mosaic_ranks: int = 2  # ranks of section 8 (tokamax Mosaic; emulated without a TPU)
 mosaic_seq_len: int = 64  # tokens T of section 8 (emulation is slow: keep it small)
 cost_seq_len: int = 65536  # T of section 7's compute model (a long training sequence)
-cost_head_dim: int = 128  # d_k = d_v of section 7's compute model
+cost_head_dim: int = 128  # head size (d_k and d_v) of section 7's compute model
 seed: int = 0  # seed of the one jax.random.key below
 
 
@@ -529,6 +529,7 @@ def fold_matmuls(jaxpr, k_dim, v_dim):
     return found
 
 
+# %%
 f_v, f_kv = step_flops(key_dim, value_dim), step_flops(key_dim, key_dim + value_dim)
 print(f"one recurrence step, d_k = {key_dim}: {f_v:.0f} flops with d_v = {value_dim} value "
       f"columns, {f_kv:.0f} with d_k + d_v = {key_dim + value_dim} (ratio {f_kv / f_v:.3f}, "
@@ -547,6 +548,7 @@ def cp_jaxpr(r):
     return jax.make_jaxpr(lambda *a: sharded(*(place(x, sub_mesh, SEQ) for x in a)))(*inputs)
 
 
+# %%
 folds = {r: fold_matmuls(cp_jaxpr(r).jaxpr, key_dim, value_dim) for r in sorted({2, ranks})}
 print("fold steps M S per rank, by rank count:", folds)
 assert all(n == r for r, n in folds.items()), "the fold is R steps on every rank"

@@ -22,8 +22,10 @@
 # though $\ell$ is beyond what the layer's short convolutions can see. The same model with the
 # recurrence removed (the conv path only) is provably blind that far back and stays at chance.
 # Clearing the trained model's recurrent states in the middle of a sequence, while keeping
-# everything else, destroys exactly the predictions whose source token lies before the clearing:
-# the copied token travels in the $d_k \times d_v$ states.
+# everything else, destroys the predictions whose source token lies further before the clearing
+# than the kept convolution histories reach, and only those: the copied token travels in the
+# $d_k \times d_v$ states (section 4 says exactly which positions, and what is proof and what
+# is measurement).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/06_training_delayed_copy.ipynb)
 #
@@ -287,6 +289,7 @@ def accuracy_after(p, clear, clear_upper_convs=False):
     return np.asarray(logits.argmax(-1) == held_out.targets[:, p:]).mean(axis=0)
 
 
+# %%
 p = seq_len // 2
 accuracy = {"states kept": accuracy_after(p, False),
             "states cleared at p": accuracy_after(p, True),

@@ -49,7 +49,7 @@ memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
 recorded_benchmark: str = "cpu-2026-12-01.json"  # CPU timings in data/benchmarks/
 roofline_heads: int = 16  # H of the realistic layer of section 5 (the published GPU shapes)
-roofline_head_dim: int = 128  # d_k = d_v of that layer
+roofline_head_dim: int = 128  # head size (d_k and d_v) of that layer
 gqa_kv_heads: int = 4  # key/value heads of the grouped-query cache of section 5
 mla_latent: int = 512  # MLA's cached latent per token (DeepSeek-V2's d_c) ...
 mla_rope_dim: int = 64  # ... plus its decoupled RoPE key (d_h^R): numbers cached per token
@@ -200,6 +200,7 @@ for name, a, b in zip(cache_full._fields, decode_cache, cache_full, strict=True)
     assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")
 print("final state and conv histories match")
 
+# %%
 # the chunked kernel's prefill, decoded from its cache by the same jitted step
 layer_chunked = kda_lib.KimiDeltaAttention(dataclasses.replace(config, implementation="chunked"),
                                            rngs=nnx.Rngs(layer_seed))
@@ -366,7 +367,7 @@ assert slowest_attention > attention_ms[int(np.argmin(attention_contexts))], "re
 #   DeepSeek-V2's sizes (`mla_latent`, `mla_rope_dim`).
 #
 # With $b_S$ bytes per state number and $b_{KV}$ per cached number, the two steps move the
-# same bytes at
+# same bytes at (the first whole context at or past it is printed below)
 #
 # $$
 # T^\ast = \frac{2\, H d_k d_v\, b_S}{n\, b_{KV}}
@@ -416,7 +417,9 @@ def crossover(n, b_state, b_cache):
 t_star = {(c, dt): crossover(n, *b) for c, n in caches.items() for dt, b in dtypes.items()}
 print(f"{'cache':16s} {'numbers/token':>13s} " + " ".join(f"{dt:>29s}" for dt in dtypes))
 for c, n in caches.items():
-    print(f"{c:16s} {n:13d} " + " ".join(f"{t_star[(c, dt)]:29.0f}" for dt in dtypes))
+    print(f"{c:16s} {n:13d} " + " ".join(f"{t_star[(c, dt)]:29.1f}" for dt in dtypes))
+
+# %%
 for (c, dt), t in t_star.items():  # the formula, against a count of bytes token by token
     b_state, b_cache = dtypes[dt]
     first = next(T for T in range(1, 10**5) if T * caches[c] * b_cache >= 2 * entries * b_state)
@@ -447,18 +450,18 @@ ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "07_decode_roofline")
 
 # %%
+gqa = f"GQA, G = {gqa_kv_heads}"
+first_t = {key: int(np.ceil(t)) for key, t in t_star.items()}  # first whole T at or past T*
+same, mixed = "bf16 state, bf16 cache", "float32 state, bf16 cache"
 display(Markdown(
     f"At $H$ = {H}, $d_k = d_v$ = {d}, with the same dtype for state and cache, the KDA step "
-    f"moves fewer bytes than an MHA step from $T^\\ast$ = "
-    f"{t_star[('MHA', 'bf16 state, bf16 cache')]:.0f} tokens of context on, than a GQA "
-    f"({gqa_kv_heads} key/value heads) step from "
-    f"{t_star[(f'GQA, G = {gqa_kv_heads}', 'bf16 state, bf16 cache')]:.0f}, and than an MLA step "
-    f"from {t_star[('MLA', 'bf16 state, bf16 cache')]:.0f}; a float32 state against a bf16 "
-    f"cache doubles these to {t_star[('MHA', 'float32 state, bf16 cache')]:.0f}, "
-    f"{t_star[(f'GQA, G = {gqa_kv_heads}', 'float32 state, bf16 cache')]:.0f} and "
-    f"{t_star[('MLA', 'float32 state, bf16 cache')]:.0f}. The smaller the cache per token, the "
-    "longer the context before a fixed state pays off; past it, the KDA step's cost stays flat "
-    "while attention's grows with every token."))
+    f"moves no more bytes than an MHA step from {first_t[('MHA', same)]} tokens of context on, "
+    f"than a GQA ({gqa_kv_heads} key/value heads) step from {first_t[(gqa, same)]}, and than an "
+    f"MLA step from {first_t[('MLA', same)]}; a float32 state against a bf16 cache doubles "
+    f"$T^\\ast$: {first_t[('MHA', mixed)]}, {first_t[(gqa, mixed)]} and "
+    f"{first_t[('MLA', mixed)]} tokens. The smaller the cache per token, the longer the context "
+    "before a fixed state pays off; past it, the KDA step's cost stays flat while attention's "
+    "grows with every token."))
 
 # %% [markdown]
 # ## Summary
