@@ -13,8 +13,10 @@ Implementations:
 ``"auto"`` policy (:func:`select_implementation`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
 a padded 64-token chunk) and ``"chunked"`` above. On CPU (:func:`scan_forward`), that
-``"chunked"`` computes calls that are not differentiated with the scan (measured faster forward
-there at every length) and takes the chunked form's value and gradient under ``jax.grad``.
+``"chunked"`` computes calls that are not differentiated with the scan and takes the chunked
+form's value and gradient under ``jax.grad``. (The recorded CPU benchmark,
+``data/benchmarks/cpu-2026-12-01.json``, has the chunked forward at 0.86x the scan's time at
+T = 256 and 0.98x at T = 1024: the scan is not the faster forward there.)
 kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
 on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
 initial/final state, both gates). An explicitly requested implementation never falls back: if
@@ -63,9 +65,10 @@ Implementation = Literal[
 ]
 IMPLEMENTATIONS = ("recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic")
 RECURRENT_MAX_AUTO_T = 16
-# platforms where "auto"'s chunked choice runs forward-only calls through the scan: on CPU the
-# scan's forward was faster at every length measured (T = 64..4096, data/benchmarks/), while
-# its gradient is far slower than the chunked form's
+# platforms where "auto"'s chunked choice runs forward-only calls through the scan. On CPU the
+# recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the two forwards level or the
+# chunked one faster (0.86x at T = 256, 0.98x at T = 1024), while the scan's gradient is far
+# slower than the chunked form's
 SCAN_FORWARD_PLATFORMS = ("cpu",)
 CHUNKED_ONLY = ("chunk_size", "precision")  # options the scan does not take
 

@@ -46,8 +46,10 @@ conv_size: int = 4  # short-conv width W; the halo is W - 1 tokens
 implementation: str = "recurrent"  # kernel each rank runs locally (recurrent or chunked)
 traffic_lengths: list[int] = [64, 256, 1024]  # T at which the compiled programs are inspected
 traffic_max_len: int = 1048576  # longest T of the analytic traffic curves
-mosaic_ranks: int = 2  # ranks of section 7 (tokamax Mosaic; emulated without a TPU)
-mosaic_seq_len: int = 64  # tokens T of section 7 (emulation is slow: keep it small)
+mosaic_ranks: int = 2  # ranks of section 8 (tokamax Mosaic; emulated without a TPU)
+mosaic_seq_len: int = 64  # tokens T of section 8 (emulation is slow: keep it small)
+cost_seq_len: int = 65536  # T of section 7's compute model (a long training sequence)
+cost_head_dim: int = 128  # head size (d_k and d_v) of section 7's compute model
 seed: int = 0  # seed of the one jax.random.key below
 
 
@@ -99,6 +101,7 @@ import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.measure import hlo_collectives
+from kda_lib.reference import kda_step
 from kda_lib.testing import random_kda_inputs, relative_l2
 
 kda_lib.notebook.setup()
@@ -473,7 +476,126 @@ display(Markdown(
 # reduce-scatters of the same sizes), so it is flat in $T$ as well;
 # `tests/test_context_parallel.py` checks that on the compiled gradient.
 #
-# ## 7. The same on TPU kernels
+# ## 7. Compute: what state passing costs each rank, against passing the state rank to rank
+#
+# Bytes are half the story; the other half is the work each rank does. Read off
+# `kda_context_parallel`, with $L = T / R$ tokens per rank and $F(L, n)$ the cost of the kernel
+# on $L$ tokens with $n$ value columns (per sequence and head):
+#
+# 1. **summary pass**: the kernel on the augmented values $[\,\mathbf 0 \mid \mathbf v\,]$,
+#    i.e. on $d_k + d_v$ value columns: $F(L, d_k + d_v)$;
+# 2. **fold**: every rank runs the loop over all $R$ gathered summaries, one
+#    $S \mapsto M S + E$ each, $2 d_k^2 d_v$ flops apiece: $2 R\, d_k^2 d_v$, growing with $R$
+#    (the loop continues past the rank's own position, which also yields the final state);
+# 3. **output pass**: the kernel on its slice from the true initial state, $F(L, d_v)$.
+#
+# The alternative that moves even fewer bytes is **serial point-to-point passing**: rank
+# $\rho$ waits for the state of rank $\rho - 1$, runs its slice once ($F(L, d_v)$, no summary
+# pass, no fold) and sends its final state ($d_k d_v$ numbers) on. Each rank does the least
+# work, but one after another: the critical path is $R\, F(L, d_v) = F(T, d_v)$ plus $R - 1$
+# sends, no faster than one device for one sequence (a pipeline over many micro-batches can
+# keep the ranks busy; a single long sequence cannot). State passing with all-gathered
+# summaries runs all ranks at once, at about $F(L, d_k + d_v) + F(L, d_v) + 2R d_k^2 d_v$.
+#
+# For the recurrence, $F(L, n) = L\, f(n)$ with $f$ the flops of one step, which XLA counts on
+# the compiled `kda_step` below: about $8\, d_k n$, linear in the value columns. So at
+# $d_k = d_v$ each rank does about three times the kernel work of its slice, and the ideal
+# speed-up over one device is $R d_v / (d_k + 2 d_v) = R / 3$, before the fold, which grows
+# with $R$ while the slices shrink. The cells below count each piece and draw the model.
+
+# %%
+def step_flops(k_dim, n_cols):
+    """XLA's flop count of one kda_step (one sequence, one head) with n_cols value columns."""
+    shapes = ((1, 1, k_dim, n_cols), (1, 1, k_dim), (1, 1, k_dim), (1, 1, n_cols),
+              (1, 1, k_dim), (1, 1))
+    cost = jax.jit(kda_step).lower(*(jax.ShapeDtypeStruct(x, jnp.float32) for x in shapes))
+    cost = cost.compile().cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+
+def fold_matmuls(jaxpr, k_dim, v_dim):
+    """dot_generals of a [.., K, K] by a [.., K, V] operand (the fold's M S) in a jaxpr,
+    counted through every sub-jaxpr (shard_map, jit, scan bodies)."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            shapes = [tuple(v.aval.shape[-2:]) for v in eqn.invars]
+            found += shapes == [(k_dim, k_dim), (k_dim, v_dim)]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += fold_matmuls(inner, k_dim, v_dim)
+    return found
+
+
+# %%
+f_v, f_kv = step_flops(key_dim, value_dim), step_flops(key_dim, key_dim + value_dim)
+print(f"one recurrence step, d_k = {key_dim}: {f_v:.0f} flops with d_v = {value_dim} value "
+      f"columns, {f_kv:.0f} with d_k + d_v = {key_dim + value_dim} (ratio {f_kv / f_v:.3f}, "
+      f"columns ratio {(key_dim + value_dim) / value_dim:.3f})")
+assert abs(f_kv / f_v - (key_dim + value_dim) / value_dim) < 0.05, "linear in the value columns"
+assert 6 < f_v / (key_dim * value_dim) < 10, "about 8 d_k d_v flops per step"
+
+
+def cp_jaxpr(r):
+    """The traced program of kda_context_parallel on r ranks (nothing is compiled or run)."""
+    sub_mesh = jax.make_mesh((r,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
+                             devices=pool[:r])
+    sharded = jax.shard_map(
+        lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
+        mesh=sub_mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
+    return jax.make_jaxpr(lambda *a: sharded(*(place(x, sub_mesh, SEQ) for x in a)))(*inputs)
+
+
+# %%
+folds = {r: fold_matmuls(cp_jaxpr(r).jaxpr, key_dim, value_dim) for r in sorted({2, ranks})}
+print("fold steps M S per rank, by rank count:", folds)
+assert all(n == r for r, n in folds.items()), "the fold is R steps on every rank"
+per_rank = local_len * (f_kv + f_v) + ranks * 2 * key_dim**2 * value_dim
+one_device = total_len * f_v
+print(f"this notebook's sizes (T = {total_len}, R = {ranks}): one device {one_device:,.0f} flops "
+      f"per head; each CP rank {per_rank:,.0f} (summary pass {local_len * f_kv:,.0f}, fold "
+      f"{ranks * 2 * key_dim**2 * value_dim:,}, output pass {local_len * f_v:,.0f}); serial "
+      f"passing: {local_len * f_v:,.0f} per rank, {ranks * local_len * f_v:,.0f} on the "
+      "critical path")
+
+# %% tags=["hide-input"]
+rank_counts = 2 ** np.arange(1, 11)
+per_token = 8 * cost_head_dim  # f(n) / n: about 8 d_k flops per value column and token
+one = cost_seq_len * per_token * cost_head_dim
+cp_work = (cost_seq_len / rank_counts * per_token * 3 * cost_head_dim
+           + rank_counts * 2 * cost_head_dim**3)
+speedup = one / cp_work
+fig, ax = plt.subplots(figsize=(8, 3.6))
+ax.plot(rank_counts, rank_counts / 3, "--", color="0.5", label="R / 3: summary + output passes")
+ax.plot(rank_counts, speedup, "o-", color=viz.PALETTE["blue"],
+        label="state passing: passes + the O(R) fold")
+ax.plot(rank_counts, np.ones_like(rank_counts), "-", color=viz.PALETTE["vermillion"],
+        label="serial point-to-point passing (critical path)")
+ax.set(xscale="log", yscale="log", xlabel="ranks R (log scale)",
+       ylabel="compute speed-up over one device",
+       title=f"Critical-path flops model, T = {cost_seq_len}, $d_k = d_v$ = {cost_head_dim} "
+       "(recurrent kernel, communication left out)")
+ax.set_xticks(rank_counts, [str(r) for r in rank_counts])
+ax.minorticks_off()
+ax.legend(loc="upper left", fontsize=8)
+viz.show(fig, "05_compute_model")
+
+# %%
+best = int(rank_counts[np.argmax(speedup)])
+r_opt = np.sqrt(3 * cost_seq_len * per_token / (2 * cost_head_dim**2))  # d/dR of cp_work = 0
+assert best / 2 <= r_opt <= 2 * best
+display(Markdown(
+    f"In this model, at $T$ = {cost_seq_len} and $d_k = d_v$ = {cost_head_dim}, the speed-up "
+    f"peaks at {speedup.max():.1f}x near $R$ = {best} (the fold's cost equals the passes' at "
+    f"$R \\approx$ {r_opt:.0f}) and falls beyond; serial passing stays at 1x for one "
+    "sequence. Folding with a parallel prefix instead of a loop (exercise 4) takes about "
+    "$\\log_2 R$ rounds of compositions instead of $R$ steps, though each composition "
+    "($M M'$, a $d_k \\times d_k$ product) costs more than applying a map to a state."))
+
+# %% [markdown]
+# ## 8. The same on TPU kernels
 #
 # On a TPU, `implementation="tokamax_mosaic"` runs tokamax's Pallas Mosaic kernel, and the
 # layer with a `mesh` runs tokamax's *own* context-parallel path (`ContextParallelMetadata`)
@@ -565,55 +687,47 @@ assert np.isfinite(worst) and worst < mosaic_tolerance
 # - What the devices exchange does not grow with $T$ (measured in the compiled programs, and
 #   equal to the formula); gathering the sequence instead grows linearly and moves more bytes
 #   beyond the crossover length computed above.
+# - Compute per rank: the summary pass runs the kernel on $d_k + d_v$ value columns, the fold
+#   is $R$ steps on every rank, and the output pass reruns the slice: about $R / 3$ faster
+#   than one device at $d_k = d_v$, less once the fold matters; serial point-to-point passing
+#   moves fewer bytes but is no faster than one device for one sequence (section 7).
 # - tokamax's Mosaic kernel with its own context parallelism computes the same outputs and
 #   gradients as kda_lib's CP and as one device (checked in TPU emulation on CPU when no TPU is
 #   present).
 #
 # ## Exercises
 #
+# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
+# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# solutions are in `notebooks/solutions/ch05.py` (try first).
+#
 # 1. **A halo longer than a slice.** With $w - 1$ larger than the tokens per rank, a rank
 #    needs tokens from several predecessors. Run `halo_exchange` with
-#    `halo_size = local_len + 2` and check what rank $R - 1$ receives.
-# 2. **Summaries compose in any grouping.** Folding is composing affine maps, which is
-#    associative: combine ranks (0, 1) and (2, 3) first, then the two results, and check that
-#    the composed map equals the sequential fold of all ranks.
+#    `halo_size = local_len + 2` on `positions` and give what rank $R - 1$ receives (its first
+#    `halo_size` entries, as a list).
+# 2. **Summaries compose.** Write `compose(first, second)` for two slice summaries
+#    `(M, E)`: the summary of running `first`'s slice, then `second`'s. The checker tests it on
+#    random maps, and that grouping does not matter (it is associative).
 # 3. **A realistic crossover.** For $R = 8$ and $d_k = d_v = 128$, from which $T$ does
-#    gathering move more bytes than state passing?
-#
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+#    gathering move more bytes than state passing? (an int)
+# 4. **The fold for any rank count, in $\log_2 R$ rounds.** Write `entering_states(ms, es)`:
+#    given $R$ summaries stacked as `ms [R, K, K]` and `es [R, K, V]`, return the state
+#    entering every rank, `[R, K, V]` (zeros for rank 0), for any $R$, without a Python loop
+#    over the ranks (hint: `jax.lax.associative_scan` with your `compose`, then shift by one).
+#    The checker tries $R$ = 3, 5 and 8.
 
-# %% tags=["solution", "hide-input"]
-# 1: a halo of local_len + 2 tokens reaches two ranks back (zeros before the sequence start)
+# %%
+import kda_lib.exercises
+
 long_halo = local_len + 2
-wide = jax.shard_map(lambda z: halo_exchange(z, axis_name="context", halo_size=long_halo),
-                     mesh=mesh, in_specs=SEQ, out_specs=SEQ)
-got = np.asarray(jax.jit(lambda z: wide(place(z, mesh, SEQ)))(positions))
-got = got.reshape(ranks, local_len + long_halo)[-1, :long_halo]
-start = (ranks - 1) * local_len - long_halo
-want = np.concatenate([np.zeros(max(-start, 0)), np.arange(max(start, 0), start + long_halo) + 1])
-np.testing.assert_array_equal(got, want)
-
-
-# %% tags=["solution", "hide-input"]
-# 2: compose (M, E) maps: apply `first`, then `second`
-def compose(first, second):
-    return (jnp.einsum("bhij,bhjk->bhik", second[0], first[0]),
-            jnp.einsum("bhij,bhjv->bhiv", second[0], first[1]) + second[1])
-
-
-if ranks >= 4:
-    grouped = compose(compose(summaries[0], summaries[1]), compose(summaries[2], summaries[3]))
-    in_order = summaries[0]
-    for s in summaries[1:4]:
-        in_order = compose(in_order, s)
-    assert max(relative_l2(a, b) for a, b in zip(grouped, in_order, strict=True)) < 1e-5
-# 3: gather (R-1)/R T (3K + V + 1) vs state passing (R-1) K (K + V), per row and head
-R8, K128 = 8, 128
-first_t = next(t for t in range(1, 10**6)
-               if (R8 - 1) / R8 * t * (3 * K128 + K128 + 1) > (R8 - 1) * K128 * (2 * K128))
-assert first_t == int(R8 * K128 * 2 * K128 / (3 * K128 + K128 + 1)) + 1
-print(f"exercises 1-3: solutions checked; at R = 8, K = V = 128 gathering moves more bytes "
-      f"from T = {first_t} tokens on")
+answer = None  # 1: what rank R - 1 receives, a list of halo_size numbers
+kda_lib.exercises.check("05.1", answer, ranks=ranks, local_len=local_len, halo_size=long_halo)
+answer = None  # 2: a function compose(first, second) -> (M, E)
+kda_lib.exercises.check("05.2", answer)
+answer = None  # 3: the first T (an int) at which gathering moves more bytes
+kda_lib.exercises.check("05.3", answer, ranks=8, key_dim=128, value_dim=128)
+answer = None  # 4: a function entering_states(ms, es) -> [R, K, V]
+kda_lib.exercises.check("05.4", answer)
 
 # %% [markdown]
 # ## References

@@ -18,11 +18,15 @@
 #
 # **Claim.** To generate with a KDA layer you keep a cache of fixed size: the
 # $d_k \times d_v$ state per head plus the last $w - 1$ inputs of each short convolution
-# (notebook 04). Prefilling a prompt with the chunked kernel (notebook 03) and then decoding
-# token by token from that cache reproduces the layer's full forward pass to float32 rounding.
+# (notebook 04). Prefilling a prompt in one call (the chunked kernel of notebook 03, or the
+# scan, whichever `implementation="auto"` picks on this machine; both are run below) and then
+# decoding token by token from that cache reproduces the layer's full forward pass to float32
+# rounding.
 # The cache does not grow with the context, so memory per sequence is constant where a softmax
 # attention KV cache grows linearly, and a decoding step costs the same at every position,
-# where an attention step reads the whole KV cache.
+# where an attention step reads the whole KV cache. Both steps are bound by memory bandwidth,
+# so the bytes they read decide which is faster: we compute the context length beyond which a
+# KV cache (multi-head, grouped-query or latent) is read more slowly than the KDA state.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/07_decoding.ipynb)
 #
@@ -37,12 +41,18 @@ hidden_size: int = 64  # layer width
 num_heads: int = 2  # heads H
 head_dim: int = 32  # K and V per head
 conv_size: int = 4  # short-conv width W; the conv cache holds W - 1 inputs
-prompt_len: int = 48  # tokens prefilled at once (chunked kernel)
+prompt_len: int = 48  # tokens prefilled at once (one call)
 decode_steps: int = 32  # tokens then decoded one at a time
 chunk_size: int = 16  # chunk length of the chunked prefill
 timing_repeats: int = 3  # times each decode step is timed; the fastest run is kept
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
+recorded_benchmark: str = "cpu-2026-12-01.json"  # CPU timings in data/benchmarks/
+roofline_heads: int = 16  # H of the realistic layer of section 5 (the published GPU shapes)
+roofline_head_dim: int = 128  # head size (d_k and d_v) of that layer
+gqa_kv_heads: int = 4  # key/value heads of the grouped-query cache of section 5
+mla_latent: int = 512  # MLA's cached latent per token (DeepSeek-V2's d_c) ...
+mla_rope_dim: int = 64  # ... plus its decoupled RoPE key (d_h^R): numbers cached per token
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -76,9 +86,11 @@ from IPython.display import Markdown, display
 
 import kda_lib.notebook
 from kda_lib import viz
-from kda_lib.kernel import select_implementation
+from kda_lib.kernel import scan_forward, select_implementation
 from kda_lib.measure import median_ms
 from kda_lib.models import CausalSelfAttention
+from kda_lib.recorded import load_recorded
+from kda_lib.reference import kda_step
 from kda_lib.testing import assert_close, relative_l2
 
 kda_lib.notebook.setup()
@@ -103,19 +115,26 @@ def run(layer, x, cache):
 
 
 # %% [markdown]
-# ## 1. Prefill with the chunked kernel
+# ## 1. Prefill: the whole prompt in one call
 #
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
-# and the cache after its last token. With `implementation="auto"` the kernel is the chunked
-# form for a prompt (matrix products over chunks of $C$ = `chunk_size` tokens) and the
-# token-by-token recurrence for a single token, where one scan step beats a padded chunk (on
-# a CPU, where the scan's forward pass measured faster at every length, a prompt that is not
-# differentiated also runs the scan; training takes the chunked form's gradient):
+# and the cache after its last token. With `implementation="auto"` the kernel is chosen per
+# call (`kda_lib.kernel.select_implementation`): the token-by-token recurrence for a single
+# token, where one scan step beats a padded chunk, and for a prompt the chunked form (matrix
+# products over chunks of $C$ = `chunk_size` tokens), except on a CPU, where a call that is
+# not differentiated runs the scan instead (`kda_lib.kernel.scan_forward`; training still takes
+# the chunked form's gradient). The cell below prints what runs here. Section 2 therefore
+# also prefills with `implementation="chunked"` explicitly, so that the chunked path is
+# compared with decoding on every machine. Both compute
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
 #   \mathbf v_t^\top, \qquad \mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k} .
 # $$
+#
+# Is the scan the faster forward on a CPU? Not in this project's recorded CPU benchmark
+# (`recorded_benchmark`, made by `python -m kda_lib.bench`): there the chunked forward took
+# less time than the scan's at T = 256 and about the same at T = 1024 (ratios printed below).
 
 # %%
 picks = {t: select_implementation(seq_len=t, key_dim=head_dim, dtype=jnp.float32,
@@ -125,6 +144,15 @@ print(f"auto picks {picks[prompt_len]!r} for the {prompt_len}-token prompt, "
       f"{picks[1]!r} for one token")
 if jax.default_backend() != "tpu":  # on a TPU v6+ auto may pick tokamax's Mosaic kernel
     assert picks == {prompt_len: "chunked", 1: "recurrent"}
+# what auto actually runs for the (not differentiated) prefill on this machine
+prefill_runs = ("scan (recurrent)" if picks[prompt_len] == "chunked" and scan_forward()
+                else picks[prompt_len])
+print(f"on {jax.default_backend()}, auto's prefill runs: {prefill_runs}")
+bench = load_recorded("benchmarks", recorded_benchmark)
+fwd_ratio = {int(t): r for t, r in bench["ratios"]["chunked/recurrent"]["fwd"].items()}
+print(f"recorded {bench['platform']} benchmark {bench['date']}: chunked / scan forward time "
+      + ", ".join(f"{r:.2f} at T = {t}" for t, r in sorted(fwd_ratio.items())))
+assert fwd_ratio[256] < 0.95 and 0.95 < fwd_ratio[1024] < 1.05, fwd_ratio  # the text above
 
 cache = layer.init_cache(batch)
 for name, part in cache._asdict().items():
@@ -142,7 +170,9 @@ print(f"prefill of {prompt_len} tokens: {time.perf_counter() - start:.2f} s (inc
 # change) and timed after a warm-up call (each step runs `timing_repeats` times on the same
 # inputs and the fastest run counts, which filters out hiccups of a shared machine). Then the
 # layer runs over all `prompt_len + decode_steps` tokens in one pass; prefill plus decoding
-# must give the same outputs, the same final state and the same conv history.
+# must give the same outputs, the same final state and the same conv history. The same check
+# is then repeated with the prompt prefilled by the chunked kernel (`implementation="chunked"`,
+# same weights) and decoded from its cache.
 
 # %%
 decode_cache = cache
@@ -170,21 +200,39 @@ for name, a, b in zip(cache_full._fields, decode_cache, cache_full, strict=True)
     assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")
 print("final state and conv histories match")
 
+# %%
+# the chunked kernel's prefill, decoded from its cache by the same jitted step
+layer_chunked = kda_lib.KimiDeltaAttention(dataclasses.replace(config, implementation="chunked"),
+                                           rngs=nnx.Rngs(layer_seed))
+y_chunked, chunked_cache = run(layer_chunked, x[:, :prompt_len], layer.init_cache(batch))
+chunked_outputs = []
+for t in range(prompt_len, total_len):
+    y_t, chunked_cache = run(layer, x[:, t: t + 1], chunked_cache)
+    chunked_outputs.append(y_t)
+y_chunked = jnp.concatenate([y_chunked, *chunked_outputs], axis=1)
+err_chunked = relative_l2(y_chunked, y_full)
+print(f"chunked-kernel prefill + {decode_steps} decode steps vs one full pass: relative error "
+      f"{err_chunked:.1e}")
+assert err_chunked < 1e-5
+for name, a, b in zip(cache_full._fields, chunked_cache, cache_full, strict=True):
+    assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
+
 # %% tags=["hide-input"]
-diff = np.linalg.norm(np.asarray(y_decoded - y_full), axis=-1)[0]  # row 0, per token
-per_token = diff / np.linalg.norm(np.asarray(y_full), axis=-1)[0]
 floor = 1e-10
 fig, ax = plt.subplots(figsize=(8, 3.2))
-ax.semilogy(np.arange(total_len), np.maximum(per_token, floor), ".", color=viz.PALETTE["blue"],
-            label="relative difference (bitwise equal drawn at 1e-10)")
+for y_ours, style, label in ((y_decoded, ".", f"auto's prefill ({prefill_runs})"),
+                             (y_chunked, "x", "chunked-kernel prefill")):
+    diff = np.linalg.norm(np.asarray(y_ours - y_full), axis=-1)[0]  # row 0, per token
+    per_token = diff / np.linalg.norm(np.asarray(y_full), axis=-1)[0]
+    ax.semilogy(np.arange(total_len), np.maximum(per_token, floor), style, label=label)
 ax.axvspan(-0.5, prompt_len - 0.5, color=viz.PALETTE["sky"], alpha=0.2,
-           label="prefill (chunked kernel)")
+           label="prefill (one call)")
 ax.axvspan(prompt_len - 0.5, total_len - 0.5, color=viz.PALETTE["orange"], alpha=0.15,
            label="decode (one token per step)")
 ax.axhline(np.finfo(np.float32).eps, color="0.4", linestyle=":", linewidth=1,
            label="float32 eps")
 ax.set_ylim(floor / 2, 1e-3)
-ax.set_title("Prefill + decode vs one full pass, per token")
+ax.set_title("Prefill + decode vs one full pass, per token (bitwise equal drawn at 1e-10)")
 ax.set_xlabel("token position t (tokens)")
 ax.set_ylabel(r"$\|y_t - y_t^{\mathrm{full}}\| / \|y_t^{\mathrm{full}}\|$")
 ax.legend(loc="upper left", ncol=2, fontsize=8)
@@ -301,42 +349,162 @@ display(Markdown(
 assert slowest_attention > attention_ms[int(np.argmin(attention_contexts))], "reads grow with T"
 
 # %% [markdown]
+# ## 5. A decode step is bound by memory bandwidth: the crossover against a KV cache
+#
+# Per sequence and layer, a KDA decode step reads the state ($H d_k d_v$ numbers) and writes
+# it back, and does a handful of flops per state entry: the decay, the delta rule's read
+# $\mathbf k^\top S$ and its rank-one write, the output's read $\mathbf q^\top S$ (XLA counts
+# them on the compiled `kda_step` below). That is about one flop per byte moved in float32,
+# two orders of magnitude below the flops-per-byte ratio at which a GPU stops waiting on
+# memory (computed below from the H200's datasheet numbers), so the step takes the time its
+# bytes take to stream from memory. The same holds for an attention decode step, which reads
+# $T$ cached entries of $n$ numbers each, where $n$ depends on the kind of cache:
+#
+# - multi-head attention (MHA): $n = 2 H d$, keys and values of every head;
+# - grouped-query attention (GQA) with $G$ key/value heads: $n = 2 G d$;
+# - multi-head latent attention (MLA, the kind of the Kimi Linear paper's global layers): one
+#   latent of $d_c$ numbers plus a RoPE key of $d_R$ per token, shared by all heads; we use
+#   DeepSeek-V2's sizes (`mla_latent`, `mla_rope_dim`).
+#
+# With $b_S$ bytes per state number and $b_{KV}$ per cached number, the two steps move the
+# same bytes at (the first whole context at or past it is printed below)
+#
+# $$
+# T^\ast = \frac{2\, H d_k d_v\, b_S}{n\, b_{KV}}
+# $$
+#
+# (the 2: the state is read and written; the conv histories and the new token's cache entry,
+# a few rows each, are left out). Beyond $T^\ast$ the attention step is the slower one. When the
+# state and the cache have the same dtype, $b_S / b_{KV} = 1$ and the dtype drops out; kda_lib
+# and fla keep the state in float32 even for bf16 models, and against a bf16 cache that
+# doubles $T^\ast$.
+
+# %%
+H, d = roofline_heads, roofline_head_dim
+step_args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in
+             ((1, H, d, d), (1, H, d), (1, H, d), (1, H, d), (1, H, d), (1, H))]
+cost = jax.jit(kda_step).lower(*step_args).compile().cost_analysis()
+cost = cost[0] if isinstance(cost, list) else cost  # some JAX versions return one per device
+entries = H * d * d  # state numbers of one layer and sequence
+flops_per_entry = cost["flops"] / entries
+intensity = cost["flops"] / (2 * 4 * entries)  # flop per byte: the state read and written once
+H200_BANDWIDTH = 4.8e12  # bytes/s of HBM, NVIDIA's H200 datasheet
+H200_BF16_FLOPS = 989e12  # dense bf16 tensor-core flop/s, same datasheet
+ridge = H200_BF16_FLOPS / H200_BANDWIDTH
+print(f"kda_step at H = {H}, d_k = d_v = {d}: {cost['flops']:,.0f} flops = {flops_per_entry:.1f} "
+      f"per state entry; {intensity:.2f} flop per byte of state read and written; XLA's own "
+      f"byte count {cost['bytes accessed'] / (2 * 4 * entries):.1f}x that minimum (CPU program)")
+print(f"H200 (datasheet): {ridge:.0f} flop/byte before the tensor cores, not memory, limit; "
+      f"streaming one layer's float32 state in and out at {H200_BANDWIDTH / 1e12:.1f} TB/s "
+      f"takes at least {2 * 4 * entries / H200_BANDWIDTH * 1e6:.2f} us")
+assert 6 <= flops_per_entry <= 10, flops_per_entry
+assert intensity < 2 and ridge > 50 * intensity, "bandwidth-bound by a wide margin"
+assert cost["bytes accessed"] >= 2 * 4 * entries, "at least the state, read and written"
+
+# %%
+caches = {"MHA": 2 * H * d, f"GQA, G = {gqa_kv_heads}": 2 * gqa_kv_heads * d,
+          "MLA": mla_latent + mla_rope_dim}  # numbers cached per token and layer
+dtypes = {"float32 state, float32 cache": (4, 4), "bf16 state, bf16 cache": (2, 2),
+          "float32 state, bf16 cache": (4, 2)}  # (b_S, b_KV) bytes per number
+
+
+def crossover(n, b_state, b_cache):
+    """T*: the context at which an attention step over n numbers per token moves as many
+    bytes as a KDA step reading and writing an H x d x d state."""
+    return 2 * H * d * d * b_state / (n * b_cache)
+
+
+t_star = {(c, dt): crossover(n, *b) for c, n in caches.items() for dt, b in dtypes.items()}
+print(f"{'cache':16s} {'numbers/token':>13s} " + " ".join(f"{dt:>29s}" for dt in dtypes))
+for c, n in caches.items():
+    print(f"{c:16s} {n:13d} " + " ".join(f"{t_star[(c, dt)]:29.1f}" for dt in dtypes))
+
+# %%
+for (c, dt), t in t_star.items():  # the formula, against a count of bytes token by token
+    b_state, b_cache = dtypes[dt]
+    first = next(T for T in range(1, 10**5) if T * caches[c] * b_cache >= 2 * entries * b_state)
+    assert first == np.ceil(t), (c, dt, first, t)
+for c in caches:  # one dtype for both: it cancels; a float32 state against bf16: twice T*
+    assert t_star[(c, "float32 state, float32 cache")] == t_star[(c, "bf16 state, bf16 cache")]
+    assert t_star[(c, "float32 state, bf16 cache")] == 2 * t_star[(c, "bf16 state, bf16 cache")]
+# n for MHA is what kda_lib's attention cache grows by per token (float32, the layer above)
+grown = [sum(a.nbytes for a in jax.tree.leaves(attention.init_cache(batch, max_len=m)))
+         for m in (8, 9)]
+assert grown[1] - grown[0] == batch * 2 * num_heads * head_dim * 4
+assert state_bytes == batch * num_heads * head_dim * head_dim * 4  # H d_k d_v numbers, float32
+
+# %% tags=["hide-input"]
+context = np.geomspace(16, 65536, 100)
+fig, ax = plt.subplots(figsize=(8, 3.6))
+b_state, b_cache = dtypes["float32 state, bf16 cache"]
+ax.axhline(2 * entries * b_state / 2**20, color=viz.PALETTE["blue"],
+           label="KDA step: float32 state read and written")
+for (c, n), color in zip(caches.items(), viz.CYCLE[1:], strict=False):
+    ax.plot(context, context * n * b_cache / 2**20, color=color, label=f"{c} step: bf16 cache read")
+    ax.plot(t_star[(c, "float32 state, bf16 cache")], 2 * entries * b_state / 2**20, "o",
+            color=color)
+ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
+       ylabel="MiB moved per step and layer (log scale)",
+       title=f"Bytes a decode step moves, one sequence and layer, H = {H}, d = {d}")
+ax.legend(loc="upper left", fontsize=8)
+viz.show(fig, "07_decode_roofline")
+
+# %%
+gqa = f"GQA, G = {gqa_kv_heads}"
+first_t = {key: int(np.ceil(t)) for key, t in t_star.items()}  # first whole T at or past T*
+same, mixed = "bf16 state, bf16 cache", "float32 state, bf16 cache"
+display(Markdown(
+    f"At $H$ = {H}, $d_k = d_v$ = {d}, with the same dtype for state and cache, the KDA step "
+    f"moves no more bytes than an MHA step from {first_t[('MHA', same)]} tokens of context on, "
+    f"than a GQA ({gqa_kv_heads} key/value heads) step from {first_t[(gqa, same)]}, and than an "
+    f"MLA step from {first_t[('MLA', same)]}; a float32 state against a bf16 cache doubles "
+    f"$T^\\ast$: {first_t[('MHA', mixed)]}, {first_t[(gqa, mixed)]} and "
+    f"{first_t[('MLA', mixed)]} tokens. The smaller the cache per token, the longer the context "
+    "before a fixed state pays off; past it, the KDA step's cost stays flat while attention's "
+    "grows with every token."))
+
+# %% [markdown]
 # ## Summary
 #
-# - Prefill (chunked kernel) followed by token-by-token decoding (recurrent step) from the
-#   layer's cache reproduces one full forward pass: outputs, final state and conv history.
+# - A prompt prefilled in one call (the chunked kernel, and whatever `auto` runs here)
+#   followed by token-by-token decoding (recurrent step) from the layer's cache reproduces one
+#   full forward pass: outputs, final state and conv history.
 # - The cache is $H d_k d_v + (w - 1) H (2 d_k + d_v)$ floats per sequence and layer, measured
 #   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens (computed
 #   above) and keeps growing.
 # - A KDA decoding step costs the same at every position; an attention step's cost grows with
 #   its KV cache (measured above).
+# - Both are bandwidth-bound (about one flop per byte), so bytes decide: the crossover length
+#   against MHA, GQA and MLA caches, in bf16 and float32, is computed in section 5.
 #
 # ## Exercises
 #
-# 1. **No convolution, no history.** Build the layer with `conv_size=0`: its cache must then
-#    be the states alone, $H d_k d_v$ floats.
-# 2. **Prefill in two pieces.** Prefill the prompt in two halves (two calls with the cache),
-#    then decode: the outputs must still equal the full pass.
-# 3. **A realistic model.** For $H = 16$, $d_k = d_v = 128$ and $w = 4$, from how many tokens on
-#    is one layer's KV cache larger than its KDA cache?
+# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
+# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# solutions are in `notebooks/solutions/ch07.py` (try first).
 #
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+# 1. **No convolution, no history.** Build the layer with `conv_size=0` and measure its cache
+#    in bytes (`sum(a.nbytes for a in jax.tree.leaves(cache))`): it must be the states alone.
+# 2. **Prefill in two pieces.** Prefill the prompt in two halves (two calls with the cache);
+#    the answer is the two halves' outputs concatenated, `[B, prompt_len, hidden]`, which must
+#    equal the full pass.
+# 3. **The decode crossover, derived.** Write `t_star(heads, key_dim, value_dim, kv_numbers,
+#    state_bytes, cache_bytes)` returning the smallest whole context length $T$ at which one
+#    attention decode step (reading $T$ cached entries of `kv_numbers` numbers of `cache_bytes`
+#    bytes) moves at least as many bytes as one KDA step (reading and writing its state of
+#    `state_bytes` bytes per number). The checker tries it on several caches and dtypes.
 
-# %% tags=["solution", "hide-input"]
-# 1: conv_size = 0 -> the cache is the state only
-plain = kda_lib.KimiDeltaAttention(dataclasses.replace(config, conv_size=0), rngs=nnx.Rngs(0))
-plain_bytes = sum(a.nbytes for a in jax.tree.leaves(plain.init_cache(batch)))
-assert plain_bytes == state_bytes, (plain_bytes, state_bytes)
-# 2: two-piece prefill
-half = prompt_len // 2
-y_a, c_a = run(layer, x[:, :half], layer.init_cache(batch))
-y_b, c_b = run(layer, x[:, half:prompt_len], c_a)
-assert_close(jnp.concatenate([y_a, y_b], axis=1), y_full[:, :prompt_len], atol=1e-5, rtol=1e-4,
-             name="exercise 2")
-# 3: T* = (K V + (w - 1)(2K + V)) / (K + V) per head
-t_star = (128 * 128 + 3 * (2 * 128 + 128)) / (128 + 128)
-assert np.isclose(t_star, 128 / 2 + 3 * 3 / 2)
-print(f"exercises 1-3: solutions checked (realistic crossover {t_star:.1f} tokens)")
+# %%
+import kda_lib.exercises
+
+answer = None  # 1: the cache bytes (an int) of the conv_size=0 layer
+kda_lib.exercises.check("07.1", answer, batch=batch, num_heads=num_heads, key_dim=head_dim,
+                        value_dim=head_dim)
+answer = None  # 2: the two-piece prefill's outputs, [B, prompt_len, hidden]
+kda_lib.exercises.check("07.2", answer, full=y_full[:, :prompt_len])
+answer = None  # 3: a function t_star(heads, key_dim, value_dim, kv_numbers, state_bytes,
+#                  cache_bytes) -> int
+kda_lib.exercises.check("07.3", answer)
 
 # %% [markdown]
 # ## References

@@ -22,7 +22,9 @@
 # Associative Recall (MQAR) and Stack and plots accuracy against sequence length and against
 # training steps, with KDA ahead of Gated DeltaNet (GDN). We rerun that comparison at laptop
 # scale, with every number a mean over seeds (spread shown) and every mixer's learning rate
-# picked from a grid (the Zoology protocol: each model gets its best rate). We also show why
+# picked from a grid on MQAR (the Zoology protocol: each model gets its best rate there; the
+# other tasks reuse it, section 7). In section 9 we build, in closed form, a case where the
+# decay per channel does what a scalar forget gate cannot. We also show why
 # plain softmax attention, which is known to solve MQAR, sits low here: it has to *grow* an
 # induction circuit, a sudden phase transition that the recurrent mixers skip because their
 # short convolution hands each token its predecessor.
@@ -60,6 +62,9 @@ log_every: int = 25  # steps averaged into one point of the training curves
 record_results: str = ""  # write this sweep's records to this JSON path ("" to skip)
 recorded_results: str = "synthetic_recall_seeds.json"  # recorded full run, in data/results/
 recorded_phase: str = "mqar_attention_phase_transition_seed0.json"  # long attention MQAR run
+slow_half_life: float = 20.0  # section 9: the slow time scale (tokens) ...
+fast_half_life: float = 1.0  # ... and the fast one
+two_scale_len: int = 256  # tokens of the section-9 filter and its test input
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -90,6 +95,7 @@ import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.models import ModelConfig, TinyLM, count_params
 from kda_lib.recorded import load_recorded
+from kda_lib.reference import kda_recurrent
 from kda_lib.tasks import chance_accuracy
 from kda_lib.train import make_task, run_sweep, save_record, summary_line
 
@@ -300,15 +306,27 @@ for t in seq_lens if "mqar" in tasks else []:
 # %% [markdown]
 # With two layers attention *can* form the circuit, but gradient descent finds it late and
 # abruptly. The recorded run below (`recorded_phase`, from the command in
-# `data/results/README.md`: two layers, width 128, batch 32, rate $10^{-3}$) sits at the
-# accuracy of guessing among the values for thousands of steps, then jumps.
+# `data/results/README.md`: two layers, width 128, batch 32, rate $10^{-3}$) sits on a plateau
+# for thousands of steps, then jumps. Two guessing levels are drawn for comparison: chance,
+# uniform over all value tokens of the vocabulary, and uniform over the values of the
+# sequence's own pairs, $(1 + (N - 1)/n_{\text{values}})/N$ for $N$ pairs (values are drawn
+# with replacement, so the query's value can occur more than once; checked by sampling below).
+# The plateau lies above both (printed below): before the jump the model already does better
+# than picking one of the sequence's values at random. What it has learned at that point this
+# notebook does not resolve.
 
 # %% tags=["hide-input"]
 phase = load_recorded("results", recorded_phase)
 h = phase["history"]
 fig, ax = plt.subplots(figsize=(7.5, 3.4))
 ax.plot(h["step"], h["accuracy"], color=viz.CYCLE[2], label="attention, 2 layers (recorded)")
-ax.axhline(phase["chance_accuracy"], color="0.3", linestyle=":", label="chance")
+n_pairs_phase = phase["task_options"]["num_pairs"]
+n_values_phase = round(1 / phase["chance_accuracy"])  # value tokens of the phase run's vocabulary
+among_pairs = (1 + (n_pairs_phase - 1) / n_values_phase) / n_pairs_phase
+ax.axhline(phase["chance_accuracy"], color="0.3", linestyle=":",
+           label=f"chance: uniform over the {n_values_phase} value tokens")
+ax.axhline(among_pairs, color="0.3", linestyle="--", linewidth=1,
+           label=f"uniform over the sequence's {n_pairs_phase} pair values")
 ax.set_ylim(-0.02, 1.02)
 ax.set_xlabel("optimiser step")
 ax.set_ylabel("training accuracy (100-step means)")
@@ -320,6 +338,19 @@ viz.show(fig, "08_attention_phase_transition")
 # %%
 acc = np.array(h["accuracy"])
 jump = h["step"][int(np.argmax(acc > 0.5))] if (acc > 0.5).any() else None
+steps_phase = np.array(h["step"])
+plateau = acc[(steps_phase > 1000) & (steps_phase <= 6000)]
+# guessing among the sequence's pair values, by sampling: pick one of the N pair values at random
+sample = make_task("mqar", **phase["task_options"])(jax.random.key(1), 512,
+                                                    phase["training"]["seq_len"])
+pair_values = np.asarray(sample.inputs)[:, 1:2 * n_pairs_phase:2]  # [B, N]
+queried = np.asarray(sample.targets)[np.asarray(sample.mask)].reshape(-1, n_pairs_phase)
+sampled = (pair_values[:, None, :] == queried[:, :, None]).mean()
+print(f"plateau (steps 1000-6000): accuracy {plateau.min():.3f}-{plateau.max():.3f}; chance "
+      f"{phase['chance_accuracy']:.3f}; uniform over the pair values {among_pairs:.3f} "
+      f"(sampled: {sampled:.3f})")
+assert abs(sampled - among_pairs) < 0.01
+assert plateau.min() > among_pairs > phase["chance_accuracy"]
 print(f"recorded attention run: accuracy {acc[:10].mean():.2f} over its first "
       f"{h['step'][9]} steps, above 0.5 from step {jump}; held-out at the end "
       f"{phase['eval']['accuracy']:.3f} ({phase['train_seconds'] / 60:.0f} min)")
@@ -381,6 +412,26 @@ rec_setting = (f"recorded: {first['model']['num_layers']} layer(s), width "
 chance.update({r["task"]: r["chance_accuracy"] for r in recorded})
 print_table(rec, rec_setting + "\nmean +- sd [min, max] over seeds, at each setting's best rate")
 
+# %% [markdown]
+# **How the rates were chosen.** The grid was run on one task, one length and one seed, and the
+# rate chosen there was reused for every task and length (printed below). So the rates are
+# tuned for MQAR only; palindrome and stack run at MQAR's best rate, which may not be theirs.
+# A rate picked at an edge of the grid may not be the best one either: attention's is the
+# smallest rate tried (asserted below), and the grid was not widened here.
+
+# %%
+grid = sorted({r["training"]["learning_rate"] for r in rec_tuning})
+tune_settings = {(r["task"], r["training"]["seq_len"]) for r in rec_tuning}
+tune_seeds = {r["training"]["seed"] for r in rec_tuning}
+picked = {m: max((r for r in rec_tuning if r["mixer"] == m), key=lambda r: r["eval"]["accuracy"])
+          ["training"]["learning_rate"] for m in dict.fromkeys(r["mixer"] for r in rec_tuning)}
+at_edge = [m for m, lr in picked.items() if lr in (grid[0], grid[-1])]
+print(f"rate grid {grid}, tried on (task, T) = {sorted(tune_settings)} with {len(tune_seeds)} "
+      f"seed; best rate per mixer {picked}; at an edge of the grid: {at_edge}")
+assert tune_settings == {("mqar", 64)} and len(tune_seeds) == 1
+assert all(rec[(t, m, n)]["lr"] == picked[m] for (t, m, n) in rec), "reused everywhere"
+assert at_edge == ["attention"] and picked["attention"] == grid[0]
+
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(2, len(rec_tasks), figsize=(4.4 * len(rec_tasks), 7.2), squeeze=False)
 for ax, task in zip(axes[0], rec_tasks, strict=True):
@@ -413,10 +464,12 @@ viz.show(fig, "08_recorded_length_and_steps")
 # $|\bar a_{\mathrm{KDA}} - \bar a_{\mathrm{GDN}}| > \max\!\big(0.01,\;
 # 2\sqrt{s_{\mathrm{KDA}}^2/n + s_{\mathrm{GDN}}^2/n}\big)$; otherwise the two are level.
 #
-# In the recorded run KDA is never behind GDN: it is ahead on palindrome at both lengths (the
-# task that needs the order of many tokens, where a decay per channel can keep some channels
-# for long and others short) and level on MQAR and stack. GDN's MQAR at $T = 64$ shows why
-# seeds matter: one of its three seeds stalled below 0.7 (asserted below).
+# The rule compares memories only where the models do the task. **Palindrome is solved by no
+# model** (every mean below 0.3, asserted below): the gaps there rank partial failures, whose
+# cause this sweep cannot tell, so palindrome is left out of the comparison. On MQAR (solved)
+# and stack (learned well above chance by both; means printed below), KDA and GDN are level at
+# both lengths. GDN's MQAR at $T = 64$ shows why seeds matter: one of its three
+# seeds stalled below 0.7 (asserted below).
 
 # %%
 def verdict(a, b):
@@ -424,23 +477,126 @@ def verdict(a, b):
     return "level" if abs(diff) <= max(0.01, 2 * se) else "KDA ahead" if diff > 0 else "GDN ahead"
 
 
+best_palindrome = max((b["acc"].mean(), m, t) for (task, m, t), b in rec.items()
+                       if task == "palindrome")
+print(f"palindrome: best mean accuracy {best_palindrome[0]:.3f} ({best_palindrome[1]}, "
+      f"T = {best_palindrome[2]}): solved by no model; not compared")
+assert best_palindrome[0] < 0.3
 verdicts = {}
 for task in rec_tasks:
     for t in rec_lens:
         a, b = rec[(task, "kda", t)]["acc"], rec[(task, "gdn", t)]["acc"]
-        verdicts[(task, t)] = verdict(a, b)
+        verdicts[(task, t)] = verdict(a, b) if task != "palindrome" else "not solved"
         print(f"{task:11s} T={t:<4d} kda {a.mean():.3f} +- {a.std(ddof=1):.3f}   gdn "
               f"{b.mean():.3f} +- {b.std(ddof=1):.3f}   {verdicts[(task, t)]}")
-counts = {v: list(verdicts.values()).count(v) for v in ("KDA ahead", "level", "GDN ahead")}
-print(f"of {len(verdicts)} task/length pairs: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
-assert counts["GDN ahead"] == 0, verdicts  # the claims above
-assert all(verdicts[("palindrome", t)] == "KDA ahead" for t in rec_lens)
+assert all(v == "level" for (task, t), v in verdicts.items() if task != "palindrome"), verdicts
 gdn_mqar = rec[("mqar", "gdn", rec_lens[0])]["acc"]
 assert gdn_mqar.min() < 0.7 and gdn_mqar.max() > 0.99, gdn_mqar  # one seed stalled
 attention_mqar = [rec[("mqar", "attention", t)] for t in rec_lens]
 print("attention on MQAR at its best rate:", [(a["lr"], round(a["acc"].mean(), 3)) for a in
                                                attention_mqar])
 assert all(a["lr"] == 0.003 and a["acc"].mean() < 0.36 for a in attention_mqar)
+
+# %% [markdown]
+# ## 9. Where a decay per channel helps: two time scales in one head
+#
+# In the recorded sweep KDA and GDN are level. Here is a small case where the per-channel decay
+# is worth something, built in closed form rather than trained. The task: filter a stream of
+# numbers $x_t$ (the values, $d_v = 1$) at two time scales at once,
+#
+# $$
+# y_t = \sum_{\tau \ge 0} h(\tau)\, x_{t - \tau}, \qquad
+# h(\tau) = \tfrac12\, r_{\text{slow}}^{\tau} + \tfrac12\, r_{\text{fast}}^{\tau},
+# $$
+#
+# with half-lives `slow_half_life` and `fast_half_life` tokens, using **one head with two key
+# channels** whose key, query, gate and $\beta$ are the same at every token (a filter that does
+# not change over time). The recurrence is $S_t = A S_{t-1} + \beta \mathbf k x_t$ with
+# $A = (I - \beta \mathbf k \mathbf k^\top) D$, so the head computes the filter
+# $h(\tau) = \beta\, \mathbf q^\top A^{\tau} \mathbf k$.
+#
+# - **Scalar gate (GDN), $D = \alpha I$:** $A \mathbf k = \alpha (1 - \beta) \mathbf k$, so the
+#   state never leaves the direction of $\mathbf k$ and the head's filter is one exponential,
+#   $c\, \rho^{\tau}$, whatever $\mathbf k$, $\mathbf q$, $\alpha$ and $\beta$. Its best fit:
+#   $c$ in closed form for each $\rho$ on a fine grid.
+# - **Per-channel gate (KDA), $D = \mathrm{Diag}(\alpha_1, \alpha_2)$:** $D \mathbf k$ is not
+#   parallel to $\mathbf k$, the state uses both directions, and the filter is a sum of two
+#   exponentials, the eigenvalues of $A$. We pick $\beta$ and a key that lies mostly on the
+#   fast channel, solve $\operatorname{tr} A = r_{\text{slow}} + r_{\text{fast}}$ and
+#   $\det A = (1 - \beta)\alpha_1\alpha_2 = r_{\text{slow}} r_{\text{fast}}$ for the two
+#   decays (a quadratic), and fit $\mathbf q$ by least squares.
+#
+# Both heads then run through `kda_lib.kda_recurrent` in float64 on random inputs.
+
+# %%
+r_slow, r_fast = 0.5 ** (1 / slow_half_life), 0.5 ** (1 / fast_half_life)
+lag = np.arange(two_scale_len)
+target = 0.5 * r_slow**lag + 0.5 * r_fast**lag  # h(tau)
+beta_two, slow_share = 0.3, 0.05  # beta, and the key's squared weight on the slow channel
+k_two = np.sqrt([slow_share, 1 - slow_share])
+# tr A = alpha_1 (1 - beta k_1^2) + alpha_2 (1 - beta k_2^2), det A = (1 - beta) alpha_1 alpha_2
+qa, qb = 1 - beta_two * slow_share, -(r_slow + r_fast)
+qc = r_slow * r_fast * (1 - beta_two * (1 - slow_share)) / (1 - beta_two)
+alpha_slow = (-qb + np.sqrt(qb**2 - 4 * qa * qc)) / (2 * qa)
+alpha_fast = r_slow * r_fast / ((1 - beta_two) * alpha_slow)
+A_two = (np.eye(2) - beta_two * np.outer(k_two, k_two)) @ np.diag([alpha_slow, alpha_fast])
+assert 0 < alpha_fast < alpha_slow <= 1, (alpha_slow, alpha_fast)
+assert np.allclose(np.sort(np.linalg.eigvals(A_two).real), [r_fast, r_slow])
+powers = np.stack([beta_two * np.linalg.matrix_power(A_two, t) @ k_two for t in lag])
+q_two = np.linalg.lstsq(powers, target, rcond=None)[0]
+
+# %%
+# scalar gate: the best single exponential c rho^tau (c in closed form for each rho)
+rho_grid = np.linspace(0, 1, 20001)[1:-1]
+basis = rho_grid[:, None] ** lag[None, :]
+c_grid = basis @ target / (basis * basis).sum(axis=1)
+fit_error = np.linalg.norm(c_grid[:, None] * basis - target, axis=1) / np.linalg.norm(target)
+rho_best, c_best = rho_grid[np.argmin(fit_error)], c_grid[np.argmin(fit_error)]
+
+
+def run_head(alphas, beta, k, q, x):
+    """One head, d_k = 2, d_v = 1, the same k, q, gate and beta at every token (float64)."""
+    steps = x.size
+    const = [np.broadcast_to(np.asarray(a, np.float64), (1, steps, 1, 2))
+             for a in (q, k, np.log(alphas))]
+    with jax.enable_x64(True):
+        o, _ = kda_recurrent(const[0], const[1], np.asarray(x, np.float64)[None, :, None, None],
+                             const[2], np.full((1, steps, 1), beta), scale=1.0)
+        return np.asarray(o)[0, :, 0, 0]
+
+
+# %%
+x_two = np.asarray(jax.random.normal(jax.random.key(3), (two_scale_len,), "float32"), np.float64)
+y_two = np.convolve(x_two, target)[:two_scale_len]
+y_kda = run_head([alpha_slow, alpha_fast], beta_two, k_two, q_two, x_two)
+# GDN's best as a head: rho = alpha (1 - beta); alpha = 1, beta = 1 - rho, q^T k beta = c
+y_gdn = run_head([1.0, 1.0], 1 - rho_best, [0.0, 1.0], [0.0, c_best / (1 - rho_best)], x_two)
+err_kda = np.linalg.norm(y_kda - y_two) / np.linalg.norm(y_two)
+err_gdn = np.linalg.norm(y_gdn - y_two) / np.linalg.norm(y_two)
+print(f"KDA head: decays alpha = ({alpha_slow:.4f}, {alpha_fast:.4f}), beta {beta_two}, key "
+      f"{np.round(k_two, 3)}: output error {err_kda:.1e}")
+print(f"best scalar-gate head: one exponential rho = {rho_best:.4f}, c = {c_best:.3f}: filter "
+      f"error {fit_error.min():.3f}, output error {err_gdn:.3f} (relative L2)")
+assert err_kda < 1e-10, "two time scales in one KDA head, exactly"
+assert err_gdn > 0.1 and fit_error.min() > 0.1, "no single exponential comes close"
+
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(8, 3.4))
+ax.semilogy(lag, target, color="0.2", linewidth=3, alpha=0.35, label="target h(tau)")
+ax.semilogy(lag, powers @ q_two, "--", color=colors["kda"], label="KDA head (per-channel decay)")
+ax.semilogy(lag, c_best * rho_best**lag, ":", color=colors["gdn"], linewidth=2,
+            label="best scalar-decay head (one exponential)")
+ax.set(xlim=(0, 4 * slow_half_life), ylim=(1e-4, 1.5), xlabel="lag tau (tokens)",
+       ylabel="weight of x(t - tau) (log scale)",
+       title="Two time scales in one head: per-channel vs scalar decay")
+ax.legend(loc="upper right", fontsize=8)
+viz.show(fig, "08_two_time_scales")
+
+# %% [markdown]
+# The scalar-gate head must choose one time scale: its best compromise overshoots the short
+# lags and undershoots the long ones. Two scalar-gate heads could hold one time scale each, at
+# twice the state; one KDA head holds both. Whether trained models use this, the recorded
+# sweep above does not show.
 
 # %% [markdown]
 # ## Summary
@@ -455,48 +611,54 @@ assert all(a["lr"] == 0.003 and a["acc"].mean() < 0.36 for a in attention_mqar)
 #   with the short convolution the recurrent mixers have, one attention layer solves it too.
 #   Two attention layers can learn it without the convolution, after a phase transition (the
 #   recorded long run).
-# - With three seeds and a tuned rate per mixer, KDA was ahead of GDN on palindrome and level
-#   with it on MQAR and stack at the recorded size (printed in section 7); never behind.
-# - Softmax attention, tuned over the same grid (its best rate: 0.003), stays below 0.36 on
-#   MQAR with one layer at both lengths: the missing previous-token step, not the rate.
+# - With three seeds and rates tuned on MQAR (one length, one seed) and reused elsewhere, KDA
+#   and GDN were level on MQAR and stack at the recorded size (printed in section 8);
+#   palindrome was solved by no model, so it ranks nothing.
+# - Softmax attention, tuned over the same grid, stays below 0.36 on MQAR with one layer at
+#   both lengths while attention with the short convolution solves it: the missing
+#   previous-token step. Its best rate was the grid's smallest, so the grid does not rule out
+#   a better smaller rate.
+# - A decay per channel can do what one forget value per head cannot: a single head with two
+#   channels holds two time scales at once (section 9, exact to float64 rounding), while a
+#   scalar gate's head is one exponential.
 
 # %% [markdown]
 # ## Exercises
 #
+# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
+# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# solutions are in `notebooks/solutions/ch08.py` (try first).
+#
 # 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
 #    many are there for `vocab_size` tokens, and what accuracy does uniform guessing give?
-#    Compare with `chance_accuracy("mqar", ...)`.
-# 2. **Was the grid wide enough?** A rate picked at the edge of the grid may not be the best
-#    one. From the recorded tuning runs (`rec_tuning`), find each mixer's best rate and whether
-#    it is the smallest or the largest tried.
+#    (Answer: the accuracy, a float; compare with `chance_accuracy("mqar", ...)`.)
+# 2. **Which settings are solved?** From the recorded run (`rec`), list the (task, T) pairs at
+#    which at least one mixer reaches a mean accuracy of 0.9 over seeds.
 # 3. **The conv-only reach.** In an MQAR sequence, query $k_i$ is answered by $v_i$, which sits
-#    at a known position. For the example above, count the queries whose value lies within
-#    `conv_reach` tokens of the query: that bounds what the conv-only model can get right.
-#
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+#    at a known position. For the example of section 1, count the queries whose value lies
+#    within `conv_reach` tokens of the query: that bounds what the conv-only model can get
+#    right.
+# 4. **Three time scales in one head.** Extend section 9 to three key channels: build a KDA
+#    head (decays $\alpha_i \in (0, 1]$, $\beta \in (0, 1]$, a unit key $\mathbf k$, a query
+#    $\mathbf q$) whose filter $\beta\, \mathbf q^\top A^\tau \mathbf k$ is
+#    $h(\tau) = \frac13 (r_1^\tau + r_2^\tau + r_3^\tau)$ for half-lives 1, 8 and 64 tokens.
+#    Answer: a dict with keys `alphas`, `beta`, `k`, `q`; the checker computes the filter over
+#    `two_scale_len` lags. Hint: $A$ is similar to $D - \mathbf u \mathbf u^\top$ with
+#    $u_i^2 = \beta \alpha_i k_i^2$, whose eigenvalues interlace the $\alpha_i$.
 
-# %% tags=["solution", "hide-input"]
-# 1: token 0 is filler, (V - 1) // 2 tokens are keys, the rest values (kda_lib.tasks.mqar)
-n_values = vocab_size - 1 - (vocab_size - 1) // 2
-batch = make_task("mqar", **all_options["mqar"])(jax.random.key(9), 64, 64)
-seen = set(np.asarray(batch.targets)[np.asarray(batch.mask)].tolist())
-assert seen <= set(range(vocab_size - n_values, vocab_size)) and len(seen) == n_values
-assert abs(chance["mqar"] - 1 / n_values) < 1e-12
-print(f"exercise 1: {n_values} value tokens, chance {1 / n_values:.4f}")
-# 2: the tuning runs of the recorded sweep: is a mixer's best rate at an edge of the grid?
-grid = sorted({r["training"]["learning_rate"] for r in rec_tuning})
-picked = {m: max((r for r in rec_tuning if r["mixer"] == m), key=lambda r: r["eval"]["accuracy"])
-          for m in {r["mixer"] for r in rec_tuning}}
-edges = sorted(m for m, r in picked.items()
-               if r["training"]["learning_rate"] in (grid[0], grid[-1]))
-assert all(rec[(r["task"], m, r["training"]["seq_len"])]["lr"] == r["training"]["learning_rate"]
-           for m, r in picked.items())
-print(f"exercise 2: grid {grid}; best rate at an edge for {edges}")
-# 3: queries whose value lies within the conv reach
-value_pos = {k: 2 * i + 1 for i, k in enumerate(inputs[0:2 * num_pairs:2])}
-near = sum(t - value_pos[inputs[t]] <= conv_reach for t in np.flatnonzero(mask))
-print(f"exercise 3: {near} of {mask.sum()} queries within {conv_reach} tokens of their value")
-assert 0 <= near <= mask.sum()
+# %%
+import kda_lib.exercises
+
+answer = None  # 1: the chance accuracy of MQAR, a float
+kda_lib.exercises.check("08.1", answer, vocab_size=vocab_size)
+answer = None  # 2: a list of (task, T) pairs
+kda_lib.exercises.check("08.2", answer, accuracy={setting: b["acc"].tolist()
+                                                  for setting, b in rec.items()})
+answer = None  # 3: the number of queries within conv_reach of their value, an int
+kda_lib.exercises.check("08.3", answer, inputs=inputs, mask=mask, num_pairs=num_pairs,
+                        conv_reach=conv_reach)
+answer = None  # 4: dict(alphas=[3 floats], beta=float, k=[3 floats], q=[3 floats])
+kda_lib.exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=two_scale_len)
 
 # %% [markdown]
 # ## References

@@ -18,8 +18,10 @@
 #
 # **Claim.** Kimi Linear is not KDA alone: it stacks three KDA layers for every global softmax
 # attention layer, and its attention layers use no positional encoding (NoPE), because the KDA
-# layers already carry position. We build that decoder from `kda_lib.models` (one mixer per
-# layer, each decoding from a cache of its own kind), train it and three baselines of the same
+# layers already carry position. (The paper's global layers are multi-head latent attention,
+# MLA; ours are plain multi-head attention, whose cache holds every head's keys and values.)
+# We build that decoder from `kda_lib.models` (one mixer per layer, each decoding from a cache
+# of its own kind), train it and three baselines of the same
 # parameter count (softmax attention, KDA, Gated DeltaNet) as byte-level language models on the
 # Python standard library's own source files, and measure what the paper claims in miniature:
 # validation bits per byte, loss against position in the context, training and decoding speed,
@@ -52,6 +54,8 @@ sample_steps: int = 60  # bytes generated per sample
 decode_contexts: list[int] = [64, 512, 2048]  # context lengths of the decode measurement
 record_results: str = ""  # write this run's results to this JSON path ("" to skip)
 recorded_results: str = "stdlib_lm_full.json"  # recorded full run, in data/results/
+recorded_seeds: str = "stdlib_lm_seeds.json"  # the full setting rerun with other seeds
+recorded_benchmark: str = "cpu-2026-12-01.json"  # training-step timings, in data/benchmarks/
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -83,6 +87,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
+from IPython.display import Markdown, display
 
 import kda_lib.notebook
 from kda_lib import viz
@@ -336,14 +341,12 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
 # ## 7. The recorded full run, beside this one
 #
 # The recorded run (`recorded_results`, command and time in `data/results/README.md`) has four
-# layers, so its hybrid is Kimi Linear's 3:1 pattern. Left of each pair: this run; right: the
-# recorded one. In it the 3:1 hybrid reached the lowest validation bits per byte and softmax
-# attention the highest; KDA and GDN ended within 0.01 of each other, which one seed cannot
-# order (asserted below). Every model gained about a quarter of a bit per byte from the first
-# to the last quarter of its window. Its decode speeds, from the shortest context to the longest,
-# show what each cache costs: the attention model slows down more than tenfold, KDA and GDN
-# not measurably (their step reads a fixed state), and the hybrid sits between them, slowed by
-# its one attention layer (asserted below).
+# layers, so its hybrid is Kimi Linear's 3:1 pattern, with one difference from the paper: its
+# global layers are plain multi-head attention (NoPE), where Kimi Linear's are multi-head
+# latent attention (MLA), whose cache holds one compressed latent per token instead of every
+# head's keys and values (notebook 07, section 5, compares the two caches). Left of each pair
+# below: this run; right: the recorded one. Every model gained about a quarter of a bit per
+# byte from the first to the last quarter of its window (asserted below).
 
 # %%
 recorded = load_recorded("results", recorded_results)
@@ -372,20 +375,117 @@ for name, r in recorded["models"].items():
     first, last = context_gain(r)
     print(f"--- {name} (recorded; context gain {first - last:+.3f} bits per byte)\n{r['sample']}")
     assert 0.2 < first - last < 0.3, (name, first - last)  # "about a quarter of a bit"
-rec_bpb = {name: r["bpb"] for name, r in recorded["models"].items()}
-print("KDA vs GDN (recorded, one seed):", "KDA lower" if rec_bpb["kda"] < rec_bpb["gdn"] else
-      "GDN lower", f"by {abs(rec_bpb['kda'] - rec_bpb['gdn']):.3f} bits per byte")
-assert min(rec_bpb, key=rec_bpb.get) == "hybrid" and max(rec_bpb, key=rec_bpb.get) == "attention"
-assert abs(rec_bpb["kda"] - rec_bpb["gdn"]) < 0.02
+
+# %% [markdown]
+# **Which model is best? One rule for every ordering.** We call one model better than another
+# only when the gap between their mean bits per byte exceeds both 0.01 and two standard errors
+# over seeds, the rule of notebook 08 (section 8). One seed has no standard error, so the full
+# setting was rerun with two more seeds per model (`recorded_seeds`, made by
+# `scripts/stdlib_lm_seeds.py`, which reproduces the recorded run at seed 0: checked below).
+# Every pair of models is then either ordered or level by the same rule.
 
 # %%
-slowdown = {}  # decode tokens/s at the shortest recorded context over that at the longest
+seed_runs = load_recorded("results", recorded_seeds)["runs"]
+bpb_seeds = {name: {0: r["bpb"]} for name, r in recorded["models"].items()}
+for row in seed_runs:
+    if row["seed"] == 0:  # the script's rerun of the recorded seed
+        assert abs(row["bpb"] - bpb_seeds[row["model"]][0]) < 1e-5, row
+    else:
+        bpb_seeds[row["model"]][row["seed"]] = row["bpb"]
+bpb_by_model = {name: np.array(list(b.values())) for name, b in bpb_seeds.items()}
+
+
+def ordering(a, b):
+    """'<' (a lower bpb), '>' or 'level': the gap must exceed 0.01 and two standard errors."""
+    gap = a.mean() - b.mean()
+    se = np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+    return "level" if abs(gap) <= max(0.01, 2 * se) else "<" if gap < 0 else ">"
+
+
+for name, values in bpb_by_model.items():
+    print(f"{name:9s} bits per byte over {len(values)} seeds: {values.mean():.4f} +- "
+          f"{values.std(ddof=1):.4f} [{values.min():.4f}, {values.max():.4f}]")
+names = list(bpb_by_model)
+orders = {(a, b): ordering(bpb_by_model[a], bpb_by_model[b])
+          for i, a in enumerate(names) for b in names[i + 1:]}
+for (a, b), o in orders.items():
+    print(f"{a} vs {b}: " + {"<": f"{a} lower", ">": f"{b} lower", "level": "level"}[o])
+
+# %%
+kg = bpb_by_model["kda"], bpb_by_model["gdn"]
+kg_gap = kg[0].mean() - kg[1].mean()
+kg_bar = max(0.01, 2 * np.sqrt(kg[0].var(ddof=1) / kg[0].size + kg[1].var(ddof=1) / kg[1].size))
+seed0 = {name: b[0] for name, b in bpb_seeds.items()}
+display(Markdown(
+    f"By this rule attention is behind each of the three other models; GDN is ahead of KDA, by "
+    f"{kg_gap:.3f} bits per byte against a threshold of {kg_bar:.3f}, a margin one more seed "
+    f"could erase; the hybrid is level with both KDA and GDN. The recorded run alone (seed 0) had "
+    f"the hybrid lowest, {seed0['gdn'] - seed0['hybrid']:.3f} below GDN: that order does not "
+    f"survive the seeds, whose spread is largest for GDN "
+    f"({np.ptp(bpb_by_model['gdn']):.3f} bits per byte between its best and worst seed)."))
+assert all(orders[("attention", other)] == ">" for other in ("kda", "gdn", "hybrid"))
+assert orders[("kda", "gdn")] == ">" and 0 < kg_gap - kg_bar < 0.01  # ordered, barely
+assert orders[("kda", "hybrid")] == "level" and orders[("gdn", "hybrid")] == "level"
+assert min(seed0, key=seed0.get) == "hybrid" and np.ptp(bpb_by_model["gdn"]) > 0.05
+
+# %% [markdown]
+# **Training speed.** The introduction promises the paper's speed claims in miniature; here is
+# what this CPU recorded. Attention trained fastest at this size, about twice as fast as KDA
+# per token, in the recorded run and in the seed reruns made under another load (printed
+# below). On a CPU at $T = 128$, an attention layer is a few
+# $[T \times T]$ matrix products per head, which run near the CPU's matrix-product rate. A KDA
+# layer runs the chunked form (notebook 03): per chunk a triangular solve and a dozen small
+# matrix products, a sequential pass over the chunks, plus its short convolutions, gate
+# projections and output norm: many small operations, each far from that rate. Attention's work
+# per token grows with $T$ and KDA's does not, so the order turns at longer sequences: in the
+# recorded benchmark (`recorded_benchmark`: four-layer byte-level models, batch 1) the
+# attention model's training step is about level with KDA's at $T = 1024$ and several times
+# slower at $T = 4096$ (printed below). The paper's speed claims are about long contexts on
+# GPUs (it reports up to 6 times the decoding throughput of full attention at a context of 1M
+# tokens); they cannot be checked on this machine.
+
+# %%
+train_rate = {name: r["train_tokens_per_second"] for name, r in recorded["models"].items()}
+assert rc["seq_len"] == 128  # the length the text names
+print(f"recorded training tokens/s (T = {rc['seq_len']}): "
+      + ", ".join(f"{n} {v / 1e3:.1f}k" for n, v in train_rate.items()))
+rerun_rate = {}
+for row in seed_runs:
+    rerun_rate.setdefault(row["model"], []).append(row["train_tokens_per_second"])
+print("seed reruns, training tokens/s: " + ", ".join(
+    f"{n} {min(v) / 1e3:.1f}k-{max(v) / 1e3:.1f}k" for n, v in sorted(rerun_rate.items())))
+assert max(train_rate, key=train_rate.get) == "attention"
+assert 1.5 < train_rate["attention"] / train_rate["kda"] < 3
+assert 1.5 < min(rerun_rate["attention"]) / max(rerun_rate["kda"])
+bench = load_recorded("benchmarks", recorded_benchmark)
+bench_rate = {(r["impl"][len("train_"):], r["T"]): r["tokens_per_s"] for r in bench["records"]
+              if r["impl"].startswith("train_")}
+for t in sorted({t for _, t in bench_rate}):
+    rates = ", ".join(f"{m} {bench_rate[(m, t)]:,.0f}" for m in ("attention", "kda", "gdn",
+                                                                   "hybrid"))
+    print(f"benchmark T = {t:5d}: {rates} tokens/s")
+assert 0.9 < bench_rate[("kda", 1024)] / bench_rate[("attention", 1024)] < 1.1  # "about level"
+assert bench_rate[("kda", 4096)] > 3 * bench_rate[("attention", 4096)]  # "several times"
+
+# %% [markdown]
+# **Decoding speed.** From the shortest recorded context to the longest, the attention model's
+# decoding slows down more than tenfold (it reads a cache that grows with the context) and the
+# hybrid's several times (its one attention layer). KDA's and GDN's step reads a fixed state:
+# neither is slower at the longest context than at the shortest. Their speeds still move between
+# contexts, by the spread printed below: at about one millisecond per step, timed as the best of
+# three runs of eight steps on a shared machine, that is timing noise, so the recording supports
+# "not slower at long context", not "equally fast at every context".
+
+# %%
+slowdown, swing = {}, {}  # tokens/s at the shortest recorded context over that at the longest
 for name, r in recorded["models"].items():
-    short, long = r["decode"][0], r["decode"][-1]
-    slowdown[name] = short["tokens_per_second"] / long["tokens_per_second"]
-    print(f"{name:9s} decode slows {slowdown[name]:5.1f}x from T={short['context']} "
-          f"to T={long['context']}")
-assert slowdown["attention"] > 10 and max(slowdown["kda"], slowdown["gdn"]) < 1.5
+    rates = [row["tokens_per_second"] for row in r["decode"]]
+    slowdown[name] = rates[0] / rates[-1]
+    swing[name] = max(rates) / min(rates)
+    print(f"{name:9s} decode {min(rates):6,.0f}-{max(rates):6,.0f} tokens/s over contexts "
+          f"{r['decode'][0]['context']}-{r['decode'][-1]['context']} (max/min {swing[name]:.2f}); "
+          f"shortest / longest context {slowdown[name]:.2f}")
+assert slowdown["attention"] > 10 and max(slowdown["kda"], slowdown["gdn"]) <= 1
 assert 1.5 < slowdown["hybrid"] < slowdown["attention"]
 
 # %% [markdown]
@@ -394,41 +494,49 @@ assert 1.5 < slowdown["hybrid"] < slowdown["attention"]
 # - `ModelConfig(layers=...)` builds a decoder whose layers mix KDA and attention; each layer
 #   decodes from its own cache, and greedy decoding from the caches reproduces the full forward
 #   pass byte for byte (asserted above, and for the 3:1 pattern in `tests/test_models.py`).
+#   Its attention layers are multi-head attention, not the paper's MLA.
 # - On the standard library's bytes, all four models of equal size beat the byte-frequency
-#   baseline (asserted); in the recorded run the 3:1 hybrid was best and attention worst, with
-#   KDA and GDN level at one seed. Bits per byte, loss against position and speeds are printed
-#   above for this run and for the recorded run.
+#   baseline (asserted). In the recorded full setting, with three seeds and one rule for every
+#   ordering (section 7), the orderings printed there are the only ones claimed.
+# - On this CPU at $T = 128$, attention trained fastest (chunked KDA is many small operations);
+#   the recorded benchmark shows the order turning at longer sequences. The paper's speed
+#   claims are about long contexts on GPUs and are not checked here.
 # - The decode cache of the KDA model is the same at every context; the attention model's grows
 #   by $2 H K$ floats per token and layer (asserted), the hybrid's by that times the share of
-#   attention layers.
+#   attention layers. Attention's and the hybrid's decoding slow with the context; KDA's and
+#   GDN's do not, within a timing spread shown in section 7.
 
 # %% [markdown]
 # ## Exercises
 #
-# 1. **Count the cache.** Compute by hand the decode cache of the hybrid at context $L$: KDA
-#    layers hold $H K V$ float32 state plus three conv tails of $(W - 1)$ rows, attention layers
-#    $2 L H K$ float32. Compare with `decode_cost`.
-# 2. **Where is the hybrid's memory?** At the longest context measured, what fraction of the
-#    hybrid's cache is its attention layers?
-# 3. **Context use.** From `results`, which model gains the most bits per byte between the
-#    first and the last quarter of the window?
+# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
+# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# solutions are in `notebooks/solutions/ch09.py` (try first).
 #
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+# 1. **Count the cache.** Write `hybrid_cache_bytes(context)` giving the hybrid's decode cache
+#    in bytes after `decode_cost` has filled it for `context` tokens: KDA layers hold an
+#    $H K V$ float32 state plus three conv tails of $W - 1$ rows, attention layers $2 L H K$
+#    float32 numbers for a capacity of $L$ tokens (look up how much room `decode_cost` leaves),
+#    plus an int32 length. The checker compares with the measured `costs["hybrid"]`.
+# 2. **Where is the hybrid's memory?** At the longest context measured, what fraction of the
+#    hybrid's cache is its attention layers? (a float)
+# 3. **Context use.** From `results`, which model gains the most bits per byte between the
+#    first and the last quarter of the window? (a model name)
 
-# %% tags=["solution", "hide-input"]
+# %%
+import kda_lib.exercises
+
+answer = None  # 1: a function hybrid_cache_bytes(context) -> int
+kda_lib.exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
+                                                  for r in costs["hybrid"]})
 W, H, K = base.conv_size, num_heads, head_dim
-kda_layer_bytes = 4 * (H * K * K + 3 * (W - 1) * H * K)  # float32 state + three conv tails
 n_kda = sum(m != "attention" for m in configs["hybrid"].layer_mixers)
-n_att = num_layers - n_kda
-for row in costs["hybrid"]:
-    capacity = row["context"] + 8 + 1  # decode_cost leaves room for its 8 steps
-    by_hand = n_kda * kda_layer_bytes + n_att * (2 * capacity * H * K * 4 + 4)  # + int32 length
-    assert by_hand == row["cache_bytes"], (by_hand, row)
-attention_share = 1 - n_kda * kda_layer_bytes / costs["hybrid"][-1]["cache_bytes"]
-gains = {name: np.subtract(*context_gain(r)) for name, r in results.items()}
-print(f"exercise 1: by-hand cache sizes match; exercise 2: attention holds "
-      f"{attention_share:.1%} of the hybrid's cache at T={decode_contexts[-1]}; exercise 3: "
-      f"largest context gain {max(gains, key=gains.get)} ({max(gains.values()):+.3f} bpb)")
+answer = None  # 2: the attention layers' share of the hybrid's cache at the longest context
+kda_lib.exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],
+                        kda_layers=n_kda, heads=H, key_dim=K, value_dim=K, conv_size=W)
+answer = None  # 3: the name of the model with the largest context gain
+kda_lib.exercises.check("09.3", answer, bpb_by_position={n: r["bpb_by_position"]
+                                                         for n, r in results.items()})
 
 # %% [markdown]
 # ## References

@@ -1,0 +1,70 @@
+"""Worked solutions of notebook 08's exercises (``cases()`` feeds them to the checkers)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from kda_lib.tasks import mqar
+
+
+def mqar_chance(vocab_size: int) -> float:
+    """1: token 0 is filler, (V - 1) // 2 tokens are keys, the rest values (kda_lib.tasks.mqar):
+    uniform guessing among the values is right once in n_values."""
+    n_values = vocab_size - 1 - (vocab_size - 1) // 2
+    return 1 / n_values
+
+
+def solved_settings(accuracy: dict) -> list:
+    """2: average each (task, mixer, T) over seeds; a (task, T) is solved if one mixer >= 0.9."""
+    return sorted({(task, t) for (task, _, t), acc in accuracy.items() if np.mean(acc) >= 0.9})
+
+
+def conv_reach_queries(inputs, mask, num_pairs: int, conv_reach: int) -> int:
+    """3: pair i's value sits at 2 i + 1; a query at t is within reach if t - (2 i + 1) <= reach."""
+    inputs, mask = np.asarray(inputs), np.asarray(mask)
+    value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
+    return sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
+
+
+def three_time_scales(half_lives, length: int) -> dict:
+    """4: A = (I - beta k k^T) D is similar to D - u u^T (u_i^2 = beta alpha_i k_i^2), a rank-one
+    downdate of a diagonal matrix, whose eigenvalues lam interlace the alphas. Pick alphas just
+    above the wanted lam (alpha_1 > lam_1 > alpha_2 > lam_2 > ...); the secular equation gives
+    u_i^2 = prod_j (alpha_i - lam_j) / prod_{j != i} (alpha_i - alpha_j) > 0; a unit key fixes
+    beta = sum_i u_i^2 / alpha_i and k_i^2 = u_i^2 / (beta alpha_i). Then the filter is a sum
+    of the three exponentials and q (three weights) comes from least squares."""
+    lam = np.sort(0.5 ** (1 / np.asarray(half_lives, np.float64)))[::-1]
+    alphas = lam + 0.2 * np.append(1 - lam[0], -np.diff(lam))  # strictly interlacing
+    u2 = np.array([np.prod(a - lam) / np.prod([a - b for b in alphas if b != a]) for a in alphas])
+    beta = float(np.sum(u2 / alphas))
+    k = np.sqrt(u2 / (beta * alphas))
+    lag = np.arange(length)
+    target = np.mean([lam_i**lag for lam_i in lam], axis=0)
+    a = (np.eye(3) - beta * np.outer(k, k)) @ np.diag(alphas)
+    basis, vec = [], beta * k
+    for _ in lag:
+        basis.append(vec)
+        vec = a @ vec
+    q = np.linalg.lstsq(np.asarray(basis), target, rcond=None)[0]
+    return dict(alphas=alphas.tolist(), beta=beta, k=k.tolist(), q=q.tolist())
+
+
+def cases():
+    accuracy = {
+        ("mqar", "kda", 64): [0.99, 1.0],
+        ("mqar", "gdn", 64): [0.5, 0.7],
+        ("stack", "kda", 64): [0.8, 0.85],
+        ("stack", "gdn", 64): [0.95, 0.8],
+    }
+    batch = mqar(jax.random.key(0), 1, 24, vocab_size=32, num_pairs=4)
+    inputs, mask = np.asarray(batch.inputs[0]), np.asarray(batch.mask[0])
+    reach = dict(inputs=inputs, mask=mask, num_pairs=4, conv_reach=3)
+    scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
+    head = three_time_scales(**scales)
+    return [
+        ("08.1", mqar_chance(32), dict(vocab_size=32), 1 / 31),
+        ("08.2", solved_settings(accuracy), dict(accuracy=accuracy), [("mqar", 64), ("stack", 64)]),
+        ("08.3", conv_reach_queries(**reach), reach, conv_reach_queries(**reach) + 1),
+        ("08.4", head, scales, dict(head, alphas=[0.99, 0.9, 0.5])),
+    ]

@@ -1,0 +1,63 @@
+"""Worked solutions of notebook 09's exercises (``cases()`` feeds them to the checkers)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_hybrid_cache_bytes(
+    *, kda_layers, attention_layers, heads, key_dim, conv_size, decode_steps=8
+):
+    """1: KDA layers: a float32 state H K K plus three conv tails of (W - 1) H K numbers each
+    (q, k, v with K = V); attention layers: keys and values for a capacity of context +
+    decode_steps + 1 tokens (``decode_cost`` leaves room for its steps and one more), float32,
+    plus an int32 length (4 bytes)."""
+    kda_layer = 4 * (heads * key_dim * key_dim + 3 * (conv_size - 1) * heads * key_dim)
+
+    def hybrid_cache_bytes(context: int) -> int:
+        capacity = context + decode_steps + 1
+        attention_layer = 2 * capacity * heads * key_dim * 4 + 4
+        return kda_layers * kda_layer + attention_layers * attention_layer
+
+    return hybrid_cache_bytes
+
+
+def attention_share(cache_bytes, *, kda_layers, heads, key_dim, value_dim, conv_size) -> float:
+    """2: one minus the KDA layers' fixed share."""
+    kda_layer = 4 * (
+        heads * key_dim * value_dim + (conv_size - 1) * heads * (2 * key_dim + value_dim)
+    )
+    return 1 - kda_layers * kda_layer / cache_bytes
+
+
+def largest_context_gain(bpb_by_position: dict) -> str:
+    """3: the first quarter's mean minus the last quarter's, largest."""
+
+    def gain(curve):
+        y = np.asarray(curve)
+        return y[: y.size // 4].mean() - y[-(y.size // 4) :].mean()
+
+    return max(bpb_by_position, key=lambda name: gain(bpb_by_position[name]))
+
+
+def cases():
+    shape = dict(kda_layers=1, attention_layers=1, heads=2, key_dim=16, conv_size=4)
+    by_hand = make_hybrid_cache_bytes(**shape)
+    measured = {c: by_hand(c) for c in (64, 512, 2048)}  # what decode_cost reports (CI sizes)
+    share = dict(
+        cache_bytes=measured[2048], kda_layers=1, heads=2, key_dim=16, value_dim=16, conv_size=4
+    )
+    curves = {
+        "kda": np.linspace(3.0, 2.0, 64).tolist(),
+        "attention": np.linspace(3.0, 2.5, 64).tolist(),
+    }
+    return [
+        (
+            "09.1",
+            by_hand,
+            dict(measured=measured),
+            make_hybrid_cache_bytes(**shape, decode_steps=0),
+        ),
+        ("09.2", attention_share(**share), share, 1 - attention_share(**share)),
+        ("09.3", largest_context_gain(curves), dict(bpb_by_position=curves), "attention"),
+    ]
