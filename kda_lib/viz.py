@@ -424,7 +424,7 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
     return fig
 
 
-def chunk_dataflow(num_chunks: int, chunk_size: int, scan_rounds: list[int], *,
+def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = None,
                    shown_chunks: int = 4) -> plt.Figure:
     """Dataflow of the chunked form (notebook 03).
 
@@ -433,10 +433,13 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, scan_rounds: list[int], *,
     sub-blocks, the diagonal ones darker) are computed for every chunk at once; they give
     the chunk's ``W``, ``U``, ``P`` (or its map ``(M, E)``). Only the state ``S`` travels
     between chunks (arrows): each step corrects the values (``U - W S``) and updates the
-    state. Right: ``scan_rounds``, the compositions in each
-    round of the associative scan over the ``num_chunks`` maps (from
-    :func:`kda_lib.costs.associative_scan_rounds`).
+    state. Right: the compositions in each round of ``lax.associative_scan`` over
+    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.costs.associative_scan_rounds`).
     """
+    from kda_lib.costs import associative_scan_rounds
+
+    scan_maps = num_chunks if scan_maps is None else scan_maps
+    scan_rounds = associative_scan_rounds(scan_maps)
     shown = min(num_chunks, shown_chunks)
     fig, (ax, ax_scan) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[2.3, 1])
     subs = max(chunk_size // 16, 1)  # 16-token sub-chunks (section 4 of notebook 03)
@@ -484,6 +487,7 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, scan_rounds: list[int], *,
     ax_scan.set_xlabel("round of lax.associative_scan")
     ax_scan.set_ylabel("compositions (independent)")
     ax_scan.set_xticks(rounds)
-    ax_scan.set_title(f"associative scan over {num_chunks} maps:\n{len(scan_rounds)} rounds, "
+    ax_scan.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax_scan.set_title(f"associative scan over {scan_maps} maps:\n{len(scan_rounds)} rounds, "
                       f"{sum(scan_rounds)} compositions")
     return fig
