@@ -662,7 +662,8 @@ print("sequential pass, flops per token at K = V = 128: "
 #
 # What the kernels do, read in their source: fla's Triton kernels
 # ([fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention),
-# `fla/ops/kda/chunk_intra.py`) cut the chunk into sub-chunks of `BC = 16`; the off-diagonal
+# `fla/ops/kda/chunk_intra.py`, read at commit `bc3b101`) cut the chunk into sub-chunks of
+# `BC = 16`; the off-diagonal
 # blocks (`chunk_kda_fwd_kernel_inter_solve_fused`) take the reference at the later sub-chunk's
 # first token; with `safe_gate=True` each diagonal block is one `tl.dot`
 # (`chunk_kda_fwd_kernel_intra_sub_chunk`) with the reference in the sub-chunk's middle (token
@@ -670,10 +671,13 @@ print("sequential pass, flops per token at K = V = 128: "
 # pair from exponent differences (`chunk_kda_fwd_intra_token_parallel`). fla's docstring for
 # `safe_gate` (`fla/ops/kda/chunk.py`) says it enables "M=16 TensorCore acceleration" and
 # recommends `lower_bound = -5`. tokamax's Mosaic TPU kernel (in the tokamax 0.0.17 package
-# this project installs, `tokamax/_src/ops/kda/pallas_mosaic_tpu_fwd_kernel.py`) computes the
-# scores in sub-blocks of `BC = 16` with the reference in the middle of the sub-block when the
-# safe gate is on, zeroing the exponents of the not-yet-seen keys before `exp2`, and requires
-# `lower_bound`.
+# this project installs, `tokamax/_src/ops/kda/pallas_mosaic_tpu_fwd_kernel.py`; the
+# openxla/tokamax snapshot we could read holds only KDA's API) computes each block of 16 query
+# rows against all keys up to the block's end in one matmul, with one reference for the whole
+# row block, in its middle when the safe gate is on (its first token otherwise); it zeroes the
+# exponents of the keys past the block before `exp2`, and its `mosaic` implementation requires
+# `lower_bound`. There the off-diagonal blocks rely on the floor too: rows before the middle
+# get factors above 1.
 #
 # `kda_lib`'s own merge (`_decayed_scores` in `kda_lib/chunked.py`) takes the boundary
 # reference at every level, down to sub-blocks of one token (1 + 1, 2 + 2, ..., 32 + 32): every
