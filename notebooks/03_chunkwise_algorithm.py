@@ -507,8 +507,8 @@ print(f"kda_chunked, the sequential pass (default on {jax.default_backend()}: "
 # `jax/_src/lax/control_flow/loops.py`) is the recursive odd-even scan: one round composes
 # neighbouring pairs, the half-length sequence is scanned recursively, and one more round
 # composes each odd prefix with the next element to fill in the even positions. For
-# $N = 2^j$ maps that is $j$ rounds down and $j - 1$ back up, $2 \log_2 N - 1$ rounds, with
-# $N - 1$ compositions down and $N - 1 - \log_2 N$ up: $2N - 2 - \log_2 N$ in all, about twice
+# $N$ a power of two that is $\log_2 N$ rounds down and $\log_2 N - 1$ back up,
+# $2 \log_2 N - 1$ rounds, with $N - 1$ compositions down and $N - 1 - \log_2 N$ up: $2N - 2 - \log_2 N$ in all, about twice
 # the $N - 1$ of a loop. The cell counts them on the scan itself, tracing it with a combine
 # function that records its calls (`kda_lib.costs.associative_scan_rounds`), and the figure
 # draws the whole dataflow.
@@ -647,18 +647,19 @@ print("sequential pass, flops per token at K = V = 128: "
 # %% [markdown]
 # ### Why kernels use 16-token sub-chunks, and why the safe gate's floor is $-5$
 #
-# A matmul over the chunk needs the factorised decay of step 5's note, a row factor times a
-# column factor, $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_r} \cdot
-# e^{\boldsymbol\gamma_r - \boldsymbol\gamma_s}$ for some reference token $r$, and float32's
+# A matmul over the chunk needs the factorised decay of the note after step 5, a row factor
+# times a column factor, $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_{t_0}} \cdot
+# e^{\boldsymbol\gamma_{t_0} - \boldsymbol\gamma_s}$ for some reference token $t_0$, and float32's
 # `exp` overflows above $88.7$. Split the chunk of 64 into sub-chunks of 16 tokens:
 #
 # - **off-diagonal sub-blocks** (rows $t$ in a later sub-chunk, keys $s$ in an earlier one):
-#   with $r$ at the first token of the later sub-chunk (the boundary), $t \ge r > s$, both
+#   with $t_0$ at the first token of the later sub-chunk (the boundary), $t \ge t_0 > s$, both
 #   exponents are $\le 0$, both factors $\le 1$, and the block is one matmul for any gate;
-# - **diagonal sub-blocks**: $t$ and $s$ fall on both sides of any $r$, so one factor is
+# - **diagonal sub-blocks**: $t$ and $s$ fall on both sides of any $t_0$, so one factor is
 #   $\ge 1$; the safe gate's floor $g \ge -5$ bounds it by $e^{5 \cdot 16} = e^{80} < e^{88.7}$,
-#   so a diagonal block too is one $16 \times 16$ matmul (16 is the smallest tensor-core tile
-#   height), its upper triangle selected away afterwards (a select, not a multiply by 0).
+#   so a diagonal block too is one $16 \times 16$ matmul (the "M=16" tensor-core tile of fla's
+#   docstring below), its upper triangle selected away afterwards (a select, not a multiply
+#   by 0).
 #
 # What the kernels do, read in their source: fla's Triton kernels
 # ([fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention),
@@ -688,8 +689,8 @@ print("sequential pass, flops per token at K = V = 128: "
 # multiplied by ten, far below the floor (the strongest is printed).
 
 # %%
-for span in (16, 64):  # the key factor exp(gamma_r - gamma_s), s >= r, at the floor
-    exponents = -lower_bound * np.arange(span)  # gamma_r - gamma_s = 5 (s - r)
+for span in (16, 64):  # the key factor exp(gamma_t0 - gamma_s), s >= t0, at the floor
+    exponents = -lower_bound * np.arange(span)  # gamma_t0 - gamma_s = 5 (s - t0)
     factor = np.asarray(jnp.exp(jnp.asarray(exponents, jnp.float32)))
     finite = bool(np.isfinite(factor).all())
     assert finite == (span == 16) and (exponents.max() < log_max32) == finite
