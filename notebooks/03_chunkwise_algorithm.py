@@ -509,9 +509,9 @@ print(f"kda_chunked, the sequential pass (default on {jax.default_backend()}: "
 # composes each odd prefix with the next element to fill in the even positions. For
 # $N$ a power of two that is $\log_2 N$ rounds down and $\log_2 N - 1$ back up,
 # $2 \log_2 N - 1$ rounds, with $N - 1$ compositions down and $N - 1 - \log_2 N$ up:
-# $2N - 2 - \log_2 N$ in all, about twice the $N - 1$ of a loop. The cell counts them on the scan itself, tracing it with a combine
-# function that records its calls (`kda_lib.costs.associative_scan_rounds`), and the figure
-# draws the whole dataflow.
+# $2N - 2 - \log_2 N$ in all, about twice the $N - 1$ of a loop. The cell counts them on the
+# scan itself, tracing it with a combine function that records its calls
+# (`kda_lib.costs.associative_scan_rounds`), and the figure draws the whole dataflow.
 
 # %%
 for n in sorted({num_chunks, 16, 64} - {1}):
