@@ -340,7 +340,8 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 #   causal mask multiplies it by 0: NaN.
 #
 # The cell shows both, in float32, at the safe gate's floor ($g = $ `lower_bound` in every
-# channel, every token). Section 4 shows how kernels keep the one-matmul form anyway.
+# channel, every token), after checking the factorisation itself in float64 on this chunk,
+# where it is exact. Section 4 shows how kernels keep the one-matmul form anyway.
 
 # %%
 log_max32 = float(np.log(np.finfo(np.float32).max))  # exp overflows above this
@@ -349,6 +350,8 @@ gam32 = jnp.cumsum(jnp.full((chunk_size, 1), lower_bound, jnp.float32), axis=0) 
 direct32 = np.asarray(jnp.exp(gam32 - gam32.T))  # [t, s]: exp(gamma_t - gamma_s)
 factored32 = np.asarray(jnp.exp(gam32) * jnp.exp(-gam32).T)  # exp(gamma_t) * exp(-gamma_s)
 masked32 = np.asarray(jnp.exp(gam32 - gam32.T) * jnp.tril(jnp.ones((chunk_size, chunk_size))))
+P_factored = scale * (qc * np.exp(gamma)) @ (kc * np.exp(-gamma)).T * causal  # float64: fine
+assert_close(P_factored, P, atol=1e-12, name="the factorisation, in float64")
 below = causal.astype(bool)
 assert np.isfinite(direct32[below]).all(), "s <= t: exponent <= 0, never overflows"
 assert not np.isfinite(factored32[below]).all() and np.isnan(masked32).any()
@@ -574,6 +577,8 @@ xla = jax.jit(lambda q, k, v, g, b, s: kda_lib.kda_chunked(
     q, k, v, g, b, initial_state=s, output_final_state=True, scan="sequential")).lower(
     *one_args).compile().cost_analysis()["flops"]
 ours = costs.chunked_flops(64, 64, 128, 128)
+approx = 4 * 64 * (128 + 128) + 6 * 128 * 128 + 2 * 64**2 / 3  # the per-token estimate
+assert abs(approx / (ours / 64) - 1) < 0.03
 assert 1.0 <= xla / ours <= 1.3, xla / ours
 print(f"matmul flops traced == counted (both modes, T = {seq_len}); one chunk at C = 64, "
       f"K = V = 128: counted {ours / 1e6:.2f} MFLOP, XLA {xla / 1e6:.2f} MFLOP "
