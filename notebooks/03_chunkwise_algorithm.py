@@ -323,11 +323,12 @@ assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")
 print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 
 # %% [markdown]
-# **What overflows.** The cells above form $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_s}$ for
-# $s \le t$ as one exponential of a difference: the exponent is $\le 0$, so it cannot overflow
-# (at worst it underflows to 0, where the true value is below float32's range anyway). Two
-# other ways of computing the same scores do overflow in float32, whose largest number is
-# $e^{88.7}$:
+# **What overflows.** The cells above form $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_s}$ as one
+# exponential of a difference. Where it is used, $s \le t$, the exponent is $\le 0$, so it
+# cannot overflow (at worst it underflows to 0, where the true value is below float32's range
+# anyway). Two other ways of computing the same scores do overflow in float32, whose largest
+# number is $e^{88.7}$ (float64's is $e^{709.8}$, which is why the float64 cells above may
+# compute the whole square and mask it):
 #
 # - **the factorisation** that makes $P$ one matrix product,
 #   $P = \tfrac{1}{\sqrt{d_k}} (Q \odot e^{\boldsymbol\gamma})
@@ -345,7 +346,8 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 
 # %%
 log_max32 = float(np.log(np.finfo(np.float32).max))  # exp overflows above this
-assert 88.7 < log_max32 < 88.8
+assert 88.7 < log_max32 < 88.8 and 709.7 < np.log(np.finfo(np.float64).max) < 709.8
+assert np.isfinite(ratio).all()  # the float64 square above, upper triangle included
 gam32 = jnp.cumsum(jnp.full((chunk_size, 1), lower_bound, jnp.float32), axis=0)  # gamma_t
 direct32 = np.asarray(jnp.exp(gam32 - gam32.T))  # [t, s]: exp(gamma_t - gamma_s)
 factored32 = np.asarray(jnp.exp(gam32) * jnp.exp(-gam32).T)  # exp(gamma_t) * exp(-gamma_s)
