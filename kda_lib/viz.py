@@ -444,3 +444,72 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
     ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
     fig.suptitle(title)
     return fig
+
+
+def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = None,
+                   shown_chunks: int = 4) -> plt.Figure:
+    """Dataflow of the chunked form (notebook 03).
+
+    Left: the first ``shown_chunks`` chunks. Each chunk's ``C x C`` triangular blocks (the
+    decayed scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``, drawn in 16-token
+    sub-blocks, the diagonal ones darker) are computed for every chunk at once; they give
+    the chunk's ``W``, ``U``, ``P`` (or its map ``(M, E)``). Only the state ``S`` travels
+    between chunks (arrows): each step corrects the values (``U - W S``) and updates the
+    state. Right: the compositions in each round of ``lax.associative_scan`` over
+    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.costs.associative_scan_rounds`).
+    """
+    from kda_lib.costs import associative_scan_rounds
+
+    scan_maps = num_chunks if scan_maps is None else scan_maps
+    scan_rounds = associative_scan_rounds(scan_maps)
+    shown = min(num_chunks, shown_chunks)
+    fig, (ax, ax_scan) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[2.3, 1])
+    subs = max(chunk_size // 16, 1)  # 16-token sub-chunks (section 4 of notebook 03)
+    for i in range(shown):
+        x = 1.2 + 3.0 * i
+        colour = CYCLE[i % len(CYCLE)]
+        side = 2.0 / subs
+        for r in range(subs):  # sub-blocks of the lower triangle; the diagonal ones darker
+            for c in range(r + 1):
+                corner = (x + c * side, 4.6 - (r + 1) * side)
+                if r == c:
+                    cells = [corner, (corner[0], corner[1] + side),
+                             (corner[0] + side, corner[1])]
+                    ax.add_patch(mpl.patches.Polygon(cells, color=colour, alpha=0.75, lw=0))
+                else:
+                    ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
+                                                       alpha=0.3, edgecolor="white"))
+        ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
+                va="top")
+        ax.annotate("", xy=(x + 1.0, 1.55), xytext=(x + 1.0, 2.55),
+                    arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
+        ax.text(x + 1.1, 2.05, "$W, U, P$", fontsize=8, va="center")
+        ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.6), 2.2, 0.9,
+                                                boxstyle="round,pad=0.05", color=colour))
+        update = "$\\Delta = U - W S$\n$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$"
+        ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
+        ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
+                    arrowprops=dict(arrowstyle="->", color="black", lw=2))
+        ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
+    end = 1.2 + 3.0 * shown
+    ax.annotate("", xy=(end + 0.05, 1.05), xytext=(end - 0.85, 1.05),
+                arrowprops=dict(arrowstyle="->", color="black", lw=2))
+    more = f" ... {num_chunks} chunks" if num_chunks > shown else ""
+    ax.text(end + 0.1, 1.05, f"$S_{{{shown}}}${more}", va="center", fontsize=9)
+    ax.text(0.1, 3.6, "parallel\nover\nchunks", fontsize=8, va="center", color="0.3")
+    ax.text(0.1, 0.2, f"sequential: {num_chunks} steps, one per chunk", fontsize=8,
+            color="0.3")
+    ax.set_xlim(0, end + 2.4)
+    ax.set_ylim(0, 4.9)
+    ax.axis("off")
+    ax.set_title(f"Chunked KDA, C = {chunk_size}: triangular blocks in parallel, "
+                 "the state between chunks")
+    rounds = np.arange(1, len(scan_rounds) + 1)
+    ax_scan.bar(rounds, scan_rounds, color=PALETTE["blue"])
+    ax_scan.set_xlabel("round of lax.associative_scan")
+    ax_scan.set_ylabel("compositions (independent)")
+    ax_scan.set_xticks(rounds)
+    ax_scan.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax_scan.set_title(f"associative scan over {scan_maps} maps:\n{len(scan_rounds)} rounds, "
+                      f"{sum(scan_rounds)} compositions")
+    return fig

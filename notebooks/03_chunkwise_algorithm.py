@@ -20,11 +20,14 @@
 # chunk acts on the state entering it as an affine map
 # $S_{\text{out}} = M_{[i]} S_{\text{in}} + E_{[i]}$, and the map and the chunk's own outputs come
 # from one unit-lower-triangular solve per chunk (the WY/UT form), computed for every chunk in
-# parallel with matrix products. Only the small $d_k \times d_k$ maps are chained across chunks:
-# sequentially in $T / C$ steps, or with an associative scan in $\lceil\log_2(T / C)\rceil$
-# rounds. We derive the map in five steps, each checked in float64, build it by hand, compose
-# the chunks both ways, and check that the result equals the recurrence; then we count the cost
-# of each form and time them, alongside softmax attention.
+# parallel with matrix products. Across chunks only the state travels: `kda_lib`'s default
+# pass corrects each chunk's values with the state entering it and updates the state, two
+# matrix products per chunk in $T / C$ sequential steps, without forming any
+# $d_k \times d_k$ map; the maps serve the associative scan (about $2 \log_2(T / C)$ rounds)
+# and context parallelism (notebook 05). We derive the map in five steps, each checked in
+# float64, build it by hand, chain the chunks three ways, and check that the result equals the
+# recurrence; then we count the cost of each form against XLA's own count, see why kernels cut
+# chunks into 16-token sub-chunks, and time the forms alongside softmax attention.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -73,9 +76,11 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.notebook
-from kda_lib import viz
+from kda_lib import costs, viz
 from kda_lib.chunked import chain_states, chunk_affine_maps, compose_affine, unit_lower_inverse
+from kda_lib.exercises import check
 from kda_lib.measure import median_ms
+from kda_lib.recorded import load_recorded
 from kda_lib.testing import assert_close, random_kda_inputs
 
 kda_lib.notebook.setup()
@@ -201,8 +206,8 @@ print("step 1 checked: S_t = Gamma_t S_0 + sum_s Gamma_t Gamma_s^-1 k_s delta_s^
 # \end{align*}
 # $$
 #
-# Stack the rows: with $\overleftarrow K$ the keys decayed to the chunk start (rows
-# $\Gamma_t \mathbf k_t$) and $L$ strictly lower triangular,
+# Stack the rows: with $\overleftarrow K$ the keys decayed from the chunk start to their token
+# (rows $\Gamma_t \mathbf k_t$) and $L$ strictly lower triangular,
 #
 # $$
 # (I + L)\, \Delta = \operatorname{diag}(\boldsymbol\beta)\, V
@@ -244,7 +249,8 @@ print("step 3 checked; (I + L)^-1 three ways agree")
 
 # %% [markdown]
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
-# decayed to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), then step 3:
+# decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), then
+# step 3:
 #
 # $$
 # \begin{align*}
@@ -264,10 +270,31 @@ assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
 print("step 4 checked: M and E by hand == chunk_affine_maps")
 
 # %% [markdown]
+# $M_{[i]} = \Gamma_C - \overrightarrow K^\top \tilde K$ is the **WY representation** (Bischof
+# and Van Loan; step 3's triangular solve is its UT-transform variant): a product of $C$
+# rank-one updates of the identity, $\prod_t (I - \beta_t \mathbf k_t \mathbf k_t^\top)$,
+# written as the identity minus one matrix of rank at most $C$,
+# $\overrightarrow K^\top \tilde K$, applied with two matrix products instead of $C$ vector
+# steps. Decay turns the identity into the diagonal $\Gamma_C$: diagonal minus low rank
+# (exercise 2 is the case $\mathbf g = 0$). Each token's transition is diagonal plus rank one,
+# $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t
+# = D_t - \beta_t \mathbf k_t (D_t \mathbf k_t)^\top$, both low-rank vectors built from the key
+# (checked below): the Kimi Linear paper calls KDA's transition a specialised variant of
+# diagonal-plus-low-rank (DPLR) matrices and reports that the specialisation substantially
+# reduces computation compared with the general DPLR formulation.
+
+# %%
+D_t = np.diag(np.exp(gc[0]))  # token 1's decay
+assert_close((np.eye(key_dim) - bc[0] * np.outer(kc[0], kc[0])) @ D_t,
+             D_t - bc[0] * np.outer(kc[0], D_t @ kc[0]), atol=1e-14, name="M_t is DPLR")
+print("M_t = D_t - beta_t k_t (D_t k_t)^T checked")
+
+# %% [markdown]
 # **Step 5: the outputs.** The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$. Put in
 # step 1 and collect the causal decayed scores
 # $P_{ts} = \mathbf q_t^\top \Gamma_t \Gamma_s^{-1} \mathbf k_s / \sqrt{d_k}$ ($s \le t$) and the
-# queries decayed to the chunk start, $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$):
+# queries decayed from the chunk start to their token, $\overleftarrow Q$ (rows
+# $\Gamma_t \mathbf q_t$):
 #
 # $$
 # \begin{align*}
@@ -283,8 +310,7 @@ print("step 4 checked: M and E by hand == chunk_affine_maps")
 #
 # Every product here is a dense matrix multiply over the chunk; the only sequential piece, the
 # triangular solve, is a $C \times C$ matrix that `unit_lower_inverse` inverts with matrix
-# products. (Forming $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_s}$ directly, as here, is fine
-# in float64 but overflows in float32 for strong gates; the library never forms it that way.)
+# products.
 
 # %%
 P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
@@ -295,6 +321,89 @@ assert_close(scale * Q_in @ S_in[0, h] + P @ Delta, outputs_chunk, atol=1e-12,
 assert_close(scale * Q_in - P @ W, maps.q_eff[0, h, i], name="step 5: Q_eff")
 assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")
 print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
+
+# %% [markdown]
+# **What overflows.** The cells above form $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_s}$ as one
+# exponential of a difference. Where it is used, $s \le t$, the exponent is $\le 0$, so it
+# cannot overflow (at worst it underflows to 0, where the true value is below float32's range
+# anyway). Two other ways of computing the same scores do overflow in float32, whose largest
+# number is $e^{88.7}$ (float64's is $e^{709.8}$, which is why the float64 cells above may
+# compute the whole square and mask it):
+#
+# - **the factorisation** that makes $P$ one matrix product,
+#   $P = \tfrac{1}{\sqrt{d_k}} (Q \odot e^{\boldsymbol\gamma})
+#   (K \odot e^{-\boldsymbol\gamma})^\top$:
+#   $e^{-\boldsymbol\gamma_s}$ passes $e^{88.7}$ once a channel has decayed by more than that
+#   since the chunk start, and $e^{\boldsymbol\gamma_t}$ underflows to 0, so entries become
+#   $\infty$ or $0 \cdot \infty = $ NaN;
+# - **the full square, masked afterwards**: above the diagonal ($s > t$) the exponent is
+#   positive, $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_s}$ overflows to $\infty$, and the
+#   causal mask multiplies it by 0: NaN.
+#
+# The cell shows both, in float32, at the safe gate's floor ($g = $ `lower_bound` in every
+# channel, every token), after checking the factorisation itself in float64 on this chunk,
+# where it is exact. Section 4 shows how kernels keep the one-matmul form anyway.
+
+# %%
+log_max32 = float(np.log(np.finfo(np.float32).max))  # exp overflows above this
+assert 88.7 < log_max32 < 88.8 and 709.7 < np.log(np.finfo(np.float64).max) < 709.8
+assert np.isfinite(ratio).all()  # the float64 square above, upper triangle included
+gam32 = jnp.cumsum(jnp.full((chunk_size, 1), lower_bound, jnp.float32), axis=0)  # gamma_t
+direct32 = np.asarray(jnp.exp(gam32 - gam32.T))  # [t, s]: exp(gamma_t - gamma_s)
+factored32 = np.asarray(jnp.exp(gam32) * jnp.exp(-gam32).T)  # exp(gamma_t) * exp(-gamma_s)
+masked32 = np.asarray(jnp.exp(gam32 - gam32.T) * jnp.tril(jnp.ones((chunk_size, chunk_size))))
+P_factored = scale * (qc * np.exp(gamma)) @ (kc * np.exp(-gamma)).T * causal  # float64: fine
+assert_close(P_factored, P, atol=1e-12, name="the factorisation, in float64")
+below = causal.astype(bool)
+assert np.isfinite(direct32[below]).all(), "s <= t: exponent <= 0, never overflows"
+assert not np.isfinite(factored32[below]).all() and np.isnan(masked32).any()
+print(f"float32 exp overflows above {log_max32:.2f}; g = {lower_bound} per token, C = "
+      f"{chunk_size}: direct (s <= t) all finite; factorised: "
+      f"{np.isinf(factored32[below]).sum()} inf and {np.isnan(factored32[below]).sum()} NaN of "
+      f"{below.sum()} causal entries; masked full square: {np.isnan(masked32).sum()} NaN")
+
+# %% [markdown]
+# **Scalar decay (Gated DeltaNet) against per-channel decay.** With one decay per head,
+# $\mathbf g_t = g_t \mathbf 1$, every $\Gamma_t = e^{\gamma_t} I$ is a scalar and leaves the
+# inner product: $\mathbf q_t^\top \Gamma_t \Gamma_s^{-1} \mathbf k_s = e^{\gamma_t - \gamma_s}\,
+# \mathbf q_t^\top \mathbf k_s$. The decayed scores are then plain scores times one
+# $C \times C$ (over a sequence, $T \times T$) mask, as softmax attention applies its causal
+# mask:
+#
+# $$
+# P^{\text{GDN}} = \tfrac{1}{\sqrt{d_k}} (Q K^\top) \odot \mathcal D, \qquad
+# L^{\text{GDN}} = \operatorname{diag}(\boldsymbol\beta) (K K^\top)
+#   \odot \mathcal D_{\text{strict}},
+# \qquad \mathcal D_{ts} = e^{\gamma_t - \gamma_s}\ (s \le t),
+# $$
+#
+# one matmul and one elementwise mask whose exponents are all $\le 0$: no factorisation, nothing
+# to overflow. With per-channel decay the factor sits inside the sum over channels,
+# $P_{ts} = \sum_c q_{tc} k_{sc} e^{\gamma_{tc} - \gamma_{sc}}$: a different mask per channel,
+# so no single $C \times C$ mask exists, and a matmul needs the factorisation above. The cell
+# builds GDN's mask form and checks it in float64 against the per-channel formula with every
+# channel given the same decay, and against `kda_recurrent`.
+
+# %%
+g_scalar = gc.mean(axis=1)  # one decay per token for the whole head
+gamma_s = np.cumsum(g_scalar)
+mask_D = np.exp(gamma_s[:, None] - gamma_s[None, :]) * causal  # the C x C decay mask
+P_gdn = scale * (qc @ kc.T) * mask_D
+L_gdn = bc[:, None] * (kc @ kc.T) * mask_D * strict
+ratio_s = np.exp(np.cumsum(np.repeat(g_scalar[:, None], key_dim, 1), 0)[:, None] -
+                 np.cumsum(np.repeat(g_scalar[:, None], key_dim, 1), 0)[None])
+assert_close(P_gdn, scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio_s) * causal, name="GDN P")
+assert_close(L_gdn, bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio_s) * strict,
+             name="GDN L")
+W_g = np.linalg.solve(np.eye(chunk_size) + L_gdn, bc[:, None] * kc * np.exp(gamma_s)[:, None])
+U_g = np.linalg.solve(np.eye(chunk_size) + L_gdn, bc[:, None] * vc)
+o_gdn = scale * (qc * np.exp(gamma_s)[:, None]) @ S_in[0, h] + P_gdn @ (U_g - W_g @ S_in[0, h])
+with jax.enable_x64(True):
+    o_gdn_ref = np.asarray(kda_lib.kda_recurrent(*(jnp.asarray(a)[None, :, None] for a in (
+        qc, kc, vc, np.repeat(g_scalar[:, None], key_dim, 1), bc)),
+        initial_state=jnp.asarray(S_in[:, h:h + 1]))[0])[0, :, 0]
+assert_close(o_gdn, o_gdn_ref, atol=1e-12, name="GDN chunk outputs vs kda_recurrent")
+print("GDN's chunk form (one C x C mask) == per-channel form with equal channels == recurrence")
 
 # %% [markdown]
 # `unit_lower_inverse` avoids a $C$-step row loop. For a strictly lower-triangular $X$ of size
@@ -332,9 +441,19 @@ fig.suptitle(f"The chunk's triangular system (C = {chunk_size}, head {h}, chunk 
 viz.show(fig, "03_triangular_system")
 
 # %% [markdown]
-# ## 3. Chaining the chunks: sequentially, or with an associative scan
+# ## 3. Chaining the chunks: the state pass, or an associative scan over the maps
 #
-# Applying chunk 1's map and then chunk 2's is again an affine map,
+# Given the state $S$ entering a chunk, steps 3 to 5 give everything the chunk needs: its
+# pseudo-values are its values corrected by that state, $\Delta = \tilde V - \tilde K S$ (step
+# 3), it passes on $S' = \Gamma_C S + \overrightarrow K^\top \Delta$ (step 4) and outputs
+# $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S + P \Delta$ (step 5). That is **`kda_lib`'s
+# sequential pass** (`kda_chunked(scan="sequential")`, the default on CPU): one step per chunk,
+# two products of $C d_k d_v$ multiply-adds each ($\tilde K S$ and
+# $\overrightarrow K^\top \Delta$), no $d_k \times d_k$ map ever formed, and after the loop the
+# outputs of all chunks in one batched product. Exercise 4 asks you to write it.
+#
+# The maps $(M_{[i]}, E_{[i]})$ of section 1 are for chaining chunks **without** waiting for
+# the state. Applying chunk 1's map and then chunk 2's is again an affine map,
 #
 # $$
 # S \mapsto M_{[2]} (M_{[1]} S + E_{[1]}) + E_{[2]}
@@ -342,12 +461,13 @@ viz.show(fig, "03_triangular_system")
 #   + \underbrace{M_{[2]} E_{[1]} + E_{[2]}}_{\text{new } E}
 # $$
 #
-# (`compose_affine`), and this composition is associative. So the states entering the chunks
-# can be computed with a plain loop over $N = T / C$ chunks (`scan="sequential"`) or with
-# `jax.lax.associative_scan` in $\lceil \log_2 N \rceil$ parallel rounds, at the price of extra
-# $d_k \times d_k \times d_k$ products (`scan="associative"`, the default off CPU). Given the
-# entering states, every chunk's outputs are $Q^{\text{eff}} S_{\text{enter}} + O^{\text{intra}}$,
-# all chunks in parallel.
+# (`compose_affine`), and this composition is associative, so `jax.lax.associative_scan` can
+# compute every prefix map in a logarithmic number of rounds of independent compositions
+# (`scan="associative"`, the default off CPU), at the price of $d_k \times d_k$ products;
+# context parallelism composes the same maps across devices (notebook 05). The cells chain the
+# chunks by a plain loop over the maps, by `chain_states` in both modes and by `kda_chunked`'s
+# sequential pass, each checked against `kda_recurrent` in float64 (`tests/test_chunked.py`
+# checks `kda_chunked`'s associative mode).
 
 # %%
 with jax.enable_x64(True):
@@ -364,9 +484,9 @@ with jax.enable_x64(True):
     inputs64 = [jnp.asarray(a) for a in (q, k, v, g, beta)]
     o_ref, s_ref = (np.asarray(a) for a in kda_lib.kda_recurrent(
         *inputs64, initial_state=jnp.asarray(S_in), output_final_state=True))
-    chunked = jax.jit(kda_lib.kda_chunked, static_argnames=["chunk_size"])
+    chunked = jax.jit(kda_lib.kda_chunked, static_argnames=["chunk_size", "scan"])
     o_kda = np.asarray(chunked(*inputs64, initial_state=jnp.asarray(S_in),
-                               chunk_size=chunk_size)[0])
+                               chunk_size=chunk_size, scan="sequential")[0])
 all_maps = jax.tree.map(np.asarray, all_maps)
 
 # %%
@@ -382,55 +502,107 @@ for mode, (enter, final) in chained.items():
 outputs = np.einsum("bhnck,bhnkv->bhncv", all_maps.q_eff, entering) + all_maps.o_intra
 outputs = np.moveaxis(outputs, 1, 3).reshape(o_ref.shape)
 assert_close(outputs, o_ref, name="chunked outputs, hand-chained")
-err = assert_close(o_kda, o_ref, name="kda_chunked")
-print(f"kda_chunked (scan={kda_lib.chunked.default_scan_mode()!r} by default on "
-      f"{jax.default_backend()}) vs kda_recurrent, float64: max |diff| = {err:.1e}")
-print(f"{num_chunks} chunks: {num_chunks} sequential steps, or "
-      f"{int(np.ceil(np.log2(num_chunks)))} associative-scan rounds")
+err = assert_close(o_kda, o_ref, name="kda_chunked(scan='sequential')")
+print(f"kda_chunked, the sequential pass (default on {jax.default_backend()}: "
+      f"{kda_lib.chunked.default_scan_mode()!r}) vs kda_recurrent, float64: max |diff| = "
+      f"{err:.1e}; chain_states in both modes == the loop over the maps")
 
 # %% [markdown]
-# ## 4. What each form costs
-#
-# Counting multiply-adds as 2 flops, per head and per forward pass (lower-order terms dropped;
-# the chunked counts follow `chunk_affine_maps` term by term):
-#
-# - **recurrent**: $\approx 7\, T d_k d_v$ flops in $T$ sequential steps; working memory
-#   $d_k d_v$ floats (the state).
-# - **chunked, sequential scan**:
-#   $T\big(8 C d_k + 4 C d_v + C^2 + 2 d_k^2 + 4 d_k d_v + 2 d_k^2 d_v / C\big)$ flops in
-#   $T / C$ steps; working memory $T C + T(d_k + d_v) + \frac{T}{C}(d_k^2 + d_k d_v)$ floats
-#   (all chunks in parallel).
-# - **chunked, associative scan**: the above $+\ \frac{T}{C}\big(4 d_k^3 + 6 d_k^2 d_v\big)$
-#   flops in $\lceil\log_2(T / C)\rceil$ rounds; memory of the same order.
-# - **softmax attention** (causal): $T^2 (d_k + d_v)$ flops, no sequential dependence; memory
-#   $T(d_k + d_v)$ for keys and values, $+\,T^2$ for the scores unless fused (flash attention).
-#
-# The chunked terms: decayed scores $4 C^2 d_k$, the triangular inverse $\approx C^3$,
-# $\tilde K$ and $\tilde V$ $2 C^2 (d_k + d_v)$, $Q^{\text{eff}}$ and $O^{\text{intra}}$
-# $2 C^2 (d_k + d_v)$, the maps $2 C d_k (d_k + d_v)$, the inter-chunk output $2 C d_k d_v$ per
-# chunk, and $2 d_k^2 d_v$ to step the state per chunk. The chunked form does **more**
-# arithmetic than the recurrence, but as large matrix products and with $C$ times fewer
-# sequential steps, which is what accelerators reward.
+# **How many rounds.** `lax.associative_scan` (`_scan` in jax's
+# `jax/_src/lax/control_flow/loops.py`) is the recursive odd-even scan: one round composes
+# neighbouring pairs, the half-length sequence is scanned recursively, and one more round
+# composes each odd prefix with the next element to fill in the even positions. For
+# $N$ a power of two that is $\log_2 N$ rounds down and $\log_2 N - 1$ back up,
+# $2 \log_2 N - 1$ rounds, with $N - 1$ compositions down and $N - 1 - \log_2 N$ up:
+# $2N - 2 - \log_2 N$ in all, about twice the $N - 1$ of a loop. The cell counts them on the
+# scan itself, tracing it with a combine function that records its calls
+# (`kda_lib.costs.associative_scan_rounds`), and the figure draws the whole dataflow.
 
 # %%
-def costs(T, C, K, V):
+for n in sorted({num_chunks, 16, 64} - {1}):
+    rounds = costs.associative_scan_rounds(n)
+    j = int(np.log2(n))
+    assert len(rounds) == 2 * j - 1 and sum(rounds) == 2 * n - 2 - j, (n, rounds)
+    print(f"N = {n:2d} maps: {len(rounds)} rounds, compositions per round {rounds} "
+          f"(total {sum(rounds)}; a loop: {n - 1} steps)")
+
+# %% tags=["hide-input"]
+# the scan panel draws at least 16 maps, so that its rounds are visible at the CI sizes too
+viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
+
+# %% [markdown]
+# ## 4. What each form costs, and why $C = 64$
+#
+# Counting multiply-adds as 2 flops, per head and per forward pass, matrix products only
+# (`kda_lib.costs`, term by term from `kda_lib.chunked`):
+#
+# - **recurrent**: $\approx 7\, T d_k d_v$ flops in $T$ sequential steps (decay the state
+#   $d_k d_v$, $\mathbf k^\top S$ $2 d_k d_v$, write $2 d_k d_v$, read $2 d_k d_v$: all its work,
+#   elementwise included); working memory $d_k d_v$ floats (the state).
+# - **chunked, sequential pass** (the default on CPU), per chunk: the decayed scores
+#   $2 C (C - 1) d_k$ (rows $\mathbf q$ and $\mathbf k$; only the strictly lower blocks of the
+#   merge are multiplied), the triangular inverse $\tfrac23 (C^3 - 256\, C) + 3072\, C$ (its
+#   pairwise merges and its 16-token blocks, for $C \ge 16$), $\tilde K$ and $\tilde V$
+#   $2 C^2 (d_k + d_v)$, the state pass $4 C d_k d_v$, the outputs $2 C d_k d_v + 2 C^2 d_v$.
+#   Per token that is about $4 C (d_k + d_v) + 6 d_k d_v + \tfrac23 C^2$ in $T / C$ steps;
+#   working memory
+#   $T C + T(d_k + d_v)$ floats plus one state.
+# - **chunked, associative scan**: the same scores, inverse, $\tilde K$ and $\tilde V$, plus
+#   the maps ($Q^{\text{eff}}, O^{\text{intra}}$: $2 C^2 (d_k + d_v)$; $M, E$:
+#   $2 C d_k (d_k + d_v)$), $2N - 2 - \log_2 N$ compositions of $2 d_k^2 (d_k + d_v)$ each, and
+#   applying the prefix maps ($2 d_k^2 d_v + 2 C d_k d_v$ per chunk), in $2 \log_2 N - 1$
+#   rounds; memory $+\,\frac{T}{C}(d_k^2 + d_k d_v)$ floats for the maps.
+# - **softmax attention** (causal, computing only the causal half): $T^2 (d_k + d_v)$ flops, no
+#   sequential dependence; memory $T(d_k + d_v)$, $+\,T^2$ for the scores unless fused (flash
+#   attention).
+#
+# The first cell checks the count against the programs: the matrix products traced from
+# `kda_chunked` in both modes (`costs.matmul_flops`, loop trip counts included) must equal it
+# exactly, and XLA's cost analysis of the compiled program, over one chunk of
+# $C = 64$, $d_k = d_v = 128$, must be close. XLA counts every elementwise operation as well
+# (decay factors, masks, including those its fusions recompute), and a loop's body once,
+# whatever its trip count: hence one chunk.
+
+# %%
+assert all(costs.inverse_flops(C) == 2 * (C**3 - 256 * C) // 3 + 3072 * C
+           for C in (16, 32, 64, 128, 256))
+x_small = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta)]
+for scan in ("sequential", "associative"):
+    traced = costs.matmul_flops(lambda *a, scan=scan: kda_lib.kda_chunked(
+        *a, chunk_size=chunk_size, scan=scan)[0], *x_small)
+    counted = num_heads * costs.chunked_flops(seq_len, chunk_size, key_dim, value_dim, scan)
+    assert traced == counted, (scan, traced, counted)
+one = random_kda_inputs(key_timing, 1, 64, 1, 128, gate="raw")
+one_args = [one[n] for n in ("q", "k", "v")] + [-jax.nn.softplus(one["g"]), one["beta"],
+                                                jnp.ones((1, 1, 128, 128))]
+xla = jax.jit(lambda q, k, v, g, b, s: kda_lib.kda_chunked(
+    q, k, v, g, b, initial_state=s, output_final_state=True, scan="sequential")).lower(
+    *one_args).compile().cost_analysis()["flops"]
+ours = costs.chunked_flops(64, 64, 128, 128)
+approx = 4 * 64 * (128 + 128) + 6 * 128 * 128 + 2 * 64**2 / 3  # the per-token estimate
+assert abs(approx / (ours / 64) - 1) < 0.03
+assert 1.0 <= xla / ours <= 1.3, xla / ours
+print(f"matmul flops traced == counted (both modes, T = {seq_len}); one chunk at C = 64, "
+      f"K = V = 128: counted {ours / 1e6:.2f} MFLOP, XLA {xla / 1e6:.2f} MFLOP "
+      f"({xla / ours:.2f}x: elementwise work)")
+
+# %%
+def form_costs(T, C, K, V):
     """Forward flops and sequential steps per head for each form (dict of (flops, steps))."""
-    chunks = T / C
-    chunked = T * (8 * C * K + 4 * C * V + C**2 + 2 * K**2 + 4 * K * V + 2 * K**2 * V / C)
+    n = T // C
     return {
-        "recurrent": (7 * T * K * V, T),
-        "chunked, sequential": (chunked, chunks),
-        "chunked, associative": (chunked + chunks * (4 * K**3 + 6 * K**2 * V),
-                                 np.ceil(np.log2(max(chunks, 1)))),
-        "softmax attention": (T**2 * (K + V), 1),
+        "recurrent": (costs.recurrent_flops(T, K, V), T),
+        "chunked, sequential": (costs.chunked_flops(T, C, K, V), n),
+        "chunked, associative": (costs.chunked_flops(T, C, K, V, "associative"),
+                                 costs.associative_scan_schedule(n)[0]),
+        "softmax attention": (costs.attention_flops(T, K, V), 1),
     }
 
 
-# %%
 def cost_table(configs):
     rows = ["| form | " + " | ".join(f"T={T}, C={C}, K={K}, V={V}" for T, C, K, V in configs)
             + " |", "|---|" + "---|" * len(configs)]
-    tables = [costs(*c) for c in configs]
+    tables = [form_costs(*c) for c in configs]
     for form in tables[0]:
         cells = [f"{t[form][0] / 1e6:,.1f} MFLOP, {t[form][1]:,.0f} "
                  f"step{'' if t[form][1] == 1 else 's'}" for t in tables]
@@ -443,20 +615,106 @@ display(Markdown(cost_table(configs)))
 
 # %%
 for T in (1024, 4096):  # linear vs quadratic growth
-    small, large = costs(T, 64, 128, 128), costs(2 * T, 64, 128, 128)
+    small, large = form_costs(T, 64, 128, 128), form_costs(2 * T, 64, 128, 128)
     assert np.isclose(large["chunked, sequential"][0], 2 * small["chunked, sequential"][0])
     assert np.isclose(large["softmax attention"][0], 4 * small["softmax attention"][0])
-big = costs(4096, 64, 128, 128)
+big = form_costs(4096, 64, 128, 128)
 flop_ratio = big["chunked, sequential"][0] / big["recurrent"][0]
-assert 1.5 < flop_ratio < 3, "chunked does about twice the recurrence's flops at K = V = 128"
+assoc_ratio = big["chunked, associative"][0] / big["recurrent"][0]
+assert 1.3 < flop_ratio < 1.6 and assoc_ratio > 2 * flop_ratio
 crossover = next(T for T in 2 ** np.arange(6, 20)
-                 if costs(T, 64, 128, 128)["softmax attention"][0]
-                 > costs(T, 64, 128, 128)["chunked, sequential"][0])
+                 if form_costs(T, 64, 128, 128)["softmax attention"][0]
+                 > form_costs(T, 64, 128, 128)["chunked, sequential"][0])
 display(Markdown(
-    f"At $d_k = d_v = 128$, $C = 64$, $T = 4096$ the chunked form does {flop_ratio:.1f}x the "
-    f"recurrence's flops in {big['recurrent'][1] / big['chunked, sequential'][1]:.0f}x fewer "
-    f"sequential steps; softmax attention needs more flops than chunked KDA from $T = "
-    f"{crossover}$ tokens on."))
+    f"At $d_k = d_v = 128$, $C = 64$, $T = 4096$ the sequential pass does {flop_ratio:.2f}x "
+    f"the recurrence's flops in {big['recurrent'][1] / big['chunked, sequential'][1]:.0f}x "
+    f"fewer sequential steps ({flop_ratio * xla / ours:.2f}x with its elementwise work counted "
+    f"as XLA counts it at one chunk); the associative scan does {assoc_ratio:.1f}x (its "
+    f"$d_k \\times d_k$ compositions) in {big['chunked, associative'][1]:.0f} rounds. Softmax "
+    f"attention needs more flops than the sequential pass from $T = {crossover}$ tokens on."))
+
+# %% [markdown]
+# **Flops against chunk size.** Per token, every term of the sequential pass grows with $C$
+# except the state pass ($4 d_k d_v$ whatever $C$): with no $d_k \times d_k$ map to amortise,
+# nothing rewards a big chunk, and the flop-optimal chunk is not 64 (exercise 3 finds it; the
+# cell only asserts that it is not 64). $C = 64$ is a hardware choice: $T / C$ sequential
+# steps, each a kernel launch or loop iteration, favour large chunks; tensor cores and TPU MXUs
+# need matrix tiles of at least 16 rows, best 64 to 128, to run near their peak; and the
+# chunk's triangular work must fit the fast on-chip memory. fla's KDA intra-chunk kernel
+# accepts $C = 32$ or $64$ only (`chunk_kda_fwd_intra` in `fla/ops/kda/chunk_intra.py`).
+
+# %%
+per_token = {C: costs.chunked_flops(4096, C, 128, 128) / 4096 for C in (16, 32, 64, 128, 256)}
+sizes = list(per_token)
+assert all(per_token[a] < per_token[b] for a, b in zip(sizes, sizes[1:], strict=False))
+assert min(per_token, key=per_token.get) != 64
+print("sequential pass, flops per token at K = V = 128: "
+      + ", ".join(f"C = {C}: {f / 1e3:.0f}k" for C, f in per_token.items()))
+
+# %% [markdown]
+# ### Why kernels use 16-token sub-chunks, and why the safe gate's floor is $-5$
+#
+# A matmul over the chunk needs the factorised decay of the note after step 5, a row factor
+# times a column factor, $e^{\boldsymbol\gamma_t - \boldsymbol\gamma_{t_0}} \cdot
+# e^{\boldsymbol\gamma_{t_0} - \boldsymbol\gamma_s}$ for some reference token $t_0$, and float32's
+# `exp` overflows above $88.7$. Split the chunk of 64 into sub-chunks of 16 tokens:
+#
+# - **off-diagonal sub-blocks** (rows $t$ in a later sub-chunk, keys $s$ in an earlier one):
+#   with $t_0$ at the first token of the later sub-chunk (the boundary), $t \ge t_0 > s$, both
+#   exponents are $\le 0$, both factors $\le 1$, and the block is one matmul for any gate;
+# - **diagonal sub-blocks**: $t$ and $s$ fall on both sides of any $t_0$, so one factor is
+#   $\ge 1$; the safe gate's floor $g \ge -5$ bounds it by $e^{5 \cdot 16} = e^{80} < e^{88.7}$,
+#   so a diagonal block too is one $16 \times 16$ matmul (the "M=16" tensor-core tile of fla's
+#   docstring below), its upper triangle selected away afterwards (a select, not a multiply
+#   by 0).
+#
+# What the kernels do, read in their source: fla's Triton kernels
+# ([fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention),
+# `fla/ops/kda/chunk_intra.py`, read at commit `bc3b101`) cut the chunk into sub-chunks of
+# `BC = 16`; the off-diagonal
+# blocks (`chunk_kda_fwd_kernel_inter_solve_fused`) take the reference at the later sub-chunk's
+# first token; with `safe_gate=True` each diagonal block is one `tl.dot`
+# (`chunk_kda_fwd_kernel_intra_sub_chunk`) with the reference in the sub-chunk's middle (token
+# 8, so each factor stays below $e^{40}$); without it the diagonal blocks are computed pair by
+# pair from exponent differences (`chunk_kda_fwd_intra_token_parallel`). fla's docstring for
+# `safe_gate` (`fla/ops/kda/chunk.py`) says it enables "M=16 TensorCore acceleration" and
+# recommends `lower_bound = -5`. tokamax's Mosaic TPU kernel (in the tokamax 0.0.17 package
+# this project installs, `tokamax/_src/ops/kda/pallas_mosaic_tpu_fwd_kernel.py`; the
+# openxla/tokamax snapshot we could read holds only KDA's API) computes each block of 16 query
+# rows against all keys up to the block's end in one matmul, with one reference for the whole
+# row block, in its middle when the safe gate is on (its first token otherwise); it zeroes the
+# exponents of the keys past the block before `exp2`, and its `mosaic` implementation requires
+# `lower_bound`. There the off-diagonal blocks rely on the floor too: rows before the middle
+# get factors above 1.
+#
+# `kda_lib`'s own merge (`_decayed_scores` in `kda_lib/chunked.py`) takes the boundary
+# reference at every level, down to sub-blocks of one token (1 + 1, 2 + 2, ..., 32 + 32): every
+# product it forms is an off-diagonal block with both factors $\le 1$, and the diagonal's ratio
+# is 1, so no exponent is ever positive and no floor is needed; the price is $\log_2 C$ levels
+# of small batched products instead of a few $16 \times 16$ tiles. The cell shows the
+# overflow at the floor, and `kda_chunked` in float32 with every gate of this notebook
+# multiplied by ten, far below the floor (the strongest is printed).
+
+# %%
+for span in (16, 64):  # the key factor exp(gamma_t0 - gamma_s), s >= t0, at the floor
+    exponents = -lower_bound * np.arange(span)  # gamma_t0 - gamma_s = 5 (s - t0)
+    factor = np.asarray(jnp.exp(jnp.asarray(exponents, jnp.float32)))
+    finite = bool(np.isfinite(factor).all())
+    assert finite == (span == 16) and (exponents.max() < log_max32) == finite
+    print(f"span {span:2d} tokens at g = {lower_bound}: largest exponent "
+          f"{exponents.max():.0f} (limit {log_max32:.2f}), "
+          + ("all finite" if finite else f"inf from token {np.argmax(~np.isfinite(factor))}"))
+g_strong = 10 * g32  # far below the floor: a 16-token factorisation would overflow here
+assert float(g_strong.min()) < 3 * lower_bound
+o32 = jax.jit(kda_lib.kda_chunked, static_argnames=["chunk_size"])(
+    x["q"], x["k"], x["v"], g_strong, x["beta"], chunk_size=chunk_size)[0]
+with jax.enable_x64(True):
+    o64 = kda_lib.kda_recurrent(*(jnp.asarray(a, jnp.float64) for a in (
+        x["q"], x["k"], x["v"], g_strong, x["beta"])))[0]
+err = assert_close(o32, o64, atol=1e-4, rtol=1e-4, name="float32 chunked, strong gate")
+print(f"kda_chunked, float32, gates down to {float(g_strong.min()):.1f} per token: finite, "
+      f"max |diff| to the float64 recurrence {err:.1e}")
+
 
 # %% [markdown]
 # ## 5. Measured time against sequence length
@@ -537,16 +795,41 @@ display(Markdown("At the longest live length, $T = " + f"{timing_lengths[-1]}$, 
                  "form is " + "; ".join(f"`{live_fastest[m]}` ({m})" for m in modes) + "."))
 
 # %% [markdown]
-# How to read it: on a CPU every form is limited by arithmetic and memory bandwidth, not by
-# the number of sequential steps, so in the forward pass the recurrence (fewest flops) is
-# competitive and the chunked forms pay for their extra matrix products; softmax attention's
-# $T^2$ term takes over at long sequences. With `timing_backward=True` (the full parameters)
-# differentiating through a $T$-step scan is slow, and the recorded CPU run shows the chunked
-# form training faster than the recurrence. On GPUs and TPUs, where each sequential step costs
-# a kernel launch or a loop iteration that leaves most of the chip idle, the chunked forms'
-# $C$-fold fewer steps (and the associative scan's $\log_2$) are what make KDA fast. Timings are
-# measured, not asserted: they depend on the machine.
-#
+# How to read it: softmax attention's $T^2$ term takes over at long sequences. Whether the
+# recurrence's fewer flops win depends on what a sequential step costs, and the recorded CPU run
+# (`data/benchmarks/cpu-2026-12-01.json`, printed below) shows that on a CPU too it costs a
+# lot. In the forward pass the chunked form and the recurrence run about even; forward plus
+# backward, the recurrence is several times slower although the programs' matrix products
+# (traced at the recorded sizes) are several times fewer for it. That gap is a sequential-step
+# cost: the backward pass walks $T$ dependent steps of small $d_k \times d_v$ updates, each
+# with its loop overhead and its saved state to re-read, which its few flops cannot hide; the
+# chunked form takes $T / C$ steps of large products. On GPUs and TPUs, where each step is a
+# kernel launch or a loop iteration that leaves most of the chip idle, the step count matters
+# more still. Live timings are measured, not asserted: they depend on the machine.
+
+# %%
+recorded = load_recorded("benchmarks", "cpu-2026-12-01.json")
+conf, rec = recorded["config"], {(r["impl"], r["T"], r["mode"]): r
+                                 for r in recorded["records"]}
+x_rec = random_kda_inputs(key_timing, conf["batch"], 1024, conf["heads"], conf["key_dim"],
+                          conf["value_dim"], gate="raw")
+args_rec = [x_rec["q"], x_rec["k"], x_rec["v"], -jax.nn.softplus(x_rec["g"]), x_rec["beta"]]
+traced_fb = {impl: costs.matmul_flops(jax.grad(lambda *a, impl=impl: jnp.sum(kda_lib.kda(
+    *a, implementation=impl)[0]), argnums=range(5)), *args_rec)
+    for impl in ("recurrent", "chunked")}
+for T in (256, 1024):
+    print(f"recorded, T = {T}: forward chunked/recurrent "
+          f"{rec['chunked', T, 'fwd']['median_ms'] / rec['recurrent', T, 'fwd']['median_ms']:.2f}"
+          f"; fwd+bwd recurrent {rec['recurrent', T, 'fwd+bwd']['median_ms']:.0f} ms, chunked "
+          f"{rec['chunked', T, 'fwd+bwd']['median_ms']:.0f} ms")
+print(f"fwd+bwd matrix flops traced at T = 1024 (B=1, H={conf['heads']}, K=V={conf['key_dim']}): "
+      f"recurrent {traced_fb['recurrent'] / 1e6:.0f} MFLOP, chunked "
+      f"{traced_fb['chunked'] / 1e6:.0f} MFLOP (the file's XLA count for the recurrence, "
+      f"{rec['recurrent', 1024, 'fwd+bwd']['flops'] / 1e6:.1f} MFLOP, has its loop body once)")
+slow = rec["recurrent", 1024, "fwd+bwd"]["median_ms"] / rec["chunked", 1024, "fwd+bwd"]["median_ms"]
+assert slow > 3 and traced_fb["recurrent"] * 3 < traced_fb["chunked"]
+
+# %% [markdown]
 # ## Summary
 #
 # - A chunk of $C$ tokens is an affine map
@@ -554,46 +837,75 @@ display(Markdown("At the longest live length, $T = " + f"{timing_lengths[-1]}$, 
 #   outputs are $Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$ (checked in float64).
 # - Five derived steps (unroll, triangular system, UT transform, chunk map, outputs), each
 #   checked in float64, give all four from one unit-lower-triangular solve per chunk, equal to
-#   `chunk_affine_maps`; `unit_lower_inverse` matches `inv` and `solve_triangular`.
-# - Composing the maps is associative: a sequential loop, `chain_states` in both modes and
-#   `kda_chunked` agree with `kda_recurrent` to float64 precision.
-# - Costs: recurrent $\approx 7 T d_k d_v$ flops in $T$ steps; chunked about twice the flops
-#   at $d_k = d_v = 128$, $C = 64$, in $T / C$ steps; softmax attention grows as $T^2$.
-# - Live timings on this machine and recorded runs are drawn side by side, each with its sizes.
+#   `chunk_affine_maps`; $M_{[i]}$ is the WY form, diagonal minus rank $C$. With a scalar decay
+#   (Gated DeltaNet) the decay is one $C \times C$ mask; per-channel decay needs the
+#   factorisation that overflows in float32 unless it is bounded.
+# - Across chunks `kda_lib` carries only the state (values corrected by it, then the update),
+#   no $d_k \times d_k$ map; the maps serve `lax.associative_scan` ($2 \log_2 N - 1$ rounds,
+#   $2N - 2 - \log_2 N$ compositions) and context parallelism. Every chaining agrees with
+#   `kda_recurrent` to float64 precision.
+# - Costs (matrix products, checked against the traced programs and XLA): the sequential pass
+#   does about half again the recurrence's flops at $d_k = d_v = 128$, $C = 64$ (printed in
+#   section 4) in $T / C$ steps, the associative scan several times more; softmax attention
+#   grows as $T^2$.
+#   $C = 64$ is not the flop optimum but a hardware choice, and 16-token sub-chunks with the
+#   safe gate's floor of $-5$ keep the kernels' factorised exponents below float32's limit.
+# - The recorded CPU run shows sequential steps costing time on a CPU too (fwd+bwd); live
+#   timings on this machine and recorded runs are drawn side by side, each with its sizes.
 #
 # ## Exercises
 #
-# 1. **One token per chunk.** With $C = 1$ the chunk map must be the token's own transition.
-#    Check that `chunk_affine_maps` on chunks of one token returns $M_t$ and $E_t$.
-# 2. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
-#    = K$. Build $M_{[i]}$ by hand from step 4 for a chunk without decay and compare with the
-#    product of the $I - \beta_t \mathbf k_t \mathbf k_t^\top$.
-# 3. **Flops vs chunk size.** Using `costs`, find the chunk size in $\{16, 32, 64, 128, 256\}$
-#    that minimises the chunked (sequential) flops at $T = 4096$, $d_k = d_v = 128$.
+# Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
+# without showing the expected one. Worked solutions are in `notebooks/solutions/ch03.py`.
 #
-# The solutions below are hidden in the rendered page; they run (and assert) in CI.
+# 1. **One token per chunk.** With $C = 1$ the chunk map must be the token's own transition.
+#    Call `chunk_affine_maps` on a chunk holding only the first token of head 0 and answer with
+#    its `(transition, state_ext)` for that token.
 
-# %% tags=["solution", "hide-input"]
-# 1: C = 1, the first token of head 0
-with jax.enable_x64(True):
-    one = jax.tree.map(np.asarray, chunk_affine_maps(
-        *(jnp.asarray(a[:, :1, :1, None]) for a in (q, k, v, g, beta)), scale=scale))
-k0, b0 = k[0, 0, 0], beta[0, 0, 0]
-M_0 = (np.eye(key_dim) - b0 * np.outer(k0, k0)) @ np.diag(np.exp(g[0, 0, 0]))
-assert_close(one.transition[0, 0, 0], M_0, name="exercise 1: M_t")
-assert_close(one.state_ext[0, 0, 0], b0 * np.outer(k0, v[0, 0, 0]), name="exercise 1: E_t")
-# 2: no decay, step 4 by hand
-L0 = bc[:, None] * (kc @ kc.T) * strict
-W0 = np.linalg.solve(np.eye(chunk_size) + L0, bc[:, None] * kc)
-plain = np.eye(key_dim)
-for t in range(chunk_size):
-    plain = (np.eye(key_dim) - bc[t] * np.outer(kc[t], kc[t])) @ plain
-assert_close(np.eye(key_dim) - kc.T @ W0, plain, atol=1e-10, name="exercise 2")
-# 3: the flop-optimal chunk size
-best_C = min((16, 32, 64, 128, 256),
-             key=lambda C: costs(4096, C, 128, 128)["chunked, sequential"][0])
-assert best_C == 64, best_C
-print(f"exercises 1-3: solutions checked (flop-optimal chunk size {best_C})")
+# %%
+answer = None  # (M, E): chunk_affine_maps on the first token of head 0, in float64
+check("03.1", answer, k=k[0, 0, 0], g=g[0, 0, 0], beta=beta[0, 0, 0], v=v[0, 0, 0])
+
+# %% [markdown]
+# 2. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
+#    = K$. Build $M_{[i]}$ by hand from step 4 for the chunk `kc`, `bc` without decay (it should
+#    equal the product of the $I - \beta_t \mathbf k_t \mathbf k_t^\top$).
+
+# %%
+answer = None  # M, d_k x d_k
+check("03.2", answer, k=kc, beta=bc)
+
+# %% [markdown]
+# 3. **Flops against chunk size.** Using `costs.chunked_flops`, find the chunk size in
+#    $\{16, 32, 64, 128, 256\}$ with the fewest forward flops at $T = 4096$,
+#    $d_k = d_v = 128$, for the sequential pass and for the associative scan. Why does the
+#    associative scan's optimum differ?
+
+# %%
+answer = None  # {"sequential": C, "associative": C}
+check("03.3", answer, T=4096, K=128, V=128)
+
+# %% [markdown]
+# 4. **The sequential pass without $d_k \times d_k$ maps.** Write
+#    `state_pass(w, u, q_in, k_out, attn_qk, keep, s0)` for one head: chunk-major NumPy arrays
+#    (`w`, `q_in`, `k_out` $[N, C, d_k]$, `u` $[N, C, d_v]$, `attn_qk` $[N, C, C]$ = $P$,
+#    `keep` $[N, d_k]$ = the diagonal of $\Gamma_C$) and the initial state $[d_k, d_v]$, returning
+#    the outputs $[T, d_v]$ and the final state, from the three equations of section 3. The
+#    checker runs it on chunks it builds with `kda_lib.chunked` and compares with the
+#    recurrence in float64.
+
+# %%
+answer = None  # a function state_pass(w, u, q_in, k_out, attn_qk, keep, s0) -> (O, S)
+check("03.4", answer)
+
+# %% [markdown]
+# 5. **Gated DeltaNet's chunk scores.** Write `gdn_scores(q, k, g, scale)` for one chunk with one
+#    log decay per token (`g` $[C]$): the causal decayed scores $P^{\text{GDN}}$ as $q k^\top$
+#    times one $C \times C$ mask, with no exponent above 0 ever formed.
+
+# %%
+answer = None  # a function gdn_scores(q, k, g, scale) -> P [C, C]
+check("03.5", answer)
 
 # %% [markdown]
 # ## References

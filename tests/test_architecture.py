@@ -30,6 +30,7 @@ LAYERS = {
     # 1: the maths forms and the tokamax backend
     "reference": 1,
     "chunked": 1,
+    "costs": 1,
     "tokamax_backend": 1,
     "testing": 1,
     # 2: the one entry point

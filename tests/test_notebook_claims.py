@@ -339,3 +339,89 @@ def test_stdlib_lm_recording_as_notebook_09_states_it():
             assert abs(row["bpb"] - full[row["model"]]["bpb"]) < 1e-5, row
     for name in full:
         assert {r["seed"] for r in seeds if r["model"] == name} >= {1, 2}, name
+
+
+# --- notebook 03: the numbers its prose states (issue 25) ---------------------------------------
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+@pytest.mark.parametrize(("C", "K", "V", "N"), [(16, 8, 4, 1), (32, 16, 8, 3), (64, 32, 16, 4)])
+def test_nb03_flop_count_equals_the_traced_matmuls(scan, C, K, V, N):
+    """kda_lib.costs counts kda_chunked's matrix products term by term, exactly."""
+    import jax
+
+    import kda_lib
+    from kda_lib import costs
+    from kda_lib.testing import random_kda_inputs
+
+    x = random_kda_inputs(jax.random.key(0), 1, N * C, 2, K, V, gate="raw")
+    args = (x["q"], x["k"], x["v"], -jax.nn.softplus(x["g"]), x["beta"])
+    traced = costs.matmul_flops(
+        lambda *a: kda_lib.kda_chunked(*a, chunk_size=C, scan=scan)[0], *args
+    )
+    assert traced == 2 * costs.chunked_flops(N * C, C, K, V, scan)
+
+
+def test_nb03_xla_cost_analysis_is_close_to_the_count():
+    """XLA's count of one compiled chunk (C = 64, K = V = 128) adds only elementwise work."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib import costs
+    from kda_lib.testing import random_kda_inputs
+
+    x = random_kda_inputs(jax.random.key(1), 1, 64, 1, 128, gate="raw")
+    state = jnp.ones((1, 1, 128, 128))
+    args = (x["q"], x["k"], x["v"], -jax.nn.softplus(x["g"]), x["beta"], state)
+    fn = lambda q, k, v, g, b, s: kda_lib.kda_chunked(  # noqa: E731
+        q, k, v, g, b, initial_state=s, output_final_state=True, scan="sequential"
+    )
+    xla = jax.jit(fn).lower(*args).compile().cost_analysis()["flops"]
+    assert 1.0 <= xla / costs.chunked_flops(64, 64, 128, 128) <= 1.3
+
+
+def test_nb03_ratios_and_chunk_sizes():
+    """The sequential pass: about 1.5x the recurrence at K = V = 128, C = 64 (not 2.3x); its
+    flops grow with C (optimum 16), the associative scan's optimum is 128."""
+    from kda_lib import costs
+
+    ratio = costs.chunked_flops(4096, 64, 128, 128) / costs.recurrent_flops(4096, 128, 128)
+    assert 1.45 < ratio < 1.5
+    per_token_sizes = (16, 32, 64, 128, 256)
+    per_token = [costs.chunked_flops(4096, c, 128, 128) for c in per_token_sizes]
+    assert per_token == sorted(per_token)
+    assoc = {c: costs.chunked_flops(4096, c, 128, 128, "associative") for c in per_token_sizes}
+    assert min(assoc, key=assoc.get) == 128
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 64, 256])
+def test_nb03_associative_scan_rounds(n):
+    """lax.associative_scan over n = 2^j maps: 2j - 1 rounds, 2n - 2 - j compositions."""
+    from kda_lib import costs
+
+    j = int(math.log2(n))
+    rounds = costs.associative_scan_rounds(n)
+    assert len(rounds) == 2 * j - 1 and sum(rounds) == 2 * n - 2 - j
+    assert rounds[:j] == [n // 2**i for i in range(1, j + 1)]
+
+
+def test_nb03_float32_exponent_budget():
+    """exp overflows past ~88.7 in float32: 16 tokens at the floor -5 stay within 80."""
+    import numpy as np
+
+    limit = float(np.log(np.finfo(np.float32).max))
+    assert 88.7 < limit < 88.8
+    assert 16 * 5 <= 80 < limit < 64 * 5
+
+
+def test_nb03_recorded_cpu_sequential_step_cost():
+    """The recorded CPU run: forward about even, fwd+bwd the recurrence several times slower."""
+    from kda_lib.recorded import load_recorded
+
+    records = load_recorded("benchmarks", "cpu-2026-12-01.json")["records"]
+    ms = {(r["impl"], r["T"], r["mode"]): r["median_ms"] for r in records}
+    assert round(ms["recurrent", 1024, "fwd+bwd"]) == 191
+    assert round(ms["chunked", 1024, "fwd+bwd"]) == 32
+    forward = [ms["chunked", t, "fwd"] / ms["recurrent", t, "fwd"] for t in (256, 1024)]
+    assert [round(f, 2) for f in forward] == [0.86, 0.98]
