@@ -309,7 +309,8 @@ STYLE = """\
 ol.notebooks { list-style: none; padding: 0; }
 ol.notebooks li { display: flex; gap: 1rem; align-items: flex-start; padding: 0.8rem 0;
                   border-bottom: 1px solid var(--pst-color-border, #eee); }
-ol.notebooks img { width: 200px; flex: none; border: 1px solid #eee; }
+ol.notebooks li > a { flex: none; width: 200px; }
+ol.notebooks img { width: 200px; border: 1px solid #eee; }
 ol.notebooks .thumb-missing { width: 200px; flex: none; color: #888; font-size: 0.8rem; }
 """
 
