@@ -43,21 +43,28 @@ _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 # the README's install and clone commands
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
 
-# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib
-# without importing it; the installer runs by path because `import kda_lib` needs jax.
+# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib and
+# what the notebooks import without importing them: a missing one (a fresh runtime, or an
+# install cut short that left kda_lib without jax) installs what is missing. The installer runs
+# by path because `import kda_lib` needs jax.
+NEEDED_MODULES = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
 INSTALL_BLOCK = """\
 import importlib.util
 import runpy
 import subprocess
 import sys
 
-if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
-    KDA_LIB_SOURCE = "{source}"
-    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-    subprocess.run(pip, check=True)
-    importlib.invalidate_caches()
+NEEDED = ({needed})
+missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
+    if "kda_lib" in missing:
+        KDA_LIB_SOURCE = "{source}"
+        print(f"Installing kda_lib from {{KDA_LIB_SOURCE}} (about 10 s) ...", flush=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+        subprocess.run(pip, check=True)
+        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"]()
+    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"](missing=missing)
 """
 SETUP_CALL = "kda_lib.notebook.setup()"
 
@@ -100,7 +107,8 @@ def notation_link(url: str) -> str:
 
 def install_block(url: str) -> str:
     """The setup cell's install block, installing kda_lib from ``git+url``."""
-    return INSTALL_BLOCK.format(source=f"git+{_checked(url)}")
+    needed = ", ".join(f'"{name}"' for name in NEEDED_MODULES)
+    return INSTALL_BLOCK.format(source=f"git+{_checked(url)}", needed=needed)
 
 
 def problems(source: pathlib.Path, url: str) -> list[str]:
