@@ -67,16 +67,28 @@ async () => {
            .filter(s => s !== "MJXZERO")[0]));
     const error = root.querySelector("mjx-merror");
     const rows = [...root.querySelectorAll("mjx-mtable mjx-mtr, mjx-mtable mjx-mlabeledtr")];
-    const starts = rows.map(row => {
+    // where a cell's content starts and ends (its strut excluded): in an align block the
+    // first column ends at one x in every row and the second starts at one x
+    const extent = cell => {
+      const rects = [...cell.querySelectorAll("*")]
+        .filter(e => e.tagName !== "MJX-TSTRUT" && e.tagName !== "MJX-TBSTRUT")
+        .map(e => e.getBoundingClientRect()).filter(r => r.width > 0);
+      return rects.length ? [Math.min(...rects.map(r => r.left)),
+                             Math.max(...rects.map(r => r.right))] : null;
+    };
+    const ends = [], starts = [];
+    for (const row of rows) {
       const cells = [...row.children].filter(c => c.tagName === "MJX-MTD");
-      const glyph = cells.length > 1 ? cells[1].querySelector("mjx-c") : null;
-      return glyph ? glyph.getBoundingClientRect().left : null;
-    }).filter(x => x !== null);
+      if (cells.length < 2) continue;
+      const first = extent(cells[0]), second = extent(cells[1]);
+      if (first) ends.push(first[1]);
+      if (second) starts.push(second[0]);
+    }
     records.push({
       index: index++, tex: item.math, display: item.display,
       error: error ? (error.getAttribute("data-mjx-error") || error.textContent) : null,
       backslash: !!root.querySelector("mjx-c.mjx-c5C"),
-      families: [...families], starts,
+      families: [...families], starts, ends,
     });
   }
   return {records, loaded: [...loaded]};
@@ -156,9 +168,13 @@ def check_site(browser, site: pathlib.Path, shots: pathlib.Path) -> list[str]:
                         shot_taken.add(kind)
                 if "\\begin{align" in tex and len(record["starts"]) > 1:
                     kinds["aligned"] += 1
-                    spread = max(record["starts"]) - min(record["starts"])
+                    spread = max(
+                        max(record[edge]) - min(record[edge])
+                        for edge in ("starts", "ends")
+                        if record[edge]
+                    )
                     if spread > 0.5:
-                        failures.append(f"{where}: second column off by {spread:.1f} px")
+                        failures.append(f"{where}: columns off by {spread:.1f} px across rows")
                     elif "aligned" not in shot_taken:
                         _shoot(page, record["index"], shots / "math-aligned.png")
                         shot_taken.add("aligned")
