@@ -45,6 +45,7 @@ import pathlib
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 
@@ -132,7 +133,7 @@ def hidden_input_label(cell) -> str:
         elif "text/html" in data or "text/markdown" in data:
             kinds.add("table")
     if 'find_spec("kda_lib")' in source or source.lstrip("# ").lower().startswith("install"):
-        return "Show the install cell (installs kda_lib where it is missing)"
+        return "Show the install cell (installs kda_lib and its dependencies where missing)"
     if "solution" in cell.get("metadata", {}).get("tags", []):
         return "Show the solution"
     if "widget" in kinds or "ipywidgets" in source:
@@ -393,8 +394,6 @@ def build_site(
         another host (named).
       FileNotFoundError: a notebook does not exist.
     """
-    from sphinx.cmd.build import build_main
-
     if not notebooks:
         raise ValueError("notebooks is empty: give at least one executed .ipynb")
     notebooks = sorted(notebooks, key=lambda p: p.name)
@@ -403,8 +402,13 @@ def build_site(
             raise FileNotFoundError(f"notebook {path} does not exist")
     source = source or output.with_name(output.name + "-src")
     pages = write_source(notebooks, source)
-    args = ["-b", "html"] + (["-q"] if quiet else []) + [str(source), str(output)]
-    if build_main(args) != 0:
+    # a process of its own: Sphinx keeps global state (docutils registries, logging handlers)
+    # that must not leak into a caller such as a pytest worker
+    command = [sys.executable, "-m", "sphinx", "-b", "html", *(["-q"] if quiet else [])]
+    # the themes still call Sphinx APIs deprecated for Sphinx 11: not the reader's concern
+    quiet_warnings = "ignore::DeprecationWarning,ignore::PendingDeprecationWarning"
+    env = dict(os.environ, PYTHONWARNINGS=quiet_warnings)
+    if subprocess.run([*command, str(source), str(output)], env=env).returncode != 0:
         raise ValueError(f"sphinx-build failed on {source} (its messages are above)")
     written = [output / "index.html"] + [output / "notebooks" / f"{p.stem}.html" for p in pages]
     for page in sorted(output.rglob("*.html")):
@@ -432,5 +436,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     sys.exit(main())

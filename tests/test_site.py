@@ -30,8 +30,6 @@ import build_site  # noqa: E402  (scripts/ is no package)
 import notebook_setup  # noqa: E402
 
 URL = notebook_setup.repository_url()
-# the book theme and myst-parser still use Sphinx APIs that Sphinx 11 will remove
-pytestmark = pytest.mark.filterwarnings("ignore:.*Check CHANGES for Sphinx API")
 INSTALL = "# Install: where kda_lib is missing, install it\nimport importlib.util\n" + (
     'if importlib.util.find_spec("kda_lib") is None:\n    pass'
 )
@@ -146,7 +144,7 @@ def test_folds_say_what_they_hide(site):
     folds = re.findall(r"<details.*?</details>", page, re.S)
     labels = [re.search(r"Show the [^<]*", fold).group(0) for fold in folds]
     assert labels == [
-        "Show the install cell (installs kda_lib where it is missing)",
+        "Show the install cell (installs kda_lib and its dependencies where missing)",
         "Show the code of this figure",
         "Show the code of the sliders",
     ]
