@@ -226,7 +226,8 @@ def install_dependencies(
         if dry_run:
             print(f"{plan.summary} | would run: {shlex.join(command)}")
             return plan
-        why = f" ({', '.join(missing)} missing)" if missing else ""
+        dependencies = [name for name in missing if name != "kda_lib"]
+        why = f" ({', '.join(dependencies)} missing)" if dependencies else ""
         print(
             f"Installing kda_lib's dependencies{why} with [{','.join(plan.extras)}]: jax, "
             "tokamax (which brings about 90 packages: google-cloud-storage, duckdb, grpcio, ...), "
