@@ -173,7 +173,7 @@ def test_every_option_has_help_and_the_output_names_its_units(tmp_path, capsys):
     options = [block.split()[0] for block in blocks]
     assert "no-roofline" in options and "warmup" in options
     # the defaults formatter adds "(default: ...)" to an option only if it has help text
-    assert [o for o, block in zip(options, blocks) if "(default:" not in block] == []
+    assert [o for o, block in zip(options, blocks, strict=True) if "(default:" not in block] == []
     args = [*TINY, "--impls", "chunked", "softmax", "--seq-lens", "8", "--modes", "fwd"]
     document = bench.run([*args, "--no-roofline", "--warmup", "0", "--out", str(tmp_path / "b")])
     captured = capsys.readouterr()
