@@ -13,6 +13,7 @@ downloading.
 
 from __future__ import annotations
 
+import ast
 import email.parser
 import importlib.metadata
 import importlib.util
@@ -392,3 +393,21 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
     _, module, benchmarks, n_runs, n_results = line.split()
     assert module.startswith(purelib) and benchmarks.startswith(purelib), line
     assert int(n_runs) >= 1 and int(n_results) >= 1, line
+
+
+def test_install_cell_checks_every_module_the_notebooks_import():
+    """The install cell skips the install only if these are all there: each third-party module
+    a notebook imports must be among them (IPython comes with every Jupyter kernel)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    imported = set()
+    for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"IPython"}
+    assert third_party, "no import found: the parser is broken"
+    assert third_party <= set(notebook_setup.NEEDED_MODULES), sorted(third_party)
