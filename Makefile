@@ -22,7 +22,8 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 EXECUTED := $(patsubst notebooks/%,build/notebooks/%,$(NOTEBOOKS))
 PYTEST_ARGS ?=
 
-.PHONY: test notebooks site lab lint sync lock repository-url clean check-python bench FORCE
+.PHONY: test notebooks site lab lint sync lock repository-url clean check-python bench \
+	check-browser FORCE
 
 check-python:
 	@if [ -z "$(PYTHON)" ]; then \
@@ -30,9 +31,12 @@ check-python:
 	  echo "Install one (e.g. 'apt install python3.12', 'pyenv install 3.12', or conda: 'conda env create -f environment.yml')"; \
 	  echo "or point to it: make test PYTHON=/path/to/python3.12"; exit 1; fi
 
-# rewritten only when EXTRAS changes, so that a new EXTRAS reinstalls
+# the extras installed so far: EXTRAS joins them, so a new extra reinstalls once and going back
+# (`make lab`, then `make test`) reinstalls nothing; `rm -rf .venv` starts again from EXTRAS
 $(VENV)/.extras: FORCE
-	@mkdir -p $(VENV); echo '$(EXTRAS)' | cmp -s - $@ || echo '$(EXTRAS)' > $@
+	@mkdir -p $(VENV); have=$$(cat $@ 2>/dev/null); \
+	want=$$(echo "$$have,$(EXTRAS)" | tr ',' '\n' | sed '/^$$/d' | sort -u | paste -sd, -); \
+	[ "$$want" = "$$have" ] || echo "$$want" > $@
 
 # uv installs in parallel (about 30 s instead of 80 s here); pip installs uv itself, so pip's
 # own settings (index, proxy) find it. INSTALLER=pip skips uv; where uv fails (e.g. an index
@@ -41,12 +45,12 @@ INSTALLER ?= uv
 $(STAMP): pyproject.toml $(CONSTRAINTS) $(VENV)/.extras | check-python
 	@test -x $(VPY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	$(VPY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip $(filter uv,$(INSTALLER))
-	@if [ "$(INSTALLER)" = uv ]; then \
-	  echo "$(VENV)/bin/uv pip install -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'"; \
+	@extras=$$(cat $(VENV)/.extras); if [ "$(INSTALLER)" = uv ]; then \
+	  echo "$(VENV)/bin/uv pip install -c $(CONSTRAINTS) -e '.[$$extras]'"; \
 	  $(VENV)/bin/uv pip install -q --python $(VPY) --compile-bytecode -c $(CONSTRAINTS) \
-	    -e '.[$(EXTRAS)]' || { echo "uv could not install the environment; retrying with pip"; \
-	  $(VPY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'; }; \
-	else $(VPY) -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'; fi
+	    -e ".[$$extras]" || { echo "uv could not install the environment; retrying with pip"; \
+	  $(VPY) -m pip install -q -c $(CONSTRAINTS) -e ".[$$extras]"; }; \
+	else $(VPY) -m pip install -q -c $(CONSTRAINTS) -e ".[$$extras]"; fi
 	@touch $(STAMP)
 
 lint: $(STAMP)
@@ -56,7 +60,8 @@ test: lint
 	$(VPY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # execute every notebook with papermill (PARAMS=full: the bigger settings of notebooks/params/full/),
-# then render build/notebooks/ into the static site build/html/
+# then render build/notebooks/ into the site build/html/ (Sphinx + myst-nb; renders the stored
+# outputs, executes nothing; its source folder is build/html-src/)
 notebooks: $(STAMP)
 	@mkdir -p build/notebooks
 	@for nb in $(NOTEBOOKS); do \
@@ -72,13 +77,29 @@ notebooks: $(STAMP)
 
 # the site again from the notebooks already executed in build/notebooks/
 site: $(STAMP)
-	$(VPY) scripts/build_site.py $(EXECUTED) --output build/html
+	@test -n "$(wildcard build/notebooks/*.ipynb)" || { \
+	  echo "no executed notebooks in build/notebooks/: run 'make notebooks' first"; exit 1; }
+	$(VPY) scripts/build_site.py $(wildcard $(EXECUTED)) --output build/html
+
+# what a reader sees, in headless Chromium (playwright driving the system's `chromium`; as root
+# without it, apt-get installs it): on every page of build/html/ the math (bold vectors bold,
+# blackboard letters blackboard, aligned equations aligned, no TeX error) and no request to
+# another host; then notebook 02 in JupyterLab, where moving a slider redraws the figure.
+# Screenshots in build/browser/. Needs `make notebooks` first; about 4 minutes; not in `make test`.
+check-browser: | check-python
+	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),browser
+	@test -f build/html/index.html || { echo "no site in build/html/: run 'make notebooks' first"; exit 1; }
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium with apt-get"; apt-get update -qq && apt-get install -y -qq chromium; \
+	  else echo "check-browser needs chromium: apt-get install chromium (or your system's package)"; exit 1; fi; }
+	$(VPY) scripts/check_browser.py --site build/html --screenshots build/browser
 
 # JupyterLab on the notebooks: adds the `jupyter` extra to .venv first (LAB_ARGS: e.g.
 # --no-browser --port 8888 on a remote VM)
 lab: | check-python
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
-	$(VENV)/bin/jupyter lab $(LAB_ARGS) notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
 
 sync: $(STAMP)
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
@@ -95,7 +116,7 @@ lock: | check-python
 	rm -rf build/lock-venv
 	$(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/pip install -q --upgrade pip uv
-	build/lock-venv/bin/pip install -q '.[dev,jupyter]'
+	build/lock-venv/bin/pip install -q '.[dev,jupyter,browser]'
 	{ echo "# Exact versions CI tests (make test installs with them); pyproject.toml has the ranges."; \
 	  echo "# Regenerate with 'make lock'; the accelerator extras resolve against these pins."; \
 	  build/lock-venv/bin/pip freeze --all --exclude kda-lib; } > $(CONSTRAINTS)

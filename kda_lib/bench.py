@@ -349,6 +349,13 @@ class Job:
 
 # ------------------------------------------------------------------------------- driver
 
+MATMUL_ENTRY = "matmul"
+MATMUL_SIZE = 2048
+RATIOS_HEADER = (
+    "ratios of median times, numerator / denominator, per mode and T (below 1: the numerator "
+    "is faster):"
+)
+
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -364,12 +371,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
         "flags win",
     )
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--key-dim", type=int, default=64)
-    parser.add_argument("--value-dim", type=int, default=64)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--seq-lens", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T to time"
+    )
+    parser.add_argument("--batch", type=int, default=1, help="sequences per call B")
+    parser.add_argument("--heads", type=int, default=4, help="heads H")
+    parser.add_argument("--key-dim", type=int, default=64, help="key channels per head K")
+    parser.add_argument("--value-dim", type=int, default=64, help="value channels per head V")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of q, k, v (gates and state stay float32)",
+    )
     parser.add_argument(
         "--impls",
         nargs="+",
@@ -390,7 +404,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("auto", *IMPLEMENTATIONS),
         help="kernel implementation inside the layer",
     )
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="fwd: the forward call; fwd+bwd: forward and the gradients of all inputs",
+    )
     parser.add_argument(
         "--train",
         action="store_true",
@@ -404,15 +424,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="models of the training-step rows (hybrid: kda, kda, kda, attention)",
     )
     parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
-    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument(
+        "--reps", type=int, default=10, help="timed calls per row (the table shows their median)"
+    )
     parser.add_argument(
         "--no-interleave",
         action="store_true",
         help="time each function's reps back to back (default: one rep of every function per "
         "round, so load changes on a busy machine hit all of them alike; needs all inputs alive)",
     )
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed calls per row after compiling (0 times first calls: a warning says so)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--no-roofline",
+        action="store_true",
+        help=f"skip the {MATMUL_SIZE} x {MATMUL_SIZE} matmul row that measures the machine's "
+        "matmul GFLOP/s (most of a small run's time); rows then have no roofline_fraction",
+    )
     parser.add_argument(
         "--out",
         default=None,
@@ -438,6 +471,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
     if min(args.seq_lens) < 1:
         parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
+    if args.warmup == 0:
+        print(
+            "warning: --warmup 0 times each row's first calls, which carry one-off costs "
+            "(allocations, autotuning, caches): the first T's rows are not comparable to the rest",
+            file=sys.stderr,
+            flush=True,
+        )
     # the output path is checked (and its folder created) before anything is timed
     args.out_path = None
     if args.out != "-":
@@ -491,7 +531,7 @@ def compare_with_anchors(records: list[dict]) -> dict:
 
 
 def format_table(records: list[dict]) -> str:
-    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'min':>10}{'max':>10}"
+    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'min ms':>10}{'max ms':>10}"
     header += f"{'compile s':>11}"
     lines = [header, "-" * len(header)]
     for r in records:
@@ -526,7 +566,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
             jobs.append(Job(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
 
     # the machine's matmul throughput, measured beside the entries: the roofline's ceiling
-    jobs.append(Job(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
+    if not args.no_roofline:
+        jobs.append(Job(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
     if args.train:
         for mixer in args.train_mixers:
             for seq_len in args.seq_lens:
@@ -609,6 +650,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             reps=args.reps,
             warmup=args.warmup,
             interleaved=not args.no_interleave,
+            roofline=not args.no_roofline,
             lower_bound=LOWER_BOUND,
             layer_impl=args.layer_impl,
             sequential_max_t=args.sequential_max_t,
@@ -635,6 +677,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
             ) from error
     print()
     print(format_table(records))
+    if document["ratios"]:
+        print()
+        print(RATIOS_HEADER)
     for name, per_mode in document["ratios"].items():
         for mode, per_t in per_mode.items():
             values = "  ".join(f"T={t}: {r:.3f}" for t, r in per_t.items())
@@ -642,10 +687,6 @@ def run(argv: Sequence[str] | None = None) -> dict:
     if path is not None:
         print(f"wrote {path}")
     return document
-
-
-MATMUL_ENTRY = "matmul"
-MATMUL_SIZE = 2048
 
 
 def matmul_entry(key: jax.Array):

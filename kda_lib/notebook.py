@@ -2,16 +2,18 @@
 
 Every notebook's setup takes two short cells:
 
-1. The install cell: where kda_lib is not importable (a fresh Colab runtime, a new TPU VM),
-   it installs kda_lib alone (``pip install --no-deps``) and then runs
-   :func:`install_dependencies` from this file *by path*, with only the standard library:
+1. The install cell: where kda_lib or a module the notebooks import is missing (a fresh Colab
+   runtime, a new TPU VM, an install cut short), it installs kda_lib alone if it is missing
+   (``pip install --no-deps``) and then runs :func:`install_dependencies` from this file *by
+   path*, with only the standard library:
    ``import kda_lib`` would import jax and tokamax, which may not be there yet.
    :func:`install_dependencies` picks the extras for the machine's accelerator and keeps the JAX
    the runtime already has when it is new enough, so a GPU or TPU runtime never gets its
-   accelerator build of JAX replaced by a CPU one. It prints one line saying what it did.
+   accelerator build of JAX replaced by a CPU one. It says what it is installing before pip
+   starts (about 1 to 3 minutes) and one line with what it did after.
 2. The imports cell ends with :func:`setup`, which applies the settings every notebook shares
    (plot style, random numbers) and prints one line: the JAX version, its backend and devices,
-   and where kda_lib came from.
+   and kda_lib's version (installed, or a source tree; never a path: the line is published).
 
 Nothing at the top of this module may import a third-party package (see 1).
 """
@@ -28,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 DISTRIBUTION = "kda-lib"
@@ -183,17 +186,22 @@ def plan_install(
 
 
 def install_dependencies(
-    *, dry_run: bool = False, run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+    *,
+    dry_run: bool = False,
+    missing: Sequence[str] = (),
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
 ) -> InstallPlan:
     """Install kda_lib's requirements for this runtime (kda_lib itself must be installed).
 
-    Detects the accelerator, plans with :func:`plan_install`, runs one ``pip install`` in this
-    interpreter (pip's own settings such as ``PIP_NO_INDEX`` apply) and prints the plan's one-line
-    summary, plus the packages whose installed version changed (restart the runtime if it had
-    imported one of them).
+    Detects the accelerator, plans with :func:`plan_install`, says what it is about to install
+    and how long that takes (pip prints nothing meanwhile), runs one ``pip install`` in this
+    interpreter (pip's own settings such as ``PIP_NO_INDEX`` apply) and prints the plan's
+    summary with the time it took, plus the packages whose installed version changed (restart
+    the runtime if it had imported one of them).
 
     Args:
       dry_run: print the plan and the pip command, install nothing.
+      missing: the modules the install cell found missing (named in the first line).
       run: the function that runs pip (:func:`subprocess.run`; replaced in tests).
 
     Raises:
@@ -218,6 +226,16 @@ def install_dependencies(
         if dry_run:
             print(f"{plan.summary} | would run: {shlex.join(command)}")
             return plan
+        dependencies = [name for name in missing if name != "kda_lib"]
+        why = f" ({', '.join(dependencies)} missing)" if dependencies else ""
+        print(
+            f"Installing kda_lib's dependencies{why} with [{','.join(plan.extras)}]: jax, "
+            "tokamax (which brings about 90 packages: google-cloud-storage, duckdb, grpcio, ...), "
+            "flax, optax, matplotlib, ipywidgets. pip prints nothing meanwhile; this takes about "
+            "1 to 3 minutes on Colab ...",
+            flush=True,
+        )
+        start = time.monotonic()
         result = run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(
@@ -230,7 +248,8 @@ def install_dependencies(
         if n in after and after[n] != before[n]
     ]
     restart = f"; changed {', '.join(changed)}: restart the runtime if it had imported them"
-    print(plan.summary + (restart if changed else ""))
+    took = f" ({time.monotonic() - start:.0f} s)"
+    print(plan.summary + took + (restart if changed else ""))
     return plan
 
 
@@ -262,7 +281,7 @@ def setup(*, style: bool = True) -> None:
     count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
     print(
         f"jax {jax.__version__} on {jax.default_backend()} ({count}, {devices[0].device_kind}) | "
-        f"kda_lib {_installed_version()} from {os.path.dirname(kda_lib.__file__)}"
+        f"kda_lib {_installed_version()} ({_origin(kda_lib.__file__)})"
     )
 
 
@@ -270,7 +289,14 @@ def _installed_version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
-        return "(not installed: from the source tree)"
+        return "(not installed)"
+
+
+def _origin(module_file: str) -> str:
+    """Where kda_lib was imported from, in words that name no folder of this machine (the line
+    ends up on the published pages)."""
+    parts = os.path.normpath(module_file).split(os.sep)
+    return "installed" if "site-packages" in parts or "dist-packages" in parts else "source tree"
 
 
 if __name__ == "__main__":

@@ -466,6 +466,30 @@ def _model_label(args: argparse.Namespace) -> str:
     return ModelConfig(vocab_size=1, num_layers=len(args.layers), layers=args.layers).label
 
 
+MIXER_HELP = {
+    "kda": "Kimi Delta Attention",
+    "gdn": "Gated DeltaNet: one decay per head",
+    "attention": "causal softmax attention, RoPE",
+    "attention_conv": "that attention with KDA's short convs on q, k, v: an ablation",
+    "conv": "the short conv alone, no recurrence",
+}
+
+
+def _task_defaults(option: str) -> str:
+    """`` [delayed_copy 16, mqar 64, ...]``: each task's default of ``option`` (or "")."""
+    found = [f"{task} {o[option]}" for task, o in DEFAULT_TASK_OPTIONS.items() if option in o]
+    return f" [{', '.join(found)}]" if found else ""
+
+
+def _stack_default() -> str:
+    default = inspect.signature(TASKS["stack"]).parameters.get("pop_probability")
+    return f" [stack {default.default}]" if default and default.default is not default.empty else ""
+
+
+def _model_default(field: str):
+    return ModelConfig.__dataclass_fields__[field].default
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m kda_lib.train",
@@ -473,20 +497,56 @@ def _parser() -> argparse.ArgumentParser:
         "batches and write a JSON record.",
     )
     parser.add_argument("task", choices=sorted(TASKS), help="synthetic task")
-    parser.add_argument("--mixer", choices=sorted(MIXERS), default="kda", help="token mixer")
-    parser.add_argument("--steps", type=int, default=1000, help="optimiser steps")
-    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sequence T")
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences per batch B")
-    parser.add_argument("--learning-rate", type=float, default=3e-3, help="AdamW peak rate")
-    parser.add_argument("--seed", type=int, default=0, help="model init and batches")
-    parser.add_argument("--eval-batches", type=int, default=8, help="held-out batches")
-    parser.add_argument("--log-every", type=int, default=50, help="steps per progress record")
-    task = parser.add_argument_group("task options (default: DEFAULT_TASK_OPTIONS)")
-    task.add_argument("--vocab-size", type=int, help="tokens in the task and the model")
-    task.add_argument("--num-pairs", type=int, help="mqar: key/value pairs per sequence")
-    task.add_argument("--delay", type=int, help="delayed_copy: how far back to copy")
-    task.add_argument("--pop-probability", type=float, help="stack: chance of a pop")
-    model = parser.add_argument_group("model options (default: ModelConfig)")
+    parser.add_argument(
+        "--mixer",
+        choices=sorted(MIXERS),
+        default="kda",
+        metavar="MIXER",
+        help="token mixer: "
+        + "; ".join(f"{name} ({MIXER_HELP.get(name, 'see kda_lib.models')})" for name in MIXERS)
+        + " (default: kda)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=1000, help="optimiser steps (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=128, help="tokens per sequence T (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="sequences per batch B (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--learning-rate", type=float, default=3e-3, help="AdamW peak rate (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="model init and batches (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--eval-batches", type=int, default=8, help="held-out batches (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-every", type=int, default=50, help="steps per progress record (default: %(default)s)"
+    )
+    task = parser.add_argument_group("task options (each task's defaults in brackets)")
+    task.add_argument(
+        "--vocab-size",
+        type=int,
+        help="tokens in the task and the model" + _task_defaults("vocab_size"),
+    )
+    task.add_argument(
+        "--num-pairs",
+        type=int,
+        help="mqar: key/value pairs per sequence" + _task_defaults("num_pairs"),
+    )
+    task.add_argument(
+        "--delay", type=int, help="delayed_copy: how far back to copy" + _task_defaults("delay")
+    )
+    task.add_argument(
+        "--pop-probability",
+        type=float,
+        help="stack: chance of a pop" + (_task_defaults("pop_probability") or _stack_default()),
+    )
+    model = parser.add_argument_group("model options")
     model_help = dict(
         hidden_size="model width",
         num_layers="blocks of (norm, mixer, norm, MLP)",
@@ -495,8 +555,15 @@ def _parser() -> argparse.ArgumentParser:
         conv_size="short-conv width W (kda, gdn, conv)",
     )
     for field, meaning in model_help.items():
-        model.add_argument(f"--{field.replace('_', '-')}", type=int, help=meaning)
-    model.add_argument("--implementation", help="KDA kernel (see kda_lib.kda)")
+        model.add_argument(
+            f"--{field.replace('_', '-')}",
+            type=int,
+            help=f"{meaning} (default: {_model_default(field)})",
+        )
+    model.add_argument(
+        "--implementation",
+        help=f"KDA kernel (see kda_lib.kda; default: {_model_default('implementation')})",
+    )
     model.add_argument(
         "--layers",
         type=_layer_pattern,
@@ -516,7 +583,7 @@ def _parser() -> argparse.ArgumentParser:
         "--progress",
         choices=("auto", "bar", "lines", "none"),
         default="auto",
-        help="auto: a tqdm bar on a terminal, plain lines otherwise",
+        help="auto (the default): a tqdm bar on a terminal, plain lines otherwise",
     )
     return parser
 
@@ -568,6 +635,7 @@ def main(argv: list[str] | None = None) -> dict:
     Every option and the output path are checked before training (exit status 2). A run whose
     loss is not finite is recorded with ``"diverged": true`` (nulls for the non-finite numbers)
     and the process exits with status 1."""
+    started = time.perf_counter()
     parser = _parser()
     args = parser.parse_args(argv)
     path = _check_args(parser, args)
@@ -596,6 +664,13 @@ def main(argv: list[str] | None = None) -> dict:
     style = args.progress
     if style == "auto":
         style = "bar" if sys.stdout.isatty() else "lines"
+    if style != "none":  # the first record comes only after the first step has compiled
+        print(
+            f"{args.task} / {_model_label(args)}: building the model and compiling the first "
+            "training step (10 s to a minute on a CPU; the progress starts after it) ...",
+            file=sys.stderr,
+            flush=True,
+        )
     bar = _ProgressBar(args.steps, f"{args.task}/{args.mixer}") if style == "bar" else None
     progress = bar if bar else (style == "lines")
     try:
@@ -640,7 +715,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"{args.task} / {record['mixer']}, T={args.seq_len}: held-out accuracy "
         f"{record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f}), "
-        f"loss {record['eval']['loss']:.3f}; {record['train_seconds']:.0f} s; wrote {path}",
+        f"loss {record['eval']['loss']:.3f}; {record['train_seconds']:.0f} s training "
+        f"(compilation included), {time.perf_counter() - started:.0f} s in all; wrote {path}",
         flush=True,
     )
     return record

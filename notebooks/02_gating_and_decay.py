@@ -48,21 +48,25 @@ seed: int = 0  # seed of the one jax.random.key below
 
 
 # %% tags=["hide-input"]
-# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
-# dependencies for this machine's accelerator, keeping the runtime's JAX when it
-# is new enough (one line says what was installed).
+# Install: where kda_lib or what it needs is missing (Colab, a fresh VM, an install
+# cut short) install it, then the dependencies for this machine's accelerator, keeping
+# the runtime's JAX when it is new enough (about 1 to 3 minutes; it says what it does).
 import importlib.util
 import runpy
 import subprocess
 import sys
 
-if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
-    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
-    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-    subprocess.run(pip, check=True)
-    importlib.invalidate_caches()
+NEEDED = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
+missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
+    if "kda_lib" in missing:
+        KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+        print(f"Installing kda_lib from {KDA_LIB_SOURCE} (about 10 s) ...", flush=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+        subprocess.run(pip, check=True)
+        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
 # Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
@@ -100,7 +104,7 @@ def half_life(g):
 #
 # The layer projects each token to a raw gate input $\mathbf f_t \in \mathbb R^{d_k}$ per head
 # (`f: [B, T, H, K]`), adds a learned per-channel bias $\mathbf b$ and activates the sum into a
-# log decay, with the rate $a_h = e^{\texttt{A\_log}_h}$ of head $h$:
+# log decay, with the rate $a_h = e^{\mathtt{A\_log}_h}$ of head $h$:
 #
 # $$
 # \text{softplus gate: } \mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t + \mathbf b),
@@ -528,9 +532,9 @@ display(Markdown(
 #
 # `plot_gate_explorer` recomputes the three views above for one head with **one** shared $a$
 # (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input $\mathbf f$ still
-# varies by channel and token). The notebook calls it directly; with `interactive=True` and
-# ipywidgets installed, sliders below drive the same function (the sliders need a live
-# notebook; papermill and the rendered HTML show the direct call).
+# varies by channel and token). With `interactive=True` and ipywidgets installed, sliders below
+# drive it, starting from the defaults (the sliders need a live notebook; the rendered site
+# shows the figure they drew at the defaults); otherwise the cell calls it once with them.
 
 # %%
 def plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=-5.0, beta=0.9, gate="safe"):
@@ -548,36 +552,39 @@ def plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=-5.0, beta=0.9, gate
     fig = viz.gate_explorer(log10_kept[np.argsort(life)[::-1]], matrix, norm, floor=floor,
                             title=f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}, "
                                   f"$\\beta$ {beta:g}; median half-life "
-                                  f"{np.median(life):.1f} tokens")
+                                  f"{np.median(life):.3g} tokens")
     viz.show(fig, "02_gate_explorer")
 
 
-plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value, gate="safe")
+explorer_defaults = dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value,
+                         gate="safe")
 
 # %% tags=["hide-input"]
+widgets = None
 if interactive:
     try:
         import ipywidgets as widgets
     except ImportError:
-        widgets = None
-        print("ipywidgets is not installed: no sliders (the figure above is the default view)")
-    if widgets is not None:
-        slider = dict(continuous_update=False)
-        sliders = {
-            "a_log": widgets.FloatSlider(0.0, min=-2, max=3, step=0.1, description="A_log",
-                                         **slider),
-            "dt_bias_value": widgets.FloatSlider(-6.0, min=-10, max=4, step=0.25,
-                                                 description="dt_bias", **slider),
-            "bound": widgets.FloatSlider(lower_bound, min=-5, max=-0.1, step=0.1,
-                                         description="lower_bound", **slider),
-            "beta": widgets.FloatSlider(beta_value, min=0, max=1, step=0.05, description="beta",
-                                        **slider),
-            "gate": widgets.Dropdown(options=["safe", "softplus"], value="safe",
-                                     description="gate"),
-        }
-        view = widgets.interactive_output(plot_gate_explorer, sliders)
-        display(widgets.VBox([widgets.HBox(list(sliders.values())[:3]),
-                              widgets.HBox(list(sliders.values())[3:]), view]))
+        print("ipywidgets is not installed: no sliders, the default view only")
+if widgets is None:
+    plot_gate_explorer(**explorer_defaults)
+else:  # the sliders draw the default view first, then redraw when one moves
+    slider = dict(continuous_update=False, style={"description_width": "initial"})
+    sliders = {
+        "a_log": widgets.FloatSlider(0.0, min=-2, max=3, step=0.1, description="A_log", **slider),
+        "dt_bias_value": widgets.FloatSlider(-6.0, min=-10, max=4, step=0.25,
+                                             description="dt_bias", **slider),
+        "bound": widgets.FloatSlider(lower_bound, min=-5, max=-0.1, step=0.1,
+                                     description="lower_bound", **slider),
+        "beta": widgets.FloatSlider(beta_value, min=0, max=1, step=0.05, description="beta",
+                                    **slider),
+        "gate": widgets.Dropdown(options=["safe", "softplus"], value="safe", description="gate",
+                                 style={"description_width": "initial"}),
+    }
+    assert {k: w.value for k, w in sliders.items()} == explorer_defaults
+    view = widgets.interactive_output(plot_gate_explorer, sliders)
+    display(widgets.VBox([widgets.HBox(list(sliders.values())[:3]),
+                          widgets.HBox(list(sliders.values())[3:]), view]))
 
 # %% [markdown]
 # ## Summary

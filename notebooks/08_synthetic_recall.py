@@ -68,21 +68,25 @@ two_scale_len: int = 256  # tokens of the section-9 filter and its test input
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
-# Install: where kda_lib is missing (Colab, a fresh VM) install it, then the
-# dependencies for this machine's accelerator, keeping the runtime's JAX when it
-# is new enough (one line says what was installed).
+# Install: where kda_lib or what it needs is missing (Colab, a fresh VM, an install
+# cut short) install it, then the dependencies for this machine's accelerator, keeping
+# the runtime's JAX when it is new enough (about 1 to 3 minutes; it says what it does).
 import importlib.util
 import runpy
 import subprocess
 import sys
 
-if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
-    KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
-    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-    subprocess.run(pip, check=True)
-    importlib.invalidate_caches()
+NEEDED = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
+missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
+    if "kda_lib" in missing:
+        KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
+        print(f"Installing kda_lib from {KDA_LIB_SOURCE} (about 10 s) ...", flush=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+        subprocess.run(pip, check=True)
+        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"]()
+    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
 # Imports; kda_lib.notebook.setup() applies the settings every notebook shares.

@@ -1,227 +1,174 @@
-"""Build the static site of executed notebooks: an index page and one page per notebook.
+"""Build the site of executed notebooks with Sphinx + myst-nb and the book theme.
 
     python scripts/build_site.py build/notebooks/*.ipynb --output build/html
 
-(``make notebooks`` runs it after executing every notebook with papermill.)
+(``make notebooks`` runs it after executing every notebook with papermill; ``make site`` reruns
+it alone.) The site is the stack the JAX and Flax documentation use (Sphinx + myst-nb, here with
+``sphinx-book-theme``): a table of contents on the left, prev/next links, an outline of the page,
+search, copy buttons on code, a Colab launch button per notebook, and math typeset by MathJax 3
+(every browser renders it the same; docs/DESIGN.md says why this stack).
 
-The site works offline, as a folder of files:
+What this script does before Sphinx runs (it writes a Sphinx source folder, ``--source``,
+by default ``<output>-src``):
 
-* math (``$...$`` inline, ``$$...$$`` on its own lines, in markdown cells) is typeset at build
-  time into MathML with latex2mathml; browsers render MathML themselves, no script needed;
-* code is highlighted with Pygments, its colours inlined in the page's own stylesheet;
-* figures are PNG files under ``figures/`` beside the pages;
-* an image from another host (the Colab badge) becomes a text link, so nothing breaks offline;
-* no page references a script or stylesheet on another host (tests/test_site.py checks);
-* a code cell tagged ``hide-input`` (jupytext: ``# %% tags=["hide-input"]``), or whose input
-  Jupyter hides (``metadata.jupyter.source_hidden``), shows its outputs with its code folded
-  away in a ``<details>`` element: plotting code that would bury the argument;
-* an interactive widget (ipywidgets) cannot run without a kernel: its place holds a visible
-  note saying so.
+* copies the executed notebooks (myst-nb renders their stored outputs:
+  ``nb_execution_mode = "off"``, nothing runs twice);
+* the index page: the notebooks in file-name order (the order to read them), each with its
+  title, one line (the first sentence of its opening paragraph) and a thumbnail of its first
+  figure; ``docs/NOTATION.md`` and ``docs/DESIGN.md`` become pages of the site, and the
+  notebooks' links to the notation table on GitHub point to that page instead;
+* a code cell tagged ``hide-input`` shows its outputs with its code folded away under a label
+  that says what the code is (the install cell, the code of a figure, of the sliders, ...);
+* an interactive widget (ipywidgets) needs a kernel: its place holds a note saying so, followed
+  by what its output widgets drew when the notebook ran (the default view);
+* an image from another host (the Colab badge) becomes a text link, and any script or
+  stylesheet from another host in a cell's HTML output is left out;
+* the absolute path of the checkout, the home folder and the machine's name are replaced in
+  every output (a page names no machine).
 
-The index lists the notebooks in file-name order (the order to read them), each with its title,
-one line (the first sentence of its opening paragraph) and a thumbnail of its first figure.
+Offline: MathJax 3 comes from the ``sphinx-mathjax-offline`` package (copied into
+``_static/mathjax``), the theme's fonts and scripts are its own files in ``_static``; after the
+build, every page is checked for a ``script``, ``link``, ``img`` or ``iframe`` that loads from
+another host (a ValueError names it).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import dataclasses
 import html
+import html.parser
+import os
 import pathlib
 import re
+import shutil
+import socket
+import subprocess
 import sys
+import time
 
-import latex2mathml.converter
 import nbformat
-from markdown_it import MarkdownIt
-from mdit_py_plugins.dollarmath import dollarmath_plugin
-from pygments import highlight
-from pygments.formatters import HtmlFormatter
-from pygments.lexers import PythonLexer
 
-SITE_TITLE = "Kimi Delta Attention in JAX: the notebooks"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import notebook_setup  # noqa: E402  (scripts/ is no package)
+
+SITE_TITLE = "Kimi Delta Attention in JAX"
+INDEX_LEAD = (
+    "Executed notebooks, in the order to read them: each one derives, visualises and checks one "
+    "piece of KDA (Kimi Delta Attention, the linear attention of Kimi Linear) in JAX."
+)
 HIDE_INPUT_TAG = "hide-input"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE_MIME = "application/vnd.jupyter.widget-state+json"
 WIDGET_NOTE = (
-    "Interactive widget: it needs a running Python kernel, so this page cannot show it. Open "
-    "the notebook in Jupyter or on Colab to move its controls; the figures on this page show "
-    "the default setting."
+    "Interactive widget: it needs a running Python kernel, so this page cannot move it. Open "
+    "the notebook in Jupyter or on Colab to use its controls; what it drew when the notebook ran "
+    "(the default setting) is shown below."
 )
-# MathJax environments latex2mathml lacks -> (begin, end) of equivalents it has (same layout)
-_ENVIRONMENTS = {
-    name: (f"\\begin{{{name}}}", f"\\end{{{name}}}", begin, end)
-    for name, begin, end in (
-        ("aligned", r"\begin{align*}", r"\end{align*}"),
-        ("gathered", r"\begin{array}{c}", r"\end{array}"),
-        ("gather*", r"\begin{array}{c}", r"\end{array}"),
-        ("gather", r"\begin{array}{c}", r"\end{array}"),
-    )
-}
-_UNKNOWN_COMMAND = re.compile(r">(\\[A-Za-z]+)<")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_REMOTE = re.compile(r"^(https?:)?//", re.IGNORECASE)
-# a script or stylesheet loaded from another host, in HTML that a cell output carries
+# the pages the docs/ files become (source file -> page name)
+DOC_PAGES = {"NOTATION.md": "notation", "DESIGN.md": "design"}
+_REMOTE = re.compile(r"^\s*(https?:)?//", re.IGNORECASE)
 _REMOTE_SCRIPT = re.compile(
     r"<script\b[^>]*\bsrc\s*=\s*[\"']?(https?:)?//[^>]*>.*?</script\s*>", re.I | re.S
 )
 _REMOTE_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?(https?:)?//[^>]*>", re.I)
-
-STYLE = """
-body { font: 16px/1.55 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-       max-width: 60rem; margin: 0 auto; padding: 1rem 1.5rem 4rem; color: #1b1b1b; }
-nav { display: flex; justify-content: space-between; gap: 1rem; font-size: 0.9rem;
-      border-bottom: 1px solid #ddd; padding-bottom: 0.5rem; margin-bottom: 1rem; }
-a { color: #0a58a5; }
-h1 { font-size: 1.7rem; line-height: 1.25; }
-pre, code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace;
-            font-size: 0.85rem; }
-pre { overflow-x: auto; padding: 0.6rem 0.8rem; margin: 0.3rem 0; border-radius: 4px; }
-.input pre { background: #f6f8fa; border-left: 3px solid #0072b2; }
-.output pre { background: #fff; border-left: 3px solid #ccc; }
-.output pre.stderr { background: #fff5f0; border-left-color: #d55e00; }
-.output pre.error { background: #fdecea; border-left-color: #b00020; }
-.output img { max-width: 100%; height: auto; }
-.cell { margin: 0.8rem 0; }
-details.hidden-input > summary { cursor: pointer; color: #555; font-size: 0.85rem; }
-.note { border: 1px dashed #e69f00; background: #fff8e6; padding: 0.6rem 0.8rem;
-        border-radius: 4px; font-size: 0.9rem; }
-math { font-family: "Latin Modern Math", "STIX Two Math", "Cambria Math", math; }
-div.math { margin: 0.6rem 0; overflow-x: auto; overflow-y: hidden; }
-table { border-collapse: collapse; } th, td { border: 1px solid #ddd; padding: 0.2rem 0.5rem; }
-ol.notebooks { list-style: none; padding: 0; }
-ol.notebooks li { display: flex; gap: 1rem; align-items: flex-start; padding: 0.8rem 0;
-                  border-bottom: 1px solid #eee; }
-ol.notebooks img { width: 200px; flex: none; border: 1px solid #eee; }
-ol.notebooks .thumb-missing { width: 200px; flex: none; color: #888; font-size: 0.8rem; }
-"""
+# a markdown image whose source is on another host, possibly inside a link: ![alt](http...)
+_REMOTE_IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\(\s*(https?:)?//[^)]*\)")
+_MD_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
 @dataclasses.dataclass
 class Page:
-    """One rendered notebook: its file names, title, one-line summary and first figure."""
+    """One notebook of the site: its file stem, title, one-line summary and thumbnail."""
 
     stem: str
     title: str
-    summary: str
-    thumbnail: str | None  # path of the first figure, relative to the site folder
-    body: str
-
-
-def _math(latex: str, options: dict) -> str:
-    """MathML for ``latex``; ValueError for TeX that would not come out as written."""
-    display = "block" if options.get("display_mode") else "inline"
-    tex = latex.strip()
-    for old_begin, old_end, begin, end in _ENVIRONMENTS.values():
-        tex = tex.replace(old_begin, begin).replace(old_end, end)
-    try:
-        mathml = latex2mathml.converter.convert(tex, display=display)
-    except Exception as e:  # latex2mathml raises several exception types for malformed TeX
-        raise ValueError(f"cannot typeset the math {latex!r}: {type(e).__name__} {e}") from e
-    # what latex2mathml cannot place it writes out verbatim, or drops silently: refuse it
-    problems = [f"unsupported {command}" for command in _UNKNOWN_COMMAND.findall(mathml)]
-    if "<mi>&</mi>" in mathml:
-        problems.append("'&' outside an alignment environment (use align* or aligned)")
-    if 'linebreak="newline"' in mathml:
-        problems.append("a line break \\\\ outside an environment (use align* or gather*)")
-    if problems:
-        raise ValueError(f"cannot typeset the math {latex!r}: {'; '.join(problems)}")
-    return mathml
-
-
-def markdown_renderer() -> MarkdownIt:
-    """CommonMark + tables + dollar math rendered to MathML; remote images become links."""
-    md = MarkdownIt("commonmark", {"html": True}).enable("table")
-    dollarmath_plugin(md, renderer=_math, double_inline=True)
-    default_image = md.renderer.rules.get("image")
-
-    def image(renderer, tokens, idx, options, env):
-        token = tokens[idx]
-        if _REMOTE.match(token.attrGet("src") or ""):
-            # offline the image would be broken: show its alt text (inside its link, if any)
-            return html.escape(token.content or token.attrGet("alt") or "image")
-        return default_image(tokens, idx, options, env)
-
-    md.add_render_rule("image", image)
-    return md
+    summary: str  # markdown
+    thumbnail: str | None  # path relative to the source folder, e.g. _static/thumbs/00_x.png
 
 
 def _text(value) -> str:
     return "".join(value) if isinstance(value, list) else str(value)
 
 
-def _pre(text: str, css_class: str) -> str:
-    return f'<pre class="{css_class}">{html.escape(_ANSI.sub("", text))}</pre>'
-
-
-def _drop_remote_resources(fragment: str) -> str:
-    note = '<div class="note">(a script or stylesheet from another host was left out)</div>'
+def drop_remote_resources(fragment: str) -> str:
+    """``fragment`` (HTML) without scripts or stylesheets loaded from another host."""
+    note = "<p><em>(a script or stylesheet from another host was left out)</em></p>"
     return _REMOTE_LINK.sub(note, _REMOTE_SCRIPT.sub(note, fragment))
 
 
-class _Renderer:
-    """Renders one notebook's cells; collects its figures into ``site/figures/``."""
+def remote_images_to_links(markdown: str) -> str:
+    """Images from another host become their alt text (a badge inside a link stays a link)."""
+    return _REMOTE_IMAGE.sub(lambda m: m["alt"] or "image", markdown)
 
-    def __init__(self, stem: str, site: pathlib.Path, md: MarkdownIt):
-        self.stem, self.site, self.md = stem, site, md
-        self.figures: list[str] = []
 
-    def _figure(self, data: str, suffix: str) -> str:
-        name = f"figures/{self.stem}-{len(self.figures) + 1}.{suffix}"
-        (self.site / name).write_bytes(base64.b64decode(data))
-        self.figures.append(name)
-        return name
+def machine_names() -> dict[str, str]:
+    """What names this checkout or machine in printed output -> what replaces it."""
+    names = {str(ROOT): "<checkout>", str(pathlib.Path.home()): "~"}
+    host = socket.gethostname()
+    if len(host) >= 4:  # a short name would match ordinary words
+        names[host] = "<host>"
+    return dict(sorted(names.items(), key=lambda item: -len(item[0])))
 
-    def output(self, out) -> str:
-        kind = out.get("output_type")
-        if kind == "stream":
-            name = out.get("name", "stdout")
-            return _pre(_text(out.get("text", "")), "stderr" if name == "stderr" else "stdout")
-        if kind == "error":
-            trace = "\n".join(out.get("traceback", []))
-            trace = trace or f"{out.get('ename')}: {out.get('evalue')}"
-            return _pre(trace, "error")
+
+def scrub(text: str, names: dict[str, str]) -> str:
+    for name, replacement in names.items():
+        text = text.replace(name, replacement)
+    return text
+
+
+def hidden_input_label(cell) -> str:
+    """The fold's label of a ``hide-input`` cell: what its code is."""
+    source = cell.source
+    kinds = set()
+    for out in cell.get("outputs", []):
         data = out.get("data", {})
         if WIDGET_MIME in data:
-            return f'<div class="note widget">{html.escape(WIDGET_NOTE)}</div>'
-        if "image/png" in data:
-            name = self._figure(_text(data["image/png"]).strip(), "png")
-            return f'<img src="{name}" alt="figure {len(self.figures)} of {self.stem}">'
-        if "image/svg+xml" in data:
-            return _drop_remote_resources(_text(data["image/svg+xml"]))
-        if "text/html" in data:
-            return _drop_remote_resources(_text(data["text/html"]))
-        if "text/markdown" in data:
-            return self.md.render(_text(data["text/markdown"]))
-        if "text/latex" in data:
-            latex = _text(data["text/latex"]).strip().strip("$")
-            return _math(latex, {"display_mode": True})
-        if "text/plain" in data:
-            return _pre(_text(data["text/plain"]), "stdout")
-        return ""
-
-    def cell(self, cell) -> str:
-        if cell.cell_type == "markdown":
-            return f'<div class="cell markdown">{self.md.render(cell.source)}</div>'
-        if cell.cell_type != "code":
-            return ""
-        tags = cell.get("metadata", {}).get("tags", [])
-        hidden = HIDE_INPUT_TAG in tags or cell.get("metadata", {}).get("jupyter", {}).get(
-            "source_hidden", False
-        )
-        code = highlight(cell.source, PythonLexer(), HtmlFormatter(cssclass="highlight"))
-        source = f'<div class="input">{code}</div>' if cell.source.strip() else ""
-        if hidden and source:
-            source = (
-                f'<details class="hidden-input"><summary>show the code of this figure or '
-                f"table</summary>{source}</details>"
-            )
-        outputs = "".join(self.output(out) for out in cell.get("outputs", []))
-        outputs = f'<div class="output">{outputs}</div>' if outputs else ""
-        return f'<div class="cell code">{source}{outputs}</div>'
+            kinds.add("widget")
+        elif "image/png" in data or "image/svg+xml" in data:
+            kinds.add("figure")
+        elif "text/html" in data or "text/markdown" in data:
+            kinds.add("table")
+    if 'find_spec("kda_lib")' in source or source.lstrip("# ").lower().startswith("install"):
+        return "Show the install cell (installs kda_lib and its dependencies where missing)"
+    if "solution" in cell.get("metadata", {}).get("tags", []):
+        return "Show the solution"
+    if "widget" in kinds or "ipywidgets" in source:
+        return "Show the code of the sliders"
+    if "figure" in kinds:
+        return "Show the code of this figure"
+    if "table" in kinds:
+        return "Show the code of this table"
+    return "Show the code"
 
 
-def _title_and_summary(nb, md: MarkdownIt, fallback: str) -> tuple[str, str]:
+def _widget_outputs(model_id: str, states: dict, seen: set | None = None) -> list:
+    """The outputs that the Output widgets under ``model_id`` captured when the notebook ran."""
+    seen = set() if seen is None else seen
+    if model_id in seen or model_id not in states:
+        return []
+    seen.add(model_id)
+    state = states[model_id].get("state", {})
+    found = list(state.get("outputs", [])) if state.get("_model_name") == "OutputModel" else []
+    for child in state.get("children", []):
+        if isinstance(child, str) and child.startswith("IPY_MODEL_"):
+            found += _widget_outputs(child.removeprefix("IPY_MODEL_"), states, seen)
+    return found
+
+
+def _first_png(nb) -> str | None:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            png = out.get("data", {}).get("image/png")
+            if png:
+                return _text(png).strip()
+    return None
+
+
+def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
     """The first markdown heading, and the first sentence of the paragraph after it."""
     for cell in nb.cells:
         if cell.cell_type != "markdown":
@@ -234,43 +181,217 @@ def _title_and_summary(nb, md: MarkdownIt, fallback: str) -> tuple[str, str]:
         first = next((p for p in paragraphs if p.strip() and not p.startswith("[![")), "")
         first = re.sub(r"^\*\*[^*]+\.\*\*\s*", "", " ".join(first.split()))  # "**Claim.** "
         sentence = re.match(r"(.+?[.!?])(\s|$)", first)
-        summary = md.renderInline(sentence.group(1) if sentence else first)
-        return title, summary
+        return title, sentence.group(1) if sentence else first
     return fallback, ""
 
 
-def _page(title: str, body: str, nav: str) -> str:
-    style = STYLE + HtmlFormatter(cssclass="highlight").get_style_defs(".highlight")
+def _relink(markdown: str, url: str, prefix: str) -> str:
+    """Links to docs/NOTATION.md or docs/DESIGN.md (on GitHub or relative) -> the site's pages."""
+
+    def target(match):
+        link = match["target"]
+        for name, page in DOC_PAGES.items():
+            if link in (f"{url}/blob/{notebook_setup.BRANCH}/docs/{name}", name, f"docs/{name}"):
+                return f"]({prefix}{page}.md)"
+        return match.group(0)
+
+    return _MD_LINK.sub(target, markdown)
+
+
+def prepare_notebook(nb, stem: str, url: str, names: dict[str, str]):
+    """A copy of the executed notebook ``nb`` made ready for myst-nb (see the module doc)."""
+    nb = copy.deepcopy(nb)
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _relink(remote_images_to_links(cell.source), url, "../")
+            continue
+        if cell.cell_type != "code":
+            continue
+        metadata = cell.setdefault("metadata", {})
+        hidden = HIDE_INPUT_TAG in metadata.get("tags", [])
+        if metadata.get("jupyter", {}).get("source_hidden"):
+            hidden = True
+            metadata.setdefault("tags", []).append(HIDE_INPUT_TAG)
+        if hidden:
+            metadata.setdefault("mystnb", {})["code_prompt_show"] = hidden_input_label(cell)
+            metadata["mystnb"]["code_prompt_hide"] = "Hide the code"
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_MIME in data:
+                model_id = data[WIDGET_MIME].get("model_id", "")
+                outputs.append(
+                    nbformat.v4.new_output(
+                        "display_data", data={"text/markdown": f"```{{note}}\n{WIDGET_NOTE}\n```"}
+                    )
+                )
+                outputs += [nbformat.from_dict(o) for o in _widget_outputs(model_id, states)]
+                continue
+            outputs.append(out)
+        for out in outputs:
+            if out.get("output_type") == "stream":
+                out["text"] = scrub(_text(out["text"]), names)
+            elif out.get("output_type") == "error":
+                out["traceback"] = [scrub(line, names) for line in out.get("traceback", [])]
+                out["evalue"] = scrub(_text(out.get("evalue", "")), names)
+            for mime in ("text/plain", "text/markdown", "text/html", "image/svg+xml"):
+                if mime in out.get("data", {}):
+                    text = scrub(_text(out["data"][mime]), names)
+                    if mime in ("text/html", "image/svg+xml"):
+                        text = drop_remote_resources(text)
+                    out["data"][mime] = text
+        cell.outputs = outputs
+    nb.metadata.pop("widgets", None)  # the state would make myst-nb load ipywidgets' scripts
+    return nb
+
+
+CONF = """\
+# Written by scripts/build_site.py: the Sphinx configuration of the notebooks' site.
+project = {title!r}
+author = "kda-notebooks"
+copyright = "kda-notebooks contributors, Apache-2.0"
+extensions = ["myst_nb", "sphinx_copybutton", "sphinx-mathjax-offline"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+# render the outputs papermill stored; execute nothing
+nb_execution_mode = "off"
+nb_merge_streams = True
+nb_render_markdown_format = "myst"  # Markdown(...) outputs with $math$
+nb_ipywidgets_js = {{}}  # widgets are replaced by a note: no require.js from a CDN
+myst_enable_extensions = ["dollarmath", "amsmath"]
+myst_dmath_double_inline = True
+myst_heading_anchors = 3
+suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
+mathjax3_config = {{"tex": {{"tags": "none"}}}}
+html_theme = "sphinx_book_theme"
+html_title = {title!r}
+html_static_path = ["_static"]
+html_last_updated_fmt = None
+html_show_sphinx = False
+html_theme_options = {{
+    "repository_url": {url!r},
+    "repository_branch": {branch!r},
+    "path_to_docs": "",
+    "use_repository_button": True,
+    "use_download_button": True,
+    "launch_buttons": {{"colab_url": "https://colab.research.google.com"}},
+    "show_toc_level": 2,
+    "home_page_in_toc": True,
+}}
+"""
+
+
+def _index(pages: list[Page]) -> str:
+    items = []
+    for page in pages:
+        href = f"notebooks/{page.stem}.html"
+        thumb = (
+            f'<img src="{page.thumbnail}" alt="first figure of {html.escape(page.title)}">'
+            if page.thumbnail
+            else '<span class="thumb-missing">(no figure)</span>'
+        )
+        items.append(
+            f'<li><a href="{href}">{thumb}</a><div><a href="{href}"><strong>'
+            f"{html.escape(page.title)}</strong></a><br>\n\n{page.summary}\n\n</div></li>"
+        )
+    notebooks = "\n".join(f"notebooks/{page.stem}" for page in pages)
+    references = "\n".join(f"{page}" for page in DOC_PAGES.values())
     return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
-        f"<nav>{nav}</nav>\n{body}\n</body>\n</html>\n"
+        f"# {SITE_TITLE}\n\n{INDEX_LEAD}\n\n"
+        f'<ol class="notebooks">\n{chr(10).join(items)}\n</ol>\n\n'
+        "Symbols follow the [notation table](notation.md); the package's layers and conventions "
+        "are in the [design notes](design.md).\n\n"
+        f"```{{toctree}}\n:hidden:\n:caption: Notebooks\n\n{notebooks}\n```\n\n"
+        f"```{{toctree}}\n:hidden:\n:caption: Reference\n\n{references}\n```\n"
     )
 
 
-def render_notebook(path: pathlib.Path, site: pathlib.Path, md: MarkdownIt) -> Page:
-    """Render one executed notebook's cells; its figures are written to ``site/figures/``."""
-    nb = nbformat.read(path, as_version=4)
-    renderer = _Renderer(path.stem, site, md)
-    body = "\n".join(renderer.cell(cell) for cell in nb.cells)
-    title, summary = _title_and_summary(nb, md, fallback=path.stem)
-    thumbnail = renderer.figures[0] if renderer.figures else None
-    return Page(path.stem, title, summary, thumbnail, body)
+STYLE = """\
+ol.notebooks { list-style: none; padding: 0; }
+ol.notebooks li { display: flex; gap: 1rem; align-items: flex-start; padding: 0.8rem 0;
+                  border-bottom: 1px solid var(--pst-color-border, #eee); }
+ol.notebooks li > a { flex: none; width: 200px; }
+ol.notebooks img { width: 200px; border: 1px solid #eee; }
+ol.notebooks .thumb-missing { width: 200px; flex: none; color: #888; font-size: 0.8rem; }
+"""
 
 
-def build_site(notebooks: list[pathlib.Path], output: pathlib.Path) -> list[pathlib.Path]:
-    """Write ``output/index.html`` and ``output/<stem>.html`` for each executed notebook.
+def write_source(notebooks: list[pathlib.Path], source: pathlib.Path) -> list[Page]:
+    """Write the Sphinx source folder ``source`` for the executed ``notebooks``."""
+    url = notebook_setup.repository_url()
+    names = machine_names()
+    if source.exists():
+        shutil.rmtree(source)
+    (source / "notebooks").mkdir(parents=True)
+    (source / "_static" / "thumbs").mkdir(parents=True)
+    pages = []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        title, summary = _title_and_summary(nb, fallback=path.stem)
+        png = _first_png(nb)
+        thumbnail = None
+        if png:
+            thumbnail = f"_static/thumbs/{path.stem}.png"
+            (source / thumbnail).write_bytes(base64.b64decode(png))
+        prepared = prepare_notebook(nb, path.stem, url, names)
+        nbformat.write(prepared, source / "notebooks" / path.name)
+        pages.append(Page(path.stem, title, summary, thumbnail))
+    for name, page in DOC_PAGES.items():
+        text = (ROOT / "docs" / name).read_text()
+        (source / f"{page}.md").write_text(_relink(text, url, ""))
+    (source / "index.md").write_text(_index(pages))
+    (source / "_static" / "site.css").write_text(STYLE)
+    conf = CONF.format(title=SITE_TITLE, url=url, branch=notebook_setup.BRANCH)
+    conf += 'html_css_files = ["site.css"]\n'
+    (source / "conf.py").write_text(conf)
+    return pages
+
+
+class _References(html.parser.HTMLParser):
+    """The URLs a page loads: script src, link href, img src, iframe src (and source/video)."""
+
+    def __init__(self):
+        super().__init__()
+        self.loaded: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        key = {"script": "src", "link": "href", "img": "src", "iframe": "src"}.get(tag)
+        if key and attrs.get(key):
+            self.loaded.append(attrs[key])
+
+
+def remote_resources(page: pathlib.Path) -> list[str]:
+    """What ``page`` would load from another host (script, link, img, iframe; CSS url/import)."""
+    parser = _References()
+    text = page.read_text(errors="replace")
+    parser.feed(text)
+    found = [u for u in parser.loaded if _REMOTE.match(u)]
+    found += re.findall(r"@import\s+url\(\s*['\"]?((?:https?:)?//[^'\")]+)", text)
+    return found
+
+
+def build_site(
+    notebooks: list[pathlib.Path],
+    output: pathlib.Path,
+    source: pathlib.Path | None = None,
+    *,
+    quiet: bool = True,
+) -> list[pathlib.Path]:
+    """Write the site of the executed ``notebooks`` into ``output``.
 
     Args:
-      notebooks: executed ``.ipynb`` files; the index lists them sorted by file name.
-      output: the site folder (created; its ``figures/`` is rewritten).
+      notebooks: executed ``.ipynb`` files; the site lists them sorted by file name.
+      output: the site folder (``output/index.html``, ``output/notebooks/<stem>.html``, ...).
+      source: where the Sphinx source folder is written (default ``<output>-src``; rewritten).
+      quiet: pass ``-q`` to Sphinx (warnings still print).
 
     Returns:
-      The written HTML files, the index first.
+      The index and the notebook pages written, the index first.
 
     Raises:
-      ValueError: ``notebooks`` is empty, or a formula cannot be typeset (names the notebook).
+      ValueError: ``notebooks`` is empty, Sphinx failed, or a page loads something from
+        another host (named).
       FileNotFoundError: a notebook does not exist.
     """
     if not notebooks:
@@ -279,49 +400,21 @@ def build_site(notebooks: list[pathlib.Path], output: pathlib.Path) -> list[path
     for path in notebooks:
         if not path.is_file():
             raise FileNotFoundError(f"notebook {path} does not exist")
-    (output / "figures").mkdir(parents=True, exist_ok=True)
-    for old in (output / "figures").glob("*"):
-        old.unlink()
-    md = markdown_renderer()
-    pages = []
-    for path in notebooks:
-        try:
-            pages.append(render_notebook(path, output, md))
-        except ValueError as e:
-            raise ValueError(f"{path.name}: {e}") from e
-    written = [output / "index.html"]
-    items = []
-    for page in pages:
-        thumb = (
-            f'<img src="{page.thumbnail}" alt="first figure of {html.escape(page.title)}">'
-            if page.thumbnail
-            else '<span class="thumb-missing">(no figure)</span>'
-        )
-        items.append(
-            f'<li><a href="{page.stem}.html">{thumb}</a><div><a href="{page.stem}.html">'
-            f"<strong>{html.escape(page.title)}</strong></a><br>{page.summary}</div></li>"
-        )
-    index_body = (
-        f"<h1>{html.escape(SITE_TITLE)}</h1>\n<p>Executed notebooks, in the order to read "
-        "them: each one derives, visualises and checks one piece of KDA.</p>\n"
-        f'<ol class="notebooks">{"".join(items)}</ol>'
-    )
-    written[0].write_text(_page(SITE_TITLE, index_body, "<span>index</span>"))
-    for i, page in enumerate(pages):
-        previous = (
-            f'<a href="{pages[i - 1].stem}.html">&larr; {html.escape(pages[i - 1].title)}</a>'
-            if i > 0
-            else "<span></span>"
-        )
-        following = (
-            f'<a href="{pages[i + 1].stem}.html">{html.escape(pages[i + 1].title)} &rarr;</a>'
-            if i + 1 < len(pages)
-            else "<span></span>"
-        )
-        nav = f'{previous}<a href="index.html">index</a>{following}'
-        target = output / f"{page.stem}.html"
-        target.write_text(_page(page.title, page.body, nav))
-        written.append(target)
+    source = source or output.with_name(output.name + "-src")
+    pages = write_source(notebooks, source)
+    # a process of its own: Sphinx keeps global state (docutils registries, logging handlers)
+    # that must not leak into a caller such as a pytest worker
+    command = [sys.executable, "-m", "sphinx", "-b", "html", *(["-q"] if quiet else [])]
+    # the themes still call Sphinx APIs deprecated for Sphinx 11: not the reader's concern
+    quiet_warnings = "ignore::DeprecationWarning,ignore::PendingDeprecationWarning"
+    env = dict(os.environ, PYTHONWARNINGS=quiet_warnings)
+    if subprocess.run([*command, str(source), str(output)], env=env).returncode != 0:
+        raise ValueError(f"sphinx-build failed on {source} (its messages are above)")
+    written = [output / "index.html"] + [output / "notebooks" / f"{p.stem}.html" for p in pages]
+    for page in sorted(output.rglob("*.html")):
+        remote = remote_resources(page)
+        if remote:
+            raise ValueError(f"{page} loads from another host: {remote}")
     return written
 
 
@@ -329,9 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=pathlib.Path, help="executed .ipynb files")
     parser.add_argument("--output", "-o", type=pathlib.Path, default=pathlib.Path("build/html"))
+    parser.add_argument(
+        "--source", type=pathlib.Path, default=None, help="Sphinx source folder (<output>-src)"
+    )
     args = parser.parse_args(argv)
-    written = build_site(args.notebooks, args.output)
-    print(f"site: {written[0]} ({len(written) - 1} notebook pages)")
+    start = time.perf_counter()
+    written = build_site(args.notebooks, args.output, args.source)
+    print(
+        f"site: {written[0]} ({len(written) - 1} notebook pages, "
+        f"{time.perf_counter() - start:.0f} s; open it from disk or serve the folder)"
+    )
     return 0
 
 

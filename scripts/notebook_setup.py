@@ -6,7 +6,7 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
 
     [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/OWNER/NAME/blob/main/notebooks/NN_name.ipynb)
 
-* the README's ``pip install git+URL`` and ``git clone URL`` commands;
+* the README's ``pip install git+URL`` and ``git clone URL`` commands and its Colab links;
 * each notebook's link to the notation table, ``docs/NOTATION.md`` on GitHub (a relative link
   is broken on Colab, which opens the notebook alone);
 * the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
@@ -40,24 +40,32 @@ _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 _SOURCE_LINE = re.compile(r'KDA_LIB_SOURCE = "[^"]*"')
 _NOTATION_LINK = re.compile(r"\[`docs/NOTATION\.md`\]\([^)]*\)")
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
-# the README's install and clone commands
+# the README's install and clone commands, and its Colab links (owner/name)
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
+_README_COLAB = re.compile(r"https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/")
 
-# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib
-# without importing it; the installer runs by path because `import kda_lib` needs jax.
+# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib and
+# what the notebooks import without importing them: a missing one (a fresh runtime, or an
+# install cut short that left kda_lib without jax) installs what is missing. The installer runs
+# by path because `import kda_lib` needs jax.
+NEEDED_MODULES = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
 INSTALL_BLOCK = """\
 import importlib.util
 import runpy
 import subprocess
 import sys
 
-if importlib.util.find_spec("kda_lib") is None:  # Colab or a fresh VM: install kda_lib first
-    KDA_LIB_SOURCE = "{source}"
-    pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-    subprocess.run(pip, check=True)
-    importlib.invalidate_caches()
+NEEDED = ({needed})
+missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
+if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
+    if "kda_lib" in missing:
+        KDA_LIB_SOURCE = "{source}"
+        print(f"Installing kda_lib from {{KDA_LIB_SOURCE}} (about 10 s) ...", flush=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
+        subprocess.run(pip, check=True)
+        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"]()
+    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"](missing=missing)
 """
 SETUP_CALL = "kda_lib.notebook.setup()"
 
@@ -100,7 +108,8 @@ def notation_link(url: str) -> str:
 
 def install_block(url: str) -> str:
     """The setup cell's install block, installing kda_lib from ``git+url``."""
-    return INSTALL_BLOCK.format(source=f"git+{_checked(url)}")
+    needed = ", ".join(f'"{name}"' for name in NEEDED_MODULES)
+    return INSTALL_BLOCK.format(source=f"git+{_checked(url)}", needed=needed)
 
 
 def problems(source: pathlib.Path, url: str) -> list[str]:
@@ -126,8 +135,15 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
 
 def readme_problems(url: str, readme: pathlib.Path = README) -> list[str]:
     """The README's install/clone commands that name another address than ``url``."""
-    found = _README_URL.findall(readme.read_text())
-    return [f"{readme.name}: {other} is not {url}" for other in found if other != url]
+    text = readme.read_text()
+    found = [f"{readme.name}: {o} is not {url}" for o in _README_URL.findall(text) if o != url]
+    slug = _checked(url).removeprefix("https://github.com/")
+    found += [
+        f"{readme.name}: a Colab link opens {other}, not {slug}"
+        for other in _README_COLAB.findall(text)
+        if other != slug
+    ]
+    return found
 
 
 def set_repository_url(
@@ -150,9 +166,10 @@ def set_repository_url(
         text = _SOURCE_LINE.sub(f'KDA_LIB_SOURCE = "git+{url}"', text)
         text = _NOTATION_LINK.sub(lambda _: notation_link(url), text)
         source.write_text(text)
-    readme.write_text(
-        _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
-    )
+    text = _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
+    old_slug, slug = (u.removeprefix("https://github.com/") for u in (old_url, url))
+    text = _README_COLAB.sub(lambda m: m.group(0).replace(old_slug, slug), text)
+    readme.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -161,3 +161,27 @@ def test_training_step_entries_trace(model):
     step, args = bench.train_step_entry(model, batch=2, seq_len=8, key=jax.random.key(0))
     loss, state = jax.eval_shape(step, *args)  # traced, not compiled: cheap
     assert loss.shape == () and jax.tree.structure(state) == jax.tree.structure(args[0])
+
+
+def test_every_option_has_help_and_the_output_names_its_units(tmp_path, capsys):
+    """--help explains every option; the table's time columns and the ratio block say what
+    they are; --no-roofline skips the matmul row; --warmup 0 warns that first calls are timed."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    text = capsys.readouterr().out
+    blocks = text[text.index("\n  --preset") :].split("\n  --")[1:]
+    options = [block.split()[0] for block in blocks]
+    assert "no-roofline" in options and "warmup" in options
+    # the defaults formatter adds "(default: ...)" to an option only if it has help text
+    assert [o for o, block in zip(options, blocks, strict=True) if "(default:" not in block] == []
+    args = [*TINY, "--impls", "chunked", "softmax", "--seq-lens", "8", "--modes", "fwd"]
+    document = bench.run([*args, "--no-roofline", "--warmup", "0", "--out", str(tmp_path / "b")])
+    captured = capsys.readouterr()
+    assert "warning: --warmup 0" in captured.err
+    assert {r["impl"] for r in document["records"]} == {"chunked", "softmax"}
+    assert document["matmul_gflops"] is None and document["config"]["roofline"] is False
+    header = next(line for line in captured.out.splitlines() if line.startswith("impl"))
+    assert header.split()[3:] == ["median", "ms", "min", "ms", "max", "ms", "compile", "s"]
+    assert bench.RATIOS_HEADER in captured.out
+    ratios = captured.out[captured.out.index(bench.RATIOS_HEADER) :]
+    assert "chunked/softmax" in ratios.replace(" ", "")

@@ -162,6 +162,7 @@ def test_repository_url_rewrites_every_badge_and_install_line(tmp_path):
     notebook_setup.set_repository_url(url, copies, pyproject, readme)
     assert notebook_setup.repository_url(pyproject) == url
     assert notebook_setup.readme_problems(url, readme) == []
+    assert "kda-notebooks/kda-notebooks" not in readme.read_text()  # Colab links included
     for copy in copies:
         assert notebook_setup.problems(copy, url) == []
         assert "kda-notebooks/kda-notebooks" not in copy.read_text()

@@ -13,11 +13,14 @@ downloading.
 
 from __future__ import annotations
 
+import ast
 import email.parser
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -113,17 +116,68 @@ def test_install_dependencies_runs_one_pip_command_and_reports_failure(capsys):
         calls.append(command)
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    plan = nb_setup.install_dependencies(run=fake_pip)
+    plan = nb_setup.install_dependencies(run=fake_pip, missing=["jax"])
     ((command,),) = [calls]
     assert command[:4] == [sys.executable, "-m", "pip", "install"]
     assert command[-len(plan.requirements) :] == list(plan.requirements)
-    assert capsys.readouterr().out.strip() == plan.summary  # one line
+    before, after = capsys.readouterr().out.strip().splitlines()
+    # what is about to happen, before pip's silent minutes; then what happened, and how long
+    assert before.startswith("Installing kda_lib's dependencies (jax missing) with [notebook")
+    assert "about 90 packages" in before and "minutes" in before
+    assert re.fullmatch(re.escape(plan.summary) + r" \(\d+ s\)", after)
 
     def failing_pip(command, **kwargs):
         return subprocess.CompletedProcess(command, 1, "", "ERROR: no matching distribution")
 
     with pytest.raises(RuntimeError, match="no matching distribution"):
         nb_setup.install_dependencies(run=failing_pip)
+
+
+def test_install_cell_installs_what_is_missing_even_when_kda_lib_is_there(monkeypatch):
+    """An install cut short leaves kda_lib without jax: the cell must not skip the install."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    block = notebook_setup.install_block(notebook_setup.repository_url())
+    real_find_spec = importlib.util.find_spec
+    calls = []
+
+    def find_spec(name, *args):
+        return None if name == "jax" else real_find_spec(name, *args)
+
+    def no_pip(command, **kwargs):
+        raise AssertionError(f"kda_lib is installed: no pip install of it, got {command}")
+
+    def run_path(path, *args, **kwargs):
+        assert pathlib.Path(path).name == "notebook.py"
+        return {"install_dependencies": lambda **kw: calls.append(kw)}
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    monkeypatch.setattr("runpy.run_path", run_path)
+    exec(block, {})
+    assert calls == [{"missing": ["jax"]}]
+    calls.clear()
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    exec(block, {})  # everything there: nothing runs
+    assert calls == []
+
+
+def test_setup_is_reachable_from_import_kda_lib_and_prints_no_path(capsys):
+    import jax
+
+    import kda_lib
+
+    assert kda_lib.notebook is nb_setup  # `import kda_lib; kda_lib.notebook.setup()` works
+    partitionable = jax.config.jax_threefry_partitionable
+    try:
+        nb_setup.setup(style=False)
+    finally:  # setup() switches the random-number scheme: give the other tests theirs back
+        jax.config.update("jax_threefry_partitionable", partitionable)
+    line = capsys.readouterr().out
+    assert "kda_lib 0.1.0" in line and str(ROOT) not in line and os.sep + "kda_lib" not in line
+    assert nb_setup._origin("/x/lib/python3.12/site-packages/kda_lib/__init__.py") == "installed"
+    assert nb_setup._origin(str(ROOT / "kda_lib" / "__init__.py")) == "source tree"
 
 
 def test_the_core_imports_no_plotting_or_notebook_package():
@@ -333,8 +387,29 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
         if out.get("output_type") == "stream"
     )
     assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
-    assert f"kda_lib 0.1.0 from {purelib}/kda_lib" in printed, printed[:2000]
+    # the install says what it does before pip's silent minutes; setup() names no folder
+    assert "Installing kda_lib's dependencies with [notebook]: jax" in printed, printed[:2000]
+    (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]
+    assert setup_line.endswith("| kda_lib 0.1.0 (installed)"), setup_line
     (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]
     _, module, benchmarks, n_runs, n_results = line.split()
     assert module.startswith(purelib) and benchmarks.startswith(purelib), line
     assert int(n_runs) >= 1 and int(n_results) >= 1, line
+
+
+def test_install_cell_checks_every_module_the_notebooks_import():
+    """The install cell skips the install only if these are all there: each third-party module
+    a notebook imports must be among them (IPython comes with every Jupyter kernel)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    imported = set()
+    for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"IPython"}
+    assert third_party, "no import found: the parser is broken"
+    assert third_party <= set(notebook_setup.NEEDED_MODULES), sorted(third_party)

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -334,13 +335,28 @@ CLI_TINY = ["--mixer", "conv", "--steps", "3", "--seq-len", "12", "--batch-size"
 def test_command_line_lines_and_record(tmp_path, capsys):
     out = tmp_path / "run.json"
     record = train_main(["palindrome", *CLI_TINY, "--vocab-size", "6", "--output", str(out)])
-    printed = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
     # not a terminal: plain lines, one per record, then the summary
     assert printed[0].startswith("step      2  loss") and printed[1].startswith("step      3")
     assert printed[-1].startswith("palindrome / conv, T=12: held-out accuracy")
     assert str(out) in printed[-1]
+    # the silent compile is announced; the summary's times say what they cover
+    assert "compiling the first training step" in captured.err
+    assert re.search(r"\d+ s training \(compilation included\), \d+ s in all", printed[-1])
     saved = json.loads(out.read_text())
     assert saved["task_options"] == {"vocab_size": 6} and saved["eval"] == record["eval"]
+
+
+def test_command_line_help_shows_values_and_every_mixer(capsys):
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "DEFAULT_TASK_OPTIONS" not in text and "(default: ModelConfig)" not in text
+    assert "[delayed_copy 16, mqar 64, palindrome 16, stack 16]" in text
+    assert "model width (default: 64)" in text and "optimiser steps (default: 1000)" in text
+    for mixer in MIXERS:
+        assert f"{mixer} (" in text, f"--help does not explain the mixer {mixer}"
 
 
 def test_command_line_progress_bar_and_errors(tmp_path, capsys):
