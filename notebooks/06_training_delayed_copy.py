@@ -328,48 +328,56 @@ viz.show(fig, "06_state_clearing")
 # %%
 kept_all = accuracy["states kept"].mean()
 cleared = accuracy["states cleared at p"]
-lost, recovered = cleared[only_state], cleared[after]
+via_layer1 = only_state & upper_window  # only path left: layer 1's kept history
+no_conv_path = only_state & ~upper_window  # no path left through any kept history
+recovered = cleared[after]
 strict = accuracy["states and upper conv histories cleared"]
 display(Markdown(
     f"With the states kept the accuracy after $p$ is {kept_all:.2f}. With the states cleared, "
-    f"the {only_state.sum()} positions whose token lies more than `conv_reach` before $p$ score "
-    f"{lost.mean():.2f} (chance {1 / vocab_size:.2f}); the {after.sum()} whose token arrives "
-    f"after the clearing or through the kept histories score {recovered.mean():.2f}. With the "
-    f"upper layers' conv histories cleared as well, the {no_path.sum()} positions whose token "
-    f"has no path left score at most {strict[no_path].max():.2f}, the {layer0_path.sum()} "
-    f"whose token can still enter through layer 0's history {strict[layer0_path].mean():.2f}."))
+    f"the {after.sum()} positions whose token arrives after the clearing or through the kept "
+    f"histories score {recovered.mean():.2f}; of the {only_state.sum()} whose token lies more "
+    f"than `conv_reach` before $p$, the {via_layer1.sum()} whose layer-1 window reaches the "
+    f"kept history score {np.round(cleared[via_layer1], 2).tolist()} and the "
+    f"{no_conv_path.sum()} beyond it score at most "
+    f"{cleared[no_conv_path].max(initial=0):.2f} (chance {1 / vocab_size:.2f}). With the upper "
+    f"layers' conv histories cleared as well, the {no_path.sum()} positions whose token has no "
+    f"path left score at most {strict[no_path].max():.2f}, the {layer0_path.sum()} whose token "
+    f"can still enter through layer 0's history {strict[layer0_path].mean():.2f}."))
 assert kept_all > 0.8, "the control copies"
-assert lost.max() < 3 / vocab_size, "these tokens are not copied once the states are cleared"
 assert recovered.mean() > 0.8 * kept_all, "tokens that can re-enter are still copied"
-# the lost positions are among those whose layer-1 window reaches the kept history: for them
-# the experiment, not the path argument, says the history does not carry the token
-assert upper_window[only_state].all()
+if no_conv_path.any():  # empty at the CI defaults (delay 8): every such position is in the window
+    assert cleared[no_conv_path].max() < 3 / vocab_size, "no kept history reaches these"
 assert strict[no_path].max() < 3 / vocab_size, "no path: nothing can copy these"
 assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still hands these over"
 
 # %% [markdown]
-# So the copied token travels in the recurrent states. With the states alone cleared, the
-# predictions whose token lies more than `conv_reach` before $p$ drop to chance although their
-# layer-1 conv window still reads entries that layer 0 computed from its uncleared state: this
-# trained model does not pass the old token through those entries (an experimental finding
-# about these weights, asserted above). Clearing the upper layers' histories too leaves layer 0's
-# history as the only way back, and the boundary moves to $w - 1$ tokens before $p$, where the
-# path analysis puts it: tokens the first convolution can still hand over are picked up by the
-# fresh states and copied. (How the two layers divide the work, for example which position code
-# the keys use, is not something this test resolves.)
+# So the copied token travels in the recurrent states, and the second run proves it for every
+# token with no path left: with the upper conv histories cleared too, only layer 0's history
+# (embeddings of the last $w - 1$ tokens) survives, the boundary sits $w - 1$ tokens before $p$
+# where the path analysis puts it, and everything beyond it is at chance (asserted). With the
+# states alone cleared, the positions whose layer-1 conv window reaches the kept history are an
+# experiment about these weights, not a rule: those entries were computed from layer 0's
+# uncleared state and can carry an old token. Whether the trained model uses them is printed
+# above, and it differs between trainings: in a run of the `full` parameters on this machine
+# (2026-12-01) the ten positions beyond `conv_reach` averaged 0.29 with the states cleared, far
+# above chance, so some of them were copied through that history. (How the two layers divide
+# the work, for example which position code the keys use, is not something this test
+# resolves.)
 #
 # ## Summary
 #
 # - Delayed copy with $\ell$ beyond the convolutions' reach: the KDA model's held-out loss
 #   falls to a small fraction of $\log \lvert\mathcal V\rvert$, the conv-only ablation stays at
 #   chance, as its exactly-zero long-range gradients say it must.
-# - Clearing the recurrent states mid-sequence (convolution histories kept) drops to chance
-#   the predictions whose token lies more than `conv_reach` tokens before the clearing and
-#   leaves the others (measured: the kept layer-1 history could have carried those tokens, and
-#   this model does not use it so). Clearing the upper layers' conv histories too leaves no
-#   path for tokens more than $w - 1$ before the clearing, and those alone are lost: the token
-#   is carried by the $d_k \times d_v$ states, the only long-range memory the layer has;
-#   notebook 07 decodes with exactly this state.
+# - Clearing the recurrent states mid-sequence (convolution histories kept) leaves the
+#   predictions whose token can re-enter through the kept histories; those whose token lies
+#   more than `conv_reach` before the clearing can still be reached through layer 1's kept
+#   history (computed from layer 0's uncleared state) for the first $w - 1$ positions, and
+#   whether they are copied depends on the trained weights (printed in section 4). Clearing
+#   the upper layers' conv histories too leaves no path for tokens more than $w - 1$ before
+#   the clearing, and those alone are lost (asserted at every size): the token is carried
+#   by the $d_k \times d_v$ states, the only long-range memory the layer has; notebook 07
+#   decodes with exactly this state.
 #
 # Try: `delay` larger than `seq_len / 2`, a bigger `vocab_size`, a safe gate via
 # `kda_lib.models.ModelConfig(lower_bound=...)`, or the `full` parameter set.
@@ -385,10 +393,10 @@ assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still han
 # 2. **Where the conv-only model looks.** Using `reach["conv only"]` (the gradient magnitudes
 #    of section 2), list the positions the conv-only model's last prediction depends on, and
 #    compare with `conv_reach`.
-# 3. **A clearing near the end.** Clear the states at $p = T - \ell / 2$ instead
-#    (`p_late` below): every remaining position's token lies before the clearing. Which
-#    positions $t \ge p$ do you expect to be lost (list them)? Then check your prediction with
-#    `accuracy_after(p_late, True)`.
+# 3. **A clearing near the end.** Clear the states and the upper conv histories at
+#    $p = T - \ell / 2$ instead (`p_late` below): every remaining position's token lies before
+#    the clearing. Which positions $t \ge p$ have no path left to their token (list them)? Then
+#    check your prediction with `accuracy_after(p_late, True, True)`.
 
 # %%
 import kda_lib.exercises
@@ -398,9 +406,9 @@ kda_lib.exercises.check("06.1", answer, vocab_size=vocab_size)
 answer = None  # 2: the positions (a list of ints) the conv-only model's last prediction sees
 kda_lib.exercises.check("06.2", answer, last=last, conv_reach=config.conv_reach)
 p_late = seq_len - delay // 2
-answer = None  # 3: the positions t >= p_late (a list of ints) whose prediction is lost
+answer = None  # 3: the positions t >= p_late (a list of ints) with no path to their token
 kda_lib.exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,
-                        conv_reach=config.conv_reach)
+                        conv_size=conv_size)
 
 # %% [markdown]
 # ## References

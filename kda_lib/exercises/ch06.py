@@ -33,15 +33,16 @@ def conv_positions(answer, *, last: int, conv_reach: int):
 
 
 @checker("06.3")
-def late_clearing(answer, *, p: int, seq_len: int, delay: int, conv_reach: int):
-    """The positions t >= p whose token (at t - delay) lies more than conv_reach before p."""
+def late_clearing(answer, *, p: int, seq_len: int, delay: int, conv_size: int):
+    """The positions t >= p whose token (at t - delay) has no path left when the states and
+    every conv history above layer 0 are cleared at p: it lies more than w - 1 before p."""
     try:
         got = sorted(int(t) for t in answer)
     except TypeError:
         return "give a list of positions t (ints), each at least p"
-    want = [t for t in range(p, seq_len) if t - delay < p - conv_reach]
+    want = [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
     if got == want:
         return None
     if any(t < p or t >= seq_len for t in got):
         return f"positions must lie in p..T-1 = {p}..{seq_len - 1}"
-    return "which tokens can still enter through the kept conv histories after the clearing?"
+    return "which tokens can still enter through layer 0's kept conv history after the clearing?"

@@ -18,20 +18,20 @@ def conv_positions(reach: np.ndarray) -> list[int]:
     return np.flatnonzero(reach).tolist()
 
 
-def late_clearing(p: int, seq_len: int, delay: int, conv_reach: int) -> list[int]:
-    """3: the token of position t sits at s = t - delay; it is lost when nothing kept can hand
-    it over, i.e. s < p - conv_reach (the kept conv histories reach conv_reach tokens back).
-    In the notebook, ``accuracy_after(p_late, True)`` then shows these at chance and the
-    others copied."""
-    return [t for t in range(p, seq_len) if t - delay < p - conv_reach]
+def late_clearing(p: int, seq_len: int, delay: int, conv_size: int) -> list[int]:
+    """3: the token of position t sits at s = t - delay. With the states and the upper layers'
+    conv histories cleared, only layer 0's history (the embeddings of the last w - 1 tokens)
+    survives, so the token has no path when s < p - (w - 1). In the notebook,
+    ``accuracy_after(p_late, True, True)`` then shows these at chance and the others copied."""
+    return [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
 
 
 def cases():
     reach = np.zeros(32)
     reach[25:] = 1.0  # a conv-only model of reach 6 whose last position is 31
-    late = dict(p=28, seq_len=32, delay=8, conv_reach=6)
+    late = dict(p=28, seq_len=32, delay=8, conv_size=4)
     return [
         ("06.1", chance_level(16), dict(vocab_size=16), 1 / 16),
         ("06.2", conv_positions(reach), dict(last=31, conv_reach=6), list(range(26, 32))),
-        ("06.3", late_clearing(**late), late, list(range(28, 32))),
+        ("06.3", late_clearing(**late), late, [28, 29]),
     ]
