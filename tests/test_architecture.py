@@ -35,8 +35,9 @@ LAYERS = {
     # 3: arrays across devices
     "context_parallel": 3,
     "conv": 3,
-    # 4: the Flax layer
+    # 4: the Flax layer (and the MLA mixer, a layer beside it)
     "layer": 4,
+    "mla": 4,
     # 5: models built from layers
     "models": 5,
     # 6: applications
