@@ -38,8 +38,9 @@ LAYERS = {
     # 4: the Flax layer (and the MLA mixer, a layer beside it)
     "layer": 4,
     "mla": 4,
-    # 5: models built from layers
+    # 5: models built from layers, and the published models' layers as presets
     "models": 5,
+    "presets": 5,
     # 6: applications
     "train": 6,
     "generate": 6,
