@@ -123,12 +123,6 @@ class MLACache(NamedTuple):
         return self.latents.shape[1] if self.length is None else self.length
 
 
-def _rms(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    xf = x.astype(jnp.float32)
-    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return normed * weight.astype(jnp.float32)
-
-
 class MultiHeadLatentAttention(nnx.Module):
     """Causal MLA without positional encoding; ``mla(x)`` maps ``[B, T, hidden]`` to itself.
 
@@ -145,14 +139,26 @@ class MultiHeadLatentAttention(nnx.Module):
             self.q_proj = nnx.Linear(hidden, h * cfg.score_dim, **linear)
         else:
             self.q_a_proj = nnx.Linear(hidden, cfg.q_lora_rank, **linear)
-            self.q_a_layernorm = nnx.Param(jnp.ones((cfg.q_lora_rank,), cfg.param_dtype))
+            self.q_a_layernorm = self._norm(cfg.q_lora_rank, rngs)
             self.q_b_proj = nnx.Linear(cfg.q_lora_rank, h * cfg.score_dim, **linear)
         self.kv_a_proj_with_mqa = nnx.Linear(hidden, cfg.cache_width, **linear)
-        self.kv_a_layernorm = nnx.Param(jnp.ones((cfg.kv_lora_rank,), cfg.param_dtype))
+        self.kv_a_layernorm = self._norm(cfg.kv_lora_rank, rngs)
         self.kv_b_proj = nnx.Linear(
             cfg.kv_lora_rank, h * (cfg.qk_head_dim + cfg.v_head_dim), **linear
         )
         self.o_proj = nnx.Linear(h * cfg.v_head_dim, hidden, **linear)
+
+    def _norm(self, width: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
+        """A latent RMSNorm, computed in float32; its weight is ``scale`` (the name the
+        project's weight-decay policy exempts, as every norm weight)."""
+        cfg = self.config
+        return nnx.RMSNorm(
+            width,
+            epsilon=cfg.norm_eps,
+            dtype=jnp.float32,
+            param_dtype=cfg.param_dtype,
+            rngs=rngs,
+        )
 
     # ----------------------------------------------------------------- pieces
     def _queries(self, x) -> jax.Array:
@@ -160,7 +166,7 @@ class MultiHeadLatentAttention(nnx.Module):
         if cfg.q_lora_rank is None:
             q = self.q_proj(x)
         else:
-            low = _rms(self.q_a_proj(x), self.q_a_layernorm[...], cfg.norm_eps)
+            low = self.q_a_layernorm(self.q_a_proj(x).astype(jnp.float32))
             q = self.q_b_proj(low.astype(cfg.dtype))
         return q.reshape(*x.shape[:2], cfg.num_heads, cfg.score_dim)
 
@@ -168,7 +174,7 @@ class MultiHeadLatentAttention(nnx.Module):
         """The normalised latent ``c [B, T, r]`` and the shared key ``s [B, T, Ds]`` (or None)."""
         cfg = self.config
         ckv = self.kv_a_proj_with_mqa(x)
-        c = _rms(ckv[..., : cfg.kv_lora_rank], self.kv_a_layernorm[...], cfg.norm_eps)
+        c = self.kv_a_layernorm(ckv[..., : cfg.kv_lora_rank].astype(jnp.float32))
         s = ckv[..., cfg.kv_lora_rank :] if cfg.shared_key_dim else None
         return c.astype(cfg.dtype), s
 

@@ -49,7 +49,8 @@ class MLAShape:
     """A published MLA layer's widths (DeepSeek-V2 naming).
 
     ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``), which
-    :class:`kda_lib.mla.MultiHeadLatentAttention` does not have.
+    :class:`kda_lib.mla.MultiHeadLatentAttention` does not have. ``latent_norm_eps``: epsilon
+    of the latent RMSNorm (None: not given by the source; MLAConfig's default is used).
     """
 
     num_heads: int
@@ -59,6 +60,7 @@ class MLAShape:
     v_head_dim: int
     q_lora_rank: int | None = None
     output_gate: bool = False
+    latent_norm_eps: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,19 @@ class KDAPreset:
     norm_eps: float
     source: str
     notes: str = ""
+
+    def __post_init__(self):
+        forms = ("softplus", "safe_sigmoid", "clamped_softplus")
+        if self.gate_form not in forms:
+            raise ValueError(f"KDAPreset.gate_form must be one of {forms}, got {self.gate_form!r}")
+        if (self.gate_form == "softplus") != (self.lower_bound is None):
+            raise ValueError(
+                f"KDAPreset.lower_bound={self.lower_bound} does not fit gate_form="
+                f"{self.gate_form!r} (only the softplus gate has no bound)"
+            )
+        unknown = sorted(set(self.layer_kinds) - {"kda", "mla"})
+        if unknown:
+            raise ValueError(f"KDAPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
 
     @property
     def num_layers(self) -> int:
@@ -242,6 +257,8 @@ class KDAPreset:
             q_lora_rank=m.q_lora_rank,
             shared_key_dim=m.qk_rope_head_dim,
         )
+        if m.latent_norm_eps is not None:
+            fields["norm_eps"] = m.latent_norm_eps
         return MLAConfig(**{**fields, **overrides})
 
 
@@ -294,7 +311,12 @@ KIMI_LINEAR_48B = KDAPreset(
     fused_qkv_conv=False,
     layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
     mla=MLAShape(
-        num_heads=32, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+        num_heads=32,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        latent_norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
     ),
     norm_eps=1e-5,
     source=(

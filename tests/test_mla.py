@@ -20,6 +20,7 @@ from kda_lib.models import (
     AttentionCache,
     ModelConfig,
     TinyLM,
+    decay_mask,
 )
 
 CFG = MLAConfig(hidden_size=24, num_heads=3, qk_head_dim=8, v_head_dim=6, kv_lora_rank=5)
@@ -54,11 +55,11 @@ def _oracle(layer: MultiHeadLatentAttention, x) -> np.ndarray:
     if cfg.q_lora_rank is None:
         q = x @ f64(layer.q_proj.kernel[...])
     else:
-        q = rms(x @ f64(layer.q_a_proj.kernel[...]), layer.q_a_layernorm[...])
+        q = rms(x @ f64(layer.q_a_proj.kernel[...]), layer.q_a_layernorm.scale[...])
         q = q @ f64(layer.q_b_proj.kernel[...])
     q = q.reshape(b, t, h, d + ds)
     ckv = x @ f64(layer.kv_a_proj_with_mqa.kernel[...])
-    c = rms(ckv[..., :r], layer.kv_a_layernorm[...])
+    c = rms(ckv[..., :r], layer.kv_a_layernorm.scale[...])
     kv = (c @ f64(layer.kv_b_proj.kernel[...])).reshape(b, t, h, d + dv)
     k = np.concatenate([kv[..., :d], np.broadcast_to(ckv[:, :, None, r:], (b, t, h, ds))], -1)
     v = kv[..., d:]
@@ -193,6 +194,10 @@ def test_registered_as_a_mixer_in_a_hybrid_that_decodes_exactly():
         logits, cache = model(tokens[:, t : t + 1], cache=cache)
         outs.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=1e-4, atol=1e-5)
+    # AdamW decays the matmul kernels, not the latent norm's weight (the project's policy)
+    mask = {k[2:]: v for k, v in decay_mask(model).items() if k[:2] == ("blocks", "3")}
+    assert mask[("mixer", "kv_a_layernorm", "scale")] is False
+    assert mask[("mixer", "kv_b_proj", "kernel")] is True
     # parameters: the formula's (q, kv down, latent norm, kv up, out), nothing else
     h, d, r, hidden = 2, 8, 6, 16
     formula = hidden * h * d + hidden * r + r + r * h * (d + d) + h * d * hidden

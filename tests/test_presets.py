@@ -96,6 +96,8 @@ def test_kimi_linear_mla_layer_builds_with_the_published_parameter_count():
     assert expected == 29_114_880
     assert KIMI_LINEAR_48B.mla_parameter_count() == expected
     assert parameter_count(build_mla_layer(KIMI_LINEAR_48B)) == expected
+    assert KIMI_LINEAR_48B.mla_config().shared_key_dim == rope  # NoPE: unrotated, shared
+    assert KIMI_LINEAR_48B.mla_config().norm_eps == 1e-6
 
 
 def test_layer_patterns_follow_the_published_layer_lists():
@@ -160,6 +162,15 @@ def test_each_missing_option_is_named(change, option):
     preset = dataclasses.replace(KIMI_LINEAR_48B, **change)
     with pytest.raises(NotImplementedError, match=option):
         build_kda_layer(preset)
+
+
+def test_preset_fields_are_checked():
+    with pytest.raises(ValueError, match="gate_form"):
+        dataclasses.replace(KIMI_LINEAR_48B, gate_form="sigmoid")
+    with pytest.raises(ValueError, match="does not fit gate_form"):
+        dataclasses.replace(KIMI_LINEAR_48B, lower_bound=-5.0)
+    with pytest.raises(ValueError, match="unknown kinds"):
+        dataclasses.replace(KIMI_LINEAR_48B, layer_kinds=("kda", "attention"))
 
 
 def test_presets_registry_and_sources_cite_commits():
