@@ -48,7 +48,9 @@ from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
 class MLAShape:
     """A published MLA layer's widths (DeepSeek-V2 naming).
 
-    ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``), which
+    ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
+    ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
+    [output_gate_rank, H Dv]`` and an ``o_norm [Dv]``), which
     :class:`kda_lib.mla.MultiHeadLatentAttention` does not have. ``latent_norm_eps``: epsilon
     of the latent RMSNorm (None: not given by the source; MLAConfig's default is used).
     """
@@ -60,6 +62,7 @@ class MLAShape:
     v_head_dim: int
     q_lora_rank: int | None = None
     output_gate: bool = False
+    output_gate_rank: int | None = None
     latent_norm_eps: float | None = None
 
 
@@ -170,8 +173,9 @@ class KDAPreset:
         return sum(math.prod(s) for s in self.kda_parameter_shapes().values())
 
     def mla_parameter_count(self) -> int:
-        """Scalars in one published MLA layer (q, latent down-projection with the shared key
-        part, latent norm, up-projection, output), without an output gate."""
+        """Scalars in one published MLA layer: q (full, or low rank with its norm), latent
+        down-projection with the shared key part, latent norm, up-projection, output, and the
+        output gate with its norm where the layer has one."""
         m = self._mla_or_raise()
         d, h = self.hidden_size, m.num_heads
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -181,7 +185,11 @@ class KDAPreset:
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
         down = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
         up = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
-        return q + down + up + h * m.v_head_dim * d
+        gate = 0
+        if m.output_gate:
+            rank = m.output_gate_rank
+            gate = d * rank + rank * h * m.v_head_dim + m.v_head_dim
+        return q + down + up + h * m.v_head_dim * d + gate
 
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
@@ -336,7 +344,9 @@ KIMI_LINEAR_48B = KDAPreset(
 # head_dim 128, kda_layers [1, 2, 3, 5, ..., 91] (69), full_attn_layers [4, 8, ..., 92, 93]
 # (24, 1-based), kda_conv_kernel_size 4, kda_use_full_rank_gate true, kda_gate_lower_bound
 # -5.0, normalization_layer_epsilon 1e-5; MLA: q_lora_rank 1536, kv_lora_rank 512,
-# qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, mla_use_output_gate true.
+# qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, mla_use_output_gate true
+# (src/maxtext/layers/attention_mla.py @ bf801f44: wq_a, q_norm, wq_b, wkv_a [emb, r + rope],
+# kv_norm, wkv_b, out, and for the gate g_a_proj [emb, head_dim], g_b_proj, o_norm [v]).
 # kda.py @ bf801f44: separate q/k/v projections and convs (no bias), f_a_proj [d -> head_dim]
 # + f_b_proj (the forget gate stays low rank), g_proj [d -> H K] full rank without bias (the
 # full-rank gate is the output gate), b_proj, A_log [H], dt_bias [H K], o_norm [head_dim];
@@ -364,6 +374,7 @@ KIMI_K3 = KDAPreset(
         v_head_dim=128,
         q_lora_rank=1536,
         output_gate=True,
+        output_gate_rank=128,  # attention_mla.py @ bf801f44: g_a_proj [emb_dim, head_dim]
     ),
     norm_eps=1e-5,
     source=(
@@ -373,7 +384,7 @@ KIMI_K3 = KDAPreset(
     notes=(
         "MaxText's kda.py at this commit has separate q/k/v projections and convs, not a fused "
         "q/k/v layout; a later commit (25f141af9) makes A_log one value per head_dim channel "
-        "instead of per head. The output-gated MLA's extra parameters are not counted here"
+        "instead of per head"
     ),
 )
 
