@@ -71,6 +71,8 @@ class KDAConfig:
       conv_size: short-conv width W (default 4); 0 disables the convolutions.
       lower_bound: None = softplus gate; a float in [-5, 0) = safe (lower-bound sigmoid) gate.
       gate_low_rank: None = full-rank forget/output gates; int r = fla's low-rank gates.
+      output_gate_bias: the output gate's (last) projection has a bias (default True, as fla's
+        layer); False as in the Hugging Face Kimi Linear checkpoint (``g_b_proj`` has none).
       allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
       per_head_decay: one forget-gate value per head, shared by its K channels (Gated
         DeltaNet) instead of KDA's per-channel gate; f_proj then has H outputs, dt_bias [H].
@@ -91,6 +93,7 @@ class KDAConfig:
     conv_size: int = 4
     lower_bound: float | None = None
     gate_low_rank: int | None = None
+    output_gate_bias: bool = True
     allow_neg_eigval: bool = False
     per_head_decay: bool = False
     norm_eps: float = 1e-5
@@ -127,7 +130,7 @@ class KDAConfig:
                 "gate_low_rank",
                 _config_int("gate_low_rank", self.gate_low_rank, "a positive int or None", 1),
             )
-        for name in ("allow_neg_eigval", "per_head_decay"):
+        for name in ("allow_neg_eigval", "per_head_decay", "output_gate_bias"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
@@ -242,7 +245,7 @@ class KimiDeltaAttention(nnx.Module):
         )
         self.b_proj = nnx.Linear(hidden, h, **linear)
         self.g_proj = _gate_projection(
-            hidden, h * vd, cfg.gate_low_rank, use_bias=True, cfg=cfg, rngs=rngs
+            hidden, h * vd, cfg.gate_low_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
         self.A_log = nnx.Param(init_a_log(rngs.params(), h, safe_gate=cfg.lower_bound is not None))
         self.dt_bias = nnx.Param(init_dt_bias(rngs.params(), h, gate_channels))
@@ -615,7 +618,7 @@ def _fla_names(layer: KimiDeltaAttention) -> dict:
         module = getattr(layer, conv)
         if module is not None:
             names[f"{conv}.weight"] = (module.kernel, kernel_from_torch)
-    for gate, has_bias in (("f_proj", False), ("g_proj", True)):
+    for gate, has_bias in (("f_proj", False), ("g_proj", layer.config.output_gate_bias)):
         module = getattr(layer, gate)
         if isinstance(module, nnx.Sequential):
             for i, sub in enumerate(module.layers):

@@ -12,7 +12,10 @@ Residual connections go around the mixer and the MLP. The token mixer is chosen 
 * ``"attention_conv"``: the same attention with KDA's short causal convolutions on q, k and v
   (the ablation that shows what the convolution gives the recurrent mixers);
 * ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
-  the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer.
+  the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer;
+* ``"mla"``: :class:`kda_lib.mla.MultiHeadLatentAttention`, multi-head latent attention without
+  positional encoding (Kimi Linear's global layers): its decode cache holds one latent of
+  ``kv_lora_rank`` numbers per token instead of per-head keys and values.
 
 Layers may mix kinds: ``ModelConfig(layers=("kda", "kda", "kda", "attention"), num_layers=4)``
 is Kimi Linear's 3:1 hybrid (the pattern is tiled over ``num_layers``). Decoding keeps one cache
@@ -37,6 +40,7 @@ from flax import nnx
 
 from kda_lib.conv import ShortConvolution
 from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
+from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.norms import gated_rms_norm
 
 
@@ -63,6 +67,8 @@ class ModelConfig:
         different mixers the same parameter count, see :func:`match_parameter_count`).
       norm_eps: RMSNorm epsilon.
       implementation, chunk_size: the KDA kernel's (see :func:`kda_lib.kda`).
+      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None: ``head_dim``); its
+        heads use ``num_heads``, ``head_dim`` and ``value_head_dim``.
     """
 
     vocab_size: int
@@ -81,6 +87,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     implementation: str = "auto"
     chunk_size: int = 64
+    kv_lora_rank: int | None = None
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio"):
@@ -101,6 +108,15 @@ class ModelConfig:
         ):
             raise ValueError(
                 f"ModelConfig.mlp_width must be None or a positive int, got {self.mlp_width!r}"
+            )
+        if self.kv_lora_rank is not None and (
+            isinstance(self.kv_lora_rank, bool)
+            or not isinstance(self.kv_lora_rank, int)
+            or self.kv_lora_rank < 1
+        ):
+            raise ValueError(
+                f"ModelConfig.kv_lora_rank must be None or a positive int, "
+                f"got {self.kv_lora_rank!r}"
             )
 
     def _check_layers(self):
@@ -434,6 +450,21 @@ def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     return ConvMixer(config.kda_config(), rngs=rngs)
 
 
+@register_mixer("mla")
+def _mla_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Multi-head latent attention, NoPE (Kimi Linear's global layers)."""
+    kda = config.kda_config()
+    mla = MLAConfig(
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        qk_head_dim=config.head_dim,
+        v_head_dim=kda.value_dim,
+        kv_lora_rank=config.kv_lora_rank or config.head_dim,
+        norm_eps=config.norm_eps,
+    )
+    return MultiHeadLatentAttention(mla, rngs=rngs)
+
+
 class MLP(nnx.Module):
     """``down(gelu(up(x)))``."""
 
@@ -487,14 +518,14 @@ class TinyLM(nnx.Module):
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
         """One empty cache per block (see the mixers' ``init_cache``). ``max_len``: room for
-        that many tokens in every attention cache (fixed shapes, one compiled decode step);
-        None: attention caches grow by concatenation. Other mixers' caches do not depend on
-        it."""
+        that many tokens in every attention and MLA cache (fixed shapes, one compiled decode
+        step); None: those caches grow by concatenation. Other mixers' caches do not depend
+        on it."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         caches = []
         for block in self.blocks:
-            if isinstance(block.mixer, CausalSelfAttention):
+            if isinstance(block.mixer, (CausalSelfAttention, MultiHeadLatentAttention)):
                 caches.append(block.mixer.init_cache(batch_size, max_len=max_len))
             else:
                 caches.append(block.mixer.init_cache(batch_size))

@@ -38,10 +38,12 @@ LAYERS = {
     # 3: arrays across devices
     "context_parallel": 3,
     "conv": 3,
-    # 4: the Flax layer
+    # 4: the Flax layer (and the MLA mixer, a layer beside it)
     "layer": 4,
-    # 5: models built from layers
+    "mla": 4,
+    # 5: models built from layers, and the published models' layers as presets
     "models": 5,
+    "presets": 5,
     # 6: applications
     "train": 6,
     "generate": 6,
