@@ -402,3 +402,48 @@ def test_float16_large_values_stay_finite_and_match_the_recurrence(scan):
     # measured: o 2.1e-4 (the float16 rounding of o), s 3.8e-7; earlier policy: all 256 tokens
     # non-finite at 15000 (fine at 8000: o 1.1e-3, s 6e-4)
     assert relative_l2(o, want_o) < 1e-3 and relative_l2(s, want_s) < 1e-5
+
+
+def _l2_normalize_f64(x, eps=1e-6):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e18, 1e19, 1e20, 1e30])
+def test_l2_normalize_is_scale_safe(scale):
+    # issue 30: the sum of squares overflowed float32 from 1e19 on (norms 0)
+    from kda_lib.norms import l2_normalize
+
+    x = scale * jax.random.normal(jax.random.key(4), (3, 5, 128))
+    want = _l2_normalize_f64(x)  # for tiny vectors not unit: eps dominates, as in the formula
+    got = l2_normalize(x)
+    assert relative_l2(got, want) < 1e-6
+    if scale >= 1:
+        np.testing.assert_allclose(np.linalg.norm(np.asarray(got, np.float64), axis=-1), 1, 1e-6)
+
+    # gradients against the float64 formula's (d rsqrt(s) = s^-1.5 underflowed near s = 1e38)
+    cot = jax.random.normal(jax.random.key(5), x.shape)
+    got = jax.grad(lambda x: jnp.sum(l2_normalize(x) * cot))(x)
+    with jax.enable_x64(True):
+        x64, cot64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (x, cot))
+        want = jax.grad(lambda x: jnp.sum(jnp.asarray(_l2_formula(x)) * cot64))(x64)
+    assert bool(jnp.isfinite(got).all())
+    assert relative_l2(got, want) < 1e-5
+
+
+def _l2_formula(x, eps=1e-6):
+    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_above():
+    from kda_lib.norms import l2_normalize
+
+    def unscaled(x, eps=1e-6):  # the formula as written before issue 30
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+    x = jax.random.uniform(jax.random.key(6), (64, 128), minval=-1, maxval=1)
+    np.testing.assert_array_equal(l2_normalize(x), unscaled(x))
+    np.testing.assert_array_equal(l2_normalize(4 * x), unscaled(4 * x))
+    bf16 = (3 * x).astype(jnp.bfloat16)
+    assert l2_normalize(bf16).dtype == jnp.bfloat16
+    assert l2_normalize(bf16, keep_float32=True).dtype == jnp.float32
