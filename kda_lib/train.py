@@ -21,6 +21,7 @@ import inspect
 import math
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -37,7 +38,7 @@ from kda_lib.models import (
     decay_mask,
     parameter_path_names,
 )
-from kda_lib.records import output_path_problem, write_json
+from kda_lib.records import dumps, output_path_problem, write_json
 from kda_lib.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
@@ -562,6 +563,30 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
     return path
 
 
+def _rescue_record(record: dict, path: pathlib.Path, error: OSError) -> None:
+    """The record could not be written to ``path`` (checked writable before training, so the
+    disk filled up or went away meanwhile): write it to the system's temporary folder instead,
+    or if that fails too print it on stdout; say where on stderr and exit with status 1."""
+    fallback = pathlib.Path(tempfile.gettempdir()) / path.name
+    where = None
+    if fallback.resolve() != path.resolve():
+        try:
+            where = f"written to {fallback} instead"
+            save_record(record, fallback)
+        except OSError:
+            where = None
+    if where is None:
+        print(dumps(record), end="", flush=True)
+        where = "printed above on stdout"
+    print(
+        f"error: could not write the finished run's record to {path} ({error}); "
+        f"the record was {where}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """The command line; returns the record it wrote.
 
@@ -618,7 +643,10 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if bar:
             bar.close()
-    save_record(record, path)
+    try:
+        save_record(record, path)
+    except OSError as error:  # e.g. the disk filled up during training: keep the finished run
+        _rescue_record(record, path, error)
     if record["diverged"]:
         history = record["history"]
         step = next(
