@@ -279,7 +279,7 @@ def test_mixer_registry_and_errors():
         assert model(jnp.zeros((1, 3), jnp.int32)).shape == (1, 3, 8)
     finally:
         del MIXERS["identity_for_test"]
-    with pytest.raises(ValueError, match="steps and log_every"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         train(_model(), lambda *a: None, steps=0, batch_size=1, seq_len=1)
     with pytest.raises(ValueError, match="conv_size >= 1"):
         _model(mixer="conv", conv_size=0)
