@@ -74,6 +74,7 @@ from kda_lib._checks import (
 from kda_lib.segments import (
     NonFinite,
     isolate_non_finite,
+    overflowing_keys_as_nan,
     restore_non_finite,
     segment_masks,
     zero_padding,
@@ -695,6 +696,7 @@ def kda_chunked(
     # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
     # restored as NaN exactly where the recurrence has them (matmuls would spread them)
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    k = overflowing_keys_as_nan(k)  # an overflowing key stays in its segment, from it on
     q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids
     )

@@ -25,6 +25,7 @@ from kda_lib.segments import (
     fill_padding_ids_across_ranks,
     isolate_non_finite,
     neutral_padding,
+    overflowing_keys_as_nan,
     restore_non_finite,
     segment_ordinals,
 )
@@ -141,6 +142,8 @@ def tokamax_kda(
         check_max_num_segments(max_num_segments)
     # tokamax's chunked kernels mix a chunk's tokens in matmuls: compute on finite stand-ins and
     # put NaN back exactly where the recurrence has it
+    if not use_qk_l2norm:  # (normalised keys cannot overflow)
+        k = overflowing_keys_as_nan(k)  # kept in its segment from its token on, as in chunked
     q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids, raw_gate=fused_gate
     )
