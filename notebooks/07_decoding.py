@@ -81,6 +81,7 @@ from kda_lib.measure import median_ms
 from kda_lib.models import CausalSelfAttention
 from kda_lib.testing import assert_close, relative_l2
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

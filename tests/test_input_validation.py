@@ -398,3 +398,51 @@ def test_stdlib_corpus_reads_file_names_that_are_not_utf8(tmp_path):
     corpus = load_stdlib_corpus(tmp_path, validation_fraction=0.3)
     names = corpus.train_files + corpus.validation_files
     assert len(names) == 21 and os.fsdecode(b"caf\xe9.py") in names
+
+
+# ------------------------------------------------------------- notebook parameters (issue 30)
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("seq_len", -5, "notebook parameter seq_len must be an int >= 1, got -5"),
+        ("seq_len", "abc", "notebook parameter seq_len must be an int >= 1, got 'abc'"),
+        ("num_heads", 0, "notebook parameter num_heads must be an int >= 1, got 0"),
+        ("num_heads", True, "notebook parameter num_heads must be an int >= 1, got True"),
+        ("seed", -1, "notebook parameter seed must be an int >= 0, got -1"),
+        ("lower_bound", float("nan"), "notebook parameter lower_bound must be a finite number"),
+        ("timing_backward", "yes", "notebook parameter timing_backward must be True or False"),
+        ("lengths", [256, 0], "lengths must be a list whose entries are each an int >= 1"),
+        ("lengths", 256, "notebook parameter lengths must be a list, got 256"),
+        ("implementation", 3, "notebook parameter implementation must be a str, got 3"),
+    ],
+)
+def test_notebook_parameters_are_checked_by_name(name, value, message):
+    from kda_lib.notebook import check_parameters
+
+    namespace = dict(
+        seq_len=128, num_heads=2, seed=0, lower_bound=-5.0, timing_backward=False,
+        lengths=[256], implementation="chunked", conv_size=0,
+    )  # fmt: skip
+    namespace["__annotations__"] = {
+        "seq_len": int, "num_heads": int, "seed": int, "lower_bound": float,
+        "timing_backward": bool, "lengths": list[int], "implementation": str, "conv_size": int,
+    }  # fmt: skip
+    check_parameters(namespace)  # the defaults pass (conv_size 0: no convolution)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_parameters({**namespace, name: value})
+
+
+def test_every_notebook_checks_its_parameters_before_its_setup():
+    import pathlib
+
+    import jupytext
+
+    for source in sorted(pathlib.Path(__file__).parents[1].glob("notebooks/0*.py")):
+        cells = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
+        index = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+        install = next(i for i, c in enumerate(cells) if "# Install:" in c.source)
+        assert install > index, source.name
+        # the imports-and-setup cell: the check comes before setup() and any work
+        code = cells[install + 1].source
+        check = code.index("kda_lib.notebook.check_parameters(globals())")
+        assert check < code.index("\nkda_lib.notebook.setup()"), source.name
