@@ -446,3 +446,12 @@ def test_every_notebook_checks_its_parameters_before_its_setup():
         code = cells[install + 1].source
         check = code.index("kda_lib.notebook.check_parameters(globals())")
         assert check < code.index("\nkda_lib.notebook.setup()"), source.name
+
+
+def test_conv_size_has_an_upper_bound():
+    # issue 30: compiling a gradient took 38 s at conv_size 1024 and minutes at 4096
+    from kda_lib.layer import MAX_CONV_SIZE
+
+    assert dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE).conv_size == MAX_CONV_SIZE
+    with pytest.raises(ValueError, match=r"KDAConfig.conv_size must be <= 64 \(a short conv"):
+        dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE + 1)
