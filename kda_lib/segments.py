@@ -219,8 +219,8 @@ def overflowing_keys_as_nan(k):
     as for a NaN key); a form that mixes a chunk's tokens in matmuls would instead spread the
     overflow to every token of the chunk, earlier ones and other segments included
     (``0 * inf``). Marked as NaN, :func:`isolate_non_finite` keeps it in its segment from the
-    token on. Keys whose squared norm is finite but whose products inside a chunk still
-    overflow (norms from about 1e18 on, depending on the other keys) are not caught.
+    token on. A key whose squared norm is finite but whose products inside a chunk still
+    overflow would not be caught (none found up to norms of 1e19; docs/DESIGN.md).
     """
     norms = jnp.sum(jnp.square(k.astype(jnp.float32)), axis=-1, keepdims=True)
     return jnp.where(norms < jnp.inf, k, jnp.nan)  # NaN stays NaN
