@@ -33,6 +33,58 @@ def is_concrete(x) -> bool:
     return getattr(x, "is_fully_addressable", True)
 
 
+MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int, if it is an int (numpy ints count) >= ``minimum``; a bool, a float
+    (even 2.0) or anything else is a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_seed(name: str, value) -> int:
+    """A seed for ``jax.random.key``: an int in [0, 2^63 - 1]."""
+    value = check_positive_int(name, value, minimum=0)
+    if value > MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**63 - 1], got {value!r}")
+    return value
+
+
+def check_number(name: str, value, *, minimum: float | None = None, positive=False) -> float:
+    """``value`` as a float, if it is a finite real number (numpy scalars count, bools do not)
+    that is ``>= minimum`` (or ``> 0`` with ``positive``)."""
+    requirement = "a finite number" + (" > 0" if positive else "")
+    requirement += "" if minimum is None else f" >= {minimum:g}"
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+    if (
+        not real
+        or not np.isfinite(value)
+        or (positive and not value > 0)
+        or (minimum is not None and not value >= minimum)
+    ):
+        raise ValueError(f"{name} must be {requirement}, got {value!r}")
+    return float(value)
+
+
+def check_token_ids(name: str, ids, vocab_size: int) -> None:
+    """Integer token ids in ``[0, vocab_size)`` (values checked when concrete, i.e. not under
+    ``jit``): an id outside gives NaN or silently another token's embedding."""
+    dtype = getattr(ids, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {dtype}")
+    if is_concrete(ids) and np.size(ids):
+        low, high = int(np.min(ids)), int(np.max(ids))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} token ids must lie in [0, {vocab_size}) (vocab_size), "
+                f"got ids in [{low}, {high}]"
+            )
+
+
 def check_array(name: str, x) -> None:
     """``x`` must be an array (jax or numpy), not a Python list, tuple or scalar."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):

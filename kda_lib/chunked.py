@@ -28,22 +28,31 @@ Precision policy (``precision=``, :func:`_mm` is the one place matmuls happen). 
 inputs of any dtype are cast to float32 (float64 stays float64) and every matmul runs at
 ``Precision.HIGHEST``. ``"input"`` (the default, None): for bfloat16/float16 inputs the matmul
 groups in ``LOW_PRECISION_MATMULS`` take operands rounded to that dtype, with float32
-accumulation (``preferred_element_type``, precision DEFAULT: tensor cores on GPU, as fla's
-Triton kernel and tokamax do); their gradients follow the same policy. For float32/float64
-inputs ``"input"`` is ``"highest"``. Low precision (measured, bf16 against the float64 oracle,
-``tests/test_precision.py``): the decayed scores' cross blocks ``"scores"``, ``W``/``U`` from
-the inverse ``"wu"``, the chunk maps ``"maps"``, the state carry ``"state"`` (the state is
-float32 and only rounded as an operand), the outputs ``"outputs"`` and the associative scan's
-compositions ``"compose"``. Float32 throughout: the gates and every decay factor (elementwise),
-the triangular inverse and its gradient (:func:`unit_lower_inverse`: bf16 there changed
-no error measurably on random inputs, but it is small C x C work whose Neumann products would
-compound rounding on ill-conditioned chunks; fla solves it in float32 too), the scores'
-gradient matmuls ``"scores_bwd"`` (the gate gradient is a difference of their results: bf16
-there took dg's error from 3.3e-3 to 4.6e-3) and the triangular sums of the gate gradient.
-Relative L2 errors measured (B=2, T=256, H=2, K=V=64): outputs 3.3e-3 with ``"input"``, 1.7e-3
-with ``"highest"`` (the bf16 rounding of the outputs alone); gradients 2.2e-3 to 3.8e-3
-against 1.3e-3 to 2.4e-3; final state 2.7e-3 against 5e-8 (the same with T=200, with segments
-and with the associative scan).
+accumulation (``preferred_element_type``, precision DEFAULT: tensor cores on GPU); their
+gradients follow the same policy. For float32/float64 inputs ``"input"`` is ``"highest"``.
+
+The rule: an operand may be rounded to the input dtype only if it is an input times decay
+factors <= 1, never a computed quantity. That leaves one group, the decayed scores' cross
+blocks ``"scores"`` (rows ``x * decay``, keys ``k * decay``): their rounding is the rounding
+of the inputs themselves, and it cannot overflow float16 (``|x * decay| <= |x|``). Float32
+throughout: the gates and every decay factor, the triangular inverse (:func:`unit_lower_inverse`)
+and ``W``/``U`` from it (``"wu"``), the chunk maps (``"maps"``), the state carry (``"state"``),
+the outputs (``"outputs"``), the associative scan's compositions (``"compose"``), the scores'
+gradient matmuls (``"scores_bwd"``) and the triangular sums of the gate gradient.
+
+Measured (issue 30; ``tests/test_precision.py``, ``test_fla_cp_inputs_*``): fla's context-parallel
+test inputs (bf16, T = 512 in three documents, K = V = 128, q = N(1, 1), k = N(-50, 10^2)
+before L2 normalisation, safe gate -5 with small ``dt_bias``: nearly parallel keys and weak
+decay, so each chunk's triangular system is badly conditioned and the corrected values
+``u - W S`` are small differences of large numbers). Relative RMS error against the float64
+oracle (output, dq, dk, dv, dg, dbeta; H = 4): with every group but ``"scores_bwd"`` in bf16
+(the earlier default) 1.13e-2, 7.8e-3, 4.7e-3, 1.11e-2, 9.4e-3, 1.10e-2, above fla's 8e-3;
+one group at a time in float32 helped only partly (``"outputs"``: output 5.2e-3;
+``"state"``: dq 5.0e-3; ``"wu"``: dv 7.0e-3; the associative scan also needs ``"maps"``);
+``"outputs"``, ``"state"``, ``"wu"`` and ``"maps"`` together in float32: 1.9e-3 or less,
+against 1.7e-3 for ``"highest"`` (the bf16 rounding of the outputs alone). ``"scores_bwd"`` in
+bf16 took dg to 1.8e-2. Speed on CPU: see ``docs/DESIGN.md`` (bf16 operands bought no
+reliable speed there).
 """
 
 from __future__ import annotations
@@ -65,6 +74,7 @@ from kda_lib._checks import (
 from kda_lib.segments import (
     NonFinite,
     isolate_non_finite,
+    overflowing_keys_as_nan,
     restore_non_finite,
     segment_masks,
     zero_padding,
@@ -93,8 +103,9 @@ def default_scan_mode() -> ScanMode:
     return "sequential" if jax.default_backend() == "cpu" else "associative"
 
 
-# matmul groups that take low-precision operands under the "input" policy (module docstring)
-LOW_PRECISION_MATMULS = frozenset({"scores", "wu", "maps", "state", "outputs", "compose"})
+# matmul groups that take low-precision operands under the "input" policy (module docstring):
+# only those whose operands are inputs times decays <= 1
+LOW_PRECISION_MATMULS = frozenset({"scores"})
 
 
 def _low(group: str, operand_dtype):
@@ -685,6 +696,7 @@ def kda_chunked(
     # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
     # restored as NaN exactly where the recurrence has them (matmuls would spread them)
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    k = overflowing_keys_as_nan(k)  # an overflowing key stays in its segment, from it on
     q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids
     )

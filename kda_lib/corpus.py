@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import pathlib
 import sys
 import sysconfig
@@ -120,7 +121,9 @@ def source_files(root: str | pathlib.Path) -> list[str]:
 def in_validation(relative_path: str, validation_fraction: float) -> bool:
     """Whether a file goes to the validation split: the first 8 bytes of the sha256 of its
     relative path, read as a fraction of 2^64, fall below ``validation_fraction``."""
-    value = int.from_bytes(hashlib.sha256(relative_path.encode()).digest()[:8], "big")
+    # os.fsencode: a file name that is not valid UTF-8 (kept by Python as surrogate escapes)
+    # hashes as its raw bytes; a valid one as its UTF-8 bytes, as before
+    value = int.from_bytes(hashlib.sha256(os.fsencode(relative_path)).digest()[:8], "big")
     return value / 2**64 < validation_fraction
 
 

@@ -24,20 +24,20 @@ import numpy as np
 import optax
 from flax import nnx
 
+from kda_lib._checks import check_number, check_positive_int, check_seed, check_token_ids
 from kda_lib.models import AttentionCache, TinyLM
 
 
 def _check_positive(name: str, value, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    check_positive_int(name, value, minimum)
 
 
 def _check_temperature(temperature) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+    # numpy scalars (np.float32(0.7)) count as numbers, bools do not
+    number = isinstance(temperature, (int, float, np.integer, np.floating))
+    if isinstance(temperature, (bool, np.bool_)) or not number:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if not temperature >= 0 or math.isinf(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    return float(temperature)
+    return check_number("temperature", temperature, minimum=0)
 
 
 def _pick(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
@@ -102,7 +102,15 @@ def generate(
       ``[B, T + steps]`` (or ``[T + steps]`` for a 1-D prompt) int32: the prompt and its
       continuation.
     """
-    prompt = np.asarray(prompt)
+    _check_positive("steps", steps)
+    check_seed("seed", seed)
+    temperature = jnp.float32(_check_temperature(temperature))
+    try:
+        prompt = np.asarray(prompt)
+    except ValueError as error:  # numpy: "inhomogeneous shape" for rows of different lengths
+        raise ValueError(
+            f"prompt must be token ids of shape [T] or [B, T] (every row the same length): {error}"
+        ) from None
     if prompt.ndim not in (1, 2) or prompt.shape[-1] < 1 or prompt.size == 0:
         raise ValueError(
             f"prompt must be token ids of shape [T] or [B, T], T >= 1; got shape {prompt.shape}"
@@ -114,9 +122,6 @@ def generate(
         raise ValueError(
             f"prompt token ids must lie in [0, {vocab}), got [{prompt.min()}, {prompt.max()}]"
         )
-    _check_positive("steps", steps)
-    _check_positive("seed", seed, minimum=0)
-    temperature = jnp.float32(_check_temperature(temperature))
     batch = prompt[None] if prompt.ndim == 1 else prompt
     key = jax.random.key(seed)
     cache = model.init_cache(batch.shape[0], max_len=batch.shape[1] + steps)
@@ -176,6 +181,10 @@ def score_text(model: TinyLM, windows, *, batch_size: int = 8) -> dict:
             f"{inputs.shape} and {targets.shape}"
         )
     count = inputs.shape[0]
+    if count == 0 or inputs.shape[1] == 0:
+        raise ValueError(f"windows must hold at least one window of T >= 1, got {inputs.shape}")
+    check_token_ids("windows.inputs", inputs, model.config.vocab_size)
+    check_token_ids("windows.targets", targets, model.config.vocab_size)
     pad = -count % batch_size
     if pad:
         inputs = np.concatenate([inputs, np.repeat(inputs[-1:], pad, 0)])

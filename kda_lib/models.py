@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kda_lib._checks import check_number, check_positive_int, check_token_ids
 from kda_lib.conv import ShortConvolution
 from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
 from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
@@ -91,10 +92,9 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.mixer not in MIXERS:
+            check_positive_int(f"ModelConfig.{name}", getattr(self, name))
+        check_number("ModelConfig.norm_eps", self.norm_eps, positive=True)
+        if not isinstance(self.mixer, str) or self.mixer not in MIXERS:
             raise ValueError(
                 f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
             )
@@ -127,7 +127,7 @@ class ModelConfig:
                 f"('kda', 'kda', 'kda', 'attention'), got {layers!r}"
             )
         layers = tuple(layers)
-        unknown = [name for name in layers if name not in MIXERS]
+        unknown = [name for name in layers if not isinstance(name, str) or name not in MIXERS]
         if unknown:
             raise ValueError(
                 f"ModelConfig.layers names unknown mixers {unknown}; known: {sorted(MIXERS)}"
@@ -253,6 +253,14 @@ class ConvMixer(nnx.Module):
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, vd = cfg.num_heads, cfg.value_dim
+        if cache is not None:
+            want = (batch, cfg.conv_size - 1, h * vd)
+            if not hasattr(cache, "shape") or tuple(cache.shape) != want:
+                got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
+                raise ValueError(
+                    f"cache for a conv layer must be an array of shape [B, W-1, H*V] = {want}, "
+                    f"got {got}; build it with model.init_cache({batch})"
+                )
         x = x.astype(cfg.dtype)
         o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
         gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
@@ -379,11 +387,49 @@ class CausalSelfAttention(nnx.Module):
         ]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
 
+    def _check_cache(self, cache, batch: int) -> None:
+        """A cache from this layer's ``init_cache(batch)`` (or a call's result), before any work:
+        a cache of another mixer, batch size or head shape is a ValueError naming it."""
+        cfg = self.config
+        build = f"build it with model.init_cache({batch}) (or pass on the cache a call returned)"
+        if not isinstance(cache, AttentionCache):
+            raise ValueError(
+                f"cache for an attention layer must be an AttentionCache, got "
+                f"{type(cache).__name__} (a cache of a model with another layer order?); {build}"
+            )
+        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+        keys, values = cache.keys, cache.values
+        if not all(hasattr(a, "shape") for a in (keys, values)):
+            raise ValueError(f"cache.keys and cache.values must be arrays; {build}")
+        seen = keys.shape[1] if keys.ndim == 4 else None
+        for name, got, want in (
+            ("keys", keys, (batch, seen, h, kd)),
+            ("values", values, (batch, seen, h, vd)),
+        ):
+            if tuple(got.shape) != want:
+                raise ValueError(
+                    f"cache.{name} has shape {tuple(got.shape)}, expected [B, T_seen, H, D] = "
+                    f"{want} (batch size {batch}, {h} heads of {kd if name == 'keys' else vd}); "
+                    f"{build}"
+                )
+        width = cfg.conv_size - 1
+        convs = (h * kd, h * kd, h * vd) if self.short_conv else (None, None, None)
+        for name, channels in zip(("q_conv", "k_conv", "v_conv"), convs, strict=True):
+            got = getattr(cache, name)
+            want = None if channels is None else (batch, width, channels)
+            if (got is None) != (want is None) or (got is not None and tuple(got.shape) != want):
+                raise ValueError(
+                    f"cache.{name} has shape {None if got is None else tuple(got.shape)}, "
+                    f"expected {want}; {build}"
+                )
+
     def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+        if cache is not None:
+            self._check_cache(cache, batch)
         x = x.astype(cfg.dtype)
         seen = 0 if cache is None else cache.seen
         positions = seen + jnp.arange(seq_len)
@@ -538,6 +584,7 @@ class TinyLM(nnx.Module):
             raise ValueError(
                 f"cache must hold one entry per block ({len(self.blocks)}), got {len(cache)}"
             )
+        check_token_ids("tokens", tokens, self.config.vocab_size)
         x = self.embed(tokens)
         new_cache = []
         for i, block in enumerate(self.blocks):

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False) -> jax.Array:
-    """``x / sqrt(sum(x^2) + eps)`` over the last axis, computed in float32 (or float64).
+    """``x / sqrt(sum(x^2) + eps)`` over the last axis, computed in float32 (or float64), without
+    overflow for large vectors (below).
 
     Returned in ``x``'s dtype, or in the float32 compute dtype with ``keep_float32=True`` (what
     a float32 kernel should consume: rounding a normalised bf16 vector back to bf16 only to
@@ -19,7 +20,19 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False)
     """
     compute = jnp.promote_types(x.dtype, jnp.float32)
     xf = x.astype(compute)
-    normed = xf * jax.lax.rsqrt(jnp.sum(xf * xf, axis=-1, keepdims=True) + eps)
+    # scale-safe: vectors whose largest entry exceeds 1 are divided by a power of two near it
+    # first (exact, so the result is the formula's, bits included), and eps with them, so the
+    # sum of squares cannot overflow (norms 1 up to float32's largest vectors, and finite
+    # gradients: d rsqrt(s) = s^-1.5 would underflow for s near 1e38). The scale is a constant
+    # for autodiff, which is exact: the formula is homogeneous in (x, sqrt(eps)).
+    largest = jax.lax.stop_gradient(jnp.max(jnp.abs(xf), axis=-1, keepdims=True))
+    _, exponent = jnp.frexp(jnp.where(largest > 1, largest, 1))  # NaN/inf: no scaling
+    exponent = jnp.where(jnp.isfinite(largest), exponent - 1, 0)
+    scale = jnp.ldexp(jnp.ones_like(largest), exponent)
+    scaled = xf / scale
+    normed = scaled * jax.lax.rsqrt(
+        jnp.sum(scaled * scaled, axis=-1, keepdims=True) + eps / (scale * scale)
+    )
     return normed if keep_float32 else normed.astype(x.dtype)
 
 

@@ -302,3 +302,58 @@ def _origin(module_file: str) -> str:
 if __name__ == "__main__":
     # `python path/to/kda_lib/notebook.py [--dry-run]`: the setup cell's second step by hand
     install_dependencies(dry_run="--dry-run" in sys.argv[1:])
+
+
+# int parameters that may be 0 (every other int parameter must be >= 1)
+ZERO_OK_PARAMETERS = frozenset({"seed", "conv_size", "delay"})
+
+
+def check_parameters(namespace: Mapping, *, zero_ok: frozenset = ZERO_OK_PARAMETERS) -> None:
+    """Check a notebook's parameters against the types annotated in its ``parameters`` cell,
+    first thing after it (papermill injects its values in a cell right after that one), so a
+    bad value fails at once with an error naming the parameter instead of deep inside JAX.
+
+    ``int``: an int (not a bool) >= 1, or >= 0 for the names in ``zero_ok``; ``float``: a finite
+    number; ``bool``; ``str``; ``list`` / ``list[X]``: a list (or tuple) of such values.
+
+    Raises:
+      ValueError: the first parameter that does not fit, with its name, value and the rule.
+    """
+    import math
+    import typing
+
+    annotations = dict(namespace.get("__annotations__", {}))
+
+    def problem(name, value, kind) -> str | None:
+        origin = typing.get_origin(kind) or kind
+        if origin is list:
+            if not isinstance(value, (list, tuple)):
+                return "a list"
+            (item,) = typing.get_args(kind) or (None,)
+            for entry in value if item else ():
+                why = problem(name, entry, item)
+                if why:
+                    return f"a list whose entries are each {why}"
+            return None
+        if kind is bool:
+            return None if isinstance(value, bool) else "True or False"
+        if kind is int:
+            low = 0 if name in zero_ok else 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            return None if ok else f"an int >= {low}"
+        if kind is float:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return None if number and math.isfinite(value) else "a finite number"
+        if kind is str:
+            return None if isinstance(value, str) else "a str"
+        return None
+
+    for name, kind in annotations.items():
+        if name not in namespace:
+            continue
+        why = problem(name, namespace[name], kind)
+        if why:
+            raise ValueError(
+                f"notebook parameter {name} must be {why}, got {namespace[name]!r} "
+                "(set in the parameters cell, or injected by papermill -p)"
+            )

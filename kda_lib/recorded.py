@@ -84,10 +84,15 @@ def load_recorded(kind: str, name: str) -> Any:
 
     Raises:
       FileNotFoundError: as :func:`recorded_path`.
-      ValueError: the file is not valid JSON (the message names the file).
+      ValueError: the file is not UTF-8, not valid JSON or nested too deeply to parse (the
+        message names the file).
     """
     path = recorded_path(kind, name)
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"recorded {kind} file {path} is not UTF-8 text: {e}") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"recorded {kind} file {path} is not valid JSON: {e}") from e
+    except RecursionError as e:  # json's parser recurses once per level of nesting
+        raise ValueError(f"recorded {kind} file {path} is nested too deeply to parse") from e

@@ -212,6 +212,20 @@ class NonFinite(NamedTuple):
     final_state: jax.Array  # [B, H, V] bool: columns of the [K, V] state
 
 
+def overflowing_keys_as_nan(k):
+    """``k`` with NaN for every key whose squared norm overflows float32 (``[B, T, H, K]``).
+
+    The recurrence's ``beta k k^T`` is then non-finite (NaN from that token on in its segment,
+    as for a NaN key); a form that mixes a chunk's tokens in matmuls would instead spread the
+    overflow to every token of the chunk, earlier ones and other segments included
+    (``0 * inf``). Marked as NaN, :func:`isolate_non_finite` keeps it in its segment from the
+    token on. A key whose squared norm is finite but whose products inside a chunk still
+    overflow would not be caught (none found up to norms of 1e19; docs/DESIGN.md).
+    """
+    norms = jnp.sum(jnp.square(k.astype(jnp.float32)), axis=-1, keepdims=True)
+    return jnp.where(norms < jnp.inf, k, jnp.nan)  # NaN stays NaN
+
+
 def isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids, *, raw_gate: bool = False):
     """Finite stand-ins for non-finite inputs, and where the recurrence would be non-finite.
 

@@ -25,6 +25,7 @@ from kda_lib.segments import (
     fill_padding_ids_across_ranks,
     isolate_non_finite,
     neutral_padding,
+    overflowing_keys_as_nan,
     restore_non_finite,
     segment_ordinals,
 )
@@ -141,9 +142,20 @@ def tokamax_kda(
         check_max_num_segments(max_num_segments)
     # tokamax's chunked kernels mix a chunk's tokens in matmuls: compute on finite stand-ins and
     # put NaN back exactly where the recurrence has it
+    if not use_qk_l2norm:  # (normalised keys cannot overflow)
+        k = overflowing_keys_as_nan(k)  # kept in its segment from its token on, as in chunked
     q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids, raw_gate=fused_gate
     )
+    out_dtype = q.dtype
+    if implementation == "tokamax_xla_chunked" and any(
+        jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) for x in (q, k, v)
+    ):
+        # tokamax's pure-JAX chunked form computes in its inputs' dtype: on fla's
+        # context-parallel inputs (issue 30) bf16 gave relative errors of 1.05e-2 against the
+        # float64 oracle, above fla's 8e-3; in float32 it matches the recurrence (1.7e-3, the
+        # rounding of the bf16 output). It is a portable reference, not a fast path: float32.
+        q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
     # tokamax's chunked kernels need T % 64 == 0
     pad = (-seq_len) % TOKAMAX_CHUNK if implementation != "tokamax_xla" else 0
     if pad:
@@ -213,7 +225,7 @@ def tokamax_kda(
         lower_bound=lower_bound,
         max_num_segments=None if tk_segments is None else num_states,
     )
-    out = out[:, :seq_len]
+    out = out[:, :seq_len].astype(out_dtype)
     if not output_final_state:
         final = None
     elif tk_segments is None:

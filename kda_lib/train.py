@@ -21,14 +21,17 @@ import inspect
 import math
 import pathlib
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+from kda_lib._checks import MAX_SEED, check_positive_int, check_seed
 from kda_lib.models import (
     MIXERS,
     ModelConfig,
@@ -37,7 +40,7 @@ from kda_lib.models import (
     decay_mask,
     parameter_path_names,
 )
-from kda_lib.records import output_path_problem, write_json
+from kda_lib.records import dumps, output_path_problem, write_json
 from kda_lib.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
@@ -168,8 +171,15 @@ def train(
       time since the start (the first record includes compilation). Training stops after the
       first window whose mean loss is not finite (the run diverged; that record is the last).
     """
-    if steps < 1 or log_every < 1:
-        raise ValueError(f"steps and log_every must be >= 1, got {steps} and {log_every}")
+    steps = check_positive_int("steps", steps)
+    log_every = check_positive_int("log_every", log_every)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("seq_len", seq_len)
+    check_seed("seed", seed)
+    # NaN passes (as in the command line): such a run diverges and is recorded as diverged
+    number = isinstance(learning_rate, (int, float, np.integer, np.floating))
+    if isinstance(learning_rate, bool) or not number or learning_rate < 0:
+        raise ValueError(f"learning_rate must be a number >= 0, got {learning_rate!r}")
     optimizer = make_optimizer(
         model,
         steps=steps,
@@ -231,8 +241,10 @@ def evaluate(
     averaged over the batches (all have the same mask size for a fixed task).
     """
 
-    if num_batches < 1:
-        raise ValueError(f"num_batches must be >= 1, got {num_batches}")
+    num_batches = check_positive_int("num_batches", num_batches)
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("seq_len", seq_len)
+    check_seed("seed", seed)
     draw = _batch_drawer(task_fn, batch_size, seq_len)
     key = _stream(seed, EVAL_STREAM)
     results = [_eval_step(model, draw(jax.random.fold_in(key, i))) for i in range(num_batches)]
@@ -615,6 +627,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
     if args.pop_probability is not None and not 0.0 <= args.pop_probability <= 1.0:
         parser.error(f"--pop-probability must lie in [0, 1], got {args.pop_probability}")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must lie in [0, 2**63 - 1], got {args.seed}")
     if args.learning_rate < 0:  # NaN passes: such a run diverges and is recorded as diverged
         parser.error(f"--learning-rate must be >= 0, got {args.learning_rate}")
     where = dict(
@@ -627,6 +641,30 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
     if problem:
         parser.error(f"--output: {problem}")
     return path
+
+
+def _rescue_record(record: dict, path: pathlib.Path, error: OSError) -> None:
+    """The record could not be written to ``path`` (checked writable before training, so the
+    disk filled up or went away meanwhile): write it to the system's temporary folder instead,
+    or if that fails too print it on stdout; say where on stderr and exit with status 1."""
+    fallback = pathlib.Path(tempfile.gettempdir()) / path.name
+    where = None
+    if fallback.resolve() != path.resolve():
+        try:
+            where = f"written to {fallback} instead"
+            save_record(record, fallback)
+        except OSError:
+            where = None
+    if where is None:
+        print(dumps(record), end="", flush=True)
+        where = "printed above on stdout"
+    print(
+        f"error: could not write the finished run's record to {path} ({error}); "
+        f"the record was {where}",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(1)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -693,7 +731,10 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if bar:
             bar.close()
-    save_record(record, path)
+    try:
+        save_record(record, path)
+    except OSError as error:  # e.g. the disk filled up during training: keep the finished run
+        _rescue_record(record, path, error)
     if record["diverged"]:
         history = record["history"]
         step = next(

@@ -250,9 +250,12 @@ def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
         notes.append(f"no recorded benchmarks in {directory}/")
     for path in files:
         try:
-            payload = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
             notes.append(f"{path.name}: unreadable ({e})")
+            continue
+        except RecursionError:  # json's parser recurses once per level of nesting
+            notes.append(f"{path.name}: unreadable (nested too deeply to parse); skipped")
             continue
         # the layout python -m kda_lib.bench writes (platform, device_kind, config, records)
         meta = payload if isinstance(payload, dict) else {}
@@ -310,8 +313,9 @@ def state_norms(k, v, g, beta) -> jax.Array:
     return jax.lax.scan(step, state0, (k, v, g, beta))[1]
 
 
-def time_vs_length(lengths, live: dict, runs: list[dict], *, mode: str, live_title: str,
-                   names: dict | None = None) -> plt.Figure:
+def time_vs_length(
+    lengths, live: dict, runs: list[dict], *, mode: str, live_title: str, names: dict | None = None
+) -> plt.Figure:
     """Measured time against sequence length on log-log axes: live timings on the left, each
     recorded benchmark run (from :func:`load_benchmark_runs`) in a panel of its own, so that runs
     of different sizes or machines are never read off one axis as if comparable.
@@ -345,16 +349,18 @@ def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
         t_ref = np.array([every_t[0], every_t[-1]], float)
         base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
         ax.loglog(t_ref, base * t_ref / t_ref[0], color="0.6", lw=1, label="slope 1: O(T)")
-        ax.loglog(t_ref, base * (t_ref / t_ref[0]) ** 2, color="0.6", lw=1, ls=":",
-                  label="slope 2: O(T²)")
+        ax.loglog(
+            t_ref, base * (t_ref / t_ref[0]) ** 2, color="0.6", lw=1, ls=":", label="slope 2: O(T²)"
+        )
         ax.set_xticks(every_t, [str(t) for t in every_t])
         ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
     ax.legend(fontsize=8, loc="upper left")
 
 
-def draw_context_parallel(ranks: int, local_len: int, halo: int, *, shown_ranks: int = 4,
-                          drawn_tokens: int = 8) -> plt.Figure:
+def draw_context_parallel(
+    ranks: int, local_len: int, halo: int, *, shown_ranks: int = 4, drawn_tokens: int = 8
+) -> plt.Figure:
     """Sketch of a sequence split over ``ranks`` devices, ``local_len`` tokens each.
 
     Top: the tokens of the first ``shown_ranks`` ranks (at most ``drawn_tokens`` boxes per rank,
@@ -377,10 +383,14 @@ def draw_context_parallel(ranks: int, local_len: int, halo: int, *, shown_ranks:
         ax.set_xlabel(f"token position (one box per token; {per_rank})")
         ax.grid(False)
         ax.spines[["left"]].set_visible(False)
-    ax_top.set_title(f"Conv halo: each rank receives the {halo} tokens before its slice "
-                     "(hatched) from its predecessor (ppermute)")
-    ax_bot.set_title("State passing: slice summaries $S \\mapsto M S + E$ are all-gathered, "
-                     "each rank folds the upstream ones")
+    ax_top.set_title(
+        f"Conv halo: each rank receives the {halo} tokens before its slice "
+        "(hatched) from its predecessor (ppermute)"
+    )
+    ax_bot.set_title(
+        "State passing: slice summaries $S \\mapsto M S + E$ are all-gathered, "
+        "each rank folds the upstream ones"
+    )
     return fig
 
 
@@ -391,15 +401,30 @@ def _draw_halo(ax, shown, drawn, halo, colours):
         for t in range(start, start + drawn):
             ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), color=colours[r], **box))
         for t in range(start - halo, start):
-            style = (dict(fill=False, edgecolor="0.5", linestyle=":") if t < 0 else
-                     dict(facecolor="white", edgecolor=colours[r - 1], hatch="///"))
+            style = (
+                dict(fill=False, edgecolor="0.5", linestyle=":")
+                if t < 0
+                else dict(facecolor="white", edgecolor=colours[r - 1], hatch="///")
+            )
             ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), **box, **style))
         if r > 0:
             x = start - halo / 2
-            ax.annotate("", xy=(x, y + 0.85), xytext=(x, y + 1.15),
-                        arrowprops=dict(arrowstyle="->", color="0.2", lw=1.4))
-        ax.text(start + drawn / 2, y + 0.5, f"rank {r}", ha="center", va="center",
-                color="white", fontsize=9, fontweight="bold")
+            ax.annotate(
+                "",
+                xy=(x, y + 0.85),
+                xytext=(x, y + 1.15),
+                arrowprops=dict(arrowstyle="->", color="0.2", lw=1.4),
+            )
+        ax.text(
+            start + drawn / 2,
+            y + 0.5,
+            f"rank {r}",
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
     ax.text(-halo - 0.2, shown - 0.5, "zeros", ha="right", va="center", fontsize=8, color="0.4")
     ax.set_ylim(-0.1, shown + 0.1)
 
@@ -407,17 +432,39 @@ def _draw_halo(ax, shown, drawn, halo, colours):
 def _draw_summaries(ax, shown, drawn, colours):
     for r in range(shown):
         x0, middle = r * drawn, r * drawn + drawn / 2
-        ax.add_patch(mpl.patches.FancyBboxPatch((x0 + 0.3, 1.3), drawn - 0.6, 1.0,
-                                                boxstyle="round,pad=0.1", color=colours[r]))
-        ax.text(middle, 1.8, f"rank {r}: $(M^{{({r})}}, E^{{({r})}})$", ha="center",
-                va="center", color="white", fontsize=9, fontweight="bold")
-        ax.annotate("", xy=(middle, 0.75), xytext=(middle, 1.25),
-                    arrowprops=dict(arrowstyle="<->", color="0.2", lw=1.2))
+        ax.add_patch(
+            mpl.patches.FancyBboxPatch(
+                (x0 + 0.3, 1.3), drawn - 0.6, 1.0, boxstyle="round,pad=0.1", color=colours[r]
+            )
+        )
+        ax.text(
+            middle,
+            1.8,
+            f"rank {r}: $(M^{{({r})}}, E^{{({r})}})$",
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
+        ax.annotate(
+            "",
+            xy=(middle, 0.75),
+            xytext=(middle, 1.25),
+            arrowprops=dict(arrowstyle="<->", color="0.2", lw=1.2),
+        )
         entering = "0" if r == 0 else f"M^{{({r - 1})}} S^{{({r - 1})}} + E^{{({r - 1})}}"
         ax.text(middle, 2.7, f"$S^{{({r})}} = {entering}$", ha="center", va="center", fontsize=8)
     ax.add_patch(mpl.patches.Rectangle((0.3, 0.25), shown * drawn - 0.6, 0.5, color="0.85"))
-    ax.text(shown * drawn / 2, 0.5, "all_gather of the summaries: R x (K x K + K x V) floats per "
-            "row and head, independent of T", ha="center", va="center", fontsize=9)
+    ax.text(
+        shown * drawn / 2,
+        0.5,
+        "all_gather of the summaries: R x (K x K + K x V) floats per "
+        "row and head, independent of T",
+        ha="center",
+        va="center",
+        fontsize=9,
+    )
     ax.set_ylim(0, 3.1)
 
 
@@ -432,14 +479,29 @@ def signed_log_norm(data, *, decades: float = 3.0) -> mpl.colors.SymLogNorm:
 def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0) -> plt.Figure:
     """Three views of one head: cumulative decay ``log10_kept [K, T]`` (rows sorted by the
     caller), the mixing matrix ``[T', T']`` and the state norm ``[T]`` after every token."""
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(13, 3.6),
-                                        gridspec_kw={"width_ratios": [1.1, 1.1, 1]})
-    heatmap(ax0, np.maximum(log10_kept, floor), title="Cumulative decay",
-            xlabel="tokens since the write (tokens)", ylabel="channel (longest memory on top)",
-            cbar_label="log10 fraction retained", vmin=floor, vmax=0.0)
-    heatmap(ax1, mixing, title=r"Mixing matrix $\Omega$", xlabel="source token s",
-            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
-            diverging=True, norm=signed_log_norm(mixing))
+    fig, (ax0, ax1, ax2) = plt.subplots(
+        1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1.1, 1.1, 1]}
+    )
+    heatmap(
+        ax0,
+        np.maximum(log10_kept, floor),
+        title="Cumulative decay",
+        xlabel="tokens since the write (tokens)",
+        ylabel="channel (longest memory on top)",
+        cbar_label="log10 fraction retained",
+        vmin=floor,
+        vmax=0.0,
+    )
+    heatmap(
+        ax1,
+        mixing,
+        title=r"Mixing matrix $\Omega$",
+        xlabel="source token s",
+        ylabel="output token t",
+        cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+        diverging=True,
+        norm=signed_log_norm(mixing),
+    )
     ax2.plot(np.arange(1, len(norms) + 1), norms)
     ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
     fig.suptitle(title)

@@ -78,6 +78,7 @@ import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.testing import assert_close
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

@@ -82,6 +82,7 @@ from kda_lib import viz
 from kda_lib.norms import l2_normalize
 from kda_lib.testing import assert_close
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

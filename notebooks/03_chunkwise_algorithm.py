@@ -87,6 +87,7 @@ from kda_lib.measure import median_ms
 from kda_lib.recorded import load_recorded
 from kda_lib.testing import assert_close, random_kda_inputs
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

@@ -89,6 +89,7 @@ from kda_lib.conv import depthwise_causal_conv
 from kda_lib.norms import l2_normalize
 from kda_lib.testing import assert_close, relative_l2
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

@@ -108,6 +108,7 @@ from kda_lib.measure import hlo_collectives
 from kda_lib.reference import kda_step
 from kda_lib.testing import random_kda_inputs, relative_l2
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 # full-precision float32 matmuls (TPUs default to bfloat16 passes), so every difference below
 # is about context parallelism and not about matmul precision

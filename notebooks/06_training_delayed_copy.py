@@ -93,6 +93,7 @@ from kda_lib.models import ModelConfig, TinyLM, count_params
 from kda_lib.tasks import chance_loss, delayed_copy
 from kda_lib.train import evaluate, train
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

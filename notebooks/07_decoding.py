@@ -97,6 +97,7 @@ from kda_lib.recorded import load_recorded
 from kda_lib.reference import kda_step
 from kda_lib.testing import assert_close, relative_l2
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

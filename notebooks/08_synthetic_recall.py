@@ -103,6 +103,7 @@ from kda_lib.reference import kda_recurrent
 from kda_lib.tasks import chance_accuracy
 from kda_lib.train import make_task, run_sweep, save_record, summary_line
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

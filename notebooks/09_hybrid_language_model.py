@@ -101,6 +101,7 @@ from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parame
 from kda_lib.recorded import load_recorded
 from kda_lib.train import save_record, train
 
+kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
 
 # %%

@@ -238,3 +238,220 @@ def test_fla_loader_rejects_a_non_mapping_and_wrong_names():
     state_dict["q_conv1d.bias"] = state_dict.pop("A_log")
     with pytest.raises(ValueError, match=r"missing \['A_log'\]; unexpected \['q_conv1d.bias'\]"):
         load_fla_state_dict(layer, state_dict)
+
+
+# ------------------------------------------------------- models, generation, training (issue 30)
+def _tiny_lm(mixer="attention", **changes):
+    from kda_lib.models import ModelConfig, TinyLM
+
+    config = dict(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, head_dim=4)
+    config.update(implementation="recurrent", mixer=mixer, **changes)
+    return TinyLM(ModelConfig(**config), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("mixer", ["attention", "conv", "kda"])
+@pytest.mark.parametrize("bad_id", [8, 100, -1])
+def test_token_ids_outside_the_vocabulary_are_named(mixer, bad_id):
+    # an id >= vocab_size gave all-NaN logits (attention, conv) or blamed the layer input (KDA);
+    # -1 silently became token vocab_size - 1
+    model = _tiny_lm(mixer)
+    tokens = jnp.asarray([[1, 2, bad_id]], jnp.int32)
+    with pytest.raises(ValueError, match=r"tokens token ids must lie in \[0, 8\) \(vocab_size\)"):
+        model(tokens)
+    with pytest.raises(ValueError, match="tokens must hold integer token ids"):
+        model(jnp.zeros((1, 3)))
+    assert model(jnp.asarray([[0, 7]], jnp.int32)).shape == (1, 2, 8)
+
+
+def test_score_text_checks_ids_and_windows():
+    from kda_lib.corpus import TextBatch
+    from kda_lib.generate import score_text
+
+    model = _tiny_lm()
+    good = np.ones((2, 4), np.int32)
+    for field in ("inputs", "targets"):
+        windows = dict(inputs=good, targets=good)
+        windows[field] = np.full((2, 4), 9, np.int32)
+        with pytest.raises(ValueError, match=rf"windows.{field} token ids must lie in \[0, 8\)"):
+            score_text(model, TextBatch(**windows, mask=good > 0))
+    empty = np.zeros((0, 4), np.int32)
+    with pytest.raises(ValueError, match="windows must hold at least one window"):
+        score_text(model, TextBatch(empty, empty, empty > 0))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(norm_eps=-1.0), "ModelConfig.norm_eps must be a finite number > 0, got -1.0"),
+        (dict(norm_eps=float("nan")), "ModelConfig.norm_eps must be a finite number > 0"),
+        (dict(norm_eps=True), "ModelConfig.norm_eps must be a finite number > 0, got True"),
+        (dict(vocab_size=True), "ModelConfig.vocab_size must be an int >= 1, got True"),
+        (dict(num_layers=True), "ModelConfig.num_layers must be an int >= 1, got True"),
+        (dict(hidden_size=8.0), "ModelConfig.hidden_size must be an int >= 1, got 8.0"),
+        (dict(mixer=["kda"]), "ModelConfig.mixer must be one of"),
+        (dict(layers=("kda", ["attention"])), "ModelConfig.layers names unknown mixers"),
+    ],
+)
+def test_model_config_rejects_bad_fields(changes, message):
+    from kda_lib.models import ModelConfig
+
+    fields = {"vocab_size": 8, "num_layers": 2, "hidden_size": 8, **changes}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(**fields)
+
+
+def test_caches_from_another_model_are_named():
+    model = _tiny_lm(layers=("kda", "attention"), num_layers=2)
+    tokens = jnp.ones((2, 3), jnp.int32)
+    other_order = _tiny_lm(layers=("attention", "kda"), num_layers=2).init_cache(2)
+    with pytest.raises(ValueError, match="must be an AttentionCache, got KDACache"):
+        model(tokens, cache=(other_order[1], other_order[1]))  # a KDA cache for attention
+    with pytest.raises(ValueError, match="cache must be a KDACache"):
+        model(tokens, cache=other_order)
+    wrong_batch = model.init_cache(3)
+    with pytest.raises(ValueError, match=r"cache\.\w+ has shape"):
+        model(tokens, cache=wrong_batch)
+    wrong_heads = _tiny_lm(layers=("kda", "attention"), num_layers=2, num_heads=1)
+    cache = (model.init_cache(2)[0], wrong_heads.init_cache(2)[1])
+    with pytest.raises(ValueError, match=r"cache\.keys has shape \(2, 0, 1, 4\), expected"):
+        model(tokens, cache=cache)
+    conv = _tiny_lm("conv")
+    with pytest.raises(ValueError, match=r"cache for a conv layer must be an array of shape"):
+        conv(tokens, cache=(jnp.zeros((3, 3, 8)),))
+    logits, _ = model(tokens, cache=model.init_cache(2))
+    assert logits.shape == (2, 3, 8)
+
+
+def test_generate_takes_numpy_temperatures_and_names_bad_seeds_and_ragged_prompts():
+    from kda_lib.generate import generate
+
+    model = _tiny_lm()
+    out = generate(model, np.array([1, 2]), 2, temperature=np.float32(0.7), seed=np.int64(3))
+    assert out.shape == (4,)
+    for seed in (2**64, 2**63, -1, 1.0, True):
+        with pytest.raises(ValueError, match="seed must be an int"):
+            generate(model, np.array([1, 2]), 2, seed=seed)
+    with pytest.raises(ValueError, match=r"every row the same length"):
+        generate(model, [[1, 2], [3]], 2)
+
+
+def test_train_and_evaluate_name_bad_counts_and_rates():
+    from kda_lib.tasks import delayed_copy
+    from kda_lib.train import evaluate, train
+
+    model = _tiny_lm("conv")
+
+    def task(key, batch, seq_len):
+        return delayed_copy(key, batch, seq_len, vocab_size=8, delay=1)
+
+    shape = dict(batch_size=1, seq_len=4)
+    for kwargs, message in [
+        (dict(steps=2.5), "steps must be an int >= 1, got 2.5"),
+        (dict(steps=True), "steps must be an int >= 1, got True"),
+        (dict(steps=2, learning_rate=-0.05), "learning_rate must be a number >= 0, got -0.05"),
+        (dict(steps=2, seed=2**64), "seed must be an int in [0, 2**63 - 1]"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            train(model, task, **shape, **kwargs)
+    with pytest.raises(ValueError, match=re.escape("num_batches must be an int >= 1, got 2.5")):
+        evaluate(model, task, **shape, num_batches=2.5)
+
+
+def test_train_cli_names_a_seed_out_of_range(capsys):
+    from kda_lib.train import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["stack", "--seed", str(2**64)])
+    assert exit_info.value.code == 2
+    assert "--seed must lie in [0, 2**63 - 1]" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- files (issue 30)
+def test_recorded_and_benchmark_files_that_cannot_be_read_are_named(tmp_path, monkeypatch):
+    from kda_lib import recorded, viz
+
+    monkeypatch.setattr(recorded, "recorded_dir", lambda kind: tmp_path)
+    (tmp_path / "latin1.json").write_bytes(b'{"name": "caf\xe9"}')
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"latin1\.json is not UTF-8 text"):
+        recorded.load_recorded("results", "latin1.json")
+    with pytest.raises(ValueError, match=r"deep\.json is nested too deeply to parse"):
+        recorded.load_recorded("results", "deep.json")
+    runs, notes = viz.load_benchmark_runs(tmp_path)
+    assert runs == []
+    assert any(n.startswith("deep.json: unreadable (nested too deeply") for n in notes), notes
+    assert any(n.startswith("latin1.json: unreadable") for n in notes), notes
+
+
+def test_stdlib_corpus_reads_file_names_that_are_not_utf8(tmp_path):
+    import os
+
+    from kda_lib.corpus import load_stdlib_corpus
+
+    for i in range(20):
+        (tmp_path / f"m{i}.py").write_text(f"x = {i}\n")
+    try:
+        with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.py"), "wb") as file:
+            file.write(b"y = 1\n")
+    except OSError:
+        pytest.skip("this filesystem refuses file names that are not UTF-8")
+    corpus = load_stdlib_corpus(tmp_path, validation_fraction=0.3)
+    names = corpus.train_files + corpus.validation_files
+    assert len(names) == 21 and os.fsdecode(b"caf\xe9.py") in names
+
+
+# ------------------------------------------------------------- notebook parameters (issue 30)
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("seq_len", -5, "notebook parameter seq_len must be an int >= 1, got -5"),
+        ("seq_len", "abc", "notebook parameter seq_len must be an int >= 1, got 'abc'"),
+        ("num_heads", 0, "notebook parameter num_heads must be an int >= 1, got 0"),
+        ("num_heads", True, "notebook parameter num_heads must be an int >= 1, got True"),
+        ("seed", -1, "notebook parameter seed must be an int >= 0, got -1"),
+        ("lower_bound", float("nan"), "notebook parameter lower_bound must be a finite number"),
+        ("timing_backward", "yes", "notebook parameter timing_backward must be True or False"),
+        ("lengths", [256, 0], "lengths must be a list whose entries are each an int >= 1"),
+        ("lengths", 256, "notebook parameter lengths must be a list, got 256"),
+        ("implementation", 3, "notebook parameter implementation must be a str, got 3"),
+    ],
+)
+def test_notebook_parameters_are_checked_by_name(name, value, message):
+    from kda_lib.notebook import check_parameters
+
+    namespace = dict(
+        seq_len=128, num_heads=2, seed=0, lower_bound=-5.0, timing_backward=False,
+        lengths=[256], implementation="chunked", conv_size=0,
+    )  # fmt: skip
+    namespace["__annotations__"] = {
+        "seq_len": int, "num_heads": int, "seed": int, "lower_bound": float,
+        "timing_backward": bool, "lengths": list[int], "implementation": str, "conv_size": int,
+    }  # fmt: skip
+    check_parameters(namespace)  # the defaults pass (conv_size 0: no convolution)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_parameters({**namespace, name: value})
+
+
+def test_every_notebook_checks_its_parameters_before_its_setup():
+    import pathlib
+
+    import jupytext
+
+    for source in sorted(pathlib.Path(__file__).parents[1].glob("notebooks/0*.py")):
+        cells = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
+        index = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
+        install = next(i for i, c in enumerate(cells) if "# Install:" in c.source)
+        assert install > index, source.name
+        # the imports-and-setup cell: the check comes before setup() and any work
+        code = cells[install + 1].source
+        check = code.index("kda_lib.notebook.check_parameters(globals())")
+        assert check < code.index("\nkda_lib.notebook.setup()"), source.name
+
+
+def test_conv_size_has_an_upper_bound():
+    # issue 30: compiling a gradient took 38 s at conv_size 1024 and minutes at 4096
+    from kda_lib.layer import MAX_CONV_SIZE
+
+    assert dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE).conv_size == MAX_CONV_SIZE
+    with pytest.raises(ValueError, match=r"KDAConfig.conv_size must be <= 64 \(a short conv"):
+        dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE + 1)

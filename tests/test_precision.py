@@ -24,6 +24,8 @@ QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
 #   dbeta 3.83e-3 (T200), dinitial_state 2.46e-3 (fla's bf16 Triton kernel: ~2e-3 on outputs).
 #   The associative scan measured the same to within 0.1e-3.
 # Bounds: the largest measured value times 1.4 to 1.8.
+# ("input" was measured under the earlier policy, every group but scores_bwd in bf16; the
+# scores-only policy of issue 30 is closer to "highest", and these bounds still hold.)
 BOUNDS = {
     "highest": dict(
         o=2.5e-3,
@@ -187,10 +189,13 @@ def test_input_policy_runs_bf16_dots_with_float32_accumulation(scan):
 
     for fn in (forward, backward):
         low, dots = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="input"), *args)
-        # most matmul flops (the state carry, outputs, W/U, scores and their gradients) are
-        # bf16; the triangular inverse and the gate gradient's matmuls stay float32
+        # only the decayed scores' cross blocks (operands: inputs times decays <= 1) are bf16;
+        # W/U, the maps, the state carry, the outputs and the triangular inverse stay float32
         share = sum(map(_flops, low)) / sum(map(_flops, dots))
-        assert share > 0.6, (fn.__name__, share)  # measured: 0.90 forward, 0.71 backward
+        assert 0.02 < share < 0.3, (fn.__name__, share)  # measured: 0.148 fwd, 0.043 bwd
+        if fn is forward:  # each a [..., w, w] cross block, w <= C / 2
+            shapes = [eqn.outvars[0].aval.shape[-2:] for eqn in low]
+            assert all(a == b <= 32 for a, b in shapes), shapes
         low, _ = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="highest"), *args)
         assert not low, fn.__name__
     # kda() hands the policy on (default None: "input" for bf16)
@@ -235,3 +240,210 @@ def test_kda_rejects_a_precision_an_implementation_cannot_honour():
             continue
         got, want = auto(x), chunked(x)
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+# fla's context-parallel KDA test (flash-linear-attention tests/context_parallel/test_cp_kda.py),
+# scaled down: T 10240 -> 512 in three documents (3000/4000/3240 -> 150/200/162), H 12 -> 2
+# (H = 4 measured the same errors to within 10%), K = V = 128, bf16, q = N(1, 1),
+# k = N(-50, 10^2) before L2 normalisation, fused safe gate (lower bound -5, a_log from
+# log linspace(1, 8), dt_bias from fla's dt initialisation). After normalisation the keys are
+# nearly parallel and the decay weak: each chunk's triangular system is badly conditioned.
+# fla's bar: relative RMS error (its assert_close ratio) 8e-3 on o, dq, dk, dv, dg (db warns).
+FLA_RATIO = 8e-3
+FLA_LOWER_BOUND = -5.0
+FLA_LENGTHS = (150, 200, 162)
+# Measured (H = 4, relative RMS against the float64 oracle; issue 30): every implementation and
+# CP now 1.6e-3 to 1.9e-3 on every quantity; the earlier default (every group but scores_bwd in
+# bf16) 4.7e-3 to 1.13e-2; tokamax_xla_chunked computing in bf16 up to 1.13e-2. Bound: half of
+# fla's ratio.
+FLA_BOUND = FLA_RATIO / 2
+FLA_NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
+
+
+def _fla_cp_case(heads=2, dim=128):
+    from kda_lib.gating import init_dt_bias
+
+    seq_len = sum(FLA_LENGTHS)
+    ks = jax.random.split(jax.random.key(42), 6)
+    shape = (1, seq_len, heads, dim)
+    normal = functools.partial(jax.random.normal, shape=shape)
+    args = (
+        (normal(ks[0]) + 1).astype(jnp.bfloat16),  # q
+        (10 * normal(ks[1]) - 50).astype(jnp.bfloat16),  # k
+        normal(ks[2]).astype(jnp.bfloat16),  # v
+        normal(ks[3]).astype(jnp.bfloat16),  # raw gate input
+        jax.nn.sigmoid(jax.random.normal(ks[4], shape[:3])).astype(jnp.bfloat16),  # beta
+    )
+    gate = dict(
+        a_log=jnp.log(jnp.linspace(1.0, 8.0, heads)),
+        dt_bias=init_dt_bias(jax.random.key(7), heads, dim),
+        lower_bound=FLA_LOWER_BOUND,
+    )
+    ids = jnp.asarray(np.repeat(np.arange(1, 4), FLA_LENGTHS)[None].astype(np.int32))
+    return args, gate, ids, normal(ks[5]).astype(jnp.bfloat16)
+
+
+def _fla_oracle(args, gate, ids, cot):
+    with jax.enable_x64(True):
+        a_log, dt_bias = (np.asarray(gate[n], np.float64) for n in ("a_log", "dt_bias"))
+        heads, dim = args[0].shape[2:]
+
+        def fn(q, k, v, f, beta):
+            def unit(x):
+                return x / jnp.sqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-6)
+
+            rate = np.exp(a_log)[:, None]
+            g = FLA_LOWER_BOUND * jax.nn.sigmoid(rate * (f + dt_bias.reshape(heads, dim)))
+            return kda_recurrent(unit(q), unit(k), v, g, beta, segment_ids=ids)[0]
+
+        wide = [jnp.asarray(np.asarray(x, np.float32), jnp.float64) for x in (*args, cot)]
+        o, pullback = jax.vjp(fn, *wide[:5])
+        return [np.asarray(x) for x in (o, *pullback(wide[5]))]
+
+
+def _fla_errors(fn, args, cot, want):
+    @jax.jit
+    def run(*a):
+        o, pullback = jax.vjp(fn, *a)
+        return (o, *pullback(cot.astype(o.dtype)))
+
+    got = run(*args)
+    assert got[0].dtype == jnp.bfloat16
+    return {n: relative_l2(g, w) for n, g, w in zip(FLA_NAMES, got, want, strict=True)}
+
+
+def _fla_paths(gate, ids):
+    """Every path that runs on CPU, as ``fn(q, k, v, raw_gate, beta) -> o``."""
+    from jax.sharding import PartitionSpec as P
+
+    from kda_lib.context_parallel import kda_context_parallel, place
+    from kda_lib.gating import kda_gate
+    from kda_lib.norms import l2_normalize
+
+    common = dict(gate, use_qk_l2norm=True)
+
+    def through_kda(implementation, **extra):
+        def fn(q, k, v, f, beta):
+            return kda(
+                q, k, v, f, beta, **common, segment_ids=ids, implementation=implementation, **extra
+            )[0]
+
+        return fn
+
+    def raw_kernel(scan):  # kda_chunked itself: normalised q/k and the activated gate
+        def fn(q, k, v, f, beta):
+            g = kda_gate(f, gate["a_log"], gate["dt_bias"], lower_bound=FLA_LOWER_BOUND)
+            q, k = (l2_normalize(x, keep_float32=True) for x in (q, k))
+            return kda_chunked(q, k, v, g, beta, segment_ids=ids, scan=scan)[0].astype(v.dtype)
+
+        return fn
+
+    ranks = 8
+    mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
+    seq = P(None, "context")
+
+    def local(q, k, v, f, beta, ids):
+        return kda_context_parallel(
+            q, k, v, f, beta, segment_ids=ids, implementation="chunked", **common
+        )
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(seq,) * 6, out_specs=seq)
+    return {
+        "chunked": through_kda("chunked"),
+        "chunked_associative": raw_kernel("associative"),
+        "recurrent": through_kda("recurrent"),
+        "tokamax_xla": through_kda("tokamax_xla", max_num_segments=3),
+        "tokamax_xla_chunked": through_kda("tokamax_xla_chunked", max_num_segments=3),
+        "cp_8_ranks": lambda *a: sharded(*(place(x, mesh, seq) for x in (*a, ids))),
+    }
+
+
+def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
+    args, gate, ids, cot = _fla_cp_case()
+    want = _fla_oracle(args, gate, ids, cot)
+    bad = {}
+    for path, fn in _fla_paths(gate, ids).items():
+        errors = _fla_errors(fn, args, cot, want)
+        bad.update({(path, n): f"{e:.2e}" for n, e in errors.items() if not e <= FLA_BOUND})
+    assert not bad, bad
+
+
+def test_fla_cp_inputs_fail_with_every_group_in_bf16(monkeypatch):
+    # the case is hard: the earlier default (every group but the scores' gradient in bf16)
+    # misses fla's tolerance on it, so the test above can fail
+    import kda_lib.chunked
+
+    earlier = frozenset({"scores", "wu", "maps", "state", "outputs", "compose"})
+    monkeypatch.setattr(kda_lib.chunked, "LOW_PRECISION_MATMULS", earlier)
+    args, gate, ids, cot = _fla_cp_case()
+    want = _fla_oracle(args, gate, ids, cot)
+    errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+    assert max(errors.values()) > FLA_RATIO, errors
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_float16_large_values_stay_finite_and_match_the_recurrence(scan):
+    # issue 30: float16 inputs all in range (|v| <= 15000 * 4 < 65504), but the state, W/U and
+    # the corrected values exceed float16's range; the earlier default rounded them to float16
+    # (inf/NaN on half the tokens). No computed quantity may be rounded to the input dtype.
+    key_q, key_k, key_v = jax.random.split(jax.random.key(30), 3)
+    shape = (1, 256, 2, 32)
+    unit = functools.partial(jax.random.normal, shape=shape)
+    q = 1e-3 * unit(key_q) / jnp.linalg.norm(unit(key_q), axis=-1, keepdims=True)
+    k = unit(key_k) / jnp.linalg.norm(unit(key_k), axis=-1, keepdims=True)
+    v = 15000 * jnp.clip(jax.random.normal(key_v, shape), -4, 4)
+    x = dict(q=q, k=k, v=v, g=jnp.zeros(shape), beta=jnp.ones(shape[:3]))
+    x = {n: a.astype(jnp.float16) for n, a in x.items()}
+    assert all(bool(jnp.isfinite(a).all()) for a in x.values())
+    o, s = kda_chunked(**x, output_final_state=True, scan=scan)
+    want_o, want_s = kda_recurrent(**cast_inputs(x, jnp.float32), output_final_state=True)
+    assert o.dtype == jnp.float16
+    assert bool(jnp.isfinite(o).all()) and bool(jnp.isfinite(s).all())
+    # measured: o 2.1e-4 (the float16 rounding of o), s 3.8e-7; earlier policy: all 256 tokens
+    # non-finite at 15000 (fine at 8000: o 1.1e-3, s 6e-4)
+    assert relative_l2(o, want_o) < 1e-3 and relative_l2(s, want_s) < 1e-5
+
+
+def _l2_normalize_f64(x, eps=1e-6):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e18, 1e19, 1e20, 1e30])
+def test_l2_normalize_is_scale_safe(scale):
+    # issue 30: the sum of squares overflowed float32 from 1e19 on (norms 0)
+    from kda_lib.norms import l2_normalize
+
+    x = scale * jax.random.normal(jax.random.key(4), (3, 5, 128))
+    want = _l2_normalize_f64(x)  # for tiny vectors not unit: eps dominates, as in the formula
+    got = l2_normalize(x)
+    assert relative_l2(got, want) < 1e-6
+    if scale >= 1:
+        np.testing.assert_allclose(np.linalg.norm(np.asarray(got, np.float64), axis=-1), 1, 1e-6)
+
+    # gradients against the float64 formula's (d rsqrt(s) = s^-1.5 underflowed near s = 1e38)
+    cot = jax.random.normal(jax.random.key(5), x.shape)
+    got = jax.grad(lambda x: jnp.sum(l2_normalize(x) * cot))(x)
+    with jax.enable_x64(True):
+        x64, cot64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (x, cot))
+        want = jax.grad(lambda x: jnp.sum(jnp.asarray(_l2_formula(x)) * cot64))(x64)
+    assert bool(jnp.isfinite(got).all())
+    assert relative_l2(got, want) < 1e-5
+
+
+def _l2_formula(x, eps=1e-6):
+    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_above():
+    from kda_lib.norms import l2_normalize
+
+    def unscaled(x, eps=1e-6):  # the formula as written before issue 30
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+    x = jax.random.uniform(jax.random.key(6), (64, 128), minval=-1, maxval=1)
+    np.testing.assert_array_equal(l2_normalize(x), unscaled(x))
+    np.testing.assert_array_equal(l2_normalize(4 * x), unscaled(4 * x))
+    bf16 = (3 * x).astype(jnp.bfloat16)
+    assert l2_normalize(bf16).dtype == jnp.bfloat16
+    assert l2_normalize(bf16, keep_float32=True).dtype == jnp.float32

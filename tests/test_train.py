@@ -280,7 +280,7 @@ def test_mixer_registry_and_errors():
         assert model(jnp.zeros((1, 3), jnp.int32)).shape == (1, 3, 8)
     finally:
         del MIXERS["identity_for_test"]
-    with pytest.raises(ValueError, match="steps and log_every"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
         train(_model(), lambda *a: None, steps=0, batch_size=1, seq_len=1)
     with pytest.raises(ValueError, match="conv_size >= 1"):
         _model(mixer="conv", conv_size=0)
@@ -563,3 +563,43 @@ def test_save_record_is_strict_and_atomic(tmp_path, monkeypatch):
 def test_a_one_step_schedule_is_valid():
     # warmup takes the one step; optax still needs a (zero-length-free) decay phase after it
     make_optimizer(_model(), steps=1, learning_rate=1e-3)
+
+
+@pytest.mark.parametrize("fallback_works", [True, False])
+def test_cli_keeps_a_finished_run_when_the_disk_is_full(
+    tmp_path, monkeypatch, capsys, fallback_works
+):
+    # issue 30: the record's path was checked writable before training, but the disk filled
+    # up meanwhile; the finished run must not be lost
+    import errno
+    import os
+
+    from kda_lib import train as train_module
+
+    fallback_dir = tmp_path / "tmp"
+    fallback_dir.mkdir()
+    monkeypatch.setattr(train_module.tempfile, "gettempdir", lambda: str(fallback_dir))
+    out = tmp_path / "results" / "run.json"
+    real_write = train_module.write_json
+
+    def full_disk(document, path):
+        if pathlib.Path(path) == out or not fallback_works:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_write(document, path)
+
+    monkeypatch.setattr(train_module, "write_json", full_disk)
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["palindrome", *CLI_TINY, "--vocab-size", "6", "--output", str(out)])
+    assert exit_info.value.code == 1
+    captured = capsys.readouterr()
+    assert f"could not write the finished run's record to {out}" in captured.err
+    assert "No space left on device" in captured.err
+    if fallback_works:
+        saved = fallback_dir / "run.json"
+        assert f"the record was written to {saved} instead" in captured.err
+        record = json.loads(saved.read_text())
+    else:
+        assert "the record was printed above on stdout" in captured.err
+        record = json.loads(captured.out[captured.out.index("{") :])
+    assert record["task"] == "palindrome" and record["eval"]["accuracy"] is not None
+    assert not out.exists()
