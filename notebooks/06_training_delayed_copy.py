@@ -349,10 +349,10 @@ assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still han
 # where the path analysis puts it, and everything beyond it is at chance (asserted). With the
 # states alone cleared, how many old tokens still come back through layer 1's kept history is
 # an experiment about these weights, printed above, and it differs between trainings: at the
-# CI defaults they stay near chance, while in a run of the `full` parameters on this machine
-# (2026-12-01) the ten positions beyond `conv_reach` scored 0.29 on average and up to 0.98,
-# all of the high ones beyond layer 1's window: the old token entered layer 1's fresh state
-# at $p .. p + w - 2$ and was read from it later. (How the two layers divide the work, for
+# CI defaults they stay near chance, while with the `full` parameters (`make notebooks
+# PARAMS=full` prints the same line) a position beyond layer 1's conv window was copied almost
+# every time in our run: the old token entered layer 1's fresh state at $p .. p + w - 2$ and
+# was read from it later. (How the two layers divide the work, for
 # example which position code the keys use, is not something this test resolves.)
 #
 # ## Summary
