@@ -567,6 +567,8 @@ if interactive:
         import ipywidgets as widgets
     except ImportError:
         print("ipywidgets is not installed: no sliders, the default view only")
+
+# %% tags=["hide-input"]
 if widgets is None:
     plot_gate_explorer(**explorer_defaults)
 else:  # the sliders draw the default view first, then redraw when one moves

@@ -604,6 +604,7 @@ def form_costs(T, C, K, V):
     }
 
 
+# %%
 def cost_table(configs):
     rows = ["| form | " + " | ".join(f"T={T}, C={C}, K={K}, V={V}" for T, C, K, V in configs)
             + " |", "|---|" + "---|" * len(configs)]

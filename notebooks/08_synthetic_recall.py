@@ -62,9 +62,6 @@ log_every: int = 25  # steps averaged into one point of the training curves
 record_results: str = ""  # write this sweep's records to this JSON path ("" to skip)
 recorded_results: str = "synthetic_recall_seeds.json"  # recorded full run, in data/results/
 recorded_phase: str = "mqar_attention_phase_transition_seed0.json"  # long attention MQAR run
-slow_half_life: float = 20.0  # section 9: the slow time scale (tokens) ...
-fast_half_life: float = 1.0  # ... and the fast one
-two_scale_len: int = 256  # tokens of the section-9 filter and its test input
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -534,6 +531,8 @@ assert all(a["lr"] == 0.003 and a["acc"].mean() < 0.36 for a in attention_mqar)
 # Both heads then run through `kda_lib.kda_recurrent` in float64 on random inputs.
 
 # %%
+slow_half_life, fast_half_life = 20.0, 1.0  # the two time scales (tokens)
+two_scale_len = 256  # tokens of the filter and its test input
 r_slow, r_fast = 0.5 ** (1 / slow_half_life), 0.5 ** (1 / fast_half_life)
 lag = np.arange(two_scale_len)
 target = 0.5 * r_slow**lag + 0.5 * r_fast**lag  # h(tau)

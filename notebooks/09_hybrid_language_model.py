@@ -400,6 +400,7 @@ for row in seed_runs:
 bpb_by_model = {name: np.array(list(b.values())) for name, b in bpb_seeds.items()}
 
 
+# %%
 def ordering(a, b):
     """'<' (a lower bpb), '>' or 'level': the gap must exceed 0.01 and two standard errors."""
     gap = a.mean() - b.mean()
