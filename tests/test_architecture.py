@@ -27,6 +27,7 @@ LAYERS = {
     "measure": 0,
     "recorded": 0,
     "records": 0,
+    "significance": 0,
     # 1: the maths forms and the tokamax backend
     "reference": 1,
     "chunked": 1,
