@@ -36,10 +36,20 @@ def is_concrete(x) -> bool:
 MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
 
 
+def is_int(value, minimum: int = 1) -> bool:
+    """Is ``value`` an int (numpy ints count; bools, numpy bools and floats such as 2.0 do not)
+    that is ``>= minimum``? The one test behind every integer check of the package."""
+    return (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, (int, np.integer))
+        and value >= minimum
+    )
+
+
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     """``value`` as an int, if it is an int (numpy ints count) >= ``minimum``; a bool, a float
     (even 2.0) or anything else is a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not is_int(value, minimum):
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 

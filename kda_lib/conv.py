@@ -186,3 +186,23 @@ class ShortConvolution(nnx.Module):
             conv_state = jnp.zeros((x.shape[0], width - 1, self.channels), dtype)
         new_state = jnp.concatenate([conv_state.astype(dtype), x], axis=1)[:, x.shape[1] :]
         return jax.nn.silu(y), new_state
+
+
+def qkv_convolutions(
+    key_channels: int,
+    value_channels: int,
+    conv_size: int,
+    *,
+    dtype=None,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+) -> tuple[ShortConvolution, ShortConvolution, ShortConvolution]:
+    """The q, k and v short convolutions of a mixer (KDA's layer, softmax attention with
+    ``short_conv``), built in that order: ``key_channels`` (H * K) for q and k,
+    ``value_channels`` (H * V) for v."""
+    conv = dict(conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    return (
+        ShortConvolution(key_channels, **conv),
+        ShortConvolution(key_channels, **conv),
+        ShortConvolution(value_channels, **conv),
+    )

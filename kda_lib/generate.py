@@ -25,7 +25,8 @@ import optax
 from flax import nnx
 
 from kda_lib._checks import check_number, check_positive_int, check_seed, check_token_ids
-from kda_lib.models import AttentionCache, TinyLM
+from kda_lib.attention import AttentionCache
+from kda_lib.models import TinyLM
 
 
 def _check_positive(name: str, value, minimum: int = 1) -> None:

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from kda_lib._checks import check_array, check_chunk_size, check_segment_ids, is_concrete
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
-from kda_lib.conv import ShortConvolution, kernel_from_torch
+from kda_lib.conv import kernel_from_torch, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.norms import gated_rms_norm
@@ -244,12 +244,14 @@ class KimiDeltaAttention(nnx.Module):
         self.k_proj = nnx.Linear(hidden, h * kd, **linear)
         self.v_proj = nnx.Linear(hidden, h * vd, **linear)
         if cfg.conv_size:
-            conv = dict(
-                conv_size=cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
+                h * kd,
+                h * vd,
+                cfg.conv_size,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                rngs=rngs,
             )
-            self.q_conv1d = ShortConvolution(h * kd, **conv)
-            self.k_conv1d = ShortConvolution(h * kd, **conv)
-            self.v_conv1d = ShortConvolution(h * vd, **conv)
         else:
             self.q_conv1d = self.k_conv1d = self.v_conv1d = None
         gate_channels = 1 if cfg.per_head_decay else kd

@@ -108,7 +108,7 @@ class MLACache(NamedTuple):
     """Decode state of :class:`MultiHeadLatentAttention`: the compressed latents seen so far.
 
     ``latents [B, C, r]`` (after the latent RMSNorm) and ``shared_keys [B, C, Ds]`` (None when
-    ``shared_key_dim`` is 0). As :class:`kda_lib.models.AttentionCache`: growing (``length``
+    ``shared_key_dim`` is 0). As :class:`kda_lib.attention.AttentionCache`: growing (``length``
     None, C = tokens seen, a new shape per step) or fixed capacity (``length`` an int32
     scalar, the first ``length`` of C rows filled; writing past C gives NaN outputs, and
     raises outside jit).

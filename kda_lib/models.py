@@ -6,9 +6,9 @@ Residual connections go around the mixer and the MLP. The token mixer is chosen 
 * ``"kda"``: :class:`kda_lib.KimiDeltaAttention` (short convs + the delta-rule recurrence);
 * ``"gdn"``: Gated DeltaNet, the same layer with one decay per head instead of per channel
   (``KDAConfig(per_head_decay=True)``);
-* ``"attention"``: :class:`CausalSelfAttention`, causal softmax attention, with RoPE or,
-  with ``ModelConfig(rope=False)``, without positional encoding (NoPE, as Kimi Linear's
-  attention layers);
+* ``"attention"``: :class:`kda_lib.attention.CausalSelfAttention`, causal softmax attention,
+  with RoPE or, with ``ModelConfig(rope=False)``, without positional encoding (NoPE, as Kimi
+  Linear's attention layers);
 * ``"attention_conv"``: the same attention with KDA's short causal convolutions on q, k and v
   (the ablation that shows what the convolution gives the recurrent mixers);
 * ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
@@ -32,13 +32,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib._checks import check_number, check_positive_int, check_token_ids
+from kda_lib._checks import check_number, check_positive_int, check_token_ids, is_int
+from kda_lib.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.conv import ShortConvolution
 from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
 from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
@@ -175,8 +175,22 @@ class ModelConfig:
             value_head_dim=self.value_head_dim,
             conv_size=self.conv_size,
             lower_bound=self.lower_bound,
+            norm_eps=self.norm_eps,
             implementation=self.implementation,
             chunk_size=self.chunk_size,
+        )
+
+    def attention_config(self, *, short_conv: bool = False) -> AttentionConfig:
+        """The :class:`kda_lib.attention.AttentionConfig` of an attention layer (the mixer's
+        H, K, V and, with ``short_conv``, its conv width; ``rope`` from this config)."""
+        return AttentionConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            value_head_dim=self.value_head_dim,
+            rope=self.rope,
+            short_conv=short_conv,
+            conv_size=self.conv_size,
         )
 
     @property
@@ -225,246 +239,66 @@ class ConvMixer(nnx.Module):
     match the KDA layer's (``v_proj v_conv1d g_proj o_norm o_proj``).
     """
 
-    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
-        if config.conv_size < 1:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        value_dim: int,
+        conv_size: int,
+        *,
+        norm_eps: float = 1e-5,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        """``hidden_size`` in and out; ``num_heads`` heads of ``value_dim`` channels (H, V);
+        ``conv_size`` the conv width W (>= 1); ``norm_eps`` the output norm's epsilon."""
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("num_heads", num_heads),
+            ("value_dim", value_dim),
+        ):
+            check_positive_int(f"ConvMixer {name}", value)
+        if not is_int(conv_size, minimum=1):
             raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
-        self.config = config
-        h, vd, hidden = config.num_heads, config.value_dim, config.hidden_size
-        linear = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        check_number("ConvMixer norm_eps", norm_eps, positive=True)
+        self.hidden_size, self.num_heads, self.value_dim = hidden_size, num_heads, value_dim
+        self.conv_size, self.norm_eps, self.dtype = conv_size, norm_eps, dtype
+        h, vd, hidden = num_heads, value_dim, hidden_size
+        linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, **linear)
         self.v_conv1d = ShortConvolution(
-            h * vd,
-            conv_size=config.conv_size,
-            dtype=config.dtype,
-            param_dtype=config.param_dtype,
-            rngs=rngs,
+            h * vd, conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
         self.g_proj = nnx.Linear(hidden, h * vd, use_bias=True, **linear)
-        self.o_norm = nnx.Param(jnp.ones((vd,), config.param_dtype))
+        self.o_norm = nnx.Param(jnp.ones((vd,), param_dtype))
         self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, **linear)
 
     def init_cache(self, batch_size: int) -> jax.Array:
         """Decode state: the last ``conv_size - 1`` value-stream inputs ``[B, W-1, H*V]``."""
-        cfg = self.config
-        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.num_heads * cfg.value_dim), cfg.dtype)
+        channels = self.num_heads * self.value_dim
+        return jnp.zeros((batch_size, self.conv_size - 1, channels), self.dtype)
 
     def __call__(self, x: jax.Array, *, cache: jax.Array | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
-        cfg = self.config
         batch, seq_len, _ = x.shape
-        h, vd = cfg.num_heads, cfg.value_dim
+        h, vd = self.num_heads, self.value_dim
         if cache is not None:
-            want = (batch, cfg.conv_size - 1, h * vd)
+            want = (batch, self.conv_size - 1, h * vd)
             if not hasattr(cache, "shape") or tuple(cache.shape) != want:
                 got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
                 raise ValueError(
                     f"cache for a conv layer must be an array of shape [B, W-1, H*V] = {want}, "
                     f"got {got}; build it with model.init_cache({batch})"
                 )
-        x = x.astype(cfg.dtype)
+        x = x.astype(self.dtype)
         o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
         gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
         normed = gated_rms_norm(
-            o.reshape(batch, seq_len, h, vd), self.o_norm[...], gate, eps=cfg.norm_eps
+            o.reshape(batch, seq_len, h, vd), self.o_norm[...], gate, eps=self.norm_eps
         )
-        y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        y = self.o_proj(normed.astype(self.dtype).reshape(batch, seq_len, h * vd))
         return y if cache is None else (y, new_cache)
-
-
-def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-    """Rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] * freq_i``
-    (RoPE), so a query-key dot product depends on positions only through their difference."""
-    half = x.shape[-1] // 2
-    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
-    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, D/2]
-    first, second = x[..., :half], x[..., half:]
-    return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
-
-
-class AttentionCache(NamedTuple):
-    """Decode state of :class:`CausalSelfAttention`: the keys and values of every token seen.
-
-    Two kinds, told apart by ``length``:
-
-    * growing (``length`` None, from ``init_cache(B)``): ``keys [B, T_seen, H, K]`` and
-      ``values [B, T_seen, H, V]`` gain a row per token (a new shape, so a new compilation,
-      per decode step under jit);
-    * fixed capacity (``length`` an int32 scalar, from ``init_cache(B, max_len=C)``): buffers
-      ``[B, C, H, K]`` and ``[B, C, H, V]`` of which the first ``length`` rows are filled. Every
-      step has the same shapes, so one compiled step serves a whole generation; writing past
-      ``C`` makes the outputs NaN (and raises outside jit).
-
-    Either way the memory is linear in the context (the contrast with KDA's fixed state).
-    ``q_conv, k_conv, v_conv``: the short convolutions' last ``W - 1`` inputs for the
-    ``attention_conv`` mixer, else None.
-    """
-
-    keys: jax.Array
-    values: jax.Array
-    length: jax.Array | None = None
-    q_conv: jax.Array | None = None
-    k_conv: jax.Array | None = None
-    v_conv: jax.Array | None = None
-
-    @property
-    def seen(self):
-        """Tokens seen so far (an int for a growing cache, an int32 array for a fixed one)."""
-        return self.keys.shape[1] if self.length is None else self.length
-
-
-class CausalSelfAttention(nnx.Module):
-    """Multi-head causal softmax attention: the quadratic baseline.
-
-    ``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head, scores and softmax in float32,
-    with ``q, k`` rotated by their positions (RoPE) when ``rope`` is True and used as they are
-    (NoPE) otherwise. With ``short_conv`` the projections of q, k and v first go through the
-    same depthwise causal convolution + SiLU as in the KDA layer (width ``conv_size``). Uses the
-    mixer's H, K and V (``num_heads``, ``head_dim``, ``value_dim``) of the
-    :class:`kda_lib.KDAConfig`; it has no gate or decay.
-    """
-
-    def __init__(
-        self, config: KDAConfig, *, rngs: nnx.Rngs, rope: bool = True, short_conv: bool = False
-    ):
-        if rope and config.head_dim % 2:
-            raise ValueError(f"attention needs an even head_dim for RoPE, got {config.head_dim}")
-        if short_conv and config.conv_size < 1:
-            raise ValueError(f"short_conv needs conv_size >= 1, got {config.conv_size}")
-        self.config = config
-        self.rope = rope
-        self.short_conv = short_conv
-        h, kd, vd, hidden = config.num_heads, config.head_dim, config.value_dim, config.hidden_size
-        linear = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
-        if short_conv:
-            conv = dict(
-                conv_size=config.conv_size,
-                dtype=config.dtype,
-                param_dtype=config.param_dtype,
-                rngs=rngs,
-            )
-            self.q_conv1d = ShortConvolution(h * kd, **conv)
-            self.k_conv1d = ShortConvolution(h * kd, **conv)
-            self.v_conv1d = ShortConvolution(h * vd, **conv)
-        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
-
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
-        """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        cfg = self.config
-        capacity = 0 if max_len is None else max_len
-        if max_len is not None and (
-            isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
-        ):
-            raise ValueError(f"max_len must be None or a positive int, got {max_len!r}")
-        shape = (batch_size, capacity, cfg.num_heads)
-        convs = (None, None, None)
-        if self.short_conv:
-            width = cfg.conv_size - 1
-            h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-            convs = tuple(
-                jnp.zeros((batch_size, width, c), cfg.dtype) for c in (h * kd, h * kd, h * vd)
-            )
-        return AttentionCache(
-            jnp.zeros((*shape, cfg.head_dim), cfg.dtype),
-            jnp.zeros((*shape, cfg.value_dim), cfg.dtype),
-            None if max_len is None else jnp.zeros((), jnp.int32),
-            *convs,
-        )
-
-    def _project(self, x, cache):
-        """q, k, v ``[B, T, H*D]`` and the new conv states (None without short_conv)."""
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if not self.short_conv:
-            return (q, k, v), (None, None, None)
-        states = (None, None, None) if cache is None else (cache.q_conv, cache.k_conv, cache.v_conv)
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        pairs = [
-            conv(a, conv_state=state)
-            for conv, a, state in zip(convs, (q, k, v), states, strict=True)
-        ]
-        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-
-    def _check_cache(self, cache, batch: int) -> None:
-        """A cache from this layer's ``init_cache(batch)`` (or a call's result), before any work:
-        a cache of another mixer, batch size or head shape is a ValueError naming it."""
-        cfg = self.config
-        build = f"build it with model.init_cache({batch}) (or pass on the cache a call returned)"
-        if not isinstance(cache, AttentionCache):
-            raise ValueError(
-                f"cache for an attention layer must be an AttentionCache, got "
-                f"{type(cache).__name__} (a cache of a model with another layer order?); {build}"
-            )
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-        keys, values = cache.keys, cache.values
-        if not all(hasattr(a, "shape") for a in (keys, values)):
-            raise ValueError(f"cache.keys and cache.values must be arrays; {build}")
-        seen = keys.shape[1] if keys.ndim == 4 else None
-        for name, got, want in (
-            ("keys", keys, (batch, seen, h, kd)),
-            ("values", values, (batch, seen, h, vd)),
-        ):
-            if tuple(got.shape) != want:
-                raise ValueError(
-                    f"cache.{name} has shape {tuple(got.shape)}, expected [B, T_seen, H, D] = "
-                    f"{want} (batch size {batch}, {h} heads of {kd if name == 'keys' else vd}); "
-                    f"{build}"
-                )
-        width = cfg.conv_size - 1
-        convs = (h * kd, h * kd, h * vd) if self.short_conv else (None, None, None)
-        for name, channels in zip(("q_conv", "k_conv", "v_conv"), convs, strict=True):
-            got = getattr(cache, name)
-            want = None if channels is None else (batch, width, channels)
-            if (got is None) != (want is None) or (got is not None and tuple(got.shape) != want):
-                raise ValueError(
-                    f"cache.{name} has shape {None if got is None else tuple(got.shape)}, "
-                    f"expected {want}; {build}"
-                )
-
-    def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-        if cache is not None:
-            self._check_cache(cache, batch)
-        x = x.astype(cfg.dtype)
-        seen = 0 if cache is None else cache.seen
-        positions = seen + jnp.arange(seq_len)
-        (q, k, v), conv_states = self._project(x, cache)
-        q, k = q.reshape(batch, seq_len, h, kd), k.reshape(batch, seq_len, h, kd)
-        v = v.reshape(batch, seq_len, h, vd)
-        if self.rope:
-            q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
-        overflow = False
-        if cache is not None and cache.length is None:  # growing: append
-            k = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
-            v = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
-        elif cache is not None:  # fixed capacity: write at `length`
-            capacity = cache.keys.shape[1]
-            overflow = cache.length + seq_len > capacity
-            if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
-                filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
-                raise ValueError(
-                    f"the attention cache holds {capacity} tokens; {filled} are "
-                    f"filled, {seq_len} more do not fit (init_cache(..., max_len=...))"
-                )
-            start = (0, cache.length, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache.keys, k.astype(cache.keys.dtype), start)
-            v = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), start)
-        scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
-        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]  # [T, keys]
-        scores = jnp.where(causal, scores * kd**-0.5, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1)
-        o = jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
-        o = jnp.where(overflow, jnp.nan, o)
-        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
-        if cache is None:
-            return y
-        length = None if cache.length is None else cache.length + seq_len
-        return y, AttentionCache(k, v, length, *conv_states)
 
 
 @register_mixer("kda")
@@ -482,18 +316,26 @@ def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 @register_mixer("attention")
 def _attention_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return CausalSelfAttention(config.kda_config(), rngs=rngs, rope=config.rope)
+    return CausalSelfAttention(config.attention_config(), rngs=rngs)
 
 
 @register_mixer("attention_conv")
 def _attention_conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     """Softmax attention with KDA's short convolutions on q, k and v."""
-    return CausalSelfAttention(config.kda_config(), rngs=rngs, rope=config.rope, short_conv=True)
+    return CausalSelfAttention(config.attention_config(short_conv=True), rngs=rngs)
 
 
 @register_mixer("conv")
 def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return ConvMixer(config.kda_config(), rngs=rngs)
+    kda = config.kda_config()
+    return ConvMixer(
+        config.hidden_size,
+        config.num_heads,
+        kda.value_dim,
+        config.conv_size,
+        norm_eps=config.norm_eps,
+        rngs=rngs,
+    )
 
 
 @register_mixer("mla")
@@ -549,8 +391,9 @@ class TinyLM(nnx.Module):
     such as Kimi Linear's 3:1 KDA/attention hybrid). ``model(tokens,
     cache=model.init_cache(B))`` also returns the per-layer caches after the tokens, one per
     block and each of its own kind (a :class:`kda_lib.layer.KDACache` with a fixed
-    ``[B, H, K, V]`` state for KDA and GDN layers, an :class:`AttentionCache` that grows with
-    the context for attention layers), so decoding can continue from them.
+    ``[B, H, K, V]`` state for KDA and GDN layers, a
+    :class:`kda_lib.attention.AttentionCache` that grows with the context for attention
+    layers), so decoding can continue from them.
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):

@@ -90,9 +90,9 @@ from IPython.display import Markdown, display
 
 import kda_lib.notebook
 from kda_lib import viz
+from kda_lib.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.kernel import scan_forward, select_implementation
 from kda_lib.measure import median_ms
-from kda_lib.models import CausalSelfAttention
 from kda_lib.recorded import load_recorded
 from kda_lib.reference import kda_step
 from kda_lib.testing import assert_close, relative_l2
@@ -305,7 +305,7 @@ viz.show(fig, "07_memory")
 # context. A softmax attention step reads every cached key and value, $O(T H (d_k + d_v))$.
 # Below, the wall time of the jitted KDA step at each decoded position (after the warm-up call
 # that compiled it; the fastest of `timing_repeats` runs, which filters out hiccups of a shared
-# machine), and of one decode step of `kda_lib.models.CausalSelfAttention` with the same heads
+# machine), and of one decode step of `kda_lib.attention.CausalSelfAttention` with the same heads
 # over KV caches of `attention_contexts` tokens (one compilation per length; median of
 # `timing_repeats` calls, `kda_lib.measure.median_ms`). Timings on a shared machine are noisy,
 # so the KDA check is loose: the later steps' median stays within a small factor of the
@@ -318,7 +318,9 @@ early, late = np.median(step_ms[:third]), np.median(step_ms[-third:])
 print(f"KDA decode step: median {np.median(step_ms):.2f} ms (first third {early:.2f} ms, "
       f"last third {late:.2f} ms) on {jax.devices()[0].device_kind}")
 assert late < 2 * early + 0.5, "decode time must not grow with the position"
-attention = CausalSelfAttention(config, rngs=nnx.Rngs(layer_seed))
+attention = CausalSelfAttention(
+    AttentionConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim),
+    rngs=nnx.Rngs(layer_seed))
 attention_ms = []
 for n, context in enumerate(attention_contexts):
     kv = jax.random.normal(jax.random.fold_in(key_x, n), (2, batch, context + 1, num_heads,

@@ -42,13 +42,13 @@ LAYERS = {
     # 4: the Flax layer (and the MLA mixer, a layer beside it)
     "layer": 4,
     "mla": 4,
+    "attention": 4,
     # 5: models built from layers, and the published models' layers as presets
     "models": 5,
     "presets": 5,
     # 6: applications
     "train": 6,
     "generate": 6,
-
     "viz": 6,
     # 7: measurements of the applications
     "bench": 7,

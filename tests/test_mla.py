@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from kda_lib.attention import AttentionCache
 from kda_lib.mla import MLACache, MLAConfig, MultiHeadLatentAttention
 from kda_lib.models import (
     MIXERS,
-    AttentionCache,
     ModelConfig,
     TinyLM,
     decay_mask,

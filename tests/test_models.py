@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from kda_lib.attention import AttentionCache, CausalSelfAttention
 from kda_lib.layer import KDACache
 from kda_lib.models import (
-    AttentionCache,
-    CausalSelfAttention,
     ModelConfig,
     TinyLM,
     config_param_count,
@@ -91,7 +90,9 @@ def test_nope_attention_sees_a_set_and_rope_an_order():
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     swapped = x[:, jnp.array([1, 0, 3, 2, 4, 5])]
     for rope in (False, True):
-        layer = CausalSelfAttention(cfg.kda_config(), rngs=nnx.Rngs(0), rope=rope)
+        layer = CausalSelfAttention(
+            dataclasses.replace(cfg.attention_config(), rope=rope), rngs=nnx.Rngs(0)
+        )
         y, y_swapped = layer(x)[0, -1], layer(swapped)[0, -1]
         if rope:
             assert float(jnp.abs(y - y_swapped).max()) > 1e-4
@@ -201,3 +202,38 @@ def test_train_command_line_takes_a_layer_pattern(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_main(["mqar", "--layers", "kda,transformer", "--output", str(out)])
     assert "unknown mixers ['transformer']" in capsys.readouterr().err
+
+
+def _norm_epsilons(module) -> list[float]:
+    """The epsilon of every norm inside ``module``: nnx.RMSNorm's ``epsilon`` and the
+    ``norm_eps`` a mixer hands its gated output norm (on the mixer or in its config)."""
+    found = []
+    for _, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.RMSNorm):
+            found.append(node.epsilon)
+        elif isinstance(node, nnx.Module):
+            owner = getattr(node, "config", node)
+            if hasattr(owner, "norm_eps") and not isinstance(owner, ModelConfig):
+                found.append(owner.norm_eps)
+    return found
+
+
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "attention_conv", "conv", "mla"])
+def test_norm_eps_reaches_every_norm_of_every_mixer(mixer):
+    cfg = dataclasses.replace(HYBRID, layers=(), mixer=mixer, num_layers=1, norm_eps=0.25)
+    model = nnx.eval_shape(lambda: TinyLM(cfg, rngs=nnx.Rngs(0)))
+    epsilons = _norm_epsilons(model)
+    # the block's two norms and the final norm, plus the mixer's own (none in attention;
+    # MLA: its config and its latent RMSNorm)
+    own = {"attention": 0, "attention_conv": 0, "mla": 2}.get(mixer, 1)
+    assert len(epsilons) == 3 + own, epsilons
+    assert set(epsilons) == {0.25}, epsilons
+
+
+def test_norm_eps_changes_the_kda_mixer_output():
+    x = jax.random.normal(jax.random.key(3), (1, 5, 16)) * 1e-2  # small: eps matters
+    outs = []
+    for eps in (1e-5, 0.25):
+        cfg = dataclasses.replace(HYBRID, layers=(), num_layers=1, norm_eps=eps)
+        outs.append(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer(x))
+    assert float(jnp.abs(outs[0] - outs[1]).max()) > 1e-3

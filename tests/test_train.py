@@ -17,9 +17,9 @@ import pytest
 from flax import nnx
 
 from kda_lib import KimiDeltaAttention
+from kda_lib.attention import CausalSelfAttention
 from kda_lib.models import (
     MIXERS,
-    CausalSelfAttention,
     ConvMixer,
     ModelConfig,
     TinyLM,
@@ -77,7 +77,9 @@ def test_shapes_and_cache_decoding(mixer):
 
 def test_conv_mixer_sees_only_its_taps():
     cfg = CFG.kda_config()
-    mixer = ConvMixer(cfg, rngs=nnx.Rngs(1))
+    mixer = ConvMixer(
+        cfg.hidden_size, cfg.num_heads, cfg.value_dim, cfg.conv_size, rngs=nnx.Rngs(1)
+    )
     x = jax.random.normal(jax.random.key(0), (1, 12, cfg.hidden_size))
     t = 10
     # d y[t] / d x[s] for every s: zero for s < t - (W - 1), non-zero on the W taps
