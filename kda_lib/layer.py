@@ -31,6 +31,7 @@ from kda_lib.conv import kernel_from_torch, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.norms import gated_rms_norm
+from kda_lib.params import NO_DECAY, no_decay_param
 from kda_lib.segments import canonical_segment_ids, check_max_num_segments, count_segments
 
 
@@ -210,10 +211,10 @@ class KDACache(NamedTuple):
 def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
     linear = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
     if rank is None:
-        return nnx.Linear(hidden, out, use_bias=use_bias, **linear)
+        return nnx.Linear(hidden, out, use_bias=use_bias, bias_metadata=NO_DECAY, **linear)
     return nnx.Sequential(
         nnx.Linear(hidden, rank, use_bias=False, **linear),
-        nnx.Linear(rank, out, use_bias=use_bias, **linear),
+        nnx.Linear(rank, out, use_bias=use_bias, bias_metadata=NO_DECAY, **linear),
     )
 
 
@@ -262,9 +263,11 @@ class KimiDeltaAttention(nnx.Module):
         self.g_proj = _gate_projection(
             hidden, h * vd, cfg.gate_low_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
-        self.A_log = nnx.Param(init_a_log(rngs.params(), h, safe_gate=cfg.lower_bound is not None))
-        self.dt_bias = nnx.Param(init_dt_bias(rngs.params(), h, gate_channels))
-        self.o_norm = nnx.Param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
+        # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
+        safe_gate = cfg.lower_bound is not None
+        self.A_log = no_decay_param(init_a_log(rngs.params(), h, safe_gate=safe_gate))
+        self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, gate_channels))
+        self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
         self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     # ----------------------------------------------------------------- decoding
@@ -711,21 +714,3 @@ def load_fla_state_dict(layer: KimiDeltaAttention, state_dict) -> None:
         converted[name] = jnp.asarray(value)
     for name, (variable, _) in names.items():  # nothing raises from here on
         variable.set_value(converted[name])
-
-
-# Parameter names that AdamW must not decay, in KDA layers and in the models built on them:
-# gate parameters (A_log, dt_bias), norm weights (o_norm, nnx's RMSNorm ``scale``), biases and
-# embeddings. Everything else (matmul and conv kernels) decays.
-NO_WEIGHT_DECAY = frozenset({"A_log", "dt_bias", "o_norm", "bias", "scale", "embedding"})
-
-
-def weight_decay_mask(module: nnx.Module):
-    """Pytree of bools over ``nnx.state(module, nnx.Param)``: False where the parameter's path
-    names one of :data:`NO_WEIGHT_DECAY`, True for matmul and conv kernels. Works for a
-    :class:`KimiDeltaAttention` and for any model containing it (one policy)."""
-    params = nnx.state(module, nnx.Param)
-
-    def decide(path, _):
-        return not any(str(getattr(p, "key", p)) in NO_WEIGHT_DECAY for p in path)
-
-    return jax.tree_util.tree_map_with_path(decide, params)

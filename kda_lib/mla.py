@@ -39,6 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kda_lib.params import NO_DECAY
+
 
 def _positive_int(name: str, value, *, minimum: int = 1) -> int:
     if (
@@ -149,14 +151,15 @@ class MultiHeadLatentAttention(nnx.Module):
         self.o_proj = nnx.Linear(h * cfg.v_head_dim, hidden, **linear)
 
     def _norm(self, width: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
-        """A latent RMSNorm, computed in float32; its weight is ``scale`` (the name the
-        project's weight-decay policy exempts, as every norm weight)."""
+        """A latent RMSNorm, computed in float32; its weight ``scale`` is not decayed (as every
+        norm weight, :mod:`kda_lib.params`)."""
         cfg = self.config
         return nnx.RMSNorm(
             width,
             epsilon=cfg.norm_eps,
             dtype=jnp.float32,
             param_dtype=cfg.param_dtype,
+            scale_metadata=NO_DECAY,
             rngs=rngs,
         )
 

@@ -40,9 +40,10 @@ from flax import nnx
 from kda_lib._checks import check_number, check_positive_int, check_token_ids, is_int
 from kda_lib.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.conv import ShortConvolution
-from kda_lib.layer import KDAConfig, KimiDeltaAttention, weight_decay_mask
+from kda_lib.layer import KDAConfig, KimiDeltaAttention
 from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.norms import gated_rms_norm
+from kda_lib.params import NO_DECAY, no_decay_param, weight_decay_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +271,8 @@ class ConvMixer(nnx.Module):
         self.v_conv1d = ShortConvolution(
             h * vd, conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
-        self.g_proj = nnx.Linear(hidden, h * vd, use_bias=True, **linear)
-        self.o_norm = nnx.Param(jnp.ones((vd,), param_dtype))
+        self.g_proj = nnx.Linear(hidden, h * vd, bias_metadata=NO_DECAY, **linear)
+        self.o_norm = no_decay_param(jnp.ones((vd,), param_dtype))
         self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, **linear)
 
     def init_cache(self, batch_size: int) -> jax.Array:
@@ -357,8 +358,8 @@ class MLP(nnx.Module):
     """``down(gelu(up(x)))``."""
 
     def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs):
-        self.up = nnx.Linear(hidden, width, rngs=rngs)
-        self.down = nnx.Linear(width, hidden, rngs=rngs)
+        self.up = nnx.Linear(hidden, width, bias_metadata=NO_DECAY, rngs=rngs)
+        self.down = nnx.Linear(width, hidden, bias_metadata=NO_DECAY, rngs=rngs)
 
     def __call__(self, x):
         return self.down(jax.nn.gelu(self.up(x)))
@@ -370,9 +371,10 @@ class Block(nnx.Module):
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         """``config.mixer`` names this block's mixer (see :meth:`ModelConfig.for_layer`)."""
         hidden = config.hidden_size
-        self.mixer_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
+        norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
+        self.mixer_norm = nnx.RMSNorm(hidden, **norm)
         self.mixer = make_mixer(config, rngs=rngs)
-        self.mlp_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(hidden, **norm)
         self.mlp = MLP(hidden, config.mlp_hidden, rngs=rngs)
 
     def __call__(self, x, *, cache=None):
@@ -398,11 +400,15 @@ class TinyLM(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.embed = nnx.Embed(config.vocab_size, config.hidden_size, rngs=rngs)
+        self.embed = nnx.Embed(
+            config.vocab_size, config.hidden_size, embedding_metadata=NO_DECAY, rngs=rngs
+        )
         self.blocks = nnx.List(
             [Block(config.for_layer(i), rngs=rngs) for i in range(config.num_layers)]
         )
-        self.final_norm = nnx.RMSNorm(config.hidden_size, epsilon=config.norm_eps, rngs=rngs)
+        self.final_norm = nnx.RMSNorm(
+            config.hidden_size, epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs
+        )
         self.head = nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs)
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
@@ -485,8 +491,9 @@ def parameter_path_names(path) -> tuple[str, ...]:
 
 def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
     """Parameter path (``('blocks', '0', 'mixer', 'A_log')``) -> whether AdamW decays it: the
-    project's one policy, :func:`kda_lib.layer.weight_decay_mask` (no decay for ``A_log``,
-    ``dt_bias``, norm weights, biases and embeddings; matmul and conv kernels decay)."""
+    mark each parameter was created with (:func:`kda_lib.params.weight_decay_mask`: no decay
+    for ``A_log``, ``dt_bias``, norm weights, biases and embeddings; matmul and conv kernels
+    decay)."""
     return {
         parameter_path_names(path): bool(decay)
         for path, decay in jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))

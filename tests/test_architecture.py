@@ -28,6 +28,7 @@ LAYERS = {
     "recorded": 0,
     "records": 0,
     "significance": 0,
+    "params": 0,
     # 1: the maths forms and the tokamax backend
     "reference": 1,
     "chunked": 1,

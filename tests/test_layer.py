@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
-from kda_lib.layer import weight_decay_mask
+from kda_lib.params import weight_decay_mask
 from kda_lib.testing import assert_close, relative_l2
 
 BASE = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8)

@@ -605,3 +605,78 @@ def test_cli_keeps_a_finished_run_when_the_disk_is_full(
         record = json.loads(captured.out[captured.out.index("{") :])
     assert record["task"] == "palindrome" and record["eval"]["accuracy"] is not None
     assert not out.exists()
+
+
+# The parameters AdamW must not decay, for one block of each mixer (the set the path-name
+# policy gave before the marks replaced it): gate parameters, norm weights, biases, embeddings.
+_SHARED_NO_DECAY = {
+    "blocks.0.mixer_norm.scale",
+    "blocks.0.mlp.down.bias",
+    "blocks.0.mlp.up.bias",
+    "blocks.0.mlp_norm.scale",
+    "embed.embedding",
+    "final_norm.scale",
+}
+_KDA_NO_DECAY = {"A_log", "dt_bias", "g_proj.bias", "o_norm"}
+NO_DECAY_BY_MIXER = {
+    "kda": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
+    "gdn": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
+    "attention": _SHARED_NO_DECAY,
+    "attention_conv": _SHARED_NO_DECAY,
+    "conv": _SHARED_NO_DECAY | {"blocks.0.mixer.g_proj.bias", "blocks.0.mixer.o_norm"},
+    "mla": _SHARED_NO_DECAY | {"blocks.0.mixer.kv_a_layernorm.scale"},
+}
+PARAMS_BY_MIXER = dict(kda=23, gdn=23, attention=13, attention_conv=16, conv=15, mla=14)
+
+
+@pytest.mark.parametrize("mixer", sorted(NO_DECAY_BY_MIXER))
+def test_no_decay_set_of_every_mixer_is_unchanged(mixer):
+    cfg = dataclasses.replace(CFG, mixer=mixer, num_layers=1)
+    model = nnx.eval_shape(lambda: TinyLM(cfg, rngs=nnx.Rngs(0)))
+    mask = decay_mask(model)
+    assert {".".join(path) for path, decay in mask.items() if not decay} == (
+        NO_DECAY_BY_MIXER[mixer]
+    )
+    assert len(mask) == PARAMS_BY_MIXER[mixer]
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (dict(gate_low_rank=4), {"A_log", "dt_bias", "g_proj.layers.1.bias", "o_norm"}),
+        (dict(output_gate_bias=False), {"A_log", "dt_bias", "o_norm"}),
+        (dict(conv_size=0), {"A_log", "dt_bias", "g_proj.bias", "o_norm"}),
+    ],
+)
+def test_no_decay_set_of_layer_variants_is_unchanged(options, expected):
+    from kda_lib.layer import KDAConfig
+    from kda_lib.params import weight_decay_mask
+
+    layer = nnx.eval_shape(
+        lambda: KimiDeltaAttention(KDAConfig(16, 2, 8, **options), rngs=nnx.Rngs(0))
+    )
+    mask = jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
+    assert {".".join(parameter_path_names(p)) for p, d in mask if not d} == expected
+
+
+def test_no_decay_set_of_mla_with_low_rank_queries_is_unchanged():
+    from kda_lib.mla import MLAConfig, MultiHeadLatentAttention
+    from kda_lib.params import weight_decay_mask
+
+    config = MLAConfig(16, 2, 8, 8, 4, q_lora_rank=4, shared_key_dim=2)
+    layer = nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
+    mask = jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
+    no_decay = {".".join(parameter_path_names(p)) for p, d in mask if not d}
+    assert no_decay == {"kv_a_layernorm.scale", "q_a_layernorm.scale"}
+
+
+def test_the_decay_policy_reads_the_mark_not_the_name():
+    from kda_lib.params import NO_DECAY, weight_decay_mask
+
+    class Probe(nnx.Module):
+        def __init__(self):
+            self.bias = nnx.Param(jnp.zeros(2))  # named like a bias, but not marked: decays
+            self.kernel = nnx.Param(jnp.zeros(2), **NO_DECAY)  # marked: does not
+
+    mask = weight_decay_mask(Probe())
+    assert mask["bias"] is True and mask["kernel"] is False

@@ -1,0 +1,37 @@
+"""The weight-decay policy, as a mark on each parameter where it is created.
+
+AdamW decays matmul and convolution kernels; it must not decay gate parameters (``A_log``,
+``dt_bias``, which fla marks ``_no_weight_decay``), norm weights, biases or embeddings. Each of
+those is created with the metadata :data:`NO_DECAY` (``nnx.Param(value, **NO_DECAY)``, or
+``bias_metadata=NO_DECAY`` / ``scale_metadata=NO_DECAY`` / ``embedding_metadata=NO_DECAY`` for
+Flax's own layers), and :func:`weight_decay_mask` reads the mark: no parameter name is matched.
+A parameter created without the mark decays.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import jax
+from flax import nnx
+
+# Variable metadata of a parameter AdamW must not decay
+NO_DECAY = MappingProxyType({"weight_decay": False})
+
+
+def no_decay_param(value: jax.Array) -> nnx.Param:
+    """``nnx.Param(value)`` marked :data:`NO_DECAY`."""
+    return nnx.Param(value, **NO_DECAY)
+
+
+def decays(variable: nnx.Variable) -> bool:
+    """Does AdamW decay this parameter? True unless it was created with :data:`NO_DECAY`."""
+    return bool(variable.get_metadata().get("weight_decay", True))
+
+
+def weight_decay_mask(module: nnx.Module):
+    """Pytree of bools over ``nnx.state(module, nnx.Param)``: each parameter's mark (False for
+    the gate parameters, norm weights, biases and embeddings, True for matmul and conv kernels).
+    Works for a :class:`kda_lib.KimiDeltaAttention` and for any model containing it."""
+    params = nnx.state(module, nnx.Param)
+    return jax.tree.map(decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
