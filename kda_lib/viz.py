@@ -6,28 +6,21 @@
 * :func:`heatmap` draws a labelled matrix with a colour bar; :func:`signed_log_norm` is a colour
   scale on which a dominant diagonal and small off-diagonal weights are both visible.
 * :func:`gate_explorer` draws one head's cumulative decay, mixing matrix and state norm.
-* :func:`kda_mixing_matrix` is the implicit ``T x T`` attention matrix of one KDA head.
-* :func:`load_benchmark_runs` reads recorded timings from ``data/benchmarks/*.json`` defensively;
-  :func:`time_vs_length` draws live timings and recorded ones in separate panels.
-* :func:`state_norms` is ``||S_t||_F`` after every token of one head (the state's size over time).
+* :func:`time_vs_length` draws live timings and recorded ones
+  (:func:`kda_lib.records.load_benchmark_runs`) in separate panels.
 * :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
   receives and the state summaries the ranks exchange.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
 
-import jax
-import jax.numpy as jnp
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
-
-from kda_lib.reference import kda_recurrent, kda_step
 
 # Okabe & Ito (2008), distinguishable under the common colour-vision deficiencies.
 PALETTE = {
@@ -165,160 +158,13 @@ def token_rows(ax: plt.Axes, inputs, targets, mask, *, vocab_size: int, title: s
     return grid
 
 
-def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array:
-    """The implicit ``[T, T]`` mixing matrix ``A`` of one KDA head: ``o = A @ v``.
-
-    For fixed ``q, k, g, beta`` the output is linear in ``v`` and every value channel goes
-    through the same map, so feeding one-hot values (``v = I_T``, one channel per token) reads
-    ``A`` off the outputs: ``A[t, s]`` is how much ``v_s`` contributes to ``o_t``. It is lower
-    triangular (causal) and, unlike softmax attention, can be negative (the delta rule subtracts).
-
-    Args:
-      q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
-    Returns:
-      ``A`` ``[T, T]`` in the accumulation dtype (float32, or float64 under x64).
-    """
-    seq_len = q.shape[0]
-    eye = jnp.eye(seq_len, dtype=jnp.result_type(q.dtype, jnp.float32))
-    o, _ = kda_recurrent(
-        q[None, :, None],
-        k[None, :, None],
-        eye[None, :, None],
-        g[None, :, None],
-        beta[None, :, None],
-        scale=scale,
-    )
-    return o[0, :, 0, :]
-
-
-def mixing_matrix_by_products(q, k, g, beta, *, scale: float = 1.0) -> np.ndarray:
-    """The mixing matrix of one KDA head from its closed form, in float64 NumPy:
-    ``A[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with the
-    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (notebook 02, section 5).
-
-    Args:
-      q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
-    Returns:
-      ``A`` ``[T, T]`` float64, lower triangular; equals :func:`kda_mixing_matrix`.
-    """
-    q, k, g, beta = (np.asarray(x, np.float64) for x in (q, k, g, beta))
-    seq_len = q.shape[0]
-    written = np.zeros((k.shape[1], seq_len))  # column s: where v_s sits in the state, [K, T]
-    mixing = np.zeros((seq_len, seq_len))
-    for t in range(seq_len):
-        written = np.exp(g[t])[:, None] * written  # D_t on every earlier column
-        written -= beta[t] * np.outer(k[t], k[t] @ written)  # then I - beta_t k_t k_t^T
-        written[:, t] = beta[t] * k[t]  # token t's own write
-        mixing[t, : t + 1] = scale * q[t] @ written[:, : t + 1]
-    return mixing
-
-
-def softmax_attention_matrix(q, k, *, scale: float | None = None) -> jax.Array:
-    """Causal softmax attention weights ``[T, T]`` for one head (q, k ``[T, K]``)."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = scale * q @ k.T
-    causal = jnp.tril(jnp.ones(scores.shape, bool))
-    return jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
-
-
-def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
-    """Recorded benchmark runs from ``directory/*.json``, as written by ``python -m kda_lib.bench``.
-
-    ``directory`` None, or a folder that does not exist, reads the benchmarks recorded with
-    kda_lib (:func:`kda_lib.recorded.recorded_dir`: the wheel's copy, or ``data/benchmarks/`` of
-    the checkout), and a note says so.
-
-    Reads the layout the benchmark writes (``platform``, ``device_kind``, ``config``,
-    ``records``); records need ``impl``, ``T``, ``mode`` and a numeric ``median_ms`` (failed rows
-    are left out). Other files are skipped with a note, not raised.
-
-    Returns:
-      ``(runs, notes)``: runs are ``{"label", "file", "config", "records"}`` dicts (label like
-      ``"recorded: gpu NVIDIA H200"``, config like ``"B=1, H=16, K=128, V=128, bfloat16"`` when
-      the file says, records keep only usable entries); notes say what was skipped and why.
-    """
-    runs, notes = [], []
-    if directory is None or not pathlib.Path(directory).is_dir():
-        from kda_lib.recorded import recorded_dir
-
-        if directory is not None:
-            notes.append(f"{directory}/ not found; reading the benchmarks recorded with kda_lib")
-        directory = recorded_dir("benchmarks")
-    directory = pathlib.Path(directory)
-    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
-    if not files:
-        notes.append(f"no recorded benchmarks in {directory}/")
-    for path in files:
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-            notes.append(f"{path.name}: unreadable ({e})")
-            continue
-        except RecursionError:  # json's parser recurses once per level of nesting
-            notes.append(f"{path.name}: unreadable (nested too deeply to parse); skipped")
-            continue
-        # the layout python -m kda_lib.bench writes (platform, device_kind, config, records)
-        meta = payload if isinstance(payload, dict) else {}
-        records = meta.get("records")
-        if not isinstance(records, list):
-            notes.append(f"{path.name}: not a kda_lib.bench file (no 'records' list); skipped")
-            continue
-        usable = [
-            r
-            for r in records
-            if isinstance(r, dict)
-            and {"impl", "T", "mode", "median_ms"} <= r.keys()
-            and isinstance(r["median_ms"], (int, float))
-            and isinstance(r["T"], (int, float))
-        ]
-        if not usable:
-            notes.append(f"{path.name}: no record with impl, T, mode and median_ms; skipped")
-            continue
-        platform = str(meta.get("platform", "unknown platform"))
-        device = meta.get("device_kind")
-        label = f"recorded: {platform}" + (f" {device}" if device and device != platform else "")
-        config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-        shape = ", ".join(
-            f"{short}={config[key]}"
-            for key, short in (("batch", "B"), ("heads", "H"), ("key_dim", "K"), ("value_dim", "V"))
-            if key in config
-        )
-        if config.get("dtype"):
-            shape += f", {config['dtype']}"
-        runs.append({"label": label, "file": path.name, "config": shape, "records": usable})
-        if len(usable) < len(records):
-            notes.append(
-                f"{path.name}: {len(records) - len(usable)} records without impl, T, mode and a "
-                "numeric median_ms (failed or skipped runs) left out"
-            )
-    return runs, notes
-
-
-@jax.jit
-def state_norms(k, v, g, beta) -> jax.Array:
-    """``||S_t||_F`` after every token of one head, by the token-by-token recurrence from zero.
-
-    Args:
-      k, g: ``[T, K]``; v: ``[T, V]``; beta: ``[T]`` (one head, the query does not matter).
-    Returns:
-      ``[T]`` Frobenius norms of the state after each token.
-    """
-
-    def step(state, x):
-        k_t, v_t, g_t, b_t = (y[None, None] for y in x)  # add B = H = 1
-        state, _ = kda_step(state, k_t, k_t, v_t, g_t, b_t)
-        return state, jnp.linalg.norm(state)
-
-    state0 = jnp.zeros((1, 1, k.shape[-1], v.shape[-1]), jnp.result_type(v.dtype, jnp.float32))
-    return jax.lax.scan(step, state0, (k, v, g, beta))[1]
-
-
 def time_vs_length(
     lengths, live: dict, runs: list[dict], *, mode: str, live_title: str, names: dict | None = None
 ) -> plt.Figure:
     """Measured time against sequence length on log-log axes: live timings on the left, each
-    recorded benchmark run (from :func:`load_benchmark_runs`) in a panel of its own, so that runs
-    of different sizes or machines are never read off one axis as if comparable.
+    recorded benchmark run (from :func:`kda_lib.records.load_benchmark_runs`) in a panel of its
+    own, so that runs of different sizes or machines are never read off one axis as if
+    comparable.
 
     Args:
       lengths: the live sequence lengths; live: ``{name: [ms per length]}``.

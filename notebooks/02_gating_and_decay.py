@@ -78,7 +78,7 @@ from IPython.display import Markdown, display
 
 import kda_lib.exercises
 import kda_lib.notebook
-from kda_lib import viz
+from kda_lib import explain, viz
 from kda_lib.norms import l2_normalize
 from kda_lib.testing import assert_close
 
@@ -282,7 +282,7 @@ viz.show(fig, "02_cumulative_decay")
 # $\mathbb E \lVert S_t \rVert_F^2 = \sum_{s \le t} \lVert \mathbf k_s\rVert^2 \lVert\mathbf v_s
 # \rVert^2 = t\, d_v$ and $\lVert S_t\rVert_F$ grows like $\sqrt{t\, d_v}$. The delta rule writes
 # only the recall error, so the state stops growing once it is "full", and decay shrinks it
-# further. `kda_lib.viz.state_norms` runs `kda_step` in a `lax.scan` and records
+# further. `kda_lib.explain.state_norms` runs `kda_step` in a `lax.scan` and records
 # $\lVert S_t\rVert_F$ after each token, here with random unit keys, unit-variance values and
 # $\beta$ = `beta_value`.
 #
@@ -317,9 +317,9 @@ g_long_safe = kda_lib.kda_gate(f_long, a_log_safe, dt_bias, lower_bound=lower_bo
 betas = jnp.full((norm_len,), beta_value)
 norms = {"linear attention": np.linalg.norm(np.cumsum(np.einsum("tk,tv->tkv", k_rand, v_rand),
                                                       axis=0), axis=(1, 2)),
-         "delta rule (no decay)": viz.state_norms(k_rand, v_rand, 0 * g_long_sp, betas),
-         "KDA, softplus gate": viz.state_norms(k_rand, v_rand, g_long_sp, betas),
-         "KDA, safe gate": viz.state_norms(k_rand, v_rand, g_long_safe, betas)}
+         "delta rule (no decay)": explain.state_norms(k_rand, v_rand, 0 * g_long_sp, betas),
+         "KDA, softplus gate": explain.state_norms(k_rand, v_rand, g_long_sp, betas),
+         "KDA, safe gate": explain.state_norms(k_rand, v_rand, g_long_safe, betas)}
 norms = {name: np.asarray(n) for name, n in norms.items()}
 lin, delta = norms["linear attention"], norms["delta rule (no decay)"]
 quarter = norm_len // 4
@@ -361,7 +361,7 @@ with jax.enable_x64(True):
                                             jnp.float64))
     v_runs = jax.random.normal(key_runs_v, (num_runs, norm_len, value_dim), jnp.float64)
     zeros = jnp.zeros((norm_len, key_dim), jnp.float64)
-    sq = np.asarray(jax.vmap(viz.state_norms, (0, 0, None, None))(
+    sq = np.asarray(jax.vmap(explain.state_norms, (0, 0, None, None))(
         k_runs, v_runs, zeros, jnp.full(norm_len, beta_value, jnp.float64))) ** 2  # [runs, T]
 
 # %%
@@ -384,7 +384,7 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, and
 # every value channel goes through the same map, so $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$
 # for one lower-triangular $\Omega \in \mathbb R^{T \times T}$: $\Omega_{ts}$ is how much
-# $\mathbf v_s$ contributes to $\mathbf o_t$. `kda_lib.viz.kda_mixing_matrix` reads it off by
+# $\mathbf v_s$ contributes to $\mathbf o_t$. `kda_lib.explain.kda_mixing_matrix` reads it off by
 # feeding one-hot values; we check it against `jax.jacobian`. To make both matrices readable the
 # tokens come from a small vocabulary ($\mathbf q_t = \mathbf k_t$ = the token's unit
 # embedding), and we pass `scale=1` so the entries read as recall weights.
@@ -438,7 +438,7 @@ embedding = l2_normalize(jax.random.normal(key_emb, (vocab_size, key_dim)))
 q_mix = k_mix = embedding[tokens_ids]  # [T, K]
 g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays (section 3)
 beta_mix = jnp.full((mix_len,), beta_value)
-mixing = jax.jit(viz.kda_mixing_matrix, static_argnames=["scale"])
+mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
 Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
 v_probe = jax.random.normal(key_fm, (mix_len, 1))
 
@@ -457,7 +457,8 @@ assert np.all(np.triu(Omega, 1) == 0), "causal: o_t never sees v_s for s > t"
 _ = assert_close(np.diag(Omega), np.full(mix_len, beta_value), atol=1e-5, name="diagonal = beta")
 
 # %% tags=["hide-input"]
-Omega_soft = np.asarray(viz.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
+Omega_soft = np.asarray(
+    explain.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
 fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
 viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
             ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
@@ -479,11 +480,11 @@ with jax.enable_x64(True):
     k64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (k_mix, g_mix))
     beta64 = jnp.full(mix_len, beta_value, jnp.float64)
     only_same = jnp.where(ids == ids[t_last], beta_value, 0.0)  # other tokens write nothing
-    Omega64 = np.asarray(viz.kda_mixing_matrix(k64, k64, g64, beta64, scale=1.0))
-    Omega_same = np.asarray(viz.kda_mixing_matrix(k64, k64, g64, only_same, scale=1.0))
+    Omega64 = np.asarray(explain.kda_mixing_matrix(k64, k64, g64, beta64, scale=1.0))
+    Omega_same = np.asarray(explain.kda_mixing_matrix(k64, k64, g64, only_same, scale=1.0))
     g_alike = jnp.broadcast_to(g64.mean(1, keepdims=True), g64.shape)  # one decay per token
-    Omega_alike = np.asarray(viz.kda_mixing_matrix(k64, k64, g_alike, only_same, scale=1.0))
-assert_close(Omega64, viz.mixing_matrix_by_products(k64, k64, g64, beta64), atol=1e-12,
+    Omega_alike = np.asarray(explain.kda_mixing_matrix(k64, k64, g_alike, only_same, scale=1.0))
+assert_close(Omega64, explain.mixing_matrix_by_products(k64, k64, g64, beta64), atol=1e-12,
              name="Omega_ts = beta q_t^T M_t ... M_(s+1) k_s")
 assert_close(Omega64, Omega, atol=1e-5, name="float32 == float64 mixing matrix")
 assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's can be negative"
@@ -545,7 +546,7 @@ def plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=-5.0, beta=0.9, gate
                          lower_bound=bound if gate == "safe" else None)[0, :, 0]  # [T, K]
     b = jnp.full((seq_len,), beta)
     matrix = np.asarray(mixing(q_mix, k_mix, g[:mix_len], b[:mix_len], scale=1.0))
-    norm = np.asarray(viz.state_norms(k_rand[:seq_len], v_rand[:seq_len], g, b))
+    norm = np.asarray(explain.state_norms(k_rand[:seq_len], v_rand[:seq_len], g, b))
     assert np.isfinite(matrix).all() and np.isfinite(norm).all()
     life = half_life(np.median(np.asarray(g), axis=0))
     log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)

@@ -84,7 +84,7 @@ from kda_lib import costs, viz
 from kda_lib.chunked import chain_states, chunk_affine_maps, compose_affine, unit_lower_inverse
 from kda_lib.exercises import check
 from kda_lib.measure import median_ms
-from kda_lib.recorded import load_recorded
+from kda_lib.records import load_benchmark_runs, load_recorded
 from kda_lib.testing import assert_close, random_kda_inputs
 
 kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -776,7 +776,7 @@ for mode in modes:
     assert all(np.isfinite(ms).all() and min(ms) > 0 for ms in timings[mode].values())
 
 # %% tags=["hide-input"]
-runs, notes = viz.load_benchmark_runs()
+runs, notes = load_benchmark_runs()
 for note in notes:
     print("recorded benchmarks:", note)
 # kernel-level entries only (kda_lib.bench also times the full layer); its "softmax" is ours

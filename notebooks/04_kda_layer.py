@@ -84,7 +84,7 @@ from IPython.display import Markdown, display
 
 import kda_lib.exercises
 import kda_lib.notebook
-from kda_lib import viz
+from kda_lib import explain, viz
 from kda_lib.conv import depthwise_causal_conv
 from kda_lib.norms import l2_normalize
 from kda_lib.testing import assert_close, relative_l2
@@ -328,9 +328,9 @@ raw_k = jax.nn.silu(depthwise_causal_conv(layer.k_proj(x_big), layer.k_conv1d.ke
 raw_k = raw_k.reshape(batch, seq_len, H, K)[0, :, 0]  # head 0, unnormalised
 k0, v0, g0, beta0 = (scaled[n][0, :, 0] for n in ("k", "v", "g", "beta"))
 raw_beta = layer.b_proj(x_big)[0, :, 0]
-norms = {"as built": viz.state_norms(k0, v0, g0, beta0),
-         "no L2 norm on k": viz.state_norms(raw_k, v0, g0, beta0),
-         "no sigmoid on beta": viz.state_norms(k0, v0, g0, raw_beta)}
+norms = {"as built": explain.state_norms(k0, v0, g0, beta0),
+         "no L2 norm on k": explain.state_norms(raw_k, v0, g0, beta0),
+         "no sigmoid on beta": explain.state_norms(k0, v0, g0, raw_beta)}
 worst = {name: float(np.nanmax(np.where(np.isfinite(n), n, np.inf))) for name, n in
          norms.items()}
 eig = {"no L2 norm on k": 1 - np.asarray(beta0) * np.sum(np.asarray(raw_k) ** 2, -1),

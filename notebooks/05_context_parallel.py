@@ -102,7 +102,7 @@ from IPython.display import Markdown, display
 from jax.sharding import PartitionSpec
 
 import kda_lib.notebook
-from kda_lib import viz
+from kda_lib import explain, viz
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.measure import hlo_collectives
 from kda_lib.reference import kda_step
@@ -268,7 +268,7 @@ carried = relative_l2(o_zero, o_true)
 print(f"slice 1 run from a zero state instead of the carried one: {carried:.0%} off")
 assert carried > 0.05
 q0, k0, v0, g0, beta0 = (x[0, :, 0] for x in inputs)  # row 0, head 0
-norms = np.asarray(viz.state_norms(k0, v0, g0, beta0))
+norms = np.asarray(explain.state_norms(k0, v0, g0, beta0))
 boundaries = np.arange(1, ranks + 1) * local_len
 assert np.allclose([float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], norms[boundaries - 1],
                    rtol=1e-4)

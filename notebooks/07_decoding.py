@@ -93,7 +93,7 @@ from kda_lib import viz
 from kda_lib.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.kernel import scan_forward, select_implementation
 from kda_lib.measure import median_ms
-from kda_lib.recorded import load_recorded
+from kda_lib.records import load_recorded
 from kda_lib.reference import kda_step
 from kda_lib.testing import assert_close, relative_l2
 

@@ -95,7 +95,7 @@ from flax import nnx
 import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.models import ModelConfig, TinyLM, count_params
-from kda_lib.recorded import load_recorded
+from kda_lib.records import load_recorded
 from kda_lib.reference import kda_recurrent
 from kda_lib.tasks import chance_accuracy
 from kda_lib.train import make_task, run_sweep, save_record, summary_line

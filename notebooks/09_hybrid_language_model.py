@@ -98,7 +98,7 @@ from kda_lib import viz
 from kda_lib.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.generate import decode_cost, generate, generate_text, score_text
 from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parameter_count
-from kda_lib.recorded import load_recorded
+from kda_lib.records import load_recorded
 from kda_lib.train import save_record, train
 
 kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name

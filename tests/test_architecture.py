@@ -25,7 +25,6 @@ LAYERS = {
     "tasks": 0,
     "corpus": 0,
     "measure": 0,
-    "recorded": 0,
     "records": 0,
     "significance": 0,
     "params": 0,
@@ -35,8 +34,9 @@ LAYERS = {
     "costs": 1,
     "tokamax_backend": 1,
     "testing": 1,
-    # 2: the one entry point
+    # 2: the one entry point; explanatory maths over the oracle
     "kernel": 2,
+    "explain": 2,
     # 3: arrays across devices
     "context_parallel": 3,
     "conv": 3,

@@ -368,16 +368,16 @@ def test_train_cli_names_a_seed_out_of_range(capsys):
 
 # ------------------------------------------------------------- files (issue 30)
 def test_recorded_and_benchmark_files_that_cannot_be_read_are_named(tmp_path, monkeypatch):
-    from kda_lib import recorded, viz
+    from kda_lib import records
 
-    monkeypatch.setattr(recorded, "recorded_dir", lambda kind: tmp_path)
+    monkeypatch.setattr(records, "recorded_dir", lambda kind: tmp_path)
     (tmp_path / "latin1.json").write_bytes(b'{"name": "caf\xe9"}')
     (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match=r"latin1\.json is not UTF-8 text"):
-        recorded.load_recorded("results", "latin1.json")
+        records.load_recorded("results", "latin1.json")
     with pytest.raises(ValueError, match=r"deep\.json is nested too deeply to parse"):
-        recorded.load_recorded("results", "deep.json")
-    runs, notes = viz.load_benchmark_runs(tmp_path)
+        records.load_recorded("results", "deep.json")
+    runs, notes = records.load_benchmark_runs(tmp_path)
     assert runs == []
     assert any(n.startswith("deep.json: unreadable (nested too deeply") for n in notes), notes
     assert any(n.startswith("latin1.json: unreadable") for n in notes), notes

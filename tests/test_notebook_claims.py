@@ -201,7 +201,7 @@ def test_02_delta_rule_steady_state():
 def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     import numpy as np
 
-    from kda_lib.viz import mixing_matrix_by_products
+    from kda_lib.explain import mixing_matrix_by_products
 
     rng = np.random.default_rng(3)
     T, K, beta = 12, 8, 0.9
@@ -417,7 +417,7 @@ def test_nb03_float32_exponent_budget():
 
 def test_nb03_recorded_cpu_sequential_step_cost():
     """The recorded CPU run: forward about even, fwd+bwd the recurrence several times slower."""
-    from kda_lib.recorded import load_recorded
+    from kda_lib.records import load_recorded
 
     records = load_recorded("benchmarks", "cpu-2026-12-01.json")["records"]
     ms = {(r["impl"], r["T"], r["mode"]): r["median_ms"] for r in records}

@@ -32,7 +32,7 @@ from conftest import USER_XLA_FLAGS
 from packaging.requirements import Requirement
 
 from kda_lib import notebook as nb_setup
-from kda_lib import recorded
+from kda_lib import records
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "00_quickstart.ipynb"
@@ -40,11 +40,11 @@ NOTEBOOK = ROOT / "notebooks" / "00_quickstart.ipynb"
 RUNNER_REQUIREMENTS = ["papermill", "ipykernel"]
 RECORDED_CHECK = """\
 import kda_lib
-from kda_lib import recorded, viz
+from kda_lib import records
 
-runs, notes = viz.load_benchmark_runs()
-results = recorded.load_recorded("results", "synthetic_recall_full.json")
-print("recorded:", kda_lib.__file__, recorded.recorded_dir("benchmarks"), len(runs), len(results))
+runs, notes = records.load_benchmark_runs()
+results = records.load_recorded("results", "synthetic_recall_full.json")
+print("recorded:", kda_lib.__file__, records.recorded_dir("benchmarks"), len(runs), len(results))
 """
 NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
 REQUIRES = [
@@ -196,27 +196,25 @@ def test_the_core_imports_no_plotting_or_notebook_package():
 
 # ----------------------------------------------------------------------------- recorded data
 def test_recorded_data_is_found_and_parsed():
-    assert recorded.recorded_files("benchmarks"), "no recorded benchmarks"
-    runs = recorded.load_recorded("results", "synthetic_recall_full.json")
+    assert records.recorded_files("benchmarks"), "no recorded benchmarks"
+    runs = records.load_recorded("results", "synthetic_recall_full.json")
     assert isinstance(runs, list) and runs and "eval" in runs[0]
 
 
 def test_a_missing_recording_is_an_explicit_error():
     listed = r"not found in .*available: .*'synthetic_recall_full.json'"
     with pytest.raises(FileNotFoundError, match=listed):
-        recorded.recorded_path("results", "no_such_run.json")
+        records.recorded_path("results", "no_such_run.json")
     with pytest.raises(ValueError, match="kind"):
-        recorded.recorded_dir("fixtures")
+        records.recorded_dir("fixtures")
     with pytest.raises(ValueError, match="name"):
-        recorded.recorded_path("results", "../benchmarks/x.json")
+        records.recorded_path("results", "../benchmarks/x.json")
 
 
 def test_benchmark_loader_falls_back_to_the_recorded_benchmarks(tmp_path):
-    from kda_lib import viz
-
-    runs, notes = viz.load_benchmark_runs(tmp_path / "absent")
+    runs, notes = records.load_benchmark_runs(tmp_path / "absent")
     assert runs and any("not found" in note for note in notes)
-    assert runs == viz.load_benchmark_runs()[0]
+    assert runs == records.load_benchmark_runs()[0]
 
 
 # ----------------------------------------------------------------------------- the wheel
@@ -226,7 +224,7 @@ def _copy_sources(target: pathlib.Path) -> pathlib.Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, target / name)
     shutil.copytree(ROOT / "kda_lib", target / "kda_lib", ignore=ignore)
-    for kind in recorded.KINDS:
+    for kind in records.KINDS:
         shutil.copytree(ROOT / "data" / kind, target / "data" / kind, ignore=ignore)
     return target
 
@@ -270,8 +268,8 @@ def test_wheel_holds_the_package_and_the_recorded_data(wheel):
         p.relative_to(ROOT).as_posix() for p in (ROOT / "kda_lib").rglob("*.py")
     }
     assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
-    for kind in recorded.KINDS:
-        files = {f"kda_lib/recorded_data/{kind}/{p.name}" for p in recorded.recorded_files(kind)}
+    for kind in records.KINDS:
+        files = {f"kda_lib/recorded_data/{kind}/{p.name}" for p in records.recorded_files(kind)}
         assert files and files <= names, f"recorded {kind} missing: {sorted(files - names)}"
     assert not [n for n in names if n.startswith(("tests/", "notebooks/", "data/"))]
     assert not [n for n in names if "fixtures" in n], "parity fixtures do not belong in the wheel"

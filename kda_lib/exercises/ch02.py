@@ -35,7 +35,7 @@ def safe_gate_floor(answer, *, lower_bound):
 def full_overwrite(answer, *, q, k, g):
     """``answer``: the mixing matrix ``[T, T]`` of the head ``q = k`` (``[T, K]``), ``g``, at
     beta = 1 and scale 1 (the checker recomputes it from the closed form)."""
-    from kda_lib.viz import mixing_matrix_by_products
+    from kda_lib.explain import mixing_matrix_by_products
 
     answer = np.asarray(answer, np.float64)
     expected = mixing_matrix_by_products(q, k, g, np.ones(len(q)))

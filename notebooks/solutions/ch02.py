@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib import viz
+from kda_lib import explain
 from kda_lib.norms import l2_normalize
 
 
@@ -24,7 +24,7 @@ def exercise_2(lower_bound=-1.0):
 def exercise_3(q, k, g):
     """With beta = 1 and ``q_t = k_t`` (unit): ``S_t^T k_t = (1 - beta) (D_t S_{t-1})^T k_t +
     beta v_t = v_t``, so ``o_t = v_t`` and every row of the mixing matrix is one-hot."""
-    return viz.kda_mixing_matrix(q, k, g, jnp.ones(q.shape[0]), scale=1.0)
+    return explain.kda_mixing_matrix(q, k, g, jnp.ones(q.shape[0]), scale=1.0)
 
 
 def cases():
@@ -32,7 +32,7 @@ def cases():
     k = l2_normalize(jax.random.normal(keys[0], (24, 16)))
     g = -0.1 * jax.random.uniform(keys[1], (24, 16))
     context = {"q": k, "k": k, "g": g}
-    wrong_3 = viz.kda_mixing_matrix(k, k, g, jnp.full(24, 0.9), scale=1.0)
+    wrong_3 = explain.kda_mixing_matrix(k, k, g, jnp.full(24, 0.9), scale=1.0)
     return [
         ("02.1", exercise_1(-0.01), {"g": -0.01}, 0.01 / np.log(2)),
         ("02.2", exercise_2(-1.0), {"lower_bound": -1.0}, np.exp(-1.0)),
