@@ -54,6 +54,16 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
+    """The command lines' integer options against their smallest values: argparse's error
+    (exit status 2) naming the first option below its minimum. An option that is None (not
+    given) or not in ``args`` (not this parser's) passes."""
+    for name, minimum in minimums.items():
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 def check_seed(name: str, value) -> int:
     """A seed for ``jax.random.key``: an int in [0, 2^63 - 1]."""
     value = check_positive_int(name, value, minimum=0)

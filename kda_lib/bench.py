@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kda_lib._checks import check_option_minimums
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models import ModelConfig, TinyLM
@@ -357,7 +358,34 @@ RATIOS_HEADER = (
 )
 
 
+# the smallest value of each integer option
+OPTION_MINIMUMS = dict(
+    batch=1,
+    heads=1,
+    key_dim=1,
+    value_dim=1,
+    reps=1,
+    warmup=0,
+    sequential_max_t=0,
+    train_batch=1,
+)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line's options, checked before anything is timed (argparse's error, exit
+    status 2, naming the option); ``--preset`` sets defaults that explicit flags override.
+    ``args.out_path`` is the JSON path, checked writable (None for ``--out -``)."""
+    parser = _parser()
+    preset, _ = parser.parse_known_args(argv)
+    if preset.preset:
+        parser.set_defaults(**PRESETS[preset.preset])
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The options: shapes, entries and modes, timing, output."""
     parser = argparse.ArgumentParser(
         prog="python -m kda_lib.bench",
         description="Time KDA implementations, softmax attention and the KDA layer.",
@@ -371,6 +399,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
         "flags win",
     )
+    _add_shape_options(parser)
+    _add_entry_options(parser)
+    _add_timing_options(parser)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
+    )
+    return parser
+
+
+def _add_shape_options(parser: argparse.ArgumentParser) -> None:
+    """``--seq-lens``, ``--batch``, ``--heads``, ``--key-dim``, ``--value-dim``, ``--dtype``."""
     parser.add_argument(
         "--seq-lens", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T to time"
     )
@@ -384,6 +425,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="float32",
         help="dtype of q, k, v (gates and state stay float32)",
     )
+
+
+def _add_entry_options(parser: argparse.ArgumentParser) -> None:
+    """What is timed: ``--impls``, ``--sequential-max-t``, ``--layer-impl``, ``--modes`` and
+    the training-step rows (``--train``, ``--train-mixers``, ``--train-batch``)."""
     parser.add_argument(
         "--impls",
         nargs="+",
@@ -424,6 +470,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="models of the training-step rows (hybrid: kda, kda, kda, attention)",
     )
     parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
+
+
+def _add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """How rows are timed: ``--reps``, ``--no-interleave``, ``--warmup``, ``--seed``,
+    ``--no-roofline``."""
     parser.add_argument(
         "--reps", type=int, default=10, help="timed calls per row (the table shows their median)"
     )
@@ -446,29 +497,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"skip the {MATMUL_SIZE} x {MATMUL_SIZE} matmul row that measures the machine's "
         "matmul GFLOP/s (most of a small run's time); rows then have no roofline_fraction",
     )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
-    )
-    preset, _ = parser.parse_known_args(argv)
-    if preset.preset:
-        parser.set_defaults(**PRESETS[preset.preset])
-    args = parser.parse_args(argv)
-    minimums = dict(
-        batch=1,
-        heads=1,
-        key_dim=1,
-        value_dim=1,
-        reps=1,
-        warmup=0,
-        sequential_max_t=0,
-        train_batch=1,
-    )
-    for name, minimum in minimums.items():
-        value = getattr(args, name)
-        if value < minimum:
-            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Option values before any work; sets ``args.out_path`` (the output path, checked and its
+    folder created, or None for ``--out -``)."""
+    check_option_minimums(parser, args, OPTION_MINIMUMS)
     if min(args.seq_lens) < 1:
         parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
     if args.warmup == 0:
@@ -486,7 +520,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if problem:
             parser.error(f"--out: {problem}")
         args.out_path = Path(out)
-    return args
 
 
 def _version(dist: str) -> str | None:
@@ -546,19 +579,32 @@ def format_table(records: list[dict]) -> str:
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
-    """Run the benchmark; returns the JSON document (also written unless ``--out -``)."""
+    """Run the benchmark; returns the JSON document (also written unless ``--out -``).
+
+    Every row is planned first (a :class:`Job` per entry, T and mode; rows that cannot run
+    here become error records with a note), then compiled, then timed (interleaved unless
+    ``--no-interleave``); the document is written before the table is printed."""
     args = parse_args(argv)
     cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
-    platform = jax.default_backend()
-    requested = args.impls
-    impls = requested or default_impls(lambda n: kernel_problem(n, cfg))
+    impls = args.impls or default_impls(lambda n: kernel_problem(n, cfg))
     key = jax.random.key(args.seed)
-    records = []
+    jobs, records = _plan_jobs(args, cfg, impls, key)
+    _time_jobs(jobs, args)
+    records.extend(job.record() for job in jobs)
+    matmul_gflops = add_roofline(records)
+    document = _document(args, cfg, impls, records, matmul_gflops, argv)
+    _write_and_print(document, args.out_path)
+    return document
 
-    def note(message):
-        print(f"note: {message}", file=sys.stderr)
 
-    jobs = []
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job], list[dict]]:
+    """The jobs to time, in order (the matmul row, the training steps, then each entry at
+    each T), and the error records of the kernel rows that cannot run here."""
+    jobs, records = [], []
 
     def add(name, seq_len, fn, fn_args):
         for mode in args.modes:
@@ -572,44 +618,36 @@ def run(argv: Sequence[str] | None = None) -> dict:
         for mixer in args.train_mixers:
             for seq_len in args.seq_lens:
                 fn, fn_args = train_step_entry(mixer, args.train_batch, seq_len, key)
-                jobs.append(
-                    Job(
-                        f"train_{mixer}",
-                        seq_len,
-                        "train",
-                        fn,
-                        fn_args,
-                        tokens=args.train_batch * seq_len,
-                    )
-                )
-
+                tokens = args.train_batch * seq_len
+                jobs.append(Job(f"train_{mixer}", seq_len, "train", fn, fn_args, tokens=tokens))
     for name in impls:
         for seq_len in args.seq_lens:
             inputs_key = jax.random.fold_in(key, seq_len)
+            too_long = name in SEQUENTIAL_IMPLS and seq_len > args.sequential_max_t
             if name == "softmax":
                 add(name, seq_len, *softmax_entry(cfg, seq_len, inputs_key))
             elif name == "layer":
                 entries = layer_entries(cfg, seq_len, inputs_key, args.layer_impl)
                 for entry in LAYER_ENTRIES:
                     add(entry, seq_len, *entries[entry])
+            elif too_long and args.impls is None:  # a named entry runs at every T
+                _note(f"skipping {name} at T={seq_len} (token by token; name it to force)")
+            elif (problem := kernel_problem(name, cfg)) is not None:
+                records.extend(
+                    dict(impl=name, T=seq_len, mode=m, median_ms=None, error=problem)
+                    for m in args.modes
+                )
+                _note(f"{name}: {problem}")
             else:
-                if (
-                    requested is None
-                    and name in SEQUENTIAL_IMPLS
-                    and seq_len > args.sequential_max_t
-                ):
-                    note(f"skipping {name} at T={seq_len} (token by token; name it to force)")
-                    continue
-                problem = kernel_problem(name, cfg)
-                if problem is not None:
-                    records.extend(
-                        dict(impl=name, T=seq_len, mode=m, median_ms=None, error=problem)
-                        for m in args.modes
-                    )
-                    note(f"{name}: {problem}")
-                    continue
                 inputs = kernel_inputs(cfg, seq_len, inputs_key)
                 add(name, seq_len, kda_entry(name), tuple(inputs.values()))
+    return jobs, records
+
+
+def _time_jobs(jobs: list[Job], args) -> None:
+    """Compile and warm up every job, then time ``args.reps`` calls of each: one call of every
+    job per round (interleaved), or each job's calls back to back with ``--no-interleave``. A
+    job that raises keeps its error and is not called again; the others go on."""
 
     def attempt(job, step):
         if job.error is None:
@@ -618,7 +656,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             except Exception as e:  # noqa: BLE001  one failing entry must not stop the rest
                 job.error = f"{type(e).__name__}: {e}"[:500]
                 job.compiled = job.args = None
-                note(f"{job.impl} T={job.seq_len} {job.mode} failed: {job.error}")
+                _note(f"{job.impl} T={job.seq_len} {job.mode} failed: {job.error}")
 
     for job in jobs:
         attempt(job, lambda job=job: job.prepare(args.warmup))
@@ -631,17 +669,17 @@ def run(argv: Sequence[str] | None = None) -> dict:
         for _ in range(args.reps):
             for job in jobs:
                 attempt(job, job.time_once)
-    records.extend(job.record() for job in jobs)
-    matmul_gflops = add_roofline(records)
 
+
+def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> dict:
+    """The JSON document of a run: machine, versions, the configuration, records, ratios."""
     device = jax.devices()[0]
-    today = datetime.date.today()
     document = dict(
-        platform=platform,
+        platform=jax.default_backend(),
         device_kind=device.device_kind,
         jax_version=jax.__version__,
         tokamax_version=_version("tokamax"),
-        date=today.isoformat(),
+        date=datetime.date.today().isoformat(),
         config=dict(
             dataclasses.asdict(cfg),
             seq_lens=args.seq_lens,
@@ -665,8 +703,12 @@ def run(argv: Sequence[str] | None = None) -> dict:
     )
     if args.preset == "accelerator" and "H200" in device.device_kind:
         document["vs_h200_anchors"] = compare_with_anchors(records)
-    # the JSON first: a failure to write it prints the document instead of losing it
-    path = args.out_path
+    return document
+
+
+def _write_and_print(document: dict, path: Path | None) -> None:
+    """Write the JSON first (a failure to write it prints the document instead of losing it),
+    then print the table and the ratios."""
     if path is not None:
         try:
             write_json(document, path)
@@ -676,7 +718,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
                 f"error: could not write {path} ({error}); the JSON document is printed above"
             ) from error
     print()
-    print(format_table(records))
+    print(format_table(document["records"]))
     if document["ratios"]:
         print()
         print(RATIOS_HEADER)
@@ -686,7 +728,6 @@ def run(argv: Sequence[str] | None = None) -> dict:
             print(f"{name:<45} {mode:<8} {values}")
     if path is not None:
         print(f"wrote {path}")
-    return document
 
 
 def matmul_entry(key: jax.Array):

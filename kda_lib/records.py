@@ -1,6 +1,6 @@
 """JSON records: written by the command lines, read back by the notebooks.
 
-Writing (``python -m kda_lib.bench``, ``python -m kda_lib.train``, notebook 08): the output path
+Writing (``python -m kda_lib.bench``, ``python -m kda_lib.train_cli``, notebook 08): the output path
 is checked before any work (:func:`output_path_problem`), records are strict JSON (a NaN or
 infinite number becomes null: :func:`strict_json`), and they are written atomically
 (:func:`write_json`), so an interrupted run never leaves a truncated file nor destroys an older

@@ -38,7 +38,7 @@
 # `make notebooks PARAMS=full` runs `notebooks/params/full/08_synthetic_recall.yaml`, the
 # setting recorded in `data/results/synthetic_recall_seeds.json` (its command and time are in
 # `data/results/README.md`). One run at a time comes from the command line:
-# `python -m kda_lib.train mqar --mixer kda --seq-len 64 ...`.
+# `python -m kda_lib.train_cli mqar --mixer kda --seq-len 64 ...`.
 
 # %% tags=["parameters"]
 tasks: list[str] = ["mqar"]  # names in kda_lib.tasks.TASKS (the full run: all three)

@@ -51,8 +51,9 @@ LAYERS = {
     "train": 6,
     "generate": 6,
     "viz": 6,
-    # 7: measurements of the applications
+    # 7: the command lines: measurements of the applications, training from the shell
     "bench": 7,
+    "train_cli": 7,
     # 8: what users import first; the exercise checkers sit at the notebooks' level
     "notebook": 8,
     "exercises": 8,

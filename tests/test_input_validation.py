@@ -358,7 +358,7 @@ def test_train_and_evaluate_name_bad_counts_and_rates():
 
 
 def test_train_cli_names_a_seed_out_of_range(capsys):
-    from kda_lib.train import main
+    from kda_lib.train_cli import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["stack", "--seed", str(2**64)])

@@ -20,7 +20,7 @@ from kda_lib.models import (
     count_params,
     match_parameter_count,
 )
-from kda_lib.train import main as train_main
+from kda_lib.train_cli import main as train_main
 
 HYBRID = ModelConfig(
     vocab_size=11,

@@ -40,7 +40,7 @@ from kda_lib.train import (
     summary_line,
     train,
 )
-from kda_lib.train import main as train_main
+from kda_lib.train_cli import main as train_main
 
 # tiny and quick to compile; the recurrent kernel compiles fastest on CPU
 CFG = ModelConfig(
@@ -383,7 +383,7 @@ def test_python_dash_m_entry_point(tmp_path):
         [
             sys.executable,
             "-m",
-            "kda_lib.train",
+            "kda_lib.train_cli",
             "delayed_copy",
             *CLI_TINY,
             "--delay",
@@ -450,10 +450,12 @@ def test_attention_mixer_takes_a_value_dim_other_than_the_key_dim():
 def _no_training(monkeypatch):
     """Make any training or experiment fail loudly: the checks must come first."""
     from kda_lib import train as train_module
+    from kda_lib import train_cli
 
     def forbidden(*args, **kwargs):
         raise AssertionError("training started before the arguments were checked")
 
+    monkeypatch.setattr(train_cli, "run_experiment", forbidden)
     monkeypatch.setattr(train_module, "run_experiment", forbidden)
     monkeypatch.setattr(train_module, "train", forbidden)
 
@@ -481,7 +483,7 @@ def test_command_line_rejects_bad_options_before_training(
     with pytest.raises(SystemExit) as exit_info:
         train_main(["stack", *CLI_TINY, *options, "--output", str(tmp_path / "unused.json")])
     assert exit_info.value.code == 2
-    assert f"python -m kda_lib.train: error: {message}" in capsys.readouterr().err
+    assert f"python -m kda_lib.train_cli: error: {message}" in capsys.readouterr().err
 
 
 def test_command_line_checks_the_output_path_before_training(tmp_path, monkeypatch, capsys):
