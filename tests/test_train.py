@@ -579,10 +579,11 @@ def test_cli_keeps_a_finished_run_when_the_disk_is_full(
     import os
 
     from kda_lib import train as train_module
+    from kda_lib import train_cli
 
     fallback_dir = tmp_path / "tmp"
     fallback_dir.mkdir()
-    monkeypatch.setattr(train_module.tempfile, "gettempdir", lambda: str(fallback_dir))
+    monkeypatch.setattr(train_cli.tempfile, "gettempdir", lambda: str(fallback_dir))
     out = tmp_path / "results" / "run.json"
     real_write = train_module.write_json
 
