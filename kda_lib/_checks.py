@@ -36,22 +36,38 @@ def is_concrete(x) -> bool:
 MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
 
 
-def is_int(value, minimum: int = 1) -> bool:
+def is_int(value, minimum: int | None = 1) -> bool:
     """Is ``value`` an int (numpy ints count; bools, numpy bools and floats such as 2.0 do not)
-    that is ``>= minimum``? The one test behind every integer check of the package."""
+    that is ``>= minimum`` (any int with ``minimum=None``)? The one test behind every integer
+    check of the package (:func:`check_int`, :func:`check_positive_int`)."""
     return (
         not isinstance(value, (bool, np.bool_))
         and isinstance(value, (int, np.integer))
-        and value >= minimum
+        and (minimum is None or value >= minimum)
     )
+
+
+def check_int(
+    name: str, value, minimum: int = 1, *, optional: bool = False, expected: str | None = None
+) -> int | None:
+    """``value`` as a Python int if :func:`is_int` (``value >= minimum``), None for None when
+    ``optional``; otherwise ``ValueError("<name> must be <expected>, got <value>")``, where
+    ``expected`` defaults to "a positive int" (minimum 1) or "an int >= <minimum>", after
+    "None or " when ``optional``."""
+    if optional and value is None:
+        return None
+    if not is_int(value, minimum):
+        if expected is None:
+            expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            expected = f"None or {expected}" if optional else expected
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return int(value)
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     """``value`` as an int, if it is an int (numpy ints count) >= ``minimum``; a bool, a float
-    (even 2.0) or anything else is a ValueError naming ``name``."""
-    if not is_int(value, minimum):
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+    (even 2.0) or anything else is a ValueError naming ``name`` ("must be an int >= 1")."""
+    return check_int(name, value, minimum, expected=f"an int >= {minimum}")
 
 
 def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:

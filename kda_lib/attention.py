@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib._checks import check_positive_int
+from kda_lib._checks import check_int, check_positive_int
 from kda_lib.conv import qkv_convolutions
 
 
@@ -142,10 +142,7 @@ class CausalSelfAttention(nnx.Module):
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
         cfg = self.config
         capacity = 0 if max_len is None else max_len
-        if max_len is not None and (
-            isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
-        ):
-            raise ValueError(f"max_len must be None or a positive int, got {max_len!r}")
+        check_int("max_len", max_len, optional=True)
         shape = (batch_size, capacity, cfg.num_heads)
         convs = (None, None, None)
         if self.short_conv:

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kda_lib._checks import check_int
+
 VOCAB_SIZE = 256  # bytes
 SEPARATOR = 0  # the byte written after every file (source files contain no NUL byte)
 # folders whose files are not the library itself: test suites, installed packages, caches
@@ -147,10 +149,7 @@ def load_stdlib_corpus(
     """
     if isinstance(validation_fraction, bool) or not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction!r}")
-    if max_bytes is not None and (
-        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 2
-    ):
-        raise ValueError(f"max_bytes must be None or an int >= 2, got {max_bytes!r}")
+    check_int("max_bytes", max_bytes, 2, optional=True)
     root = stdlib_root() if root is None else pathlib.Path(root)
     splits: dict[bool, list[str]] = {False: [], True: []}
     for name in source_files(root):
@@ -186,8 +185,7 @@ def load_stdlib_corpus(
 def _check_window(data: np.ndarray, seq_len: int) -> None:
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
         raise ValueError("data must be a 1-D uint8 array (a split of a ByteCorpus)")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    check_int("seq_len", seq_len)
     if data.size < seq_len + 1:
         raise ValueError(f"seq_len={seq_len} needs at least {seq_len + 1} bytes, got {data.size}")
 
@@ -218,8 +216,7 @@ def validation_windows(data: np.ndarray, seq_len: int, count: int) -> TextBatch:
     evenly spaced offsets of ``data``: the same windows on every call, for a validation score
     that changes only when the model does."""
     _check_window(data, seq_len)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive int, got {count!r}")
+    check_int("count", count)
     starts = np.linspace(0, data.size - seq_len - 1, count).astype(np.int64)
     windows = np.stack([data[s : s + seq_len + 1] for s in starts]).astype(np.int32)
     return TextBatch(

@@ -25,7 +25,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib._checks import check_array, check_chunk_size, check_segment_ids, is_concrete
+from kda_lib._checks import (
+    check_array,
+    check_chunk_size,
+    check_int,
+    check_segment_ids,
+    is_concrete,
+)
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.conv import kernel_from_torch, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
@@ -38,13 +44,7 @@ from kda_lib.segments import canonical_segment_ids, check_max_num_segments, coun
 def _config_int(name: str, value, expected: str, minimum: int) -> int:
     """``value`` as a Python int (numpy ints accepted, bools not), or a ValueError naming
     ``KDAConfig.<name>``."""
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-    ):
-        raise ValueError(f"KDAConfig.{name} must be {expected}, got {value!r}")
-    return int(value)
+    return check_int(f"KDAConfig.{name}", value, minimum, expected=expected)
 
 
 def _check_float_dtype(name: str, value) -> None:
@@ -289,13 +289,8 @@ class KimiDeltaAttention(nnx.Module):
     def init_cache(self, batch_size: int) -> KDACache:
         """An empty cache for ``batch_size`` rows (a positive int): zero state, zero conv
         history."""
-        if (
-            isinstance(batch_size, (bool, np.bool_))
-            or not isinstance(batch_size, (int, np.integer))
-            or batch_size < 1
-        ):
-            raise ValueError(f"init_cache: batch_size must be a positive int, got {batch_size!r}")
-        shapes = self._cache_shapes(int(batch_size))
+        batch_size = check_int("init_cache: batch_size", batch_size)
+        shapes = self._cache_shapes(batch_size)
         state = jnp.zeros(shapes.state, jnp.float32)
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
         return KDACache(state, *conv)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import re
 
+from kda_lib._checks import check_int
+
 COLLECTIVE_OPS = ("all-gather", "collective-permute", "all-reduce", "reduce-scatter", "all-to-all")
 
 # one HLO instruction: `%name = <result type> <op>(`; the result type is an array type or a
@@ -60,8 +62,7 @@ def hlo_collectives(hlo_text: str, num_ranks: int) -> list[dict]:
       result, all-reduce ``2 (R-1)/R``, reduce-scatter ``(R-1)/R`` of its operand (``R`` times
       the result), all-to-all ``(R-1)/R``, collective-permute all of it.
     """
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
-        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
+    check_int("num_ranks", num_ranks)
     found = []
     for match in _INSTRUCTION.finditer(hlo_text):
         arrays = _arrays(match["type"])

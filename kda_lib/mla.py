@@ -36,21 +36,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
+from kda_lib._checks import check_int
 from kda_lib.params import NO_DECAY
 
 
 def _positive_int(name: str, value, *, minimum: int = 1) -> int:
-    if (
-        isinstance(value, (bool, np.bool_))
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-    ):
-        expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise ValueError(f"MLAConfig.{name} must be {expected}, got {value!r}")
-    return int(value)
+    return check_int(f"MLAConfig.{name}", value, minimum)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,10 +189,7 @@ class MultiHeadLatentAttention(nnx.Module):
             ("batch_size", batch_size, False),
             ("max_len", max_len, True),
         ):
-            if optional and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value, optional=optional)
         cfg = self.config
         capacity = 0 if max_len is None else max_len
         shared = (

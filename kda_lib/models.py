@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib._checks import check_number, check_positive_int, check_token_ids, is_int
+from kda_lib._checks import check_int, check_number, check_positive_int, check_token_ids, is_int
 from kda_lib.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.conv import ShortConvolution
 from kda_lib.layer import KDAConfig, KimiDeltaAttention
@@ -92,8 +92,11 @@ class ModelConfig:
     kv_lora_rank: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio"):
+        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio", "num_heads"):
             check_positive_int(f"ModelConfig.{name}", getattr(self, name))
+        check_positive_int("ModelConfig.head_dim", self.head_dim)
+        check_positive_int("ModelConfig.conv_size", self.conv_size, minimum=0)
+        check_positive_int("ModelConfig.chunk_size", self.chunk_size)
         check_number("ModelConfig.norm_eps", self.norm_eps, positive=True)
         if not isinstance(self.mixer, str) or self.mixer not in MIXERS:
             raise ValueError(
@@ -102,23 +105,8 @@ class ModelConfig:
         self._check_layers()
         if not isinstance(self.rope, bool):
             raise ValueError(f"ModelConfig.rope must be True or False, got {self.rope!r}")
-        if self.mlp_width is not None and (
-            isinstance(self.mlp_width, bool)
-            or not isinstance(self.mlp_width, int)
-            or self.mlp_width < 1
-        ):
-            raise ValueError(
-                f"ModelConfig.mlp_width must be None or a positive int, got {self.mlp_width!r}"
-            )
-        if self.kv_lora_rank is not None and (
-            isinstance(self.kv_lora_rank, bool)
-            or not isinstance(self.kv_lora_rank, int)
-            or self.kv_lora_rank < 1
-        ):
-            raise ValueError(
-                f"ModelConfig.kv_lora_rank must be None or a positive int, "
-                f"got {self.kv_lora_rank!r}"
-            )
+        for name in ("value_head_dim", "mlp_width", "kv_lora_rank"):
+            check_int(f"ModelConfig.{name}", getattr(self, name), optional=True)
 
     def _check_layers(self):
         layers = self.layers
@@ -416,8 +404,7 @@ class TinyLM(nnx.Module):
         that many tokens in every attention and MLA cache (fixed shapes, one compiled decode
         step); None: those caches grow by concatenation. Other mixers' caches do not depend
         on it."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_int("batch_size", batch_size)
         caches = []
         for block in self.blocks:
             if isinstance(block.mixer, (CausalSelfAttention, MultiHeadLatentAttention)):
@@ -467,8 +454,7 @@ def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
     Raises:
       ValueError: ``target`` is smaller than the model without its MLP units allows.
     """
-    if isinstance(target, bool) or not isinstance(target, int) or target < 1:
-        raise ValueError(f"target must be a positive int, got {target!r}")
+    check_int("target", target)
     one = config_param_count(dataclasses.replace(config, mlp_width=1))
     per_unit = config.num_layers * (2 * config.hidden_size + 1)
     width = round((target - one) / per_unit) + 1

@@ -33,6 +33,8 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from kda_lib._checks import is_int
+
 DISTRIBUTION = "kda-lib"
 # distributions that make up a runtime's JAX: kept at their versions when it is new enough
 _JAX_FAMILY = re.compile(r"^(jax|jaxlib|libtpu(-nightly)?|jax-(cuda\d+|rocm\d*)-(plugin|pjrt))$")
@@ -339,8 +341,7 @@ def check_parameters(namespace: Mapping, *, zero_ok: frozenset = ZERO_OK_PARAMET
             return None if isinstance(value, bool) else "True or False"
         if kind is int:
             low = 0 if name in zero_ok else 1
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-            return None if ok else f"an int >= {low}"
+            return None if is_int(value, low) else f"an int >= {low}"
         if kind is float:
             number = isinstance(value, (int, float)) and not isinstance(value, bool)
             return None if number and math.isfinite(value) else "a finite number"

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kda_lib._checks import check_int
+
 # a raw gate input this negative activates to exactly g = 0 in both gates (softplus and the
 # safe sigmoid gate) with zero, not NaN, gradients
 NEUTRAL_RAW_GATE = -1e30
@@ -77,11 +79,7 @@ def count_segments(segment_ids, ranks: int = 1) -> int:
 
 def check_max_num_segments(value, name: str = "max_num_segments", *, optional: bool = False):
     """``value`` must be a positive int (or None when ``optional``)."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        expected = "None or a positive int" if optional else "a positive int"
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    check_int(name, value, optional=optional)
 
 
 def neutral_padding(q, g, beta, valid, *, raw_gate: bool):

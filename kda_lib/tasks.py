@@ -27,6 +27,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from kda_lib._checks import check_int, check_positive_int, is_int
+
 
 class TaskBatch(NamedTuple):
     """One batch of a synthetic task (see the module docstring)."""
@@ -41,8 +43,7 @@ TaskFn = Callable[[jax.Array, int, int], TaskBatch]
 
 def _check_shape(batch: int, seq_len: int) -> None:
     for name, value in (("batch", batch), ("seq_len", seq_len)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value)
 
 
 def delayed_copy(
@@ -72,10 +73,8 @@ def delayed_copy(
       :class:`TaskBatch` of ``[B, T]`` int32 inputs and targets and a bool mask.
     """
     _check_shape(batch, seq_len)
-    if not isinstance(vocab_size, int) or vocab_size < 2:
-        raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
-    if not isinstance(delay, int) or delay < 1:
-        raise ValueError(f"delay must be an int >= 1, got {delay!r}")
+    check_int("vocab_size", vocab_size, 2)
+    check_positive_int("delay", delay)
     inputs = jax.random.randint(key, (batch, seq_len), 0, vocab_size, dtype=jnp.int32)
     shift = min(delay, seq_len)
     targets = jnp.pad(inputs[:, : seq_len - shift], ((0, 0), (shift, 0)))
@@ -85,7 +84,7 @@ def delayed_copy(
 
 
 def _check_vocab(vocab_size: int, minimum: int, why: str) -> None:
-    if not isinstance(vocab_size, int) or vocab_size < minimum:
+    if not is_int(vocab_size, minimum):
         raise ValueError(f"vocab_size must be an int >= {minimum} ({why}), got {vocab_size!r}")
 
 
@@ -122,10 +121,8 @@ def mqar(key: jax.Array, batch: int, seq_len: int, *, vocab_size: int, num_pairs
       :class:`TaskBatch` of ``[B, T]`` int32 inputs and targets and a bool mask.
     """
     _check_shape(batch, seq_len)
-    if not isinstance(num_pairs, int) or num_pairs < 1:
-        raise ValueError(f"num_pairs must be an int >= 1, got {num_pairs!r}")
-    if not isinstance(vocab_size, int):
-        raise ValueError(f"vocab_size must be an int, got {vocab_size!r}")
+    check_positive_int("num_pairs", num_pairs)
+    check_int("vocab_size", vocab_size, None, expected="an int")
     n_keys = (vocab_size - 1) // 2
     if n_keys < num_pairs:
         raise ValueError(
@@ -287,7 +284,7 @@ def chance_accuracy(task: str, **options) -> float:
     ``vocab_size`` is read).
     """
     vocab_size = options.get("vocab_size")
-    if not isinstance(vocab_size, int):
+    if not is_int(vocab_size, None):
         raise ValueError(f"chance_accuracy needs the task's vocab_size, got {vocab_size!r}")
     answers = {
         "delayed_copy": vocab_size,

@@ -16,8 +16,9 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "kda_lib"
 
 LAYERS = {
-    # 0: leaves - validation, segment ids, norms, gates, platform switches, task data
-    "_checks": 0,
+    # -1: argument checks, used by every module and importing none
+    "_checks": -1,
+    # 0: leaves - segment ids, norms, gates, platform switches, task data
     "segments": 0,
     "norms": 0,
     "gating": 0,
@@ -135,3 +136,22 @@ def test_the_checker_sees_lazy_imports(tmp_path):
     lazy = "def f():\n    from kda_lib.layer import KDAConfig\n    import kda_lib.train\n"
     source.write_text(lazy)
     assert _imports(source) == {"layer", "train"}
+
+
+def test_integer_arguments_are_checked_by_the_one_checker():
+    """The test "an int, not a bool" is written once, in _checks.is_int (check_int and
+    check_positive_int build on it): no module spells it out again."""
+    import re
+
+    spelled_out = re.compile(
+        r"isinstance\((\w[\w.]*), \(?(?:bool|np\.bool_)\b.*\n?.*"
+        r"isinstance\(\1, (?:int|\(int, np\.integer\))\)"
+    )
+    # context_parallel.py belongs to issue 26's registry rewrite (s8-i26a), which replaces it
+    allowed = {"_checks", "context_parallel"}
+    offenders = [
+        p.relative_to(PACKAGE).as_posix()
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.stem not in allowed and spelled_out.search(p.read_text())
+    ]
+    assert not offenders, f"use kda_lib._checks.check_int / is_int in {offenders}"

@@ -237,3 +237,26 @@ def test_norm_eps_changes_the_kda_mixer_output():
         cfg = dataclasses.replace(HYBRID, layers=(), num_layers=1, norm_eps=eps)
         outs.append(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer(x))
     assert float(jnp.abs(outs[0] - outs[1]).max()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", True),
+        ("hidden_size", True),
+        ("num_layers", True),
+        ("num_heads", True),
+        ("head_dim", True),
+        ("value_head_dim", True),
+        ("conv_size", True),
+        ("mlp_ratio", True),
+        ("mlp_width", True),
+        ("chunk_size", True),
+        ("kv_lora_rank", True),
+        ("num_heads", 2.0),
+        ("head_dim", np.bool_(True)),
+    ],
+)
+def test_model_config_refuses_a_bool_or_float_for_an_int_field(field, value):
+    with pytest.raises(ValueError, match=f"ModelConfig.{field} must be"):
+        dataclasses.replace(HYBRID, **{field: value})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kda_lib._checks import is_int
 from kda_lib.exercises import checker
 
 
@@ -58,7 +59,7 @@ def compose_summaries(answer, **_):
 @checker("05.3")
 def bytes_crossover(answer, *, ranks: int, key_dim: int, value_dim: int):
     """The first T at which gathering (R-1)/R T (3K + V + 1) exceeds (R-1) K (K + V)."""
-    if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+    if not is_int(answer, None):
         return "give a whole number of tokens"
 
     def gathers_more(t):

@@ -6,13 +6,14 @@ import math
 
 import numpy as np
 
+from kda_lib._checks import is_int
 from kda_lib.exercises import checker
 
 
 @checker("07.1")
 def state_only_cache(answer, *, batch: int, num_heads: int, key_dim: int, value_dim: int):
     """The cache of a layer without convolutions: its float32 states alone."""
-    if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+    if not is_int(answer, None):
         return "give the cache size in bytes, an int"
     states = batch * num_heads * key_dim * value_dim * 4
     if int(answer) == states:

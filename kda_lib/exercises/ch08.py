@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kda_lib._checks import is_int
 from kda_lib.exercises import checker
 from kda_lib.tasks import chance_accuracy
 
@@ -45,7 +46,7 @@ def conv_reach_queries(answer, *, inputs, mask, num_pairs: int, conv_reach: int)
     inputs, mask = np.asarray(inputs), np.asarray(mask)
     value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
     want = sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
-    if isinstance(answer, bool) or not isinstance(answer, (int, np.integer)):
+    if not is_int(answer, None):
         return "give a count, an int"
     if int(answer) == want:
         return None
