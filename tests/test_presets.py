@@ -195,14 +195,15 @@ def test_output_gate_without_bias_runs_and_imports_without_the_bias():
     import numpy as np
     from flax import nnx
 
-    from kda_lib.layer import KDAConfig, KimiDeltaAttention, _fla_names
+    from kda_lib.checkpoints import state_dict_names
+    from kda_lib.layer import KDAConfig, KimiDeltaAttention
 
     cfg = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, gate_low_rank=4)
     with_bias = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     layer = KimiDeltaAttention(dataclasses.replace(cfg, output_gate_bias=False), rngs=nnx.Rngs(0))
     assert parameter_count(with_bias) - parameter_count(layer) == 2 * 8
-    names = set(_fla_names(layer))
-    assert "g_proj.1.bias" not in names and "g_proj.1.bias" in set(_fla_names(with_bias))
+    names = set(state_dict_names(layer))
+    assert "g_proj.1.bias" not in names and "g_proj.1.bias" in set(state_dict_names(with_bias))
     x = jax.random.normal(jax.random.key(0), (1, 5, 16))
     # with the other weights shared and the bias at zero, both compute the same function
     nnx.update(with_bias, nnx.state(layer, nnx.Param))
