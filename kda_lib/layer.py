@@ -3,20 +3,24 @@
 Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda.py``)::
 
     q, k = silu(conv(q_proj(x))), silu(conv(k_proj(x)))   [B, T, H, K], L2-normalised in kda()
-    v    = silu(conv(v_proj(x)))                          [B, T, H, V]
-    f    = f_proj(x)                                      [B, T, H, K] raw forget gate
-    beta = sigmoid(b_proj(x))   (x2 with allow_neg_eigval) [B, T, H]
-    o    = kda(q, k, v, f, beta, a_log=A_log, dt_bias=dt_bias, lower_bound=...)
+    v    = silu(conv(v_proj(x)))                          [B, T, HV, V]
+    f    = f_proj(x)                                      [B, T, HV, K] raw forget gate
+    beta = sigmoid(b_proj(x))   (x2 with allow_neg_eigval) [B, T, HV]
+    o    = kda(q, k, v, f, beta, a_log=A_log, dt_bias=dt_bias, lower_bound=...)  [B, T, HV, V]
     y    = o_proj(rmsnorm(o) * o_norm.weight * sigmoid(g_proj(x)))
 
-``f_proj``/``g_proj`` are single full-rank matmuls (MaxText) or fla's two-matmul low-rank form
-(``gate_low_rank=r``; fla uses r = V). ``A_log``/``dt_bias`` stay float32.
+HV = ``num_v_heads`` value heads (grouped value heads, fla's ``num_v_heads``; default H): value
+head ``j`` reads q/k head ``j // (HV // H)``; the gate, beta and the output gate are per value
+head and the state is ``[B, HV, K, V]``. ``f_proj``/``g_proj`` are single full-rank matmuls
+(MaxText) or fla's two-matmul low-rank form (``gate_low_rank=r``; fla uses r = V);
+``full_rank_output_gate`` keeps ``g_proj`` full rank beside a low-rank ``f_proj`` (MaxText's
+Kimi K3 layer). ``fused_qkv_conv``: one depthwise conv over ``concat(q, k, v)`` (GLM-5.3-Flash's
+layout; the same function as three convs). ``A_log``/``dt_bias`` stay float32.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
@@ -32,9 +36,10 @@ from kda_lib._checks import (
     check_segment_ids,
     is_concrete,
 )
+from kda_lib.checkpoints import load_fla_state_dict
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
-from kda_lib.conv import kernel_from_torch, qkv_convolutions
-from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
+from kda_lib.conv import ShortConvolution, qkv_convolutions
+from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias, kda_gate
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.norms import gated_rms_norm
 from kda_lib.params import NO_DECAY, no_decay_param
@@ -84,6 +89,20 @@ class KDAConfig:
       allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
       per_head_decay: one forget-gate value per head, shared by its K channels (Gated
         DeltaNet) instead of KDA's per-channel gate; f_proj then has H outputs, dt_bias [H].
+      num_v_heads: HV, value heads (None = num_heads): a multiple of num_heads (grouped value
+        heads, fla's ``num_v_heads``). v, the gates, beta, the output gate, ``A_log`` and
+        ``dt_bias`` are per value head; the state is ``[B, HV, K, V]``.
+      use_a_log: the gate has a learned per-head rate ``A = exp(A_log)`` (default True). False:
+        no ``A_log`` parameter, ``A = 1`` (fla's safe gate without ``A_log``); the kernel gets
+        ``a_log=None``.
+      full_rank_output_gate: ``g_proj`` is one full-rank projection even when
+        ``gate_low_rank`` makes ``f_proj`` low rank (MaxText's Kimi K3 layer,
+        ``kda_use_full_rank_gate``).
+      fused_qkv_conv: one depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of
+        three (GLM-5.3-Flash's layout; depthwise, so the same function as three convs).
+      clamped_gate: with ``lower_bound``, the gate is ``max(-A softplus(f + dt_bias),
+        lower_bound)`` (MaxText's Kimi K3 layer) instead of the sigmoid safe gate; the layer
+        activates it and hands the kernel the log-space gate.
       norm_eps: output RMSNorm epsilon (1e-5).
       dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
       implementation: kernel implementation for :func:`kda_lib.kda` ("auto").
@@ -110,6 +129,11 @@ class KDAConfig:
     implementation: str = "auto"
     chunk_size: int = 64
     max_num_segments: int | None = None
+    num_v_heads: int | None = None
+    use_a_log: bool = True
+    full_rank_output_gate: bool = False
+    fused_qkv_conv: bool = False
+    clamped_gate: bool = False
 
     def __post_init__(self):
         # every field is checked here, so a bad value fails at construction, not at first use;
@@ -144,7 +168,26 @@ class KDAConfig:
                 "gate_low_rank",
                 _config_int("gate_low_rank", self.gate_low_rank, "a positive int or None", 1),
             )
-        for name in ("allow_neg_eigval", "per_head_decay", "output_gate_bias"):
+        if self.num_v_heads is not None:
+            self._set(
+                "num_v_heads",
+                _config_int("num_v_heads", self.num_v_heads, "a positive int or None", 1),
+            )
+            if self.num_v_heads % self.num_heads:
+                raise ValueError(
+                    f"KDAConfig.num_v_heads must be a multiple of num_heads={self.num_heads} "
+                    f"(each q/k head serves num_v_heads // num_heads value heads), got "
+                    f"{self.num_v_heads}"
+                )
+        for name in (
+            "allow_neg_eigval",
+            "per_head_decay",
+            "output_gate_bias",
+            "use_a_log",
+            "full_rank_output_gate",
+            "fused_qkv_conv",
+            "clamped_gate",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
@@ -175,6 +218,18 @@ class KDAConfig:
                 "KDAConfig: implementation='tokamax_xla_chunked' needs the safe "
                 "gate; set lower_bound (e.g. -5.0)"
             )
+        if self.clamped_gate and self.lower_bound is None:
+            raise ValueError(
+                "KDAConfig.clamped_gate clamps the softplus gate at lower_bound; set lower_bound "
+                "(e.g. -5.0)"
+            )
+        if self.clamped_gate and self.implementation == "tokamax_xla_chunked":
+            raise ValueError(
+                "KDAConfig: implementation='tokamax_xla_chunked' takes the sigmoid safe gate "
+                "fused into the kernel, not clamped_gate (the layer activates that gate itself)"
+            )
+        if self.fused_qkv_conv and not self.conv_size:
+            raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
     def _set(self, name, value):
         object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
@@ -187,25 +242,32 @@ class KDAConfig:
     def value_dim(self) -> int:
         return self.value_head_dim or self.head_dim
 
+    @property
+    def value_heads(self) -> int:
+        """HV: ``num_v_heads``, or ``num_heads`` without grouped value heads."""
+        return self.num_v_heads or self.num_heads
+
 
 class Projected(NamedTuple):
     """What :meth:`KimiDeltaAttention.project` hands the kernel."""
 
     q: jax.Array  # [B, T, H, K] after conv + SiLU (not yet L2-normalised)
     k: jax.Array  # [B, T, H, K]
-    v: jax.Array  # [B, T, H, V]
-    f: jax.Array  # [B, T, H, K] raw forget-gate input (activated inside kda())
-    beta: jax.Array  # [B, T, H] float32
+    v: jax.Array  # [B, T, HV, V]
+    # [B, T, HV, K] raw forget-gate input (activated inside kda()); with clamped_gate the
+    # log-space gate itself (kernel_kwargs() then passes no a_log)
+    f: jax.Array
+    beta: jax.Array  # [B, T, HV] float32
     conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
 
 
 class KDACache(NamedTuple):
     """Decode state of one layer: recurrent state and the last W-1 conv inputs per stream."""
 
-    state: jax.Array  # [B, H, K, V] float32
+    state: jax.Array  # [B, HV, K, V] float32
     q_conv: jax.Array | None  # [B, W-1, H*K]
     k_conv: jax.Array | None  # [B, W-1, H*K]
-    v_conv: jax.Array | None  # [B, W-1, H*V]
+    v_conv: jax.Array | None  # [B, W-1, HV*V] (fused_qkv_conv: the same channels, split)
 
 
 def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
@@ -240,42 +302,48 @@ class KimiDeltaAttention(nnx.Module):
                 f"mesh has axes {mesh.axis_names}; context_axis={context_axis!r} is not one of them"
             )
         h, kd, vd, hidden = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.hidden_size
+        hv = cfg.value_heads
         linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.q_proj = nnx.Linear(hidden, h * kd, **linear)
         self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
-        if cfg.conv_size:
+        self.v_proj = nnx.Linear(hidden, hv * vd, **linear)
+        conv = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        if cfg.conv_size and not cfg.fused_qkv_conv:
             self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
-                h * kd,
-                h * vd,
-                cfg.conv_size,
-                dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype,
-                rngs=rngs,
+                h * kd, hv * vd, cfg.conv_size, **conv
             )
         else:
             self.q_conv1d = self.k_conv1d = self.v_conv1d = None
+        fused = cfg.conv_size and cfg.fused_qkv_conv
+        channels = 2 * h * kd + hv * vd
+        self.qkv_conv1d = (
+            ShortConvolution(channels, conv_size=cfg.conv_size, **conv) if fused else None
+        )
         gate_channels = 1 if cfg.per_head_decay else kd
         self.f_proj = _gate_projection(
-            hidden, h * gate_channels, cfg.gate_low_rank, use_bias=False, cfg=cfg, rngs=rngs
+            hidden, hv * gate_channels, cfg.gate_low_rank, use_bias=False, cfg=cfg, rngs=rngs
         )
-        self.b_proj = nnx.Linear(hidden, h, **linear)
+        self.b_proj = nnx.Linear(hidden, hv, **linear)
+        output_rank = None if cfg.full_rank_output_gate else cfg.gate_low_rank
         self.g_proj = _gate_projection(
-            hidden, h * vd, cfg.gate_low_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
+            hidden, hv * vd, output_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
-        safe_gate = cfg.lower_bound is not None
-        self.A_log = no_decay_param(init_a_log(rngs.params(), h, safe_gate=safe_gate))
-        self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, gate_channels))
+        if cfg.use_a_log:
+            safe_gate = cfg.lower_bound is not None and not cfg.clamped_gate
+            self.A_log = no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
+        else:
+            self.A_log = None  # A = 1: the gate has no learned rate
+        self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), hv, gate_channels))
         self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
-        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
+        self.o_proj = nnx.Linear(hv * vd, hidden, **linear)
 
     # ----------------------------------------------------------------- decoding
     def _cache_shapes(self, batch_size: int) -> KDACache:
         """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
-        h, kd, vd = cfg.num_heads, cfg.key_dim, cfg.value_dim
-        state = (batch_size, h, kd, vd)
+        h, kd, vd, hv = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.value_heads
+        state = (batch_size, hv, kd, vd)
         if not cfg.conv_size:
             return KDACache(state, None, None, None)
         width = cfg.conv_size - 1
@@ -283,7 +351,7 @@ class KimiDeltaAttention(nnx.Module):
             state,
             (batch_size, width, h * kd),
             (batch_size, width, h * kd),
-            (batch_size, width, h * vd),
+            (batch_size, width, hv * vd),
         )
 
     def init_cache(self, batch_size: int) -> KDACache:
@@ -397,66 +465,83 @@ class KimiDeltaAttention(nnx.Module):
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
-        h, kd, vd = cfg.num_heads, cfg.key_dim, cfg.value_dim
+        h, kd, vd, hv = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.value_heads
         x = x.astype(cfg.dtype)
-        streams = []
-        conv_states = []
-        for i, (proj, conv) in enumerate(
-            (
-                (self.q_proj, self.q_conv1d),
-                (self.k_proj, self.k_conv1d),
-                (self.v_proj, self.v_conv1d),
-            )
-        ):
-            z = proj(x)
-            if conv is None:
-                streams.append(jax.nn.silu(z))
-                conv_states.append(None)
-                continue
-            history = halo(z) if halo is not None else None if cache is None else cache[1 + i]
-            z, state = conv(
-                z,
-                segment_ids=segment_ids,
-                conv_state=history,
-                history_segment_ids=history_segment_ids,
-            )
-            streams.append(z)
-            conv_states.append(state)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
+        conv_kw = dict(segment_ids=segment_ids, history_segment_ids=history_segment_ids)
+
+        def history(i, z):  # the W-1 inputs before x: a CP halo, the decode cache or zeros
+            if halo is not None:
+                return halo(z)
+            if cache is None:
+                return None
+            return cache[1 + i] if i is not None else jnp.concatenate(cache[1:], axis=-1)
+
+        if not cfg.conv_size:
+            streams, conv_states = [jax.nn.silu(z) for z in raw], [None] * 3
+        elif cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
+            z = jnp.concatenate(raw, axis=-1)
+            z, state = self.qkv_conv1d(z, conv_state=history(None, z), **conv_kw)
+            cuts = (h * kd, 2 * h * kd)
+            streams, conv_states = jnp.split(z, cuts, axis=-1), jnp.split(state, cuts, axis=-1)
+        else:
+            streams, conv_states = [], []
+            for i, (z, conv) in enumerate(zip(raw, convs, strict=True)):
+                z, state = conv(z, conv_state=history(i, z), **conv_kw)
+                streams.append(z)
+                conv_states.append(state)
         q = streams[0].reshape(batch, seq_len, h, kd)
         k = streams[1].reshape(batch, seq_len, h, kd)
-        v = streams[2].reshape(batch, seq_len, h, vd)
-        f = self.f_proj(x).reshape(batch, seq_len, h, -1)
+        v = streams[2].reshape(batch, seq_len, hv, vd)
+        f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
         if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
-            f = jnp.broadcast_to(f, (batch, seq_len, h, kd))
+            f = jnp.broadcast_to(f, (batch, seq_len, hv, kd))
+        if cfg.clamped_gate:  # activated here: the kernels fuse only the sigmoid safe gate
+            f = jnp.maximum(kda_gate(f, self._rate_log(), self._dt_bias()), cfg.lower_bound)
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         if cfg.allow_neg_eigval:
             beta = 2.0 * beta
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
-    def kernel_kwargs(self) -> dict:
-        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [H]``,
-        ``dt_bias [H * K]``, ``lower_bound``, ``use_qk_l2norm=True``, ``allow_neg_eigval``."""
-        cfg = self.config
+    def _rate_log(self) -> jax.Array:
+        """``A_log [HV]``, or zeros (A = 1) for a layer without it."""
+        if self.A_log is None:
+            return jnp.zeros((self.config.value_heads,), jnp.float32)
+        return self.A_log[...]
+
+    def _dt_bias(self) -> jax.Array:
+        """``dt_bias [HV * K]`` (a per-head one repeated over K with per_head_decay)."""
         dt_bias = self.dt_bias[...]
-        if cfg.per_head_decay:
-            dt_bias = jnp.repeat(dt_bias, cfg.key_dim)
+        if self.config.per_head_decay:
+            dt_bias = jnp.repeat(dt_bias, self.config.key_dim)
+        return dt_bias
+
+    def kernel_kwargs(self) -> dict:
+        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
+        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_qk_l2norm=True``,
+        ``allow_neg_eigval``. With ``clamped_gate`` the gate arrives activated (see
+        :meth:`project`), so no gate parameter goes to the kernel."""
+        cfg = self.config
+        options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
+        if cfg.clamped_gate:
+            return options
         return dict(
-            a_log=self.A_log[...],
-            dt_bias=dt_bias,
+            a_log=None if self.A_log is None else self.A_log[...],
+            dt_bias=self._dt_bias(),
             lower_bound=cfg.lower_bound,
-            use_qk_l2norm=True,
-            allow_neg_eigval=cfg.allow_neg_eigval,
+            **options,
         )
 
     def finish(self, x, o) -> jax.Array:
         """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
-        kernel's ``o [B, T, H, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
+        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
         cfg = self.config
         batch, seq_len, _ = x.shape
-        h, vd = cfg.num_heads, cfg.value_dim
-        gate = self.g_proj(x.astype(cfg.dtype)).reshape(batch, seq_len, h, vd)
+        hv, vd = cfg.value_heads, cfg.value_dim
+        gate = self.g_proj(x.astype(cfg.dtype)).reshape(batch, seq_len, hv, vd)
         normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
-        return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, hv * vd))
 
     def _forward(self, x, *, segment_ids=None, cache=None):
         """Single-device forward: ``(y, new_cache | None)``."""
@@ -569,7 +654,8 @@ class KimiDeltaAttention(nnx.Module):
         ``state_dict`` maps fla names (``q_proj.weight``, ``q_conv1d.weight``,
         ``f_proj.0.weight``, ``o_norm.weight``, ...) to arrays (numpy or torch tensors converted
         with ``.numpy()``). Linear weights ``[out, in]`` are transposed; conv weights
-        ``[C, 1, W]`` become ``[W, C]`` (same tap order, see kda_lib.conv).
+        ``[C, 1, W]`` become ``[W, C]`` (same tap order, see kda_lib.conv). The names and
+        layouts live in :mod:`kda_lib.checkpoints` (with the Kimi Linear checkpoint's).
         """
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
@@ -620,92 +706,3 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
     return count_segments(segment_ids, ranks)
 
 
-def _fla_names(layer: KimiDeltaAttention) -> dict:
-    """fla state_dict name -> (our Variable, converter from the fla array)."""
-    linear = lambda w: np.asarray(w).T  # noqa: E731  torch [out, in] -> [in, out]
-    same = np.asarray
-    names = {}
-    for proj in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
-        names[f"{proj}.weight"] = (getattr(layer, proj).kernel, linear)
-    for conv in ("q_conv1d", "k_conv1d", "v_conv1d"):
-        module = getattr(layer, conv)
-        if module is not None:
-            names[f"{conv}.weight"] = (module.kernel, kernel_from_torch)
-    for gate, has_bias in (("f_proj", False), ("g_proj", layer.config.output_gate_bias)):
-        module = getattr(layer, gate)
-        if isinstance(module, nnx.Sequential):
-            for i, sub in enumerate(module.layers):
-                names[f"{gate}.{i}.weight"] = (sub.kernel, linear)
-            last, prefix = module.layers[-1], f"{gate}.{len(module.layers) - 1}"
-        else:
-            names[f"{gate}.weight"] = (module.kernel, linear)
-            last, prefix = module, gate
-        if has_bias:
-            names[f"{prefix}.bias"] = (last.bias, same)
-    names["A_log"] = (layer.A_log, same)
-    names["dt_bias"] = (layer.dt_bias, same)
-    names["o_norm.weight"] = (layer.o_norm, same)
-    return names
-
-
-def _fla_array(name: str, value) -> np.ndarray:
-    """One fla tensor or array as a real-valued numpy array, or a ValueError naming it."""
-    if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
-        value = value.numpy()
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"fla {name}: not convertible to an array ({error})") from None
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-        # np.asarray([None, None]) is an object array; strings, bools and complex numbers are
-        # no weights either
-        raise ValueError(
-            f"fla {name}: expected an array of real numbers, got dtype {array.dtype} "
-            f"({type(value).__name__} {value!r:.80})"
-        )
-    return array
-
-
-def load_fla_state_dict(layer: KimiDeltaAttention, state_dict) -> None:
-    """Copy an fla state_dict into ``layer`` in place (see from_fla_state_dict).
-
-    All or nothing: every name, shape and value is checked (arrays of finite real numbers,
-    numpy, torch or nested lists) before the first parameter is written, so a bad entry raises
-    ValueError naming it and leaves the layer unchanged."""
-    if not isinstance(state_dict, Mapping):
-        raise ValueError(
-            f"state_dict must be a mapping of fla names to arrays, got {type(state_dict).__name__}"
-        )
-    names = _fla_names(layer)
-    missing = sorted(set(names) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(names), key=str)
-    if missing or unexpected:
-        raise ValueError(
-            "fla state_dict does not match this KDAConfig: "
-            + (f"missing {missing}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected {unexpected}" if unexpected else "")
-            + " (check gate_low_rank, conv_size, value_head_dim; conv biases are not supported)"
-        )
-    converted = {}
-    for name, (variable, convert) in names.items():
-        given = _fla_array(name, state_dict[name])
-        try:
-            value = convert(given)
-        except ValueError as error:
-            raise ValueError(f"fla {name}: {error}") from None
-        expected = variable[...]
-        if value.shape != expected.shape:
-            raise ValueError(
-                f"fla {name}: shape {given.shape} converts to {value.shape}, "
-                f"but the layer expects {expected.shape}"
-            )
-        value = np.asarray(value, expected.dtype)
-        if not np.isfinite(value).all():
-            raise ValueError(f"fla {name}: contains NaN or inf values (as {expected.dtype})")
-        converted[name] = jnp.asarray(value)
-    for name, (variable, _) in names.items():  # nothing raises from here on
-        variable.set_value(converted[name])

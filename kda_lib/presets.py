@@ -6,8 +6,10 @@ and, where the source gives it, its MLA layer. From a preset:
 
 * :meth:`KDAPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
   (the count a published checkpoint implies); :meth:`KDAPreset.kda_config` gives the
-  :class:`kda_lib.KDAConfig` that builds the same layer here, or raises NotImplementedError
-  naming the options this layer does not have yet (never an approximation of them);
+  :class:`kda_lib.KDAConfig` that builds the same layer here (a full-rank output gate, the
+  clamped softplus gate and the fused q/k/v conv map onto KDAConfig's options of those names),
+  or raises NotImplementedError naming the options this layer does not have yet (never an
+  approximation of them);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect.
 
@@ -197,21 +199,14 @@ class KDAPreset:
         missing = []
         if self.num_v_heads != self.num_heads:
             missing.append(f"grouped value heads (num_v_heads={self.num_v_heads})")
-        if self.gate_form == "clamped_softplus":
-            missing.append(
-                f"the clamped softplus gate (gate_form='clamped_softplus', "
-                f"lower_bound={self.lower_bound}): the layer's bound is the sigmoid safe gate"
-            )
         if not self.has_a_log:
             missing.append("the safe gate without A_log")
-        if self.forget_gate_rank != self.output_gate_rank:
+        # a full-rank output gate (None) is KDAConfig.full_rank_output_gate; low ranks must agree
+        if self.output_gate_rank is not None and self.forget_gate_rank != self.output_gate_rank:
             missing.append(
-                f"different forget/output gate ranks (forget_gate_rank={self.forget_gate_rank}, "
-                f"output_gate_rank={self.output_gate_rank}: a full-rank output gate beside a "
-                "low-rank forget gate)"
+                f"different low ranks of the forget and output gates (forget_gate_rank="
+                f"{self.forget_gate_rank}, output_gate_rank={self.output_gate_rank})"
             )
-        if self.fused_qkv_conv:
-            missing.append("the fused q/k/v conv layout (fused_qkv_conv=True)")
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
@@ -234,9 +229,16 @@ class KDAPreset:
             conv_size=self.conv_size,
             lower_bound=self.lower_bound,
             gate_low_rank=self.forget_gate_rank,
+            full_rank_output_gate=self.output_gate_rank is None,
             output_gate_bias=self.output_gate_bias,
+            clamped_gate=self.gate_form == "clamped_softplus",
+            fused_qkv_conv=self.fused_qkv_conv,
             norm_eps=self.norm_eps,
         )
+        if self.num_v_heads != self.num_heads:
+            fields["num_v_heads"] = self.num_v_heads
+        if not self.has_a_log:
+            fields["use_a_log"] = False
         return KDAConfig(**{**fields, **overrides})
 
     def _mla_or_raise(self) -> MLAShape:
@@ -384,7 +386,11 @@ KIMI_K3 = KDAPreset(
     notes=(
         "MaxText's kda.py at this commit has separate q/k/v projections and convs, not a fused "
         "q/k/v layout; a later commit (25f141af9) makes A_log one value per head_dim channel "
-        "instead of per head"
+        "instead of per head. A third-party MLX port's technical report (mlxcel PR #1741, "
+        "'add the Kimi K3 text backbone', read in the code index without its repository) "
+        "describes the Hugging Face Kimi K3 checkpoint differently: six separate q/k/v "
+        "projection and conv tensors that the port fuses at load time, the sigmoid safe gate "
+        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText"
     ),
 )
 

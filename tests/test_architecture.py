@@ -41,6 +41,9 @@ LAYERS = {
     # 3: arrays across devices
     "context_parallel": 3,
     "conv": 3,
+    # 3.5: checkpoint names and layouts, read into the layer by attribute (the layer offers
+    # them as from_fla_state_dict, so the module sits below it, above the conv it converts for)
+    "checkpoints": 3.5,
     # 4: the Flax layer (and the MLA mixer, a layer beside it)
     "layer": 4,
     "mla": 4,
@@ -62,7 +65,7 @@ LAYERS = {
     "__main__": 9,
 }
 MATHS = {"_checks", "segments", "norms", "gating", "reference", "chunked"}
-UPPER = {"layer", "context_parallel", "models", "train", "bench", "viz"}
+UPPER = {"layer", "checkpoints", "context_parallel", "models", "train", "bench", "viz"}
 
 
 def _imports(path: pathlib.Path) -> set[str]:

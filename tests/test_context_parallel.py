@@ -201,6 +201,34 @@ def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
             assert relative_l2(a, b) < 1e-5, path
 
 
+# the options of the published models' layers (issue 27), each under CP with packed segments
+LAYER_OPTIONS = {
+    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    "fused_qkv_conv": dict(fused_qkv_conv=True),  # the halo of the one fused conv
+    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),  # activated before the kernel
+}
+
+
+@pytest.mark.parametrize("option", sorted(LAYER_OPTIONS))
+def test_layer_cp_with_option_equals_one_device(option):
+    ranks, seq_len = 4, 24
+    cfg = dataclasses.replace(CFG, **LAYER_OPTIONS[option])
+    single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
+    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
+    x = jax.random.normal(jax.random.key(2), (2, seq_len, 32))
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, 7:] = 2  # a boundary inside rank 1's slice
+    ids[1, :4] = 0
+    ids = jnp.asarray(ids)
+    want, g_one = _apply_and_grads(single, x, ids)
+    got, g_cp = _apply_and_grads(cp, x, ids)
+    assert relative_l2(got, want) < 1e-5, option
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
+    ):
+        assert relative_l2(a, b) < 1e-5, (option, path)
+
+
 def _assert_no_sequence_sized_collective(hlo, ranks, bound, seq_lens):
     collectives = hlo_collectives(hlo, ranks)
     assert collectives, "expected all-gathers of the chunk summaries"

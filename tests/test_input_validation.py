@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
-from kda_lib.layer import _fla_names, load_fla_state_dict
+from kda_lib.checkpoints import export_state_dict, load_fla_state_dict
 
 CFG = KDAConfig(hidden_size=8, num_heads=2, head_dim=4, implementation="recurrent")
 
@@ -181,19 +181,11 @@ def test_context_parallel_layer_runs_the_one_device_checks(with_mesh, x, ids, me
 # ------------------------------------------------------------------------------ fla loader
 def _fla_state_dict(layer, offset=0.0):
     """An fla-layout state_dict holding ``layer``'s own weights (plus ``offset``)."""
-    out = {}
-    for name, (variable, _) in _fla_names(layer).items():
-        value = np.asarray(variable[...]) + offset
-        if name.endswith("conv1d.weight"):  # [W, C] -> torch's [C, 1, W]
-            value = value.T[:, None, :]
-        elif value.ndim == 2:  # [in, out] -> torch's [out, in]
-            value = value.T
-        out[name] = value
-    return out
+    return {name: value + offset for name, value in export_state_dict(layer).items()}
 
 
 def _params(layer):
-    return {name: np.asarray(v[...]).copy() for name, (v, _) in _fla_names(layer).items()}
+    return export_state_dict(layer)
 
 
 def test_fla_loader_round_trips_and_takes_lists():

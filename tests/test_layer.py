@@ -252,3 +252,134 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     assert seen[-1] == 4
     with pytest.raises(ValueError, match="KDAConfig.max_num_segments must be None or a positive"):
         dataclasses.replace(cfg, max_num_segments=0)
+
+
+# ------------------------------------------------- the published models' options (issue 27)
+# each option alone on the small layer; (B)ASE has K = 16, V = 8, H = 2
+OPTIONS = {
+    # MaxText's Kimi K3 layer: low-rank forget gate, one full-rank output-gate projection
+    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    # GLM-5.3-Flash: one depthwise conv over concat(q, k, v)
+    "fused_qkv_conv": dict(fused_qkv_conv=True),
+    # MaxText's Kimi K3 layer: max(-A softplus(f + dt_bias), -5)
+    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),
+}
+
+
+def _fast_implementations(config):
+    """The implementations besides the oracle that serve ``config`` on CPU."""
+    fused_safe = config.lower_bound is not None and not config.clamped_gate
+    return ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if fused_safe else [])
+
+
+def _sin_loss_grads(layer, x):
+    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+
+    def loss(m):
+        y = m(x)
+        return jnp.sum(jnp.sin(y)), y
+
+    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)
+    return np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(grads)}
+
+
+def _oracle_f64(layer, x):
+    """:func:`_sin_loss_grads` of the same layer in float64 with the recurrent (oracle) kernel:
+    projections, convs and the recurrence in float64 (the layer keeps its elementwise gate, beta
+    and output norm in float32)."""
+    with jax.enable_x64(True):
+        config = dataclasses.replace(
+            layer.config, dtype=jnp.float64, param_dtype=jnp.float64, implementation="recurrent"
+        )
+        oracle = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+        params = nnx.state(layer, nnx.Param)
+        nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params))
+        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64))
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_option_matches_the_float64_oracle_on_every_implementation(option):
+    layer = _layer(**OPTIONS[option])
+    x = _x(seq_len=40)
+    y64, g64 = _oracle_f64(layer, x)
+    for impl in ["recurrent", *_fast_implementations(layer.config)]:
+        y, g = _sin_loss_grads(_with_impl(layer, impl), x)
+        assert relative_l2(y, y64) < 2e-6, (option, impl, relative_l2(y, y64))
+        assert set(g) == set(g64)
+        for name in g64:
+            assert relative_l2(g[name], g64[name]) < 2e-5, (option, impl, name)
+        print(f"{option} {impl}: output rel-L2 vs float64 oracle {relative_l2(y, y64):.1e}")
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_option_prefill_then_decode_equals_full_forward(option):
+    layer = _layer(**OPTIONS[option])
+    x = _x(batch=2, seq_len=24)
+    full = _apply(layer, x)
+    y, cache = _apply(layer, x[:, :9], layer.init_cache(2))
+    outs = [y]
+    for t in range(9, 24):
+        y, cache = _apply(layer, x[:, t : t + 1], cache)
+        outs.append(y)
+    assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5, name=option)
+
+
+def test_fused_qkv_conv_is_three_convs_in_one_tensor():
+    separate, fused = _layer(), _layer(fused_qkv_conv=True)
+    assert fused.q_conv1d is None and separate.qkv_conv1d is None
+    kernels = [getattr(separate, f"{s}_conv1d").kernel[...] for s in "qkv"]
+    assert fused.qkv_conv1d.kernel[...].shape == (4, 16 * 2 + 16 * 2 + 8 * 2)
+    # the same weights in the fused layout give the same function
+    params = nnx.state(separate, nnx.Param)
+    for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
+        del params[name]
+    nnx.update(fused, params)
+    fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels, axis=1))
+    x = _x(seq_len=30)
+    ids = jnp.asarray([[1] * 12 + [2] * 18, [0] * 3 + [4] * 27], jnp.int32)
+    run = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    assert_close(run(fused, x, ids), run(separate, x, ids), atol=1e-6, rtol=1e-6)
+    fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels[::-1], axis=1))  # wrong order
+    assert relative_l2(run(fused, x, ids), run(separate, x, ids)) > 1e-2
+
+
+def test_full_rank_output_gate_beside_a_low_rank_forget_gate():
+    layer = _layer(**OPTIONS["full_rank_output_gate"])
+    assert isinstance(layer.f_proj, nnx.Sequential)
+    assert layer.g_proj.kernel[...].shape == (32, 2 * 8)  # d x H V, one matmul
+    low = _layer(gate_low_rank=4)
+    count = lambda m: sum(a.size for a in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
+    # d V H (+ H V bias) instead of d r + r H V (+ H V bias)
+    assert count(layer) - count(low) == 32 * 16 - (32 * 4 + 4 * 16)
+
+
+def test_clamped_gate_is_the_clamped_softplus():
+    from kda_lib import kda_gate
+
+    layer = _layer(**OPTIONS["clamped_gate"])
+    assert layer.kernel_kwargs() == dict(use_qk_l2norm=True, allow_neg_eigval=False)
+    x = 3.0 * _x(seq_len=20)  # large inputs: some channels reach the bound
+    g = layer.project(x).f
+    raw = layer.f_proj(x).reshape(g.shape)
+    softplus = kda_gate(raw, layer.A_log[...], layer.dt_bias[...])
+    np.testing.assert_allclose(g, np.maximum(softplus, -5.0), rtol=1e-6)
+    clamped = np.asarray(softplus < -5.0)
+    assert 0 < clamped.mean() < 1, clamped.mean()  # both sides of the clamp are exercised
+    # A_log starts at log U(1, 16) as the softplus gate's (not the safe gate's zeros)
+    assert np.all(np.asarray(layer.A_log[...]) > 0)
+
+
+def test_option_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_v_heads must be a multiple of num_heads=2"):
+        dataclasses.replace(BASE, num_v_heads=3)
+    with pytest.raises(ValueError, match="clamped_gate clamps the softplus gate at lower_bound"):
+        dataclasses.replace(BASE, clamped_gate=True)
+    with pytest.raises(ValueError, match="tokamax_xla_chunked' takes the sigmoid safe gate"):
+        dataclasses.replace(
+            BASE, lower_bound=-5.0, clamped_gate=True, implementation="tokamax_xla_chunked"
+        )
+    with pytest.raises(ValueError, match="fused_qkv_conv needs a conv"):
+        dataclasses.replace(BASE, fused_qkv_conv=True, conv_size=0)
+    for name in ("use_a_log", "full_rank_output_gate", "fused_qkv_conv", "clamped_gate"):
+        with pytest.raises(ValueError, match=f"KDAConfig.{name} must be a bool"):
+            dataclasses.replace(BASE, **{name: 1})

@@ -115,18 +115,24 @@ def test_layer_patterns_follow_the_published_layer_lists():
     assert (len(GLM_5_3_FLASH.kda_layers), len(GLM_5_3_FLASH.global_layers)) == (34, 11)
 
 
-def test_kimi_k3_counts_and_refuses_what_the_layer_lacks():
+def test_kimi_k3_builds_with_the_published_parameter_count():
     y = KIMI_K3_YML
     # forget gate low rank (head_dim), output gate full rank without bias (kda.py @ bf801f44)
     expected = kda_formula(
         y["base_emb_dim"], y["base_num_query_heads"], y["head_dim"], y["kda_conv_kernel_size"],
         y["head_dim"], None, False,
     )  # fmt: skip
+    # by hand, d = 7168, H K = 96 * 128 = 12288: q/k/v 3 d HK = 264,241,152; convs 3 * 4 HK =
+    # 147,456; forget gate d 128 + 128 HK = 2,490,368; A_log 96; dt_bias 12,288; b_proj d H =
+    # 688,128; full-rank output gate d HK = 88,080,384; o_norm 128; o_proj HK d = 88,080,384
+    assert expected == 443_740_384
     assert KIMI_K3.kda_parameter_count() == expected
     assert KIMI_K3.lower_bound == y["kda_gate_lower_bound"]
-    with pytest.raises(NotImplementedError, match="full-rank output gate") as error:
-        build_kda_layer(KIMI_K3)
-    assert "clamped softplus gate" in str(error.value)
+    layer = build_kda_layer(KIMI_K3)
+    assert parameter_count(layer) == expected
+    assert layer.config.clamped_gate and layer.config.lower_bound == -5.0
+    assert layer.config.full_rank_output_gate and layer.config.gate_low_rank == y["head_dim"]
+    assert layer.g_proj.kernel.get_value().shape == (7168, 12288)
     with pytest.raises(NotImplementedError, match="mla_use_output_gate"):
         build_mla_layer(KIMI_K3)
     # MLA (attention_mla.py @ bf801f44): wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, out, and
@@ -141,20 +147,25 @@ def test_kimi_k3_counts_and_refuses_what_the_layer_lacks():
     assert KIMI_K3.mla_parameter_count() == mla
 
 
-def test_glm_counts_and_refuses_the_fused_conv():
+def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
     y = GLM_YML
     expected = kda_formula(
         y["base_emb_dim"], y["linear_num_heads"], y["linear_head_dim"],
         y["linear_conv_kernel_dim"], y["linear_head_dim"], y["linear_head_dim"], False,
     )  # fmt: skip
+    # by hand, d = 4096, H K = 64 * 128 = 8192: q/k/v 3 d HK = 100,663,296; one conv over
+    # 3 HK channels 4 * 24576 = 98,304; forget and output gates d 128 + 128 HK = 1,572,864
+    # each; A_log 64; dt_bias 8,192; b_proj d H = 262,144; o_norm 128; o_proj HK d = 33,554,432
+    assert expected == 137_732_288
     assert GLM_5_3_FLASH.kda_parameter_count() == expected
     assert GLM_5_3_FLASH.kda_parameter_shapes()["conv1d"] == (4, 1, 3 * 64 * 128)
-    with pytest.raises(NotImplementedError, match=r"fused q/k/v conv layout \(fused_qkv_conv"):
-        GLM_5_3_FLASH.kda_config()
+    layer = build_kda_layer(GLM_5_3_FLASH)
+    assert parameter_count(layer) == expected
+    assert layer.q_conv1d is None and layer.qkv_conv1d.kernel.get_value().shape == (4, 3 * 8192)
+    assert not layer.config.clamped_gate and layer.config.lower_bound == -5.0  # sigmoid gate
     with pytest.raises(NotImplementedError, match="no MLA widths"):
         GLM_5_3_FLASH.mla_parameter_count()
-    # without the fused layout the same layer builds, with the same count: the layout is the
-    # only thing missing, not the function
+    # the fused layout is a layout: unfused, the same layer has the same count
     unfused = dataclasses.replace(GLM_5_3_FLASH, fused_qkv_conv=False)
     assert parameter_count(build_kda_layer(unfused)) == expected
 
@@ -164,8 +175,7 @@ def test_glm_counts_and_refuses_the_fused_conv():
     [
         (dict(num_v_heads=64), "grouped value heads"),
         (dict(has_a_log=False), "without A_log"),
-        (dict(output_gate_rank=None), "full-rank output gate"),
-        (dict(fused_qkv_conv=True), "fused q/k/v conv"),
+        (dict(output_gate_rank=64), "different low ranks of the forget and output gates"),
     ],
 )
 def test_each_missing_option_is_named(change, option):
@@ -195,14 +205,15 @@ def test_output_gate_without_bias_runs_and_imports_without_the_bias():
     import numpy as np
     from flax import nnx
 
-    from kda_lib.layer import KDAConfig, KimiDeltaAttention, _fla_names
+    from kda_lib.checkpoints import state_dict_names
+    from kda_lib.layer import KDAConfig, KimiDeltaAttention
 
     cfg = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, gate_low_rank=4)
     with_bias = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     layer = KimiDeltaAttention(dataclasses.replace(cfg, output_gate_bias=False), rngs=nnx.Rngs(0))
     assert parameter_count(with_bias) - parameter_count(layer) == 2 * 8
-    names = set(_fla_names(layer))
-    assert "g_proj.1.bias" not in names and "g_proj.1.bias" in set(_fla_names(with_bias))
+    names = set(state_dict_names(layer))
+    assert "g_proj.1.bias" not in names and "g_proj.1.bias" in set(state_dict_names(with_bias))
     x = jax.random.normal(jax.random.key(0), (1, 5, 16))
     # with the other weights shared and the bias at zero, both compute the same function
     nnx.update(with_bias, nnx.state(layer, nnx.Param))
