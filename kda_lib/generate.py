@@ -26,6 +26,7 @@ from flax import nnx
 
 from kda_lib._checks import check_number, check_positive_int, check_seed, check_token_ids
 from kda_lib.attention import AttentionCache
+from kda_lib.mla import MLACache
 from kda_lib.models import TinyLM
 
 
@@ -210,7 +211,12 @@ def cache_bytes(cache) -> int:
 
 def _as_if_seen(cache: tuple, context: int, key: jax.Array) -> tuple:
     """Caches with random contents, sized and marked as if ``context`` tokens had been seen
-    (a decode step's cost depends on the shapes and the fill level, not on the values)."""
+    (a decode step's cost depends on the shapes and the fill level, not on the values).
+
+    The fixed-capacity caches that grow with the context (:class:`AttentionCache` of the
+    attention layers, :class:`kda_lib.mla.MLACache` of the MLA layers) are marked as holding
+    ``context`` tokens, so the next step writes at position ``context``; the recurrent layers'
+    states have no fill level."""
 
     def fill(leaf, k):
         return (
@@ -226,7 +232,9 @@ def _as_if_seen(cache: tuple, context: int, key: jax.Array) -> tuple:
         layer_cache = jax.tree.unflatten(
             treedef, [fill(x, k) for x, k in zip(leaves, keys, strict=False)]
         )
-        if isinstance(layer_cache, AttentionCache):
+        if isinstance(layer_cache, (AttentionCache, MLACache)):
+            if layer_cache.length is None:
+                raise ValueError("decode_cost needs fixed-capacity caches (init_cache(max_len=))")
             layer_cache = layer_cache._replace(length=jnp.asarray(context, jnp.int32))
         out.append(layer_cache)
     return tuple(out)

@@ -16,29 +16,32 @@
 # %% [markdown]
 # # 09 · Kimi Linear in miniature: a hybrid KDA + attention decoder on real text
 #
-# **Claim.** Kimi Linear is not KDA alone: it stacks three KDA layers for every global softmax
-# attention layer, and its attention layers use no positional encoding (NoPE), because the KDA
-# layers already carry position. (The paper's global layers are multi-head latent attention,
-# MLA; ours are plain multi-head attention, whose cache holds every head's keys and values.)
-# We build that decoder from `kda_lib.models` (one mixer per layer, each decoding from a cache
-# of its own kind), train it and three baselines of the same
-# parameter count (softmax attention, KDA, Gated DeltaNet) as byte-level language models on the
-# Python standard library's own source files, and measure what the paper claims in miniature:
-# validation bits per byte, loss against position in the context, training and decoding speed,
-# and decoding memory, which stays constant for KDA and grows with the context for attention.
+# **Claim.** Kimi Linear is not KDA alone: it stacks three KDA layers for every global
+# attention layer, and its global layers are multi-head latent attention (MLA) with no
+# positional encoding (NoPE): the KDA layers already carry position, and MLA caches one
+# compressed latent per token instead of every head's keys and values. We build that decoder
+# from `kda_lib.models` (one mixer per layer, each decoding from a cache of its own kind) and
+# train it, the same hybrid with multi-head attention (MHA) in place of MLA, and three
+# baselines, all of the same parameter count (softmax attention, KDA, Gated DeltaNet), as
+# byte-level language models on the Python standard library's own source files. We measure
+# what the paper claims in miniature: validation bits per byte over seeds, loss against
+# position in the context, training and decoding speed, and decoding memory, which stays
+# constant for KDA and grows with the context for attention, more slowly with MLA than with MHA.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
 # Symbols follow the notation table,
 # [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# CI runs the small defaults below (two layers, so its hybrid is one KDA layer to one attention
-# layer, and a few hundred steps); `make notebooks PARAMS=full` runs
+# CI runs the small defaults below (two layers, so its hybrid is one KDA layer to one MLA
+# layer, and 150 steps); `make notebooks PARAMS=full` runs
 # `notebooks/params/full/09_hybrid_language_model.yaml` (four layers, the 3:1 hybrid), the run
 # recorded in `data/results/stdlib_lm_full.json` and drawn beside the live one.
 
 # %% tags=["parameters"]
 num_layers: int = 2  # blocks per model (the hybrid's pattern is tiled over them)
-hybrid_layers: list[str] = ["kda", "attention"]  # the hybrid's pattern (full run: 3 kda : 1)
+hybrid_layers: list[str] = ["kda", "mla"]  # the hybrid's pattern (full run: 3 kda : 1 mla)
+kv_lora_rank: int = 16  # MLA's latent width r: numbers cached per token and MLA layer
+model_names: list[str] = ["attention", "kda", "gdn", "hybrid"]  # full run: + "hybrid_mha"
 hidden_size: int = 32  # model width
 num_heads: int = 2  # heads of every mixer
 head_dim: int = 16  # K and V per head
@@ -99,6 +102,7 @@ from kda_lib.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.generate import decode_cost, generate, generate_text, score_text
 from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parameter_count
 from kda_lib.records import load_recorded
+from kda_lib.significance import DEFAULT_MIN_GAP, ordering, threshold
 from kda_lib.train import save_record, train
 
 kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -109,19 +113,31 @@ kda_lib.notebook.setup()
 key = jax.random.key(seed)
 model_seed, data_seed = (int(s) for s in jax.random.randint(key, (2,), 0, 2**31 - 1))
 base = ModelConfig(vocab_size=256, hidden_size=hidden_size, num_layers=num_layers,
-                   num_heads=num_heads, head_dim=head_dim, implementation=implementation)
+                   num_heads=num_heads, head_dim=head_dim, implementation=implementation,
+                   kv_lora_rank=kv_lora_rank)
 patterns = {"attention": ("attention",), "kda": ("kda",), "gdn": ("gdn",),
-            "hybrid": tuple(hybrid_layers)}
+            "hybrid": tuple(hybrid_layers),  # MLA global layers, as in Kimi Linear
+            "hybrid_mha": tuple("attention" if m == "mla" else m for m in hybrid_layers)}
+assert {"attention", "kda", "gdn", "hybrid"} <= set(model_names) <= set(patterns), (
+    f"model_names must hold attention, kda, gdn, hybrid and may add hybrid_mha: {model_names}")
 LN2 = math.log(2)
 
 # %% [markdown]
-# ## 1. The hybrid decoder and three baselines of the same size
+# ## 1. The hybrid decoder, its MHA twin and three baselines of the same size
 #
 # Every model is `embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`; block $i$
 # uses the mixer `ModelConfig.layer_mixers[i]`. `ModelConfig(layers=("kda", "kda", "kda",
-# "attention"))` is Kimi Linear's pattern, tiled over `num_layers`; `rope=False` drops the
-# rotary embedding from the attention layers (NoPE). The baselines use one mixer everywhere;
-# softmax attention keeps RoPE, since nothing else would tell it where a token is.
+# "mla"))` is Kimi Linear's pattern, tiled over `num_layers`. Its global layers are MLA
+# (`kda_lib.mla.MultiHeadLatentAttention`, NoPE): each token is compressed to a latent
+# $c_t \in \mathbb R^{r}$ ($r$ = `kv_lora_rank`), and every head's key and value are linear
+# maps of it, $k_{t,h} = W^{K}_h c_t$ and $v_{t,h} = W^{V}_h c_t$. Decoding caches $c_t$ alone,
+# $r$ numbers per token where multi-head attention caches $2 H K$, and folds $W^{K}_h$ into the
+# query and $W^{V}_h$ into the output, so per-head keys are never formed from the cache.
+# `hybrid_mha` is the same pattern with multi-head attention in place of MLA (`rope=False`
+# drops its rotary embedding: NoPE); the full setting trains it as a comparison (`model_names`;
+# at CI size, where the two hybrids have one global layer each, it is left out to save time).
+# The baselines use one mixer everywhere; softmax attention keeps RoPE, since nothing else
+# would tell it where a token is.
 #
 # The mixers differ in size (a KDA layer has gates, a convolution and a forget-gate projection
 # that attention lacks), so we give every model the parameter count of the KDA model by
@@ -132,12 +148,12 @@ LN2 = math.log(2)
 kda_config = dataclasses.replace(base, layers=patterns["kda"])
 target = config_param_count(kda_config)
 configs = {}
-for name, layers in patterns.items():  # NoPE in the hybrid, RoPE in the attention baseline
-    config = dataclasses.replace(base, layers=layers, rope=name != "hybrid")
+for name in model_names:  # NoPE in the hybrids, RoPE in the attention baseline
+    config = dataclasses.replace(base, layers=patterns[name], rope=not name.startswith("hybrid"))
     configs[name] = match_parameter_count(config, target)
 sizes = {name: config_param_count(config) for name, config in configs.items()}
 for name, config in configs.items():
-    print(f"{name:9s} layers {'/'.join(config.layer_mixers):32s} MLP width "
+    print(f"{name:10s} layers {'/'.join(config.layer_mixers):26s} MLP width "
           f"{config.mlp_hidden:4d}  {sizes[name]:8,d} parameters  RoPE {config.rope}")
 assert max(abs(n - target) for n in sizes.values()) <= 0.01 * target
 
@@ -168,7 +184,7 @@ valid = validation_windows(corpus.validation, seq_len, val_windows)
 print("one validation window:", repr(bytes(np.asarray(valid.inputs[0], np.uint8))[:60]))
 
 # %% [markdown]
-# ## 3. Training the four models
+# ## 3. Training the models
 #
 # Each model trains with the same AdamW schedule on the same random windows
 # (`kda_lib.train.train` with `kda_lib.corpus.text_task`: every position is scored, its target
@@ -204,7 +220,7 @@ for name in configs:
     scores = score_text(models[name], valid, batch_size=val_windows)
     results[name].update(bpb=scores["bits_per_token"], params=sizes[name],
                          bpb_by_position=[x / LN2 for x in scores["loss_by_position"]])
-    print(f"{name:9s} validation {results[name]['bpb']:.3f} bits per byte; training "
+    print(f"{name:10s} validation {results[name]['bpb']:.3f} bits per byte; training "
           f"{results[name]['train_tokens_per_second']:,.0f} tokens/s; "
           f"{results[name]['seconds']:.0f} s with compilation")
 assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats unigram"
@@ -214,7 +230,7 @@ assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats
 # section 7). Dotted: the byte-frequency baseline.
 
 # %% tags=["hide-input"]
-colors = dict(zip(configs, viz.CYCLE, strict=False))
+colors = dict(zip(patterns, viz.CYCLE, strict=False))
 
 
 def curves_panel(ax, source, title):
@@ -270,7 +286,7 @@ def context_gain(r):
 
 for name, r in results.items():
     first, last = context_gain(r)
-    print(f"{name:9s} first quarter {first:.3f}, last quarter {last:.3f} bits per byte "
+    print(f"{name:10s} first quarter {first:.3f}, last quarter {last:.3f} bits per byte "
           f"(gain {first - last:+.3f})")
 
 # %% [markdown]
@@ -279,7 +295,8 @@ for name, r in results.items():
 # Each model continues the prompt for `sample_steps` bytes at temperature 0.8
 # (`kda_lib.generate.generate_text`: prefill, then one byte at a time from the caches). First a
 # check that decoding from the caches is the model itself: greedy generation from the hybrid
-# equals, byte for byte, taking the argmax of the full forward pass over the text so far.
+# (its MLA layers attend over their cached latents) equals, byte for byte, taking the argmax of
+# the full forward pass over the text so far.
 
 # %%
 prompt_ids = np.frombuffer(sample_prompt.encode(), np.uint8).astype(np.int32)
@@ -287,7 +304,7 @@ greedy = generate(models["hybrid"], prompt_ids, sample_steps, temperature=0.0)
 forward = nnx.jit(lambda model, tokens: model(tokens))  # one compiled program, not op by op
 full = np.asarray(forward(models["hybrid"], jnp.asarray(greedy[None, :-1])).argmax(-1))[0]
 assert (full[prompt_ids.size - 1:] == greedy[prompt_ids.size:]).all()
-print(f"hybrid, greedy: decoding from the caches == full forward for {sample_steps} bytes")
+print(f"hybrid (MLA), greedy: decoding from the caches == full forward for {sample_steps} bytes")
 for name, model in models.items():
     results[name]["sample"] = generate_text(model, sample_prompt, sample_steps, temperature=0.8,
                                             seed=seed)
@@ -297,24 +314,35 @@ for name, model in models.items():
 # ## 6. Decoding memory and speed against context length
 #
 # To decode token $t + 1$ a KDA layer needs its state $S_t \in \mathbb R^{H \times K \times V}$
-# and the last $W - 1$ inputs of its convolutions, whatever $t$ is; an attention layer needs
-# the keys and values of all $t$ tokens, $2 H K$ numbers per token. `kda_lib.generate.decode_cost`
-# fills each model's caches as if `context` tokens had been seen and times single decode steps
-# (the cost of a step depends on the caches' shapes and fill, not their values). In the memory
-# panel the KDA and GDN lines coincide.
+# and the last $W - 1$ inputs of its convolutions, whatever $t$ is; a multi-head attention
+# layer needs the keys and values of all $t$ tokens, $2 H K$ numbers per token; an MLA layer
+# their latents, $r$ numbers per token. `kda_lib.generate.decode_cost` fills each model's caches
+# as if `context` tokens had been seen and times single decode steps (the cost of a step
+# depends on the caches' shapes and fill, not their values). In the memory panel the KDA and
+# GDN lines coincide. Below, each model's cache growth per token of context, asserted equal to
+# those counts (float32, 4 bytes a number).
 
 # %%
 costs = {name: decode_cost(model, decode_contexts, steps=8, repeats=3)
          for name, model in models.items()}
 for name, rows in costs.items():
     results[name]["decode"] = rows
-    print(f"{name:9s} " + "  ".join(f"T={r['context']}: {r['cache_bytes'] / 1024:7.1f} KiB "
+    print(f"{name:10s} " + "  ".join(f"T={r['context']}: {r['cache_bytes'] / 1024:7.1f} KiB "
                                     f"{r['tokens_per_second']:6.0f} tok/s" for r in rows))
-kda_bytes = [r["cache_bytes"] for r in costs["kda"]]
-attention_bytes = [r["cache_bytes"] for r in costs["attention"]]
-assert len(set(kda_bytes)) == 1, "KDA's cache does not grow"
-growth = np.diff(attention_bytes) / np.diff(decode_contexts)
-assert np.allclose(growth, num_layers * 2 * num_heads * head_dim * 4), growth
+assert len({r["cache_bytes"] for r in costs["kda"]}) == 1, "KDA's cache does not grow"
+per_token = {name: np.diff([r["cache_bytes"] for r in rows]) / np.diff(decode_contexts)
+             for name, rows in costs.items()}
+count = {name: {m: c.layer_mixers.count(m) for m in ("attention", "mla")}
+         for name, c in configs.items()}
+for name, grow in per_token.items():
+    want = 4 * (count[name]["attention"] * 2 * num_heads * head_dim
+                + count[name]["mla"] * kv_lora_rank)
+    print(f"{name:10s} cache grows {grow.mean():5.0f} bytes per token of context")
+    assert np.allclose(grow, want), (name, grow, want)
+mla_vs_mha = (per_token["hybrid"].mean() / count["hybrid"]["mla"]) / (
+    per_token["attention"].mean() / num_layers)  # per global layer
+print(f"per token and global layer, MLA / multi-head attention: {mla_vs_mha:.3f} "
+      f"= r / (2 H K) = {kv_lora_rank} / {2 * num_heads * head_dim}")
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -333,9 +361,10 @@ viz.show(fig, "09_decode_cost")
 # %%
 if record_results:  # everything above, as JSON (the recorded file of a full run)
     record = dict(config=dict(num_layers=num_layers, hybrid_layers=hybrid_layers,
-                              hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
-                              seq_len=seq_len, batch_size=batch_size, steps=steps,
-                              learning_rate=learning_rate, val_windows=val_windows, seed=seed),
+                              kv_lora_rank=kv_lora_rank, hidden_size=hidden_size,
+                              num_heads=num_heads, head_dim=head_dim, seq_len=seq_len,
+                              batch_size=batch_size, steps=steps, learning_rate=learning_rate,
+                              val_windows=val_windows, seed=seed),
                   corpus=info, unigram_bpb=unigram_bpb, platform=jax.devices()[0].platform,
                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   models={name: dict(r, config=dataclasses.asdict(configs[name]))
@@ -346,25 +375,25 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
 # ## 7. The recorded full run, beside this one
 #
 # The recorded run (`recorded_results`, command and time in `data/results/README.md`) has four
-# layers, so its hybrid is Kimi Linear's 3:1 pattern, with one difference from the paper: its
-# global layers are plain multi-head attention (NoPE), where Kimi Linear's are multi-head
-# latent attention (MLA), whose cache holds one compressed latent per token instead of every
-# head's keys and values (notebook 07, section 5, compares the two caches). Left of each pair
-# below: this run; right: the recorded one. Every model gained about a quarter of a bit per
-# byte from the first to the last quarter of its window (asserted below).
+# layers, so its hybrid is Kimi Linear's 3:1 pattern: three KDA layers, then one NoPE MLA
+# layer whose latent has `kv_lora_rank` numbers (printed below), and `hybrid_mha` has NoPE
+# multi-head attention in place of that MLA layer. Left of each pair below: this run; right:
+# the recorded one (seed 0).
 
 # %%
 recorded = load_recorded("results", recorded_results)
 rc = recorded["config"]
-rec_setting = (f"recorded: {rc['num_layers']} layers ({'/'.join(rc['hybrid_layers'])} hybrid), "
-               f"width {rc['hidden_size']}, T={rc['seq_len']}, {rc['steps']} steps")
+rec_setting = (f"recorded: {rc['num_layers']} layers ({'/'.join(rc['hybrid_layers'])} hybrid, "
+               f"r={rc['kv_lora_rank']}), width {rc['hidden_size']}, T={rc['seq_len']}, "
+               f"{rc['steps']} steps")
 print(rec_setting, "| corpus", recorded["corpus"]["fingerprint"], "| python",
       recorded["corpus"]["python_version"])
-print(f"{'model':9s} {'params':>8s} {'bpb':>6s} {'train tok/s':>11s} {'decode tok/s at T':>18s}")
+print(f"{'model':10s} {'params':>8s} {'bpb':>6s} {'train tok/s':>11s} {'decode tok/s at T':>18s}")
 for name, r in recorded["models"].items():
     last = r["decode"][-1]
-    print(f"{name:9s} {r['params']:8,d} {r['bpb']:6.3f} {r['train_tokens_per_second']:11,.0f} "
+    print(f"{name:10s} {r['params']:8,d} {r['bpb']:6.3f} {r['train_tokens_per_second']:11,.0f} "
           f"{last['tokens_per_second']:10,.0f} ({last['context']})")
+assert rc["hybrid_layers"] == ["kda", "kda", "kda", "mla"]  # the text's 3:1 MLA hybrid
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 2, figsize=(11, 7))
@@ -375,142 +404,58 @@ position_panel(axes[1, 1], recorded["models"], "recorded: bits per byte by posit
 axes[0, 1].legend(fontsize=8)
 viz.show(fig, "09_live_and_recorded")
 
+# %% [markdown]
+# In the recorded run every model predicts the last quarter of its window better than the
+# first (printed and asserted below, with each model's sample): all five use context beyond
+# the last few bytes.
+
 # %%
 for name, r in recorded["models"].items():
     first, last = context_gain(r)
     print(f"--- {name} (recorded; context gain {first - last:+.3f} bits per byte)\n{r['sample']}")
-    assert 0.2 < first - last < 0.3, (name, first - last)  # "about a quarter of a bit"
+    assert first - last > 0, (name, first, last)
 
 # %% [markdown]
-# **Which model is best? One rule for every ordering.** We call one model better than another
-# only when the gap between their mean bits per byte exceeds both 0.01 and two standard errors
-# over seeds, the rule of notebook 08 (section 8). One seed has no standard error, so the full
-# setting was rerun with two more seeds per model (`recorded_seeds`, made by
-# `scripts/stdlib_lm_seeds.py`, which reproduces the recorded run at seed 0: checked below).
-# Every pair of models is then either ordered or level by the same rule.
+# **Which model is best? One rule for every ordering.** Notebooks 08 and 09 order two models
+# only when the gap between their mean scores over seeds exceeds both a floor (0.01 bits per
+# byte here) and two standard errors of that gap, $2\sqrt{s_a^2/n_a + s_b^2/n_b}$ (sample
+# variances over seeds); otherwise the two are level. The rule is one library function,
+# `kda_lib.significance.ordering` (and `threshold`, the smallest gap it calls real). The
+# recorded run is seed 0; `scripts/stdlib_lm_seeds.py` reran the full setting with seeds 1 and
+# 2 (`recorded_seeds`). Below, each model's bits per byte over the three seeds (mean, sample
+# standard deviation, range) beside its recorded training throughput. The throughputs were
+# measured on a shared 2-core machine under `nice`, while other jobs ran: compare them within
+# a model's seeds before reading much into a gap between models.
 
 # %%
 seed_runs = load_recorded("results", recorded_seeds)["runs"]
-bpb_seeds = {name: {0: r["bpb"]} for name, r in recorded["models"].items()}
+per_seed = {name: {0: (r["bpb"], r["train_tokens_per_second"])}
+            for name, r in recorded["models"].items()}
 for row in seed_runs:
-    if row["seed"] == 0:  # the script's rerun of the recorded seed
-        assert abs(row["bpb"] - bpb_seeds[row["model"]][0]) < 1e-5, row
+    if row["seed"] == 0:  # a rerun of the recorded seed: the script trains as the notebook
+        assert abs(row["bpb"] - per_seed[row["model"]][0][0]) < 1e-5, row
     else:
-        bpb_seeds[row["model"]][row["seed"]] = row["bpb"]
-bpb_by_model = {name: np.array(list(b.values())) for name, b in bpb_seeds.items()}
-
-
-# %%
-def ordering(a, b):
-    """'<' (a lower bpb), '>' or 'level': the gap must exceed 0.01 and two standard errors."""
-    gap = a.mean() - b.mean()
-    se = np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
-    return "level" if abs(gap) <= max(0.01, 2 * se) else "<" if gap < 0 else ">"
-
-
-for name, values in bpb_by_model.items():
-    print(f"{name:9s} bits per byte over {len(values)} seeds: {values.mean():.4f} +- "
-          f"{values.std(ddof=1):.4f} [{values.min():.4f}, {values.max():.4f}]")
-names = list(bpb_by_model)
-orders = {(a, b): ordering(bpb_by_model[a], bpb_by_model[b])
-          for i, a in enumerate(names) for b in names[i + 1:]}
-for (a, b), o in orders.items():
-    print(f"{a} vs {b}: " + {"<": f"{a} lower", ">": f"{b} lower", "level": "level"}[o])
+        per_seed[row["model"]][row["seed"]] = row["bpb"], row["train_tokens_per_second"]
+bpb = {name: np.array([v[0] for v in s.values()]) for name, s in per_seed.items()}
+rate = {name: np.array([v[1] for v in s.values()]) for name, s in per_seed.items()}
+assert DEFAULT_MIN_GAP == 0.01 and all(v.size == 3 for v in bpb.values())  # as stated
+for name in bpb:
+    b, t = bpb[name], rate[name] / 1e3
+    print(f"{name:10s} bits per byte {b.mean():.4f} +- {b.std(ddof=1):.4f} [{b.min():.4f}, "
+          f"{b.max():.4f}]   training {t.mean():5.1f}k tokens/s [{t.min():.1f}k-{t.max():.1f}k]")
 
 # %%
-kg = bpb_by_model["kda"], bpb_by_model["gdn"]
-kg_gap = kg[0].mean() - kg[1].mean()
-kg_bar = max(0.01, 2 * np.sqrt(kg[0].var(ddof=1) / kg[0].size + kg[1].var(ddof=1) / kg[1].size))
-seed0 = {name: b[0] for name, b in bpb_seeds.items()}
-display(Markdown(
-    f"By this rule attention is behind each of the three other models; GDN is ahead of KDA, by "
-    f"{kg_gap:.3f} bits per byte against a threshold of {kg_bar:.3f}, a margin one more seed "
-    f"could erase; the hybrid is level with both KDA and GDN. The recorded run alone (seed 0) had "
-    f"the hybrid lowest, {seed0['gdn'] - seed0['hybrid']:.3f} below GDN: that order does not "
-    f"survive the seeds, whose spread is largest for GDN "
-    f"({np.ptp(bpb_by_model['gdn']):.3f} bits per byte between its best and worst seed)."))
-assert all(orders[("attention", other)] == ">" for other in ("kda", "gdn", "hybrid"))
-assert orders[("kda", "gdn")] == ">" and 0 < kg_gap - kg_bar < 0.01  # ordered, barely
-assert orders[("kda", "hybrid")] == "level" and orders[("gdn", "hybrid")] == "level"
-assert min(seed0, key=seed0.get) == "hybrid" and np.ptp(bpb_by_model["gdn"]) > 0.05
+orders, gaps = {}, {}
+for i, a in enumerate(bpb):
+    for b in list(bpb)[i + 1:]:
+        orders[(a, b)] = ordering(bpb[a], bpb[b])  # "<": a's bits per byte lower
+        gaps[(a, b)] = bpb[a].mean() - bpb[b].mean(), threshold(bpb[a], bpb[b])
+        verdict = {"<": f"{a} lower", ">": f"{b} lower", "level": "level"}[orders[(a, b)]]
+        print(f"{a:10s} vs {b:10s} gap {gaps[(a, b)][0]:+.4f}, threshold "
+              f"{gaps[(a, b)][1]:.4f}: {verdict}")
 
 # %% [markdown]
-# **Training speed.** The introduction promises the paper's speed claims in miniature; here is
-# what this CPU recorded. Attention trained fastest at this size, about twice as fast as KDA
-# per token, in the recorded run and in the seed reruns made under another load (printed
-# below). On a CPU at $T = 128$, an attention layer is a few
-# $[T \times T]$ matrix products per head, which run near the CPU's matrix-product rate. A KDA
-# layer runs the chunked form (notebook 03): per chunk a triangular solve and a dozen small
-# matrix products, a sequential pass over the chunks, plus its short convolutions, gate
-# projections and output norm: many small operations, each far from that rate. Attention's work
-# per token grows with $T$ and KDA's does not, so the order turns at longer sequences: in the
-# recorded benchmark (`recorded_benchmark`: four-layer byte-level models, batch 1) the
-# attention model's training step is about level with KDA's at $T = 1024$ and several times
-# slower at $T = 4096$ (printed below). The paper's speed claims are about long contexts on
-# GPUs (it reports up to 6 times the decoding throughput of full attention at a context of 1M
-# tokens); they cannot be checked on this machine.
-
-# %%
-train_rate = {name: r["train_tokens_per_second"] for name, r in recorded["models"].items()}
-assert rc["seq_len"] == 128  # the length the text names
-print(f"recorded training tokens/s (T = {rc['seq_len']}): "
-      + ", ".join(f"{n} {v / 1e3:.1f}k" for n, v in train_rate.items()))
-rerun_rate = {}
-for row in seed_runs:
-    rerun_rate.setdefault(row["model"], []).append(row["train_tokens_per_second"])
-print("seed reruns, training tokens/s: " + ", ".join(
-    f"{n} {min(v) / 1e3:.1f}k-{max(v) / 1e3:.1f}k" for n, v in sorted(rerun_rate.items())))
-assert max(train_rate, key=train_rate.get) == "attention"
-assert 1.5 < train_rate["attention"] / train_rate["kda"] < 3
-assert 1.5 < min(rerun_rate["attention"]) / max(rerun_rate["kda"])
-bench = load_recorded("benchmarks", recorded_benchmark)
-bench_rate = {(r["impl"][len("train_"):], r["T"]): r["tokens_per_s"] for r in bench["records"]
-              if r["impl"].startswith("train_")}
-for t in sorted({t for _, t in bench_rate}):
-    rates = ", ".join(f"{m} {bench_rate[(m, t)]:,.0f}" for m in ("attention", "kda", "gdn",
-                                                                   "hybrid"))
-    print(f"benchmark T = {t:5d}: {rates} tokens/s")
-assert 0.9 < bench_rate[("kda", 1024)] / bench_rate[("attention", 1024)] < 1.1  # "about level"
-assert bench_rate[("kda", 4096)] > 3 * bench_rate[("attention", 4096)]  # "several times"
-
-# %% [markdown]
-# **Decoding speed.** From the shortest recorded context to the longest, the attention model's
-# decoding slows down more than tenfold (it reads a cache that grows with the context) and the
-# hybrid's several times (its one attention layer). KDA's and GDN's step reads a fixed state:
-# neither is slower at the longest context than at the shortest. Their speeds still move between
-# contexts, by the spread printed below: at about one millisecond per step, timed as the best of
-# three runs of eight steps on a shared machine, that is timing noise, so the recording supports
-# "not slower at long context", not "equally fast at every context".
-
-# %%
-slowdown, swing = {}, {}  # tokens/s at the shortest recorded context over that at the longest
-for name, r in recorded["models"].items():
-    rates = [row["tokens_per_second"] for row in r["decode"]]
-    slowdown[name] = rates[0] / rates[-1]
-    swing[name] = max(rates) / min(rates)
-    print(f"{name:9s} decode {min(rates):6,.0f}-{max(rates):6,.0f} tokens/s over contexts "
-          f"{r['decode'][0]['context']}-{r['decode'][-1]['context']} (max/min {swing[name]:.2f}); "
-          f"shortest / longest context {slowdown[name]:.2f}")
-assert slowdown["attention"] > 10 and max(slowdown["kda"], slowdown["gdn"]) <= 1
-assert 1.5 < slowdown["hybrid"] < slowdown["attention"]
-
-# %% [markdown]
-# ## Summary
-#
-# - `ModelConfig(layers=...)` builds a decoder whose layers mix KDA and attention; each layer
-#   decodes from its own cache, and greedy decoding from the caches reproduces the full forward
-#   pass byte for byte (asserted above, and for the 3:1 pattern in `tests/test_models.py`).
-#   Its attention layers are multi-head attention, not the paper's MLA.
-# - On the standard library's bytes, all four models of equal size beat the byte-frequency
-#   baseline (asserted). In the recorded full setting, with three seeds and one rule for every
-#   ordering (section 7), the orderings printed there are the only ones claimed.
-# - On this CPU at $T = 128$, attention trained fastest (chunked KDA is many small operations);
-#   the recorded benchmark shows the order turning at longer sequences. The paper's speed
-#   claims are about long contexts on GPUs and are not checked here.
-# - The decode cache of the KDA model is the same at every context; the attention model's grows
-#   by $2 H K$ floats per token and layer (asserted), the hybrid's by that times the share of
-#   attention layers. Attention's and the hybrid's decoding slow with the context; KDA's and
-#   GDN's do not, within a timing spread shown in section 7.
+# PLACEHOLDER_RESULTS
 
 # %% [markdown]
 # ## Exercises
@@ -521,11 +466,11 @@ assert 1.5 < slowdown["hybrid"] < slowdown["attention"]
 #
 # 1. **Count the cache.** Write `hybrid_cache_bytes(context)` giving the hybrid's decode cache
 #    in bytes after `decode_cost` has filled it for `context` tokens: KDA layers hold an
-#    $H K V$ float32 state plus three conv tails of $W - 1$ rows, attention layers $2 L H K$
-#    float32 numbers for a capacity of $L$ tokens (look up how much room `decode_cost` leaves),
-#    plus an int32 length. The checker compares with the measured `costs["hybrid"]`.
+#    $H K V$ float32 state plus three conv tails of $W - 1$ rows, MLA layers $L r$ float32
+#    numbers (the latents) for a capacity of $L$ tokens (look up how much room `decode_cost`
+#    leaves), plus an int32 length. The checker compares with the measured `costs["hybrid"]`.
 # 2. **Where is the hybrid's memory?** At the longest context measured, what fraction of the
-#    hybrid's cache is its attention layers? (a float)
+#    hybrid's cache is its MLA layers? (a float)
 # 3. **Context use.** From `results`, which model gains the most bits per byte between the
 #    first and the last quarter of the window? (a model name)
 
@@ -536,8 +481,8 @@ answer = None  # 1: a function hybrid_cache_bytes(context) -> int
 kda_lib.exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
                                                   for r in costs["hybrid"]})
 W, H, K = base.conv_size, num_heads, head_dim
-n_kda = sum(m != "attention" for m in configs["hybrid"].layer_mixers)
-answer = None  # 2: the attention layers' share of the hybrid's cache at the longest context
+n_kda = configs["hybrid"].layer_mixers.count("kda")
+answer = None  # 2: the MLA layers' share of the hybrid's cache at the longest context
 kda_lib.exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],
                         kda_layers=n_kda, heads=H, key_dim=K, value_dim=K, conv_size=W)
 answer = None  # 3: the name of the model with the largest context gain
@@ -548,8 +493,11 @@ kda_lib.exercises.check("09.3", answer, bpb_by_position={n: r["bpb_by_position"]
 # ## References
 #
 # - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025 (KDA, the
-#   3:1 hybrid with NoPE attention, decoding memory and speed).
+#   3:1 hybrid with NoPE MLA, decoding memory and speed).
 #   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - DeepSeek-AI, *DeepSeek-V2: a strong, economical, and efficient mixture-of-experts language
+#   model*, 2024 (multi-head latent attention and its compressed KV cache).
+#   [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
 # - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta
 #   rule*, ICLR 2025 (GDN and its hybrids). [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
 # - A. Kazemnejad et al., *The impact of positional encoding on length generalization in

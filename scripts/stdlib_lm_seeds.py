@@ -1,21 +1,27 @@
-"""Seed spread of notebook 09's full setting: one model, one seed per call, merged into a JSON.
+"""Seed spread of notebook 09's full setting: models x seeds, each row merged into a JSON.
 
-    python scripts/stdlib_lm_seeds.py --model kda --seed 1 \
-        --output data/results/stdlib_lm_seeds.json
+    python scripts/stdlib_lm_seeds.py --models hybrid hybrid_mha kda gdn attention \
+        --seeds 1 2 --output data/results/stdlib_lm_seeds.json
 
-Builds and trains the model exactly as notebook 09 does with its full parameters
+Builds and trains each model exactly as notebook 09 does with its full parameters
 (``notebooks/params/full/09_hybrid_language_model.yaml``: the same configs, parameter matching,
 AdamW schedule, batches and validation windows; model init and batches drawn from
 ``jax.random.key(seed)`` as the notebook's ``seed`` parameter does) and records the validation
 bits per byte and the training tokens/s (steps after the first window, validation excluded, as
-in the notebook). Seed 0 reproduces ``data/results/stdlib_lm_full.json``. One model per call,
-so a long sweep can be run as short jobs.
+in the notebook). Seed 0 reproduces ``data/results/stdlib_lm_full.json``. The models:
+``hybrid`` (the yaml's ``hybrid_layers``, Kimi Linear's 3 KDA : 1 MLA), ``hybrid_mha`` (the
+same pattern with NoPE multi-head attention in place of MLA), ``kda``, ``gdn`` and
+``attention`` (RoPE).
+
+It resumes: a (model, seed) row already in ``--output`` is skipped, and the file is rewritten
+(atomically) after every run, so a cut loses at most the run in progress.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 import time
 
@@ -27,11 +33,41 @@ import kda_lib.notebook
 from kda_lib.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.generate import score_text
 from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parameter_count
-from kda_lib.records import write_json
+from kda_lib.records import output_path_problem, write_json
 from kda_lib.train import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "notebooks" / "params" / "full" / "09_hybrid_language_model.yaml"
+
+
+MODELS = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
+
+
+def model_config(p: dict, model_name: str) -> ModelConfig:
+    """The notebook's config of ``model_name`` for the parameters ``p``, parameter-matched to
+    the KDA model by its MLP width; NoPE in both hybrids, RoPE in the attention model."""
+    base = ModelConfig(
+        vocab_size=256,
+        hidden_size=p["hidden_size"],
+        num_layers=p["num_layers"],
+        num_heads=p["num_heads"],
+        head_dim=p["head_dim"],
+        implementation=p["implementation"],
+        kv_lora_rank=p["kv_lora_rank"],
+    )
+    hybrid = tuple(p["hybrid_layers"])
+    patterns = {
+        "attention": ("attention",),
+        "kda": ("kda",),
+        "gdn": ("gdn",),
+        "hybrid": hybrid,
+        "hybrid_mha": tuple("attention" if m == "mla" else m for m in hybrid),
+    }
+    target = config_param_count(dataclasses.replace(base, layers=patterns["kda"]))
+    rope = not model_name.startswith("hybrid")
+    return match_parameter_count(
+        dataclasses.replace(base, layers=patterns[model_name], rope=rope), target
+    )
 
 
 def run(model_name: str, seed: int) -> dict:
@@ -40,24 +76,7 @@ def run(model_name: str, seed: int) -> dict:
     model_seed, data_seed = (
         int(s) for s in jax.random.randint(jax.random.key(seed), (2,), 0, 2**31 - 1)
     )
-    base = ModelConfig(
-        vocab_size=256,
-        hidden_size=p["hidden_size"],
-        num_layers=p["num_layers"],
-        num_heads=p["num_heads"],
-        head_dim=p["head_dim"],
-        implementation=p["implementation"],
-    )
-    patterns = {
-        "attention": ("attention",),
-        "kda": ("kda",),
-        "gdn": ("gdn",),
-        "hybrid": tuple(p["hybrid_layers"]),
-    }
-    target = config_param_count(dataclasses.replace(base, layers=patterns["kda"]))
-    config = match_parameter_count(
-        dataclasses.replace(base, layers=patterns[model_name], rope=model_name != "hybrid"), target
-    )
+    config = model_config(p, model_name)
     corpus = load_stdlib_corpus()
     valid = validation_windows(corpus.validation, p["seq_len"], p["val_windows"])
     model = TinyLM(config, rngs=nnx.Rngs(model_seed))
@@ -85,6 +104,7 @@ def run(model_name: str, seed: int) -> dict:
     return dict(
         model=model_name,
         seed=seed,
+        layers=list(config.layer_mixers),
         bpb=bpb,
         params=config_param_count(config),
         train_tokens_per_second=timed * p["batch_size"] * p["seq_len"] / seconds,
@@ -97,18 +117,26 @@ def run(model_name: str, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--model", choices=("attention", "kda", "gdn", "hybrid"), required=True)
-    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--seeds", nargs="+", type=int, required=True)
     parser.add_argument("--output", type=pathlib.Path, required=True)
     args = parser.parse_args()
-    row = run(args.model, args.seed)
-    print(row, flush=True)
-    import json
-
-    rows = json.loads(args.output.read_text())["runs"] if args.output.exists() else []
-    rows = [r for r in rows if (r["model"], r["seed"]) != (args.model, args.seed)] + [row]
-    rows.sort(key=lambda r: (r["model"], r["seed"]))
-    write_json(dict(setting=str(PARAMS.relative_to(ROOT)), runs=rows), args.output)
+    if any(seed < 0 for seed in args.seeds):
+        parser.error(f"--seeds must be ints >= 0, got {args.seeds}")
+    problem = output_path_problem(args.output)
+    if problem:
+        parser.error(f"--output: {problem}")
+    for seed in args.seeds:
+        for model_name in args.models:
+            rows = json.loads(args.output.read_text())["runs"] if args.output.exists() else []
+            if any((r["model"], r["seed"]) == (model_name, seed) for r in rows):
+                print(f"{model_name} seed {seed}: already in {args.output}, skipped", flush=True)
+                continue
+            row = run(model_name, seed)
+            print(row, flush=True)
+            rows = [*rows, row]
+            rows.sort(key=lambda r: (r["model"], r["seed"]))
+            write_json(dict(setting=str(PARAMS.relative_to(ROOT)), runs=rows), args.output)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,15 @@ import pytest
 from flax import nnx
 
 from kda_lib.corpus import TextBatch
-from kda_lib.generate import cache_bytes, decode_cost, generate, generate_text, score_text
+from kda_lib.generate import (
+    _as_if_seen,
+    cache_bytes,
+    decode_cost,
+    generate,
+    generate_text,
+    score_text,
+)
+from kda_lib.mla import MLACache
 from kda_lib.models import ModelConfig, TinyLM
 
 CFG = ModelConfig(
@@ -118,3 +126,26 @@ def test_decode_cost_memory_grows_only_with_attention():
         decode_cost(kda, [])
     with pytest.raises(ValueError, match="every context must be an int >= 0"):
         decode_cost(kda, [-1])
+
+
+def test_decode_cost_fills_mla_latent_caches():
+    """decode_cost marks MLA's fixed latent cache as holding ``context`` tokens (as it does the
+    attention cache), and the memory grows by one latent of kv_lora_rank floats per token."""
+    contexts, r = [8, 40], 4
+    mla = TinyLM(dataclasses.replace(CFG, layers=("kda", "mla"), kv_lora_rank=r), rngs=nnx.Rngs(0))
+    cache = _as_if_seen(mla.init_cache(1, max_len=50), 8, jax.random.key(0))
+    assert isinstance(cache[1], MLACache) and int(cache[1].length) == 8
+    assert np.abs(np.asarray(cache[1].latents)).min() > 0  # filled with random latents
+    costs = decode_cost(mla, contexts, steps=2, repeats=1)
+    grown = costs[1]["cache_bytes"] - costs[0]["cache_bytes"]
+    assert grown == (40 - 8) * r * 4  # one MLA layer: r float32 per token
+    attention = TinyLM(dataclasses.replace(CFG, layers=("kda", "attention")), rngs=nnx.Rngs(0))
+    attention_grown = [r["cache_bytes"] for r in decode_cost(attention, contexts, steps=2)]
+    assert attention_grown[1] - attention_grown[0] == (40 - 8) * 2 * 2 * 8 * 4  # 2 H K floats
+    # the next decode step writes its latent at position `context` and attends to all of them
+    _, stepped = mla(jnp.zeros((1, 1), jnp.int32), cache=cache)
+    assert int(stepped[1].length) == 9
+    changed = np.any(np.asarray(stepped[1].latents != cache[1].latents)[0], axis=-1)
+    assert changed.tolist() == [i == 8 for i in range(50)]
+    with pytest.raises(ValueError, match="fixed-capacity"):
+        _as_if_seen(mla.init_cache(1), 8, jax.random.key(0))

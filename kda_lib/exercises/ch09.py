@@ -1,4 +1,4 @@
-"""Checkers of notebook 09's exercises (the hybrid's cache, its attention share, context use)."""
+"""Checkers of notebook 09's exercises (the hybrid's cache, its MLA share, context use)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def hybrid_cache_bytes(answer, *, measured: dict):
         if got != want:
             return (
                 f"at context {context} your count is {'above' if got > want else 'below'} "
-                "the measured cache; the attention cache has room for more than the context"
+                "the measured cache; the MLA cache has room for more than the context"
             )
     return None
 
@@ -36,7 +36,8 @@ def attention_share(
     value_dim: int,
     conv_size: int,
 ):
-    """The share of the hybrid's cache held by its attention layers."""
+    """The share of the hybrid's cache held by its global (MLA) layers: all but the KDA
+    layers' fixed caches."""
     try:
         value = float(answer)
     except (TypeError, ValueError):

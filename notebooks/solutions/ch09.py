@@ -6,24 +6,24 @@ import numpy as np
 
 
 def make_hybrid_cache_bytes(
-    *, kda_layers, attention_layers, heads, key_dim, conv_size, decode_steps=8
+    *, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size, decode_steps=8
 ):
     """1: KDA layers: a float32 state H K K plus three conv tails of (W - 1) H K numbers each
-    (q, k, v with K = V); attention layers: keys and values for a capacity of context +
-    decode_steps + 1 tokens (``decode_cost`` leaves room for its steps and one more), float32,
-    plus an int32 length (4 bytes)."""
+    (q, k, v with K = V); MLA layers: one latent of r = kv_lora_rank float32 numbers per token
+    for a capacity of context + decode_steps + 1 tokens (``decode_cost`` leaves room for its
+    steps and one more), plus an int32 length (4 bytes)."""
     kda_layer = 4 * (heads * key_dim * key_dim + 3 * (conv_size - 1) * heads * key_dim)
 
     def hybrid_cache_bytes(context: int) -> int:
         capacity = context + decode_steps + 1
-        attention_layer = 2 * capacity * heads * key_dim * 4 + 4
-        return kda_layers * kda_layer + attention_layers * attention_layer
+        mla_layer = capacity * kv_lora_rank * 4 + 4
+        return kda_layers * kda_layer + mla_layers * mla_layer
 
     return hybrid_cache_bytes
 
 
 def attention_share(cache_bytes, *, kda_layers, heads, key_dim, value_dim, conv_size) -> float:
-    """2: one minus the KDA layers' fixed share."""
+    """2: one minus the KDA layers' fixed share (the rest is the MLA latents)."""
     kda_layer = 4 * (
         heads * key_dim * value_dim + (conv_size - 1) * heads * (2 * key_dim + value_dim)
     )
@@ -41,7 +41,7 @@ def largest_context_gain(bpb_by_position: dict) -> str:
 
 
 def cases():
-    shape = dict(kda_layers=1, attention_layers=1, heads=2, key_dim=16, conv_size=4)
+    shape = dict(kda_layers=1, mla_layers=1, heads=2, key_dim=16, kv_lora_rank=16, conv_size=4)
     by_hand = make_hybrid_cache_bytes(**shape)
     measured = {c: by_hand(c) for c in (64, 512, 2048)}  # what decode_cost reports (CI sizes)
     share = dict(
