@@ -407,8 +407,9 @@ viz.show(fig, "08_mqar_steps_live")
 # stated once and stored in the file:
 #
 # - **Rates, per task and mixer.** Each rate of a grid is tried at the task's first length
-#   with the first seed; the best (highest held-out accuracy, then fewest steps) must lie
-#   strictly inside the rates tried, else the grid grows by one point past that edge.
+#   with the first seed; the best (solved in the fewest steps, else the highest held-out
+#   accuracy) must lie strictly inside the rates tried, else the grid grows by one point past
+#   that edge.
 # - **Seeds.** Every length of the task then runs at that rate with three seeds.
 # - **Stopping.** Held-out accuracy (batches training never sees) every `eval_every` steps; a
 #   run stops once it reaches the `solved` level. At the budget its verdict is *flat* (held-out

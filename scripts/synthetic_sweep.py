@@ -220,9 +220,16 @@ def run_key(r: dict) -> tuple:
 
 
 def score(r: dict) -> tuple:
-    """Tuning order: higher final held-out accuracy, then fewer steps, then lower held-out
-    loss (ties among solved runs go to the rate that solved fastest)."""
-    return (round(r["eval"]["accuracy"], 3), -r["training"]["steps"], -r["eval"]["loss"])
+    """Tuning order: a solved run beats an unsolved one, and among solved runs the fewest steps
+    wins (their final accuracies differ only by where in [solved, 1] the check fired); then
+    higher final held-out accuracy, then lower held-out loss."""
+    solved = r["stop"] == "solved"
+    return (
+        solved,
+        -r["training"]["steps"] if solved else 0,
+        round(r["eval"]["accuracy"], 3),
+        -r["eval"]["loss"],
+    )
 
 
 def best_rate(rows: list[dict]) -> float:
