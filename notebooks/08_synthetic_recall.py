@@ -461,6 +461,7 @@ def curves(rs, budget):
                                            r["curve"]["accuracy"]) for r in rs])
 
 
+# %% tags=["hide-input"]
 def length_panel(ax, task):
     for mixer in rec_mixers:
         ts = [t for t in rec_lens[task] if (task, mixer, t) in cells]
@@ -479,6 +480,7 @@ def length_panel(ax, task):
            xlabel="sequence length T (log scale)", ylabel="held-out accuracy")
 
 
+# %% tags=["hide-input"]
 def steps_panel_recorded(ax, task, t):
     for mixer in rec_mixers:
         if (task, mixer, t) not in cells:
@@ -553,6 +555,7 @@ def claim_a(task):
     return verdict, per_len
 
 
+# %%
 def claim_b(task):
     """Claim B where KDA and GDN solve on every seed: KDA solves in fewer steps."""
     found = {}
@@ -577,6 +580,28 @@ for task in rec_tasks:
     print(f"{task}: solved on every seed by (mixer, T) {sorted(solved_by) or 'none'}")
     print(f"  claim A: {va}; KDA vs the others per length {per_len}")
     print(f"  claim B: {vb}; (ordering, KDA steps, GDN steps) per length {found}")
+
+# %% [markdown]
+# **MQAR (complete: four mixers, two lengths, three seeds; asserted below).** At this size
+# (4 pairs, T up to 64) KDA, GDN and attention with the short convolution solve MQAR on every
+# seed at both lengths, and two-layer attention does at T = 32. Claim A finds nothing to
+# separate among them, and KDA and GDN are level in steps to solve as well: claim B is not
+# reproduced at this scale, the seeds' spread being larger than the gap. KDA is ordered above
+# plain attention at T = 64 only because attention's runs there were still rising at the step
+# budget (the slow start of section 5): a budget effect, not a limit of attention.
+
+# %%
+mqar_cells = {("mqar", m, t) for m in ("kda", "gdn", "attention", "attention_conv")
+              for t in (32, 64)}
+if mqar_cells <= complete:  # the statements above, on complete cells only
+    late = ("mqar", "attention", 64)
+    assert all(r["stop"] == "solved" for c in mqar_cells - {late} for r in cells[c])
+    assert all(r["stop"] == "rising" for r in cells[late]), "still learning at the budget"
+    assert all(o == "level" for t in (32, 64) for m, o in orders("mqar", t).items()
+               if (m, t) != ("attention", 64)), [orders("mqar", t) for t in (32, 64)]
+    assert orders("mqar", 64)["attention"] == ">" and verdicts["mqar"]["A"] == "in part"
+    assert verdicts["mqar"]["B"] == "not at this scale"
+    print("MQAR: the statements above hold on its complete cells")
 
 # %%
 for task in rec_tasks:  # the evidence where no complete cell is solved
