@@ -20,24 +20,27 @@
 # whose mixer is KDA learns what a model without a recurrent state cannot. The Kimi Linear
 # paper (arXiv 2510.26692, synthetic tests) trains small models on Palindrome, Multi-Query
 # Associative Recall (MQAR) and Stack and plots accuracy against sequence length and against
-# training steps, with KDA ahead of Gated DeltaNet (GDN). We rerun that comparison at laptop
-# scale, with every number a mean over seeds (spread shown) and every mixer's learning rate
-# picked from a grid on MQAR (the Zoology protocol: each model gets its best rate there; the
-# other tasks reuse it, section 7). In section 9 we build, in closed form, a case where the
-# decay per channel does what a scalar forget gate cannot. We also show why
-# plain softmax attention, which is known to solve MQAR, sits low here: it has to *grow* an
-# induction circuit, a sudden phase transition that the recurrent mixers skip because their
-# short convolution hands each token its predecessor.
+# training steps; it reports KDA ahead of Gated DeltaNet (GDN). We rerun that comparison at
+# laptop scale: two-layer models trained until they solve the task or reach a stated step
+# budget, a learning rate tuned per task and mixer (best strictly inside its grid), three
+# seeds per setting, and one significance rule for every ordering (sections 7 and 8). Each of
+# the paper's claims gets a verdict computed from the recording: reproduced, in part, or not at
+# this scale, with the measured reason. In section 9 we build, in closed form, a case where the
+# decay per channel does what a scalar forget gate cannot. We also show why one layer of plain
+# softmax attention, which is known to solve MQAR with more layers, sits low here: it has to
+# *grow* an induction circuit, which the recurrent mixers' short convolution makes
+# unnecessary by handing each token its predecessor.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/08_synthetic_recall.ipynb)
 #
 # Symbols follow the notation table,
 # [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults below (MQAR only, one layer, two seeds, one rate, KDA and the
-# attention and conv controls);
-# `make notebooks PARAMS=full` runs `notebooks/params/full/08_synthetic_recall.yaml`, the
-# setting recorded in `data/results/synthetic_recall_seeds.json` (its command and time are in
-# `data/results/README.md`). One run at a time comes from the command line:
+# attention and conv controls) live; `make notebooks PARAMS=full` runs the live part larger
+# (`notebooks/params/full/08_synthetic_recall.yaml`). The full comparison (sections 7 and 8)
+# reads the sweep recorded in `data/results/synthetic_recall_sweep.json`, made and resumed by
+# `scripts/synthetic_sweep.py` (command, wall time and state in `data/results/README.md`).
+# One run at a time comes from the command line:
 # `python -m kda_lib.train_cli mqar --mixer kda --seq-len 64 ...`.
 
 # %% tags=["parameters"]
@@ -60,7 +63,7 @@ implementation: str = "recurrent"  # KDA kernel (recurrent compiles fastest at s
 eval_batches: int = 4  # held-out batches per run
 log_every: int = 25  # steps averaged into one point of the training curves
 record_results: str = ""  # write this sweep's records to this JSON path ("" to skip)
-recorded_results: str = "synthetic_recall_seeds.json"  # recorded full run, in data/results/
+recorded_results: str = "synthetic_recall_sweep.json"  # recorded sweep, in data/results/
 recorded_phase: str = "mqar_attention_phase_transition_seed0.json"  # long attention MQAR run
 seed: int = 0  # seed of the one jax.random.key below
 
@@ -87,6 +90,8 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 
 # %%
 # Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+from collections import Counter
+
 import jax
 import matplotlib.pyplot as plt
 import numpy as np
@@ -97,6 +102,7 @@ from kda_lib import viz
 from kda_lib.models import ModelConfig, TinyLM, count_params
 from kda_lib.records import load_recorded
 from kda_lib.reference import kda_recurrent
+from kda_lib.significance import ordering
 from kda_lib.tasks import chance_accuracy
 from kda_lib.train import make_task, run_sweep, save_record, summary_line
 
@@ -393,117 +399,231 @@ axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
 viz.show(fig, "08_mqar_steps_live")
 
 # %% [markdown]
-# ## 7. The recorded full run: both rows of the paper's figure
+# ## 7. The recorded sweep: both rows of the paper's figure
 #
-# The recorded run (`recorded_results`) has all three tasks, two lengths, a learning-rate grid
-# per mixer and three seeds per setting. Top: accuracy against length (mean, bars from min to
-# max over seeds); bottom: accuracy against steps at the longest length. Dotted: chance, guessing
-# uniformly among the answers a scored position can hold.
+# The recorded sweep (`recorded_results`, made by `scripts/synthetic_sweep.py`; command, wall
+# time and how to resume it in `data/results/README.md`) trains two-layer models until they
+# solve the task or reach a step budget, per task, mixer, length and seed. Its protocol,
+# stated once and stored in the file:
+#
+# - **Rates, per task and mixer.** Each rate of a grid is tried at the task's first length
+#   with the first seed; the best (solved in the fewest steps, else the highest held-out
+#   accuracy) must lie strictly inside the rates tried, else the grid grows by one point past
+#   that edge.
+# - **Seeds.** Every length of the task then runs at that rate with three seeds.
+# - **Stopping.** Held-out accuracy (batches training never sees) every `eval_every` steps; a
+#   run stops once it reaches the `solved` level. At the budget its verdict is *flat* (held-out
+#   accuracy moved by less than `flat_tol` over the last fifth of the steps) or *rising*
+#   (still learning: not converged, so its accuracy is a lower bound).
+#
+# A sweep cut short leaves some cells unfinished. A cell (task, mixer, length) is **complete**
+# when its rate is tuned with the best inside the grid and it has three seeds; only complete
+# cells enter the comparisons below; the others are drawn hollow and listed.
 
 # %%
-recorded_file = load_recorded("results", recorded_results)
-recorded, rec_tuning = recorded_file["runs"], recorded_file["tuning"]
-rec = tuned(recorded)
-first = recorded[0]
-rec_tasks = list(dict.fromkeys(r["task"] for r in recorded))
-rec_lens = sorted({r["training"]["seq_len"] for r in recorded})
-rec_setting = (f"recorded: {first['model']['num_layers']} layer(s), width "
-               f"{first['model']['hidden_size']}, {first['training']['steps']} steps, vocab "
-               f"{first['task_options']['vocab_size']}, rates "
-               f"{sorted({r['training']['learning_rate'] for r in rec_tuning})}")
-chance.update({r["task"]: r["chance_accuracy"] for r in recorded})
-print_table(rec, rec_setting + "\nmean +- sd [min, max] over seeds, at each setting's best rate")
-
-# %% [markdown]
-# **How the rates were chosen.** The grid was run on one task, one length and one seed, and the
-# rate chosen there was reused for every task and length (printed below). So the rates are
-# tuned for MQAR only; palindrome and stack run at MQAR's best rate, which may not be theirs.
-# A rate picked at an edge of the grid may not be the best one either: attention's is the
-# smallest rate tried (asserted below), and the grid was not widened here.
+sweep = load_recorded("results", recorded_results)
+grids, setting = sweep["grids"], sweep["setting"]
+MIN_SEEDS = 3  # seeds a cell needs to be complete
+cells = {}  # (task, mixer, T) -> the runs at the tuned rate, one per seed
+for r in sweep["runs"]:
+    grid_row = grids.get(f"{r['task']}/{r['mixer']}")
+    if grid_row and r["training"]["learning_rate"] == grid_row["best"]:
+        cells.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(r)
+complete = {c for c, rs in cells.items()
+            if len(rs) >= MIN_SEEDS and grids[f"{c[0]}/{c[1]}"]["inside"]}
+acc = {c: np.array([r["eval"]["accuracy"] for r in rs]) for c, rs in cells.items()}
+rec_tasks = list(dict.fromkeys(r["task"] for r in sweep["runs"]))
+rec_mixers = list(dict.fromkeys(r["mixer"] for r in sweep["runs"]))
+rec_lens = {task: sorted({c[2] for c in cells if c[0] == task}) for task in rec_tasks}
+chance.update({r["task"]: r["chance_accuracy"] for r in sweep["runs"]})
+print(f"recorded setting: {setting}")
+print(f"{len(sweep['runs'])} runs; {len(complete)} of {len(cells)} started cells complete")
+for name, g in grids.items():
+    print(f"rates {name:26s} {g['rates']} -> {g['best']:g}"
+          f"{'' if g['inside'] else '  (at an edge: not complete)'}")
 
 # %%
-grid = sorted({r["training"]["learning_rate"] for r in rec_tuning})
-tune_settings = {(r["task"], r["training"]["seq_len"]) for r in rec_tuning}
-tune_seeds = {r["training"]["seed"] for r in rec_tuning}
-picked = {m: max((r for r in rec_tuning if r["mixer"] == m), key=lambda r: r["eval"]["accuracy"])
-          ["training"]["learning_rate"] for m in dict.fromkeys(r["mixer"] for r in rec_tuning)}
-at_edge = [m for m, lr in picked.items() if lr in (grid[0], grid[-1])]
-print(f"rate grid {grid}, tried on (task, T) = {sorted(tune_settings)} with {len(tune_seeds)} "
-      f"seed; best rate per mixer {picked}; at an edge of the grid: {at_edge}")
-assert tune_settings == {("mqar", 64)} and len(tune_seeds) == 1
-assert all(rec[(t, m, n)]["lr"] == picked[m] for (t, m, n) in rec), "reused everywhere"
-assert at_edge == ["attention"] and picked["attention"] == grid[0]
+for (task, mixer, t), rs in sorted(cells.items()):
+    a = acc[(task, mixer, t)]
+    spread = f"{a.std(ddof=1):.3f}" if a.size > 1 else "  -  "
+    stops = ", ".join(f"{v} {k}" for k, v in sorted(Counter(r["stop"] for r in rs).items()))
+    print(f"{task:10s} T={t:<3d} {mixer:15s} {a.mean():.3f} +- {spread} [{a.min():.3f}, "
+          f"{a.max():.3f}] {a.size} seed(s): {stops}; steps {[r['training']['steps'] for r in rs]}"
+          f"{'' if (task, mixer, t) in complete else '  INCOMPLETE'}")
+
 
 # %% tags=["hide-input"]
-fig, axes = plt.subplots(2, len(rec_tasks), figsize=(4.4 * len(rec_tasks), 7.2), squeeze=False)
-for ax, task in zip(axes[0], rec_tasks, strict=True):
-    for mixer in mixers:
-        cells = [rec.get((task, mixer, t)) for t in rec_lens]
-        if any(c is None for c in cells):
-            continue
-        mean = np.array([c["acc"].mean() for c in cells])
-        err = [mean - [c["acc"].min() for c in cells], [c["acc"].max() for c in cells] - mean]
-        ax.errorbar(rec_lens, mean, yerr=err, marker="o", capsize=3, color=colors[mixer],
-                    label=mixer)
+def curves(rs, budget):
+    """Held-out accuracy of each run on the grid of evaluation steps up to ``budget``; a run
+    that stopped when solved keeps its last value (it is not trained further)."""
+    grid_steps = np.arange(setting["eval_every"], budget + 1, setting["eval_every"])
+    return grid_steps, np.array([np.interp(grid_steps, r["curve"]["step"],
+                                           r["curve"]["accuracy"]) for r in rs])
+
+
+# %% tags=["hide-input"]
+def length_panel(ax, task):
+    for mixer in rec_mixers:
+        ts = [t for t in rec_lens[task] if (task, mixer, t) in cells]
+        mean = np.array([acc[(task, mixer, t)].mean() for t in ts])
+        lo = mean - [acc[(task, mixer, t)].min() for t in ts]
+        hi = [acc[(task, mixer, t)].max() for t in ts] - mean
+        ax.errorbar(ts, mean, yerr=[lo, hi], color=colors[mixer], capsize=3, label=mixer)
+        full = [(task, mixer, t) in complete for t in ts]
+        ax.scatter(ts, mean, color=[colors[mixer] if f else "white" for f in full],
+                   edgecolors=colors[mixer], zorder=3)
     ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(rec_lens, [str(t) for t in rec_lens])
+    ax.set_xticks(rec_lens[task], [str(t) for t in rec_lens[task]])
     ax.minorticks_off()
     ax.set(ylim=(-0.02, 1.02), title=f"{task}: accuracy vs length",
-           xlabel="sequence length T (tokens, log scale)", ylabel="held-out accuracy")
-for ax, task in zip(axes[1], rec_tasks, strict=True):
-    steps_panel(ax, rec, task, rec_lens[-1], colors)
-    ax.set_title(f"{task}, T = {rec_lens[-1]}: accuracy vs steps")
-axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, title=rec_setting
-                   .replace(", rates", "\nrates").replace("recorded: ", ""), title_fontsize=7)
+           xlabel="sequence length T (log scale)", ylabel="held-out accuracy")
+
+
+# %% tags=["hide-input"]
+def steps_panel_recorded(ax, task, t):
+    for mixer in rec_mixers:
+        if (task, mixer, t) not in cells:
+            continue
+        x, y = curves(cells[(task, mixer, t)], setting["max_steps"])
+        style = "-" if (task, mixer, t) in complete else "--"
+        ax.plot(x, y.mean(0), style, color=colors[mixer], label=mixer)
+        ax.fill_between(x, y.min(0), y.max(0), color=colors[mixer], alpha=0.15)
+    ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
+    ax.set(ylim=(-0.02, 1.02), title=f"{task}, T = {t}: accuracy vs steps",
+           xlabel="optimiser step", ylabel="held-out accuracy")
+
+
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(2, len(rec_tasks), figsize=(4.4 * len(rec_tasks), 7.4), squeeze=False)
+for ax_len, ax_steps, task in zip(axes[0], axes[1], rec_tasks, strict=True):
+    length_panel(ax_len, task)
+    steps_panel_recorded(ax_steps, task, rec_lens[task][0])
+axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8,
+                   title="hollow / dashed:\nincomplete", title_fontsize=7)
 viz.show(fig, "08_recorded_length_and_steps")
 
 # %% [markdown]
-# ## 8. Does KDA beat GDN?
+# Top: mean held-out accuracy over seeds, bars from the lowest to the highest seed. Bottom:
+# held-out accuracy against steps at each task's first length (mean over seeds, range shaded;
+# a run that stopped when solved is drawn flat from there). Dotted: chance, guessing uniformly
+# among the answers a scored position can hold.
 #
-# Per task and length we compare the two means and call a difference real only when it is
-# larger than both 0.01 and twice its standard error over seeds,
-# $|\bar a_{\mathrm{KDA}} - \bar a_{\mathrm{GDN}}| > \max\!\big(0.01,\;
-# 2\sqrt{s_{\mathrm{KDA}}^2/n + s_{\mathrm{GDN}}^2/n}\big)$; otherwise the two are level.
+# ## 8. The paper's claims, one significance rule
 #
-# The rule compares memories only where the models do the task. **Palindrome is solved by no
-# model** (every mean below 0.3, asserted below): the gaps there rank partial failures, whose
-# cause this sweep cannot tell, so palindrome is left out of the comparison. On MQAR (solved)
-# and stack (learned well above chance by both; means printed below), KDA and GDN are level at
-# both lengths. GDN's MQAR at $T = 64$ shows why seeds matter: one of its three
-# seeds stalled below 0.7 (asserted below).
+# **The rule** (`kda_lib.significance.ordering`, the same for notebook 09): two mixers are
+# ordered only when the gap between their means over seeds exceeds both a floor and two
+# standard errors of the gap, $|\bar a - \bar b| > \max\!\big(m,\; 2\sqrt{s_a^2/n_a +
+# s_b^2/n_b}\big)$; otherwise they are *level*. For accuracy the floor is $m$ = 0.01; for
+# steps to solve it is one evaluation interval (`eval_every`), the resolution of that count.
+#
+# The paper reports two things on these tasks: **(A)** KDA reaches the highest accuracy on
+# all three tasks as the sequence grows, and **(B)** it gets there in fewer training steps
+# than GDN. Below, for each task, a verdict per claim from the complete cells only:
+# *reproduced* (at every complete length), *in part* (at some), or *not at this scale*, with
+# the measured reason printed. A task where no mixer solves any length gets no verdict on
+# mechanism: only the numbers.
 
 # %%
-def verdict(a, b):
-    diff, se = a.mean() - b.mean(), np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
-    return "level" if abs(diff) <= max(0.01, 2 * se) else "KDA ahead" if diff > 0 else "GDN ahead"
+def solve_step(r):
+    """The step of the first held-out evaluation at the solved level (None: never solved)."""
+    hits = [s for s, a in zip(r["curve"]["step"], r["curve"]["accuracy"], strict=True)
+            if a >= setting["solved"]]
+    return hits[0] if hits else None
 
 
-best_palindrome = max((b["acc"].mean(), m, t) for (task, m, t), b in rec.items()
-                       if task == "palindrome")
-print(f"palindrome: best mean accuracy {best_palindrome[0]:.3f} ({best_palindrome[1]}, "
-      f"T = {best_palindrome[2]}): solved by no model; not compared")
-assert best_palindrome[0] < 0.3
+def orders(task, t):
+    """KDA against each other mixer at (task, t): accuracy orderings by the rule."""
+    return {m: ordering(acc[(task, "kda", t)], acc[(task, m, t)]) for m in rec_mixers
+            if m != "kda" and (task, m, t) in complete}
+
+
+# %%
+def claim_a(task):
+    """Claim A at each complete length: KDA above every other complete mixer."""
+    per_len = {t: orders(task, t) for t in rec_lens[task] if (task, "kda", t) in complete}
+    per_len = {t: o for t, o in per_len.items() if o}
+    top = [t for t, o in per_len.items() if all(v == ">" for v in o.values())]
+    above = [t for t, o in per_len.items() if "<" not in o.values() and ">" in o.values()]
+    if not per_len:
+        return "not recorded yet (no complete length)", per_len
+    ceiling = all(acc[(task, m, t)].mean() >= setting["solved"] for t in per_len
+                  for m in [*per_len[t], "kda"])
+    verdict = ("reproduced" if len(top) == len(per_len) else "in part" if top or above
+               else "not at this scale" + (": every mixer compared solves it (a ceiling)"
+                                           if ceiling else ""))
+    return verdict, per_len
+
+
+# %%
+def claim_b(task):
+    """Claim B where KDA and GDN solve on every seed: KDA solves in fewer steps."""
+    found = {}
+    for t in rec_lens[task]:
+        if {(task, "kda", t), (task, "gdn", t)} <= complete:
+            k, g = ([solve_step(r) for r in cells[(task, m, t)]] for m in ("kda", "gdn"))
+            if None not in k + g:
+                found[t] = (ordering(k, g, min_gap=setting["eval_every"]), k, g)
+    faster = [t for t, (o, _, _) in found.items() if o == "<"]
+    verdict = ("no length where both solve on every seed" if not found else "reproduced"
+               if len(faster) == len(found) else "in part" if faster else "not at this scale")
+    return verdict, found
+
+
+# %%
 verdicts = {}
 for task in rec_tasks:
-    for t in rec_lens:
-        a, b = rec[(task, "kda", t)]["acc"], rec[(task, "gdn", t)]["acc"]
-        verdicts[(task, t)] = verdict(a, b) if task != "palindrome" else "not solved"
-        print(f"{task:11s} T={t:<4d} kda {a.mean():.3f} +- {a.std(ddof=1):.3f}   gdn "
-              f"{b.mean():.3f} +- {b.std(ddof=1):.3f}   {verdicts[(task, t)]}")
-assert all(v == "level" for (task, t), v in verdicts.items() if task != "palindrome"), verdicts
-gdn_mqar = rec[("mqar", "gdn", rec_lens[0])]["acc"]
-assert gdn_mqar.min() < 0.7 and gdn_mqar.max() > 0.99, gdn_mqar  # one seed stalled
-attention_mqar = [rec[("mqar", "attention", t)] for t in rec_lens]
-print("attention on MQAR at its best rate:", [(a["lr"], round(a["acc"].mean(), 3)) for a in
-                                               attention_mqar])
-assert all(a["lr"] == 0.003 and a["acc"].mean() < 0.36 for a in attention_mqar)
+    solved_by = {c[1:] for c in complete if c[0] == task
+                 and all(r["stop"] == "solved" for r in cells[c])}
+    (va, per_len), (vb, found) = claim_a(task), claim_b(task)
+    verdicts[task] = dict(A=va, B=vb, solved_by=sorted(solved_by))
+    print(f"{task}: solved on every seed by (mixer, T) {sorted(solved_by) or 'none'}")
+    print(f"  claim A: {va}; KDA vs the others per length {per_len}")
+    print(f"  claim B: {vb}; (ordering, KDA steps, GDN steps) per length {found}")
+
+# %% [markdown]
+# **MQAR (complete: four mixers, two lengths, three seeds; asserted below).** At this size
+# (4 pairs, T up to 64) KDA, GDN and attention with the short convolution solve MQAR on every
+# seed at both lengths, and two-layer attention does at T = 32. Claim A finds nothing to
+# separate among them, and KDA and GDN are level in steps to solve as well: claim B is not
+# reproduced at this scale, the seeds' spread being larger than the gap. KDA is ordered above
+# plain attention at T = 64 only because attention's runs there were still rising at the step
+# budget (the slow start of section 5): a budget effect, not a limit of attention.
+
+# %%
+mqar_cells = {("mqar", m, t) for m in ("kda", "gdn", "attention", "attention_conv")
+              for t in (32, 64)}
+if mqar_cells <= complete:  # the statements above, on complete cells only
+    late = ("mqar", "attention", 64)
+    assert all(r["stop"] == "solved" for c in mqar_cells - {late} for r in cells[c])
+    assert all(r["stop"] == "rising" for r in cells[late]), "still learning at the budget"
+    assert all(o == "level" for t in (32, 64) for m, o in orders("mqar", t).items()
+               if (m, t) != ("attention", 64)), [orders("mqar", t) for t in (32, 64)]
+    assert orders("mqar", 64)["attention"] == ">" and verdicts["mqar"]["A"] == "in part"
+    assert verdicts["mqar"]["B"] == "not at this scale"
+    print("MQAR: the statements above hold on its complete cells")
+
+# %%
+for task in rec_tasks:  # the evidence where no complete cell is solved
+    done = [c for c in complete if c[0] == task]
+    if verdicts[task]["solved_by"] or not done:
+        print(f"{task}: {'solved (above)' if done else 'no complete cell yet: no verdict'}")
+        continue
+    rs = [r for c in done for r in cells[c]]
+    best = max(rs, key=lambda r: r["eval"]["accuracy"])
+    rising = [r for r in rs if r["stop"] == "rising"]
+    drops = [r["curve"]["train_loss"][int(0.8 * len(r["curve"]["step"]))]
+             - r["curve"]["train_loss"][-1] for r in rs if r["stop"] != "solved"]
+    print(f"{task}: solved by no complete cell; best run {best['mixer']} at T = "
+          f"{best['training']['seq_len']}: {best['eval']['accuracy']:.3f}; {len(rising)} of "
+          f"{len(rs)} runs still rising at {setting['max_steps']} steps; training loss fell by "
+          f"{min(drops):.3f} to {max(drops):.3f} nats over the last fifth of the steps")
 
 # %% [markdown]
 # ## 9. Where a decay per channel helps: two time scales in one head
 #
-# In the recorded sweep KDA and GDN are level. Here is a small case where the per-channel decay
-# is worth something, built in closed form rather than trained. The task: filter a stream of
+# Whatever the trained models of section 8 show, here is a small case where the per-channel
+# decay is worth something, built in closed form rather than trained. The task: filter a stream of
 # numbers $x_t$ (the values, $d_v = 1$) at two time scales at once,
 #
 # $$
@@ -606,22 +726,20 @@ viz.show(fig, "08_two_time_scales")
 # ## Summary
 #
 # - Five mixers behind one model and one training loop (`kda_lib.train`), three recall tasks
-#   (`kda_lib.tasks`), every setting run with several seeds (three in the recorded run, with
-#   the best of a learning-rate grid per mixer); the command line runs the same experiments
-#   one at a time.
+#   (`kda_lib.tasks`), every setting run with several seeds (three in the recorded sweep, at
+#   the best of a learning-rate grid per task and mixer); the command line runs the same
+#   experiments one at a time.
 # - At CI size, one-layer KDA solves MQAR on every seed; the conv-only ablation stays near
 #   chance, as its finite reach says it must.
 # - One-layer softmax attention cannot solve MQAR, and the reason is structural, not a bug:
 #   with the short convolution the recurrent mixers have, one attention layer solves it too.
 #   Two attention layers can learn it without the convolution, after a phase transition (the
 #   recorded long run).
-# - With three seeds and rates tuned on MQAR (one length, one seed) and reused elsewhere, KDA
-#   and GDN were level on MQAR and stack at the recorded size (printed in section 8);
-#   palindrome was solved by no model, so it ranks nothing.
-# - Softmax attention, tuned over the same grid, stays below 0.36 on MQAR with one layer at
-#   both lengths while attention with the short convolution solves it: the missing
-#   previous-token step. Its best rate was the grid's smallest, so the grid does not rule out
-#   a better smaller rate.
+# - The recorded sweep (two layers, a rate tuned per task and mixer with the best inside its
+#   grid, three seeds, trained until solved or a stated budget) gives each of the paper's two
+#   claims a verdict per task, printed in section 8 from the complete cells only, with every
+#   ordering decided by one rule (`kda_lib.significance.ordering`); cells a cut-short sweep
+#   left unfinished are listed and drawn hollow, never compared.
 # - A decay per channel can do what one forget value per head cannot: a single head with two
 #   channels holds two time scales at once (section 9, exact to float64 rounding), while a
 #   scalar gate's head is one exponential.
@@ -636,8 +754,9 @@ viz.show(fig, "08_two_time_scales")
 # 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
 #    many are there for `vocab_size` tokens, and what accuracy does uniform guessing give?
 #    (Answer: the accuracy, a float; compare with `chance_accuracy("mqar", ...)`.)
-# 2. **Which settings are solved?** From the recorded run (`rec`), list the (task, T) pairs at
-#    which at least one mixer reaches a mean accuracy of 0.9 over seeds.
+# 2. **Which settings are solved?** From the complete cells of the recorded sweep (`acc`,
+#    `complete`), list the (task, T) pairs at which at least one mixer reaches a mean accuracy
+#    of 0.9 over seeds.
 # 3. **The conv-only reach.** In an MQAR sequence, query $k_i$ is answered by $v_i$, which sits
 #    at a known position. For the example of section 1, count the queries whose value lies
 #    within `conv_reach` tokens of the query: that bounds what the conv-only model can get
@@ -656,8 +775,7 @@ import kda_lib.exercises
 answer = None  # 1: the chance accuracy of MQAR, a float
 kda_lib.exercises.check("08.1", answer, vocab_size=vocab_size)
 answer = None  # 2: a list of (task, T) pairs
-kda_lib.exercises.check("08.2", answer, accuracy={setting: b["acc"].tolist()
-                                                  for setting, b in rec.items()})
+kda_lib.exercises.check("08.2", answer, accuracy={cell: acc[cell].tolist() for cell in complete})
 answer = None  # 3: the number of queries within conv_reach of their value, an int
 kda_lib.exercises.check("08.3", answer, inputs=inputs, mask=mask, num_pairs=num_pairs,
                         conv_reach=conv_reach)

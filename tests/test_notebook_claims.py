@@ -65,8 +65,9 @@ def _code_numbers(code: str) -> set[float]:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             values.add(float(node.value))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            values.update(float(m) for m in re.findall(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?",
-                                                       node.value))
+            values.update(
+                float(m) for m in re.findall(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", node.value)
+            )
     return values
 
 
@@ -109,8 +110,11 @@ def test_a_contradiction_is_caught():
     """The old text of notebook 01, with the code that produced other numbers."""
     nb = _notebook(
         ("code", "errors = recall(memory)\nprint(f'old pairs {errors.mean():.2f}')"),
-        ("md", "Beyond capacity KDA lets old pairs fade to an error of 1.0, on top of the delta "
-               "rule at 0.64 for n = 32."),
+        (
+            "md",
+            "Beyond capacity KDA lets old pairs fade to an error of 1.0, on top of the delta "
+            "rule at 0.64 for n = 32.",
+        ),
     )
     assert typed_in_numbers(nb) == [
         "cell 1 ('Beyond capacity KDA lets old pairs fade to an error of 1.0, '): '1.0'",
@@ -120,10 +124,12 @@ def test_a_contradiction_is_caught():
 
 def test_computed_text_constants_and_exemptions_pass():
     nb = _notebook(
-        ("code", "atol = 1e-5\nthreshold = 0.25\nT = 4096\n"
-                 "display(Markdown(f'error {err:.2f}'))"),
-        ("md", "Within tolerance 1e-5 at $T = 4096$; the error stays under 0.25 (25%) with "
-               "3 heads, see notebook 03 and [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)."),
+        ("code", "atol = 1e-5\nthreshold = 0.25\nT = 4096\ndisplay(Markdown(f'error {err:.2f}'))"),
+        (
+            "md",
+            "Within tolerance 1e-5 at $T = 4096$; the error stays under 0.25 (25%) with "
+            "3 heads, see notebook 03 and [arXiv:2510.26692](https://arxiv.org/abs/2510.26692).",
+        ),
         ("md", "## References\n\n- A paper, 2024, pages 1234-1240."),
     )
     assert typed_in_numbers(nb) == []
@@ -260,12 +266,12 @@ def test_exercise_solutions_are_not_in_the_notebook(name):
     checks = [c for c in nb.cells if c.cell_type == "code" and "exercises.check(" in c.source]
     assert checks and all("answer = None" in c.source for c in checks)
 
+
 # ----------------------------------------------------------------- notebooks 05-09 (issue 25)
 # Numbers these notebooks (and the README) state from recorded files, checked against the files
 # without executing a notebook.
 
 ROOT = NOTEBOOK_DIR.parent
-
 
 
 def _recorded(kind: str, name: str):
@@ -288,33 +294,81 @@ def test_scan_vs_chunked_forward_ratios_match_the_recording():
     assert "faster at every length" not in (ROOT / "README.md").read_text()
 
 
-def test_synthetic_recall_recording_as_notebook_08_states_it():
-    """08: palindrome solved by no model; rates tuned on MQAR, T = 64, one seed; attention's
-    best rate at the grid's edge; KDA and GDN level on MQAR and stack (two standard errors)."""
+def _sweep_cells(sweep):
+    """(task, mixer, T) -> runs at the tuned rate; and the complete cells (three seeds, best
+    rate strictly inside the grid), as notebook 08 defines them."""
+    cells = {}
+    for r in sweep["runs"]:
+        tuned = sweep["grids"].get(f"{r['task']}/{r['mixer']}")
+        if tuned and r["training"]["learning_rate"] == tuned["best"]:
+            cells.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(r)
+    complete = {
+        c
+        for c, runs in cells.items()
+        if len({r["training"]["seed"] for r in runs}) >= 3
+        and sweep["grids"][f"{c[0]}/{c[1]}"]["inside"]
+    }
+    return cells, complete
+
+
+def test_synthetic_recall_sweep_follows_its_stated_protocol():
+    """08 (issue 28): the recorded sweep's rates are the best of their grids by the stated rule
+    (solved in the fewest steps, else accuracy, then lower loss), a grid is widened past an
+    edge best, every run's verdict follows the stopping rule from its own curve, and the step
+    curves are held-out evaluations every ``eval_every`` steps."""
+    sweep = _recorded("results", "synthetic_recall_sweep.json")
+    setting, runs = sweep["setting"], sweep["runs"]
+    assert "Protocol" not in sweep["protocol"] and "solved" in sweep["protocol"]
+    for name, tuned in sweep["grids"].items():
+        task, mixer = name.split("/")
+        tries = [
+            r
+            for r in runs
+            if (r["task"], r["mixer"], r["training"]["seq_len"], r["training"]["seed"])
+            == (task, mixer, tuned["seq_len"], tuned["seed"])
+        ]
+        assert sorted(r["training"]["learning_rate"] for r in tries) == tuned["rates"], name
+        best = max(
+            tries,
+            key=lambda r: (
+                r["stop"] == "solved",
+                -r["training"]["steps"] if r["stop"] == "solved" else 0,
+                round(r["eval"]["accuracy"], 3),
+                -r["eval"]["loss"],
+            ),
+        )
+        assert best["training"]["learning_rate"] == tuned["best"], name
+        assert tuned["inside"] == (tuned["rates"][0] < tuned["best"] < tuned["rates"][-1]), name
+        assert len(tuned["rates"]) >= 3, name
+    for r in runs:
+        curve, every = r["curve"], setting["eval_every"]
+        steps = r["training"]["steps"]
+        assert curve["step"] == [*range(every, steps, every), steps][: len(curve["step"])], r[
+            "date"
+        ]
+        assert curve["step"][-1] == steps <= setting["max_steps"]
+        assert r["eval"]["accuracy"] == curve["accuracy"][-1]
+        if curve["accuracy"][-1] >= setting["solved"]:
+            want = "solved"
+        elif steps < setting["max_steps"]:
+            want = "diverged"
+        else:
+            base = [
+                a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s <= 0.8 * steps
+            ][-1]
+            late = [
+                a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s >= 0.8 * steps
+            ]
+            want = "flat" if max(abs(a - base) for a in late) < setting["flat_tol"] else "rising"
+        assert r["stop"] == want, (r["task"], r["mixer"], r["training"])
+        assert all(a < setting["solved"] for a in curve["accuracy"][:-1]), "stops when solved"
+
+
+def test_attention_phase_transition_recording_as_notebook_08_states_it():
+    """08: the two-layer attention run's plateau lies above chance and above guessing among the
+    sequence's pair values."""
     import numpy as np
 
-    record = _recorded("results", "synthetic_recall_seeds.json")
-    acc = {}
-    for r in record["runs"]:
-        acc.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(
-            r["eval"]["accuracy"]
-        )
-    assert max(np.mean(a) for (task, _, _), a in acc.items() if task == "palindrome") < 0.3
-    tuning = record["tuning"]
-    assert {(r["task"], r["training"]["seq_len"]) for r in tuning} == {("mqar", 64)}
-    assert len({r["training"]["seed"] for r in tuning}) == 1
-    grid = sorted({r["training"]["learning_rate"] for r in tuning})
-    best = {
-        m: max((r for r in tuning if r["mixer"] == m), key=lambda r: r["eval"]["accuracy"])
-        for m in {r["mixer"] for r in tuning}
-    }
-    edges = {m for m, r in best.items() if r["training"]["learning_rate"] in (grid[0], grid[-1])}
-    assert edges == {"attention"}
-    for task in ("mqar", "stack"):
-        for t in (64, 128):
-            a, b = np.array(acc[(task, "kda", t)]), np.array(acc[(task, "gdn", t)])
-            se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
-            assert abs(a.mean() - b.mean()) <= max(0.01, 2 * se), (task, t)
     phase = _recorded("results", "mqar_attention_phase_transition_seed0.json")
     steps, accuracy = np.array(phase["history"]["step"]), np.array(phase["history"]["accuracy"])
     plateau = accuracy[(steps > 1000) & (steps <= 6000)]
