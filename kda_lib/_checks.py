@@ -131,9 +131,21 @@ def check_array(name: str, x) -> None:
 
 
 def check_kda_inputs(
-    q, k, v, g, beta, *, initial_state=None, segment_ids=None, allow_neg_eigval=False
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    initial_state=None,
+    segment_ids=None,
+    allow_neg_eigval=False,
+    raw_gate=False,
 ) -> Dims:
-    """Validate the core-op arguments (batch-first layout) and return their dimensions."""
+    """Validate the core-op arguments (batch-first layout) and return their dimensions.
+
+    ``g`` is the log-space decay (values <= 0), or with ``raw_gate`` the fused gate's raw input
+    (any sign: only its shape and dtype are checked)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_array(name, x)
     if q.ndim != 4:
@@ -184,7 +196,7 @@ def check_kda_inputs(
                 + ("" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])")
                 + f", got values in [{lo:g}, {hi:g}]"
             )
-    if is_concrete(g):
+    if is_concrete(g) and not raw_gate:
         values = np.asarray(g, np.float32)
         values = values[~np.isnan(values)]
         hi = float(values.max()) if values.size else 0.0
@@ -208,16 +220,16 @@ def check_fused_inputs(
 ) -> Dims:
     """:func:`check_kda_inputs` for the fused gate, where ``g`` is the raw gate input (any
     sign), plus ``a_log [H]`` and ``dt_bias [H * K]`` (or None)."""
-    # the raw gate may be positive: validate shapes with a zero stand-in for g
     dims = check_kda_inputs(
         q,
         k,
         v,
-        jnp.zeros(g.shape, g.dtype) if g.shape == q.shape else g,
+        g,
         beta,
         initial_state=initial_state,
         segment_ids=segment_ids,
         allow_neg_eigval=allow_neg_eigval,
+        raw_gate=True,  # the raw gate may be positive
     )
     check_array("a_log", a_log)
     if a_log.shape != (dims.num_heads,):
