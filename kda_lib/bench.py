@@ -220,7 +220,7 @@ def layer_entries(cfg: BenchConfig, seq_len: int, key: jax.Array, implementation
     def around_kernel(params, x, o):
         model = nnx.merge(graphdef, params, rest)
         q, k, v, f, beta, _ = model.project(x)
-        return model.finish(x, o), q, k, v, f, beta
+        return model.project_output(x, o), q, k, v, f, beta
 
     q, k, v, f, beta, _ = layer.project(x)
     kwargs = layer.kernel_kwargs()

@@ -32,7 +32,6 @@ import numpy as np
 
 from kda_lib._checks import check_int
 
-VOCAB_SIZE = 256  # bytes
 SEPARATOR = 0  # the byte written after every file (source files contain no NUL byte)
 # folders whose files are not the library itself: test suites, installed packages, caches
 EXCLUDED_DIRS = frozenset(

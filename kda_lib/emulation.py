@@ -282,11 +282,13 @@ def _activate_from_environment() -> None:
         return
     global _env_context
     _env_context = _emulating(chip, "zero")
-    _env_context.__enter__()  # exited only by _reset_environment_activation (tests)
+    _env_context.__enter__()  # exited only by reset_environment_activation
 
 
-def _reset_environment_activation() -> None:
-    """Undo a ``KDA_EMULATE_TPU`` activation and read the variable again next time (tests)."""
+def reset_environment_activation() -> None:
+    """Undo a ``KDA_EMULATE_TPU`` activation, and read the variable again at the next
+    emulation query: for a process that changes the variable after the first query (the tests
+    do; otherwise it is read once per process)."""
     global _env_checked, _env_context
     if _env_context is not None:
         _env_context.__exit__(None, None, None)

@@ -235,10 +235,6 @@ class KDAConfig:
         object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
 
     @property
-    def key_dim(self) -> int:
-        return self.head_dim
-
-    @property
     def value_dim(self) -> int:
         return self.value_head_dim or self.head_dim
 
@@ -301,7 +297,7 @@ class KimiDeltaAttention(nnx.Module):
             raise ValueError(
                 f"mesh has axes {mesh.axis_names}; context_axis={context_axis!r} is not one of them"
             )
-        h, kd, vd, hidden = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.hidden_size
+        h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
         hv = cfg.value_heads
         linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.q_proj = nnx.Linear(hidden, h * kd, **linear)
@@ -342,7 +338,7 @@ class KimiDeltaAttention(nnx.Module):
     def _cache_shapes(self, batch_size: int) -> KDACache:
         """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
-        h, kd, vd, hv = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.value_heads
+        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
         state = (batch_size, hv, kd, vd)
         if not cfg.conv_size:
             return KDACache(state, None, None, None)
@@ -448,8 +444,8 @@ class KimiDeltaAttention(nnx.Module):
         y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
         return y if cache is None else (y, new_cache)
 
-    # ------------------------------------------------ extension API: project, kernel, finish
-    # ``__call__`` is project -> kda(**kernel_kwargs()) -> finish; subclasses and tools (the
+    # ------------------------------------------ extension API: project, kernel, project_output
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; subclasses and tools (the
     # benchmark times the parts separately) may call or override each step.
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
@@ -465,7 +461,7 @@ class KimiDeltaAttention(nnx.Module):
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
-        h, kd, vd, hv = cfg.num_heads, cfg.key_dim, cfg.value_dim, cfg.value_heads
+        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
         x = x.astype(cfg.dtype)
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
@@ -514,7 +510,7 @@ class KimiDeltaAttention(nnx.Module):
         """``dt_bias [HV * K]`` (a per-head one repeated over K with per_head_decay)."""
         dt_bias = self.dt_bias[...]
         if self.config.per_head_decay:
-            dt_bias = jnp.repeat(dt_bias, self.config.key_dim)
+            dt_bias = jnp.repeat(dt_bias, self.config.head_dim)
         return dt_bias
 
     def kernel_kwargs(self) -> dict:
@@ -533,7 +529,7 @@ class KimiDeltaAttention(nnx.Module):
             **options,
         )
 
-    def finish(self, x, o) -> jax.Array:
+    def project_output(self, x, o) -> jax.Array:
         """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
         kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
         cfg = self.config
@@ -561,7 +557,7 @@ class KimiDeltaAttention(nnx.Module):
             chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
         )
-        y = self.finish(x, o)
+        y = self.project_output(x, o)
         if cache is None:
             return y, None
         return y, KDACache(state, *conv_states)
@@ -620,9 +616,10 @@ class KimiDeltaAttention(nnx.Module):
                 **mosaic,
                 **module.kernel_kwargs(),
             )
-            return module.finish(x, o)
+            return module.project_output(x, o)
 
-        # tokamax's CP needs the mesh and a shard_map without the vma check (see _tokamax_mosaic_cp)
+        # tokamax's CP needs the mesh and a shard_map without the vma check (see
+        # tokamax_backend.tokamax_mosaic_context_parallel)
         tokamax_cp = cfg.implementation == "tokamax_mosaic"
         mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
         mosaic = mosaic if tokamax_cp else {}

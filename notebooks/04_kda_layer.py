@@ -162,7 +162,7 @@ def layer_from_parts(layer, x):
     """The KDA layer written out part by part; returns every intermediate (batch-first)."""
     B, T, _ = x.shape
     kda_ = layer.config
-    H, K, V = kda_.num_heads, kda_.key_dim, kda_.value_dim
+    H, K, V = kda_.num_heads, kda_.head_dim, kda_.value_dim
 
     def stream(proj, conv, dim):  # projection, short causal conv, SiLU, split into heads
         return jax.nn.silu(depthwise_causal_conv(proj(x), conv.kernel[...])).reshape(B, T, H, dim)
@@ -254,7 +254,7 @@ big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads,
                         head_dim=big_hidden // big_heads, gate_low_rank=big_hidden // big_heads)
 big_layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(big, rngs=nnx.Rngs(0)))
 sizes = {"this notebook": (hidden_size, H, K, V, gate_low_rank, conv_size, layer),
-         f"d = {big_hidden}, H = {big_heads}": (big_hidden, big_heads, big.key_dim,
+         f"d = {big_hidden}, H = {big_heads}": (big_hidden, big_heads, big.head_dim,
                                                 big.value_dim, big.gate_low_rank, 4, big_layer)}
 counts = {}
 for label, (d, h, k_, v_, r, w, module) in sizes.items():

@@ -96,7 +96,7 @@ def test_context_manager_sets_and_restores_the_environment(monkeypatch):
 def test_environment_variable_turns_it_on_process_wide(monkeypatch):
     monkeypatch.delenv("PALLAS_INTERPRET", raising=False)
     monkeypatch.setenv("KDA_EMULATE_TPU", "v6e")
-    emulation._reset_environment_activation()
+    emulation.reset_environment_activation()
     try:
         assert emulation.emulated_chip() == "v6e" and os.environ["PALLAS_INTERPRET"] == "1"
         assert not mosaic_problems(
@@ -104,16 +104,16 @@ def test_environment_variable_turns_it_on_process_wide(monkeypatch):
         )
     finally:
         monkeypatch.delenv("KDA_EMULATE_TPU")
-        emulation._reset_environment_activation()
+        emulation.reset_environment_activation()
     assert emulation.emulated_chip() is None and "PALLAS_INTERPRET" not in os.environ
     monkeypatch.setenv("KDA_EMULATE_TPU", "tpu9")
-    emulation._reset_environment_activation()
+    emulation.reset_environment_activation()
     try:
         with pytest.raises(ValueError, match="KDA_EMULATE_TPU='tpu9': .*unknown TPU generation"):
             emulation.emulated_chip()
     finally:
         monkeypatch.delenv("KDA_EMULATE_TPU")
-        emulation._reset_environment_activation()
+        emulation.reset_environment_activation()
 
 
 def test_missing_hook_names_the_tested_versions(monkeypatch):

@@ -111,14 +111,12 @@ def test_highest_is_the_float32_computation_bit_for_bit():
     o_input, _ = run(x, "input")
     o_input, o = np.asarray(o_input, np.float32), np.asarray(o, np.float32)
     assert not np.array_equal(o_input, o)
-    if not _same_program(run, (x, None), (x, "input")):  # else the same bits, surely
-        np.testing.assert_array_equal(np.asarray(run(x, None)[0], np.float32), o_input)
+    np.testing.assert_array_equal(np.asarray(run(x, None)[0], np.float32), o_input)
 
 
 def _same_program(jitted, args, other_args, other_jitted=None):
     """Whether ``jitted(*args)`` and ``other_jitted(*other_args)`` (default: ``jitted`` again)
-    lower to the same program text (XLA on CPU is deterministic: the same program gives the
-    same bits, so only different programs need to be compiled and compared)."""
+    lower to the same program text."""
     other_jitted = other_jitted or jitted
     return jitted.lower(*args).as_text() == other_jitted.lower(*other_args).as_text()
 
@@ -137,8 +135,9 @@ def test_float32_inputs_identical_under_every_policy(scan):
 
     want = jax.tree.map(np.asarray, run(x, "highest"))
     for precision in (None, "input"):
-        if not _same_program(run, (x, "highest"), (x, precision)):  # else the same bits, surely
-            jax.tree.map(np.testing.assert_array_equal, run(x, precision), want)
+        # the claim: with no low-precision input the policy changes nothing in the program
+        assert _same_program(run, (x, "highest"), (x, precision)), precision
+        jax.tree.map(np.testing.assert_array_equal, run(x, precision), want)
 
 
 def _dots(jaxpr):
@@ -236,8 +235,6 @@ def test_kda_rejects_a_precision_an_implementation_cannot_honour():
 
     for precision in ("highest", "input"):
         auto, chunked = program(kda, precision), program(kda_chunked, precision)
-        if _same_program(auto, (x,), (x,), chunked):  # else the same bits, surely
-            continue
         got, want = auto(x), chunked(x)
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
