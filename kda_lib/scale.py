@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from kda_lib import costs
 from kda_lib.presets import KDAPreset
@@ -104,7 +105,7 @@ CHIPS: dict[str, Chip] = {
 
 def _check_positive(**values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
             raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 

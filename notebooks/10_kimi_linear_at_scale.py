@@ -115,6 +115,7 @@ for p in presets.PRESETS.values():
                 + f" {', '.join(p.unsupported_options()) or 'builds'} |")
 display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
                  "params | this repository |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
+assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
 kimi = presets.KIMI_LINEAR_48B
 built = {"KDA": presets.build_kda_layer(kimi), "MLA": presets.build_mla_layer(kimi)}
 counted = {"KDA": kimi.kda_parameter_count(), "MLA": kimi.mla_parameter_count()}
@@ -190,7 +191,8 @@ small = scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim
                           shared_key_dim=check_shared_key)
 checks = scale.program_costs(small, check_seq_len, check_context, compile=check_compile)
 xla_band = 1.1  # XLA's count may add up to 10% of elementwise work at these sizes
-print(f"{'program':16s} {'traced / formula':>17s} {'XLA / formula':>14s} {'bytes XLA / formula':>20s}")
+print(f"{'program':16s} {'traced / formula':>17s} {'XLA / formula':>14s} "
+      f"{'bytes XLA / formula':>20s}")
 for name, row in checks.items():
     exact = row["traced_matmul"] / row["formula_matmul"]
     ratio = row["xla_flops"] / row["formula_flops"]
@@ -227,7 +229,8 @@ kimi_rows = {t: cache_row(kimi, t) for t in contexts}
 assert len({r[0] for r in kimi_rows.values()}) == 1, "the KDA cache does not grow"
 first_mla = int(np.ceil(kimi_rows[contexts[0]][0] / (scale.mla_cache_numbers(kimi) * 2)))
 print(f"{kimi.name}: one MLA layer's latents pass one KDA layer's cache at T = {first_mla:,}; "
-      f"at T = {contexts[-1]:,} they are {kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
+      f"at T = {contexts[-1]:,} they are "
+      f"{kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * contexts[-1], 80)
@@ -260,8 +263,8 @@ viz.show(fig, "10_memory")
 
 # %%
 paper_cache_reduction = 0.75  # the paper's "up to 75%"
-reduction = {t: 1 - scale.model_cache_bytes(kimi, t) / scale.model_cache_bytes(kimi, t, hybrid=False)
-             for t in contexts}
+reduction = {t: 1 - scale.model_cache_bytes(kimi, t)
+             / scale.model_cache_bytes(kimi, t, hybrid=False) for t in contexts}
 limit = 1 - len(kimi.global_layers) / kimi.num_layers
 print("cache reduction vs all-MLA: " + ", ".join(f"{r:.1%} at T = {t:,}" for t, r in
                                                    reduction.items()) + f"; limit {limit:.1%}")
@@ -309,7 +312,8 @@ t_axis = np.geomspace(4096, 4 * t_long, 40)
 chip = scale.CHIPS["H200"]
 fig, ax = plt.subplots(figsize=(8, 3.6))
 for b, color in zip(decode_batches, viz.CYCLE, strict=False):
-    ratio = [scale.model_decode_time(kimi, chip, t, b, hybrid=False, other_weight_bytes=other_bytes(b))
+    ratio = [scale.model_decode_time(kimi, chip, t, b, hybrid=False,
+                                     other_weight_bytes=other_bytes(b))
              / scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes(b))
              for t in t_axis]
     ax.plot(t_axis, ratio, color=color, label=f"roofline model, batch {b}")
@@ -350,10 +354,10 @@ display(Markdown(
 # slice's ordinary forward.
 
 # %%
-ranks = 2 ** np.arange(1, int(np.log2(cp_max_ranks)) + 1)
+ranks = np.array([2**i for i in range(1, int(np.log2(cp_max_ranks)) + 1)])
 traffic = {}
 for p in (kimi, presets.KIMI_K3):
-    kda_b = [scale.cp_summary_bytes(p, r) + scale.cp_halo_bytes(p) for r in ranks]
+    kda_b = [scale.cp_summary_bytes(p, int(r)) + scale.cp_halo_bytes(p) for r in ranks]
     mla_b = [scale.ring_attention_bytes(scale.mla_cache_numbers(p), cp_seq_len, r) for r in ranks]
     mha_b = [scale.ring_attention_bytes(scale.attention_cache_numbers(p.num_heads, p.head_dim),
                                         cp_seq_len, r) for r in ranks]
@@ -362,7 +366,8 @@ for p in (kimi, presets.KIMI_K3):
                            summary=np.array([w["summary"] / w["layer"] for w in work]),
                            fold=np.array([w["fold"] / w["layer"] for w in work]))
     tr = traffic[p.name]
-    fold_wins = ranks[np.argmax(tr["fold"] > tr["summary"])] if (tr["fold"] > tr["summary"]).any() else None
+    over = tr["fold"] > tr["summary"]
+    fold_wins = int(ranks[np.argmax(over)]) if over.any() else None
     print(f"{p.name}, T = {cp_seq_len:,}: R = 8: summaries + halo {tr['kda'][2] / 2**20:.1f} MiB "
           f"per rank, ring over MLA latents {tr['mla'][2] / 2**20:,.0f} MiB, MHA "
           f"{tr['mha'][2] / 2**20:,.0f} MiB; summary pass +{tr['summary'][0]:.1%} of the layer's "
@@ -373,8 +378,10 @@ for p in (kimi, presets.KIMI_K3):
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
 tr = traffic[kimi.name]
 ax.plot(ranks, tr["kda"] / 2**20, "o-", color=viz.PALETTE["blue"], label="KDA: summaries + halo")
-ax.plot(ranks, tr["mla"] / 2**20, "s-", color=viz.PALETTE["orange"], label="ring attention, MLA latents")
-ax.plot(ranks, tr["mha"] / 2**20, "^-", color=viz.PALETTE["vermillion"], label="ring attention, MHA")
+ax.plot(ranks, tr["mla"] / 2**20, "s-", color=viz.PALETTE["orange"],
+        label="ring attention, MLA latents")
+ax.plot(ranks, tr["mha"] / 2**20, "^-", color=viz.PALETTE["vermillion"],
+        label="ring attention, MHA")
 ax.set(xscale="log", yscale="log", xlabel="ranks R (log scale)", ylabel="MiB received per rank",
        title=f"Per layer and sequence, T = {cp_seq_len:,}")
 ax.legend(fontsize=8)
