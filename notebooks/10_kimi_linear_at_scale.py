@@ -351,7 +351,9 @@ display(Markdown(
 # $\frac{R-1}{R} T n$ cached numbers, $n$ per token as in section 4. In exchange, a KDA rank
 # computes more: a summary pass (the kernel over $[\,\mathbf 0 \mid \mathbf v\,]$, $d_k + d_v$
 # value columns) and a fold of $R$ maps ($2 d_k^2 d_v$ flops each per head), against its
-# slice's ordinary forward.
+# slice's ordinary forward. The summaries do not grow with $T$ but their all-gather grows with
+# $R$, while ring attention's traffic per rank grows with $T$ and hardly with $R$: the two meet
+# at $R^\ast \approx T (d_c + d_R) b_{KV} / \big(H d_k (d_k + d_v) b_S\big)$ for MLA.
 
 # %%
 ranks = np.array([2**i for i in range(1, int(np.log2(cp_max_ranks)) + 1)])
@@ -372,7 +374,14 @@ for p in (kimi, presets.KIMI_K3):
           f"per rank, ring over MLA latents {tr['mla'][2] / 2**20:,.0f} MiB, MHA "
           f"{tr['mha'][2] / 2**20:,.0f} MiB; summary pass +{tr['summary'][0]:.1%} of the layer's "
           f"flops at every R; the fold passes it from R = {fold_wins}")
-    assert (tr["mla"] > tr["kda"]).all() and np.allclose(tr["summary"], tr["summary"][0])
+    # the summaries grow with R, ring attention's share with T: equal near R* (halo left out)
+    r_star = cp_seq_len * scale.mla_cache_numbers(p) * scale.BF16 / (
+        p.num_v_heads * p.head_dim * 2 * p.head_dim * scale.F32)
+    tr["r_star"] = r_star
+    print(f"  summaries pass ring attention over MLA latents at R* = {r_star:.0f} ranks")
+    assert (tr["mla"][ranks < r_star / 1.1] > tr["kda"][ranks < r_star / 1.1]).all()
+    assert (tr["mla"][ranks > r_star * 1.1] < tr["kda"][ranks > r_star * 1.1]).all()
+    assert np.allclose(tr["summary"], tr["summary"][0]), "the summary pass: a fixed fraction"
 
 # %% tags=["hide-input"]
 fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -393,6 +402,18 @@ bx.set(xscale="log", yscale="log", xlabel="ranks R (log scale)",
        ylabel="extra flops / the slice's forward", title="What context parallelism adds per rank")
 bx.legend(fontsize=8)
 viz.show(fig, "10_context_parallel")
+
+# %%
+tr, k3 = traffic[kimi.name], traffic[presets.KIMI_K3.name]
+display(Markdown(
+    f"For {kimi.name} at $T$ = {cp_seq_len:,} and 8 ranks, ring attention over the MLA latents "
+    f"moves {tr['mla'][2] / tr['kda'][2]:.0f}x the bytes of the summaries + halo per rank, MHA "
+    f"{tr['mha'][2] / tr['kda'][2]:.0f}x; the summaries' all-gather catches up with the latents "
+    f"near $R^\\ast$ = {tr['r_star']:.0f} ranks ({k3['r_star']:.0f} for Kimi K3, whose state is "
+    "larger per layer), where a tree or a ring of partial folds (notebook 05, exercise 4) would "
+    f"send less. The summary pass adds {tr['summary'][0]:.0%} to a rank's flops of the layer at "
+    f"every $R$ ({k3['summary'][0]:.0%} for Kimi K3); the fold, growing with $R$ while the slices "
+    f"shrink, adds {tr['fold'][2]:.2%} at 8 ranks and {tr['fold'][-1]:.0%} at {ranks[-1]}."))
 
 # %% [markdown]
 # ## 7. The roofline: where each layer sits on each chip
@@ -418,6 +439,8 @@ cpu = scale.Chip("this CPU (measured)", stream.nbytes / (sum_ms / 1e3),
 print(f"{jax.devices()[0].device_kind}: matmul {cpu.peak_flops / 1e9:.1f} GFLOP/s (recorded "
       f"{recorded['date']}: {recorded['matmul_gflops']:.1f}), stream {cpu.hbm_bandwidth / 1e9:.1f} "
       f"GB/s, ridge {cpu.ridge:.1f} flop/byte")
+
+# %%
 points = {}
 for kind in scale.MIXERS:
     points[(kind, "prefill")] = scale.operating_point(kimi, kind, "prefill", contexts[0],
@@ -478,9 +501,10 @@ display(Markdown(
 #   Its decoding speed-up at 1M tokens does not follow from the configs: a roofline model of
 #   named chips stays below $L / L_{	ext{global}}$ for any batch (section 5), so the reported
 #   figure also measures how the two models were run.
-# - Context parallelism moves summaries + halo independent of $T$, orders of magnitude below ring
-#   attention at 1M tokens; the summary pass adds a fixed fraction of the layer's flops and the
-#   fold a fraction growing with $R$ (section 6).
+# - Context parallelism moves summaries + halo independent of $T$, far below ring attention at
+#   1M tokens on a few ranks, until their all-gather, growing with $R$, meets ring attention's
+#   traffic at $R^\ast$; the summary pass adds a fixed fraction of the layer's flops and the fold
+#   a fraction growing with $R$ (section 6).
 # - Decode steps are memory-bound except MLA's shared-latent attention at long context; prefills
 #   are compute-bound (section 7).
 #
