@@ -465,16 +465,18 @@ for c, color in zip(chips, viz.CYCLE, strict=False):
     ax.plot(i_axis, np.minimum(c.peak_flops, i_axis * c.hbm_bandwidth) / 1e12, color=color,
             label=f"{c.name}: ridge {c.ridge:.0f} flop/byte")
 markers = {"prefill": "o", "decode B=1": "v", f"decode B={max(decode_batches)}": "s"}
+kind_colors = dict(zip(scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
 for (kind, step), i in intensity.items():
     y = min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12  # on the H200's roofline
-    ax.plot(i, y, markers[step], color="0.2", markerfacecolor="none", markersize=8)
-    ax.annotate(f"{kind}", (i, y), xytext=(4, -10), textcoords="offset points", fontsize=7)
+    ax.plot(i, y, markers[step], color=kind_colors[kind], markeredgecolor="k", markersize=8)
 for step, m in markers.items():
-    ax.plot([], [], m, color="0.2", markerfacecolor="none", label=f"Kimi Linear layers: {step}")
+    ax.plot([], [], m, color="w", markeredgecolor="k", label=f"Kimi Linear layer: {step}")
+for kind, color in kind_colors.items():
+    ax.plot([], [], "D", color=color, markeredgecolor="k", label=f"fill: {kind}")
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop per HBM byte, log scale)",
        ylabel="attainable TFLOP/s (log scale)",
        title="Rooflines (vendor peaks; this CPU measured); layers drawn on the H200's")
-ax.legend(loc="lower right", fontsize=7, ncol=2)
+ax.legend(loc="lower right", fontsize=7, ncol=3)
 viz.show(fig, "10_roofline")
 
 # %%
