@@ -13,7 +13,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 10 · Kimi Linear at scale: the published models' arithmetic, from their configs
 #
