@@ -583,3 +583,14 @@ def operating_point(
         cached = attention_cache_numbers(shape["kv_heads"], shape["head_dim"])
     hbm = weights * BF16 + tokens * (2 * p.hidden_size + cached) * BF16
     return tokens * flops, hbm
+
+
+def cp_ring_crossover(
+    p: KDAPreset, seq_len: int, cache_bytes: int = BF16, state_bytes: int = F32
+) -> float:
+    """``R*``: the ranks at which the summaries' all-gather (growing with R) receives as many bytes
+    per rank as ring attention over the MLA latents (growing with T), halo left out:
+    ``T (d_c + d_R) b_KV / (H_v d_k (d_k + d_v) b_S)``."""
+    _check_positive(seq_len=seq_len)
+    summary = p.num_v_heads * p.head_dim * 2 * p.head_dim * state_bytes
+    return seq_len * mla_cache_numbers(p) * cache_bytes / summary

@@ -39,7 +39,7 @@ contexts: list = [4096, 131072, 1048576]  # context lengths of the memory tables
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
-check_head_dim: int = 128  # d_k = d_v (and the gate rank) of the scaled-down layers
+check_head_dim: int = 128  # d_k and d_v (and the gate rank) of the scaled-down layers
 check_latent: int = 128  # MLA latent d_c of the scaled-down MLA layer
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
 check_seq_len: int = 64  # prefill length of the check: one chunk, so XLA counts it exactly
@@ -374,9 +374,7 @@ for p in (kimi, presets.KIMI_K3):
           f"{tr['mha'][2] / 2**20:,.0f} MiB; summary pass +{tr['summary'][0]:.1%} of the layer's "
           f"flops at every R; the fold passes it from R = {fold_wins}")
     # the summaries grow with R, ring attention's share with T: equal near R* (halo left out)
-    r_star = cp_seq_len * scale.mla_cache_numbers(p) * scale.BF16 / (
-        p.num_v_heads * p.head_dim * 2 * p.head_dim * scale.F32)
-    tr["r_star"] = r_star
+    tr["r_star"] = r_star = scale.cp_ring_crossover(p, cp_seq_len)
     print(f"  summaries pass ring attention over MLA latents at R* = {r_star:.0f} ranks")
     assert (tr["mla"][ranks < r_star / 1.1] > tr["kda"][ranks < r_star / 1.1]).all()
     assert (tr["mla"][ranks > r_star * 1.1] < tr["kda"][ranks > r_star * 1.1]).all()
@@ -465,16 +463,16 @@ for c, color in zip(chips, viz.CYCLE, strict=False):
             label=f"{c.name}: ridge {c.ridge:.0f} flop/byte")
 markers = {"prefill": "o", "decode B=1": "v", f"decode B={max(decode_batches)}": "s"}
 kind_colors = dict(zip(scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
-for (kind, step), i in intensity.items():
-    y = min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12  # on the H200's roofline
-    ax.plot(i, y, markers[step], color=kind_colors[kind], markeredgecolor="k", markersize=8)
+for (kind, step), i in intensity.items():  # drawn on the H200's roofline
+    ax.plot(i, min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12, markers[step],
+            color=kind_colors[kind], markeredgecolor="k", markersize=8)
 for step, m in markers.items():
     ax.plot([], [], m, color="w", markeredgecolor="k", label=f"Kimi Linear layer: {step}")
 for kind, color in kind_colors.items():
     ax.plot([], [], "D", color=color, markeredgecolor="k", label=f"fill: {kind}")
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop per HBM byte, log scale)",
-       ylabel="attainable TFLOP/s (log scale)",
-       title="Rooflines (vendor peaks; this CPU measured); layers drawn on the H200's")
+       ylabel="attainable TFLOP/s (log scale)", title="Rooflines (vendor peaks; this CPU "
+       "measured); layers drawn on the H200's")
 ax.legend(loc="lower right", fontsize=7, ncol=3)
 viz.show(fig, "10_roofline")
 
