@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from kda_lib import costs
 from kda_lib.presets import KDAPreset
@@ -104,7 +105,7 @@ CHIPS: dict[str, Chip] = {
 
 def _check_positive(**values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
             raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
@@ -539,3 +540,57 @@ def program_costs(
         attention_decode_bytes(shape, context, cache_bytes=F32, weight_bytes=F32),
     )
     return rows
+
+
+MIXERS = ("KDA", "MLA", "GQA", "MHA")
+
+
+def operating_point(
+    p: KDAPreset, kind: str, mode: str, context: int, batch: int = 1, kv_heads: int = 8
+) -> tuple[float, float]:
+    """``(flops, HBM bytes)`` of one step of one layer of kind ``kind`` (one of
+    :data:`MIXERS`; GQA with ``kv_heads`` key/value heads), bf16 weights and cache.
+
+    ``"prefill"``: ``batch`` sequences of ``context`` tokens in one step, causal half of the
+    scores (a flash kernel), bytes = the weights once + every token's bf16 input and output
+    (``2 d`` numbers) + the cache written. ``"decode"``: one token for each of ``batch``
+    sequences at ``context``, bytes from the ``*_decode_bytes`` functions.
+    """
+    if kind not in MIXERS:
+        raise ValueError(f"kind must be one of {MIXERS}, got {kind!r}")
+    _check_mode(mode, ("prefill", "decode"))
+    _check_positive(context=context, batch=batch)
+    shape = full_attention_shape(p, kv_heads if kind == "GQA" else None)
+    if mode == "decode":
+        if kind == "KDA":
+            per = (kda_flops_per_token(p, "decode"), kda_decode_bytes(p, batch))
+        elif kind == "MLA":
+            per = (mla_flops_per_token(p, context, "decode"), mla_decode_bytes(p, context, batch))
+        else:
+            per = (
+                attention_flops_per_token(**shape, keys=context, mode="decode"),
+                attention_decode_bytes(shape, context, batch),
+            )
+        return batch * per[0], batch * per[1]
+    tokens, keys = batch * context, (context + 1) / 2
+    if kind == "KDA":
+        flops, weights, cached = kda_flops_per_token(p), p.kda_parameter_count(), 0
+    elif kind == "MLA":
+        flops, weights = mla_flops_per_token(p, keys), p.mla_parameter_count()
+        cached = mla_cache_numbers(p)
+    else:
+        flops, weights = attention_flops_per_token(**shape, keys=keys), attention_params(**shape)
+        cached = attention_cache_numbers(shape["kv_heads"], shape["head_dim"])
+    hbm = weights * BF16 + tokens * (2 * p.hidden_size + cached) * BF16
+    return tokens * flops, hbm
+
+
+def cp_ring_crossover(
+    p: KDAPreset, seq_len: int, cache_bytes: int = BF16, state_bytes: int = F32
+) -> float:
+    """``R*``: the ranks at which the summaries' all-gather (growing with R) receives as many bytes
+    per rank as ring attention over the MLA latents (growing with T), halo left out:
+    ``T (d_c + d_R) b_KV / (H_v d_k (d_k + d_v) b_S)``."""
+    _check_positive(seq_len=seq_len)
+    summary = p.num_v_heads * p.head_dim * 2 * p.head_dim * state_bytes
+    return seq_len * mla_cache_numbers(p) * cache_bytes / summary
