@@ -348,8 +348,11 @@ def test_stdlib_lm_recording_as_notebook_09_states_it():
         assert ordering(bpb[other], bpb["attention"]) == "<", other
     orders = {(a, b): ordering(bpb[a], bpb[b]) for a in bpb for b in bpb if a < b}
     assert orders[("gdn", "kda")] == "<"  # GDN ahead of KDA, barely
-    assert all(o == "level" for (a, b), o in orders.items() if "attention" not in (a, b)
-               and (a, b) != ("gdn", "kda"))
+    assert all(
+        o == "level"
+        for (a, b), o in orders.items()
+        if "attention" not in (a, b) and (a, b) != ("gdn", "kda")
+    )
     assert min(bpb, key=lambda n: bpb[n][0]) == "hybrid"  # seed 0 alone: the MLA hybrid
     others = [n for n in rate if n != "attention"]
     assert min(rate["attention"]) > max(max(rate[n]) for n in others)
