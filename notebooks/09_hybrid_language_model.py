@@ -454,8 +454,132 @@ for i, a in enumerate(bpb):
         print(f"{a:10s} vs {b:10s} gap {gaps[(a, b)][0]:+.4f}, threshold "
               f"{gaps[(a, b)][1]:.4f}: {verdict}")
 
+# %%
+def said(a, b):
+    """The rule's verdict on a pair, in words (lower bits per byte is better)."""
+    o = orders[(a, b)]
+    return f"{a} and {b} level" if o == "level" else (
+        f"{a} below {b}" if o == "<" else f"{b} below {a}")
+
+
+mla_gap, mla_bar = gaps[("hybrid", "hybrid_mha")]
+versus_attention = "; ".join(said("attention", n) for n in bpb if n != "attention")
+among_others = "; ".join(said(a, b) for a, b in orders if "attention" not in (a, b))
+display(Markdown(
+    f"By this rule, against attention: {versus_attention}. Among the others: {among_others}. "
+    f"MLA against multi-head attention in the hybrid, the comparison this recording adds: the "
+    f"MLA hybrid's mean is {abs(mla_gap):.3f} bits per byte "
+    f"{'below' if mla_gap < 0 else 'above'} the MHA hybrid's, against a threshold of "
+    f"{mla_bar:.3f} ({said('hybrid', 'hybrid_mha')}), with a quarter of the MHA hybrid's "
+    f"cache growth per token (section 6). GDN's lead over KDA clears its threshold by "
+    f"{gaps[('kda', 'gdn')][0] - gaps[('kda', 'gdn')][1]:.3f} bits per byte, a margin one "
+    f"more seed could erase. The recorded run alone (seed 0) has the MLA hybrid lowest; that "
+    f"order does not survive the seeds."))
+assert all(orders[("attention", n)] == ">" for n in bpb if n != "attention")
+assert orders[("kda", "gdn")] == ">" and 0 < np.subtract(*gaps[("kda", "gdn")]) < 0.01
+assert all(o == "level" for (a, b), o in orders.items() if "attention" not in (a, b)
+           and (a, b) != ("kda", "gdn"))
+assert min(per_seed, key=lambda n: per_seed[n][0][0]) == "hybrid"  # seed 0 alone
+
 # %% [markdown]
-# PLACEHOLDER_RESULTS
+# **Training speed.** Beside the quality above, the recorded training throughput (tokens per
+# second over the steps after the first window, validation excluded): mean and range over each
+# model's three runs, printed below. The runs shared this 2-core machine with other jobs under
+# `nice`, and the load changed from run to run, so one model's own runs differ by up to the
+# factor printed below; only a gap wider than that says something about the models. One does:
+# attention's slowest run trained faster than every other model's fastest (asserted). On a CPU
+# at $T = 128$, an attention layer is a few $[T \times T]$ matrix products per head, which run
+# near the CPU's matrix-product rate. A KDA layer runs the chunked form (notebook 03): per
+# chunk a triangular solve and a dozen small matrix products, a sequential pass over the
+# chunks, plus its short convolutions, gate projections and output norm: many small
+# operations, each far from that rate. Among the other four, a gap between two models' ranges
+# (printed where there is one) is smaller than the factor by which the load alone moved one
+# model's runs (asserted), and the two hybrids' ranges overlap (asserted): this recording does
+# not order those four by speed. Attention's work per
+# token grows with $T$ and KDA's does not, so the order turns at longer sequences: in the
+# recorded benchmark (`recorded_benchmark`: four-layer byte-level models, batch 1; its hybrid
+# is the MHA one) the attention model's training step is about level with KDA's at
+# $T = 1024$ and several times slower at $T = 4096$ (printed below). The paper's speed claims
+# are about long contexts on GPUs (it reports up to 6 times the decoding throughput of full
+# attention at a context of 1M tokens); they cannot be checked on this machine.
+
+# %%
+assert rc["seq_len"] == 128  # the length the text names
+print("recorded training tokens/s, mean over seeds [range]: " + ", ".join(
+    f"{n} {v.mean() / 1e3:.1f}k [{v.min() / 1e3:.1f}k-{v.max() / 1e3:.1f}k]"
+    for n, v in rate.items()))
+others = [n for n in rate if n != "attention"]
+print("a model's fastest run / its slowest: " + ", ".join(
+    f"{n} {v.max() / v.min():.1f}" for n, v in rate.items()))
+assert min(rate["attention"]) > max(max(rate[n]) for n in others)  # fastest, every seed
+swing_within = max(rate[n].max() / rate[n].min() for n in others)
+for i, a in enumerate(others):
+    for b in others[i + 1:]:
+        apart = max(rate[a].min() / rate[b].max(), rate[b].min() / rate[a].max())
+        if apart > 1:  # the two ranges do not overlap
+            print(f"{a} and {b}: ranges apart by a factor {apart:.2f}")
+            assert apart < swing_within, (a, b, apart, swing_within)
+assert max(rate["hybrid"].min(), rate["hybrid_mha"].min()) < min(rate["hybrid"].max(),
+                                                                 rate["hybrid_mha"].max())
+bench = load_recorded("benchmarks", recorded_benchmark)
+bench_rate = {(r["impl"][len("train_"):], r["T"]): r["tokens_per_s"] for r in bench["records"]
+              if r["impl"].startswith("train_")}
+for t in sorted({t for _, t in bench_rate}):
+    rates = ", ".join(f"{m} {bench_rate[(m, t)]:,.0f}" for m in ("attention", "kda", "gdn"))
+    print(f"benchmark T = {t:5d}: {rates}, hybrid (MHA) {bench_rate[('hybrid', t)]:,.0f} tokens/s")
+assert 0.9 < bench_rate[("kda", 1024)] / bench_rate[("attention", 1024)] < 1.1  # "about level"
+assert bench_rate[("kda", 4096)] > 3 * bench_rate[("attention", 4096)]  # "several times"
+
+# %% [markdown]
+# **Decoding speed.** From the shortest recorded context to the longest, the attention
+# model's decoding slows down more than tenfold (it reads a cache that grows with the
+# context), and so does the MHA hybrid's (its one attention layer in four). The MLA hybrid's
+# global layer reads a quarter of those bytes per token (the caches at the longest context are
+# printed below): there it decoded more than twice as fast as the MHA hybrid (the factor is
+# printed), and less than twice as slowly as at its own shortest context. KDA's and GDN's step
+# reads a fixed state: neither is slower at the longest context than at the shortest. Every
+# speed here still moves between contexts by the spread printed: at about one millisecond per
+# step, timed as the best of three runs of eight steps on a shared machine, much of that is
+# timing noise, so only the large ratios are asserted.
+
+# %%
+slowdown, swing = {}, {}  # tokens/s at the shortest recorded context over that at the longest
+for name, r in recorded["models"].items():
+    rates = [row["tokens_per_second"] for row in r["decode"]]
+    slowdown[name] = rates[0] / rates[-1]
+    swing[name] = max(rates) / min(rates)
+    print(f"{name:10s} decode {min(rates):6,.0f}-{max(rates):6,.0f} tokens/s over contexts "
+          f"{r['decode'][0]['context']}-{r['decode'][-1]['context']} (max/min {swing[name]:.2f}); "
+          f"shortest / longest context {slowdown[name]:.2f}")
+longest = {n: r["decode"][-1] for n, r in recorded["models"].items()}
+print(f"at {longest['hybrid']['context']} tokens: cache MLA hybrid "
+      f"{longest['hybrid']['cache_bytes'] / 2**20:.2f} MiB, MHA hybrid "
+      f"{longest['hybrid_mha']['cache_bytes'] / 2**20:.2f} MiB, attention "
+      f"{longest['attention']['cache_bytes'] / 2**20:.2f} MiB; MLA / MHA hybrid decode speed "
+      f"{longest['hybrid']['tokens_per_second'] / longest['hybrid_mha']['tokens_per_second']:.1f}")
+assert min(slowdown["attention"], slowdown["hybrid_mha"]) > 10 and slowdown["hybrid"] < 2
+assert longest["hybrid"]["tokens_per_second"] > 2 * longest["hybrid_mha"]["tokens_per_second"]
+assert longest["hybrid"]["cache_bytes"] < 0.26 * longest["hybrid_mha"]["cache_bytes"]
+assert max(slowdown["kda"], slowdown["gdn"]) <= 1
+
+# %% [markdown]
+# ## Summary
+#
+# - `ModelConfig(layers=...)` builds a decoder whose layers mix KDA, multi-head latent
+#   attention and multi-head attention; each layer decodes from its own cache, and greedy
+#   decoding from the caches reproduces the full forward pass byte for byte (asserted above
+#   for the KDA + MLA hybrid; MLA's cached, absorbed path in `tests/test_mla.py`).
+# - Decode memory: the KDA model's cache is the same at every context; per token and global
+#   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted).
+# - On the standard library's bytes, every model trained here beats the byte-frequency
+#   baseline (asserted). In the recorded full setting, with three seeds and one
+#   rule for every ordering (`kda_lib.significance`, section 7), the orderings printed there
+#   are the only ones claimed (MLA and MHA in the hybrid: level), and the training throughput
+#   is reported beside them. At the longest recorded context the MLA hybrid's cache is a
+#   quarter of the MHA hybrid's, and it decoded more than twice as fast (asserted).
+# - The paper's speed claims are about long contexts on GPUs and are not checked here; on this
+#   CPU at $T = 128$ attention trains fastest, and the recorded benchmark shows the order
+#   turning at longer sequences.
 
 # %% [markdown]
 # ## Exercises
