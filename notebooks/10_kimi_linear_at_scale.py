@@ -89,7 +89,7 @@ from IPython.display import Markdown, display
 import kda_lib.notebook
 from kda_lib import presets, scale, viz
 from kda_lib.measure import median_ms
-from kda_lib.recorded import load_recorded
+from kda_lib.records import load_recorded
 
 kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.notebook.setup()
