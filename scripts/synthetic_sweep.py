@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seq-lens",
         type=_lengths,
-        default=_lengths("mqar=32,64;palindrome=16,32;stack=32,64"),
+        default=_lengths("mqar=32,64;palindrome=16,32;stack=32,64,16"),
         help="per task, 'task=T1,T2;...'; the first length is the tuning length",
     )
     p.add_argument("--vocab-size", type=int, default=32)
