@@ -14,11 +14,30 @@ import numpy as np
 
 
 class Dims(NamedTuple):
+    """Dimensions of one KDA call. ``num_heads`` counts the value heads HV (the recurrence's
+    heads: v, g, beta, the state); ``qk_heads`` counts the q/k heads H, HV a multiple of H
+    (grouped value heads: value head j reads q/k head ``j // (HV // H)``)."""
+
     batch: int
     seq_len: int
     num_heads: int
     key_dim: int
     value_dim: int
+    qk_heads: int
+
+    @property
+    def groups(self) -> int:
+        """Value heads per q/k head, ``HV // H`` (1 without grouped value heads)."""
+        return self.num_heads // self.qk_heads
+
+
+def repeat_qk_heads(q, k, groups: int):
+    """q, k ``[B, T, H, K]`` -> ``[B, T, H * groups, K]``: value head j gets q/k head
+    ``j // groups`` (grouped value heads, for forms that do not map heads natively). Under
+    ``jax.grad`` the gradient of a q/k head sums over its group."""
+    if groups == 1:
+        return q, k
+    return jnp.repeat(q, groups, axis=2), jnp.repeat(k, groups, axis=2)
 
 
 def _shape_error(name: str, expected: str, got) -> ValueError:
@@ -95,42 +114,61 @@ def check_array(name: str, x) -> None:
 
 
 def check_kda_inputs(
-    q, k, v, g, beta, *, initial_state=None, segment_ids=None, allow_neg_eigval=False
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    initial_state=None,
+    segment_ids=None,
+    allow_neg_eigval=False,
+    raw_gate=False,
 ) -> Dims:
-    """Validate the core-op arguments (batch-first layout) and return their dimensions."""
+    """Validate the core-op arguments (batch-first layout) and return their dimensions.
+
+    q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` and
+    initial_state ``[B, HV, K, V]``, with HV a positive multiple of H (grouped value heads;
+    HV = H without). ``raw_gate``: g is a raw gate input (any sign), not a log-space decay.
+    """
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_array(name, x)
     if q.ndim != 4:
         raise _shape_error("q", "[B, T, H, K]", q.shape)
-    batch, seq_len, num_heads, key_dim = q.shape
+    batch, seq_len, qk_heads, key_dim = q.shape
     if seq_len < 1:
         raise ValueError(f"q must have at least one time step (T >= 1), got shape {q.shape}")
-    for letter, size in (("B", batch), ("H", num_heads), ("K", key_dim)):
+    for letter, size in (("B", batch), ("H", qk_heads), ("K", key_dim)):
         if size < 1:
             raise ValueError(f"q [B, T, H, K] is empty: {letter} = 0 (shape {q.shape})")
     if k.shape != q.shape:
         raise _shape_error("k", f"[B, T, H, K]={q.shape} (same as q)", k.shape)
-    if v.ndim != 4 or v.shape[:3] != (batch, seq_len, num_heads):
-        raise _shape_error("v", f"[B, T, H, V]=({batch}, {seq_len}, {num_heads}, V)", v.shape)
-    value_dim = v.shape[3]
+    if v.ndim != 4 or v.shape[:2] != (batch, seq_len) or v.shape[2] % qk_heads or not v.shape[2]:
+        raise _shape_error(
+            "v",
+            f"[B, T, H, V]=({batch}, {seq_len}, {qk_heads}, V), or [B, T, HV, V] with HV a "
+            f"positive multiple of q's H={qk_heads} (grouped value heads),",
+            v.shape,
+        )
+    num_heads, value_dim = v.shape[2:]
     if value_dim < 1:
         raise ValueError(f"v [B, T, H, V] is empty: V = 0 (shape {v.shape})")
-    if g.shape != q.shape:
-        raise _shape_error("g", f"[B, T, H, K]={q.shape} (same as q)", g.shape)
+    gate_shape = (batch, seq_len, num_heads, key_dim)
+    if g.shape != gate_shape:
+        raise _shape_error("g", f"[B, T, H, K]={gate_shape} (H: v's heads)", g.shape)
     if beta.shape != (batch, seq_len, num_heads):
         raise _shape_error("beta", f"[B, T, H]={(batch, seq_len, num_heads)}", beta.shape)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+    dims = Dims(batch, seq_len, num_heads, key_dim, value_dim, qk_heads)
     if initial_state is not None:
         check_array("initial_state", initial_state)
         if not jnp.issubdtype(initial_state.dtype, jnp.floating):
             raise ValueError(
                 f"initial_state must be a floating-point array, got dtype {initial_state.dtype}"
             )
-        expected = (batch, num_heads, key_dim, value_dim)
-        if initial_state.shape != expected:
-            raise _shape_error("initial_state", f"[B, H, K, V]={expected}", initial_state.shape)
+        check_state(initial_state, dims, "initial_state")
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         check_segment_ids(segment_ids, batch, seq_len)
@@ -148,13 +186,13 @@ def check_kda_inputs(
                 + ("" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])")
                 + f", got values in [{lo:g}, {hi:g}]"
             )
-    if is_concrete(g):
+    if not raw_gate and is_concrete(g):
         values = np.asarray(g, np.float32)
         values = values[~np.isnan(values)]
         hi = float(values.max()) if values.size else 0.0
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
-    return Dims(batch, seq_len, num_heads, key_dim, value_dim)
+    return dims
 
 
 def check_fused_inputs(
@@ -171,21 +209,23 @@ def check_fused_inputs(
     allow_neg_eigval=False,
 ) -> Dims:
     """:func:`check_kda_inputs` for the fused gate, where ``g`` is the raw gate input (any
-    sign), plus ``a_log [H]`` and ``dt_bias [H * K]`` (or None)."""
-    # the raw gate may be positive: validate shapes with a zero stand-in for g
+    sign), plus ``a_log [HV]`` (or None: the safe gate without a rate) and ``dt_bias [HV * K]``
+    (or ``[HV, K]``, or None); HV: v's heads."""
     dims = check_kda_inputs(
         q,
         k,
         v,
-        jnp.zeros(g.shape, g.dtype) if g.shape == q.shape else g,
+        g,
         beta,
         initial_state=initial_state,
         segment_ids=segment_ids,
         allow_neg_eigval=allow_neg_eigval,
+        raw_gate=True,
     )
-    check_array("a_log", a_log)
-    if a_log.shape != (dims.num_heads,):
-        raise ValueError(f"a_log must have shape [H]=({dims.num_heads},), got {a_log.shape}")
+    if a_log is not None:
+        check_array("a_log", a_log)
+        if a_log.shape != (dims.num_heads,):
+            raise ValueError(f"a_log must have shape [H]=({dims.num_heads},), got {a_log.shape}")
     if dt_bias is not None:
         check_array("dt_bias", dt_bias)
         flat, split = (dims.num_heads * dims.key_dim,), (dims.num_heads, dims.key_dim)

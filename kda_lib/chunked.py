@@ -69,6 +69,7 @@ from kda_lib._checks import (
     check_chunk_size,
     check_kda_inputs,
     check_precision,
+    repeat_qk_heads,
     resolve_scale,
 )
 from kda_lib.segments import (
@@ -650,9 +651,11 @@ def kda_chunked(
     """KDA in chunkwise (WY/UT) form; same results as :func:`kda_lib.kda_recurrent`.
 
     Args:
-      q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; g: ``[B, T, H, K]`` log decay ``<= 0``;
-        beta: ``[B, T, H]``. Any float dtype; all arithmetic is float32 (float64 for float64
-        inputs), outputs are cast back to q's dtype.
+      q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` log decay ``<= 0``;
+        beta: ``[B, T, HV]``, HV a positive multiple of H (grouped value heads: value head j
+        reads q/k head ``j // (HV // H)``; served by repeating the q/k heads, since every
+        chunk matrix depends on the value head's own gate). Any float dtype; all arithmetic
+        is float32 (float64 for float64 inputs), outputs are cast back to q's dtype.
       scale, initial_state, output_final_state, segment_ids, allow_neg_eigval: as in
         :func:`kda_lib.kda_recurrent`.
       chunk_size: tokens per chunk, a power of two (default 64). Any T works (padded inside).
@@ -665,7 +668,7 @@ def kda_chunked(
         ``"input"`` for bfloat16/float16 inputs and ``"highest"`` for float32/float64.
 
     Returns:
-      ``(o [B, T, H, V], final_state [B, H, K, V] float32 | None)``.
+      ``(o [B, T, HV, V], final_state [B, HV, K, V] float32 | None)``.
 
     Differentiable in reverse mode (``jax.grad``/``jax.vjp``; parts of it have hand-written
     gradients); forward mode (``jax.jvp``, ``jacfwd``) needs :func:`kda_lib.kda_recurrent`.
@@ -687,12 +690,13 @@ def kda_chunked(
         raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
     scale = resolve_scale(scale, dims.key_dim)
     acc = accumulation_dtype(q.dtype)
-    batch, seq_len, heads, key_dim, value_dim = dims
+    batch, seq_len, heads, key_dim, value_dim, _ = dims
     num_chunks = -(-seq_len // chunk_size)
     padded = num_chunks * chunk_size
 
     out_dtype = q.dtype
     q, k, v, g, beta = (x.astype(acc) for x in (q, k, v, g, beta))
+    q, k = repeat_qk_heads(q, k, dims.groups)
     # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
     # restored as NaN exactly where the recurrence has them (matmuls would spread them)
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)

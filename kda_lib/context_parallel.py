@@ -83,8 +83,10 @@ def kda_context_parallel(
     """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
 
     Args:
-      q, k: local ``[B, T_local, H, K]``; v: ``[B, T_local, H, V]``; g: ``[B, T_local, H, K]``
-        (log-space, or raw with ``a_log`` in kernel_kwargs); beta: ``[B, T_local, H]``.
+      q, k: local ``[B, T_local, H, K]``; v: ``[B, T_local, HV, V]``; g: ``[B, T_local, HV, K]``
+        (log-space, or raw with ``a_log`` or ``lower_bound`` in kernel_kwargs); beta:
+        ``[B, T_local, HV]``; HV a positive multiple of H (grouped value heads, served as
+        :func:`kda_lib.kda` serves them: the state and the rank summaries have HV heads).
       axis_name: the mesh axis the sequence is split over (default "context").
       scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`.
         ``"tokamax_mosaic"`` runs tokamax's own CP (see
@@ -94,14 +96,14 @@ def kda_context_parallel(
       kernel_kwargs: passed to :func:`kda_lib.kda` (``a_log``, ``dt_bias``, ``lower_bound``,
         ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``; ``"tokamax_mosaic"`` also
         takes ``max_num_segments``, a static bound on the segments of one rank's slice).
-        kda_lib's kernels also take ``initial_state`` ``[B, H, K, V]`` (the state before the
+        kda_lib's kernels also take ``initial_state`` ``[B, HV, K, V]`` (the state before the
         whole sequence, the same array on every rank; it belongs to each row's first segment)
         and ``output_final_state`` (default False); tokamax's Mosaic CP takes neither.
 
     Returns:
-      The local outputs ``[B, T_local, H, V]``, equal to the matching slice of a one-device run;
+      The local outputs ``[B, T_local, HV, V]``, equal to the matching slice of a one-device run;
       with ``output_final_state=True`` also the state after the last token of the whole
-      sequence, ``[B, H, K, V]`` float32, the same on every rank (``out_specs`` ``P()``).
+      sequence, ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``).
     """
     if implementation == "tokamax_mosaic":
         return tokamax_mosaic_context_parallel(
@@ -125,8 +127,8 @@ def kda_context_parallel(
         )
     if implementation == "auto":
         implementation = portable_implementation(q.shape[1])
-    batch, _, heads, key_dim = q.shape
-    value_dim = v.shape[-1]
+    batch, key_dim = q.shape[0], q.shape[-1]
+    heads, value_dim = v.shape[2:]  # the value heads HV (grouped value heads: HV > q's H)
     initial_state = kernel_kwargs.pop("initial_state", None)
     output_final_state = kernel_kwargs.pop("output_final_state", False)
     state_shape = (batch, heads, key_dim, value_dim)

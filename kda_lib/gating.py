@@ -6,7 +6,10 @@ projection ``f`` of the input, a per-channel bias ``dt_bias`` and a per-head rat
 
 * softplus gate (``lower_bound=None``): ``g = -A * softplus(f + dt_bias)``, unbounded below;
 * safe gate (``lower_bound`` in [-5, 0)): ``g = lower_bound * sigmoid(A * (f + dt_bias))``,
-  so every step decays by at most ``exp(lower_bound)``.
+  so every step decays by at most ``exp(lower_bound)``;
+* safe gate without a rate (``a_log=None``, ``lower_bound`` set; fla's ``A_log=None``, fla PR
+  #1107): ``g = lower_bound * sigmoid(f + dt_bias)``, i.e. ``A = 1``. The softplus gate has no
+  such form (fla refuses ``A_log=None`` without ``lower_bound``, and so does kda_lib).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def check_lower_bound(lower_bound: float | None) -> None:
 
 def kda_gate(
     f: jax.Array,
-    a_log: jax.Array,
+    a_log: jax.Array | None,
     dt_bias: jax.Array | None,
     *,
     lower_bound: float | None = None,
@@ -47,20 +50,27 @@ def kda_gate(
 
     Args:
       f: raw gate input ``[B, T, H, K]`` (any float dtype).
-      a_log: per-head log rate ``[H]``; ``A = exp(a_log)``.
+      a_log: per-head log rate ``[H]``; ``A = exp(a_log)``. None: no rate (``A = 1``), for the
+        safe gate only (``lower_bound`` set).
       dt_bias: per-channel bias ``[H * K]`` (fla's layout) or ``[H, K]``, or None for no bias.
       lower_bound: None for the softplus gate, else the safe gate's bound in [-5, 0).
 
     Returns:
-      ``g`` ``[B, T, H, K]`` float32, ``<= 0``.
+      ``g`` ``[B, T, H, K]`` float32 (float64 for float64 ``f``), ``<= 0``.
     """
     check_lower_bound(lower_bound)
     if f.ndim != 4:
         raise ValueError(f"f must have shape [B, T, H, K], got shape {f.shape}")
     num_heads, head_dim = f.shape[2], f.shape[3]
-    if a_log.shape != (num_heads,):
+    if a_log is None and lower_bound is None:
+        raise ValueError(
+            "a_log=None needs lower_bound (the safe gate lower_bound * sigmoid(f + dt_bias)); "
+            "the softplus gate -exp(a_log) * softplus(f + dt_bias) needs a_log"
+        )
+    if a_log is not None and a_log.shape != (num_heads,):
         raise ValueError(f"a_log must have shape [H]=({num_heads},), got {a_log.shape}")
-    x = f.astype(jnp.float32)
+    acc = jnp.promote_types(f.dtype, jnp.float32)  # float64 for the float64 oracle
+    x = f.astype(acc)
     if dt_bias is not None:
         if dt_bias.shape == (num_heads * head_dim,):
             dt_bias = dt_bias.reshape(num_heads, head_dim)
@@ -69,8 +79,10 @@ def kda_gate(
                 f"dt_bias must have shape [H*K]=({num_heads * head_dim},) or "
                 f"[H, K]=({num_heads}, {head_dim}), got {dt_bias.shape}"
             )
-        x = x + dt_bias.astype(jnp.float32)
-    rate = jnp.exp(a_log.astype(jnp.float32))[:, None]  # [H, 1], broadcasts over K
+        x = x + dt_bias.astype(acc)
+    if a_log is None:  # the safe gate without a rate (A = 1)
+        return float(lower_bound) * jax.nn.sigmoid(x)
+    rate = jnp.exp(a_log.astype(acc))[:, None]  # [H, 1], broadcasts over K
     if lower_bound is None:
         return -rate * jax.nn.softplus(x)
     return float(lower_bound) * jax.nn.sigmoid(rate * x)

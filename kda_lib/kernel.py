@@ -46,6 +46,7 @@ from kda_lib._checks import (
     check_fused_inputs,
     check_kda_inputs,
     check_precision,
+    repeat_qk_heads,
     resolve_scale,
 )
 from kda_lib.chunked import Precision, kda_chunked
@@ -164,20 +165,27 @@ def kda(
     """Kimi Delta Attention with a chosen (or automatically selected) implementation.
 
     Args:
-      q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``; beta: ``[B, T, H]``.
-      g: ``[B, T, H, K]``: log-space decay (``<= 0``) when ``a_log`` is None, else the raw gate
-        input, activated inside by :func:`kda_lib.kda_gate` (fused into tokamax's kernels).
+      q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; beta: ``[B, T, HV]``, HV a positive
+        multiple of H (grouped value heads, fla's ``num_v_heads``: value head j reads q/k head
+        ``j // (HV // H)``; HV = H without). ``"recurrent"`` maps heads natively; the chunked
+        form and tokamax's kernels repeat the q/k heads.
+      g: ``[B, T, HV, K]``: log-space decay (``<= 0``) when ``a_log`` and ``lower_bound`` are
+        None, else the raw gate input, activated inside by :func:`kda_lib.kda_gate` (fused
+        into tokamax's kernels).
       scale: query scale, default ``K ** -0.5``.
-      initial_state: ``[B, H, K, V]`` (float32), state entering the row's first segment.
-      output_final_state: also return the ``[B, H, K, V]`` state after the last valid token.
+      initial_state: ``[B, HV, K, V]`` (float32), state entering the row's first segment.
+      output_final_state: also return the ``[B, HV, K, V]`` state after the last valid token.
       segment_ids: ``[B, T]`` int, 1-based, 0 = padding (see :mod:`kda_lib.segments`: a new
         segment wherever a real token's id differs from the previous real token's).
       max_num_segments: static bound on the segments in one row, needed by tokamax backends
         with segments. Eager calls check it; under ``jit`` a row with more segments comes out
         NaN (outputs and final state), never silently wrong.
-      a_log: ``[H]`` per-head log rate; turns on the fused gate.
-      dt_bias: ``[H * K]`` or ``[H, K]`` gate bias (fused gate only).
-      lower_bound: safe-gate bound in [-5, 0) (fused gate only); None = softplus gate.
+      a_log: ``[HV]`` per-head log rate; turns on the fused gate.
+      dt_bias: ``[HV * K]`` or ``[HV, K]`` gate bias (fused gate only).
+      lower_bound: safe-gate bound in [-5, 0); turns on the fused gate too. With ``a_log``
+        None it is the safe gate without a rate, ``g = lower_bound * sigmoid(g + dt_bias)``
+        (fla's ``A_log=None``); with ``a_log`` and None it is the softplus gate. ``dt_bias``
+        with neither is refused (fla has no rate-free softplus gate).
       use_qk_l2norm: L2-normalise q and k (eps 1e-6) first.
       allow_neg_eigval: accept beta in [0, 2].
       chunk_size: chunk length of the chunked form, a power of two (default 64; validated for
@@ -189,14 +197,14 @@ def kda(
         with it: module docstring (a value one cannot honour raises ValueError).
 
     Returns:
-      ``(o [B, T, H, V] in q's dtype, final_state [B, H, K, V] float32 | None)``.
+      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
     """
-    fused_gate = a_log is not None
+    fused_gate = a_log is not None or lower_bound is not None
     check_lower_bound(lower_bound)
-    if not fused_gate and (dt_bias is not None or lower_bound is not None):
+    if not fused_gate and dt_bias is not None:
         raise ValueError(
-            "dt_bias and lower_bound only apply with the fused gate: pass a_log too "
-            "(or activate the gate yourself with kda_lib.kda_gate)"
+            "dt_bias and lower_bound only apply with the fused gate: pass a_log (softplus gate) "
+            "or lower_bound (safe gate) too, or activate the gate yourself with kda_lib.kda_gate"
         )
     if implementation != "auto" and implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -236,8 +244,9 @@ def kda(
         raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
     if initial_state is not None:
         initial_state = jnp.asarray(initial_state)
-    if fused_gate:
+    if a_log is not None:
         a_log = jnp.asarray(a_log)
+    if fused_gate:
         if dt_bias is not None:
             dt_bias = jnp.asarray(dt_bias).reshape(dims.num_heads * dims.key_dim)
     if segment_ids is not None:
@@ -262,10 +271,15 @@ def kda(
         )
         scan_on_forward = implementation == "chunked" and precision is None and scan_forward()
     if implementation in TOKAMAX_IMPLEMENTATIONS:
+        # tokamax has no grouped value heads (repeated here) and no rate-free safe gate
+        # (a_log = 0 is exactly A = 1)
+        q_rep, k_rep = repeat_qk_heads(q, k, dims.groups)
+        if fused_gate and a_log is None:
+            a_log = jnp.zeros((dims.num_heads,), jnp.float32)
         return tokamax_kda(
             implementation,
-            q,
-            k,
+            q_rep,
+            k_rep,
             v,
             g,
             beta,

@@ -6,6 +6,10 @@ Per head, with state ``S [K, V]``::
     S = S + beta_t * outer(k_t, v_t - k_t @ S)    # delta rule (read after the decay)
     o_t = (scale * q_t) @ S                       # read after write
 
+Grouped value heads (fla's ``num_v_heads``): q, k have H heads and v, g, beta, the state HV,
+a multiple of H; value head j reads q/k head ``j // (HV // H)``, by that index mapping inside
+the step (nothing is repeated).
+
 Run it under ``jax_enable_x64`` with float64 inputs for a float64 oracle.
 """
 
@@ -49,11 +53,12 @@ def kda_recurrent(
 
     Args:
       q, k: ``[B, T, H, K]``; used as given (normalise them first if you want L2-normed keys).
-      v: ``[B, T, H, V]``.
-      g: ``[B, T, H, K]`` log-space decay, ``<= 0``.
-      beta: ``[B, T, H]`` write strength in [0, 1] ([0, 2] with ``allow_neg_eigval``).
+      v: ``[B, T, HV, V]``, HV a positive multiple of H (HV = H: one value head per q/k head).
+        Grouped value heads are served natively: value head j reads q/k head ``j // (HV // H)``.
+      g: ``[B, T, HV, K]`` log-space decay, ``<= 0``.
+      beta: ``[B, T, HV]`` write strength in [0, 1] ([0, 2] with ``allow_neg_eigval``).
       scale: query scale, default ``K ** -0.5``.
-      initial_state: ``[B, H, K, V]`` state before the first token (of the row's first
+      initial_state: ``[B, HV, K, V]`` state before the first token (of the row's first
         segment), default zeros.
       output_final_state: also return the state after the last non-padding token.
       segment_ids: ``[B, T]`` int, 1-based, 0 = padding. The state resets to zero whenever the
@@ -61,7 +66,7 @@ def kda_recurrent(
       allow_neg_eigval: accept beta in [0, 2].
 
     Returns:
-      ``(o, final_state)``: o ``[B, T, H, V]`` in q's dtype; final_state ``[B, H, K, V]``
+      ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[B, HV, K, V]``
       float32 (float64 for float64 inputs), or None.
     """
     dims = check_kda_inputs(
@@ -80,6 +85,7 @@ def kda_recurrent(
 
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    qk_head = jnp.arange(dims.num_heads) // dims.groups  # the q/k head of each value head
     # time-major for the scan
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
     if segment_ids is None:
@@ -93,6 +99,7 @@ def kda_recurrent(
     def step(carry, x):
         state, prev_id = carry
         q_t, k_t, v_t, g_t, beta_t, id_t = x
+        q_t, k_t = q_t[:, qk_head], k_t[:, qk_head]  # [B, HV, K]
         valid = id_t != 0  # [B]
         fresh = valid & (id_t != prev_id)
         state_in = jnp.where(fresh[:, None, None, None], 0.0, state)
@@ -143,7 +150,7 @@ def kda_step(
         raise ValueError(
             f"v_t must have shape [B, H, V]=({batch}, {num_heads}, V), got {v_t.shape}"
         )
-    dims = Dims(batch, 1, num_heads, key_dim, v_t.shape[2])
+    dims = Dims(batch, 1, num_heads, key_dim, v_t.shape[2], num_heads)
     for name, x in (("k_t", k_t), ("g_t", g_t)):
         if x.shape != q_t.shape:
             raise ValueError(f"{name} must have shape [B, H, K]={q_t.shape}, got {x.shape}")

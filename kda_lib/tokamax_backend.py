@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib import emulation
-from kda_lib._checks import check_fused_inputs, check_kda_inputs
+from kda_lib._checks import check_fused_inputs, check_kda_inputs, repeat_qk_heads
 from kda_lib.segments import (
     check_max_num_segments,
     fill_padding_ids_across_ranks,
@@ -137,7 +137,7 @@ def tokamax_kda(
         raise ValueError(
             f"{name} with segment_ids needs max_num_segments (a static bound on the ids)"
         )
-    batch, seq_len, heads, key_dim, value_dim = dims
+    batch, seq_len, heads, key_dim, value_dim, _ = dims
     if segment_ids is not None:
         check_max_num_segments(max_num_segments)
     # tokamax's chunked kernels mix a chunk's tokens in matmuls: compute on finite stand-ins and
@@ -307,10 +307,12 @@ def tokamax_mosaic_context_parallel(
     without ids every token gets id 1 and ``max_num_segments=1``. Its constraints: a TPU v6+
     (or :func:`kda_lib.emulate_tpu`), K and V multiples of 128 (and K <= 256), float32/bfloat16,
     the fused gate with ``lower_bound``, no initial/final state, beta in [0, 1], chunk_size 64,
-    and a ``shard_map`` with ``check_vma=False`` (tokamax's CP loops carry values that do not
+    and a ``shard_map`` with ``check_vma=False``. Grouped value heads (v, g, beta with HV a
+    multiple of q's H) are served by repeating the q/k heads; ``a_log=None`` with
+    ``lower_bound`` by ``a_log = 0`` (tokamax's CP loops carry values that do not
     vary over the mesh axis).
     """
-    fused_gate = a_log is not None
+    fused_gate = a_log is not None or lower_bound is not None
     name = "'tokamax_mosaic'"
     problems = mosaic_problems(
         key_dim=q.shape[-1], dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
@@ -357,6 +359,11 @@ def tokamax_mosaic_context_parallel(
     else:
         dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
     batch, seq_len = dims.batch, dims.seq_len
+    # tokamax has no grouped value heads (q/k heads repeated) and no rate-free safe gate
+    # (a_log = 0 is exactly A = 1)
+    q, k = repeat_qk_heads(q, k, dims.groups)
+    if fused_gate and a_log is None:
+        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
     if segment_ids is None:
         ids = jnp.ones((batch, seq_len), jnp.int32)
         max_num_segments = 1

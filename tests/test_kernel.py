@@ -201,6 +201,8 @@ def test_errors_name_the_constraint():
         kda(**{**x, "dt_bias": jnp.zeros((H, K + 1))})
     plain = {n: x[n] for n in ("q", "k", "v", "beta")}
     with pytest.raises(ValueError, match="only apply with the fused gate"):
-        kda(**plain, g=-jnp.abs(x["g"]), lower_bound=-5.0)
+        # (lower_bound alone is the safe gate without a rate since fla's A_log=None: dt_bias
+        # with neither a_log nor lower_bound is what the rule refuses now)
+        kda(**plain, g=-jnp.abs(x["g"]), dt_bias=x["dt_bias"])
     with pytest.raises(ValueError, match="supports chunk_size=64 only"):
         kda(**x, lower_bound=-5.0, chunk_size=32, implementation="tokamax_xla_chunked")
