@@ -253,12 +253,26 @@ def test_the_fla_fixture_weights_in_the_published_naming_give_fla_s_output(tmp_p
     np.testing.assert_array_equal(np.asarray(run(via_kimi, x)), np.asarray(run(via_fla, x)))
 
 
+ROUND_TRIP = {
+    "published": {},
+    # fla's grouped value heads with its safe gate without A_log (no A_log tensor at all)
+    "grouped_no_a_log": dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False),
+    "full_rank_output_gate_with_bias": dict(full_rank_output_gate=True, output_gate_bias=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUND_TRIP))
 @pytest.mark.parametrize("naming", ["fla", "kimi_linear"])
-def test_export_and_load_round_trip(naming):
-    source, target = _layer(seed=0), _layer(seed=5)
-    load_state_dict(target, export_state_dict(source, naming), naming)
+def test_export_and_load_round_trip(naming, case):
+    config = dataclasses.replace(SMALL, **ROUND_TRIP[case])
+    source, target = _layer(config, seed=0), _layer(config, seed=5)
+    state_dict = export_state_dict(source, naming)
+    assert ("A_log" in state_dict) == config.use_a_log
+    load_state_dict(target, state_dict, naming)
     for name, value in _params(source).items():
         np.testing.assert_array_equal(_params(target)[name], value, err_msg=name)
+    x = _x()
+    np.testing.assert_array_equal(np.asarray(target(x)), np.asarray(source(x)))
 
 
 def test_grouped_value_heads_use_fla_s_names_with_value_head_shapes():
