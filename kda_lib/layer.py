@@ -228,6 +228,11 @@ class KDAConfig:
                 "KDAConfig: implementation='tokamax_xla_chunked' takes the sigmoid safe gate "
                 "fused into the kernel, not clamped_gate (the layer activates that gate itself)"
             )
+        if not self.use_a_log and self.lower_bound is None:
+            raise ValueError(
+                "KDAConfig.use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
+                "lower_bound (e.g. -5.0); the softplus gate has no rate-free form"
+            )
         if self.fused_qkv_conv and not self.conv_size:
             raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 

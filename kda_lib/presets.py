@@ -197,10 +197,10 @@ class KDAPreset:
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
         missing = []
-        if self.num_v_heads != self.num_heads:
-            missing.append(f"grouped value heads (num_v_heads={self.num_v_heads})")
-        if not self.has_a_log:
-            missing.append("the safe gate without A_log")
+        if not self.has_a_log and self.gate_form == "softplus":
+            missing.append(
+                "the softplus gate without A_log (only the safe gate has a rate-free form)"
+            )
         # a full-rank output gate (None) is KDAConfig.full_rank_output_gate; low ranks must agree
         if self.output_gate_rank is not None and self.forget_gate_rank != self.output_gate_rank:
             missing.append(

@@ -448,7 +448,7 @@ def program_costs(
     built here: the KDA layer (chunked prefill of ``seq_len`` tokens, one chunk so XLA's
     once-per-loop count is exact; recurrent decode step), the MLA layer (prefill; absorbed decode
     step over a cache of ``context`` slots) and multi-head attention
-    (:class:`kda_lib.models.CausalSelfAttention` without RoPE, same heads as the KDA layer).
+    (:class:`kda_lib.attention.CausalSelfAttention` without RoPE, same heads as the KDA layer).
 
     Returns ``{program: {"formula_matmul", "traced_matmul", "formula_flops", "xla_flops",
     "formula_bytes", "xla_bytes"}}`` (flops for all ``seq_len`` tokens, or the one decoded
@@ -462,7 +462,7 @@ def program_costs(
 
     from kda_lib.layer import KimiDeltaAttention
     from kda_lib.mla import MultiHeadLatentAttention
-    from kda_lib.models import CausalSelfAttention
+    from kda_lib.attention import AttentionConfig, CausalSelfAttention
 
     _check_positive(seq_len=seq_len, context=context)
     x = jnp.zeros((1, seq_len, p.hidden_size))
@@ -473,7 +473,15 @@ def program_costs(
     )
     kda_step = KimiDeltaAttention(p.kda_config(implementation="recurrent"), rngs=nnx.Rngs(0))
     mla = MultiHeadLatentAttention(p.mla_config(), rngs=nnx.Rngs(0))
-    mha = CausalSelfAttention(p.kda_config(), rngs=nnx.Rngs(0), rope=False)
+    heads = p.kda_config()  # full attention with the KDA layer's heads, without RoPE
+    mha_config = AttentionConfig(
+        hidden_size=heads.hidden_size,
+        num_heads=heads.num_heads,
+        head_dim=heads.head_dim,
+        value_head_dim=heads.value_dim,
+        rope=False,
+    )
+    mha = CausalSelfAttention(mha_config, rngs=nnx.Rngs(0))
     shape = full_attention_shape(p)
     conv = kda_conv_flops_per_token(p)
     rows = {}

@@ -206,6 +206,8 @@ LAYER_OPTIONS = {
     "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
     "fused_qkv_conv": dict(fused_qkv_conv=True),  # the halo of the one fused conv
     "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),  # activated before the kernel
+    # HV = 4 value heads on 2 q/k heads, the safe gate without A_log: HV-headed summaries
+    "no_a_log_grouped": dict(lower_bound=-5.0, use_a_log=False, num_v_heads=4),
 }
 
 

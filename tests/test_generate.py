@@ -149,3 +149,34 @@ def test_decode_cost_fills_mla_latent_caches():
     assert changed.tolist() == [i == 8 for i in range(50)]
     with pytest.raises(ValueError, match="fixed-capacity"):
         _as_if_seen(mla.init_cache(1), 8, jax.random.key(0))
+
+
+def test_generation_with_the_published_models_kda_options(monkeypatch):
+    """A KDA layer with grouped value heads, the safe gate without A_log, a full-rank output
+    gate beside a low-rank forget gate and the fused q/k/v conv (issue 27), as a mixer of the
+    model: its [B, HV, K, V] state and split conv history decode as the full forward computes."""
+    from kda_lib import models
+    from kda_lib.layer import KimiDeltaAttention
+
+    def factory(config, rngs):
+        options = dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False, gate_low_rank=4)
+        options.update(full_rank_output_gate=True, fused_qkv_conv=True)
+        return KimiDeltaAttention(dataclasses.replace(config.kda_config(), **options), rngs=rngs)
+
+    monkeypatch.setitem(models.MIXERS, "kda_options", factory)
+    model = TinyLM(dataclasses.replace(CFG, layers=("kda_options", "attention")), rngs=nnx.Rngs(0))
+    assert model.init_cache(2)[0].state.shape == (2, 4, 8, 8)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    out = generate(model, prompt, 6, temperature=0.0)
+    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(out[:, :-1]))
+    np.testing.assert_array_equal(np.asarray(logits.argmax(-1))[:, 2:], out[:, 3:])
+    # the logits themselves, prefill of 3 then one token at a time, against the full forward
+    step = nnx.jit(lambda m, t, c: m(t, cache=c))
+    tokens = jnp.asarray(out)
+    got, cache = step(model, tokens[:, :3], model.init_cache(2, max_len=9))
+    pieces = [got]
+    for t in range(3, 9):
+        got, cache = step(model, tokens[:, t : t + 1], cache)
+        pieces.append(got)
+    full = nnx.jit(lambda m, t: m(t))(model, tokens)
+    np.testing.assert_allclose(np.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)

@@ -263,6 +263,10 @@ OPTIONS = {
     "fused_qkv_conv": dict(fused_qkv_conv=True),
     # MaxText's Kimi K3 layer: max(-A softplus(f + dt_bias), -5)
     "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),
+    # fla's num_v_heads: 4 value heads on 2 q/k heads
+    "grouped_value_heads": dict(num_v_heads=4),
+    # fla's safe gate without A_log (A = 1), with grouped value heads
+    "no_a_log_grouped": dict(lower_bound=-5.0, use_a_log=False, num_v_heads=4),
 }
 
 
@@ -308,7 +312,9 @@ def test_option_matches_the_float64_oracle_on_every_implementation(option):
         assert set(g) == set(g64)
         for name in g64:
             assert relative_l2(g[name], g64[name]) < 2e-5, (option, impl, name)
-        print(f"{option} {impl}: output rel-L2 vs float64 oracle {relative_l2(y, y64):.1e}")
+        worst = max(relative_l2(g[name], g64[name]) for name in g64)
+        print(f"{option} {impl}: rel-L2 vs float64 oracle {relative_l2(y, y64):.1e} (output), ")
+        print(f"  {worst:.1e} (worst parameter gradient)")
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))
@@ -322,6 +328,7 @@ def test_option_prefill_then_decode_equals_full_forward(option):
         y, cache = _apply(layer, x[:, t : t + 1], cache)
         outs.append(y)
     assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5, name=option)
+    assert cache.state.shape == (2, layer.config.value_heads, 16, 8)
 
 
 def test_fused_qkv_conv_is_three_convs_in_one_tensor():
@@ -383,3 +390,54 @@ def test_option_errors_name_the_field():
     for name in ("use_a_log", "full_rank_output_gate", "fused_qkv_conv", "clamped_gate"):
         with pytest.raises(ValueError, match=f"KDAConfig.{name} must be a bool"):
             dataclasses.replace(BASE, **{name: 1})
+
+
+def test_grouped_value_heads_share_q_and_k_by_groups():
+    """A layer with HV = 4 value heads on H = 2 q/k heads is the H = 4 layer whose q/k heads
+    come in equal pairs (value head j reads q/k head j // 2), fla's num_v_heads."""
+    grouped = _layer(num_v_heads=4)
+    expanded = _layer(num_heads=4)
+    assert grouped.q_proj.kernel[...].shape == (32, 2 * 16)
+    assert grouped.v_proj.kernel[...].shape == (32, 4 * 8) and grouped.A_log[...].shape == (4,)
+    assert grouped.f_proj.kernel[...].shape == (32, 4 * 16) and grouped.dt_bias[...].shape == (64,)
+    assert grouped.b_proj.kernel[...].shape == (32, 4)
+    assert grouped.g_proj.kernel[...].shape == (32, 4 * 8)
+
+    def by_group(kernel):  # [.., 2 * 16] -> [.., 4 * 16], head j <- head j // 2
+        heads = kernel.reshape(*kernel.shape[:-1], 2, 16)
+        return jnp.repeat(heads, 2, axis=-2).reshape(*kernel.shape[:-1], 64)
+
+    nnx.update(expanded, nnx.state(grouped, nnx.Param))  # every value-head parameter as it is
+    for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
+        getattr(expanded, name).kernel.set_value(by_group(getattr(grouped, name).kernel[...]))
+    x = _x(seq_len=30)
+    err = assert_close(_apply(grouped, x), _apply(expanded, x), atol=2e-6, rtol=1e-5)
+    print(f"grouped value heads vs the expanded layer: max abs err {err:.1e}")
+    # a wrong grouping (value head j on q/k head j % 2) is a different layer
+    for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
+        kernel = getattr(grouped, name).kernel[...]
+        getattr(expanded, name).kernel.set_value(jnp.concatenate([kernel, kernel], axis=-1))
+    assert relative_l2(_apply(grouped, x), _apply(expanded, x)) > 1e-2
+
+
+def test_safe_gate_without_a_log_has_no_rate_parameter():
+    from kda_lib import kda_gate
+
+    layer = _layer(lower_bound=-5.0, use_a_log=False)
+    names = {_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(nnx.state(layer, nnx.Param))}
+    assert "A_log" not in names and "dt_bias" in names
+    assert layer.kernel_kwargs()["a_log"] is None
+    # the gate the kernel applies: -5 sigmoid(f + dt_bias), i.e. the safe gate at A = 1
+    with_rate = _layer(lower_bound=-5.0)
+    nnx.update(with_rate, nnx.state(layer, nnx.Param))
+    with_rate.A_log.set_value(jnp.zeros(2))
+    x = _x(seq_len=20)
+    assert_close(_apply(layer, x), _apply(with_rate, x), atol=1e-6, rtol=1e-6)
+    f = layer.project(x).f
+    np.testing.assert_allclose(
+        kda_gate(f, None, layer.dt_bias[...], lower_bound=-5.0),
+        -5.0 * jax.nn.sigmoid(f + layer.dt_bias[...].reshape(2, 16)),
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match="use_a_log=False is the safe gate without A_log"):
+        dataclasses.replace(BASE, use_a_log=False)

@@ -173,8 +173,7 @@ def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
 @pytest.mark.parametrize(
     "change, option",
     [
-        (dict(num_v_heads=64), "grouped value heads"),
-        (dict(has_a_log=False), "without A_log"),
+        (dict(has_a_log=False), "the softplus gate without A_log"),
         (dict(output_gate_rank=64), "different low ranks of the forget and output gates"),
     ],
 )
@@ -223,3 +222,20 @@ def test_output_gate_without_bias_runs_and_imports_without_the_bias():
     assert np.abs(np.asarray(layer(x)) - np.asarray(with_bias(x))).max() > 1e-3
     with pytest.raises(ValueError, match="output_gate_bias must be a bool"):
         dataclasses.replace(cfg, output_gate_bias=1)
+
+
+def test_grouped_value_heads_and_the_rate_free_safe_gate_build_from_a_preset():
+    # Kimi Linear's layer with twice the value heads (fla's num_v_heads), and GLM's without A_log
+    grouped = dataclasses.replace(KIMI_LINEAR_48B, num_v_heads=64)
+    layer = build_kda_layer(grouped)
+    assert parameter_count(layer) == grouped.kda_parameter_count()
+    assert layer.v_proj.kernel.get_value().shape == (2304, 64 * 128)
+    assert layer.A_log.get_value().shape == (64,) and layer.b_proj.kernel.get_value().shape[1] == 64
+    rate_free = dataclasses.replace(GLM_5_3_FLASH, has_a_log=False)
+    layer = build_kda_layer(rate_free)
+    assert layer.A_log is None and not layer.config.use_a_log
+    assert (
+        parameter_count(layer)
+        == rate_free.kda_parameter_count()
+        == (GLM_5_3_FLASH.kda_parameter_count() - GLM_YML["linear_num_heads"])
+    )
