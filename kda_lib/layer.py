@@ -26,10 +26,16 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib._checks import check_array, check_chunk_size, check_segment_ids, is_concrete
+from kda_lib.backends import (
+    check_implementation,
+    gate_problems,
+    needs_segment_bound,
+    uses_own_context_parallel,
+)
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.conv import ShortConvolution, kernel_from_torch
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias
-from kda_lib.kernel import IMPLEMENTATIONS, kda
+from kda_lib.kernel import kda
 from kda_lib.norms import gated_rms_norm
 from kda_lib.segments import canonical_segment_ids, check_max_num_segments, count_segments
 
@@ -162,18 +168,11 @@ class KDAConfig:
             self._set("chunk_size", check_chunk_size(self.chunk_size))
         except ValueError as error:
             raise ValueError(f"KDAConfig.{error}") from None
-        if not isinstance(self.implementation, str) or (
-            self.implementation != "auto" and self.implementation not in IMPLEMENTATIONS
-        ):
-            raise ValueError(
-                f"KDAConfig.implementation must be 'auto' or one of "
-                f"{IMPLEMENTATIONS}, got {self.implementation!r}"
-            )
-        if self.implementation == "tokamax_xla_chunked" and self.lower_bound is None:
-            raise ValueError(
-                "KDAConfig: implementation='tokamax_xla_chunked' needs the safe "
-                "gate; set lower_bound (e.g. -5.0)"
-            )
+        check_implementation(self.implementation, "KDAConfig.implementation")
+        # the layer always fuses the gate; the backend says what gate it needs
+        gate = gate_problems(self.implementation, fused_gate=True, lower_bound=self.lower_bound)
+        if gate:
+            raise ValueError(f"KDAConfig: {gate[0]} (set lower_bound, e.g. -5.0)")
 
     def _set(self, name, value):
         object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
@@ -537,8 +536,8 @@ class KimiDeltaAttention(nnx.Module):
             )
             return module.finish(x, o)
 
-        # tokamax's CP needs the mesh and a shard_map without the vma check (see _tokamax_mosaic_cp)
-        tokamax_cp = cfg.implementation == "tokamax_mosaic"
+        # a backend's own CP (tokamax's) needs the mesh and a shard_map without the vma check
+        tokamax_cp = uses_own_context_parallel(cfg.implementation)
         mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
         mosaic = mosaic if tokamax_cp else {}
         seq = P(None, axis)
@@ -606,7 +605,7 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
     without the config bound raise: the count is unknowable at trace time, and the only safe
     bound, T, would give tokamax T state slots.
     """
-    if segment_ids is None or not config.implementation.startswith("tokamax"):
+    if segment_ids is None or not needs_segment_bound(config.implementation):
         return None
     if config.max_num_segments is not None:
         return config.max_num_segments
