@@ -290,8 +290,8 @@ def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
     """The gate ``name`` cannot take (the layer asks this with its config: it always fuses)."""
     if name == "tokamax_xla_chunked" and not (fused_gate and lower_bound is not None):
         return [
-            "tokamax_xla_chunked needs the fused safe gate: pass a_log and lower_bound "
-            "(and a raw gate input g); use implementation='chunked' for log-space gates"
+            "tokamax_xla_chunked needs the fused safe gate: pass lower_bound (with or without "
+            "a_log) and a raw gate input g; use implementation='chunked' for log-space gates"
         ]
     return []
 
@@ -323,13 +323,15 @@ RECURRENT_MAX_AUTO_T = 16
 # recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the two forwards level or the
 # chunked one faster (0.86x at T = 256, 0.98x at T = 1024), while the scan's gradient is far
 # slower than the chunked form's. Under jax.grad "auto" runs the chunked form's forward and
-# gradient through the custom_vjp: against plain "chunked" fwd+bwd in one interleaved run
-# (scripts/auto_grad_vs_chunked.py, data/benchmarks/auto-grad-vs-chunked-cpu.json; B = 1,
-# H = 4, K = V = 64, float32, 7 rounds, 2 shared cores) the medians were 22.9 vs 15.6 ms at
-# T = 256, 82.7 vs 84.6 ms at T = 1024, 424 vs 391 ms at T = 4096, with XLA's flop count
-# identical (1.94e8 at T = 256) and the spreads overlapping at 1024 and 4096: no cost of the
-# route under jax.grad that one run on this machine separates from noise. Kept (the
-# notebooks and tests/test_auto_policy.py describe it); see docs/DESIGN.md section 4.
+# gradient through the custom_vjp. Against plain "chunked" fwd+bwd, two interleaved runs
+# (scripts/auto_grad_vs_chunked.py; data/benchmarks/auto-grad-vs-chunked-cpu.json, 7 rounds,
+# and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores), medians
+# auto / chunked: T = 256 22.9 / 15.6 ms and 16.5 / 11.7 ms (the route 1.4x slower, quartiles
+# apart in both runs); T = 1024 82.7 / 84.6 and 55.3 / 56.8 ms; T = 4096 424 / 391 and
+# 250 / 256 ms (level: quartiles overlap). XLA's flop count is the same for both programs.
+# Plain "chunked" is thus never slower here, forward (above) or fwd+bwd; the route is kept
+# for now because tests/test_auto_policy.py and notebooks 00 and 07 assert and describe it:
+# dropping it (SCAN_FORWARD_PLATFORMS = ()) is the change these numbers call for.
 SCAN_FORWARD_PLATFORMS = ("cpu",)
 
 

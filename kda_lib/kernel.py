@@ -5,8 +5,8 @@ Implementations:
 * ``"recurrent"``: :func:`kda_lib.kda_recurrent`, token by token (the oracle; decoding).
 * ``"chunked"``: :func:`kda_lib.kda_chunked`, kda_lib's portable chunkwise form.
 * ``"tokamax_xla"``: tokamax's token-by-token XLA reference.
-* ``"tokamax_xla_chunked"``: tokamax's pure-JAX chunked form (needs the fused gate:
-  ``a_log`` and ``lower_bound``).
+* ``"tokamax_xla_chunked"``: tokamax's pure-JAX chunked form (needs the fused safe gate:
+  ``lower_bound``, with or without ``a_log``).
 * ``"tokamax_mosaic"``: tokamax's Pallas Mosaic kernel, TPU v6 or newer (on CPU: inside
   :func:`kda_lib.emulate_tpu`, interpreted; for checking, not speed).
 
