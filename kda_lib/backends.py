@@ -290,8 +290,9 @@ def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
     """The gate ``name`` cannot take (the layer asks this with its config: it always fuses)."""
     if name == "tokamax_xla_chunked" and not (fused_gate and lower_bound is not None):
         return [
-            "tokamax_xla_chunked needs the fused safe gate: pass lower_bound (with or without "
-            "a_log) and a raw gate input g; use implementation='chunked' for log-space gates"
+            "tokamax_xla_chunked needs the fused safe gate (it needs the safe gate's lower_bound, "
+            "with or without a_log, and a raw gate input g); use implementation='chunked' for "
+            "log-space gates"
         ]
     return []
 
