@@ -40,6 +40,37 @@ def repeat_qk_heads(q, k, groups: int):
     return jnp.repeat(q, groups, axis=2), jnp.repeat(k, groups, axis=2)
 
 
+class KDAOptions(NamedTuple):
+    """The checked, static options of one :func:`kda_lib.kda` call (hashable: a ``custom_vjp``
+    takes it as a non-differentiable argument). Built once by
+    :func:`kda_lib.backends.check_call`; every backend reads it and checks nothing again.
+
+    ``segments_per_row``: the most segments in one row when the ids were concrete (counted
+    on the host copy the id check reads anyway), else None (under ``jit``)."""
+
+    dims: Dims
+    dtype: np.dtype  # q's dtype: the outputs' dtype
+    scale: float
+    output_final_state: bool
+    has_initial_state: bool
+    has_segments: bool
+    max_num_segments: int | None
+    segments_per_row: int | None
+    fused_gate: bool
+    lower_bound: float | None
+    use_qk_l2norm: bool
+    allow_neg_eigval: bool
+    chunk_size: int
+    precision: str | None
+    implementation: str
+
+
+def host_values(x, dtype=None) -> np.ndarray:
+    """``x``'s values on the host: the one place the checks read an array (tests count the
+    calls: an eager :func:`kda_lib.kda` call reads beta and the segment ids once each)."""
+    return np.asarray(x, dtype)
+
+
 def _shape_error(name: str, expected: str, got) -> ValueError:
     return ValueError(f"{name} must have shape {expected}, got shape {tuple(got)}")
 
@@ -213,7 +244,7 @@ def check_kda_inputs(
     # value checks skip non-finite entries: those are handled (and propagated like the
     # recurrence does) by every form; a NaN is not "beta out of range"
     if is_concrete(beta):
-        finite = np.asarray(beta, np.float32)
+        finite = host_values(beta, np.float32)
         finite = finite[np.isfinite(finite)]
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
         if not (lo >= 0.0 and hi <= beta_max):
@@ -223,7 +254,7 @@ def check_kda_inputs(
                 + f", got values in [{lo:g}, {hi:g}]"
             )
     if not raw_gate and is_concrete(g):
-        values = np.asarray(g, np.float32)
+        values = host_values(g, np.float32)
         values = values[~np.isnan(values)]
         hi = float(values.max()) if values.size else 0.0
         if not hi <= 0.0:
@@ -272,21 +303,24 @@ def check_fused_inputs(
     return dims
 
 
-def check_segment_ids(segment_ids, batch: int, seq_len: int) -> None:
-    """``segment_ids`` ``[B, T]`` int, 0 = padding, each non-zero id one contiguous run."""
+def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
+    """``segment_ids`` ``[B, T]`` int, 0 = padding, each non-zero id one contiguous run.
+    Returns the most segments in one row (concrete ids), or None (traced ids)."""
     if segment_ids.shape != (batch, seq_len):
         raise _shape_error("segment_ids", f"[B, T]={(batch, seq_len)}", segment_ids.shape)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
     if not is_concrete(segment_ids):
-        return
-    ids = np.asarray(segment_ids)
+        return None
+    ids = host_values(segment_ids)
     if ids.min() < 0:
         raise ValueError(f"segment_ids must be >= 0 (0 = padding), got min {ids.min()}")
+    most = 0
     for row in range(batch):
         row_ids = ids[row]
         starts = (row_ids != 0) & np.concatenate([[True], row_ids[1:] != row_ids[:-1]])
         run_ids = row_ids[starts]
+        most = max(most, run_ids.size)
         values, counts = np.unique(run_ids, return_counts=True)
         if (counts > 1).any():
             reused = values[counts > 1][0]
@@ -295,6 +329,7 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> None:
                 "needs its own id (one contiguous run per id, padding 0 may only separate "
                 "different ids)"
             )
+    return most
 
 
 def check_state(state, dims: Dims, name: str = "state") -> None:

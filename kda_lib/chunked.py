@@ -76,6 +76,7 @@ from kda_lib.segments import (
     NonFinite,
     isolate_non_finite,
     overflowing_keys_as_nan,
+    pad_time,
     restore_non_finite,
     segment_masks,
     zero_padding,
@@ -684,48 +685,67 @@ def kda_chunked(
         allow_neg_eigval=allow_neg_eigval,
     )
     chunk_size = check_chunk_size(chunk_size)
-    operand_dtype = _operand_dtype(check_precision(precision), q, k, v)
+    check_precision(precision)
     mode = scan or default_scan_mode()
     if mode not in ("sequential", "associative"):  # before any work
         raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
-    scale = resolve_scale(scale, dims.key_dim)
+    # padding by selection: its values never reach an output or a gradient
+    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    return chunked_core(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims=dims,
+        scale=resolve_scale(scale, dims.key_dim),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        segment_ids=segment_ids,
+        chunk_size=chunk_size,
+        scan=mode,
+        precision=precision,
+    )
+
+
+def chunked_core(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    dims,
+    scale: float,
+    initial_state,
+    output_final_state: bool,
+    segment_ids,
+    chunk_size: int,
+    scan: ScanMode | None = None,
+    precision: Precision | None = None,
+):
+    """:func:`kda_chunked` on checked inputs (padding already zeroed, ``dims`` from the
+    check): nothing is checked or zeroed again. ``scan`` None: :func:`default_scan_mode`."""
+    operand_dtype = _operand_dtype(precision, q, k, v)
     acc = accumulation_dtype(q.dtype)
     batch, seq_len, heads, key_dim, value_dim, _ = dims
-    num_chunks = -(-seq_len // chunk_size)
-    padded = num_chunks * chunk_size
-
     out_dtype = q.dtype
     q, k, v, g, beta = (x.astype(acc) for x in (q, k, v, g, beta))
     q, k = repeat_qk_heads(q, k, dims.groups)
-    # padding: no decay, no write, zero query; non-finite real tokens: computed as zeros and
-    # restored as NaN exactly where the recurrence has them (matmuls would spread them)
-    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    # non-finite real tokens: computed as zeros and restored as NaN exactly where the
+    # recurrence has them (matmuls would spread them)
     k = overflowing_keys_as_nan(k)  # an overflowing key stays in its segment, from it on
     q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
         q, k, v, g, beta, initial_state, segment_ids
     )
-    if padded != seq_len:  # padding tokens: no decay, no write, outputs dropped
-        pad = [(0, 0), (0, padded - seq_len)]
-        q, k, v, g = (jnp.pad(x, pad + [(0, 0), (0, 0)]) for x in (q, k, v, g))
-        beta = jnp.pad(beta, pad + [(0, 0)])
-        if segment_ids is not None:
-            segment_ids = jnp.pad(segment_ids, pad)
-
-    def to_chunks(x):  # [B, T, H, D] -> [N, B, H, C, D]: chunk-major, for the state scan
-        x = x.reshape(batch, num_chunks, chunk_size, heads, *x.shape[3:])
-        return jnp.moveaxis(x, (1, 3), (0, 2))
-
-    segments = None
-    if segment_ids is not None:  # [B, 1, N, ...] -> [N, B, 1, ...]
-        segments = tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
+    # padding tokens: no decay, no write, outputs dropped
+    (q, k, v, g, beta), segment_ids, pad = pad_time(
+        chunk_size, q, k, v, g, beta, segment_ids=segment_ids
+    )
     intra = _intra_chunk(
-        to_chunks(q),
-        to_chunks(k),
-        to_chunks(v),
-        to_chunks(g),
-        to_chunks(beta),
+        *(_to_chunks(x, chunk_size) for x in (q, k, v, g, beta)),
         scale=scale,
-        segments=segments,
+        segments=None if segment_ids is None else _chunk_masks(segment_ids, chunk_size),
         operand_dtype=operand_dtype,
     )
     state0 = (
@@ -733,19 +753,37 @@ def kda_chunked(
         if initial_state is None
         else initial_state.astype(acc)
     )
-    if mode == "sequential":
-        o, final_state = _pass_states(intra, state0, operand_dtype)
-    else:
-        maps = _affine_maps(intra, operand_dtype)
-        entering, final_state = chain_states(
-            jnp.moveaxis(maps.transition, 0, 2),
-            jnp.moveaxis(maps.state_ext, 0, 2),
-            state0,
-            mode,
-            operand_dtype,
-        )
-        low = _low("outputs", operand_dtype)
-        o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
-    o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, padded, heads, value_dim)[:, :seq_len]
-    o, final_state = restore_non_finite(o, final_state, non_finite)
+    o, final_state = _chain(intra, state0, scan or default_scan_mode(), operand_dtype)
+    o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, seq_len + pad, heads, value_dim)
+    o, final_state = restore_non_finite(o[:, :seq_len], final_state, non_finite)
     return o.astype(out_dtype), (final_state if output_final_state else None)
+
+
+def _to_chunks(x, chunk_size):
+    """``[B, T, H, ...] -> [N, B, H, C, ...]``: chunk-major, for the state scan."""
+    batch, seq_len, heads = x.shape[:3]
+    x = x.reshape(batch, seq_len // chunk_size, chunk_size, heads, *x.shape[3:])
+    return jnp.moveaxis(x, (1, 3), (0, 2))
+
+
+def _chunk_masks(segment_ids, chunk_size):
+    """:func:`kda_lib.segments.segment_masks`, chunk-major: ``[B, 1, N, ...] -> [N, B, 1, ...]``."""
+    return tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
+
+
+def _chain(intra: IntraChunk, state0, mode: ScanMode, operand_dtype):
+    """Outputs ``[N, B, H, C, V]`` and the final state from the chunks' ``intra`` parts, with
+    the sequential scan or the associative one over the affine maps."""
+    if mode == "sequential":
+        return _pass_states(intra, state0, operand_dtype)
+    maps = _affine_maps(intra, operand_dtype)
+    entering, final_state = chain_states(
+        jnp.moveaxis(maps.transition, 0, 2),
+        jnp.moveaxis(maps.state_ext, 0, 2),
+        state0,
+        mode,
+        operand_dtype,
+    )
+    low = _low("outputs", operand_dtype)
+    o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
+    return o, final_state

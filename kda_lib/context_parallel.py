@@ -22,13 +22,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kda_lib.kernel import kda, portable_implementation
+from kda_lib.backends import STATE_PASSING, context_parallel_route
+from kda_lib.kernel import kda
 from kda_lib.segments import rank_segment_links, segment_ordinals
-from kda_lib.tokamax_backend import tokamax_mosaic_context_parallel
-
-
-def _axis_size(axis_name) -> int:
-    return jax.lax.axis_size(axis_name)
 
 
 def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int, seq_axis: int = 1):
@@ -43,7 +39,7 @@ def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int, seq_axis: int
     seq_axis = seq_axis % x.ndim
     if halo_size == 0:
         return x
-    ranks = _axis_size(axis_name)
+    ranks = jax.lax.axis_size(axis_name)
     local = x.shape[seq_axis]
     hops = min(math.ceil(halo_size / local), ranks - 1)
     pieces = []
@@ -88,8 +84,10 @@ def kda_context_parallel(
         ``[B, T_local, HV]``; HV a positive multiple of H (grouped value heads, served as
         :func:`kda_lib.kda` serves them: the state and the rank summaries have HV heads).
       axis_name: the mesh axis the sequence is split over (default "context").
-      scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`.
-        ``"tokamax_mosaic"`` runs tokamax's own CP (see
+      scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`
+        (default ``"auto"``: kda_lib's own form for T_local). The backend names its CP route
+        (:func:`kda_lib.backends.context_parallel_route`): kda_lib's state passing (below) or
+        its own (``"tokamax_mosaic"``: tokamax's CP,
         :func:`kda_lib.tokamax_backend.tokamax_mosaic_context_parallel`).
       mesh: the mesh of the enclosing ``shard_map`` (only ``"tokamax_mosaic"`` uses it, for
         ``ContextParallelMetadata``); default: the current abstract mesh.
@@ -105,33 +103,15 @@ def kda_context_parallel(
       with ``output_final_state=True`` also the state after the last token of the whole
       sequence, ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``).
     """
-    if implementation == "tokamax_mosaic":
-        return tokamax_mosaic_context_parallel(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            axis_name=axis_name,
-            mesh=mesh,
-            scale=scale,
-            segment_ids=segment_ids,
-            **kernel_kwargs,
-        )
-    if implementation.startswith("tokamax"):
-        # tokamax's XLA kernels build loop carries that do not vary over the mesh axis, which
-        # shard_map rejects; its Mosaic kernel has its own CP path (ContextParallelMetadata)
-        raise ValueError(
-            f"kda_context_parallel runs kda_lib's kernels ('chunked' or 'recurrent'); "
-            f"{implementation!r} cannot run inside shard_map here"
-        )
-    if implementation == "auto":
-        implementation = portable_implementation(q.shape[1])
-    batch, key_dim = q.shape[0], q.shape[-1]
-    heads, value_dim = v.shape[2:]  # the value heads HV (grouped value heads: HV > q's H)
+    implementation, route = context_parallel_route(implementation, q.shape[1])
+    if route != STATE_PASSING:  # the backend's own CP (tokamax Mosaic)
+        return route(
+            q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
+            segment_ids=segment_ids, **kernel_kwargs,
+        )  # fmt: skip
     initial_state = kernel_kwargs.pop("initial_state", None)
     output_final_state = kernel_kwargs.pop("output_final_state", False)
-    state_shape = (batch, heads, key_dim, value_dim)
+    state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
         raise ValueError(
             f"initial_state must have shape [B, H, K, V]={state_shape} (the same on every "
@@ -140,18 +120,38 @@ def kda_context_parallel(
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
     kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
+    transition, state_ext = _rank_summary(q, k, v, g, beta, kw)
+    initial, final = _fold_summaries(
+        transition, state_ext, initial_state, segment_ids, axis_name, state_shape
+    )
+    out, _ = kda(q, k, v, g, beta, initial_state=initial, **kw)
+    if not output_final_state:
+        return out
+    # the final state is equal on every rank; shard_map cannot know that, so take the last
+    # rank's copy through a psum (B HV K V floats, independent of T) to return it replicated
+    last = jax.lax.axis_index(axis_name) == jax.lax.axis_size(axis_name) - 1
+    return out, jax.lax.psum(jnp.where(last, final, 0.0), axis_name)
 
-    # 1. this rank's affine summary: augmented values [0 | v], initial state [I | 0]
+
+def _rank_summary(q, k, v, g, beta, kw):
+    """This rank's affine map ``S_out = M S_in + S_ext`` (``M [B, HV, K, K]``,
+    ``S_ext [B, HV, K, V]``): one local run with values ``[0 | v]`` and initial state
+    ``[I | 0]`` ends in exactly ``[M | S_ext]``."""
+    batch, key_dim = q.shape[0], q.shape[-1]
+    heads, value_dim = v.shape[2:]  # the value heads HV (grouped value heads: HV > q's H)
     eye = jnp.broadcast_to(jnp.eye(key_dim, dtype=jnp.float32), (batch, heads, key_dim, key_dim))
     init_aug = jnp.concatenate([eye, jnp.zeros((batch, heads, key_dim, value_dim))], -1)
     v_aug = jnp.concatenate([jnp.zeros(v.shape[:-1] + (key_dim,), v.dtype), v], -1)
     _, summary = kda(q, k, v_aug, g, beta, initial_state=init_aug, output_final_state=True, **kw)
-    transition, state_ext = summary[..., :key_dim], summary[..., key_dim:]
+    return summary[..., :key_dim], summary[..., key_dim:]
 
-    # 2. all-gather the summaries (size independent of T) and fold the upstream ones
-    all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, H, K, K]
-    all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, H, K, V]
-    ranks = all_m.shape[0]
+
+def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
+    """All-gather the rank summaries (size independent of T) and fold them in rank order.
+    Returns ``(state entering this rank, state after the whole sequence)``, float32."""
+    all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
+    all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
+    ranks, batch = all_m.shape[:2]
     if segment_ids is None:
         keeps = passes = jnp.ones((ranks, batch), bool)
         rank = jax.lax.axis_index(axis_name)
@@ -167,9 +167,8 @@ def kda_context_parallel(
         # segment
         first = all_ends[:, :, 0]
         keeps = (first == before) | (first == 0) | (before == 0)
-    if initial_state is None:
-        state = jnp.zeros(state_shape, jnp.float32)
-    else:
+    state = jnp.zeros(state_shape, jnp.float32)
+    if initial_state is not None:
         state = initial_state.astype(jnp.float32)
     entering = []
     for j in range(ranks):
@@ -179,17 +178,7 @@ def kda_context_parallel(
             "bhij,bhjv->bhiv", all_m[j], state, precision=jax.lax.Precision.HIGHEST
         )
         state = jnp.where(passes[j][:, None, None, None], carried, 0.0) + all_e[j]
-    initial = jnp.take(jnp.stack(entering), rank, axis=0)
-
-    # 3. this rank's outputs from its true initial state
-    out, _ = kda(q, k, v, g, beta, initial_state=initial, **kw)
-    if not output_final_state:
-        return out
-    # after the fold, `state` is the state after the last token of the whole sequence, equal
-    # on every rank; shard_map cannot know that, so take the last rank's copy through a psum
-    # (B H K V floats, independent of T) to return it replicated (out_specs P())
-    last = jax.lax.axis_index(axis_name) == ranks - 1
-    return out, jax.lax.psum(jnp.where(last, state, 0.0), axis_name)
+    return jnp.take(jnp.stack(entering), rank, axis=0), state
 
 
 def place(array, mesh, spec):

@@ -36,11 +36,17 @@ from kda_lib._checks import (
     check_segment_ids,
     is_concrete,
 )
+from kda_lib.backends import (
+    check_implementation,
+    gate_problems,
+    needs_segment_bound,
+    uses_own_context_parallel,
+)
 from kda_lib.checkpoints import load_fla_state_dict
 from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
 from kda_lib.conv import ShortConvolution, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias, kda_gate
-from kda_lib.kernel import IMPLEMENTATIONS, kda
+from kda_lib.kernel import kda
 from kda_lib.norms import gated_rms_norm
 from kda_lib.params import NO_DECAY, no_decay_param
 from kda_lib.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -206,27 +212,22 @@ class KDAConfig:
             self._set("chunk_size", check_chunk_size(self.chunk_size))
         except ValueError as error:
             raise ValueError(f"KDAConfig.{error}") from None
-        if not isinstance(self.implementation, str) or (
-            self.implementation != "auto" and self.implementation not in IMPLEMENTATIONS
-        ):
-            raise ValueError(
-                f"KDAConfig.implementation must be 'auto' or one of "
-                f"{IMPLEMENTATIONS}, got {self.implementation!r}"
+        check_implementation(self.implementation, "KDAConfig.implementation")
+        # the backend says what gate it needs; the layer fuses the gate unless it clamps it
+        fused = not self.clamped_gate
+        gate = gate_problems(self.implementation, fused_gate=fused, lower_bound=self.lower_bound)
+        if gate:
+            hint = (
+                " (set lower_bound, e.g. -5.0)"
+                if fused
+                else "; with clamped_gate the layer activates the gate itself, so the kernel "
+                "gets a log-space gate"
             )
-        if self.implementation == "tokamax_xla_chunked" and self.lower_bound is None:
-            raise ValueError(
-                "KDAConfig: implementation='tokamax_xla_chunked' needs the safe "
-                "gate; set lower_bound (e.g. -5.0)"
-            )
+            raise ValueError(f"KDAConfig: {gate[0]}{hint}")
         if self.clamped_gate and self.lower_bound is None:
             raise ValueError(
                 "KDAConfig.clamped_gate clamps the softplus gate at lower_bound; set lower_bound "
                 "(e.g. -5.0)"
-            )
-        if self.clamped_gate and self.implementation == "tokamax_xla_chunked":
-            raise ValueError(
-                "KDAConfig: implementation='tokamax_xla_chunked' takes the sigmoid safe gate "
-                "fused into the kernel, not clamped_gate (the layer activates that gate itself)"
             )
         if not self.use_a_log and self.lower_bound is None:
             raise ValueError(
@@ -623,9 +624,8 @@ class KimiDeltaAttention(nnx.Module):
             )
             return module.project_output(x, o)
 
-        # tokamax's CP needs the mesh and a shard_map without the vma check (see
-        # tokamax_backend.tokamax_mosaic_context_parallel)
-        tokamax_cp = cfg.implementation == "tokamax_mosaic"
+        # a backend's own CP (tokamax's) needs the mesh and a shard_map without the vma check
+        tokamax_cp = uses_own_context_parallel(cfg.implementation)
         mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
         mosaic = mosaic if tokamax_cp else {}
         seq = P(None, axis)
@@ -694,7 +694,7 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
     without the config bound raise: the count is unknowable at trace time, and the only safe
     bound, T, would give tokamax T state slots.
     """
-    if segment_ids is None or not config.implementation.startswith("tokamax"):
+    if segment_ids is None or not needs_segment_bound(config.implementation):
         return None
     if config.max_num_segments is not None:
         return config.max_num_segments

@@ -79,12 +79,32 @@ def kda_recurrent(
         segment_ids=segment_ids,
         allow_neg_eigval=allow_neg_eigval,
     )
-    scale = resolve_scale(scale, dims.key_dim)
-    acc = accumulation_dtype(q.dtype)
-    state0 = _initial_state(initial_state, dims, acc)
-
+    if segment_ids is not None:  # compared in their own dtype, then numbered
+        segment_ids = canonical_segment_ids(segment_ids)
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    return recurrent_core(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims=dims,
+        scale=resolve_scale(scale, dims.key_dim),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        segment_ids=segment_ids,
+    )
+
+
+def recurrent_core(
+    q, k, v, g, beta, *, dims: Dims, scale: float, initial_state, output_final_state, segment_ids
+):
+    """:func:`kda_recurrent` on checked inputs: ``segment_ids`` canonical
+    (:func:`kda_lib.segments.canonical_segment_ids`) and padding already zeroed; nothing is
+    checked, canonicalised or padded here."""
+    acc = accumulation_dtype(q.dtype)
+    state0 = _initial_state(initial_state, dims, acc)
     qk_head = jnp.arange(dims.num_heads) // dims.groups  # the q/k head of each value head
     # time-major for the scan
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
@@ -92,9 +112,8 @@ def kda_recurrent(
         ids = jnp.ones((dims.seq_len, dims.batch), jnp.int32)
         prev0 = jnp.ones((dims.batch,), jnp.int32)
     else:
-        ids = canonical_segment_ids(segment_ids)  # compared in their own dtype, then numbered
-        prev0 = first_segment_id(ids)
-        ids = jnp.moveaxis(ids, 1, 0)
+        prev0 = first_segment_id(segment_ids)
+        ids = jnp.moveaxis(segment_ids, 1, 0)
 
     def step(carry, x):
         state, prev_id = carry

@@ -286,3 +286,18 @@ def restore_non_finite(out, final_state, where: NonFinite):
     if final_state is not None:
         final_state = jnp.where(where.final_state[:, :, None, :], jnp.nan, final_state)
     return out, final_state
+
+
+def pad_time(multiple: int, *arrays, segment_ids=None):
+    """Arrays ``[B, T, ...]`` and ``segment_ids [B, T]`` (or None) zero-padded along T to a
+    multiple of ``multiple``: the one place a chunked kernel's T is padded (kda_lib's chunked
+    form, tokamax's chunked kernels). Padded ids are 0 (padding). Returns
+    ``(padded arrays tuple, segment_ids, pad)``."""
+    pad = (-arrays[0].shape[1]) % multiple
+    if not pad:
+        return arrays, segment_ids, 0
+    widths = lambda x: [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)  # noqa: E731
+    arrays = tuple(jnp.pad(x, widths(x)) for x in arrays)
+    if segment_ids is not None:
+        segment_ids = jnp.pad(segment_ids, widths(segment_ids))
+    return arrays, segment_ids, pad

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +27,11 @@ from kda_lib.segments import (
     isolate_non_finite,
     neutral_padding,
     overflowing_keys_as_nan,
+    pad_time,
     restore_non_finite,
     segment_ordinals,
 )
 
-TOKAMAX_IMPLEMENTATIONS = {
-    "tokamax_xla": "xla",
-    "tokamax_xla_chunked": "xla_chunked",
-    "tokamax_mosaic": "mosaic",
-}
 TOKAMAX_CHUNK = 64
 
 
@@ -95,156 +92,147 @@ def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> li
     return problems
 
 
+class TokamaxVariant(NamedTuple):
+    """One of tokamax's KDA kernels, as the adapter needs to know it."""
+
+    api_name: str  # tokamax's ``implementation=`` name
+    chunked: bool  # T padded to TOKAMAX_CHUNK, chunk_size fixed at TOKAMAX_CHUNK
+    float32: bool  # computes in its inputs' dtype, so bf16/fp16 inputs run in float32
+    mosaic: bool  # the Pallas Mosaic kernel (TPU v6+, or emulated)
+
+
+TOKAMAX_VARIANTS = {
+    "tokamax_xla": TokamaxVariant("xla", chunked=False, float32=False, mosaic=False),
+    "tokamax_xla_chunked": TokamaxVariant("xla_chunked", chunked=True, float32=True, mosaic=False),
+    "tokamax_mosaic": TokamaxVariant("mosaic", chunked=True, float32=False, mosaic=True),
+}
+
+
 def tokamax_kda(
-    implementation,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    dims,
-    scale,
-    initial_state,
-    output_final_state,
-    segment_ids,
-    max_num_segments,
-    a_log,
-    dt_bias,
-    lower_bound,
-    use_qk_l2norm,
-    allow_neg_eigval,
-    chunk_size,
+    variant: TokamaxVariant, q, k, v, g, beta, initial_state, segment_ids, gate, options
 ):
-    fused_gate = a_log is not None
-    name = implementation
-    if allow_neg_eigval:
-        raise ValueError(f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported")
-    if implementation == "tokamax_xla_chunked" and not (fused_gate and lower_bound is not None):
-        raise ValueError(
-            "tokamax_xla_chunked needs the fused safe gate: pass a_log and lower_bound "
-            "(and a raw gate input g); use implementation='chunked' for log-space gates"
-        )
-    if implementation == "tokamax_mosaic":
-        problems = mosaic_problems(
-            key_dim=dims.key_dim, dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
-        )
-        if problems:
-            raise ValueError("; ".join(problems))
-    if implementation != "tokamax_xla" and chunk_size != TOKAMAX_CHUNK:
-        raise ValueError(f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {chunk_size}")
-    if segment_ids is not None and max_num_segments is None:
-        raise ValueError(
-            f"{name} with segment_ids needs max_num_segments (a static bound on the ids)"
-        )
-    batch, seq_len, heads, key_dim, value_dim, _ = dims
-    if segment_ids is not None:
-        check_max_num_segments(max_num_segments)
-    # tokamax's chunked kernels mix a chunk's tokens in matmuls: compute on finite stand-ins and
-    # put NaN back exactly where the recurrence has it
-    if not use_qk_l2norm:  # (normalised keys cannot overflow)
+    """tokamax's ``variant`` on kda_lib's checked call (:func:`kda_lib.backends.check_call`).
+
+    Args:
+      q, k: ``[B, T, HV, K]`` (q/k heads already repeated for grouped value heads);
+        v ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (raw gate input with the fused gate),
+        beta ``[B, T, HV]``; padding already zeroed.
+      initial_state: ``[B, HV, K, V]`` or None; segment_ids: canonical ``[B, T]`` or None.
+      gate: ``(a_log [HV] | None, dt_bias [HV * K] | None)``; with the fused gate and no
+        a_log, a_log = 0 (exactly A = 1: tokamax has no rate-free gate).
+      options: :class:`kda_lib._checks.KDAOptions` (its ``problems`` already checked).
+
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
+    Non-finite inputs are computed on finite stand-ins and NaN is put back exactly where the
+    recurrence has it; rows with more segments than ``max_num_segments`` under jit come out NaN.
+    """
+    seq_len = options.dims.seq_len
+    if not options.use_qk_l2norm:  # (normalised keys cannot overflow)
         k = overflowing_keys_as_nan(k)  # kept in its segment from its token on, as in chunked
     q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
-        q, k, v, g, beta, initial_state, segment_ids, raw_gate=fused_gate
+        q, k, v, g, beta, initial_state, segment_ids, raw_gate=options.fused_gate
     )
-    out_dtype = q.dtype
-    if implementation == "tokamax_xla_chunked" and any(
-        jnp.dtype(x.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)) for x in (q, k, v)
-    ):
+    if variant.float32 and any(jnp.dtype(x.dtype) in LOW_PRECISION for x in (q, k, v)):
         # tokamax's pure-JAX chunked form computes in its inputs' dtype: on fla's
         # context-parallel inputs (issue 30) bf16 gave relative errors of 1.05e-2 against the
         # float64 oracle, above fla's 8e-3; in float32 it matches the recurrence (1.7e-3, the
         # rounding of the bf16 output). It is a portable reference, not a fast path: float32.
         q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
-    # tokamax's chunked kernels need T % 64 == 0
-    pad = (-seq_len) % TOKAMAX_CHUNK if implementation != "tokamax_xla" else 0
-    if pad:
-        widths = [(0, 0), (0, pad)]
-        q, k, v, g = (jnp.pad(x, widths + [(0, 0), (0, 0)]) for x in (q, k, v, g))
-        beta = jnp.pad(beta, widths + [(0, 0)])
-        valid = jnp.pad(
-            jnp.ones((batch, seq_len), bool) if segment_ids is None else segment_ids != 0, widths
-        )
-        if segment_ids is not None:
-            segment_ids = jnp.pad(segment_ids, widths)
-    elif segment_ids is not None:
-        valid = segment_ids != 0
-    else:
-        valid = None
-
-    num_states = 1
-    tk_segments = None
-    too_many = None  # [B]: rows with more segments than max_num_segments (traced ids only)
-    if segment_ids is not None:
-        num_states = max_num_segments
-        tk_segments = segment_ordinals(segment_ids)
-        if not isinstance(tk_segments, jax.core.Tracer):
-            most = int(tk_segments.max())
-            if most > max_num_segments:
-                raise ValueError(
-                    f"segment_ids has a row with {most} segments but max_num_segments="
-                    f"{max_num_segments}"
-                )
-        else:  # under jit: such a row would be silently wrong; make it unmistakably NaN
-            too_many = tk_segments.max(axis=1) > max_num_segments
-        if implementation == "tokamax_mosaic":
-            # Mosaic aligns every segment slot to a 64-token chunk, so its work grows with the
-            # slot count: keep it tight (a row has at most T segments; concrete ids: the count)
-            num_states = min(num_states, seq_len + pad)
-            if not isinstance(tk_segments, jax.core.Tracer):
-                num_states = min(num_states, int(tk_segments.max()))
-    elif pad:
-        tk_segments = jnp.ones((batch, seq_len + pad), jnp.int32)
-    if valid is not None:
-        # tokamax's backends disagree on padding (id 0) inside a row, so padding is made neutral
-        # instead: part of the segment before it, with no decay, no write and a zero query
-        q, g, beta = neutral_padding(q, g, beta, valid, raw_gate=fused_gate)
-    tk_state = None
-    if initial_state is not None:
-        state = initial_state.astype(jnp.float32)[:, None]  # state of the row's first segment
-        tk_state = (
-            state
-            if num_states == 1
-            else jnp.pad(state, [(0, 0), (0, num_states - 1), (0, 0), (0, 0), (0, 0)])
-        )
-
+    slots = _segment_slots(variant, segment_ids, options)
+    q, k, v, g, beta, tk_segments = _padded_for_tokamax(
+        variant, (q, k, v, g, beta), segment_ids, options.fused_gate
+    )
     out, final = call_tokamax_batch_first(
-        implementation,
+        variant,
         q,
         k,
         v,
         g,
         beta,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        scale=scale,
-        initial_state=tk_state,
-        output_final_state=output_final_state,
-        use_qk_l2norm=use_qk_l2norm,
+        a_log=gate[0],
+        dt_bias=gate[1],
+        scale=options.scale,
+        initial_state=_slot_state(initial_state, slots.count),
+        output_final_state=options.output_final_state,
+        use_qk_l2norm=options.use_qk_l2norm,
         segment_ids=tk_segments,
-        lower_bound=lower_bound,
-        max_num_segments=None if tk_segments is None else num_states,
+        lower_bound=options.lower_bound,
+        max_num_segments=None if tk_segments is None else slots.count,
     )
-    out = out[:, :seq_len].astype(out_dtype)
-    if not output_final_state:
-        final = None
-    elif tk_segments is None:
-        final = final[:, 0].astype(jnp.float32)
-    else:
-        last = tk_segments[:, -1] - 1  # ordinal of the row's last segment
-        last = jnp.clip(last, 0, num_states - 1)
-        final = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)[:, 0]
-        final = final.astype(jnp.float32)
+    out = out[:, :seq_len].astype(options.dtype)
+    final = _final_slot(final, tk_segments, slots.count) if options.output_final_state else None
     out, final = restore_non_finite(out, final, non_finite)
-    if too_many is not None:
-        out = jnp.where(too_many[:, None, None, None], jnp.nan, out)
+    if slots.too_many is not None:
+        out = jnp.where(slots.too_many[:, None, None, None], jnp.nan, out)
         if final is not None:
-            final = jnp.where(too_many[:, None, None, None], jnp.nan, final)
+            final = jnp.where(slots.too_many[:, None, None, None], jnp.nan, final)
     return out, final
 
 
+LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+class _Slots(NamedTuple):
+    count: int  # state slots handed to tokamax (1 without segments)
+    too_many: jax.Array | None  # [B]: rows over max_num_segments (traced ids only)
+
+
+def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> _Slots:
+    """tokamax keeps one state slot per segment: how many to give it. Concrete ids were counted
+    by the check (``options.segments_per_row``); traced ids get a NaN flag per row instead."""
+    if segment_ids is None:
+        return _Slots(1, None)
+    count, too_many = options.max_num_segments, None
+    if options.segments_per_row is None:  # under jit: such a row would be silently wrong
+        too_many = segment_ordinals(segment_ids).max(axis=1) > count
+    if variant.mosaic:
+        # Mosaic aligns every segment slot to a 64-token chunk, so its work grows with the
+        # slot count: keep it tight (a row has at most T segments; concrete ids: the count)
+        count = min(count, -(-options.dims.seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
+        if options.segments_per_row is not None:
+            count = min(count, max(options.segments_per_row, 1))
+    return _Slots(count, too_many)
+
+
+def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate: bool):
+    """T padded to tokamax's chunk (chunked variants) and padding made neutral (tokamax's
+    backends disagree on padding, id 0, inside a row): part of the segment before it, with no
+    decay, no write and a zero query. Returns ``(q, k, v, g, beta, tokamax segment ordinals)``."""
+    batch, seq_len = arrays[0].shape[:2]
+    valid = None if segment_ids is None else segment_ids != 0
+    (q, k, v, g, beta), padded_ids, pad = pad_time(
+        TOKAMAX_CHUNK if variant.chunked else 1, *arrays, segment_ids=segment_ids
+    )
+    if pad:
+        valid = jnp.ones((batch, seq_len), bool) if valid is None else valid
+        valid = jnp.pad(valid, [(0, 0), (0, pad)])
+    if valid is not None:
+        q, g, beta = neutral_padding(q, g, beta, valid, raw_gate=fused_gate)
+    if padded_ids is not None:
+        return q, k, v, g, beta, segment_ordinals(padded_ids)
+    return q, k, v, g, beta, (jnp.ones((batch, seq_len + pad), jnp.int32) if pad else None)
+
+
+def _slot_state(initial_state, slots: int):
+    """The initial state ``[B, HV, K, V]`` as tokamax's per-segment ``[B, slots, HV, K, V]``:
+    it belongs to the row's first segment."""
+    if initial_state is None:
+        return None
+    state = initial_state.astype(jnp.float32)[:, None]
+    return jnp.pad(state, [(0, 0), (0, slots - 1), (0, 0), (0, 0), (0, 0)])
+
+
+def _final_slot(final, tk_segments, slots: int):
+    """The state of each row's last segment, ``[B, HV, K, V]`` float32."""
+    if tk_segments is None:
+        return final[:, 0].astype(jnp.float32)
+    last = jnp.clip(tk_segments[:, -1] - 1, 0, slots - 1)  # ordinal of the row's last segment
+    final = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)[:, 0]
+    return final.astype(jnp.float32)
+
+
 def call_tokamax_batch_first(
-    implementation: str, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kwargs
+    variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kwargs
 ):
     """tokamax's KDA on kda_lib's batch-first layout: ``q, k, g [B, T, H, K]``,
     ``v [B, T, H, V]``, ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``.
@@ -259,7 +247,7 @@ def call_tokamax_batch_first(
 
     out, final = call_tokamax(
         tokamax_kda_api(),
-        implementation,
+        variant,
         *(head_first(x) for x in (q, k, v, g, beta)),
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
@@ -269,14 +257,12 @@ def call_tokamax_batch_first(
     return jnp.moveaxis(out, 0, 2), final
 
 
-def call_tokamax(api, implementation: str, *args, **kwargs):
-    """``api.kimi_delta_attention(*args, **kwargs)`` with kda_lib's implementation name; under
-    TPU emulation, tokamax Mosaic goes through its op with the device check bypassed."""
-    if implementation == "tokamax_mosaic" and tpu_generation() is None and emulation.is_emulating():
+def call_tokamax(api, variant: TokamaxVariant, *args, **kwargs):
+    """``api.kimi_delta_attention(*args, **kwargs)`` with ``variant``'s kernel; under TPU
+    emulation, tokamax Mosaic goes through its op with the device check bypassed."""
+    if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
         return emulation.tokamax_mosaic_op()(*args, **kwargs)
-    return api.kimi_delta_attention(
-        *args, implementation=TOKAMAX_IMPLEMENTATIONS[implementation], **kwargs
-    )
+    return api.kimi_delta_attention(*args, implementation=variant.api_name, **kwargs)
 
 
 def tokamax_mosaic_context_parallel(
@@ -304,16 +290,67 @@ def tokamax_mosaic_context_parallel(
     tokamax all-gathers per-rank ``(S_ext, M)`` summaries like kda_lib's path, but derives the
     chain from rank-local segment ids: padding (id 0) is filled with the id of the segment it
     follows (so the chain sees through it) and made neutral (no decay, no write, zero output);
-    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints: a TPU v6+
-    (or :func:`kda_lib.emulate_tpu`), K and V multiples of 128 (and K <= 256), float32/bfloat16,
-    the fused gate with ``lower_bound``, no initial/final state, beta in [0, 1], chunk_size 64,
-    and a ``shard_map`` with ``check_vma=False``. Grouped value heads (v, g, beta with HV a
-    multiple of q's H) are served by repeating the q/k heads; ``a_log=None`` with
-    ``lower_bound`` by ``a_log = 0`` (tokamax's CP loops carry values that do not
-    vary over the mesh axis).
+    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints
+    (:func:`_mosaic_cp_problems`): a TPU v6+ (or :func:`kda_lib.emulate_tpu`), K and V
+    multiples of 128 (and K <= 256), float32/bfloat16, the fused gate with ``lower_bound``, no
+    initial/final state, beta in [0, 1], chunk_size 64, and a ``shard_map`` with
+    ``check_vma=False`` (tokamax's CP loops carry values that do not vary over the mesh axis).
+    Grouped value heads (v, g, beta with HV a multiple of q's H) are served by repeating the
+    q/k heads; ``a_log=None`` with ``lower_bound`` by ``a_log = 0`` (exactly A = 1).
     """
     fused_gate = a_log is not None or lower_bound is not None
-    name = "'tokamax_mosaic'"
+    problems = _mosaic_cp_problems(
+        q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
+    )
+    if problems:
+        raise ValueError(f"{NAME} cannot run inside shard_map here: " + "; ".join(problems))
+    mesh = _mosaic_cp_mesh(q, axis_name, mesh)
+    if fused_gate:
+        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
+    else:
+        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
+    batch, seq_len = dims.batch, dims.seq_len
+    # tokamax has no grouped value heads (q/k heads repeated) and no rate-free safe gate
+    # (a_log = 0 is exactly A = 1)
+    q, k = repeat_qk_heads(q, k, dims.groups)
+    if fused_gate and a_log is None:
+        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
+    if segment_ids is None:
+        ids = jnp.ones((batch, seq_len), jnp.int32)
+        max_num_segments = 1
+    else:
+        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
+        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused_gate)
+        # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
+        max_num_segments = min(max_num_segments or seq_len, seq_len)
+
+    metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
+    out, _ = call_tokamax_batch_first(
+        TOKAMAX_VARIANTS["tokamax_mosaic"],
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log=a_log,
+        dt_bias=dt_bias,
+        scale=scale,
+        use_qk_l2norm=use_qk_l2norm,
+        segment_ids=ids,
+        lower_bound=lower_bound,
+        max_num_segments=max_num_segments,
+        context_parallel_metadata=metadata,
+    )
+    return out.astype(q.dtype)
+
+
+NAME = "'tokamax_mosaic'"
+
+
+def _mosaic_cp_problems(
+    q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
+) -> list[str]:
+    """Why tokamax's Mosaic CP cannot serve these arguments (TypeError for unknown ones)."""
     problems = mosaic_problems(
         key_dim=q.shape[-1], dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
     )
@@ -339,11 +376,15 @@ def tokamax_mosaic_context_parallel(
         check_max_num_segments(max_num_segments, optional=True)
     except ValueError as e:
         problems.append(str(e))
-    if problems:
-        raise ValueError(f"{name} cannot run inside shard_map here: " + "; ".join(problems))
+    return problems
+
+
+def _mosaic_cp_mesh(q, axis_name, mesh):
+    """The shard_map's mesh for ``ContextParallelMetadata`` (default: the abstract mesh), after
+    checking the shard_map does not check vma and has ``axis_name``."""
     if axis_name in _varying_axes(q):
         raise ValueError(
-            f"{name} context parallelism needs jax.shard_map(..., check_vma=False): tokamax's CP "
+            f"{NAME} context parallelism needs jax.shard_map(..., check_vma=False): tokamax's CP "
             "kernels build loop carries that do not vary over the mesh axis, which the vma "
             "check rejects"
         )
@@ -351,46 +392,10 @@ def tokamax_mosaic_context_parallel(
         mesh = jax.sharding.get_abstract_mesh()
     if axis_name not in mesh.axis_names:
         raise ValueError(
-            f"{name} context parallelism needs the shard_map's mesh (mesh=...); "
+            f"{NAME} context parallelism needs the shard_map's mesh (mesh=...); "
             f"{axis_name!r} is not one of its axes {mesh.axis_names}"
         )
-    if fused_gate:
-        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
-    else:
-        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
-    batch, seq_len = dims.batch, dims.seq_len
-    # tokamax has no grouped value heads (q/k heads repeated) and no rate-free safe gate
-    # (a_log = 0 is exactly A = 1)
-    q, k = repeat_qk_heads(q, k, dims.groups)
-    if fused_gate and a_log is None:
-        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
-    if segment_ids is None:
-        ids = jnp.ones((batch, seq_len), jnp.int32)
-        max_num_segments = 1
-    else:
-        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
-        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused_gate)
-        # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
-        max_num_segments = min(max_num_segments or seq_len, seq_len)
-
-    metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
-    out, _ = call_tokamax_batch_first(
-        "tokamax_mosaic",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        scale=scale,
-        use_qk_l2norm=use_qk_l2norm,
-        segment_ids=ids,
-        lower_bound=lower_bound,
-        max_num_segments=max_num_segments,
-        context_parallel_metadata=metadata,
-    )
-    return out.astype(q.dtype)
+    return mesh
 
 
 def _varying_axes(x) -> frozenset:

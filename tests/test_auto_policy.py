@@ -1,6 +1,6 @@
 """``implementation="auto"`` on CPU: a call that is not differentiated runs the scan (measured
 faster forward-only), a differentiated one the chunked form's forward and gradient
-(``kda_lib.kernel._scan_forward_chunked_gradient``)."""
+(``kda_lib.backends._scan_forward_chunked_gradient``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kda_lib.backends
 import kda_lib.kernel
 from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.testing import random_kda_inputs, relative_l2
@@ -85,7 +86,7 @@ def test_other_platforms_keep_the_chunked_forward(case, monkeypatch):
         return lambda *a: kda(*a, initial_state=initial_state, **options)
 
     assert routed_through_the_scan(auto())
-    monkeypatch.setattr(kda_lib.kernel, "SCAN_FORWARD_PLATFORMS", ())
+    monkeypatch.setattr(kda_lib.backends, "SCAN_FORWARD_PLATFORMS", ())
     assert not routed_through_the_scan(auto())
     got = jax.jit(auto())(*args)
     want = jax.jit(lambda *a: kda_chunked(*a, initial_state=initial_state, **options))(*args)

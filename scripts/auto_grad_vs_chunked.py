@@ -1,0 +1,63 @@
+"""Issue 26 item 7: ``kda(implementation="auto")`` under ``jax.grad`` on CPU (the scan forward
+with the chunked gradient) against plain ``"chunked"`` fwd+bwd, one interleaved run at
+T = 256, 1024, 4096 with kda_lib.bench's jobs (inputs, gradients, timing).
+
+    python scripts/auto_grad_vs_chunked.py --reps 7 --out data/benchmarks/auto-grad-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import jax
+
+from kda_lib.bench import BenchConfig, Job, kda_entry, kernel_inputs, with_gradients
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", default="-")
+    args = parser.parse_args()
+    cfg = BenchConfig(batch=1, heads=4, key_dim=64, value_dim=64, dtype="float32")
+    key = jax.random.key(0)
+    jobs = []
+    for seq_len in args.seq_lens:
+        inputs = tuple(kernel_inputs(cfg, seq_len, key).values())
+        for impl in ("auto", "chunked"):
+            fn = with_gradients(kda_entry(impl), inputs, jax.random.key(1))
+            jobs.append(Job(impl, seq_len, "fwd+bwd", fn, inputs))
+    for job in jobs:
+        job.prepare(args.warmup)
+    for _ in range(args.reps):  # interleaved: a change of load hits every job alike
+        for job in jobs:
+            job.time_once()
+    records = [job.record() for job in jobs]
+    by = {(r["impl"], r["T"]): r["median_ms"] for r in records}
+    ratios = {str(t): by[("auto", t)] / by[("chunked", t)] for t in args.seq_lens}
+    document = dict(
+        config=dict(**{k: str(v) for k, v in vars(cfg).items()}, reps=args.reps),
+        jax_version=jax.__version__,
+        records=records,
+        ratios={"auto/chunked": {"fwd+bwd": ratios}},
+    )
+    for t in args.seq_lens:
+        times = {i: statistics.median(j.times_ms) for j in jobs if j.seq_len == t for i in [j.impl]}
+        print(
+            f"T={t}: auto {times['auto']:.1f} ms, chunked {times['chunked']:.1f} ms, "
+            f"ratio {ratios[str(t)]:.3f}"
+        )
+    text = json.dumps(document, indent=1, default=str)
+    if args.out == "-":
+        print(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
