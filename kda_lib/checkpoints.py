@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kda_lib._checks import check_int
 from kda_lib.conv import kernel_from_torch
 
 NAMINGS = ("fla", "kimi_linear")
@@ -230,13 +231,8 @@ def load_fla_state_dict(layer, state_dict) -> None:
 def kimi_linear_prefix(layer_index: int) -> str:
     """``model.layers.N.self_attn.``: where the Hugging Face Kimi Linear checkpoint keeps
     decoder layer ``N``'s (0-based) attention tensors."""
-    if (
-        isinstance(layer_index, (bool, np.bool_))
-        or not isinstance(layer_index, (int, np.integer))
-        or layer_index < 0
-    ):
-        raise ValueError(f"layer_index must be an int >= 0, got {layer_index!r}")
-    return f"model.layers.{int(layer_index)}.self_attn."
+    layer_index = check_int("layer_index", layer_index, minimum=0)
+    return f"model.layers.{layer_index}.self_attn."
 
 
 def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:

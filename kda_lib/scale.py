@@ -460,9 +460,9 @@ def program_costs(
     import jax.numpy as jnp
     from flax import nnx
 
+    from kda_lib.attention import AttentionConfig, CausalSelfAttention
     from kda_lib.layer import KimiDeltaAttention
     from kda_lib.mla import MultiHeadLatentAttention
-    from kda_lib.attention import AttentionConfig, CausalSelfAttention
 
     _check_positive(seq_len=seq_len, context=context)
     x = jnp.zeros((1, seq_len, p.hidden_size))

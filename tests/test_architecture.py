@@ -55,6 +55,7 @@ LAYERS = {
     "presets": 5,
     # 6: applications
     "train": 6,
+    "scale": 6,
     "generate": 6,
     "viz": 6,
     # 7: the command lines: measurements of the applications, training from the shell
