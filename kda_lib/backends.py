@@ -325,8 +325,8 @@ RECURRENT_MAX_AUTO_T = 16
 # chunked one faster (0.86x at T = 256, 0.98x at T = 1024), while the scan's gradient is far
 # slower than the chunked form's. Under jax.grad "auto" runs the chunked form's forward and
 # gradient through the custom_vjp. Against plain "chunked" fwd+bwd, two interleaved runs
-# (scripts/auto_grad_vs_chunked.py; data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json, 7 rounds,
-# and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores), medians
+# (scripts/auto_grad_vs_chunked.py; data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json,
+# 7 rounds, and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores), medians
 # auto / chunked: T = 256 22.9 / 15.6 ms and 16.5 / 11.7 ms (the route 1.4x slower, quartiles
 # apart in both runs); T = 1024 82.7 / 84.6 and 55.3 / 56.8 ms; T = 4096 424 / 391 and
 # 250 / 256 ms (level: quartiles overlap). XLA's flop count is the same for both programs.

@@ -2,7 +2,8 @@
 with the chunked gradient) against plain ``"chunked"`` fwd+bwd, one interleaved run at
 T = 256, 1024, 4096 with kda_lib.bench's jobs (inputs, gradients, timing).
 
-    python scripts/auto_grad_vs_chunked.py --reps 7 --out data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json
+    python scripts/auto_grad_vs_chunked.py --reps 7 \
+        --out data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json
 """
 
 from __future__ import annotations
