@@ -462,6 +462,7 @@ def said(a, b):
         f"{a} below {b}" if o == "<" else f"{b} below {a}")
 
 
+# %%
 mla_gap, mla_bar = gaps[("hybrid", "hybrid_mha")]
 versus_attention = "; ".join(said("attention", n) for n in bpb if n != "attention")
 among_others = "; ".join(said(a, b) for a, b in orders if "attention" not in (a, b))
@@ -521,6 +522,8 @@ for i, a in enumerate(others):
             assert apart < swing_within, (a, b, apart, swing_within)
 assert max(rate["hybrid"].min(), rate["hybrid_mha"].min()) < min(rate["hybrid"].max(),
                                                                  rate["hybrid_mha"].max())
+
+# %%
 bench = load_recorded("benchmarks", recorded_benchmark)
 bench_rate = {(r["impl"][len("train_"):], r["T"]): r["tokens_per_s"] for r in bench["records"]
               if r["impl"].startswith("train_")}
