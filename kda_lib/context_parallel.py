@@ -181,8 +181,8 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
     return jnp.take(jnp.stack(entering), rank, axis=0), state
 
 
-def place(array, mesh, spec):
-    """``array`` laid out as ``spec`` on ``mesh`` inside jit (reshard on Explicit meshes,
+def shard_as(array, mesh, spec):
+    """``array`` sharded as ``spec`` on ``mesh`` inside jit (reshard on Explicit meshes,
     a sharding constraint on Auto ones), so shard_map accepts it whatever it arrived as."""
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     if explicit:

@@ -43,7 +43,7 @@ from kda_lib.backends import (
     uses_own_context_parallel,
 )
 from kda_lib.checkpoints import load_fla_state_dict
-from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.conv import ShortConvolution, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias, kda_gate
 from kda_lib.kernel import kda
@@ -640,9 +640,9 @@ class KimiDeltaAttention(nnx.Module):
 
         def run(state, x, segment_ids):
             # put the inputs in the layout shard_map expects, whatever they arrive in
-            state = jax.tree.map(lambda a: place(a, mesh, P()), state)
-            x = place(x, mesh, specs[1])
-            segment_ids = None if segment_ids is None else place(segment_ids, mesh, seq)
+            state = jax.tree.map(lambda a: shard_as(a, mesh, P()), state)
+            x = shard_as(x, mesh, specs[1])
+            segment_ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
             return fn(state, x, segment_ids)
 
         y = jax.jit(run)(state, x, segment_ids)[:, :seq_len]
