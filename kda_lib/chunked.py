@@ -593,8 +593,11 @@ def _operand_dtype(precision: Precision | None, q, k, v):
     return low.pop() if len(low) == 1 else None
 
 
-def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
+def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
     """:func:`kda_lib.segments.isolate_non_finite`, skipped when every input is finite.
+
+    Public on purpose: the chunked form's shortcut, which ``tests/test_chunked.py`` holds equal
+    to ``isolate_non_finite`` (values, flags and gradients) on finite and non-finite inputs.
 
     With finite inputs (and no ``+inf``/NaN gate) it changes nothing and flags nothing, so a
     ``lax.cond`` on one max-reduction per input saves its segment-wise running maximum over
@@ -735,7 +738,7 @@ def chunked_core(
     # non-finite real tokens: computed as zeros and restored as NaN exactly where the
     # recurrence has them (matmuls would spread them)
     k = overflowing_keys_as_nan(k)  # an overflowing key stays in its segment, from it on
-    q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
+    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite_if_any(
         q, k, v, g, beta, initial_state, segment_ids
     )
     # padding tokens: no decay, no write, outputs dropped
