@@ -33,7 +33,7 @@ def _case(seq_len: int):
 def _loss(fn, options):
     def loss(q, k, v, g, beta, initial_state):
         o, final = fn(q, k, v, g, beta, initial_state=initial_state, **options)
-        return jnp.sum(jnp.sin(o)) + jnp.sum(final**2)
+        return jnp.sum(jnp.sin(o)) + jnp.sum(final**2), (o, final)
 
     return loss
 
@@ -41,10 +41,6 @@ def _loss(fn, options):
 def _assert_identical(got, want, names):
     for name, x, y in zip(names, got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
-
-
-def _forward(fn, options):
-    return jax.jit(lambda *a: fn(*a[:5], initial_state=a[5], **options))
 
 
 def test_the_suite_runs_off_tpu():
@@ -55,25 +51,41 @@ def test_the_suite_runs_off_tpu():
     assert picks == {16: "recurrent", 17: "chunked"}, picks
 
 
-def test_auto_above_16_tokens_is_the_chunked_form_forward_and_gradient():
+def test_auto_forward_above_16_tokens_is_the_chunked_form_with_or_without_a_precision():
+    """A call that is not differentiated: no scan in between, whatever the precision."""
     args, options = _case(T)
-    _assert_identical(_forward(kda, options)(*args), _forward(kda_chunked, options)(*args),
-                      ("o", "final_state"))
-    auto = jax.jit(jax.value_and_grad(_loss(kda, options), argnums=ARGNUMS))(*args)
-    chunked = jax.jit(jax.value_and_grad(_loss(kda_chunked, options), argnums=ARGNUMS))(*args)
-    _assert_identical((auto[0], *auto[1]), (chunked[0], *chunked[1]),
-                      ("loss", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state"))
-    assert all(float(jnp.abs(x).max()) > 0 for x in auto[1])  # gradients reach every input
+
+    @jax.jit  # one program for the four calls: a compilation is most of this test's time
+    def forwards(q, k, v, g, beta, initial_state):
+        return [fn(q, k, v, g, beta, initial_state=initial_state, **options, **precision)
+                for precision in ({}, {"precision": "highest"}) for fn in (kda, kda_chunked)]
+
+    auto, chunked, auto_highest, chunked_highest = forwards(*args)
+    _assert_identical(auto, chunked, ("o", "final_state"))
+    _assert_identical(auto_highest, chunked_highest, ("o (highest)", "final_state (highest)"))
+
+
+def test_auto_gradient_above_16_tokens_is_the_chunked_forms():
+    args, options = _case(T)
+    auto, chunked = (
+        jax.jit(jax.value_and_grad(_loss(fn, options), argnums=ARGNUMS, has_aux=True))(*args)
+        for fn in (kda, kda_chunked))
+    (auto_loss, auto_forward), auto_grads = auto
+    (chunked_loss, chunked_forward), chunked_grads = chunked
+    _assert_identical((auto_loss, *auto_forward, *auto_grads),
+                      (chunked_loss, *chunked_forward, *chunked_grads),
+                      ("loss", "o", "final_state", "dq", "dk", "dv", "dg", "dbeta",
+                       "dinitial_state"))
+    assert all(float(jnp.abs(x).max()) > 0 for x in auto_grads)  # gradients reach every input
 
 
 def test_auto_up_to_16_tokens_is_the_recurrence():
     args, options = _case(RECURRENT_MAX_AUTO_T)
-    _assert_identical(_forward(kda, options)(*args), _forward(kda_recurrent, options)(*args),
-                      ("o", "final_state"))
 
+    @jax.jit
+    def forwards(q, k, v, g, beta, initial_state):
+        return [fn(q, k, v, g, beta, initial_state=initial_state, **options)
+                for fn in (kda, kda_recurrent)]
 
-def test_a_precision_request_keeps_the_chunked_form():
-    args, options = _case(T)
-    options_p = dict(options, precision="highest")
-    _assert_identical(_forward(kda, options_p)(*args), _forward(kda_chunked, options_p)(*args),
-                      ("o", "final_state"))
+    auto, recurrent = forwards(*args)
+    _assert_identical(auto, recurrent, ("o", "final_state"))
