@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib._checks import (
+    Dims,
     accumulation_dtype,
     check_chunk_size,
     check_kda_inputs,
@@ -677,21 +678,10 @@ def kda_chunked(
     Differentiable in reverse mode (``jax.grad``/``jax.vjp``; parts of it have hand-written
     gradients); forward mode (``jax.jvp``, ``jacfwd``) needs :func:`kda_lib.kda_recurrent`.
     """
-    dims = check_kda_inputs(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=initial_state,
-        segment_ids=segment_ids,
-        allow_neg_eigval=allow_neg_eigval,
+    dims, chunk_size, mode = _check_arguments(
+        (q, k, v, g, beta), initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
     )
-    chunk_size = check_chunk_size(chunk_size)
     check_precision(precision)
-    mode = scan or default_scan_mode()
-    if mode not in ("sequential", "associative"):  # before any work
-        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
     return chunked_core(
@@ -709,6 +699,24 @@ def kda_chunked(
         scan=mode,
         precision=precision,
     )
+
+
+def _check_arguments(
+    arrays, initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
+) -> tuple[Dims, int, ScanMode]:
+    """:func:`kda_chunked`'s inputs, chunk size and scan mode checked before any work:
+    ``(dims, chunk_size, scan mode)`` (scan None: the platform's mode)."""
+    dims = check_kda_inputs(
+        *arrays,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
+    )
+    chunk_size = check_chunk_size(chunk_size)
+    mode = scan or default_scan_mode()
+    if mode not in ("sequential", "associative"):
+        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
+    return dims, chunk_size, mode
 
 
 def chunked_core(

@@ -119,24 +119,6 @@ def kda(
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
     """
-    backend, arrays, options = check_call(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        segment_ids=segment_ids,
-        max_num_segments=max_num_segments,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        lower_bound=lower_bound,
-        use_qk_l2norm=use_qk_l2norm,
-        allow_neg_eigval=allow_neg_eigval,
-        chunk_size=chunk_size,
-        implementation=implementation,
-        precision=precision,
-    )
+    # every parameter by name, before any other local exists (check_call takes them all)
+    backend, arrays, options = check_call(**locals())
     return backend(arrays, options)
