@@ -14,7 +14,6 @@ compares ``implementation`` names.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -75,14 +74,22 @@ class KDAArrays(NamedTuple):
 
 
 class Backend:
-    """One implementation. Subclasses set the attributes and ``__call__``."""
+    """One implementation. Subclasses set the attributes and ``__call__``. ``token_by_token``:
+    it runs T dependent steps (slow at large T: the benchmark skips it there unless named)."""
 
     name: str
     platforms: tuple[str, ...] | None = None
     needs: frozenset = frozenset()
     context_parallel: str | Callable | None = None
+    token_by_token: bool = False
 
     def problems(self, options: KDAOptions) -> list[str]:
+        return []
+
+    def config_problems(self, *, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
+        """Why it cannot serve any call of this configuration on this machine (the platform,
+        K, the dtype, the gate), before there are inputs; empty: it may (``problems`` decides
+        for a call)."""
         return []
 
     def __call__(self, arrays: KDAArrays, options: KDAOptions):
@@ -116,6 +123,7 @@ class Recurrent(Backend):
 
     name = "recurrent"
     context_parallel = STATE_PASSING
+    token_by_token = True
 
     def problems(self, options):
         if options.precision not in (None, "highest"):
@@ -153,55 +161,6 @@ class Chunked(Backend):
         return out.astype(options.dtype), final
 
 
-class ScanForwardChunkedGradient(Backend):
-    """``"auto"``'s ``"chunked"`` on :data:`SCAN_FORWARD_PLATFORMS`: the scan's value, and under
-    ``jax.grad`` the chunked form's value and gradient (:func:`_scan_forward_chunked_gradient`).
-    Only the policy picks it; its name is the one it stands for."""
-
-    name = "chunked"
-    context_parallel = STATE_PASSING
-
-    def __call__(self, arrays, options):
-        q, k, g = _activated(arrays, options)
-        out, final = _scan_forward_chunked_gradient(
-            options, q, k, arrays.v, g, arrays.beta, arrays.initial_state, arrays.segment_ids
-        )
-        return out.astype(options.dtype), final
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _scan_forward_chunked_gradient(options, q, k, v, g, beta, initial_state, segment_ids):
-    """The scan when only the value is needed; under ``jax.grad``/``jax.vjp`` the value and
-    gradient of the chunked form (the two agree to float32 rounding; both are tested against
-    the float64 oracle). Reverse mode only, like ``kda_chunked``."""
-    arrays = KDAArrays(q, k, v, g, beta, initial_state, segment_ids, None, None)
-    return recurrent_core(q, k, v, g, beta, **_core_kwargs(arrays, options))
-
-
-def _chunked_with_vjp(options, q, k, v, g, beta, initial_state, segment_ids):
-    def chunked(q, k, v, g, beta, initial_state):
-        arrays = KDAArrays(q, k, v, g, beta, initial_state, segment_ids, None, None)
-        return chunked_core(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            chunk_size=options.chunk_size,
-            precision=options.precision,
-            **_core_kwargs(arrays, options),
-        )
-
-    return jax.vjp(chunked, q, k, v, g, beta, initial_state)
-
-
-def _chunked_gradient(options, vjp, cotangents):
-    return (*vjp(cotangents), None)  # no gradient for the integer segment ids
-
-
-_scan_forward_chunked_gradient.defvjp(_chunked_with_vjp, _chunked_gradient)
-
-
 class Tokamax(Backend):
     """tokamax's kernels through :mod:`kda_lib.tokamax_backend`. tokamax has no grouped value
     heads: the q/k heads are repeated; nor a rate-free safe gate: ``a_log = 0`` (A = 1)."""
@@ -211,6 +170,7 @@ class Tokamax(Backend):
     def __init__(self, name: str, variant: TokamaxVariant, platforms=None, context_parallel=None):
         self.name, self.variant = name, variant
         self.platforms, self.context_parallel = platforms, context_parallel
+        self.token_by_token = not variant.chunked
 
     def problems(self, options):
         name, found = self.name, []
@@ -266,10 +226,15 @@ class TokamaxXlaChunked(Tokamax):
 
     def problems(self, options):
         found = super().problems(options)
-        found += gate_problems(
-            self.name, fused_gate=options.fused_gate, lower_bound=options.lower_bound
+        return found + self.config_problems(
+            key_dim=options.dims.key_dim,
+            dtype=options.dtype,
+            lower_bound=options.lower_bound,
+            fused_gate=options.fused_gate,
         )
-        return found
+
+    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        return gate_problems(self.name, fused_gate=fused_gate, lower_bound=lower_bound)
 
 
 class TokamaxMosaic(Tokamax):
@@ -277,13 +242,18 @@ class TokamaxMosaic(Tokamax):
     float32/bfloat16, the safe gate with a fused gate; its own CP route."""
 
     def problems(self, options):
-        found = mosaic_problems(
+        found = self.config_problems(
             key_dim=options.dims.key_dim,
             dtype=options.dtype,
             lower_bound=options.lower_bound,
             fused_gate=options.fused_gate,
         )
         return found + super().problems(options)
+
+    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        return mosaic_problems(
+            key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
+        )
 
 
 def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
@@ -297,7 +267,7 @@ def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
     return []
 
 
-RECURRENT, CHUNKED, SCAN_FORWARD = Recurrent(), Chunked(), ScanForwardChunkedGradient()
+RECURRENT, CHUNKED = Recurrent(), Chunked()
 REGISTRY: dict[str, Backend] = {
     b.name: b
     for b in (
@@ -320,27 +290,23 @@ IMPLEMENTATIONS = tuple(REGISTRY)
 
 # T <= 16 takes the scan: a decode step, where one scan step beats a padded 64-token chunk
 RECURRENT_MAX_AUTO_T = 16
-# platforms where "auto"'s chunked choice runs forward-only calls through the scan. On CPU the
-# recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the two forwards level or the
-# chunked one faster (0.86x at T = 256, 0.98x at T = 1024), while the scan's gradient is far
-# slower than the chunked form's. Under jax.grad "auto" runs the chunked form's forward and
-# gradient through the custom_vjp. Against plain "chunked" fwd+bwd, two interleaved runs
-# (scripts/auto_grad_vs_chunked.py; data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json,
-# 7 rounds, and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores), medians
-# auto / chunked: T = 256 22.9 / 15.6 ms and 16.5 / 11.7 ms (the route 1.4x slower, quartiles
-# apart in both runs); T = 1024 82.7 / 84.6 and 55.3 / 56.8 ms; T = 4096 424 / 391 and
-# 250 / 256 ms (level: quartiles overlap). XLA's flop count is the same for both programs.
-# Plain "chunked" is thus never slower here, forward (above) or fwd+bwd; the route is kept
-# for now because tests/test_auto_policy.py and notebooks 00 and 07 assert and describe it:
-# dropping it (SCAN_FORWARD_PLATFORMS = ()) is the change these numbers call for.
-SCAN_FORWARD_PLATFORMS = ("cpu",)
+# Above it, "chunked" for every call, forward-only or differentiated, on every platform but a
+# real TPU that tokamax Mosaic can serve. A scan forward for calls that are not differentiated
+# (a custom_vjp with the chunked gradient; issue 26 item 7) was measured and removed: on CPU the
+# recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the chunked forward at 0.86x the
+# scan's time at T = 256 and 0.98x at T = 1024, and under jax.grad two interleaved runs of that
+# route against plain "chunked" (data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json,
+# 7 rounds, and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores) had
+# medians route / chunked of 22.9 / 15.6 and 16.5 / 11.7 ms at T = 256 (the route 1.4x slower,
+# quartiles apart in both runs), 82.7 / 84.6 and 55.3 / 56.8 ms at T = 1024 and 424 / 391 and
+# 250 / 256 ms at T = 4096 (level: quartiles overlap). Plain "chunked" was never the slower.
 
 
 def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
     """The ``"auto"`` policy's name for these inputs. Only a real TPU gets tokamax Mosaic
     (when its constraints hold): an emulated one (:func:`kda_lib.emulate_tpu`) runs the kernel
     interpreted, far slower than ``"chunked"``."""
-    if tpu_generation() is not None and not mosaic_problems(
+    if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
         return "tokamax_mosaic"
@@ -353,16 +319,10 @@ def portable_implementation(seq_len: int) -> str:
     return "recurrent" if seq_len <= RECURRENT_MAX_AUTO_T else "chunked"
 
 
-def scan_forward(platform: str | None = None) -> bool:
-    """Whether ``"auto"``, having chosen ``"chunked"``, computes forward-only calls with the
-    scan on ``platform`` (default: JAX's default backend)."""
-    return (platform or jax.default_backend()) in SCAN_FORWARD_PLATFORMS
-
-
 def choose(options: KDAOptions) -> Backend:
     """``"auto"``: tokamax Mosaic on a real TPU v6+ when it can serve the call and no precision
     is asked (a precision is kda_lib's chunked policy); else ``"recurrent"`` for T <= 16 and
-    ``"chunked"`` above, forward-only calls through the scan on :data:`SCAN_FORWARD_PLATFORMS`."""
+    ``"chunked"`` above (the measured reasons: beside :data:`RECURRENT_MAX_AUTO_T`)."""
     dims = options.dims
     mosaic = REGISTRY["tokamax_mosaic"]
     if (
@@ -371,9 +331,7 @@ def choose(options: KDAOptions) -> Backend:
         and not mosaic.problems(options)
     ):
         return mosaic
-    if portable_implementation(dims.seq_len) == "recurrent":
-        return RECURRENT
-    return SCAN_FORWARD if options.precision is None and scan_forward() else CHUNKED
+    return REGISTRY[portable_implementation(dims.seq_len)]
 
 
 def resolve(options: KDAOptions) -> Backend:

@@ -68,17 +68,18 @@ import numpy as np
 from flax import nnx
 
 from kda_lib._checks import check_option_minimums
+from kda_lib.backends import CHUNKED, REGISTRY
 from kda_lib.kernel import IMPLEMENTATIONS, kda
 from kda_lib.layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models import ModelConfig, TinyLM
 from kda_lib.records import dumps, output_path_problem, write_json
 from kda_lib.tasks import TaskBatch
 from kda_lib.testing import random_kda_inputs
-from kda_lib.tokamax_backend import mosaic_problems
 from kda_lib.train import make_optimizer, train_step
 
 MODES = ("fwd", "fwd+bwd")
-SEQUENTIAL_IMPLS = ("recurrent", "tokamax_xla")  # O(T) steps: slow at large T
+# O(T) dependent steps: slow at large T (recurrent, tokamax_xla)
+SEQUENTIAL_IMPLS = tuple(name for name, backend in REGISTRY.items() if backend.token_by_token)
 LAYER_ENTRIES = ("layer", "layer_kernel", "layer_projections")
 LOWER_BOUND = -5.0  # safe gate: tokamax's chunked form needs it
 # ratios reported in the JSON and after the table: (numerator, denominator entries)
@@ -133,13 +134,12 @@ def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
 
 
 def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
-    """Why a kda implementation cannot run on this platform (None: it can)."""
-    if name == "tokamax_mosaic":
-        problems = mosaic_problems(
-            key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
-        )
-        return "; ".join(problems) or None
-    return None
+    """Why a kda implementation cannot run this configuration here (None: it can), as its
+    backend says (:meth:`kda_lib.backends.Backend.config_problems`)."""
+    problems = REGISTRY[name].config_problems(
+        key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
+    )
+    return "; ".join(problems) or None
 
 
 # ------------------------------------------------------------------------------- inputs
@@ -555,7 +555,7 @@ def compare_with_anchors(records: list[dict]) -> dict:
     ours = {
         r["T"]: r["median_ms"]
         for r in records
-        if r["impl"] == "chunked" and r["mode"] == "fwd+bwd" and r.get("median_ms")
+        if r["impl"] == CHUNKED.name and r["mode"] == "fwd+bwd" and r.get("median_ms")
     }
     return {
         f"chunked / {name}": {t: ours[t] / ms for t, ms in anchors.items() if t in ours}

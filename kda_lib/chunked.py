@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib._checks import (
+    Dims,
     accumulation_dtype,
     check_chunk_size,
     check_kda_inputs,
@@ -593,8 +594,11 @@ def _operand_dtype(precision: Precision | None, q, k, v):
     return low.pop() if len(low) == 1 else None
 
 
-def _isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids):
+def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
     """:func:`kda_lib.segments.isolate_non_finite`, skipped when every input is finite.
+
+    Public on purpose: the chunked form's shortcut, which ``tests/test_chunked.py`` holds equal
+    to ``isolate_non_finite`` (values, flags and gradients) on finite and non-finite inputs.
 
     With finite inputs (and no ``+inf``/NaN gate) it changes nothing and flags nothing, so a
     ``lax.cond`` on one max-reduction per input saves its segment-wise running maximum over
@@ -674,21 +678,10 @@ def kda_chunked(
     Differentiable in reverse mode (``jax.grad``/``jax.vjp``; parts of it have hand-written
     gradients); forward mode (``jax.jvp``, ``jacfwd``) needs :func:`kda_lib.kda_recurrent`.
     """
-    dims = check_kda_inputs(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=initial_state,
-        segment_ids=segment_ids,
-        allow_neg_eigval=allow_neg_eigval,
+    dims, chunk_size, mode = _check_arguments(
+        (q, k, v, g, beta), initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
     )
-    chunk_size = check_chunk_size(chunk_size)
     check_precision(precision)
-    mode = scan or default_scan_mode()
-    if mode not in ("sequential", "associative"):  # before any work
-        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
     return chunked_core(
@@ -706,6 +699,24 @@ def kda_chunked(
         scan=mode,
         precision=precision,
     )
+
+
+def _check_arguments(
+    arrays, initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
+) -> tuple[Dims, int, ScanMode]:
+    """:func:`kda_chunked`'s inputs, chunk size and scan mode checked before any work:
+    ``(dims, chunk_size, scan mode)`` (scan None: the platform's mode)."""
+    dims = check_kda_inputs(
+        *arrays,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
+    )
+    chunk_size = check_chunk_size(chunk_size)
+    mode = scan or default_scan_mode()
+    if mode not in ("sequential", "associative"):
+        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
+    return dims, chunk_size, mode
 
 
 def chunked_core(
@@ -735,7 +746,7 @@ def chunked_core(
     # non-finite real tokens: computed as zeros and restored as NaN exactly where the
     # recurrence has them (matmuls would spread them)
     k = overflowing_keys_as_nan(k)  # an overflowing key stays in its segment, from it on
-    q, k, v, g, beta, initial_state, non_finite = _isolate_non_finite(
+    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite_if_any(
         q, k, v, g, beta, initial_state, segment_ids
     )
     # padding tokens: no decay, no write, outputs dropped

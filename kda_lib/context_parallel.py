@@ -109,8 +109,17 @@ def kda_context_parallel(
             q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
             segment_ids=segment_ids, **kernel_kwargs,
         )  # fmt: skip
-    initial_state = kernel_kwargs.pop("initial_state", None)
-    output_final_state = kernel_kwargs.pop("output_final_state", False)
+    kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
+    return _state_passing(q, k, v, g, beta, axis_name, kw)
+
+
+def _state_passing(q, k, v, g, beta, axis_name, kw):
+    """kda_lib's CP route: each rank's summary, the summaries folded in rank order, then the
+    local run from the folded state. ``kw``: :func:`kda_lib.kda`'s keywords, with
+    ``initial_state`` and ``output_final_state`` (taken out here) besides."""
+    initial_state = kw.pop("initial_state", None)
+    output_final_state = kw.pop("output_final_state", False)
+    segment_ids = kw["segment_ids"]
     state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
         raise ValueError(
@@ -119,7 +128,6 @@ def kda_context_parallel(
         )
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
-    kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
     transition, state_ext = _rank_summary(q, k, v, g, beta, kw)
     initial, final = _fold_summaries(
         transition, state_ext, initial_state, segment_ids, axis_name, state_shape
@@ -181,8 +189,8 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
     return jnp.take(jnp.stack(entering), rank, axis=0), state
 
 
-def place(array, mesh, spec):
-    """``array`` laid out as ``spec`` on ``mesh`` inside jit (reshard on Explicit meshes,
+def shard_as(array, mesh, spec):
+    """``array`` sharded as ``spec`` on ``mesh`` inside jit (reshard on Explicit meshes,
     a sharding constraint on Auto ones), so shard_map accepts it whatever it arrived as."""
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     if explicit:

@@ -12,12 +12,10 @@ Implementations:
 
 ``"auto"`` policy (:func:`kda_lib.backends.choose`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
-a padded 64-token chunk) and ``"chunked"`` above. On CPU (:func:`scan_forward`), that
-``"chunked"`` computes calls that are not differentiated with the scan and takes the chunked
-form's value and gradient under ``jax.grad`` (``backends.ScanForwardChunkedGradient``).
-(The recorded CPU benchmark,
-``data/benchmarks/cpu-2026-12-01.json``, has the chunked forward at 0.86x the scan's time at
-T = 256 and 0.98x at T = 1024: the scan is not the faster forward there.)
+a padded 64-token chunk) and ``"chunked"`` above, differentiated or not. (The recorded CPU
+benchmark, ``data/benchmarks/cpu-2026-12-01.json``, has the chunked forward at 0.86x the scan's
+time at T = 256 and 0.98x at T = 1024: the scan is not the faster forward there; the measured
+reasons are written beside the policy in :mod:`kda_lib.backends`.)
 kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
 on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
 initial/final state, both gates). An explicitly requested implementation never falls back: if
@@ -44,10 +42,8 @@ import jax
 from kda_lib.backends import (
     IMPLEMENTATIONS,
     RECURRENT_MAX_AUTO_T,
-    SCAN_FORWARD_PLATFORMS,
     check_call,
     portable_implementation,
-    scan_forward,
     select_implementation,
 )
 from kda_lib.chunked import Precision
@@ -55,10 +51,8 @@ from kda_lib.chunked import Precision
 __all__ = [
     "IMPLEMENTATIONS",
     "RECURRENT_MAX_AUTO_T",
-    "SCAN_FORWARD_PLATFORMS",
     "kda",
     "portable_implementation",
-    "scan_forward",
     "select_implementation",
 ]
 
@@ -125,24 +119,6 @@ def kda(
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
     """
-    backend, arrays, options = check_call(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        segment_ids=segment_ids,
-        max_num_segments=max_num_segments,
-        a_log=a_log,
-        dt_bias=dt_bias,
-        lower_bound=lower_bound,
-        use_qk_l2norm=use_qk_l2norm,
-        allow_neg_eigval=allow_neg_eigval,
-        chunk_size=chunk_size,
-        implementation=implementation,
-        precision=precision,
-    )
+    # every parameter by name, before any other local exists (check_call takes them all)
+    backend, arrays, options = check_call(**locals())
     return backend(arrays, options)

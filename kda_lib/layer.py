@@ -43,7 +43,7 @@ from kda_lib.backends import (
     uses_own_context_parallel,
 )
 from kda_lib.checkpoints import load_fla_state_dict
-from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.conv import ShortConvolution, qkv_convolutions
 from kda_lib.gating import check_lower_bound, init_a_log, init_dt_bias, kda_gate
 from kda_lib.kernel import kda
@@ -575,55 +575,16 @@ class KimiDeltaAttention(nnx.Module):
         number of ranks is padded at the end (trailing tokens cannot change earlier outputs) and
         cut back.
         """
-        axis = self.context_axis
-        # an Auto-typed view of the user's mesh: outputs then carry ordinary shardings, so code
-        # outside needs no mesh context, whichever axis types the user's mesh has
-        mesh = jax.sharding.Mesh(
-            self.mesh.devices,
-            self.mesh.axis_names,
-            axis_types=(jax.sharding.AxisType.Auto,) * len(self.mesh.axis_names),
-        )
+        axis, cfg = self.context_axis, self.config
+        mesh = _auto_view(self.mesh)
         ranks = mesh.shape[axis]
         # arrays laid out on the user's mesh (e.g. fed per process on several hosts) are
         # relabelled onto the Auto view: same devices and spec, no data moves
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
         x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
-        batch, seq_len, hidden = x.shape
-        pad = (-seq_len) % ranks
-        if pad:
-            x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
-            if segment_ids is not None:
-                segment_ids = jnp.pad(segment_ids, [(0, 0), (0, pad)])
+        seq_len = x.shape[1]
+        x, segment_ids = _pad_to_multiple(x, segment_ids, ranks)
         graphdef, state = nnx.split(self)
-        width = max(self.config.conv_size - 1, 0)
-        cfg = self.config
-
-        def local(state, x, segment_ids):
-            module = nnx.merge(graphdef, state)
-            halo = (
-                (lambda z: halo_exchange(z, axis_name=axis, halo_size=width)[:, :width])
-                if width
-                else None
-            )
-            history_ids = None if segment_ids is None or not width else halo(segment_ids)
-            q, k, v, f, beta, _ = module.project(
-                x, segment_ids=segment_ids, halo=halo, history_segment_ids=history_ids
-            )
-            o = kda_context_parallel(
-                q,
-                k,
-                v,
-                f,
-                beta,
-                axis_name=axis,
-                segment_ids=segment_ids,
-                implementation=cfg.implementation,
-                chunk_size=cfg.chunk_size,
-                **mosaic,
-                **module.kernel_kwargs(),
-            )
-            return module.project_output(x, o)
-
         # a backend's own CP (tokamax's) needs the mesh and a shard_map without the vma check
         tokamax_cp = uses_own_context_parallel(cfg.implementation)
         mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
@@ -631,7 +592,7 @@ class KimiDeltaAttention(nnx.Module):
         seq = P(None, axis)
         specs = (P(), P(None, axis, None), None if segment_ids is None else seq)
         fn = jax.shard_map(
-            local,
+            _rank_forward(graphdef, axis, cfg, mosaic),
             mesh=mesh,
             in_specs=specs,
             out_specs=P(None, axis, None),
@@ -640,9 +601,9 @@ class KimiDeltaAttention(nnx.Module):
 
         def run(state, x, segment_ids):
             # put the inputs in the layout shard_map expects, whatever they arrive in
-            state = jax.tree.map(lambda a: place(a, mesh, P()), state)
-            x = place(x, mesh, specs[1])
-            segment_ids = None if segment_ids is None else place(segment_ids, mesh, seq)
+            state = jax.tree.map(lambda a: shard_as(a, mesh, P()), state)
+            x = shard_as(x, mesh, specs[1])
+            segment_ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
             return fn(state, x, segment_ids)
 
         y = jax.jit(run)(state, x, segment_ids)[:, :seq_len]
@@ -677,6 +638,63 @@ def _check_finite(name: str, x) -> None:
         )
 
 
+def _auto_view(mesh):
+    """An Auto-typed view of ``mesh``: outputs then carry ordinary shardings, so code outside
+    needs no mesh context, whichever axis types the user's mesh has."""
+    return jax.sharding.Mesh(
+        mesh.devices,
+        mesh.axis_names,
+        axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names),
+    )
+
+
+def _pad_to_multiple(x, segment_ids, ranks: int):
+    """x ``[B, T, hidden]`` (and the ids) padded at the end to a multiple of ``ranks`` tokens
+    (trailing tokens cannot change earlier outputs)."""
+    pad = (-x.shape[1]) % ranks
+    if not pad:
+        return x, segment_ids
+    x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
+    if segment_ids is not None:
+        segment_ids = jnp.pad(segment_ids, [(0, 0), (0, pad)])
+    return x, segment_ids
+
+
+def _rank_forward(graphdef, axis: str, cfg: KDAConfig, mosaic: dict):
+    """One rank's layer forward inside ``shard_map``: ``(state, x, segment_ids) -> y`` with the
+    convs' halo from the previous ranks and the kernel through :func:`kda_context_parallel`
+    (``mosaic``: the mesh and segment bound a backend's own CP takes, else empty)."""
+    width = max(cfg.conv_size - 1, 0)
+
+    def local(state, x, segment_ids):
+        module = nnx.merge(graphdef, state)
+        halo = (
+            (lambda z: halo_exchange(z, axis_name=axis, halo_size=width)[:, :width])
+            if width
+            else None
+        )
+        history_ids = None if segment_ids is None or not width else halo(segment_ids)
+        q, k, v, f, beta, _ = module.project(
+            x, segment_ids=segment_ids, halo=halo, history_segment_ids=history_ids
+        )
+        o = kda_context_parallel(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            axis_name=axis,
+            segment_ids=segment_ids,
+            implementation=cfg.implementation,
+            chunk_size=cfg.chunk_size,
+            **mosaic,
+            **module.kernel_kwargs(),
+        )
+        return module.project_output(x, o)
+
+    return local
+
+
 def _onto_mesh(array, mesh):
     """``array`` on ``mesh`` if it is laid out on another mesh of the same devices."""
     sharding = getattr(array, "sharding", None) if not isinstance(array, jax.core.Tracer) else None
@@ -706,5 +724,3 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
         )
     # padding runs count too (tokamax's CP gives padding the id before it): a safe bound
     return count_segments(segment_ids, ranks)
-
-

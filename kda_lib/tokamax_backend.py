@@ -305,25 +305,9 @@ def tokamax_mosaic_context_parallel(
     if problems:
         raise ValueError(f"{NAME} cannot run inside shard_map here: " + "; ".join(problems))
     mesh = _mosaic_cp_mesh(q, axis_name, mesh)
-    if fused_gate:
-        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
-    else:
-        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
-    batch, seq_len = dims.batch, dims.seq_len
-    # tokamax has no grouped value heads (q/k heads repeated) and no rate-free safe gate
-    # (a_log = 0 is exactly A = 1)
-    q, k = repeat_qk_heads(q, k, dims.groups)
-    if fused_gate and a_log is None:
-        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
-    if segment_ids is None:
-        ids = jnp.ones((batch, seq_len), jnp.int32)
-        max_num_segments = 1
-    else:
-        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
-        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused_gate)
-        # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
-        max_num_segments = min(max_num_segments or seq_len, seq_len)
-
+    q, k, g, beta, a_log, ids, max_num_segments = _mosaic_cp_inputs(
+        (q, k, v, g, beta), a_log, dt_bias, segment_ids, max_num_segments, fused_gate, axis_name
+    )
     metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
     out, _ = call_tokamax_batch_first(
         TOKAMAX_VARIANTS["tokamax_mosaic"],
@@ -345,6 +329,31 @@ def tokamax_mosaic_context_parallel(
 
 
 NAME = "'tokamax_mosaic'"
+
+
+def _mosaic_cp_inputs(
+    arrays, a_log, dt_bias, segment_ids, max_num_segments, fused_gate: bool, axis_name
+):
+    """One rank's inputs, checked, as tokamax's CP takes them: ``(q, k, g, beta, a_log, ids,
+    max_num_segments)``. tokamax has no grouped value heads (q/k heads repeated) and no
+    rate-free safe gate (a_log = 0 is exactly A = 1); without segment ids every token is in
+    segment 1, with them padding takes the id of the segment it follows across ranks and is
+    made neutral."""
+    if fused_gate:
+        dims = check_fused_inputs(*arrays, a_log, dt_bias, segment_ids=segment_ids)
+    else:
+        dims = check_kda_inputs(*arrays, segment_ids=segment_ids)
+    q, k, _, g, beta = arrays
+    q, k = repeat_qk_heads(q, k, dims.groups)
+    if fused_gate and a_log is None:
+        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
+    if segment_ids is None:
+        return q, k, g, beta, a_log, jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
+    ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
+    q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused_gate)
+    # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
+    max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
+    return q, k, g, beta, a_log, ids, max_num_segments
 
 
 def _mosaic_cp_problems(

@@ -127,9 +127,8 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # platform and input size (`implementation="auto"`) or runs the one you name. Given `a_log=`
 # (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
 # Each function is wrapped in `jax.jit` once (the flags that change the computation are static).
-# What `auto` runs is not always what it picks: on CPU, when it picks `"chunked"`, a call that is
-# not differentiated is computed by the token-by-token scan (`kda_lib.kernel.scan_forward()`),
-# and only `jax.grad` goes through the chunked form. The `kda` row below names what ran.
+# The `kda` row below names the implementation `auto` picks for these inputs
+# (`kda_lib.kernel.select_implementation`).
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -144,13 +143,11 @@ o_kda, state_kda = kda(
 picked = kda_lib.kernel.select_implementation(
     seq_len=seq_len, key_dim=key_dim, dtype=q.dtype, lower_bound=None, fused_gate=True
 )
-ran = picked  # auto's choice; on CPU a forward-only "chunked" call runs the scan instead
-if picked == "chunked" and kda_lib.kernel.scan_forward():
-    ran = f"auto -> chunked, forward by the scan on {jax.default_backend()}"
 
 print("outputs     ", o_rec.shape, o_rec.dtype)
 print("final state ", state_rec.shape, state_rec.dtype)
-for name, o, s in [("kda_chunked", o_chk, state_chk), (f"kda ({ran})", o_kda, state_kda)]:
+auto_row = (f"kda (auto: {picked})", o_kda, state_kda)
+for name, o, s in [("kda_chunked", o_chk, state_chk), auto_row]:
     err = assert_close(o, o_rec, name=f"{name} output")
     assert_close(s, state_rec, name=f"{name} final state")
     print(f"{name:18s} max |o - o_recurrent| = {err:.1e}")

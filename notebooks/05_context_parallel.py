@@ -103,7 +103,7 @@ from jax.sharding import PartitionSpec
 
 import kda_lib.notebook
 from kda_lib import explain, viz
-from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.measure import hlo_collectives
 from kda_lib.reference import kda_step
 from kda_lib.testing import random_kda_inputs, relative_l2
@@ -139,7 +139,7 @@ print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices; "
 #
 # A `jax.sharding.Mesh` names the device axis the sequence is split over, here `"context"`.
 # Everything rank-local runs inside `jax.shard_map`, which hands each device its slice
-# `[B, T / R, ...]`; `place` puts an array into that layout inside `jax.jit`.
+# `[B, T / R, ...]`; `shard_as` puts an array into that layout inside `jax.jit`.
 
 # %%
 for r, device in enumerate(mesh.devices.flat):
@@ -180,7 +180,7 @@ viz.show(viz.draw_context_parallel(ranks, local_len, halo), "05_split_and_halo")
 positions = jnp.arange(1, total_len + 1, dtype=jnp.float32)[None, :, None]  # [1, T, 1]
 exchange = jax.shard_map(lambda z: halo_exchange(z, axis_name="context", halo_size=halo),
                          mesh=mesh, in_specs=SEQ, out_specs=SEQ)
-with_halo = np.asarray(jax.jit(lambda z: exchange(place(z, mesh, SEQ)))(positions))
+with_halo = np.asarray(jax.jit(lambda z: exchange(shard_as(z, mesh, SEQ)))(positions))
 with_halo = with_halo.reshape(ranks, local_len + halo)
 padded = np.concatenate([np.zeros(halo), np.arange(1, total_len + 1)])
 for r in range(ranks):
@@ -298,7 +298,7 @@ viz.show(fig, "05_folded_states")
 cp_kernel = jax.shard_map(
     lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
     mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
-cp = jax.jit(lambda *a: cp_kernel(*(place(x, mesh, SEQ) for x in a)))
+cp = jax.jit(lambda *a: cp_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
 one = jax.jit(lambda *a: kda_lib.kda(*a, implementation=implementation)[0])
 cotangent = jax.random.normal(key_cotangent, inputs[2].shape)
 
@@ -421,7 +421,7 @@ def gather_local(q, k, v, g, beta):
 
 
 gather_kernel = jax.shard_map(gather_local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
-gather = jax.jit(lambda *a: gather_kernel(*(place(x, mesh, SEQ) for x in a)))
+gather = jax.jit(lambda *a: gather_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
 layer_graph, layer_state = nnx.split(layer_cp)
 layer_fn = jax.jit(lambda s, x: nnx.merge(layer_graph, s)(x))
 
@@ -550,7 +550,7 @@ def cp_jaxpr(r):
     sharded = jax.shard_map(
         lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
         mesh=sub_mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
-    return jax.make_jaxpr(lambda *a: sharded(*(place(x, sub_mesh, SEQ) for x in a)))(*inputs)
+    return jax.make_jaxpr(lambda *a: sharded(*(shard_as(x, sub_mesh, SEQ) for x in a)))(*inputs)
 
 
 # %%

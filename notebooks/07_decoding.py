@@ -91,7 +91,7 @@ from IPython.display import Markdown, display
 import kda_lib.notebook
 from kda_lib import viz
 from kda_lib.attention import AttentionConfig, CausalSelfAttention
-from kda_lib.kernel import scan_forward, select_implementation
+from kda_lib.kernel import select_implementation
 from kda_lib.measure import median_ms
 from kda_lib.records import load_recorded
 from kda_lib.reference import kda_step
@@ -126,20 +126,21 @@ def run(layer, x, cache):
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
 # call (`kda_lib.kernel.select_implementation`): the token-by-token recurrence for a single
 # token, where one scan step beats a padded chunk, and for a prompt the chunked form (matrix
-# products over chunks of $C$ = `chunk_size` tokens), except on a CPU, where a call that is
-# not differentiated runs the scan instead (`kda_lib.kernel.scan_forward`; training still takes
-# the chunked form's gradient). The cell below prints what runs here. Section 2 therefore
+# products over chunks of $C$ = `chunk_size` tokens; on a TPU v6+ `auto` may pick tokamax's
+# Mosaic kernel for the prompt instead). The cell below prints what it picks here. Section 2
 # also prefills with `implementation="chunked"` explicitly, so that the chunked path is
-# compared with decoding on every machine. Both compute
+# compared with decoding on every machine (where `auto` picks `"chunked"` for the prompt, the
+# two prefills are one program and their outputs bitwise equal, asserted there). Both compute
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
 #   \mathbf v_t^\top, \qquad \mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k} .
 # $$
 #
-# Is the scan the faster forward on a CPU? Not in this project's recorded CPU benchmark
-# (`recorded_benchmark`, made by `python -m kda_lib.bench`): there the chunked forward took
-# less time than the scan's at T = 256 and about the same at T = 1024 (ratios printed below).
+# Why not the scan for a whole prompt too? It is not the faster forward on a CPU in this
+# project's recorded CPU benchmark (`recorded_benchmark`, made by `python -m kda_lib.bench`):
+# there the chunked forward took less time than the scan's at T = 256 and about the same at
+# T = 1024 (ratios printed below).
 
 # %%
 picks = {t: select_implementation(seq_len=t, key_dim=head_dim, dtype=jnp.float32,
@@ -149,10 +150,6 @@ print(f"auto picks {picks[prompt_len]!r} for the {prompt_len}-token prompt, "
       f"{picks[1]!r} for one token")
 if jax.default_backend() != "tpu":  # on a TPU v6+ auto may pick tokamax's Mosaic kernel
     assert picks == {prompt_len: "chunked", 1: "recurrent"}
-# what auto actually runs for the (not differentiated) prefill on this machine
-prefill_runs = ("scan (recurrent)" if picks[prompt_len] == "chunked" and scan_forward()
-                else picks[prompt_len])
-print(f"on {jax.default_backend()}, auto's prefill runs: {prefill_runs}")
 bench = load_recorded("benchmarks", recorded_benchmark)
 fwd_ratio = {int(t): r for t, r in bench["ratios"]["chunked/recurrent"]["fwd"].items()}
 print(f"recorded {bench['platform']} benchmark {bench['date']}: chunked / scan forward time "
@@ -219,13 +216,16 @@ err_chunked = relative_l2(y_chunked, y_full)
 print(f"chunked-kernel prefill + {decode_steps} decode steps vs one full pass: relative error "
       f"{err_chunked:.1e}")
 assert err_chunked < 1e-5
+if picks[prompt_len] == "chunked":  # auto's prefill was the chunked kernel too: same program
+    np.testing.assert_array_equal(np.asarray(y_chunked), np.asarray(y_decoded))
+    print("auto picked the chunked kernel here too: the two prefills agree bit for bit")
 for name, a, b in zip(cache_full._fields, chunked_cache, cache_full, strict=True):
     assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
 
 # %% tags=["hide-input"]
 floor = 1e-10
 fig, ax = plt.subplots(figsize=(8, 3.2))
-for y_ours, style, label in ((y_decoded, ".", f"auto's prefill ({prefill_runs})"),
+for y_ours, style, label in ((y_decoded, ".", f"auto's prefill ({picks[prompt_len]})"),
                              (y_chunked, "x", "chunked-kernel prefill")):
     diff = np.linalg.norm(np.asarray(y_ours - y_full), axis=-1)[0]  # row 0, per token
     per_token = diff / np.linalg.norm(np.asarray(y_full), axis=-1)[0]

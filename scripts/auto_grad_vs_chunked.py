@@ -2,6 +2,11 @@
 with the chunked gradient) against plain ``"chunked"`` fwd+bwd, one interleaved run at
 T = 256, 1024, 4096 with kda_lib.bench's jobs (inputs, gradients, timing).
 
+The route it measures was removed on that measurement (``auto`` is plain ``"chunked"`` above 16
+tokens now, so after the removal both rows time the same program). To reproduce the recorded
+data, run it at a commit that has the route (up to ``64411ba``, the last before its removal)::
+
+    git checkout 64411ba
     python scripts/auto_grad_vs_chunked.py --reps 7 \
         --out data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json
 """

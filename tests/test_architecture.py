@@ -203,15 +203,11 @@ def _implementation_comparisons(path: pathlib.Path) -> list[int]:
     return lines
 
 
-# bench.py still names its kernel rows (kernel_problem, compute_ratios): left to bench's owner
-NOT_YET_ON_THE_REGISTRY = {"bench"}
-
-
 def test_implementation_names_are_compared_in_the_registry_only():
     found = {
         p.stem: lines
         for p in sorted(PACKAGE.rglob("*.py"))
-        if p.stem not in {"backends", *NOT_YET_ON_THE_REGISTRY}
+        if p.stem != "backends"
         and (lines := _implementation_comparisons(p))
     }
     assert not found, f"compare implementation names in kda_lib.backends only: {found}"

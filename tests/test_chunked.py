@@ -327,10 +327,10 @@ def _isolation_values_and_grads(shortcut: bool):
     """Jitted ``(*arrays, ids) -> ((total, (arrays, flags)), grads)`` of kda_chunked's
     cond-guarded isolation (``shortcut``) or of isolate_non_finite; built once per worker, so
     the cases below share two compilations."""
-    from kda_lib.chunked import _isolate_non_finite
+    from kda_lib.chunked import isolate_non_finite_if_any
     from kda_lib.segments import isolate_non_finite
 
-    fn = _isolate_non_finite if shortcut else isolate_non_finite
+    fn = isolate_non_finite_if_any if shortcut else isolate_non_finite
 
     def total(*a):
         *arrays, flags = fn(*a)

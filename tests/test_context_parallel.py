@@ -10,7 +10,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import KDAConfig, KimiDeltaAttention, kda_chunked
-from kda_lib.context_parallel import halo_exchange, kda_context_parallel, place
+from kda_lib.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.measure import hlo_collectives
 from kda_lib.testing import random_kda_inputs, relative_l2
 
@@ -36,7 +36,7 @@ def _cp_kernel(mesh, with_segments, **kwargs):
         )
 
     fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=SEQ)
-    return jax.jit(lambda *args: fn(*(place(a, mesh, SEQ) for a in args)))
+    return jax.jit(lambda *args: fn(*(shard_as(a, mesh, SEQ) for a in args)))
 
 
 def _output_and_grads(fn, cot, n_diff):
@@ -133,7 +133,7 @@ def test_halo_exchange(ranks, halo):
         in_specs=SEQ,
         out_specs=SEQ,
     )
-    fn = jax.jit(lambda z: exchange(place(z, mesh, SEQ)))
+    fn = jax.jit(lambda z: exchange(shard_as(z, mesh, SEQ)))
     local = seq_len // ranks
     got = np.asarray(fn(x)).reshape(2, ranks, local + halo, 3)
     padded = np.concatenate([np.zeros((2, halo, 3)), np.asarray(x)], axis=1)
@@ -310,7 +310,7 @@ def test_kernel_cp_initial_and_final_state(with_segments):
         )  # fmt: skip
 
     fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P()))
-    cp = jax.jit(lambda *a: fn(*(place(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
     single = jax.jit(
         lambda q, k, v, g, beta, h0, ids: kda_chunked(
             q,
@@ -351,7 +351,7 @@ def test_kernel_cp_state_arguments_are_checked():
 
         fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
         return jax.jit(fn).trace(
-            place(jnp.zeros((1, 8, 1, 4)), mesh, SEQ), place(jnp.zeros((1, 8, 1)), mesh, SEQ)
+            shard_as(jnp.zeros((1, 8, 1, 4)), mesh, SEQ), shard_as(jnp.zeros((1, 8, 1)), mesh, SEQ)
         )
 
     with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):

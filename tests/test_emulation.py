@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu, emulation, kda, tokamax_backend
-from kda_lib.context_parallel import kda_context_parallel, place
+from kda_lib.context_parallel import kda_context_parallel, shard_as
 from kda_lib.kernel import select_implementation
 from kda_lib.testing import relative_l2
 from kda_lib.tokamax_backend import mosaic_problems
@@ -246,7 +246,7 @@ def test_cp_mosaic_segments_across_ranks_and_padding():
     spec = P(None, "context")
     fn = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec, check_vma=False)
     with emulate_tpu():
-        got = jax.jit(lambda *a: fn(*(place(z, mesh, spec) for z in a)), compiler_options=FAST)(
+        got = jax.jit(lambda *a: fn(*(shard_as(z, mesh, spec) for z in a)), compiler_options=FAST)(
             q, k, v, g, beta, ids
         )
     want = jax.jit(
@@ -270,7 +270,8 @@ def test_cp_mosaic_errors_name_the_constraint():
             local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=check_vma
         )
         q = jnp.zeros((1, 128, 1, key_dim))
-        return jax.jit(fn).trace(place(q, mesh, spec), place(jnp.zeros((1, 128, 1)), mesh, spec))
+        beta = jnp.zeros((1, 128, 1))
+        return jax.jit(fn).trace(shard_as(q, mesh, spec), shard_as(beta, mesh, spec))
 
     with emulate_tpu():
         with pytest.raises(ValueError, match="needs K and V multiples of 128, got K=64, V=64"):

@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import emulate_tpu, kda, kda_chunked, kda_gate, kda_recurrent
-from kda_lib.context_parallel import kda_context_parallel, place
+from kda_lib.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import relative_l2
 
 B, T, H, HV, K, V = 2, 70, 2, 4, 16, 8  # T: not a multiple of 64 (tokamax pads) nor of 16
@@ -255,8 +255,8 @@ def _cp_fn(mesh, implementation, **kw):
 
         specs = (SEQ,) * 6 + (P(), P())
         cp = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P()))
-        seq = tuple(place(x[n], mesh, SEQ) for n in ("q", "k", "v", "g", "beta"))
-        return cp(*seq, place(segment_ids, mesh, SEQ), x["initial_state"], gate)
+        seq = tuple(shard_as(x[n], mesh, SEQ) for n in ("q", "k", "v", "g", "beta"))
+        return cp(*seq, shard_as(segment_ids, mesh, SEQ), x["initial_state"], gate)
 
     return fn
 
@@ -291,5 +291,5 @@ def test_mosaic_grouped_heads_and_rate_free_gate():
 
     cp = jax.shard_map(local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ, check_vma=False)
     with emulate_tpu():
-        got_cp = jax.jit(lambda *a: cp(*(place(z, mesh, SEQ) for z in a)))(*args)
+        got_cp = jax.jit(lambda *a: cp(*(shard_as(z, mesh, SEQ) for z in a)))(*args)
     assert relative_l2(got_cp, want) < 1e-5

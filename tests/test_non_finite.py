@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import kda
-from kda_lib.context_parallel import kda_context_parallel, place
+from kda_lib.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import random_kda_inputs
 
 B, T, H, K, V = 2, 40, 2, 8, 8
@@ -89,7 +89,7 @@ def _context_parallel():
 
     specs = (seq,) * 5 + (P(), seq)
     fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(seq, P()))
-    return jax.jit(lambda *a: fn(*(place(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+    return jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
 
 
 @st.composite

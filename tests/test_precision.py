@@ -313,7 +313,7 @@ def _fla_paths(gate, ids):
     """Every path that runs on CPU, as ``fn(q, k, v, raw_gate, beta) -> o``."""
     from jax.sharding import PartitionSpec as P
 
-    from kda_lib.context_parallel import kda_context_parallel, place
+    from kda_lib.context_parallel import kda_context_parallel, shard_as
     from kda_lib.gating import kda_gate
     from kda_lib.norms import l2_normalize
 
@@ -351,7 +351,7 @@ def _fla_paths(gate, ids):
         "recurrent": through_kda("recurrent"),
         "tokamax_xla": through_kda("tokamax_xla", max_num_segments=3),
         "tokamax_xla_chunked": through_kda("tokamax_xla_chunked", max_num_segments=3),
-        "cp_8_ranks": lambda *a: sharded(*(place(x, mesh, seq) for x in (*a, ids))),
+        "cp_8_ranks": lambda *a: sharded(*(shard_as(x, mesh, seq) for x in (*a, ids))),
     }
 
 
