@@ -14,7 +14,7 @@ Four things make it work, all undone when the context exits:
 * jax's TPU info registry (``jax._src.tpu_info.registry``) answers ``pltpu.get_tpu_info()``
   for the host's device kind (e.g. ``"cpu"``) with the emulated chip's limits (VMEM size, lanes);
 * the adapter calls tokamax's Mosaic op built with ``bypass_device_check=True``, since the op
-  refuses non-TPU devices (:func:`tokamax_mosaic_op`);
+  refuses non-TPU devices (:func:`kda_lib.tokamax_backend.emulated_mosaic_op`);
 * memory a kernel never writes reads as zeros (``uninitialized_memory="zero"``, patching
   ``jax._src.pallas.primitives.uninitialized_value``) instead of interpret mode's NaN. tokamax's
   Mosaic backward sums the gate-parameter gradients (``a_log``, ``dt_bias``) over the chunk
@@ -48,7 +48,7 @@ import importlib
 import importlib.metadata
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 TESTED_JAX = "0.12.0.1"
 TESTED_TOKAMAX = "0.0.17"
@@ -80,7 +80,9 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _unavailable(what: str) -> EmulationUnavailableError:
+def unavailable_error(what: str) -> EmulationUnavailableError:
+    """The error for a hook emulation needs that this installation lacks (``what``), naming
+    the tested and installed versions of jax and tokamax."""
     return EmulationUnavailableError(
         f"kda_lib.emulate_tpu needs {what}, which this installation lacks. It was tested with "
         f"jax {TESTED_JAX} and tokamax {TESTED_TOKAMAX}; installed: jax {_version('jax')}, "
@@ -106,12 +108,12 @@ def _jax_hooks():
     try:
         tpu_info = importlib.import_module("jax._src.tpu_info")
     except ImportError as e:
-        raise _unavailable("jax._src.tpu_info") from e
+        raise unavailable_error("jax._src.tpu_info") from e
     registry = getattr(tpu_info, "registry", None)
     chip_version = getattr(tpu_info, "ChipVersion", None)
     info_for_chip = getattr(tpu_info, "get_tpu_info_for_chip", None)
     if not isinstance(registry, dict) or chip_version is None or info_for_chip is None:
-        raise _unavailable(
+        raise unavailable_error(
             "jax._src.tpu_info.registry, ChipVersion and get_tpu_info_for_chip "
             "(the TPU info registry)"
         )
@@ -124,11 +126,11 @@ def _pallas_primitives():
         primitives = importlib.import_module("jax._src.pallas.primitives")
         interpreter = importlib.import_module("jax._src.pallas.hlo_interpreter")
     except ImportError as e:
-        raise _unavailable("jax._src.pallas.primitives and hlo_interpreter") from e
+        raise unavailable_error("jax._src.pallas.primitives and hlo_interpreter") from e
     if not callable(getattr(primitives, "uninitialized_value", None)) or (
         getattr(interpreter, "primitives", None) is not primitives
     ):
-        raise _unavailable(
+        raise unavailable_error(
             "jax._src.pallas.primitives.uninitialized_value (interpret mode's fill value)"
         )
     return primitives
@@ -147,19 +149,18 @@ def _zero_fill(original):
     return uninitialized_value
 
 
-def _check_tokamax_hooks() -> None:
-    try:
-        utils = importlib.import_module("tokamax._src.ops.kda.utils")
-        mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
-    except ImportError as e:
-        raise _unavailable(
-            "tokamax._src.ops.kda.utils and tokamax._src.ops.kda.pallas_mosaic_tpu"
-        ) from e
-    if not hasattr(utils, "get_interpret"):
-        raise _unavailable("tokamax's PALLAS_INTERPRET switch (tokamax._src.ops.kda.utils)")
-    op = getattr(mosaic, "PallasMosaicTpuKimiDeltaAttention", None)
-    if op is None or "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
-        raise _unavailable("PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)")
+# checks run each time emulation starts, each raising EmulationUnavailableError when a hook it
+# needs is missing: kda_lib.tokamax_backend registers tokamax's (this module never imports
+# tokamax: the backend, one layer up, reads this module's state)
+_entry_checks: list[Callable[[], None]] = []
+
+
+def register_entry_check(check: Callable[[], None]) -> None:
+    """Run ``check()`` whenever :func:`emulate_tpu` (or ``KDA_EMULATE_TPU``) starts emulating;
+    it raises :class:`EmulationUnavailableError` (see :func:`unavailable_error`) when something
+    emulation needs is missing. Registering the same check again does nothing."""
+    if check not in _entry_checks:
+        _entry_checks.append(check)
 
 
 def _chip(generation: str) -> str:
@@ -199,7 +200,8 @@ def _clear_tpu_info_cache(get_tpu_info) -> None:
 def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
     registry, chip_version, info_for_chip, get_tpu_info = _jax_hooks()
     primitives = _pallas_primitives()
-    _check_tokamax_hooks()
+    for check in _entry_checks:
+        check()
     _warn_if_untested()
     kind = _host_device_kind()
     version = chip_version(chip)
@@ -311,15 +313,3 @@ def emulated_tpu_generation() -> int | None:
 def is_emulating() -> bool:
     """True inside :func:`emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) off TPU."""
     return emulated_chip() is not None
-
-
-@functools.cache
-def tokamax_mosaic_op():
-    """tokamax's Mosaic KDA op with its TPU device check bypassed (emulation only).
-
-    Called with the keyword arguments of ``tokamax...kda.api.kimi_delta_attention`` minus
-    ``implementation``; its custom VJP is tokamax's own.
-    """
-    _check_tokamax_hooks()
-    mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
-    return mosaic.PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)

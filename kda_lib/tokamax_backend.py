@@ -13,6 +13,7 @@ kda_lib's context-parallel call (:func:`tokamax_mosaic_context_parallel`, used b
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 from typing import NamedTuple
 
@@ -257,11 +258,47 @@ def call_tokamax_batch_first(
     return jnp.moveaxis(out, 0, 2), final
 
 
+def _check_emulation_hooks() -> None:
+    """What :func:`kda_lib.emulate_tpu` needs of tokamax: its ``PALLAS_INTERPRET`` switch and a
+    Mosaic op that can skip its device check (raises ``EmulationUnavailableError``)."""
+    try:
+        utils = importlib.import_module("tokamax._src.ops.kda.utils")
+        mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
+    except ImportError as e:
+        raise emulation.unavailable_error(
+            "tokamax._src.ops.kda.utils and tokamax._src.ops.kda.pallas_mosaic_tpu"
+        ) from e
+    if not hasattr(utils, "get_interpret"):
+        raise emulation.unavailable_error(
+            "tokamax's PALLAS_INTERPRET switch (tokamax._src.ops.kda.utils)"
+        )
+    op = getattr(mosaic, "PallasMosaicTpuKimiDeltaAttention", None)
+    if op is None or "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
+        raise emulation.unavailable_error(
+            "PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)"
+        )
+
+
+emulation.register_entry_check(_check_emulation_hooks)
+
+
+@functools.cache
+def emulated_mosaic_op():
+    """tokamax's Mosaic KDA op with its TPU device check bypassed (emulation only).
+
+    Called with the keyword arguments of ``tokamax...kda.api.kimi_delta_attention`` minus
+    ``implementation``; its custom VJP is tokamax's own.
+    """
+    _check_emulation_hooks()
+    mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
+    return mosaic.PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
+
+
 def call_tokamax(api, variant: TokamaxVariant, *args, **kwargs):
     """``api.kimi_delta_attention(*args, **kwargs)`` with ``variant``'s kernel; under TPU
     emulation, tokamax Mosaic goes through its op with the device check bypassed."""
     if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
-        return emulation.tokamax_mosaic_op()(*args, **kwargs)
+        return emulated_mosaic_op()(*args, **kwargs)
     return api.kimi_delta_attention(*args, implementation=variant.api_name, **kwargs)
 
 

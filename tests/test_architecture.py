@@ -233,9 +233,8 @@ def _imports_tokamax(path: pathlib.Path) -> bool:
     return False
 
 
-# emulation.py patches tokamax's Pallas internals for interpret mode (its hooks name tokamax
-# modules); moving them into tokamax_backend is left to a later change
-TOKAMAX_IMPORTERS = {"tokamax_backend", "emulation"}
+# emulation.py runs the checks tokamax_backend registers with it and names no tokamax module
+TOKAMAX_IMPORTERS = {"tokamax_backend"}
 
 
 def test_only_the_tokamax_backend_imports_tokamax():

@@ -127,6 +127,20 @@ def test_missing_hook_names_the_tested_versions(monkeypatch):
             pass
 
 
+def test_a_missing_tokamax_hook_stops_emulation_at_entry(monkeypatch):
+    """tokamax's hooks are checked by the check tokamax_backend registers, before anything is
+    switched on: the environment is left as it was."""
+    import importlib
+
+    utils = importlib.import_module("tokamax._src.ops.kda.utils")
+    monkeypatch.delattr(utils, "get_interpret")
+    monkeypatch.delenv("PALLAS_INTERPRET", raising=False)
+    with pytest.raises(emulation.EmulationUnavailableError, match="PALLAS_INTERPRET switch"):
+        with emulate_tpu():
+            pass
+    assert "PALLAS_INTERPRET" not in os.environ and not emulation.is_emulating()
+
+
 def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatch):
     args = dict(key_dim=128, dtype=jnp.bfloat16, lower_bound=-5.0, fused_gate=True)
     assert "needs a TPU v6 or newer" in mosaic_problems(**args)[0]
