@@ -5,6 +5,7 @@ The tests compile many small programs and run each once or twice, so XLA:CPU's c
 dominates the suite; its fast-compile flags (no LLVM optimisation) roughly halve it. Notebooks
 are executed with the environment's own XLA_FLAGS (``USER_XLA_FLAGS``), as a user runs them."""
 
+import json
 import os
 
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
@@ -53,3 +54,25 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
+
+
+def load_fla_layer_fixture(case: str):
+    """fla's recorded layer ``case`` (``data/fixtures/fla_layer_{case}.npz``): the KDAConfig of
+    its config, its state_dict, input ``x: [B, T, d]`` and fla's output ``y: [B, T, d]``."""
+    import numpy as np
+
+    from kda_lib import KDAConfig
+
+    data = np.load(f"data/fixtures/fla_layer_{case}.npz", allow_pickle=False)
+    cfg = json.loads(str(data["config_json"]))
+    config = KDAConfig(
+        hidden_size=cfg["hidden_size"],
+        num_heads=cfg["num_heads"],
+        head_dim=cfg["head_dim"],
+        conv_size=cfg["conv_size"],
+        lower_bound=cfg["lower_bound"],
+        gate_low_rank=cfg["head_dim"],
+        norm_eps=cfg["norm_eps"],
+    )
+    state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}
+    return config, state_dict, data["x"], data["y"]

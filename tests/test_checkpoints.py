@@ -7,13 +7,13 @@ Hugging Face ``modeling_kimi.py`` (revision 6e163f3, as copied into axolotl-ai-c
 """
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import load_fla_layer_fixture
 from flax import nnx
 from safetensors.numpy import save_file
 
@@ -196,20 +196,6 @@ def test_kimi_linear_reader_errors(tmp_path):
         state_dict_names(layer, "hf")
 
 
-def _fixture(case):
-    data = np.load(f"data/fixtures/fla_layer_{case}.npz", allow_pickle=False)
-    cfg = json.loads(str(data["config_json"]))
-    config = KDAConfig(
-        hidden_size=cfg["hidden_size"],
-        num_heads=cfg["num_heads"],
-        head_dim=cfg["head_dim"],
-        conv_size=cfg["conv_size"],
-        lower_bound=cfg["lower_bound"],
-        gate_low_rank=cfg["head_dim"],
-        norm_eps=cfg["norm_eps"],
-    )
-    state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}
-    return config, state_dict, data["x"], data["y"]
 
 
 # fla's names -> the published checkpoint's, where they differ (the rest are the same)
@@ -233,7 +219,7 @@ def test_the_fla_fixture_weights_in_the_published_naming_give_fla_s_output(tmp_p
     """fla's layer (data/fixtures) has an output-gate bias, which the published layer lacks:
     with the bias, renamed into the published naming, the loaded layer gives fla's recorded
     output; without it (zeroed), the two loaders build the same layer."""
-    config, state_dict, x, y = _fixture(case)
+    config, state_dict, x, y = load_fla_layer_fixture(case)
     path = _write(
         str(tmp_path / "kimi.safetensors"),
         {kimi_linear_prefix(0) + n: v for n, v in _as_kimi(state_dict).items()},

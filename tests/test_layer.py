@@ -1,12 +1,12 @@
 """KimiDeltaAttention: fla parity, implementations, packing, decoding, errors."""
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_fla_layer_fixture
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
@@ -41,23 +41,12 @@ def _with_impl(layer, implementation):
 
 @pytest.mark.parametrize("fixture", ["default", "safe_gate"])
 def test_fla_layer_parity(fixture):
-    data = np.load(f"data/fixtures/fla_layer_{fixture}.npz", allow_pickle=False)
-    cfg_json = json.loads(str(data["config_json"]))
-    config = KDAConfig(
-        hidden_size=cfg_json["hidden_size"],
-        num_heads=cfg_json["num_heads"],
-        head_dim=cfg_json["head_dim"],
-        conv_size=cfg_json["conv_size"],
-        lower_bound=cfg_json["lower_bound"],
-        gate_low_rank=cfg_json["head_dim"],
-        norm_eps=cfg_json["norm_eps"],
-    )
-    state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}
+    config, state_dict, x, y_fla = load_fla_layer_fixture(fixture)
     layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
     for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
         # jitted: one compilation per implementation instead of one per eager op
-        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(data["x"]))
-        err = assert_close(y, data["y"], atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
+        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(x))
+        err = assert_close(y, y_fla, atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
         print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
 
 
