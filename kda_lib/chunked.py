@@ -719,6 +719,12 @@ def _check_arguments(
     return dims, chunk_size, mode
 
 
+# traced once per static options and shapes (eager calls compile one program; see
+# kda_lib.backends.run)
+@functools.partial(
+    jax.jit,
+    static_argnames=("dims", "scale", "output_final_state", "chunk_size", "scan", "precision"),
+)
 def chunked_core(
     q,
     k,

@@ -44,6 +44,7 @@ from kda_lib.backends import (
     RECURRENT_MAX_AUTO_T,
     check_call,
     portable_implementation,
+    run,
     select_implementation,
 )
 from kda_lib.chunked import Precision
@@ -121,4 +122,4 @@ def kda(
     """
     # every parameter by name, before any other local exists (check_call takes them all)
     backend, arrays, options = check_call(**locals())
-    return backend(arrays, options)
+    return run(backend, arrays, options)

@@ -15,6 +15,8 @@ Run it under ``jax_enable_x64`` with float64 inputs for a float64 oracle.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -97,6 +99,9 @@ def kda_recurrent(
     )
 
 
+# traced once per static options and shapes (eager calls compile one program; see
+# kda_lib.backends.run)
+@functools.partial(jax.jit, static_argnames=("dims", "scale", "output_final_state"))
 def recurrent_core(
     q, k, v, g, beta, *, dims: Dims, scale: float, initial_state, output_final_state, segment_ids
 ):

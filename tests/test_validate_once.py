@@ -43,7 +43,11 @@ def calls(monkeypatch):
                 return _original(*args, **kwargs)
 
             monkeypatch.setattr(module, name, counting)
-    return counts
+    # the forms are traced once per options and shapes: an earlier test's trace would hide
+    # this call's work from the counters
+    kda_lib.backends.clear_compiled_forms()
+    yield counts
+    kda_lib.backends.clear_compiled_forms()  # no trace of the counting functions stays
 
 
 @pytest.mark.parametrize(
@@ -71,3 +75,19 @@ def test_one_eager_call_checks_once(calls, implementation, pads):
     assert calls["zero_padding"] == 1, calls
     assert calls["pad_time"] == pads, calls  # tokamax_xla: called with multiple 1, pads nothing
     assert calls["host_values"] == 2, calls  # beta and the segment ids
+
+
+@pytest.mark.parametrize("implementation", ["recurrent", "chunked", "tokamax_xla"])
+def test_one_eager_call_compiles_one_program(implementation, caplog):
+    """The form runs as one compiled program (kda_lib.backends.run), not op by op: before,
+    the first eager chunked call compiled 180 small programs. Shapes no other test uses, so
+    nothing is cached."""
+    x = random_kda_inputs(jax.random.key(0), 1, 37, 3, 8, 8, gate="raw")
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    jax.block_until_ready(args)
+    kda_lib.backends.clear_compiled_forms()
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        o, _ = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], implementation=implementation)
+        jax.block_until_ready(o)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
+    assert len(compiled) <= 2, compiled
