@@ -21,6 +21,7 @@ layout; the same function as three convs). ``A_log``/``dt_bias`` stay float32.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
@@ -585,28 +586,17 @@ class KimiDeltaAttention(nnx.Module):
         seq_len = x.shape[1]
         x, segment_ids = _pad_to_multiple(x, segment_ids, ranks)
         graphdef, state = nnx.split(self)
-        # a backend's own CP (tokamax's) needs the mesh and a shard_map without the vma check
-        tokamax_cp = uses_own_context_parallel(cfg.implementation)
-        mosaic = dict(mesh=mesh, max_num_segments=max_segments_bound(segment_ids, cfg, ranks))
-        mosaic = mosaic if tokamax_cp else {}
-        seq = P(None, axis)
-        specs = (P(), P(None, axis, None), None if segment_ids is None else seq)
-        fn = jax.shard_map(
-            _rank_forward(graphdef, axis, cfg, mosaic),
-            mesh=mesh,
-            in_specs=specs,
-            out_specs=P(None, axis, None),
-            check_vma=not tokamax_cp,
-        )
-
-        def run(state, x, segment_ids):
-            # put the inputs in the layout shard_map expects, whatever they arrive in
-            state = jax.tree.map(lambda a: shard_as(a, mesh, P()), state)
-            x = shard_as(x, mesh, specs[1])
-            segment_ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
-            return fn(state, x, segment_ids)
-
-        y = jax.jit(run)(state, x, segment_ids)[:, :seq_len]
+        has_segments = segment_ids is not None
+        if uses_own_context_parallel(cfg.implementation):
+            # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
+            # no cache key holds, so it is built for each call
+            bound = max_segments_bound(segment_ids, cfg, ranks)
+            program = _context_parallel_program(
+                graphdef, axis, cfg, mesh, has_segments, own_cp=True, bound=bound
+            )
+        else:
+            program = _cached_context_parallel_program(graphdef, axis, cfg, mesh, has_segments)
+        y = program(state, x, segment_ids)[:, :seq_len]
         return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
 
     # ----------------------------------------------------------------- fla checkpoints
@@ -658,6 +648,38 @@ def _pad_to_multiple(x, segment_ids, ranks: int):
     if segment_ids is not None:
         segment_ids = jnp.pad(segment_ids, [(0, 0), (0, pad)])
     return x, segment_ids
+
+
+def _context_parallel_program(
+    graphdef, axis: str, cfg: KDAConfig, mesh, has_segments: bool, own_cp=False, bound=None
+):
+    """The jitted CP forward ``(state, x, segment_ids) -> y`` over the Auto-typed ``mesh``'s
+    ``axis``. ``own_cp``: the backend's own CP (tokamax's), which takes the mesh and the segment
+    ``bound`` and runs without shard_map's vma check."""
+    mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
+    seq = P(None, axis)
+    specs = (P(), P(None, axis, None), seq if has_segments else None)
+    fn = jax.shard_map(
+        _rank_forward(graphdef, axis, cfg, mosaic),
+        mesh=mesh,
+        in_specs=specs,
+        out_specs=P(None, axis, None),
+        check_vma=not own_cp,
+    )
+
+    def run(state, x, segment_ids):
+        # put the inputs in the layout shard_map expects, whatever they arrive in
+        state = jax.tree.map(lambda a: shard_as(a, mesh, P()), state)
+        x = shard_as(x, mesh, specs[1])
+        segment_ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
+        return fn(state, x, segment_ids)
+
+    return jax.jit(run)
+
+
+# kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
+# calls compile once instead of on every call
+_cached_context_parallel_program = functools.lru_cache(maxsize=32)(_context_parallel_program)
 
 
 def _rank_forward(graphdef, axis: str, cfg: KDAConfig, mosaic: dict):
