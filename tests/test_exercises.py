@@ -7,6 +7,7 @@ A solutions module defines ``cases()``: a list of ``(exercise_id, answer, contex
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import pathlib
 
@@ -27,9 +28,17 @@ def _load(path: pathlib.Path):
 MODULES = sorted(SOLUTIONS.glob("ch[0-9][0-9].py"))
 
 
+@functools.cache
+def _cases(path: pathlib.Path) -> list:
+    """``path``'s cases, computed once per worker: the two tests below read the same ones (one
+    xdist group, so one worker computes them)."""
+    return _load(path).cases()
+
+
+@pytest.mark.xdist_group("solutions")
 @pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
 def test_solutions_pass_and_wrong_answers_fail(path):
-    cases = _load(path).cases()
+    cases = _cases(path)
     assert cases, f"{path.name} has no cases"
     for exercise_id, answer, context, wrong in cases:
         assert exercise_id.startswith(path.stem[2:] + "."), (path.name, exercise_id)
@@ -38,8 +47,9 @@ def test_solutions_pass_and_wrong_answers_fail(path):
         assert isinstance(hint, str) and hint, f"{exercise_id}: a wrong answer passed"
 
 
+@pytest.mark.xdist_group("solutions")
 def test_every_checker_has_a_solution():
-    solved = {case[0] for path in MODULES for case in _load(path).cases()}
+    solved = {case[0] for path in MODULES for case in _cases(path)}
     for path in sorted((pathlib.Path(exercises.__file__).parent).glob("ch[0-9][0-9].py")):
         exercises._checker_for(f"{path.stem[2:]}.1")  # imports the chapter's checkers
     missing = sorted(set(exercises._CHECKERS) - solved)

@@ -154,15 +154,24 @@ CASES = [
 ]
 
 
+@functools.cache
+def _oracle_case(with_a_log: bool, with_segments: bool):
+    """Inputs (seed 3), segment ids or None, and their float64 expectation: computed once per
+    worker for the tests below (one xdist group), four cases for ten tests."""
+    x = _inputs(3, a_log=with_a_log)
+    ids = _segments() if with_segments else None
+    return x, ids, _expected(x, ids)
+
+
+@pytest.mark.xdist_group("grouped_oracles")
 @pytest.mark.parametrize("with_a_log", [True, False], ids=["a_log", "a_log=None"])
 @pytest.mark.parametrize("implementation,kw", CASES, ids=[c[0] for c in CASES])
 def test_every_implementation_matches_the_oracle(implementation, kw, with_a_log):
-    x = _inputs(3, a_log=with_a_log)
-    ids = None if implementation == "tokamax_xla_chunked" else _segments()
+    x, ids, want = _oracle_case(with_a_log, implementation != "tokamax_xla_chunked")
     if implementation.startswith("tokamax") and ids is not None:
         kw = dict(kw, max_num_segments=2)
     got = _value_and_grads(_kda_fn(implementation, **kw), x, ids)
-    _assert_matches(got, _expected(x, ids), 2e-5, implementation)
+    _assert_matches(got, want, 2e-5, implementation)
 
 
 def test_associative_scan_chunked_matches_the_oracle():

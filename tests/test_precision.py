@@ -355,9 +355,20 @@ def _fla_paths(gate, ids):
     }
 
 
-def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
+@functools.cache
+def _fla_case_and_oracle():
+    """fla's CP case and its float64 oracle, computed once per worker for the two tests below
+    (one xdist group); numpy results, so no test can change them."""
     args, gate, ids, cot = _fla_cp_case()
-    want = _fla_oracle(args, gate, ids, cot)
+    return args, gate, ids, cot, _fla_oracle(args, gate, ids, cot)
+
+
+FLA_CASE = pytest.mark.xdist_group("fla_cp_case")
+
+
+@FLA_CASE
+def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
+    args, gate, ids, cot, want = _fla_case_and_oracle()
     bad = {}
     for path, fn in _fla_paths(gate, ids).items():
         errors = _fla_errors(fn, args, cot, want)
@@ -379,12 +390,12 @@ def earlier_low_precision_groups(monkeypatch):
     kda_lib.backends.clear_compiled_forms()
 
 
+@FLA_CASE
 @pytest.mark.usefixtures("earlier_low_precision_groups")
 def test_fla_cp_inputs_fail_with_every_group_in_bf16():
     # the case is hard: the earlier default misses fla's tolerance on it, so the test above
     # can fail
-    args, gate, ids, cot = _fla_cp_case()
-    want = _fla_oracle(args, gate, ids, cot)
+    args, gate, ids, cot, want = _fla_case_and_oracle()
     errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
     assert max(errors.values()) > FLA_RATIO, errors
 

@@ -72,6 +72,10 @@ def _notebook(name: str, title: str, with_widget: bool) -> nbformat.NotebookNode
     return nb
 
 
+# one worker builds the site once for every test that reads it
+pytestmark = pytest.mark.xdist_group("site")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     folder = tmp_path_factory.mktemp("executed")
