@@ -123,7 +123,7 @@ lock: | check-python
 	rm -rf build/lock-venv
 
 bench: $(STAMP)
-	$(VPY) -m kda_lib.bench
+	$(VPY) -m kda_lib.lab.bench
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache .hypothesis

@@ -1,21 +1,25 @@
-"""kda_lib: Kimi Delta Attention in JAX."""
+"""kda_lib: Kimi Delta Attention in JAX.
+
+The tree shows the architecture (docs/DESIGN.md): ``ops`` < ``parallel`` < ``layers`` <
+``models`` are the library; ``lab`` (experiments) and ``teaching`` (notebook helpers) sit on top.
+"""
 
 import importlib
 
-from kda_lib.chunked import kda_chunked
-from kda_lib.emulation import emulate_tpu
-from kda_lib.gating import init_a_log, init_dt_bias, kda_gate
-from kda_lib.kernel import kda
-from kda_lib.layer import KDAConfig, KimiDeltaAttention
-from kda_lib.reference import kda_recurrent, kda_step
+from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.ops.api import kda
+from kda_lib.ops.chunked import kda_chunked
+from kda_lib.ops.gating import init_a_log, init_dt_bias, kda_gate
+from kda_lib.ops.reference import kda_recurrent, kda_step
+from kda_lib.ops.tokamax.emulation import emulate_tpu
 
 __all__ = [
     "KDAConfig",
     "KimiDeltaAttention",
     "emulate_tpu",
     "init_a_log",
-    "kda",
     "init_dt_bias",
+    "kda",
     "kda_chunked",
     "kda_gate",
     "kda_recurrent",
@@ -24,8 +28,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # `import kda_lib` then `kda_lib.notebook.setup()`: the notebook helpers load on first use
-    # (they are not imported eagerly: the core stays free of plotting packages)
-    if name == "notebook":
-        return importlib.import_module("kda_lib.notebook")
+    # `import kda_lib` then `kda_lib.teaching.notebook.setup()`: the teaching and lab folders
+    # load on first use (the core stays free of plotting packages and optax)
+    if name in ("teaching", "lab"):
+        return importlib.import_module(f"kda_lib.{name}")
     raise AttributeError(f"module 'kda_lib' has no attribute {name!r}")

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.gating import kda_gate
+from kda_lib.ops.gating import kda_gate
 
 GATES = ("softplus", "safe", "raw")
 SAFE_LOWER_BOUND = -5.0

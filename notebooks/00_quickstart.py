@@ -61,20 +61,19 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-import kda_lib.exercises
-import kda_lib.notebook
-from kda_lib import viz
-from kda_lib.norms import l2_normalize
+import kda_lib.teaching.notebook
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.teaching import exercises, viz
 from kda_lib.testing import assert_close
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -128,7 +127,7 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
 # Each function is wrapped in `jax.jit` once (the flags that change the computation are static).
 # The `kda` row below names the implementation `auto` picks for these inputs
-# (`kda_lib.kernel.select_implementation`).
+# (`kda_lib.ops.api.select_implementation`).
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -140,7 +139,7 @@ o_chk, state_chk = chunked(q, k, v, g, beta, output_final_state=True, chunk_size
 o_kda, state_kda = kda(
     q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias, output_final_state=True, chunk_size=chunk_size
 )
-picked = kda_lib.kernel.select_implementation(
+picked = kda_lib.ops.api.select_implementation(
     seq_len=seq_len, key_dim=key_dim, dtype=q.dtype, lower_bound=None, fused_gate=True
 )
 
@@ -242,11 +241,11 @@ viz.show(fig, "00_quickstart_precision")
 
 # %%
 answer = None  # exercise 1: the outputs of kda_chunked with chunk_size=16
-kda_lib.exercises.check("00.1", answer, q=q, k=k, v=v, g=g, beta=beta)
+exercises.check("00.1", answer, q=q, k=k, v=v, g=g, beta=beta)
 
 # %%
 answer = None  # exercise 2: the second half's outputs, run from the first half's state
-kda_lib.exercises.check("00.2", answer, q=q, k=k, v=v, g=g, beta=beta)
+exercises.check("00.2", answer, q=q, k=k, v=v, g=g, beta=beta)
 
 # %% [markdown]
 # ## References

@@ -66,20 +66,19 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-import kda_lib.exercises
-import kda_lib.notebook
-from kda_lib import viz
+import kda_lib.teaching.notebook
+from kda_lib.teaching import exercises, viz
 from kda_lib.testing import assert_close
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -624,20 +623,20 @@ display(Markdown(
 
 # %%
 answer = None  # exercise 1: the fraction of v returned (a number)
-kda_lib.exercises.check("01.1", answer, beta=0.5, writes=3)
+exercises.check("01.1", answer, beta=0.5, writes=3)
 
 # %%
 ortho_keys_ex, values_ex = ortho.T, random_pairs(key_ortho, key_dim)[1]  # [K, K], [K, V]
 answer = None  # exercise 2: the memory S [K, V] after one pass
-kda_lib.exercises.check("01.2", answer, keys=ortho_keys_ex, values=values_ex)
+exercises.check("01.2", answer, keys=ortho_keys_ex, values=values_ex)
 
 # %%
 answer = None  # exercise 3: a function eigenvalues(beta, k) -> the K eigenvalues
-kda_lib.exercises.check("01.3", answer, key_dim=key_dim)
+exercises.check("01.3", answer, key_dim=key_dim)
 
 # %%
 answer = None  # exercise 4: a function gdn_step(S, k, v, alpha, beta) -> the next state [K, V]
-kda_lib.exercises.check("01.4", answer, key_dim=key_dim, value_dim=value_dim)
+exercises.check("01.4", answer, key_dim=key_dim, value_dim=value_dim)
 
 # %% [markdown]
 # ## References

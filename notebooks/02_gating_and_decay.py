@@ -69,21 +69,20 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-import kda_lib.exercises
-import kda_lib.notebook
-from kda_lib import explain, viz
-from kda_lib.norms import l2_normalize
+import kda_lib.teaching.notebook
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.teaching import exercises, explain, viz
 from kda_lib.testing import assert_close
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -282,7 +281,7 @@ viz.show(fig, "02_cumulative_decay")
 # $\mathbb E \lVert S_t \rVert_F^2 = \sum_{s \le t} \lVert \mathbf k_s\rVert^2 \lVert\mathbf v_s
 # \rVert^2 = t\, d_v$ and $\lVert S_t\rVert_F$ grows like $\sqrt{t\, d_v}$. The delta rule writes
 # only the recall error, so the state stops growing once it is "full", and decay shrinks it
-# further. `kda_lib.explain.state_norms` runs `kda_step` in a `lax.scan` and records
+# further. `kda_lib.teaching.explain.state_norms` runs `kda_step` in a `lax.scan` and records
 # $\lVert S_t\rVert_F$ after each token, here with random unit keys, unit-variance values and
 # $\beta$ = `beta_value`.
 #
@@ -384,7 +383,8 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, and
 # every value channel goes through the same map, so $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$
 # for one lower-triangular $\Omega \in \mathbb R^{T \times T}$: $\Omega_{ts}$ is how much
-# $\mathbf v_s$ contributes to $\mathbf o_t$. `kda_lib.explain.kda_mixing_matrix` reads it off by
+# $\mathbf v_s$ contributes to $\mathbf o_t$. `kda_lib.teaching.explain.kda_mixing_matrix` reads it
+# off by
 # feeding one-hot values; we check it against `jax.jacobian`. To make both matrices readable the
 # tokens come from a small vocabulary ($\mathbf q_t = \mathbf k_t$ = the token's unit
 # embedding), and we pass `scale=1` so the entries read as recall weights.
@@ -627,15 +627,15 @@ else:  # the sliders draw the default view first, then redraw when one moves
 
 # %%
 answer = None  # exercise 1: the half-life in tokens
-kda_lib.exercises.check("02.1", answer, g=-0.01)
+exercises.check("02.1", answer, g=-0.01)
 
 # %%
 answer = None  # exercise 2: the largest fraction one token erases
-kda_lib.exercises.check("02.2", answer, lower_bound=-1.0)
+exercises.check("02.2", answer, lower_bound=-1.0)
 
 # %%
 answer = None  # exercise 3: the [mix_len, mix_len] mixing matrix with beta = 1
-kda_lib.exercises.check("02.3", answer, q=q_mix, k=k_mix, g=g_mix)
+exercises.check("02.3", answer, q=q_mix, k=k_mix, g=g_mix)
 
 # %% [markdown]
 # ## References

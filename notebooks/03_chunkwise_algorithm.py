@@ -72,23 +72,24 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-import kda_lib.notebook
-from kda_lib import costs, viz
-from kda_lib.chunked import chain_states, chunk_affine_maps, compose_affine, unit_lower_inverse
-from kda_lib.exercises import check
-from kda_lib.measure import median_ms
-from kda_lib.records import load_benchmark_runs, load_recorded
+import kda_lib.teaching.notebook
+from kda_lib.lab.measure import median_ms
+from kda_lib.lab.records import load_benchmark_runs, load_recorded
+from kda_lib.ops import costs
+from kda_lib.ops.chunked import chain_states, chunk_affine_maps, compose_affine, unit_lower_inverse
+from kda_lib.teaching import viz
+from kda_lib.teaching.exercises import check
 from kda_lib.testing import assert_close, random_kda_inputs
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -108,7 +109,7 @@ S_in = np.asarray(jax.random.normal(key_state, (1, num_heads, key_dim, value_dim
 
 
 def to_chunks(a):
-    """[1, T, H, ...] -> [1, H, N, C, ...], the layout of kda_lib.chunked.chunk_affine_maps."""
+    """[1, T, H, ...] -> [1, H, N, C, ...], the layout of kda_lib.ops.chunked.chunk_affine_maps."""
     a = a.reshape(1, num_chunks, chunk_size, num_heads, *a.shape[3:])
     return np.moveaxis(a, 3, 1)
 
@@ -128,7 +129,8 @@ def to_chunks(a):
 #
 # and $E_{[i]}$ is the state the chunk would produce from $S_{\text{in}} = 0$. The outputs are
 # affine in $S_{\text{in}}$ too: $O = Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$ with
-# $O \in \mathbb R^{C \times d_v}$. `kda_lib.chunked.chunk_affine_maps` returns all four for every
+# $O \in \mathbb R^{C \times d_v}$. `kda_lib.ops.chunked.chunk_affine_maps` returns all four for
+# every
 # chunk at once; here we check them against the product of transitions and against
 # `kda_recurrent` started from a random $S_{\text{in}}$, for the first chunk of head 0.
 
@@ -471,7 +473,7 @@ viz.show(fig, "03_triangular_system")
 # (`scan="associative"`, the default off CPU), at the price of $d_k \times d_k$ products;
 # context parallelism composes the same maps across devices (notebook 05). The cells chain the
 # chunks by a plain loop over the maps, by `chain_states` in both modes and by `kda_chunked`'s
-# sequential pass, each checked against `kda_recurrent` in float64 (`tests/test_chunked.py`
+# sequential pass, each checked against `kda_recurrent` in float64 (`tests/ops/test_chunked.py`
 # checks `kda_chunked`'s associative mode).
 
 # %%
@@ -509,7 +511,7 @@ outputs = np.moveaxis(outputs, 1, 3).reshape(o_ref.shape)
 assert_close(outputs, o_ref, name="chunked outputs, hand-chained")
 err = assert_close(o_kda, o_ref, name="kda_chunked(scan='sequential')")
 print(f"kda_chunked, the sequential pass (default on {jax.default_backend()}: "
-      f"{kda_lib.chunked.default_scan_mode()!r}) vs kda_recurrent, float64: max |diff| = "
+      f"{kda_lib.ops.chunked.default_scan_mode()!r}) vs kda_recurrent, float64: max |diff| = "
       f"{err:.1e}; chain_states in both modes == the loop over the maps")
 
 # %% [markdown]
@@ -521,7 +523,7 @@ print(f"kda_chunked, the sequential pass (default on {jax.default_backend()}: "
 # $2 \log_2 N - 1$ rounds, with $N - 1$ compositions down and $N - 1 - \log_2 N$ up:
 # $2N - 2 - \log_2 N$ in all, about twice the $N - 1$ of a loop. The cell counts them on the
 # scan itself, tracing it with a combine function that records its calls
-# (`kda_lib.costs.associative_scan_rounds`), and the figure draws the whole dataflow.
+# (`kda_lib.ops.costs.associative_scan_rounds`), and the figure draws the whole dataflow.
 
 # %%
 for n in sorted({num_chunks, 16, 64} - {1}):
@@ -539,7 +541,7 @@ viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16
 # ## 4. What each form costs, and why $C = 64$
 #
 # Counting multiply-adds as 2 flops, per head and per forward pass, matrix products only
-# (`kda_lib.costs`, term by term from `kda_lib.chunked`):
+# (`kda_lib.ops.costs`, term by term from `kda_lib.ops.chunked`):
 #
 # - **recurrent**: $\approx 7\, T d_k d_v$ flops in $T$ sequential steps (decay the state
 #   $d_k d_v$, $\mathbf k^\top S$ $2 d_k d_v$, write $2 d_k d_v$, read $2 d_k d_v$: all its work,
@@ -693,7 +695,7 @@ print("sequential pass, flops per token at K = V = 128: "
 # `lower_bound`. There the off-diagonal blocks rely on the floor too: rows before the middle
 # get factors above 1.
 #
-# `kda_lib`'s own merge (`_decayed_scores` in `kda_lib/chunked.py`) takes the boundary
+# `kda_lib`'s own merge (`_decayed_scores` in `kda_lib/ops/chunked.py`) takes the boundary
 # reference at every level, down to sub-blocks of one token (1 + 1, 2 + 2, ..., 32 + 32): every
 # product it forms is an off-diagonal block with both factors $\le 1$, and the diagonal's ratio
 # is 1, so no exponent is ever positive and no floor is needed; the price is $\log_2 C$ levels
@@ -729,8 +731,8 @@ print(f"kda_chunked, float32, gates down to {float(g_strong.min()):.1f} per toke
 # `timing_dim`, safe gate applied inside `kda(...)`: `recurrent` and `chunked` (kda_lib) and
 # `tokamax_xla_chunked` (tokamax's pure-JAX chunked form) through `kda_lib.kda`, and causal
 # softmax attention (`jax.nn.dot_product_attention`). Each point is the median of
-# `timing_repeats` calls after a warm-up call that compiles (`kda_lib.measure.median_ms`).
-# Recorded results from `data/benchmarks/` (written by `python -m kda_lib.bench`, possibly on a
+# `timing_repeats` calls after a warm-up call that compiles (`kda_lib.lab.measure.median_ms`).
+# Recorded results from `data/benchmarks/` (written by `python -m kda_lib.lab.bench`, possibly on a
 # GPU or TPU) are drawn in panels of their own, titled with their platform and sizes: they were
 # measured at other sizes and cannot be read off the live panel's axis.
 
@@ -779,7 +781,7 @@ for mode in modes:
 runs, notes = load_benchmark_runs()
 for note in notes:
     print("recorded benchmarks:", note)
-# kernel-level entries only (kda_lib.bench also times the full layer); its "softmax" is ours
+# kernel-level entries only (kda_lib.lab.bench also times the full layer); its "softmax" is ours
 RECORDED = {"recurrent": "recurrent", "chunked": "chunked", "tokamax_xla": "tokamax_xla",
             "tokamax_xla_chunked": "tokamax_xla_chunked", "tokamax_mosaic": "tokamax_mosaic",
             "softmax": "softmax attention"}
@@ -897,7 +899,7 @@ check("03.3", answer, T=4096, K=128, V=128)
 #    (`w`, `q_in`, `k_out` $[N, C, d_k]$, `u` $[N, C, d_v]$, `attn_qk` $[N, C, C]$ = $P$,
 #    `keep` $[N, d_k]$ = the diagonal of $\Gamma_C$) and the initial state $[d_k, d_v]$, returning
 #    the outputs $[T, d_v]$ and the final state, from the three equations of section 3. The
-#    checker runs it on chunks it builds with `kda_lib.chunked` and compares with the
+#    checker runs it on chunks it builds with `kda_lib.ops.chunked` and compares with the
 #    recurrence in float64.
 
 # %%

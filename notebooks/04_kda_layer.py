@@ -68,7 +68,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import importlib.metadata
 import json
@@ -82,15 +82,14 @@ import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
 
-import kda_lib.exercises
-import kda_lib.notebook
-from kda_lib import explain, viz
-from kda_lib.conv import depthwise_causal_conv
-from kda_lib.norms import l2_normalize
+import kda_lib.teaching.notebook
+from kda_lib.layers.conv import depthwise_causal_conv
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.teaching import exercises, explain, viz
 from kda_lib.testing import assert_close, relative_l2
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -306,7 +305,7 @@ assert ratio[big_label] < 1 + 1 / 8, "far below a fifth full matrix (5/4 with d_
 # L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
 # $W_k$, the convolution's taps and the input, all of which training moves, and nothing else
 # bounds $\beta \lVert\mathbf k\rVert^2$ below 2. (It is not about the input's scale: in a
-# model the layer sits after a pre-norm, `kda_lib.models`' blocks compute
+# model the layer sits after a pre-norm, `kda_lib.models.tiny_lm`' blocks compute
 # $\mathbf x + \text{mixer}(\operatorname{RMSNorm}(\mathbf x))$, so $\mathbf x$'s scale does not
 # grow with depth.) The paper gives the same reason, L2Norm "to ensure eigenvalues stability"
 # (§4). Below, head 0 of this layer runs on inputs `ablation_scale` times larger than $X$, which
@@ -503,16 +502,16 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 
 # %%
 answer = None  # exercise 1: the parameter count with full-rank gates
-kda_lib.exercises.check("04.1", answer, config=config)
+exercises.check("04.1", answer, config=config)
 
 # %%
 answer = None  # exercise 2: g [B, T, H, K] of the per_head_decay layer on x
-kda_lib.exercises.check("04.2", answer, batch=batch, seq_len=seq_len, num_heads=H, key_dim=K)
+exercises.check("04.2", answer, batch=batch, seq_len=seq_len, num_heads=H, key_dim=K)
 
 # %%
 safe = fixture("fla_layer_safe_gate.npz")
 answer = None  # exercise 3: the loaded layer's output on safe["x"]
-kda_lib.exercises.check("04.3", answer, fla_y=safe["y"])
+exercises.check("04.3", answer, fla_y=safe["y"])
 
 # %% [markdown]
 # ## References

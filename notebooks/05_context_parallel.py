@@ -90,7 +90,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 
 import jax
@@ -101,15 +101,15 @@ from flax import nnx
 from IPython.display import Markdown, display
 from jax.sharding import PartitionSpec
 
-import kda_lib.notebook
-from kda_lib import explain, viz
-from kda_lib.context_parallel import halo_exchange, kda_context_parallel, shard_as
-from kda_lib.measure import hlo_collectives
-from kda_lib.reference import kda_step
+import kda_lib.teaching.notebook
+from kda_lib.lab.measure import hlo_collectives
+from kda_lib.ops.reference import kda_step
+from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
+from kda_lib.teaching import explain, viz
 from kda_lib.testing import random_kda_inputs, relative_l2
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 # full-precision float32 matmuls (TPUs default to bfloat16 passes), so every difference below
 # is about context parallelism and not about matmul precision
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -479,7 +479,7 @@ display(Markdown(
 # %% [markdown]
 # The backward pass moves the transposes of the same collectives (the all-gathers become
 # reduce-scatters of the same sizes), so it is flat in $T$ as well;
-# `tests/test_context_parallel.py` checks that on the compiled gradient.
+# `tests/parallel/test_context_parallel.py` checks that on the compiled gradient.
 #
 # ## 7. Compute: what state passing costs each rank, against passing the state rank to rank
 #
@@ -633,7 +633,7 @@ mosaic_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim
 chunked_config = dataclasses.replace(mosaic_config, implementation="chunked")
 x_mosaic = jax.random.normal(key_mosaic, (batch, mosaic_len, hidden_size))
 # interpreted kernels compile to large CPU programs; cheaper XLA passes halve compile time
-fast_compile = None if on_tpu else kda_lib.emulation.FAST_COMPILE_OPTIONS
+fast_compile = None if on_tpu else kda_lib.ops.tokamax.emulation.FAST_COMPILE_OPTIONS
 
 
 # %%
@@ -703,7 +703,7 @@ assert np.isfinite(worst) and worst < mosaic_tolerance
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch05.py` (try first).
 #
 # 1. **A halo longer than a slice.** With $w - 1$ larger than the tokens per rank, a rank
@@ -722,17 +722,17 @@ assert np.isfinite(worst) and worst < mosaic_tolerance
 #    The checker tries $R$ = 3, 5 and 8.
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 long_halo = local_len + 2
 answer = None  # 1: what rank R - 1 receives, a list of halo_size numbers
-kda_lib.exercises.check("05.1", answer, ranks=ranks, local_len=local_len, halo_size=long_halo)
+exercises.check("05.1", answer, ranks=ranks, local_len=local_len, halo_size=long_halo)
 answer = None  # 2: a function compose(first, second) -> (M, E)
-kda_lib.exercises.check("05.2", answer)
+exercises.check("05.2", answer)
 answer = None  # 3: the first T (an int) at which gathering moves more bytes
-kda_lib.exercises.check("05.3", answer, ranks=8, key_dim=128, value_dim=128)
+exercises.check("05.3", answer, ranks=8, key_dim=128, value_dim=128)
 answer = None  # 4: a function entering_states(ms, es) -> [R, K, V]
-kda_lib.exercises.check("05.4", answer)
+exercises.check("05.4", answer)
 
 # %% [markdown]
 # ## References

@@ -33,7 +33,8 @@
 # [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
 # the bigger experiment in `notebooks/params/full/06_training_delayed_copy.yaml`. The model and
-# the loop live in `kda_lib.models` and `kda_lib.train`, the task in `kda_lib.tasks`; this
+# the loop live in `kda_lib.models.tiny_lm` and `kda_lib.lab.train`, the task in
+# `kda_lib.lab.tasks`; this
 # notebook only runs, plots and checks.
 
 # %% tags=["parameters"]
@@ -76,7 +77,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import functools
 
@@ -87,21 +88,21 @@ import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
 
-import kda_lib.notebook
-from kda_lib import viz
-from kda_lib.models import ModelConfig, TinyLM, count_params
-from kda_lib.tasks import chance_loss, delayed_copy
-from kda_lib.train import evaluate, train
+import kda_lib.teaching.notebook
+from kda_lib.lab.tasks import chance_loss, delayed_copy
+from kda_lib.lab.train import evaluate, train
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
+from kda_lib.teaching import viz
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
 key = jax.random.key(seed)
 key_example, key_seeds, key_probe = jax.random.split(key, 3)
 key_reset = jax.random.fold_in(key_probe, 1)  # held-out batch of section 4
-# nnx.Rngs (model init) and kda_lib.train (batches) take integer seeds: draw them from the key
+# nnx.Rngs (model init) and kda_lib.lab.train (batches) take integer seeds: draw them from the key
 init_kda, init_conv, data_seed = (int(x) for x in jax.random.randint(key_seeds, (3,), 0, 2**31 - 1))
 task = functools.partial(delayed_copy, vocab_size=vocab_size, delay=delay)
 chance = chance_loss(vocab_size)
@@ -145,9 +146,9 @@ viz.show(fig, "06_task")
 # ## 2. Two models, one difference
 #
 # Both models are `embed -> 2 x (RMSNorm, mixer, RMSNorm, MLP) -> head`
-# (`kda_lib.models.TinyLM`). The KDA mixer runs short causal convolutions on $\mathbf q,
+# (`kda_lib.models.tiny_lm.TinyLM`). The KDA mixer runs short causal convolutions on $\mathbf q,
 # \mathbf k, \mathbf v$ and then the delta-rule recurrence (notebook 04). The conv-only mixer
-# (`kda_lib.models.ConvMixer`) keeps the value path, its conv and the output gate, and drops
+# (`kda_lib.models.tiny_lm.ConvMixer`) keeps the value path, its conv and the output gate, and drops
 # the recurrence. A conv of width $w$ reaches $w - 1$ tokens back, so stacking $N$ layers
 # reaches $N (w - 1)$ tokens (`conv_reach`): with $\ell$ beyond that, the conv-only model's
 # prediction at $t$ cannot depend on the token at $t - \ell$. We check this with gradients: the
@@ -192,7 +193,7 @@ print(f"conv only: output at t={last} depends on positions {last - config.conv_r
 # %% [markdown]
 # ## 3. Training both
 #
-# `kda_lib.train.train` runs AdamW (warmup, cosine decay, clipping; no weight decay on norms,
+# `kda_lib.lab.train.train` runs AdamW (warmup, cosine decay, clipping; no weight decay on norms,
 # biases, embeddings, `A_log` and `dt_bias`) with a jitted step that draws each batch inside
 # the step, and returns the mean masked loss and accuracy of every `log_every` steps.
 # `evaluate` then scores held-out batches (a random stream training never draws from).
@@ -371,12 +372,12 @@ assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still han
 #   decodes with exactly this state.
 #
 # Try: `delay` larger than `seq_len / 2`, a bigger `vocab_size`, a safe gate via
-# `kda_lib.models.ModelConfig(lower_bound=...)`, or the `full` parameter set.
+# `kda_lib.models.tiny_lm.ModelConfig(lower_bound=...)`, or the `full` parameter set.
 #
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch06.py` (try first).
 #
 # 1. **Chance level.** Compute, with `jnp`, the cross-entropy in nats of a model that
@@ -390,15 +391,15 @@ assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still han
 #    check your prediction with `accuracy_after(p_late, True, True)`.
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 answer = None  # 1: the uniform prediction's cross-entropy (nats), a float
-kda_lib.exercises.check("06.1", answer, vocab_size=vocab_size)
+exercises.check("06.1", answer, vocab_size=vocab_size)
 answer = None  # 2: the positions (a list of ints) the conv-only model's last prediction sees
-kda_lib.exercises.check("06.2", answer, last=last, conv_reach=config.conv_reach)
+exercises.check("06.2", answer, last=last, conv_reach=config.conv_reach)
 p_late = seq_len - delay // 2
 answer = None  # 3: the positions t >= p_late (a list of ints) with no path to their token
-kda_lib.exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,
+exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,
                         conv_size=conv_size)
 
 # %% [markdown]

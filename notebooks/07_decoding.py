@@ -77,7 +77,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import time
 
@@ -88,17 +88,17 @@ import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
 
-import kda_lib.notebook
-from kda_lib import viz
-from kda_lib.attention import AttentionConfig, CausalSelfAttention
-from kda_lib.kernel import select_implementation
-from kda_lib.measure import median_ms
-from kda_lib.records import load_recorded
-from kda_lib.reference import kda_step
+import kda_lib.teaching.notebook
+from kda_lib.lab.measure import median_ms
+from kda_lib.lab.records import load_recorded
+from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+from kda_lib.ops.api import select_implementation
+from kda_lib.ops.reference import kda_step
+from kda_lib.teaching import viz
 from kda_lib.testing import assert_close, relative_l2
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -124,7 +124,7 @@ def run(layer, x, cache):
 #
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
-# call (`kda_lib.kernel.select_implementation`): the token-by-token recurrence for a single
+# call (`kda_lib.ops.api.select_implementation`): the token-by-token recurrence for a single
 # token, where one scan step beats a padded chunk, and for a prompt the chunked form (matrix
 # products over chunks of $C$ = `chunk_size` tokens; on a TPU v6+ `auto` may pick tokamax's
 # Mosaic kernel for the prompt instead). The cell below prints what it picks here. Section 2
@@ -138,7 +138,7 @@ def run(layer, x, cache):
 # $$
 #
 # Why not the scan for a whole prompt too? It is not the faster forward on a CPU in this
-# project's recorded CPU benchmark (`recorded_benchmark`, made by `python -m kda_lib.bench`):
+# project's recorded CPU benchmark (`recorded_benchmark`, made by `python -m kda_lib.lab.bench`):
 # there the chunked forward took less time than the scan's at T = 256 and about the same at
 # T = 1024 (ratios printed below).
 
@@ -305,9 +305,10 @@ viz.show(fig, "07_memory")
 # context. A softmax attention step reads every cached key and value, $O(T H (d_k + d_v))$.
 # Below, the wall time of the jitted KDA step at each decoded position (after the warm-up call
 # that compiled it; the fastest of `timing_repeats` runs, which filters out hiccups of a shared
-# machine), and of one decode step of `kda_lib.attention.CausalSelfAttention` with the same heads
+# machine), and of one decode step of `kda_lib.layers.attention.CausalSelfAttention` with the same
+# heads
 # over KV caches of `attention_contexts` tokens (one compilation per length; median of
-# `timing_repeats` calls, `kda_lib.measure.median_ms`). Timings on a shared machine are noisy,
+# `timing_repeats` calls, `kda_lib.lab.measure.median_ms`). Timings on a shared machine are noisy,
 # so the KDA check is loose: the later steps' median stays within a small factor of the
 # earlier steps'.
 
@@ -487,7 +488,7 @@ display(Markdown(
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch07.py` (try first).
 #
 # 1. **No convolution, no history.** Build the layer with `conv_size=0` and measure its cache
@@ -502,16 +503,16 @@ display(Markdown(
 #    `state_bytes` bytes per number). The checker tries it on several caches and dtypes.
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 answer = None  # 1: the cache bytes (an int) of the conv_size=0 layer
-kda_lib.exercises.check("07.1", answer, batch=batch, num_heads=num_heads, key_dim=head_dim,
+exercises.check("07.1", answer, batch=batch, num_heads=num_heads, key_dim=head_dim,
                         value_dim=head_dim)
 answer = None  # 2: the two-piece prefill's outputs, [B, prompt_len, hidden]
-kda_lib.exercises.check("07.2", answer, full=y_full[:, :prompt_len])
+exercises.check("07.2", answer, full=y_full[:, :prompt_len])
 answer = None  # 3: a function t_star(heads, key_dim, value_dim, kv_numbers, state_bytes,
 #                  cache_bytes) -> int
-kda_lib.exercises.check("07.3", answer)
+exercises.check("07.3", answer)
 
 # %% [markdown]
 # ## References

@@ -41,10 +41,10 @@
 # reads the sweep recorded in `data/results/synthetic_recall_sweep.json`, made and resumed by
 # `scripts/synthetic_sweep.py` (command, wall time and state in `data/results/README.md`).
 # One run at a time comes from the command line:
-# `python -m kda_lib.train_cli mqar --mixer kda --seq-len 64 ...`.
+# `python -m kda_lib.lab.train_cli mqar --mixer kda --seq-len 64 ...`.
 
 # %% tags=["parameters"]
-tasks: list[str] = ["mqar"]  # names in kda_lib.tasks.TASKS (the full run: all three)
+tasks: list[str] = ["mqar"]  # names in kda_lib.lab.tasks.TASKS (the full run: all three)
 mixers: list[str] = ["kda", "attention", "attention_conv", "conv"]  # full run: + gdn, - conv
 seq_lens: list[int] = [32]  # sequence lengths T (tokens) of the sweep (full run: 64, 128)
 vocab_size: int = 32  # tokens, the same for every task so runs share compiled steps
@@ -89,7 +89,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 from collections import Counter
 
 import jax
@@ -97,23 +97,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 
-import kda_lib.notebook
-from kda_lib import viz
-from kda_lib.models import ModelConfig, TinyLM, count_params
-from kda_lib.records import load_recorded
-from kda_lib.reference import kda_recurrent
-from kda_lib.significance import DEFAULT_MIN_GAP, ordering
-from kda_lib.tasks import chance_accuracy
-from kda_lib.train import make_task, run_sweep, save_record, summary_line
+import kda_lib.teaching.notebook
+from kda_lib.lab.records import load_recorded
+from kda_lib.lab.significance import DEFAULT_MIN_GAP, ordering
+from kda_lib.lab.tasks import chance_accuracy
+from kda_lib.lab.train import make_task, run_sweep, save_record, summary_line
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
+from kda_lib.ops.reference import kda_recurrent
+from kda_lib.teaching import viz
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
 key = jax.random.key(seed)
 key_seed, key_examples = jax.random.split(key)
-# model init and batches take integer seeds (kda_lib.train.run_experiment): draw them from key
+# model init and batches take integer seeds (kda_lib.lab.train.run_experiment): draw them from key
 seeds = [int(s) for s in jax.random.randint(key_seed, (num_seeds,), 0, 2**31 - 1)]
 all_options = {
     "mqar": dict(vocab_size=vocab_size, num_pairs=num_pairs),
@@ -131,7 +131,7 @@ print(f"{len(tasks)} task(s) x {len(seq_lens)} length(s) x {len(mixers)} mixers 
 # %% [markdown]
 # ## 1. The tasks
 #
-# Each generator in `kda_lib.tasks` returns inputs, targets and a mask of the positions that
+# Each generator in `kda_lib.lab.tasks` returns inputs, targets and a mask of the positions that
 # are scored; only those enter the loss and the accuracy.
 #
 # - **MQAR** (multi-query associative recall, from the Zoology paper): the sequence opens with
@@ -179,7 +179,7 @@ print(f"MQAR example: {num_pairs} pairs {pairs}, queried at positions "
 # ## 2. The mixers
 #
 # Every model is `embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`
-# (`kda_lib.models.TinyLM`); only the mixer changes.
+# (`kda_lib.models.tiny_lm.TinyLM`); only the mixer changes.
 #
 # - **kda**: `KimiDeltaAttention`: short causal convs on $\mathbf q, \mathbf k, \mathbf v$,
 #   then the delta rule with a forget gate per key channel,
@@ -206,7 +206,7 @@ print(f"the conv-only model sees {conv_reach} tokens back")
 # %% [markdown]
 # ## 3. The sweep: a learning-rate grid per mixer, then seeds
 #
-# `kda_lib.train.run_sweep` trains one fresh model per task, length and mixer (AdamW, warmup
+# `kda_lib.lab.train.run_sweep` trains one fresh model per task, length and mixer (AdamW, warmup
 # then cosine decay) and scores it on held-out batches that training never draws. Following
 # the Zoology protocol, every mixer gets its own best learning rate: each rate of the grid is
 # tried on `tune_task` at `tune_seq_len` (first seed), the rate with the best held-out accuracy
@@ -511,7 +511,7 @@ viz.show(fig, "08_recorded_length_and_steps")
 #
 # ## 8. The paper's claims, one significance rule
 #
-# **The rule** (`kda_lib.significance.ordering`, the same for notebook 09): two mixers are
+# **The rule** (`kda_lib.lab.significance.ordering`, the same for notebook 09): two mixers are
 # ordered only when the gap between their means over seeds exceeds both a floor and two
 # standard errors of the gap, $|\bar a - \bar b| > \max\!\big(m,\; 2\sqrt{s_a^2/n_a +
 # s_b^2/n_b}\big)$; otherwise they are *level*. For accuracy the floor is $m$ = 0.01; for
@@ -778,8 +778,8 @@ viz.show(fig, "08_two_time_scales")
 # %% [markdown]
 # ## Summary
 #
-# - Five mixers behind one model and one training loop (`kda_lib.train`), three recall tasks
-#   (`kda_lib.tasks`), every setting run with several seeds (three in the recorded sweep, at
+# - Five mixers behind one model and one training loop (`kda_lib.lab.train`), three recall tasks
+#   (`kda_lib.lab.tasks`), every setting run with several seeds (three in the recorded sweep, at
 #   the best of a learning-rate grid per task and mixer); the command line runs the same
 #   experiments one at a time.
 # - At CI size, one-layer KDA solves MQAR on every seed; the conv-only ablation stays near
@@ -791,7 +791,7 @@ viz.show(fig, "08_two_time_scales")
 # - The recorded sweep (two layers, a rate tuned per task and mixer with the best inside its
 #   grid, three seeds, trained until solved or a stated budget) gives each of the paper's two
 #   claims a verdict per task, printed in section 8 from the complete cells only, with every
-#   ordering decided by one rule (`kda_lib.significance.ordering`); cells a cut-short sweep
+#   ordering decided by one rule (`kda_lib.lab.significance.ordering`); cells a cut-short sweep
 #   left unfinished are listed and drawn hollow, never compared.
 # - A decay per channel can do what one forget value per head cannot: a single head with two
 #   channels holds two time scales at once (section 9, exact to float64 rounding), while a
@@ -801,7 +801,7 @@ viz.show(fig, "08_two_time_scales")
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch08.py` (try first).
 #
 # 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
@@ -823,17 +823,17 @@ viz.show(fig, "08_two_time_scales")
 #    $u_i^2 = \beta \alpha_i k_i^2$, whose eigenvalues interlace the $\alpha_i$.
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 answer = None  # 1: the chance accuracy of MQAR, a float
-kda_lib.exercises.check("08.1", answer, vocab_size=vocab_size)
+exercises.check("08.1", answer, vocab_size=vocab_size)
 answer = None  # 2: a list of (task, T) pairs
-kda_lib.exercises.check("08.2", answer, accuracy={cell: acc[cell].tolist() for cell in complete})
+exercises.check("08.2", answer, accuracy={cell: acc[cell].tolist() for cell in complete})
 answer = None  # 3: the number of queries within conv_reach of their value, an int
-kda_lib.exercises.check("08.3", answer, inputs=inputs, mask=mask, num_pairs=num_pairs,
+exercises.check("08.3", answer, inputs=inputs, mask=mask, num_pairs=num_pairs,
                         conv_reach=conv_reach)
 answer = None  # 4: dict(alphas=[3 floats], beta=float, k=[3 floats], q=[3 floats])
-kda_lib.exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=two_scale_len)
+exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=two_scale_len)
 
 # %% [markdown]
 # ## References

@@ -20,7 +20,8 @@
 # attention layer, and its global layers are multi-head latent attention (MLA) with no
 # positional encoding (NoPE): the KDA layers already carry position, and MLA caches one
 # compressed latent per token instead of every head's keys and values. We build that decoder
-# from `kda_lib.models` (one mixer per layer, each decoding from a cache of its own kind) and
+# from `kda_lib.models.tiny_lm` (one mixer per layer, each decoding from a cache of its own kind)
+# and
 # train it, the same hybrid with multi-head attention (MHA) in place of MLA, and three
 # baselines, all of the same parameter count (softmax attention, KDA, Gated DeltaNet), as
 # byte-level language models on the Python standard library's own source files. We measure
@@ -83,7 +84,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
 import datetime
 import math
@@ -96,17 +97,17 @@ import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
 
-import kda_lib.notebook
-from kda_lib import viz
-from kda_lib.corpus import load_stdlib_corpus, text_task, validation_windows
-from kda_lib.generate import decode_cost, generate, generate_text, score_text
-from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parameter_count
-from kda_lib.records import load_recorded
-from kda_lib.significance import DEFAULT_MIN_GAP, ordering, threshold
-from kda_lib.train import save_record, train
+import kda_lib.teaching.notebook
+from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
+from kda_lib.lab.generate import decode_cost, generate, generate_text, score_text
+from kda_lib.lab.records import load_recorded
+from kda_lib.lab.significance import DEFAULT_MIN_GAP, ordering, threshold
+from kda_lib.lab.train import save_record, train
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
+from kda_lib.teaching import viz
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %%
 # Derived values
@@ -128,7 +129,7 @@ LN2 = math.log(2)
 # Every model is `embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`; block $i$
 # uses the mixer `ModelConfig.layer_mixers[i]`. `ModelConfig(layers=("kda", "kda", "kda",
 # "mla"))` is Kimi Linear's pattern, tiled over `num_layers`. Its global layers are MLA
-# (`kda_lib.mla.MultiHeadLatentAttention`, NoPE): each token is compressed to a latent
+# (`kda_lib.layers.mla.MultiHeadLatentAttention`, NoPE): each token is compressed to a latent
 # $c_t \in \mathbb R^{r}$ ($r$ = `kv_lora_rank`), and every head's key and value are linear
 # maps of it, $k_{t,h} = W^{K}_h c_t$ and $v_{t,h} = W^{V}_h c_t$. Decoding caches $c_t$ alone,
 # $r$ numbers per token where multi-head attention caches $2 H K$, and folds $W^{K}_h$ into the
@@ -160,7 +161,7 @@ assert max(abs(n - target) for n in sizes.values()) <= 0.01 * target
 # %% [markdown]
 # ## 2. The corpus: the standard library, byte by byte
 #
-# `kda_lib.corpus.load_stdlib_corpus` reads every `.py` file under
+# `kda_lib.lab.corpus.load_stdlib_corpus` reads every `.py` file under
 # `sysconfig.get_paths()["stdlib"]` (test suites and installed packages left out) and sends each
 # file to the training or validation split by a hash of its path, so no file is split and the
 # split never changes. Tokens are bytes. We score a model by its **bits per byte** on fixed
@@ -187,7 +188,8 @@ print("one validation window:", repr(bytes(np.asarray(valid.inputs[0], np.uint8)
 # ## 3. Training the models
 #
 # Each model trains with the same AdamW schedule on the same random windows
-# (`kda_lib.train.train` with `kda_lib.corpus.text_task`: every position is scored, its target
+# (`kda_lib.lab.train.train` with `kda_lib.lab.corpus.text_task`: every position is scored, its
+# target
 # the next byte). Every `eval_every` steps a callback scores the validation windows. Training
 # speed is measured over the steps after the first window (which includes compilation), with
 # the validation time taken out.
@@ -293,7 +295,7 @@ for name, r in results.items():
 # ## 5. Samples
 #
 # Each model continues the prompt for `sample_steps` bytes at temperature 0.8
-# (`kda_lib.generate.generate_text`: prefill, then one byte at a time from the caches). First a
+# (`kda_lib.lab.generate.generate_text`: prefill, then one byte at a time from the caches). First a
 # check that decoding from the caches is the model itself: greedy generation from the hybrid
 # (its MLA layers attend over their cached latents) equals, byte for byte, taking the argmax of
 # the full forward pass over the text so far.
@@ -316,7 +318,7 @@ for name, model in models.items():
 # To decode token $t + 1$ a KDA layer needs its state $S_t \in \mathbb R^{H \times K \times V}$
 # and the last $W - 1$ inputs of its convolutions, whatever $t$ is; a multi-head attention
 # layer needs the keys and values of all $t$ tokens, $2 H K$ numbers per token; an MLA layer
-# their latents, $r$ numbers per token. `kda_lib.generate.decode_cost` fills each model's caches
+# their latents, $r$ numbers per token. `kda_lib.lab.generate.decode_cost` fills each model's caches
 # as if `context` tokens had been seen and times single decode steps (the cost of a step
 # depends on the caches' shapes and fill, not their values). In the memory panel the KDA and
 # GDN lines coincide. Below, each model's cache growth per token of context, asserted equal to
@@ -420,7 +422,7 @@ for name, r in recorded["models"].items():
 # only when the gap between their mean scores over seeds exceeds both a floor (0.01 bits per
 # byte here) and two standard errors of that gap, $2\sqrt{s_a^2/n_a + s_b^2/n_b}$ (sample
 # variances over seeds); otherwise the two are level. The rule is one library function,
-# `kda_lib.significance.ordering` (and `threshold`, the smallest gap it calls real). The
+# `kda_lib.lab.significance.ordering` (and `threshold`, the smallest gap it calls real). The
 # recorded run is seed 0; `scripts/stdlib_lm_seeds.py` reran the full setting with seeds 1 and
 # 2 (`recorded_seeds`). Below, each model's bits per byte over the three seeds (mean, sample
 # standard deviation, range) beside its recorded training throughput. The throughputs were
@@ -571,12 +573,12 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 # - `ModelConfig(layers=...)` builds a decoder whose layers mix KDA, multi-head latent
 #   attention and multi-head attention; each layer decodes from its own cache, and greedy
 #   decoding from the caches reproduces the full forward pass byte for byte (asserted above
-#   for the KDA + MLA hybrid; MLA's cached, absorbed path in `tests/test_mla.py`).
+#   for the KDA + MLA hybrid; MLA's cached, absorbed path in `tests/layers/test_mla.py`).
 # - Decode memory: the KDA model's cache is the same at every context; per token and global
 #   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted).
 # - On the standard library's bytes, every model trained here beats the byte-frequency
 #   baseline (asserted). In the recorded full setting, with three seeds and one
-#   rule for every ordering (`kda_lib.significance`, section 7), the orderings printed there
+#   rule for every ordering (`kda_lib.lab.significance`, section 7), the orderings printed there
 #   are the only ones claimed (MLA and MHA in the hybrid: level), and the training throughput
 #   is reported beside them. At the longest recorded context the MLA hybrid's cache is a
 #   quarter of the MHA hybrid's, and it decoded more than twice as fast (asserted).
@@ -588,7 +590,7 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch09.py` (try first).
 #
 # 1. **Count the cache.** Write `hybrid_cache_bytes(context)` giving the hybrid's decode cache
@@ -602,18 +604,18 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 #    first and the last quarter of the window? (a model name)
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 answer = None  # 1: a function hybrid_cache_bytes(context) -> int
-kda_lib.exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
+exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
                                                   for r in costs["hybrid"]})
 W, H, K = base.conv_size, num_heads, head_dim
 n_kda = configs["hybrid"].layer_mixers.count("kda")
 answer = None  # 2: the MLA layers' share of the hybrid's cache at the longest context
-kda_lib.exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],
+exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],
                         kda_layers=n_kda, heads=H, key_dim=K, value_dim=K, conv_size=W)
 answer = None  # 3: the name of the model with the largest context gain
-kda_lib.exercises.check("09.3", answer, bpb_by_position={n: r["bpb_by_position"]
+exercises.check("09.3", answer, bpb_by_position={n: r["bpb_by_position"]
                                                          for n, r in results.items()})
 
 # %% [markdown]

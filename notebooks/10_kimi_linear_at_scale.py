@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 10 · Kimi Linear at scale: the published models' arithmetic, from their configs
 #
-# **Claim.** From the widths of the published models that use KDA (`kda_lib.presets`:
+# **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`:
 # Kimi-Linear-48B-A3B, Kimi K3, GLM-5.3-Flash) we can write down, in the manner of the JAX
 # scaling book, what each layer costs: parameters, flops per token, bytes per decoded token and
 # cache memory, for a KDA layer, an MLA layer (the paper's global layer) and softmax attention.
@@ -79,27 +79,29 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.notebook.setup() applies the settings every notebook shares.
+# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
-import kda_lib.notebook
-from kda_lib import presets, scale, viz
-from kda_lib.measure import median_ms
-from kda_lib.records import load_recorded
+import kda_lib.teaching.notebook
+from kda_lib.lab import at_scale
+from kda_lib.lab.measure import median_ms
+from kda_lib.lab.records import load_recorded
+from kda_lib.models import presets
+from kda_lib.teaching import viz
 
-kda_lib.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.notebook.setup()
+kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
+kda_lib.teaching.notebook.setup()
 
 # %% [markdown]
 # ## 1. The models, from their configs
 #
 # Each preset records a published model's KDA layer, its layer pattern (which layers are KDA,
 # which global attention) and, where the source gives them, its MLA widths, each number citing
-# its source (`kda_lib/presets.py`). Only Kimi-Linear-48B-A3B can be built here today; the
+# its source (`kda_lib/models/presets.py`). Only Kimi-Linear-48B-A3B can be built here today; the
 # other two need options another change adds (grouped value heads are not among them: all three
 # have $H_v = H$). The formulas below read the numbers, never a built layer, so they cost all
 # three; Kimi Linear's layers are built as shapes only (`jax.eval_shape`, no memory) to check
@@ -126,12 +128,12 @@ for kind, layer in built.items():
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
 #
-# Per token and layer, counting matrix products (2 flops per multiply-add; `kda_lib.scale`):
+# Per token and layer, counting matrix products (2 flops per multiply-add; `kda_lib.lab.at_scale`):
 #
 # - **KDA**: $2 P_{mm}$ for the projections ($P_{mm}$: the weights of `q/k/v/f/b/g/o_proj`),
 #   $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked kernel,
 #   $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
-#   `kda_lib.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
+#   `kda_lib.ops.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
 #   step instead, $7 d_k d_v$ per head.
 # - **MLA** scoring each query against $T_k$ keys: $2 P_{mm} + 2 H T_k (d_{qk} + d_R + d_v)$
 #   with the latents expanded (prefill, training); decoding absorbs `kv_b_proj` into the query
@@ -148,10 +150,11 @@ for kind, layer in built.items():
 # %%
 def flops_row(p, t):
     """Per token: KDA, MLA, GQA and MHA forward flops (prefill, T_k = T/2) and KDA training."""
-    row = {"KDA": scale.kda_flops_per_token(p),
-           "MLA": scale.mla_flops_per_token(p, t / 2) if p.mla else float("nan")}
+    row = {"KDA": at_scale.kda_flops_per_token(p),
+           "MLA": at_scale.mla_flops_per_token(p, t / 2) if p.mla else float("nan")}
     for kind, g in (("GQA", gqa_kv_heads), ("MHA", None)):
-        row[kind] = scale.attention_flops_per_token(**scale.full_attention_shape(p, g), keys=t / 2)
+        shape = at_scale.full_attention_shape(p, g)
+        row[kind] = at_scale.attention_flops_per_token(**shape, keys=t / 2)
     return row
 
 
@@ -164,31 +167,32 @@ for p in presets.PRESETS.values():
 display(Markdown("Forward MFLOP per token and layer (prefill; training is 3x)\n\n| model | T | "
                  "KDA | MLA | GQA | MHA | KDA training |\n|---|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
-kda_flat = {p.name: scale.kda_flops_per_token(p) for p in presets.PRESETS.values()}
-mla_1m = scale.mla_flops_per_token(kimi, contexts[-1] / 2)
+kda_flat = {p.name: at_scale.kda_flops_per_token(p) for p in presets.PRESETS.values()}
+mla_1m = at_scale.mla_flops_per_token(kimi, contexts[-1] / 2)
 print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
       f"{mla_1m / kda_flat[kimi.name]:.1f}x the flops per token of a KDA layer")
 
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
-# We scale Kimi Linear's layers down (`kda_lib.scale.scaled_down`: width `check_hidden`,
+# We scale Kimi Linear's layers down (`kda_lib.lab.at_scale.scaled_down`: width `check_hidden`,
 # `check_heads` heads of `check_head_dim`, the same gates and structure) and build the real
 # programs: the KDA layer's chunked prefill of one chunk (XLA counts a loop's body once, so one
 # chunk makes its count exact), its recurrent decode step, the MLA layer's prefill and absorbed
-# decode step, and `kda_lib.models.CausalSelfAttention` (MHA). For each, the matrix products
-# traced in the program (`kda_lib.costs.matmul_flops`) must equal the formula's, and XLA's cost
+# decode step, and `kda_lib.models.tiny_lm.CausalSelfAttention` (MHA). For each, the matrix products
+# traced in the program (`kda_lib.ops.costs.matmul_flops`) must equal the formula's, and XLA's cost
 # analysis (all ops, elementwise included) must exceed the formula by at most a few percent. For
 # decode steps the bytes formula (every weight and the cache or state, float32 here) is the
 # least a step can move; XLA's byte count, which adds the copies a CPU program makes, must not
-# be below it. `tests/test_scale.py` repeats this on the compiled programs and checks training
+# be below it. `tests/lab/test_at_scale.py` repeats this on the compiled programs and checks
+# training
 # (3x forward within 5%) on the compiled gradients.
 
 # %%
-small = scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
+small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
                           rank=check_head_dim, kv_lora_rank=check_latent,
                           shared_key_dim=check_shared_key)
-checks = scale.program_costs(small, check_seq_len, check_context, compile=check_compile)
+checks = at_scale.program_costs(small, check_seq_len, check_context, compile=check_compile)
 xla_band = 1.1  # XLA's count may add up to 10% of elementwise work at these sizes
 print(f"{'program':16s} {'traced / formula':>17s} {'XLA / formula':>14s} "
       f"{'bytes XLA / formula':>20s}")
@@ -213,10 +217,10 @@ for name, row in checks.items():
 # %%
 def cache_row(p, t):
     """Bytes per sequence and layer: KDA cache, then MLA / GQA / MHA caches at T tokens."""
-    mla = t * scale.mla_cache_numbers(p) * scale.BF16 if p.mla else float("nan")
-    gqa = t * scale.attention_cache_numbers(gqa_kv_heads, p.head_dim) * scale.BF16
-    mha = t * scale.attention_cache_numbers(p.num_heads, p.head_dim) * scale.BF16
-    return [scale.kda_state_bytes(p), mla, gqa, mha]
+    mla = t * at_scale.mla_cache_numbers(p) * at_scale.BF16 if p.mla else float("nan")
+    gqa = t * at_scale.attention_cache_numbers(gqa_kv_heads, p.head_dim) * at_scale.BF16
+    mha = t * at_scale.attention_cache_numbers(p.num_heads, p.head_dim) * at_scale.BF16
+    return [at_scale.kda_state_bytes(p), mla, gqa, mha]
 
 
 lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{b / 2**20:,.1f}" for b in cache_row(p, t)) + " |"
@@ -226,22 +230,22 @@ display(Markdown("MiB per sequence and layer (KDA: float32 state + bf16 conv his
                  + "\n".join(lines)))
 kimi_rows = {t: cache_row(kimi, t) for t in contexts}
 assert len({r[0] for r in kimi_rows.values()}) == 1, "the KDA cache does not grow"
-first_mla = int(np.ceil(kimi_rows[contexts[0]][0] / (scale.mla_cache_numbers(kimi) * 2)))
+first_mla = int(np.ceil(kimi_rows[contexts[0]][0] / (at_scale.mla_cache_numbers(kimi) * 2)))
 print(f"{kimi.name}: one MLA layer's latents pass one KDA layer's cache at T = {first_mla:,}; "
       f"at T = {contexts[-1]:,} they are "
       f"{kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * contexts[-1], 80)
-per_token = {"MLA": scale.mla_cache_numbers(kimi), f"GQA, G = {gqa_kv_heads}":
-             scale.attention_cache_numbers(gqa_kv_heads, kimi.head_dim),
-             "MHA": scale.attention_cache_numbers(kimi.num_heads, kimi.head_dim)}
+per_token = {"MLA": at_scale.mla_cache_numbers(kimi), f"GQA, G = {gqa_kv_heads}":
+             at_scale.attention_cache_numbers(gqa_kv_heads, kimi.head_dim),
+             "MHA": at_scale.attention_cache_numbers(kimi.num_heads, kimi.head_dim)}
 fig, ax = plt.subplots(figsize=(8, 3.8))
-hybrid = [scale.model_cache_bytes(kimi, t) / 2**30 for t in t_axis]
+hybrid = [at_scale.model_cache_bytes(kimi, t) / 2**30 for t in t_axis]
 ax.plot(t_axis, hybrid, color=viz.PALETTE["blue"], linewidth=2.5,
         label=f"Kimi Linear: {len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers")
 for (name, n), color in zip(per_token.items(), viz.CYCLE[1:], strict=False):
-    ax.plot(t_axis, kimi.num_layers * t_axis * n * scale.BF16 / 2**30, color=color,
+    ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, color=color,
             label=f"{kimi.num_layers} {name} layers")
 for t in contexts:
     ax.axvline(t, color="0.7", linestyle=":", linewidth=1)
@@ -262,8 +266,8 @@ viz.show(fig, "10_memory")
 
 # %%
 paper_cache_reduction = 0.75  # the paper's "up to 75%"
-reduction = {t: 1 - scale.model_cache_bytes(kimi, t)
-             / scale.model_cache_bytes(kimi, t, hybrid=False) for t in contexts}
+reduction = {t: 1 - at_scale.model_cache_bytes(kimi, t)
+             / at_scale.model_cache_bytes(kimi, t, hybrid=False) for t in contexts}
 limit = 1 - len(kimi.global_layers) / kimi.num_layers
 print("cache reduction vs all-MLA: " + ", ".join(f"{r:.1%} at T = {t:,}" for t, r in
                                                    reduction.items()) + f"; limit {limit:.1%}")
@@ -277,8 +281,8 @@ for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH):
 # **The decoding speed.** A decode step of one model reads, per layer, its weights once for the
 # whole batch and each sequence's cache or state; the time of each layer is the slower of its
 # flops at the chip's peak and its bytes at the chip's HBM bandwidth (a roofline with perfect
-# overlap, `kda_lib.scale.step_time`; the published numbers of each chip are in
-# `kda_lib.scale.CHIPS`, with their vendor pages). The rest of the model (its MoE and
+# overlap, `kda_lib.lab.at_scale.step_time`; the published numbers of each chip are in
+# `kda_lib.lab.at_scale.CHIPS`, with their vendor pages). The rest of the model (its MoE and
 # embeddings) is the same in both models: we charge it as bf16 weights read once per step,
 # `batch` x the reported activated parameters, at most all of them. Spreading the model over
 # several chips divides both models' times alike, so the ratio is the same. The ratio of the
@@ -292,28 +296,29 @@ mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
 
 def other_bytes(batch):
     """MoE/MLP/embedding weights a step reads (assumption above), bf16."""
-    return (min(reported_total_params, batch * reported_active_params) - mixer_params) * scale.BF16
+    weights = min(reported_total_params, batch * reported_active_params) - mixer_params
+    return weights * at_scale.BF16
 
 
 speedup = {}
-for chip in scale.CHIPS.values():
+for chip in at_scale.CHIPS.values():
     for b in decode_batches:
-        times = [scale.model_decode_time(kimi, chip, t_long, b, hybrid=h,
+        times = [at_scale.model_decode_time(kimi, chip, t_long, b, hybrid=h,
                                          other_weight_bytes=other_bytes(b)) for h in (False, True)]
         speedup[(chip.name, b)] = times[0] / times[1]
         print(f"{chip.name:9s} batch {b:4d}: all-MLA {1e3 * times[0]:8.2f} ms, hybrid "
               f"{1e3 * times[1]:7.2f} ms per step, ratio {speedup[(chip.name, b)]:.2f}")
-bound = scale.decode_speedup_bound(kimi)
+bound = at_scale.decode_speedup_bound(kimi)
 assert max(speedup.values()) < bound < paper_tpot_speedup
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(4096, 4 * t_long, 40)
-chip = scale.CHIPS["H200"]
+chip = at_scale.CHIPS["H200"]
 fig, ax = plt.subplots(figsize=(8, 3.6))
 for b, color in zip(decode_batches, viz.CYCLE, strict=False):
-    ratio = [scale.model_decode_time(kimi, chip, t, b, hybrid=False,
+    ratio = [at_scale.model_decode_time(kimi, chip, t, b, hybrid=False,
                                      other_weight_bytes=other_bytes(b))
-             / scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes(b))
+             / at_scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes(b))
              for t in t_axis]
     ax.plot(t_axis, ratio, color=color, label=f"roofline model, batch {b}")
 ax.axhline(bound, color="0.3", linestyle="--", label=f"bound L / L_global = {bound:.2f}")
@@ -358,11 +363,12 @@ display(Markdown(
 ranks = np.array([2**i for i in range(1, int(np.log2(cp_max_ranks)) + 1)])
 traffic = {}
 for p in (kimi, presets.KIMI_K3):
-    kda_b = [scale.cp_summary_bytes(p, int(r)) + scale.cp_halo_bytes(p) for r in ranks]
-    mla_b = [scale.ring_attention_bytes(scale.mla_cache_numbers(p), cp_seq_len, r) for r in ranks]
-    mha_b = [scale.ring_attention_bytes(scale.attention_cache_numbers(p.num_heads, p.head_dim),
-                                        cp_seq_len, r) for r in ranks]
-    work = [scale.cp_compute_per_rank(p, cp_seq_len, r) for r in ranks]
+    kda_b = [at_scale.cp_summary_bytes(p, int(r)) + at_scale.cp_halo_bytes(p) for r in ranks]
+    mla_cache = at_scale.mla_cache_numbers(p)
+    mha_cache = at_scale.attention_cache_numbers(p.num_heads, p.head_dim)
+    mla_b = [at_scale.ring_attention_bytes(mla_cache, cp_seq_len, r) for r in ranks]
+    mha_b = [at_scale.ring_attention_bytes(mha_cache, cp_seq_len, r) for r in ranks]
+    work = [at_scale.cp_compute_per_rank(p, cp_seq_len, r) for r in ranks]
     traffic[p.name] = dict(kda=np.array(kda_b), mla=np.array(mla_b), mha=np.array(mha_b),
                            summary=np.array([w["summary"] / w["layer"] for w in work]),
                            fold=np.array([w["fold"] / w["layer"] for w in work]))
@@ -374,7 +380,7 @@ for p in (kimi, presets.KIMI_K3):
           f"{tr['mha'][2] / 2**20:,.0f} MiB; summary pass +{tr['summary'][0]:.1%} of the layer's "
           f"flops at every R; the fold passes it from R = {fold_wins}")
     # the summaries grow with R, ring attention's share with T: equal near R* (halo left out)
-    tr["r_star"] = r_star = scale.cp_ring_crossover(p, cp_seq_len)
+    tr["r_star"] = r_star = at_scale.cp_ring_crossover(p, cp_seq_len)
     print(f"  summaries pass ring attention over MLA latents at R* = {r_star:.0f} ranks")
     assert (tr["mla"][ranks < r_star / 1.1] > tr["kda"][ranks < r_star / 1.1]).all()
     assert (tr["mla"][ranks > r_star * 1.1] < tr["kda"][ranks > r_star * 1.1]).all()
@@ -418,7 +424,8 @@ display(Markdown(
 # A step of $F$ flops moving $Q$ bytes has arithmetic intensity $I = F / Q$; a chip with peak
 # $\pi$ and bandwidth $\beta$ runs it at $\min(\pi, I \beta)$, compute-bound above the ridge
 # $\pi / \beta$. We place Kimi Linear's layers at three operating points
-# (`kda_lib.scale.operating_point`, bf16 weights and caches): a prefill of `contexts[0]` tokens,
+# (`kda_lib.lab.at_scale.operating_point`, bf16 weights and caches): a prefill of `contexts[0]`
+# tokens,
 # and decode steps at `contexts[1]` tokens of context for one sequence and for the largest of
 # `decode_batches`. This machine's CPU is measured: a `matmul_size`-square float32 matrix
 # product for its peak and a sum over `bandwidth_mib` MiB for its bandwidth (medians of
@@ -431,7 +438,7 @@ mm_ms, _ = median_ms(jax.jit(jnp.matmul), a, a.T, repeats=timing_repeats)
 stream = jax.random.normal(key_b, (bandwidth_mib * 2**18,))  # float32: 2^18 numbers per MiB
 sum_ms, _ = median_ms(jax.jit(jnp.sum), stream, repeats=timing_repeats)
 recorded = load_recorded("benchmarks", recorded_benchmark)
-cpu = scale.Chip("this CPU (measured)", stream.nbytes / (sum_ms / 1e3),
+cpu = at_scale.Chip("this CPU (measured)", stream.nbytes / (sum_ms / 1e3),
                  2 * matmul_size**3 / (mm_ms / 1e3), 0.0, 0.0, "measured in this notebook")
 print(f"{jax.devices()[0].device_kind}: matmul {cpu.peak_flops / 1e9:.1f} GFLOP/s (recorded "
       f"{recorded['date']}: {recorded['matmul_gflops']:.1f}), stream {cpu.hbm_bandwidth / 1e9:.1f} "
@@ -439,21 +446,21 @@ print(f"{jax.devices()[0].device_kind}: matmul {cpu.peak_flops / 1e9:.1f} GFLOP/
 
 # %%
 points = {}
-for kind in scale.MIXERS:
-    points[(kind, "prefill")] = scale.operating_point(kimi, kind, "prefill", contexts[0],
+for kind in at_scale.MIXERS:
+    points[(kind, "prefill")] = at_scale.operating_point(kimi, kind, "prefill", contexts[0],
                                                       kv_heads=gqa_kv_heads)
     for b in (1, max(decode_batches)):
-        points[(kind, f"decode B={b}")] = scale.operating_point(
+        points[(kind, f"decode B={b}")] = at_scale.operating_point(
             kimi, kind, "decode", contexts[1], b, kv_heads=gqa_kv_heads)
 intensity = {k: f / q for k, (f, q) in points.items()}
-chips = [*scale.CHIPS.values(), cpu]
+chips = [*at_scale.CHIPS.values(), cpu]
 print(f"{'layer, step':22s} {'flop/byte':>9s} " + " ".join(f"{c.name[:11]:>11s}" for c in chips))
 for k, i in intensity.items():
     print(f"{k[0] + ', ' + k[1]:22s} {i:9.1f} "
           + " ".join(f"{'compute' if i > c.ridge else 'memory':>11s}" for c in chips))
 assert intensity[("KDA", "decode B=1")] < min(c.ridge for c in chips), "KDA decode: memory"
-assert all(intensity[(k, "prefill")] > max(c.ridge for c in scale.CHIPS.values())
-           for k in scale.MIXERS), "a prefill of this length is compute-bound on every chip"
+assert all(intensity[(k, "prefill")] > max(c.ridge for c in at_scale.CHIPS.values())
+           for k in at_scale.MIXERS), "a prefill of this length is compute-bound on every chip"
 
 # %% tags=["hide-input"]
 i_axis = np.geomspace(0.1, 1e5, 200)
@@ -462,7 +469,7 @@ for c, color in zip(chips, viz.CYCLE, strict=False):
     ax.plot(i_axis, np.minimum(c.peak_flops, i_axis * c.hbm_bandwidth) / 1e12, color=color,
             label=f"{c.name}: ridge {c.ridge:.0f} flop/byte")
 markers = {"prefill": "o", "decode B=1": "v", f"decode B={max(decode_batches)}": "s"}
-kind_colors = dict(zip(scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
+kind_colors = dict(zip(at_scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
 for (kind, step), i in intensity.items():  # drawn on the H200's roofline
     ax.plot(i, min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12, markers[step],
             color=kind_colors[kind], markeredgecolor="k", markersize=8)
@@ -491,9 +498,9 @@ display(Markdown(
 # ## Summary
 #
 # - Parameters, flops per token and bytes per decoded token of the KDA, MLA and softmax
-#   attention layers are formulas of the configs (`kda_lib.scale`); at a small size each
+#   attention layers are formulas of the configs (`kda_lib.lab.at_scale`); at a small size each
 #   equals the real program's traced matrix products exactly, and XLA's count within a few
-#   percent (section 3; training, 3x forward, in `tests/test_scale.py`).
+#   percent (section 3; training, 3x forward, in `tests/lab/test_at_scale.py`).
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$
 #   (sections 2 and 4).
 # - The paper's KV cache reduction follows from the layer pattern ($1 - L_{	ext{global}}/L$).
@@ -510,12 +517,13 @@ display(Markdown(
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions are in `notebooks/solutions/ch10.py` (try first).
 #
 # 1. **The cache reduction at one context.** For Kimi K3 at `contexts[0]` tokens, the fraction
 #    $1 - $ (hybrid decode memory) / (all-MLA decode memory) of one sequence, counting the KDA
-#    layers' states and conv histories (`kda_lib.scale.kda_state_bytes`). Why is it further from
+#    layers' states and conv histories (`kda_lib.lab.at_scale.kda_state_bytes`). Why is it further
+# from
 #    its limit than Kimi Linear's at 1M?
 # 2. **Ring attention against summaries.** For Kimi Linear on 8 ranks, the smallest whole $T$ at
 #    which ring attention over the MLA latents (bf16) makes each rank receive more bytes than the
@@ -525,14 +533,14 @@ display(Markdown(
 #    for its cache (read and written: float32 state, bf16 conv history).
 
 # %%
-import kda_lib.exercises
+from kda_lib.teaching import exercises
 
 answer = None  # 1: a fraction in [0, 1]
-kda_lib.exercises.check("10.1", answer, preset=presets.KIMI_K3.name, context=contexts[0])
+exercises.check("10.1", answer, preset=presets.KIMI_K3.name, context=contexts[0])
 answer = None  # 2: an int (tokens)
-kda_lib.exercises.check("10.2", answer, preset=kimi.name, ranks=8)
+exercises.check("10.2", answer, preset=kimi.name, ranks=8)
 answer = None  # 3: an int (tokens)
-kda_lib.exercises.check("10.3", answer, preset=kimi.name)
+exercises.check("10.3", answer, preset=kimi.name)
 
 # %% [markdown]
 # ## References
@@ -549,5 +557,5 @@ kda_lib.exercises.check("10.3", answer, preset=kimi.name)
 # - Chip numbers: [NVIDIA H100](https://www.nvidia.com/en-us/data-center/h100/),
 #   [NVIDIA H200](https://www.nvidia.com/en-us/data-center/h200/),
 #   [Cloud TPU v5e](https://cloud.google.com/tpu/docs/v5e),
-#   [Cloud TPU v6e](https://cloud.google.com/tpu/docs/v6e) (`kda_lib.scale.CHIPS`).
-# - Model configs: the sources cited in `kda_lib/presets.py`.
+#   [Cloud TPU v6e](https://cloud.google.com/tpu/docs/v6e) (`kda_lib.lab.at_scale.CHIPS`).
+# - Model configs: the sources cited in `kda_lib/models/presets.py`.

@@ -1,6 +1,6 @@
 """Issue 26 item 7: ``kda(implementation="auto")`` under ``jax.grad`` on CPU (the scan forward
 with the chunked gradient) against plain ``"chunked"`` fwd+bwd, one interleaved run at
-T = 256, 1024, 4096 with kda_lib.bench's jobs (inputs, gradients, timing).
+T = 256, 1024, 4096 with kda_lib.lab.bench's jobs (inputs, gradients, timing).
 
 The route it measures was removed on that measurement (``auto`` is plain ``"chunked"`` above 16
 tokens now, so after the removal both rows time the same program). To reproduce the recorded
@@ -19,7 +19,7 @@ import statistics
 
 import jax
 
-from kda_lib.bench import BenchConfig, Job, kda_entry, kernel_inputs, with_gradients
+from kda_lib.lab.bench import BenchConfig, Job, kda_entry, kernel_inputs, with_gradients
 
 
 def main() -> None:

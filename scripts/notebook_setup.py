@@ -11,14 +11,14 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
   is broken on Colab, which opens the notebook alone);
 * the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
   kda_lib where it is missing and then its dependencies for the machine's accelerator through
-  ``kda_lib/notebook.py``.
+  ``kda_lib/teaching/notebook.py``.
 
 Commands (``make repository-url URL=...`` runs the second, then ``make sync``)::
 
     python scripts/notebook_setup.py --check                 # exit 1 naming what disagrees
     python scripts/notebook_setup.py --set-repository-url https://github.com/OWNER/NAME
 
-tests/test_notebooks.py asserts that every notebook agrees with pyproject.toml.
+tests/teaching/test_notebooks.py asserts that every notebook agrees with pyproject.toml.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
         subprocess.run(pip, check=True)
         importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{{kda_lib_dir}}/notebook.py")["install_dependencies"](missing=missing)
+    runpy.run_path(f"{{kda_lib_dir}}/teaching/install.py")["install_dependencies"](missing=missing)
 """
-SETUP_CALL = "kda_lib.notebook.setup()"
+SETUP_CALL = "kda_lib.teaching.notebook.setup()"
 
 
 def repository_url(pyproject: pathlib.Path = PYPROJECT) -> str:

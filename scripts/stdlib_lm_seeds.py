@@ -29,12 +29,12 @@ import jax
 import yaml
 from flax import nnx
 
-import kda_lib.notebook
-from kda_lib.corpus import load_stdlib_corpus, text_task, validation_windows
-from kda_lib.generate import score_text
-from kda_lib.models import ModelConfig, TinyLM, config_param_count, match_parameter_count
-from kda_lib.records import output_path_problem, write_json
-from kda_lib.train import train
+import kda_lib.teaching.notebook
+from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
+from kda_lib.lab.generate import score_text
+from kda_lib.lab.records import output_path_problem, write_json
+from kda_lib.lab.train import train
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "notebooks" / "params" / "full" / "09_hybrid_language_model.yaml"
@@ -71,7 +71,7 @@ def model_config(p: dict, model_name: str) -> ModelConfig:
 
 
 def run(model_name: str, seed: int) -> dict:
-    kda_lib.notebook.setup(style=False)  # the notebooks' random-number settings
+    kda_lib.teaching.notebook.setup(style=False)  # the notebooks' random-number settings
     p = yaml.safe_load(PARAMS.read_text())
     model_seed, data_seed = (
         int(s) for s in jax.random.randint(jax.random.key(seed), (2,), 0, 2**31 - 1)

@@ -6,7 +6,7 @@
 tuning and then the seeds.)
 
 One run per (task, mixer, seq_len, learning rate, seed). After every run the whole document is
-rewritten atomically (:func:`kda_lib.records.write_json`) and a run already in the file is
+rewritten atomically (:func:`kda_lib.lab.records.write_json`) and a run already in the file is
 skipped, so a cut loses at most the run in progress and the same command resumes.
 
 Protocol (stated once, recorded in the JSON under ``protocol``):
@@ -18,7 +18,7 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
 - **Seeds**: every length of the task, every seed, at the tuned rate (the tuning run is reused
   as the first seed at the first length).
 - **Training and stopping**: AdamW with warmup and cosine decay over ``--max-steps``
-  (:func:`kda_lib.train.make_optimizer`); held-out accuracy (:func:`kda_lib.train.evaluate`,
+  (:func:`kda_lib.lab.train.make_optimizer`); held-out accuracy (:func:`kda_lib.lab.train.evaluate`,
   batches training never draws) every ``--eval-every`` steps. A run stops early once held-out
   accuracy reaches ``--solved`` ("solved"), or when the loss is not finite ("diverged"). At the
   step budget its verdict is "flat" when held-out accuracy changed by less than ``--flat-tol``
@@ -39,11 +39,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-import kda_lib.notebook
-from kda_lib.models import ModelConfig, TinyLM, count_params
-from kda_lib.records import write_json
-from kda_lib.tasks import chance_accuracy
-from kda_lib.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
+import kda_lib.teaching.notebook
+from kda_lib.lab.records import write_json
+from kda_lib.lab.tasks import chance_accuracy
+from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
 
 FLAT_WINDOW = 0.2  # the last fifth of the steps, for the "flat" verdict
 
@@ -315,7 +315,7 @@ def main(argv=None):
     if missing:
         raise SystemExit(f"--seq-lens gives no length for the task(s) {missing}")
     only = set(filter(None, args.only.split(",")))
-    kda_lib.notebook.setup(style=False)
+    kda_lib.teaching.notebook.setup(style=False)
     sweep = Sweep(args)
     cells = [(t, m) for t in tasks for m in mixers if not only or f"{t}/{m}" in only]
     start = time.perf_counter()

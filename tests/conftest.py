@@ -4,14 +4,16 @@ context-parallel tests can build meshes; every other test runs on device 0 as us
 The tests compile many small programs and run each once or twice, so XLA:CPU's compile time
 dominates the suite; its fast-compile flags (no LLVM optimisation) roughly halve it. Notebooks
 are executed with the environment's own XLA_FLAGS (``USER_XLA_FLAGS``) plus the fast-compile
-flags where their time is compilation (``tests/test_notebooks.py`` says which, measured)."""
+flags where their time is compilation (``tests/teaching/test_notebooks.py`` says which,
+measured)."""
 
 import json
 import os
 
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 # the suite's defaults; a flag the user already set keeps the user's value. The last two are
-# kda_lib.emulation.FAST_COMPILE_OPTIONS as flags (importing kda_lib here would import jax).
+# kda_lib.ops.tokamax.emulation.FAST_COMPILE_OPTIONS as flags (importing kda_lib here would import
+# jax).
 FAST_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",

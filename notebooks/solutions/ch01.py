@@ -1,4 +1,4 @@
-"""Worked solutions of notebook 01's exercises (checked by ``tests/test_exercises.py``).
+"""Worked solutions of notebook 01's exercises (checked by ``tests/teaching/test_exercises.py``).
 
 Try the exercise first; each function is what the notebook's answer cell would hold.
 """

@@ -1,4 +1,4 @@
-"""Worked solutions of notebook 02's exercises (checked by ``tests/test_exercises.py``)."""
+"""Worked solutions of notebook 02's exercises (checked by ``tests/teaching/test_exercises.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib import explain
-from kda_lib.norms import l2_normalize
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.teaching import explain
 
 
 def exercise_1(g=-0.01):

@@ -1,8 +1,8 @@
 """Worked solutions to notebook 03's exercises (the chunkwise algorithm).
 
-Try the exercises in the notebook first: its cells call ``kda_lib.exercises.check`` on your
+Try the exercises in the notebook first: its cells call ``kda_lib.teaching.exercises.check`` on your
 answer. ``cases()`` feeds each solution, and a wrong answer, to its checker
-(``tests/test_exercises.py``).
+(``tests/teaching/test_exercises.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.chunked import chunk_affine_maps
+from kda_lib.ops.chunked import chunk_affine_maps
 
 
 # 1. One token per chunk: chunk_affine_maps on a chunk of C = 1 returns the token's own map.
@@ -33,7 +33,7 @@ def no_decay_map(k, beta):
 
 # 3. Flop-optimal chunk sizes: evaluate the count for every candidate.
 def flop_optimal(T, K, V, candidates=(16, 32, 64, 128, 256)):
-    from kda_lib import costs
+    from kda_lib.ops import costs
 
     return {
         scan: min(candidates, key=lambda C, s=scan: costs.chunked_flops(T, C, K, V, s))

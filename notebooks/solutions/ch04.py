@@ -1,4 +1,4 @@
-"""Worked solutions of notebook 04's exercises (checked by ``tests/test_exercises.py``)."""
+"""Worked solutions of notebook 04's exercises (checked by ``tests/teaching/test_exercises.py``)."""
 
 from __future__ import annotations
 

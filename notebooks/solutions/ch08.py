@@ -5,11 +5,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from kda_lib.tasks import mqar
+from kda_lib.lab.tasks import mqar
 
 
 def mqar_chance(vocab_size: int) -> float:
-    """1: token 0 is filler, (V - 1) // 2 tokens are keys, the rest values (kda_lib.tasks.mqar):
+    """1: token 0 is filler, (V - 1) // 2 tokens are keys, the rest values (kda_lib.lab.tasks.mqar):
     uniform guessing among the values is right once in n_values."""
     n_values = vocab_size - 1 - (vocab_size - 1) // 2
     return 1 / n_values

@@ -1,0 +1,115 @@
+"""Argument checks every folder of kda_lib uses: ints, seeds, numbers, token ids, arrays.
+
+Each raises ``ValueError`` naming the argument and what was expected, before any work is done.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x) -> bool:
+    """Are ``x``'s values readable here? Not under ``jit`` (a tracer), and not for an array
+    spread over several processes (multi-host): value checks then skip, as under jit."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return False
+    return getattr(x, "is_fully_addressable", True)
+
+
+MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
+
+
+def is_int(value, minimum: int | None = 1) -> bool:
+    """Is ``value`` an int (numpy ints count; bools, numpy bools and floats such as 2.0 do not)
+    that is ``>= minimum`` (any int with ``minimum=None``)? The one test behind every integer
+    check of the package (:func:`check_int`, :func:`check_positive_int`)."""
+    return (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, (int, np.integer))
+        and (minimum is None or value >= minimum)
+    )
+
+
+def check_int(
+    name: str, value, minimum: int = 1, *, optional: bool = False, expected: str | None = None
+) -> int | None:
+    """``value`` as a Python int if :func:`is_int` (``value >= minimum``), None for None when
+    ``optional``; otherwise ``ValueError("<name> must be <expected>, got <value>")``, where
+    ``expected`` defaults to "a positive int" (minimum 1) or "an int >= <minimum>", after
+    "None or " when ``optional``."""
+    if optional and value is None:
+        return None
+    if not is_int(value, minimum):
+        if expected is None:
+            expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+            expected = f"None or {expected}" if optional else expected
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return int(value)
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int, if it is an int (numpy ints count) >= ``minimum``; a bool, a float
+    (even 2.0) or anything else is a ValueError naming ``name`` ("must be an int >= 1")."""
+    return check_int(name, value, minimum, expected=f"an int >= {minimum}")
+
+
+def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
+    """The command lines' integer options against their smallest values: argparse's error
+    (exit status 2) naming the first option below its minimum. An option that is None (not
+    given) or not in ``args`` (not this parser's) passes."""
+    for name, minimum in minimums.items():
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def check_seed(name: str, value) -> int:
+    """A seed for ``jax.random.key``: an int in [0, 2^63 - 1]."""
+    value = check_positive_int(name, value, minimum=0)
+    if value > MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**63 - 1], got {value!r}")
+    return value
+
+
+def check_number(name: str, value, *, minimum: float | None = None, positive=False) -> float:
+    """``value`` as a float, if it is a finite real number (numpy scalars count, bools do not)
+    that is ``>= minimum`` (or ``> 0`` with ``positive``)."""
+    requirement = "a finite number" + (" > 0" if positive else "")
+    requirement += "" if minimum is None else f" >= {minimum:g}"
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+    if (
+        not real
+        or not np.isfinite(value)
+        or (positive and not value > 0)
+        or (minimum is not None and not value >= minimum)
+    ):
+        raise ValueError(f"{name} must be {requirement}, got {value!r}")
+    return float(value)
+
+
+def check_token_ids(name: str, ids, vocab_size: int) -> None:
+    """Integer token ids in ``[0, vocab_size)`` (values checked when concrete, i.e. not under
+    ``jit``): an id outside gives NaN or silently another token's embedding."""
+    dtype = getattr(ids, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {dtype}")
+    if is_concrete(ids) and np.size(ids):
+        low, high = int(np.min(ids)), int(np.max(ids))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{name} token ids must lie in [0, {vocab_size}) (vocab_size), "
+                f"got ids in [{low}, {high}]"
+            )
+
+
+def check_array(name: str, x) -> None:
+    """``x`` must be an array (jax or numpy), not a Python list, tuple or scalar."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(
+            f"{name} must be a jax or numpy array, got {type(x).__name__}"
+            + (" (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else "")
+        )

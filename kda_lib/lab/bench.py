@@ -1,0 +1,800 @@
+"""``python -m kda_lib.lab.bench``: time every KDA implementation, softmax attention and the layer.
+
+Everything runs in one process at the same shapes, so the ratios between rows are meaningful
+even on a noisy machine (absolute times are only comparable on a quiet one). Each function is
+jitted and compiled ahead of time (compile time is reported separately) and warmed up; then
+every function is timed once per round for ``--reps`` rounds (interleaved, so a change of load
+hits all of them alike; ``--no-interleave`` times each one's reps back to back instead). The
+table shows the median and the spread, and a JSON file keeps everything.
+
+Entries (``--impls``; default: all that run on this platform):
+
+* ``chunked``, ``recurrent``, ``tokamax_xla``, ``tokamax_xla_chunked``, ``tokamax_mosaic``:
+  :func:`kda_lib.kda` with that implementation. All get the same fused-gate inputs (raw gate
+  ``f``, ``a_log``, ``dt_bias``, ``lower_bound=-5``) because tokamax's chunked form needs them.
+  The token-by-token forms (``recurrent``, ``tokamax_xla``) only run for T <= 2048
+  (``--sequential-max-t``) unless named in ``--impls``; Mosaic only on TPU v6+.
+* ``softmax``: ``jax.nn.dot_product_attention`` (causal, ``implementation=None``: the fastest
+  backend available), same B, T, H and head dim K.
+* ``layer``: the full :class:`kda_lib.layers.kda_layer.KimiDeltaAttention` (hidden = H * K, safe
+gate),
+  and, as separate rows, its kernel call alone (``layer_kernel``) and everything around the
+  kernel (``layer_projections``: projections, convs, gates, output norm and projection), so the
+  layer's overhead is ``layer / (layer_kernel + layer_projections)``.
+
+Every run also times a ``2048 x 2048`` float32 matmul (row ``matmul``): each row with a FLOP
+count from XLA's cost analysis gets ``achieved_gflops`` and ``roofline_fraction`` (achieved over
+the matmul's GFLOP/s, measured in the same run) and ``bytes_per_token`` (bytes accessed per
+token). ``--train`` adds training-step rows (``train_<model>``: one AdamW step of a 4-layer
+byte-level TinyLM with KDA, Gated DeltaNet, softmax attention or the 3:1 hybrid) with
+``tokens_per_s``.
+
+Modes: ``fwd`` (outputs only) and ``fwd+bwd`` (``jax.grad`` of ``sum(outputs * fixed random
+cotangents)`` with respect to every input, parameters included).
+
+Usage::
+
+    python -m kda_lib.lab.bench                                   # T = 1024 4096, both modes
+    python -m kda_lib.lab.bench --seq-lens 2048 8192 --heads 16 --key-dim 128 --value-dim 128 \\
+        --dtype bfloat16 --impls chunked tokamax_xla_chunked softmax
+    python -m kda_lib.lab.bench --impls recurrent --seq-lens 4096 # force a sequential form
+    python -m kda_lib.lab.bench --modes fwd --reps 5 --out -      # print only, no JSON
+    python -m kda_lib.lab.bench --preset accelerator              # on a GPU or TPU (see README)
+
+The JSON (default ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
+directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
+(one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
+``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU and TPU
+``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T). ``--preset
+accelerator`` sets the published GPU shapes; on an H200 the JSON adds ``vs_h200_anchors``
+(chunked fwd+bwd over fla's Triton kernel and tokamax's xla_chunked, as measured by others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from kda_lib.checks import check_option_minimums
+from kda_lib.lab.records import dumps, output_path_problem, write_json
+from kda_lib.lab.tasks import TaskBatch
+from kda_lib.lab.train import make_optimizer, train_step
+from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+from kda_lib.ops.api import IMPLEMENTATIONS, kda
+from kda_lib.ops.registry import CHUNKED, REGISTRY
+from kda_lib.testing import random_kda_inputs
+
+MODES = ("fwd", "fwd+bwd")
+# O(T) dependent steps: slow at large T (recurrent, tokamax_xla)
+SEQUENTIAL_IMPLS = tuple(name for name, backend in REGISTRY.items() if backend.token_by_token)
+LAYER_ENTRIES = ("layer", "layer_kernel", "layer_projections")
+LOWER_BOUND = -5.0  # safe gate: tokamax's chunked form needs it
+# ratios reported in the JSON and after the table: (numerator, denominator entries)
+RATIOS = (
+    ("chunked", ("tokamax_xla_chunked",)),
+    ("chunked", ("softmax",)),
+    ("chunked", ("recurrent",)),
+    ("tokamax_xla_chunked", ("softmax",)),
+    ("layer", ("layer_kernel", "layer_projections")),
+)
+
+
+# --preset accelerator: the shapes of the published GPU numbers (bf16, B = 1, H = 16,
+# K = V = 128, T = 2K / 8K / 32K); explicit flags override any of these
+PRESETS = {
+    "accelerator": dict(
+        seq_lens=[2048, 8192, 32768],
+        batch=1,
+        heads=16,
+        key_dim=128,
+        value_dim=128,
+        dtype="bfloat16",
+        impls=["chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"],
+        reps=10,
+    ),
+}
+# fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
+# anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
+H200_ANCHORS_MS = {
+    "fla_chunk_kda": {2048: 3.72, 8192: 4.10, 32768: 9.66},
+    "tokamax_xla_chunked": {2048: 7.27, 8192: 23.1, 32768: 81.8},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    batch: int
+    heads: int
+    key_dim: int
+    value_dim: int
+    dtype: str
+
+
+def default_out_path(platform: str, today: datetime.date) -> Path:
+    return Path("data") / "benchmarks" / f"{platform}-{today.isoformat()}.json"
+
+
+def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
+    """Every entry that can run here (``platform_ok(name)`` is None when it can)."""
+    names = [n for n in IMPLEMENTATIONS if platform_ok(n) is None]
+    return names + ["softmax", "layer"]
+
+
+def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
+    """Why a kda implementation cannot run this configuration here (None: it can), as its
+    backend says (:meth:`kda_lib.ops.registry.Backend.config_problems`)."""
+    problems = REGISTRY[name].config_problems(
+        key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
+    )
+    return "; ".join(problems) or None
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+def kernel_inputs(cfg: BenchConfig, seq_len: int, key: jax.Array) -> dict:
+    """Fused-gate KDA inputs: L2-normalised q/k, raw gate f, beta in (0, 1), a_log, dt_bias."""
+    x = random_kda_inputs(
+        key, cfg.batch, seq_len, cfg.heads, cfg.key_dim, cfg.value_dim, dtype=cfg.dtype, gate="raw"
+    )
+    return dict(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        f=x["g"],
+        beta=x["beta"],
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+    )
+
+
+def kda_entry(implementation: str):
+    def run(q, k, v, f, beta, a_log, dt_bias):
+        o, _ = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            lower_bound=LOWER_BOUND,
+            implementation=implementation,
+        )
+        return o
+
+    return run
+
+
+def softmax_entry(cfg: BenchConfig, seq_len: int, key: jax.Array):
+    shape = (cfg.batch, seq_len, cfg.heads, cfg.key_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    args = tuple(
+        jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 3)
+    )
+
+    def run(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None)
+
+    return run, args
+
+
+def layer_entries(cfg: BenchConfig, seq_len: int, key: jax.Array, implementation: str):
+    """``{name: (fn, args)}`` for the full layer, its kernel call and the rest of it.
+
+    Every function takes its parameters as explicit arguments, so fwd+bwd differentiates them.
+    """
+    dtype = jnp.dtype(cfg.dtype)
+    config = KDAConfig(
+        hidden_size=cfg.heads * cfg.key_dim,
+        num_heads=cfg.heads,
+        head_dim=cfg.key_dim,
+        value_head_dim=cfg.value_dim,
+        lower_bound=LOWER_BOUND,
+        dtype=dtype,
+        implementation=implementation,
+    )
+    k_init, k_x = jax.random.split(key)
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(k_init))
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+    x = jax.random.normal(k_x, (cfg.batch, seq_len, config.hidden_size), jnp.float32).astype(dtype)
+
+    def full(params, x):
+        return nnx.merge(graphdef, params, rest)(x)
+
+    entries = {"layer": (full, (params, x))}
+
+    def around_kernel(params, x, o):
+        model = nnx.merge(graphdef, params, rest)
+        q, k, v, f, beta, _ = model.project(x)
+        return model.project_output(x, o), q, k, v, f, beta
+
+    q, k, v, f, beta, _ = layer.project(x)
+    kwargs = layer.kernel_kwargs()
+    gate = (kwargs.pop("a_log"), kwargs.pop("dt_bias"))
+    o = jnp.zeros((*v.shape[:3], cfg.value_dim), dtype)
+
+    def kernel(q, k, v, f, beta, a_log, dt_bias):
+        out, _ = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            a_log=a_log,
+            dt_bias=dt_bias,
+            **kwargs,
+            chunk_size=config.chunk_size,
+            implementation=implementation,
+        )
+        return out
+
+    entries["layer_kernel"] = (kernel, (q, k, v, f, beta, *gate))
+    entries["layer_projections"] = (around_kernel, (params, x, o))
+    return entries
+
+
+# ------------------------------------------------------------------------------- timing
+
+
+def with_gradients(fn: Callable, args: tuple, key: jax.Array) -> Callable:
+    """``grad`` of ``sum(outputs * fixed random cotangents)`` w.r.t. every argument."""
+    leaves = jax.tree.leaves(jax.eval_shape(fn, *args))
+    keys = jax.random.split(key, len(leaves))
+    cotangents = [
+        jax.random.normal(k, leaf.shape, jnp.float32).astype(leaf.dtype)
+        for k, leaf in zip(keys, leaves, strict=True)
+    ]
+
+    def loss(*args):
+        outs = jax.tree.leaves(fn(*args))
+        return sum(
+            jnp.sum(o.astype(jnp.float32) * c.astype(jnp.float32))
+            for o, c in zip(outs, cotangents, strict=True)
+        )
+
+    return jax.grad(loss, argnums=tuple(range(len(args))))
+
+
+@dataclasses.dataclass
+class Job:
+    """One timed function: an entry at one T in one mode."""
+
+    impl: str
+    seq_len: int
+    mode: str
+    fn: Callable
+    args: tuple
+    compiled: Callable | None = None
+    tokens: int = 0  # tokens per call (B * T): bytes and training throughput per token
+    times_ms: list = dataclasses.field(default_factory=list)
+    info: dict = dataclasses.field(default_factory=dict)
+    error: str | None = None
+
+    def prepare(self, warmup: int) -> None:
+        """Compile ahead of time (timed separately), then warm up."""
+        start = time.perf_counter()
+        self.compiled = jax.jit(self.fn).lower(*self.args).compile()
+        self.info["compile_s"] = time.perf_counter() - start
+        memory = self.compiled.memory_analysis()
+        if memory is not None:
+            self.info["compiled_bytes"] = int(
+                memory.temp_size_in_bytes
+                + memory.argument_size_in_bytes
+                + memory.output_size_in_bytes
+                - memory.alias_size_in_bytes
+            )
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+        if isinstance(cost, dict) and cost.get("flops", 0) > 0:
+            # XLA's count for the compiled program (a custom call such as a Pallas kernel counts
+            # nothing, so such rows get no roofline figures)
+            self.info["flops"] = float(cost["flops"])
+            if cost.get("bytes accessed"):
+                self.info["bytes_accessed"] = float(cost["bytes accessed"])
+        for _ in range(warmup):
+            jax.block_until_ready(self.compiled(*self.args))
+        if jax.default_backend() in ("gpu", "tpu"):
+            stats = jax.devices()[0].memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                # the process-wide peak so far (jobs are prepared in order, smallest T first
+                # within each entry); compiled_bytes is this function's own footprint
+                self.info["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+
+    def time_once(self) -> None:
+        start = time.perf_counter()
+        jax.block_until_ready(self.compiled(*self.args))
+        self.times_ms.append(1e3 * (time.perf_counter() - start))
+
+    def record(self) -> dict:
+        record = dict(impl=self.impl, T=self.seq_len, mode=self.mode)
+        if self.error is not None:
+            return record | dict(median_ms=None, error=self.error)
+        times = self.times_ms
+        p25, p75 = np.percentile(times, [25, 75]).tolist()
+        median_s = statistics.median(times) / 1e3
+        derived = {}
+        if "flops" in self.info:
+            derived["achieved_gflops"] = self.info["flops"] / median_s / 1e9
+        if "bytes_accessed" in self.info and self.tokens:
+            derived["bytes_per_token"] = self.info["bytes_accessed"] / self.tokens
+        if self.mode == "train" and self.tokens:
+            derived["tokens_per_s"] = self.tokens / median_s
+        return (
+            record
+            | derived
+            | dict(
+                median_ms=statistics.median(times),
+                min_ms=min(times),
+                max_ms=max(times),
+                p25_ms=p25,
+                p75_ms=p75,
+                reps=len(times),
+                **self.info,
+            )
+        )
+
+
+# ------------------------------------------------------------------------------- driver
+
+MATMUL_ENTRY = "matmul"
+MATMUL_SIZE = 2048
+RATIOS_HEADER = (
+    "ratios of median times, numerator / denominator, per mode and T (below 1: the numerator "
+    "is faster):"
+)
+
+
+# the smallest value of each integer option
+OPTION_MINIMUMS = dict(
+    batch=1,
+    heads=1,
+    key_dim=1,
+    value_dim=1,
+    reps=1,
+    warmup=0,
+    sequential_max_t=0,
+    train_batch=1,
+)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line's options, checked before anything is timed (argparse's error, exit
+    status 2, naming the option); ``--preset`` sets defaults that explicit flags override.
+    ``args.out_path`` is the JSON path, checked writable (None for ``--out -``)."""
+    parser = _parser()
+    preset, _ = parser.parse_known_args(argv)
+    if preset.preset:
+        parser.set_defaults(**PRESETS[preset.preset])
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    return args
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The options: shapes, entries and modes, timing, output."""
+    parser = argparse.ArgumentParser(
+        prog="python -m kda_lib.lab.bench",
+        description="Time KDA implementations, softmax attention and the KDA layer.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=None,
+        help="defaults for a GPU or TPU (accelerator: bf16, H=16, K=V=128, T=2K/8K/32K, "
+        "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
+        "flags win",
+    )
+    _add_shape_options(parser)
+    _add_entry_options(parser)
+    _add_timing_options(parser)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
+    )
+    return parser
+
+
+def _add_shape_options(parser: argparse.ArgumentParser) -> None:
+    """``--seq-lens``, ``--batch``, ``--heads``, ``--key-dim``, ``--value-dim``, ``--dtype``."""
+    parser.add_argument(
+        "--seq-lens", type=int, nargs="+", default=[1024, 4096], help="sequence lengths T to time"
+    )
+    parser.add_argument("--batch", type=int, default=1, help="sequences per call B")
+    parser.add_argument("--heads", type=int, default=4, help="heads H")
+    parser.add_argument("--key-dim", type=int, default=64, help="key channels per head K")
+    parser.add_argument("--value-dim", type=int, default=64, help="value channels per head V")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of q, k, v (gates and state stay float32)",
+    )
+
+
+def _add_entry_options(parser: argparse.ArgumentParser) -> None:
+    """What is timed: ``--impls``, ``--sequential-max-t``, ``--layer-impl``, ``--modes`` and
+    the training-step rows (``--train``, ``--train-mixers``, ``--train-batch``)."""
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        default=None,
+        choices=(*IMPLEMENTATIONS, "softmax", "layer"),
+        help="entries to time (default: every one that runs here); naming a sequential form "
+        "runs it at every T",
+    )
+    parser.add_argument(
+        "--sequential-max-t",
+        type=int,
+        default=2048,
+        help="default entries skip recurrent / tokamax_xla above this T",
+    )
+    parser.add_argument(
+        "--layer-impl",
+        default="auto",
+        choices=("auto", *IMPLEMENTATIONS),
+        help="kernel implementation inside the layer",
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
+        help="fwd: the forward call; fwd+bwd: forward and the gradients of all inputs",
+    )
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="also time TinyLM training steps (tokens/s) with the mixers of --train-mixers",
+    )
+    parser.add_argument(
+        "--train-mixers",
+        nargs="+",
+        default=list(TRAIN_MODELS),
+        choices=list(TRAIN_MODELS),
+        help="models of the training-step rows (hybrid: kda, kda, kda, attention)",
+    )
+    parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
+
+
+def _add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """How rows are timed: ``--reps``, ``--no-interleave``, ``--warmup``, ``--seed``,
+    ``--no-roofline``."""
+    parser.add_argument(
+        "--reps", type=int, default=10, help="timed calls per row (the table shows their median)"
+    )
+    parser.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="time each function's reps back to back (default: one rep of every function per "
+        "round, so load changes on a busy machine hit all of them alike; needs all inputs alive)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="untimed calls per row after compiling (0 times first calls: a warning says so)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    parser.add_argument(
+        "--no-roofline",
+        action="store_true",
+        help=f"skip the {MATMUL_SIZE} x {MATMUL_SIZE} matmul row that measures the machine's "
+        "matmul GFLOP/s (most of a small run's time); rows then have no roofline_fraction",
+    )
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Option values before any work; sets ``args.out_path`` (the output path, checked and its
+    folder created, or None for ``--out -``)."""
+    check_option_minimums(parser, args, OPTION_MINIMUMS)
+    if min(args.seq_lens) < 1:
+        parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
+    if args.warmup == 0:
+        print(
+            "warning: --warmup 0 times each row's first calls, which carry one-off costs "
+            "(allocations, autotuning, caches): the first T's rows are not comparable to the rest",
+            file=sys.stderr,
+            flush=True,
+        )
+    # the output path is checked (and its folder created) before anything is timed
+    args.out_path = None
+    if args.out != "-":
+        out = args.out or default_out_path(jax.default_backend(), datetime.date.today())
+        problem = output_path_problem(out)
+        if problem:
+            parser.error(f"--out: {problem}")
+        args.out_path = Path(out)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def compute_ratios(records: list[dict]) -> dict:
+    """``{"a/b": {mode: {T: median_a / median_b}}}``; ``a/(b+c)`` sums the denominators."""
+    median = {
+        (r["impl"], r["T"], r["mode"]): r["median_ms"]
+        for r in records
+        if r.get("median_ms") is not None
+    }
+    ratios = {}
+    for top, bottom in RATIOS:
+        name = f"{top}/{bottom[0]}" if len(bottom) == 1 else f"{top}/({'+'.join(bottom)})"
+        per_mode = {}
+        for (impl, seq_len, mode), value in sorted(median.items()):
+            parts = [median.get((b, seq_len, mode)) for b in bottom]
+            if impl == top and None not in parts:
+                per_mode.setdefault(mode, {})[str(seq_len)] = value / sum(parts)
+        if per_mode:
+            ratios[name] = per_mode
+    return ratios
+
+
+def compare_with_anchors(records: list[dict]) -> dict:
+    """``chunked`` fwd+bwd over each anchor of :data:`H200_ANCHORS_MS`, per T it has (the goal:
+    <= 1.5 over fla's kernel, <= 1/3 of tokamax's xla_chunked)."""
+    ours = {
+        r["T"]: r["median_ms"]
+        for r in records
+        if r["impl"] == CHUNKED.name and r["mode"] == "fwd+bwd" and r.get("median_ms")
+    }
+    return {
+        f"chunked / {name}": {t: ours[t] / ms for t, ms in anchors.items() if t in ours}
+        for name, anchors in H200_ANCHORS_MS.items()
+    }
+
+
+def format_table(records: list[dict]) -> str:
+    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'min ms':>10}{'max ms':>10}"
+    header += f"{'compile s':>11}"
+    lines = [header, "-" * len(header)]
+    for r in records:
+        if r.get("median_ms") is None:
+            lines.append(f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}  error: {r['error']}")
+            continue
+        lines.append(
+            f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}{r['median_ms']:>11.2f}"
+            f"{r['min_ms']:>10.2f}{r['max_ms']:>10.2f}{r['compile_s']:>11.2f}"
+        )
+    return "\n".join(lines)
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    """Run the benchmark; returns the JSON document (also written unless ``--out -``).
+
+    Every row is planned first (a :class:`Job` per entry, T and mode; rows that cannot run
+    here become error records with a note), then compiled, then timed (interleaved unless
+    ``--no-interleave``); the document is written before the table is printed."""
+    args = parse_args(argv)
+    cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
+    impls = args.impls or default_impls(lambda n: kernel_problem(n, cfg))
+    key = jax.random.key(args.seed)
+    jobs, records = _plan_jobs(args, cfg, impls, key)
+    _time_jobs(jobs, args)
+    records.extend(job.record() for job in jobs)
+    matmul_gflops = add_roofline(records)
+    document = _document(args, cfg, impls, records, matmul_gflops, argv)
+    _write_and_print(document, args.out_path)
+    return document
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job], list[dict]]:
+    """The jobs to time, in order (the matmul row, the training steps, then each entry at
+    each T), and the error records of the kernel rows that cannot run here."""
+    jobs, records = [], []
+
+    def add(name, seq_len, fn, fn_args):
+        for mode in args.modes:
+            timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
+            jobs.append(Job(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
+
+    # the machine's matmul throughput, measured beside the entries: the roofline's ceiling
+    if not args.no_roofline:
+        jobs.append(Job(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
+    if args.train:
+        for mixer in args.train_mixers:
+            for seq_len in args.seq_lens:
+                fn, fn_args = train_step_entry(mixer, args.train_batch, seq_len, key)
+                tokens = args.train_batch * seq_len
+                jobs.append(Job(f"train_{mixer}", seq_len, "train", fn, fn_args, tokens=tokens))
+    for name in impls:
+        for seq_len in args.seq_lens:
+            inputs_key = jax.random.fold_in(key, seq_len)
+            too_long = name in SEQUENTIAL_IMPLS and seq_len > args.sequential_max_t
+            if name == "softmax":
+                add(name, seq_len, *softmax_entry(cfg, seq_len, inputs_key))
+            elif name == "layer":
+                entries = layer_entries(cfg, seq_len, inputs_key, args.layer_impl)
+                for entry in LAYER_ENTRIES:
+                    add(entry, seq_len, *entries[entry])
+            elif too_long and args.impls is None:  # a named entry runs at every T
+                _note(f"skipping {name} at T={seq_len} (token by token; name it to force)")
+            elif (problem := kernel_problem(name, cfg)) is not None:
+                records.extend(
+                    dict(impl=name, T=seq_len, mode=m, median_ms=None, error=problem)
+                    for m in args.modes
+                )
+                _note(f"{name}: {problem}")
+            else:
+                inputs = kernel_inputs(cfg, seq_len, inputs_key)
+                add(name, seq_len, kda_entry(name), tuple(inputs.values()))
+    return jobs, records
+
+
+def _time_jobs(jobs: list[Job], args) -> None:
+    """Compile and warm up every job, then time ``args.reps`` calls of each: one call of every
+    job per round (interleaved), or each job's calls back to back with ``--no-interleave``. A
+    job that raises keeps its error and is not called again; the others go on."""
+
+    def attempt(job, step):
+        if job.error is None:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001  one failing entry must not stop the rest
+                job.error = f"{type(e).__name__}: {e}"[:500]
+                job.compiled = job.args = None
+                _note(f"{job.impl} T={job.seq_len} {job.mode} failed: {job.error}")
+
+    for job in jobs:
+        attempt(job, lambda job=job: job.prepare(args.warmup))
+        if args.no_interleave:
+            for _ in range(args.reps):
+                attempt(job, job.time_once)
+            job.args = job.compiled = None  # free its inputs before the next one
+        print(f"compiled {job.impl} T={job.seq_len} {job.mode}", file=sys.stderr, flush=True)
+    if not args.no_interleave:
+        for _ in range(args.reps):
+            for job in jobs:
+                attempt(job, job.time_once)
+
+
+def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> dict:
+    """The JSON document of a run: machine, versions, the configuration, records, ratios."""
+    device = jax.devices()[0]
+    document = dict(
+        platform=jax.default_backend(),
+        device_kind=device.device_kind,
+        jax_version=jax.__version__,
+        tokamax_version=_version("tokamax"),
+        date=datetime.date.today().isoformat(),
+        config=dict(
+            dataclasses.asdict(cfg),
+            seq_lens=args.seq_lens,
+            modes=args.modes,
+            impls=impls,
+            reps=args.reps,
+            warmup=args.warmup,
+            interleaved=not args.no_interleave,
+            roofline=not args.no_roofline,
+            lower_bound=LOWER_BOUND,
+            layer_impl=args.layer_impl,
+            sequential_max_t=args.sequential_max_t,
+            seed=args.seed,
+            preset=args.preset,
+            cpu_count=_cpu_count(),
+            argv=list(sys.argv[1:] if argv is None else argv),
+        ),
+        matmul_gflops=matmul_gflops,
+        records=records,
+        ratios=compute_ratios(records),
+    )
+    if args.preset == "accelerator" and "H200" in device.device_kind:
+        document["vs_h200_anchors"] = compare_with_anchors(records)
+    return document
+
+
+def _write_and_print(document: dict, path: Path | None) -> None:
+    """Write the JSON first (a failure to write it prints the document instead of losing it),
+    then print the table and the ratios."""
+    if path is not None:
+        try:
+            write_json(document, path)
+        except OSError as error:
+            print(dumps(document), end="")
+            raise SystemExit(
+                f"error: could not write {path} ({error}); the JSON document is printed above"
+            ) from error
+    print()
+    print(format_table(document["records"]))
+    if document["ratios"]:
+        print()
+        print(RATIOS_HEADER)
+    for name, per_mode in document["ratios"].items():
+        for mode, per_t in per_mode.items():
+            values = "  ".join(f"T={t}: {r:.3f}" for t, r in per_t.items())
+            print(f"{name:<45} {mode:<8} {values}")
+    if path is not None:
+        print(f"wrote {path}")
+
+
+def matmul_entry(key: jax.Array):
+    """A ``2048 x 2048`` float32 ``jnp.dot`` at HIGHEST precision (as the kernels' matmuls):
+    what this machine's matmuls reach, the roofline's ceiling."""
+    a, b = (jax.random.normal(k, (MATMUL_SIZE, MATMUL_SIZE)) for k in jax.random.split(key))
+    return (lambda a, b: jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)), (a, b)
+
+
+def add_roofline(records: list[dict]) -> float | None:
+    """Add ``roofline_fraction`` (achieved GFLOP/s over the matmul row's) to every record with
+    a FLOP count; returns the matmul row's GFLOP/s (None if it failed)."""
+    matmul = next((r for r in records if r["impl"] == MATMUL_ENTRY and r.get("median_ms")), None)
+    if matmul is None:
+        return None
+    ceiling = 2 * MATMUL_SIZE**3 / (matmul["median_ms"] / 1e3) / 1e9
+    for record in records:
+        if "achieved_gflops" in record:
+            record["roofline_fraction"] = record["achieved_gflops"] / ceiling
+    return ceiling
+
+
+TRAIN_MODELS = {
+    "kda": dict(mixer="kda"),
+    "gdn": dict(mixer="gdn"),
+    "attention": dict(mixer="attention"),
+    "hybrid": dict(layers=("kda", "kda", "kda", "attention")),
+}
+
+
+def train_step_entry(model: str, batch: int, seq_len: int, key: jax.Array):
+    """``(step, args)``: one AdamW step of a 4-layer byte-level TinyLM (hidden 128, 2 heads of
+    64) with the mixers of ``TRAIN_MODELS[model]``; ``step(state, batch)`` returns the loss."""
+    config = ModelConfig(
+        vocab_size=256,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=2,
+        head_dim=64,
+        **TRAIN_MODELS[model],
+    )
+    model_ = TinyLM(config, rngs=nnx.Rngs(0))
+    optimizer = make_optimizer(model_, steps=1000, learning_rate=1e-3)
+    graphdef, state = nnx.split((model_, optimizer))
+    tokens = jax.random.randint(key, (batch, seq_len + 1), 0, 256)
+    data = TaskBatch(tokens[:, :-1], tokens[:, 1:], jnp.ones((batch, seq_len), bool))
+
+    def step(state, data):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, _ = train_step(model, optimizer, data)
+        return loss, nnx.state((model, optimizer))
+
+    return step, (state, data)
+
+
+def _cpu_count() -> int | None:
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""JSON records: written by the command lines, read back by the notebooks.
+
+Writing (``python -m kda_lib.lab.bench``, ``python -m kda_lib.lab.train_cli``, notebook 08): the
+output path
+is checked before any work (:func:`output_path_problem`), records are strict JSON (a NaN or
+infinite number becomes null: :func:`strict_json`), and they are written atomically
+(:func:`write_json`), so an interrupted run never leaves a truncated file nor destroys an older
+one.
+
+Reading the recorded runs: the files live in ``data/benchmarks/*.json`` and
+``data/results/*.json`` of a checkout. The wheel ships the same files as
+``kda_lib/recorded_data/`` (see ``[tool.setuptools]`` in pyproject.toml), so an installed
+kda_lib (Colab, a TPU VM) reads the same recordings as a checkout. A file that is not there
+raises :class:`FileNotFoundError` saying where it was looked for and what is there instead: a
+notebook never draws an empty plot in silence.
+
+* :func:`recorded_dir` -- the folder of one kind (``"benchmarks"`` or ``"results"``).
+* :func:`recorded_files` -- its JSON files, sorted by name.
+* :func:`recorded_path` / :func:`load_recorded` -- one file by name, as a path or parsed JSON.
+* :func:`load_benchmark_runs` -- every recorded benchmark table, read defensively.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+# ----------------------------------------------------------------------------- writing
+
+
+def output_path_problem(path: str | pathlib.Path) -> str | None:
+    """Why a JSON record cannot be written to ``path`` (None: it can): ``path`` is a folder, a
+    parent is a file, or the folder cannot be created or written to. Creates the folder (as
+    writing the record would) to find out."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'run.json')!r}"
+    for ancestor in (path.parent, *path.parent.parents):
+        if ancestor.exists() and not ancestor.is_dir():
+            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        return f"cannot write {str(path)!r}: {error}"
+    return None
+
+
+def strict_json(value):
+    """``value`` with every non-finite float replaced by None: JSON has no NaN or infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def dumps(document) -> str:
+    """Indented strict JSON text of ``document``, with a final newline."""
+    return json.dumps(strict_json(document), indent=1, allow_nan=False) + "\n"
+
+
+def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
+    """Write ``document`` as strict JSON, atomically: a temporary file in the same folder, then
+    ``os.replace``. Creates folders; returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(dumps(document))
+            file.flush()
+            os.fsync(file.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600; a record is world-readable
+        os.replace(temporary, path)
+    except BaseException:
+        pathlib.Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ----------------------------------------------------------------------------- reading
+KINDS = ("benchmarks", "results")
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+# where the wheel puts the files (package-dir mapping of kda_lib.recorded_data onto data/)
+INSTALLED_DATA_DIR = _PACKAGE_DIR / "recorded_data"
+# where they are in a checkout (an editable install, or kda_lib on sys.path from the source tree)
+CHECKOUT_DATA_DIR = _PACKAGE_DIR.parent / "data"
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+
+
+def recorded_dir(kind: str) -> pathlib.Path:
+    """The folder holding the recorded files of ``kind``.
+
+    Args:
+      kind: ``"benchmarks"`` (timing tables of ``kda_lib.lab.bench``) or ``"results"`` (training
+        records of ``kda_lib.lab.train``).
+
+    Returns:
+      ``kda_lib/recorded_data/<kind>`` of an installed wheel, else ``data/<kind>`` of the
+      checkout kda_lib was imported from.
+
+    Raises:
+      ValueError: ``kind`` is not one of :data:`KINDS`.
+      FileNotFoundError: neither folder exists (a broken install), naming both.
+    """
+    _check_kind(kind)
+    for base in (INSTALLED_DATA_DIR, CHECKOUT_DATA_DIR):
+        if (base / kind).is_dir():
+            return base / kind
+    raise FileNotFoundError(
+        f"no recorded {kind}: neither {INSTALLED_DATA_DIR / kind} (an installed kda_lib) nor "
+        f"{CHECKOUT_DATA_DIR / kind} (a checkout) exists; reinstall kda_lib from its repository"
+    )
+
+
+def recorded_files(kind: str) -> list[pathlib.Path]:
+    """The ``*.json`` files of ``kind`` (see :func:`recorded_dir`), sorted by name; may be []."""
+    return sorted(recorded_dir(kind).glob("*.json"))
+
+
+def recorded_path(kind: str, name: str) -> pathlib.Path:
+    """The path of the recorded file ``name`` (e.g. ``"synthetic_recall_full.json"``) of ``kind``.
+
+    Raises:
+      ValueError: ``kind`` is unknown, or ``name`` is not a bare file name.
+      FileNotFoundError: the file is not there; the message lists the files that are.
+    """
+    if not name or pathlib.PurePath(name).name != name:
+        raise ValueError(f"name must be a file name such as 'run.json', got {name!r}")
+    path = recorded_dir(kind) / name
+    if not path.is_file():
+        available = [p.name for p in recorded_files(kind)] or "none"
+        raise FileNotFoundError(
+            f"recorded {kind} file {name!r} not found in {path.parent}; available: {available}"
+        )
+    return path
+
+
+def load_recorded(kind: str, name: str) -> Any:
+    """The parsed JSON of the recorded file ``name`` of ``kind`` (see :func:`recorded_path`).
+
+    Raises:
+      FileNotFoundError: as :func:`recorded_path`.
+      ValueError: the file is not UTF-8, not valid JSON or nested too deeply to parse (the
+        message names the file).
+    """
+    path = recorded_path(kind, name)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"recorded {kind} file {path} is not UTF-8 text: {e}") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"recorded {kind} file {path} is not valid JSON: {e}") from e
+    except RecursionError as e:  # json's parser recurses once per level of nesting
+        raise ValueError(f"recorded {kind} file {path} is nested too deeply to parse") from e
+
+
+def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
+    """Recorded benchmark runs from ``directory/*.json``, as written by ``python -m
+    kda_lib.lab.bench``.
+
+    ``directory`` None, or a folder that does not exist, reads the benchmarks recorded with
+    kda_lib (:func:`recorded_dir`: the wheel's copy, or ``data/benchmarks/`` of
+    the checkout), and a note says so.
+
+    Reads the layout the benchmark writes (``platform``, ``device_kind``, ``config``,
+    ``records``); records need ``impl``, ``T``, ``mode`` and a numeric ``median_ms`` (failed rows
+    are left out). Other files are skipped with a note, not raised.
+
+    Returns:
+      ``(runs, notes)``: runs are ``{"label", "file", "config", "records"}`` dicts (label like
+      ``"recorded: gpu NVIDIA H200"``, config like ``"B=1, H=16, K=128, V=128, bfloat16"`` when
+      the file says, records keep only usable entries); notes say what was skipped and why.
+    """
+    runs, notes = [], []
+    if directory is None or not pathlib.Path(directory).is_dir():
+        if directory is not None:
+            notes.append(f"{directory}/ not found; reading the benchmarks recorded with kda_lib")
+        directory = recorded_dir("benchmarks")
+    directory = pathlib.Path(directory)
+    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    if not files:
+        notes.append(f"no recorded benchmarks in {directory}/")
+    for path in files:
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+            notes.append(f"{path.name}: unreadable ({e})")
+            continue
+        except RecursionError:  # json's parser recurses once per level of nesting
+            notes.append(f"{path.name}: unreadable (nested too deeply to parse); skipped")
+            continue
+        # the layout python -m kda_lib.lab.bench writes (platform, device_kind, config, records)
+        meta = payload if isinstance(payload, dict) else {}
+        records = meta.get("records")
+        if not isinstance(records, list):
+            notes.append(f"{path.name}: not a kda_lib.lab.bench file (no 'records' list); skipped")
+            continue
+        usable = [
+            r
+            for r in records
+            if isinstance(r, dict)
+            and {"impl", "T", "mode", "median_ms"} <= r.keys()
+            and isinstance(r["median_ms"], (int, float))
+            and isinstance(r["T"], (int, float))
+        ]
+        if not usable:
+            notes.append(f"{path.name}: no record with impl, T, mode and median_ms; skipped")
+            continue
+        platform = str(meta.get("platform", "unknown platform"))
+        device = meta.get("device_kind")
+        label = f"recorded: {platform}" + (f" {device}" if device and device != platform else "")
+        config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+        shape = ", ".join(
+            f"{short}={config[key]}"
+            for key, short in (("batch", "B"), ("heads", "H"), ("key_dim", "K"), ("value_dim", "V"))
+            if key in config
+        )
+        if config.get("dtype"):
+            shape += f", {config['dtype']}"
+        runs.append({"label": label, "file": path.name, "config": shape, "records": usable})
+        if len(usable) < len(records):
+            notes.append(
+                f"{path.name}: {len(records) - len(usable)} records without impl, T, mode and a "
+                "numeric median_ms (failed or skipped runs) left out"
+            )
+    return runs, notes

@@ -1,0 +1,251 @@
+"""Causal softmax attention, the quadratic baseline mixer, with RoPE and a decode cache.
+
+``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head, scores and softmax in float32.
+Queries and keys are rotated by their positions (:func:`rotary_embedding`, RoPE) or used as
+they are (NoPE, as Kimi Linear's attention layers, ``AttentionConfig(rope=False)``). With
+``short_conv`` the q, k and v projections first go through KDA's short causal convolutions
+(:func:`kda_lib.layers.conv.qkv_convolutions`). Decoding keeps every key and value seen
+(:class:`AttentionCache`): memory linear in the context, the contrast with KDA's fixed state.
+:mod:`kda_lib.models.tiny_lm` registers it as the ``"attention"`` and ``"attention_conv"`` mixers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kda_lib.checks import check_int, check_positive_int
+from kda_lib.layers.conv import qkv_convolutions
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Hyper-parameters of :class:`CausalSelfAttention`.
+
+    Attributes:
+      hidden_size: model width.
+      num_heads, head_dim, value_head_dim: H, K and V (V defaults to K).
+      rope: rotate q and k by their positions (default True); False is NoPE. Needs an even K.
+      short_conv: KDA's short causal convolutions (+ SiLU) on q, k and v (default False).
+      conv_size: their width W (default 4; used only with ``short_conv``).
+      dtype, param_dtype: compute and parameter dtypes (float32).
+    """
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    value_head_dim: int | None = None
+    rope: bool = True
+    short_conv: bool = False
+    conv_size: int = 4
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_heads", "head_dim"):
+            check_positive_int(f"AttentionConfig.{name}", getattr(self, name))
+        if self.value_head_dim is not None:
+            check_positive_int("AttentionConfig.value_head_dim", self.value_head_dim)
+        check_positive_int("AttentionConfig.conv_size", self.conv_size, minimum=0)
+        for name in ("rope", "short_conv"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"AttentionConfig.{name} must be True or False, got {getattr(self, name)!r}"
+                )
+        if self.rope and self.head_dim % 2:
+            raise ValueError(f"attention needs an even head_dim for RoPE, got {self.head_dim}")
+        if self.short_conv and self.conv_size < 1:
+            raise ValueError(f"short_conv needs conv_size >= 1, got {self.conv_size}")
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_head_dim or self.head_dim
+
+
+def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
+    """Rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] * freq_i``
+    (RoPE), so a query-key dot product depends on positions only through their difference."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
+    cos, sin = jnp.cos(angles)[:, None], jnp.sin(angles)[:, None]  # [T, 1, D/2]
+    first, second = x[..., :half], x[..., half:]
+    return jnp.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+class AttentionCache(NamedTuple):
+    """Decode state of :class:`CausalSelfAttention`: the keys and values of every token seen.
+
+    Two kinds, told apart by ``length``:
+
+    * growing (``length`` None, from ``init_cache(B)``): ``keys [B, T_seen, H, K]`` and
+      ``values [B, T_seen, H, V]`` gain a row per token (a new shape, so a new compilation,
+      per decode step under jit);
+    * fixed capacity (``length`` an int32 scalar, from ``init_cache(B, max_len=C)``): buffers
+      ``[B, C, H, K]`` and ``[B, C, H, V]`` of which the first ``length`` rows are filled. Every
+      step has the same shapes, so one compiled step serves a whole generation; writing past
+      ``C`` makes the outputs NaN (and raises outside jit).
+
+    Either way the memory is linear in the context (the contrast with KDA's fixed state).
+    ``q_conv, k_conv, v_conv``: the short convolutions' last ``W - 1`` inputs for the
+    ``attention_conv`` mixer, else None.
+    """
+
+    keys: jax.Array
+    values: jax.Array
+    length: jax.Array | None = None
+    q_conv: jax.Array | None = None
+    k_conv: jax.Array | None = None
+    v_conv: jax.Array | None = None
+
+    @property
+    def seen(self):
+        """Tokens seen so far (an int for a growing cache, an int32 array for a fixed one)."""
+        return self.keys.shape[1] if self.length is None else self.length
+
+
+class CausalSelfAttention(nnx.Module):
+    """Multi-head causal softmax attention: the quadratic baseline.
+
+    ``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head, scores and softmax in float32,
+    with ``q, k`` rotated by their positions (RoPE) when ``rope`` is True and used as they are
+    (NoPE) otherwise. With ``short_conv`` the projections of q, k and v first go through the
+    same depthwise causal convolution + SiLU as in the KDA layer (width ``conv_size``). H, K
+    and V come from its :class:`AttentionConfig`; it has no gate or decay.
+    """
+
+    def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.rope = config.rope
+        self.short_conv = config.short_conv
+        h, kd, vd, hidden = config.num_heads, config.head_dim, config.value_dim, config.hidden_size
+        linear = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
+        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
+        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
+        if config.short_conv:
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
+                h * kd,
+                h * vd,
+                config.conv_size,
+                dtype=config.dtype,
+                param_dtype=config.param_dtype,
+                rngs=rngs,
+            )
+        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
+
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
+        """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
+        cfg = self.config
+        capacity = 0 if max_len is None else max_len
+        check_int("max_len", max_len, optional=True)
+        shape = (batch_size, capacity, cfg.num_heads)
+        convs = (None, None, None)
+        if self.short_conv:
+            width = cfg.conv_size - 1
+            h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+            convs = tuple(
+                jnp.zeros((batch_size, width, c), cfg.dtype) for c in (h * kd, h * kd, h * vd)
+            )
+        return AttentionCache(
+            jnp.zeros((*shape, cfg.head_dim), cfg.dtype),
+            jnp.zeros((*shape, cfg.value_dim), cfg.dtype),
+            None if max_len is None else jnp.zeros((), jnp.int32),
+            *convs,
+        )
+
+    def _project(self, x, cache):
+        """q, k, v ``[B, T, H*D]`` and the new conv states (None without short_conv)."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if not self.short_conv:
+            return (q, k, v), (None, None, None)
+        states = (None, None, None) if cache is None else (cache.q_conv, cache.k_conv, cache.v_conv)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        pairs = [
+            conv(a, conv_state=state)
+            for conv, a, state in zip(convs, (q, k, v), states, strict=True)
+        ]
+        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+
+    def _check_cache(self, cache, batch: int) -> None:
+        """A cache from this layer's ``init_cache(batch)`` (or a call's result), before any work:
+        a cache of another mixer, batch size or head shape is a ValueError naming it."""
+        cfg = self.config
+        build = f"build it with model.init_cache({batch}) (or pass on the cache a call returned)"
+        if not isinstance(cache, AttentionCache):
+            raise ValueError(
+                f"cache for an attention layer must be an AttentionCache, got "
+                f"{type(cache).__name__} (a cache of a model with another layer order?); {build}"
+            )
+        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+        keys, values = cache.keys, cache.values
+        if not all(hasattr(a, "shape") for a in (keys, values)):
+            raise ValueError(f"cache.keys and cache.values must be arrays; {build}")
+        seen = keys.shape[1] if keys.ndim == 4 else None
+        for name, got, want in (
+            ("keys", keys, (batch, seen, h, kd)),
+            ("values", values, (batch, seen, h, vd)),
+        ):
+            if tuple(got.shape) != want:
+                raise ValueError(
+                    f"cache.{name} has shape {tuple(got.shape)}, expected [B, T_seen, H, D] = "
+                    f"{want} (batch size {batch}, {h} heads of {kd if name == 'keys' else vd}); "
+                    f"{build}"
+                )
+        width = cfg.conv_size - 1
+        convs = (h * kd, h * kd, h * vd) if self.short_conv else (None, None, None)
+        for name, channels in zip(("q_conv", "k_conv", "v_conv"), convs, strict=True):
+            got = getattr(cache, name)
+            want = None if channels is None else (batch, width, channels)
+            if (got is None) != (want is None) or (got is not None and tuple(got.shape) != want):
+                raise ValueError(
+                    f"cache.{name} has shape {None if got is None else tuple(got.shape)}, "
+                    f"expected {want}; {build}"
+                )
+
+    def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
+        if cache is not None:
+            self._check_cache(cache, batch)
+        x = x.astype(cfg.dtype)
+        seen = 0 if cache is None else cache.seen
+        positions = seen + jnp.arange(seq_len)
+        (q, k, v), conv_states = self._project(x, cache)
+        q, k = q.reshape(batch, seq_len, h, kd), k.reshape(batch, seq_len, h, kd)
+        v = v.reshape(batch, seq_len, h, vd)
+        if self.rope:
+            q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
+        overflow = False
+        if cache is not None and cache.length is None:  # growing: append
+            k = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
+            v = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
+        elif cache is not None:  # fixed capacity: write at `length`
+            capacity = cache.keys.shape[1]
+            overflow = cache.length + seq_len > capacity
+            if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
+                filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
+                raise ValueError(
+                    f"the attention cache holds {capacity} tokens; {filled} are "
+                    f"filled, {seq_len} more do not fit (init_cache(..., max_len=...))"
+                )
+            start = (0, cache.length, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache.keys, k.astype(cache.keys.dtype), start)
+            v = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), start)
+        scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
+        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]  # [T, keys]
+        scores = jnp.where(causal, scores * kd**-0.5, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+        o = jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
+        o = jnp.where(overflow, jnp.nan, o)
+        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        if cache is None:
+            return y
+        length = None if cache.length is None else cache.length + seq_len
+        return y, AttentionCache(k, v, length, *conv_states)

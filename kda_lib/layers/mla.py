@@ -1,0 +1,320 @@
+"""Multi-head latent attention (MLA) without positional encoding: Kimi Linear's global mixer.
+
+DeepSeek-V2 introduced MLA; Kimi Linear's global layers use it without rotary embedding
+(``mla_use_nope`` in its published config). For ``x [B, T, hidden]``, with H heads, key width
+``D = qk_head_dim``, value width ``Dv = v_head_dim`` and latent width ``r = kv_lora_rank``::
+
+    q        = q_proj(x)                                   [B, T, H, D + Ds]
+               (or q_b_proj(rmsnorm(q_a_proj(x))) with q_lora_rank)
+    c, s     = split(kv_a_proj_with_mqa(x), [r, Ds])       c [B, T, r], s [B, T, Ds]
+    c        = rmsnorm(c) * kv_a_layernorm                 the compressed latent
+    k_h, v_h = split(c @ kv_b_proj, per head)              [B, T, H, D], [B, T, H, Dv]
+    key_h    = concat(k_h, s)                              s shared by every head
+    o_h      = causal softmax(q_h key_h^T / sqrt(D + Ds)) v_h
+    y        = o_proj(concat_h o_h)
+
+``Ds = shared_key_dim`` is the slot DeepSeek's MLA gives its rotary key; in the NoPE form it
+is a plain key part shared by all heads (no rotation), as in Kimi Linear, whose published
+config keeps it (``qk_rope_head_dim``). Set it to 0 to drop it.
+
+Decoding keeps only what every head is computed from: the latent ``c`` (and ``s``), i.e.
+``r + Ds`` numbers per token instead of ``H (D + Dv)`` for multi-head attention. The cached
+path never forms per-head keys or values: since ``kv_b_proj`` has no bias,
+``q_h . k_h = (q_h W_uk,h^T) . c`` and ``sum_s p_s v_h,s = (sum_s p_s c_s) W_uv,h``, so the
+query is moved into latent space ("absorbed") and the weighted latent is projected out
+afterwards. The uncached path forms the per-head keys and values; the tests check the two
+agree.
+
+Parameter names follow the Hugging Face Kimi Linear / DeepSeek-V2 checkpoints
+(``q_proj``, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kda_lib.checks import check_int
+from kda_lib.layers.params import NO_DECAY
+
+
+def _positive_int(name: str, value, *, minimum: int = 1) -> int:
+    return check_int(f"MLAConfig.{name}", value, minimum)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAConfig:
+    """Hyper-parameters of :class:`MultiHeadLatentAttention`.
+
+    Attributes:
+      hidden_size: model width.
+      num_heads: H.
+      qk_head_dim: D, the per-head query/key width formed from the latent (DeepSeek's
+        ``qk_nope_head_dim``).
+      v_head_dim: Dv, the per-head value width.
+      kv_lora_rank: r, the width of the cached latent.
+      q_lora_rank: None = one full-rank query projection (Kimi Linear); an int = DeepSeek's
+        low-rank query ``q_b_proj(rmsnorm(q_a_proj(x)))``.
+      shared_key_dim: Ds, a key part shared by all heads and cached beside the latent
+        (DeepSeek's rotary slot ``qk_rope_head_dim``, used without rotation here); 0 = none.
+      norm_eps: epsilon of the latent RMSNorms (1e-5).
+      dtype, param_dtype: compute and parameter dtypes (float32).
+    """
+
+    hidden_size: int
+    num_heads: int
+    qk_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+    q_lora_rank: int | None = None
+    shared_key_dim: int = 0
+    norm_eps: float = 1e-5
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    def __post_init__(self):
+        for name in ("hidden_size", "num_heads", "qk_head_dim", "v_head_dim", "kv_lora_rank"):
+            object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
+        if self.q_lora_rank is not None:
+            object.__setattr__(self, "q_lora_rank", _positive_int("q_lora_rank", self.q_lora_rank))
+        object.__setattr__(
+            self, "shared_key_dim", _positive_int("shared_key_dim", self.shared_key_dim, minimum=0)
+        )
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+            raise ValueError(f"MLAConfig.norm_eps must be a float > 0, got {eps!r}")
+
+    @property
+    def score_dim(self) -> int:
+        """Width of a query/key dot product: ``qk_head_dim + shared_key_dim``."""
+        return self.qk_head_dim + self.shared_key_dim
+
+    @property
+    def cache_width(self) -> int:
+        """Numbers cached per token: ``kv_lora_rank + shared_key_dim``."""
+        return self.kv_lora_rank + self.shared_key_dim
+
+
+class MLACache(NamedTuple):
+    """Decode state of :class:`MultiHeadLatentAttention`: the compressed latents seen so far.
+
+    ``latents [B, C, r]`` (after the latent RMSNorm) and ``shared_keys [B, C, Ds]`` (None when
+    ``shared_key_dim`` is 0). As :class:`kda_lib.layers.attention.AttentionCache`: growing
+    (``length``
+    None, C = tokens seen, a new shape per step) or fixed capacity (``length`` an int32
+    scalar, the first ``length`` of C rows filled; writing past C gives NaN outputs, and
+    raises outside jit).
+    """
+
+    latents: jax.Array
+    shared_keys: jax.Array | None = None
+    length: jax.Array | None = None
+
+    @property
+    def seen(self):
+        return self.latents.shape[1] if self.length is None else self.length
+
+
+class MultiHeadLatentAttention(nnx.Module):
+    """Causal MLA without positional encoding; ``mla(x)`` maps ``[B, T, hidden]`` to itself.
+
+    ``mla(x, cache=cache)`` returns ``(y, new_cache)`` and continues from the cached latents
+    (see the module docstring for the absorbed form the cached path uses).
+    """
+
+    def __init__(self, config: MLAConfig, *, rngs: nnx.Rngs):
+        cfg = config
+        self.config = cfg
+        h, hidden = cfg.num_heads, cfg.hidden_size
+        linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        if cfg.q_lora_rank is None:
+            self.q_proj = nnx.Linear(hidden, h * cfg.score_dim, **linear)
+        else:
+            self.q_a_proj = nnx.Linear(hidden, cfg.q_lora_rank, **linear)
+            self.q_a_layernorm = self._norm(cfg.q_lora_rank, rngs)
+            self.q_b_proj = nnx.Linear(cfg.q_lora_rank, h * cfg.score_dim, **linear)
+        self.kv_a_proj_with_mqa = nnx.Linear(hidden, cfg.cache_width, **linear)
+        self.kv_a_layernorm = self._norm(cfg.kv_lora_rank, rngs)
+        self.kv_b_proj = nnx.Linear(
+            cfg.kv_lora_rank, h * (cfg.qk_head_dim + cfg.v_head_dim), **linear
+        )
+        self.o_proj = nnx.Linear(h * cfg.v_head_dim, hidden, **linear)
+
+    def _norm(self, width: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
+        """A latent RMSNorm, computed in float32; its weight ``scale`` is not decayed (as every
+        norm weight, :mod:`kda_lib.layers.params`)."""
+        cfg = self.config
+        return nnx.RMSNorm(
+            width,
+            epsilon=cfg.norm_eps,
+            dtype=jnp.float32,
+            param_dtype=cfg.param_dtype,
+            scale_metadata=NO_DECAY,
+            rngs=rngs,
+        )
+
+    # ----------------------------------------------------------------- pieces
+    def _queries(self, x) -> jax.Array:
+        cfg = self.config
+        if cfg.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            low = self.q_a_layernorm(self.q_a_proj(x).astype(jnp.float32))
+            q = self.q_b_proj(low.astype(cfg.dtype))
+        return q.reshape(*x.shape[:2], cfg.num_heads, cfg.score_dim)
+
+    def _latents(self, x):
+        """The normalised latent ``c [B, T, r]`` and the shared key ``s [B, T, Ds]`` (or None)."""
+        cfg = self.config
+        ckv = self.kv_a_proj_with_mqa(x)
+        c = self.kv_a_layernorm(ckv[..., : cfg.kv_lora_rank].astype(jnp.float32))
+        s = ckv[..., cfg.kv_lora_rank :] if cfg.shared_key_dim else None
+        return c.astype(cfg.dtype), s
+
+    def _up_weights(self):
+        """``kv_b_proj``'s kernel as ``W_uk [r, H, D]`` and ``W_uv [r, H, Dv]``."""
+        cfg = self.config
+        w = self.kv_b_proj.kernel[...].reshape(
+            cfg.kv_lora_rank, cfg.num_heads, cfg.qk_head_dim + cfg.v_head_dim
+        )
+        return w[..., : cfg.qk_head_dim], w[..., cfg.qk_head_dim :]
+
+    # ----------------------------------------------------------------- decoding
+    def init_cache(self, batch_size: int, max_len: int | None = None) -> MLACache:
+        """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
+        for name, value, optional in (
+            ("batch_size", batch_size, False),
+            ("max_len", max_len, True),
+        ):
+            check_int(name, value, optional=optional)
+        cfg = self.config
+        capacity = 0 if max_len is None else max_len
+        shared = (
+            jnp.zeros((batch_size, capacity, cfg.shared_key_dim), cfg.dtype)
+            if cfg.shared_key_dim
+            else None
+        )
+        return MLACache(
+            jnp.zeros((batch_size, capacity, cfg.kv_lora_rank), cfg.dtype),
+            shared,
+            None if max_len is None else jnp.zeros((), jnp.int32),
+        )
+
+    # ----------------------------------------------------------------- forward
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: MLACache | None = None,
+    ):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
+
+        ``segment_ids [B, T]`` (int, 0 = padding, optional, not with a cache): a token attends
+        only to earlier tokens of its own segment; padding outputs 0.
+        """
+        cfg = self.config
+        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(
+                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
+            )
+        if segment_ids is not None and cache is not None:
+            raise ValueError(
+                "segment_ids cannot be combined with a cache: decode one document per row"
+            )
+        if segment_ids is not None and segment_ids.shape != x.shape[:2]:
+            raise ValueError(
+                f"segment_ids must have shape [B, T] = {x.shape[:2]}, got {segment_ids.shape}"
+            )
+        x = x.astype(cfg.dtype)
+        if cache is None:
+            return self._forward_expanded(x, segment_ids)
+        return self._forward_cached(x, cache)
+
+    def _attend(self, scores, allowed):
+        """Softmax over the last axis of float32 ``scores [B, H, T, S]`` where ``allowed``;
+        rows with nothing allowed (padding) get all-zero weights."""
+        scores = jnp.where(allowed, scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1)
+        return jnp.where(allowed.any(-1, keepdims=True), weights, 0.0)
+
+    def _forward_expanded(self, x, segment_ids):
+        """Per-head keys and values formed from the latents (training / prefill form)."""
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        h, d = cfg.num_heads, cfg.qk_head_dim
+        q = self._queries(x).astype(jnp.float32)
+        c, s = self._latents(x)
+        kv = self.kv_b_proj(c).reshape(batch, seq_len, h, d + cfg.v_head_dim)
+        k, v = kv[..., :d].astype(jnp.float32), kv[..., d:].astype(jnp.float32)
+        scores = jnp.einsum("bthd,bshd->bhts", q[..., :d], k)
+        if s is not None:
+            scores = scores + jnp.einsum("bthe,bse->bhts", q[..., d:], s.astype(jnp.float32))
+        allowed = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None, None]
+        if segment_ids is not None:
+            seg = jnp.asarray(segment_ids)
+            same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
+            allowed = allowed & same[:, None]
+        weights = self._attend(scores * cfg.score_dim**-0.5, allowed)
+        o = jnp.einsum("bhts,bshv->bthv", weights, v)
+        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.v_head_dim))
+
+    def _forward_cached(self, x, cache: MLACache):
+        """Attention against the cached latents only (absorbed form), then the new cache."""
+        cfg = self.config
+        if not isinstance(cache, MLACache):
+            raise ValueError(
+                f"cache must be an MLACache, got {type(cache).__name__}; build it with "
+                f"mixer.init_cache(batch_size)"
+            )
+        batch, seq_len, _ = x.shape
+        d = cfg.qk_head_dim
+        c_new, s_new = self._latents(x)
+        seen = cache.seen
+        overflow = False
+        if cache.length is None:
+            latents = jnp.concatenate([cache.latents, c_new.astype(cache.latents.dtype)], axis=1)
+            shared = (
+                None
+                if s_new is None
+                else jnp.concatenate([cache.shared_keys, s_new.astype(cache.shared_keys.dtype)], 1)
+            )
+        else:
+            capacity = cache.latents.shape[1]
+            overflow = cache.length + seq_len > capacity
+            if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
+                filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
+                raise ValueError(
+                    f"the MLA cache holds {capacity} tokens; {filled} are filled, {seq_len} "
+                    f"more do not fit (init_cache(..., max_len=...))"
+                )
+            start = (0, cache.length, 0)
+            latents = jax.lax.dynamic_update_slice(
+                cache.latents, c_new.astype(cache.latents.dtype), start
+            )
+            shared = (
+                None
+                if s_new is None
+                else jax.lax.dynamic_update_slice(
+                    cache.shared_keys, s_new.astype(cache.shared_keys.dtype), start
+                )
+            )
+        w_uk, w_uv = (w.astype(jnp.float32) for w in self._up_weights())
+        q = self._queries(x).astype(jnp.float32)
+        q_latent = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk)  # the query in latent space
+        lat = latents.astype(jnp.float32)
+        scores = jnp.einsum("bthr,bsr->bhts", q_latent, lat)
+        if shared is not None:
+            scores = scores + jnp.einsum("bthe,bse->bhts", q[..., d:], shared.astype(jnp.float32))
+        positions = seen + jnp.arange(seq_len)
+        allowed = (positions[:, None] >= jnp.arange(latents.shape[1])[None, :])[None, None]
+        weights = self._attend(scores * cfg.score_dim**-0.5, allowed)
+        o = jnp.einsum("bthr,rhv->bthv", jnp.einsum("bhts,bsr->bthr", weights, lat), w_uv)
+        o = jnp.where(overflow, jnp.nan, o)
+        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
+        length = None if cache.length is None else cache.length + seq_len
+        return y, MLACache(latents, shared, length)

@@ -1,0 +1,434 @@
+"""The KDA (and MLA) layers of the published models that use KDA, as presets.
+
+Each :class:`KDAPreset` records a model's KDA layer as its source publishes it (widths, gate
+ranks, biases, layouts), its layer pattern (which layers are KDA and which global attention),
+and, where the source gives it, its MLA layer. From a preset:
+
+* :meth:`KDAPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
+  (the count a published checkpoint implies); :meth:`KDAPreset.kda_config` gives the
+  :class:`kda_lib.KDAConfig` that builds the same layer here (a full-rank output gate, the
+  clamped softplus gate and the fused q/k/v conv map onto KDAConfig's options of those names),
+  or raises NotImplementedError naming the options this layer does not have yet (never an
+  approximation of them);
+* :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
+  (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect.
+
+Sources (each number below cites its source; commits are those of the stored copies read):
+
+* Kimi-Linear-48B-A3B (``moonshotai/Kimi-Linear-48B-A3B-Instruct``): the Hugging Face
+  ``config.json`` itself is not in the stored material. Its numbers are read from a stored
+  copy of that config, the ``config.json`` of the quantized re-upload
+  ``Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4`` (web page store,
+  https://hf.898520.xyz/Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4/resolve/main/config.json,
+  no commit id), except ``v_head_dim`` (cut off there), read from the config fixture of
+  NVIDIA-NeMo/Megatron-Bridge's Kimi Linear bridge test ("the official Kimi-Linear-48B-A3B
+  architecture truncated to four layers"; path not identified in the index). The layer
+  structure (which tensors, biases, ranks) is that of the Hugging Face ``modeling_kimi.py``
+  at revision 6e163f3, as copied into axolotl-ai-cloud/axolotl
+  ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
+  1e4d015475e3f5d48e6fb5517484f0bfd08b96bd.
+* Kimi K3: AI-Hypercomputer/maxtext ``src/maxtext/configs/models/kimi-k3.yml`` and
+  ``src/maxtext/layers/kda.py`` @ bf801f4474c4367f1b03a202e793ec7724f1f3db.
+* GLM-5.3-Flash: AI-Hypercomputer/maxtext ``src/maxtext/configs/models/glm5.3-flash.yml`` @
+  efcd1586fa6a42f8dca0aebbcc06f53d82898514 and ``src/maxtext/models/glm5_next.py`` @
+  06304397847ce203b976f17e53631a4b271e434e (its KDA layer and layer pattern).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+from flax import nnx
+
+from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+
+
+@dataclasses.dataclass(frozen=True)
+class MLAShape:
+    """A published MLA layer's widths (DeepSeek-V2 naming).
+
+    ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
+    ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
+    [output_gate_rank, H Dv]`` and an ``o_norm [Dv]``), which
+    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` does not have. ``latent_norm_eps``: epsilon
+    of the latent RMSNorm (None: not given by the source; MLAConfig's default is used).
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    output_gate: bool = False
+    output_gate_rank: int | None = None
+    latent_norm_eps: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KDAPreset:
+    """A published model's KDA layer, layer pattern and (where known) MLA layer.
+
+    Attributes:
+      name: the model.
+      hidden_size, num_heads, head_dim: the KDA layer's width d, H and K (= V).
+      num_v_heads: value heads (grouped value heads when more than ``num_heads``).
+      conv_size: short-conv width W.
+      lower_bound: None = softplus gate; a float = the gate's lower bound.
+      gate_form: how the bound applies: ``"softplus"`` (no bound), ``"safe_sigmoid"``
+        (``lower_bound * sigmoid(exp(A_log) (f + dt_bias))``, this repository's safe gate) or
+        ``"clamped_softplus"`` (``max(-exp(A_log) softplus(f + dt_bias), lower_bound)``).
+      forget_gate_rank, output_gate_rank: rank of the low-rank forget / output gate
+        projections; None = one full-rank projection.
+      output_gate_bias: the output gate's last projection has a bias.
+      has_a_log: the gate has a learned per-head ``A_log``.
+      fused_qkv_conv: q, k and v share one depthwise conv over their concatenation (one
+        tensor; the same function as three convs, another checkpoint layout).
+      layer_kinds: per layer, ``"kda"`` or ``"mla"`` (the global attention layer).
+      mla: the global layer's widths, or None where the source does not give them.
+      norm_eps: the output RMSNorm's epsilon.
+      source: where the numbers come from (repository, path, commit).
+      notes: what the source leaves open, or where it differs from other descriptions.
+    """
+
+    name: str
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    num_v_heads: int
+    conv_size: int
+    lower_bound: float | None
+    gate_form: str
+    forget_gate_rank: int | None
+    output_gate_rank: int | None
+    output_gate_bias: bool
+    has_a_log: bool
+    fused_qkv_conv: bool
+    layer_kinds: tuple[str, ...]
+    mla: MLAShape | None
+    norm_eps: float
+    source: str
+    notes: str = ""
+
+    def __post_init__(self):
+        forms = ("softplus", "safe_sigmoid", "clamped_softplus")
+        if self.gate_form not in forms:
+            raise ValueError(f"KDAPreset.gate_form must be one of {forms}, got {self.gate_form!r}")
+        if (self.gate_form == "softplus") != (self.lower_bound is None):
+            raise ValueError(
+                f"KDAPreset.lower_bound={self.lower_bound} does not fit gate_form="
+                f"{self.gate_form!r} (only the softplus gate has no bound)"
+            )
+        unknown = sorted(set(self.layer_kinds) - {"kda", "mla"})
+        if unknown:
+            raise ValueError(f"KDAPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_kinds)
+
+    @property
+    def kda_layers(self) -> tuple[int, ...]:
+        """0-based indices of the KDA layers."""
+        return tuple(i for i, kind in enumerate(self.layer_kinds) if kind == "kda")
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        """0-based indices of the global attention layers."""
+        return tuple(i for i, kind in enumerate(self.layer_kinds) if kind != "kda")
+
+    # ------------------------------------------------------------ the published layer
+    def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The KDA layer's tensors as the source names and shapes them (``[in, out]`` for
+        projections, whatever the source's own layout of each tensor)."""
+        d, h, k, hv = self.hidden_size, self.num_heads, self.head_dim, self.num_v_heads
+        qk, v, w = h * k, hv * k, self.conv_size
+        shapes = {"q_proj": (d, qk), "k_proj": (d, qk), "v_proj": (d, v)}
+        if self.fused_qkv_conv:
+            shapes["conv1d"] = (w, 1, 2 * qk + v)
+        else:
+            shapes.update(q_conv1d=(w, qk), k_conv1d=(w, qk), v_conv1d=(w, v))
+        if self.forget_gate_rank is None:
+            shapes["f_proj"] = (d, v)
+        else:
+            shapes.update(f_a_proj=(d, self.forget_gate_rank), f_b_proj=(self.forget_gate_rank, v))
+        shapes["b_proj"] = (d, hv)
+        if self.has_a_log:
+            shapes["A_log"] = (hv,)
+        shapes["dt_bias"] = (v,)
+        if self.output_gate_rank is None:
+            shapes["g_proj"] = (d, v)
+            last = "g_proj"
+        else:
+            shapes.update(g_a_proj=(d, self.output_gate_rank), g_b_proj=(self.output_gate_rank, v))
+            last = "g_b_proj"
+        if self.output_gate_bias:
+            shapes[f"{last}.bias"] = (v,)
+        shapes.update(o_norm=(k,), o_proj=(v, d))
+        return shapes
+
+    def kda_parameter_count(self) -> int:
+        """Scalars in one published KDA layer."""
+        return sum(math.prod(s) for s in self.kda_parameter_shapes().values())
+
+    def mla_parameter_count(self) -> int:
+        """Scalars in one published MLA layer: q (full, or low rank with its norm), latent
+        down-projection with the shared key part, latent norm, up-projection, output, and the
+        output gate with its norm where the layer has one."""
+        m = self._mla_or_raise()
+        d, h = self.hidden_size, m.num_heads
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            q = d * h * qk
+        else:
+            q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
+        down = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+        up = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+        gate = 0
+        if m.output_gate:
+            rank = m.output_gate_rank
+            gate = d * rank + rank * h * m.v_head_dim + m.v_head_dim
+        return q + down + up + h * m.v_head_dim * d + gate
+
+    # ------------------------------------------------------------ this repository's layers
+    def unsupported_options(self) -> list[str]:
+        """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
+        missing = []
+        if not self.has_a_log and self.gate_form == "softplus":
+            missing.append(
+                "the softplus gate without A_log (only the safe gate has a rate-free form)"
+            )
+        # a full-rank output gate (None) is KDAConfig.full_rank_output_gate; low ranks must agree
+        if self.output_gate_rank is not None and self.forget_gate_rank != self.output_gate_rank:
+            missing.append(
+                f"different low ranks of the forget and output gates (forget_gate_rank="
+                f"{self.forget_gate_rank}, output_gate_rank={self.output_gate_rank})"
+            )
+        return missing
+
+    def kda_config(self, **overrides) -> KDAConfig:
+        """The :class:`kda_lib.KDAConfig` of this layer (``overrides``: dtype, implementation,
+        ...).
+
+        Raises:
+          NotImplementedError: naming every option the layer does not have yet.
+        """
+        missing = self.unsupported_options()
+        if missing:
+            raise NotImplementedError(
+                f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
+                + "; ".join(missing)
+            )
+        fields = dict(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            conv_size=self.conv_size,
+            lower_bound=self.lower_bound,
+            gate_low_rank=self.forget_gate_rank,
+            full_rank_output_gate=self.output_gate_rank is None,
+            output_gate_bias=self.output_gate_bias,
+            clamped_gate=self.gate_form == "clamped_softplus",
+            fused_qkv_conv=self.fused_qkv_conv,
+            norm_eps=self.norm_eps,
+        )
+        if self.num_v_heads != self.num_heads:
+            fields["num_v_heads"] = self.num_v_heads
+        if not self.has_a_log:
+            fields["use_a_log"] = False
+        return KDAConfig(**{**fields, **overrides})
+
+    def _mla_or_raise(self) -> MLAShape:
+        if self.mla is None:
+            raise NotImplementedError(f"{self.name}: the source gives no MLA widths ({self.notes})")
+        return self.mla
+
+    def mla_config(self, **overrides) -> MLAConfig:
+        """The :class:`kda_lib.layers.mla.MLAConfig` of the global layer (NoPE: the rotary slot is a
+        shared key part).
+
+        Raises:
+          NotImplementedError: no MLA widths in the source, or an output-gated MLA.
+        """
+        m = self._mla_or_raise()
+        if m.output_gate:
+            raise NotImplementedError(
+                f"{self.name}: MultiHeadLatentAttention has no output gate (mla_use_output_gate)"
+            )
+        fields = dict(
+            hidden_size=self.hidden_size,
+            num_heads=m.num_heads,
+            qk_head_dim=m.qk_nope_head_dim,
+            v_head_dim=m.v_head_dim,
+            kv_lora_rank=m.kv_lora_rank,
+            q_lora_rank=m.q_lora_rank,
+            shared_key_dim=m.qk_rope_head_dim,
+        )
+        if m.latent_norm_eps is not None:
+            fields["norm_eps"] = m.latent_norm_eps
+        return MLAConfig(**{**fields, **overrides})
+
+
+def build_kda_layer(preset: KDAPreset, **overrides) -> KimiDeltaAttention:
+    """The preset's KDA layer as shapes only (``nnx.eval_shape``: no parameter memory)."""
+    config = preset.kda_config(**overrides)
+    return nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+
+
+def build_mla_layer(preset: KDAPreset, **overrides) -> MultiHeadLatentAttention:
+    """The preset's MLA layer as shapes only (``nnx.eval_shape``)."""
+    config = preset.mla_config(**overrides)
+    return nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
+
+
+def parameter_count(module: nnx.Module) -> int:
+    """Scalars in ``module``'s parameters (works on ``eval_shape`` modules)."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
+    globals_ = set(global_layers_1based)
+    return tuple("mla" if i + 1 in globals_ else "kda" for i in range(num_layers))
+
+
+# Kimi-Linear-48B-A3B. config.json (stored copy, see the module docstring): hidden_size 2304,
+# num_hidden_layers 27, linear_attn_config {num_heads 32, head_dim 128,
+# short_conv_kernel_size 4, kda_layers [1, 2, 3, 5, ..., 25, 26] (20), full_attn_layers
+# [4, 8, 12, 16, 20, 24, 27] (7, 1-based)}, no gate_lower_bound (softplus gate);
+# num_attention_heads 32, q_lora_rank null, kv_lora_rank 512, qk_nope_head_dim 128,
+# qk_rope_head_dim 64, mla_use_nope true; v_head_dim 128 (Megatron-Bridge fixture).
+# modeling_kimi.py @ 6e163f3 (axolotl copy @ 1e4d0154...): f_a_proj [d -> head_dim],
+# f_b_proj [head_dim -> H K], g_a_proj / g_b_proj the same, all without bias; A_log [H];
+# dt_bias [H K]; three ShortConvolution (no bias); o_norm [head_dim]; o_proj without bias;
+# o_norm eps = rms_norm_eps (1e-5 in the config); the MLA's kv_a_proj_with_mqa gives
+# kv_lora_rank + qk_rope_head_dim, and with mla_use_nope the rope part is used unrotated.
+KIMI_LINEAR_48B = KDAPreset(
+    name="Kimi-Linear-48B-A3B",
+    hidden_size=2304,
+    num_heads=32,
+    head_dim=128,
+    num_v_heads=32,
+    conv_size=4,
+    lower_bound=None,
+    gate_form="softplus",
+    forget_gate_rank=128,
+    output_gate_rank=128,
+    output_gate_bias=False,
+    has_a_log=True,
+    fused_qkv_conv=False,
+    layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
+    mla=MLAShape(
+        num_heads=32,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        latent_norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
+    ),
+    norm_eps=1e-5,
+    source=(
+        "HF config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct (stored copy: "
+        "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json); modeling_kimi.py @ 6e163f3 "
+        "via axolotl-ai-cloud/axolotl src/axolotl/monkeypatch/models/kimi_linear/"
+        "modeling_kimi.py @ 1e4d015475e3f5d48e6fb5517484f0bfd08b96bd"
+    ),
+    notes=(
+        "the original Hugging Face config.json is not in the stored material (a re-upload's "
+        "copy is); v_head_dim 128 from NVIDIA-NeMo/Megatron-Bridge's test fixture"
+    ),
+)
+
+# Kimi K3. kimi-k3.yml @ bf801f44: base_emb_dim 7168, base_num_decoder_layers 93,
+# base_num_query_heads 96 (the KDA layer's heads, kda.py: num_heads = num_query_heads),
+# head_dim 128, kda_layers [1, 2, 3, 5, ..., 91] (69), full_attn_layers [4, 8, ..., 92, 93]
+# (24, 1-based), kda_conv_kernel_size 4, kda_use_full_rank_gate true, kda_gate_lower_bound
+# -5.0, normalization_layer_epsilon 1e-5; MLA: q_lora_rank 1536, kv_lora_rank 512,
+# qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, mla_use_output_gate true
+# (src/maxtext/layers/attention_mla.py @ bf801f44: wq_a, q_norm, wq_b, wkv_a [emb, r + rope],
+# kv_norm, wkv_b, out, and for the gate g_a_proj [emb, head_dim], g_b_proj, o_norm [v]).
+# kda.py @ bf801f44: separate q/k/v projections and convs (no bias), f_a_proj [d -> head_dim]
+# + f_b_proj (the forget gate stays low rank), g_proj [d -> H K] full rank without bias (the
+# full-rank gate is the output gate), b_proj, A_log [H], dt_bias [H K], o_norm [head_dim];
+# gate max(-exp(A_log) softplus(f + dt_bias), kda_gate_lower_bound): a clamp, not a sigmoid.
+KIMI_K3 = KDAPreset(
+    name="Kimi-K3",
+    hidden_size=7168,
+    num_heads=96,
+    head_dim=128,
+    num_v_heads=96,
+    conv_size=4,
+    lower_bound=-5.0,
+    gate_form="clamped_softplus",
+    forget_gate_rank=128,
+    output_gate_rank=None,
+    output_gate_bias=False,
+    has_a_log=True,
+    fused_qkv_conv=False,
+    layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
+    mla=MLAShape(
+        num_heads=96,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        q_lora_rank=1536,
+        output_gate=True,
+        output_gate_rank=128,  # attention_mla.py @ bf801f44: g_a_proj [emb_dim, head_dim]
+    ),
+    norm_eps=1e-5,
+    source=(
+        "AI-Hypercomputer/maxtext src/maxtext/configs/models/kimi-k3.yml and "
+        "src/maxtext/layers/kda.py @ bf801f4474c4367f1b03a202e793ec7724f1f3db"
+    ),
+    notes=(
+        "MaxText's kda.py at this commit has separate q/k/v projections and convs, not a fused "
+        "q/k/v layout; a later commit (25f141af9) makes A_log one value per head_dim channel "
+        "instead of per head. A third-party MLX port's technical report (mlxcel PR #1741, "
+        "'add the Kimi K3 text backbone', read in the code index without its repository) "
+        "describes the Hugging Face Kimi K3 checkpoint differently: six separate q/k/v "
+        "projection and conv tensors that the port fuses at load time, the sigmoid safe gate "
+        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText"
+    ),
+)
+
+# GLM-5.3-Flash. glm5.3-flash.yml @ efcd1586: base_emb_dim 4096, base_num_decoder_layers 45,
+# inhomogeneous_layer_cycle_interval 4, linear_conv_kernel_dim 4, linear_head_dim 128,
+# linear_num_heads 64, linear_lower_bound -5.0, normalization_layer_epsilon 1e-5.
+# glm5_next.py @ 06304397: layer i is attention when (i + 1) % interval == 0 (11 of 45);
+# KDA: separate q/k/v projections, ONE depthwise conv over concat(q, k, v) without bias,
+# f_a_proj/f_b_proj and g_a_proj/g_b_proj of rank linear_head_dim without bias, b_proj,
+# A_log [H], dt_bias [H K], o_norm [head_dim], o_proj; safe gate
+# lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).
+GLM_5_3_FLASH = KDAPreset(
+    name="GLM-5.3-Flash",
+    hidden_size=4096,
+    num_heads=64,
+    head_dim=128,
+    num_v_heads=64,
+    conv_size=4,
+    lower_bound=-5.0,
+    gate_form="safe_sigmoid",
+    forget_gate_rank=128,
+    output_gate_rank=128,
+    output_gate_bias=False,
+    has_a_log=True,
+    fused_qkv_conv=True,
+    layer_kinds=tuple("mla" if (i + 1) % 4 == 0 else "kda" for i in range(45)),
+    mla=None,
+    norm_eps=1e-5,
+    source=(
+        "AI-Hypercomputer/maxtext src/maxtext/configs/models/glm5.3-flash.yml @ "
+        "efcd1586fa6a42f8dca0aebbcc06f53d82898514; src/maxtext/models/glm5_next.py @ "
+        "06304397847ce203b976f17e53631a4b271e434e"
+    ),
+    notes=(
+        "glm5.3-flash.yml gives no MLA widths (glm5_next.py reads q_lora_rank, kv_lora_rank, "
+        "qk_nope_head_dim, v_head_dim from the config with fallbacks whose precedence over "
+        "MaxText's base config was not checked), so no MLA preset"
+    ),
+)
+
+PRESETS: dict[str, KDAPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}

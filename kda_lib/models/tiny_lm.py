@@ -1,0 +1,487 @@
+"""Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``.
+
+Residual connections go around the mixer and the MLP. The token mixer is chosen by name from
+:data:`MIXERS`:
+
+* ``"kda"``: :class:`kda_lib.KimiDeltaAttention` (short convs + the delta-rule recurrence);
+* ``"gdn"``: Gated DeltaNet, the same layer with one decay per head instead of per channel
+  (``KDAConfig(per_head_decay=True)``);
+* ``"attention"``: :class:`kda_lib.layers.attention.CausalSelfAttention`, causal softmax attention,
+  with RoPE or, with ``ModelConfig(rope=False)``, without positional encoding (NoPE, as Kimi
+  Linear's attention layers);
+* ``"attention_conv"``: the same attention with KDA's short causal convolutions on q, k and v
+  (the ablation that shows what the convolution gives the recurrent mixers);
+* ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
+  the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer;
+* ``"mla"``: :class:`kda_lib.layers.mla.MultiHeadLatentAttention`, multi-head latent attention
+without
+  positional encoding (Kimi Linear's global layers): its decode cache holds one latent of
+  ``kv_lora_rank`` numbers per token instead of per-head keys and values.
+
+Layers may mix kinds: ``ModelConfig(layers=("kda", "kda", "kda", "attention"), num_layers=4)``
+is Kimi Linear's 3:1 hybrid (the pattern is tiled over ``num_layers``). Decoding keeps one cache
+per layer, each of its own kind (:meth:`TinyLM.init_cache`).
+
+More mixers plug in with :func:`register_mixer`; a mixer maps ``[B, T, hidden]`` to
+``[B, T, hidden]`` and, for decoding, offers ``init_cache(batch)`` and
+``mixer(x, cache=cache) -> (y, new_cache)``. Training lives in :mod:`kda_lib.lab.train`,
+generation and decode measurements in :mod:`kda_lib.lab.generate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kda_lib.checks import check_int, check_number, check_positive_int, check_token_ids, is_int
+from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+from kda_lib.layers.conv import ShortConvolution
+from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+from kda_lib.layers.params import NO_DECAY, no_decay_param, weight_decay_mask
+from kda_lib.ops.norms import gated_rms_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of :class:`TinyLM`.
+
+    Attributes:
+      vocab_size: tokens in and out.
+      hidden_size: model width (default 64).
+      num_layers: N blocks (default 2).
+      mixer: a name in :data:`MIXERS` ("kda", "conv", ...): the mixer of every layer, unless
+        ``layers`` is given.
+      layers: per-layer mixer pattern, e.g. ``("kda", "kda", "kda", "attention")``, tiled over
+        the ``num_layers`` blocks (``num_layers`` must be a multiple of its length); empty (the
+        default): ``mixer`` in every layer. A list is stored as a tuple.
+      rope: rotary position embedding in the attention layers (default True); False is NoPE,
+        as in Kimi Linear, where the KDA layers carry position.
+      num_heads, head_dim, value_head_dim: the mixer's H, K, V (V defaults to K).
+      conv_size: short-conv width W (default 4).
+      lower_bound: None = KDA's softplus gate; a float in [-5, 0) = the safe gate.
+      mlp_ratio: MLP width as a multiple of hidden_size (default 2).
+      mlp_width: the MLP width itself, overriding ``mlp_ratio`` (used to give models of
+        different mixers the same parameter count, see :func:`match_parameter_count`).
+      norm_eps: RMSNorm epsilon.
+      implementation, chunk_size: the KDA kernel's (see :func:`kda_lib.kda`).
+      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None: ``head_dim``); its
+        heads use ``num_heads``, ``head_dim`` and ``value_head_dim``.
+    """
+
+    vocab_size: int
+    hidden_size: int = 64
+    num_layers: int = 2
+    mixer: str = "kda"
+    layers: tuple[str, ...] = ()
+    rope: bool = True
+    num_heads: int = 2
+    head_dim: int = 32
+    value_head_dim: int | None = None
+    conv_size: int = 4
+    lower_bound: float | None = None
+    mlp_ratio: int = 2
+    mlp_width: int | None = None
+    norm_eps: float = 1e-5
+    implementation: str = "auto"
+    chunk_size: int = 64
+    kv_lora_rank: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio", "num_heads"):
+            check_positive_int(f"ModelConfig.{name}", getattr(self, name))
+        check_positive_int("ModelConfig.head_dim", self.head_dim)
+        check_positive_int("ModelConfig.conv_size", self.conv_size, minimum=0)
+        check_positive_int("ModelConfig.chunk_size", self.chunk_size)
+        check_number("ModelConfig.norm_eps", self.norm_eps, positive=True)
+        if not isinstance(self.mixer, str) or self.mixer not in MIXERS:
+            raise ValueError(
+                f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
+            )
+        self._check_layers()
+        if not isinstance(self.rope, bool):
+            raise ValueError(f"ModelConfig.rope must be True or False, got {self.rope!r}")
+        for name in ("value_head_dim", "mlp_width", "kv_lora_rank"):
+            check_int(f"ModelConfig.{name}", getattr(self, name), optional=True)
+
+    def _check_layers(self):
+        layers = self.layers
+        if isinstance(layers, str) or not isinstance(layers, Sequence):
+            raise ValueError(
+                f"ModelConfig.layers must be a tuple of mixer names such as "
+                f"('kda', 'kda', 'kda', 'attention'), got {layers!r}"
+            )
+        layers = tuple(layers)
+        unknown = [name for name in layers if not isinstance(name, str) or name not in MIXERS]
+        if unknown:
+            raise ValueError(
+                f"ModelConfig.layers names unknown mixers {unknown}; known: {sorted(MIXERS)}"
+            )
+        if layers and self.num_layers % len(layers):
+            raise ValueError(
+                f"ModelConfig.num_layers={self.num_layers} is not a multiple of the "
+                f"{len(layers)} entries of ModelConfig.layers={layers} (the pattern is tiled "
+                f"over the layers; give num_layers={len(layers)} for one copy)"
+            )
+        object.__setattr__(self, "layers", layers)  # a list becomes a hashable tuple
+
+    @property
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The mixer name of each of the ``num_layers`` blocks, in order."""
+        pattern = self.layers or (self.mixer,)
+        return pattern * (self.num_layers // len(pattern))
+
+    @property
+    def label(self) -> str:
+        """A short name: the mixer for a uniform model, else the pattern run-length encoded,
+        e.g. ``"kda3-attention"`` for ``("kda", "kda", "kda", "attention")``."""
+        pattern = self.layers or (self.mixer,)
+        if len(set(self.layer_mixers)) == 1:
+            return self.layer_mixers[0]
+        runs: list[list] = []
+        for name in pattern:
+            if runs and runs[-1][0] == name:
+                runs[-1][1] += 1
+            else:
+                runs.append([name, 1])
+        return "-".join(name + (str(count) if count > 1 else "") for name, count in runs)
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's inner width: ``mlp_width``, else ``mlp_ratio * hidden_size``."""
+        return self.mlp_width or self.mlp_ratio * self.hidden_size
+
+    def kda_config(self) -> KDAConfig:
+        """The :class:`kda_lib.KDAConfig` of every mixer layer."""
+        return KDAConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            value_head_dim=self.value_head_dim,
+            conv_size=self.conv_size,
+            lower_bound=self.lower_bound,
+            norm_eps=self.norm_eps,
+            implementation=self.implementation,
+            chunk_size=self.chunk_size,
+        )
+
+    def attention_config(self, *, short_conv: bool = False) -> AttentionConfig:
+        """The :class:`kda_lib.layers.attention.AttentionConfig` of an attention layer (the mixer's
+        H, K, V and, with ``short_conv``, its conv width; ``rope`` from this config)."""
+        return AttentionConfig(
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            value_head_dim=self.value_head_dim,
+            rope=self.rope,
+            short_conv=short_conv,
+            conv_size=self.conv_size,
+        )
+
+    @property
+    def conv_reach(self) -> int:
+        """How many tokens back the convolutions alone can see through all layers:
+        ``num_layers * (conv_size - 1)``. A conv-only model is blind beyond it."""
+        return self.num_layers * max(self.conv_size - 1, 0)
+
+    def for_layer(self, index: int) -> ModelConfig:
+        """This config with ``mixer`` set to layer ``index``'s mixer (what its factory reads)."""
+        return dataclasses.replace(self, mixer=self.layer_mixers[index], layers=())
+
+
+MixerFactory = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
+
+
+MIXERS: dict[str, MixerFactory] = {}
+
+
+def register_mixer(name: str):
+    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
+
+    def register(factory: MixerFactory) -> MixerFactory:
+        MIXERS[name] = factory
+        return factory
+
+    return register
+
+
+def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The token mixer named by ``config.mixer`` (use :meth:`ModelConfig.for_layer` for the
+    mixer of one layer of a pattern)."""
+    try:
+        factory = MIXERS[config.mixer]
+    except KeyError:
+        raise ValueError(f"unknown mixer {config.mixer!r}; known: {sorted(MIXERS)}") from None
+    return factory(config, rngs)
+
+
+class ConvMixer(nnx.Module):
+    """KDA's short-conv path without the recurrence: the ablation that cannot remember.
+
+    ``y = o_proj(rmsnorm(silu(conv(v_proj(x)))) * o_norm * sigmoid(g_proj(x)))`` per head,
+    i.e. :class:`kda_lib.KimiDeltaAttention` with the kernel's output replaced by its values
+    (no state). Output ``t`` depends on inputs ``t - conv_size + 1 .. t`` only. Parameter names
+    match the KDA layer's (``v_proj v_conv1d g_proj o_norm o_proj``).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        value_dim: int,
+        conv_size: int,
+        *,
+        norm_eps: float = 1e-5,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        """``hidden_size`` in and out; ``num_heads`` heads of ``value_dim`` channels (H, V);
+        ``conv_size`` the conv width W (>= 1); ``norm_eps`` the output norm's epsilon."""
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("num_heads", num_heads),
+            ("value_dim", value_dim),
+        ):
+            check_positive_int(f"ConvMixer {name}", value)
+        if not is_int(conv_size, minimum=1):
+            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
+        check_number("ConvMixer norm_eps", norm_eps, positive=True)
+        self.hidden_size, self.num_heads, self.value_dim = hidden_size, num_heads, value_dim
+        self.conv_size, self.norm_eps, self.dtype = conv_size, norm_eps, dtype
+        h, vd, hidden = num_heads, value_dim, hidden_size
+        linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, **linear)
+        self.v_conv1d = ShortConvolution(
+            h * vd, conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+        self.g_proj = nnx.Linear(hidden, h * vd, bias_metadata=NO_DECAY, **linear)
+        self.o_norm = no_decay_param(jnp.ones((vd,), param_dtype))
+        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, **linear)
+
+    def init_cache(self, batch_size: int) -> jax.Array:
+        """Decode state: the last ``conv_size - 1`` value-stream inputs ``[B, W-1, H*V]``."""
+        channels = self.num_heads * self.value_dim
+        return jnp.zeros((batch_size, self.conv_size - 1, channels), self.dtype)
+
+    def __call__(self, x: jax.Array, *, cache: jax.Array | None = None):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+        batch, seq_len, _ = x.shape
+        h, vd = self.num_heads, self.value_dim
+        if cache is not None:
+            want = (batch, self.conv_size - 1, h * vd)
+            if not hasattr(cache, "shape") or tuple(cache.shape) != want:
+                got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
+                raise ValueError(
+                    f"cache for a conv layer must be an array of shape [B, W-1, H*V] = {want}, "
+                    f"got {got}; build it with model.init_cache({batch})"
+                )
+        x = x.astype(self.dtype)
+        o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
+        gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
+        normed = gated_rms_norm(
+            o.reshape(batch, seq_len, h, vd), self.o_norm[...], gate, eps=self.norm_eps
+        )
+        y = self.o_proj(normed.astype(self.dtype).reshape(batch, seq_len, h * vd))
+        return y if cache is None else (y, new_cache)
+
+
+@register_mixer("kda")
+def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return KimiDeltaAttention(config.kda_config(), rngs=rngs)
+
+
+@register_mixer("gdn")
+def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Gated DeltaNet: the KDA layer with one forget-gate value per head (not per channel)."""
+    return KimiDeltaAttention(
+        dataclasses.replace(config.kda_config(), per_head_decay=True), rngs=rngs
+    )
+
+
+@register_mixer("attention")
+def _attention_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return CausalSelfAttention(config.attention_config(), rngs=rngs)
+
+
+@register_mixer("attention_conv")
+def _attention_conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Softmax attention with KDA's short convolutions on q, k and v."""
+    return CausalSelfAttention(config.attention_config(short_conv=True), rngs=rngs)
+
+
+@register_mixer("conv")
+def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    kda = config.kda_config()
+    return ConvMixer(
+        config.hidden_size,
+        config.num_heads,
+        kda.value_dim,
+        config.conv_size,
+        norm_eps=config.norm_eps,
+        rngs=rngs,
+    )
+
+
+@register_mixer("mla")
+def _mla_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Multi-head latent attention, NoPE (Kimi Linear's global layers)."""
+    kda = config.kda_config()
+    mla = MLAConfig(
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        qk_head_dim=config.head_dim,
+        v_head_dim=kda.value_dim,
+        kv_lora_rank=config.kv_lora_rank or config.head_dim,
+        norm_eps=config.norm_eps,
+    )
+    return MultiHeadLatentAttention(mla, rngs=rngs)
+
+
+class MLP(nnx.Module):
+    """``down(gelu(up(x)))``."""
+
+    def __init__(self, hidden: int, width: int, *, rngs: nnx.Rngs):
+        self.up = nnx.Linear(hidden, width, bias_metadata=NO_DECAY, rngs=rngs)
+        self.down = nnx.Linear(width, hidden, bias_metadata=NO_DECAY, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        """``config.mixer`` names this block's mixer (see :meth:`ModelConfig.for_layer`)."""
+        hidden = config.hidden_size
+        norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
+        self.mixer_norm = nnx.RMSNorm(hidden, **norm)
+        self.mixer = make_mixer(config, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(hidden, **norm)
+        self.mlp = MLP(hidden, config.mlp_hidden, rngs=rngs)
+
+    def __call__(self, x, *, cache=None):
+        mixed = self.mixer(self.mixer_norm(x), cache=cache)
+        if cache is not None:
+            mixed, cache = mixed
+        x = x + mixed
+        x = x + self.mlp(self.mlp_norm(x))
+        return x if cache is None else (x, cache)
+
+
+class TinyLM(nnx.Module):
+    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``.
+
+    Block ``i`` uses the mixer ``config.layer_mixers[i]`` (one mixer everywhere, or a pattern
+    such as Kimi Linear's 3:1 KDA/attention hybrid). ``model(tokens,
+    cache=model.init_cache(B))`` also returns the per-layer caches after the tokens, one per
+    block and each of its own kind (a :class:`kda_lib.layers.kda_layer.KDACache` with a fixed
+    ``[B, H, K, V]`` state for KDA and GDN layers, a
+    :class:`kda_lib.layers.attention.AttentionCache` that grows with the context for attention
+    layers), so decoding can continue from them.
+    """
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.embed = nnx.Embed(
+            config.vocab_size, config.hidden_size, embedding_metadata=NO_DECAY, rngs=rngs
+        )
+        self.blocks = nnx.List(
+            [Block(config.for_layer(i), rngs=rngs) for i in range(config.num_layers)]
+        )
+        self.final_norm = nnx.RMSNorm(
+            config.hidden_size, epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs
+        )
+        self.head = nnx.Linear(config.hidden_size, config.vocab_size, use_bias=False, rngs=rngs)
+
+    def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
+        """One empty cache per block (see the mixers' ``init_cache``). ``max_len``: room for
+        that many tokens in every attention and MLA cache (fixed shapes, one compiled decode
+        step); None: those caches grow by concatenation. Other mixers' caches do not depend
+        on it."""
+        check_int("batch_size", batch_size)
+        caches = []
+        for block in self.blocks:
+            if isinstance(block.mixer, (CausalSelfAttention, MultiHeadLatentAttention)):
+                caches.append(block.mixer.init_cache(batch_size, max_len=max_len))
+            else:
+                caches.append(block.mixer.init_cache(batch_size))
+        return tuple(caches)
+
+    def __call__(self, tokens: jax.Array, *, cache: tuple | None = None):
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(
+                f"cache must hold one entry per block ({len(self.blocks)}), got {len(cache)}"
+            )
+        check_token_ids("tokens", tokens, self.config.vocab_size)
+        x = self.embed(tokens)
+        new_cache = []
+        for i, block in enumerate(self.blocks):
+            if cache is None:
+                x = block(x)
+            else:
+                x, layer_cache = block(x, cache=cache[i])
+                new_cache.append(layer_cache)
+        logits = self.head(self.final_norm(x))
+        return logits if cache is None else (logits, tuple(new_cache))
+
+
+def count_params(model: nnx.Module) -> int:
+    """Number of trainable scalars."""
+    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def config_param_count(config: ModelConfig) -> int:
+    """:func:`count_params` of ``TinyLM(config)``, from shapes only (nothing is initialised)."""
+    model = nnx.eval_shape(lambda: TinyLM(config, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
+    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target``.
+
+    The MLPs are the one part every mixer shares, and their size is linear in the width
+    (``(2 hidden + 1)`` scalars per unit and layer), so models with different mixers can be
+    brought to (almost) the same size by their MLP alone, as in equal-size comparisons.
+
+    Raises:
+      ValueError: ``target`` is smaller than the model without its MLP units allows.
+    """
+    check_int("target", target)
+    one = config_param_count(dataclasses.replace(config, mlp_width=1))
+    per_unit = config.num_layers * (2 * config.hidden_size + 1)
+    width = round((target - one) / per_unit) + 1
+    if width < 1:
+        raise ValueError(
+            f"target={target} parameters is below what {config.label} needs with a 1-unit MLP "
+            f"({one})"
+        )
+    return dataclasses.replace(config, mlp_width=width)
+
+
+def parameter_path_names(path) -> tuple[str, ...]:
+    """('blocks', '0', 'mixer', 'A_log') from a pytree path over nnx.state (no '.value')."""
+    names = []
+    for entry in path:
+        key = getattr(entry, "key", getattr(entry, "idx", getattr(entry, "name", entry)))
+        names.append(str(key))
+    return tuple(n for n in names if n != "value")
+
+
+def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
+    """Parameter path (``('blocks', '0', 'mixer', 'A_log')``) -> whether AdamW decays it: the
+    mark each parameter was created with (:func:`kda_lib.layers.params.weight_decay_mask`: no decay
+    for ``A_log``, ``dt_bias``, norm weights, biases and embeddings; matmul and conv kernels
+    decay)."""
+    return {
+        parameter_path_names(path): bool(decay)
+        for path, decay in jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))
+    }

@@ -1,0 +1,206 @@
+"""The plain KDA recurrence, one token at a time: the oracle every other form is checked against.
+
+Per head, with state ``S [K, V]``::
+
+    S = S * exp(g_t)[:, None]                     # per-channel forget gate
+    S = S + beta_t * outer(k_t, v_t - k_t @ S)    # delta rule (read after the decay)
+    o_t = (scale * q_t) @ S                       # read after write
+
+Grouped value heads (fla's ``num_v_heads``): q, k have H heads and v, g, beta, the state HV,
+a multiple of H; value head j reads q/k head ``j // (HV // H)``, by that index mapping inside
+the step (nothing is repeated).
+
+Run it under ``jax_enable_x64`` with float64 inputs for a float64 oracle.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kda_lib.checks import check_array
+from kda_lib.ops.contract import (
+    Dims,
+    accumulation_dtype,
+    check_kda_inputs,
+    check_state,
+    resolve_scale,
+)
+from kda_lib.ops.segments import canonical_segment_ids, first_segment_id, zero_padding
+
+
+def _delta_update(state, k_t, v_t, g_t, beta_t):
+    """One decay + delta-rule write. state [..., K, V]; k_t, g_t [..., K]; v_t [..., V]."""
+    state = state * jnp.exp(g_t)[..., :, None]
+    prediction = jnp.einsum("...k,...kv->...v", k_t, state)
+    return state + (beta_t[..., None] * k_t)[..., :, None] * (v_t - prediction)[..., None, :]
+
+
+def kda_recurrent(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    segment_ids: jax.Array | None = None,
+    allow_neg_eigval: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """KDA as a ``lax.scan`` over time.
+
+    Args:
+      q, k: ``[B, T, H, K]``; used as given (normalise them first if you want L2-normed keys).
+      v: ``[B, T, HV, V]``, HV a positive multiple of H (HV = H: one value head per q/k head).
+        Grouped value heads are served natively: value head j reads q/k head ``j // (HV // H)``.
+      g: ``[B, T, HV, K]`` log-space decay, ``<= 0``.
+      beta: ``[B, T, HV]`` write strength in [0, 1] ([0, 2] with ``allow_neg_eigval``).
+      scale: query scale, default ``K ** -0.5``.
+      initial_state: ``[B, HV, K, V]`` state before the first token (of the row's first
+        segment), default zeros.
+      output_final_state: also return the state after the last non-padding token.
+      segment_ids: ``[B, T]`` int, 1-based, 0 = padding. The state resets to zero whenever the
+        id changes; padding tokens output 0 and leave the state alone.
+      allow_neg_eigval: accept beta in [0, 2].
+
+    Returns:
+      ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[B, HV, K, V]``
+      float32 (float64 for float64 inputs), or None.
+    """
+    dims = check_kda_inputs(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        segment_ids=segment_ids,
+        allow_neg_eigval=allow_neg_eigval,
+    )
+    if segment_ids is not None:  # compared in their own dtype, then numbered
+        segment_ids = canonical_segment_ids(segment_ids)
+    # padding by selection: its values never reach an output or a gradient
+    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    return recurrent_core(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        dims=dims,
+        scale=resolve_scale(scale, dims.key_dim),
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        segment_ids=segment_ids,
+    )
+
+
+# traced once per static options and shapes (eager calls compile one program; see
+# kda_lib.ops.registry.run)
+@functools.partial(jax.jit, static_argnames=("dims", "scale", "output_final_state"))
+def recurrent_core(
+    q, k, v, g, beta, *, dims: Dims, scale: float, initial_state, output_final_state, segment_ids
+):
+    """:func:`kda_recurrent` on checked inputs: ``segment_ids`` canonical
+    (:func:`kda_lib.ops.segments.canonical_segment_ids`) and padding already zeroed; nothing is
+    checked, canonicalised or padded here."""
+    acc = accumulation_dtype(q.dtype)
+    state0 = _initial_state(initial_state, dims, acc)
+    qk_head = jnp.arange(dims.num_heads) // dims.groups  # the q/k head of each value head
+    # time-major for the scan
+    xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
+    if segment_ids is None:
+        ids = jnp.ones((dims.seq_len, dims.batch), jnp.int32)
+        prev0 = jnp.ones((dims.batch,), jnp.int32)
+    else:
+        prev0 = first_segment_id(segment_ids)
+        ids = jnp.moveaxis(segment_ids, 1, 0)
+
+    def step(carry, x):
+        state, prev_id = carry
+        q_t, k_t, v_t, g_t, beta_t, id_t = x
+        q_t, k_t = q_t[:, qk_head], k_t[:, qk_head]  # [B, HV, K]
+        valid = id_t != 0  # [B]
+        fresh = valid & (id_t != prev_id)
+        state_in = jnp.where(fresh[:, None, None, None], 0.0, state)
+        new_state = _delta_update(state_in, k_t, v_t, g_t, beta_t)
+        o_t = jnp.einsum("bhk,bhkv->bhv", q_t * scale, new_state)
+        o_t = jnp.where(valid[:, None, None], o_t, 0.0)
+        state = jnp.where(valid[:, None, None, None], new_state, state)
+        return (state, jnp.where(valid, id_t, prev_id)), o_t
+
+    # inside shard_map the carry must vary over the same mesh axes as the inputs
+    state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
+    prev0 = prev0 + jnp.zeros_like(ids[0])
+    (final_state, _), o = jax.lax.scan(step, (state0, prev0), (*xs, ids))
+    o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
+    return o, (final_state if output_final_state else None)
+
+
+def kda_step(
+    state: jax.Array,
+    q_t: jax.Array,
+    k_t: jax.Array,
+    v_t: jax.Array,
+    g_t: jax.Array,
+    beta_t: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One decoding step.
+
+    Args:
+      state: ``[B, H, K, V]`` (kept in float32, or float64 for float64 inputs).
+      q_t, k_t, g_t: ``[B, H, K]``; v_t: ``[B, H, V]``; beta_t: ``[B, H]``.
+      scale: default ``K ** -0.5``.
+
+    Returns:
+      ``(new_state [B, H, K, V], o_t [B, H, V])``: the state in float32 (float64 for float64
+      inputs), as :func:`kda_recurrent` keeps it; o_t in q_t's dtype. The same rules as
+      :func:`kda_recurrent` apply (floating dtypes, beta in [0, 1], g <= 0).
+    """
+    for name, x in (("state", state), ("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        check_array(name, x)
+    for name, x in (("g_t", g_t), ("beta_t", beta_t)):
+        check_array(name, x)
+    if q_t.ndim != 3:
+        raise ValueError(f"q_t must have shape [B, H, K], got shape {q_t.shape}")
+    batch, num_heads, key_dim = q_t.shape
+    if v_t.ndim != 3 or v_t.shape[:2] != (batch, num_heads):
+        raise ValueError(
+            f"v_t must have shape [B, H, V]=({batch}, {num_heads}, V), got {v_t.shape}"
+        )
+    dims = Dims(batch, 1, num_heads, key_dim, v_t.shape[2], num_heads)
+    for name, x in (("k_t", k_t), ("g_t", g_t)):
+        if x.shape != q_t.shape:
+            raise ValueError(f"{name} must have shape [B, H, K]={q_t.shape}, got {x.shape}")
+    if beta_t.shape != (batch, num_heads):
+        raise ValueError(f"beta_t must have shape [B, H]={(batch, num_heads)}, got {beta_t.shape}")
+    check_state(state, dims)
+    # the sequence rules (dtypes, values) on the one-token sequence
+    check_kda_inputs(
+        q_t[:, None],
+        k_t[:, None],
+        v_t[:, None],
+        g_t[:, None],
+        beta_t[:, None],
+        initial_state=state,
+    )
+    scale = resolve_scale(scale, key_dim)
+    acc = jnp.promote_types(accumulation_dtype(q_t.dtype), accumulation_dtype(state.dtype))
+    new_state = _delta_update(
+        state.astype(acc), k_t.astype(acc), v_t.astype(acc), g_t.astype(acc), beta_t.astype(acc)
+    )
+    o_t = jnp.einsum("bhk,bhkv->bhv", q_t.astype(acc) * scale, new_state)
+    return new_state, o_t.astype(q_t.dtype)
+
+
+def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:
+    shape = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
+    if initial_state is None:
+        return jnp.zeros(shape, acc)
+    return initial_state.astype(acc)

@@ -1,0 +1,494 @@
+"""The registry of KDA implementations: one object per implementation, and ``"auto"``'s policy.
+
+Each backend has its ``name``, the ``platforms`` it serves (None: any), ``needs`` (options it
+requires, e.g. ``max_num_segments`` with segment ids), ``problems(options) -> list[str]`` (why
+it cannot serve these inputs; empty: it can), ``__call__(arrays, options)`` and
+``context_parallel`` (its CP route: :data:`STATE_PASSING`, kda_lib's rank summaries through
+:func:`kda_lib.kda`; a function of its own; or None). :func:`check_call` validates a call once
+into :class:`kda_lib.ops.contract.KDAOptions` and :class:`KDAArrays` (segment ids canonicalised and
+padding zeroed there, once); backends take them as they are and check nothing again.
+
+A new kernel plugs in by adding one object to :data:`REGISTRY`. This is the one module that
+compares ``implementation`` names.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kda_lib.checks import check_array
+from kda_lib.ops.chunked import chunked_core
+from kda_lib.ops.contract import (
+    KDAOptions,
+    check_chunk_size,
+    check_fused_inputs,
+    check_kda_inputs,
+    check_precision,
+    check_segment_ids,
+    repeat_qk_heads,
+    resolve_scale,
+)
+from kda_lib.ops.gating import check_lower_bound, kda_gate
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.ops.reference import recurrent_core
+from kda_lib.ops.segments import (
+    NEUTRAL_RAW_GATE,
+    canonical_segment_ids,
+    check_max_num_segments,
+    zero_padding,
+)
+from kda_lib.ops.tokamax.adapter import (
+    TOKAMAX_CHUNK,
+    TOKAMAX_VARIANTS,
+    TokamaxVariant,
+    mosaic_problems,
+    tokamax_kda,
+    tokamax_mosaic_context_parallel,
+    tpu_generation,
+)
+
+# kda_lib's CP route (kda_lib.parallel.context_parallel), any backend that takes an initial
+# state and returns a final one
+STATE_PASSING = "state_passing"
+
+
+class KDAArrays(NamedTuple):
+    """The arrays of one checked call: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g
+    ``[B, T, HV, K]`` (raw with the fused gate); beta ``[B, T, HV]``; initial_state
+    ``[B, HV, K, V]`` | None; segment_ids canonical ``[B, T]`` | None; a_log ``[HV]`` | None;
+    dt_bias ``[HV * K]`` | None. Padding already zeroed (a raw gate set to its neutral value)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    g: jax.Array
+    beta: jax.Array
+    initial_state: jax.Array | None
+    segment_ids: jax.Array | None
+    a_log: jax.Array | None
+    dt_bias: jax.Array | None
+
+
+class Backend:
+    """One implementation. Subclasses set the attributes and ``__call__``. ``token_by_token``:
+    it runs T dependent steps (slow at large T: the benchmark skips it there unless named).
+    ``compiled_once``: :func:`run` may trace it once per options and shapes (False where the
+    trace depends on state that is no part of jit's cache key)."""
+
+    name: str
+    platforms: tuple[str, ...] | None = None
+    needs: frozenset = frozenset()
+    context_parallel: str | Callable | None = None
+    token_by_token: bool = False
+    compiled_once: bool = True
+
+    def problems(self, options: KDAOptions) -> list[str]:
+        return []
+
+    def config_problems(self, *, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
+        """Why it cannot serve any call of this configuration on this machine (the platform,
+        K, the dtype, the gate), before there are inputs; empty: it may (``problems`` decides
+        for a call)."""
+        return []
+
+    def __call__(self, arrays: KDAArrays, options: KDAOptions):
+        raise NotImplementedError
+
+
+def run(backend: Backend, arrays: KDAArrays, options: KDAOptions):
+    """``backend(arrays, options)`` as one compiled program, traced once per backend, options
+    and shapes. Why: an eager call would otherwise dispatch, and compile on first use, each of
+    its operations one by one (measured on CPU: 180 small programs and 4.2 s for the first
+    eager chunked call at T = 256, against one program); under an outer ``jit`` the cached
+    trace is reused. Backends with ``compiled_once`` False are called as they are."""
+    if backend.compiled_once:
+        return _compiled(backend, arrays, options)
+    return backend(arrays, options)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _compiled(backend: Backend, arrays: KDAArrays, options: KDAOptions):
+    return backend(arrays, options)
+
+
+def clear_compiled_forms() -> None:
+    """Forget the traces :func:`run`, ``chunked_core`` and ``recurrent_core`` keep, so that a
+    module constant changed at run time (e.g. ``kda_lib.ops.chunked.LOW_PRECISION_MATMULS``) is read
+    again by the next call."""
+    for jitted in (_compiled, chunked_core, recurrent_core):
+        jitted.clear_cache()
+
+
+def _activated(arrays: KDAArrays, options: KDAOptions):
+    """q, k (L2-normalised if asked; float32, the forms compute in float32 anyway) and the
+    log-space gate, for kda_lib's own forms."""
+    q, k, g = arrays.q, arrays.k, arrays.g
+    if options.use_qk_l2norm:
+        q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
+    if options.fused_gate:
+        g = kda_gate(g, arrays.a_log, arrays.dt_bias, lower_bound=options.lower_bound)
+    return q, k, g
+
+
+def _core_kwargs(arrays: KDAArrays, options: KDAOptions) -> dict:
+    return dict(
+        dims=options.dims,
+        scale=options.scale,
+        initial_state=arrays.initial_state,
+        output_final_state=options.output_final_state,
+        segment_ids=arrays.segment_ids,
+    )
+
+
+class Recurrent(Backend):
+    """``"recurrent"``: the token-by-token scan (:func:`kda_lib.kda_recurrent`); grouped value
+    heads mapped natively. float32 throughout, so it honours ``precision="highest"`` only."""
+
+    name = "recurrent"
+    context_parallel = STATE_PASSING
+    token_by_token = True
+
+    def problems(self, options):
+        if options.precision not in (None, "highest"):
+            return [
+                f"precision={options.precision!r} applies to the 'chunked' implementation; "
+                "'recurrent' computes in float32 throughout (pass precision=None or 'highest')"
+            ]
+        return []
+
+    def __call__(self, arrays, options):
+        q, k, g = _activated(arrays, options)
+        out, final = recurrent_core(q, k, arrays.v, g, arrays.beta, **_core_kwargs(arrays, options))
+        return out.astype(options.dtype), final
+
+
+class Chunked(Backend):
+    """``"chunked"``: kda_lib's chunkwise form (:func:`kda_lib.kda_chunked`); any T, both
+    gates, states, every precision; grouped value heads by repeating the q/k heads."""
+
+    name = "chunked"
+    context_parallel = STATE_PASSING
+
+    def __call__(self, arrays, options):
+        q, k, g = _activated(arrays, options)
+        out, final = chunked_core(
+            q,
+            k,
+            arrays.v,
+            g,
+            arrays.beta,
+            chunk_size=options.chunk_size,
+            precision=options.precision,
+            **_core_kwargs(arrays, options),
+        )
+        return out.astype(options.dtype), final
+
+
+class Tokamax(Backend):
+    """tokamax's kernels through :mod:`kda_lib.ops.tokamax.adapter`. tokamax has no grouped value
+    heads: the q/k heads are repeated; nor a rate-free safe gate: ``a_log = 0`` (A = 1)."""
+
+    needs = frozenset({"max_num_segments"})
+
+    def __init__(self, name: str, variant: TokamaxVariant, platforms=None, context_parallel=None):
+        self.name, self.variant = name, variant
+        self.platforms, self.context_parallel = platforms, context_parallel
+        self.token_by_token = not variant.chunked
+
+    def problems(self, options):
+        name, found = self.name, []
+        if options.allow_neg_eigval:
+            found.append(f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported")
+        if options.precision is not None:
+            found.append(
+                f"precision={options.precision!r} applies to kda_lib's 'chunked' implementation; "
+                f"{name!r} chooses its own matmul precision (pass precision=None)"
+            )
+        if self.variant.chunked and options.chunk_size != TOKAMAX_CHUNK:
+            found.append(
+                f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {options.chunk_size}"
+            )
+        return found + self._segment_problems(options)
+
+    def _segment_problems(self, options):
+        if not options.has_segments:
+            return []
+        if options.max_num_segments is None:
+            return [
+                f"{self.name} with segment_ids needs max_num_segments (a static bound on the ids)"
+            ]
+        most = options.segments_per_row
+        if most is not None and most > options.max_num_segments:
+            return [
+                f"segment_ids has a row with {most} segments but max_num_segments="
+                f"{options.max_num_segments}"
+            ]
+        return []
+
+    def __call__(self, arrays, options):
+        q, k = repeat_qk_heads(arrays.q, arrays.k, options.dims.groups)
+        a_log = arrays.a_log
+        if options.fused_gate and a_log is None:
+            a_log = jnp.zeros((options.dims.num_heads,), jnp.float32)
+        return tokamax_kda(
+            self.variant,
+            q,
+            k,
+            arrays.v,
+            arrays.g,
+            arrays.beta,
+            arrays.initial_state,
+            arrays.segment_ids,
+            (a_log, arrays.dt_bias),
+            options,
+        )
+
+
+class TokamaxXlaChunked(Tokamax):
+    """tokamax's pure-JAX chunked form: it takes the fused safe gate only."""
+
+    def problems(self, options):
+        found = super().problems(options)
+        return found + self.config_problems(
+            key_dim=options.dims.key_dim,
+            dtype=options.dtype,
+            lower_bound=options.lower_bound,
+            fused_gate=options.fused_gate,
+        )
+
+    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        return gate_problems(self.name, fused_gate=fused_gate, lower_bound=lower_bound)
+
+
+class TokamaxMosaic(Tokamax):
+    """tokamax's Pallas Mosaic kernel: TPU v6+ (or :func:`kda_lib.emulate_tpu`), K <= 256,
+    float32/bfloat16, the safe gate with a fused gate; its own CP route."""
+
+    # its trace depends on the chip kda_lib.emulate_tpu emulates (interpret mode, the
+    # generation), which jit's cache key does not hold
+    compiled_once = False
+
+    def problems(self, options):
+        found = self.config_problems(
+            key_dim=options.dims.key_dim,
+            dtype=options.dtype,
+            lower_bound=options.lower_bound,
+            fused_gate=options.fused_gate,
+        )
+        return found + super().problems(options)
+
+    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        return mosaic_problems(
+            key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
+        )
+
+
+def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
+    """The gate ``name`` cannot take (the layer asks this with its config: it always fuses)."""
+    if name == "tokamax_xla_chunked" and not (fused_gate and lower_bound is not None):
+        return [
+            "tokamax_xla_chunked needs the fused safe gate (it needs the safe gate's lower_bound, "
+            "with or without a_log, and a raw gate input g); use implementation='chunked' for "
+            "log-space gates"
+        ]
+    return []
+
+
+RECURRENT, CHUNKED = Recurrent(), Chunked()
+REGISTRY: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        RECURRENT,
+        CHUNKED,
+        Tokamax("tokamax_xla", TOKAMAX_VARIANTS["tokamax_xla"]),
+        TokamaxXlaChunked("tokamax_xla_chunked", TOKAMAX_VARIANTS["tokamax_xla_chunked"]),
+        TokamaxMosaic(
+            "tokamax_mosaic",
+            TOKAMAX_VARIANTS["tokamax_mosaic"],
+            platforms=("tpu",),
+            context_parallel=tokamax_mosaic_context_parallel,
+        ),
+    )
+}
+IMPLEMENTATIONS = tuple(REGISTRY)
+
+
+# ------------------------------------------------------------------ the "auto" policy
+
+# T <= 16 takes the scan: a decode step, where one scan step beats a padded 64-token chunk
+RECURRENT_MAX_AUTO_T = 16
+# Above it, "chunked" for every call, forward-only or differentiated, on every platform but a
+# real TPU that tokamax Mosaic can serve. A scan forward for calls that are not differentiated
+# (a custom_vjp with the chunked gradient; issue 26 item 7) was measured and removed: on CPU the
+# recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the chunked forward at 0.86x the
+# scan's time at T = 256 and 0.98x at T = 1024, and under jax.grad two interleaved runs of that
+# route against plain "chunked" (data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json,
+# 7 rounds, and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores) had
+# medians route / chunked of 22.9 / 15.6 and 16.5 / 11.7 ms at T = 256 (the route 1.4x slower,
+# quartiles apart in both runs), 82.7 / 84.6 and 55.3 / 56.8 ms at T = 1024 and 424 / 391 and
+# 250 / 256 ms at T = 4096 (level: quartiles overlap). Plain "chunked" was never the slower.
+
+
+def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
+    """The ``"auto"`` policy's name for these inputs. Only a real TPU gets tokamax Mosaic
+    (when its constraints hold): an emulated one (:func:`kda_lib.emulate_tpu`) runs the kernel
+    interpreted, far slower than ``"chunked"``."""
+    if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
+        key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
+    ):
+        return "tokamax_mosaic"
+    return portable_implementation(seq_len)
+
+
+def portable_implementation(seq_len: int) -> str:
+    """kda_lib's own form for ``seq_len`` tokens: ``"recurrent"`` for decode-sized calls
+    (T <= RECURRENT_MAX_AUTO_T), ``"chunked"`` above."""
+    return "recurrent" if seq_len <= RECURRENT_MAX_AUTO_T else "chunked"
+
+
+def choose(options: KDAOptions) -> Backend:
+    """``"auto"``: tokamax Mosaic on a real TPU v6+ when it can serve the call and no precision
+    is asked (a precision is kda_lib's chunked policy); else ``"recurrent"`` for T <= 16 and
+    ``"chunked"`` above (the measured reasons: beside :data:`RECURRENT_MAX_AUTO_T`)."""
+    dims = options.dims
+    mosaic = REGISTRY["tokamax_mosaic"]
+    if (
+        options.precision is None
+        and tpu_generation() is not None  # a real TPU: emulated, Mosaic is far slower
+        and not mosaic.problems(options)
+    ):
+        return mosaic
+    return REGISTRY[portable_implementation(dims.seq_len)]
+
+
+def resolve(options: KDAOptions) -> Backend:
+    """The backend for a checked call: ``"auto"``'s choice, or the requested one if it can
+    serve the inputs (a requested implementation never falls back: ValueError naming why)."""
+    if options.implementation == "auto":
+        return choose(options)
+    backend = REGISTRY[options.implementation]
+    problems = backend.problems(options)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return backend
+
+
+def context_parallel_route(implementation: str, seq_len: int):
+    """The CP route of ``implementation`` (``"auto"``: kda_lib's own form for ``seq_len``):
+    ``(name, route)`` with route :data:`STATE_PASSING` or a function; ValueError if it has none."""
+    check_implementation(implementation)
+    if implementation == "auto":
+        implementation = portable_implementation(seq_len)
+    route = REGISTRY[implementation].context_parallel
+    if route is None:
+        # tokamax's XLA kernels build loop carries that do not vary over the mesh axis, which
+        # shard_map rejects; its Mosaic kernel has its own CP path (ContextParallelMetadata)
+        raise ValueError(
+            f"kda_context_parallel runs kda_lib's kernels ('chunked' or 'recurrent'); "
+            f"{implementation!r} cannot run inside shard_map here"
+        )
+    return implementation, route
+
+
+def check_implementation(implementation, owner: str = "implementation") -> str:
+    """``implementation`` must be ``"auto"`` or a registered name."""
+    if not isinstance(implementation, str) or (
+        implementation != "auto" and implementation not in REGISTRY
+    ):
+        raise ValueError(
+            f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got {implementation!r}"
+        )
+    return implementation
+
+
+def needs_segment_bound(implementation: str) -> bool:
+    """Whether ``implementation`` needs ``max_num_segments`` with segment ids."""
+    return implementation != "auto" and "max_num_segments" in REGISTRY[implementation].needs
+
+
+def uses_own_context_parallel(implementation: str) -> bool:
+    """Whether ``implementation``'s CP route is its own (it needs the mesh and a shard_map
+    without the vma check), not kda_lib's state passing."""
+    route = REGISTRY.get(implementation, CHUNKED).context_parallel
+    return route is not None and route != STATE_PASSING
+
+
+# ------------------------------------------------------------------ one check per call
+
+
+def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
+    """Validate a :func:`kda_lib.kda` call once (arguments as there) and pick its backend,
+    before any work; then the arrays as jax arrays, segment ids canonicalised, padding zeroed
+    (once: backends do none of it again)."""
+    a_log, dt_bias, lower_bound = kw["a_log"], kw["dt_bias"], kw["lower_bound"]
+    fused_gate = a_log is not None or lower_bound is not None
+    check_lower_bound(lower_bound)
+    if not fused_gate and dt_bias is not None:
+        raise ValueError(
+            "dt_bias and lower_bound only apply with the fused gate: pass a_log (softplus gate) "
+            "or lower_bound (safe gate) too, or activate the gate yourself with kda_lib.kda_gate"
+        )
+    implementation = check_implementation(kw["implementation"])
+    initial_state, segment_ids = kw["initial_state"], kw["segment_ids"]
+    common = dict(initial_state=initial_state, allow_neg_eigval=kw["allow_neg_eigval"])
+    if fused_gate:
+        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **common)
+    else:
+        dims = check_kda_inputs(q, k, v, g, beta, **common)
+    segments_per_row = None
+    if segment_ids is not None:
+        check_array("segment_ids", segment_ids)
+        segments_per_row = check_segment_ids(segment_ids, dims.batch, dims.seq_len)
+    options = _options(kw, dims, q.dtype, fused_gate, implementation, segments_per_row)
+    backend = resolve(options)
+    return backend, _arrays(q, k, v, g, beta, kw, dims, fused_gate), options
+
+
+def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> KDAOptions:
+    precision = check_precision(kw["precision"])
+    if not isinstance(kw["output_final_state"], bool):
+        raise ValueError(f"output_final_state must be a bool, got {kw['output_final_state']!r}")
+    bound = kw["max_num_segments"]
+    if kw["segment_ids"] is not None and bound is not None:
+        check_max_num_segments(bound)
+    return KDAOptions(
+        dims=dims,
+        dtype=np.dtype(dtype),
+        scale=resolve_scale(kw["scale"], dims.key_dim),
+        output_final_state=kw["output_final_state"],
+        has_initial_state=kw["initial_state"] is not None,
+        has_segments=kw["segment_ids"] is not None,
+        max_num_segments=bound,
+        segments_per_row=segments_per_row,
+        fused_gate=fused_gate,
+        lower_bound=None if kw["lower_bound"] is None else float(kw["lower_bound"]),
+        use_qk_l2norm=bool(kw["use_qk_l2norm"]),
+        allow_neg_eigval=bool(kw["allow_neg_eigval"]),
+        chunk_size=check_chunk_size(kw["chunk_size"]),
+        precision=precision,
+        implementation=implementation,
+    )
+
+
+def _arrays(q, k, v, g, beta, kw, dims, fused_gate) -> KDAArrays:
+    q, k, v, g, beta = (jnp.asarray(x) for x in (q, k, v, g, beta))
+    initial_state, segment_ids = kw["initial_state"], kw["segment_ids"]
+    initial_state = None if initial_state is None else jnp.asarray(initial_state)
+    a_log = None if kw["a_log"] is None else jnp.asarray(kw["a_log"])
+    dt_bias = kw["dt_bias"]
+    if dt_bias is not None:
+        dt_bias = jnp.asarray(dt_bias).reshape(dims.num_heads * dims.key_dim)
+    if segment_ids is not None:
+        # one rule for every implementation: a new segment wherever a real token's id differs
+        # from the previous real token's (reused or int64 ids included); padding by selection
+        segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
+        q, k, v, g, beta = zero_padding(
+            segment_ids, q, k, v, g, beta, neutral_gate=NEUTRAL_RAW_GATE if fused_gate else 0.0
+        )
+    return KDAArrays(q, k, v, g, beta, initial_state, segment_ids, a_log, dt_bias)

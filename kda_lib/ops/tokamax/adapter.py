@@ -1,0 +1,452 @@
+"""tokamax's KDA behind kda_lib's conventions: every tokamax quirk lives here.
+
+tokamax (``tokamax._src.ops.kda``) is head-first (``[H, B, T, D]``), keeps one state slot per
+segment (``[B, N, H, K, V]``, indexed by segment ordinals), needs T padded to its 64-token
+chunk for its chunked backends, disagrees between backends on padding (id 0) inside a row,
+and runs its Mosaic kernel on a TPU v6+ only (or in Pallas interpret mode under
+:func:`kda_lib.emulate_tpu`), with its own context-parallel route. This module adapts all of
+that to kda_lib's batch-first call (:func:`tokamax_kda`, used by :func:`kda_lib.kda`) and to
+kda_lib's context-parallel call (:func:`tokamax_mosaic_context_parallel`, used by
+:func:`kda_lib.parallel.context_parallel.kda_context_parallel`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kda_lib.ops.contract import check_fused_inputs, check_kda_inputs, repeat_qk_heads
+from kda_lib.ops.segments import (
+    check_max_num_segments,
+    fill_padding_ids_across_ranks,
+    isolate_non_finite,
+    neutral_padding,
+    overflowing_keys_as_nan,
+    pad_time,
+    restore_non_finite,
+    segment_ordinals,
+)
+from kda_lib.ops.tokamax import emulation
+
+TOKAMAX_CHUNK = 64
+
+
+class _QuietAutotuneMiss(logging.Filter):
+    """tokamax logs a WARNING for every untuned shape; it is noise for users of the adapter."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Autotuning cache miss" not in record.getMessage()
+
+
+@functools.cache
+def tokamax_kda_api():
+    """tokamax's KDA api module (``tokamax._src.ops.kda.api``; tokamax is a dependency)."""
+    from tokamax._src.ops.kda import api
+
+    logging.getLogger("absl").addFilter(_QuietAutotuneMiss())
+    return api
+
+
+def tpu_generation() -> int | None:
+    """TPU generation of the default device (e.g. 6 for v6e), or None off TPU."""
+    device = jax.devices()[0]
+    if device.platform != "tpu":
+        return None
+    kind = device.device_kind.lower()  # e.g. "tpu v6 lite", "tpu v5p", "tpu7x"
+    digits = "".join(c if c.isdigit() else " " for c in kind.replace("tpu", " ")).split()
+    return int(digits[0]) if digits else None
+
+
+def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
+    """Why tokamax Mosaic cannot serve these inputs here (empty list: it can).
+
+    Inside :func:`kda_lib.emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) a CPU counts as the
+    emulated TPU; :func:`select_implementation` still never picks the emulated kernel.
+    """
+    problems = []
+    generation = tpu_generation()
+    emulated = ""
+    if generation is None:
+        generation = emulation.emulated_tpu_generation()
+        emulated = " (emulated)"
+    if generation is None:
+        problems.append(
+            f"tokamax_mosaic needs a TPU v6 or newer; the default device is "
+            f"{jax.devices()[0].platform} (to run it in Pallas interpret mode anyway, "
+            f"wrap the call in kda_lib.emulate_tpu())"
+        )
+    elif generation < 6:
+        problems.append(
+            f"tokamax_mosaic needs a TPU v6 or newer; this is TPU v{generation}{emulated}"
+        )
+    if key_dim > 256:
+        problems.append(f"tokamax_mosaic supports K <= 256, got K={key_dim}")
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        problems.append(f"tokamax_mosaic supports float32/bfloat16 inputs, got {jnp.dtype(dtype)}")
+    if fused_gate and lower_bound is None:
+        problems.append("tokamax_mosaic with a fused gate (a_log given) needs lower_bound")
+    return problems
+
+
+class TokamaxVariant(NamedTuple):
+    """One of tokamax's KDA kernels, as the adapter needs to know it."""
+
+    api_name: str  # tokamax's ``implementation=`` name
+    chunked: bool  # T padded to TOKAMAX_CHUNK, chunk_size fixed at TOKAMAX_CHUNK
+    float32: bool  # computes in its inputs' dtype, so bf16/fp16 inputs run in float32
+    mosaic: bool  # the Pallas Mosaic kernel (TPU v6+, or emulated)
+
+
+TOKAMAX_VARIANTS = {
+    "tokamax_xla": TokamaxVariant("xla", chunked=False, float32=False, mosaic=False),
+    "tokamax_xla_chunked": TokamaxVariant("xla_chunked", chunked=True, float32=True, mosaic=False),
+    "tokamax_mosaic": TokamaxVariant("mosaic", chunked=True, float32=False, mosaic=True),
+}
+
+
+def tokamax_kda(
+    variant: TokamaxVariant, q, k, v, g, beta, initial_state, segment_ids, gate, options
+):
+    """tokamax's ``variant`` on kda_lib's checked call (:func:`kda_lib.ops.registry.check_call`).
+
+    Args:
+      q, k: ``[B, T, HV, K]`` (q/k heads already repeated for grouped value heads);
+        v ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (raw gate input with the fused gate),
+        beta ``[B, T, HV]``; padding already zeroed.
+      initial_state: ``[B, HV, K, V]`` or None; segment_ids: canonical ``[B, T]`` or None.
+      gate: ``(a_log [HV] | None, dt_bias [HV * K] | None)``; with the fused gate and no
+        a_log, a_log = 0 (exactly A = 1: tokamax has no rate-free gate).
+      options: :class:`kda_lib.ops.contract.KDAOptions` (its ``problems`` already checked).
+
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
+    Non-finite inputs are computed on finite stand-ins and NaN is put back exactly where the
+    recurrence has it; rows with more segments than ``max_num_segments`` under jit come out NaN.
+    """
+    seq_len = options.dims.seq_len
+    if not options.use_qk_l2norm:  # (normalised keys cannot overflow)
+        k = overflowing_keys_as_nan(k)  # kept in its segment from its token on, as in chunked
+    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite(
+        q, k, v, g, beta, initial_state, segment_ids, raw_gate=options.fused_gate
+    )
+    if variant.float32 and any(jnp.dtype(x.dtype) in LOW_PRECISION for x in (q, k, v)):
+        # tokamax's pure-JAX chunked form computes in its inputs' dtype: on fla's
+        # context-parallel inputs (issue 30) bf16 gave relative errors of 1.05e-2 against the
+        # float64 oracle, above fla's 8e-3; in float32 it matches the recurrence (1.7e-3, the
+        # rounding of the bf16 output). It is a portable reference, not a fast path: float32.
+        q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
+    slots = _segment_slots(variant, segment_ids, options)
+    q, k, v, g, beta, tk_segments = _padded_for_tokamax(
+        variant, (q, k, v, g, beta), segment_ids, options.fused_gate
+    )
+    out, final = call_tokamax_batch_first(
+        variant,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log=gate[0],
+        dt_bias=gate[1],
+        scale=options.scale,
+        initial_state=_slot_state(initial_state, slots.count),
+        output_final_state=options.output_final_state,
+        use_qk_l2norm=options.use_qk_l2norm,
+        segment_ids=tk_segments,
+        lower_bound=options.lower_bound,
+        max_num_segments=None if tk_segments is None else slots.count,
+    )
+    out = out[:, :seq_len].astype(options.dtype)
+    final = _final_slot(final, tk_segments, slots.count) if options.output_final_state else None
+    out, final = restore_non_finite(out, final, non_finite)
+    if slots.too_many is not None:
+        out = jnp.where(slots.too_many[:, None, None, None], jnp.nan, out)
+        if final is not None:
+            final = jnp.where(slots.too_many[:, None, None, None], jnp.nan, final)
+    return out, final
+
+
+LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+class _Slots(NamedTuple):
+    count: int  # state slots handed to tokamax (1 without segments)
+    too_many: jax.Array | None  # [B]: rows over max_num_segments (traced ids only)
+
+
+def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> _Slots:
+    """tokamax keeps one state slot per segment: how many to give it. Concrete ids were counted
+    by the check (``options.segments_per_row``); traced ids get a NaN flag per row instead."""
+    if segment_ids is None:
+        return _Slots(1, None)
+    count, too_many = options.max_num_segments, None
+    if options.segments_per_row is None:  # under jit: such a row would be silently wrong
+        too_many = segment_ordinals(segment_ids).max(axis=1) > count
+    if variant.mosaic:
+        # Mosaic aligns every segment slot to a 64-token chunk, so its work grows with the
+        # slot count: keep it tight (a row has at most T segments; concrete ids: the count)
+        count = min(count, -(-options.dims.seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
+        if options.segments_per_row is not None:
+            count = min(count, max(options.segments_per_row, 1))
+    return _Slots(count, too_many)
+
+
+def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate: bool):
+    """T padded to tokamax's chunk (chunked variants) and padding made neutral (tokamax's
+    backends disagree on padding, id 0, inside a row): part of the segment before it, with no
+    decay, no write and a zero query. Returns ``(q, k, v, g, beta, tokamax segment ordinals)``."""
+    batch, seq_len = arrays[0].shape[:2]
+    valid = None if segment_ids is None else segment_ids != 0
+    (q, k, v, g, beta), padded_ids, pad = pad_time(
+        TOKAMAX_CHUNK if variant.chunked else 1, *arrays, segment_ids=segment_ids
+    )
+    if pad:
+        valid = jnp.ones((batch, seq_len), bool) if valid is None else valid
+        valid = jnp.pad(valid, [(0, 0), (0, pad)])
+    if valid is not None:
+        q, g, beta = neutral_padding(q, g, beta, valid, raw_gate=fused_gate)
+    if padded_ids is not None:
+        return q, k, v, g, beta, segment_ordinals(padded_ids)
+    return q, k, v, g, beta, (jnp.ones((batch, seq_len + pad), jnp.int32) if pad else None)
+
+
+def _slot_state(initial_state, slots: int):
+    """The initial state ``[B, HV, K, V]`` as tokamax's per-segment ``[B, slots, HV, K, V]``:
+    it belongs to the row's first segment."""
+    if initial_state is None:
+        return None
+    state = initial_state.astype(jnp.float32)[:, None]
+    return jnp.pad(state, [(0, 0), (0, slots - 1), (0, 0), (0, 0), (0, 0)])
+
+
+def _final_slot(final, tk_segments, slots: int):
+    """The state of each row's last segment, ``[B, HV, K, V]`` float32."""
+    if tk_segments is None:
+        return final[:, 0].astype(jnp.float32)
+    last = jnp.clip(tk_segments[:, -1] - 1, 0, slots - 1)  # ordinal of the row's last segment
+    final = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)[:, 0]
+    return final.astype(jnp.float32)
+
+
+def call_tokamax_batch_first(
+    variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kwargs
+):
+    """tokamax's KDA on kda_lib's batch-first layout: ``q, k, g [B, T, H, K]``,
+    ``v [B, T, H, V]``, ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``.
+
+    Moves the head axis first (tokamax's ``[H, B, T, D]``) and back, and passes the fused
+    gate's ``a_log`` and ``dt_bias`` (tokamax's ``delta_time_bias``) in float32, with
+    ``use_gate_in_kernel`` set when ``a_log`` is given. ``kwargs`` go to tokamax as they are.
+    """
+
+    def head_first(x):
+        return jnp.moveaxis(x, 2, 0)
+
+    out, final = call_tokamax(
+        tokamax_kda_api(),
+        variant,
+        *(head_first(x) for x in (q, k, v, g, beta)),
+        a_log=None if a_log is None else a_log.astype(jnp.float32),
+        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
+        use_gate_in_kernel=a_log is not None,
+        **kwargs,
+    )
+    return jnp.moveaxis(out, 0, 2), final
+
+
+def _check_emulation_hooks() -> None:
+    """What :func:`kda_lib.emulate_tpu` needs of tokamax: its ``PALLAS_INTERPRET`` switch and a
+    Mosaic op that can skip its device check (raises ``EmulationUnavailableError``)."""
+    try:
+        utils = importlib.import_module("tokamax._src.ops.kda.utils")
+        mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
+    except ImportError as e:
+        raise emulation.unavailable_error(
+            "tokamax._src.ops.kda.utils and tokamax._src.ops.kda.pallas_mosaic_tpu"
+        ) from e
+    if not hasattr(utils, "get_interpret"):
+        raise emulation.unavailable_error(
+            "tokamax's PALLAS_INTERPRET switch (tokamax._src.ops.kda.utils)"
+        )
+    op = getattr(mosaic, "PallasMosaicTpuKimiDeltaAttention", None)
+    if op is None or "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
+        raise emulation.unavailable_error(
+            "PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)"
+        )
+
+
+emulation.register_entry_check(_check_emulation_hooks)
+
+
+@functools.cache
+def emulated_mosaic_op():
+    """tokamax's Mosaic KDA op with its TPU device check bypassed (emulation only).
+
+    Called with the keyword arguments of ``tokamax...kda.api.kimi_delta_attention`` minus
+    ``implementation``; its custom VJP is tokamax's own.
+    """
+    _check_emulation_hooks()
+    mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
+    return mosaic.PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
+
+
+def call_tokamax(api, variant: TokamaxVariant, *args, **kwargs):
+    """``api.kimi_delta_attention(*args, **kwargs)`` with ``variant``'s kernel; under TPU
+    emulation, tokamax Mosaic goes through its op with the device check bypassed."""
+    if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
+        return emulated_mosaic_op()(*args, **kwargs)
+    return api.kimi_delta_attention(*args, implementation=variant.api_name, **kwargs)
+
+
+def tokamax_mosaic_context_parallel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    axis_name,
+    mesh,
+    scale=None,
+    segment_ids=None,
+    a_log=None,
+    dt_bias=None,
+    lower_bound=None,
+    use_qk_l2norm=False,
+    allow_neg_eigval=False,
+    chunk_size=TOKAMAX_CHUNK,
+    max_num_segments=None,
+    **unsupported,
+):
+    """tokamax's own CP for its Mosaic kernel: ``ContextParallelMetadata(mesh, axis_name)``.
+
+    tokamax all-gathers per-rank ``(S_ext, M)`` summaries like kda_lib's path, but derives the
+    chain from rank-local segment ids: padding (id 0) is filled with the id of the segment it
+    follows (so the chain sees through it) and made neutral (no decay, no write, zero output);
+    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints
+    (:func:`_mosaic_cp_problems`): a TPU v6+ (or :func:`kda_lib.emulate_tpu`), K and V
+    multiples of 128 (and K <= 256), float32/bfloat16, the fused gate with ``lower_bound``, no
+    initial/final state, beta in [0, 1], chunk_size 64, and a ``shard_map`` with
+    ``check_vma=False`` (tokamax's CP loops carry values that do not vary over the mesh axis).
+    Grouped value heads (v, g, beta with HV a multiple of q's H) are served by repeating the
+    q/k heads; ``a_log=None`` with ``lower_bound`` by ``a_log = 0`` (exactly A = 1).
+    """
+    fused_gate = a_log is not None or lower_bound is not None
+    problems = _mosaic_cp_problems(
+        q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
+    )
+    if problems:
+        raise ValueError(f"{NAME} cannot run inside shard_map here: " + "; ".join(problems))
+    mesh = _mosaic_cp_mesh(q, axis_name, mesh)
+    q, k, g, beta, a_log, ids, max_num_segments = _mosaic_cp_inputs(
+        (q, k, v, g, beta), a_log, dt_bias, segment_ids, max_num_segments, fused_gate, axis_name
+    )
+    metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
+    out, _ = call_tokamax_batch_first(
+        TOKAMAX_VARIANTS["tokamax_mosaic"],
+        q,
+        k,
+        v,
+        g,
+        beta,
+        a_log=a_log,
+        dt_bias=dt_bias,
+        scale=scale,
+        use_qk_l2norm=use_qk_l2norm,
+        segment_ids=ids,
+        lower_bound=lower_bound,
+        max_num_segments=max_num_segments,
+        context_parallel_metadata=metadata,
+    )
+    return out.astype(q.dtype)
+
+
+NAME = "'tokamax_mosaic'"
+
+
+def _mosaic_cp_inputs(
+    arrays, a_log, dt_bias, segment_ids, max_num_segments, fused_gate: bool, axis_name
+):
+    """One rank's inputs, checked, as tokamax's CP takes them: ``(q, k, g, beta, a_log, ids,
+    max_num_segments)``. tokamax has no grouped value heads (q/k heads repeated) and no
+    rate-free safe gate (a_log = 0 is exactly A = 1); without segment ids every token is in
+    segment 1, with them padding takes the id of the segment it follows across ranks and is
+    made neutral."""
+    if fused_gate:
+        dims = check_fused_inputs(*arrays, a_log, dt_bias, segment_ids=segment_ids)
+    else:
+        dims = check_kda_inputs(*arrays, segment_ids=segment_ids)
+    q, k, _, g, beta = arrays
+    q, k = repeat_qk_heads(q, k, dims.groups)
+    if fused_gate and a_log is None:
+        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
+    if segment_ids is None:
+        return q, k, g, beta, a_log, jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
+    ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
+    q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused_gate)
+    # a bound on the segments of one slice; Mosaic pads every slot to a 64-token chunk
+    max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
+    return q, k, g, beta, a_log, ids, max_num_segments
+
+
+def _mosaic_cp_problems(
+    q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
+) -> list[str]:
+    """Why tokamax's Mosaic CP cannot serve these arguments (TypeError for unknown ones)."""
+    problems = mosaic_problems(
+        key_dim=q.shape[-1], dtype=q.dtype, lower_bound=lower_bound, fused_gate=fused_gate
+    )
+    key_dim, value_dim = q.shape[-1], v.shape[-1]
+    if key_dim % 128 or value_dim % 128:
+        problems.append(
+            f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
+            f"got K={key_dim}, V={value_dim}"
+        )
+    for arg in ("initial_state", "output_final_state"):
+        value = unsupported.pop(arg, None)
+        if value is not None and value is not False:
+            problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
+    if unsupported:
+        raise TypeError(f"kda_context_parallel got unexpected arguments {sorted(unsupported)}")
+    if allow_neg_eigval:
+        problems.append("tokamax_mosaic requires beta in [0, 1]; allow_neg_eigval is not supported")
+    if chunk_size != TOKAMAX_CHUNK:
+        problems.append(
+            f"tokamax_mosaic supports chunk_size={TOKAMAX_CHUNK} only, got {chunk_size}"
+        )
+    try:
+        check_max_num_segments(max_num_segments, optional=True)
+    except ValueError as e:
+        problems.append(str(e))
+    return problems
+
+
+def _mosaic_cp_mesh(q, axis_name, mesh):
+    """The shard_map's mesh for ``ContextParallelMetadata`` (default: the abstract mesh), after
+    checking the shard_map does not check vma and has ``axis_name``."""
+    if axis_name in _varying_axes(q):
+        raise ValueError(
+            f"{NAME} context parallelism needs jax.shard_map(..., check_vma=False): tokamax's CP "
+            "kernels build loop carries that do not vary over the mesh axis, which the vma "
+            "check rejects"
+        )
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"{NAME} context parallelism needs the shard_map's mesh (mesh=...); "
+            f"{axis_name!r} is not one of its axes {mesh.axis_names}"
+        )
+    return mesh
+
+
+def _varying_axes(x) -> frozenset:
+    """Mesh axes ``x`` varies over (empty unless shard_map checks vma): ``typeof(x).mat.varying``
+    in jax 0.12, ``typeof(x).vma`` before."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())

@@ -1,0 +1,315 @@
+"""Run tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode.
+
+``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` work on CPU:
+``kda(...)``, the layer, and the context-parallel path through tokamax's own CP
+(``kda_context_parallel(..., implementation="tokamax_mosaic")``). It is for checking the TPU
+code path (tests, notebooks), not for speed: every kernel is interpreted, and compiling the
+interpreted kernel takes seconds (``jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS)`` roughly
+halves that). ``implementation="auto"`` never picks the emulated kernel.
+
+Four things make it work, all undone when the context exits:
+
+* ``PALLAS_INTERPRET=1`` in ``os.environ``: tokamax's KDA kernels read it *when they are traced*
+  (``tokamax/_src/ops/kda/utils.py``) and then run ``pallas_call(..., interpret=True)``;
+* jax's TPU info registry (``jax._src.tpu_info.registry``) answers ``pltpu.get_tpu_info()``
+  for the host's device kind (e.g. ``"cpu"``) with the emulated chip's limits (VMEM size, lanes);
+* the adapter calls tokamax's Mosaic op built with ``bypass_device_check=True``, since the op
+  refuses non-TPU devices (:func:`kda_lib.ops.tokamax.adapter.emulated_mosaic_op`);
+* memory a kernel never writes reads as zeros (``uninitialized_memory="zero"``, patching
+  ``jax._src.pallas.primitives.uninitialized_value``) instead of interpret mode's NaN. tokamax's
+  Mosaic backward sums the gate-parameter gradients (``a_log``, ``dt_bias``) over the chunk
+  padding it adds around segments (always present under its CP, which requires ids), but its
+  kernel never writes the gate gradient there; the sum multiplies that by an exact zero
+  (sigmoid' of the -1e4 padding gate), so on a TPU it vanishes unless the stale memory holds
+  NaN/Inf, while interpret mode's NaN poisons it. ``"nan"`` keeps jax's default, to hunt
+  such reads.
+
+Trace inside the context: the forward *and* ``jax.grad``/``jax.jit`` of anything that runs the
+kernel (the backward kernel is traced when the gradient is taken). A function jitted inside
+keeps working after it. The switch is process-wide (environment variable, registry), not
+per thread. On a real TPU it does nothing.
+
+``KDA_EMULATE_TPU=v6e`` (any :data:`CHIP_VERSIONS` value; ``1`` means v6e) in the environment
+turns emulation on for the whole process, from the first time kda_lib consults it on.
+
+The hooks are private jax/tokamax internals, tested with jax :data:`TESTED_JAX` and tokamax
+:data:`TESTED_TOKAMAX`; a missing hook raises :class:`EmulationUnavailableError` naming them.
+jax's error message suggests ``jax.sharding.use_abstract_mesh`` with an abstract TPU device
+instead of the registry; that only serves lowering (``jit`` then refuses to run without
+``lowering_platforms``) and inside ``shard_map`` the concrete CPU mesh wins, so it cannot run
+the kernel here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.metadata
+import os
+import warnings
+from collections.abc import Callable, Iterator
+
+TESTED_JAX = "0.12.0.1"
+TESTED_TOKAMAX = "0.0.17"
+ENV_VAR = "KDA_EMULATE_TPU"
+INTERPRET_ENV_VAR = "PALLAS_INTERPRET"
+DEFAULT_GENERATION = "v6e"
+# ChipVersion values of jax 0.12 (jax._src.tpu_info.ChipVersion)
+CHIP_VERSIONS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")
+# XLA:CPU options that compile the (large) interpreted kernels ~2x faster; the kernels are tiny
+# at emulation sizes, so the slower code costs nothing. Pass to jax.jit(compiler_options=...).
+FAST_COMPILE_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+}
+
+_stack: list[str] = []  # chip versions of the active emulate_tpu contexts, innermost last
+_env_checked = False
+_env_context = None
+
+
+class EmulationUnavailableError(RuntimeError):
+    """A private jax/tokamax hook that TPU emulation needs is missing (version mismatch)."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def unavailable_error(what: str) -> EmulationUnavailableError:
+    """The error for a hook emulation needs that this installation lacks (``what``), naming
+    the tested and installed versions of jax and tokamax."""
+    return EmulationUnavailableError(
+        f"kda_lib.emulate_tpu needs {what}, which this installation lacks. It was tested with "
+        f"jax {TESTED_JAX} and tokamax {TESTED_TOKAMAX}; installed: jax {_version('jax')}, "
+        f"tokamax {_version('tokamax')}. Install the tested versions "
+        f"(pip install jax=={TESTED_JAX} tokamax=={TESTED_TOKAMAX}) or run on a TPU."
+    )
+
+
+@functools.cache
+def _warn_if_untested() -> None:
+    found = (_version("jax"), _version("tokamax"))
+    if found != (TESTED_JAX, TESTED_TOKAMAX):
+        warnings.warn(
+            f"kda_lib.emulate_tpu was tested with jax {TESTED_JAX} and tokamax "
+            f"{TESTED_TOKAMAX}, found jax {found[0]} and tokamax {found[1]}; it relies on "
+            "private hooks, check its results against implementation='chunked'",
+            stacklevel=3,
+        )
+
+
+def _jax_hooks():
+    """(registry dict, function chip -> TpuInfo, get_tpu_info) from jax's private tpu_info."""
+    try:
+        tpu_info = importlib.import_module("jax._src.tpu_info")
+    except ImportError as e:
+        raise unavailable_error("jax._src.tpu_info") from e
+    registry = getattr(tpu_info, "registry", None)
+    chip_version = getattr(tpu_info, "ChipVersion", None)
+    info_for_chip = getattr(tpu_info, "get_tpu_info_for_chip", None)
+    if not isinstance(registry, dict) or chip_version is None or info_for_chip is None:
+        raise unavailable_error(
+            "jax._src.tpu_info.registry, ChipVersion and get_tpu_info_for_chip "
+            "(the TPU info registry)"
+        )
+    return registry, chip_version, info_for_chip, getattr(tpu_info, "get_tpu_info", None)
+
+
+def _pallas_primitives():
+    """jax's private pallas primitives module, whose uninitialized_value interpret mode uses."""
+    try:
+        primitives = importlib.import_module("jax._src.pallas.primitives")
+        interpreter = importlib.import_module("jax._src.pallas.hlo_interpreter")
+    except ImportError as e:
+        raise unavailable_error("jax._src.pallas.primitives and hlo_interpreter") from e
+    if not callable(getattr(primitives, "uninitialized_value", None)) or (
+        getattr(interpreter, "primitives", None) is not primitives
+    ):
+        raise unavailable_error(
+            "jax._src.pallas.primitives.uninitialized_value (interpret mode's fill value)"
+        )
+    return primitives
+
+
+def _zero_fill(original):
+    import jax.numpy as jnp
+
+    def uninitialized_value(shape, dtype):
+        if jnp.issubdtype(dtype, jnp.floating):
+            return jnp.zeros(shape, dtype)
+        return original(shape, dtype)
+
+    uninitialized_value.kda_lib_zero_fill = True
+    uninitialized_value.__wrapped_original__ = original
+    return uninitialized_value
+
+
+# checks run each time emulation starts, each raising EmulationUnavailableError when a hook it
+# needs is missing: kda_lib.ops.tokamax.adapter registers tokamax's (this module never imports
+# tokamax: the backend, one layer up, reads this module's state)
+_entry_checks: list[Callable[[], None]] = []
+
+
+def register_entry_check(check: Callable[[], None]) -> None:
+    """Run ``check()`` whenever :func:`emulate_tpu` (or ``KDA_EMULATE_TPU``) starts emulating;
+    it raises :class:`EmulationUnavailableError` (see :func:`unavailable_error`) when something
+    emulation needs is missing. Registering the same check again does nothing."""
+    if check not in _entry_checks:
+        _entry_checks.append(check)
+
+
+def _chip(generation: str) -> str:
+    name = str(generation).strip().lower()
+    name = name.removeprefix("tpu").strip()
+    if name not in CHIP_VERSIONS:
+        raise ValueError(
+            f"emulate_tpu: unknown TPU generation {generation!r}; use one of {CHIP_VERSIONS} "
+            f"(tokamax's Mosaic KDA needs v6e or newer)"
+        )
+    return name
+
+
+def _generation_number(chip: str) -> int:
+    return int("".join(c for c in chip if c.isdigit()))
+
+
+def _on_real_tpu() -> bool:
+    import jax
+
+    return jax.devices()[0].platform == "tpu"
+
+
+def _host_device_kind() -> str:
+    import jax
+
+    return jax.devices()[0].device_kind
+
+
+def _clear_tpu_info_cache(get_tpu_info) -> None:
+    clear = getattr(get_tpu_info, "cache_clear", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
+    registry, chip_version, info_for_chip, get_tpu_info = _jax_hooks()
+    primitives = _pallas_primitives()
+    for check in _entry_checks:
+        check()
+    _warn_if_untested()
+    kind = _host_device_kind()
+    version = chip_version(chip)
+    saved_env = os.environ.get(INTERPRET_ENV_VAR)
+    saved_entry = registry.get(kind)
+    saved_fill = primitives.uninitialized_value
+    os.environ[INTERPRET_ENV_VAR] = "1"
+    registry[kind] = lambda: info_for_chip(version, 1)
+    if uninitialized_memory == "zero" and not hasattr(saved_fill, "kda_lib_zero_fill"):
+        primitives.uninitialized_value = _zero_fill(saved_fill)
+    elif uninitialized_memory == "nan" and hasattr(saved_fill, "kda_lib_zero_fill"):
+        primitives.uninitialized_value = saved_fill.__wrapped_original__
+    _clear_tpu_info_cache(get_tpu_info)
+    _stack.append(chip)
+    try:
+        yield
+    finally:
+        _stack.pop()
+        primitives.uninitialized_value = saved_fill
+        if saved_env is None:
+            os.environ.pop(INTERPRET_ENV_VAR, None)
+        else:
+            os.environ[INTERPRET_ENV_VAR] = saved_env
+        if saved_entry is None:
+            registry.pop(kind, None)
+        else:
+            registry[kind] = saved_entry
+        _clear_tpu_info_cache(get_tpu_info)
+
+
+@contextlib.contextmanager
+def emulate_tpu(
+    generation: str = DEFAULT_GENERATION, *, uninitialized_memory: str = "zero"
+) -> Iterator[str | None]:
+    """Within the block, ``implementation="tokamax_mosaic"`` runs on CPU in interpret mode.
+
+    Args:
+      generation: the TPU chip to emulate, one of :data:`CHIP_VERSIONS` (default ``"v6e"``;
+        tokamax's Mosaic KDA needs v6e or newer). Its hardware limits (VMEM, lanes) shape the
+        kernel's blocking exactly as on that chip.
+      uninitialized_memory: what a kernel reads from memory it never wrote, ``"zero"``
+        (default) or ``"nan"`` (jax's interpret-mode default; see the module docstring for
+        why tokamax's gate-parameter gradients need ``"zero"``).
+
+    Yields:
+      The emulated chip version, or None on a real TPU (where the block runs unchanged).
+
+    Raises:
+      EmulationUnavailableError: a private jax/tokamax hook is missing (the message names the
+        tested versions, :data:`TESTED_JAX` and :data:`TESTED_TOKAMAX`).
+    """
+    chip = _chip(generation)
+    if uninitialized_memory not in ("zero", "nan"):
+        raise ValueError(
+            f"emulate_tpu: uninitialized_memory must be 'zero' or 'nan', "
+            f"got {uninitialized_memory!r}"
+        )
+    if _on_real_tpu():
+        yield None
+        return
+    with _emulating(chip, uninitialized_memory):
+        yield chip
+
+
+def _activate_from_environment() -> None:
+    """Turn emulation on for the rest of the process if ``KDA_EMULATE_TPU`` asks for it."""
+    global _env_checked
+    if _env_checked:
+        return
+    _env_checked = True
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return
+    chip = DEFAULT_GENERATION if value in ("1", "true", "yes", "on") else value
+    try:
+        chip = _chip(chip)
+    except ValueError as e:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: {e}") from None
+    if _on_real_tpu():
+        return
+    global _env_context
+    _env_context = _emulating(chip, "zero")
+    _env_context.__enter__()  # exited only by reset_environment_activation
+
+
+def reset_environment_activation() -> None:
+    """Undo a ``KDA_EMULATE_TPU`` activation, and read the variable again at the next
+    emulation query: for a process that changes the variable after the first query (the tests
+    do; otherwise it is read once per process)."""
+    global _env_checked, _env_context
+    if _env_context is not None:
+        _env_context.__exit__(None, None, None)
+    _env_context = None
+    _env_checked = False
+
+
+def emulated_chip() -> str | None:
+    """The TPU chip being emulated (e.g. ``"v6e"``), or None (no emulation, or a real TPU)."""
+    _activate_from_environment()
+    return _stack[-1] if _stack else None
+
+
+def emulated_tpu_generation() -> int | None:
+    """The emulated TPU generation (e.g. 6 for v6e), or None when not emulating."""
+    chip = emulated_chip()
+    return None if chip is None else _generation_number(chip)
+
+
+def is_emulating() -> bool:
+    """True inside :func:`emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) off TPU."""
+    return emulated_chip() is not None

@@ -1,0 +1,94 @@
+"""Explanatory maths of the notebooks: what one KDA head does, in matrices and norms.
+
+These are for teaching and figures, not for speed: each is computed from the oracle recurrence
+(:mod:`kda_lib.ops.reference`) or its closed form, one head at a time.
+
+* :func:`kda_mixing_matrix` -- the implicit ``T x T`` attention matrix of one KDA head, read off
+  the recurrence with one-hot values; :func:`mixing_matrix_by_products` -- the same matrix from
+  its closed form (products of transitions), in float64 NumPy.
+* :func:`softmax_attention_matrix` -- causal softmax attention weights, for comparison.
+* :func:`state_norms` -- ``||S_t||_F`` after every token of one head (the state's size over time).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kda_lib.ops.reference import kda_recurrent, kda_step
+
+
+def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array:
+    """The implicit ``[T, T]`` mixing matrix ``A`` of one KDA head: ``o = A @ v``.
+
+    For fixed ``q, k, g, beta`` the output is linear in ``v`` and every value channel goes
+    through the same map, so feeding one-hot values (``v = I_T``, one channel per token) reads
+    ``A`` off the outputs: ``A[t, s]`` is how much ``v_s`` contributes to ``o_t``. It is lower
+    triangular (causal) and, unlike softmax attention, can be negative (the delta rule subtracts).
+
+    Args:
+      q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
+    Returns:
+      ``A`` ``[T, T]`` in the accumulation dtype (float32, or float64 under x64).
+    """
+    seq_len = q.shape[0]
+    eye = jnp.eye(seq_len, dtype=jnp.result_type(q.dtype, jnp.float32))
+    o, _ = kda_recurrent(
+        q[None, :, None],
+        k[None, :, None],
+        eye[None, :, None],
+        g[None, :, None],
+        beta[None, :, None],
+        scale=scale,
+    )
+    return o[0, :, 0, :]
+
+
+def mixing_matrix_by_products(q, k, g, beta, *, scale: float = 1.0) -> np.ndarray:
+    """The mixing matrix of one KDA head from its closed form, in float64 NumPy:
+    ``A[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with the
+    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (notebook 02, section 5).
+
+    Args:
+      q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
+    Returns:
+      ``A`` ``[T, T]`` float64, lower triangular; equals :func:`kda_mixing_matrix`.
+    """
+    q, k, g, beta = (np.asarray(x, np.float64) for x in (q, k, g, beta))
+    seq_len = q.shape[0]
+    written = np.zeros((k.shape[1], seq_len))  # column s: where v_s sits in the state, [K, T]
+    mixing = np.zeros((seq_len, seq_len))
+    for t in range(seq_len):
+        written = np.exp(g[t])[:, None] * written  # D_t on every earlier column
+        written -= beta[t] * np.outer(k[t], k[t] @ written)  # then I - beta_t k_t k_t^T
+        written[:, t] = beta[t] * k[t]  # token t's own write
+        mixing[t, : t + 1] = scale * q[t] @ written[:, : t + 1]
+    return mixing
+
+
+def softmax_attention_matrix(q, k, *, scale: float | None = None) -> jax.Array:
+    """Causal softmax attention weights ``[T, T]`` for one head (q, k ``[T, K]``)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = scale * q @ k.T
+    causal = jnp.tril(jnp.ones(scores.shape, bool))
+    return jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+
+
+@jax.jit
+def state_norms(k, v, g, beta) -> jax.Array:
+    """``||S_t||_F`` after every token of one head, by the token-by-token recurrence from zero.
+
+    Args:
+      k, g: ``[T, K]``; v: ``[T, V]``; beta: ``[T]`` (one head, the query does not matter).
+    Returns:
+      ``[T]`` Frobenius norms of the state after each token.
+    """
+
+    def step(state, x):
+        k_t, v_t, g_t, b_t = (y[None, None] for y in x)  # add B = H = 1
+        state, _ = kda_step(state, k_t, k_t, v_t, g_t, b_t)
+        return state, jnp.linalg.norm(state)
+
+    state0 = jnp.zeros((1, 1, k.shape[-1], v.shape[-1]), jnp.result_type(v.dtype, jnp.float32))
+    return jax.lax.scan(step, state0, (k, v, g, beta))[1]

@@ -1,0 +1,109 @@
+"""The notebooks' shared setup: :func:`setup` (one line about JAX and kda_lib, the shared
+settings) and :func:`check_parameters` (a notebook's papermill parameters, by name).
+
+The install step before it is :mod:`kda_lib.teaching.install` (standard library only).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Mapping
+
+from kda_lib.checks import is_int
+from kda_lib.teaching.install import DISTRIBUTION
+
+
+def setup(*, style: bool = True) -> None:
+    """The settings every notebook shares; prints one line about JAX and kda_lib.
+
+    * the plot style of :func:`kda_lib.teaching.viz.setup_style` (``style=False`` leaves matplotlib
+    as
+      it is);
+    * random numbers from the non-partitionable threefry: on CPU it compiles multi-dimensional
+      draws many times faster (seconds per shape otherwise); it only changes which numbers are
+      drawn.
+    """
+    import jax
+
+    import kda_lib
+
+    if style:
+        from kda_lib.teaching import viz
+
+        viz.setup_style()
+    jax.config.update("jax_threefry_partitionable", False)
+    devices = jax.devices()
+    count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
+    print(
+        f"jax {jax.__version__} on {jax.default_backend()} ({count}, {devices[0].device_kind}) | "
+        f"kda_lib {_installed_version()} ({_origin(kda_lib.__file__)})"
+    )
+
+
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _origin(module_file: str) -> str:
+    """Where kda_lib was imported from, in words that name no folder of this machine (the line
+    ends up on the published pages)."""
+    parts = os.path.normpath(module_file).split(os.sep)
+    return "installed" if "site-packages" in parts or "dist-packages" in parts else "source tree"
+
+
+# int parameters that may be 0 (every other int parameter must be >= 1)
+ZERO_OK_PARAMETERS = frozenset({"seed", "conv_size", "delay"})
+
+
+def check_parameters(namespace: Mapping, *, zero_ok: frozenset = ZERO_OK_PARAMETERS) -> None:
+    """Check a notebook's parameters against the types annotated in its ``parameters`` cell,
+    first thing after it (papermill injects its values in a cell right after that one), so a
+    bad value fails at once with an error naming the parameter instead of deep inside JAX.
+
+    ``int``: an int (not a bool) >= 1, or >= 0 for the names in ``zero_ok``; ``float``: a finite
+    number; ``bool``; ``str``; ``list`` / ``list[X]``: a list (or tuple) of such values.
+
+    Raises:
+      ValueError: the first parameter that does not fit, with its name, value and the rule.
+    """
+    import math
+    import typing
+
+    annotations = dict(namespace.get("__annotations__", {}))
+
+    def problem(name, value, kind) -> str | None:
+        origin = typing.get_origin(kind) or kind
+        if origin is list:
+            if not isinstance(value, (list, tuple)):
+                return "a list"
+            (item,) = typing.get_args(kind) or (None,)
+            for entry in value if item else ():
+                why = problem(name, entry, item)
+                if why:
+                    return f"a list whose entries are each {why}"
+            return None
+        if kind is bool:
+            return None if isinstance(value, bool) else "True or False"
+        if kind is int:
+            low = 0 if name in zero_ok else 1
+            return None if is_int(value, low) else f"an int >= {low}"
+        if kind is float:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            return None if number and math.isfinite(value) else "a finite number"
+        if kind is str:
+            return None if isinstance(value, str) else "a str"
+        return None
+
+    for name, kind in annotations.items():
+        if name not in namespace:
+            continue
+        why = problem(name, namespace[name], kind)
+        if why:
+            raise ValueError(
+                f"notebook parameter {name} must be {why}, got {namespace[name]!r} "
+                "(set in the parameters cell, or injected by papermill -p)"
+            )

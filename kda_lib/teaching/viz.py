@@ -1,0 +1,423 @@
+"""Small matplotlib helpers shared by the notebooks: one style, one palette, one way to show.
+
+* :func:`setup_style` once per notebook; :data:`PALETTE` is the Okabe-Ito colour-blind-safe set.
+* :func:`show` displays a figure and, when the environment variable ``KDA_FIGURE_DIR`` is set,
+  also saves it there as ``<name>.png`` (how figures are reviewed outside a browser).
+* :func:`heatmap` draws a labelled matrix with a colour bar; :func:`signed_log_norm` is a colour
+  scale on which a dominant diagonal and small off-diagonal weights are both visible.
+* :func:`gate_explorer` draws one head's cumulative decay, mixing matrix and state norm.
+* :func:`time_vs_length` draws live timings and recorded ones
+  (:func:`kda_lib.lab.records.load_benchmark_runs`) in separate panels.
+* :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
+  receives and the state summaries the ranks exchange.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+
+# Okabe & Ito (2008), distinguishable under the common colour-vision deficiencies.
+PALETTE = {
+    "blue": "#0072B2",
+    "orange": "#E69F00",
+    "green": "#009E73",
+    "vermillion": "#D55E00",
+    "sky": "#56B4E9",
+    "purple": "#CC79A7",
+    "yellow": "#F0E442",
+    "black": "#000000",
+}
+CYCLE = [PALETTE[c] for c in ("blue", "orange", "green", "vermillion", "sky", "purple", "black")]
+SEQUENTIAL_CMAP = "viridis"  # perceptually uniform, colour-blind safe
+DIVERGING_CMAP = "PuOr_r"  # colour-blind safe, white at zero
+
+FIGURE_DIR_ENV = "KDA_FIGURE_DIR"
+
+
+def setup_style() -> None:
+    """Notebook-width figures with readable fonts, light grids and the colour-blind palette."""
+    mpl.rcParams.update(
+        {
+            "figure.figsize": (8.0, 3.6),
+            "figure.dpi": 100,
+            "savefig.dpi": 130,
+            "figure.constrained_layout.use": True,
+            "font.size": 10,
+            "axes.titlesize": 11,
+            "axes.labelsize": 10,
+            "legend.fontsize": 9,
+            "legend.framealpha": 0.85,
+            "axes.prop_cycle": mpl.cycler(color=CYCLE),
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "image.cmap": SEQUENTIAL_CMAP,
+            "lines.linewidth": 1.8,
+        }
+    )
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "figure"
+
+
+def show(fig: plt.Figure, name: str) -> None:
+    """Display ``fig`` (inline in a notebook) and close it.
+
+    When ``KDA_FIGURE_DIR`` is set, also save it there as ``<name>.png`` (for reviewing the
+    figures of an executed notebook without a browser). Returns None, so a cell may end with it.
+    """
+    directory = os.environ.get(FIGURE_DIR_ENV)
+    if directory:
+        path = pathlib.Path(directory) / f"{_slug(name)}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    plt.show()
+    plt.close(fig)
+
+
+def heatmap(
+    ax: plt.Axes,
+    data,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    cbar_label: str,
+    diverging: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str | None = None,
+    extent=None,
+    colorbar: bool = True,
+    norm=None,
+):
+    """Draw ``data`` ``[rows, cols]`` on ``ax`` with a labelled colour bar; return the image.
+
+    ``diverging=True`` centres a diverging map on zero (symmetric limits unless given).
+    ``colorbar=False`` leaves the bar out (e.g. to draw one shared bar for several panels with
+    ``fig.colorbar(image, ax=axes)``). ``norm``: a matplotlib norm (e.g. ``SymLogNorm``, to
+    show entries of very different sizes on one scale); it replaces vmin/vmax.
+    """
+    data = np.asarray(data)
+    if norm is not None:
+        vmin = vmax = None
+    elif diverging:
+        bound = float(np.nanmax(np.abs(data))) or 1.0
+        vmin = -bound if vmin is None else vmin
+        vmax = bound if vmax is None else vmax
+    image = ax.imshow(
+        data,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=cmap or (DIVERGING_CMAP if diverging else SEQUENTIAL_CMAP),
+        vmin=vmin,
+        vmax=vmax,
+        norm=norm,
+        extent=extent,
+        origin="upper",
+    )
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(False)
+    if colorbar:
+        bar = ax.figure.colorbar(image, ax=ax, shrink=0.9)
+        bar.set_label(cbar_label)
+        if isinstance(norm, mpl.colors.SymLogNorm):  # decades only, none inside the linear band
+            top, low = np.log10(norm.vmax), np.log10(norm.linthresh)
+            decades = 10.0 ** np.arange(np.floor(top), np.ceil(low), -1.0)
+            bar.set_ticks(np.r_[-decades, 0.0, decades[::-1]])
+    return image
+
+
+def token_rows(ax: plt.Axes, inputs, targets, mask, *, vocab_size: int, title: str):
+    """A task example as two heatmap rows, ``input`` over ``target``, each cell labelled with
+    its token id; unscored targets (``mask`` False) are left blank. ``inputs``, ``targets``,
+    ``mask``: ``[T]``. Returns the ``[2, T]`` grid drawn (NaN where blank)."""
+    inputs, targets, mask = np.asarray(inputs), np.asarray(targets), np.asarray(mask)
+    length = inputs.shape[0]
+    grid = np.stack([inputs, np.where(mask, targets, -1)]).astype(float)
+    grid[grid < 0] = np.nan
+    heatmap(ax, grid, title=title, xlabel="position t (tokens)", ylabel="",
+            cbar_label="token id", vmin=0, vmax=vocab_size - 1,
+            extent=(-0.5, length - 0.5, 1.5, -0.5))  # fmt: skip
+    ax.set_yticks([0, 1], ["input", "target"])
+    for t in range(length):
+        for row in (0, 1):
+            if not np.isnan(grid[row, t]):
+                ax.text(t, row, f"{int(grid[row, t])}", ha="center", va="center", fontsize=7,
+                        color="white" if grid[row, t] < vocab_size / 2 else "black")  # fmt: skip
+    return grid
+
+
+def time_vs_length(
+    lengths, live: dict, runs: list[dict], *, mode: str, live_title: str, names: dict | None = None
+) -> plt.Figure:
+    """Measured time against sequence length on log-log axes: live timings on the left, each
+    recorded benchmark run (from :func:`kda_lib.lab.records.load_benchmark_runs`) in a panel of its
+    own, so that runs of different sizes or machines are never read off one axis as if
+    comparable.
+
+    Args:
+      lengths: the live sequence lengths; live: ``{name: [ms per length]}``.
+      runs: recorded runs; their records with ``mode`` and an ``impl`` in ``names`` are drawn.
+      names: recorded ``impl`` -> the label used for the live series (same colour); default: as is.
+    """
+    names = names or {}
+    colours = {name: CYCLE[i % len(CYCLE)] for i, name in enumerate(live)}
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.2 * (1 + len(runs)), 3.8), squeeze=False)
+    _time_panel(axes[0, 0], {n: (lengths, ms) for n, ms in live.items()}, colours, live_title)
+    for ax, run in zip(axes[0, 1:], runs, strict=True):
+        series = {}
+        for r in run["records"]:
+            if r["mode"] == mode and r["impl"] in names:
+                series.setdefault(names[r["impl"]], {})[int(r["T"])] = float(r["median_ms"])
+        series = {n: tuple(zip(*sorted(p.items()), strict=True)) for n, p in series.items()}
+        for n in series:
+            colours.setdefault(n, CYCLE[len(colours) % len(CYCLE)])
+        _time_panel(ax, series, colours, f"{run['label']}\n{run['config'] or 'config ?'}")
+    return fig
+
+
+def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
+    for name, (ts, ms) in series.items():
+        ax.loglog(ts, ms, "o-", color=colours[name], label=name, markersize=4)
+    every_t = sorted({t for ts, _ in series.values() for t in ts})
+    if every_t:
+        t_ref = np.array([every_t[0], every_t[-1]], float)
+        base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
+        ax.loglog(t_ref, base * t_ref / t_ref[0], color="0.6", lw=1, label="slope 1: O(T)")
+        ax.loglog(
+            t_ref, base * (t_ref / t_ref[0]) ** 2, color="0.6", lw=1, ls=":", label="slope 2: O(T²)"
+        )
+        ax.set_xticks(every_t, [str(t) for t in every_t])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def draw_context_parallel(
+    ranks: int, local_len: int, halo: int, *, shown_ranks: int = 4, drawn_tokens: int = 8
+) -> plt.Figure:
+    """Sketch of a sequence split over ``ranks`` devices, ``local_len`` tokens each.
+
+    Top: the tokens of the first ``shown_ranks`` ranks (at most ``drawn_tokens`` boxes per rank,
+    the label says how many there really are) and the ``halo`` tokens each receives from its
+    predecessor (hatched; rank 0 receives zeros). Bottom: every rank summarises its slice as an
+    affine map (M, E) of the state entering it, the ranks all-gather the summaries, and each
+    folds those of the ranks before it into its true initial state.
+    """
+    shown, drawn = min(ranks, shown_ranks), min(local_len, drawn_tokens)
+    colours = [CYCLE[r % len(CYCLE)] for r in range(shown)]
+    fig, (ax_top, ax_bot) = plt.subplots(2, 1, figsize=(10, 5.6), height_ratios=[1.25, 1])
+    _draw_halo(ax_top, shown, drawn, halo, colours)
+    _draw_summaries(ax_bot, shown, drawn, colours)
+    per_rank = f"{local_len} per rank" + (f", {drawn} of them drawn" if drawn < local_len else "")
+    for ax in (ax_top, ax_bot):
+        ax.set_xlim(-halo - 2.5, shown * drawn + 0.5)
+        ax.set_yticks([])
+        if drawn < local_len:  # positions on the axis would not be the tokens' positions
+            ax.set_xticks([])
+        ax.set_xlabel(f"token position (one box per token; {per_rank})")
+        ax.grid(False)
+        ax.spines[["left"]].set_visible(False)
+    ax_top.set_title(
+        f"Conv halo: each rank receives the {halo} tokens before its slice "
+        "(hatched) from its predecessor (ppermute)"
+    )
+    ax_bot.set_title(
+        "State passing: slice summaries $S \\mapsto M S + E$ are all-gathered, "
+        "each rank folds the upstream ones"
+    )
+    return fig
+
+
+def _draw_halo(ax, shown, drawn, halo, colours):
+    box = dict(width=0.9, height=0.7)
+    for r in range(shown):
+        y, start = shown - 1 - r, r * drawn
+        for t in range(start, start + drawn):
+            ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), color=colours[r], **box))
+        for t in range(start - halo, start):
+            style = (
+                dict(fill=False, edgecolor="0.5", linestyle=":")
+                if t < 0
+                else dict(facecolor="white", edgecolor=colours[r - 1], hatch="///")
+            )
+            ax.add_patch(mpl.patches.Rectangle((t, y + 0.15), **box, **style))
+        if r > 0:
+            x = start - halo / 2
+            ax.annotate(
+                "",
+                xy=(x, y + 0.85),
+                xytext=(x, y + 1.15),
+                arrowprops=dict(arrowstyle="->", color="0.2", lw=1.4),
+            )
+        ax.text(
+            start + drawn / 2,
+            y + 0.5,
+            f"rank {r}",
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
+    ax.text(-halo - 0.2, shown - 0.5, "zeros", ha="right", va="center", fontsize=8, color="0.4")
+    ax.set_ylim(-0.1, shown + 0.1)
+
+
+def _draw_summaries(ax, shown, drawn, colours):
+    for r in range(shown):
+        x0, middle = r * drawn, r * drawn + drawn / 2
+        ax.add_patch(
+            mpl.patches.FancyBboxPatch(
+                (x0 + 0.3, 1.3), drawn - 0.6, 1.0, boxstyle="round,pad=0.1", color=colours[r]
+            )
+        )
+        ax.text(
+            middle,
+            1.8,
+            f"rank {r}: $(M^{{({r})}}, E^{{({r})}})$",
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
+        ax.annotate(
+            "",
+            xy=(middle, 0.75),
+            xytext=(middle, 1.25),
+            arrowprops=dict(arrowstyle="<->", color="0.2", lw=1.2),
+        )
+        entering = "0" if r == 0 else f"M^{{({r - 1})}} S^{{({r - 1})}} + E^{{({r - 1})}}"
+        ax.text(middle, 2.7, f"$S^{{({r})}} = {entering}$", ha="center", va="center", fontsize=8)
+    ax.add_patch(mpl.patches.Rectangle((0.3, 0.25), shown * drawn - 0.6, 0.5, color="0.85"))
+    ax.text(
+        shown * drawn / 2,
+        0.5,
+        "all_gather of the summaries: R x (K x K + K x V) floats per "
+        "row and head, independent of T",
+        ha="center",
+        va="center",
+        fontsize=9,
+    )
+    ax.set_ylim(0, 3.1)
+
+
+def signed_log_norm(data, *, decades: float = 3.0) -> mpl.colors.SymLogNorm:
+    """A symmetric log colour scale for signed ``data``: linear within ``decades`` decades below
+    its largest magnitude, logarithmic above, so that entries from the largest down to that
+    floor are all visible (a delta-rule mixing matrix's diagonal and its small corrections)."""
+    bound = float(np.nanmax(np.abs(np.asarray(data)))) or 1.0
+    return mpl.colors.SymLogNorm(linthresh=bound * 10.0**-decades, vmin=-bound, vmax=bound)
+
+
+def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0) -> plt.Figure:
+    """Three views of one head: cumulative decay ``log10_kept [K, T]`` (rows sorted by the
+    caller), the mixing matrix ``[T', T']`` and the state norm ``[T]`` after every token."""
+    fig, (ax0, ax1, ax2) = plt.subplots(
+        1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1.1, 1.1, 1]}
+    )
+    heatmap(
+        ax0,
+        np.maximum(log10_kept, floor),
+        title="Cumulative decay",
+        xlabel="tokens since the write (tokens)",
+        ylabel="channel (longest memory on top)",
+        cbar_label="log10 fraction retained",
+        vmin=floor,
+        vmax=0.0,
+    )
+    heatmap(
+        ax1,
+        mixing,
+        title=r"Mixing matrix $\Omega$",
+        xlabel="source token s",
+        ylabel="output token t",
+        cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+        diverging=True,
+        norm=signed_log_norm(mixing),
+    )
+    ax2.plot(np.arange(1, len(norms) + 1), norms)
+    ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
+    fig.suptitle(title)
+    return fig
+
+
+def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = None,
+                   shown_chunks: int = 4) -> plt.Figure:
+    """Dataflow of the chunked form (notebook 03).
+
+    Left: the first ``shown_chunks`` chunks. Each chunk's ``C x C`` triangular blocks (the
+    decayed scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``, drawn in 16-token
+    sub-blocks, the diagonal ones darker) are computed for every chunk at once; they give
+    the chunk's ``W``, ``U``, ``P`` (or its map ``(M, E)``). Only the state ``S`` travels
+    between chunks (arrows): each step corrects the values (``U - W S``) and updates the
+    state. Right: the compositions in each round of ``lax.associative_scan`` over
+    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.ops.costs.associative_scan_rounds`).
+    """
+    from kda_lib.ops.costs import associative_scan_rounds
+
+    scan_maps = num_chunks if scan_maps is None else scan_maps
+    scan_rounds = associative_scan_rounds(scan_maps)
+    shown = min(num_chunks, shown_chunks)
+    fig, (ax, ax_scan) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[2.3, 1])
+    subs = max(chunk_size // 16, 1)  # 16-token sub-chunks (section 4 of notebook 03)
+    for i in range(shown):
+        x = 1.2 + 3.0 * i
+        colour = CYCLE[i % len(CYCLE)]
+        side = 2.0 / subs
+        for r in range(subs):  # sub-blocks of the lower triangle; the diagonal ones darker
+            for c in range(r + 1):
+                corner = (x + c * side, 4.6 - (r + 1) * side)
+                if r == c:
+                    cells = [corner, (corner[0], corner[1] + side),
+                             (corner[0] + side, corner[1])]
+                    ax.add_patch(mpl.patches.Polygon(cells, color=colour, alpha=0.75, lw=0))
+                else:
+                    ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
+                                                       alpha=0.3, edgecolor="white"))
+        ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
+                va="top")
+        ax.annotate("", xy=(x + 1.0, 1.55), xytext=(x + 1.0, 2.55),
+                    arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
+        ax.text(x + 1.1, 2.05, "$W, U, P$", fontsize=8, va="center")
+        ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.6), 2.2, 0.9,
+                                                boxstyle="round,pad=0.05", color=colour))
+        update = "$\\Delta = U - W S$\n$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$"
+        ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
+        ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
+                    arrowprops=dict(arrowstyle="->", color="black", lw=2))
+        ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
+    end = 1.2 + 3.0 * shown
+    ax.annotate("", xy=(end + 0.05, 1.05), xytext=(end - 0.85, 1.05),
+                arrowprops=dict(arrowstyle="->", color="black", lw=2))
+    more = f" ... {num_chunks} chunks" if num_chunks > shown else ""
+    ax.text(end + 0.1, 1.05, f"$S_{{{shown}}}${more}", va="center", fontsize=9)
+    ax.text(0.1, 3.6, "parallel\nover\nchunks", fontsize=8, va="center", color="0.3")
+    ax.text(0.1, 0.2, f"sequential: {num_chunks} steps, one per chunk", fontsize=8,
+            color="0.3")
+    ax.set_xlim(0, end + 2.4)
+    ax.set_ylim(0, 4.9)
+    ax.axis("off")
+    ax.set_title(f"Chunked KDA, C = {chunk_size}: triangular blocks in parallel, "
+                 "the state between chunks")
+    rounds = np.arange(1, len(scan_rounds) + 1)
+    ax_scan.bar(rounds, scan_rounds, color=PALETTE["blue"])
+    ax_scan.set_xlabel("round of lax.associative_scan")
+    ax_scan.set_ylabel("compositions (independent)")
+    ax_scan.set_xticks(rounds)
+    ax_scan.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax_scan.set_title(f"associative scan over {scan_maps} maps:\n{len(scan_rounds)} rounds, "
+                      f"{sum(scan_rounds)} compositions")
+    return fig

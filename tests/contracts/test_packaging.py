@@ -1,0 +1,308 @@
+"""Packaging: the wheel, the Colab path and the recorded data.
+
+The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
+virtual environment without kda_lib, from a temporary folder with no checkout on ``sys.path``,
+the notebook's own setup cell installs the wheel (in place of the ``git+`` URL), installs the
+dependencies through ``kda_lib/teaching/install.py`` and runs the notebook; then the recorded
+data that notebooks 03 and 08 read is loaded there. To stay offline and fast, the fresh
+environment sees the project venv's installed *dependencies* (only those of
+``kda-lib[notebook]`` and what runs a notebook: papermill, ipykernel) through a ``.pth`` line
+to a folder of links that leaves out the editable kda_lib; pip runs with ``PIP_NO_INDEX=1``,
+so an unmet requirement fails instead of downloading.
+"""
+
+from __future__ import annotations
+
+import ast
+import email.parser
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+
+import pytest
+from conftest import USER_XLA_FLAGS
+from packaging.requirements import Requirement
+
+from kda_lib.lab import records
+from kda_lib.teaching import notebook as nb_setup
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOK = ROOT / "notebooks" / "00_quickstart.ipynb"
+# what a notebook server needs that Colab has and kda_lib does not declare
+RUNNER_REQUIREMENTS = ["papermill", "ipykernel"]
+RECORDED_CHECK = """\
+import kda_lib
+from kda_lib.lab import records
+
+runs, notes = records.load_benchmark_runs()
+results = records.load_recorded("results", "synthetic_recall_full.json")
+print("recorded:", kda_lib.__file__, records.recorded_dir("benchmarks"), len(runs), len(results))
+"""
+NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
+
+
+def test_setup_is_reachable_from_import_kda_lib_and_prints_no_path(capsys):
+    import jax
+
+    import kda_lib
+
+    # `import kda_lib; kda_lib.teaching.notebook.setup()` works
+    assert kda_lib.teaching.notebook is nb_setup
+    partitionable = jax.config.jax_threefry_partitionable
+    try:
+        nb_setup.setup(style=False)
+    finally:  # setup() switches the random-number scheme: give the other tests theirs back
+        jax.config.update("jax_threefry_partitionable", partitionable)
+    line = capsys.readouterr().out
+    assert "kda_lib 0.1.0" in line and str(ROOT) not in line and os.sep + "kda_lib" not in line
+    assert nb_setup._origin("/x/lib/python3.12/site-packages/kda_lib/__init__.py") == "installed"
+    assert nb_setup._origin(str(ROOT / "kda_lib" / "__init__.py")) == "source tree"
+
+
+def test_the_library_imports_no_plotting_notebook_or_training_package():
+    """`import kda_lib` and every module of the library folders (ops, parallel, layers, models)
+    bring no matplotlib, no notebook package and no optax: those are for lab/ and teaching/."""
+    package = ROOT / "kda_lib"
+    library = [package / "checks.py", package / "testing.py", package / "__init__.py"]
+    for folder in ("ops", "parallel", "layers", "models"):
+        library += sorted((package / folder).rglob("*.py"))
+    modules = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in library
+    ]
+    assert "kda_lib.ops.tokamax.adapter" in modules and "kda_lib.models.presets" in modules
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(sorted(m for m in {sorted(NOTEBOOK_ONLY | {'optax'})!r} if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]", f"imported by the core: {run.stdout}"
+
+
+# ----------------------------------------------------------------------------- recorded data
+def test_recorded_data_is_found_and_parsed():
+    assert records.recorded_files("benchmarks"), "no recorded benchmarks"
+    runs = records.load_recorded("results", "synthetic_recall_full.json")
+    assert isinstance(runs, list) and runs and "eval" in runs[0]
+
+
+def test_a_missing_recording_is_an_explicit_error():
+    listed = r"not found in .*available: .*'synthetic_recall_full.json'"
+    with pytest.raises(FileNotFoundError, match=listed):
+        records.recorded_path("results", "no_such_run.json")
+    with pytest.raises(ValueError, match="kind"):
+        records.recorded_dir("fixtures")
+    with pytest.raises(ValueError, match="name"):
+        records.recorded_path("results", "../benchmarks/x.json")
+
+
+def test_benchmark_loader_falls_back_to_the_recorded_benchmarks(tmp_path):
+    runs, notes = records.load_benchmark_runs(tmp_path / "absent")
+    assert runs and any("not found" in note for note in notes)
+    assert runs == records.load_benchmark_runs()[0]
+
+
+# ----------------------------------------------------------------------------- the wheel
+def _copy_sources(target: pathlib.Path) -> pathlib.Path:
+    """The files a wheel is built from, so the build writes nothing into the checkout."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, target / name)
+    shutil.copytree(ROOT / "kda_lib", target / "kda_lib", ignore=ignore)
+    for kind in records.KINDS:
+        shutil.copytree(ROOT / "data" / kind, target / "data" / kind, ignore=ignore)
+    return target
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> pathlib.Path:
+    source = _copy_sources(tmp_path_factory.mktemp("source"))
+    dist = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(source),
+        ],
+        check=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    (path,) = dist.glob("kda_lib-*.whl")
+    return path
+
+
+def _wheel_requires(wheel: pathlib.Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(zf.read(name).decode())
+    return metadata.get_all("Requires-Dist") or []
+
+
+def test_wheel_holds_the_package_and_the_recorded_data(wheel):
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    modules = {  # subpackages too: the notebooks import kda_lib.teaching.exercises on Colab
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "kda_lib").rglob("*.py")
+    }
+    assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
+    for kind in records.KINDS:
+        files = {f"kda_lib/recorded_data/{kind}/{p.name}" for p in records.recorded_files(kind)}
+        assert files and files <= names, f"recorded {kind} missing: {sorted(files - names)}"
+    assert not [n for n in names if n.startswith(("tests/", "notebooks/", "data/"))]
+    assert not [n for n in names if "fixtures" in n], "parity fixtures do not belong in the wheel"
+
+
+def test_plain_install_pulls_no_plotting_or_notebook_package(wheel):
+    core = [Requirement(r) for r in _wheel_requires(wheel)]
+    core = {r.name.lower() for r in core if r.marker is None}
+    assert core and not (core & NOTEBOOK_ONLY), f"core requires {sorted(core & NOTEBOOK_ONLY)}"
+
+
+def _dependency_closure(requirements: list[str]) -> set[str]:
+    """Canonical names of the installed distributions ``requirements`` pull in (extras too)."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), ()) for r in requirements]
+    while todo:
+        requirement, extras = todo.pop()
+        name = requirement.name.lower().replace("_", "-")
+        wanted = tuple(sorted(requirement.extras))
+        if (name, wanted) in seen or (
+            requirement.marker
+            and not any(requirement.marker.evaluate({"extra": e}) for e in (extras or ("",)))
+        ):
+            continue
+        seen.add((name, wanted))
+        dist = importlib.metadata.distribution(name)
+        for line in dist.requires or []:
+            todo.append((Requirement(line), wanted))
+    return {name for name, _ in seen}
+
+
+def _dependency_view(requirements: list[str], view: pathlib.Path) -> pathlib.Path:
+    """A folder of links to the installed files of the closure of ``requirements``."""
+    site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    view.mkdir()
+    for name in _dependency_closure(requirements) - {"kda-lib"}:
+        for file in importlib.metadata.distribution(name).files or []:
+            top = file.parts[0]
+            if top != ".." and (site / top).exists() and not (view / top).exists():
+                (view / top).symlink_to(site / top)
+    return view
+
+
+@pytest.mark.slow
+def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
+    requires = _wheel_requires(wheel)
+    kda_requires = [r for r in requires if "extra ==" not in r]
+    kda_requires += [r.split(";")[0] for r in requires if 'extra == "notebook"' in r]
+    view = _dependency_view([*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+
+    notebook = json.loads(NOTEBOOK.read_text())
+    setup_cells = [c for c in notebook["cells"] if "KDA_LIB_SOURCE = " in "".join(c["source"])]
+    assert len(setup_cells) == 1, "notebook 00 has no setup cell with an install line"
+    source = "".join(setup_cells[0]["source"])
+    start = source.index('KDA_LIB_SOURCE = "') + len('KDA_LIB_SOURCE = "')
+    setup_cells[0]["source"] = source[:start] + str(wheel) + source[source.index('"', start) :]
+    # then what notebooks 03 and 08 load: the recorded benchmarks and training results
+    notebook["cells"].append(
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": RECORDED_CHECK,
+        }
+    )
+    workdir = tmp_path / "colab"  # no checkout here or above it
+    workdir.mkdir()
+    (workdir / "00.ipynb").write_text(json.dumps(notebook))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    run = subprocess.run(
+        [
+            python,
+            "-m",
+            "papermill",
+            "--no-progress-bar",
+            "-k",
+            "python3",
+            "--cwd",
+            str(workdir),
+            "00.ipynb",
+            "00-executed.ipynb",
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, f"notebook 00 failed in the fresh venv:\n{run.stderr[-6000:]}"
+    executed = json.loads((workdir / "00-executed.ipynb").read_text())
+    printed = "".join(
+        "".join(out.get("text", ""))
+        for cell in executed["cells"]
+        if cell["cell_type"] == "code"
+        for out in cell.get("outputs", [])
+        if out.get("output_type") == "stream"
+    )
+    assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
+    # the install says what it does before pip's silent minutes; setup() names no folder
+    assert "Installing kda_lib's dependencies with [notebook]: jax" in printed, printed[:2000]
+    (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]
+    assert setup_line.endswith("| kda_lib 0.1.0 (installed)"), setup_line
+    (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]
+    _, module, benchmarks, n_runs, n_results = line.split()
+    assert module.startswith(purelib) and benchmarks.startswith(purelib), line
+    assert int(n_runs) >= 1 and int(n_results) >= 1, line
+
+
+def test_install_cell_checks_every_module_the_notebooks_import():
+    """The install cell skips the install only if these are all there: each third-party module
+    a notebook imports must be among them (IPython comes with every Jupyter kernel)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    imported = set()
+    for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"IPython"}
+    assert third_party, "no import found: the parser is broken"
+    assert third_party <= set(notebook_setup.NEEDED_MODULES), sorted(third_party)

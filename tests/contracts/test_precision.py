@@ -1,0 +1,468 @@
+"""The chunked form's matmul precision policy (``precision=``): "input" (bfloat16 operands,
+float32 accumulation) and "highest" against the float64 oracle, and what each policy runs."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kda_lib import kda, kda_chunked, kda_recurrent
+from kda_lib.testing import cast_inputs, random_kda_inputs, relative_l2
+
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
+
+# Relative L2 errors against the float64 recurrence on the same bf16-rounded inputs, measured
+# on CPU (B=2, H=2, K=V=64, softplus gate, initial state; T256, T200 and T256_segments agreed
+# to within 15%). Outputs and input gradients are bf16, so rounding them alone costs ~1.6e-3.
+# Largest over the three cases:
+# "highest": o 1.66e-3, s 5.5e-8, dq 2.38e-3, dk 1.63e-3, dv 1.70e-3, dg 1.87e-3, dbeta 1.98e-3,
+#   dinitial_state 1.73e-3.
+# "input": o 3.32e-3, s 2.73e-3, dq 3.28e-3, dk 3.27e-3, dv 3.18e-3, dg 3.76e-3 (T200),
+#   dbeta 3.83e-3 (T200), dinitial_state 2.46e-3 (fla's bf16 Triton kernel: ~2e-3 on outputs).
+#   The associative scan measured the same to within 0.1e-3.
+# Bounds: the largest measured value times 1.4 to 1.8.
+# ("input" was measured under the earlier policy, every group but scores_bwd in bf16; the
+# scores-only policy of issue 30 is closer to "highest", and these bounds still hold.)
+BOUNDS = {
+    "highest": dict(
+        o=2.5e-3,
+        s=1e-7,
+        dq=3.5e-3,
+        dk=2.5e-3,
+        dv=2.5e-3,
+        dg=3e-3,
+        dbeta=3e-3,
+        dinitial_state=2.5e-3,
+    ),
+    "input": dict(
+        o=5e-3, s=4e-3, dq=5e-3, dk=5e-3, dv=5e-3, dg=5.5e-3, dbeta=5.5e-3, dinitial_state=4e-3
+    ),
+}
+CASES = {  # name: (T, segments). T256 without segments was measured too; it ran no branch
+    # these two do not (no segments: T200; T a multiple of the chunk size: T256_segments)
+    "T200": (200, False),  # not a multiple of the chunk size
+    "T256_segments": (256, True),
+}
+
+
+def _case(seq_len, segments):
+    x = random_kda_inputs(jax.random.key(0), 2, seq_len, 2, 64, 64, with_state=True)
+    x = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
+    ids = None
+    if segments:  # several documents per row, and leading padding
+        ids = np.ones((2, seq_len), np.int32)
+        ids[0, 100:], ids[0, 180:], ids[1, :30], ids[1, 150:] = 2, 3, 0, 2
+        ids = jnp.asarray(ids)
+    ct_o, ct_s = jax.random.split(jax.random.key(100))
+    cot = (
+        jax.random.normal(ct_o, x["v"].shape, jnp.float32),
+        jax.random.normal(ct_s, x["initial_state"].shape, jnp.float32),
+    )
+    return x, ids, cot
+
+
+def _outputs_and_grads(fn, x, ids, cot):
+    def loss(inputs):
+        o, s = fn(**inputs, segment_ids=ids, output_final_state=True)
+        dtype = cot[0].dtype
+        total = jnp.sum(o.astype(dtype) * cot[0]) + jnp.sum(s.astype(dtype) * cot[1])
+        return total, (o, s)
+
+    (_, (o, s)), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    return {"o": o, "s": s, **{"d" + n: grads[n] for n in NAMES}}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_both_policies_close_to_float64_oracle(case):
+    x, ids, cot = _case(*CASES[case])
+    with jax.enable_x64(True):
+        want = _outputs_and_grads(
+            kda_recurrent,
+            cast_inputs(x, jnp.float64),
+            ids,
+            tuple(c.astype(jnp.float64) for c in cot),
+        )
+        want = jax.tree.map(np.asarray, want)
+    for precision, bounds in BOUNDS.items():
+        got = _outputs_and_grads(functools.partial(kda_chunked, precision=precision), x, ids, cot)
+        assert got["o"].dtype == jnp.bfloat16 and got["s"].dtype == jnp.float32
+        errors = {name: relative_l2(got[name], want[name]) for name in QUANTITIES}
+        bad = {n: f"{e:.2e}" for n, e in errors.items() if not e <= bounds[n]}
+        assert not bad, (precision, bad)
+
+
+def test_highest_is_the_float32_computation_bit_for_bit():
+    # "highest" on bf16 inputs is what the chunked form always did: the inputs upcast to
+    # float32, every matmul at Precision.HIGHEST
+    x, ids, _ = _case(200, True)
+
+    @functools.partial(jax.jit, static_argnames="precision")
+    def run(x, precision):
+        return kda_chunked(**x, segment_ids=ids, output_final_state=True, precision=precision)
+
+    o, s = run(x, "highest")
+    o32, s32 = run(cast_inputs(x, jnp.float32), None)
+    np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(o32.astype(o.dtype)))
+    np.testing.assert_array_equal(np.asarray(s), np.asarray(s32))
+    # and the default for bf16 inputs is the "input" policy, not "highest"
+    o_input, _ = run(x, "input")
+    o_input, o = np.asarray(o_input, np.float32), np.asarray(o, np.float32)
+    assert not np.array_equal(o_input, o)
+    np.testing.assert_array_equal(np.asarray(run(x, None)[0], np.float32), o_input)
+
+
+def _same_program(jitted, args, other_args, other_jitted=None):
+    """Whether ``jitted(*args)`` and ``other_jitted(*other_args)`` (default: ``jitted`` again)
+    lower to the same program text."""
+    other_jitted = other_jitted or jitted
+    return jitted.lower(*args).as_text() == other_jitted.lower(*other_args).as_text()
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_float32_inputs_identical_under_every_policy(scan):
+    x = random_kda_inputs(jax.random.key(1), 1, 100, 2, 16, 16, with_state=True)
+
+    @functools.partial(jax.jit, static_argnames="precision")
+    def run(x, precision):
+        def loss(inputs):
+            o, s = kda_chunked(**inputs, output_final_state=True, scan=scan, precision=precision)
+            return jnp.sum(jnp.sin(o)) + jnp.sum(s**2), (o, s)
+
+        return jax.value_and_grad(loss, has_aux=True)(x)
+
+    want = jax.tree.map(np.asarray, run(x, "highest"))
+    for precision in (None, "input"):
+        # the claim: with no low-precision input the policy changes nothing in the program
+        assert _same_program(run, (x, "highest"), (x, precision)), precision
+        jax.tree.map(np.testing.assert_array_equal, run(x, precision), want)
+
+
+def _dots(jaxpr):
+    """Every dot_general equation of ``jaxpr`` and of the jaxprs nested in it."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from _dots(sub)
+
+
+def _flops(eqn):
+    (contract, _), _ = eqn.params["dimension_numbers"]
+    lhs = eqn.invars[0].aval.shape
+    return 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[i] for i in contract])
+
+
+def _low_precision_dots(fn, *args):
+    dots = list(_dots(jax.make_jaxpr(fn)(*args).jaxpr))
+    assert dots
+    low = [
+        eqn
+        for eqn in dots
+        if all(var.aval.dtype == jnp.bfloat16 for var in eqn.invars)
+        and eqn.params["preferred_element_type"] == jnp.float32
+        and eqn.outvars[0].aval.dtype == jnp.float32
+    ]
+    return low, dots
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_input_policy_runs_bf16_dots_with_float32_accumulation(scan):
+    x, ids, _ = _case(128, True)
+    args = tuple(x[n] for n in NAMES)
+
+    def forward(q, k, v, g, beta, state, precision):
+        return kda_chunked(
+            q, k, v, g, beta, initial_state=state, segment_ids=ids, scan=scan, precision=precision
+        )[0]
+
+    def backward(*args, precision):
+        return jax.grad(
+            lambda *a: jnp.sum(forward(*a, precision).astype(jnp.float32)), argnums=range(6)
+        )(*args)
+
+    for fn in (forward, backward):
+        low, dots = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="input"), *args)
+        # only the decayed scores' cross blocks (operands: inputs times decays <= 1) are bf16;
+        # W/U, the maps, the state carry, the outputs and the triangular inverse stay float32
+        share = sum(map(_flops, low)) / sum(map(_flops, dots))
+        assert 0.02 < share < 0.3, (fn.__name__, share)  # measured: 0.148 fwd, 0.043 bwd
+        if fn is forward:  # each a [..., w, w] cross block, w <= C / 2
+            shapes = [eqn.outvars[0].aval.shape[-2:] for eqn in low]
+            assert all(a == b <= 32 for a, b in shapes), shapes
+        low, _ = _low_precision_dots(lambda *a, fn=fn: fn(*a, precision="highest"), *args)
+        assert not low, fn.__name__
+    # kda() hands the policy on (default None: "input" for bf16)
+    low, _ = _low_precision_dots(
+        lambda *a: kda(*a[:5], initial_state=a[5], implementation="chunked")[0], *args
+    )
+    assert low
+
+
+@pytest.mark.parametrize("bad", ["low", "HIGHEST", "float32", 1, jax.lax.Precision.HIGHEST])
+def test_bad_precision_is_a_value_error(bad):
+    x = random_kda_inputs(jax.random.key(2), 1, 32, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"precision must be 'highest', 'input' or None"):
+        kda_chunked(**x, precision=bad)
+    for implementation in ("auto", "chunked", "recurrent", "tokamax_xla"):
+        with pytest.raises(ValueError, match=r"precision must be 'highest', 'input' or None"):
+            kda(**x, precision=bad, implementation=implementation)
+
+
+def test_kda_rejects_a_precision_an_implementation_cannot_honour():
+    x = random_kda_inputs(jax.random.key(3), 1, 32, 1, 8, 8, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="'recurrent' computes in float32"):
+        kda(**x, implementation="recurrent", precision="input")
+    for precision in ("highest", "input"):
+        with pytest.raises(ValueError, match="chooses its own matmul precision"):
+            kda(**x, implementation="tokamax_xla", precision=precision)
+    # "highest" is what the recurrence does anyway; None leaves every implementation as it is
+    want, _ = kda(**x, implementation="recurrent")
+    got, _ = kda(**x, implementation="recurrent", precision="highest")
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+    # "auto" with a precision stays on kda_lib's forms: chunked for T > 16
+    def program(fn, precision):
+        def run(x):  # one name for both programs: the module's name is part of its text
+            return fn(**x, precision=precision)[0]
+
+        return jax.jit(run)
+
+    for precision in ("highest", "input"):
+        auto, chunked = program(kda, precision), program(kda_chunked, precision)
+        got, want = auto(x), chunked(x)
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+# fla's context-parallel KDA test (flash-linear-attention tests/context_parallel/test_cp_kda.py),
+# scaled down: T 10240 -> 512 in three documents (3000/4000/3240 -> 150/200/162), H 12 -> 2
+# (H = 4 measured the same errors to within 10%), K = V = 128, bf16, q = N(1, 1),
+# k = N(-50, 10^2) before L2 normalisation, fused safe gate (lower bound -5, a_log from
+# log linspace(1, 8), dt_bias from fla's dt initialisation). After normalisation the keys are
+# nearly parallel and the decay weak: each chunk's triangular system is badly conditioned.
+# fla's bar: relative RMS error (its assert_close ratio) 8e-3 on o, dq, dk, dv, dg (db warns).
+FLA_RATIO = 8e-3
+FLA_LOWER_BOUND = -5.0
+FLA_LENGTHS = (150, 200, 162)
+# Measured (H = 4, relative RMS against the float64 oracle; issue 30): every implementation and
+# CP now 1.6e-3 to 1.9e-3 on every quantity; the earlier default (every group but scores_bwd in
+# bf16) 4.7e-3 to 1.13e-2; tokamax_xla_chunked computing in bf16 up to 1.13e-2. Bound: half of
+# fla's ratio.
+FLA_BOUND = FLA_RATIO / 2
+FLA_NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
+
+
+def _fla_cp_case(heads=2, dim=128):
+    from kda_lib.ops.gating import init_dt_bias
+
+    seq_len = sum(FLA_LENGTHS)
+    ks = jax.random.split(jax.random.key(42), 6)
+    shape = (1, seq_len, heads, dim)
+    normal = functools.partial(jax.random.normal, shape=shape)
+    args = (
+        (normal(ks[0]) + 1).astype(jnp.bfloat16),  # q
+        (10 * normal(ks[1]) - 50).astype(jnp.bfloat16),  # k
+        normal(ks[2]).astype(jnp.bfloat16),  # v
+        normal(ks[3]).astype(jnp.bfloat16),  # raw gate input
+        jax.nn.sigmoid(jax.random.normal(ks[4], shape[:3])).astype(jnp.bfloat16),  # beta
+    )
+    gate = dict(
+        a_log=jnp.log(jnp.linspace(1.0, 8.0, heads)),
+        dt_bias=init_dt_bias(jax.random.key(7), heads, dim),
+        lower_bound=FLA_LOWER_BOUND,
+    )
+    ids = jnp.asarray(np.repeat(np.arange(1, 4), FLA_LENGTHS)[None].astype(np.int32))
+    return args, gate, ids, normal(ks[5]).astype(jnp.bfloat16)
+
+
+def _fla_oracle(args, gate, ids, cot):
+    with jax.enable_x64(True):
+        a_log, dt_bias = (np.asarray(gate[n], np.float64) for n in ("a_log", "dt_bias"))
+        heads, dim = args[0].shape[2:]
+
+        def fn(q, k, v, f, beta):
+            def unit(x):
+                return x / jnp.sqrt(jnp.sum(x * x, -1, keepdims=True) + 1e-6)
+
+            rate = np.exp(a_log)[:, None]
+            g = FLA_LOWER_BOUND * jax.nn.sigmoid(rate * (f + dt_bias.reshape(heads, dim)))
+            return kda_recurrent(unit(q), unit(k), v, g, beta, segment_ids=ids)[0]
+
+        wide = [jnp.asarray(np.asarray(x, np.float32), jnp.float64) for x in (*args, cot)]
+        o, pullback = jax.vjp(fn, *wide[:5])
+        return [np.asarray(x) for x in (o, *pullback(wide[5]))]
+
+
+def _fla_errors(fn, args, cot, want):
+    @jax.jit
+    def run(*a):
+        o, pullback = jax.vjp(fn, *a)
+        return (o, *pullback(cot.astype(o.dtype)))
+
+    got = run(*args)
+    assert got[0].dtype == jnp.bfloat16
+    return {n: relative_l2(g, w) for n, g, w in zip(FLA_NAMES, got, want, strict=True)}
+
+
+def _fla_paths(gate, ids):
+    """Every path that runs on CPU, as ``fn(q, k, v, raw_gate, beta) -> o``."""
+    from jax.sharding import PartitionSpec as P
+
+    from kda_lib.ops.gating import kda_gate
+    from kda_lib.ops.norms import l2_normalize
+    from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
+
+    common = dict(gate, use_qk_l2norm=True)
+
+    def through_kda(implementation, **extra):
+        def fn(q, k, v, f, beta):
+            return kda(
+                q, k, v, f, beta, **common, segment_ids=ids, implementation=implementation, **extra
+            )[0]
+
+        return fn
+
+    def raw_kernel(scan):  # kda_chunked itself: normalised q/k and the activated gate
+        def fn(q, k, v, f, beta):
+            g = kda_gate(f, gate["a_log"], gate["dt_bias"], lower_bound=FLA_LOWER_BOUND)
+            q, k = (l2_normalize(x, keep_float32=True) for x in (q, k))
+            return kda_chunked(q, k, v, g, beta, segment_ids=ids, scan=scan)[0].astype(v.dtype)
+
+        return fn
+
+    ranks = 8
+    mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
+    seq = P(None, "context")
+
+    def local(q, k, v, f, beta, ids):
+        return kda_context_parallel(
+            q, k, v, f, beta, segment_ids=ids, implementation="chunked", **common
+        )
+
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=(seq,) * 6, out_specs=seq)
+    return {
+        "chunked": through_kda("chunked"),
+        "chunked_associative": raw_kernel("associative"),
+        "recurrent": through_kda("recurrent"),
+        "tokamax_xla": through_kda("tokamax_xla", max_num_segments=3),
+        "tokamax_xla_chunked": through_kda("tokamax_xla_chunked", max_num_segments=3),
+        "cp_8_ranks": lambda *a: sharded(*(shard_as(x, mesh, seq) for x in (*a, ids))),
+    }
+
+
+@functools.cache
+def _fla_case_and_oracle():
+    """fla's CP case and its float64 oracle, computed once per worker for the two tests below
+    (one xdist group); numpy results, so no test can change them."""
+    args, gate, ids, cot = _fla_cp_case()
+    return args, gate, ids, cot, _fla_oracle(args, gate, ids, cot)
+
+
+FLA_CASE = pytest.mark.xdist_group("fla_cp_case")
+
+
+@FLA_CASE
+def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
+    args, gate, ids, cot, want = _fla_case_and_oracle()
+    bad = {}
+    for path, fn in _fla_paths(gate, ids).items():
+        errors = _fla_errors(fn, args, cot, want)
+        bad.update({(path, n): f"{e:.2e}" for n, e in errors.items() if not e <= FLA_BOUND})
+    assert not bad, bad
+
+
+@pytest.fixture
+def earlier_low_precision_groups(monkeypatch):
+    """The earlier default: every matmul group but the scores' gradient in bf16."""
+    import kda_lib.ops.chunked
+    import kda_lib.ops.registry
+
+    earlier = frozenset({"scores", "wu", "maps", "state", "outputs", "compose"})
+    monkeypatch.setattr(kda_lib.ops.chunked, "LOW_PRECISION_MATMULS", earlier)
+    # the forms are traced once per options and shapes: trace anew, here and after the test
+    kda_lib.ops.registry.clear_compiled_forms()
+    yield
+    kda_lib.ops.registry.clear_compiled_forms()
+
+
+@FLA_CASE
+@pytest.mark.usefixtures("earlier_low_precision_groups")
+def test_fla_cp_inputs_fail_with_every_group_in_bf16():
+    # the case is hard: the earlier default misses fla's tolerance on it, so the test above
+    # can fail
+    args, gate, ids, cot, want = _fla_case_and_oracle()
+    errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+    assert max(errors.values()) > FLA_RATIO, errors
+
+
+@pytest.mark.parametrize("scan", ["sequential", "associative"])
+def test_float16_large_values_stay_finite_and_match_the_recurrence(scan):
+    # issue 30: float16 inputs all in range (|v| <= 15000 * 4 < 65504), but the state, W/U and
+    # the corrected values exceed float16's range; the earlier default rounded them to float16
+    # (inf/NaN on half the tokens). No computed quantity may be rounded to the input dtype.
+    key_q, key_k, key_v = jax.random.split(jax.random.key(30), 3)
+    shape = (1, 256, 2, 32)
+    unit = functools.partial(jax.random.normal, shape=shape)
+    q = 1e-3 * unit(key_q) / jnp.linalg.norm(unit(key_q), axis=-1, keepdims=True)
+    k = unit(key_k) / jnp.linalg.norm(unit(key_k), axis=-1, keepdims=True)
+    v = 15000 * jnp.clip(jax.random.normal(key_v, shape), -4, 4)
+    x = dict(q=q, k=k, v=v, g=jnp.zeros(shape), beta=jnp.ones(shape[:3]))
+    x = {n: a.astype(jnp.float16) for n, a in x.items()}
+    assert all(bool(jnp.isfinite(a).all()) for a in x.values())
+    o, s = kda_chunked(**x, output_final_state=True, scan=scan)
+    want_o, want_s = kda_recurrent(**cast_inputs(x, jnp.float32), output_final_state=True)
+    assert o.dtype == jnp.float16
+    assert bool(jnp.isfinite(o).all()) and bool(jnp.isfinite(s).all())
+    # measured: o 2.1e-4 (the float16 rounding of o), s 3.8e-7; earlier policy: all 256 tokens
+    # non-finite at 15000 (fine at 8000: o 1.1e-3, s 6e-4)
+    assert relative_l2(o, want_o) < 1e-3 and relative_l2(s, want_s) < 1e-5
+
+
+def _l2_normalize_f64(x, eps=1e-6):
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-3, 1.0, 1e18, 1e19, 1e20, 1e30])
+def test_l2_normalize_is_scale_safe(scale):
+    # issue 30: the sum of squares overflowed float32 from 1e19 on (norms 0)
+    from kda_lib.ops.norms import l2_normalize
+
+    x = scale * jax.random.normal(jax.random.key(4), (3, 5, 128))
+    want = _l2_normalize_f64(x)  # for tiny vectors not unit: eps dominates, as in the formula
+    got = l2_normalize(x)
+    assert relative_l2(got, want) < 1e-6
+    if scale >= 1:
+        np.testing.assert_allclose(np.linalg.norm(np.asarray(got, np.float64), axis=-1), 1, 1e-6)
+
+    # gradients against the float64 formula's (d rsqrt(s) = s^-1.5 underflowed near s = 1e38)
+    cot = jax.random.normal(jax.random.key(5), x.shape)
+    got = jax.grad(lambda x: jnp.sum(l2_normalize(x) * cot))(x)
+    with jax.enable_x64(True):
+        x64, cot64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (x, cot))
+        want = jax.grad(lambda x: jnp.sum(jnp.asarray(_l2_formula(x)) * cot64))(x64)
+    assert bool(jnp.isfinite(got).all())
+    assert relative_l2(got, want) < 1e-5
+
+
+def _l2_formula(x, eps=1e-6):
+    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_above():
+    from kda_lib.ops.norms import l2_normalize
+
+    def unscaled(x, eps=1e-6):  # the formula as written before issue 30
+        return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+    x = jax.random.uniform(jax.random.key(6), (64, 128), minval=-1, maxval=1)
+    np.testing.assert_array_equal(l2_normalize(x), unscaled(x))
+    np.testing.assert_array_equal(l2_normalize(4 * x), unscaled(4 * x))
+    bf16 = (3 * x).astype(jnp.bfloat16)
+    assert l2_normalize(bf16).dtype == jnp.bfloat16
+    assert l2_normalize(bf16, keep_float32=True).dtype == jnp.float32

@@ -1,0 +1,94 @@
+"""One eager ``kda()`` call checks its inputs once (issue 26): the segment ids are
+canonicalised once, padding is zeroed once, T is padded to a chunk multiple once, and the checks
+read two arrays on the host (beta and the segment ids; the raw gate's sign is not checked).
+
+Before the registry (the step-0 code of issue 26): 5 host reads for kda_lib's forms (the ids,
+beta, and again ids, beta and the activated gate inside the form) and 3 for tokamax's (ids,
+beta, the segment count); the ids canonicalised twice on the scan's path; padding zeroed twice.
+"""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kda_lib.checks
+import kda_lib.ops.chunked
+import kda_lib.ops.contract
+import kda_lib.ops.reference
+import kda_lib.ops.registry
+import kda_lib.ops.segments
+import kda_lib.ops.tokamax.adapter
+from kda_lib import kda
+from kda_lib.testing import random_kda_inputs
+
+COUNTED = {  # function name -> modules that call it by that name
+    "canonical_segment_ids": (kda_lib.ops.registry, kda_lib.ops.reference),
+    "zero_padding": (kda_lib.ops.registry, kda_lib.ops.reference, kda_lib.ops.chunked),
+    "pad_time": (kda_lib.ops.chunked, kda_lib.ops.tokamax.adapter),
+    "host_values": (kda_lib.checks,),
+}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    counts = collections.Counter()
+    for name, modules in COUNTED.items():
+        for module in modules:
+            original = getattr(module, name)
+
+            def counting(*args, _name=name, _original=original, **kwargs):
+                counts[_name] += 1
+                return _original(*args, **kwargs)
+
+            monkeypatch.setattr(module, name, counting)
+    # the forms are traced once per options and shapes: an earlier test's trace would hide
+    # this call's work from the counters
+    kda_lib.ops.registry.clear_compiled_forms()
+    yield counts
+    kda_lib.ops.registry.clear_compiled_forms()  # no trace of the counting functions stays
+
+
+@pytest.mark.parametrize(
+    "implementation,pads",
+    # auto at T = 40: the chunked form (T padded to 64 once)
+    [("recurrent", 0), ("chunked", 1), ("auto", 1), ("tokamax_xla", 1), ("tokamax_xla_chunked", 1)],
+)
+def test_one_eager_call_checks_once(calls, implementation, pads):
+    x = random_kda_inputs(jax.random.key(0), 1, 40, 2, 8, 8, gate="raw", with_state=True)
+    ids = np.ones((1, 40), np.int32)
+    ids[0, 20:25], ids[0, 25:] = 0, 2
+    o, _ = kda(
+        *(x[n] for n in ("q", "k", "v", "g", "beta")),
+        a_log=x["a_log"],
+        dt_bias=x["dt_bias"],
+        lower_bound=-5.0,
+        initial_state=x["initial_state"],
+        segment_ids=jnp.asarray(ids),
+        max_num_segments=2,
+        chunk_size=16 if implementation == "chunked" else 64,
+        implementation=implementation,
+    )
+    assert np.isfinite(np.asarray(o)).all()
+    assert calls["canonical_segment_ids"] == 1, calls
+    assert calls["zero_padding"] == 1, calls
+    assert calls["pad_time"] == pads, calls  # tokamax_xla: called with multiple 1, pads nothing
+    assert calls["host_values"] == 2, calls  # beta and the segment ids
+
+
+@pytest.mark.parametrize("implementation", ["recurrent", "chunked", "tokamax_xla"])
+def test_one_eager_call_compiles_one_program(implementation, caplog):
+    """The form runs as one compiled program (kda_lib.ops.registry.run), not op by op: before,
+    the first eager chunked call compiled 180 small programs. Shapes no other test uses, so
+    nothing is cached."""
+    x = random_kda_inputs(jax.random.key(0), 1, 37, 3, 8, 8, gate="raw")
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    jax.block_until_ready(args)
+    kda_lib.ops.registry.clear_compiled_forms()
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        o, _ = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], implementation=implementation)
+        jax.block_until_ready(o)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
+    assert len(compiled) <= 2, compiled

@@ -1,0 +1,112 @@
+"""kda_lib.lab.corpus: the standard library as a byte corpus, split by file, deterministic."""
+
+import hashlib
+
+import jax
+import numpy as np
+import pytest
+
+from kda_lib.lab.corpus import (
+    SEPARATOR,
+    in_validation,
+    load_stdlib_corpus,
+    source_files,
+    stdlib_root,
+    text_task,
+    validation_windows,
+)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A small library: 40 modules, plus files the corpus must leave out."""
+    for i in range(40):
+        folder = tmp_path / ("pkg" if i % 3 else "") / ""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"mod{i:02d}.py").write_text(f"# module {i}\nvalue = {i} * 2\n")
+    for skipped in ("test", "site-packages", "pkg/tests", "__pycache__"):
+        (tmp_path / skipped).mkdir(parents=True, exist_ok=True)
+        (tmp_path / skipped / "skip_me.py").write_text("raise SystemExit\n")
+    (tmp_path / "notes.txt").write_text("not python\n")
+    return tmp_path
+
+
+def test_files_split_and_concatenation(tree):
+    files = source_files(tree)
+    assert len(files) == 40 and files == sorted(files)
+    assert not any("skip_me" in f for f in files)
+    corpus = load_stdlib_corpus(tree, validation_fraction=0.25)
+    # the split of a file depends on its path alone: the sha256 rule, recomputed here
+    for name in files:
+        fraction = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
+        assert (name in corpus.validation_files) == (fraction < 0.25)
+    assert sorted(corpus.train_files + corpus.validation_files) == files
+    assert 0 < len(corpus.validation_files) < 40
+    expected = b"".join((tree / f).read_bytes() + bytes([SEPARATOR]) for f in corpus.train_files)
+    assert corpus.train.tobytes() == expected and corpus.train.dtype == np.uint8
+    # deterministic, and adding a file moves no other file between the splits
+    again = load_stdlib_corpus(tree, validation_fraction=0.25)
+    assert again.fingerprint == corpus.fingerprint
+    (tree / "zzz_new.py").write_text("x = 1\n")
+    grown = load_stdlib_corpus(tree, validation_fraction=0.25)
+    assert set(corpus.validation_files) <= set(grown.validation_files)
+    assert set(corpus.train_files) <= set(grown.train_files)
+    assert grown.fingerprint != corpus.fingerprint
+    info = corpus.describe()
+    assert info["train_bytes"] == corpus.train.size and info["train_files"] == len(files) - len(
+        corpus.validation_files
+    )
+
+
+def test_max_bytes_and_errors(tree, tmp_path_factory):
+    small = load_stdlib_corpus(tree, validation_fraction=0.5, max_bytes=50)
+    assert small.train.size == 50 and small.validation.size == 50
+    assert len(small.train_files) < 20
+    with pytest.raises(ValueError, match="validation_fraction must be in"):
+        load_stdlib_corpus(tree, validation_fraction=1.0)
+    with pytest.raises(ValueError, match="max_bytes must be None or an int >= 2"):
+        load_stdlib_corpus(tree, max_bytes=1)
+    with pytest.raises(ValueError, match="root must be a folder"):
+        load_stdlib_corpus(tree / "missing")
+    empty = tmp_path_factory.mktemp("empty")
+    with pytest.raises(ValueError, match="no .py files"):
+        load_stdlib_corpus(empty)
+    (empty / "only.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="split of .* is empty"):
+        load_stdlib_corpus(empty)
+    assert in_validation("a.py", 0.999999) and not in_validation("a.py", 1e-9)
+
+
+def test_windows_are_next_byte_pairs(tree):
+    corpus = load_stdlib_corpus(tree, validation_fraction=0.25)
+    task = text_task(corpus.train)
+    batch = task(jax.random.key(0), 5, 12)
+    inputs, targets = np.asarray(batch.inputs), np.asarray(batch.targets)
+    assert inputs.shape == targets.shape == (5, 12) and bool(np.asarray(batch.mask).all())
+    data = corpus.train.tobytes()
+    for row_in, row_out in zip(inputs, targets, strict=True):
+        np.testing.assert_array_equal(row_in[1:], row_out[:-1])
+        window = bytes(row_in.astype(np.uint8).tolist()) + bytes([int(row_out[-1])])
+        assert window in data
+    np.testing.assert_array_equal(task(jax.random.key(0), 5, 12).inputs, inputs)
+    assert not np.array_equal(task(jax.random.key(1), 5, 12).inputs, inputs)
+    fixed = validation_windows(corpus.validation, 8, 3)
+    assert fixed.inputs.shape == (3, 8)
+    np.testing.assert_array_equal(fixed.inputs[0], corpus.validation[:8])
+    np.testing.assert_array_equal(fixed.targets[-1], corpus.validation[-8:])
+    with pytest.raises(ValueError, match="needs at least"):
+        task(jax.random.key(0), 1, corpus.train.size)
+    with pytest.raises(ValueError, match="count must be a positive int"):
+        validation_windows(corpus.validation, 8, 0)
+    with pytest.raises(ValueError, match="1-D uint8 array"):
+        text_task(np.zeros(10, np.int32))
+
+
+def test_the_standard_library_corpus():
+    corpus = load_stdlib_corpus()
+    assert corpus.root == str(stdlib_root())
+    assert {"os.py", "json/decoder.py"} <= set(corpus.train_files + corpus.validation_files)
+    assert not any(f.startswith("test/") for f in corpus.train_files)
+    assert corpus.train.size > 1_000_000 and corpus.validation.size > 100_000
+    assert 0.03 < len(corpus.validation_files) / len(source_files(stdlib_root())) < 0.2
+    assert b"def " in corpus.validation[:100_000].tobytes()

@@ -1,0 +1,182 @@
+"""kda_lib.lab.generate: generation with the per-layer caches, scoring text, decode cost."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from kda_lib.lab.corpus import TextBatch
+from kda_lib.lab.generate import (
+    _as_if_seen,
+    cache_bytes,
+    decode_cost,
+    generate,
+    generate_text,
+    score_text,
+)
+from kda_lib.layers.mla import MLACache
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+
+CFG = ModelConfig(
+    vocab_size=13,
+    hidden_size=16,
+    num_layers=2,
+    layers=("kda", "attention"),
+    rope=False,
+    num_heads=2,
+    head_dim=8,
+    implementation="recurrent",
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return TinyLM(CFG, rngs=nnx.Rngs(0))
+
+
+def test_greedy_generation_follows_the_full_forward(model):
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    out = generate(model, prompt, 6, temperature=0.0)
+    assert out.shape == (2, 9) and out.dtype == np.int32
+    np.testing.assert_array_equal(out[:, :3], prompt)
+    # each generated token is the argmax of the full forward over everything before it
+    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(out[:, :-1]))  # one compilation
+    np.testing.assert_array_equal(np.asarray(logits.argmax(-1))[:, 2:], out[:, 3:])
+    one = generate(model, np.array([1, 2, 3]), 6, temperature=0.0)
+    np.testing.assert_array_equal(one, out[0])
+
+
+def test_sampling_is_seeded(model):
+    prompt = np.array([[1, 2]] * 4)
+    a = generate(model, prompt, 12, temperature=1.0, seed=1)
+    b = generate(model, prompt, 12, temperature=1.0, seed=1)
+    c = generate(model, prompt, 12, temperature=1.0, seed=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert len({tuple(row) for row in a}) > 1  # rows sample independently
+    assert a.min() >= 0 and a.max() < CFG.vocab_size
+
+
+@pytest.mark.parametrize(
+    "prompt, steps, temperature, message",
+    [
+        (np.zeros((1, 0), int), 2, 1.0, "prompt must be token ids"),
+        (np.array([1.5]), 2, 1.0, "integer token ids"),
+        (np.array([13]), 2, 1.0, r"must lie in \[0, 13\)"),
+        (np.array([1]), 0, 1.0, "steps must be an int >= 1"),
+        (np.array([1]), 2, -0.5, "temperature must be a finite number >= 0"),
+        (np.array([1]), 2, "hot", "temperature must be a number"),
+    ],
+)
+def test_generate_rejects_bad_arguments(model, prompt, steps, temperature, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, prompt, steps, temperature=temperature)
+
+
+def test_generate_text_needs_bytes(model):
+    with pytest.raises(ValueError, match="byte-level model"):
+        generate_text(model, "def", 3)
+    byte_model = TinyLM(dataclasses.replace(CFG, vocab_size=256), rngs=nnx.Rngs(0))
+    text = generate_text(byte_model, "def f", 5, temperature=0.0)
+    assert text.startswith("def f") and len(text.encode("utf-8", "replace")) >= 5
+    with pytest.raises(ValueError, match="non-empty str"):
+        generate_text(byte_model, "", 3)
+
+
+def test_score_text_is_the_mean_cross_entropy(model):
+    tokens = jax.random.randint(jax.random.key(4), (5, 9), 0, 13)
+    windows = TextBatch(tokens[:, :-1], tokens[:, 1:], jnp.ones((5, 8), bool))
+    scores = score_text(model, windows, batch_size=2)  # 5 windows: the last group padded
+    logits = nnx.jit(lambda m, t: m(t))(model, windows.inputs)  # one compilation
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows.targets)
+    np.testing.assert_allclose(scores["loss"], float(losses.mean()), rtol=1e-5)
+    np.testing.assert_allclose(scores["loss_by_position"], np.asarray(losses.mean(0)), rtol=1e-5)
+    assert scores["bits_per_token"] == pytest.approx(scores["loss"] / math.log(2))
+    with pytest.raises(ValueError, match="must both be"):
+        score_text(model, TextBatch(tokens, tokens[:, :3], None))
+
+
+def test_decode_cost_memory_grows_only_with_attention():
+    contexts = [8, 40]
+    kda = TinyLM(dataclasses.replace(CFG, layers=("kda",)), rngs=nnx.Rngs(0))
+    attention = TinyLM(dataclasses.replace(CFG, layers=("attention",)), rngs=nnx.Rngs(0))
+    hybrid = TinyLM(CFG, rngs=nnx.Rngs(0))
+    costs = {
+        name: decode_cost(m, contexts, steps=2, repeats=1)
+        for name, m in (("kda", kda), ("attention", attention), ("hybrid", hybrid))
+    }
+    for rows in costs.values():
+        assert [r["context"] for r in rows] == contexts
+        assert all(r["seconds_per_token"] > 0 and r["tokens_per_second"] > 0 for r in rows)
+    kda_bytes = [r["cache_bytes"] for r in costs["kda"]]
+    assert kda_bytes[0] == kda_bytes[1]  # two layers of [1, H, K, V] states + conv tails
+    assert kda_bytes[0] == 2 * (2 * 8 * 8 * 4 + 3 * 3 * 16 * 4)
+    # attention: keys and values of H * K float32 per token and layer (2 layers here)
+    grown = costs["attention"][1]["cache_bytes"] - costs["attention"][0]["cache_bytes"]
+    assert grown == 2 * (40 - 8) * 2 * (2 * 8) * 4
+    hybrid_grown = costs["hybrid"][1]["cache_bytes"] - costs["hybrid"][0]["cache_bytes"]
+    assert hybrid_grown == grown // 2
+    assert cache_bytes(kda.init_cache(3)) == 3 * kda_bytes[0]
+    with pytest.raises(ValueError, match="contexts must name"):
+        decode_cost(kda, [])
+    with pytest.raises(ValueError, match="every context must be an int >= 0"):
+        decode_cost(kda, [-1])
+
+
+def test_decode_cost_fills_mla_latent_caches():
+    """decode_cost marks MLA's fixed latent cache as holding ``context`` tokens (as it does the
+    attention cache), and the memory grows by one latent of kv_lora_rank floats per token."""
+    contexts, r = [8, 40], 4
+    mla = TinyLM(dataclasses.replace(CFG, layers=("kda", "mla"), kv_lora_rank=r), rngs=nnx.Rngs(0))
+    cache = _as_if_seen(mla.init_cache(1, max_len=50), 8, jax.random.key(0))
+    assert isinstance(cache[1], MLACache) and int(cache[1].length) == 8
+    assert np.abs(np.asarray(cache[1].latents)).min() > 0  # filled with random latents
+    costs = decode_cost(mla, contexts, steps=2, repeats=1)
+    grown = costs[1]["cache_bytes"] - costs[0]["cache_bytes"]
+    assert grown == (40 - 8) * r * 4  # one MLA layer: r float32 per token
+    attention = TinyLM(dataclasses.replace(CFG, layers=("kda", "attention")), rngs=nnx.Rngs(0))
+    attention_grown = [r["cache_bytes"] for r in decode_cost(attention, contexts, steps=2)]
+    assert attention_grown[1] - attention_grown[0] == (40 - 8) * 2 * 2 * 8 * 4  # 2 H K floats
+    # the next decode step writes its latent at position `context` and attends to all of them
+    _, stepped = mla(jnp.zeros((1, 1), jnp.int32), cache=cache)
+    assert int(stepped[1].length) == 9
+    changed = np.any(np.asarray(stepped[1].latents != cache[1].latents)[0], axis=-1)
+    assert changed.tolist() == [i == 8 for i in range(50)]
+    with pytest.raises(ValueError, match="fixed-capacity"):
+        _as_if_seen(mla.init_cache(1), 8, jax.random.key(0))
+
+
+def test_generation_with_the_published_models_kda_options(monkeypatch):
+    """A KDA layer with grouped value heads, the safe gate without A_log, a full-rank output
+    gate beside a low-rank forget gate and the fused q/k/v conv (issue 27), as a mixer of the
+    model: its [B, HV, K, V] state and split conv history decode as the full forward computes."""
+    from kda_lib.layers.kda_layer import KimiDeltaAttention
+    from kda_lib.models import tiny_lm
+
+    def factory(config, rngs):
+        options = dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False, gate_low_rank=4)
+        options.update(full_rank_output_gate=True, fused_qkv_conv=True)
+        return KimiDeltaAttention(dataclasses.replace(config.kda_config(), **options), rngs=rngs)
+
+    monkeypatch.setitem(tiny_lm.MIXERS, "kda_options", factory)
+    model = TinyLM(dataclasses.replace(CFG, layers=("kda_options", "attention")), rngs=nnx.Rngs(0))
+    assert model.init_cache(2)[0].state.shape == (2, 4, 8, 8)
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    out = generate(model, prompt, 6, temperature=0.0)
+    logits = nnx.jit(lambda m, t: m(t))(model, jnp.asarray(out[:, :-1]))
+    np.testing.assert_array_equal(np.asarray(logits.argmax(-1))[:, 2:], out[:, 3:])
+    # the logits themselves, prefill of 3 then one token at a time, against the full forward
+    step = nnx.jit(lambda m, t, c: m(t, cache=c))
+    tokens = jnp.asarray(out)
+    got, cache = step(model, tokens[:, :3], model.init_cache(2, max_len=9))
+    pieces = [got]
+    for t in range(3, 9):
+        got, cache = step(model, tokens[:, t : t + 1], cache)
+        pieces.append(got)
+    full = nnx.jit(lambda m, t: m(t))(model, tokens)
+    np.testing.assert_allclose(np.concatenate(pieces, 1), full, atol=1e-5, rtol=1e-5)

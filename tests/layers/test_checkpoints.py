@@ -1,0 +1,283 @@
+"""kda_lib.layers.checkpoints: fla's and the Hugging Face Kimi Linear checkpoint's naming, one
+table.
+
+The Kimi Linear names and shapes below are those of ``KimiDeltaAttention.__init__`` in the
+Hugging Face ``modeling_kimi.py`` (revision 6e163f3, as copied into axolotl-ai-cloud/axolotl
+``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
+1e4d015475e3f5d48e6fb5517484f0bfd08b96bd), written here by hand from that source.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import load_fla_layer_fixture
+from flax import nnx
+from safetensors.numpy import save_file
+
+from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.checkpoints import (
+    export_state_dict,
+    kimi_linear_prefix,
+    load_fla_state_dict,
+    load_kimi_linear_safetensors,
+    load_state_dict,
+    read_safetensors,
+    state_dict_names,
+)
+from kda_lib.models.presets import KIMI_LINEAR_48B, build_kda_layer
+from kda_lib.testing import assert_close
+
+# a small Kimi Linear KDA layer: gates of rank head_dim, no output-gate bias, softplus gate
+SMALL = KDAConfig(hidden_size=32, num_heads=2, head_dim=8, gate_low_rank=8, output_gate_bias=False)
+
+
+def _layer(config=SMALL, seed=0):
+    return KimiDeltaAttention(config, rngs=nnx.Rngs(seed))
+
+
+def _x(hidden=32, seq_len=12):
+    return jax.random.normal(jax.random.key(3), (2, seq_len, hidden))
+
+
+def _write(path, tensors):
+    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, path)
+    return path
+
+
+def _kimi_file(tmp_path, layer, layer_index=2, **changes):
+    """A safetensors file in the published naming: ``layer``'s weights as decoder layer
+    ``layer_index``, beside tensors of other layers and modules that the loader must skip."""
+    prefix = kimi_linear_prefix(layer_index)
+    tensors = {
+        prefix + name: value for name, value in export_state_dict(layer, "kimi_linear").items()
+    }
+    tensors["model.embed_tokens.weight"] = np.ones((5, 32), np.float32)
+    tensors[f"model.layers.{layer_index}.mlp.gate_proj.weight"] = np.ones((4, 32), np.float32)
+    tensors[f"model.layers.{layer_index + 1}.self_attn.kv_a_proj_with_mqa.weight"] = np.ones(
+        (6, 32), np.float32
+    )
+    tensors[f"model.layers.{layer_index}0.self_attn.A_log"] = np.ones((1, 1, 2, 1), np.float32)
+    for name, value in changes.items():
+        if value is None:
+            del tensors[prefix + name]
+        else:
+            tensors[prefix + name] = value
+    return _write(str(tmp_path / "model-00001-of-00002.safetensors"), tensors)
+
+
+def _params(layer):
+    return {n: np.asarray(v).copy() for n, v in export_state_dict(layer).items()}
+
+
+def test_kimi_linear_names_and_shapes_are_the_published_ones():
+    """At full size, from shapes only: the tensors modeling_kimi.py's KimiDeltaAttention has."""
+    d, h, k, w = 2304, 32, 128, 4
+    expected = {
+        "q_proj.weight": (h * k, d),
+        "k_proj.weight": (h * k, d),
+        "v_proj.weight": (h * k, d),
+        "q_conv1d.weight": (h * k, 1, w),
+        "k_conv1d.weight": (h * k, 1, w),
+        "v_conv1d.weight": (h * k, 1, w),
+        "A_log": (1, 1, h, 1),
+        "f_a_proj.weight": (k, d),
+        "f_b_proj.weight": (h * k, k),
+        "dt_bias": (h * k,),
+        "b_proj.weight": (h, d),
+        "g_a_proj.weight": (k, d),
+        "g_b_proj.weight": (h * k, k),
+        "o_norm.weight": (k,),
+        "o_proj.weight": (d, h * k),
+    }
+    assert state_dict_names(build_kda_layer(KIMI_LINEAR_48B), "kimi_linear") == expected
+    assert kimi_linear_prefix(3) == "model.layers.3.self_attn."
+
+
+def test_kimi_linear_layer_loads_from_safetensors(tmp_path):
+    source, target = _layer(seed=0), _layer(seed=1)
+    # the published checkpoint is bfloat16: one tensor stored so, widened exactly on reading
+    bf16 = export_state_dict(source, "kimi_linear")["o_norm.weight"].astype(ml_dtypes.bfloat16)
+    path = _kimi_file(tmp_path, source, **{"o_norm.weight": bf16})
+    source.o_norm.set_value(jnp.asarray(bf16.astype(np.float32)))
+    load_kimi_linear_safetensors(target, path, 2)
+    want, got = _params(source), _params(target)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    x = _x()
+    np.testing.assert_array_equal(np.asarray(target(x)), np.asarray(source(x)))
+    # the other tensors in the file were not read
+    assert set(read_safetensors(path, "model.layers.2.self_attn.")) == set(
+        state_dict_names(source, "kimi_linear")
+    )
+
+
+def test_kimi_linear_layer_reads_across_shards(tmp_path):
+    source, target = _layer(seed=0), _layer(seed=1)
+    tensors = {
+        kimi_linear_prefix(0) + n: v for n, v in export_state_dict(source, "kimi_linear").items()
+    }
+    names = sorted(tensors)
+    first = _write(str(tmp_path / "a.safetensors"), {n: tensors[n] for n in names[:5]})
+    second = _write(str(tmp_path / "b.safetensors"), {n: tensors[n] for n in names[5:]})
+    load_kimi_linear_safetensors(target, [first, second], 0)
+    x = _x()
+    np.testing.assert_array_equal(np.asarray(target(x)), np.asarray(source(x)))
+    with pytest.raises(ValueError, match=r"missing \['model.layers.0.self_attn."):
+        load_kimi_linear_safetensors(target, [first], 0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(dt_bias=None), r"missing \['model.layers.2.self_attn.dt_bias'\]"),
+        (
+            {"q_conv1d.bias": np.zeros(16, np.float32)},
+            r"unexpected \['model.layers.2.self_attn.q_conv1d.bias'\]",
+        ),
+        (
+            {"g_b_proj.bias": np.zeros(16, np.float32)},  # the published layer has no bias
+            r"unexpected \['model.layers.2.self_attn.g_b_proj.bias'\]",
+        ),
+        (
+            {"o_norm.weight": np.ones(7, np.float32)},
+            r"model.layers.2.self_attn.o_norm.weight: shape \(7,\) converts to \(7,\), but the "
+            r"layer expects \(8,\)",
+        ),
+        (
+            {"A_log": np.zeros(2, np.float32)},  # fla's [H], not the published [1, 1, H, 1]
+            r"self_attn.A_log: expected Kimi Linear's A_log layout \[1, 1, H, 1\], got \(2,\)",
+        ),
+        (
+            {"f_b_proj.weight": np.zeros((8, 16), np.float32)},  # transposed
+            r"f_b_proj.weight: shape \(8, 16\) converts to \(16, 8\), but the layer expects "
+            r"\(8, 16\) \(a checkpoint of shape \(16, 8\)\)",
+        ),
+        (
+            {"k_proj.weight": np.full((16, 32), np.inf, np.float32)},
+            "model.layers.2.self_attn.k_proj.weight: contains NaN or inf",
+        ),
+    ],
+    ids=[
+        "missing",
+        "extra-conv-bias",
+        "extra-gate-bias",
+        "shape",
+        "a-log-layout",
+        "transposed",
+        "inf",
+    ],
+)
+def test_a_bad_kimi_linear_checkpoint_is_refused_by_name_and_changes_nothing(
+    tmp_path, change, message
+):
+    layer = _layer(seed=1)
+    before = _params(layer)
+    path = _kimi_file(tmp_path, _layer(seed=0), **change)
+    with pytest.raises(ValueError, match=message):
+        load_kimi_linear_safetensors(layer, path, 2)
+    after = _params(layer)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+
+
+def test_kimi_linear_reader_errors(tmp_path):
+    layer = _layer()
+    path = _kimi_file(tmp_path, _layer(), layer_index=2)
+    with pytest.raises(ValueError, match=r"no tensor named model.layers.5.self_attn.\*"):
+        load_kimi_linear_safetensors(layer, path, 5)
+    with pytest.raises(ValueError, match="no safetensors file at"):
+        load_kimi_linear_safetensors(layer, str(tmp_path / "absent.safetensors"), 2)
+    with pytest.raises(ValueError, match="layer_index must be an int >= 0"):
+        kimi_linear_prefix(-1)
+    with pytest.raises(ValueError, match="naming must be one of"):
+        state_dict_names(layer, "hf")
+
+
+
+
+# fla's names -> the published checkpoint's, where they differ (the rest are the same)
+FLA_TO_KIMI = {
+    "f_proj.0.weight": "f_a_proj.weight",
+    "f_proj.1.weight": "f_b_proj.weight",
+    "g_proj.0.weight": "g_a_proj.weight",
+    "g_proj.1.weight": "g_b_proj.weight",
+    "g_proj.1.bias": "g_b_proj.bias",
+}
+
+
+def _as_kimi(state_dict):
+    out = {FLA_TO_KIMI.get(name, name): value for name, value in state_dict.items()}
+    out["A_log"] = out["A_log"].reshape(1, 1, -1, 1)
+    return out
+
+
+@pytest.mark.parametrize("case", ["default", "safe_gate"])
+def test_the_fla_fixture_weights_in_the_published_naming_give_fla_s_output(tmp_path, case):
+    """fla's layer (data/fixtures) has an output-gate bias, which the published layer lacks:
+    with the bias, renamed into the published naming, the loaded layer gives fla's recorded
+    output; without it (zeroed), the two loaders build the same layer."""
+    config, state_dict, x, y = load_fla_layer_fixture(case)
+    path = _write(
+        str(tmp_path / "kimi.safetensors"),
+        {kimi_linear_prefix(0) + n: v for n, v in _as_kimi(state_dict).items()},
+    )
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+    load_kimi_linear_safetensors(layer, path, 0)
+    err = assert_close(nnx.jit(lambda m, x: m(x))(layer, x), y, atol=5e-6, rtol=1e-5, name=case)
+    print(f"{case}: published naming vs fla's recorded output, max abs err {err:.1e}")
+
+    no_bias = dataclasses.replace(config, output_gate_bias=False)
+    via_fla = KimiDeltaAttention(config, rngs=nnx.Rngs(1))
+    load_fla_state_dict(via_fla, {**state_dict, "g_proj.1.bias": np.zeros(32, np.float32)})
+    kimi = {n: v for n, v in _as_kimi(state_dict).items() if n != "g_b_proj.bias"}
+    via_kimi = KimiDeltaAttention(no_bias, rngs=nnx.Rngs(2))
+    load_state_dict(via_kimi, kimi, "kimi_linear")
+    run = nnx.jit(lambda m, x: m(x))
+    np.testing.assert_array_equal(np.asarray(run(via_kimi, x)), np.asarray(run(via_fla, x)))
+
+
+ROUND_TRIP = {
+    "published": {},
+    # fla's grouped value heads with its safe gate without A_log (no A_log tensor at all)
+    "grouped_no_a_log": dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False),
+    "full_rank_output_gate_with_bias": dict(full_rank_output_gate=True, output_gate_bias=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROUND_TRIP))
+@pytest.mark.parametrize("naming", ["fla", "kimi_linear"])
+def test_export_and_load_round_trip(naming, case):
+    config = dataclasses.replace(SMALL, **ROUND_TRIP[case])
+    source, target = _layer(config, seed=0), _layer(config, seed=5)
+    state_dict = export_state_dict(source, naming)
+    assert ("A_log" in state_dict) == config.use_a_log
+    load_state_dict(target, state_dict, naming)
+    for name, value in _params(source).items():
+        np.testing.assert_array_equal(_params(target)[name], value, err_msg=name)
+    x = _x()
+    np.testing.assert_array_equal(np.asarray(target(x)), np.asarray(source(x)))
+
+
+def test_grouped_value_heads_use_fla_s_names_with_value_head_shapes():
+    layer = _layer(dataclasses.replace(SMALL, num_v_heads=4, value_head_dim=4))
+    names = state_dict_names(layer)
+    assert names["q_proj.weight"] == (2 * 8, 32) and names["q_conv1d.weight"] == (16, 1, 4)
+    assert names["v_proj.weight"] == (4 * 4, 32) and names["v_conv1d.weight"] == (16, 1, 4)
+    assert names["f_proj.1.weight"] == (4 * 8, 8) and names["dt_bias"] == (4 * 8,)
+    assert names["b_proj.weight"] == (4, 32) and names["A_log"] == (4,)
+    assert names["g_proj.1.weight"] == (4 * 4, 8) and names["o_proj.weight"] == (32, 4 * 4)
+    assert state_dict_names(layer, "kimi_linear")["A_log"] == (1, 1, 4, 1)
+
+
+def test_layouts_without_a_checkpoint_name_are_refused():
+    fused = _layer(dataclasses.replace(SMALL, fused_qkv_conv=True))
+    for naming in ("fla", "kimi_linear"):
+        with pytest.raises(ValueError, match="one fused qkv_conv1d"):
+            state_dict_names(fused, naming)
+    full = _layer(dataclasses.replace(SMALL, full_rank_output_gate=True))
+    names = state_dict_names(full, "kimi_linear")
+    assert names["g_proj.weight"] == (16, 32) and "g_a_proj.weight" not in names

@@ -1,0 +1,433 @@
+"""KimiDeltaAttention: fla parity, implementations, packing, decoding, errors."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import load_fla_layer_fixture
+from flax import nnx
+
+from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.params import weight_decay_mask
+from kda_lib.testing import assert_close, relative_l2
+
+BASE = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8)
+
+
+def _layer(**changes):
+    return KimiDeltaAttention(dataclasses.replace(BASE, **changes), rngs=nnx.Rngs(0))
+
+
+def _x(batch=2, seq_len=70, hidden=32, seed=1):
+    return jax.random.normal(jax.random.key(seed), (batch, seq_len, hidden))
+
+
+def _name(path):
+    """'f_proj.layers.0.kernel' from a pytree path over nnx.state (drops the trailing .value)."""
+    keys = [str(p.key) for p in path if hasattr(p, "key")]
+    return ".".join(keys)
+
+
+# the layer jitted (one compilation, not one per eager op); a cache in gives (y, cache) out
+_apply = nnx.jit(lambda m, x, cache=None: m(x, cache=cache))
+
+
+def _with_impl(layer, implementation):
+    layer.config = dataclasses.replace(layer.config, implementation=implementation)
+    return layer
+
+
+@pytest.mark.parametrize("fixture", ["default", "safe_gate"])
+def test_fla_layer_parity(fixture):
+    config, state_dict, x, y_fla = load_fla_layer_fixture(fixture)
+    layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
+    for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
+        # jitted: one compilation per implementation instead of one per eager op
+        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(x))
+        err = assert_close(y, y_fla, atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
+        print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
+
+
+def test_fla_state_dict_mismatch_is_reported():
+    layer_sd = {"q_proj.weight": np.zeros((32, 32))}
+    with pytest.raises(ValueError, match="missing .*'A_log'"):
+        KimiDeltaAttention.from_fla_state_dict(layer_sd, BASE, rngs=nnx.Rngs(0))
+
+
+# both gates and both gate projections: the two flags select independent parts of the layer
+# (the gate function; the gate projection's layers), so two cases cover all four values
+@pytest.mark.parametrize("lower_bound,gate_low_rank", [(None, None), (-5.0, 8)])
+def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
+    layer = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank)
+    x = _x()
+
+    def loss(m):
+        y = m(x)
+        return jnp.mean(y**2), y
+
+    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)  # one program: forward and grads
+    assert y.shape == x.shape and y.dtype == jnp.float32
+    for path, g in jax.tree_util.tree_leaves_with_path(grads):
+        assert np.isfinite(np.asarray(g)).all(), path
+        assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
+    bf16 = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank, dtype=jnp.bfloat16)
+    assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
+    y16 = nnx.jit(lambda m: m(x))(bf16)
+    assert y16.dtype == jnp.bfloat16
+    assert relative_l2(y16, y) < 3e-2
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_all_cpu_implementations_agree_on_outputs_and_param_grads(lower_bound):
+    layer = _layer(lower_bound=lower_bound)
+    x = _x(seq_len=100)
+    impls = ["recurrent", "chunked", "tokamax_xla"] + (
+        ["tokamax_xla_chunked"] if lower_bound is not None else []
+    )
+
+    def loss(m):
+        y = m(x)
+        return jnp.sum(jnp.sin(y)), y
+
+    def run(impl):  # outputs and gradients from one forward in one program
+        grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(_with_impl(layer, impl))
+        return y, grads
+
+    y_ref, g_ref = run("recurrent")
+    for impl in impls[1:]:
+        y, g = run(impl)
+        assert_close(y, y_ref, atol=2e-6, rtol=1e-5, name=impl)
+        for (path, got), want in zip(
+            jax.tree_util.tree_leaves_with_path(g), jax.tree_util.tree_leaves(g_ref), strict=True
+        ):
+            assert relative_l2(got, want) < 1e-5, (impl, path)
+
+
+def test_packed_documents_are_isolated():
+    layer = _layer()
+    x = _x(batch=1, seq_len=90)
+    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5], jnp.int32)
+    run = nnx.jit(lambda m, x, ids=None: m(x, segment_ids=ids))
+    y = run(layer, x, ids)
+    assert_close(y[:, :40], run(layer, x[:, :40]), atol=2e-6, rtol=1e-5, name="document 1")
+    assert_close(y[:, 40:85], run(layer, x[:, 40:85]), atol=2e-6, rtol=1e-5, name="document 2")
+    assert np.all(np.asarray(y[:, 85:]) == 0)
+
+
+# prefill of one token, of T not a multiple of the chunk and of one whole chunk; the safe gate
+# (lower_bound) changes the gate, not the cache, so it runs with one of them
+@pytest.mark.parametrize("lower_bound,prefill", [(None, 1), (None, 37), (None, 64), (-5.0, 37)])
+def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
+    layer = _layer(lower_bound=lower_bound)
+    x = _x(batch=2, seq_len=75)
+    full = _apply(layer, x)
+    cache = layer.init_cache(2)
+    y, cache = _apply(layer, x[:, :prefill], cache)
+    outs = [y]
+    for t in range(prefill, 75):
+        y, cache = _apply(layer, x[:, t : t + 1], cache)
+        outs.append(y)
+    err = assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
+    print(f"prefill {prefill} + decode vs full forward: max abs err {err:.2e}")
+    assert cache.state.shape == (2, 2, 16, 8) and cache.state.dtype == jnp.float32
+
+
+def test_no_conv_and_neg_eigval_variants():
+    for changes in (dict(conv_size=0), dict(allow_neg_eigval=True)):
+        layer = _layer(**changes)
+        x = _x(seq_len=20)
+        cache = layer.init_cache(2)
+        y_full = _apply(layer, x)
+        y1, cache = _apply(layer, x[:, :10], cache)
+        y2, _ = _apply(layer, x[:, 10:], cache)
+        assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_names_dtypes_and_decay_mask():
+    layer = _layer(gate_low_rank=8)
+    params = nnx.state(layer, nnx.Param)
+    names = {_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+    for expected in (
+        "q_proj.kernel",
+        "q_conv1d.kernel",
+        "f_proj.layers.0.kernel",
+        "g_proj.layers.1.bias",
+        "b_proj.kernel",
+        "A_log",
+        "dt_bias",
+        "o_norm",
+        "o_proj.kernel",
+    ):
+        assert expected in names, (expected, sorted(names))
+    assert layer.A_log[...].dtype == jnp.float32 and layer.dt_bias[...].dtype == jnp.float32
+    mask = {
+        _name(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
+    }
+    assert not mask["A_log"] and not mask["dt_bias"] and not mask["o_norm"]
+    assert not mask["g_proj.layers.1.bias"]
+    assert mask["q_proj.kernel"] and mask["q_conv1d.kernel"]
+
+
+def test_errors_are_clear():
+    layer = _layer()
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, hidden_size=32\]"):
+        layer(jnp.zeros((1, 5, 31)))
+    with pytest.raises(ValueError, match=r"cache.state has shape .* for batch size 3"):
+        layer(jnp.zeros((3, 1, 32)), cache=layer.init_cache(2))
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
+        layer(jnp.zeros((2, 5, 32)), segment_ids=jnp.ones((2, 4), jnp.int32))
+    with pytest.raises(ValueError, match="tokamax_mosaic needs a TPU v6 or newer"):
+        _layer(lower_bound=-5.0, implementation="tokamax_mosaic")(jnp.zeros((1, 64, 32)))
+    with pytest.raises(ValueError, match="lower_bound must be a float in"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, lower_bound=0.5)
+    with pytest.raises(ValueError, match="conv_size must be an int >= 0"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, conv_size=-1)
+    with pytest.raises(ValueError, match="needs the safe gate"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="tokamax_xla_chunked")
+    with pytest.raises(ValueError, match="implementation must be 'auto' or one of"):
+        KDAConfig(hidden_size=8, num_heads=1, head_dim=8, implementation="cuda")
+
+
+def test_per_head_decay_is_gated_deltanet():
+    """per_head_decay: one gate value per head, shared by its K channels; decoding still works."""
+    from kda_lib import kda_gate
+
+    layer = _layer(per_head_decay=True)
+    assert layer.dt_bias[...].shape == (2,) and layer.f_proj.kernel[...].shape == (32, 2)
+    x = _x(seq_len=20)
+    _, _, _, f, _, _ = layer.project(x)
+    kw = layer.kernel_kwargs()
+    g = kda_gate(f, kw["a_log"], kw["dt_bias"])
+    np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
+    y = _apply(layer, x)
+    y1, cache = _apply(layer, x[:, :7], layer.init_cache(2))
+    y2, _ = _apply(layer, x[:, 7:], cache)
+    assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
+    assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
+
+
+def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
+    from kda_lib.layers import kda_layer as layer_module
+    from kda_lib.layers.kda_layer import max_segments_bound
+
+    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
+    cfg = dataclasses.replace(BASE, lower_bound=-5.0, implementation="tokamax_xla")
+    assert max_segments_bound(ids, cfg) == 3  # row 0: runs 1, 2 and the padding
+    assert max_segments_bound(ids, dataclasses.replace(cfg, max_num_segments=5)) == 5
+    assert max_segments_bound(ids, dataclasses.replace(cfg, implementation="chunked")) is None
+    assert max_segments_bound(ids.reshape(4, 45), cfg, ranks=1) == 2
+    assert max_segments_bound(ids, cfg, ranks=2) == 2  # per 45-token slice
+    seen = []
+    original = layer_module.kda
+    monkeypatch.setattr(
+        layer_module,
+        "kda",
+        lambda *a, **kw: seen.append(kw["max_num_segments"]) or original(*a, **kw),
+    )
+    x = _x(batch=2, seq_len=90)
+    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    want = jitted(_layer(lower_bound=-5.0), x, ids)  # reference: auto, kda_lib on CPU
+    got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
+    assert seen[-1] == 3
+    assert_close(got, want, atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
+        jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
+    bounded = KimiDeltaAttention(dataclasses.replace(cfg, max_num_segments=4), rngs=nnx.Rngs(0))
+    assert_close(jitted(bounded, x, ids), want, atol=2e-6, rtol=1e-5)
+    assert seen[-1] == 4
+    with pytest.raises(ValueError, match="KDAConfig.max_num_segments must be None or a positive"):
+        dataclasses.replace(cfg, max_num_segments=0)
+
+
+# ------------------------------------------------- the published models' options (issue 27)
+# each option alone on the small layer; (B)ASE has K = 16, V = 8, H = 2
+OPTIONS = {
+    # MaxText's Kimi K3 layer: low-rank forget gate, one full-rank output-gate projection
+    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    # GLM-5.3-Flash: one depthwise conv over concat(q, k, v)
+    "fused_qkv_conv": dict(fused_qkv_conv=True),
+    # MaxText's Kimi K3 layer: max(-A softplus(f + dt_bias), -5)
+    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),
+    # fla's num_v_heads: 4 value heads on 2 q/k heads
+    "grouped_value_heads": dict(num_v_heads=4),
+    # fla's safe gate without A_log (A = 1), with grouped value heads
+    "no_a_log_grouped": dict(lower_bound=-5.0, use_a_log=False, num_v_heads=4),
+}
+
+
+def _fast_implementations(config):
+    """The implementations besides the oracle that serve ``config`` on CPU."""
+    fused_safe = config.lower_bound is not None and not config.clamped_gate
+    return ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if fused_safe else [])
+
+
+def _sin_loss_grads(layer, x):
+    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+
+    def loss(m):
+        y = m(x)
+        return jnp.sum(jnp.sin(y)), y
+
+    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)
+    return np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(grads)}
+
+
+def _oracle_f64(layer, x):
+    """:func:`_sin_loss_grads` of the same layer in float64 with the recurrent (oracle) kernel:
+    projections, convs and the recurrence in float64 (the layer keeps its elementwise gate, beta
+    and output norm in float32)."""
+    with jax.enable_x64(True):
+        config = dataclasses.replace(
+            layer.config, dtype=jnp.float64, param_dtype=jnp.float64, implementation="recurrent"
+        )
+        oracle = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+        params = nnx.state(layer, nnx.Param)
+        nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params))
+        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64))
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_option_matches_the_float64_oracle_on_every_implementation(option):
+    layer = _layer(**OPTIONS[option])
+    x = _x(seq_len=40)
+    y64, g64 = _oracle_f64(layer, x)
+    for impl in ["recurrent", *_fast_implementations(layer.config)]:
+        y, g = _sin_loss_grads(_with_impl(layer, impl), x)
+        assert relative_l2(y, y64) < 2e-6, (option, impl, relative_l2(y, y64))
+        assert set(g) == set(g64)
+        for name in g64:
+            assert relative_l2(g[name], g64[name]) < 2e-5, (option, impl, name)
+        worst = max(relative_l2(g[name], g64[name]) for name in g64)
+        print(f"{option} {impl}: rel-L2 vs float64 oracle {relative_l2(y, y64):.1e} (output), ")
+        print(f"  {worst:.1e} (worst parameter gradient)")
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_option_prefill_then_decode_equals_full_forward(option):
+    layer = _layer(**OPTIONS[option])
+    x = _x(batch=2, seq_len=24)
+    full = _apply(layer, x)
+    y, cache = _apply(layer, x[:, :9], layer.init_cache(2))
+    outs = [y]
+    for t in range(9, 24):
+        y, cache = _apply(layer, x[:, t : t + 1], cache)
+        outs.append(y)
+    assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5, name=option)
+    assert cache.state.shape == (2, layer.config.value_heads, 16, 8)
+
+
+def test_fused_qkv_conv_is_three_convs_in_one_tensor():
+    separate, fused = _layer(), _layer(fused_qkv_conv=True)
+    assert fused.q_conv1d is None and separate.qkv_conv1d is None
+    kernels = [getattr(separate, f"{s}_conv1d").kernel[...] for s in "qkv"]
+    assert fused.qkv_conv1d.kernel[...].shape == (4, 16 * 2 + 16 * 2 + 8 * 2)
+    # the same weights in the fused layout give the same function
+    params = nnx.state(separate, nnx.Param)
+    for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
+        del params[name]
+    nnx.update(fused, params)
+    fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels, axis=1))
+    x = _x(seq_len=30)
+    ids = jnp.asarray([[1] * 12 + [2] * 18, [0] * 3 + [4] * 27], jnp.int32)
+    run = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    assert_close(run(fused, x, ids), run(separate, x, ids), atol=1e-6, rtol=1e-6)
+    fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels[::-1], axis=1))  # wrong order
+    assert relative_l2(run(fused, x, ids), run(separate, x, ids)) > 1e-2
+
+
+def test_full_rank_output_gate_beside_a_low_rank_forget_gate():
+    layer = _layer(**OPTIONS["full_rank_output_gate"])
+    assert isinstance(layer.f_proj, nnx.Sequential)
+    assert layer.g_proj.kernel[...].shape == (32, 2 * 8)  # d x H V, one matmul
+    low = _layer(gate_low_rank=4)
+    count = lambda m: sum(a.size for a in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
+    # d V H (+ H V bias) instead of d r + r H V (+ H V bias)
+    assert count(layer) - count(low) == 32 * 16 - (32 * 4 + 4 * 16)
+
+
+def test_clamped_gate_is_the_clamped_softplus():
+    from kda_lib import kda_gate
+
+    layer = _layer(**OPTIONS["clamped_gate"])
+    assert layer.kernel_kwargs() == dict(use_qk_l2norm=True, allow_neg_eigval=False)
+    x = 3.0 * _x(seq_len=20)  # large inputs: some channels reach the bound
+    g = layer.project(x).f
+    raw = layer.f_proj(x).reshape(g.shape)
+    softplus = kda_gate(raw, layer.A_log[...], layer.dt_bias[...])
+    np.testing.assert_allclose(g, np.maximum(softplus, -5.0), rtol=1e-6)
+    clamped = np.asarray(softplus < -5.0)
+    assert 0 < clamped.mean() < 1, clamped.mean()  # both sides of the clamp are exercised
+    # A_log starts at log U(1, 16) as the softplus gate's (not the safe gate's zeros)
+    assert np.all(np.asarray(layer.A_log[...]) > 0)
+
+
+def test_option_errors_name_the_field():
+    with pytest.raises(ValueError, match="num_v_heads must be a multiple of num_heads=2"):
+        dataclasses.replace(BASE, num_v_heads=3)
+    with pytest.raises(ValueError, match="clamped_gate clamps the softplus gate at lower_bound"):
+        dataclasses.replace(BASE, clamped_gate=True)
+    unfused = "tokamax_xla_chunked needs the fused safe gate.*clamped_gate"
+    with pytest.raises(ValueError, match=unfused):
+        dataclasses.replace(
+            BASE, lower_bound=-5.0, clamped_gate=True, implementation="tokamax_xla_chunked"
+        )
+    with pytest.raises(ValueError, match="fused_qkv_conv needs a conv"):
+        dataclasses.replace(BASE, fused_qkv_conv=True, conv_size=0)
+    for name in ("use_a_log", "full_rank_output_gate", "fused_qkv_conv", "clamped_gate"):
+        with pytest.raises(ValueError, match=f"KDAConfig.{name} must be a bool"):
+            dataclasses.replace(BASE, **{name: 1})
+
+
+def test_grouped_value_heads_share_q_and_k_by_groups():
+    """A layer with HV = 4 value heads on H = 2 q/k heads is the H = 4 layer whose q/k heads
+    come in equal pairs (value head j reads q/k head j // 2), fla's num_v_heads."""
+    grouped = _layer(num_v_heads=4)
+    expanded = _layer(num_heads=4)
+    assert grouped.q_proj.kernel[...].shape == (32, 2 * 16)
+    assert grouped.v_proj.kernel[...].shape == (32, 4 * 8) and grouped.A_log[...].shape == (4,)
+    assert grouped.f_proj.kernel[...].shape == (32, 4 * 16) and grouped.dt_bias[...].shape == (64,)
+    assert grouped.b_proj.kernel[...].shape == (32, 4)
+    assert grouped.g_proj.kernel[...].shape == (32, 4 * 8)
+
+    def by_group(kernel):  # [.., 2 * 16] -> [.., 4 * 16], head j <- head j // 2
+        heads = kernel.reshape(*kernel.shape[:-1], 2, 16)
+        return jnp.repeat(heads, 2, axis=-2).reshape(*kernel.shape[:-1], 64)
+
+    nnx.update(expanded, nnx.state(grouped, nnx.Param))  # every value-head parameter as it is
+    for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
+        getattr(expanded, name).kernel.set_value(by_group(getattr(grouped, name).kernel[...]))
+    x = _x(seq_len=30)
+    err = assert_close(_apply(grouped, x), _apply(expanded, x), atol=2e-6, rtol=1e-5)
+    print(f"grouped value heads vs the expanded layer: max abs err {err:.1e}")
+    # a wrong grouping (value head j on q/k head j % 2) is a different layer
+    for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
+        kernel = getattr(grouped, name).kernel[...]
+        getattr(expanded, name).kernel.set_value(jnp.concatenate([kernel, kernel], axis=-1))
+    assert relative_l2(_apply(grouped, x), _apply(expanded, x)) > 1e-2
+
+
+def test_safe_gate_without_a_log_has_no_rate_parameter():
+    from kda_lib import kda_gate
+
+    layer = _layer(lower_bound=-5.0, use_a_log=False)
+    names = {_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(nnx.state(layer, nnx.Param))}
+    assert "A_log" not in names and "dt_bias" in names
+    assert layer.kernel_kwargs()["a_log"] is None
+    # the gate the kernel applies: -5 sigmoid(f + dt_bias), i.e. the safe gate at A = 1
+    with_rate = _layer(lower_bound=-5.0)
+    nnx.update(with_rate, nnx.state(layer, nnx.Param))
+    with_rate.A_log.set_value(jnp.zeros(2))
+    x = _x(seq_len=20)
+    assert_close(_apply(layer, x), _apply(with_rate, x), atol=1e-6, rtol=1e-6)
+    f = layer.project(x).f
+    np.testing.assert_allclose(
+        kda_gate(f, None, layer.dt_bias[...], lower_bound=-5.0),
+        -5.0 * jax.nn.sigmoid(f + layer.dt_bias[...].reshape(2, 16)),
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match="use_a_log=False is the safe gate without A_log"):
+        dataclasses.replace(BASE, use_a_log=False)

@@ -1,0 +1,262 @@
+"""kda_lib.models.tiny_lm: per-layer mixer patterns (Kimi Linear's hybrid), decoding across mixed
+layers, NoPE attention, attention with short convolutions, fixed-capacity attention caches and
+equal-parameter configs; the training command line's --layers."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from kda_lib.lab.train_cli import main as train_main
+from kda_lib.layers.attention import AttentionCache, CausalSelfAttention
+from kda_lib.layers.kda_layer import KDACache
+from kda_lib.models.tiny_lm import (
+    ModelConfig,
+    TinyLM,
+    config_param_count,
+    count_params,
+    match_parameter_count,
+)
+
+HYBRID = ModelConfig(
+    vocab_size=11,
+    hidden_size=16,
+    num_layers=4,
+    layers=("kda", "kda", "kda", "attention"),
+    rope=False,
+    num_heads=2,
+    head_dim=8,
+    implementation="recurrent",
+)
+
+
+def _apply(model, tokens, cache=None):
+    return model(tokens, cache=cache)
+
+
+_jitted = nnx.jit(_apply)
+
+
+@pytest.mark.parametrize("max_len", [None, 13], ids=["growing", "fixed"])
+def test_hybrid_prefill_then_decode_equals_full_forward(max_len):
+    model = TinyLM(HYBRID, rngs=nnx.Rngs(3))
+    kinds = [type(b.mixer).__name__ for b in model.blocks]
+    assert kinds == ["KimiDeltaAttention"] * 3 + ["CausalSelfAttention"]
+    tokens = jax.random.randint(jax.random.key(0), (2, 11), 0, 11)
+    full = _jitted(model, tokens)
+    out, cache = _jitted(model, tokens[:, :6], model.init_cache(2, max_len=max_len))
+    pieces = [out]
+    for t in range(6, 11):
+        out, cache = _jitted(model, tokens[:, t : t + 1], cache)
+        pieces.append(out)
+    np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=3e-5, rtol=3e-5)
+    # one cache per layer, of its own kind: fixed KDA states, a growing/filled KV buffer
+    assert [type(c) for c in cache] == [KDACache] * 3 + [AttentionCache]
+    assert all(c.state.shape == (2, 2, 8, 8) for c in cache[:3])
+    capacity = 11 if max_len is None else max_len
+    assert cache[3].keys.shape == (2, capacity, 2, 8)
+    assert int(cache[3].seen) == 11
+
+
+def test_pattern_is_tiled_and_validated():
+    cfg = ModelConfig(vocab_size=5, num_layers=8, layers=["kda", "kda", "kda", "attention"])
+    assert cfg.layers == ("kda", "kda", "kda", "attention")  # a list is stored as a tuple
+    assert cfg.layer_mixers == ("kda", "kda", "kda", "attention") * 2
+    assert cfg.label == "kda3-attention"
+    assert ModelConfig(vocab_size=5, mixer="gdn", num_layers=3).layer_mixers == ("gdn",) * 3
+    assert ModelConfig(vocab_size=5, mixer="gdn").label == "gdn"
+    assert ModelConfig(vocab_size=5, num_layers=2, layers=("conv",)).label == "conv"
+    hash(cfg)  # static config of a jitted model: must hash
+    bad = [
+        (dict(layers=("kda", "nope")), r"layers names unknown mixers \['nope'\]"),
+        (dict(layers="kda"), "layers must be a tuple of mixer names"),
+        (dict(num_layers=3, layers=("kda", "attention")), "num_layers=3 is not a multiple"),
+        (dict(rope=1), "rope must be True or False"),
+        (dict(mlp_width=0), "mlp_width must be None or a positive int"),
+    ]
+    for changes, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ModelConfig(vocab_size=5, **changes)
+
+
+def test_nope_attention_sees_a_set_and_rope_an_order():
+    """Without positions, causal attention at the last token is blind to the order of the
+    earlier tokens; with RoPE it is not."""
+    cfg = dataclasses.replace(HYBRID, num_layers=1, layers=("attention",))
+    x = jax.random.normal(jax.random.key(1), (1, 6, 16))
+    swapped = x[:, jnp.array([1, 0, 3, 2, 4, 5])]
+    for rope in (False, True):
+        layer = CausalSelfAttention(
+            dataclasses.replace(cfg.attention_config(), rope=rope), rngs=nnx.Rngs(0)
+        )
+        y, y_swapped = layer(x)[0, -1], layer(swapped)[0, -1]
+        if rope:
+            assert float(jnp.abs(y - y_swapped).max()) > 1e-4
+        else:
+            np.testing.assert_allclose(y, y_swapped, atol=1e-5)
+    model = TinyLM(dataclasses.replace(cfg, rope=False), rngs=nnx.Rngs(0))
+    assert model.blocks[0].mixer.rope is False
+
+
+def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
+    cfg = dataclasses.replace(HYBRID, num_layers=2, layers=("attention_conv", "attention"))
+    model = TinyLM(cfg, rngs=nnx.Rngs(0))
+    mixer = model.blocks[0].mixer
+    assert mixer.short_conv and mixer.q_conv1d.kernel.shape == (4, 16)
+    tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 11)
+    full = _jitted(model, tokens)
+    out, cache = _jitted(model, tokens[:, :4], model.init_cache(1, max_len=9))
+    pieces = [out]
+    for t in range(4, 9):
+        out, cache = _jitted(model, tokens[:, t : t + 1], cache)
+        pieces.append(out)
+    np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=3e-5, rtol=3e-5)
+    assert cache[0].k_conv.shape == (1, 3, 16) and cache[1].k_conv is None
+    # the key at position t mixes the inputs t-3..t: d k_t / d x_s != 0 exactly there
+    x = jax.random.normal(jax.random.key(3), (1, 8, 16))
+    jac = jax.jacobian(lambda x: mixer._project(x, None)[0][1][0, 6])(x)[:, 0]
+    reach = np.abs(np.asarray(jac)).sum(axis=(0, 2))
+    assert (reach[3:7] > 0).all() and (reach[:3] == 0).all() and (reach[7:] == 0).all()
+
+
+def test_fixed_capacity_cache_overflow_is_loud():
+    model = TinyLM(
+        dataclasses.replace(HYBRID, num_layers=1, layers=("attention",)), rngs=nnx.Rngs(0)
+    )
+    tokens = jnp.zeros((1, 5), jnp.int32)
+    with pytest.raises(ValueError, match="holds 4 tokens; 0 are filled, 5 more do not fit"):
+        model(tokens, cache=model.init_cache(1, max_len=4))
+    # under jit the fill level is not known while tracing: the outputs become NaN instead
+    logits, cache = _jitted(model, tokens[:, :3], model.init_cache(1, max_len=4))
+    assert bool(jnp.isfinite(logits).all())
+    logits, _ = _jitted(model, tokens[:, :2], cache)
+    assert bool(jnp.isnan(logits).all())
+    logits, _ = _jitted(model, tokens[:, :1], cache)
+    assert bool(jnp.isfinite(logits).all())
+    with pytest.raises(ValueError, match="max_len must be None or a positive int"):
+        model.init_cache(1, max_len=0)
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        model.init_cache(0)
+    with pytest.raises(ValueError, match="one entry per block"):
+        model(tokens, cache=())
+
+
+@pytest.mark.parametrize("target", [9_000, 20_000])
+def test_equal_parameter_counts_across_mixers(target):
+    base = dataclasses.replace(HYBRID, layers=())
+    sizes = {}
+    for layers in [("attention",), ("kda",), ("gdn",), HYBRID.layers]:
+        cfg = match_parameter_count(dataclasses.replace(base, layers=layers), target)
+        sizes[cfg.label] = config_param_count(cfg)
+        # one MLP unit more or less moves the count by 4 * (2 * 16 + 1) = 132
+        assert abs(sizes[cfg.label] - target) <= 66, (cfg.label, sizes[cfg.label])
+    assert count_params(TinyLM(cfg, rngs=nnx.Rngs(0))) == sizes[cfg.label]
+    with pytest.raises(ValueError, match="below what kda needs"):
+        match_parameter_count(dataclasses.replace(base, mixer="kda"), 100)
+
+
+def test_train_command_line_takes_a_layer_pattern(tmp_path, capsys):
+    out = tmp_path / "hybrid.json"
+    args = [
+        "mqar",
+        "--layers",
+        "kda,attention",
+        "--no-rope",
+        "--steps",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "2",
+        "--vocab-size",
+        "16",
+        "--num-pairs",
+        "2",
+        "--hidden-size",
+        "16",
+        "--num-heads",
+        "2",
+        "--head-dim",
+        "8",
+        "--eval-batches",
+        "1",
+        "--log-every",
+        "1",
+        "--implementation",
+        "recurrent",
+        "--progress",
+        "none",
+        "--output",
+        str(out),
+    ]
+    record = train_main(args)
+    saved = json.loads(out.read_text())
+    assert record["mixer"] == saved["mixer"] == "kda-attention"
+    assert saved["model"]["layers"] == ["kda", "attention"] and saved["model"]["num_layers"] == 2
+    assert saved["model"]["rope"] is False
+    assert "mqar / kda-attention, T=16" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        train_main(["mqar", "--layers", "kda,transformer", "--output", str(out)])
+    assert "unknown mixers ['transformer']" in capsys.readouterr().err
+
+
+def _norm_epsilons(module) -> list[float]:
+    """The epsilon of every norm inside ``module``: nnx.RMSNorm's ``epsilon`` and the
+    ``norm_eps`` a mixer hands its gated output norm (on the mixer or in its config)."""
+    found = []
+    for _, node in nnx.iter_graph(module):
+        if isinstance(node, nnx.RMSNorm):
+            found.append(node.epsilon)
+        elif isinstance(node, nnx.Module):
+            owner = getattr(node, "config", node)
+            if hasattr(owner, "norm_eps") and not isinstance(owner, ModelConfig):
+                found.append(owner.norm_eps)
+    return found
+
+
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "attention_conv", "conv", "mla"])
+def test_norm_eps_reaches_every_norm_of_every_mixer(mixer):
+    cfg = dataclasses.replace(HYBRID, layers=(), mixer=mixer, num_layers=1, norm_eps=0.25)
+    model = nnx.eval_shape(lambda: TinyLM(cfg, rngs=nnx.Rngs(0)))
+    epsilons = _norm_epsilons(model)
+    # the block's two norms and the final norm, plus the mixer's own (none in attention;
+    # MLA: its config and its latent RMSNorm)
+    own = {"attention": 0, "attention_conv": 0, "mla": 2}.get(mixer, 1)
+    assert len(epsilons) == 3 + own, epsilons
+    assert set(epsilons) == {0.25}, epsilons
+
+
+def test_norm_eps_changes_the_kda_mixer_output():
+    x = jax.random.normal(jax.random.key(3), (1, 5, 16)) * 1e-2  # small: eps matters
+    outs = []
+    for eps in (1e-5, 0.25):
+        cfg = dataclasses.replace(HYBRID, layers=(), num_layers=1, norm_eps=eps)
+        outs.append(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer(x))
+    assert float(jnp.abs(outs[0] - outs[1]).max()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", True),
+        ("hidden_size", True),
+        ("num_layers", True),
+        ("num_heads", True),
+        ("head_dim", True),
+        ("value_head_dim", True),
+        ("conv_size", True),
+        ("mlp_ratio", True),
+        ("mlp_width", True),
+        ("chunk_size", True),
+        ("kv_lora_rank", True),
+        ("num_heads", 2.0),
+        ("head_dim", np.bool_(True)),
+    ],
+)
+def test_model_config_refuses_a_bool_or_float_for_an_int_field(field, value):
+    with pytest.raises(ValueError, match=f"ModelConfig.{field} must be"):
+        dataclasses.replace(HYBRID, **{field: value})

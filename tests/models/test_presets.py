@@ -1,0 +1,241 @@
+"""kda_lib.models.presets: the published models' KDA (and MLA) layers.
+
+The expected counts are computed here from the published config fields (copied below from the
+sources the presets cite) by formula, independently of the presets' own shape lists; a preset
+the layer can express is built with ``nnx.eval_shape`` and its parameter count must match, one
+it cannot express must refuse with NotImplementedError naming the missing option.
+"""
+
+import dataclasses
+
+import pytest
+
+from kda_lib.models import presets
+from kda_lib.models.presets import (
+    GLM_5_3_FLASH,
+    KIMI_K3,
+    KIMI_LINEAR_48B,
+    build_kda_layer,
+    build_mla_layer,
+    parameter_count,
+)
+
+# published fields (see kda_lib/models/presets.py for repository, path and commit of each)
+KIMI_LINEAR_CONFIG = {
+    "hidden_size": 2304,
+    "num_hidden_layers": 27,
+    "linear_attn_config": {
+        "num_heads": 32,
+        "head_dim": 128,
+        "short_conv_kernel_size": 4,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+    },
+    "num_attention_heads": 32,
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+KIMI_K3_YML = {
+    "base_emb_dim": 7168,
+    "base_num_decoder_layers": 93,
+    "base_num_query_heads": 96,
+    "head_dim": 128,
+    "kda_conv_kernel_size": 4,
+    "kda_use_full_rank_gate": True,
+    "kda_gate_lower_bound": -5.0,
+    "full_attn_layers": [*range(4, 93, 4), 93],
+}
+GLM_YML = {
+    "base_emb_dim": 4096,
+    "base_num_decoder_layers": 45,
+    "inhomogeneous_layer_cycle_interval": 4,
+    "linear_conv_kernel_dim": 4,
+    "linear_head_dim": 128,
+    "linear_num_heads": 64,
+    "linear_lower_bound": -5.0,
+}
+
+
+def kda_formula(d, h, k, w, forget_rank, output_rank, output_bias):
+    """q, k, v projections + three depthwise convs (or one over their concatenation: the same
+    count) + forget gate (low rank: d r + r H K) + A_log H + dt_bias H K + beta d H + output gate
+    (low rank or full d H K, + H K with a bias) + o_norm K + o_proj H K d."""
+    hk = h * k
+    forget = d * hk if forget_rank is None else d * forget_rank + forget_rank * hk
+    output = d * hk if output_rank is None else d * output_rank + output_rank * hk
+    return (
+        3 * d * hk + 3 * w * hk + forget + h + hk + d * h + output + output_bias * hk + k + hk * d
+    )
+
+
+def test_kimi_linear_kda_layer_builds_with_the_published_parameter_count():
+    c, lin = KIMI_LINEAR_CONFIG, KIMI_LINEAR_CONFIG["linear_attn_config"]
+    # gates of rank head_dim, no output-gate bias (modeling_kimi.py @ 6e163f3)
+    expected = kda_formula(
+        c["hidden_size"], lin["num_heads"], lin["head_dim"], lin["short_conv_kernel_size"],
+        lin["head_dim"], lin["head_dim"], False,
+    )  # fmt: skip
+    assert expected == 39_514_272
+    assert KIMI_LINEAR_48B.kda_parameter_count() == expected
+    layer = build_kda_layer(KIMI_LINEAR_48B)
+    assert parameter_count(layer) == expected
+    # built from shapes only: nothing was allocated
+    assert type(layer.q_proj.kernel.get_value()).__name__ == "ShapeDtypeStruct"
+    assert layer.config.lower_bound is None and not layer.config.output_gate_bias
+
+
+def test_kimi_linear_mla_layer_builds_with_the_published_parameter_count():
+    c = KIMI_LINEAR_CONFIG
+    d, h, r = c["hidden_size"], c["num_attention_heads"], c["kv_lora_rank"]
+    nope, rope, v = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    # q_proj (no q LoRA), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj
+    expected = d * h * (nope + rope) + d * (r + rope) + r + r * h * (nope + v) + h * v * d
+    assert expected == 29_114_880
+    assert KIMI_LINEAR_48B.mla_parameter_count() == expected
+    assert parameter_count(build_mla_layer(KIMI_LINEAR_48B)) == expected
+    assert KIMI_LINEAR_48B.mla_config().shared_key_dim == rope  # NoPE: unrotated, shared
+    assert KIMI_LINEAR_48B.mla_config().norm_eps == 1e-6
+
+
+def test_layer_patterns_follow_the_published_layer_lists():
+    lin = KIMI_LINEAR_CONFIG["linear_attn_config"]
+    assert KIMI_LINEAR_48B.num_layers == KIMI_LINEAR_CONFIG["num_hidden_layers"]
+    assert KIMI_LINEAR_48B.kda_layers == tuple(i - 1 for i in lin["kda_layers"])
+    assert KIMI_LINEAR_48B.global_layers == tuple(i - 1 for i in lin["full_attn_layers"])
+    assert (len(KIMI_LINEAR_48B.kda_layers), len(KIMI_LINEAR_48B.global_layers)) == (20, 7)
+    assert KIMI_K3.num_layers == KIMI_K3_YML["base_num_decoder_layers"]
+    assert KIMI_K3.global_layers == tuple(i - 1 for i in KIMI_K3_YML["full_attn_layers"])
+    assert (len(KIMI_K3.kda_layers), len(KIMI_K3.global_layers)) == (69, 24)
+    interval = GLM_YML["inhomogeneous_layer_cycle_interval"]
+    assert GLM_5_3_FLASH.num_layers == GLM_YML["base_num_decoder_layers"]
+    assert GLM_5_3_FLASH.global_layers == tuple(range(interval - 1, 45, interval))
+    assert (len(GLM_5_3_FLASH.kda_layers), len(GLM_5_3_FLASH.global_layers)) == (34, 11)
+
+
+def test_kimi_k3_builds_with_the_published_parameter_count():
+    y = KIMI_K3_YML
+    # forget gate low rank (head_dim), output gate full rank without bias (kda.py @ bf801f44)
+    expected = kda_formula(
+        y["base_emb_dim"], y["base_num_query_heads"], y["head_dim"], y["kda_conv_kernel_size"],
+        y["head_dim"], None, False,
+    )  # fmt: skip
+    # by hand, d = 7168, H K = 96 * 128 = 12288: q/k/v 3 d HK = 264,241,152; convs 3 * 4 HK =
+    # 147,456; forget gate d 128 + 128 HK = 2,490,368; A_log 96; dt_bias 12,288; b_proj d H =
+    # 688,128; full-rank output gate d HK = 88,080,384; o_norm 128; o_proj HK d = 88,080,384
+    assert expected == 443_740_384
+    assert KIMI_K3.kda_parameter_count() == expected
+    assert KIMI_K3.lower_bound == y["kda_gate_lower_bound"]
+    layer = build_kda_layer(KIMI_K3)
+    assert parameter_count(layer) == expected
+    assert layer.config.clamped_gate and layer.config.lower_bound == -5.0
+    assert layer.config.full_rank_output_gate and layer.config.gate_low_rank == y["head_dim"]
+    assert layer.g_proj.kernel.get_value().shape == (7168, 12288)
+    with pytest.raises(NotImplementedError, match="mla_use_output_gate"):
+        build_mla_layer(KIMI_K3)
+    # MLA (attention_mla.py @ bf801f44): wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, out, and
+    # the output gate g_a_proj [d, head_dim], g_b_proj [head_dim, H v], o_norm [v]
+    d, h, hd = y["base_emb_dim"], y["base_num_query_heads"], y["head_dim"]
+    q_rank, r, nope, rope, v = 1536, 512, 128, 64, 128  # kimi-k3.yml's MLA fields
+    mla = (
+        d * q_rank + q_rank + q_rank * h * (nope + rope)
+        + d * (r + rope) + r + r * h * (nope + v) + h * v * d
+        + d * hd + hd * h * v + v
+    )  # fmt: skip
+    assert KIMI_K3.mla_parameter_count() == mla
+
+
+def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
+    y = GLM_YML
+    expected = kda_formula(
+        y["base_emb_dim"], y["linear_num_heads"], y["linear_head_dim"],
+        y["linear_conv_kernel_dim"], y["linear_head_dim"], y["linear_head_dim"], False,
+    )  # fmt: skip
+    # by hand, d = 4096, H K = 64 * 128 = 8192: q/k/v 3 d HK = 100,663,296; one conv over
+    # 3 HK channels 4 * 24576 = 98,304; forget and output gates d 128 + 128 HK = 1,572,864
+    # each; A_log 64; dt_bias 8,192; b_proj d H = 262,144; o_norm 128; o_proj HK d = 33,554,432
+    assert expected == 137_732_288
+    assert GLM_5_3_FLASH.kda_parameter_count() == expected
+    assert GLM_5_3_FLASH.kda_parameter_shapes()["conv1d"] == (4, 1, 3 * 64 * 128)
+    layer = build_kda_layer(GLM_5_3_FLASH)
+    assert parameter_count(layer) == expected
+    assert layer.q_conv1d is None and layer.qkv_conv1d.kernel.get_value().shape == (4, 3 * 8192)
+    assert not layer.config.clamped_gate and layer.config.lower_bound == -5.0  # sigmoid gate
+    with pytest.raises(NotImplementedError, match="no MLA widths"):
+        GLM_5_3_FLASH.mla_parameter_count()
+    # the fused layout is a layout: unfused, the same layer has the same count
+    unfused = dataclasses.replace(GLM_5_3_FLASH, fused_qkv_conv=False)
+    assert parameter_count(build_kda_layer(unfused)) == expected
+
+
+@pytest.mark.parametrize(
+    "change, option",
+    [
+        (dict(has_a_log=False), "the softplus gate without A_log"),
+        (dict(output_gate_rank=64), "different low ranks of the forget and output gates"),
+    ],
+)
+def test_each_missing_option_is_named(change, option):
+    preset = dataclasses.replace(KIMI_LINEAR_48B, **change)
+    with pytest.raises(NotImplementedError, match=option):
+        build_kda_layer(preset)
+
+
+def test_preset_fields_are_checked():
+    with pytest.raises(ValueError, match="gate_form"):
+        dataclasses.replace(KIMI_LINEAR_48B, gate_form="sigmoid")
+    with pytest.raises(ValueError, match="does not fit gate_form"):
+        dataclasses.replace(KIMI_LINEAR_48B, lower_bound=-5.0)
+    with pytest.raises(ValueError, match="unknown kinds"):
+        dataclasses.replace(KIMI_LINEAR_48B, layer_kinds=("kda", "attention"))
+
+
+def test_presets_registry_and_sources_cite_commits():
+    assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
+    for preset in presets.PRESETS.values():
+        assert any(len(word.strip(",;()")) == 40 for word in preset.source.split()), preset.name
+
+
+def test_output_gate_without_bias_runs_and_imports_without_the_bias():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from kda_lib.layers.checkpoints import state_dict_names
+    from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+
+    cfg = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, gate_low_rank=4)
+    with_bias = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
+    layer = KimiDeltaAttention(dataclasses.replace(cfg, output_gate_bias=False), rngs=nnx.Rngs(0))
+    assert parameter_count(with_bias) - parameter_count(layer) == 2 * 8
+    names = set(state_dict_names(layer))
+    assert "g_proj.1.bias" not in names and "g_proj.1.bias" in set(state_dict_names(with_bias))
+    x = jax.random.normal(jax.random.key(0), (1, 5, 16))
+    # with the other weights shared and the bias at zero, both compute the same function
+    nnx.update(with_bias, nnx.state(layer, nnx.Param))
+    with_bias.g_proj.layers[1].bias.set_value(jnp.zeros(16))
+    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(with_bias(x)), rtol=1e-6)
+    with_bias.g_proj.layers[1].bias.set_value(jnp.ones(16))
+    assert np.abs(np.asarray(layer(x)) - np.asarray(with_bias(x))).max() > 1e-3
+    with pytest.raises(ValueError, match="output_gate_bias must be a bool"):
+        dataclasses.replace(cfg, output_gate_bias=1)
+
+
+def test_grouped_value_heads_and_the_rate_free_safe_gate_build_from_a_preset():
+    # Kimi Linear's layer with twice the value heads (fla's num_v_heads), and GLM's without A_log
+    grouped = dataclasses.replace(KIMI_LINEAR_48B, num_v_heads=64)
+    layer = build_kda_layer(grouped)
+    assert parameter_count(layer) == grouped.kda_parameter_count()
+    assert layer.v_proj.kernel.get_value().shape == (2304, 64 * 128)
+    assert layer.A_log.get_value().shape == (64,) and layer.b_proj.kernel.get_value().shape[1] == 64
+    rate_free = dataclasses.replace(GLM_5_3_FLASH, has_a_log=False)
+    layer = build_kda_layer(rate_free)
+    assert layer.A_log is None and not layer.config.use_a_log
+    assert (
+        parameter_count(layer)
+        == rate_free.kda_parameter_count()
+        == (GLM_5_3_FLASH.kda_parameter_count() - GLM_YML["linear_num_heads"])
+    )

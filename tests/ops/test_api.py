@@ -1,0 +1,208 @@
+"""kda(...) dispatch, the tokamax adapter, and parity with tokamax called directly."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
+from kda_lib.ops.api import select_implementation
+from kda_lib.ops.norms import l2_normalize
+from kda_lib.ops.tokamax.adapter import tokamax_kda_api
+from kda_lib.testing import assert_close, random_kda_inputs
+
+B, T, H, K, V = 2, 100, 2, 32, 16
+
+
+def _raw_inputs(seed=0, *, with_state=True):
+    ks = jax.random.split(jax.random.key(seed), 8)
+    return dict(
+        q=jax.random.normal(ks[0], (B, T, H, K)),
+        k=jax.random.normal(ks[1], (B, T, H, K)),
+        v=jax.random.normal(ks[2], (B, T, H, V)),
+        g=jax.random.normal(ks[3], (B, T, H, K)),  # raw gate input
+        beta=jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H))),
+        a_log=jnp.log(jnp.array([1.0, 8.0])),
+        dt_bias=0.5 * jax.random.normal(ks[5], (H * K,)),
+        initial_state=(0.1 * jax.random.normal(ks[6], (B, H, K, V))) if with_state else None,
+    )
+
+
+def _segments():
+    ids = np.ones((B, T), np.int32)
+    ids[0, 30:70] = 2
+    ids[0, 70:80] = 0  # padding between documents
+    ids[0, 80:] = 3
+    ids[1, :] = 5  # first id is not 1
+    ids[1, 90:] = 0  # trailing padding
+    return jnp.asarray(ids)
+
+
+def _head_first(x):
+    return jnp.moveaxis(x, 2, 0)
+
+
+@functools.partial(jax.jit, static_argnames="lower_bound")
+def _kda_lib_forms(x, lower_bound):
+    """kda_lib's recurrent and chunked forms on the activated inputs, and (with the safe gate,
+    for tokamax's xla_chunked) the chunked form on the first T - T % 64 tokens: one program."""
+    q, k = l2_normalize(x["q"]), l2_normalize(x["k"])
+    g = kda_gate(x["g"], x["a_log"], x["dt_bias"], lower_bound=lower_bound)
+    args = (q, k, x["v"], g, x["beta"])
+    kw = dict(initial_state=x["initial_state"], output_final_state=True)
+    seq = T - T % 64
+    truncated = None if lower_bound is None else kda_chunked(*(a[:, :seq] for a in args), **kw)
+    return kda_recurrent(*args, **kw), kda_chunked(*args, **kw), truncated
+
+
+@pytest.mark.parametrize("lower_bound", [None, -5.0])
+def test_tokamax_direct_parity(lower_bound):
+    """tokamax's own API (head-first, fused gate) against kda_lib's forms on the same inputs."""
+    api = tokamax_kda_api()
+    x = _raw_inputs(1)
+    (o_rec, s_rec), (o_chk, s_chk), truncated = _kda_lib_forms(x, lower_bound)
+    impls = ["xla"] + (["xla_chunked"] if lower_bound is not None else [])
+    for impl in impls:
+        seq = T - T % 64 if impl == "xla_chunked" else T  # fixed-length xla_chunked: T % 64 == 0
+        tokamax = jax.jit(
+            functools.partial(
+                api.kimi_delta_attention,
+                use_gate_in_kernel=True,
+                lower_bound=lower_bound,
+                use_qk_l2norm=True,
+                output_final_state=True,
+                implementation=impl,
+            )
+        )
+        o_tk, s_tk = tokamax(
+            *(_head_first(x[n][:, :seq]) for n in ("q", "k", "v", "g", "beta")),
+            a_log=x["a_log"],
+            delta_time_bias=x["dt_bias"],
+            initial_state=x["initial_state"][:, None],
+        )
+        o_tk = jnp.moveaxis(o_tk, 0, 2)
+        if seq == T:
+            assert_close(o_tk, o_rec, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs recurrent")
+            assert_close(s_tk[:, 0], s_rec, atol=5e-6, rtol=1e-5)
+            assert_close(o_tk, o_chk, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs chunked")
+            assert_close(s_tk[:, 0], s_chk, atol=5e-6, rtol=1e-5)
+        else:
+            o_ref, s_ref = truncated
+            assert_close(o_tk, o_ref, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs chunked")
+            assert_close(s_tk[:, 0], s_ref, atol=5e-6, rtol=1e-5)
+
+
+@functools.partial(jax.jit, static_argnames=("impls", "lower_bound"))
+def _every_implementation(x, segment_ids, impls, lower_bound):
+    """``{implementation: kda(...)}`` in one program (static shapes and options; the eager
+    value checks are tested in test_errors_name_the_constraint and test_kernel_validation)."""
+    kw = dict(use_qk_l2norm=True, output_final_state=True, lower_bound=lower_bound)
+    if segment_ids is not None:
+        kw.update(segment_ids=segment_ids, max_num_segments=3)
+    return {impl: kda(**x, **kw, implementation=impl) for impl in impls}
+
+
+# the safe gate without segments: test_adapter_gradients_agree (outputs and gradients)
+@pytest.mark.parametrize("lower_bound, with_segments", [(None, False), (None, True), (-5.0, True)])
+def test_every_implementation_agrees(lower_bound, with_segments):
+    x = _raw_inputs(2)
+    impls = ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if lower_bound else [])
+    outputs = _every_implementation(
+        x, _segments() if with_segments else None, ("recurrent", *impls), lower_bound
+    )
+    o_ref, s_ref = outputs["recurrent"]
+    for impl in impls:
+        o, s = outputs[impl]
+        assert_close(o, o_ref, atol=2e-6, rtol=1e-5, name=impl)
+        assert_close(s, s_ref, atol=5e-6, rtol=1e-5, name=f"{impl} state")
+        if with_segments:
+            assert np.all(np.asarray(o)[np.asarray(_segments()) == 0] == 0)
+
+
+def test_adapter_gradients_agree():
+    """Outputs, final states and gradients of every implementation, safe gate, no segments."""
+    x = _raw_inputs(3)
+    diff = ("q", "k", "v", "g", "beta", "a_log", "dt_bias", "initial_state")
+
+    def outputs_and_grads(impl):
+        def loss(p):
+            o, s = kda(
+                **{**x, **p},
+                lower_bound=-5.0,
+                use_qk_l2norm=True,
+                output_final_state=True,
+                implementation=impl,
+            )
+            return jnp.sum(o * jnp.cos(o)) + jnp.sum(s**2), (o, s)
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))({n: x[n] for n in diff})
+        return out, grads
+
+    (o_ref, s_ref), ref = outputs_and_grads("recurrent")
+    for impl in ("chunked", "tokamax_xla", "tokamax_xla_chunked"):
+        (o, s), got = outputs_and_grads(impl)
+        assert_close(o, o_ref, atol=2e-6, rtol=1e-5, name=impl)
+        assert_close(s, s_ref, atol=5e-6, rtol=1e-5, name=f"{impl} state")
+        for name in diff:
+            assert_close(got[name], ref[name], atol=1e-4, rtol=1e-4, name=f"{impl} d{name}")
+
+
+def test_log_space_gate_path():
+    inputs = random_kda_inputs(jax.random.key(4), 1, 70, 2, 16, 16)
+
+    @jax.jit  # one program
+    def run(inputs):
+        impls = ("chunked", "tokamax_xla", "auto")
+        return kda_recurrent(**inputs)[0], [kda(**inputs, implementation=i)[0] for i in impls]
+
+    o_ref, outputs = run(inputs)
+    for o in outputs:
+        assert_close(o, o_ref, atol=2e-6, rtol=1e-5)
+
+
+def test_auto_policy():
+    assert (
+        select_implementation(
+            seq_len=1, key_dim=64, dtype=jnp.float32, lower_bound=None, fused_gate=False
+        )
+        == "recurrent"
+    )
+    assert (
+        select_implementation(
+            seq_len=65, key_dim=64, dtype=jnp.float32, lower_bound=None, fused_gate=False
+        )
+        == "chunked"
+    )
+    assert (
+        select_implementation(
+            seq_len=4096, key_dim=128, dtype=jnp.bfloat16, lower_bound=-5.0, fused_gate=True
+        )
+        == "chunked"
+    )  # no TPU here
+
+
+def test_errors_name_the_constraint():
+    x = _raw_inputs(5)
+    with pytest.raises(ValueError, match="tokamax_mosaic needs a TPU v6 or newer"):
+        kda(**x, lower_bound=-5.0, implementation="tokamax_mosaic")
+    with pytest.raises(ValueError, match="tokamax_xla_chunked needs the fused safe gate"):
+        kda(**x, implementation="tokamax_xla_chunked")
+    with pytest.raises(ValueError, match="needs max_num_segments"):
+        kda(**x, segment_ids=_segments(), implementation="tokamax_xla")
+    with pytest.raises(ValueError, match="max_num_segments=2"):
+        kda(**x, segment_ids=_segments(), max_num_segments=2, implementation="tokamax_xla")
+    with pytest.raises(ValueError, match="implementation must be 'auto' or one of"):
+        kda(**x, implementation="triton")
+    with pytest.raises(ValueError, match=r"a_log must have shape \[H\]"):
+        kda(**{**x, "a_log": jnp.zeros(3)})
+    with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]"):
+        kda(**{**x, "dt_bias": jnp.zeros((H, K + 1))})
+    plain = {n: x[n] for n in ("q", "k", "v", "beta")}
+    with pytest.raises(ValueError, match="only apply with the fused gate"):
+        # (lower_bound alone is the safe gate without a rate since fla's A_log=None: dt_bias
+        # with neither a_log nor lower_bound is what the rule refuses now)
+        kda(**plain, g=-jnp.abs(x["g"]), dt_bias=x["dt_bias"])
+    with pytest.raises(ValueError, match="supports chunk_size=64 only"):
+        kda(**x, lower_bound=-5.0, chunk_size=32, implementation="tokamax_xla_chunked")

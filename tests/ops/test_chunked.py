@@ -1,0 +1,364 @@
+"""kda_chunked against the float64 recurrence: outputs, final states and gradients."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kda_lib import kda_chunked, kda_recurrent
+from kda_lib.ops.chunked import unit_lower_inverse
+from kda_lib.testing import assert_close, cast_inputs, random_kda_inputs, relative_l2
+
+NAMES = ("q", "k", "v", "g", "beta")
+SHAPES = [  # (B, H, K, V)
+    (1, 1, 16, 16),
+    (2, 3, 32, 8),
+    (1, 2, 8, 24),
+]
+
+
+def _cotangents(key, inputs):
+    b, t, h, k = inputs["q"].shape
+    v = inputs["v"].shape[-1]
+    k1, k2 = jax.random.split(key)
+    dtype = inputs["q"].dtype
+    return {
+        "o": jax.random.normal(k1, (b, t, h, v), dtype),
+        "s": jax.random.normal(k2, (b, h, k, v), dtype),
+    }
+
+
+FORMS = {
+    "recurrent": kda_recurrent,
+    "sequential": functools.partial(kda_chunked, scan="sequential"),
+    "associative": functools.partial(kda_chunked, scan="associative"),
+}
+
+
+@functools.partial(jax.jit, static_argnames="with_grads")
+def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
+    """``{form: (o, final_state, grads or None)}`` for the oracle and both chunked scans, in one
+    program (one compilation; eager calls would compile every op separately). The gradients are
+    those of ``<o, cot_o> + <s, cot_s>`` with respect to every array of ``inputs``."""
+
+    def run(fn):
+        def loss(x):
+            o, s = fn(**x, segment_ids=segment_ids, output_final_state=True)
+            return jnp.sum(o * cotangents["o"]) + jnp.sum(s * cotangents["s"]), (o, s)
+
+        if not with_grads:
+            return (*loss(inputs)[1], None)
+        (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
+        return o, s, grads
+
+    return {name: run(fn) for name, fn in FORMS.items()}
+
+
+def _check_against_oracle(forms, *, grads):
+    o_ref, s_ref, g_ref = forms["recurrent"]
+    for scan in ("sequential", "associative"):
+        o, s, got = forms[scan]
+        assert o.dtype == o_ref.dtype
+        assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({scan})")
+        assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name=f"state ({scan})")
+        if grads:
+            assert set(got) == set(g_ref)
+            for name in got:
+                assert_close(
+                    got[name], g_ref[name], atol=1e-10, rtol=1e-8, name=f"d{name} ({scan})"
+                )
+
+
+# T = 1; within one chunk; exactly one chunk; one chunk and one token; several chunks, the last
+# one partial. Gradients at T = 1 (with an initial state), 65 (with a state, a
+# one-token last chunk) and 200 (without a state, several chunks)
+GRADIENT_LENGTHS = (1, 65, 200)
+
+
+@pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 200])
+def test_chunked_matches_float64_oracle(x64, seq_len):
+    """Outputs, final states and (for GRADIENT_LENGTHS) every input's gradient, both scans,
+    both gates (same shapes: one compilation)."""
+    batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
+    grads = seq_len in GRADIENT_LENGTHS
+    for gate in ("softplus", "safe"):
+        inputs = cast_inputs(
+            random_kda_inputs(
+                jax.random.key(seq_len),
+                batch,
+                seq_len,
+                heads,
+                key_dim,
+                value_dim,
+                gate=gate,
+                with_state=seq_len % 2 == 1,
+            ),
+            jnp.float64,
+        )
+        cot = _cotangents(jax.random.key(8), inputs)
+        forms = _every_form(inputs, cot, with_grads=grads)
+        assert forms["sequential"][0].dtype == jnp.float64
+        _check_against_oracle(forms, grads=grads)
+
+
+def _segment_cases(seq_len):
+    ids = np.ones((2, seq_len), np.int32)
+    # row 0: boundaries inside a chunk, exactly at chunk edges (64, 128), padding in between
+    ids[0, 40:64] = 2
+    ids[0, 64:128] = 3
+    ids[0, 128:131] = 0
+    ids[0, 131:190] = 5
+    ids[0, 190:] = 0
+    # row 1: leading padding, one long document, a short one at the end
+    ids[1, :7] = 0
+    ids[1, 7:180] = 9
+    ids[1, 180:] = 4
+    return jnp.asarray(ids)
+
+
+def test_chunked_segments_match_oracle(x64):
+    seq_len = 200
+    inputs = cast_inputs(
+        random_kda_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
+    )
+    ids = _segment_cases(seq_len)
+    cot = _cotangents(jax.random.key(4), inputs)
+    forms = _every_form(inputs, cot, ids, with_grads=True)
+    assert set(forms["recurrent"][2]) == set(NAMES + ("initial_state",))
+    _check_against_oracle(forms, grads=True)
+    for scan in ("sequential", "associative"):
+        assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
+
+
+def test_packed_documents_equal_separate_runs():
+    """Two documents packed in one row give exactly what each gives alone."""
+    # two documents of 75 tokens (the boundary inside the second chunk; each alone ends in a
+    # partial chunk): the separate runs share one compilation
+    inputs = random_kda_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
+    ids = jnp.asarray(np.r_[np.full(75, 1), np.full(75, 2)][None], jnp.int32)
+    run = jax.jit(lambda x, ids=None: kda_chunked(**x, segment_ids=ids, output_final_state=True))
+    o_packed, s_packed = run(inputs, ids)
+    first = {n: x[:, :75] for n, x in inputs.items()}
+    second = {n: x[:, 75:] for n, x in inputs.items()}
+    assert_close(o_packed[:, :75], run(first)[0], atol=2e-6, rtol=1e-5)
+    o2, s2 = run(second)
+    assert_close(o_packed[:, 75:], o2, atol=2e-6, rtol=1e-5)
+    assert_close(s_packed, s2, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seq_len", [64, 300])
+def test_float32_chunked_close_to_float64_oracle(seq_len):
+    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 32, 32, with_state=True)
+    o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True))(**inputs)
+    with jax.enable_x64(True):
+        o_ref, s_ref = jax.jit(functools.partial(kda_recurrent, output_final_state=True))(
+            **cast_inputs(inputs, jnp.float64)
+        )
+    assert o.dtype == jnp.float32 and s.dtype == jnp.float32
+    assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
+    assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
+
+
+def test_bf16_inputs_float32_accumulation():
+    inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
+    bf16 = {n: x if n == "initial_state" else x.astype(jnp.bfloat16) for n, x in inputs.items()}
+
+    @jax.jit  # the forward, its reference and the gradients in one program
+    def run(bf16):
+        # "highest": every matmul in float32, the point here (the default, "input", feeds bf16
+        # operands to the matmuls: tests/contracts/test_precision.py)
+        o, s = kda_chunked(**bf16, output_final_state=True, precision="highest")
+        # reference: the same bf16-rounded inputs, computed in float32
+        ref = kda_recurrent(**cast_inputs(bf16, jnp.float32), output_final_state=True)
+        grads = jax.grad(lambda x: jnp.sum(kda_chunked(**{**bf16, **x})[0].astype(jnp.float32)))(
+            {n: bf16[n] for n in NAMES}
+        )
+        return (o, s), ref, grads
+
+    (o, s), (o_ref, s_ref), grads = run(bf16)
+    assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
+    assert relative_l2(o, o_ref) < 1e-2
+    assert_close(s, s_ref, atol=1e-4, rtol=1e-4)
+    for name, grad in grads.items():
+        assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
+
+
+@jax.jit
+def _outputs_and_state_grads(x):
+    """kda_chunked's ``(o, s)`` and the gradients of ``sum(s)``, in one program."""
+
+    def loss(x):
+        o, s = kda_chunked(**x, output_final_state=True)
+        return jnp.sum(s), (o, s)
+
+    return jax.value_and_grad(loss, has_aux=True)(x)
+
+
+def test_saturated_gates_are_finite_and_exact(x64):
+    # both cases have the same shapes: one compilation per dtype
+    base = cast_inputs(
+        random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True), jnp.float64
+    )
+    oracle = jax.jit(functools.partial(kda_recurrent, output_final_state=True))
+    for case in ("at_lower_bound", "huge_a_log"):
+        if case == "at_lower_bound":
+            inputs = {**base, "g": jnp.full_like(base["g"], -5.0)}
+        else:  # A = exp(20): softplus gates of order -1e8
+            inputs = {**base, "g": base["g"] * jnp.exp(20.0)}
+        o_ref, s_ref = oracle(**inputs)
+        for dtype in (jnp.float64, jnp.float32):
+            cast = cast_inputs(inputs, dtype)
+            (_, (o, s)), grads = _outputs_and_state_grads(cast)
+            tol = 1e-10 if dtype == jnp.float64 else 1e-5
+            assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
+            assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
+            assert set(grads) == set(NAMES + ("initial_state",))
+            for name, grad in grads.items():
+                assert np.isfinite(np.asarray(grad)).all(), (case, name)
+
+
+_PREFIX_INPUTS = random_kda_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
+_prefix_fn = jax.jit(lambda x: kda_chunked(**x)[0])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prefix=st.integers(1, 159), seed=st.integers(0, 2**16), which=st.sampled_from(NAMES))
+def test_prefix_invariance(prefix, seed, which):
+    """Changing any input at t >= P leaves every output at t < P unchanged."""
+    base = _PREFIX_INPUTS
+    noise = jax.random.uniform(jax.random.key(seed), base[which].shape, minval=0.0, maxval=1.0)
+    changed = {
+        "g": -noise * 5.0,
+        "beta": noise,
+        "q": noise - 0.5,
+        "k": noise - 0.5,
+        "v": 10 * noise,
+    }[which]
+    mask = (jnp.arange(160) >= prefix).reshape((1, 160) + (1,) * (base[which].ndim - 2))
+    edited = {**base, which: jnp.where(mask, changed, base[which])}
+    before, after = _prefix_fn(base), _prefix_fn(edited)
+    assert_close(after[:, :prefix], before[:, :prefix], atol=1e-6, rtol=1e-6)
+
+
+def test_unit_lower_inverse_exact(x64):
+    a = jnp.tril(jax.random.normal(jax.random.key(0), (3, 64, 64), jnp.float64) * 0.3, -1)
+    inv = jax.jit(unit_lower_inverse)(a)
+    eye = np.eye(64)
+    assert_close(
+        np.asarray(inv) @ (eye + np.asarray(a)),
+        np.broadcast_to(eye, (3, 64, 64)),
+        atol=1e-10,
+        rtol=0,
+    )
+    assert_close(
+        jax.jit(unit_lower_inverse)(a[:, :8, :8]) @ (eye[:8][:, :8] + a[:, :8, :8]),
+        np.broadcast_to(eye[:8, :8], (3, 8, 8)),
+        atol=1e-12,
+        rtol=0,
+    )
+
+
+def test_chunk_size_variants(x64):
+    inputs = cast_inputs(random_kda_inputs(jax.random.key(31), 1, 100, 2, 8, 8), jnp.float64)
+    o_ref = jax.jit(kda_recurrent)(**inputs)[0]
+    # C = 1 and 2 (one diagonal block, no Neumann step), 16 (= the inverse's base: Neumann
+    # steps), 32 (one merge of blocks, several chunks), 128 (three merges, one padded chunk)
+    for chunk_size in (1, 2, 16, 32, 128):
+        assert_close(
+            jax.jit(lambda x, c=chunk_size: kda_chunked(**x, chunk_size=c)[0])(inputs),
+            o_ref,
+            atol=1e-11,
+            rtol=1e-9,
+            name=f"chunk_size={chunk_size}",
+        )
+
+
+@pytest.mark.parametrize("fn", [kda_chunked, kda_recurrent])
+def test_bad_inputs_name_the_argument(fn):
+    ok = random_kda_inputs(jax.random.key(0), 2, 10, 3, 4, 5)
+
+    def call(**changes):
+        return fn(**{**ok, **changes})
+
+    with pytest.raises(ValueError, match=r"q must have shape \[B, T, H, K\]"):
+        call(q=ok["q"][0])
+    with pytest.raises(ValueError, match=r"k must have shape"):
+        call(k=ok["k"][:, :, :2])
+    with pytest.raises(ValueError, match=r"v must have shape \[B, T, H, V\]"):
+        call(v=ok["v"][:, :9])
+    with pytest.raises(ValueError, match=r"g must have shape"):
+        call(g=ok["g"][:1])
+    with pytest.raises(ValueError, match=r"beta must have shape \[B, T, H\]"):
+        call(beta=ok["beta"][..., None])
+    with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
+        call(beta=ok["beta"] + 1.0)
+    with pytest.raises(ValueError, match=r"g is a log-space decay and must be <= 0"):
+        call(g=-ok["g"])
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+        call(initial_state=jnp.zeros((2, 3, 5, 4)))
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
+        call(segment_ids=jnp.ones((2, 9), jnp.int32))
+    with pytest.raises(ValueError, match="uses id 1 for two separate runs"):
+        call(segment_ids=jnp.asarray([[1] * 4 + [2] * 3 + [1] * 3] * 2, jnp.int32))
+    with pytest.raises(ValueError, match="uses id 3 for two separate runs"):
+        call(segment_ids=jnp.asarray([[3] * 4 + [0] * 3 + [3] * 3] * 2, jnp.int32))
+    with pytest.raises(ValueError, match="segment_ids must be an integer array"):
+        call(segment_ids=jnp.ones((2, 10)))
+    # allow_neg_eigval widens the beta range to [0, 2] (an eager call, as the value check needs;
+    # kda_chunked at chunk_size=1, the fewest eager ops)
+    call(
+        beta=ok["beta"] * 2,
+        allow_neg_eigval=True,
+        **({"chunk_size": 1} if fn is kda_chunked else {}),
+    )
+    if fn is kda_chunked:
+        with pytest.raises(ValueError, match="chunk_size must be a power of two"):
+            call(chunk_size=48)
+        with pytest.raises(ValueError, match="scan must be 'sequential', 'associative' or None"):
+            call(scan="parallel")  # checked with the arguments, before any chunk work
+
+
+@functools.cache
+def _isolation_values_and_grads(shortcut: bool):
+    """Jitted ``(*arrays, ids) -> ((total, (arrays, flags)), grads)`` of kda_chunked's
+    cond-guarded isolation (``shortcut``) or of isolate_non_finite; built once per worker, so
+    the cases below share two compilations."""
+    from kda_lib.ops.chunked import isolate_non_finite_if_any
+    from kda_lib.ops.segments import isolate_non_finite
+
+    fn = isolate_non_finite_if_any if shortcut else isolate_non_finite
+
+    def total(*a):
+        *arrays, flags = fn(*a)
+        finite = [jnp.where(jnp.isfinite(y), y, 0.0) for y in arrays]
+        return sum(jnp.sum(y * (i + 1.0)) for i, y in enumerate(finite)), (arrays, flags)
+
+    return jax.jit(jax.value_and_grad(total, (0, 1, 2, 3, 4, 5), has_aux=True))
+
+
+@pytest.mark.parametrize("bad", ["none", "nan_beta", "inf_v", "nan_q", "neg_inf_g", "inf_state"])
+def test_isolate_non_finite_shortcut_equals_segments(bad):
+    """kda_chunked's cond-guarded isolation gives isolate_non_finite's values, flags, gradients."""
+    x = random_kda_inputs(jax.random.key(41), 2, 12, 2, 4, 3, with_state=True)
+    x["k"] = x["k"].at[0, 3, 1, 2].set(0.0)  # an exact zero at a token that is replaced
+    where = {
+        "nan_beta": ("beta", (0, 3, 1), jnp.nan),
+        "inf_v": ("v", (1, 5, 0, 2), jnp.inf),
+        "nan_q": ("q", (0, 7, 1, 0), jnp.nan),
+        "neg_inf_g": ("g", (1, 2, 0, 1), -jnp.inf),
+        "inf_state": ("initial_state", (0, 1, 2, 1), jnp.inf),
+    }.get(bad)
+    if where is not None:
+        name, index, value = where
+        x[name] = x[name].at[index].set(value)
+    ids = jnp.asarray(np.r_[np.full(5, 1), np.full(7, 2)][None].repeat(2, 0), jnp.int32)
+    args = tuple(x[n] for n in NAMES + ("initial_state",)) + (ids,)
+    (_, got), got_grads = _isolation_values_and_grads(True)(*args)
+    (_, want), want_grads = _isolation_values_and_grads(False)(*args)
+    got, want = (got, got_grads), (want, want_grads)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

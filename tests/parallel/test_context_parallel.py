@@ -1,0 +1,374 @@
+"""Context parallelism on simulated CPU devices (8, configured in conftest) equals one device."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from kda_lib import KDAConfig, KimiDeltaAttention, kda_chunked
+from kda_lib.lab.measure import hlo_collectives
+from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
+from kda_lib.testing import random_kda_inputs, relative_l2
+
+NAMES = ("q", "k", "v", "g", "beta")
+SEQ = P(None, "context")
+
+
+def _mesh(ranks, axis_type=jax.sharding.AxisType.Auto):
+    if len(jax.devices()) < ranks:
+        pytest.fail(f"need {ranks} devices; conftest sets XLA_FLAGS before jax is imported")
+    return jax.make_mesh(
+        (ranks,), ("context",), axis_types=(axis_type,), devices=jax.devices()[:ranks]
+    )
+
+
+def _cp_kernel(mesh, with_segments, **kwargs):
+    specs = (SEQ,) * 5 + ((SEQ,) if with_segments else ())
+
+    def local(*args):
+        segment_ids = args[5] if with_segments else None
+        return kda_context_parallel(
+            *args[:5], axis_name="context", segment_ids=segment_ids, **kwargs
+        )
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=SEQ)
+    return jax.jit(lambda *args: fn(*(shard_as(a, mesh, SEQ) for a in args)))
+
+
+def _output_and_grads(fn, cot, n_diff):
+    """One jitted program: ``fn(*args)`` and the gradients of ``sum(fn(*args) * cot)`` with
+    respect to the first ``n_diff`` arguments (one compilation instead of two)."""
+
+    def run(*args):
+        out, pullback = jax.vjp(lambda *a: fn(*a, *args[n_diff:]), *args[:n_diff])
+        return out, pullback(cot)
+
+    return jax.jit(run)
+
+
+def _per_rank_errors(got, want, ranks):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    pieces = zip(np.split(got, ranks, axis=1), np.split(want, ranks, axis=1), strict=True)
+    return [relative_l2(a, b) for a, b in pieces]
+
+
+def _segments(seq_len, ranks):
+    local = seq_len // ranks
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, local // 2 : local * ranks // 2] = 2  # spans several ranks
+    ids[0, local * ranks // 2 :] = 3  # boundary exactly at a rank split
+    ids[0, -local // 2 :] = 0  # trailing padding
+    ids[1, : local // 3] = 0  # leading padding
+    ids[1, local // 3 : local + 5] = 7
+    ids[1, local + 5 : local + 9] = 0  # padding inside
+    ids[1, local + 9 :] = 8
+    return jnp.asarray(ids)
+
+
+# 2 ranks without segments (one upstream summary) and 8 with segments (seven summaries folded,
+# a segment passing through whole ranks); 4 ranks, with and without segments (and with an
+# initial and a final state), are checked by test_kernel_cp_initial_and_final_state
+@pytest.mark.parametrize("ranks,with_segments", [(2, False), (8, True)])
+def test_kernel_cp_equals_one_device(ranks, with_segments):
+    seq_len = 128
+    inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
+    ids = _segments(seq_len, ranks) if with_segments else None
+    cot = jax.random.normal(jax.random.key(99), inputs["v"].shape)
+    single = _output_and_grads(
+        lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0], cot, 5
+    )
+    cp = _output_and_grads(
+        _cp_kernel(_mesh(ranks), with_segments, implementation="chunked"), cot, 5
+    )
+    args = tuple(inputs[n] for n in NAMES) + ((ids,) if with_segments else ())
+    (out_cp, grad_cp), (out_one, grad_one) = cp(*args), single(*args)
+    errors = _per_rank_errors(out_cp, out_one, ranks)
+    assert max(errors) < 1e-5, errors
+    for name, a, b in zip(NAMES, grad_cp, grad_one, strict=True):
+        errors = _per_rank_errors(a, b, ranks)
+        assert max(errors) < 1e-5, (name, errors)
+
+
+def test_kernel_cp_with_fused_gate_and_recurrent_backend():
+    ranks, seq_len = 4, 64
+    inputs = random_kda_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
+    raw = jax.random.normal(jax.random.key(4), inputs["g"].shape)
+    gate = dict(
+        a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
+    )
+    args = (inputs["q"], inputs["k"], inputs["v"], raw, inputs["beta"])
+    from kda_lib import kda
+
+    want = kda(*args, **gate, implementation="recurrent")[0]
+    for impl in ("recurrent", "chunked", "auto"):
+        got = _cp_kernel(_mesh(ranks), False, implementation=impl, **gate)(*args)
+        assert relative_l2(got, want) < 1e-5, impl
+
+
+def test_bf16_cp_close_to_one_device_bf16():
+    ranks, seq_len = 4, 256
+    inputs = {
+        n: x.astype(jnp.bfloat16)
+        for n, x in random_kda_inputs(jax.random.key(5), 1, seq_len, 2, 16, 16).items()
+    }
+    args = tuple(inputs[n] for n in NAMES)
+    got = _cp_kernel(_mesh(ranks), False, implementation="chunked")(*args)
+    want = jax.jit(lambda *a: kda_chunked(*a)[0])(*args)
+    assert got.dtype == jnp.bfloat16
+    assert relative_l2(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("ranks,halo", [(4, 3), (8, 3), (8, 5)])
+def test_halo_exchange(ranks, halo):
+    seq_len = 16  # 2 tokens per rank with 8 ranks: the halo spans several ranks
+    x = jnp.arange(2 * seq_len * 3, dtype=jnp.float32).reshape(2, seq_len, 3) + 1
+    mesh = _mesh(ranks)
+    exchange = jax.shard_map(
+        lambda z: halo_exchange(z, axis_name="context", halo_size=halo),
+        mesh=mesh,
+        in_specs=SEQ,
+        out_specs=SEQ,
+    )
+    fn = jax.jit(lambda z: exchange(shard_as(z, mesh, SEQ)))
+    local = seq_len // ranks
+    got = np.asarray(fn(x)).reshape(2, ranks, local + halo, 3)
+    padded = np.concatenate([np.zeros((2, halo, 3)), np.asarray(x)], axis=1)
+    for rank in range(ranks):
+        np.testing.assert_array_equal(
+            got[:, rank], padded[:, rank * local : rank * local + local + halo]
+        )
+
+
+# the layer tests check the CP wiring (halo, summaries, gradients); the recurrent backend
+# compiles fastest, and the kernel tests above cover the chunked one
+CFG = KDAConfig(
+    hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8, implementation="recurrent"
+)
+
+
+@nnx.jit
+def _apply_and_grads(layer, x, segment_ids=None):
+    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+
+    def loss(m):
+        y = m(x, segment_ids=segment_ids)
+        return jnp.sum(jnp.sin(y)), y
+
+    grads, y = nnx.grad(loss, has_aux=True)(layer)
+    return y, grads
+
+
+@nnx.jit
+def _apply(layer, x, segment_ids=None):
+    return layer(x, segment_ids=segment_ids)
+
+
+@pytest.mark.parametrize(
+    "ranks,seq_len,impl,segments",
+    [
+        (2, 64, "recurrent", (True,)),
+        (8, 16, "recurrent", (False, True)),
+        (4, 50, "chunked", (False,)),
+    ],
+    ids=["2-64-recurrent-segments", "8-16-recurrent-both", "4-50-chunked"],
+)
+def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
+    """Includes 2 tokens per rank (halo > slice), with and without segments, segments with a
+    halo from one rank, x replicated or sharded, and T not divisible by the ranks."""
+    mesh = _mesh(ranks, jax.sharding.AxisType.Explicit)  # the layer accepts either axis type
+    cfg = dataclasses.replace(CFG, implementation=impl)
+    single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
+    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, seq_len // 2 :] = 2
+    ids[1, 3 : seq_len - 3] = 5
+    ids[1, seq_len - 3 :] = 0
+    for segment_ids in (jnp.asarray(ids) if s else None for s in segments):
+        want, g_one = _apply_and_grads(single, x, segment_ids)
+        y_cp, g_cp = _apply_and_grads(cp, x, segment_ids)
+        assert relative_l2(y_cp, want) < 1e-5
+        if seq_len % ranks == 0:  # x already sharded along T
+            sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "context")))
+            assert relative_l2(_apply(cp, sharded, segment_ids), want) < 1e-5
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
+        ):
+            assert relative_l2(a, b) < 1e-5, path
+
+
+# the options of the published models' layers (issue 27), each under CP with packed segments
+LAYER_OPTIONS = {
+    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    "fused_qkv_conv": dict(fused_qkv_conv=True),  # the halo of the one fused conv
+    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),  # activated before the kernel
+    # HV = 4 value heads on 2 q/k heads, the safe gate without A_log: HV-headed summaries
+    "no_a_log_grouped": dict(lower_bound=-5.0, use_a_log=False, num_v_heads=4),
+}
+
+
+@pytest.mark.parametrize("option", sorted(LAYER_OPTIONS))
+def test_layer_cp_with_option_equals_one_device(option):
+    ranks, seq_len = 4, 24
+    cfg = dataclasses.replace(CFG, **LAYER_OPTIONS[option])
+    single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
+    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
+    x = jax.random.normal(jax.random.key(2), (2, seq_len, 32))
+    ids = np.ones((2, seq_len), np.int32)
+    ids[0, 7:] = 2  # a boundary inside rank 1's slice
+    ids[1, :4] = 0
+    ids = jnp.asarray(ids)
+    want, g_one = _apply_and_grads(single, x, ids)
+    got, g_cp = _apply_and_grads(cp, x, ids)
+    assert relative_l2(got, want) < 1e-5, option
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
+    ):
+        assert relative_l2(a, b) < 1e-5, (option, path)
+
+
+def _assert_no_sequence_sized_collective(hlo, ranks, bound, seq_lens):
+    collectives = hlo_collectives(hlo, ranks)
+    assert collectives, "expected all-gathers of the chunk summaries"
+    for c in collectives:
+        assert c["elements"] <= bound, c
+        assert not set(c["shape"]) & set(seq_lens), c
+
+
+def test_traffic_does_not_grow_with_sequence_length():
+    ranks, batch, heads, key_dim, value_dim = 4, 1, 2, 16, 16
+    bound = ranks * batch * heads * key_dim * (key_dim + value_dim)
+    sent = {}
+    for seq_len in (256, 2048):
+        inputs = random_kda_inputs(jax.random.key(0), batch, seq_len, heads, key_dim, value_dim)
+        args = tuple(inputs[n] for n in NAMES)
+        fwd = _cp_kernel(_mesh(ranks), False, implementation="chunked")
+        hlo = fwd.lower(*args).compile().as_text()
+        _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+        sent[seq_len] = sum(c["sent_bytes"] for c in hlo_collectives(hlo, ranks))
+        if seq_len == 256:  # the backward's collectives: all-gathers and their transposes
+            bwd = jax.jit(jax.grad(lambda *a, f=fwd: jnp.sum(f(*a) ** 2), argnums=tuple(range(5))))
+            hlo = bwd.lower(*args).compile().as_text()
+            _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+    assert sent[256] == sent[2048] > 0
+
+
+def test_layer_traffic_is_halo_plus_summaries():
+    ranks, seq_len = 4, 256
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
+    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    graphdef, state = nnx.split(layer)
+    hlo = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, x).compile().as_text()
+    bound = ranks * 2 * 2 * 16 * (16 + 8)
+    _assert_no_sequence_sized_collective(hlo, ranks, bound, {seq_len, seq_len // ranks})
+
+
+def test_cp_errors():
+    with pytest.raises(ValueError, match="context_axis='seq' is not one of them"):
+        KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2), context_axis="seq")
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
+    with pytest.raises(ValueError, match="does not decode"):
+        layer(jnp.zeros((1, 4, 32)), cache=layer.init_cache(1))
+    for impl in ("tokamax_mosaic", "tokamax_xla"):
+        with pytest.raises(ValueError, match="cannot run inside shard_map"):
+            kda_context_parallel(
+                *(jnp.zeros((1, 4, 1, 4)),) * 4,
+                jnp.zeros((1, 4, 1)),
+                axis_name="context",
+                implementation=impl,
+            )
+
+
+def test_replace_config_keeps_mesh():
+    layer = KimiDeltaAttention(
+        dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0), mesh=_mesh(2)
+    )
+    single = KimiDeltaAttention(dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(2), (1, 8, 32))
+    assert relative_l2(_apply(layer, x), _apply(single, x)) < 1e-5
+
+
+def test_eager_cp_layer_compiles_once(caplog):
+    """kda_lib's CP program is kept per structure, config and mesh: a second eager call with
+    new values compiles nothing (each call compiled it again, about 3 s, before)."""
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(4))
+    x = jax.random.normal(jax.random.key(3), (1, 12, 32))
+    first, x_new = layer(x), x + 1.0
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        second = layer(x_new)
+        jax.block_until_ready(second)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
+    assert compiled == [], compiled
+    assert relative_l2(first, second) > 1e-3  # it did compute the new values
+
+
+@pytest.mark.parametrize("with_segments", [False, True])
+def test_kernel_cp_initial_and_final_state(with_segments):
+    """initial_state enters before the whole sequence (the row's first segment, also after
+    leading padding); the final state is the one after the last token, on every rank."""
+    ranks, seq_len = 4, 64
+    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
+    ids = _segments(seq_len, ranks) if with_segments else None
+    h0 = jax.random.normal(jax.random.key(12), (2, 2, 8, 8))
+    mesh = _mesh(ranks)
+    specs = (SEQ,) * 5 + (P(), SEQ)
+
+    def local(q, k, v, g, beta, h0, ids):
+        return kda_context_parallel(
+            q, k, v, g, beta, segment_ids=ids if with_segments else None, initial_state=h0,
+            output_final_state=True, implementation="chunked",
+        )  # fmt: skip
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P()))
+    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+    single = jax.jit(
+        lambda q, k, v, g, beta, h0, ids: kda_chunked(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=h0,
+            output_final_state=True,
+            segment_ids=ids if with_segments else None,
+        )  # fmt: skip
+    )
+    ids_arg = ids if with_segments else jnp.ones((2, seq_len), jnp.int32)
+    args = tuple(inputs[n] for n in NAMES) + (h0, ids_arg)
+    cot = jax.random.normal(jax.random.key(13), inputs["v"].shape)
+
+    def outputs_and_grads(f):  # one compiled program for the outputs and the gradients
+        def loss(*a):
+            out, final = f(*a)
+            return jnp.sum(out * cot) + jnp.sum(jnp.sin(final)), (out, final)
+
+        return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))
+
+    grads_cp, (out_cp, final_cp) = outputs_and_grads(cp)(*args)
+    grads_one, (out_one, final_one) = outputs_and_grads(single)(*args)
+    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
+    assert relative_l2(final_cp, final_one) < 1e-5
+    for name, a, b in zip((*NAMES, "initial_state"), grads_cp, grads_one, strict=True):
+        assert relative_l2(a, b) < 1e-5, name
+
+
+def test_kernel_cp_state_arguments_are_checked():
+    mesh = _mesh(2)
+
+    def run(**kwargs):
+        def local(q, beta):
+            return kda_context_parallel(q, q, q, -jnp.abs(q), beta, **kwargs)
+
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
+        return jax.jit(fn).trace(
+            shard_as(jnp.zeros((1, 8, 1, 4)), mesh, SEQ), shard_as(jnp.zeros((1, 8, 1)), mesh, SEQ)
+        )
+
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+        run(initial_state=jnp.zeros((1, 4, 4)))
+    with pytest.raises(ValueError, match="output_final_state must be a bool"):
+        run(output_final_state="yes")

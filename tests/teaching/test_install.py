@@ -1,0 +1,212 @@
+"""The notebooks' installer (kda_lib/teaching/install.py): its plans, its pip call, the install
+cell that runs it by path, and the file itself run where jax, numpy, flax, tokamax and kda_lib
+cannot be imported (a fresh runtime)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kda_lib.teaching import install as installer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+INSTALLER = ROOT / "kda_lib" / "teaching" / "install.py"
+REQUIRES = [
+    "jax>=0.12.0.1",
+    "jaxlib>=0.12.0.1",
+    "numpy>=2.5.5",
+    'matplotlib>=3.11.2; extra == "notebook"',
+    'jax[cuda13]>=0.12.0.1; extra == "gpu"',
+    'jax[cuda12]>=0.12.0.1; extra == "cuda12"',
+    'jax[tpu]>=0.12.0.1; extra == "tpu"',
+    'pytest>=9; extra == "dev"',
+]
+
+
+# ----------------------------------------------------------------------------- install plans
+def test_plan_keeps_a_new_enough_runtime_jax_and_adds_no_accelerator_build():
+    installed = {"jax": "0.13.0", "jaxlib": "0.13.0", "jax-cuda12-plugin": "0.13.0"}
+    plan = installer.plan_install(REQUIRES, "gpu", installed, colab=True, version="0.1.0")
+    assert plan.extras == ("notebook",)
+    assert plan.requirements == (
+        "jax>=0.12.0.1",
+        "jaxlib>=0.12.0.1",
+        "numpy>=2.5.5",
+        "matplotlib>=3.11.2",
+    )
+    assert set(plan.constraints) == {"jax==0.13.0", "jaxlib==0.13.0", "jax-cuda12-plugin==0.13.0"}
+    assert "kept the runtime's jax 0.13.0" in plan.summary and "Colab" in plan.summary
+
+
+def test_plan_replaces_an_old_runtime_jax_with_the_same_accelerator_build():
+    installed = {"jax": "0.4.30", "jaxlib": "0.4.30", "jax-cuda12-plugin": "0.4.30"}
+    plan = installer.plan_install(REQUIRES, "gpu", installed)
+    assert plan.extras == ("notebook", "cuda12")  # stays on the runtime's CUDA 12
+    assert plan.constraints == ()
+    assert "jax[cuda12]>=0.12.0.1" in plan.requirements
+    assert "replaced the runtime's jax 0.4.30 (kda_lib needs >= 0.12.0.1)" in plan.summary
+
+
+def test_plan_adds_the_tpu_build_where_jax_cannot_drive_the_tpu():
+    plan = installer.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "jaxlib": "0.12.0.1"})
+    assert plan.extras == ("notebook", "tpu")
+    assert "jax==0.12.0.1" in plan.constraints  # the extra adds libtpu, jax stays
+    with_libtpu = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "libtpu": "0.0.50"}
+    plan = installer.plan_install(REQUIRES, "tpu", with_libtpu)
+    assert plan.extras == ("notebook",)
+    plan = installer.plan_install(REQUIRES, "gpu", {})
+    assert plan.extras == ("notebook", "gpu") and "installed jax" in plan.summary
+    old_jaxlib = {"jax": "0.12.0.1", "jaxlib": "0.11.2", "libtpu": "0.0.40"}
+    plan = installer.plan_install(REQUIRES, "tpu", old_jaxlib)
+    assert plan.extras == ("notebook", "tpu") and plan.constraints == ()
+
+
+def test_plan_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="accelerator"):
+        installer.plan_install(REQUIRES, "npu", {})
+    with pytest.raises(ValueError, match="marker"):
+        installer.plan_install(["jax>=0.12; python_version < '3.13'"], "cpu", {})
+
+
+def test_detect_accelerator_from_the_runtime_variables():
+    assert installer.detect_accelerator({"TPU_ACCELERATOR_TYPE": "v5litepod-1"}) == "tpu"
+    assert installer.detect_accelerator({"COLAB_TPU_ADDR": "10.0.0.2:8470"}) == "tpu"
+
+
+def test_install_dependencies_runs_one_pip_command_and_reports_failure(capsys):
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    plan = installer.install_dependencies(run=fake_pip, missing=["jax"])
+    ((command,),) = [calls]
+    assert command[:4] == [sys.executable, "-m", "pip", "install"]
+    assert command[-len(plan.requirements) :] == list(plan.requirements)
+    before, after = capsys.readouterr().out.strip().splitlines()
+    # what is about to happen, before pip's silent minutes; then what happened, and how long
+    assert before.startswith("Installing kda_lib's dependencies (jax missing) with [notebook")
+    assert "about 90 packages" in before and "minutes" in before
+    assert re.fullmatch(re.escape(plan.summary) + r" \(\d+ s\)", after)
+
+    def failing_pip(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "", "ERROR: no matching distribution")
+
+    with pytest.raises(RuntimeError, match="no matching distribution"):
+        installer.install_dependencies(run=failing_pip)
+
+
+def test_install_cell_installs_what_is_missing_even_when_kda_lib_is_there(monkeypatch):
+    """An install cut short leaves kda_lib without jax: the cell must not skip the install."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    block = notebook_setup.install_block(notebook_setup.repository_url())
+    real_find_spec = importlib.util.find_spec
+    calls = []
+
+    def find_spec(name, *args):
+        return None if name == "jax" else real_find_spec(name, *args)
+
+    def no_pip(command, **kwargs):
+        raise AssertionError(f"kda_lib is installed: no pip install of it, got {command}")
+
+    def run_path(path, *args, **kwargs):
+        assert pathlib.PurePath(path).parts[-2:] == ("teaching", "install.py")
+        return {"install_dependencies": lambda **kw: calls.append(kw)}
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    monkeypatch.setattr("runpy.run_path", run_path)
+    exec(block, {})
+    assert calls == [{"missing": ["jax"]}]
+    calls.clear()
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    exec(block, {})  # everything there: nothing runs
+    assert calls == []
+
+
+# modules a fresh runtime lacks: the installer must run without any of them
+BLOCKED = ("jax", "jaxlib", "numpy", "flax", "optax", "tokamax", "kda_lib")
+BLOCKER = """
+import importlib.abc
+import sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+sys.meta_path.insert(0, Blocked())
+for name in list(sys.modules):
+    if name.split(".")[0] in BLOCKED:
+        del sys.modules[name]
+"""
+
+
+def _run_blocked(body: str, tmp_path: pathlib.Path) -> subprocess.CompletedProcess:
+    script = f"BLOCKED = {BLOCKED!r}\n" + BLOCKER + textwrap.dedent(body)
+    # -S: no site-packages .pth hooks (the editable kda_lib); -I would drop PYTHONPATH too
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+
+
+def test_the_installer_runs_with_jax_numpy_flax_tokamax_and_kda_lib_blocked(tmp_path):
+    """Run by path as the install cell does, with every third-party module it must not need
+    blocked: it plans, prints the plan and the pip command (dry run), and imports none of them."""
+    run = _run_blocked(
+        f"""
+        import runpy
+        for name in BLOCKED:  # the blocker works
+            try:
+                __import__(name)
+            except ModuleNotFoundError:
+                pass
+            else:
+                raise SystemExit(f"{{name}} imported despite the blocker")
+        namespace = runpy.run_path({str(INSTALLER)!r})
+        plan = namespace["install_dependencies"](dry_run=True, missing=["jax", "flax"])
+        print("extras", ",".join(plan.extras))
+        print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+        """,
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "would run:" in run.stdout and "pip install" in run.stdout
+    assert "extras notebook" in run.stdout
+    assert "loaded []" in run.stdout
+
+
+def test_the_installer_as_a_script_with_blocked_imports(tmp_path):
+    """`python kda_lib/teaching/install.py --dry-run` (the cell's second step by hand)."""
+    run = _run_blocked(
+        f"""
+        import runpy
+        sys.argv = [{str(INSTALLER)!r}, "--dry-run"]
+        runpy.run_path({str(INSTALLER)!r}, run_name="__main__")
+        """,
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "would run:" in run.stdout
+
+
+def test_the_blocker_would_catch_an_installer_that_imports_kda_lib(tmp_path):
+    """The blocked run fails for an installer that imports kda_lib at its top (the bug the
+    layout fixed: notebook.py imported kda_lib._checks, which imports jax)."""
+    broken = tmp_path / "install.py"
+    future = "from __future__ import annotations\n"
+    broken.write_text(
+        INSTALLER.read_text().replace(future, future + "from kda_lib.checks import is_int\n", 1)
+    )
+    run = _run_blocked(f"import runpy\nrunpy.run_path({str(broken)!r})\n", tmp_path)
+    assert run.returncode != 0 and "blocked" in run.stderr
