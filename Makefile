@@ -22,8 +22,12 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 EXECUTED := $(patsubst notebooks/%,build/notebooks/%,$(NOTEBOOKS))
 PYTEST_ARGS ?=
 
-.PHONY: test notebooks site lab lint sync lock repository-url clean check-python bench \
-	check-browser FORCE
+.PHONY: help test test-fast notebooks site lab lint sync lock repository-url clean check-python \
+	bench check-browser FORCE
+
+# `make` alone, or `make help`: the targets, each with its one-line description (the `##` lines)
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  \1\t/' | expand -t 18
 
 check-python:
 	@if [ -z "$(PYTHON)" ]; then \
@@ -53,16 +57,22 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) $(VENV)/.extras | check-python
 	else $(VPY) -m pip install -q -c $(CONSTRAINTS) -e ".[$$extras]"; fi
 	@touch $(STAMP)
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff over the package, tests, notebooks and scripts
 	$(VENV)/bin/ruff check kda_lib tests notebooks data scripts
 
-test: lint
+test: lint ## the whole suite (what CI runs): unit tests, every notebook under nbval, the site
 	$(VPY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# the fast inner loop: one folder's tests without the slow ones (FOLDER=ops, parallel, layers,
+# models, lab, teaching, contracts; default ops), e.g. `make test-fast FOLDER=layers`
+FOLDER ?= ops
+test-fast: $(STAMP) ## one folder's quick tests: make test-fast FOLDER=layers
+	$(VPY) -m pytest -n 2 --dist loadgroup -m "not slow" tests/$(FOLDER) $(PYTEST_ARGS)
 
 # execute every notebook with papermill (PARAMS=full: the bigger settings of notebooks/params/full/),
 # then render build/notebooks/ into the site build/html/ (Sphinx + myst-nb; renders the stored
 # outputs, executes nothing; its source folder is build/html-src/)
-notebooks: $(STAMP)
+notebooks: $(STAMP) ## execute every notebook with papermill, then build the site
 	@mkdir -p build/notebooks
 	@for nb in $(NOTEBOOKS); do \
 	  name=$$(basename $$nb .ipynb); \
@@ -76,7 +86,7 @@ notebooks: $(STAMP)
 	$(VPY) scripts/build_site.py $(EXECUTED) --output build/html
 
 # the site again from the notebooks already executed in build/notebooks/
-site: $(STAMP)
+site: $(STAMP) ## the site again from the notebooks already executed
 	@test -n "$(wildcard build/notebooks/*.ipynb)" || { \
 	  echo "no executed notebooks in build/notebooks/: run 'make notebooks' first"; exit 1; }
 	$(VPY) scripts/build_site.py $(wildcard $(EXECUTED)) --output build/html
@@ -86,7 +96,7 @@ site: $(STAMP)
 # blackboard letters blackboard, aligned equations aligned, no TeX error) and no request to
 # another host; then notebook 02 in JupyterLab, where moving a slider redraws the figure.
 # Screenshots in build/browser/. Needs `make notebooks` first; about 4 minutes; not in `make test`.
-check-browser: | check-python
+check-browser: | check-python ## the site and notebook 02 in headless Chromium (after make notebooks)
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),browser
 	@test -f build/html/index.html || { echo "no site in build/html/: run 'make notebooks' first"; exit 1; }
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
@@ -97,22 +107,22 @@ check-browser: | check-python
 
 # JupyterLab on the notebooks: adds the `jupyter` extra to .venv first (LAB_ARGS: e.g.
 # --no-browser --port 8888 on a remote VM)
-lab: | check-python
+lab: | check-python ## JupyterLab on the notebooks
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
 	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
 
-sync: $(STAMP)
+sync: $(STAMP) ## pair each notebooks/NN_*.py with its .ipynb (jupytext)
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 
 # publish under another address: make repository-url URL=https://github.com/OWNER/NAME
-repository-url: $(STAMP)
+repository-url: $(STAMP) ## publish under another address: URL=https://github.com/OWNER/NAME
 	@test -n "$(URL)" || { echo "usage: make repository-url URL=https://github.com/OWNER/NAME"; exit 1; }
 	$(VPY) scripts/notebook_setup.py --set-repository-url '$(URL)'
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 
 # the newest versions pyproject.toml allows, installed into a scratch venv and written to
 # constraints.txt; run `make test` afterwards to see whether they still pass
-lock: | check-python
+lock: | check-python ## regenerate constraints.txt from the newest allowed versions
 	rm -rf build/lock-venv
 	$(PYTHON) -m venv build/lock-venv
 	build/lock-venv/bin/pip install -q --upgrade pip uv
@@ -122,8 +132,8 @@ lock: | check-python
 	  build/lock-venv/bin/pip freeze --all --exclude kda-lib; } > $(CONSTRAINTS)
 	rm -rf build/lock-venv
 
-bench: $(STAMP)
+bench: $(STAMP) ## the CPU benchmark (kda-bench), into build/runs/ unless told
 	$(VPY) -m kda_lib.lab.bench
 
-clean:
+clean: ## remove build outputs and caches
 	rm -rf build .pytest_cache .ruff_cache .hypothesis

@@ -73,16 +73,20 @@ def check_seed(name: str, value) -> int:
     return value
 
 
+def is_number(value) -> bool:
+    """Is ``value`` a real number (Python or numpy int or float; bools do not count)?"""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 def check_number(name: str, value, *, minimum: float | None = None, positive=False) -> float:
     """``value`` as a float, if it is a finite real number (numpy scalars count, bools do not)
     that is ``>= minimum`` (or ``> 0`` with ``positive``)."""
     requirement = "a finite number" + (" > 0" if positive else "")
     requirement += "" if minimum is None else f" >= {minimum:g}"
-    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )
     if (
-        not real
+        not is_number(value)
         or not np.isfinite(value)
         or (positive and not value > 0)
         or (minimum is not None and not value >= minimum)

@@ -91,7 +91,8 @@ from IPython.display import Markdown, display
 import kda_lib.teaching.notebook
 from kda_lib.lab.tasks import chance_loss, delayed_copy
 from kda_lib.lab.train import evaluate, train
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
+from kda_lib.layers.params import parameter_count
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 from kda_lib.teaching import viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -159,8 +160,8 @@ viz.show(fig, "06_task")
 # %%
 kda_model = TinyLM(config, rngs=nnx.Rngs(init_kda))
 conv_model = TinyLM(conv_config, rngs=nnx.Rngs(init_conv))
-print(f"KDA model: {count_params(kda_model):,} parameters; "
-      f"conv-only model: {count_params(conv_model):,} parameters")
+print(f"KDA model: {parameter_count(kda_model):,} parameters; "
+      f"conv-only model: {parameter_count(conv_model):,} parameters")
 assert delay > config.conv_reach, (
     f"delay={delay} must exceed the convs' reach {config.conv_reach} for this experiment")
 

@@ -102,7 +102,8 @@ from kda_lib.lab.records import load_recorded
 from kda_lib.lab.significance import DEFAULT_MIN_GAP, ordering
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import make_task, run_sweep, save_record, summary_line
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
+from kda_lib.layers.params import parameter_count
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 from kda_lib.ops.reference import kda_recurrent
 from kda_lib.teaching import viz
 
@@ -199,7 +200,7 @@ print(f"MQAR example: {num_pairs} pairs {pairs}, queried at positions "
 for mixer in mixers:
     model = TinyLM(ModelConfig(vocab_size=vocab_size, mixer=mixer, **model_options),
                    rngs=nnx.Rngs(0))
-    print(f"{mixer:15s} {count_params(model):8,d} parameters")
+    print(f"{mixer:15s} {parameter_count(model):8,d} parameters")
 conv_reach = ModelConfig(vocab_size=vocab_size, **model_options).conv_reach
 print(f"the conv-only model sees {conv_reach} tokens back")
 

@@ -90,6 +90,7 @@ import kda_lib.teaching.notebook
 from kda_lib.lab import at_scale
 from kda_lib.lab.measure import median_ms
 from kda_lib.lab.records import load_recorded
+from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
 from kda_lib.teaching import viz
 
@@ -121,9 +122,9 @@ kimi = presets.KIMI_LINEAR_48B
 built = {"KDA": presets.build_kda_layer(kimi), "MLA": presets.build_mla_layer(kimi)}
 counted = {"KDA": kimi.kda_parameter_count(), "MLA": kimi.mla_parameter_count()}
 for kind, layer in built.items():
-    assert presets.parameter_count(layer) == counted[kind], kind
+    assert parameter_count(layer) == counted[kind], kind
     print(f"{kimi.name} {kind} layer built with eval_shape: "
-          f"{presets.parameter_count(layer):,} parameters = the published config's count")
+          f"{parameter_count(layer):,} parameters = the published config's count")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas

@@ -43,7 +43,8 @@ import kda_lib.teaching.notebook
 from kda_lib.lab.records import write_json
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM, count_params
+from kda_lib.layers.params import parameter_count
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
 FLAT_WINDOW = 0.2  # the last fifth of the steps, for the "flat" verdict
 
@@ -192,7 +193,7 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
         task_options=options,
         mixer=mixer,
         model=dataclasses.asdict(config),
-        params=count_params(model),
+        params=parameter_count(model),
         training=dict(
             steps=steps_run,
             max_steps=args.max_steps,

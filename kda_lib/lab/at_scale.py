@@ -25,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import NamedTuple
 
+from kda_lib.lab.measure import xla_cost
 from kda_lib.models.presets import KDAPreset
 from kda_lib.ops import costs
 
@@ -426,9 +428,7 @@ def compiled_cost(fn, *args, compile: bool = True) -> dict:
     import jax
 
     lowered = jax.jit(fn).lower(*args)
-    cost = (lowered.compile() if compile else lowered).cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return {"flops": cost["flops"], "bytes accessed": cost["bytes accessed"]}
+    return xla_cost(lowered.compile() if compile else lowered)
 
 
 def _split_call(module, **kwargs):
@@ -457,34 +457,9 @@ def program_costs(
     adds ``"<layer> train"`` rows: value and gradient (parameters and input) of a sum of squares.
     ``compile``: XLA's count of the compiled program (else of the lowered one).
     """
-    import jax
     import jax.numpy as jnp
-    from flax import nnx
-
-    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
-    from kda_lib.layers.kda_layer import KimiDeltaAttention
-    from kda_lib.layers.mla import MultiHeadLatentAttention
 
     _check_positive(seq_len=seq_len, context=context)
-    x = jnp.zeros((1, seq_len, p.hidden_size))
-    x1 = jnp.zeros((1, 1, p.hidden_size))
-    length = jnp.asarray(context - 1, jnp.int32)
-    kda_layer = KimiDeltaAttention(
-        p.kda_config(implementation="chunked", chunk_size=seq_len), rngs=nnx.Rngs(0)
-    )
-    kda_step = KimiDeltaAttention(p.kda_config(implementation="recurrent"), rngs=nnx.Rngs(0))
-    mla = MultiHeadLatentAttention(p.mla_config(), rngs=nnx.Rngs(0))
-    heads = p.kda_config()  # full attention with the KDA layer's heads, without RoPE
-    mha_config = AttentionConfig(
-        hidden_size=heads.hidden_size,
-        num_heads=heads.num_heads,
-        head_dim=heads.head_dim,
-        value_head_dim=heads.value_dim,
-        rope=False,
-    )
-    mha = CausalSelfAttention(mha_config, rngs=nnx.Rngs(0))
-    shape = full_attention_shape(p)
-    conv = kda_conv_flops_per_token(p)
     rows = {}
 
     def add(name, fn, args, matmul, flops, hbm=None):
@@ -498,57 +473,108 @@ def program_costs(
             xla_bytes=cost["bytes accessed"] if hbm is not None else None,
         )
 
-    fn, state = _split_call(kda_layer)
-    kda_total = seq_len * kda_flops_per_token(p, "prefill", seq_len)
-    add("KDA prefill", fn, (state, x), kda_total - seq_len * conv, kda_total)
-    if train:
-        grad = jax.grad(lambda s, x: jnp.sum(fn(s, x) ** 2), argnums=(0, 1))
-        add("KDA train", grad, (state, x), 3 * (kda_total - seq_len * conv), 3 * kda_total)
-    fn, state = _split_call(kda_step, cached=True)
+    inputs = _ProgramInputs(
+        x=jnp.zeros((1, seq_len, p.hidden_size)),
+        x1=jnp.zeros((1, 1, p.hidden_size)),
+        length=jnp.asarray(context - 1, jnp.int32),
+        seq_len=seq_len,
+        context=context,
+        train=train,
+    )
+    _kda_program_rows(p, inputs, add)
+    _mla_program_rows(p, inputs, add)
+    _mha_program_rows(p, inputs, add)
+    return rows
+
+
+class _ProgramInputs(NamedTuple):
+    x: object  # [1, seq_len, d]: a prefill's input
+    x1: object  # [1, 1, d]: a decode step's input
+    length: object  # the decode caches' filled length, context - 1
+    seq_len: int
+    context: int
+    train: bool
+
+
+def _gradient_of_sum_of_squares(fn):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.grad(lambda s, x: jnp.sum(fn(s, x) ** 2), argnums=(0, 1))
+
+
+def _kda_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+    """The KDA layer: chunked prefill in one chunk, its training step, a recurrent decode step."""
+    from flax import nnx
+
+    from kda_lib.layers.kda_layer import KimiDeltaAttention
+
+    seq_len, conv = inputs.seq_len, kda_conv_flops_per_token(p)
+    layer = KimiDeltaAttention(
+        p.kda_config(implementation="chunked", chunk_size=seq_len), rngs=nnx.Rngs(0)
+    )
+    fn, state = _split_call(layer)
+    total = seq_len * kda_flops_per_token(p, "prefill", seq_len)
+    add("KDA prefill", fn, (state, inputs.x), total - seq_len * conv, total)
+    if inputs.train:
+        grad = _gradient_of_sum_of_squares(fn)
+        add("KDA train", grad, (state, inputs.x), 3 * (total - seq_len * conv), 3 * total)
+    step = KimiDeltaAttention(p.kda_config(implementation="recurrent"), rngs=nnx.Rngs(0))
+    fn, state = _split_call(step, cached=True)
     decode = kda_flops_per_token(p, "decode")
     matmul = decode - conv - kda_decode_kernel_flops(p) + kda_decode_kernel_flops(p, True)
-    add(
-        "KDA decode step",
-        fn,
-        (state, x1, kda_step.init_cache(1)),
-        matmul,
-        decode,
+    hbm = (
         kda_decode_bytes(p, weight_bytes=F32)
         - 2 * kda_state_bytes(p)
-        + 2 * kda_state_bytes(p, conv_bytes=F32),
+        + 2 * kda_state_bytes(p, conv_bytes=F32)
     )
+    add("KDA decode step", fn, (state, inputs.x1, step.init_cache(1)), matmul, decode, hbm)
+
+
+def _mla_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+    """The MLA layer: prefill, its training step, an absorbed decode step over ``context``."""
+    from flax import nnx
+
+    from kda_lib.layers.mla import MultiHeadLatentAttention
+
+    mla = MultiHeadLatentAttention(p.mla_config(), rngs=nnx.Rngs(0))
     fn, state = _split_call(mla)
-    mla_total = seq_len * mla_flops_per_token(p, seq_len)
-    add("MLA prefill", fn, (state, x), mla_total, mla_total)
-    if train:
-        grad = jax.grad(lambda s, x: jnp.sum(fn(s, x) ** 2), argnums=(0, 1))
-        add("MLA train", grad, (state, x), 3 * mla_total, 3 * mla_total)
+    total = inputs.seq_len * mla_flops_per_token(p, inputs.seq_len)
+    add("MLA prefill", fn, (state, inputs.x), total, total)
+    if inputs.train:
+        grad = _gradient_of_sum_of_squares(fn)
+        add("MLA train", grad, (state, inputs.x), 3 * total, 3 * total)
     fn, state = _split_call(mla, cached=True)
-    cache = mla.init_cache(1, max_len=context)._replace(length=length)
-    mla_decode = mla_flops_per_token(p, context, "decode")
-    add(
-        "MLA decode step",
-        fn,
-        (state, x1, cache),
-        mla_decode,
-        mla_decode,
-        mla_decode_bytes(p, context, cache_bytes=F32, weight_bytes=F32),
+    cache = mla.init_cache(1, max_len=inputs.context)._replace(length=inputs.length)
+    decode = mla_flops_per_token(p, inputs.context, "decode")
+    hbm = mla_decode_bytes(p, inputs.context, cache_bytes=F32, weight_bytes=F32)
+    add("MLA decode step", fn, (state, inputs.x1, cache), decode, decode, hbm)
+
+
+def _mha_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+    """Multi-head attention with the KDA layer's heads, without RoPE: prefill and decode."""
+    from flax import nnx
+
+    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+
+    heads = p.kda_config()
+    config = AttentionConfig(
+        hidden_size=heads.hidden_size,
+        num_heads=heads.num_heads,
+        head_dim=heads.head_dim,
+        value_head_dim=heads.value_dim,
+        rope=False,
     )
+    mha = CausalSelfAttention(config, rngs=nnx.Rngs(0))
+    shape = full_attention_shape(p)
     fn, state = _split_call(mha)
-    mha_total = seq_len * attention_flops_per_token(**shape, keys=seq_len)
-    add("MHA prefill", fn, (state, x), mha_total, mha_total)
+    total = inputs.seq_len * attention_flops_per_token(**shape, keys=inputs.seq_len)
+    add("MHA prefill", fn, (state, inputs.x), total, total)
     fn, state = _split_call(mha, cached=True)
-    cache = mha.init_cache(1, max_len=context)._replace(length=length)
-    mha_decode = attention_flops_per_token(**shape, keys=context, mode="decode")
-    add(
-        "MHA decode step",
-        fn,
-        (state, x1, cache),
-        mha_decode,
-        mha_decode,
-        attention_decode_bytes(shape, context, cache_bytes=F32, weight_bytes=F32),
-    )
-    return rows
+    cache = mha.init_cache(1, max_len=inputs.context)._replace(length=inputs.length)
+    decode = attention_flops_per_token(**shape, keys=inputs.context, mode="decode")
+    hbm = attention_decode_bytes(shape, inputs.context, cache_bytes=F32, weight_bytes=F32)
+    add("MHA decode step", fn, (state, inputs.x1, cache), decode, decode, hbm)
 
 
 MIXERS = ("KDA", "MLA", "GQA", "MHA")

@@ -41,7 +41,8 @@ Usage::
     python -m kda_lib.lab.bench --modes fwd --reps 5 --out -      # print only, no JSON
     python -m kda_lib.lab.bench --preset accelerator              # on a GPU or TPU (see README)
 
-The JSON (default ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
+The JSON (default ``build/runs/benchmarks/<platform>-<YYYY-MM-DD>.json``; with ``--record`` the
+recorded ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
 directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
 (one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
 ``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU and TPU
@@ -69,7 +70,8 @@ import numpy as np
 from flax import nnx
 
 from kda_lib.checks import check_option_minimums
-from kda_lib.lab.records import dumps, output_path_problem, write_json
+from kda_lib.lab.measure import timed_call, xla_cost
+from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
 from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
@@ -124,8 +126,11 @@ class BenchConfig:
     dtype: str
 
 
-def default_out_path(platform: str, today: datetime.date) -> Path:
-    return Path("data") / "benchmarks" / f"{platform}-{today.isoformat()}.json"
+def default_out_path(platform: str, today: datetime.date, *, record: bool = False) -> Path:
+    """``build/runs/benchmarks/<platform>-<date>.json``, or with ``record`` the recorded file
+    ``data/benchmarks/<platform>-<date>.json`` that the README and notebooks read."""
+    folder = RECORDED_DIR if record else RUNS_DIR
+    return folder / "benchmarks" / f"{platform}-{today.isoformat()}.json"
 
 
 def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
@@ -298,14 +303,13 @@ class Job:
                 + memory.output_size_in_bytes
                 - memory.alias_size_in_bytes
             )
-        cost = self.compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
-        if isinstance(cost, dict) and cost.get("flops", 0) > 0:
+        cost = xla_cost(self.compiled)
+        if cost["flops"] > 0:
             # XLA's count for the compiled program (a custom call such as a Pallas kernel counts
             # nothing, so such rows get no roofline figures)
-            self.info["flops"] = float(cost["flops"])
-            if cost.get("bytes accessed"):
-                self.info["bytes_accessed"] = float(cost["bytes accessed"])
+            self.info["flops"] = cost["flops"]
+            if cost["bytes accessed"]:
+                self.info["bytes_accessed"] = cost["bytes accessed"]
         for _ in range(warmup):
             jax.block_until_ready(self.compiled(*self.args))
         if jax.default_backend() in ("gpu", "tpu"):
@@ -316,9 +320,8 @@ class Job:
                 self.info["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
 
     def time_once(self) -> None:
-        start = time.perf_counter()
-        jax.block_until_ready(self.compiled(*self.args))
-        self.times_ms.append(1e3 * (time.perf_counter() - start))
+        seconds, _ = timed_call(self.compiled, *self.args)
+        self.times_ms.append(1e3 * seconds)
 
     def record(self) -> dict:
         record = dict(impl=self.impl, T=self.seq_len, mode=self.mode)
@@ -388,7 +391,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _parser() -> argparse.ArgumentParser:
     """The options: shapes, entries and modes, timing, output."""
     parser = argparse.ArgumentParser(
-        prog="python -m kda_lib.lab.bench",
+        prog="kda-bench",
         description="Time KDA implementations, softmax attention and the KDA layer.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -406,7 +409,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         default=None,
-        help="JSON path ('-' for none; default data/benchmarks/<platform>-<date>.json)",
+        help="JSON path ('-' for none; default build/runs/benchmarks/<platform>-<date>.json)",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write data/benchmarks/<platform>-<date>.json instead: the recorded benchmark the "
+        "README and notebooks 03, 07 and 10 read (replaces a file of that name)",
     )
     return parser
 
@@ -515,8 +524,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         )
     # the output path is checked (and its folder created) before anything is timed
     args.out_path = None
+    if args.record and args.out is not None:
+        parser.error("--record writes the recorded data/benchmarks/ file: give --out or --record")
     if args.out != "-":
-        out = args.out or default_out_path(jax.default_backend(), datetime.date.today())
+        today = datetime.date.today()
+        out = args.out or default_out_path(jax.default_backend(), today, record=args.record)
         problem = output_path_problem(out)
         if problem:
             parser.error(f"--out: {problem}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -25,6 +24,7 @@ import optax
 from flax import nnx
 
 from kda_lib.checks import check_number, check_positive_int, check_seed, check_token_ids
+from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionCache
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import TinyLM
@@ -281,15 +281,17 @@ def decode_cost(
         token, cache = decode(state, token, cache, key, temperature)  # compiles
         jax.block_until_ready(cache)
         best = math.inf
-        for _ in range(repeats):
-            run_cache, run_token = cache, token
-            start = time.perf_counter()
+
+        def generate_steps(run_token, run_cache):
             for i in range(steps):
                 run_token, run_cache = decode(
                     state, run_token, run_cache, jax.random.fold_in(key, i), temperature
                 )
-            jax.block_until_ready(run_cache)
-            best = min(best, (time.perf_counter() - start) / steps)
+            return run_cache
+
+        for _ in range(repeats):
+            seconds, run_cache = timed_call(generate_steps, token, cache)
+            best = min(best, seconds / steps)
         size = cache_bytes(run_cache)
         results.append(
             dict(

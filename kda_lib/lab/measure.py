@@ -88,21 +88,34 @@ def hlo_collectives(hlo_text: str, num_ranks: int) -> list[dict]:
     return found
 
 
-def median_ms(fn, *args, repeats: int = 3):
-    """``(median wall time of fn(*args) in ms, its output)`` over ``repeats`` timed calls, after
-    one untimed warm-up call (which compiles a jitted ``fn``). Waits for every result
-    (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed."""
+def timed_call(fn, *args) -> tuple[float, object]:
+    """``(seconds, output)`` of one call ``fn(*args)``, waiting for every result
+    (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed: the
+    package's one timer (the benchmark, decode speed and :func:`median_ms` use it)."""
     import time
 
     import jax
 
+    start = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    times.sort()
+    return time.perf_counter() - start, out
+
+
+def xla_cost(program) -> dict[str, float]:
+    """XLA's cost analysis of a lowered or compiled program, ``{"flops", "bytes accessed"}``
+    (a loop's body counted once; a custom call such as a Pallas kernel counts nothing, 0.0):
+    the package's one reader of ``cost_analysis()``."""
+    cost = program.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    cost = cost if isinstance(cost, dict) else {}
+    return {key: float(cost.get(key, 0.0)) for key in ("flops", "bytes accessed")}
+
+
+def median_ms(fn, *args, repeats: int = 3):
+    """``(median wall time of fn(*args) in ms, its output)`` over ``repeats`` timed calls, after
+    one untimed warm-up call (which compiles a jitted ``fn``)."""
+    _, out = timed_call(fn, *args)
+    times = sorted(timed_call(fn, *args)[0] for _ in range(repeats))
     middle = len(times) // 2
     median = times[middle] if len(times) % 2 else 0.5 * (times[middle - 1] + times[middle])
     return 1e3 * median, out

@@ -29,6 +29,14 @@ import pathlib
 import tempfile
 from typing import Any
 
+from kda_lib.checks import is_int, is_number
+
+# A tool run (kda-bench, kda-train) writes here unless told otherwise; the recorded evidence that
+# the README and the notebooks cite (data/benchmarks/, data/results/) is replaced only when the
+# command is asked to (--record), never by default.
+RUNS_DIR = pathlib.Path("build") / "runs"
+RECORDED_DIR = pathlib.Path("data")
+
 # ----------------------------------------------------------------------------- writing
 
 
@@ -90,7 +98,7 @@ def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
 
 # ----------------------------------------------------------------------------- reading
 KINDS = ("benchmarks", "results")
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[1]  # kda_lib/
 # where the wheel puts the files (package-dir mapping of kda_lib.recorded_data onto data/)
 INSTALLED_DATA_DIR = _PACKAGE_DIR / "recorded_data"
 # where they are in a checkout (an editable install, or kda_lib on sys.path from the source tree)
@@ -196,46 +204,59 @@ def load_benchmark_runs(directory=None) -> tuple[list[dict], list[str]]:
     if not files:
         notes.append(f"no recorded benchmarks in {directory}/")
     for path in files:
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
-            notes.append(f"{path.name}: unreadable ({e})")
-            continue
-        except RecursionError:  # json's parser recurses once per level of nesting
-            notes.append(f"{path.name}: unreadable (nested too deeply to parse); skipped")
-            continue
-        # the layout python -m kda_lib.lab.bench writes (platform, device_kind, config, records)
-        meta = payload if isinstance(payload, dict) else {}
-        records = meta.get("records")
-        if not isinstance(records, list):
-            notes.append(f"{path.name}: not a kda_lib.lab.bench file (no 'records' list); skipped")
-            continue
-        usable = [
-            r
-            for r in records
-            if isinstance(r, dict)
-            and {"impl", "T", "mode", "median_ms"} <= r.keys()
-            and isinstance(r["median_ms"], (int, float))
-            and isinstance(r["T"], (int, float))
-        ]
-        if not usable:
-            notes.append(f"{path.name}: no record with impl, T, mode and median_ms; skipped")
-            continue
-        platform = str(meta.get("platform", "unknown platform"))
-        device = meta.get("device_kind")
-        label = f"recorded: {platform}" + (f" {device}" if device and device != platform else "")
-        config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-        shape = ", ".join(
-            f"{short}={config[key]}"
-            for key, short in (("batch", "B"), ("heads", "H"), ("key_dim", "K"), ("value_dim", "V"))
-            if key in config
-        )
-        if config.get("dtype"):
-            shape += f", {config['dtype']}"
-        runs.append({"label": label, "file": path.name, "config": shape, "records": usable})
-        if len(usable) < len(records):
-            notes.append(
-                f"{path.name}: {len(records) - len(usable)} records without impl, T, mode and a "
-                "numeric median_ms (failed or skipped runs) left out"
-            )
+        run = _read_benchmark_file(path, notes)
+        if run is not None:
+            runs.append(run)
     return runs, notes
+
+
+def _usable_record(record) -> bool:
+    """A benchmark row with an implementation, a mode, an int T >= 1 and a finite, positive
+    median time (failed or skipped rows have none)."""
+    return (
+        isinstance(record, dict)
+        and {"impl", "T", "mode", "median_ms"} <= record.keys()
+        and is_number(record["median_ms"])
+        and math.isfinite(record["median_ms"])
+        and record["median_ms"] > 0
+        and is_int(record["T"])
+    )
+
+
+def _read_benchmark_file(path: pathlib.Path, notes: list[str]) -> dict | None:
+    """One file of :func:`load_benchmark_runs`: its run, or None with a note saying why."""
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        notes.append(f"{path.name}: unreadable ({e})")
+        return None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        notes.append(f"{path.name}: unreadable (nested too deeply to parse); skipped")
+        return None
+    # the layout python -m kda_lib.lab.bench writes (platform, device_kind, config, records)
+    meta = payload if isinstance(payload, dict) else {}
+    records = meta.get("records")
+    if not isinstance(records, list):
+        notes.append(f"{path.name}: not a kda_lib.lab.bench file (no 'records' list); skipped")
+        return None
+    usable = [r for r in records if _usable_record(r)]
+    if not usable:
+        notes.append(f"{path.name}: no record with impl, T, mode and median_ms; skipped")
+        return None
+    platform = str(meta.get("platform", "unknown platform"))
+    device = meta.get("device_kind")
+    label = f"recorded: {platform}" + (f" {device}" if device and device != platform else "")
+    config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    shape = ", ".join(
+        f"{short}={config[key]}"
+        for key, short in (("batch", "B"), ("heads", "H"), ("key_dim", "K"), ("value_dim", "V"))
+        if key in config
+    )
+    if config.get("dtype"):
+        shape += f", {config['dtype']}"
+    if len(usable) < len(records):
+        notes.append(
+            f"{path.name}: {len(records) - len(usable)} records without impl, an int T, mode "
+            "and a finite positive median_ms (failed or skipped runs) left out"
+        )
+    return {"label": label, "file": path.name, "config": shape, "records": usable}

@@ -30,12 +30,12 @@ import optax
 from flax import nnx
 
 from kda_lib.checks import check_positive_int, check_seed
-from kda_lib.lab.records import write_json
+from kda_lib.lab.records import RUNS_DIR, write_json
 from kda_lib.lab.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
+from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import (
     ModelConfig,
     TinyLM,
-    count_params,
     decay_mask,
     parameter_path_names,
 )
@@ -261,7 +261,7 @@ DEFAULT_TASK_OPTIONS: dict[str, dict] = {
     "palindrome": dict(vocab_size=16),
     "stack": dict(vocab_size=16),
 }
-RESULTS_DIR = "data/results"
+
 
 
 def make_task(name: str, **options) -> TaskFn:
@@ -368,7 +368,7 @@ def _experiment_record(task, task_fn, model, training, history, scores, seconds)
         task_options=dict(options),
         mixer=config.label,
         model=dataclasses.asdict(config),
-        params=count_params(model),
+        params=parameter_count(model),
         training=training,
         history=history,
         eval=scores,
@@ -426,8 +426,10 @@ def summary_line(record: dict) -> str:
     )
 
 
-def default_result_path(record: dict, results_dir: str = RESULTS_DIR) -> pathlib.Path:
-    """``<results_dir>/<task>-<mixer>-T<seq_len>-seed<seed>.json``."""
+def default_result_path(record: dict, results_dir=None) -> pathlib.Path:
+    """``<results_dir>/<task>-<mixer>-T<seq_len>-seed<seed>.json``; ``results_dir`` defaults to
+    ``build/runs/results`` (a run never replaces the recorded ``data/results/`` by default)."""
+    results_dir = RUNS_DIR / "results" if results_dir is None else results_dir
     training = record["training"]
     name = f"{record['task']}-{record['mixer']}-T{training['seq_len']}-seed{training['seed']}"
     return pathlib.Path(results_dir) / f"{name}.json"

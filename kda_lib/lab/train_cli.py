@@ -1,9 +1,11 @@
-"""``python -m kda_lib.lab.train_cli``: train a tiny model on a synthetic task from the shell.
+"""``kda-train`` (or ``python -m kda_lib.lab.train_cli``): train a tiny model on a synthetic
+task from the shell.
 
-The command line of :mod:`kda_lib.lab.train`: every option and the output path are checked before
-any training (argparse's exit status 2, naming the option), then :func:`kda_lib.lab.train.
-run_experiment` runs and its record is written as JSON (by default under ``data/results/``).
-``--help`` lists the task and model options with their defaults.
+The command line of :mod:`kda_lib.lab.train`: every option and the output path are checked
+before any training (argparse's exit status 2, naming the option), then
+:func:`kda_lib.lab.train.run_experiment` runs and its record is written as JSON, by default
+under ``build/runs/results/`` (``--record``: the recorded ``data/results/``, which the notebooks
+read). ``--help`` lists the task and model options with their defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tempfile
 import time
 
 from kda_lib.checks import MAX_SEED, check_option_minimums
-from kda_lib.lab.records import dumps, output_path_problem
+from kda_lib.lab.records import RECORDED_DIR, dumps, output_path_problem
 from kda_lib.lab.tasks import TASKS
 from kda_lib.lab.train import DEFAULT_TASK_OPTIONS, default_result_path, run_experiment, save_record
 from kda_lib.models.tiny_lm import MIXERS, ModelConfig
@@ -86,7 +88,7 @@ def _model_default(field: str):
 def _parser() -> argparse.ArgumentParser:
     """The command line's options; their values are checked by :func:`_check_args`."""
     parser = argparse.ArgumentParser(
-        prog="python -m kda_lib.lab.train_cli",
+        prog="kda-train",
         description="Train a tiny language model on a synthetic task, score it on held-out "
         "batches and write a JSON record.",
     )
@@ -102,6 +104,32 @@ def _parser() -> argparse.ArgumentParser:
         )
         + " (default: kda)",
     )
+    _add_run_options(parser)
+    _add_task_options(parser.add_argument_group("task options (each task's defaults in brackets)"))
+    _add_model_options(parser.add_argument_group("model options"))
+    parser.add_argument(
+        "--output",
+        help="JSON record path (default: build/runs/results/<task>-<mixer>-T<seq_len>-seed<seed>"
+        ".json)",
+    )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write data/results/<task>-<mixer>-T<seq_len>-seed<seed>.json instead: the recorded "
+        "results the notebooks read (replaces a file of that name)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "bar", "lines", "none"),
+        default="auto",
+        help="auto (the default): a tqdm bar on a terminal, plain lines otherwise",
+    )
+    return parser
+
+
+def _add_run_options(parser) -> None:
+    """``--steps``, ``--seq-len``, ``--batch-size``, ``--learning-rate``, ``--seed``,
+    ``--eval-batches``, ``--log-every``."""
     parser.add_argument(
         "--steps", type=int, default=1000, help="optimiser steps (default: %(default)s)"
     )
@@ -123,19 +151,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-every", type=int, default=50, help="steps per progress record (default: %(default)s)"
     )
-    _add_task_options(parser.add_argument_group("task options (each task's defaults in brackets)"))
-    _add_model_options(parser.add_argument_group("model options"))
-    parser.add_argument(
-        "--output",
-        help="JSON record path (default: data/results/<task>-<mixer>-T<seq_len>-seed<seed>.json)",
-    )
-    parser.add_argument(
-        "--progress",
-        choices=("auto", "bar", "lines", "none"),
-        default="auto",
-        help="auto (the default): a tqdm bar on a terminal, plain lines otherwise",
-    )
-    return parser
 
 
 def _add_task_options(task) -> None:
@@ -225,7 +240,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
         mixer=_model_label(args),
         training=dict(seq_len=args.seq_len, seed=args.seed),
     )
-    path = pathlib.Path(args.output) if args.output else default_result_path(where)
+    if args.record and args.output:
+        parser.error("--record writes the recorded data/results/ file: give --output or --record")
+    folder = RECORDED_DIR / "results" if args.record else None
+    path = pathlib.Path(args.output) if args.output else default_result_path(where, folder)
     problem = output_path_problem(path)
     if problem:
         parser.error(f"--output: {problem}")

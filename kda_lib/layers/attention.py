@@ -141,8 +141,9 @@ class CausalSelfAttention(nnx.Module):
     def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
         cfg = self.config
-        capacity = 0 if max_len is None else max_len
+        check_int("batch_size", batch_size)
         check_int("max_len", max_len, optional=True)
+        capacity = 0 if max_len is None else max_len
         shape = (batch_size, capacity, cfg.num_heads)
         convs = (None, None, None)
         if self.short_conv:
@@ -210,6 +211,11 @@ class CausalSelfAttention(nnx.Module):
     def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
         cfg = self.config
+        if getattr(x, "ndim", None) != 3 or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(
+                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
+                f"got {getattr(x, 'shape', type(x).__name__)}"
+            )
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         if cache is not None:

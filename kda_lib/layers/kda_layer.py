@@ -30,7 +30,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_array, check_int, is_concrete
+from kda_lib.checks import check_array, check_int, is_concrete, is_number
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
@@ -40,8 +40,8 @@ from kda_lib.ops.gating import check_lower_bound, init_a_log, init_dt_bias, kda_
 from kda_lib.ops.norms import gated_rms_norm
 from kda_lib.ops.registry import (
     check_implementation,
-    gate_problems,
     needs_segment_bound,
+    option_problems,
     uses_own_context_parallel,
 )
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -73,6 +73,26 @@ def _check_float_dtype(name: str, value) -> None:
 # 64, the default chunk length, bounds it far above any use while keeping those costs small.
 MAX_CONV_SIZE = 64
 
+# (field, what it must be, minimum, None allowed): KDAConfig's integer fields
+_INT_FIELDS = (
+    ("hidden_size", "a positive int", 1, False),
+    ("num_heads", "a positive int", 1, False),
+    ("head_dim", "a positive int", 1, False),
+    ("max_num_segments", "None or a positive int", 1, True),
+    ("value_head_dim", "a positive int or None", 1, True),
+    ("conv_size", "an int >= 0 (0 disables the conv)", 0, False),
+    ("gate_low_rank", "a positive int or None", 1, True),
+    ("num_v_heads", "a positive int or None", 1, True),
+)
+_BOOL_FIELDS = (
+    "allow_neg_eigval",
+    "per_head_decay",
+    "output_gate_bias",
+    "use_a_log",
+    "full_rank_output_gate",
+    "fused_qkv_conv",
+    "clamped_gate",
+)
 
 @dataclasses.dataclass(frozen=True)
 class KDAConfig:
@@ -141,65 +161,20 @@ class KDAConfig:
         # every field is checked here, so a bad value fails at construction, not at first use;
         # numpy scalars are accepted where a Python number is and stored as Python numbers
         check_max_num_segments(self.max_num_segments, "KDAConfig.max_num_segments", optional=True)
-        for name in ("hidden_size", "num_heads", "head_dim"):
-            self._set(name, _config_int(name, getattr(self, name), "a positive int", minimum=1))
-        if self.max_num_segments is not None:
-            self._set("max_num_segments", int(self.max_num_segments))
-        if self.value_head_dim is not None:
-            self._set(
-                "value_head_dim",
-                _config_int("value_head_dim", self.value_head_dim, "a positive int or None", 1),
-            )
-        self._set(
-            "conv_size",
-            _config_int(
-                "conv_size", self.conv_size, "an int >= 0 (0 disables the conv)", minimum=0
-            ),
-        )
-        if self.conv_size > MAX_CONV_SIZE:
-            raise ValueError(
-                f"KDAConfig.conv_size must be <= {MAX_CONV_SIZE} (a short convolution: local "
-                f"token mixing before the recurrence, 4 in fla and Kimi Linear; a wide window "
-                f"is what the recurrence is for), got {self.conv_size}"
-            )
-        check_lower_bound(self.lower_bound)
-        if self.lower_bound is not None:
-            self._set("lower_bound", float(self.lower_bound))
-        if self.gate_low_rank is not None:
-            self._set(
-                "gate_low_rank",
-                _config_int("gate_low_rank", self.gate_low_rank, "a positive int or None", 1),
-            )
-        if self.num_v_heads is not None:
-            self._set(
-                "num_v_heads",
-                _config_int("num_v_heads", self.num_v_heads, "a positive int or None", 1),
-            )
-            if self.num_v_heads % self.num_heads:
-                raise ValueError(
-                    f"KDAConfig.num_v_heads must be a multiple of num_heads={self.num_heads} "
-                    f"(each q/k head serves num_v_heads // num_heads value heads), got "
-                    f"{self.num_v_heads}"
-                )
-        for name in (
-            "allow_neg_eigval",
-            "per_head_decay",
-            "output_gate_bias",
-            "use_a_log",
-            "full_rank_output_gate",
-            "fused_qkv_conv",
-            "clamped_gate",
-        ):
+        for name, expected, minimum, optional in _INT_FIELDS:
+            value = getattr(self, name)
+            if not (optional and value is None):
+                self._set(name, _config_int(name, value, expected, minimum))
+        for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
             self._set(name, bool(value))
+        check_lower_bound(self.lower_bound)
+        if self.lower_bound is not None:
+            self._set("lower_bound", float(self.lower_bound))
         eps = self.norm_eps
-        if (
-            isinstance(eps, (bool, np.bool_))
-            or not isinstance(eps, (int, float, np.integer, np.floating))
-            or not (np.isfinite(eps) and eps > 0)
-        ):
+        if not is_number(eps) or not (np.isfinite(eps) and eps > 0):
             raise ValueError(f"KDAConfig.norm_eps must be a finite float > 0, got {eps!r}")
         self._set("norm_eps", float(eps))
         for name in ("dtype", "param_dtype"):
@@ -209,29 +184,52 @@ class KDAConfig:
         except ValueError as error:
             raise ValueError(f"KDAConfig.{error}") from None
         check_implementation(self.implementation, "KDAConfig.implementation")
-        # the backend says what gate it needs; the layer fuses the gate unless it clamps it
-        fused = not self.clamped_gate
-        gate = gate_problems(self.implementation, fused_gate=fused, lower_bound=self.lower_bound)
-        if gate:
-            hint = (
-                " (set lower_bound, e.g. -5.0)"
-                if fused
-                else "; with clamped_gate the layer activates the gate itself, so the kernel "
-                "gets a log-space gate"
+        for problem in self._combination_problems():
+            raise ValueError(f"KDAConfig{problem}")
+
+    def _combination_problems(self):
+        """Fields that are each valid but cannot go together, and what the implementation
+        cannot serve whatever the machine (the registry says; the layer fuses the gate unless
+        it clamps it)."""
+        if self.conv_size > MAX_CONV_SIZE:
+            yield (
+                f".conv_size must be <= {MAX_CONV_SIZE} (a short convolution: local token mixing "
+                "before the recurrence, 4 in fla and Kimi Linear; a wide window is what the "
+                f"recurrence is for), got {self.conv_size}"
             )
-            raise ValueError(f"KDAConfig: {gate[0]}{hint}")
+        if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
+            yield (
+                f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k head "
+                f"serves num_v_heads // num_heads value heads), got {self.num_v_heads}"
+            )
+        fused = not self.clamped_gate
+        for problem in option_problems(
+            self.implementation,
+            fused_gate=fused,
+            lower_bound=self.lower_bound,
+            allow_neg_eigval=self.allow_neg_eigval,
+        ):
+            hint = ""
+            if "gate" in problem:
+                hint = (
+                    " (set lower_bound, e.g. -5.0)"
+                    if fused
+                    else "; with clamped_gate the layer activates the gate itself, so the "
+                    "kernel gets a log-space gate"
+                )
+            yield f": {problem}{hint}"
         if self.clamped_gate and self.lower_bound is None:
-            raise ValueError(
-                "KDAConfig.clamped_gate clamps the softplus gate at lower_bound; set lower_bound "
+            yield (
+                ".clamped_gate clamps the softplus gate at lower_bound; set lower_bound "
                 "(e.g. -5.0)"
             )
         if not self.use_a_log and self.lower_bound is None:
-            raise ValueError(
-                "KDAConfig.use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
+            yield (
+                ".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
                 "lower_bound (e.g. -5.0); the softplus gate has no rate-free form"
             )
         if self.fused_qkv_conv and not self.conv_size:
-            raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
+            yield ".fused_qkv_conv needs a conv: conv_size must be > 0"
 
     def _set(self, name, value):
         object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only

@@ -263,19 +263,32 @@ class MultiHeadLatentAttention(nnx.Module):
         o = jnp.einsum("bhts,bshv->bthv", weights, v)
         return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.v_head_dim))
 
-    def _forward_cached(self, x, cache: MLACache):
-        """Attention against the cached latents only (absorbed form), then the new cache."""
+    def _check_cache(self, x, cache) -> None:
+        """``cache`` must be this layer's :class:`MLACache` for ``x``'s batch, before any work."""
         cfg = self.config
         if not isinstance(cache, MLACache):
             raise ValueError(
                 f"cache must be an MLACache, got {type(cache).__name__}; build it with "
                 f"mixer.init_cache(batch_size)"
             )
-        batch, seq_len, _ = x.shape
-        d = cfg.qk_head_dim
-        c_new, s_new = self._latents(x)
-        seen = cache.seen
-        overflow = False
+        batch = x.shape[0]
+        latents = getattr(cache.latents, "shape", None)
+        if latents is None or len(latents) != 3 or latents[::2] != (batch, cfg.kv_lora_rank):
+            raise ValueError(
+                f"cache.latents must have shape [B={batch}, C, kv_lora_rank={cfg.kv_lora_rank}] "
+                f"(a cache of this layer for x's batch), got {latents}"
+            )
+        want = (batch, latents[1], cfg.shared_key_dim) if cfg.shared_key_dim else None
+        got = None if cache.shared_keys is None else getattr(cache.shared_keys, "shape", "?")
+        if (want is None) != (got is None) or (want is not None and tuple(got) != want):
+            raise ValueError(
+                f"cache.shared_keys must be {'None' if want is None else f'of shape {want}'} "
+                f"(shared_key_dim={cfg.shared_key_dim}), got {got}"
+            )
+
+    def _write_latents(self, cache: MLACache, c_new, s_new, seq_len: int):
+        """The cache's latents and shared keys with the new tokens' appended (growing) or
+        written at ``length`` (fixed capacity), and whether they overflow its capacity."""
         if cache.length is None:
             latents = jnp.concatenate([cache.latents, c_new.astype(cache.latents.dtype)], axis=1)
             shared = (
@@ -283,26 +296,37 @@ class MultiHeadLatentAttention(nnx.Module):
                 if s_new is None
                 else jnp.concatenate([cache.shared_keys, s_new.astype(cache.shared_keys.dtype)], 1)
             )
-        else:
-            capacity = cache.latents.shape[1]
-            overflow = cache.length + seq_len > capacity
-            if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
-                filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
-                raise ValueError(
-                    f"the MLA cache holds {capacity} tokens; {filled} are filled, {seq_len} "
-                    f"more do not fit (init_cache(..., max_len=...))"
-                )
-            start = (0, cache.length, 0)
-            latents = jax.lax.dynamic_update_slice(
-                cache.latents, c_new.astype(cache.latents.dtype), start
+            return latents, shared, False
+        capacity = cache.latents.shape[1]
+        overflow = cache.length + seq_len > capacity
+        if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
+            filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
+            raise ValueError(
+                f"the MLA cache holds {capacity} tokens; {filled} are filled, {seq_len} "
+                f"more do not fit (init_cache(..., max_len=...))"
             )
-            shared = (
-                None
-                if s_new is None
-                else jax.lax.dynamic_update_slice(
-                    cache.shared_keys, s_new.astype(cache.shared_keys.dtype), start
-                )
+        start = (0, cache.length, 0)
+        latents = jax.lax.dynamic_update_slice(
+            cache.latents, c_new.astype(cache.latents.dtype), start
+        )
+        shared = (
+            None
+            if s_new is None
+            else jax.lax.dynamic_update_slice(
+                cache.shared_keys, s_new.astype(cache.shared_keys.dtype), start
             )
+        )
+        return latents, shared, overflow
+
+    def _forward_cached(self, x, cache: MLACache):
+        """Attention against the cached latents only (absorbed form), then the new cache."""
+        cfg = self.config
+        self._check_cache(x, cache)
+        batch, seq_len, _ = x.shape
+        d = cfg.qk_head_dim
+        c_new, s_new = self._latents(x)
+        seen = cache.seen
+        latents, shared, overflow = self._write_latents(cache, c_new, s_new, seq_len)
         w_uk, w_uv = (w.astype(jnp.float32) for w in self._up_weights())
         q = self._queries(x).astype(jnp.float32)
         q_latent = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk)  # the query in latent space

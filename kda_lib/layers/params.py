@@ -10,6 +10,7 @@ A parameter created without the mark decays.
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 
 import jax
@@ -35,3 +36,9 @@ def weight_decay_mask(module: nnx.Module):
     Works for a :class:`kda_lib.KimiDeltaAttention` and for any model containing it."""
     params = nnx.state(module, nnx.Param)
     return jax.tree.map(decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def parameter_count(module: nnx.Module) -> int:
+    """Scalars in ``module``'s parameters: the package's one parameter counter (works on
+    ``nnx.eval_shape`` modules, whose parameters are shapes only)."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))

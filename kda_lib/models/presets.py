@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 from flax import nnx
 
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
@@ -282,11 +281,6 @@ def build_mla_layer(preset: KDAPreset, **overrides) -> MultiHeadLatentAttention:
     """The preset's MLA layer as shapes only (``nnx.eval_shape``)."""
     config = preset.mla_config(**overrides)
     return nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
-
-
-def parameter_count(module: nnx.Module) -> int:
-    """Scalars in ``module``'s parameters (works on ``eval_shape`` modules)."""
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
 def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:

@@ -31,7 +31,6 @@ generation and decode measurements in :mod:`kda_lib.lab.generate`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 
 import jax
@@ -43,7 +42,7 @@ from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import NO_DECAY, no_decay_param, weight_decay_mask
+from kda_lib.layers.params import NO_DECAY, no_decay_param, parameter_count, weight_decay_mask
 from kda_lib.ops.norms import gated_rms_norm
 
 
@@ -434,15 +433,10 @@ class TinyLM(nnx.Module):
         return logits if cache is None else (logits, tuple(new_cache))
 
 
-def count_params(model: nnx.Module) -> int:
-    """Number of trainable scalars."""
-    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-
-
 def config_param_count(config: ModelConfig) -> int:
-    """:func:`count_params` of ``TinyLM(config)``, from shapes only (nothing is initialised)."""
-    model = nnx.eval_shape(lambda: TinyLM(config, rngs=nnx.Rngs(0)))
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    """:func:`kda_lib.layers.params.parameter_count` of ``TinyLM(config)``, from shapes only
+    (nothing is initialised)."""
+    return parameter_count(nnx.eval_shape(lambda: TinyLM(config, rngs=nnx.Rngs(0))))
 
 
 def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:

@@ -36,8 +36,6 @@ backend.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import jax
 
 from kda_lib.ops.chunked import Precision
@@ -58,11 +56,6 @@ __all__ = [
     "select_implementation",
 ]
 
-Implementation = Literal[
-    "auto", "recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic"
-]
-
-
 def kda(
     q: jax.Array,
     k: jax.Array,
@@ -81,7 +74,7 @@ def kda(
     use_qk_l2norm: bool = False,
     allow_neg_eigval: bool = False,
     chunk_size: int = 64,
-    implementation: Implementation = "auto",
+    implementation: str = "auto",
     precision: Precision | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Kimi Delta Attention with a chosen (or automatically selected) implementation.

@@ -96,6 +96,23 @@ def check_kda_inputs(
     initial_state ``[B, HV, K, V]``, with HV a positive multiple of H (grouped value heads;
     HV = H without). ``raw_gate``: g is a raw gate input (any sign), not a log-space decay.
     """
+    dims = _checked_dims(q, k, v, g, beta)
+    if initial_state is not None:
+        check_array("initial_state", initial_state)
+        if not jnp.issubdtype(initial_state.dtype, jnp.floating):
+            raise ValueError(
+                f"initial_state must be a floating-point array, got dtype {initial_state.dtype}"
+            )
+        check_state(initial_state, dims, "initial_state")
+    if segment_ids is not None:
+        check_array("segment_ids", segment_ids)
+        check_segment_ids(segment_ids, dims.batch, dims.seq_len)
+    _check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate)
+    return dims
+
+
+def _checked_dims(q, k, v, g, beta) -> Dims:
+    """The shapes and dtypes of :func:`check_kda_inputs`'s arrays, and their dimensions."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_array(name, x)
     if q.ndim != 4:
@@ -126,17 +143,11 @@ def check_kda_inputs(
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    dims = Dims(batch, seq_len, num_heads, key_dim, value_dim, qk_heads)
-    if initial_state is not None:
-        check_array("initial_state", initial_state)
-        if not jnp.issubdtype(initial_state.dtype, jnp.floating):
-            raise ValueError(
-                f"initial_state must be a floating-point array, got dtype {initial_state.dtype}"
-            )
-        check_state(initial_state, dims, "initial_state")
-    if segment_ids is not None:
-        check_array("segment_ids", segment_ids)
-        check_segment_ids(segment_ids, batch, seq_len)
+    return Dims(batch, seq_len, num_heads, key_dim, value_dim, qk_heads)
+
+
+def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool) -> None:
+    """beta in range and a log-space g <= 0, read on the host when concrete (not under jit)."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
     # value checks skip non-finite entries: those are handled (and propagated like the
@@ -157,7 +168,6 @@ def check_kda_inputs(
         hi = float(values.max()) if values.size else 0.0
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
-    return dims
 
 
 def check_fused_inputs(

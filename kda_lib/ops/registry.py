@@ -97,6 +97,11 @@ class Backend:
         for a call)."""
         return []
 
+    def option_problems(self, *, fused_gate: bool, lower_bound, allow_neg_eigval: bool):
+        """Why it cannot serve these options on any machine (no platform, shapes or inputs
+        involved): what a layer config can be refused for at construction."""
+        return []
+
     def __call__(self, arrays: KDAArrays, options: KDAOptions):
         raise NotImplementedError
 
@@ -201,10 +206,18 @@ class Tokamax(Backend):
         self.platforms, self.context_parallel = platforms, context_parallel
         self.token_by_token = not variant.chunked
 
+    def option_problems(self, *, fused_gate, lower_bound, allow_neg_eigval):
+        if allow_neg_eigval:
+            return [f"{self.name} requires beta in [0, 1]; allow_neg_eigval is not supported"]
+        return []
+
     def problems(self, options):
-        name, found = self.name, []
-        if options.allow_neg_eigval:
-            found.append(f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported")
+        name = self.name
+        found = self.option_problems(
+            fused_gate=options.fused_gate,
+            lower_bound=options.lower_bound,
+            allow_neg_eigval=options.allow_neg_eigval,
+        )
         if options.precision is not None:
             found.append(
                 f"precision={options.precision!r} applies to kda_lib's 'chunked' implementation; "
@@ -253,17 +266,22 @@ class Tokamax(Backend):
 class TokamaxXlaChunked(Tokamax):
     """tokamax's pure-JAX chunked form: it takes the fused safe gate only."""
 
-    def problems(self, options):
-        found = super().problems(options)
-        return found + self.config_problems(
-            key_dim=options.dims.key_dim,
-            dtype=options.dtype,
-            lower_bound=options.lower_bound,
-            fused_gate=options.fused_gate,
+    def option_problems(self, *, fused_gate, lower_bound, allow_neg_eigval):
+        found = super().option_problems(
+            fused_gate=fused_gate, lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval
         )
+        if not (fused_gate and lower_bound is not None):
+            found.append(
+                f"{self.name} needs the fused safe gate (it needs the safe gate's lower_bound, "
+                "with or without a_log, and a raw gate input g); use implementation='chunked' "
+                "for log-space gates"
+            )
+        return found
 
     def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
-        return gate_problems(self.name, fused_gate=fused_gate, lower_bound=lower_bound)
+        return self.option_problems(
+            fused_gate=fused_gate, lower_bound=lower_bound, allow_neg_eigval=False
+        )
 
 
 class TokamaxMosaic(Tokamax):
@@ -287,17 +305,6 @@ class TokamaxMosaic(Tokamax):
         return mosaic_problems(
             key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
         )
-
-
-def gate_problems(name: str, *, fused_gate: bool, lower_bound) -> list[str]:
-    """The gate ``name`` cannot take (the layer asks this with its config: it always fuses)."""
-    if name == "tokamax_xla_chunked" and not (fused_gate and lower_bound is not None):
-        return [
-            "tokamax_xla_chunked needs the fused safe gate (it needs the safe gate's lower_bound, "
-            "with or without a_log, and a raw gate input g); use implementation='chunked' for "
-            "log-space gates"
-        ]
-    return []
 
 
 RECURRENT, CHUNKED = Recurrent(), Chunked()
@@ -405,6 +412,17 @@ def check_implementation(implementation, owner: str = "implementation") -> str:
             f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got {implementation!r}"
         )
     return implementation
+
+
+def option_problems(implementation, *, fused_gate: bool, lower_bound, allow_neg_eigval: bool):
+    """Why ``implementation`` cannot serve these options anywhere (:meth:`Backend.option_problems`;
+    none for ``"auto"``, which picks one that can)."""
+    backend = REGISTRY.get(check_implementation(implementation))
+    if backend is None:
+        return []
+    return backend.option_problems(
+        fused_gate=fused_gate, lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval
+    )
 
 
 def needs_segment_bound(implementation: str) -> bool:

@@ -374,31 +374,7 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = 
     fig, (ax, ax_scan) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[2.3, 1])
     subs = max(chunk_size // 16, 1)  # 16-token sub-chunks (section 4 of notebook 03)
     for i in range(shown):
-        x = 1.2 + 3.0 * i
-        colour = CYCLE[i % len(CYCLE)]
-        side = 2.0 / subs
-        for r in range(subs):  # sub-blocks of the lower triangle; the diagonal ones darker
-            for c in range(r + 1):
-                corner = (x + c * side, 4.6 - (r + 1) * side)
-                if r == c:
-                    cells = [corner, (corner[0], corner[1] + side),
-                             (corner[0] + side, corner[1])]
-                    ax.add_patch(mpl.patches.Polygon(cells, color=colour, alpha=0.75, lw=0))
-                else:
-                    ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
-                                                       alpha=0.3, edgecolor="white"))
-        ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
-                va="top")
-        ax.annotate("", xy=(x + 1.0, 1.55), xytext=(x + 1.0, 2.55),
-                    arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
-        ax.text(x + 1.1, 2.05, "$W, U, P$", fontsize=8, va="center")
-        ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.6), 2.2, 0.9,
-                                                boxstyle="round,pad=0.05", color=colour))
-        update = "$\\Delta = U - W S$\n$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$"
-        ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
-        ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
-                    arrowprops=dict(arrowstyle="->", color="black", lw=2))
-        ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
+        _draw_chunk(ax, i, subs)
     end = 1.2 + 3.0 * shown
     ax.annotate("", xy=(end + 0.05, 1.05), xytext=(end - 0.85, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
@@ -412,6 +388,42 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = 
     ax.axis("off")
     ax.set_title(f"Chunked KDA, C = {chunk_size}: triangular blocks in parallel, "
                  "the state between chunks")
+    _draw_scan_rounds(ax_scan, scan_rounds, scan_maps)
+    return fig
+
+
+def _draw_chunk(ax, i: int, subs: int) -> None:
+    """Chunk ``i`` of :func:`chunk_dataflow`: its triangular blocks in ``subs`` x ``subs``
+    sub-blocks, the arrow to ``W, U, P`` and the state update box."""
+    x = 1.2 + 3.0 * i
+    colour = CYCLE[i % len(CYCLE)]
+    side = 2.0 / subs
+    for r in range(subs):  # sub-blocks of the lower triangle; the diagonal ones darker
+        for c in range(r + 1):
+            corner = (x + c * side, 4.6 - (r + 1) * side)
+            if r == c:
+                cells = [corner, (corner[0], corner[1] + side),
+                         (corner[0] + side, corner[1])]
+                ax.add_patch(mpl.patches.Polygon(cells, color=colour, alpha=0.75, lw=0))
+            else:
+                ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
+                                                   alpha=0.3, edgecolor="white"))
+    ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
+            va="top")
+    ax.annotate("", xy=(x + 1.0, 1.55), xytext=(x + 1.0, 2.55),
+                arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
+    ax.text(x + 1.1, 2.05, "$W, U, P$", fontsize=8, va="center")
+    ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.6), 2.2, 0.9,
+                                            boxstyle="round,pad=0.05", color=colour))
+    update = "$\\Delta = U - W S$\n$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$"
+    ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
+    ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
+                arrowprops=dict(arrowstyle="->", color="black", lw=2))
+    ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
+
+
+def _draw_scan_rounds(ax_scan, scan_rounds, scan_maps: int) -> None:
+    """The compositions in each round of ``lax.associative_scan`` over ``scan_maps`` maps."""
     rounds = np.arange(1, len(scan_rounds) + 1)
     ax_scan.bar(rounds, scan_rounds, color=PALETTE["blue"])
     ax_scan.set_xlabel("round of lax.associative_scan")
@@ -420,4 +432,3 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = 
     ax_scan.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
     ax_scan.set_title(f"associative scan over {scan_maps} maps:\n{len(scan_rounds)} rounds, "
                       f"{sum(scan_rounds)} compositions")
-    return fig

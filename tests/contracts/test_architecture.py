@@ -259,3 +259,37 @@ def test_only_the_tokamax_folder_imports_tokamax_or_private_jax(prefix):
     assert importers, f"the check sees no import of {prefix}"
     outside = sorted(i for i in importers if not i.startswith("ops/tokamax/"))
     assert not outside, f"only kda_lib/ops/tokamax/ may import {prefix}: {outside}"
+
+
+# ------------------------------------------------------------------ readable functions
+
+MAX_FUNCTION_LINES = 50
+
+
+def _long_functions(path: pathlib.Path) -> list[str]:
+    """Functions of ``path`` whose body, docstring left out, spans more than 50 lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = node.body
+        first = body[0]
+        if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+            body = body[1:]
+        if body and body[-1].end_lineno - body[0].lineno + 1 > MAX_FUNCTION_LINES:
+            found.append(f"{node.name} (line {node.lineno})")
+    return found
+
+
+def test_no_function_body_over_50_lines():
+    """Long checks become tables of (field, rule) rows or smaller functions (docs/DESIGN.md)."""
+    found = {rel: names for rel, path in FILES.items() if (names := _long_functions(path))}
+    assert not found, f"function bodies over {MAX_FUNCTION_LINES} lines: {found}"
+
+
+def test_the_length_rule_sees_a_long_function(tmp_path):
+    source = tmp_path / "long.py"
+    source.write_text("def f():\n    '''doc'''\n" + "    x = 1\n" * 51)
+    assert _long_functions(source) == ["f (line 1)"]
+    source.write_text("def f():\n    '''doc'''\n" + "    x = 1\n" * 50)
+    assert _long_functions(source) == []

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from kda_lib.lab import at_scale
+from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
 
 KIMI = presets.KIMI_LINEAR_48B
@@ -76,8 +77,8 @@ def test_a_wrong_formula_fails():
 def test_parameter_formulas_match_the_built_kimi_linear_layers():
     kda = presets.build_kda_layer(KIMI)
     mla = presets.build_mla_layer(KIMI)
-    assert presets.parameter_count(kda) == KIMI.kda_parameter_count()
-    assert presets.parameter_count(mla) == KIMI.mla_parameter_count()
+    assert parameter_count(kda) == KIMI.kda_parameter_count()
+    assert parameter_count(mla) == KIMI.mla_parameter_count()
     extra = KIMI.kda_parameter_count() - at_scale.kda_matmul_params(KIMI)
     h, k, w = KIMI.num_heads, KIMI.head_dim, KIMI.conv_size
     assert extra == w * 3 * h * k + h + h * k + k  # convs, A_log, dt_bias, o_norm

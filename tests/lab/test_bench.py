@@ -79,7 +79,10 @@ def test_default_impls_and_out_path():
         lambda name: "TPU only" if name == "tokamax_mosaic" else None
     )
     path = bench.default_out_path("cpu", datetime.date(2026, 1, 2))
-    assert str(path) == "data/benchmarks/cpu-2026-01-02.json"
+    # a run never replaces the recorded benchmark unless asked to (--record)
+    assert str(path) == "build/runs/benchmarks/cpu-2026-01-02.json"
+    recorded = bench.default_out_path("cpu", datetime.date(2026, 1, 2), record=True)
+    assert str(recorded) == "data/benchmarks/cpu-2026-01-02.json"
 
 
 # ------------------------------------------------------------------------------- bad input
@@ -118,6 +121,22 @@ def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, cap
             bench.run([*TINY, "--impls", "softmax", "--seq-lens", "8", "--out", str(out)])
         assert exit_info.value.code == 2
         assert f"error: --out: {message}" in capsys.readouterr().err
+
+
+def test_a_run_never_replaces_the_recorded_benchmark_unless_asked(tmp_path, monkeypatch, capsys):
+    """The default output is build/runs/benchmarks/; data/benchmarks/ (what the README and the
+    notebooks cite) only with --record, which excludes --out."""
+    monkeypatch.setattr(bench.Job, "prepare", None)  # timing anything would fail
+    monkeypatch.chdir(tmp_path)
+    for where in ("build", "data"):  # make each default folder impossible, to see it checked
+        (tmp_path / where).write_text("a file")
+    for options, folder in (([], "build/runs/benchmarks/"), (["--record"], "data/benchmarks/")):
+        with pytest.raises(SystemExit):
+            bench.run([*TINY, "--impls", "softmax", "--seq-lens", "8", *options])
+        assert f"so '{folder}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.run([*TINY, "--seq-lens", "8", "--record", "--out", str(tmp_path / "b.json")])
+    assert "give --out or --record" in capsys.readouterr().err
 
 
 def test_the_json_is_written_before_the_table_and_never_lost(

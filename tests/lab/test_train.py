@@ -499,14 +499,24 @@ def test_command_line_checks_the_output_path_before_training(tmp_path, monkeypat
             train_main(["stack", *CLI_TINY, "--output", str(output)])
         assert exit_info.value.code == 2
         assert f"error: --output: {message}" in capsys.readouterr().err
-    # the default path is checked too: here data/results would have to be made inside a file
+    # the default path is checked too: here build/runs/results would be made inside a file
     monkeypatch.chdir(tmp_path / "adir")
-    pathlib.Path("data").write_text("a file where the results folder should go")
+    pathlib.Path("build").write_text("a file where the runs folder should go")
     with pytest.raises(SystemExit):
         train_main(["stack", *CLI_TINY])
+    assert "error: --output: 'build' is a file, so 'build/runs/results/stack-conv-T12" in (
+        capsys.readouterr().err
+    )
+    # and so is the recorded one (--record), which is never the default
+    pathlib.Path("data").write_text("a file where the recorded results should go")
+    with pytest.raises(SystemExit):
+        train_main(["stack", *CLI_TINY, "--record"])
     assert "error: --output: 'data' is a file, so 'data/results/stack-conv-T12" in (
         capsys.readouterr().err
     )
+    with pytest.raises(SystemExit):
+        train_main(["stack", *CLI_TINY, "--record", "--output", "x.json"])
+    assert "give --output or --record" in capsys.readouterr().err
 
 
 def test_an_experiment_with_nothing_to_score_is_an_error(monkeypatch, capsys):

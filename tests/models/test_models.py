@@ -14,11 +14,11 @@ from flax import nnx
 from kda_lib.lab.train_cli import main as train_main
 from kda_lib.layers.attention import AttentionCache, CausalSelfAttention
 from kda_lib.layers.kda_layer import KDACache
+from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import (
     ModelConfig,
     TinyLM,
     config_param_count,
-    count_params,
     match_parameter_count,
 )
 
@@ -154,7 +154,7 @@ def test_equal_parameter_counts_across_mixers(target):
         sizes[cfg.label] = config_param_count(cfg)
         # one MLP unit more or less moves the count by 4 * (2 * 16 + 1) = 132
         assert abs(sizes[cfg.label] - target) <= 66, (cfg.label, sizes[cfg.label])
-    assert count_params(TinyLM(cfg, rngs=nnx.Rngs(0))) == sizes[cfg.label]
+    assert parameter_count(TinyLM(cfg, rngs=nnx.Rngs(0))) == sizes[cfg.label]
     with pytest.raises(ValueError, match="below what kda needs"):
         match_parameter_count(dataclasses.replace(base, mixer="kda"), 100)
 

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
 from kda_lib.models.presets import (
     GLM_5_3_FLASH,
@@ -17,7 +18,6 @@ from kda_lib.models.presets import (
     KIMI_LINEAR_48B,
     build_kda_layer,
     build_mla_layer,
-    parameter_count,
 )
 
 # published fields (see kda_lib/models/presets.py for repository, path and commit of each)

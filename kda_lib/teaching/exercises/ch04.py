@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 from flax import nnx
 
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.params import parameter_count
 from kda_lib.teaching.exercises import checker
 
 
@@ -16,8 +16,7 @@ from kda_lib.teaching.exercises import checker
 def full_rank_gates(answer, *, config: KDAConfig):
     """``answer``: the number of parameters of ``config``'s layer with ``gate_low_rank=None``."""
     full = dataclasses.replace(config, gate_low_rank=None)
-    shapes = nnx.eval_shape(lambda: KimiDeltaAttention(full, rngs=nnx.Rngs(0)))
-    expected = sum(a.size for a in jax.tree.leaves(nnx.state(shapes, nnx.Param)))
+    expected = parameter_count(nnx.eval_shape(lambda: KimiDeltaAttention(full, rngs=nnx.Rngs(0))))
     if np.ndim(answer) != 0 or int(answer) != answer:
         return "the answer is one whole number of parameters"
     if int(answer) != expected:
