@@ -13,25 +13,17 @@ and, where the source gives it, its MLA layer. From a preset:
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect.
 
-Sources (each number below cites its source; commits are those of the stored copies read):
+Sources (each number below cites one of them):
 
-* Kimi-Linear-48B-A3B (``moonshotai/Kimi-Linear-48B-A3B-Instruct``): the Hugging Face
-  ``config.json`` itself is not in the stored material. Its numbers are read from a stored
-  copy of that config, the ``config.json`` of the quantized re-upload
-  ``Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4`` (web page store,
-  https://hf.898520.xyz/Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4/resolve/main/config.json,
-  no commit id), except ``v_head_dim`` (cut off there), read from the config fixture of
-  NVIDIA-NeMo/Megatron-Bridge's Kimi Linear bridge test ("the official Kimi-Linear-48B-A3B
-  architecture truncated to four layers"; path not identified in the index). The layer
-  structure (which tensors, biases, ranks) is that of the Hugging Face ``modeling_kimi.py``
-  at revision 6e163f3, as copied into axolotl-ai-cloud/axolotl
-  ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
-  1e4d015475e3f5d48e6fb5517484f0bfd08b96bd.
+* Kimi-Linear-48B-A3B: ``config.json`` of ``Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4`` (a
+  re-upload of ``moonshotai/Kimi-Linear-48B-A3B-Instruct``'s config, no commit id), and
+  ``v_head_dim`` from NVIDIA-NeMo/Megatron-Bridge's Kimi Linear bridge test fixture; the layer
+  structure from ``modeling_kimi.py`` (revision 6e163f3) as copied in axolotl-ai-cloud/axolotl
+  ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @ 1e4d015.
 * Kimi K3: AI-Hypercomputer/maxtext ``src/maxtext/configs/models/kimi-k3.yml`` and
-  ``src/maxtext/layers/kda.py`` @ bf801f4474c4367f1b03a202e793ec7724f1f3db.
+  ``src/maxtext/layers/kda.py`` @ bf801f4.
 * GLM-5.3-Flash: AI-Hypercomputer/maxtext ``src/maxtext/configs/models/glm5.3-flash.yml`` @
-  efcd1586fa6a42f8dca0aebbcc06f53d82898514 and ``src/maxtext/models/glm5_next.py`` @
-  06304397847ce203b976f17e53631a4b271e434e (its KDA layer and layer pattern).
+  efcd158 and ``src/maxtext/models/glm5_next.py`` @ 0630439.
 """
 
 from __future__ import annotations

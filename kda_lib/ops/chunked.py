@@ -22,7 +22,7 @@ float32 results stay as close to the float64 oracle as the float32 recurrence is
 
 Speed (CPU, XLA): the score matrices and the triangular inverse have hand-written gradients
 (:func:`_decayed_scores_bwd`, ``unit_lower_inverse``): a few batched matmuls per level instead
-of differentiating every slice, product and concatenation. ``python -m kda_lib.lab.bench`` measures.
+of differentiating every slice, product and concatenation. ``kda-bench`` measures.
 
 Precision policy (``precision=``, :func:`_mm` is the one place matmuls happen). ``"highest"``:
 inputs of any dtype are cast to float32 (float64 stays float64) and every matmul runs at
@@ -40,20 +40,9 @@ and ``W``/``U`` from it (``"wu"``), the chunk maps (``"maps"``), the state carry
 the outputs (``"outputs"``), the associative scan's compositions (``"compose"``), the scores'
 gradient matmuls (``"scores_bwd"``) and the triangular sums of the gate gradient.
 
-Measured (issue 30; ``tests/contracts/test_precision.py``, ``test_fla_cp_inputs_*``): fla's
-context-parallel
-test inputs (bf16, T = 512 in three documents, K = V = 128, q = N(1, 1), k = N(-50, 10^2)
-before L2 normalisation, safe gate -5 with small ``dt_bias``: nearly parallel keys and weak
-decay, so each chunk's triangular system is badly conditioned and the corrected values
-``u - W S`` are small differences of large numbers). Relative RMS error against the float64
-oracle (output, dq, dk, dv, dg, dbeta; H = 4): with every group but ``"scores_bwd"`` in bf16
-(the earlier default) 1.13e-2, 7.8e-3, 4.7e-3, 1.11e-2, 9.4e-3, 1.10e-2, above fla's 8e-3;
-one group at a time in float32 helped only partly (``"outputs"``: output 5.2e-3;
-``"state"``: dq 5.0e-3; ``"wu"``: dv 7.0e-3; the associative scan also needs ``"maps"``);
-``"outputs"``, ``"state"``, ``"wu"`` and ``"maps"`` together in float32: 1.9e-3 or less,
-against 1.7e-3 for ``"highest"`` (the bf16 rounding of the outputs alone). ``"scores_bwd"`` in
-bf16 took dg to 1.8e-2. Speed on CPU: ``docs/DESIGN.md`` (the earlier policy's
-bf16 operands made forward + backward 15-20% faster there; the forward alone no faster).
+Why this policy, measured on fla's badly conditioned context-parallel inputs (the table of
+errors per group, and the speed on CPU): ``docs/DESIGN.md``, section 4 (precision);
+``tests/contracts/test_precision.py`` holds the bounds.
 """
 
 from __future__ import annotations
