@@ -281,10 +281,10 @@ def _recorded(kind: str, name: str):
 
 
 def test_scan_vs_chunked_forward_ratios_match_the_recording():
-    """README and kernel.py quote the recorded chunked/scan forward ratios (issue 25, 2.1)."""
+    """README and ops/api.py quote the recorded chunked/scan forward ratios (issue 25, 2.1)."""
     ratios = _recorded("benchmarks", "cpu-2026-12-01.json")["ratios"]["chunked/recurrent"]["fwd"]
     quoted = re.compile(r"(\d\.\d\d)x[^.]*?at\s+T = (\d+)[^.]*?(\d\.\d\d)x at\s+T = (\d+)")
-    for path in (ROOT / "README.md", ROOT / "kda_lib" / "kernel.py"):
+    for path in (ROOT / "README.md", ROOT / "kda_lib" / "ops" / "api.py"):
         text = " ".join(path.read_text().split())
         found = quoted.findall(text)
         assert found, f"{path.name}: no quoted chunked/scan ratios"
