@@ -101,7 +101,7 @@ import kda_lib.teaching.notebook
 from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.lab.generate import decode_cost, generate, generate_text, score_text
 from kda_lib.lab.records import load_recorded
-from kda_lib.lab.significance import DEFAULT_MIN_GAP, ordering, threshold
+from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare_family
 from kda_lib.lab.train import save_record, train
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 from kda_lib.teaching import viz
@@ -408,8 +408,9 @@ viz.show(fig, "09_live_and_recorded")
 
 # %% [markdown]
 # In the recorded run every model predicts the last quarter of its window better than the
-# first (printed and asserted below, with each model's sample): all five use context beyond
-# the last few bytes.
+# first (printed and asserted below, with each model's sample). That shows the models use the
+# bytes they have seen, not how far back: a model reading only the last few dozen bytes would
+# show the same gain (a long-range probe is part of the re-run issue 39 asks for).
 
 # %%
 for name, r in recorded["models"].items():
@@ -418,16 +419,21 @@ for name, r in recorded["models"].items():
     assert first - last > 0, (name, first, last)
 
 # %% [markdown]
-# **Which model is best? One rule for every ordering.** Notebooks 08 and 09 order two models
-# only when the gap between their mean scores over seeds exceeds both a floor (0.01 bits per
-# byte here) and two standard errors of that gap, $2\sqrt{s_a^2/n_a + s_b^2/n_b}$ (sample
-# variances over seeds); otherwise the two are level. The rule is one library function,
-# `kda_lib.lab.significance.ordering` (and `threshold`, the smallest gap it calls real). The
-# recorded run is seed 0; `scripts/stdlib_lm_seeds.py` reran the full setting with seeds 1 and
-# 2 (`recorded_seeds`). Below, each model's bits per byte over the three seeds (mean, sample
-# standard deviation, range) beside its recorded training throughput. The throughputs were
-# measured on a shared 2-core machine under `nice`, while other jobs ran: compare them within
-# a model's seeds before reading much into a gap between models.
+# **Which model is best? Paired tests over seeds.** The recorded run is seed 0;
+# `scripts/stdlib_lm_seeds.py` reran the full setting with seeds 1 and 2 (`recorded_seeds`).
+# A seed fixes the model's initialisation and its training batches, and the validation windows
+# are the same for every model, so the scores are paired by seed. Notebooks 08 and 09 compare
+# through one module, `kda_lib.lab.significance`: each pair of models by a paired t-test on the
+# per-seed differences of bits per byte (`scipy.stats`, $n - 1$ degrees of freedom), the ten
+# pairs Holm-corrected together at $\alpha$ = 0.05. Two models are *ordered* only when the
+# Holm-adjusted p is below $\alpha$, otherwise *level*, printed with the 95% interval of the
+# mean difference and the smallest gap the design (three seeds, the observed spread,
+# $\alpha/10$) detects with 80% power. Known limitations of this recording, pending the re-run
+# issue 39 asks for: three seeds, one learning rate for all five models, 800 steps while every
+# validation curve is still falling, and the validation windows both tracked during training and
+# reported (no separate test set). Below, each model's bits per byte over the seeds beside its
+# recorded training throughput (measured on a shared 2-core machine under `nice`: compare
+# within a model's seeds before reading much into a gap between models).
 
 # %%
 seed_runs = load_recorded("results", recorded_seeds)["runs"]
@@ -438,50 +444,39 @@ for row in seed_runs:
         assert abs(row["bpb"] - per_seed[row["model"]][0][0]) < 1e-5, row
     else:
         per_seed[row["model"]][row["seed"]] = row["bpb"], row["train_tokens_per_second"]
-bpb = {name: np.array([v[0] for v in s.values()]) for name, s in per_seed.items()}
-rate = {name: np.array([v[1] for v in s.values()]) for name, s in per_seed.items()}
-assert DEFAULT_MIN_GAP == 0.01 and all(v.size == 3 for v in bpb.values())  # as stated
+assert len({tuple(sorted(s)) for s in per_seed.values()}) == 1, "the same seeds for every model"
+assert (ALPHA, CONFIDENCE, POWER, rc["steps"]) == (0.05, 0.95, 0.8, 800)  # as the text says
+assert all(np.diff(r["curve"]["bpb"])[-1] < 0 for r in recorded["models"].values())  # falling
+bpb = {name: np.array([s[k][0] for k in sorted(s)]) for name, s in per_seed.items()}
+rate = {name: np.array([s[k][1] for k in sorted(s)]) for name, s in per_seed.items()}
 for name in bpb:
     b, t = bpb[name], rate[name] / 1e3
     print(f"{name:10s} bits per byte {b.mean():.4f} +- {b.std(ddof=1):.4f} [{b.min():.4f}, "
           f"{b.max():.4f}]   training {t.mean():5.1f}k tokens/s [{t.min():.1f}k-{t.max():.1f}k]")
 
 # %%
-orders, gaps = {}, {}
-for i, a in enumerate(bpb):
-    for b in list(bpb)[i + 1:]:
-        orders[(a, b)] = ordering(bpb[a], bpb[b])  # "<": a's bits per byte lower
-        gaps[(a, b)] = bpb[a].mean() - bpb[b].mean(), threshold(bpb[a], bpb[b])
-        verdict = {"<": f"{a} lower", ">": f"{b} lower", "level": "level"}[orders[(a, b)]]
-        print(f"{a:10s} vs {b:10s} gap {gaps[(a, b)][0]:+.4f}, threshold "
-              f"{gaps[(a, b)][1]:.4f}: {verdict}")
-
-# %%
-def said(a, b):
-    """The rule's verdict on a pair, in words (lower bits per byte is better)."""
-    o = orders[(a, b)]
-    return f"{a} and {b} level" if o == "level" else (
-        f"{a} below {b}" if o == "<" else f"{b} below {a}")
-
-
-# %%
-mla_gap, mla_bar = gaps[("hybrid", "hybrid_mha")]
-versus_attention = "; ".join(said("attention", n) for n in bpb if n != "attention")
-among_others = "; ".join(said(a, b) for a, b in orders if "attention" not in (a, b))
+names = list(bpb)
+tests = compare_family({(a, b): (bpb[a], bpb[b]) for i, a in enumerate(names)
+                        for b in names[i + 1:]}, alpha=ALPHA)
+for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
+    print(f"{a:10s} - {b:10s} {c.describe(' bpb')}; detectable {c.detectable:.3f}")
+level = all(c.verdict == "level" for c in tests.values())
+widest = max(tests.values(), key=lambda c: abs(c.mean))
 display(Markdown(
-    f"By this rule, against attention: {versus_attention}. Among the others: {among_others}. "
-    f"MLA against multi-head attention in the hybrid, the comparison this recording adds: the "
-    f"MLA hybrid's mean is {abs(mla_gap):.3f} bits per byte "
-    f"{'below' if mla_gap < 0 else 'above'} the MHA hybrid's, against a threshold of "
-    f"{mla_bar:.3f} ({said('hybrid', 'hybrid_mha')}), with a quarter of the MHA hybrid's "
-    f"cache growth per token (section 6). GDN's lead over KDA clears its threshold by "
-    f"{gaps[('kda', 'gdn')][0] - gaps[('kda', 'gdn')][1]:.3f} bits per byte, a margin one "
-    f"more seed could erase. The recorded run alone (seed 0) has the MLA hybrid lowest; that "
-    f"order does not survive the seeds."))
-assert all(orders[("attention", n)] == ">" for n in bpb if n != "attention")
-assert orders[("kda", "gdn")] == ">" and 0 < np.subtract(*gaps[("kda", "gdn")]) < 0.01
-assert all(o == "level" for (a, b), o in orders.items() if "attention" not in (a, b)
-           and (a, b) != ("kda", "gdn"))
+    f"{'No pair is ordered' if level else 'Some pairs are ordered'}: after Holm's correction "
+    f"over the {len(tests)} comparisons every Holm-adjusted p is at least "
+    f"{min(c.p_adjusted for c in tests.values()):.2f}. Attention's bits per byte are the "
+    f"highest on average, by {min(tests[('attention', n)].mean for n in names[1:]):.3f} to "
+    f"{max(tests[('attention', n)].mean for n in names[1:]):.3f}, but with three seeds the "
+    f"design detects only gaps of {min(c.detectable for c in tests.values()):.2f} to "
+    f"{max(c.detectable for c in tests.values()):.2f} bits per byte at this level; the "
+    f"largest mean gap, {widest.mean:+.3f}, has the interval [{widest.low:+.3f}, "
+    f"{widest.high:+.3f}]. MLA against multi-head attention in the hybrid: "
+    f"{tests[('hybrid', 'hybrid_mha')].describe(' bpb')}, with a quarter of the MHA hybrid's "
+    f"cache growth per token (section 6). The recorded run alone (seed 0) has the MLA hybrid "
+    f"lowest; that order is not shown over the seeds."))
+assert names[0] == "attention" and level, tests  # the statements above
+assert all(tests[("attention", n)].mean > 0 for n in names[1:])
 assert min(per_seed, key=lambda n: per_seed[n][0][0]) == "hybrid"  # seed 0 alone
 
 # %% [markdown]
@@ -577,11 +572,11 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 # - Decode memory: the KDA model's cache is the same at every context; per token and global
 #   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted).
 # - On the standard library's bytes, every model trained here beats the byte-frequency
-#   baseline (asserted). In the recorded full setting, with three seeds and one
-#   rule for every ordering (`kda_lib.lab.significance`, section 7), the orderings printed there
-#   are the only ones claimed (MLA and MHA in the hybrid: level), and the training throughput
-#   is reported beside them. At the longest recorded context the MLA hybrid's cache is a
-#   quarter of the MHA hybrid's, and it decoded more than twice as fast (asserted).
+#   baseline (asserted). In the recorded full setting, three paired seeds and paired t-tests
+#   Holm-corrected over the ten pairs (`kda_lib.lab.significance`, section 7) order no pair of
+#   models by bits per byte: the intervals and the gaps three seeds could detect are printed
+#   there, beside the training throughput. At the longest recorded context the MLA hybrid's
+#   cache is a quarter of the MHA hybrid's, and it decoded more than twice as fast (asserted).
 # - The paper's speed claims are about long contexts on GPUs and are not checked here; on this
 #   CPU at $T = 128$ attention trains fastest, and the recorded benchmark shows the order
 #   turning at longer sequences.

@@ -13,15 +13,16 @@ in the notebook). Seed 0 reproduces ``data/results/stdlib_lm_full.json``. The mo
 same pattern with NoPE multi-head attention in place of MLA), ``kda``, ``gdn`` and
 ``attention`` (RoPE).
 
-It resumes: a (model, seed) row already in ``--output`` is skipped, and the file is rewritten
-(atomically) after every run, so a cut loses at most the run in progress.
+It resumes: a (model, seed) row already in ``--output`` is skipped, and each new row is merged
+into the file under a lock and written atomically (:func:`kda_lib.lab.records.update_json`), so
+a cut loses at most the run in progress and two processes writing the same ``--output`` lose
+nothing of each other's. A damaged or unwritable ``--output`` is refused before any work.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import time
 
@@ -32,7 +33,7 @@ from flax import nnx
 import kda_lib.teaching.notebook
 from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.lab.generate import score_text
-from kda_lib.lab.records import output_path_problem, write_json
+from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.train import train
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 
@@ -115,28 +116,45 @@ def run(model_name: str, seed: int) -> dict:
     )
 
 
-def main() -> None:
+def recorded_rows(path: pathlib.Path) -> list[dict]:
+    document = read_json_document(path)
+    return document.get("runs", []) if document else []
+
+
+def add_row(document: dict | None, row: dict) -> dict:
+    """``document`` (as on disk, None if absent) with ``row`` added, rows sorted by model and
+    seed; a (model, seed) row already there is kept."""
+    rows = list((document or {}).get("runs", []))
+    if not any((r["model"], r["seed"]) == (row["model"], row["seed"]) for r in rows):
+        rows.append(row)
+    rows.sort(key=lambda r: (r["model"], r["seed"]))
+    return dict(setting=str(PARAMS.relative_to(ROOT)), runs=rows)
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--seeds", nargs="+", type=int, required=True)
     parser.add_argument("--output", type=pathlib.Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if any(seed < 0 for seed in args.seeds):
         parser.error(f"--seeds must be ints >= 0, got {args.seeds}")
     problem = output_path_problem(args.output)
     if problem:
         parser.error(f"--output: {problem}")
+    try:
+        recorded_rows(args.output)
+    except ValueError as error:
+        parser.error(f"--output: {error}; move it away or give another path")
     for seed in args.seeds:
         for model_name in args.models:
-            rows = json.loads(args.output.read_text())["runs"] if args.output.exists() else []
+            rows = recorded_rows(args.output)  # other processes may have added rows
             if any((r["model"], r["seed"]) == (model_name, seed) for r in rows):
                 print(f"{model_name} seed {seed}: already in {args.output}, skipped", flush=True)
                 continue
             row = run(model_name, seed)
             print(row, flush=True)
-            rows = [*rows, row]
-            rows.sort(key=lambda r: (r["model"], r["seed"]))
-            write_json(dict(setting=str(PARAMS.relative_to(ROOT)), runs=rows), args.output)
+            update_json(args.output, lambda document, row=row: add_row(document, row))
 
 
 if __name__ == "__main__":

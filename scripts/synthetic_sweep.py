@@ -5,9 +5,12 @@
 (``--phase tune`` or ``--phase seeds`` runs one phase; ``all`` runs, task by task, the
 tuning and then the seeds.)
 
-One run per (task, mixer, seq_len, learning rate, seed). After every run the whole document is
-rewritten atomically (:func:`kda_lib.lab.records.write_json`) and a run already in the file is
-skipped, so a cut loses at most the run in progress and the same command resumes.
+One run per (task, mixer, seq_len, learning rate, seed). After every run the document is
+merged into the file under a lock and rewritten atomically
+(:func:`kda_lib.lab.records.update_json`), and a run already in the file is skipped, so a cut
+loses at most the run in progress, the same command resumes, and two processes writing the same
+``--output`` (say, one per task with ``--only``) lose nothing of each other's. Bad arguments (a
+count below its minimum, a damaged or unwritable ``--output``) are refused before any work.
 
 Protocol (stated once, recorded in the JSON under ``protocol``):
 
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import math
 import pathlib
 import time
@@ -40,7 +42,8 @@ import numpy as np
 from flax import nnx
 
 import kda_lib.teaching.notebook
-from kda_lib.lab.records import write_json
+from kda_lib.checks import check_option_minimums
+from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
 from kda_lib.layers.params import parameter_count
@@ -241,26 +244,54 @@ def _rate(x: float) -> float:
     return float(f"{x:.3g}")
 
 
+def setting_of(args) -> dict:
+    return {key: getattr(args, key) for key in SETTING_KEYS}
+
+
+def merge(ours: dict, disk: dict | None) -> dict:
+    """The document on disk with this process's runs and grids added (a run already on disk is
+    kept as it is there); SystemExit when the file was made with another setting."""
+    if not disk:
+        return ours
+    if disk.get("setting") != ours["setting"]:
+        raise SystemExit(
+            f"the output was made with the setting {disk.get('setting')}, not "
+            f"{ours['setting']}: give another --output"
+        )
+    runs = {run_key(r): r for r in disk.get("runs", [])}
+    for r in ours["runs"]:
+        runs.setdefault(run_key(r), r)
+    return {
+        **ours,
+        **disk,
+        "grids": {**disk.get("grids", {}), **ours["grids"]},
+        "runs": list(runs.values()),
+    }
+
+
 class Sweep:
     """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent."""
 
     def __init__(self, args):
         self.args, self.path = args, pathlib.Path(args.output)
-        setting = {key: getattr(args, key) for key in SETTING_KEYS}
-        self.doc = json.loads(self.path.read_text()) if self.path.exists() else {}
-        if self.doc and self.doc.get("setting") != setting:
-            raise SystemExit(
-                f"{self.path} was made with the setting {self.doc.get('setting')}, "
-                f"not {setting}: give another --output"
-            )
-        self.doc.setdefault("protocol", __doc__.split("Protocol (stated once")[1].strip())
-        self.doc["setting"] = setting
-        self.doc.setdefault("grids", {})
-        self.doc.setdefault("runs", [])
+        self.doc = dict(
+            protocol=__doc__.split("Protocol (stated once")[1].strip(),
+            setting=setting_of(args),
+            grids={},
+            runs=[],
+        )
+        self.refresh()
+
+    def refresh(self):
+        """Take in what other processes have written to the file since (read without the lock:
+        the file is only ever replaced whole)."""
+        self.doc = merge(self.doc, read_json_document(self.path))
         self.index = {run_key(r): r for r in self.doc["runs"]}
 
     def ensure(self, task, mixer, seq_len, lr, seed, phase) -> dict:
         key = (task, mixer, seq_len, float(lr), int(seed))
+        if key not in self.index:
+            self.refresh()
         if key not in self.index:
             record = run_one(task, mixer, seq_len, lr, seed, self.args)
             record["phase"] = phase
@@ -276,7 +307,8 @@ class Sweep:
         return self.index[key]
 
     def save(self):
-        write_json(self.doc, self.path)
+        self.doc = update_json(self.path, lambda disk: merge(self.doc, disk))
+        self.index = {run_key(r): r for r in self.doc["runs"]}
 
     def tune(self, task, mixer):
         a = self.args
@@ -308,9 +340,51 @@ class Sweep:
                 self.ensure(task, mixer, seq_len, tuned["best"], seed, "seeds")
 
 
+MINIMUMS = dict(
+    vocab_size=2,
+    num_pairs=1,
+    hidden_size=1,
+    num_layers=1,
+    num_heads=1,
+    head_dim=1,
+    chunk_size=1,
+    batch_size=1,
+    max_steps=1,
+    eval_every=1,
+    eval_batches=1,
+    max_extensions=0,
+)
+
+
+def check_arguments(p: argparse.ArgumentParser, args) -> None:
+    """Refuse, before any work, what would fail or mislead later (argparse's error, exit 2)."""
+    check_option_minimums(p, args, MINIMUMS)
+    if not 0 < args.solved <= 1:
+        p.error(f"--solved must be in (0, 1], got {args.solved}")
+    if not (args.flat_tol >= 0 and args.grid_factor > 1):
+        p.error("--flat-tol must be >= 0 and --grid-factor > 1")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        rates = [float(x) for x in args.grid.split(",")]
+    except ValueError as error:
+        p.error(f"--seeds must be ints and --grid numbers, comma-separated: {error}")
+    if any(s < 0 for s in args.seeds) or not all(r > 0 for r in rates):
+        p.error(f"--seeds must be >= 0 and --grid rates > 0; got {args.seeds}, {rates}")
+    problem = output_path_problem(args.output)
+    if problem:
+        p.error(f"--output: {problem}")
+    try:
+        document = read_json_document(args.output)
+    except ValueError as error:
+        p.error(f"--output: {error}; move it away or give another path")
+    if document is not None and document.get("setting", setting_of(args)) != setting_of(args):
+        p.error(f"--output {args.output} was made with another setting: give another --output")
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
-    args.seeds = [int(s) for s in args.seeds.split(",")]
+    p = parser()
+    args = p.parse_args(argv)
+    check_arguments(p, args)
     tasks, mixers = args.tasks.split(","), args.mixers.split(",")
     missing = [t for t in tasks if t not in args.seq_lens]
     if missing:

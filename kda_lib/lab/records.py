@@ -5,7 +5,9 @@ output path
 is checked before any work (:func:`output_path_problem`), records are strict JSON (a NaN or
 infinite number becomes null: :func:`strict_json`), and they are written atomically
 (:func:`write_json`), so an interrupted run never leaves a truncated file nor destroys an older
-one.
+one. Several processes may add to one record: :func:`update_json` reads, merges and writes it
+under an exclusive lock on a sidecar file (``.<name>.lock``), so no writer loses another's
+work.
 
 Reading the recorded runs: the files live in ``data/benchmarks/*.json`` and
 ``data/results/*.json`` of a checkout. The wheel ships the same files as
@@ -22,6 +24,7 @@ notebook never draws an empty plot in silence.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -94,6 +97,47 @@ def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
         pathlib.Path(temporary).unlink(missing_ok=True)
         raise
     return path
+
+
+def read_json_document(path: str | pathlib.Path) -> dict | None:
+    """The JSON object in ``path``, or None when there is no file; ValueError naming the file
+    when it is not UTF-8 JSON holding an object (a damaged record is never overwritten)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return None
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable JSON record: {error}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{str(path)!r} holds JSON {type(document).__name__}, not an object")
+    return document
+
+
+@contextlib.contextmanager
+def locked(path: str | pathlib.Path):
+    """Hold an exclusive ``fcntl.flock`` on the sidecar ``.<name>.lock`` next to ``path`` (made
+    if absent, never removed: removing it would let two processes lock different files)."""
+    import fcntl  # POSIX only; imported here so that reading records works everywhere
+
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def update_json(path: str | pathlib.Path, merge) -> dict:
+    """Under :func:`locked`, read the record at ``path`` (None if absent), write
+    ``merge(current)`` atomically (:func:`write_json`) and return it: writers that each merge
+    their own additions into what is on disk lose nothing to one another."""
+    with locked(path):
+        document = merge(read_json_document(path))
+        write_json(document, path)
+    return document
 
 
 # ----------------------------------------------------------------------------- reading

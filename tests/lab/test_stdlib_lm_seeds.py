@@ -61,3 +61,74 @@ def test_sweep_skips_recorded_rows_and_writes_after_each_run(script, tmp_path, m
         ("kda", 2),
     ]
     assert rows[2]["bpb"] == 2.0  # the recorded row is kept, not retrained
+
+
+FAKE_RUN = """
+import importlib.util, sys, time
+
+spec = importlib.util.spec_from_file_location("stdlib_lm_seeds", sys.argv[1])
+seeds = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(seeds)
+
+def fake_run(model_name, seed):
+    time.sleep(0.1)
+    return {"model": model_name, "seed": seed, "bpb": 1.0}
+
+seeds.run = fake_run
+seeds.main(sys.argv[2:])
+"""
+
+
+def test_two_processes_on_one_output_lose_nothing(tmp_path):
+    """Two processes, different seeds, one --output: every row of both is in the file."""
+    import subprocess
+
+    output = tmp_path / "seeds.json"
+    script_path = ROOT / "scripts" / "stdlib_lm_seeds.py"
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                FAKE_RUN,
+                str(script_path),
+                "--models",
+                *MODELS_ARG,
+                "--seeds",
+                *seeds,
+                "--output",
+                str(output),
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        for seeds in (["1", "2", "3"], ["4", "5", "6"])
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
+    rows = json.loads(output.read_text())["runs"]
+    assert sorted((r["model"], r["seed"]) for r in rows) == sorted(
+        (m, s) for m in MODELS_ARG for s in range(1, 7)
+    )
+
+
+MODELS_ARG = ["kda", "gdn", "attention"]
+
+
+def test_a_damaged_or_unwritable_output_is_refused_before_any_work(
+    script, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(script, "run", lambda *a: pytest.fail("trained despite a bad --output"))
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text('{"runs": [')
+    (tmp_path / "a_file").write_text("")
+    for output, match in [
+        (damaged, "not a readable JSON record"),
+        (tmp_path / "a_file" / "seeds.json", "is a file"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            script.main(["--seeds", "1", "--output", str(output)])
+        assert exit_info.value.code == 2 and match in capsys.readouterr().err
+    assert damaged.read_text() == '{"runs": ['
