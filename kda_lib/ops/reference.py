@@ -19,8 +19,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from kda_lib.checks import check_array
+from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops.contract import (
     Dims,
     accumulation_dtype,
@@ -271,6 +272,72 @@ def kda_step(
     )
     o_t = jnp.einsum("bhk,bhkv->bhv", q_t.astype(acc) * scale, new_state)
     return new_state, o_t.astype(q_t.dtype)
+
+
+def kda_pool_step(
+    pool: jax.Array,
+    state_indices: jax.Array,
+    q_t: jax.Array,
+    k_t: jax.Array,
+    v_t: jax.Array,
+    g_t: jax.Array,
+    beta_t: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One decoding step for B rows whose states live in slots of a state pool (continuous
+    batching, as serving engines keep them).
+
+    Args:
+      pool: ``[N, HV, K, V]`` float32 states, N slots. **Donated**: the array passed in is
+        consumed (its buffer becomes the result's); use the returned pool. Inside your own
+        ``jit``, donate the pool there for the same in-place update.
+      state_indices: ``[B]`` int, distinct slots in ``[0, N)`` (checked when concrete): row b
+        reads and writes slot ``state_indices[b]``; every other slot is left as it was.
+      q_t, k_t: ``[B, H, K]``; v_t: ``[B, HV, V]``; g_t: ``[B, HV, K]`` log decay ``<= 0``;
+        beta_t: ``[B, HV]``, HV a multiple of H (grouped value heads as in
+        :func:`kda_recurrent`).
+      scale: default ``K ** -0.5``.
+
+    Returns:
+      ``(new_pool [N, HV, K, V], o_t [B, HV, V] in q_t's dtype)``.
+    """
+    for name, x in (("pool", pool), ("state_indices", state_indices)):
+        check_array(name, x)
+    dims = check_kda_inputs(q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None], beta_t[:, None])
+    slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
+    if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
+        raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
+    if not jnp.issubdtype(pool.dtype, jnp.floating):
+        raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
+    if state_indices.shape != (dims.batch,) or not jnp.issubdtype(state_indices.dtype, jnp.integer):
+        raise ValueError(
+            f"state_indices must be [B]={dims.batch} ints, got {state_indices.shape} "
+            f"{state_indices.dtype}"
+        )
+    if is_concrete(state_indices):
+        idx = np.asarray(state_indices)
+        if idx.min() < 0 or idx.max() >= pool.shape[0] or len(set(idx.tolist())) != idx.size:
+            raise ValueError(
+                f"state_indices must be distinct slots in [0, {pool.shape[0]}), got {idx}"
+            )
+    return _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, dims=dims,
+                      scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("dims", "scale"), donate_argnums=0)
+def _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, dims: Dims, scale: float):
+    """:func:`kda_pool_step` on checked inputs: gather the rows' slots, one recurrence step,
+    scatter them back (in place: the pool is donated)."""
+    o, final, _, _ = recurrent_core(
+        *(x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t)),
+        dims=dims,
+        scale=scale,
+        initial_state=pool[state_indices],
+        output_final_state=True,
+        segment_ids=None,
+    )
+    return pool.at[state_indices].set(final.astype(pool.dtype)), o[:, 0]
 
 
 def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:
