@@ -2,7 +2,7 @@
 
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.layers.conv import ShortConvolution
-from kda_lib.layers.kda_layer import KDACache, KDAConfig, KimiDeltaAttention
+from kda_lib.layers.kda_layer import KDACache, KDAConfig, KimiDeltaAttention, cache_at
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 
 __all__ = [
@@ -14,4 +14,5 @@ __all__ = [
     "MLAConfig",
     "MultiHeadLatentAttention",
     "ShortConvolution",
+    "cache_at",
 ]

@@ -94,6 +94,7 @@ _BOOL_FIELDS = (
     "clamped_gate",
 )
 
+
 @dataclasses.dataclass(frozen=True)
 class KDAConfig:
     """Hyper-parameters of :class:`KimiDeltaAttention`.
@@ -220,8 +221,7 @@ class KDAConfig:
             yield f": {problem}{hint}"
         if self.clamped_gate and self.lower_bound is None:
             yield (
-                ".clamped_gate clamps the softplus gate at lower_bound; set lower_bound "
-                "(e.g. -5.0)"
+                ".clamped_gate clamps the softplus gate at lower_bound; set lower_bound (e.g. -5.0)"
             )
         if not self.use_a_log and self.lower_bound is None:
             yield (
@@ -264,6 +264,33 @@ class KDACache(NamedTuple):
     q_conv: jax.Array | None  # [B, W-1, H*K]
     k_conv: jax.Array | None  # [B, W-1, H*K]
     v_conv: jax.Array | None  # [B, W-1, HV*V] (fused_qkv_conv: the same channels, split)
+
+
+def cache_at(caches: KDACache, index) -> KDACache:
+    """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
+    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: every field with an axis after B).
+
+    ``index``: an int (the same entry for every row) or ``[B]`` ints (one per row, e.g. each
+    row's accepted draft length minus one). The result resumes decoding there:
+    ``layer(x_rest, cache=cache_at(caches, i))``.
+    """
+    if not isinstance(caches, KDACache) or caches.state.ndim != 5:
+        raise ValueError(
+            "caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
+            f"layer.prefill or layer.draft), got {type(caches).__name__}"
+        )
+    batch, count = caches.state.shape[:2]
+    if isinstance(index, int | np.integer):
+        if not 0 <= index < count:
+            raise ValueError(f"index must be in [0, {count}), got {index}")
+        return KDACache(*(None if c is None else c[:, index] for c in caches))
+    index = jnp.asarray(index)
+    if index.shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
+        raise ValueError(f"index must be an int or [B]={batch} ints, got {index.shape}")
+    if is_concrete(index) and not ((index >= 0) & (index < count)).all():
+        raise ValueError(f"index must be in [0, {count}), got {np.asarray(index)}")
+    rows = jnp.arange(batch)
+    return KDACache(*(None if c is None else c[rows, index] for c in caches))
 
 
 def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
@@ -418,6 +445,87 @@ class KimiDeltaAttention(nnx.Module):
             )
         if is_concrete(x):
             _check_finite("x", x)
+
+    # ------------------------------------------------ prefix caching, speculative decoding
+    def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
+        """Run a prompt and keep the cache at every chunk boundary (prefix caching).
+
+        Args:
+          x: ``[B, T, hidden]`` as in ``__call__`` (one document per row).
+          cache: a :class:`KDACache` to continue from (default: empty).
+
+        Returns:
+          ``(y [B, T, hidden], cache after x, boundaries)``; ``boundaries`` is a
+          :class:`KDACache` with a chunk axis: ``state [B, N, HV, K, V]`` (the kernel's chunk
+          states, ``N = T // config.chunk_size``) and each conv history ``[B, N, W-1, C]``
+          (the W-1 conv inputs before each boundary). ``cache_at(boundaries, i)`` is the cache
+          after the first ``(i + 1) * chunk_size`` tokens: a later prompt that shares them
+          resumes there, ``layer(x[:, (i + 1) * C:], cache=cache_at(boundaries, i))``, and
+          never recomputes them. The kernel gives the states with no second pass
+          (:func:`kda_lib.kda`'s ``output_chunk_states``); the conv histories reproject the
+          W-1 inputs before each boundary (W-1 tokens per chunk).
+        """
+        y, new_cache, result = self._run_with_states(x, cache, output_chunk_states=True)
+        convs = self._conv_histories(x, cache, every=self.config.chunk_size)
+        return y, new_cache, KDACache(result.chunk_states, *convs)
+
+    def draft(self, x: jax.Array, *, cache: KDACache):
+        """Run a short draft of ``T`` tokens and keep the cache after every token (speculative
+        decoding: the verifier resumes after the accepted prefix).
+
+        Returns ``(y [B, T, hidden], cache after all of x, token_caches)``: ``token_caches`` a
+        :class:`KDACache` with a token axis, ``state [B, T, HV, K, V]`` and conv histories
+        ``[B, T, W-1, C]``; ``cache_at(token_caches, accepted - 1)`` (``accepted [B]`` >= 1)
+        is the cache after each row's accepted tokens, equal to decoding only those.
+        """
+        if cache is None:
+            raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
+                             "a previous call returned")  # fmt: skip
+        y, new_cache, result = self._run_with_states(x, cache, output_token_states=True)
+        convs = self._conv_histories(x, cache, every=1)
+        return y, new_cache, KDACache(result.token_states, *convs)
+
+    def _run_with_states(self, x, cache, **states):
+        """The one-device forward asking the kernel for interior ``states``:
+        ``(y, cache after x, the kernel's KDAResult)``."""
+        self._check_inputs(x, None, cache)
+        if self.mesh is not None:
+            raise ValueError("prefill and draft run on one device; build the layer without a mesh")
+        cfg = self.config
+        q, k, v, f, beta, conv_states = self.project(x, cache=cache)
+        result = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            **self.kernel_kwargs(),
+            initial_state=None if cache is None else cache.state,
+            output_final_state=True,
+            chunk_size=cfg.chunk_size,
+            implementation=cfg.implementation,
+            **states,
+        )
+        y = self.project_output(x, result.output)
+        return y, KDACache(result.final_state, *conv_states), result
+
+    def _conv_histories(self, x, cache, *, every: int):
+        """Per stream (q, k, v) the W-1 conv inputs before every ``every``-th token boundary,
+        ``[B, T // every, W-1, C]`` (None without convolutions): the inputs reprojected from
+        ``x`` at those positions, or the cache's history (zeros) before the first token."""
+        cfg = self.config
+        if not cfg.conv_size:
+            return None, None, None
+        width, seq_len = cfg.conv_size - 1, x.shape[1]
+        ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
+        pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
+        picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
+        cached = self.init_cache(x.shape[0]) if cache is None else cache
+        out = []
+        for proj, history in zip((self.q_proj, self.k_proj, self.v_proj), cached[1:], strict=True):
+            before = history[:, jnp.clip(width + pos, 0, width - 1)]  # [B, N, W-1, C]
+            out.append(jnp.where((pos < 0)[None, :, :, None], before, proj(picked)))
+        return tuple(out)
 
     # ----------------------------------------------------------------- forward
     def __call__(

@@ -7,7 +7,7 @@ from kda_lib.ops.api import kda
 from kda_lib.ops.chunked import kda_chunked
 from kda_lib.ops.gating import init_a_log, init_dt_bias, kda_gate
 from kda_lib.ops.norms import l2_normalize
-from kda_lib.ops.reference import kda_recurrent, kda_step
+from kda_lib.ops.reference import kda_pool_step, kda_recurrent, kda_step
 
 __all__ = [
     "init_a_log",
@@ -15,6 +15,7 @@ __all__ = [
     "kda",
     "kda_chunked",
     "kda_gate",
+    "kda_pool_step",
     "kda_recurrent",
     "kda_step",
     "l2_normalize",

@@ -39,6 +39,7 @@ from __future__ import annotations
 import jax
 
 from kda_lib.ops.chunked import Precision
+from kda_lib.ops.contract import KDAResult, kda_result
 from kda_lib.ops.registry import (
     IMPLEMENTATIONS,
     RECURRENT_MAX_AUTO_T,
@@ -50,11 +51,13 @@ from kda_lib.ops.registry import (
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "KDAResult",
     "RECURRENT_MAX_AUTO_T",
     "kda",
     "portable_implementation",
     "select_implementation",
 ]
+
 
 def kda(
     q: jax.Array,
@@ -76,7 +79,9 @@ def kda(
     chunk_size: int = 64,
     implementation: str = "auto",
     precision: Precision | None = None,
-) -> tuple[jax.Array, jax.Array | None]:
+    output_chunk_states: bool = False,
+    output_token_states: bool = False,
+):
     """Kimi Delta Attention with a chosen (or automatically selected) implementation.
 
     Args:
@@ -110,10 +115,21 @@ def kda(
         :func:`kda_lib.kda_chunked`; None: ``"input"``, i.e. bfloat16/float16 operands with
         float32 accumulation for bfloat16/float16 inputs). What the other implementations do
         with it: module docstring (a value one cannot honour raises ValueError).
+      output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``, the
+        state after every full chunk of ``chunk_size`` tokens (prefix caching; default False).
+        Served by ``"chunked"`` (from the states its chunk scan carries, no second pass) and
+        ``"recurrent"`` (a scan over chunks of steps); tokamax's kernels refuse it by name.
+      output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after
+        every token (speculative decoding; default False). Served by ``"recurrent"`` only;
+        ``"auto"`` picks it.
 
     Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
+      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``; with
+      ``output_chunk_states`` or ``output_token_states`` a :class:`KDAResult` ``(output,
+      final_state, chunk_states, token_states)`` (None where not asked; its docstring says
+      what a boundary state is with an initial state and with segment ids).
     """
     # every parameter by name, before any other local exists (check_call takes them all)
     backend, arrays, options = check_call(**locals())
-    return run(backend, arrays, options)
+    result = run(backend, arrays, options)
+    return kda_result(*result, asked=options.output_chunk_states or options.output_token_states)

@@ -58,8 +58,10 @@ from kda_lib.ops.contract import (
     Dims,
     accumulation_dtype,
     check_chunk_size,
+    check_flag,
     check_kda_inputs,
     check_precision,
+    kda_result,
     repeat_qk_heads,
     resolve_scale,
 )
@@ -69,6 +71,7 @@ from kda_lib.ops.segments import (
     overflowing_keys_as_nan,
     pad_time,
     restore_non_finite,
+    restore_non_finite_chunk_states,
     segment_masks,
     zero_padding,
 )
@@ -502,7 +505,8 @@ def _affine_maps(intra: IntraChunk, operand_dtype=None) -> ChunkMaps:
 
 
 def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
-    """Outputs ``[N, B, H, C, V]`` and final state, carrying the state chunk by chunk.
+    """Outputs ``[N, B, H, C, V]``, the final state and the states entering each chunk
+    ``[N, B, H, K, V]``, carrying the state chunk by chunk.
 
     ``intra`` is chunk-major (leading dims ``[N, B, H]``), so the scan reads and writes its
     per-chunk slices in place. The sequential scan needs no ``K x K`` transition maps: each step
@@ -529,7 +533,7 @@ def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     o = _mm("nbhck,nbhkv->nbhcv", intra.q_in, entering, operand_dtype=low) + _mm(
         "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected, operand_dtype=low
     )
-    return o, final
+    return o, final, entering
 
 
 def compose_affine(first, second, operand_dtype=None):
@@ -607,7 +611,9 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
 
     def unchanged(xs):
         # zeros_like: inside shard_map the flags vary over the same mesh axes as v
-        flags = NonFinite(jnp.zeros_like(v, bool), jnp.zeros_like(v[:, 0], bool))
+        flags = NonFinite(
+            jnp.zeros_like(v, bool), jnp.zeros_like(v[:, 0], bool), jnp.zeros_like(v, bool)
+        )
         return tuple(None if x is None else jnp.zeros_like(x, bool) for x in xs), flags
 
     def isolate(xs):
@@ -642,7 +648,8 @@ def kda_chunked(
     chunk_size: int = 64,
     scan: ScanMode | None = None,
     precision: Precision | None = None,
-) -> tuple[jax.Array, jax.Array | None]:
+    output_chunk_states: bool = False,
+):
     """KDA in chunkwise (WY/UT) form; same results as :func:`kda_lib.kda_recurrent`.
 
     Args:
@@ -661,9 +668,16 @@ def kda_chunked(
         matmuls take operands in that dtype with float32 accumulation (tensor cores on GPU);
         for float32/float64 inputs it is ``"highest"``. None (default): ``"input"``, i.e.
         ``"input"`` for bfloat16/float16 inputs and ``"highest"`` for float32/float64.
+      output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``, the
+        state after every full chunk (prefix caching), taken from the states the chunk scan
+        carries anyway (no second pass); default False. See
+        :class:`kda_lib.ops.contract.KDAResult` for what a boundary state is with
+        ``initial_state`` and ``segment_ids``.
 
     Returns:
-      ``(o [B, T, HV, V], final_state [B, HV, K, V] float32 | None)``.
+      ``(o [B, T, HV, V], final_state [B, HV, K, V] float32 | None)``; with
+      ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` ``(output,
+      final_state, chunk_states, None)``.
 
     Differentiable in reverse mode (``jax.grad``/``jax.vjp``; parts of it have hand-written
     gradients); forward mode (``jax.jvp``, ``jacfwd``) needs :func:`kda_lib.kda_recurrent`.
@@ -672,9 +686,10 @@ def kda_chunked(
         (q, k, v, g, beta), initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
     )
     check_precision(precision)
+    check_flag("output_chunk_states", output_chunk_states)
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
-    return chunked_core(
+    result = chunked_core(
         q,
         k,
         v,
@@ -688,7 +703,9 @@ def kda_chunked(
         chunk_size=chunk_size,
         scan=mode,
         precision=precision,
+        output_chunk_states=output_chunk_states,
     )
+    return kda_result(*result, asked=output_chunk_states)
 
 
 def _check_arguments(
@@ -713,7 +730,15 @@ def _check_arguments(
 # kda_lib.ops.registry.run)
 @functools.partial(
     jax.jit,
-    static_argnames=("dims", "scale", "output_final_state", "chunk_size", "scan", "precision"),
+    static_argnames=(
+        "dims",
+        "scale",
+        "output_final_state",
+        "chunk_size",
+        "scan",
+        "precision",
+        "output_chunk_states",
+    ),
 )
 def chunked_core(
     q,
@@ -730,9 +755,11 @@ def chunked_core(
     chunk_size: int,
     scan: ScanMode | None = None,
     precision: Precision | None = None,
+    output_chunk_states: bool = False,
 ):
     """:func:`kda_chunked` on checked inputs (padding already zeroed, ``dims`` from the
-    check): nothing is checked or zeroed again. ``scan`` None: :func:`default_scan_mode`."""
+    check): nothing is checked or zeroed again. ``scan`` None: :func:`default_scan_mode`.
+    Returns ``(o, final_state | None, chunk_states [B, T // C, HV, K, V] | None)``."""
     operand_dtype = _operand_dtype(precision, q, k, v)
     acc = accumulation_dtype(q.dtype)
     batch, seq_len, heads, key_dim, value_dim, _ = dims
@@ -760,10 +787,16 @@ def chunked_core(
         if initial_state is None
         else initial_state.astype(acc)
     )
-    o, final_state = _chain(intra, state0, scan or default_scan_mode(), operand_dtype)
+    o, final_state, entering = _chain(intra, state0, scan or default_scan_mode(), operand_dtype)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, seq_len + pad, heads, value_dim)
+    chunk_states = None
+    if output_chunk_states:  # the state leaving chunk i enters chunk i + 1; the last: final
+        after = jnp.concatenate([entering[1:], final_state[None]], axis=0)[: seq_len // chunk_size]
+        chunk_states = restore_non_finite_chunk_states(
+            jnp.moveaxis(after, 0, 1), non_finite, chunk_size
+        )
     o, final_state = restore_non_finite(o[:, :seq_len], final_state, non_finite)
-    return o.astype(out_dtype), (final_state if output_final_state else None)
+    return o.astype(out_dtype), (final_state if output_final_state else None), chunk_states
 
 
 def _to_chunks(x, chunk_size):
@@ -780,8 +813,9 @@ def _chunk_masks(segment_ids, chunk_size):
 
 
 def _chain(intra: IntraChunk, state0, mode: ScanMode, operand_dtype):
-    """Outputs ``[N, B, H, C, V]`` and the final state from the chunks' ``intra`` parts, with
-    the sequential scan or the associative one over the affine maps."""
+    """Outputs ``[N, B, H, C, V]``, the final state and the states entering each chunk
+    ``[N, B, H, K, V]`` from the chunks' ``intra`` parts, with the sequential scan or the
+    associative one over the affine maps."""
     if mode == "sequential":
         return _pass_states(intra, state0, operand_dtype)
     maps = _affine_maps(intra, operand_dtype)
@@ -794,4 +828,4 @@ def _chain(intra: IntraChunk, state0, mode: ScanMode, operand_dtype):
     )
     low = _low("outputs", operand_dtype)
     o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
-    return o, final_state
+    return o, final_state, jnp.moveaxis(entering, 2, 0)

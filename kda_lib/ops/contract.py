@@ -66,6 +66,44 @@ class KDAOptions(NamedTuple):
     chunk_size: int
     precision: str | None
     implementation: str
+    output_chunk_states: bool = False
+    output_token_states: bool = False
+
+
+class KDAResult(NamedTuple):
+    """What the KDA forms return when interior states are asked for (``output_chunk_states``
+    or ``output_token_states``); without them they return the pair ``(o, final_state)`` as
+    always. Fields not asked for are None.
+
+    * ``output`` ``[B, T, HV, V]`` in q's dtype.
+    * ``final_state`` ``[B, HV, K, V]`` float32 (float64 for float64 inputs) or None.
+    * ``chunk_states`` ``[B, T // chunk_size, HV, K, V]``: entry i is the state after tokens
+      ``0 .. (i + 1) * chunk_size - 1``, i.e. the final state of the same call on that prefix
+      (with ``initial_state`` it includes it; with ``segment_ids`` it is the state of the
+      segment running at that boundary, the segment of the last real token at or before it,
+      or the initial state if there is none yet). Only full chunks; T < chunk_size gives 0.
+    * ``token_states`` ``[B, T, HV, K, V]``: entry t is the state after token t (the same rule),
+      e.g. the state after a draft's accepted prefix in speculative decoding.
+    """
+
+    output: jax.Array
+    final_state: jax.Array | None
+    chunk_states: jax.Array | None = None
+    token_states: jax.Array | None = None
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` must be a Python bool (ValueError naming ``name`` otherwise)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def kda_result(o, final_state, chunk_states=None, token_states=None, *, asked: bool):
+    """``KDAResult`` when interior states were ``asked`` for, else the pair ``(o, final)``."""
+    if asked:
+        return KDAResult(o, final_state, chunk_states, token_states)
+    return o, final_state
 
 
 def host_values(x, dtype=None) -> np.ndarray:

@@ -19,13 +19,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from kda_lib.checks import check_array
+from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops.contract import (
     Dims,
     accumulation_dtype,
+    check_flag,
     check_kda_inputs,
     check_state,
+    kda_result,
     resolve_scale,
 )
 from kda_lib.ops.segments import canonical_segment_ids, first_segment_id, zero_padding
@@ -50,7 +53,8 @@ def kda_recurrent(
     output_final_state: bool = False,
     segment_ids: jax.Array | None = None,
     allow_neg_eigval: bool = False,
-) -> tuple[jax.Array, jax.Array | None]:
+    output_token_states: bool = False,
+):
     """KDA as a ``lax.scan`` over time.
 
     Args:
@@ -66,10 +70,16 @@ def kda_recurrent(
       segment_ids: ``[B, T]`` int, 1-based, 0 = padding. The state resets to zero whenever the
         id changes; padding tokens output 0 and leave the state alone.
       allow_neg_eigval: accept beta in [0, 2].
+      output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after
+        every token (speculative decoding: a verifier keeps the state after the accepted
+        prefix, :func:`accepted_state`); default False. A padding token's entry repeats the
+        state before it; across a segment start see
+        :class:`kda_lib.ops.contract.KDAResult`.
 
     Returns:
       ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state ``[B, HV, K, V]``
-      float32 (float64 for float64 inputs), or None.
+      float32 (float64 for float64 inputs), or None. With ``output_token_states`` a
+      :class:`kda_lib.ops.contract.KDAResult` ``(output, final_state, None, token_states)``.
     """
     dims = check_kda_inputs(
         q,
@@ -81,11 +91,12 @@ def kda_recurrent(
         segment_ids=segment_ids,
         allow_neg_eigval=allow_neg_eigval,
     )
+    check_flag("output_token_states", output_token_states)
     if segment_ids is not None:  # compared in their own dtype, then numbered
         segment_ids = canonical_segment_ids(segment_ids)
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
-    return recurrent_core(
+    o, final, _, token_states = recurrent_core(
         q,
         k,
         v,
@@ -96,21 +107,48 @@ def kda_recurrent(
         initial_state=initial_state,
         output_final_state=output_final_state,
         segment_ids=segment_ids,
+        output_token_states=output_token_states,
     )
+    return kda_result(o, final, None, token_states, asked=output_token_states)
 
 
 # traced once per static options and shapes (eager calls compile one program; see
 # kda_lib.ops.registry.run)
-@functools.partial(jax.jit, static_argnames=("dims", "scale", "output_final_state"))
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "dims",
+        "scale",
+        "output_final_state",
+        "chunk_states_every",
+        "output_token_states",
+    ),
+)
 def recurrent_core(
-    q, k, v, g, beta, *, dims: Dims, scale: float, initial_state, output_final_state, segment_ids
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    dims: Dims,
+    scale: float,
+    initial_state,
+    output_final_state,
+    segment_ids,
+    chunk_states_every: int | None = None,
+    output_token_states: bool = False,
 ):
     """:func:`kda_recurrent` on checked inputs: ``segment_ids`` canonical
     (:func:`kda_lib.ops.segments.canonical_segment_ids`) and padding already zeroed; nothing is
-    checked, canonicalised or padded here."""
+    checked, canonicalised or padded here.
+
+    Returns ``(o, final_state | None, chunk_states | None, token_states | None)``:
+    ``chunk_states [B, T // c, HV, K, V]`` after every ``c = chunk_states_every`` tokens (a
+    scan over chunks of c steps that keeps the carry at each chunk's end; with
+    ``output_token_states`` every c-th token state), ``token_states [B, T, HV, K, V]``."""
     acc = accumulation_dtype(q.dtype)
     state0 = _initial_state(initial_state, dims, acc)
-    qk_head = jnp.arange(dims.num_heads) // dims.groups  # the q/k head of each value head
     # time-major for the scan
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]
     if segment_ids is None:
@@ -119,6 +157,30 @@ def recurrent_core(
     else:
         prev0 = first_segment_id(segment_ids)
         ids = jnp.moveaxis(segment_ids, 1, 0)
+    step = _token_step(dims, scale, keep_state=output_token_states)
+    # inside shard_map the carry must vary over the same mesh axes as the inputs
+    state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
+    prev0 = prev0 + jnp.zeros_like(ids[0])
+    carry0, seq = (state0, prev0), (*xs, ids)
+    chunk_states = token_states = None
+    if chunk_states_every is not None and not output_token_states:
+        (final_state, _), o, chunk_states = _scan_in_chunks(step, carry0, seq, chunk_states_every)
+    else:
+        (final_state, _), (o, token_states) = jax.lax.scan(step, carry0, seq)
+        if chunk_states_every is not None:
+            c = chunk_states_every
+            chunk_states = token_states[c - 1 :: c][: dims.seq_len // c]
+    o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
+    chunk_states, token_states = (
+        None if x is None else jnp.moveaxis(x, 0, 1) for x in (chunk_states, token_states)
+    )
+    return o, (final_state if output_final_state else None), chunk_states, token_states
+
+
+def _token_step(dims: Dims, scale: float, *, keep_state: bool):
+    """The scan step over ``(state, previous segment id)``: one token's decay, write and
+    read; it emits ``(o_t, state after t)`` (state None unless ``keep_state``)."""
+    qk_head = jnp.arange(dims.num_heads) // dims.groups  # the q/k head of each value head
 
     def step(carry, x):
         state, prev_id = carry
@@ -131,14 +193,27 @@ def recurrent_core(
         o_t = jnp.einsum("bhk,bhkv->bhv", q_t * scale, new_state)
         o_t = jnp.where(valid[:, None, None], o_t, 0.0)
         state = jnp.where(valid[:, None, None, None], new_state, state)
-        return (state, jnp.where(valid, id_t, prev_id)), o_t
+        return (state, jnp.where(valid, id_t, prev_id)), (o_t, state if keep_state else None)
 
-    # inside shard_map the carry must vary over the same mesh axes as the inputs
-    state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
-    prev0 = prev0 + jnp.zeros_like(ids[0])
-    (final_state, _), o = jax.lax.scan(step, (state0, prev0), (*xs, ids))
-    o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
-    return o, (final_state if output_final_state else None)
+    return step
+
+
+def _scan_in_chunks(step, carry, seq, every: int):
+    """``lax.scan(step)`` over time-major ``seq``, as a scan over chunks of ``every`` tokens
+    (each an inner scan) and a scan over the remaining tokens, keeping the carried state at
+    each chunk's end. Returns ``(carry, o [T, ...], chunk_states [T // every, ...])``."""
+    seq_len = seq[0].shape[0]
+    full = seq_len // every * every
+
+    def chunk(carry, xs):
+        carry, (o, _) = jax.lax.scan(step, carry, xs)
+        return carry, (o, carry[0])
+
+    head = tuple(x[:full].reshape(full // every, every, *x.shape[1:]) for x in seq)
+    carry, (o_head, states) = jax.lax.scan(chunk, carry, head)
+    carry, (o_tail, _) = jax.lax.scan(step, carry, tuple(x[full:] for x in seq))
+    o = jnp.concatenate([o_head.reshape(full, *o_head.shape[2:]), o_tail], axis=0)
+    return carry, o, states
 
 
 def kda_step(
@@ -197,6 +272,72 @@ def kda_step(
     )
     o_t = jnp.einsum("bhk,bhkv->bhv", q_t.astype(acc) * scale, new_state)
     return new_state, o_t.astype(q_t.dtype)
+
+
+def kda_pool_step(
+    pool: jax.Array,
+    state_indices: jax.Array,
+    q_t: jax.Array,
+    k_t: jax.Array,
+    v_t: jax.Array,
+    g_t: jax.Array,
+    beta_t: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """One decoding step for B rows whose states live in slots of a state pool (continuous
+    batching, as serving engines keep them).
+
+    Args:
+      pool: ``[N, HV, K, V]`` float32 states, N slots. **Donated**: the array passed in is
+        consumed (its buffer becomes the result's); use the returned pool. Inside your own
+        ``jit``, donate the pool there for the same in-place update.
+      state_indices: ``[B]`` int, distinct slots in ``[0, N)`` (checked when concrete): row b
+        reads and writes slot ``state_indices[b]``; every other slot is left as it was.
+      q_t, k_t: ``[B, H, K]``; v_t: ``[B, HV, V]``; g_t: ``[B, HV, K]`` log decay ``<= 0``;
+        beta_t: ``[B, HV]``, HV a multiple of H (grouped value heads as in
+        :func:`kda_recurrent`).
+      scale: default ``K ** -0.5``.
+
+    Returns:
+      ``(new_pool [N, HV, K, V], o_t [B, HV, V] in q_t's dtype)``.
+    """
+    for name, x in (("pool", pool), ("state_indices", state_indices)):
+        check_array(name, x)
+    dims = check_kda_inputs(q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None], beta_t[:, None])
+    slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
+    if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
+        raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
+    if not jnp.issubdtype(pool.dtype, jnp.floating):
+        raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
+    if state_indices.shape != (dims.batch,) or not jnp.issubdtype(state_indices.dtype, jnp.integer):
+        raise ValueError(
+            f"state_indices must be [B]={dims.batch} ints, got {state_indices.shape} "
+            f"{state_indices.dtype}"
+        )
+    if is_concrete(state_indices):
+        idx = np.asarray(state_indices)
+        if idx.min() < 0 or idx.max() >= pool.shape[0] or len(set(idx.tolist())) != idx.size:
+            raise ValueError(
+                f"state_indices must be distinct slots in [0, {pool.shape[0]}), got {idx}"
+            )
+    return _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, dims=dims,
+                      scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("dims", "scale"), donate_argnums=0)
+def _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, dims: Dims, scale: float):
+    """:func:`kda_pool_step` on checked inputs: gather the rows' slots, one recurrence step,
+    scatter them back (in place: the pool is donated)."""
+    o, final, _, _ = recurrent_core(
+        *(x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t)),
+        dims=dims,
+        scale=scale,
+        initial_state=pool[state_indices],
+        output_final_state=True,
+        segment_ids=None,
+    )
+    return pool.at[state_indices].set(final.astype(pool.dtype)), o[:, 0]
 
 
 def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:

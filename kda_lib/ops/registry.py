@@ -2,7 +2,8 @@
 
 Each backend has its ``name``, the ``platforms`` it serves (None: any), ``needs`` (options it
 requires, e.g. ``max_num_segments`` with segment ids), ``problems(options) -> list[str]`` (why
-it cannot serve these inputs; empty: it can), ``__call__(arrays, options)`` and
+it cannot serve these inputs; empty: it can), ``__call__(arrays, options) -> (o, final_state,
+chunk_states, token_states)`` (None where not asked for) and
 ``context_parallel`` (its CP route: :data:`STATE_PASSING`, kda_lib's rank summaries through
 :func:`kda_lib.kda`; a function of its own; or None). :func:`check_call` validates a call once
 into :class:`kda_lib.ops.contract.KDAOptions` and :class:`KDAArrays` (segment ids canonicalised and
@@ -27,6 +28,7 @@ from kda_lib.ops.chunked import chunked_core
 from kda_lib.ops.contract import (
     KDAOptions,
     check_chunk_size,
+    check_flag,
     check_fused_inputs,
     check_kda_inputs,
     check_precision,
@@ -153,7 +155,9 @@ def _core_kwargs(arrays: KDAArrays, options: KDAOptions) -> dict:
 
 class Recurrent(Backend):
     """``"recurrent"``: the token-by-token scan (:func:`kda_lib.kda_recurrent`); grouped value
-    heads mapped natively. float32 throughout, so it honours ``precision="highest"`` only."""
+    heads mapped natively. float32 throughout, so it honours ``precision="highest"`` only.
+    It serves ``output_chunk_states`` (a scan over chunks of steps keeps the carry at each
+    chunk end: no extra memory) and ``output_token_states``."""
 
     name = "recurrent"
     context_parallel = STATE_PASSING
@@ -169,8 +173,17 @@ class Recurrent(Backend):
 
     def __call__(self, arrays, options):
         q, k, g = _activated(arrays, options)
-        out, final = recurrent_core(q, k, arrays.v, g, arrays.beta, **_core_kwargs(arrays, options))
-        return out.astype(options.dtype), final
+        out, *states = recurrent_core(
+            q,
+            k,
+            arrays.v,
+            g,
+            arrays.beta,
+            chunk_states_every=options.chunk_size if options.output_chunk_states else None,
+            output_token_states=options.output_token_states,
+            **_core_kwargs(arrays, options),
+        )
+        return (out.astype(options.dtype), *states)
 
 
 class Chunked(Backend):
@@ -180,9 +193,17 @@ class Chunked(Backend):
     name = "chunked"
     context_parallel = STATE_PASSING
 
+    def problems(self, options):
+        if options.output_token_states:
+            return [
+                "output_token_states needs implementation='recurrent' (or 'auto'): the chunked "
+                "form keeps states at chunk boundaries only (output_chunk_states)"
+            ]
+        return []
+
     def __call__(self, arrays, options):
         q, k, g = _activated(arrays, options)
-        out, final = chunked_core(
+        out, final, chunk_states = chunked_core(
             q,
             k,
             arrays.v,
@@ -190,9 +211,10 @@ class Chunked(Backend):
             arrays.beta,
             chunk_size=options.chunk_size,
             precision=options.precision,
+            output_chunk_states=options.output_chunk_states,
             **_core_kwargs(arrays, options),
         )
-        return out.astype(options.dtype), final
+        return out.astype(options.dtype), final, chunk_states, None
 
 
 class Tokamax(Backend):
@@ -223,6 +245,12 @@ class Tokamax(Backend):
                 f"precision={options.precision!r} applies to kda_lib's 'chunked' implementation; "
                 f"{name!r} chooses its own matmul precision (pass precision=None)"
             )
+        for flag in ("output_chunk_states", "output_token_states"):
+            if getattr(options, flag):
+                found.append(
+                    f"{name} returns no interior states ({flag}); use kda_lib's 'chunked' or "
+                    "'recurrent' implementation"
+                )
         if self.variant.chunked and options.chunk_size != TOKAMAX_CHUNK:
             found.append(
                 f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {options.chunk_size}"
@@ -249,7 +277,7 @@ class Tokamax(Backend):
         a_log = arrays.a_log
         if options.fused_gate and a_log is None:
             a_log = jnp.zeros((options.dims.num_heads,), jnp.float32)
-        return tokamax_kda(
+        out, final = tokamax_kda(
             self.variant,
             q,
             k,
@@ -261,6 +289,7 @@ class Tokamax(Backend):
             (a_log, arrays.dt_bias),
             options,
         )
+        return out, final, None, None
 
 
 class TokamaxXlaChunked(Tokamax):
@@ -364,6 +393,8 @@ def choose(options: KDAOptions) -> Backend:
     is asked (a precision is kda_lib's chunked policy); else ``"recurrent"`` for T <= 16 and
     ``"chunked"`` above (the measured reasons: beside :data:`RECURRENT_MAX_AUTO_T`)."""
     dims = options.dims
+    if options.output_token_states:  # only the scan keeps a state per token
+        return RECURRENT
     mosaic = REGISTRY["tokamax_mosaic"]
     if (
         options.precision is None
@@ -470,8 +501,8 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
 
 def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> KDAOptions:
     precision = check_precision(kw["precision"])
-    if not isinstance(kw["output_final_state"], bool):
-        raise ValueError(f"output_final_state must be a bool, got {kw['output_final_state']!r}")
+    for flag in ("output_final_state", "output_chunk_states", "output_token_states"):
+        check_flag(flag, kw[flag])
     bound = kw["max_num_segments"]
     if kw["segment_ids"] is not None and bound is not None:
         check_max_num_segments(bound)
@@ -491,6 +522,8 @@ def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> K
         chunk_size=check_chunk_size(kw["chunk_size"]),
         precision=precision,
         implementation=implementation,
+        output_chunk_states=kw["output_chunk_states"],
+        output_token_states=kw["output_token_states"],
     )
 
 

@@ -208,6 +208,9 @@ class NonFinite(NamedTuple):
 
     outputs: jax.Array  # [B, T, H, V] bool
     final_state: jax.Array  # [B, H, V] bool: columns of the [K, V] state
+    # [B, T, H, V] bool: state columns after token t as the recurrence carries it (the state
+    # after the last real token at or before t; the initial state before the first)
+    states: jax.Array
 
 
 def overflowing_keys_as_nan(k):
@@ -271,12 +274,13 @@ def isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids, *, raw_gate
         bad_init[:, None] & (ordinals == 1)[:, :, None, None]
     )
     outputs = (bad_state | bad_q[..., None]) & valid[..., None, None]
-    # the final state: as after the row's last real token (the initial state if there is none)
+    # the state after each token: as after the last real token so far (the initial state
+    # before the first); the final state is the last of them
     positions = jnp.arange(seq_len)
-    last = jnp.max(jnp.where(valid, positions, -1), axis=1)  # [B]
-    at_last = jnp.take_along_axis(bad_state, jnp.maximum(last, 0)[:, None, None, None], 1)[:, 0]
-    final_state = jnp.where((last >= 0)[:, None, None], at_last, bad_init)
-    return q, k, v, g, beta, initial_state, NonFinite(outputs, final_state)
+    last = jax.lax.cummax(jnp.where(valid, positions, -1), axis=1)  # [B, T]
+    at_last = jnp.take_along_axis(bad_state, jnp.maximum(last, 0)[:, :, None, None], 1)
+    states = jnp.where((last >= 0)[:, :, None, None], at_last, bad_init[:, None])
+    return q, k, v, g, beta, initial_state, NonFinite(outputs, states[:, -1], states)
 
 
 def restore_non_finite(out, final_state, where: NonFinite):
@@ -286,6 +290,14 @@ def restore_non_finite(out, final_state, where: NonFinite):
     if final_state is not None:
         final_state = jnp.where(where.final_state[:, :, None, :], jnp.nan, final_state)
     return out, final_state
+
+
+def restore_non_finite_chunk_states(chunk_states, where: NonFinite, chunk_size: int):
+    """NaN at the columns of ``chunk_states [B, N, H, K, V]`` (the states after tokens
+    ``(i + 1) * chunk_size - 1``) that the recurrence has non-finite (:class:`NonFinite`)."""
+    num = chunk_states.shape[1]
+    bad = where.states[:, chunk_size - 1 :: chunk_size][:, :num]  # [B, N, H, V]
+    return jnp.where(bad[:, :, :, None, :], jnp.nan, chunk_states)
 
 
 def pad_time(multiple: int, *arrays, segment_ids=None):

@@ -1,0 +1,100 @@
+"""The KDA layer's cache entry points: prefill keeps the cache at every chunk boundary
+(prefix caching), draft keeps it after every token (speculative decoding); resuming from a
+kept cache equals the run that never stopped."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layers import cache_at
+from kda_lib.testing import assert_close
+
+# grouped value heads (HV = 2 H), conv width 4, chunks of 16
+CONFIG = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8, num_v_heads=4,
+                   chunk_size=16)  # fmt: skip
+T = 40
+
+
+def _layer(**changes):
+    return KimiDeltaAttention(dataclasses.replace(CONFIG, **changes), rngs=nnx.Rngs(0))
+
+
+def _x(seq_len=T, seed=1):
+    return jax.random.normal(jax.random.key(seed), (2, seq_len, 32))
+
+
+_apply = nnx.jit(lambda m, x, cache: m(x, cache=cache))
+_prefill = nnx.jit(lambda m, x, cache=None: m.prefill(x, cache=cache))
+_draft = nnx.jit(lambda m, x, cache: m.draft(x, cache=cache))
+
+
+def _assert_caches_close(got, want, name):
+    for field, a, b in zip(got._fields, got, want, strict=True):
+        assert (a is None) == (b is None), field
+        if a is not None:
+            assert_close(a, b, atol=1e-5, rtol=1e-5, name=f"{name}.{field}")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["three-convs", "fused-qkv-conv"])
+def test_prefill_boundary_cache_then_continue_equals_the_full_run(fused):
+    """A prompt prefilled once: resuming from boundary i (the first 16 or 32 tokens, a shared
+    prefix) gives the full run's outputs and final cache without recomputing the prefix."""
+    layer = _layer(fused_qkv_conv=fused)
+    x = _x()
+    y_full, cache_full = _apply(layer, x, layer.init_cache(2))
+    y, cache, boundaries = _prefill(layer, x)
+    assert boundaries.state.shape == (2, T // 16, 4, 16, 8)
+    assert boundaries.q_conv.shape == (2, T // 16, 3, 32)
+    assert_close(y, y_full, atol=1e-5, rtol=1e-5, name="prefill y")
+    _assert_caches_close(cache, cache_full, "prefill cache")
+    for i in range(T // 16):
+        start = (i + 1) * 16
+        y_rest, cache_rest = _apply(layer, x[:, start:], cache_at(boundaries, i))
+        assert_close(y_rest, y_full[:, start:], atol=1e-5, rtol=1e-5, name=f"resumed at {start}")
+        _assert_caches_close(cache_rest, cache_full, f"final cache resumed at {start}")
+
+
+def test_prefill_from_a_cache_keeps_boundaries_of_the_continuation():
+    """Prefill continuing a cache (the conv history before its first token comes from it):
+    its boundary 0 is the cache after 8 + 16 tokens of one run."""
+    layer = _layer()
+    x = _x()
+    _, cache8 = _apply(layer, x[:, :8], layer.init_cache(2))
+    _, _, boundaries = _prefill(layer, x[:, 8:], cache8)
+    _, cache24 = _apply(layer, x[:, :24], layer.init_cache(2))
+    _assert_caches_close(cache_at(boundaries, 0), cache24, "boundary after 24")
+
+
+def test_draft_then_keep_the_accepted_prefix_equals_decoding_only_it():
+    """A 5-token draft from a decoded cache; each row accepts a different count (2 and 5):
+    the cache after the accepted tokens equals the cache from feeding only those tokens."""
+    layer = _layer()
+    x = _x(seq_len=14)
+    _, cache = _apply(layer, x[:, :9], layer.init_cache(2))
+    y, _, token_caches = _draft(layer, x[:, 9:], cache)
+    y_ref, _ = _apply(layer, x[:, 9:], cache)
+    assert_close(y, y_ref, atol=1e-5, rtol=1e-5, name="draft y")
+    kept = cache_at(token_caches, jnp.asarray([1, 4]))  # accepted 2 and 5 tokens
+    for row, accepted in enumerate((2, 5)):
+        _, want = _apply(layer, x[:, 9 : 9 + accepted], cache)
+        got_row = type(kept)(*(a[row] for a in kept))
+        _assert_caches_close(got_row, type(want)(*(a[row] for a in want)), f"row {row}")
+
+
+def test_cache_entry_points_refuse_what_they_cannot_serve():
+    layer = _layer()
+    x = _x()
+    _, _, boundaries = _prefill(layer, x)
+    with pytest.raises(ValueError, match=r"index must be in \[0, 2\), got 2"):
+        cache_at(boundaries, 2)
+    with pytest.raises(ValueError, match="caches must be a KDACache of stacked states"):
+        cache_at(layer.init_cache(2), 0)
+    with pytest.raises(ValueError, match="draft continues a cache"):
+        layer.draft(x, cache=None)
+    tokamax = _layer(implementation="tokamax_xla")
+    with pytest.raises(ValueError, match="tokamax_xla returns no interior states"):
+        tokamax.prefill(x)
