@@ -111,7 +111,9 @@ lab: | check-python ## JupyterLab on the notebooks
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
 	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
 
+# (first writes scripts/notebook_setup.py's INSTALL_BLOCK into every notebook's install cell)
 sync: $(STAMP) ## pair each notebooks/NN_*.py with its .ipynb (jupytext)
+	$(VPY) scripts/notebook_setup.py --write
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 
 # publish under another address: make repository-url URL=https://github.com/OWNER/NAME
