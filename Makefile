@@ -95,7 +95,7 @@ site: $(STAMP) ## the site again from the notebooks already executed
 # without it, apt-get installs it): on every page of build/html/ the math (bold vectors bold,
 # blackboard letters blackboard, aligned equations aligned, no TeX error) and no request to
 # another host; then notebook 02 in JupyterLab, where moving a slider redraws the figure.
-# Screenshots in build/browser/. Needs `make notebooks` first; about 4 minutes; not in `make test`.
+# Screenshots in build/browser/. Needs `make notebooks` first; about 40 s; not in `make test`.
 check-browser: | check-python ## the site and notebook 02 in headless Chromium (after make notebooks)
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),browser
 	@test -f build/html/index.html || { echo "no site in build/html/: run 'make notebooks' first"; exit 1; }
@@ -111,7 +111,9 @@ lab: | check-python ## JupyterLab on the notebooks
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
 	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
 
+# (first writes scripts/notebook_setup.py's INSTALL_BLOCK into every notebook's install cell)
 sync: $(STAMP) ## pair each notebooks/NN_*.py with its .ipynb (jupytext)
+	$(VPY) scripts/notebook_setup.py --write
 	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 
 # publish under another address: make repository-url URL=https://github.com/OWNER/NAME

@@ -72,11 +72,17 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     if "kda_lib" in missing:
         KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
         print(f"Installing kda_lib from {KDA_LIB_SOURCE} (about 10 s) ...", flush=True)
-        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-        subprocess.run(pip, check=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "--no-deps"]
+        done = subprocess.run([*pip, KDA_LIB_SOURCE], capture_output=True, text=True)
+        why = [s for s in done.stderr.split("\n") if s.strip().startswith(("fatal:", "ERROR:"))]
+        if done.returncode:  # one line: pip's reason and what to run instead (no traceback)
+            error = RuntimeError(f"pip could not install kda_lib ({[*why, '?'][0].strip()}); "
+                                 f"run `pip install {KDA_LIB_SOURCE}` to see pip's whole output")
+            error._render_traceback_ = lambda: [f"InstallFailed: {error}"]  # how Jupyter shows it
+            raise error
         importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
-    runpy.run_path(f"{kda_lib_dir}/notebook.py")["install_dependencies"](missing=missing)
+    runpy.run_path(f"{kda_lib_dir}/teaching/install.py")["install_dependencies"](missing=missing)
 
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.

@@ -13,10 +13,12 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
   kda_lib where it is missing and then its dependencies for the machine's accelerator through
   ``kda_lib/teaching/notebook.py``.
 
-Commands (``make repository-url URL=...`` runs the second, then ``make sync``)::
+Commands (``make repository-url URL=...`` runs the second, ``make sync`` the third, each then
+``jupytext --sync``)::
 
     python scripts/notebook_setup.py --check                 # exit 1 naming what disagrees
     python scripts/notebook_setup.py --set-repository-url https://github.com/OWNER/NAME
+    python scripts/notebook_setup.py --write                 # after a change of INSTALL_BLOCK
 
 tests/teaching/test_notebooks.py asserts that every notebook agrees with pyproject.toml.
 """
@@ -37,7 +39,8 @@ BRANCH = "main"  # the branch Colab opens the notebooks from
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 _GITHUB = re.compile(r"^https://github\.com/(?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(\.git)?/?$")
 _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
-_SOURCE_LINE = re.compile(r'KDA_LIB_SOURCE = "[^"]*"')
+# a notebook's install block: from its first line to the end of its cell (jupytext's `# %%`)
+_INSTALL_REGION = re.compile(r"^import importlib\.util\n.*?\n(?=\n# %%)", re.S | re.M)
 _NOTATION_LINK = re.compile(r"\[`docs/NOTATION\.md`\]\([^)]*\)")
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 # the README's install and clone commands, and its Colab links (owner/name)
@@ -47,7 +50,8 @@ _README_COLAB = re.compile(r"https://colab\.research\.google\.com/github/([\w.-]
 # The setup cell's install block, identical in every notebook. find_spec looks for kda_lib and
 # what the notebooks import without importing them: a missing one (a fresh runtime, or an
 # install cut short that left kda_lib without jax) installs what is missing. The installer runs
-# by path because `import kda_lib` needs jax.
+# by path because `import kda_lib` needs jax. A failing pip ends the cell with one line
+# (InstallFailed: pip's reason and the command to run by hand), not pip's output and a traceback.
 NEEDED_MODULES = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
 INSTALL_BLOCK = """\
 import importlib.util
@@ -61,8 +65,14 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     if "kda_lib" in missing:
         KDA_LIB_SOURCE = "{source}"
         print(f"Installing kda_lib from {{KDA_LIB_SOURCE}} (about 10 s) ...", flush=True)
-        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-deps", KDA_LIB_SOURCE]
-        subprocess.run(pip, check=True)
+        pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "--no-deps"]
+        done = subprocess.run([*pip, KDA_LIB_SOURCE], capture_output=True, text=True)
+        why = [s for s in done.stderr.split("\\n") if s.strip().startswith(("fatal:", "ERROR:"))]
+        if done.returncode:  # one line: pip's reason and what to run instead (no traceback)
+            error = RuntimeError(f"pip could not install kda_lib ({{[*why, '?'][0].strip()}}); "
+                                 f"run `pip install {{KDA_LIB_SOURCE}}` to see pip's whole output")
+            error._render_traceback_ = lambda: [f"InstallFailed: {{error}}"]  # how Jupyter shows it
+            raise error
         importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{{kda_lib_dir}}/teaching/install.py")["install_dependencies"](missing=missing)
@@ -152,8 +162,9 @@ def set_repository_url(
     pyproject: pathlib.Path = PYPROJECT,
     readme: pathlib.Path = README,
 ) -> None:
-    """Write ``url`` into ``pyproject``, every notebook's badge and install line, and the
-    README's commands (where they name the address ``pyproject`` held)."""
+    """Write ``url`` into ``pyproject``, every notebook's badge, install block
+    (:data:`INSTALL_BLOCK`, rewritten whole) and notation link, and the README's commands (where
+    they name the address ``pyproject`` held)."""
     url = _checked(url)
     old_url = repository_url(pyproject)
     text = pyproject.read_text()
@@ -163,7 +174,9 @@ def set_repository_url(
     for source in sources:
         ipynb = source.with_suffix(".ipynb").name
         text = _BADGE.sub(lambda _, n=ipynb: badge(url, n), source.read_text())
-        text = _SOURCE_LINE.sub(f'KDA_LIB_SOURCE = "git+{url}"', text)
+        if len(_INSTALL_REGION.findall(text)) != 1:
+            raise ValueError(f"{source}: want one install block (from 'import importlib.util')")
+        text = _INSTALL_REGION.sub(lambda _: install_block(url), text)
         text = _NOTATION_LINK.sub(lambda _: notation_link(url), text)
         source.write_text(text)
     text = _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
@@ -177,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--check", action="store_true", help="report disagreements (exit 1)")
     group.add_argument("--set-repository-url", metavar="URL", help="https://github.com/O/N")
+    group.add_argument(
+        "--write", action="store_true", help="rewrite the notebooks' badges and install blocks"
+    )
     args = parser.parse_args(argv)
     sources = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
+    if args.write:
+        args.set_repository_url = repository_url()
     if args.set_repository_url:
         set_repository_url(args.set_repository_url, sources)
         print(

@@ -46,7 +46,7 @@ LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model")
 
 # tests of a minute or more besides the notebooks: started early as well
 LONG_TESTS = (
-    "test_colab_path_runs_notebook_00_from_the_wheel",
+    "test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebook_00",
     "test_papermill_injects_parameters",
 )
 

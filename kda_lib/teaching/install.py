@@ -11,7 +11,8 @@ and no third-party package (tests/teaching/test_install.py runs it with those bl
 :func:`install_dependencies` picks the extras for the machine's accelerator and keeps the JAX the
 runtime already has when it is new enough, so a GPU or TPU runtime never gets its accelerator
 build of JAX replaced by a CPU one. It says what it is installing before pip starts (about 1 to
-3 minutes) and one line with what it did after.
+3 minutes) and one line with what it did after; where pip fails, it raises :class:`InstallFailed`,
+which Jupyter shows as one line (pip's reason and the command to run by hand), not a traceback.
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ DISTRIBUTION = "kda-lib"
 # distributions that make up a runtime's JAX: kept at their versions when it is new enough
 _JAX_FAMILY = re.compile(r"^(jax|jaxlib|libtpu(-nightly)?|jax-(cuda\d+|rocm\d*)-(plugin|pjrt))$")
 _EXTRA_MARKER = re.compile(r"""^extra\s*==\s*["']([\w.-]+)["']$""")
+
+
+class InstallFailed(RuntimeError):
+    """pip failed. Jupyter (IPython) shows it as its one line, without a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+def pip_reason(output: str) -> str:
+    """The line of pip's output that says why it failed: the first ``ERROR:`` or git
+    ``fatal:`` line (e.g. "fatal: unable to access ...: Could not resolve host"), else the
+    last line."""
+    output = re.sub(r"\x1b\[[0-9;]*m", "", output)  # colours, should pip print them anyway
+    lines = [line.strip() for line in output.splitlines() if line.strip()] or ["no output"]
+    return next((line for line in lines if line.startswith(("ERROR:", "fatal:"))), lines[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +219,8 @@ def install_dependencies(
 
     Raises:
       importlib.metadata.PackageNotFoundError: kda_lib is not installed.
-      RuntimeError: pip failed; the message holds pip's output.
+      InstallFailed: pip failed; the message is one line: pip's reason (:func:`pip_reason`) and
+        the pip command to run by hand, which prints pip's whole output.
     """
     requires = importlib.metadata.requires(DISTRIBUTION) or []
     plan = plan_install(
@@ -217,7 +235,8 @@ def install_dependencies(
         constraints = os.path.join(tmp, "constraints.txt")
         with open(constraints, "w") as f:
             f.write("".join(f"{line}\n" for line in plan.constraints))
-        command = [sys.executable, "-m", "pip", "install", "-qq", "-c", constraints]
+        # no colour: the reason line is read from pip's output (a kernel may force colours)
+        command = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "-c", constraints]
         command += plan.requirements
         if dry_run:
             print(f"{plan.summary} | would run: {shlex.join(command)}")
@@ -234,8 +253,11 @@ def install_dependencies(
         start = time.monotonic()
         result = run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(
-            f"pip install failed ({plan.summary}):\n{result.stdout}\n{result.stderr}".rstrip()
+        by_hand = [sys.executable, "-m", "pip", "install", *plan.requirements, *plan.constraints]
+        raise InstallFailed(
+            f"pip could not install kda_lib's dependencies ({pip_reason(result.stderr)}); "
+            f"run `{shlex.join(by_hand)}` in a terminal (or in a cell, after `!`) to see "
+            "pip's whole output, then this cell again"
         )
     after = _installed_versions()
     changed = [

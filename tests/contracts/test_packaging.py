@@ -1,20 +1,27 @@
 """Packaging: the wheel, the Colab path and the recorded data.
 
 The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
-virtual environment without kda_lib, from a temporary folder with no checkout on ``sys.path``,
-the notebook's own setup cell installs the wheel (in place of the ``git+`` URL), installs the
-dependencies through ``kda_lib/teaching/install.py`` and runs the notebook; then the recorded
-data that notebooks 03 and 08 read is loaded there. To stay offline and fast, the fresh
-environment sees the project venv's installed *dependencies* (only those of
-``kda-lib[notebook]`` and what runs a notebook: papermill, ipykernel) through a ``.pth`` line
-to a folder of links that leaves out the editable kda_lib; pip runs with ``PIP_NO_INDEX=1``,
-so an unmet requirement fails instead of downloading.
+virtual environment without kda_lib, flax, optax, tokamax, matplotlib or ipywidgets, from a
+temporary folder with no checkout on ``sys.path``, the notebook's own setup cell installs the
+wheel (in place of the ``git+`` URL, ``--no-deps``), then the dependencies through
+``kda_lib/teaching/install.py``: first with no wheel to install them from, where the cell must
+end with one line saying why pip failed, then with them, where the notebook must complete; then
+the recorded data that notebooks 03 and 08 read is loaded there.
+
+To stay offline and fast, pip runs with ``PIP_NO_INDEX=1`` and finds kda_lib's missing direct
+requirements in a folder of wheels repacked from the project venv's installed files
+(:func:`_repack`); the fresh environment sees the rest of the project venv's installed
+dependencies (jax, numpy, papermill, ipykernel and what the missing ones need in turn, so pip
+installs 6 wheels rather than 75) through a ``.pth`` line to a folder of links
+(:func:`_dependency_view`) that leaves out the editable kda_lib and the missing ones.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
 import email.parser
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -197,24 +204,96 @@ def _dependency_closure(requirements: list[str]) -> set[str]:
     return {name for name, _ in seen}
 
 
-def _dependency_view(requirements: list[str], view: pathlib.Path) -> pathlib.Path:
-    """A folder of links to the installed files of the closure of ``requirements``."""
+def _dependency_view(
+    requirements: list[str], view: pathlib.Path, leave_out: set[str] = frozenset()
+) -> pathlib.Path:
+    """A folder of links to the installed files of the closure of ``requirements``, less the
+    distributions ``leave_out`` (canonical names) and kda_lib."""
     site = pathlib.Path(sysconfig.get_paths()["purelib"])
     view.mkdir()
-    for name in _dependency_closure(requirements) - {"kda-lib"}:
+    left_out = {
+        file.parts[0]
+        for name in leave_out
+        for file in importlib.metadata.distribution(name).files or []
+    }
+    for name in _dependency_closure(requirements) - {"kda-lib", *leave_out}:
         for file in importlib.metadata.distribution(name).files or []:
             top = file.parts[0]
+            if top in left_out:
+                continue
             if top != ".." and (site / top).exists() and not (view / top).exists():
                 (view / top).symlink_to(site / top)
     return view
 
 
+def _repack(name: str, folder: pathlib.Path) -> pathlib.Path:
+    """A wheel of the installed distribution ``name``, from its installed files (RECORD)."""
+    dist = importlib.metadata.distribution(name)
+    site = pathlib.Path(dist.locate_file(""))
+    files = [f for f in dist.files or [] if f.parts[0] != ".." and "__pycache__" not in f.parts]
+    (info,) = {f.parts[0] for f in files if f.parts[0].endswith(".dist-info")}
+    tags = [
+        t.split(":", 1)[1].strip()
+        for t in dist.read_text("WHEEL").splitlines()
+        if t.startswith("Tag:")
+    ]
+    python, abi, platform = (".".join(sorted({t.split("-")[i] for t in tags})) for i in range(3))
+    wheel = folder / f"{info.removesuffix('.dist-info')}-{python}-{abi}-{platform}.whl"
+    record = []
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for file in files:
+            if file.name in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json"):
+                continue
+            data = (site / file).read_bytes()
+            zf.writestr(file.as_posix(), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{file.as_posix()},sha256={digest.decode()},{len(data)}")
+        zf.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return wheel
+
+
+def _run_notebook(python, workdir, env, find_links) -> subprocess.CompletedProcess:
+    command = [python, "-m", "papermill", "--no-progress-bar", "-k", "python3"]
+    return subprocess.run(
+        [*command, "--cwd", str(workdir), "00.ipynb", "00-executed.ipynb"],
+        cwd=workdir,
+        env={**env, "PIP_FIND_LINKS": str(find_links)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _outputs(executed: pathlib.Path, kind: str) -> list[dict]:
+    cells = json.loads(executed.read_text())["cells"]
+    return [
+        o
+        for c in cells
+        if c["cell_type"] == "code"
+        for o in c["outputs"]
+        if o["output_type"] == kind
+    ]
+
+
 @pytest.mark.slow
-def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
+def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebook_00(
+    wheel, tmp_path
+):
     requires = _wheel_requires(wheel)
     kda_requires = [r for r in requires if "extra ==" not in r]
     kda_requires += [r.split(";")[0] for r in requires if 'extra == "notebook"' in r]
-    view = _dependency_view([*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps")
+    # a runtime with jax, Jupyter and matplotlib: kda_lib's other requirements are missing
+    # (matplotlib stays: compiling its 8 MB of Python on install would add 10-20 s)
+    names = {Requirement(r).name.lower().replace("_", "-") for r in kda_requires}
+    missing = names - {"jax", "jaxlib", "numpy", "matplotlib"}
+    assert {"flax", "optax", "tokamax", "ipywidgets"} <= missing
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name in sorted(missing):
+        _repack(name, wheels)
+    view = _dependency_view(
+        [*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps", leave_out=missing
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -245,6 +324,7 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
     workdir = tmp_path / "colab"  # no checkout here or above it
     workdir.mkdir()
     (workdir / "00.ipynb").write_text(json.dumps(notebook))
+    executed = workdir / "00-executed.ipynb"
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
@@ -252,37 +332,33 @@ def test_colab_path_runs_notebook_00_from_the_wheel(wheel, tmp_path):
     if USER_XLA_FLAGS is not None:
         env["XLA_FLAGS"] = USER_XLA_FLAGS
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
-    run = subprocess.run(
-        [
-            python,
-            "-m",
-            "papermill",
-            "--no-progress-bar",
-            "-k",
-            "python3",
-            "--cwd",
-            str(workdir),
-            "00.ipynb",
-            "00-executed.ipynb",
-        ],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+
+    # 1. nothing to install the dependencies from: the cell installs kda_lib (--no-deps), then
+    # stops with one line naming pip's reason and the command to run, and no traceback
+    (tmp_path / "no-wheels").mkdir()
+    run = _run_notebook(python, workdir, env, tmp_path / "no-wheels")
+    assert run.returncode != 0, "the notebook ran without its dependencies"
+    (error,) = _outputs(executed, "error")
+    assert error["ename"] == "InstallFailed", error
+    (line,) = error["traceback"]
+    assert line.startswith(
+        "InstallFailed: pip could not install kda_lib's dependencies (ERROR: "
+    ), line
+    assert "tokamax" in line.split(";")[0], line  # what pip could not find
+    assert f"run `{python} -m pip install " in line and "\n" not in line.rstrip(), line
+    printed = "".join("".join(o["text"]) for o in _outputs(executed, "stream"))
+    assert "Installing kda_lib from" in printed and "ERROR" not in printed, printed[:2000]
+    assert "Traceback" not in printed, printed[:2000]
+
+    # 2. with the wheels: kda_lib is there (from the wheel, --no-deps), flax and the rest are
+    # not; the cell installs them and the notebook completes
+    run = _run_notebook(python, workdir, env, wheels)
     assert run.returncode == 0, f"notebook 00 failed in the fresh venv:\n{run.stderr[-6000:]}"
-    executed = json.loads((workdir / "00-executed.ipynb").read_text())
-    printed = "".join(
-        "".join(out.get("text", ""))
-        for cell in executed["cells"]
-        if cell["cell_type"] == "code"
-        for out in cell.get("outputs", [])
-        if out.get("output_type") == "stream"
-    )
+    printed = "".join("".join(o["text"]) for o in _outputs(executed, "stream"))
     assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
     # the install says what it does before pip's silent minutes; setup() names no folder
-    assert "Installing kda_lib's dependencies with [notebook]: jax" in printed, printed[:2000]
+    (before,) = [line for line in printed.splitlines() if "Installing kda_lib" in line]
+    assert before.startswith("Installing kda_lib's dependencies (tokamax, flax, optax"), before
     (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]
     assert setup_line.endswith("| kda_lib 0.1.0 (installed)"), setup_line
     (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]

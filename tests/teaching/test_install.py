@@ -96,11 +96,53 @@ def test_install_dependencies_runs_one_pip_command_and_reports_failure(capsys):
     assert "about 90 packages" in before and "minutes" in before
     assert re.fullmatch(re.escape(plan.summary) + r" \(\d+ s\)", after)
 
-    def failing_pip(command, **kwargs):
-        return subprocess.CompletedProcess(command, 1, "", "ERROR: no matching distribution")
 
-    with pytest.raises(RuntimeError, match="no matching distribution"):
-        installer.install_dependencies(run=failing_pip)
+# what pip prints where it cannot reach the network (offline, or an index it cannot see)
+PIP_OFFLINE = """\
+ERROR: Could not find a version that satisfies the requirement tokamax>=0.0.17 (from versions: none)
+ERROR: No matching distribution found for tokamax>=0.0.17
+"""
+# and where git cannot clone kda_lib (pip 26, git 2.4x)
+PIP_GIT_FAILED = """\
+  error: subprocess-exited-with-error
+
+  × git clone --quiet https://github.com/o/n /tmp/pip-req-build-x did not run successfully.
+  │ exit code: 128
+  ╰─> [1 lines of output]
+      fatal: unable to access 'https://github.com/o/n/': Could not resolve host: github.com
+      [end of output]
+
+  note: This error originates from a subprocess, and is likely not a problem with pip.
+ERROR: Failed to build 'git+https://github.com/o/n' when git clone --filter=blob:none --quiet
+"""
+
+
+def test_pip_reason_is_the_line_that_says_why():
+    first = PIP_OFFLINE.splitlines()[0]
+    assert installer.pip_reason(PIP_OFFLINE) == first
+    assert installer.pip_reason(PIP_GIT_FAILED).startswith("fatal: unable to access")
+    assert installer.pip_reason("  something odd\n  last words \n") == "last words"
+    assert installer.pip_reason("") == "no output"
+    coloured = "\x1b[31mERROR: No matching distribution found for flax\x1b[0m\n"
+    assert installer.pip_reason(coloured) == "ERROR: No matching distribution found for flax"
+
+
+def test_a_failing_pip_ends_the_install_with_one_line_saying_why_and_what_to_run(capsys):
+    """No pip output and no traceback: Jupyter shows InstallFailed as its one line."""
+
+    def failing_pip(command, **kwargs):
+        return subprocess.CompletedProcess(command, 1, "", PIP_OFFLINE)
+
+    with pytest.raises(installer.InstallFailed) as failed:
+        installer.install_dependencies(run=failing_pip, missing=["flax"])
+    (line,) = failed.value._render_traceback_()
+    assert "\n" not in line and line == f"InstallFailed: {failed.value}"
+    assert "could not install kda_lib's dependencies (ERROR: Could not find a version" in line
+    # the command to run by hand: this interpreter's pip and the plan's requirements
+    by_hand = re.search(r"run `([^`]*)`", line).group(1)
+    assert by_hand.startswith(f"{sys.executable} -m pip install ") and "tokamax" in by_hand
+    assert isinstance(failed.value, RuntimeError)
+    assert "No matching distribution" not in capsys.readouterr().out  # pip's lines not echoed
 
 
 def test_install_cell_installs_what_is_missing_even_when_kda_lib_is_there(monkeypatch):
@@ -131,6 +173,33 @@ def test_install_cell_installs_what_is_missing_even_when_kda_lib_is_there(monkey
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     exec(block, {})  # everything there: nothing runs
     assert calls == []
+
+
+def test_install_cell_ends_with_one_line_where_pip_cannot_install_kda_lib(monkeypatch):
+    """No network or a private fork: the cell stops with git's reason and the command to run,
+    shown by Jupyter as one line, and runs no installer."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import notebook_setup
+
+    url = notebook_setup.repository_url()
+    block = notebook_setup.install_block(url)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "kda_lib" else real_find_spec(name, *args),
+    )
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda command, **kw: subprocess.CompletedProcess(command, 1, "", PIP_GIT_FAILED),
+    )
+    monkeypatch.setattr("runpy.run_path", lambda *a, **k: pytest.fail("the installer ran"))
+    with pytest.raises(RuntimeError) as failed:
+        exec(block, {})
+    (line,) = failed.value._render_traceback_()
+    assert line.startswith("InstallFailed: pip could not install kda_lib (fatal: unable to access")
+    assert f"run `pip install git+{url}`" in line and "\n" not in line
 
 
 # modules a fresh runtime lacks: the installer must run without any of them
