@@ -52,6 +52,7 @@ _README_COLAB = re.compile(r"https://colab\.research\.google\.com/github/([\w.-]
 # install cut short that left kda_lib without jax) installs what is missing. The installer runs
 # by path because `import kda_lib` needs jax. A failing pip ends the cell with one line
 # (InstallFailed: pip's reason and the command to run by hand), not pip's output and a traceback.
+# (scipy, which kda_lib.lab needs, is a requirement of jax: present wherever jax is)
 NEEDED_MODULES = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
 INSTALL_BLOCK = """\
 import importlib.util
