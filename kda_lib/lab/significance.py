@@ -18,8 +18,10 @@ DEFAULT_MIN_GAP = 0.01
 def _scores(name: str, values) -> np.ndarray:
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1 or array.size < 2:
-        raise ValueError(f"{name} must be a 1-D sequence of at least two per-seed scores; got "
-                         f"shape {array.shape}")
+        raise ValueError(
+            f"{name} must be a 1-D sequence of at least two per-seed scores; got "
+            f"shape {array.shape}"
+        )
     if not np.all(np.isfinite(array)):
         raise ValueError(f"{name} must be finite; got {array.tolist()}")
     return array
