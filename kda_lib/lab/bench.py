@@ -3,17 +3,23 @@
 Everything runs in one process at the same shapes, so the ratios between rows are meaningful
 even on a noisy machine (absolute times are only comparable on a quiet one). Each function is
 jitted and compiled ahead of time (compile time is reported separately) and warmed up; then
-every function is timed once per round for ``--reps`` rounds (interleaved, so a change of load
-hits all of them alike; ``--no-interleave`` times each one's reps back to back instead). The
-table shows the median and the spread, and a JSON file keeps everything.
+every function is timed once per round for ``--reps`` rounds (15 by default; interleaved, so a
+change of load hits all of them alike; ``--no-interleave`` times each one's reps back to back
+instead). The table shows the median, the quartiles, the minimum and the reps; a row whose
+minimum is under half its median is flagged ``bimodal`` (and warned about: its median is no
+typical call's time). A JSON file keeps everything. ``--preset auto-grid`` records the grid
+``"auto"``'s CPU policy is decided from (:mod:`kda_lib.lab.policy_grid`).
 
 Entries (``--impls``; default: all that run on this platform):
 
 * ``chunked``, ``recurrent``, ``tokamax_xla``, ``tokamax_xla_chunked``, ``tokamax_mosaic``:
   :func:`kda_lib.kda` with that implementation. All get the same fused-gate inputs (raw gate
   ``f``, ``a_log``, ``dt_bias``, ``lower_bound=-5``) because tokamax's chunked form needs them.
-  The token-by-token forms (``recurrent``, ``tokamax_xla``) only run for T <= 2048
-  (``--sequential-max-t``) unless named in ``--impls``; Mosaic only on TPU v6+.
+  ``auto`` (only when named) times what ``kda(..., implementation="auto")`` runs. The
+  token-by-token forms (``recurrent``, ``tokamax_xla``) run above T = 2048
+  (``--sequential-max-t``) only when named in ``--impls``, or in the modes ``auto`` runs them in
+  at that T (the scan's forward on CPU); every skipped row gets a record (``skipped``) and a note
+  with its estimated time (linear in T from the longest timed row). Mosaic only on TPU v6+.
 * ``softmax``: ``jax.nn.dot_product_attention`` (causal, ``implementation=None``: the fastest
   backend available), same B, T, H and head dim K.
 * ``layer``: the full :class:`kda_lib.layers.kda_layer.KimiDeltaAttention` (hidden = H * K, safe
@@ -45,8 +51,9 @@ The JSON (default ``build/runs/benchmarks/<platform>-<YYYY-MM-DD>.json``; with `
 recorded ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
 directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
 (one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
-``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU and TPU
-``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T). ``--preset
+``p75_ms``, ``reps``, ``bimodal``, ``compile_s``, ``compiled_bytes`` from XLA's memory
+analysis, and on GPU and TPU ``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode
+and T). ``--preset
 accelerator`` sets the published GPU shapes; on an H200 the JSON adds ``vs_h200_anchors``
 (chunked fwd+bwd over fla's Triton kernel and tokamax's xla_chunked, as measured by others).
 """
@@ -444,11 +451,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="defaults for a GPU or TPU (accelerator: bf16, H=16, K=V=128, T=2K/8K/32K, "
         "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
-        "flags win",
+        "flags win. auto-grid: record the grid auto's CPU policy is decided from "
+        "(kda_lib/lab/policy_grid.py; resumable)",
     )
     _add_shape_options(parser)
     _add_entry_options(parser)
     _add_timing_options(parser)
+    _add_grid_options(parser)
     parser.add_argument(
         "--out",
         default=None,
@@ -523,6 +532,10 @@ def _add_entry_options(parser: argparse.ArgumentParser) -> None:
         help="models of the training-step rows (hybrid: kda, kda, kda, attention)",
     )
     parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
+
+
+def _add_grid_options(parser: argparse.ArgumentParser) -> None:
+    """``--skip-rows`` and ``--grid-max-s`` (``--preset auto-grid``)."""
     parser.add_argument(
         "--skip-rows",
         nargs="+",
@@ -665,7 +678,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     ``--no-interleave``); the document is written before the table is printed."""
     args = parse_args(argv)
     if args.preset == "auto-grid":
-        return policy_grid.run_grid(args.out_path, max_seconds=args.grid_max_s, dtype=args.dtype)
+        return policy_grid.run_grid(
+            args.out_path, run, max_seconds=args.grid_max_s, dtype=args.dtype
+        )
     cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
     impls = args.impls or default_impls(lambda n: kernel_problem(n, cfg))
     key = jax.random.key(args.seed)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,17 +75,16 @@ def _load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def run_grid(path: Path, *, max_seconds: float | None, dtype: str = "float32", points=None):
+def run_grid(path: Path, run_point, *, max_seconds, dtype: str = "float32", points=None) -> dict:
     """Record every point of the grid not yet in ``path`` (in order, smallest first), writing
     the file after each; stop starting new points after ``max_seconds``. Returns the document.
-    ``points``: ``(BH, T, K)`` to record instead of the whole grid."""
-    from kda_lib.lab import bench  # the benchmark imports this module's preset
-
+    ``run_point(argv)``: the benchmark's ``run`` (its JSON document); ``points``: ``(BH, T, K)``
+    to record instead of the whole grid."""
     document = _load(path) or dict(
         platform=jax.default_backend(),
         device_kind=jax.devices()[0].device_kind,
         jax_version=jax.__version__,
-        cpu_count=bench._cpu_count(),
+        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         grid=dict(BH=GRID_BH, T=GRID_T, K=GRID_KV, forms=FORMS, modes=MODES, dtype=dtype),
         command="kda-bench --preset auto-grid [--record] [--grid-max-s S]",
         points=[],
@@ -98,7 +98,7 @@ def run_grid(path: Path, *, max_seconds: float | None, dtype: str = "float32", p
             print(f"note: --grid-max-s reached; rerun to go on ({path})", file=sys.stderr)
             break
         print(f"point BH={bh} T={seq_len} K=V={dim}", file=sys.stderr, flush=True)
-        run = bench.run(point_argv(bh, seq_len, dim, dtype))
+        run = run_point(point_argv(bh, seq_len, dim, dtype))
         point = dict(BH=bh, T=seq_len, K=dim, reps=point_reps(bh, seq_len, dim))
         point["date"] = run["date"]
         point["records"] = run["records"]

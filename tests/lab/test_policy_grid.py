@@ -33,7 +33,7 @@ def test_the_scan_backward_is_skipped_only_where_its_states_do_not_fit():
     assert bench.parse_args(large).impls == ["recurrent", "chunked", "auto"]
 
 
-def test_a_grid_run_resumes_where_it_stopped(tmp_path, monkeypatch):
+def test_a_grid_run_resumes_where_it_stopped(tmp_path):
     calls = []
 
     def fake_run(argv):
@@ -42,13 +42,14 @@ def test_a_grid_run_resumes_where_it_stopped(tmp_path, monkeypatch):
         records = [dict(impl="chunked", T=args.seq_lens[0], mode="fwd", median_ms=1.0)]
         return dict(date="2026-12-02", records=records)
 
-    monkeypatch.setattr(bench, "run", fake_run)
     path = tmp_path / "grid.json"
     points = policy_grid.grid_points()[:2]
-    policy_grid.run_grid(path, max_seconds=-1.0, points=points)  # out of time: no point
+    policy_grid.run_grid(path, fake_run, max_seconds=-1.0, points=points)  # out of time: no point
     assert calls == []
-    policy_grid.run_grid(path, max_seconds=None, points=points[:1])
-    policy_grid.run_grid(path, max_seconds=None, points=points)  # the first is not run again
+    policy_grid.run_grid(path, fake_run, max_seconds=None, points=points[:1])
+    policy_grid.run_grid(
+        path, fake_run, max_seconds=None, points=points
+    )  # the first is not run again
     assert calls == points
     document = json.loads(path.read_text())
     assert [(p["BH"], p["T"], p["K"]) for p in document["points"]] == points
