@@ -47,7 +47,6 @@ chunk_size: int = 16  # chunk length of the chunked prefill
 timing_repeats: int = 3  # times each decode step is timed; the fastest run is kept
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
-recorded_benchmark: str = "cpu-2026-12-01.json"  # CPU timings in data/benchmarks/
 roofline_heads: int = 16  # H of the realistic layer of section 5 (the published GPU shapes)
 roofline_head_dim: int = 128  # head size (d_k and d_v) of that layer
 gqa_kv_heads: int = 4  # key/value heads of the grouped-query cache of section 5
@@ -96,7 +95,6 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.lab.measure import median_ms
-from kda_lib.lab.records import load_recorded
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.ops.api import select_implementation
 from kda_lib.ops.reference import kda_step
@@ -131,36 +129,30 @@ def run(layer, x, cache):
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
 # call (`kda_lib.ops.api.select_implementation`): the token-by-token recurrence for a single
-# token, where one scan step beats a padded chunk, and for a prompt the chunked form (matrix
-# products over chunks of $C$ = `chunk_size` tokens; on a TPU v6+ `auto` may pick tokamax's
-# Mosaic kernel for the prompt instead). The cell below prints what it picks here. Section 2
-# also prefills with `implementation="chunked"` explicitly, so that the chunked path is
-# compared with decoding on every machine (where `auto` picks `"chunked"` for the prompt, the
-# two prefills are one program and their outputs bitwise equal, asserted there). Both compute
+# token, where one scan step beats a padded chunk. For a prompt it depends on the machine and on
+# whether the call is differentiated: on a CPU a forward-only call (a prefill) runs the scan too,
+# a differentiated one the chunked form's forward and backward (matrix products over chunks of
+# $C$ = `chunk_size` tokens); on a GPU the chunked form, and on a TPU v6+ `auto` may pick
+# tokamax's Mosaic kernel. The rules come from a recorded grid of timings
+# (`data/benchmarks/policy/`, made by `kda-bench --preset auto-grid`). The cell below prints
+# what it picks here. Section 2 also prefills with `implementation="chunked"` explicitly, so that
+# the chunked path is compared with decoding on every machine (where `auto` picks `"chunked"`
+# for the prompt, the two prefills are one program and their outputs bitwise equal, asserted
+# there). Both compute
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
 #   \mathbf v_t^\top, \qquad \mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k} .
 # $$
-#
-# Why not the scan for a whole prompt too? It is not the faster forward on a CPU in this
-# project's recorded CPU benchmark (`recorded_benchmark`, made by `python -m kda_lib.lab.bench`):
-# there the chunked forward took less time than the scan's at T = 256 and about the same at
-# T = 1024 (ratios printed below).
 
 # %%
 picks = {t: select_implementation(seq_len=t, key_dim=head_dim, dtype=jnp.float32,
-                                  lower_bound=None, fused_gate=True)
+                                  lower_bound=None, fused_gate=True, differentiated=False)
          for t in (prompt_len, 1)}
 print(f"auto picks {picks[prompt_len]!r} for the {prompt_len}-token prompt, "
       f"{picks[1]!r} for one token")
-if jax.default_backend() != "tpu":  # on a TPU v6+ auto may pick tokamax's Mosaic kernel
-    assert picks == {prompt_len: "chunked", 1: "recurrent"}
-bench = load_recorded("benchmarks", recorded_benchmark)
-fwd_ratio = {int(t): r for t, r in bench["ratios"]["chunked/recurrent"]["fwd"].items()}
-print(f"recorded {bench['platform']} benchmark {bench['date']}: chunked / scan forward time "
-      + ", ".join(f"{r:.2f} at T = {t}" for t, r in sorted(fwd_ratio.items())))
-assert fwd_ratio[256] < 0.95 and 0.95 < fwd_ratio[1024] < 1.05, fwd_ratio  # the text above
+if jax.default_backend() == "cpu":
+    assert picks == {prompt_len: "recurrent", 1: "recurrent"}
 
 cache = layer.init_cache(batch)
 for name, part in cache._asdict().items():

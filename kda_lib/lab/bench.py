@@ -3,17 +3,23 @@
 Everything runs in one process at the same shapes, so the ratios between rows are meaningful
 even on a noisy machine (absolute times are only comparable on a quiet one). Each function is
 jitted and compiled ahead of time (compile time is reported separately) and warmed up; then
-every function is timed once per round for ``--reps`` rounds (interleaved, so a change of load
-hits all of them alike; ``--no-interleave`` times each one's reps back to back instead). The
-table shows the median and the spread, and a JSON file keeps everything.
+every function is timed once per round for ``--reps`` rounds (15 by default; interleaved, so a
+change of load hits all of them alike; ``--no-interleave`` times each one's reps back to back
+instead). The table shows the median, the quartiles, the minimum and the reps; a row whose
+minimum is under half its median is flagged ``bimodal`` (and warned about: its median is no
+typical call's time). A JSON file keeps everything. ``--preset auto-grid`` records the grid
+``"auto"``'s CPU policy is decided from (:mod:`kda_lib.lab.policy_grid`).
 
 Entries (``--impls``; default: all that run on this platform):
 
 * ``chunked``, ``recurrent``, ``tokamax_xla``, ``tokamax_xla_chunked``, ``tokamax_mosaic``:
   :func:`kda_lib.kda` with that implementation. All get the same fused-gate inputs (raw gate
   ``f``, ``a_log``, ``dt_bias``, ``lower_bound=-5``) because tokamax's chunked form needs them.
-  The token-by-token forms (``recurrent``, ``tokamax_xla``) only run for T <= 2048
-  (``--sequential-max-t``) unless named in ``--impls``; Mosaic only on TPU v6+.
+  ``auto`` (only when named) times what ``kda(..., implementation="auto")`` runs. The
+  token-by-token forms (``recurrent``, ``tokamax_xla``) run above T = 2048
+  (``--sequential-max-t``) only when named in ``--impls``, or in the modes ``auto`` runs them in
+  at that T (the scan's forward on CPU); every skipped row gets a record (``skipped``) and a note
+  with its estimated time (linear in T from the longest timed row). Mosaic only on TPU v6+.
 * ``softmax``: ``jax.nn.dot_product_attention`` (causal, ``implementation=None``: the fastest
   backend available), same B, T, H and head dim K.
 * ``layer``: the full :class:`kda_lib.layers.kda_layer.KimiDeltaAttention` (hidden = H * K, safe
@@ -45,8 +51,9 @@ The JSON (default ``build/runs/benchmarks/<platform>-<YYYY-MM-DD>.json``; with `
 recorded ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
 directory) holds ``platform``, ``device_kind``, versions, ``date``, ``config``, ``records``
 (one per implementation, T and mode: ``median_ms``, ``min_ms``, ``max_ms``, ``p25_ms``,
-``p75_ms``, ``compile_s``, ``compiled_bytes`` from XLA's memory analysis, and on GPU and TPU
-``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode and T). ``--preset
+``p75_ms``, ``reps``, ``bimodal``, ``compile_s``, ``compiled_bytes`` from XLA's memory
+analysis, and on GPU and TPU ``peak_bytes_in_use``) and ``ratios`` (medians divided, per mode
+and T). ``--preset
 accelerator`` sets the published GPU shapes; on an H200 the JSON adds ``vs_h200_anchors``
 (chunked fwd+bwd over fla's Triton kernel and tokamax's xla_chunked, as measured by others).
 """
@@ -70,6 +77,7 @@ import numpy as np
 from flax import nnx
 
 from kda_lib.checks import check_option_minimums
+from kda_lib.lab import policy_grid
 from kda_lib.lab.measure import timed_call, xla_cost
 from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
 from kda_lib.lab.tasks import TaskBatch
@@ -77,7 +85,7 @@ from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 from kda_lib.ops.api import IMPLEMENTATIONS, kda
-from kda_lib.ops.registry import CHUNKED, REGISTRY
+from kda_lib.ops.registry import CHUNKED, REGISTRY, portable_forms
 from kda_lib.testing import random_kda_inputs
 
 MODES = ("fwd", "fwd+bwd")
@@ -109,6 +117,8 @@ PRESETS = {
         reps=10,
     ),
 }
+# --preset auto-grid: the grid of kda_lib.lab.policy_grid (its own loop over shapes)
+PRESETS["auto-grid"] = {}
 # fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
 # anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
 H200_ANCHORS_MS = {
@@ -142,6 +152,8 @@ def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
 def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
     """Why a kda implementation cannot run this configuration here (None: it can), as its
     backend says (:meth:`kda_lib.ops.registry.Backend.config_problems`)."""
+    if name == "auto":
+        return None  # it picks one that can
     problems = REGISTRY[name].config_problems(
         key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
     )
@@ -337,19 +349,57 @@ class Job:
             derived["bytes_per_token"] = self.info["bytes_accessed"] / self.tokens
         if self.mode == "train" and self.tokens:
             derived["tokens_per_s"] = self.tokens / median_s
-        return (
-            record
-            | derived
-            | dict(
-                median_ms=statistics.median(times),
-                min_ms=min(times),
-                max_ms=max(times),
-                p25_ms=p25,
-                p75_ms=p75,
-                reps=len(times),
-                **self.info,
-            )
+        stats = dict(
+            median_ms=statistics.median(times),
+            min_ms=min(times),
+            max_ms=max(times),
+            p25_ms=p25,
+            p75_ms=p75,
+            reps=len(times),
         )
+        return record | derived | stats | dict(bimodal=is_bimodal(stats), **self.info)
+
+
+def is_bimodal(record: dict) -> bool:
+    """Whether a row's times look like two populations: the fastest call under half the median
+    (a median then says little about either; rerun on a quieter machine, or compare minima)."""
+    return record["min_ms"] < record["median_ms"] / 2
+
+
+def distribution_warnings(records: list[dict]) -> list[str]:
+    """One line per bimodal row (:func:`is_bimodal`)."""
+    return [
+        f"warning: {r['impl']} T={r['T']} {r['mode']}: bimodal times (min {r['min_ms']:.2f} ms "
+        f"< median {r['median_ms']:.2f} ms / 2, {r['reps']} reps): its median is not a typical "
+        "call's time"
+        for r in records
+        if r.get("median_ms") is not None and "min_ms" in r and is_bimodal(r)
+    ]
+
+
+def skip_estimates(records: list[dict]) -> list[str]:
+    """For each skipped row (``skipped`` set), the estimated time of one call, scaled linearly
+    in T from the longest timed row of the same entry and mode (written into the record as
+    ``estimated_ms``); one line each."""
+    lines = []
+    for r in records:
+        if not r.get("skipped"):
+            continue
+        timed = [
+            t
+            for t in records
+            if (t["impl"], t["mode"]) == (r["impl"], r["mode"]) and t.get("median_ms")
+        ]
+        if timed:
+            base = max(timed, key=lambda t: t["T"])
+            r["estimated_ms"] = base["median_ms"] * r["T"] / base["T"]
+            estimate = f"about {r['estimated_ms'] / 1e3:.2f} s a call (from T={base['T']})"
+        else:
+            estimate = "no timed row to estimate its time from"
+        lines.append(
+            f"note: {r['impl']} T={r['T']} {r['mode']} skipped ({r['skipped']}): {estimate}"
+        )
+    return lines
 
 
 # ------------------------------------------------------------------------------- driver
@@ -401,11 +451,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="defaults for a GPU or TPU (accelerator: bf16, H=16, K=V=128, T=2K/8K/32K, "
         "chunked vs tokamax; rows that cannot run here are skipped with a note); explicit "
-        "flags win",
+        "flags win. auto-grid: record the grid auto's CPU policy is decided from "
+        "(kda_lib/lab/policy_grid.py; resumable)",
     )
     _add_shape_options(parser)
     _add_entry_options(parser)
     _add_timing_options(parser)
+    _add_grid_options(parser)
     parser.add_argument(
         "--out",
         default=None,
@@ -444,7 +496,7 @@ def _add_entry_options(parser: argparse.ArgumentParser) -> None:
         "--impls",
         nargs="+",
         default=None,
-        choices=(*IMPLEMENTATIONS, "softmax", "layer"),
+        choices=(*IMPLEMENTATIONS, "auto", "softmax", "layer"),
         help="entries to time (default: every one that runs here); naming a sequential form "
         "runs it at every T",
     )
@@ -482,11 +534,32 @@ def _add_entry_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-batch", type=int, default=4, help="sequences per training step")
 
 
+def _add_grid_options(parser: argparse.ArgumentParser) -> None:
+    """``--skip-rows`` and ``--grid-max-s`` (``--preset auto-grid``)."""
+    parser.add_argument(
+        "--skip-rows",
+        nargs="+",
+        default=[],
+        metavar="ENTRY:MODE",
+        help="rows not to time (e.g. recurrent:fwd+bwd); each gets a record that says so",
+    )
+    parser.add_argument(
+        "--grid-max-s",
+        type=float,
+        default=None,
+        help="--preset auto-grid: start no new grid point after this many seconds (rerun to "
+        "resume; points already in the file are skipped)",
+    )
+
+
 def _add_timing_options(parser: argparse.ArgumentParser) -> None:
     """How rows are timed: ``--reps``, ``--no-interleave``, ``--warmup``, ``--seed``,
     ``--no-roofline``."""
     parser.add_argument(
-        "--reps", type=int, default=10, help="timed calls per row (the table shows their median)"
+        "--reps",
+        type=int,
+        default=15,
+        help="timed calls per row (the table shows their median and quartiles)",
     )
     parser.add_argument(
         "--no-interleave",
@@ -528,7 +601,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--record writes the recorded data/benchmarks/ file: give --out or --record")
     if args.out != "-":
         today = datetime.date.today()
-        out = args.out or default_out_path(jax.default_backend(), today, record=args.record)
+        platform = jax.default_backend()
+        if args.preset == "auto-grid":
+            out = args.out or policy_grid.grid_path(platform, today, record=args.record)
+        else:
+            out = args.out or default_out_path(platform, today, record=args.record)
         problem = output_path_problem(out)
         if problem:
             parser.error(f"--out: {problem}")
@@ -577,16 +654,18 @@ def compare_with_anchors(records: list[dict]) -> dict:
 
 
 def format_table(records: list[dict]) -> str:
-    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'min ms':>10}{'max ms':>10}"
-    header += f"{'compile s':>11}"
+    header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'p25 ms':>10}{'p75 ms':>10}"
+    header += f"{'min ms':>10}{'reps':>6}{'compile s':>11}"
     lines = [header, "-" * len(header)]
     for r in records:
         if r.get("median_ms") is None:
-            lines.append(f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}  error: {r['error']}")
+            why = f"error: {r['error']}" if r.get("error") else f"skipped: {r.get('skipped')}"
+            lines.append(f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}  {why}")
             continue
         lines.append(
             f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}{r['median_ms']:>11.2f}"
-            f"{r['min_ms']:>10.2f}{r['max_ms']:>10.2f}{r['compile_s']:>11.2f}"
+            f"{r['p25_ms']:>10.2f}{r['p75_ms']:>10.2f}{r['min_ms']:>10.2f}{r['reps']:>6}"
+            f"{r['compile_s']:>11.2f}" + ("  bimodal" if r.get("bimodal") else "")
         )
     return "\n".join(lines)
 
@@ -598,12 +677,18 @@ def run(argv: Sequence[str] | None = None) -> dict:
     here become error records with a note), then compiled, then timed (interleaved unless
     ``--no-interleave``); the document is written before the table is printed."""
     args = parse_args(argv)
+    if args.preset == "auto-grid":
+        return policy_grid.run_grid(
+            args.out_path, run, max_seconds=args.grid_max_s, dtype=args.dtype
+        )
     cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
     impls = args.impls or default_impls(lambda n: kernel_problem(n, cfg))
     key = jax.random.key(args.seed)
     jobs, records = _plan_jobs(args, cfg, impls, key)
     _time_jobs(jobs, args)
     records.extend(job.record() for job in jobs)
+    for line in skip_estimates(records) + distribution_warnings(records):
+        print(line, file=sys.stderr, flush=True)
     matmul_gflops = add_roofline(records)
     document = _document(args, cfg, impls, records, matmul_gflops, argv)
     _write_and_print(document, args.out_path)
@@ -619,8 +704,14 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job]
     each T), and the error records of the kernel rows that cannot run here."""
     jobs, records = [], []
 
-    def add(name, seq_len, fn, fn_args):
-        for mode in args.modes:
+    def add(name, seq_len, fn, fn_args, modes=None):
+        for mode in modes or args.modes:
+            if f"{name}:{mode}" in args.skip_rows:
+                reason = "named in --skip-rows"
+                records.append(
+                    dict(impl=name, T=seq_len, mode=mode, median_ms=None, skipped=reason)
+                )
+                continue
             timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
             jobs.append(Job(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
 
@@ -644,7 +735,7 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job]
                 for entry in LAYER_ENTRIES:
                     add(entry, seq_len, *entries[entry])
             elif too_long and args.impls is None:  # a named entry runs at every T
-                _note(f"skipping {name} at T={seq_len} (token by token; name it to force)")
+                records.extend(_skipped(name, seq_len, args, cfg, inputs_key, add))
             elif (problem := kernel_problem(name, cfg)) is not None:
                 records.extend(
                     dict(impl=name, T=seq_len, mode=m, median_ms=None, error=problem)
@@ -655,6 +746,23 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job]
                 inputs = kernel_inputs(cfg, seq_len, inputs_key)
                 add(name, seq_len, kda_entry(name), tuple(inputs.values()))
     return jobs, records
+
+
+def _skipped(name, seq_len, args, cfg, inputs_key, add) -> list[dict]:
+    """A token-by-token entry above ``--sequential-max-t`` that was not named: the modes in
+    which ``auto`` runs it at this T are timed anyway (the policy needs them); the others
+    become ``skipped`` records (their estimated time is noted after the run)."""
+    forward, training = portable_forms(seq_len)
+    needed = [m for m in args.modes if (forward if m == "fwd" else training) == name]
+    if needed:
+        inputs = kernel_inputs(cfg, seq_len, inputs_key)
+        add(name, seq_len, kda_entry(name), tuple(inputs.values()), modes=needed)
+    reason = f"token by token above --sequential-max-t {args.sequential_max_t}; name it to force"
+    return [
+        dict(impl=name, T=seq_len, mode=m, median_ms=None, skipped=reason)
+        for m in args.modes
+        if m not in needed
+    ]
 
 
 def _time_jobs(jobs: list[Job], args) -> None:

@@ -263,7 +263,6 @@ DEFAULT_TASK_OPTIONS: dict[str, dict] = {
 }
 
 
-
 def make_task(name: str, **options) -> TaskFn:
     """``TASKS[name]`` with its options bound (missing ones from :data:`DEFAULT_TASK_OPTIONS`).
 

@@ -12,10 +12,10 @@ Implementations:
 
 ``"auto"`` policy (:func:`kda_lib.ops.registry.choose`): tokamax Mosaic on a (real) TPU v6+ when its
 constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
-a padded 64-token chunk) and ``"chunked"`` above, differentiated or not. (The recorded CPU
-benchmark, ``data/benchmarks/cpu-2026-12-01.json``, has the chunked forward at 0.86x the scan's
-time at T = 256 and 0.98x at T = 1024: the scan is not the faster forward there; the measured
-reasons are written beside the policy in :mod:`kda_lib.ops.registry`.)
+a padded 64-token chunk); above, on CPU, the scan for a call that is not differentiated and
+exactly the chunked form's forward and backward for one that is (a ``custom_vjp``,
+:class:`kda_lib.ops.registry.Routed`); ``"chunked"`` on other platforms. The rules come from a
+recorded grid (``docs/DESIGN.md`` section 4 names the file and what it holds).
 kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
 on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
 initial/final state, both gates). An explicitly requested implementation never falls back: if

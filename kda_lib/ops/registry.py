@@ -359,39 +359,99 @@ IMPLEMENTATIONS = tuple(REGISTRY)
 
 # T <= 16 takes the scan: a decode step, where one scan step beats a padded 64-token chunk
 RECURRENT_MAX_AUTO_T = 16
-# Above it, "chunked" for every call, forward-only or differentiated, on every platform but a
-# real TPU that tokamax Mosaic can serve. A scan forward for calls that are not differentiated
-# (a custom_vjp with the chunked gradient; issue 26 item 7) was measured and removed: on CPU the
-# recorded benchmark (data/benchmarks/cpu-2026-12-01.json) has the chunked forward at 0.86x the
-# scan's time at T = 256 and 0.98x at T = 1024, and under jax.grad two interleaved runs of that
-# route against plain "chunked" (data/benchmarks/comparisons/auto-grad-vs-chunked-cpu.json,
-# 7 rounds, and -run2.json, 15 rounds; B = 1, H = 4, K = V = 64, float32, 2 shared cores) had
-# medians route / chunked of 22.9 / 15.6 and 16.5 / 11.7 ms at T = 256 (the route 1.4x slower,
-# quartiles apart in both runs), 82.7 / 84.6 and 55.3 / 56.8 ms at T = 1024 and 424 / 391 and
-# 250 / 256 ms at T = 4096 (level: quartiles overlap). Plain "chunked" was never the slower.
+# Above it, on CPU, the forward of a call that is not differentiated and the forward and
+# backward of one that is are chosen apart (:class:`Routed`), each from the recorded grid named
+# in docs/DESIGN.md section 4 (tests/contracts/test_auto_policy.py checks these rules against
+# it); every other platform runs "chunked" (or tokamax Mosaic on a real TPU).
+CPU_FORWARD = "recurrent"
+CPU_TRAINING = "chunked"
 
 
-def select_implementation(*, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool):
-    """The ``"auto"`` policy's name for these inputs. Only a real TPU gets tokamax Mosaic
-    (when its constraints hold): an emulated one (:func:`kda_lib.emulate_tpu`) runs the kernel
-    interpreted, far slower than ``"chunked"``."""
+def portable_forms(seq_len: int, platform: str | None = None) -> tuple[str, str]:
+    """kda_lib's own forms for ``seq_len`` tokens on ``platform`` (default: JAX's default
+    backend): ``(forward, training)``, the form of a call that is not differentiated and the
+    form whose forward and backward a differentiated call runs. ``"recurrent"`` for both up to
+    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` and
+    :data:`CPU_TRAINING`; elsewhere ``"chunked"`` for both."""
+    if seq_len <= RECURRENT_MAX_AUTO_T:
+        return "recurrent", "recurrent"
+    if (platform or jax.default_backend()) == "cpu":
+        return CPU_FORWARD, CPU_TRAINING
+    return "chunked", "chunked"
+
+
+def select_implementation(
+    *, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool, differentiated=True
+):
+    """The ``"auto"`` policy's name for these inputs: the form that runs a differentiated call
+    (its forward and backward), or with ``differentiated=False`` one that is not. Only a real TPU
+    gets tokamax Mosaic (when its constraints hold): an emulated one
+    (:func:`kda_lib.emulate_tpu`) runs the kernel interpreted, far slower than ``"chunked"``."""
     if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
         return "tokamax_mosaic"
-    return portable_implementation(seq_len)
+    forward, training = portable_forms(seq_len)
+    return training if differentiated else forward
 
 
 def portable_implementation(seq_len: int) -> str:
-    """kda_lib's own form for ``seq_len`` tokens: ``"recurrent"`` for decode-sized calls
-    (T <= RECURRENT_MAX_AUTO_T), ``"chunked"`` above."""
-    return "recurrent" if seq_len <= RECURRENT_MAX_AUTO_T else "chunked"
+    """kda_lib's own form for a differentiated call of ``seq_len`` tokens (and its context
+    parallel route): the training form of :func:`portable_forms`."""
+    return portable_forms(seq_len)[1]
+
+
+class Routed(Backend):
+    """``"auto"``'s route when the best forward and the best training form differ: a
+    ``jax.custom_vjp`` whose primal (what runs when nothing differentiates the call) is
+    ``forward`` and whose forward rule is ``training``'s own forward, keeping its residuals
+    (``jax.vjp``), with ``training``'s backward as the backward rule: a differentiated call runs
+    exactly ``training``'s forward and backward (JAX calls the primal only when nothing
+    differentiates it), nothing is computed twice."""
+
+    def __init__(self, forward: Backend, training: Backend):
+        self.forward, self.training = forward, training
+        self.name = training.name  # what runs under differentiation; CP takes its route
+        self.context_parallel = training.context_parallel
+
+    def problems(self, options):
+        return self.forward.problems(options) + self.training.problems(options)
+
+    def __call__(self, arrays, options):
+        return _routed(self.forward, self.training, options, arrays)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _routed(forward: Backend, training: Backend, options: KDAOptions, arrays: KDAArrays):
+    return forward(arrays, options)
+
+
+def _routed_fwd(forward, training, options, arrays):
+    return jax.vjp(lambda a: training(a, options), arrays)
+
+
+def _routed_bwd(forward, training, options, pullback, cotangents):
+    return pullback(cotangents)
+
+
+_routed.defvjp(_routed_fwd, _routed_bwd)
+
+
+@functools.cache
+def _route(forward: str, training: str) -> Backend:
+    """The backend for a pair of forms (one object per pair: :func:`run`'s trace is kept per
+    backend)."""
+    if forward == training:
+        return REGISTRY[forward]
+    return Routed(REGISTRY[forward], REGISTRY[training])
 
 
 def choose(options: KDAOptions) -> Backend:
     """``"auto"``: tokamax Mosaic on a real TPU v6+ when it can serve the call and no precision
-    is asked (a precision is kda_lib's chunked policy); else ``"recurrent"`` for T <= 16 and
-    ``"chunked"`` above (the measured reasons: beside :data:`RECURRENT_MAX_AUTO_T`)."""
+    is asked (a precision is kda_lib's chunked policy); else kda_lib's forms of
+    :func:`portable_forms` (:class:`Routed` when the forward and the training form differ). A
+    precision other than ``"highest"`` keeps both on ``"chunked"`` above 16 tokens (the scan
+    computes in float32 only)."""
     dims = options.dims
     if options.output_token_states:  # only the scan keeps a state per token
         return RECURRENT
@@ -402,7 +462,10 @@ def choose(options: KDAOptions) -> Backend:
         and not mosaic.problems(options)
     ):
         return mosaic
-    return REGISTRY[portable_implementation(dims.seq_len)]
+    forward, training = portable_forms(dims.seq_len)
+    if REGISTRY[forward].problems(options) and dims.seq_len > RECURRENT_MAX_AUTO_T:
+        forward = training
+    return _route(forward, training)
 
 
 def resolve(options: KDAOptions) -> Backend:

@@ -1,9 +1,13 @@
-"""``implementation="auto"`` off TPU: ``"recurrent"`` for T <= 16, ``"chunked"`` above, for
-calls that are differentiated and calls that are not (the measured reasons are beside the
-policy in ``kda_lib/ops/registry.py``). Each case compares ``auto`` with the form it stands for
-bit for bit: the same program, so the same bits."""
+"""``implementation="auto"`` off TPU: ``"recurrent"`` for T <= 16; above, on CPU, the scan for
+a call that is not differentiated and exactly the chunked form's forward and backward for one
+that is (``registry.Routed``, a ``custom_vjp``); the rules come from the recorded grid
+(``test_policy_grid.py`` checks them against it). Each case compares ``auto`` with the form it
+stands for bit for bit: the same program, so the same bits. Segment ids, initial and final
+states and grouped value heads go through the route."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,19 +17,25 @@ from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.api import RECURRENT_MAX_AUTO_T, select_implementation
 from kda_lib.testing import random_kda_inputs
 
-B, H, K, V = 1, 2, 16, 8
+B, H, HV, K, V = 1, 2, 4, 16, 8  # grouped value heads: two per q/k head
 T = 80  # over RECURRENT_MAX_AUTO_T: one full 64-token chunk and a partial one
 ARGNUMS = tuple(range(6))  # q, k, v, g, beta, initial_state
 
 
 def _case(seq_len: int):
-    inputs = random_kda_inputs(jax.random.key(seq_len), B, seq_len, H, K, V)
-    args = tuple(inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    inputs = random_kda_inputs(jax.random.key(seq_len), B, seq_len, HV, K, V)
+    q, k = (inputs[n][:, :, :H] for n in ("q", "k"))
+    args = (q, k, *(inputs[n] for n in ("v", "g", "beta")))
     half = seq_len // 2  # two segments, then two padding tokens
     segment_ids = jnp.concatenate(
-        [jnp.ones((B, half), jnp.int32), jnp.full((B, seq_len - half - 2), 2, jnp.int32),
-         jnp.zeros((B, 2), jnp.int32)], axis=1)
-    initial_state = jax.random.normal(jax.random.key(1), (B, H, K, V))
+        [
+            jnp.ones((B, half), jnp.int32),
+            jnp.full((B, seq_len - half - 2), 2, jnp.int32),
+            jnp.zeros((B, 2), jnp.int32),
+        ],
+        axis=1,
+    )
+    initial_state = jax.random.normal(jax.random.key(1), (B, HV, K, V))
     options = dict(segment_ids=segment_ids, output_final_state=True)
     return (*args, initial_state), options
 
@@ -44,38 +54,68 @@ def _assert_identical(got, want, names):
 
 
 def test_the_suite_runs_off_tpu():
-    assert jax.default_backend() != "tpu"  # the tests below rely on auto never picking Mosaic
-    picks = {t: select_implementation(seq_len=t, key_dim=K, dtype=jnp.float32,
-                                      lower_bound=None, fused_gate=False)
-             for t in (RECURRENT_MAX_AUTO_T, RECURRENT_MAX_AUTO_T + 1)}
-    assert picks == {16: "recurrent", 17: "chunked"}, picks
+    assert jax.default_backend() == "cpu"  # the tests below rely on the CPU policy
+
+    def picks(differentiated):
+        return {
+            t: select_implementation(
+                seq_len=t,
+                key_dim=K,
+                dtype=jnp.float32,
+                lower_bound=None,
+                fused_gate=False,
+                differentiated=differentiated,
+            )
+            for t in (RECURRENT_MAX_AUTO_T, RECURRENT_MAX_AUTO_T + 1)
+        }
+
+    assert picks(True) == {16: "recurrent", 17: "chunked"}, picks(True)
+    assert picks(False) == {16: "recurrent", 17: "recurrent"}, picks(False)
 
 
-def test_auto_forward_above_16_tokens_is_the_chunked_form_with_or_without_a_precision():
-    """A call that is not differentiated: no scan in between, whatever the precision."""
+def test_auto_forward_above_16_tokens_is_the_scan():
+    """A call that is not differentiated runs the scan (precision "highest" too: the scan is
+    float32 throughout); precision "input" keeps it on the chunked form."""
     args, options = _case(T)
 
-    @jax.jit  # one program for the four calls: a compilation is most of this test's time
+    @jax.jit  # one program for the calls: a compilation is most of this test's time
     def forwards(q, k, v, g, beta, initial_state):
-        return [fn(q, k, v, g, beta, initial_state=initial_state, **options, **precision)
-                for precision in ({}, {"precision": "highest"}) for fn in (kda, kda_chunked)]
+        common = dict(initial_state=initial_state, **options)
+        return [
+            kda(q, k, v, g, beta, **common),
+            kda_recurrent(q, k, v, g, beta, **common),
+            kda(q, k, v, g, beta, **common, precision="highest"),
+            kda(q, k, v, g, beta, **common, precision="input"),
+            kda_chunked(q, k, v, g, beta, **common, precision="input"),
+        ]
 
-    auto, chunked, auto_highest, chunked_highest = forwards(*args)
-    _assert_identical(auto, chunked, ("o", "final_state"))
-    _assert_identical(auto_highest, chunked_highest, ("o (highest)", "final_state (highest)"))
+    auto, recurrent, auto_highest, auto_input, chunked_input = forwards(*args)
+    _assert_identical(auto, recurrent, ("o", "final_state"))
+    _assert_identical(auto_highest, recurrent, ("o (highest)", "final_state (highest)"))
+    _assert_identical(auto_input, chunked_input, ("o (input)", "final_state (input)"))
+
+
+def test_auto_forward_eagerly_is_the_scan():
+    args, options = _case(T)
+    q, k, v, g, beta, initial_state = args
+    got = kda(q, k, v, g, beta, initial_state=initial_state, **options)
+    want = kda_recurrent(q, k, v, g, beta, initial_state=initial_state, **options)
+    _assert_identical(got, want, ("o", "final_state"))
 
 
 def test_auto_gradient_above_16_tokens_is_the_chunked_forms():
     args, options = _case(T)
     auto, chunked = (
         jax.jit(jax.value_and_grad(_loss(fn, options), argnums=ARGNUMS, has_aux=True))(*args)
-        for fn in (kda, kda_chunked))
+        for fn in (kda, kda_chunked)
+    )
     (auto_loss, auto_forward), auto_grads = auto
     (chunked_loss, chunked_forward), chunked_grads = chunked
-    _assert_identical((auto_loss, *auto_forward, *auto_grads),
-                      (chunked_loss, *chunked_forward, *chunked_grads),
-                      ("loss", "o", "final_state", "dq", "dk", "dv", "dg", "dbeta",
-                       "dinitial_state"))
+    _assert_identical(
+        (auto_loss, *auto_forward, *auto_grads),
+        (chunked_loss, *chunked_forward, *chunked_grads),
+        ("loss", "o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dinitial_state"),
+    )
     assert all(float(jnp.abs(x).max()) > 0 for x in auto_grads)  # gradients reach every input
 
 
@@ -84,8 +124,44 @@ def test_auto_up_to_16_tokens_is_the_recurrence():
 
     @jax.jit
     def forwards(q, k, v, g, beta, initial_state):
-        return [fn(q, k, v, g, beta, initial_state=initial_state, **options)
-                for fn in (kda, kda_recurrent)]
+        return [
+            fn(q, k, v, g, beta, initial_state=initial_state, **options)
+            for fn in (kda, kda_recurrent)
+        ]
 
     auto, recurrent = forwards(*args)
     _assert_identical(auto, recurrent, ("o", "final_state"))
+
+
+def _scan_lengths(jaxpr) -> list[int]:
+    """Trip counts of every scan in a jaxpr and the jaxprs inside it."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn.params["length"])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    found += _scan_lengths(sub)
+    return found
+
+
+def _trip_counts(hlo_text: str) -> list[int]:
+    """Known trip counts of the while loops in compiled HLO text."""
+    return [int(n) for n in re.findall(r'"known_trip_count":\{"n":"(\d+)"', hlo_text)]
+
+
+def test_auto_under_grad_runs_no_scan_over_time():
+    """The differentiated program holds the chunked form's loops (over T / 64 chunks) and
+    nothing of length T; the same inspection finds the scan in the forward-only program."""
+    args, options = _case(T)
+    loss = _loss(kda, options)
+    grad = jax.grad(lambda *a: loss(*a)[0], argnums=ARGNUMS)
+    forward = jax.jit(lambda *a: loss(*a)[0])
+    assert T in _scan_lengths(jax.make_jaxpr(forward)(*args).jaxpr)  # the inspection works
+    assert T in _trip_counts(forward.lower(*args).compile().as_text())
+    lengths = _scan_lengths(jax.make_jaxpr(grad)(*args).jaxpr)
+    assert lengths and max(lengths) < T // 8, lengths
+    trips = _trip_counts(jax.jit(grad).lower(*args).compile().as_text())
+    assert not trips or max(trips) < T // 8, trips

@@ -105,7 +105,7 @@ def test_bad_arguments_are_argparse_errors_before_any_timing(options, message, t
         bench.run([*TINY, *options, "--out", str(tmp_path / "b.json")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert f"python -m kda_lib.lab.bench: error: {message}" in err
+    assert f"kda-bench: error: {message}" in err
     if "--layer-impl" in options:
         assert all(f"'{name}'" in err for name in ("auto", *bench.IMPLEMENTATIONS))
 
@@ -200,7 +200,9 @@ def test_every_option_has_help_and_the_output_names_its_units(tmp_path, capsys):
     assert {r["impl"] for r in document["records"]} == {"chunked", "softmax"}
     assert document["matmul_gflops"] is None and document["config"]["roofline"] is False
     header = next(line for line in captured.out.splitlines() if line.startswith("impl"))
-    assert header.split()[3:] == ["median", "ms", "min", "ms", "max", "ms", "compile", "s"]
+    assert header.split()[3:] == [
+        *("median", "ms", "p25", "ms", "p75", "ms", "min", "ms", "reps", "compile", "s")
+    ]
     assert bench.RATIOS_HEADER in captured.out
     ratios = captured.out[captured.out.index(bench.RATIOS_HEADER) :]
     assert "chunked/softmax" in ratios.replace(" ", "")

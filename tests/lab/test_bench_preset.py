@@ -11,15 +11,22 @@ from kda_lib.lab import bench
 def test_preset_sets_the_accelerator_shapes():
     args = bench.parse_args(["--preset", "accelerator", "--out", "-"])
     assert (args.seq_lens, args.batch, args.heads, args.key_dim, args.value_dim, args.dtype) == (
-        [2048, 8192, 32768], 1, 16, 128, 128, "bfloat16")
+        [2048, 8192, 32768],
+        1,
+        16,
+        128,
+        128,
+        "bfloat16",
+    )
     assert args.impls == ["chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"]
     plain = bench.parse_args(["--out", "-"])
     assert (plain.heads, plain.dtype, plain.impls, plain.preset) == (4, "float32", None, None)
 
 
 def test_explicit_flags_override_the_preset():
-    args = bench.parse_args(["--preset", "accelerator", "--seq-lens", "64", "--heads", "2",
-                             "--out", "-"])
+    args = bench.parse_args(
+        ["--preset", "accelerator", "--seq-lens", "64", "--heads", "2", "--out", "-"]
+    )
     assert (args.seq_lens, args.heads, args.key_dim) == ([64], 2, 128)
 
 
@@ -30,9 +37,31 @@ def test_unknown_preset_is_a_clear_error(capsys):
 
 
 def test_a_small_preset_run_records_it_and_skips_what_cannot_run():
-    document = bench.run(["--preset", "accelerator", "--seq-lens", "64", "--heads", "1",
-                          "--key-dim", "16", "--value-dim", "16", "--reps", "1", "--warmup", "0",
-                          "--modes", "fwd", "--impls", "chunked", "tokamax_mosaic", "--out", "-"])
+    document = bench.run(
+        [
+            "--preset",
+            "accelerator",
+            "--seq-lens",
+            "64",
+            "--heads",
+            "1",
+            "--key-dim",
+            "16",
+            "--value-dim",
+            "16",
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+            "--modes",
+            "fwd",
+            "--impls",
+            "chunked",
+            "tokamax_mosaic",
+            "--out",
+            "-",
+        ]
+    )
     assert document["config"]["preset"] == "accelerator"
     assert document["config"]["dtype"] == "bfloat16"
     rows = {r["impl"]: r for r in document["records"] if r["impl"] != "matmul"}
@@ -41,9 +70,11 @@ def test_a_small_preset_run_records_it_and_skips_what_cannot_run():
 
 
 def test_comparison_with_the_h200_anchors():
-    records = [dict(impl="chunked", T=2048, mode="fwd+bwd", median_ms=7.44),
-               dict(impl="chunked", T=2048, mode="fwd", median_ms=1.0),
-               dict(impl="tokamax_xla_chunked", T=2048, mode="fwd+bwd", median_ms=9.0)]
+    records = [
+        dict(impl="chunked", T=2048, mode="fwd+bwd", median_ms=7.44),
+        dict(impl="chunked", T=2048, mode="fwd", median_ms=1.0),
+        dict(impl="tokamax_xla_chunked", T=2048, mode="fwd+bwd", median_ms=9.0),
+    ]
     ratios = bench.compare_with_anchors(records)
     assert ratios["chunked / fla_chunk_kda"] == {2048: pytest.approx(7.44 / 3.72)}
     assert ratios["chunked / tokamax_xla_chunked"] == {2048: pytest.approx(7.44 / 7.27)}
