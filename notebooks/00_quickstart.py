@@ -241,22 +241,27 @@ viz.show(fig, "00_quickstart_precision")
 #
 # ## Exercises
 #
-# 1. **Another chunk size.** Run `kda_chunked` with `chunk_size=16` on `q, k, v, g, beta` and
-#    put its outputs `[B, T, H, V]` in `answer`: they should still match `kda_recurrent`.
-# 2. **Carry the state.** Run `kda_recurrent` on the first `seq_len // 2` tokens with
-#    `output_final_state=True`, then on the rest with `initial_state` set to that state; put the
-#    second run's outputs in `answer`. They must equal the second half of the full run.
+# 1. **One step by hand.** Write `my_step(state, q, k, v, g, beta)` returning
+#    `(new_state, o)` for one token, from section 1's equation, in `jnp` (`state [B, H, K, V]`,
+#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`'s KDA functions.
+#    Test it yourself against `step(state, ...)` of section 3; the checker calls it on states
+#    and tokens of its own.
+# 2. **Carry the state.** Write `resume(state, q, k, v, g, beta)` returning the outputs
+#    `[B, T, H, V]` of the tokens `q..beta` run from `state` (what `output_final_state=True`
+#    returned for the tokens before). Check yourself that the first half's final state and the
+#    second half give `o_rec[:, seq_len // 2:]`; the checker calls it with a state of its own,
+#    which no run of this notebook's tokens produced.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in `notebooks/solutions/ch00.py` (the test suite checks them).
 
 # %%
-answer = None  # exercise 1: the outputs of kda_chunked with chunk_size=16
-exercises.check("00.1", answer, q=q, k=k, v=v, g=g, beta=beta)
+answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new_state, o)
+exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: the second half's outputs, run from the first half's state
-exercises.check("00.2", answer, q=q, k=k, v=v, g=g, beta=beta)
+answer = None  # exercise 2: a function resume(state, q, k, v, g, beta) -> outputs [B, T, H, V]
+exercises.check("00.2", answer)
 
 # %% [markdown]
 # ## References

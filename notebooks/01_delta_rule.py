@@ -608,12 +608,15 @@ display(Markdown(
 #
 # ## Exercises
 #
-# 1. **Partial writes.** Write the same pair $(\mathbf k, \mathbf v)$ three times with
-#    $\beta = 0.5$ into an empty memory. What fraction of $\mathbf v$ does the memory return?
-#    (Use section 2's error formula; the answer is one number.)
-# 2. **Orthogonal keys do not interfere.** Store the $d_k$ pairs `(ortho_keys_ex, values_ex)`
-#    (orthonormal keys) in one delta-rule pass ($\beta = 1$) and give the memory $S$; the
-#    checker recalls every pair from it.
+# 1. **Partial writes.** Write the same pair $(\mathbf k, \mathbf v)$ `writes` times with
+#    strength $\beta$ into an empty memory. From section 2's error formula, derive the fraction
+#    of $\mathbf v$ the memory returns for $\mathbf k$ and write it as a function
+#    `recalled_fraction(beta, writes)`; the checker tries values of its own.
+# 2. **Orthogonal keys do not interfere; others do.** Write `one_pass(keys, values)`: the
+#    memory $S$ `[K, V]` after one delta-rule pass ($\beta = 1$, in order, from $S = 0$) over
+#    the pairs `keys [n, K]` (unit rows), `values [n, V]`. Try it on `(ortho_keys_ex,
+#    values_ex)`: every pair comes back. The checker also runs it on generic unit keys, where
+#    one pass recalls only the newest pair exactly, so a linear solve is not an answer.
 # 3. **Negative eigenvalues.** fla's `allow_neg_eigval` lets $\beta \in [0, 2]$. Write
 #    `eigenvalues(beta, k)` returning the eigenvalues of $I - \beta \mathbf k \mathbf k^\top$
 #    for a unit $\mathbf k$, and show on paper that the spectral norm stays at most 1, so the
@@ -628,13 +631,13 @@ display(Markdown(
 # solutions (with the derivations) are in `notebooks/solutions/ch01.py`.
 
 # %%
-answer = None  # exercise 1: the fraction of v returned (a number)
-exercises.check("01.1", answer, beta=0.5, writes=3)
+answer = None  # exercise 1: a function recalled_fraction(beta, writes) -> a number
+exercises.check("01.1", answer)
 
 # %%
 ortho_keys_ex, values_ex = ortho.T, random_pairs(key_ortho, key_dim)[1]  # [K, K], [K, V]
-answer = None  # exercise 2: the memory S [K, V] after one pass
-exercises.check("01.2", answer, keys=ortho_keys_ex, values=values_ex)
+answer = None  # exercise 2: a function one_pass(keys, values) -> the memory S [K, V]
+exercises.check("01.2", answer)
 
 # %%
 answer = None  # exercise 3: a function eigenvalues(beta, k) -> the K eigenvalues

@@ -620,28 +620,33 @@ else:  # the sliders draw the default view first, then redraw when one moves
 #
 # ## Exercises
 #
-# 1. **A half-life by hand.** A channel with $g = -0.01$ per token: compute its half-life from
-#    $e^{g\, t_{1/2}} = \tfrac12$ (in tokens, one number).
-# 2. **The safe gate's floor.** With `lower_bound=-1`, what fraction of a channel can one token
-#    erase at most? (One number; check it on `gate_curve` at a large input before answering.)
-# 3. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ as in section 5),
-#    show on paper that $\mathbf o_t = \mathbf v_t$, so every row of $\Omega$ is one-hot; then
-#    compute that mixing matrix with `mixing(q_mix, k_mix, g_mix, ..., scale=1.0)`.
+# 1. **A half-life by hand.** A channel with log decay $g < 0$ per token keeps $e^{g t}$ after
+#    $t$ tokens. Derive its half-life from $e^{g\, t_{1/2}} = \tfrac12$ and write it as a
+#    function `half_life(g)`, elementwise for an array of decays (try $g = -0.01$); the checker
+#    calls it on decays of its own.
+# 2. **The safe gate's floor.** Derive the largest fraction of a channel one token can erase
+#    under the safe gate with floor `lower_bound`, as a function `erased_at_most(lower_bound)`
+#    (check it on `gate_curve` at a large input first).
+# 3. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ unit, as in
+#    section 5), derive what $\mathbf o_t$ is, and from that the whole mixing matrix $\Omega$;
+#    write it as a function `full_overwrite(q, k, g)` returning $\Omega$ `[T, T]`. Compare it
+#    with `mixing(q_mix, k_mix, g_mix, ..., scale=1.0)` at $\beta = 1$; the checker calls it on
+#    heads of its own.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in `notebooks/solutions/ch02.py`.
 
 # %%
-answer = None  # exercise 1: the half-life in tokens
-exercises.check("02.1", answer, g=-0.01)
+answer = None  # exercise 1: a function half_life(g) -> tokens, elementwise
+exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: the largest fraction one token erases
-exercises.check("02.2", answer, lower_bound=-1.0)
+answer = None  # exercise 2: a function erased_at_most(lower_bound) -> a fraction
+exercises.check("02.2", answer)
 
 # %%
-answer = None  # exercise 3: the [mix_len, mix_len] mixing matrix with beta = 1
-exercises.check("02.3", answer, q=q_mix, k=k_mix, g=g_mix)
+answer = None  # exercise 3: a function full_overwrite(q, k, g) -> Omega [T, T] at beta = 1
+exercises.check("02.3", answer)
 
 # %% [markdown]
 # ## References

@@ -463,7 +463,7 @@ viz.show(fig, "03_triangular_system")
 # sequential pass** (`kda_chunked(scan="sequential")`, the default on CPU): one step per chunk,
 # two products of $C d_k d_v$ multiply-adds each ($\tilde K S$ and
 # $\overrightarrow K^\top \Delta$), no $d_k \times d_k$ map ever formed, and after the loop the
-# outputs of all chunks in one batched product. Exercise 4 asks you to write it.
+# outputs of all chunks in one batched product. Exercise 3 asks you to write it.
 #
 # The maps $(M_{[i]}, E_{[i]})$ of section 1 are for chaining chunks **without** waiting for
 # the state. Applying chunk 1's map and then chunk 2's is again an affine map,
@@ -650,10 +650,10 @@ display(Markdown(
 # %% [markdown]
 # **Flops against chunk size.** Per token, every term of the sequential pass grows with $C$
 # except the state pass ($4 d_k d_v$ whatever $C$): with no $d_k \times d_k$ map to amortise,
-# nothing rewards a big chunk, and the flop-optimal chunk is not 64 (exercise 3 finds it; the
-# cell only asserts that it is not 64). $C = 64$ is a hardware choice: $T / C$ sequential
-# steps, each a kernel launch or loop iteration, favour large chunks; tensor cores and TPU MXUs
-# need matrix tiles of at least 16 rows, best 64 to 128, to run near their peak; and the
+# nothing rewards a big chunk, and the flop-optimal chunk is not 64 (asserted). $C = 64$ is a
+# hardware choice: $T / C$ sequential steps, each a kernel launch or loop iteration, favour
+# large chunks; tensor cores and TPU MXUs need matrix tiles of at least 16 rows, best 64 to 128,
+# to run near their peak; and the
 # chunk's triangular work must fit the fast on-chip memory. fla's KDA intra-chunk kernel
 # accepts $C = 32$ or $64$ only (`chunk_kda_fwd_intra` in `fla/ops/kda/chunk_intra.py`).
 
@@ -872,54 +872,50 @@ assert slow > 3 and traced_fb["recurrent"] * 3 < traced_fb["chunked"]
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
 # without showing the expected one. Worked solutions are in `notebooks/solutions/ch03.py`.
 #
-# 1. **One token per chunk.** With $C = 1$ the chunk map must be the token's own transition.
-#    Call `chunk_affine_maps` on a chunk holding only the first token of head 0 and answer with
-#    its `(transition, state_ext)` for that token.
+# 1. **One token per chunk.** With $C = 1$ a chunk's map is the token's own. Write
+#    `token_map(k, g, beta, v)` returning $(M_t, E_t)$, the token's map $S \mapsto M_t S + E_t$
+#    (`k, g` $[d_k]$, `v` $[d_v]$, float64 NumPy), from the recurrence and without
+#    `chunk_affine_maps`; compare it yourself with `chunk_affine_maps` on a one-token chunk.
 
 # %%
-answer = None  # (M, E): chunk_affine_maps on the first token of head 0, in float64
-check("03.1", answer, k=k[0, 0, 0], g=g[0, 0, 0], beta=beta[0, 0, 0], v=v[0, 0, 0])
+answer = None  # a function token_map(k, g, beta, v) -> (M [K, K], E [K, V])
+check("03.1", answer)
 
 # %% [markdown]
 # 2. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
-#    = K$. Build $M_{[i]}$ by hand from step 4 for the chunk `kc`, `bc` without decay (it should
-#    equal the product of the $I - \beta_t \mathbf k_t \mathbf k_t^\top$).
+#    = K$. Write `wy_factor(k, beta)` returning the chunk's $\tilde K$ $[C, d_k]$ of step 2
+#    (keys `k` $[C, d_k]$, `beta` $[C]$); check on the chunk `kc`, `bc` that
+#    $I - K^\top \tilde K$ (step 4) equals the product of the
+#    $I - \beta_t \mathbf k_t \mathbf k_t^\top$. The checker also tries $C > d_k$, where
+#    $\tilde K$ cannot be read back from that product.
 
 # %%
-answer = None  # M, d_k x d_k
-check("03.2", answer, k=kc, beta=bc)
+answer = None  # a function wy_factor(k, beta) -> K~ [C, d_k]
+check("03.2", answer)
 
 # %% [markdown]
-# 3. **Flops against chunk size.** Using `costs.chunked_flops`, find the chunk size in
-#    $\{16, 32, 64, 128, 256\}$ with the fewest forward flops at $T = 4096$,
-#    $d_k = d_v = 128$, for the sequential pass and for the associative scan. Why does the
-#    associative scan's optimum differ?
-
-# %%
-answer = None  # {"sequential": C, "associative": C}
-check("03.3", answer, T=4096, K=128, V=128)
-
-# %% [markdown]
-# 4. **The sequential pass without $d_k \times d_k$ maps.** Write
+# 3. **The sequential pass without $d_k \times d_k$ maps.** Write
 #    `state_pass(w, u, q_in, k_out, attn_qk, keep, s0)` for one head: chunk-major NumPy arrays
-#    (`w`, `q_in`, `k_out` $[N, C, d_k]$, `u` $[N, C, d_v]$, `attn_qk` $[N, C, C]$ = $P$,
-#    `keep` $[N, d_k]$ = the diagonal of $\Gamma_C$) and the initial state $[d_k, d_v]$, returning
-#    the outputs $[T, d_v]$ and the final state, from the three equations of section 3. The
-#    checker runs it on chunks it builds with `kda_lib.ops.chunked` and compares with the
-#    recurrence in float64.
+#    (`w` $= \tilde K$, `q_in` $= \overleftarrow Q$, `k_out` $= \overrightarrow K$,
+#    $[N, C, d_k]$; `u` $= \tilde V$ $[N, C, d_v]$; `attn_qk` $[N, C, C]$ $= P$; `keep`
+#    $[N, d_k]$ = the diagonal of $\Gamma_C$) and the initial state $[d_k, d_v]$, returning the
+#    outputs $[T, d_v]$ and the final state, from the three equations of section 3 (`q_in` is
+#    unscaled, as there). The checker runs it on chunks it builds with `kda_lib.ops.chunked`
+#    and compares with the recurrence in float64.
 
 # %%
 answer = None  # a function state_pass(w, u, q_in, k_out, attn_qk, keep, s0) -> (O, S)
-check("03.4", answer)
+check("03.3", answer)
 
 # %% [markdown]
-# 5. **Gated DeltaNet's chunk scores.** Write `gdn_scores(q, k, g, scale)` for one chunk with one
+# 4. **Gated DeltaNet's chunk scores.** Write `gdn_scores(q, k, g, scale)` for one chunk with one
 #    log decay per token (`g` $[C]$): the causal decayed scores $P^{\text{GDN}}$ as $q k^\top$
-#    times one $C \times C$ mask, with no exponent above 0 ever formed.
+#    times one $C \times C$ mask, with no exponent above 0 ever formed. The checker also runs
+#    it at $C = 64$ with strong decay, where such an exponent overflows float64.
 
 # %%
 answer = None  # a function gdn_scores(q, k, g, scale) -> P [C, C]
-check("03.5", answer)
+check("03.4", answer)
 
 # %% [markdown]
 # ## References

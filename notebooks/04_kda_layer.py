@@ -501,7 +501,9 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 #    `kernel_kwargs()["dt_bias"]` through `kda_lib.kda_gate`) and check that every channel of a
 #    head gets the same $g$.
 # 3. **The safe gate.** Load the second fixture, `fla_layer_safe_gate.npz` (fla with
-#    `safe_gate=True`, `lower_bound=-5`), into a layer and give its output on the fixture's `x`.
+#    `safe_gate=True`, `lower_bound=-5`), into a layer and give the layer itself (check first
+#    that its output on the fixture's `x` matches the fixture's `y`). The checker runs it on
+#    that `x` and on inputs of its own.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in `notebooks/solutions/ch04.py`.
@@ -516,8 +518,8 @@ exercises.check("04.2", answer, batch=batch, seq_len=seq_len, num_heads=H, key_d
 
 # %%
 safe = fixture("fla_layer_safe_gate.npz")
-answer = None  # exercise 3: the loaded layer's output on safe["x"]
-exercises.check("04.3", answer, fla_y=safe["y"])
+answer = None  # exercise 3: the loaded layer (a callable x -> y)
+exercises.check("04.3", answer, fixture=safe)
 
 # %% [markdown]
 # ## References

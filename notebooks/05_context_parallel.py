@@ -719,13 +719,15 @@ assert np.isfinite(worst) and worst < mosaic_tolerance
 # 2. **Summaries compose.** Write `compose(first, second)` for two slice summaries
 #    `(M, E)`: the summary of running `first`'s slice, then `second`'s. The checker tests it on
 #    random maps, and that grouping does not matter (it is associative).
-# 3. **A realistic crossover.** For $R = 8$ and $d_k = d_v = 128$, from which $T$ does
-#    gathering move more bytes than state passing? (an int)
-# 4. **The fold for any rank count, in $\log_2 R$ rounds.** Write `entering_states(ms, es)`:
+# 3. **The bytes crossover, derived.** Write `crossover(ranks, key_dim, value_dim)`: the first
+#    whole $T$ from which gathering moves more numbers than state passing (try $R = 8$,
+#    $d_k = d_v = 128$); the checker tries sizes of its own.
+# 4. **The fold for any rank count, in about $2 \log_2 R$ rounds.** Write `entering_states(ms, es)`:
 #    given $R$ summaries stacked as `ms [R, K, K]` and `es [R, K, V]`, return the state
-#    entering every rank, `[R, K, V]` (zeros for rank 0), for any $R$, without a Python loop
-#    over the ranks (hint: `jax.lax.associative_scan` with your `compose`, then shift by one).
-#    The checker tries $R$ = 3, 5 and 8.
+#    entering every rank, `[R, K, V]` (zeros for rank 0), for any $R$, without a loop over the
+#    ranks (hint: `jax.lax.associative_scan` with your `compose`, then shift by one). The
+#    checker tries $R$ = 3, 5 and 8, then traces it with `jax.make_jaxpr` at $R = 256$: a
+#    Python loop (one matrix product per rank) or `lax.scan` is refused.
 
 # %%
 from kda_lib.teaching import exercises
@@ -735,8 +737,8 @@ answer = None  # 1: what rank R - 1 receives, a list of halo_size numbers
 exercises.check("05.1", answer, ranks=ranks, local_len=local_len, halo_size=long_halo)
 answer = None  # 2: a function compose(first, second) -> (M, E)
 exercises.check("05.2", answer)
-answer = None  # 3: the first T (an int) at which gathering moves more bytes
-exercises.check("05.3", answer, ranks=8, key_dim=128, value_dim=128)
+answer = None  # 3: a function crossover(ranks, key_dim, value_dim) -> the first T (an int)
+exercises.check("05.3", answer)
 answer = None  # 4: a function entering_states(ms, es) -> [R, K, V]
 exercises.check("05.4", answer)
 

@@ -389,9 +389,12 @@ assert strict[layer0_path].mean() > 0.5 * kept_all, "layer 0's history still han
 #
 # 1. **Chance level.** Compute, with `jnp`, the cross-entropy in nats of a model that
 #    predicts the uniform distribution over the vocabulary, and compare it with `chance_loss`.
-# 2. **Where the conv-only model looks.** Using `reach["conv only"]` (the gradient magnitudes
-#    of section 2), list the positions the conv-only model's last prediction depends on, and
-#    compare with `conv_reach`.
+# 2. **Where a conv-only stack looks, derived.** Section 2 measured where this notebook's
+#    conv-only model looks. Derive it for any stack: write `seen_positions(last, conv_sizes)`
+#    returning the positions (a list of ints) that an output at position `last` depends on in a
+#    conv-only stack whose layers' causal convs have widths `conv_sizes` (one per layer), and
+#    check it on this model against `np.flatnonzero(reach["conv only"])`. The checker tries
+#    stacks of its own.
 # 3. **A clearing near the end.** Clear the states and the upper conv histories at
 #    $p = T - \ell / 2$ instead (`p_late` below): every remaining position's token lies before
 #    the clearing. Which positions $t \ge p$ have no path left to their token (list them)? Then
@@ -402,8 +405,8 @@ from kda_lib.teaching import exercises
 
 answer = None  # 1: the uniform prediction's cross-entropy (nats), a float
 exercises.check("06.1", answer, vocab_size=vocab_size)
-answer = None  # 2: the positions (a list of ints) the conv-only model's last prediction sees
-exercises.check("06.2", answer, last=last, conv_reach=config.conv_reach)
+answer = None  # 2: a function seen_positions(last, conv_sizes) -> a list of ints
+exercises.check("06.2", answer)
 p_late = seq_len - delay // 2
 answer = None  # 3: the positions t >= p_late (a list of ints) with no path to their token
 exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,

@@ -507,7 +507,7 @@ answer = None  # 1: the cache bytes (an int) of the conv_size=0 layer
 exercises.check("07.1", answer, batch=batch, num_heads=num_heads, key_dim=head_dim,
                         value_dim=head_dim)
 answer = None  # 2: the two-piece prefill's outputs, [B, prompt_len, hidden]
-exercises.check("07.2", answer, full=y_full[:, :prompt_len])
+exercises.check("07.2", answer, full=y_full[:, :prompt_len], prompt=x[:, :prompt_len])
 answer = None  # 3: a function t_star(heads, key_dim, value_dim, kv_numbers, state_bytes,
 #                  cache_bytes) -> int
 exercises.check("07.3", answer)

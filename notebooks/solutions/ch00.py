@@ -5,32 +5,37 @@ Try the exercise first; each function is what the notebook's answer cell would h
 
 from __future__ import annotations
 
-import jax
+import jax.numpy as jnp
 
 import kda_lib
-from kda_lib.testing import random_kda_inputs
 
 
-def exercise_1(q, k, v, g, beta):
-    """Another chunk size: the chunked form with 16-token chunks (outputs ``[B, T, H, V]``)."""
-    return kda_lib.kda_chunked(q, k, v, g, beta, chunk_size=16)[0]
+def my_step(state, q, k, v, g, beta):
+    """1: one token of ``S_t = (I - beta k k^T) diag(e^g) S_{t-1} + beta k v^T``,
+    ``o_t = S_t^T q / sqrt(K)``, batched over ``[B, H]``. Decay first; the write then corrects
+    what the decayed state recalls for ``k``: ``(I - beta k k^T) D S + beta k v^T
+    = D S + beta k (v - (D S)^T k)^T``."""
+    decayed = jnp.exp(g)[..., None] * state  # diag(e^g) S: row i (key channel i) times e^{g_i}
+    recalled = jnp.einsum("bhk,bhkv->bhv", k, decayed)
+    new_state = decayed + beta[..., None, None] * k[..., :, None] * (v - recalled)[..., None, :]
+    o = jnp.einsum("bhk,bhkv->bhv", q, new_state) * q.shape[-1] ** -0.5
+    return new_state, o
 
 
-def exercise_2(q, k, v, g, beta):
-    """Carry the state: run the first half, then the second half from its final state."""
-    half = q.shape[1] // 2
-    first = [x[:, :half] for x in (q, k, v, g, beta)]
-    second = [x[:, half:] for x in (q, k, v, g, beta)]
-    _, state = kda_lib.kda_recurrent(*first, output_final_state=True)
-    return kda_lib.kda_recurrent(*second, initial_state=state)[0]
+def resume(state, q, k, v, g, beta):
+    """2: the run continues from ``state`` (what ``output_final_state=True`` returned for the
+    tokens before): pass it as ``initial_state``."""
+    return kda_lib.kda_recurrent(q, k, v, g, beta, initial_state=state)[0]
 
 
 def cases():
-    inputs = random_kda_inputs(jax.random.key(0), 1, 100, 2, 16, 32)
-    context = {name: inputs[name] for name in ("q", "k", "v", "g", "beta")}
-    half = 50
-    from_zero = kda_lib.kda_recurrent(*(x[:, half:] for x in context.values()))[0]
+    def undecayed_step(state, q, k, v, g, beta):  # forgets diag(e^g)
+        return my_step(state, q, k, v, jnp.zeros_like(g), beta)
+
+    def from_zero(state, q, k, v, g, beta):  # forgets the carried state
+        return kda_lib.kda_recurrent(q, k, v, g, beta)[0]
+
     return [
-        ("00.1", exercise_1(**context), context, 1.01 * exercise_1(**context)),
-        ("00.2", exercise_2(**context), context, from_zero),
+        ("00.1", my_step, {}, undecayed_step),
+        ("00.2", resume, {}, from_zero),
     ]

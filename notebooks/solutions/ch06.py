@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 
 
 def chance_level(vocab_size: int) -> float:
@@ -12,10 +11,12 @@ def chance_level(vocab_size: int) -> float:
     return float(-jnp.sum(uniform * jnp.log(uniform)))
 
 
-def conv_positions(reach: np.ndarray) -> list[int]:
-    """2: the positions with a non-zero gradient: exactly conv_reach + 1 of them, ending at the
-    last (each of the N layers' convs adds w - 1 tokens back)."""
-    return np.flatnonzero(reach).tolist()
+def seen_positions(last: int, conv_sizes: list[int]) -> list[int]:
+    """2: a causal conv of width w mixes a position with the w - 1 before it; stacked, the
+    reaches add: sum(w - 1) tokens back (``conv_reach`` = N (w - 1) for N equal layers), the
+    last position included, and nothing before position 0. In the notebook,
+    ``np.flatnonzero(reach["conv only"])`` gives the same list for its stack."""
+    return list(range(max(0, last - sum(w - 1 for w in conv_sizes)), last + 1))
 
 
 def late_clearing(p: int, seq_len: int, delay: int, conv_size: int) -> list[int]:
@@ -27,11 +28,12 @@ def late_clearing(p: int, seq_len: int, delay: int, conv_size: int) -> list[int]
 
 
 def cases():
-    reach = np.zeros(32)
-    reach[25:] = 1.0  # a conv-only model of reach 6 whose last position is 31
+    def no_clipping(last, conv_sizes):  # forgets that the sequence starts at 0
+        return list(range(last - sum(w - 1 for w in conv_sizes), last + 1))
+
     late = dict(p=28, seq_len=32, delay=8, conv_size=4)
     return [
         ("06.1", chance_level(16), dict(vocab_size=16), 1 / 16),
-        ("06.2", conv_positions(reach), dict(last=31, conv_reach=6), list(range(26, 32))),
+        ("06.2", seen_positions, {}, no_clipping),
         ("06.3", late_clearing(**late), late, [28, 29]),
     ]

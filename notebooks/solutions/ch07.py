@@ -47,6 +47,6 @@ def cases():
             cache_context,
             sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(1))),
         ),
-        ("07.2", two_piece_prefill(layer, x), dict(full=full), layer(x[:, 6:])),
+        ("07.2", two_piece_prefill(layer, x), dict(full=full, prompt=x), layer(x[:, 6:])),
         ("07.3", t_star, {}, lambda h, k, v, n, bs, bc: h * k * v * bs / (n * bc)),
     ]

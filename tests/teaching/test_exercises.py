@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import pathlib
 
+import numpy as np
 import pytest
 
 from kda_lib.teaching import exercises
@@ -61,3 +62,262 @@ def test_check_reports_without_revealing(capsys):
         exercises.check("3.1", 1)
     with pytest.raises(ValueError, match="no exercises for notebook 99"):
         exercises.check("99.1", 1)
+
+
+# ------------------------------------------------- degenerate answers and shortcuts (issue 42)
+# Each right answer of ``cases()`` is turned into answers every checker must refuse: NaN, inf,
+# zeros, a wrong shape, a wrong dtype (strings, complex numbers) and an input handed back
+# (for a function, one whose outputs are so made). A checker that said "right" to one of them,
+# or raised instead of hinting, fails the test.
+
+
+def _numeric_variants(x, args=()):
+    """(name, degenerate x) for an array-like ``x``; ``args``: what an echo may hand back."""
+    shape = np.shape(x)
+    out = [
+        ("nan", np.full(shape, np.nan)),
+        ("inf", np.full(shape, np.inf)),
+        ("zeros", np.zeros(shape)),
+        ("shape", np.concatenate([np.ravel(np.asarray(x, np.float64)), [1.0]])),
+        ("dtype str", np.asarray(x).astype(str)),
+        ("dtype complex", np.asarray(x, np.float64) + 1j),
+    ]
+    same_shape = [a for a in args if np.shape(a) == shape and np.size(a) > 1]
+    if same_shape:
+        out.append(("echo", same_shape[0]))
+    return out
+
+
+def _output_variant(answer, index: int):
+    """A function whose every numeric output is ``answer``'s output made degenerate the
+    ``index``-th way (an echo: an argument of the output's shape, else the first argument)."""
+
+    def degenerate(*args):
+        out = answer(*args)
+        parts = list(out) if isinstance(out, tuple) else [out]
+        bad = []
+        for part in parts:
+            variants = dict(_numeric_variants(part, args))
+            name = _VARIANT_NAMES[index]
+            bad.append(variants.get(name, args[0]) if name == "echo" else variants[name])
+        return tuple(bad) if isinstance(out, tuple) else bad[0]
+
+    return degenerate
+
+
+_VARIANT_NAMES = ["nan", "inf", "zeros", "shape", "dtype str", "dtype complex", "echo"]
+
+
+def _degenerate(answer, context):
+    if callable(answer):
+        return [(name, _output_variant(answer, i)) for i, name in enumerate(_VARIANT_NAMES)]
+    if isinstance(answer, str):
+        return [("list", [answer]), ("number", 0.5), ("nan", np.nan)]
+    if isinstance(answer, dict):
+        return [
+            (f"{key}: {name}", {**answer, key: bad})
+            for key, value in answer.items()
+            for name, bad in _numeric_variants(value)
+        ]
+    if np.asarray(answer).dtype.kind not in "iuf":  # (task, T) pairs
+        return [
+            ("number", 0.5),
+            ("nan T", [(task, np.nan) for task, _ in answer]),
+            ("inf T", [(task, np.inf) for task, _ in answer]),
+            ("swapped", [(t, task) for task, t in answer]),
+        ]
+    args = [v for v in context.values() if np.asarray(v).dtype.kind in "iuf"]
+    return _numeric_variants(answer, args)
+
+
+@pytest.mark.xdist_group("solutions")
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_every_checker_refuses_nan_inf_zeros_echo_shape_and_dtype(path):
+    seen = set()
+    for exercise_id, answer, context, _ in _cases(path):
+        if exercise_id in seen:
+            continue
+        seen.add(exercise_id)
+        for name, bad in _degenerate(answer, context):
+            if not callable(bad) and np.shape(bad) == np.shape(answer):
+                try:
+                    if np.array_equal(np.asarray(bad), np.asarray(answer)):
+                        continue  # this "degenerate" answer is the right one
+                except (TypeError, ValueError):
+                    pass
+            hint = exercises.verdict(exercise_id, bad, **context)
+            assert isinstance(hint, str) and hint, f"{exercise_id} accepted a {name} answer"
+
+
+def _kda_inputs():
+    import jax
+
+    from kda_lib.testing import random_kda_inputs
+
+    x = random_kda_inputs(jax.random.key(0), 1, 12, 2, 8, 6)
+    return [x[n] for n in ("q", "k", "v", "g", "beta")]
+
+
+def _shortcut_00_1_recurrent_output():
+    import kda_lib
+
+    return "00.1", kda_lib.kda_recurrent(*_kda_inputs())[0], {}
+
+
+def _shortcut_00_1_kda_step():
+    import jax
+
+    import kda_lib
+
+    step = jax.jit(kda_lib.kda_step)  # as notebook 00 holds it
+
+    def my_step(state, q, k, v, g, beta):
+        return step(state, q, k, v, g, beta)
+
+    return "00.1", my_step, {}
+
+
+def _shortcut_00_2_full_run_sliced():
+    import kda_lib
+
+    return "00.2", kda_lib.kda_recurrent(*_kda_inputs())[0][:, 6:], {}
+
+
+def _shortcut_01_2_solve():
+    return "01.2", lambda keys, values: np.linalg.solve(keys, values), {}
+
+
+def _shortcut_01_2_least_squares():
+    return "01.2", lambda keys, values: np.linalg.lstsq(keys, values, rcond=None)[0], {}
+
+
+def _shortcut_02_1_number():
+    return "02.1", np.log(2) / 0.01, {}  # the old look-up: one number for g = -0.01
+
+
+def _shortcut_03_1_chunk_affine_maps():
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib.ops.chunked import chunk_affine_maps
+
+    def token_map(k, g, beta, v):
+        with jax.enable_x64(True):
+            to = lambda a: jnp.asarray(a, jnp.float64)[None, None, None, None]  # noqa: E731
+            maps = chunk_affine_maps(to(k), to(k), to(v), to(g), to(beta), scale=1.0)
+        return np.asarray(maps.transition)[0, 0, 0], np.asarray(maps.state_ext)[0, 0, 0]
+
+    return "03.1", token_map, {}
+
+
+def _shortcut_03_2_direct_product():
+    def product(k, beta):
+        m = np.eye(k.shape[1])
+        for k_t, b_t in zip(k, beta, strict=True):
+            m = (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)) @ m
+        return m
+
+    return "03.2", product, {}
+
+
+def _shortcut_03_3_prescaled_q_in():
+    """The old checker's convention, O = q_in S + P Delta with q_in pre-scaled: refused now
+    that q_in is section 3's unscaled Q_in."""
+    solutions = _load(SOLUTIONS / "ch03.py")
+
+    def prescaled(w, u, q_in, k_out, attn_qk, keep, s0):
+        return solutions.state_pass(w, u, q_in * np.sqrt(q_in.shape[-1]), k_out, attn_qk, keep, s0)
+
+    return "03.3", prescaled, {}
+
+
+def _shortcut_03_4_naive_exponent():
+    def naive(q, k, g, scale):  # exp(gamma_t - gamma_s) formed above the diagonal too
+        gamma = np.cumsum(g)
+        causal = np.tril(np.ones((len(g), len(g))))
+        return scale * (q @ k.T) * np.exp(gamma[:, None] - gamma[None]) * causal
+
+    return "03.4", naive, {}
+
+
+def _safe_fixture():
+    return np.load(SOLUTIONS.parents[1] / "data" / "fixtures" / "fla_layer_safe_gate.npz")
+
+
+def _shortcut_04_3_fixture_output():
+    fixture = _safe_fixture()
+    return "04.3", np.asarray(fixture["y"]), {"fixture": fixture}
+
+
+def _shortcut_04_3_fixture_output_as_layer():
+    fixture = _safe_fixture()
+    return "04.3", lambda x: fixture["y"], {"fixture": fixture}
+
+
+def _shortcut_05_3_number():
+    return "05.3", _load(SOLUTIONS / "ch05.py").bytes_crossover(8, 128, 128), {}
+
+
+def _shortcut_05_4_python_loop():
+    import jax.numpy as jnp
+
+    def loop(ms, es):
+        state, out = jnp.zeros(es.shape[1:]), []
+        for m, e in zip(ms, es, strict=True):
+            out.append(state)
+            state = m @ state + e
+        return jnp.stack(out)
+
+    return "05.4", loop, {}
+
+
+def _shortcut_05_4_lax_scan():
+    import jax
+    import jax.numpy as jnp
+
+    def scan(ms, es):
+        def step(state, summary):
+            return summary[0] @ state + summary[1], state
+
+        return jax.lax.scan(step, jnp.zeros(es.shape[1:]), (ms, es))[1]
+
+    return "05.4", scan, {}
+
+
+def _shortcut_06_2_printed_positions():
+    return "06.2", list(range(31 - 6, 32)), {}  # what the notebook printed for its own model
+
+
+SHORTCUTS = [
+    _shortcut_00_1_recurrent_output,
+    _shortcut_00_1_kda_step,
+    _shortcut_00_2_full_run_sliced,
+    _shortcut_01_2_solve,
+    _shortcut_01_2_least_squares,
+    _shortcut_02_1_number,
+    _shortcut_03_1_chunk_affine_maps,
+    _shortcut_03_2_direct_product,
+    _shortcut_03_3_prescaled_q_in,
+    _shortcut_03_4_naive_exponent,
+    _shortcut_04_3_fixture_output,
+    _shortcut_04_3_fixture_output_as_layer,
+    _shortcut_05_3_number,
+    _shortcut_05_4_python_loop,
+    _shortcut_05_4_lax_scan,
+    _shortcut_06_2_printed_positions,
+]
+
+
+@pytest.mark.parametrize("make", SHORTCUTS, ids=[f.__name__[10:] for f in SHORTCUTS])
+def test_shortcut_answers_are_refused(make):
+    exercise_id, answer, context = make()
+    hint = exercises.verdict(exercise_id, answer, **context)
+    assert isinstance(hint, str) and hint, f"{exercise_id} accepted the shortcut"
+
+
+def test_exercise_ids_and_answers_of_the_wrong_type_get_a_clear_error_or_hint():
+    with pytest.raises(ValueError, match="exercise_id must be a string"):
+        exercises.check(1.1, 0.5)
+    curves = {"kda": [3.0, 2.0, 1.0, 0.5], "attention": [3.0, 2.9, 2.8, 2.7]}
+    hint = exercises.verdict("09.3", ["kda"], bpb_by_position=curves)
+    assert isinstance(hint, str) and hint

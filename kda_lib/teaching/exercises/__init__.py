@@ -7,15 +7,23 @@ the arguments the notebook passes and returns ``None`` when the answer is right 
 (never the expected value) when it is not. Worked solutions are in ``notebooks/solutions/``
 (plain Python, one module per notebook), where a student goes after trying; the test suite
 (``tests/teaching/test_exercises.py``) feeds every solution to its checker and asserts it passes,
-and a
-wrong answer to it and asserts it fails.
+and wrong answers (NaN, inf, zeros, an input handed back, a wrong shape or dtype, the shortcut
+an exercise forbids) and asserts each fails.
+
+Every checker sends what it is about to compare through :func:`refuse_degenerate` (the same
+refusals, with a hint, in every exercise); a checker that asks for a function calls it through
+:func:`call_answer` on inputs of its own, so a hard-coded array cannot pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any
+
+import numpy as np
 
 _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
@@ -33,9 +41,123 @@ def checker(exercise_id: str) -> Callable[[Callable[..., str | None]], Callable[
     return register
 
 
+def refuse_degenerate(
+    answer: Any,
+    *,
+    shape: Sequence[int] | None = None,
+    inputs: Sequence[Any] = (),
+    what: str = "the answer",
+    integer: bool = False,
+    allow_zeros: bool = False,
+) -> str | None:
+    """The refusals every checker shares: ``None`` if ``answer`` is real numbers (ints or floats,
+    not bools, complex numbers, strings or objects; whole numbers where ``integer``), of
+    ``shape`` (when given), all finite, not all zeros (unless ``allow_zeros``) and not one of
+    ``inputs`` handed back unchanged (arrays of more than one entry: a scalar answer may equal
+    an input by chance); else a hint saying which. It never compares with the expected answer:
+    the checker does that after."""
+    if callable(answer) or isinstance(answer, (str, bytes, dict, set)):
+        return f"{what} should be numbers (an array or a number), got {type(answer).__name__}"
+    try:
+        values = np.asarray(answer)
+    except Exception:  # noqa: BLE001 - ragged lists and the like
+        return f"{what} should be numbers (an array or a number)"
+    if values.dtype.kind == "O":
+        try:
+            values = values.astype(np.float64)
+        except (TypeError, ValueError):
+            return f"{what} should be numbers (an array or a number)"
+    if values.dtype.kind not in "iuf":
+        return f"{what} should be real numbers (ints or floats), got dtype {values.dtype}"
+    if shape is not None and values.shape != tuple(shape):
+        return f"{what} should have shape {tuple(shape)}, got {values.shape}"
+    if not np.isfinite(values).all():
+        return f"{what} has NaN or inf entries"
+    if integer and not (values.dtype.kind in "iu" or (values == np.round(values)).all()):
+        return f"{what} should be whole numbers"
+    if not allow_zeros and values.size and not values.any():
+        return f"{what} is all zeros"
+    for given in inputs:
+        if values.size > 1 and np.shape(given) == values.shape:
+            if np.array_equal(np.asarray(given), values):
+                return f"{what} is one of the inputs handed back unchanged"
+    return None
+
+
+def call_answer(
+    answer: Any, *args: Any, name: str = "your function", wanted: str | None = None
+) -> tuple[Any, str | None]:
+    """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable (the hint
+    asks for ``wanted``, by default "a function ``name``") or raises (a student's function may
+    fail any way)."""
+    if not callable(answer):
+        wanted = wanted or f"a function {name}"
+        return None, f"answer with {wanted}, not a {type(answer).__name__}"
+    try:
+        return answer(*args), None
+    except Exception as error:  # noqa: BLE001 - a student's function may fail any way
+        message = str(error).splitlines()[0][:120] if str(error) else ""
+        return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
+
+
+class _Cell:
+    """A closure cell as a one-entry mapping, so cells and namespaces are patched alike."""
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __setitem__(self, _, value):
+        self.cell.cell_contents = value
+
+
+@contextlib.contextmanager
+def forbidding(answer: Any, functions: Sequence[tuple[ModuleType, str]]) -> Iterator[list]:
+    """While the block runs, the library functions ``functions`` (``(module, name)`` pairs)
+    raise, and so does every name in ``answer``'s globals (the notebook's namespace, for a
+    function written there) or closure bound to one of them or to a ``jax.jit`` of one; the
+    list yielded records each call, so the checker can refuse the forbidden route with its own
+    hint. A route through another name (an alias module, a wrapper of a wrapper) escapes."""
+    called: list = []
+    targets = {id(getattr(m, n)) for m, n in functions if hasattr(m, n)}
+
+    def forbidden(*_, **__):
+        called.append(True)
+        raise RuntimeError("this exercise asks you not to call this function")
+
+    def is_target(obj) -> bool:
+        try:
+            wrapped = getattr(obj, "__wrapped__", None)
+        except Exception:  # noqa: BLE001 - an object's __getattr__ may fail any way
+            wrapped = None
+        return id(obj) in targets or (wrapped is not None and id(wrapped) in targets)
+
+    patched: list = [(vars(m), n, getattr(m, n)) for m, n in functions if hasattr(m, n)]
+    namespace = getattr(answer, "__globals__", None) or {}
+    patched += [(namespace, n, obj) for n, obj in list(namespace.items()) if is_target(obj)]
+    for cell in getattr(answer, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if is_target(contents):
+            patched.append((_Cell(cell), None, contents))
+    for space, name, _ in patched:
+        space[name] = forbidden
+    try:
+        yield called
+    finally:
+        for space, name, obj in reversed(patched):
+            space[name] = obj
+
+
 def _checker_for(exercise_id: str) -> Callable[..., str | None]:
+    if not isinstance(exercise_id, str):
+        raise ValueError(
+            f"exercise_id must be a string like '03.2', got {exercise_id!r} "
+            f"({type(exercise_id).__name__})"
+        )
     chapter = exercise_id.split(".")[0]
-    if not (isinstance(exercise_id, str) and chapter.isdigit() and len(chapter) == 2):
+    if not (chapter.isdigit() and len(chapter) == 2):
         raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
     try:
         importlib.import_module(f"{__name__}.ch{chapter}")

@@ -1,46 +1,73 @@
-"""Checkers of notebook 02's exercises (gating and decay); hints never contain the answer."""
+"""Checkers of notebook 02's exercises (gating and decay); hints never contain the answer.
+
+Every answer is a function the checker calls on inputs of its own, so a number read off the
+notebook, or an array computed for the notebook's own inputs, cannot pass.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker
-
-
-def _number(answer) -> float | None:
-    return float(answer) if np.ndim(answer) == 0 else None
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("02.1")
-def half_life_by_hand(answer, *, g):
-    """``answer``: tokens until a channel with per-token log decay ``g < 0`` keeps half."""
-    if _number(answer) is None:
-        return "the answer is one number of tokens"
-    if abs(_number(answer) - np.log(2) / -g) > 1e-6 * np.log(2) / -g:
-        return "solve exp(g t) = 1/2 for t (natural logarithm)"
+def half_life_by_hand(answer, **_):
+    """``answer(g) -> t``: the tokens until a channel with per-token log decay ``g < 0`` keeps
+    half, elementwise for an array ``g`` of any shape."""
+    rng = np.random.default_rng(21)
+    for g in (np.array(-0.01), -rng.uniform(0.001, 3.0, 7), -rng.uniform(0.01, 1.0, (3, 4))):
+        got, hint = call_answer(answer, g, name="half_life(g)")
+        hint = hint or refuse_degenerate(got, shape=g.shape, inputs=(g,), what="the half-lives")
+        if hint:
+            return hint
+        want = np.log(2) / -g
+        if np.abs(np.asarray(got, np.float64) - want).max() > 1e-6 * want.max():
+            return "solve exp(g t) = 1/2 for t (natural logarithm), channel by channel"
     return None
 
 
 @checker("02.2")
-def safe_gate_floor(answer, *, lower_bound):
-    """``answer``: the largest fraction of a channel one token can erase under the safe gate."""
-    if _number(answer) is None:
-        return "the answer is one number (a fraction in [0, 1])"
-    if abs(_number(answer) - (1 - np.exp(lower_bound))) > 1e-6:
-        return "the most a token can decay is exp(lower_bound); what fraction does that remove?"
+def safe_gate_floor(answer, **_):
+    """``answer(lower_bound) -> fraction``: the largest fraction of a channel one token can
+    erase under the safe gate with floor ``lower_bound`` in [-5, 0)."""
+    for bound in (-1.0, -5.0, -0.1, -2.5):
+        got, hint = call_answer(answer, bound, name="erased_at_most(lower_bound)")
+        hint = hint or refuse_degenerate(got, shape=(), what="the fraction")
+        if hint:
+            return hint
+        if abs(float(got) - (1 - np.exp(bound))) > 1e-6:
+            return (
+                f"wrong at lower_bound = {bound}: the most a token can decay is "
+                "exp(lower_bound); what fraction does that remove?"
+            )
     return None
 
 
+def _unit_rows(rng, rows, cols):
+    x = rng.normal(size=(rows, cols))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
 @checker("02.3")
-def full_overwrite(answer, *, q, k, g):
-    """``answer``: the mixing matrix ``[T, T]`` of the head ``q = k`` (``[T, K]``), ``g``, at
-    beta = 1 and scale 1 (the checker recomputes it from the closed form)."""
+def full_overwrite(answer, **_):
+    """``answer(q, k, g) -> Omega [T, T]``: the mixing matrix of one head with ``q = k`` (unit
+    rows, ``[T, K]``), log decays ``g [T, K]``, beta = 1 and scale 1. The checker recomputes it
+    from the closed form (:func:`kda_lib.teaching.explain.mixing_matrix_by_products`)."""
     from kda_lib.teaching.explain import mixing_matrix_by_products
 
-    answer = np.asarray(answer, np.float64)
-    expected = mixing_matrix_by_products(q, k, g, np.ones(len(q)))
-    if answer.shape != expected.shape:
-        return f"the mixing matrix should have shape {expected.shape}, got {answer.shape}"
-    if np.abs(answer - expected).max() > 1e-4:
-        return "not the mixing matrix at beta = 1 (did you pass beta = 1 for every token?)"
+    rng = np.random.default_rng(23)
+    for T, K in ((9, 5), (6, 6)):  # T == K: an echoed q has Omega's shape
+        k = _unit_rows(rng, T, K)
+        g = -rng.uniform(0.01, 0.5, (T, K))
+        got, hint = call_answer(answer, k, k, g, name="full_overwrite(q, k, g)")
+        hint = hint or refuse_degenerate(got, shape=(T, T), inputs=(k, g), what="Omega")
+        if hint:
+            return hint
+        want = mixing_matrix_by_products(k, k, g, np.ones(T))
+        if np.abs(np.asarray(got, np.float64) - want).max() > 1e-4:
+            return (
+                "not the mixing matrix at beta = 1: with q_t = k_t unit, what does the new "
+                "state recall for k_t right after writing (k_t, v_t)?"
+            )
     return None

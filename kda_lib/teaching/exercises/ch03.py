@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker
-
-CANDIDATE_CHUNKS = (16, 32, 64, 128, 256)
+from kda_lib.teaching.exercises import call_answer, checker, forbidding, refuse_degenerate
 
 
 def _close(actual, expected, tol=1e-9) -> bool:
@@ -18,53 +16,68 @@ def _close(actual, expected, tol=1e-9) -> bool:
     )
 
 
-def _pair(answer, name):
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        return None, f"answer with a pair ({name})"
-    return answer, None
-
-
 @checker("03.1")
-def one_token_per_chunk(answer, *, k, g, beta, v):
-    """answer: ``(M, E)`` from ``chunk_affine_maps`` on a chunk holding one token."""
-    pair, hint = _pair(answer, "transition, state_ext")
-    if hint:
-        return hint
-    k, g, v = (np.asarray(a, np.float64) for a in (k, g, v))
-    m_t = (np.eye(k.size) - beta * np.outer(k, k)) @ np.diag(np.exp(g))
-    if not _close(pair[0], m_t):
-        return "the transition should be the token's own M_t = (I - beta k k^T) D_t"
-    if not _close(pair[1], beta * np.outer(k, v)):
-        return "the state_ext should be what the token writes, E_t"
+def one_token_per_chunk(answer, **_):
+    """answer: ``fn(k, g, beta, v) -> (M, E)``, one token's map ``S -> M S + E`` (``k, g``
+    [K], ``v`` [V], float64 NumPy) from the recurrence, without ``chunk_affine_maps``."""
+    from kda_lib.ops import chunked
+
+    rng = np.random.default_rng(31)
+    for K, V in ((6, 5), (4, 4)):  # K == V: an echoed outer product has E's shape
+        k = rng.standard_normal(K)
+        k /= np.linalg.norm(k)
+        g, v = -rng.uniform(0.01, 1.0, K), rng.standard_normal(V)
+        beta = float(rng.uniform(0.2, 0.9))
+        with forbidding(answer, [(chunked, "chunk_affine_maps")]) as called:
+            pair, hint = call_answer(answer, k, g, beta, v, name="token_map(k, g, beta, v)")
+        if called:
+            return "derive the map from the recurrence; chunk_affine_maps is what it checks"
+        if hint:
+            return hint
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            return "token_map should return the pair (M, E)"
+        for got, shape, what in ((pair[0], (K, K), "M"), (pair[1], (K, V), "E")):
+            hint = refuse_degenerate(got, shape=shape, inputs=(k, g, v), what=what)
+            if hint:
+                return hint
+        m_t = (np.eye(K) - beta * np.outer(k, k)) @ np.diag(np.exp(g))
+        if not _close(pair[0], m_t):
+            return "M should be the token's transition: decay first, then the delta correction"
+        if not _close(pair[1], beta * np.outer(k, v)):
+            return "E should be what the token writes into an empty state"
     return None
+
+
+def _wy_factor(k, beta):
+    C = k.shape[0]
+    L = np.tril(beta[:, None] * (k @ k.T), -1)
+    return np.linalg.solve(np.eye(C) + L, beta[:, None] * k)
 
 
 @checker("03.2")
-def no_decay(answer, *, k, beta):
-    """answer: ``M`` of a chunk without decay (keys ``k`` [C, K], ``beta`` [C]), from step 4."""
-    k, beta = np.asarray(k, np.float64), np.asarray(beta, np.float64)
-    product = np.eye(k.shape[1])
-    for k_t, b_t in zip(k, beta, strict=True):
-        product = (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)) @ product
-    if np.shape(answer) != product.shape:
-        return f"M is {product.shape[0]} x {product.shape[0]} (d_k x d_k)"
-    if not _close(answer, product, 1e-8):
-        return "with g = 0, Gamma = I: M = I - K^T K~ with K~ = (I + L)^-1 diag(beta) K"
-    return None
-
-
-@checker("03.3")
-def flop_optimal_chunk(answer, *, T, K, V):
-    """answer: ``{"sequential": C, "associative": C}``, the chunk sizes among
-    ``CANDIDATE_CHUNKS`` with the fewest forward flops (``kda_lib.ops.costs.chunked_flops``)."""
-    from kda_lib.ops import costs
-
-    if not (isinstance(answer, dict) and set(answer) == {"sequential", "associative"}):
-        return "answer with a dict {'sequential': C, 'associative': C}"
-    for scan, chunk in answer.items():
-        best = min(CANDIDATE_CHUNKS, key=lambda c, scan=scan: costs.chunked_flops(T, c, K, V, scan))
-        if chunk != best:
-            return f"{scan}: evaluate chunked_flops(T, C, K, V, {scan!r}) for every candidate C"
+def no_decay(answer, **_):
+    """answer: ``fn(k, beta) -> K~ [C, K]``, the WY factor of a chunk without decay (keys ``k``
+    [C, K] unit rows, ``beta`` [C]), with which ``M = I - K^T K~``. The checker also tries a
+    chunk longer than d_k, where K~ cannot be read back from M."""
+    rng = np.random.default_rng(32)
+    for C, K in ((4, 6), (8, 6), (6, 6)):
+        k = rng.standard_normal((C, K))
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        beta = rng.uniform(0.1, 0.9, C)
+        got, hint = call_answer(answer, k, beta, name="wy_factor(k, beta)")
+        hint = hint or refuse_degenerate(got, shape=(C, K), inputs=(k,), what="K~")
+        if hint:
+            return hint
+        if not _close(got, _wy_factor(k, beta), 1e-8):
+            product = np.eye(K)
+            for k_t, b_t in zip(k, beta, strict=True):
+                product = (np.eye(K) - b_t * np.outer(k_t, k_t)) @ product
+            if _close(np.eye(K) - k.T @ np.asarray(got, np.float64), product, 1e-8):
+                return f"I - K^T K~ is right at C = {C}, but K~ is not step 2's solution"
+            return (
+                f"wrong at C = {C}: with g = 0 step 2's system is (I + L) K~ = diag(beta) K, "
+                "L strictly lower triangular"
+            )
     return None
 
 
@@ -82,10 +95,13 @@ def _random_chunks(seed, num_chunks=3, C=8, K=6, V=5):
 
 
 def state_pass_inputs(seed=0):
-    """The inputs of exercise 03.4 for one head: ``(intra, s0, reference)`` with ``intra`` a
+    """The inputs of exercise 03.3 for one head: ``(intra, s0, reference)`` with ``intra`` a
     dict of chunk-major float64 arrays (``w``, ``u``, ``q_in``, ``k_out`` [N, C, .],
     ``attn_qk`` [N, C, C], ``keep`` [N, K]) from ``kda_lib.ops.chunked``, and ``reference`` the
-    recurrence's ``(outputs [T, V], final state [K, V])``."""
+    recurrence's ``(outputs [T, V], final state [K, V])``. ``q_in`` is the notebook's
+    ``Q_in`` (rows ``Gamma_t q_t``, not scaled: section 3 and NOTATION apply ``1 / sqrt(d_k)``
+    in the output equation); ``kda_lib.ops.chunked`` folds the scale into it, so it is divided
+    out here."""
     import jax
     import jax.numpy as jnp
 
@@ -103,45 +119,70 @@ def state_pass_inputs(seed=0):
             output_final_state=True,
         )
     intra = {name: np.asarray(a) for name, a in intra._asdict().items()}
+    intra["q_in"] = intra["q_in"] * np.sqrt(q.shape[1])  # Q_in of section 3: unscaled
     return intra, s0, (np.asarray(o)[0, :, 0], np.asarray(s)[0, 0])
 
 
-@checker("03.4")
+@checker("03.3")
 def state_pass(answer, *, seed=0):
     """answer: ``fn(w, u, q_in, k_out, attn_qk, keep, s0) -> (outputs [T, V], final [K, V])``,
-    the sequential pass without K x K maps, on chunk-major arrays of one head."""
-    if not callable(answer):
-        return "answer with a function state_pass(w, u, q_in, k_out, attn_qk, keep, s0)"
+    the sequential pass without K x K maps, on chunk-major arrays of one head; ``q_in`` is
+    section 3's unscaled ``Q_in``, the output ``O = Q_in S / sqrt(d_k) + P Delta``."""
     intra, s0, (o_ref, s_ref) = state_pass_inputs(seed)
-    result = answer(
-        intra["w"], intra["u"], intra["q_in"], intra["k_out"], intra["attn_qk"], intra["keep"], s0
+    args = tuple(intra[n] for n in ("w", "u", "q_in", "k_out", "attn_qk", "keep")) + (s0,)
+    result, hint = call_answer(
+        answer, *args, name="state_pass(w, u, q_in, k_out, attn_qk, keep, s0)"
     )
-    pair, hint = _pair(result, "outputs [T, V], final state [K, V]")
     if hint:
-        return "the function should return " + hint[len("answer with ") :]
-    if not _close(pair[1], s_ref):
-        return "final state: S' = keep * S + K_out^T (U - W S), chunk by chunk"
-    if not _close(pair[0], o_ref):
-        return "outputs: O = Q_in S + P (U - W S) with S the state entering the chunk"
+        return hint
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        return "the function should return a pair (outputs [T, V], final state [K, V])"
+    for got, want, what in ((result[0], o_ref, "the outputs"), (result[1], s_ref, "the state")):
+        hint = refuse_degenerate(got, shape=want.shape, inputs=args, what=what)
+        if hint:
+            return hint
+    if not _close(result[1], s_ref):
+        return "final state: S' = Gamma_C S + K_out^T Delta with Delta = U - W S, chunk by chunk"
+    if not _close(result[0], o_ref):
+        if _close(result[0] * np.sqrt(s0.shape[0]), o_ref):
+            return "outputs: the scale 1 / sqrt(d_k) applies to the Q_in S term only"
+        return "outputs: O = Q_in S / sqrt(d_k) + P Delta with S the state entering the chunk"
     return None
 
 
-@checker("03.5")
+def _gdn_expected(q, k, g, scale):
+    C = len(g)
+    gamma = np.cumsum(g)
+    diff = np.where(np.tril(np.ones((C, C))) > 0, gamma[:, None] - gamma[None], -np.inf)
+    return scale * (q @ k.T) * np.exp(diff)
+
+
+@checker("03.4")
 def gdn_scores(answer, *, seed=0):
     """answer: ``fn(q, k, g, scale) -> P``: Gated DeltaNet's causal decayed scores of one chunk
-    (q, k [C, K], g [C] one log decay per token) as one ``C x C`` mask times ``q k^T``."""
-    if not callable(answer):
-        return "answer with a function gdn_scores(q, k, g, scale)"
+    (q, k [C, K], g [C] one log decay per token) as one ``C x C`` mask times ``q k^T``, with no
+    exponent above 0 formed. The checker runs it at C = 8 and at C = 64 with strong decay,
+    where such an exponent overflows float64 (exp(x) is inf beyond x = 709)."""
     rng = np.random.default_rng(seed)
-    C, K = 8, 6
-    q, k = rng.standard_normal((C, K)), rng.standard_normal((C, K))
-    g = -rng.uniform(0.01, 0.5, C)
-    gamma = np.cumsum(np.repeat(g[:, None], K, axis=1), axis=0)  # every channel the same decay
-    ratio = np.exp(gamma[:, None] - gamma[None])
-    expected = 0.5 * np.einsum("tc,sc,tsc->ts", q, k, ratio) * np.tril(np.ones((C, C)))
-    p = answer(q, k, g, 0.5)
-    if np.shape(p) != (C, C):
-        return "P is C x C"
-    if not _close(p, expected):
-        return "P_ts = scale q_t.k_s exp(gamma_t - gamma_s) for s <= t, 0 above the diagonal"
+    for C, K, low, high in ((8, 6, 0.01, 0.5), (64, 4, 10.0, 15.0)):
+        q, k = rng.standard_normal((C, K)), rng.standard_normal((C, K))
+        g = -rng.uniform(low, high, C)
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                p, hint = answer(q, k, g, 0.5), None
+        except FloatingPointError:
+            return (
+                f"at C = {C} with log decays down to {-high:g} per token an exponent "
+                "overflowed: form exp(gamma_t - gamma_s) only where s <= t"
+            )
+        except Exception as error:  # noqa: BLE001 - a student's function may fail any way
+            return f"gdn_scores raised {type(error).__name__}"
+        hint = refuse_degenerate(p, shape=(C, C), inputs=(q, k), what="P")
+        if hint:
+            return hint + (" (an exponent above 0 overflowed?)" if C == 64 else "")
+        if not _close(p, _gdn_expected(q, k, g, 0.5)):
+            return (
+                f"wrong at C = {C}: P_ts = scale q_t.k_s exp(gamma_t - gamma_s) for s <= t, "
+                "0 above the diagonal"
+            )
     return None

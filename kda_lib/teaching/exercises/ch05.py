@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.checks import is_int
-from kda_lib.teaching.exercises import checker
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("05.1")
@@ -16,10 +15,12 @@ def long_halo(answer, *, ranks: int, local_len: int, halo_size: int):
     want = np.concatenate(
         [np.zeros(max(-start, 0)), np.arange(max(start, 0), start + halo_size) + 1]
     )
-    got = np.asarray(answer, dtype=float).ravel()
-    if got.shape != want.shape:
-        return f"give the first halo_size = {halo_size} entries rank R - 1 receives"
-    if np.array_equal(got, want):
+    if np.shape(answer) != want.shape:
+        return f"give the first halo_size = {halo_size} entries rank R - 1 receives, as a list"
+    hint = refuse_degenerate(answer, shape=want.shape, what="the halo")
+    if hint:
+        return hint
+    if np.array_equal(np.asarray(answer, np.float64), want):
         return None
     return "the halo holds the tokens just before the rank's slice, from as many ranks as needed"
 
@@ -38,17 +39,25 @@ def _apply(summary, state):
 @checker("05.2")
 def compose_summaries(answer, **_):
     """compose(first, second): the summary of first's slice followed by second's."""
-    if not callable(answer):
-        return "give a function compose(first, second) -> (M, E)"
     rng = np.random.default_rng(5)
     a, b, c = _random_maps(rng, 3)
     state = rng.standard_normal((4, 3))
-    try:
-        ab = [np.asarray(x) for x in answer(a, b)]
-        grouped = [np.asarray(x) for x in answer(answer(a, b), c)]
-        other = [np.asarray(x) for x in answer(a, answer(b, c))]
-    except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-        return f"your function raised {type(error).__name__}"
+    name = "compose(first, second)"
+    ab, hint = call_answer(answer, a, b, name=name)
+    if hint:
+        return hint
+    if not (isinstance(ab, (tuple, list)) and len(ab) == 2):
+        return "compose should return the pair (M, E)"
+    for got, shape, what in ((ab[0], (4, 4), "M"), (ab[1], (4, 3), "E")):
+        hint = refuse_degenerate(got, shape=shape, inputs=(*a, *b), what=what)
+        if hint:
+            return hint
+    bc, hint = call_answer(answer, b, c, name=name)
+    grouped, hint = (None, hint) if hint else call_answer(answer, ab, c, name=name)
+    other, hint = (None, hint) if hint else call_answer(answer, a, bc, name=name)
+    if hint:
+        return hint
+    ab, grouped, other = ([np.asarray(x) for x in pair] for pair in (ab, grouped, other))
     if not np.allclose(_apply(ab, state), _apply(b, _apply(a, state))):
         return "applying compose(first, second) must equal applying first, then second"
     if not all(np.allclose(x, y) for x, y in zip(grouped, other, strict=True)):
@@ -56,27 +65,72 @@ def compose_summaries(answer, **_):
     return None
 
 
+def _gathers_more(t, ranks, key_dim, value_dim) -> bool:
+    return (ranks - 1) / ranks * t * (3 * key_dim + value_dim + 1) > (
+        (ranks - 1) * key_dim * (key_dim + value_dim)
+    )
+
+
 @checker("05.3")
-def bytes_crossover(answer, *, ranks: int, key_dim: int, value_dim: int):
-    """The first T at which gathering (R-1)/R T (3K + V + 1) exceeds (R-1) K (K + V)."""
-    if not is_int(answer, None):
-        return "give a whole number of tokens"
+def bytes_crossover(answer, **_):
+    """``answer(ranks, key_dim, value_dim) -> T``: the first whole T at which gathering
+    (R-1)/R T (3K + V + 1) numbers exceeds passing (R-1) K (K + V); the checker tries sizes of
+    its own."""
+    for sizes in ((8, 128, 128), (4, 64, 128), (16, 128, 64), (2, 32, 32), (64, 256, 256)):
+        got, hint = call_answer(answer, *sizes, name="crossover(ranks, key_dim, value_dim)")
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
+        if hint:
+            return hint
+        if not (_gathers_more(got, *sizes) and not _gathers_more(got - 1, *sizes)):
+            early = "too early" if not _gathers_more(got, *sizes) else "too late"
+            return f"{early} for (ranks, key_dim, value_dim) = {sizes}: the first whole T"
+    return None
 
-    def gathers_more(t):
-        return (ranks - 1) / ranks * t * (3 * key_dim + value_dim + 1) > (
-            (ranks - 1) * key_dim * (key_dim + value_dim)
+
+def _primitive_counts(jaxpr, counts: dict) -> dict:
+    """How often each primitive occurs in ``jaxpr``, its sub-jaxprs included."""
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _primitive_counts(inner, counts)
+    return counts
+
+
+_TRACED_RANKS = 256  # a Python loop traces 256 compositions here; a log-depth scan about 32
+
+
+def _sequential_route(answer) -> str | None:
+    """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
+    (lax.scan, fori_loop, while_loop) in its jaxpr, or (a Python loop) at least one matrix
+    product per rank at R = 256, where log2 R rounds need a few dozen."""
+    import jax
+    import jax.numpy as jnp
+
+    r = _TRACED_RANKS
+    try:
+        traced = jax.make_jaxpr(answer)(jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3)))
+    except Exception as error:  # noqa: BLE001 - a student's function may fail any way
+        return (
+            f"tracing entering_states with jax raised {type(error).__name__}: write it with "
+            "jnp and jax.lax (it runs under jax.make_jaxpr), not NumPy"
         )
-
-    if gathers_more(answer) and not gathers_more(answer - 1):
-        return None
-    return "too early" if not gathers_more(answer) else "gathering already moves more before that"
+    counts = _primitive_counts(traced.jaxpr, {})
+    if counts.get("scan", 0) or counts.get("while", 0):
+        return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
+    if counts.get("dot_general", 0) >= r // 4:
+        return (
+            f"at R = {r} your function traces {counts['dot_general']} matrix products, about "
+            "one per rank (a Python loop?): log2 R rounds need far fewer"
+        )
+    return None
 
 
 @checker("05.4")
 def fold_any_ranks(answer, **_):
     """entering_states(ms, es): the state entering every rank, for any number of ranks."""
-    if not callable(answer):
-        return "give a function entering_states(ms, es) -> [R, K, V]"
     rng = np.random.default_rng(6)
     for r in (3, 5, 8):
         maps = _random_maps(rng, r)
@@ -85,14 +139,15 @@ def fold_any_ranks(answer, **_):
         for summary in maps:
             want.append(state)
             state = _apply(summary, state)
-        try:
-            got = np.asarray(answer(ms, es))
-        except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-            return f"your function raised {type(error).__name__} for R = {r}"
-        if got.shape != (r, 4, 3):
-            return f"for R = {r} expected shape {(r, 4, 3)}, got {got.shape}"
+        got, hint = call_answer(answer, ms, es, name="entering_states(ms, es)")
+        hint = hint or refuse_degenerate(
+            got, shape=(r, 4, 3), inputs=(es,), what=f"the states for R = {r}"
+        )
+        if hint:
+            return hint
+        got = np.asarray(got)
         if not np.allclose(got, np.stack(want), rtol=1e-4, atol=1e-5):
             if np.allclose(got[:-1], np.stack(want)[1:], rtol=1e-4, atol=1e-5):
                 return "off by one: rank 0 receives zeros, rank 1 the state after rank 0"
             return f"wrong states for R = {r}"
-    return None
+    return _sequential_route(answer)

@@ -4,42 +4,55 @@ from __future__ import annotations
 
 import math
 
-from kda_lib.teaching.exercises import checker
+import numpy as np
+
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("06.1")
 def chance_level(answer, *, vocab_size: int):
     """The cross-entropy (nats) of the uniform prediction over ``vocab_size`` tokens."""
-    if not isinstance(answer, (int, float)) and not hasattr(answer, "__float__"):
-        return "give one number: the loss in nats"
+    hint = refuse_degenerate(answer, shape=(), what="the loss")
+    if hint:
+        return hint
     if not math.isclose(float(answer), math.log(vocab_size), rel_tol=1e-5):
         return "the loss is -sum_v p(v) log p(v) with p uniform; nats use the natural log"
     return None
 
 
+_STACKS = ((31, (4, 4)), (10, (4, 2, 3)), (3, (4, 4)), (20, (1, 4)), (50, (5, 5, 5, 5)))
+
+
 @checker("06.2")
-def conv_positions(answer, *, last: int, conv_reach: int):
-    """The positions the conv-only model's prediction at ``last`` depends on."""
-    try:
-        got = sorted(int(t) for t in answer)
-    except TypeError:
-        return "give a list of positions (ints)"
-    want = list(range(last - conv_reach, last + 1))
-    if got == want:
-        return None
-    if len(got) != len(want):
-        return f"you listed {len(got)} positions; count the tokens every layer's conv adds"
-    return "the right number of positions, not the right ones: the last position sees itself"
+def conv_positions(answer, **_):
+    """``answer(last, conv_sizes) -> positions``: the positions an output at ``last`` depends
+    on in a conv-only stack whose layers' causal convs have widths ``conv_sizes``. The checker
+    tries stacks of its own (mixed widths, a width of 1, ``last`` within the reach)."""
+    for last, sizes in _STACKS:
+        got, hint = call_answer(answer, last, list(sizes), name="seen_positions(last, conv_sizes)")
+        hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
+        if hint:
+            return hint
+        got = sorted(int(t) for t in np.ravel(got))
+        want = list(range(max(0, last - sum(w - 1 for w in sizes)), last + 1))
+        if got == want:
+            continue
+        if len(got) == len(want) + 1 or len(got) == len(want) - 1:
+            return f"off by one at last = {last}, widths {sizes}: the last position sees itself"
+        if any(t < 0 for t in got):
+            return f"negative positions at last = {last}: the sequence starts at 0"
+        return f"wrong at last = {last}, widths {sizes}: how many tokens back does each conv add?"
+    return None
 
 
 @checker("06.3")
 def late_clearing(answer, *, p: int, seq_len: int, delay: int, conv_size: int):
     """The positions t >= p whose token (at t - delay) has no path left when the states and
     every conv history above layer 0 are cleared at p: it lies more than w - 1 before p."""
-    try:
-        got = sorted(int(t) for t in answer)
-    except TypeError:
-        return "give a list of positions t (ints), each at least p"
+    hint = refuse_degenerate(answer, integer=True, allow_zeros=True, what="the positions")
+    if hint or np.ndim(answer) != 1:
+        return hint or "give a list of positions t (ints), each at least p"
+    got = sorted(int(t) for t in answer)
     want = [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
     if got == want:
         return None

@@ -7,12 +7,15 @@ import math
 import numpy as np
 
 from kda_lib.checks import is_int
-from kda_lib.teaching.exercises import checker
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("07.1")
 def state_only_cache(answer, *, batch: int, num_heads: int, key_dim: int, value_dim: int):
     """The cache of a layer without convolutions: its float32 states alone."""
+    hint = refuse_degenerate(answer, shape=(), integer=True, what="the cache size in bytes")
+    if hint:
+        return hint
     if not is_int(answer, None):
         return "give the cache size in bytes, an int"
     states = batch * num_heads * key_dim * value_dim * 4
@@ -24,13 +27,20 @@ def state_only_cache(answer, *, batch: int, num_heads: int, key_dim: int, value_
 
 
 @checker("07.2")
-def two_piece_prefill(answer, *, full):
-    """The outputs of a prompt prefilled in two calls equal the full pass."""
-    answer, full = np.asarray(answer), np.asarray(full)
-    if answer.shape != full.shape:
+def two_piece_prefill(answer, *, full, prompt=None):
+    """The outputs of a prompt prefilled in two calls equal the full pass ``full``; ``prompt``
+    (the layer's input, optional) must not come back unchanged."""
+    full = np.asarray(full)
+    if np.shape(answer) != full.shape:
         return (
-            f"expected shape {full.shape} (both halves concatenated on axis 1), got {answer.shape}"
+            f"expected shape {full.shape} (both halves concatenated on axis 1), "
+            f"got {np.shape(answer)}"
         )
+    inputs = () if prompt is None else (prompt,)
+    hint = refuse_degenerate(answer, shape=full.shape, inputs=inputs, what="the outputs")
+    if hint:
+        return hint
+    answer = np.asarray(answer)
     err = np.linalg.norm(answer - full) / np.linalg.norm(full)
     if err < 1e-5:
         return None
@@ -55,16 +65,11 @@ _CASES = [  # (heads, key_dim, value_dim, kv_numbers, state_bytes, cache_bytes)
 def decode_crossover(answer, **_):
     """A function giving the smallest context at which an attention decode step moves at least
     the bytes of a KDA step (state read and written)."""
-    if not callable(answer):
-        return (
-            "give a function t_star(heads, key_dim, value_dim, kv_numbers, state_bytes, "
-            "cache_bytes)"
-        )
     for case in _CASES:
-        try:
-            got = answer(*case)
-        except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-            return f"your function raised {type(error).__name__} for arguments {case}"
+        got, hint = call_answer(answer, *case, name="t_star(...)")
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what=f"T for {case}")
+        if hint:
+            return hint
         want = _t_star(*case)
         if got != want:
             if got is not None and np.isclose(float(got), want / 2, atol=1):

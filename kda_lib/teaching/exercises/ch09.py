@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("09.1")
 def hybrid_cache_bytes(answer, *, measured: dict):
     """A function of the context giving the hybrid's measured decode cache in bytes."""
-    if not callable(answer):
-        return "give a function hybrid_cache_bytes(context) -> int"
     for context, want in measured.items():
-        try:
-            got = answer(int(context))
-        except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-            return f"your function raised {type(error).__name__} at context {context}"
+        got, hint = call_answer(answer, int(context), name="hybrid_cache_bytes(context) -> int")
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="the bytes")
+        if hint:
+            return hint
         if got != want:
             return (
                 f"at context {context} your count is {'above' if got > want else 'below'} "
@@ -38,10 +36,10 @@ def attention_share(
 ):
     """The share of the hybrid's cache held by its global (MLA) layers: all but the KDA
     layers' fixed caches."""
-    try:
-        value = float(answer)
-    except (TypeError, ValueError):
-        return "give a fraction, one float"
+    hint = refuse_degenerate(answer, shape=(), what="the share")
+    if hint:
+        return hint
+    value = float(answer)
     kda_layer = 4 * (
         heads * key_dim * value_dim + (conv_size - 1) * heads * (2 * key_dim + value_dim)
     )
@@ -61,8 +59,8 @@ def _gain(curve) -> float:
 @checker("09.3")
 def largest_context_gain(answer, *, bpb_by_position: dict):
     """The model whose bits per byte fall most from the first to the last quarter."""
-    if answer not in bpb_by_position:
-        return f"give one of {sorted(bpb_by_position)}"
+    if not isinstance(answer, str) or answer not in bpb_by_position:
+        return f"give one name (a string), one of {sorted(bpb_by_position)}"
     gains = {name: _gain(curve) for name, curve in bpb_by_position.items()}
     if gains[answer] == max(gains.values()):
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from kda_lib.teaching.exercises import checker
+from kda_lib.teaching.exercises import checker, refuse_degenerate
 
 
 def _preset(name):
@@ -26,8 +26,10 @@ def cache_reduction(answer, *, preset: str, context: int):
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return "answer with a number between 0 and 1 (a fraction, not a percentage)"
+    hint = refuse_degenerate(answer, shape=(), what="the reduction")
+    if hint:
+        return hint
+    answer = float(answer)
     expected = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
         p, context, hybrid=False
     )
@@ -48,6 +50,9 @@ def ring_crossover(answer, *, preset: str, ranks: int):
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
+    hint = refuse_degenerate(answer, shape=(), integer=True, what="T")
+    if hint:
+        return hint
     if not _is_int(answer):
         return "answer with an int (tokens)"
     flat = at_scale.cp_summary_bytes(p, ranks) + at_scale.cp_halo_bytes(p)
@@ -70,6 +75,9 @@ def decode_crossover(answer, *, preset: str):
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
+    hint = refuse_degenerate(answer, shape=(), integer=True, what="T")
+    if hint:
+        return hint
     if not _is_int(answer):
         return "answer with an int (tokens)"
     state = 2 * at_scale.kda_state_bytes(p)
