@@ -24,7 +24,7 @@ Speed (CPU, XLA): the score matrices and the triangular inverse have hand-writte
 (:func:`_decayed_scores_bwd`, ``unit_lower_inverse``): a few batched matmuls per level instead
 of differentiating every slice, product and concatenation. ``kda-bench`` measures.
 
-Precision policy (``precision=``, :func:`_mm` is the one place matmuls happen). ``"highest"``:
+Precision policy (``precision=``, :func:`_matmul` is the one place matmuls happen). ``"highest"``:
 inputs of any dtype are cast to float32 (float64 stays float64) and every matmul runs at
 ``Precision.HIGHEST``. ``"input"`` (the default, None): for bfloat16/float16 inputs the matmul
 groups in ``LOW_PRECISION_MATMULS`` take operands rounded to that dtype, with float32
@@ -104,12 +104,12 @@ def default_scan_mode() -> ScanMode:
 LOW_PRECISION_MATMULS = frozenset({"scores"})
 
 
-def _low(group: str, operand_dtype):
+def _policy_dtype(group: str, operand_dtype):
     """``operand_dtype`` for a matmul of ``group`` if the group goes low-precision, else None."""
     return operand_dtype if group in LOW_PRECISION_MATMULS else None
 
 
-def _mm(subscripts: str, *operands, operand_dtype=None):
+def _matmul(subscripts: str, *operands, operand_dtype=None):
     """The one place the chunked form multiplies matrices (an einsum).
 
     ``operand_dtype`` None: operands as they are (float32/float64), ``Precision.HIGHEST``.
@@ -213,8 +213,8 @@ def _unit_lower_inverse(a, base):
     inv = eye - x
     power = x
     for _ in range(int(math.log2(block)) - 1):
-        power = _mm("...ij,...jk->...ik", power, power)
-        inv = _mm("...ij,...jk->...ik", inv, eye + power)
+        power = _matmul("...ij,...jk->...ik", power, power)
+        inv = _matmul("...ij,...jk->...ik", inv, eye + power)
     m = block
     while m < size:
         pairs = size // (2 * m)
@@ -223,7 +223,7 @@ def _unit_lower_inverse(a, base):
         l21 = blocks(
             [(2 * p + 1) * m for p in range(pairs)], [2 * p * m for p in range(pairs)], m, pairs
         )
-        lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
+        lower = -_matmul("...ij,...jk,...kl->...il", x2, l21, x1)
         top = jnp.concatenate([x1, jnp.zeros_like(x1)], axis=-1)
         bottom = jnp.concatenate([lower, x2], axis=-1)
         inv = jnp.concatenate([top, bottom], axis=-2)
@@ -238,7 +238,7 @@ def _unit_lower_inverse_fwd(a, base):
 
 def _unit_lower_inverse_bwd(base, inv, d_inv):
     inv_t = jnp.swapaxes(inv, -1, -2)
-    d_a = -_mm("...ij,...jk->...ik", inv_t, _mm("...ij,...jk->...ik", d_inv, inv_t))
+    d_a = -_matmul("...ij,...jk->...ik", inv_t, _matmul("...ij,...jk->...ik", d_inv, inv_t))
     return (jnp.tril(d_a, -1),)
 
 
@@ -265,26 +265,26 @@ def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
     levels = [(head, tail)]
     width = 1
     while width < size:
-        head, tail = _halves(head, width), _halves(tail, width)
+        head, tail = _split_pairs(head, width), _split_pairs(tail, width)
         totals = head[..., -1:, :]  # [..., pairs, 2, 1, K]: each half's product
         ones = jnp.ones_like(totals[..., :1, :, :])
         # heads of the later half times the earlier half's total, tails of the earlier half
         # times the later half's total (one broadcast multiply each)
-        head = _whole(head * jnp.concatenate([ones, totals[..., :1, :, :]], axis=-3))
-        tail = _whole(tail * jnp.concatenate([totals[..., 1:, :, :], ones], axis=-3))
+        head = _merge_pairs(head * jnp.concatenate([ones, totals[..., :1, :, :]], axis=-3))
+        tail = _merge_pairs(tail * jnp.concatenate([totals[..., 1:, :, :], ones], axis=-3))
         levels.append((head, tail))
         width *= 2
     return levels
 
 
-def _halves(x, width):
+def _split_pairs(x, width):
     """``[..., C, D] -> [..., C / (2 width), 2, width, D]``: neighbouring segments in pairs."""
     size, dim = x.shape[-2:]
     return x.reshape(*x.shape[:-2], size // (2 * width), 2, width, dim)
 
 
-def _whole(x):
-    """Inverse of :func:`_halves`."""
+def _merge_pairs(x):
+    """Inverse of :func:`_split_pairs`."""
     return x.reshape(*x.shape[:-4], -1, x.shape[-1])
 
 
@@ -305,19 +305,19 @@ def _decayed_scores(xs, k, g, operand_dtype=None):
     log decay at the boundary a, ``exp(G_i - G_a) * exp(G_a - G_j)``: the later half's heads
     times the earlier half's tails (:func:`_segment_decays`), both <= 1, and one batched matmul
     per level. The backward pass (:func:`_decayed_scores_bwd`) walks the same levels.
-    ``operand_dtype``: the matmul policy (:func:`_mm`); the decays are float32 regardless.
+    ``operand_dtype``: the matmul policy (:func:`_matmul`); the decays are float32 regardless.
     """
     levels = _segment_decays(g)
-    low = _low("scores", operand_dtype)
+    low = _policy_dtype("scores", operand_dtype)
     size = k.shape[-2]
     crosses = [[] for _ in xs]
     width = 1
     for head, tail in levels[:-1]:
-        keys = _halves(k, width)[..., 0, :, :] * _halves(tail, width)[..., 0, :, :]
-        later_head = _halves(head, width)[..., 1, :, :]
+        keys = _split_pairs(k, width)[..., 0, :, :] * _split_pairs(tail, width)[..., 0, :, :]
+        later_head = _split_pairs(head, width)[..., 1, :, :]
         for x, cross in zip(xs, crosses, strict=True):
-            rows = _halves(x, width)[..., 1, :, :] * later_head
-            cross.append(_mm("...pik,...pjk->...pij", rows, keys, operand_dtype=low))
+            rows = _split_pairs(x, width)[..., 1, :, :] * later_head
+            cross.append(_matmul("...pik,...pjk->...pij", rows, keys, operand_dtype=low))
         width *= 2
     scores = []
     for x, cross in zip(xs, crosses, strict=True):
@@ -352,7 +352,7 @@ def _decayed_scores_bwd(operand_dtype, residuals, cotangents):
     d_scores, d_in, d_out = cotangents
     size = k.shape[-2]
     levels = _segment_decays(g)
-    low = _low("scores_bwd", operand_dtype)
+    low = _policy_dtype("scores_bwd", operand_dtype)
     below = jnp.tril(jnp.ones((size, size), bool), -1)
     # levels: the cross blocks of each merge, split off the score cotangent from the top down
     d_xs_levels = [jnp.zeros_like(x) for x in xs]
@@ -360,19 +360,19 @@ def _decayed_scores_bwd(operand_dtype, residuals, cotangents):
     splits = [_cross_blocks(jnp.where(below, d, 0.0)) for d in d_scores]
     width = 1
     for head, tail in levels[:-1]:
-        later_head = _halves(head, width)[..., 1, :, :]
-        earlier_tail = _halves(tail, width)[..., 0, :, :]
-        keys = _halves(k, width)[..., 0, :, :] * earlier_tail
+        later_head = _split_pairs(head, width)[..., 1, :, :]
+        earlier_tail = _split_pairs(tail, width)[..., 0, :, :]
+        keys = _split_pairs(k, width)[..., 0, :, :] * earlier_tail
         d_keys = jnp.zeros_like(keys)
         for n, x in enumerate(xs):
-            rows = _halves(x, width)[..., 1, :, :] * later_head
+            rows = _split_pairs(x, width)[..., 1, :, :] * later_head
             d_cross = splits[n][width]  # [..., pairs, w(i), w(j)]
-            d_rows = _mm("...pij,...pjc->...pic", d_cross, keys, operand_dtype=low)
-            d_keys = d_keys + _mm("...pij,...pic->...pjc", d_cross, rows, operand_dtype=low)
-            d_xs_levels[n] = d_xs_levels[n] + _whole(
+            d_rows = _matmul("...pij,...pjc->...pic", d_cross, keys, operand_dtype=low)
+            d_keys = d_keys + _matmul("...pij,...pic->...pjc", d_cross, rows, operand_dtype=low)
+            d_xs_levels[n] = d_xs_levels[n] + _merge_pairs(
                 jnp.stack([jnp.zeros_like(d_rows), d_rows * later_head], axis=-3)
             )
-        d_k_levels = d_k_levels + _whole(
+        d_k_levels = d_k_levels + _merge_pairs(
             jnp.stack([d_keys * earlier_tail, jnp.zeros_like(d_keys)], axis=-3)
         )
         width *= 2
@@ -408,7 +408,7 @@ def _triangular_sum(x, keep):
     size = x.shape[-2]
     pos = jnp.arange(size)
     mask = keep(pos[:, None], pos[None, :]).astype(x.dtype)
-    return _mm("...mi,...ic->...mc", jnp.broadcast_to(mask, (*x.shape[:-2], size, size)), x)
+    return _matmul("...mi,...ic->...mc", jnp.broadcast_to(mask, (*x.shape[:-2], size, size)), x)
 
 
 def _cross_blocks(d_scores) -> dict:
@@ -465,9 +465,9 @@ def _intra_chunk(
         k_out = jnp.where(in_last[..., None], k_out, 0.0)
         keep = jnp.where(keeps_in[..., None], keep, 0.0)
     solve = unit_lower_inverse(attn_kk, base=min(16, q.shape[-2]))
-    low = _low("wu", operand_dtype)
-    w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in, operand_dtype=low)  # [.., C, K]
-    u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v, operand_dtype=low)  # [.., C, V]
+    low = _policy_dtype("wu", operand_dtype)
+    w = _matmul("...ij,...jk->...ik", solve, beta[..., None] * k_in, operand_dtype=low)  # [C, K]
+    u = _matmul("...ij,...jv->...iv", solve, beta[..., None] * v, operand_dtype=low)  # [C, V]
     return IntraChunk(attn_qk, w, u, q_in, k_out, keep)
 
 
@@ -483,7 +483,7 @@ def chunk_affine_maps(
         in_last [B,1,N,C] bool, keeps_in [B,1,N] bool)``: which token pairs share a segment,
         which tokens continue the segment entering the chunk, which belong to the segment
         leaving it, and whether the entering segment is also the leaving one.
-      operand_dtype: the matmul policy (:func:`_mm`): None (all float32) or the low-precision
+      operand_dtype: the matmul policy (:func:`_matmul`): None (all float32) or the low-precision
         operand dtype of the ``"input"`` policy.
     """
     intra = _intra_chunk(
@@ -494,13 +494,13 @@ def chunk_affine_maps(
 
 def _affine_maps(intra: IntraChunk, operand_dtype=None) -> ChunkMaps:
     attn_qk, w, u, q_in, k_out, keep = intra
-    low = _low("maps", operand_dtype)
-    q_eff = q_in - _mm("...ij,...jk->...ik", attn_qk, w, operand_dtype=low)
-    o_intra = _mm("...ij,...jv->...iv", attn_qk, u, operand_dtype=low)
-    transition = keep[..., :, None] * jnp.eye(w.shape[-1], dtype=w.dtype) - _mm(
+    low = _policy_dtype("maps", operand_dtype)
+    q_eff = q_in - _matmul("...ij,...jk->...ik", attn_qk, w, operand_dtype=low)
+    o_intra = _matmul("...ij,...jv->...iv", attn_qk, u, operand_dtype=low)
+    transition = keep[..., :, None] * jnp.eye(w.shape[-1], dtype=w.dtype) - _matmul(
         "...ck,...cl->...kl", k_out, w, operand_dtype=low
     )
-    state_ext = _mm("...ck,...cv->...kv", k_out, u, operand_dtype=low)
+    state_ext = _matmul("...ck,...cv->...kv", k_out, u, operand_dtype=low)
     return ChunkMaps(transition, state_ext, q_eff, o_intra)
 
 
@@ -516,12 +516,12 @@ def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     k_out_t = jnp.swapaxes(intra.k_out, -1, -2)  # [.., K, C]: a plain matmul inside the scan
     # inside shard_map the carry must vary over the same mesh axes as the chunks
     initial_state = initial_state + jnp.zeros_like(intra.u[0, ..., :1, :])
-    low = _low("state", operand_dtype)
+    low = _policy_dtype("state", operand_dtype)
 
     def step(state, chunk):
         w, u, k_out_t, keep = chunk
-        corrected = u - _mm("bhck,bhkv->bhcv", w, state, operand_dtype=low)
-        new = keep[..., None] * state + _mm(
+        corrected = u - _matmul("bhck,bhkv->bhcv", w, state, operand_dtype=low)
+        new = keep[..., None] * state + _matmul(
             "bhkc,bhcv->bhkv", k_out_t, corrected, operand_dtype=low
         )
         return new, (state, corrected)
@@ -529,8 +529,8 @@ def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     final, (entering, corrected) = jax.lax.scan(
         step, initial_state, (intra.w, intra.u, k_out_t, intra.keep)
     )
-    low = _low("outputs", operand_dtype)
-    o = _mm("nbhck,nbhkv->nbhcv", intra.q_in, entering, operand_dtype=low) + _mm(
+    low = _policy_dtype("outputs", operand_dtype)
+    o = _matmul("nbhck,nbhkv->nbhcv", intra.q_in, entering, operand_dtype=low) + _matmul(
         "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected, operand_dtype=low
     )
     return o, final, entering
@@ -540,10 +540,10 @@ def compose_affine(first, second, operand_dtype=None):
     """Apply ``first`` then ``second``: ``(M2 M1, M2 E1 + E2)``. Works on stacked maps."""
     m1, e1 = first
     m2, e2 = second
-    low = _low("compose", operand_dtype)
+    low = _policy_dtype("compose", operand_dtype)
     return (
-        _mm("...ij,...jk->...ik", m2, m1, operand_dtype=low),
-        _mm("...ij,...jv->...iv", m2, e1, operand_dtype=low) + e2,
+        _matmul("...ij,...jk->...ik", m2, m1, operand_dtype=low),
+        _matmul("...ij,...jv->...iv", m2, e1, operand_dtype=low) + e2,
     )
 
 
@@ -552,16 +552,16 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode, operand_d
 
     transition ``[B, H, N, K, K]``, state_ext ``[B, H, N, K, V]``, initial_state ``[B, H, K, V]``.
     Returns ``(entering [B, H, N, K, V], final [B, H, K, V])``. ``operand_dtype``: the
-    matmul policy (:func:`_mm`).
+    matmul policy (:func:`_matmul`).
     """
-    low = _low("state", operand_dtype)
+    low = _policy_dtype("state", operand_dtype)
     # inside shard_map the carry must vary over the same mesh axes as the maps
     initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
     if mode == "sequential":
 
         def step(state, maps):
             m, e = maps
-            return _mm("bhij,bhjv->bhiv", m, state, operand_dtype=low) + e, state
+            return _matmul("bhij,bhjv->bhiv", m, state, operand_dtype=low) + e, state
 
         final, entering = jax.lax.scan(
             step, initial_state, (jnp.moveaxis(transition, 2, 0), jnp.moveaxis(state_ext, 2, 0))
@@ -571,14 +571,14 @@ def chain_states(transition, state_ext, initial_state, mode: ScanMode, operand_d
         compose = functools.partial(compose_affine, operand_dtype=operand_dtype)
         m_cum, e_cum = jax.lax.associative_scan(compose, (transition, state_ext), axis=2)
         # the state after each chunk
-        after = _mm("bhnij,bhjv->bhniv", m_cum, initial_state, operand_dtype=low) + e_cum
+        after = _matmul("bhnij,bhjv->bhniv", m_cum, initial_state, operand_dtype=low) + e_cum
         entering = jnp.concatenate([initial_state[:, :, None], after[:, :, :-1]], axis=2)
         return entering, after[:, :, -1]
     raise ValueError(f"scan must be 'sequential', 'associative' or None, got {mode!r}")
 
 
 def _operand_dtype(precision: Precision | None, q, k, v):
-    """The matmul policy as :func:`_mm`'s ``operand_dtype``: None (all float32/float64) for
+    """The matmul policy as :func:`_matmul`'s ``operand_dtype``: None (all float32/float64) for
     ``"highest"``; for ``"input"``/None the low-precision dtype of the matmul inputs q, k, v
     (bfloat16 or float16; float32 q/k with bfloat16 v, as ``kda(use_qk_l2norm=True)`` passes
     them, count as bfloat16), or None when there is none (or both kinds are mixed)."""
@@ -826,6 +826,6 @@ def _chain(intra: IntraChunk, state0, mode: ScanMode, operand_dtype):
         mode,
         operand_dtype,
     )
-    low = _low("outputs", operand_dtype)
-    o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
+    low = _policy_dtype("outputs", operand_dtype)
+    o = _matmul("nbhck,bhnkv->nbhcv", maps.q_eff, entering, operand_dtype=low) + maps.o_intra
     return o, final_state, jnp.moveaxis(entering, 2, 0)

@@ -173,16 +173,16 @@ def tokamax_kda(
 LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-class _Slots(NamedTuple):
+class SegmentSlots(NamedTuple):
     count: int  # state slots handed to tokamax (1 without segments)
     too_many: jax.Array | None  # [B]: rows over max_num_segments (traced ids only)
 
 
-def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> _Slots:
+def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> SegmentSlots:
     """tokamax keeps one state slot per segment: how many to give it. Concrete ids were counted
     by the check (``options.segments_per_row``); traced ids get a NaN flag per row instead."""
     if segment_ids is None:
-        return _Slots(1, None)
+        return SegmentSlots(1, None)
     count, too_many = options.max_num_segments, None
     if options.segments_per_row is None:  # under jit: such a row would be silently wrong
         too_many = segment_ordinals(segment_ids).max(axis=1) > count
@@ -192,7 +192,7 @@ def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> _Slots:
         count = min(count, -(-options.dims.seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
         if options.segments_per_row is not None:
             count = min(count, max(options.segments_per_row, 1))
-    return _Slots(count, too_many)
+    return SegmentSlots(count, too_many)
 
 
 def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate: bool):
@@ -340,7 +340,9 @@ def tokamax_mosaic_context_parallel(
         q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
     )
     if problems:
-        raise ValueError(f"{NAME} cannot run inside shard_map here: " + "; ".join(problems))
+        raise ValueError(
+            "'tokamax_mosaic' cannot run inside shard_map here: " + "; ".join(problems)
+        )
     mesh = _mosaic_cp_mesh(q, axis_name, mesh)
     q, k, g, beta, a_log, ids, max_num_segments = _mosaic_cp_inputs(
         (q, k, v, g, beta), a_log, dt_bias, segment_ids, max_num_segments, fused_gate, axis_name
@@ -365,7 +367,6 @@ def tokamax_mosaic_context_parallel(
     return out.astype(q.dtype)
 
 
-NAME = "'tokamax_mosaic'"
 
 
 def _mosaic_cp_inputs(
@@ -430,15 +431,15 @@ def _mosaic_cp_mesh(q, axis_name, mesh):
     checking the shard_map does not check vma and has ``axis_name``."""
     if axis_name in _varying_axes(q):
         raise ValueError(
-            f"{NAME} context parallelism needs jax.shard_map(..., check_vma=False): tokamax's CP "
-            "kernels build loop carries that do not vary over the mesh axis, which the vma "
-            "check rejects"
+            "'tokamax_mosaic' context parallelism needs jax.shard_map(..., check_vma=False): "
+            "tokamax's CP kernels build loop carries that do not vary over the mesh axis, which "
+            "the vma check rejects"
         )
     if mesh is None:
         mesh = jax.sharding.get_abstract_mesh()
     if axis_name not in mesh.axis_names:
         raise ValueError(
-            f"{NAME} context parallelism needs the shard_map's mesh (mesh=...); "
+            f"'tokamax_mosaic' context parallelism needs the shard_map's mesh (mesh=...); "
             f"{axis_name!r} is not one of its axes {mesh.axis_names}"
         )
     return mesh
