@@ -19,7 +19,7 @@ import statistics
 
 import jax
 
-from kda_lib.lab.bench import BenchConfig, Job, kda_entry, kernel_inputs, with_gradients
+from kda_lib.lab.bench import BenchConfig, TimedProgram, kda_entry, kernel_inputs, with_gradients
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
         inputs = tuple(kernel_inputs(cfg, seq_len, key).values())
         for impl in ("auto", "chunked"):
             fn = with_gradients(kda_entry(impl), inputs, jax.random.key(1))
-            jobs.append(Job(impl, seq_len, "fwd+bwd", fn, inputs))
+            jobs.append(TimedProgram(impl, seq_len, "fwd+bwd", fn, inputs))
     for job in jobs:
         job.prepare(args.warmup)
     for _ in range(args.reps):  # interleaved: a change of load hits every job alike

@@ -288,7 +288,7 @@ def with_gradients(fn: Callable, args: tuple, key: jax.Array) -> Callable:
 
 
 @dataclasses.dataclass
-class Job:
+class TimedProgram:
     """One timed function: an entry at one T in one mode."""
 
     impl: str
@@ -673,7 +673,7 @@ def format_table(records: list[dict]) -> str:
 def run(argv: Sequence[str] | None = None) -> dict:
     """Run the benchmark; returns the JSON document (also written unless ``--out -``).
 
-    Every row is planned first (a :class:`Job` per entry, T and mode; rows that cannot run
+    Every row is planned first (a :class:`TimedProgram` per entry, T and mode; rows that cannot run
     here become error records with a note), then compiled, then timed (interleaved unless
     ``--no-interleave``); the document is written before the table is printed."""
     args = parse_args(argv)
@@ -699,7 +699,7 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job], list[dict]]:
+def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[TimedProgram], list[dict]]:
     """The jobs to time, in order (the matmul row, the training steps, then each entry at
     each T), and the error records of the kernel rows that cannot run here."""
     jobs, records = [], []
@@ -713,17 +713,17 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Job]
                 )
                 continue
             timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
-            jobs.append(Job(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
+            jobs.append(TimedProgram(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
 
     # the machine's matmul throughput, measured beside the entries: the roofline's ceiling
     if not args.no_roofline:
-        jobs.append(Job(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
+        jobs.append(TimedProgram(MATMUL_ENTRY, MATMUL_SIZE, "fwd", *matmul_entry(key)))
     if args.train:
         for mixer in args.train_mixers:
             for seq_len in args.seq_lens:
                 fn, fn_args = train_step_entry(mixer, args.train_batch, seq_len, key)
                 tokens = args.train_batch * seq_len
-                jobs.append(Job(f"train_{mixer}", seq_len, "train", fn, fn_args, tokens=tokens))
+                jobs.append(TimedProgram(f"train_{mixer}", seq_len, "train", fn, fn_args, tokens=tokens))
     for name in impls:
         for seq_len in args.seq_lens:
             inputs_key = jax.random.fold_in(key, seq_len)
@@ -765,7 +765,7 @@ def _skipped(name, seq_len, args, cfg, inputs_key, add) -> list[dict]:
     ]
 
 
-def _time_jobs(jobs: list[Job], args) -> None:
+def _time_jobs(jobs: list[TimedProgram], args) -> None:
     """Compile and warm up every job, then time ``args.reps`` calls of each: one call of every
     job per round (interleaved), or each job's calls back to back with ``--no-interleave``. A
     job that raises keeps its error and is not called again; the others go on."""

@@ -111,7 +111,7 @@ def test_bad_arguments_are_argparse_errors_before_any_timing(options, message, t
 
 
 def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench.Job, "prepare", None)  # timing anything would fail
+    monkeypatch.setattr(bench.TimedProgram, "prepare", None)  # timing anything would fail
     (tmp_path / "afile").write_text("not a folder")
     for out, message in [
         (tmp_path / "afile" / "b.json", f"'{tmp_path / 'afile'}' is a file, so"),
@@ -126,7 +126,7 @@ def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, cap
 def test_a_run_never_replaces_the_recorded_benchmark_unless_asked(tmp_path, monkeypatch, capsys):
     """The default output is build/runs/benchmarks/; data/benchmarks/ (what the README and the
     notebooks cite) only with --record, which excludes --out."""
-    monkeypatch.setattr(bench.Job, "prepare", None)  # timing anything would fail
+    monkeypatch.setattr(bench.TimedProgram, "prepare", None)  # timing anything would fail
     monkeypatch.chdir(tmp_path)
     for where in ("build", "data"):  # make each default folder impossible, to see it checked
         (tmp_path / where).write_text("a file")

@@ -13,7 +13,7 @@ TINY = ["--batch", "1", "--heads", "2", "--key-dim", "16", "--value-dim", "16", 
 
 
 def _job(times):
-    job = bench.Job("chunked", 64, "fwd", fn=None, args=())
+    job = bench.TimedProgram("chunked", 64, "fwd", fn=None, args=())
     job.times_ms = list(times)
     job.info["compile_s"] = 1.0
     return job
