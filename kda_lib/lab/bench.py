@@ -699,7 +699,9 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
-def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[TimedProgram], list[dict]]:
+def _plan_jobs(
+    args, cfg: BenchConfig, impls, key: jax.Array
+) -> tuple[list[TimedProgram], list[dict]]:
     """The jobs to time, in order (the matmul row, the training steps, then each entry at
     each T), and the error records of the kernel rows that cannot run here."""
     jobs, records = [], []
@@ -713,7 +715,8 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Time
                 )
                 continue
             timed = fn if mode == "fwd" else with_gradients(fn, fn_args, jax.random.fold_in(key, 1))
-            jobs.append(TimedProgram(name, seq_len, mode, timed, fn_args, tokens=cfg.batch * seq_len))
+            tokens = cfg.batch * seq_len
+            jobs.append(TimedProgram(name, seq_len, mode, timed, fn_args, tokens=tokens))
 
     # the machine's matmul throughput, measured beside the entries: the roofline's ceiling
     if not args.no_roofline:
@@ -723,7 +726,8 @@ def _plan_jobs(args, cfg: BenchConfig, impls, key: jax.Array) -> tuple[list[Time
             for seq_len in args.seq_lens:
                 fn, fn_args = train_step_entry(mixer, args.train_batch, seq_len, key)
                 tokens = args.train_batch * seq_len
-                jobs.append(TimedProgram(f"train_{mixer}", seq_len, "train", fn, fn_args, tokens=tokens))
+                name = f"train_{mixer}"
+                jobs.append(TimedProgram(name, seq_len, "train", fn, fn_args, tokens=tokens))
     for name in impls:
         for seq_len in args.seq_lens:
             inputs_key = jax.random.fold_in(key, seq_len)
