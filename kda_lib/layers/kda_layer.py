@@ -438,7 +438,7 @@ class KimiDeltaAttention(nnx.Module):
         if segment_ids is not None:
             # one rule everywhere (kda_lib.ops.segments): each segment gets its own id before the
             # convolutions and the kernel see them, so jit cannot change what a segment is
-            segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
+            segment_ids = canonical_segment_ids(segment_ids)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids=segment_ids)
         y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)

@@ -76,6 +76,7 @@ from kda_lib.ops.contract import (
 )
 from kda_lib.ops.segments import (
     NonFinite,
+    canonical_segment_ids,
     isolate_non_finite,
     overflowing_keys_as_nan,
     pad_time,
@@ -683,6 +684,8 @@ def kda_chunked(
         (q, k, v, g, beta), initial_state, segment_ids, allow_neg_eigval, chunk_size, scan
     )
     check_precision(precision)
+    if segment_ids is not None:  # compared in their own dtype (on the host for host ids)
+        segment_ids = canonical_segment_ids(segment_ids)
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
     return chunked_core(

@@ -505,7 +505,7 @@ def _arrays(q, k, v, g, beta, kw, dims, fused_gate) -> KDAArrays:
     if segment_ids is not None:
         # one rule for every implementation: a new segment wherever a real token's id differs
         # from the previous real token's (reused or int64 ids included); padding by selection
-        segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
+        segment_ids = canonical_segment_ids(segment_ids)
         q, k, v, g, beta = zero_padding(
             segment_ids, q, k, v, g, beta, neutral_gate=NEUTRAL_RAW_GATE if fused_gate else 0.0
         )
