@@ -42,6 +42,7 @@ from kda_lib.ops.registry import (
     check_implementation,
     needs_segment_bound,
     option_problems,
+    register_compiled_cache,
     uses_own_context_parallel,
 )
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -672,7 +673,9 @@ def _context_parallel_program(
 
 # kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
 # calls compile once instead of on every call
-_cached_context_parallel_program = functools.lru_cache(maxsize=32)(_context_parallel_program)
+_cached_context_parallel_program = register_compiled_cache(
+    functools.lru_cache(maxsize=32)(_context_parallel_program)
+)
 
 
 def _rank_forward(graphdef, axis: str, cfg: KDAConfig, mosaic: dict):
