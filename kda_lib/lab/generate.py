@@ -28,6 +28,7 @@ from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionCache
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import TinyLM
+from kda_lib.ops.registry import register_compiled_cache
 
 
 def _check_positive(name: str, value, minimum: int = 1) -> None:
@@ -60,6 +61,7 @@ class _Steps(NamedTuple):
 # as a static argument is hashed on every call (about 1 ms for a 4-layer model, as long as the
 # step itself); here it is hashed once per generation, to find the model's compiled steps.
 # Decoding changes no parameter, so nothing has to be merged back into the model.
+@register_compiled_cache
 @functools.lru_cache(maxsize=32)
 def _steps(graphdef: nnx.GraphDef) -> _Steps:
     """Jitted prefill and decode steps for models of ``graphdef``'s structure (models of one

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pathlib
+import stat
 import tempfile
 from typing import Any
 
@@ -80,19 +81,31 @@ def dumps(document) -> str:
 
 def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
     """Write ``document`` as strict JSON, atomically: a temporary file in the same folder, then
-    ``os.replace``. Creates folders; returns the path."""
+    ``os.replace``. Creates folders; returns the path.
+
+    An existing file keeps its permission bits (a 0600 record stays 0600; a new one gets
+    0666 minus the umask). A symlink is written *through*: its target is replaced, the link
+    stays a link (a dangling link's target is created)."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # through a symlink: the file it points to is the one replaced
+    target = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        mode = stat.S_IMODE(target.stat().st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    handle, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+    )
     try:
         with os.fdopen(handle, "w") as file:
             file.write(dumps(document))
             file.flush()
             os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it 0600; a record is world-readable
-        os.replace(temporary, path)
+        os.chmod(temporary, mode)  # mkstemp makes it 0600
+        os.replace(temporary, target)
     except BaseException:
         pathlib.Path(temporary).unlink(missing_ok=True)
         raise

@@ -39,6 +39,7 @@ from kda_lib.models.tiny_lm import (
     decay_mask,
     parameter_path_names,
 )
+from kda_lib.ops.registry import register_compiled_cache
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
 EVAL_STREAM = 1  # held-out batches for evaluate()
@@ -121,6 +122,7 @@ def _eval_step(model, batch: TaskBatch):
     return _loss(model, batch)
 
 
+@register_compiled_cache
 @functools.lru_cache(maxsize=64)
 def _batch_drawer(task_fn: TaskFn, batch_size: int, seq_len: int):
     """``key -> task_fn(key, batch_size, seq_len)``, jitted (batches are drawn outside the

@@ -18,8 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int, check_positive_int
+from kda_lib.checks import check_array, check_int, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions
+from kda_lib.ops.contract import check_segment_ids
+from kda_lib.ops.segments import canonical_segment_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +161,7 @@ class CausalSelfAttention(nnx.Module):
             *convs,
         )
 
-    def _project(self, x, cache):
+    def _project(self, x, cache, segment_ids=None):
         """q, k, v ``[B, T, H*D]`` and the new conv states (None without short_conv)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if not self.short_conv:
@@ -167,7 +169,7 @@ class CausalSelfAttention(nnx.Module):
         states = (None, None, None) if cache is None else (cache.q_conv, cache.k_conv, cache.v_conv)
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         pairs = [
-            conv(a, conv_state=state)
+            conv(a, conv_state=state, segment_ids=segment_ids)
             for conv, a, state in zip(convs, (q, k, v), states, strict=True)
         ]
         return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
@@ -208,8 +210,18 @@ class CausalSelfAttention(nnx.Module):
                     f"expected {want}; {build}"
                 )
 
-    def __call__(self, x: jax.Array, *, cache: AttentionCache | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: AttentionCache | None = None,
+    ):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
+
+        ``segment_ids [B, T]`` (int, 0 = padding, optional, not with a cache): a token attends
+        only to earlier real tokens of its own segment (the rule of :mod:`kda_lib.ops.segments`);
+        padding outputs 0."""
         cfg = self.config
         if getattr(x, "ndim", None) != 3 or x.shape[-1] != cfg.hidden_size:
             raise ValueError(
@@ -220,10 +232,11 @@ class CausalSelfAttention(nnx.Module):
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         if cache is not None:
             self._check_cache(cache, batch)
+        segment_ids = _checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         seen = 0 if cache is None else cache.seen
         positions = seen + jnp.arange(seq_len)
-        (q, k, v), conv_states = self._project(x, cache)
+        (q, k, v), conv_states = self._project(x, cache, segment_ids)
         q, k = q.reshape(batch, seq_len, h, kd), k.reshape(batch, seq_len, h, kd)
         v = v.reshape(batch, seq_len, h, vd)
         if self.rope:
@@ -244,14 +257,34 @@ class CausalSelfAttention(nnx.Module):
             start = (0, cache.length, 0, 0)
             k = jax.lax.dynamic_update_slice(cache.keys, k.astype(cache.keys.dtype), start)
             v = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), start)
-        scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
-        causal = positions[:, None] >= jnp.arange(k.shape[1])[None, :]  # [T, keys]
-        scores = jnp.where(causal, scores * kd**-0.5, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1)
-        o = jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
+        o = _attend(q, k, v, positions, segment_ids)
         o = jnp.where(overflow, jnp.nan, o)
         y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
         if cache is None:
             return y
         length = None if cache.length is None else cache.length + seq_len
         return y, AttentionCache(k, v, length, *conv_states)
+
+
+def _checked_segments(segment_ids, cache, batch: int, seq_len: int):
+    """Canonical ``segment_ids [B, T]`` (or None), checked before any work."""
+    if segment_ids is None:
+        return None
+    if cache is not None:
+        raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
+    check_array("segment_ids", segment_ids)
+    check_segment_ids(segment_ids, batch, seq_len)
+    return canonical_segment_ids(segment_ids)  # host ids numbered before any conversion
+
+
+def _attend(q, k, v, positions, segment_ids):
+    """Causal softmax attention of ``q [B, T, H, K]`` over ``k, v [B, S, H, *]`` in float32;
+    with canonical ``segment_ids`` (S = T) only within a segment, padding rows all zero."""
+    scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
+    allowed = (positions[:, None] >= jnp.arange(k.shape[1])[None, :])[None, None]  # [1,1,T,S]
+    if segment_ids is not None:
+        same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] != 0)
+        allowed = allowed & same[:, None]
+    weights = jax.nn.softmax(jnp.where(allowed, scores * q.shape[-1] ** -0.5, -jnp.inf), axis=-1)
+    weights = jnp.where(allowed.any(-1, keepdims=True), weights, 0.0)
+    return jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))

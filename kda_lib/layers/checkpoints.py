@@ -26,6 +26,8 @@ the first parameter is written, and a bad checkpoint raises ValueError naming th
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
@@ -236,28 +238,126 @@ def kimi_linear_prefix(layer_index: int) -> str:
     return f"model.layers.{layer_index}.self_attn."
 
 
+# safetensors dtypes kda_lib reads (little-endian); any other (FP8, complex, bool, ...) is
+# refused by name
+SAFETENSORS_DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(jnp.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+
+
 def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
     """The tensors whose names start with ``prefix`` from one or several ``.safetensors``
     files (the shards of a checkpoint), with ``prefix`` cut off. Only those tensors are read
-    (a shard of a 48B checkpoint is not loaded whole); bfloat16 stays ml_dtypes' bfloat16."""
-    from safetensors import safe_open  # the reader is needed only here
+    (a shard of a 48B checkpoint is not loaded whole); bfloat16 stays ml_dtypes' bfloat16.
 
+    Read with ordinary file reads, not memory-mapped: a file that shrinks while it is read is
+    a ValueError, not a SIGBUS. A malformed file (header, offsets, sizes) or a tensor of a dtype
+    outside :data:`SAFETENSORS_DTYPES` (FP8, ...) is a ValueError naming the file and the
+    tensor; a path that is not a str or ``os.PathLike`` of str is a TypeError."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    if not isinstance(paths, Sequence) or not paths:
-        raise ValueError(f"paths must be a file or a non-empty list of files, got {paths!r}")
+    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
+        raise TypeError(
+            f"paths must be a file (str or os.PathLike) or a list of them, got {paths!r}"
+        )
+    if not paths:
+        raise ValueError("paths must name at least one file, got an empty list")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     out: dict[str, np.ndarray] = {}
     for path in paths:
+        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+            raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
         if not os.path.isfile(path):
             raise ValueError(f"no safetensors file at {os.fspath(path)!r}")
-        with safe_open(os.fspath(path), framework="numpy") as handle:
-            for key in handle.keys():
-                if key.startswith(prefix):
-                    name = key[len(prefix) :]
-                    if name in out:
-                        raise ValueError(f"{key} appears in more than one of the files {paths}")
-                    out[name] = handle.get_tensor(key)
+        for name, array in _read_safetensors_file(os.fspath(path), prefix).items():
+            if name in out:
+                raise ValueError(f"{prefix}{name} appears in more than one of the files {paths}")
+            out[name] = array
     return out
+
+
+def _read_safetensors_file(path: str, prefix: str) -> dict[str, np.ndarray]:
+    """One file's tensors under ``prefix`` (cut off), every header entry checked first."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        header, data_start = _safetensors_header(handle, path, size)
+        wanted = {key: entry for key, entry in header.items() if key.startswith(prefix)}
+        out = {}
+        for key, (dtype, shape, begin, end) in wanted.items():
+            buffer = bytearray(end - begin)
+            handle.seek(data_start + begin)
+            if handle.readinto(buffer) != len(buffer):
+                raise ValueError(
+                    f"{path}: tensor {key} could not be read whole (the file is shorter than "
+                    "its header says: truncated, or changed while reading)"
+                )
+            out[key[len(prefix) :]] = np.frombuffer(buffer, dtype).reshape(shape)
+    return out
+
+
+def _safetensors_header(handle, path: str, size: int):
+    """``({name: (dtype, shape, begin, end)}, data_start)`` of an open safetensors file of
+    ``size`` bytes, or a ValueError naming the file (and the tensor)."""
+    if size < 8:
+        raise ValueError(f"{path}: not a safetensors file ({size} bytes, no 8-byte header size)")
+    length = int.from_bytes(handle.read(8), "little")
+    if length > min(size - 8, MAX_HEADER_BYTES):
+        raise ValueError(
+            f"{path}: safetensors header size {length} exceeds the file ({size} bytes) or "
+            f"the {MAX_HEADER_BYTES}-byte limit"
+        )
+    try:
+        raw = json.loads(handle.read(length).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ValueError(f"{path}: safetensors header is not JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: safetensors header must be a JSON object")
+    data_size = size - 8 - length
+    entries = {
+        key: _header_entry(path, key, entry, data_size)
+        for key, entry in raw.items()
+        if key != "__metadata__"
+    }
+    return entries, 8 + length
+
+
+def _header_entry(path: str, key: str, entry, data_size: int):
+    """One header entry as ``(dtype, shape, begin, end)``, checked against the data size."""
+    where = f"{path}: tensor {key}"
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise ValueError(f"{where}: header entry must hold dtype, shape and data_offsets")
+    name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(name, str) or name not in SAFETENSORS_DTYPES:
+        raise ValueError(
+            f"{where}: dtype {name!r} is not supported (supported: "
+            f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
+        )
+    ints = lambda xs: isinstance(xs, list) and all(  # noqa: E731
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs
+    )
+    if not ints(shape) or not ints(offsets) or len(offsets) != 2:
+        raise ValueError(
+            f"{where}: shape must be a list of ints >= 0 and data_offsets two ints >= 0, got "
+            f"shape {shape!r}, data_offsets {offsets!r}"
+        )
+    begin, end = offsets
+    dtype = SAFETENSORS_DTYPES[name]
+    if not begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
+        raise ValueError(
+            f"{where}: data_offsets {offsets} do not fit a {name} tensor of shape {shape} in "
+            f"the file's {data_size} data bytes"
+        )
+    return dtype, tuple(shape), begin, end
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:

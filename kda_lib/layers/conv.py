@@ -18,6 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kda_lib.checks import check_array
+from kda_lib.ops.contract import check_segment_ids
+from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
+
 
 def kernel_from_torch(weight) -> np.ndarray:
     """PyTorch depthwise ``Conv1d`` weight ``[C, 1, W]`` -> kda_lib kernel ``[W, C]``."""
@@ -43,9 +47,12 @@ def depthwise_causal_conv(
       x: ``[B, T, C]``.
       kernel: ``[W, C]``, ``kernel[W-1]`` = current token.
       history: ``[B, W-1, C]`` inputs just before x (decode conv state, CP halo); zeros if None.
-      segment_ids: ``[B, T]``; taps only combine tokens of the same segment.
-      history_segment_ids: ``[B, W-1]`` segment ids of ``history`` (default: with segment_ids
-        given, the history belongs to each row's first token's segment).
+      segment_ids: ``[B, T]`` int, 0 = padding; taps only combine tokens of the same segment
+        (the one rule of :mod:`kda_lib.ops.segments`: a reused id starts a new segment,
+        padding is read as 0).
+      history_segment_ids: ``[B, W-1]`` segment ids of ``history``, numbered together with
+        segment_ids (default: with segment_ids given, the history belongs to each row's first
+        segment).
 
     Returns:
       ``[B, T, C]`` in the promoted dtype of x and kernel.
@@ -67,18 +74,43 @@ def depthwise_causal_conv(
         )
     padded = jnp.concatenate([history.astype(x.dtype), x], axis=1)  # [B, W-1+T, C]
     masks = None
+    if segment_ids is not None:
+        check_array("segment_ids", segment_ids)
+        check_segment_ids(segment_ids, batch, seq_len)
     if segment_ids is not None and width > 1:
-        if history_segment_ids is None:
-            history_segment_ids = jnp.repeat(segment_ids[:, :1], width - 1, axis=1)
-        padded_ids = jnp.concatenate([history_segment_ids, segment_ids], axis=1)
-        # [B, T, W-1]: tap w of token t reads a token of t's own segment (the last tap always)
+        padded_ids = _window_ids(segment_ids, history_segment_ids, width)
+        ids = padded_ids[:, width - 1 :]
+        # [B, T, W-1]: tap w of token t reads a token of t's own segment (the last tap always);
+        # canonical ids, so equal ids mean one segment and a real token never reads padding
         masks = jnp.stack(
-            [padded_ids[:, w : w + seq_len] == segment_ids for w in range(width - 1)], axis=-1
+            [padded_ids[:, w : w + seq_len] == ids for w in range(width - 1)], axis=-1
         )
     # inside shard_map the kernel must vary over the same mesh axes as the inputs, so that its
     # gradient (a sum over this rank's tokens) is summed over the ranks outside the custom VJP
     kernel = kernel + jnp.zeros_like(padded[0, :1], dtype=kernel.dtype)
     return _causal_taps(padded, kernel, masks)
+
+
+def _window_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
+    """Canonical ids ``[B, W-1+T]`` of the history and x's tokens, numbered together (host ids
+    on the host, before any conversion could wrap int64 ids)."""
+    if history_segment_ids is None:
+        ids = canonical_segment_ids(segment_ids)
+        history = jnp.repeat(first_segment_id(ids)[:, None], width - 1, axis=1)
+        return jnp.concatenate([history, ids], axis=1)
+    check_array("history_segment_ids", history_segment_ids)
+    want = (segment_ids.shape[0], width - 1)
+    if history_segment_ids.shape != want or not jnp.issubdtype(
+        history_segment_ids.dtype, jnp.integer
+    ):
+        raise ValueError(
+            f"history_segment_ids must be an integer array of shape [B, W-1]={want}, got "
+            f"{history_segment_ids.dtype} {tuple(history_segment_ids.shape)}"
+        )
+    both = (history_segment_ids, segment_ids)
+    if any(isinstance(a, jax.Array) for a in both):
+        return canonical_segment_ids(jnp.concatenate([jnp.asarray(a) for a in both], axis=1))
+    return canonical_segment_ids(np.concatenate(both, axis=1))
 
 
 @jax.custom_vjp

@@ -42,6 +42,7 @@ from kda_lib.ops.registry import (
     check_implementation,
     needs_segment_bound,
     option_problems,
+    register_compiled_cache,
     uses_own_context_parallel,
 )
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -546,7 +547,7 @@ class KimiDeltaAttention(nnx.Module):
         if segment_ids is not None:
             # one rule everywhere (kda_lib.ops.segments): each segment gets its own id before the
             # convolutions and the kernel see them, so jit cannot change what a segment is
-            segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
+            segment_ids = canonical_segment_ids(segment_ids)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids=segment_ids)
         y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
@@ -780,7 +781,9 @@ def _context_parallel_program(
 
 # kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
 # calls compile once instead of on every call
-_cached_context_parallel_program = functools.lru_cache(maxsize=32)(_context_parallel_program)
+_cached_context_parallel_program = register_compiled_cache(
+    functools.lru_cache(maxsize=32)(_context_parallel_program)
+)
 
 
 def _rank_forward(graphdef, axis: str, cfg: KDAConfig, mosaic: dict):

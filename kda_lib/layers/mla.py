@@ -38,8 +38,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int
+from kda_lib.checks import check_array, check_int
 from kda_lib.layers.params import NO_DECAY
+from kda_lib.ops.contract import check_segment_ids
+from kda_lib.ops.segments import canonical_segment_ids
 
 
 def _positive_int(name: str, value, *, minimum: int = 1) -> int:
@@ -226,10 +228,11 @@ class MultiHeadLatentAttention(nnx.Module):
             raise ValueError(
                 "segment_ids cannot be combined with a cache: decode one document per row"
             )
-        if segment_ids is not None and segment_ids.shape != x.shape[:2]:
-            raise ValueError(
-                f"segment_ids must have shape [B, T] = {x.shape[:2]}, got {segment_ids.shape}"
-            )
+        if segment_ids is not None:
+            check_array("segment_ids", segment_ids)
+            check_segment_ids(segment_ids, *x.shape[:2])
+            # the one segment rule (kda_lib.ops.segments), host ids numbered before conversion
+            segment_ids = canonical_segment_ids(segment_ids)
         x = x.astype(cfg.dtype)
         if cache is None:
             return self._forward_expanded(x, segment_ids)
@@ -256,7 +259,7 @@ class MultiHeadLatentAttention(nnx.Module):
             scores = scores + jnp.einsum("bthe,bse->bhts", q[..., d:], s.astype(jnp.float32))
         allowed = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None, None]
         if segment_ids is not None:
-            seg = jnp.asarray(segment_ids)
+            seg = segment_ids  # canonical: equal ids are one segment
             same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
             allowed = allowed & same[:, None]
         weights = self._attend(scores * cfg.score_dim**-0.5, allowed)

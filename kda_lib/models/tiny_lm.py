@@ -268,9 +268,17 @@ class ConvMixer(nnx.Module):
         channels = self.num_heads * self.value_dim
         return jnp.zeros((batch_size, self.conv_size - 1, channels), self.dtype)
 
-    def __call__(self, x: jax.Array, *, cache: jax.Array | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given."""
+    def __call__(
+        self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: jax.Array | None = None
+    ):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
+        ``segment_ids [B, T]`` (optional, not with a cache): the conv's taps stay inside a
+        segment (the rule of :mod:`kda_lib.ops.segments`)."""
         batch, seq_len, _ = x.shape
+        if segment_ids is not None and cache is not None:
+            raise ValueError(
+                "segment_ids cannot be combined with a cache: decode one document per row"
+            )
         h, vd = self.num_heads, self.value_dim
         if cache is not None:
             want = (batch, self.conv_size - 1, h * vd)
@@ -281,12 +289,15 @@ class ConvMixer(nnx.Module):
                     f"got {got}; build it with model.init_cache({batch})"
                 )
         x = x.astype(self.dtype)
-        o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache)
+        o, new_cache = self.v_conv1d(self.v_proj(x), conv_state=cache, segment_ids=segment_ids)
         gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
         normed = gated_rms_norm(
             o.reshape(batch, seq_len, h, vd), self.o_norm[...], gate, eps=self.norm_eps
         )
         y = self.o_proj(normed.astype(self.dtype).reshape(batch, seq_len, h * vd))
+        if segment_ids is not None:  # padding outputs 0, as in every mixer (host ids compared
+            # on the host: no conversion can wrap an int64 id to 0)
+            y = jnp.where(jnp.asarray(segment_ids != 0)[..., None], y, 0)
         return y if cache is None else (y, new_cache)
 
 

@@ -67,6 +67,7 @@ from kda_lib.ops.contract import (
 )
 from kda_lib.ops.segments import (
     NonFinite,
+    canonical_segment_ids,
     isolate_non_finite,
     overflowing_keys_as_nan,
     pad_time,
@@ -687,6 +688,8 @@ def kda_chunked(
     )
     check_precision(precision)
     check_flag("output_chunk_states", output_chunk_states)
+    if segment_ids is not None:  # compared in their own dtype (on the host for host ids)
+        segment_ids = canonical_segment_ids(segment_ids)
     # padding by selection: its values never reach an output or a gradient
     q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
     result = chunked_core(

@@ -124,12 +124,30 @@ def _compiled(backend: Backend, arrays: KDAArrays, options: KDAOptions):
     return backend(arrays, options)
 
 
+# the clear functions of the compiled-program caches kept outside ops (the KDA layer's CP
+# programs, the generation steps, ...): ops may not import layers or lab, so they register here
+_CACHE_CLEARERS: list = []
+
+
+def register_compiled_cache(cache):
+    """Have :func:`clear_compiled_forms` clear ``cache`` too: an ``functools.lru_cache``
+    (``cache_clear``) or a jitted function (``clear_cache``). Returns ``cache`` (a decorator)."""
+    clear = getattr(cache, "cache_clear", None) or getattr(cache, "clear_cache", None)
+    if clear is None:
+        raise TypeError(f"cache must have cache_clear or clear_cache, got {cache!r}")
+    _CACHE_CLEARERS.append(clear)
+    return cache
+
+
 def clear_compiled_forms() -> None:
-    """Forget the traces :func:`run`, ``chunked_core`` and ``recurrent_core`` keep, so that a
-    module constant changed at run time (e.g. ``kda_lib.ops.chunked.LOW_PRECISION_MATMULS``) is read
-    again by the next call."""
+    """Forget every compiled program kda_lib keeps (:func:`run`'s, ``chunked_core``'s,
+    ``recurrent_core``'s and each registered cache's: the KDA layer's CP programs, the
+    generation and training steps), so that a module constant changed at run time (e.g.
+    ``kda_lib.ops.chunked.LOW_PRECISION_MATMULS``) is read again by the next call."""
     for jitted in (_compiled, chunked_core, recurrent_core):
         jitted.clear_cache()
+    for clear in _CACHE_CLEARERS:
+        clear()
 
 
 def _activated(arrays: KDAArrays, options: KDAOptions):
@@ -601,7 +619,7 @@ def _arrays(q, k, v, g, beta, kw, dims, fused_gate) -> KDAArrays:
     if segment_ids is not None:
         # one rule for every implementation: a new segment wherever a real token's id differs
         # from the previous real token's (reused or int64 ids included); padding by selection
-        segment_ids = canonical_segment_ids(jnp.asarray(segment_ids))
+        segment_ids = canonical_segment_ids(segment_ids)
         q, k, v, g, beta = zero_padding(
             segment_ids, q, k, v, g, beta, neutral_gate=NEUTRAL_RAW_GATE if fused_gate else 0.0
         )

@@ -165,12 +165,35 @@ def fill_padding_ids_across_ranks(segment_ids: jax.Array, axis_name: str) -> jax
     return jnp.where(filled == 0, 1, filled).astype(jnp.int32)
 
 
-def canonical_segment_ids(segment_ids: jax.Array) -> jax.Array:
+def canonical_segment_ids(segment_ids) -> jax.Array:
     """``[B, T]`` int32 ids in which every segment has its own number (its ordinal) and padding
     stays 0: the rule above made explicit, so code that compares ids (the short convolution,
-    tokamax) and code that compares ordinals agree on any input, reused ids included. Ids are
-    compared in their own dtype (int64 ids that differ by 2**32 stay different)."""
+    tokamax) and code that compares ordinals agree on any input, reused ids included.
+
+    Ids are compared in their own dtype: host ids (numpy, any integer dtype) are numbered on the
+    host before anything converts them, since with ``jax_enable_x64`` off ``jnp.asarray`` would
+    wrap int64/uint64 ids to 32 bits (``2**32`` would become 0, padding). Ids that are already
+    jax arrays (a dtype jax holds) or tracers are numbered by jax in their dtype."""
+    if not isinstance(segment_ids, jax.Array):  # host ids: numbered before any conversion
+        return jnp.asarray(host_canonical_segment_ids(np.asarray(segment_ids)))
     return jnp.where(segment_ids != 0, segment_ordinals(segment_ids), 0).astype(jnp.int32)
+
+
+def host_canonical_segment_ids(ids: np.ndarray) -> np.ndarray:
+    """:func:`canonical_segment_ids` in numpy, in ``ids``' own dtype (``[B, T]`` -> int32): the
+    same rule as :func:`segment_ordinals` (padding filled with the id before it, leading padding
+    with the row's first id; an ordinal wherever the filled id changes)."""
+    if ids.ndim != 2 or not ids.size:
+        return np.zeros(ids.shape, np.int32)
+    valid = ids != 0
+    positions = np.arange(ids.shape[1])
+    last_valid = np.maximum.accumulate(np.where(valid, positions, -1), axis=1)
+    first = np.take_along_axis(ids, np.argmax(valid, axis=1)[:, None], 1)  # [B, 1]
+    filled = np.where(last_valid >= 0, np.take_along_axis(ids, np.maximum(last_valid, 0), 1), first)
+    changes = np.concatenate(
+        [np.zeros_like(valid[:, :1]), filled[:, 1:] != filled[:, :-1]], axis=1
+    )
+    return np.where(valid, 1 + np.cumsum(changes, axis=1), 0).astype(np.int32)
 
 
 def segment_cumulative_any(flags: jax.Array, ordinals: jax.Array) -> jax.Array:

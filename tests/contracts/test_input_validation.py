@@ -447,3 +447,52 @@ def test_conv_size_has_an_upper_bound():
     assert dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE).conv_size == MAX_CONV_SIZE
     with pytest.raises(ValueError, match=r"KDAConfig.conv_size must be <= 64 \(a short conv"):
         dataclasses.replace(CFG, conv_size=MAX_CONV_SIZE + 1)
+
+
+# ------------------------------------------------------------- records (issue 37)
+def test_write_json_keeps_the_mode_of_an_existing_file(tmp_path):
+    import os
+    import stat
+
+    from kda_lib.lab.records import write_json
+
+    path = tmp_path / "private.json"
+    path.write_text("{}")
+    os.chmod(path, 0o600)
+    write_json({"a": 1}, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text().strip().startswith("{")
+
+
+def test_write_json_writes_through_a_symlink_and_keeps_the_link(tmp_path):
+    import json
+
+    from kda_lib.lab.records import write_json
+
+    target = tmp_path / "store" / "run.json"
+    target.parent.mkdir()
+    target.write_text("{}")
+    link = tmp_path / "latest.json"
+    link.symlink_to(target)
+    write_json({"b": 2}, link)
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert json.loads(target.read_text()) == {"b": 2}
+
+
+def test_benchmark_runs_drop_non_finite_timings_and_non_int_t(tmp_path):
+    import json
+
+    from kda_lib.lab.records import load_benchmark_runs
+
+    good = {"impl": "chunked", "T": 64, "mode": "fwd", "median_ms": 1.5}
+    bad = [
+        {**good, "median_ms": float("nan")},
+        {**good, "median_ms": float("-inf")},
+        {**good, "median_ms": float("inf")},
+        {**good, "T": True},
+        {**good, "T": 64.0},
+    ]
+    (tmp_path / "run.json").write_text(json.dumps({"platform": "cpu", "records": [good, *bad]}))
+    runs, notes = load_benchmark_runs(tmp_path)
+    assert [r["records"] for r in runs] == [[good]]
+    assert any("5 records" in n for n in notes), notes

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from conftest import load_fla_layer_fixture
 from flax import nnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from kda_lib import KDAConfig, KimiDeltaAttention
@@ -197,8 +199,6 @@ def test_kimi_linear_reader_errors(tmp_path):
         state_dict_names(layer, "hf")
 
 
-
-
 # fla's names -> the published checkpoint's, where they differ (the rest are the same)
 FLA_TO_KIMI = {
     "f_proj.0.weight": "f_a_proj.weight",
@@ -281,3 +281,140 @@ def test_layouts_without_a_checkpoint_name_are_refused():
     full = _layer(dataclasses.replace(SMALL, full_rank_output_gate=True))
     names = state_dict_names(full, "kimi_linear")
     assert names["g_proj.weight"] == (16, 32) and "g_a_proj.weight" not in names
+
+
+# ------------------------------------------------------------- malformed safetensors files
+def _layer_values(layer):
+    return [np.asarray(x) for x in jax.tree.leaves(nnx.state(layer))]
+
+
+def _small_file(tmp_path):
+    """A valid two-tensor file's bytes: ``(path, bytes)``."""
+    path = str(tmp_path / "small.safetensors")
+    _write(
+        path,
+        {
+            "model.layers.0.self_attn.a": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "model.layers.0.self_attn.b": np.ones((4,), np.float16),
+        },
+    )
+    with open(path, "rb") as handle:
+        return path, handle.read()
+
+
+def _header_file(tmp_path, header: dict, data: bytes = b"") -> str:
+    import json
+
+    raw = json.dumps(header).encode()
+    path = str(tmp_path / "handmade.safetensors")
+    with open(path, "wb") as handle:
+        handle.write(len(raw).to_bytes(8, "little") + raw + data)
+    return path
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_malformed_safetensors_raise_value_error_naming_the_file(tmp_path_factory, data):
+    """Truncated files, corrupted header bytes and wrong header sizes: read_safetensors returns
+    the tensors exactly or raises a ValueError naming the file, never another error."""
+    tmp_path = tmp_path_factory.mktemp("malformed")
+    path, raw = _small_file(tmp_path)
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    kind = data.draw(st.sampled_from(["truncate", "flip", "size"]))
+    if kind == "truncate":
+        broken = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    elif kind == "flip":
+        at = data.draw(st.integers(0, header_end - 1))
+        broken = raw[:at] + bytes([data.draw(st.integers(0, 255))]) + raw[at + 1 :]
+    else:
+        size = data.draw(st.sampled_from([0, 1, header_end - 9, header_end, 2**40, 2**64 - 1]))
+        broken = size.to_bytes(8, "little") + raw[8:]
+    with open(path, "wb") as handle:
+        handle.write(broken)
+    try:
+        got = read_safetensors(path)
+    except ValueError as error:
+        assert path in str(error)
+    else:  # a harmless change (e.g. a space in the JSON): the values are exact
+        assert set(got) <= {"model.layers.0.self_attn.a", "model.layers.0.self_attn.b"}
+
+
+@pytest.mark.parametrize(
+    "entry,match",
+    [
+        ({"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}, "dtype 'F8_E4M3'"),
+        ({"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}, "dtype 'F8_E5M2'"),
+        ({"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}, "dtype 'C64'"),
+        ({"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}, "data_offsets"),
+        ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}, "shape must be"),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "data_offsets"),
+        ({"dtype": "F32", "shape": [2]}, "dtype, shape and data_offsets"),
+        ([1, 2], "dtype, shape and data_offsets"),
+    ],
+)
+def test_unsupported_or_inconsistent_safetensors_entries_are_refused_by_name(
+    tmp_path, entry, match
+):
+    """FP8 and other dtypes outside SAFETENSORS_DTYPES, and entries whose offsets do not fit
+    their shape: a ValueError naming the file, the tensor and the problem; layer unchanged."""
+    path = _header_file(tmp_path, {"model.layers.0.self_attn.A_log": entry}, bytes(8))
+    with pytest.raises(ValueError, match=match) as error:
+        read_safetensors(path)
+    assert path in str(error.value) and "model.layers.0.self_attn.A_log" in str(error.value)
+    layer = _layer()
+    before = _layer_values(layer)
+    with pytest.raises(ValueError, match=match):
+        load_kimi_linear_safetensors(layer, path, 0)
+    for a, b in zip(before, _layer_values(layer), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("paths", [b"model.safetensors", 3, [b"a.safetensors"], [None]])
+def test_safetensors_paths_of_a_wrong_type_raise_type_error_naming_paths(paths):
+    with pytest.raises(TypeError, match="paths"):
+        read_safetensors(paths)
+
+
+def test_a_safetensors_file_that_shrinks_while_read_cannot_crash_the_process(tmp_path):
+    """The file is cut to its header right after it is opened (a shard being rewritten): a
+    memory-mapped read dies of SIGBUS; kda_lib reads with ordinary reads and raises a
+    ValueError naming the file. In a subprocess, so a crash fails the test instead of the run."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path, raw = _small_file(tmp_path)
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    script = textwrap.dedent(
+        f"""
+        import builtins, os, safetensors
+        import kda_lib.layers.checkpoints as checkpoints
+        PATH, CUT = {path!r}, {header_end}
+        real_safe_open = safetensors.safe_open
+
+        class Shrinking:  # the safetensors reader (memory-mapped), cut after opening
+            def __init__(self, *args, **kwargs):
+                self.handle = real_safe_open(*args, **kwargs)
+            def __enter__(self):
+                self.inner = self.handle.__enter__()
+                os.truncate(PATH, CUT)
+                return self.inner
+            def __exit__(self, *exc):
+                return self.handle.__exit__(*exc)
+
+        def shrinking_open(file, *args, **kwargs):  # kda_lib's own reader, cut after opening
+            handle = builtins.open(file, *args, **kwargs)
+            os.truncate(PATH, CUT)
+            return handle
+
+        safetensors.safe_open = Shrinking
+        checkpoints.open = shrinking_open
+        try:
+            checkpoints.read_safetensors(PATH)
+        except ValueError as error:
+            assert PATH in str(error), error
+            print("refused")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0 and "refused" in result.stdout, (result.returncode, result.stderr)

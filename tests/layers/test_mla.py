@@ -204,3 +204,27 @@ def test_registered_as_a_mixer_in_a_hybrid_that_decodes_exactly():
     formula = hidden * h * d + hidden * r + r + r * h * (d + d) + h * d * hidden
     mixer_params = nnx.state(model.blocks[3].mixer, nnx.Param)
     assert sum(a.size for a in jax.tree.leaves(mixer_params)) == formula
+
+
+@pytest.mark.parametrize("mixer", ["mla", "attention"])
+def test_mla_and_attention_check_caches_and_inputs_at_the_boundary(mixer):
+    """A cache for another batch size, a cache without MLA's shared keys, init_cache(0) and
+    init_cache(-1), and an input of the wrong hidden size: a ValueError naming it, before any
+    work (they failed inside jax, or were accepted, before)."""
+    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+
+    if mixer == "mla":
+        layer = _layer(SHARED)
+        no_shared = layer.init_cache(2)._replace(shared_keys=None)
+        with pytest.raises(ValueError, match="cache.shared_keys"):
+            layer(_x(2, 3), cache=no_shared)
+    else:
+        layer = CausalSelfAttention(AttentionConfig(hidden_size=24, num_heads=3, head_dim=8),
+                                    rngs=nnx.Rngs(0))  # fmt: skip
+    with pytest.raises(ValueError, match="batch|B=1"):
+        layer(_x(1, 3), cache=layer.init_cache(2))
+    for size in (0, -1):
+        with pytest.raises(ValueError, match="batch_size"):
+            layer.init_cache(size)
+    with pytest.raises(ValueError, match="hidden_size=24"):
+        layer(jnp.zeros((1, 3, 5)))

@@ -307,3 +307,30 @@ def test_cp_mosaic_errors_name_the_constraint():
         ValueError, match="cannot run inside shard_map here: tokamax_mosaic needs a TPU"
     ):
         run()  # no TPU, no emulation
+
+
+def test_environment_emulation_leaves_no_traceback_at_exit():
+    """With KDA_EMULATE_TPU=1 a process that queries the emulation exits without an ignored
+    AttributeError traceback (the activation's generator was closed during interpreter
+    shutdown, after module globals were cleared)."""
+    import subprocess
+    import sys
+
+    script = "from kda_lib.ops.tokamax.emulation import is_emulating; print(is_emulating())"
+    env = {**os.environ, "KDA_EMULATE_TPU": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+    assert "Exception ignored" not in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize("implementation", ["tokamax_xla", "tokamax_xla_chunked"])
+def test_kda_config_refuses_neg_eigval_with_tokamax_at_construction(implementation):
+    """allow_neg_eigval with a tokamax kernel (which has no beta in [0, 2]) is refused when
+    the config is built, naming both options, not at the first call."""
+    with pytest.raises(ValueError, match="allow_neg_eigval"):
+        KDAConfig(hidden_size=16, num_heads=2, head_dim=8, allow_neg_eigval=True,
+                  implementation=implementation)  # fmt: skip

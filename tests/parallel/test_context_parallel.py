@@ -372,3 +372,32 @@ def test_kernel_cp_state_arguments_are_checked():
         run(initial_state=jnp.zeros((1, 4, 4)))
     with pytest.raises(ValueError, match="output_final_state must be a bool"):
         run(output_final_state="yes")
+
+
+def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monkeypatch):
+    """After a module global the kernels read is patched, clear_compiled_forms() makes a CP
+    layer change as a one-device layer does (its cached CP program was kept before), and it
+    empties the generation steps' cache too."""
+    import kda_lib.lab.generate
+    import kda_lib.ops.registry as registry
+
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
+    single = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(5), (1, 8, 32))
+    before = layer(x)
+    real = registry._activated
+
+    def doubled_queries(arrays, options):
+        q, k, g = real(arrays, options)
+        return 2 * q, k, g
+
+    monkeypatch.setattr(registry, "_activated", doubled_queries)
+    try:
+        registry.clear_compiled_forms()
+        one_device, cp = single(x), layer(x)
+        assert relative_l2(one_device, before) > 1e-3  # the patch is seen
+        assert relative_l2(cp, one_device) < 1e-5  # by the CP layer as well
+        assert kda_lib.lab.generate._steps.cache_info().currsize == 0
+    finally:
+        monkeypatch.undo()
+        registry.clear_compiled_forms()  # no patched trace stays for later tests

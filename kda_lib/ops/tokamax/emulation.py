@@ -42,6 +42,7 @@ the kernel here.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib
@@ -284,7 +285,11 @@ def _activate_from_environment() -> None:
         return
     global _env_context
     _env_context = _emulating(chip, "zero")
-    _env_context.__enter__()  # exited only by reset_environment_activation
+    _env_context.__enter__()  # exited by reset_environment_activation
+    # and at exit, while the interpreter is whole: left suspended, the generator would be
+    # closed during shutdown, after module globals are gone (an ignored AttributeError
+    # traceback on stderr in every process)
+    atexit.register(reset_environment_activation)
 
 
 def reset_environment_activation() -> None:
