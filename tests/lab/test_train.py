@@ -39,6 +39,7 @@ from kda_lib.lab.train import (
 )
 from kda_lib.lab.train_cli import main as train_main
 from kda_lib.layers.attention import CausalSelfAttention
+from kda_lib.layers.mamba2 import Mamba2Mixer
 from kda_lib.models.tiny_lm import (
     MIXERS,
     ConvMixer,
@@ -59,14 +60,19 @@ def _model(**changes):
     return TinyLM(dataclasses.replace(CFG, **changes), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "conv"])
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention", "conv"])
 def test_shapes_and_cache_decoding(mixer):
     model = _model(mixer=mixer)
     tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 8)
     apply = nnx.jit(lambda model, tokens, cache=None: model(tokens, cache=cache))
     logits = apply(model, tokens)
     assert logits.shape == (2, 9, 8) and logits.dtype == jnp.float32
-    kind = dict(kda=KimiDeltaAttention, gdn=KimiDeltaAttention, attention=CausalSelfAttention)
+    kind = dict(
+        kda=KimiDeltaAttention,
+        gdn=KimiDeltaAttention,
+        attention=CausalSelfAttention,
+        mamba2=Mamba2Mixer,
+    )
     assert all(isinstance(b.mixer, kind.get(mixer, ConvMixer)) for b in model.blocks)
     # prefill 5 tokens, then decode one at a time: same logits as the full forward
     out, cache = apply(model, tokens[:, :5], model.init_cache(2))
@@ -645,10 +651,11 @@ NO_DECAY_BY_MIXER = {
     "gdn": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
     "attention": _SHARED_NO_DECAY,
     "attention_conv": _SHARED_NO_DECAY,
+    "mamba2": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
     "conv": _SHARED_NO_DECAY | {"blocks.0.mixer.g_proj.bias", "blocks.0.mixer.o_norm"},
     "mla": _SHARED_NO_DECAY | {"blocks.0.mixer.kv_a_layernorm.scale"},
 }
-PARAMS_BY_MIXER = dict(kda=23, gdn=23, attention=13, attention_conv=16, conv=15, mla=14)
+PARAMS_BY_MIXER = dict(kda=23, gdn=23, mamba2=22, attention=13, attention_conv=16, conv=15, mla=14)
 
 
 @pytest.mark.parametrize("mixer", sorted(NO_DECAY_BY_MIXER))
