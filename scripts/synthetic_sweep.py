@@ -1,31 +1,41 @@
-"""Notebook 08's recorded synthetic sweep, resumable: tune a rate per task and mixer, then seeds.
+"""Notebook 08's synthetic sweep, resumable: tune a rate per task and mixer, then fresh seeds.
 
-    python scripts/synthetic_sweep.py --phase all --output data/results/synthetic_recall_sweep.json
+    python scripts/synthetic_sweep.py --preset cpu --phase all --output data/results/FILE.json
 
 (``--phase tune`` or ``--phase seeds`` runs one phase; ``all`` runs, task by task, the
-tuning and then the seeds.)
+tuning and then the seeds.) ``--preset cpu`` (the default) is the size this 2-core machine
+runs; ``--preset paper`` the paper's lengths and step budget, for an accelerator (see
+:data:`PRESETS`); any option given on the command line overrides its preset's value.
 
 One run per (task, mixer, seq_len, learning rate, seed). After every run the document is
 merged into the file under a lock and rewritten atomically
 (:func:`kda_lib.lab.records.update_json`), and a run already in the file is skipped, so a cut
 loses at most the run in progress, the same command resumes, and two processes writing the same
 ``--output`` (say, one per task with ``--only``) lose nothing of each other's. Bad arguments (a
-count below its minimum, a damaged or unwritable ``--output``) are refused before any work.
+count below its minimum, a seed both tuning and reported, a damaged or unwritable ``--output``)
+are refused before any work.
 
 Protocol (stated once, recorded in the JSON under ``protocol``):
 
-- **Tuning** (per task and mixer): on the task's first length and the first seed, each rate of
-  the grid; the best rate (:func:`best_rate`) must lie strictly inside the rates tried, else the
-  grid is extended by one point (a factor ``--grid-factor`` beyond the edge) and tried, up to
+- **Three streams** per seed (:mod:`kda_lib.lab.train`): training batches, **validation**
+  batches (the early stop and the rate choice read only these) and **test** batches (the
+  reported score, evaluated once, after training ends).
+- **Tuning** (per task and mixer): on the task's first length with the tuning seed
+  (``--tune-seed``, never one of ``--seeds``), each rate of the grid; the best rate by
+  validation (:func:`best_rate`) must lie strictly inside the rates tried, else the grid is
+  extended by one point (a factor ``--grid-factor`` beyond the edge) and tried, up to
   ``--max-extensions`` times per side.
-- **Seeds**: every length of the task, every seed, at the tuned rate (the tuning run is reused
-  as the first seed at the first length).
+- **Seeds**: every length of the task, every seed of ``--seeds`` (fresh: no tuning run is
+  reused), at the tuned rate.
 - **Training and stopping**: AdamW with warmup and cosine decay over ``--max-steps``
-  (:func:`kda_lib.lab.train.make_optimizer`); held-out accuracy (:func:`kda_lib.lab.train.evaluate`,
-  batches training never draws) every ``--eval-every`` steps. A run stops early once held-out
-  accuracy reaches ``--solved`` ("solved"), or when the loss is not finite ("diverged"). At the
-  step budget its verdict is "flat" when held-out accuracy changed by less than ``--flat-tol``
-  over the last 20% of the steps, and "rising" otherwise (still learning: not converged).
+  (:func:`kda_lib.lab.train.make_optimizer`); validation accuracy every ``--eval-every``
+  steps. A run stops early once validation accuracy reaches ``--solved`` ("solved"), or when
+  the loss is not finite ("diverged"). At the step budget its verdict is "flat" when
+  validation accuracy changed by less than ``--flat-tol`` over the last 20% of the steps, and
+  "rising" otherwise (still learning: not converged). Then the test batches are scored.
+- **Controls**: the conv-only mixer (``conv``, blind beyond ``ModelConfig.conv_reach`` tokens)
+  runs on every task; for stack every score also gives the accuracy on the scored pops whose
+  answer lies beyond that reach (``beyond_reach_accuracy``).
 """
 
 from __future__ import annotations
@@ -63,41 +73,92 @@ def _lengths(text: str) -> dict[str, list[int]]:
     return out
 
 
+MIXERS = "kda,gdn,mamba2,attention,attention_conv,conv"
+
+# The presets' values; the command line overrides any of them.
+PRESETS: dict[str, dict] = {
+    # this 2-core CPU: MQAR with 8 pairs and a 64-token vocabulary at T = 64 and 128,
+    # palindrome and stack at 64 and 128; 5 fresh seeds per cell, one tuning seed
+    "cpu": dict(
+        seq_lens="mqar=64,128;palindrome=64,128;stack=64,128",
+        vocab_size=64,
+        num_pairs=8,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        head_dim=32,
+        chunk_size=32,
+        batch_size=16,
+        max_steps=2000,
+        eval_every=100,
+        eval_batches=8,
+        test_batches=16,
+        seeds="0,1,2,3,4",
+    ),
+    # the paper's figure (as issue 39 cites it): T = 256 to 2048 and up to 20K steps; the
+    # width, vocabulary, pairs and batch are this repository's choice, not the paper's
+    "paper": dict(
+        seq_lens="mqar=256,512,1024,2048;palindrome=256,512,1024,2048;stack=256,512,1024,2048",
+        vocab_size=256,
+        num_pairs=32,
+        hidden_size=256,
+        num_layers=2,
+        num_heads=4,
+        head_dim=64,
+        chunk_size=64,
+        batch_size=32,
+        max_steps=20000,
+        eval_every=500,
+        eval_batches=16,
+        test_batches=32,
+        seeds="0,1,2,3,4",
+    ),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     p.add_argument("--phase", choices=["tune", "seeds", "all"], required=True)
     p.add_argument("--output", required=True, help="the JSON document (created or resumed)")
     p.add_argument("--tasks", default="mqar,palindrome,stack")
-    p.add_argument("--mixers", default="kda,gdn,attention,attention_conv")
+    p.add_argument("--mixers", default=MIXERS)
     p.add_argument(
         "--seq-lens",
         type=_lengths,
-        default=_lengths("mqar=32,64;palindrome=16,32;stack=32,64,16"),
         help="per task, 'task=T1,T2;...'; the first length is the tuning length",
     )
-    p.add_argument("--vocab-size", type=int, default=32)
-    p.add_argument("--num-pairs", type=int, default=4, help="MQAR key/value pairs")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--num-heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
+    for name in ("vocab-size", "num-pairs", "hidden-size", "num-layers", "num-heads"):
+        p.add_argument(f"--{name}", type=int)
+    p.add_argument("--head-dim", type=int)
     p.add_argument("--implementation", default="chunked")
-    p.add_argument("--chunk-size", type=int, default=16)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--max-steps", type=int, default=1500)
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--eval-batches", type=int, default=4)
+    for name in ("chunk-size", "batch-size", "max-steps", "eval-every"):
+        p.add_argument(f"--{name}", type=int)
+    p.add_argument("--eval-batches", type=int, help="validation batches per check")
+    p.add_argument("--test-batches", type=int, help="test batches, scored once per run")
     p.add_argument("--solved", type=float, default=0.99)
     p.add_argument("--flat-tol", type=float, default=0.01)
     p.add_argument("--grid", default="0.001,0.003,0.01", help="initial rates (each task, mixer)")
     p.add_argument("--grid-factor", type=float, default=3.0)
     p.add_argument("--max-extensions", type=int, default=2)
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", help="the reported seeds, comma-separated")
+    p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
     p.add_argument("--only", default="", help="restrict to 'task/mixer,...' (for a quick check)")
     return p
 
 
+def parse(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The arguments with the chosen preset's values where none was given."""
+    p = parser()
+    args = p.parse_args(argv)
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, _lengths(value) if name == "seq_lens" else value)
+    return p, args
+
+
 SETTING_KEYS = (
+    "protocol_version",
     "vocab_size",
     "num_pairs",
     "hidden_size",
@@ -110,9 +171,12 @@ SETTING_KEYS = (
     "max_steps",
     "eval_every",
     "eval_batches",
+    "test_batches",
     "solved",
     "flat_tol",
+    "tune_seed",
 )
+PROTOCOL_VERSION = 2  # 2: validation and test streams, tuning seed apart (issue 39)
 
 
 def task_options(task: str, args) -> dict:
@@ -138,15 +202,8 @@ def verdict(curve: dict, steps: int, solved: float, flat_tol: float) -> str:
 _DRAWERS: dict = {}
 
 
-def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> dict:
-    """Train one model until solved or the step budget; the record, JSON-ready."""
-    options = task_options(task, args)
-    task_fn = make_task(task, **options)
-    shape = (task, tuple(sorted(options.items())), args.batch_size, seq_len)
-    if shape not in _DRAWERS:
-        _DRAWERS[shape] = jax.jit(lambda key: task_fn(key, args.batch_size, seq_len))
-    draw = _DRAWERS[shape]
-    config = ModelConfig(
+def _model_config(mixer: str, args) -> ModelConfig:
+    return ModelConfig(
         vocab_size=args.vocab_size,
         mixer=mixer,
         hidden_size=args.hidden_size,
@@ -156,10 +213,14 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
         implementation=args.implementation,
         chunk_size=args.chunk_size,
     )
-    model = TinyLM(config, rngs=nnx.Rngs(seed))
+
+
+def _train_until_stop(model, task_fn, draw, lr, seed, seq_len, args) -> tuple[dict, str | None]:
+    """The training loop with its validation checks: ``(curve, stop or None)``."""
     optimizer = make_optimizer(model, steps=args.max_steps, learning_rate=lr)
     step_fn = nnx.cached_partial(train_step, model, optimizer)
     data_key = jax.random.fold_in(jax.random.key(seed), TRAIN_STREAM)
+    held_out = dict(batch_size=args.batch_size, seq_len=seq_len, seed=seed, split="validation")
     curve = {"step": [], "loss": [], "accuracy": [], "train_loss": [], "seconds": []}
     window, start, stop = [], time.perf_counter(), None
     for i in range(args.max_steps):
@@ -168,14 +229,7 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
             continue
         train_loss = float(np.mean(jax.device_get(window)))
         window = []
-        scores = evaluate(
-            model,
-            task_fn,
-            batch_size=args.batch_size,
-            seq_len=seq_len,
-            num_batches=args.eval_batches,
-            seed=seed,
-        )
+        scores = evaluate(model, task_fn, **held_out, num_batches=args.eval_batches)
         for name, value in [
             ("step", i + 1),
             ("loss", scores["loss"]),
@@ -190,7 +244,30 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
             stop = "solved"
         if stop:
             break
+    return curve, stop
+
+
+def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> dict:
+    """Train one model until solved (on validation) or the step budget, then score the
+    validation and, once, the test batches; the record, JSON-ready. ``curve`` holds the
+    validation checks (``loss``, ``accuracy``) beside the training loss."""
+    options = task_options(task, args)
+    task_fn = make_task(task, **options)
+    shape = (task, tuple(sorted(options.items())), args.batch_size, seq_len)
+    if shape not in _DRAWERS:
+        _DRAWERS[shape] = jax.jit(lambda key: task_fn(key, args.batch_size, seq_len))
+    config = _model_config(mixer, args)
+    model = TinyLM(config, rngs=nnx.Rngs(seed))
+    curve, stop = _train_until_stop(model, task_fn, _DRAWERS[shape], lr, seed, seq_len, args)
     steps_run = curve["step"][-1]
+    held_out = dict(batch_size=args.batch_size, seq_len=seq_len, seed=seed)
+    reach = dict(reach=config.conv_reach)
+    validation = evaluate(
+        model, task_fn, **held_out, **reach, num_batches=args.eval_batches, split="validation"
+    )
+    test = evaluate(
+        model, task_fn, **held_out, **reach, num_batches=args.test_batches, split="test"
+    )
     return dict(
         task=task,
         task_options=options,
@@ -206,9 +283,10 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
             seed=seed,
         ),
         curve=curve,
-        eval=dict(
-            loss=curve["loss"][-1], accuracy=curve["accuracy"][-1], batches=args.eval_batches
-        ),
+        validation=dict(validation, batches=args.eval_batches),
+        test=dict(test, batches=args.test_batches),
+        eval=dict(validation, batches=args.eval_batches),  # the name older readers use
+        conv_reach=config.conv_reach,
         stop=stop or verdict(curve, args.max_steps, args.solved, args.flat_tol),
         chance_accuracy=chance_accuracy(task, **options),
         train_seconds=curve["seconds"][-1],
@@ -224,15 +302,17 @@ def run_key(r: dict) -> tuple:
 
 
 def score(r: dict) -> tuple:
-    """Tuning order: a solved run beats an unsolved one, and among solved runs the fewest steps
-    wins (their final accuracies differ only by where in [solved, 1] the check fired); then
-    higher final held-out accuracy, then lower held-out loss."""
+    """Tuning order, on validation only: a solved run beats an unsolved one, and among solved
+    runs the fewest steps wins (their final accuracies differ only by where in [solved, 1] the
+    check fired); then higher final validation accuracy, then lower validation loss. (A record
+    without ``validation`` is an old one, whose ``eval`` was scored on the same stream.)"""
     solved = r["stop"] == "solved"
+    validation = r.get("validation", r.get("eval"))
     return (
         solved,
         -r["training"]["steps"] if solved else 0,
-        round(r["eval"]["accuracy"], 3),
-        -r["eval"]["loss"],
+        round(validation["accuracy"], 3),
+        -validation["loss"],
     )
 
 
@@ -245,7 +325,8 @@ def _rate(x: float) -> float:
 
 
 def setting_of(args) -> dict:
-    return {key: getattr(args, key) for key in SETTING_KEYS}
+    values = dict(vars(args), protocol_version=PROTOCOL_VERSION)
+    return {key: values[key] for key in SETTING_KEYS}
 
 
 def merge(ours: dict, disk: dict | None) -> dict:
@@ -300,7 +381,8 @@ class Sweep:
             self.save()
             print(
                 f"{phase:5s} {task:10s} {mixer:15s} T={seq_len:<4d} lr {lr:<8g} seed {seed}: "
-                f"acc {record['eval']['accuracy']:.3f} after {record['training']['steps']} "
+                f"val {record['validation']['accuracy']:.3f} test "
+                f"{record['test']['accuracy']:.3f} after {record['training']['steps']} "
                 f"steps ({record['stop']}), {record['train_seconds']:.0f} s",
                 flush=True,
             )
@@ -312,8 +394,8 @@ class Sweep:
 
     def tune(self, task, mixer):
         a = self.args
-        seq_len, seed = a.seq_lens[task][0], a.seeds[0]
-        grid = sorted(_rate(float(x)) for x in a.grid.split(","))
+        seq_len, seed = a.seq_lens[task][0], a.tune_seed
+        grid = initial_grid(a)
         low = high = 0
         while True:
             rows = [self.ensure(task, mixer, seq_len, lr, seed, "tune") for lr in grid]
@@ -335,9 +417,41 @@ class Sweep:
         tuned = self.doc["grids"].get(f"{task}/{mixer}")
         if tuned is None:
             raise SystemExit(f"{task}/{mixer} is not tuned yet: run --phase tune first")
-        for seed in self.args.seeds:
-            for seq_len in self.args.seq_lens[task]:
-                self.ensure(task, mixer, seq_len, tuned["best"], seed, "seeds")
+        for key in seed_plan(self.args, {f"{task}/{mixer}": tuned["best"]}):
+            self.ensure(*key, "seeds")
+
+
+def initial_grid(args) -> list[float]:
+    return sorted(_rate(float(x)) for x in args.grid.split(","))
+
+
+def cells(args) -> list[tuple[str, str]]:
+    """(task, mixer) pairs, task by task, restricted by ``--only``."""
+    only = set(filter(None, args.only.split(",")))
+    tasks, mixers = args.tasks.split(","), args.mixers.split(",")
+    return [(t, m) for t in tasks for m in mixers if not only or f"{t}/{m}" in only]
+
+
+def tuning_plan(args) -> list[tuple]:
+    """The tuning runs of the first grid, ``(task, mixer, seq_len, rate, seed)``: the task's
+    first length, the tuning seed (an edge best adds one rate at a time beyond these)."""
+    return [
+        (task, mixer, args.seq_lens[task][0], rate, args.tune_seed)
+        for task, mixer in cells(args)
+        for rate in initial_grid(args)
+    ]
+
+
+def seed_plan(args, rates: dict[str, float]) -> list[tuple]:
+    """The reported runs ``(task, mixer, seq_len, rate, seed)``: per tuned cell (``rates``:
+    ``"task/mixer"`` -> its chosen rate) every seed of ``--seeds`` at every length."""
+    return [
+        (task, mixer, seq_len, rates[f"{task}/{mixer}"], seed)
+        for task, mixer in cells(args)
+        if f"{task}/{mixer}" in rates
+        for seed in args.seeds
+        for seq_len in args.seq_lens[task]
+    ]
 
 
 MINIMUMS = dict(
@@ -352,7 +466,9 @@ MINIMUMS = dict(
     max_steps=1,
     eval_every=1,
     eval_batches=1,
+    test_batches=1,
     max_extensions=0,
+    tune_seed=0,
 )
 
 
@@ -370,6 +486,14 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--seeds must be ints and --grid numbers, comma-separated: {error}")
     if any(s < 0 for s in args.seeds) or not all(r > 0 for r in rates):
         p.error(f"--seeds must be >= 0 and --grid rates > 0; got {args.seeds}, {rates}")
+    if args.tune_seed in args.seeds:
+        p.error(
+            f"--tune-seed {args.tune_seed} is one of --seeds {args.seeds}: a tuning run is "
+            "never a reported seed"
+        )
+    missing = [t for t in args.tasks.split(",") if t not in args.seq_lens]
+    if missing:
+        p.error(f"--seq-lens gives no length for the task(s) {missing}")
     problem = output_path_problem(args.output)
     if problem:
         p.error(f"--output: {problem}")
@@ -382,23 +506,17 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
 
 
 def main(argv=None):
-    p = parser()
-    args = p.parse_args(argv)
+    p, args = parse(argv)
     check_arguments(p, args)
-    tasks, mixers = args.tasks.split(","), args.mixers.split(",")
-    missing = [t for t in tasks if t not in args.seq_lens]
-    if missing:
-        raise SystemExit(f"--seq-lens gives no length for the task(s) {missing}")
-    only = set(filter(None, args.only.split(",")))
     kda_lib.teaching.notebook.setup(style=False)
     sweep = Sweep(args)
-    cells = [(t, m) for t in tasks for m in mixers if not only or f"{t}/{m}" in only]
+    todo = cells(args)
     start = time.perf_counter()
-    for task in tasks:  # per task: its tuning, then its seeds, so finished cells come early
-        for t, m in cells:
+    for task in args.tasks.split(","):  # per task: tuning, then seeds: finished cells come early
+        for t, m in todo:
             if t == task and args.phase in ("tune", "all"):
                 sweep.tune(t, m)
-        for t, m in cells:
+        for t, m in todo:
             if t == task and args.phase in ("seeds", "all"):
                 sweep.seeds(t, m)
     print(

@@ -297,6 +297,63 @@ def chance_accuracy(task: str, **options) -> float:
     return 1.0 / answers[task]
 
 
+@jax.jit
+def stack_answer_positions(inputs: jax.Array) -> jax.Array:
+    """For :func:`stack` inputs ``[B, T]``: at each position, where the answer was pushed.
+
+    Position ``t``'s target is the top of the stack after token ``t``; this returns the
+    position of the PUSH that put that value there (``t`` itself after a PUSH), or -1 when the
+    stack is empty. A POP (token 1) on an empty stack leaves it empty.
+
+    Example::
+
+        inputs     5 7 1 3 1 1 6
+        positions  0 1 0 3 0 -1 6
+    """
+
+    def step(state, token_and_t):
+        buffer, depth = state
+        token, t = token_and_t
+        pop = token == 1
+        buffer = jnp.where(pop, buffer, buffer.at[depth].set(t))
+        depth = jnp.where(pop, jnp.maximum(depth - 1, 0), depth + 1)
+        top = jnp.where(depth > 0, buffer[jnp.maximum(depth - 1, 0)], -1)
+        return (buffer, depth), top
+
+    seq_len = inputs.shape[1]
+    times = jnp.arange(seq_len, dtype=jnp.int32)
+
+    def one_row(row):
+        start = (jnp.zeros((seq_len,), jnp.int32), jnp.int32(0))
+        return jax.lax.scan(step, start, (row, times))[1]
+
+    return jax.vmap(one_row)(jnp.asarray(inputs, jnp.int32))
+
+
+# task name -> inputs [B, T] -> the position each target is read from ([B, T] int, -1: none)
+ANSWER_POSITIONS: dict[str, Callable[[jax.Array], jax.Array]] = {"stack": stack_answer_positions}
+
+
+def beyond_reach_mask(task: str, batch: TaskBatch, reach: int) -> jax.Array:
+    """``[B, T]`` bool: the scored positions whose answer lies more than ``reach`` tokens back
+    (``t - source > reach``), where a model that sees only ``reach`` tokens back (a conv-only
+    model: ``ModelConfig.conv_reach``) cannot read it. For the tasks of
+    :data:`ANSWER_POSITIONS` (stack).
+
+    Raises:
+      ValueError: a task without answer positions, or ``reach`` not an int >= 0.
+    """
+    if task not in ANSWER_POSITIONS:
+        raise ValueError(
+            f"task {task!r} has no answer positions; beyond_reach_mask knows "
+            f"{sorted(ANSWER_POSITIONS)}"
+        )
+    check_int("reach", reach, 0)
+    source = ANSWER_POSITIONS[task](batch.inputs)
+    distance = jnp.arange(batch.inputs.shape[1]) - source
+    return batch.mask & (source >= 0) & (distance > reach)
+
+
 # name -> generator
 TASKS: dict[str, Callable[..., TaskBatch]] = {
     "delayed_copy": delayed_copy,

@@ -7,8 +7,10 @@ accuracy; :func:`evaluate` scores held-out batches; :func:`run_experiment` and
 :func:`run_sweep` train, score and describe runs as JSON records. The command line is
 :mod:`kda_lib.lab.train_cli` (``python -m kda_lib.lab.train_cli``). Randomness: the model's init
 comes
-from the ``nnx.Rngs`` you build it with; batches come from ``seed`` (training and evaluation
-draw from different streams of it, so they never share a batch).
+from the ``nnx.Rngs`` you build it with; batches come from ``seed`` through three disjoint
+streams of it (``fold_in(key(seed), stream)``): training (:data:`TRAIN_STREAM`), validation
+(:data:`VALIDATION_STREAM`: what early stopping and rate choice may read) and test
+(:data:`TEST_STREAM`: the reported number, scored once at the end of a run).
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from flax import nnx
 
 from kda_lib.checks import check_positive_int, check_seed
 from kda_lib.lab.records import RUNS_DIR, write_json
-from kda_lib.lab.tasks import TASKS, TaskBatch, TaskFn, chance_accuracy
+from kda_lib.lab.tasks import (
+    ANSWER_POSITIONS,
+    TASKS,
+    TaskBatch,
+    TaskFn,
+    beyond_reach_mask,
+    chance_accuracy,
+)
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import (
     ModelConfig,
@@ -42,7 +51,10 @@ from kda_lib.models.tiny_lm import (
 from kda_lib.ops.registry import register_compiled_cache
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
-EVAL_STREAM = 1  # held-out batches for evaluate()
+VALIDATION_STREAM = 1  # held-out batches for decisions: early stopping, rate choice
+TEST_STREAM = 2  # held-out batches for the reported score only, evaluated once at the end
+EVAL_STREAM = VALIDATION_STREAM  # the name before the test stream existed (same batches)
+SPLITS = {"validation": VALIDATION_STREAM, "test": TEST_STREAM}
 
 
 # ----------------------------------------------------------------------------- optimiser
@@ -118,8 +130,15 @@ def train_step(model, optimizer, batch: TaskBatch):
 
 
 @nnx.jit
-def _eval_step(model, batch: TaskBatch):
-    return _loss(model, batch)
+def _eval_step(model, batch: TaskBatch, beyond: jax.Array | None = None):
+    """Loss and accuracy over ``batch.mask``; with ``beyond`` (a ``[B, T]`` bool sub-mask) also
+    the number of correct and of scored positions there."""
+    logits = model(batch.inputs)
+    loss, accuracy = masked_metrics(logits, batch)
+    if beyond is None:
+        return loss, accuracy, jnp.float32(0), jnp.float32(0)
+    correct = (jnp.argmax(logits, -1) == batch.targets) & beyond
+    return loss, accuracy, correct.sum(dtype=jnp.float32), beyond.sum(dtype=jnp.float32)
 
 
 @register_compiled_cache
@@ -232,26 +251,65 @@ def evaluate(
     seq_len: int,
     num_batches: int = 4,
     seed: int = 0,
+    split: str = "validation",
+    reach: int | None = None,
 ) -> dict[str, float]:
-    """Masked loss (nats) and accuracy on ``num_batches`` held-out batches.
+    """Masked loss (nats) and accuracy on ``num_batches`` held-out batches of ``split``.
 
-    The batches come from ``fold_in(key(seed), EVAL_STREAM)``, a stream :func:`train` never
-    draws from, so with the same seed they are unseen. Returns ``{"loss", "accuracy"}``
+    ``split="validation"`` draws from ``fold_in(key(seed), VALIDATION_STREAM)`` (the batches
+    decisions such as early stopping and the rate choice may read), ``split="test"`` from
+    ``fold_in(key(seed), TEST_STREAM)`` (for the reported score only): neither is a stream
+    :func:`train` draws from, and they differ from each other. Returns ``{"loss", "accuracy"}``
     averaged over the batches (all have the same mask size for a fixed task).
-    """
 
+    ``reach``: for a task whose answers have a source position
+    (:func:`kda_lib.lab.tasks.beyond_reach_mask`: stack), also ``beyond_reach_accuracy`` and
+    ``beyond_reach_scored``: the accuracy over, and the number of, the scored positions whose
+    answer lies more than ``reach`` tokens back (e.g. ``ModelConfig.conv_reach``; the
+    accuracy is NaN when there is none). Other tasks ignore it.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
     num_batches = check_positive_int("num_batches", num_batches)
     check_positive_int("batch_size", batch_size)
     check_positive_int("seq_len", seq_len)
     check_seed("seed", seed)
+    if reach is not None:
+        check_positive_int("reach", reach, minimum=0)
     draw = _batch_drawer(task_fn, batch_size, seq_len)
-    key = _stream(seed, EVAL_STREAM)
-    results = [_eval_step(model, draw(jax.random.fold_in(key, i))) for i in range(num_batches)]
-    results = jax.device_get(results)
-    return dict(
-        loss=sum(float(loss) for loss, _ in results) / num_batches,
-        accuracy=sum(float(acc) for _, acc in results) / num_batches,
-    )
+    name = task_name(task_fn)
+    by_reach = reach is not None and name in ANSWER_POSITIONS
+    key = _stream(seed, SPLITS[split])
+    results = []
+    for i in range(num_batches):
+        batch = draw(jax.random.fold_in(key, i))
+        beyond = beyond_reach_mask(name, batch, reach) if by_reach else None
+        results.append(_eval_step(model, batch, beyond))
+    losses, accuracies, correct, scored = np.asarray(jax.device_get(results), np.float64).T
+    scores = dict(loss=float(losses.mean()), accuracy=float(accuracies.mean()))
+    if by_reach:
+        total = float(scored.sum())
+        scores["beyond_reach_accuracy"] = float(correct.sum() / total) if total else math.nan
+        scores["beyond_reach_scored"] = int(total)
+    return scores
+
+
+def task_name(task_fn: TaskFn) -> str | None:
+    """The :data:`TASKS` name of the generator ``task_fn`` binds (a ``functools.partial`` as
+    :func:`make_task` builds, or the generator itself); None for any other function."""
+    generator = getattr(task_fn, "func", task_fn)
+    return next((name for name, fn in TASKS.items() if fn is generator), None)
+
+
+def record_scores(record: dict) -> dict:
+    """``{"validation": {...} | None, "test": {...} | None}`` of a run record, old or new.
+
+    New records (:func:`run_experiment`, ``scripts/synthetic_sweep.py``) hold ``validation``
+    and ``test``; records written before the test stream existed hold only ``eval``, which
+    was scored on the validation stream's batches (and read for decisions too), so it is
+    returned as ``validation`` with ``test`` None."""
+    validation = record.get("validation", record.get("eval"))
+    return dict(validation=validation, test=record.get("test"))
 
 
 # ----------------------------------------------------------------------------- experiments
@@ -308,7 +366,7 @@ def run_experiment(
       seq_len, batch_size: T and B of every batch (training and evaluation).
       steps, learning_rate, log_every, progress: see :func:`train`.
       seed: seeds the model's init (``nnx.Rngs(seed)``) and the batches (see :func:`train`).
-      eval_batches: held-out batches for :func:`evaluate`.
+      eval_batches: held-out batches per split (validation and test) for :func:`evaluate`.
       task_options: the task generator's keyword options (defaults from
         :data:`DEFAULT_TASK_OPTIONS`); ``vocab_size`` is also the model's.
       model_options: other :class:`ModelConfig` fields (hidden_size, num_layers, ...).
@@ -316,7 +374,10 @@ def run_experiment(
     Returns:
       A JSON-ready record: ``task``, ``task_options``, ``mixer``, ``model`` (the
       ModelConfig), ``params``, ``training`` (steps, batch_size, seq_len, learning_rate, seed),
-      ``history`` (from :func:`train`), ``eval`` (``loss``, ``accuracy``, ``batches``),
+      ``history`` (from :func:`train`), ``validation`` and ``test`` (each ``loss``,
+      ``accuracy``, ``batches`` and, for stack, the accuracy beyond the model's
+      ``conv_reach``: see :func:`evaluate`), both scored once after training; ``eval`` (the
+      validation scores, under the name records had before the test split existed),
       ``chance_accuracy`` (:func:`kda_lib.lab.tasks.chance_accuracy`), ``train_seconds``
       (compilation included), ``diverged`` (True when a training or the held-out loss is not
       finite; training then stops early), ``platform``, ``versions`` and ``date`` (UTC).
@@ -337,9 +398,12 @@ def run_experiment(
         log_every=log_every, progress=progress,
     )  # fmt: skip
     train_seconds = time.perf_counter() - start
-    scores = evaluate(model, task_fn, **shape, num_batches=eval_batches, seed=seed)
+    held_out = dict(**shape, num_batches=eval_batches, seed=seed, reach=config.conv_reach)
+    scores = {
+        split: dict(evaluate(model, task_fn, **held_out, split=split), batches=eval_batches)
+        for split in ("validation", "test")
+    }
     training = dict(steps=steps, **shape, learning_rate=learning_rate, seed=seed)
-    scores = dict(scores, batches=eval_batches)
     return _experiment_record(task, task_fn, model, training, history, scores, train_seconds)
 
 
@@ -372,10 +436,15 @@ def _experiment_record(task, task_fn, model, training, history, scores, seconds)
         params=parameter_count(model),
         training=training,
         history=history,
-        eval=scores,
+        validation=scores["validation"],
+        test=scores["test"],
+        eval=scores["validation"],  # the name older readers use (the same batches as before)
         chance_accuracy=chance_accuracy(task, **options),
         train_seconds=seconds,
-        diverged=not all(math.isfinite(v) for v in [*history["loss"], scores["loss"]]),
+        diverged=not all(
+            math.isfinite(v)
+            for v in [*history["loss"], scores["validation"]["loss"], scores["test"]["loss"]]
+        ),
         platform=jax.devices()[0].platform,
         versions={dist: importlib.metadata.version(dist) for dist in ("jax", "flax", "optax")},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -419,10 +488,13 @@ def run_sweep(
 
 
 def summary_line(record: dict) -> str:
-    """``mqar  T=64  kda  accuracy 0.941 (chance 0.062)  12.3 s`` for one record."""
+    """``mqar  T=64  kda  accuracy 0.941 (chance 0.062)  12.3 s`` for one record: the test
+    accuracy, or for an old record (no test split) its ``eval`` accuracy."""
+    scores = record_scores(record)
+    accuracy = (scores["test"] or scores["validation"])["accuracy"]
     return (
         f"{record['task']:<12s} T={record['training']['seq_len']:<5d} {record['mixer']:<10s} "
-        f"accuracy {record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f})  "
+        f"accuracy {accuracy:.3f} (chance {record['chance_accuracy']:.3f})  "
         f"{record['train_seconds']:.1f} s"
     )
 

@@ -332,9 +332,10 @@ def _report(record: dict, args: argparse.Namespace, path: pathlib.Path, started:
         )
         raise SystemExit(1)
     print(
-        f"{run}: held-out accuracy "
-        f"{record['eval']['accuracy']:.3f} (chance {record['chance_accuracy']:.3f}), "
-        f"loss {record['eval']['loss']:.3f}; {record['train_seconds']:.0f} s training "
+        f"{run}: held-out accuracy {record['test']['accuracy']:.3f} on the test batches "
+        f"(validation {record['validation']['accuracy']:.3f}, chance "
+        f"{record['chance_accuracy']:.3f}), loss {record['test']['loss']:.3f}; "
+        f"{record['train_seconds']:.0f} s training "
         f"(compilation included), {time.perf_counter() - started:.0f} s in all; wrote {path}",
         flush=True,
     )

@@ -11,6 +11,9 @@ Residual connections go around the mixer and the MLP. The token mixer is chosen 
   Linear's attention layers);
 * ``"attention_conv"``: the same attention with KDA's short causal convolutions on q, k and v
   (the ablation that shows what the convolution gives the recurrent mixers);
+* ``"mamba2"``: :class:`kda_lib.layers.mamba2.Mamba2Mixer`, a Mamba2-style mixer: one decay
+  per head and no delta rule (``S <- a_t S + k_t v_t^T``), on the same projections, short
+  convs and gated output norm (the paper's third baseline beside GDN);
 * ``"conv"``: :class:`ConvMixer`, the same layer's short-conv value path and output gate with
   the recurrence removed, so a token sees at most ``conv_size - 1`` tokens back per layer;
 * ``"mla"``: :class:`kda_lib.layers.mla.MultiHeadLatentAttention`, multi-head latent attention
@@ -41,6 +44,7 @@ from kda_lib.checks import check_int, check_number, check_positive_int, check_to
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.layers.params import NO_DECAY, no_decay_param, parameter_count, weight_decay_mask
 from kda_lib.ops.norms import gated_rms_norm
@@ -312,6 +316,21 @@ def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     return KimiDeltaAttention(
         dataclasses.replace(config.kda_config(), per_head_decay=True), rngs=rngs
     )
+
+
+@register_mixer("mamba2")
+def _mamba2_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """Mamba2-style: a scalar decay per head, no delta rule (kda_lib.layers.mamba2)."""
+    mamba2 = Mamba2Config(
+        hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        value_dim=config.kda_config().value_dim,
+        conv_size=config.conv_size,
+        norm_eps=config.norm_eps,
+        chunk_size=config.chunk_size,
+    )
+    return Mamba2Mixer(mamba2, rngs=rngs)
 
 
 @register_mixer("attention")

@@ -38,6 +38,7 @@ OPS_RANKS = {
     "costs": 0,
     "segments": 1,
     "reference": 2,
+    "scalar_decay": 2,
     "chunked": 2,
     "tokamax": 2,
     "registry": 3,

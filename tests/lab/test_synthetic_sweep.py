@@ -23,9 +23,10 @@ FAKE_RUN = textwrap.dedent(
 
     def fake_run(task, mixer, seq_len, lr, seed, args):  # best rate 0.003, inside the grid
         time.sleep(0.1)
+        scores = dict(accuracy=1 - abs(math.log(lr / 0.003)) / 10, loss=1.0)
         return dict(task=task, mixer=mixer, stop="flat", train_seconds=0.0,
                     training=dict(seq_len=seq_len, learning_rate=lr, seed=seed, steps=4),
-                    eval=dict(accuracy=1 - abs(math.log(lr / 0.003)) / 10, loss=1.0))
+                    validation=scores, test=scores, eval=scores)
 
     sweep.run_one = fake_run
     sweep.main(sys.argv[2:])
@@ -44,7 +45,7 @@ def script():
 
 def test_two_processes_on_one_output_lose_nothing(tmp_path):
     """One process per mixer, both writing the same --output at once: every run of both
-    (3 tuning rates + 5 more seeded runs per mixer) and both grids end up in the file."""
+    (3 tuning rates + 3 seeds x 2 lengths per mixer) and both grids end up in the file."""
     output = tmp_path / "sweep.json"
     processes = [
         subprocess.Popen(
@@ -78,7 +79,7 @@ def test_two_processes_on_one_output_lose_nothing(tmp_path):
         )
         for r in document["runs"]
     }
-    assert len(document["runs"]) == len(keys) == 16
+    assert len(document["runs"]) == len(keys) == 18
     assert {mixer for mixer, *_ in keys} == {"kda", "gdn"}
     assert {g["best"] for g in document["grids"].values()} == {0.003}
     assert set(document["grids"]) == {"mqar/kda", "mqar/gdn"}
@@ -134,3 +135,64 @@ def test_verdict_and_rate_rules_unchanged(script):
     )
     slow = dict(solved, training=dict(steps=90, learning_rate=0.003))
     assert script.best_rate([slow, solved]) == 0.01
+
+
+def test_tuning_runs_are_never_seeds_and_every_cell_gets_five_fresh_seeds(script, tmp_path):
+    """The plan of both presets: the conv control and the Mamba2-style mixer on every task,
+    >= 5 seeds per cell, none of them a tuning run; the CPU preset reaches MQAR with >= 8 pairs
+    at T = 128, the paper preset T = 256 ... 2048 and 20K steps."""
+    output = str(tmp_path / "sweep.json")
+    for preset in ("cpu", "paper"):
+        _, args = script.parse(["--preset", preset, "--phase", "all", "--output", output])
+        tuning = script.tuning_plan(args)
+        rates = {f"{t}/{m}": 0.003 for t, m, *_ in tuning}
+        seeds = script.seed_plan(args, rates)
+        assert not set(tuning) & set(seeds)
+        assert {seed for *_, seed in tuning} == {args.tune_seed}
+        assert args.tune_seed not in {seed for *_, seed in seeds}
+        for task in ("mqar", "palindrome", "stack"):
+            assert {"kda", "gdn", "mamba2", "conv"} <= {m for t, m, *_ in seeds if t == task}
+        for task, mixer in {(t, m) for t, m, *_ in seeds}:
+            for seq_len in args.seq_lens[task]:
+                cell = [r for r in seeds if r[:3] == (task, mixer, seq_len)]
+                assert len({seed for *_, seed in cell}) >= 5
+    _, cpu = script.parse(["--phase", "all", "--output", output])
+    assert cpu.preset == "cpu" and cpu.num_pairs >= 8 and max(cpu.seq_lens["mqar"]) >= 128
+    assert max(cpu.seq_lens["stack"]) >= 128 and max(cpu.seq_lens["palindrome"]) >= 128
+    _, paper = script.parse(["--preset", "paper", "--phase", "all", "--output", output])
+    assert all(paper.seq_lens[t] == [256, 512, 1024, 2048] for t in paper.seq_lens)
+    assert paper.max_steps == 20000
+    # a value given on the command line overrides the preset's
+    _, mine = script.parse(["--preset", "paper", "--phase", "all", "--output", output,
+                            "--max-steps", "7", "--seq-lens", "mqar=96"])  # fmt: skip
+    assert mine.max_steps == 7 and mine.seq_lens == {"mqar": [96]}
+
+
+def test_a_tuning_seed_among_the_seeds_is_refused(script, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(script, "run_one", lambda *a: pytest.fail("trained despite bad args"))
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([*COMMON, "--output", str(tmp_path / "s.json"), "--tune-seed", "2"])
+    assert exit_info.value.code == 2
+    assert "--tune-seed 2 is one of --seeds" in capsys.readouterr().err
+
+
+def test_a_tiny_paper_preset_sweep_records_validation_and_test(script, tmp_path):
+    """Two training steps per run (the paper preset shrunk): one tuning run at the tuning
+    seed, then fresh seeds; every run scored on validation and once on test, stack with its
+    accuracy beyond the conv reach; the document's setting says protocol 2."""
+    output = tmp_path / "sweep.json"
+    tiny = ["--seq-lens", "stack=24", "--tasks", "stack", "--mixers", "conv", "--vocab-size",
+            "8", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "1", "--head-dim",
+            "8", "--chunk-size", "8", "--batch-size", "2", "--max-steps", "2", "--eval-every",
+            "1", "--eval-batches", "1", "--test-batches", "2", "--grid", "0.003",
+            "--max-extensions", "0", "--seeds", "0,1"]  # fmt: skip
+    script.main(["--preset", "paper", "--phase", "all", "--output", str(output), *tiny])
+    document = json.loads(output.read_text())
+    assert document["setting"]["protocol_version"] == 2
+    runs = {(r["phase"], r["training"]["seed"]): r for r in document["runs"]}
+    assert set(runs) == {("tune", 1000), ("seeds", 0), ("seeds", 1)}
+    for run in runs.values():
+        assert run["training"]["steps"] <= 2 and run["test"]["batches"] == 2
+        assert run["eval"] == run["validation"] and run["conv_reach"] == 3
+        assert {"beyond_reach_accuracy", "beyond_reach_scored"} <= set(run["test"])
+        assert len(run["curve"]["accuracy"]) == run["training"]["steps"]

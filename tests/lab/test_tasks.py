@@ -7,7 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kda_lib.lab.tasks import TASKS, TaskBatch, chance_loss, delayed_copy, mqar, palindrome, stack
+from kda_lib.lab.tasks import (
+    TASKS,
+    TaskBatch,
+    beyond_reach_mask,
+    chance_loss,
+    delayed_copy,
+    mqar,
+    palindrome,
+    stack,
+    stack_answer_positions,
+)
 
 
 def test_delayed_copy_tiny_case_by_hand():
@@ -290,3 +300,32 @@ def test_chance_accuracy_counts_the_possible_answers():
         chance_accuracy("nope", vocab_size=4)
     with pytest.raises(ValueError, match="needs the task's vocab_size"):
         chance_accuracy("mqar", num_pairs=2)
+
+
+def test_stack_answer_positions_and_beyond_reach_on_a_hand_made_example():
+    """inputs 5 7 1 3 1 1 6: the pop at t=2 answers 5 (pushed at 0, 2 back), the pop at t=4
+    answers 5 again (4 back), the pop at t=5 empties the stack (unscored)."""
+    inputs = jnp.array([[5, 7, 1, 3, 1, 1, 6]], jnp.int32)
+    targets = jnp.array([[5, 7, 5, 3, 5, 0, 6]], jnp.int32)
+    mask = jnp.array([[0, 0, 1, 0, 1, 0, 0]], bool)
+    batch = TaskBatch(inputs, targets, mask)
+    positions = stack_answer_positions(inputs)
+    assert positions.tolist() == [[0, 1, 0, 3, 0, -1, 6]]
+    # the source's token is the target wherever there is one
+    assert (inputs[0, positions[0, :5]] == targets[0, :5]).all()
+    assert beyond_reach_mask("stack", batch, 3).tolist() == [[0, 0, 0, 0, 1, 0, 0]]
+    assert beyond_reach_mask("stack", batch, 1).tolist() == [[0, 0, 1, 0, 1, 0, 0]]
+    assert not beyond_reach_mask("stack", batch, 4).any()
+    with pytest.raises(ValueError, match="task 'mqar' has no answer positions"):
+        beyond_reach_mask("mqar", batch, 3)
+    with pytest.raises(ValueError, match="reach must be an int >= 0"):
+        beyond_reach_mask("stack", batch, -1)
+
+
+def test_stack_answer_positions_point_at_the_target_in_generated_batches():
+    batch = stack(jax.random.key(3), 4, 40, vocab_size=9)
+    positions = np.asarray(stack_answer_positions(batch.inputs))
+    inputs, targets = np.asarray(batch.inputs), np.asarray(batch.targets)
+    rows, cols = np.nonzero(positions >= 0)
+    assert (inputs[rows, positions[rows, cols]] == targets[rows, cols]).all()
+    assert (targets[positions < 0] == 0).all() and (positions <= np.arange(40)).all()

@@ -17,13 +17,20 @@ import pytest
 from flax import nnx
 
 from kda_lib import KimiDeltaAttention
-from kda_lib.lab.tasks import delayed_copy
+from kda_lib.lab.tasks import delayed_copy, stack_answer_positions
 from kda_lib.lab.train import (
+    SPLITS,
+    TEST_STREAM,
+    TRAIN_STREAM,
+    VALIDATION_STREAM,
+    _batch_drawer,
+    _stream,
     default_result_path,
     evaluate,
     make_optimizer,
     make_task,
     masked_metrics,
+    record_scores,
     run_experiment,
     run_sweep,
     save_record,
@@ -32,6 +39,7 @@ from kda_lib.lab.train import (
 )
 from kda_lib.lab.train_cli import main as train_main
 from kda_lib.layers.attention import CausalSelfAttention
+from kda_lib.layers.mamba2 import Mamba2Mixer
 from kda_lib.models.tiny_lm import (
     MIXERS,
     ConvMixer,
@@ -52,14 +60,19 @@ def _model(**changes):
     return TinyLM(dataclasses.replace(CFG, **changes), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "conv"])
+@pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention", "conv"])
 def test_shapes_and_cache_decoding(mixer):
     model = _model(mixer=mixer)
     tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, 8)
     apply = nnx.jit(lambda model, tokens, cache=None: model(tokens, cache=cache))
     logits = apply(model, tokens)
     assert logits.shape == (2, 9, 8) and logits.dtype == jnp.float32
-    kind = dict(kda=KimiDeltaAttention, gdn=KimiDeltaAttention, attention=CausalSelfAttention)
+    kind = dict(
+        kda=KimiDeltaAttention,
+        gdn=KimiDeltaAttention,
+        attention=CausalSelfAttention,
+        mamba2=Mamba2Mixer,
+    )
     assert all(isinstance(b.mixer, kind.get(mixer, ConvMixer)) for b in model.blocks)
     # prefill 5 tokens, then decode one at a time: same logits as the full forward
     out, cache = apply(model, tokens[:, :5], model.init_cache(2))
@@ -318,6 +331,8 @@ def test_run_experiment_record(tmp_path):
     assert record["training"] == dict(steps=3, batch_size=2, seq_len=12, learning_rate=3e-3, seed=0)
     assert record["history"]["step"] == [2, 3]
     assert 0.0 <= record["eval"]["accuracy"] <= 1.0 and record["eval"]["batches"] == 2
+    assert record["eval"] == record["validation"] and record["test"]["batches"] == 2
+    assert record["validation"] != record["test"]  # scored on other batches
     assert record["chance_accuracy"] == 0.25  # 4 value tokens
     assert record["diverged"] is False
     assert record["params"] > 0 and record["versions"]["jax"] == jax.__version__
@@ -636,10 +651,11 @@ NO_DECAY_BY_MIXER = {
     "gdn": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
     "attention": _SHARED_NO_DECAY,
     "attention_conv": _SHARED_NO_DECAY,
+    "mamba2": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
     "conv": _SHARED_NO_DECAY | {"blocks.0.mixer.g_proj.bias", "blocks.0.mixer.o_norm"},
     "mla": _SHARED_NO_DECAY | {"blocks.0.mixer.kv_a_layernorm.scale"},
 }
-PARAMS_BY_MIXER = dict(kda=23, gdn=23, attention=13, attention_conv=16, conv=15, mla=14)
+PARAMS_BY_MIXER = dict(kda=23, gdn=23, mamba2=22, attention=13, attention_conv=16, conv=15, mla=14)
 
 
 @pytest.mark.parametrize("mixer", sorted(NO_DECAY_BY_MIXER))
@@ -693,3 +709,71 @@ def test_the_decay_policy_reads_the_mark_not_the_name():
 
     mask = weight_decay_mask(Probe())
     assert mask["bias"] is True and mask["kernel"] is False
+
+
+def test_training_validation_and_test_streams_are_disjoint():
+    """Three fold_in constants, and no batch shared among the first 64 of each stream (for
+    seeds 0 and 1: a seed's validation or test batches are no other seed's training batches
+    either)."""
+    assert len({TRAIN_STREAM, VALIDATION_STREAM, TEST_STREAM}) == 3
+    assert SPLITS == {"validation": VALIDATION_STREAM, "test": TEST_STREAM}
+    draw = _batch_drawer(make_task("mqar", vocab_size=33, num_pairs=8), 2, 32)
+    seen = {}
+    for seed in (0, 1):
+        for stream in (TRAIN_STREAM, VALIDATION_STREAM, TEST_STREAM):
+            key = _stream(seed, stream)
+            for i in range(64):
+                inputs = np.asarray(draw(jax.random.fold_in(key, i)).inputs).tobytes()
+                assert inputs not in seen, (seed, stream, i, seen.get(inputs))
+                seen[inputs] = (seed, stream, i)
+
+
+def test_evaluate_draws_validation_or_test_and_refuses_another_split():
+    task = make_task("mqar", vocab_size=9, num_pairs=2)
+    model = TinyLM(ModelConfig(vocab_size=9, mixer="conv", hidden_size=8, num_layers=1,
+                               num_heads=1, head_dim=8), rngs=nnx.Rngs(0))  # fmt: skip
+    shape = dict(batch_size=4, seq_len=12, num_batches=2)
+    default = evaluate(model, task, **shape)
+    assert default == evaluate(model, task, **shape, split="validation")
+    assert default != evaluate(model, task, **shape, split="test")
+    with pytest.raises(ValueError, match="split must be one of \\['test', 'validation'\\]"):
+        evaluate(model, task, **shape, split="train")
+    with pytest.raises(ValueError, match="reach must be an int >= 0"):
+        evaluate(model, task, **shape, reach=-1)
+    assert set(evaluate(model, task, **shape, reach=2)) == {"loss", "accuracy"}  # mqar: none
+
+
+def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
+    """The accuracy over the scored pops whose answer lies beyond the reach, counted by hand
+    from the same batches."""
+    task = make_task("stack", vocab_size=6)
+    config = ModelConfig(vocab_size=6, mixer="conv", hidden_size=8, num_layers=1,
+                         num_heads=1, head_dim=8)  # fmt: skip
+    model = TinyLM(config, rngs=nnx.Rngs(0))
+    reach = config.conv_reach
+    scores = evaluate(model, task, batch_size=4, seq_len=24, num_batches=2, split="test",
+                      reach=reach)  # fmt: skip
+    correct = scored = 0
+    key = _stream(0, TEST_STREAM)
+    for i in range(2):
+        batch = task(jax.random.fold_in(key, i), 4, 24)
+        positions = np.asarray(stack_answer_positions(batch.inputs))
+        beyond = np.asarray(batch.mask) & (np.arange(24) - positions > reach)
+        guess = np.asarray(jnp.argmax(model(batch.inputs), -1))
+        correct += int((guess == np.asarray(batch.targets))[beyond].sum())
+        scored += int(beyond.sum())
+    assert scored > 0 and scores["beyond_reach_scored"] == scored
+    assert scores["beyond_reach_accuracy"] == pytest.approx(correct / scored)
+    record = run_experiment("stack", mixer="conv", seq_len=24, steps=1, batch_size=2,
+                            eval_batches=1, task_options=dict(vocab_size=6),
+                            model_options=dict(hidden_size=8, num_layers=1, num_heads=1,
+                                               head_dim=8))  # fmt: skip
+    assert {"beyond_reach_accuracy", "beyond_reach_scored"} <= set(record["test"])
+    assert {"beyond_reach_accuracy", "beyond_reach_scored"} <= set(record["validation"])
+
+
+def test_old_records_are_read_as_validation_without_test():
+    old = dict(eval=dict(loss=1.0, accuracy=0.5, batches=4))
+    assert record_scores(old) == dict(validation=old["eval"], test=None)
+    new = dict(eval=dict(accuracy=0.5), validation=dict(accuracy=0.5), test=dict(accuracy=0.4))
+    assert record_scores(new) == dict(validation=new["validation"], test=new["test"])

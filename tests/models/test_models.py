@@ -218,7 +218,9 @@ def _norm_epsilons(module) -> list[float]:
     return found
 
 
-@pytest.mark.parametrize("mixer", ["kda", "gdn", "attention", "attention_conv", "conv", "mla"])
+@pytest.mark.parametrize(
+    "mixer", ["kda", "gdn", "mamba2", "attention", "attention_conv", "conv", "mla"]
+)
 def test_norm_eps_reaches_every_norm_of_every_mixer(mixer):
     cfg = dataclasses.replace(HYBRID, layers=(), mixer=mixer, num_layers=1, norm_eps=0.25)
     model = nnx.eval_shape(lambda: TinyLM(cfg, rngs=nnx.Rngs(0)))

@@ -1,0 +1,106 @@
+"""Linear attention with one scalar decay per head and no delta rule (Mamba2's SSD form).
+
+Per head, with state ``S [K, V]``::
+
+    S = exp(g_t) * S + outer(k_t, v_t)      # scalar forget gate, plain (additive) write
+    o_t = (scale * q_t) @ S                 # read after write
+
+This is the recurrence of Mamba2 (state-space duality, Dao & Gu 2024) with ``k`` in the role
+of B, ``q`` of C, ``v`` of x and ``g = -A dt``: the baseline beside KDA (a per-channel decay
+and the delta rule) and Gated DeltaNet (a per-head decay and the delta rule). Two forms:
+
+* :func:`scalar_decay_recurrent`: one token at a time (``lax.scan``), the oracle; float64
+  under ``jax_enable_x64`` with float64 inputs.
+* :func:`scalar_decay_chunked`: chunks of C tokens: inside a chunk the masked, decayed
+  ``(q k^T) v`` product, between chunks the state passed on (what a layer runs).
+
+Shapes, batch first: ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H]`` (log-space,
+<= 0), state ``[B, H, K, V]``. ``scale`` defaults to ``K ** -0.5``. Both return
+``(o [B, T, H, V], final_state [B, H, K, V])``, computed in float32 (float64 for float64
+inputs) and ``o`` returned in ``v``'s dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kda_lib.checks import check_positive_int
+
+
+def _prepared(q, k, v, g, scale, initial_state):
+    """The inputs checked and cast to the compute dtype; ``(q * scale, k, v, g, S0, dtype)``."""
+    if q.ndim != 4 or k.shape != q.shape:
+        raise ValueError(f"q and k must have one shape [B, T, H, K], got {q.shape}, {k.shape}")
+    batch, seq_len, heads, key_dim = q.shape
+    if v.ndim != 4 or v.shape[:3] != (batch, seq_len, heads):
+        raise ValueError(f"v must have shape [B, T, H, V] = {q.shape[:3]} + (V,), got {v.shape}")
+    if g.shape != (batch, seq_len, heads):
+        raise ValueError(f"g must have shape [B, T, H] = {q.shape[:3]}, got {g.shape}")
+    dtype = jnp.promote_types(jnp.result_type(q, k, v, g), jnp.float32)
+    state_shape = (batch, heads, key_dim, v.shape[-1])
+    if initial_state is None:
+        initial_state = jnp.zeros(state_shape, dtype)
+    elif initial_state.shape != state_shape:
+        raise ValueError(
+            f"initial_state must have shape [B, H, K, V] = {state_shape}, got {initial_state.shape}"
+        )
+    scale = key_dim**-0.5 if scale is None else scale
+    cast = [x.astype(dtype) for x in (q, k, v, g, initial_state)]
+    return (cast[0] * scale, *cast[1:], dtype)
+
+
+def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None):
+    """The recurrence of the module docstring, one token at a time (the oracle)."""
+    q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
+    out_dtype = v.dtype
+
+    def step(s, inputs):
+        q_t, k_t, v_t, g_t = inputs
+        s = jnp.exp(g_t)[..., None, None] * s + k_t[..., :, None] * v_t[..., None, :]
+        return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
+
+    time_first = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, g)]
+    state, o = jax.lax.scan(step, state, time_first)
+    return jnp.moveaxis(o, 0, 1).astype(out_dtype), state
+
+
+def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
+    """The same recurrence in chunks of ``chunk_size`` tokens (T is padded at the end with
+    tokens that neither decay nor write, so the final state is unchanged by them)."""
+    check_positive_int("chunk_size", chunk_size)
+    out_dtype = v.dtype
+    q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
+    batch, seq_len, heads, _ = q.shape
+    size = min(chunk_size, seq_len)
+    pad = -seq_len % size
+    widths = [(0, 0), (0, pad)]
+    q, k, v = (jnp.pad(x, [*widths, (0, 0), (0, 0)]) for x in (q, k, v))
+    g = jnp.pad(g, [*widths, (0, 0)])
+    chunks = (seq_len + pad) // size
+
+    def split(x):  # [B, T, ...] -> [B, N, C, ...]
+        return x.reshape(batch, chunks, size, *x.shape[2:])
+
+    q, k, v, g = (split(x) for x in (q, k, v, g))
+    cum = jnp.cumsum(g, axis=2)  # [B, N, C, H]: log decay from the chunk's start
+    causal = jnp.tril(jnp.ones((size, size), bool))[None, None, :, :, None]
+    gap = jnp.where(causal, cum[:, :, :, None] - cum[:, :, None], 0.0)  # [B, N, i, j, H]
+    decay = jnp.where(causal, jnp.exp(gap), 0.0)
+    scores = jnp.einsum("bnihk,bnjhk->bnijh", q, k) * decay
+    o_intra = jnp.einsum("bnijh,bnjhv->bnihv", scores, v)
+    to_end = jnp.exp(cum[:, :, -1:] - cum)  # [B, N, C, H]: decay from token j to the chunk end
+    writes = jnp.einsum("bnjh,bnjhk,bnjhv->bnhkv", to_end, k, v)
+    through = jnp.exp(cum[:, :, -1])  # [B, N, H]: the decay across a whole chunk
+
+    def carry(s, chunk):
+        write, across = chunk
+        return across[..., None, None] * s + write, s  # emits the state before the chunk
+
+    final, before = jax.lax.scan(
+        carry, state, (jnp.moveaxis(writes, 1, 0), jnp.moveaxis(through, 1, 0))
+    )
+    before = jnp.moveaxis(before, 0, 1)  # [B, N, H, K, V]
+    o_inter = jnp.exp(cum)[..., None] * jnp.einsum("bnihk,bnhkv->bnihv", q, before)
+    o = (o_intra + o_inter).reshape(batch, chunks * size, heads, -1)[:, :seq_len]
+    return o.astype(out_dtype), final

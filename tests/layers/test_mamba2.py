@@ -1,0 +1,64 @@
+"""The Mamba2-style mixer: its kernel is the scalar-decay recurrence (checked in float64 in
+tests/ops/test_scalar_decay.py); here the layer around it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import kda_lib.layers.mamba2 as mamba2
+from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
+from kda_lib.ops.scalar_decay import scalar_decay_recurrent
+
+CONFIG = Mamba2Config(hidden_size=16, num_heads=2, head_dim=8, value_dim=4, chunk_size=4)
+
+
+def test_the_layer_runs_the_recurrence_outputs_and_gradients(monkeypatch):
+    """The layer with its chunked kernel equals the layer with the one-token recurrence
+    (T = 11 over chunks of 4), outputs and parameter gradients."""
+    x = jax.random.normal(jax.random.key(0), (2, 11, 16))
+    layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
+
+    def loss(layer):
+        return jnp.sum(layer(x) ** 2)
+
+    y, grads = layer(x), nnx.grad(loss)(layer)
+    monkeypatch.setattr(
+        mamba2,
+        "scalar_decay_chunked",
+        lambda *a, chunk_size, **kw: scalar_decay_recurrent(*a, **kw),
+    )
+    y_ref, grads_ref = layer(x), nnx.grad(loss)(layer)
+    np.testing.assert_allclose(y, y_ref, rtol=2e-5, atol=2e-5)
+    # float32 rounding of two summation orders, amplified by the norms' backward (exactness
+    # of the kernel itself: float64, tests/ops/test_scalar_decay.py)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref), strict=True):
+        scale = float(jnp.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5 * max(scale, 1.0))
+
+
+def test_one_decay_per_head_and_no_delta_rule():
+    layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
+    assert layer.f_proj.kernel.shape == (16, 2)  # one gate input per head
+    assert layer.A_log.shape == layer.dt_bias.shape == (2,)
+    assert not hasattr(layer, "b_proj")  # no beta: the write is k v^T, nothing is erased
+
+
+def test_decoding_continues_the_full_forward_and_bad_caches_are_refused():
+    x = jax.random.normal(jax.random.key(1), (2, 9, 16))
+    layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
+    full = layer(x)
+    out, cache = layer(x[:, :6], cache=layer.init_cache(2))
+    steps = [out]
+    for t in range(6, 9):
+        out, cache = layer(x[:, t : t + 1], cache=cache)
+        steps.append(out)
+    np.testing.assert_allclose(jnp.concatenate(steps, 1), full, rtol=2e-5, atol=2e-5)
+    assert cache.state.shape == (2, 2, 8, 4)
+    with pytest.raises(ValueError, match="cache must be a Mamba2Cache"):
+        layer(x, cache=layer.init_cache(3))
+    with pytest.raises(ValueError, match="x must have shape"):
+        layer(x[..., :8])
+    with pytest.raises(ValueError, match="Mamba2Config.head_dim must be"):
+        Mamba2Config(hidden_size=16, num_heads=2, head_dim=0, value_dim=4)
