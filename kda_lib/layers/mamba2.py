@@ -27,7 +27,8 @@ from kda_lib.layers.conv import qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
-from kda_lib.ops.scalar_decay import scalar_decay_chunked
+from kda_lib.ops.scalar_decay import scalar_decay_chunked, scalar_decay_recurrent
+from kda_lib.ops.segments import canonical_segment_ids, segment_starts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +119,29 @@ class Mamba2Mixer(nnx.Module):
                 f"layer.init_cache({x.shape[0]})"
             )
 
-    def __call__(self, x: jax.Array, *, cache: Mamba2Cache | None = None):
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        cache: Mamba2Cache | None = None,
+    ):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` with a cache. ``segment_ids
+        [B, T]`` (int, 0 = padding, not with a cache): the state restarts at every segment
+        start, the convs stay inside their segment, padding outputs 0 (the one segment rule);
+        this runs the token-by-token recurrence (the chunked form has no segment masks)."""
         self._check(x, cache)
+        if segment_ids is not None:
+            if cache is not None:
+                raise ValueError(
+                    "segment_ids cannot be combined with a cache: decode one document per row"
+                )
+            if getattr(segment_ids, "shape", None) != x.shape[:2]:
+                raise ValueError(
+                    f"segment_ids must have shape [B, T] = {x.shape[:2]}, "
+                    f"got {getattr(segment_ids, 'shape', type(segment_ids).__name__)}"
+                )
+            segment_ids = canonical_segment_ids(segment_ids)
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
@@ -129,7 +151,11 @@ class Mamba2Mixer(nnx.Module):
         for i, proj in enumerate((self.q_proj, self.k_proj, self.v_proj)):
             z = proj(x)
             if cfg.conv_size:
-                z, state = convs[i](z, conv_state=None if cache is None else cache[1 + i])
+                z, state = convs[i](
+                    z,
+                    conv_state=None if cache is None else cache[1 + i],
+                    segment_ids=segment_ids,
+                )
             else:
                 z, state = jax.nn.silu(z), None
             streams.append(z)
@@ -139,15 +165,23 @@ class Mamba2Mixer(nnx.Module):
         v = streams[2].reshape(batch, seq_len, h, vd)
         rate = jnp.exp(self.A_log[...])
         g = -rate * jax.nn.softplus(self.f_proj(x).astype(jnp.float32) + self.dt_bias[...])
-        o, final = scalar_decay_chunked(
-            q,
-            k,
-            v,
-            g,
-            initial_state=None if cache is None else cache.state,
-            chunk_size=cfg.chunk_size,
-        )
+        if segment_ids is None:
+            o, final = scalar_decay_chunked(
+                q,
+                k,
+                v,
+                g,
+                initial_state=None if cache is None else cache.state,
+                chunk_size=cfg.chunk_size,
+            )
+        else:  # padding neither decays nor writes; a segment start drops the carried state
+            real = segment_ids != 0
+            k = jnp.where(real[..., None, None], k, 0.0)
+            g = jnp.where(real[..., None], g, 0.0)
+            o, final = scalar_decay_recurrent(q, k, v, g, resets=segment_starts(segment_ids))
         gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
         normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
         y = self.o_proj(normed.reshape(batch, seq_len, h * vd))
+        if segment_ids is not None:
+            y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))

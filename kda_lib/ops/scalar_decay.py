@@ -50,17 +50,25 @@ def _prepared(q, k, v, g, scale, initial_state):
     return (cast[0] * scale, *cast[1:], dtype)
 
 
-def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None):
-    """The recurrence of the module docstring, one token at a time (the oracle)."""
+def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets=None):
+    """The recurrence of the module docstring, one token at a time (the oracle).
+
+    ``resets [B, T]`` bool (optional): at a True token the carried state is dropped before the
+    token writes (a new document starts there: :func:`kda_lib.ops.segments.segment_starts`)."""
     q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
     out_dtype = v.dtype
+    if resets is None:
+        resets = jnp.zeros(q.shape[:2], bool)
+    elif resets.shape != q.shape[:2]:
+        raise ValueError(f"resets must have shape [B, T] = {q.shape[:2]}, got {resets.shape}")
 
     def step(s, inputs):
-        q_t, k_t, v_t, g_t = inputs
-        s = jnp.exp(g_t)[..., None, None] * s + k_t[..., :, None] * v_t[..., None, :]
+        q_t, k_t, v_t, g_t, r_t = inputs
+        carried = jnp.where(r_t[:, None, None, None], 0.0, jnp.exp(g_t)[..., None, None] * s)
+        s = carried + k_t[..., :, None] * v_t[..., None, :]
         return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
 
-    time_first = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, g)]
+    time_first = [jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, resets)]
     state, o = jax.lax.scan(step, state, time_first)
     return jnp.moveaxis(o, 0, 1).astype(out_dtype), state
 

@@ -53,6 +53,15 @@ def fill_padding_ids(segment_ids: jax.Array, fallback: jax.Array) -> jax.Array:
     )
 
 
+def segment_starts(segment_ids: jax.Array) -> jax.Array:
+    """``[B, T]`` bool: the real tokens that start a segment after the row's first one (a real
+    token whose id differs from the previous real token's). The first segment's start is False:
+    the initial state belongs to it, also when the row starts with padding."""
+    filled = fill_padding_ids(segment_ids, first_segment_id(segment_ids))
+    previous = jnp.concatenate([filled[:, :1], filled[:, :-1]], axis=1)
+    return (segment_ids != 0) & (filled != previous)
+
+
 def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
     """``[B, T]`` int32: 1 for every token of a row's first segment, 2 for the second, ...
 

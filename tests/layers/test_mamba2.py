@@ -62,3 +62,22 @@ def test_decoding_continues_the_full_forward_and_bad_caches_are_refused():
         layer(x[..., :8])
     with pytest.raises(ValueError, match="Mamba2Config.head_dim must be"):
         Mamba2Config(hidden_size=16, num_heads=2, head_dim=0, value_dim=4)
+
+
+def test_segments_restart_the_state_and_equal_separate_runs():
+    """With segment ids each document runs as if alone (reused id 1 after id 2 is a new
+    document), padding outputs 0, and one segment equals no ids; with a cache they are refused."""
+    layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 10, 16)), jnp.float32)
+    ids = np.array([[0, 1, 1, 0, 2, 2, 1, 1, 1, 0]])
+    y = np.asarray(layer(x, segment_ids=ids))
+    for start, stop in ((1, 3), (4, 6), (6, 9)):
+        alone = np.asarray(layer(x[:, start:stop]))
+        np.testing.assert_allclose(y[0, start:stop], alone[0], rtol=1e-5, atol=1e-6)
+    assert not y[0, [0, 3, 9]].any()
+    one = np.asarray(layer(x, segment_ids=np.ones((1, 10), np.int32)))
+    np.testing.assert_allclose(one, np.asarray(layer(x)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="segment_ids cannot be combined with a cache"):
+        layer(x, segment_ids=ids, cache=layer.init_cache(1))
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
+        layer(x, segment_ids=ids[:, :5])
