@@ -23,10 +23,13 @@ Conventions (checked against the compiled programs in ``tests/lab/test_at_scale.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import numbers
 from typing import NamedTuple
 
+from kda_lib.checks import check_int, check_number
 from kda_lib.lab.measure import xla_cost
 from kda_lib.models.presets import KDAPreset
 from kda_lib.ops import costs
@@ -629,3 +632,63 @@ def cp_ring_crossover(
     _check_positive(seq_len=seq_len)
     summary = p.num_v_heads * p.head_dim * 2 * p.head_dim * state_bytes
     return seq_len * mla_cache_numbers(p) * cache_bytes / summary
+
+
+# ------------------------------------------------------------------ arguments, checked by name
+# Every public function of this module checks its arguments by name before any work (a size
+# such as 0.5, True or -1 would otherwise return a number): sizes are ints (numpy ints count,
+# bools do not), amounts are finite real numbers >= 0, flags are bools, presets and chips their
+# classes. Names not listed (fn, args, shape, mode, kind) are checked by the function itself.
+_POSITIVE_INT_ARGUMENTS = frozenset(
+    {"batch", "chunk_size", "head_dim", "heads", "hidden", "kv_heads", "kv_lora_rank", "rank"}
+    | {"ranks", "seq_len", "numbers_per_token", "value_dim"}
+    | {"state_bytes", "conv_bytes", "cache_bytes", "weight_bytes"}
+)
+_NON_NEGATIVE_INT_ARGUMENTS = frozenset({"shared_key_dim"})
+_AMOUNT_ARGUMENTS = frozenset(
+    {"cache_read", "state", "flops", "hbm_bytes", "other_weight_bytes", "weights", "keys"}
+    | {"context"}
+)
+_BOOL_ARGUMENTS = frozenset({"compile", "hybrid", "matmul_only", "train"})
+_TYPED_ARGUMENTS = {"p": KDAPreset, "chip": Chip}
+
+
+def _check_argument(function: str, name: str, value) -> None:
+    """One argument of ``function`` against the rule its name implies (above)."""
+    where = f"{function}: {name}"
+    if value is None:
+        return  # an optional argument left out (a required one has no None default)
+    if name in _POSITIVE_INT_ARGUMENTS:
+        check_int(where, value, 1)
+    elif name in _NON_NEGATIVE_INT_ARGUMENTS:
+        check_int(where, value, 0)
+    elif name in _AMOUNT_ARGUMENTS:
+        check_number(where, value, minimum=0)
+    elif name in _BOOL_ARGUMENTS and not isinstance(value, bool):
+        raise TypeError(f"{where} must be True or False, got {value!r}")
+    elif name in _TYPED_ARGUMENTS and not isinstance(value, _TYPED_ARGUMENTS[name]):
+        kind = _TYPED_ARGUMENTS[name].__name__
+        raise TypeError(f"{where} must be a {kind}, got {type(value).__name__}")
+
+
+def _checking_arguments(function):
+    """``function`` with every argument checked by :func:`_check_argument` first."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        for name, value in bound.arguments.items():
+            _check_argument(function.__name__, name, value)
+        return function(*args, **kwargs)
+
+    return checked
+
+
+for _name, _function in list(globals().items()):
+    if (
+        inspect.isfunction(_function)
+        and _function.__module__ == __name__
+        and not _name.startswith("_")
+    ):
+        globals()[_name] = _checking_arguments(_function)

@@ -33,6 +33,7 @@ import math
 
 from flax import nnx
 
+from kda_lib.checks import check_int, check_number
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 
@@ -57,6 +58,14 @@ class MLAShape:
     output_gate: bool = False
     output_gate_rank: int | None = None
     latent_norm_eps: float | None = None
+
+    def __post_init__(self):
+        for name in ("num_heads", "kv_lora_rank", "v_head_dim"):
+            check_int(f"MLAShape.{name}", getattr(self, name), 1)
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim"):
+            check_int(f"MLAShape.{name}", getattr(self, name), 0)
+        for name in ("q_lora_rank", "output_gate_rank"):
+            check_int(f"MLAShape.{name}", getattr(self, name), 1, optional=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +114,24 @@ class KDAPreset:
     notes: str = ""
 
     def __post_init__(self):
+        for name, minimum in (("hidden_size", 1), ("num_heads", 1), ("head_dim", 1)):
+            check_int(f"KDAPreset.{name}", getattr(self, name), minimum)
+        check_int("KDAPreset.num_v_heads", self.num_v_heads, 1)
+        check_int("KDAPreset.conv_size", self.conv_size, 0)
+        for name in ("forget_gate_rank", "output_gate_rank"):
+            check_int(f"KDAPreset.{name}", getattr(self, name), 1, optional=True)
+        for name in ("output_gate_bias", "has_a_log", "fused_qkv_conv"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise TypeError(f"KDAPreset.{name} must be True or False, got {value!r}")
+        check_number("KDAPreset.norm_eps", self.norm_eps, positive=True)
+        if self.lower_bound is not None:
+            check_number("KDAPreset.lower_bound", self.lower_bound)
+        if self.num_v_heads % self.num_heads:
+            raise ValueError(
+                f"KDAPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
+                f"got {self.num_v_heads}"
+            )
         forms = ("softplus", "safe_sigmoid", "clamped_softplus")
         if self.gate_form not in forms:
             raise ValueError(f"KDAPreset.gate_form must be one of {forms}, got {self.gate_form!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -138,3 +139,46 @@ def test_errors_name_the_argument():
 def test_chip_numbers():
     ridge = {name: round(chip.ridge) for name, chip in at_scale.CHIPS.items()}
     assert ridge == {"H100 SXM": 295, "H200": 206, "TPU v5e": 241, "TPU v6e": 560}
+
+
+IMPOSSIBLE_SIZES = [0, -1, 0.5, 2.0, True, "4", float("nan")]
+
+
+@pytest.mark.parametrize("value", IMPOSSIBLE_SIZES, ids=repr)
+@pytest.mark.parametrize(
+    ("function", "argument"),
+    [
+        ("kda_flops_per_token", "chunk_size"),
+        ("kda_decode_bytes", "batch"),
+        ("cp_summary_bytes", "ranks"),
+        ("kda_state_bytes", "state_bytes"),
+        ("mla_decode_bytes", "cache_bytes"),
+        ("cp_compute_per_rank", "chunk_size"),
+    ],
+)
+def test_every_public_function_refuses_impossible_sizes_by_name(function, argument, value):
+    """Issue 37, finding 6: zero, negative, float, bool or string sizes returned numbers."""
+    required = {"cp_summary_bytes": {"ranks": 2}, "mla_decode_bytes": {"context": 16}}
+    required |= {"cp_compute_per_rank": {"seq_len": 1024, "ranks": 2}}
+    kwargs = {**required.get(function, {}), argument: value}
+    with pytest.raises((ValueError, TypeError), match=f"{function}: {argument} must be"):
+        getattr(at_scale, function)(KIMI, **kwargs)
+
+
+@pytest.mark.parametrize("context", [-1, -0.5, float("inf"), True])
+def test_negative_or_infinite_context_and_a_non_preset_are_refused(context):
+    with pytest.raises((ValueError, TypeError), match="context must be"):
+        at_scale.mla_decode_bytes(KIMI, context=context)
+    with pytest.raises(TypeError, match="p must be a KDAPreset"):
+        at_scale.kda_matmul_params({"hidden_size": 4})
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("hidden_size", 0), ("head_dim", 2.0), ("num_v_heads", -32), ("conv_size", -1)]
+    + [("forget_gate_rank", 0.5), ("output_gate_rank", 0), ("has_a_log", 1)]
+    + [("norm_eps", 0.0), ("num_v_heads", 33)],
+)
+def test_a_preset_with_impossible_numbers_is_refused_at_construction(field, value):
+    with pytest.raises((ValueError, TypeError), match=f"KDAPreset.{field}"):
+        dataclasses.replace(KIMI, **{field: value})
