@@ -10,7 +10,7 @@ backward; where that exceeds :data:`MAX_SCAN_RESIDUAL_BYTES` the row is skipped,
 record says so (never in silence).
 
 The file (default ``build/runs/benchmarks/policy/auto-policy-<platform>-<date>.json``; with
-``--record`` ``data/benchmarks/policy/...``, the file ``tests/contracts/test_policy_grid.py``
+``--record`` ``data/benchmarks/policy/...``, the file ``tests/contracts/test_auto_policy_grid.py``
 reads) holds ``platform``, ``cpu_count``, ``grid`` (the axes) and ``points``: each
 ``{"BH", "T", "K", "reps", "records"}`` with the benchmark's records (median, quartiles, min,
 max, reps, ``bimodal``).

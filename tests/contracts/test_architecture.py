@@ -294,3 +294,19 @@ def test_the_length_rule_sees_a_long_function(tmp_path):
     assert _long_functions(source) == ["f (line 1)"]
     source.write_text("def f():\n    '''doc'''\n" + "    x = 1\n" * 50)
     assert _long_functions(source) == []
+
+
+# ------------------------------------------------------------------ tests mirror the tree
+
+TESTS = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_tests_mirror_the_tree_with_unique_module_names():
+    """tests/<folder>/ for each kda_lib folder, plus contracts/; no two test modules share a
+    basename (pytest imports them by basename: the second would not be collected)."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+    package_folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert package_folders <= folders, sorted(package_folders - folders)
+    assert folders - package_folders == {"contracts"}, sorted(folders - package_folders)
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
