@@ -131,17 +131,7 @@ class Mamba2Mixer(nnx.Module):
         start, the convs stay inside their segment, padding outputs 0 (the one segment rule);
         this runs the token-by-token recurrence (the chunked form has no segment masks)."""
         self._check(x, cache)
-        if segment_ids is not None:
-            if cache is not None:
-                raise ValueError(
-                    "segment_ids cannot be combined with a cache: decode one document per row"
-                )
-            if getattr(segment_ids, "shape", None) != x.shape[:2]:
-                raise ValueError(
-                    f"segment_ids must have shape [B, T] = {x.shape[:2]}, "
-                    f"got {getattr(segment_ids, 'shape', type(segment_ids).__name__)}"
-                )
-            segment_ids = canonical_segment_ids(segment_ids)
+        segment_ids = _checked_segments(x, segment_ids, cache)
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
@@ -185,3 +175,18 @@ class Mamba2Mixer(nnx.Module):
         if segment_ids is not None:
             y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
+
+
+def _checked_segments(x, segment_ids, cache):
+    """``segment_ids`` numbered by the one segment rule (None stays None), refused with a cache
+    or of another shape than ``x``'s ``[B, T]``."""
+    if segment_ids is None:
+        return None
+    if cache is not None:
+        raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
+    if getattr(segment_ids, "shape", None) != x.shape[:2]:
+        raise ValueError(
+            f"segment_ids must have shape [B, T] = {x.shape[:2]}, "
+            f"got {getattr(segment_ids, 'shape', type(segment_ids).__name__)}"
+        )
+    return canonical_segment_ids(segment_ids)

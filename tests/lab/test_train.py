@@ -498,7 +498,7 @@ def test_command_line_rejects_bad_options_before_training(
     with pytest.raises(SystemExit) as exit_info:
         train_main(["stack", *CLI_TINY, *options, "--output", str(tmp_path / "unused.json")])
     assert exit_info.value.code == 2
-    assert f"python -m kda_lib.lab.train_cli: error: {message}" in capsys.readouterr().err
+    assert f"kda-train: error: {message}" in capsys.readouterr().err
 
 
 def test_command_line_checks_the_output_path_before_training(tmp_path, monkeypatch, capsys):
