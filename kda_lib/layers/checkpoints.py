@@ -328,7 +328,25 @@ def _safetensors_header(handle, path: str, size: int):
         for key, entry in raw.items()
         if key != "__metadata__"
     }
+    _check_tiling(path, entries, data_size)
     return entries, 8 + length
+
+
+def _check_tiling(path: str, entries: dict, data_size: int) -> None:
+    """The tensors' byte ranges must tile the data buffer exactly, as the format requires: a
+    corrupted offset (an overlap or a gap) would otherwise read another tensor's bytes."""
+    position = 0
+    for key, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
+        if begin != position:
+            raise ValueError(
+                f"{path}: tensor {key} starts at data byte {begin}, expected {position} (the "
+                "tensors must tile the data without gaps or overlaps)"
+            )
+        position = end
+    if position != data_size:
+        raise ValueError(
+            f"{path}: the tensors cover {position} of the file's {data_size} data bytes"
+        )
 
 
 def _header_entry(path: str, key: str, entry, data_size: int):

@@ -335,8 +335,15 @@ def test_malformed_safetensors_raise_value_error_naming_the_file(tmp_path_factor
         got = read_safetensors(path)
     except ValueError as error:
         assert path in str(error)
-    else:  # a harmless change (e.g. a space in the JSON): the values are exact
-        assert set(got) <= {"model.layers.0.self_attn.a", "model.layers.0.self_attn.b"}
+    else:  # a change that leaves a valid file (a space in the JSON, another letter in a name):
+        # at most the two tensors, each exactly one of the originals
+        originals = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((4,), np.float16)]
+        assert len(got) <= 2
+        for value in got.values():
+            assert any(
+                value.dtype == o.dtype and value.shape == o.shape and np.array_equal(value, o)
+                for o in originals
+            ), value
 
 
 @pytest.mark.parametrize(
