@@ -45,9 +45,8 @@ half_life_max: float = 256.0  # tokens: longest per-channel half-life of the KDA
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
-# Install: where kda_lib or what it needs is missing (Colab, a fresh VM, an install
-# cut short) install it, then the dependencies for this machine's accelerator, keeping
-# the runtime's JAX when it is new enough (about 1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
+# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
 import importlib.util
 import runpy
 import subprocess
