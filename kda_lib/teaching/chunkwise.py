@@ -1,0 +1,113 @@
+"""Helpers of notebook 03 (the chunkwise algorithm): the roofline model of one chunk, the live
+timing loop and the tables it renders. The algebra stays in the notebook; these are plumbing."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kda_lib.lab.at_scale import Chip, step_time
+from kda_lib.lab.measure import median_ms
+from kda_lib.testing import assert_close, random_kda_inputs
+
+
+def chunk_bytes(C: int, K: int, V: int, size: int = 2) -> int:
+    """HBM bytes of one chunk and head in notebook 03's pipeline model, ``size`` bytes a number:
+    the inputs read and outputs written, ``C (3K + 2V + 1)`` numbers; the chunk's intermediates
+    (two ``C x C`` matrices, ``K~`` and ``V~``) written and read back, ``2 (2 C^2 + C (K + V))``;
+    the state entering the chunk written and read back, ``2 K V``."""
+    return size * (C * (3 * K + 2 * V + 1) + 2 * (2 * C * C + C * (K + V)) + 2 * K * V)
+
+
+def roofline(flops_per_token: dict, K: int, V: int, chip: Chip) -> dict:
+    """``{C: (compute s, memory s, roofline s, compute + memory s)}`` per token and head: flops at
+    the chip's peak, :func:`chunk_bytes` at its HBM bandwidth, the longer of the two (the
+    roofline: perfect overlap) and their sum (no overlap)."""
+    table = {}
+    for C, flops in flops_per_token.items():
+        memory = chunk_bytes(C, K, V) / C
+        compute_s, memory_s = flops / chip.peak_flops, memory / chip.hbm_bandwidth
+        table[C] = (compute_s, memory_s, step_time(flops, memory, chip), compute_s + memory_s)
+    return table
+
+
+def roofline_figure(table: dict, chip: Chip, K: int) -> plt.Figure:
+    """Time per token against chunk size, each column of :func:`roofline`."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    sizes = list(table)
+    for col, label, style in ((1, "memory: bytes / bandwidth", "--"),
+                              (0, "compute: matrix-product flops / peak", ":"),
+                              (2, "roofline: the longer of the two", "-"),
+                              (3, "no overlap: their sum", "-.")):
+        ax.plot(sizes, [table[c][col] * 1e9 for c in sizes], style, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(c) for c in sizes])
+    ax.set_xlabel("chunk size C (tokens)")
+    ax.set_ylabel("time per token and head (ns)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Chunked KDA forward on an {chip.name} (model), $d_k = d_v$ = {K}, bf16")
+    return fig
+
+
+def kda_forms(lower_bound: float) -> dict:
+    """The forms notebook 03 times: ``{name: fn(q, k, v, f, beta, a_log, dt_bias) -> output}``,
+    three KDA implementations through ``kda_lib.kda`` (safe gate applied inside) and causal
+    softmax attention (``jax.nn.dot_product_attention``)."""
+    import kda_lib
+
+    def kda_form(name):
+        def run(q, k, v, f, beta, a_log, dt_bias):
+            return kda_lib.kda(q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias,
+                               lower_bound=lower_bound, implementation=name)[0]
+        return run
+
+    forms = {name: kda_form(name) for name in ("recurrent", "chunked", "tokamax_xla_chunked")}
+    forms["softmax attention"] = lambda q, k, v, *gates: jax.nn.dot_product_attention(
+        q, k, v, is_causal=True)
+    return forms
+
+
+def time_forms(forms: dict, lengths, *, key, heads: int, dim: int, modes, repeats: int) -> dict:
+    """``{mode: {name: [median ms per length]}}``, batch 1, ``heads`` heads, K = V = ``dim``;
+    ``"fwd+bwd"`` times the gradient of ``sum(outputs)`` with respect to q, k and v. The KDA
+    forms' forward outputs are asserted equal to the recurrence's."""
+    timings = {mode: {name: [] for name in forms} for mode in modes}
+    for T in lengths:
+        inputs = random_kda_inputs(jax.random.fold_in(key, T), 1, T, heads, dim, gate="raw")
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta", "a_log", "dt_bias")]
+        for mode in modes:
+            outs = {}
+            for name, fn in forms.items():
+                if mode != "fwd":
+                    fn = jax.grad(functools.partial(_summed, fn), argnums=(0, 1, 2))
+                ms, outs[name] = median_ms(jax.jit(fn), *args, repeats=repeats)
+                timings[mode][name].append(ms)
+            if mode == "fwd":  # the KDA implementations compute the same thing
+                for name in {"chunked", "tokamax_xla_chunked"} & outs.keys():
+                    assert_close(outs[name], outs["recurrent"], atol=2e-4, rtol=2e-3, name=name)
+    for per_form in timings.values():
+        assert all(np.isfinite(ms).all() and min(ms) > 0 for ms in per_form.values())
+    return timings
+
+
+def _summed(fn, *args):
+    return jnp.sum(fn(*args))
+
+
+def timing_markdown(timings: dict, lengths, backend: str) -> str:
+    """The live timings as a Markdown table with the fastest form and chunked / recurrent."""
+    names = list(next(iter(timings.values())))
+    rows = [f"Median ms on this machine ({backend}):\n",
+            "| pass | $T$ | " + " | ".join(names) + " | fastest | chunked / recurrent |",
+            "|---|---|" + "---|" * (len(names) + 2)]
+    for mode, per_form in timings.items():
+        for n, T in enumerate(lengths):
+            ms = {name: per_form[name][n] for name in names}
+            rows.append(f"| {mode} | {T:,} | " + " | ".join(f"{t:.2f}" for t in ms.values())
+                        + f" | `{min(ms, key=ms.get)}` | {ms['chunked'] / ms['recurrent']:.2f} |")
+    return "\n".join(rows)
