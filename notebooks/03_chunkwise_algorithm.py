@@ -13,6 +13,7 @@
 #     name: python3
 # ---
 
+# %%
 
 # %% [markdown]
 # # 03 · The chunkwise algorithm: KDA with matrix multiplies

@@ -39,10 +39,12 @@ def roofline_figure(table: dict, chip: Chip, K: int) -> plt.Figure:
     """Time per token against chunk size, each column of :func:`roofline`."""
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     sizes = list(table)
-    for col, label, style in ((1, "memory: bytes / bandwidth", "--"),
-                              (0, "compute: matrix-product flops / peak", ":"),
-                              (2, "roofline: the longer of the two", "-"),
-                              (3, "no overlap: their sum", "-.")):
+    for col, label, style in (
+        (1, "memory: bytes / bandwidth", "--"),
+        (0, "compute: matrix-product flops / peak", ":"),
+        (2, "roofline: the longer of the two", "-"),
+        (3, "no overlap: their sum", "-."),
+    ):
         ax.plot(sizes, [table[c][col] * 1e9 for c in sizes], style, marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(c) for c in sizes])
@@ -62,13 +64,24 @@ def kda_forms(lower_bound: float) -> dict:
 
     def kda_form(name):
         def run(q, k, v, f, beta, a_log, dt_bias):
-            return kda_lib.kda(q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias,
-                               lower_bound=lower_bound, implementation=name)[0]
+            return kda_lib.kda(
+                q,
+                k,
+                v,
+                f,
+                beta,
+                a_log=a_log,
+                dt_bias=dt_bias,
+                lower_bound=lower_bound,
+                implementation=name,
+            )[0]
+
         return run
 
     forms = {name: kda_form(name) for name in ("recurrent", "chunked", "tokamax_xla_chunked")}
     forms["softmax attention"] = lambda q, k, v, *gates: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True)
+        q, k, v, is_causal=True
+    )
     return forms
 
 
@@ -102,12 +115,17 @@ def _summed(fn, *args):
 def timing_markdown(timings: dict, lengths, backend: str) -> str:
     """The live timings as a Markdown table with the fastest form and chunked / recurrent."""
     names = list(next(iter(timings.values())))
-    rows = [f"Median ms on this machine ({backend}):\n",
-            "| pass | $T$ | " + " | ".join(names) + " | fastest | chunked / recurrent |",
-            "|---|---|" + "---|" * (len(names) + 2)]
+    rows = [
+        f"Median ms on this machine ({backend}):\n",
+        "| pass | $T$ | " + " | ".join(names) + " | fastest | chunked / recurrent |",
+        "|---|---|" + "---|" * (len(names) + 2),
+    ]
     for mode, per_form in timings.items():
         for n, T in enumerate(lengths):
             ms = {name: per_form[name][n] for name in names}
-            rows.append(f"| {mode} | {T:,} | " + " | ".join(f"{t:.2f}" for t in ms.values())
-                        + f" | `{min(ms, key=ms.get)}` | {ms['chunked'] / ms['recurrent']:.2f} |")
+            rows.append(
+                f"| {mode} | {T:,} | "
+                + " | ".join(f"{t:.2f}" for t in ms.values())
+                + f" | `{min(ms, key=ms.get)}` | {ms['chunked'] / ms['recurrent']:.2f} |"
+            )
     return "\n".join(rows)

@@ -25,7 +25,7 @@ def wy_factor(k, beta):
 
 
 # 3. The sequential pass without K x K maps: correct the values with the entering state,
-#    carry the state, then every chunk's outputs, O = Q_in S / sqrt(d_k) + P Delta (section 3;
+#    carry the state, then every chunk's outputs, O = Q_in S / sqrt(d_k) + P Delta (section 4;
 #    q_in is the unscaled Q_in).
 def state_pass(w, u, q_in, k_out, attn_qk, keep, s0):
     state, entering, corrected = s0, [], []

@@ -222,7 +222,7 @@ def _shortcut_03_2_direct_product():
 
 def _shortcut_03_3_prescaled_q_in():
     """The old checker's convention, O = q_in S + P Delta with q_in pre-scaled: refused now
-    that q_in is section 3's unscaled Q_in."""
+    that q_in is section 4's unscaled Q_in."""
     solutions = _load(SOLUTIONS / "ch03.py")
 
     def prescaled(w, u, q_in, k_out, attn_qk, keep, s0):

@@ -472,37 +472,168 @@ def test_nb03_flop_count_equals_the_traced_matmuls(scan, C, K, V, N):
     assert traced == 2 * costs.chunked_flops(N * C, C, K, V, scan)
 
 
-def test_nb03_xla_cost_analysis_is_close_to_the_count():
-    """XLA's count of one compiled chunk (C = 64, K = V = 128) adds only elementwise work."""
+def _nb03_one_chunk_args():
     import jax
     import jax.numpy as jnp
 
-    import kda_lib
-    from kda_lib.ops import costs
     from kda_lib.testing import random_kda_inputs
 
     x = random_kda_inputs(jax.random.key(1), 1, 64, 1, 128, gate="raw")
     state = jnp.ones((1, 1, 128, 128))
-    args = (x["q"], x["k"], x["v"], -jax.nn.softplus(x["g"]), x["beta"], state)
+    return [x["q"], x["k"], x["v"], -jax.nn.softplus(x["g"]), x["beta"], state]
+
+
+def test_nb03_xla_cost_analysis_is_close_to_the_count():
+    """XLA's count of one compiled chunk (C = 64, K = V = 128) adds only elementwise work; XLA's
+    count of one kda_step is 8 flops per state entry (7 by hand: it decays the state in two
+    fusions); XLA against XLA the chunked form does 1.54x the recurrence's flops per token."""
+    import jax
+
+    import kda_lib
+    from kda_lib.lab.measure import xla_cost
+    from kda_lib.ops import costs
+
+    args = _nb03_one_chunk_args()
     fn = lambda q, k, v, g, b, s: kda_lib.kda_chunked(  # noqa: E731
         q, k, v, g, b, initial_state=s, output_final_state=True, scan="sequential"
     )
-    xla = jax.jit(fn).lower(*args).compile().cost_analysis()["flops"]
+    xla = xla_cost(jax.jit(fn).lower(*args).compile())["flops"]
     assert 1.0 <= xla / costs.chunked_flops(64, 64, 128, 128) <= 1.3
+    step = xla_cost(
+        jax.jit(kda_lib.kda_step).lower(args[5], *(a[:, 0] for a in args[:5])).compile()
+    )["flops"]
+    assert 8 * 128 * 128 <= step < 8 * 128 * 128 + 20 * 128
+    assert round(xla / 64 / step, 2) == 1.54
 
 
 def test_nb03_ratios_and_chunk_sizes():
-    """The sequential pass: about 1.5x the recurrence at K = V = 128, C = 64 (not 2.3x); its
-    flops grow with C (optimum 16), the associative scan's optimum is 128."""
+    """Matrix products only: the recurrence traces to 4 K V per token and the sequential pass
+    does 2.58x that at K = V = 128, C = 64 (169,216 per token); its flops grow with C (optimum
+    16), the associative scan's optimum is 128."""
+    import kda_lib
     from kda_lib.ops import costs
 
-    ratio = costs.chunked_flops(4096, 64, 128, 128) / costs.recurrent_flops(4096, 128, 128)
-    assert 1.45 < ratio < 1.5
+    args = _nb03_one_chunk_args()[:5]
+    traced = costs.matmul_flops(lambda *a: kda_lib.kda_recurrent(*a)[0], *args)
+    assert traced == 4 * 64 * 128 * 128
+    assert costs.chunked_flops(64, 64, 128, 128) == 64 * 169_216
+    assert round(costs.chunked_flops(4096, 64, 128, 128) / (4 * 4096 * 128 * 128), 2) == 2.58
     per_token_sizes = (16, 32, 64, 128, 256)
     per_token = [costs.chunked_flops(4096, c, 128, 128) for c in per_token_sizes]
     assert per_token == sorted(per_token)
     assoc = {c: costs.chunked_flops(4096, c, 128, 128, "associative") for c in per_token_sizes}
     assert min(assoc, key=assoc.get) == 128
+
+
+def test_nb03_eq13_terms():
+    """The paper's Eq. 13 read as 6 d^2 + 3 C d + C^2: 126,976 per token at d = 128, C = 64;
+    our d^2 terms equal its, the C d terms are (8 C - 2) d, the inverse 5,632."""
+    from kda_lib.ops import costs
+
+    d, C = 128, 64
+    terms = costs.chunk_terms(C, d, d)
+    assert 6 * d * d + 3 * C * d + C * C == 126_976
+    assert (terms["state"] + 2 * C * d * d) / C == 6 * d * d
+    assert (terms["scores"] + terms["wu"] + 2 * C * C * d) / C == (8 * C - 2) * d
+    assert terms["inverse"] / C == 5_632
+
+
+def test_nb03_roofline_chunk_size():
+    """Notebook 03 section 6 on the H100 SXM: every chunk size memory-bound, C = 64 and 128 tie
+    on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
+    from kda_lib.lab.at_scale import CHIPS
+    from kda_lib.ops import costs
+    from kda_lib.teaching import chunkwise
+
+    flops = {c: costs.chunked_flops(4096, c, 128, 128) / 4096 for c in (16, 32, 64, 128, 256)}
+    roof = chunkwise.roofline(flops, 128, 128, CHIPS["H100 SXM"])
+    assert chunkwise.chunk_bytes(64, 128, 128) / 64 == chunkwise.chunk_bytes(128, 128, 128) / 128
+    assert all(memory > compute for compute, memory, _, _ in roof.values())
+    assert min(roof, key=lambda c: roof[c][3]) == 64 and roof[16][2] > 1.5 * roof[64][2]
+
+
+def test_nb03_float32_overflow_of_the_square_and_the_factorisation():
+    """Moved from notebook 03: at the safe gate's floor, C = 32, exp(gamma_t - gamma_s) is finite
+    where s <= t, while the factorised form overflows and the masked full square gives NaN; a
+    16-token span at the floor stays finite, a 64-token one does not."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    C = 32
+    gam = jnp.cumsum(jnp.full((C, 1), -5.0, jnp.float32), axis=0)
+    causal = np.tril(np.ones((C, C), bool))
+    direct = np.asarray(jnp.exp(gam - gam.T))
+    factored = np.asarray(jnp.exp(gam) * jnp.exp(-gam).T)
+    masked = np.asarray(jnp.exp(gam - gam.T) * jnp.tril(jnp.ones((C, C))))
+    assert np.isfinite(direct[causal]).all()
+    assert np.isinf(factored[causal]).any() and np.isnan(masked).any()
+    for span, finite in ((16, True), (64, False)):
+        factor = np.asarray(jnp.exp(jnp.asarray(5.0 * np.arange(span), jnp.float32)))
+        assert bool(np.isfinite(factor).all()) == finite
+
+
+def test_nb03_float32_chunked_with_gates_below_the_floor():
+    """Moved from notebook 03: kda_chunked's merge forms no positive exponent, so in float32 with
+    gates ten times the safe gate's it stays within 1e-4 of the float64 recurrence."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.testing import assert_close, random_kda_inputs
+
+    x = random_kda_inputs(jax.random.key(0), 1, 128, 2, 32, 16, gate="raw")
+    a_log = kda_lib.init_a_log(jax.random.key(1), 2, safe_gate=True)
+    dt_bias = kda_lib.init_dt_bias(jax.random.key(2), 2, 32)
+    g = 10 * kda_lib.kda_gate(x["g"], a_log, dt_bias, lower_bound=-5.0)
+    assert float(g.min()) < -15
+    args = (x["q"], x["k"], x["v"], g, x["beta"])
+    o32 = kda_lib.kda_chunked(*args, chunk_size=32)[0]
+    with jax.enable_x64(True):
+        o64 = kda_lib.kda_recurrent(*(jnp.asarray(a, jnp.float64) for a in args))[0]
+    assert_close(o32, o64, atol=1e-4, rtol=1e-4, name="float32 chunked, strong gate")
+
+
+def test_nb03_gdn_mask_form_equals_the_recurrence():
+    """Moved from notebook 03: with one decay per head the chunk's scores and overlaps are plain
+    products times one C x C mask, and the chunk's outputs equal kda_recurrent's (float64)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import kda_lib
+
+    rng = np.random.default_rng(3)
+    C, K, V = 16, 8, 4
+    q, k = rng.standard_normal((C, K)), rng.standard_normal((C, K))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    v, g = rng.standard_normal((C, V)), -rng.uniform(0.01, 0.5, C)
+    beta, s0, scale = rng.uniform(0.1, 0.9, C), rng.standard_normal((K, V)), K**-0.5
+    causal, strict = np.tril(np.ones((C, C))), np.tril(np.ones((C, C)), -1)
+    gamma = np.cumsum(g)
+    mask = np.exp(np.where(causal > 0, gamma[:, None] - gamma[None], -np.inf))
+    P, L = scale * (q @ k.T) * mask, beta[:, None] * (k @ k.T) * mask * strict
+    W = np.linalg.solve(np.eye(C) + L, beta[:, None] * k * np.exp(gamma)[:, None])
+    U = np.linalg.solve(np.eye(C) + L, beta[:, None] * v)
+    o = scale * (q * np.exp(gamma)[:, None]) @ s0 + P @ (U - W @ s0)
+    with jax.enable_x64(True):
+        ref = kda_lib.kda_recurrent(
+            *(jnp.asarray(a)[None, :, None] for a in (q, k, v, np.repeat(g[:, None], K, 1), beta)),
+            initial_state=jnp.asarray(s0)[None, None],
+        )[0]
+    np.testing.assert_allclose(o, np.asarray(ref)[0, :, 0], atol=1e-12)
+
+
+def test_nb03_finite_neumann_product():
+    """Moved from notebook 03: for strictly lower-triangular X of size 16, (I + X)^-1 =
+    (I - X)(I + X^2)(I + X^4)(I + X^8), the blocks unit_lower_inverse starts from."""
+    import numpy as np
+
+    X = np.tril(np.random.default_rng(4).standard_normal((16, 16)) * 0.3, -1)
+    product, power = np.eye(16) - X, X
+    for _ in range(3):
+        power = power @ power
+        product = product @ (np.eye(16) + power)
+    np.testing.assert_allclose(product, np.linalg.inv(np.eye(16) + X), atol=1e-10)
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16, 64, 256])
@@ -526,7 +657,9 @@ def test_nb03_float32_exponent_budget():
 
 
 def test_nb03_recorded_cpu_sequential_step_cost():
-    """The recorded CPU run: forward about even, fwd+bwd the recurrence several times slower."""
+    """The recorded CPU run (DESIGN's engineering notes from notebook 03): forward chunked /
+    recurrent 0.86 at T = 256 and 0.98 at 1024; fwd+bwd at 1024 the recurrence 191 ms, the
+    chunked form 32 ms."""
     from kda_lib.lab.records import load_recorded
 
     records = load_recorded("benchmarks", "cpu-2026-12-01.json")["records"]
@@ -535,3 +668,33 @@ def test_nb03_recorded_cpu_sequential_step_cost():
     assert round(ms["chunked", 1024, "fwd+bwd"]) == 32
     forward = [ms["chunked", t, "fwd"] / ms["recurrent", t, "fwd"] for t in (256, 1024)]
     assert [round(f, 2) for f in forward] == [0.86, 0.98]
+
+
+def test_nb03_recorded_cpu_run_traced_backward_flops():
+    """Moved from notebook 03 (DESIGN's engineering notes): at the recorded run's sizes the
+    recurrence's traced fwd+bwd matrix products are fewer than a third of the chunked form's,
+    though the recording has it several times slower."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.lab.records import load_recorded
+    from kda_lib.ops import costs
+    from kda_lib.testing import random_kda_inputs
+
+    recorded = load_recorded("benchmarks", "cpu-2026-12-01.json")
+    conf = recorded["config"]
+    sizes = (conf["batch"], 1024, conf["heads"], conf["key_dim"], conf["value_dim"])
+    x = random_kda_inputs(jax.random.key(0), *sizes, gate="raw")
+    args = [x["q"], x["k"], x["v"], -jax.nn.softplus(x["g"]), x["beta"]]
+    traced = {
+        impl: costs.matmul_flops(
+            jax.grad(
+                lambda *a, impl=impl: jnp.sum(kda_lib.kda(*a, implementation=impl)[0]),
+                argnums=range(5),
+            ),
+            *args,
+        )
+        for impl in ("recurrent", "chunked")
+    }
+    assert traced["recurrent"] * 3 < traced["chunked"]

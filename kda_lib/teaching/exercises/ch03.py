@@ -99,7 +99,7 @@ def state_pass_inputs(seed=0):
     dict of chunk-major float64 arrays (``w``, ``u``, ``q_in``, ``k_out`` [N, C, .],
     ``attn_qk`` [N, C, C], ``keep`` [N, K]) from ``kda_lib.ops.chunked``, and ``reference`` the
     recurrence's ``(outputs [T, V], final state [K, V])``. ``q_in`` is the notebook's
-    ``Q_in`` (rows ``Gamma_t q_t``, not scaled: section 3 and NOTATION apply ``1 / sqrt(d_k)``
+    ``Q_in`` (rows ``Gamma_t q_t``, not scaled: section 4 and NOTATION apply ``1 / sqrt(d_k)``
     in the output equation); ``kda_lib.ops.chunked`` folds the scale into it, so it is divided
     out here."""
     import jax
@@ -119,7 +119,7 @@ def state_pass_inputs(seed=0):
             output_final_state=True,
         )
     intra = {name: np.asarray(a) for name, a in intra._asdict().items()}
-    intra["q_in"] = intra["q_in"] * np.sqrt(q.shape[1])  # Q_in of section 3: unscaled
+    intra["q_in"] = intra["q_in"] * np.sqrt(q.shape[1])  # Q_in of section 4: unscaled
     return intra, s0, (np.asarray(o)[0, :, 0], np.asarray(s)[0, 0])
 
 
@@ -127,7 +127,7 @@ def state_pass_inputs(seed=0):
 def state_pass(answer, *, seed=0):
     """answer: ``fn(w, u, q_in, k_out, attn_qk, keep, s0) -> (outputs [T, V], final [K, V])``,
     the sequential pass without K x K maps, on chunk-major arrays of one head; ``q_in`` is
-    section 3's unscaled ``Q_in``, the output ``O = Q_in S / sqrt(d_k) + P Delta``."""
+    section 4's unscaled ``Q_in``, the output ``O = Q_in S / sqrt(d_k) + P Delta``."""
     intra, s0, (o_ref, s_ref) = state_pass_inputs(seed)
     args = tuple(intra[n] for n in ("w", "u", "q_in", "k_out", "attn_qk", "keep")) + (s0,)
     result, hint = call_answer(
