@@ -360,9 +360,8 @@ with jax.enable_x64(True):
     o_read, s_read = per_head(*(a[0] for a in inputs64), jnp.asarray(S_in[0]))
     o_ref, s_ref = kda_lib.kda_recurrent(*inputs64, initial_state=jnp.asarray(S_in),
                                          output_final_state=True)
-    o_kda, s_kda = jax.jit(kda_lib.kda_chunked, static_argnames=["chunk_size", "scan"])(
-        *inputs64, initial_state=jnp.asarray(S_in), output_final_state=True,
-        chunk_size=chunk_size, scan="sequential")
+    o_kda, s_kda = kda_lib.kda_chunked(*inputs64, initial_state=jnp.asarray(S_in),
+                                       output_final_state=True, chunk_size=chunk_size)
 errors = [assert_close(got, want[0], name=f"readable vs {name}") for got, want, name in (
     (o_read, o_ref, "kda_recurrent"), (s_read, s_ref, "kda_recurrent"),
     (o_read, o_kda, "kda_chunked"), (s_read, s_kda, "kda_chunked"))]

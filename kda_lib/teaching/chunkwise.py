@@ -39,15 +39,22 @@ def roofline_figure(table: dict, chip: Chip, K: int) -> plt.Figure:
     """Time per token against chunk size, each column of :func:`roofline`."""
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     sizes = list(table)
-    for col, label, style in (
-        (1, "memory: bytes / bandwidth", "--"),
-        (0, "compute: matrix-product flops / peak", ":"),
-        (2, "roofline: the longer of the two", "-"),
-        (3, "no overlap: their sum", "-."),
+    for col, label, style, width in (
+        (2, "roofline: the longer of the two", "-", 5),
+        (1, "memory: bytes / bandwidth", "--", 1.5),
+        (0, "compute: matrix-product flops / peak", ":", 1.5),
+        (3, "no overlap: their sum", "-.", 1.5),
     ):
-        ax.plot(sizes, [table[c][col] * 1e9 for c in sizes], style, marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(c) for c in sizes])
+        alpha = 0.4 if width > 2 else 1.0
+        ax.plot(
+            [str(c) for c in sizes],
+            [table[c][col] * 1e9 for c in sizes],
+            style,
+            marker="o",
+            lw=width,
+            alpha=alpha,
+            label=label,
+        )
     ax.set_xlabel("chunk size C (tokens)")
     ax.set_ylabel("time per token and head (ns)")
     ax.set_ylim(bottom=0)
