@@ -13,8 +13,6 @@
 #     name: python3
 # ---
 
-# %%
-
 # %% [markdown]
 # # 03 · The chunkwise algorithm: KDA with matrix multiplies
 #
