@@ -19,8 +19,8 @@
 # **Claim.** Cut the sequence into chunks of $C$ tokens. What the tokens of a chunk write into
 # the state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at
 # once with matrix products; between chunks only the state travels. The result equals the
-# recurrence (checked in float64), and it is faster because $T$ dependent matrix-vector steps
-# become $T / C$ steps of matrix products. Kernel internals (fla, tokamax) are in DESIGN's
+# recurrence (checked in float64); it pays on GPUs and TPUs because $T$ dependent matrix-vector
+# steps become $T / C$ steps of matrix products. Kernel internals (fla, tokamax) are in DESIGN's
 # [engineering notes on the chunkwise kernels](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-chunkwise-kernels-from-notebook-03).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
@@ -485,7 +485,7 @@ viz.show(chunkwise.roofline_figure(roof, chip, D), "03_roofline_chunk_size")
 display(Markdown(
     "Per token and head: " + ", ".join(f"$C$ = {c}: {roof[c][2] * 1e9:.2f} ns" for c in roof)
     + f" (roofline). All memory-bound: {per_C[64] / (chunkwise.chunk_bytes(64, D, D) / 64):.0f} "
-    f"flop/byte at $C$ = 64 against the ridge's {chip.ridge:.0f}. With bytes least at $C^\\ast$ = "
+    f"flop/byte at $C$ = 64 against a ridge of {chip.ridge:.0f}. With bytes least at $C^\\ast$ = "
     f"{np.sqrt(D * D / 2):.1f}, $C$ = 64 and 128 tie, {roof[16][2] / roof[64][2]:.2f}x faster "
     "than $C$ = 16 (state traffic); without overlap $C$ = 64 wins on its fewer flops. A model "
     "(real kernels fuse some passes), but the reason holds: small chunks pay for moving the "
@@ -496,10 +496,10 @@ display(Markdown(
 #
 # Batch 1, `timing_heads` heads, $d_k = d_v$ = `timing_dim`: the recurrence, `kda_lib`'s and
 # tokamax's pure-JAX chunked forms (`kda_lib.kda`) and causal softmax attention; medians of
-# `timing_repeats` calls after a compiling warm-up. The table is this run's, not asserted. On a
-# CPU a sequential step is cheap, so the recurrence, with fewer flops, can win at short lengths;
-# on GPUs and TPUs each of its $T$ steps leaves most of the chip idle, which $T / C$ steps of
-# large products avoid. DESIGN's notes read the recorded runs on other machines.
+# `timing_repeats` calls after a compiling warm-up. The table is this run's and is not
+# asserted: CPU timings depend on the machine and its load, and a CPU has no matrix units for
+# the chunked form to fill. An accelerator's side is section 6's model; DESIGN's notes read the
+# recorded CPU run, where forward plus backward the recurrence is several times slower.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
