@@ -409,10 +409,10 @@ for scan in ("sequential", "associative"):  # the term-by-term count == the trac
     traced = costs.matmul_flops(lambda *a, scan=scan: kda_lib.kda_chunked(
         *a, chunk_size=chunk_size, scan=scan)[0], *x_small)
     assert traced == num_heads * costs.chunked_flops(seq_len, chunk_size, key_dim, value_dim, scan)
-D, C64 = 128, 64
-one = random_kda_inputs(key_timing, 1, C64, 1, D, gate="raw")
+d, C64 = 128, 64
+one = random_kda_inputs(key_timing, 1, C64, 1, d, gate="raw")
 args = [one["q"], one["k"], one["v"], -jax.nn.softplus(one["g"]), one["beta"],
-        jnp.ones((1, 1, D, D))]  # ..., the entering state
+        jnp.ones((1, 1, d, d))]  # ..., the entering state
 chunk = lambda *a: kda_lib.kda_chunked(*a[:5], initial_state=a[5], output_final_state=True,
                                         scan="sequential")
 xla = lambda fn, *a: xla_cost(jax.jit(fn).lower(*a).compile())["flops"]
@@ -425,12 +425,12 @@ per_token = {  # basis: (recurrence, chunked) per token
     "XLA's cost analysis": (xla(kda_lib.kda_step, args[5], *(a[:, 0] for a in args[:5])),
                             xla(chunk, *args) / C64)}
 (mm_rec, mm_chunk), (xla_rec, xla_chunk) = per_token.values()
-assert mm_rec == 4 * D * D and mm_chunk == costs.chunked_flops(C64, C64, D, D) / C64
-assert costs.recurrent_flops(1, D, D) == 7 * D * D and 8 * D * D <= xla_rec < 8 * D * D + 20 * D
+assert mm_rec == 4 * d * d and mm_chunk == costs.chunked_flops(C64, C64, d, d) / C64
+assert costs.recurrent_flops(1, d, d) == 7 * d * d and 8 * d * d <= xla_rec < 8 * d * d + 20 * d
 assert 2.5 < mm_chunk / mm_rec < 2.7 and 1.4 < xla_chunk / xla_rec < 1.7
 display(Markdown("| flops per token and head | recurrence | per state entry | chunked | chunked /"
                  " recurrence |\n|---|---|---|---|---|\n" + "\n".join(
-                     f"| {basis} | {r:,.0f} | {r / D**2:.2f} | {c:,.0f} | {c / r:.2f} |"
+                     f"| {basis} | {r:,.0f} | {r / d**2:.2f} | {c:,.0f} | {c / r:.2f} |"
                      for basis, (r, c) in per_token.items())))
 
 # %% [markdown]
@@ -440,14 +440,14 @@ display(Markdown("| flops per token and head | recurrence | per state entry | ch
 # 169,216 in matrix products. The cell groups our terms the same way.
 
 # %%
-terms = costs.chunk_terms(C64, D, D)  # matrix-product flops of one chunk, by term
-ours = {"d^2": (terms["state"] + 2 * C64 * D * D) / C64,  # state pass, and reading S
-        "C d": (terms["scores"] + terms["wu"] + 2 * C64 * C64 * D) / C64,  # + in-chunk outputs
+terms = costs.chunk_terms(C64, d, d)  # matrix-product flops of one chunk, by term
+ours = {"d^2": (terms["state"] + 2 * C64 * d * d) / C64,  # state pass, and reading S
+        "C d": (terms["scores"] + terms["wu"] + 2 * C64 * C64 * d) / C64,  # + in-chunk outputs
         "C^2": terms["inverse"] / C64}  # the triangular inverse
-paper = {"d^2": 6 * D**2, "C d": 3 * C64 * D, "C^2": C64**2}
+paper = {"d^2": 6 * d**2, "C d": 3 * C64 * d, "C^2": C64**2}
 assert sum(paper.values()) == 126_976 and sum(ours.values()) == mm_chunk == 169_216
 assert ours["d^2"] == paper["d^2"] and ours["C d"] > 2 * paper["C d"]
-per_C = {c: costs.chunked_flops(4096, c, D, D) / 4096 for c in (16, 32, 64, 128, 256)}
+per_C = {c: costs.chunked_flops(4096, c, d, d) / 4096 for c in (16, 32, 64, 128, 256)}
 assert list(per_C.values()) == sorted(per_C.values())  # more flops per token as C grows
 display(Markdown("| per token | ours | Eq. 13 | difference |\n|---|---|---|---|\n" + "\n".join(
     f"| ${n}$ terms | {ours[n]:,.0f} | {paper[n]:,.0f} | {ours[n] - paper[n]:+,.0f} |"
@@ -477,16 +477,16 @@ display(Markdown("| per token | ours | Eq. 13 | difference |\n|---|---|---|---|\
 chip = at_scale.CHIPS["H100 SXM"]
 print(f"{chip.name}: {chip.peak_flops / 1e12:.0f} TFLOP/s, {chip.hbm_bandwidth / 1e12:.2f} TB/s "
       f"(source: {chip.source})")
-roof = chunkwise.roofline(per_C, D, D, chip)  # C -> (compute, memory, roofline, sum) per token
+roof = chunkwise.roofline(per_C, d, d, chip)  # C -> (compute, memory, roofline, sum) per token
 best = min(r[2] for r in roof.values())
 assert roof[64][2] < 1.01 * best and roof[128][2] < 1.01 * best and roof[16][2] > 1.5 * best
 assert min(roof, key=lambda c: roof[c][3]) == 64 and all(r[1] > r[0] for r in roof.values())
-viz.show(chunkwise.roofline_figure(roof, chip, D), "03_roofline_chunk_size")
+viz.show(chunkwise.roofline_figure(roof, chip, d), "03_roofline_chunk_size")
 display(Markdown(
     "Per token and head: " + ", ".join(f"$C$ = {c}: {roof[c][2] * 1e9:.2f} ns" for c in roof)
-    + f" (roofline). All memory-bound: {per_C[64] / (chunkwise.chunk_bytes(64, D, D) / 64):.0f} "
+    + f" (roofline). All memory-bound: {per_C[64] / (chunkwise.chunk_bytes(64, d, d) / 64):.0f} "
     f"flop/byte at $C$ = 64 against a ridge of {chip.ridge:.0f}. With bytes least at $C^\\ast$ = "
-    f"{np.sqrt(D * D / 2):.1f}, $C$ = 64 and 128 tie, {roof[16][2] / roof[64][2]:.2f}x faster "
+    f"{np.sqrt(d * d / 2):.1f}, $C$ = 64 and 128 tie, {roof[16][2] / roof[64][2]:.2f}x faster "
     "than $C$ = 16 (state traffic); without overlap $C$ = 64 wins on its fewer flops. A model "
     "(real kernels fuse some passes), but the reason holds: small chunks pay for moving the "
     "state, large ones for their $C \\times C$ blocks, and 64 sits between."))
