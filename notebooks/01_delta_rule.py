@@ -394,14 +394,13 @@ g_head = np.repeat(g_channel[..., :1], key_dim, axis=-1)  # one decay per head
 gamma, no_g = np.cumsum(g_channel, axis=1), np.zeros(shape)  # gamma_t = g_1 + ... + g_t
 decays = dict(zip(("linear attention", "Mamba2", "GLA", "DeltaNet", "Gated DeltaNet", "KDA"),
                   (no_g, g_head, g_channel, no_g, g_head, g_channel), strict=True))
+three = lambda *xs: jnp.asarray(np.concatenate(xs))  # noqa: E731  three rows as a batch of 3
 with jax.enable_x64(True):
-    adds = lambda q_, k_, g_: scalar_decay_recurrent(  # noqa: E731
-        *(jnp.asarray(x) for x in (q_, k_, v, g_[..., 0])))[0]
-    delta = lambda g_: kda_lib.kda_recurrent(  # noqa: E731
-        *(jnp.asarray(x) for x in (q, k, v, g_, beta)))[0]
-    lib = {"linear attention": adds(q, k, no_g), "Mamba2": adds(q, k, g_head),
-           "GLA": adds(q * np.exp(gamma), k * np.exp(-gamma), no_g), "DeltaNet": delta(no_g),
-           "Gated DeltaNet": delta(g_head), "KDA": delta(g_channel)}
+    adds = scalar_decay_recurrent(three(q, q, q * np.exp(gamma)), three(k, k, k * np.exp(-gamma)),
+                                  three(v, v, v), three(no_g, g_head, no_g)[..., 0])[0]
+    deltas = kda_lib.kda_recurrent(three(q, q, q), three(k, k, k), three(v, v, v),
+                                   three(no_g, g_head, g_channel), three(beta, beta, beta))[0]
+lib = dict(zip(decays, np.concatenate([adds, deltas])[:, None], strict=True))  # [1, T, H, V]
 
 # %%
 for model, o_model in lib.items():
@@ -492,7 +491,7 @@ display(Markdown(
 # draws (`kda_lib.teaching.recall`'s batched float64 memory, checked against `toy_kda`).
 
 # %%
-half_lives = np.r_[np.geomspace(1, 1024, 16), np.inf]  # tokens per halving; inf: no decay
+half_lives = np.r_[np.geomspace(1, 1024, 11), np.inf]  # tokens per halving; inf: no decay
 task_keys, task_values = recall.two_timescale_task(
     key_two, key_dim=key_dim, value_dim=value_dim, num_facts=num_facts, stream_len=stream_len,
     batch=num_seeds)

@@ -486,8 +486,9 @@ kk, g_np, alike = np.asarray(k64[t_last]), np.asarray(g64), np.asarray(g_alike)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
 assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
 turned = np.exp(g_np[latest + 1: u + 1].sum(0)) * kk  # the stored key when token u writes
-k_orth = np.array(k64)
-k_orth[u] = (turned - (kk @ turned) * kk) / np.linalg.norm(turned - (kk @ turned) * kk)
+k_orth, k_unit = np.array(k64), kk / np.linalg.norm(kk)  # (float32 keys: norm 1 to 1e-7)
+k_orth[u] = turned - (k_unit @ turned) * k_unit
+k_orth[u] /= np.linalg.norm(k_orth[u])  # a unit key orthogonal to k, as turned as possible
 beta_orth = np.where(np.arange(mix_len) == u, beta_value, np.asarray(only_same))
 w_orth, w_orth_alike = (explain.mixing_matrix_by_products(k_orth, k_orth, g_, beta_orth)[
     t_last, latest] for g_ in (g_np, alike))
