@@ -276,12 +276,12 @@ _ = assert_close(ortho_keys @ sweep(empty, ortho_keys, pair_values), pair_values
 
 # %%
 S_sweep, sweep_errors = empty, []
-for _ in range(100):
+for _ in range(300):  # enough for every seed tried (0 to 7): convergence is geometric
     S_sweep = sweep(S_sweep, pair_keys, pair_values)
     sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values) / np.linalg.norm(
         pair_values))
 print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative recall error after 1 sweep "
-      f"{sweep_errors[0]:.3f}, after 10 {sweep_errors[9]:.1e}, after 100 {sweep_errors[-1]:.1e}")
+      f"{sweep_errors[0]:.3f}, after 10 {sweep_errors[9]:.1e}, after 300 {sweep_errors[-1]:.1e}")
 assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
 
 # %% [markdown]
@@ -520,10 +520,10 @@ assert pair[0] > pair[1], "the fact channels keep longer than the stream channel
 assert grid[best_h, best_h, [0, 2]].max() > 0.8, "the scalar gate loses facts or keeps expired"
 errors = lambda i, j: ", ".join(f"{e:.2f}" for e in grid[i, j])  # noqa: E731
 display(Markdown(
-    f"One decay per head does best at a half-life of {half_lives[best_h]:.3g} tokens: errors "
+    f"One decay per head does best at a half-life of {half_lives[best_h]:.0f} tokens: errors "
     f"{errors(best_h, best_h)} (facts, live, expired), mean {score[best_h, best_h]:.2f}: it "
     f"gives up the facts or keeps the expired pairs. One decay per channel group does best with "
-    f"{half_lives[pair[0]]:.3g} tokens (facts) and {half_lives[pair[1]]:.3g} (stream): "
+    f"{half_lives[pair[0]]:.0f} tokens (facts) and {half_lives[pair[1]]:.0f} (stream): "
     f"{errors(*pair)}, mean {score[pair]:.2f}, {ratio:.2f} times the scalar gate's, and below "
     f"each draw's own best scalar setting on all {num_seeds} draws."))
 

@@ -408,15 +408,12 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 #
 # a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
 # It needs $\beta_u = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
-# stored $\Gamma \mathbf k$ out of $\mathbf k$'s direction, so even a write whose key is
-# orthogonal to $\mathbf k$ changes the weight (with one decay for all channels it does not;
-# both checked below). Older occurrences get less; their formula, and why per-channel decay
-# keeps more of them than $(1 - \beta)^2$, are in "Engineering notes: the mixing weight of older
-# occurrences (from notebook 02)" in
+# stored $\Gamma \mathbf k$ out of $\mathbf k$'s direction, so even an orthogonal write changes
+# the weight (with one decay for all channels it does not; both checked below). Older
+# occurrences: "Engineering notes: the mixing weight of older occurrences (from notebook 02)" in
 # [`docs/DESIGN.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md).
-# Softmax attention instead spreads its weight over **every** earlier occurrence of the current
-# token. A symmetric log colour scale shows the diagonal and the small weights at once (we use
-# the slowest head's decays from section 3).
+# Softmax attention instead spreads its weight over **every** earlier occurrence. A symmetric
+# log colour scale shows the diagonal and the small weights at once (slowest head, section 3).
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -478,22 +475,29 @@ assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's c
 _ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
 
 # %%
-# the latest occurrence in float64; then one write in between, with a key orthogonal to k
+# the latest occurrence in float64; then k written, a write orthogonal to k, k read
 assert same.size >= 2, "the example needs the last token twice before it: change seed"
-latest, older, u = same[-1], same[:-1], t_last - 1
-assert latest < u, "the example needs a token between the last two occurrences: change seed"
+latest, older = same[-1], same[:-1]
 kk, g_np, alike = np.asarray(k64[t_last]), np.asarray(g64), np.asarray(g_alike)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
 assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
-turned = np.exp(g_np[latest + 1: u + 1].sum(0)) * kk  # the stored key when token u writes
-k_orth, k_unit = np.array(k64), kk / np.linalg.norm(kk)  # (float32 keys: norm 1 to 1e-7)
-k_orth[u] = turned - (k_unit @ turned) * k_unit
-k_orth[u] /= np.linalg.norm(k_orth[u])  # a unit key orthogonal to k, as turned as possible
-beta_orth = np.where(np.arange(mix_len) == u, beta_value, np.asarray(only_same))
-w_orth, w_orth_alike = (explain.mixing_matrix_by_products(k_orth, k_orth, g_, beta_orth)[
-    t_last, latest] for g_ in (g_np, alike))
-assert abs(k_orth[u] @ kk) < 1e-12 and abs(w_orth - w_latest) > 1e-6, "orthogonal write counts"
-_ = assert_close(w_orth_alike, Omega_alike[t_last, latest], atol=1e-12,
+gap, k_unit = 8, kk / np.linalg.norm(kk)  # tokens between the writes; (float32 keys)
+turned = np.exp(g_np[1: gap + 1].sum(0)) * k_unit  # k as stored when the middle write comes
+keys3 = np.tile(k_unit, (2 * gap + 1, 1))  # k written at token 0 and read at token 2 gap
+keys3[gap] = turned - (k_unit @ turned) * k_unit  # orthogonal to k, as turned as possible
+keys3[gap] /= np.linalg.norm(keys3[gap])
+
+
+def weight_via(g_, beta_mid):
+    """Omega[2 gap, 0] when token gap writes keys3[gap] with beta_mid (the others: 0)."""
+    betas = np.where(np.isin(np.arange(2 * gap + 1), (0, 2 * gap)), beta_value, 0.0)
+    betas[gap] = beta_mid
+    return explain.mixing_matrix_by_products(keys3, keys3, g_[: 2 * gap + 1], betas)[-1, 0]
+
+
+assert abs(keys3[gap] @ k_unit) < 1e-12, "the middle key is orthogonal to k"
+assert abs(weight_via(g_np, beta_value) - weight_via(g_np, 0.0)) > 1e-6, "it still counts"
+_ = assert_close(weight_via(alike, beta_value), weight_via(alike, 0.0), atol=1e-12,
                  name="one decay for all channels: an orthogonal write changes nothing")
 
 # %%
@@ -503,9 +507,11 @@ display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
     f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
     f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
-    f"= {w_latest:.6f} (exact once the {t_last - latest - 1} tokens in between do not write: "
-    f"{Omega_same[t_last, latest]:.6f}; one write in between with a key orthogonal to "
-    f"$\\mathbf k$ makes it {w_orth:.6f}). Older occurrences get at most "
+    f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens in between do not write: "
+    f"{Omega_same[t_last, latest]:.4f}). With $\\mathbf k$ written, a write orthogonal to "
+    f"$\\mathbf k$ {gap} tokens later and the read {gap} after that, the weight is "
+    f"{weight_via(g_np, beta_value):.6f}, against {weight_via(g_np, 0.0):.6f} without the "
+    f"middle write. Older occurrences get at most "
     f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} "
     f"on itself, {Omega_soft[t_last, latest]:.3f} on the latest and up to "
     f"{Omega_soft[t_last, older].max():.3f} on older ones."))
