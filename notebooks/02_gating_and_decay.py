@@ -212,6 +212,7 @@ life_sp, life_safe = half_life(g0_sp), half_life(g0_safe)
 bounds = (LN2 / (A_RANGE[1] * DT_RANGE[1]), LN2 / (A_RANGE[0] * DT_RANGE[0]))
 assert bounds[0] * (1 - 1e-4) <= life_sp.min() and life_sp.max() <= bounds[1] * (1 + 1e-4)
 assert life_sp.max() / life_sp.min() > 100, "init half-lives span over two orders of magnitude"
+assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
 display(Markdown(
     f"Possible range at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn: "
     + "; ".join(f"{name}, {life.min():.2f} to {life.max():.1f} tokens (median "
@@ -542,17 +543,16 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #   softplus gate's output and the safe gate's input axis.
 # - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives span
 #   more than two orders of magnitude (asserted; the range drawn is printed in section 2), so
-#   every head mixes fast and slow memories; the safe gate starts slower.
-# - Retention only shrinks over time, and never faster than $g_{\min}$ per token with the
-#   safe gate.
+#   every head mixes fast and slow memories; the safe gate's (one rate for all heads) span less.
+# - Retention only shrinks, and never faster than $g_{\min}$ per token with the safe gate.
 # - Linear attention's state grows like $\sqrt{t}$; the delta rule's levels off in expectation
 #   (random unit keys, unit-variance values), and decay keeps it smaller still.
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
 #   `jax.jacobian`, and against its closed form $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t
 #   \cdots M_{s+1} \mathbf k_s$ in float64); on repeated tokens it puts $\beta$ on the current
 #   one and $\beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k$ on the latest earlier
-#   occurrence when the tokens in between write nothing along $\mathbf k$, and less on older
-#   ones, where softmax attention spreads over all of them.
+#   occurrence when the tokens in between do not write ($\beta_u = 0$: with per-channel decay
+#   even an orthogonal write counts), and less on older ones; softmax spreads over all of them.
 # - The delta rule's state levels off at $\mathbb E \lVert S\rVert_F^2 = \beta d_k d_v /
 #   (2 - \beta)$ for random unit keys and unit-variance values (derived and asserted).
 #

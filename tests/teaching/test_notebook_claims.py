@@ -203,6 +203,30 @@ def test_01_query_scale_is_a_constant_factor_that_rmsnorm_removes():
     assert 0.9 < np.var(np.sum(raw[0] * raw[1], -1) / np.sqrt(K)) < 1.1
 
 
+def test_01_kda_step_is_the_matrix_form_then_the_read():
+    """Moved from notebook 01, section 4: kda_step's state is M_t S + beta k v^T with
+    M_t = (I - beta k k^T) D_t, and its read is q^T S / sqrt(d_k)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import kda_lib
+
+    rng = np.random.default_rng(1)
+    K, V, beta = 16, 8, 0.7
+    q, k = (x / np.linalg.norm(x) for x in rng.normal(size=(2, K)))
+    S, v, g = rng.normal(size=(K, V)), rng.normal(size=V), -rng.uniform(0, 0.5, size=K)
+    with jax.enable_x64(True):
+        row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
+        S_next, o = kda_lib.kda_step(row(S), row(q), row(k), row(v), row(g),
+                                     jnp.full((1, 1), beta, jnp.float64))
+    M = (np.eye(K) - beta * np.outer(k, k)) @ np.diag(np.exp(g))
+    np.testing.assert_allclose(np.asarray(S_next[0, 0]), M @ S + beta * np.outer(k, v),
+                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(o[0, 0]), q @ np.asarray(S_next[0, 0]) / np.sqrt(K),
+                               rtol=0, atol=1e-12)
+
+
 def test_01_more_pairs_than_key_channels_leave_a_residual():
     import numpy as np
 
@@ -326,6 +350,10 @@ def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     alike = [mixing_matrix_by_products(kk, kk, g_alike, bb)[t, latest]
              for kk, bb in ((k, only_same), (k_orth, b_orth))]
     assert np.isclose(alike[0], alike[1], rtol=0, atol=1e-14)
+    # one decay for all channels: the second-latest keeps exactly (1 - beta)^2 (moved from 02)
+    scalar = mixing_matrix_by_products(k, k, g_alike, only_same)[t, second]
+    want = beta * (1 - beta) ** 2 * np.exp(g_alike[second + 1 :, 0].sum())
+    assert np.isclose(scalar, want, rtol=0, atol=1e-14)
 
 
 def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():
