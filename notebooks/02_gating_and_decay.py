@@ -21,8 +21,9 @@
 # operating point of each channel, the rate $a_h$ (stored as `A_log`) sets each head's speed, and
 # the safe gate's floor $g_{\min}$ (`lower_bound`) caps how much one token can erase. At
 # initialisation the per-channel half-lives span more than two orders of magnitude, so one head
-# holds short- and long-term memories side by side. The delta rule keeps the state's norm
-# bounded where linear attention's grows without limit, and a KDA head is, for fixed queries,
+# holds short- and long-term memories side by side. For random unit keys and unit-variance
+# values the delta rule's expected squared state norm levels off where linear attention's grows
+# linearly in $t$, and a KDA head is, for fixed queries,
 # keys and gates, a causal $T \times T$ linear mixing $\Omega$ of the values, like attention but
 # with signed weights. Every statement is checked below.
 #
@@ -83,7 +84,7 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.ops.norms import l2_normalize
-from kda_lib.teaching import exercises, explain, viz
+from kda_lib.teaching import exercises, explain, gates, viz
 from kda_lib.testing import assert_close
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -165,6 +166,10 @@ assert_close(gate_curve(np.log(4.0), lower_bound), lower_bound * sigmoid, name="
 assert gate_curve(np.log(16.0)).max() <= 0 and gate_curve(0.0, lower_bound).max() <= 0
 assert gate_curve(np.log(16.0), lower_bound).min() >= lower_bound
 assert gate_curve(0.0)[-1] < lower_bound, "the softplus gate is unbounded below"
+assert_close(gate_curve(np.log(4.0)), 4.0 * gate_curve(0.0), name="softplus: a scales g")
+mid = np.arange(150, 251)  # x in [-2, 2], where 4 x is on the grid too (index 200 is x = 0)
+assert_close(gate_curve(np.log(4.0), lower_bound)[mid], gate_curve(0.0, lower_bound)[
+    200 + 4 * (mid - 200)], atol=1e-5, name="safe gate: a scales the input axis")
 n_shift = round(2.0 / float(x[1] - x[0]))  # grid points in a shift of 2: b shifts the input axis
 shifted = gate_curve(0.0, lower_bound, bias=2.0)
 _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], atol=1e-5,
@@ -207,39 +212,32 @@ life_sp, life_safe = half_life(g0_sp), half_life(g0_safe)
 bounds = (LN2 / (A_RANGE[1] * DT_RANGE[1]), LN2 / (A_RANGE[0] * DT_RANGE[0]))
 assert bounds[0] * (1 - 1e-4) <= life_sp.min() and life_sp.max() <= bounds[1] * (1 + 1e-4)
 assert life_sp.max() / life_sp.min() > 100, "init half-lives span over two orders of magnitude"
+assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
 display(Markdown(
-    f"Possible range at init: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn here: "
+    f"Possible range at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn: "
     + "; ".join(f"{name}, {life.min():.2f} to {life.max():.1f} tokens (median "
                 f"{np.median(life):.1f}) over {life.size} channels"
                 for name, life in (("softplus gate", life_sp), ("safe gate", life_safe)))
     + f". The softplus gate's spread is {life_sp.max() / life_sp.min():.0f}x."))
 
 # %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(8, 3.4))
-bins = np.geomspace(0.2, 2e3, 41)
-ax.hist(life_sp.ravel(), bins=bins, histtype="step", linewidth=2,
-        label=r"softplus gate ($a \sim U(1, 16)$)")
-ax.hist(life_safe.ravel(), bins=bins, histtype="step", linewidth=2, linestyle="--",
-        label=f"safe gate ($a = 1$, $g_{{\\min}} = {lower_bound:g}$)")
-for bound_life in bounds:
-    ax.axvline(bound_life, color="0.5", linewidth=1, linestyle=":")
-ax.annotate("softplus range at init", (bounds[0], 0.97), xycoords=("data", "axes fraction"),
-            xytext=(4, 0), textcoords="offset points", va="top", fontsize=9, color="0.3")
-ax.set_xscale("log")
-ax.yaxis.get_major_locator().set_params(integer=True)
-ax.set_ylim(0, 1.35 * ax.get_ylim()[1])  # room for the legend
-ax.set(title=f"Per-channel half-lives at init, zero gate input ({num_heads} heads x {key_dim} "
-       "channels)", xlabel="half-life $t_{1/2}$ (tokens, log scale)", ylabel="channels")
-ax.legend(loc="upper right")
-viz.show(fig, "02_half_lives_at_init")
+viz.show(gates.plot_half_lives(
+    {r"softplus gate ($a \sim U(1, 16)$)": life_sp,
+     f"safe gate ($a = 1$, $g_{{\\min}} = {lower_bound:g}$)": life_safe}, bounds,
+    title=f"Per-channel half-lives at init, zero gate input ({num_heads} heads x {key_dim} "
+          "channels)"), "02_half_lives_at_init")
 
 # %% [markdown]
 # ## 3. Cumulative decay over a sequence
 #
 # What a channel stored at token 0 is still there at token $t$ with weight
 # $e^{g_1 + \dots + g_t}$. With a random raw input $\mathbf f$ (standing in for the projection of
-# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate around the
-# init values. In each panel a row is one channel of one head (sorted by its half-life at init)
+# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate. Their
+# **median** is the init value (the gate is monotone in $f$, whose median is 0), but their
+# **mean** rate is larger: softplus is convex, so $\mathbb E \operatorname{softplus}(f + b) >
+# \operatorname{softplus}(b)$ (Jensen). For the same reason section 2's longest half-life at
+# init (zero input) is no bound here: a negative $f$ slows a channel further. The cell below
+# prints both. In each panel a row is one channel of one head (sorted by its half-life at init)
 # and the colour is the $\log_{10}$ of the fraction retained since token 0: long-memory channels
 # stay bright for the whole sequence, fast ones are gone within a few tokens. The head with the
 # largest $a_h$ forgets fastest. The safe gate looks like the softplus gate with
@@ -258,37 +256,40 @@ for kept in (kept_sp, kept_safe):
 steps = np.arange(1, seq_len + 1)[:, None, None]
 assert np.all(np.cumsum(g_safe, 0) >= lower_bound * steps - 1e-9), "safe gate floor"
 assert np.median(life_sp[fast]) < np.median(life_sp[slow]), "larger a forgets faster"
+nodes, weights = np.polynomial.hermite_e.hermegauss(64)  # E over f ~ N(0, 1), float64
+b64 = np.log(np.expm1(tau))[..., None]  # dt_bias in float64, [H, K, 1]
+jensen = (weights * np.logaddexp(0, b64 + gate_input_std * nodes)).sum(-1) / weights.sum() / tau
+ratio_mean, ratio_median = (g_sp / g0_sp).mean(), np.median(g_sp / g0_sp, axis=0).mean()
+assert abs(ratio_mean / jensen.mean() - 1) < 0.05 and abs(ratio_median - 1) < 0.1
+assert jensen.min() > 1, "the mean rate exceeds the init rate in every channel"
+life_f = half_life(g_sp)  # per token, [T, H, K]
+assert np.mean(life_f > bounds[1]) > 0, "random inputs pass the zero-input bound"
+print(f"rate / rate at f = 0, softplus gate: median {ratio_median:.2f}, mean {ratio_mean:.2f} "
+      f"(expected {jensen.min():.2f} to {jensen.max():.2f} by channel); per-token half-lives "
+      f"above the zero-input bound {bounds[1]:.0f}: {np.mean(life_f > bounds[1]):.2%} of "
+      f"{life_f.size:,} channel-tokens, the longest {life_f.max():,.0f} tokens")
 
 # %% tags=["hide-input"]
-panels = [(f"softplus gate, head {slow} ($a$ = {a_h[slow]:.1f})", g_sp[:, slow], life_sp[slow]),
-          (f"softplus gate, head {fast} ($a$ = {a_h[fast]:.1f})", g_sp[:, fast], life_sp[fast]),
-          (f"safe gate, head {slow} ($a$ = 1, $g_{{\\min}}$ = {lower_bound:g})", g_safe[:, slow],
-           life_safe[slow])]
-floor = -6.0
-fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
-for n, (ax, (title, g_head, life)) in enumerate(zip(axes, panels, strict=True)):
-    log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)  # [K, T]
-    image = viz.heatmap(ax, np.maximum(log10_kept, floor), title=title,
-                        xlabel="tokens since the write (tokens)",
-                        ylabel="channel (longest memory on top)" if n == 0 else "",
-                        cbar_label="", vmin=floor, vmax=0.0, colorbar=False,
-                        extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5))
-fig.colorbar(image, ax=axes, shrink=0.9, label="log10 fraction retained")
-fig.suptitle(r"Cumulative decay $e^{g_1 + \dots + g_t}$ per channel, "
-             f"$f \\sim N(0, {gate_input_std:g}^2)$")
-viz.show(fig, "02_cumulative_decay")
+floor = -6.0  # log10 of the smallest fraction drawn
+viz.show(gates.plot_cumulative_decay([
+    (f"softplus gate, head {slow} ($a$ = {a_h[slow]:.1f})", g_sp[:, slow], life_sp[slow]),
+    (f"softplus gate, head {fast} ($a$ = {a_h[fast]:.1f})", g_sp[:, fast], life_sp[fast]),
+    (f"safe gate, head {slow} ($a$ = 1, $g_{{\\min}}$ = {lower_bound:g})", g_safe[:, slow],
+     life_safe[slow])], floor=floor, title=r"Cumulative decay $e^{g_1 + \dots + g_t}$ per "
+    f"channel, $f \\sim N(0, {gate_input_std:g}^2)$"), "02_cumulative_decay")
 
 # %% [markdown]
 # ## 4. The state's norm over a sequence
 #
-# Linear attention adds $\mathbf k_t \mathbf v_t^\top$ forever. For random unit keys and values
-# with $\mathbb E \lVert \mathbf v\rVert^2 = d_v$ the terms are uncorrelated, so
-# $\mathbb E \lVert S_t \rVert_F^2 = \sum_{s \le t} \lVert \mathbf k_s\rVert^2 \lVert\mathbf v_s
-# \rVert^2 = t\, d_v$ and $\lVert S_t\rVert_F$ grows like $\sqrt{t\, d_v}$. The delta rule writes
-# only the recall error, so the state stops growing once it is "full", and decay shrinks it
-# further. `kda_lib.teaching.explain.state_norms` runs `kda_step` in a `lax.scan` and records
-# $\lVert S_t\rVert_F$ after each token, here with random unit keys, unit-variance values and
-# $\beta$ = `beta_value`.
+# Linear attention adds $\mathbf k_t \mathbf v_t^\top$ forever. For random unit keys and
+# independent zero-mean values with $\mathbb E \lVert \mathbf v\rVert^2 = d_v$ the terms are
+# uncorrelated, so $\mathbb E \lVert S_t \rVert_F^2 = \sum_{s \le t} \lVert \mathbf k_s\rVert^2\,
+# \mathbb E\lVert\mathbf v_s \rVert^2 = t\, d_v$ and $\lVert S_t\rVert_F$ grows like
+# $\sqrt{t\, d_v}$. The delta rule writes only the recall error, so under the same assumptions
+# the state's expected squared norm levels off once it is "full" (a statement about the
+# expectation, derived next), and decay shrinks it further. `explain.state_norms` runs
+# `kda_step` in a `lax.scan` and records $\lVert S_t\rVert_F$ after each token, here with random
+# unit keys, unit-variance values and $\beta$ = `beta_value`.
 #
 # **Where the delta rule's state levels off.** Without decay,
 # $S_t = P_t S_{t-1} + \beta \mathbf k_t \mathbf v_t^\top$ with $P_t = I - \beta \mathbf k_t
@@ -335,19 +336,10 @@ for name in ("KDA, softplus gate", "KDA, safe gate"):
 print(", ".join(f"{name}: {n[-1]:.1f}" for name, n in norms.items()), f"at t = {norm_len}")
 
 # %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(8, 3.4))
-tokens = np.arange(1, norm_len + 1)
-for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=True):
-    ax.plot(tokens, n, style, label=name)
-ax.plot(tokens, np.sqrt(tokens * value_dim), color="0.5", linewidth=1,
-        label=r"$\sqrt{t\, d_v}$ (random walk)")
 steady = np.sqrt(beta_value * key_dim * value_dim / (2 - beta_value))
-ax.axhline(steady, color="0.3", linewidth=1, linestyle=(0, (6, 3)),
-           label=r"delta rule's steady state $\sqrt{\beta d_k d_v / (2 - \beta)}$")
-ax.set(title=f"State norm over a sequence ($d_k = d_v = {key_dim}$, $\\beta = {beta_value:g}$, "
-       "head 0)", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
-ax.legend(loc="upper left")
-viz.show(fig, "02_state_norm")
+viz.show(gates.plot_state_norms(norms, value_dim=value_dim, steady=steady, title=(
+    f"State norm over a sequence ($d_k = d_v = {key_dim}$, $\\beta = {beta_value:g}$, head 0)")),
+    "02_state_norm")
 
 # %%
 # the steady state, in float64: P^T P, E k k^T = I / d_k, then the mean over sequences
@@ -373,7 +365,7 @@ with jax.enable_x64(True):
 rho = 1 - beta_value * (2 - beta_value) / key_dim
 limit = beta_value * key_dim * value_dim / (2 - beta_value)
 window = slice(3 * norm_len // 4, None)  # the last quarter: the plateau
-predicted = (limit * (1 - rho ** tokens))[window].mean()
+predicted = (limit * (1 - rho ** np.arange(1, norm_len + 1)))[window].mean()
 per_run = sq[:, window].mean(axis=1)  # each run's plateau
 stderr = per_run.std(ddof=1) / np.sqrt(num_runs)
 print(f"E|S|_F^2 on the last quarter: measured {per_run.mean():.0f} +- {stderr:.0f} (mean of "
@@ -405,10 +397,10 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # $$
 #
 # With $\mathbf q_t = \mathbf k_t$ the diagonal is $\beta$. Let $\mathbf k$ be the current
-# token's key, $s$ its latest earlier occurrence, and leave out the writes of the other tokens in
-# between (their $M_u$ become $D_u$). The last factor is $M_t = (I - \beta \mathbf k \mathbf
-# k^\top) D_t$ and $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf
-# k^\top$, so
+# token's key and $s$ its latest earlier occurrence, and let the tokens in between **not write**
+# ($\beta_u = 0$: their $M_u$ become $D_u$). The last factor is $M_t = (I - \beta \mathbf k
+# \mathbf k^\top) D_t$ and $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta)
+# \mathbf k^\top$, so
 #
 # $$
 # \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k
@@ -416,25 +408,13 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # $$
 #
 # a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
-# For the occurrence $s'$ before it, with $\Gamma_1 = D_s \cdots D_{s'+1}$ and
-# $\Gamma_2 = D_t \cdots D_{s+1}$, the same steps through the write at $s$ give
-#
-# $$
-# \Omega_{ts'} = \beta (1 - \beta) \big[\mathbf k^\top \Gamma_2 \Gamma_1 \mathbf k
-#   - \beta\, (\mathbf k^\top \Gamma_1 \mathbf k)(\mathbf k^\top \Gamma_2 \mathbf k)\big],
-# $$
-#
-# which is $\beta (1 - \beta)^2\, \mathbf k^\top \Gamma_2 \Gamma_1 \mathbf k$ only when every
-# channel decays alike (a scalar gate). With the weights $w_c = k_c^2$ (they sum to 1) and the
-# decays $a_c$ of $\Gamma_1$ and $b_c$ of $\Gamma_2$, the difference is
-# $\beta^2 (1 - \beta) \big(\sum_c w_c a_c b_c - \sum_c w_c a_c \sum_c w_c b_c\big)$, a
-# covariance over channels: per-channel decay turns the stored key out of its own direction and
-# the write at $s$ corrects only along $\mathbf k$. When the same channels are slow in both
-# intervals (per-channel rates, as here) it is positive, and more than $(1 - \beta)^2$ survives.
-# The other tokens' writes add small signed corrections (first
-# order in their keys' overlaps with $\mathbf k$). Softmax attention instead spreads its weight
-# over **every** earlier occurrence of the current token. A symmetric log colour scale shows the
-# diagonal and the small weights at once (we use the slowest head's decays from section 3).
+# It needs $\beta_u = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
+# stored $\Gamma \mathbf k$ out of $\mathbf k$'s direction, so even an orthogonal write changes
+# the weight (with one decay for all channels it does not; both checked below). Older
+# occurrences: "Engineering notes: the mixing weight of older occurrences (from notebook 02)" in
+# [`docs/DESIGN.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md).
+# Softmax attention instead spreads its weight over **every** earlier occurrence. A symmetric
+# log colour scale shows the diagonal and the small weights at once (slowest head, section 3).
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -496,27 +476,30 @@ assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's c
 _ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
 
 # %%
-# the latest and the second-latest occurrence: the two formulas, in float64
+# the latest occurrence in float64; then k written, a write orthogonal to k, k read
 assert same.size >= 2, "the example needs the last token twice before it: change seed"
-latest, second, older = same[-1], same[-2], same[:-1]
-kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
-quad = lambda lo, hi: kk @ (np.exp(g_np[lo + 1: hi + 1].sum(0)) * kk)  # noqa: E731  k^T Γ k
-w_latest = beta_value * (1 - beta_value) * quad(latest, t_last)
-w_second = beta_value * (1 - beta_value) * (
-    quad(second, t_last) - beta_value * quad(second, latest) * quad(latest, t_last))
+latest, older = same[-1], same[:-1]
+kk, g_np, alike = np.asarray(k64[t_last]), np.asarray(g64), np.asarray(g_alike)
+w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
 assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
-assert_close(Omega_same[t_last, second], w_second, atol=1e-12, name="second-latest")
-w_naive = beta_value * (1 - beta_value) ** 2 * quad(second, t_last)  # scalar-gate form
-a_c, b_c = (np.exp(g_np[lo + 1: hi + 1].sum(0)) for lo, hi in ((second, latest),
-                                                              (latest, t_last)))
-cov = np.sum(kk**2 * a_c * b_c) - np.sum(kk**2 * a_c) * np.sum(kk**2 * b_c)
-assert_close(w_second - w_naive, beta_value**2 * (1 - beta_value) * cov, atol=1e-12,
-             name="difference to (1 - beta)^2 = beta^2 (1 - beta) covariance")
-assert cov > 0, "per-channel rates: the same channels are slow before and after s"
-alike = np.asarray(g_alike)[:, 0]  # the scalar gate: (1 - beta)^2 exactly
-_ = assert_close(Omega_alike[t_last, second],
-                 beta_value * (1 - beta_value) ** 2 * np.exp(alike[second + 1:].sum()),
-                 atol=1e-12, name="scalar gate: (1 - beta)^2")
+gap, k_unit = 8, kk / np.linalg.norm(kk)  # tokens between the writes; (float32 keys)
+turned = np.exp(g_np[1: gap + 1].sum(0)) * k_unit  # k as stored when the middle write comes
+keys3 = np.tile(k_unit, (2 * gap + 1, 1))  # k written at token 0 and read at token 2 gap
+keys3[gap] = turned - (k_unit @ turned) * k_unit  # orthogonal to k, as turned as possible
+keys3[gap] /= np.linalg.norm(keys3[gap])
+
+
+def weight_via(g_, beta_mid):
+    """Omega[2 gap, 0] when token gap writes keys3[gap] with beta_mid (the others: 0)."""
+    betas = np.where(np.isin(np.arange(2 * gap + 1), (0, 2 * gap)), beta_value, 0.0)
+    betas[gap] = beta_mid
+    return explain.mixing_matrix_by_products(keys3, keys3, g_[: 2 * gap + 1], betas)[-1, 0]
+
+
+assert abs(keys3[gap] @ k_unit) < 1e-12, "the middle key is orthogonal to k"
+assert abs(weight_via(g_np, beta_value) - weight_via(g_np, 0.0)) > 1e-6, "it still counts"
+_ = assert_close(weight_via(alike, beta_value), weight_via(alike, 0.0), atol=1e-12,
+                 name="one decay for all channels: an orthogonal write changes nothing")
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
@@ -525,11 +508,11 @@ display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
     f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
     f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
-    f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens in between write nothing: "
-    f"{Omega_same[t_last, latest]:.4f}); on the one before, {Omega[t_last, second]:.4f}, where "
-    f"the formula gives {w_second:.4f} and the scalar-gate form "
-    f"$\\beta(1 - \\beta)^2 \\mathbf k^\\top \\Gamma \\mathbf k$ {w_naive:.4f} (the "
-    f"covariance is {cov:+.2e}). Older occurrences get at most "
+    f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens in between do not write: "
+    f"{Omega_same[t_last, latest]:.4f}). With $\\mathbf k$ written, a write orthogonal to "
+    f"$\\mathbf k$ {gap} tokens later and the read {gap} after that, the weight is "
+    f"{weight_via(g_np, beta_value):.6f}, against {weight_via(g_np, 0.0):.6f} without the "
+    f"middle write. Older occurrences get at most "
     f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} "
     f"on itself, {Omega_soft[t_last, latest]:.3f} on the latest and up to "
     f"{Omega_soft[t_last, older].max():.3f} on older ones."))
@@ -537,83 +520,39 @@ display(Markdown(
 # %% [markdown]
 # ## 6. Explore: move the gate parameters yourself
 #
-# `plot_gate_explorer` recomputes the three views above for one head with **one** shared $a$
-# (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input $\mathbf f$ still
-# varies by channel and token). With `interactive=True` and ipywidgets installed, sliders below
-# drive it, starting from the defaults (the sliders need a live notebook; the rendered site
-# shows the figure they drew at the defaults); otherwise the cell calls it once with them.
+# `kda_lib.teaching.gates.explore` recomputes the three views above for one head with **one**
+# shared $a$ (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input
+# $\mathbf f$ still varies by channel and token). With `interactive=True` and ipywidgets
+# installed, sliders below drive it, starting from the defaults (the sliders need a live
+# notebook; the rendered site shows the figure they drew at the defaults); otherwise the cell
+# draws it once with them.
 
-# %%
-def plot_gate_explorer(a_log=0.0, dt_bias_value=-6.0, bound=-5.0, beta=0.9, gate="safe"):
-    """Cumulative decay, mixing matrix and state norm of one head (gate: "safe" or "softplus")."""
-    g = kda_lib.kda_gate(f[:, :, slow: slow + 1], jnp.array([a_log], jnp.float32),
-                         jnp.full((key_dim,), dt_bias_value, jnp.float32),
-                         lower_bound=bound if gate == "safe" else None)[0, :, 0]  # [T, K]
-    b = jnp.full((seq_len,), beta)
-    matrix = np.asarray(mixing(q_mix, k_mix, g[:mix_len], b[:mix_len], scale=1.0))
-    norm = np.asarray(explain.state_norms(k_rand[:seq_len], v_rand[:seq_len], g, b))
-    assert np.isfinite(matrix).all() and np.isfinite(norm).all()
-    life = half_life(np.median(np.asarray(g), axis=0))
-    log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)
-    detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
-    fig = viz.gate_explorer(log10_kept[np.argsort(life)[::-1]], matrix, norm, floor=floor,
-                            title=f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}, "
-                                  f"$\\beta$ {beta:g}; median half-life "
-                                  f"{np.median(life):.3g} tokens")
-    viz.show(fig, "02_gate_explorer")
-
-
+# %% tags=["hide-input"]
 explorer_defaults = dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value,
                          gate="safe")
-
-# %% tags=["hide-input"]
-widgets = None
-if interactive:
-    try:
-        import ipywidgets as widgets
-    except ImportError:
-        print("ipywidgets is not installed: no sliders, the default view only")
-
-# %% tags=["hide-input"]
-if widgets is None:
-    plot_gate_explorer(**explorer_defaults)
-else:  # the sliders draw the default view first, then redraw when one moves
-    slider = dict(continuous_update=False, style={"description_width": "initial"})
-    sliders = {
-        "a_log": widgets.FloatSlider(0.0, min=-2, max=3, step=0.1, description="A_log", **slider),
-        "dt_bias_value": widgets.FloatSlider(-6.0, min=-10, max=4, step=0.25,
-                                             description="dt_bias", **slider),
-        "bound": widgets.FloatSlider(lower_bound, min=-5, max=-0.1, step=0.1,
-                                     description="lower_bound", **slider),
-        "beta": widgets.FloatSlider(beta_value, min=0, max=1, step=0.05, description="beta",
-                                    **slider),
-        "gate": widgets.Dropdown(options=["safe", "softplus"], value="safe", description="gate",
-                                 style={"description_width": "initial"}),
-    }
-    assert {k: w.value for k, w in sliders.items()} == explorer_defaults
-    view = widgets.interactive_output(plot_gate_explorer, sliders)
-    display(widgets.VBox([widgets.HBox(list(sliders.values())[:3]),
-                          widgets.HBox(list(sliders.values())[3:]), view]))
+gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
+                           k_norm=k_rand[:seq_len], v_norm=v_rand[:seq_len], floor=floor),
+                      explorer_defaults, interactive=interactive)
 
 # %% [markdown]
 # ## Summary
 #
 # - `kda_gate` is $-a_h \operatorname{softplus}(\mathbf f + \mathbf b)$ (unbounded) or
 #   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (each token erases at most
-#   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis and $a_h$ scales it.
+#   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis, $a_h$ scales the
+#   softplus gate's output and the safe gate's input axis.
 # - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives span
 #   more than two orders of magnitude (asserted; the range drawn is printed in section 2), so
-#   every head mixes fast and slow memories; the safe gate starts slower.
-# - Retention only shrinks over time, and never faster than $g_{\min}$ per token with the
-#   safe gate.
-# - Linear attention's state grows like $\sqrt{t}$; the delta rule's stops growing, and decay
-#   keeps it smaller still.
+#   every head mixes fast and slow memories; the safe gate's (one rate for all heads) span less.
+# - Retention only shrinks, and never faster than $g_{\min}$ per token with the safe gate.
+# - Linear attention's state grows like $\sqrt{t}$; the delta rule's levels off in expectation
+#   (random unit keys, unit-variance values), and decay keeps it smaller still.
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
 #   `jax.jacobian`, and against its closed form $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t
 #   \cdots M_{s+1} \mathbf k_s$ in float64); on repeated tokens it puts $\beta$ on the current
 #   one and $\beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k$ on the latest earlier
-#   occurrence when the tokens in between write nothing along $\mathbf k$, and less on older
-#   ones, where softmax attention spreads over all of them.
+#   occurrence when the tokens in between do not write ($\beta_u = 0$: with per-channel decay
+#   even an orthogonal write counts), and less on older ones; softmax spreads over all of them.
 # - The delta rule's state levels off at $\mathbb E \lVert S\rVert_F^2 = \beta d_k d_v /
 #   (2 - \beta)$ for random unit keys and unit-variance values (derived and asserted).
 #

@@ -153,21 +153,119 @@ def test_00_float32_eps_is_machine_epsilon_not_unit_roundoff():
     assert "2^{-23}" in (NOTEBOOK_DIR / "00_quickstart.py").read_text()
 
 
-def test_01_longest_half_life_at_init_is_693_tokens():
+def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
+    """The bound holds at zero gate input; f ~ N(0, 1) takes some channel-tokens past it
+    (issue 42, 3.1). Notebook 02, section 3, prints the fraction; DESIGN states the bound."""
     import jax
     import numpy as np
 
     import kda_lib
 
-    heads, channels = 256, 64
-    a = np.exp(np.asarray(kda_lib.init_a_log(jax.random.key(0), heads), np.float64))
-    tau = np.logaddexp(0, np.asarray(kda_lib.init_dt_bias(jax.random.key(1), heads, channels)))
-    life = np.log(2) / (a[:, None] * tau.reshape(heads, channels))
+    heads, channels, tokens = 256, 64, 8
+    a_log = kda_lib.init_a_log(jax.random.key(0), heads)
+    dt_bias = kda_lib.init_dt_bias(jax.random.key(1), heads, channels)
     bound = np.log(2) / (1.0 * 1e-3)  # a >= 1, tau >= 1e-3
+    zero = kda_lib.kda_gate(jax.numpy.zeros((1, 1, heads, channels)), a_log, dt_bias)
+    life = np.log(2) / -np.asarray(zero, np.float64)
     assert round(bound) == 693 and life.max() <= bound * (1 + 1e-4)
     assert life.max() > 0.5 * bound  # the bound is approached, not a loose one
-    text = (NOTEBOOK_DIR / "01_delta_rule.py").read_text()
-    assert "693" in text and "thousands of tokens" not in text
+    f = jax.random.normal(jax.random.key(2), (1, tokens, heads, channels))
+    life_f = np.log(2) / -np.asarray(kda_lib.kda_gate(f, a_log, dt_bias), np.float64)
+    assert 0 < np.mean(life_f > bound) < 0.05 and life_f.max() > 2 * bound
+    design = (NOTEBOOK_DIR.parent / "docs" / "DESIGN.md").read_text()
+    assert "693" in design and "zero gate input only" in design
+    for name in ("01_delta_rule", "02_gating_and_decay"):
+        assert "thousands of tokens" not in (NOTEBOOK_DIR / f"{name}.py").read_text()
+
+
+def test_01_query_scale_is_a_constant_factor_that_rmsnorm_removes():
+    """DESIGN's notes from notebook 01: why 1/sqrt(d_k) on a unit query."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import kda_lib
+
+    rng = np.random.default_rng(0)
+    K, V = 16, 8
+    q, k = (x / np.linalg.norm(x) for x in rng.normal(size=(2, K)))
+    assert abs(q @ k) <= 1  # unit query and key: the score is a cosine
+    S = rng.normal(size=(K, V))
+    with jax.enable_x64(True):
+        row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
+        _, o = kda_lib.kda_step(row(S), row(q), row(k), row(np.zeros(V)), row(np.zeros(K)),
+                                jnp.zeros((1, 1), jnp.float64))  # beta = 0: no write
+    o = np.asarray(o[0, 0])
+    np.testing.assert_allclose(o, q @ S / np.sqrt(K), rtol=0, atol=1e-12)  # default scale
+    rms_normed = lambda x: x / np.sqrt(np.mean(x**2))  # noqa: E731  (eps = 0)
+    np.testing.assert_allclose(rms_normed(o), rms_normed(q @ S), rtol=0, atol=1e-12)
+    raw = rng.normal(size=(2, 4096, K))  # softmax's case: unit-variance entries
+    assert 0.9 < np.var(np.sum(raw[0] * raw[1], -1) / np.sqrt(K)) < 1.1
+
+
+def test_01_kda_step_is_the_matrix_form_then_the_read():
+    """Moved from notebook 01, section 4: kda_step's state is M_t S + beta k v^T with
+    M_t = (I - beta k k^T) D_t, and its read is q^T S / sqrt(d_k)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import kda_lib
+
+    rng = np.random.default_rng(1)
+    K, V, beta = 16, 8, 0.7
+    q, k = (x / np.linalg.norm(x) for x in rng.normal(size=(2, K)))
+    S, v, g = rng.normal(size=(K, V)), rng.normal(size=V), -rng.uniform(0, 0.5, size=K)
+    with jax.enable_x64(True):
+        row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
+        S_next, o = kda_lib.kda_step(row(S), row(q), row(k), row(v), row(g),
+                                     jnp.full((1, 1), beta, jnp.float64))
+    M = (np.eye(K) - beta * np.outer(k, k)) @ np.diag(np.exp(g))
+    np.testing.assert_allclose(np.asarray(S_next[0, 0]), M @ S + beta * np.outer(k, v),
+                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(o[0, 0]), q @ np.asarray(S_next[0, 0]) / np.sqrt(K),
+                               rtol=0, atol=1e-12)
+
+
+def test_01_more_pairs_than_key_channels_leave_a_residual():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    K, V = 16, 16
+    keys = rng.normal(size=(2 * K, K))
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    values = rng.normal(size=(2 * K, V)) / np.sqrt(V)
+    best = np.linalg.lstsq(keys, values, rcond=None)[0]  # the best S possible
+    assert np.linalg.norm(keys @ best - values) > 0.1
+    assert np.allclose(keys[:K] @ np.linalg.lstsq(keys[:K], values[:K], rcond=None)[0], values[:K])
+
+
+def test_01_two_timescales_per_channel_decay_beats_the_best_scalar_decay_for_every_seed():
+    """Notebook 01, section 7 (kda_lib/teaching/recall.py), at small sizes, seeds 0..4."""
+    import jax
+    import numpy as np
+
+    from kda_lib.teaching import recall
+
+    half_lives = np.r_[np.geomspace(1, 1024, 11), np.inf]
+    for seed in range(5):
+        keys, values = recall.two_timescale_task(
+            jax.random.key(seed), key_dim=16, value_dim=16, num_facts=4, stream_len=48, batch=2
+        )
+        grids = recall.half_life_grid_errors(keys, values, half_lives, num_facts=4, live_window=2)
+        grid = grids.mean(0)
+        (i, _), pair = recall.best_settings(grid)
+        score = grid.mean(-1)
+        assert score[pair] < 0.7 * score[i, i] and pair[0] > pair[1], seed
+    # the batched memory is the delta rule token by token
+    retention = np.exp(-np.random.default_rng(0).uniform(0, 0.3, size=(3, 16)))
+    memories = recall.final_memories(keys[0], values[0], retention)
+    for n in range(3):
+        S = np.zeros((16, 16))
+        for k, v in zip(keys[0], values[0], strict=True):
+            S = retention[n][:, None] * S
+            S = S + np.outer(k, v - k @ S)
+        np.testing.assert_allclose(memories[n], S, rtol=0, atol=1e-12)
 
 
 def test_01_relative_error_above_one_iff_norm_exceeds_twice_the_projection():
@@ -237,6 +335,25 @@ def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     assert cov > 0 and omega[t, second] > naive
     channel_mean = (1 - beta) * np.exp(g[latest + 1 :].sum(0)).mean()
     assert abs(omega[t, latest] - channel_mean) > 1e-3
+    # a write between the two occurrences whose key is orthogonal to k still changes the
+    # weight with per-channel decay (issue 42, 3.2), and does not with one decay for all
+    u = 9
+    turned = np.exp(g[latest + 1 : u + 1].sum(0)) * k[t]
+    k_orth = k.copy()
+    k_orth[u] = turned - (k[t] @ turned) * k[t]
+    k_orth[u] /= np.linalg.norm(k_orth[u])
+    b_orth = only_same.copy()
+    b_orth[u] = beta
+    assert abs(k_orth[u] @ k[t]) < 1e-12
+    assert abs(mixing_matrix_by_products(k_orth, k_orth, g, b_orth)[t, latest] - w1) > 1e-5
+    g_alike = np.repeat(g.mean(1, keepdims=True), K, axis=1)
+    alike = [mixing_matrix_by_products(kk, kk, g_alike, bb)[t, latest]
+             for kk, bb in ((k, only_same), (k_orth, b_orth))]
+    assert np.isclose(alike[0], alike[1], rtol=0, atol=1e-14)
+    # one decay for all channels: the second-latest keeps exactly (1 - beta)^2 (moved from 02)
+    scalar = mixing_matrix_by_products(k, k, g_alike, only_same)[t, second]
+    want = beta * (1 - beta) ** 2 * np.exp(g_alike[second + 1 :, 0].sum())
+    assert np.isclose(scalar, want, rtol=0, atol=1e-14)
 
 
 def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():

@@ -1,0 +1,194 @@
+"""Notebook 02's figures of the forget gate, and its gate explorer.
+
+* :func:`plot_half_lives`, :func:`plot_cumulative_decay`, :func:`plot_state_norms`: the figures
+  of sections 2 to 4 (half-lives at initialisation, retention over a sequence, the state norm).
+* The explorer: :func:`view` recomputes one head's cumulative decay, mixing matrix and state
+  norm for one shared ``A_log``, ``dt_bias``, floor and beta (the raw gate input still varies
+  by channel and token); :func:`explore` draws it at the defaults and, with
+  ``interactive=True`` and ipywidgets installed, adds sliders that redraw it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kda_lib.ops.gating import kda_gate
+from kda_lib.teaching import explain, viz
+
+_mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
+
+
+def plot_half_lives(lives: dict, bounds, *, title: str) -> plt.Figure:
+    """Histograms (log scale) of the half-lives ``lives[label]`` (tokens), with the range
+    ``bounds = (shortest, longest)`` the softplus gate can draw at initialisation."""
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    bins = np.geomspace(0.2, 2e3, 41)
+    for (label, life), style in zip(lives.items(), ("-", "--"), strict=False):
+        ax.hist(
+            np.ravel(life), bins=bins, histtype="step", linewidth=2, linestyle=style, label=label
+        )
+    for bound_life in bounds:
+        ax.axvline(bound_life, color="0.5", linewidth=1, linestyle=":")
+    ax.annotate(
+        "softplus range at init",
+        (bounds[0], 0.97),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        va="top",
+        fontsize=9,
+        color="0.3",
+    )
+    ax.set_xscale("log")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylim(0, 1.35 * ax.get_ylim()[1])  # room for the legend
+    ax.set(title=title, xlabel="half-life $t_{1/2}$ (tokens, log scale)", ylabel="channels")
+    ax.legend(loc="upper right")
+    return fig
+
+
+def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
+    """One heatmap per ``(title, g [T, K], half-life [K])`` of ``panels``: log10 of the fraction
+    each channel keeps since token 0, channels sorted longest memory on top."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.8), sharey=True)
+    for n, (ax, (panel_title, g_head, life)) in enumerate(zip(axes, panels, strict=True)):
+        log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)
+        seq_len, key_dim = g_head.shape
+        image = viz.heatmap(
+            ax,
+            np.maximum(log10_kept, floor),
+            title=panel_title,
+            xlabel="tokens since the write (tokens)",
+            ylabel="channel (longest memory on top)" if n == 0 else "",
+            cbar_label="",
+            vmin=floor,
+            vmax=0.0,
+            colorbar=False,
+            extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5),
+        )
+    fig.colorbar(image, ax=axes, shrink=0.9, label="log10 fraction retained")
+    fig.suptitle(title)
+    return fig
+
+
+def plot_state_norms(norms: dict, *, value_dim: int, steady: float, title: str) -> plt.Figure:
+    """``norms[name] [T]`` against the token, with the random walk ``sqrt(t d_v)`` and the delta
+    rule's steady state ``steady`` (dashed)."""
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    tokens = np.arange(1, len(next(iter(norms.values()))) + 1)
+    for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=False):
+        ax.plot(tokens, n, style, label=name)
+    ax.plot(
+        tokens,
+        np.sqrt(tokens * value_dim),
+        color="0.5",
+        linewidth=1,
+        label=r"$\sqrt{t\, d_v}$ (random walk)",
+    )
+    ax.axhline(
+        steady,
+        color="0.3",
+        linewidth=1,
+        linestyle=(0, (6, 3)),
+        label=r"delta rule's steady state $\sqrt{\beta d_k d_v / (2 - \beta)}$",
+    )
+    ax.set(title=title, xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
+    ax.legend(loc="upper left")
+    return fig
+
+
+def view(
+    f_head,
+    q,
+    k,
+    k_norm,
+    v_norm,
+    *,
+    a_log=0.0,
+    dt_bias_value=-6.0,
+    bound=-5.0,
+    beta=0.9,
+    gate="safe",
+    floor=-6.0,
+) -> None:
+    """Show the three views for one head.
+
+    ``f_head [1, T, 1, K]``: the raw gate input; ``q, k [T', K]``: the mixing-matrix stream
+    (``T' <= T``); ``k_norm [T, K]``, ``v_norm [T, V]``: the state-norm stream; ``gate``:
+    ``"safe"`` (floor ``bound``) or ``"softplus"``.
+    """
+    key_dim, seq_len = f_head.shape[-1], f_head.shape[1]
+    g = kda_gate(
+        f_head,
+        jnp.array([a_log], jnp.float32),
+        jnp.full((key_dim,), dt_bias_value, jnp.float32),
+        lower_bound=bound if gate == "safe" else None,
+    )[0, :, 0]  # [T, K]
+    b = jnp.full((seq_len,), beta)
+    matrix = np.asarray(_mixing(q, k, g[: len(q)], b[: len(q)], scale=1.0))
+    norm = np.asarray(explain.state_norms(k_norm, v_norm, g, b))
+    assert np.isfinite(matrix).all() and np.isfinite(norm).all()
+    life = np.log(2.0) / np.maximum(-np.median(np.asarray(g, np.float64), axis=0), 1e-30)
+    log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)
+    detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
+    fig = viz.gate_explorer(
+        log10_kept[np.argsort(life)[::-1]],
+        matrix,
+        norm,
+        floor=floor,
+        title=f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}, $\\beta$ {beta:g}; "
+        f"median half-life {np.median(life):.3g} tokens",
+    )
+    viz.show(fig, "02_gate_explorer")
+
+
+def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
+    """:func:`view` with ``inputs`` (its arrays) at ``defaults`` (its five settings); sliders
+    that redraw it when ``interactive`` and ipywidgets is installed."""
+    draw = functools.partial(view, **inputs)
+    widgets = None
+    if interactive:
+        try:
+            import ipywidgets as widgets
+        except ImportError:
+            print("ipywidgets is not installed: no sliders, the default view only")
+    if widgets is None:
+        draw(**defaults)
+        return
+    from IPython.display import display
+
+    style = {"description_width": "initial"}
+    slider = dict(continuous_update=False, style=style)
+    sliders = {
+        "a_log": widgets.FloatSlider(
+            defaults["a_log"], min=-2, max=3, step=0.1, description="A_log", **slider
+        ),
+        "dt_bias_value": widgets.FloatSlider(
+            defaults["dt_bias_value"], min=-10, max=4, step=0.25, description="dt_bias", **slider
+        ),
+        "bound": widgets.FloatSlider(
+            defaults["bound"], min=-5, max=-0.1, step=0.1, description="lower_bound", **slider
+        ),
+        "beta": widgets.FloatSlider(
+            defaults["beta"], min=0, max=1, step=0.05, description="beta", **slider
+        ),
+        "gate": widgets.Dropdown(
+            options=["safe", "softplus"], value=defaults["gate"], description="gate", style=style
+        ),
+    }
+    assert {name: w.value for name, w in sliders.items()} == defaults
+    output = widgets.interactive_output(draw, sliders)
+    display(
+        widgets.VBox(
+            [
+                widgets.HBox(list(sliders.values())[:3]),
+                widgets.HBox(list(sliders.values())[3:]),
+                output,
+            ]
+        )
+    )
