@@ -6,8 +6,10 @@
 * :func:`draw_critical_path` -- who waits for whom: the conv halo from the rank before, the
   summary pass, the all-gather, the fold that carries the state from rank to rank, the output
   pass; widths are the flops of :func:`critical_path`.
-* :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program.
-* :func:`plot_rank_errors`, :func:`plot_compute_model` -- section 4's and section 7's figures.
+* :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
+  (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
+* :func:`plot_folded_states`, :func:`plot_rank_errors`, :func:`plot_traffic`,
+  :func:`plot_compute_model` -- the figures of sections 3, 4, 6 and 7.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import jax.numpy as jnp
 import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
+from jax.sharding import PartitionSpec
 
 from kda_lib.ops.reference import kda_step
+from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.teaching.viz import CYCLE, PALETTE
 
 
@@ -96,6 +100,18 @@ def _box(ax, x, width, y, colour, label, *, edge=None, hatch=None, text="white")
         ax.text(x + width / 2, y, label, ha="center", va="center", fontsize=8, color=text)
 
 
+def cp_jaxpr(inputs, devices, implementation: str):
+    """The traced program (nothing compiled or run) of ``kda_context_parallel`` over
+    ``devices`` on ``inputs = (q, k, v, g, beta)``, split along T."""
+    mesh = jax.make_mesh((len(devices),), ("context",), devices=devices,
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    seq = PartitionSpec(None, "context")
+    sharded = jax.shard_map(
+        lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
+        mesh=mesh, in_specs=(seq,) * 5, out_specs=seq)
+    return jax.make_jaxpr(lambda *a: sharded(*(shard_as(x, mesh, seq) for x in a)))(*inputs)
+
+
 def fold_matmuls(jaxpr, k_dim: int, v_dim: int) -> int:
     """dot_generals of a ``[.., K, K]`` by a ``[.., K, V]`` operand (the fold's ``M S``) in a
     jaxpr, counted through every sub-jaxpr (shard_map, jit, scan bodies)."""
@@ -151,5 +167,45 @@ def plot_compute_model(rank_counts, speedup, *, seq_len: int, head_dim: int) -> 
            "(recurrent kernel, communication left out)")
     ax.set_xticks(rank_counts, [str(r) for r in rank_counts])
     ax.minorticks_off()
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def plot_folded_states(norms, boundaries, folded_norms) -> plt.Figure:
+    """``||S_t||_F`` token by token on one device, and at each slice boundary from the folded
+    summaries (``boundaries`` are token counts, ``folded_norms`` one per boundary)."""
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    ax.plot(np.arange(1, len(norms) + 1), norms, label="one device, token by token")
+    ax.plot(boundaries, folded_norms, "o", color=PALETTE["vermillion"], markersize=7,
+            label="folded slice summaries")
+    for b in boundaries[:-1]:
+        ax.axvline(b + 0.5, color="0.6", linewidth=0.8, linestyle=":")
+    ax.set(title="The state at every slice boundary, from the summaries alone",
+           xlabel="tokens processed t (tokens)", ylabel=r"$\|S_t\|_F$ (row 0, head 0)")
+    ax.legend(loc="lower right")
+    return fig
+
+
+_TRAFFIC_STYLES = {
+    "state passing (kernel)": (PALETTE["blue"], "-", "o"),
+    "state passing + halo (layer)": (PALETTE["green"], "--", "s"),
+    "gather the sequence": (PALETTE["vermillion"], "-", "^"),
+}
+
+
+def plot_traffic(long_t, analytic: dict, lengths, measured: dict, *, title: str) -> plt.Figure:
+    """Bytes each rank sends against T: ``analytic[name]`` over ``long_t`` as lines,
+    ``measured[name]`` (compiled HLO) at ``lengths`` as hollow markers, log-log."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, (color, line, marker) in _TRAFFIC_STYLES.items():
+        ax.plot(long_t, analytic[name], color=color, linestyle=line, label=f"{name}, analytic")
+        ax.plot(lengths, measured[name], marker, color=color, markersize=7, linestyle="none",
+                markerfacecolor="none", markeredgewidth=1.6,
+                label=f"{name}, measured (compiled HLO)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(title=title, xlabel="sequence length T (tokens, log scale)",
+           ylabel="bytes sent per rank (log scale)")
+    ax.title.set_fontsize(10)
     ax.legend(loc="upper left", fontsize=8)
     return fig
