@@ -164,10 +164,10 @@ assert mesh.shape["context"] == ranks and total_len % ranks == 0
 # recurrence step, `cpt.critical_path`); section 7 derives each and says when the split pays.
 
 # %% tags=["hide-input"]
-path = cpt.critical_path(ranks, local_len, key_dim, value_dim)
-viz.show(cpt.draw_critical_path(ranks, halo, path), "05_critical_path")
-print(f"each rank: {path['rank']:,.0f} flops per sequence and head; one device: "
-      f"{path['one_device']:,.0f} ({path['rank'] / path['one_device']:.2f}x)")
+cp_path = cpt.critical_path(ranks, local_len, key_dim, value_dim)
+viz.show(cpt.draw_critical_path(ranks, halo, cp_path), "05_critical_path")
+print(f"each rank: {cp_path['rank']:,.0f} flops per sequence and head; one device: "
+      f"{cp_path['one_device']:,.0f} ({cp_path['rank'] / cp_path['one_device']:.2f}x)")
 
 # %% [markdown]
 # ## 2. The halo
@@ -486,7 +486,7 @@ print("fold steps M S per rank, by rank count:", folds)
 assert all(n == r for r, n in folds.items()), "the fold is R steps on every rank"
 per_rank = local_len * (f_kv + f_v) + ranks * 2 * key_dim**2 * value_dim
 one_device = total_len * f_v
-assert per_rank == path["rank"] and one_device == path["one_device"]  # section 1's picture
+assert per_rank == cp_path["rank"] and one_device == cp_path["one_device"]  # section 1's picture
 print(f"this notebook's sizes (T = {total_len}, R = {ranks}): one device {one_device:,.0f} flops "
       f"per head; each CP rank {per_rank:,.0f} (summary pass {local_len * f_kv:,.0f}, fold "
       f"{ranks * 2 * key_dim**2 * value_dim:,}, output pass {local_len * f_v:,.0f}); serial "

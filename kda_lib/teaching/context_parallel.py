@@ -81,7 +81,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     end = x_out + path["output"]
     ax.plot([end, end], [0.3, top], color=PALETTE["vermillion"], linestyle="--", linewidth=1.4)
     ax.text(end, 0.12, f"each rank's flops: {path['rank'] / path['one_device']:.2f} x one "
-            "device's", ha="right", va="center", fontsize=9, color=PALETTE["vermillion"])
+            "device's (communication not counted)", ha="right", va="center", fontsize=9,
+            color=PALETTE["vermillion"])
     ax.set(xlim=(-0.12 * path["rank"], 1.03 * max(end, comm + path["one_device"])),
            ylim=(-0.1, top + 0.8), xticks=[], yticks=[],
            xlabel="time on each device: boxes as wide as their flops (per sequence and head); "
