@@ -421,8 +421,9 @@ for task in rec_tasks:
 # seed. The only intervals that exclude zero are on stack, where no run reached the solved
 # level: KDA above plain attention by about 0.2 to 0.3 at every length (and above attention
 # with the convolution at one length); corrected for the whole family they are level. A
-# design with more seeds and longer training is what could order them. (Per-task details, such
-# as which runs were still rising, are held by `tests/teaching/test_notebook_claims.py`.)
+# design with more seeds and longer training is what could order them. Per-task details (which
+# runs were still rising, and where they are tested): [`docs/DESIGN.md`, "Engineering notes:
+# the recorded synthetic-recall sweep (from notebook 08)"](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-recorded-synthetic-recall-sweep-from-notebook-08).
 
 # %%
 if len(complete) == len(cells):  # the statements above, on a complete recording
@@ -533,8 +534,8 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 #
 # ## Summary
 #
-# - Five mixers behind one model and one training loop (`kda_lib.lab.train`), three recall tasks,
-#   a rate tuned per mixer on validation batches, test batches reported, several seeds.
+# - Five mixers, one model and training loop, three recall tasks, a rate tuned per mixer on
+#   validation batches, test batches reported, several seeds.
 # - At CI size, one-layer KDA solves MQAR on every seed; the conv-only ablation stays near
 #   chance, as its finite reach says it must. One-layer softmax attention cannot, for a
 #   structural reason: with the recurrent mixers' short convolution it can; with two layers it
@@ -545,8 +546,7 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 #   scale (section 8, with the intervals and the gaps three seeds could detect).
 # - One KDA head with two channels holds two time scales at once (exact to float64 rounding);
 #   a scalar gate's head is one exponential (section 9).
-
-# %% [markdown]
+#
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
