@@ -284,6 +284,25 @@ def _shortcut_05_4_lax_scan():
     return "05.4", scan, {}
 
 
+def test_05_4_an_associative_scan_traces_few_products_as_the_checker_states():
+    """05.4's checker and notebook 05 (issue 42, 3.5): jax.lax.associative_scan over R = 256
+    summaries takes 2 log2 R - 1 = 15 rounds (notebook 03's count), and the worked solution
+    traces about two matrix products per round (32), far below the checker's R / 4 cut."""
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib.ops import costs
+    from kda_lib.teaching.exercises import ch05
+
+    r = ch05._TRACED_RANKS
+    assert len(costs.associative_scan_rounds(r)) == 2 * int(np.log2(r)) - 1 == 15
+    traced = jax.make_jaxpr(_load(SOLUTIONS / "ch05.py").entering_states)(
+        jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3))
+    )
+    products = ch05._primitive_counts(traced.jaxpr, {})["dot_general"]
+    assert 2 * 15 <= products <= 2 * 16 < r // 4
+
+
 def _shortcut_06_2_printed_positions():
     return "06.2", list(range(31 - 6, 32)), {}  # what the notebook printed for its own model
 

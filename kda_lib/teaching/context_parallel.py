@@ -1,0 +1,212 @@
+"""Notebook 05's helpers: what context parallelism costs each rank, counted and drawn.
+
+* :func:`step_flops` -- XLA's flop count of one recurrence step (``kda_step``) with ``n``
+  value columns; :func:`critical_path` -- the flops on each rank's path (summary pass, fold,
+  output pass) and one device's, from those counts.
+* :func:`draw_critical_path` -- who waits for whom: the conv halo from the rank before, the
+  summary pass, the all-gather, the fold that carries the state from rank to rank, the output
+  pass; widths are the flops of :func:`critical_path`.
+* :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
+  (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
+* :func:`plot_folded_states`, :func:`plot_rank_errors`, :func:`plot_traffic`,
+  :func:`plot_compute_model` -- the figures of sections 3, 4, 6 and 7.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import matplotlib as mpl
+import matplotlib.pyplot as plt
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from kda_lib.ops.reference import kda_step
+from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
+from kda_lib.teaching.viz import CYCLE, PALETTE
+
+
+def step_flops(k_dim: int, n_cols: int) -> float:
+    """XLA's flop count of one ``kda_step`` (one sequence, one head) with ``n_cols`` value
+    columns, read off the compiled program's cost analysis."""
+    shapes = ((1, 1, k_dim, n_cols), (1, 1, k_dim), (1, 1, k_dim), (1, 1, n_cols), (1, 1, k_dim))
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (*shapes, (1, 1))]
+    cost = jax.jit(kda_step).lower(*args).compile().cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def critical_path(ranks: int, local_len: int, k_dim: int, v_dim: int) -> dict[str, float]:
+    """Flops per sequence and head on one rank's path and on one device (XLA's step counts):
+    ``summary`` (the slice on ``k_dim + v_dim`` value columns), ``fold`` (``ranks`` steps
+    ``S -> M S + E``, ``2 k_dim^2 v_dim`` each), ``output`` (the slice on ``v_dim`` columns),
+    ``rank`` (their sum) and ``one_device`` (all ``ranks * local_len`` tokens)."""
+    f_v, f_kv = step_flops(k_dim, v_dim), step_flops(k_dim, k_dim + v_dim)
+    path = dict(summary=local_len * f_kv, fold=ranks * 2.0 * k_dim**2 * v_dim,
+                output=local_len * f_v)
+    return path | dict(rank=sum(path.values()), one_device=ranks * local_len * f_v)
+
+
+def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 4) -> plt.Figure:
+    """Gantt sketch of context parallelism: a row per rank (the first ``shown_ranks`` and the
+    last), phases left to right, widths the flops of ``path`` (:func:`critical_path`);
+    communication (halo, all-gather) is drawn at a fixed width. Below: one device."""
+    rows = sorted({*range(min(ranks, shown_ranks) - 1), ranks - 1})
+    comm = 0.07 * path["rank"]
+    x_fold = comm + path["summary"] + comm
+    x_out = x_fold + path["fold"]
+    fig, ax = plt.subplots(figsize=(10, 1.0 + 0.62 * (len(rows) + 2)))
+    for i, r in enumerate(rows):
+        y, colour = len(rows) - i + 1, CYCLE[r % len(CYCLE)]
+        _box(ax, 0, comm, y, "white", "0" if r == 0 else "halo", edge=colour, hatch="///",
+             text="0.2")
+        if i > 0 and rows[i - 1] == r - 1:  # the halo comes from the row above (rank r - 1)
+            ax.annotate("", xy=(comm / 2, y + 0.28), xytext=(comm / 2, y + 0.72),
+                        arrowprops=dict(arrowstyle="->", lw=1.2))
+        _box(ax, comm, path["summary"], y, colour, f"summary pass: $(M^{{({r})}}, E^{{({r})}})$")
+        step = path["fold"] / ranks
+        for j in range(ranks):  # the steps rank r needs for S^(r) dark, the rest light
+            _box(ax, x_fold + j * step, step, y, colour if j < r else "white", "", edge=colour)
+        ax.text(x_fold + path["fold"] / 2, y, f"fold: $S^{{({r})}}$ after {r} of {ranks}",
+                ha="center", va="center", fontsize=7, color="0.1")
+        _box(ax, x_out, path["output"], y, colour, f"output from $S^{{({r})}}$")
+        ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
+    top = len(rows) + 1.45
+    ax.add_patch(mpl.patches.Rectangle((comm + path["summary"], 1.55), comm, top - 1.55,
+                                       color="0.8"))
+    ax.text(comm + path["summary"] + comm / 2, top + 0.12, "all-gather\n$(M, E)$",
+            ha="center", va="bottom", fontsize=8)
+    ax.text(comm / 2, top + 0.12, f"halo\n{halo} tokens", ha="center", va="bottom", fontsize=8)
+    _box(ax, comm, path["one_device"], 0.7, "0.55", "one device: the whole sequence, $F(T, d_v)$")
+    ax.text(-0.01 * path["rank"], 0.7, "1 device", ha="right", va="center", fontsize=9)
+    end = x_out + path["output"]
+    ax.plot([end, end], [0.3, top], color=PALETTE["vermillion"], linestyle="--", linewidth=1.4)
+    ax.text(end, 0.12, f"each rank's flops: {path['rank'] / path['one_device']:.2f} x one "
+            "device's (communication not counted)", ha="right", va="center", fontsize=9,
+            color=PALETTE["vermillion"])
+    ax.set(xlim=(-0.12 * path["rank"], 1.03 * max(end, comm + path["one_device"])),
+           ylim=(-0.1, top + 0.8), xticks=[], yticks=[],
+           xlabel="time on each device: boxes as wide as their flops (per sequence and head); "
+           "halo and all-gather (communication) at a fixed width")
+    ax.set_title("Context parallelism, who waits for whom: rank r needs rank r - 1's halo, "
+                 "every rank needs all summaries", fontsize=10)
+    ax.grid(False)
+    ax.spines[["left", "top", "right"]].set_visible(False)
+    return fig
+
+
+def _box(ax, x, width, y, colour, label, *, edge=None, hatch=None, text="white"):
+    ax.add_patch(mpl.patches.Rectangle((x, y - 0.27), width, 0.54, facecolor=colour,
+                                       edgecolor=edge or colour, hatch=hatch, linewidth=1.0))
+    if label:
+        ax.text(x + width / 2, y, label, ha="center", va="center", fontsize=8, color=text)
+
+
+def cp_jaxpr(inputs, devices, implementation: str):
+    """The traced program (nothing compiled or run) of ``kda_context_parallel`` over
+    ``devices`` on ``inputs = (q, k, v, g, beta)``, split along T."""
+    mesh = jax.make_mesh((len(devices),), ("context",), devices=devices,
+                         axis_types=(jax.sharding.AxisType.Explicit,))
+    seq = PartitionSpec(None, "context")
+    sharded = jax.shard_map(
+        lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
+        mesh=mesh, in_specs=(seq,) * 5, out_specs=seq)
+    return jax.make_jaxpr(lambda *a: sharded(*(shard_as(x, mesh, seq) for x in a)))(*inputs)
+
+
+def fold_matmuls(jaxpr, k_dim: int, v_dim: int) -> int:
+    """dot_generals of a ``[.., K, K]`` by a ``[.., K, V]`` operand (the fold's ``M S``) in a
+    jaxpr, counted through every sub-jaxpr (shard_map, jit, scan bodies)."""
+    found = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            shapes = [tuple(v.aval.shape[-2:]) for v in eqn.invars]
+            found += shapes == [(k_dim, k_dim), (k_dim, v_dim)]
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += fold_matmuls(inner, k_dim, v_dim)
+    return found
+
+
+def plot_rank_errors(errors: dict, tolerance: float, title: str) -> plt.Figure:
+    """Bars of relative errors ``{name: [one per rank]}`` on a log scale; exact zeros (rank 0
+    needs nothing from other ranks) are drawn at a floor and labelled bitwise equal."""
+    ranks = len(next(iter(errors.values())))
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    width, floor = 0.8 / len(errors), 1e-9
+    for n, (name, values) in enumerate(errors.items()):
+        ax.bar(np.arange(ranks) + (n - len(errors) / 2 + 0.5) * width,
+               np.maximum(values, floor), width, label=name, color=CYCLE[n % len(CYCLE)])
+    ax.axhline(tolerance, color="0.3", linestyle=":", linewidth=1.2,
+               label=f"tolerance {tolerance:.0e}")
+    ax.axhline(np.finfo(np.float32).eps, color="0.6", linestyle="--", linewidth=1,
+               label="float32 eps")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 2, 1e-3)
+    ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ax.set(title=title, xlabel="rank (slice of the sequence)", ylabel="relative L2 error")
+    ax.text(ranks - 0.55, 4e-4, "bars at 1e-9: bitwise equal", ha="right", va="center",
+            fontsize=8, color="0.35")
+    ax.legend(loc="upper left", ncol=4, fontsize=8)
+    return fig
+
+
+def plot_compute_model(rank_counts, speedup, *, seq_len: int, head_dim: int) -> plt.Figure:
+    """Section 7's model: speed-up over one device against the rank count, for state passing
+    (passes and the O(R) fold), its R / 3 limit and serial point-to-point passing (1x)."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.plot(rank_counts, rank_counts / 3, "--", color="0.5",
+            label="R / 3: summary + output passes")
+    ax.plot(rank_counts, speedup, "o-", color=PALETTE["blue"],
+            label="state passing: passes + the O(R) fold")
+    ax.plot(rank_counts, np.ones_like(rank_counts), "-", color=PALETTE["vermillion"],
+            label="serial point-to-point passing (critical path)")
+    ax.set(xscale="log", yscale="log", xlabel="ranks R (log scale)",
+           ylabel="compute speed-up over one device",
+           title=f"Critical-path flops model, T = {seq_len}, $d_k = d_v$ = {head_dim} "
+           "(recurrent kernel, communication left out)")
+    ax.set_xticks(rank_counts, [str(r) for r in rank_counts])
+    ax.minorticks_off()
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def plot_folded_states(norms, boundaries, folded_norms) -> plt.Figure:
+    """``||S_t||_F`` token by token on one device, and at each slice boundary from the folded
+    summaries (``boundaries`` are token counts, ``folded_norms`` one per boundary)."""
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    ax.plot(np.arange(1, len(norms) + 1), norms, label="one device, token by token")
+    ax.plot(boundaries, folded_norms, "o", color=PALETTE["vermillion"], markersize=7,
+            label="folded slice summaries")
+    for b in boundaries[:-1]:
+        ax.axvline(b + 0.5, color="0.6", linewidth=0.8, linestyle=":")
+    ax.set(title="The state at every slice boundary, from the summaries alone",
+           xlabel="tokens processed t (tokens)", ylabel=r"$\|S_t\|_F$ (row 0, head 0)")
+    ax.legend(loc="lower right")
+    return fig
+
+
+_TRAFFIC_STYLES = {
+    "state passing (kernel)": (PALETTE["blue"], "-", "o"),
+    "state passing + halo (layer)": (PALETTE["green"], "--", "s"),
+    "gather the sequence": (PALETTE["vermillion"], "-", "^"),
+}
+
+
+def plot_traffic(long_t, analytic: dict, lengths, measured: dict, *, title: str) -> plt.Figure:
+    """Bytes each rank sends against T: ``analytic[name]`` over ``long_t`` as lines,
+    ``measured[name]`` (compiled HLO) at ``lengths`` as hollow markers, log-log."""
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for name, (color, line, marker) in _TRAFFIC_STYLES.items():
+        ax.plot(long_t, analytic[name], color=color, linestyle=line, label=f"{name}, analytic")
+        ax.plot(lengths, measured[name], marker, color=color, markersize=7, linestyle="none",
+                markerfacecolor="none", markeredgewidth=1.6,
+                label=f"{name}, measured (compiled HLO)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(title=title, xlabel="sequence length T (tokens, log scale)",
+           ylabel="bytes sent per rank (log scale)")
+    ax.title.set_fontsize(10)
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
