@@ -144,13 +144,9 @@ o_chk, state_chk = chunked(q, k, v, g, beta, output_final_state=True, chunk_size
 o_kda, state_kda = kda(
     q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias, output_final_state=True, chunk_size=chunk_size
 )
-picked = kda_lib.ops.api.select_implementation(
-    seq_len=seq_len,
-    key_dim=key_dim,
-    dtype=q.dtype,
-    lower_bound=None,
-    fused_gate=True,
-    differentiated=False,  # this call is not differentiated (under jax.grad auto may differ)
+picked = kda_lib.ops.api.select_implementation(  # not differentiated (under jax.grad: may differ)
+    seq_len=seq_len, key_dim=key_dim, dtype=q.dtype, lower_bound=None, fused_gate=True,
+    differentiated=False,
 )
 
 print("outputs     ", o_rec.shape, o_rec.dtype)

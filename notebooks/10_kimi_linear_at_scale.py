@@ -375,10 +375,9 @@ for p in (kimi, presets.KIMI_K3):
     mla_b = [at_scale.ring_attention_bytes(mla_cache, cp_seq_len, r) for r in ranks]
     mha_b = [at_scale.ring_attention_bytes(mha_cache, cp_seq_len, r) for r in ranks]
     work = [at_scale.cp_compute_per_rank(p, cp_seq_len, r) for r in ranks]
-    traffic[p.name] = dict(kda=np.array(kda_b), mla=np.array(mla_b), mha=np.array(mha_b),
-                           summary=np.array([w["summary"] / w["layer"] for w in work]),
-                           fold=np.array([w["fold"] / w["layer"] for w in work]))
-    tr = traffic[p.name]
+    traffic[p.name] = tr = dict(kda=np.array(kda_b), mla=np.array(mla_b), mha=np.array(mha_b),
+                                summary=np.array([w["summary"] / w["layer"] for w in work]),
+                                fold=np.array([w["fold"] / w["layer"] for w in work]))
     over = tr["fold"] > tr["summary"]
     fold_wins = int(ranks[np.argmax(over)]) if over.any() else None
     print(f"{p.name}, T = {cp_seq_len:,}: R = 8: summaries + halo {tr['kda'][2] / 2**20:.1f} MiB "

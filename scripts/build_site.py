@@ -186,13 +186,14 @@ def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
 
 
 def _relink(markdown: str, url: str, prefix: str) -> str:
-    """Links to docs/NOTATION.md or docs/DESIGN.md (on GitHub or relative) -> the site's pages."""
+    """Links to docs/NOTATION.md or docs/DESIGN.md (on GitHub or relative, with or without a
+    ``#section`` anchor) -> the site's pages (myst's heading anchors are GitHub's)."""
 
     def target(match):
-        link = match["target"]
+        link, hash_, anchor = match["target"].partition("#")
         for name, page in DOC_PAGES.items():
             if link in (f"{url}/blob/{notebook_setup.BRANCH}/docs/{name}", name, f"docs/{name}"):
-                return f"]({prefix}{page}.md)"
+                return f"]({prefix}{page}.md{hash_}{anchor})"
         return match.group(0)
 
     return _MD_LINK.sub(target, markdown)

@@ -42,6 +42,8 @@ _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 # a notebook's install block: from its first line to the end of its cell (jupytext's `# %%`)
 _INSTALL_REGION = re.compile(r"^import importlib\.util\n.*?\n(?=\n# %%)", re.S | re.M)
 _NOTATION_LINK = re.compile(r"\[`docs/NOTATION\.md`\]\([^)]*\)")
+# a link from a notebook to a file of this repository (DESIGN's engineering notes, NOTATION)
+_DOCS_LINK = re.compile(r"(https://github\.com/[\w.-]+/[\w.-]+)/blob/[\w.-]+/docs/")
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 # the README's install and clone commands, and its Colab links (owner/name)
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
@@ -139,6 +141,9 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
     links = _NOTATION_LINK.findall(text)
     if links != [notation_link(url)]:
         found.append(f"{source.name}: want one link {notation_link(url)!r}, found {links}")
+    others = sorted({o for o in _DOCS_LINK.findall(text) if o != _checked(url)})
+    if others:
+        found.append(f"{source.name}: links to docs/ of {others}, not of {url}")
     if SETUP_CALL not in text:
         found.append(f"{source.name}: the setup cell does not call {SETUP_CALL}")
     return found
@@ -164,8 +169,8 @@ def set_repository_url(
     readme: pathlib.Path = README,
 ) -> None:
     """Write ``url`` into ``pyproject``, every notebook's badge, install block
-    (:data:`INSTALL_BLOCK`, rewritten whole) and notation link, and the README's commands (where
-    they name the address ``pyproject`` held)."""
+    (:data:`INSTALL_BLOCK`, rewritten whole), notation link and links to ``docs/``, and the
+    README's commands (where they name the address ``pyproject`` held)."""
     url = _checked(url)
     old_url = repository_url(pyproject)
     text = pyproject.read_text()
@@ -179,6 +184,7 @@ def set_repository_url(
             raise ValueError(f"{source}: want one install block (from 'import importlib.util')")
         text = _INSTALL_REGION.sub(lambda _: install_block(url), text)
         text = _NOTATION_LINK.sub(lambda _: notation_link(url), text)
+        text = _DOCS_LINK.sub(lambda m: m.group(0).replace(m.group(1), url), text)
         source.write_text(text)
     text = _README_URL.sub(lambda m: m.group(0).replace(old_url, url), readme.read_text())
     old_slug, slug = (u.removeprefix("https://github.com/") for u in (old_url, url))

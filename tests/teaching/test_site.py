@@ -211,3 +211,15 @@ def test_bad_input_is_named(tmp_path):
         build_site.build_site([], tmp_path)
     with pytest.raises(FileNotFoundError, match="missing.ipynb"):
         build_site.build_site([tmp_path / "missing.ipynb"], tmp_path)
+
+
+def test_links_to_docs_become_site_pages_keeping_their_section():
+    design = build_site.DOC_PAGES["DESIGN.md"]
+    text = (
+        f"[notes]({URL}/blob/{notebook_setup.BRANCH}/docs/DESIGN.md#engineering-notes-x), "
+        f"[table](docs/NOTATION.md), [other](https://github.com/someone/else/blob/main/docs/DESIGN.md)"
+    )
+    relinked = build_site._relink(text, URL, "../")
+    assert f"[notes](../{design}.md#engineering-notes-x)" in relinked
+    assert f"[table](../{build_site.DOC_PAGES['NOTATION.md']}.md)" in relinked
+    assert "(https://github.com/someone/else/blob/main/docs/DESIGN.md)" in relinked
