@@ -132,7 +132,11 @@ def _copy_sources(target: pathlib.Path) -> pathlib.Path:
     return target
 
 
-@pytest.fixture(scope="module")
+# one worker builds the wheel once for the tests that read it
+WHEEL = pytest.mark.xdist_group("wheel")
+
+
+@pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> pathlib.Path:
     source = _copy_sources(tmp_path_factory.mktemp("source"))
     dist = tmp_path_factory.mktemp("dist")
@@ -164,6 +168,7 @@ def _wheel_requires(wheel: pathlib.Path) -> list[str]:
     return metadata.get_all("Requires-Dist") or []
 
 
+@WHEEL
 def test_wheel_holds_the_package_and_the_recorded_data(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -178,6 +183,7 @@ def test_wheel_holds_the_package_and_the_recorded_data(wheel):
     assert not [n for n in names if "fixtures" in n], "parity fixtures do not belong in the wheel"
 
 
+@WHEEL
 def test_plain_install_pulls_no_plotting_or_notebook_package(wheel):
     core = [Requirement(r) for r in _wheel_requires(wheel)]
     core = {r.name.lower() for r in core if r.marker is None}

@@ -21,7 +21,8 @@ SMALL = at_scale.scaled_down(
 COMPILED = pytest.mark.xdist_group("compiled_rows")
 
 
-@pytest.fixture(scope="module")
+# session scope: the group's tests run on one worker, maybe with other modules' tests between
+@pytest.fixture(scope="session")
 def compiled_rows():
     return at_scale.program_costs(SMALL, seq_len=64, context=256, train=True, compile=True)
 

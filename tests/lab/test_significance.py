@@ -133,6 +133,9 @@ def test_no_spread_gives_a_point_interval():
     assert (c.low, c.high, c.p, c.verdict, c.detectable) == (0.5, 0.5, 0.0, ">", 0.0)
 
 
+# hypothesis draws nearly equal differences on purpose: scipy warns that their moments lose
+# precision, and the property must hold for them all the same
+@pytest.mark.filterwarnings("ignore:Precision loss occurred in moment calculation:RuntimeWarning")
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(-1, 1), st.floats(-1, 1)), min_size=2, max_size=8),

@@ -72,11 +72,12 @@ def _notebook(name: str, title: str, with_widget: bool) -> nbformat.NotebookNode
     return nb
 
 
-# one worker builds the site once for every test that reads it
+# one worker builds the site once for every test that reads it (session scope: the worker may
+# run other modules' tests between this module's, which would tear a module fixture down)
 pytestmark = pytest.mark.xdist_group("site")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site(tmp_path_factory):
     folder = tmp_path_factory.mktemp("executed")
     paths = []
