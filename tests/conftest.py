@@ -41,6 +41,28 @@ def x64():
         yield
 
 
+# jax settings a test may change only inside a `with` block or with its own restore: a leaked
+# change alters every later test on the worker (other random draws, other precision)
+GUARDED_SETTINGS = (
+    "jax_threefry_partitionable",
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_default_prng_impl",
+)
+
+
+@pytest.fixture(autouse=True)
+def _jax_settings_unchanged(request):
+    before = {name: getattr(jax.config, name) for name in GUARDED_SETTINGS}
+    yield
+    after = {name: getattr(jax.config, name) for name in GUARDED_SETTINGS}
+    changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
+    if changed:
+        for name, (value, _) in changed.items():  # restore, so that one leak fails one test
+            jax.config.update(name, value)
+        pytest.fail(f"{request.node.nodeid} left jax settings changed (before, after): {changed}")
+
+
 # the two training notebooks: the longest tests, handed out first
 LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model")
 
