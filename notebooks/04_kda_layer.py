@@ -40,7 +40,7 @@ hidden_size: int = 64  # d: model width
 num_heads: int = 2  # H
 head_dim: int = 16  # d_k and d_v per head
 conv_size: int = 4  # w: short-conv width
-gate_low_rank: int = 8  # r: rank of the forget- and output-gate projections
+gate_rank: int = 8  # r: rank of the forget- and output-gate projections
 big_hidden: int = 2048  # d of the realistic layer whose parameters are counted (not built)
 big_heads: int = 16  # H of that layer (d_k and d_v are big_hidden / big_heads)
 ablation_scale: float = 3.0  # section 4 feeds the layer x times this (stands in for larger weights)
@@ -102,7 +102,8 @@ key = jax.random.key(seed)
 key_layer, key_x, key_conv = jax.random.split(key, 3)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
-                           conv_size=conv_size, gate_low_rank=gate_low_rank)
+                           conv_size=conv_size, forget_gate_rank=gate_rank,
+                           output_gate_rank=gate_rank)
 layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
 x = jax.random.normal(key_x, (batch, seq_len, hidden_size))
 H, K, V = num_heads, head_dim, head_dim
@@ -254,12 +255,13 @@ def counted(module):
 
 
 # %%
-big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads,
-                        head_dim=big_hidden // big_heads, gate_low_rank=big_hidden // big_heads)
+big_k = big_hidden // big_heads  # d_k = d_v, and the gates' rank r
+big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads, head_dim=big_k,
+                        forget_gate_rank=big_k, output_gate_rank=big_k)
 big_layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(big, rngs=nnx.Rngs(0)))
-sizes = {"this notebook": (hidden_size, H, K, V, gate_low_rank, conv_size, layer),
+sizes = {"this notebook": (hidden_size, H, K, V, gate_rank, conv_size, layer),
          f"d = {big_hidden}, H = {big_heads}": (big_hidden, big_heads, big.head_dim,
-                                                big.value_dim, big.gate_low_rank, 4, big_layer)}
+                                                big.value_dim, big.forget_gate_rank, 4, big_layer)}
 counts = {}
 for label, (d, h, k_, v_, r, w, module) in sizes.items():
     formula = kda_parameters(d, h, k_, v_, r, w)
@@ -415,8 +417,8 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
 print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = "
-      f"{gate_low_rank})")
-assert f_rank == min(gate_low_rank, seq_len, H * K)
+      f"{gate_rank})")
+assert f_rank == min(gate_rank, seq_len, H * K)
 rms_o = np.sqrt(np.mean(np.asarray(scaled["o"]) ** 2, axis=-1))  # [B, T, H], section 4's input
 normed = np.asarray(scaled["gated"] / jax.nn.sigmoid(scaled["z"]))
 rms_normed = np.sqrt(np.mean(normed**2, axis=-1))
@@ -452,8 +454,8 @@ fla_config = json.loads(str(fla["config_json"]))
 loaded_config = kda_lib.KDAConfig(
     hidden_size=fla_config["hidden_size"], num_heads=fla_config["num_heads"],
     head_dim=fla_config["head_dim"], conv_size=fla_config["conv_size"],
-    lower_bound=fla_config["lower_bound"], gate_low_rank=fla_config["head_dim"],  # fla: r = d_v
-    norm_eps=fla_config["norm_eps"])
+    lower_bound=fla_config["lower_bound"], norm_eps=fla_config["norm_eps"],
+    forget_gate_rank=fla_config["head_dim"], output_gate_rank=fla_config["head_dim"])  # r = d_v
 state_dict = {name.removeprefix("sd/"): fla[name] for name in fla.files
               if name.startswith("sd/")}
 fla_layer = kda_lib.KimiDeltaAttention.from_fla_state_dict(state_dict, loaded_config,
@@ -492,8 +494,8 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 # ## Exercises
 #
 # 1. **Full-rank gates.** How many parameters does this notebook's layer have with
-#    `gate_low_rank=None` (MaxText's choice)? Count them from the arrays, and check the
-#    difference against `kda_parameters`.
+#    `forget_gate_rank=None, output_gate_rank=None` (MaxText's choice)? Count them from the
+#    arrays, and check the difference against `kda_parameters`.
 # 2. **One decay per head.** `KDAConfig(per_head_decay=True)` turns the layer into Gated
 #    DeltaNet. Build it (same `config` otherwise), compute its log decays $\mathbf g$
 #    `[B, T, H, K]` on `x` (the layer's `project(x).f`, its `A_log` and

@@ -31,7 +31,7 @@
 # Symbols follow the notation table,
 # [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md);
 # for MLA, $d_c$ is the cached latent (`kv_lora_rank`) and $d_R$ the key part shared by all heads
-# (`qk_rope_head_dim`, unrotated in Kimi Linear). CI runs the defaults of the `parameters` cell;
+# (`shared_key_dim`, unrotated in Kimi Linear). CI runs the defaults of the `parameters` cell;
 # `make notebooks PARAMS=full` runs `notebooks/params/full/10_kimi_linear_at_scale.yaml`.
 
 # %% tags=["parameters"]
@@ -154,12 +154,12 @@ for kind, layer in built.items():
 # (MHA/GQA: the same $d$, $H$ and $d_h = d_k$ as the KDA layer; GQA with `gqa_kv_heads`).
 
 # %%
-def flops_row(p, t):
+def flops_row(preset, t):
     """Per token: KDA, MLA, GQA and MHA forward flops (prefill, T_k = T/2) and KDA training."""
-    row = {"KDA": at_scale.kda_flops_per_token(p),
-           "MLA": at_scale.mla_flops_per_token(p, t / 2) if p.mla else float("nan")}
+    row = {"KDA": at_scale.kda_flops_per_token(preset),
+           "MLA": at_scale.mla_flops_per_token(preset, t / 2) if preset.mla else float("nan")}
     for kind, g in (("GQA", gqa_kv_heads), ("MHA", None)):
-        shape = at_scale.full_attention_shape(p, g)
+        shape = at_scale.full_attention_shape(preset, g)
         row[kind] = at_scale.attention_flops_per_token(**shape, keys=t / 2)
     return row
 
@@ -221,12 +221,12 @@ for name, row in checks.items():
 # same depth of global layers only.
 
 # %%
-def cache_row(p, t):
+def cache_row(preset, t):
     """Bytes per sequence and layer: KDA cache, then MLA / GQA / MHA caches at T tokens."""
-    mla = t * at_scale.mla_cache_numbers(p) * at_scale.BF16 if p.mla else float("nan")
-    gqa = t * at_scale.attention_cache_numbers(gqa_kv_heads, p.head_dim) * at_scale.BF16
-    mha = t * at_scale.attention_cache_numbers(p.num_heads, p.head_dim) * at_scale.BF16
-    return [at_scale.kda_state_bytes(p), mla, gqa, mha]
+    mla = t * at_scale.mla_cache_numbers(preset) * at_scale.BF16 if preset.mla else float("nan")
+    gqa = t * at_scale.attention_cache_numbers(gqa_kv_heads, preset.head_dim) * at_scale.BF16
+    mha = t * at_scale.attention_cache_numbers(preset.num_heads, preset.head_dim) * at_scale.BF16
+    return [at_scale.kda_state_bytes(preset), mla, gqa, mha]
 
 
 lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{b / 2**20:,.1f}" for b in cache_row(p, t)) + " |"

@@ -102,7 +102,8 @@ def load_fla_layer_fixture(case: str):
         head_dim=cfg["head_dim"],
         conv_size=cfg["conv_size"],
         lower_bound=cfg["lower_bound"],
-        gate_low_rank=cfg["head_dim"],
+        forget_gate_rank=cfg["head_dim"],
+        output_gate_rank=cfg["head_dim"],
         norm_eps=cfg["norm_eps"],
     )
     state_dict = {k.removeprefix("sd/"): data[k] for k in data.files if k.startswith("sd/")}

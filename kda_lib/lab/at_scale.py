@@ -2,8 +2,9 @@
 (notebook 10): parameters, flops per token, bytes per decoded token, cache memory, context
 parallel traffic, and a roofline model of named chips.
 
-Every function reads a :class:`kda_lib.models.presets.KDAPreset` (its numbers, never a built layer),
-so Kimi K3 and GLM-5.3-Flash are costed although this repository cannot build their layers yet.
+Every function reads a :class:`kda_lib.models.presets.ModelPreset` (its numbers, never a built
+layer), so a layer is costed even where this repository cannot build it (Kimi K3's output-gated
+MLA).
 
 Conventions (checked against the compiled programs in ``tests/lab/test_at_scale.py``):
 
@@ -31,7 +32,7 @@ from typing import NamedTuple
 
 from kda_lib.checks import check_int, check_number
 from kda_lib.lab.measure import xla_cost
-from kda_lib.models.presets import KDAPreset
+from kda_lib.models.presets import ModelPreset
 from kda_lib.ops import costs
 
 BF16 = 2  # bytes per number
@@ -120,84 +121,88 @@ def _check_mode(mode: str, allowed=("prefill", "train", "decode")) -> None:
 
 
 # ---------------------------------------------------------------------------------- KDA
-def kda_matmul_params(p: KDAPreset) -> int:
+def kda_matmul_params(preset: ModelPreset) -> int:
     """Weights of the KDA layer's matrix products (every ``*_proj``; not the conv, ``A_log``,
     ``dt_bias``, biases or ``o_norm``): each costs 2 flops per token."""
     return sum(
         math.prod(shape)
-        for name, shape in p.kda_parameter_shapes().items()
+        for name, shape in preset.kda_parameter_shapes().items()
         if name.endswith("proj")
     )
 
 
-def kda_conv_channels(p: KDAPreset) -> int:
+def kda_conv_channels(preset: ModelPreset) -> int:
     """Channels of the short convolutions: ``2 H d_k + H_v d_v``."""
-    return 2 * p.num_heads * p.head_dim + p.num_v_heads * p.head_dim
+    return 2 * preset.num_heads * preset.head_dim + preset.num_v_heads * preset.head_dim
 
 
-def kda_kernel_flops_per_token(p: KDAPreset, chunk_size: int = 64, value_dim=None) -> float:
+def kda_kernel_flops_per_token(preset: ModelPreset, chunk_size: int = 64, value_dim=None) -> float:
     """The chunked kernel (sequential scan, :func:`kda_lib.ops.costs.chunked_flops`) per token, all
     heads; ``value_dim``: value columns per head (default ``d_v``; the context-parallel summary
     pass runs ``d_k + d_v``)."""
     _check_positive(chunk_size=chunk_size)
-    v = p.head_dim if value_dim is None else value_dim
-    return p.num_v_heads * costs.chunked_flops(chunk_size, chunk_size, p.head_dim, v) / chunk_size
+    v = preset.head_dim if value_dim is None else value_dim
+    return (
+        preset.num_v_heads
+        * costs.chunked_flops(chunk_size, chunk_size, preset.head_dim, v)
+        / chunk_size
+    )
 
 
-def kda_decode_kernel_flops(p: KDAPreset, matmul_only: bool = False) -> int:
+def kda_decode_kernel_flops(preset: ModelPreset, matmul_only: bool = False) -> int:
     """The recurrent step per token and value head (:func:`kda_lib.ops.costs.recurrent_flops`):
     the decay (``d_k d_v``), ``k^T S`` (``2 d_k d_v``), the rank-one write (``2 d_k d_v``) and
     ``S^T q`` (``2 d_k d_v``). ``matmul_only``: the two products ``k^T S`` and ``S^T q``, the
     part a traced program runs as ``dot_general`` (the write is a broadcast product)."""
     per_entry = 4 if matmul_only else 7
-    return p.num_v_heads * per_entry * p.head_dim * p.head_dim
+    return preset.num_v_heads * per_entry * preset.head_dim * preset.head_dim
 
 
-def kda_conv_flops_per_token(p: KDAPreset) -> int:
+def kda_conv_flops_per_token(preset: ModelPreset) -> int:
     """The depthwise short convolutions: ``2 w`` flops per channel and token."""
-    return 2 * p.conv_size * kda_conv_channels(p)
+    return 2 * preset.conv_size * kda_conv_channels(preset)
 
 
-def kda_flops_per_token(p: KDAPreset, mode: str = "prefill", chunk_size: int = 64) -> float:
+def kda_flops_per_token(preset: ModelPreset, mode: str = "prefill", chunk_size: int = 64) -> float:
     """Flops per token of one KDA layer: ``2 P_mm + 2 w C_conv +`` the kernel (chunked for
     prefill and training, the recurrent step for decode); training is 3x prefill. Independent
     of the context: the reason for the layer."""
     _check_mode(mode)
-    base = 2 * kda_matmul_params(p) + kda_conv_flops_per_token(p)
+    base = 2 * kda_matmul_params(preset) + kda_conv_flops_per_token(preset)
     if mode == "decode":
-        return base + kda_decode_kernel_flops(p)
-    forward = base + kda_kernel_flops_per_token(p, chunk_size)
+        return base + kda_decode_kernel_flops(preset)
+    forward = base + kda_kernel_flops_per_token(preset, chunk_size)
     return 3 * forward if mode == "train" else forward
 
 
-def kda_state_bytes(p: KDAPreset, state_bytes: int = F32, conv_bytes: int = BF16) -> int:
+def kda_state_bytes(preset: ModelPreset, state_bytes: int = F32, conv_bytes: int = BF16) -> int:
     """One sequence's decode cache in one KDA layer: ``H_v d_k d_v`` state numbers plus the
     ``w - 1`` last conv inputs of every conv channel."""
-    state = p.num_v_heads * p.head_dim * p.head_dim * state_bytes
-    return state + (p.conv_size - 1) * kda_conv_channels(p) * conv_bytes
+    state = preset.num_v_heads * preset.head_dim * preset.head_dim * state_bytes
+    return state + (preset.conv_size - 1) * kda_conv_channels(preset) * conv_bytes
 
 
 # ---------------------------------------------------------------------------------- MLA
-def _mla(p: KDAPreset):
-    if p.mla is None:
-        raise ValueError(f"{p.name}: the preset gives no MLA widths ({p.notes})")
-    return p.mla
+def _mla(preset: ModelPreset):
+    if preset.mla is None:
+        raise ValueError(f"{preset.name}: the preset gives no MLA widths ({preset.notes})")
+    return preset.mla
 
 
-def mla_cache_numbers(p: KDAPreset) -> int:
+def mla_cache_numbers(preset: ModelPreset) -> int:
     """Numbers an MLA layer caches per token: the latent ``d_c`` and the shared key ``d_R``."""
-    m = _mla(p)
-    return m.kv_lora_rank + m.qk_rope_head_dim
+    m = _mla(preset)
+    return m.kv_lora_rank + m.shared_key_dim
 
 
-def mla_matmul_params(p: KDAPreset) -> int:
+def mla_matmul_params(preset: ModelPreset) -> int:
     """Weights of the MLA layer's matrix products (its parameters less the RMSNorm weights)."""
-    m = _mla(p)
+    m = _mla(preset)
     norms = m.kv_lora_rank + (m.q_lora_rank or 0) + (m.v_head_dim if m.output_gate else 0)
-    return p.mla_parameter_count() - norms
+    return preset.mla_parameter_count() - norms
 
 
-def mla_flops_per_token(p: KDAPreset, keys: float, mode: str = "prefill") -> float:
+def mla_flops_per_token(preset: ModelPreset, keys: float, mode: str = "prefill") -> float:
     """Flops per token of one MLA layer that scores each query against ``keys`` keys.
 
     Prefill and training expand the latents into per-head keys and values (``kv_b_proj`` on
@@ -207,11 +212,11 @@ def mla_flops_per_token(p: KDAPreset, keys: float, mode: str = "prefill") -> flo
     """
     _check_mode(mode)
     _check_positive(keys=keys)
-    m = _mla(p)
-    base = 2 * mla_matmul_params(p)
+    m = _mla(preset)
+    base = 2 * mla_matmul_params(preset)
     if mode == "decode":
-        return base + 2 * m.num_heads * keys * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
-    columns = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim
+        return base + 2 * m.num_heads * keys * (2 * m.kv_lora_rank + m.shared_key_dim)
+    columns = m.qk_head_dim + m.shared_key_dim + m.v_head_dim
     forward = base + 2 * m.num_heads * keys * columns
     return 3 * forward if mode == "train" else forward
 
@@ -240,14 +245,14 @@ def attention_flops_per_token(
     return 3 * forward if mode == "train" else forward
 
 
-def full_attention_shape(p: KDAPreset, kv_heads: int | None = None) -> dict:
+def full_attention_shape(preset: ModelPreset, kv_heads: int | None = None) -> dict:
     """The softmax attention layer compared with the preset's KDA layer: the same width, heads
     and head size (``kv_heads`` None: multi-head attention, else grouped-query)."""
     return dict(
-        hidden=p.hidden_size,
-        heads=p.num_heads,
-        kv_heads=p.num_heads if kv_heads is None else kv_heads,
-        head_dim=p.head_dim,
+        hidden=preset.hidden_size,
+        heads=preset.num_heads,
+        kv_heads=preset.num_heads if kv_heads is None else kv_heads,
+        head_dim=preset.head_dim,
     )
 
 
@@ -267,21 +272,28 @@ def decode_bytes_per_token(
     return weights * weight_bytes / batch + cache_read + 2 * state
 
 
-def kda_decode_bytes(p: KDAPreset, batch: int = 1, weight_bytes: int = BF16) -> float:
+def kda_decode_bytes(preset: ModelPreset, batch: int = 1, weight_bytes: int = BF16) -> float:
     """Bytes per decoded token of a KDA layer (float32 state, bf16 conv history)."""
     return decode_bytes_per_token(
-        p.kda_parameter_count(), batch, state=kda_state_bytes(p), weight_bytes=weight_bytes
+        preset.kda_parameter_count(),
+        batch,
+        state=kda_state_bytes(preset),
+        weight_bytes=weight_bytes,
     )
 
 
 def mla_decode_bytes(
-    p: KDAPreset, context: int, batch: int = 1, cache_bytes: int = BF16, weight_bytes: int = BF16
+    preset: ModelPreset,
+    context: int,
+    batch: int = 1,
+    cache_bytes: int = BF16,
+    weight_bytes: int = BF16,
 ) -> float:
     """Bytes per decoded token of an MLA layer over ``context`` cached latents."""
     return decode_bytes_per_token(
-        p.mla_parameter_count(),
+        preset.mla_parameter_count(),
         batch,
-        cache_read=context * mla_cache_numbers(p) * cache_bytes,
+        cache_read=context * mla_cache_numbers(preset) * cache_bytes,
         weight_bytes=weight_bytes,
     )
 
@@ -308,19 +320,19 @@ def step_time(flops: float, hbm_bytes: float, chip: Chip) -> float:
 
 # ---------------------------------------------------------------------- the whole model
 def model_cache_bytes(
-    p: KDAPreset, context: int, *, hybrid: bool = True, cache_bytes: int = BF16
+    preset: ModelPreset, context: int, *, hybrid: bool = True, cache_bytes: int = BF16
 ) -> float:
     """One sequence's decode memory over all mixer layers at ``context`` tokens: the hybrid
     (KDA states in its KDA layers, MLA latents in its global layers) or the same depth of MLA
     layers only (``hybrid=False``)."""
-    mla = context * mla_cache_numbers(p) * cache_bytes
+    mla = context * mla_cache_numbers(preset) * cache_bytes
     if not hybrid:
-        return p.num_layers * mla
-    return len(p.global_layers) * mla + len(p.kda_layers) * kda_state_bytes(p)
+        return preset.num_layers * mla
+    return len(preset.global_layers) * mla + len(preset.kda_layers) * kda_state_bytes(preset)
 
 
 def model_decode_time(
-    p: KDAPreset,
+    preset: ModelPreset,
     chip: Chip,
     context: int,
     batch: int,
@@ -332,35 +344,45 @@ def model_decode_time(
     per layer the slower of flops and bytes, plus ``other_weight_bytes`` (the MoE/MLP weights
     the step reads, the same for both models) at full bandwidth."""
     mla = step_time(
-        batch * mla_flops_per_token(p, context, "decode"),
-        batch * mla_decode_bytes(p, context, batch),
+        batch * mla_flops_per_token(preset, context, "decode"),
+        batch * mla_decode_bytes(preset, context, batch),
         chip,
     )
     kda = step_time(
-        batch * kda_flops_per_token(p, "decode"), batch * kda_decode_bytes(p, batch), chip
+        batch * kda_flops_per_token(preset, "decode"), batch * kda_decode_bytes(preset, batch), chip
     )
-    n_global = len(p.global_layers) if hybrid else p.num_layers
-    mixers = n_global * mla + (p.num_layers - n_global) * kda
+    n_global = len(preset.global_layers) if hybrid else preset.num_layers
+    mixers = n_global * mla + (preset.num_layers - n_global) * kda
     return mixers + other_weight_bytes / chip.hbm_bandwidth
 
 
-def decode_speedup_bound(p: KDAPreset) -> float:
+def decode_speedup_bound(preset: ModelPreset) -> float:
     """The most a hybrid can gain over the same depth of global layers when the global layers'
     per-token work grows with the context: layers over global layers."""
-    return p.num_layers / len(p.global_layers)
+    return preset.num_layers / len(preset.global_layers)
 
 
 # ---------------------------------------------------------------------- context parallelism
-def cp_summary_bytes(p: KDAPreset, ranks: int, batch: int = 1, state_bytes: int = F32) -> float:
+def cp_summary_bytes(
+    preset: ModelPreset, ranks: int, batch: int = 1, state_bytes: int = F32
+) -> float:
     """Bytes each rank receives in the all-gather of the slice summaries ``(M, E)``:
     ``(R - 1) B H_v d_k (d_k + d_v)`` numbers (notebook 05, measured there)."""
     _check_positive(ranks=ranks, batch=batch)
-    return (ranks - 1) * batch * p.num_v_heads * p.head_dim * 2 * p.head_dim * state_bytes
+    return (
+        (ranks - 1)
+        * batch
+        * preset.num_v_heads
+        * preset.head_dim
+        * 2
+        * preset.head_dim
+        * state_bytes
+    )
 
 
-def cp_halo_bytes(p: KDAPreset, batch: int = 1, conv_bytes: int = BF16) -> float:
+def cp_halo_bytes(preset: ModelPreset, batch: int = 1, conv_bytes: int = BF16) -> float:
     """Bytes each rank receives for its conv halo: ``w - 1`` inputs of every conv channel."""
-    return (p.conv_size - 1) * batch * kda_conv_channels(p) * conv_bytes
+    return (preset.conv_size - 1) * batch * kda_conv_channels(preset) * conv_bytes
 
 
 def ring_attention_bytes(
@@ -372,24 +394,26 @@ def ring_attention_bytes(
     return (ranks - 1) / ranks * batch * seq_len * numbers_per_token * cache_bytes
 
 
-def cp_compute_per_rank(p: KDAPreset, seq_len: int, ranks: int, chunk_size: int = 64) -> dict:
+def cp_compute_per_rank(
+    preset: ModelPreset, seq_len: int, ranks: int, chunk_size: int = 64
+) -> dict:
     """Flops one rank spends on one KDA layer's forward under context parallelism, per sequence:
     ``layer``: its slice's ordinary forward (projections, conv, kernel); ``summary``: the extra
     kernel pass over ``[0 | v]`` (``d_k + d_v`` value columns); ``fold``: ``R`` maps
     ``S -> M S + E`` (``2 d_k^2 d_v`` each, per value head)."""
     _check_positive(seq_len=seq_len, ranks=ranks)
     local = seq_len / ranks
-    width = 2 * p.head_dim
+    width = 2 * preset.head_dim
     return {
-        "layer": local * kda_flops_per_token(p, "prefill", chunk_size),
-        "summary": local * kda_kernel_flops_per_token(p, chunk_size, value_dim=width),
-        "fold": ranks * p.num_v_heads * 2 * p.head_dim**2 * p.head_dim,
+        "layer": local * kda_flops_per_token(preset, "prefill", chunk_size),
+        "summary": local * kda_kernel_flops_per_token(preset, chunk_size, value_dim=width),
+        "fold": ranks * preset.num_v_heads * 2 * preset.head_dim**2 * preset.head_dim,
     }
 
 
 # ---------------------------------------------------------------------- checks at a small size
 def scaled_down(
-    p: KDAPreset,
+    preset: ModelPreset,
     *,
     hidden: int,
     heads: int,
@@ -397,24 +421,24 @@ def scaled_down(
     rank: int,
     kv_lora_rank: int,
     shared_key_dim: int,
-) -> KDAPreset:
-    """``p`` at a size a CPU compiles in seconds (same structure: gates, layer pattern, MLA
+) -> ModelPreset:
+    """``preset`` at a size a CPU compiles in seconds (same structure: gates, layer pattern, MLA
     without output gate), for checking the formulas against the compiled programs."""
     mla = dataclasses.replace(
-        _mla(p),
+        _mla(preset),
         num_heads=heads,
         kv_lora_rank=kv_lora_rank,
-        qk_nope_head_dim=head_dim,
-        qk_rope_head_dim=shared_key_dim,
+        qk_head_dim=head_dim,
+        shared_key_dim=shared_key_dim,
         v_head_dim=head_dim,
     )
     ranks = {
-        "forget_gate_rank": None if p.forget_gate_rank is None else rank,
-        "output_gate_rank": None if p.output_gate_rank is None else rank,
+        "forget_gate_rank": None if preset.forget_gate_rank is None else rank,
+        "output_gate_rank": None if preset.output_gate_rank is None else rank,
     }
     return dataclasses.replace(
-        p,
-        name=f"{p.name} (scaled down)",
+        preset,
+        name=f"{preset.name} (scaled down)",
         hidden_size=hidden,
         num_heads=heads,
         num_v_heads=heads,
@@ -445,9 +469,9 @@ def _split_call(module, **kwargs):
 
 
 def program_costs(
-    p: KDAPreset, seq_len: int, context: int, train: bool = False, compile: bool = True
+    preset: ModelPreset, seq_len: int, context: int, train: bool = False, compile: bool = True
 ) -> dict:
-    """Each formula beside the real program's count, for the layers of the (small) preset ``p``
+    """Each formula beside the real program's count, for the layers of the (small) ``preset``
     built here: the KDA layer (chunked prefill of ``seq_len`` tokens, one chunk so XLA's
     once-per-loop count is exact; recurrent decode step), the MLA layer (prefill; absorbed decode
     step over a cache of ``context`` slots) and multi-head attention
@@ -477,16 +501,16 @@ def program_costs(
         )
 
     inputs = _ProgramInputs(
-        x=jnp.zeros((1, seq_len, p.hidden_size)),
-        x1=jnp.zeros((1, 1, p.hidden_size)),
+        x=jnp.zeros((1, seq_len, preset.hidden_size)),
+        x1=jnp.zeros((1, 1, preset.hidden_size)),
         length=jnp.asarray(context - 1, jnp.int32),
         seq_len=seq_len,
         context=context,
         train=train,
     )
-    _kda_program_rows(p, inputs, add)
-    _mla_program_rows(p, inputs, add)
-    _mha_program_rows(p, inputs, add)
+    _kda_program_rows(preset, inputs, add)
+    _mla_program_rows(preset, inputs, add)
+    _mha_program_rows(preset, inputs, add)
     return rows
 
 
@@ -506,61 +530,61 @@ def _gradient_of_sum_of_squares(fn):
     return jax.grad(lambda s, x: jnp.sum(fn(s, x) ** 2), argnums=(0, 1))
 
 
-def _kda_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+def _kda_program_rows(preset: ModelPreset, inputs: _ProgramInputs, add) -> None:
     """The KDA layer: chunked prefill in one chunk, its training step, a recurrent decode step."""
     from flax import nnx
 
     from kda_lib.layers.kda_layer import KimiDeltaAttention
 
-    seq_len, conv = inputs.seq_len, kda_conv_flops_per_token(p)
+    seq_len, conv = inputs.seq_len, kda_conv_flops_per_token(preset)
     layer = KimiDeltaAttention(
-        p.kda_config(implementation="chunked", chunk_size=seq_len), rngs=nnx.Rngs(0)
+        preset.kda_config(implementation="chunked", chunk_size=seq_len), rngs=nnx.Rngs(0)
     )
     fn, state = _split_call(layer)
-    total = seq_len * kda_flops_per_token(p, "prefill", seq_len)
+    total = seq_len * kda_flops_per_token(preset, "prefill", seq_len)
     add("KDA prefill", fn, (state, inputs.x), total - seq_len * conv, total)
     if inputs.train:
         grad = _gradient_of_sum_of_squares(fn)
         add("KDA train", grad, (state, inputs.x), 3 * (total - seq_len * conv), 3 * total)
-    step = KimiDeltaAttention(p.kda_config(implementation="recurrent"), rngs=nnx.Rngs(0))
+    step = KimiDeltaAttention(preset.kda_config(implementation="recurrent"), rngs=nnx.Rngs(0))
     fn, state = _split_call(step, cached=True)
-    decode = kda_flops_per_token(p, "decode")
-    matmul = decode - conv - kda_decode_kernel_flops(p) + kda_decode_kernel_flops(p, True)
+    decode = kda_flops_per_token(preset, "decode")
+    matmul = decode - conv - kda_decode_kernel_flops(preset) + kda_decode_kernel_flops(preset, True)
     hbm = (
-        kda_decode_bytes(p, weight_bytes=F32)
-        - 2 * kda_state_bytes(p)
-        + 2 * kda_state_bytes(p, conv_bytes=F32)
+        kda_decode_bytes(preset, weight_bytes=F32)
+        - 2 * kda_state_bytes(preset)
+        + 2 * kda_state_bytes(preset, conv_bytes=F32)
     )
     add("KDA decode step", fn, (state, inputs.x1, step.init_cache(1)), matmul, decode, hbm)
 
 
-def _mla_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+def _mla_program_rows(preset: ModelPreset, inputs: _ProgramInputs, add) -> None:
     """The MLA layer: prefill, its training step, an absorbed decode step over ``context``."""
     from flax import nnx
 
     from kda_lib.layers.mla import MultiHeadLatentAttention
 
-    mla = MultiHeadLatentAttention(p.mla_config(), rngs=nnx.Rngs(0))
+    mla = MultiHeadLatentAttention(preset.mla_config(), rngs=nnx.Rngs(0))
     fn, state = _split_call(mla)
-    total = inputs.seq_len * mla_flops_per_token(p, inputs.seq_len)
+    total = inputs.seq_len * mla_flops_per_token(preset, inputs.seq_len)
     add("MLA prefill", fn, (state, inputs.x), total, total)
     if inputs.train:
         grad = _gradient_of_sum_of_squares(fn)
         add("MLA train", grad, (state, inputs.x), 3 * total, 3 * total)
     fn, state = _split_call(mla, cached=True)
     cache = mla.init_cache(1, max_len=inputs.context)._replace(length=inputs.length)
-    decode = mla_flops_per_token(p, inputs.context, "decode")
-    hbm = mla_decode_bytes(p, inputs.context, cache_bytes=F32, weight_bytes=F32)
+    decode = mla_flops_per_token(preset, inputs.context, "decode")
+    hbm = mla_decode_bytes(preset, inputs.context, cache_bytes=F32, weight_bytes=F32)
     add("MLA decode step", fn, (state, inputs.x1, cache), decode, decode, hbm)
 
 
-def _mha_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
+def _mha_program_rows(preset: ModelPreset, inputs: _ProgramInputs, add) -> None:
     """Multi-head attention with the KDA layer's heads, without RoPE: prefill and decode."""
     from flax import nnx
 
     from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 
-    heads = p.kda_config()
+    heads = preset.kda_config()
     config = AttentionConfig(
         hidden_size=heads.hidden_size,
         num_heads=heads.num_heads,
@@ -569,7 +593,7 @@ def _mha_program_rows(p: KDAPreset, inputs: _ProgramInputs, add) -> None:
         rope=False,
     )
     mha = CausalSelfAttention(config, rngs=nnx.Rngs(0))
-    shape = full_attention_shape(p)
+    shape = full_attention_shape(preset)
     fn, state = _split_call(mha)
     total = inputs.seq_len * attention_flops_per_token(**shape, keys=inputs.seq_len)
     add("MHA prefill", fn, (state, inputs.x), total, total)
@@ -584,7 +608,7 @@ MIXERS = ("KDA", "MLA", "GQA", "MHA")
 
 
 def operating_point(
-    p: KDAPreset, kind: str, mode: str, context: int, batch: int = 1, kv_heads: int = 8
+    preset: ModelPreset, kind: str, mode: str, context: int, batch: int = 1, kv_heads: int = 8
 ) -> tuple[float, float]:
     """``(flops, HBM bytes)`` of one step of one layer of kind ``kind`` (one of
     :data:`MIXERS`; GQA with ``kv_heads`` key/value heads), bf16 weights and cache.
@@ -598,12 +622,15 @@ def operating_point(
         raise ValueError(f"kind must be one of {MIXERS}, got {kind!r}")
     _check_mode(mode, ("prefill", "decode"))
     _check_positive(context=context, batch=batch)
-    shape = full_attention_shape(p, kv_heads if kind == "GQA" else None)
+    shape = full_attention_shape(preset, kv_heads if kind == "GQA" else None)
     if mode == "decode":
         if kind == "KDA":
-            per = (kda_flops_per_token(p, "decode"), kda_decode_bytes(p, batch))
+            per = (kda_flops_per_token(preset, "decode"), kda_decode_bytes(preset, batch))
         elif kind == "MLA":
-            per = (mla_flops_per_token(p, context, "decode"), mla_decode_bytes(p, context, batch))
+            per = (
+                mla_flops_per_token(preset, context, "decode"),
+                mla_decode_bytes(preset, context, batch),
+            )
         else:
             per = (
                 attention_flops_per_token(**shape, keys=context, mode="decode"),
@@ -612,26 +639,26 @@ def operating_point(
         return batch * per[0], batch * per[1]
     tokens, keys = batch * context, (context + 1) / 2
     if kind == "KDA":
-        flops, weights, cached = kda_flops_per_token(p), p.kda_parameter_count(), 0
+        flops, weights, cached = kda_flops_per_token(preset), preset.kda_parameter_count(), 0
     elif kind == "MLA":
-        flops, weights = mla_flops_per_token(p, keys), p.mla_parameter_count()
-        cached = mla_cache_numbers(p)
+        flops, weights = mla_flops_per_token(preset, keys), preset.mla_parameter_count()
+        cached = mla_cache_numbers(preset)
     else:
         flops, weights = attention_flops_per_token(**shape, keys=keys), attention_params(**shape)
         cached = attention_cache_numbers(shape["kv_heads"], shape["head_dim"])
-    hbm = weights * BF16 + tokens * (2 * p.hidden_size + cached) * BF16
+    hbm = weights * BF16 + tokens * (2 * preset.hidden_size + cached) * BF16
     return tokens * flops, hbm
 
 
 def cp_ring_crossover(
-    p: KDAPreset, seq_len: int, cache_bytes: int = BF16, state_bytes: int = F32
+    preset: ModelPreset, seq_len: int, cache_bytes: int = BF16, state_bytes: int = F32
 ) -> float:
     """``R*``: the ranks at which the summaries' all-gather (growing with R) receives as many bytes
     per rank as ring attention over the MLA latents (growing with T), halo left out:
     ``T (d_c + d_R) b_KV / (H_v d_k (d_k + d_v) b_S)``."""
     _check_positive(seq_len=seq_len)
-    summary = p.num_v_heads * p.head_dim * 2 * p.head_dim * state_bytes
-    return seq_len * mla_cache_numbers(p) * cache_bytes / summary
+    summary = preset.num_v_heads * preset.head_dim * 2 * preset.head_dim * state_bytes
+    return seq_len * mla_cache_numbers(preset) * cache_bytes / summary
 
 
 # ------------------------------------------------------------------ arguments, checked by name
@@ -650,7 +677,7 @@ _AMOUNT_ARGUMENTS = frozenset(
     | {"context"}
 )
 _BOOL_ARGUMENTS = frozenset({"compile", "hybrid", "matmul_only", "train"})
-_TYPED_ARGUMENTS = {"p": KDAPreset, "chip": Chip}
+_TYPED_ARGUMENTS = {"preset": ModelPreset, "chip": Chip}
 
 
 def _check_argument(function: str, name: str, value) -> None:

@@ -200,7 +200,7 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
             + (f"missing {[prefix + n for n in missing]}" if missing else "")
             + ("; " if missing and unexpected else "")
             + (f"unexpected {[f'{prefix}{n}' for n in unexpected]}" if unexpected else "")
-            + " (check num_heads, num_v_heads, gate_low_rank, full_rank_output_gate, "
+            + " (check num_heads, num_v_heads, forget_gate_rank, output_gate_rank, "
             "output_gate_bias, use_a_log, conv_size; conv biases are not supported)"
         )
     converted = {}

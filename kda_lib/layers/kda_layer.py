@@ -11,11 +11,11 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
 
 HV = ``num_v_heads`` value heads (grouped value heads, fla's ``num_v_heads``; default H): value
 head ``j`` reads q/k head ``j // (HV // H)``; the gate, beta and the output gate are per value
-head and the state is ``[B, HV, K, V]``. ``f_proj``/``g_proj`` are single full-rank matmuls
-(MaxText) or fla's two-matmul low-rank form (``gate_low_rank=r``; fla uses r = V);
-``full_rank_output_gate`` keeps ``g_proj`` full rank beside a low-rank ``f_proj`` (MaxText's
-Kimi K3 layer). ``fused_qkv_conv``: one depthwise conv over ``concat(q, k, v)`` (GLM-5.3-Flash's
-layout; the same function as three convs). ``A_log``/``dt_bias`` stay float32.
+head and the state is ``[B, HV, K, V]``. ``f_proj`` and ``g_proj`` are each a single full-rank
+matmul (rank None, MaxText) or fla's two-matmul low-rank form (``forget_gate_rank=r``,
+``output_gate_rank=r``; fla uses r = V for both, MaxText's Kimi K3 layer a low-rank ``f_proj``
+beside a full-rank ``g_proj``). ``fused_qkv_conv``: one depthwise conv over ``concat(q, k, v)``
+(GLM-5.3-Flash's layout; the same function as three convs). ``A_log``/``dt_bias`` stay float32.
 """
 
 from __future__ import annotations
@@ -36,7 +36,14 @@ from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
 from kda_lib.ops.api import kda
 from kda_lib.ops.contract import check_chunk_size, check_segment_ids
-from kda_lib.ops.gating import check_lower_bound, init_a_log, init_dt_bias, kda_gate
+from kda_lib.ops.gating import (
+    GateForm,
+    check_gate_form,
+    check_lower_bound,
+    init_a_log,
+    init_dt_bias,
+    kda_gate,
+)
 from kda_lib.ops.norms import gated_rms_norm
 from kda_lib.ops.registry import (
     check_implementation,
@@ -74,90 +81,103 @@ def _check_float_dtype(name: str, value) -> None:
 # 64, the default chunk length, bounds it far above any use while keeping those costs small.
 MAX_CONV_SIZE = 64
 
-# (field, what it must be, minimum, None allowed): KDAConfig's integer fields
+# (field, what it must be, minimum, None allowed): KDAConfig's integer fields, in field order
 _INT_FIELDS = (
     ("hidden_size", "a positive int", 1, False),
     ("num_heads", "a positive int", 1, False),
+    ("num_v_heads", "a positive int or None", 1, True),
     ("head_dim", "a positive int", 1, False),
-    ("max_num_segments", "None or a positive int", 1, True),
     ("value_head_dim", "a positive int or None", 1, True),
     ("conv_size", "an int >= 0 (0 disables the conv)", 0, False),
-    ("gate_low_rank", "a positive int or None", 1, True),
-    ("num_v_heads", "a positive int or None", 1, True),
+    ("forget_gate_rank", "a positive int or None", 1, True),
+    ("output_gate_rank", "a positive int or None", 1, True),
+    ("max_num_segments", "None or a positive int", 1, True),
 )
 _BOOL_FIELDS = (
-    "allow_neg_eigval",
-    "per_head_decay",
-    "output_gate_bias",
-    "use_a_log",
-    "full_rank_output_gate",
     "fused_qkv_conv",
-    "clamped_gate",
+    "use_a_log",
+    "per_head_decay",
+    "allow_neg_eigval",
+    "output_gate_bias",
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig:
-    """Hyper-parameters of :class:`KimiDeltaAttention`.
+    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only, grouped by concept; the
+    same names as :class:`kda_lib.models.presets.ModelPreset`'s KDA fields).
 
-    Attributes:
-      hidden_size: model width.
-      num_heads: H.
-      head_dim: K (query/key size per head).
-      value_head_dim: V per head (default K).
-      conv_size: short-conv width W (default 4); 0 disables the convolutions.
-      lower_bound: None = softplus gate; a float in [-5, 0) = safe (lower-bound sigmoid) gate.
-      gate_low_rank: None = full-rank forget/output gates; int r = fla's low-rank gates.
-      output_gate_bias: the output gate's (last) projection has a bias (default True, as fla's
-        layer); False as in the Hugging Face Kimi Linear checkpoint (``g_b_proj`` has none).
-      allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
-      per_head_decay: one forget-gate value per head, shared by its K channels (Gated
-        DeltaNet) instead of KDA's per-channel gate; f_proj then has H outputs, dt_bias [H].
+    Widths:
+      hidden_size: model width d.
+      num_heads: H, query/key heads.
       num_v_heads: HV, value heads (None = num_heads): a multiple of num_heads (grouped value
         heads, fla's ``num_v_heads``). v, the gates, beta, the output gate, ``A_log`` and
         ``dt_bias`` are per value head; the state is ``[B, HV, K, V]``.
+      head_dim: K (query/key size per head).
+      value_head_dim: V per head (None = K).
+
+    Short convolution:
+      conv_size: width W (default 4); 0 disables the convolutions.
+      fused_qkv_conv: one depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of
+        three (GLM-5.3-Flash's layout; depthwise, so the same function as three convs).
+
+    Forget gate (:mod:`kda_lib.ops.gating`):
+      gate_form: a :class:`kda_lib.ops.gating.GateForm` (or its string): ``"softplus"``
+        ``-A softplus(f + dt_bias)``; ``"safe_sigmoid"`` ``lower_bound * sigmoid(A (f +
+        dt_bias))``; ``"clamped_softplus"`` ``max(-A softplus(f + dt_bias), lower_bound)``
+        (MaxText's Kimi K3 layer; the layer activates it and hands the kernel the log-space
+        gate). None (default): ``"softplus"`` without ``lower_bound``, else ``"safe_sigmoid"``.
+        Stored as the enum; a given form must fit ``lower_bound`` (only softplus has none).
+      lower_bound: None = the softplus gate; a float in [-5, 0) = the bound of the other forms.
       use_a_log: the gate has a learned per-head rate ``A = exp(A_log)`` (default True). False:
         no ``A_log`` parameter, ``A = 1`` (fla's safe gate without ``A_log``); the kernel gets
         ``a_log=None``.
-      full_rank_output_gate: ``g_proj`` is one full-rank projection even when
-        ``gate_low_rank`` makes ``f_proj`` low rank (MaxText's Kimi K3 layer,
-        ``kda_use_full_rank_gate``).
-      fused_qkv_conv: one depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of
-        three (GLM-5.3-Flash's layout; depthwise, so the same function as three convs).
-      clamped_gate: with ``lower_bound``, the gate is ``max(-A softplus(f + dt_bias),
-        lower_bound)`` (MaxText's Kimi K3 layer) instead of the sigmoid safe gate; the layer
-        activates it and hands the kernel the log-space gate.
+      per_head_decay: one forget-gate value per head, shared by its K channels (Gated
+        DeltaNet) instead of KDA's per-channel gate; f_proj then has HV outputs, dt_bias [HV].
+      forget_gate_rank: None = ``f_proj`` is one full-rank projection; int r = fla's low-rank
+        pair ``[d, r]``, ``[r, HV K]``.
+
+    Beta:
+      allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
+
+    Output:
+      output_gate_rank: None = ``g_proj`` is one full-rank projection; int r = the low-rank
+        pair ``[d, r]``, ``[r, HV V]``.
+      output_gate_bias: the output gate's (last) projection has a bias (default True, as fla's
+        layer); False as in the Hugging Face Kimi Linear checkpoint (``g_b_proj`` has none).
       norm_eps: output RMSNorm epsilon (1e-5).
-      dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
+
+    Kernel and runtime:
       implementation: kernel implementation for :func:`kda_lib.kda` ("auto").
       chunk_size: chunk length of the chunked kernel (64).
       max_num_segments: static bound on the segments in one row of ``segment_ids`` (one rank's
         slice under context parallelism), for tokamax backends, which keep one state slot per
         segment. None (default): counted from the ids when they are concrete; under ``jit``
         (traced ids) a tokamax backend then raises, asking for this bound.
+      dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
     """
 
     hidden_size: int
     num_heads: int
+    num_v_heads: int | None = None
     head_dim: int
     value_head_dim: int | None = None
     conv_size: int = 4
+    fused_qkv_conv: bool = False
+    gate_form: GateForm | None = None
     lower_bound: float | None = None
-    gate_low_rank: int | None = None
-    output_gate_bias: bool = True
-    allow_neg_eigval: bool = False
+    use_a_log: bool = True
     per_head_decay: bool = False
+    forget_gate_rank: int | None = None
+    allow_neg_eigval: bool = False
+    output_gate_rank: int | None = None
+    output_gate_bias: bool = True
     norm_eps: float = 1e-5
-    dtype: jnp.dtype = jnp.float32
-    param_dtype: jnp.dtype = jnp.float32
     implementation: str = "auto"
     chunk_size: int = 64
     max_num_segments: int | None = None
-    num_v_heads: int | None = None
-    use_a_log: bool = True
-    full_rank_output_gate: bool = False
-    fused_qkv_conv: bool = False
-    clamped_gate: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
         # every field is checked here, so a bad value fails at construction, not at first use;
@@ -175,6 +195,8 @@ class KDAConfig:
         check_lower_bound(self.lower_bound)
         if self.lower_bound is not None:
             self._set("lower_bound", float(self.lower_bound))
+        form = check_gate_form(self.gate_form, self.lower_bound, where="KDAConfig.gate_form")
+        self._set("gate_form", form)
         eps = self.norm_eps
         if not is_number(eps) or not (np.isfinite(eps) and eps > 0):
             raise ValueError(f"KDAConfig.norm_eps must be a finite float > 0, got {eps!r}")
@@ -192,7 +214,7 @@ class KDAConfig:
     def _combination_problems(self):
         """Fields that are each valid but cannot go together, and what the implementation
         cannot serve whatever the machine (the registry says; the layer fuses the gate unless
-        it clamps it)."""
+        it is the clamped softplus)."""
         if self.conv_size > MAX_CONV_SIZE:
             yield (
                 f".conv_size must be <= {MAX_CONV_SIZE} (a short convolution: local token mixing "
@@ -204,7 +226,7 @@ class KDAConfig:
                 f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k head "
                 f"serves num_v_heads // num_heads value heads), got {self.num_v_heads}"
             )
-        fused = not self.clamped_gate
+        fused = self.gate_form is not GateForm.CLAMPED_SOFTPLUS
         for problem in option_problems(
             self.implementation,
             fused_gate=fused,
@@ -216,14 +238,10 @@ class KDAConfig:
                 hint = (
                     " (set lower_bound, e.g. -5.0)"
                     if fused
-                    else "; with clamped_gate the layer activates the gate itself, so the "
-                    "kernel gets a log-space gate"
+                    else "; with gate_form='clamped_softplus' the layer activates the gate "
+                    "itself, so the kernel gets a log-space gate"
                 )
             yield f": {problem}{hint}"
-        if self.clamped_gate and self.lower_bound is None:
-            yield (
-                ".clamped_gate clamps the softplus gate at lower_bound; set lower_bound (e.g. -5.0)"
-            )
         if not self.use_a_log and self.lower_bound is None:
             yield (
                 ".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
@@ -251,7 +269,7 @@ class Projected(NamedTuple):
     q: jax.Array  # [B, T, H, K] after conv + SiLU (not yet L2-normalised)
     k: jax.Array  # [B, T, H, K]
     v: jax.Array  # [B, T, HV, V]
-    # [B, T, HV, K] raw forget-gate input (activated inside kda()); with clamped_gate the
+    # [B, T, HV, K] raw forget-gate input (activated inside kda()); with the clamped softplus the
     # log-space gate itself (kernel_kwargs() then passes no a_log)
     f: jax.Array
     beta: jax.Array  # [B, T, HV] float32
@@ -345,16 +363,15 @@ class KimiDeltaAttention(nnx.Module):
         )
         gate_channels = 1 if cfg.per_head_decay else kd
         self.f_proj = _gate_projection(
-            hidden, hv * gate_channels, cfg.gate_low_rank, use_bias=False, cfg=cfg, rngs=rngs
+            hidden, hv * gate_channels, cfg.forget_gate_rank, use_bias=False, cfg=cfg, rngs=rngs
         )
         self.b_proj = nnx.Linear(hidden, hv, **linear)
-        output_rank = None if cfg.full_rank_output_gate else cfg.gate_low_rank
         self.g_proj = _gate_projection(
-            hidden, hv * vd, output_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
+            hidden, hv * vd, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
         if cfg.use_a_log:
-            safe_gate = cfg.lower_bound is not None and not cfg.clamped_gate
+            safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID
             self.A_log = no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
         else:
             self.A_log = None  # A = 1: the gate has no learned rate
@@ -602,7 +619,7 @@ class KimiDeltaAttention(nnx.Module):
         f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
         if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
             f = jnp.broadcast_to(f, (batch, seq_len, hv, kd))
-        if cfg.clamped_gate:  # activated here: the kernels fuse only the sigmoid safe gate
+        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:  # the kernels fuse only the other forms
             f = jnp.maximum(kda_gate(f, self._rate_log(), self._dt_bias()), cfg.lower_bound)
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         if cfg.allow_neg_eigval:
@@ -625,11 +642,11 @@ class KimiDeltaAttention(nnx.Module):
     def kernel_kwargs(self) -> dict:
         """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
         without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_qk_l2norm=True``,
-        ``allow_neg_eigval``. With ``clamped_gate`` the gate arrives activated (see
+        ``allow_neg_eigval``. With the clamped softplus gate it arrives activated (see
         :meth:`project`), so no gate parameter goes to the kernel."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
-        if cfg.clamped_gate:
+        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
             return options
         return dict(
             a_log=None if self.A_log is None else self.A_log[...],

@@ -1,15 +1,14 @@
 """The KDA (and MLA) layers of the published models that use KDA, as presets.
 
-Each :class:`KDAPreset` records a model's KDA layer as its source publishes it (widths, gate
+Each :class:`ModelPreset` records a model's KDA layer as its source publishes it (widths, gate
 ranks, biases, layouts), its layer pattern (which layers are KDA and which global attention),
 and, where the source gives it, its MLA layer. From a preset:
 
-* :meth:`KDAPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
-  (the count a published checkpoint implies); :meth:`KDAPreset.kda_config` gives the
-  :class:`kda_lib.KDAConfig` that builds the same layer here (a full-rank output gate, the
-  clamped softplus gate and the fused q/k/v conv map onto KDAConfig's options of those names),
-  or raises NotImplementedError naming the options this layer does not have yet (never an
-  approximation of them);
+* :meth:`ModelPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
+  (the count a published checkpoint implies); :meth:`ModelPreset.kda_config` gives the
+  :class:`kda_lib.KDAConfig` that builds the same layer here (the preset's KDA fields carry
+  KDAConfig's names and are copied as they are), or raises NotImplementedError naming the
+  options this layer does not have yet (never an approximation of them);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect.
 
@@ -36,60 +35,67 @@ from flax import nnx
 from kda_lib.checks import check_int, check_number
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+from kda_lib.ops.gating import GateForm, check_gate_form
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
-    """A published MLA layer's widths (DeepSeek-V2 naming).
+    """A published MLA layer's widths, named as :class:`kda_lib.layers.mla.MLAConfig` names
+    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``qk_head_dim``,
+    ``qk_rope_head_dim`` is ``shared_key_dim``).
 
     ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
     ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
     [output_gate_rank, H Dv]`` and an ``o_norm [Dv]``), which
-    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` does not have. ``latent_norm_eps``: epsilon
+    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` does not have. ``norm_eps``: epsilon
     of the latent RMSNorm (None: not given by the source; MLAConfig's default is used).
     """
 
     num_heads: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
+    qk_head_dim: int
     v_head_dim: int
+    kv_lora_rank: int
     q_lora_rank: int | None = None
+    shared_key_dim: int
+    norm_eps: float | None = None
     output_gate: bool = False
     output_gate_rank: int | None = None
-    latent_norm_eps: float | None = None
 
     def __post_init__(self):
         for name in ("num_heads", "kv_lora_rank", "v_head_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1)
-        for name in ("qk_nope_head_dim", "qk_rope_head_dim"):
+        for name in ("qk_head_dim", "shared_key_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 0)
         for name in ("q_lora_rank", "output_gate_rank"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1, optional=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class KDAPreset:
-    """A published model's KDA layer, layer pattern and (where known) MLA layer.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelPreset:
+    """A published model: its KDA layer, layer pattern and (where known) MLA layer.
+
+    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and order (widths, conv, gate,
+    output); :meth:`kda_config` copies them.
 
     Attributes:
       name: the model.
       hidden_size, num_heads, head_dim: the KDA layer's width d, H and K (= V).
       num_v_heads: value heads (grouped value heads when more than ``num_heads``).
       conv_size: short-conv width W.
+      fused_qkv_conv: q, k and v share one depthwise conv over their concatenation (one
+        tensor; the same function as three convs, another checkpoint layout).
+      gate_form: a :class:`kda_lib.ops.gating.GateForm` (or its string): how ``lower_bound``
+        applies (``"softplus"``: no bound; ``"safe_sigmoid"``: ``lower_bound *
+        sigmoid(exp(A_log) (f + dt_bias))``, this repository's safe gate;
+        ``"clamped_softplus"``: ``max(-exp(A_log) softplus(f + dt_bias), lower_bound)``).
       lower_bound: None = softplus gate; a float = the gate's lower bound.
-      gate_form: how the bound applies: ``"softplus"`` (no bound), ``"safe_sigmoid"``
-        (``lower_bound * sigmoid(exp(A_log) (f + dt_bias))``, this repository's safe gate) or
-        ``"clamped_softplus"`` (``max(-exp(A_log) softplus(f + dt_bias), lower_bound)``).
+      use_a_log: the gate has a learned per-head ``A_log``.
       forget_gate_rank, output_gate_rank: rank of the low-rank forget / output gate
         projections; None = one full-rank projection.
       output_gate_bias: the output gate's last projection has a bias.
-      has_a_log: the gate has a learned per-head ``A_log``.
-      fused_qkv_conv: q, k and v share one depthwise conv over their concatenation (one
-        tensor; the same function as three convs, another checkpoint layout).
+      norm_eps: the output RMSNorm's epsilon.
       layer_kinds: per layer, ``"kda"`` or ``"mla"`` (the global attention layer).
       mla: the global layer's widths, or None where the source does not give them.
-      norm_eps: the output RMSNorm's epsilon.
       source: where the numbers come from (repository, path, commit).
       notes: what the source leaves open, or where it differs from other descriptions.
     """
@@ -97,52 +103,45 @@ class KDAPreset:
     name: str
     hidden_size: int
     num_heads: int
-    head_dim: int
     num_v_heads: int
+    head_dim: int
     conv_size: int
+    fused_qkv_conv: bool
+    gate_form: GateForm
     lower_bound: float | None
-    gate_form: str
+    use_a_log: bool
     forget_gate_rank: int | None
     output_gate_rank: int | None
     output_gate_bias: bool
-    has_a_log: bool
-    fused_qkv_conv: bool
+    norm_eps: float
     layer_kinds: tuple[str, ...]
     mla: MLAShape | None
-    norm_eps: float
     source: str
     notes: str = ""
 
     def __post_init__(self):
-        for name, minimum in (("hidden_size", 1), ("num_heads", 1), ("head_dim", 1)):
-            check_int(f"KDAPreset.{name}", getattr(self, name), minimum)
-        check_int("KDAPreset.num_v_heads", self.num_v_heads, 1)
-        check_int("KDAPreset.conv_size", self.conv_size, 0)
+        for name in ("hidden_size", "num_heads", "num_v_heads", "head_dim"):
+            check_int(f"ModelPreset.{name}", getattr(self, name), 1)
+        check_int("ModelPreset.conv_size", self.conv_size, 0)
         for name in ("forget_gate_rank", "output_gate_rank"):
-            check_int(f"KDAPreset.{name}", getattr(self, name), 1, optional=True)
-        for name in ("output_gate_bias", "has_a_log", "fused_qkv_conv"):
+            check_int(f"ModelPreset.{name}", getattr(self, name), 1, optional=True)
+        for name in ("fused_qkv_conv", "use_a_log", "output_gate_bias"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise TypeError(f"KDAPreset.{name} must be True or False, got {value!r}")
-        check_number("KDAPreset.norm_eps", self.norm_eps, positive=True)
+                raise TypeError(f"ModelPreset.{name} must be True or False, got {value!r}")
+        check_number("ModelPreset.norm_eps", self.norm_eps, positive=True)
         if self.lower_bound is not None:
-            check_number("KDAPreset.lower_bound", self.lower_bound)
+            check_number("ModelPreset.lower_bound", self.lower_bound)
         if self.num_v_heads % self.num_heads:
             raise ValueError(
-                f"KDAPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
+                f"ModelPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
                 f"got {self.num_v_heads}"
             )
-        forms = ("softplus", "safe_sigmoid", "clamped_softplus")
-        if self.gate_form not in forms:
-            raise ValueError(f"KDAPreset.gate_form must be one of {forms}, got {self.gate_form!r}")
-        if (self.gate_form == "softplus") != (self.lower_bound is None):
-            raise ValueError(
-                f"KDAPreset.lower_bound={self.lower_bound} does not fit gate_form="
-                f"{self.gate_form!r} (only the softplus gate has no bound)"
-            )
+        form = check_gate_form(self.gate_form, self.lower_bound, where="ModelPreset.gate_form")
+        object.__setattr__(self, "gate_form", form)  # frozen: a string is stored as the enum
         unknown = sorted(set(self.layer_kinds) - {"kda", "mla"})
         if unknown:
-            raise ValueError(f"KDAPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
+            raise ValueError(f"ModelPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
 
     @property
     def num_layers(self) -> int:
@@ -174,7 +173,7 @@ class KDAPreset:
         else:
             shapes.update(f_a_proj=(d, self.forget_gate_rank), f_b_proj=(self.forget_gate_rank, v))
         shapes["b_proj"] = (d, hv)
-        if self.has_a_log:
+        if self.use_a_log:
             shapes["A_log"] = (hv,)
         shapes["dt_bias"] = (v,)
         if self.output_gate_rank is None:
@@ -198,13 +197,13 @@ class KDAPreset:
         output gate with its norm where the layer has one."""
         m = self._mla_or_raise()
         d, h = self.hidden_size, m.num_heads
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        qk = m.qk_head_dim + m.shared_key_dim
         if m.q_lora_rank is None:
             q = d * h * qk
         else:
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
-        down = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-        up = m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+        down = d * (m.kv_lora_rank + m.shared_key_dim) + m.kv_lora_rank
+        up = m.kv_lora_rank * h * (m.qk_head_dim + m.v_head_dim)
         gate = 0
         if m.output_gate:
             rank = m.output_gate_rank
@@ -214,22 +213,13 @@ class KDAPreset:
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
-        missing = []
-        if not self.has_a_log and self.gate_form == "softplus":
-            missing.append(
-                "the softplus gate without A_log (only the safe gate has a rate-free form)"
-            )
-        # a full-rank output gate (None) is KDAConfig.full_rank_output_gate; low ranks must agree
-        if self.output_gate_rank is not None and self.forget_gate_rank != self.output_gate_rank:
-            missing.append(
-                f"different low ranks of the forget and output gates (forget_gate_rank="
-                f"{self.forget_gate_rank}, output_gate_rank={self.output_gate_rank})"
-            )
-        return missing
+        if not self.use_a_log and self.gate_form is GateForm.SOFTPLUS:
+            return ["the softplus gate without A_log (only a bounded gate has a rate-free form)"]
+        return []
 
     def kda_config(self, **overrides) -> KDAConfig:
-        """The :class:`kda_lib.KDAConfig` of this layer (``overrides``: dtype, implementation,
-        ...).
+        """The :class:`kda_lib.KDAConfig` of this layer: every field the two share, copied
+        (``overrides``: dtype, implementation, ...).
 
         Raises:
           NotImplementedError: naming every option the layer does not have yet.
@@ -240,24 +230,7 @@ class KDAPreset:
                 f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
                 + "; ".join(missing)
             )
-        fields = dict(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            conv_size=self.conv_size,
-            lower_bound=self.lower_bound,
-            gate_low_rank=self.forget_gate_rank,
-            full_rank_output_gate=self.output_gate_rank is None,
-            output_gate_bias=self.output_gate_bias,
-            clamped_gate=self.gate_form == "clamped_softplus",
-            fused_qkv_conv=self.fused_qkv_conv,
-            norm_eps=self.norm_eps,
-        )
-        if self.num_v_heads != self.num_heads:
-            fields["num_v_heads"] = self.num_v_heads
-        if not self.has_a_log:
-            fields["use_a_log"] = False
-        return KDAConfig(**{**fields, **overrides})
+        return KDAConfig(**{**_shared_fields(self, KDAConfig), **overrides})
 
     def _mla_or_raise(self) -> MLAShape:
         if self.mla is None:
@@ -265,8 +238,8 @@ class KDAPreset:
         return self.mla
 
     def mla_config(self, **overrides) -> MLAConfig:
-        """The :class:`kda_lib.layers.mla.MLAConfig` of the global layer (NoPE: the rotary slot is a
-        shared key part).
+        """The :class:`kda_lib.layers.mla.MLAConfig` of the global layer: the shape's fields
+        (NoPE: the rotary slot is the shared key part; ``norm_eps`` None keeps MLAConfig's).
 
         Raises:
           NotImplementedError: no MLA widths in the source, or an output-gated MLA.
@@ -276,27 +249,27 @@ class KDAPreset:
             raise NotImplementedError(
                 f"{self.name}: MultiHeadLatentAttention has no output gate (mla_use_output_gate)"
             )
-        fields = dict(
-            hidden_size=self.hidden_size,
-            num_heads=m.num_heads,
-            qk_head_dim=m.qk_nope_head_dim,
-            v_head_dim=m.v_head_dim,
-            kv_lora_rank=m.kv_lora_rank,
-            q_lora_rank=m.q_lora_rank,
-            shared_key_dim=m.qk_rope_head_dim,
-        )
-        if m.latent_norm_eps is not None:
-            fields["norm_eps"] = m.latent_norm_eps
-        return MLAConfig(**{**fields, **overrides})
+        fields = {k: v for k, v in _shared_fields(m, MLAConfig).items() if v is not None}
+        return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
 
 
-def build_kda_layer(preset: KDAPreset, **overrides) -> KimiDeltaAttention:
+def _shared_fields(record, config_class) -> dict:
+    """``record``'s fields that ``config_class`` also has, by name."""
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return {
+        field.name: getattr(record, field.name)
+        for field in dataclasses.fields(record)
+        if field.name in names
+    }
+
+
+def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
     """The preset's KDA layer as shapes only (``nnx.eval_shape``: no parameter memory)."""
     config = preset.kda_config(**overrides)
     return nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
 
 
-def build_mla_layer(preset: KDAPreset, **overrides) -> MultiHeadLatentAttention:
+def build_mla_layer(preset: ModelPreset, **overrides) -> MultiHeadLatentAttention:
     """The preset's MLA layer as shapes only (``nnx.eval_shape``)."""
     config = preset.mla_config(**overrides)
     return nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
@@ -318,30 +291,30 @@ def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
 # dt_bias [H K]; three ShortConvolution (no bias); o_norm [head_dim]; o_proj without bias;
 # o_norm eps = rms_norm_eps (1e-5 in the config); the MLA's kv_a_proj_with_mqa gives
 # kv_lora_rank + qk_rope_head_dim, and with mla_use_nope the rope part is used unrotated.
-KIMI_LINEAR_48B = KDAPreset(
+KIMI_LINEAR_48B = ModelPreset(
     name="Kimi-Linear-48B-A3B",
     hidden_size=2304,
     num_heads=32,
-    head_dim=128,
     num_v_heads=32,
+    head_dim=128,
     conv_size=4,
+    fused_qkv_conv=False,
+    gate_form=GateForm.SOFTPLUS,
     lower_bound=None,
-    gate_form="softplus",
+    use_a_log=True,
     forget_gate_rank=128,
     output_gate_rank=128,
     output_gate_bias=False,
-    has_a_log=True,
-    fused_qkv_conv=False,
+    norm_eps=1e-5,
     layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
     mla=MLAShape(
         num_heads=32,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
+        qk_head_dim=128,
         v_head_dim=128,
-        latent_norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
+        kv_lora_rank=512,
+        shared_key_dim=64,
+        norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
     ),
-    norm_eps=1e-5,
     source=(
         "HF config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct (stored copy: "
         "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json); modeling_kimi.py @ 6e163f3 "
@@ -366,32 +339,32 @@ KIMI_LINEAR_48B = KDAPreset(
 # + f_b_proj (the forget gate stays low rank), g_proj [d -> H K] full rank without bias (the
 # full-rank gate is the output gate), b_proj, A_log [H], dt_bias [H K], o_norm [head_dim];
 # gate max(-exp(A_log) softplus(f + dt_bias), kda_gate_lower_bound): a clamp, not a sigmoid.
-KIMI_K3 = KDAPreset(
+KIMI_K3 = ModelPreset(
     name="Kimi-K3",
     hidden_size=7168,
     num_heads=96,
-    head_dim=128,
     num_v_heads=96,
+    head_dim=128,
     conv_size=4,
+    fused_qkv_conv=False,
+    gate_form=GateForm.CLAMPED_SOFTPLUS,
     lower_bound=-5.0,
-    gate_form="clamped_softplus",
+    use_a_log=True,
     forget_gate_rank=128,
     output_gate_rank=None,
     output_gate_bias=False,
-    has_a_log=True,
-    fused_qkv_conv=False,
+    norm_eps=1e-5,
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(
         num_heads=96,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
+        qk_head_dim=128,
         v_head_dim=128,
+        kv_lora_rank=512,
         q_lora_rank=1536,
+        shared_key_dim=64,
         output_gate=True,
         output_gate_rank=128,  # attention_mla.py @ bf801f44: g_a_proj [emb_dim, head_dim]
     ),
-    norm_eps=1e-5,
     source=(
         "AI-Hypercomputer/maxtext src/maxtext/configs/models/kimi-k3.yml and "
         "src/maxtext/layers/kda.py @ bf801f4474c4367f1b03a202e793ec7724f1f3db"
@@ -415,23 +388,23 @@ KIMI_K3 = KDAPreset(
 # f_a_proj/f_b_proj and g_a_proj/g_b_proj of rank linear_head_dim without bias, b_proj,
 # A_log [H], dt_bias [H K], o_norm [head_dim], o_proj; safe gate
 # lower_bound * sigmoid(exp(A_log) * (f + dt_bias)).
-GLM_5_3_FLASH = KDAPreset(
+GLM_5_3_FLASH = ModelPreset(
     name="GLM-5.3-Flash",
     hidden_size=4096,
     num_heads=64,
-    head_dim=128,
     num_v_heads=64,
+    head_dim=128,
     conv_size=4,
+    fused_qkv_conv=True,
+    gate_form=GateForm.SAFE_SIGMOID,
     lower_bound=-5.0,
-    gate_form="safe_sigmoid",
+    use_a_log=True,
     forget_gate_rank=128,
     output_gate_rank=128,
     output_gate_bias=False,
-    has_a_log=True,
-    fused_qkv_conv=True,
+    norm_eps=1e-5,
     layer_kinds=tuple("mla" if (i + 1) % 4 == 0 else "kda" for i in range(45)),
     mla=None,
-    norm_eps=1e-5,
     source=(
         "AI-Hypercomputer/maxtext src/maxtext/configs/models/glm5.3-flash.yml @ "
         "efcd1586fa6a42f8dca0aebbcc06f53d82898514; src/maxtext/models/glm5_next.py @ "
@@ -444,4 +417,4 @@ GLM_5_3_FLASH = KDAPreset(
     ),
 )
 
-PRESETS: dict[str, KDAPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}

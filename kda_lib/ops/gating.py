@@ -10,10 +10,15 @@ projection ``f`` of the input, a per-channel bias ``dt_bias`` and a per-head rat
 * safe gate without a rate (``a_log=None``, ``lower_bound`` set; fla's ``A_log=None``, fla PR
   #1107): ``g = lower_bound * sigmoid(f + dt_bias)``, i.e. ``A = 1``. The softplus gate has no
   such form (fla refuses ``A_log=None`` without ``lower_bound``, and so does kda_lib).
+
+:class:`GateForm` names these forms (and the clamped softplus gate of MaxText's Kimi K3 layer,
+``max(-A softplus(f + dt_bias), lower_bound)``) for every config that chooses one:
+:class:`kda_lib.KDAConfig` and :class:`kda_lib.models.presets.ModelPreset`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 
 import jax
@@ -21,6 +26,43 @@ import jax.numpy as jnp
 import numpy as np
 
 LOWER_BOUND_RANGE = (-5.0, 0.0)
+
+
+class GateForm(enum.StrEnum):
+    """How the forget gate applies ``lower_bound`` (the forms above).
+
+    ``SOFTPLUS``: ``-A softplus(f + dt_bias)``, no bound (``lower_bound=None``);
+    ``SAFE_SIGMOID``: ``lower_bound * sigmoid(A (f + dt_bias))``, this repository's safe gate;
+    ``CLAMPED_SOFTPLUS``: ``max(-A softplus(f + dt_bias), lower_bound)`` (MaxText's Kimi K3).
+    """
+
+    SOFTPLUS = "softplus"
+    SAFE_SIGMOID = "safe_sigmoid"
+    CLAMPED_SOFTPLUS = "clamped_softplus"
+
+
+def check_gate_form(gate_form, lower_bound: float | None, *, where: str = "gate_form") -> GateForm:
+    """``gate_form`` as a :class:`GateForm` that fits ``lower_bound``, or a ValueError naming
+    ``where``.
+
+    A plain string is accepted (``"safe_sigmoid"``); None picks the form ``lower_bound``
+    implies (``SOFTPLUS`` without a bound, else ``SAFE_SIGMOID``). A given form must agree
+    with ``lower_bound``: only the softplus gate has no bound.
+    """
+    if gate_form is None:
+        return GateForm.SOFTPLUS if lower_bound is None else GateForm.SAFE_SIGMOID
+    try:
+        form = GateForm(gate_form)
+    except ValueError:
+        allowed = tuple(form.value for form in GateForm)
+        raise ValueError(f"{where} must be one of {allowed}, got {gate_form!r}") from None
+    if (form is GateForm.SOFTPLUS) != (lower_bound is None):
+        raise ValueError(
+            f"{where}={form.value!r} does not fit lower_bound={lower_bound} (only the softplus "
+            "gate has no bound; after dataclasses.replace with a new lower_bound, pass "
+            "gate_form=None to derive the form again)"
+        )
+    return form
 
 
 def check_lower_bound(lower_bound: float | None) -> None:

@@ -16,10 +16,10 @@ FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "data" / "fixtures"
 
 
 def exercise_1(config):
-    """Full-rank gates: build the layer with ``gate_low_rank=None`` and count its parameters."""
-    layer = kda_lib.KimiDeltaAttention(
-        dataclasses.replace(config, gate_low_rank=None), rngs=nnx.Rngs(0)
-    )
+    """Full-rank gates: build the layer with ``forget_gate_rank=None`` and
+    ``output_gate_rank=None`` and count its parameters."""
+    full = dataclasses.replace(config, forget_gate_rank=None, output_gate_rank=None)
+    layer = kda_lib.KimiDeltaAttention(full, rngs=nnx.Rngs(0))
     return sum(a.size for a in jax.tree.leaves(nnx.state(layer, nnx.Param)))
 
 
@@ -41,7 +41,8 @@ def exercise_3(fixture, lower_bound=-5.0):
         head_dim=cfg["head_dim"],
         conv_size=cfg["conv_size"],
         lower_bound=lower_bound,
-        gate_low_rank=cfg["head_dim"],
+        forget_gate_rank=cfg["head_dim"],
+        output_gate_rank=cfg["head_dim"],
         norm_eps=cfg["norm_eps"],
     )
     state_dict = {n.removeprefix("sd/"): fixture[n] for n in fixture.files if n.startswith("sd/")}
@@ -49,9 +50,8 @@ def exercise_3(fixture, lower_bound=-5.0):
 
 
 def cases():
-    config = kda_lib.KDAConfig(
-        hidden_size=64, num_heads=2, head_dim=16, conv_size=4, gate_low_rank=8
-    )
+    ranks = dict(forget_gate_rank=8, output_gate_rank=8)
+    config = kda_lib.KDAConfig(hidden_size=64, num_heads=2, head_dim=16, conv_size=4, **ranks)
     x = jax.random.normal(jax.random.key(0), (2, 12, 64))
     low_rank = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
     kda_g = kda_lib.kda_gate(

@@ -170,16 +170,16 @@ def test_every_public_function_refuses_impossible_sizes_by_name(function, argume
 def test_negative_or_infinite_context_and_a_non_preset_are_refused(context):
     with pytest.raises((ValueError, TypeError), match="context must be"):
         at_scale.mla_decode_bytes(KIMI, context=context)
-    with pytest.raises(TypeError, match="p must be a KDAPreset"):
+    with pytest.raises(TypeError, match="preset must be a ModelPreset"):
         at_scale.kda_matmul_params({"hidden_size": 4})
 
 
 @pytest.mark.parametrize(
     "field,value",
     [("hidden_size", 0), ("head_dim", 2.0), ("num_v_heads", -32), ("conv_size", -1)]
-    + [("forget_gate_rank", 0.5), ("output_gate_rank", 0), ("has_a_log", 1)]
-    + [("norm_eps", 0.0), ("num_v_heads", 33)],
+    + [("forget_gate_rank", 0.5), ("output_gate_rank", 0), ("use_a_log", 1)]
+    + [("norm_eps", 0.0), ("num_v_heads", 33), ("gate_form", "sigmoid")],
 )
 def test_a_preset_with_impossible_numbers_is_refused_at_construction(field, value):
-    with pytest.raises((ValueError, TypeError), match=f"KDAPreset.{field}"):
+    with pytest.raises((ValueError, TypeError), match=f"ModelPreset.{field}"):
         dataclasses.replace(KIMI, **{field: value})

@@ -159,8 +159,8 @@ def test_generation_with_the_published_models_kda_options(monkeypatch):
     from kda_lib.models import tiny_lm
 
     def factory(config, rngs):
-        options = dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False, gate_low_rank=4)
-        options.update(full_rank_output_gate=True, fused_qkv_conv=True)
+        options = dict(num_v_heads=4, gate_form="safe_sigmoid", lower_bound=-5.0, use_a_log=False)
+        options.update(forget_gate_rank=4, output_gate_rank=None, fused_qkv_conv=True)
         return KimiDeltaAttention(dataclasses.replace(config.kda_config(), **options), rngs=rngs)
 
     monkeypatch.setitem(tiny_lm.MIXERS, "kda_options", factory)

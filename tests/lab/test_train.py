@@ -672,7 +672,10 @@ def test_no_decay_set_of_every_mixer_is_unchanged(mixer):
 @pytest.mark.parametrize(
     "options, expected",
     [
-        (dict(gate_low_rank=4), {"A_log", "dt_bias", "g_proj.layers.1.bias", "o_norm"}),
+        (
+            dict(forget_gate_rank=4, output_gate_rank=4),
+            {"A_log", "dt_bias", "g_proj.layers.1.bias", "o_norm"},
+        ),
         (dict(output_gate_bias=False), {"A_log", "dt_bias", "o_norm"}),
         (dict(conv_size=0), {"A_log", "dt_bias", "g_proj.bias", "o_norm"}),
     ],
@@ -682,7 +685,9 @@ def test_no_decay_set_of_layer_variants_is_unchanged(options, expected):
     from kda_lib.layers.params import weight_decay_mask
 
     layer = nnx.eval_shape(
-        lambda: KimiDeltaAttention(KDAConfig(16, 2, 8, **options), rngs=nnx.Rngs(0))
+        lambda: KimiDeltaAttention(
+            KDAConfig(hidden_size=16, num_heads=2, head_dim=8, **options), rngs=nnx.Rngs(0)
+        )
     )
     mask = jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
     assert {".".join(parameter_path_names(p)) for p, d in mask if not d} == expected

@@ -34,7 +34,14 @@ from kda_lib.models.presets import KIMI_LINEAR_48B, build_kda_layer
 from kda_lib.testing import assert_close
 
 # a small Kimi Linear KDA layer: gates of rank head_dim, no output-gate bias, softplus gate
-SMALL = KDAConfig(hidden_size=32, num_heads=2, head_dim=8, gate_low_rank=8, output_gate_bias=False)
+SMALL = KDAConfig(
+    hidden_size=32,
+    num_heads=2,
+    head_dim=8,
+    forget_gate_rank=8,
+    output_gate_rank=8,
+    output_gate_bias=False,
+)
 
 
 def _layer(config=SMALL, seed=0):
@@ -243,8 +250,11 @@ def test_the_fla_fixture_weights_in_the_published_naming_give_fla_s_output(tmp_p
 ROUND_TRIP = {
     "published": {},
     # fla's grouped value heads with its safe gate without A_log (no A_log tensor at all)
-    "grouped_no_a_log": dict(num_v_heads=4, lower_bound=-5.0, use_a_log=False),
-    "full_rank_output_gate_with_bias": dict(full_rank_output_gate=True, output_gate_bias=True),
+    "grouped_no_a_log": dict(
+        num_v_heads=4, gate_form="safe_sigmoid", lower_bound=-5.0, use_a_log=False
+    ),
+    "full_rank_output_gate_with_bias": dict(output_gate_rank=None, output_gate_bias=True),
+    "full_rank_forget_gate": dict(forget_gate_rank=None),
 }
 
 
@@ -278,7 +288,7 @@ def test_layouts_without_a_checkpoint_name_are_refused():
     for naming in ("fla", "kimi_linear"):
         with pytest.raises(ValueError, match="one fused qkv_conv1d"):
             state_dict_names(fused, naming)
-    full = _layer(dataclasses.replace(SMALL, full_rank_output_gate=True))
+    full = _layer(dataclasses.replace(SMALL, output_gate_rank=None))
     names = state_dict_names(full, "kimi_linear")
     assert names["g_proj.weight"] == (16, 32) and "g_a_proj.weight" not in names
 

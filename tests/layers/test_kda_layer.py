@@ -17,7 +17,9 @@ BASE = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8)
 
 
 def _layer(**changes):
-    return KimiDeltaAttention(dataclasses.replace(BASE, **changes), rngs=nnx.Rngs(0))
+    # gate_form=None: the form follows the changed lower_bound unless a change names it
+    config = dataclasses.replace(BASE, **{"gate_form": None, **changes})
+    return KimiDeltaAttention(config, rngs=nnx.Rngs(0))
 
 
 def _x(batch=2, seq_len=70, hidden=32, seed=1):
@@ -58,9 +60,10 @@ def test_fla_state_dict_mismatch_is_reported():
 
 # both gates and both gate projections: the two flags select independent parts of the layer
 # (the gate function; the gate projection's layers), so two cases cover all four values
-@pytest.mark.parametrize("lower_bound,gate_low_rank", [(None, None), (-5.0, 8)])
-def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
-    layer = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank)
+@pytest.mark.parametrize("lower_bound,gate_rank", [(None, None), (-5.0, 8)])
+def test_forward_backward_finite_and_bf16_close(lower_bound, gate_rank):
+    ranks = dict(forget_gate_rank=gate_rank, output_gate_rank=gate_rank)
+    layer = _layer(lower_bound=lower_bound, **ranks)
     x = _x()
 
     def loss(m):
@@ -72,7 +75,7 @@ def test_forward_backward_finite_and_bf16_close(lower_bound, gate_low_rank):
     for path, g in jax.tree_util.tree_leaves_with_path(grads):
         assert np.isfinite(np.asarray(g)).all(), path
         assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
-    bf16 = _layer(lower_bound=lower_bound, gate_low_rank=gate_low_rank, dtype=jnp.bfloat16)
+    bf16 = _layer(lower_bound=lower_bound, **ranks, dtype=jnp.bfloat16)
     assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
     y16 = nnx.jit(lambda m: m(x))(bf16)
     assert y16.dtype == jnp.bfloat16
@@ -146,7 +149,7 @@ def test_no_conv_and_neg_eigval_variants():
 
 
 def test_parameter_names_dtypes_and_decay_mask():
-    layer = _layer(gate_low_rank=8)
+    layer = _layer(forget_gate_rank=8, output_gate_rank=8)
     params = nnx.state(layer, nnx.Param)
     names = {_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(params)}
     for expected in (
@@ -215,7 +218,9 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     from kda_lib.layers.kda_layer import max_segments_bound
 
     ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
-    cfg = dataclasses.replace(BASE, lower_bound=-5.0, implementation="tokamax_xla")
+    cfg = dataclasses.replace(
+        BASE, gate_form="safe_sigmoid", lower_bound=-5.0, implementation="tokamax_xla"
+    )
     assert max_segments_bound(ids, cfg) == 3  # row 0: runs 1, 2 and the padding
     assert max_segments_bound(ids, dataclasses.replace(cfg, max_num_segments=5)) == 5
     assert max_segments_bound(ids, dataclasses.replace(cfg, implementation="chunked")) is None
@@ -247,11 +252,13 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
 # each option alone on the small layer; (B)ASE has K = 16, V = 8, H = 2
 OPTIONS = {
     # MaxText's Kimi K3 layer: low-rank forget gate, one full-rank output-gate projection
-    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    "full_rank_output": dict(forget_gate_rank=4, output_gate_rank=None),
+    # the mirror image: a full-rank forget gate beside a low-rank output gate
+    "full_rank_forget": dict(forget_gate_rank=None, output_gate_rank=4),
     # GLM-5.3-Flash: one depthwise conv over concat(q, k, v)
     "fused_qkv_conv": dict(fused_qkv_conv=True),
     # MaxText's Kimi K3 layer: max(-A softplus(f + dt_bias), -5)
-    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),
+    "clamped_softplus": dict(gate_form="clamped_softplus", lower_bound=-5.0),
     # fla's num_v_heads: 4 value heads on 2 q/k heads
     "grouped_value_heads": dict(num_v_heads=4),
     # fla's safe gate without A_log (A = 1), with grouped value heads
@@ -261,7 +268,7 @@ OPTIONS = {
 
 def _fast_implementations(config):
     """The implementations besides the oracle that serve ``config`` on CPU."""
-    fused_safe = config.lower_bound is not None and not config.clamped_gate
+    fused_safe = config.gate_form == "safe_sigmoid"
     return ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if fused_safe else [])
 
 
@@ -339,20 +346,26 @@ def test_fused_qkv_conv_is_three_convs_in_one_tensor():
     assert relative_l2(run(fused, x, ids), run(separate, x, ids)) > 1e-2
 
 
-def test_full_rank_output_gate_beside_a_low_rank_forget_gate():
-    layer = _layer(**OPTIONS["full_rank_output_gate"])
+def test_each_gate_projection_takes_its_own_rank():
+    layer = _layer(**OPTIONS["full_rank_output"])
     assert isinstance(layer.f_proj, nnx.Sequential)
     assert layer.g_proj.kernel[...].shape == (32, 2 * 8)  # d x H V, one matmul
-    low = _layer(gate_low_rank=4)
+    low = _layer(forget_gate_rank=4, output_gate_rank=4)
     count = lambda m: sum(a.size for a in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
     # d V H (+ H V bias) instead of d r + r H V (+ H V bias)
     assert count(layer) - count(low) == 32 * 16 - (32 * 4 + 4 * 16)
+    mirror = _layer(**OPTIONS["full_rank_forget"])
+    assert mirror.f_proj.kernel[...].shape == (32, 2 * 16)  # d x H K, one matmul
+    assert [m.kernel[...].shape for m in mirror.g_proj.layers] == [(32, 4), (4, 2 * 8)]
+    # d K H instead of d r + r H K (the forget gate's)
+    assert count(mirror) - count(low) == 32 * 32 - (32 * 4 + 4 * 32)
 
 
-def test_clamped_gate_is_the_clamped_softplus():
-    from kda_lib import kda_gate
+def test_clamped_softplus_gate_form():
+    from kda_lib import GateForm, kda_gate
 
-    layer = _layer(**OPTIONS["clamped_gate"])
+    layer = _layer(**OPTIONS["clamped_softplus"])
+    assert layer.config.gate_form is GateForm.CLAMPED_SOFTPLUS  # the string, stored as the enum
     assert layer.kernel_kwargs() == dict(use_qk_l2norm=True, allow_neg_eigval=False)
     x = 3.0 * _x(seq_len=20)  # large inputs: some channels reach the bound
     g = layer.project(x).f
@@ -368,16 +381,26 @@ def test_clamped_gate_is_the_clamped_softplus():
 def test_option_errors_name_the_field():
     with pytest.raises(ValueError, match="num_v_heads must be a multiple of num_heads=2"):
         dataclasses.replace(BASE, num_v_heads=3)
-    with pytest.raises(ValueError, match="clamped_gate clamps the softplus gate at lower_bound"):
-        dataclasses.replace(BASE, clamped_gate=True)
-    unfused = "tokamax_xla_chunked needs the fused safe gate.*clamped_gate"
+    with pytest.raises(ValueError, match="KDAConfig.gate_form='clamped_softplus' does not fit"):
+        dataclasses.replace(BASE, gate_form="clamped_softplus")  # no lower_bound to clamp at
+    with pytest.raises(ValueError, match="KDAConfig.gate_form='softplus' does not fit"):
+        dataclasses.replace(BASE, lower_bound=-5.0)  # replace keeps the derived softplus form
+    assert dataclasses.replace(BASE, lower_bound=-5.0, gate_form=None).gate_form == "safe_sigmoid"
+    allowed = r"KDAConfig.gate_form must be one of \('softplus', 'safe_sigmoid', 'clamped_softp"
+    for bad in ("sigmoid", 1, True):
+        with pytest.raises(ValueError, match=allowed):
+            dataclasses.replace(BASE, gate_form=bad)
+    unfused = "tokamax_xla_chunked needs the fused safe gate.*gate_form='clamped_softplus'"
     with pytest.raises(ValueError, match=unfused):
         dataclasses.replace(
-            BASE, lower_bound=-5.0, clamped_gate=True, implementation="tokamax_xla_chunked"
+            BASE,
+            gate_form="clamped_softplus",
+            lower_bound=-5.0,
+            implementation="tokamax_xla_chunked",
         )
     with pytest.raises(ValueError, match="fused_qkv_conv needs a conv"):
         dataclasses.replace(BASE, fused_qkv_conv=True, conv_size=0)
-    for name in ("use_a_log", "full_rank_output_gate", "fused_qkv_conv", "clamped_gate"):
+    for name in ("use_a_log", "fused_qkv_conv", "output_gate_bias"):
         with pytest.raises(ValueError, match=f"KDAConfig.{name} must be a bool"):
             dataclasses.replace(BASE, **{name: 1})
 

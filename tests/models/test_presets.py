@@ -130,8 +130,9 @@ def test_kimi_k3_builds_with_the_published_parameter_count():
     assert KIMI_K3.lower_bound == y["kda_gate_lower_bound"]
     layer = build_kda_layer(KIMI_K3)
     assert parameter_count(layer) == expected
-    assert layer.config.clamped_gate and layer.config.lower_bound == -5.0
-    assert layer.config.full_rank_output_gate and layer.config.gate_low_rank == y["head_dim"]
+    assert layer.config.gate_form == "clamped_softplus" and layer.config.lower_bound == -5.0
+    assert layer.config.output_gate_rank is None
+    assert layer.config.forget_gate_rank == y["head_dim"]
     assert layer.g_proj.kernel.get_value().shape == (7168, 12288)
     with pytest.raises(NotImplementedError, match="mla_use_output_gate"):
         build_mla_layer(KIMI_K3)
@@ -162,7 +163,7 @@ def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
     layer = build_kda_layer(GLM_5_3_FLASH)
     assert parameter_count(layer) == expected
     assert layer.q_conv1d is None and layer.qkv_conv1d.kernel.get_value().shape == (4, 3 * 8192)
-    assert not layer.config.clamped_gate and layer.config.lower_bound == -5.0  # sigmoid gate
+    assert layer.config.gate_form == "safe_sigmoid" and layer.config.lower_bound == -5.0
     with pytest.raises(NotImplementedError, match="no MLA widths"):
         GLM_5_3_FLASH.mla_parameter_count()
     # the fused layout is a layout: unfused, the same layer has the same count
@@ -170,24 +171,46 @@ def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
     assert parameter_count(build_kda_layer(unfused)) == expected
 
 
-@pytest.mark.parametrize(
-    "change, option",
-    [
-        (dict(has_a_log=False), "the softplus gate without A_log"),
-        (dict(output_gate_rank=64), "different low ranks of the forget and output gates"),
-    ],
-)
-def test_each_missing_option_is_named(change, option):
-    preset = dataclasses.replace(KIMI_LINEAR_48B, **change)
-    with pytest.raises(NotImplementedError, match=option):
+def test_the_missing_option_is_named():
+    preset = dataclasses.replace(KIMI_LINEAR_48B, use_a_log=False)
+    with pytest.raises(NotImplementedError, match="the softplus gate without A_log"):
         build_kda_layer(preset)
 
 
+@pytest.mark.parametrize("ranks", [(128, 64), (None, 64), (64, None), (None, None)])
+def test_each_gate_rank_builds_with_the_preset_s_count(ranks):
+    forget, output = ranks
+    preset = dataclasses.replace(KIMI_LINEAR_48B, forget_gate_rank=forget, output_gate_rank=output)
+    layer = build_kda_layer(preset)
+    assert (layer.config.forget_gate_rank, layer.config.output_gate_rank) == ranks
+    assert parameter_count(layer) == preset.kda_parameter_count()
+
+
+def test_the_preset_and_the_config_share_their_names():
+    from kda_lib.layers.kda_layer import KDAConfig
+    from kda_lib.layers.mla import MLAConfig
+
+    config = KIMI_K3.kda_config()
+    kda_fields = [f.name for f in dataclasses.fields(KDAConfig)]
+    shared = [f.name for f in dataclasses.fields(presets.ModelPreset) if f.name in kda_fields]
+    assert len(shared) == 13 and shared == [n for n in kda_fields if n in shared]  # same order
+    assert all(getattr(config, name) == getattr(KIMI_K3, name) for name in shared)
+    mla_fields = {f.name for f in dataclasses.fields(MLAConfig)}
+    assert {f.name for f in dataclasses.fields(presets.MLAShape)} - mla_fields == {
+        "output_gate",
+        "output_gate_rank",
+    }
+
+
 def test_preset_fields_are_checked():
-    with pytest.raises(ValueError, match="gate_form"):
+    from kda_lib.ops.gating import GateForm
+
+    with pytest.raises(ValueError, match=r"ModelPreset.gate_form must be one of \('softplus'"):
         dataclasses.replace(KIMI_LINEAR_48B, gate_form="sigmoid")
-    with pytest.raises(ValueError, match="does not fit gate_form"):
+    with pytest.raises(ValueError, match="gate_form='softplus' does not fit lower_bound=-5.0"):
         dataclasses.replace(KIMI_LINEAR_48B, lower_bound=-5.0)
+    bounded = dataclasses.replace(KIMI_LINEAR_48B, gate_form="safe_sigmoid", lower_bound=-5.0)
+    assert bounded.gate_form is GateForm.SAFE_SIGMOID  # a string is stored as the enum
     with pytest.raises(ValueError, match="unknown kinds"):
         dataclasses.replace(KIMI_LINEAR_48B, layer_kinds=("kda", "attention"))
 
@@ -207,7 +230,7 @@ def test_output_gate_without_bias_runs_and_imports_without_the_bias():
     from kda_lib.layers.checkpoints import state_dict_names
     from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 
-    cfg = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, gate_low_rank=4)
+    cfg = KDAConfig(hidden_size=16, num_heads=2, head_dim=8, forget_gate_rank=4, output_gate_rank=4)
     with_bias = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     layer = KimiDeltaAttention(dataclasses.replace(cfg, output_gate_bias=False), rngs=nnx.Rngs(0))
     assert parameter_count(with_bias) - parameter_count(layer) == 2 * 8
@@ -231,7 +254,7 @@ def test_grouped_value_heads_and_the_rate_free_safe_gate_build_from_a_preset():
     assert parameter_count(layer) == grouped.kda_parameter_count()
     assert layer.v_proj.kernel.get_value().shape == (2304, 64 * 128)
     assert layer.A_log.get_value().shape == (64,) and layer.b_proj.kernel.get_value().shape[1] == 64
-    rate_free = dataclasses.replace(GLM_5_3_FLASH, has_a_log=False)
+    rate_free = dataclasses.replace(GLM_5_3_FLASH, use_a_log=False)
     layer = build_kda_layer(rate_free)
     assert layer.A_log is None and not layer.config.use_a_log
     assert (

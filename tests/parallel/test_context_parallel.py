@@ -203,11 +203,14 @@ def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
 
 # the options of the published models' layers (issue 27), each under CP with packed segments
 LAYER_OPTIONS = {
-    "full_rank_output_gate": dict(gate_low_rank=4, full_rank_output_gate=True),
+    "full_rank_output": dict(forget_gate_rank=4, output_gate_rank=None),
     "fused_qkv_conv": dict(fused_qkv_conv=True),  # the halo of the one fused conv
-    "clamped_gate": dict(lower_bound=-5.0, clamped_gate=True),  # activated before the kernel
+    # activated before the kernel
+    "clamped_softplus": dict(gate_form="clamped_softplus", lower_bound=-5.0),
     # HV = 4 value heads on 2 q/k heads, the safe gate without A_log: HV-headed summaries
-    "no_a_log_grouped": dict(lower_bound=-5.0, use_a_log=False, num_v_heads=4),
+    "no_a_log_grouped": dict(
+        gate_form="safe_sigmoid", lower_bound=-5.0, use_a_log=False, num_v_heads=4
+    ),
 }
 
 

@@ -363,8 +363,9 @@ def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():
     import kda_lib
 
     d, heads = 2048, 16
+    rank = d // heads
     config = kda_lib.KDAConfig(
-        hidden_size=d, num_heads=heads, head_dim=d // heads, gate_low_rank=d // heads
+        hidden_size=d, num_heads=heads, head_dim=rank, forget_gate_rank=rank, output_gate_rank=rank
     )
     layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
     up = layer.g_proj.layers[1].kernel  # W_z up, [r, H d_v]

@@ -14,8 +14,9 @@ from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 @checker("04.1")
 def full_rank_gates(answer, *, config: KDAConfig):
-    """``answer``: the number of parameters of ``config``'s layer with ``gate_low_rank=None``."""
-    full = dataclasses.replace(config, gate_low_rank=None)
+    """``answer``: the number of parameters of ``config``'s layer with full-rank gates
+    (``forget_gate_rank=None``, ``output_gate_rank=None``)."""
+    full = dataclasses.replace(config, forget_gate_rank=None, output_gate_rank=None)
     expected = parameter_count(nnx.eval_shape(lambda: KimiDeltaAttention(full, rngs=nnx.Rngs(0))))
     hint = refuse_degenerate(answer, shape=(), integer=True, what="the parameter count")
     if hint:
@@ -52,7 +53,8 @@ def _safe_gate_layer(fixture):
         head_dim=cfg["head_dim"],
         conv_size=cfg["conv_size"],
         lower_bound=cfg["lower_bound"],
-        gate_low_rank=cfg["head_dim"],
+        forget_gate_rank=cfg["head_dim"],
+        output_gate_rank=cfg["head_dim"],
         norm_eps=cfg["norm_eps"],
     )
     state_dict = {n.removeprefix("sd/"): fixture[n] for n in fixture.files if n.startswith("sd/")}
