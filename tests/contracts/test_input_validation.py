@@ -433,10 +433,12 @@ def test_every_notebook_checks_its_parameters_before_its_setup():
 
     import jupytext
 
-    for source in sorted(pathlib.Path(__file__).parents[2].glob("notebooks/0*.py")):
+    sources = sorted(pathlib.Path(__file__).parents[2].glob("notebooks/[0-9][0-9]_*.py"))
+    assert len(sources) >= 11
+    for source in sources:
         cells = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
         index = next(i for i, c in enumerate(cells) if "parameters" in c.metadata.get("tags", []))
-        install = next(i for i, c in enumerate(cells) if "# Install:" in c.source)
+        install = next(i for i, c in enumerate(cells) if c.source.startswith("# Install"))
         assert install > index, source.name
         # the imports-and-setup cell: the check comes before setup() and any work
         code = cells[install + 1].source
