@@ -7,6 +7,7 @@ are executed with the environment's own XLA_FLAGS (``USER_XLA_FLAGS``) plus the 
 flags where their time is compilation (``tests/teaching/test_notebooks.py`` says which,
 measured)."""
 
+import gc
 import json
 import os
 
@@ -85,6 +86,19 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
+
+
+def pytest_unconfigure(config):
+    """An xdist worker has sent its last report: let it end without a garbage collection.
+
+    execnet (xdist's transport) sends a worker SIGINT when it is still running 5 s after the
+    controller asked it to end; on a loaded machine a full collection over the session's heap
+    (thousands of compiled programs and arrays) takes longer, and the SIGINT surfaced as a
+    KeyboardInterrupt traceback in a gc callback just above the final "passed" line. The
+    process is about to exit, so its cyclic garbage need not be collected."""
+    if hasattr(config, "workerinput"):
+        gc.freeze()
+        gc.disable()
 
 
 def load_fla_layer_fixture(case: str):
