@@ -30,7 +30,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_array, check_int, is_concrete, is_number
+from kda_lib.checks import (
+    check_allocation,
+    check_array,
+    check_int,
+    is_concrete,
+    is_number,
+)
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
@@ -92,6 +98,17 @@ _INT_FIELDS = (
     ("forget_gate_rank", "a positive int or None", 1, True),
     ("output_gate_rank", "a positive int or None", 1, True),
     ("max_num_segments", "None or a positive int", 1, True),
+)
+# the fields a layer's parameter count grows with (the one a too-large layer's error names)
+_WIDTH_FIELDS = (
+    "hidden_size",
+    "num_heads",
+    "num_v_heads",
+    "head_dim",
+    "value_head_dim",
+    "conv_size",
+    "forget_gate_rank",
+    "output_gate_rank",
 )
 _BOOL_FIELDS = (
     "fused_qkv_conv",
@@ -210,6 +227,46 @@ class KDAConfig:
         check_implementation(self.implementation, "KDAConfig.implementation")
         for problem in self._combination_problems():
             raise ValueError(f"KDAConfig{problem}")
+        self._check_parameter_memory()
+
+    def _check_parameter_memory(self) -> None:
+        """Refuse widths whose parameters cannot fit this machine's memory
+        (:func:`kda_lib.checks.check_allocation`), before any is allocated, naming the largest
+        width field."""
+        count = self.parameter_count()
+        nbytes = count * jnp.dtype(self.param_dtype).itemsize
+        widths = {name: getattr(self, name) or 0 for name in _WIDTH_FIELDS}
+        name = max(widths, key=widths.get)
+        check_allocation(
+            f"KDAConfig.{name}",
+            widths[name],
+            f"the layer's parameters ({count:.3g} scalars of {jnp.dtype(self.param_dtype).name})",
+            nbytes,
+        )
+
+    def parameter_count(self) -> int:
+        """Scalars in the parameters of ``KimiDeltaAttention(self)``, from the widths alone
+        (nothing is built; equal to :func:`kda_lib.layers.params.parameter_count` of the
+        layer)."""
+        hidden, h, k, v, hv = (
+            self.hidden_size,
+            self.num_heads,
+            self.head_dim,
+            self.value_dim,
+            self.value_heads,
+        )
+        gate_channels = 1 if self.per_head_decay else k
+        count = hidden * (2 * h * k + hv * v)  # q, k, v projections
+        count += self.conv_size * (2 * h * k + hv * v)  # depthwise convs (fused or not)
+        for rank, out in (
+            (self.forget_gate_rank, hv * gate_channels),
+            (self.output_gate_rank, hv * v),
+        ):
+            count += hidden * out if rank is None else rank * (hidden + out)
+        count += hv * v if self.output_gate_bias else 0
+        count += hidden * hv  # b_proj
+        count += (hv if self.use_a_log else 0) + hv * gate_channels + v  # A_log, dt_bias, o_norm
+        return count + hv * v * hidden  # o_proj
 
     def _combination_problems(self):
         """Fields that are each valid but cannot go together, and what the implementation
