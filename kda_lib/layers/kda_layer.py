@@ -41,7 +41,7 @@ from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
 from kda_lib.ops.api import kda
-from kda_lib.ops.contract import check_chunk_size, check_segment_ids
+from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids
 from kda_lib.ops.gating import (
     GateForm,
     check_gate_form,
@@ -56,6 +56,7 @@ from kda_lib.ops.registry import (
     needs_segment_bound,
     option_problems,
     register_compiled_cache,
+    segment_slots_problem,
     uses_own_context_parallel,
 )
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -511,6 +512,7 @@ class KimiDeltaAttention(nnx.Module):
                 raise ValueError(
                     "segment_ids cannot be combined with a cache: decode one document per row"
                 )
+            self._check_segment_slots(batch, seq_len)
         if cache is not None:
             self._check_cache(cache, batch)
         if self.mesh is not None and cache is not None:
@@ -520,6 +522,29 @@ class KimiDeltaAttention(nnx.Module):
             )
         if is_concrete(x):
             _check_finite("x", x)
+
+    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
+        """A tokamax implementation keeps a state per segment slot: refuse a
+        ``max_num_segments`` whose slots cannot fit this machine's memory before any work
+        (:func:`kda_lib.ops.registry.segment_slots_problem`; per rank's slice under CP, and
+        then counted from concrete ids without the config's bound in the kernel's check)."""
+        cfg = self.config
+        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
+            return
+        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        dims = Dims(
+            batch,
+            -(-seq_len // ranks),
+            cfg.value_heads,
+            cfg.head_dim,
+            cfg.value_dim,
+            cfg.num_heads,
+        )
+        problem = segment_slots_problem(
+            cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
+        )
+        if problem:
+            raise ValueError(problem)
 
     # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
