@@ -210,7 +210,10 @@ class KDAConfig:
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
             self._set(name, bool(value))
-        check_lower_bound(self.lower_bound)
+        try:
+            check_lower_bound(self.lower_bound)
+        except ValueError as error:
+            raise ValueError(f"KDAConfig.{error}") from None
         if self.lower_bound is not None:
             self._set("lower_bound", float(self.lower_bound))
         form = check_gate_form(self.gate_form, self.lower_bound, where="KDAConfig.gate_form")
