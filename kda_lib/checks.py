@@ -1,9 +1,12 @@
-"""Argument checks every folder of kda_lib uses: ints, seeds, numbers, token ids, arrays.
+"""Argument checks every folder of kda_lib uses: ints, seeds, numbers, token ids, arrays, and
+sizes against the machine's memory.
 
 Each raises ``ValueError`` naming the argument and what was expected, before any work is done.
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -117,3 +120,55 @@ def check_array(name: str, x) -> None:
             f"{name} must be a jax or numpy array, got {type(x).__name__}"
             + (" (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else "")
         )
+
+
+# ------------------------------------------------------------------ sizes against memory
+
+
+def memory_limit() -> int | None:
+    """This machine's physical memory in bytes (``os.sysconf``: ``SC_PHYS_PAGES`` times
+    ``SC_PAGE_SIZE``), or None where the system does not say (the size checks then pass).
+
+    The bound of :func:`check_allocation`: an allocation above it cannot succeed here, whatever
+    else is running. It is the host's memory, not an accelerator's (usually smaller), so a size
+    under it may still fail on a device; the checks catch sizes no run here can hold."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # e.g. Windows has no sysconf
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
+def format_bytes(nbytes: float) -> str:
+    """``nbytes`` in binary units with two significant places: ``"4.0 TiB"``, ``"512 B"``."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    value, unit = float(nbytes), 0
+    while value >= 1024 and unit < len(units) - 1:
+        value, unit = value / 1024, unit + 1
+    if unit == 0:
+        return f"{int(value)} B"
+    return f"{value:.1f} {units[unit]}" if value < 100 else f"{value:.0f} {units[unit]}"
+
+
+def allocation_problem(what: str, nbytes: int, *, limit: int | None = None) -> str | None:
+    """``"<what> would take ~X (more than this machine's memory, Y)"`` when ``nbytes`` (an
+    estimate made before allocating) exceeds ``limit`` (default :func:`memory_limit`), else
+    None."""
+    limit = memory_limit() if limit is None else limit
+    if limit is None or nbytes <= limit:
+        return None
+    return (
+        f"{what} would take ~{format_bytes(nbytes)} (more than this machine's memory, "
+        f"{format_bytes(limit)})"
+    )
+
+
+def check_allocation(name: str, value, what: str, nbytes: int, *, limit=None) -> None:
+    """Refuse a size before anything is allocated: ``ValueError("<name>=<value>: <what> would
+    take ~X (more than this machine's memory, Y)")`` when the estimate ``nbytes`` exceeds
+    ``limit`` (default :func:`memory_limit`); otherwise nothing. ``name``: the argument to
+    blame, ``value`` its value (shown with ``!r``, or as it is when a str)."""
+    problem = allocation_problem(what, nbytes, limit=limit)
+    if problem:
+        shown = value if isinstance(value, str) else repr(value)
+        raise ValueError(f"{name}={shown}: {problem}")

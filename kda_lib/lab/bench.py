@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kda_lib.checks import check_option_minimums
+from kda_lib.checks import allocation_problem, check_option_minimums
 from kda_lib.lab import policy_grid
 from kda_lib.lab.measure import timed_call, xla_cost
 from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
@@ -588,6 +588,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     check_option_minimums(parser, args, OPTION_MINIMUMS)
     if min(args.seq_lens) < 1:
         parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
+    problem = _memory_problem(args)
+    if problem:
+        parser.error(problem)
     if args.warmup == 0:
         print(
             "warning: --warmup 0 times each row's first calls, which carry one-off costs "
@@ -610,6 +613,51 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         if problem:
             parser.error(f"--out: {problem}")
         args.out_path = Path(out)
+
+
+def input_bytes(args: argparse.Namespace) -> int:
+    """A lower bound on the bytes of the inputs every row is planned with (all of them are
+    built before the first is timed, see :func:`run`): per T, a kda entry's q, k, v, f, beta
+    (f and beta float32), softmax's q, k, v, the layer entries' input, parameters (a layer per
+    T, float32) and kernel inputs, and the training rows' tokens (``--train``). An unnamed
+    ``--impls`` counts one kda entry (the default list holds at least one)."""
+    batch, heads, key_dim, value_dim = args.batch, args.heads, args.key_dim, args.value_dim
+    item = jnp.dtype(args.dtype).itemsize
+    names = args.impls or ["chunked"]
+    kernels = sum(name not in ("softmax", "layer") for name in names)
+    hidden = heads * key_dim
+    params = 4 * hidden * heads * (2 * key_dim + 3 * value_dim)  # q, k, v, g, o projections
+    total = 0
+    for seq_len in args.seq_lens:
+        rows = batch * seq_len * heads
+        kernel = rows * ((2 * key_dim + value_dim) * item + 4 * key_dim + 4)
+        total += kernels * kernel
+        total += ("softmax" in names) * 3 * rows * key_dim * item
+        total += ("layer" in names) * (rows * key_dim * item + params + kernel)
+        total += args.train * len(args.train_mixers) * 8 * args.train_batch * (seq_len + 1)
+    return total
+
+
+def _memory_problem(args: argparse.Namespace) -> str | None:
+    """Why the planned inputs (:func:`input_bytes`) cannot fit this machine's memory, naming
+    the largest shape option, or None."""
+    sizes = {
+        "--seq-lens": max(args.seq_lens),
+        "--batch": args.batch,
+        "--heads": args.heads,
+        "--key-dim": args.key_dim,
+        "--value-dim": args.value_dim,
+    }
+    if args.train:
+        sizes["--train-batch"] = args.train_batch
+    nbytes = input_bytes(args)
+    problem = allocation_problem("the rows' inputs (all built before timing)", nbytes)
+    if problem is None:
+        return None
+    name = max(sizes, key=sizes.get)
+    shown = {**sizes, "--seq-lens": " ".join(map(str, args.seq_lens))}
+    others = ", ".join(f"{n} {v}" for n, v in shown.items() if n != name)
+    return f"{name} {shown[name]} (with {others}, --dtype {args.dtype}): {problem}"
 
 
 def _version(dist: str) -> str | None:

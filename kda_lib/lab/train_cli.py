@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from kda_lib.checks import MAX_SEED, check_option_minimums
+from kda_lib.checks import MAX_SEED, allocation_problem, check_option_minimums, format_bytes
 from kda_lib.lab.records import RECORDED_DIR, dumps, output_path_problem
 from kda_lib.lab.tasks import TASKS
 from kda_lib.lab.train import DEFAULT_TASK_OPTIONS, default_result_path, run_experiment, save_record
@@ -225,10 +225,27 @@ OPTION_MINIMUMS = dict(
 )
 
 
+# the largest value of the counting options: a billion steps (or held-out batches, or steps
+# between records) is days of even the smallest model, and larger counts overflow the int32
+# step counter of the learning-rate schedule inside jit
+OPTION_MAXIMUMS = dict(steps=10**9, eval_batches=10**9, log_every=10**9)
+
+# the options the memory estimate of a run reads (see _memory_problem)
+SIZE_OPTIONS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "batch_size",
+                "seq_len")  # fmt: skip
+
+
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pathlib.Path:
     """Reject bad option values before any work (argparse's error: exit status 2, naming the
     option) and return the record's path, checked to be writable."""
     check_option_minimums(parser, args, OPTION_MINIMUMS)
+    for name, maximum in OPTION_MAXIMUMS.items():
+        value = getattr(args, name)
+        if value > maximum:
+            parser.error(f"--{name.replace('_', '-')} must be <= {maximum:,}, got {value}")
+    problem = _memory_problem(args)
+    if problem:
+        parser.error(problem)
     if args.pop_probability is not None and not 0.0 <= args.pop_probability <= 1.0:
         parser.error(f"--pop-probability must lie in [0, 1], got {args.pop_probability}")
     if not 0 <= args.seed <= MAX_SEED:
@@ -248,6 +265,38 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
     if problem:
         parser.error(f"--output: {problem}")
     return path
+
+
+def _memory_problem(args: argparse.Namespace) -> str | None:
+    """Why the run cannot fit this machine's memory, naming the largest size option, or None.
+
+    A lower bound, from the sizes alone (nothing is built): AdamW training keeps 16 bytes a
+    parameter (float32 parameters, gradients and two moments), and every model has at least
+    the embedding and the output head (``vocab hidden`` each) and per layer the MLP (``2 hidden
+    2 hidden``) and the mixer's value and output projections (``2 hidden H K``); a step holds
+    at least the batch's logits (``B T vocab``) and one residual stream per layer (``B T
+    hidden``), 4 bytes each."""
+    task = DEFAULT_TASK_OPTIONS.get(args.task, {})
+    sizes = {
+        "vocab_size": args.vocab_size or task.get("vocab_size", 1),
+        **{name: getattr(args, name) or _model_default(name) for name in SIZE_OPTIONS[1:5]},
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+    }
+    vocab, hidden, layers, heads, head_dim, batch, seq_len = sizes.values()
+    params = 2 * vocab * hidden + layers * (4 * hidden * hidden + 2 * hidden * heads * head_dim)
+    activations = 4 * batch * seq_len * (vocab + layers * hidden)
+    what = (
+        f"training (at least: parameters, gradients and AdamW's moments "
+        f"~{format_bytes(16 * params)}, one batch's logits and residual streams "
+        f"~{format_bytes(activations)})"
+    )
+    problem = allocation_problem(what, 16 * params + activations)
+    if problem is None:
+        return None
+    name = max(sizes, key=sizes.get)
+    others = ", ".join(f"--{n.replace('_', '-')} {v}" for n, v in sizes.items() if n != name)
+    return f"--{name.replace('_', '-')} {sizes[name]} (with {others}): {problem}"
 
 
 def _rescue_record(record: dict, path: pathlib.Path, error: OSError) -> None:

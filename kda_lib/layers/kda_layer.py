@@ -30,12 +30,18 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_array, check_int, is_concrete, is_number
+from kda_lib.checks import (
+    check_allocation,
+    check_array,
+    check_int,
+    is_concrete,
+    is_number,
+)
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
 from kda_lib.ops.api import kda
-from kda_lib.ops.contract import check_chunk_size, check_segment_ids
+from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids
 from kda_lib.ops.gating import (
     GateForm,
     check_gate_form,
@@ -50,6 +56,7 @@ from kda_lib.ops.registry import (
     needs_segment_bound,
     option_problems,
     register_compiled_cache,
+    segment_slots_problem,
     uses_own_context_parallel,
 )
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
@@ -92,6 +99,17 @@ _INT_FIELDS = (
     ("forget_gate_rank", "a positive int or None", 1, True),
     ("output_gate_rank", "a positive int or None", 1, True),
     ("max_num_segments", "None or a positive int", 1, True),
+)
+# the fields a layer's parameter count grows with (the one a too-large layer's error names)
+_WIDTH_FIELDS = (
+    "hidden_size",
+    "num_heads",
+    "num_v_heads",
+    "head_dim",
+    "value_head_dim",
+    "conv_size",
+    "forget_gate_rank",
+    "output_gate_rank",
 )
 _BOOL_FIELDS = (
     "fused_qkv_conv",
@@ -192,7 +210,10 @@ class KDAConfig:
             if not isinstance(value, (bool, np.bool_)):
                 raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
             self._set(name, bool(value))
-        check_lower_bound(self.lower_bound)
+        try:
+            check_lower_bound(self.lower_bound)
+        except ValueError as error:
+            raise ValueError(f"KDAConfig.{error}") from None
         if self.lower_bound is not None:
             self._set("lower_bound", float(self.lower_bound))
         form = check_gate_form(self.gate_form, self.lower_bound, where="KDAConfig.gate_form")
@@ -210,6 +231,46 @@ class KDAConfig:
         check_implementation(self.implementation, "KDAConfig.implementation")
         for problem in self._combination_problems():
             raise ValueError(f"KDAConfig{problem}")
+        self._check_parameter_memory()
+
+    def _check_parameter_memory(self) -> None:
+        """Refuse widths whose parameters cannot fit this machine's memory
+        (:func:`kda_lib.checks.check_allocation`), before any is allocated, naming the largest
+        width field."""
+        count = self.parameter_count()
+        nbytes = count * jnp.dtype(self.param_dtype).itemsize
+        widths = {name: getattr(self, name) or 0 for name in _WIDTH_FIELDS}
+        name = max(widths, key=widths.get)
+        check_allocation(
+            f"KDAConfig.{name}",
+            widths[name],
+            f"the layer's parameters ({count:.3g} scalars of {jnp.dtype(self.param_dtype).name})",
+            nbytes,
+        )
+
+    def parameter_count(self) -> int:
+        """Scalars in the parameters of ``KimiDeltaAttention(self)``, from the widths alone
+        (nothing is built; equal to :func:`kda_lib.layers.params.parameter_count` of the
+        layer)."""
+        hidden, h, k, v, hv = (
+            self.hidden_size,
+            self.num_heads,
+            self.head_dim,
+            self.value_dim,
+            self.value_heads,
+        )
+        gate_channels = 1 if self.per_head_decay else k
+        count = hidden * (2 * h * k + hv * v)  # q, k, v projections
+        count += self.conv_size * (2 * h * k + hv * v)  # depthwise convs (fused or not)
+        for rank, out in (
+            (self.forget_gate_rank, hv * gate_channels),
+            (self.output_gate_rank, hv * v),
+        ):
+            count += hidden * out if rank is None else rank * (hidden + out)
+        count += hv * v if self.output_gate_bias else 0
+        count += hidden * hv  # b_proj
+        count += (hv if self.use_a_log else 0) + hv * gate_channels + v  # A_log, dt_bias, o_norm
+        return count + hv * v * hidden  # o_proj
 
     def _combination_problems(self):
         """Fields that are each valid but cannot go together, and what the implementation
@@ -454,6 +515,7 @@ class KimiDeltaAttention(nnx.Module):
                 raise ValueError(
                     "segment_ids cannot be combined with a cache: decode one document per row"
                 )
+            self._check_segment_slots(batch, seq_len)
         if cache is not None:
             self._check_cache(cache, batch)
         if self.mesh is not None and cache is not None:
@@ -463,6 +525,29 @@ class KimiDeltaAttention(nnx.Module):
             )
         if is_concrete(x):
             _check_finite("x", x)
+
+    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
+        """A tokamax implementation keeps a state per segment slot: refuse a
+        ``max_num_segments`` whose slots cannot fit this machine's memory before any work
+        (:func:`kda_lib.ops.registry.segment_slots_problem`; per rank's slice under CP, and
+        then counted from concrete ids without the config's bound in the kernel's check)."""
+        cfg = self.config
+        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
+            return
+        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        dims = Dims(
+            batch,
+            -(-seq_len // ranks),
+            cfg.value_heads,
+            cfg.head_dim,
+            cfg.value_dim,
+            cfg.num_heads,
+        )
+        problem = segment_slots_problem(
+            cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
+        )
+        if problem:
+            raise ValueError(problem)
 
     # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):

@@ -35,7 +35,7 @@ from flax import nnx
 from kda_lib.checks import check_int, check_number
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.ops.gating import GateForm, check_gate_form
+from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,28 +120,39 @@ class ModelPreset:
     notes: str = ""
 
     def __post_init__(self):
+        # numpy scalars are accepted where a Python number is and stored as Python numbers
         for name in ("hidden_size", "num_heads", "num_v_heads", "head_dim"):
-            check_int(f"ModelPreset.{name}", getattr(self, name), 1)
-        check_int("ModelPreset.conv_size", self.conv_size, 0)
+            self._set(name, check_int(f"ModelPreset.{name}", getattr(self, name), 1))
+        self._set("conv_size", check_int("ModelPreset.conv_size", self.conv_size, 0))
         for name in ("forget_gate_rank", "output_gate_rank"):
-            check_int(f"ModelPreset.{name}", getattr(self, name), 1, optional=True)
+            value = check_int(f"ModelPreset.{name}", getattr(self, name), 1, optional=True)
+            self._set(name, value)
         for name in ("fused_qkv_conv", "use_a_log", "output_gate_bias"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"ModelPreset.{name} must be True or False, got {value!r}")
-        check_number("ModelPreset.norm_eps", self.norm_eps, positive=True)
+        self._set("norm_eps", check_number("ModelPreset.norm_eps", self.norm_eps, positive=True))
         if self.lower_bound is not None:
-            check_number("ModelPreset.lower_bound", self.lower_bound)
+            bound = check_number("ModelPreset.lower_bound", self.lower_bound)
+            if bound >= 0:  # a bound on a log-space decay: every form's gate is <= 0
+                raise ValueError(
+                    "ModelPreset.lower_bound must be a negative float (the gate's bound on the "
+                    f"log decay) or None (the softplus gate), got {self.lower_bound!r}"
+                )
+            self._set("lower_bound", bound)
         if self.num_v_heads % self.num_heads:
             raise ValueError(
                 f"ModelPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
                 f"got {self.num_v_heads}"
             )
         form = check_gate_form(self.gate_form, self.lower_bound, where="ModelPreset.gate_form")
-        object.__setattr__(self, "gate_form", form)  # frozen: a string is stored as the enum
+        self._set("gate_form", form)  # a string is stored as the enum
         unknown = sorted(set(self.layer_kinds) - {"kda", "mla"})
         if unknown:
             raise ValueError(f"ModelPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
+
+    def _set(self, name, value):
+        object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
 
     @property
     def num_layers(self) -> int:
@@ -213,9 +224,17 @@ class ModelPreset:
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
+        missing = []
         if not self.use_a_log and self.gate_form is GateForm.SOFTPLUS:
-            return ["the softplus gate without A_log (only a bounded gate has a rate-free form)"]
-        return []
+            missing.append(
+                "the softplus gate without A_log (only a bounded gate has a rate-free form)"
+            )
+        low = LOWER_BOUND_RANGE[0]
+        if self.lower_bound is not None and self.lower_bound < low:
+            missing.append(
+                f"lower_bound={self.lower_bound:g}, below the layer's range [{low:g}, 0)"
+            )
+        return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
         """The :class:`kda_lib.KDAConfig` of this layer: every field the two share, copied

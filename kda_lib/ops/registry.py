@@ -16,6 +16,7 @@ compares ``implementation`` names.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -23,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_array
+from kda_lib.checks import allocation_problem, check_array
 from kda_lib.ops.chunked import chunked_core
 from kda_lib.ops.contract import (
+    Dims,
     KDAOptions,
     check_chunk_size,
     check_flag,
@@ -50,6 +52,7 @@ from kda_lib.ops.tokamax.adapter import (
     TOKAMAX_VARIANTS,
     TokamaxVariant,
     mosaic_problems,
+    segment_slot_count,
     tokamax_kda,
     tokamax_mosaic_context_parallel,
     tpu_generation,
@@ -288,7 +291,10 @@ class Tokamax(Backend):
                 f"segment_ids has a row with {most} segments but max_num_segments="
                 f"{options.max_num_segments}"
             ]
-        return []
+        problem = segment_slots_problem(
+            self.name, options.dims, options.max_num_segments, segments_per_row=most
+        )
+        return [problem] if problem else []
 
     def __call__(self, arrays, options):
         q, k = repeat_qk_heads(arrays.q, arrays.k, options.dims.groups)
@@ -535,6 +541,36 @@ def option_problems(implementation, *, fused_gate: bool, lower_bound, allow_neg_
     return backend.option_problems(
         fused_gate=fused_gate, lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval
     )
+
+
+def segment_slots_problem(
+    implementation: str,
+    dims: Dims,
+    max_num_segments: int,
+    *,
+    segments_per_row: int | None = None,
+    name: str = "max_num_segments",
+) -> str | None:
+    """Why ``implementation``'s per-segment states cannot be allocated here, or None.
+
+    tokamax keeps one float32 state ``[K, V]`` per segment slot, head and row
+    (:func:`kda_lib.ops.tokamax.adapter.segment_slot_count` slots for ``max_num_segments``):
+    an estimate of ``B * slots * HV * K * V * 4`` bytes above this machine's memory is
+    refused before anything is allocated, naming ``name`` (the argument that sets the bound).
+    None for an implementation that keeps no per-segment states."""
+    backend = REGISTRY.get(implementation)
+    if not isinstance(backend, Tokamax):
+        return None
+    slots = segment_slot_count(
+        backend.variant, max_num_segments, dims.seq_len, segments_per_row=segments_per_row
+    )
+    shape = (dims.batch, slots, dims.num_heads, dims.key_dim, dims.value_dim)
+    what = (
+        f"{implementation}'s per-segment states [B, slots, HV, K, V] = {list(shape)} "
+        "(float32; a slot per segment the bound allows, at most about T)"
+    )
+    problem = allocation_problem(what, 4 * math.prod(shape))
+    return f"{name}={max_num_segments}: {problem}" if problem else None
 
 
 def needs_segment_bound(implementation: str) -> bool:

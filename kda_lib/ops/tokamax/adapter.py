@@ -186,13 +186,27 @@ def _segment_slots(variant: TokamaxVariant, segment_ids, options) -> SegmentSlot
     count, too_many = options.max_num_segments, None
     if options.segments_per_row is None:  # under jit: such a row would be silently wrong
         too_many = segment_ordinals(segment_ids).max(axis=1) > count
-    if variant.mosaic:
-        # Mosaic aligns every segment slot to a 64-token chunk, so its work grows with the
-        # slot count: keep it tight (a row has at most T segments; concrete ids: the count)
-        count = min(count, -(-options.dims.seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
-        if options.segments_per_row is not None:
-            count = min(count, max(options.segments_per_row, 1))
+    count = segment_slot_count(
+        variant, count, options.dims.seq_len, segments_per_row=options.segments_per_row
+    )
     return SegmentSlots(count, too_many)
+
+
+def segment_slot_count(
+    variant: TokamaxVariant, max_num_segments: int, seq_len: int, *, segments_per_row=None
+) -> int:
+    """The state slots ``[B, slots, H, K, V]`` (float32) tokamax gets for ``max_num_segments``.
+
+    A row of T tokens has at most T segments, so a larger bound gives T slots (the XLA forms),
+    and tokamax never allocates for segments that cannot exist. Mosaic aligns every segment
+    slot to a 64-token chunk, so its work grows with the slot count: it gets T rounded up to
+    the chunk, and with concrete ids (``segments_per_row``) only the counted segments."""
+    if not variant.mosaic:
+        return min(max_num_segments, seq_len)
+    count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
+    if segments_per_row is not None:
+        count = min(count, max(segments_per_row, 1))
+    return count
 
 
 def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate: bool):
@@ -365,8 +379,6 @@ def tokamax_mosaic_context_parallel(
         context_parallel_metadata=metadata,
     )
     return out.astype(q.dtype)
-
-
 
 
 def _mosaic_cp_inputs(
