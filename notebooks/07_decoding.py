@@ -48,8 +48,7 @@ timing_repeats: int = 3  # times each decode step is timed; the fastest run is k
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query cache of section 7
-requests: int = 3  # requests sharing the prompt in section 3
-question_len: int = 8  # each request's own tokens after the shared prompt
+requests: int = 3  # requests sharing the prompt in section 3, each with decode_steps own tokens
 draft_tokens: int = 4  # tokens of the draft verified in section 4
 seed: int = 0  # seed of the one jax.random.key below
 
@@ -244,8 +243,8 @@ viz.show(fig, "07_decode_error")
 # runs the rest of the prompt (fewer than $C$ tokens) and its own tokens:
 
 # %% tags=["hide-input"]
-counts = serving.prefix_tokens(prompt_len, chunk_size, question_len, requests)
-viz.show(serving.draw_shared_prefix(prompt_len, chunk_size, question_len, requests),
+counts = serving.prefix_tokens(prompt_len, chunk_size, decode_steps, requests)
+viz.show(serving.draw_shared_prefix(prompt_len, chunk_size, decode_steps, requests),
          "07_shared_prefix")
 
 # %%
@@ -256,7 +255,7 @@ prefill_ms, (_, _, boundaries) = median_ms(prefill, layer, prompt, repeats=timin
 shared = cache_at(boundaries, counts["reused"] // chunk_size - 1)  # after `reused` tokens
 scratch_ms, resumed_ms, tokens_run = [], [], [prompt_len, 0]  # [cached, from scratch]
 for r in range(requests):
-    own = jax.random.normal(jax.random.fold_in(key_x, 100 + r), (batch, question_len, hidden_size))
+    own = jax.random.normal(jax.random.fold_in(key_x, 100 + r), x[:, prompt_len:].shape)
     whole = jnp.concatenate([prompt, own], axis=1)  # this request's tokens, from the first
     ms, (y_whole, cache_whole) = median_ms(run, layer, whole, layer.init_cache(batch),
                                            repeats=timing_repeats)  # fmt: skip
