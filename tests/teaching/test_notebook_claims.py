@@ -913,3 +913,44 @@ def test_nb03_recorded_cpu_run_traced_backward_flops():
         for impl in ("recurrent", "chunked")
     }
     assert traced["recurrent"] * 3 < traced["chunked"]
+
+
+def test_07_attention_cache_grows_by_keys_and_values_per_token():
+    """Moved from notebook 07, section 7: the MHA cache's n = 2 H d numbers per token is what
+    kda_lib's attention cache grows by (float32)."""
+    import jax
+    from flax import nnx
+
+    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+
+    batch, heads, head_dim = 2, 2, 32
+    layer = CausalSelfAttention(
+        AttentionConfig(hidden_size=64, num_heads=heads, head_dim=head_dim), rngs=nnx.Rngs(0)
+    )
+    grown = [
+        sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(batch, max_len=m))) for m in (8, 9)
+    ]
+    assert grown[1] - grown[0] == batch * 2 * heads * head_dim * 4
+
+
+def test_07_recorded_t256_scan_forward_is_bimodal():
+    """Issue 42, item 8: in the recorded CPU run the recurrence's T = 256 forward times split
+    in two (min 2.78 ms, median 8.46 ms: flagged bimodal), so the chunked / recurrent median
+    ratio there (0.859) decides nothing; the chunked form's whole range lies inside the
+    recurrence's. At T = 1024 no forward row is bimodal and the medians differ by 2%; forward
+    plus backward the recurrence's fastest call is slower than every chunked call."""
+    from kda_lib.lab.bench import is_bimodal
+    from kda_lib.lab.records import load_recorded
+
+    records = load_recorded("benchmarks", "cpu-2026-12-01.json")["records"]
+    row = {(r["impl"], r["T"], r["mode"]): r for r in records}
+    scan, chunked = row["recurrent", 256, "fwd"], row["chunked", 256, "fwd"]
+    assert (round(scan["min_ms"], 2), round(scan["median_ms"], 2)) == (2.78, 8.46)
+    assert is_bimodal(scan) and not is_bimodal(chunked)
+    assert round(chunked["median_ms"] / scan["median_ms"], 3) == 0.859
+    assert scan["min_ms"] < chunked["min_ms"] <= chunked["max_ms"] < scan["max_ms"]
+    long_scan, long_chunked = row["recurrent", 1024, "fwd"], row["chunked", 1024, "fwd"]
+    assert not is_bimodal(long_scan) and not is_bimodal(long_chunked)
+    assert abs(long_chunked["median_ms"] / long_scan["median_ms"] - 1) < 0.02
+    backward = row["recurrent", 1024, "fwd+bwd"], row["chunked", 1024, "fwd+bwd"]
+    assert backward[0]["min_ms"] > backward[1]["max_ms"]
