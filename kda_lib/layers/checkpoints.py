@@ -16,6 +16,27 @@ the layer, in which layout; loading (:func:`load_state_dict`), exporting
   axolotl-ai-cloud/axolotl ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
   1e4d015475e3f5d48e6fb5517484f0bfd08b96bd (``KimiDecoderLayer.self_attn`` is a
   ``KimiDeltaAttention``; ``KimiLinearForCausalLM.model.layers`` holds the decoder layers).
+* ``"transformers"``: the same checkpoint as the Kimi Linear implementation inside the
+  transformers library names its parameters (``KimiLinearDeltaAttention`` in
+  huggingface/transformers ``src/transformers/models/kimi_linear/modeling_kimi_linear.py`` @
+  c1a44bc9cde33bee2282b77e2b9638550a8d4c80, same ``model.layers.N.self_attn.`` prefix):
+  ``q_proj``, ``k_proj``, ``v_proj``, ONE ``conv1d [2HK + HV V, 1, W]`` over
+  ``concat(q, k, v)`` (split into the three convs of an unfused layer, or read as it is into
+  a ``fused_qkv_conv`` layer), ``forget_gate_down`` / ``forget_gate_up`` (the remote code's
+  ``f_a_proj`` / ``f_b_proj``), ``beta_proj`` (``b_proj``), ``output_gate_down`` /
+  ``output_gate_up`` (``g_a_proj`` / ``g_b_proj``; ``output_gate`` when full rank, as in a
+  version of the file with Kimi K3's options @ 016bd12cbf941618d91c303ba44f7ca9d4f3f4da),
+  ``A_log [HV, 1]``,
+  ``dt_bias [HV, V]``, ``o_norm.weight``, ``o_proj``. The library converts the remote-code
+  checkpoint to these names when it loads it (``conversion_mapping.py``'s ``kimi_linear``
+  entry, PR #48250; that table itself is not in the stored sources, only the model it
+  produces, so the conversion is inferred from the model's names and shapes).
+
+The MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names
+in both Kimi Linear namings (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
+``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
+:func:`load_kimi_linear_checkpoint` reads a whole checkpoint directory (``config.json`` via
+:meth:`kda_lib.models.presets.ModelPreset.from_hf_config`, then every attention layer).
 
 Layouts: a linear weight is PyTorch's ``[out, in]`` (the layer's kernel is ``[in, out]``); a
 conv weight is PyTorch's depthwise ``[C, 1, W]`` (the layer's ``[W, C]``, same tap order, see

@@ -170,7 +170,8 @@ class ModelPreset:
         ``kda_layers`` and ``full_attn_layers`` (1-based layer numbers: layer N of the lists
         is ``layer_kinds[N - 1]``), ``gate_lower_bound`` (absent or null: the softplus gate; a
         number: the safe gate ``lower_bound * sigmoid(exp(A_log) (f + dt_bias))``, as the
-        remote code passes it to fla's ``safe_gate``) and ``use_full_rank_gate`` (a full-rank
+        remote code passes it to fla's ``safe_gate`` and the transformers library computes
+        it, ``modeling_kimi_linear.py`` @ 016bd12c) and ``use_full_rank_gate`` (a full-rank
         output gate ``g_proj``); the MLA's ``num_attention_heads``, ``q_lora_rank``,
         ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
         ``mla_use_nope`` and ``mla_use_output_gate``. The rest is the remote code's fixed
@@ -570,7 +571,13 @@ KIMI_K3 = ModelPreset(
         "'add the Kimi K3 text backbone', read in the code index without its repository) "
         "describes the Hugging Face Kimi K3 checkpoint differently: six separate q/k/v "
         "projection and conv tensors that the port fuses at load time, the sigmoid safe gate "
-        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText"
+        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText. "
+        "No Kimi K3 config.json is in the stored sources: NVIDIA-NeMo/Megatron-Bridge's K3 "
+        "bridge test (@ caa6c44c7) holds its text_config truncated to four layers, whose "
+        "linear_attn_config sets gate_lower_bound -5.0; the remote code and the transformers "
+        "library (modeling_kimi_linear.py @ 016bd12cb) read that bound as the safe sigmoid "
+        "gate, so ModelPreset.from_hf_config of a K3 config gives gate_form safe_sigmoid where "
+        "this preset has clamped_softplus (kept until the config itself can be read)"
     ),
 )
 
