@@ -35,8 +35,8 @@ the layer, in which layout; loading (:func:`load_state_dict`), exporting
 The MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names
 in both Kimi Linear namings (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
 ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
-:func:`load_kimi_linear_checkpoint` reads a whole checkpoint directory (``config.json`` via
-:meth:`kda_lib.models.presets.ModelPreset.from_hf_config`, then every attention layer).
+:func:`kda_lib.models.presets.load_kimi_linear_checkpoint` reads a whole checkpoint directory
+(``config.json`` via ``ModelPreset.from_hf_config``, then every attention layer).
 
 Layouts: a linear weight is PyTorch's ``[out, in]`` (the layer's kernel is ``[in, out]``); a
 conv weight is PyTorch's depthwise ``[C, 1, W]`` (the layer's ``[W, C]``, same tap order, see
@@ -172,35 +172,9 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     for proj in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
         name = _TRANSFORMERS_NAMES.get(proj, proj) if hf else proj
         entries[f"{name}.weight"] = _entry(getattr(layer, proj).kernel, **_LINEAR)
-    convs = [getattr(layer, conv) for conv in ("q_conv1d", "k_conv1d", "v_conv1d")]
-    if hf and layer.qkv_conv1d is not None:
-        entries["conv1d.weight"] = _entry(layer.qkv_conv1d.kernel, **_CONV)
-    elif hf and convs[0] is not None:
-        widths = [module.kernel.get_value().shape[1] for module in convs]
-        entries["conv1d.weight"] = _Entry(
-            tuple(module.kernel for module in convs), *_split_conv(widths)
-        )
-    else:
-        for conv, module in zip(("q_conv1d", "k_conv1d", "v_conv1d"), convs, strict=True):
-            if module is not None:
-                entries[f"{conv}.weight"] = _entry(module.kernel, **_CONV)
+    entries.update(_conv_entries(layer, hf))
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
-        module = getattr(layer, gate)
-        if isinstance(module, nnx.Sequential):  # low rank: down, then up
-            if naming == "fla":
-                base = gate
-            else:
-                base = _TRANSFORMERS_NAMES[gate] if hf else gate.removesuffix("_proj")
-            names = [pattern.format(base) for pattern in _LOW_RANK[naming]]
-            for name, sub in zip(names, module.layers, strict=True):
-                entries[f"{name}.weight"] = _entry(sub.kernel, **_LINEAR)
-            last, last_name = module.layers[-1], names[-1]
-        else:
-            last_name = _TRANSFORMERS_NAMES[gate] if hf else gate
-            entries[f"{last_name}.weight"] = _entry(module.kernel, **_LINEAR)
-            last = module
-        if has_bias:
-            entries[f"{last_name}.bias"] = _entry(last.bias, **_SAME)
+        entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
     if layer.A_log is not None:
         if naming == "kimi_linear":
             entries["A_log"] = _entry(layer.A_log, _a_log_from_kimi, _a_log_to_kimi)
@@ -213,6 +187,44 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     dt_bias = _per_head(cfg.value_heads) if hf else _SAME
     entries["dt_bias"] = _entry(layer.dt_bias, **dt_bias)
     entries["o_norm.weight"] = _entry(layer.o_norm, **_SAME)
+    return entries
+
+
+def _conv_entries(layer, hf: bool) -> dict[str, _Entry]:
+    """The short convs: three ``*_conv1d`` tensors, or the transformers naming's one
+    ``conv1d`` (one parameter of a fused layer, or split into an unfused layer's three)."""
+    convs = [getattr(layer, conv) for conv in ("q_conv1d", "k_conv1d", "v_conv1d")]
+    if hf and layer.qkv_conv1d is not None:
+        return {"conv1d.weight": _entry(layer.qkv_conv1d.kernel, **_CONV)}
+    if hf and convs[0] is not None:
+        widths = [module.kernel.get_value().shape[1] for module in convs]
+        variables = tuple(module.kernel for module in convs)
+        return {"conv1d.weight": _Entry(variables, *_split_conv(widths))}
+    return {
+        f"{conv}.weight": _entry(module.kernel, **_CONV)
+        for conv, module in zip(("q_conv1d", "k_conv1d", "v_conv1d"), convs, strict=True)
+        if module is not None
+    }
+
+
+def _gate_entries(module, gate: str, naming: str, has_bias: bool) -> dict[str, _Entry]:
+    """A gate projection (``f_proj`` or ``g_proj``): full rank, or low rank (down, then up)."""
+    hf = naming == "transformers"
+    entries = {}
+    if isinstance(module, nnx.Sequential):
+        if naming == "fla":
+            base = gate
+        else:
+            base = _TRANSFORMERS_NAMES[gate] if hf else gate.removesuffix("_proj")
+        names = [pattern.format(base) for pattern in _LOW_RANK[naming]]
+        for name, sub in zip(names, module.layers, strict=True):
+            entries[f"{name}.weight"] = _entry(sub.kernel, **_LINEAR)
+        last, last_name = module.layers[-1], names[-1]
+    else:
+        last, last_name = module, _TRANSFORMERS_NAMES[gate] if hf else gate
+        entries[f"{last_name}.weight"] = _entry(module.kernel, **_LINEAR)
+    if has_bias:
+        entries[f"{last_name}.bias"] = _entry(last.bias, **_SAME)
     return entries
 
 
@@ -540,18 +552,6 @@ def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
     load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
 
 
-# ------------------------------------------------------------------ a whole Kimi Linear checkpoint
-class KimiLinearCheckpoint(NamedTuple):
-    """What :func:`load_kimi_linear_checkpoint` returns: the preset read from ``config.json``,
-    the naming the tensors were found in, and one attention layer per decoder layer (a
-    :class:`kda_lib.KimiDeltaAttention` where ``preset.layer_kinds`` says ``"kda"``, a
-    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` where it says ``"mla"``)."""
-
-    preset: object
-    naming: str
-    layers: list
-
-
 # a name only one of the two Kimi Linear namings has, for each
 _NAMING_MARKERS = {
     "kimi_linear": ("q_conv1d.weight", "f_a_proj.weight", "b_proj.weight"),
@@ -571,62 +571,3 @@ def detect_kimi_linear_naming(names) -> str:
             f"library's (any of {_NAMING_MARKERS['transformers']})"
         )
     return found[0]
-
-
-def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
-    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
-    ``*.safetensors`` shards), built as the config describes and loaded, all or nothing per
-    layer.
-
-    The config is read with :meth:`kda_lib.models.presets.ModelPreset.from_hf_config` (a config
-    it cannot represent is refused naming the field); each layer's tensors are read from
-    ``model.layers.N.self_attn.`` (``N`` 0-based) in ``naming``: ``"kimi_linear"`` (the
-    remote code's names), ``"transformers"`` (the transformers library's), or ``"auto"``
-    (told from the first KDA layer's names, :func:`detect_kimi_linear_naming`). MLA tensors
-    have the same names in both. The layers are built with real parameters (``nnx.Rngs(0)``,
-    then overwritten): at the published size this is the whole attention stack in memory.
-    ``overrides`` go to both configs (``dtype``, ``param_dtype``; ``implementation`` is a
-    KDAConfig field only and is not accepted here).
-
-    Returns:
-      :class:`KimiLinearCheckpoint`.
-    """
-    from kda_lib.layers.kda_layer import KimiDeltaAttention  # kda_layer imports this module
-    from kda_lib.models.presets import ModelPreset
-
-    directory = os.fspath(directory)
-    config_path = os.path.join(directory, "config.json")
-    if not os.path.isfile(config_path):
-        raise ValueError(f"no config.json in {directory!r}")
-    with open(config_path, encoding="utf-8") as handle:
-        try:
-            config = json.load(handle)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{config_path}: not JSON ({error})") from None
-    preset = ModelPreset.from_hf_config(config)
-    shards = sorted(
-        os.path.join(directory, name)
-        for name in os.listdir(directory)
-        if name.endswith(".safetensors")
-    )
-    if not shards:
-        raise ValueError(f"no .safetensors file in {directory!r}")
-    if naming not in ("auto", "kimi_linear", "transformers"):
-        raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
-    layers = []
-    for index, kind in enumerate(preset.layer_kinds):
-        prefix = kimi_linear_prefix(index)
-        tensors = read_safetensors(shards, prefix)
-        if not tensors:
-            raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
-        if kind == "kda":
-            if naming == "auto":
-                naming = detect_kimi_linear_naming(tensors)
-            layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
-        else:
-            layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
-        load_state_dict(
-            layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
-        )
-        layers.append(layer)
-    return KimiLinearCheckpoint(preset, naming, layers)

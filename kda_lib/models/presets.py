@@ -13,7 +13,10 @@ and, where the source gives it, its MLA layer. From a preset:
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect;
 * :meth:`ModelPreset.from_hf_config` reads a preset from a Hugging Face ``config.json`` of
   Kimi Linear (``model_type`` ``"kimi_linear"``), layer pattern included, and refuses, naming
-  the field, a config it cannot represent (see :data:`HF_LINEAR_ATTN_KEYS`).
+  the field, a config it cannot represent (see :data:`HF_LINEAR_ATTN_KEYS`);
+  :func:`load_kimi_linear_checkpoint` builds and loads every attention layer of a checkpoint
+  directory (``config.json`` + safetensors, in either naming of
+  :mod:`kda_lib.layers.checkpoints`).
 
 Sources (each number below cites one of them):
 
@@ -31,11 +34,20 @@ Sources (each number below cites one of them):
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from typing import NamedTuple
 
 from flax import nnx
 
 from kda_lib.checks import check_int, check_number
+from kda_lib.layers.checkpoints import (
+    detect_kimi_linear_naming,
+    kimi_linear_prefix,
+    load_state_dict,
+    read_safetensors,
+)
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.ops.gating import GateForm, check_gate_form
@@ -381,7 +393,9 @@ def _hf_layer_kinds(config: dict, linear: dict, num_layers: int) -> tuple[str, .
     return kinds
 
 
-def _preset_from_hf_config(cls, config, name):
+def _hf_text_config(config) -> tuple[dict, dict]:
+    """The Kimi Linear config (unwrapped from ``text_config``) and its ``linear_attn_config``,
+    both checked for their type, ``model_type`` and unknown ``linear_attn_config`` keys."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict (a parsed config.json), got {type(config)}")
     text = config.get("text_config")
@@ -402,21 +416,11 @@ def _preset_from_hf_config(cls, config, name):
             f"config field linear_attn_config has keys {unknown} that from_hf_config does not "
             f"read and that may change the layer (read: {list(HF_LINEAR_ATTN_KEYS)})"
         )
-    lin = "linear_attn_config."
-    hidden = _hf_int(config, "hidden_size")
-    num_layers = _hf_int(config, "num_hidden_layers")
-    heads = _hf_int(linear, "num_heads", lin)
-    head_dim = _hf_int(linear, "head_dim", lin)
-    conv = _hf_int(linear, "short_conv_kernel_size", lin)
-    bound = linear.get("gate_lower_bound")
-    if bound is not None:
-        check_number(f"config field {lin}gate_lower_bound", bound)
-    if not isinstance(linear.get("use_full_rank_gate", False), bool):
-        raise ValueError(f"config field {lin}use_full_rank_gate must be true or false")
-    full_rank_output = bool(linear.get("use_full_rank_gate", False))
-    eps = _hf_get(config, "rms_norm_eps")
-    check_number("config field rms_norm_eps", eps, positive=True)
-    kinds = _hf_layer_kinds(config, linear, num_layers)
+    return config, linear
+
+
+def _hf_mla(config: dict) -> MLAShape:
+    """The MLA widths of a Kimi Linear config (NoPE only)."""
     rope = _hf_int(config, "qk_rope_head_dim", minimum=0)
     if rope and not _hf_bool(config, "mla_use_nope"):
         raise ValueError(
@@ -424,7 +428,7 @@ def _preset_from_hf_config(cls, config, name):
             "MultiHeadLatentAttention has no rotary embedding; the shared key part is used "
             "unrotated only in the NoPE form"
         )
-    mla = MLAShape(
+    return MLAShape(
         num_heads=_hf_int(config, "num_attention_heads"),
         qk_head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
         v_head_dim=_hf_int(config, "v_head_dim"),
@@ -434,15 +438,29 @@ def _preset_from_hf_config(cls, config, name):
         norm_eps=1e-6,  # KimiRMSNorm's default: kv_a_layernorm is built without an eps
         output_gate=_hf_bool(config, "mla_use_output_gate"),
     )
-    if name is None:
-        name = config.get("_name_or_path") or "kimi_linear"
+
+
+def _preset_from_hf_config(cls, config, name):
+    config, linear = _hf_text_config(config)
+    lin = "linear_attn_config."
+    head_dim = _hf_int(linear, "head_dim", lin)
+    bound = linear.get("gate_lower_bound")
+    if bound is not None:
+        check_number(f"config field {lin}gate_lower_bound", bound)
+    full_rank_output = linear.get("use_full_rank_gate", False)
+    if not isinstance(full_rank_output, bool):
+        raise ValueError(f"config field {lin}use_full_rank_gate must be true or false")
+    eps = _hf_get(config, "rms_norm_eps")
+    check_number("config field rms_norm_eps", eps, positive=True)
+    num_layers = _hf_int(config, "num_hidden_layers")
+    heads = _hf_int(linear, "num_heads", lin)
     return cls(
-        name=name,
-        hidden_size=hidden,
+        name=name if name is not None else (config.get("_name_or_path") or "kimi_linear"),
+        hidden_size=_hf_int(config, "hidden_size"),
         num_heads=heads,
         num_v_heads=heads,
         head_dim=head_dim,
-        conv_size=conv,
+        conv_size=_hf_int(linear, "short_conv_kernel_size", lin),
         fused_qkv_conv=False,
         gate_form=GateForm.SOFTPLUS if bound is None else GateForm.SAFE_SIGMOID,
         lower_bound=None if bound is None else float(bound),
@@ -451,8 +469,8 @@ def _preset_from_hf_config(cls, config, name):
         output_gate_rank=None if full_rank_output else head_dim,
         output_gate_bias=False,
         norm_eps=float(eps),
-        layer_kinds=kinds,
-        mla=mla,
+        layer_kinds=_hf_layer_kinds(config, linear, num_layers),
+        mla=_hf_mla(config),
         source="Hugging Face config.json (model_type kimi_linear), read by from_hf_config",
         notes="the layout fixed by modeling_kimi.py; see ModelPreset.from_hf_config",
     )
@@ -619,3 +637,75 @@ GLM_5_3_FLASH = ModelPreset(
 )
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
+
+
+# ------------------------------------------------------------------ a whole Kimi Linear checkpoint
+class KimiLinearCheckpoint(NamedTuple):
+    """What :func:`load_kimi_linear_checkpoint` returns: the preset read from ``config.json``,
+    the naming the tensors were found in, and one attention layer per decoder layer (a
+    :class:`kda_lib.KimiDeltaAttention` where ``preset.layer_kinds`` says ``"kda"``, a
+    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` where it says ``"mla"``)."""
+
+    preset: ModelPreset
+    naming: str
+    layers: list
+
+
+def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
+    ``*.safetensors`` shards), built as the config describes and loaded, all or nothing per
+    layer.
+
+    The config is read with :meth:`ModelPreset.from_hf_config` (a config
+    it cannot represent is refused naming the field); each layer's tensors are read from
+    ``model.layers.N.self_attn.`` (``N`` 0-based) in ``naming``: ``"kimi_linear"`` (the
+    remote code's names), ``"transformers"`` (the transformers library's), or ``"auto"``
+    (told from the first KDA layer's names,
+    :func:`kda_lib.layers.checkpoints.detect_kimi_linear_naming`). MLA tensors
+    have the same names in both. The layers are built with real parameters (``nnx.Rngs(0)``,
+    then overwritten): at the published size this is the whole attention stack in memory.
+    ``overrides`` go to both configs (``dtype``, ``param_dtype``; ``implementation`` is a
+    KDAConfig field only and is not accepted here).
+
+    Returns:
+      :class:`KimiLinearCheckpoint`.
+    """
+    directory = os.fspath(directory)
+    preset = ModelPreset.from_hf_config(_read_config_json(directory))
+    shards = sorted(
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if name.endswith(".safetensors")
+    )
+    if not shards:
+        raise ValueError(f"no .safetensors file in {directory!r}")
+    if naming not in ("auto", "kimi_linear", "transformers"):
+        raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
+    layers = []
+    for index, kind in enumerate(preset.layer_kinds):
+        prefix = kimi_linear_prefix(index)
+        tensors = read_safetensors(shards, prefix)
+        if not tensors:
+            raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
+        if kind == "kda":
+            if naming == "auto":
+                naming = detect_kimi_linear_naming(tensors)
+            layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
+        else:
+            layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
+        load_state_dict(
+            layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
+        )
+        layers.append(layer)
+    return KimiLinearCheckpoint(preset, naming, layers)
+
+
+def _read_config_json(directory: str) -> dict:
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise ValueError(f"no config.json in {directory!r}")
+    with open(config_path, encoding="utf-8") as handle:
+        try:
+            return json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{config_path}: not JSON ({error})") from None

@@ -27,14 +27,19 @@ from kda_lib.layers.checkpoints import (
     export_state_dict,
     kimi_linear_prefix,
     load_fla_state_dict,
-    load_kimi_linear_checkpoint,
     load_kimi_linear_safetensors,
     load_state_dict,
     read_safetensors,
     state_dict_names,
 )
 from kda_lib.layers.mla import MultiHeadLatentAttention
-from kda_lib.models.presets import KIMI_LINEAR_48B, ModelPreset, build_kda_layer, build_mla_layer
+from kda_lib.models.presets import (
+    KIMI_LINEAR_48B,
+    ModelPreset,
+    build_kda_layer,
+    build_mla_layer,
+    load_kimi_linear_checkpoint,
+)
 from kda_lib.testing import assert_close
 
 # a small Kimi Linear KDA layer: gates of rank head_dim, no output-gate bias, softplus gate
