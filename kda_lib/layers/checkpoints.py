@@ -16,6 +16,27 @@ the layer, in which layout; loading (:func:`load_state_dict`), exporting
   axolotl-ai-cloud/axolotl ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
   1e4d015475e3f5d48e6fb5517484f0bfd08b96bd (``KimiDecoderLayer.self_attn`` is a
   ``KimiDeltaAttention``; ``KimiLinearForCausalLM.model.layers`` holds the decoder layers).
+* ``"transformers"``: the same checkpoint as the Kimi Linear implementation inside the
+  transformers library names its parameters (``KimiLinearDeltaAttention`` in
+  huggingface/transformers ``src/transformers/models/kimi_linear/modeling_kimi_linear.py`` @
+  c1a44bc9cde33bee2282b77e2b9638550a8d4c80, same ``model.layers.N.self_attn.`` prefix):
+  ``q_proj``, ``k_proj``, ``v_proj``, ONE ``conv1d [2HK + HV V, 1, W]`` over
+  ``concat(q, k, v)`` (split into the three convs of an unfused layer, or read as it is into
+  a ``fused_qkv_conv`` layer), ``forget_gate_down`` / ``forget_gate_up`` (the remote code's
+  ``f_a_proj`` / ``f_b_proj``), ``beta_proj`` (``b_proj``), ``output_gate_down`` /
+  ``output_gate_up`` (``g_a_proj`` / ``g_b_proj``; ``output_gate`` when full rank, as in a
+  version of the file with Kimi K3's options @ 016bd12cbf941618d91c303ba44f7ca9d4f3f4da),
+  ``A_log [HV, 1]``,
+  ``dt_bias [HV, V]``, ``o_norm.weight``, ``o_proj``. The library converts the remote-code
+  checkpoint to these names when it loads it (``conversion_mapping.py``'s ``kimi_linear``
+  entry, PR #48250; that table itself is not in the stored sources, only the model it
+  produces, so the conversion is inferred from the model's names and shapes).
+
+The MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names
+in both Kimi Linear namings (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
+``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
+:func:`kda_lib.models.presets.load_kimi_linear_checkpoint` reads a whole checkpoint directory
+(``config.json`` via ``ModelPreset.from_hf_config``, then every attention layer).
 
 Layouts: a linear weight is PyTorch's ``[out, in]`` (the layer's kernel is ``[in, out]``); a
 conv weight is PyTorch's depthwise ``[C, 1, W]`` (the layer's ``[W, C]``, same tap order, see
@@ -38,14 +59,23 @@ from flax import nnx
 
 from kda_lib.checks import check_int
 from kda_lib.layers.conv import kernel_from_torch
+from kda_lib.layers.mla import MultiHeadLatentAttention
 
-NAMINGS = ("fla", "kimi_linear")
+NAMINGS = ("fla", "kimi_linear", "transformers")
 
 
 class _Entry(NamedTuple):
-    variable: nnx.Variable  # the layer's parameter
-    to_layer: Callable  # checkpoint array -> the parameter's layout
-    to_checkpoint: Callable  # the parameter's layout -> checkpoint array
+    """One checkpoint tensor: the layer parameters it holds (one, or several it is split into:
+    the transformers naming's one ``conv1d`` for the three convs of an unfused layer)."""
+
+    variables: tuple  # the layer's parameters
+    to_layer: Callable  # checkpoint array -> tuple of arrays, one per variable
+    to_checkpoint: Callable  # the variables' arrays -> checkpoint array
+
+
+def _entry(variable, to_layer, to_checkpoint) -> _Entry:
+    """An entry of one parameter."""
+    return _Entry((variable,), lambda w: (to_layer(w),), to_checkpoint)
 
 
 def _transpose(w):
@@ -72,51 +102,162 @@ def _a_log_to_kimi(a_log):
     return np.asarray(a_log).reshape(1, 1, -1, 1)
 
 
+def _a_log_from_transformers(a_log):
+    """The transformers implementation stores ``A_log`` as ``[HV, 1]``."""
+    a_log = np.asarray(a_log)
+    if a_log.ndim != 2 or a_log.shape[1] != 1:
+        raise ValueError(f"expected the transformers A_log layout [HV, 1], got {a_log.shape}")
+    return a_log.reshape(-1)
+
+
+def _per_head(heads: int):
+    """``dt_bias``'s transformers layout ``[HV, channels]`` from and to the layer's flat one."""
+
+    def to_layer(w):
+        w = np.asarray(w)
+        if w.ndim != 2 or w.shape[0] != heads:
+            raise ValueError(
+                f"expected the transformers layout [HV={heads}, channels], got {w.shape}"
+            )
+        return w.reshape(-1)
+
+    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(heads, -1))
+
+
 _LINEAR = dict(to_layer=_transpose, to_checkpoint=_transpose)
 _SAME = dict(to_layer=_same, to_checkpoint=_same)
 _CONV = dict(to_layer=kernel_from_torch, to_checkpoint=_conv_to_checkpoint)
-# the low-rank gate projections' names: fla's nn.Sequential indices, Kimi Linear's a/b pair
-_LOW_RANK = {"fla": ("{}.0", "{}.1"), "kimi_linear": ("{}_a_proj", "{}_b_proj")}
+# the low-rank gate projections' names: fla's nn.Sequential indices, Kimi Linear's a/b pair,
+# the transformers implementation's down/up pair
+_LOW_RANK = {
+    "fla": ("{}.0", "{}.1"),
+    "kimi_linear": ("{}_a_proj", "{}_b_proj"),
+    "transformers": ("{}_down", "{}_up"),
+}
+# the transformers implementation's names of the gate and beta projections
+_TRANSFORMERS_NAMES = {"f_proj": "forget_gate", "g_proj": "output_gate", "b_proj": "beta_proj"}
+
+
+def _split_conv(widths):
+    """One depthwise conv ``[C, 1, W]`` over ``concat(q, k, v)`` <-> the three kernels
+    ``[W, C_q]``, ``[W, C_k]``, ``[W, C_v]`` (channel blocks in that order)."""
+    cuts = np.cumsum(widths)[:-1]
+
+    def to_layer(w):
+        return tuple(np.split(kernel_from_torch(w), cuts, axis=1))
+
+    def to_checkpoint(*kernels):
+        return _conv_to_checkpoint(np.concatenate([np.asarray(k) for k in kernels], axis=1))
+
+    return to_layer, to_checkpoint
 
 
 def _entries(layer, naming: str) -> dict[str, _Entry]:
     """Checkpoint name -> :class:`_Entry` for ``layer`` in ``naming`` (the one table)."""
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
+    if isinstance(layer, MultiHeadLatentAttention):
+        return _mla_entries(layer)
     cfg = layer.config
-    if cfg.fused_qkv_conv:
+    hf = naming == "transformers"
+    if cfg.fused_qkv_conv and not hf:
         raise ValueError(
             f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d weights; this layer "
             "has one fused qkv_conv1d (KDAConfig.fused_qkv_conv=True): build it with "
             "fused_qkv_conv=False to read this checkpoint (the same function)"
         )
+    if hf:
+        _check_transformers_layout(cfg)
     entries = {}
     for proj in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
-        entries[f"{proj}.weight"] = _Entry(getattr(layer, proj).kernel, **_LINEAR)
-    for conv in ("q_conv1d", "k_conv1d", "v_conv1d"):
-        module = getattr(layer, conv)
-        if module is not None:
-            entries[f"{conv}.weight"] = _Entry(module.kernel, **_CONV)
+        name = _TRANSFORMERS_NAMES.get(proj, proj) if hf else proj
+        entries[f"{name}.weight"] = _entry(getattr(layer, proj).kernel, **_LINEAR)
+    entries.update(_conv_entries(layer, hf))
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
-        module = getattr(layer, gate)
-        if isinstance(module, nnx.Sequential):  # low rank: down, then up
-            base = gate if naming == "fla" else gate.removesuffix("_proj")
-            names = [pattern.format(base) for pattern in _LOW_RANK[naming]]
-            for name, sub in zip(names, module.layers, strict=True):
-                entries[f"{name}.weight"] = _Entry(sub.kernel, **_LINEAR)
-            last, last_name = module.layers[-1], names[-1]
-        else:
-            entries[f"{gate}.weight"] = _Entry(module.kernel, **_LINEAR)
-            last, last_name = module, gate
-        if has_bias:
-            entries[f"{last_name}.bias"] = _Entry(last.bias, **_SAME)
+        entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
     if layer.A_log is not None:
         if naming == "kimi_linear":
-            entries["A_log"] = _Entry(layer.A_log, _a_log_from_kimi, _a_log_to_kimi)
+            entries["A_log"] = _entry(layer.A_log, _a_log_from_kimi, _a_log_to_kimi)
+        elif hf:
+            entries["A_log"] = _entry(
+                layer.A_log, _a_log_from_transformers, lambda w: np.asarray(w).reshape(-1, 1)
+            )
         else:
-            entries["A_log"] = _Entry(layer.A_log, **_SAME)
-    entries["dt_bias"] = _Entry(layer.dt_bias, **_SAME)
-    entries["o_norm.weight"] = _Entry(layer.o_norm, **_SAME)
+            entries["A_log"] = _entry(layer.A_log, **_SAME)
+    dt_bias = _per_head(cfg.value_heads) if hf else _SAME
+    entries["dt_bias"] = _entry(layer.dt_bias, **dt_bias)
+    entries["o_norm.weight"] = _entry(layer.o_norm, **_SAME)
+    return entries
+
+
+def _conv_entries(layer, hf: bool) -> dict[str, _Entry]:
+    """The short convs: three ``*_conv1d`` tensors, or the transformers naming's one
+    ``conv1d`` (one parameter of a fused layer, or split into an unfused layer's three)."""
+    convs = [getattr(layer, conv) for conv in ("q_conv1d", "k_conv1d", "v_conv1d")]
+    if hf and layer.qkv_conv1d is not None:
+        return {"conv1d.weight": _entry(layer.qkv_conv1d.kernel, **_CONV)}
+    if hf and convs[0] is not None:
+        widths = [module.kernel.get_value().shape[1] for module in convs]
+        variables = tuple(module.kernel for module in convs)
+        return {"conv1d.weight": _Entry(variables, *_split_conv(widths))}
+    return {
+        f"{conv}.weight": _entry(module.kernel, **_CONV)
+        for conv, module in zip(("q_conv1d", "k_conv1d", "v_conv1d"), convs, strict=True)
+        if module is not None
+    }
+
+
+def _gate_entries(module, gate: str, naming: str, has_bias: bool) -> dict[str, _Entry]:
+    """A gate projection (``f_proj`` or ``g_proj``): full rank, or low rank (down, then up)."""
+    hf = naming == "transformers"
+    entries = {}
+    if isinstance(module, nnx.Sequential):
+        if naming == "fla":
+            base = gate
+        else:
+            base = _TRANSFORMERS_NAMES[gate] if hf else gate.removesuffix("_proj")
+        names = [pattern.format(base) for pattern in _LOW_RANK[naming]]
+        for name, sub in zip(names, module.layers, strict=True):
+            entries[f"{name}.weight"] = _entry(sub.kernel, **_LINEAR)
+        last, last_name = module.layers[-1], names[-1]
+    else:
+        last, last_name = module, _TRANSFORMERS_NAMES[gate] if hf else gate
+        entries[f"{last_name}.weight"] = _entry(module.kernel, **_LINEAR)
+    if has_bias:
+        entries[f"{last_name}.bias"] = _entry(last.bias, **_SAME)
+    return entries
+
+
+def _check_transformers_layout(cfg) -> None:
+    """The transformers implementation's layer has a low-rank forget gate, an ``A_log`` and
+    no output-gate bias; a layer without them has no name there."""
+    missing = []
+    if cfg.forget_gate_rank is None:
+        missing.append("a full-rank forget gate (forget_gate_rank=None)")
+    if not cfg.use_a_log:
+        missing.append("no A_log (use_a_log=False)")
+    if cfg.output_gate_bias:
+        missing.append("an output-gate bias (output_gate_bias=True)")
+    if missing:
+        raise ValueError(
+            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
+            "has no tensors for " + "; ".join(missing)
+        )
+
+
+def _mla_entries(layer) -> dict[str, _Entry]:
+    """:class:`kda_lib.layers.mla.MultiHeadLatentAttention`'s tensors: the same names in every
+    Kimi Linear naming (DeepSeek-V2's, kept by the remote code and by transformers)."""
+    entries = {}
+    projections = ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    if layer.config.q_lora_rank is None:
+        projections.append("q_proj")
+    else:
+        projections += ["q_a_proj", "q_b_proj"]
+        entries["q_a_layernorm.weight"] = _entry(layer.q_a_layernorm.scale, **_SAME)
+    for proj in projections:
+        entries[f"{proj}.weight"] = _entry(getattr(layer, proj).kernel, **_LINEAR)
+    entries["kv_a_layernorm.weight"] = _entry(layer.kv_a_layernorm.scale, **_SAME)
     return entries
 
 
@@ -129,15 +270,17 @@ def state_dict_names(layer, naming: str = "fla") -> dict[str, tuple[int, ...]]:
 
 
 def _checkpoint_shape(entry: _Entry) -> tuple[int, ...]:
-    probe = np.zeros(entry.variable.get_value().shape, np.float32)
-    return tuple(entry.to_checkpoint(probe).shape)
+    probes = [np.zeros(v.get_value().shape, np.float32) for v in entry.variables]
+    return tuple(entry.to_checkpoint(*probes).shape)
 
 
 def export_state_dict(layer, naming: str = "fla") -> dict[str, np.ndarray]:
     """``layer``'s parameters as a checkpoint in ``naming`` (numpy arrays in the checkpoint's
     layouts): what :func:`load_state_dict` reads back into an equal layer."""
     return {
-        name: np.ascontiguousarray(entry.to_checkpoint(np.asarray(entry.variable[...])))
+        name: np.ascontiguousarray(
+            entry.to_checkpoint(*(np.asarray(v[...]) for v in entry.variables))
+        )
         for name, entry in _entries(layer, naming).items()
     }
 
@@ -171,10 +314,12 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
     """Copy a checkpoint in ``naming`` into ``layer`` in place, all or nothing.
 
     Args:
-      layer: a :class:`kda_lib.KimiDeltaAttention` whose config matches the checkpoint.
+      layer: a :class:`kda_lib.KimiDeltaAttention` whose config matches the checkpoint (or,
+        in the ``"kimi_linear"`` and ``"transformers"`` namings, a
+        :class:`kda_lib.layers.mla.MultiHeadLatentAttention`: Kimi Linear's global layer).
       state_dict: mapping of names (without ``prefix``) to arrays (numpy, torch, jax, nested
         lists of numbers).
-      naming: ``"fla"`` or ``"kimi_linear"`` (module docstring).
+      naming: ``"fla"``, ``"kimi_linear"`` or ``"transformers"`` (module docstring).
       prefix: printed before each name in errors (e.g. ``model.layers.3.self_attn.``).
 
     Raises:
@@ -195,34 +340,40 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
     missing = sorted(set(entries) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(entries), key=str)
     if missing or unexpected:
+        kind = type(layer.config).__name__
         raise ValueError(
-            f"{source} state_dict does not match this KDAConfig: "
+            f"{source} state_dict does not match this {kind}: "
             + (f"missing {[prefix + n for n in missing]}" if missing else "")
             + ("; " if missing and unexpected else "")
             + (f"unexpected {[f'{prefix}{n}' for n in unexpected]}" if unexpected else "")
-            + " (check num_heads, num_v_heads, forget_gate_rank, output_gate_rank, "
-            "output_gate_bias, use_a_log, conv_size; conv biases are not supported)"
+            + (
+                " (check num_heads, num_v_heads, forget_gate_rank, output_gate_rank, "
+                "output_gate_bias, use_a_log, conv_size; conv biases are not supported)"
+                if kind == "KDAConfig"
+                else " (check q_lora_rank)"
+            )
         )
-    converted = {}
+    converted = []
     for name, entry in entries.items():
         given = checkpoint_array(label(name), state_dict[name])
         try:
-            value = entry.to_layer(given)
+            values = entry.to_layer(given)
         except ValueError as error:
             raise ValueError(f"{label(name)}: {error}") from None
-        expected = entry.variable[...]
-        if value.shape != expected.shape:
-            raise ValueError(
-                f"{label(name)}: shape {given.shape} converts to {value.shape}, "
-                f"but the layer expects {expected.shape} (a checkpoint of shape "
-                f"{_checkpoint_shape(entry)})"
-            )
-        value = np.asarray(value, expected.dtype)
-        if not np.isfinite(value).all():
-            raise ValueError(f"{label(name)}: contains NaN or inf values (as {expected.dtype})")
-        converted[name] = jnp.asarray(value)
-    for name, entry in entries.items():  # nothing raises from here on
-        entry.variable.set_value(converted[name])
+        for variable, value in zip(entry.variables, values, strict=True):
+            expected = variable[...]
+            if value.shape != expected.shape:
+                raise ValueError(
+                    f"{label(name)}: shape {given.shape} converts to {value.shape}, "
+                    f"but the layer expects {expected.shape} (a checkpoint of shape "
+                    f"{_checkpoint_shape(entry)})"
+                )
+            value = np.asarray(value, expected.dtype)
+            if not np.isfinite(value).all():
+                raise ValueError(f"{label(name)}: contains NaN or inf values (as {expected.dtype})")
+            converted.append((variable, jnp.asarray(value)))
+    for variable, value in converted:  # nothing raises from here on
+        variable.set_value(value)
 
 
 def load_fla_state_dict(layer, state_dict) -> None:
@@ -360,8 +511,11 @@ def _header_entry(path: str, key: str, entry, data_size: int):
             f"{where}: dtype {name!r} is not supported (supported: "
             f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
         )
-    ints = lambda xs: isinstance(xs, list) and all(  # noqa: E731
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs
+    ints = lambda xs: (
+        isinstance(xs, list)
+        and all(  # noqa: E731
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs
+        )
     )
     if not ints(shape) or not ints(offsets) or len(offsets) != 2:
         raise ValueError(
@@ -396,3 +550,24 @@ def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
             f"model.layers.{layer_index}.self_attn.kv_a_proj_with_mqa etc.)"
         )
     load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
+
+
+# a name only one of the two Kimi Linear namings has, for each
+_NAMING_MARKERS = {
+    "kimi_linear": ("q_conv1d.weight", "f_a_proj.weight", "b_proj.weight"),
+    "transformers": ("conv1d.weight", "forget_gate_down.weight", "beta_proj.weight"),
+}
+
+
+def detect_kimi_linear_naming(names) -> str:
+    """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
+    (without the layer prefix), or a ValueError when they fit neither or both."""
+    names = set(names)
+    found = [n for n, markers in _NAMING_MARKERS.items() if names & set(markers)]
+    if len(found) != 1:
+        raise ValueError(
+            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected the "
+            f"remote code's (any of {_NAMING_MARKERS['kimi_linear']}) or the transformers "
+            f"library's (any of {_NAMING_MARKERS['transformers']})"
+        )
+    return found[0]

@@ -10,7 +10,13 @@ and, where the source gives it, its MLA layer. From a preset:
   KDAConfig's names and are copied as they are), or raises NotImplementedError naming the
   options this layer does not have yet (never an approximation of them);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
-  (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect.
+  (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect;
+* :meth:`ModelPreset.from_hf_config` reads a preset from a Hugging Face ``config.json`` of
+  Kimi Linear (``model_type`` ``"kimi_linear"``), layer pattern included, and refuses, naming
+  the field, a config it cannot represent (see :data:`HF_LINEAR_ATTN_KEYS`);
+  :func:`load_kimi_linear_checkpoint` builds and loads every attention layer of a checkpoint
+  directory (``config.json`` + safetensors, in either naming of
+  :mod:`kda_lib.layers.checkpoints`).
 
 Sources (each number below cites one of them):
 
@@ -28,11 +34,20 @@ Sources (each number below cites one of them):
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from typing import NamedTuple
 
 from flax import nnx
 
 from kda_lib.checks import check_int, check_number
+from kda_lib.layers.checkpoints import (
+    detect_kimi_linear_naming,
+    kimi_linear_prefix,
+    load_state_dict,
+    read_safetensors,
+)
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
@@ -168,6 +183,43 @@ class ModelPreset:
         """0-based indices of the global attention layers."""
         return tuple(i for i, kind in enumerate(self.layer_kinds) if kind != "kda")
 
+    # ------------------------------------------------------------ from a config.json
+    @classmethod
+    def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
+        """The preset a Hugging Face Kimi Linear ``config.json`` (as a dict) describes.
+
+        Read: ``hidden_size``, ``num_hidden_layers``, ``rms_norm_eps`` (the KDA output norm);
+        ``linear_attn_config``'s ``num_heads``, ``head_dim``, ``short_conv_kernel_size``,
+        ``kda_layers`` and ``full_attn_layers`` (1-based layer numbers: layer N of the lists
+        is ``layer_kinds[N - 1]``), ``gate_lower_bound`` (absent or null: the softplus gate; a
+        number: the safe gate ``lower_bound * sigmoid(exp(A_log) (f + dt_bias))``, as the
+        remote code passes it to fla's ``safe_gate`` and the transformers library computes
+        it, ``modeling_kimi_linear.py`` @ 016bd12c) and ``use_full_rank_gate`` (a full-rank
+        output gate ``g_proj``); the MLA's ``num_attention_heads``, ``q_lora_rank``,
+        ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
+        ``mla_use_nope`` and ``mla_use_output_gate``. The rest is the remote code's fixed
+        layout (``modeling_kimi.py``): separate q/k/v convs, gates of rank ``head_dim``
+        without bias, ``A_log`` per head, value heads = heads, the latent norm's eps 1e-6
+        (``KimiRMSNorm``'s default; ``kv_a_layernorm`` is built without one). A config whose
+        top level is a wrapper (``text_config`` with ``model_type`` ``"kimi_linear"``) is
+        read from its ``text_config``. MoE, vocabulary and other fields outside the attention
+        layers are not read.
+
+        Args:
+          config: the parsed ``config.json``.
+          name: the preset's name (default: the config's ``_name_or_path``, else
+            ``"kimi_linear"``).
+
+        Raises:
+          ValueError: naming the field, for another ``model_type``, a missing or ill-typed
+            field, a layer listed twice, in both lists, out of range or in neither, a key of
+            ``linear_attn_config`` outside :data:`HF_LINEAR_ATTN_KEYS` (it may change the
+            layer: ``kda_layer_index_base``, ``safe_gate``, ...), ``mla_use_nope`` false with
+            a rotary part (this MLA has no rotary embedding), or ``layer_types`` that
+            disagree with the lists.
+        """
+        return _preset_from_hf_config(cls, config, name)
+
     # ------------------------------------------------------------ the published layer
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """The KDA layer's tensors as the source names and shapes them (``[in, out]`` for
@@ -280,6 +332,167 @@ def _shared_fields(record, config_class) -> dict:
         for field in dataclasses.fields(record)
         if field.name in names
     }
+
+
+# The keys of a Kimi Linear config's linear_attn_config that from_hf_config reads; any other
+# key is refused by name (it may change the layer: kda_layer_index_base would renumber the
+# lists, safe_gate would change the gate). The first five are those of the published
+# moonshotai/Kimi-Linear-48B-A3B config; gate_lower_bound and use_full_rank_gate are read by
+# the remote-code layer (Kimi K3's configs set them).
+HF_LINEAR_ATTN_KEYS = (
+    "num_heads",
+    "head_dim",
+    "short_conv_kernel_size",
+    "kda_layers",
+    "full_attn_layers",
+    "gate_lower_bound",
+    "use_full_rank_gate",
+)
+_HF_LAYER_TYPES = {"linear_attention": "kda", "kda_attention": "kda", "full_attention": "mla"}
+_MISSING = object()
+
+
+def _hf_get(config: dict, key: str, where: str = "", default=_MISSING):
+    if key not in config:
+        if default is _MISSING:
+            raise ValueError(f"config field {where}{key} is missing (needed for the layer)")
+        return default
+    return config[key]
+
+
+def _hf_int(config: dict, key: str, where: str = "", minimum: int = 1, optional=False, **kw):
+    value = _hf_get(config, key, where, **kw)
+    return check_int(f"config field {where}{key}", value, minimum, optional=optional)
+
+
+def _hf_bool(config: dict, key: str, default: bool = False) -> bool:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"config field {key} must be true or false, got {value!r}")
+    return value
+
+
+def _hf_layer_kinds(config: dict, linear: dict, num_layers: int) -> tuple[str, ...]:
+    """``layer_kinds`` from the 1-based ``kda_layers`` / ``full_attn_layers``, each layer in
+    exactly one list."""
+    owner: dict[int, str] = {}
+    for key in ("kda_layers", "full_attn_layers"):
+        field = f"linear_attn_config.{key}"
+        layers = _hf_get(linear, key, "linear_attn_config.")
+        if not isinstance(layers, (list, tuple)):
+            raise ValueError(f"config field {field} must be a list of layer numbers")
+        for number in layers:
+            check_int(f"config field {field} entry", number, 1)
+            if number > num_layers:
+                raise ValueError(
+                    f"config field {field} lists layer {number}, beyond num_hidden_layers="
+                    f"{num_layers} (the numbers are 1-based)"
+                )
+            if number in owner:
+                where = "twice" if owner[number] == key else f"also in {owner[number]}"
+                raise ValueError(f"config field {field} lists layer {number} {where}")
+            owner[number] = key
+    missing = [n for n in range(1, num_layers + 1) if n not in owner]
+    if missing:
+        raise ValueError(
+            f"config fields linear_attn_config.kda_layers / full_attn_layers leave layers "
+            f"{missing} in neither list (1-based; num_hidden_layers={num_layers})"
+        )
+    kinds = tuple("kda" if owner[n] == "kda_layers" else "mla" for n in range(1, num_layers + 1))
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        given = [_HF_LAYER_TYPES.get(t, t) for t in layer_types]
+        if tuple(given) != kinds:
+            raise ValueError(
+                "config field layer_types disagrees with linear_attn_config's kda_layers / "
+                "full_attn_layers"
+            )
+    return kinds
+
+
+def _hf_text_config(config) -> tuple[dict, dict]:
+    """The Kimi Linear config (unwrapped from ``text_config``) and its ``linear_attn_config``,
+    both checked for their type, ``model_type`` and unknown ``linear_attn_config`` keys."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict (a parsed config.json), got {type(config)}")
+    text = config.get("text_config")
+    if config.get("model_type") != "kimi_linear" and isinstance(text, dict):
+        config = text  # a wrapper (Kimi K3's multimodal config) around the text model
+    model_type = config.get("model_type")
+    if model_type != "kimi_linear":
+        raise ValueError(
+            f"config field model_type must be 'kimi_linear' (Kimi Linear's config), got "
+            f"{model_type!r}"
+        )
+    linear = _hf_get(config, "linear_attn_config")
+    if not isinstance(linear, dict):
+        raise ValueError(f"config field linear_attn_config must be a dict, got {linear!r}")
+    unknown = sorted(set(linear) - set(HF_LINEAR_ATTN_KEYS))
+    if unknown:
+        raise ValueError(
+            f"config field linear_attn_config has keys {unknown} that from_hf_config does not "
+            f"read and that may change the layer (read: {list(HF_LINEAR_ATTN_KEYS)})"
+        )
+    return config, linear
+
+
+def _hf_mla(config: dict) -> MLAShape:
+    """The MLA widths of a Kimi Linear config (NoPE only)."""
+    rope = _hf_int(config, "qk_rope_head_dim", minimum=0)
+    if rope and not _hf_bool(config, "mla_use_nope"):
+        raise ValueError(
+            "config field mla_use_nope must be true (or qk_rope_head_dim 0): "
+            "MultiHeadLatentAttention has no rotary embedding; the shared key part is used "
+            "unrotated only in the NoPE form"
+        )
+    return MLAShape(
+        num_heads=_hf_int(config, "num_attention_heads"),
+        qk_head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
+        v_head_dim=_hf_int(config, "v_head_dim"),
+        kv_lora_rank=_hf_int(config, "kv_lora_rank"),
+        q_lora_rank=_hf_int(config, "q_lora_rank", optional=True, default=None),
+        shared_key_dim=rope,
+        norm_eps=1e-6,  # KimiRMSNorm's default: kv_a_layernorm is built without an eps
+        output_gate=_hf_bool(config, "mla_use_output_gate"),
+    )
+
+
+def _preset_from_hf_config(cls, config, name):
+    config, linear = _hf_text_config(config)
+    lin = "linear_attn_config."
+    head_dim = _hf_int(linear, "head_dim", lin)
+    bound = linear.get("gate_lower_bound")
+    if bound is not None:
+        check_number(f"config field {lin}gate_lower_bound", bound)
+    full_rank_output = linear.get("use_full_rank_gate", False)
+    if not isinstance(full_rank_output, bool):
+        raise ValueError(f"config field {lin}use_full_rank_gate must be true or false")
+    eps = _hf_get(config, "rms_norm_eps")
+    check_number("config field rms_norm_eps", eps, positive=True)
+    num_layers = _hf_int(config, "num_hidden_layers")
+    heads = _hf_int(linear, "num_heads", lin)
+    return cls(
+        name=name if name is not None else (config.get("_name_or_path") or "kimi_linear"),
+        hidden_size=_hf_int(config, "hidden_size"),
+        num_heads=heads,
+        num_v_heads=heads,
+        head_dim=head_dim,
+        conv_size=_hf_int(linear, "short_conv_kernel_size", lin),
+        fused_qkv_conv=False,
+        gate_form=GateForm.SOFTPLUS if bound is None else GateForm.SAFE_SIGMOID,
+        lower_bound=None if bound is None else float(bound),
+        use_a_log=True,
+        forget_gate_rank=head_dim,
+        output_gate_rank=None if full_rank_output else head_dim,
+        output_gate_bias=False,
+        norm_eps=float(eps),
+        layer_kinds=_hf_layer_kinds(config, linear, num_layers),
+        mla=_hf_mla(config),
+        source="Hugging Face config.json (model_type kimi_linear), read by from_hf_config",
+        notes="the layout fixed by modeling_kimi.py; see ModelPreset.from_hf_config",
+    )
 
 
 def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
@@ -395,7 +608,13 @@ KIMI_K3 = ModelPreset(
         "'add the Kimi K3 text backbone', read in the code index without its repository) "
         "describes the Hugging Face Kimi K3 checkpoint differently: six separate q/k/v "
         "projection and conv tensors that the port fuses at load time, the sigmoid safe gate "
-        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText"
+        "(not a clamp) and an A_log of 128 entries for 96 heads; this preset follows MaxText. "
+        "No Kimi K3 config.json is in the stored sources: NVIDIA-NeMo/Megatron-Bridge's K3 "
+        "bridge test (@ caa6c44c7) holds its text_config truncated to four layers, whose "
+        "linear_attn_config sets gate_lower_bound -5.0; the remote code and the transformers "
+        "library (modeling_kimi_linear.py @ 016bd12cb) read that bound as the safe sigmoid "
+        "gate, so ModelPreset.from_hf_config of a K3 config gives gate_form safe_sigmoid where "
+        "this preset has clamped_softplus (kept until the config itself can be read)"
     ),
 )
 
@@ -437,3 +656,75 @@ GLM_5_3_FLASH = ModelPreset(
 )
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
+
+
+# ------------------------------------------------------------------ a whole Kimi Linear checkpoint
+class KimiLinearCheckpoint(NamedTuple):
+    """What :func:`load_kimi_linear_checkpoint` returns: the preset read from ``config.json``,
+    the naming the tensors were found in, and one attention layer per decoder layer (a
+    :class:`kda_lib.KimiDeltaAttention` where ``preset.layer_kinds`` says ``"kda"``, a
+    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` where it says ``"mla"``)."""
+
+    preset: ModelPreset
+    naming: str
+    layers: list
+
+
+def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
+    ``*.safetensors`` shards), built as the config describes and loaded, all or nothing per
+    layer.
+
+    The config is read with :meth:`ModelPreset.from_hf_config` (a config
+    it cannot represent is refused naming the field); each layer's tensors are read from
+    ``model.layers.N.self_attn.`` (``N`` 0-based) in ``naming``: ``"kimi_linear"`` (the
+    remote code's names), ``"transformers"`` (the transformers library's), or ``"auto"``
+    (told from the first KDA layer's names,
+    :func:`kda_lib.layers.checkpoints.detect_kimi_linear_naming`). MLA tensors
+    have the same names in both. The layers are built with real parameters (``nnx.Rngs(0)``,
+    then overwritten): at the published size this is the whole attention stack in memory.
+    ``overrides`` go to both configs (``dtype``, ``param_dtype``; ``implementation`` is a
+    KDAConfig field only and is not accepted here).
+
+    Returns:
+      :class:`KimiLinearCheckpoint`.
+    """
+    directory = os.fspath(directory)
+    preset = ModelPreset.from_hf_config(_read_config_json(directory))
+    shards = sorted(
+        os.path.join(directory, name)
+        for name in os.listdir(directory)
+        if name.endswith(".safetensors")
+    )
+    if not shards:
+        raise ValueError(f"no .safetensors file in {directory!r}")
+    if naming not in ("auto", "kimi_linear", "transformers"):
+        raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
+    layers = []
+    for index, kind in enumerate(preset.layer_kinds):
+        prefix = kimi_linear_prefix(index)
+        tensors = read_safetensors(shards, prefix)
+        if not tensors:
+            raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
+        if kind == "kda":
+            if naming == "auto":
+                naming = detect_kimi_linear_naming(tensors)
+            layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
+        else:
+            layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
+        load_state_dict(
+            layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
+        )
+        layers.append(layer)
+    return KimiLinearCheckpoint(preset, naming, layers)
+
+
+def _read_config_json(directory: str) -> dict:
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise ValueError(f"no config.json in {directory!r}")
+    with open(config_path, encoding="utf-8") as handle:
+        try:
+            return json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{config_path}: not JSON ({error})") from None

@@ -8,6 +8,7 @@ Hugging Face ``modeling_kimi.py`` (revision 6e163f3, as copied into axolotl-ai-c
 """
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from safetensors.numpy import save_file
 
 from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.checkpoints import (
+    detect_kimi_linear_naming,
     export_state_dict,
     kimi_linear_prefix,
     load_fla_state_dict,
@@ -30,7 +32,14 @@ from kda_lib.layers.checkpoints import (
     read_safetensors,
     state_dict_names,
 )
-from kda_lib.models.presets import KIMI_LINEAR_48B, build_kda_layer
+from kda_lib.layers.mla import MultiHeadLatentAttention
+from kda_lib.models.presets import (
+    KIMI_LINEAR_48B,
+    ModelPreset,
+    build_kda_layer,
+    build_mla_layer,
+    load_kimi_linear_checkpoint,
+)
 from kda_lib.testing import assert_close
 
 # a small Kimi Linear KDA layer: gates of rank head_dim, no output-gate bias, softplus gate
@@ -259,9 +268,14 @@ ROUND_TRIP = {
 
 
 @pytest.mark.parametrize("case", sorted(ROUND_TRIP))
-@pytest.mark.parametrize("naming", ["fla", "kimi_linear"])
+@pytest.mark.parametrize("naming", ["fla", "kimi_linear", "transformers"])
 def test_export_and_load_round_trip(naming, case):
     config = dataclasses.replace(SMALL, **ROUND_TRIP[case])
+    if naming == "transformers" and case != "published":
+        # the transformers layer has an A_log, a low-rank forget gate and no output bias
+        with pytest.raises(ValueError, match="'transformers' naming .* has no tensors for"):
+            state_dict_names(_layer(config), naming)
+        return
     source, target = _layer(config, seed=0), _layer(config, seed=5)
     state_dict = export_state_dict(source, naming)
     assert ("A_log" in state_dict) == config.use_a_log
@@ -285,7 +299,7 @@ def test_grouped_value_heads_use_fla_s_names_with_value_head_shapes():
 
 def test_layouts_without_a_checkpoint_name_are_refused():
     fused = _layer(dataclasses.replace(SMALL, fused_qkv_conv=True))
-    for naming in ("fla", "kimi_linear"):
+    for naming in ("fla", "kimi_linear"):  # the transformers naming has only the fused conv
         with pytest.raises(ValueError, match="one fused qkv_conv1d"):
             state_dict_names(fused, naming)
     full = _layer(dataclasses.replace(SMALL, output_gate_rank=None))
@@ -435,3 +449,167 @@ def test_a_safetensors_file_that_shrinks_while_read_cannot_crash_the_process(tmp
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0 and "refused" in result.stdout, (result.returncode, result.stderr)
+
+
+# ------------------------------------------------ the transformers library's naming; whole files
+def test_transformers_names_and_shapes_are_the_library_s():
+    """At full size, from shapes only: the tensors of KimiLinearDeltaAttention in
+    huggingface/transformers src/transformers/models/kimi_linear/modeling_kimi_linear.py @
+    c1a44bc9cde33bee2282b77e2b9638550a8d4c80 (nn.Linear weights [out, in]; one nn.Conv1d over
+    concat(q, k, v) of groups = channels, [C, 1, W]; A_log [HV, 1]; dt_bias [HV, V])."""
+    d, h, k, w = 2304, 32, 128, 4
+    expected = {
+        "q_proj.weight": (h * k, d),
+        "k_proj.weight": (h * k, d),
+        "v_proj.weight": (h * k, d),
+        "conv1d.weight": (3 * h * k, 1, w),
+        "forget_gate_down.weight": (k, d),
+        "forget_gate_up.weight": (h * k, k),
+        "beta_proj.weight": (h, d),
+        "A_log": (h, 1),
+        "dt_bias": (h, k),
+        "output_gate_down.weight": (k, d),
+        "output_gate_up.weight": (h * k, k),
+        "o_norm.weight": (k,),
+        "o_proj.weight": (d, h * k),
+    }
+    layer = build_kda_layer(KIMI_LINEAR_48B)
+    assert state_dict_names(layer, "transformers") == expected
+    # the MLA layer: DeepSeek-V2's names in both namings (KimiLinearAttention, same file)
+    assert state_dict_names(build_mla_layer(KIMI_LINEAR_48B), "transformers") == {
+        "kv_a_layernorm.weight": (512,),
+        "kv_a_proj_with_mqa.weight": (512 + 64, d),
+        "kv_b_proj.weight": (32 * (128 + 128), 512),
+        "o_proj.weight": (d, 32 * 128),
+        "q_proj.weight": (32 * (128 + 64), d),
+    }
+
+
+# a tiny Kimi Linear config.json: layers 1 and 3 KDA, 2 MLA (1-based), the published layout
+TINY_CONFIG = {
+    "model_type": "kimi_linear",
+    "hidden_size": 32,
+    "num_hidden_layers": 3,
+    "rms_norm_eps": 1e-5,
+    "linear_attn_config": {
+        "kda_layers": [1, 3],
+        "full_attn_layers": [2],
+        "num_heads": 2,
+        "head_dim": 8,
+        "short_conv_kernel_size": 4,
+    },
+    "num_attention_heads": 2,
+    "q_lora_rank": None,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4,
+    "v_head_dim": 8,
+    "mla_use_nope": True,
+}
+
+
+def _tiny_layers(seed=1):
+    preset = ModelPreset.from_hf_config(TINY_CONFIG)
+    rngs = nnx.Rngs(seed)
+    return [
+        KimiDeltaAttention(preset.kda_config(), rngs=rngs)
+        if kind == "kda"
+        else MultiHeadLatentAttention(preset.mla_config(), rngs=rngs)
+        for kind in preset.layer_kinds
+    ]
+
+
+def _to_transformers(tensors, heads):
+    """The remote code's KDA tensors in the transformers library's names and layouts, written
+    out here from modeling_kimi_linear.py @ c1a44bc9 (not with kda_lib's own table): renamed
+    projections, one conv over the concatenated q, k, v channels, A_log [H, 1], dt_bias
+    [H, K]."""
+    renames = {
+        "f_a_proj.weight": "forget_gate_down.weight",
+        "f_b_proj.weight": "forget_gate_up.weight",
+        "g_a_proj.weight": "output_gate_down.weight",
+        "g_b_proj.weight": "output_gate_up.weight",
+        "b_proj.weight": "beta_proj.weight",
+    }
+    out = {renames.get(n, n): v for n, v in tensors.items() if "conv1d" not in n}
+    out["conv1d.weight"] = np.concatenate([tensors[f"{p}_conv1d.weight"] for p in "qkv"], axis=0)
+    out["A_log"] = tensors["A_log"].reshape(heads, 1)
+    out["dt_bias"] = tensors["dt_bias"].reshape(heads, -1)
+    return out
+
+
+def _write_checkpoint(directory, layers, naming):
+    """config.json and model.safetensors of ``layers`` in ``naming``, beside tensors of other
+    modules that the loader skips."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(TINY_CONFIG))
+    tensors = {"model.embed_tokens.weight": np.ones((5, 32), np.float32)}
+    for index, layer in enumerate(layers):
+        state = export_state_dict(layer, "kimi_linear")
+        if naming == "transformers" and isinstance(layer, KimiDeltaAttention):
+            state = _to_transformers(state, layer.config.num_heads)
+        prefix = kimi_linear_prefix(index)
+        tensors.update({prefix + name: value for name, value in state.items()})
+        tensors[f"model.layers.{index}.input_layernorm.weight"] = np.ones(32, np.float32)
+    _write(str(directory / "model.safetensors"), tensors)
+    return directory
+
+
+@pytest.mark.parametrize("naming", ["kimi_linear", "transformers"])
+def test_a_tiny_checkpoint_in_each_naming_loads_end_to_end(tmp_path, naming):
+    source = _tiny_layers(seed=1)
+    directory = _write_checkpoint(tmp_path / naming, source, naming)
+    assert (directory / "model.safetensors").stat().st_size < 64 * 1024  # a few kilobytes
+    loaded = load_kimi_linear_checkpoint(directory)
+    assert loaded.naming == naming  # told from the names
+    assert loaded.preset.layer_kinds == ("kda", "mla", "kda")
+    assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in source]
+    x = _x()
+    for want, got in zip(source, loaded.layers, strict=True):
+        np.testing.assert_array_equal(np.asarray(got(x)), np.asarray(want(x)))
+        for a, b in zip(_layer_values(want), _layer_values(got), strict=True):
+            np.testing.assert_array_equal(a, b)
+    # the naming can be given, and a wrong one is refused by the tensors' names
+    other = "transformers" if naming == "kimi_linear" else "kimi_linear"
+    with pytest.raises(ValueError, match=r"missing \['model\.layers\.0\.self_attn\."):
+        load_kimi_linear_checkpoint(directory, naming=other)
+
+
+def test_the_two_namings_of_one_checkpoint_load_the_same_layers_and_the_fused_conv(tmp_path):
+    source = _tiny_layers(seed=2)
+    kimi = load_kimi_linear_checkpoint(_write_checkpoint(tmp_path / "a", source, "kimi_linear"))
+    hf_dir = _write_checkpoint(tmp_path / "b", source, "transformers")
+    hf = load_kimi_linear_checkpoint(hf_dir, naming="transformers")
+    for a, b in zip(kimi.layers, hf.layers, strict=True):
+        for x, y in zip(_layer_values(a), _layer_values(b), strict=True):
+            np.testing.assert_array_equal(x, y)
+    # the transformers file's one conv loads as it is into a layer with one fused conv
+    tensors = read_safetensors(str(hf_dir / "model.safetensors"), kimi_linear_prefix(0))
+    fused = _layer(dataclasses.replace(kimi.layers[0].config, fused_qkv_conv=True), seed=7)
+    load_state_dict(fused, tensors, "transformers")
+    x = _x()
+    np.testing.assert_allclose(
+        np.asarray(fused(x)), np.asarray(kimi.layers[0](x)), rtol=1e-6, atol=1e-6
+    )
+    assert export_state_dict(fused, "transformers")["conv1d.weight"].shape == (48, 1, 4)
+
+
+def test_a_kimi_linear_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path):
+    directory = _write_checkpoint(tmp_path / "c", _tiny_layers(), "transformers")
+    tensors = read_safetensors(str(directory / "model.safetensors"))
+    prefix = kimi_linear_prefix(2)
+    bad = {**tensors, prefix + "conv1d.weight": tensors[prefix + "conv1d.weight"][:-1]}
+    _write(str(directory / "model.safetensors"), bad)
+    with pytest.raises(ValueError, match=r"model\.layers\.2\.self_attn\.conv1d\.weight: shape"):
+        load_kimi_linear_checkpoint(directory)
+    bad = {**tensors, prefix + "A_log": tensors[prefix + "A_log"].reshape(1, 1, 2, 1)}
+    _write(str(directory / "model.safetensors"), bad)
+    with pytest.raises(ValueError, match=r"self_attn\.A_log: expected the transformers A_log"):
+        load_kimi_linear_checkpoint(directory)
+    with pytest.raises(ValueError, match="cannot tell the naming"):
+        detect_kimi_linear_naming(["q_conv1d.weight", "conv1d.weight"])
+    (directory / "config.json").write_text(json.dumps({**TINY_CONFIG, "model_type": "llama"}))
+    with pytest.raises(ValueError, match="model_type must be 'kimi_linear'"):
+        load_kimi_linear_checkpoint(directory)
+    with pytest.raises(ValueError, match="no config.json"):
+        load_kimi_linear_checkpoint(tmp_path)

@@ -19,6 +19,7 @@ from kda_lib.models.presets import (
     build_kda_layer,
     build_mla_layer,
 )
+from kda_lib.ops.gating import GateForm
 
 # published fields (see kda_lib/models/presets.py for repository, path and commit of each)
 KIMI_LINEAR_CONFIG = {
@@ -262,3 +263,186 @@ def test_grouped_value_heads_and_the_rate_free_safe_gate_build_from_a_preset():
         == rate_free.kda_parameter_count()
         == (GLM_5_3_FLASH.kda_parameter_count() - GLM_YML["linear_num_heads"])
     )
+
+
+# ------------------------------------------------------------------ from a config.json
+# moonshotai/Kimi-Linear-48B-A3B-Instruct config.json, the attention fields (the original is
+# not in the stored sources; the stored copies agree field by field: the re-upload
+# Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json cited in presets.py, and
+# NVIDIA-NeMo/Megatron-Bridge tests/unit_tests/models/kimi/test_kimi_model_config_bridge.py
+# @ ebd91e974d0b2caba82fc91c09b47e77e2dd53fc's "official architecture" fixture; the layer lists
+# as in huggingface/transformers issue #47875's table "full at layers 4, 8, 12, 16, 20, 24, 27").
+# MoE and vocabulary fields, which from_hf_config does not read, are kept as a sample.
+KIMI_LINEAR_HF_CONFIG = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 2304,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 72,
+    "rms_norm_eps": 1e-5,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "head_dim": 128,
+        "kda_layers": [1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26],
+        "num_heads": 32,
+        "short_conv_kernel_size": 4,
+    },
+    "q_lora_rank": None,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "num_experts": 256,
+    "num_experts_per_token": 8,
+    "moe_intermediate_size": 1024,
+    "vocab_size": 163840,
+}
+# Kimi K3: no config.json is stored. NVIDIA-NeMo/Megatron-Bridge
+# tests/unit_tests/models/kimi/test_kimi_k3_bridge.py @ caa6c44c7c129ad4674a2298f2ffc87a27c1e929
+# holds "the official K3 architecture truncated to four language layers" (its text_config,
+# attention fields; the wrapper's model_type is "kimi_k3"). Its linear_attn_config has no
+# full_attn_layers and the config no mla_use_nope: the fixture as written is refused.
+KIMI_K3_TEXT_CONFIG_4_LAYERS = {
+    "hidden_size": 7168,
+    "num_hidden_layers": 4,
+    "linear_attn_config": {
+        "gate_lower_bound": -5.0,
+        "head_dim": 128,
+        "kda_layers": [1, 2, 3],
+        "num_heads": 96,
+        "short_conv_kernel_size": 4,
+    },
+    "num_attention_heads": 96,
+    "num_key_value_heads": 96,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "rms_norm_eps": 1e-5,
+}
+
+
+def _differing_fields(a, b, skip=("name", "source", "notes")):
+    return [
+        f.name
+        for f in dataclasses.fields(a)
+        if f.name not in skip and getattr(a, f.name) != getattr(b, f.name)
+    ]
+
+
+def test_from_hf_config_builds_the_published_kimi_linear_preset():
+    preset = presets.ModelPreset.from_hf_config(KIMI_LINEAR_HF_CONFIG, name="Kimi-Linear-48B-A3B")
+    assert preset.name == "Kimi-Linear-48B-A3B"
+    assert _differing_fields(preset, KIMI_LINEAR_48B) == []  # every field, the MLA's too
+    assert preset.mla == KIMI_LINEAR_48B.mla
+    assert (len(preset.kda_layers), len(preset.global_layers)) == (20, 7)
+    assert preset.layer_kinds[-1] == "mla"  # layer 27: the pattern is not "every fourth"
+    every_fourth = tuple("mla" if (i + 1) % 4 == 0 else "kda" for i in range(27))
+    assert preset.layer_kinds != every_fourth
+    assert [
+        i for i, (a, b) in enumerate(zip(preset.layer_kinds, every_fourth, strict=True)) if a != b
+    ] == [26]
+    assert parameter_count(build_kda_layer(preset)) == KIMI_LINEAR_48B.kda_parameter_count()
+    assert parameter_count(build_mla_layer(preset)) == KIMI_LINEAR_48B.mla_parameter_count()
+    # the default name comes from the config
+    assert presets.ModelPreset.from_hf_config(KIMI_LINEAR_HF_CONFIG).name == "kimi_linear"
+    named = {**KIMI_LINEAR_HF_CONFIG, "_name_or_path": "moonshotai/Kimi-Linear-48B-A3B-Instruct"}
+    assert presets.ModelPreset.from_hf_config(named).name.startswith("moonshotai/")
+
+
+def test_from_hf_config_reads_kimi_k3_s_fields_and_names_what_the_fixture_lacks():
+    wrapper = {"model_type": "kimi_k3", "text_config": dict(KIMI_K3_TEXT_CONFIG_4_LAYERS)}
+    with pytest.raises(ValueError, match="model_type must be 'kimi_linear'"):
+        presets.ModelPreset.from_hf_config(wrapper)
+    wrapper["text_config"]["model_type"] = "kimi_linear"
+    with pytest.raises(ValueError, match=r"linear_attn_config\.full_attn_layers is missing"):
+        presets.ModelPreset.from_hf_config(wrapper)
+    text = wrapper["text_config"]
+    text["linear_attn_config"] = {**text["linear_attn_config"], "full_attn_layers": [4]}
+    with pytest.raises(ValueError, match="mla_use_nope must be true"):
+        presets.ModelPreset.from_hf_config(wrapper)
+    text["mla_use_nope"] = True  # as every Kimi Linear/K3 config the stored sources quote
+    preset = presets.ModelPreset.from_hf_config(wrapper, name="K3, 4 layers")
+    assert preset.layer_kinds == ("kda", "kda", "kda", "mla")
+    # the KDA and MLA widths agree with the MaxText-based preset
+    for field in ("hidden_size", "num_heads", "head_dim", "conv_size", "lower_bound", "norm_eps"):
+        assert getattr(preset, field) == getattr(KIMI_K3, field), field
+    assert preset.forget_gate_rank == KIMI_K3.forget_gate_rank == 128
+    widths = ("num_heads", "qk_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank")
+    assert all(
+        getattr(preset.mla, f) == getattr(KIMI_K3.mla, f) for f in widths + ("shared_key_dim",)
+    )
+    # the remote code reads gate_lower_bound as fla's safe gate; MaxText's K3 clamps instead
+    assert (
+        preset.gate_form is GateForm.SAFE_SIGMOID and KIMI_K3.gate_form is GateForm.CLAMPED_SOFTPLUS
+    )
+    # use_full_rank_gate (absent from the fixture) selects the full-rank output gate
+    text["linear_attn_config"]["use_full_rank_gate"] = True
+    text["mla_use_output_gate"] = True
+    preset = presets.ModelPreset.from_hf_config(wrapper)
+    assert preset.output_gate_rank is None and preset.mla.output_gate
+    assert parameter_count(build_kda_layer(preset)) == kda_formula(
+        7168, 96, 128, 4, 128, None, False
+    )
+
+
+def _config(**changes):
+    config = {
+        **KIMI_LINEAR_HF_CONFIG,
+        "linear_attn_config": dict(KIMI_LINEAR_HF_CONFIG["linear_attn_config"]),
+    }
+    for key, value in changes.items():
+        target, key = (
+            (config["linear_attn_config"], key[4:]) if key.startswith("lin_") else (config, key)
+        )
+        if value is _DROP:
+            del target[key]
+        else:
+            target[key] = value
+    return config
+
+
+_DROP = object()
+_KDA = KIMI_LINEAR_HF_CONFIG["linear_attn_config"]["kda_layers"]
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"model_type": "deepseek_v3"}, "model_type must be 'kimi_linear'"),
+        ({"hidden_size": _DROP}, "config field hidden_size is missing"),
+        ({"hidden_size": True}, "config field hidden_size must be a positive int"),
+        ({"linear_attn_config": _DROP}, "config field linear_attn_config is missing"),
+        ({"lin_num_heads": _DROP}, r"linear_attn_config\.num_heads is missing"),
+        ({"lin_kda_layers": _DROP}, r"linear_attn_config\.kda_layers is missing"),
+        ({"lin_kda_layers": [*_KDA, 1]}, r"kda_layers lists layer 1 twice"),
+        ({"lin_kda_layers": [*_KDA, 4]}, r"full_attn_layers lists layer 4 also in kda_layers"),
+        ({"lin_kda_layers": _KDA[:-1]}, r"leave layers \[26\] in neither list"),
+        ({"lin_full_attn_layers": [4, 8, 12, 16, 20, 24, 28]}, "lists layer 28, beyond"),
+        ({"lin_full_attn_layers": [0, 4, 8]}, r"full_attn_layers entry must be a positive int"),
+        ({"lin_kda_layer_index_base": 0}, r"keys \['kda_layer_index_base'\]"),
+        ({"lin_safe_gate": True}, r"keys \['safe_gate'\]"),
+        ({"lin_gate_lower_bound": "low"}, r"gate_lower_bound"),
+        ({"mla_use_nope": False}, "mla_use_nope must be true"),
+        ({"rms_norm_eps": _DROP}, "config field rms_norm_eps is missing"),
+        ({"layer_types": ["linear_attention"] * 27}, "layer_types disagrees"),
+    ],
+)
+def test_from_hf_config_refuses_what_it_cannot_represent_by_field(changes, match):
+    with pytest.raises(ValueError, match=match):
+        presets.ModelPreset.from_hf_config(_config(**changes))
+
+
+def test_from_hf_config_accepts_agreeing_layer_types_and_a_nope_mla_without_the_flag():
+    kinds = KIMI_LINEAR_48B.layer_kinds
+    types = ["full_attention" if k == "mla" else "linear_attention" for k in kinds]
+    assert presets.ModelPreset.from_hf_config(_config(layer_types=types)).layer_kinds == kinds
+    preset = presets.ModelPreset.from_hf_config(_config(mla_use_nope=_DROP, qk_rope_head_dim=0))
+    assert preset.mla.shared_key_dim == 0
+    bounded = presets.ModelPreset.from_hf_config(_config(lin_gate_lower_bound=-5.0))
+    assert bounded.gate_form is GateForm.SAFE_SIGMOID and bounded.lower_bound == -5.0
+    assert build_kda_layer(bounded).config.gate_form == "safe_sigmoid"
