@@ -157,11 +157,11 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 # The parts, one line each:
 #
 # - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1}$ on the current
-#   token: $\operatorname{conv}(U)_t = \sum_{j=0}^{w-1} \boldsymbol\kappa_j \odot
-#   \mathbf u_{t - (w - 1) + j}$ (zeros before the first token), then
-#   $\operatorname{SiLU}(u) = u\, \sigma(u)$;
-# - **L2 norm** $\operatorname{L2}(\mathbf u) = \mathbf u / \sqrt{\lVert \mathbf u\rVert^2 +
-#   \epsilon}$, $\epsilon = 10^{-6}$;
+#   token: $\operatorname{conv}(\Xi)_t = \sum_{j=0}^{w-1} \boldsymbol\kappa_j \odot
+#   \boldsymbol\xi_{t - (w - 1) + j}$ (zeros before the first token), then
+#   $\operatorname{SiLU}(\xi) = \xi\, \sigma(\xi)$;
+# - **L2 norm** $\operatorname{L2}(\boldsymbol\xi) = \boldsymbol\xi /
+#   \sqrt{\lVert \boldsymbol\xi\rVert^2 + \epsilon}$, $\epsilon = 10^{-6}$;
 # - **gate**: the softplus gate of notebook 02 (or the safe gate with `lower_bound`), its input
 #   through a rank-$r$ bottleneck $W_f^{\downarrow} \in \mathbb R^{d \times r}$,
 #   $W_f^{\uparrow} \in \mathbb R^{r \times H d_k}$;
@@ -435,13 +435,13 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # **The per-head RMSNorm and the output gate fix the output's scale and let it be switched off.**
 # The recurrence's output scale depends on how full the state is and on the decays, so it
 # differs between heads and along the sequence. The RMSNorm divides each head's output by its
-# RMS, so $\mathbf u = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to
+# RMS, so $\hat{\mathbf o} = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to
 # $\epsilon$), then multiplies channel $e$ by $\eta_e$. At initialisation
 # $\boldsymbol\eta = \mathbf 1$, so every head and token leaves with RMS 1, except outputs so
 # small that $\epsilon$ dominates their mean square, which stay small instead of amplifying noise
 # (checked below on the larger inputs of the experiment above; the printout says how many
 # outputs are well above $\epsilon$). Once $\boldsymbol\eta$ is trained the RMS is
-# $\sqrt{\tfrac{1}{d_v}\sum_e \eta_e^2 u_e^2}$, which varies from token to token (it is
+# $\sqrt{\tfrac{1}{d_v}\sum_e \eta_e^2 \hat o_e^2}$, which varies from token to token (it is
 # $\lVert\boldsymbol\eta\rVert / \sqrt{d_v}$ only for a constant $\boldsymbol\eta$; the
 # last check uses a random one). The sigmoid gate then scales each
 # channel by $\sigma(\mathbf z_t) \in (0, 1)$, computed from the token itself, so a head can be

@@ -139,14 +139,14 @@ for kind, layer in built.items():
 #
 # Per token and layer, counting matrix products (2 flops per multiply-add; `kda_lib.lab.at_scale`):
 #
-# - **KDA**: $2 P_{mm}$ for the projections ($P_{mm}$: the weights of `q/k/v/f/b/g/o_proj`),
-#   $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked kernel,
-#   $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
+# - **KDA**: $2 P_{\text{mm}}$ for the projections ($P_{\text{mm}}$: the weights of
+#   `q/k/v/f/b/g/o_proj`), $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked
+#   kernel, $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
 #   `kda_lib.ops.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
 #   step instead, $7 d_k d_v$ per head.
-# - **MLA** scoring each query against $T_k$ keys: $2 P_{mm} + 2 H T_k (d_{qk} + d_R + d_v)$
+# - **MLA** scoring each query against $T_k$ keys: $2 P_{\text{mm}} + 2 H T_k (d_{qk} + d_R + d_v)$
 #   with the latents expanded (prefill, training); decoding absorbs `kv_b_proj` into the query
-#   and the output and reads the latents directly: $2 P_{mm} + 2 H T_k (2 d_c + d_R)$.
+#   and the output and reads the latents directly: $2 P_{\text{mm}} + 2 H T_k (2 d_c + d_R)$.
 # - **Softmax attention** with $G$ key/value heads of $d_h$ (MHA: $G = H$):
 #   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
