@@ -304,19 +304,17 @@ t_long = contexts[-1]
 mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
                 + len(kimi.global_layers) * kimi.mla_parameter_count())
 
+other_bytes = {b: decode_scaling.moe_weight_bytes(  # MoE/MLP/embedding weights a step reads, bf16
+    b, reported_total_params, reported_active_params, routed_experts, experts_per_token,
+    mixer_params) for b in {1, *decode_batches}}
 
-def other_bytes(batch):
-    """MoE/MLP/embedding weights a step reads (assumption above), bf16."""
-    return decode_scaling.moe_weight_bytes(batch, reported_total_params, reported_active_params,
-                                           routed_experts, experts_per_token, mixer_params)
-
-
+# %%
 speedup, h200 = {}, at_scale.CHIPS["H200"]  # "H200": the H200 SXM
 node_hbm = tensor_parallel * h200.hbm_bytes  # one node of tensor_parallel chips
 for b in decode_batches:
     for chip in at_scale.CHIPS.values():
         times = [at_scale.model_decode_time(kimi, chip, t_long, b, hybrid=h,
-                                         other_weight_bytes=other_bytes(b)) for h in (False, True)]
+                                         other_weight_bytes=other_bytes[b]) for h in (False, True)]
         speedup[(chip.name, b)] = times[0] / times[1]
     caches = [b * at_scale.model_cache_bytes(kimi, t_long, hybrid=h) for h in (False, True)]
     experts = decode_scaling.expected_distinct_experts(b, routed_experts, experts_per_token)
@@ -335,8 +333,8 @@ chip = h200
 fig, ax = plt.subplots(figsize=(8, 3.6))
 for b, color in zip(decode_batches, viz.CYCLE, strict=False):
     ratio = [at_scale.model_decode_time(kimi, chip, t, b, hybrid=False,
-                                     other_weight_bytes=other_bytes(b))
-             / at_scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes(b))
+                                     other_weight_bytes=other_bytes[b])
+             / at_scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes[b])
              for t in t_axis]
     ax.plot(t_axis, ratio, color=color, label=f"roofline model, batch {b}")
 ax.axhline(bound, color="0.3", linestyle="--", label=f"bound L / L_global = {bound:.2f}")
@@ -373,7 +371,7 @@ display(Markdown(
 tp_ratio = {}
 for r in (1, tensor_parallel):
     times = [decode_scaling.tp_decode_time(kimi, chip, t_long, 1, r, hybrid=h,
-                                           other_weight_bytes=other_bytes(1)) for h in (0, 1)]
+                                           other_weight_bytes=other_bytes[1]) for h in (0, 1)]
     tp_ratio[r] = times[0] / times[1]
 print(f"batch 1, T = {t_long:,}: ratio {tp_ratio[1]:.2f} on one chip, "
       f"{tp_ratio[tensor_parallel]:.2f} on {tensor_parallel} head-split ranks (bound {bound:.2f})")
