@@ -128,16 +128,17 @@ def random_pairs(key, num, *, batch=()):
 # product per token. Querying it with a stored key $\mathbf k_j$ gives
 #
 # $$
-# S^\top \mathbf k_j = \sum_i \mathbf v_i\, (\mathbf k_i^\top \mathbf k_j)
+# S^\top \mathbf k_j = \sum_{j'} \mathbf v_{j'}\, (\mathbf k_{j'}^\top \mathbf k_j)
 #   = \underbrace{\mathbf v_j \lVert \mathbf k_j \rVert^2}_{\text{the value}}
-#   + \underbrace{\sum_{i \ne j} (\mathbf k_i^\top \mathbf k_j)\, \mathbf v_i}_{\text{crosstalk}} .
+#   + \underbrace{\sum_{j'\ne j} \mathbf k_{j'}^\top\mathbf k_j\,\mathbf v_{j'}}_{\text{crosstalk}}.
 # $$
 #
 # With orthonormal keys the crosstalk vanishes, but at most $d_k$ keys can be orthonormal. For
-# random unit keys $\mathbb E[(\mathbf k_i^\top \mathbf k_j)^2] = 1/d_k$, and the $n - 1$ terms are
-# uncorrelated, so the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$:
-# the relative error $\lVert R - V\rVert_F / \lVert V\rVert_F$ (recalls and values as rows)
-# grows like $\sqrt{(n-1)/d_k}$; section 6 uses its square, per pair.
+# random unit keys $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$, and the $n - 1$
+# terms are uncorrelated, so the crosstalk's squared size is about
+# $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$: the relative error of the recalls $\hat V$ (rows),
+# $\lVert\hat V - V\rVert_F/\lVert V\rVert_F$, grows like $\sqrt{(n-1)/d_k}$; section 6 uses its
+# square, per pair.
 
 # %%
 n_demo = key_dim // 2

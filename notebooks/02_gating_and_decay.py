@@ -292,22 +292,22 @@ viz.show(gates.plot_cumulative_decay([
 # unit keys, unit-variance values and $\beta$ = `beta_value`.
 #
 # **Where the delta rule's state levels off.** Without decay,
-# $S_t = P_t S_{t-1} + \beta \mathbf k_t \mathbf v_t^\top$ with $P_t = I - \beta \mathbf k_t
+# $S_t = M_t S_{t-1} + \beta \mathbf k_t \mathbf v_t^\top$ with $M_t = I - \beta \mathbf k_t
 # \mathbf k_t^\top$. Assume the keys are uniform on the unit sphere ($\mathbb E\, \mathbf k
 # \mathbf k^\top = I / d_k$) and the values zero-mean with unit-variance channels
 # ($\mathbb E \lVert\mathbf v\rVert^2 = d_v$), both independent of the past. The cross term has
 # mean zero, $\lVert\beta \mathbf k \mathbf v^\top\rVert_F^2 = \beta^2 \lVert\mathbf v\rVert^2$,
-# and $P_t^\top P_t = I - \beta(2 - \beta) \mathbf k_t \mathbf k_t^\top$, so
+# and $M_t^\top M_t = I - \beta(2 - \beta) \mathbf k_t \mathbf k_t^\top$, so
 #
 # $$
-# \mathbb E \lVert S_t\rVert_F^2 = \rho\, \mathbb E \lVert S_{t-1}\rVert_F^2 + \beta^2 d_v,
-# \quad \rho = 1 - \frac{\beta (2 - \beta)}{d_k}
+# \mathbb E \lVert S_t\rVert_F^2 = \lambda\, \mathbb E \lVert S_{t-1}\rVert_F^2 + \beta^2 d_v,
+# \quad \lambda = 1 - \frac{\beta (2 - \beta)}{d_k}
 # \quad\Longrightarrow\quad
-# \mathbb E \lVert S_t\rVert_F^2 = \frac{\beta\, d_k d_v}{2 - \beta}\,\big(1 - \rho^t\big)
+# \mathbb E \lVert S_t\rVert_F^2 = \frac{\beta\, d_k d_v}{2 - \beta}\,\big(1 - \lambda^t\big)
 # \;\to\; \frac{\beta\, d_k d_v}{2 - \beta} .
 # $$
 #
-# The cell after the figure checks $P^\top P$ and $\mathbb E\,\mathbf k \mathbf k^\top$ in
+# The cell after the figure checks $M_t^\top M_t$ and $\mathbb E\,\mathbf k \mathbf k^\top$ in
 # float64 and the prediction against the mean over independent sequences; the figure draws the
 # limit, as $\sqrt{\beta d_k d_v / (2 - \beta)}$, dashed.
 
@@ -387,9 +387,9 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # embedding), and we pass `scale=1` so the entries read as recall weights.
 #
 # **What to expect, derived.** The output is linear in the values: $\mathbf v_s$ enters the state
-# through token $s$'s write $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token $u$
-# multiplies the state by its transition $M_u = (I - \beta_u \mathbf k_u \mathbf k_u^\top) D_u$
-# (notebook 01). Read with $\mathbf q_t$ at scale 1:
+# through token $s$'s write $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token
+# $t'$ multiplies the state by its transition $M_{t'} = (I - \beta_{t'} \mathbf k_{t'}
+# \mathbf k_{t'}^\top) D_{t'}$ (notebook 01). Read with $\mathbf q_t$ at scale 1:
 #
 # $$
 # \Omega_{ts} = \beta_s\, \mathbf q_t^\top M_t M_{t-1} \cdots M_{s+1}\, \mathbf k_s
@@ -398,7 +398,7 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 #
 # With $\mathbf q_t = \mathbf k_t$ the diagonal is $\beta$. Let $\mathbf k$ be the current
 # token's key and $s$ its latest earlier occurrence, and let the tokens in between **not write**
-# ($\beta_u = 0$: their $M_u$ become $D_u$). The last factor is $M_t = (I - \beta \mathbf k
+# ($\beta_{t'} = 0$: their $M_{t'}$ become $D_{t'}$). The last factor is $M_t = (I - \beta \mathbf k
 # \mathbf k^\top) D_t$ and $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta)
 # \mathbf k^\top$, so
 #
@@ -408,7 +408,7 @@ assert abs(predicted / limit - 1) < 0.01, "the window is past the transient"
 # $$
 #
 # a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
-# It needs $\beta_u = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
+# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
 # stored $\Gamma \mathbf k$ out of $\mathbf k$'s direction, so even an orthogonal write changes
 # the weight (with one decay for all channels it does not; both checked below). Older
 # occurrences: "Engineering notes: the mixing weight of older occurrences (from notebook 02)" in
@@ -551,7 +551,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #   `jax.jacobian`, and against its closed form $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t
 #   \cdots M_{s+1} \mathbf k_s$ in float64); on repeated tokens it puts $\beta$ on the current
 #   one and $\beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k$ on the latest earlier
-#   occurrence when the tokens in between do not write ($\beta_u = 0$: with per-channel decay
+#   occurrence when the tokens in between do not write ($\beta_{t'} = 0$: with per-channel decay
 #   even an orthogonal write counts), and less on older ones; softmax spreads over all of them.
 # - The delta rule's state levels off at $\mathbb E \lVert S\rVert_F^2 = \beta d_k d_v /
 #   (2 - \beta)$ for random unit keys and unit-variance values (derived and asserted).

@@ -149,7 +149,7 @@ for r, device in enumerate(mesh.devices.flat):
 assert mesh.shape["context"] == ranks and total_len % ranks == 0
 
 # %% [markdown]
-# First the schedule, then the algebra. Each rank holds $L = T / R$ consecutive tokens.
+# First the schedule, then the algebra. Each rank holds $T_R = T / R$ consecutive tokens.
 #
 # 1. **Halo.** The short convolution at a rank's first token needs the $w - 1$ tokens before
 #    it, which the rank before holds: one `ppermute` down the chain (rank 0 receives zeros).
@@ -451,19 +451,19 @@ display(Markdown(
 #
 # ## 7. Compute: what each rank does, against passing the state rank to rank
 #
-# The boxes of section 1, with $L = T / R$ tokens per rank and $F(L, n)$ the kernel's flops on
-# $L$ tokens with $n$ value columns (per sequence and head): the **summary pass**
-# $F(L, d_k + d_v)$ (values $[\,\mathbf 0 \mid \mathbf v\,]$), the **fold**, $R$ steps
+# The boxes of section 1, with $T_R = T / R$ tokens per rank and $F(T_R, d_v')$ the kernel's
+# flops on $T_R$ tokens with $d_v'$ value columns (per sequence and head): the **summary pass**
+# $F(T_R, d_k + d_v)$ (values $[\,\mathbf 0 \mid \mathbf v\,]$), the **fold**, $R$ steps
 # $S \mapsto M S + E$ of $2 d_k^2 d_v$ flops on every rank (the loop runs past the rank's own
-# position, which also yields the final state), and the **output pass** $F(L, d_v)$.
+# position, which also yields the final state), and the **output pass** $F(T_R, d_v)$.
 # **Serial point-to-point passing** moves fewer bytes: rank $\rho$ waits for rank
 # $\rho - 1$'s state, runs its slice once and sends its state on; but one rank after another,
-# its critical path is $R\, F(L, d_v) = F(T, d_v)$: one device's, for one sequence.
+# its critical path is $R\, F(T_R, d_v) = F(T, d_v)$: one device's, for one sequence.
 #
-# For the recurrence, $F(L, n) = L\, f(n)$ with $f$ the flops of one step. We take XLA's count
-# of the compiled `kda_step` (`cpt.step_flops`): about $8\, d_k n$, linear in the value
-# columns. (Notebook 03 counts the same step by hand as $7\, d_k d_v$, the matrix-shaped terms
-# only: two counting bases; this section uses XLA's throughout.) So at $d_k = d_v$ a rank does
+# For the recurrence, $F(T_R, d_v') = T_R\, F_1(d_v')$ with $F_1$ the flops of one step. We take
+# XLA's count of the compiled `kda_step` (`cpt.step_flops`): about $8\, d_k d_v'$, linear in the
+# value columns. (Notebook 03 counts the same step by hand as $7\, d_k d_v$, the matrix-shaped
+# terms only: two counting bases; this section uses XLA's throughout.) So at $d_k = d_v$ a rank does
 # about three slices' work, and the ideal speed-up over one device is
 # $R d_v / (d_k + 2 d_v) = R / 3$, before the fold, which grows with $R$ as the slices shrink.
 

@@ -21,7 +21,7 @@
 # scaling book, what each layer costs: parameters, flops per token, bytes per decoded token and
 # cache memory, for a KDA layer, an MLA layer (the paper's global layer) and softmax attention.
 # Each formula is checked against the real program at a small size (the traced matrix products
-# exactly, XLA's cost analysis within a few percent). From the formulas and a stated bandwidth
+# exactly, XLA's cost analysis within 5%). From the formulas and a stated bandwidth
 # model of named chips we then check the paper's headline numbers: the KV cache reduction
 # follows from the layer pattern; the decoding speed-up at 1M tokens is bounded by the same
 # pattern, below what the paper reports, and we say which assumption that leaves.
@@ -48,6 +48,9 @@ check_compile: bool = False  # XLA's count of the compiled programs (slower) or 
 decode_batches: list = [1, 16, 256]  # sequences decoded together in the decode-time model
 reported_active_params: float = 3e9  # Kimi-Linear-48B-A3B: the paper reports 3B activated ...
 reported_total_params: float = 48e9  # ... of 48B parameters
+routed_experts: int = 256  # Kimi-Linear-48B-A3B's config.json: num_experts ...
+experts_per_token: int = 8  # ... and num_experts_per_token (top-k routing)
+tensor_parallel: int = 8  # ranks of the head-parallel tensor-parallel decode of section 5
 paper_tpot_speedup: float = 6.3  # the paper reports 6.3x faster TPOT than MLA at 1M tokens
 cp_seq_len: int = 1048576  # sequence length of the context-parallel section (tokens)
 cp_max_ranks: int = 1024  # most ranks R drawn
@@ -97,7 +100,7 @@ from kda_lib.lab.measure import median_ms
 from kda_lib.lab.records import load_recorded
 from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
-from kda_lib.teaching import viz
+from kda_lib.teaching import decode_scaling, viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
@@ -107,11 +110,10 @@ kda_lib.teaching.notebook.setup()
 #
 # Each preset records a published model's KDA layer, its layer pattern (which layers are KDA,
 # which global attention) and, where the source gives them, its MLA widths, each number citing
-# its source (`kda_lib/models/presets.py`). Only Kimi-Linear-48B-A3B can be built here today; the
-# other two need options another change adds (grouped value heads are not among them: all three
-# have $H_v = H$). The formulas below read the numbers, never a built layer, so they cost all
-# three; Kimi Linear's layers are built as shapes only (`jax.eval_shape`, no memory) to check
-# the parameter counts.
+# its source (`kda_lib/models/presets.py`). All three KDA layers can be built here (the table's
+# last column, asserted; all three have $H_v = H$); GLM-5.3-Flash's source gives no MLA widths.
+# The formulas below read the numbers, never a built layer; Kimi Linear's layers are built as
+# shapes only (`jax.eval_shape`, no memory) to check the parameter counts.
 
 # %%
 rows = []
@@ -123,6 +125,7 @@ for p in presets.PRESETS.values():
 display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
                  "params | this repository |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
 assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
+assert not any(p.unsupported_options() for p in presets.PRESETS.values()), "all three build"
 kimi = presets.KIMI_LINEAR_48B
 built = {"KDA": presets.build_kda_layer(kimi), "MLA": presets.build_mla_layer(kimi)}
 counted = {"KDA": kimi.kda_parameter_count(), "MLA": kimi.mla_parameter_count()}
@@ -136,14 +139,14 @@ for kind, layer in built.items():
 #
 # Per token and layer, counting matrix products (2 flops per multiply-add; `kda_lib.lab.at_scale`):
 #
-# - **KDA**: $2 P_{mm}$ for the projections ($P_{mm}$: the weights of `q/k/v/f/b/g/o_proj`),
-#   $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked kernel,
-#   $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
+# - **KDA**: $2 P_{\text{mm}}$ for the projections ($P_{\text{mm}}$: the weights of
+#   `q/k/v/f/b/g/o_proj`), $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked
+#   kernel, $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
 #   `kda_lib.ops.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
 #   step instead, $7 d_k d_v$ per head.
-# - **MLA** scoring each query against $T_k$ keys: $2 P_{mm} + 2 H T_k (d_{qk} + d_R + d_v)$
+# - **MLA** scoring each query against $T_k$ keys: $2 P_{\text{mm}} + 2 H T_k (d_{qk} + d_R + d_v)$
 #   with the latents expanded (prefill, training); decoding absorbs `kv_b_proj` into the query
-#   and the output and reads the latents directly: $2 P_{mm} + 2 H T_k (2 d_c + d_R)$.
+#   and the output and reads the latents directly: $2 P_{\text{mm}} + 2 H T_k (2 d_c + d_R)$.
 # - **Softmax attention** with $G$ key/value heads of $d_h$ (MHA: $G = H$):
 #   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
@@ -187,19 +190,18 @@ print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
 # chunk makes its count exact), its recurrent decode step, the MLA layer's prefill and absorbed
 # decode step, and `kda_lib.models.tiny_lm.CausalSelfAttention` (MHA). For each, the matrix products
 # traced in the program (`kda_lib.ops.costs.matmul_flops`) must equal the formula's, and XLA's cost
-# analysis (all ops, elementwise included) must exceed the formula by at most a few percent. For
+# analysis (all ops, elementwise included) must exceed the formula by at most 5%. For
 # decode steps the bytes formula (every weight and the cache or state, float32 here) is the
 # least a step can move; XLA's byte count, which adds the copies a CPU program makes, must not
 # be below it. `tests/lab/test_at_scale.py` repeats this on the compiled programs and checks
-# training
-# (3x forward within 5%) on the compiled gradients.
+# training (3x forward within 5%) on the compiled gradients.
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
                           rank=check_head_dim, kv_lora_rank=check_latent,
                           shared_key_dim=check_shared_key)
 checks = at_scale.program_costs(small, check_seq_len, check_context, compile=check_compile)
-xla_band = 1.1  # XLA's count may add up to 10% of elementwise work at these sizes
+xla_band = 1.05  # XLA's count may add up to 5% of elementwise work at these sizes
 print(f"{'program':16s} {'traced / formula':>17s} {'XLA / formula':>14s} "
       f"{'bytes XLA / formula':>20s}")
 for name, row in checks.items():
@@ -288,43 +290,51 @@ for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH):
 # whole batch and each sequence's cache or state; the time of each layer is the slower of its
 # flops at the chip's peak and its bytes at the chip's HBM bandwidth (a roofline with perfect
 # overlap, `kda_lib.lab.at_scale.step_time`; the published numbers of each chip are in
-# `kda_lib.lab.at_scale.CHIPS`, with their vendor pages). The rest of the model (its MoE and
-# embeddings) is the same in both models: we charge it as bf16 weights read once per step,
-# `batch` x the reported activated parameters, at most all of them. Spreading the model over
-# several chips divides both models' times alike, so the ratio is the same. The ratio of the
-# two times at 1M tokens, for each chip and the batches `decode_batches`:
+# `kda_lib.lab.at_scale.CHIPS`, with their vendor pages; "H200" is the H200 SXM throughout).
+# The rest of the model (its MoE and embeddings) is the same in both models: we charge it as
+# bf16 weights read once per step: the weights every token uses and the routed experts the
+# batch touches. If each token picks $k$ = `experts_per_token` of $E$ = `routed_experts`
+# experts uniformly (a model of the router), $B$ tokens touch $E\,(1 - (1 - k/E)^B)$ of them on
+# average, about 102 of 256 at $B = 16$, not all (`kda_lib.teaching.decode_scaling` splits the
+# reported 48B total, 3B active into routed experts and the rest). The ratio of the two times
+# at 1M tokens for the batches `decode_batches`, and the caches' memory that batch needs:
 
 # %%
 t_long = contexts[-1]
 mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
                 + len(kimi.global_layers) * kimi.mla_parameter_count())
 
+other_bytes = {b: decode_scaling.moe_weight_bytes(  # MoE/MLP/embedding weights a step reads, bf16
+    b, reported_total_params, reported_active_params, routed_experts, experts_per_token,
+    mixer_params) for b in {1, *decode_batches}}
 
-def other_bytes(batch):
-    """MoE/MLP/embedding weights a step reads (assumption above), bf16."""
-    weights = min(reported_total_params, batch * reported_active_params) - mixer_params
-    return weights * at_scale.BF16
-
-
-speedup = {}
-for chip in at_scale.CHIPS.values():
-    for b in decode_batches:
+# %%
+speedup, h200 = {}, at_scale.CHIPS["H200"]  # "H200": the H200 SXM
+node_hbm = tensor_parallel * h200.hbm_bytes  # one node of tensor_parallel chips
+for b in decode_batches:
+    for chip in at_scale.CHIPS.values():
         times = [at_scale.model_decode_time(kimi, chip, t_long, b, hybrid=h,
-                                         other_weight_bytes=other_bytes(b)) for h in (False, True)]
+                                         other_weight_bytes=other_bytes[b]) for h in (False, True)]
         speedup[(chip.name, b)] = times[0] / times[1]
-        print(f"{chip.name:9s} batch {b:4d}: all-MLA {1e3 * times[0]:8.2f} ms, hybrid "
-              f"{1e3 * times[1]:7.2f} ms per step, ratio {speedup[(chip.name, b)]:.2f}")
+    caches = [b * at_scale.model_cache_bytes(kimi, t_long, hybrid=h) for h in (False, True)]
+    experts = decode_scaling.expected_distinct_experts(b, routed_experts, experts_per_token)
+    print(f"batch {b:3d}: ratio {speedup[(h200.name, b)]:.2f} on all four chips (memory-bound); "
+          f"{experts:.0f} of {routed_experts} experts read; caches {caches[0] / 1e12:.2f} TB "
+          f"all-MLA, {caches[1] / 1e12:.2f} TB hybrid" + ("" if caches[0] < node_hbm else
+          f" > {tensor_parallel} H200 SXM's {node_hbm / 1e12:.2f} TB: infeasible, a model only"))
+    assert np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9, "memory-bound: one ratio"
+assert abs(decode_scaling.expected_distinct_experts(16, 256, 8) - 102) < 0.5
 bound = at_scale.decode_speedup_bound(kimi)
 assert max(speedup.values()) < bound < paper_tpot_speedup
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(4096, 4 * t_long, 40)
-chip = at_scale.CHIPS["H200"]
+chip = h200
 fig, ax = plt.subplots(figsize=(8, 3.6))
 for b, color in zip(decode_batches, viz.CYCLE, strict=False):
     ratio = [at_scale.model_decode_time(kimi, chip, t, b, hybrid=False,
-                                     other_weight_bytes=other_bytes(b))
-             / at_scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes(b))
+                                     other_weight_bytes=other_bytes[b])
+             / at_scale.model_decode_time(kimi, chip, t, b, other_weight_bytes=other_bytes[b])
              for t in t_axis]
     ax.plot(t_axis, ratio, color=color, label=f"roofline model, batch {b}")
 ax.axhline(bound, color="0.3", linestyle="--", label=f"bound L / L_global = {bound:.2f}")
@@ -332,7 +342,7 @@ ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], ma
         label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
 ax.set(xscale="log", xlabel="context T (tokens, log scale)", ylim=(0, 1.15 * paper_tpot_speedup),
        ylabel="all-MLA step time / hybrid step time",
-       title=f"Decoding speed-up of {kimi.name} over all-MLA, {chip.name} roofline model")
+       title=f"Decoding speed-up of {kimi.name} over all-MLA, H200 SXM roofline model")
 ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "10_decode_speedup")
 
@@ -350,6 +360,22 @@ display(Markdown(
     "layers to run differently in the measurement (another kernel, batch or memory layout for "
     "the full-attention model), which the configs cannot check; the cache reduction, by "
     "contrast, follows from the layer pattern alone."))
+
+# %% [markdown]
+# **Several chips do not divide both models alike.** Split by heads over $R$ = `tensor_parallel`
+# ranks, a rank holds $1/R$ of every weight, KDA state and expert, but every MLA head reads the
+# same latent, so each rank reads the whole latent cache: the all-MLA model's largest term does
+# not shrink and the ratio grows towards the bound (`decode_scaling.tp_decode_time`, batch 1):
+
+# %%
+tp_ratio = {}
+for r in (1, tensor_parallel):
+    times = [decode_scaling.tp_decode_time(kimi, chip, t_long, 1, r, hybrid=h,
+                                           other_weight_bytes=other_bytes[1]) for h in (0, 1)]
+    tp_ratio[r] = times[0] / times[1]
+print(f"batch 1, T = {t_long:,}: ratio {tp_ratio[1]:.2f} on one chip, "
+      f"{tp_ratio[tensor_parallel]:.2f} on {tensor_parallel} head-split ranks (bound {bound:.2f})")
+assert tensor_parallel == 1 or tp_ratio[1] < tp_ratio[tensor_parallel] < bound
 
 # %% [markdown]
 # ## 6. Context parallelism at scale
@@ -426,12 +452,11 @@ display(Markdown(
 # %% [markdown]
 # ## 7. The roofline: where each layer sits on each chip
 #
-# A step of $F$ flops moving $Q$ bytes has arithmetic intensity $I = F / Q$; a chip with peak
-# $\pi$ and bandwidth $\beta$ runs it at $\min(\pi, I \beta)$, compute-bound above the ridge
-# $\pi / \beta$. We place Kimi Linear's layers at three operating points
-# (`kda_lib.lab.at_scale.operating_point`, bf16 weights and caches): a prefill of `contexts[0]`
-# tokens,
-# and decode steps at `contexts[1]` tokens of context for one sequence and for the largest of
+# A step's arithmetic intensity is its flops per byte moved; a chip runs it at the smaller of
+# its peak flop rate and intensity x bandwidth, compute-bound above the ridge, peak / bandwidth.
+# We place Kimi Linear's layers at three operating points
+# (`kda_lib.lab.at_scale.operating_point`, bf16 weights and caches): a prefill of
+# `contexts[0]` tokens, decode steps at `contexts[1]` tokens for one sequence and the largest of
 # `decode_batches`. This machine's CPU is measured: a `matmul_size`-square float32 matrix
 # product for its peak and a sum over `bandwidth_mib` MiB for its bandwidth (medians of
 # `timing_repeats` calls), beside the recorded benchmark's matrix-product rate.
@@ -464,6 +489,11 @@ for k, i in intensity.items():
     print(f"{k[0] + ', ' + k[1]:22s} {i:9.1f} "
           + " ".join(f"{'compute' if i > c.ridge else 'memory':>11s}" for c in chips))
 assert intensity[("KDA", "decode B=1")] < min(c.ridge for c in chips), "KDA decode: memory"
+named_ridge = min(c.ridge for c in at_scale.CHIPS.values())  # the four named chips
+mla_i = [i for (kind, step), i in intensity.items() if kind == "MLA" and step != "prefill"]
+print(f"MLA decode {min(mla_i):.0f}-{max(mla_i):.0f} flop/byte; lowest ridge {named_ridge:.0f}")
+assert all(i < named_ridge for (_, step), i in intensity.items() if step != "prefill"), (
+    "every decode step, MLA's included, is memory-bound on the four named chips")
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in at_scale.CHIPS.values())
            for k in at_scale.MIXERS), "a prefill of this length is compute-bound on every chip"
 
@@ -475,7 +505,7 @@ for c, color in zip(chips, viz.CYCLE, strict=False):
             label=f"{c.name}: ridge {c.ridge:.0f} flop/byte")
 markers = {"prefill": "o", "decode B=1": "v", f"decode B={max(decode_batches)}": "s"}
 kind_colors = dict(zip(at_scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
-for (kind, step), i in intensity.items():  # drawn on the H200's roofline
+for (kind, step), i in intensity.items():  # drawn on the H200 SXM's roofline
     ax.plot(i, min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12, markers[step],
             color=kind_colors[kind], markeredgecolor="k", markersize=8)
 for step, m in markers.items():
@@ -484,7 +514,7 @@ for kind, color in kind_colors.items():
     ax.plot([], [], "D", color=color, markeredgecolor="k", label=f"fill: {kind}")
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop per HBM byte, log scale)",
        ylabel="attainable TFLOP/s (log scale)", title="Rooflines (vendor peaks; this CPU "
-       "measured); layers drawn on the H200's")
+       "measured); layers drawn on the H200 SXM's")
 ax.legend(loc="lower right", fontsize=7, ncol=3)
 viz.show(fig, "10_roofline")
 
@@ -494,7 +524,9 @@ display(Markdown(
     f"A KDA decode step for one sequence does {kda_decode:.1f} flop per byte, far below every "
     f"ridge: its time is its bytes (weights and state). An MLA decode step at {contexts[1]:,} "
     f"tokens does {mla_decode:.0f}, because all {kimi.mla.num_heads} heads read the same latents "
-    f"(an MHA step does {intensity[('MHA', 'decode B=1')]:.1f}); batching raises the KDA layer to "
+    f"(an MHA step does {intensity[('MHA', 'decode B=1')]:.1f}), still below every named chip's "
+    f"ridge (the lowest, the H200 SXM's, is {named_ridge:.0f}): memory-bound on all four, as "
+    "every decode step here; batching raises the KDA layer to "
     f"{intensity[('KDA', f'decode B={max(decode_batches)}')]:.0f} by sharing the weights, while "
     "an attention layer's cache is per sequence and stays at its own intensity. A prefill of "
     f"{contexts[0]:,} tokens is compute-bound everywhere."))
@@ -504,20 +536,21 @@ display(Markdown(
 #
 # - Parameters, flops per token and bytes per decoded token of the KDA, MLA and softmax
 #   attention layers are formulas of the configs (`kda_lib.lab.at_scale`); at a small size each
-#   equals the real program's traced matrix products exactly, and XLA's count within a few
-#   percent (section 3; training, 3x forward, in `tests/lab/test_at_scale.py`).
+#   equals the real program's traced matrix products exactly, and XLA's count within
+#   5% (section 3; training, 3x forward, in `tests/lab/test_at_scale.py`).
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$
 #   (sections 2 and 4).
-# - The paper's KV cache reduction follows from the layer pattern ($1 - L_{	ext{global}}/L$).
+# - The paper's KV cache reduction follows from the layer pattern ($1 - L_{\text{global}}/L$).
 #   Its decoding speed-up at 1M tokens does not follow from the configs: a roofline model of
-#   named chips stays below $L / L_{	ext{global}}$ for any batch (section 5), so the reported
-#   figure also measures how the two models were run.
+#   named chips stays below $L / L_{\text{global}}$ for any batch and on several chips (section
+#   5; head-parallel ranks each read MLA's whole latent, which raises the ratio towards the
+#   bound), so the reported figure also measures how the two models were run.
 # - Context parallelism moves summaries + halo independent of $T$, far below ring attention at
 #   1M tokens on a few ranks, until their all-gather, growing with $R$, meets ring attention's
 #   traffic at $R^\ast$; the summary pass adds a fixed fraction of the layer's flops and the fold
 #   a fraction growing with $R$ (section 6).
-# - Decode steps are memory-bound except MLA's shared-latent attention at long context; prefills
-#   are compute-bound (section 7).
+# - Every decode step is memory-bound on the four named chips, MLA's shared-latent attention
+#   included; prefills are compute-bound (section 7).
 #
 # ## Exercises
 #
@@ -527,9 +560,8 @@ display(Markdown(
 #
 # 1. **The cache reduction at one context.** For Kimi K3 at `contexts[0]` tokens, the fraction
 #    $1 - $ (hybrid decode memory) / (all-MLA decode memory) of one sequence, counting the KDA
-#    layers' states and conv histories (`kda_lib.lab.at_scale.kda_state_bytes`). Why is it further
-# from
-#    its limit than Kimi Linear's at 1M?
+#    layers' states and conv histories (`kda_lib.lab.at_scale.kda_state_bytes`). Why is it
+#    further from its limit than Kimi Linear's at 1M?
 # 2. **Ring attention against summaries.** For Kimi Linear on 8 ranks, the smallest whole $T$ at
 #    which ring attention over the MLA latents (bf16) makes each rank receive more bytes than the
 #    KDA summaries (float32) + halo (bf16).

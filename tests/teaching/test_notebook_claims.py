@@ -954,3 +954,52 @@ def test_07_recorded_t256_scan_forward_is_bimodal():
     assert abs(long_chunked["median_ms"] / long_scan["median_ms"] - 1) < 0.02
     backward = row["recurrent", 1024, "fwd+bwd"], row["chunked", 1024, "fwd+bwd"]
     assert backward[0]["min_ms"] > backward[1]["max_ms"]
+
+
+def test_nb04_layer_diagram_draws_every_part():
+    """Notebook 04's block diagram: one box per part (x, six rows of projections and their
+    activations, the recurrence, RMSNorm, the gate product, W_o, y), drawn without error."""
+    import matplotlib.pyplot as plt
+
+    from kda_lib.teaching import layer_diagram
+
+    fig = layer_diagram.draw_kda_layer()
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert len(fig.axes[0].patches) == 1 + 14 + 1 + 4  # x, 3 + 3 + 2 + 2 + 2 + 2, KDA, 4 after
+    assert any("recurrence" in t for t in texts) and any("RMSNorm" in t for t in texts)
+    plt.close(fig)
+
+
+def test_nb10_decode_scaling_model():
+    """Notebook 10 section 5: E (1 - (1 - k/E)^B) distinct experts agrees with a simulation of
+    uniform top-k routing (about 102 of 256 at B = 16); one token reads the reported active
+    weights; with one rank the head-parallel model is at_scale's; over 8 head-parallel ranks
+    the batch-1 ratio at 1M tokens rises from 2.63 to 3.61 (MLA's latent read on every rank)."""
+    import numpy as np
+
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+    from kda_lib.teaching import decode_scaling
+
+    rng = np.random.default_rng(0)
+    picks = np.argpartition(rng.random((2000, 16, 256)), 8, axis=-1)[..., :8]
+    distinct = np.mean([np.unique(p).size for p in picks])
+    expected = decode_scaling.expected_distinct_experts(16, 256, 8)
+    assert abs(distinct - expected) < 0.5 and round(expected) == 102
+    kimi, t = presets.KIMI_LINEAR_48B, 1_048_576
+    mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
+              + len(kimi.global_layers) * kimi.mla_parameter_count())
+    other = {b: decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers) for b in (1, 16)}
+    assert np.isclose(other[1], (3e9 - mixers) * 2)
+    for chip in at_scale.CHIPS.values():
+        for b in (1, 16):
+            for hybrid in (False, True):
+                kw = dict(hybrid=hybrid, other_weight_bytes=other[b])
+                assert np.isclose(decode_scaling.tp_decode_time(kimi, chip, t, b, 1, **kw),
+                                  at_scale.model_decode_time(kimi, chip, t, b, **kw))
+    chip = at_scale.CHIPS["H200"]
+    ratio = {r: decode_scaling.tp_decode_time(kimi, chip, t, 1, r, hybrid=False,
+                                              other_weight_bytes=other[1])
+             / decode_scaling.tp_decode_time(kimi, chip, t, 1, r, other_weight_bytes=other[1])
+             for r in (1, 8)}
+    assert (round(ratio[1], 2), round(ratio[8], 2)) == (2.63, 3.61)
