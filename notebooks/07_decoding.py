@@ -236,7 +236,7 @@ viz.show(fig, "07_decode_error")
 #
 # Many requests start with the same system prompt. A KV cache keeps a row per token, so any
 # prefix of it is reusable; a KDA cache holds the state after the last token only, so reusing
-# the first $m$ tokens needs the state *after token $m$*. The chunked kernel carries it from
+# a prompt's first $t$ tokens needs the state *after token $t$*. The chunked kernel carries it from
 # chunk to chunk anyway: `layer.prefill(x)` returns the cache at every chunk boundary
 # (`kda(..., output_chunk_states=True)`, no second pass), and `cache_at(boundaries, i)` is the
 # cache after $(i + 1) C$ tokens. Each request resumes at the last boundary in the prompt and
