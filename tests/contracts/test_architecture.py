@@ -310,3 +310,18 @@ def test_tests_mirror_the_tree_with_unique_module_names():
     assert folders - package_folders == {"contracts"}, sorted(folders - package_folders)
     names = [p.name for p in TESTS.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
+
+
+def test_design_shows_every_module_in_its_tree():
+    """DESIGN section 2 names each module once in its tree, so a new module must be placed."""
+    design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text()
+    tree = design.split("## 2. The tree", 1)[1].split("\n## 3.", 1)[0]
+    assert "exercises/ " in tree and "(ch00 ... ch10)" in tree  # the checkers: one line
+    missing = sorted(
+        path.relative_to(PACKAGE).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "__init__.py"
+        and path.parent.name != "exercises"
+        and f" {path.name} " not in tree.replace("\n", " \n ")
+    )
+    assert not missing, f"modules missing from DESIGN's tree (section 2): {missing}"
