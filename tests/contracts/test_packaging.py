@@ -1,4 +1,9 @@
-"""Packaging: the wheel, the Colab path and the recorded data.
+"""Packaging: the wheel, the Colab path, tokamax as an extra and the recorded data.
+
+A plain install (the wheel, no extras) brings no tokamax: its metadata names tokamax only under
+the ``tokamax``, ``tpu``, ``notebook`` and ``dev`` extras, pip installs it offline where only the
+core's dependencies are there, and the README's first snippet runs; a tokamax implementation
+asked for without tokamax raises an error naming the extra, before any work.
 
 The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
 virtual environment without kda_lib, flax, optax, tokamax, matplotlib or ipywidgets, from a
@@ -328,6 +333,65 @@ def _repack(name: str, folder: pathlib.Path) -> pathlib.Path:
     return wheel
 
 
+def _fresh_venv(path: pathlib.Path, view: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A venv without pip that sees the installed files linked in ``view`` (a ``.pth`` line);
+    returns its python and its site-packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+    return python, purelib
+
+
+def _offline_env(venv: pathlib.Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    return env
+
+
+@WHEEL
+@pytest.mark.slow
+def test_a_plain_install_brings_no_tokamax_and_runs_the_readme_first_snippet(wheel, tmp_path):
+    """`pip install kda-lib` (the wheel, no extras, offline) where the core's dependencies are
+    installed and tokamax is not: pip finds nothing missing, and the README's first snippet
+    runs without tokamax."""
+    core = [r for r in _wheel_requires(wheel) if Requirement(r).marker is None]
+    view = _dependency_view([*core, "pip"], tmp_path / "deps")
+    assert not (view / "tokamax").exists()
+    python, purelib = _fresh_venv(tmp_path / "venv", view)
+    env = _offline_env(tmp_path / "venv")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-build-isolation", str(wheel)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]  # no index: nothing else to fetch
+    readme = (ROOT / "README.md").read_text()
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    check = (
+        f"{snippet}\nimport importlib.util\n"
+        "print('tokamax', importlib.util.find_spec('tokamax'), 'kda_lib', kda_lib.__file__)\n"
+    )
+    run = subprocess.run(
+        [python, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("tokamax ")]
+    _, found, _, module = line.split()
+    assert found == "None" and module.startswith(purelib), line
+
+
 def _run_notebook(python, workdir, env, find_links) -> subprocess.CompletedProcess:
     command = [python, "-m", "papermill", "--no-progress-bar", "-k", "python3"]
     return subprocess.run(
@@ -370,16 +434,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     view = _dependency_view(
         [*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps", leave_out=missing
     )
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+    python, purelib = _fresh_venv(tmp_path / "venv", view)
 
     notebook = json.loads(NOTEBOOK.read_text())
     setup_cells = [c for c in notebook["cells"] if "KDA_LIB_SOURCE = " in "".join(c["source"])]
@@ -402,12 +457,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     (workdir / "00.ipynb").write_text(json.dumps(notebook))
     executed = workdir / "00-executed.ipynb"
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    if USER_XLA_FLAGS is not None:
-        env["XLA_FLAGS"] = USER_XLA_FLAGS
-    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    env = _offline_env(tmp_path / "venv")
 
     # 1. nothing to install the dependencies from: the cell installs kda_lib (--no-deps), then
     # stops with one line naming pip's reason and the command to run, and no traceback
