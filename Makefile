@@ -106,10 +106,15 @@ check-browser: | check-python ## the site and notebook 02 in headless Chromium (
 	$(VPY) scripts/check_browser.py --site build/html --screenshots build/browser
 
 # JupyterLab on the notebooks: adds the `jupyter` extra to .venv first (LAB_ARGS: e.g.
-# --no-browser --port 8888 on a remote VM)
+# --no-browser --port 8888 on a remote VM). jupytext opens each pair (NN_name.ipynb and its
+# NN_name.py, jupytext.toml) as one notebook and saves both; the file browser hides the .py twins
+# (LAB_HIDE: jupyter_server's default hide_globs plus the twins' NN_*.py; the solutions'
+# chNN.py stay listed)
+LAB_HIDE := __pycache__ *.pyc *.pyo .DS_Store *.so *.dylib *~ [0-9][0-9]_*.py
 lab: | check-python ## JupyterLab on the notebooks
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),jupyter
-	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/
+	$(VENV)/bin/jupyter lab $(LAB_ARGS) $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
+	  $(foreach glob,$(LAB_HIDE),'--ContentsManager.hide_globs=$(glob)') notebooks/
 
 # (first writes scripts/notebook_setup.py's INSTALL_BLOCK into every notebook's install cell)
 sync: $(STAMP) ## pair each notebooks/NN_*.py with its .ipynb (jupytext)

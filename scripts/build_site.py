@@ -278,6 +278,10 @@ html_theme_options = {{
     "launch_buttons": {{"colab_url": "https://colab.research.google.com"}},
     "show_toc_level": 2,
     "home_page_in_toc": True,
+    # one search box: the primary sidebar's (the book theme's); the pydata theme under it adds
+    # another to the header bar (navbar_persistent) unless told not to. Narrow screens, where
+    # the sidebar folds away, keep the article header's search button.
+    "navbar_persistent": [],
 }}
 """
 

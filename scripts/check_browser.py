@@ -6,19 +6,25 @@
 the system's ``chromium`` (``apt-get install chromium``; playwright's own browser download is
 not used). Two parts:
 
-1. The site, served from 127.0.0.1: on every page, once MathJax has typeset it,
+1. The site, served from 127.0.0.1, at 1 and 2 device pixels per CSS pixel (a standard and a
+   high-density screen: :data:`SCALES`): on every page, once MathJax has typeset it,
 
    * no formula is a TeX error (``mjx-merror``) or shows a stray backslash;
+   * no glyph of a formula lies outside the box that clips it (e.g. a ``^\\top`` above the top
+     row of an ``align*`` block, cut by the formula's container);
    * every ``\\mathbf`` formula draws with MathJax's bold font (``MJXTEX-B``, loaded), every
      ``\\mathbb`` one with its blackboard font (``MJXTEX-A``, loaded), so a bold vector never
      reads as an italic scalar;
    * in every ``align``/``aligned`` block, the second column starts at the same x in every row
      (the ``=`` signs line up);
+   * no printed output (a cell's text) is wider than its box: the failure names the page and
+     the first characters of the first line that does not fit;
    * no request goes to another host.
 
-   The site must hold at least one formula of each kind. Screenshots: ``index.png``, and the
-   first display formula of each kind: ``math-bold.png``, ``math-blackboard.png``,
-   ``math-aligned.png``.
+   The site must hold at least one formula of each kind. Each failure says at which scales it
+   happens (``[1x]``, ``[1x, 2x]``). Screenshots, per scale: ``index@1x.png``, and the first
+   display formula of each kind: ``math-bold@1x.png``, ``math-blackboard@1x.png``,
+   ``math-aligned@1x.png`` (and ``@2x``).
 2. Notebook 02 in JupyterLab (a copy, run from a temporary folder): run all cells, then the
    explorer's cell holds one figure (not two), its slider labels are not cut, and moving the
    ``A_log`` slider redraws the figure. Screenshots: ``lab-02-before.png``, ``lab-02-after.png``.
@@ -85,16 +91,63 @@ async () => {
       if (first) ends.push(first[1]);
       if (second) starts.push(second[0]);
     }
+    // a glyph (its TeX box: MathJax pads each character to its height and depth) outside the
+    // box that clips it: the nearest of the formula's container (MathJax's mjx-container
+    // scrolls wide display math and hides what its height leaves out) and its ancestors
+    // (div.math hides overflow) whose overflow is not visible; in px
+    let clip = root;
+    while (clip && getComputedStyle(clip).overflowX === "visible"
+           && getComputedStyle(clip).overflowY === "visible") clip = clip.parentElement;
+    let clipped = 0, clippedChar = null;
+    if (clip) {
+      const box = clip.getBoundingClientRect();
+      const top = box.top + clip.clientTop, bottom = top + clip.clientHeight;
+      for (const c of root.querySelectorAll("mjx-c")) {
+        const r = c.getBoundingClientRect();
+        if (!r.width || !r.height) continue;
+        const out = Math.max(top - r.top, r.bottom - bottom);
+        if (out > clipped) { clipped = out; clippedChar = c.className; }
+      }
+    }
     records.push({
       index: index++, tex: item.math, display: item.display,
       error: error ? (error.getAttribute("data-mjx-error") || error.textContent) : null,
       backslash: !!root.querySelector("mjx-c.mjx-c5C"),
-      families: [...families], starts, ends,
+      families: [...families], starts, ends, clipped, clippedChar,
     });
   }
   return {records, loaded: [...loaded]};
 }
 """
+
+
+# run in the page: every printed output (a cell's stream or text, myst-nb's `.cell_output pre`)
+# whose lines are wider than its box, with the first line that does not fit
+OUTPUT_PROBE = """
+() => {
+  const found = [];
+  for (const pre of document.querySelectorAll(".cell_output pre")) {
+    if (pre.scrollWidth <= pre.clientWidth + 1) continue;
+    const lines = pre.textContent.split("\\n");
+    const probe = document.createElement("span");  // the pre's own (monospace) font
+    probe.style.position = "absolute";
+    probe.textContent = "0".repeat(100);
+    pre.appendChild(probe);
+    const charWidth = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    const style = getComputedStyle(pre);
+    const room = pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const fits = Math.floor(room / charWidth);
+    const wide = lines.filter(line => line.length > fits);
+    found.push({width: pre.scrollWidth, box: pre.clientWidth, fits,
+                lines: wide.length, first: (wide[0] || lines[0]).slice(0, 60)});
+  }
+  return found;
+}
+"""
+# device pixel ratios the site is checked at: a standard screen and a high-density one (a
+# glyph can be clipped at one and not the other: MathJax's boxes round to whole pixels)
+SCALES = (1, 2)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -123,73 +176,100 @@ def _remote(url: str) -> bool:
 
 
 def check_site(browser, site: pathlib.Path, shots: pathlib.Path) -> list[str]:
-    """Part 1; returns the failures."""
+    """Part 1, at every scale of :data:`SCALES`; returns the failures."""
     failures: list[str] = []
     server = _serve(site)
     base = f"http://127.0.0.1:{server.server_address[1]}/"
-    kinds = {"bold": 0, "blackboard": 0, "aligned": 0}
-    shot_taken: set[str] = set()
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
     try:
-        page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=2)
-        requested: list[str] = []
-        page.on("request", lambda request: requested.append(request.url))
-        pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html"))
-        for name in pages:
-            requested.clear()
-            page.goto(base + name, wait_until="load")
-            result = page.evaluate(MATH_PROBE)
-            if name == "index.html":
-                page.screenshot(path=shots / "index.png", full_page=False)
-            for url in requested:
-                if _remote(url):
-                    failures.append(f"{name}: requested {url} from another host")
-            if not result:
-                continue
-            loaded = set(result["loaded"])
-            for record in result["records"]:
-                tex, where = record["tex"], f"{name}: ${record['tex'][:70]}$"
-                if record["error"]:
-                    failures.append(f"{where}: TeX error {record['error']!r}")
-                if record["backslash"] and "\\backslash" not in tex and "\\\\" not in tex:
-                    failures.append(f"{where}: shows a stray backslash")
-                checks = []
-                if "\\mathbf" in tex:
-                    checks.append(("bold", "MJXTEX-B"))
-                if "\\mathbb" in tex:
-                    checks.append(("blackboard", "MJXTEX-A"))
-                for kind, family in checks:
-                    kinds[kind] += 1
-                    if family not in record["families"] or family not in loaded:
-                        failures.append(
-                            f"{where}: not drawn in {family} (families {record['families']}, "
-                            f"fonts loaded {sorted(loaded)})"
-                        )
-                    elif kind not in shot_taken and record["display"]:
-                        _shoot(page, record["index"], shots / f"math-{kind}.png")
-                        shot_taken.add(kind)
-                if "\\begin{align" in tex and len(record["starts"]) > 1:
-                    kinds["aligned"] += 1
-                    spread = max(
-                        max(record[edge]) - min(record[edge])
-                        for edge in ("starts", "ends")
-                        if record[edge]
-                    )
-                    if spread > 0.5:
-                        failures.append(f"{where}: columns off by {spread:.1f} px across rows")
-                    elif "aligned" not in shot_taken:
-                        _shoot(page, record["index"], shots / "math-aligned.png")
-                        shot_taken.add("aligned")
+        at: dict[str, list[int]] = {}  # failure -> the scales it happens at
+        for scale in SCALES:
+            kinds, found = _check_pages(browser, base, pages, shots, scale)
+            missing = [kind for kind, count in kinds.items() if not count]
+            found += [f"no {kind} formula found: nothing was checked" for kind in missing]
+            for failure in found:
+                at.setdefault(failure, []).append(scale)
+            print(f"site at {scale}x: {len(pages)} pages; formulas checked: {kinds}")
+        for failure, scales in at.items():
+            failures.append(f"[{', '.join(f'{s}x' for s in scales)}] {failure}")
         # search works offline
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(base + "search.html?q=delta", wait_until="load")
         page.wait_for_selector("#search-results li", timeout=20_000)
         page.close()
     finally:
         server.shutdown()
-    for kind, count in kinds.items():
-        if not count:
-            failures.append(f"no {kind} formula found on the site: nothing was checked")
-    print(f"site: {len(pages)} pages; formulas checked: {kinds}")
     return failures
+
+
+def _check_pages(browser, base: str, pages: list[str], shots: pathlib.Path, scale: int):
+    """Every page at ``scale`` device pixels per CSS pixel: ``(formulas checked by kind,
+    failures)``. Screenshots get an ``@{scale}x`` suffix."""
+    failures: list[str] = []
+    kinds = {"bold": 0, "blackboard": 0, "aligned": 0}
+    shot_taken: set[str] = set()
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=scale)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    for name in pages:
+        requested.clear()
+        page.goto(base + name, wait_until="load")
+        result = page.evaluate(MATH_PROBE)
+        if name == "index.html":
+            page.screenshot(path=shots / f"index@{scale}x.png", full_page=False)
+        for url in requested:
+            if _remote(url):
+                failures.append(f"{name}: requested {url} from another host")
+        for output in page.evaluate(OUTPUT_PROBE):
+            failures.append(
+                f"{name}: printed output {output['width']} px wide in a {output['box']} px box "
+                f"({output['lines']} line(s) over the {output['fits']} characters that fit), "
+                "first: "
+                f"{output['first']!r}"
+            )
+        if not result:
+            continue
+        loaded = set(result["loaded"])
+        for record in result["records"]:
+            tex, where = record["tex"], f"{name}: ${record['tex'][:70]}$"
+            if record["error"]:
+                failures.append(f"{where}: TeX error {record['error']!r}")
+            if record["backslash"] and "\\backslash" not in tex and "\\\\" not in tex:
+                failures.append(f"{where}: shows a stray backslash")
+            if record["clipped"] > 0.5:
+                failures.append(
+                    f"{where}: a glyph ({record['clippedChar']}) is clipped by "
+                    f"{record['clipped']:.1f} px"
+                )
+            checks = []
+            if "\\mathbf" in tex:
+                checks.append(("bold", "MJXTEX-B"))
+            if "\\mathbb" in tex:
+                checks.append(("blackboard", "MJXTEX-A"))
+            for kind, family in checks:
+                kinds[kind] += 1
+                if family not in record["families"] or family not in loaded:
+                    failures.append(
+                        f"{where}: not drawn in {family} (families {record['families']}, "
+                        f"fonts loaded {sorted(loaded)})"
+                    )
+                elif kind not in shot_taken and record["display"]:
+                    _shoot(page, record["index"], shots / f"math-{kind}@{scale}x.png")
+                    shot_taken.add(kind)
+            if "\\begin{align" in tex and len(record["starts"]) > 1:
+                kinds["aligned"] += 1
+                spread = max(
+                    max(record[edge]) - min(record[edge])
+                    for edge in ("starts", "ends")
+                    if record[edge]
+                )
+                if spread > 0.5:
+                    failures.append(f"{where}: columns off by {spread:.1f} px across rows")
+                elif "aligned" not in shot_taken:
+                    _shoot(page, record["index"], shots / f"math-aligned@{scale}x.png")
+                    shot_taken.add("aligned")
+    page.close()
+    return kinds, failures
 
 
 def _shoot(page, index: int, path: pathlib.Path) -> None:

@@ -10,12 +10,17 @@ Implementations:
 * ``"tokamax_mosaic"``: tokamax's Pallas Mosaic kernel, TPU v6 or newer (on CPU: inside
   :func:`kda_lib.emulate_tpu`, interpreted; for checking, not speed).
 
-``"auto"`` policy (:func:`kda_lib.ops.registry.choose`): tokamax Mosaic on a (real) TPU v6+ when its
-constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode steps, where one scan step beats
-a padded 64-token chunk); above, on CPU, the scan for a call that is not differentiated and
-exactly the chunked form's forward and backward for one that is (a ``custom_vjp``,
-:class:`kda_lib.ops.registry.Routed`); ``"chunked"`` on other platforms. The rules come from a
-recorded grid (``docs/DESIGN.md`` section 4 names the file and what it holds).
+The three ``tokamax_*`` need tokamax, an extra (``pip install 'kda-lib[tokamax]'``; part of
+``[tpu]``, ``[notebook]`` and ``[dev]``): asked for without it, they raise
+:class:`ModuleNotFoundError` naming the extra, before any work.
+
+``"auto"`` policy (:func:`kda_lib.ops.registry.choose`): tokamax Mosaic on a (real) TPU v6+ when
+tokamax is installed and its constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode
+steps, where one scan step beats a padded 64-token chunk); above, on CPU, the scan for a call
+that is not differentiated and exactly the chunked form's forward and backward for one that is
+(a ``custom_vjp``, :class:`kda_lib.ops.registry.Routed`); ``"chunked"`` on other platforms.
+The rules come from a recorded grid (``docs/DESIGN.md`` section 4 names the file and what it
+holds).
 kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
 on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
 initial/final state, both gates). An explicitly requested implementation never falls back: if

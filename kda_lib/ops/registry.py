@@ -51,7 +51,9 @@ from kda_lib.ops.tokamax.adapter import (
     TOKAMAX_CHUNK,
     TOKAMAX_VARIANTS,
     TokamaxVariant,
+    missing_tokamax_problem,
     mosaic_problems,
+    require_tokamax,
     segment_slot_count,
     tokamax_kda,
     tokamax_mosaic_context_parallel,
@@ -254,6 +256,17 @@ class Tokamax(Backend):
             return [f"{self.name} requires beta in [0, 1]; allow_neg_eigval is not supported"]
         return []
 
+    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        """tokamax itself missing (an extra: the message names it), then the kernel's own."""
+        missing = missing_tokamax_problem(f"implementation={self.name!r}")
+        return ([missing] if missing else []) + self.kernel_problems(
+            key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
+        )
+
+    def kernel_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+        """What the kernel cannot serve of this configuration here (tokamax installed)."""
+        return []
+
     def problems(self, options):
         name = self.name
         found = self.option_problems(
@@ -331,7 +344,7 @@ class TokamaxXlaChunked(Tokamax):
             )
         return found
 
-    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+    def kernel_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
         return self.option_problems(
             fused_gate=fused_gate, lower_bound=lower_bound, allow_neg_eigval=False
         )
@@ -354,7 +367,7 @@ class TokamaxMosaic(Tokamax):
         )
         return found + super().problems(options)
 
-    def config_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
+    def kernel_problems(self, *, key_dim, dtype, lower_bound, fused_gate):
         return mosaic_problems(
             key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
         )
@@ -409,7 +422,7 @@ def select_implementation(
 ):
     """The ``"auto"`` policy's name for these inputs: the form that runs a differentiated call
     (its forward and backward), or with ``differentiated=False`` one that is not. Only a real TPU
-    gets tokamax Mosaic (when its constraints hold): an emulated one
+    gets tokamax Mosaic (when tokamax is installed and its constraints hold): an emulated one
     (:func:`kda_lib.emulate_tpu`) runs the kernel interpreted, far slower than ``"chunked"``."""
     if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
@@ -498,6 +511,8 @@ def resolve(options: KDAOptions) -> Backend:
     if options.implementation == "auto":
         return choose(options)
     backend = REGISTRY[options.implementation]
+    if isinstance(backend, Tokamax):  # an extra: ModuleNotFoundError naming it
+        require_tokamax(f"implementation={backend.name!r}")
     problems = backend.problems(options)
     if problems:
         raise ValueError("; ".join(problems))
@@ -510,7 +525,10 @@ def context_parallel_route(implementation: str, seq_len: int):
     check_implementation(implementation)
     if implementation == "auto":
         implementation = portable_implementation(seq_len)
-    route = REGISTRY[implementation].context_parallel
+    backend = REGISTRY[implementation]
+    if isinstance(backend, Tokamax):
+        require_tokamax(f"implementation={implementation!r}")
+    route = backend.context_parallel
     if route is None:
         # tokamax's XLA kernels build loop carries that do not vary over the mesh axis, which
         # shard_map rejects; its Mosaic kernel has its own CP path (ContextParallelMetadata)

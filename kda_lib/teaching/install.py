@@ -121,6 +121,27 @@ def _split_requirements(requires: Sequence[str]) -> dict[str, list[str]]:
     return groups
 
 
+_SELF = re.compile(r"^kda[-_.]lib\s*\[([^\]]*)\]\s*$", re.IGNORECASE)
+
+
+def _extra_requirements(groups: Mapping[str, list[str]], extra: str, seen: set[str]) -> list[str]:
+    """The requirements of ``extra``, an extra that names others (``kda-lib[tokamax]``) expanded
+    into theirs: kda_lib itself may be installed ``--no-deps`` from a URL pip cannot see again."""
+    if extra not in groups:
+        raise ValueError(f"kda-lib declares no extra {extra!r}; it has {sorted(groups)}")
+    seen.add(extra)
+    found = []
+    for requirement in groups[extra]:
+        match = _SELF.match(requirement)
+        if not match:
+            found.append(requirement)
+            continue
+        for name in (n.strip() for n in match.group(1).split(",")):
+            if name and name not in seen:
+                found += _extra_requirements(groups, name, seen)
+    return found
+
+
 def _minimum_version(requirements: Sequence[str], name: str) -> tuple[int, ...]:
     for requirement in requirements:
         match = re.match(rf"^{re.escape(name)}\s*>=\s*([\w.]+)", requirement)
@@ -147,7 +168,8 @@ def plan_install(
       version: kda_lib's version, for the summary.
 
     Returns:
-      The core and ``notebook`` requirements, plus the accelerator's extra when the runtime's
+      The core and ``notebook`` requirements (the extras it names, e.g. ``tokamax``,
+      expanded), plus the accelerator's extra when the runtime's
       JAX cannot already drive it. A runtime JAX at least as new as kda_lib's lower bound is kept
       exactly (its versions become constraints); an older or missing one is replaced through the
       accelerator's extra (``gpu``/``cuda12``/``tpu``), so it stays an accelerator build.
@@ -177,10 +199,9 @@ def plan_install(
         # a runtime on CUDA 12 keeps CUDA 12: mixing the two plugins breaks JAX's GPU backend
         extras.append("cuda12" if "jax-cuda12-plugin" in installed else accelerator)
     requirements = list(groups.get("", []))
+    seen: set[str] = set()
     for extra in extras:
-        if extra not in groups:
-            raise ValueError(f"kda-lib declares no extra {extra!r}; it has {sorted(groups)}")
-        requirements += groups[extra]
+        requirements += _extra_requirements(groups, extra, seen)
     constraints = [f"{name}=={v}" for name, v in sorted(installed.items())] if keep_jax else []
     where = "Colab" if colab else "this machine"
     installed_as = f"kda_lib {version} installed" if version else "kda_lib installed"

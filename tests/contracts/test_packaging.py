@@ -1,4 +1,9 @@
-"""Packaging: the wheel, the Colab path and the recorded data.
+"""Packaging: the wheel, the Colab path, tokamax as an extra and the recorded data.
+
+A plain install (the wheel, no extras) brings no tokamax: its metadata names tokamax only under
+the ``tokamax``, ``tpu``, ``notebook`` and ``dev`` extras, pip installs it offline where only the
+core's dependencies are there, and the README's first snippet runs; a tokamax implementation
+asked for without tokamax raises an error naming the extra, before any work.
 
 The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
 virtual environment without kda_lib, flax, optax, tokamax, matplotlib or ipywidgets, from a
@@ -27,6 +32,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +44,7 @@ from conftest import USER_XLA_FLAGS
 from packaging.requirements import Requirement
 
 from kda_lib.lab import records
+from kda_lib.teaching import install as installer
 from kda_lib.teaching import notebook as nb_setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -95,6 +102,58 @@ def test_the_library_imports_no_plotting_notebook_or_training_package():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "[]", f"imported by the core: {run.stdout}"
+
+
+# ----------------------------------------------------------------------------- tokamax, an extra
+EXTRA = re.escape("pip install 'kda-lib[tokamax]'")
+
+
+@pytest.fixture
+def without_tokamax(monkeypatch):
+    """tokamax as if not installed: ``import tokamax`` fails and ``find_spec`` finds nothing."""
+    for name in [m for m in sys.modules if m == "tokamax" or m.startswith("tokamax.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tokamax", None)
+    assert importlib.util.find_spec("tokamax") is None
+    with pytest.raises(ImportError):
+        import tokamax  # noqa: F401
+
+
+def test_a_tokamax_implementation_without_tokamax_names_the_extra_before_any_work(
+    without_tokamax, monkeypatch
+):
+    import jax
+
+    import kda_lib
+    from kda_lib.ops import registry
+    from kda_lib.parallel.context_parallel import kda_context_parallel
+    from kda_lib.testing import random_kda_inputs
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the tokamax adapter ran")
+
+    monkeypatch.setattr(registry, "tokamax_kda", no_work)
+    x = random_kda_inputs(jax.random.key(0), 1, 8, 2, 8, 8)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    for name in ("tokamax_xla", "tokamax_xla_chunked", "tokamax_mosaic"):
+        with pytest.raises(ModuleNotFoundError, match=rf"implementation='{name}'.*{EXTRA}"):
+            kda_lib.kda(*args, implementation=name)
+        with pytest.raises(ModuleNotFoundError, match=EXTRA):
+            kda_context_parallel(*args, implementation=name)
+        # the benchmark skips it with this note; "auto" never picks it, even on a TPU
+        problems = registry.REGISTRY[name].config_problems(
+            key_dim=8, dtype="float32", lower_bound=-5.0, fused_gate=True
+        )
+        assert any("kda-lib[tokamax]" in p for p in problems), problems
+    with pytest.raises(ModuleNotFoundError, match=EXTRA):
+        with kda_lib.emulate_tpu("v6e"):
+            pass
+    kda_lib.kda(*args)  # kda_lib's own forms need no tokamax
+    monkeypatch.setattr(registry, "tpu_generation", lambda: 6)
+    chosen = registry.select_implementation(
+        seq_len=4096, key_dim=128, dtype="bfloat16", lower_bound=-5.0, fused_gate=True
+    )
+    assert chosen == "chunked"
 
 
 # ----------------------------------------------------------------------------- recorded data
@@ -184,10 +243,26 @@ def test_wheel_holds_the_package_and_the_recorded_data(wheel):
 
 
 @WHEEL
-def test_plain_install_pulls_no_plotting_or_notebook_package(wheel):
-    core = [Requirement(r) for r in _wheel_requires(wheel)]
-    core = {r.name.lower() for r in core if r.marker is None}
+def test_plain_install_pulls_no_plotting_notebook_or_tokamax_package(wheel):
+    requires = [Requirement(r) for r in _wheel_requires(wheel)]
+    core = {r.name.lower() for r in requires if r.marker is None}
     assert core and not (core & NOTEBOOK_ONLY), f"core requires {sorted(core & NOTEBOOK_ONLY)}"
+    assert "tokamax" not in core, "tokamax is an extra: pip install 'kda-lib[tokamax]'"
+
+    def extra_brings(extra: str, seen=()) -> set[str]:
+        names = set()
+        for r in requires:
+            if r.marker is not None and r.marker.evaluate({"extra": extra}):
+                if r.name == "kda-lib":
+                    for inner in set(r.extras) - {extra, *seen}:
+                        names |= extra_brings(inner, (*seen, extra))
+                else:
+                    names.add(r.name.lower())
+        return names
+
+    # the TPU users, the notebooks and the suite keep it
+    for extra in ("tokamax", "tpu", "notebook", "dev"):
+        assert "tokamax" in extra_brings(extra), extra
 
 
 def _dependency_closure(requirements: list[str]) -> set[str]:
@@ -258,6 +333,65 @@ def _repack(name: str, folder: pathlib.Path) -> pathlib.Path:
     return wheel
 
 
+def _fresh_venv(path: pathlib.Path, view: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A venv without pip that sees the installed files linked in ``view`` (a ``.pth`` line);
+    returns its python and its site-packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+    return python, purelib
+
+
+def _offline_env(venv: pathlib.Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    return env
+
+
+@WHEEL
+@pytest.mark.slow
+def test_a_plain_install_brings_no_tokamax_and_runs_the_readme_first_snippet(wheel, tmp_path):
+    """`pip install kda-lib` (the wheel, no extras, offline) where the core's dependencies are
+    installed and tokamax is not: pip finds nothing missing, and the README's first snippet
+    runs without tokamax."""
+    core = [r for r in _wheel_requires(wheel) if Requirement(r).marker is None]
+    view = _dependency_view([*core, "pip"], tmp_path / "deps")
+    assert not (view / "tokamax").exists()
+    python, purelib = _fresh_venv(tmp_path / "venv", view)
+    env = _offline_env(tmp_path / "venv")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-build-isolation", str(wheel)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]  # no index: nothing else to fetch
+    readme = (ROOT / "README.md").read_text()
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    check = (
+        f"{snippet}\nimport importlib.util\n"
+        "print('tokamax', importlib.util.find_spec('tokamax'), 'kda_lib', kda_lib.__file__)\n"
+    )
+    run = subprocess.run(
+        [python, "-c", check], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("tokamax ")]
+    _, found, _, module = line.split()
+    assert found == "None" and module.startswith(purelib), line
+
+
 def _run_notebook(python, workdir, env, find_links) -> subprocess.CompletedProcess:
     command = [python, "-m", "papermill", "--no-progress-bar", "-k", "python3"]
     return subprocess.run(
@@ -285,9 +419,9 @@ def _outputs(executed: pathlib.Path, kind: str) -> list[dict]:
 def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebook_00(
     wheel, tmp_path
 ):
-    requires = _wheel_requires(wheel)
-    kda_requires = [r for r in requires if "extra ==" not in r]
-    kda_requires += [r.split(";")[0] for r in requires if 'extra == "notebook"' in r]
+    # the core and the notebook extra's requirements, the extras it names (tokamax) expanded,
+    # as the install cell plans them
+    kda_requires = list(installer.plan_install(_wheel_requires(wheel), "cpu", {}).requirements)
     # a runtime with jax, Jupyter and matplotlib: kda_lib's other requirements are missing
     # (matplotlib stays: compiling its 8 MB of Python on install would add 10-20 s)
     names = {Requirement(r).name.lower().replace("_", "-") for r in kda_requires}
@@ -300,16 +434,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     view = _dependency_view(
         [*kda_requires, *RUNNER_REQUIREMENTS, "pip"], tmp_path / "deps", leave_out=missing
     )
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    (pathlib.Path(purelib) / "project_dependencies.pth").write_text(f"{view}\n")
+    python, purelib = _fresh_venv(tmp_path / "venv", view)
 
     notebook = json.loads(NOTEBOOK.read_text())
     setup_cells = [c for c in notebook["cells"] if "KDA_LIB_SOURCE = " in "".join(c["source"])]
@@ -332,12 +457,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     (workdir / "00.ipynb").write_text(json.dumps(notebook))
     executed = workdir / "00-executed.ipynb"
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    if USER_XLA_FLAGS is not None:
-        env["XLA_FLAGS"] = USER_XLA_FLAGS
-    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    env = _offline_env(tmp_path / "venv")
 
     # 1. nothing to install the dependencies from: the cell installs kda_lib (--no-deps), then
     # stops with one line naming pip's reason and the command to run, and no traceback
@@ -350,7 +470,8 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     assert line.startswith(
         "InstallFailed: pip could not install kda_lib's dependencies (ERROR: "
     ), line
-    assert "tokamax" in line.split(";")[0], line  # what pip could not find
+    reason = line.split(";")[0]  # what pip could not find: one of the missing requirements
+    assert any(f"requirement {name}" in reason for name in missing), line
     assert f"run `{python} -m pip install " in line and "\n" not in line.rstrip(), line
     printed = "".join("".join(o["text"]) for o in _outputs(executed, "stream"))
     assert "Installing kda_lib from" in printed and "ERROR" not in printed, printed[:2000]

@@ -21,10 +21,13 @@ REQUIRES = [
     "jax>=0.12.0.1",
     "jaxlib>=0.12.0.1",
     "numpy>=2.5.5",
+    'tokamax>=0.0.17; extra == "tokamax"',
+    'kda-lib[tokamax]; extra == "notebook"',
     'matplotlib>=3.11.2; extra == "notebook"',
     'jax[cuda13]>=0.12.0.1; extra == "gpu"',
     'jax[cuda12]>=0.12.0.1; extra == "cuda12"',
     'jax[tpu]>=0.12.0.1; extra == "tpu"',
+    'kda-lib[tokamax]; extra == "tpu"',
     'pytest>=9; extra == "dev"',
 ]
 
@@ -34,10 +37,11 @@ def test_plan_keeps_a_new_enough_runtime_jax_and_adds_no_accelerator_build():
     installed = {"jax": "0.13.0", "jaxlib": "0.13.0", "jax-cuda12-plugin": "0.13.0"}
     plan = installer.plan_install(REQUIRES, "gpu", installed, colab=True, version="0.1.0")
     assert plan.extras == ("notebook",)
-    assert plan.requirements == (
+    assert plan.requirements == (  # the extra the notebook extra names, expanded
         "jax>=0.12.0.1",
         "jaxlib>=0.12.0.1",
         "numpy>=2.5.5",
+        "tokamax>=0.0.17",
         "matplotlib>=3.11.2",
     )
     assert set(plan.constraints) == {"jax==0.13.0", "jaxlib==0.13.0", "jax-cuda12-plugin==0.13.0"}
@@ -56,6 +60,9 @@ def test_plan_replaces_an_old_runtime_jax_with_the_same_accelerator_build():
 def test_plan_adds_the_tpu_build_where_jax_cannot_drive_the_tpu():
     plan = installer.plan_install(REQUIRES, "tpu", {"jax": "0.12.0.1", "jaxlib": "0.12.0.1"})
     assert plan.extras == ("notebook", "tpu")
+    assert "jax[tpu]>=0.12.0.1" in plan.requirements
+    assert plan.requirements.count("tokamax>=0.0.17") == 1  # named by both extras, once
+    assert not [r for r in plan.requirements if r.startswith("kda-lib")]
     assert "jax==0.12.0.1" in plan.constraints  # the extra adds libtpu, jax stays
     with_libtpu = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1", "libtpu": "0.0.50"}
     plan = installer.plan_install(REQUIRES, "tpu", with_libtpu)

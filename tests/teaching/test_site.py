@@ -129,6 +129,22 @@ def test_theme_gives_toc_prev_next_search_copy_and_colab(site):
     assert 'id="pst-page-navigation-heading' in page or "A section" in page  # in-page outline
 
 
+def test_one_search_box_per_page(site):
+    """The book theme's sidebar search field, and no second one in the header bar (the pydata
+    theme's navbar_persistent); the search dialog both open holds the one search input (the
+    search page has its own form besides)."""
+    output, _ = site
+    pages = [p for p in sorted(output.rglob("*.html")) if p.parent.name != "_static"]
+    assert len(pages) >= 6
+    for page in pages:
+        text = page.read_text()
+        fields = re.findall(r'<button class="[^"]*\bsearch-button-field\b[^"]*"', text)
+        inputs = re.findall(r'<input\b[^>]*\btype="search"', text)
+        assert len(fields) == 1, f"{page.name}: {len(fields)} search boxes"
+        assert "navbar-persistent" not in text, f"{page.name}: a search box in the header bar"
+        assert len(inputs) == (2 if page.name == "search.html" else 1), page.name
+
+
 def test_math_is_tex_for_the_mathjax_the_site_serves(site):
     output, _ = site
     page = _page(output, "notebooks/00_first.html")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import logging
 from typing import NamedTuple
 
@@ -43,9 +44,40 @@ class _QuietAutotuneMiss(logging.Filter):
         return "Autotuning cache miss" not in record.getMessage()
 
 
+# tokamax is optional (it pulls about 60 packages that only its TPU kernel needs): the extra
+# that brings it, named by every error about its absence
+TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
+
+
+def tokamax_installed() -> bool:
+    """Whether tokamax can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec("tokamax") is not None
+
+
+def missing_tokamax_problem(what: str) -> str | None:
+    """Why ``what`` (e.g. ``"implementation='tokamax_xla'"``) cannot run here for want of
+    tokamax, naming the extra to install; None where tokamax is installed."""
+    if tokamax_installed():
+        return None
+    return (
+        f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
+        "implementations, 'chunked' and 'recurrent', need no tokamax)"
+    )
+
+
+def require_tokamax(what: str) -> None:
+    """Raise :class:`ModuleNotFoundError` naming the extra to install when tokamax is missing
+    (before any work: called where a tokamax implementation is chosen)."""
+    problem = missing_tokamax_problem(what)
+    if problem:
+        raise ModuleNotFoundError(problem, name="tokamax")
+
+
 @functools.cache
 def tokamax_kda_api():
-    """tokamax's KDA api module (``tokamax._src.ops.kda.api``; tokamax is a dependency)."""
+    """tokamax's KDA api module (``tokamax._src.ops.kda.api``; tokamax comes with the
+    ``tokamax`` extra: :func:`require_tokamax` says so where it is missing)."""
+    require_tokamax("kda_lib's tokamax adapter")
     from tokamax._src.ops.kda import api
 
     logging.getLogger("absl").addFilter(_QuietAutotuneMiss())
@@ -274,7 +306,9 @@ def call_tokamax_batch_first(
 
 def _check_emulation_hooks() -> None:
     """What :func:`kda_lib.emulate_tpu` needs of tokamax: its ``PALLAS_INTERPRET`` switch and a
-    Mosaic op that can skip its device check (raises ``EmulationUnavailableError``)."""
+    Mosaic op that can skip its device check (raises ``EmulationUnavailableError``; without
+    tokamax, :class:`ModuleNotFoundError` naming the extra)."""
+    require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
     try:
         utils = importlib.import_module("tokamax._src.ops.kda.utils")
         mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
