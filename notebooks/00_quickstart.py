@@ -199,8 +199,9 @@ err_rec = np.abs(np.asarray(o_rec, np.float64) - o_exact).max(axis=(0, 2, 3))
 err_chk = np.abs(np.asarray(o_chk, np.float64) - o_exact).max(axis=(0, 2, 3))
 scale_o, eps32 = np.abs(o_exact).max(), float(np.finfo(np.float32).eps)
 assert eps32 == 2.0**-23 and np.float32(1 + eps32) > 1 and np.float32(1 + eps32 / 2) == 1
-print(f"float32 machine epsilon 2^-23 = {eps32:.1e}; largest error / max|o|: "
-      f"recurrent {err_rec.max() / scale_o:.1e}, chunked {err_chk.max() / scale_o:.1e}")
+print(f"float32 machine epsilon 2^-23 = {eps32:.1e}")
+print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, "
+      f"chunked {err_chk.max() / scale_o:.1e}")
 assert err_rec.max() < 1e-5 * scale_o and err_chk.max() < 1e-5 * scale_o
 assert max(err_rec.max(), err_chk.max()) < 100 * eps32 * scale_o
 

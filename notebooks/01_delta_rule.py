@@ -156,8 +156,8 @@ recalled = keys @ (keys.T @ values)  # row j: S^T k_j with S = sum_i k_i v_i^T
 crosstalk = (keys @ keys.T - np.eye(n_demo)) @ values
 assert_close(recalled, values + crosstalk, atol=1e-12, name="value + crosstalk")
 rel_error = np.linalg.norm(recalled - values) / np.linalg.norm(values)
-print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f} "
-      f"(sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
+print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f}")
+print(f"  (sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
 assert rel_error > 0.25, "random keys should interfere"
 
 # %% [markdown]
@@ -205,7 +205,7 @@ with jax.enable_x64(True):
 assert_close(grad, np.outer(k_new, k_new @ S0 - v_new), atol=1e-12, name="grad = k (S^T k - v)^T")
 assert_close(delta_write(S0, k_new, v_new, beta_demo), S0 - beta_demo * grad, atol=1e-12,
              name="delta rule = SGD step")
-print("gradient and delta rule = one SGD step with learning rate beta: checked in float64")
+print("delta rule = one SGD step with learning rate beta (float64)")
 
 # %% [markdown]
 # **What one write does to the recall of its own key.** Multiply the update by the unit
@@ -281,8 +281,8 @@ for _ in range(300):  # enough for every seed tried (0 to 7): convergence is geo
     S_sweep = sweep(S_sweep, pair_keys, pair_values)
     sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values) / np.linalg.norm(
         pair_values))
-print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative recall error after 1 sweep "
-      f"{sweep_errors[0]:.3f}, after 10 {sweep_errors[9]:.1e}, after 300 {sweep_errors[-1]:.1e}")
+print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative error after 1 sweep "
+      f"{sweep_errors[0]:.3f}, 10: {sweep_errors[9]:.1e}, 300: {sweep_errors[-1]:.1e}")
 assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
 
 # %% [markdown]
