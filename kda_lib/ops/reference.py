@@ -72,8 +72,8 @@ def kda_recurrent(
       allow_neg_eigval: accept beta in [0, 2].
       output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after
         every token (speculative decoding: a verifier keeps the state after the accepted
-        prefix, :func:`accepted_state`); default False. A padding token's entry repeats the
-        state before it; across a segment start see
+        prefix, as :func:`kda_pool_verify` does over a state pool); default False. A padding
+        token's entry repeats the state before it; across a segment start see
         :class:`kda_lib.ops.contract.KDAResult`.
 
     Returns:
@@ -305,22 +305,7 @@ def kda_pool_step(
     for name, x in (("pool", pool), ("state_indices", state_indices)):
         check_array(name, x)
     dims = check_kda_inputs(q_t[:, None], k_t[:, None], v_t[:, None], g_t[:, None], beta_t[:, None])
-    slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
-    if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
-        raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
-    if not jnp.issubdtype(pool.dtype, jnp.floating):
-        raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
-    if state_indices.shape != (dims.batch,) or not jnp.issubdtype(state_indices.dtype, jnp.integer):
-        raise ValueError(
-            f"state_indices must be [B]={dims.batch} ints, got {state_indices.shape} "
-            f"{state_indices.dtype}"
-        )
-    if is_concrete(state_indices):
-        idx = np.asarray(state_indices)
-        if idx.min() < 0 or idx.max() >= pool.shape[0] or len(set(idx.tolist())) != idx.size:
-            raise ValueError(
-                f"state_indices must be distinct slots in [0, {pool.shape[0]}), got {idx}"
-            )
+    _check_pool(pool, state_indices, dims)
     return _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, dims=dims,
                       scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
 
@@ -338,6 +323,107 @@ def _pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, dims: Dims, s
         segment_ids=None,
     )
     return pool.at[state_indices].set(final.astype(pool.dtype)), o[:, 0]
+
+
+def _check_pool(pool, state_indices, dims: Dims) -> None:
+    """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` ints, distinct slots in
+    ``[0, N)`` (the values checked when concrete)."""
+    slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
+    if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
+        raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
+    if not jnp.issubdtype(pool.dtype, jnp.floating):
+        raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
+    if state_indices.shape != (dims.batch,) or not jnp.issubdtype(state_indices.dtype, jnp.integer):
+        raise ValueError(
+            f"state_indices must be [B]={dims.batch} ints, got {state_indices.shape} "
+            f"{state_indices.dtype}"
+        )
+    if is_concrete(state_indices):
+        idx = np.asarray(state_indices)
+        if idx.min() < 0 or idx.max() >= pool.shape[0] or len(set(idx.tolist())) != idx.size:
+            raise ValueError(
+                f"state_indices must be distinct slots in [0, {pool.shape[0]}), got {idx}"
+            )
+
+
+def kda_pool_verify(
+    pool: jax.Array,
+    state_indices: jax.Array,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    num_accepted_tokens: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """A draft of T tokens per row over slots of a state pool, keeping the state after each
+    row's accepted prefix (speculative decoding; :func:`kda_pool_step` is the T = 1 step).
+
+    Row b runs its T tokens from ``pool[state_indices[b]]`` (the outputs of all T, the state
+    after every token), then writes the state after its first ``num_accepted_tokens[b]`` tokens
+    back to that slot. The count is an input: the caller knows it before the call (e.g. a
+    commit after verifying). fla's ``fused_recurrent_kda(..., ssm_state_indices,
+    num_accepted_tokens)`` differs: it writes every token's state to its own slot
+    (``ssm_state_indices [B, T]``) and reads the count at the *next* call, to pick the slot it
+    starts from.
+
+    Args:
+      pool: ``[N, HV, K, V]`` float32 states, N slots. **Donated** (as in
+        :func:`kda_pool_step`): use the returned pool.
+      state_indices: ``[B]`` int, distinct slots in ``[0, N)`` (checked when concrete); every
+        other slot is left bit for bit as it was.
+      q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; g: ``[B, T, HV, K]`` log decay ``<= 0``;
+        beta: ``[B, T, HV]``, HV a multiple of H (grouped value heads as in
+        :func:`kda_recurrent`); T >= 1.
+      num_accepted_tokens: ``[B]`` int in ``[0, T]`` (checked when concrete): the tokens of
+        row b's draft to keep. 0 keeps the slot's state unchanged (nothing accepted); T keeps
+        the state after the whole draft. Under ``jit`` a count outside ``[0, T]`` writes NaN
+        to the row's slot (never a silently wrong state).
+      scale: default ``K ** -0.5``.
+
+    Returns:
+      ``(new_pool [N, HV, K, V], o [B, T, HV, V] in q's dtype)``: the outputs of all T
+      tokens, each read from the state after it (as :func:`kda_recurrent` computes them).
+    """
+    names = ("pool", "state_indices", "q", "k", "v", "g", "beta", "num_accepted_tokens")
+    arrays = (pool, state_indices, q, k, v, g, beta, num_accepted_tokens)
+    for name, x in zip(names, arrays, strict=True):
+        check_array(name, x)
+    dims = check_kda_inputs(q, k, v, g, beta)
+    _check_pool(pool, state_indices, dims)
+    accepted = num_accepted_tokens
+    if accepted.shape != (dims.batch,) or not jnp.issubdtype(accepted.dtype, jnp.integer):
+        raise ValueError(
+            f"num_accepted_tokens must be [B]={dims.batch} ints, got {accepted.shape} "
+            f"{accepted.dtype}"
+        )
+    if is_concrete(accepted):
+        counts = np.asarray(accepted)
+        if counts.min() < 0 or counts.max() > dims.seq_len:
+            raise ValueError(f"num_accepted_tokens must be in [0, T={dims.seq_len}], got {counts}")
+    return _pool_verify(pool, state_indices, q, k, v, g, beta, accepted, dims=dims,
+                        scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("dims", "scale"), donate_argnums=0)
+def _pool_verify(pool, state_indices, q, k, v, g, beta, accepted, *, dims: Dims, scale: float):
+    """:func:`kda_pool_verify` on checked inputs: gather, the draft with every token's state,
+    pick each row's state after its accepted prefix, scatter back (the pool is donated)."""
+    initial = pool[state_indices]
+    o, _, _, token_states = recurrent_core(
+        q, k, v, g, beta, dims=dims, scale=scale, initial_state=initial,
+        output_final_state=False, segment_ids=None, output_token_states=True,
+    )  # fmt: skip
+    # entry a of [initial, state after token 0, ..., after token T - 1]: after a tokens
+    states = jnp.concatenate([initial.astype(token_states.dtype)[:, None], token_states], 1)
+    kept = jnp.take_along_axis(
+        states, jnp.clip(accepted, 0, dims.seq_len)[:, None, None, None, None], axis=1
+    )[:, 0]
+    valid = (accepted >= 0) & (accepted <= dims.seq_len)
+    kept = jnp.where(valid[:, None, None, None], kept, jnp.nan)
+    return pool.at[state_indices].set(kept.astype(pool.dtype)), o
 
 
 def _initial_state(initial_state, dims: Dims, acc) -> jax.Array:

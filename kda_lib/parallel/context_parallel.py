@@ -12,11 +12,15 @@ Two things cross device boundaries:
   rank folds the upstream ones into its true initial state, and a second local run gives its
   outputs. Any implementation that supports initial/final states serves the local runs.
 
+With ``output_chunk_states`` the second local run also keeps its chunk-boundary states: started
+from the true incoming state, they are the global states at this rank's global boundaries.
+
 Everything runs inside ``jax.shard_map``; gradients flow through ppermute and all_gather.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -24,6 +28,7 @@ import jax.numpy as jnp
 
 from kda_lib.checks import check_int
 from kda_lib.ops.api import kda
+from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag
 from kda_lib.ops.registry import STATE_PASSING, context_parallel_route
 from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
@@ -75,7 +80,7 @@ def kda_context_parallel(
     implementation: str = "auto",
     mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None = None,
     **kernel_kwargs,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array | tuple[jax.Array, jax.Array] | KDAResult:
     """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
 
     Args:
@@ -96,14 +101,29 @@ def kda_context_parallel(
         takes ``max_num_segments``, a static bound on the segments of one rank's slice).
         kda_lib's kernels also take ``initial_state`` ``[B, HV, K, V]`` (the state before the
         whole sequence, the same array on every rank; it belongs to each row's first segment)
-        and ``output_final_state`` (default False); tokamax's Mosaic CP takes neither.
+        and ``output_final_state`` (default False), and ``output_chunk_states`` (default
+        False, below); tokamax's Mosaic CP takes none of them. ``output_token_states`` is not
+        served under CP.
 
     Returns:
       The local outputs ``[B, T_local, HV, V]``, equal to the matching slice of a one-device run;
       with ``output_final_state=True`` also the state after the last token of the whole
       sequence, ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``).
+      With ``output_chunk_states=True`` a :class:`kda_lib.ops.contract.KDAResult` ``(output,
+      final_state | None, chunk_states, None)``: ``chunk_states [B, T_local // chunk_size, HV,
+      K, V]`` float32, the states at this rank's boundaries (after local tokens ``(i + 1) *
+      chunk_size - 1``) with the state from earlier ranks applied, i.e. the one-device
+      ``kda(..., output_chunk_states=True)`` states of the global boundaries in this slice,
+      sharded along the sequence like the outputs (``out_specs`` ``KDAResult(P(None, axis),
+      P(), P(None, axis), None)``). ``T_local`` must be a multiple of ``chunk_size`` (so that
+      every global boundary is a local one); ValueError otherwise.
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
+    if kernel_kwargs.get("output_chunk_states", False) and route != STATE_PASSING:
+        raise ValueError(
+            f"output_chunk_states is served by kda_lib's context parallelism ('chunked' or "
+            f"'recurrent'), not by {implementation!r}'s own"
+        )
     if route != STATE_PASSING:  # the backend's own CP (tokamax Mosaic)
         return route(
             q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
@@ -116,9 +136,13 @@ def kda_context_parallel(
 def _state_passing(q, k, v, g, beta, axis_name, kw):
     """kda_lib's CP route: each rank's summary, the summaries folded in rank order, then the
     local run from the folded state. ``kw``: :func:`kda_lib.kda`'s keywords, with
-    ``initial_state`` and ``output_final_state`` (taken out here) besides."""
+    ``initial_state``, ``output_final_state`` and ``output_chunk_states`` (taken out here)
+    besides."""
     initial_state = kw.pop("initial_state", None)
     output_final_state = kw.pop("output_final_state", False)
+    output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
+    if check_flag("output_token_states", kw.pop("output_token_states", False)):
+        raise ValueError("output_token_states is not served under context parallelism")
     segment_ids = kw["segment_ids"]
     state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
@@ -128,17 +152,45 @@ def _state_passing(q, k, v, g, beta, axis_name, kw):
         )
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be a bool, got {output_final_state!r}")
+    chunk_size = check_chunk_size(kw.get("chunk_size", _DEFAULT_CHUNK_SIZE))
+    if output_chunk_states and q.shape[1] % chunk_size:
+        raise ValueError(
+            f"output_chunk_states under context parallelism needs each rank's slice to be a "
+            f"multiple of chunk_size={chunk_size}, got T_local={q.shape[1]}"
+        )
     transition, state_ext = _rank_summary(q, k, v, g, beta, kw)
-    initial, final = _fold_summaries(
+    initial, arriving, final = _fold_summaries(
         transition, state_ext, initial_state, segment_ids, axis_name, state_shape
     )
-    out, _ = kda(q, k, v, g, beta, initial_state=initial, **kw)
-    if not output_final_state:
-        return out
-    # the final state is equal on every rank; shard_map cannot know that, so take the last
-    # rank's copy through a psum (B HV K V floats, independent of T) to return it replicated
-    last = jax.lax.axis_index(axis_name) == jax.lax.axis_size(axis_name) - 1
-    return out, jax.lax.psum(jnp.where(last, final, 0.0), axis_name)
+    result = kda(q, k, v, g, beta, initial_state=initial, output_chunk_states=output_chunk_states,
+                 **kw)  # fmt: skip
+    out = result[0]
+    if output_final_state:
+        # the final state is equal on every rank; shard_map cannot know that, so take the last
+        # rank's copy through a psum (B HV K V floats, independent of T) to return it replicated
+        last = jax.lax.axis_index(axis_name) == jax.lax.axis_size(axis_name) - 1
+        final = jax.lax.psum(jnp.where(last, final, 0.0), axis_name)
+    if output_chunk_states:
+        states = _boundaries_before_any_real_token(
+            result.chunk_states, arriving, segment_ids, chunk_size
+        )
+        return KDAResult(out, final if output_final_state else None, states, None)
+    return (out, final) if output_final_state else out
+
+
+_DEFAULT_CHUNK_SIZE = inspect.signature(kda).parameters["chunk_size"].default
+
+
+def _boundaries_before_any_real_token(chunk_states, arriving, segment_ids, chunk_size):
+    """The local run's chunk states, except at boundaries with no real token of this slice at
+    or before them (leading padding): there the global state is the one arriving from upstream
+    (the running segment's), which the local run did not start from if the slice's first
+    segment is a new one (it started from zeros)."""
+    if segment_ids is None:
+        return chunk_states
+    num = chunk_states.shape[1]
+    seen = jnp.cumsum(segment_ids != 0, axis=1)[:, chunk_size - 1 :: chunk_size][:, :num]
+    return jnp.where((seen == 0)[:, :, None, None, None], arriving[:, None], chunk_states)
 
 
 def _rank_summary(q, k, v, g, beta, kw):
@@ -156,7 +208,10 @@ def _rank_summary(q, k, v, g, beta, kw):
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
     """All-gather the rank summaries (size independent of T) and fold them in rank order.
-    Returns ``(state entering this rank, state after the whole sequence)``, float32."""
+    Returns ``(state entering this rank, state arriving at it, state after the whole
+    sequence)``, float32: the arriving state is the one after the last real token upstream
+    (the initial state if none); the entering one is zero instead where this rank's first
+    segment is a new one."""
     all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
     all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
     ranks, batch = all_m.shape[:2]
@@ -178,15 +233,17 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
     state = jnp.zeros(state_shape, jnp.float32)
     if initial_state is not None:
         state = initial_state.astype(jnp.float32)
-    entering = []
+    entering, arriving = [], []
     for j in range(ranks):
+        arriving.append(state)
         state = jnp.where(keeps[j][:, None, None, None], state, 0.0)
         entering.append(state)
         carried = jnp.einsum(
             "bhij,bhjv->bhiv", all_m[j], state, precision=jax.lax.Precision.HIGHEST
         )
         state = jnp.where(passes[j][:, None, None, None], carried, 0.0) + all_e[j]
-    return jnp.take(jnp.stack(entering), rank, axis=0), state
+    entering, arriving = (jnp.take(jnp.stack(x), rank, axis=0) for x in (entering, arriving))
+    return entering, arriving, state
 
 
 def shard_as(array, mesh, spec):

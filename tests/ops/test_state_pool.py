@@ -1,4 +1,5 @@
-"""kda_pool_step: a decode step over slots of a state pool. The intent of fla's
+"""kda_pool_step: a decode step over slots of a state pool; kda_pool_verify: a draft of T
+tokens over the slots, keeping the state after each row's accepted prefix. The intent of fla's
 ``test_fused_recurrent_vllm_decode`` in kda_lib's terms: 3B slots, B rows in a random
 permutation of them, every untouched slot holding 1e30 (any stray read or write shows);
 outputs and touched slots within fla's 0.005 relative error ratio of the recurrence run row by
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kda_lib import kda_pool_step, kda_recurrent
+from kda_lib import kda_pool_step, kda_pool_verify, kda_recurrent
 from kda_lib.testing import relative_l2
 
 B, H, HV, K, V = 5, 2, 4, 16, 16  # an odd batch, grouped value heads
@@ -75,3 +76,108 @@ def test_pool_step_refuses_bad_slots_by_name():
         kda_pool_step(jnp.asarray(pool[:, :2]), jnp.asarray(indices), **step)
     with pytest.raises(ValueError, match=r"state_indices must be \[B\]=5 ints"):
         kda_pool_step(jnp.asarray(pool), jnp.asarray(indices[:3]), **step)
+
+
+T = 4  # draft length
+ACCEPTED = np.array([1, 4, 2, 0, 3], np.int32)  # every count from none to the whole draft
+
+
+def _draft_case(seed=7):
+    """The pool of :func:`_case` and a T-token draft per row ``[B, T, ...]``."""
+    pool, indices, _ = _case(seed)
+    rng = np.random.default_rng(seed)
+    qk = rng.uniform(size=(2, B, T, H, K))
+    qk /= np.linalg.norm(qk, axis=-1, keepdims=True)
+    draft = dict(
+        q=qk[0], k=qk[1], v=rng.uniform(size=(B, T, HV, V)),
+        g=-np.log1p(np.exp(-rng.normal(size=(B, T, HV, K)))),  # logsigmoid
+        beta=1 / (1 + np.exp(-rng.uniform(size=(B, T, HV)))),
+    )  # fmt: skip
+    return pool, indices, {n: x.astype(np.float32) for n, x in draft.items()}
+
+
+def test_pool_verify_keeps_the_state_after_the_accepted_prefix():
+    """Each touched slot holds the state of running only the accepted tokens from it (the
+    float64 recurrence; 0 accepted: the slot bit for bit as it was); the outputs of all T
+    tokens are the recurrence's; untouched slots still hold 1e30 bit for bit."""
+    pool, indices, draft = _draft_case()
+    untouched = np.ones(len(pool), bool)
+    untouched[indices] = False
+    new_pool, o = kda_pool_verify(jnp.asarray(pool), jnp.asarray(indices), **draft,
+                                  num_accepted_tokens=jnp.asarray(ACCEPTED), scale=0.5)  # fmt: skip
+    new_pool, o = np.asarray(new_pool), np.asarray(o)
+    assert o.shape == (B, T, HV, V)
+    with jax.enable_x64(True):
+        ref_o, ref_states = [], []
+        for b, accepted in enumerate(ACCEPTED):
+            slot = pool[indices[b] : indices[b] + 1].astype(np.float64)
+            row = {n: np.asarray(x[b : b + 1], np.float64) for n, x in draft.items()}
+            ref_o.append(kda_recurrent(**row, scale=0.5, initial_state=slot)[0][0])
+            if accepted == 0:
+                ref_states.append(slot[0])
+                continue
+            prefix = {n: x[:, :accepted] for n, x in row.items()}
+            _, s_b = kda_recurrent(**prefix, scale=0.5, initial_state=slot, output_final_state=True)
+            ref_states.append(s_b[0])
+        ref_o, ref_states = np.stack(ref_o), np.stack(ref_states)
+    for got, want in ((o, ref_o), (new_pool[indices], ref_states)):
+        error = relative_l2(got, want)
+        assert error < 0.005 and error < 1e-6, error  # fla's ratio; in fact float32 rounding
+    np.testing.assert_array_equal(new_pool[indices[ACCEPTED == 0]], pool[indices[ACCEPTED == 0]])
+    np.testing.assert_array_equal(new_pool[untouched], pool[untouched])  # still 1e30
+
+
+def test_pool_verify_donates_the_pool_and_marks_bad_counts_under_jit():
+    """The pool is consumed (in place); under an outer jit that donates it the update is
+    aliased, and a count outside [0, T] (unchecked there) writes NaN to its row's slot only."""
+    pool, indices, draft = _draft_case(8)
+    before = jnp.asarray(pool)
+    after, _ = kda_pool_verify(before, jnp.asarray(indices), **draft,
+                               num_accepted_tokens=jnp.asarray(ACCEPTED))  # fmt: skip
+    assert before.is_deleted() and not after.is_deleted()
+    verify = jax.jit(lambda p, i, d, a: kda_pool_verify(p, i, **d, num_accepted_tokens=a),
+                     donate_argnums=0)  # fmt: skip
+    bad = ACCEPTED.copy()
+    bad[2] = T + 1
+    args = (after, jnp.asarray(indices), draft, jnp.asarray(bad))
+    text = verify.lower(*args).compile().as_text()
+    assert "input_output_alias" in text or "must-alias" in text
+    kept = np.asarray(after)
+    new_pool = np.asarray(verify(*args)[0])
+    assert np.isnan(new_pool[indices[2]]).all()
+    assert not np.isnan(np.delete(new_pool, indices[2], axis=0)).any()
+    untouched = np.setdiff1d(np.arange(len(pool)), indices)
+    np.testing.assert_array_equal(new_pool[untouched], kept[untouched])
+
+
+def test_pool_verify_refuses_bad_inputs_by_name_before_any_work():
+    pool, indices, draft = _draft_case(9)
+    pool = jnp.asarray(pool)
+    accepted = jnp.asarray(ACCEPTED)
+
+    def call(idx=indices, counts=accepted, **changes):
+        kda_pool_verify(pool, jnp.asarray(idx), **dict(draft, **changes),
+                        num_accepted_tokens=counts)  # fmt: skip
+
+    duplicate = indices.copy()
+    duplicate[1] = duplicate[0]
+    cases = [
+        (dict(idx=duplicate), r"state_indices must be distinct slots in \[0, 15\)"),
+        (dict(idx=indices + 15), r"state_indices must be distinct slots in \[0, 15\)"),
+        (dict(idx=indices[:3]), r"state_indices must be \[B\]=5 ints"),
+        (dict(counts=accepted.at[0].set(T + 1)), r"num_accepted_tokens must be in \[0, T=4\]"),
+        (dict(counts=accepted.at[0].set(-1)), r"num_accepted_tokens must be in \[0, T=4\]"),
+        (dict(counts=accepted[:4]), r"num_accepted_tokens must be \[B\]=5 ints"),
+        (dict(counts=accepted.astype(jnp.float32)), r"num_accepted_tokens must be \[B\]=5 ints"),
+        (dict(counts=list(ACCEPTED)), "num_accepted_tokens must be a jax or numpy array"),
+        (dict(g=draft["g"][:, :2]), r"g must have shape \[B, T, H, K\]"),
+        (dict(k=draft["k"][:, :2]), r"k must have shape \[B, T, H, K\]"),
+        (dict(beta=draft["beta"][..., :2]), "beta must have shape"),
+        (dict(g=draft["g"].astype(np.int32)), "g must be a floating-point array"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call(**kwargs)
+    with pytest.raises(ValueError, match=r"pool must have shape \[N, HV, K, V\]"):
+        kda_pool_verify(pool[:, :2], jnp.asarray(indices), **draft, num_accepted_tokens=accepted)
+    assert not pool.is_deleted()  # refused before the donated call

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib import KDAConfig, KimiDeltaAttention, kda_chunked
+from kda_lib import KDAConfig, KimiDeltaAttention, kda, kda_chunked
 from kda_lib.lab.measure import hlo_collectives
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.testing import random_kda_inputs, relative_l2
@@ -101,7 +101,6 @@ def test_kernel_cp_with_fused_gate_and_recurrent_backend():
         a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
     )
     args = (inputs["q"], inputs["k"], inputs["v"], raw, inputs["beta"])
-    from kda_lib import kda
 
     want = kda(*args, **gate, implementation="recurrent")[0]
     for impl in ("recurrent", "chunked", "auto"):
@@ -404,3 +403,87 @@ def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monke
     finally:
         monkeypatch.undo()
         registry.clear_compiled_forms()  # no patched trace stays for later tests
+
+
+def _chunk_state_segments():
+    """4 ranks of 16 tokens, chunks of 8. Row 0: rank 2 starts with padding over boundary 40
+    and then a new document (the boundary holds document 2's state, arriving from upstream,
+    not the zeros the new document starts from); trailing padding over boundary 64. Row 1:
+    leading padding over boundary 8 (the initial state), a document starting exactly at the
+    split of ranks 1 and 2, an all-padding last rank."""
+    ids = np.ones((2, 64), np.int32)
+    ids[0, 12:32], ids[0, 32:42], ids[0, 42:56], ids[0, 56:60], ids[0, 60:] = 2, 0, 3, 4, 0
+    ids[1, :10], ids[1, 10:32], ids[1, 32:44], ids[1, 44:] = 0, 5, 6, 0
+    return jnp.asarray(ids)
+
+
+@pytest.mark.parametrize("with_segments", [False, True])
+def test_kernel_cp_chunk_states_equal_one_device(with_segments):
+    """``output_chunk_states`` under CP: each rank's boundaries, the state from earlier ranks
+    applied, equal the one-device chunk states (with an initial state); the gradients through
+    the outputs and through the chunk states equal one device's."""
+    ranks, seq_len, chunk = 4, 64, 8
+    inputs = random_kda_inputs(jax.random.key(21), 2, seq_len, 2, 8, 8)
+    ids = _chunk_state_segments() if with_segments else jnp.ones((2, seq_len), jnp.int32)
+    h0 = jax.random.normal(jax.random.key(22), (2, 2, 8, 8))
+    mesh = _mesh(ranks)
+    specs = (SEQ,) * 5 + (P(), SEQ)
+    kw = dict(initial_state=None, output_chunk_states=True, chunk_size=chunk,
+              implementation="chunked")  # fmt: skip
+
+    def local(q, k, v, g, beta, h0, ids):
+        result = kda_context_parallel(
+            q, k, v, g, beta, **dict(kw, initial_state=h0),
+            segment_ids=ids if with_segments else None,
+        )  # fmt: skip
+        return result.output, result.chunk_states
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, SEQ))
+    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+
+    def single(q, k, v, g, beta, h0, ids):
+        result = kda(q, k, v, g, beta, **dict(kw, initial_state=h0),
+                     segment_ids=ids if with_segments else None)  # fmt: skip
+        return result.output, result.chunk_states
+
+    args = tuple(inputs[n] for n in NAMES) + (h0, ids)
+    cot_o = jax.random.normal(jax.random.key(23), inputs["v"].shape)
+    cot_s = jax.random.normal(jax.random.key(24), (2, seq_len // chunk, 2, 8, 8))
+
+    def run(f):  # one program: the values, and the pullbacks of the outputs and of the states
+        def both(*a):
+            values, pullback = jax.vjp(lambda *d: f(*d, a[-1]), *a[:-1])
+            zeros = [jnp.zeros_like(x) for x in values]
+            return values, pullback((cot_o, zeros[1])), pullback((zeros[0], cot_s))
+
+        return jax.jit(both)(*args)
+
+    (out_cp, states_cp), *grads_cp = run(cp)
+    (out_one, states_one), *grads_one = run(single)
+    assert states_cp.shape == (2, seq_len // chunk, 2, 8, 8)
+    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
+    assert max(_per_rank_errors(states_cp, states_one, ranks)) < 1e-5
+    for through, g_cp, g_one in zip(("outputs", "states"), grads_cp, grads_one, strict=True):
+        for name, a, b in zip((*NAMES, "initial_state"), g_cp, g_one, strict=True):
+            assert relative_l2(a, b) < 1e-5, (through, name)
+
+
+def test_kernel_cp_chunk_states_refused_where_not_served():
+    mesh = _mesh(2)
+
+    def trace(**kwargs):
+        def local(q, beta):
+            return kda_context_parallel(q, q, q, -jnp.abs(q), beta, **kwargs)[0]
+
+        fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
+        return jax.jit(fn).trace(
+            shard_as(jnp.zeros((1, 24, 1, 4)), mesh, SEQ),
+            shard_as(jnp.zeros((1, 24, 1)), mesh, SEQ),
+        )
+
+    with pytest.raises(ValueError, match=r"multiple of chunk_size=8, got T_local=12"):
+        trace(output_chunk_states=True, chunk_size=8)
+    with pytest.raises(ValueError, match="output_chunk_states must be a bool"):
+        trace(output_chunk_states=1, chunk_size=4)
+    with pytest.raises(ValueError, match="output_token_states is not served under context"):
+        trace(output_token_states=True)
