@@ -95,7 +95,7 @@ site: $(STAMP) ## the site again from the notebooks already executed
 # without it, apt-get installs it): on every page of build/html/ the math (bold vectors bold,
 # blackboard letters blackboard, aligned equations aligned, no TeX error) and no request to
 # another host; then notebook 02 in JupyterLab, where moving a slider redraws the figure.
-# Screenshots in build/browser/. Needs `make notebooks` first; about 40 s; not in `make test`.
+# Screenshots in build/browser/. Needs `make notebooks` first; about 50 s; not in `make test`.
 check-browser: | check-python ## the site and notebook 02 in headless Chromium (after make notebooks)
 	@$(MAKE) --no-print-directory $(STAMP) EXTRAS=$(EXTRAS),browser
 	@test -f build/html/index.html || { echo "no site in build/html/: run 'make notebooks' first"; exit 1; }

@@ -77,6 +77,8 @@ _REMOTE_SCRIPT = re.compile(
 _REMOTE_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?(https?:)?//[^>]*>", re.I)
 # a markdown image whose source is on another host, possibly inside a link: ![alt](http...)
 _REMOTE_IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\(\s*(https?:)?//[^)]*\)")
+# a link to a notebook of the repository by its path (the .py source or the .ipynb)
+_NOTEBOOK_SOURCE = re.compile(r"(?:\.\./)?notebooks/(?P<stem>[0-9][0-9]_\w+)\.(?:py|ipynb)")
 _MD_LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
 
 
@@ -191,6 +193,9 @@ def _relink(markdown: str, url: str, prefix: str) -> str:
 
     def target(match):
         link, hash_, anchor = match["target"].partition("#")
+        notebook = _NOTEBOOK_SOURCE.fullmatch(link)
+        if notebook:  # DESIGN's links to a notebook's source -> its page on the site
+            return f"]({prefix}notebooks/{notebook['stem']}.ipynb{hash_}{anchor})"
         for name, page in DOC_PAGES.items():
             if link in (f"{url}/blob/{notebook_setup.BRANCH}/docs/{name}", name, f"docs/{name}"):
                 return f"]({prefix}{page}.md{hash_}{anchor})"
@@ -318,6 +323,8 @@ ol.notebooks li { display: flex; gap: 1rem; align-items: flex-start; padding: 0.
 ol.notebooks li > a { flex: none; width: 200px; }
 ol.notebooks img { width: 200px; border: 1px solid #eee; }
 ol.notebooks .thumb-missing { width: 200px; flex: none; color: #888; font-size: 0.8rem; }
+/* a printed line longer than the page is wrapped, not hidden behind a scroll bar */
+.cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 """
 
 

@@ -240,3 +240,7 @@ def test_links_to_docs_become_site_pages_keeping_their_section():
     assert f"[notes](../{design}.md#engineering-notes-x)" in relinked
     assert f"[table](../{build_site.DOC_PAGES['NOTATION.md']}.md)" in relinked
     assert "(https://github.com/someone/else/blob/main/docs/DESIGN.md)" in relinked
+    # DESIGN's links to a notebook's source open the notebook's page
+    assert build_site._relink("[05](../notebooks/05_context_parallel.py)", URL, "") == (
+        "[05](notebooks/05_context_parallel.ipynb)"
+    )
