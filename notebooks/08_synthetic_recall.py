@@ -365,10 +365,10 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_l
 # differences, KDA minus the other mixer (`scipy.stats`, $n - 1$ degrees of freedom). Every
 # comparison of this section (KDA against each other complete mixer at each complete length
 # in accuracy, and KDA against GDN in steps to solve where both solve on every seed) is one
-# family; Holm's correction keeps the chance of any false ordering in it below
-# $\alpha$ = 0.05. Two mixers are *ordered* only when the Holm-adjusted p is below $\alpha$;
-# otherwise they are *level*: not shown to differ, printed with the 95% interval of the mean
-# difference and the smallest gap this design (three seeds, the observed spread, $\alpha/m$
+# family; Holm's correction keeps the chance of any false ordering in it below the significance
+# level 0.05. Two mixers are *ordered* only when the Holm-adjusted p is below 0.05; otherwise
+# they are *level*: not shown to differ, printed with the 95% interval of the mean
+# difference and the smallest gap this design (three seeds, the observed spread, $0.05/m$
 # for $m$ comparisons) detects with 80% power.
 #
 # **What this recording cannot show** (known limitations, pending the re-run issue 39 asks
@@ -414,7 +414,7 @@ for task in rec_tasks:
 
 # %% [markdown]
 # **Nothing is ordered** (asserted below when every cell is complete): at three seeds, with
-# $\alpha$ shared by every comparison, the smallest accuracy gap the design detects is a few
+# level shared by every comparison, the smallest accuracy gap the design detects is a few
 # hundredths where the seeds agree and more than the whole accuracy range where they do not
 # (printed above), so every claim is *not shown* at this scale. MQAR at these sizes is a
 # ceiling: every recurrent mixer and attention with the short convolution solve it on every
@@ -446,20 +446,20 @@ if len(complete) == len(cells):  # the statements above, on a complete recording
 # the per-channel decay is worth something: filter a stream $x_t$ ($d_v = 1$) at two time scales,
 #
 # $$
-# y_t = \sum_{\tau \ge 0} h(\tau)\, x_{t - \tau}, \qquad
-# h(\tau) = \tfrac12\, r_{\text{slow}}^{\tau} + \tfrac12\, r_{\text{fast}}^{\tau},
+# y_t = \sum_{\nu \ge 0} \phi(\nu)\, x_{t - \nu}, \qquad
+# \phi(\nu) = \tfrac12\, r_{\text{slow}}^{\nu} + \tfrac12\, r_{\text{fast}}^{\nu},
 # $$
 #
 # with half-lives `slow_half_life` and `fast_half_life` tokens, using **one head with two key
 # channels** whose key, query, gate and $\beta$ are the same at every token (a filter that does
 # not change over time). The recurrence is $S_t = A S_{t-1} + \beta \mathbf k x_t$ with
 # $A = (I - \beta \mathbf k \mathbf k^\top) D$, so the head computes the filter
-# $h(\tau) = \beta\, \mathbf q^\top A^{\tau} \mathbf k$.
+# $\phi(\nu) = \beta\, \mathbf q^\top A^{\nu} \mathbf k$.
 #
 # - **Scalar gate (GDN), $D = \alpha I$:** $A \mathbf k = \alpha (1 - \beta) \mathbf k$, so the
 #   state never leaves the direction of $\mathbf k$ and the head's filter is one exponential,
-#   $c\, \rho^{\tau}$, whatever $\mathbf k$, $\mathbf q$, $\alpha$ and $\beta$. Its best fit:
-#   $c$ in closed form for each $\rho$ on a fine grid.
+#   $c\, \omega^{\nu}$, whatever $\mathbf k$, $\mathbf q$, $\alpha$ and $\beta$. Its best fit:
+#   $c$ in closed form for each $\omega$ on a fine grid.
 # - **Per-channel gate (KDA), $D = \mathrm{Diag}(\alpha_1, \alpha_2)$:** $D \mathbf k$ is not
 #   parallel to $\mathbf k$, the state uses both directions, and the filter is a sum of two
 #   exponentials, the eigenvalues of $A$. We pick $\beta$ and a key that lies mostly on the
@@ -474,7 +474,7 @@ slow_half_life, fast_half_life = 20.0, 1.0  # the two time scales (tokens)
 two_scale_len = 256  # tokens of the filter and its test input
 r_slow, r_fast = 0.5 ** (1 / slow_half_life), 0.5 ** (1 / fast_half_life)
 lag = np.arange(two_scale_len)
-target = 0.5 * r_slow**lag + 0.5 * r_fast**lag  # h(tau)
+target = 0.5 * r_slow**lag + 0.5 * r_fast**lag  # phi(nu)
 beta_two, slow_share = 0.3, 0.05  # beta, and the key's squared weight on the slow channel
 k_two = np.sqrt([slow_share, 1 - slow_share])
 # tr A = alpha_1 (1 - beta k_1^2) + alpha_2 (1 - beta k_2^2), det A = (1 - beta) alpha_1 alpha_2
@@ -565,8 +565,8 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 #    right.
 # 4. **Three time scales in one head.** Extend section 9 to three key channels: build a KDA
 #    head (decays $\alpha_i \in (0, 1]$, $\beta \in (0, 1]$, a unit key $\mathbf k$, a query
-#    $\mathbf q$) whose filter $\beta\, \mathbf q^\top A^\tau \mathbf k$ is
-#    $h(\tau) = \frac13 (r_1^\tau + r_2^\tau + r_3^\tau)$ for half-lives 1, 8 and 64 tokens.
+#    $\mathbf q$) whose filter $\beta\, \mathbf q^\top A^\nu \mathbf k$ is
+#    $\phi(\nu) = \frac13 (r_1^\nu + r_2^\nu + r_3^\nu)$ for half-lives 1, 8 and 64 tokens.
 #    Answer: a dict with keys `alphas`, `beta`, `k`, `q`; the checker computes the filter over
 #    `two_scale_len` lags. Hint: $A$ is similar to $D - \mathbf u \mathbf u^\top$ with
 #    $u_i^2 = \beta \alpha_i k_i^2$, whose eigenvalues interlace the $\alpha_i$.
