@@ -370,7 +370,7 @@ def family_outputs(model, q, k, v, g, beta):
         outputs.append(q_t @ S / np.sqrt(k.shape[1]))
     return np.array(outputs)
 
-
+# %%
 def toy_kda(q, k, v, g, beta, scale):
     """KDA, one head, float64. q, k, g: [T, K]; v: [T, V]; beta: [T] -> the outputs [T, V]
     and the state after every token [T, K, V]."""

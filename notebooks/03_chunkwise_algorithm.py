@@ -276,6 +276,8 @@ assert_close(np.exp(gamma[-1])[:, None] * S_in[0, h] + K_out.T @ Delta, states[-
              name="step 4: S_C = Gamma_C S_0 + K_out^T Delta")
 assert_close(np.diag(np.exp(gamma[-1])) - K_out.T @ W, M, name="step 4: M = Gamma_C - K_out^T K~")
 assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
+
+# %%
 product = np.eye(key_dim)
 for t in range(chunk_size):
     D_t = np.diag(np.exp(gc[t]))
