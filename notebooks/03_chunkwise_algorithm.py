@@ -370,9 +370,10 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 
 # %% [markdown]
 # **The library's form.** `kda_lib.kda_chunked` computes the same, arranged for speed and
-# training: the state-free lines for all chunks at once, $(I + L)^{-1}$ by matmuls, float32
-# scores with no exponent above 0, the loop as a `lax.scan` (`scan="sequential"`, the CPU
-# default), hand-written gradients, segments. **Chaining by maps:** step 4's maps compose
+# training: $(I + L)^{-1}$ by matmuls, float32 scores with no exponent above 0, the loop as a
+# `lax.scan` that builds each chunk's state-free lines inside its step (`scan="streaming"`, the
+# CPU default: one chunk's blocks stay in cache; `scan="sequential"` builds them for all chunks
+# first), hand-written gradients, segments. **Chaining by maps:** step 4's maps compose
 # associatively, $S \mapsto M_{[2]} M_{[1]} S + (M_{[2]} E_{[1]} + E_{[2]})$, so
 # `lax.associative_scan` finds every entering state in $2 \log_2 N - 1$ rounds ($N = T / C$;
 # `scan="associative"`, the default off CPU) at the price of $d_k \times d_k$ products; context
@@ -407,7 +408,7 @@ for n in sorted({num_chunks, 16, 64} - {1}):
 
 # %%
 x_small = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta)]
-for scan in ("sequential", "associative"):  # the term-by-term count == the traced program
+for scan in ("streaming", "sequential", "associative"):  # term-by-term count == traced
     traced = costs.matmul_flops(lambda *a, scan=scan: kda_lib.kda_chunked(
         *a, chunk_size=chunk_size, scan=scan)[0], *x_small)
     assert traced == num_heads * costs.chunked_flops(seq_len, chunk_size, key_dim, value_dim, scan)

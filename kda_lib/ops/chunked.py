@@ -7,9 +7,12 @@ is linear in the state entering the chunk, so the whole chunk is an affine map
 
 and its outputs are ``O = Q_eff @ S_in + O_intra``. Everything inside a chunk comes from one
 unit-lower-triangular solve per chunk (the WY/UT form), computed for every chunk in parallel
-(:class:`IntraChunk`). Across chunks the state is carried either by a sequential scan that
-corrects each chunk's values with the entering state (two matmuls per step, no K x K maps) or
-by ``lax.associative_scan`` over the affine maps (log depth, more flops). Context parallelism
+(:class:`IntraChunk`). Across chunks the state is carried in one of three ways (``scan=``):
+``"streaming"`` (the CPU default), one ``lax.scan`` step per chunk that builds that chunk's
+WY/UT form and updates the state, so a step's working set is one chunk; ``"sequential"``, every
+chunk's form built at once, then a scan that corrects each chunk's values with the entering
+state (two matmuls per step, no K x K maps); or ``"associative"`` (the accelerator default),
+``lax.associative_scan`` over the affine maps (log depth, more flops). Context parallelism
 (kda_lib.parallel.context_parallel) chains the same maps across devices.
 
 Numerical safety: decay ratios ``exp(G_i - G_j)`` (G = in-chunk cumulative log decay) are never
@@ -77,7 +80,8 @@ from kda_lib.ops.segments import (
     zero_padding,
 )
 
-ScanMode = Literal["sequential", "associative"]
+ScanMode = Literal["streaming", "sequential", "associative"]
+SCAN_MODES = ("streaming", "sequential", "associative")
 Precision = Literal["highest", "input"]
 LOW_PRECISION_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -96,8 +100,9 @@ class ChunkMaps(NamedTuple):
 
 
 def default_scan_mode() -> ScanMode:
-    """Sequential on CPU (measured faster there); associative where steps cost kernel launches."""
-    return "sequential" if jax.default_backend() == "cpu" else "associative"
+    """Streaming on CPU (measured faster there, forward and backward: docs/DESIGN.md section 4);
+    associative where scan steps cost kernel launches."""
+    return "streaming" if jax.default_backend() == "cpu" else "associative"
 
 
 # matmul groups that take low-precision operands under the "input" policy (module docstring):
@@ -537,6 +542,37 @@ def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     return o, final, entering
 
 
+def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
+    """Outputs ``[N, B, H, C, V]``, the final state and the states entering each chunk
+    ``[N, B, H, K, V]``, one chunk per scan step.
+
+    ``chunks``: ``(q, k, v, g, beta)`` chunk-major (leading dims ``[N, B, H]``); ``segments``:
+    :func:`_chunk_masks` or None. Each step builds its chunk's WY/UT form and applies it to the
+    entering state, so what a step touches (a few ``[C, C]`` and ``[C, K]`` blocks per head)
+    stays in cache; the other modes write every chunk's ``[C, C]`` scores to memory first and
+    read them back, which is what their time goes to on a CPU.
+    """
+    # inside shard_map the carry must vary over the same mesh axes as the chunks
+    initial_state = initial_state + jnp.zeros_like(chunks[2][0, ..., :1, :])
+    low_state = _policy_dtype("state", operand_dtype)
+    low_out = _policy_dtype("outputs", operand_dtype)
+
+    def step(state, chunk):
+        xs, masks = chunk
+        intra = _intra_chunk(*xs, scale=scale, segments=masks, operand_dtype=operand_dtype)
+        corrected = intra.u - _matmul("bhck,bhkv->bhcv", intra.w, state, operand_dtype=low_state)
+        new = intra.keep[..., None] * state + _matmul(
+            "bhck,bhcv->bhkv", intra.k_out, corrected, operand_dtype=low_state
+        )
+        o = _matmul("bhck,bhkv->bhcv", intra.q_in, state, operand_dtype=low_out) + _matmul(
+            "bhij,bhjv->bhiv", intra.attn_qk, corrected, operand_dtype=low_out
+        )
+        return new, (o, state)
+
+    final, (o, entering) = jax.lax.scan(step, initial_state, (chunks, segments))
+    return o, final, entering
+
+
 def compose_affine(first, second, operand_dtype=None):
     """Apply ``first`` then ``second``: ``(M2 M1, M2 E1 + E2)``. Works on stacked maps."""
     m1, e1 = first
@@ -662,8 +698,9 @@ def kda_chunked(
       scale, initial_state, output_final_state, segment_ids, allow_neg_eigval: as in
         :func:`kda_lib.kda_recurrent`.
       chunk_size: tokens per chunk, a power of two (default 64). Any T works (padded inside).
-      scan: how chunk maps are chained: ``"sequential"``, ``"associative"``, or None for the
-        platform default (:func:`default_scan_mode`).
+      scan: how the state is carried across chunks: ``"streaming"``, ``"sequential"``,
+        ``"associative"`` (see the module docstring; the same values up to rounding), or None
+        for the platform default (:func:`default_scan_mode`).
       precision: the matmul policy (module docstring). ``"highest"``: every matmul in float32
         (float64) at ``Precision.HIGHEST``. ``"input"``: for bfloat16/float16 inputs the large
         matmuls take operands in that dtype with float32 accumulation (tensor cores on GPU);
@@ -724,8 +761,8 @@ def _check_arguments(
     )
     chunk_size = check_chunk_size(chunk_size)
     mode = scan or default_scan_mode()
-    if mode not in ("sequential", "associative"):
-        raise ValueError(f"scan must be 'sequential', 'associative' or None, got {scan!r}")
+    if mode not in SCAN_MODES:
+        raise ValueError(f"scan must be one of {SCAN_MODES} or None, got {scan!r}")
     return dims, chunk_size, mode
 
 
@@ -779,18 +816,19 @@ def chunked_core(
     (q, k, v, g, beta), segment_ids, pad = pad_time(
         chunk_size, q, k, v, g, beta, segment_ids=segment_ids
     )
-    intra = _intra_chunk(
-        *(_to_chunks(x, chunk_size) for x in (q, k, v, g, beta)),
-        scale=scale,
-        segments=None if segment_ids is None else _chunk_masks(segment_ids, chunk_size),
-        operand_dtype=operand_dtype,
-    )
+    chunks = tuple(_to_chunks(x, chunk_size) for x in (q, k, v, g, beta))
+    segments = None if segment_ids is None else _chunk_masks(segment_ids, chunk_size)
     state0 = (
         jnp.zeros((batch, heads, key_dim, value_dim), acc)
         if initial_state is None
         else initial_state.astype(acc)
     )
-    o, final_state, entering = _chain(intra, state0, scan or default_scan_mode(), operand_dtype)
+    mode = scan or default_scan_mode()
+    if mode == "streaming":
+        o, final_state, entering = _stream_chunks(chunks, segments, state0, scale, operand_dtype)
+    else:
+        intra = _intra_chunk(*chunks, scale=scale, segments=segments, operand_dtype=operand_dtype)
+        o, final_state, entering = _chain(intra, state0, mode, operand_dtype)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, seq_len + pad, heads, value_dim)
     chunk_states = None
     if output_chunk_states:  # the state leaving chunk i enters chunk i + 1; the last: final

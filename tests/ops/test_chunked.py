@@ -34,6 +34,7 @@ def _cotangents(key, inputs):
 
 FORMS = {
     "recurrent": kda_recurrent,
+    "streaming": functools.partial(kda_chunked, scan="streaming"),
     "sequential": functools.partial(kda_chunked, scan="sequential"),
     "associative": functools.partial(kda_chunked, scan="associative"),
 }
@@ -41,7 +42,7 @@ FORMS = {
 
 @functools.partial(jax.jit, static_argnames="with_grads")
 def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
-    """``{form: (o, final_state, grads or None)}`` for the oracle and both chunked scans, in one
+    """``{form: (o, final_state, grads or None)}`` for the oracle and the chunked scans, in one
     program (one compilation; eager calls would compile every op separately). The gradients are
     those of ``<o, cot_o> + <s, cot_s>`` with respect to every array of ``inputs``."""
 
@@ -60,7 +61,7 @@ def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
 
 def _check_against_oracle(forms, *, grads):
     o_ref, s_ref, g_ref = forms["recurrent"]
-    for scan in ("sequential", "associative"):
+    for scan in ("streaming", "sequential", "associative"):
         o, s, got = forms[scan]
         assert o.dtype == o_ref.dtype
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({scan})")
@@ -130,7 +131,7 @@ def test_chunked_segments_match_oracle(x64):
     forms = _every_form(inputs, cot, ids, with_grads=True)
     assert set(forms["recurrent"][2]) == set(NAMES + ("initial_state",))
     _check_against_oracle(forms, grads=True)
-    for scan in ("sequential", "associative"):
+    for scan in ("streaming", "sequential", "associative"):
         assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
 
 
@@ -318,7 +319,7 @@ def test_bad_inputs_name_the_argument(fn):
     if fn is kda_chunked:
         with pytest.raises(ValueError, match="chunk_size must be a power of two"):
             call(chunk_size=48)
-        with pytest.raises(ValueError, match="scan must be 'sequential', 'associative' or None"):
+        with pytest.raises(ValueError, match="scan must be one of"):
             call(scan="parallel")  # checked with the arguments, before any chunk work
 
 

@@ -669,7 +669,7 @@ def test_recorded_speed_forensics_of_notebook_09():
 # --- notebook 03: the numbers its prose states (issue 25) ---------------------------------------
 
 
-@pytest.mark.parametrize("scan", ["sequential", "associative"])
+@pytest.mark.parametrize("scan", ["streaming", "sequential", "associative"])
 @pytest.mark.parametrize(("C", "K", "V", "N"), [(16, 8, 4, 1), (32, 16, 8, 3), (64, 32, 16, 4)])
 def test_nb03_flop_count_equals_the_traced_matmuls(scan, C, K, V, N):
     """kda_lib.ops.costs counts kda_chunked's matrix products term by term, exactly."""
