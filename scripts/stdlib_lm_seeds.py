@@ -49,9 +49,12 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
 Time, ``--preset cpu``: 5 models x (3 tuning rates + 5 seeds) = 40 runs of 600 steps. Per step
 on this 2-core machine under load (notebook 09's full setting, 800 steps, recorded in
 ``stdlib_lm_seeds.json``: 170-452 s a run): attention 0.21 s, hybrid 0.37, hybrid_mha 0.39,
-kda 0.48, gdn 0.52; so 8 x 600 x 1.97 s = 2.6 hours of training, plus about 0.2 hours of
-scoring (7 validations of 256 windows and one test of 512 per run). Each rate an edge best
-adds is one more 600-step run of that model (2-5 minutes). About 3 hours in all.
+kda 0.48, gdn 0.52; so 8 x 600 x 1.97 s = 2.6 hours of training. Scoring adds minutes
+(measured 2026-12-02 for KDA: 0.6 s per validation of 256 windows, 1.4 s per test of 512; 7
+validations and one test per run). Each rate an edge best adds is one more 600-step run of
+that model (2-5 minutes). About 3 hours in all, less on a quieter machine (measured the same
+day at load 7: attention 0.12 s and KDA 0.30 s per step). ``--steps 800`` (notebook 09's
+budget) would take about 3.5 hours at the recorded rates.
 
 Resuming and concurrency: a run is keyed by (model, rate, seed); after every run the document
 is merged into ``--output`` under a lock and rewritten atomically

@@ -42,12 +42,16 @@ def script():
 
 @pytest.fixture
 def fake(script, monkeypatch):
-    """Training replaced by :data:`FAKE_RUN`'s fake; the list of runs it was asked for."""
+    """Training replaced by :data:`FAKE_RUN`'s fake; the list of runs it was asked for (each
+    call checks that the runs asked for before it are in ``--output`` already)."""
     namespace = {"script": script}
     exec(FAKE_RUN, namespace)
     calls = []
 
     def counted(model_name, lr, seed, args, data):
+        output = pathlib.Path(args.output)
+        on_disk = json.loads(output.read_text())["runs"] if output.exists() else []
+        assert len(on_disk) >= len(calls)  # every run asked for before is written already
         calls.append((model_name, lr, seed))
         return namespace["fake_run"](model_name, lr, seed, args, data)
 
@@ -101,6 +105,8 @@ def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_pat
     script.main(argv)
     document = json.loads(output.read_text())
     assert document["setting"]["protocol_version"] == 2 and document["corpus"]["test_files"]
+    assert document["protocol"].startswith("- **Three disjoint streams**")
+    assert "Time, " not in document["protocol"] and "**Seeds**" in document["protocol"]
     runs = {(r["model"], r["phase"], r["learning_rate"], r["seed"]) for r in document["runs"]}
     for model in ("attention", "hybrid"):
         grid = document["grids"][model]
