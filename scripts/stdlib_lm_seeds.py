@@ -1,47 +1,112 @@
-"""Seed spread of notebook 09's full setting: models x seeds, each row merged into a JSON.
+"""Notebook 09's record under issue 39's protocol: a rate per model on validation, then seeds.
 
-    python scripts/stdlib_lm_seeds.py --models hybrid hybrid_mha kda gdn attention \
-        --seeds 1 2 --output data/results/stdlib_lm_seeds.json
+    nice -n 19 python scripts/stdlib_lm_seeds.py --preset cpu \
+        --output data/results/stdlib_lm_protocol.json
 
-Builds and trains each model exactly as notebook 09 does with its full parameters
-(``notebooks/params/full/09_hybrid_language_model.yaml``: the same configs, parameter matching,
-AdamW schedule, batches and validation windows; model init and batches drawn from
-``jax.random.key(seed)`` as the notebook's ``seed`` parameter does) and records the validation
-bits per byte and the training tokens/s (steps after the first window, validation excluded, as
-in the notebook). Seed 0 reproduces ``data/results/stdlib_lm_full.json``. The models:
-``hybrid`` (the yaml's ``hybrid_layers``, Kimi Linear's 3 KDA : 1 MLA), ``hybrid_mha`` (the
-same pattern with NoPE multi-head attention in place of MLA), ``kda``, ``gdn`` and
-``attention`` (RoPE).
+Trains notebook 09's five byte-level models, parameter-matched to the KDA model by their MLP
+width exactly as the notebook builds them (:func:`model_config`): ``hybrid`` (the yaml's
+``hybrid_layers``, Kimi Linear's 3 KDA : 1 MLA), ``hybrid_mha`` (the same pattern with NoPE
+multi-head attention in place of MLA), ``kda``, ``gdn`` and ``attention`` (RoPE), on the Python
+standard library's source (:mod:`kda_lib.lab.corpus`). ``--preset cpu`` (the default) takes
+the sizes of ``notebooks/params/full/09_hybrid_language_model.yaml`` (4 layers, width 64, 2
+heads of 32, MLA latent 32, batch 16 of 128-byte windows); ``--preset tiny`` is a model and a
+corpus small enough for a test (see :data:`PRESETS`). An option given on the command line
+overrides its preset's value.
 
-It resumes: a (model, seed) row already in ``--output`` is skipped, and each new row is merged
-into the file under a lock and written atomically (:func:`kda_lib.lab.records.update_json`), so
-a cut loses at most the run in progress and two processes writing the same ``--output`` lose
-nothing of each other's. A damaged or unwritable ``--output`` is refused before any work.
+(This script's earlier version, before issue 39, trained every model at one rate, 3e-3, and
+recorded validation bits per byte only: ``data/results/stdlib_lm_seeds.json``, seeds 1 and 2,
+made with the corpus before it had a test split; git history has it.)
+
+Protocol (stated once, recorded in the JSON under ``protocol``):
+
+- **Three disjoint streams**, the corpus split by file (:func:`kda_lib.lab.corpus.split_of`;
+  ``--validation-fraction``, ``--test-fraction``): **training** windows at random offsets of
+  the training files; **validation** windows (``--val-windows`` evenly spaced windows of the
+  validation files: the curve every ``--eval-every`` steps and the rate choice read only these)
+  and **test** windows (``--test-windows`` of the test files: the reported score, scored once
+  per run, after its last step). Windows of one split share no bytes (checked before any
+  work), so a standard error over them is one over independent windows.
+- **Tuning**, per model, with the tuning seed (``--tune-seed``, never one of ``--seeds``):
+  every rate of ``--grid``, the best by final validation bits per byte; when the best is an
+  edge of the rates tried, one rate ``--grid-factor`` beyond that edge is added, up to
+  ``--max-extensions`` times per side (:func:`kda_lib.lab.rate_grid.tune_rate`). ``grids``
+  records the rates, their scores, the best and whether it lies strictly inside.
+- **Seeds**: every model at its chosen rate with every seed of ``--seeds`` (fresh: no tuning run
+  is reused); all models at the first seed, then all at the next, so a cut leaves whole paired
+  seeds. Seed ``s`` draws the model's init and the training batches from ``jax.random.key(s)``
+  as notebook 09's ``seed`` does: the models of one seed see the same batches (paired).
+- **Budget**: every run, tuning or seed, ``--steps`` AdamW steps (warmup, cosine decay to 10%:
+  :func:`kda_lib.lab.train.make_optimizer`), batch ``--batch-size`` of ``--seq-len`` bytes: an
+  equal budget for every model and rate, no early stop (a run whose training loss is not finite
+  stops there, ``diverged``).
+- **Recorded per run**: ``curve`` (training and validation bits per byte every
+  ``--eval-every`` steps and at the last, wall time); ``validation`` and ``test``: bits per byte
+  with its standard error over the windows, and bits per byte at each of the ``--seq-len``
+  positions of a window (mean and standard error over the windows:
+  :func:`kda_lib.lab.generate.score_text`), from which whether the bits keep falling beyond
+  position 32 can be tested; training tokens/s (validation excluded).
+
+Time, ``--preset cpu``: 5 models x (3 tuning rates + 5 seeds) = 40 runs of 600 steps. Per step
+on this 2-core machine under load (notebook 09's full setting, 800 steps, recorded in
+``stdlib_lm_seeds.json``: 170-452 s a run): attention 0.21 s, hybrid 0.37, hybrid_mha 0.39,
+kda 0.48, gdn 0.52; so 8 x 600 x 1.97 s = 2.6 hours of training. Scoring adds minutes
+(measured 2026-12-02 for KDA: 0.6 s per validation of 256 windows, 1.4 s per test of 512; 7
+validations and one test per run). Each rate an edge best adds is one more 600-step run of
+that model (2-5 minutes). About 3 hours in all, less on a quieter machine (measured the same
+day at load 7: attention 0.12 s and KDA 0.30 s per step). ``--steps 800`` (notebook 09's
+budget) would take about 3.5 hours at the recorded rates.
+
+Resuming and concurrency: a run is keyed by (model, rate, seed); after every run the document
+is merged into ``--output`` under a lock and rewritten atomically
+(:func:`kda_lib.lab.records.update_json`), and a run already there is skipped, so a cut loses
+at most the run in progress, the same command resumes, and two processes writing the same
+``--output`` (say, one per model with ``--models``) lose nothing of each other's. Bad
+arguments (a count below its minimum, the tuning seed among the seeds, an unknown model, a bad
+grid, a damaged or unwritable ``--output``, an ``--output`` made with another setting or
+corpus) are refused before any training.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import math
 import pathlib
 import time
+from typing import NamedTuple
 
 import jax
 import yaml
 from flax import nnx
 
 import kda_lib.teaching.notebook
-from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
+from kda_lib.checks import check_option_minimums
+from kda_lib.lab.corpus import (
+    ByteCorpus,
+    TextBatch,
+    load_stdlib_corpus,
+    text_task,
+    validation_windows,
+    windows_overlap,
+)
 from kda_lib.lab.generate import score_text
+from kda_lib.lab.rate_grid import parse_grid, round_rate, tune_rate
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.train import train
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
+from kda_lib.models.tiny_lm import (
+    MIXERS,
+    ModelConfig,
+    TinyLM,
+    config_param_count,
+    match_parameter_count,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "notebooks" / "params" / "full" / "09_hybrid_language_model.yaml"
-
-
 MODELS = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
+PROTOCOL_VERSION = 2  # 2: validation and test splits, a rate per model, tuning seed apart
+EVAL_BATCH = 64  # windows per forward pass when scoring
 
 
 def model_config(p: dict, model_name: str) -> ModelConfig:
@@ -71,90 +136,383 @@ def model_config(p: dict, model_name: str) -> ModelConfig:
     )
 
 
-def run(model_name: str, seed: int) -> dict:
-    kda_lib.teaching.notebook.setup(style=False)  # the notebooks' random-number settings
-    p = yaml.safe_load(PARAMS.read_text())
-    model_seed, data_seed = (
-        int(s) for s in jax.random.randint(jax.random.key(seed), (2,), 0, 2**31 - 1)
+_FULL = yaml.safe_load(PARAMS.read_text())
+_SIZES = ("hidden_size", "num_layers", "num_heads", "head_dim", "kv_lora_rank", "batch_size")
+
+# The presets' values; the command line overrides any of them.
+PRESETS: dict[str, dict] = {
+    # this 2-core CPU: notebook 09's full sizes; 600 steps so that the 40 runs fit in ~3 hours
+    "cpu": dict(
+        **{name: _FULL[name] for name in _SIZES},
+        hybrid_layers=",".join(_FULL["hybrid_layers"]),
+        seq_len=_FULL["seq_len"],
+        steps=600,
+        eval_every=100,
+        val_windows=256,
+        test_windows=512,
+        max_bytes=None,
+    ),
+    # a test's size: 2 layers of width 16, 16-byte windows, a few steps, 20 kB per split
+    "tiny": dict(
+        hidden_size=16,
+        num_layers=2,
+        num_heads=1,
+        head_dim=8,
+        kv_lora_rank=8,
+        batch_size=2,
+        hybrid_layers="kda,mla",
+        seq_len=16,
+        steps=3,
+        eval_every=2,
+        val_windows=8,
+        test_windows=8,
+        max_bytes=20000,
+    ),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--output", required=True, help="the JSON document (created or resumed)")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + str(MODELS))
+    p.add_argument("--seeds", default="0,1,2,3,4", help="the reported seeds, comma-separated")
+    p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
+    p.add_argument("--grid", default="0.001,0.003,0.01", help="the starting rates (each model)")
+    p.add_argument("--grid-factor", type=float, default=3.0)
+    p.add_argument("--max-extensions", type=int, default=2, help="per side of the grid")
+    for name in (*_SIZES, "seq-len", "steps", "eval-every", "val-windows", "test-windows"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int)
+    p.add_argument("--hybrid-layers", help="the hybrid's layer pattern, e.g. kda,kda,kda,mla")
+    p.add_argument("--implementation", default=_FULL["implementation"])
+    p.add_argument("--validation-fraction", type=float, default=0.1)
+    p.add_argument("--test-fraction", type=float, default=0.1)
+    p.add_argument("--max-bytes", type=int, help="bytes kept per split (default: all)")
+    return p
+
+
+def parse(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The arguments with the chosen preset's values where none was given."""
+    p = parser()
+    args = p.parse_args(argv)
+    for name, value in PRESETS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return p, args
+
+
+SETTING_KEYS = (
+    "protocol_version",
+    *_SIZES,
+    "hybrid_layers",
+    "implementation",
+    "seq_len",
+    "steps",
+    "eval_every",
+    "val_windows",
+    "test_windows",
+    "validation_fraction",
+    "test_fraction",
+    "max_bytes",
+    "tune_seed",
+)
+
+
+def setting_of(args) -> dict:
+    values = dict(vars(args), protocol_version=PROTOCOL_VERSION)
+    return {key: values[key] for key in SETTING_KEYS}
+
+
+MINIMUMS = dict(
+    hidden_size=1,
+    num_layers=1,
+    num_heads=1,
+    head_dim=1,
+    kv_lora_rank=1,
+    batch_size=1,
+    seq_len=1,
+    steps=1,
+    eval_every=1,
+    val_windows=2,
+    test_windows=2,
+    max_extensions=0,
+    tune_seed=0,
+    max_bytes=2,
+)
+
+
+def check_arguments(p: argparse.ArgumentParser, args) -> None:
+    """Refuse, before any work, what would fail or mislead later (argparse's error, exit 2);
+    turns ``--models``, ``--seeds``, ``--grid`` and ``--hybrid-layers`` into lists."""
+    check_option_minimums(p, args, MINIMUMS)
+    args.models = args.models.split(",")
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown or len(set(args.models)) < len(args.models):
+        p.error(f"--models must be distinct names of {MODELS}, got {args.models}")
+    try:
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.grid = parse_grid(args.grid)
+    except ValueError as error:
+        p.error(f"--seeds must be ints >= 0 and --grid rates > 0, comma-separated: {error}")
+    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) < len(args.seeds):
+        p.error(f"--seeds must be distinct ints >= 0, got {args.seeds}")
+    if args.tune_seed in args.seeds:
+        p.error(
+            f"--tune-seed {args.tune_seed} is one of --seeds {args.seeds}: a tuning run is "
+            "never a reported seed"
+        )
+    if not args.grid_factor > 1:
+        p.error(f"--grid-factor must be > 1, got {args.grid_factor}")
+    args.hybrid_layers = args.hybrid_layers.split(",")
+    if not set(args.hybrid_layers) <= set(MIXERS) or args.num_layers % len(args.hybrid_layers):
+        p.error(
+            f"--hybrid-layers must be mixers of {sorted(MIXERS)} whose count divides "
+            f"--num-layers {args.num_layers}, got {args.hybrid_layers}"
+        )
+    _check_output(p, args)
+
+
+def _check_output(p: argparse.ArgumentParser, args) -> None:
+    problem = output_path_problem(args.output)
+    if problem:
+        p.error(f"--output: {problem}")
+    try:
+        document = read_json_document(args.output)
+    except ValueError as error:
+        p.error(f"--output: {error}; move it away or give another path")
+    if document is not None and document.get("setting", setting_of(args)) != setting_of(args):
+        p.error(f"--output {args.output} was made with another setting: give another --output")
+
+
+class Data(NamedTuple):
+    """The corpus and its three streams: the training task, the validation and test windows."""
+
+    corpus: ByteCorpus
+    train_task: object
+    validation: TextBatch
+    test: TextBatch
+
+
+def load_data(p: argparse.ArgumentParser, args) -> Data:
+    """The corpus split three ways, refused (argparse's error) when a held-out split is too
+    small for its windows to share no bytes, or ``--output`` holds another corpus."""
+    try:
+        corpus = load_stdlib_corpus(
+            validation_fraction=args.validation_fraction,
+            test_fraction=args.test_fraction,
+            max_bytes=args.max_bytes,
+        )
+    except ValueError as error:
+        p.error(f"the corpus: {error}")
+    for split, count in (("validation", args.val_windows), ("test", args.test_windows)):
+        data = getattr(corpus, split)
+        if data.size < args.seq_len + 1 or windows_overlap(data, args.seq_len, count):
+            p.error(
+                f"the {split} split ({data.size} bytes) is too small for {count} windows of "
+                f"{args.seq_len} + 1 bytes that share no bytes: fewer windows or more bytes"
+            )
+    recorded = (read_json_document(args.output) or {}).get("corpus")
+    if recorded and recorded["fingerprint"] != corpus.fingerprint:
+        p.error(f"--output {args.output} was made with another corpus: {recorded}")
+    return Data(
+        corpus,
+        text_task(corpus.train),
+        validation_windows(corpus.validation, args.seq_len, args.val_windows),
+        validation_windows(corpus.test, args.seq_len, args.test_windows),
     )
-    config = model_config(p, model_name)
-    corpus = load_stdlib_corpus()
-    valid = validation_windows(corpus.validation, p["seq_len"], p["val_windows"])
-    model = TinyLM(config, rngs=nnx.Rngs(model_seed))
-    spent = []
+
+
+def sizes(args) -> dict:
+    """The parameters :func:`model_config` reads (as notebook 09's yaml names them)."""
+    names = ("hidden_size", "num_layers", "num_heads", "head_dim", "kv_lora_rank")
+    return dict(
+        {name: getattr(args, name) for name in names},
+        implementation=args.implementation,
+        hybrid_layers=list(args.hybrid_layers),
+    )
+
+
+def held_out_scores(model: TinyLM, windows: TextBatch) -> dict:
+    """:func:`score_text` of ``windows`` as recorded: bits per byte (``bpb``) and its standard
+    error over the windows, and the bits at each position (mean and standard error)."""
+    scores = score_text(model, windows, batch_size=min(EVAL_BATCH, windows.inputs.shape[0]))
+    return dict(
+        bpb=scores["bits_per_token"],
+        bpb_se=scores["bits_per_token_se"],
+        windows=int(windows.inputs.shape[0]),
+        bits_by_position=scores["bits_by_position"],
+        bits_by_position_se=scores["bits_by_position_se"],
+    )
+
+
+def train_with_curve(model: TinyLM, data: Data, lr: float, data_seed: int, args) -> tuple:
+    """Train ``model`` for ``--steps`` steps, scoring the validation windows every
+    ``--eval-every`` steps and after the last: ``(curve, last validation scores, training
+    tokens/s or None when a single check leaves no steps to time)``."""
+    curve = {"step": [], "train_bpb": [], "validation_bpb": [], "seconds": []}
+    spent, last = [], {}
 
     def validate(record):
         start = time.perf_counter()
-        score_text(model, valid, batch_size=p["val_windows"])
+        last.update(held_out_scores(model, data.validation))
         spent.append(time.perf_counter() - start)
+        curve["step"].append(record["step"])
+        curve["train_bpb"].append(record["loss"] / math.log(2))
+        curve["validation_bpb"].append(last["bpb"])
+        curve["seconds"].append(record["seconds"] + sum(spent[:-1]))
 
     history = train(
         model,
-        text_task(corpus.train),
-        steps=p["steps"],
-        batch_size=p["batch_size"],
-        seq_len=p["seq_len"],
-        learning_rate=p["learning_rate"],
+        data.train_task,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=lr,
         seed=data_seed,
-        log_every=p["eval_every"],
+        log_every=args.eval_every,
         progress=validate,
     )
     timed = history["step"][-1] - history["step"][0]
     seconds = history["seconds"][-1] - history["seconds"][0] - sum(spent[:-1])
-    bpb = score_text(model, valid, batch_size=p["val_windows"])["bits_per_token"]
+    speed = timed * args.batch_size * args.seq_len / seconds if timed else None
+    return curve, last, speed
+
+
+def run_one(model_name: str, lr: float, seed: int, args, data: Data) -> dict:
+    """Train one model at rate ``lr`` with ``seed`` and score validation and, once, test."""
+    model_seed, data_seed = (
+        int(s) for s in jax.random.randint(jax.random.key(seed), (2,), 0, 2**31 - 1)
+    )
+    config = model_config(sizes(args), model_name)
+    model = TinyLM(config, rngs=nnx.Rngs(model_seed))
+    start = time.perf_counter()
+    curve, validation, speed = train_with_curve(model, data, lr, data_seed, args)
+    test = held_out_scores(model, data.test)
     return dict(
         model=model_name,
+        learning_rate=lr,
         seed=seed,
         layers=list(config.layer_mixers),
-        bpb=bpb,
         params=config_param_count(config),
-        train_tokens_per_second=timed * p["batch_size"] * p["seq_len"] / seconds,
-        seconds=history["seconds"][-1],
-        corpus=corpus.describe()["fingerprint"],
+        config=dataclasses.asdict(config),
+        training=dict(
+            steps=curve["step"][-1],
+            max_steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            model_seed=model_seed,
+            data_seed=data_seed,
+        ),
+        diverged=not math.isfinite(curve["train_bpb"][-1]),
+        curve=curve,
+        validation=validation,
+        test=test,
+        train_tokens_per_second=speed,
+        seconds=time.perf_counter() - start,
         platform=jax.devices()[0].platform,
         jax_version=jax.__version__,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
 
 
-def recorded_rows(path: pathlib.Path) -> list[dict]:
-    document = read_json_document(path)
-    return document.get("runs", []) if document else []
+def run_key(r: dict) -> tuple:
+    return (r["model"], round_rate(r["learning_rate"]), int(r["seed"]))
 
 
-def add_row(document: dict | None, row: dict) -> dict:
-    """``document`` (as on disk, None if absent) with ``row`` added, rows sorted by model and
-    seed; a (model, seed) row already there is kept."""
-    rows = list((document or {}).get("runs", []))
-    if not any((r["model"], r["seed"]) == (row["model"], row["seed"]) for r in rows):
-        rows.append(row)
-    rows.sort(key=lambda r: (r["model"], r["seed"]))
-    return dict(setting=str(PARAMS.relative_to(ROOT)), runs=rows)
+def merge(ours: dict, disk: dict | None) -> dict:
+    """The document on disk with this process's runs and grids added (a run already on disk is
+    kept as it is there); SystemExit when the file was made with another setting or corpus."""
+    if not disk:
+        return ours
+    fingerprint = ours["corpus"]["fingerprint"]
+    made = (disk.get("setting", ours["setting"]), disk.get("corpus", {}).get("fingerprint"))
+    if made[0] != ours["setting"] or made[1] not in (None, fingerprint):
+        raise SystemExit(
+            f"the output was made with the setting and corpus {made}, not "
+            f"{(ours['setting'], fingerprint)}: give another --output"
+        )
+    runs = {run_key(r): r for r in disk.get("runs", [])}
+    for r in ours["runs"]:
+        runs.setdefault(run_key(r), r)
+    ordered = sorted(runs.values(), key=lambda r: (r["model"], r["phase"], *run_key(r)[1:]))
+    return {**ours, **disk, "grids": {**disk.get("grids", {}), **ours["grids"]}, "runs": ordered}
+
+
+class Record:
+    """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent."""
+
+    def __init__(self, args, data: Data):
+        self.args, self.data, self.path = args, data, pathlib.Path(args.output)
+        self.doc = dict(
+            protocol=__doc__.split("under ``protocol``):")[1].split("\nTime, ")[0].strip(),
+            setting=setting_of(args),
+            corpus=data.corpus.describe(),
+            grids={},
+            runs=[],
+        )
+        self.refresh()
+
+    def refresh(self):
+        """Take in what other processes have written since (read without the lock: the file is
+        only ever replaced whole)."""
+        self.doc = merge(self.doc, read_json_document(self.path))
+        self.index = {run_key(r): r for r in self.doc["runs"]}
+
+    def save(self):
+        self.doc = update_json(self.path, lambda disk: merge(self.doc, disk))
+        self.index = {run_key(r): r for r in self.doc["runs"]}
+
+    def ensure(self, model_name: str, lr: float, seed: int, phase: str) -> dict:
+        key = (model_name, round_rate(lr), int(seed))
+        if key not in self.index:
+            self.refresh()
+        if key in self.index:
+            return self.index[key]
+        record = dict(run_one(model_name, key[1], seed, self.args, self.data), phase=phase)
+        self.doc["runs"].append(record)
+        self.index[key] = record
+        self.save()
+        v, t = record["validation"], record["test"]
+        print(
+            f"{phase:5s} {model_name:10s} lr {key[1]:<8g} seed {seed:<4d}: validation "
+            f"{v['bpb']:.4f} +- {v['bpb_se']:.4f}, test {t['bpb']:.4f} +- {t['bpb_se']:.4f} "
+            f"bits/byte after {record['training']['steps']} steps, {record['seconds']:.0f} s",
+            flush=True,
+        )
+        return record
+
+    def tune(self, model_name: str) -> float:
+        """The model's rate, chosen on validation with the tuning seed (recorded in ``grids``)."""
+        a = self.args
+
+        def validation_bpb(lr: float) -> float:
+            bpb = self.ensure(model_name, lr, a.tune_seed, "tune")["validation"]["bpb"]
+            return math.nan if bpb is None else bpb  # a NaN is written as null
+
+        grid = tune_rate(
+            validation_bpb, a.grid, factor=a.grid_factor, max_extensions=a.max_extensions
+        )
+        self.doc["grids"][model_name] = dict(grid, seed=a.tune_seed)
+        self.save()
+        return grid["best"]
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--seeds", nargs="+", type=int, required=True)
-    parser.add_argument("--output", type=pathlib.Path, required=True)
-    args = parser.parse_args(argv)
-    if any(seed < 0 for seed in args.seeds):
-        parser.error(f"--seeds must be ints >= 0, got {args.seeds}")
-    problem = output_path_problem(args.output)
-    if problem:
-        parser.error(f"--output: {problem}")
-    try:
-        recorded_rows(args.output)
-    except ValueError as error:
-        parser.error(f"--output: {error}; move it away or give another path")
-    for seed in args.seeds:
-        for model_name in args.models:
-            rows = recorded_rows(args.output)  # other processes may have added rows
-            if any((r["model"], r["seed"]) == (model_name, seed) for r in rows):
-                print(f"{model_name} seed {seed}: already in {args.output}, skipped", flush=True)
-                continue
-            row = run(model_name, seed)
-            print(row, flush=True)
-            update_json(args.output, lambda document, row=row: add_row(document, row))
+    p, args = parse(argv)
+    check_arguments(p, args)
+    data = load_data(p, args)
+    kda_lib.teaching.notebook.setup(style=False)  # the notebooks' random-number settings
+    record = Record(args, data)
+    start = time.perf_counter()
+    rates = {name: record.tune(name) for name in args.models}
+    for seed in args.seeds:  # every model at one seed, then the next: whole paired seeds
+        for name in args.models:
+            record.ensure(name, rates[name], seed, "seeds")
+    print(
+        f"done: {len(record.doc['runs'])} runs in {record.path} "
+        f"({time.perf_counter() - start:.0f} s this call); rates {rates}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

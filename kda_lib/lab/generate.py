@@ -5,7 +5,8 @@
   with one compiled step for the whole generation.
 * :func:`generate_text` -- the same for byte-level models, from and to a string.
 * :func:`score_text` -- cross-entropy per position over fixed windows: bits per byte and the
-  loss against the position in the context.
+  bits against the position in the context, with standard errors over the windows
+  (:func:`window_losses`: the per-window, per-position losses they come from).
 * :func:`decode_cost` -- the time of one decode step and the bytes of the cache at growing
   context lengths (a KDA layer's cache does not grow; an attention layer's grows linearly).
 """
@@ -166,7 +167,7 @@ def _token_losses(model: TinyLM, inputs, targets):
 
 def score_text(model: TinyLM, windows, *, batch_size: int = 8) -> dict:
     """Cross-entropy of ``model`` on fixed windows (e.g.
-    :func:`kda_lib.lab.corpus.validation_windows`).
+    :func:`kda_lib.lab.corpus.validation_windows`), with standard errors over the windows.
 
     Args:
       windows: ``inputs`` and ``targets`` ``[N, T]`` (a :class:`kda_lib.lab.corpus.TextBatch`);
@@ -175,9 +176,38 @@ def score_text(model: TinyLM, windows, *, batch_size: int = 8) -> dict:
 
     Returns:
       ``{"loss": mean nats per token, "bits_per_token": loss / ln 2, "loss_by_position":
-      [T] list, the mean loss at each position of the window (position 0 sees one token)}``.
-      For a byte-level model bits per token are bits per byte.
+      [T] list, the mean loss at each position of the window (position 0 sees one token)}``,
+      and, in bits (for a byte-level model bits per token are bits per byte):
+      ``bits_per_token_se``, the standard error of ``bits_per_token`` over the ``N`` windows
+      (the sample standard deviation of the windows' mean bits over sqrt(N); NaN for N = 1),
+      ``bits_by_position`` ``[T]``, the mean bits at each position, and
+      ``bits_by_position_se`` ``[T]``, their standard errors over the windows. The errors
+      treat the windows as independent draws: true for windows that share no bytes
+      (:func:`kda_lib.lab.corpus.windows_overlap`), optimistic otherwise.
     """
+    losses = window_losses(model, windows, batch_size=batch_size)  # [N, T] nats
+    bits = losses / math.log(2)
+    count = bits.shape[0]
+    loss = float(losses.mean())
+
+    def standard_error(x: np.ndarray) -> np.ndarray:
+        if count < 2:
+            return np.full(x.shape[1:], np.nan)
+        return x.std(axis=0, ddof=1) / math.sqrt(count)
+
+    return dict(
+        loss=loss,
+        bits_per_token=loss / math.log(2),
+        loss_by_position=losses.mean(0).tolist(),
+        bits_per_token_se=float(standard_error(bits.mean(1, keepdims=True))[0]),
+        bits_by_position=bits.mean(0).tolist(),
+        bits_by_position_se=standard_error(bits).tolist(),
+    )
+
+
+def window_losses(model: TinyLM, windows, *, batch_size: int = 8) -> np.ndarray:
+    """The cross-entropy (nats) of every position of every window: ``[N, T]`` float32, for
+    ``windows`` as in :func:`score_text` (checked: shapes, token ids below the vocabulary)."""
     _check_positive("batch_size", batch_size)
     inputs, targets = np.asarray(windows.inputs), np.asarray(windows.targets)
     if inputs.ndim != 2 or inputs.shape != targets.shape:
@@ -200,11 +230,7 @@ def score_text(model: TinyLM, windows, *, batch_size: int = 8) -> dict:
         )
         for i in range(0, inputs.shape[0], batch_size)
     ]
-    losses = np.concatenate(jax.device_get(losses))[:count]  # [N, T]
-    loss = float(losses.mean())
-    return dict(
-        loss=loss, bits_per_token=loss / math.log(2), loss_by_position=losses.mean(0).tolist()
-    )
+    return np.concatenate(jax.device_get(losses))[:count]
 
 
 def cache_bytes(cache) -> int:

@@ -8,12 +8,15 @@ import pytest
 
 from kda_lib.lab.corpus import (
     SEPARATOR,
+    hash_fraction,
     in_validation,
     load_stdlib_corpus,
     source_files,
+    split_of,
     stdlib_root,
     text_task,
     validation_windows,
+    windows_overlap,
 )
 
 
@@ -58,6 +61,41 @@ def test_files_split_and_concatenation(tree):
     )
 
 
+def test_a_test_split_leaves_the_validation_split_as_it_was(tree):
+    """The test files come out of the training files only (issue 39's third stream): the
+    validation split, its windows and, without a test split, the fingerprint stay those of the
+    records made before test splits existed."""
+    old = load_stdlib_corpus(tree, validation_fraction=0.25)
+    assert old.test.size == 0 and old.test_files == ()
+    split = load_stdlib_corpus(tree, validation_fraction=0.25, test_fraction=0.25)
+    assert split.validation_files == old.validation_files
+    np.testing.assert_array_equal(split.validation, old.validation)
+    assert 0 < len(split.test_files) < len(old.train_files)
+    assert sorted(split.train_files + split.test_files) == sorted(old.train_files)
+    for name in source_files(tree):  # the rule, recomputed
+        u = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
+        assert hash_fraction(name) == u
+        expected = "validation" if u < 0.25 else "test" if u < 0.5 else "train"
+        assert split_of(name, 0.25, 0.25) == expected
+        assert (name in split.test_files) == (expected == "test")
+    expected = b"".join((tree / f).read_bytes() + bytes([SEPARATOR]) for f in split.test_files)
+    assert split.test.tobytes() == expected
+    assert split.fingerprint != old.fingerprint
+    # without a test split, the fingerprint is the one of the two-split corpus (older records)
+    digest = hashlib.sha256()
+    for files, data in ((old.train_files, old.train), (old.validation_files, old.validation)):
+        digest.update("\n".join(files).encode())
+        digest.update(data.tobytes())
+    assert old.fingerprint == digest.hexdigest()[:16]
+    info = split.describe()
+    assert (info["test_files"], info["test_bytes"]) == (len(split.test_files), split.test.size)
+    for bad in (-0.1, 0.75, True):
+        with pytest.raises(ValueError, match="test_fraction must be in"):
+            load_stdlib_corpus(tree, validation_fraction=0.25, test_fraction=bad)
+    with pytest.raises(ValueError, match="the test split of .* is empty"):
+        load_stdlib_corpus(tree, validation_fraction=0.25, test_fraction=1e-12)
+
+
 def test_max_bytes_and_errors(tree, tmp_path_factory):
     small = load_stdlib_corpus(tree, validation_fraction=0.5, max_bytes=50)
     assert small.train.size == 50 and small.validation.size == 50
@@ -98,6 +136,12 @@ def test_windows_are_next_byte_pairs(tree):
         task(jax.random.key(0), 1, corpus.train.size)
     with pytest.raises(ValueError, match="count must be a positive int"):
         validation_windows(corpus.validation, 8, 0)
+    # 90 bytes hold exactly 10 windows of 8 + 1 bytes side by side, not 11
+    data = np.arange(90, dtype=np.uint8)
+    assert not windows_overlap(data, 8, 10) and not windows_overlap(data, 8, 1)
+    assert windows_overlap(data, 8, 11)
+    side_by_side = validation_windows(data, 8, 10)
+    np.testing.assert_array_equal(np.asarray(side_by_side.inputs).ravel()[::8] % 9, 0)
     with pytest.raises(ValueError, match="1-D uint8 array"):
         text_task(np.zeros(10, np.int32))
 

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from scipy import stats
 
 from kda_lib.lab.corpus import TextBatch
 from kda_lib.lab.generate import (
@@ -18,6 +19,7 @@ from kda_lib.lab.generate import (
     generate,
     generate_text,
     score_text,
+    window_losses,
 )
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
@@ -99,6 +101,22 @@ def test_score_text_is_the_mean_cross_entropy(model):
     assert scores["bits_per_token"] == pytest.approx(scores["loss"] / math.log(2))
     with pytest.raises(ValueError, match="must both be"):
         score_text(model, TextBatch(tokens, tokens[:, :3], None))
+
+
+def test_score_text_gives_bits_by_position_with_standard_errors_over_windows(model):
+    """The standard errors are over windows: the sample standard deviation (n - 1) of the
+    windows' mean bits (or of one position's bits) over sqrt(N), as scipy.stats.sem gives."""
+    tokens = jax.random.randint(jax.random.key(5), (6, 9), 0, 13)
+    windows = TextBatch(tokens[:, :-1], tokens[:, 1:], jnp.ones((6, 8), bool))
+    scores = score_text(model, windows, batch_size=4)
+    bits = window_losses(model, windows, batch_size=4) / math.log(2)  # [N, T]
+    assert bits.shape == (6, 8)
+    np.testing.assert_allclose(scores["bits_by_position"], bits.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(scores["bits_by_position_se"], stats.sem(bits, axis=0), rtol=1e-4)
+    assert scores["bits_per_token_se"] == pytest.approx(stats.sem(bits.mean(1)), rel=1e-4)
+    assert np.mean(scores["bits_by_position"]) == pytest.approx(scores["bits_per_token"])
+    one = score_text(model, TextBatch(tokens[:1, :-1], tokens[:1, 1:], None))
+    assert math.isnan(one["bits_per_token_se"])  # no spread from a single window
 
 
 def test_decode_cost_memory_grows_only_with_attention():

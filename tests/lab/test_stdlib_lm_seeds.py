@@ -1,27 +1,71 @@
-"""scripts/stdlib_lm_seeds.py: the notebook's configs, and a sweep that resumes after a cut."""
+"""scripts/stdlib_lm_seeds.py: notebook 09's configs, issue 39's protocol (a rate per model on
+validation with a tuning seed apart, fresh seeds, test scored once), bad arguments refused
+before any work, resuming, and two writers on one output."""
 
 import dataclasses
 import importlib.util
 import json
+import math
 import pathlib
-import sys
 
+import jax
 import pytest
 import yaml
 
 from kda_lib.models.tiny_lm import config_param_count
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "stdlib_lm_seeds.py"
+TINY = ["--preset", "tiny"]
+
+# validation bits per byte lowest at the rate 0.003 (inside 0.001, 0.003, 0.01)
+FAKE_RUN = """
+import math, time
+
+def fake_run(model_name, lr, seed, args, data):
+    time.sleep(0.05)
+    scores = dict(bpb=2 + abs(math.log(lr / 0.003)), bpb_se=0.01)
+    return dict(model=model_name, learning_rate=lr, seed=seed, validation=scores, test=scores,
+                training=dict(steps=args.steps), seconds=0.0)
+
+script.run_one = fake_run
+"""
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location(
-        "stdlib_lm_seeds", ROOT / "scripts" / "stdlib_lm_seeds.py"
-    )
+    spec = importlib.util.spec_from_file_location("stdlib_lm_seeds", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def fake(script, monkeypatch):
+    """Training replaced by :data:`FAKE_RUN`'s fake; the list of runs it was asked for (each
+    call checks that the runs asked for before it are in ``--output`` already)."""
+    namespace = {"script": script}
+    exec(FAKE_RUN, namespace)
+    calls = []
+
+    def counted(model_name, lr, seed, args, data):
+        output = pathlib.Path(args.output)
+        on_disk = json.loads(output.read_text())["runs"] if output.exists() else []
+        assert len(on_disk) >= len(calls)  # every run asked for before is written already
+        calls.append((model_name, lr, seed))
+        return namespace["fake_run"](model_name, lr, seed, args, data)
+
+    monkeypatch.setattr(script, "run_one", counted)
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _jax_random_scheme_restored():
+    """The script's setup() switches jax's random scheme, as the notebooks' does: give it back
+    after each test (a leak would change later tests' draws on this worker)."""
+    partitionable = jax.config.jax_threefry_partitionable
+    yield
+    jax.config.update("jax_threefry_partitionable", partitionable)
 
 
 def test_configs_are_the_recorded_ones(script):
@@ -37,98 +81,141 @@ def test_configs_are_the_recorded_ones(script):
     assert script.model_config(params, "hybrid_mha").layer_mixers[-1] == "attention"
 
 
-def test_sweep_skips_recorded_rows_and_writes_after_each_run(script, tmp_path, monkeypatch):
-    output = tmp_path / "seeds.json"
-    output.write_text(json.dumps({"runs": [{"model": "kda", "seed": 1, "bpb": 2.0}]}))
-    trained = []
-
-    def fake_run(model_name, seed):
-        rows = json.loads(output.read_text())["runs"]  # every earlier run is already written
-        assert len(rows) == 1 + len(trained)
-        trained.append((model_name, seed))
-        return {"model": model_name, "seed": seed, "bpb": 1.0}
-
-    monkeypatch.setattr(script, "run", fake_run)
-    argv = ["x", "--models", "kda", "gdn", "--seeds", "1", "2", "--output", str(output)]
-    monkeypatch.setattr(sys, "argv", argv)
-    script.main()
-    assert trained == [("gdn", 1), ("kda", 2), ("gdn", 2)]  # kda seed 1 was recorded
-    rows = json.loads(output.read_text())["runs"]
-    assert [(r["model"], r["seed"]) for r in rows] == [
-        ("gdn", 1),
-        ("gdn", 2),
-        ("kda", 1),
-        ("kda", 2),
-    ]
-    assert rows[2]["bpb"] == 2.0  # the recorded row is kept, not retrained
+def test_the_cpu_preset_is_notebook_09s_full_setting_with_five_fresh_seeds(script, tmp_path):
+    params = yaml.safe_load(script.PARAMS.read_text())
+    p, args = script.parse(["--output", str(tmp_path / "x.json")])
+    script.check_arguments(p, args)
+    assert args.preset == "cpu" and script.sizes(args) == {k: params[k] for k in script.sizes(args)}
+    assert (args.seq_len, args.batch_size) == (params["seq_len"], params["batch_size"])
+    assert args.models == list(script.MODELS) and len(args.seeds) >= 5
+    assert args.tune_seed not in args.seeds and 3 <= len(args.grid) <= 5
+    assert args.grid[0] < params["learning_rate"] < args.grid[-1]  # the old rate inside
+    _, mine = script.parse(["--output", "x.json", "--steps", "7", "--preset", "tiny"])
+    assert mine.steps == 7 and mine.seq_len == 16  # the command line overrides the preset
 
 
-FAKE_RUN = """
-import importlib.util, sys, time
-
-spec = importlib.util.spec_from_file_location("stdlib_lm_seeds", sys.argv[1])
-seeds = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(seeds)
-
-def fake_run(model_name, seed):
-    time.sleep(0.1)
-    return {"model": model_name, "seed": seed, "bpb": 1.0}
-
-seeds.run = fake_run
-seeds.main(sys.argv[2:])
-"""
-
-
-def test_two_processes_on_one_output_lose_nothing(tmp_path):
-    """Two processes, different seeds, one --output: every row of both is in the file."""
-    import subprocess
-
-    output = tmp_path / "seeds.json"
-    script_path = ROOT / "scripts" / "stdlib_lm_seeds.py"
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                FAKE_RUN,
-                str(script_path),
-                "--models",
-                *MODELS_ARG,
-                "--seeds",
-                *seeds,
-                "--output",
-                str(output),
-            ],
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-        )
-        for seeds in (["1", "2", "3"], ["4", "5", "6"])
-    ]
-    for process in processes:
-        _, stderr = process.communicate(timeout=300)
-        assert process.returncode == 0, stderr[-3000:]
-    rows = json.loads(output.read_text())["runs"]
-    assert sorted((r["model"], r["seed"]) for r in rows) == sorted(
-        (m, s) for m in MODELS_ARG for s in range(1, 7)
-    )
+def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_path):
+    """End to end at the tiny preset (3 steps, width 16, 16-byte windows): one tuning run per
+    rate at the tuning seed, then fresh seeds at the chosen rate; every run holds the
+    validation curve, validation and test bits per byte with standard errors, and the bits
+    at each of the 16 positions; a second call trains nothing."""
+    output = tmp_path / "lm.json"
+    argv = [*TINY, "--models", "attention,hybrid", "--seeds", "0,1", "--grid", "0.003,0.01",
+            "--max-extensions", "0", "--output", str(output)]  # fmt: skip
+    script.main(argv)
+    document = json.loads(output.read_text())
+    assert document["setting"]["protocol_version"] == 2 and document["corpus"]["test_files"]
+    assert document["protocol"].startswith("- **Three disjoint streams**")
+    assert "Time, " not in document["protocol"] and "**Seeds**" in document["protocol"]
+    runs = {(r["model"], r["phase"], r["learning_rate"], r["seed"]) for r in document["runs"]}
+    for model in ("attention", "hybrid"):
+        grid = document["grids"][model]
+        assert grid["rates"] == [0.003, 0.01] and grid["seed"] == 1000
+        assert {(model, "tune", lr, 1000) for lr in grid["rates"]} <= runs
+        assert {(model, "seeds", grid["best"], seed) for seed in (0, 1)} <= runs
+    assert len(runs) == 8
+    for run in document["runs"]:
+        assert run["curve"]["step"] == [2, 3] and run["training"]["steps"] == 3
+        assert len(run["curve"]["validation_bpb"]) == 2
+        assert run["curve"]["validation_bpb"][-1] == run["validation"]["bpb"]
+        for split, windows in (("validation", 8), ("test", 8)):
+            scores = run[split]
+            assert scores["windows"] == windows and 0 < scores["bpb_se"] < scores["bpb"] < 9
+            assert len(scores["bits_by_position"]) == len(scores["bits_by_position_se"]) == 16
+            mean = sum(scores["bits_by_position"]) / 16
+            assert math.isclose(mean, scores["bpb"], rel_tol=1e-5)
+    before = output.read_text()
+    script.main(argv)  # resumes: everything recorded, nothing trained
+    assert json.loads(output.read_text())["runs"] == json.loads(before)["runs"]
 
 
-MODELS_ARG = ["kda", "gdn", "attention"]
+def test_the_best_rate_ends_inside_the_grid_by_extension(script, tmp_path, fake):
+    """The fake's best rate is 0.003: a grid starting above it is extended downwards until the
+    best lies strictly inside; seeds then run at 0.003 only, never at the tuning seed."""
+    output = tmp_path / "lm.json"
+    script.main([*TINY, "--models", "kda", "--seeds", "0,1,2,3,4", "--grid", "0.01,0.03",
+                 "--output", str(output)])  # fmt: skip
+    grid = json.loads(output.read_text())["grids"]["kda"]
+    assert grid["rates"] == [0.00111, 0.00333, 0.01, 0.03] and grid["inside"]
+    assert grid["extensions"] == {"low": 2, "high": 0} and grid["best"] == 0.00333
+    assert [lr for _, lr, seed in fake if seed == 1000] == [0.01, 0.03, 0.00333, 0.00111]
+    assert [(lr, seed) for _, lr, seed in fake if seed != 1000] == [(0.00333, s) for s in range(5)]
 
 
-def test_a_damaged_or_unwritable_output_is_refused_before_any_work(
-    script, tmp_path, monkeypatch, capsys
+def test_resuming_skips_recorded_runs_and_writes_after_each_run(script, tmp_path, fake):
+    output = tmp_path / "lm.json"
+    argv = [*TINY, "--models", "kda,gdn", "--output", str(output)]
+    script.main([*argv, "--seeds", "0"])
+    assert len(fake) == 2 * 3 + 2  # three tuning rates and one seed per model
+    first = json.loads(output.read_text())
+    assert len(first["runs"]) == 8 and set(first["grids"]) == {"kda", "gdn"}
+    fake.clear()
+    script.main([*argv, "--seeds", "0,1"])  # only seed 1 is new
+    assert fake == [("kda", 0.003, 1), ("gdn", 0.003, 1)]
+    fake.clear()
+    script.main([*argv, "--seeds", "0,1"])
+    assert fake == []
+    assert len(json.loads(output.read_text())["runs"]) == 10
+
+
+def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
+    """One process per model, both writing the same --output at once: every run of both
+    (3 tuning rates + 5 seeds each) and both grids end up in the file."""
+    output = tmp_path / "lm.json"
+    argvs = [[*TINY, "--models", m, "--output", str(output)] for m in ("kda", "attention")]
+    concurrent_writers(SCRIPT, FAKE_RUN, argvs)
+    document = json.loads(output.read_text())
+    keys = {(r["model"], r["learning_rate"], r["seed"]) for r in document["runs"]}
+    assert len(document["runs"]) == len(keys) == 16
+    assert {model for model, *_ in keys} == {"kda", "attention"}
+    assert {g["best"] for g in document["grids"].values()} == {0.003}
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--eval-every", "0"], "--eval-every must be >= 1"),
+        (["--val-windows", "1"], "--val-windows must be >= 2"),
+        (["--seeds", "0,x"], "--seeds must be ints"),
+        (["--seeds", "0,0"], "--seeds must be distinct"),
+        (["--grid", "0.01,-1"], "--grid rates > 0"),
+        (["--grid-factor", "1"], "--grid-factor must be > 1"),
+        (["--models", "kda,lstm"], "--models must be distinct names"),
+        (["--hybrid-layers", "kda,kda,kda"], "--hybrid-layers must be mixers"),
+        (["--tune-seed", "1"], "--tune-seed 1 is one of --seeds"),
+        (["--test-windows", "5000"], "the test split (20000 bytes) is too small"),
+        (["--test-fraction", "0.95"], "the corpus: test_fraction must be in"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(
+    script, tmp_path, monkeypatch, capsys, extra, match
 ):
-    monkeypatch.setattr(script, "run", lambda *a: pytest.fail("trained despite a bad --output"))
+    monkeypatch.setattr(script, "run_one", lambda *a: pytest.fail("trained despite bad args"))
+    output = tmp_path / "lm.json"
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([*TINY, "--seeds", "0,1", "--output", str(output), *extra])
+    assert exit_info.value.code == 2 and match in capsys.readouterr().err
+    assert not output.exists()
+
+
+def test_a_damaged_unwritable_or_other_output_is_refused_before_any_work(
+    script, tmp_path, monkeypatch, capsys, fake
+):
     damaged = tmp_path / "damaged.json"
     damaged.write_text('{"runs": [')
     (tmp_path / "a_file").write_text("")
-    for output, match in [
-        (damaged, "not a readable JSON record"),
-        (tmp_path / "a_file" / "seeds.json", "is a file"),
+    other = tmp_path / "other.json"
+    script.main([*TINY, "--models", "kda", "--seeds", "0", "--output", str(other)])
+    fake.clear()
+    for output, extra, match in [
+        (damaged, [], "not a readable JSON record"),
+        (tmp_path / "a_file" / "lm.json", [], "is a file"),
+        (tmp_path, [], "is a directory"),
+        (other, ["--steps", "5"], "was made with another setting"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
-            script.main(["--seeds", "1", "--output", str(output)])
+            script.main([*TINY, "--output", str(output), *extra])
         assert exit_info.value.code == 2 and match in capsys.readouterr().err
-    assert damaged.read_text() == '{"runs": ['
+    assert damaged.read_text() == '{"runs": ['  # left as it was
+    assert fake == []

@@ -4,9 +4,6 @@ import importlib.util
 import json
 import math
 import pathlib
-import subprocess
-import sys
-import textwrap
 
 import jax
 import pytest
@@ -14,25 +11,18 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "synthetic_sweep.py"
 
-FAKE_RUN = textwrap.dedent(
-    """
-    import importlib.util, math, sys, time
+FAKE_RUN = """
+import math, time
 
-    spec = importlib.util.spec_from_file_location("synthetic_sweep", sys.argv[1])
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+def fake_run(task, mixer, seq_len, lr, seed, args):  # best rate 0.003, inside the grid
+    time.sleep(0.1)
+    scores = dict(accuracy=1 - abs(math.log(lr / 0.003)) / 10, loss=1.0)
+    return dict(task=task, mixer=mixer, stop="flat", train_seconds=0.0,
+                training=dict(seq_len=seq_len, learning_rate=lr, seed=seed, steps=4),
+                validation=scores, test=scores, eval=scores)
 
-    def fake_run(task, mixer, seq_len, lr, seed, args):  # best rate 0.003, inside the grid
-        time.sleep(0.1)
-        scores = dict(accuracy=1 - abs(math.log(lr / 0.003)) / 10, loss=1.0)
-        return dict(task=task, mixer=mixer, stop="flat", train_seconds=0.0,
-                    training=dict(seq_len=seq_len, learning_rate=lr, seed=seed, steps=4),
-                    validation=scores, test=scores, eval=scores)
-
-    sweep.run_one = fake_run
-    sweep.main(sys.argv[2:])
-    """
-)
+script.run_one = fake_run
+"""
 COMMON = ["--phase", "all", "--tasks", "mqar", "--seq-lens", "mqar=8,16", "--seeds", "0,1,2"]
 
 
@@ -44,32 +34,12 @@ def script():
     return module
 
 
-def test_two_processes_on_one_output_lose_nothing(tmp_path):
+def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
     """One process per mixer, both writing the same --output at once: every run of both
     (3 tuning rates + 3 seeds x 2 lengths per mixer) and both grids end up in the file."""
     output = tmp_path / "sweep.json"
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                FAKE_RUN,
-                str(SCRIPT),
-                *COMMON,
-                "--output",
-                str(output),
-                "--only",
-                f"mqar/{mixer}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for mixer in ("kda", "gdn")
-    ]
-    for process in processes:
-        _, stderr = process.communicate(timeout=300)
-        assert process.returncode == 0, stderr[-3000:]
+    argvs = [[*COMMON, "--output", str(output), "--only", f"mqar/{m}"] for m in ("kda", "gdn")]
+    concurrent_writers(SCRIPT, FAKE_RUN, argvs)
     document = json.loads(output.read_text())
     keys = {
         (
