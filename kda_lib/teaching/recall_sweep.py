@@ -70,16 +70,25 @@ def print_table(best: dict, title: str) -> None:
 def sweep_cells(sweep: dict, min_seeds: int = 3):
     """``(cells, complete, acc)`` of a recorded sweep: ``cells[(task, mixer, T)]`` the runs at
     the tuned rate sorted by seed, ``complete`` the cells with ``min_seeds`` seeds whose best
-    rate lies strictly inside its grid, ``acc[cell]`` the recorded accuracies by seed."""
+    rate lies strictly inside its grid, ``acc[cell]`` the reported accuracies by seed.
+
+    A protocol-2 record (``setting["protocol_version"] >= 2``) reports the test stream and
+    leaves its tuning runs (``setting["tune_seed"]``) out of the cells; an earlier record has
+    one held-out stream, and its tuning run at the chosen rate is seed 0 of the cell."""
     grids, cells = sweep["grids"], {}
+    protocol = sweep["setting"].get("protocol_version", 1)
+    reported = "test" if protocol >= 2 else "validation"
+    tuning_seed = sweep["setting"].get("tune_seed") if protocol >= 2 else None
     for r in sweep["runs"]:
         row = grids.get(f"{r['task']}/{r['mixer']}")
+        if r["training"]["seed"] == tuning_seed:
+            continue
         if row and r["training"]["learning_rate"] == row["best"]:
             cells.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(r)
     cells = {c: sorted(rs, key=lambda r: r["training"]["seed"]) for c, rs in cells.items()}
     complete = {c for c, rs in cells.items()
                 if len(rs) >= min_seeds and grids[f"{c[0]}/{c[1]}"]["inside"]}
-    acc = {c: np.array([record_scores(r)["validation"]["accuracy"] for r in rs])
+    acc = {c: np.array([record_scores(r)[reported]["accuracy"] for r in rs])
            for c, rs in cells.items()}
     return cells, complete, acc
 
