@@ -595,6 +595,30 @@ def test_synthetic_recall_details_as_notebook_08_stated_them():
         assert 0.2 < c.mean < 0.3 and c.low > 0
 
 
+def test_sweep_cells_reports_the_test_stream_and_leaves_tuning_runs_out_under_protocol_2():
+    """Issue 39: a protocol-2 record's cells hold only the fresh seeds (never the tuning seed's
+    run at the chosen rate) and report test accuracy; an earlier record keeps its one stream."""
+    from kda_lib.teaching import recall_sweep as rs
+
+    def run(seed, lr, validation, test):
+        training = dict(seq_len=64, learning_rate=lr, seed=seed)
+        return dict(task="mqar", mixer="kda", training=training,
+                    validation=dict(accuracy=validation), test=dict(accuracy=test))
+
+    runs = [run(1000, 0.003, 0.99, 0.98), run(1000, 0.01, 0.5, 0.5), run(0, 0.003, 0.7, 0.6),
+            run(1, 0.003, 0.8, 0.75), run(2, 0.01, 0.1, 0.1)]
+    grids = {"mqar/kda": dict(best=0.003, inside=True)}
+    setting = dict(protocol_version=2, tune_seed=1000)
+    cells, complete, acc = rs.sweep_cells(dict(setting=setting, grids=grids, runs=runs), 2)
+    assert [r["training"]["seed"] for r in cells[("mqar", "kda", 64)]] == [0, 1]
+    assert acc[("mqar", "kda", 64)].tolist() == [0.6, 0.75] and complete == set(cells)
+    old = [dict(r, eval=r["validation"]) for r in runs[:4]]
+    for r in old:
+        del r["validation"], r["test"]
+    cells, _, acc = rs.sweep_cells(dict(setting={}, grids=grids, runs=old), 2)
+    assert sorted(acc[("mqar", "kda", 64)].tolist()) == [0.7, 0.8, 0.99]
+
+
 def test_stdlib_lm_recording_as_notebook_09_states_it():
     """09: the recorded hybrid is 3 KDA : 1 MLA and hybrid_mha its multi-head-attention twin;
     three seeds per model; MLA's cache grows a quarter as fast as MHA's; paired t-tests over
