@@ -35,6 +35,7 @@ from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.lab.generate import score_text
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.train import train
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -47,13 +48,16 @@ MODELS = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
 def model_config(p: dict, model_name: str) -> ModelConfig:
     """The notebook's config of ``model_name`` for the parameters ``p``, parameter-matched to
     the KDA model by its MLP width; NoPE in both hybrids, RoPE in the attention model."""
-    base = ModelConfig(
-        vocab_size=256,
+    mixer_config = KDAConfig(
         hidden_size=p["hidden_size"],
-        num_layers=p["num_layers"],
         num_heads=p["num_heads"],
         head_dim=p["head_dim"],
         implementation=p["implementation"],
+    )
+    base = ModelConfig(
+        vocab_size=256,
+        num_layers=p["num_layers"],
+        mixer_config=mixer_config,
         kv_lora_rank=p["kv_lora_rank"],
     )
     hybrid = tuple(p["hybrid_layers"])

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 from flax import nnx
 
-from kda_lib.checks import check_int, check_number
+from kda_lib.checks import check_int, check_number, shared_fields
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
     kimi_linear_prefix,
@@ -56,8 +56,8 @@ from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
     """A published MLA layer's widths, named as :class:`kda_lib.layers.mla.MLAConfig` names
-    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``qk_head_dim``,
-    ``qk_rope_head_dim`` is ``shared_key_dim``).
+    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``head_dim``,
+    ``v_head_dim`` is ``value_head_dim``, ``qk_rope_head_dim`` is ``shared_key_dim``).
 
     ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
     ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
@@ -67,8 +67,8 @@ class MLAShape:
     """
 
     num_heads: int
-    qk_head_dim: int
-    v_head_dim: int
+    head_dim: int
+    value_head_dim: int
     kv_lora_rank: int
     q_lora_rank: int | None = None
     shared_key_dim: int
@@ -77,9 +77,9 @@ class MLAShape:
     output_gate_rank: int | None = None
 
     def __post_init__(self):
-        for name in ("num_heads", "kv_lora_rank", "v_head_dim"):
+        for name in ("num_heads", "kv_lora_rank", "value_head_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1)
-        for name in ("qk_head_dim", "shared_key_dim"):
+        for name in ("head_dim", "shared_key_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 0)
         for name in ("q_lora_rank", "output_gate_rank"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1, optional=True)
@@ -260,18 +260,18 @@ class ModelPreset:
         output gate with its norm where the layer has one."""
         m = self._mla_or_raise()
         d, h = self.hidden_size, m.num_heads
-        qk = m.qk_head_dim + m.shared_key_dim
+        qk = m.head_dim + m.shared_key_dim
         if m.q_lora_rank is None:
             q = d * h * qk
         else:
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
         down = d * (m.kv_lora_rank + m.shared_key_dim) + m.kv_lora_rank
-        up = m.kv_lora_rank * h * (m.qk_head_dim + m.v_head_dim)
+        up = m.kv_lora_rank * h * (m.head_dim + m.value_head_dim)
         gate = 0
         if m.output_gate:
             rank = m.output_gate_rank
-            gate = d * rank + rank * h * m.v_head_dim + m.v_head_dim
-        return q + down + up + h * m.v_head_dim * d + gate
+            gate = d * rank + rank * h * m.value_head_dim + m.value_head_dim
+        return q + down + up + h * m.value_head_dim * d + gate
 
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
@@ -301,7 +301,7 @@ class ModelPreset:
                 f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
                 + "; ".join(missing)
             )
-        return KDAConfig(**{**_shared_fields(self, KDAConfig), **overrides})
+        return KDAConfig(**{**shared_fields(self, KDAConfig), **overrides})
 
     def _mla_or_raise(self) -> MLAShape:
         if self.mla is None:
@@ -320,18 +320,8 @@ class ModelPreset:
             raise NotImplementedError(
                 f"{self.name}: MultiHeadLatentAttention has no output gate (mla_use_output_gate)"
             )
-        fields = {k: v for k, v in _shared_fields(m, MLAConfig).items() if v is not None}
+        fields = {k: v for k, v in shared_fields(m, MLAConfig).items() if v is not None}
         return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
-
-
-def _shared_fields(record, config_class) -> dict:
-    """``record``'s fields that ``config_class`` also has, by name."""
-    names = {field.name for field in dataclasses.fields(config_class)}
-    return {
-        field.name: getattr(record, field.name)
-        for field in dataclasses.fields(record)
-        if field.name in names
-    }
 
 
 # The keys of a Kimi Linear config's linear_attn_config that from_hf_config reads; any other
@@ -449,8 +439,8 @@ def _hf_mla(config: dict) -> MLAShape:
         )
     return MLAShape(
         num_heads=_hf_int(config, "num_attention_heads"),
-        qk_head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
-        v_head_dim=_hf_int(config, "v_head_dim"),
+        head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
+        value_head_dim=_hf_int(config, "v_head_dim"),
         kv_lora_rank=_hf_int(config, "kv_lora_rank"),
         q_lora_rank=_hf_int(config, "q_lora_rank", optional=True, default=None),
         shared_key_dim=rope,
@@ -541,8 +531,8 @@ KIMI_LINEAR_48B = ModelPreset(
     layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
     mla=MLAShape(
         num_heads=32,
-        qk_head_dim=128,
-        v_head_dim=128,
+        head_dim=128,
+        value_head_dim=128,
         kv_lora_rank=512,
         shared_key_dim=64,
         norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
@@ -589,8 +579,8 @@ KIMI_K3 = ModelPreset(
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(
         num_heads=96,
-        qk_head_dim=128,
-        v_head_dim=128,
+        head_dim=128,
+        value_head_dim=128,
         kv_lora_rank=512,
         q_lora_rank=1536,
         shared_key_dim=64,

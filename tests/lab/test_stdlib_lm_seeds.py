@@ -1,6 +1,5 @@
 """scripts/stdlib_lm_seeds.py: the notebook's configs, and a sweep that resumes after a cut."""
 
-import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -9,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from kda_lib.models.tiny_lm import config_param_count
+from kda_lib.models.tiny_lm import ModelConfig, config_param_count
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -30,8 +29,8 @@ def test_configs_are_the_recorded_ones(script):
     recorded = json.loads((ROOT / "data" / "results" / "stdlib_lm_full.json").read_text())
     for name in script.MODELS:
         config = script.model_config(params, name)
-        as_json = json.loads(json.dumps(dataclasses.asdict(config)))
-        assert as_json == recorded["models"][name]["config"], name
+        # the recorded config (flat names, written before ModelConfig.mixer_config) reads back
+        assert ModelConfig.from_flat(**recorded["models"][name]["config"]) == config, name
         assert config_param_count(config) == recorded["models"][name]["params"]
     assert script.model_config(params, "hybrid").layer_mixers[-1] == "mla"
     assert script.model_config(params, "hybrid_mha").layer_mixers[-1] == "attention"

@@ -372,7 +372,7 @@ def test_from_hf_config_reads_kimi_k3_s_fields_and_names_what_the_fixture_lacks(
     for field in ("hidden_size", "num_heads", "head_dim", "conv_size", "lower_bound", "norm_eps"):
         assert getattr(preset, field) == getattr(KIMI_K3, field), field
     assert preset.forget_gate_rank == KIMI_K3.forget_gate_rank == 128
-    widths = ("num_heads", "qk_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank")
+    widths = ("num_heads", "head_dim", "value_head_dim", "kv_lora_rank", "q_lora_rank")
     assert all(
         getattr(preset.mla, f) == getattr(KIMI_K3.mla, f) for f in widths + ("shared_key_dim",)
     )
