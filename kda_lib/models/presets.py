@@ -4,11 +4,11 @@ Each :class:`ModelPreset` records a model's KDA layer as its source publishes it
 ranks, biases, layouts), its layer pattern (which layers are KDA and which global attention),
 and, where the source gives it, its MLA layer. From a preset:
 
-* :meth:`ModelPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
-  (the count a published checkpoint implies); :meth:`ModelPreset.kda_config` gives the
-  :class:`kda_lib.KDAConfig` that builds the same layer here (the preset's KDA fields carry
-  KDAConfig's names and are copied as they are), or raises NotImplementedError naming the
-  options this layer does not have yet (never an approximation of them);
+* :meth:`ModelPreset.kda_config` gives the :class:`kda_lib.KDAConfig` that builds the same
+  layer here (the preset's KDA fields carry KDAConfig's names and are copied as they are), or
+  raises NotImplementedError naming the options this layer does not have yet (never an
+  approximation of them); its :meth:`kda_lib.KDAConfig.parameter_shapes` are the layer's
+  tensors (:meth:`ModelPreset.kda_parameter_count` their count);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect;
 * :meth:`ModelPreset.from_hf_config` reads a preset from a Hugging Face ``config.json`` of
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import NamedTuple
 
@@ -221,38 +220,13 @@ class ModelPreset:
         return _preset_from_hf_config(cls, config, name)
 
     # ------------------------------------------------------------ the published layer
-    def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's tensors as the source names and shapes them (``[in, out]`` for
-        projections, whatever the source's own layout of each tensor)."""
-        d, h, k, hv = self.hidden_size, self.num_heads, self.head_dim, self.num_v_heads
-        qk, v, w = h * k, hv * k, self.conv_size
-        shapes = {"q_proj": (d, qk), "k_proj": (d, qk), "v_proj": (d, v)}
-        if self.fused_qkv_conv:
-            shapes["conv1d"] = (w, 1, 2 * qk + v)
-        else:
-            shapes.update(q_conv1d=(w, qk), k_conv1d=(w, qk), v_conv1d=(w, v))
-        if self.forget_gate_rank is None:
-            shapes["f_proj"] = (d, v)
-        else:
-            shapes.update(f_a_proj=(d, self.forget_gate_rank), f_b_proj=(self.forget_gate_rank, v))
-        shapes["b_proj"] = (d, hv)
-        if self.use_a_log:
-            shapes["A_log"] = (hv,)
-        shapes["dt_bias"] = (v,)
-        if self.output_gate_rank is None:
-            shapes["g_proj"] = (d, v)
-            last = "g_proj"
-        else:
-            shapes.update(g_a_proj=(d, self.output_gate_rank), g_b_proj=(self.output_gate_rank, v))
-            last = "g_b_proj"
-        if self.output_gate_bias:
-            shapes[f"{last}.bias"] = (v,)
-        shapes.update(o_norm=(k,), o_proj=(v, d))
-        return shapes
-
     def kda_parameter_count(self) -> int:
-        """Scalars in one published KDA layer."""
-        return sum(math.prod(s) for s in self.kda_parameter_shapes().values())
+        """Scalars in one published KDA layer: :meth:`kda_lib.KDAConfig.parameter_count`, the
+        one formula for the layer's parameters, of this preset's widths. The gate's form and
+        bound shape no parameter, so a gate the layer cannot express yet
+        (:meth:`unsupported_options`) is counted with the safe gate in its place."""
+        gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
+        return KDAConfig(**{**shared_fields(self, KDAConfig), **gate}).parameter_count()
 
     def mla_parameter_count(self) -> int:
         """Scalars in one published MLA layer: q (full, or low rank with its norm), latent
