@@ -122,12 +122,12 @@ def _check_mode(mode: str, allowed=("prefill", "train", "decode")) -> None:
 
 # ---------------------------------------------------------------------------------- KDA
 def kda_matmul_params(preset: ModelPreset) -> int:
-    """Weights of the KDA layer's matrix products (every ``*_proj``; not the conv, ``A_log``,
-    ``dt_bias``, biases or ``o_norm``): each costs 2 flops per token."""
+    """Weights of the KDA layer's matrix products (the kernels of every ``*_proj``; not the
+    conv, ``A_log``, ``dt_bias``, biases or ``o_norm``): each costs 2 flops per token."""
     return sum(
         math.prod(shape)
         for name, shape in preset.kda_parameter_shapes().items()
-        if name.endswith("proj")
+        if "_proj" in name and name.endswith(".kernel")
     )
 
 

@@ -7,8 +7,8 @@ and, where the source gives it, its MLA layer. From a preset:
 * :meth:`ModelPreset.kda_config` gives the :class:`kda_lib.KDAConfig` that builds the same
   layer here (the preset's KDA fields carry KDAConfig's names and are copied as they are), or
   raises NotImplementedError naming the options this layer does not have yet (never an
-  approximation of them); its :meth:`kda_lib.KDAConfig.parameter_shapes` are the layer's
-  tensors (:meth:`ModelPreset.kda_parameter_count` their count);
+  approximation of them); :meth:`ModelPreset.kda_parameter_shapes` lists the layer's tensors
+  from :meth:`kda_lib.KDAConfig.parameter_shapes` (the one formula for them);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect;
 * :meth:`ModelPreset.from_hf_config` reads a preset from a Hugging Face ``config.json`` of
@@ -220,13 +220,23 @@ class ModelPreset:
         return _preset_from_hf_config(cls, config, name)
 
     # ------------------------------------------------------------ the published layer
+    def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...):
+        :meth:`kda_lib.KDAConfig.parameter_shapes`, the one formula for them, of this
+        preset's widths (see :meth:`_kda_widths`)."""
+        return self._kda_widths().parameter_shapes()
+
     def kda_parameter_count(self) -> int:
-        """Scalars in one published KDA layer: :meth:`kda_lib.KDAConfig.parameter_count`, the
-        one formula for the layer's parameters, of this preset's widths. The gate's form and
-        bound shape no parameter, so a gate the layer cannot express yet
-        (:meth:`unsupported_options`) is counted with the safe gate in its place."""
+        """Scalars in one published KDA layer: :meth:`kda_lib.KDAConfig.parameter_count` of
+        this preset's widths (see :meth:`_kda_widths`)."""
+        return self._kda_widths().parameter_count()
+
+    def _kda_widths(self) -> KDAConfig:
+        """A :class:`kda_lib.KDAConfig` with this preset's widths, for its parameter shapes.
+        The gate's form and bound shape no parameter, so a gate the layer cannot express yet
+        (:meth:`unsupported_options`) is replaced by the safe gate here."""
         gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
-        return KDAConfig(**{**shared_fields(self, KDAConfig), **gate}).parameter_count()
+        return KDAConfig(**{**shared_fields(self, KDAConfig), **gate})
 
     def mla_parameter_count(self) -> int:
         """Scalars in one published MLA layer: q (full, or low rank with its norm), latent

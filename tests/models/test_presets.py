@@ -160,7 +160,7 @@ def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
     # each; A_log 64; dt_bias 8,192; b_proj d H = 262,144; o_norm 128; o_proj HK d = 33,554,432
     assert expected == 137_732_288
     assert GLM_5_3_FLASH.kda_parameter_count() == expected
-    assert GLM_5_3_FLASH.kda_config().parameter_shapes()["qkv_conv1d.kernel"] == (4, 3 * 64 * 128)
+    assert GLM_5_3_FLASH.kda_parameter_shapes()["qkv_conv1d.kernel"] == (4, 3 * 64 * 128)
     layer = build_kda_layer(GLM_5_3_FLASH)
     assert parameter_count(layer) == expected
     assert layer.q_conv1d is None and layer.qkv_conv1d.kernel.get_value().shape == (4, 3 * 8192)
