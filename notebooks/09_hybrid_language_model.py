@@ -102,7 +102,6 @@ from flax import nnx
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib import KDAConfig
 from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.lab.generate import decode_cost, generate, generate_text, score_text
 from kda_lib.lab.records import load_recorded
@@ -118,8 +117,8 @@ kda_lib.teaching.notebook.setup()
 # Derived values
 key = jax.random.key(seed)
 model_seed, data_seed = (int(s) for s in jax.random.randint(key, (2,), 0, 2**31 - 1))
-mixer_config = KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
-                         implementation=implementation)  # every mixer's widths
+mixer_config = kda_lib.KDAConfig(  # every mixer's widths (the KDA layers use it whole)
+    hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim, implementation=implementation)
 base = ModelConfig(vocab_size=256, num_layers=num_layers, mixer_config=mixer_config,
                    kv_lora_rank=kv_lora_rank)
 patterns = {"attention": ("attention",), "kda": ("kda",), "gdn": ("gdn",),
