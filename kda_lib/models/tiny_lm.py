@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,7 @@ from kda_lib.layers.params import NO_DECAY, no_decay_param, parameter_count, wei
 from kda_lib.ops.norms import gated_rms_norm
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
-MIXER_DEFAULTS = dict(hidden_size=64, num_heads=2, head_dim=32)
+MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,7 +77,8 @@ class ModelConfig:
         :data:`MIXER_DEFAULTS`, H = 2 heads of K = V = 32 on a width of 64).
       rope: rotary position embedding in the attention layers (default True); False is NoPE,
         as in Kimi Linear, where the KDA layers carry position.
-      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None: ``head_dim``).
+      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None:
+        ``mixer_config.head_dim``).
       mlp_ratio: MLP width as a multiple of hidden_size (default 2).
       mlp_width: the MLP width itself, overriding ``mlp_ratio`` (used to give models of
         different mixers the same parameter count, see :func:`match_parameter_count`).
