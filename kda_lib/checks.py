@@ -1,16 +1,31 @@
 """Argument checks every folder of kda_lib uses: ints, seeds, numbers, token ids, arrays, and
-sizes against the machine's memory.
+sizes against the machine's memory; and :func:`shared_fields`, how one config is built from
+another by field name.
 
-Each raises ``ValueError`` naming the argument and what was expected, before any work is done.
+Each check raises ``ValueError`` naming the argument and what was expected, before any work is
+done.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def shared_fields(source, config_class) -> dict:
+    """The fields of the dataclass instance ``source`` that ``config_class`` also has, by name:
+    how a config is built from another without copying its fields one by one (the layer
+    configs name a width alike, e.g. ``head_dim`` and ``value_head_dim`` in every mixer's)."""
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return {
+        field.name: getattr(source, field.name)
+        for field in dataclasses.fields(source)
+        if field.name in names
+    }
 
 
 def is_concrete(x) -> bool:

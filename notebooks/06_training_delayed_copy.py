@@ -96,6 +96,7 @@ from flax import nnx
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
+from kda_lib import KDAConfig
 from kda_lib.lab.tasks import chance_loss, delayed_copy
 from kda_lib.lab.train import evaluate, train
 from kda_lib.layers.params import parameter_count
@@ -114,9 +115,9 @@ key_reset = jax.random.fold_in(key_probe, 1)  # held-out batch of section 4
 init_kda, init_conv, data_seed = (int(x) for x in jax.random.randint(key_seeds, (3,), 0, 2**31 - 1))
 task = functools.partial(delayed_copy, vocab_size=vocab_size, delay=delay)
 chance = chance_loss(vocab_size)
-config = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
-                     num_heads=num_heads, head_dim=head_dim, conv_size=conv_size,
-                     implementation=implementation)
+mixer_config = KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
+                         conv_size=conv_size, implementation=implementation)  # every layer's KDA
+config = ModelConfig(vocab_size=vocab_size, num_layers=num_layers, mixer_config=mixer_config)
 conv_config = dataclasses.replace(config, mixer="conv")
 print(f"chance loss log({vocab_size}) = {chance:.3f} nats; conv reach = {config.conv_reach} tokens")
 
@@ -384,7 +385,7 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 #   decodes with exactly this state.
 #
 # Try: `delay` larger than `seq_len / 2`, a bigger `vocab_size`, a safe gate via
-# `kda_lib.models.tiny_lm.ModelConfig(lower_bound=...)`, or the `full` parameter set.
+# `KDAConfig(lower_bound=...)` as the model's `mixer_config`, or the `full` parameter set.
 #
 # ## Exercises
 #

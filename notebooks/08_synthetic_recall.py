@@ -185,10 +185,10 @@ print(f"MQAR example: pairs {pairs}, queried at positions {np.flatnonzero(mask).
 
 # %%
 for mixer in mixers:
-    model = TinyLM(ModelConfig(vocab_size=vocab_size, mixer=mixer, **model_options),
+    model = TinyLM(ModelConfig.from_flat(vocab_size=vocab_size, mixer=mixer, **model_options),
                    rngs=nnx.Rngs(0))
     print(f"{mixer:15s} {parameter_count(model):8,d} parameters")
-conv_reach = ModelConfig(vocab_size=vocab_size, **model_options).conv_reach
+conv_reach = ModelConfig.from_flat(vocab_size=vocab_size, **model_options).conv_reach
 print(f"the conv-only model sees {conv_reach} tokens back")
 
 # %% [markdown]

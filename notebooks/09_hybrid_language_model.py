@@ -117,8 +117,9 @@ kda_lib.teaching.notebook.setup()
 # Derived values
 key = jax.random.key(seed)
 model_seed, data_seed = (int(s) for s in jax.random.randint(key, (2,), 0, 2**31 - 1))
-base = ModelConfig(vocab_size=256, hidden_size=hidden_size, num_layers=num_layers,
-                   num_heads=num_heads, head_dim=head_dim, implementation=implementation,
+mixer_config = kda_lib.KDAConfig(  # every mixer's widths (the KDA layers use it whole)
+    hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim, implementation=implementation)
+base = ModelConfig(vocab_size=256, num_layers=num_layers, mixer_config=mixer_config,
                    kv_lora_rank=kv_lora_rank)
 patterns = {"attention": ("attention",), "kda": ("kda",), "gdn": ("gdn",),
             "hybrid": tuple(hybrid_layers),  # MLA global layers, as in Kimi Linear
@@ -373,7 +374,7 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
                               val_windows=val_windows, seed=seed),
                   corpus=info, unigram_bpb=unigram_bpb, platform=jax.devices()[0].platform,
                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                  models={name: dict(r, config=dataclasses.asdict(configs[name]))
+                  models={name: dict(r, config=configs[name].record())
                           for name, r in results.items()})
     print("wrote", save_record(record, record_results))
 
@@ -562,7 +563,7 @@ from kda_lib.teaching import exercises
 answer = None  # 1: a function hybrid_cache_bytes(context) -> int
 exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
                                                   for r in costs["hybrid"]})
-W, H, K = base.conv_size, num_heads, head_dim
+W, H, K = base.mixer_config.conv_size, num_heads, head_dim
 n_kda = configs["hybrid"].layer_mixers.count("kda")
 answer = None  # 2: the MLA layers' share of the hybrid's cache at the longest context
 exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],

@@ -94,6 +94,7 @@ from kda_lib.lab.generate import score_text
 from kda_lib.lab.rate_grid import parse_grid, round_rate, tune_rate
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.train import train
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.models.tiny_lm import (
     MIXERS,
     ModelConfig,
@@ -112,13 +113,16 @@ EVAL_BATCH = 64  # windows per forward pass when scoring
 def model_config(p: dict, model_name: str) -> ModelConfig:
     """The notebook's config of ``model_name`` for the parameters ``p``, parameter-matched to
     the KDA model by its MLP width; NoPE in both hybrids, RoPE in the attention model."""
-    base = ModelConfig(
-        vocab_size=256,
+    mixer_config = KDAConfig(
         hidden_size=p["hidden_size"],
-        num_layers=p["num_layers"],
         num_heads=p["num_heads"],
         head_dim=p["head_dim"],
         implementation=p["implementation"],
+    )
+    base = ModelConfig(
+        vocab_size=256,
+        num_layers=p["num_layers"],
+        mixer_config=mixer_config,
         kv_lora_rank=p["kv_lora_rank"],
     )
     hybrid = tuple(p["hybrid_layers"])
@@ -394,7 +398,7 @@ def run_one(model_name: str, lr: float, seed: int, args, data: Data) -> dict:
         seed=seed,
         layers=list(config.layer_mixers),
         params=config_param_count(config),
-        config=dataclasses.asdict(config),
+        config=config.record(),
         training=dict(
             steps=curve["step"][-1],
             max_steps=args.steps,

@@ -41,7 +41,6 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import math
 import pathlib
@@ -56,6 +55,7 @@ from kda_lib.checks import check_option_minimums
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
@@ -203,15 +203,18 @@ _DRAWERS: dict = {}
 
 
 def _model_config(mixer: str, args) -> ModelConfig:
-    return ModelConfig(
-        vocab_size=args.vocab_size,
-        mixer=mixer,
+    mixer_config = KDAConfig(
         hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
         num_heads=args.num_heads,
         head_dim=args.head_dim,
         implementation=args.implementation,
         chunk_size=args.chunk_size,
+    )
+    return ModelConfig(
+        vocab_size=args.vocab_size,
+        mixer=mixer,
+        num_layers=args.num_layers,
+        mixer_config=mixer_config,
     )
 
 
@@ -272,7 +275,7 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
         task=task,
         task_options=options,
         mixer=mixer,
-        model=dataclasses.asdict(config),
+        model=config.record(),
         params=parameter_count(model),
         training=dict(
             steps=steps_run,

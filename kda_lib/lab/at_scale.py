@@ -30,7 +30,7 @@ import math
 import numbers
 from typing import NamedTuple
 
-from kda_lib.checks import check_int, check_number
+from kda_lib.checks import check_int, check_number, shared_fields
 from kda_lib.lab.measure import xla_cost
 from kda_lib.models.presets import ModelPreset
 from kda_lib.ops import costs
@@ -122,12 +122,12 @@ def _check_mode(mode: str, allowed=("prefill", "train", "decode")) -> None:
 
 # ---------------------------------------------------------------------------------- KDA
 def kda_matmul_params(preset: ModelPreset) -> int:
-    """Weights of the KDA layer's matrix products (every ``*_proj``; not the conv, ``A_log``,
-    ``dt_bias``, biases or ``o_norm``): each costs 2 flops per token."""
+    """Weights of the KDA layer's matrix products (the kernels of every ``*_proj``; not the
+    conv, ``A_log``, ``dt_bias``, biases or ``o_norm``): each costs 2 flops per token."""
     return sum(
         math.prod(shape)
         for name, shape in preset.kda_parameter_shapes().items()
-        if name.endswith("proj")
+        if "_proj" in name and name.endswith(".kernel")
     )
 
 
@@ -198,7 +198,7 @@ def mla_cache_numbers(preset: ModelPreset) -> int:
 def mla_matmul_params(preset: ModelPreset) -> int:
     """Weights of the MLA layer's matrix products (its parameters less the RMSNorm weights)."""
     m = _mla(preset)
-    norms = m.kv_lora_rank + (m.q_lora_rank or 0) + (m.v_head_dim if m.output_gate else 0)
+    norms = m.kv_lora_rank + (m.q_lora_rank or 0) + (m.value_head_dim if m.output_gate else 0)
     return preset.mla_parameter_count() - norms
 
 
@@ -216,7 +216,7 @@ def mla_flops_per_token(preset: ModelPreset, keys: float, mode: str = "prefill")
     base = 2 * mla_matmul_params(preset)
     if mode == "decode":
         return base + 2 * m.num_heads * keys * (2 * m.kv_lora_rank + m.shared_key_dim)
-    columns = m.qk_head_dim + m.shared_key_dim + m.v_head_dim
+    columns = m.head_dim + m.shared_key_dim + m.value_head_dim
     forward = base + 2 * m.num_heads * keys * columns
     return 3 * forward if mode == "train" else forward
 
@@ -428,9 +428,9 @@ def scaled_down(
         _mla(preset),
         num_heads=heads,
         kv_lora_rank=kv_lora_rank,
-        qk_head_dim=head_dim,
+        head_dim=head_dim,
         shared_key_dim=shared_key_dim,
-        v_head_dim=head_dim,
+        value_head_dim=head_dim,
     )
     ranks = {
         "forget_gate_rank": None if preset.forget_gate_rank is None else rank,
@@ -584,14 +584,7 @@ def _mha_program_rows(preset: ModelPreset, inputs: _ProgramInputs, add) -> None:
 
     from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 
-    heads = preset.kda_config()
-    config = AttentionConfig(
-        hidden_size=heads.hidden_size,
-        num_heads=heads.num_heads,
-        head_dim=heads.head_dim,
-        value_head_dim=heads.value_dim,
-        rope=False,
-    )
+    config = AttentionConfig(**shared_fields(preset.kda_config(), AttentionConfig), rope=False)
     mha = CausalSelfAttention(config, rngs=nnx.Rngs(0))
     shape = full_attention_shape(preset)
     fn, state = _split_call(mha)

@@ -936,10 +936,8 @@ def train_step_entry(model: str, batch: int, seq_len: int, key: jax.Array):
     64) with the mixers of ``TRAIN_MODELS[model]``; ``step(state, batch)`` returns the loss."""
     config = ModelConfig(
         vocab_size=256,
-        hidden_size=128,
         num_layers=4,
-        num_heads=2,
-        head_dim=64,
+        mixer_config=KDAConfig(hidden_size=128, num_heads=2, head_dim=64),
         **TRAIN_MODELS[model],
     )
     model_ = TinyLM(config, rngs=nnx.Rngs(0))

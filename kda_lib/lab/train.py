@@ -15,7 +15,6 @@ streams of it (``fold_in(key(seed), stream)``): training (:data:`TRAIN_STREAM`),
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import importlib.metadata
@@ -369,7 +368,9 @@ def run_experiment(
       eval_batches: held-out batches per split (validation and test) for :func:`evaluate`.
       task_options: the task generator's keyword options (defaults from
         :data:`DEFAULT_TASK_OPTIONS`); ``vocab_size`` is also the model's.
-      model_options: other :class:`ModelConfig` fields (hidden_size, num_layers, ...).
+      model_options: other :class:`ModelConfig` fields and the mixer's
+        :class:`kda_lib.KDAConfig` fields, by their flat names (hidden_size, num_layers,
+        num_heads, ...; see :meth:`ModelConfig.from_flat`).
 
     Returns:
       A JSON-ready record: ``task``, ``task_options``, ``mixer``, ``model`` (the
@@ -387,7 +388,7 @@ def run_experiment(
         scores no position (e.g. delayed_copy with ``delay >= seq_len``), before training.
     """
     task_fn = _checked_task(task, task_options, batch_size, seq_len, seed)
-    config = ModelConfig(
+    config = ModelConfig.from_flat(
         vocab_size=task_fn.keywords["vocab_size"], mixer=mixer, **(model_options or {})
     )
     model = TinyLM(config, rngs=nnx.Rngs(seed))
@@ -432,7 +433,7 @@ def _experiment_record(task, task_fn, model, training, history, scores, seconds)
         task=task,
         task_options=dict(options),
         mixer=config.label,
-        model=dataclasses.asdict(config),
+        model=config.record(),
         params=parameter_count(model),
         training=training,
         history=history,

@@ -82,7 +82,8 @@ def _stack_default() -> str:
 
 
 def _model_default(field: str):
-    return ModelConfig.__dataclass_fields__[field].default
+    """The default of a model option: a :class:`ModelConfig` field or its mixer's."""
+    return ModelConfig(vocab_size=1).record()[field]
 
 
 def _parser() -> argparse.ArgumentParser:

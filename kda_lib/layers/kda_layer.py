@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -248,11 +249,12 @@ class KDAConfig:
             nbytes,
         )
 
-    def parameter_count(self) -> int:
-        """Scalars in the parameters of ``KimiDeltaAttention(self)``, from the widths alone
-        (nothing is built; equal to :func:`kda_lib.layers.params.parameter_count` of the
-        layer)."""
-        hidden, h, k, v, hv = (
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every parameter of ``KimiDeltaAttention(self)``, by its path in the
+        layer (``"q_proj.kernel"``, ``"f_proj.layers.0.kernel"``, ...), from the widths alone:
+        the package's one formula for the layer's parameters (nothing is built; the tests
+        compare it with built layers)."""
+        d, h, k, v, hv = (
             self.hidden_size,
             self.num_heads,
             self.head_dim,
@@ -260,17 +262,39 @@ class KDAConfig:
             self.value_heads,
         )
         gate_channels = 1 if self.per_head_decay else k
-        count = hidden * (2 * h * k + hv * v)  # q, k, v projections
-        count += self.conv_size * (2 * h * k + hv * v)  # depthwise convs (fused or not)
-        for rank, out in (
-            (self.forget_gate_rank, hv * gate_channels),
-            (self.output_gate_rank, hv * v),
-        ):
-            count += hidden * out if rank is None else rank * (hidden + out)
-        count += hv * v if self.output_gate_bias else 0
-        count += hidden * hv  # b_proj
-        count += (hv if self.use_a_log else 0) + hv * gate_channels + v  # A_log, dt_bias, o_norm
-        return count + hv * v * hidden  # o_proj
+        shapes = {"q_proj.kernel": (d, h * k), "k_proj.kernel": (d, h * k)}
+        shapes["v_proj.kernel"] = (d, hv * v)
+        if self.conv_size and self.fused_qkv_conv:
+            shapes["qkv_conv1d.kernel"] = (self.conv_size, 2 * h * k + hv * v)
+        elif self.conv_size:
+            for name, channels in (("q", h * k), ("k", h * k), ("v", hv * v)):
+                shapes[f"{name}_conv1d.kernel"] = (self.conv_size, channels)
+        gates = (
+            ("f_proj", self.forget_gate_rank, hv * gate_channels, False),
+            ("g_proj", self.output_gate_rank, hv * v, self.output_gate_bias),
+        )
+        for name, rank, out, bias in gates:
+            last = name if rank is None else f"{name}.layers.1"
+            if rank is None:
+                shapes[f"{name}.kernel"] = (d, out)
+            else:
+                shapes[f"{name}.layers.0.kernel"] = (d, rank)
+                shapes[f"{last}.kernel"] = (rank, out)
+            if bias:
+                shapes[f"{last}.bias"] = (out,)
+        shapes["b_proj.kernel"] = (d, hv)
+        if self.use_a_log:
+            shapes["A_log"] = (hv,)
+        shapes["dt_bias"] = (hv * gate_channels,)
+        shapes["o_norm"] = (v,)
+        shapes["o_proj.kernel"] = (hv * v, d)
+        return shapes
+
+    def parameter_count(self) -> int:
+        """Scalars in the parameters of ``KimiDeltaAttention(self)``: the sum over
+        :meth:`parameter_shapes` (equal to :func:`kda_lib.layers.params.parameter_count` of
+        the layer)."""
+        return sum(math.prod(shape) for shape in self.parameter_shapes().values())
 
     def _combination_problems(self):
         """Fields that are each valid but cannot go together, and what the implementation

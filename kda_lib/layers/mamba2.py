@@ -31,25 +31,33 @@ from kda_lib.ops.scalar_decay import scalar_decay_chunked, scalar_decay_recurren
 from kda_lib.ops.segments import canonical_segment_ids, segment_starts
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Mamba2Config:
-    """Sizes of :class:`Mamba2Mixer`: ``hidden_size`` in and out, ``num_heads`` heads of
-    ``head_dim`` (K, q and k) and ``value_dim`` (V) channels, conv width ``conv_size`` (0: no
-    conv, SiLU only), the output norm's ``norm_eps`` and the chunk length of the kernel."""
+    """Sizes of :class:`Mamba2Mixer`, named as :class:`kda_lib.KDAConfig` names them:
+    ``hidden_size`` in and out, ``num_heads`` heads of ``head_dim`` (K, q and k) and
+    ``value_head_dim`` (V, None = K) channels, conv width ``conv_size`` (0: no conv, SiLU
+    only), the output norm's ``norm_eps`` and the chunk length of the kernel."""
 
     hidden_size: int
     num_heads: int
     head_dim: int
-    value_dim: int
+    value_head_dim: int | None = None
     conv_size: int = 4
     norm_eps: float = 1e-5
     chunk_size: int = 64
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_heads", "head_dim", "value_dim", "chunk_size"):
+        for name in ("hidden_size", "num_heads", "head_dim", "chunk_size"):
             check_positive_int(f"Mamba2Config.{name}", getattr(self, name))
+        if self.value_head_dim is not None:
+            check_positive_int("Mamba2Config.value_head_dim", self.value_head_dim)
         check_positive_int("Mamba2Config.conv_size", self.conv_size, minimum=0)
         check_number("Mamba2Config.norm_eps", self.norm_eps, positive=True)
+
+    @property
+    def value_dim(self) -> int:
+        """V: ``value_head_dim``, else ``head_dim``."""
+        return self.value_head_dim or self.head_dim
 
 
 class Mamba2Cache(NamedTuple):

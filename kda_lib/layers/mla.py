@@ -2,7 +2,7 @@
 
 DeepSeek-V2 introduced MLA; Kimi Linear's global layers use it without rotary embedding
 (``mla_use_nope`` in its published config). For ``x [B, T, hidden]``, with H heads, key width
-``D = qk_head_dim``, value width ``Dv = v_head_dim`` and latent width ``r = kv_lora_rank``::
+``D = head_dim``, value width ``Dv = value_dim`` and latent width ``r = kv_lora_rank``::
 
     q        = q_proj(x)                                   [B, T, H, D + Ds]
                (or q_b_proj(rmsnorm(q_a_proj(x))) with q_lora_rank)
@@ -48,16 +48,17 @@ def _positive_int(name: str, value, *, minimum: int = 1) -> int:
     return check_int(f"MLAConfig.{name}", value, minimum)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAConfig:
-    """Hyper-parameters of :class:`MultiHeadLatentAttention`.
+    """Hyper-parameters of :class:`MultiHeadLatentAttention` (keyword-only; the widths carry
+    :class:`kda_lib.KDAConfig`'s names).
 
     Attributes:
       hidden_size: model width.
       num_heads: H.
-      qk_head_dim: D, the per-head query/key width formed from the latent (DeepSeek's
+      head_dim: D, the per-head query/key width formed from the latent (DeepSeek's
         ``qk_nope_head_dim``).
-      v_head_dim: Dv, the per-head value width.
+      value_head_dim: Dv, the per-head value width (None = D; DeepSeek's ``v_head_dim``).
       kv_lora_rank: r, the width of the cached latent.
       q_lora_rank: None = one full-rank query projection (Kimi Linear); an int = DeepSeek's
         low-rank query ``q_b_proj(rmsnorm(q_a_proj(x)))``.
@@ -69,8 +70,8 @@ class MLAConfig:
 
     hidden_size: int
     num_heads: int
-    qk_head_dim: int
-    v_head_dim: int
+    head_dim: int
+    value_head_dim: int | None = None
     kv_lora_rank: int
     q_lora_rank: int | None = None
     shared_key_dim: int = 0
@@ -79,10 +80,11 @@ class MLAConfig:
     param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_heads", "qk_head_dim", "v_head_dim", "kv_lora_rank"):
+        for name in ("hidden_size", "num_heads", "head_dim", "kv_lora_rank"):
             object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
-        if self.q_lora_rank is not None:
-            object.__setattr__(self, "q_lora_rank", _positive_int("q_lora_rank", self.q_lora_rank))
+        for name in ("value_head_dim", "q_lora_rank"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
         object.__setattr__(
             self, "shared_key_dim", _positive_int("shared_key_dim", self.shared_key_dim, minimum=0)
         )
@@ -91,9 +93,14 @@ class MLAConfig:
             raise ValueError(f"MLAConfig.norm_eps must be a float > 0, got {eps!r}")
 
     @property
+    def value_dim(self) -> int:
+        """Dv: ``value_head_dim``, else ``head_dim``."""
+        return self.value_head_dim or self.head_dim
+
+    @property
     def score_dim(self) -> int:
-        """Width of a query/key dot product: ``qk_head_dim + shared_key_dim``."""
-        return self.qk_head_dim + self.shared_key_dim
+        """Width of a query/key dot product: ``head_dim + shared_key_dim``."""
+        return self.head_dim + self.shared_key_dim
 
     @property
     def cache_width(self) -> int:
@@ -141,10 +148,8 @@ class MultiHeadLatentAttention(nnx.Module):
             self.q_b_proj = nnx.Linear(cfg.q_lora_rank, h * cfg.score_dim, **linear)
         self.kv_a_proj_with_mqa = nnx.Linear(hidden, cfg.cache_width, **linear)
         self.kv_a_layernorm = self._norm(cfg.kv_lora_rank, rngs)
-        self.kv_b_proj = nnx.Linear(
-            cfg.kv_lora_rank, h * (cfg.qk_head_dim + cfg.v_head_dim), **linear
-        )
-        self.o_proj = nnx.Linear(h * cfg.v_head_dim, hidden, **linear)
+        self.kv_b_proj = nnx.Linear(cfg.kv_lora_rank, h * (cfg.head_dim + cfg.value_dim), **linear)
+        self.o_proj = nnx.Linear(h * cfg.value_dim, hidden, **linear)
 
     def _norm(self, width: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
         """A latent RMSNorm, computed in float32; its weight ``scale`` is not decayed (as every
@@ -181,9 +186,9 @@ class MultiHeadLatentAttention(nnx.Module):
         """``kv_b_proj``'s kernel as ``W_uk [r, H, D]`` and ``W_uv [r, H, Dv]``."""
         cfg = self.config
         w = self.kv_b_proj.kernel[...].reshape(
-            cfg.kv_lora_rank, cfg.num_heads, cfg.qk_head_dim + cfg.v_head_dim
+            cfg.kv_lora_rank, cfg.num_heads, cfg.head_dim + cfg.value_dim
         )
-        return w[..., : cfg.qk_head_dim], w[..., cfg.qk_head_dim :]
+        return w[..., : cfg.head_dim], w[..., cfg.head_dim :]
 
     # ----------------------------------------------------------------- decoding
     def init_cache(self, batch_size: int, max_len: int | None = None) -> MLACache:
@@ -249,10 +254,10 @@ class MultiHeadLatentAttention(nnx.Module):
         """Per-head keys and values formed from the latents (training / prefill form)."""
         cfg = self.config
         batch, seq_len, _ = x.shape
-        h, d = cfg.num_heads, cfg.qk_head_dim
+        h, d = cfg.num_heads, cfg.head_dim
         q = self._queries(x).astype(jnp.float32)
         c, s = self._latents(x)
-        kv = self.kv_b_proj(c).reshape(batch, seq_len, h, d + cfg.v_head_dim)
+        kv = self.kv_b_proj(c).reshape(batch, seq_len, h, d + cfg.value_dim)
         k, v = kv[..., :d].astype(jnp.float32), kv[..., d:].astype(jnp.float32)
         scores = jnp.einsum("bthd,bshd->bhts", q[..., :d], k)
         if s is not None:
@@ -264,7 +269,7 @@ class MultiHeadLatentAttention(nnx.Module):
             allowed = allowed & same[:, None]
         weights = self._attend(scores * cfg.score_dim**-0.5, allowed)
         o = jnp.einsum("bhts,bshv->bthv", weights, v)
-        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.v_head_dim))
+        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.value_dim))
 
     def _check_cache(self, x, cache) -> None:
         """``cache`` must be this layer's :class:`MLACache` for ``x``'s batch, before any work."""
@@ -326,7 +331,7 @@ class MultiHeadLatentAttention(nnx.Module):
         cfg = self.config
         self._check_cache(x, cache)
         batch, seq_len, _ = x.shape
-        d = cfg.qk_head_dim
+        d = cfg.head_dim
         c_new, s_new = self._latents(x)
         seen = cache.seen
         latents, shared, overflow = self._write_latents(cache, c_new, s_new, seq_len)

@@ -4,11 +4,11 @@ Each :class:`ModelPreset` records a model's KDA layer as its source publishes it
 ranks, biases, layouts), its layer pattern (which layers are KDA and which global attention),
 and, where the source gives it, its MLA layer. From a preset:
 
-* :meth:`ModelPreset.kda_parameter_shapes` lists the KDA layer's tensors in the source's naming
-  (the count a published checkpoint implies); :meth:`ModelPreset.kda_config` gives the
-  :class:`kda_lib.KDAConfig` that builds the same layer here (the preset's KDA fields carry
-  KDAConfig's names and are copied as they are), or raises NotImplementedError naming the
-  options this layer does not have yet (never an approximation of them);
+* :meth:`ModelPreset.kda_config` gives the :class:`kda_lib.KDAConfig` that builds the same
+  layer here (the preset's KDA fields carry KDAConfig's names and are copied as they are), or
+  raises NotImplementedError naming the options this layer does not have yet (never an
+  approximation of them); :meth:`ModelPreset.kda_parameter_shapes` lists the layer's tensors
+  from :meth:`kda_lib.KDAConfig.parameter_shapes` (the one formula for them);
 * :func:`build_kda_layer` / :func:`build_mla_layer` build the layers with ``nnx.eval_shape``
   (shapes only, no memory), so the 7168-wide Kimi K3 layer costs nothing to inspect;
 * :meth:`ModelPreset.from_hf_config` reads a preset from a Hugging Face ``config.json`` of
@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from typing import NamedTuple
 
 from flax import nnx
 
-from kda_lib.checks import check_int, check_number
+from kda_lib.checks import check_int, check_number, shared_fields
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
     kimi_linear_prefix,
@@ -56,8 +55,8 @@ from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
     """A published MLA layer's widths, named as :class:`kda_lib.layers.mla.MLAConfig` names
-    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``qk_head_dim``,
-    ``qk_rope_head_dim`` is ``shared_key_dim``).
+    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``head_dim``,
+    ``v_head_dim`` is ``value_head_dim``, ``qk_rope_head_dim`` is ``shared_key_dim``).
 
     ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
     ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
@@ -67,8 +66,8 @@ class MLAShape:
     """
 
     num_heads: int
-    qk_head_dim: int
-    v_head_dim: int
+    head_dim: int
+    value_head_dim: int
     kv_lora_rank: int
     q_lora_rank: int | None = None
     shared_key_dim: int
@@ -77,9 +76,9 @@ class MLAShape:
     output_gate_rank: int | None = None
 
     def __post_init__(self):
-        for name in ("num_heads", "kv_lora_rank", "v_head_dim"):
+        for name in ("num_heads", "kv_lora_rank", "value_head_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1)
-        for name in ("qk_head_dim", "shared_key_dim"):
+        for name in ("head_dim", "shared_key_dim"):
             check_int(f"MLAShape.{name}", getattr(self, name), 0)
         for name in ("q_lora_rank", "output_gate_rank"):
             check_int(f"MLAShape.{name}", getattr(self, name), 1, optional=True)
@@ -222,37 +221,22 @@ class ModelPreset:
 
     # ------------------------------------------------------------ the published layer
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's tensors as the source names and shapes them (``[in, out]`` for
-        projections, whatever the source's own layout of each tensor)."""
-        d, h, k, hv = self.hidden_size, self.num_heads, self.head_dim, self.num_v_heads
-        qk, v, w = h * k, hv * k, self.conv_size
-        shapes = {"q_proj": (d, qk), "k_proj": (d, qk), "v_proj": (d, v)}
-        if self.fused_qkv_conv:
-            shapes["conv1d"] = (w, 1, 2 * qk + v)
-        else:
-            shapes.update(q_conv1d=(w, qk), k_conv1d=(w, qk), v_conv1d=(w, v))
-        if self.forget_gate_rank is None:
-            shapes["f_proj"] = (d, v)
-        else:
-            shapes.update(f_a_proj=(d, self.forget_gate_rank), f_b_proj=(self.forget_gate_rank, v))
-        shapes["b_proj"] = (d, hv)
-        if self.use_a_log:
-            shapes["A_log"] = (hv,)
-        shapes["dt_bias"] = (v,)
-        if self.output_gate_rank is None:
-            shapes["g_proj"] = (d, v)
-            last = "g_proj"
-        else:
-            shapes.update(g_a_proj=(d, self.output_gate_rank), g_b_proj=(self.output_gate_rank, v))
-            last = "g_b_proj"
-        if self.output_gate_bias:
-            shapes[f"{last}.bias"] = (v,)
-        shapes.update(o_norm=(k,), o_proj=(v, d))
-        return shapes
+        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...):
+        :meth:`kda_lib.KDAConfig.parameter_shapes`, the one formula for them, of this
+        preset's widths (see :meth:`_kda_widths`)."""
+        return self._kda_widths().parameter_shapes()
 
     def kda_parameter_count(self) -> int:
-        """Scalars in one published KDA layer."""
-        return sum(math.prod(s) for s in self.kda_parameter_shapes().values())
+        """Scalars in one published KDA layer: :meth:`kda_lib.KDAConfig.parameter_count` of
+        this preset's widths (see :meth:`_kda_widths`)."""
+        return self._kda_widths().parameter_count()
+
+    def _kda_widths(self) -> KDAConfig:
+        """A :class:`kda_lib.KDAConfig` with this preset's widths, for its parameter shapes.
+        The gate's form and bound shape no parameter, so a gate the layer cannot express yet
+        (:meth:`unsupported_options`) is replaced by the safe gate here."""
+        gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
+        return KDAConfig(**{**shared_fields(self, KDAConfig), **gate})
 
     def mla_parameter_count(self) -> int:
         """Scalars in one published MLA layer: q (full, or low rank with its norm), latent
@@ -260,18 +244,18 @@ class ModelPreset:
         output gate with its norm where the layer has one."""
         m = self._mla_or_raise()
         d, h = self.hidden_size, m.num_heads
-        qk = m.qk_head_dim + m.shared_key_dim
+        qk = m.head_dim + m.shared_key_dim
         if m.q_lora_rank is None:
             q = d * h * qk
         else:
             q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
         down = d * (m.kv_lora_rank + m.shared_key_dim) + m.kv_lora_rank
-        up = m.kv_lora_rank * h * (m.qk_head_dim + m.v_head_dim)
+        up = m.kv_lora_rank * h * (m.head_dim + m.value_head_dim)
         gate = 0
         if m.output_gate:
             rank = m.output_gate_rank
-            gate = d * rank + rank * h * m.v_head_dim + m.v_head_dim
-        return q + down + up + h * m.v_head_dim * d + gate
+            gate = d * rank + rank * h * m.value_head_dim + m.value_head_dim
+        return q + down + up + h * m.value_head_dim * d + gate
 
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
@@ -301,7 +285,7 @@ class ModelPreset:
                 f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
                 + "; ".join(missing)
             )
-        return KDAConfig(**{**_shared_fields(self, KDAConfig), **overrides})
+        return KDAConfig(**{**shared_fields(self, KDAConfig), **overrides})
 
     def _mla_or_raise(self) -> MLAShape:
         if self.mla is None:
@@ -320,18 +304,8 @@ class ModelPreset:
             raise NotImplementedError(
                 f"{self.name}: MultiHeadLatentAttention has no output gate (mla_use_output_gate)"
             )
-        fields = {k: v for k, v in _shared_fields(m, MLAConfig).items() if v is not None}
+        fields = {k: v for k, v in shared_fields(m, MLAConfig).items() if v is not None}
         return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
-
-
-def _shared_fields(record, config_class) -> dict:
-    """``record``'s fields that ``config_class`` also has, by name."""
-    names = {field.name for field in dataclasses.fields(config_class)}
-    return {
-        field.name: getattr(record, field.name)
-        for field in dataclasses.fields(record)
-        if field.name in names
-    }
 
 
 # The keys of a Kimi Linear config's linear_attn_config that from_hf_config reads; any other
@@ -449,8 +423,8 @@ def _hf_mla(config: dict) -> MLAShape:
         )
     return MLAShape(
         num_heads=_hf_int(config, "num_attention_heads"),
-        qk_head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
-        v_head_dim=_hf_int(config, "v_head_dim"),
+        head_dim=_hf_int(config, "qk_nope_head_dim", minimum=0),
+        value_head_dim=_hf_int(config, "v_head_dim"),
         kv_lora_rank=_hf_int(config, "kv_lora_rank"),
         q_lora_rank=_hf_int(config, "q_lora_rank", optional=True, default=None),
         shared_key_dim=rope,
@@ -541,8 +515,8 @@ KIMI_LINEAR_48B = ModelPreset(
     layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
     mla=MLAShape(
         num_heads=32,
-        qk_head_dim=128,
-        v_head_dim=128,
+        head_dim=128,
+        value_head_dim=128,
         kv_lora_rank=512,
         shared_key_dim=64,
         norm_eps=1e-6,  # KimiRMSNorm's default eps; kv_a_layernorm is built without one
@@ -589,8 +563,8 @@ KIMI_K3 = ModelPreset(
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(
         num_heads=96,
-        qk_head_dim=128,
-        v_head_dim=128,
+        head_dim=128,
+        value_head_dim=128,
         kv_lora_rank=512,
         q_lora_rank=1536,
         shared_key_dim=64,

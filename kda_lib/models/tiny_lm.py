@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int, check_number, check_positive_int, check_token_ids, is_int
+from kda_lib.checks import check_int, check_positive_int, check_token_ids, shared_fields
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
@@ -49,59 +50,58 @@ from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.layers.params import NO_DECAY, no_decay_param, parameter_count, weight_decay_mask
 from kda_lib.ops.norms import gated_rms_norm
 
+# The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
+MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Hyper-parameters of :class:`TinyLM`.
+    """Hyper-parameters of :class:`TinyLM` (keyword-only).
+
+    The token mixer's widths and options are one :class:`kda_lib.KDAConfig`, ``mixer_config``,
+    declared nowhere else: the KDA and GDN layers are built from it whole, and the other
+    mixers' configs (attention, MLA, Mamba2, the conv mixer) take the widths they share with it
+    by name (:func:`kda_lib.checks.shared_fields`). The model's width and norm epsilon are its
+    ``hidden_size`` and ``norm_eps``. :meth:`from_flat` builds a config from one flat set of
+    names (command lines, recorded ``model`` dicts), :meth:`record` writes it so.
 
     Attributes:
       vocab_size: tokens in and out.
-      hidden_size: model width (default 64).
       num_layers: N blocks (default 2).
       mixer: a name in :data:`MIXERS` ("kda", "conv", ...): the mixer of every layer, unless
         ``layers`` is given.
       layers: per-layer mixer pattern, e.g. ``("kda", "kda", "kda", "attention")``, tiled over
         the ``num_layers`` blocks (``num_layers`` must be a multiple of its length); empty (the
         default): ``mixer`` in every layer. A list is stored as a tuple.
+      mixer_config: the :class:`kda_lib.KDAConfig` of every mixer layer (default:
+        :data:`MIXER_DEFAULTS`, H = 2 heads of K = V = 32 on a width of 64).
       rope: rotary position embedding in the attention layers (default True); False is NoPE,
         as in Kimi Linear, where the KDA layers carry position.
-      num_heads, head_dim, value_head_dim: the mixer's H, K, V (V defaults to K).
-      conv_size: short-conv width W (default 4).
-      lower_bound: None = KDA's softplus gate; a float in [-5, 0) = the safe gate.
+      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None:
+        ``mixer_config.head_dim``).
       mlp_ratio: MLP width as a multiple of hidden_size (default 2).
       mlp_width: the MLP width itself, overriding ``mlp_ratio`` (used to give models of
         different mixers the same parameter count, see :func:`match_parameter_count`).
-      norm_eps: RMSNorm epsilon.
-      implementation, chunk_size: the KDA kernel's (see :func:`kda_lib.kda`).
-      kv_lora_rank: the ``"mla"`` mixer's latent width r (default None: ``head_dim``); its
-        heads use ``num_heads``, ``head_dim`` and ``value_head_dim``.
     """
 
     vocab_size: int
-    hidden_size: int = 64
     num_layers: int = 2
     mixer: str = "kda"
     layers: tuple[str, ...] = ()
+    mixer_config: KDAConfig = KDAConfig(**MIXER_DEFAULTS)
     rope: bool = True
-    num_heads: int = 2
-    head_dim: int = 32
-    value_head_dim: int | None = None
-    conv_size: int = 4
-    lower_bound: float | None = None
+    kv_lora_rank: int | None = None
     mlp_ratio: int = 2
     mlp_width: int | None = None
-    norm_eps: float = 1e-5
-    implementation: str = "auto"
-    chunk_size: int = 64
-    kv_lora_rank: int | None = None
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "num_layers", "mlp_ratio", "num_heads"):
+        for name in ("vocab_size", "num_layers", "mlp_ratio"):
             check_positive_int(f"ModelConfig.{name}", getattr(self, name))
-        check_positive_int("ModelConfig.head_dim", self.head_dim)
-        check_positive_int("ModelConfig.conv_size", self.conv_size, minimum=0)
-        check_positive_int("ModelConfig.chunk_size", self.chunk_size)
-        check_number("ModelConfig.norm_eps", self.norm_eps, positive=True)
+        if not isinstance(self.mixer_config, KDAConfig):
+            raise ValueError(
+                f"ModelConfig.mixer_config must be a KDAConfig (the mixer's widths and "
+                f"options), got {self.mixer_config!r}"
+            )
         if not isinstance(self.mixer, str) or self.mixer not in MIXERS:
             raise ValueError(
                 f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
@@ -109,8 +109,59 @@ class ModelConfig:
         self._check_layers()
         if not isinstance(self.rope, bool):
             raise ValueError(f"ModelConfig.rope must be True or False, got {self.rope!r}")
-        for name in ("value_head_dim", "mlp_width", "kv_lora_rank"):
+        for name in ("mlp_width", "kv_lora_rank"):
             check_int(f"ModelConfig.{name}", getattr(self, name), optional=True)
+
+    @classmethod
+    def from_flat(cls, **fields) -> ModelConfig:
+        """A config from one flat set of names: ModelConfig's own fields, and
+        :class:`kda_lib.KDAConfig`'s, which make ``mixer_config`` (those not given:
+        :data:`MIXER_DEFAULTS`, then KDAConfig's defaults). Reads a command line's options and
+        every recorded ``model`` dict (:meth:`record`'s, and those recorded before
+        ``mixer_config`` existed, which had the same flat names).
+
+        Raises:
+          ValueError: naming the fields neither config has.
+        """
+        own = {field.name for field in dataclasses.fields(cls)} - {"mixer_config"}
+        mixer = {field.name for field in dataclasses.fields(KDAConfig)}
+        unknown = sorted(set(fields) - own - mixer)
+        if unknown:
+            raise ValueError(
+                f"ModelConfig.from_flat got fields {unknown} that neither ModelConfig "
+                f"({sorted(own)}) nor KDAConfig ({sorted(mixer)}) has"
+            )
+        mixer_fields = {name: value for name, value in fields.items() if name in mixer}
+        for name in ("dtype", "param_dtype"):  # recorded by name: "float32" is jnp.float32
+            if isinstance(mixer_fields.get(name), str):
+                mixer_fields[name] = getattr(jnp, jnp.dtype(mixer_fields[name]).name)
+        own_fields = {name: value for name, value in fields.items() if name in own}
+        return cls(**own_fields, mixer_config=KDAConfig(**{**MIXER_DEFAULTS, **mixer_fields}))
+
+    def record(self) -> dict:
+        """This config as one flat JSON-ready dict (what experiment records store as
+        ``model``): ModelConfig's own fields, then ``mixer_config``'s (its dtypes by name, its
+        gate form as a string). :meth:`from_flat` reads it back."""
+        own = {
+            field.name: getattr(self, field.name)
+            for field in dataclasses.fields(self)
+            if field.name != "mixer_config"
+        }
+        mixer = dataclasses.asdict(self.mixer_config)
+        mixer["gate_form"] = str(mixer["gate_form"])
+        for name in ("dtype", "param_dtype"):
+            mixer[name] = jnp.dtype(mixer[name]).name
+        return {**own, "layers": list(self.layers), **mixer}
+
+    @property
+    def hidden_size(self) -> int:
+        """The model width: ``mixer_config.hidden_size``."""
+        return self.mixer_config.hidden_size
+
+    @property
+    def norm_eps(self) -> float:
+        """Every RMSNorm's epsilon: ``mixer_config.norm_eps``."""
+        return self.mixer_config.norm_eps
 
     def _check_layers(self):
         layers = self.layers
@@ -159,38 +210,18 @@ class ModelConfig:
         """The MLP's inner width: ``mlp_width``, else ``mlp_ratio * hidden_size``."""
         return self.mlp_width or self.mlp_ratio * self.hidden_size
 
-    def kda_config(self) -> KDAConfig:
-        """The :class:`kda_lib.KDAConfig` of every mixer layer."""
-        return KDAConfig(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            value_head_dim=self.value_head_dim,
-            conv_size=self.conv_size,
-            lower_bound=self.lower_bound,
-            norm_eps=self.norm_eps,
-            implementation=self.implementation,
-            chunk_size=self.chunk_size,
-        )
-
     def attention_config(self, *, short_conv: bool = False) -> AttentionConfig:
-        """The :class:`kda_lib.layers.attention.AttentionConfig` of an attention layer (the mixer's
-        H, K, V and, with ``short_conv``, its conv width; ``rope`` from this config)."""
-        return AttentionConfig(
-            hidden_size=self.hidden_size,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            value_head_dim=self.value_head_dim,
-            rope=self.rope,
-            short_conv=short_conv,
-            conv_size=self.conv_size,
-        )
+        """The :class:`kda_lib.layers.attention.AttentionConfig` of an attention layer: the
+        widths it shares with ``mixer_config`` (H, K, V, W, dtypes), ``rope`` from this config
+        and, with ``short_conv``, KDA's short convolutions on q, k and v."""
+        shared = shared_fields(self.mixer_config, AttentionConfig)
+        return AttentionConfig(**shared, rope=self.rope, short_conv=short_conv)
 
     @property
     def conv_reach(self) -> int:
         """How many tokens back the convolutions alone can see through all layers:
         ``num_layers * (conv_size - 1)``. A conv-only model is blind beyond it."""
-        return self.num_layers * max(self.conv_size - 1, 0)
+        return self.num_layers * max(self.mixer_config.conv_size - 1, 0)
 
     def for_layer(self, index: int) -> ModelConfig:
         """This config with ``mixer`` set to layer ``index``'s mixer (what its factory reads)."""
@@ -232,31 +263,19 @@ class ConvMixer(nnx.Module):
     match the KDA layer's (``v_proj v_conv1d g_proj o_norm o_proj``).
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        value_dim: int,
-        conv_size: int,
-        *,
-        norm_eps: float = 1e-5,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        rngs: nnx.Rngs,
-    ):
-        """``hidden_size`` in and out; ``num_heads`` heads of ``value_dim`` channels (H, V);
-        ``conv_size`` the conv width W (>= 1); ``norm_eps`` the output norm's epsilon."""
-        for name, value in (
-            ("hidden_size", hidden_size),
-            ("num_heads", num_heads),
-            ("value_dim", value_dim),
-        ):
-            check_positive_int(f"ConvMixer {name}", value)
-        if not is_int(conv_size, minimum=1):
+    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
+        """The widths of the KDA layer ``config`` describes: ``hidden_size`` in and out, its
+        value heads (HV) of ``value_dim`` (V) channels, the conv width ``conv_size`` (W >= 1),
+        the output norm's ``norm_eps`` and the dtypes (its gate and kernel fields are unused:
+        this mixer has neither)."""
+        if not isinstance(config, KDAConfig):
+            raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
+        if config.conv_size < 1:
             raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
-        check_number("ConvMixer norm_eps", norm_eps, positive=True)
+        hidden_size, num_heads, value_dim = config.hidden_size, config.value_heads, config.value_dim
+        dtype, param_dtype, conv_size = config.dtype, config.param_dtype, config.conv_size
         self.hidden_size, self.num_heads, self.value_dim = hidden_size, num_heads, value_dim
-        self.conv_size, self.norm_eps, self.dtype = conv_size, norm_eps, dtype
+        self.conv_size, self.norm_eps, self.dtype = conv_size, config.norm_eps, dtype
         h, vd, hidden = num_heads, value_dim, hidden_size
         linear = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, **linear)
@@ -307,29 +326,20 @@ class ConvMixer(nnx.Module):
 
 @register_mixer("kda")
 def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return KimiDeltaAttention(config.kda_config(), rngs=rngs)
+    return KimiDeltaAttention(config.mixer_config, rngs=rngs)
 
 
 @register_mixer("gdn")
 def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     """Gated DeltaNet: the KDA layer with one forget-gate value per head (not per channel)."""
-    return KimiDeltaAttention(
-        dataclasses.replace(config.kda_config(), per_head_decay=True), rngs=rngs
-    )
+    gdn = dataclasses.replace(config.mixer_config, per_head_decay=True)
+    return KimiDeltaAttention(gdn, rngs=rngs)
 
 
 @register_mixer("mamba2")
 def _mamba2_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
     """Mamba2-style: a scalar decay per head, no delta rule (kda_lib.layers.mamba2)."""
-    mamba2 = Mamba2Config(
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        value_dim=config.kda_config().value_dim,
-        conv_size=config.conv_size,
-        norm_eps=config.norm_eps,
-        chunk_size=config.chunk_size,
-    )
+    mamba2 = Mamba2Config(**shared_fields(config.mixer_config, Mamba2Config))
     return Mamba2Mixer(mamba2, rngs=rngs)
 
 
@@ -346,29 +356,15 @@ def _attention_conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
 
 @register_mixer("conv")
 def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    kda = config.kda_config()
-    return ConvMixer(
-        config.hidden_size,
-        config.num_heads,
-        kda.value_dim,
-        config.conv_size,
-        norm_eps=config.norm_eps,
-        rngs=rngs,
-    )
+    return ConvMixer(config.mixer_config, rngs=rngs)
 
 
 @register_mixer("mla")
 def _mla_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Multi-head latent attention, NoPE (Kimi Linear's global layers)."""
-    kda = config.kda_config()
-    mla = MLAConfig(
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        qk_head_dim=config.head_dim,
-        v_head_dim=kda.value_dim,
-        kv_lora_rank=config.kv_lora_rank or config.head_dim,
-        norm_eps=config.norm_eps,
-    )
+    """Multi-head latent attention, NoPE (Kimi Linear's global layers): the widths it shares
+    with ``mixer_config``, and a latent of ``kv_lora_rank`` (default ``head_dim``)."""
+    rank = config.kv_lora_rank or config.mixer_config.head_dim
+    mla = MLAConfig(**shared_fields(config.mixer_config, MLAConfig), kv_lora_rank=rank)
     return MultiHeadLatentAttention(mla, rngs=rngs)
 
 

@@ -29,6 +29,7 @@ from kda_lib.checks import (
 )
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.presets import KIMI_LINEAR_48B
+from kda_lib.models.tiny_lm import parameter_path_names
 from kda_lib.ops.contract import Dims
 from kda_lib.ops.registry import segment_slots_problem
 from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, segment_slot_count
@@ -81,7 +82,7 @@ def test_any_width_too_large_for_memory_is_refused_by_name(name, power):
         KDAConfig(**{**SMALL, name: 2**power})
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(
     num_v_heads=st.sampled_from([None, 2, 4]),
     value_head_dim=st.sampled_from([None, 3]),
@@ -89,15 +90,20 @@ def test_any_width_too_large_for_memory_is_refused_by_name(name, power):
     fused=st.booleans(),
     ranks=st.sampled_from([(None, None), (2, None), (None, 5), (3, 3)]),
     per_head_decay=st.booleans(),
-    safe_gate=st.booleans(),
+    gate_form=st.sampled_from(["softplus", "safe_sigmoid", "clamped_softplus"]),
     use_a_log=st.booleans(),
     output_gate_bias=st.booleans(),
 )
-def test_parameter_count_from_the_widths_is_the_layers(
-    num_v_heads, value_head_dim, conv_size, fused, ranks, per_head_decay, safe_gate, use_a_log,
+def test_parameter_shapes_from_the_widths_are_the_layers(
+    num_v_heads, value_head_dim, conv_size, fused, ranks, per_head_decay, gate_form, use_a_log,
     output_gate_bias,
 ):  # fmt: skip
-    """The estimate the memory check reads is the count of the layer it would build."""
+    """KDAConfig.parameter_shapes, the one formula for the layer's parameters (the memory
+    check and the presets' counts read it), names and shapes every parameter of the layer it
+    would build: grouped value heads, V != K, fused or separate convs, every gate form and
+    rank, with and without A_log and the output gate's bias."""
+    if not use_a_log and gate_form == "softplus":
+        gate_form = "safe_sigmoid"  # the softplus gate has no rate-free form
     config = KDAConfig(
         **SMALL,
         num_v_heads=num_v_heads,
@@ -107,11 +113,17 @@ def test_parameter_count_from_the_widths_is_the_layers(
         forget_gate_rank=ranks[0],
         output_gate_rank=ranks[1],
         per_head_decay=per_head_decay,
-        lower_bound=-5.0 if safe_gate or not use_a_log else None,
+        gate_form=gate_form,
+        lower_bound=None if gate_form == "softplus" else -5.0,
         use_a_log=use_a_log,
         output_gate_bias=output_gate_bias,
     )
     layer = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+    built = {
+        ".".join(parameter_path_names(path)): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(layer, nnx.Param))
+    }
+    assert config.parameter_shapes() == built
     assert config.parameter_count() == parameter_count(layer)
 
 

@@ -242,7 +242,7 @@ def _tiny_lm(mixer="attention", **changes):
 
     config = dict(vocab_size=8, hidden_size=8, num_layers=1, num_heads=2, head_dim=4)
     config.update(implementation="recurrent", mixer=mixer, **changes)
-    return TinyLM(ModelConfig(**config), rngs=nnx.Rngs(0))
+    return TinyLM(ModelConfig.from_flat(**config), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("mixer", ["attention", "conv", "kda"])
@@ -278,12 +278,13 @@ def test_score_text_checks_ids_and_windows():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(norm_eps=-1.0), "ModelConfig.norm_eps must be a finite number > 0, got -1.0"),
-        (dict(norm_eps=float("nan")), "ModelConfig.norm_eps must be a finite number > 0"),
-        (dict(norm_eps=True), "ModelConfig.norm_eps must be a finite number > 0, got True"),
+        # the mixer's fields live in its KDAConfig, which names them
+        (dict(norm_eps=-1.0), "KDAConfig.norm_eps must be a finite float > 0, got -1.0"),
+        (dict(norm_eps=float("nan")), "KDAConfig.norm_eps must be a finite float > 0"),
+        (dict(norm_eps=True), "KDAConfig.norm_eps must be a finite float > 0, got True"),
         (dict(vocab_size=True), "ModelConfig.vocab_size must be an int >= 1, got True"),
         (dict(num_layers=True), "ModelConfig.num_layers must be an int >= 1, got True"),
-        (dict(hidden_size=8.0), "ModelConfig.hidden_size must be an int >= 1, got 8.0"),
+        (dict(hidden_size=8.0), "KDAConfig.hidden_size must be a positive int, got 8.0"),
         (dict(mixer=["kda"]), "ModelConfig.mixer must be one of"),
         (dict(layers=("kda", ["attention"])), "ModelConfig.layers names unknown mixers"),
     ],
@@ -293,7 +294,7 @@ def test_model_config_rejects_bad_fields(changes, message):
 
     fields = {"vocab_size": 8, "num_layers": 2, "hidden_size": 8, **changes}
     with pytest.raises(ValueError, match=re.escape(message)):
-        ModelConfig(**fields)
+        ModelConfig.from_flat(**fields)
 
 
 def test_caches_from_another_model_are_named():

@@ -21,7 +21,7 @@ from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kda_lib import kda, kda_chunked, kda_recurrent
+from kda_lib import KDAConfig, kda, kda_chunked, kda_recurrent
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.models.tiny_lm import MIXERS, ModelConfig, make_mixer
 
@@ -102,14 +102,11 @@ def _entry_points():
 
 
 def _mixer_config(name: str) -> ModelConfig:
-    return ModelConfig(
-        vocab_size=16,
-        hidden_size=HIDDEN,
-        mixer=name,
-        num_heads=2,
-        head_dim=4,
-        implementation="recurrent",  # the cheapest to compile; the forms agree (tests/ops)
+    # the recurrent form is the cheapest to compile; the forms agree (tests/ops)
+    mixer_config = KDAConfig(
+        hidden_size=HIDDEN, num_heads=2, head_dim=4, implementation="recurrent"
     )
+    return ModelConfig(vocab_size=16, mixer=name, mixer_config=mixer_config)
 
 
 ENTRY_POINTS = (
@@ -153,7 +150,7 @@ def any_ids(draw):
 
 def _reach(name: str) -> int | None:
     """How many positions back a mixer's token can see inside its segment (None: all)."""
-    return _mixer_config(name).conv_size if name == "conv" else None
+    return _mixer_config(name).mixer_config.conv_size if name == "conv" else None
 
 
 @functools.cache

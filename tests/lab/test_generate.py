@@ -21,18 +21,16 @@ from kda_lib.lab.generate import (
     score_text,
     window_losses,
 )
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
 CFG = ModelConfig(
     vocab_size=13,
-    hidden_size=16,
     num_layers=2,
     layers=("kda", "attention"),
     rope=False,
-    num_heads=2,
-    head_dim=8,
-    implementation="recurrent",
+    mixer_config=KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation="recurrent"),
 )
 
 
@@ -169,20 +167,14 @@ def test_decode_cost_fills_mla_latent_caches():
         _as_if_seen(mla.init_cache(1), 8, jax.random.key(0))
 
 
-def test_generation_with_the_published_models_kda_options(monkeypatch):
+def test_generation_with_the_published_models_kda_options():
     """A KDA layer with grouped value heads, the safe gate without A_log, a full-rank output
     gate beside a low-rank forget gate and the fused q/k/v conv (issue 27), as a mixer of the
     model: its [B, HV, K, V] state and split conv history decode as the full forward computes."""
-    from kda_lib.layers.kda_layer import KimiDeltaAttention
-    from kda_lib.models import tiny_lm
-
-    def factory(config, rngs):
-        options = dict(num_v_heads=4, gate_form="safe_sigmoid", lower_bound=-5.0, use_a_log=False)
-        options.update(forget_gate_rank=4, output_gate_rank=None, fused_qkv_conv=True)
-        return KimiDeltaAttention(dataclasses.replace(config.kda_config(), **options), rngs=rngs)
-
-    monkeypatch.setitem(tiny_lm.MIXERS, "kda_options", factory)
-    model = TinyLM(dataclasses.replace(CFG, layers=("kda_options", "attention")), rngs=nnx.Rngs(0))
+    options = dict(num_v_heads=4, gate_form="safe_sigmoid", lower_bound=-5.0, use_a_log=False)
+    options.update(forget_gate_rank=4, output_gate_rank=None, fused_qkv_conv=True)
+    mixer_config = dataclasses.replace(CFG.mixer_config, **options)
+    model = TinyLM(dataclasses.replace(CFG, mixer_config=mixer_config), rngs=nnx.Rngs(0))
     assert model.init_cache(2)[0].state.shape == (2, 4, 8, 8)
     prompt = np.array([[1, 2, 3], [4, 5, 6]])
     out = generate(model, prompt, 6, temperature=0.0)

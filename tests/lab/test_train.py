@@ -16,7 +16,7 @@ import optax
 import pytest
 from flax import nnx
 
-from kda_lib import KimiDeltaAttention
+from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.lab.tasks import delayed_copy, stack_answer_positions
 from kda_lib.lab.train import (
     SPLITS,
@@ -52,12 +52,19 @@ from kda_lib.models.tiny_lm import (
 
 # tiny and quick to compile; the recurrent kernel compiles fastest on CPU
 CFG = ModelConfig(
-    vocab_size=8, hidden_size=16, num_layers=2, num_heads=2, head_dim=8, implementation="recurrent"
+    vocab_size=8,
+    num_layers=2,
+    mixer_config=KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation="recurrent"),
 )
+_MIXER_FIELDS = {field.name for field in dataclasses.fields(KDAConfig)}
 
 
 def _model(**changes):
-    return TinyLM(dataclasses.replace(CFG, **changes), rngs=nnx.Rngs(0))
+    """TinyLM(CFG) with ``changes`` to it or, for KDAConfig's fields, to its mixer_config."""
+    mixer = {name: changes.pop(name) for name in list(changes) if name in _MIXER_FIELDS}
+    mixer_config = dataclasses.replace(CFG.mixer_config, **mixer)
+    config = dataclasses.replace(CFG, mixer_config=mixer_config, **changes)
+    return TinyLM(config, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("mixer", ["kda", "gdn", "mamba2", "attention", "conv"])
@@ -89,10 +96,8 @@ def test_shapes_and_cache_decoding(mixer):
 
 
 def test_conv_mixer_sees_only_its_taps():
-    cfg = CFG.kda_config()
-    mixer = ConvMixer(
-        cfg.hidden_size, cfg.num_heads, cfg.value_dim, cfg.conv_size, rngs=nnx.Rngs(1)
-    )
+    cfg = CFG.mixer_config
+    mixer = ConvMixer(cfg, rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(0), (1, 12, cfg.hidden_size))
     t = 10
     # d y[t] / d x[s] for every s: zero for s < t - (W - 1), non-zero on the W taps
@@ -108,7 +113,7 @@ def test_conv_only_model_is_blind_beyond_its_reach_and_kda_is_not():
     for mixer, blind in (("conv", True), ("kda", False)):
         model = _model(mixer=mixer)
         reach = model.config.conv_reach
-        assert reach == 2 * (CFG.conv_size - 1)
+        assert reach == 2 * (CFG.mixer_config.conv_size - 1)
         tokens = jax.random.randint(jax.random.key(1), (1, 12), 0, 8)
         emb = model.embed(tokens)
 
@@ -681,7 +686,6 @@ def test_no_decay_set_of_every_mixer_is_unchanged(mixer):
     ],
 )
 def test_no_decay_set_of_layer_variants_is_unchanged(options, expected):
-    from kda_lib.layers.kda_layer import KDAConfig
     from kda_lib.layers.params import weight_decay_mask
 
     layer = nnx.eval_shape(
@@ -697,7 +701,9 @@ def test_no_decay_set_of_mla_with_low_rank_queries_is_unchanged():
     from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
     from kda_lib.layers.params import weight_decay_mask
 
-    config = MLAConfig(16, 2, 8, 8, 4, q_lora_rank=4, shared_key_dim=2)
+    config = MLAConfig(
+        hidden_size=16, num_heads=2, head_dim=8, kv_lora_rank=4, q_lora_rank=4, shared_key_dim=2
+    )
     layer = nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
     mask = jax.tree_util.tree_leaves_with_path(weight_decay_mask(layer))
     no_decay = {".".join(parameter_path_names(p)) for p, d in mask if not d}
@@ -735,8 +741,9 @@ def test_training_validation_and_test_streams_are_disjoint():
 
 def test_evaluate_draws_validation_or_test_and_refuses_another_split():
     task = make_task("mqar", vocab_size=9, num_pairs=2)
-    model = TinyLM(ModelConfig(vocab_size=9, mixer="conv", hidden_size=8, num_layers=1,
-                               num_heads=1, head_dim=8), rngs=nnx.Rngs(0))  # fmt: skip
+    model = TinyLM(ModelConfig(vocab_size=9, mixer="conv", num_layers=1,
+                               mixer_config=KDAConfig(hidden_size=8, num_heads=1, head_dim=8)),
+                   rngs=nnx.Rngs(0))  # fmt: skip
     shape = dict(batch_size=4, seq_len=12, num_batches=2)
     default = evaluate(model, task, **shape)
     assert default == evaluate(model, task, **shape, split="validation")
@@ -752,8 +759,8 @@ def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
     """The accuracy over the scored pops whose answer lies beyond the reach, counted by hand
     from the same batches."""
     task = make_task("stack", vocab_size=6)
-    config = ModelConfig(vocab_size=6, mixer="conv", hidden_size=8, num_layers=1,
-                         num_heads=1, head_dim=8)  # fmt: skip
+    mixer_config = KDAConfig(hidden_size=8, num_heads=1, head_dim=8)
+    config = ModelConfig(vocab_size=6, mixer="conv", num_layers=1, mixer_config=mixer_config)
     model = TinyLM(config, rngs=nnx.Rngs(0))
     reach = config.conv_reach
     scores = evaluate(model, task, batch_size=4, seq_len=24, num_batches=2, split="test",

@@ -11,7 +11,7 @@ import kda_lib.layers.mamba2 as mamba2
 from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
 from kda_lib.ops.scalar_decay import scalar_decay_recurrent
 
-CONFIG = Mamba2Config(hidden_size=16, num_heads=2, head_dim=8, value_dim=4, chunk_size=4)
+CONFIG = Mamba2Config(hidden_size=16, num_heads=2, head_dim=8, value_head_dim=4, chunk_size=4)
 
 
 def test_the_layer_runs_the_recurrence_outputs_and_gradients(monkeypatch):
@@ -61,7 +61,7 @@ def test_decoding_continues_the_full_forward_and_bad_caches_are_refused():
     with pytest.raises(ValueError, match="x must have shape"):
         layer(x[..., :8])
     with pytest.raises(ValueError, match="Mamba2Config.head_dim must be"):
-        Mamba2Config(hidden_size=16, num_heads=2, head_dim=0, value_dim=4)
+        Mamba2Config(hidden_size=16, num_heads=2, head_dim=0, value_head_dim=4)
 
 
 def test_segments_restart_the_state_and_equal_separate_runs():

@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from kda_lib.layers.attention import AttentionCache
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.mla import MLACache, MLAConfig, MultiHeadLatentAttention
 from kda_lib.models.tiny_lm import (
     MIXERS,
@@ -24,7 +25,7 @@ from kda_lib.models.tiny_lm import (
     decay_mask,
 )
 
-CFG = MLAConfig(hidden_size=24, num_heads=3, qk_head_dim=8, v_head_dim=6, kv_lora_rank=5)
+CFG = MLAConfig(hidden_size=24, num_heads=3, head_dim=8, value_head_dim=6, kv_lora_rank=5)
 SHARED = dataclasses.replace(CFG, shared_key_dim=4, q_lora_rank=7)
 
 
@@ -44,8 +45,8 @@ def _oracle(layer: MultiHeadLatentAttention, x) -> np.ndarray:
     b, t, _ = x.shape
     h, d, dv, r, ds = (
         cfg.num_heads,
-        cfg.qk_head_dim,
-        cfg.v_head_dim,
+        cfg.head_dim,
+        cfg.value_dim,
         cfg.kv_lora_rank,
         cfg.shared_key_dim,
     )
@@ -109,7 +110,7 @@ def test_cache_holds_only_the_latents():
         numbers = sum(a.size for a in arrays)
         assert numbers == batch * seq_len * (cfg.kv_lora_rank + cfg.shared_key_dim)
         assert sum(a.nbytes for a in arrays) == numbers * jnp.dtype(cfg.dtype).itemsize
-    per_head_kv = CFG.num_heads * (CFG.qk_head_dim + CFG.v_head_dim)
+    per_head_kv = CFG.num_heads * (CFG.head_dim + CFG.value_dim)
     assert CFG.kv_lora_rank < per_head_kv  # the point of MLA: 5 numbers a token, not 42
 
 
@@ -153,7 +154,7 @@ def test_gradients_are_finite_and_reach_every_parameter():
 
 def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="kv_lora_rank"):
-        MLAConfig(hidden_size=8, num_heads=2, qk_head_dim=4, v_head_dim=4, kv_lora_rank=0)
+        MLAConfig(hidden_size=8, num_heads=2, head_dim=4, value_head_dim=4, kv_lora_rank=0)
     with pytest.raises(ValueError, match="shared_key_dim"):
         dataclasses.replace(CFG, shared_key_dim=-1)
     layer = _layer()
@@ -175,9 +176,7 @@ def test_registered_as_a_mixer_in_a_hybrid_that_decodes_exactly():
     assert "mla" in MIXERS
     cfg = ModelConfig(
         vocab_size=11,
-        hidden_size=16,
-        num_heads=2,
-        head_dim=8,
+        mixer_config=KDAConfig(hidden_size=16, num_heads=2, head_dim=8),
         kv_lora_rank=6,
         layers=("kda", "kda", "kda", "mla"),
         num_layers=4,

@@ -4,6 +4,7 @@ equal-parameter configs; the training command line's --layers."""
 
 import dataclasses
 import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from flax import nnx
 
 from kda_lib.lab.train_cli import main as train_main
 from kda_lib.layers.attention import AttentionCache, CausalSelfAttention
-from kda_lib.layers.kda_layer import KDACache
+from kda_lib.layers.kda_layer import KDACache, KDAConfig
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import (
     ModelConfig,
@@ -24,14 +25,18 @@ from kda_lib.models.tiny_lm import (
 
 HYBRID = ModelConfig(
     vocab_size=11,
-    hidden_size=16,
     num_layers=4,
     layers=("kda", "kda", "kda", "attention"),
     rope=False,
-    num_heads=2,
-    head_dim=8,
-    implementation="recurrent",
+    mixer_config=KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation="recurrent"),
 )
+
+
+def _with_mixer(config: ModelConfig, **changes) -> ModelConfig:
+    """``config`` with ``changes`` to its mixer's KDAConfig."""
+    return dataclasses.replace(
+        config, mixer_config=dataclasses.replace(config.mixer_config, **changes)
+    )
 
 
 def _apply(model, tokens, cache=None):
@@ -222,7 +227,9 @@ def _norm_epsilons(module) -> list[float]:
     "mixer", ["kda", "gdn", "mamba2", "attention", "attention_conv", "conv", "mla"]
 )
 def test_norm_eps_reaches_every_norm_of_every_mixer(mixer):
-    cfg = dataclasses.replace(HYBRID, layers=(), mixer=mixer, num_layers=1, norm_eps=0.25)
+    cfg = dataclasses.replace(
+        _with_mixer(HYBRID, norm_eps=0.25), layers=(), mixer=mixer, num_layers=1
+    )
     model = nnx.eval_shape(lambda: TinyLM(cfg, rngs=nnx.Rngs(0)))
     epsilons = _norm_epsilons(model)
     # the block's two norms and the final norm, plus the mixer's own (none in attention;
@@ -236,7 +243,7 @@ def test_norm_eps_changes_the_kda_mixer_output():
     x = jax.random.normal(jax.random.key(3), (1, 5, 16)) * 1e-2  # small: eps matters
     outs = []
     for eps in (1e-5, 0.25):
-        cfg = dataclasses.replace(HYBRID, layers=(), num_layers=1, norm_eps=eps)
+        cfg = dataclasses.replace(_with_mixer(HYBRID, norm_eps=eps), layers=(), num_layers=1)
         outs.append(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer(x))
     assert float(jnp.abs(outs[0] - outs[1]).max()) > 1e-3
 
@@ -245,20 +252,91 @@ def test_norm_eps_changes_the_kda_mixer_output():
     "field, value",
     [
         ("vocab_size", True),
-        ("hidden_size", True),
         ("num_layers", True),
-        ("num_heads", True),
-        ("head_dim", True),
-        ("value_head_dim", True),
-        ("conv_size", True),
         ("mlp_ratio", True),
         ("mlp_width", True),
-        ("chunk_size", True),
         ("kv_lora_rank", True),
-        ("num_heads", 2.0),
-        ("head_dim", np.bool_(True)),
+        ("mlp_ratio", 2.0),
+        ("kv_lora_rank", np.bool_(True)),
     ],
 )
 def test_model_config_refuses_a_bool_or_float_for_an_int_field(field, value):
     with pytest.raises(ValueError, match=f"ModelConfig.{field} must be"):
         dataclasses.replace(HYBRID, **{field: value})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("hidden_size", True),
+        ("num_heads", True),
+        ("head_dim", True),
+        ("value_head_dim", True),
+        ("conv_size", True),
+        ("chunk_size", True),
+        ("num_heads", 2.0),
+        ("head_dim", np.bool_(True)),
+    ],
+)
+def test_the_mixer_widths_are_checked_once_by_kda_config(field, value):
+    """ModelConfig declares no mixer width: a bad one is refused by the KDAConfig it lives in,
+    built directly or from flat names."""
+    with pytest.raises(ValueError, match=f"KDAConfig.{field} must be"):
+        ModelConfig.from_flat(vocab_size=5, **{field: value})
+    with pytest.raises(ValueError, match=f"KDAConfig.{field} must be"):
+        _with_mixer(HYBRID, **{field: value})
+
+
+def test_mixer_config_is_the_one_place_of_the_mixer_fields():
+    shared = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert not shared & {f.name for f in dataclasses.fields(KDAConfig)}
+    cfg = HYBRID
+    assert (cfg.hidden_size, cfg.norm_eps) == (16, cfg.mixer_config.norm_eps)
+    with pytest.raises(ValueError, match="ModelConfig.mixer_config must be a KDAConfig"):
+        ModelConfig(vocab_size=5, mixer_config=dict(hidden_size=16))
+    with pytest.raises(ValueError, match=r"from_flat got fields \['heads'\]"):
+        ModelConfig.from_flat(vocab_size=5, heads=2)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(),
+        dict(gate_form=None, lower_bound=-5.0, num_v_heads=4, param_dtype=jnp.bfloat16),
+        dict(gate_form="clamped_softplus", lower_bound=-3.0, forget_gate_rank=4),
+    ],
+)
+def test_a_record_reads_back_as_the_same_config(changes):
+    cfg = dataclasses.replace(_with_mixer(HYBRID, **changes), kv_lora_rank=6, mlp_width=5)
+    record = json.loads(json.dumps(cfg.record()))  # JSON-ready: dtypes by name
+    assert record["hidden_size"] == 16 and record["num_layers"] == 4
+    back = ModelConfig.from_flat(**record)
+    assert back == cfg and hash(back) == hash(cfg)
+
+
+def test_the_recorded_model_dicts_still_read():
+    """Every ``model`` dict in data/results (flat names, recorded before mixer_config
+    existed) builds its config."""
+    root = pathlib.Path(__file__).resolve().parents[2] / "data" / "results"
+    records = []
+
+    def collect(node):
+        if isinstance(node, list):
+            for item in node:
+                collect(item)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key == "model" and isinstance(value, dict):
+                    records.append(value)  # an experiment record's ModelConfig
+                elif key == "models" and isinstance(value, dict):
+                    records.extend(m["config"] for m in value.values() if "config" in m)
+                else:
+                    collect(value)
+
+    for path in sorted(root.rglob("*.json")):
+        collect(json.loads(path.read_text()))
+    assert len(records) > 10
+    for record in records:
+        cfg = ModelConfig.from_flat(**record)
+        assert (cfg.hidden_size, cfg.num_layers) == (record["hidden_size"], record["num_layers"])
+        assert cfg.mixer_config.head_dim == record["head_dim"]

@@ -160,7 +160,7 @@ def test_glm_builds_with_the_fused_conv_and_the_published_parameter_count():
     # each; A_log 64; dt_bias 8,192; b_proj d H = 262,144; o_norm 128; o_proj HK d = 33,554,432
     assert expected == 137_732_288
     assert GLM_5_3_FLASH.kda_parameter_count() == expected
-    assert GLM_5_3_FLASH.kda_parameter_shapes()["conv1d"] == (4, 1, 3 * 64 * 128)
+    assert GLM_5_3_FLASH.kda_parameter_shapes()["qkv_conv1d.kernel"] == (4, 3 * 64 * 128)
     layer = build_kda_layer(GLM_5_3_FLASH)
     assert parameter_count(layer) == expected
     assert layer.q_conv1d is None and layer.qkv_conv1d.kernel.get_value().shape == (4, 3 * 8192)
@@ -372,7 +372,7 @@ def test_from_hf_config_reads_kimi_k3_s_fields_and_names_what_the_fixture_lacks(
     for field in ("hidden_size", "num_heads", "head_dim", "conv_size", "lower_bound", "norm_eps"):
         assert getattr(preset, field) == getattr(KIMI_K3, field), field
     assert preset.forget_gate_rank == KIMI_K3.forget_gate_rank == 128
-    widths = ("num_heads", "qk_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank")
+    widths = ("num_heads", "head_dim", "value_head_dim", "kv_lora_rank", "q_lora_rank")
     assert all(
         getattr(preset.mla, f) == getattr(KIMI_K3.mla, f) for f in widths + ("shared_key_dim",)
     )
