@@ -10,6 +10,7 @@ import jax
 import pytest
 
 from kda_lib.lab import bench
+from kda_lib.ops import costs
 
 RECORD_KEYS = {"impl", "T", "mode", "median_ms", "min_ms", "max_ms", "compile_s"}
 TOP_KEYS = {
@@ -60,6 +61,10 @@ def test_bench_kernels_both_modes(tmp_path, small_matmul):
     impls = ["recurrent", "softmax"]
     document = _run(tmp_path, "--seq-lens", "64", "--impls", *impls, "--modes", "fwd", "fwd+bwd")
     _check_schema(document, impls, [64], ["fwd", "fwd+bwd"])
+    # the roofline counts matrix products with loop trip counts: the recurrence's 64 steps of
+    # 4 flops per state entry (XLA's own count sees the scan's body once)
+    row = next(r for r in document["records"] if (r["impl"], r["mode"]) == ("recurrent", "fwd"))
+    assert row["matmul_flops"] == 2 * 64 * 4 * 16 * 16
 
 
 def test_bench_chunked_and_layer(tmp_path, small_matmul):
@@ -70,6 +75,8 @@ def test_bench_chunked_and_layer(tmp_path, small_matmul):
         *("--seq-lens", "64", "--impls", *impls, "--modes", "fwd", "--layer-impl", "recurrent"),
     )
     _check_schema(document, ["chunked", *bench.LAYER_ENTRIES], [64], ["fwd"])
+    row = next(r for r in document["records"] if r["impl"] == "chunked")
+    assert row["matmul_flops"] == 2 * costs.chunked_flops(64, 64, 16, 16)
     assert set(document["ratios"]["layer/(layer_kernel+layer_projections)"]["fwd"]) == {"64"}
 
 
