@@ -91,7 +91,7 @@ from kda_lib.lab.corpus import (
     windows_overlap,
 )
 from kda_lib.lab.generate import score_text
-from kda_lib.lab.rate_grid import parse_grid, round_rate, tune_rate
+from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, round_rate, tune_rate
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.train import train
 from kda_lib.layers.kda_layer import KDAConfig
@@ -182,9 +182,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + str(MODELS))
     p.add_argument("--seeds", default="0,1,2,3,4", help="the reported seeds, comma-separated")
     p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
-    p.add_argument("--grid", default="0.001,0.003,0.01", help="the starting rates (each model)")
-    p.add_argument("--grid-factor", type=float, default=3.0)
-    p.add_argument("--max-extensions", type=int, default=2, help="per side of the grid")
+    add_grid_arguments(p, "model")
     for name in (*_SIZES, "seq-len", "steps", "eval-every", "val-windows", "test-windows"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--hybrid-layers", help="the hybrid's layer pattern, e.g. kda,kda,kda,mla")

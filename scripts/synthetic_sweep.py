@@ -52,6 +52,7 @@ from flax import nnx
 
 import kda_lib.teaching.notebook
 from kda_lib.checks import check_option_minimums
+from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, tune_rate
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
@@ -138,9 +139,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--test-batches", type=int, help="test batches, scored once per run")
     p.add_argument("--solved", type=float, default=0.99)
     p.add_argument("--flat-tol", type=float, default=0.01)
-    p.add_argument("--grid", default="0.001,0.003,0.01", help="initial rates (each task, mixer)")
-    p.add_argument("--grid-factor", type=float, default=3.0)
-    p.add_argument("--max-extensions", type=int, default=2)
+    add_grid_arguments(p, "task and mixer")
     p.add_argument("--seeds", help="the reported seeds, comma-separated")
     p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
     p.add_argument("--only", default="", help="restrict to 'task/mixer,...' (for a quick check)")
@@ -305,26 +304,24 @@ def run_key(r: dict) -> tuple:
 
 
 def score(r: dict) -> tuple:
-    """Tuning order, on validation only: a solved run beats an unsolved one, and among solved
-    runs the fewest steps wins (their final accuracies differ only by where in [solved, 1] the
-    check fired); then higher final validation accuracy, then lower validation loss. (A record
-    without ``validation`` is an old one, whose ``eval`` was scored on the same stream.)"""
+    """Tuning order, on validation only, lower is better: a solved run beats an unsolved one,
+    and among solved runs the fewest steps wins (their final accuracies differ only by where in
+    [solved, 1] the check fired); then higher final validation accuracy, then lower validation
+    loss. (A record without ``validation`` is an old one, whose ``eval`` was scored on the same
+    stream.)"""
     solved = r["stop"] == "solved"
     validation = r.get("validation", r.get("eval"))
     return (
-        solved,
-        -r["training"]["steps"] if solved else 0,
-        round(validation["accuracy"], 3),
-        -validation["loss"],
+        not solved,
+        r["training"]["steps"] if solved else 0,
+        -round(validation["accuracy"], 3),
+        validation["loss"],
     )
 
 
 def best_rate(rows: list[dict]) -> float:
-    return float(max(rows, key=score)["training"]["learning_rate"])
-
-
-def _rate(x: float) -> float:
-    return float(f"{x:.3g}")
+    """The rate of the best run (:func:`score`; ties: the first, the smaller rate)."""
+    return float(min(rows, key=score)["training"]["learning_rate"])
 
 
 def setting_of(args) -> dict:
@@ -396,23 +393,18 @@ class Sweep:
         self.index = {run_key(r): r for r in self.doc["runs"]}
 
     def tune(self, task, mixer):
+        """The rate of the cell, chosen on validation at the task's first length with the
+        tuning seed (:func:`kda_lib.lab.rate_grid.tune_rate`), recorded in ``grids``."""
         a = self.args
         seq_len, seed = a.seq_lens[task][0], a.tune_seed
-        grid = initial_grid(a)
-        low = high = 0
-        while True:
-            rows = [self.ensure(task, mixer, seq_len, lr, seed, "tune") for lr in grid]
-            best = best_rate(rows)
-            if best == grid[0] and low < a.max_extensions:
-                grid.insert(0, _rate(best / a.grid_factor))
-                low += 1
-            elif best == grid[-1] and high < a.max_extensions:
-                grid.append(_rate(best * a.grid_factor))
-                high += 1
-            else:
-                break
+        grid = tune_rate(
+            lambda lr: score(self.ensure(task, mixer, seq_len, lr, seed, "tune")),
+            initial_grid(a),
+            factor=a.grid_factor,
+            max_extensions=a.max_extensions,
+        )
         self.doc["grids"][f"{task}/{mixer}"] = dict(
-            seq_len=seq_len, seed=seed, rates=grid, best=best, inside=grid[0] < best < grid[-1]
+            seq_len=seq_len, seed=seed, **{k: grid[k] for k in ("rates", "best", "inside")}
         )
         self.save()
 
@@ -425,7 +417,7 @@ class Sweep:
 
 
 def initial_grid(args) -> list[float]:
-    return sorted(_rate(float(x)) for x in args.grid.split(","))
+    return parse_grid(args.grid)
 
 
 def cells(args) -> list[tuple[str, str]]:
@@ -484,11 +476,11 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
         p.error("--flat-tol must be >= 0 and --grid-factor > 1")
     try:
         args.seeds = [int(s) for s in args.seeds.split(",")]
-        rates = [float(x) for x in args.grid.split(",")]
+        parse_grid(args.grid)
     except ValueError as error:
-        p.error(f"--seeds must be ints and --grid numbers, comma-separated: {error}")
-    if any(s < 0 for s in args.seeds) or not all(r > 0 for r in rates):
-        p.error(f"--seeds must be >= 0 and --grid rates > 0; got {args.seeds}, {rates}")
+        p.error(f"--seeds must be ints and --grid distinct rates > 0, comma-separated: {error}")
+    if any(s < 0 for s in args.seeds):
+        p.error(f"--seeds must be >= 0; got {args.seeds}")
     if args.tune_seed in args.seeds:
         p.error(
             f"--tune-seed {args.tune_seed} is one of --seeds {args.seeds}: a tuning run is "

@@ -2,7 +2,8 @@
 
 :func:`tune_rate` scores each rate of a starting grid through a callable (one training run per
 rate, scored on validation only: the caller never hands it a test score); lower is better,
-e.g. validation bits per byte, and a NaN score (a diverged run) counts as the worst. When the
+e.g. validation bits per byte, and a NaN score (a diverged run) counts as the worst; a tuple
+score is compared entry by entry (e.g. ``(not solved, steps to solve, -accuracy)``). When the
 best rate is the smallest or the largest tried, one rate a ``factor`` beyond that edge is added
 and scored, up to ``max_extensions`` times per side, so the chosen rate is a minimum the grid
 brackets; when the extensions run out first, the result says so (``inside`` False) rather than
@@ -42,12 +43,20 @@ def parse_grid(text: str) -> list[float]:
     return rounded
 
 
-def _worst_if_nan(score: float) -> float:
-    return math.inf if math.isnan(score) else score
+def add_grid_arguments(parser, unit: str) -> None:
+    """``--grid``, ``--grid-factor`` and ``--max-extensions`` on ``parser`` (argparse), for a
+    record script that tunes one rate per ``unit`` (e.g. ``"model"``)."""
+    parser.add_argument("--grid", default="0.001,0.003,0.01", help=f"starting rates (each {unit})")
+    parser.add_argument("--grid-factor", type=float, default=3.0, help="an extension's factor")
+    parser.add_argument("--max-extensions", type=int, default=2, help="per side of the grid")
+
+
+def _worst_if_nan(score):
+    return math.inf if isinstance(score, float) and math.isnan(score) else score
 
 
 def tune_rate(
-    score: Callable[[float], float],
+    score: Callable[[float], float | tuple],
     grid: Sequence[float],
     *,
     factor: float,
@@ -56,7 +65,8 @@ def tune_rate(
     """The rate of ``grid`` (extended past an edge best) with the lowest ``score(rate)``.
 
     Args:
-      score: ``rate -> number``, lower is better (a validation score); called once per rate.
+      score: ``rate -> number`` or a tuple compared in order, lower is better (a validation
+        score); called once per rate.
       grid: the starting rates (> 0; rounded by :func:`round_rate`).
       factor: an extension multiplies the largest (divides the smallest) rate by it; > 1.
       max_extensions: extensions allowed per side; >= 0.
@@ -77,7 +87,8 @@ def tune_rate(
     while True:
         for rate in rates:
             if rate not in scores:
-                scores[rate] = float(score(rate))
+                value = score(rate)
+                scores[rate] = value if isinstance(value, tuple) else float(value)
         best = min(rates, key=lambda r: _worst_if_nan(scores[r]))
         if best == rates[0] and extensions["low"] < max_extensions:
             rates.insert(0, round_rate(best / factor))
