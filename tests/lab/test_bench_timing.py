@@ -75,3 +75,21 @@ def test_named_rows_can_be_skipped_with_a_record():
     assert records == [
         dict(impl="recurrent", T=32, mode="fwd+bwd", median_ms=None, skipped="named in --skip-rows")
     ]
+
+
+def test_each_round_times_the_rows_in_a_new_seeded_order(monkeypatch):
+    """A fixed order makes one row always follow the same neighbour (a call after a
+    memory-hungry one pays for its freed pages); the order changes each round, from --seed."""
+    calls = []
+    monkeypatch.setattr(bench.TimedProgram, "prepare", lambda self, warmup: None)
+    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self: calls.append(self.impl))
+
+    def rounds(seed):
+        calls.clear()
+        jobs = [bench.TimedProgram(name, 64, "fwd", fn=None, args=()) for name in "abcde"]
+        bench._time_jobs(jobs, bench.parse_args([*TINY, "--reps", "6", "--seed", str(seed)]))
+        return [tuple(calls[i : i + 5]) for i in range(0, 30, 5)]
+
+    first = rounds(0)
+    assert all(sorted(r) == list("abcde") for r in first) and len(set(first)) > 1
+    assert rounds(0) == first and rounds(1) != first
