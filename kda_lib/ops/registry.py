@@ -402,18 +402,26 @@ RECURRENT_MAX_AUTO_T = 16
 # it); every other platform runs "chunked" (or tokamax Mosaic on a real TPU).
 CPU_FORWARD = "recurrent"
 CPU_TRAINING = "chunked"
+# from this key width up, the scan's K x V state updates cost more than the chunked form's
+# matmuls on CPU, forward too (the streaming scan; docs/DESIGN.md section 4)
+CPU_CHUNKED_FORWARD_MIN_K = 128
 
 
-def portable_forms(seq_len: int, platform: str | None = None) -> tuple[str, str]:
-    """kda_lib's own forms for ``seq_len`` tokens on ``platform`` (default: JAX's default
-    backend): ``(forward, training)``, the form of a call that is not differentiated and the
-    form whose forward and backward a differentiated call runs. ``"recurrent"`` for both up to
-    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` and
-    :data:`CPU_TRAINING`; elsewhere ``"chunked"`` for both."""
+def portable_forms(
+    seq_len: int, key_dim: int | None = None, platform: str | None = None
+) -> tuple[str, str]:
+    """kda_lib's own forms for ``seq_len`` tokens of key width ``key_dim`` (None: narrower than
+    :data:`CPU_CHUNKED_FORWARD_MIN_K`) on ``platform`` (default: JAX's default backend):
+    ``(forward, training)``, the form of a call that is not differentiated and the form whose
+    forward and backward a differentiated call runs. ``"recurrent"`` for both up to
+    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` (``"chunked"`` from
+    ``key_dim`` :data:`CPU_CHUNKED_FORWARD_MIN_K` up) and :data:`CPU_TRAINING`; elsewhere
+    ``"chunked"`` for both."""
     if seq_len <= RECURRENT_MAX_AUTO_T:
         return "recurrent", "recurrent"
     if (platform or jax.default_backend()) == "cpu":
-        return CPU_FORWARD, CPU_TRAINING
+        wide = key_dim is not None and key_dim >= CPU_CHUNKED_FORWARD_MIN_K
+        return ("chunked" if wide else CPU_FORWARD), CPU_TRAINING
     return "chunked", "chunked"
 
 
@@ -428,7 +436,7 @@ def select_implementation(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
         return "tokamax_mosaic"
-    forward, training = portable_forms(seq_len)
+    forward, training = portable_forms(seq_len, key_dim)
     return training if differentiated else forward
 
 
@@ -499,7 +507,7 @@ def choose(options: KDAOptions) -> Backend:
         and not mosaic.problems(options)
     ):
         return mosaic
-    forward, training = portable_forms(dims.seq_len)
+    forward, training = portable_forms(dims.seq_len, dims.key_dim)
     if REGISTRY[forward].problems(options) and dims.seq_len > RECURRENT_MAX_AUTO_T:
         forward = training
     return _route(forward, training)

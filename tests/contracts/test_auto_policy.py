@@ -15,6 +15,7 @@ import numpy as np
 
 from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.api import RECURRENT_MAX_AUTO_T, select_implementation
+from kda_lib.ops.registry import CPU_CHUNKED_FORWARD_MIN_K
 from kda_lib.testing import random_kda_inputs
 
 B, H, HV, K, V = 1, 2, 4, 16, 8  # grouped value heads: two per q/k head
@@ -71,6 +72,19 @@ def test_the_suite_runs_off_tpu():
 
     assert picks(True) == {16: "recurrent", 17: "chunked"}, picks(True)
     assert picks(False) == {16: "recurrent", 17: "recurrent"}, picks(False)
+
+
+def test_auto_forward_from_key_width_128_is_the_chunked_form():
+    """From K = 128 the chunked form's forward beats the scan's on CPU (DESIGN section 4): an
+    undifferentiated call runs it, bit for bit; narrower keys keep the scan."""
+    assert CPU_CHUNKED_FORWARD_MIN_K == 128
+    for key_dim, form in ((64, "recurrent"), (128, "chunked"), (256, "chunked")):
+        picked = select_implementation(seq_len=T, key_dim=key_dim, dtype=jnp.float32,
+                                       lower_bound=None, fused_gate=False, differentiated=False)
+        assert picked == form, (key_dim, picked)
+    x = random_kda_inputs(jax.random.key(7), 1, 20, 1, 128, 8)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    _assert_identical(kda(*args), kda_chunked(*args), ("o", "final_state"))
 
 
 def test_auto_forward_above_16_tokens_is_the_scan():
