@@ -50,7 +50,8 @@ def test_no_extension_left_says_not_inside_and_nan_is_the_worst():
 def test_rates_round_to_three_digits_and_bad_grids_are_refused():
     assert round_rate(0.0030000001) == 0.003 and round_rate(0.01 / 3) == 0.00333
     assert parse_grid("0.01, 0.001,0.003") == [0.001, 0.003, 0.01]
-    for bad in ("", "0.01,x", "0.01,-1", "0,0.01", "nan", "0.003,0.0030001"):
+    assert parse_grid([0.01, 0.0030000001]) == [0.003, 0.01]  # a grid parsed already
+    for bad in ("", "0.01,x", "0.01,-1", "0,0.01", "nan", "0.003,0.0030001", [None], []):
         with pytest.raises(ValueError, match="grid"):
             parse_grid(bad)
     score = valley(0.003, [])
