@@ -219,20 +219,15 @@ def setting_of(args) -> dict:
     return record_runs.setting_of(args, SETTING_KEYS, PROTOCOL_VERSION)
 
 
+# the smallest values of this script's int options beyond those of record_runs.MINIMUMS
 MINIMUMS = dict(
-    hidden_size=1,
-    num_layers=1,
-    num_heads=1,
-    head_dim=1,
+    record_runs.MINIMUMS,
     kv_lora_rank=1,
-    batch_size=1,
     seq_len=1,
     steps=1,
-    eval_every=1,
     val_windows=2,
     test_windows=2,
     max_bytes=2,
-    **record_runs.MINIMUMS,
 )
 
 

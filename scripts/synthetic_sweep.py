@@ -407,20 +407,15 @@ def seed_plan(args, rates: dict[str, float]) -> list[tuple]:
     ]
 
 
+# the smallest values of this script's int options beyond those of record_runs.MINIMUMS
 MINIMUMS = dict(
+    record_runs.MINIMUMS,
     vocab_size=2,
     num_pairs=1,
-    hidden_size=1,
-    num_layers=1,
-    num_heads=1,
-    head_dim=1,
     chunk_size=1,
-    batch_size=1,
     max_steps=1,
-    eval_every=1,
     eval_batches=1,
     test_batches=1,
-    **record_runs.MINIMUMS,
 )
 
 

@@ -7,9 +7,10 @@ whatever else a script records beside, e.g. its corpus):
 
 * :func:`parse_with_preset` -- the command line, with the chosen ``--preset``'s values where it
   gave none.
-* :func:`add_seed_arguments`, :func:`check_seeds_and_grid`, :data:`MINIMUMS` -- ``--seeds`` (the
-  reported seeds) and ``--tune-seed`` (the tuning runs' seed, never a reported one), checked
-  with the rate grid's options (:mod:`kda_lib.lab.rate_grid`) before any work.
+* :func:`add_seed_arguments`, :func:`check_seeds_and_grid` -- ``--seeds`` (the reported seeds)
+  and ``--tune-seed`` (the tuning runs' seed, never a reported one), checked with the rate
+  grid's options (:mod:`kda_lib.lab.rate_grid`) before any work; :data:`MINIMUMS`, the
+  smallest values of the int options both scripts have.
 * :func:`setting_of` -- the options that make a run what it is: a document is resumed only by
   a command with the same setting.
 * :func:`check_output` -- ``--output`` refused before any work when it cannot be written, is
@@ -31,8 +32,19 @@ from collections.abc import Callable, Sequence
 from kda_lib.lab.rate_grid import parse_grid
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 
-# the smallest values of the options every record script has (kda_lib.checks.check_option_minimums)
-MINIMUMS = dict(max_extensions=0, tune_seed=0)
+# The smallest values of the int options both record scripts have, for
+# kda_lib.checks.check_option_minimums: the model's sizes, the batch, the validation interval,
+# the grid's extensions per side and the tuning seed.
+MINIMUMS = dict(
+    hidden_size=1,
+    num_layers=1,
+    num_heads=1,
+    head_dim=1,
+    batch_size=1,
+    eval_every=1,
+    max_extensions=0,
+    tune_seed=0,
+)
 
 
 def parse_with_preset(
