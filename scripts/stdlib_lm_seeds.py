@@ -58,7 +58,7 @@ budget) would take about 3.5 hours at the recorded rates.
 
 Resuming and concurrency: a run is keyed by (model, rate, seed); after every run the document
 is merged into ``--output`` under a lock and rewritten atomically
-(:func:`kda_lib.lab.records.update_json`), and a run already there is skipped, so a cut loses
+(:mod:`kda_lib.lab.record_runs`), and a run already there is skipped, so a cut loses
 at most the run in progress, the same command resumes, and two processes writing the same
 ``--output`` (say, one per model with ``--models``) lose nothing of each other's. Bad
 arguments (a count below its minimum, the tuning seed among the seeds, an unknown model, a bad
@@ -82,6 +82,7 @@ from flax import nnx
 
 import kda_lib.teaching.notebook
 from kda_lib.checks import check_option_minimums
+from kda_lib.lab import record_runs
 from kda_lib.lab.corpus import (
     ByteCorpus,
     TextBatch,
@@ -91,8 +92,8 @@ from kda_lib.lab.corpus import (
     windows_overlap,
 )
 from kda_lib.lab.generate import score_text
-from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, round_rate, tune_rate
-from kda_lib.lab.records import output_path_problem, read_json_document, update_json
+from kda_lib.lab.rate_grid import add_grid_arguments, round_rate, tune_rate
+from kda_lib.lab.records import read_json_document
 from kda_lib.lab.train import train
 from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.models.tiny_lm import (
@@ -180,8 +181,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     p.add_argument("--output", required=True, help="the JSON document (created or resumed)")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + str(MODELS))
-    p.add_argument("--seeds", default="0,1,2,3,4", help="the reported seeds, comma-separated")
-    p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
+    record_runs.add_seed_arguments(p, seeds="0,1,2,3,4")
     add_grid_arguments(p, "model")
     for name in (*_SIZES, "seq-len", "steps", "eval-every", "val-windows", "test-windows"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
@@ -195,12 +195,7 @@ def parser() -> argparse.ArgumentParser:
 
 def parse(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The arguments with the chosen preset's values where none was given."""
-    p = parser()
-    args = p.parse_args(argv)
-    for name, value in PRESETS[args.preset].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return p, args
+    return record_runs.parse_with_preset(parser(), PRESETS, argv)
 
 
 SETTING_KEYS = (
@@ -221,24 +216,17 @@ SETTING_KEYS = (
 
 
 def setting_of(args) -> dict:
-    values = dict(vars(args), protocol_version=PROTOCOL_VERSION)
-    return {key: values[key] for key in SETTING_KEYS}
+    return record_runs.setting_of(args, SETTING_KEYS, PROTOCOL_VERSION)
 
 
+# the smallest values of this script's int options beyond those of record_runs.MINIMUMS
 MINIMUMS = dict(
-    hidden_size=1,
-    num_layers=1,
-    num_heads=1,
-    head_dim=1,
+    record_runs.MINIMUMS,
     kv_lora_rank=1,
-    batch_size=1,
     seq_len=1,
     steps=1,
-    eval_every=1,
     val_windows=2,
     test_windows=2,
-    max_extensions=0,
-    tune_seed=0,
     max_bytes=2,
 )
 
@@ -251,39 +239,14 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown or len(set(args.models)) < len(args.models):
         p.error(f"--models must be distinct names of {MODELS}, got {args.models}")
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",")]
-        args.grid = parse_grid(args.grid)
-    except ValueError as error:
-        p.error(f"--seeds must be ints >= 0 and --grid rates > 0, comma-separated: {error}")
-    if any(s < 0 for s in args.seeds) or len(set(args.seeds)) < len(args.seeds):
-        p.error(f"--seeds must be distinct ints >= 0, got {args.seeds}")
-    if args.tune_seed in args.seeds:
-        p.error(
-            f"--tune-seed {args.tune_seed} is one of --seeds {args.seeds}: a tuning run is "
-            "never a reported seed"
-        )
-    if not args.grid_factor > 1:
-        p.error(f"--grid-factor must be > 1, got {args.grid_factor}")
+    record_runs.check_seeds_and_grid(p, args)
     args.hybrid_layers = args.hybrid_layers.split(",")
     if not set(args.hybrid_layers) <= set(MIXERS) or args.num_layers % len(args.hybrid_layers):
         p.error(
             f"--hybrid-layers must be mixers of {sorted(MIXERS)} whose count divides "
             f"--num-layers {args.num_layers}, got {args.hybrid_layers}"
         )
-    _check_output(p, args)
-
-
-def _check_output(p: argparse.ArgumentParser, args) -> None:
-    problem = output_path_problem(args.output)
-    if problem:
-        p.error(f"--output: {problem}")
-    try:
-        document = read_json_document(args.output)
-    except ValueError as error:
-        p.error(f"--output: {error}; move it away or give another path")
-    if document is not None and document.get("setting", setting_of(args)) != setting_of(args):
-        p.error(f"--output {args.output} was made with another setting: give another --output")
+    record_runs.check_output(p, args, setting_of(args))
 
 
 class Data(NamedTuple):
@@ -421,67 +384,48 @@ def run_key(r: dict) -> tuple:
     return (r["model"], round_rate(r["learning_rate"]), int(r["seed"]))
 
 
-def merge(ours: dict, disk: dict | None) -> dict:
-    """The document on disk with this process's runs and grids added (a run already on disk is
-    kept as it is there); SystemExit when the file was made with another setting or corpus."""
-    if not disk:
-        return ours
-    fingerprint = ours["corpus"]["fingerprint"]
-    made = (disk.get("setting", ours["setting"]), disk.get("corpus", {}).get("fingerprint"))
-    if made[0] != ours["setting"] or made[1] not in (None, fingerprint):
-        raise SystemExit(
-            f"the output was made with the setting and corpus {made}, not "
-            f"{(ours['setting'], fingerprint)}: give another --output"
-        )
-    runs = {run_key(r): r for r in disk.get("runs", [])}
-    for r in ours["runs"]:
-        runs.setdefault(run_key(r), r)
-    ordered = sorted(runs.values(), key=lambda r: (r["model"], r["phase"], *run_key(r)[1:]))
-    return {**ours, **disk, "grids": {**disk.get("grids", {}), **ours["grids"]}, "runs": ordered}
+def made_with(document: dict) -> dict:
+    """What a document was made with: the setting and the corpus (by its fingerprint)."""
+    return dict(
+        setting=document.get("setting"), corpus=document.get("corpus", {}).get("fingerprint")
+    )
 
 
-class Record:
+def run_order(r: dict) -> tuple:
+    """The document's order of runs: by model, phase, rate and seed."""
+    return (r["model"], r["phase"], *run_key(r)[1:])
+
+
+class Record(record_runs.RunDocument):
     """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent."""
 
     def __init__(self, args, data: Data):
-        self.args, self.data, self.path = args, data, pathlib.Path(args.output)
-        self.doc = dict(
+        self.args, self.data = args, data
+        document = dict(
             protocol=__doc__.split("under ``protocol``):")[1].split("\nTime, ")[0].strip(),
             setting=setting_of(args),
             corpus=data.corpus.describe(),
             grids={},
             runs=[],
         )
-        self.refresh()
-
-    def refresh(self):
-        """Take in what other processes have written since (read without the lock: the file is
-        only ever replaced whole)."""
-        self.doc = merge(self.doc, read_json_document(self.path))
-        self.index = {run_key(r): r for r in self.doc["runs"]}
-
-    def save(self):
-        self.doc = update_json(self.path, lambda disk: merge(self.doc, disk))
-        self.index = {run_key(r): r for r in self.doc["runs"]}
+        super().__init__(args.output, document, run_key, made_with, run_order)
 
     def ensure(self, model_name: str, lr: float, seed: int, phase: str) -> dict:
         key = (model_name, round_rate(lr), int(seed))
-        if key not in self.index:
-            self.refresh()
-        if key in self.index:
-            return self.index[key]
-        record = dict(run_one(model_name, key[1], seed, self.args, self.data), phase=phase)
-        self.doc["runs"].append(record)
-        self.index[key] = record
-        self.save()
-        v, t = record["validation"], record["test"]
-        print(
-            f"{phase:5s} {model_name:10s} lr {key[1]:<8g} seed {seed:<4d}: validation "
-            f"{v['bpb']:.4f} +- {v['bpb_se']:.4f}, test {t['bpb']:.4f} +- {t['bpb_se']:.4f} "
-            f"bits/byte after {record['training']['steps']} steps, {record['seconds']:.0f} s",
-            flush=True,
-        )
-        return record
+
+        def train() -> dict:
+            return dict(run_one(model_name, key[1], seed, self.args, self.data), phase=phase)
+
+        def announce(record: dict) -> None:
+            v, t = record["validation"], record["test"]
+            print(
+                f"{phase:5s} {model_name:10s} lr {key[1]:<8g} seed {seed:<4d}: validation "
+                f"{v['bpb']:.4f} +- {v['bpb_se']:.4f}, test {t['bpb']:.4f} +- {t['bpb_se']:.4f} "
+                f"bits/byte after {record['training']['steps']} steps, {record['seconds']:.0f} s",
+                flush=True,
+            )
+
+        return super().ensure(key, train, announce)
 
     def tune(self, model_name: str) -> float:
         """The model's rate, chosen on validation with the tuning seed (recorded in ``grids``)."""
@@ -494,8 +438,7 @@ class Record:
         grid = tune_rate(
             validation_bpb, a.grid, factor=a.grid_factor, max_extensions=a.max_extensions
         )
-        self.doc["grids"][model_name] = dict(grid, seed=a.tune_seed)
-        self.save()
+        self.set_grid(model_name, dict(grid, seed=a.tune_seed))
         return grid["best"]
 
 

@@ -8,10 +8,10 @@ runs; ``--preset paper`` the paper's lengths and step budget, for an accelerator
 :data:`PRESETS`); any option given on the command line overrides its preset's value.
 
 One run per (task, mixer, seq_len, learning rate, seed). After every run the document is
-merged into the file under a lock and rewritten atomically
-(:func:`kda_lib.lab.records.update_json`), and a run already in the file is skipped, so a cut
-loses at most the run in progress, the same command resumes, and two processes writing the same
-``--output`` (say, one per task with ``--only``) lose nothing of each other's. Bad arguments (a
+merged into the file under a lock and rewritten atomically (:mod:`kda_lib.lab.record_runs`),
+and a run already in the file is skipped, so a cut loses at most the run in progress, the same
+command resumes, and two processes writing the same ``--output`` (say, one per task with
+``--only``) lose nothing of each other's. Bad arguments (a
 count below its minimum, a seed both tuning and reported, a damaged or unwritable ``--output``)
 are refused before any work.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import pathlib
 import time
 
 import jax
@@ -52,8 +51,8 @@ from flax import nnx
 
 import kda_lib.teaching.notebook
 from kda_lib.checks import check_option_minimums
+from kda_lib.lab import record_runs
 from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, tune_rate
-from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
 from kda_lib.layers.kda_layer import KDAConfig
@@ -140,20 +139,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--solved", type=float, default=0.99)
     p.add_argument("--flat-tol", type=float, default=0.01)
     add_grid_arguments(p, "task and mixer")
-    p.add_argument("--seeds", help="the reported seeds, comma-separated")
-    p.add_argument("--tune-seed", type=int, default=1000, help="the tuning runs' seed")
+    record_runs.add_seed_arguments(p)
     p.add_argument("--only", default="", help="restrict to 'task/mixer,...' (for a quick check)")
     return p
 
 
 def parse(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The arguments with the chosen preset's values where none was given."""
-    p = parser()
-    args = p.parse_args(argv)
-    for name, value in PRESETS[args.preset].items():
-        if getattr(args, name) is None:
-            setattr(args, name, _lengths(value) if name == "seq_lens" else value)
-    return p, args
+    return record_runs.parse_with_preset(parser(), PRESETS, argv)
 
 
 SETTING_KEYS = (
@@ -325,60 +318,27 @@ def best_rate(rows: list[dict]) -> float:
 
 
 def setting_of(args) -> dict:
-    values = dict(vars(args), protocol_version=PROTOCOL_VERSION)
-    return {key: values[key] for key in SETTING_KEYS}
+    return record_runs.setting_of(args, SETTING_KEYS, PROTOCOL_VERSION)
 
 
-def merge(ours: dict, disk: dict | None) -> dict:
-    """The document on disk with this process's runs and grids added (a run already on disk is
-    kept as it is there); SystemExit when the file was made with another setting."""
-    if not disk:
-        return ours
-    if disk.get("setting") != ours["setting"]:
-        raise SystemExit(
-            f"the output was made with the setting {disk.get('setting')}, not "
-            f"{ours['setting']}: give another --output"
-        )
-    runs = {run_key(r): r for r in disk.get("runs", [])}
-    for r in ours["runs"]:
-        runs.setdefault(run_key(r), r)
-    return {
-        **ours,
-        **disk,
-        "grids": {**disk.get("grids", {}), **ours["grids"]},
-        "runs": list(runs.values()),
-    }
-
-
-class Sweep:
+class Sweep(record_runs.RunDocument):
     """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent."""
 
     def __init__(self, args):
-        self.args, self.path = args, pathlib.Path(args.output)
-        self.doc = dict(
+        self.args = args
+        document = dict(
             protocol=__doc__.split("Protocol (stated once")[1].strip(),
             setting=setting_of(args),
             grids={},
             runs=[],
         )
-        self.refresh()
-
-    def refresh(self):
-        """Take in what other processes have written to the file since (read without the lock:
-        the file is only ever replaced whole)."""
-        self.doc = merge(self.doc, read_json_document(self.path))
-        self.index = {run_key(r): r for r in self.doc["runs"]}
+        super().__init__(args.output, document, run_key)
 
     def ensure(self, task, mixer, seq_len, lr, seed, phase) -> dict:
-        key = (task, mixer, seq_len, float(lr), int(seed))
-        if key not in self.index:
-            self.refresh()
-        if key not in self.index:
-            record = run_one(task, mixer, seq_len, lr, seed, self.args)
-            record["phase"] = phase
-            self.doc["runs"].append(record)
-            self.index[key] = record
-            self.save()
+        def train() -> dict:
+            return dict(run_one(task, mixer, seq_len, lr, seed, self.args), phase=phase)
+
+        def announce(record: dict) -> None:
             print(
                 f"{phase:5s} {task:10s} {mixer:15s} T={seq_len:<4d} lr {lr:<8g} seed {seed}: "
                 f"val {record['validation']['accuracy']:.3f} test "
@@ -386,11 +346,9 @@ class Sweep:
                 f"steps ({record['stop']}), {record['train_seconds']:.0f} s",
                 flush=True,
             )
-        return self.index[key]
 
-    def save(self):
-        self.doc = update_json(self.path, lambda disk: merge(self.doc, disk))
-        self.index = {run_key(r): r for r in self.doc["runs"]}
+        key = (task, mixer, seq_len, float(lr), int(seed))
+        return super().ensure(key, train, announce)
 
     def tune(self, task, mixer):
         """The rate of the cell, chosen on validation at the task's first length with the
@@ -403,10 +361,10 @@ class Sweep:
             factor=a.grid_factor,
             max_extensions=a.max_extensions,
         )
-        self.doc["grids"][f"{task}/{mixer}"] = dict(
-            seq_len=seq_len, seed=seed, **{k: grid[k] for k in ("rates", "best", "inside")}
+        self.set_grid(
+            f"{task}/{mixer}",
+            dict(seq_len=seq_len, seed=seed, **{k: grid[k] for k in ("rates", "best", "inside")}),
         )
-        self.save()
 
     def seeds(self, task, mixer):
         tuned = self.doc["grids"].get(f"{task}/{mixer}")
@@ -449,55 +407,31 @@ def seed_plan(args, rates: dict[str, float]) -> list[tuple]:
     ]
 
 
+# the smallest values of this script's int options beyond those of record_runs.MINIMUMS
 MINIMUMS = dict(
+    record_runs.MINIMUMS,
     vocab_size=2,
     num_pairs=1,
-    hidden_size=1,
-    num_layers=1,
-    num_heads=1,
-    head_dim=1,
     chunk_size=1,
-    batch_size=1,
     max_steps=1,
-    eval_every=1,
     eval_batches=1,
     test_batches=1,
-    max_extensions=0,
-    tune_seed=0,
 )
 
 
 def check_arguments(p: argparse.ArgumentParser, args) -> None:
-    """Refuse, before any work, what would fail or mislead later (argparse's error, exit 2)."""
+    """Refuse, before any work, what would fail or mislead later (argparse's error, exit 2);
+    turns ``--seeds`` and ``--grid`` into lists."""
     check_option_minimums(p, args, MINIMUMS)
     if not 0 < args.solved <= 1:
         p.error(f"--solved must be in (0, 1], got {args.solved}")
-    if not (args.flat_tol >= 0 and args.grid_factor > 1):
-        p.error("--flat-tol must be >= 0 and --grid-factor > 1")
-    try:
-        args.seeds = [int(s) for s in args.seeds.split(",")]
-        parse_grid(args.grid)
-    except ValueError as error:
-        p.error(f"--seeds must be ints and --grid distinct rates > 0, comma-separated: {error}")
-    if any(s < 0 for s in args.seeds):
-        p.error(f"--seeds must be >= 0; got {args.seeds}")
-    if args.tune_seed in args.seeds:
-        p.error(
-            f"--tune-seed {args.tune_seed} is one of --seeds {args.seeds}: a tuning run is "
-            "never a reported seed"
-        )
+    if not args.flat_tol >= 0:
+        p.error(f"--flat-tol must be >= 0, got {args.flat_tol}")
+    record_runs.check_seeds_and_grid(p, args)
     missing = [t for t in args.tasks.split(",") if t not in args.seq_lens]
     if missing:
         p.error(f"--seq-lens gives no length for the task(s) {missing}")
-    problem = output_path_problem(args.output)
-    if problem:
-        p.error(f"--output: {problem}")
-    try:
-        document = read_json_document(args.output)
-    except ValueError as error:
-        p.error(f"--output: {error}; move it away or give another path")
-    if document is not None and document.get("setting", setting_of(args)) != setting_of(args):
-        p.error(f"--output {args.output} was made with another setting: give another --output")
+    record_runs.check_output(p, args, setting_of(args))
 
 
 def main(argv=None):

@@ -25,17 +25,19 @@ def round_rate(rate: float) -> float:
     return float(f"{rate:.3g}")
 
 
-def parse_grid(text: str) -> list[float]:
-    """``"0.001,0.003,0.01"`` -> the rates, rounded (:func:`round_rate`) and sorted.
+def parse_grid(text: str | list[float]) -> list[float]:
+    """``"0.001,0.003,0.01"`` (or a list of rates, e.g. one parsed already) -> the rates,
+    rounded (:func:`round_rate`) and sorted.
 
     Raises:
       ValueError: an entry that is not a number > 0, or two entries that round alike.
     """
+    entries = text if isinstance(text, (list, tuple)) else str(text).split(",")
     try:
-        rates = [float(x) for x in str(text).split(",")]
-    except ValueError:
+        rates = [float(x) for x in entries]
+    except (TypeError, ValueError):
         raise ValueError(f"grid must be rates > 0, comma-separated; got {text!r}") from None
-    if not all(math.isfinite(r) and r > 0 for r in rates):
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
         raise ValueError(f"grid must be rates > 0, comma-separated; got {text!r}")
     rounded = sorted(round_rate(r) for r in rates)
     if len(set(rounded)) < len(rounded):

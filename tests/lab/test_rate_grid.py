@@ -50,7 +50,8 @@ def test_no_extension_left_says_not_inside_and_nan_is_the_worst():
 def test_rates_round_to_three_digits_and_bad_grids_are_refused():
     assert round_rate(0.0030000001) == 0.003 and round_rate(0.01 / 3) == 0.00333
     assert parse_grid("0.01, 0.001,0.003") == [0.001, 0.003, 0.01]
-    for bad in ("", "0.01,x", "0.01,-1", "0,0.01", "nan", "0.003,0.0030001"):
+    assert parse_grid([0.01, 0.0030000001]) == [0.003, 0.01]  # a grid parsed already
+    for bad in ("", "0.01,x", "0.01,-1", "0,0.01", "nan", "0.003,0.0030001", [None], []):
         with pytest.raises(ValueError, match="grid"):
             parse_grid(bad)
     score = valley(0.003, [])
@@ -66,8 +67,13 @@ def test_rates_round_to_three_digits_and_bad_grids_are_refused():
 def test_tuple_scores_compare_entry_by_entry_and_ties_go_to_the_smaller_rate():
     """The synthetic sweep's order: (not solved, steps to solve, -accuracy); an edge best
     extends the grid as a number score does."""
-    runs = {0.001: (True, 0, -0.4), 0.003: (False, 900, -0.99), 0.01: (False, 500, -0.99),
-            0.03: (False, 500, -0.98), 0.1: (True, 0, -0.1)}
+    runs = {
+        0.001: (True, 0, -0.4),
+        0.003: (False, 900, -0.99),
+        0.01: (False, 500, -0.99),
+        0.03: (False, 500, -0.98),
+        0.1: (True, 0, -0.1),
+    }
     grid = tune_rate(runs.__getitem__, [0.001, 0.003, 0.01], factor=3, max_extensions=1)
     assert grid["rates"] == [0.001, 0.003, 0.01, 0.03] and grid["best"] == 0.01
     assert grid["inside"] and grid["scores"][2] == (False, 500, -0.99)
