@@ -372,8 +372,8 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # **The library's form.** `kda_lib.kda_chunked` computes the same for speed and training:
 # $(I + L)^{-1}$ by matmuls, float32 scores with no exponent above 0, a `lax.scan` building each
 # chunk's state-free lines in its step (`scan="streaming"`, the CPU default; `"sequential"`
-# builds all chunks' first), hand-written gradients, segments. **Chaining by maps:** step 4's maps compose
-# associatively, $S \mapsto M_{[2]} M_{[1]} S + (M_{[2]} E_{[1]} + E_{[2]})$, so
+# builds all chunks' first), hand-written gradients, segments. **Chaining by maps:** step 4's
+# maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S + (M_{[2]} E_{[1]} + E_{[2]})$, so
 # `lax.associative_scan` finds every entering state in $2 \log_2 N - 1$ rounds ($N = T / C$;
 # `scan="associative"`, the default off CPU) at the price of $d_k \times d_k$ products; context
 # parallelism composes them across devices (notebook 05). Checked, rounds counted on the scan:

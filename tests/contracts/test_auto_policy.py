@@ -1,5 +1,6 @@
 """``implementation="auto"`` off TPU: ``"recurrent"`` for T <= 16; above, on CPU, the scan for
-a call that is not differentiated and exactly the chunked form's forward and backward for one
+a call that is not differentiated (key width below 128; the chunked form from 128) and exactly
+the chunked form's forward and backward for one
 that is (``registry.Routed``, a ``custom_vjp``); the rules come from the recorded grid
 (``test_policy_grid.py`` checks them against it). Each case compares ``auto`` with the form it
 stands for bit for bit: the same program, so the same bits. Segment ids, initial and final
