@@ -816,7 +816,8 @@ def _skipped(name, seq_len, args, cfg, inputs_key, add) -> list[dict]:
     """A token-by-token entry above ``--sequential-max-t`` that was not named: the modes in
     which ``auto`` runs it at this T are timed anyway (the policy needs them); the others
     become ``skipped`` records (their estimated time is noted after the run)."""
-    forward, training = portable_forms(seq_len, cfg.key_dim)
+    state_size = cfg.batch * cfg.heads * cfg.key_dim * cfg.value_dim
+    forward, training = portable_forms(seq_len, state_size)
     needed = [m for m in args.modes if (forward if m == "fwd" else training) == name]
     if needed:
         inputs = kernel_inputs(cfg, seq_len, inputs_key)

@@ -17,10 +17,11 @@ The three ``tokamax_*`` need tokamax, an extra (``pip install 'kda-lib[tokamax]'
 ``"auto"`` policy (:func:`kda_lib.ops.registry.choose`): tokamax Mosaic on a (real) TPU v6+ when
 tokamax is installed and its constraints hold; otherwise ``"recurrent"`` for T <= 16 (decode
 steps, where one scan step beats a padded 64-token chunk); above, on CPU, the scan for a call
-that is not differentiated (key width below 128; the chunked form from 128) and exactly the
-chunked form's forward and backward for one that is (a ``custom_vjp``,
-:class:`kda_lib.ops.registry.Routed`); ``"chunked"`` on other platforms. The rules come from a
-recorded grid (``docs/DESIGN.md`` section 4 names the file and what it holds).
+that is not differentiated (while the state updated per token, ``B * HV * K * V``, is under
+65536 numbers; the chunked form from there) and exactly the chunked form's forward and backward
+for one that is (a ``custom_vjp``, :class:`kda_lib.ops.registry.Routed`); ``"chunked"`` on other
+platforms. The rules come from a recorded grid (``docs/DESIGN.md`` section 4 names the file and
+what it holds).
 kda_lib's chunked form is the portable default: it is faster than tokamax's ``xla_chunked``
 on CPU (see the recorded runs in ``data/benchmarks/``) and serves every input (any T,
 initial/final state, both gates). An explicitly requested implementation never falls back: if

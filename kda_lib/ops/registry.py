@@ -402,41 +402,54 @@ RECURRENT_MAX_AUTO_T = 16
 # it); every other platform runs "chunked" (or tokamax Mosaic on a real TPU).
 CPU_FORWARD = "recurrent"
 CPU_TRAINING = "chunked"
-# from this key width up, the scan's K x V state updates cost more than the chunked form's
-# matmuls on CPU, forward too (the streaming scan; docs/DESIGN.md section 4)
-CPU_CHUNKED_FORWARD_MIN_K = 128
+# the scan's forward only while the state it updates per token (B * HV * K * V numbers) is
+# smaller than this; from it up the chunked form's forward is faster on CPU too (the recorded
+# grid, docs/DESIGN.md section 4: B*H = 16 at K = 64, or B*H = 4 at K = 128, and above)
+CPU_CHUNKED_FORWARD_MIN_STATE = 65536
 
 
 def portable_forms(
-    seq_len: int, key_dim: int | None = None, platform: str | None = None
+    seq_len: int, state_size: int | None = None, platform: str | None = None
 ) -> tuple[str, str]:
-    """kda_lib's own forms for ``seq_len`` tokens of key width ``key_dim`` (None: narrower than
-    :data:`CPU_CHUNKED_FORWARD_MIN_K`) on ``platform`` (default: JAX's default backend):
-    ``(forward, training)``, the form of a call that is not differentiated and the form whose
-    forward and backward a differentiated call runs. ``"recurrent"`` for both up to
-    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` (``"chunked"`` from
-    ``key_dim`` :data:`CPU_CHUNKED_FORWARD_MIN_K` up) and :data:`CPU_TRAINING`; elsewhere
+    """kda_lib's own forms for ``seq_len`` tokens on ``platform`` (default: JAX's default
+    backend): ``(forward, training)``, the form of a call that is not differentiated and the
+    form whose forward and backward a differentiated call runs. ``"recurrent"`` for both up to
+    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` (``"chunked"`` when
+    ``state_size``, the numbers of the state updated per token ``B * HV * K * V``, is at least
+    :data:`CPU_CHUNKED_FORWARD_MIN_STATE`; None: smaller) and :data:`CPU_TRAINING`; elsewhere
     ``"chunked"`` for both."""
     if seq_len <= RECURRENT_MAX_AUTO_T:
         return "recurrent", "recurrent"
     if (platform or jax.default_backend()) == "cpu":
-        wide = key_dim is not None and key_dim >= CPU_CHUNKED_FORWARD_MIN_K
-        return ("chunked" if wide else CPU_FORWARD), CPU_TRAINING
+        large = state_size is not None and state_size >= CPU_CHUNKED_FORWARD_MIN_STATE
+        return ("chunked" if large else CPU_FORWARD), CPU_TRAINING
     return "chunked", "chunked"
 
 
 def select_implementation(
-    *, seq_len: int, key_dim: int, dtype, lower_bound, fused_gate: bool, differentiated=True
+    *,
+    seq_len: int,
+    key_dim: int,
+    dtype,
+    lower_bound,
+    fused_gate: bool,
+    differentiated=True,
+    batch: int = 1,
+    num_heads: int = 1,
+    value_dim: int | None = None,
 ):
     """The ``"auto"`` policy's name for these inputs: the form that runs a differentiated call
     (its forward and backward), or with ``differentiated=False`` one that is not. Only a real TPU
     gets tokamax Mosaic (when tokamax is installed and its constraints hold): an emulated one
-    (:func:`kda_lib.emulate_tpu`) runs the kernel interpreted, far slower than ``"chunked"``."""
+    (:func:`kda_lib.emulate_tpu`) runs the kernel interpreted, far slower than ``"chunked"``.
+    ``batch``, ``num_heads`` (value heads HV) and ``value_dim`` (default ``key_dim``) size the
+    state the forward updates per token, which the CPU forward's form depends on."""
     if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
         return "tokamax_mosaic"
-    forward, training = portable_forms(seq_len, key_dim)
+    state_size = batch * num_heads * key_dim * (value_dim or key_dim)
+    forward, training = portable_forms(seq_len, state_size)
     return training if differentiated else forward
 
 
@@ -507,7 +520,8 @@ def choose(options: KDAOptions) -> Backend:
         and not mosaic.problems(options)
     ):
         return mosaic
-    forward, training = portable_forms(dims.seq_len, dims.key_dim)
+    state_size = dims.batch * dims.num_heads * dims.key_dim * dims.value_dim
+    forward, training = portable_forms(dims.seq_len, state_size)
     if REGISTRY[forward].problems(options) and dims.seq_len > RECURRENT_MAX_AUTO_T:
         forward = training
     return _route(forward, training)

@@ -1,6 +1,6 @@
 """``implementation="auto"`` off TPU: ``"recurrent"`` for T <= 16; above, on CPU, the scan for
-a call that is not differentiated (key width below 128; the chunked form from 128) and exactly
-the chunked form's forward and backward for one
+a call that is not differentiated (a state under 65536 numbers per token; the chunked form from
+there) and exactly the chunked form's forward and backward for one
 that is (``registry.Routed``, a ``custom_vjp``); the rules come from the recorded grid
 (``test_policy_grid.py`` checks them against it). Each case compares ``auto`` with the form it
 stands for bit for bit: the same program, so the same bits. Segment ids, initial and final
@@ -16,7 +16,7 @@ import numpy as np
 
 from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.api import RECURRENT_MAX_AUTO_T, select_implementation
-from kda_lib.ops.registry import CPU_CHUNKED_FORWARD_MIN_K
+from kda_lib.ops.registry import CPU_CHUNKED_FORWARD_MIN_STATE
 from kda_lib.testing import random_kda_inputs
 
 B, H, HV, K, V = 1, 2, 4, 16, 8  # grouped value heads: two per q/k head
@@ -75,15 +75,19 @@ def test_the_suite_runs_off_tpu():
     assert picks(False) == {16: "recurrent", 17: "recurrent"}, picks(False)
 
 
-def test_auto_forward_from_key_width_128_is_the_chunked_form():
-    """From K = 128 the chunked form's forward beats the scan's on CPU (DESIGN section 4): an
-    undifferentiated call runs it, bit for bit; narrower keys keep the scan."""
-    assert CPU_CHUNKED_FORWARD_MIN_K == 128
-    for key_dim, form in ((64, "recurrent"), (128, "chunked"), (256, "chunked")):
+def test_auto_forward_of_a_large_state_is_the_chunked_form():
+    """From B * HV * K * V = 65536 state numbers per token the chunked form's forward beats the
+    scan's on CPU (the recorded grid, DESIGN section 4): an undifferentiated call runs it, bit
+    for bit; smaller states keep the scan."""
+    assert CPU_CHUNKED_FORWARD_MIN_STATE == 65536
+    cases = {(1, 4, 64, None): "recurrent", (2, 4, 64, 64): "recurrent",
+             (1, 16, 64, None): "chunked", (1, 4, 128, None): "chunked", (4, 16, 64, 32): "chunked"}
+    for (batch, heads, key_dim, value_dim), form in cases.items():
         picked = select_implementation(seq_len=T, key_dim=key_dim, dtype=jnp.float32,
-                                       lower_bound=None, fused_gate=False, differentiated=False)
-        assert picked == form, (key_dim, picked)
-    x = random_kda_inputs(jax.random.key(7), 1, 20, 1, 128, 8)
+                                       lower_bound=None, fused_gate=False, differentiated=False,
+                                       batch=batch, num_heads=heads, value_dim=value_dim)
+        assert picked == form, (batch, heads, key_dim, value_dim, picked)
+    x = random_kda_inputs(jax.random.key(7), 1, 20, 4, 128, 128)
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
     _assert_identical(kda(*args), kda_chunked(*args), ("o", "final_state"))
 
