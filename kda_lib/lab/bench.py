@@ -5,7 +5,9 @@ even on a noisy machine (absolute times are only comparable on a quiet one). Eac
 jitted and compiled ahead of time (compile time is reported separately) and warmed up; then
 every function is timed once per round for ``--reps`` rounds (15 by default; interleaved in a
 new random order each round, so a change of load, or the after-effects of one call on the next,
-hit all of them alike; ``--no-interleave`` times each one's reps back to back instead). The
+hit all of them alike; rows whose programs need over 256 MiB are interleaved among themselves
+after the others, since the calls after them pay to fault their freed memory back in;
+``--no-interleave`` times each one's reps back to back instead). The
 table shows the median, the quartiles, the minimum and the reps; a row whose
 minimum is under half its median is flagged ``bimodal`` (and warned about: its median is no
 typical call's time). A JSON file keeps everything. ``--preset auto-grid`` records the grid
@@ -830,6 +832,10 @@ def _skipped(name, seq_len, args, cfg, inputs_key, add) -> list[dict]:
     ]
 
 
+# rows whose compiled programs need more memory than this are timed apart (see _time_jobs)
+HEAVY_BYTES = 256 * 2**20
+
+
 def _time_jobs(jobs: list[TimedProgram], args) -> None:
     """Compile and warm up every job, then time ``args.reps`` calls of each: one call of every
     job per round (interleaved), or each job's calls back to back with ``--no-interleave``. A
@@ -853,12 +859,17 @@ def _time_jobs(jobs: list[TimedProgram], args) -> None:
         print(f"compiled {job.impl} T={job.seq_len} {job.mode}", file=sys.stderr, flush=True)
     if not args.no_interleave:
         # a new order every round (seeded): a fixed order would make one row always follow the
-        # same neighbour, and a call right after a memory-hungry one pays for its freed pages
-        # (measured: the chunked forward after the scan's forward + backward, 57 ms against 34)
+        # same neighbour. And the rows whose programs need over HEAVY_BYTES (the scan's forward
+        # + backward keeps a state per token) are timed after the others, among themselves:
+        # the calls after such a one pay to fault its freed memory back in (measured: the
+        # chunked forward after the scan's forward + backward, 57 ms against 34; with random
+        # order, a row's median could still land among those calls)
         order = np.random.default_rng(args.seed)
-        for _ in range(args.reps):
-            for index in order.permutation(len(jobs)):
-                attempt(jobs[index], jobs[index].time_once)
+        heavy = [job for job in jobs if job.info.get("compiled_bytes", 0) > HEAVY_BYTES]
+        for group in ([job for job in jobs if job not in heavy], heavy):
+            for _ in range(args.reps):
+                for index in order.permutation(len(group)):
+                    attempt(group[index], group[index].time_once)
 
 
 def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> dict:

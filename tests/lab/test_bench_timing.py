@@ -93,3 +93,16 @@ def test_each_round_times_the_rows_in_a_new_seeded_order(monkeypatch):
     first = rounds(0)
     assert all(sorted(r) == list("abcde") for r in first) and len(set(first)) > 1
     assert rounds(0) == first and rounds(1) != first
+
+
+def test_rows_needing_much_memory_are_timed_after_the_others(monkeypatch):
+    """The calls after a program that needs a lot of memory pay to fault it back in: such rows
+    are interleaved among themselves, after every other row's rounds."""
+    calls = []
+    monkeypatch.setattr(bench.TimedProgram, "prepare", lambda self, warmup: None)
+    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self: calls.append(self.impl))
+    jobs = [bench.TimedProgram(name, 64, "fwd", fn=None, args=()) for name in "abcd"]
+    for job, nbytes in zip(jobs, (1, bench.HEAVY_BYTES + 1, 2, bench.HEAVY_BYTES * 4), strict=True):
+        job.info["compiled_bytes"] = nbytes
+    bench._time_jobs(jobs, bench.parse_args([*TINY, "--reps", "4"]))
+    assert sorted(calls[:8]) == sorted("ac" * 4) and sorted(calls[8:]) == sorted("bd" * 4)
