@@ -69,7 +69,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/teaching/install.py")["install_dependencies"](missing=missing)
 
-
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import functools
