@@ -525,21 +525,33 @@ def _pass_states(intra: IntraChunk, initial_state, operand_dtype=None):
     low = _policy_dtype("state", operand_dtype)
 
     def step(state, chunk):
-        w, u, k_out_t, keep = chunk
-        corrected = u - _matmul("bhck,bhkv->bhcv", w, state, operand_dtype=low)
-        new = keep[..., None] * state + _matmul(
-            "bhkc,bhcv->bhkv", k_out_t, corrected, operand_dtype=low
-        )
+        new, corrected = _carry_state(state, *chunk, low)
         return new, (state, corrected)
 
     final, (entering, corrected) = jax.lax.scan(
         step, initial_state, (intra.w, intra.u, k_out_t, intra.keep)
     )
-    low = _policy_dtype("outputs", operand_dtype)
-    o = _matmul("nbhck,nbhkv->nbhcv", intra.q_in, entering, operand_dtype=low) + _matmul(
-        "nbhij,nbhjv->nbhiv", intra.attn_qk, corrected, operand_dtype=low
+    return _chunk_outputs(intra, entering, corrected, operand_dtype), final, entering
+
+
+def _carry_state(state, w, u, k_out_t, keep, low):
+    """One chunk applied to its entering ``state [.., K, V]``: ``(the state leaving it, the
+    chunk's values corrected by the entering state [.., C, V])``; ``k_out_t`` is ``[.., K, C]``
+    and ``low`` the ``"state"`` group's operand dtype."""
+    corrected = u - _matmul("...ck,...kv->...cv", w, state, operand_dtype=low)
+    new = keep[..., None] * state + _matmul(
+        "...kc,...cv->...kv", k_out_t, corrected, operand_dtype=low
     )
-    return o, final, entering
+    return new, corrected
+
+
+def _chunk_outputs(intra: IntraChunk, entering, corrected, operand_dtype=None):
+    """The outputs ``[.., C, V]``: the entering state read by the decayed queries plus the
+    in-chunk part of the corrected values."""
+    low = _policy_dtype("outputs", operand_dtype)
+    return _matmul("...ck,...kv->...cv", intra.q_in, entering, operand_dtype=low) + _matmul(
+        "...ij,...jv->...iv", intra.attn_qk, corrected, operand_dtype=low
+    )
 
 
 def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
@@ -554,20 +566,14 @@ def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
     """
     # inside shard_map the carry must vary over the same mesh axes as the chunks
     initial_state = initial_state + jnp.zeros_like(chunks[2][0, ..., :1, :])
-    low_state = _policy_dtype("state", operand_dtype)
-    low_out = _policy_dtype("outputs", operand_dtype)
+    low = _policy_dtype("state", operand_dtype)
 
     def step(state, chunk):
         xs, masks = chunk
         intra = _intra_chunk(*xs, scale=scale, segments=masks, operand_dtype=operand_dtype)
-        corrected = intra.u - _matmul("bhck,bhkv->bhcv", intra.w, state, operand_dtype=low_state)
-        new = intra.keep[..., None] * state + _matmul(
-            "bhck,bhcv->bhkv", intra.k_out, corrected, operand_dtype=low_state
-        )
-        o = _matmul("bhck,bhkv->bhcv", intra.q_in, state, operand_dtype=low_out) + _matmul(
-            "bhij,bhjv->bhiv", intra.attn_qk, corrected, operand_dtype=low_out
-        )
-        return new, (o, state)
+        k_out_t = jnp.swapaxes(intra.k_out, -1, -2)
+        new, corrected = _carry_state(state, intra.w, intra.u, k_out_t, intra.keep, low)
+        return new, (_chunk_outputs(intra, state, corrected, operand_dtype), state)
 
     final, (o, entering) = jax.lax.scan(step, initial_state, (chunks, segments))
     return o, final, entering
