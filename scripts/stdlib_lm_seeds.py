@@ -44,7 +44,13 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
   with its standard error over the windows, and bits per byte at each of the ``--seq-len``
   positions of a window (mean and standard error over the windows:
   :func:`kda_lib.lab.generate.score_text`), from which whether the bits keep falling beyond
-  position 32 can be tested; training tokens/s (validation excluded).
+  position 32 can be tested; ``probe``, the long-range probe on the test split
+  (:func:`kda_lib.lab.corpus.copy_probe_windows`): windows whose second half repeats the first
+  (``--seq-len // 2`` bytes back) against windows whose first half is other text, scored where
+  the last ``--probe-reach`` + 1 bytes are the same in both, so that a model reading no
+  further back than ``--probe-reach`` bytes gains nothing (:func:`kda_lib.lab.generate.
+  copy_probe_scores`: the gain in bits per byte with its standard error over the windows);
+  training tokens/s (validation excluded).
 
 Time, ``--preset cpu``: 5 models x (3 tuning rates + 5 seeds) = 40 runs of 600 steps. Per step
 on this 2-core machine under load (notebook 09's full setting, 800 steps, recorded in
@@ -85,13 +91,15 @@ from kda_lib.checks import check_option_minimums
 from kda_lib.lab import record_runs
 from kda_lib.lab.corpus import (
     ByteCorpus,
+    CopyProbe,
     TextBatch,
+    copy_probe_windows,
     load_stdlib_corpus,
     text_task,
     validation_windows,
     windows_overlap,
 )
-from kda_lib.lab.generate import score_text
+from kda_lib.lab.generate import copy_probe_scores, score_text
 from kda_lib.lab.rate_grid import add_grid_arguments, round_rate, tune_rate
 from kda_lib.lab.records import read_json_document
 from kda_lib.lab.train import train
@@ -155,6 +163,7 @@ PRESETS: dict[str, dict] = {
         eval_every=100,
         val_windows=256,
         test_windows=512,
+        probe_reach=32,
         max_bytes=None,
     ),
     # a test's size: 2 layers of width 16, 16-byte windows, a few steps, 20 kB per split
@@ -171,6 +180,7 @@ PRESETS: dict[str, dict] = {
         eval_every=2,
         val_windows=8,
         test_windows=8,
+        probe_reach=4,
         max_bytes=20000,
     ),
 }
@@ -183,7 +193,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + str(MODELS))
     record_runs.add_seed_arguments(p, seeds="0,1,2,3,4")
     add_grid_arguments(p, "model")
-    for name in (*_SIZES, "seq-len", "steps", "eval-every", "val-windows", "test-windows"):
+    for name in (
+        *_SIZES,
+        "seq-len",
+        "steps",
+        "eval-every",
+        "val-windows",
+        "test-windows",
+        "probe-reach",
+    ):
         p.add_argument(f"--{name.replace('_', '-')}", type=int)
     p.add_argument("--hybrid-layers", help="the hybrid's layer pattern, e.g. kda,kda,kda,mla")
     p.add_argument("--implementation", default=_FULL["implementation"])
@@ -208,6 +226,7 @@ SETTING_KEYS = (
     "eval_every",
     "val_windows",
     "test_windows",
+    "probe_reach",
     "validation_fraction",
     "test_fraction",
     "max_bytes",
@@ -227,6 +246,7 @@ MINIMUMS = dict(
     steps=1,
     val_windows=2,
     test_windows=2,
+    probe_reach=1,
     max_bytes=2,
 )
 
@@ -240,6 +260,11 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
     if unknown or len(set(args.models)) < len(args.models):
         p.error(f"--models must be distinct names of {MODELS}, got {args.models}")
     record_runs.check_seeds_and_grid(p, args)
+    if args.probe_reach >= args.seq_len // 2:
+        p.error(
+            f"--probe-reach must be below --seq-len // 2 = {args.seq_len // 2} (the probe repeats "
+            f"the text that far back), got {args.probe_reach}"
+        )
     args.hybrid_layers = args.hybrid_layers.split(",")
     if not set(args.hybrid_layers) <= set(MIXERS) or args.num_layers % len(args.hybrid_layers):
         p.error(
@@ -250,12 +275,14 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
 
 
 class Data(NamedTuple):
-    """The corpus and its three streams: the training task, the validation and test windows."""
+    """The corpus and its three streams: the training task, the validation and test windows,
+    and the long-range probe's windows (from the test split)."""
 
     corpus: ByteCorpus
     train_task: object
     validation: TextBatch
     test: TextBatch
+    probe: CopyProbe
 
 
 def load_data(p: argparse.ArgumentParser, args) -> Data:
@@ -269,12 +296,17 @@ def load_data(p: argparse.ArgumentParser, args) -> Data:
         )
     except ValueError as error:
         p.error(f"the corpus: {error}")
-    for split, count in (("validation", args.val_windows), ("test", args.test_windows)):
+    half = args.seq_len // 2
+    for split, count, length in (
+        ("validation", args.val_windows, args.seq_len),
+        ("test", args.test_windows, args.seq_len),
+        ("test", args.test_windows, half),  # the probe's spans
+    ):
         data = getattr(corpus, split)
-        if data.size < args.seq_len + 1 or windows_overlap(data, args.seq_len, count):
+        if data.size < length + 1 or windows_overlap(data, length, count):
             p.error(
                 f"the {split} split ({data.size} bytes) is too small for {count} windows of "
-                f"{args.seq_len} + 1 bytes that share no bytes: fewer windows or more bytes"
+                f"{length} + 1 bytes that share no bytes: fewer windows or more bytes"
             )
     recorded = (read_json_document(args.output) or {}).get("corpus")
     if recorded and recorded["fingerprint"] != corpus.fingerprint:
@@ -284,6 +316,7 @@ def load_data(p: argparse.ArgumentParser, args) -> Data:
         text_task(corpus.train),
         validation_windows(corpus.validation, args.seq_len, args.val_windows),
         validation_windows(corpus.test, args.seq_len, args.test_windows),
+        copy_probe_windows(corpus.test, args.seq_len, args.test_windows, args.probe_reach),
     )
 
 
@@ -353,6 +386,7 @@ def run_one(model_name: str, lr: float, seed: int, args, data: Data) -> dict:
     start = time.perf_counter()
     curve, validation, speed = train_with_curve(model, data, lr, data_seed, args)
     test = held_out_scores(model, data.test)
+    probe = copy_probe_scores(model, data.probe, batch_size=min(EVAL_BATCH, args.test_windows))
     return dict(
         model=model_name,
         learning_rate=lr,
@@ -372,6 +406,7 @@ def run_one(model_name: str, lr: float, seed: int, args, data: Data) -> dict:
         curve=curve,
         validation=validation,
         test=test,
+        probe=dict(probe, reach=args.probe_reach, distance=args.seq_len // 2),
         train_tokens_per_second=speed,
         seconds=time.perf_counter() - start,
         platform=jax.devices()[0].platform,

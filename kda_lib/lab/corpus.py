@@ -289,3 +289,46 @@ def _window_starts(data: np.ndarray, seq_len: int, count: int) -> np.ndarray:
     _check_window(data, seq_len)
     check_int("count", count)
     return np.linspace(0, data.size - seq_len - 1, count).astype(np.int64)
+
+
+class CopyProbe(NamedTuple):
+    """Paired windows that test whether a model reads more than its last ``reach`` bytes.
+
+    Every window is ``[first half | span]``, ``2 h`` bytes (``h = seq_len // 2``) with the span's
+    next byte as the last target. In ``copy`` the first half is the span itself (the text
+    repeats, ``h`` bytes back); in ``control`` it is another window's span. The two differ only
+    in the first half, so at the ``scored`` positions (``[h + reach, 2 h)``, where the last
+    ``reach + 1`` input bytes are the same in both) a model that reads at most its last
+    ``reach`` bytes scores both alike; bits saved on ``copy`` come from the repeat ``h`` bytes
+    back. ``copy`` and ``control``: :class:`TextBatch` ``[N, 2 h]``; ``scored``: ``(start,
+    stop)`` positions."""
+
+    copy: TextBatch
+    control: TextBatch
+    scored: tuple[int, int]
+
+
+def copy_probe_windows(data: np.ndarray, seq_len: int, count: int, reach: int) -> CopyProbe:
+    """:class:`CopyProbe` of ``count`` spans of ``seq_len // 2`` bytes at evenly spaced offsets
+    of ``data`` (a held-out split); the control of span ``i`` starts with span ``i + 1``
+    (cyclically). Needs ``count >= 2`` and ``reach < seq_len // 2``; the spans share no bytes
+    when ``windows_overlap(data, seq_len // 2, count)`` is False."""
+    check_int("count", count, 2)
+    check_int("reach", reach)
+    half = seq_len // 2
+    if not reach < half:
+        raise ValueError(f"reach must be below seq_len // 2 = {half}, got reach={reach}")
+    spans = np.stack([data[s : s + half + 1] for s in _window_starts(data, half, count)])
+    spans = spans.astype(np.int32)  # [N, h + 1]: the span and its next byte
+
+    def windows(first_halves: np.ndarray) -> TextBatch:
+        text = np.concatenate([first_halves, spans], axis=1)  # [N, 2 h + 1]
+        return TextBatch(
+            jnp.asarray(text[:, :-1]), jnp.asarray(text[:, 1:]), jnp.ones((count, 2 * half), bool)
+        )
+
+    return CopyProbe(
+        windows(spans[:, :half]),
+        windows(np.roll(spans[:, :half], -1, axis=0)),
+        (half + reach, 2 * half),
+    )

@@ -7,6 +7,8 @@
 * :func:`score_text` -- cross-entropy per position over fixed windows: bits per byte and the
   bits against the position in the context, with standard errors over the windows
   (:func:`window_losses`: the per-window, per-position losses they come from).
+* :func:`copy_probe_scores` -- the bits a repeat of the text far back saves (the long-range
+  probe of :func:`kda_lib.lab.corpus.copy_probe_windows`).
 * :func:`decode_cost` -- the time of one decode step and the bytes of the cache at growing
   context lengths (a KDA layer's cache does not grow; an attention layer's grows linearly).
 """
@@ -202,6 +204,31 @@ def score_text(model: TinyLM, windows, *, batch_size: int = 8) -> dict:
         bits_per_token_se=float(standard_error(bits.mean(1, keepdims=True))[0]),
         bits_by_position=bits.mean(0).tolist(),
         bits_by_position_se=standard_error(bits).tolist(),
+    )
+
+
+def copy_probe_scores(model: TinyLM, probe, *, batch_size: int = 8) -> dict:
+    """Bits per byte of ``model`` at the scored positions of a
+    :class:`kda_lib.lab.corpus.CopyProbe`, on the repeated text and on the control.
+
+    Returns ``{"copy_bpb", "control_bpb"}`` (means over windows and scored positions),
+    ``gain_bpb`` (control minus copy: the bits the repeat ``h`` bytes back saves, where the
+    last ``reach + 1`` bytes are the same in both), ``gain_se`` (its standard error over the
+    windows, paired window by window), ``windows`` and ``scored`` (the positions)."""
+    start, stop = probe.scored
+    bits = [
+        window_losses(model, windows, batch_size=batch_size)[:, start:stop].mean(1) / math.log(2)
+        for windows in (probe.copy, probe.control)
+    ]  # two [N]: each window's mean bits at the scored positions
+    gain = bits[1] - bits[0]
+    count = gain.size
+    return dict(
+        copy_bpb=float(bits[0].mean()),
+        control_bpb=float(bits[1].mean()),
+        gain_bpb=float(gain.mean()),
+        gain_se=float(gain.std(ddof=1) / math.sqrt(count)) if count > 1 else math.nan,
+        windows=int(count),
+        scored=[int(start), int(stop)],
     )
 
 

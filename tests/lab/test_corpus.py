@@ -8,6 +8,7 @@ import pytest
 
 from kda_lib.lab.corpus import (
     SEPARATOR,
+    copy_probe_windows,
     hash_fraction,
     in_validation,
     load_stdlib_corpus,
@@ -144,6 +145,32 @@ def test_windows_are_next_byte_pairs(tree):
     np.testing.assert_array_equal(np.asarray(side_by_side.inputs).ravel()[::8] % 9, 0)
     with pytest.raises(ValueError, match="1-D uint8 array"):
         text_task(np.zeros(10, np.int32))
+
+
+def test_copy_probe_windows_differ_only_beyond_the_reach():
+    """Copy: the span twice; control: another span, then the span. At every scored position
+    the last reach + 1 inputs (and the target) are the same in both; the copy's first half is
+    its second half, so the repeat lies exactly h bytes back."""
+    data = np.random.default_rng(0).integers(1, 256, 400).astype(np.uint8)
+    probe = copy_probe_windows(data, 20, 6, reach=4)
+    half, (start, stop) = 10, probe.scored
+    assert (start, stop) == (14, 20) and probe.copy.inputs.shape == (6, 20)
+    copy, control = (np.asarray(w.inputs) for w in (probe.copy, probe.control))
+    targets = [np.asarray(w.targets) for w in (probe.copy, probe.control)]
+    np.testing.assert_array_equal(copy[:, :half], copy[:, half:])
+    np.testing.assert_array_equal(control[:, half:], copy[:, half:])
+    np.testing.assert_array_equal(control[:, :half], np.roll(copy[:, :half], -1, axis=0))
+    assert not (control[:, :half] == copy[:, :half]).all(axis=1).any()
+    np.testing.assert_array_equal(targets[0][:, half:], targets[1][:, half:])
+    np.testing.assert_array_equal(targets[0][:, :-1], copy[:, 1:])  # next-byte targets
+    for p in range(start, stop):
+        np.testing.assert_array_equal(copy[:, p - 4 : p + 1], control[:, p - 4 : p + 1])
+    spans = [bytes(row[half:].astype(np.uint8).tolist()) for row in copy]
+    assert all(span in data.tobytes() for span in spans)
+    with pytest.raises(ValueError, match="reach must be below seq_len // 2 = 10"):
+        copy_probe_windows(data, 20, 6, reach=10)
+    with pytest.raises(ValueError, match="count must be an int >= 2"):
+        copy_probe_windows(data, 20, 1, reach=4)
 
 
 def test_the_standard_library_corpus():

@@ -11,10 +11,11 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from kda_lib.lab.corpus import TextBatch
+from kda_lib.lab.corpus import TextBatch, copy_probe_windows
 from kda_lib.lab.generate import (
     _as_if_seen,
     cache_bytes,
+    copy_probe_scores,
     decode_cost,
     generate,
     generate_text,
@@ -115,6 +116,27 @@ def test_score_text_gives_bits_by_position_with_standard_errors_over_windows(mod
     assert np.mean(scores["bits_by_position"]) == pytest.approx(scores["bits_per_token"])
     one = score_text(model, TextBatch(tokens[:1, :-1], tokens[:1, 1:], None))
     assert math.isnan(one["bits_per_token_se"])  # no spread from a single window
+
+
+def test_copy_probe_gains_nothing_for_a_model_blind_beyond_the_reach(model):
+    """A conv-only model sees conv_reach tokens back: with the probe's reach at least that, the
+    copy and the control score alike at every scored position; a model with attention sees
+    the repeat. The gain is control minus copy, its error scipy's sem over the windows."""
+    data = np.random.default_rng(1).integers(0, 13, 300).astype(np.uint8)
+    conv_only = dataclasses.replace(CFG, layers=("conv", "conv"))
+    blind = TinyLM(conv_only, rngs=nnx.Rngs(1))
+    probe = copy_probe_windows(data, 16, 5, reach=conv_only.conv_reach)
+    scores = copy_probe_scores(blind, probe, batch_size=4)
+    assert scores["windows"] == 5 and scores["scored"] == [8 + conv_only.conv_reach, 16]
+    np.testing.assert_allclose(scores["copy_bpb"], scores["control_bpb"], rtol=1e-6)
+    assert abs(scores["gain_bpb"]) < 1e-5
+    seeing = copy_probe_scores(model, probe, batch_size=4)
+    start, stop = probe.scored
+    bits = [window_losses(model, w, batch_size=4)[:, start:stop].mean(1) / math.log(2)
+            for w in (probe.copy, probe.control)]  # fmt: skip
+    assert seeing["gain_bpb"] == pytest.approx(float((bits[1] - bits[0]).mean()), rel=1e-5)
+    assert seeing["gain_se"] == pytest.approx(stats.sem(bits[1] - bits[0]), rel=1e-4)
+    assert abs(seeing["gain_bpb"]) > 1e-3  # attention reads the first half
 
 
 def test_decode_cost_memory_grows_only_with_attention():

@@ -96,8 +96,8 @@ def test_the_cpu_preset_is_notebook_09s_full_setting_with_five_fresh_seeds(scrip
 def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_path):
     """End to end at the tiny preset (3 steps, width 16, 16-byte windows): one tuning run per
     rate at the tuning seed, then fresh seeds at the chosen rate; every run holds the
-    validation curve, validation and test bits per byte with standard errors, and the bits
-    at each of the 16 positions; a second call trains nothing."""
+    validation curve, validation and test bits per byte with standard errors, the bits at
+    each of the 16 positions and the long-range probe; a second call trains nothing."""
     output = tmp_path / "lm.json"
     argv = [*TINY, "--models", "attention,hybrid", "--seeds", "0,1", "--grid", "0.003,0.01",
             "--max-extensions", "0", "--output", str(output)]  # fmt: skip
@@ -123,6 +123,11 @@ def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_pat
             assert len(scores["bits_by_position"]) == len(scores["bits_by_position_se"]) == 16
             mean = sum(scores["bits_by_position"]) / 16
             assert math.isclose(mean, scores["bpb"], rel_tol=1e-5)
+        probe = run["probe"]  # the long-range probe on the test split: 8-byte repeats
+        assert (probe["reach"], probe["distance"], probe["windows"]) == (4, 8, 8)
+        assert probe["scored"] == [12, 16] and probe["gain_se"] > 0
+        assert math.isclose(probe["gain_bpb"], probe["control_bpb"] - probe["copy_bpb"],
+                            rel_tol=1e-4, abs_tol=1e-6)  # fmt: skip
     before = output.read_text()
     script.main(argv)  # resumes: everything recorded, nothing trained
     assert json.loads(output.read_text())["runs"] == json.loads(before)["runs"]
@@ -185,6 +190,8 @@ def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
         (["--tune-seed", "1"], "--tune-seed 1 is one of --seeds"),
         (["--test-windows", "5000"], "the test split (20000 bytes) is too small"),
         (["--test-fraction", "0.95"], "the corpus: test_fraction must be in"),
+        (["--probe-reach", "8"], "--probe-reach must be below --seq-len // 2 = 8"),
+        (["--probe-reach", "0"], "--probe-reach must be >= 1"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(
