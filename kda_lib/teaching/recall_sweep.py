@@ -8,6 +8,7 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   batches, with the test accuracies reported; :func:`print_table` prints them.
 * :func:`sweep_cells` -- a recorded sweep's runs per cell at the tuned rate, sorted by seed,
   and which cells are complete (enough seeds, best rate strictly inside its grid).
+* :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
 * :func:`solve_step`, :func:`claim_a`, :func:`claim_b` -- steps to the solved level and the
   verdict rules for the paper's two claims.
 * :func:`plot_task_examples`, :func:`plot_live_steps`, :func:`plot_phase`,
@@ -22,8 +23,11 @@ import numpy as np
 from kda_lib.lab.train import record_scores, save_record, summary_line
 from kda_lib.teaching.viz import CYCLE, token_rows
 
-MIXER_ORDER = ("kda", "gdn", "attention", "attention_conv", "conv")
-COLORS = dict(zip(MIXER_ORDER, CYCLE, strict=False))
+MIXER_ORDER = ("kda", "gdn", "mamba2", "attention", "attention_conv", "conv")
+# the five mixers keep the colours they had before mamba2 joined
+COLORS = dict(
+    zip(("kda", "gdn", "attention", "attention_conv", "conv", "mamba2"), CYCLE, strict=False)
+)
 
 
 def reporter(tuning: list, records: list, path: str):
@@ -50,8 +54,10 @@ def tuned(records) -> dict:
         groups.setdefault(setting, {}).setdefault(r["training"]["learning_rate"], []).append(r)
     best = {}
     for setting, by_lr in groups.items():
-        lr = max(by_lr, key=lambda lr: np.mean(
-            [record_scores(r)["validation"]["accuracy"] for r in by_lr[lr]]))
+        lr = max(
+            by_lr,
+            key=lambda lr: np.mean([record_scores(r)["validation"]["accuracy"] for r in by_lr[lr]]),
+        )
         acc = [record_scores(r)["test"]["accuracy"] for r in by_lr[lr]]
         best[setting] = dict(lr=lr, acc=np.array(acc), runs=by_lr[lr])
     return best
@@ -63,8 +69,10 @@ def print_table(best: dict, title: str) -> None:
     for (task, mixer, t), b in sorted(best.items()):
         acc = b["acc"]
         sd = acc.std(ddof=1) if len(acc) > 1 else float("nan")
-        print(f"{task:11s} T={t:<4d} {mixer:15s} lr {b['lr']:<7g} {acc.mean():.3f} +- {sd:.3f}"
-              f"  [{acc.min():.3f}, {acc.max():.3f}]  ({len(acc)} seeds)")
+        print(
+            f"{task:11s} T={t:<4d} {mixer:15s} lr {b['lr']:<7g} {acc.mean():.3f} +- {sd:.3f}"
+            f"  [{acc.min():.3f}, {acc.max():.3f}]  ({len(acc)} seeds)"
+        )
 
 
 def sweep_cells(sweep: dict, min_seeds: int = 3):
@@ -86,32 +94,49 @@ def sweep_cells(sweep: dict, min_seeds: int = 3):
         if row and r["training"]["learning_rate"] == row["best"]:
             cells.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(r)
     cells = {c: sorted(rs, key=lambda r: r["training"]["seed"]) for c, rs in cells.items()}
-    complete = {c for c, rs in cells.items()
-                if len(rs) >= min_seeds and grids[f"{c[0]}/{c[1]}"]["inside"]}
-    acc = {c: np.array([record_scores(r)[reported]["accuracy"] for r in rs])
-           for c, rs in cells.items()}
+    complete = {
+        c for c, rs in cells.items() if len(rs) >= min_seeds and grids[f"{c[0]}/{c[1]}"]["inside"]
+    }
+    acc = {
+        c: np.array([record_scores(r)[reported]["accuracy"] for r in rs]) for c, rs in cells.items()
+    }
     return cells, complete, acc
+
+
+def beyond_reach(runs) -> np.ndarray | None:
+    """The runs' test accuracy on the scored positions whose answer lies beyond the conv-only
+    model's reach (``beyond_reach_accuracy``: stack), by run; None for a task without it."""
+    scores = [record_scores(r)["test"].get("beyond_reach_accuracy") for r in runs]
+    return None if None in scores else np.array(scores)
 
 
 def solve_step(run: dict, solved: float):
     """The step of the run's first held-out evaluation at the ``solved`` level (None: never)."""
-    hits = [s for s, a in zip(run["curve"]["step"], run["curve"]["accuracy"], strict=True)
-            if a >= solved]
+    hits = [
+        s
+        for s, a in zip(run["curve"]["step"], run["curve"]["accuracy"], strict=True)
+        if a >= solved
+    ]
     return hits[0] if hits else None
 
 
 def claim_a(tests: dict, task: str, lengths):
     """Claim A at each complete length: KDA ordered above every other complete mixer.
     Returns (verdict, {T: {mixer: "<" | ">" | "level"}})."""
-    per_len = {t: {m: c.verdict for (k, t2, m), c in tests.items()
-                   if (k, t2) == (task, t) and m != "steps"} for t in lengths}
+    per_len = {
+        t: {
+            m: c.verdict for (k, t2, m), c in tests.items() if (k, t2) == (task, t) and m != "steps"
+        }
+        for t in lengths
+    }
     per_len = {t: o for t, o in per_len.items() if o}
     if not per_len:
         return "not recorded yet (no complete length)", per_len
     top = [t for t, o in per_len.items() if all(v == ">" for v in o.values())]
     above = [t for t, o in per_len.items() if "<" not in o.values() and ">" in o.values()]
-    return ("reproduced" if len(top) == len(per_len) else "in part" if top or above
-            else "not shown"), per_len
+    return (
+        "reproduced" if len(top) == len(per_len) else "in part" if top or above else "not shown"
+    ), per_len
 
 
 def claim_b(tests: dict, task: str):
@@ -119,17 +144,29 @@ def claim_b(tests: dict, task: str):
     Returns (verdict, {T: verdict})."""
     found = {t: c.verdict for (k, t, m), c in tests.items() if (k, m) == (task, "steps")}
     faster = [t for t, v in found.items() if v == "<"]
-    return ("no length where both solve on every seed" if not found else "reproduced"
-            if len(faster) == len(found) else "in part" if faster else "not shown"), found
+    return (
+        "no length where both solve on every seed"
+        if not found
+        else "reproduced"
+        if len(faster) == len(found)
+        else "in part"
+        if faster
+        else "not shown"
+    ), found
 
 
 def plot_task_examples(examples: dict, vocab_size: int) -> plt.Figure:
     """One row per task: an example's input tokens (top) and its scored targets (bottom)."""
-    fig, axes = plt.subplots(len(examples), 1, figsize=(9, 1.35 * len(examples) + 0.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(examples), 1, figsize=(9, 1.35 * len(examples) + 0.4), squeeze=False
+    )
     for ax, (name, batch) in zip(axes[:, 0], examples.items(), strict=True):
-        token_rows(ax, *(a[0] for a in batch), vocab_size=vocab_size,
-                   title=f"{name}: input tokens (top) and scored targets (bottom)")
+        token_rows(
+            ax,
+            *(a[0] for a in batch),
+            vocab_size=vocab_size,
+            title=f"{name}: input tokens (top) and scored targets (bottom)",
+        )
     return fig
 
 
@@ -142,11 +179,20 @@ def plot_live_steps(best: dict, mixers, seq_lens, chance: float, num_layers: int
             runs = best[("mqar", mixer, t)]["runs"]
             hist = np.array([r["history"]["accuracy"] for r in runs])
             ax.plot(runs[0]["history"]["step"], hist.mean(0), color=COLORS[mixer], label=mixer)
-            ax.fill_between(runs[0]["history"]["step"], hist.min(0), hist.max(0),
-                            color=COLORS[mixer], alpha=0.15)
+            ax.fill_between(
+                runs[0]["history"]["step"],
+                hist.min(0),
+                hist.max(0),
+                color=COLORS[mixer],
+                alpha=0.15,
+            )
         ax.axhline(chance, color="0.3", linestyle=":", linewidth=1.2)
-        ax.set(ylim=(-0.02, 1.02), xlabel="optimiser step", ylabel="accuracy (window mean)",
-               title=f"this run: MQAR, T = {t}, {num_layers} layer(s)")
+        ax.set(
+            ylim=(-0.02, 1.02),
+            xlabel="optimiser step",
+            ylabel="accuracy (window mean)",
+            title=f"this run: MQAR, T = {t}, {num_layers} layer(s)",
+        )
     axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
     return fig
 
@@ -156,17 +202,33 @@ def plot_phase(phase: dict, among_pairs: float) -> plt.Figure:
     among the sequence's pair values."""
     history = phase["history"]
     fig, ax = plt.subplots(figsize=(7.5, 3.4))
-    ax.plot(history["step"], history["accuracy"], color=CYCLE[2],
-            label=f"attention, {phase['model']['num_layers']} layers (recorded)")
+    ax.plot(
+        history["step"],
+        history["accuracy"],
+        color=CYCLE[2],
+        label=f"attention, {phase['model']['num_layers']} layers (recorded)",
+    )
     pairs, values = phase["task_options"]["num_pairs"], round(1 / phase["chance_accuracy"])
-    ax.axhline(phase["chance_accuracy"], color="0.3", linestyle=":",
-               label=f"chance: uniform over the {values} value tokens")
-    ax.axhline(among_pairs, color="0.3", linestyle="--", linewidth=1,
-               label=f"uniform over the sequence's {pairs} pair values")
-    ax.set(ylim=(-0.02, 1.02), xlabel="optimiser step",
-           ylabel="training accuracy (100-step means)",
-           title=f"MQAR, T = {phase['training']['seq_len']}, "
-           f"{phase['task_options']['num_pairs']} pairs: attention's phase transition")
+    ax.axhline(
+        phase["chance_accuracy"],
+        color="0.3",
+        linestyle=":",
+        label=f"chance: uniform over the {values} value tokens",
+    )
+    ax.axhline(
+        among_pairs,
+        color="0.3",
+        linestyle="--",
+        linewidth=1,
+        label=f"uniform over the sequence's {pairs} pair values",
+    )
+    ax.set(
+        ylim=(-0.02, 1.02),
+        xlabel="optimiser step",
+        ylabel="training accuracy (100-step means)",
+        title=f"MQAR, T = {phase['training']['seq_len']}, "
+        f"{phase['task_options']['num_pairs']} pairs: attention's phase transition",
+    )
     ax.legend(loc="center right")
     return fig
 
@@ -175,44 +237,72 @@ def _curves(runs, budget: int, every: int):
     """Held-out accuracy of each run on the evaluation steps up to ``budget``; a run that
     stopped when solved keeps its last value (it is not trained further)."""
     steps = np.arange(every, budget + 1, every)
-    return steps, np.array([np.interp(steps, r["curve"]["step"], r["curve"]["accuracy"])
-                            for r in runs])
+    return steps, np.array(
+        [np.interp(steps, r["curve"]["step"], r["curve"]["accuracy"]) for r in runs]
+    )
 
 
 def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figure:
-    """Top: mean accuracy over seeds against length per task, bars from the lowest seed to the
-    highest, incomplete cells hollow. Bottom: held-out accuracy against steps at each task's
-    first length (incomplete cells dashed)."""
+    """Top: mean test accuracy over seeds against length per task, bars from the lowest seed to
+    the highest, incomplete cells hollow. Bottom: validation accuracy against steps at each
+    task's first length (incomplete cells dashed). For a protocol-2 record (``sweep_cells``)."""
     tasks = list(dict.fromkeys(c[0] for c in cells))
     mixers = [m for m in MIXER_ORDER if any(c[1] == m for c in cells)]
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4.4 * len(tasks), 7.4), squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(tasks), figsize=(4.4 * len(tasks), 7.4), squeeze=False, layout="constrained"
+    )
     for ax, ax_steps, task in zip(axes[0], axes[1], tasks, strict=True):
         lens = sorted({c[2] for c in cells if c[0] == task})
         for mixer in mixers:
             ts = [t for t in lens if (task, mixer, t) in cells]
             a = [acc[(task, mixer, t)] for t in ts]
             mean = np.array([x.mean() for x in a])
-            ax.errorbar(ts, mean, yerr=[mean - [x.min() for x in a], [x.max() for x in a] - mean],
-                        color=COLORS[mixer], capsize=3, label=mixer)
-            ax.scatter(ts, mean, edgecolors=COLORS[mixer], zorder=3, color=[
-                COLORS[mixer] if (task, mixer, t) in complete else "white" for t in ts])
+            ax.errorbar(
+                ts,
+                mean,
+                yerr=[mean - [x.min() for x in a], [x.max() for x in a] - mean],
+                color=COLORS[mixer],
+                capsize=3,
+                label=mixer,
+            )
+            ax.scatter(
+                ts,
+                mean,
+                edgecolors=COLORS[mixer],
+                zorder=3,
+                color=[COLORS[mixer] if (task, mixer, t) in complete else "white" for t in ts],
+            )
             if (task, mixer, lens[0]) in cells:
-                x, y = _curves(cells[(task, mixer, lens[0])], setting["max_steps"],
-                               setting["eval_every"])
+                x, y = _curves(
+                    cells[(task, mixer, lens[0])], setting["max_steps"], setting["eval_every"]
+                )
                 style = "-" if (task, mixer, lens[0]) in complete else "--"
                 ax_steps.plot(x, y.mean(0), style, color=COLORS[mixer], label=mixer)
                 ax_steps.fill_between(x, y.min(0), y.max(0), color=COLORS[mixer], alpha=0.15)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [str(t) for t in lens])
         ax.minorticks_off()
-        ax.set(ylim=(-0.02, 1.02), title=f"{task}: accuracy vs length",
-               xlabel="sequence length T (log scale)", ylabel="held-out accuracy")
-        ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
-                     xlabel="optimiser step", ylabel="held-out accuracy")
+        ax.set(
+            ylim=(-0.02, 1.02),
+            title=f"{task}: accuracy vs length",
+            xlabel="sequence length T (log scale)",
+            ylabel="test accuracy",
+        )
+        ax_steps.set(
+            ylim=(-0.02, 1.02),
+            title=f"{task}, T = {lens[0]}: accuracy vs steps",
+            xlabel="optimiser step",
+            ylabel="validation accuracy",
+        )
         for a in (ax, ax_steps):
             a.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
-    axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8,
-                       title="hollow / dashed:\nincomplete", title_fontsize=7)
+    axes[0, -1].legend(
+        loc="center left",
+        bbox_to_anchor=(1.02, 0.5),
+        fontsize=8,
+        title="hollow / dashed:\nincomplete",
+        title_fontsize=7,
+    )
     return fig
 
 
@@ -223,10 +313,20 @@ def plot_filters(target, kda_filter, scalar_filter, max_lag: float) -> plt.Figur
     fig, ax = plt.subplots(figsize=(8, 3.4))
     ax.semilogy(lag, target, color="0.2", linewidth=3, alpha=0.35, label="target h(tau)")
     ax.semilogy(lag, kda_filter, "--", color=COLORS["kda"], label="KDA head (per-channel decay)")
-    ax.semilogy(lag, scalar_filter, ":", color=COLORS["gdn"], linewidth=2,
-                label="best scalar-decay head (one exponential)")
-    ax.set(xlim=(0, max_lag), ylim=(1e-4, 1.5), xlabel="lag tau (tokens)",
-           ylabel="weight of x(t - tau) (log scale)",
-           title="Two time scales in one head: per-channel vs scalar decay")
+    ax.semilogy(
+        lag,
+        scalar_filter,
+        ":",
+        color=COLORS["gdn"],
+        linewidth=2,
+        label="best scalar-decay head (one exponential)",
+    )
+    ax.set(
+        xlim=(0, max_lag),
+        ylim=(1e-4, 1.5),
+        xlabel="lag tau (tokens)",
+        ylabel="weight of x(t - tau) (log scale)",
+        title="Two time scales in one head: per-channel vs scalar decay",
+    )
     ax.legend(loc="upper right", fontsize=8)
     return fig

@@ -193,8 +193,14 @@ def test_01_query_scale_is_a_constant_factor_that_rmsnorm_removes():
     S = rng.normal(size=(K, V))
     with jax.enable_x64(True):
         row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
-        _, o = kda_lib.kda_step(row(S), row(q), row(k), row(np.zeros(V)), row(np.zeros(K)),
-                                jnp.zeros((1, 1), jnp.float64))  # beta = 0: no write
+        _, o = kda_lib.kda_step(
+            row(S),
+            row(q),
+            row(k),
+            row(np.zeros(V)),
+            row(np.zeros(K)),
+            jnp.zeros((1, 1), jnp.float64),
+        )  # beta = 0: no write
     o = np.asarray(o[0, 0])
     np.testing.assert_allclose(o, q @ S / np.sqrt(K), rtol=0, atol=1e-12)  # default scale
     rms_normed = lambda x: x / np.sqrt(np.mean(x**2))  # noqa: E731  (eps = 0)
@@ -218,13 +224,16 @@ def test_01_kda_step_is_the_matrix_form_then_the_read():
     S, v, g = rng.normal(size=(K, V)), rng.normal(size=V), -rng.uniform(0, 0.5, size=K)
     with jax.enable_x64(True):
         row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
-        S_next, o = kda_lib.kda_step(row(S), row(q), row(k), row(v), row(g),
-                                     jnp.full((1, 1), beta, jnp.float64))
+        S_next, o = kda_lib.kda_step(
+            row(S), row(q), row(k), row(v), row(g), jnp.full((1, 1), beta, jnp.float64)
+        )
     M = (np.eye(K) - beta * np.outer(k, k)) @ np.diag(np.exp(g))
-    np.testing.assert_allclose(np.asarray(S_next[0, 0]), M @ S + beta * np.outer(k, v),
-                               rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(o[0, 0]), q @ np.asarray(S_next[0, 0]) / np.sqrt(K),
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(S_next[0, 0]), M @ S + beta * np.outer(k, v), rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        np.asarray(o[0, 0]), q @ np.asarray(S_next[0, 0]) / np.sqrt(K), rtol=0, atol=1e-12
+    )
 
 
 def test_01_more_pairs_than_key_channels_leave_a_residual():
@@ -347,8 +356,10 @@ def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     assert abs(k_orth[u] @ k[t]) < 1e-12
     assert abs(mixing_matrix_by_products(k_orth, k_orth, g, b_orth)[t, latest] - w1) > 1e-5
     g_alike = np.repeat(g.mean(1, keepdims=True), K, axis=1)
-    alike = [mixing_matrix_by_products(kk, kk, g_alike, bb)[t, latest]
-             for kk, bb in ((k, only_same), (k_orth, b_orth))]
+    alike = [
+        mixing_matrix_by_products(kk, kk, g_alike, bb)[t, latest]
+        for kk, bb in ((k, only_same), (k_orth, b_orth))
+    ]
     assert np.isclose(alike[0], alike[1], rtol=0, atol=1e-14)
     # one decay for all channels: the second-latest keeps exactly (1 - beta)^2 (moved from 02)
     scalar = mixing_matrix_by_products(k, k, g_alike, only_same)[t, second]
@@ -414,74 +425,52 @@ def test_quoted_chunked_scan_ratios_match_the_recording_and_the_policy_cites_its
     assert "faster at every length" not in texts["README.md"]
 
 
-def _sweep_cells(sweep):
-    """(task, mixer, T) -> runs at the tuned rate; and the complete cells (three seeds, best
-    rate strictly inside the grid), as notebook 08 defines them."""
-    cells = {}
-    for r in sweep["runs"]:
-        tuned = sweep["grids"].get(f"{r['task']}/{r['mixer']}")
-        if tuned and r["training"]["learning_rate"] == tuned["best"]:
-            cells.setdefault((r["task"], r["mixer"], r["training"]["seq_len"]), []).append(r)
-    complete = {
-        c
-        for c, runs in cells.items()
-        if len({r["training"]["seed"] for r in runs}) >= 3
-        and sweep["grids"][f"{c[0]}/{c[1]}"]["inside"]
-    }
-    return cells, complete
+PROTOCOL_2_SWEEP = "synthetic_sweep_protocol2.json"
 
 
 def test_synthetic_recall_sweep_follows_its_stated_protocol():
-    """08 (issue 28): the recorded sweep's rates are the best of their grids by the stated rule
-    (solved in the fewest steps, else accuracy, then lower loss), a grid is widened past an
-    edge best, every run's verdict follows the stopping rule from its own curve, and the step
-    curves are held-out evaluations every ``eval_every`` steps."""
-    sweep = _recorded("results", "synthetic_recall_sweep.json")
+    """08 (issue 39): in the recorded protocol-2 sweep every rate is the best of its grid on
+    validation by the stated rule (tuning runs at the tuning seed only), an edge best
+    widens the grid, every run holds validation and test scores, its verdict follows the
+    stopping rule from its own validation curve, and the reported seeds are the fresh ones."""
+    sweep = _recorded("results", PROTOCOL_2_SWEEP)
     setting, runs = sweep["setting"], sweep["runs"]
-    assert "Protocol" not in sweep["protocol"] and "solved" in sweep["protocol"]
+    assert setting["protocol_version"] == 2 and "**Three streams**" in sweep["protocol"]
     for name, tuned in sweep["grids"].items():
         task, mixer = name.split("/")
-        tries = [
-            r
-            for r in runs
-            if (r["task"], r["mixer"], r["training"]["seq_len"], r["training"]["seed"])
-            == (task, mixer, tuned["seq_len"], tuned["seed"])
-        ]
+        tries = [r for r in runs if (r["task"], r["mixer"], r["phase"]) == (task, mixer, "tune")]
+        assert {(r["training"]["seq_len"], r["training"]["seed"]) for r in tries} == {
+            (tuned["seq_len"], setting["tune_seed"])
+        }, name
         assert sorted(r["training"]["learning_rate"] for r in tries) == tuned["rates"], name
-        best = max(
+        best = min(  # the stated rule, restated: solved first, fewest steps, accuracy, loss
             tries,
             key=lambda r: (
-                r["stop"] == "solved",
-                -r["training"]["steps"] if r["stop"] == "solved" else 0,
-                round(r["eval"]["accuracy"], 3),
-                -r["eval"]["loss"],
+                r["stop"] != "solved",
+                r["training"]["steps"] if r["stop"] == "solved" else 0,
+                -round(r["validation"]["accuracy"], 3),
+                r["validation"]["loss"],
             ),
         )
         assert best["training"]["learning_rate"] == tuned["best"], name
         assert tuned["inside"] == (tuned["rates"][0] < tuned["best"] < tuned["rates"][-1]), name
-        assert len(tuned["rates"]) >= 3, name
     for r in runs:
-        curve, every = r["curve"], setting["eval_every"]
-        steps = r["training"]["steps"]
-        assert curve["step"] == [*range(every, steps, every), steps][: len(curve["step"])], r[
-            "date"
-        ]
-        assert curve["step"][-1] == steps <= setting["max_steps"]
-        assert r["eval"]["accuracy"] == curve["accuracy"][-1]
+        curve, steps = r["curve"], r["training"]["steps"]
+        assert r["validation"]["accuracy"] == curve["accuracy"][-1] and r["test"]["batches"]
         if curve["accuracy"][-1] >= setting["solved"]:
             want = "solved"
-        elif steps < setting["max_steps"]:
-            want = "diverged"
-        else:
-            base = [
-                a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s <= 0.8 * steps
-            ][-1]
-            late = [
-                a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s >= 0.8 * steps
-            ]
+        else:  # the last fifth against the check at or before its start
+            pairs = list(zip(curve["step"], curve["accuracy"], strict=True))
+            base = [a for step, a in pairs if step <= 0.8 * steps][-1]
+            late = [a for step, a in pairs if step >= 0.8 * steps]
             want = "flat" if max(abs(a - base) for a in late) < setting["flat_tol"] else "rising"
         assert r["stop"] == want, (r["task"], r["mixer"], r["training"])
+        assert curve["step"][-1] == steps <= setting["max_steps"]
         assert all(a < setting["solved"] for a in curve["accuracy"][:-1]), "stops when solved"
+        if r["phase"] == "seeds":
+            assert r["training"]["seed"] in (0, 1, 2, 3, 4)
+            grid = sweep["grids"][f"{r['task']}/{r['mixer']}"]
+            assert r["training"]["learning_rate"] == grid["best"]
 
 
 def test_attention_phase_transition_recording_as_notebook_08_states_it():
@@ -497,32 +486,24 @@ def test_attention_phase_transition_recording_as_notebook_08_states_it():
 
 
 def test_synthetic_recall_verdicts_as_notebook_08_states_them():
-    """08: paired by seed, Holm over the 21 accuracy comparisons (section 8 adds three in steps,
-    which only raises the adjusted p), nothing is ordered at three seeds; KDA's lead over
-    attention on stack has intervals above zero and p < 0.011 alone."""
-    import numpy as np
+    """08 section 8 on the protocol-2 sweep: MQAR complete at T = 64 and 128 for the six
+    mixers; KDA ordered above attention and the conv-only control in test accuracy even when
+    MQAR's comparisons alone are Holm-corrected at the strictest family size any completion of
+    the sweep can reach (every task, both lengths, five other mixers and steps: 36), and level
+    with GDN, Mamba2 and attention_conv on their own (uncorrected p above 0.05)."""
+    from kda_lib.lab.significance import compare
+    from kda_lib.teaching import recall_sweep as rs
 
-    from kda_lib.lab.significance import compare, compare_family
-
-    sweep = _recorded("results", "synthetic_recall_sweep.json")
-    grids = sweep["grids"]
-    cells = {}
-    for r in sweep["runs"]:
-        if r["training"]["learning_rate"] == grids[f"{r['task']}/{r['mixer']}"]["best"]:
-            cell = (r["task"], r["mixer"], r["training"]["seq_len"])
-            cells.setdefault(cell, {})[r["training"]["seed"]] = r["eval"]["accuracy"]
-    assert all(sorted(seeds) == [0, 1, 2] for seeds in cells.values())  # paired by seed
-    acc = {c: np.array([s[k] for k in sorted(s)]) for c, s in cells.items()}
-    family = {
-        (task, t, m): (acc[(task, "kda", t)], acc[(task, m, t)])
-        for task, m, t in cells
-        if m != "kda"
+    sweep = _recorded("results", PROTOCOL_2_SWEEP)
+    cells, complete, acc = rs.sweep_cells(sweep, min_seeds=5)
+    assert {c for c in complete if c[0] == "mqar"} == {
+        ("mqar", m, t) for m in rs.MIXER_ORDER for t in (64, 128)
     }
-    tests = compare_family(family)
-    assert len(tests) == 21 and all(c.verdict == "level" for c in tests.values())
-    for t in (16, 32, 64):
-        alone = compare(*family[("stack", t, "attention")])
-        assert alone.low > 0 and alone.p < 0.011 and 0.2 < alone.mean < 0.3
+    for t in (64, 128):
+        for m in ("attention", "conv"):
+            assert compare(acc[("mqar", "kda", t)], acc[("mqar", m, t)]).p * 36 < 0.05
+        for m in ("gdn", "mamba2", "attention_conv"):
+            assert compare(acc[("mqar", "kda", t)], acc[("mqar", m, t)]).p > 0.05
 
 
 def test_mqar_guessing_among_pair_values_by_sampling():
@@ -547,54 +528,6 @@ def test_mqar_guessing_among_pair_values_by_sampling():
     assert (phase["training"]["batch_size"], phase["training"]["learning_rate"]) == (32, 1e-3)
 
 
-def test_synthetic_recall_details_as_notebook_08_stated_them():
-    """08 section 8's per-task details (moved out of the notebook, issue 42), on its own family
-    (21 accuracy comparisons and KDA vs GDN in steps to solve): all level, the smallest
-    detectable accuracy gap 0.04; MQAR solved on every seed except plain attention at T = 64
-    (every seed still rising; one at 0.95, two below 0.4; interval spans zero); palindrome at
-    T = 16 solved by kda, gdn and attention_conv on every seed, at T = 32 attention on every
-    seed and KDA on one, most recurrent runs there still rising; stack never solved, training
-    loss still falling over the last fifth in every run; KDA above attention on stack by 0.2
-    to 0.3 with p < 0.011 alone."""
-    import numpy as np
-
-    from kda_lib.lab.significance import compare_family
-    from kda_lib.teaching import recall_sweep as rs
-
-    sweep = _recorded("results", "synthetic_recall_sweep.json")
-    cells, complete, acc = rs.sweep_cells(sweep)
-    assert complete == set(cells)
-    family = {(k, t, m): (acc[(k, "kda", t)], acc[(k, m, t)]) for k, m, t in cells if m != "kda"}
-    for task, mixer, t in cells:
-        if mixer == "gdn":
-            steps = [[rs.solve_step(r, sweep["setting"]["solved"]) for r in cells[(task, m, t)]]
-                     for m in ("kda", "gdn")]
-            if None not in steps[0] + steps[1]:
-                family[(task, t, "steps")] = tuple(steps)
-    tests = compare_family(family)
-    assert all(c.verdict == "level" for c in tests.values())
-    assert round(min(c.detectable for (*_, m), c in tests.items() if m != "steps"), 2) == 0.04
-    stops = {c: [r["stop"] for r in runs] for c, runs in cells.items()}
-    assert all(set(s) == {"solved"} for (k, m, t), s in stops.items()
-               if k == "mqar" and (m, t) != ("attention", 64))
-    assert stops[("mqar", "attention", 64)] == ["rising"] * 3
-    assert np.round(np.sort(acc[("mqar", "attention", 64)]), 2).tolist()[1:] == [0.39, 0.95]
-    assert tests[("mqar", 64, "attention")].low < 0 < tests[("mqar", 64, "attention")].mean
-    assert all(stops[("palindrome", m, 16)] == ["solved"] * 3
-               for m in ("kda", "gdn", "attention_conv"))
-    assert stops[("palindrome", "attention", 32)] == ["solved"] * 3
-    assert stops[("palindrome", "kda", 32)].count("solved") == 1
-    recurrent_32 = stops[("palindrome", "kda", 32)] + stops[("palindrome", "gdn", 32)]
-    assert recurrent_32.count("rising") > len(recurrent_32) / 2
-    stack = [r for (k, _, _), runs in cells.items() if k == "stack" for r in runs]
-    assert not any(r["stop"] == "solved" for r in stack)
-    assert all(r["curve"]["train_loss"][int(0.8 * len(r["curve"]["step"]))]
-               > r["curve"]["train_loss"][-1] for r in stack)
-    for t in (16, 32, 64):
-        c = tests[("stack", t, "attention")]
-        assert 0.2 < c.mean < 0.3 and c.low > 0
-
-
 def test_sweep_cells_reports_the_test_stream_and_leaves_tuning_runs_out_under_protocol_2():
     """Issue 39: a protocol-2 record's cells hold only the fresh seeds (never the tuning seed's
     run at the chosen rate) and report test accuracy; an earlier record keeps its one stream."""
@@ -602,11 +535,21 @@ def test_sweep_cells_reports_the_test_stream_and_leaves_tuning_runs_out_under_pr
 
     def run(seed, lr, validation, test):
         training = dict(seq_len=64, learning_rate=lr, seed=seed)
-        return dict(task="mqar", mixer="kda", training=training,
-                    validation=dict(accuracy=validation), test=dict(accuracy=test))
+        return dict(
+            task="mqar",
+            mixer="kda",
+            training=training,
+            validation=dict(accuracy=validation),
+            test=dict(accuracy=test),
+        )
 
-    runs = [run(1000, 0.003, 0.99, 0.98), run(1000, 0.01, 0.5, 0.5), run(0, 0.003, 0.7, 0.6),
-            run(1, 0.003, 0.8, 0.75), run(2, 0.01, 0.1, 0.1)]
+    runs = [
+        run(1000, 0.003, 0.99, 0.98),
+        run(1000, 0.01, 0.5, 0.5),
+        run(0, 0.003, 0.7, 0.6),
+        run(1, 0.003, 0.8, 0.75),
+        run(2, 0.01, 0.1, 0.1),
+    ]
     grids = {"mqar/kda": dict(best=0.003, inside=True)}
     setting = dict(protocol_version=2, tune_seed=1000)
     cells, complete, acc = rs.sweep_cells(dict(setting=setting, grids=grids, runs=runs), 2)
@@ -684,8 +627,11 @@ def test_recorded_speed_forensics_of_notebook_09():
         max(rate["hybrid"]), max(rate["hybrid_mha"])
     )
     bench = _recorded("benchmarks", "cpu-2026-12-01.json")["records"]
-    train = {(r["impl"][len("train_") :], r["T"]): r["tokens_per_s"] for r in bench
-             if r["impl"].startswith("train_")}
+    train = {
+        (r["impl"][len("train_") :], r["T"]): r["tokens_per_s"]
+        for r in bench
+        if r["impl"].startswith("train_")
+    }
     assert 0.9 < train[("kda", 1024)] / train[("attention", 1024)] < 1.1
     assert train[("kda", 4096)] > 3 * train[("attention", 4096)]
 
@@ -1011,19 +957,26 @@ def test_nb10_decode_scaling_model():
     expected = decode_scaling.expected_distinct_experts(16, 256, 8)
     assert abs(distinct - expected) < 0.5 and round(expected) == 102
     kimi, t = presets.KIMI_LINEAR_48B, 1_048_576
-    mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
-              + len(kimi.global_layers) * kimi.mla_parameter_count())
+    mixers = (
+        len(kimi.kda_layers) * kimi.kda_parameter_count()
+        + len(kimi.global_layers) * kimi.mla_parameter_count()
+    )
     other = {b: decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers) for b in (1, 16)}
     assert np.isclose(other[1], (3e9 - mixers) * 2)
     for chip in at_scale.CHIPS.values():
         for b in (1, 16):
             for hybrid in (False, True):
                 kw = dict(hybrid=hybrid, other_weight_bytes=other[b])
-                assert np.isclose(decode_scaling.tp_decode_time(kimi, chip, t, b, 1, **kw),
-                                  at_scale.model_decode_time(kimi, chip, t, b, **kw))
+                assert np.isclose(
+                    decode_scaling.tp_decode_time(kimi, chip, t, b, 1, **kw),
+                    at_scale.model_decode_time(kimi, chip, t, b, **kw),
+                )
     chip = at_scale.CHIPS["H200"]
-    ratio = {r: decode_scaling.tp_decode_time(kimi, chip, t, 1, r, hybrid=False,
-                                              other_weight_bytes=other[1])
-             / decode_scaling.tp_decode_time(kimi, chip, t, 1, r, other_weight_bytes=other[1])
-             for r in (1, 8)}
+    ratio = {
+        r: decode_scaling.tp_decode_time(
+            kimi, chip, t, 1, r, hybrid=False, other_weight_bytes=other[1]
+        )
+        / decode_scaling.tp_decode_time(kimi, chip, t, 1, r, other_weight_bytes=other[1])
+        for r in (1, 8)
+    }
     assert (round(ratio[1], 2), round(ratio[8], 2)) == (2.63, 3.61)
