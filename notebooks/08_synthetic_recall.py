@@ -412,14 +412,14 @@ for task in rec_tasks:
           f"the budget of {setting['max_steps']} steps (their accuracies are lower bounds)")
 
 # %% [markdown]
-# **MQAR** (every cell complete, asserted below): KDA is ordered above plain attention and
-# the conv-only control at both lengths, by more than 0.75 and 0.95 (printed above). It is level
-# with GDN, Mamba2 and attention with the short convolution: all four score at least 0.98 on
-# every seed at these sizes, a ceiling, so claim A holds only *in part*. Claim B is *not shown*: in steps to
-# solve, KDA and GDN are level. Two-layer attention without the convolution stays between
-# 0.15 and 0.25 on every seed within the budget: the plateau of section 5, which the long
-# recorded run leaves only after thousands of steps. **Palindrome and stack**: the verdicts printed above,
-# from the cells complete so far.
+# **MQAR** (every cell complete, asserted below): KDA is ordered above plain attention and the
+# conv-only control at both lengths, by more than 0.75 and 0.95 (printed above). It is level with
+# GDN, Mamba2 and attention with the short convolution: all four score at least 0.98 on every seed
+# at these sizes, a ceiling, so claim A holds only *in part*. Claim B is *not shown*: in steps to
+# solve, KDA and GDN are level. Two-layer attention without the convolution stays between 0.15 and
+# 0.25 on every seed within the budget: the plateau of section 5, which the long recorded run
+# leaves only after thousands of steps. **Palindrome and stack**: the verdicts printed above, from
+# the cells complete so far.
 
 # %%
 mqar_tests = {(t, m): c for (task, t, m), c in tests.items() if task == "mqar"}
