@@ -242,6 +242,29 @@ def _curves(runs, budget: int, every: int):
     )
 
 
+def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view):
+    """One mixer of :func:`plot_recorded` on one task: its accuracies against length on ``ax``,
+    its validation curve at the first length on ``ax_steps``."""
+    cells, complete, acc, setting = sweep_view
+    color, label = COLORS[mixer], mixer
+
+    def cell_of(t):
+        return (task, mixer, t)
+
+    ts = [t for t in lens if cell_of(t) in cells]
+    a = [acc[cell_of(t)] for t in ts]
+    mean = np.array([x.mean() for x in a])
+    spread = [mean - [x.min() for x in a], [x.max() for x in a] - mean]
+    ax.errorbar(ts, mean, yerr=spread, color=color, capsize=3, label=label)
+    fill = [color if cell_of(t) in complete else "white" for t in ts]
+    ax.scatter(ts, mean, edgecolors=color, zorder=3, color=fill)
+    if cell_of(lens[0]) in cells:
+        x, y = _curves(cells[cell_of(lens[0])], setting["max_steps"], setting["eval_every"])
+        style = "-" if cell_of(lens[0]) in complete else "--"
+        ax_steps.plot(x, y.mean(0), style, color=color, label=label)
+        ax_steps.fill_between(x, y.min(0), y.max(0), color=color, alpha=0.15)
+
+
 def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figure:
     """Top: mean test accuracy over seeds against length per task, bars from the lowest seed to
     the highest, incomplete cells hollow. Bottom: validation accuracy against steps at each
@@ -254,55 +277,18 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
     for ax, ax_steps, task in zip(axes[0], axes[1], tasks, strict=True):
         lens = sorted({c[2] for c in cells if c[0] == task})
         for mixer in mixers:
-            ts = [t for t in lens if (task, mixer, t) in cells]
-            a = [acc[(task, mixer, t)] for t in ts]
-            mean = np.array([x.mean() for x in a])
-            ax.errorbar(
-                ts,
-                mean,
-                yerr=[mean - [x.min() for x in a], [x.max() for x in a] - mean],
-                color=COLORS[mixer],
-                capsize=3,
-                label=mixer,
-            )
-            ax.scatter(
-                ts,
-                mean,
-                edgecolors=COLORS[mixer],
-                zorder=3,
-                color=[COLORS[mixer] if (task, mixer, t) in complete else "white" for t in ts],
-            )
-            if (task, mixer, lens[0]) in cells:
-                x, y = _curves(
-                    cells[(task, mixer, lens[0])], setting["max_steps"], setting["eval_every"]
-                )
-                style = "-" if (task, mixer, lens[0]) in complete else "--"
-                ax_steps.plot(x, y.mean(0), style, color=COLORS[mixer], label=mixer)
-                ax_steps.fill_between(x, y.min(0), y.max(0), color=COLORS[mixer], alpha=0.15)
+            _draw_mixer(ax, ax_steps, task, mixer, lens, (cells, complete, acc, setting))
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [str(t) for t in lens])
         ax.minorticks_off()
-        ax.set(
-            ylim=(-0.02, 1.02),
-            title=f"{task}: accuracy vs length",
-            xlabel="sequence length T (log scale)",
-            ylabel="test accuracy",
-        )
-        ax_steps.set(
-            ylim=(-0.02, 1.02),
-            title=f"{task}, T = {lens[0]}: accuracy vs steps",
-            xlabel="optimiser step",
-            ylabel="validation accuracy",
-        )
+        ax.set(ylim=(-0.02, 1.02), title=f"{task}: accuracy vs length", ylabel="test accuracy",
+               xlabel="sequence length T (log scale)")  # fmt: skip
+        ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
+                     xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
         for a in (ax, ax_steps):
             a.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
-    axes[0, -1].legend(
-        loc="center left",
-        bbox_to_anchor=(1.02, 0.5),
-        fontsize=8,
-        title="hollow / dashed:\nincomplete",
-        title_fontsize=7,
-    )
+    axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8,
+                       title="hollow / dashed:\nincomplete", title_fontsize=7)  # fmt: skip
     return fig
 
 
