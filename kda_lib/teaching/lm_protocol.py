@@ -1,0 +1,87 @@
+"""Notebook 09's reading of a protocol-2 language-model record (``scripts/stdlib_lm_seeds.py``):
+the runs per model at its chosen rate, the scores the notebook compares, and the figures.
+
+* :func:`seed_runs` -- per model, the runs at the rate its grid chose, by seed (the tuning
+  seed's runs left out), and which models are complete (enough seeds, best rate strictly
+  inside its grid).
+* :func:`by_seed` -- one number per run of each model, in seed order (paired across models).
+* :func:`position_drop` -- how much lower a run's test bits per byte are late in the window
+  than at the positions just past the first ``early`` bytes: a model that reads only its last
+  ``early`` bytes has no drop there (beyond sampling noise).
+* :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
+  byte by position.
+
+The statistics are :mod:`kda_lib.lab.significance`'s; the rules the runs follow are the
+script's docstring, stored in the record under ``protocol``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kda_lib.teaching.viz import CYCLE
+
+MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
+COLORS = dict(zip(("attention", "kda", "gdn", "hybrid", "hybrid_mha"), CYCLE, strict=False))
+
+
+def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:
+    """``(runs, complete)``: ``runs[model]`` the model's runs at its grid's best rate with the
+    reported seeds (never the tuning seed), sorted by seed; ``complete`` the models with at
+    least ``min_seeds`` of them whose best rate lies strictly inside the rates tried."""
+    grids, tune_seed = record["grids"], record["setting"]["tune_seed"]
+    runs = {}
+    for r in record["runs"]:
+        grid = grids.get(r["model"])
+        if grid and r["seed"] != tune_seed and r["learning_rate"] == grid["best"]:
+            runs.setdefault(r["model"], []).append(r)
+    runs = {m: sorted(rs, key=lambda r: r["seed"]) for m, rs in runs.items()}
+    complete = {m for m, rs in runs.items() if len(rs) >= min_seeds and grids[m]["inside"]}
+    return runs, complete
+
+
+def by_seed(runs: dict, score: Callable[[dict], float], models) -> dict:
+    """``{model: np.array of score(run) in seed order}`` for ``models``, checked paired (the
+    same seeds for every model)."""
+    seeds = {m: [r["seed"] for r in runs[m]] for m in models}
+    if len({tuple(s) for s in seeds.values()}) > 1:
+        raise ValueError(f"the models' seeds differ, so their scores are not paired: {seeds}")
+    return {m: np.array([score(r) for r in runs[m]], dtype=float) for m in models}
+
+
+def position_drop(run: dict, early: int = 32, split: str = "test") -> float:
+    """Mean test bits per byte at positions ``[early, 2 early)`` minus the mean over the last
+    ``early`` positions of the window: positive when the bits keep falling after the first
+    ``early`` bytes of context."""
+    bits = np.asarray(run[split]["bits_by_position"])
+    if bits.size < 3 * early:
+        raise ValueError(f"a window of {bits.size} positions is too short for early={early}")
+    return float(bits[early : 2 * early].mean() - bits[-early:].mean())
+
+
+def plot_curves_and_positions(runs: dict, models, early: int = 32) -> plt.Figure:
+    """Left: validation bits per byte against steps, mean over seeds, range shaded. Right:
+    test bits per byte by position (mean over seeds, log-scaled positions), the positions
+    :func:`position_drop` compares shaded."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    for m in models:
+        steps = runs[m][0]["curve"]["step"]
+        curves = np.array([r["curve"]["validation_bpb"] for r in runs[m]])
+        left.plot(steps, curves.mean(0), color=COLORS[m], label=m)
+        left.fill_between(steps, curves.min(0), curves.max(0), color=COLORS[m], alpha=0.15)
+        bits = np.array([r["test"]["bits_by_position"] for r in runs[m]]).mean(0)
+        right.plot(np.arange(1, bits.size + 1), bits, color=COLORS[m], label=m, linewidth=1)
+    length = len(runs[models[0]][0]["test"]["bits_by_position"])
+    for lo, hi in ((early, 2 * early), (length - early, length)):
+        right.axvspan(lo + 1, hi, color="0.85", zorder=0)
+    left.set(xlabel="optimiser step", ylabel="validation bits per byte",
+             title="validation during training (mean over seeds, range shaded)")  # fmt: skip
+    right.set(xscale="log", xlabel="position in the window (bytes seen, log scale)",
+              ylabel="test bits per byte", title="test bits per byte by position")  # fmt: skip
+    for ax in (left, right):
+        ax.title.set_fontsize(9)
+    left.legend(fontsize=8)
+    return fig

@@ -1,0 +1,69 @@
+"""kda_lib.teaching.lm_protocol: notebook 09's reading of a protocol-2 language-model record,
+on a record built by hand (the script's own runs are tested in tests/lab)."""
+
+import matplotlib
+import numpy as np
+import pytest
+
+from kda_lib.teaching import lm_protocol
+
+matplotlib.use("Agg")
+
+
+def _run(model, lr, seed, bits):
+    return dict(
+        model=model,
+        learning_rate=lr,
+        seed=seed,
+        curve=dict(step=[2, 4], validation_bpb=[5.0 + seed, 4.0 + seed]),
+        test=dict(bpb=float(np.mean(bits)), bits_by_position=list(bits)),
+    )
+
+
+def _record(seeds=(0, 1)):
+    ramp = np.linspace(6.0, 3.0, 12)
+    runs = [_run(m, lr, 1000, ramp) for m in ("kda", "attention") for lr in (0.001, 0.003, 0.01)]
+    runs += [_run(m, 0.003, s, ramp + s) for m in ("kda", "attention") for s in reversed(seeds)]
+    runs += [_run("kda", 0.01, 0, ramp)]  # another rate: not the chosen one
+    grids = dict(
+        kda=dict(rates=[0.001, 0.003, 0.01], best=0.003, inside=True),
+        attention=dict(rates=[0.001, 0.003], best=0.003, inside=False),
+    )
+    return dict(setting=dict(tune_seed=1000), grids=grids, runs=runs)
+
+
+def test_seed_runs_are_the_chosen_rates_fresh_seeds_in_seed_order():
+    runs, complete = lm_protocol.seed_runs(_record(), min_seeds=2)
+    for model in ("kda", "attention"):
+        assert [r["seed"] for r in runs[model]] == [0, 1]  # sorted; the tuning seed left out
+        assert {r["learning_rate"] for r in runs[model]} == {0.003}
+    assert complete == {"kda"}  # attention's best is an edge of its grid
+    assert lm_protocol.seed_runs(_record(), min_seeds=3)[1] == set()
+
+
+def test_by_seed_pairs_models_and_refuses_unpaired_seeds():
+    runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
+    scores = lm_protocol.by_seed(runs, lambda r: r["test"]["bpb"], ["kda", "attention"])
+    np.testing.assert_allclose(scores["kda"], [4.5, 5.5])
+    runs["attention"] = runs["attention"][:1]
+    with pytest.raises(ValueError, match="not paired"):
+        lm_protocol.by_seed(runs, lambda r: r["test"]["bpb"], ["kda", "attention"])
+
+
+def test_position_drop_compares_the_positions_just_past_early_with_the_last():
+    bits = np.arange(12.0)[::-1]  # 11, 10, ..., 0
+    run = dict(test=dict(bits_by_position=bits.tolist()))
+    # positions 4..7 hold 7..4 (mean 5.5); the last 4 hold 3..0 (mean 1.5)
+    assert lm_protocol.position_drop(run, early=4) == pytest.approx(4.0)
+    flat = dict(test=dict(bits_by_position=[2.0] * 12))
+    assert lm_protocol.position_drop(flat, early=4) == 0.0
+    with pytest.raises(ValueError, match="too short for early=5"):
+        lm_protocol.position_drop(run, early=5)
+
+
+def test_the_figure_draws_every_model():
+    runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
+    fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"], early=4)
+    left, right = fig.axes
+    assert [line.get_label() for line in left.lines] == ["kda", "attention"]
+    assert len(right.lines) == 2
