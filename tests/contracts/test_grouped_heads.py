@@ -270,16 +270,28 @@ def _cp_fn(mesh, implementation, **kw):
     return fn
 
 
+CP_SEQ_LEN = 64
+
+
+@functools.cache
+def _cp_oracle_case(with_a_log: bool):
+    """The CP tests' inputs (seed 8, T = 64), segment ids and float64 expectation: computed
+    once per worker for both implementations (one xdist group)."""
+    x = _inputs(8, a_log=with_a_log, seq_len=CP_SEQ_LEN)
+    ids = _segments(CP_SEQ_LEN)
+    return x, ids, _expected(x, ids)
+
+
+@pytest.mark.xdist_group("grouped_cp_oracles")
 @pytest.mark.parametrize("with_a_log", [True, False], ids=["a_log", "a_log=None"])
 @pytest.mark.parametrize("implementation", ["chunked", "recurrent"])
 def test_context_parallel_matches_the_oracle(implementation, with_a_log):
-    ranks, seq_len = 4, 64
+    ranks = 4
     mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
-    x = _inputs(8, a_log=with_a_log, seq_len=seq_len)
-    ids = _segments(seq_len)
+    x, ids, want = _cp_oracle_case(with_a_log)
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
-    _assert_matches(got, _expected(x, ids), 2e-5, f"cp {implementation}")
+    _assert_matches(got, want, 2e-5, f"cp {implementation}")
 
 
 @pytest.mark.slow
