@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from kda_lib import emulate_tpu, kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
-from kda_lib.testing import relative_l2
+from kda_lib.testing import random_normal, relative_l2
 
 B, T, H, HV, K, V = 2, 70, 2, 4, 16, 8  # T: not a multiple of 64 (tokamax pads) nor of 16
 LOWER_BOUND = -5.0
@@ -24,13 +24,13 @@ def _inputs(seed=0, *, a_log=True, key_dim=K, value_dim=V, seq_len=T, heads=H, v
     unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
     qk = (B, seq_len, heads, key_dim)
     x = dict(
-        q=unit(jax.random.normal(ks[0], qk)),
-        k=unit(jax.random.normal(ks[1], qk)),
-        v=jax.random.normal(ks[2], (B, seq_len, value_heads, value_dim)),
-        g=jax.random.normal(ks[3], (B, seq_len, value_heads, key_dim)),  # raw gate input
-        beta=jax.nn.sigmoid(jax.random.normal(ks[4], (B, seq_len, value_heads))),
-        initial_state=0.3 * jax.random.normal(ks[5], (B, value_heads, key_dim, value_dim)),
-        dt_bias=0.5 * jax.random.normal(ks[6], (value_heads * key_dim,)),
+        q=unit(random_normal(ks[0], qk)),
+        k=unit(random_normal(ks[1], qk)),
+        v=random_normal(ks[2], (B, seq_len, value_heads, value_dim)),
+        g=random_normal(ks[3], (B, seq_len, value_heads, key_dim)),  # raw gate input
+        beta=jax.nn.sigmoid(random_normal(ks[4], (B, seq_len, value_heads))),
+        initial_state=0.3 * random_normal(ks[5], (B, value_heads, key_dim, value_dim)),
+        dt_bias=0.5 * random_normal(ks[6], (value_heads * key_dim,)),
     )
     if a_log:
         x["a_log"] = jnp.log(jnp.linspace(1.0, 4.0, value_heads))
@@ -63,8 +63,8 @@ def _value_and_grads(fn, x, segment_ids):
     """``fn``'s (output, final state) and the gradients of a fixed random projection of both,
     in one jitted program."""
     dtype = x["v"].dtype  # the same draws (float32) cast to the inputs' dtype
-    cot_o = jax.random.normal(jax.random.key(7), x["v"].shape, jnp.float32).astype(dtype)
-    cot_s = jax.random.normal(jax.random.key(8), x["initial_state"].shape, jnp.float32)
+    cot_o = random_normal(jax.random.key(7), x["v"].shape, jnp.float32).astype(dtype)
+    cot_s = random_normal(jax.random.key(8), x["initial_state"].shape, jnp.float32)
     cot_s = cot_s.astype(dtype)
 
     def loss(x):
