@@ -3,6 +3,8 @@ tolerance-aware comparisons."""
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,29 @@ SAFE_LOWER_BOUND = -5.0
 
 def _unit(x: jax.Array) -> jax.Array:
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+
+# the padded sizes :func:`random_normal` draws at: powers of two from this one up
+MIN_DRAW = 1024
+
+
+def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Array:
+    """``jax.random.normal(key, shape, dtype)``: the same numbers, compiled once per padded
+    size instead of once per shape (about 0.1 to 0.3 s each on CPU: most of what a test's
+    inputs cost at a new shape).
+
+    With the partitionable threefry (JAX's default) the draw for ``shape`` is the draw for the
+    flat size, reshaped, and a longer flat draw begins with it: this draws ``n = prod(shape)``
+    numbers as the first ``n`` of a power-of-two draw (at least MIN_DRAW). With the
+    non-partitionable threefry (the notebooks' setting) a longer draw is other numbers, so the
+    draw is made at ``shape`` itself. ``tests/ops/test_reference.py`` checks the equality.
+    """
+    if not jax.config.jax_threefry_partitionable:
+        return jax.random.normal(key, shape, dtype)
+    size = math.prod(shape)
+    padded = max(MIN_DRAW, 1 << max(size - 1, 0).bit_length())
+    flat = np.asarray(jax.random.normal(key, (padded,), dtype))
+    return jnp.asarray(flat[:size].reshape(shape))
 
 
 def random_kda_inputs(
@@ -52,12 +77,13 @@ def random_kda_inputs(
     value_dim = key_dim if value_dim is None else value_dim
     ks = jax.random.split(key, 7)
     shape = (batch, seq_len, heads, key_dim)
-    q, k = (_unit(jax.random.normal(kx, shape, jnp.float32)) for kx in ks[:2])
-    v = jax.random.normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32)
-    f = jax.random.normal(ks[3], shape, jnp.float32)
+    q, k = (_unit(random_normal(kx, shape, jnp.float32)) for kx in ks[:2])
+    v = random_normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32)
+    f = random_normal(ks[3], shape, jnp.float32)
     a_log = jnp.log(jnp.linspace(1.0, 16.0, heads))
-    dt_bias = jax.random.normal(ks[4], (heads * key_dim,)) * 0.5
-    beta = jax.nn.sigmoid(jax.random.normal(ks[5], (batch, seq_len, heads)))
+    # these two in the default float dtype (float64 under x64), as they always were
+    dt_bias = random_normal(ks[4], (heads * key_dim,)) * 0.5
+    beta = jax.nn.sigmoid(random_normal(ks[5], (batch, seq_len, heads)))
     if gate == "raw":
         g = f
     else:
@@ -65,7 +91,7 @@ def random_kda_inputs(
         g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound) * gate_scale
     out = {n: x.astype(dtype) for n, x in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
     if with_state:
-        out["initial_state"] = 0.5 * jax.random.normal(
+        out["initial_state"] = 0.5 * random_normal(
             ks[6], (batch, heads, key_dim, value_dim), jnp.float32
         )
     if gate == "raw":

@@ -32,6 +32,9 @@ def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array
     Returns:
       ``A`` ``[T, T]`` in the accumulation dtype (float32, or float64 under x64).
     """
+    # as jax arrays first: a float64 NumPy input is float32 unless x64 is on (asking
+    # jnp.result_type for float64 itself would warn that it is truncated)
+    q, k, g, beta = (jnp.asarray(x) for x in (q, k, g, beta))
     seq_len = q.shape[0]
     eye = jnp.eye(seq_len, dtype=jnp.result_type(q.dtype, jnp.float32))
     o, _ = kda_recurrent(

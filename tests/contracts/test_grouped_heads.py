@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from kda_lib import emulate_tpu, kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
-from kda_lib.testing import relative_l2
+from kda_lib.testing import random_normal, relative_l2
 
 B, T, H, HV, K, V = 2, 70, 2, 4, 16, 8  # T: not a multiple of 64 (tokamax pads) nor of 16
 LOWER_BOUND = -5.0
@@ -24,13 +24,13 @@ def _inputs(seed=0, *, a_log=True, key_dim=K, value_dim=V, seq_len=T, heads=H, v
     unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
     qk = (B, seq_len, heads, key_dim)
     x = dict(
-        q=unit(jax.random.normal(ks[0], qk)),
-        k=unit(jax.random.normal(ks[1], qk)),
-        v=jax.random.normal(ks[2], (B, seq_len, value_heads, value_dim)),
-        g=jax.random.normal(ks[3], (B, seq_len, value_heads, key_dim)),  # raw gate input
-        beta=jax.nn.sigmoid(jax.random.normal(ks[4], (B, seq_len, value_heads))),
-        initial_state=0.3 * jax.random.normal(ks[5], (B, value_heads, key_dim, value_dim)),
-        dt_bias=0.5 * jax.random.normal(ks[6], (value_heads * key_dim,)),
+        q=unit(random_normal(ks[0], qk)),
+        k=unit(random_normal(ks[1], qk)),
+        v=random_normal(ks[2], (B, seq_len, value_heads, value_dim)),
+        g=random_normal(ks[3], (B, seq_len, value_heads, key_dim)),  # raw gate input
+        beta=jax.nn.sigmoid(random_normal(ks[4], (B, seq_len, value_heads))),
+        initial_state=0.3 * random_normal(ks[5], (B, value_heads, key_dim, value_dim)),
+        dt_bias=0.5 * random_normal(ks[6], (value_heads * key_dim,)),
     )
     if a_log:
         x["a_log"] = jnp.log(jnp.linspace(1.0, 4.0, value_heads))
@@ -63,8 +63,8 @@ def _value_and_grads(fn, x, segment_ids):
     """``fn``'s (output, final state) and the gradients of a fixed random projection of both,
     in one jitted program."""
     dtype = x["v"].dtype  # the same draws (float32) cast to the inputs' dtype
-    cot_o = jax.random.normal(jax.random.key(7), x["v"].shape, jnp.float32).astype(dtype)
-    cot_s = jax.random.normal(jax.random.key(8), x["initial_state"].shape, jnp.float32)
+    cot_o = random_normal(jax.random.key(7), x["v"].shape, jnp.float32).astype(dtype)
+    cot_s = random_normal(jax.random.key(8), x["initial_state"].shape, jnp.float32)
     cot_s = cot_s.astype(dtype)
 
     def loss(x):
@@ -270,16 +270,28 @@ def _cp_fn(mesh, implementation, **kw):
     return fn
 
 
+CP_SEQ_LEN = 64
+
+
+@functools.cache
+def _cp_oracle_case(with_a_log: bool):
+    """The CP tests' inputs (seed 8, T = 64), segment ids and float64 expectation: computed
+    once per worker for both implementations (one xdist group)."""
+    x = _inputs(8, a_log=with_a_log, seq_len=CP_SEQ_LEN)
+    ids = _segments(CP_SEQ_LEN)
+    return x, ids, _expected(x, ids)
+
+
+@pytest.mark.xdist_group("grouped_cp_oracles")
 @pytest.mark.parametrize("with_a_log", [True, False], ids=["a_log", "a_log=None"])
 @pytest.mark.parametrize("implementation", ["chunked", "recurrent"])
 def test_context_parallel_matches_the_oracle(implementation, with_a_log):
-    ranks, seq_len = 4, 64
+    ranks = 4
     mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
-    x = _inputs(8, a_log=with_a_log, seq_len=seq_len)
-    ids = _segments(seq_len)
+    x, ids, want = _cp_oracle_case(with_a_log)
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
-    _assert_matches(got, _expected(x, ids), 2e-5, f"cp {implementation}")
+    _assert_matches(got, want, 2e-5, f"cp {implementation}")
 
 
 @pytest.mark.slow

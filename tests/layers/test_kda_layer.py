@@ -11,7 +11,7 @@ from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.params import weight_decay_mask
-from kda_lib.testing import assert_close, relative_l2
+from kda_lib.testing import assert_close, random_normal, relative_l2
 
 BASE = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8)
 
@@ -23,7 +23,7 @@ def _layer(**changes):
 
 
 def _x(batch=2, seq_len=70, hidden=32, seed=1):
-    return jax.random.normal(jax.random.key(seed), (batch, seq_len, hidden))
+    return random_normal(jax.random.key(seed), (batch, seq_len, hidden))
 
 
 def _name(path):

@@ -101,3 +101,26 @@ def test_step_errors():
         kda_step(state, q, q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 3)))
     with pytest.raises(ValueError, match=r"q_t must have shape \[B, H, K\]"):
         kda_step(state, q[0], q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 2)))
+
+
+# ------------------------------------------------- the inputs' generator (kda_lib.testing)
+
+
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_the_padded_draw_is_jax_random_normal(partitionable):
+    """kda_lib.testing.random_normal (random_kda_inputs' draws and the tests', taken from a
+    longer flat draw) gives jax.random.normal's numbers at every shape, in float32 and in the
+    default dtype under x64 (float64)."""
+    from kda_lib.testing import MIN_DRAW, random_normal
+
+    shapes = [(1,), (3, 5), (2, 7, 3, 4), (MIN_DRAW + 1,), (2, 100, 2, 16)]
+    with jax.threefry_partitionable(partitionable):
+        for i, shape in enumerate(shapes):
+            key = jax.random.key(i)
+            got = random_normal(key, shape, jnp.float32)
+            assert got.dtype == jnp.float32
+            np.testing.assert_array_equal(got, jax.random.normal(key, shape, jnp.float32))
+            with jax.enable_x64(True):
+                got = random_normal(key, shape)
+                assert got.dtype == jnp.float64
+                np.testing.assert_array_equal(got, jax.random.normal(key, shape))

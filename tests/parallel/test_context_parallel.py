@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from kda_lib import KDAConfig, KimiDeltaAttention, kda, kda_chunked
 from kda_lib.lab.measure import hlo_collectives
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
-from kda_lib.testing import random_kda_inputs, relative_l2
+from kda_lib.testing import random_kda_inputs, random_normal, relative_l2
 
 NAMES = ("q", "k", "v", "g", "beta")
 SEQ = P(None, "context")
@@ -77,7 +77,7 @@ def test_kernel_cp_equals_one_device(ranks, with_segments):
     seq_len = 128
     inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
     ids = _segments(seq_len, ranks) if with_segments else None
-    cot = jax.random.normal(jax.random.key(99), inputs["v"].shape)
+    cot = random_normal(jax.random.key(99), inputs["v"].shape)
     single = _output_and_grads(
         lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0], cot, 5
     )
@@ -96,7 +96,7 @@ def test_kernel_cp_equals_one_device(ranks, with_segments):
 def test_kernel_cp_with_fused_gate_and_recurrent_backend():
     ranks, seq_len = 4, 64
     inputs = random_kda_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
-    raw = jax.random.normal(jax.random.key(4), inputs["g"].shape)
+    raw = random_normal(jax.random.key(4), inputs["g"].shape)
     gate = dict(
         a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
     )
@@ -182,7 +182,7 @@ def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
     cfg = dataclasses.replace(CFG, implementation=impl)
     single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
-    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    x = random_normal(jax.random.key(1), (2, seq_len, 32))
     ids = np.ones((2, seq_len), np.int32)
     ids[0, seq_len // 2 :] = 2
     ids[1, 3 : seq_len - 3] = 5
@@ -219,7 +219,7 @@ def test_layer_cp_with_option_equals_one_device(option):
     cfg = dataclasses.replace(CFG, **LAYER_OPTIONS[option])
     single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
     cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
-    x = jax.random.normal(jax.random.key(2), (2, seq_len, 32))
+    x = random_normal(jax.random.key(2), (2, seq_len, 32))
     ids = np.ones((2, seq_len), np.int32)
     ids[0, 7:] = 2  # a boundary inside rank 1's slice
     ids[1, :4] = 0
@@ -262,7 +262,7 @@ def test_traffic_does_not_grow_with_sequence_length():
 def test_layer_traffic_is_halo_plus_summaries():
     ranks, seq_len = 4, 256
     layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
-    x = jax.random.normal(jax.random.key(1), (2, seq_len, 32))
+    x = random_normal(jax.random.key(1), (2, seq_len, 32))
     graphdef, state = nnx.split(layer)
     hlo = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, x).compile().as_text()
     bound = ranks * 2 * 2 * 16 * (16 + 8)
@@ -290,7 +290,7 @@ def test_replace_config_keeps_mesh():
         dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0), mesh=_mesh(2)
     )
     single = KimiDeltaAttention(dataclasses.replace(CFG, conv_size=0), rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(2), (1, 8, 32))
+    x = random_normal(jax.random.key(2), (1, 8, 32))
     assert relative_l2(_apply(layer, x), _apply(single, x)) < 1e-5
 
 
@@ -298,7 +298,7 @@ def test_eager_cp_layer_compiles_once(caplog):
     """kda_lib's CP program is kept per structure, config and mesh: a second eager call with
     new values compiles nothing (each call compiled it again, about 3 s, before)."""
     layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(4))
-    x = jax.random.normal(jax.random.key(3), (1, 12, 32))
+    x = random_normal(jax.random.key(3), (1, 12, 32))
     first, x_new = layer(x), x + 1.0
     with jax.log_compiles(True), caplog.at_level("WARNING"):
         second = layer(x_new)
@@ -315,7 +315,7 @@ def test_kernel_cp_initial_and_final_state(with_segments):
     ranks, seq_len = 4, 64
     inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
     ids = _segments(seq_len, ranks) if with_segments else None
-    h0 = jax.random.normal(jax.random.key(12), (2, 2, 8, 8))
+    h0 = random_normal(jax.random.key(12), (2, 2, 8, 8))
     mesh = _mesh(ranks)
     specs = (SEQ,) * 5 + (P(), SEQ)
 
@@ -341,7 +341,7 @@ def test_kernel_cp_initial_and_final_state(with_segments):
     )
     ids_arg = ids if with_segments else jnp.ones((2, seq_len), jnp.int32)
     args = tuple(inputs[n] for n in NAMES) + (h0, ids_arg)
-    cot = jax.random.normal(jax.random.key(13), inputs["v"].shape)
+    cot = random_normal(jax.random.key(13), inputs["v"].shape)
 
     def outputs_and_grads(f):  # one compiled program for the outputs and the gradients
         def loss(*a):
@@ -385,7 +385,7 @@ def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monke
 
     layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
     single = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(5), (1, 8, 32))
+    x = random_normal(jax.random.key(5), (1, 8, 32))
     before = layer(x)
     real = registry._activated
 
@@ -425,7 +425,7 @@ def test_kernel_cp_chunk_states_equal_one_device(with_segments):
     ranks, seq_len, chunk = 4, 64, 8
     inputs = random_kda_inputs(jax.random.key(21), 2, seq_len, 2, 8, 8)
     ids = _chunk_state_segments() if with_segments else jnp.ones((2, seq_len), jnp.int32)
-    h0 = jax.random.normal(jax.random.key(22), (2, 2, 8, 8))
+    h0 = random_normal(jax.random.key(22), (2, 2, 8, 8))
     mesh = _mesh(ranks)
     specs = (SEQ,) * 5 + (P(), SEQ)
     kw = dict(initial_state=None, output_chunk_states=True, chunk_size=chunk,
@@ -447,8 +447,8 @@ def test_kernel_cp_chunk_states_equal_one_device(with_segments):
         return result.output, result.chunk_states
 
     args = tuple(inputs[n] for n in NAMES) + (h0, ids)
-    cot_o = jax.random.normal(jax.random.key(23), inputs["v"].shape)
-    cot_s = jax.random.normal(jax.random.key(24), (2, seq_len // chunk, 2, 8, 8))
+    cot_o = random_normal(jax.random.key(23), inputs["v"].shape)
+    cot_s = random_normal(jax.random.key(24), (2, seq_len // chunk, 2, 8, 8))
 
     def run(f):  # one program: the values, and the pullbacks of the outputs and of the states
         def both(*a):
