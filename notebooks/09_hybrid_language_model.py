@@ -20,14 +20,12 @@
 # attention layer, and its global layers are multi-head latent attention (MLA) with no
 # positional encoding (NoPE): the KDA layers already carry position, and MLA caches one
 # compressed latent per token instead of every head's keys and values. We build that decoder
-# from `kda_lib.models.tiny_lm` (one mixer per layer, each decoding from a cache of its own kind)
-# and
+# from `kda_lib.models.tiny_lm` (one mixer per layer, each decoding from its own cache) and
 # train it, the same hybrid with multi-head attention (MHA) in place of MLA, and three
-# baselines, all of the same parameter count (softmax attention, KDA, Gated DeltaNet), as
-# byte-level language models on the Python standard library's own source files. We measure
-# what the paper claims in miniature: validation bits per byte over seeds, loss against
-# position in the context, training and decoding speed, and decoding memory, which stays
-# constant for KDA and grows with the context for attention, more slowly with MLA than with MHA.
+# baselines of the same parameter count (softmax attention, KDA, Gated DeltaNet) as byte-level
+# language models on the Python standard library's source. We measure in miniature: test bits
+# per byte over paired seeds, how far back each model reads, training and decoding speed, and
+# decoding memory (constant for KDA; growing with the context for attention, slower for MLA).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
@@ -58,7 +56,7 @@ sample_steps: int = 60  # bytes generated per sample
 decode_contexts: list[int] = [64, 512, 2048]  # context lengths of the decode measurement
 record_results: str = ""  # write this run's results to this JSON path ("" to skip)
 recorded_results: str = "stdlib_lm_full.json"  # recorded full run, in data/results/
-recorded_seeds: str = "stdlib_lm_seeds.json"  # the full setting rerun with other seeds
+recorded_protocol: str = "stdlib_lm_protocol.json"  # rates per model, then fresh seeds
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -257,13 +255,10 @@ viz.show(fig, "09_validation_curves")
 # %% [markdown]
 # ## 4. Loss against position: does a model keep using context further back?
 #
-# Position $t$ of a window has seen $t + 1$ bytes. A model that uses more context than its
-# neighbours gets better the further into the window it is; one that forgets stays flat. Below,
-# the validation bits per byte at each position (mean over windows, smoothed over 8 positions),
-# this run (the recorded run in section 7). With the few validation windows and short training
-# of the CI defaults, which bytes happen to sit at which position dominates this curve; the
-# recorded run (more windows and steps; its setting is printed in section 7) shows the gain
-# from context.
+# Position $t$ of a window has seen $t + 1$ bytes: a model that uses more context gets better
+# further into the window; one that forgets stays flat. Below, this run's validation bits per
+# byte by position (mean over windows, smoothed over 8 positions); at CI size which bytes sit
+# where dominates the curve, and section 7 tests the gain on the recorded runs.
 
 # %% tags=["hide-input"]
 def smooth(y, width=8):
@@ -382,10 +377,9 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
 # ## 7. The recorded full run, beside this one
 #
 # The recorded run (`recorded_results`, command and time in `data/results/README.md`) has four
-# layers, so its hybrid is Kimi Linear's 3:1 pattern: three KDA layers, then one NoPE MLA
-# layer whose latent has `kv_lora_rank` numbers (printed below), and `hybrid_mha` has NoPE
-# multi-head attention in place of that MLA layer. Left of each pair below: this run; right:
-# the recorded one (seed 0).
+# layers: Kimi Linear's 3:1 pattern, three KDA layers and one NoPE MLA layer (latent of
+# `kv_lora_rank` numbers, printed), and `hybrid_mha` with NoPE multi-head attention in its
+# place. Left of each pair below: this run; right: the recorded one (seed 0).
 
 # %%
 recorded = load_recorded("results", recorded_results)
@@ -411,104 +405,120 @@ position_panel(axes[1, 1], recorded["models"], "recorded: bits per byte by posit
 axes[0, 1].legend(fontsize=8)
 viz.show(fig, "09_live_and_recorded")
 
-# %% [markdown]
-# In the recorded run every model predicts the last quarter of its window better than the
-# first (printed and asserted below, with each model's sample). That shows the models use the
-# bytes they have seen, not how far back: a model reading only the last few dozen bytes would
-# show the same gain (a long-range probe is part of the re-run issue 39 asks for).
-
 # %%
-for name, r in recorded["models"].items():
+for name, r in recorded["models"].items():  # how far back they read: tested further down
     first, last = context_gain(r)
     print(f"--- {name} (recorded; context gain {first - last:+.3f} bits per byte)\n{r['sample']}")
     assert first - last > 0, (name, first, last)
 
 # %% [markdown]
-# **Which model is best? Paired tests over seeds.** The recorded run is seed 0;
-# `scripts/stdlib_lm_seeds.py` reran the full setting with seeds 1 and 2 (`recorded_seeds`).
-# A seed fixes the model's initialisation and its training batches, and the validation windows
-# are the same for every model, so the scores are paired by seed. Notebooks 08 and 09 compare
-# through one module, `kda_lib.lab.significance`: each pair of models by a paired t-test on the
-# per-seed differences of bits per byte (`scipy.stats`, $n - 1$ degrees of freedom), the ten
-# pairs Holm-corrected together at $\alpha$ = 0.05. Two models are *ordered* only when the
-# Holm-adjusted p is below $\alpha$, otherwise *level*, printed with the 95% interval of the
-# mean difference and the smallest gap the design (three seeds, the observed spread,
-# $\alpha/10$) detects with 80% power. Known limitations of this recording, pending the re-run
-# issue 39 asks for: three seeds, one learning rate for all five models, 800 steps while every
-# validation curve is still falling, and the validation windows both tracked during training and
-# reported (no separate test set). Below, each model's bits per byte over the seeds beside its
-# recorded training throughput (measured on a shared 2-core machine under `nice`: compare
-# within a model's seeds before reading much into a gap between models).
+# **Which model is best?** `scripts/stdlib_lm_seeds.py` (`recorded_protocol`, rules stored in
+# the file) splits the corpus by file into training, validation and test; picks each model's
+# rate on validation with a tuning seed never reported (best strictly inside the rates tried);
+# trains five fresh seeds per model at its rate for equal steps; scores the test windows once.
+# Seeds fix initialisation and batches for every model, so scores pair by seed: paired t-tests
+# (`kda_lib.lab.significance`), Holm-corrected at $\alpha$ = 0.05; *ordered* only below it,
+# else *level*, with the 95% interval and the gap the design detects with 80% power.
 
 # %%
-seed_runs = load_recorded("results", recorded_seeds)["runs"]
-per_seed = {name: {0: (r["bpb"], r["train_tokens_per_second"])}
-            for name, r in recorded["models"].items()}
-for row in seed_runs:
-    if row["seed"] == 0:  # a rerun of the recorded seed: the script trains as the notebook
-        assert abs(row["bpb"] - per_seed[row["model"]][0][0]) < 1e-5, row
-    else:
-        per_seed[row["model"]][row["seed"]] = row["bpb"], row["train_tokens_per_second"]
-assert len({tuple(sorted(s)) for s in per_seed.values()}) == 1, "the same seeds for every model"
-assert (ALPHA, CONFIDENCE, POWER, rc["steps"]) == (0.05, 0.95, 0.8, 800)  # as the text says
-assert all(np.diff(r["curve"]["bpb"])[-1] < 0 for r in recorded["models"].values())  # falling
-bpb = {name: np.array([s[k][0] for k in sorted(s)]) for name, s in per_seed.items()}
-rate = {name: np.array([s[k][1] for k in sorted(s)]) for name, s in per_seed.items()}
-for name in bpb:
-    b, t = bpb[name], rate[name] / 1e3
-    print(f"{name:10s} bits per byte {b.mean():.4f} +- {b.std(ddof=1):.4f} [{b.min():.4f}, "
-          f"{b.max():.4f}]   training {t.mean():5.1f}k tokens/s [{t.min():.1f}k-{t.max():.1f}k]")
+from kda_lib.teaching import lm_protocol as lm  # reading the protocol record
+
+protocol = load_recorded("results", recorded_protocol)
+ps, reach = protocol["setting"], protocol["setting"]["probe_reach"]
+runs, complete = lm.seed_runs(protocol, min_seeds=5)
+models = [m for m in lm.MODEL_ORDER if m in complete]
+assert ps["protocol_version"] == 2 and set(models) == set(protocol["grids"]), complete
+assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8)  # as the text says
+test_bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], models)
+speed = lm.by_seed(runs, lambda r: r["train_tokens_per_second"], models)
+print(f"{ps['num_layers']} layers, width {ps['hidden_size']}, T={ps['seq_len']}, {ps['steps']} "
+      f"steps; {ps['test_windows']} test windows; seeds {[r['seed'] for r in runs[models[0]]]}")
+for m in models:
+    g, b = protocol["grids"][m], test_bpb[m]
+    print(f"{m:10s} rate {g['best']:g} of {g['rates']}: test bits per byte {b.mean():.4f} +- "
+          f"{b.std(ddof=1):.4f} [{b.min():.4f}, {b.max():.4f}] (windows' standard error "
+          f"{np.mean([r['test']['bpb_se'] for r in runs[m]]):.4f}); {speed[m].mean() / 1e3:.1f}k "
+          f"training tokens/s")
+
+# %% tags=["hide-input"]
+viz.show(lm.plot_curves_and_positions(runs, models, early=reach), "09_protocol_curves")
 
 # %%
-names = list(bpb)
-tests = compare_family({(a, b): (bpb[a], bpb[b]) for i, a in enumerate(names)
-                        for b in names[i + 1:]}, alpha=ALPHA)
+late = {m: np.array([r["curve"]["validation_bpb"][-2] - r["curve"]["validation_bpb"][-1]
+                     for r in runs[m]]) for m in models}
+print("validation bits per byte gained over the last evaluation interval, mean over seeds: "
+      + ", ".join(f"{m} {late[m].mean():.4f}" for m in models))
+pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(models) for b in models[i + 1:]}
+tests = compare_family(pairs, alpha=ALPHA)
 for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
     print(f"{a:10s} - {b:10s} {c.describe(' bpb')}; detectable {c.detectable:.3f}")
-level = all(c.verdict == "level" for c in tests.values())
-widest = max(tests.values(), key=lambda c: abs(c.mean))
-display(Markdown(
-    f"{'No pair is ordered' if level else 'Some pairs are ordered'}: after Holm's correction "
-    f"over the {len(tests)} comparisons every Holm-adjusted p is at least "
-    f"{min(c.p_adjusted for c in tests.values()):.2f}. Attention's bits per byte are the "
-    f"highest on average, by {min(tests[('attention', n)].mean for n in names[1:]):.3f} to "
-    f"{max(tests[('attention', n)].mean for n in names[1:]):.3f}, but with three seeds the "
-    f"design detects only gaps of {min(c.detectable for c in tests.values()):.2f} to "
-    f"{max(c.detectable for c in tests.values()):.2f} bits per byte at this level; the "
-    f"largest mean gap, {widest.mean:+.3f}, has the interval [{widest.low:+.3f}, "
-    f"{widest.high:+.3f}]. MLA against multi-head attention in the hybrid: "
-    f"{tests[('hybrid', 'hybrid_mha')].describe(' bpb')}, with a quarter of the MHA hybrid's "
-    f"cache growth per token (section 6). The recorded run alone (seed 0) has the MLA hybrid "
-    f"lowest; that order is not shown over the seeds."))
-assert names[0] == "attention" and level, tests  # the statements above
-assert all(tests[("attention", n)].mean > 0 for n in names[1:])
-assert min(per_seed, key=lambda n: per_seed[n][0][0]) == "hybrid"  # seed 0 alone
-
-# %% [markdown]
-# **Speed, as recorded.** Training throughput (tokens per second over the steps after the first
-# window, validation excluded) was measured on a shared 2-core machine under `nice`, and the
-# load moved each model's own runs by the factor printed below; only a gap wider than that
-# says something. One is: attention's slowest run trained faster than every other model's
-# fastest (asserted): on a CPU at $T = 128$ its layer is a few $[T \times T]$ matrix products,
-# where a KDA layer is many small operations (notebook 03). Decoding: from the shortest
-# recorded context to the longest, attention's and the MHA hybrid's decoding slows more than
-# tenfold (they read a cache that grows with the context); the MLA hybrid's global layer reads
-# a quarter of those bytes: at the longest context it decodes less than twice as slowly as at
-# its shortest, and more than twice as fast as the MHA hybrid; KDA and GDN read a fixed state
-# and are no slower there (printed and asserted). The paper's speed claims are about long
-# contexts on GPUs (it reports up to 6 times the decoding throughput of full attention at 1M
-# tokens); they cannot be checked here.
-# How these timings were taken, the spread between seeds, and the recorded benchmark where the
-# training order turns at longer sequences:
-# [`docs/DESIGN.md`, "Engineering notes: speed in the recorded language-model runs (from
-# notebook 09)"](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-speed-in-the-recorded-language-model-runs-from-notebook-09).
 
 # %%
-print("recorded training tokens/s, mean [range] (fastest / slowest run): " + ", ".join(
+ordered = [f"{a} {c.verdict} {b} ({c.mean:+.3f})" for (a, b), c in tests.items()
+           if c.verdict != "level"]
+level = [c for c in tests.values() if c.verdict == "level"]
+widest = max(level, key=lambda c: abs(c.mean)) if level else None
+display(Markdown(
+    f"At an equal budget of {ps['steps']} steps, with validation still falling (by "
+    f"{min(v.mean() for v in late.values()):.3f} to {max(v.mean() for v in late.values()):.3f} "
+    f"bits per byte over the last {ps['eval_every']} steps), {len(ordered)} of the "
+    f"{len(tests)} pairs are ordered after Holm's correction"
+    + (f": {'; '.join(ordered)} (a - b, bits per byte; '<' is better)." if ordered else ".")
+    + (f" The other {len(level)} are level; the largest of their mean gaps is "
+       f"{widest.mean:+.3f} [{widest.low:+.3f}, {widest.high:+.3f}], and the design detects "
+       f"gaps of {min(c.detectable for c in level):.3f} to "
+       f"{max(c.detectable for c in level):.3f} bits per byte." if level else "")))
+assert all(v.mean() > 0 for v in late.values())  # "still falling"
+
+# %% [markdown]
+# **Does every model read beyond its last 32 bytes?** Two tests on the test split. *Falling
+# bits:* mean bits over the 32 positions after the first 32 minus over the last 32 (shaded
+# above); a model reading only its last 32 bytes sees as much context at both. *Copy probe*
+# (`kda_lib.lab.corpus.copy_probe_windows`): windows whose second half repeats the first, 64
+# bytes back, against other text there, scored where the last 32 bytes and the current one
+# agree: a model blind beyond 32 bytes gains exactly nothing. Each against zero, Holm-corrected.
+
+# %%
+drop = lm.by_seed(runs, lambda r: lm.position_drop(r, early=reach), models)
+probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
+assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in models for r in runs[m]} == {
+    (32, 64)}, "the text's 32 and 64 bytes"
+zeros = np.zeros(len(runs[models[0]]))
+context = compare_family({**{(m, "falling bits"): (drop[m], zeros) for m in models},
+                          **{(m, "copy probe"): (probe[m], zeros) for m in models}}, alpha=ALPHA)
+for (m, what), c in context.items():
+    print(f"{m:10s} {what:12s} {c.describe(' bpb')}")
+reads_far = {what: [m for m in models if context[(m, what)].verdict == ">"]
+             for what in ("falling bits", "copy probe")}
+either = [m for m in models if any(m in v for v in reads_far.values())]
+display(Markdown(
+    f"Above zero after Holm's correction: falling bits for {reads_far['falling bits'] or 'none'}, "
+    f"the copy probe for {reads_far['copy probe'] or 'none'}; no test is below zero. So "
+    + ("every model is shown to read beyond its last 32 bytes." if len(either) == len(models)
+       else f"{either or 'no model'} {'is' if len(either) == 1 else 'are'} shown to read beyond "
+       f"its last 32 bytes; for {[m for m in models if m not in either]} this design shows it "
+       "neither way.")))
+assert not any(c.verdict == "<" for c in context.values())
+
+# %% [markdown]
+# **Speed, as recorded.** Training tokens/s of the protocol's runs (validation excluded; a shared
+# 2-core machine: the load moved each model's own runs by the factor printed below). Attention's
+# slowest run beat every other model's fastest (asserted): at $T = 128$ on a CPU its layer is a
+# few $[T \times T]$ matrix products, a KDA layer many small operations. Decoding (the full run):
+# from the shortest context to the longest, attention's and the MHA hybrid's decoding slows more
+# than tenfold (a cache that grows); the MLA hybrid's global layer reads a quarter of those bytes
+# and slows less than twofold, more than twice as fast as the MHA hybrid at the longest; KDA and
+# GDN read a fixed state and are no slower (asserted). The paper's speed claims (up to 6 times
+# full attention's decoding throughput at 1M tokens, on GPUs) cannot be checked here. How these
+# timings were taken: [`docs/DESIGN.md`, "Engineering notes: speed in
+# the recorded language-model runs (from notebook 09)"](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-speed-in-the-recorded-language-model-runs-from-notebook-09).
+
+# %%
+print("protocol runs' training tokens/s, mean [range] (fastest / slowest run): " + ", ".join(
     f"{n} {v.mean() / 1e3:.1f}k [{v.min() / 1e3:.1f}k-{v.max() / 1e3:.1f}k] "
-    f"({v.max() / v.min():.1f})" for n, v in rate.items()))
-assert rc["seq_len"] == 128 and min(rate["attention"]) > max(
-    max(rate[n]) for n in rate if n != "attention")  # attention fastest, every seed
+    f"({v.max() / v.min():.1f})" for n, v in speed.items()))
+assert ps["seq_len"] == 128 and min(speed["attention"]) > max(
+    max(speed[n]) for n in speed if n != "attention")  # attention fastest, every seed
 rows = {n: r["decode"] for n, r in recorded["models"].items()}
 shortest, longest = ({n: r[i] for n, r in rows.items()} for i in (0, -1))
 for name in rows:
@@ -530,15 +540,12 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 #   for the KDA + MLA hybrid; MLA's cached, absorbed path in `tests/layers/test_mla.py`).
 # - Decode memory: the KDA model's cache is the same at every context; per token and global
 #   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted).
-# - On the standard library's bytes, every model trained here beats the byte-frequency
-#   baseline (asserted). In the recorded full setting, three paired seeds and paired t-tests
-#   Holm-corrected over the ten pairs (`kda_lib.lab.significance`, section 7) order no pair of
-#   models by bits per byte: the intervals and the gaps three seeds could detect are printed
-#   there, beside the training throughput. At the longest recorded context the MLA hybrid's
-#   cache is a quarter of the MHA hybrid's, and it decoded more than twice as fast (asserted).
-# - The paper's speed claims are about long contexts on GPUs and are not checked here; on this
-#   CPU at $T = 128$ attention trained fastest in every recorded run (the recorded benchmark
-#   where that order turns at longer sequences is in DESIGN's engineering notes).
+# - Every model trained here beats the byte-frequency baseline (asserted). Under the protocol
+#   (a rate per model on validation, five paired seeds, test reported, Holm-corrected paired
+#   t-tests; section 7) the verdicts, and whether each model reads beyond its last 32 bytes,
+#   are printed there with their intervals.
+# - At the longest recorded context the MLA hybrid's cache is a quarter of the MHA hybrid's and
+#   it decoded over twice as fast; at $T = 128$ on this CPU attention trained fastest (asserted).
 
 # %% [markdown]
 # ## Exercises

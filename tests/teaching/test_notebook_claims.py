@@ -562,35 +562,75 @@ def test_sweep_cells_reports_the_test_stream_and_leaves_tuning_runs_out_under_pr
     assert sorted(acc[("mqar", "kda", 64)].tolist()) == [0.7, 0.8, 0.99]
 
 
-def test_stdlib_lm_recording_as_notebook_09_states_it():
-    """09: the recorded hybrid is 3 KDA : 1 MLA and hybrid_mha its multi-head-attention twin;
-    three seeds per model; MLA's cache grows a quarter as fast as MHA's; paired t-tests over
-    the seeds, Holm-corrected over the ten pairs, order no pair (attention highest on average);
-    attention trained fastest in every run; decode slowdowns as stated."""
+def test_stdlib_lm_protocol_record_follows_its_protocol():
+    """09 (issue 39): in the protocol record every model's rate is the lowest final validation
+    bits per byte of its grid (tuning seed only), strictly inside the rates tried; five fresh
+    seeds per model at that rate, the same for every model; every run holds validation, test
+    and the probe (gain = control - copy) and ran the full step budget."""
+    import math
+
+    record = _recorded("results", "stdlib_lm_protocol.json")
+    setting, runs = record["setting"], record["runs"]
+    assert setting["protocol_version"] == 2 and setting["probe_reach"] == 32
+    for model, grid in record["grids"].items():
+        tries = [r for r in runs if r["model"] == model and r["phase"] == "tune"]
+        assert {r["seed"] for r in tries} == {setting["tune_seed"]}, model
+        assert sorted(r["learning_rate"] for r in tries) == grid["rates"], model
+        best = min(tries, key=lambda r: r["validation"]["bpb"])
+        assert best["learning_rate"] == grid["best"] and grid["inside"], model
+        assert grid["rates"][0] < grid["best"] < grid["rates"][-1], model
+        seeds = [r for r in runs if r["model"] == model and r["phase"] == "seeds"]
+        assert sorted(r["seed"] for r in seeds) == [0, 1, 2, 3, 4], model
+        assert {r["learning_rate"] for r in seeds} == {grid["best"]}, model
+    for r in runs:
+        assert r["training"]["steps"] == setting["steps"] and not r["diverged"]
+        assert r["validation"]["bpb"] == r["curve"]["validation_bpb"][-1]
+        probe = r["probe"]
+        assert math.isclose(probe["gain_bpb"], probe["control_bpb"] - probe["copy_bpb"],
+                            rel_tol=1e-4, abs_tol=1e-6)  # fmt: skip
+        assert (probe["reach"], probe["distance"]) == (32, setting["seq_len"] // 2)
+
+
+def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
+    """09 section 7 on the protocol record: attention's test bits per byte are ordered above
+    each of the other four models' (Holm over the ten pairs), the six other pairs are level;
+    the falling-bits test is above zero for all five, the copy probe for all but GDN (Holm
+    over the ten context tests)."""
     import numpy as np
 
     from kda_lib.lab.significance import compare_family
+    from kda_lib.teaching import lm_protocol as lm
 
+    record = _recorded("results", "stdlib_lm_protocol.json")
+    runs, complete = lm.seed_runs(record)
+    models = [m for m in lm.MODEL_ORDER if m in complete]
+    assert len(models) == 5
+    bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], models)
+    tests = compare_family({(a, b): (bpb[a], bpb[b]) for i, a in enumerate(models)
+                            for b in models[i + 1 :]})  # fmt: skip
+    assert {k for k, c in tests.items() if c.verdict != "level"} == {
+        (m, "attention") for m in models if m != "attention"
+    }
+    assert all(tests[(m, "attention")].verdict == "<" for m in models if m != "attention")
+    zeros = np.zeros(5)
+    drop = lm.by_seed(runs, lm.position_drop, models)
+    probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
+    context = compare_family({**{(m, "drop"): (drop[m], zeros) for m in models},
+                              **{(m, "probe"): (probe[m], zeros) for m in models}})  # fmt: skip
+    assert {k for k, c in context.items() if c.verdict == ">"} == {
+        *((m, "drop") for m in models), *((m, "probe") for m in models if m != "gdn")
+    }
+
+
+def test_stdlib_lm_recording_as_notebook_09_states_it():
+    """09: the recorded full run's hybrid is 3 KDA : 1 MLA and hybrid_mha its
+    multi-head-attention twin; MLA's cache grows a quarter as fast as MHA's; decode slowdowns
+    as stated (the quality and training-speed comparisons read the protocol record)."""
     full = _recorded("results", "stdlib_lm_full.json")
     models = full["models"]
     assert full["config"]["hybrid_layers"] == ["kda", "kda", "kda", "mla"]
     assert models["hybrid"]["config"]["layers"] == ["kda", "kda", "kda", "mla"]
     assert models["hybrid_mha"]["config"]["layers"] == ["kda", "kda", "kda", "attention"]
-    seeds = _recorded("results", "stdlib_lm_seeds.json")["runs"]
-    bpb = {n: {0: m["bpb"]} for n, m in models.items()}
-    rate = {n: [m["train_tokens_per_second"]] for n, m in models.items()}
-    for row in seeds:
-        bpb[row["model"]][row["seed"]] = row["bpb"]
-        rate[row["model"]].append(row["train_tokens_per_second"])
-    assert all(sorted(b) == [0, 1, 2] for b in bpb.values()), bpb
-    assert min(bpb, key=lambda n: bpb[n][0]) == "hybrid"  # seed 0 alone: the MLA hybrid
-    bpb = {n: np.array([b[s] for s in sorted(b)]) for n, b in bpb.items()}
-    names = list(bpb)
-    tests = compare_family({(a, b): (bpb[a], bpb[b]) for a in names for b in names if a < b})
-    assert len(tests) == 10 and all(c.verdict == "level" for c in tests.values())
-    assert all(bpb["attention"].mean() > bpb[n].mean() for n in names if n != "attention")
-    others = [n for n in rate if n != "attention"]
-    assert min(rate["attention"]) > max(max(rate[n]) for n in others)
     decode = {n: m["decode"] for n, m in models.items()}
     grow = {
         n: (rows[-1]["cache_bytes"] - rows[0]["cache_bytes"])
@@ -607,25 +647,22 @@ def test_stdlib_lm_recording_as_notebook_09_states_it():
 
 
 def test_recorded_speed_forensics_of_notebook_09():
-    """09's speed notes, moved to DESIGN (issue 42): among the models other than attention the
-    load moved a model's own runs more than any gap between two models' ranges, the two hybrids'
-    ranges overlap; in the recorded benchmark KDA trains about level with attention at
-    T = 1024 and more than three times as fast at T = 4096."""
-    full = _recorded("results", "stdlib_lm_full.json")
-    rate = {n: [m["train_tokens_per_second"]] for n, m in full["models"].items()}
-    for row in _recorded("results", "stdlib_lm_seeds.json")["runs"]:
-        if row["seed"] != 0:
-            rate[row["model"]].append(row["train_tokens_per_second"])
+    """09's speed notes in DESIGN: in the protocol record's seed runs, attention's slowest run
+    beat every other model's fastest; among the other four the load moved a model's own runs
+    by up to 1.81 (the MLA hybrid) and every two of their ranges overlap; in the recorded
+    benchmark KDA trains about level with attention at T = 1024 and more than three times as
+    fast at T = 4096."""
+    rate = {}
+    for r in _recorded("results", "stdlib_lm_protocol.json")["runs"]:
+        if r["phase"] == "seeds":
+            rate.setdefault(r["model"], []).append(r["train_tokens_per_second"])
     others = [n for n in rate if n != "attention"]
-    swing = max(max(rate[n]) / min(rate[n]) for n in others)
-    assert round(swing, 2) == 1.76  # the factor DESIGN quotes
+    assert min(rate["attention"]) > max(max(rate[n]) for n in others)
+    swing = {n: max(rate[n]) / min(rate[n]) for n in others}
+    assert round(max(swing.values()), 2) == 1.81 and max(swing, key=swing.get) == "hybrid"
     for i, a in enumerate(others):
         for b in others[i + 1 :]:
-            apart = max(min(rate[a]) / max(rate[b]), min(rate[b]) / max(rate[a]))
-            assert apart < swing, (a, b, apart, swing)
-    assert max(min(rate["hybrid"]), min(rate["hybrid_mha"])) < min(
-        max(rate["hybrid"]), max(rate["hybrid_mha"])
-    )
+            assert max(min(rate[a]) / max(rate[b]), min(rate[b]) / max(rate[a])) < 1, (a, b)
     bench = _recorded("benchmarks", "cpu-2026-12-01.json")["records"]
     train = {
         (r["impl"][len("train_") :], r["T"]): r["tokens_per_s"]
