@@ -36,14 +36,14 @@ LM_SETTINGS = {
         "head_dim": 32, "kv_lora_rank": 32, "batch_size": 16,
         "hybrid_layers": ["kda", "kda", "kda", "mla"], "implementation": "auto",
         "seq_len": 128, "steps": 600, "eval_every": 100, "val_windows": 256,
-        "test_windows": 512, "validation_fraction": 0.1, "test_fraction": 0.1,
-        "max_bytes": None, "tune_seed": 1000,
+        "test_windows": 512, "probe_reach": 32, "validation_fraction": 0.1,
+        "test_fraction": 0.1, "max_bytes": None, "tune_seed": 1000,
     },
     "tiny": {
         "protocol_version": 2, "hidden_size": 16, "num_layers": 2, "num_heads": 1,
         "head_dim": 8, "kv_lora_rank": 8, "batch_size": 2, "hybrid_layers": ["kda", "mla"],
         "implementation": "auto", "seq_len": 16, "steps": 3, "eval_every": 2,
-        "val_windows": 8, "test_windows": 8, "validation_fraction": 0.1,
+        "val_windows": 8, "test_windows": 8, "probe_reach": 4, "validation_fraction": 0.1,
         "test_fraction": 0.1, "max_bytes": 20000, "tune_seed": 1000,
     },
 }  # fmt: skip
