@@ -106,6 +106,7 @@ from kda_lib.lab.records import load_recorded
 from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare_family
 from kda_lib.lab.train import save_record, train
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
+from kda_lib.teaching import lm_protocol as lm  # reading the protocol record
 from kda_lib.teaching import viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -235,7 +236,7 @@ assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats
 # section 7). Dotted: the byte-frequency baseline.
 
 # %% tags=["hide-input"]
-colors = dict(zip(patterns, viz.CYCLE, strict=False))
+colors = lm.COLORS  # one colour per model, the same in every figure
 
 
 def curves_panel(ax, source, title):
@@ -421,8 +422,6 @@ for name, r in recorded["models"].items():  # how far back they read: tested fur
 # else *level*, with the 95% interval and the gap the design detects with 80% power.
 
 # %%
-from kda_lib.teaching import lm_protocol as lm  # reading the protocol record
-
 protocol = load_recorded("results", recorded_protocol)
 ps, reach = protocol["setting"], protocol["setting"]["probe_reach"]
 runs, complete = lm.seed_runs(protocol, min_seeds=5)
