@@ -345,11 +345,7 @@ assert not any(r["training"]["seed"] == setting["tune_seed"] for c in cells.valu
 print(f"{len(sweep['runs'])} runs; {len(complete)} of {len(cells)} cells complete; tuned "
       "rates: " + ", ".join(f"{k} {g['best']:g}{'' if g['inside'] else ' (edge)'}"
                             for k, g in sweep["grids"].items()))
-for (task, mixer, t), runs in sorted(cells.items()):
-    a, beyond = acc[(task, mixer, t)], rs.beyond_reach(runs)
-    print(f"{task:10s} T={t:<3d} {mixer:15s} {a.mean():.3f} [{a.min():.3f}, {a.max():.3f}] "
-          f"{[r['stop'] for r in runs]}{'' if (task, mixer, t) in complete else ' INCOMPLETE'}"
-          + (f" beyond the conv reach {beyond.mean():.3f}" if beyond is not None else ""))
+rs.print_cells(cells, complete, acc)  # mean [min, max], stops; stack: beyond the conv reach
 
 # %% tags=["hide-input"]
 viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_length_and_steps")
@@ -383,17 +379,8 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_l
 # runs them on an accelerator, and was not run here.
 
 # %%
-family = {}  # (task, T, mixer or "steps") -> (KDA's per-seed scores, the other's), by seed
-seeds_of = {c: [r["training"]["seed"] for r in runs] for c, runs in cells.items()}
-for task, mixer, t in sorted(complete):
-    if mixer != "kda" and (task, "kda", t) in complete:
-        assert seeds_of[(task, "kda", t)] == seeds_of[(task, mixer, t)], "paired by seed"
-        family[(task, t, mixer)] = acc[(task, "kda", t)], acc[(task, mixer, t)]
-    if mixer == "gdn" and (task, "kda", t) in complete:  # steps to solve: "<" is KDA faster
-        k, g = ([rs.solve_step(r, setting["solved"]) for r in cells[(task, m, t)]]
-                for m in ("kda", "gdn"))
-        if None not in k + g:
-            family[(task, t, "steps")] = k, g
+# (task, T, mixer or "steps") -> (KDA's per-seed scores, the other's), paired by seed
+family = rs.kda_family(cells, complete, acc, setting["solved"])
 tests = compare_family(family, alpha=ALPHA)
 print(f"{len(tests)} paired comparisons, Holm-corrected together at alpha {ALPHA}; the mean "
       "difference KDA - other [95% interval], and the gap detectable at 80% power:")

@@ -7,7 +7,10 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 * :func:`tuned` -- a live sweep's runs per (task, mixer, T) at the rate chosen on validation
   batches, with the test accuracies reported; :func:`print_table` prints them.
 * :func:`sweep_cells` -- a recorded sweep's runs per cell at the tuned rate, sorted by seed,
-  and which cells are complete (enough seeds, best rate strictly inside its grid).
+  and which cells are complete (enough seeds, best rate strictly inside its grid);
+  :func:`print_cells` prints them.
+* :func:`kda_family` -- KDA against every other complete mixer, paired by seed: the family of
+  comparisons the claims' verdicts are read from.
 * :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
 * :func:`solve_step`, :func:`claim_a`, :func:`claim_b` -- steps to the solved level and the
   verdict rules for the paper's two claims.
@@ -118,6 +121,40 @@ def solve_step(run: dict, solved: float):
         if a >= solved
     ]
     return hits[0] if hits else None
+
+
+def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
+    """The comparisons of claims A and B, paired by seed: ``{(task, T, mixer): (KDA's test
+    accuracies, the mixer's)}`` for every other complete mixer of a complete KDA cell, and
+    ``{(task, T, "steps"): (KDA's steps to ``solved``, GDN's)}`` where both solve on every seed.
+    Raises ValueError where two cells' seeds differ (their scores would not be paired)."""
+    family = {}
+    for task, mixer, t in sorted(complete):
+        kda = (task, "kda", t)
+        if mixer == "kda" or kda not in complete:
+            continue
+        seeds = [[r["training"]["seed"] for r in cells[c]] for c in (kda, (task, mixer, t))]
+        if seeds[0] != seeds[1]:
+            raise ValueError(f"{task} T={t}: KDA's seeds {seeds[0]} are not {mixer}'s {seeds[1]}")
+        family[(task, t, mixer)] = acc[kda], acc[(task, mixer, t)]
+        if mixer == "gdn":  # steps to solve: "<" is KDA faster
+            steps = [[solve_step(r, solved) for r in cells[c]] for c in (kda, (task, mixer, t))]
+            if None not in steps[0] + steps[1]:
+                family[(task, t, "steps")] = tuple(steps)
+    return family
+
+
+def print_cells(cells: dict, complete: set, acc: dict) -> None:
+    """One line per recorded cell: mean test accuracy [min, max] over seeds, each run's stop,
+    INCOMPLETE where the cell is not complete, and for stack the accuracy beyond the conv
+    reach."""
+    for (task, mixer, t), runs in sorted(cells.items()):
+        a, beyond = acc[(task, mixer, t)], beyond_reach(runs)
+        print(
+            f"{task:10s} T={t:<3d} {mixer:15s} {a.mean():.3f} [{a.min():.3f}, {a.max():.3f}] "
+            f"{[r['stop'] for r in runs]}{'' if (task, mixer, t) in complete else ' INCOMPLETE'}"
+            + (f" beyond the conv reach {beyond.mean():.3f}" if beyond is not None else "")
+        )
 
 
 def claim_a(tests: dict, task: str, lengths):

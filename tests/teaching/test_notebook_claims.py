@@ -28,6 +28,7 @@ import re
 
 import jupytext
 import nbformat
+import numpy as np
 import pytest
 
 NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
@@ -560,6 +561,53 @@ def test_sweep_cells_reports_the_test_stream_and_leaves_tuning_runs_out_under_pr
         del r["validation"], r["test"]
     cells, _, acc = rs.sweep_cells(dict(setting={}, grids=grids, runs=old), 2)
     assert sorted(acc[("mqar", "kda", 64)].tolist()) == [0.7, 0.8, 0.99]
+
+
+def test_kda_family_pairs_kda_with_each_complete_mixer_and_steps_where_both_solve():
+    """Notebook 08's family: KDA against every other complete mixer of a complete KDA cell (never
+    an incomplete one), steps to solve against GDN only where both solve on every seed, and a
+    refusal where the seeds differ (the scores would not be paired)."""
+    from kda_lib.teaching import recall_sweep as rs
+
+    def runs(seeds, accuracies):
+        return [
+            dict(training=dict(seed=s), curve=dict(step=[10, 20], accuracy=[a / 2, a]))
+            for s, a in zip(seeds, accuracies, strict=True)
+        ]
+
+    cells = {
+        ("mqar", "kda", 64): runs([0, 1], [0.99, 1.0]),
+        ("mqar", "gdn", 64): runs([0, 1], [0.99, 0.6]),
+        ("mqar", "conv", 64): runs([0, 1], [0.1, 0.2]),
+        ("mqar", "mamba2", 64): runs([0, 1], [0.5, 0.5]),
+        ("mqar", "gdn", 128): runs([0, 1], [0.99, 0.99]),
+    }
+    acc = {c: np.array([r["curve"]["accuracy"][-1] for r in rs_]) for c, rs_ in cells.items()}
+    complete = set(cells) - {("mqar", "mamba2", 64)}
+    family = rs.kda_family(cells, complete, acc, solved=0.99)
+    assert set(family) == {("mqar", 64, "gdn"), ("mqar", 64, "conv")}  # GDN's seed 1 unsolved
+    assert family[("mqar", 64, "conv")][1].tolist() == [0.1, 0.2]
+    cells[("mqar", "gdn", 64)] = runs([0, 1], [0.99, 0.995])
+    family = rs.kda_family(cells, complete, acc, solved=0.99)
+    assert family[("mqar", 64, "steps")] == ([20, 20], [20, 20])
+    cells[("mqar", "conv", 64)] = runs([0, 2], [0.1, 0.2])
+    with pytest.raises(ValueError, match="not conv's"):
+        rs.kda_family(cells, complete, acc, solved=0.99)
+
+
+def test_print_cells_marks_incomplete_cells_and_stacks_beyond_reach(capsys):
+    from kda_lib.teaching import recall_sweep as rs
+
+    def run(stop, beyond=None):
+        test = dict(accuracy=0.5) | ({} if beyond is None else dict(beyond_reach_accuracy=beyond))
+        return dict(stop=stop, validation=dict(accuracy=0.5), test=test)
+
+    cells = {("mqar", "kda", 64): [run("solved")], ("stack", "conv", 64): [run("flat", 0.25)]}
+    acc = {c: np.array([0.5]) for c in cells}
+    rs.print_cells(cells, {("mqar", "kda", 64)}, acc)
+    mqar, stack = capsys.readouterr().out.splitlines()
+    assert "INCOMPLETE" not in mqar and "beyond" not in mqar and "['solved']" in mqar
+    assert stack.endswith("INCOMPLETE beyond the conv reach 0.250")
 
 
 def test_stdlib_lm_protocol_record_follows_its_protocol():
