@@ -106,7 +106,6 @@ from kda_lib.lab.records import load_recorded
 from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare_family
 from kda_lib.lab.train import save_record, train
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
-from kda_lib.teaching import lm_protocol as lm  # reading the protocol record
 from kda_lib.teaching import viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -236,6 +235,8 @@ assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats
 # section 7). Dotted: the byte-frequency baseline.
 
 # %% tags=["hide-input"]
+from kda_lib.teaching import lm_protocol as lm  # colours; reading the protocol record
+
 colors = lm.COLORS  # one colour per model, the same in every figure
 
 

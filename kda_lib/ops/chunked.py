@@ -562,8 +562,9 @@ def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
     :func:`_chunk_masks` or None. Each step builds its chunk's WY/UT form and applies it to the
     entering state, so what a step touches (a few ``[C, C]`` and ``[C, K]`` blocks per head)
     stays in cache; the other modes write every chunk's ``[C, C]`` scores to memory first and
-    read them back, which is what their time goes to on a CPU. Under differentiation only the
-    entering states are kept; each step's blocks are recomputed in the backward.
+    read them back, which is what their time goes to on a CPU. Under differentiation, with
+    more than one chunk, only the entering states are kept; each step's blocks are recomputed
+    in the backward.
     """
     # inside shard_map the carry must vary over the same mesh axes as the chunks
     initial_state = initial_state + jnp.zeros_like(chunks[2][0, ..., :1, :])
@@ -577,8 +578,10 @@ def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
         return new, (_chunk_outputs(intra, state, corrected, operand_dtype), state)
 
     # the backward recomputes each step's blocks from the carried state instead of saving
-    # them for all N chunks: half the memory, and no slower (DESIGN section 4)
-    step = jax.checkpoint(step, prevent_cse=False)
+    # them for all N chunks: half the memory, and no slower (DESIGN section 6); one chunk
+    # would only be computed twice, with nothing to free
+    if chunks[0].shape[0] > 1:
+        step = jax.checkpoint(step, prevent_cse=False)
     final, (o, entering) = jax.lax.scan(step, initial_state, (chunks, segments))
     return o, final, entering
 
