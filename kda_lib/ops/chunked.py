@@ -554,6 +554,19 @@ def _chunk_outputs(intra: IntraChunk, entering, corrected, operand_dtype=None):
     )
 
 
+# the streaming scan rematerialises its step under differentiation above this many saved bytes
+REMAT_MIN_BYTES = 16 * 2**20
+
+
+def stream_saved_bytes(chunks) -> int:
+    """About what the streaming scan's autodiff saves per step for its backward, over all steps:
+    two ``[C, C]`` and five ``[C, K]``-sized blocks per chunk and head (an estimate: the measured
+    saving is about twice it). ``chunks``: ``(q, k, v, ...)`` chunk-major ``[N, B, H, C, K]``."""
+    n, b, h, c, k = chunks[0].shape
+    v = chunks[2].shape[-1]
+    return chunks[0].dtype.itemsize * n * b * h * (2 * c * c + 3 * c * k + 2 * c * v)
+
+
 def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
     """Outputs ``[N, B, H, C, V]``, the final state and the states entering each chunk
     ``[N, B, H, K, V]``, one chunk per scan step.
@@ -562,9 +575,9 @@ def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
     :func:`_chunk_masks` or None. Each step builds its chunk's WY/UT form and applies it to the
     entering state, so what a step touches (a few ``[C, C]`` and ``[C, K]`` blocks per head)
     stays in cache; the other modes write every chunk's ``[C, C]`` scores to memory first and
-    read them back, which is what their time goes to on a CPU. Under differentiation, with
-    more than one chunk, only the entering states are kept; each step's blocks are recomputed
-    in the backward.
+    read them back, which is what their time goes to on a CPU. Under differentiation, where
+    :func:`stream_saved_bytes` exceeds :data:`REMAT_MIN_BYTES`, only the entering states are
+    kept and each step's blocks are recomputed in the backward.
     """
     # inside shard_map the carry must vary over the same mesh axes as the chunks
     initial_state = initial_state + jnp.zeros_like(chunks[2][0, ..., :1, :])
@@ -577,10 +590,10 @@ def _stream_chunks(chunks, segments, initial_state, scale, operand_dtype=None):
         new, corrected = _carry_state(state, intra.w, intra.u, k_out_t, intra.keep, low)
         return new, (_chunk_outputs(intra, state, corrected, operand_dtype), state)
 
-    # the backward recomputes each step's blocks from the carried state instead of saving
-    # them for all N chunks: half the memory, and no slower (DESIGN section 6); one chunk
-    # would only be computed twice, with nothing to free
-    if chunks[0].shape[0] > 1:
+    # where the blocks all N steps would save for the backward are large, the backward
+    # recomputes each step's blocks from the carried state instead: half the memory and no
+    # slower there (DESIGN section 6); small programs keep plain autodiff, which compiles faster
+    if stream_saved_bytes(chunks) > REMAT_MIN_BYTES:
         step = jax.checkpoint(step, prevent_cse=False)
     final, (o, entering) = jax.lax.scan(step, initial_state, (chunks, segments))
     return o, final, entering

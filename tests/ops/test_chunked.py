@@ -80,6 +80,63 @@ def _check_against_oracle(forms, *, grads):
 GRADIENT_LENGTHS = (1, 65, 200)
 
 
+def test_rematerialised_streaming_step_matches_the_oracle_and_plain_autodiff(x64, monkeypatch):
+    """Above REMAT_MIN_BYTES of saved blocks the streaming scan recomputes each step in the
+    backward (jax.checkpoint): forced here at a small shape (several chunks, a state, a partial
+    last chunk), its gradients equal the float64 oracle's and plain autodiff's."""
+    import kda_lib.ops.chunked as chunked
+
+    inputs = cast_inputs(
+        random_kda_inputs(jax.random.key(5), 2, 150, 2, 16, 8, gate="safe", with_state=True),
+        jnp.float64,
+    )
+    cot = _cotangents(jax.random.key(6), inputs)
+
+    def streaming(x):
+        o, s = kda_chunked(**x, scan="streaming", chunk_size=32, output_final_state=True)
+        return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
+
+    from kda_lib.ops.registry import clear_compiled_forms
+
+    def temp_bytes():  # the gradient program's temporaries: the saved blocks among them
+        compiled = jax.jit(jax.grad(streaming)).lower(inputs).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    plain, plain_bytes = jax.grad(streaming)(inputs), temp_bytes()
+    monkeypatch.setattr(chunked, "REMAT_MIN_BYTES", -1)
+    clear_compiled_forms()  # chunked_core reads the constant when traced: trace it anew
+    try:
+        remat, remat_bytes = jax.grad(streaming)(inputs), temp_bytes()
+    finally:
+        monkeypatch.undo()
+        clear_compiled_forms()
+
+    def oracle(x):
+        o, s = kda_recurrent(**x, output_final_state=True)
+        return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
+
+    want = jax.grad(oracle)(inputs)
+    print(f"gradient temporaries: plain {plain_bytes} B, rematerialised {remat_bytes} B")
+    assert remat_bytes < plain_bytes, "the step was not rematerialised"
+    for name in NAMES:
+        assert_close(remat[name], want[name], atol=1e-10, rtol=1e-8, name=f"d{name} (remat)")
+        assert_close(remat[name], plain[name], atol=1e-12, rtol=1e-10, name=f"d{name} (plain)")
+
+
+def test_remat_threshold_splits_the_reference_shape_from_the_tests_shapes():
+    """The rule's two sides: the benchmark's reference shape (B*H = 4, T = 4096, C = 64,
+    K = V = 64), where remat measured no slower and half the memory, is rematerialised; a
+    test-sized program (B*H = 6, T = 256) keeps plain autodiff, which compiles faster."""
+    from kda_lib.ops.chunked import REMAT_MIN_BYTES, stream_saved_bytes
+
+    def chunks(n, bh, c, k, v):
+        qk = jax.ShapeDtypeStruct((n, 1, bh, c, k), jnp.float32)
+        return (qk, qk, jax.ShapeDtypeStruct((n, 1, bh, c, v), jnp.float32))
+
+    assert stream_saved_bytes(chunks(64, 4, 64, 64, 64)) > REMAT_MIN_BYTES
+    assert stream_saved_bytes(chunks(4, 6, 64, 32, 32)) < REMAT_MIN_BYTES / 8
+
+
 @pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 200])
 def test_chunked_matches_float64_oracle(x64, seq_len):
     """Outputs, final states and (for GRADIENT_LENGTHS) every input's gradient, both scans,
