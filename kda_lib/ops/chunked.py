@@ -559,9 +559,9 @@ REMAT_MIN_BYTES = 16 * 2**20
 
 
 def stream_saved_bytes(chunks) -> int:
-    """About what the streaming scan's autodiff saves per step for its backward, over all steps:
-    two ``[C, C]`` and five ``[C, K]``-sized blocks per chunk and head (an estimate: the measured
-    saving is about twice it). ``chunks``: ``(q, k, v, ...)`` chunk-major ``[N, B, H, C, K]``."""
+    """About the bytes the streaming scan's plain autodiff saves for its backward, summed over
+    all N steps: ``N B H (2 C^2 + 3 C K + 2 C V)`` floats (an estimate: the measured saving is
+    about twice it). ``chunks``: ``(q, k, v, ...)`` chunk-major ``[N, B, H, C, K]``."""
     n, b, h, c, k = chunks[0].shape
     v = chunks[2].shape[-1]
     return chunks[0].dtype.itemsize * n * b * h * (2 * c * c + 3 * c * k + 2 * c * v)

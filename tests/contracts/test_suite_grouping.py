@@ -1,4 +1,5 @@
-"""The suite's scheduling contract: ``make test`` runs ``pytest -n 2 --dist loadgroup``, and the
+"""The suite's scheduling contract: ``make test`` runs ``pytest -n 2 --dist loadgroup`` (Makefile
+``XDIST``), and the
 tests marked ``xdist_group`` share an expensive session fixture (the site, the compiled cost
 rows, the fla CP oracle, the wheel, ...) on one worker, built once. pytest 9.2 stores node ids
 where pytest-xdist 3.8 cannot append its ``@group`` suffix, and the grouping then fails in
