@@ -8,6 +8,7 @@ made on the differences ``d[i] = a[i] - b[i]``.
   95% confidence interval, the p-value, and the smallest gap the design can detect.
 * :func:`compare_family` -- every comparison a notebook makes, with Holm's correction over them
   and one verdict word per comparison.
+* :func:`check_paired` -- refuses score lists whose seeds differ (they would not be paired).
 * :func:`holm` -- Holm's step-down adjusted p-values (scipy has Bonferroni-free FDR control,
   :func:`scipy.stats.false_discovery_control`, but no Holm: it is written here, a few lines).
 * :func:`detectable_gap` -- the smallest mean paired difference a two-sided paired t-test
@@ -269,6 +270,16 @@ def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1
         detectable=_unscale(detectable_gap(n, sd, alpha / family_size), exponent),
         note=note,
     )
+
+
+def check_paired(seeds: Mapping) -> None:
+    """Raise ValueError unless every entry of ``seeds`` (``{name: [seed, ...]}``, one list per
+    model or mixer, in the order of its scores) lists the same seeds in the same order: scores of
+    different seeds, or of the same seeds in another order, are not paired."""
+    if not isinstance(seeds, Mapping) or not seeds:
+        raise ValueError(f"seeds must be a non-empty mapping {{name: [seed, ...]}}; got {seeds!r}")
+    if len({tuple(s) for s in seeds.values()}) > 1:
+        raise ValueError(f"the seeds differ, so the scores are not paired: {dict(seeds)}")
 
 
 def compare_family(pairs: Mapping, *, test: str = "t", alpha: float = ALPHA) -> dict:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kda_lib.lab.significance import check_paired
 from kda_lib.teaching.viz import CYCLE
 
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
@@ -46,9 +47,7 @@ def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:
 def by_seed(runs: dict, score: Callable[[dict], float], models) -> dict:
     """``{model: np.array of score(run) in seed order}`` for ``models``, checked paired (the
     same seeds for every model)."""
-    seeds = {m: [r["seed"] for r in runs[m]] for m in models}
-    if len({tuple(s) for s in seeds.values()}) > 1:
-        raise ValueError(f"the models' seeds differ, so their scores are not paired: {seeds}")
+    check_paired({m: [r["seed"] for r in runs[m]] for m in models})
     return {m: np.array([score(r) for r in runs[m]], dtype=float) for m in models}
 
 

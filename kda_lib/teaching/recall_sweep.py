@@ -23,6 +23,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kda_lib.lab.significance import check_paired
 from kda_lib.lab.train import record_scores, save_record, summary_line
 from kda_lib.teaching.viz import CYCLE, token_rows
 
@@ -133,9 +134,8 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
         kda = (task, "kda", t)
         if mixer == "kda" or kda not in complete:
             continue
-        seeds = [[r["training"]["seed"] for r in cells[c]] for c in (kda, (task, mixer, t))]
-        if seeds[0] != seeds[1]:
-            raise ValueError(f"{task} T={t}: KDA's seeds {seeds[0]} are not {mixer}'s {seeds[1]}")
+        check_paired({f"{task} T={t} {m}": [r["training"]["seed"] for r in cells[(task, m, t)]]
+                      for m in ("kda", mixer)})
         family[(task, t, mixer)] = acc[kda], acc[(task, mixer, t)]
         if mixer == "gdn":  # steps to solve: "<" is KDA faster
             steps = [[solve_step(r, solved) for r in cells[c]] for c in (kda, (task, mixer, t))]

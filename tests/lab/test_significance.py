@@ -205,3 +205,12 @@ def test_bad_scores_are_refused(a, b, match):
 def test_bad_arguments_are_refused(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_check_paired_accepts_the_same_seeds_and_refuses_others_in_any_way():
+    sig.check_paired({"kda": [3, 1, 2], "gdn": [3, 1, 2], "conv": (3, 1, 2)})
+    for other in ([1, 2, 3], [3, 1], [3, 1, 2, 4], [3, 1, 5]):  # reordered, short, long, other
+        with pytest.raises(ValueError, match=r"not paired: \{'kda': \[3, 1, 2\], 'gdn'"):
+            sig.check_paired({"kda": [3, 1, 2], "gdn": other})
+    with pytest.raises(ValueError, match="seeds must be a non-empty mapping"):
+        sig.check_paired({})

@@ -591,7 +591,7 @@ def test_kda_family_pairs_kda_with_each_complete_mixer_and_steps_where_both_solv
     family = rs.kda_family(cells, complete, acc, solved=0.99)
     assert family[("mqar", 64, "steps")] == ([20, 20], [20, 20])
     cells[("mqar", "conv", 64)] = runs([0, 2], [0.1, 0.2])
-    with pytest.raises(ValueError, match="not conv's"):
+    with pytest.raises(ValueError, match="mqar T=64 conv.: \\[0, 2\\]"):
         rs.kda_family(cells, complete, acc, solved=0.99)
 
 
