@@ -339,7 +339,18 @@ def make_task(name: str, **options) -> TaskFn:
     if unknown:
         raise ValueError(f"task {name!r} takes the options {accepted}; got unknown {unknown}")
     bound = {**DEFAULT_TASK_OPTIONS.get(name, {}), **options}
-    return functools.partial(generator, **bound)
+    try:
+        return _bound_task(name, tuple(sorted(bound.items())))
+    except TypeError:  # an unhashable option value: a new, equally valid, uncached binding
+        return functools.partial(generator, **bound)
+
+
+@functools.lru_cache(maxsize=256)
+def _bound_task(name: str, options: tuple) -> TaskFn:
+    """One partial per (task, options): equal settings give the *same* object, so
+    :func:`_batch_drawer`'s cache (keyed on it) compiles a task's batches once per shape, not
+    once per run (a sweep's seeds and mixers share them)."""
+    return functools.partial(TASKS[name], **dict(options))
 
 
 def run_experiment(

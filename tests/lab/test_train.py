@@ -789,3 +789,17 @@ def test_old_records_are_read_as_validation_without_test():
     assert record_scores(old) == dict(validation=old["eval"], test=None)
     new = dict(eval=dict(accuracy=0.5), validation=dict(accuracy=0.5), test=dict(accuracy=0.4))
     assert record_scores(new) == dict(validation=new["validation"], test=new["test"])
+
+
+def test_equal_task_settings_share_one_binding_and_so_one_compiled_batch_drawer():
+    """make_task returns the same object for equal settings (defaults filled in), so a sweep's
+    runs draw batches through one compilation; other settings get their own."""
+    from kda_lib.lab import train
+
+    first = train.make_task("mqar", vocab_size=32, num_pairs=4)
+    assert train.make_task("mqar", num_pairs=4, vocab_size=32) is first
+    assert train.make_task("mqar", vocab_size=32, num_pairs=8) is not first
+    assert train._batch_drawer(first, 2, 32) is train._batch_drawer(
+        train.make_task("mqar", vocab_size=32, num_pairs=4), 2, 32
+    )
+    assert first.keywords == dict(vocab_size=32, num_pairs=4)
