@@ -3,6 +3,7 @@ tolerance-aware comparisons."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -77,25 +78,42 @@ def random_kda_inputs(
     value_dim = key_dim if value_dim is None else value_dim
     ks = jax.random.split(key, 7)
     shape = (batch, seq_len, heads, key_dim)
-    q, k = (_unit(random_normal(kx, shape, jnp.float32)) for kx in ks[:2])
-    v = random_normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32)
-    f = random_normal(ks[3], shape, jnp.float32)
-    a_log = jnp.log(jnp.linspace(1.0, 16.0, heads))
-    # these two in the default float dtype (float64 under x64), as they always were
-    dt_bias = random_normal(ks[4], (heads * key_dim,)) * 0.5
-    beta = jax.nn.sigmoid(random_normal(ks[5], (batch, seq_len, heads)))
+    draws = dict(
+        q=random_normal(ks[0], shape, jnp.float32),
+        k=random_normal(ks[1], shape, jnp.float32),
+        v=random_normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32),
+        f=random_normal(ks[3], shape, jnp.float32),
+        # these two in the default float dtype (float64 under x64), as they always were
+        dt_bias=random_normal(ks[4], (heads * key_dim,)),
+        beta=random_normal(ks[5], (batch, seq_len, heads)),
+    )
+    if with_state:
+        draws["state"] = random_normal(ks[6], (batch, heads, key_dim, value_dim), jnp.float32)
+    out = _inputs_from_draws(draws, dtype=jnp.dtype(dtype), gate=gate, gate_scale=gate_scale)
     if gate == "raw":
-        g = f
+        out["lower_bound"] = SAFE_LOWER_BOUND
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "gate", "gate_scale"))
+def _inputs_from_draws(draws: dict, *, dtype, gate: str, gate_scale: float) -> dict:
+    """:func:`random_kda_inputs` from its Gaussian draws, as one program: eagerly, each of its
+    dozen small ops compiles on its own at every new shape."""
+    heads = draws["q"].shape[2]
+    q, k = (_unit(draws[n]) for n in ("q", "k"))
+    a_log = jnp.log(jnp.linspace(1.0, 16.0, heads))
+    dt_bias = draws["dt_bias"] * 0.5
+    beta = jax.nn.sigmoid(draws["beta"])
+    if gate == "raw":
+        g = draws["f"]
     else:
         lower_bound = None if gate == "softplus" else SAFE_LOWER_BOUND
-        g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound) * gate_scale
-    out = {n: x.astype(dtype) for n, x in dict(q=q, k=k, v=v, g=g, beta=beta).items()}
-    if with_state:
-        out["initial_state"] = 0.5 * random_normal(
-            ks[6], (batch, heads, key_dim, value_dim), jnp.float32
-        )
+        g = kda_gate(draws["f"], a_log, dt_bias, lower_bound=lower_bound) * gate_scale
+    out = {n: x.astype(dtype) for n, x in dict(q=q, k=k, v=draws["v"], g=g, beta=beta).items()}
+    if "state" in draws:
+        out["initial_state"] = 0.5 * draws["state"]
     if gate == "raw":
-        out.update(a_log=a_log, dt_bias=dt_bias, lower_bound=SAFE_LOWER_BOUND)
+        out.update(a_log=a_log, dt_bias=dt_bias)
     return out
 
 
