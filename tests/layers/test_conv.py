@@ -104,8 +104,11 @@ def test_conv_gradient_matches_autodiff_with_history_and_segments(width):
     def reference(x, kernel, history):
         return _taps_by_autodiff(x, kernel, history, ids, history_ids)
 
-    got = jax.grad(functools.partial(loss, ours), argnums=(0, 1, 2))(x, kernel, history)
-    want = jax.grad(functools.partial(loss, reference), argnums=(0, 1, 2))(x, kernel, history)
+    # jitted: op by op, each small op would compile on its own at these shapes
+    got, want = (
+        jax.jit(jax.grad(functools.partial(loss, conv), argnums=(0, 1, 2)))(x, kernel, history)
+        for conv in (ours, reference)
+    )
     for name, a, b in zip(("d_x", "d_kernel", "d_history"), got, want, strict=True):
         assert_close(a, b, atol=1e-5, rtol=1e-5, name=name)
     if width > 1:  # row 2's history is another segment: it gets no gradient
@@ -114,11 +117,11 @@ def test_conv_gradient_matches_autodiff_with_history_and_segments(width):
     # and without segments, as the jitted layer calls it
     plain = jax.jit(jax.grad(lambda x, k: jnp.sum(depthwise_causal_conv(x, k) * cotangent)))
     ones = jnp.ones_like(ids)
-    want_plain = jax.grad(
+    want_plain = jax.jit(jax.grad(
         lambda x, k: jnp.sum(
             _taps_by_autodiff(x, k, jnp.zeros_like(history), ones, ones[:, : width - 1]) * cotangent
         )
-    )(x, kernel)
+    ))(x, kernel)  # fmt: skip
     assert_close(plain(x, kernel), want_plain, atol=1e-5, rtol=1e-5, name="d_x without segments")
 
 
