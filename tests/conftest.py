@@ -39,6 +39,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from flax import nnx  # noqa: E402
 
 # Many tests build the same program from new Python objects (a fresh model, a new closure), which
 # jax's in-memory caches cannot match, so XLA compiles it again. jax's persistent cache keys on
@@ -53,6 +54,12 @@ jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 atexit.register(shutil.rmtree, COMPILE_CACHE_DIR, ignore_errors=True)
+
+
+# ``jitted_call(module, x, **kwargs)`` is ``module(x, **kwargs)`` for a layer or model, compiled
+# as one program: called eagerly, each of its small ops compiles on its own at every new shape
+# (about 16 ms each, up to 250 a test). Tests of errors raised before any work call the module.
+jitted_call = nnx.jit(lambda module, x, **kwargs: module(x, **kwargs))
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import load_fla_layer_fixture
+from conftest import jitted_call, load_fla_layer_fixture
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
@@ -30,10 +30,6 @@ def _name(path):
     """'f_proj.layers.0.kernel' from a pytree path over nnx.state (drops the trailing .value)."""
     keys = [str(p.key) for p in path if hasattr(p, "key")]
     return ".".join(keys)
-
-
-# the layer jitted (one compilation, not one per eager op); a cache in gives (y, cache) out
-_apply = nnx.jit(lambda m, x, cache=None: m(x, cache=cache))
 
 
 def _with_impl(layer, implementation):
@@ -125,12 +121,12 @@ def test_packed_documents_are_isolated():
 def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     layer = _layer(lower_bound=lower_bound)
     x = _x(batch=2, seq_len=75)
-    full = _apply(layer, x)
+    full = jitted_call(layer, x)
     cache = layer.init_cache(2)
-    y, cache = _apply(layer, x[:, :prefill], cache)
+    y, cache = jitted_call(layer, x[:, :prefill], cache=cache)
     outs = [y]
     for t in range(prefill, 75):
-        y, cache = _apply(layer, x[:, t : t + 1], cache)
+        y, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
         outs.append(y)
     err = assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5)
     print(f"prefill {prefill} + decode vs full forward: max abs err {err:.2e}")
@@ -142,9 +138,9 @@ def test_no_conv_and_neg_eigval_variants():
         layer = _layer(**changes)
         x = _x(seq_len=20)
         cache = layer.init_cache(2)
-        y_full = _apply(layer, x)
-        y1, cache = _apply(layer, x[:, :10], cache)
-        y2, _ = _apply(layer, x[:, 10:], cache)
+        y_full = jitted_call(layer, x)
+        y1, cache = jitted_call(layer, x[:, :10], cache=cache)
+        y2, _ = jitted_call(layer, x[:, 10:], cache=cache)
         assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
 
 
@@ -205,9 +201,9 @@ def test_per_head_decay_is_gated_deltanet():
     kw = layer.kernel_kwargs()
     g = kda_gate(f, kw["a_log"], kw["dt_bias"])
     np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
-    y = _apply(layer, x)
-    y1, cache = _apply(layer, x[:, :7], layer.init_cache(2))
-    y2, _ = _apply(layer, x[:, 7:], cache)
+    y = jitted_call(layer, x)
+    y1, cache = jitted_call(layer, x[:, :7], cache=layer.init_cache(2))
+    y2, _ = jitted_call(layer, x[:, 7:], cache=cache)
     assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
     grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
@@ -317,11 +313,11 @@ def test_option_matches_the_float64_oracle_on_every_implementation(option):
 def test_option_prefill_then_decode_equals_full_forward(option):
     layer = _layer(**OPTIONS[option])
     x = _x(batch=2, seq_len=24)
-    full = _apply(layer, x)
-    y, cache = _apply(layer, x[:, :9], layer.init_cache(2))
+    full = jitted_call(layer, x)
+    y, cache = jitted_call(layer, x[:, :9], cache=layer.init_cache(2))
     outs = [y]
     for t in range(9, 24):
-        y, cache = _apply(layer, x[:, t : t + 1], cache)
+        y, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
         outs.append(y)
     assert_close(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=1e-5, name=option)
     assert cache.state.shape == (2, layer.config.value_heads, 16, 8)
@@ -424,13 +420,13 @@ def test_grouped_value_heads_share_q_and_k_by_groups():
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         getattr(expanded, name).kernel.set_value(by_group(getattr(grouped, name).kernel[...]))
     x = _x(seq_len=30)
-    err = assert_close(_apply(grouped, x), _apply(expanded, x), atol=2e-6, rtol=1e-5)
+    err = assert_close(jitted_call(grouped, x), jitted_call(expanded, x), atol=2e-6, rtol=1e-5)
     print(f"grouped value heads vs the expanded layer: max abs err {err:.1e}")
     # a wrong grouping (value head j on q/k head j % 2) is a different layer
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         kernel = getattr(grouped, name).kernel[...]
         getattr(expanded, name).kernel.set_value(jnp.concatenate([kernel, kernel], axis=-1))
-    assert relative_l2(_apply(grouped, x), _apply(expanded, x)) > 1e-2
+    assert relative_l2(jitted_call(grouped, x), jitted_call(expanded, x)) > 1e-2
 
 
 def test_safe_gate_without_a_log_has_no_rate_parameter():
@@ -445,7 +441,7 @@ def test_safe_gate_without_a_log_has_no_rate_parameter():
     nnx.update(with_rate, nnx.state(layer, nnx.Param))
     with_rate.A_log.set_value(jnp.zeros(2))
     x = _x(seq_len=20)
-    assert_close(_apply(layer, x), _apply(with_rate, x), atol=1e-6, rtol=1e-6)
+    assert_close(jitted_call(layer, x), jitted_call(with_rate, x), atol=1e-6, rtol=1e-6)
     f = layer.project(x).f
     np.testing.assert_allclose(
         kda_gate(f, None, layer.dt_bias[...], lower_bound=-5.0),

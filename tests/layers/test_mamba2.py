@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jitted_call
 from flax import nnx
 
 import kda_lib.layers.mamba2 as mamba2
@@ -12,11 +13,6 @@ from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
 from kda_lib.ops.scalar_decay import scalar_decay_recurrent
 
 CONFIG = Mamba2Config(hidden_size=16, num_heads=2, head_dim=8, value_head_dim=4, chunk_size=4)
-
-
-# the layer compiled as one program: called eagerly, each of its small ops compiles on its own
-# (about 250 programs a test)
-_apply = nnx.jit(lambda layer, x, **kw: layer(x, **kw))
 
 
 def test_the_layer_runs_the_recurrence_outputs_and_gradients(monkeypatch):
@@ -56,11 +52,11 @@ def test_one_decay_per_head_and_no_delta_rule():
 def test_decoding_continues_the_full_forward_and_bad_caches_are_refused():
     x = jax.random.normal(jax.random.key(1), (2, 9, 16))
     layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
-    full = _apply(layer, x)
-    out, cache = _apply(layer, x[:, :6], cache=layer.init_cache(2))
+    full = jitted_call(layer, x)
+    out, cache = jitted_call(layer, x[:, :6], cache=layer.init_cache(2))
     steps = [out]
     for t in range(6, 9):
-        out, cache = _apply(layer, x[:, t : t + 1], cache=cache)
+        out, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, rtol=2e-5, atol=2e-5)
     assert cache.state.shape == (2, 2, 8, 4)
@@ -78,13 +74,13 @@ def test_segments_restart_the_state_and_equal_separate_runs():
     layer = Mamba2Mixer(CONFIG, rngs=nnx.Rngs(0))
     x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 10, 16)), jnp.float32)
     ids = np.array([[0, 1, 1, 0, 2, 2, 1, 1, 1, 0]])
-    y = np.asarray(_apply(layer, x, segment_ids=ids))
+    y = np.asarray(jitted_call(layer, x, segment_ids=ids))
     for start, stop in ((1, 3), (4, 6), (6, 9)):
-        alone = np.asarray(_apply(layer, x[:, start:stop]))
+        alone = np.asarray(jitted_call(layer, x[:, start:stop]))
         np.testing.assert_allclose(y[0, start:stop], alone[0], rtol=1e-5, atol=1e-6)
     assert not y[0, [0, 3, 9]].any()
-    one = np.asarray(_apply(layer, x, segment_ids=np.ones((1, 10), np.int32)))
-    np.testing.assert_allclose(one, np.asarray(_apply(layer, x)), rtol=1e-5, atol=1e-6)
+    one = np.asarray(jitted_call(layer, x, segment_ids=np.ones((1, 10), np.int32)))
+    np.testing.assert_allclose(one, np.asarray(jitted_call(layer, x)), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="segment_ids cannot be combined with a cache"):
         layer(x, segment_ids=ids, cache=layer.init_cache(1))
     with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jitted_call
 from flax import nnx
 
 from kda_lib.layers.attention import AttentionCache
@@ -31,11 +32,6 @@ SHARED = dataclasses.replace(CFG, shared_key_dim=4, q_lora_rank=7)
 
 def _layer(cfg=CFG, seed=0):
     return MultiHeadLatentAttention(cfg, rngs=nnx.Rngs(seed))
-
-
-# a layer or model compiled as one program: called eagerly, each of its small ops compiles on
-# its own (up to 180 programs a test). The errors raised before any work stay eager calls.
-_apply = nnx.jit(lambda module, x, **kw: module(x, **kw))
 
 
 def _x(batch=2, seq_len=11, hidden=24, seed=1):
@@ -90,12 +86,12 @@ def test_forward_matches_float64_oracle(cfg):
 def test_prefill_then_token_by_token_decode_equals_full_forward(cfg, max_len):
     layer = _layer(cfg)
     x = _x(seq_len=11)
-    full = np.asarray(_apply(layer, x))
+    full = np.asarray(jitted_call(layer, x))
     cache = layer.init_cache(2, max_len=max_len)
-    y0, cache = _apply(layer, x[:, :4], cache=cache)
+    y0, cache = jitted_call(layer, x[:, :4], cache=cache)
     outs = [np.asarray(y0)]
-    for t in range(4, 11):  # a growing cache: a new shape, so a new program, at every step
-        yt, cache = _apply(layer, x[:, t : t + 1], cache=cache)
+    for t in range(4, 11):  # (a growing cache has a new shape, so a new program, each step)
+        yt, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
         outs.append(np.asarray(yt))
     np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=2e-5, atol=2e-6)
     assert int(cache.seen) == 11
@@ -131,14 +127,16 @@ def test_segments_packed_documents_equal_separate_runs_and_padding_is_zero():
     layer = _layer(SHARED)
     x = _x(batch=1, seq_len=10)
     ids = jnp.array([[1, 1, 1, 1, 2, 2, 2, 2, 0, 0]])
-    y = np.asarray(_apply(layer, x, segment_ids=ids))
-    first, second = (np.asarray(_apply(layer, x[:, a:b])) for a, b in ((0, 4), (4, 8)))
+    y = np.asarray(jitted_call(layer, x, segment_ids=ids))
+    first, second = (np.asarray(jitted_call(layer, x[:, a:b])) for a, b in ((0, 4), (4, 8)))
     np.testing.assert_allclose(y[:, :4], first, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y[:, 4:8], second, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(y[:, 8:], 0.0)
     # trailing padding without segment ids cannot reach earlier tokens either (causal), as
     # for the attention mixer: the first document's outputs are those of a run on it alone
-    np.testing.assert_allclose(np.asarray(_apply(layer, x))[:, :4], first, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jitted_call(layer, x))[:, :4], first, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_gradients_are_finite_and_reach_every_parameter():
@@ -188,13 +186,13 @@ def test_registered_as_a_mixer_in_a_hybrid_that_decodes_exactly():
     model = TinyLM(cfg, rngs=nnx.Rngs(0))
     assert isinstance(model.blocks[3].mixer, MultiHeadLatentAttention)
     tokens = jax.random.randint(jax.random.key(2), (2, 9), 0, 11)
-    full = np.asarray(_apply(model, tokens))
+    full = np.asarray(jitted_call(model, tokens))
     cache = model.init_cache(2, max_len=9)
     assert cache[3].latents.shape == (2, 9, 6)
-    logits, cache = _apply(model, tokens[:, :5], cache=cache)
+    logits, cache = jitted_call(model, tokens[:, :5], cache=cache)
     outs = [np.asarray(logits)]
     for t in range(5, 9):
-        logits, cache = _apply(model, tokens[:, t : t + 1], cache=cache)
+        logits, cache = jitted_call(model, tokens[:, t : t + 1], cache=cache)
         outs.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=1e-4, atol=1e-5)
     # AdamW decays the matmul kernels, not the latent norm's weight (the project's policy)
