@@ -40,7 +40,8 @@ def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Ar
     size = math.prod(shape)
     padded = max(MIN_DRAW, 1 << max(size - 1, 0).bit_length())
     flat = np.asarray(jax.random.normal(key, (padded,), dtype))
-    return jnp.asarray(flat[:size].reshape(shape))
+    # device_put, not jnp.asarray: the latter compiles a small program per shape
+    return jax.device_put(flat[:size].reshape(shape))
 
 
 def random_kda_inputs(
@@ -149,7 +150,9 @@ def assert_close(
     Tolerances default by ``actual``'s dtype (bf16-aware, see DEFAULT_TOLERANCES). Shapes must
     match exactly (no broadcasting). NaN or inf anywhere in ``actual`` fails.
     """
-    actual_dtype = jnp.asarray(actual).dtype
+    # the dtype jnp.asarray(actual) would have, without compiling a program for it
+    dtype = actual.dtype if hasattr(actual, "dtype") else np.asarray(actual).dtype
+    actual_dtype = jax.dtypes.canonicalize_dtype(dtype)
     default_atol, default_rtol = tolerances(actual_dtype)
     atol = default_atol if atol is None else atol
     rtol = default_rtol if rtol is None else rtol
