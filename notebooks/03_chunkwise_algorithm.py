@@ -380,7 +380,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # %%
 with jax.enable_x64(True):
     entering, final = chain_states(*(jnp.asarray(a) for a in (
-        maps.transition, maps.state_ext, S_in)), "associative")
+        maps.transition, maps.state_ext, S_in)))
     o_maps = jnp.einsum("bhnck,bhnkv->bhncv", maps.q_eff, entering) + maps.o_intra
 assert_close(final, s_ref, name="associative scan: final state")
 assert_close(np.moveaxis(np.asarray(o_maps), 1, 3).reshape(o_ref.shape), o_ref, name="outputs")

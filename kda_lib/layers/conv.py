@@ -1,14 +1,11 @@
 """ShortConvolution: the depthwise causal convolution KDA applies to q, k and v.
 
-Tap order (same as PyTorch's ``Conv1d``): ``kernel [W, C]`` with ``kernel[w]`` multiplying the
-input ``W - 1 - w`` steps back, so ``kernel[W - 1]`` is the current token:
-
     y[t, c] = silu( sum_w kernel[w, c] * x[t - (W - 1) + w, c] )
 
-A PyTorch ``Conv1d(C, C, W, groups=C)`` weight ``[C, 1, W]`` converts with
-:func:`kernel_from_torch` (a transpose, no flip). Taps never reach across a segment boundary,
-and the last ``W - 1`` inputs are the conv state carried between decode steps (or the halo a
-context-parallel rank receives from its predecessors).
+``kernel [W, C]``, ``kernel[W - 1]`` multiplying the current token: PyTorch ``Conv1d``'s tap
+order (:func:`kernel_from_torch` converts its ``[C, 1, W]`` weight, no flip). Taps never cross
+a segment boundary; the ``W - 1`` inputs before x are the decode conv state, or the halo a
+context-parallel rank receives from its predecessors.
 """
 
 from __future__ import annotations
@@ -23,16 +20,6 @@ from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
 
 
-def kernel_from_torch(weight) -> np.ndarray:
-    """PyTorch depthwise ``Conv1d`` weight ``[C, 1, W]`` -> kda_lib kernel ``[W, C]``."""
-    weight = np.asarray(weight)
-    if weight.ndim != 3 or weight.shape[1] != 1:
-        raise ValueError(
-            f"expected a depthwise Conv1d weight of shape [C, 1, W], got {weight.shape}"
-        )
-    return weight[:, 0, :].T
-
-
 def depthwise_causal_conv(
     x: jax.Array,
     kernel: jax.Array,
@@ -41,25 +28,15 @@ def depthwise_causal_conv(
     segment_ids: jax.Array | None = None,
     history_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """Depthwise causal conv (no activation).
+    """Depthwise causal conv, no activation: x ``[B, T, C]``, kernel ``[W, C]`` -> ``[B, T, C]``
+    in the promoted dtype of x and kernel.
 
     Args:
-      x: ``[B, T, C]``.
-      kernel: ``[W, C]``, ``kernel[W-1]`` = current token.
       history: ``[B, W-1, C]`` inputs just before x (decode conv state, CP halo); zeros if None.
-      segment_ids: ``[B, T]`` int, 0 = padding; taps only combine tokens of the same segment
-        (the one rule of :mod:`kda_lib.ops.segments`: a reused id starts a new segment,
-        padding is read as 0).
-      history_segment_ids: ``[B, W-1]`` segment ids of ``history``, numbered together with
-        segment_ids (default: with segment_ids given, the history belongs to each row's first
-        segment).
-
-    Returns:
-      ``[B, T, C]`` in the promoted dtype of x and kernel.
-
-    Differentiable in reverse mode (``jax.grad``/``jax.vjp``, a hand-written backward, see
-    :func:`_causal_taps_bwd`); forward mode (``jax.jvp``) is not supported, as through
-    :func:`kda_lib.kda_chunked`.
+      segment_ids: ``[B, T]`` int, 0 = padding: taps only combine tokens of one segment (the
+        rule of :mod:`kda_lib.ops.segments`).
+      history_segment_ids: ``[B, W-1]`` ids of ``history``, numbered together with segment_ids
+        (default: the history belongs to each row's first segment).
     """
     width = kernel.shape[0]
     batch, seq_len, channels = x.shape
@@ -72,23 +49,31 @@ def depthwise_causal_conv(
             f"history must have shape [B, W-1, C]={(batch, width - 1, channels)}, "
             f"got {history.shape}"
         )
-    padded = jnp.concatenate([history.astype(x.dtype), x], axis=1)  # [B, W-1+T, C]
-    masks = None
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         check_segment_ids(segment_ids, batch, seq_len)
-    if segment_ids is not None and width > 1:
-        padded_ids = _window_ids(segment_ids, history_segment_ids, width)
-        ids = padded_ids[:, width - 1 :]
-        # [B, T, W-1]: tap w of token t reads a token of t's own segment (the last tap always);
-        # canonical ids, so equal ids mean one segment and a real token never reads padding
-        masks = jnp.stack(
-            [padded_ids[:, w : w + seq_len] == ids for w in range(width - 1)], axis=-1
-        )
+    dtype = jnp.promote_types(x.dtype, kernel.dtype)
+    padded = jnp.concatenate([history.astype(x.dtype), x], axis=1).astype(dtype)
     # inside shard_map the kernel must vary over the same mesh axes as the inputs, so that its
-    # gradient (a sum over this rank's tokens) is summed over the ranks outside the custom VJP
-    kernel = kernel + jnp.zeros_like(padded[0, :1], dtype=kernel.dtype)
-    return _causal_taps(padded, kernel, masks)
+    # gradient (a sum over this rank's tokens) is summed over the ranks
+    kernel = kernel.astype(dtype) + jnp.zeros_like(padded[0, :1])
+    if segment_ids is None or width == 1:
+        return jax.lax.conv_general_dilated(
+            padded,
+            kernel[:, None, :],  # [W, 1, C]: one input channel per group
+            window_strides=(1,),
+            padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            feature_group_count=channels,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+    # canonical ids: equal ids mean one segment, and a real token never reads padding
+    ids = _window_ids(segment_ids, history_segment_ids, width)
+    out = padded[:, width - 1 :] * kernel[-1]  # the current token's own tap
+    for w in range(width - 1):
+        same = ids[:, w : w + seq_len] == ids[:, width - 1 :]
+        out = out + jnp.where(same[..., None], padded[:, w : w + seq_len], 0) * kernel[w]
+    return out
 
 
 def _window_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
@@ -113,68 +98,20 @@ def _window_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
     return canonical_segment_ids(np.concatenate(both, axis=1))
 
 
-@jax.custom_vjp
-def _causal_taps(padded, kernel, masks):
-    """``y[:, t] = sum_w kernel[w] * padded[:, t + w]`` (tap w masked to 0 where ``masks`` is
-    False). padded ``[B, W-1+T, C]``, kernel ``[W, C]``, masks None or ``[B, T, W-1]`` bool."""
-    width = kernel.shape[0]
-    seq_len = padded.shape[1] - (width - 1)
-    out = jnp.zeros(
-        (padded.shape[0], seq_len, padded.shape[2]), jnp.promote_types(padded.dtype, kernel.dtype)
-    )
-    for w in range(width):
-        out = out + _tap(padded, masks, w, seq_len) * kernel[w]
-    return out
-
-
-def _tap(padded, masks, w, seq_len):
-    """What tap w reads, ``[B, T, C]``: the inputs it reaches, 0 across a segment boundary."""
-    return _masked(padded[:, w : w + seq_len], masks, w)
-
-
-def _masked(x, masks, w):
-    """``x [B, T, C]`` with 0 where tap w of a token would cross a segment boundary."""
-    if masks is None or w >= masks.shape[-1]:  # no segments, or the current token's own tap
-        return x
-    return jnp.where(masks[..., w, None], x, 0)
-
-
-def _causal_taps_fwd(padded, kernel, masks):
-    return _causal_taps(padded, kernel, masks), (padded, kernel, masks)
-
-
-def _causal_taps_bwd(residuals, d_out):
-    """Each tap's cotangent shifted back into place and summed, then materialised.
-
-    The barrier matters on CPU: left to itself XLA fuses this shifted sum into the transposed
-    copy the projection's weight gradient wants, a strided loop that took 13 ms for a
-    ``[4, 1024, 128]`` input, about twice the rest of the projection and conv's backward.
-    """
-    padded, kernel, masks = residuals
-    width = kernel.shape[0]
-    seq_len = d_out.shape[1]
-    d_kernel = jnp.stack(
-        [jnp.sum(_tap(padded, masks, w, seq_len) * d_out, axis=(0, 1)) for w in range(width)]
-    )
-    d_padded = jnp.zeros(padded.shape, d_out.dtype)
-    for w in range(width):
-        term = _masked(d_out * kernel[w], masks, w)
-        d_padded = d_padded + jnp.pad(term, ((0, 0), (w, width - 1 - w), (0, 0)))
-    d_padded = jax.lax.optimization_barrier(d_padded)
-    return d_padded.astype(padded.dtype), d_kernel.astype(kernel.dtype), None
-
-
-_causal_taps.defvjp(_causal_taps_fwd, _causal_taps_bwd)
+def kernel_from_torch(weight) -> np.ndarray:
+    """PyTorch depthwise ``Conv1d`` weight ``[C, 1, W]`` -> kda_lib kernel ``[W, C]``."""
+    weight = np.asarray(weight)
+    if weight.ndim != 3 or weight.shape[1] != 1:
+        raise ValueError(
+            f"expected a depthwise Conv1d weight of shape [C, 1, W], got {weight.shape}"
+        )
+    return weight[:, 0, :].T
 
 
 class ShortConvolution(nnx.Module):
-    """Depthwise causal conv + SiLU over ``[B, T, C]``; no bias.
-
-    Args:
-      channels: C.
-      conv_size: W (default 4).
-      dtype: compute dtype (None: inputs' dtype); param_dtype: kernel dtype (float32).
-    """
+    """Depthwise causal conv + SiLU over ``[B, T, C]``, no bias: ``channels`` C, ``conv_size``
+    W (default 4), ``dtype`` the compute dtype (None: the input's), ``param_dtype`` the
+    kernel's (float32)."""
 
     def __init__(
         self,
@@ -197,11 +134,8 @@ class ShortConvolution(nnx.Module):
         )
 
     def __call__(self, x, *, segment_ids=None, conv_state=None, history_segment_ids=None):
-        """x ``[B, T, C]`` -> ``(y [B, T, C], new_conv_state [B, W-1, C])``.
-
-        ``conv_state`` holds the ``W - 1`` inputs before x (zeros when None). The new state is
-        the last ``W - 1`` inputs, so decoding can continue from it.
-        """
+        """x ``[B, T, C]`` -> ``(y [B, T, C], new_conv_state [B, W-1, C])``: ``conv_state`` the
+        ``W - 1`` inputs before x (zeros when None), the new state the last ``W - 1``."""
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
         dtype = self.dtype or x.dtype
@@ -213,9 +147,8 @@ class ShortConvolution(nnx.Module):
             segment_ids=segment_ids,
             history_segment_ids=history_segment_ids,
         )
-        width = self.conv_size
         if conv_state is None:
-            conv_state = jnp.zeros((x.shape[0], width - 1, self.channels), dtype)
+            conv_state = jnp.zeros((x.shape[0], self.conv_size - 1, self.channels), dtype)
         new_state = jnp.concatenate([conv_state.astype(dtype), x], axis=1)[:, x.shape[1] :]
         return jax.nn.silu(y), new_state
 
@@ -229,9 +162,8 @@ def qkv_convolutions(
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
 ) -> tuple[ShortConvolution, ShortConvolution, ShortConvolution]:
-    """The q, k and v short convolutions of a mixer (KDA's layer, softmax attention with
-    ``short_conv``), built in that order: ``key_channels`` (H * K) for q and k,
-    ``value_channels`` (H * V) for v."""
+    """The q, k and v convolutions of a mixer, built in that order: ``key_channels`` (H * K)
+    for q and k, ``value_channels`` (H * V) for v."""
     conv = dict(conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     return (
         ShortConvolution(key_channels, **conv),

@@ -377,27 +377,26 @@ def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
     assert not bad, bad
 
 
-@pytest.fixture
-def earlier_low_precision_groups(monkeypatch):
-    """The earlier default: every matmul group but the scores' gradient in bf16."""
-    import kda_lib.ops.chunked
-    import kda_lib.ops.registry
-
-    earlier = frozenset({"scores", "wu", "maps", "state", "outputs", "compose"})
-    monkeypatch.setattr(kda_lib.ops.chunked, "LOW_PRECISION_MATMULS", earlier)
-    # the forms are traced once per options and shapes: trace anew, here and after the test
-    kda_lib.ops.registry.clear_compiled_forms()
-    yield
-    kda_lib.ops.registry.clear_compiled_forms()
-
-
 @FLA_CASE
-@pytest.mark.usefixtures("earlier_low_precision_groups")
-def test_fla_cp_inputs_fail_with_every_group_in_bf16():
-    # the case is hard: the earlier default misses fla's tolerance on it, so the test above
-    # can fail
-    args, gate, ids, cot, want = _fla_case_and_oracle()
-    errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
+    # the case is hard: with every two-operand matmul of the chunked form in bf16 it misses
+    # fla's tolerance, so the test above can fail
+    import kda_lib.ops.chunked as chunked
+    from kda_lib.ops.registry import clear_compiled_forms
+
+    mm = chunked._mm
+
+    def bf16_mm(subscripts, *operands, low=None):
+        return mm(subscripts, *operands, low=jnp.bfloat16 if len(operands) == 2 else None)
+
+    monkeypatch.setattr(chunked, "_mm", bf16_mm)
+    clear_compiled_forms()  # the forms are traced once per options and shapes: trace anew
+    try:
+        args, gate, ids, cot, want = _fla_case_and_oracle()
+        errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+    finally:
+        monkeypatch.undo()
+        clear_compiled_forms()
     assert max(errors.values()) > FLA_RATIO, errors
 
 
