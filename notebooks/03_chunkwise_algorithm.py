@@ -79,9 +79,8 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.lab import at_scale
+from kda_lib.lab import at_scale, costs
 from kda_lib.lab.measure import xla_cost
-from kda_lib.ops import costs
 from kda_lib.ops.chunked import chain_states, chunk_affine_maps, unit_lower_inverse
 from kda_lib.teaching import chunkwise, viz
 from kda_lib.teaching.exercises import check
@@ -394,7 +393,7 @@ for n in sorted({num_chunks, 16, 64} - {1}):
 #
 # Flops per head, a multiply-add counted as 2; a ratio compares two counts of one kind only.
 # **Matrix products**: every `dot_general` of the traced program, loop trip counts included
-# (`costs.matmul_flops`), equal to `kda_lib.ops.costs`' term-by-term count (asserted): per chunk
+# (`costs.matmul_flops`), equal to `kda_lib.lab.costs`' term-by-term count (asserted): per chunk
 # the scores $2 C (C - 1) d_k$, the inverse (about $\tfrac23 C^3$), $\tilde K$, $\tilde V$
 # $2 C^2 (d_k + d_v)$, the state pass $4 C d_k d_v$, the outputs $2 C d_k d_v + 2 C^2 d_v$.
 # **XLA's cost analysis** adds every elementwise operation (recomputed ones included) but

@@ -103,8 +103,8 @@ from IPython.display import Markdown, display
 from jax.sharding import PartitionSpec
 
 import kda_lib.teaching.notebook
+from kda_lib.lab import costs
 from kda_lib.lab.measure import hlo_collectives
-from kda_lib.ops import costs
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.teaching import context_parallel as cpt
 from kda_lib.teaching import explain, viz

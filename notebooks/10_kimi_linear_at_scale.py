@@ -142,7 +142,7 @@ for kind, layer in built.items():
 # - **KDA**: $2 P_{\text{mm}}$ for the projections ($P_{\text{mm}}$: the weights of
 #   `q/k/v/f/b/g/o_proj`), $2 w (2 H d_k + H d_v)$ for the short convolutions, and the chunked
 #   kernel, $H \cdot F_C / C$ with $F_C$ the flops of one chunk of $C$ tokens (notebook 03,
-#   `kda_lib.ops.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
+#   `kda_lib.lab.costs.chunk_terms`): **independent of the context**. Decoding runs the recurrent
 #   step instead, $7 d_k d_v$ per head.
 # - **MLA** scoring each query against $T_k$ keys: $2 P_{\text{mm}} + 2 H T_k (d_{qk} + d_R + d_v)$
 #   with the latents expanded (prefill, training); decoding absorbs `kv_b_proj` into the query
@@ -189,7 +189,7 @@ print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
 # programs: the KDA layer's chunked prefill of one chunk (XLA counts a loop's body once, so one
 # chunk makes its count exact), its recurrent decode step, the MLA layer's prefill and absorbed
 # decode step, and `kda_lib.models.tiny_lm.CausalSelfAttention` (MHA). For each, the matrix products
-# traced in the program (`kda_lib.ops.costs.matmul_flops`) must equal the formula's, and XLA's cost
+# traced in the program (`kda_lib.lab.costs.matmul_flops`) must equal the formula's, and XLA's cost
 # analysis (all ops, elementwise included) must exceed the formula by at most 5%. For
 # decode steps the bytes formula (every weight and the cache or state, float32 here) is the
 # least a step can move; XLA's byte count, which adds the copies a CPU program makes, must not

@@ -8,7 +8,7 @@ MLA).
 
 Conventions (checked against the compiled programs in ``tests/lab/test_at_scale.py``):
 
-* flops are matrix-product flops, 2 per multiply-add, as :func:`kda_lib.ops.costs.matmul_flops`
+* flops are matrix-product flops, 2 per multiply-add, as :func:`kda_lib.lab.costs.matmul_flops`
   counts them in a traced program; the depthwise short conv adds ``2 w`` per channel and token.
   Elementwise work (gates, norms, softmax) is left out: XLA's own count
   (``cost_analysis()["flops"]``) is within a few percent of these at ``d = 512``, ``d_k = 128``.
@@ -31,9 +31,9 @@ import numbers
 from typing import NamedTuple
 
 from kda_lib.checks import check_int, check_number, shared_fields
+from kda_lib.lab import costs
 from kda_lib.lab.measure import xla_cost
 from kda_lib.models.presets import ModelPreset
-from kda_lib.ops import costs
 
 BF16 = 2  # bytes per number
 F32 = 4
@@ -137,7 +137,7 @@ def kda_conv_channels(preset: ModelPreset) -> int:
 
 
 def kda_kernel_flops_per_token(preset: ModelPreset, chunk_size: int = 64, value_dim=None) -> float:
-    """The chunked kernel (sequential scan, :func:`kda_lib.ops.costs.chunked_flops`) per token, all
+    """The chunked kernel (sequential scan, :func:`kda_lib.lab.costs.chunked_flops`) per token, all
     heads; ``value_dim``: value columns per head (default ``d_v``; the context-parallel summary
     pass runs ``d_k + d_v``)."""
     _check_positive(chunk_size=chunk_size)
@@ -150,7 +150,7 @@ def kda_kernel_flops_per_token(preset: ModelPreset, chunk_size: int = 64, value_
 
 
 def kda_decode_kernel_flops(preset: ModelPreset, matmul_only: bool = False) -> int:
-    """The recurrent step per token and value head (:func:`kda_lib.ops.costs.recurrent_flops`):
+    """The recurrent step per token and value head (:func:`kda_lib.lab.costs.recurrent_flops`):
     the decay (``d_k d_v``), ``k^T S`` (``2 d_k d_v``), the rank-one write (``2 d_k d_v``) and
     ``S^T q`` (``2 d_k d_v``). ``matmul_only``: the two products ``k^T S`` and ``S^T q``, the
     part a traced program runs as ``dot_general`` (the write is a broadcast product)."""

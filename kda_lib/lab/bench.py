@@ -32,7 +32,7 @@ gate),
   layer's overhead is ``layer / (layer_kernel + layer_projections)``.
 
 Every run also times a ``2048 x 2048`` float32 matmul (row ``matmul``): each row whose program
-has matrix products gets ``matmul_flops`` (:func:`kda_lib.ops.costs.matmul_flops`: every
+has matrix products gets ``matmul_flops`` (:func:`kda_lib.lab.costs.matmul_flops`: every
 ``dot_general`` of the traced program, a scan's body times its length), ``achieved_gflops``
 (those flops per second) and ``roofline_fraction`` (achieved over the matmul's GFLOP/s, measured
 in the same run). XLA's cost analysis is kept beside it (``flops``, ``bytes_per_token``: bytes
@@ -86,6 +86,7 @@ from flax import nnx
 
 from kda_lib.checks import allocation_problem, check_option_minimums
 from kda_lib.lab import policy_grid
+from kda_lib.lab.costs import matmul_flops
 from kda_lib.lab.measure import timed_call, xla_cost
 from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
 from kda_lib.lab.tasks import TaskBatch
@@ -93,7 +94,6 @@ from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 from kda_lib.ops.api import IMPLEMENTATIONS, kda
-from kda_lib.ops.costs import matmul_flops
 from kda_lib.ops.registry import CHUNKED, REGISTRY, portable_forms
 from kda_lib.testing import random_kda_inputs
 

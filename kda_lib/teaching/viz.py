@@ -364,9 +364,9 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = 
     the chunk's ``W``, ``U``, ``P`` (or its map ``(M, E)``). Only the state ``S`` travels
     between chunks (arrows): each step corrects the values (``U - W S``) and updates the
     state. Right: the compositions in each round of ``lax.associative_scan`` over
-    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.ops.costs.associative_scan_rounds`).
+    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.lab.costs.associative_scan_rounds`).
     """
-    from kda_lib.ops.costs import associative_scan_rounds
+    from kda_lib.lab.costs import associative_scan_rounds
 
     scan_maps = num_chunks if scan_maps is None else scan_maps
     scan_rounds = associative_scan_rounds(scan_maps)

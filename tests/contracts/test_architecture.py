@@ -35,7 +35,6 @@ OPS_RANKS = {
     "contract": 0,
     "norms": 0,
     "gating": 0,
-    "costs": 0,
     "segments": 1,
     "reference": 2,
     "scalar_decay": 2,

@@ -9,8 +9,7 @@ import json
 import jax
 import pytest
 
-from kda_lib.lab import bench
-from kda_lib.ops import costs
+from kda_lib.lab import bench, costs
 
 RECORD_KEYS = {"impl", "T", "mode", "median_ms", "min_ms", "max_ms", "compile_s"}
 TOP_KEYS = {

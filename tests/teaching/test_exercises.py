@@ -291,7 +291,7 @@ def test_05_4_an_associative_scan_traces_few_products_as_the_checker_states():
     import jax
     import jax.numpy as jnp
 
-    from kda_lib.ops import costs
+    from kda_lib.lab import costs
     from kda_lib.teaching.exercises import ch05
 
     r = ch05._TRACED_RANKS

@@ -739,11 +739,11 @@ def test_recorded_speed_forensics_of_notebook_09():
 @pytest.mark.parametrize("scan", ["streaming", "sequential", "associative"])
 @pytest.mark.parametrize(("C", "K", "V", "N"), [(16, 8, 4, 1), (32, 16, 8, 3), (64, 32, 16, 4)])
 def test_nb03_flop_count_equals_the_traced_matmuls(scan, C, K, V, N):
-    """kda_lib.ops.costs counts kda_chunked's matrix products term by term, exactly."""
+    """kda_lib.lab.costs counts kda_chunked's matrix products term by term, exactly."""
     import jax
 
     import kda_lib
-    from kda_lib.ops import costs
+    from kda_lib.lab import costs
     from kda_lib.testing import random_kda_inputs
 
     x = random_kda_inputs(jax.random.key(0), 1, N * C, 2, K, V, gate="raw")
@@ -772,8 +772,8 @@ def test_nb03_xla_cost_analysis_is_close_to_the_count():
     import jax
 
     import kda_lib
+    from kda_lib.lab import costs
     from kda_lib.lab.measure import xla_cost
-    from kda_lib.ops import costs
 
     args = _nb03_one_chunk_args()
     fn = lambda q, k, v, g, b, s: kda_lib.kda_chunked(  # noqa: E731
@@ -793,7 +793,7 @@ def test_nb03_ratios_and_chunk_sizes():
     does 2.58x that at K = V = 128, C = 64 (169,216 per token); its flops grow with C (optimum
     16), the associative scan's optimum is 128."""
     import kda_lib
-    from kda_lib.ops import costs
+    from kda_lib.lab import costs
 
     args = _nb03_one_chunk_args()[:5]
     traced = costs.matmul_flops(lambda *a: kda_lib.kda_recurrent(*a)[0], *args)
@@ -810,7 +810,7 @@ def test_nb03_ratios_and_chunk_sizes():
 def test_nb03_eq13_terms():
     """The paper's Eq. 13 read as 6 d^2 + 3 C d + C^2: 126,976 per token at d = 128, C = 64;
     our d^2 terms equal its, the C d terms are (8 C - 2) d, the inverse 5,632."""
-    from kda_lib.ops import costs
+    from kda_lib.lab import costs
 
     d, C = 128, 64
     terms = costs.chunk_terms(C, d, d)
@@ -823,8 +823,8 @@ def test_nb03_eq13_terms():
 def test_nb03_roofline_chunk_size():
     """Notebook 03 section 6 on the H100 SXM: every chunk size memory-bound, C = 64 and 128 tie
     on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
+    from kda_lib.lab import costs
     from kda_lib.lab.at_scale import CHIPS
-    from kda_lib.ops import costs
     from kda_lib.teaching import chunkwise
 
     flops = {c: costs.chunked_flops(4096, c, 128, 128) / 4096 for c in (16, 32, 64, 128, 256)}
@@ -921,7 +921,7 @@ def test_nb03_finite_neumann_product():
 @pytest.mark.parametrize("n", [2, 4, 8, 16, 64, 256])
 def test_nb03_associative_scan_rounds(n):
     """lax.associative_scan over n = 2^j maps: 2j - 1 rounds, 2n - 2 - j compositions."""
-    from kda_lib.ops import costs
+    from kda_lib.lab import costs
 
     j = int(math.log2(n))
     rounds = costs.associative_scan_rounds(n)
@@ -960,8 +960,8 @@ def test_nb03_recorded_cpu_run_traced_backward_flops():
     import jax.numpy as jnp
 
     import kda_lib
+    from kda_lib.lab import costs
     from kda_lib.lab.records import load_recorded
-    from kda_lib.ops import costs
     from kda_lib.testing import random_kda_inputs
 
     recorded = load_recorded("benchmarks", "cpu-2026-12-01.json")

@@ -101,7 +101,7 @@ def _primitive_counts(jaxpr, counts: dict) -> dict:
 
 # A Python loop traces one composition per rank here (256 matrix products and more); a
 # jax.lax.associative_scan takes 2 log2 R - 1 = 15 rounds
-# (kda_lib.ops.costs.associative_scan_rounds), each one batched composition of two matrix
+# (kda_lib.lab.costs.associative_scan_rounds), each one batched composition of two matrix
 # products: about 30 traced products (the worked solution traces 32).
 _TRACED_RANKS = 256
 
