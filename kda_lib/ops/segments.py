@@ -3,14 +3,9 @@
 ``segment_ids [B, T]`` are ints, 1-based, 0 = padding. **A segment starts wherever the id of a
 real (non-padding) token differs from the id of the real token before it**; padding belongs to
 no segment (it outputs 0 and leaves the state alone). The initial state belongs to a row's
-first segment. Every implementation, the context-parallel path and the tokamax adapter derive
-what they need from the helpers here, so they agree on every input, including ones that the
-eager checks reject (which jit cannot run).
-
-Helpers: the first id of a row, padding filled with the id before it, segment ordinals
-(1, 2, ... per row), per-chunk masks for the chunked form, the bound on segments per row that
-tokamax needs, neutral padding for kernels that cannot skip tokens, and the cross-rank links
-for context parallelism.
+first segment. Every implementation derives what it needs from the helpers here, so all agree
+on every input, including ones the eager checks reject. Non-finite inputs are isolated here
+too (:func:`isolate_non_finite`).
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ def segment_starts(segment_ids: jax.Array) -> jax.Array:
     token whose id differs from the previous real token's). The first segment's start is False:
     the initial state belongs to it, also when the row starts with padding."""
     filled = fill_padding_ids(segment_ids, first_segment_id(segment_ids))
-    previous = jnp.concatenate([filled[:, :1], filled[:, :-1]], axis=1)
-    return (segment_ids != 0) & (filled != previous)
+    # (padding takes the id before it, so it never differs from its predecessor)
+    return filled != jnp.concatenate([filled[:, :1], filled[:, :-1]], axis=1)
 
 
 def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
@@ -69,9 +64,7 @@ def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
     equal as ordinals only if no other id lies between them, so a reused id (``1, 2, 1``)
     starts a new segment, exactly as the recurrence treats it.
     """
-    current = fill_padding_ids(segment_ids, first_segment_id(segment_ids))
-    previous = jnp.concatenate([current[:, :1], current[:, :-1]], axis=1)
-    return (1 + jnp.cumsum(current != previous, axis=1)).astype(jnp.int32)
+    return (1 + jnp.cumsum(segment_starts(segment_ids), axis=1)).astype(jnp.int32)
 
 
 def count_segments(segment_ids, ranks: int = 1) -> int:
@@ -145,16 +138,12 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
       token on ranks ``< r`` (0: none); ``ends[r]`` rank r's first and last real ids (0 0 for
       an all-padding slice); ``rank`` this rank's index. One ``[R, B, 2]`` all-gather.
     """
-    valid = segment_ids != 0
-    positions = jnp.arange(segment_ids.shape[1])
-    first = jnp.take_along_axis(segment_ids, jnp.argmax(valid, 1)[:, None], 1)[:, 0]
-    last_pos = jnp.max(jnp.where(valid, positions, -1), axis=1)
-    last = jnp.take_along_axis(segment_ids, jnp.maximum(last_pos, 0)[:, None], 1)[:, 0]
-    has_valid = valid.any(axis=1)
-    ends = jnp.stack([jnp.where(has_valid, first, 0), jnp.where(has_valid, last, 0)], -1)
+    # the last real id: the filled id of the last token (0 for an all-padding row)
+    last = fill_padding_ids(segment_ids, jnp.zeros_like(segment_ids[:, 0]))[:, -1]
+    ends = jnp.stack([first_segment_id(segment_ids), last], -1)
     all_ends = jax.lax.all_gather(ends, axis_name)  # [R, B, 2]
     rank = jax.lax.axis_index(axis_name)
-    upstream = jnp.zeros_like(first)
+    upstream = jnp.zeros_like(last)
     before = []
     for j in range(all_ends.shape[0]):  # in rank order: the last real id seen so far
         before.append(upstream)
@@ -199,9 +188,7 @@ def host_canonical_segment_ids(ids: np.ndarray) -> np.ndarray:
     last_valid = np.maximum.accumulate(np.where(valid, positions, -1), axis=1)
     first = np.take_along_axis(ids, np.argmax(valid, axis=1)[:, None], 1)  # [B, 1]
     filled = np.where(last_valid >= 0, np.take_along_axis(ids, np.maximum(last_valid, 0), 1), first)
-    changes = np.concatenate(
-        [np.zeros_like(valid[:, :1]), filled[:, 1:] != filled[:, :-1]], axis=1
-    )
+    changes = np.concatenate([np.zeros_like(valid[:, :1]), filled[:, 1:] != filled[:, :-1]], axis=1)
     return np.where(valid, 1 + np.cumsum(changes, axis=1), 0).astype(np.int32)
 
 

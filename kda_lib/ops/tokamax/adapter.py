@@ -1,13 +1,10 @@
 """tokamax's KDA behind kda_lib's conventions: every tokamax quirk lives here.
 
 tokamax (``tokamax._src.ops.kda``) is head-first (``[H, B, T, D]``), keeps one state slot per
-segment (``[B, N, H, K, V]``, indexed by segment ordinals), needs T padded to its 64-token
-chunk for its chunked backends, disagrees between backends on padding (id 0) inside a row,
-and runs its Mosaic kernel on a TPU v6+ only (or in Pallas interpret mode under
-:func:`kda_lib.emulate_tpu`), with its own context-parallel route. This module adapts all of
-that to kda_lib's batch-first call (:func:`tokamax_kda`, used by :func:`kda_lib.kda`) and to
-kda_lib's context-parallel call (:func:`tokamax_mosaic_context_parallel`, used by
-:func:`kda_lib.parallel.context_parallel.kda_context_parallel`).
+segment (``[B, N, H, K, V]``), pads T to its 64-token chunk, disagrees between backends on
+padding (id 0) inside a row, and runs Mosaic on a TPU v6+ only (or under
+:func:`kda_lib.emulate_tpu`). :func:`tokamax_kda` serves :func:`kda_lib.kda`;
+:func:`tokamax_mosaic_context_parallel` serves kda_context_parallel.
 """
 
 from __future__ import annotations
@@ -37,27 +34,14 @@ from kda_lib.ops.tokamax import emulation
 TOKAMAX_CHUNK = 64
 
 
-class _QuietAutotuneMiss(logging.Filter):
-    """tokamax logs a WARNING for every untuned shape; it is noise for users of the adapter."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Autotuning cache miss" not in record.getMessage()
-
-
-# tokamax is optional (it pulls about 60 packages that only its TPU kernel needs): the extra
-# that brings it, named by every error about its absence
+# tokamax is optional: the extra that brings it, named by every error about its absence
 TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
-
-
-def tokamax_installed() -> bool:
-    """Whether tokamax can be imported here (looked up, not imported)."""
-    return importlib.util.find_spec("tokamax") is not None
 
 
 def missing_tokamax_problem(what: str) -> str | None:
     """Why ``what`` (e.g. ``"implementation='tokamax_xla'"``) cannot run here for want of
     tokamax, naming the extra to install; None where tokamax is installed."""
-    if tokamax_installed():
+    if importlib.util.find_spec("tokamax") is not None:
         return None
     return (
         f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
@@ -80,7 +64,8 @@ def tokamax_kda_api():
     require_tokamax("kda_lib's tokamax adapter")
     from tokamax._src.ops.kda import api
 
-    logging.getLogger("absl").addFilter(_QuietAutotuneMiss())
+    # tokamax logs a WARNING for every untuned shape: noise for users of the adapter
+    logging.getLogger("absl").addFilter(lambda r: "Autotuning cache miss" not in r.getMessage())
     return api
 
 
@@ -95,11 +80,8 @@ def tpu_generation() -> int | None:
 
 
 def mosaic_problems(*, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
-    """Why tokamax Mosaic cannot serve these inputs here (empty list: it can).
-
-    Inside :func:`kda_lib.emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) a CPU counts as the
-    emulated TPU; :func:`select_implementation` still never picks the emulated kernel.
-    """
+    """Why tokamax Mosaic cannot serve these inputs here (empty list: it can); under
+    :func:`kda_lib.emulate_tpu` a CPU counts as the emulated TPU."""
     problems = []
     generation = tpu_generation()
     emulated = ""
@@ -144,20 +126,14 @@ TOKAMAX_VARIANTS = {
 def tokamax_kda(
     variant: TokamaxVariant, q, k, v, g, beta, initial_state, segment_ids, gate, options
 ):
-    """tokamax's ``variant`` on kda_lib's checked call (:func:`kda_lib.ops.registry.check_call`).
+    """tokamax's ``variant`` on kda_lib's checked call: q, k ``[B, T, HV, K]`` (q/k heads
+    repeated), v ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (raw with the fused gate), beta
+    ``[B, T, HV]``, padding zeroed; initial_state ``[B, HV, K, V]`` | None; canonical
+    segment_ids | None; gate ``(a_log | None, dt_bias | None)``; options a checked
+    :class:`kda_lib.ops.contract.KDAOptions`.
 
-    Args:
-      q, k: ``[B, T, HV, K]`` (q/k heads already repeated for grouped value heads);
-        v ``[B, T, HV, V]``, g ``[B, T, HV, K]`` (raw gate input with the fused gate),
-        beta ``[B, T, HV]``; padding already zeroed.
-      initial_state: ``[B, HV, K, V]`` or None; segment_ids: canonical ``[B, T]`` or None.
-      gate: ``(a_log [HV] | None, dt_bias [HV * K] | None)``; with the fused gate and no
-        a_log, a_log = 0 (exactly A = 1: tokamax has no rate-free gate).
-      options: :class:`kda_lib.ops.contract.KDAOptions` (its ``problems`` already checked).
-
-    Returns ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``.
-    Non-finite inputs are computed on finite stand-ins and NaN is put back exactly where the
-    recurrence has it; rows with more segments than ``max_num_segments`` under jit come out NaN.
+    Returns ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``, NaN
+    exactly where the recurrence has it, and for rows over ``max_num_segments`` under jit.
     """
     seq_len = options.dims.seq_len
     if not options.use_qk_l2norm:  # (normalised keys cannot overflow)
@@ -166,10 +142,8 @@ def tokamax_kda(
         q, k, v, g, beta, initial_state, segment_ids, raw_gate=options.fused_gate
     )
     if variant.float32 and any(jnp.dtype(x.dtype) in LOW_PRECISION for x in (q, k, v)):
-        # tokamax's pure-JAX chunked form computes in its inputs' dtype: on fla's
-        # context-parallel inputs (issue 30) bf16 gave relative errors of 1.05e-2 against the
-        # float64 oracle, above fla's 8e-3; in float32 it matches the recurrence (1.7e-3, the
-        # rounding of the bf16 output). It is a portable reference, not a fast path: float32.
+        # tokamax's pure-JAX chunked form computes in its inputs' dtype, which misses fla's
+        # tolerance in bf16 (DESIGN section 4): a portable reference, so float32
         q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
     slots = _segment_slots(variant, segment_ids, options)
     q, k, v, g, beta, tk_segments = _padded_for_tokamax(
@@ -289,13 +263,10 @@ def call_tokamax_batch_first(
     ``use_gate_in_kernel`` set when ``a_log`` is given. ``kwargs`` go to tokamax as they are.
     """
 
-    def head_first(x):
-        return jnp.moveaxis(x, 2, 0)
-
     out, final = call_tokamax(
         tokamax_kda_api(),
         variant,
-        *(head_first(x) for x in (q, k, v, g, beta)),
+        *(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)),
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
         use_gate_in_kernel=a_log is not None,

@@ -1,43 +1,21 @@
 """Run tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode.
 
-``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` work on CPU:
-``kda(...)``, the layer, and the context-parallel path through tokamax's own CP
-(``kda_context_parallel(..., implementation="tokamax_mosaic")``). It is for checking the TPU
-code path (tests, notebooks), not for speed: every kernel is interpreted, and compiling the
-interpreted kernel takes seconds (``jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS)`` roughly
-halves that). ``implementation="auto"`` never picks the emulated kernel.
+``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` work on CPU
+(``kda``, the layer, and tokamax's own context parallelism), to check the TPU code path, not for
+speed (``jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS)`` compiles the interpreted kernels
+about twice as fast). ``implementation="auto"`` never picks the emulated kernel. On a real TPU
+it does nothing; ``KDA_EMULATE_TPU=v6e`` (``1`` means v6e) turns it on for the whole process.
 
-Four things make it work, all undone when the context exits:
-
-* ``PALLAS_INTERPRET=1`` in ``os.environ``: tokamax's KDA kernels read it *when they are traced*
-  (``tokamax/_src/ops/kda/utils.py``) and then run ``pallas_call(..., interpret=True)``;
-* jax's TPU info registry (``jax._src.tpu_info.registry``) answers ``pltpu.get_tpu_info()``
-  for the host's device kind (e.g. ``"cpu"``) with the emulated chip's limits (VMEM size, lanes);
-* the adapter calls tokamax's Mosaic op built with ``bypass_device_check=True``, since the op
-  refuses non-TPU devices (:func:`kda_lib.ops.tokamax.adapter.emulated_mosaic_op`);
-* memory a kernel never writes reads as zeros (``uninitialized_memory="zero"``, patching
-  ``jax._src.pallas.primitives.uninitialized_value``) instead of interpret mode's NaN. tokamax's
-  Mosaic backward sums the gate-parameter gradients (``a_log``, ``dt_bias``) over the chunk
-  padding it adds around segments (always present under its CP, which requires ids), but its
-  kernel never writes the gate gradient there; the sum multiplies that by an exact zero
-  (sigmoid' of the -1e4 padding gate), so on a TPU it vanishes unless the stale memory holds
-  NaN/Inf, while interpret mode's NaN poisons it. ``"nan"`` keeps jax's default, to hunt
-  such reads.
-
-Trace inside the context: the forward *and* ``jax.grad``/``jax.jit`` of anything that runs the
-kernel (the backward kernel is traced when the gradient is taken). A function jitted inside
-keeps working after it. The switch is process-wide (environment variable, registry), not
-per thread. On a real TPU it does nothing.
-
-``KDA_EMULATE_TPU=v6e`` (any :data:`CHIP_VERSIONS` value; ``1`` means v6e) in the environment
-turns emulation on for the whole process, from the first time kda_lib consults it on.
-
-The hooks are private jax/tokamax internals, tested with jax :data:`TESTED_JAX` and tokamax
-:data:`TESTED_TOKAMAX`; a missing hook raises :class:`EmulationUnavailableError` naming them.
-jax's error message suggests ``jax.sharding.use_abstract_mesh`` with an abstract TPU device
-instead of the registry; that only serves lowering (``jit`` then refuses to run without
-``lowering_platforms``) and inside ``shard_map`` the concrete CPU mesh wins, so it cannot run
-the kernel here.
+Four switches, all undone when the context exits (process-wide, not per thread):
+``PALLAS_INTERPRET=1``, which tokamax's kernels read when traced (so trace, and take gradients,
+inside the context); jax's TPU info registry answering for the host's device kind with the
+emulated chip's limits; tokamax's Mosaic op built with ``bypass_device_check=True``
+(:func:`kda_lib.ops.tokamax.adapter.emulated_mosaic_op`); and memory a kernel never writes read
+as zeros instead of interpret mode's NaN (``uninitialized_memory="zero"``: tokamax's Mosaic
+backward sums its gate-parameter gradients over chunk padding it never writes, times an exact
+zero). The hooks are private jax/tokamax internals, tested with :data:`TESTED_JAX` and
+:data:`TESTED_TOKAMAX`; a missing one raises :class:`EmulationUnavailableError`. Why not jax's
+abstract-mesh route: docs/DESIGN.md.
 """
 
 from __future__ import annotations
@@ -175,26 +153,14 @@ def _chip(generation: str) -> str:
     return name
 
 
-def _generation_number(chip: str) -> int:
-    return int("".join(c for c in chip if c.isdigit()))
-
-
-def _on_real_tpu() -> bool:
+def _host_device():
     import jax
 
-    return jax.devices()[0].platform == "tpu"
-
-
-def _host_device_kind() -> str:
-    import jax
-
-    return jax.devices()[0].device_kind
+    return jax.devices()[0]
 
 
 def _clear_tpu_info_cache(get_tpu_info) -> None:
-    clear = getattr(get_tpu_info, "cache_clear", None)
-    if clear is not None:
-        clear()
+    getattr(get_tpu_info, "cache_clear", lambda: None)()
 
 
 @contextlib.contextmanager
@@ -204,7 +170,7 @@ def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
     for check in _entry_checks:
         check()
     _warn_if_untested()
-    kind = _host_device_kind()
+    kind = _host_device().device_kind
     version = chip_version(chip)
     saved_env = os.environ.get(INTERPRET_ENV_VAR)
     saved_entry = registry.get(kind)
@@ -260,7 +226,7 @@ def emulate_tpu(
             f"emulate_tpu: uninitialized_memory must be 'zero' or 'nan', "
             f"got {uninitialized_memory!r}"
         )
-    if _on_real_tpu():
+    if _host_device().platform == "tpu":
         yield None
         return
     with _emulating(chip, uninitialized_memory):
@@ -281,7 +247,7 @@ def _activate_from_environment() -> None:
         chip = _chip(chip)
     except ValueError as e:
         raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: {e}") from None
-    if _on_real_tpu():
+    if _host_device().platform == "tpu":
         return
     global _env_context
     _env_context = _emulating(chip, "zero")
@@ -312,7 +278,7 @@ def emulated_chip() -> str | None:
 def emulated_tpu_generation() -> int | None:
     """The emulated TPU generation (e.g. 6 for v6e), or None when not emulating."""
     chip = emulated_chip()
-    return None if chip is None else _generation_number(chip)
+    return None if chip is None else int("".join(c for c in chip if c.isdigit()))
 
 
 def is_emulating() -> bool:
