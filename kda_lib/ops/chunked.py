@@ -142,19 +142,11 @@ def kda_chunked(
     return kda_result(*result, asked=output_chunk_states)
 
 
-# traced once per static options and shapes (kda_lib.ops.registry.run compiles one program)
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "dims",
-        "scale",
-        "output_final_state",
-        "chunk_size",
-        "scan",
-        "precision",
-        "output_chunk_states",
-    ),
-)
+# chunked_core is traced once per static options and shapes (registry.run compiles one program)
+_STATIC = "dims scale output_final_state chunk_size scan precision output_chunk_states"
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC.split())
 def chunked_core(
     q,
     k,
