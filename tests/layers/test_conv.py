@@ -133,3 +133,13 @@ def test_conv_gradient_keeps_low_precision_dtypes():
         x, kernel
     )
     assert d_x.dtype == jnp.bfloat16 and d_kernel.dtype == jnp.float32
+
+
+def test_conv_supports_forward_mode_autodiff():
+    # linear in x: the tangent of the output is the conv of the tangent (with segments too)
+    x, t = (jax.random.normal(jax.random.key(i), (1, 10, 2)) for i in (5, 6))
+    kernel = jax.random.normal(jax.random.key(7), (4, 2))
+    ids = jnp.asarray([[1, 1, 1, 2, 2, 0, 0, 3, 3, 3]])
+    conv = functools.partial(depthwise_causal_conv, kernel=kernel, segment_ids=ids)
+    _, tangent = jax.jvp(conv, (x,), (t,))
+    assert_close(tangent, conv(t), atol=1e-6, rtol=1e-6)
