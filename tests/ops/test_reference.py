@@ -97,7 +97,7 @@ def test_step_errors():
     q = jnp.zeros((1, 2, 4))
     with pytest.raises(ValueError, match=r"state must have shape \[B, H, K, V\]"):
         kda_step(jnp.zeros((1, 2, 4, 4)), q, q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 2)))
-    with pytest.raises(ValueError, match=r"beta_t must have shape \[B, H\]"):
+    with pytest.raises(ValueError, match=r"beta_t must have shape \[B, HV\]"):
         kda_step(state, q, q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 3)))
     with pytest.raises(ValueError, match=r"q_t must have shape \[B, H, K\]"):
         kda_step(state, q[0], q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 2)))
