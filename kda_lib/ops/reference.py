@@ -101,12 +101,21 @@ def recurrent_core(q, k, v, g, beta, *, dims: Dims, scale: float, initial_state,
     shape = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
     state0 = jnp.zeros(shape, acc) if initial_state is None else initial_state.astype(acc)
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]  # time-major
-    if segment_ids is None:
-        ids = jnp.ones((dims.seq_len, dims.batch), jnp.int32)
-        prev0 = jnp.ones((dims.batch,), jnp.int32)
-    else:
-        prev0, ids = first_segment_id(segment_ids), jnp.moveaxis(segment_ids, 1, 0)
-    step = _token_step(scale, keep_state=output_token_states)
+    ids = jnp.ones((dims.batch, dims.seq_len), jnp.int32) if segment_ids is None else segment_ids
+    prev0, ids = first_segment_id(ids), jnp.moveaxis(ids, 1, 0)
+
+    def step(carry, x):  # one token with the segment rules: (o_t, state after t if kept)
+        state, prev_id = carry
+        *token, id_t = x
+        valid = id_t != 0  # [B]
+        fresh = valid & (id_t != prev_id)
+        new_state, o_t = _step(jnp.where(fresh[:, None, None, None], 0.0, state), *token,
+                               scale=scale)  # fmt: skip
+        state = jnp.where(valid[:, None, None, None], new_state, state)
+        o_t = jnp.where(valid[:, None, None], o_t, 0.0)
+        keep = state if output_token_states else None
+        return (state, jnp.where(valid, id_t, prev_id)), (o_t, keep)
+
     # inside shard_map the carry must vary over the same mesh axes as the inputs
     state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
     carry0, seq = (state0, prev0 + jnp.zeros_like(ids[0])), (*xs, ids)
@@ -123,24 +132,6 @@ def recurrent_core(q, k, v, g, beta, *, dims: Dims, scale: float, initial_state,
         None if x is None else jnp.moveaxis(x, 0, 1) for x in (chunk_states, token_states)
     )
     return o, (final_state if output_final_state else None), chunk_states, token_states
-
-
-def _token_step(scale: float, *, keep_state: bool):
-    """The scan step over ``(state, previous segment id)``: :func:`_step` with the segment
-    rules; it emits ``(o_t, state after t)`` (state None unless ``keep_state``)."""
-
-    def step(carry, x):
-        state, prev_id = carry
-        *token, id_t = x
-        valid = id_t != 0  # [B]
-        fresh = valid & (id_t != prev_id)
-        new_state, o_t = _step(jnp.where(fresh[:, None, None, None], 0.0, state), *token,
-                               scale=scale)  # fmt: skip
-        o_t = jnp.where(valid[:, None, None], o_t, 0.0)
-        state = jnp.where(valid[:, None, None, None], new_state, state)
-        return (state, jnp.where(valid, id_t, prev_id)), (o_t, state if keep_state else None)
-
-    return step
 
 
 def _scan_in_chunks(step, carry, seq, every: int):
@@ -249,17 +240,12 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
     Returns:
       ``(new_pool [N, HV, K, V], o [B, T, HV, V] in q's dtype)``: the outputs of all T tokens.
     """
-    check_array("num_accepted_tokens", num_accepted_tokens)
     dims = check_kda_inputs(q, k, v, g, beta)
     _check_pool(pool, state_indices, dims)
-    accepted = num_accepted_tokens
-    if accepted.shape != (dims.batch,) or not jnp.issubdtype(accepted.dtype, jnp.integer):
-        raise ValueError(f"num_accepted_tokens must be [B]={dims.batch} ints, got "
-                         f"{accepted.shape} {accepted.dtype}")  # fmt: skip
-    counts = np.asarray(accepted) if is_concrete(accepted) else None
+    counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
     if counts is not None and (counts.min() < 0 or counts.max() > dims.seq_len):
         raise ValueError(f"num_accepted_tokens must be in [0, T={dims.seq_len}], got {counts}")
-    return _pool_run(pool, state_indices, q, k, v, g, beta, accepted,
+    return _pool_run(pool, state_indices, q, k, v, g, beta, num_accepted_tokens,
                      scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
 
 
@@ -267,20 +253,22 @@ def _check_pool(pool, state_indices, dims: Dims) -> None:
     """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` ints, distinct slots in
     ``[0, N)`` (the values checked when concrete)."""
     check_array("pool", pool)
-    check_array("state_indices", state_indices)
     slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
     if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
         raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
     if not jnp.issubdtype(pool.dtype, jnp.floating):
         raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
-    if state_indices.shape != (dims.batch,) or not jnp.issubdtype(state_indices.dtype, jnp.integer):
-        raise ValueError(f"state_indices must be [B]={dims.batch} ints, got "
-                         f"{state_indices.shape} {state_indices.dtype}")  # fmt: skip
-    if is_concrete(state_indices):
-        idx = np.asarray(state_indices)
-        if idx.min() < 0 or idx.max() >= pool.shape[0] or len(set(idx.tolist())) != idx.size:
-            raise ValueError(f"state_indices must be distinct slots in [0, {pool.shape[0]}), "
-                             f"got {idx}")  # fmt: skip
+    idx = _batch_ints("state_indices", state_indices, dims.batch)
+    if idx is not None and (idx.min() < 0 or idx.max() >= len(pool) or len(set(idx)) < idx.size):
+        raise ValueError(f"state_indices must be distinct slots in [0, {len(pool)}), got {idx}")
+
+
+def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
+    """``x`` must be ``[B]`` ints; returns its values when concrete (else None, under jit)."""
+    check_array(name, x)
+    if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{name} must be [B]={batch} ints, got {x.shape} {x.dtype}")
+    return np.asarray(x) if is_concrete(x) else None
 
 
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
