@@ -36,6 +36,7 @@ from kda_lib.checks import (
     check_array,
     check_int,
     is_concrete,
+    is_int,
     is_number,
 )
 from kda_lib.layers.checkpoints import load_fla_state_dict
@@ -372,29 +373,39 @@ class KDACache(NamedTuple):
 
 def cache_at(caches: KDACache, index) -> KDACache:
     """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
-    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: every field with an axis after B).
+    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: every field with an axis N after B).
 
-    ``index``: an int (the same entry for every row) or ``[B]`` ints (one per row, e.g. each
-    row's accepted draft length minus one). The result resumes decoding there:
-    ``layer(x_rest, cache=cache_at(caches, i))``.
+    ``index``: an int (the same entry for every row) or ``[B]`` ints (one per row), in
+    ``[0, N)``; checked when concrete, under ``jit`` a row whose index is outside gets NaN in
+    every field. The result resumes decoding there: ``layer(x_rest, cache=cache_at(caches, i))``.
+    A draft's accepted prefix (0 accepted included): :meth:`KimiDeltaAttention.accept_draft`.
     """
-    if not isinstance(caches, KDACache) or caches.state.ndim != 5:
+    if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
         raise ValueError(
             "caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
             f"layer.prefill or layer.draft), got {type(caches).__name__}"
         )
+    return _pick(caches, index, "index")
+
+
+def _pick(caches: KDACache, index, name: str) -> KDACache:
+    """Entry ``index`` (an int or ``[B]`` ints in ``[0, N)``) of every stacked field; under
+    ``jit`` NaN in every field of a row whose index is outside."""
     batch, count = caches.state.shape[:2]
-    if isinstance(index, int | np.integer):
-        if not 0 <= index < count:
-            raise ValueError(f"index must be in [0, {count}), got {index}")
-        return KDACache(*(None if c is None else c[:, index] for c in caches))
-    index = jnp.asarray(index)
-    if index.shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
-        raise ValueError(f"index must be an int or [B]={batch} ints, got {index.shape}")
+    if is_int(index, minimum=None):
+        index = np.full(batch, index)
+    shape = getattr(index, "shape", None)
+    if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
+        got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)
+        raise ValueError(f"{name} must be an int or [B]={batch} ints, got {got}")
     if is_concrete(index) and not ((index >= 0) & (index < count)).all():
-        raise ValueError(f"index must be in [0, {count}), got {np.asarray(index)}")
-    rows = jnp.arange(batch)
-    return KDACache(*(None if c is None else c[rows, index] for c in caches))
+        raise ValueError(f"{name} must be in [0, {count - 1}], got {np.asarray(index)}")
+    inside, at = (index >= 0) & (index < count), jnp.clip(index, 0, count - 1)
+
+    def pick(c):
+        return jnp.where(inside.reshape(-1, *[1] * (c.ndim - 2)), c[jnp.arange(batch), at], jnp.nan)
+
+    return KDACache(*(None if c is None else pick(c) for c in caches))
 
 
 def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
@@ -602,8 +613,7 @@ class KimiDeltaAttention(nnx.Module):
 
         Returns ``(y [B, T, hidden], cache after all of x, token_caches)``: ``token_caches`` a
         :class:`KDACache` with a token axis, ``state [B, T, HV, K, V]`` and conv histories
-        ``[B, T, W-1, C]``; ``cache_at(token_caches, accepted - 1)`` (``accepted [B]`` >= 1)
-        is the cache after each row's accepted tokens, equal to decoding only those.
+        ``[B, T, W-1, C]``; :meth:`accept_draft` keeps each row's accepted prefix.
         """
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
@@ -611,6 +621,27 @@ class KimiDeltaAttention(nnx.Module):
         y, new_cache, result = self._run_with_states(x, cache, output_token_states=True)
         convs = self._conv_histories(x, cache, every=1)
         return y, new_cache, KDACache(result.token_states, *convs)
+
+    def accept_draft(self, cache: KDACache, token_caches: KDACache, num_accepted_tokens):
+        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``, equal to
+        decoding only those tokens.
+
+        ``num_accepted_tokens``: an int or ``[B]`` ints in ``[0, T]``: 0 gives ``cache``
+        (nothing accepted), T the cache after the whole draft. Checked when concrete; under
+        ``jit`` a row whose count is outside gets NaN in every field."""
+        if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
+            raise ValueError("token_caches must be the KDACache layer.draft returned, got "
+                             f"{type(token_caches).__name__}")  # fmt: skip
+        batch = token_caches.state.shape[0]
+        self._check_cache(cache, batch)
+        for name, c, t in zip(KDACache._fields, cache, token_caches, strict=True):
+            if (c is None) != (t is None) or (c is not None and t.shape[2:] != c.shape[1:]):
+                want = None if c is None else f"[B, T, {', '.join(map(str, c.shape[1:]))}]"
+                raise ValueError(f"token_caches.{name} must be {want} (as layer.draft returns), "
+                                 f"got {getattr(t, 'shape', None)}")  # fmt: skip
+        stacked = (None if c is None else jnp.concatenate([c[:, None].astype(t.dtype), t], 1)
+                   for c, t in zip(cache, token_caches, strict=True))  # fmt: skip
+        return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _run_with_states(self, x, cache, **states):
         """The one-device forward asking the kernel for interior ``states``:

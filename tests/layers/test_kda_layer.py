@@ -73,9 +73,10 @@ def test_forward_backward_finite_and_bf16_close(lower_bound, gate_rank):
         assert np.abs(np.asarray(g)).max() > 0, f"no gradient reaches {path}"
     bf16 = _layer(lower_bound=lower_bound, **ranks, dtype=jnp.bfloat16)
     assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
-    y16 = nnx.jit(lambda m: m(x))(bf16)
-    assert y16.dtype == jnp.bfloat16
-    assert relative_l2(y16, y) < 3e-2
+    y16, (y16_cached, cache16) = nnx.jit(lambda m: (m(x), m(x, cache=m.init_cache(len(x)))))(bf16)
+    assert y16.dtype == y16_cached.dtype == cache16.q_conv.dtype == jnp.bfloat16
+    assert cache16.state.dtype == jnp.float32  # the decode state stays float32
+    assert relative_l2(y16, y) < 3e-2 and relative_l2(y16_cached, y) < 3e-2
 
 
 @pytest.mark.parametrize("lower_bound", [None, -5.0])

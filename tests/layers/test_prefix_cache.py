@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -60,39 +61,83 @@ def test_prefill_boundary_cache_then_continue_equals_the_full_run(fused):
 
 def test_prefill_from_a_cache_keeps_boundaries_of_the_continuation():
     """Prefill continuing a cache (the conv history before its first token comes from it):
-    its boundary 0 is the cache after 8 + 16 tokens of one run."""
+    its boundary 0 is the cache after 8 + 16 tokens of one run; with T = 32 a multiple of the
+    chunk, the last boundary is the cache after all of it."""
     layer = _layer()
     x = _x()
     _, cache8 = _apply(layer, x[:, :8], layer.init_cache(2))
-    _, _, boundaries = _prefill(layer, x[:, 8:], cache8)
+    _, cache_end, boundaries = _prefill(layer, x[:, 8:], cache8)
     _, cache24 = _apply(layer, x[:, :24], layer.init_cache(2))
     _assert_caches_close(cache_at(boundaries, 0), cache24, "boundary after 24")
+    _, cache40 = _apply(layer, x, layer.init_cache(2))
+    _assert_caches_close(cache_end, cache40, "prefill's cache after 8 + 32")
+    _assert_caches_close(cache_at(boundaries, 1), cache40, "boundary after 8 + 32")
 
 
-def test_draft_then_keep_the_accepted_prefix_equals_decoding_only_it():
-    """A 5-token draft from a decoded cache; each row accepts a different count (2 and 5):
-    the cache after the accepted tokens equals the cache from feeding only those tokens."""
+def _row(cache, row):
+    return type(cache)(*(None if a is None else a[row] for a in cache))
+
+
+def test_draft_then_accept_a_prefix_equals_decoding_only_it():
+    """A 5-token draft from a decoded cache; rows accept 0, 1 or all 5 tokens: the cache after
+    the accepted tokens equals the cache from feeding only those (0: the cache itself)."""
     layer = _layer()
     x = _x(seq_len=14)
     _, cache = _apply(layer, x[:, :9], layer.init_cache(2))
     y, _, token_caches = _draft(layer, x[:, 9:], cache)
-    y_ref, _ = _apply(layer, x[:, 9:], cache)
+    y_ref, after5 = _apply(layer, x[:, 9:], cache)
     assert_close(y, y_ref, atol=1e-5, rtol=1e-5, name="draft y")
-    kept = cache_at(token_caches, jnp.asarray([1, 4]))  # accepted 2 and 5 tokens
-    for row, accepted in enumerate((2, 5)):
-        _, want = _apply(layer, x[:, 9 : 9 + accepted], cache)
-        got_row = type(kept)(*(a[row] for a in kept))
-        _assert_caches_close(got_row, type(want)(*(a[row] for a in want)), f"row {row}")
+    want = {0: cache, 1: _apply(layer, x[:, 9:10], cache)[1], 5: after5}
+    for counts in ((0, 5), (1, 0), (5, 1)):
+        kept = layer.accept_draft(cache, token_caches, jnp.asarray(counts))
+        for row, accepted in enumerate(counts):
+            _assert_caches_close(_row(kept, row), _row(want[accepted], row), f"{row} {accepted}")
+    _assert_caches_close(layer.accept_draft(cache, token_caches, 1), want[1], "int count")
+
+
+def test_out_of_range_entries_under_jit_are_nan_never_another_entry():
+    """Under jit the counts and indices are not checked: a row outside [0, T] (accept_draft)
+    or [0, N) (cache_at) gets NaN in every field; the other row its entry."""
+    layer = _layer()
+    x = _x(seq_len=14)
+    cache = layer.init_cache(2)
+    _, _, token_caches = _draft(layer, x[:, 9:], cache)
+    cases = [
+        (layer.accept_draft, (cache, token_caches), ((-1, 3), (2, 6))),
+        (cache_at, (token_caches,), ((-1, 4), (2, 5))),
+    ]
+    for eager, args, pairs in cases:
+        for bad_row, pair in enumerate(pairs):
+            good = 1 - bad_row
+            got = jax.jit(eager)(*args, jnp.asarray(pair))
+            want = eager(*args, pair[good])
+            for a, b in zip(got, want, strict=True):
+                assert np.isnan(np.asarray(a[bad_row])).all()
+                np.testing.assert_array_equal(a[good], b[good])
 
 
 def test_cache_entry_points_refuse_what_they_cannot_serve():
     layer = _layer()
     x = _x()
     _, _, boundaries = _prefill(layer, x)
-    with pytest.raises(ValueError, match=r"index must be in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"index must be in \[0, 1\], got \[2 2\]"):
         cache_at(boundaries, 2)
+    with pytest.raises(ValueError, match=r"index must be in \[0, 1\], got \[ 0 -1\]"):
+        cache_at(boundaries, jnp.asarray([0, -1]))
+    for bad in (True, np.bool_(False), jnp.asarray([True, False]), [0, 1], 1.0):
+        with pytest.raises(ValueError, match=r"index must be an int or \[B\]=2 ints"):
+            cache_at(boundaries, bad)
     with pytest.raises(ValueError, match="caches must be a KDACache of stacked states"):
         cache_at(layer.init_cache(2), 0)
+    cache = layer.init_cache(2)
+    with pytest.raises(ValueError, match=r"num_accepted_tokens must be in \[0, 2\]"):
+        layer.accept_draft(cache, boundaries, jnp.asarray([0, 3]))
+    with pytest.raises(ValueError, match="token_caches must be the KDACache layer.draft"):
+        layer.accept_draft(cache, cache, 0)
+    with pytest.raises(ValueError, match=r"cache.state has shape .* for batch size 2"):
+        layer.accept_draft(layer.init_cache(3), boundaries, 0)
+    with pytest.raises(ValueError, match=r"token_caches.q_conv must be \[B, T, 3, 32\]"):
+        layer.accept_draft(cache, boundaries._replace(q_conv=boundaries.q_conv[..., :8]), 0)
     with pytest.raises(ValueError, match="draft continues a cache"):
         layer.draft(x, cache=None)
     tokamax = _layer(implementation="tokamax_xla")

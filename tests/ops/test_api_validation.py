@@ -102,9 +102,9 @@ def test_lower_bound_accepts_numpy_floats_in_range():
 def test_kda_step_follows_the_recurrence_rules():
     q, k, v, g, beta = (x[:, 0] for x in ARGS)
     state = jnp.zeros((1, 2, 8, 8))
-    with pytest.raises(ValueError, match="q must be a floating-point array"):
+    with pytest.raises(ValueError, match="q_t must be a floating-point array"):
         kda_step(state, q.astype(jnp.int32), k, v, g, beta)
-    with pytest.raises(ValueError, match="initial_state must be a floating-point array"):
+    with pytest.raises(ValueError, match="^state must be a floating-point array"):
         kda_step(state.astype(jnp.int32), q, k, v, g, beta)
     new_state, o = kda_step(state.astype(jnp.bfloat16), q, k, v, g, beta)
     assert new_state.dtype == jnp.float32 and o.dtype == q.dtype

@@ -4,7 +4,7 @@
 The oracle for the state after token ``e - 1`` is :func:`kda_recurrent`'s final state on the
 first ``e`` tokens (same initial state, same segment ids cut at ``e``): one scan per prefix,
 all in one compiled program. Shapes are small (B = 2, T = 72, chunk 16: four full chunks and a
-partial one; H = 2 q/k heads, HV = 4 value heads).
+partial one; H = 2 q/k heads, HV = 4 value heads; K = 16, V = 8).
 """
 
 import functools
@@ -18,7 +18,7 @@ from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.contract import KDAResult
 from kda_lib.testing import assert_close, cast_inputs, relative_l2
 
-B, T, H, HV, K, V, C = 2, 72, 2, 4, 16, 16, 16
+B, T, H, HV, K, V, C = 2, 72, 2, 4, 16, 8, 16  # K != V: the default scale is K's
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 ENDS = tuple(range(C, T + 1, C))  # prefix lengths of the full chunks: 16, 32, 48, 64
 
@@ -220,6 +220,17 @@ def test_implementations_without_interior_states_refuse_them_by_name():
         kda_chunked(**x, output_chunk_states="yes")
     with pytest.raises(ValueError, match="output_token_states must be a bool"):
         kda_recurrent(**x, output_token_states=None)
+
+
+def test_token_states_too_large_for_memory_are_refused_by_name():
+    """kda_recurrent(output_token_states=True) estimates the token states before any work
+    (here ~1 TiB from abstract inputs: nothing is allocated or compiled)."""
+    b, t, h, k = 1, 2**20, 16, 128
+    x = {n: jax.ShapeDtypeStruct((b, t, h, k), jnp.float32) for n in ("q", "k", "v", "g")}
+    x["beta"] = jax.ShapeDtypeStruct((b, t, h), jnp.float32)
+    says = r"^output_token_states=True: token_states \(1, 1048576, 16, 128, 128\) would take ~1\.0"
+    with pytest.raises(ValueError, match=says):
+        jax.eval_shape(functools.partial(kda_recurrent, output_token_states=True), **x)
 
 
 @jax.jit

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kda_lib import kda_pool_step, kda_pool_verify, kda_recurrent
-from kda_lib.testing import relative_l2
+from kda_lib.testing import assert_close, relative_l2
 
 B, H, HV, K, V = 5, 2, 4, 16, 16  # an odd batch, grouped value heads
 HUGE = 1e30
@@ -76,6 +76,65 @@ def test_pool_step_refuses_bad_slots_by_name():
         kda_pool_step(jnp.asarray(pool[:, :2]), jnp.asarray(indices), **step)
     with pytest.raises(ValueError, match=r"state_indices must be \[B\]=5 ints"):
         kda_pool_step(jnp.asarray(pool), jnp.asarray(indices[:3]), **step)
+    # the token arguments by their own names and shapes (not q, g with a T axis)
+    cases = [
+        (dict(q_t=step["q_t"][:, None]), r"q_t must have shape \[B, H, K\] .*\(5, 1, 2, 16\)"),
+        (dict(g_t=step["g_t"][..., :8]), r"g_t must have shape \[B, HV, K\]=\(5, 4, 16\), got "
+         r"shape \(5, 4, 8\)"),
+        (dict(v_t=step["v_t"][:, :3]), r"v_t must have shape \[B, HV, V\] with B=5 and HV a "),
+        (dict(beta_t=step["beta_t"][:, None]), r"beta_t must have shape \[B, HV\]=\(5, 4\)"),
+        (dict(k_t=step["k_t"].astype(np.int32)), "k_t must be a floating-point array"),
+    ]  # fmt: skip
+    for changes, message in cases:
+        with pytest.raises(ValueError, match=message):
+            kda_pool_step(jnp.asarray(pool), jnp.asarray(indices), **dict(step, **changes))
+
+
+@pytest.mark.parametrize("kind", ["step", "verify"])
+def test_bad_slots_under_jit_give_nan_rows_and_write_nothing(kind):
+    """Under jit the slots are not checked: a row whose slot is out of range (N + 3), negative
+    (-1) or shared with another row (both rows) outputs NaN and writes nothing; the other rows'
+    outputs and every other slot are as with good slots."""
+    pool, indices, draft = _draft_case(10)
+    if kind == "step":
+        tokens = lambda d: {f"{n}_t": x[:, 0] for n, x in d.items()}  # noqa: E731
+        run = jax.jit(lambda p, i, d: kda_pool_step(p, i, **tokens(d)))
+    else:
+        run = jax.jit(lambda p, i, d: kda_pool_verify(p, i, **d, num_accepted_tokens=ACCEPTED))
+    good_pool, good_o = (np.asarray(a) for a in run(jnp.asarray(pool), jnp.asarray(indices), draft))
+    for slot, bad_rows in ((len(pool) + 3, [1]), (-1, [1]), (indices[0], [0, 1])):
+        bad = indices.copy()
+        bad[1] = slot
+        new_pool, o = (np.asarray(a) for a in run(jnp.asarray(pool), jnp.asarray(bad), draft))
+        assert np.isnan(o[bad_rows]).all(), slot
+        np.testing.assert_array_equal(np.delete(o, bad_rows, 0), np.delete(good_o, bad_rows, 0))
+        want, written = pool.copy(), np.delete(indices, bad_rows)
+        want[written] = good_pool[written]
+        np.testing.assert_array_equal(new_pool, want)
+
+
+def test_a_float64_pool_is_computed_in_float64(x64):
+    """float32 inputs over a float64 pool (under x64): the slots stay float64 and hold the
+    float64 recurrence's state (float32 arithmetic would be ~1e-7 off)."""
+    pool, indices, step = _case(3)
+    new_pool, o = kda_pool_step(jnp.asarray(pool, jnp.float64), jnp.asarray(indices), **step)
+    assert new_pool.dtype == jnp.float64 and o.dtype == jnp.float32
+    row = {n[:-2]: np.asarray(x[:, None], np.float64) for n, x in step.items()}
+    _, want = kda_recurrent(**row, initial_state=pool[indices].astype(np.float64),
+                            output_final_state=True)  # fmt: skip
+    assert_close(new_pool[indices], want, atol=1e-13, rtol=1e-13)
+
+
+def test_pool_verify_keeps_no_state_per_token():
+    """The verify carries each row's kept state through the draft, never the T token states
+    (RESOURCE_EXHAUSTED for long drafts): its compiled temporaries are far below their size."""
+    b, t, hv, k, v = 2, 64, 4, 64, 64
+    shapes = [(2 * b, hv, k, v), (b,), (b, t, 2, k), (b, t, 2, k), (b, t, hv, v), (b, t, hv, k),
+              (b, t, hv), (b,)]  # fmt: skip
+    args = [jax.ShapeDtypeStruct(s, jnp.int32 if len(s) == 1 else jnp.float32) for s in shapes]
+    compiled = jax.jit(kda_pool_verify).lower(*args).compile()
+    token_states = b * t * hv * k * v * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < token_states // 4
 
 
 T = 4  # draft length
