@@ -761,6 +761,7 @@ class KimiDeltaAttention(nnx.Module):
             a_log=None if self.A_log is None else self.A_log[...],
             dt_bias=self._dt_bias(),
             lower_bound=cfg.lower_bound,
+            use_gate_in_kernel=True,
             **options,
         )
 

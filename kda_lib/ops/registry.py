@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import allocation_problem, check_array
+from kda_lib.checks import allocation_problem, check_allocation, check_array
 from kda_lib.ops.chunked import chunked_core
 from kda_lib.ops.contract import (
     Dims,
     KDAOptions,
+    accumulation_dtype,
     check_chunk_size,
     check_flag,
     check_fused_inputs,
@@ -461,11 +462,11 @@ def portable_implementation(seq_len: int) -> str:
 
 class Routed(Backend):
     """``"auto"``'s route when the best forward and the best training form differ: a
-    ``jax.custom_vjp`` whose primal (what runs when nothing differentiates the call) is
-    ``forward`` and whose forward rule is ``training``'s own forward, keeping its residuals
-    (``jax.vjp``), with ``training``'s backward as the backward rule: a differentiated call runs
-    exactly ``training``'s forward and backward (JAX calls the primal only when nothing
-    differentiates it), nothing is computed twice."""
+    ``jax.custom_jvp`` whose primal (what runs when nothing differentiates the call) is
+    ``forward`` and whose JVP is ``training``'s, built from its VJP by transposition (the
+    chunked form's backward is hand-written, so it has no JVP of its own). Forward mode
+    (``jax.jvp``, ``jax.jacfwd``) works; reverse mode transposes that JVP back, so a
+    differentiated call runs exactly ``training``'s forward and backward."""
 
     def __init__(self, forward: Backend, training: Backend):
         self.forward, self.training = forward, training
@@ -479,20 +480,23 @@ class Routed(Backend):
         return _routed(self.forward, self.training, options, arrays)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
 def _routed(forward: Backend, training: Backend, options: KDAOptions, arrays: KDAArrays):
     return forward(arrays, options)
 
 
-def _routed_fwd(forward, training, options, arrays):
-    return jax.vjp(lambda a: training(a, options), arrays)
+@_routed.defjvp
+def _routed_jvp(forward, training, options, primals, tangents):
+    (arrays,), (tangent,) = primals, tangents
+    floats = [n for n, x in arrays._asdict().items() if x is not None and n != "segment_ids"]
 
+    def run(diff):
+        return training(arrays._replace(**diff), options)
 
-def _routed_bwd(forward, training, options, pullback, cotangents):
-    return pullback(cotangents)
-
-
-_routed.defvjp(_routed_fwd, _routed_bwd)
+    out, pullback = jax.vjp(run, {n: getattr(arrays, n) for n in floats})
+    push = jax.linear_transpose(pullback, out)
+    (tangent_out,) = push(({n: getattr(tangent, n) for n in floats},))
+    return out, tangent_out
 
 
 @functools.cache
@@ -633,12 +637,18 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
     before any work; then the arrays as jax arrays, segment ids canonicalised, padding zeroed
     (once: backends do none of it again)."""
     a_log, dt_bias, lower_bound = kw["a_log"], kw["dt_bias"], kw["lower_bound"]
-    fused_gate = a_log is not None or lower_bound is not None
+    fused_gate = check_flag("use_gate_in_kernel", kw["use_gate_in_kernel"])
     check_lower_bound(lower_bound)
-    if not fused_gate and dt_bias is not None:
+    for name in ("a_log", "dt_bias"):
+        if not fused_gate and kw[name] is not None:
+            raise ValueError(
+                f"{name} is a parameter of the in-kernel gate: pass use_gate_in_kernel=True "
+                "with it (g is then the raw gate input), or activate g with kda_lib.kda_gate"
+            )
+    if fused_gate and a_log is None and lower_bound is None:
         raise ValueError(
-            "dt_bias and lower_bound only apply with the fused gate: pass a_log (softplus gate) "
-            "or lower_bound (safe gate) too, or activate the gate yourself with kda_lib.kda_gate"
+            "use_gate_in_kernel=True needs a_log (the softplus gate) or lower_bound (the safe "
+            "gate), or both"
         )
     implementation = check_implementation(kw["implementation"])
     initial_state, segment_ids = kw["initial_state"], kw["segment_ids"]
@@ -646,23 +656,41 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
     if fused_gate:
         dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **common)
     else:
-        dims = check_kda_inputs(q, k, v, g, beta, **common)
+        dims = check_kda_inputs(q, k, v, g, beta, lower_bound=lower_bound, **common)
     segments_per_row = None
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         segments_per_row = check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     options = _options(kw, dims, q.dtype, fused_gate, implementation, segments_per_row)
+    _check_state_outputs(options)
     backend = resolve(options)
     return backend, _arrays(q, k, v, g, beta, kw, dims, fused_gate), options
+
+
+def _check_state_outputs(options: KDAOptions) -> None:
+    """Refuse interior states larger than this device's memory, naming the flag, before work."""
+    dims, chunk = options.dims, options.chunk_size
+    state = [dims.num_heads, dims.key_dim, dims.value_dim]
+    itemsize = np.dtype(accumulation_dtype(options.dtype)).itemsize
+    asked = (
+        ("output_token_states", "token_states [B, T, HV, K, V]", dims.seq_len, ""),
+        ("output_chunk_states", "chunk_states [B, T // chunk_size, HV, K, V]",
+         dims.seq_len // chunk, f" at chunk_size={chunk}"),
+    )  # fmt: skip
+    for flag, what, count, where in asked:
+        if getattr(options, flag):
+            shape = [dims.batch, count, *state]
+            nbytes = itemsize * math.prod(shape)
+            check_allocation(flag, True, f"{what} = {shape}{where}", nbytes)
 
 
 def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> KDAOptions:
     precision = check_precision(kw["precision"])
     for flag in ("output_final_state", "output_chunk_states", "output_token_states"):
         check_flag(flag, kw[flag])
-    bound = kw["max_num_segments"]
-    if kw["segment_ids"] is not None and bound is not None:
-        check_max_num_segments(bound)
+    segment_bound, bound = kw["max_num_segments"], kw["lower_bound"]
+    if kw["segment_ids"] is not None and segment_bound is not None:
+        check_max_num_segments(segment_bound)
     return KDAOptions(
         dims=dims,
         dtype=np.dtype(dtype),
@@ -670,10 +698,11 @@ def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> K
         output_final_state=kw["output_final_state"],
         has_initial_state=kw["initial_state"] is not None,
         has_segments=kw["segment_ids"] is not None,
-        max_num_segments=bound,
+        max_num_segments=segment_bound,
         segments_per_row=segments_per_row,
         fused_gate=fused_gate,
-        lower_bound=None if kw["lower_bound"] is None else float(kw["lower_bound"]),
+        # without the in-kernel gate lower_bound was a promise about g, checked above
+        lower_bound=None if bound is None or not fused_gate else float(bound),
         use_qk_l2norm=bool(kw["use_qk_l2norm"]),
         allow_neg_eigval=bool(kw["allow_neg_eigval"]),
         chunk_size=check_chunk_size(kw["chunk_size"]),
