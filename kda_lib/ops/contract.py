@@ -44,12 +44,9 @@ def repeat_qk_heads(q, k, groups: int):
 
 
 class KDAOptions(NamedTuple):
-    """The checked, static options of one :func:`kda_lib.kda` call (hashable: a ``custom_vjp``
-    takes it as a non-differentiable argument). Built once by
-    :func:`kda_lib.ops.registry.check_call`; every backend reads it and checks nothing again.
-
-    ``segments_per_row``: the most segments in one row when the ids were concrete (counted
-    on the host copy the id check reads anyway), else None (under ``jit``)."""
+    """The checked, static (hashable) options of one :func:`kda_lib.kda` call, built once by
+    :func:`kda_lib.ops.registry.check_call`. ``segments_per_row``: the most segments in one
+    row when the ids were concrete, else None."""
 
     dims: Dims
     dtype: np.dtype  # q's dtype: the outputs' dtype
