@@ -137,7 +137,8 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
 chunked = jax.jit(kda_lib.kda_chunked, static_argnames=["output_final_state", "chunk_size"])
-kda = jax.jit(kda_lib.kda, static_argnames=["output_final_state", "chunk_size", "implementation"])
+kda = jax.jit(kda_lib.kda, static_argnames=["output_final_state", "chunk_size", "implementation",
+                                           "use_gate_in_kernel"])
 
 o_rec, state_rec = recurrent(q, k, v, g, beta, output_final_state=True)
 o_chk, state_chk = chunked(q, k, v, g, beta, output_final_state=True, chunk_size=chunk_size)

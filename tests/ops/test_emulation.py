@@ -183,6 +183,7 @@ def test_adapter_mosaic_equals_chunked_with_padding_segments_and_state():
         a_log=jnp.zeros((h,)),
         dt_bias=0.5 * jax.random.normal(ks[5], (h * d,)),
         lower_bound=-5.0,
+        use_gate_in_kernel=True,
         use_qk_l2norm=True,
         segment_ids=jnp.asarray(ids),
         max_num_segments=2,
