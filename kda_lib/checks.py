@@ -141,12 +141,13 @@ def check_array(name: str, x) -> None:
 
 
 def memory_limit() -> int | None:
-    """This machine's physical memory in bytes (``os.sysconf``: ``SC_PHYS_PAGES`` times
-    ``SC_PAGE_SIZE``), or None where the system does not say (the size checks then pass).
-
-    The bound of :func:`check_allocation`: an allocation above it cannot succeed here, whatever
-    else is running. It is the host's memory, not an accelerator's (usually smaller), so a size
-    under it may still fail on a device; the checks catch sizes no run here can hold."""
+    """The default device's memory in bytes where JAX reports it (``memory_stats()``'s
+    ``bytes_limit``: GPU, TPU), else this machine's physical memory (``os.sysconf``), or None
+    where neither is known (the size checks then pass). Read at the call: an allocation above
+    it cannot succeed here, whatever else is running."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
     try:
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):  # e.g. Windows has no sysconf

@@ -66,13 +66,14 @@ def random_kda_inputs(
     Args:
       gate: ``"softplus"`` or ``"safe"`` (lower bound -5): ``g`` is the activated log-space
         decay ``[B, T, H, K]`` (times ``gate_scale``); ``"raw"``: ``g`` is the raw gate input
-        and the dict also holds ``a_log``, ``dt_bias`` and ``lower_bound`` (-5) for the fused
-        gate.
+        and the dict also holds ``a_log``, ``dt_bias``, ``lower_bound`` (-5) and
+        ``use_gate_in_kernel=True`` for the fused gate.
       with_state: add ``initial_state`` ``[B, H, K, V]`` float32 (0.5 N(0, 1)).
       dtype: dtype of q, k, v, g, beta (the state and fused-gate parameters stay float32).
 
     Returns:
-      ``dict(q, k, v, g, beta[, initial_state][, a_log, dt_bias, lower_bound])``.
+      ``dict(q, k, v, g, beta[, initial_state][, a_log, dt_bias, lower_bound,
+      use_gate_in_kernel])``.
     """
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
@@ -92,7 +93,7 @@ def random_kda_inputs(
         draws["state"] = random_normal(ks[6], (batch, heads, key_dim, value_dim), jnp.float32)
     out = _inputs_from_draws(draws, dtype=jnp.dtype(dtype), gate=gate, gate_scale=gate_scale)
     if gate == "raw":
-        out["lower_bound"] = SAFE_LOWER_BOUND
+        out.update(lower_bound=SAFE_LOWER_BOUND, use_gate_in_kernel=True)
     return out
 
 

@@ -137,12 +137,14 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
 chunked = jax.jit(kda_lib.kda_chunked, static_argnames=["output_final_state", "chunk_size"])
-kda = jax.jit(kda_lib.kda, static_argnames=["output_final_state", "chunk_size", "implementation"])
+kda = jax.jit(kda_lib.kda, static_argnames=["output_final_state", "chunk_size", "implementation",
+                                           "use_gate_in_kernel"])
 
 o_rec, state_rec = recurrent(q, k, v, g, beta, output_final_state=True)
 o_chk, state_chk = chunked(q, k, v, g, beta, output_final_state=True, chunk_size=chunk_size)
 o_kda, state_kda = kda(
-    q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias, output_final_state=True, chunk_size=chunk_size
+    q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias, use_gate_in_kernel=True,
+    output_final_state=True, chunk_size=chunk_size,
 )
 picked = kda_lib.ops.api.select_implementation(  # not differentiated (under jax.grad: may differ)
     seq_len=seq_len, key_dim=key_dim, dtype=q.dtype, lower_bound=None, fused_gate=True,

@@ -199,6 +199,7 @@ def kda_entry(implementation: str):
             a_log=a_log,
             dt_bias=dt_bias,
             lower_bound=LOWER_BOUND,
+            use_gate_in_kernel=True,
             implementation=implementation,
         )
         return o

@@ -6,7 +6,8 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
     v    = silu(conv(v_proj(x)))                          [B, T, HV, V]
     f    = f_proj(x)                                      [B, T, HV, K] raw forget gate
     beta = sigmoid(b_proj(x))   (x2 with allow_neg_eigval) [B, T, HV]
-    o    = kda(q, k, v, f, beta, a_log=A_log, dt_bias=dt_bias, lower_bound=...)  [B, T, HV, V]
+    o    = kda(q, k, v, f, beta, a_log=A_log, dt_bias=dt_bias, lower_bound=...,
+              use_gate_in_kernel=True)                    [B, T, HV, V]
     y    = o_proj(rmsnorm(o) * o_norm.weight * sigmoid(g_proj(x)))
 
 HV = ``num_v_heads`` value heads (grouped value heads, fla's ``num_v_heads``; default H): value
@@ -781,9 +782,9 @@ class KimiDeltaAttention(nnx.Module):
 
     def kernel_kwargs(self) -> dict:
         """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
-        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_qk_l2norm=True``,
-        ``allow_neg_eigval``. With the clamped softplus gate it arrives activated (see
-        :meth:`project`), so no gate parameter goes to the kernel."""
+        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
+        ``use_qk_l2norm=True``, ``allow_neg_eigval``. With the clamped softplus gate it arrives
+        activated (see :meth:`project`), so no gate parameter goes to the kernel."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
@@ -792,6 +793,7 @@ class KimiDeltaAttention(nnx.Module):
             a_log=None if self.A_log is None else self.A_log[...],
             dt_bias=self._dt_bias(),
             lower_bound=cfg.lower_bound,
+            use_gate_in_kernel=True,
             **options,
         )
 

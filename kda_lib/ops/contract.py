@@ -44,12 +44,9 @@ def repeat_qk_heads(q, k, groups: int):
 
 
 class KDAOptions(NamedTuple):
-    """The checked, static options of one :func:`kda_lib.kda` call (hashable: a ``custom_vjp``
-    takes it as a non-differentiable argument). Built once by
-    :func:`kda_lib.ops.registry.check_call`; every backend reads it and checks nothing again.
-
-    ``segments_per_row``: the most segments in one row when the ids were concrete (counted
-    on the host copy the id check reads anyway), else None (under ``jit``)."""
+    """The checked, static (hashable) options of one :func:`kda_lib.kda` call, built once by
+    :func:`kda_lib.ops.registry.check_call`. ``segments_per_row``: the most segments in one
+    row when the ids were concrete, else None."""
 
     dims: Dims
     dtype: np.dtype  # q's dtype: the outputs' dtype
@@ -127,12 +124,14 @@ def check_kda_inputs(
     segment_ids=None,
     allow_neg_eigval=False,
     raw_gate=False,
+    lower_bound=None,
 ) -> Dims:
     """Validate the core-op arguments (batch-first layout) and return their dimensions.
 
     q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` and
     initial_state ``[B, HV, K, V]``, with HV a positive multiple of H (grouped value heads;
-    HV = H without). ``raw_gate``: g is a raw gate input (any sign), not a log-space decay.
+    HV = H without). ``raw_gate``: g is a raw gate input (any sign), not a log-space decay;
+    else a ``lower_bound`` is a promise ``g >= lower_bound`` (checked with ``g <= 0``).
     """
     dims = _checked_dims(q, k, v, g, beta)
     if initial_state is not None:
@@ -145,7 +144,7 @@ def check_kda_inputs(
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
-    _check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate)
+    _check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
     return dims
 
 
@@ -184,7 +183,7 @@ def _checked_dims(q, k, v, g, beta) -> Dims:
     return Dims(batch, seq_len, num_heads, key_dim, value_dim, qk_heads)
 
 
-def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool) -> None:
+def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
     """beta in range and a log-space g <= 0, read on the host when concrete (not under jit)."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
@@ -203,9 +202,14 @@ def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool) -> None:
     if not raw_gate and is_concrete(g):
         values = host_values(g, np.float32)
         values = values[~np.isnan(values)]
-        hi = float(values.max()) if values.size else 0.0
+        lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
+        if bound is not None and not lo >= bound:
+            raise ValueError(
+                f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "
+                f"about it), got min {lo:g}; for a raw g pass use_gate_in_kernel=True"
+            )
 
 
 def check_fused_inputs(

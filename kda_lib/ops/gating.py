@@ -124,7 +124,9 @@ def kda_gate(
         x = x + dt_bias.astype(acc)
     if a_log is None:  # the safe gate without a rate (A = 1)
         return float(lower_bound) * jax.nn.sigmoid(x)
-    rate = jnp.exp(a_log.astype(acc))[:, None]  # [H, 1], broadcasts over K
+    # [H, 1], broadcasts over K; capped at the largest float (exp(88.8) overflows float32), so
+    # that a rate times an input of 0 is 0, not inf * 0 = NaN
+    rate = jnp.minimum(jnp.exp(a_log.astype(acc)), jnp.finfo(acc).max)[:, None]
     if lower_bound is None:
         return -rate * jax.nn.softplus(x)
     return float(lower_bound) * jax.nn.sigmoid(rate * x)

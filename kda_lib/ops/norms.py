@@ -20,18 +20,17 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False)
     """
     compute = jnp.promote_types(x.dtype, jnp.float32)
     xf = x.astype(compute)
-    # scale-safe: vectors whose largest entry exceeds 1 are divided by a power of two near it
-    # first (exact, so the result is the formula's, bits included), and eps with them, so the
-    # sum of squares cannot overflow (norms 1 up to float32's largest vectors, and finite
-    # gradients: d rsqrt(s) = s^-1.5 would underflow for s near 1e38). The scale is a constant
-    # for autodiff, which is exact: the formula is homogeneous in (x, sqrt(eps)).
+    # vectors whose largest entry exceeds 1 are multiplied by a power of two 2^-e near its
+    # inverse (exact), eps with them, so the sum of squares cannot overflow; e stops where 2^-e
+    # would be subnormal (flushed to zero on CPU). The scale is a constant for autodiff (exact:
+    # the formula is homogeneous in (x, sqrt(eps))). DESIGN.md, "l2_normalize".
     largest = jax.lax.stop_gradient(jnp.max(jnp.abs(xf), axis=-1, keepdims=True))
     _, exponent = jnp.frexp(jnp.where(largest > 1, largest, 1))  # NaN/inf: no scaling
-    exponent = jnp.where(jnp.isfinite(largest), exponent - 1, 0)
-    scale = jnp.ldexp(jnp.ones_like(largest), exponent)
-    scaled = xf / scale
+    exponent = jnp.minimum(exponent - 1, -jnp.finfo(compute).minexp)
+    inverse = jnp.ldexp(jnp.ones_like(largest), -jnp.where(jnp.isfinite(largest), exponent, 0))
+    scaled = xf * inverse
     normed = scaled * jax.lax.rsqrt(
-        jnp.sum(scaled * scaled, axis=-1, keepdims=True) + eps / (scale * scale)
+        jnp.sum(scaled * scaled, axis=-1, keepdims=True) + eps * inverse * inverse
     )
     return normed if keep_float32 else normed.astype(x.dtype)
 

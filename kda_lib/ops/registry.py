@@ -1,16 +1,8 @@
-"""The registry of KDA implementations: one object per implementation, and ``"auto"``'s policy.
+"""The KDA implementations, one object each in :data:`REGISTRY`, and ``"auto"``'s policy.
 
-Each backend has its ``name``, the ``platforms`` it serves (None: any), ``needs`` (options it
-requires, e.g. ``max_num_segments`` with segment ids), ``problems(options) -> list[str]`` (why
-it cannot serve these inputs; empty: it can), ``__call__(arrays, options) -> (o, final_state,
-chunk_states, token_states)`` (None where not asked for) and
-``context_parallel`` (its CP route: :data:`STATE_PASSING`, kda_lib's rank summaries through
-:func:`kda_lib.kda`; a function of its own; or None). :func:`check_call` validates a call once
-into :class:`kda_lib.ops.contract.KDAOptions` and :class:`KDAArrays` (segment ids canonicalised and
-padding zeroed there, once); backends take them as they are and check nothing again.
-
-A new kernel plugs in by adding one object to :data:`REGISTRY`. This is the one module that
-compares ``implementation`` names.
+A backend says what it cannot serve (``problems(options)``: empty if it can) and computes on a
+call checked once by :func:`check_call` (``__call__(arrays, options) -> (o, final_state,
+chunk_states, token_states)``). docs/DESIGN.md section 4 says why and what was measured.
 """
 
 from __future__ import annotations
@@ -24,11 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import allocation_problem, check_array
+from kda_lib.checks import allocation_problem, check_allocation, check_array
 from kda_lib.ops.chunked import chunked_core
 from kda_lib.ops.contract import (
     Dims,
     KDAOptions,
+    accumulation_dtype,
     check_chunk_size,
     check_flag,
     check_fused_inputs,
@@ -83,13 +76,11 @@ class KDAArrays(NamedTuple):
 
 
 class Backend:
-    """One implementation. Subclasses set the attributes and ``__call__``. ``token_by_token``:
-    it runs T dependent steps (slow at large T: the benchmark skips it there unless named).
-    ``compiled_once``: :func:`run` may trace it once per options and shapes (False where the
-    trace depends on state that is no part of jit's cache key)."""
+    """One implementation. ``token_by_token``: T dependent steps; ``compiled_once``: :func:`run`
+    may trace it once per options and shapes; ``context_parallel``: :data:`STATE_PASSING`, a
+    function of its own, or None."""
 
     name: str
-    platforms: tuple[str, ...] | None = None
     needs: frozenset = frozenset()
     context_parallel: str | Callable | None = None
     token_by_token: bool = False
@@ -99,14 +90,11 @@ class Backend:
         return []
 
     def config_problems(self, *, key_dim: int, dtype, lower_bound, fused_gate: bool) -> list[str]:
-        """Why it cannot serve any call of this configuration on this machine (the platform,
-        K, the dtype, the gate), before there are inputs; empty: it may (``problems`` decides
-        for a call)."""
+        """Why it cannot serve this configuration on this machine, before there are inputs."""
         return []
 
     def option_problems(self, *, fused_gate: bool, lower_bound, allow_neg_eigval: bool):
-        """Why it cannot serve these options on any machine (no platform, shapes or inputs
-        involved): what a layer config can be refused for at construction."""
+        """Why it cannot serve these options on any machine (a layer config's refusals)."""
         return []
 
     def __call__(self, arrays: KDAArrays, options: KDAOptions):
@@ -115,10 +103,7 @@ class Backend:
 
 def run(backend: Backend, arrays: KDAArrays, options: KDAOptions):
     """``backend(arrays, options)`` as one compiled program, traced once per backend, options
-    and shapes. Why: an eager call would otherwise dispatch, and compile on first use, each of
-    its operations one by one (measured on CPU: 180 small programs and 4.2 s for the first
-    eager chunked call at T = 256, against one program); under an outer ``jit`` the cached
-    trace is reused. Backends with ``compiled_once`` False are called as they are."""
+    and shapes (eagerly, not op by op); backends with ``compiled_once`` False as they are."""
     if backend.compiled_once:
         return _compiled(backend, arrays, options)
     return backend(arrays, options)
@@ -129,8 +114,7 @@ def _compiled(backend: Backend, arrays: KDAArrays, options: KDAOptions):
     return backend(arrays, options)
 
 
-# the clear functions of the compiled-program caches kept outside ops (the KDA layer's CP
-# programs, the generation steps, ...): ops may not import layers or lab, so they register here
+# the clear functions of compiled-program caches outside ops (ops imports no layers or lab)
 _CACHE_CLEARERS: list = []
 
 
@@ -145,10 +129,8 @@ def register_compiled_cache(cache):
 
 
 def clear_compiled_forms() -> None:
-    """Forget every compiled program kda_lib keeps (:func:`run`'s, ``chunked_core``'s,
-    ``recurrent_core``'s and each registered cache's: the KDA layer's CP programs, the
-    generation and training steps), so that a module constant changed at run time (e.g.
-    ``kda_lib.ops.chunked.LOW_PRECISION_MATMULS``) is read again by the next call."""
+    """Forget every compiled program kda_lib keeps (the forms' and each registered cache's), so
+    that a module constant changed at run time is read again by the next call."""
     for jitted in (_compiled, chunked_core, recurrent_core):
         jitted.clear_cache()
     for clear in _CACHE_CLEARERS:
@@ -156,8 +138,7 @@ def clear_compiled_forms() -> None:
 
 
 def _activated(arrays: KDAArrays, options: KDAOptions):
-    """q, k (L2-normalised if asked; float32, the forms compute in float32 anyway) and the
-    log-space gate, for kda_lib's own forms."""
+    """q, k (L2-normalised in float32 if asked) and the log-space gate, for kda_lib's forms."""
     q, k, g = arrays.q, arrays.k, arrays.g
     if options.use_qk_l2norm:
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
@@ -177,10 +158,7 @@ def _core_kwargs(arrays: KDAArrays, options: KDAOptions) -> dict:
 
 
 class Recurrent(Backend):
-    """``"recurrent"``: the token-by-token scan (:func:`kda_lib.kda_recurrent`); grouped value
-    heads mapped natively. float32 throughout, so it honours ``precision="highest"`` only.
-    It serves ``output_chunk_states`` (a scan over chunks of steps keeps the carry at each
-    chunk end: no extra memory) and ``output_token_states``."""
+    """``"recurrent"``: the scan (:func:`kda_lib.kda_recurrent`), float32 throughout."""
 
     name = "recurrent"
     context_parallel = STATE_PASSING
@@ -210,8 +188,7 @@ class Recurrent(Backend):
 
 
 class Chunked(Backend):
-    """``"chunked"``: kda_lib's chunkwise form (:func:`kda_lib.kda_chunked`); any T, both
-    gates, states, every precision; grouped value heads by repeating the q/k heads."""
+    """``"chunked"``: kda_lib's chunkwise form (:func:`kda_lib.kda_chunked`)."""
 
     name = "chunked"
     context_parallel = STATE_PASSING
@@ -241,14 +218,13 @@ class Chunked(Backend):
 
 
 class Tokamax(Backend):
-    """tokamax's kernels through :mod:`kda_lib.ops.tokamax.adapter`. tokamax has no grouped value
-    heads: the q/k heads are repeated; nor a rate-free safe gate: ``a_log = 0`` (A = 1)."""
+    """tokamax's kernels (:mod:`kda_lib.ops.tokamax.adapter`): q/k heads repeated for grouped
+    value heads, ``a_log = 0`` for the rate-free safe gate."""
 
     needs = frozenset({"max_num_segments"})
 
-    def __init__(self, name: str, variant: TokamaxVariant, platforms=None, context_parallel=None):
-        self.name, self.variant = name, variant
-        self.platforms, self.context_parallel = platforms, context_parallel
+    def __init__(self, name: str, variant: TokamaxVariant, context_parallel=None):
+        self.name, self.variant, self.context_parallel = name, variant, context_parallel
         self.token_by_token = not variant.chunked
 
     def option_problems(self, *, fused_gate, lower_bound, allow_neg_eigval):
@@ -351,11 +327,9 @@ class TokamaxXlaChunked(Tokamax):
 
 
 class TokamaxMosaic(Tokamax):
-    """tokamax's Pallas Mosaic kernel: TPU v6+ (or :func:`kda_lib.emulate_tpu`), K <= 256,
-    float32/bfloat16, the safe gate with a fused gate; its own CP route."""
+    """tokamax's Pallas Mosaic kernel: TPU v6+ (or :func:`kda_lib.emulate_tpu`); its own CP
+    route. Not compiled once: its trace depends on the emulated chip, no part of jit's key."""
 
-    # its trace depends on the chip kda_lib.emulate_tpu emulates (interpret mode, the
-    # generation), which jit's cache key does not hold
     compiled_once = False
 
     def problems(self, options):
@@ -384,7 +358,6 @@ REGISTRY: dict[str, Backend] = {
         TokamaxMosaic(
             "tokamax_mosaic",
             TOKAMAX_VARIANTS["tokamax_mosaic"],
-            platforms=("tpu",),
             context_parallel=tokamax_mosaic_context_parallel,
         ),
     )
@@ -394,30 +367,18 @@ IMPLEMENTATIONS = tuple(REGISTRY)
 
 # ------------------------------------------------------------------ the "auto" policy
 
-# T <= 16 takes the scan: a decode step, where one scan step beats a padded 64-token chunk
-RECURRENT_MAX_AUTO_T = 16
-# Above it, on CPU, the forward of a call that is not differentiated and the forward and
-# backward of one that is are chosen apart (:class:`Routed`), each from the recorded grid named
-# in docs/DESIGN.md section 4 (tests/contracts/test_auto_policy.py checks these rules against
-# it); every other platform runs "chunked" (or tokamax Mosaic on a real TPU).
-CPU_FORWARD = "recurrent"
-CPU_TRAINING = "chunked"
-# the scan's forward only while the state it updates per token (B * HV * K * V numbers) is
-# smaller than this; from it up the chunked form's forward is faster on CPU too (the recorded
-# grid, docs/DESIGN.md section 4: B*H = 16 at K = 64, or B*H = 4 at K = 128, and above)
-CPU_CHUNKED_FORWARD_MIN_STATE = 65536
+# the rules and their recorded grid: docs/DESIGN.md section 4
+RECURRENT_MAX_AUTO_T = 16  # up to it the scan (decode steps)
+CPU_FORWARD, CPU_TRAINING = "recurrent", "chunked"  # above it on CPU, undifferentiated or not
+CPU_CHUNKED_FORWARD_MIN_STATE = 65536  # B * HV * K * V from which the CPU forward is chunked
 
 
 def portable_forms(
     seq_len: int, state_size: int | None = None, platform: str | None = None
 ) -> tuple[str, str]:
-    """kda_lib's own forms for ``seq_len`` tokens on ``platform`` (default: JAX's default
-    backend): ``(forward, training)``, the form of a call that is not differentiated and the
-    form whose forward and backward a differentiated call runs. ``"recurrent"`` for both up to
-    :data:`RECURRENT_MAX_AUTO_T` tokens; above, on CPU, :data:`CPU_FORWARD` (``"chunked"`` when
-    ``state_size``, the numbers of the state updated per token ``B * HV * K * V``, is at least
-    :data:`CPU_CHUNKED_FORWARD_MIN_STATE`; None: smaller) and :data:`CPU_TRAINING`; elsewhere
-    ``"chunked"`` for both."""
+    """``(forward, training)``: kda_lib's forms for an undifferentiated and a differentiated call
+    of ``seq_len`` tokens whose state has ``state_size = B * HV * K * V`` numbers (None: small)
+    on ``platform`` (default: JAX's default backend)."""
     if seq_len <= RECURRENT_MAX_AUTO_T:
         return "recurrent", "recurrent"
     if (platform or jax.default_backend()) == "cpu":
@@ -438,12 +399,9 @@ def select_implementation(
     num_heads: int = 1,
     value_dim: int | None = None,
 ):
-    """The ``"auto"`` policy's name for these inputs: the form that runs a differentiated call
-    (its forward and backward), or with ``differentiated=False`` one that is not. Only a real TPU
-    gets tokamax Mosaic (when tokamax is installed and its constraints hold): an emulated one
-    (:func:`kda_lib.emulate_tpu`) runs the kernel interpreted, far slower than ``"chunked"``.
-    ``batch``, ``num_heads`` (value heads HV) and ``value_dim`` (default ``key_dim``) size the
-    state the forward updates per token, which the CPU forward's form depends on."""
+    """The name ``"auto"`` picks for a (``differentiated``) call of this configuration: tokamax
+    Mosaic on a real TPU v6+ where it serves it, else :func:`portable_forms` with the state of
+    ``batch * num_heads * key_dim * value_dim`` (``value_dim`` default ``key_dim``)."""
     if tpu_generation() is not None and not REGISTRY["tokamax_mosaic"].config_problems(
         key_dim=key_dim, dtype=dtype, lower_bound=lower_bound, fused_gate=fused_gate
     ):
@@ -454,18 +412,17 @@ def select_implementation(
 
 
 def portable_implementation(seq_len: int) -> str:
-    """kda_lib's own form for a differentiated call of ``seq_len`` tokens (and its context
-    parallel route): the training form of :func:`portable_forms`."""
+    """The training form of :func:`portable_forms` (``"auto"``'s CP route)."""
     return portable_forms(seq_len)[1]
 
 
 class Routed(Backend):
     """``"auto"``'s route when the best forward and the best training form differ: a
-    ``jax.custom_vjp`` whose primal (what runs when nothing differentiates the call) is
-    ``forward`` and whose forward rule is ``training``'s own forward, keeping its residuals
-    (``jax.vjp``), with ``training``'s backward as the backward rule: a differentiated call runs
-    exactly ``training``'s forward and backward (JAX calls the primal only when nothing
-    differentiates it), nothing is computed twice."""
+    ``jax.custom_jvp`` whose primal (what runs when nothing differentiates the call) is
+    ``forward`` and whose JVP is ``training``'s, built from its VJP by transposition (the
+    chunked form's backward is hand-written, so it has no JVP of its own). Forward mode
+    (``jax.jvp``, ``jax.jacfwd``) works; reverse mode transposes that JVP back, so a
+    differentiated call runs exactly ``training``'s forward and backward."""
 
     def __init__(self, forward: Backend, training: Backend):
         self.forward, self.training = forward, training
@@ -479,37 +436,37 @@ class Routed(Backend):
         return _routed(self.forward, self.training, options, arrays)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2))
 def _routed(forward: Backend, training: Backend, options: KDAOptions, arrays: KDAArrays):
     return forward(arrays, options)
 
 
-def _routed_fwd(forward, training, options, arrays):
-    return jax.vjp(lambda a: training(a, options), arrays)
+@_routed.defjvp
+def _routed_jvp(forward, training, options, primals, tangents):
+    (arrays,), (tangent,) = primals, tangents
+    floats = [n for n, x in arrays._asdict().items() if x is not None and n != "segment_ids"]
 
+    def run(diff):
+        return training(arrays._replace(**diff), options)
 
-def _routed_bwd(forward, training, options, pullback, cotangents):
-    return pullback(cotangents)
-
-
-_routed.defvjp(_routed_fwd, _routed_bwd)
+    out, pullback = jax.vjp(run, {n: getattr(arrays, n) for n in floats})
+    push = jax.linear_transpose(pullback, out)
+    (tangent_out,) = push(({n: getattr(tangent, n) for n in floats},))
+    return out, tangent_out
 
 
 @functools.cache
 def _route(forward: str, training: str) -> Backend:
-    """The backend for a pair of forms (one object per pair: :func:`run`'s trace is kept per
-    backend)."""
+    """The backend for a pair of forms, one object per pair (:func:`run` traces per backend)."""
     if forward == training:
         return REGISTRY[forward]
     return Routed(REGISTRY[forward], REGISTRY[training])
 
 
 def choose(options: KDAOptions) -> Backend:
-    """``"auto"``: tokamax Mosaic on a real TPU v6+ when it can serve the call and no precision
-    is asked (a precision is kda_lib's chunked policy); else kda_lib's forms of
-    :func:`portable_forms` (:class:`Routed` when the forward and the training form differ). A
-    precision other than ``"highest"`` keeps both on ``"chunked"`` above 16 tokens (the scan
-    computes in float32 only)."""
+    """``"auto"``: the scan for token states; tokamax Mosaic on a real TPU v6+ when it serves
+    the call and no precision is asked; else :func:`portable_forms` (:class:`Routed` when the
+    two differ; a precision the scan refuses keeps both on ``"chunked"``)."""
     dims = options.dims
     if options.output_token_states:  # only the scan keeps a state per token
         return RECURRENT
@@ -591,13 +548,8 @@ def segment_slots_problem(
     segments_per_row: int | None = None,
     name: str = "max_num_segments",
 ) -> str | None:
-    """Why ``implementation``'s per-segment states cannot be allocated here, or None.
-
-    tokamax keeps one float32 state ``[K, V]`` per segment slot, head and row
-    (:func:`kda_lib.ops.tokamax.adapter.segment_slot_count` slots for ``max_num_segments``):
-    an estimate of ``B * slots * HV * K * V * 4`` bytes above this machine's memory is
-    refused before anything is allocated, naming ``name`` (the argument that sets the bound).
-    None for an implementation that keeps no per-segment states."""
+    """Why tokamax's float32 per-segment states ``[B, slots, HV, K, V]`` cannot fit here,
+    naming ``name`` (the argument that sets the bound), or None (also for kda_lib's forms)."""
     backend = REGISTRY.get(implementation)
     if not isinstance(backend, Tokamax):
         return None
@@ -633,12 +585,18 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
     before any work; then the arrays as jax arrays, segment ids canonicalised, padding zeroed
     (once: backends do none of it again)."""
     a_log, dt_bias, lower_bound = kw["a_log"], kw["dt_bias"], kw["lower_bound"]
-    fused_gate = a_log is not None or lower_bound is not None
+    fused_gate = check_flag("use_gate_in_kernel", kw["use_gate_in_kernel"])
     check_lower_bound(lower_bound)
-    if not fused_gate and dt_bias is not None:
+    for name in ("a_log", "dt_bias"):
+        if not fused_gate and kw[name] is not None:
+            raise ValueError(
+                f"{name} is a parameter of the in-kernel gate: pass use_gate_in_kernel=True "
+                "with it (g is then the raw gate input), or activate g with kda_lib.kda_gate"
+            )
+    if fused_gate and a_log is None and lower_bound is None:
         raise ValueError(
-            "dt_bias and lower_bound only apply with the fused gate: pass a_log (softplus gate) "
-            "or lower_bound (safe gate) too, or activate the gate yourself with kda_lib.kda_gate"
+            "use_gate_in_kernel=True needs a_log (the softplus gate) or lower_bound (the safe "
+            "gate), or both"
         )
     implementation = check_implementation(kw["implementation"])
     initial_state, segment_ids = kw["initial_state"], kw["segment_ids"]
@@ -646,23 +604,41 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Backend, KDAArrays, KDAOptions]:
     if fused_gate:
         dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **common)
     else:
-        dims = check_kda_inputs(q, k, v, g, beta, **common)
+        dims = check_kda_inputs(q, k, v, g, beta, lower_bound=lower_bound, **common)
     segments_per_row = None
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         segments_per_row = check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     options = _options(kw, dims, q.dtype, fused_gate, implementation, segments_per_row)
+    _check_state_outputs(options)
     backend = resolve(options)
     return backend, _arrays(q, k, v, g, beta, kw, dims, fused_gate), options
+
+
+def _check_state_outputs(options: KDAOptions) -> None:
+    """Refuse interior states larger than this device's memory, naming the flag, before work."""
+    dims, chunk = options.dims, options.chunk_size
+    state = [dims.num_heads, dims.key_dim, dims.value_dim]
+    itemsize = np.dtype(accumulation_dtype(options.dtype)).itemsize
+    asked = (
+        ("output_token_states", "token_states [B, T, HV, K, V]", dims.seq_len, ""),
+        ("output_chunk_states", "chunk_states [B, T // chunk_size, HV, K, V]",
+         dims.seq_len // chunk, f" at chunk_size={chunk}"),
+    )  # fmt: skip
+    for flag, what, count, where in asked:
+        if getattr(options, flag):
+            shape = [dims.batch, count, *state]
+            nbytes = itemsize * math.prod(shape)
+            check_allocation(flag, True, f"{what} = {shape}{where}", nbytes)
 
 
 def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> KDAOptions:
     precision = check_precision(kw["precision"])
     for flag in ("output_final_state", "output_chunk_states", "output_token_states"):
         check_flag(flag, kw[flag])
-    bound = kw["max_num_segments"]
-    if kw["segment_ids"] is not None and bound is not None:
-        check_max_num_segments(bound)
+    segment_bound, bound = kw["max_num_segments"], kw["lower_bound"]
+    if kw["segment_ids"] is not None and segment_bound is not None:
+        check_max_num_segments(segment_bound)
     return KDAOptions(
         dims=dims,
         dtype=np.dtype(dtype),
@@ -670,10 +646,11 @@ def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> K
         output_final_state=kw["output_final_state"],
         has_initial_state=kw["initial_state"] is not None,
         has_segments=kw["segment_ids"] is not None,
-        max_num_segments=bound,
+        max_num_segments=segment_bound,
         segments_per_row=segments_per_row,
         fused_gate=fused_gate,
-        lower_bound=None if kw["lower_bound"] is None else float(kw["lower_bound"]),
+        # without the in-kernel gate lower_bound was a promise about g, checked above
+        lower_bound=None if bound is None or not fused_gate else float(bound),
         use_qk_l2norm=bool(kw["use_qk_l2norm"]),
         allow_neg_eigval=bool(kw["allow_neg_eigval"]),
         chunk_size=check_chunk_size(kw["chunk_size"]),

@@ -85,7 +85,7 @@ def kda_context_parallel(
 
     Args:
       q, k: local ``[B, T_local, H, K]``; v: ``[B, T_local, HV, V]``; g: ``[B, T_local, HV, K]``
-        (log-space, or raw with ``a_log`` or ``lower_bound`` in kernel_kwargs); beta:
+        (log-space, or raw with ``use_gate_in_kernel=True`` in kernel_kwargs); beta:
         ``[B, T_local, HV]``; HV a positive multiple of H (grouped value heads, served as
         :func:`kda_lib.kda` serves them: the state and the rank summaries have HV heads).
       axis_name: the mesh axis the sequence is split over (default "context").
@@ -97,8 +97,9 @@ def kda_context_parallel(
       mesh: the mesh of the enclosing ``shard_map`` (only ``"tokamax_mosaic"`` uses it, for
         ``ContextParallelMetadata``); default: the current abstract mesh.
       kernel_kwargs: passed to :func:`kda_lib.kda` (``a_log``, ``dt_bias``, ``lower_bound``,
-        ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``; ``"tokamax_mosaic"`` also
-        takes ``max_num_segments``, a static bound on the segments of one rank's slice).
+        ``use_gate_in_kernel``, ``use_qk_l2norm``, ``allow_neg_eigval``, ``chunk_size``;
+        ``"tokamax_mosaic"`` also takes ``max_num_segments``, a static bound on the segments
+        of one rank's slice).
         kda_lib's kernels also take ``initial_state`` ``[B, HV, K, V]`` (the state before the
         whole sequence, the same array on every rank; it belongs to each row's first segment)
         and ``output_final_state`` (default False), and ``output_chunk_states`` (default

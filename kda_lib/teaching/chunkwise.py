@@ -80,6 +80,7 @@ def kda_forms(lower_bound: float) -> dict:
                 a_log=a_log,
                 dt_bias=dt_bias,
                 lower_bound=lower_bound,
+                use_gate_in_kernel=True,
                 implementation=name,
             )[0]
 

@@ -151,7 +151,8 @@ def test_kda_refuses_segment_slots_that_cannot_fit_before_tracing_the_kernel(imp
     """``max_num_segments=10**9`` at a T whose slots (capped at T) still cannot fit: refused
     by name with the slots' shape and estimate, from the shapes alone (eval_shape: nothing is
     allocated or compiled)."""
-    gate = dict(a_log=jnp.zeros(256), dt_bias=jnp.zeros(256 * 128), lower_bound=-5.0)
+    gate = dict(a_log=jnp.zeros(256), dt_bias=jnp.zeros(256 * 128), lower_bound=-5.0,
+                use_gate_in_kernel=True)  # fmt: skip
 
     def call(q, k, v, g, beta, ids):
         return kda(q, k, v, g, beta, segment_ids=ids, max_num_segments=10**9,

@@ -95,6 +95,7 @@ def _kda_fn(implementation, lower_bound=LOWER_BOUND, **kw):
             a_log=x.get("a_log"),
             dt_bias=x["dt_bias"],
             lower_bound=lower_bound,
+            use_gate_in_kernel=True,
             initial_state=x["initial_state"],
             output_final_state=True,
             segment_ids=segment_ids,
@@ -219,8 +220,8 @@ def test_refusals_name_the_argument():
     args = (x["q"], x["k"], x["v"], -jnp.abs(x["g"]), x["beta"])
     with pytest.raises(ValueError, match="a_log=None needs lower_bound"):
         kda_gate(x["g"], None, x["dt_bias"])
-    with pytest.raises(ValueError, match="only apply with the fused gate"):
-        kda(*args, dt_bias=x["dt_bias"])  # a_log=None and lower_bound=None: no fused gate
+    with pytest.raises(ValueError, match="dt_bias is a parameter of the in-kernel gate"):
+        kda(*args, dt_bias=x["dt_bias"])  # no use_gate_in_kernel
     with pytest.raises(ValueError, match=r"v must have shape \[B, T, H, V\].*multiple of q's H"):
         kda(*args[:2], x["v"][:, :, :3], *args[3:])
     with pytest.raises(ValueError, match=r"g must have shape \[B, T, H, K\]"):
@@ -230,9 +231,9 @@ def test_refusals_name_the_argument():
     with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
         kda(*args, initial_state=jnp.zeros((B, H, K, V)))
     with pytest.raises(ValueError, match=r"a_log must have shape \[H\]=\(4,\)"):
-        kda(*args, a_log=jnp.zeros(H))
+        kda(*args, a_log=jnp.zeros(H), use_gate_in_kernel=True)
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]=\(64,\)"):
-        kda(*args, lower_bound=-5.0, dt_bias=jnp.zeros(H * K))
+        kda(*args, lower_bound=-5.0, dt_bias=jnp.zeros(H * K), use_gate_in_kernel=True)
 
 
 # ------------------------------------------------------------------ context parallelism
@@ -257,6 +258,7 @@ def _cp_fn(mesh, implementation, **kw):
                 initial_state=state,
                 output_final_state=True,
                 lower_bound=LOWER_BOUND,
+                use_gate_in_kernel=True,
                 implementation=implementation,
                 **gate,
                 **kw,
@@ -299,7 +301,7 @@ def test_mosaic_grouped_heads_and_rate_free_gate():
     """tokamax Mosaic (Pallas interpret mode) and its own CP with both options."""
     x = _inputs(9, a_log=False, key_dim=128, value_dim=128, seq_len=64, heads=1, value_heads=2)
     del x["initial_state"]
-    kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND)
+    kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, use_gate_in_kernel=True)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
     want = kda(*args, **kw, implementation="recurrent")[0]
     with emulate_tpu():

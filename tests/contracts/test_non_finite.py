@@ -39,6 +39,7 @@ BAD_PADDING = (np.nan, np.inf, -np.inf, 1e30, -1e30)
 
 INPUTS = random_kda_inputs(jax.random.key(0), B, T, H, K, V, gate="raw", with_state=True)
 GATE = dict(a_log=INPUTS["a_log"], dt_bias=INPUTS["dt_bias"], lower_bound=LOWER_BOUND)
+GATE.update(use_gate_in_kernel=True)
 
 
 @functools.cache

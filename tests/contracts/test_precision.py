@@ -317,7 +317,7 @@ def _fla_paths(gate, ids):
     from kda_lib.ops.norms import l2_normalize
     from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 
-    common = dict(gate, use_qk_l2norm=True)
+    common = dict(gate, use_qk_l2norm=True, use_gate_in_kernel=True)
 
     def through_kda(implementation, **extra):
         def fn(q, k, v, f, beta):

@@ -64,6 +64,7 @@ def test_one_eager_call_checks_once(calls, implementation, pads):
         a_log=x["a_log"],
         dt_bias=x["dt_bias"],
         lower_bound=-5.0,
+        use_gate_in_kernel=True,
         initial_state=x["initial_state"],
         segment_ids=jnp.asarray(ids),
         max_num_segments=2,
@@ -87,7 +88,8 @@ def test_one_eager_call_compiles_one_program(implementation, caplog):
     jax.block_until_ready(args)
     kda_lib.ops.registry.clear_compiled_forms()
     with jax.log_compiles(True), caplog.at_level("WARNING"):
-        o, _ = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], implementation=implementation)
+        o, _ = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], use_gate_in_kernel=True,
+                   implementation=implementation)  # fmt: skip
         jax.block_until_ready(o)
     compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
     assert len(compiled) <= 2, compiled

@@ -11,7 +11,7 @@ from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.ops.api import select_implementation
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.ops.tokamax.adapter import tokamax_kda_api
-from kda_lib.testing import assert_close, random_kda_inputs
+from kda_lib.testing import assert_close, random_kda_inputs, random_normal
 
 B, T, H, K, V = 2, 100, 2, 32, 16
 
@@ -99,6 +99,7 @@ def _every_implementation(x, segment_ids, impls, lower_bound):
     """``{implementation: kda(...)}`` in one program (static shapes and options; the eager
     value checks are tested in test_errors_name_the_constraint and test_kernel_validation)."""
     kw = dict(use_qk_l2norm=True, output_final_state=True, lower_bound=lower_bound)
+    kw.update(use_gate_in_kernel=True)
     if segment_ids is not None:
         kw.update(segment_ids=segment_ids, max_num_segments=3)
     return {impl: kda(**x, **kw, implementation=impl) for impl in impls}
@@ -131,6 +132,7 @@ def test_adapter_gradients_agree():
             o, s = kda(
                 **{**x, **p},
                 lower_bound=-5.0,
+                use_gate_in_kernel=True,
                 use_qk_l2norm=True,
                 output_final_state=True,
                 implementation=impl,
@@ -162,6 +164,42 @@ def test_log_space_gate_path():
         assert_close(o, o_ref, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("seq_len", [16, 1024])
+def test_forward_mode_autodiff_through_auto(seq_len):
+    """jax.jvp through the default kda() equals the recurrence's JVP at every length (above 16
+    tokens on CPU the auto route is a custom_jvp, not a custom_vjp); jacfwd runs too."""
+    x = random_kda_inputs(jax.random.key(6), 1, seq_len, 1, 4, 4, with_state=True)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    tangents = tuple(0.1 * random_normal(jax.random.key(i), a.shape) for i, a in enumerate(args))
+
+    def fn(implementation):
+        def run(q, k, v, g, beta, state):
+            kw = dict(initial_state=state, output_final_state=True, implementation=implementation)
+            return kda(q, k, v, g, beta, **kw)
+
+        return run
+
+    got = jax.jit(lambda p, t: jax.jvp(fn("auto"), p, t))(args, tangents)
+    want = jax.jit(lambda p, t: jax.jvp(fn("recurrent"), p, t))(args, tangents)
+    names = ("o", "final", "do", "dfinal")
+    for name, a, b in zip(names, *map(jax.tree.leaves, (got, want)), strict=True):
+        assert_close(a, b, atol=2e-5, rtol=1e-4, name=name)
+    if seq_len == 16:
+        return
+    short = tuple(a[:, :20] for a in args[:5])  # 20 tokens: above 16, past the custom_vjp of old
+    jac = jax.jacfwd(lambda v: kda(short[0], short[1], v, *short[3:])[0])(short[2])
+    assert jac.shape == short[2].shape * 2
+
+
+def test_l2_normalize_is_finite_up_to_float32s_largest_values():
+    """Before, 2^-127 (the inverse of the scale at 1.8e38) was flushed to zero: NaN."""
+    x = jnp.array([[1.8e38, 1.8e38], [-3.4e38, 1.0], [3.0, 4.0]], jnp.float32)
+    want = np.array([[0.5**0.5, 0.5**0.5], [-1.0, 0.0], [0.6, 0.8]], np.float32)
+    for keep in (False, True):
+        np.testing.assert_allclose(l2_normalize(x, keep_float32=keep), want, rtol=2e-7, atol=1e-38)
+    assert np.isfinite(np.asarray(jax.grad(lambda x: l2_normalize(x).sum())(x))).all()
+
+
 def test_auto_policy():
     assert (
         select_implementation(
@@ -184,7 +222,7 @@ def test_auto_policy():
 
 
 def test_errors_name_the_constraint():
-    x = _raw_inputs(5)
+    x = dict(_raw_inputs(5), use_gate_in_kernel=True)
     with pytest.raises(ValueError, match="tokamax_mosaic needs a TPU v6 or newer"):
         kda(**x, lower_bound=-5.0, implementation="tokamax_mosaic")
     with pytest.raises(ValueError, match="tokamax_xla_chunked needs the fused safe gate"):
@@ -200,9 +238,7 @@ def test_errors_name_the_constraint():
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]"):
         kda(**{**x, "dt_bias": jnp.zeros((H, K + 1))})
     plain = {n: x[n] for n in ("q", "k", "v", "beta")}
-    with pytest.raises(ValueError, match="only apply with the fused gate"):
-        # (lower_bound alone is the safe gate without a rate since fla's A_log=None: dt_bias
-        # with neither a_log nor lower_bound is what the rule refuses now)
+    with pytest.raises(ValueError, match="dt_bias is a parameter of the in-kernel gate"):
         kda(**plain, g=-jnp.abs(x["g"]), dt_bias=x["dt_bias"])
     with pytest.raises(ValueError, match="supports chunk_size=64 only"):
         kda(**x, lower_bound=-5.0, chunk_size=32, implementation="tokamax_xla_chunked")

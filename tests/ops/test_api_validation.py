@@ -83,12 +83,34 @@ def test_empty_value_dim_and_python_lists():
 def test_dt_bias_takes_the_same_shapes_as_kda_gate():
     x = random_kda_inputs(jax.random.key(1), 1, 20, 2, 8, 8, gate="raw")
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    run = jax.jit(functools.partial(kda, lower_bound=-5.0))  # shapes are checked under jit
+    # shapes are checked under jit
+    run = jax.jit(functools.partial(kda, lower_bound=-5.0, use_gate_in_kernel=True))
     flat, _ = run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"])
     split, _ = run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"].reshape(2, 8))
     np.testing.assert_array_equal(flat, split)
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]"):
         run(*args, a_log=x["a_log"], dt_bias=x["dt_bias"][:5])
+
+
+def test_the_in_kernel_gate_is_switched_on_by_name_only():
+    """fla's ``chunk_kda(..., safe_gate=True, lower_bound=-5)`` on a log-space g, ported as is:
+    lower_bound is a checked promise about g, never the switch of the in-kernel gate."""
+    x = random_kda_inputs(jax.random.key(2), 1, 20, 2, 8, 8, gate="safe")
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    plain = kda(*args, implementation="recurrent")[0]
+    np.testing.assert_array_equal(
+        kda(*args, lower_bound=-5.0, implementation="recurrent")[0], plain
+    )
+    with pytest.raises(ValueError, match=r"g must be >= lower_bound=-0.5 .* got min"):
+        kda(*args, lower_bound=-0.5)
+    raw = random_kda_inputs(jax.random.key(2), 1, 20, 2, 8, 8, gate="raw")
+    for name in ("a_log", "dt_bias"):
+        with pytest.raises(ValueError, match=f"{name} is a parameter.*use_gate_in_kernel=True"):
+            kda(*args, **{name: raw[name]})
+    with pytest.raises(ValueError, match="use_gate_in_kernel=True needs a_log .* or lower_bound"):
+        kda(*args, use_gate_in_kernel=True)
+    with pytest.raises(ValueError, match="use_gate_in_kernel must be a bool"):
+        kda(*args, use_gate_in_kernel=1)
 
 
 def test_lower_bound_accepts_numpy_floats_in_range():
@@ -205,3 +227,22 @@ def test_bf16_l2_normalised_queries_stay_float32_into_the_kernel(x64):
         # measured here: 3.6e-3 with float32 q/k into the kernel, 4.3e-3 when the normalised q/k
         # were rounded back to bf16 first (the old behaviour); fla's bf16 test bound is 8e-3
         assert relative_l2(got, want) < 4e-3, (implementation, relative_l2(got, want))
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (dict(output_token_states=True), r"output_token_states=True: token_states \[B, T, HV"),
+        (
+            dict(output_chunk_states=True, chunk_size=1),
+            r"output_chunk_states=True: chunk_states .* at chunk_size=1 would take ~2\.0 TiB",
+        ),
+    ],
+)
+def test_interior_states_past_memory_are_refused_by_name_before_work(flags, says):
+    """2 TiB of float32 states from 8 GiB bfloat16 inputs: refused at the call (eval_shape:
+    nothing is allocated), where before XLA failed with RESOURCE_EXHAUSTED."""
+    big = jax.ShapeDtypeStruct((1, 2**20, 32, 128), jnp.bfloat16)
+    beta = jax.ShapeDtypeStruct((1, 2**20, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match=says + r".*more than this machine's memory"):
+        jax.eval_shape(functools.partial(kda, **flags), big, big, big, big, beta)

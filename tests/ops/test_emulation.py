@@ -157,7 +157,8 @@ def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatc
         x = jnp.ones((1, 32, 1, 128), jnp.bfloat16)
         beta = jnp.full((1, 32, 1), 0.5)
         a_log = jnp.zeros((1,))
-        jax.jit(lambda *a: kda(*a, a_log=a_log, lower_bound=-5.0)).trace(x, x, x, x, beta)
+        gate = dict(a_log=a_log, lower_bound=-5.0, use_gate_in_kernel=True)
+        jax.jit(lambda *a: kda(*a, **gate)).trace(x, x, x, x, beta)
     with emulate_tpu("v5e"):
         assert mosaic_problems(**args) == [
             "tokamax_mosaic needs a TPU v6 or newer; this is TPU v5 (emulated)"
@@ -182,6 +183,7 @@ def test_adapter_mosaic_equals_chunked_with_padding_segments_and_state():
         a_log=jnp.zeros((h,)),
         dt_bias=0.5 * jax.random.normal(ks[5], (h * d,)),
         lower_bound=-5.0,
+        use_gate_in_kernel=True,
         use_qk_l2norm=True,
         segment_ids=jnp.asarray(ids),
         max_num_segments=2,

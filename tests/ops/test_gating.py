@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kda_lib import init_a_log, init_dt_bias, kda_gate
+from kda_lib import init_a_log, init_dt_bias, kda, kda_gate
 from kda_lib.testing import assert_close
 
 
@@ -70,3 +70,18 @@ def test_inits():
         np.asarray(init_dt_bias(jax.random.key(2), 1, 64, dt_min=1e-6, dt_max=1e-5), np.float64)
     )
     np.testing.assert_allclose(floored, 1e-4, rtol=1e-3)
+
+
+def test_an_overflowing_rate_times_a_zero_input_is_not_nan():
+    """exp(A_log) overflows float32 from A_log = 88.8 (a checkpoint may hold it): where
+    f + dt_bias == 0 the safe gate is lower_bound * sigmoid(0), the softplus gate is never NaN
+    (-inf: full decay), and kda() with the in-kernel gate gives finite outputs."""
+    f = jnp.array([0.0, 1.0, -1.0, 0.0]).reshape(1, 1, 2, 2)
+    a_log = jnp.array([89.0, 100.0])
+    safe = np.asarray(kda_gate(f, a_log, None, lower_bound=-5.0))
+    np.testing.assert_array_equal(safe.ravel(), [-2.5, -5.0, 0.0, -2.5])
+    assert not np.isnan(np.asarray(kda_gate(f, a_log, None))).any()
+    q = k = v = jnp.ones((1, 1, 2, 2))
+    o, _ = kda(q, k, v, f, jnp.full((1, 1, 2), 0.5), a_log=a_log, lower_bound=-5.0,
+               use_gate_in_kernel=True)  # fmt: skip
+    assert np.isfinite(np.asarray(o)).all()

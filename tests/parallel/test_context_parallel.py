@@ -98,7 +98,8 @@ def test_kernel_cp_with_fused_gate_and_recurrent_backend():
     inputs = random_kda_inputs(jax.random.key(3), 1, seq_len, 2, 16, 16)
     raw = random_normal(jax.random.key(4), inputs["g"].shape)
     gate = dict(
-        a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True
+        a_log=jnp.array([0.0, 1.0]), dt_bias=jnp.zeros(32), lower_bound=-5.0, use_qk_l2norm=True,
+        use_gate_in_kernel=True,
     )
     args = (inputs["q"], inputs["k"], inputs["v"], raw, inputs["beta"])
 

@@ -335,6 +335,7 @@ def tokamax_mosaic_context_parallel(
     a_log=None,
     dt_bias=None,
     lower_bound=None,
+    use_gate_in_kernel=False,
     use_qk_l2norm=False,
     allow_neg_eigval=False,
     chunk_size=TOKAMAX_CHUNK,
@@ -354,7 +355,7 @@ def tokamax_mosaic_context_parallel(
     Grouped value heads (v, g, beta with HV a multiple of q's H) are served by repeating the
     q/k heads; ``a_log=None`` with ``lower_bound`` by ``a_log = 0`` (exactly A = 1).
     """
-    fused_gate = a_log is not None or lower_bound is not None
+    fused_gate = use_gate_in_kernel
     problems = _mosaic_cp_problems(
         q, v, unsupported, fused_gate, lower_bound, allow_neg_eigval, chunk_size, max_num_segments
     )
