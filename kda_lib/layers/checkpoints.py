@@ -48,13 +48,13 @@ the first parameter is written, and a bad checkpoint raises ValueError naming th
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+import safetensors
 from flax import nnx
 
 from kda_lib.checks import check_int
@@ -402,18 +402,24 @@ SAFETENSORS_DTYPES = {
     "I8": np.dtype("i1"),
     "U8": np.dtype("u1"),
 }
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+
+
+def file_version(stat) -> tuple[int, int, int]:
+    """What tells two versions of a file apart: inode, size, modification time."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
     """The tensors whose names start with ``prefix`` from one or several ``.safetensors``
-    files (the shards of a checkpoint), with ``prefix`` cut off. Only those tensors are read
-    (a shard of a 48B checkpoint is not loaded whole); bfloat16 stays ml_dtypes' bfloat16.
+    files (a checkpoint's shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
 
-    Read with ordinary file reads, not memory-mapped: a file that shrinks while it is read is
-    a ValueError, not a SIGBUS. A malformed file (header, offsets, sizes) or a tensor of a dtype
-    outside :data:`SAFETENSORS_DTYPES` (FP8, ...) is a ValueError naming the file and the
-    tensor; a path that is not a str or ``os.PathLike`` of str is a TypeError."""
+    ``safetensors.safe_open`` checks each file (header, offsets, sizes); only the wanted
+    tensors are then read, with ordinary reads (a file that shrinks while read is a
+    ValueError, not a memory-mapped read's SIGBUS). A malformed file, a tensor of a dtype
+    outside :data:`SAFETENSORS_DTYPES` (FP8, ...) or of more than 64 dimensions, and a file
+    replaced or changed before the last one is read (tensors of two versions) are ValueErrors
+    naming the file (and the tensor); a path that is not a str or ``os.PathLike`` of str is a
+    TypeError."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
@@ -425,111 +431,69 @@ def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     out: dict[str, np.ndarray] = {}
+    versions = {}
     for path in paths:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
         if not os.path.isfile(path):
             raise ValueError(f"no safetensors file at {os.fspath(path)!r}")
-        for name, array in _read_safetensors_file(os.fspath(path), prefix).items():
+        tensors, versions[os.fspath(path)] = _read_safetensors_file(os.fspath(path), prefix)
+        for name, array in tensors.items():
             if name in out:
                 raise ValueError(f"{prefix}{name} appears in more than one of the files {paths}")
             out[name] = array
+    check_unchanged(versions)
     return out
 
 
-def _read_safetensors_file(path: str, prefix: str) -> dict[str, np.ndarray]:
-    """One file's tensors under ``prefix`` (cut off), every header entry checked first."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        header, data_start = _safetensors_header(handle, path, size)
-        wanted = {key: entry for key, entry in header.items() if key.startswith(prefix)}
-        out = {}
-        for key, (dtype, shape, begin, end) in wanted.items():
-            buffer = bytearray(end - begin)
-            handle.seek(data_start + begin)
-            if handle.readinto(buffer) != len(buffer):
-                raise ValueError(
-                    f"{path}: tensor {key} could not be read whole (the file is shorter than "
-                    "its header says: truncated, or changed while reading)"
-                )
-            out[key[len(prefix) :]] = np.frombuffer(buffer, dtype).reshape(shape)
-    return out
-
-
-def _safetensors_header(handle, path: str, size: int):
-    """``({name: (dtype, shape, begin, end)}, data_start)`` of an open safetensors file of
-    ``size`` bytes, or a ValueError naming the file (and the tensor)."""
-    if size < 8:
-        raise ValueError(f"{path}: not a safetensors file ({size} bytes, no 8-byte header size)")
-    length = int.from_bytes(handle.read(8), "little")
-    if length > min(size - 8, MAX_HEADER_BYTES):
-        raise ValueError(
-            f"{path}: safetensors header size {length} exceeds the file ({size} bytes) or "
-            f"the {MAX_HEADER_BYTES}-byte limit"
-        )
-    try:
-        raw = json.loads(handle.read(length).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"{path}: safetensors header is not JSON ({error})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: safetensors header must be a JSON object")
-    data_size = size - 8 - length
-    entries = {
-        key: _header_entry(path, key, entry, data_size)
-        for key, entry in raw.items()
-        if key != "__metadata__"
-    }
-    _check_tiling(path, entries, data_size)
-    return entries, 8 + length
-
-
-def _check_tiling(path: str, entries: dict, data_size: int) -> None:
-    """The tensors' byte ranges must tile the data buffer exactly, as the format requires: a
-    corrupted offset (an overlap or a gap) would otherwise read another tensor's bytes."""
-    position = 0
-    for key, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
-        if begin != position:
+def check_unchanged(versions: dict[str, tuple]) -> None:
+    """Refuse, naming the file, when a file of ``versions`` (path -> :func:`file_version` when
+    it was read) is now another version: a load would mix the two."""
+    for path, version in versions.items():
+        if not os.path.exists(path) or file_version(os.stat(path)) != version:
             raise ValueError(
-                f"{path}: tensor {key} starts at data byte {begin}, expected {position} (the "
-                "tensors must tile the data without gaps or overlaps)"
+                f"{path}: the file changed while the checkpoint was read (replaced or "
+                "rewritten): its tensors may be of two versions; read it again"
             )
-        position = end
-    if position != data_size:
-        raise ValueError(
-            f"{path}: the tensors cover {position} of the file's {data_size} data bytes"
-        )
 
 
-def _header_entry(path: str, key: str, entry, data_size: int):
-    """One header entry as ``(dtype, shape, begin, end)``, checked against the data size."""
-    where = f"{path}: tensor {key}"
-    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
-        raise ValueError(f"{where}: header entry must hold dtype, shape and data_offsets")
-    name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(name, str) or name not in SAFETENSORS_DTYPES:
+def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray], tuple]:
+    """One file's tensors under ``prefix`` (cut off), and the file's :func:`file_version`."""
+    with open(path, "rb") as handle:
+        version = file_version(os.fstat(handle.fileno()))
+        try:
+            with safetensors.safe_open(path, framework="numpy") as checked:
+                names = [name for name in checked.keys() if name.startswith(prefix)]
+            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        except Exception as error:  # safetensors' SafetensorError and what it lets through
+            raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
+        check_unchanged({path: version})  # the file checked is the file open
+        start = handle.tell()
+        out = {name[len(prefix) :]: _read_tensor(handle, path, name, header[name], start)
+               for name in names}  # fmt: skip
+        check_unchanged({path: version})
+    return out, version
+
+
+def _read_tensor(handle, path: str, name: str, entry: dict, start: int) -> np.ndarray:
+    """One tensor of a checked header ``entry`` read from ``handle`` (data from ``start``)."""
+    where = f"{path}: tensor {name}"
+    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in SAFETENSORS_DTYPES:
         raise ValueError(
-            f"{where}: dtype {name!r} is not supported (supported: "
+            f"{where}: dtype {dtype!r} is not supported (supported: "
             f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
         )
-    ints = lambda xs: (
-        isinstance(xs, list)
-        and all(  # noqa: E731
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs
-        )
-    )
-    if not ints(shape) or not ints(offsets) or len(offsets) != 2:
+    if len(shape) > 64:
+        raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
+    buffer = bytearray(end - begin)
+    handle.seek(start + begin)
+    if handle.readinto(buffer) != len(buffer):
         raise ValueError(
-            f"{where}: shape must be a list of ints >= 0 and data_offsets two ints >= 0, got "
-            f"shape {shape!r}, data_offsets {offsets!r}"
+            f"{where} could not be read whole (the file is shorter than its header says: "
+            "truncated, or changed while reading)"
         )
-    begin, end = offsets
-    dtype = SAFETENSORS_DTYPES[name]
-    if not begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
-        raise ValueError(
-            f"{where}: data_offsets {offsets} do not fit a {name} tensor of shape {shape} in "
-            f"the file's {data_size} data bytes"
-        )
-    return dtype, tuple(shape), begin, end
+    return np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(shape)
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
