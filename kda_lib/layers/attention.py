@@ -20,6 +20,7 @@ from flax import nnx
 
 from kda_lib.checks import check_array, check_int, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions
+from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
@@ -110,6 +111,14 @@ class AttentionCache(NamedTuple):
         return self.keys.shape[1] if self.length is None else self.length
 
 
+_WIDTHS = (
+    "hidden_size",
+    "num_heads",
+    "head_dim",
+    "value_head_dim",
+)  # blamed (the largest) when the parameters cannot fit
+
+
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal softmax attention: the quadratic baseline.
 
@@ -121,6 +130,12 @@ class CausalSelfAttention(nnx.Module):
     """
 
     def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
+        check_parameters_fit(
+            lambda: CausalSelfAttention(config, rngs=nnx.Rngs(0)),
+            "CausalSelfAttention",
+            config,
+            _WIDTHS,
+        )
         self.config = config
         self.rope = config.rope
         self.short_conv = config.short_conv

@@ -24,7 +24,7 @@ from flax import nnx
 
 from kda_lib.checks import check_int, check_number, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions
-from kda_lib.layers.params import NO_DECAY, no_decay_param
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
 from kda_lib.ops.scalar_decay import scalar_decay_chunked, scalar_decay_recurrent
@@ -69,10 +69,21 @@ class Mamba2Cache(NamedTuple):
     v_conv: jax.Array | None  # [B, W-1, H*V]
 
 
+_WIDTHS = (
+    "hidden_size",
+    "num_heads",
+    "head_dim",
+    "value_head_dim",
+)  # blamed (the largest) when the parameters cannot fit
+
+
 class Mamba2Mixer(nnx.Module):
     """``layer(x [B, T, hidden]) -> [B, T, hidden]``; ``layer(x, cache=c) -> (y, new_cache)``."""
 
     def __init__(self, config: Mamba2Config, *, rngs: nnx.Rngs):
+        check_parameters_fit(
+            lambda: Mamba2Mixer(config, rngs=nnx.Rngs(0)), "Mamba2Mixer", config, _WIDTHS
+        )
         cfg = self.config = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
         linear = dict(use_bias=False, rngs=rngs)

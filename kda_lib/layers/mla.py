@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_array, check_int
-from kda_lib.layers.params import NO_DECAY
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
@@ -128,6 +128,17 @@ class MLACache(NamedTuple):
         return self.latents.shape[1] if self.length is None else self.length
 
 
+_WIDTHS = (
+    "hidden_size",
+    "num_heads",
+    "head_dim",
+    "value_head_dim",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "shared_key_dim",
+)  # blamed (the largest) when the parameters cannot fit
+
+
 class MultiHeadLatentAttention(nnx.Module):
     """Causal MLA without positional encoding; ``mla(x)`` maps ``[B, T, hidden]`` to itself.
 
@@ -136,6 +147,12 @@ class MultiHeadLatentAttention(nnx.Module):
     """
 
     def __init__(self, config: MLAConfig, *, rngs: nnx.Rngs):
+        check_parameters_fit(
+            lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)),
+            "MultiHeadLatentAttention",
+            config,
+            _WIDTHS,
+        )
         cfg = config
         self.config = cfg
         h, hidden = cfg.num_heads, cfg.hidden_size
