@@ -1,48 +1,28 @@
 """Checkpoints of other code read into (and written from) a :class:`kda_lib.KimiDeltaAttention`.
 
-One table, :func:`state_dict_names`, says for each naming which tensor holds which parameter of
-the layer, in which layout; loading (:func:`load_state_dict`), exporting
-(:func:`export_state_dict`) and the safetensors reader all go through it. Namings:
+One table, :func:`_entries`, says for each naming which tensor holds which layer parameter, in
+which layout; :func:`state_dict_names`, :func:`load_state_dict` and :func:`export_state_dict`
+all read it. Namings:
 
-* ``"fla"``: fla's ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``q_proj.weight``,
-  ``q_conv1d.weight``, ``f_proj.0.weight``, ``A_log [HV]``, ``g_proj.1.bias``, ...). fla's
-  grouped value heads (``num_v_heads``) use the same names with HV-sized shapes.
-* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint
-  (``moonshotai/Kimi-Linear-48B-A3B-Instruct``), whose KDA layers sit at
-  ``model.layers.N.self_attn.*``: ``q_proj``, ``k_proj``, ``v_proj``, ``q_conv1d``,
-  ``k_conv1d``, ``v_conv1d``, ``f_a_proj``, ``f_b_proj``, ``b_proj``, ``g_a_proj``, ``g_b_proj``
-  and ``o_proj`` (``.weight``, no biases), ``A_log [1, 1, H, 1]``, ``dt_bias [H K]`` and
-  ``o_norm.weight [K]``. Source: ``modeling_kimi.py`` at revision 6e163f3, as copied into
-  axolotl-ai-cloud/axolotl ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
-  1e4d015475e3f5d48e6fb5517484f0bfd08b96bd (``KimiDecoderLayer.self_attn`` is a
-  ``KimiDeltaAttention``; ``KimiLinearForCausalLM.model.layers`` holds the decoder layers).
-* ``"transformers"``: the same checkpoint as the Kimi Linear implementation inside the
-  transformers library names its parameters (``KimiLinearDeltaAttention`` in
-  huggingface/transformers ``src/transformers/models/kimi_linear/modeling_kimi_linear.py`` @
-  c1a44bc9cde33bee2282b77e2b9638550a8d4c80, same ``model.layers.N.self_attn.`` prefix):
-  ``q_proj``, ``k_proj``, ``v_proj``, ONE ``conv1d [2HK + HV V, 1, W]`` over
-  ``concat(q, k, v)`` (split into the three convs of an unfused layer, or read as it is into
-  a ``fused_qkv_conv`` layer), ``forget_gate_down`` / ``forget_gate_up`` (the remote code's
-  ``f_a_proj`` / ``f_b_proj``), ``beta_proj`` (``b_proj``), ``output_gate_down`` /
-  ``output_gate_up`` (``g_a_proj`` / ``g_b_proj``; ``output_gate`` when full rank, as in a
-  version of the file with Kimi K3's options @ 016bd12cbf941618d91c303ba44f7ca9d4f3f4da),
-  ``A_log [HV, 1]``,
-  ``dt_bias [HV, V]``, ``o_norm.weight``, ``o_proj``. The library converts the remote-code
-  checkpoint to these names when it loads it (``conversion_mapping.py``'s ``kimi_linear``
-  entry, PR #48250; that table itself is not in the stored sources, only the model it
-  produces, so the conversion is inferred from the model's names and shapes).
+* ``"fla"``: ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``q_proj.weight``,
+  ``q_conv1d.weight``, ``f_proj.0.weight``, ``A_log [HV]``, ``g_proj.1.bias``, ...).
+* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint (``modeling_kimi.py`` @
+  6e163f3, copied in axolotl-ai-cloud/axolotl @ 1e4d015475e3f5d48e6fb5517484f0bfd08b96bd),
+  layers at ``model.layers.N.self_attn.*``: ``f_a_proj``/``f_b_proj``,
+  ``g_a_proj``/``g_b_proj`` (or ``g_proj`` full rank), ``b_proj``, three ``*_conv1d``,
+  ``A_log [1, 1, H, 1]``, ``dt_bias [H K]``, ``o_norm.weight [K]``, no biases.
+* ``"transformers"``: the same checkpoint as the transformers library's
+  ``KimiLinearDeltaAttention`` names it (``modeling_kimi_linear.py`` @
+  c1a44bc9cde33bee2282b77e2b9638550a8d4c80; ``output_gate`` @
+  016bd12cbf941618d91c303ba44f7ca9d4f3f4da): ONE ``conv1d [2HK + HV V, 1, W]`` over
+  ``concat(q, k, v)`` (split for an unfused layer), ``forget_gate_down``/``_up``,
+  ``beta_proj``, ``output_gate_down``/``_up`` (or ``output_gate``), ``A_log [HV, 1]``,
+  ``dt_bias [HV, V]``.
 
-The MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names
-in both Kimi Linear namings (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
-``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
-:func:`kda_lib.models.presets.load_kimi_linear_checkpoint` reads a whole checkpoint directory
-(``config.json`` via ``ModelPreset.from_hf_config``, then every attention layer).
-
-Layouts: a linear weight is PyTorch's ``[out, in]`` (the layer's kernel is ``[in, out]``); a
-conv weight is PyTorch's depthwise ``[C, 1, W]`` (the layer's ``[W, C]``, same tap order, see
-:mod:`kda_lib.layers.conv`). Loading is all or nothing: every name, shape and value is checked
-before
-the first parameter is written, and a bad checkpoint raises ValueError naming the tensor.
+MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names in
+both Kimi Linear namings. Layouts: a linear weight is PyTorch's ``[out, in]`` (the kernel's
+``[in, out]``), a conv weight ``[C, 1, W]`` (the layer's ``[W, C]``). Loading is all or
+nothing: every name, shape and value is checked before the first parameter is written.
 """
 
 from __future__ import annotations
@@ -90,38 +70,33 @@ def _conv_to_checkpoint(kernel):
     return np.asarray(kernel).T[:, None, :]  # [W, C] -> torch's [C, 1, W]
 
 
-def _a_log_from_kimi(a_log):
-    """Kimi Linear stores ``A_log`` as ``[1, 1, H, 1]`` (it broadcasts over ``[B, T, H, K]``)."""
-    a_log = np.asarray(a_log)
-    if a_log.ndim != 4 or a_log.shape[:2] != (1, 1) or a_log.shape[3] != 1:
-        raise ValueError(f"expected Kimi Linear's A_log layout [1, 1, H, 1], got {a_log.shape}")
-    return a_log.reshape(-1)
-
-
-def _a_log_to_kimi(a_log):
-    return np.asarray(a_log).reshape(1, 1, -1, 1)
-
-
-def _a_log_from_transformers(a_log):
-    """The transformers implementation stores ``A_log`` as ``[HV, 1]``."""
-    a_log = np.asarray(a_log)
-    if a_log.ndim != 2 or a_log.shape[1] != 1:
-        raise ValueError(f"expected the transformers A_log layout [HV, 1], got {a_log.shape}")
-    return a_log.reshape(-1)
-
-
-def _per_head(heads: int):
-    """``dt_bias``'s transformers layout ``[HV, channels]`` from and to the layer's flat one."""
+def _reshaped(layout: str, fits, checkpoint_shape) -> dict:
+    """A parameter the checkpoint stores reshaped (the layer's is flat): ``fits(shape)`` says
+    whether a checkpoint tensor's shape is ``layout``."""
 
     def to_layer(w):
         w = np.asarray(w)
-        if w.ndim != 2 or w.shape[0] != heads:
-            raise ValueError(
-                f"expected the transformers layout [HV={heads}, channels], got {w.shape}"
-            )
+        if not fits(w.shape):
+            raise ValueError(f"expected {layout}, got {w.shape}")
         return w.reshape(-1)
 
-    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(heads, -1))
+    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(checkpoint_shape))
+
+
+_KIMI_A_LOG = _reshaped(  # it broadcasts over [B, T, H, K]
+    "Kimi Linear's A_log layout [1, 1, H, 1]",
+    lambda s: len(s) == 4 and s[:2] == (1, 1) and s[3] == 1,
+    (1, 1, -1, 1),
+)
+_TRANSFORMERS_A_LOG = _reshaped(
+    "the transformers A_log layout [HV, 1]", lambda s: len(s) == 2 and s[1] == 1, (-1, 1)
+)
+
+
+def _per_head(heads: int) -> dict:
+    """``dt_bias``'s transformers layout ``[HV, channels]``."""
+    layout = f"the transformers layout [HV={heads}, channels]"
+    return _reshaped(layout, lambda s: len(s) == 2 and s[0] == heads, (heads, -1))
 
 
 _LINEAR = dict(to_layer=_transpose, to_checkpoint=_transpose)
@@ -176,14 +151,8 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
         entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
     if layer.A_log is not None:
-        if naming == "kimi_linear":
-            entries["A_log"] = _entry(layer.A_log, _a_log_from_kimi, _a_log_to_kimi)
-        elif hf:
-            entries["A_log"] = _entry(
-                layer.A_log, _a_log_from_transformers, lambda w: np.asarray(w).reshape(-1, 1)
-            )
-        else:
-            entries["A_log"] = _entry(layer.A_log, **_SAME)
+        layout = {"kimi_linear": _KIMI_A_LOG, "transformers": _TRANSFORMERS_A_LOG}
+        entries["A_log"] = _entry(layer.A_log, **layout.get(naming, _SAME))
     dt_bias = _per_head(cfg.value_heads) if hf else _SAME
     entries["dt_bias"] = _entry(layer.dt_bias, **dt_bias)
     entries["o_norm.weight"] = _entry(layer.o_norm, **_SAME)
@@ -391,17 +360,9 @@ def kimi_linear_prefix(layer_index: int) -> str:
 
 # safetensors dtypes kda_lib reads (little-endian); any other (FP8, complex, bool, ...) is
 # refused by name
-SAFETENSORS_DTYPES = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(jnp.bfloat16),
-    "I64": np.dtype("<i8"),
-    "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"),
-    "U8": np.dtype("u1"),
-}
+_DTYPES = dict(F64="<f8", F32="<f4", F16="<f2", BF16=jnp.bfloat16, I64="<i8", I32="<i4",
+               I16="<i2", I8="i1", U8="u1")  # fmt: skip
+SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in _DTYPES.items()}
 
 
 def file_version(stat) -> tuple[int, int, int]:
@@ -410,16 +371,14 @@ def file_version(stat) -> tuple[int, int, int]:
 
 
 def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
-    """The tensors whose names start with ``prefix`` from one or several ``.safetensors``
-    files (a checkpoint's shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
+    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a checkpoint's
+    shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
 
-    ``safetensors.safe_open`` checks each file (header, offsets, sizes); only the wanted
-    tensors are then read, with ordinary reads (a file that shrinks while read is a
-    ValueError, not a memory-mapped read's SIGBUS). A malformed file, a tensor of a dtype
-    outside :data:`SAFETENSORS_DTYPES` (FP8, ...) or of more than 64 dimensions, and a file
-    replaced or changed before the last one is read (tensors of two versions) are ValueErrors
-    naming the file (and the tensor); a path that is not a str or ``os.PathLike`` of str is a
-    TypeError."""
+    ``safetensors.safe_open`` checks each file; only the wanted tensors are read, with
+    ordinary reads (a file that shrinks is a ValueError, not a memory map's SIGBUS). A
+    malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64 dimensions, or a
+    file changed before the last one is read are ValueErrors naming the file (and tensor); a
+    path that is not a str or ``os.PathLike`` of str is a TypeError."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):

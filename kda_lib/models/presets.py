@@ -13,6 +13,8 @@ layer of a checkpoint directory. Each preset's ``source`` cites repository, path
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import os
 from typing import NamedTuple
 
@@ -181,15 +183,14 @@ class ModelPreset:
 
     # ------------------------------------------------------------ the published layer
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...):
-        :meth:`kda_lib.KDAConfig.parameter_shapes`, the one formula for them, of this
-        preset's widths (see :meth:`_kda_widths`)."""
-        return self._kda_widths().parameter_shapes()
+        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``,
+        ``"f_proj.layers.0.kernel"``, ...): ``nnx.eval_shape`` of the layer at this preset's
+        widths (see :meth:`_kda_widths`; nothing is allocated)."""
+        return dict(_parameter_shapes(self._kda_widths()))
 
     def kda_parameter_count(self) -> int:
-        """Scalars in one published KDA layer: :meth:`kda_lib.KDAConfig.parameter_count` of
-        this preset's widths (see :meth:`_kda_widths`)."""
-        return self._kda_widths().parameter_count()
+        """Scalars in one published KDA layer (the sum over :meth:`kda_parameter_shapes`)."""
+        return sum(math.prod(shape) for shape in self.kda_parameter_shapes().values())
 
     def _kda_widths(self) -> KDAConfig:
         """A :class:`kda_lib.KDAConfig` with this preset's widths, for its parameter shapes.
@@ -266,6 +267,13 @@ class ModelPreset:
             )
         fields = {k: v for k, v in shared_fields(m, MLAConfig).items() if v is not None}
         return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
+
+
+@functools.lru_cache(maxsize=32)
+def _parameter_shapes(config: KDAConfig) -> dict[str, tuple[int, ...]]:
+    layer = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+    flat = nnx.state(layer, nnx.Param).flat_state()
+    return {".".join(map(str, path)): tuple(variable.shape) for path, variable in flat}
 
 
 def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
