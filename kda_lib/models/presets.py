@@ -31,22 +31,18 @@ from kda_lib.layers.checkpoints import (
 )
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+from kda_lib.layers.params import parameter_count
 from kda_lib.models import hf_config
 from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
-    """A published MLA layer's widths, named as :class:`kda_lib.layers.mla.MLAConfig` names
-    them (the sources use DeepSeek-V2's names: ``qk_nope_head_dim`` is ``head_dim``,
-    ``v_head_dim`` is ``value_head_dim``, ``qk_rope_head_dim`` is ``shared_key_dim``).
-
-    ``output_gate``: the layer gates its output (Kimi K3's ``mla_use_output_gate``: MaxText's
-    ``attention_mla.py`` adds ``g_a_proj [d, output_gate_rank]``, ``g_b_proj
-    [output_gate_rank, H Dv]`` and an ``o_norm [Dv]``), which
-    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` does not have. ``norm_eps``: epsilon
-    of the latent RMSNorm (None: not given by the source; MLAConfig's default is used).
-    """
+    """A published MLA layer's widths in :class:`kda_lib.layers.mla.MLAConfig`'s names
+    (DeepSeek-V2's ``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim`` are ``head_dim``,
+    ``value_head_dim``, ``shared_key_dim``). ``output_gate`` (Kimi K3's ``mla_use_output_gate``,
+    of rank ``output_gate_rank``, None: full rank) is not in
+    :class:`~kda_lib.layers.mla.MultiHeadLatentAttention`; ``norm_eps`` None: MLAConfig's."""
 
     num_heads: int
     head_dim: int
@@ -71,30 +67,13 @@ class MLAShape:
 class ModelPreset:
     """A published model: its KDA layer, layer pattern and (where known) MLA layer.
 
-    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and order (widths, conv, gate,
-    output); :meth:`kda_config` copies them.
-
-    Attributes:
-      name: the model.
-      hidden_size, num_heads, head_dim: the KDA layer's width d, H and K (= V).
-      num_v_heads: value heads (grouped value heads when more than ``num_heads``).
-      conv_size: short-conv width W.
-      fused_qkv_conv: q, k and v share one depthwise conv over their concatenation (one
-        tensor; the same function as three convs, another checkpoint layout).
-      gate_form: a :class:`kda_lib.ops.gating.GateForm` (or its string): how ``lower_bound``
-        applies (``"softplus"``: no bound; ``"safe_sigmoid"``: ``lower_bound *
-        sigmoid(exp(A_log) (f + dt_bias))``, this repository's safe gate;
-        ``"clamped_softplus"``: ``max(-exp(A_log) softplus(f + dt_bias), lower_bound)``).
-      lower_bound: None = softplus gate; a float = the gate's lower bound.
-      use_a_log: the gate has a learned per-head ``A_log``.
-      forget_gate_rank, output_gate_rank: rank of the low-rank forget / output gate
-        projections; None = one full-rank projection.
-      output_gate_bias: the output gate's last projection has a bias.
-      norm_eps: the output RMSNorm's epsilon.
-      layer_kinds: per layer, ``"kda"`` or ``"mla"`` (the global attention layer).
-      mla: the global layer's widths, or None where the source does not give them.
-      source: where the numbers come from (repository, path, commit).
-      notes: what the source leaves open, or where it differs from other descriptions.
+    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and meanings (``hidden_size`` d,
+    ``num_heads`` H, ``head_dim`` K = V, ``num_v_heads``, ``conv_size`` W, ``fused_qkv_conv``,
+    ``gate_form`` with ``lower_bound`` (None: the softplus gate), ``use_a_log``, the gate
+    ranks (None: full rank), ``output_gate_bias``, ``norm_eps``); :meth:`kda_config` copies
+    them. ``layer_kinds``: per layer ``"kda"`` or ``"mla"`` (the global attention layer);
+    ``mla``: its widths, or None where the source gives none; ``source``: repository, path
+    and commit of the numbers; ``notes``: what the source leaves open or where sources differ.
     """
 
     name: str
@@ -200,23 +179,16 @@ class ModelPreset:
         return KDAConfig(**{**shared_fields(self, KDAConfig), **gate})
 
     def mla_parameter_count(self) -> int:
-        """Scalars in one published MLA layer: q (full, or low rank with its norm), latent
-        down-projection with the shared key part, latent norm, up-projection, output, and the
-        output gate with its norm where the layer has one."""
+        """Scalars in one published MLA layer: ``nnx.eval_shape`` of the layer at its widths,
+        plus the output gate it lacks where the model has one (``g_a_proj [d, r]``,
+        ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
         m = self._mla_or_raise()
-        d, h = self.hidden_size, m.num_heads
-        qk = m.head_dim + m.shared_key_dim
-        if m.q_lora_rank is None:
-            q = d * h * qk
-        else:
-            q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * h * qk
-        down = d * (m.kv_lora_rank + m.shared_key_dim) + m.kv_lora_rank
-        up = m.kv_lora_rank * h * (m.head_dim + m.value_head_dim)
-        gate = 0
+        ungated = {f: v for f, v in shared_fields(m, MLAConfig).items() if v is not None}
+        count = _mla_parameter_count(MLAConfig(hidden_size=self.hidden_size, **ungated))
+        d, r, hv = self.hidden_size, m.output_gate_rank, m.num_heads * m.value_head_dim
         if m.output_gate:
-            rank = m.output_gate_rank
-            gate = d * rank + rank * h * m.value_head_dim + m.value_head_dim
-        return q + down + up + h * m.value_head_dim * d + gate
+            count += d * hv if r is None else d * r + r * hv + m.value_head_dim
+        return count
 
     # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
@@ -274,6 +246,13 @@ def _parameter_shapes(config: KDAConfig) -> dict[str, tuple[int, ...]]:
     layer = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
     flat = nnx.state(layer, nnx.Param).flat_state()
     return {".".join(map(str, path)): tuple(variable.shape) for path, variable in flat}
+
+
+@functools.lru_cache(maxsize=32)
+def _mla_parameter_count(config: MLAConfig) -> int:
+    return parameter_count(
+        nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
+    )
 
 
 def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
@@ -390,22 +369,14 @@ class KimiLinearCheckpoint(NamedTuple):
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
     """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
-    ``*.safetensors`` shards), built as the config describes and loaded, all or nothing per
-    layer.
+    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config
+    and loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), with real
+    parameters: at the published size, the whole attention stack in memory.
 
-    The config is read with :meth:`ModelPreset.from_hf_config` (a config
-    it cannot represent is refused naming the field); each layer's tensors are read from
-    ``model.layers.N.self_attn.`` (``N`` 0-based) in ``naming``: ``"kimi_linear"`` (the
-    remote code's names), ``"transformers"`` (the transformers library's), or ``"auto"``
-    (told from the first KDA layer's names,
-    :func:`kda_lib.layers.checkpoints.detect_kimi_linear_naming`). MLA tensors
-    have the same names in both. The layers are built with real parameters (``nnx.Rngs(0)``,
-    then overwritten): at the published size this is the whole attention stack in memory.
-    ``overrides`` go to both configs (``dtype``, ``param_dtype``; ``implementation`` is a
-    KDAConfig field only and is not accepted here).
-
-    Returns:
-      :class:`KimiLinearCheckpoint`.
+    ``naming``: ``"kimi_linear"`` (the remote code's names), ``"transformers"``, or ``"auto"``
+    (told from the first KDA layer's names). ``overrides`` go to both configs (``dtype``,
+    ``param_dtype``). A shard replaced during the load (layers of two versions) is refused
+    naming it. Returns a :class:`KimiLinearCheckpoint`.
     """
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
