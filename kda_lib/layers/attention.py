@@ -111,14 +111,6 @@ class AttentionCache(NamedTuple):
         return self.keys.shape[1] if self.length is None else self.length
 
 
-_WIDTHS = (
-    "hidden_size",
-    "num_heads",
-    "head_dim",
-    "value_head_dim",
-)  # blamed (the largest) when the parameters cannot fit
-
-
 class CausalSelfAttention(nnx.Module):
     """Multi-head causal softmax attention: the quadratic baseline.
 
@@ -130,12 +122,7 @@ class CausalSelfAttention(nnx.Module):
     """
 
     def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
-        check_parameters_fit(
-            lambda: CausalSelfAttention(config, rngs=nnx.Rngs(0)),
-            "CausalSelfAttention",
-            config,
-            _WIDTHS,
-        )
+        check_parameters_fit(CausalSelfAttention, config)
         self.config = config
         self.rope = config.rope
         self.short_conv = config.short_conv

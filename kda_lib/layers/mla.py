@@ -128,17 +128,6 @@ class MLACache(NamedTuple):
         return self.latents.shape[1] if self.length is None else self.length
 
 
-_WIDTHS = (
-    "hidden_size",
-    "num_heads",
-    "head_dim",
-    "value_head_dim",
-    "kv_lora_rank",
-    "q_lora_rank",
-    "shared_key_dim",
-)  # blamed (the largest) when the parameters cannot fit
-
-
 class MultiHeadLatentAttention(nnx.Module):
     """Causal MLA without positional encoding; ``mla(x)`` maps ``[B, T, hidden]`` to itself.
 
@@ -147,12 +136,7 @@ class MultiHeadLatentAttention(nnx.Module):
     """
 
     def __init__(self, config: MLAConfig, *, rngs: nnx.Rngs):
-        check_parameters_fit(
-            lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)),
-            "MultiHeadLatentAttention",
-            config,
-            _WIDTHS,
-        )
+        check_parameters_fit(MultiHeadLatentAttention, config)
         cfg = config
         self.config = cfg
         h, hidden = cfg.num_heads, cfg.hidden_size

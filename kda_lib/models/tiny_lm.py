@@ -406,9 +406,9 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
-def _vocabulary_ends(config: ModelConfig) -> nnx.List:
+def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
     """The embedding and the head alone (their shapes, for :func:`check_parameters_fit`)."""
-    v, d, rngs = config.vocab_size, config.hidden_size, nnx.Rngs(0)
+    v, d = config.vocab_size, config.hidden_size
     return nnx.List([nnx.Embed(v, d, rngs=rngs), nnx.Linear(d, v, use_bias=False, rngs=rngs)])
 
 
@@ -428,8 +428,7 @@ class TinyLM(nnx.Module):
         self.config = config
         # the vocabulary's parameters (embedding and head) fit, or vocab_size is refused; the
         # mixers check their own
-        check_parameters_fit(lambda: _vocabulary_ends(config), "TinyLM's embedding and head",
-                             config, ("vocab_size",))  # fmt: skip
+        check_parameters_fit(_vocabulary_ends, config, "TinyLM's embedding and head")
         self.embed = nnx.Embed(
             config.vocab_size, config.hidden_size, embedding_metadata=NO_DECAY, rngs=rngs
         )
