@@ -20,6 +20,7 @@ from flax import nnx
 
 from kda_lib.checks import check_array, check_int, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions
+from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
@@ -121,6 +122,7 @@ class CausalSelfAttention(nnx.Module):
     """
 
     def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
+        check_parameters_fit(CausalSelfAttention, config)
         self.config = config
         self.rope = config.rope
         self.short_conv = config.short_conv

@@ -1,60 +1,40 @@
 """Checkpoints of other code read into (and written from) a :class:`kda_lib.KimiDeltaAttention`.
 
-One table, :func:`state_dict_names`, says for each naming which tensor holds which parameter of
-the layer, in which layout; loading (:func:`load_state_dict`), exporting
-(:func:`export_state_dict`) and the safetensors reader all go through it. Namings:
+One table, :func:`_entries`, says for each naming which tensor holds which layer parameter, in
+which layout; :func:`state_dict_names`, :func:`load_state_dict` and :func:`export_state_dict`
+all read it. Namings:
 
-* ``"fla"``: fla's ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``q_proj.weight``,
-  ``q_conv1d.weight``, ``f_proj.0.weight``, ``A_log [HV]``, ``g_proj.1.bias``, ...). fla's
-  grouped value heads (``num_v_heads``) use the same names with HV-sized shapes.
-* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint
-  (``moonshotai/Kimi-Linear-48B-A3B-Instruct``), whose KDA layers sit at
-  ``model.layers.N.self_attn.*``: ``q_proj``, ``k_proj``, ``v_proj``, ``q_conv1d``,
-  ``k_conv1d``, ``v_conv1d``, ``f_a_proj``, ``f_b_proj``, ``b_proj``, ``g_a_proj``, ``g_b_proj``
-  and ``o_proj`` (``.weight``, no biases), ``A_log [1, 1, H, 1]``, ``dt_bias [H K]`` and
-  ``o_norm.weight [K]``. Source: ``modeling_kimi.py`` at revision 6e163f3, as copied into
-  axolotl-ai-cloud/axolotl ``src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py`` @
-  1e4d015475e3f5d48e6fb5517484f0bfd08b96bd (``KimiDecoderLayer.self_attn`` is a
-  ``KimiDeltaAttention``; ``KimiLinearForCausalLM.model.layers`` holds the decoder layers).
-* ``"transformers"``: the same checkpoint as the Kimi Linear implementation inside the
-  transformers library names its parameters (``KimiLinearDeltaAttention`` in
-  huggingface/transformers ``src/transformers/models/kimi_linear/modeling_kimi_linear.py`` @
-  c1a44bc9cde33bee2282b77e2b9638550a8d4c80, same ``model.layers.N.self_attn.`` prefix):
-  ``q_proj``, ``k_proj``, ``v_proj``, ONE ``conv1d [2HK + HV V, 1, W]`` over
-  ``concat(q, k, v)`` (split into the three convs of an unfused layer, or read as it is into
-  a ``fused_qkv_conv`` layer), ``forget_gate_down`` / ``forget_gate_up`` (the remote code's
-  ``f_a_proj`` / ``f_b_proj``), ``beta_proj`` (``b_proj``), ``output_gate_down`` /
-  ``output_gate_up`` (``g_a_proj`` / ``g_b_proj``; ``output_gate`` when full rank, as in a
-  version of the file with Kimi K3's options @ 016bd12cbf941618d91c303ba44f7ca9d4f3f4da),
-  ``A_log [HV, 1]``,
-  ``dt_bias [HV, V]``, ``o_norm.weight``, ``o_proj``. The library converts the remote-code
-  checkpoint to these names when it loads it (``conversion_mapping.py``'s ``kimi_linear``
-  entry, PR #48250; that table itself is not in the stored sources, only the model it
-  produces, so the conversion is inferred from the model's names and shapes).
+* ``"fla"``: ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``q_proj.weight``,
+  ``q_conv1d.weight``, ``f_proj.0.weight``, ``A_log [HV]``, ``g_proj.1.bias``, ...).
+* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint (``modeling_kimi.py`` @
+  6e163f3, copied in axolotl-ai-cloud/axolotl @ 1e4d015475e3f5d48e6fb5517484f0bfd08b96bd),
+  layers at ``model.layers.N.self_attn.*``: ``f_a_proj``/``f_b_proj``,
+  ``g_a_proj``/``g_b_proj`` (or ``g_proj`` full rank), ``b_proj``, three ``*_conv1d``,
+  ``A_log [1, 1, H, 1]``, ``dt_bias [H K]``, ``o_norm.weight [K]``, no biases.
+* ``"transformers"``: the same checkpoint as the transformers library's
+  ``KimiLinearDeltaAttention`` names it (``modeling_kimi_linear.py`` @
+  c1a44bc9cde33bee2282b77e2b9638550a8d4c80; ``output_gate`` @
+  016bd12cbf941618d91c303ba44f7ca9d4f3f4da): ONE ``conv1d [2HK + HV V, 1, W]`` over
+  ``concat(q, k, v)`` (split for an unfused layer), ``forget_gate_down``/``_up``,
+  ``beta_proj``, ``output_gate_down``/``_up`` (or ``output_gate``), ``A_log [HV, 1]``,
+  ``dt_bias [HV, V]``.
 
-The MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names
-in both Kimi Linear namings (``q_proj`` or ``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
-``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``).
-:func:`kda_lib.models.presets.load_kimi_linear_checkpoint` reads a whole checkpoint directory
-(``config.json`` via ``ModelPreset.from_hf_config``, then every attention layer).
-
-Layouts: a linear weight is PyTorch's ``[out, in]`` (the layer's kernel is ``[in, out]``); a
-conv weight is PyTorch's depthwise ``[C, 1, W]`` (the layer's ``[W, C]``, same tap order, see
-:mod:`kda_lib.layers.conv`). Loading is all or nothing: every name, shape and value is checked
-before
-the first parameter is written, and a bad checkpoint raises ValueError naming the tensor.
+MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names in
+both Kimi Linear namings. Layouts: a linear weight is PyTorch's ``[out, in]`` (the kernel's
+``[in, out]``), a conv weight ``[C, 1, W]`` (the layer's ``[W, C]``). Loading is all or
+nothing: every name, shape and value is checked before the first parameter is written.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
+import safetensors
 from flax import nnx
 
 from kda_lib.checks import check_int
@@ -90,38 +70,33 @@ def _conv_to_checkpoint(kernel):
     return np.asarray(kernel).T[:, None, :]  # [W, C] -> torch's [C, 1, W]
 
 
-def _a_log_from_kimi(a_log):
-    """Kimi Linear stores ``A_log`` as ``[1, 1, H, 1]`` (it broadcasts over ``[B, T, H, K]``)."""
-    a_log = np.asarray(a_log)
-    if a_log.ndim != 4 or a_log.shape[:2] != (1, 1) or a_log.shape[3] != 1:
-        raise ValueError(f"expected Kimi Linear's A_log layout [1, 1, H, 1], got {a_log.shape}")
-    return a_log.reshape(-1)
-
-
-def _a_log_to_kimi(a_log):
-    return np.asarray(a_log).reshape(1, 1, -1, 1)
-
-
-def _a_log_from_transformers(a_log):
-    """The transformers implementation stores ``A_log`` as ``[HV, 1]``."""
-    a_log = np.asarray(a_log)
-    if a_log.ndim != 2 or a_log.shape[1] != 1:
-        raise ValueError(f"expected the transformers A_log layout [HV, 1], got {a_log.shape}")
-    return a_log.reshape(-1)
-
-
-def _per_head(heads: int):
-    """``dt_bias``'s transformers layout ``[HV, channels]`` from and to the layer's flat one."""
+def _reshaped(layout: str, fits, checkpoint_shape) -> dict:
+    """A parameter the checkpoint stores reshaped (the layer's is flat): ``fits(shape)`` says
+    whether a checkpoint tensor's shape is ``layout``."""
 
     def to_layer(w):
         w = np.asarray(w)
-        if w.ndim != 2 or w.shape[0] != heads:
-            raise ValueError(
-                f"expected the transformers layout [HV={heads}, channels], got {w.shape}"
-            )
+        if not fits(w.shape):
+            raise ValueError(f"expected {layout}, got {w.shape}")
         return w.reshape(-1)
 
-    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(heads, -1))
+    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(checkpoint_shape))
+
+
+_KIMI_A_LOG = _reshaped(  # it broadcasts over [B, T, H, K]
+    "Kimi Linear's A_log layout [1, 1, H, 1]",
+    lambda s: len(s) == 4 and s[:2] == (1, 1) and s[3] == 1,
+    (1, 1, -1, 1),
+)
+_TRANSFORMERS_A_LOG = _reshaped(
+    "the transformers A_log layout [HV, 1]", lambda s: len(s) == 2 and s[1] == 1, (-1, 1)
+)
+
+
+def _per_head(heads: int) -> dict:
+    """``dt_bias``'s transformers layout ``[HV, channels]``."""
+    layout = f"the transformers layout [HV={heads}, channels]"
+    return _reshaped(layout, lambda s: len(s) == 2 and s[0] == heads, (heads, -1))
 
 
 _LINEAR = dict(to_layer=_transpose, to_checkpoint=_transpose)
@@ -176,14 +151,8 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
         entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
     if layer.A_log is not None:
-        if naming == "kimi_linear":
-            entries["A_log"] = _entry(layer.A_log, _a_log_from_kimi, _a_log_to_kimi)
-        elif hf:
-            entries["A_log"] = _entry(
-                layer.A_log, _a_log_from_transformers, lambda w: np.asarray(w).reshape(-1, 1)
-            )
-        else:
-            entries["A_log"] = _entry(layer.A_log, **_SAME)
+        layout = {"kimi_linear": _KIMI_A_LOG, "transformers": _TRANSFORMERS_A_LOG}
+        entries["A_log"] = _entry(layer.A_log, **layout.get(naming, _SAME))
     dt_bias = _per_head(cfg.value_heads) if hf else _SAME
     entries["dt_bias"] = _entry(layer.dt_bias, **dt_bias)
     entries["o_norm.weight"] = _entry(layer.o_norm, **_SAME)
@@ -391,29 +360,25 @@ def kimi_linear_prefix(layer_index: int) -> str:
 
 # safetensors dtypes kda_lib reads (little-endian); any other (FP8, complex, bool, ...) is
 # refused by name
-SAFETENSORS_DTYPES = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype(jnp.bfloat16),
-    "I64": np.dtype("<i8"),
-    "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"),
-    "U8": np.dtype("u1"),
-}
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+_DTYPES = dict(F64="<f8", F32="<f4", F16="<f2", BF16=jnp.bfloat16, I64="<i8", I32="<i4",
+               I16="<i2", I8="i1", U8="u1")  # fmt: skip
+SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in _DTYPES.items()}
+
+
+def file_version(stat) -> tuple[int, int, int]:
+    """What tells two versions of a file apart: inode, size, modification time."""
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
-    """The tensors whose names start with ``prefix`` from one or several ``.safetensors``
-    files (the shards of a checkpoint), with ``prefix`` cut off. Only those tensors are read
-    (a shard of a 48B checkpoint is not loaded whole); bfloat16 stays ml_dtypes' bfloat16.
+    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a checkpoint's
+    shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
 
-    Read with ordinary file reads, not memory-mapped: a file that shrinks while it is read is
-    a ValueError, not a SIGBUS. A malformed file (header, offsets, sizes) or a tensor of a dtype
-    outside :data:`SAFETENSORS_DTYPES` (FP8, ...) is a ValueError naming the file and the
-    tensor; a path that is not a str or ``os.PathLike`` of str is a TypeError."""
+    ``safetensors.safe_open`` checks each file; only the wanted tensors are read, with
+    ordinary reads (a file that shrinks is a ValueError, not a memory map's SIGBUS). A
+    malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64 dimensions, or a
+    file changed before the last one is read are ValueErrors naming the file (and tensor); a
+    path that is not a str or ``os.PathLike`` of str is a TypeError."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
@@ -425,111 +390,69 @@ def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     out: dict[str, np.ndarray] = {}
+    versions = {}
     for path in paths:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
         if not os.path.isfile(path):
             raise ValueError(f"no safetensors file at {os.fspath(path)!r}")
-        for name, array in _read_safetensors_file(os.fspath(path), prefix).items():
+        tensors, versions[os.fspath(path)] = _read_safetensors_file(os.fspath(path), prefix)
+        for name, array in tensors.items():
             if name in out:
                 raise ValueError(f"{prefix}{name} appears in more than one of the files {paths}")
             out[name] = array
+    check_unchanged(versions)
     return out
 
 
-def _read_safetensors_file(path: str, prefix: str) -> dict[str, np.ndarray]:
-    """One file's tensors under ``prefix`` (cut off), every header entry checked first."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        header, data_start = _safetensors_header(handle, path, size)
-        wanted = {key: entry for key, entry in header.items() if key.startswith(prefix)}
-        out = {}
-        for key, (dtype, shape, begin, end) in wanted.items():
-            buffer = bytearray(end - begin)
-            handle.seek(data_start + begin)
-            if handle.readinto(buffer) != len(buffer):
-                raise ValueError(
-                    f"{path}: tensor {key} could not be read whole (the file is shorter than "
-                    "its header says: truncated, or changed while reading)"
-                )
-            out[key[len(prefix) :]] = np.frombuffer(buffer, dtype).reshape(shape)
-    return out
-
-
-def _safetensors_header(handle, path: str, size: int):
-    """``({name: (dtype, shape, begin, end)}, data_start)`` of an open safetensors file of
-    ``size`` bytes, or a ValueError naming the file (and the tensor)."""
-    if size < 8:
-        raise ValueError(f"{path}: not a safetensors file ({size} bytes, no 8-byte header size)")
-    length = int.from_bytes(handle.read(8), "little")
-    if length > min(size - 8, MAX_HEADER_BYTES):
-        raise ValueError(
-            f"{path}: safetensors header size {length} exceeds the file ({size} bytes) or "
-            f"the {MAX_HEADER_BYTES}-byte limit"
-        )
-    try:
-        raw = json.loads(handle.read(length).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"{path}: safetensors header is not JSON ({error})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: safetensors header must be a JSON object")
-    data_size = size - 8 - length
-    entries = {
-        key: _header_entry(path, key, entry, data_size)
-        for key, entry in raw.items()
-        if key != "__metadata__"
-    }
-    _check_tiling(path, entries, data_size)
-    return entries, 8 + length
-
-
-def _check_tiling(path: str, entries: dict, data_size: int) -> None:
-    """The tensors' byte ranges must tile the data buffer exactly, as the format requires: a
-    corrupted offset (an overlap or a gap) would otherwise read another tensor's bytes."""
-    position = 0
-    for key, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
-        if begin != position:
+def check_unchanged(versions: dict[str, tuple]) -> None:
+    """Refuse, naming the file, when a file of ``versions`` (path -> :func:`file_version` when
+    it was read) is now another version: a load would mix the two."""
+    for path, version in versions.items():
+        if not os.path.exists(path) or file_version(os.stat(path)) != version:
             raise ValueError(
-                f"{path}: tensor {key} starts at data byte {begin}, expected {position} (the "
-                "tensors must tile the data without gaps or overlaps)"
+                f"{path}: the file changed while the checkpoint was read (replaced or "
+                "rewritten): its tensors may be of two versions; read it again"
             )
-        position = end
-    if position != data_size:
-        raise ValueError(
-            f"{path}: the tensors cover {position} of the file's {data_size} data bytes"
-        )
 
 
-def _header_entry(path: str, key: str, entry, data_size: int):
-    """One header entry as ``(dtype, shape, begin, end)``, checked against the data size."""
-    where = f"{path}: tensor {key}"
-    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
-        raise ValueError(f"{where}: header entry must hold dtype, shape and data_offsets")
-    name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(name, str) or name not in SAFETENSORS_DTYPES:
+def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray], tuple]:
+    """One file's tensors under ``prefix`` (cut off), and the file's :func:`file_version`."""
+    with open(path, "rb") as handle:
+        version = file_version(os.fstat(handle.fileno()))
+        try:
+            with safetensors.safe_open(path, framework="numpy") as checked:
+                names = [name for name in checked.keys() if name.startswith(prefix)]
+            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+        except Exception as error:  # safetensors' SafetensorError and what it lets through
+            raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
+        check_unchanged({path: version})  # the file checked is the file open
+        start = handle.tell()
+        out = {name[len(prefix) :]: _read_tensor(handle, path, name, header[name], start)
+               for name in names}  # fmt: skip
+        check_unchanged({path: version})
+    return out, version
+
+
+def _read_tensor(handle, path: str, name: str, entry: dict, start: int) -> np.ndarray:
+    """One tensor of a checked header ``entry`` read from ``handle`` (data from ``start``)."""
+    where = f"{path}: tensor {name}"
+    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in SAFETENSORS_DTYPES:
         raise ValueError(
-            f"{where}: dtype {name!r} is not supported (supported: "
+            f"{where}: dtype {dtype!r} is not supported (supported: "
             f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
         )
-    ints = lambda xs: (
-        isinstance(xs, list)
-        and all(  # noqa: E731
-            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs
-        )
-    )
-    if not ints(shape) or not ints(offsets) or len(offsets) != 2:
+    if len(shape) > 64:
+        raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
+    buffer = bytearray(end - begin)
+    handle.seek(start + begin)
+    if handle.readinto(buffer) != len(buffer):
         raise ValueError(
-            f"{where}: shape must be a list of ints >= 0 and data_offsets two ints >= 0, got "
-            f"shape {shape!r}, data_offsets {offsets!r}"
+            f"{where} could not be read whole (the file is shorter than its header says: "
+            "truncated, or changed while reading)"
         )
-    begin, end = offsets
-    dtype = SAFETENSORS_DTYPES[name]
-    if not begin <= end <= data_size or end - begin != math.prod(shape) * dtype.itemsize:
-        raise ValueError(
-            f"{where}: data_offsets {offsets} do not fit a {name} tensor of shape {shape} in "
-            f"the file's {data_size} data bytes"
-        )
-    return dtype, tuple(shape), begin, end
+    return np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(shape)
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:

@@ -24,7 +24,7 @@ from flax import nnx
 
 from kda_lib.checks import check_int, check_number, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions
-from kda_lib.layers.params import NO_DECAY, no_decay_param
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
 from kda_lib.ops.scalar_decay import scalar_decay_chunked, scalar_decay_recurrent
@@ -73,6 +73,7 @@ class Mamba2Mixer(nnx.Module):
     """``layer(x [B, T, hidden]) -> [B, T, hidden]``; ``layer(x, cache=c) -> (y, new_cache)``."""
 
     def __init__(self, config: Mamba2Config, *, rngs: nnx.Rngs):
+        check_parameters_fit(Mamba2Mixer, config)
         cfg = self.config = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
         linear = dict(use_bias=False, rngs=rngs)

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_array, check_int
-from kda_lib.layers.params import NO_DECAY
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
@@ -136,6 +136,7 @@ class MultiHeadLatentAttention(nnx.Module):
     """
 
     def __init__(self, config: MLAConfig, *, rngs: nnx.Rngs):
+        check_parameters_fit(MultiHeadLatentAttention, config)
         cfg = config
         self.config = cfg
         h, hidden = cfg.num_heads, cfg.hidden_size

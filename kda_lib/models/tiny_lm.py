@@ -47,7 +47,13 @@ from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import NO_DECAY, no_decay_param, parameter_count, weight_decay_mask
+from kda_lib.layers.params import (
+    NO_DECAY,
+    check_parameters_fit,
+    no_decay_param,
+    parameter_count,
+    weight_decay_mask,
+)
 from kda_lib.ops.norms import gated_rms_norm
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
@@ -400,6 +406,12 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
+def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
+    """The embedding and the head alone (their shapes, for :func:`check_parameters_fit`)."""
+    v, d = config.vocab_size, config.hidden_size
+    return nnx.List([nnx.Embed(v, d, rngs=rngs), nnx.Linear(d, v, use_bias=False, rngs=rngs)])
+
+
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``.
 
@@ -414,6 +426,9 @@ class TinyLM(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         self.config = config
+        # the vocabulary's parameters (embedding and head) fit, or vocab_size is refused; the
+        # mixers check their own
+        check_parameters_fit(_vocabulary_ends, config, "TinyLM's embedding and head")
         self.embed = nnx.Embed(
             config.vocab_size, config.hidden_size, embedding_metadata=NO_DECAY, rngs=rngs
         )

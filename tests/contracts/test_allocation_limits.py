@@ -312,3 +312,49 @@ def test_preset_stores_numpy_numbers_as_python_numbers():
         preset.kda_config()
         == dataclasses.replace(preset, forget_gate_rank=64, output_gate_rank=64).kda_config()
     )
+
+
+# ------------------------------------------------------------------ the other layers' widths
+def _mla(hidden):
+    from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+
+    config = MLAConfig(hidden_size=hidden, num_heads=1, head_dim=4, value_head_dim=4,
+                       kv_lora_rank=4, shared_key_dim=0)  # fmt: skip
+    return lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0))
+
+
+def _attention(hidden):
+    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+
+    return lambda: CausalSelfAttention(AttentionConfig(hidden, 1, 4), rngs=nnx.Rngs(0))
+
+
+def _mamba2(hidden):
+    from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
+
+    config = Mamba2Config(hidden_size=hidden, num_heads=1, head_dim=4)
+    return lambda: Mamba2Mixer(config, rngs=nnx.Rngs(0))
+
+
+def _tiny_lm(vocab):
+    from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+
+    return lambda: TinyLM(ModelConfig(vocab_size=vocab), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize(
+    "layer, size, field",
+    [(_mla, 2**34, "MLAConfig.hidden_size"), (_attention, 2**34, "AttentionConfig.hidden_size"),
+     (_mamba2, 2**34, "Mamba2Config.hidden_size"), (_tiny_lm, 2**40, "ModelConfig.vocab_size")],
+)  # fmt: skip
+def test_a_layer_too_large_for_memory_is_refused_where_it_is_built(layer, size, field):
+    """Issue 55, finding 5: the config describes it (it may be for a larger machine), building
+    it here is refused naming the field, before any parameter exists; nnx.eval_shape still
+    gives its shapes; a small one still builds."""
+    build = layer(size)  # the config constructs
+    says = rf"^{re.escape(field)}={size}: the parameters of .* would take ~[\d.]+ \w+ \(more than"
+    with pytest.raises(ValueError, match=says):
+        build()
+    shapes = nnx.eval_shape(build)
+    assert parameter_count(shapes) > size
+    assert parameter_count(layer(16)()) > 0

@@ -9,6 +9,7 @@ Hugging Face ``modeling_kimi.py`` (revision 6e163f3, as copied into axolotl-ai-c
 
 import dataclasses
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from kda_lib import KDAConfig, KimiDeltaAttention
+from kda_lib.layers import checkpoints
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
     export_state_dict,
@@ -370,34 +372,68 @@ def test_malformed_safetensors_raise_value_error_naming_the_file(tmp_path_factor
             ), value
 
 
+_HEADER_ERROR = "not a valid safetensors file"
+
+
 @pytest.mark.parametrize(
-    "entry,match",
+    "entry,size,match",
     [
-        ({"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}, "dtype 'F8_E4M3'"),
-        ({"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}, "dtype 'F8_E5M2'"),
-        ({"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}, "dtype 'C64'"),
-        ({"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}, "data_offsets"),
-        ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}, "shape must be"),
-        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "data_offsets"),
-        ({"dtype": "F32", "shape": [2]}, "dtype, shape and data_offsets"),
-        ([1, 2], "dtype, shape and data_offsets"),
+        ({"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}, 2, "A_log: dtype 'F8_E4M3'"),
+        ({"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]}, 2, "A_log: dtype 'F8_E5M2'"),
+        ({"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}, 8, "A_log: dtype 'C64'"),
+        ({"dtype": "F32", "shape": [1] * 65, "data_offsets": [0, 4]}, 4, "A_log: 65 dimensions"),
+        ({"dtype": "F32", "shape": [2**70, 0], "data_offsets": [0, 0]}, 0, _HEADER_ERROR),
+        ({"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]}, 0, _HEADER_ERROR),
+        ({"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}, 8, _HEADER_ERROR),
+        ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 8]}, 8, _HEADER_ERROR),
+        ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, 8, _HEADER_ERROR),
+        ({"dtype": "F32", "shape": [2]}, 8, _HEADER_ERROR),
+        ([1, 2], 8, _HEADER_ERROR),
     ],
 )
 def test_unsupported_or_inconsistent_safetensors_entries_are_refused_by_name(
-    tmp_path, entry, match
+    tmp_path, entry, size, match
 ):
-    """FP8 and other dtypes outside SAFETENSORS_DTYPES, and entries whose offsets do not fit
-    their shape: a ValueError naming the file, the tensor and the problem; layer unchanged."""
-    path = _header_file(tmp_path, {"model.layers.0.self_attn.A_log": entry}, bytes(8))
+    """FP8 and other dtypes outside SAFETENSORS_DTYPES, more than 64 dimensions, and entries
+    whose shape or offsets do not fit: a ValueError naming the file (and the tensor, where the
+    entry is valid safetensors); the layer unchanged."""
+    path = _header_file(tmp_path, {"model.layers.0.self_attn.A_log": entry}, bytes(size))
     with pytest.raises(ValueError, match=match) as error:
         read_safetensors(path)
-    assert path in str(error.value) and "model.layers.0.self_attn.A_log" in str(error.value)
+    assert str(error.value).startswith(path)
     layer = _layer()
     before = _layer_values(layer)
     with pytest.raises(ValueError, match=match):
         load_kimi_linear_safetensors(layer, path, 0)
     for a, b in zip(before, _layer_values(layer), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_shard_replaced_during_a_load_is_refused_naming_it(tmp_path, monkeypatch):
+    """Layers of two versions of a checkpoint are refused: a shard replaced between the reads
+    of two layers (load_kimi_linear_checkpoint) or of two files (read_safetensors)."""
+    directory = _write_checkpoint(tmp_path / "c", _tiny_layers(), "kimi_linear")
+    shard = str(directory / "model.safetensors")
+    tensors = read_safetensors(shard)
+    real = checkpoints._read_safetensors_file
+    calls = []
+
+    def replacing(path, prefix):  # after the first layer's read, a new version of the shard
+        out = real(path, prefix)
+        if not calls:
+            _write(shard + ".new", {k: v + 1 for k, v in tensors.items()})
+            os.replace(shard + ".new", shard)
+        calls.append(path)
+        return out
+
+    monkeypatch.setattr(checkpoints, "_read_safetensors_file", replacing)
+    with pytest.raises(ValueError, match="model.safetensors: the file changed while"):
+        load_kimi_linear_checkpoint(directory)
+    calls.clear()
+    other = str(tmp_path / "other.safetensors")
+    _write(other, {"x": np.ones(2, np.float32)})
+    with pytest.raises(ValueError, match="model.safetensors: the file changed while"):
+        read_safetensors([shard, other])
 
 
 @pytest.mark.parametrize("paths", [b"model.safetensors", 3, [b"a.safetensors"], [None]])
@@ -609,7 +645,7 @@ def test_a_kimi_linear_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path)
     with pytest.raises(ValueError, match="cannot tell the naming"):
         detect_kimi_linear_naming(["q_conv1d.weight", "conv1d.weight"])
     (directory / "config.json").write_text(json.dumps({**TINY_CONFIG, "model_type": "llama"}))
-    with pytest.raises(ValueError, match="model_type must be 'kimi_linear'"):
+    with pytest.raises(ValueError, match="model_type must be one of"):
         load_kimi_linear_checkpoint(directory)
     with pytest.raises(ValueError, match="no config.json"):
         load_kimi_linear_checkpoint(tmp_path)

@@ -131,7 +131,7 @@ def test_kimi_k3_builds_with_the_published_parameter_count():
     assert KIMI_K3.lower_bound == y["kda_gate_lower_bound"]
     layer = build_kda_layer(KIMI_K3)
     assert parameter_count(layer) == expected
-    assert layer.config.gate_form == "clamped_softplus" and layer.config.lower_bound == -5.0
+    assert layer.config.gate_form == "safe_sigmoid" and layer.config.lower_bound == -5.0
     assert layer.config.output_gate_rank is None
     assert layer.config.forget_gate_rank == y["head_dim"]
     assert layer.g_proj.kernel.get_value().shape == (7168, 12288)
@@ -356,7 +356,7 @@ def test_from_hf_config_builds_the_published_kimi_linear_preset():
 
 def test_from_hf_config_reads_kimi_k3_s_fields_and_names_what_the_fixture_lacks():
     wrapper = {"model_type": "kimi_k3", "text_config": dict(KIMI_K3_TEXT_CONFIG_4_LAYERS)}
-    with pytest.raises(ValueError, match="model_type must be 'kimi_linear'"):
+    with pytest.raises(ValueError, match="model_type must be one of .* got None"):
         presets.ModelPreset.from_hf_config(wrapper)
     wrapper["text_config"]["model_type"] = "kimi_linear"
     with pytest.raises(ValueError, match=r"linear_attn_config\.full_attn_layers is missing"):
@@ -376,10 +376,8 @@ def test_from_hf_config_reads_kimi_k3_s_fields_and_names_what_the_fixture_lacks(
     assert all(
         getattr(preset.mla, f) == getattr(KIMI_K3.mla, f) for f in widths + ("shared_key_dim",)
     )
-    # the remote code reads gate_lower_bound as fla's safe gate; MaxText's K3 clamps instead
-    assert (
-        preset.gate_form is GateForm.SAFE_SIGMOID and KIMI_K3.gate_form is GateForm.CLAMPED_SOFTPLUS
-    )
+    # the remote code reads gate_lower_bound as fla's safe gate, and so does the preset
+    assert preset.gate_form is KIMI_K3.gate_form is GateForm.SAFE_SIGMOID
     # use_full_rank_gate (absent from the fixture) selects the full-rank output gate
     text["linear_attn_config"]["use_full_rank_gate"] = True
     text["mla_use_output_gate"] = True
@@ -413,18 +411,22 @@ _KDA = KIMI_LINEAR_HF_CONFIG["linear_attn_config"]["kda_layers"]
 @pytest.mark.parametrize(
     "changes, match",
     [
-        ({"model_type": "deepseek_v3"}, "model_type must be 'kimi_linear'"),
+        ({"model_type": "deepseek_v3"}, "model_type must be one of"),
         ({"hidden_size": _DROP}, "config field hidden_size is missing"),
         ({"hidden_size": True}, "config field hidden_size must be a positive int"),
         ({"linear_attn_config": _DROP}, "config field linear_attn_config is missing"),
         ({"lin_num_heads": _DROP}, r"linear_attn_config\.num_heads is missing"),
         ({"lin_kda_layers": _DROP}, r"linear_attn_config\.kda_layers is missing"),
         ({"lin_kda_layers": [*_KDA, 1]}, r"kda_layers lists layer 1 twice"),
-        ({"lin_kda_layers": [*_KDA, 4]}, r"full_attn_layers lists layer 4 also in kda_layers"),
-        ({"lin_kda_layers": _KDA[:-1]}, r"leave layers \[26\] in neither list"),
+        (
+            {"lin_kda_layers": [*_KDA, 4]},
+            r"full_attn_layers lists layer 4 also in linear_attn_config\.kda_layers",
+        ),
+        ({"lin_kda_layers": _KDA[:-1]}, r"leave 1 layers in no list: \[26\]"),
         ({"lin_full_attn_layers": [4, 8, 12, 16, 20, 24, 28]}, "lists layer 28, beyond"),
         ({"lin_full_attn_layers": [0, 4, 8]}, r"full_attn_layers entry must be a positive int"),
-        ({"lin_kda_layer_index_base": 0}, r"keys \['kda_layer_index_base'\]"),
+        ({"lin_kda_layer_index_base": 0}, r"kda_layer_index_base must be 1 for model_type 'kimi"),
+        ({"lin_kda_layer_index_base": True}, r"kda_layer_index_base must be 1"),
         ({"lin_safe_gate": True}, r"keys \['safe_gate'\]"),
         ({"lin_gate_lower_bound": "low"}, r"gate_lower_bound"),
         ({"mla_use_nope": False}, "mla_use_nope must be true"),
