@@ -146,7 +146,9 @@ def locked(path: str | pathlib.Path):
 def update_json(path: str | pathlib.Path, merge) -> dict:
     """Under :func:`locked`, read the record at ``path`` (None if absent), write
     ``merge(current)`` atomically (:func:`write_json`) and return it: writers that each merge
-    their own additions into what is on disk lose nothing to one another."""
+    their own additions into what is on disk lose nothing to one another, also when one
+    reaches the file through a symlink (the lock and the write are on its real path)."""
+    path = os.path.realpath(path)
     with locked(path):
         document = merge(read_json_document(path))
         write_json(document, path)
