@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import re
 import time
 
 import jax
@@ -452,11 +451,7 @@ def check_cells(p: argparse.ArgumentParser, args) -> None:
     if unknown:
         p.error(f"--only: {unknown} are not task/mixer cells of --tasks and --mixers")
     for mixer in mixers:
-        try:
-            _model_config(mixer, args)
-        except ValueError as error:
-            field = re.search(r"Config\.(\w+)", str(error))
-            p.error(f"--{field[1].replace('_', '-') if field else 'mixers'}: {error}")
+        record_runs.check_model(p, lambda m=mixer: _model_config(m, args))
     batch = args.batch_size
     for task in tasks:
         draw = make_task(task, **task_options(task, args))
