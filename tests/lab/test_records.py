@@ -24,6 +24,8 @@ def _add_runs(path: str, name: str) -> None:
         records.update_json(path, add(f"{name}{i}"))
 
 
+# the forked writers run only file I/O and flock: none of JAX's threads is needed in them
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_two_processes_updating_one_record_lose_nothing(tmp_path):
     """One writer reaches the record through a symlink, the other by its real path: both
     share one lock, so all 20 runs are kept (the link's own lock kept 10 of 20)."""
