@@ -14,21 +14,34 @@ data, run it at a commit that has the route (up to ``64411ba``, the last before 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import jax
 
+from kda_lib.checks import check_option_minimums
 from kda_lib.lab.bench import BenchConfig, TimedProgram, kda_entry, kernel_inputs, with_gradients
+from kda_lib.lab.records import dumps, output_path_problem, write_json
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked before any timing (argparse's error, exit status 2)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[256, 1024, 4096])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out", default="-")
-    args = parser.parse_args()
+    parser.add_argument("--out", default="-", help="JSON path ('-', the default: print it)")
+    args = parser.parse_args(argv)
+    check_option_minimums(parser, args, dict(reps=1, warmup=0))
+    if min(args.seq_lens) < 1:
+        parser.error(f"--seq-lens must all be >= 1, got {args.seq_lens}")
+    problem = None if args.out == "-" else output_path_problem(args.out)
+    if problem:
+        parser.error(f"--out: {problem}")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     cfg = BenchConfig(batch=1, heads=4, key_dim=64, value_dim=64, dtype="float32")
     key = jax.random.key(0)
     jobs = []
@@ -57,12 +70,10 @@ def main() -> None:
             f"T={t}: auto {times['auto']:.1f} ms, chunked {times['chunked']:.1f} ms, "
             f"ratio {ratios[str(t)]:.3f}"
         )
-    text = json.dumps(document, indent=1, default=str)
     if args.out == "-":
-        print(text)
+        print(dumps(document), end="")
     else:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_json(document, args.out)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import nbformat
@@ -430,16 +431,38 @@ def build_site(
     return written
 
 
+def folder_problem(path: str | None) -> str | None:
+    """Why ``path`` cannot be a folder to write into (None: it can, or ``path`` is None): it
+    is empty, or it cannot be created (a parent is a file, a link to nowhere) or written to.
+    Creates the folder (as writing into it would) to find out."""
+    if path is None:
+        return None
+    if not path:
+        return "the path is empty"
+    try:
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as error:
+        return f"cannot write into {path!r}: {error}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=pathlib.Path, help="executed .ipynb files")
-    parser.add_argument("--output", "-o", type=pathlib.Path, default=pathlib.Path("build/html"))
-    parser.add_argument(
-        "--source", type=pathlib.Path, default=None, help="Sphinx source folder (<output>-src)"
-    )
+    parser.add_argument("--output", "-o", default="build/html", help="the site's folder")
+    parser.add_argument("--source", default=None, help="Sphinx source folder (<output>-src)")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.notebooks if not path.is_file()]
+    if missing:
+        parser.error(f"notebooks: no such file {missing}")
+    for option in ("output", "source"):
+        problem = folder_problem(getattr(args, option))
+        if problem:
+            parser.error(f"--{option}: {problem}")
     start = time.perf_counter()
-    written = build_site(args.notebooks, args.output, args.source)
+    source = args.source and pathlib.Path(args.source)
+    written = build_site(args.notebooks, pathlib.Path(args.output), source)
     print(
         f"site: {written[0]} ({len(written) - 1} notebook pages, "
         f"{time.perf_counter() - start:.0f} s; open it from disk or serve the folder)"

@@ -52,6 +52,9 @@ import urllib.parse
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from build_site import folder_problem  # noqa: E402  (scripts/ is no package)
+
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 NOTEBOOK_02 = ROOT / "notebooks" / "02_gating_and_decay.ipynb"
 
@@ -370,14 +373,20 @@ def check_lab(browser, shots: pathlib.Path, timeout_s: float) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--site", type=pathlib.Path, default=ROOT / "build" / "html")
-    parser.add_argument("--screenshots", type=pathlib.Path, default=ROOT / "build" / "browser")
+    parser.add_argument("--screenshots", default=str(ROOT / "build" / "browser"))
     parser.add_argument("--skip-lab", action="store_true", help="check the site only")
     parser.add_argument(
         "--lab-timeout", type=float, default=600, help="seconds notebook 02 may take to run"
     )
     args = parser.parse_args(argv)
     if not (args.site / "index.html").is_file():
-        raise SystemExit(f"no site in {args.site}: run `make notebooks` first")
+        parser.error(f"--site: no site in {str(args.site)!r}: run `make notebooks` first")
+    problem = folder_problem(args.screenshots)
+    if problem:
+        parser.error(f"--screenshots: {problem}")
+    if not args.lab_timeout > 0:
+        parser.error(f"--lab-timeout must be > 0 seconds, got {args.lab_timeout}")
+    args.screenshots = pathlib.Path(args.screenshots)
     from playwright.sync_api import sync_playwright
 
     args.screenshots.mkdir(parents=True, exist_ok=True)

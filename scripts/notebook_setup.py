@@ -201,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         "--write", action="store_true", help="rewrite the notebooks' badges and install blocks"
     )
     args = parser.parse_args(argv)
+    if args.set_repository_url is not None:
+        try:
+            _checked(args.set_repository_url)
+        except ValueError as error:
+            parser.error(f"--set-repository-url: {error}")
     sources = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
     if args.write:
         args.set_repository_url = repository_url()

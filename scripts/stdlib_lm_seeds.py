@@ -272,6 +272,8 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
             f"--num-layers {args.num_layers}, got {args.hybrid_layers}"
         )
     record_runs.check_output(p, args, setting_of(args))
+    for name in args.models:  # last: matching the parameter counts takes seconds
+        record_runs.check_model(p, lambda n=name: model_config(sizes(args), n))
 
 
 class Data(NamedTuple):

@@ -12,8 +12,9 @@ merged into the file under a lock and rewritten atomically (:mod:`kda_lib.lab.re
 and a run already in the file is skipped, so a cut loses at most the run in progress, the same
 command resumes, and two processes writing the same ``--output`` (say, one per task with
 ``--only``) lose nothing of each other's. Bad arguments (a
-count below its minimum, a seed both tuning and reported, a damaged or unwritable ``--output``)
-are refused before any work.
+count below its minimum, an unknown task, mixer or ``--only`` cell, a model option or task
+length that the config or the task refuses, a seed both tuning and reported, a damaged or
+unwritable ``--output``) are refused before any work.
 
 Protocol (stated once, recorded in the JSON under ``protocol``):
 
@@ -53,10 +54,11 @@ import kda_lib.teaching.notebook
 from kda_lib.checks import check_option_minimums
 from kda_lib.lab import record_runs
 from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, tune_rate
-from kda_lib.lab.tasks import chance_accuracy
+from kda_lib.lab.tasks import TASKS, chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
 from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.params import parameter_count
+from kda_lib.models.tiny_lm import MIXERS as MODEL_MIXERS
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
 FLAT_WINDOW = 0.2  # the last fifth of the steps, for the "flat" verdict
@@ -428,10 +430,36 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
     if not args.flat_tol >= 0:
         p.error(f"--flat-tol must be >= 0, got {args.flat_tol}")
     record_runs.check_seeds_and_grid(p, args)
-    missing = [t for t in args.tasks.split(",") if t not in args.seq_lens]
+    check_cells(p, args)
+    record_runs.check_output(p, args, setting_of(args))
+
+
+def check_cells(p: argparse.ArgumentParser, args) -> None:
+    """Refuse (argparse's error naming the option) an unknown task, mixer or ``--only`` cell,
+    a model option its config refuses, and a task length or option its generator refuses
+    (traced with :func:`jax.eval_shape`: nothing is compiled or run)."""
+    tasks, mixers = args.tasks.split(","), args.mixers.split(",")
+    for option, names, known in (("--tasks", tasks, TASKS), ("--mixers", mixers, MODEL_MIXERS)):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            p.error(f"{option}: unknown {unknown}; known: {', '.join(sorted(known))}")
+    missing = [t for t in tasks if t not in args.seq_lens]
     if missing:
         p.error(f"--seq-lens gives no length for the task(s) {missing}")
-    record_runs.check_output(p, args, setting_of(args))
+    only = set(filter(None, args.only.split(",")))
+    unknown = sorted(only - {f"{t}/{m}" for t in tasks for m in mixers})
+    if unknown:
+        p.error(f"--only: {unknown} are not task/mixer cells of --tasks and --mixers")
+    for mixer in mixers:
+        record_runs.check_model(p, lambda m=mixer: _model_config(m, args))
+    batch = args.batch_size
+    for task in tasks:
+        draw = make_task(task, **task_options(task, args))
+        for seq_len in args.seq_lens[task]:
+            try:
+                jax.eval_shape(lambda d=draw, t=seq_len: d(jax.random.key(0), batch, t))
+            except ValueError as error:
+                p.error(f"--seq-lens {task}={seq_len} (--vocab-size, --num-pairs): {error}")
 
 
 def main(argv=None):

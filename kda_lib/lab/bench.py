@@ -438,6 +438,14 @@ OPTION_MINIMUMS = dict(
 )
 
 
+# the rows --skip-rows can name: each kernel or layer entry in each mode
+SKIPPABLE_ROWS = tuple(
+    f"{name}:{mode}"
+    for name in (*IMPLEMENTATIONS, "auto", "softmax", *LAYER_ENTRIES)
+    for mode in MODES
+)
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line's options, checked before anything is timed (argparse's error, exit
     status 2, naming the option); ``--preset`` sets defaults that explicit flags override.
@@ -613,21 +621,38 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             file=sys.stderr,
             flush=True,
         )
-    # the output path is checked (and its folder created) before anything is timed
-    args.out_path = None
+    unknown = [row for row in args.skip_rows if row not in SKIPPABLE_ROWS]
+    if unknown:
+        parser.error(f"--skip-rows: unknown rows {unknown}; known: {', '.join(SKIPPABLE_ROWS)}")
+    if args.grid_max_s is not None and not args.grid_max_s > 0:
+        parser.error(f"--grid-max-s must be > 0, got {args.grid_max_s}")
+    if args.grid_max_s is not None and args.preset != "auto-grid":
+        parser.error("--grid-max-s applies to --preset auto-grid only")
+    args.out_path = _out_path(parser, args)
+
+
+def _out_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Path | None:
+    """The output path, checked (and its folder created) before anything is timed; None for
+    ``--out -``. An auto-grid file to resume must hold a grid (a damaged one is refused)."""
     if args.record and args.out is not None:
         parser.error("--record writes the recorded data/benchmarks/ file: give --out or --record")
-    if args.out != "-":
-        today = datetime.date.today()
-        platform = jax.default_backend()
-        if args.preset == "auto-grid":
-            out = args.out or policy_grid.grid_path(platform, today, record=args.record)
-        else:
-            out = args.out or default_out_path(platform, today, record=args.record)
-        problem = output_path_problem(out)
-        if problem:
-            parser.error(f"--out: {problem}")
-        args.out_path = Path(out)
+    grid = args.preset == "auto-grid"
+    if args.out == "-":
+        if grid:
+            parser.error("--out -: --preset auto-grid records its grid in a file; give a path")
+        return None
+    today, platform = datetime.date.today(), jax.default_backend()
+    default = policy_grid.grid_path if grid else default_out_path
+    out = default(platform, today, record=args.record) if args.out is None else args.out
+    problem = output_path_problem(out)
+    if problem:
+        parser.error(f"--out: {problem}")
+    if grid:
+        try:
+            policy_grid.load_grid(out)
+        except ValueError as error:
+            parser.error(f"--out: {error}; move it away or give another path to record anew")
+    return Path(out)
 
 
 def input_bytes(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ max, reps, ``bimodal``).
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import jax
 
-from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, write_json
+from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, read_json_document, write_json
 
 GRID_BH = (4, 16, 64)
 GRID_T = (256, 1024, 4096, 16384)
@@ -71,8 +70,13 @@ def point_argv(bh: int, seq_len: int, dim: int, dtype: str) -> list[str]:
     return argv
 
 
-def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
+def load_grid(path) -> dict | None:
+    """The grid document at ``path``, None when there is no file; ValueError naming the file
+    when it is damaged (not a JSON object with a ``points`` list)."""
+    document = read_json_document(path)
+    if document is not None and not isinstance(document.get("points"), list):
+        raise ValueError(f"{str(path)!r} is damaged: it holds no 'points' list of a grid")
+    return document
 
 
 def run_grid(path: Path, run_point, *, max_seconds, dtype: str = "float32", points=None) -> dict:
@@ -80,7 +84,7 @@ def run_grid(path: Path, run_point, *, max_seconds, dtype: str = "float32", poin
     the file after each; stop starting new points after ``max_seconds``. Returns the document.
     ``run_point(argv)``: the benchmark's ``run`` (its JSON document); ``points``: ``(BH, T, K)``
     to record instead of the whole grid."""
-    document = _load(path) or dict(
+    document = load_grid(path) or dict(
         platform=jax.default_backend(),
         device_kind=jax.devices()[0].device_kind,
         jax_version=jax.__version__,

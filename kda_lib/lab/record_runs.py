@@ -11,6 +11,7 @@ whatever else a script records beside, e.g. its corpus):
   and ``--tune-seed`` (the tuning runs' seed, never a reported one), checked with the rate
   grid's options (:mod:`kda_lib.lab.rate_grid`) before any work; :data:`MINIMUMS`, the
   smallest values of the int options both scripts have.
+* :func:`check_model` -- a model option its config refuses, as argparse's error naming it.
 * :func:`setting_of` -- the options that make a run what it is: a document is resumed only by
   a command with the same setting.
 * :func:`check_output` -- ``--output`` refused before any work when it cannot be written, is
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import re
 from collections.abc import Callable, Sequence
 
 from kda_lib.lab.rate_grid import parse_grid
@@ -84,6 +86,17 @@ def check_seeds_and_grid(p: argparse.ArgumentParser, args) -> None:
         )
     if not args.grid_factor > 1:
         p.error(f"--grid-factor must be > 1, got {args.grid_factor}")
+
+
+def check_model(p: argparse.ArgumentParser, build: Callable[[], object]) -> None:
+    """Refuse (argparse's error) the options of a model config that ``build()`` refuses,
+    naming the option of the field the config names (``KDAConfig.chunk_size``:
+    ``--chunk-size``)."""
+    try:
+        build()
+    except ValueError as error:
+        field = re.search(r"Config\.(\w+)", str(error))
+        p.error(f"--{field[1].replace('_', '-') if field else 'model options'}: {error}")
 
 
 def setting_of(args, keys: Sequence[str], protocol_version: int) -> dict:

@@ -45,21 +45,26 @@ RECORDED_DIR = pathlib.Path("data")
 
 
 def output_path_problem(path: str | pathlib.Path) -> str | None:
-    """Why a JSON record cannot be written to ``path`` (None: it can): ``path`` is a folder, a
-    parent is a file, or the folder cannot be created or written to. Creates the folder (as
-    writing the record would) to find out."""
-    path = pathlib.Path(path)
+    """Why a JSON record cannot be written to ``path`` (None: it can): the path is empty or a
+    folder, a parent is a file, or the folder cannot be created or written to. A symlink is
+    followed, as :func:`write_json` writes through it. Creates the folder (as writing the
+    record would) to find out."""
+    if str(path) == "":
+        return "the path is empty; give a file path such as 'run.json'"
+    given, real = str(path), os.path.realpath(path)
+    path = pathlib.Path(real if real != os.path.abspath(path) else path)  # a link: its target
     if path.is_dir():
-        return f"{str(path)!r} is a directory; give a file path such as {str(path / 'run.json')!r}"
+        example = os.path.join(given, "run.json")
+        return f"{given!r} is a directory; give a file path such as {example!r}"
     for ancestor in (path.parent, *path.parent.parents):
         if ancestor.exists() and not ancestor.is_dir():
-            return f"{str(ancestor)!r} is a file, so {str(path)!r} cannot be created"
+            return f"{str(ancestor)!r} is a file, so {given!r} cannot be created"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
             pass
     except OSError as error:
-        return f"cannot write {str(path)!r}: {error}"
+        return f"cannot write {given!r}: {error}"
     return None
 
 
@@ -87,8 +92,7 @@ def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
     0666 minus the umask). A symlink is written *through*: its target is replaced, the link
     stays a link (a dangling link's target is created)."""
     path = pathlib.Path(path)
-    # through a symlink: the file it points to is the one replaced
-    target = pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
+    target = pathlib.Path(os.path.realpath(path))  # through a symlink (also of a folder)
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():
         mode = stat.S_IMODE(target.stat().st_mode)
@@ -146,7 +150,9 @@ def locked(path: str | pathlib.Path):
 def update_json(path: str | pathlib.Path, merge) -> dict:
     """Under :func:`locked`, read the record at ``path`` (None if absent), write
     ``merge(current)`` atomically (:func:`write_json`) and return it: writers that each merge
-    their own additions into what is on disk lose nothing to one another."""
+    their own additions into what is on disk lose nothing to one another, also when one
+    reaches the file through a symlink (the lock and the write are on its real path)."""
+    path = os.path.realpath(path)
     with locked(path):
         document = merge(read_json_document(path))
         write_json(document, path)

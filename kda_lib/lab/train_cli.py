@@ -258,14 +258,14 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
         mixer=_model_label(args),
         training=dict(seq_len=args.seq_len, seed=args.seed),
     )
-    if args.record and args.output:
+    if args.record and args.output is not None:
         parser.error("--record writes the recorded data/results/ file: give --output or --record")
     folder = RECORDED_DIR / "results" if args.record else None
-    path = pathlib.Path(args.output) if args.output else default_result_path(where, folder)
+    path = default_result_path(where, folder) if args.output is None else args.output
     problem = output_path_problem(path)
     if problem:
         parser.error(f"--output: {problem}")
-    return path
+    return pathlib.Path(path)
 
 
 def _memory_problem(args: argparse.Namespace) -> str | None:

@@ -104,6 +104,9 @@ def test_default_impls_and_out_path():
         (["--reps", "0"], "--reps must be >= 1, got 0"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
         (["--sequential-max-t", "-1"], "--sequential-max-t must be >= 0, got -1"),
+        (["--skip-rows", "chunked:fwd", "chunkd:fwd"], "--skip-rows: unknown rows ['chunkd:fwd']"),
+        (["--preset", "auto-grid", "--grid-max-s", "-1"], "--grid-max-s must be > 0, got -1.0"),
+        (["--grid-max-s", "60"], "--grid-max-s applies to --preset auto-grid only"),
     ],
 )
 def test_bad_arguments_are_argparse_errors_before_any_timing(options, message, tmp_path, capsys):
@@ -127,6 +130,30 @@ def test_the_output_path_is_checked_before_any_timing(tmp_path, monkeypatch, cap
             bench.run([*TINY, "--impls", "softmax", "--seq-lens", "8", "--out", str(out)])
         assert exit_info.value.code == 2
         assert f"error: --out: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--out", ""], "--out: the path is empty"),  # was: the default path
+        (["--preset", "auto-grid", "--out", "-"], "--out -: --preset auto-grid records its grid"),
+        (["--preset", "auto-grid", "--out", "grid.json"], "--out: 'grid.json' is not a readable"),
+    ],
+)
+def test_an_output_that_cannot_be_used_is_refused_before_any_timing(
+    options, message, tmp_path, monkeypatch, capsys
+):
+    """An empty --out is not the default path; an auto-grid file to resume that is damaged
+    is named (it gave json's bare JSONDecodeError after the first point)."""
+    monkeypatch.setattr(bench.TimedProgram, "prepare", None)  # timing anything would fail
+    monkeypatch.setattr(bench.policy_grid, "run_grid", None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.json").write_text('{"points": [')
+    with pytest.raises(SystemExit) as exit_info:
+        bench.run([*TINY, *options])
+    assert exit_info.value.code == 2
+    assert f"kda-bench: error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "build").exists()
 
 
 def test_a_run_never_replaces_the_recorded_benchmark_unless_asked(tmp_path, monkeypatch, capsys):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 
+import pytest
+
 from kda_lib.lab import bench, policy_grid
 
 
@@ -54,3 +56,11 @@ def test_a_grid_run_resumes_where_it_stopped(tmp_path):
     document = json.loads(path.read_text())
     assert [(p["BH"], p["T"], p["K"]) for p in document["points"]] == points
     assert document["points"][0]["records"][0]["median_ms"] == 1.0
+
+
+def test_a_grid_file_that_holds_no_grid_is_refused_naming_it(tmp_path):
+    path = tmp_path / "grid.json"
+    path.write_text('{"platform": "cpu"}')
+    with pytest.raises(ValueError, match="grid.json' is damaged: it holds no 'points' list"):
+        policy_grid.run_grid(path, lambda argv: pytest.fail("ran a point"), max_seconds=None)
+    assert path.read_text() == '{"platform": "cpu"}'

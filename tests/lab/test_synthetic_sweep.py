@@ -23,7 +23,8 @@ def fake_run(task, mixer, seq_len, lr, seed, args):  # best rate 0.003, inside t
 
 script.run_one = fake_run
 """
-COMMON = ["--phase", "all", "--tasks", "mqar", "--seq-lens", "mqar=8,16", "--seeds", "0,1,2"]
+COMMON = ["--phase", "all", "--tasks", "mqar", "--seq-lens", "mqar=8,16", "--num-pairs", "2"]
+COMMON += ["--seeds", "0,1,2"]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,14 @@ def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
         (["--batch-size", "-1"], "--batch-size must be >= 1"),
         (["--solved", "1.5"], "--solved must be in"),
         (["--seeds", "0,x"], "--seeds must be ints"),
+        # each of these used to end in a traceback, --mixers kda,bogus after kda's runs
+        (["--mixers", "kda,bogus"], "--mixers: unknown ['bogus']"),
+        (["--implementation", "bogus"], "--implementation: KDAConfig.implementation must be"),
+        (["--chunk-size", "3"], "--chunk-size: KDAConfig.chunk_size must be a power of two"),
+        (["--tasks", "bogus", "--seq-lens", "bogus=8"], "--tasks: unknown ['bogus']"),
+        (["--seq-lens", "mqar=16,4"], "--seq-lens mqar=4 (--vocab-size, --num-pairs): seq_len"),
+        (["--num-pairs", "50"], "--seq-lens mqar=8 (--vocab-size, --num-pairs): vocab_size"),
+        (["--only", "mqar/kda,mqar/kdaa"], "--only: ['mqar/kdaa'] are not task/mixer cells"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(

@@ -47,3 +47,28 @@ def test_a_retired_or_library_module_path_never_exits_silently(module, says):
     run = _run(sys.executable, "-m", module, "mqar", "--steps", "1")
     assert run.returncode != 0
     assert says in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("", "--output: the path is empty"),  # was: the default path, written in silence
+        ("link.json", "--output: '{tmp}/afile' is a file, so 'link.json' cannot be created"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_training(
+    tmp_path, monkeypatch, capsys, output, message
+):
+    """A symlink is checked where it points (its target folder cannot be made under a file:
+    the run used to fail after training); an empty --output is not the default path."""
+    from kda_lib.lab import train_cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    (tmp_path / "link.json").symlink_to(tmp_path / "afile" / "runs" / "run.json")
+    monkeypatch.setattr(train_cli, "run_experiment", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as exit_info:
+        train_cli.main(["stack", "--steps", "1", "--output", output])
+    assert exit_info.value.code == 2
+    assert f"kda-train: error: {message.format(tmp=tmp_path)}" in capsys.readouterr().err
+    assert not (tmp_path / "build").exists()

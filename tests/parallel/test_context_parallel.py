@@ -488,3 +488,33 @@ def test_kernel_cp_chunk_states_refused_where_not_served():
         trace(output_chunk_states=1, chunk_size=4)
     with pytest.raises(ValueError, match="output_token_states is not served under context"):
         trace(output_token_states=True)
+
+
+def test_kernel_cp_final_and_chunk_states_with_trailing_all_padding_ranks():
+    """The trailing ranks hold only padding: the final state and the chunk states over them
+    are the state after the last real token (with an initial state), as on one device; the
+    outputs alone do not show it (a mutant taking the state from the wrong rank kept them).
+    Row 0: the document ends exactly at the split of ranks 1 and 2, ranks 2 and 3 are padding;
+    row 1: two documents, the second ending inside rank 2, rank 3 padding."""
+    ranks, seq_len, chunk = 4, 64, 8
+    inputs = random_kda_inputs(jax.random.key(31), 2, seq_len, 2, 8, 8)
+    ids = np.zeros((2, seq_len), np.int32)
+    ids[0, :32], ids[1, :20], ids[1, 20:40] = 1, 1, 2
+    h0 = random_normal(jax.random.key(32), (2, 2, 8, 8))
+    mesh = _mesh(ranks)
+    specs = (SEQ,) * 5 + (P(), SEQ)
+    kw = dict(output_final_state=True, output_chunk_states=True, chunk_size=chunk,
+              implementation="chunked")  # fmt: skip
+
+    def local(q, k, v, g, beta, h0, ids):
+        result = kda_context_parallel(q, k, v, g, beta, initial_state=h0, segment_ids=ids, **kw)
+        return result.output, result.final_state, result.chunk_states
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P(), SEQ))
+    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+    args = (*(inputs[n] for n in NAMES), h0, jnp.asarray(ids))
+    out_cp, final_cp, states_cp = cp(*args)
+    one = jax.jit(lambda *a: kda(*a[:5], initial_state=a[5], segment_ids=a[6], **kw))(*args)
+    assert max(_per_rank_errors(out_cp, one.output, ranks)) < 1e-5
+    assert relative_l2(final_cp, one.final_state) < 1e-5
+    assert max(_per_rank_errors(states_cp, one.chunk_states, ranks)) < 1e-5

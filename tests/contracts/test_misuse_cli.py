@@ -1,0 +1,221 @@
+"""The misuse suite of the command lines (issue 55): every console script of pyproject.toml and
+every script in scripts/ that takes arguments, each with a table of hostile arguments (empty,
+unwritable and symlinked paths, damaged files, negative and zero numbers, a bool or a word for
+an int, unknown names) and the refusal it must give: argparse's exit status 2 with a message
+naming the option, before any work (each command's work functions are replaced by ones that
+fail the test). A new command line is not done until it has its rows here."""
+
+import importlib
+import importlib.util
+import pathlib
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+UNWRITABLE = "/proc/kda-misuse/run.json"  # no one, root included, makes a folder in /proc
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"misuse_{name}", ROOT / "scripts" / name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+SWEEP = ["--phase", "all", "--tasks", "mqar", "--mixers", "kda", "--seq-lens", "mqar=8",
+         "--num-pairs", "2", "--output", "{tmp}/sweep.json"]  # fmt: skip
+
+# command -> (how to load it, the function called with argv, the work it must not reach,
+# the arguments every row starts from; "{tmp}" is the test's folder)
+COMMANDS = {
+    "kda-train": (
+        lambda: importlib.import_module("kda_lib.lab.train_cli"),
+        "main",
+        ["run_experiment"],
+        ["stack", "--output", "{tmp}/run.json"],
+    ),
+    "kda-bench": (
+        lambda: importlib.import_module("kda_lib.lab.bench"),
+        "main",
+        ["_plan_jobs", "policy_grid.run_grid"],
+        ["--out", "{tmp}/bench.json"],
+    ),
+    "synthetic_sweep.py": (
+        lambda: _script("synthetic_sweep.py"),
+        "main",
+        ["run_one", "Sweep"],
+        SWEEP,
+    ),
+    "stdlib_lm_seeds.py": (
+        lambda: _script("stdlib_lm_seeds.py"),
+        "main",
+        ["run_one", "Record"],
+        ["--preset", "tiny", "--output", "{tmp}/seeds.json"],
+    ),
+    "auto_grad_vs_chunked.py": (
+        lambda: _script("auto_grad_vs_chunked.py"),
+        "main",
+        ["kernel_inputs", "TimedProgram"],
+        ["--out", "{tmp}/ratio.json"],
+    ),
+    "build_site.py": (
+        lambda: _script("build_site.py"),
+        "main",
+        ["build_site"],
+        ["--output", "{tmp}/html", "{tmp}/01_a.ipynb"],
+    ),
+    "check_browser.py": (
+        lambda: _script("check_browser.py"),
+        "main",
+        ["check_site", "check_lab"],
+        ["--site", "{tmp}/site", "--screenshots", "{tmp}/shots"],
+    ),
+    "notebook_setup.py": (
+        lambda: _script("notebook_setup.py"),
+        "main",
+        ["set_repository_url", "problems"],
+        [],
+    ),
+}
+
+# a path option of each command that writes, and whether its file is resumed (so read first)
+PATH_OPTIONS = {
+    "kda-train": ("--output", False),
+    "kda-bench": ("--out", False),
+    "synthetic_sweep.py": ("--output", True),
+    "stdlib_lm_seeds.py": ("--output", True),
+    "auto_grad_vs_chunked.py": ("--out", False),
+}
+
+
+def _path_rows():
+    """Each writing command against the odd paths: empty, unwritable, a symlink whose target
+    cannot be made, and (for a resumed file) a damaged one."""
+    for command, (option, resumed) in PATH_OPTIONS.items():
+        yield command, [option, ""], f"{option}: the path is empty"
+        yield command, [option, UNWRITABLE], f"{option}: cannot write '{UNWRITABLE}'"
+        yield command, [option, "{tmp}/link.json"], f"{option}: '{{tmp}}/afile' is a file, so"
+        if resumed:
+            yield command, [option, "{tmp}/damaged.json"], f"{option}: '{{tmp}}/damaged.json'"
+    damaged_grid = "--out: '{tmp}/damaged.json' is not a readable JSON record"
+    yield "kda-bench", ["--preset", "auto-grid", "--out", "{tmp}/damaged.json"], damaged_grid
+    yield "kda-bench", ["--preset", "auto-grid", "--out", "-"], "--out -: --preset auto-grid"
+    for command, option in (("build_site.py", "--output"), ("build_site.py", "--source"),
+                            ("check_browser.py", "--screenshots")):  # fmt: skip
+        yield command, [option, ""], f"{option}: the path is empty"
+        yield command, [option, UNWRITABLE], f"{option}: cannot write into '{UNWRITABLE}'"
+        yield command, [option, "{tmp}/afile"], f"{option}: cannot write into '{{tmp}}/afile'"
+
+
+NUMBER_AND_NAME_ROWS = [
+    # kda-train
+    ("kda-train", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("kda-train", ["--seq-len", "-4"], "--seq-len must be >= 1, got -4"),
+    ("kda-train", ["--steps", "True"], "argument --steps: invalid int value: 'True'"),
+    ("kda-train", ["--batch-size", "2.5"], "argument --batch-size: invalid int value: '2.5'"),
+    ("kda-train", ["--learning-rate", "-1"], "--learning-rate must be >= 0, got -1.0"),
+    ("kda-train", ["--seed", "-1"], "--seed must lie in [0, 2**63 - 1], got -1"),
+    ("kda-train", ["--pop-probability", "2"], "--pop-probability must lie in [0, 1]"),
+    ("kda-train", ["--mixer", "bogus"], "argument --mixer: invalid choice: 'bogus'"),
+    ("kda-train", ["--layers", "kda,bogus"], "argument --layers: unknown mixers ['bogus']"),
+    ("kda-train", ["--record", "--output", "x.json"], "give --output or --record"),
+    # kda-bench
+    ("kda-bench", ["--heads", "0"], "--heads must be >= 1, got 0"),
+    ("kda-bench", ["--seq-lens", "8", "-8"], "--seq-lens must all be >= 1, got [8, -8]"),
+    ("kda-bench", ["--reps", "yes"], "argument --reps: invalid int value: 'yes'"),
+    ("kda-bench", ["--impls", "bogus"], "argument --impls: invalid choice: 'bogus'"),
+    ("kda-bench", ["--skip-rows", "chunkd:fwd"], "--skip-rows: unknown rows ['chunkd:fwd']"),
+    ("kda-bench", ["--preset", "auto-grid", "--grid-max-s", "0"], "--grid-max-s must be > 0"),
+    ("kda-bench", ["--preset", "auto-grid", "--grid-max-s", "-1"], "--grid-max-s must be > 0"),
+    ("kda-bench", ["--grid-max-s", "5"], "--grid-max-s applies to --preset auto-grid only"),
+    # synthetic_sweep.py
+    ("synthetic_sweep.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
+    ("synthetic_sweep.py", ["--batch-size", "false"], "argument --batch-size: invalid int"),
+    ("synthetic_sweep.py", ["--solved", "0"], "--solved must be in (0, 1], got 0.0"),
+    ("synthetic_sweep.py", ["--grid-factor", "1"], "--grid-factor must be > 1, got 1.0"),
+    ("synthetic_sweep.py", ["--seeds", "0,0"], "--seeds must be distinct ints >= 0"),
+    ("synthetic_sweep.py", ["--mixers", "kda,bogus"], "--mixers: unknown ['bogus']"),
+    ("synthetic_sweep.py", ["--tasks", "mqar,bogus"], "--tasks: unknown ['bogus']"),
+    ("synthetic_sweep.py", ["--only", "mqar/kdaa"], "--only: ['mqar/kdaa'] are not task/mixer"),
+    ("synthetic_sweep.py", ["--implementation", "bogus"], "--implementation: KDAConfig"),
+    ("synthetic_sweep.py", ["--chunk-size", "3"], "--chunk-size: KDAConfig.chunk_size"),
+    ("synthetic_sweep.py", ["--seq-lens", "mqar=4"], "--seq-lens mqar=4 (--vocab-size, --num"),
+    ("synthetic_sweep.py", ["--num-pairs", "40"], "--seq-lens mqar=8 (--vocab-size, --num-pa"),
+    ("synthetic_sweep.py", ["--seq-lens", "mqar=x"], "argument --seq-lens: invalid _lengths"),
+    # stdlib_lm_seeds.py
+    ("stdlib_lm_seeds.py", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("stdlib_lm_seeds.py", ["--seq-len", "none"], "argument --seq-len: invalid int value"),
+    ("stdlib_lm_seeds.py", ["--models", "kda,bogus"], "--models must be distinct names of"),
+    ("stdlib_lm_seeds.py", ["--hybrid-layers", "kda,bogus"], "--hybrid-layers must be mixers"),
+    ("stdlib_lm_seeds.py", ["--implementation", "bogus"], "--implementation: KDAConfig"),
+    ("stdlib_lm_seeds.py", ["--tune-seed", "0"], "--tune-seed 0 is one of --seeds"),
+    ("stdlib_lm_seeds.py", ["--probe-reach", "999"], "--probe-reach must be below --seq-len"),
+    # auto_grad_vs_chunked.py
+    ("auto_grad_vs_chunked.py", ["--reps", "0"], "--reps must be >= 1, got 0"),
+    ("auto_grad_vs_chunked.py", ["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ("auto_grad_vs_chunked.py", ["--seq-lens", "0"], "--seq-lens must all be >= 1, got [0]"),
+    ("auto_grad_vs_chunked.py", ["--reps", "True"], "argument --reps: invalid int value"),
+    # build_site.py, check_browser.py, notebook_setup.py
+    ("build_site.py", ["{tmp}/missing.ipynb"], "notebooks: no such file ['{tmp}/missing.ipynb']"),
+    ("check_browser.py", ["--site", "{tmp}"], "--site: no site in '{tmp}'"),
+    ("check_browser.py", ["--lab-timeout", "0"], "--lab-timeout must be > 0 seconds, got 0.0"),
+    ("check_browser.py", ["--lab-timeout", "nan"], "--lab-timeout must be > 0 seconds, got nan"),
+    ("notebook_setup.py", ["--set-repository-url", ""], "--set-repository-url: url must look"),
+    ("notebook_setup.py", ["--set-repository-url", "gitlab.com/a/b"], "--set-repository-url:"),
+    ("notebook_setup.py", ["--check", "--write"], "argument --write: not allowed with"),
+]
+
+ROWS = [*_path_rows(), *NUMBER_AND_NAME_ROWS]
+
+
+def test_every_command_line_has_rows():
+    """Every console script and every script in scripts/ that takes arguments is covered."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    consoles = set(pyproject["project"]["scripts"])
+    scripts = {p.name for p in (ROOT / "scripts").glob("*.py") if "argparse" in p.read_text()}
+    assert consoles | scripts == set(COMMANDS)
+    assert {command for command, *_ in ROWS} == set(COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """Each command's module, loaded once."""
+    return {name: load() for name, (load, *_) in COMMANDS.items()}
+
+
+def _forbid(monkeypatch, module, names: list[str]) -> None:
+    for dotted in names:
+        owner_path, _, name = dotted.rpartition(".")
+        owner = module
+        for part in filter(None, owner_path.split(".")):
+            owner = getattr(owner, part)
+
+        def forbidden(*args, _name=dotted, **kwargs):
+            pytest.fail(f"{_name} ran before the arguments were refused")
+
+        monkeypatch.setattr(owner, name, forbidden)
+
+
+@pytest.mark.parametrize(
+    ("command", "argv", "message"), ROWS, ids=[f"{c} {' '.join(a)}" for c, a, _ in ROWS]
+)
+def test_hostile_arguments_are_refused_before_any_work(
+    command, argv, message, loaded, tmp_path, monkeypatch, capsys
+):
+    module = loaded[command]
+    _, entry, work, base = COMMANDS[command]
+    _forbid(monkeypatch, module, work)
+    (tmp_path / "afile").write_text("a file where a folder should be")
+    (tmp_path / "link.json").symlink_to(tmp_path / "afile" / "runs" / "run.json")
+    (tmp_path / "damaged.json").write_text('{"runs": [')
+    (tmp_path / "01_a.ipynb").write_text("{}")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<html></html>")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        getattr(module, entry)([a.format(tmp=tmp_path) for a in [*base, *argv]])
+    assert exit_info.value.code == 2
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
