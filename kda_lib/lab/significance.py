@@ -88,6 +88,8 @@ class Comparison:
       alpha: the family-wise level.
       verdict: ``">"``, ``"<"`` (ordered: ``p_adjusted < alpha``) or ``"level"``.
       detectable: the smallest ``|mean|`` detectable at 80% power (see the module docstring).
+      above, below: the seeds with ``a > b`` and with ``a < b`` beyond the scores' rounding (the
+        direction, level or not).
       note: why the test could not reach ``alpha`` whatever the scores (or "").
     """
 
@@ -102,14 +104,18 @@ class Comparison:
     alpha: float
     verdict: str
     detectable: float
+    above: int = 0
+    below: int = 0
     note: str = ""
 
     def describe(self, unit: str = "") -> str:
-        """``"+0.012 [-0.004, +0.028]<unit>, paired t p = 0.09 (Holm 0.61): level"``."""
+        """``"+0.012 [-0.004, +0.028]<unit> (+4/-1 seeds), paired t p = 0.09 (Holm 0.61): level"``:
+        the mean with its interval, the seeds with ``a > b`` and ``a < b``, the test."""
         name = {"t": "paired t", "wilcoxon": "Wilcoxon", "sign": "sign test"}[self.test]
         return (
-            f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]{unit}, {name} p = "
-            f"{self.p:.2g} (Holm {self.p_adjusted:.2g}): {self.verdict}"
+            f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]{unit} (+{self.above}/-"
+            f"{self.below} seeds), {name} p = {self.p:.2g} (Holm {self.p_adjusted:.2g}): "
+            f"{self.verdict}"
         )
 
 
@@ -281,6 +287,8 @@ def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1
         alpha=alpha,
         verdict=verdict,
         detectable=_unscale(detectable_gap(n, sd, alpha / family_size), exponent),
+        above=int(np.sum(d > rounding)),
+        below=int(np.sum(d < -rounding)),
         note=note,
     )
 

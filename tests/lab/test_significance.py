@@ -20,7 +20,11 @@ def test_paired_t_gives_the_textbook_sleep_data_result():
     """R: t.test(extra ~ group, sleep, paired = TRUE): t = -4.0621, df = 9, p = 0.002833,
     95% CI (-2.4598858, -0.7001142), mean difference -1.58."""
     c = sig.compare(DRUG_1, DRUG_2)
-    assert (c.n, c.test, c.verdict) == (10, "t", "<")
+    assert (c.n, c.test, c.verdict, c.above, c.below) == (10, "t", "<", 0, 9)  # one tie
+    assert (
+        c.describe(" h") == "-1.58 [-2.46, -0.7] h (+0/-9 seeds), paired t p = 0.0028 "
+        "(Holm 0.0028): <"
+    )
     assert c.mean == pytest.approx(-1.58)
     assert c.p == pytest.approx(0.002833, abs=5e-7)
     assert (c.low, c.high) == pytest.approx((-2.4598858, -0.7001142), abs=1e-7)
@@ -148,7 +152,7 @@ def test_no_spread_is_the_exact_sign_test_not_p_zero():
     assert (six.test, six.p, six.verdict) == ("sign", 0.03125, "<") and "reach" not in six.note
     assert sig.compare(a[:5], b[:5], test="wilcoxon").p == 0.0625
     noise = sig.compare([0.1 + 0.2, 0.2 + 0.4, 0.7], [0.3, 0.6, 0.7])  # rounding around 0
-    assert (noise.test, noise.p, noise.verdict) == ("t", 1.0, "level")
+    assert (noise.test, noise.p, noise.verdict, noise.above, noise.below) == ("t", 1, "level", 0, 0)
     family = sig.compare_family({"steps": (steps, steps - 200), "six": (a, b)})
     assert [c.p_adjusted for c in family.values()] == pytest.approx([0.0625, 0.0625])
 
