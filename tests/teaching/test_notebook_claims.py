@@ -717,41 +717,45 @@ def test_stdlib_lm_protocol_record_follows_its_protocol():
 
 
 def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
-    """09 section 7 on the protocol record: attention's test bits per byte are ordered above
-    each of the other four models' (Holm over the ten pairs), the six other pairs are level;
-    the falling-bits test is above zero for all five, the copy probe for all but GDN (Holm
-    over the ten context tests)."""
-    import numpy as np
-
-    from kda_lib.lab.significance import compare_family
+    """09 section 7 on the protocol record (issue 52): attention's test bits per byte are ordered
+    above each of the other four models' (Holm over the ten pairs, 0.14 of an epoch, validation
+    still falling by 0.050-0.081 per 100 steps), the six other pairs are level, the largest of
+    them the MLA hybrid - KDA, +0.020 (worse on 4 of 5 seeds), and the MHA hybrid - KDA +0.014
+    (4 of 5); the copy probe is above zero for all but GDN (Holm over the five), GDN's gain
+    positive on every seed and above 3 window standard errors on 4."""
     from kda_lib.teaching import lm_protocol as lm
 
     record = _recorded("results", "stdlib_lm_protocol.json")
     runs, complete = lm.seed_runs(record)
     models = [m for m in lm.MODEL_ORDER if m in complete]
     assert len(models) == 5
+    setting, train_bytes = record["setting"], record["corpus"]["train_bytes"]
+    epoch = setting["steps"] * setting["batch_size"] * setting["seq_len"] / train_bytes
+    assert round(epoch, 2) == 0.14
+    late = [np.mean([-np.diff(r["curve"]["validation_bpb"][-2:]) for r in runs[m]]) for m in models]
+    assert (round(min(late), 3), round(max(late), 3)) == (0.050, 0.081)
     bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], models)
-    tests = compare_family({(a, b): (bpb[a], bpb[b]) for i, a in enumerate(models)
-                            for b in models[i + 1 :]})  # fmt: skip
-    assert {k for k, c in tests.items() if c.verdict != "level"} == {
-        (m, "attention") for m in models if m != "attention"
-    }
-    assert all(tests[(m, "attention")].verdict == "<" for m in models if m != "attention")
-    zeros = np.zeros(5)
-    drop = lm.by_seed(runs, lm.position_drop, models)
+    pairs = {(a, b): (bpb[a], bpb[b]) for i, a in enumerate(models) for b in models[i + 1 :]}
+    assert _ordered(pairs) == {(m, "attention"): "<" for m in models if m != "attention"}
+    level = {k: np.mean(np.subtract(*v)) for k, v in pairs.items() if k[1] != "attention"}
+    assert max(level, key=lambda k: abs(level[k])) == ("hybrid", "kda")
+    for m, gap in (("hybrid", 0.020), ("hybrid_mha", 0.014)):
+        d = bpb[m] - bpb["kda"]
+        assert round(d.mean(), 3) == gap and ((d > 0).sum(), (d < 0).sum()) == (4, 1)
     probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
-    context = compare_family({**{(m, "drop"): (drop[m], zeros) for m in models},
-                              **{(m, "probe"): (probe[m], zeros) for m in models}})  # fmt: skip
-    assert {k for k, c in context.items() if c.verdict == ">"} == {
-        *((m, "drop") for m in models),
-        *((m, "probe") for m in models if m != "gdn"),
+    assert _ordered({m: (probe[m], np.zeros(5)) for m in models}) == {
+        m: ">" for m in models if m != "gdn"
     }
+    z = np.array([r["probe"]["gain_bpb"] / r["probe"]["gain_se"] for r in runs["gdn"]])
+    assert (z > 0).all() and (z > 3).sum() == 4
 
 
 def test_stdlib_lm_recording_as_notebook_09_states_it():
     """09: the recorded full run's hybrid is 3 KDA : 1 MLA and hybrid_mha its
-    multi-head-attention twin; MLA's cache grows a quarter as fast as MHA's; decode slowdowns
-    as stated (the quality and training-speed comparisons read the protocol record)."""
+    multi-head-attention twin; MLA's cache grows a quarter as fast as MHA's, and at the longest
+    context the MLA hybrid's cache is a quarter of the MHA hybrid's; KDA's and GDN's caches are
+    the same at every context. (Its decode timings, one per context under load, carry no claim:
+    KDA's moved by 1.8 for the same work.)"""
     full = _recorded("results", "stdlib_lm_full.json")
     models = full["models"]
     assert full["config"]["hybrid_layers"] == ["kda", "kda", "kda", "mla"]
@@ -764,12 +768,12 @@ def test_stdlib_lm_recording_as_notebook_09_states_it():
         for n, rows in decode.items()
     }
     assert grow["hybrid"] / grow["hybrid_mha"] == 32 / (2 * 2 * 32)  # r / (2 H K)
-    speed = {n: [r["tokens_per_second"] for r in rows] for n, rows in decode.items()}
-    assert speed["attention"][0] / speed["attention"][-1] > 10
-    assert speed["hybrid_mha"][0] / speed["hybrid_mha"][-1] > 10
-    assert speed["hybrid"][0] / speed["hybrid"][-1] < 2
-    assert speed["hybrid"][-1] > 2 * speed["hybrid_mha"][-1]
-    assert all(speed[n][-1] >= speed[n][0] for n in ("kda", "gdn"))
+    assert (
+        0.25 < decode["hybrid"][-1]["cache_bytes"] / decode["hybrid_mha"][-1]["cache_bytes"] < 0.26
+    )
+    assert all(len({r["cache_bytes"] for r in decode[n]}) == 1 for n in ("kda", "gdn"))
+    kda = [r["tokens_per_second"] for r in decode["kda"]]
+    assert round(max(kda) / min(kda), 1) == 1.8
 
 
 def test_recorded_speed_forensics_of_notebook_09():
