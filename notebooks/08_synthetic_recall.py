@@ -21,11 +21,10 @@
 # paper (arXiv 2510.26692, synthetic tests) trains small models on Palindrome, Multi-Query
 # Associative Recall (MQAR) and Stack and reports KDA ahead of Gated DeltaNet (GDN) in
 # accuracy as sequences grow and in training steps. We rerun that comparison at laptop scale
-# under a stated protocol: a learning rate tuned per task and mixer on validation batches,
-# fresh seeds, paired tests with Holm's correction, and a verdict per claim computed from the
-# recording (reproduced, in part, or not shown), with what the design could detect. Section 9
-# builds, in closed form, a case where a decay per channel does what a scalar forget gate
-# cannot; section 5 shows why one layer of softmax attention sits low on MQAR.
+# under a stated protocol (rates tuned on validation batches, fresh paired seeds, Holm-corrected
+# tests, a verdict per claim where the record can answer it, what the design could detect).
+# Section 9 builds, in closed form, a case where a decay per channel does what a scalar forget
+# gate cannot; section 5 shows why one layer of softmax attention sits low on MQAR.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/08_synthetic_recall.ipynb)
 #
@@ -91,15 +90,13 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import numpy as np
-from flax import nnx
 
 import kda_lib.teaching.notebook
 from kda_lib.lab.records import load_recorded
-from kda_lib.lab.significance import ALPHA, compare_family
+from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare, compare_family
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import make_task, record_scores, run_sweep
-from kda_lib.layers.params import parameter_count
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+from kda_lib.models.tiny_lm import ModelConfig, config_param_count
 from kda_lib.ops.reference import kda_recurrent
 from kda_lib.teaching import recall_sweep as rs
 from kda_lib.teaching import viz
@@ -185,9 +182,8 @@ print(f"MQAR example: pairs {pairs}, queried at positions {np.flatnonzero(mask).
 
 # %%
 for mixer in mixers:
-    model = TinyLM(ModelConfig.from_flat(vocab_size=vocab_size, mixer=mixer, **model_options),
-                   rngs=nnx.Rngs(0))
-    print(f"{mixer:15s} {parameter_count(model):8,d} parameters")
+    config = ModelConfig.from_flat(vocab_size=vocab_size, mixer=mixer, **model_options)
+    print(f"{mixer:15s} {config_param_count(config):8,d} parameters")
 conv_reach = ModelConfig.from_flat(vocab_size=vocab_size, **model_options).conv_reach
 print(f"the conv-only model sees {conv_reach} tokens back")
 
@@ -195,17 +191,15 @@ print(f"the conv-only model sees {conv_reach} tokens back")
 # ## 3. The sweep: a learning-rate grid per mixer, then seeds
 #
 # `kda_lib.lab.train.run_sweep` trains one fresh model per task, length and mixer (AdamW, warmup
-# then cosine decay) and scores it on two streams of held-out batches that training never
-# draws (`kda_lib.lab.train`): **validation** batches, which decisions may read, and **test**
-# batches, scored once at the end and reported. Following the Zoology protocol, every mixer
-# gets its own learning rate: each rate of the grid is tried on `tune_task` at `tune_seq_len`
-# (first seed), the rate with the best *validation* accuracy is kept, and every task, length
-# and seed then runs at it. The tables report *test* accuracy.
+# then cosine decay) and scores it on held-out batches training never draws: **validation**,
+# which decisions may read, and **test**, scored once at the end and reported. As in Zoology,
+# every mixer gets its own learning rate: each rate is tried on `tune_task` at `tune_seq_len`
+# and the best on validation is kept. Here the first seed both tunes and reports, a shortcut
+# the recorded sweep (section 7) does not take.
 
 # %%
 tuning, records = [], []
-# report(record, into): appends it, prints its summary line and, if record_results names a
-# file, rewrites the file after every run (a stopped sweep keeps what finished)
+# report(record, into): append, print, rewrite record_results (if named) after every run
 report = rs.reporter(tuning, records, record_results)
 common = dict(steps=steps, batch_size=batch_size, eval_batches=eval_batches,
               log_every=log_every, model_options=model_options)
@@ -223,7 +217,6 @@ for s in seeds:
     for mixer in mixers:
         run_sweep(task_options, [mixer], seq_lens, learning_rate=best_rate[mixer], seed=s,
                   report=lambda r: report(r, records), **common)
-
 
 # %% [markdown]
 # Each task, length and mixer then has one run per seed (`rs.tuned` groups them, at the rate
@@ -272,14 +265,12 @@ for t in seq_lens if "mqar" in tasks else []:
 
 # %% [markdown]
 # With two layers attention *can* form the circuit, but gradient descent finds it late and
-# abruptly. The recorded run below (`recorded_phase`; command and setting in
-# `data/results/README.md`, the layers and width printed below) sits on a plateau for
-# thousands of steps, then jumps. Two guessing levels are drawn: chance, uniform over the
-# vocabulary's value tokens, and uniform over the values of the sequence's own $N$ pairs,
-# $(1 + (N - 1)/n_{\text{values}})/N$ (values are drawn with replacement; the formula is
-# checked by sampling in `tests/teaching/test_notebook_claims.py`). The plateau lies above both
-# (printed): before the jump the model already does better than picking one of the sequence's
-# values at random. What it has learned at that point this notebook does not resolve.
+# abruptly. The recorded run below (`recorded_phase`; command in `data/results/README.md`)
+# sits on a plateau for thousands of steps, then jumps. Two guessing levels are drawn: chance,
+# uniform over the vocabulary's value tokens, and uniform over the values of the sequence's own
+# $N$ pairs, $(1 + (N - 1)/n_{\text{values}})/N$ (values are drawn with replacement; checked by
+# sampling in `tests/teaching/test_notebook_claims.py`). The plateau lies above both (printed):
+# what the model has learned before the jump this notebook does not resolve.
 
 # %% tags=["hide-input"]
 phase = load_recorded("results", recorded_phase)
@@ -313,30 +304,30 @@ viz.show(rs.plot_live_steps(live, mixers, seq_lens, chance["mqar"], num_layers),
 #
 # The recorded sweep (`recorded_results`, by `scripts/synthetic_sweep.py --preset cpu`; command
 # and machine time in `data/results/README.md`) trains two-layer models on MQAR (8 pairs),
-# palindrome and stack at $T$ = 64 and 128 with six mixers: the five above and **mamba2**, the
-# paper's third baseline, a decay per head and no delta rule,
-# $S_t = a_t S_{t-1} + \mathbf k_t \mathbf v_t^\top$ (`kda_lib.layers.mamba2`). Its protocol,
-# stored in the file:
+# palindrome and stack at $T$ = 64 and 128 with six mixers: the five above and **mamba2**, a
+# *Mamba2-style* stand-in for the paper's third baseline (`kda_lib.layers.mamba2`; mamba2-style
+# below): a decay per head, no delta rule, $S_t = a_t S_{t-1} + \mathbf k_t \mathbf v_t^\top$,
+# without Mamba2's input scaling by its step size (Mamba2 writes $\Delta_t \mathbf k_t
+# \mathbf v_t^\top$, $a_t = e^{-A \Delta_t}$), $\mathbf q, \mathbf k$ L2-normalised. Its
+# protocol, stored in the file:
 #
 # - **Three streams per seed.** Training batches; *validation* batches, which alone decide
 #   (the early stop and the rate); *test* batches, scored once after training and reported.
-# - **Rates, per task and mixer,** tried at the task's first length with a tuning seed that is
-#   never a reported seed; the best on validation must lie strictly inside the rates tried,
-#   else the grid grows by one point past that edge.
-# - **Seeds.** Five fresh seeds per cell at that rate, the same seeds for every mixer.
+# - **Rates, per task and mixer,** tried at the task's first length only, with one tuning seed
+#   never reported; the best on validation (solved first, then fewest steps, then accuracy)
+#   must lie strictly inside the rates tried, else the grid grows past that edge. Then five
+#   fresh seeds per cell at that rate, the same seeds for every mixer.
 # - **Stopping.** Validation accuracy every `eval_every` steps; a run stops once it reaches
-#   `solved`. At the budget it is *flat* (moved less than `flat_tol` over the last fifth) or
-#   *rising* (still learning: its accuracy is a lower bound).
-#
-# A cell (task, mixer, length) is **complete** when its best rate lies inside the grid and it
-# has five seeds; only complete cells (counted below) enter the comparisons, others drawn hollow.
+#   `solved`; at the budget it is *flat* (moved less than `flat_tol` over the last fifth) or
+#   *rising* (its accuracy a lower bound). A cell (task, mixer, length) is **complete** when its
+#   best rate lies inside the grid and it has five seeds; only complete cells (counted below)
+#   enter the comparisons, others drawn hollow. Model sizes are not matched (printed).
 
 # %%
 sweep = load_recorded("results", recorded_results)
 setting = sweep["setting"]
 cells, complete, acc = rs.sweep_cells(sweep, min_seeds=5)  # cells: (task, mixer, T) -> runs
 rec_tasks = list(dict.fromkeys(c[0] for c in cells))
-rec_lens = {task: sorted({c[2] for c in cells if c[0] == task}) for task in rec_tasks}
 chance.update({r["task"]: r["chance_accuracy"] for r in sweep["runs"]})
 assert setting["protocol_version"] == 2 and all(record_scores(r)["test"] for r in sweep["runs"])
 assert not any(r["training"]["seed"] == setting["tune_seed"] for c in cells.values() for r in c)
@@ -344,103 +335,115 @@ print(f"{len(sweep['runs'])} runs; {len(complete)} of {len(cells)} cells complet
       "rates: " + ", ".join(f"{k} {g['best']:g}{'' if g['inside'] else ' (edge)'}"
                             for k, g in sweep["grids"].items()))
 rs.print_cells(cells, complete, acc)  # mean [min, max], stops; stack: beyond the conv reach
+size = {m: config_param_count(ModelConfig.from_flat(**r["model"]))  # rebuilt from the record
+        for m, r in {r["mixer"]: r for r in sweep["runs"]}.items()}
+assert all(r["params"] == size[r["mixer"]] for r in sweep["runs"])  # as recorded, every run
+print("parameters: " + ", ".join(f"{m} {n:,d} (KDA {size['kda'] / n - 1:+.1%})"
+                                 for m, n in size.items()))
 
 # %% tags=["hide-input"]
 viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_length_and_steps")
 
 # %% [markdown]
 # Top: mean test accuracy over seeds, bars from the lowest to the highest seed. Bottom:
-# validation accuracy against steps at each task's first length (mean over seeds, range
-# shaded; a run that stopped when solved is drawn flat from there). Dotted: chance. For stack,
-# the lines above also give the accuracy on the pops whose answer lies beyond the conv reach.
+# validation accuracy against steps at each task's first length (mean over seeds, range shaded;
+# a run that stopped when solved is drawn flat from there). Dotted: chance.
 #
 # ## 8. The paper's claims, tested on paired seeds
 #
-# **The statistics** (`kda_lib.lab.significance`, the same for notebook 09). A seed fixes a
-# run's initialisation and its batches, and every mixer of a cell ran with the same seeds, so
-# the scores are paired by seed: a paired t-test on the per-seed differences, KDA minus the
-# other mixer (`scipy.stats`, $n - 1$ degrees of freedom). Every comparison below (KDA against
-# each other complete mixer at each complete length in test accuracy, and KDA against GDN in
-# steps to solve where both solve on every seed) is one family; Holm's correction keeps the
-# chance of any false ordering in it below 0.05: two mixers are *ordered* only when the
-# Holm-adjusted p is below it; otherwise they are *level*: not shown to differ, printed with
-# the 95% interval of the mean difference and the smallest gap this design (five seeds, the
-# observed spread, $0.05/m$ for $m$ comparisons) detects with 80% power.
+# The paper reports, against GDN and Mamba2, that **(A)** KDA reaches the highest accuracy on
+# all three tasks as the sequence grows and **(B)** gets there in fewer training steps than GDN.
+# The claims are judged against GDN and mamba2-style alone; attention, attention with the
+# convolution and the conv-only control are sanity checks in a family of their own. MQAR sits at
+# the ceiling (runs stop once validation reaches 0.99: test accuracy records where the stop
+# fired) and palindrome at the floor for the recurrent mixers; there accuracy cannot order them,
+# so claim A gets **no verdict** on either (printed, untested). The claims family is then nine
+# comparisons: stack, in accuracy and on the pops beyond the conv reach (the overall score is
+# dominated by pops the blind control gets right), and claim B in steps to solve where KDA and
+# GDN solve on every seed. It was fixed after the record had been read (as its review
+# proposed): a rerun would confirm it. MQAR with more pairs and longer sequences, palindrome with
+# longer budgets, is `scripts/synthetic_sweep.py --preset paper`, for an accelerator; not run.
 #
-# The paper reports two things on these tasks: **(A)** KDA reaches the highest accuracy on
-# all three tasks as the sequence grows, and **(B)** it gets there in fewer training steps
-# than GDN. Below, for each task, a verdict per claim from the complete cells (`rs.claim_a`,
-# `rs.claim_b`): *reproduced* (KDA ordered above every other complete mixer, for B faster than
-# GDN, at every complete length), *in part* (at some), or *not shown*. What this design cannot
-# reach: the paper's longer sequences and step budgets; the same script's `--preset paper`
-# runs them on an accelerator, and was not run here.
+# **The statistics** (`kda_lib.lab.significance`, as in 09): paired t-tests on the per-seed
+# differences KDA minus the other (the sign test where all are equal), Holm within each family:
+# *ordered* where the adjusted p is below 0.05, else *level* (not shown to differ), with the 95%
+# interval, the seeds on each side of zero and the gap detectable at 80% power. Verdicts
+# (`rs.claim_a`, `rs.claim_b`): *reproduced* (at every length), *in part*, or *not shown*.
 
 # %%
-# (task, T, mixer or "steps") -> (KDA's per-seed scores, the other's), paired by seed
-family = rs.kda_family(cells, complete, acc, setting["solved"])
-tests = compare_family(family, alpha=ALPHA)
-print(f"{len(tests)} paired comparisons, Holm-corrected together at alpha {ALPHA}; the mean "
-      "difference KDA - other [95% interval], and the gap detectable at 80% power:")
-for (task, t, m), c in tests.items():
-    what = "steps to solve, KDA - gdn" if m == "steps" else f"accuracy, KDA - {m}"
-    print(f"{task:10s} T={t:<3d} {what:29s} {c.describe()}; detectable {c.detectable:.3g}")
-
-# %%
-verdicts = {}
-for task in rec_tasks:
-    (va, per_len), (vb, found) = rs.claim_a(tests, task, rec_lens[task]), rs.claim_b(tests, task)
-    unsolved = [r for c in complete if c[0] == task for r in cells[c] if r["stop"] != "solved"]
-    verdicts[task] = dict(A=va, B=vb)
-    print(f"{task}: claim A {va} {per_len}\n  claim B {vb} {found}\n  {len(unsolved)} "
-          f"unsolved runs, {sum(r['stop'] == 'rising' for r in unsolved)} still rising at "
-          f"the budget of {setting['max_steps']} steps (their accuracies are lower bounds)")
+family = rs.kda_family(cells, complete, acc, setting["solved"])  # (task, T, other): KDA's, other's
+beyond = {(m, t): rs.beyond_reach(cells[("stack", m, t)]) for m in rs.MIXER_ORDER for t in (64, 128)
+          }
+family |= {("stack", t, f"{m} beyond"): (beyond[("kda", t)], beyond[(m, t)])
+           for t in (64, 128) for m in ("gdn", "mamba2")}  # the endpoint beyond the conv reach
+baselines = {k: v for k, v in family.items() if k[2].split()[0] in ("gdn", "mamba2", "steps")}
+claims = {k: v for k, v in baselines.items() if k[0] == "stack" or k[2] == "steps"}
+families = {"claims": compare_family(claims), "sanity checks": compare_family(
+    {k: v for k, v in family.items() if k not in baselines}), "no verdict (ceiling, floor)": {
+        k: compare(*v) for k, v in baselines.items() if k not in claims}}
+for name, group in families.items():
+    print(f"--- {name}: {len(group)} comparisons, KDA - other")
+    for (task, t, m), c in group.items():
+        what = "steps to solve, gdn" if m == "steps" else m.replace("mamba2", "mamba2-style")
+        text = c.describe().split(", paired")[0] if name[0] == "n" else c.describe()
+        print(f"{task:10s} T={t:<3d} {what:22s} {text}; detectable {c.detectable:.3g}")
+tests = {k: c for group in families.values() for k, c in group.items()}
+verdicts = {"A, stack": rs.claim_a(families["claims"], "stack", (64, 128))[0],
+            **{f"B, {task}": rs.claim_b(families["claims"], task)[0] for task in rec_tasks}}
+wide = compare_family(baselines)  # MQAR and palindrome kept in: 17 comparisons
+print(verdicts, "\nordered with MQAR and palindrome in the claims family:",
+      sorted(k for k, c in wide.items() if c.verdict != "level"))
 
 # %% [markdown]
-# Every cell is complete (asserted below). **MQAR**: KDA is ordered above plain attention and
-# the conv-only control at both lengths, by more than 0.75 and 0.95; it is level with GDN, Mamba2
-# and attention with the short convolution, all four at 0.98 or more on every seed (a ceiling),
-# so claim A holds only *in part*; claim B is *not shown* (KDA and GDN level in steps to solve).
-# Two-layer attention without the convolution stays between 0.15 and 0.25 on every seed: the
-# plateau of section 5, which the long recorded run leaves only after thousands of steps.
+# Every cell is complete (asserted below). **Claim A on stack: *in part*.** At $T$ = 128 KDA is
+# ordered above GDN and mamba2-style, in accuracy and beyond the conv reach; at 64 above
+# mamba2-style in both, level with GDN (one GDN seed keeps only 0.50 beyond the reach). In all
+# eight KDA is ahead on 5 of 5 seeds, beyond the reach by 0.11 to 0.18 on average. With MQAR and
+# palindrome kept in the family (17 comparisons) the two at 128 with mamba2-style would be
+# level. Two lengths cannot show "as the sequence grows". **Claim B: *not shown*, its point
+# estimate against the paper:** on MQAR at $T$ = 64 KDA needed more steps than GDN on 4 of 5
+# seeds and never fewer (level); at 128 one KDA seed never reached 0.99 (0.984, still rising).
 #
-# **Palindrome**: claim A is *not shown*: attention is ordered *above* KDA at $T$ = 64, by more
-# than 0.5, and the rest is level; KDA, GDN and Mamba2 score between 0.13 and 0.61 on every seed.
-# **Stack**: claim A holds *in part*: KDA is ordered above attention and the conv-only control at
-# both lengths, above Mamba2 at 64 and GDN at 128, level with the rest, below none. On the pops
-# beyond the conv reach KDA keeps 0.85 or more on average, GDN and Mamba2 0.69 to 0.77, the
-# conv-only control under 0.02. Claim B has no length to test on either task: KDA and GDN do not
-# both solve palindrome on every seed, and no stack run is solved.
+# **No verdict.** MQAR: KDA, GDN, mamba2-style and attention with the convolution score 0.98 or
+# more on every seed; at $T$ = 128 KDA is below GDN on 5 of 5 seeds, below mamba2-style on 4.
+# Palindrome: KDA, GDN and mamba2-style score between 0.13 and 0.61 on every seed. **Sanity
+# checks** (printed): KDA is ordered above attention and the conv-only control on MQAR and stack
+# and below attention on palindrome, at both lengths. **Limits.** Parameters are not matched:
+# KDA has about a tenth more than GDN and mamba2-style, a quarter more than attention (section
+# 7). Rates were tuned on one seed at $T$ = 64 only; at one rate KDA's palindrome seeds spread
+# from 0.28 to 0.48 at 64, so a one-seed choice is noisy.
 
 # %%
-ordered = {label: c.verdict for label, c in tests.items() if c.verdict != "level"}
-kda_above = [(k, t, m) for k in ("mqar", "stack") for t in (64, 128) for m in ("attention", "conv")]
-kda_above += [("stack", 64, "mamba2"), ("stack", 128, "gdn")]
-assert ordered == {**dict.fromkeys(kda_above, ">"), ("palindrome", 64, "attention"): "<"}
+stack = {k for k in claims if k[2] != "steps"}
+kda_above = stack - {("stack", 64, "gdn"), ("stack", 64, "gdn beyond")} | {
+    (k, t, m) for k in ("mqar", "stack") for t in (64, 128) for m in ("attention", "conv")} | {
+    ("stack", 64, "attention_conv"), ("stack", 128, "attention_conv"), ("palindrome", 64, "conv")}
+assert {k: c.verdict for k, c in tests.items() if c.verdict != "level"} == {**dict.fromkeys(
+    kda_above, ">"), **{("palindrome", t, "attention"): "<" for t in (64, 128)}}
 assert set(complete) == {(k, m, t) for k in rec_tasks for m in rs.MIXER_ORDER for t in (64, 128)}
-assert all(0.75 < tests[("mqar", t, "attention")].mean < 0.8 for t in (64, 128))
-assert all(0.95 < tests[("mqar", t, "conv")].mean < 0.97 for t in (64, 128))
-assert all(acc[("mqar", m, t)].min() >= 0.98 for t in (64, 128)
-           for m in ("kda", "gdn", "mamba2", "attention_conv"))
-assert all(0.15 < acc[("mqar", "attention", t)].min() <= acc[("mqar", "attention", t)].max()
-           < 0.25 for t in (64, 128))
-assert tests[("palindrome", 64, "attention")].mean < -0.5
-assert all(0.13 < acc[("palindrome", m, t)].min() <= acc[("palindrome", m, t)].max() < 0.61
-           for m in ("kda", "gdn", "mamba2") for t in (64, 128))
-beyond = {(m, t): rs.beyond_reach(cells[("stack", m, t)]).mean() for m in rs.MIXER_ORDER
-          for t in (64, 128)}
-assert min(beyond[("kda", t)] for t in (64, 128)) >= 0.85
-assert all(0.69 < beyond[(m, t)] < 0.77 for m in ("gdn", "mamba2") for t in (64, 128))
-assert max(beyond[("conv", t)] for t in (64, 128)) < 0.02
-assert not any(r["stop"] == "solved" for c in complete if c[0] == "stack" for r in cells[c])
-assert [verdicts[k]["A"] for k in rec_tasks] == ["in part", "not shown", "in part"]
-assert [verdicts[k]["B"][:9] for k in rec_tasks] == ["not shown", "no length", "no length"]
+assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8)  # as the text says
+assert [v[:9] for v in verdicts.values()] == ["in part", "not shown", "no length", "no length"]
+assert all((tests[k].above, tests[k].below) == (5, 0) for k in stack) and len(stack) == 8
+assert [round(f(tests[k].mean for k in stack if "beyond" in k[2]), 2) for f in (min, max)] == [
+    0.11, 0.18] and round(beyond[("gdn", 64)].min(), 2) == 0.5
+assert all(wide[("stack", 128, m)].verdict == "level" for m in ("mamba2", "mamba2 beyond"))
+assert (tests[("mqar", 64, "steps")].above, tests[("mqar", 64, "steps")].below) == (4, 0)
+assert setting["solved"] == 0.99 and round(acc[("mqar", "kda", 128)].min(), 3) == 0.984
+assert [r["stop"] for r in cells[("mqar", "kda", 128)]].count("rising") == 1 and [
+    tests[("mqar", 128, m)].below for m in ("gdn", "mamba2")] == [5, 4]
+assert all(acc[("mqar", m, t)].min() >= 0.98 and 0.13 < acc[("palindrome", m, t)].min() <= acc[
+    ("palindrome", m, t)].max() < 0.61 for t in (64, 128) for m in ("kda", "gdn", "mamba2"))
+assert all(acc[("mqar", "attention_conv", t)].min() >= 0.98 for t in (64, 128))
+gain = {m: round(size["kda"] / size[m] - 1, 2) for m in size}  # about a tenth, a quarter
+assert (gain["gdn"], gain["mamba2"], gain["attention"]) == (0.09, 0.1, 0.25)
+assert [round(f(acc[("palindrome", "kda", 64)]), 2) for f in (min, max)] == [0.28, 0.48]
 print("the statements above hold on the recorded sweep")
 
 # %% [markdown]
 # ## 9. Where a decay per channel helps: two time scales in one head
 #
-# Whatever the trained models of section 8 show, here is a case, built in closed form, where
-# the per-channel decay is worth something: filter a stream $x_t$ ($d_v = 1$) at two time scales,
+# A case, built in closed form, where the per-channel decay is worth something: filter a
+# stream $x_t$ ($d_v = 1$) at two time scales,
 #
 # $$
 # y_t = \sum_{\nu \ge 0} \phi(\nu)\, x_{t - \nu}, \qquad
@@ -525,32 +528,28 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
          "08_two_time_scales")
 
 # %% [markdown]
-# The scalar-gate head must choose one time scale: its best compromise overshoots the short
-# lags and undershoots the long ones. Two such heads could hold one scale each, at twice the
-# state; one KDA head holds both. Whether trained models use this, the sweep does not show.
+# The scalar-gate head must choose one time scale; one KDA head holds both (two scalar-gate
+# heads of one channel each could too). Whether trained models use this, the sweep does not show.
 #
 # ## Summary
 #
-# - Five mixers, one model and training loop, three recall tasks, a rate tuned per mixer on
-#   validation batches, test batches reported, several seeds.
-# - At CI size, one-layer KDA solves MQAR on every seed; the conv-only ablation stays near
-#   chance, as its finite reach says it must. One-layer softmax attention cannot, for a
-#   structural reason: with the recurrent mixers' short convolution it can; with two layers it
-#   learns MQAR after a phase transition (the recorded long run).
-# - The recorded sweep (six mixers, validation decides, test reports, five fresh seeds) gives
-#   each of the paper's two claims a verdict per task from the complete cells, each ordering a
-#   paired t-test across seeds, Holm-corrected over the family (`kda_lib.lab.significance`):
-#   KDA is ordered above attention and the conv-only control on MQAR and stack, above Mamba2
-#   (64 tokens) and GDN (128) only on stack, and below attention on palindrome at 64 tokens
-#   (section 8). The paper's claim B is not shown on any task at this size.
+# - At CI size, one-layer KDA solves MQAR on every seed and the conv-only ablation stays near
+#   chance; one-layer softmax attention cannot, for a structural reason: with the short
+#   convolution it can; with two layers it learns MQAR after a phase transition (section 5).
+# - The recorded sweep (six mixers, rates chosen on validation, test reported, five paired
+#   seeds), judged against the paper's baselines (GDN, a Mamba2-style mixer) where it can order
+#   them: claim A holds *in part* on stack (KDA ordered above both at 128 tokens, in accuracy
+#   and beyond the conv reach); MQAR (ceiling) and palindrome (floor) give no verdict; claim B
+#   is not shown, its point estimate against the paper (KDA slower than GDN on MQAR). Against
+#   the controls KDA wins on MQAR and stack and loses to attention on palindrome (section 8).
 # - One KDA head with two channels holds two time scales at once (exact to float64 rounding);
 #   a scalar gate's head is one exponential (section 9).
 #
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch08.py` (try first).
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution.
+# Worked solutions: `notebooks/solutions/ch08.py` (try first).
 #
 # 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
 #    many are there for `vocab_size` tokens, and what accuracy does uniform guessing give?

@@ -24,8 +24,9 @@
 # train it, the same hybrid with multi-head attention (MHA) in place of MLA, and three
 # baselines of the same parameter count (softmax attention, KDA, Gated DeltaNet) as byte-level
 # language models on the Python standard library's source. We measure in miniature: test bits
-# per byte over paired seeds, how far back each model reads, training and decoding speed, and
-# decoding memory (constant for KDA; growing with the context for attention, slower for MLA).
+# per byte over paired seeds, whether each model reads beyond its last 32 bytes, training speed,
+# and decoding memory (constant for KDA; growing with the context for attention, slower for
+# MLA). What it cannot test (GDN-H and all-MLA baselines, long contexts) the Summary lists.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
@@ -140,8 +141,8 @@ LN2 = math.log(2)
 # `hybrid_mha` is the same pattern with multi-head attention in place of MLA (`rope=False`
 # drops its rotary embedding: NoPE); the full setting trains it as a comparison (`model_names`;
 # at CI size, where the two hybrids have one global layer each, it is left out to save time).
-# The baselines use one mixer everywhere; softmax attention keeps RoPE, since nothing else
-# would tell it where a token is.
+# The baselines use one mixer everywhere; softmax attention keeps RoPE, the usual choice
+# (without it, causal attention can still infer positions from its mask: Kazemnejad et al.).
 #
 # The mixers differ in size (a KDA layer has gates, a convolution and a forget-gate projection
 # that attention lacks), so we give every model the parameter count of the KDA model by
@@ -192,10 +193,9 @@ print("one validation window:", repr(bytes(np.asarray(valid.inputs[0], np.uint8)
 #
 # Each model trains with the same AdamW schedule on the same random windows
 # (`kda_lib.lab.train.train` with `kda_lib.lab.corpus.text_task`: every position is scored, its
-# target
-# the next byte). Every `eval_every` steps a callback scores the validation windows. Training
-# speed is measured over the steps after the first window (which includes compilation), with
-# the validation time taken out.
+# target the next byte). Every `eval_every` steps a callback scores the validation windows.
+# Training speed is measured over the steps after the first window (which includes
+# compilation), with the validation time taken out.
 
 # %%
 def train_model(name):
@@ -259,8 +259,8 @@ viz.show(fig, "09_validation_curves")
 #
 # Position $t$ of a window has seen $t + 1$ bytes: a model that uses more context gets better
 # further into the window; one that forgets stays flat. Below, this run's validation bits per
-# byte by position (mean over windows, smoothed over 8 positions); at CI size which bytes sit
-# where dominates the curve, and section 7 tests the gain on the recorded runs.
+# byte by position (mean over windows, smoothed over 8 positions); which bytes sit where
+# dominates the curve, so section 7 tests reach with a copy probe instead.
 
 # %% tags=["hide-input"]
 def smooth(y, width=8):
@@ -411,16 +411,15 @@ viz.show(fig, "09_live_and_recorded")
 for name, r in recorded["models"].items():  # how far back they read: tested further down
     first, last = context_gain(r)
     print(f"--- {name} (recorded; context gain {first - last:+.3f} bits per byte)\n{r['sample']}")
-    assert first - last > 0, (name, first, last)
 
 # %% [markdown]
 # **Which model is best?** `scripts/stdlib_lm_seeds.py` (`recorded_protocol`, rules stored in
 # the file) splits the corpus by file into training, validation and test; picks each model's
 # rate on validation with a tuning seed never reported (best strictly inside the rates tried);
-# trains five fresh seeds per model at its rate for equal steps; scores the test windows once.
-# Seeds fix initialisation and batches for every model, so scores pair by seed: paired t-tests
+# trains five fresh seeds per model at its rate for equal steps; scores the test windows once
+# (inference conditional on those windows). Scores pair by seed: paired t-tests
 # (`kda_lib.lab.significance`), Holm-corrected at $\alpha$ = 0.05; *ordered* only below it,
-# else *level*, with the 95% interval and the gap the design detects with 80% power.
+# else *level*, with the 95% interval, the seeds on each side and the gap detectable at 80% power.
 
 # %%
 protocol = load_recorded("results", recorded_protocol)
@@ -444,8 +443,7 @@ for m in models:
 viz.show(lm.plot_curves_and_positions(runs, models, early=reach), "09_protocol_curves")
 
 # %%
-late = {m: np.array([r["curve"]["validation_bpb"][-2] - r["curve"]["validation_bpb"][-1]
-                     for r in runs[m]]) for m in models}
+late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], models)
 print("validation bits per byte gained over the last evaluation interval, mean over seeds: "
       + ", ".join(f"{m} {late[m].mean():.4f}" for m in models))
 pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(models) for b in models[i + 1:]}
@@ -456,61 +454,61 @@ for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
 # %%
 ordered = [f"{a} {c.verdict} {b} ({c.mean:+.3f})" for (a, b), c in tests.items()
            if c.verdict != "level"]
-level = [c for c in tests.values() if c.verdict == "level"]
-widest = max(level, key=lambda c: abs(c.mean)) if level else None
+level = {k: c for k, c in tests.items() if c.verdict == "level"}
+epoch = ps["steps"] * ps["batch_size"] * ps["seq_len"] / protocol["corpus"]["train_bytes"]
+h, h_mha = tests[("hybrid", "kda")], tests[("hybrid_mha", "kda")]  # hybrid - KDA
+gaps = [c.detectable for c in level.values()]
 display(Markdown(
-    f"At an equal budget of {ps['steps']} steps, with validation still falling (by "
-    f"{min(v.mean() for v in late.values()):.3f} to {max(v.mean() for v in late.values()):.3f} "
-    f"bits per byte over the last {ps['eval_every']} steps), {len(ordered)} of the "
-    f"{len(tests)} pairs are ordered after Holm's correction"
-    + (f": {'; '.join(ordered)} (a - b, bits per byte; '<' is better)." if ordered else ".")
-    + (f" The other {len(level)} are level; the largest of their mean gaps is "
-       f"{widest.mean:+.3f} [{widest.low:+.3f}, {widest.high:+.3f}], and the design detects "
-       f"gaps of {min(c.detectable for c in level):.3f} to "
-       f"{max(c.detectable for c in level):.3f} bits per byte." if level else "")))
-assert all(v.mean() > 0 for v in late.values())  # "still falling"
+    f"At an equal budget of {ps['steps']} steps ({epoch:.2f} of an epoch), with validation still "
+    f"falling (by {min(v.mean() for v in late.values()):.3f} to "
+    f"{max(v.mean() for v in late.values()):.3f} bits per byte over the last {ps['eval_every']} "
+    f"steps), {len(ordered)} of the {len(tests)} pairs are ordered after Holm's correction: "
+    f"{'; '.join(ordered)} (a - b, bits per byte; '<' is better): an early-training gap. The "
+    f"other {len(level)} are level (detectable gaps {min(gaps):.3f} to {max(gaps):.3f}); the "
+    f"largest of their mean gaps goes against the hybrid: the MLA hybrid is nominally *worse* "
+    f"than pure KDA, {h.mean:+.3f} [{h.low:+.3f}, {h.high:+.3f}] (on {h.above} of {h.n} seeds), "
+    f"the MHA hybrid too, {h_mha.mean:+.3f} ({h_mha.above} of {h_mha.n}). Whether the hybrid is "
+    f"better or worse than KDA at this scale is not resolved."))
+assert all(v.mean() > 0 for v in late.values()) and ordered  # "still falling"
+assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
+    c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 
 # %% [markdown]
-# **Does every model read beyond its last 32 bytes?** Two tests on the test split. *Falling
-# bits:* mean bits over the 32 positions after the first 32 minus over the last 32 (shaded
-# above); a model reading only its last 32 bytes sees as much context at both. *Copy probe*
-# (`kda_lib.lab.corpus.copy_probe_windows`): windows whose second half repeats the first, 64
-# bytes back, against other text there, scored where the last 32 bytes and the current one
-# agree: a model blind beyond 32 bytes gains exactly nothing. Each against zero, Holm-corrected.
+# **Does every model read beyond its last 32 bytes?** The *copy probe*
+# (`kda_lib.lab.corpus.copy_probe_windows`, on the test split): windows whose second half
+# repeats the first, 64 bytes back, against other text there, scored where the last 32 bytes
+# and the current one agree, so a model blind beyond 32 bytes gains exactly nothing. Each
+# model's gain against zero over seeds, Holm-corrected over the five, and per run in standard
+# errors over the windows. (The fall in bits across the shaded positions tests no reach: window
+# content differs by position, and the record keeps no per-window numbers to pair it out.)
 
 # %%
-drop = lm.by_seed(runs, lambda r: lm.position_drop(r, early=reach), models)
 probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
-assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in models for r in runs[m]} == {
-    (32, 64)}, "the text's 32 and 64 bytes"
-zeros = np.zeros(len(runs[models[0]]))
-context = compare_family({**{(m, "falling bits"): (drop[m], zeros) for m in models},
-                          **{(m, "copy probe"): (probe[m], zeros) for m in models}}, alpha=ALPHA)
-for (m, what), c in context.items():
-    print(f"{m:10s} {what:12s} {c.describe(' bpb')}")
-reads_far = {what: [m for m in models if context[(m, what)].verdict == ">"]
-             for what in ("falling bits", "copy probe")}
-either = [m for m in models if any(m in v for v in reads_far.values())]
+probe_z = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"], models)
+assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in runs for r in runs[m]} == {(32, 64)}
+context = compare_family({m: (probe[m], np.zeros(probe[m].size)) for m in models}, alpha=ALPHA)
+for m, c in context.items():
+    print(f"{m:10s} copy probe {c.describe(' bpb')}; per run, z over windows {probe_z[m].round(1)}")
+shown = [m for m in models if context[m].verdict == ">"]
 display(Markdown(
-    f"Above zero after Holm's correction: falling bits for {reads_far['falling bits'] or 'none'}, "
-    f"the copy probe for {reads_far['copy probe'] or 'none'}; no test is below zero. So "
-    + ("every model is shown to read beyond its last 32 bytes." if len(either) == len(models)
-       else f"{either or 'no model'} {'is' if len(either) == 1 else 'are'} shown to read beyond "
-       f"its last 32 bytes; for {[m for m in models if m not in either]} this design shows it "
-       "neither way.")))
+    f"Above zero after Holm's correction: {shown}; so these read beyond their last 32 bytes. "
+    + "".join(f"{m}: level over seeds, its gain positive on {context[m].above} of "
+              f"{context[m].n} seeds, more than 3 window standard errors on "
+              f"{int((probe_z[m] > 3).sum())}. " for m in models if m not in shown)))
 assert not any(c.verdict == "<" for c in context.values())
+assert shown == [m for m in models if m != "gdn"]  # the Summary's "every model but GDN"
 
 # %% [markdown]
-# **Speed, as recorded.** Training tokens/s of the protocol's runs (validation excluded; a shared
-# 2-core machine: the load moved each model's own runs by the factor printed below). Attention's
-# slowest run beat every other model's fastest (asserted): at $T = 128$ on a CPU its layer is a
-# few $[T \times T]$ matrix products, a KDA layer many small operations. Decoding (the full run):
-# from the shortest context to the longest, attention's and the MHA hybrid's decoding slows more
-# than tenfold (a cache that grows); the MLA hybrid's global layer reads a quarter of those bytes
-# and slows less than twofold, more than twice as fast as the MHA hybrid at the longest; KDA and
-# GDN read a fixed state and are no slower (asserted). The paper's speed claims (up to 6 times
-# full attention's decoding throughput at 1M tokens, on GPUs) cannot be checked here. How these
-# timings were taken: [`docs/DESIGN.md`, "Engineering notes: speed in
+# **Speed and memory, as recorded.** Training tokens/s of the protocol's runs (five per model,
+# validation excluded; a shared 2-core machine: the load moved each model's own runs by the
+# factor printed below). Attention's slowest run beat every other model's fastest (asserted): at
+# $T = 128$ on a CPU its layer is a few $[T \times T]$ matrix products, a KDA layer many small
+# operations. Decoding: the full run timed each model once per context under that load (KDA's
+# rate, the same work at every context, moved by the factor printed), so no decoding-speed claim
+# is made; the cache bytes are exact: at the longest context the MLA hybrid's is a quarter of the
+# MHA hybrid's, and KDA's and GDN's are the same at every context (asserted). The paper's speed
+# claims (up to 6 times full attention's decoding throughput at 1M tokens, on GPUs) cannot be
+# checked here. How these timings were taken: [`docs/DESIGN.md`, "Engineering notes: speed in
 # the recorded language-model runs (from notebook 09)"](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-speed-in-the-recorded-language-model-runs-from-notebook-09).
 
 # %%
@@ -520,16 +518,14 @@ print("protocol runs' training tokens/s, mean [range] (fastest / slowest run): "
 assert ps["seq_len"] == 128 and min(speed["attention"]) > max(
     max(speed[n]) for n in speed if n != "attention")  # attention fastest, every seed
 rows = {n: r["decode"] for n, r in recorded["models"].items()}
-shortest, longest = ({n: r[i] for n, r in rows.items()} for i in (0, -1))
-for name in rows:
-    print(f"{name:10s} decode {shortest[name]['tokens_per_second']:6,.0f} tokens/s at context "
-          f"{shortest[name]['context']}, {longest[name]['tokens_per_second']:6,.0f} at "
-          f"{longest[name]['context']}; cache {longest[name]['cache_bytes'] / 2**20:.2f} MiB")
-slowdown = {n: shortest[n]["tokens_per_second"] / longest[n]["tokens_per_second"] for n in rows}
-assert min(slowdown["attention"], slowdown["hybrid_mha"]) > 10 and slowdown["hybrid"] < 2
-assert longest["hybrid"]["tokens_per_second"] > 2 * longest["hybrid_mha"]["tokens_per_second"]
-assert longest["hybrid"]["cache_bytes"] < 0.26 * longest["hybrid_mha"]["cache_bytes"]
-assert max(slowdown["kda"], slowdown["gdn"]) <= 1
+for name, r in rows.items():
+    print(f"{name:10s} decode cache {r[0]['cache_bytes'] / 2**20:.2f} MiB at {r[0]['context']} "
+          f"tokens, {r[-1]['cache_bytes'] / 2**20:.2f} MiB at {r[-1]['context']}; one timing per "
+          f"context: {[round(x['tokens_per_second']) for x in r]} tokens/s")
+fixed = [x["tokens_per_second"] for x in rows["kda"]]
+print(f"KDA's decode rate, the same work at every context, moved by {max(fixed) / min(fixed):.1f}")
+assert rows["hybrid"][-1]["cache_bytes"] < 0.26 * rows["hybrid_mha"][-1]["cache_bytes"]
+assert all(len({x["cache_bytes"] for x in rows[n]}) == 1 for n in ("kda", "gdn"))
 
 # %% [markdown]
 # ## Summary
@@ -539,13 +535,17 @@ assert max(slowdown["kda"], slowdown["gdn"]) <= 1
 #   decoding from the caches reproduces the full forward pass byte for byte (asserted above
 #   for the KDA + MLA hybrid; MLA's cached, absorbed path in `tests/layers/test_mla.py`).
 # - Decode memory: the KDA model's cache is the same at every context; per token and global
-#   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted).
-# - Every model trained here beats the byte-frequency baseline (asserted). Under the protocol
-#   (a rate per model on validation, five paired seeds, test reported, Holm-corrected paired
-#   t-tests; section 7) the verdicts, and whether each model reads beyond its last 32 bytes,
-#   are printed there with their intervals.
-# - At the longest recorded context the MLA hybrid's cache is a quarter of the MHA hybrid's and
-#   it decoded over twice as fast; at $T = 128$ on this CPU attention trained fastest (asserted).
+#   layer, multi-head attention's grows by $2 H K$ floats and MLA's by $r$ (asserted); at the
+#   longest recorded context the MLA hybrid's cache is a quarter of the MHA hybrid's.
+# - Under the protocol (section 7) every recurrent model and hybrid beats attention early in
+#   training, and **the 3:1 MLA hybrid is nominally worse than pure KDA** (on 4 of 5 seeds; the
+#   MHA hybrid too): level, not resolved. The copy probe shows every model but GDN reading
+#   beyond its last 32 bytes. At $T = 128$ on this CPU attention trained fastest.
+# - Not done in this round (each needs new recorded runs): the paper's baselines GDN-H (3 GDN :
+#   1 MLA) and all-MLA, a second, longer training budget to check the ordering, and windows of
+#   1 KB or more (the probe at several distances), where the global layer has work to do: at
+#   128 bytes every layer sees the whole window. So this notebook neither supports nor
+#   contradicts the paper's hybrid claims.
 
 # %% [markdown]
 # ## Exercises

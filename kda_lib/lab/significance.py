@@ -24,6 +24,13 @@ distribution for small ``n``), for differences whose normality is doubtful by co
 two-sided p-value below ``2 / 2**n`` (0.25 at 3 seeds, 0.0625 at 5): with fewer than 6 seeds it
 can never reach 0.05, and :func:`compare` says so in ``Comparison.note``.
 
+**Differences with no spread.** Where every seed gives the same difference (up to the rounding
+of the scores, e.g. step counts quantised at the evaluation interval), the t statistic is
+infinite and the t-test undefined: :func:`compare` then uses the exact sign test
+(:func:`scipy.stats.binomtest`; every difference has the same sign, so ``p = 2 / 2**n``, 0.0625
+at 5 seeds, the same as the signed-rank test and the exact paired permutation test there),
+reports ``test="sign"`` and says so in ``Comparison.note``; equal scores give ``p = 1``.
+
 **What it guarantees.**
 
 * p-values are scipy's; the interval is the paired t interval
@@ -71,7 +78,8 @@ class Comparison:
 
     Attributes:
       n: seeds (pairs).
-      test: ``"t"`` or ``"wilcoxon"``.
+      test: ``"t"`` or ``"wilcoxon"`` (the caller's choice), ``"sign"`` where the differences
+        have no spread (see the module docstring).
       mean: mean paired difference ``mean(a - b)`` (the effect size, in score units).
       low, high: its 95% confidence interval (paired t).
       sd: sample standard deviation of the differences (``ddof=1``).
@@ -80,6 +88,8 @@ class Comparison:
       alpha: the family-wise level.
       verdict: ``">"``, ``"<"`` (ordered: ``p_adjusted < alpha``) or ``"level"``.
       detectable: the smallest ``|mean|`` detectable at 80% power (see the module docstring).
+      above, below: the seeds with ``a > b`` and with ``a < b`` beyond the scores' rounding (the
+        direction, level or not).
       note: why the test could not reach ``alpha`` whatever the scores (or "").
     """
 
@@ -94,14 +104,18 @@ class Comparison:
     alpha: float
     verdict: str
     detectable: float
+    above: int = 0
+    below: int = 0
     note: str = ""
 
     def describe(self, unit: str = "") -> str:
-        """``"+0.012 [-0.004, +0.028]<unit>, paired t p = 0.09 (Holm 0.61): level"``."""
-        name = {"t": "paired t", "wilcoxon": "Wilcoxon"}[self.test]
+        """``"+0.012 [-0.004, +0.028]<unit> (+4/-1 seeds), paired t p = 0.09 (Holm 0.61): level"``:
+        the mean with its interval, the seeds with ``a > b`` and ``a < b``, the test."""
+        name = {"t": "paired t", "wilcoxon": "Wilcoxon", "sign": "sign test"}[self.test]
         return (
-            f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]{unit}, {name} p = "
-            f"{self.p:.2g} (Holm {self.p_adjusted:.2g}): {self.verdict}"
+            f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]{unit} (+{self.above}/-"
+            f"{self.below} seeds), {name} p = {self.p:.2g} (Holm {self.p_adjusted:.2g}): "
+            f"{self.verdict}"
         )
 
 
@@ -143,9 +157,11 @@ def _family_size(m) -> int:
     return int(m)
 
 
-def _differences(a, b) -> tuple[np.ndarray, int]:
-    """``(d / 2**exponent, exponent)``: the paired differences divided by the power of two that
-    brings them below 1 in magnitude (exact, so no statistic overflows)."""
+def _differences(a, b) -> tuple[np.ndarray, int, float]:
+    """``(d / 2**exponent, exponent, rounding / 2**exponent)``: the paired differences divided by
+    the power of two that brings them below 1 in magnitude (exact, so no statistic overflows),
+    and the scores' rounding: a spread of a few units in their last place, which ``0.7 - 0.5``
+    and ``0.8 - 0.6`` have and no test should read."""
     a, b = _scores("a", a), _scores("b", b)
     if a.size != b.size:
         raise ValueError(
@@ -156,7 +172,8 @@ def _differences(a, b) -> tuple[np.ndarray, int]:
     if not np.all(np.isfinite(d)):
         raise ValueError("the differences a - b exceed float64's range; rescale the scores")
     exponent = math.frexp(float(np.max(np.abs(d))))[1]  # |d| < 2**exponent
-    return np.ldexp(d, -exponent), exponent
+    rounding = 4 * np.finfo(np.float64).eps * max(np.max(np.abs(a)), np.max(np.abs(b)))
+    return np.ldexp(d, -exponent), exponent, float(np.ldexp(rounding, -exponent))
 
 
 def _unscale(value: float, exponent: int) -> float:
@@ -239,22 +256,24 @@ def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1
     if test not in TESTS:
         raise ValueError(f"test must be one of {TESTS}; got {test!r}")
     alpha, family_size = _level("alpha", alpha), _family_size(family_size)
-    d, exponent = _differences(a, b)
+    d, exponent, rounding = _differences(a, b)
     n = d.size
     sd = float(d.std(ddof=1))
     mean = float(d.mean())
-    if sd == 0:  # every seed gives the same difference: no spread, an interval of one point
+    if np.ptp(d) <= rounding:  # every seed gives the same difference: a one-point interval
         low = high = mean
-        p = 1.0 if mean == 0 else 0.0 if test == "t" else float(stats.wilcoxon(d).pvalue)
+        p = 1.0  # equal scores; else every difference has the sign of the mean: the sign test
+        if np.max(np.abs(d)) > rounding:
+            test, p = "sign", float(stats.binomtest(n, n).pvalue)
     else:
         result = stats.ttest_1samp(d, 0.0)
         interval = result.confidence_interval(CONFIDENCE)
         low, high, p = float(interval.low), float(interval.high), float(result.pvalue)
         if test == "wilcoxon":
             p = float(stats.wilcoxon(d).pvalue)
-    note = ""
-    if test == "wilcoxon" and 2.0 / 2**n >= alpha / family_size:
-        note = f"Wilcoxon with {n} pairs cannot reach p < {alpha / family_size:.2g}"
+    note = "no spread (the t-test is undefined): the exact sign test" if test == "sign" else ""
+    if test != "t" and 2.0 / 2**n >= alpha / family_size:  # the smallest p of either test
+        note = f"{note or 'Wilcoxon'} with {n} pairs cannot reach p < {alpha / family_size:.2g}"
     verdict = "level" if p >= alpha else ">" if mean > 0 else "<"
     return Comparison(
         n=n,
@@ -268,6 +287,8 @@ def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1
         alpha=alpha,
         verdict=verdict,
         detectable=_unscale(detectable_gap(n, sd, alpha / family_size), exponent),
+        above=int(np.sum(d > rounding)),
+        below=int(np.sum(d < -rounding)),
         note=note,
     )
 

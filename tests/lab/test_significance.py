@@ -20,7 +20,11 @@ def test_paired_t_gives_the_textbook_sleep_data_result():
     """R: t.test(extra ~ group, sleep, paired = TRUE): t = -4.0621, df = 9, p = 0.002833,
     95% CI (-2.4598858, -0.7001142), mean difference -1.58."""
     c = sig.compare(DRUG_1, DRUG_2)
-    assert (c.n, c.test, c.verdict) == (10, "t", "<")
+    assert (c.n, c.test, c.verdict, c.above, c.below) == (10, "t", "<", 0, 9)  # one tie
+    assert (
+        c.describe(" h") == "-1.58 [-2.46, -0.7] h (+0/-9 seeds), paired t p = 0.0028 "
+        "(Holm 0.0028): <"
+    )
     assert c.mean == pytest.approx(-1.58)
     assert c.p == pytest.approx(0.002833, abs=5e-7)
     assert (c.low, c.high) == pytest.approx((-2.4598858, -0.7001142), abs=1e-7)
@@ -127,10 +131,30 @@ def test_family_verdicts_follow_the_holm_corrected_p():
     assert reversed_pairs["strong"].verdict == "<"
 
 
-def test_no_spread_gives_a_point_interval():
+def test_no_spread_is_the_exact_sign_test_not_p_zero():
+    """Issue 52: equal nonzero differences (steps to solve, quantised at 100) made the t-test's
+    p 0 ("ordered" at any seed count); the exact sign test gives 2 / 2**n: level at 5 seeds,
+    ordered at 6, in a Holm family as any other p. Equal up to the scores' rounding counts as
+    equal (0.71 - 0.51 and 0.83 - 0.63 differ in the last bit: the t-test gave p = 4e-64)."""
     assert sig.compare([0.5, 0.5, 0.5], [0.5, 0.5, 0.5]).verdict == "level"
-    c = sig.compare([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])
-    assert (c.low, c.high, c.p, c.verdict, c.detectable) == (0.5, 0.5, 0.0, ">", 0.0)
+    steps = np.array([900, 400, 700, 500, 600])
+    c = sig.compare(steps, steps - 200)
+    assert (c.test, c.low, c.high, c.p, c.verdict) == ("sign", 200, 200, 0.0625, "level")
+    assert (
+        c.note == "no spread (the t-test is undefined): the exact sign test with 5 pairs "
+        "cannot reach p < 0.05"
+    )
+    assert "paired" not in c.describe() and "sign test p = 0.062" in c.describe()
+    a = np.array([0.71, 0.83, 0.97, 0.61, 0.53, 0.66])
+    b = np.array([0.51, 0.63, 0.77, 0.41, 0.33, 0.46])
+    assert np.ptp(a - b) > 0  # not exactly equal in float64
+    six = sig.compare(b, a)
+    assert (six.test, six.p, six.verdict) == ("sign", 0.03125, "<") and "reach" not in six.note
+    assert sig.compare(a[:5], b[:5], test="wilcoxon").p == 0.0625
+    noise = sig.compare([0.1 + 0.2, 0.2 + 0.4, 0.7], [0.3, 0.6, 0.7])  # rounding around 0
+    assert (noise.test, noise.p, noise.verdict, noise.above, noise.below) == ("t", 1, "level", 0, 0)
+    family = sig.compare_family({"steps": (steps, steps - 200), "six": (a, b)})
+    assert [c.p_adjusted for c in family.values()] == pytest.approx([0.0625, 0.0625])
 
 
 # hypothesis draws nearly equal differences on purpose: scipy warns that their moments lose

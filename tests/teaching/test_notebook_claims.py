@@ -22,6 +22,7 @@ claim, next to where they claim it.
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 import pathlib
 import re
@@ -486,36 +487,101 @@ def test_attention_phase_transition_recording_as_notebook_08_states_it():
     assert plateau.min() > (1 + (pairs - 1) / n_values) / pairs > phase["chance_accuracy"]
 
 
-def test_synthetic_recall_verdicts_as_notebook_08_states_them():
-    """08 section 8 on the complete protocol-2 sweep: every (task, mixer, T) cell complete, and
-    of the family's Holm-corrected comparisons exactly these ordered: KDA above attention and
-    the conv-only control on MQAR and stack at both lengths, above Mamba2 (stack, T = 64) and
-    GDN (stack, T = 128), below attention on palindrome at T = 64; everything else level."""
-    from kda_lib.lab.significance import ALPHA, compare_family
+LENS = (64, 128)
+
+
+def _sweep_families():
+    """Notebook 08's families rebuilt from the record without its code: ``(cells, acc, beyond,
+    claims, sanity)``, each family ``{label: (KDA's per-seed scores, the other's)}``."""
     from kda_lib.teaching import recall_sweep as rs
 
-    sweep = _recorded("results", PROTOCOL_2_SWEEP)
-    cells, complete, acc = rs.sweep_cells(sweep, min_seeds=5)
+    cells, complete, acc = rs.sweep_cells(_recorded("results", PROTOCOL_2_SWEEP), min_seeds=5)
     assert (
         complete
         == set(cells)
         == {
-            (k, m, t)
-            for k in ("mqar", "palindrome", "stack")
-            for m in rs.MIXER_ORDER
-            for t in (64, 128)
+            (k, m, t) for k in ("mqar", "palindrome", "stack") for m in rs.MIXER_ORDER for t in LENS
         }
     )
-    tests = compare_family(
-        rs.kda_family(cells, complete, acc, sweep["setting"]["solved"]), alpha=ALPHA
-    )
-    ordered = {label: c.verdict for label, c in tests.items() if c.verdict != "level"}
-    above = {(k, t, m) for k in ("mqar", "stack") for t in (64, 128) for m in ("attention", "conv")}
-    assert ordered == {
-        **dict.fromkeys(above | {("stack", 64, "mamba2"), ("stack", 128, "gdn")}, ">"),
-        ("palindrome", 64, "attention"): "<",
+    beyond = {(m, t): rs.beyond_reach(cells[("stack", m, t)]) for m in rs.MIXER_ORDER for t in LENS}
+    steps = [[rs.solve_step(r, 0.99) for r in cells[("mqar", m, 64)]] for m in ("kda", "gdn")]
+    claims = {("mqar", 64, "steps"): tuple(np.array(s, float) for s in steps)}
+    for t, m in ((t, m) for t in LENS for m in ("gdn", "mamba2")):
+        claims[("stack", t, m)] = acc[("stack", "kda", t)], acc[("stack", m, t)]
+        claims[("beyond", t, m)] = beyond[("kda", t)], beyond[(m, t)]
+    sanity = {(k, t, m): (acc[(k, "kda", t)], acc[(k, m, t)])
+              for k in ("mqar", "palindrome", "stack") for t in LENS
+              for m in ("attention", "attention_conv", "conv")}  # fmt: skip
+    return cells, acc, beyond, claims, sanity
+
+
+def _ordered(family):
+    """The Holm-ordered labels of a family (paired t from scipy, Holm written out here)."""
+    from scipy import stats
+
+    keys = list(family)
+    p = np.array([stats.ttest_rel(*family[k]).pvalue for k in keys])
+    order = np.argsort(p)
+    adjusted = np.empty(len(p))
+    adjusted[order] = np.minimum(np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]), 1)
+    return {
+        k: ">" if np.mean(np.subtract(*family[k])) > 0 else "<"
+        for k, q in zip(keys, adjusted, strict=True)
+        if q < 0.05
     }
-    assert len(tests) == 31  # 30 accuracy comparisons and MQAR's steps at T = 64
+
+
+def test_synthetic_recall_verdicts_as_notebook_08_states_them():
+    """08 section 8 (issue 52), recomputed with scipy: the claims family (KDA against GDN and
+    Mamba2-style on stack, in accuracy and beyond the conv reach, and steps to solve MQAR against
+    GDN: 9 comparisons) and the sanity family (KDA against attention, attention_conv and conv:
+    18) are ordered exactly as stated; with MQAR and palindrome kept in the claims family (17),
+    both stack comparisons with Mamba2-style at T = 128 would be level."""
+    _, acc, _, claims, sanity = _sweep_families()
+    assert _ordered(claims) == dict.fromkeys(
+        {("stack", 128, "gdn"), ("beyond", 128, "gdn")}
+        | {(k, t, "mamba2") for k in ("stack", "beyond") for t in LENS},
+        ">",
+    )
+    up = {(k, t, m) for k in ("mqar", "stack") for t in LENS for m in ("attention", "conv")}
+    up |= {("stack", t, "attention_conv") for t in LENS} | {("palindrome", 64, "conv")}
+    assert _ordered(sanity) == {
+        **dict.fromkeys(up, ">"),
+        **{("palindrome", t, "attention"): "<" for t in LENS},
+    }
+    wide = dict(claims)
+    for k, t, m in itertools.product(("mqar", "palindrome"), LENS, ("gdn", "mamba2")):
+        wide[(k, t, m)] = acc[(k, "kda", t)], acc[(k, m, t)]
+    assert len(wide) == 17
+    assert not {("stack", 128, "mamba2"), ("beyond", 128, "mamba2")} & set(_ordered(wide))
+
+
+def test_synthetic_recall_numbers_as_notebook_08_states_them():
+    """08 sections 7-8 (issue 52): the directions, gaps, ceilings, floors, spreads and parameter
+    counts its prose states, from the record."""
+    cells, acc, beyond, claims, _ = _sweep_families()
+    for k, (a, b) in claims.items():  # KDA ahead on every seed in all eight stack comparisons
+        assert ((a > b).sum(), (a < b).sum()) == ((4, 0) if k[2] == "steps" else (5, 0)), k
+    gaps = [
+        np.mean(np.subtract(*claims[("beyond", t, m)])) for t in LENS for m in ("gdn", "mamba2")
+    ]
+    assert (round(min(gaps), 2), round(max(gaps), 2)) == (0.11, 0.18)
+    assert round(beyond[("gdn", 64)].min(), 2) == 0.50
+    assert [r["stop"] for r in cells[("mqar", "kda", 128)]].count("rising") == 1
+    assert round(min(acc[("mqar", "kda", 128)]), 3) == 0.984
+    below = [(acc[("mqar", "kda", 128)] < acc[("mqar", m, 128)]).sum() for m in ("gdn", "mamba2")]
+    assert below == [5, 4]
+    ceiling = [
+        acc[("mqar", m, t)] for m in ("kda", "gdn", "mamba2", "attention_conv") for t in LENS
+    ]
+    assert np.min(ceiling) >= 0.98
+    floor = np.array([acc[("palindrome", m, t)] for m in ("kda", "gdn", "mamba2") for t in LENS])
+    assert 0.13 < floor.min() and floor.max() < 0.61
+    assert [round(f(acc[("palindrome", "kda", 64)]), 2) for f in (min, max)] == [0.28, 0.48]
+    size = {r["mixer"]: r["params"] for r in _recorded("results", PROTOCOL_2_SWEEP)["runs"]}
+    assert [size[m] for m in ("kda", "gdn", "mamba2", "attention")] == [92932, 84872, 84616, 74432]
+    gain = [round(size["kda"] / size[m] - 1, 3) for m in ("gdn", "mamba2", "attention")]
+    assert gain == [0.095, 0.098, 0.249]  # "about a tenth", "a quarter"
 
 
 def test_mqar_guessing_among_pair_values_by_sampling():
@@ -651,41 +717,45 @@ def test_stdlib_lm_protocol_record_follows_its_protocol():
 
 
 def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
-    """09 section 7 on the protocol record: attention's test bits per byte are ordered above
-    each of the other four models' (Holm over the ten pairs), the six other pairs are level;
-    the falling-bits test is above zero for all five, the copy probe for all but GDN (Holm
-    over the ten context tests)."""
-    import numpy as np
-
-    from kda_lib.lab.significance import compare_family
+    """09 section 7 on the protocol record (issue 52): attention's test bits per byte are ordered
+    above each of the other four models' (Holm over the ten pairs, 0.14 of an epoch, validation
+    still falling by 0.050-0.081 per 100 steps), the six other pairs are level, the largest of
+    them the MLA hybrid - KDA, +0.020 (worse on 4 of 5 seeds), and the MHA hybrid - KDA +0.014
+    (4 of 5); the copy probe is above zero for all but GDN (Holm over the five), GDN's gain
+    positive on every seed and above 3 window standard errors on 4."""
     from kda_lib.teaching import lm_protocol as lm
 
     record = _recorded("results", "stdlib_lm_protocol.json")
     runs, complete = lm.seed_runs(record)
     models = [m for m in lm.MODEL_ORDER if m in complete]
     assert len(models) == 5
+    setting, train_bytes = record["setting"], record["corpus"]["train_bytes"]
+    epoch = setting["steps"] * setting["batch_size"] * setting["seq_len"] / train_bytes
+    assert round(epoch, 2) == 0.14
+    late = [np.mean([-np.diff(r["curve"]["validation_bpb"][-2:]) for r in runs[m]]) for m in models]
+    assert (round(min(late), 3), round(max(late), 3)) == (0.050, 0.081)
     bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], models)
-    tests = compare_family({(a, b): (bpb[a], bpb[b]) for i, a in enumerate(models)
-                            for b in models[i + 1 :]})  # fmt: skip
-    assert {k for k, c in tests.items() if c.verdict != "level"} == {
-        (m, "attention") for m in models if m != "attention"
-    }
-    assert all(tests[(m, "attention")].verdict == "<" for m in models if m != "attention")
-    zeros = np.zeros(5)
-    drop = lm.by_seed(runs, lm.position_drop, models)
+    pairs = {(a, b): (bpb[a], bpb[b]) for i, a in enumerate(models) for b in models[i + 1 :]}
+    assert _ordered(pairs) == {(m, "attention"): "<" for m in models if m != "attention"}
+    level = {k: np.mean(np.subtract(*v)) for k, v in pairs.items() if k[1] != "attention"}
+    assert max(level, key=lambda k: abs(level[k])) == ("hybrid", "kda")
+    for m, gap in (("hybrid", 0.020), ("hybrid_mha", 0.014)):
+        d = bpb[m] - bpb["kda"]
+        assert round(d.mean(), 3) == gap and ((d > 0).sum(), (d < 0).sum()) == (4, 1)
     probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
-    context = compare_family({**{(m, "drop"): (drop[m], zeros) for m in models},
-                              **{(m, "probe"): (probe[m], zeros) for m in models}})  # fmt: skip
-    assert {k for k, c in context.items() if c.verdict == ">"} == {
-        *((m, "drop") for m in models),
-        *((m, "probe") for m in models if m != "gdn"),
+    assert _ordered({m: (probe[m], np.zeros(5)) for m in models}) == {
+        m: ">" for m in models if m != "gdn"
     }
+    z = np.array([r["probe"]["gain_bpb"] / r["probe"]["gain_se"] for r in runs["gdn"]])
+    assert (z > 0).all() and (z > 3).sum() == 4
 
 
 def test_stdlib_lm_recording_as_notebook_09_states_it():
     """09: the recorded full run's hybrid is 3 KDA : 1 MLA and hybrid_mha its
-    multi-head-attention twin; MLA's cache grows a quarter as fast as MHA's; decode slowdowns
-    as stated (the quality and training-speed comparisons read the protocol record)."""
+    multi-head-attention twin; MLA's cache grows a quarter as fast as MHA's, and at the longest
+    context the MLA hybrid's cache is a quarter of the MHA hybrid's; KDA's and GDN's caches are
+    the same at every context. (Its decode timings, one per context under load, carry no claim:
+    KDA's moved by 1.8 for the same work.)"""
     full = _recorded("results", "stdlib_lm_full.json")
     models = full["models"]
     assert full["config"]["hybrid_layers"] == ["kda", "kda", "kda", "mla"]
@@ -698,12 +768,12 @@ def test_stdlib_lm_recording_as_notebook_09_states_it():
         for n, rows in decode.items()
     }
     assert grow["hybrid"] / grow["hybrid_mha"] == 32 / (2 * 2 * 32)  # r / (2 H K)
-    speed = {n: [r["tokens_per_second"] for r in rows] for n, rows in decode.items()}
-    assert speed["attention"][0] / speed["attention"][-1] > 10
-    assert speed["hybrid_mha"][0] / speed["hybrid_mha"][-1] > 10
-    assert speed["hybrid"][0] / speed["hybrid"][-1] < 2
-    assert speed["hybrid"][-1] > 2 * speed["hybrid_mha"][-1]
-    assert all(speed[n][-1] >= speed[n][0] for n in ("kda", "gdn"))
+    assert (
+        0.25 < decode["hybrid"][-1]["cache_bytes"] / decode["hybrid_mha"][-1]["cache_bytes"] < 0.26
+    )
+    assert all(len({r["cache_bytes"] for r in decode[n]}) == 1 for n in ("kda", "gdn"))
+    kda = [r["tokens_per_second"] for r in decode["kda"]]
+    assert round(max(kda) / min(kda), 1) == 1.8
 
 
 def test_recorded_speed_forensics_of_notebook_09():
