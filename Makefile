@@ -75,16 +75,20 @@ test-fast: $(STAMP) ## one folder's quick tests: make test-fast FOLDER=layers
 
 # execute every notebook with papermill (PARAMS=full: the bigger settings of notebooks/params/full/),
 # then render build/notebooks/ into the site build/html/ (Sphinx + myst-nb; renders the stored
-# outputs, executes nothing; its source folder is build/html-src/)
+# outputs, executes nothing; its source folder is build/html-src/). KDA_NONINTERACTIVE=1: no
+# widget starts (kda_lib.teaching.notebook.interactive); a cell that times out fails papermill,
+# and one recorded as completed after the whole timeout (jupyter/nbclient#312) fails
+# scripts/check_cell_times.py
 notebooks: $(STAMP) ## execute every notebook with papermill, then build the site
 	@mkdir -p build/notebooks
 	@for nb in $(NOTEBOOKS); do \
-	  name=$$(basename $$nb .ipynb); \
+	  name=$$(basename $$nb .ipynb); out=build/notebooks/$$name.ipynb; \
 	  echo "== $$name ($(PARAMS) parameters)"; \
 	  start=$$(date +%s); \
 	  params=notebooks/params/$(PARAMS)/$$name.yaml; opt=""; [ -f $$params ] && opt="-f $$params"; \
-	  $(VENV)/bin/papermill --no-progress-bar --execution-timeout $(CELL_TIMEOUT) -k python3 $$opt \
-	    $$nb build/notebooks/$$name.ipynb || exit 1; \
+	  KDA_NONINTERACTIVE=1 $(VENV)/bin/papermill --no-progress-bar \
+	    --execution-timeout $(CELL_TIMEOUT) -k python3 $$opt $$nb $$out || exit 1; \
+	  $(VPY) scripts/check_cell_times.py $(CELL_TIMEOUT) $$out || exit 1; \
 	  echo "   $$(( $$(date +%s) - start )) s"; \
 	done
 	$(VPY) scripts/build_site.py $(EXECUTED) --output build/html

@@ -251,7 +251,7 @@ viz.show(fig, "00_quickstart_precision")
 #    which no run of this notebook's tokens produced.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in `notebooks/solutions/ch00.py` (the test suite checks them).
+# solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 
 # %%
 answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new_state, o)

@@ -558,7 +558,7 @@ display(Markdown(
 #    compares it with `kda_lib.kda_step`.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
-# solutions (with the derivations) are in `notebooks/solutions/ch01.py`.
+# solutions (with the derivations) are in [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 
 # %%
 answer = None  # exercise 1: a function recalled_fraction(beta, writes) -> a number

@@ -522,17 +522,16 @@ display(Markdown(
 #
 # `kda_lib.teaching.gates.explore` recomputes the three views above for one head with **one**
 # shared $a$ (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input
-# $\mathbf f$ still varies by channel and token). With `interactive=True` and ipywidgets
-# installed, sliders below drive it, starting from the defaults (the sliders need a live
-# notebook; the rendered site shows the figure they drew at the defaults); otherwise the cell
-# draws it once with them.
+# $\mathbf f$ still varies by channel and token). With `interactive=True`, ipywidgets installed
+# and a live notebook (Jupyter, Colab), sliders below drive it, starting from the defaults;
+# otherwise (papermill, nbval, the rendered site) the cell draws it once with them.
 
 # %% tags=["hide-input"]
 explorer_defaults = dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value,
                          gate="safe")
 gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
-                           k_norm=k_rand[:seq_len], v_norm=v_rand[:seq_len], floor=floor),
-                      explorer_defaults, interactive=interactive)
+                   k_norm=k_rand[:seq_len], v_norm=v_rand[:seq_len], floor=floor),
+              explorer_defaults, interactive=kda_lib.teaching.notebook.interactive(interactive))
 
 # %% [markdown]
 # ## Summary
@@ -572,7 +571,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #    heads of its own.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in `notebooks/solutions/ch02.py`.
+# solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
 answer = None  # exercise 1: a function half_life(g) -> tokens, elementwise

@@ -530,7 +530,7 @@ for mode in modes:
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
-# without showing the expected one. Worked solutions are in `notebooks/solutions/ch03.py`.
+# without showing the expected one. Worked solutions are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
 # 1. **One token per chunk.** With $C = 1$ a chunk's map is the token's own. Write
 #    `token_map(k, g, beta, v)` returning $(M_t, E_t)$, the token's map $S \mapsto M_t S + E_t$

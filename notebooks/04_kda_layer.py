@@ -541,7 +541,7 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 #    that `x` and on inputs of its own.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in `notebooks/solutions/ch04.py`.
+# solutions are in [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
 # %%
 answer = None  # exercise 1: the parameter count with full-rank gates

@@ -546,7 +546,7 @@ display(Markdown(
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch05.py` (try first).
+# solutions (try first) are in [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
 #
 # 1. **A halo longer than a slice.** With $w - 1$ larger than the tokens per rank, a rank
 #    needs tokens from several predecessors. Run `halo_exchange` with

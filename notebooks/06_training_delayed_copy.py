@@ -391,7 +391,7 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch06.py` (try first).
+# solutions (try first) are in [`notebooks/solutions/ch06.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch06.py).
 #
 # 1. **Chance level.** Compute, with `jnp`, the cross-entropy in nats of a model that
 #    predicts the uniform distribution over the vocabulary, and compare it with `chance_loss`.

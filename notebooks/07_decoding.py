@@ -561,7 +561,7 @@ display(Markdown(
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch07.py` (try first).
+# solutions (try first) are in [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
 # 1. **No convolution, no history.** Build the layer with `conv_size=0` and measure its cache
 #    in bytes (`sum(a.nbytes for a in jax.tree.leaves(cache))`): it must be the states alone.

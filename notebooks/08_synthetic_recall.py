@@ -548,8 +548,8 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution.
-# Worked solutions: `notebooks/solutions/ch08.py` (try first).
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
+# solutions (try first) are in [`notebooks/solutions/ch08.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch08.py).
 #
 # 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
 #    many are there for `vocab_size` tokens, and what accuracy does uniform guessing give?

@@ -552,7 +552,7 @@ assert all(len({x["cache_bytes"] for x in rows[n]}) == 1 for n in ("kda", "gdn")
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch09.py` (try first).
+# solutions (try first) are in [`notebooks/solutions/ch09.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch09.py).
 #
 # 1. **Count the cache.** Write `hybrid_cache_bytes(context)` giving the hybrid's decode cache
 #    in bytes after `decode_cost` has filled it for `context` tokens: KDA layers hold an

@@ -556,7 +556,7 @@ display(Markdown(
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions are in `notebooks/solutions/ch10.py` (try first).
+# solutions (try first) are in [`notebooks/solutions/ch10.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch10.py).
 #
 # 1. **The cache reduction at one context.** For Kimi K3 at `contexts[0]` tokens, the fraction
 #    $1 - $ (hybrid decode memory) / (all-MLA decode memory) of one sequence, counting the KDA

@@ -15,8 +15,8 @@ by default ``<output>-src``):
   ``nb_execution_mode = "off"``, nothing runs twice);
 * the index page: the notebooks in file-name order (the order to read them), each with its
   title, one line (the first sentence of its opening paragraph) and a thumbnail of its first
-  figure; ``docs/NOTATION.md`` and ``docs/DESIGN.md`` become pages of the site, and the
-  notebooks' links to the notation table on GitHub point to that page instead;
+  figure; the ``docs/`` pages (:data:`DOC_PAGES`) become pages of the site, and the
+  notebooks' links to them on GitHub point to those pages instead;
 * a code cell tagged ``hide-input`` shows its outputs with its code folded away under a label
   that says what the code is (the install cell, the code of a figure, of the sliders, ...);
 * an interactive widget (ipywidgets) needs a kernel: its place holds a note saying so, followed
@@ -69,8 +69,14 @@ WIDGET_NOTE = (
     "the notebook in Jupyter or on Colab to use its controls; what it drew when the notebook ran "
     "(the default setting) is shown below."
 )
-# the pages the docs/ files become (source file -> page name)
-DOC_PAGES = {"NOTATION.md": "notation", "DESIGN.md": "design"}
+# the pages the docs/ files become (source file -> page name), in the table of contents' order
+DOC_PAGES = {
+    "TEACHING.md": "teaching",
+    "LIBRARY.md": "library",
+    "RUNNING.md": "running",
+    "NOTATION.md": "notation",
+    "DESIGN.md": "design",
+}
 _REMOTE = re.compile(r"^\s*(https?:)?//", re.IGNORECASE)
 _REMOTE_SCRIPT = re.compile(
     r"<script\b[^>]*\bsrc\s*=\s*[\"']?(https?:)?//[^>]*>.*?</script\s*>", re.I | re.S
@@ -189,7 +195,7 @@ def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
 
 
 def _relink(markdown: str, url: str, prefix: str) -> str:
-    """Links to docs/NOTATION.md or docs/DESIGN.md (on GitHub or relative, with or without a
+    """Links to a page of :data:`DOC_PAGES` (on GitHub or relative, with or without a
     ``#section`` anchor) -> the site's pages (myst's heading anchors are GitHub's)."""
 
     def target(match):
@@ -310,8 +316,9 @@ def _index(pages: list[Page]) -> str:
     return (
         f"# {SITE_TITLE}\n\n{INDEX_LEAD}\n\n"
         f'<ol class="notebooks">\n{chr(10).join(items)}\n</ol>\n\n'
-        "Symbols follow the [notation table](notation.md); the package's layers and conventions "
-        "are in the [design notes](design.md).\n\n"
+        "Symbols follow the [notation table](notation.md). Teachers: [exercises, checkers and "
+        "solutions](teaching.md); the library beyond the notebooks: [using it](library.md), "
+        "[installing and running](running.md), the [design notes](design.md).\n\n"
         f"```{{toctree}}\n:hidden:\n:caption: Notebooks\n\n{notebooks}\n```\n\n"
         f"```{{toctree}}\n:hidden:\n:caption: Reference\n\n{references}\n```\n"
     )
@@ -326,6 +333,18 @@ ol.notebooks img { width: 200px; border: 1px solid #eee; }
 ol.notebooks .thumb-missing { width: 200px; flex: none; color: #888; font-size: 0.8rem; }
 /* a printed line longer than the page is wrapped, not hidden behind a scroll bar */
 .cell_output pre { white-space: pre-wrap; overflow-wrap: anywhere; }
+/* a 1280 px window shows a whole 100-character line of code (the notebooks' limit): narrower
+   sidebars and padding than the theme's (20% and 17rem; 2rem), code at 13 px */
+html { --pst-sidebar-secondary: 12rem; }
+@media (min-width: 992px) {
+  .bd-sidebar-primary { flex-basis: 13rem; }
+  .bd-sidebar-primary.pst-sidebar-hidden,
+  input#pst-primary-sidebar-checkbox:checked ~ .bd-container .bd-sidebar-primary {
+    margin-left: -13rem; }
+}
+.bd-main .bd-content .bd-article-container .bd-article { padding-left: 1.5rem;
+                                                          padding-right: 1.5rem; }
+.bd-article pre { font-size: 13px; padding: 0.75rem; }
 """
 
 

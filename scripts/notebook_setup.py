@@ -42,8 +42,11 @@ _BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
 # a notebook's install block: from its first line to the end of its cell (jupytext's `# %%`)
 _INSTALL_REGION = re.compile(r"^import importlib\.util\n.*?\n(?=\n# %%)", re.S | re.M)
 _NOTATION_LINK = re.compile(r"\[`docs/NOTATION\.md`\]\([^)]*\)")
-# a link from a notebook to a file of this repository (DESIGN's engineering notes, NOTATION)
-_DOCS_LINK = re.compile(r"(https://github\.com/[\w.-]+/[\w.-]+)/blob/[\w.-]+/docs/")
+# a link from a notebook to a file of this repository (DESIGN's engineering notes, NOTATION,
+# its worked solutions)
+_DOCS_LINK = re.compile(
+    r"(https://github\.com/[\w.-]+/[\w.-]+)/blob/[\w.-]+/(?:docs|notebooks/solutions)/"
+)
 _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 # the README's install and clone commands, and its Colab links (owner/name)
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
@@ -119,6 +122,13 @@ def notation_link(url: str) -> str:
     return f"[`docs/NOTATION.md`]({_checked(url)}/blob/{BRANCH}/docs/NOTATION.md)"
 
 
+def solutions_link(url: str, notebook: str) -> str:
+    """The markdown link to the worked solutions of ``notebook`` (``NN_name``, any suffix),
+    ``notebooks/solutions/chNN.py`` on :data:`BRANCH` (a relative link is broken on Colab)."""
+    path = f"notebooks/solutions/ch{notebook[:2]}.py"
+    return f"[`{path}`]({_checked(url)}/blob/{BRANCH}/{path})"
+
+
 def install_block(url: str) -> str:
     """The setup cell's install block, installing kda_lib from ``git+url``."""
     needed = ", ".join(f'"{name}"' for name in NEEDED_MODULES)
@@ -141,6 +151,9 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
     links = _NOTATION_LINK.findall(text)
     if links != [notation_link(url)]:
         found.append(f"{source.name}: want one link {notation_link(url)!r}, found {links}")
+    solutions = solutions_link(url, source.name)
+    if "solutions/ch" in text.replace(solutions, ""):
+        found.append(f"{source.name}: names its solutions other than as the link {solutions!r}")
     others = sorted({o for o in _DOCS_LINK.findall(text) if o != _checked(url)})
     if others:
         found.append(f"{source.name}: links to docs/ of {others}, not of {url}")

@@ -1,5 +1,6 @@
 """The notebooks' shared setup: :func:`setup` (one line about JAX and kda_lib, the shared
-settings) and :func:`check_parameters` (a notebook's papermill parameters, by name).
+settings), :func:`check_parameters` (a notebook's papermill parameters, by name) and
+:func:`interactive` (whether a widget may start).
 
 The install step before it is :mod:`kda_lib.teaching.install` (standard library only).
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 from collections.abc import Mapping
 
 from kda_lib.checks import is_int
@@ -53,6 +55,24 @@ def _origin(module_file: str) -> str:
     ends up on the published pages)."""
     parts = os.path.normpath(module_file).split(os.sep)
     return "installed" if "site-packages" in parts or "dist-packages" in parts else "source tree"
+
+
+# set to 1 by `make notebooks` (papermill) and tests/teaching/run_nbval.py for their kernels
+NONINTERACTIVE_ENV = "KDA_NONINTERACTIVE"
+
+
+def interactive(requested: bool = True) -> bool:
+    """Whether a notebook cell may start a widget: ``requested`` (the notebook's ``interactive``
+    parameter), ``KDA_NONINTERACTIVE`` unset (or ``0``), and a kernel whose frontend can answer
+    ``input()`` (JupyterLab, Colab and VS Code can; papermill, nbconvert and every other
+    nbclient run cannot). A run without a frontend draws the static figure instead: a widget
+    there has nothing to move it, and its messages can stall the cell until the cell timeout
+    (jupyter/nbclient#312)."""
+    if not requested or os.environ.get(NONINTERACTIVE_ENV, "0") != "0":
+        return False
+    ipython = sys.modules.get("IPython")
+    kernel = getattr(ipython.get_ipython(), "kernel", None) if ipython else None
+    return kernel is not None and bool(getattr(kernel, "_allow_stdin", True))
 
 
 # int parameters that may be 0 (every other int parameter must be >= 1)

@@ -11,7 +11,9 @@ defaults), one test item per cell in one kernel, and on top of nbval's own check
 * a cell running longer than ``CELL_TIMEOUT_S`` has hung and fails (nbval interrupts it, and
   pytest-timeout, configured in pyproject.toml, dumps every thread's stack);
 * the first failing cell stops the run (``-x``), instead of every later cell failing on names
-  it never defined.
+  it never defined;
+* the kernel runs with ``KDA_NONINTERACTIVE=1``: no widget starts (a notebook draws its static
+  figure instead, :func:`kda_lib.teaching.notebook.interactive`).
 
 The rules live in a plugin object passed to :func:`pytest.main` rather than a conftest.py, so
 the kernel's ``sys.path`` and environment stay the user's: run as a script, this file's folder
@@ -20,12 +22,14 @@ is on the runner's path only.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 CELL_TIMEOUT_S = 1200  # 07's sweep, the longest CI cell, takes minutes on two busy cores
 KERNEL_STARTUP_TIMEOUT_S = 180
+NONINTERACTIVE_ENV = "KDA_NONINTERACTIVE"  # kda_lib.teaching.notebook's (not imported: jax)
 
 
 class CleanStderr:
@@ -71,6 +75,7 @@ def main(argv: list[str]) -> int:
     if not any(arg.endswith(".ipynb") for arg in argv):
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
+    os.environ[NONINTERACTIVE_ENV] = "1"  # the kernel inherits it
     return int(pytest.main(nbval_args(argv), plugins=[CleanStderr()]))
 
 

@@ -4,17 +4,19 @@ notebooks executed here.
 The notebooks hold what the real ones hold: a title, a Colab badge, a link to the notation table
 on GitHub, inline and display math (bold vectors, blackboard letters, an aligned block), the
 install cell and a plotting cell tagged ``hide-input``, sliders whose output widget draws a
-figure, and a line printing the checkout's path. The checks: the index lists both in file-name
-order with a line and a thumbnail; the theme gives a table of contents, prev/next, search, copy
-buttons and a Colab button; math is left as TeX for MathJax, which the site serves itself; folds
-say what they hide; the widget's place holds a note and the figure it drew; the notation and
-design notes are pages; no page loads anything from another host or names this machine.
-How the math looks in a real browser is checked by ``make check-browser``
+figure, a line printing the checkout's path, and a cell asking whether it may start a widget.
+The checks: the index lists both in file-name order with a line and a thumbnail; the theme
+gives a table of contents, prev/next, search, copy buttons and a Colab button; math is left as
+TeX for MathJax, which the site serves itself; folds say what they hide; the widget's place
+holds a note and the figure it drew; the docs pages are pages; no page loads anything from
+another host or names this machine; the content column is wide enough for a 100-character
+line of code. How the math looks in a real browser is checked by ``make check-browser``
 (scripts/check_browser.py).
 """
 
 from __future__ import annotations
 
+import html
 import pathlib
 import re
 import socket
@@ -38,6 +40,12 @@ SLIDERS = (
     "def draw(n):\n    fig, ax = plt.subplots(figsize=(2, 1))\n    ax.plot(range(n))\n"
     "    plt.show()\n"
     "display(ipywidgets.interactive_output(draw, {'n': ipywidgets.IntSlider(3)}))"
+)
+
+NO_FRONTEND = (
+    "import os\nfrom kda_lib.teaching import notebook\n"
+    "os.environ.pop(notebook.NONINTERACTIVE_ENV, None)\n"
+    "print('may start a widget:', notebook.interactive())"
 )
 
 
@@ -67,6 +75,8 @@ def _notebook(name: str, title: str, with_widget: bool) -> nbformat.NotebookNode
     ]
     if with_widget:
         cells.append(nbformat.v4.new_code_cell(SLIDERS, metadata={"tags": ["hide-input"]}))
+    else:  # what a notebook asks before it starts a widget, run through nbclient as papermill
+        cells.append(nbformat.v4.new_code_cell(NO_FRONTEND))
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
     return nb
@@ -119,7 +129,8 @@ def test_theme_gives_toc_prev_next_search_copy_and_colab(site):
     output, _ = site
     page = _page(output, "notebooks/00_first.html")
     toc = page[page.index('id="pst-primary-sidebar"') :]
-    for target in ("01_second.html", "notation.html", "design.html"):
+    pages = [f"{page}.html" for page in build_site.DOC_PAGES.values()]
+    for target in ("01_second.html", *pages):
         assert target in toc, f"the table of contents lacks {target}"
     assert re.search(r'class="[^"]*prev-next[^"]*"', page) and "01_second.html" in page
     assert (output / "search.html").is_file() and (output / "searchindex.js").is_file()
@@ -184,10 +195,36 @@ def test_widget_place_holds_a_note_and_what_it_drew(site):
     assert build_site.WIDGET_NOTE.split(":")[0] not in _page(output, "notebooks/01_second.html")
 
 
-def test_notation_and_design_are_pages_and_the_notation_link_stays_on_the_site(site):
+def test_a_notebook_run_without_a_frontend_starts_no_widget(site):
+    """nbclient (papermill's executor) gives the kernel no stdin: no widget, whatever the
+    environment says (tests/teaching/test_batch_runs.py checks the switches themselves)."""
     output, _ = site
-    assert "Notation" in _page(output, "notation.html")
-    assert "design" in _page(output, "design.html").lower()
+    assert "may start a widget: False" in _page(output, "notebooks/01_second.html")
+
+
+def test_a_1280_px_window_shows_a_100_character_line_of_code():
+    """The site's layout at 1280 px (15 of them a scroll bar): both sidebars, the article's and
+    the code block's padding and border, and 100 characters at DejaVu Sans Mono's advance
+    (0.602 em) fit. (In Chromium 150 the code block is then 813 px wide and shows such a line
+    whole; the theme's own layout cut it at about 78 characters.)"""
+
+    def number(pattern):
+        return float(re.search(pattern, build_site.STYLE).group(1))
+
+    rem = 16
+    sidebars = number(r"--pst-sidebar-secondary: ([\d.]+)rem") + number(r"flex-basis: ([\d.]+)rem")
+    article = 2 * number(r"\.bd-article \{ padding-left: ([\d.]+)rem")
+    font = number(r"\.bd-article pre \{ font-size: (\d+)px")
+    code_box = 2 * number(r"\.bd-article pre \{[^}]*padding: ([\d.]+)rem") * rem + 2 + 3
+    assert (sidebars + article) * rem + code_box + 100 * 0.602 * font <= 1280 - 15
+
+
+def test_the_docs_are_pages_and_the_notation_link_stays_on_the_site(site):
+    output, _ = site
+    for name, page in build_site.DOC_PAGES.items():
+        title = (ROOT / "docs" / name).read_text().splitlines()[0].removeprefix("# ")
+        assert html.escape(title, quote=False) in _page(output, f"{page}.html"), name
+    assert 'href="running.html#the-site"' in _page(output, "teaching.html"), "links between pages"
     page = _page(output, "notebooks/00_first.html")
     assert 'href="../notation.html"' in page
     assert f"{URL}/blob/main/docs/NOTATION.md" not in page
