@@ -53,7 +53,7 @@ Usage::
         --dtype bfloat16 --impls chunked tokamax_xla_chunked softmax
     python -m kda_lib.lab.bench --impls recurrent --seq-lens 4096 # force a sequential form
     python -m kda_lib.lab.bench --modes fwd --reps 5 --out -      # print only, no JSON
-    python -m kda_lib.lab.bench --preset accelerator              # on a GPU or TPU (docs/RUNNING.md)
+    python -m kda_lib.lab.bench --preset accelerator   # on a GPU or TPU (docs/RUNNING.md)
 
 The JSON (default ``build/runs/benchmarks/<platform>-<YYYY-MM-DD>.json``; with ``--record`` the
 recorded ``data/benchmarks/<platform>-<YYYY-MM-DD>.json``, relative to the working
