@@ -263,14 +263,12 @@ def _glm_fields(config: dict, shape_cls) -> dict:
     )
 
 
-def preset_from_hf_config(cls, config, name=None):
-    """The :class:`~kda_lib.models.presets.ModelPreset` (``cls``) a parsed ``config.json``
-    describes (see :meth:`~kda_lib.models.presets.ModelPreset.from_hf_config`)."""
-    from kda_lib.models.presets import MLAShape
-
+def preset_from_hf_config(cls, mla_cls, config, name=None):
+    """The :class:`~kda_lib.models.presets.ModelPreset` (``cls``, its MLA widths ``mla_cls``) a
+    parsed ``config.json`` describes (see :meth:`ModelPreset.from_hf_config`)."""
     config, model_type = text_config(config)
     read = _kimi_fields if model_type == "kimi_linear" else _glm_fields
-    fields = read(config, MLAShape)
+    fields = read(config, mla_cls)
     eps = check_number(_field("rms_norm_eps"), _get(config, "rms_norm_eps"), positive=True)
     return cls(
         name=name if name is not None else (config.get("_name_or_path") or model_type),

@@ -158,7 +158,7 @@ class ModelPreset:
             twice or in no list, more than ``hf_config.MAX_LAYERS`` layers, an unread
             ``linear_attn_config`` key, a rotary MLA, disagreeing ``layer_types``).
         """
-        return hf_config.preset_from_hf_config(cls, config, name)
+        return hf_config.preset_from_hf_config(cls, MLAShape, config, name)
 
     # ------------------------------------------------------------ the published layer
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
