@@ -141,11 +141,11 @@ def check_array(name: str, x) -> None:
 
 
 def memory_limit() -> int | None:
-    """The default device's memory in bytes where JAX reports it (``memory_stats()``'s
+    """This process's first device's memory in bytes where JAX reports it (``memory_stats()``'s
     ``bytes_limit``: GPU, TPU), else this machine's physical memory (``os.sysconf``), or None
     where neither is known (the size checks then pass). Read at the call: an allocation above
     it cannot succeed here, whatever else is running."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     try:
