@@ -45,7 +45,7 @@ def repeat_qk_heads(q, k, groups: int):
 
 class KDAOptions(NamedTuple):
     """The checked, static (hashable) options of one :func:`kda_lib.kda` call, built once by
-    :func:`kda_lib.ops.registry.check_call`. ``segments_per_row``: the most segments in one
+    :func:`kda_lib.ops.api.check_call`. ``segments_per_row``: the most segments in one
     row when the ids were concrete, else None."""
 
     dims: Dims
