@@ -241,14 +241,14 @@ viz.show(fig, "00_quickstart_precision")
 #
 # 1. **One step by hand.** Write `my_step(state, q, k, v, g, beta)` returning
 #    `(new_state, o)` for one token, from section 1's equation, in `jnp` (`state [B, H, K, V]`,
-#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`'s KDA functions.
+#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`.
 #    Test it yourself against `step(state, ...)` of section 3; the checker calls it on states
 #    and tokens of its own.
-# 2. **Carry the state.** Write `resume(state, q, k, v, g, beta)` returning the outputs
-#    `[B, T, H, V]` of the tokens `q..beta` run from `state` (what `output_final_state=True`
-#    returned for the tokens before). Check yourself that the first half's final state and the
-#    second half give `o_rec[:, seq_len // 2:]`; the checker calls it with a state of its own,
-#    which no run of this notebook's tokens produced.
+# 2. **The transposed layout.** Kernels that keep the state as `[V, K]` tiles store
+#    $X = S^\top$. Derive the step for $X$ (which axis does $\mathrm{diag}(e^{\mathbf g})$ scale
+#    now? what is the recall, what the read-out?) and write `step_vk(state_vk, q, k, v, g, beta)`
+#    returning `(new_state_vk [B, H, V, K], o)`. As in exercise 1, the checker runs it on
+#    tokens of its own and refuses any answer that enters `kda_lib` code.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
@@ -258,7 +258,7 @@ answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: a function resume(state, q, k, v, g, beta) -> outputs [B, T, H, V]
+answer = None  # exercise 2: a function step_vk(state_vk, q, k, v, g, beta) -> (new_state_vk, o)
 exercises.check("00.2", answer)
 
 # %% [markdown]
