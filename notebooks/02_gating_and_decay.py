@@ -557,33 +557,25 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #
 # ## Exercises
 #
-# 1. **A half-life by hand.** A channel with log decay $g < 0$ per token keeps $e^{g t}$ after
-#    $t$ tokens. Derive its half-life from $e^{g\, t_{1/2}} = \tfrac12$ and write it as a
-#    function `half_life(g)`, elementwise for an array of decays (try $g = -0.01$); the checker
-#    calls it on decays of its own.
-# 2. **The safe gate's floor.** Derive the largest fraction of a channel one token can erase
+# 1. **The safe gate's floor.** Derive the largest fraction of a channel one token can erase
 #    under the safe gate with floor `lower_bound`, as a function `erased_at_most(lower_bound)`
 #    (check it on `gate_curve` at a large input first).
-# 3. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ unit, as in
+# 2. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ unit, as in
 #    section 5), derive what $\mathbf o_t$ is, and from that the whole mixing matrix $\Omega$;
 #    write it as a function `full_overwrite(q, k, g)` returning $\Omega$ `[T, T]`. Compare it
 #    with `mixing(q_mix, k_mix, g_mix, ..., scale=1.0)` at $\beta = 1$; the checker calls it on
-#    heads of its own.
+#    heads of its own and refuses any answer that runs `kda_lib` code (as `mixing` does).
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function half_life(g) -> tokens, elementwise
+answer = None  # exercise 1: a function erased_at_most(lower_bound) -> a fraction
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function erased_at_most(lower_bound) -> a fraction
+answer = None  # exercise 2: a function full_overwrite(q, k, g) -> Omega [T, T] at beta = 1
 exercises.check("02.2", answer)
-
-# %%
-answer = None  # exercise 3: a function full_overwrite(q, k, g) -> Omega [T, T] at beta = 1
-exercises.check("02.3", answer)
 
 # %% [markdown]
 # ## References
