@@ -532,17 +532,11 @@ for mode in modes:
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
 # without showing the expected one. Worked solutions are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
-# 1. **One token per chunk.** With $C = 1$ a chunk's map is the token's own. Write
-#    `token_map(k, g, beta, v)` returning $(M_t, E_t)$, the token's map $S \mapsto M_t S + E_t$
-#    (`k, g` $[d_k]$, `v` $[d_v]$, float64 NumPy), from the recurrence and without
-#    `chunk_affine_maps`; compare it yourself with `chunk_affine_maps` on a one-token chunk.
-
-# %%
-answer = None  # a function token_map(k, g, beta, v) -> (M [K, K], E [K, V])
-check("03.1", answer)
+# The checkers call your functions on chunks of their own, accept float32 or float64, NumPy or
+# `jnp`, and refuse any answer that runs `kda_lib` code.
 
 # %% [markdown]
-# 2. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
+# 1. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
 #    = K$. Write `wy_factor(k, beta)` returning the chunk's $\tilde K$ $[C, d_k]$ of step 3
 #    (keys `k` $[C, d_k]$, `beta` $[C]$); check on `kc`, `bc` that $I - K^\top \tilde K$ (step
 #    4) is the product of the $I - \beta_t \mathbf k_t \mathbf k_t^\top$. The checker also
@@ -550,34 +544,22 @@ check("03.1", answer)
 
 # %%
 answer = None  # a function wy_factor(k, beta) -> K~ [C, d_k]
-check("03.2", answer)
+check("03.1", answer)
 
 # %% [markdown]
-# 3. **The sequential pass on precomputed chunks.** Write
-#    `state_pass(w, u, q_in, k_out, attn_qk, keep, s0)` for one head: chunk-major NumPy arrays
-#    (`w` $= \tilde K$, `q_in` $= \overleftarrow Q$, `k_out` $= \overrightarrow K$,
-#    $[N, C, d_k]$; `u` $= \tilde V$ $[N, C, d_v]$; `attn_qk` $[N, C, C]$ $= P$; `keep`
-#    $[N, d_k]$ = the diagonal of $\Gamma_C$) and the initial state $[d_k, d_v]$, returning the
-#    outputs $[T, d_v]$ and the final state from the three equations that open section 4 (`q_in`
-#    unscaled, as there). The checker builds chunks with `kda_lib.ops.chunked` and compares with
-#    the recurrence in float64.
-
-# %%
-answer = None  # a function state_pass(w, u, q_in, k_out, attn_qk, keep, s0) -> (O, S)
-check("03.3", answer)
-
-# %% [markdown]
-# 4. **Gated DeltaNet's chunk scores.** With one decay per head, $\mathbf g_t = g_t \mathbf 1$,
+# 2. **Gated DeltaNet's chunk scores.** With one decay per head, $\mathbf g_t = g_t \mathbf 1$,
 #    $\Gamma_t = e^{\gamma_t} I$ leaves the inner product, and the decayed scores are plain
 #    scores times one $C \times C$ mask, $P^{\text{GDN}} = \tfrac{1}{\sqrt{d_k}} (Q K^\top) \odot
 #    \mathcal D$ with $\mathcal D_{ts} = e^{\gamma_t - \gamma_s}$ for $s \le t$ (per-channel decay
 #    has a different mask per channel). Write `gdn_scores(q, k, g, scale)` for one chunk (`g`
-#    $[C]$, one log decay per token) with no exponent above 0 ever formed. The checker also runs
-#    it at $C = 64$ with strong decay, where such an exponent overflows float64.
+#    $[C]$, one log decay per token) with no exponent above 0 ever formed, not even one masked
+#    afterwards. The checker runs it at $C = 64$ with strong decay too, where such an exponent
+#    overflows, and watches every exponent your function forms (`np.exp`, `np.power`,
+#    `math.exp`, and `jnp`'s exponentials, jitted or not).
 
 # %%
 answer = None  # a function gdn_scores(q, k, g, scale) -> P [C, C]
-check("03.4", answer)
+check("03.2", answer)
 
 # %% [markdown]
 # ## References
