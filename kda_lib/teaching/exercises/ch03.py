@@ -99,18 +99,27 @@ def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
 
 @contextlib.contextmanager
 def _numpy_exponents():
-    """While the block runs, ``np.exp``, ``np.exp2``, ``np.expm1``, ``np.power`` (the
-    exponent) and ``math.exp`` record the largest exponent they are given (a name imported
-    from numpy before the call escapes)."""
+    """While the block runs, NumPy's and ``jnp``'s ``exp``, ``exp2``, ``expm1``, ``power``
+    (the exponent), ``jax.lax``'s, ``math.exp`` and JAX's exp primitives bound on concrete
+    values record the largest exponent they are given (a name imported before the call, or a
+    ``jit`` inside the answer that does not trace with JAX as a whole, escapes)."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.lax import lax
+
     largest = [-math.inf]
-    patched = [(np, n) for n in ("exp", "exp2", "expm1", "power", "float_power")] + [
-        (math, "exp")
-    ]
+    names = ("exp", "exp2", "expm1", "power", "float_power")
+    patched = [(m, n) for m in (np, jnp) for n in names] + [(math, "exp")]
+    patched += [(jax.lax, n) for n in ("exp", "exp2", "expm1", "pow")]
+    patched += [(getattr(lax, n), "bind") for n in ("exp_p", "exp2_p", "expm1_p", "pow_p")]
     originals = [(m, n, getattr(m, n)) for m, n in patched]
 
     def watch(fn):
         def watched(*args, **kwargs):
-            exponent = np.asarray(args[-1] if len(args) > 1 else args[0], np.float64)
+            try:
+                exponent = np.asarray(args[-1] if len(args) > 1 else args[0], np.float64)
+            except Exception:  # noqa: BLE001 - a tracer: the jaxpr run sees it instead
+                exponent = np.zeros(0)
             if exponent.size:
                 largest[0] = max(largest[0], float(np.nanmax(exponent)))
             return fn(*args, **kwargs)
@@ -123,7 +132,10 @@ def _numpy_exponents():
         yield largest
     finally:
         for module, name, fn in originals:
-            setattr(module, name, fn)
+            if name == "bind":
+                del module.bind  # back to the class's method
+            else:
+                setattr(module, name, fn)
 
 
 @checker("03.2")
