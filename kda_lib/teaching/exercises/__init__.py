@@ -91,22 +91,28 @@ LIBRARY_HINT = (
 )
 
 
+class _LibraryEntered(BaseException):
+    """Raised into an answer at its first ``kda_lib`` frame (a BaseException, so that the
+    answer's own ``except Exception`` does not swallow it); :func:`library_calls` stops it."""
+
+
 @contextlib.contextmanager
 def library_calls() -> Iterator[list[str]]:
-    """While the block runs, record the module of every Python frame of ``kda_lib`` that is
-    entered (the checkers' own package excepted), whatever the route: the function itself,
+    """While the block runs, stop it at the first Python frame of ``kda_lib`` that is entered
+    (the checkers' own package excepted), whatever the route: the function itself,
     ``functools.partial``, a lambda, a notebook function that calls it, ``jax.jit`` of it
     (JAX's compilation caches are cleared first, so a jitted function is traced again). The
-    list yielded holds the module names."""
+    list yielded holds the module entered (empty if none); the block ends there, quietly."""
     entered: list[str] = []
 
     def profile(frame, event, _arg):
-        if event == "call":
+        if event == "call" and not entered:
             module = frame.f_globals.get("__name__") or ""
             if (module == "kda_lib" or module.startswith("kda_lib.")) and not module.startswith(
                 _OWN
             ):
                 entered.append(module)
+                raise _LibraryEntered(module)
 
     jax = sys.modules.get("jax")
     if jax is not None:
@@ -115,6 +121,8 @@ def library_calls() -> Iterator[list[str]]:
     sys.setprofile(profile)
     try:
         yield entered
+    except _LibraryEntered:
+        pass
     finally:
         sys.setprofile(previous)
 
@@ -134,10 +142,13 @@ def call_answer(
         wanted = wanted or f"a function {name}"
         return None, f"answer with {wanted}, not a {type(answer).__name__}"
     guard = library_calls() if own_code else contextlib.nullcontext([])
+    result = None
     try:
         with guard as entered:
             result = answer(*args)
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
+        if own_code and entered:
+            return None, LIBRARY_HINT
         message = str(error).splitlines()[0][:120] if str(error) else ""
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
     if entered:

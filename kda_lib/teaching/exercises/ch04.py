@@ -14,7 +14,9 @@ from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 # (d, H, K, V, r, w): K != V and r != K so that a swapped width shows
-_WIDTHS = ((64, 2, 16, 16, 8, 4), (96, 3, 8, 12, 5, 4), (256, 4, 32, 64, 16, 3), (48, 6, 8, 4, 2, 2))
+_WIDTHS = (
+    (64, 2, 16, 16, 8, 4), (96, 3, 8, 12, 5, 4), (256, 4, 32, 64, 16, 3), (48, 6, 8, 4, 2, 2)
+)
 
 
 def _config(d, H, K, V, r, w, per_head_decay):
