@@ -20,6 +20,22 @@ def my_step(state, q, k, v, g, beta):
     return new_state, o
 
 
+def my_step_numpy(state, q, k, v, g, beta):
+    """1, written differently: float64 NumPy with the matrix ``(I - beta k k^T) diag(e^g)``
+    formed per batch row and head (slower, but the equation as printed)."""
+    import numpy as np
+
+    state, q, k, v, g, beta = (np.asarray(a, np.float64) for a in (state, q, k, v, g, beta))
+    new, out = np.empty_like(state), np.empty(v.shape)
+    for b in range(state.shape[0]):
+        for h in range(state.shape[1]):
+            kk = k[b, h]
+            m = (np.eye(len(kk)) - beta[b, h] * np.outer(kk, kk)) @ np.diag(np.exp(g[b, h]))
+            new[b, h] = m @ state[b, h] + beta[b, h] * np.outer(kk, v[b, h])
+            out[b, h] = new[b, h].T @ q[b, h] / np.sqrt(len(kk))
+    return new, out
+
+
 def step_vk(state_vk, q, k, v, g, beta):
     """2: with ``X = S^T`` (``[V, K]``) the step transposes to ``X_t = X D (I - beta k k^T)
     + beta v k^T``: the decay scales *columns* (key channels are the last axis), the recall
@@ -56,6 +72,7 @@ def cases():
 
     return [
         ("00.1", my_step, {}, undecayed_step),
+        ("00.1", my_step_numpy, {}, undecayed_step),
         ("00.2", step_vk, {}, wrong_axis),
         ("00.2", step_vk_loop, {}, wrong_axis),
     ]

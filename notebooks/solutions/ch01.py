@@ -15,6 +15,15 @@ def exercise_1(beta, writes):
     return 1 - (1 - beta) ** writes
 
 
+def exercise_1_loop(beta, writes):
+    """1, written differently: follow the recalled fraction ``f`` write by write; a write moves
+    it by ``beta (1 - f)``."""
+    f = 0.0
+    for _ in range(writes):
+        f = f + beta * (1 - f)
+    return f
+
+
 def exercise_2(c, v1, v2, sweeps):
     """Two pairs, Kaczmarz sweeps. Write ``e_j = S^T k_j - v_j`` and ``c = k_1^T k_2``.
     Section 3's disturbance formula: a beta = 1 write of pair ``t`` sets ``e_t = 0`` and adds
@@ -44,6 +53,7 @@ def exercise_2_simulated(c, v1, v2, sweeps):
 def cases():
     return [
         ("01.1", exercise_1, {}, lambda beta, writes: (1 - beta) ** writes),
+        ("01.1", exercise_1_loop, {}, lambda beta, writes: beta * writes),
         ("01.2", exercise_2, {}, lambda c, v1, v2, m: c ** (2 * m) * (v2 - c * v1)),
         ("01.2", exercise_2_simulated, {}, lambda c, v1, v2, m: c * (v2 - c * v1)),
     ]

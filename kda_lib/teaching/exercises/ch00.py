@@ -9,7 +9,6 @@ expected values.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,18 +20,19 @@ _SIZES = ((1, 2, 8, 6), (2, 1, 4, 4))  # (B, H, K, V): K != V catches a transpos
 
 def _inputs(seed: int, batch: int, heads: int, key_dim: int, value_dim: int):
     """Unit q, k, log decays g < 0, values, beta in (0, 1) and a random state ``[B, H, K, V]``,
-    float32, for one token."""
-    keys = jax.random.split(jax.random.key(seed), 6)
+    float32 ``jnp`` arrays, for one token (drawn with NumPy: nothing to compile)."""
+    rng = np.random.default_rng(seed)
     shape = (batch, heads, key_dim)
-    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    return (
-        jax.random.normal(keys[0], (batch, heads, key_dim, value_dim)),
-        unit(jax.random.normal(keys[1], shape)),
-        unit(jax.random.normal(keys[2], shape)),
-        jax.random.normal(keys[3], (batch, heads, value_dim)),
-        -jax.random.uniform(keys[4], shape, minval=0.05, maxval=1.0),
-        jax.random.uniform(keys[5], (batch, heads), minval=0.1, maxval=0.9),
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    arrays = (
+        rng.standard_normal((batch, heads, key_dim, value_dim)),
+        unit(rng.standard_normal(shape)),
+        unit(rng.standard_normal(shape)),
+        rng.standard_normal((batch, heads, value_dim)),
+        -rng.uniform(0.05, 1.0, shape),
+        rng.uniform(0.1, 0.9, (batch, heads)),
     )
+    return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
 
 
 def _far(answer, expected) -> bool:
