@@ -324,8 +324,8 @@ assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "
 # ## 4. What each part is for: take it away
 #
 # **L2 norm and the $\beta$ sigmoid keep the transition contractive.** Notebook 01 showed that
-# $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$ along
-# $\mathbf k$. With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an
+# $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta$ along a unit $\mathbf k$; for
+# any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$). With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an
 # unnormalised key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$,
 # pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
 # L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
@@ -520,7 +520,9 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters (the four rank-$r$ gate factors, $r / d$ of
 #   attention's, are most of the difference) and no KV cache.
-# - Without the L2 norm or the $\beta$ sigmoid the state blows up; without the convolution a key
+# - Without the L2 norm the state grows without bound; without the $\beta$ sigmoid it leaves
+#   the bound the sigmoid guarantees and ends many times larger, the decay holding it back
+#   (the figure of section 4); without the convolution a key
 #   sees only its own token; the gate's input has rank $r$; at initialisation
 #   ($\boldsymbol\eta = \mathbf 1$) the RMSNorm brings every head's output to RMS 1 (all
 #   checked above).

@@ -440,7 +440,7 @@ assert formula["gather the sequence"](2 * crossover) > formula["state passing (k
 assert formula["gather the sequence"](crossover / 2) < formula["state passing (kernel)"](0)
 ratio_at_longest = measured["gather the sequence"][-1] / measured["state passing (kernel)"][-1]
 display(Markdown(
-    f"At these sizes state passing moves fewer bytes than gathering for $T >$ {crossover:.0f} "
+    f"At these sizes state passing moves fewer bytes than gathering for $T >$ {crossover:.1f} "
     f"tokens; at the longest compiled length, $T = {lengths[-1]}$, gathering sends "
     f"{ratio_at_longest:.1f}x the bytes of state passing, and the ratio keeps growing with $T$."))
 
@@ -534,7 +534,8 @@ display(Markdown(
 #   beyond the crossover length computed above.
 # - Compute per rank (the critical path of section 1): the summary pass runs the kernel on
 #   $d_k + d_v$ value columns, the fold is $R$ steps on every rank, and the output pass reruns
-#   the slice: at most $R / 3$ faster than one device at $d_k = d_v$, less once the fold
+#   the slice: with the recurrent kernel (this notebook's default), at most $R / 3$ faster than
+#   one device at $d_k = d_v$, less once the fold
 #   matters, and no faster at this notebook's own sizes (section 7); serial point-to-point
 #   passing moves fewer bytes but is no faster than one device for one sequence.
 # - On TPU kernels (`implementation="tokamax_mosaic"` with a `mesh`) tokamax runs its own
