@@ -549,8 +549,8 @@ display(Markdown(
 #    $c = \mathbf k_1^\top \mathbf k_2$ and sweep them (pair 1, then pair 2, $\beta = 1$, from
 #    $S = 0$) `sweeps` times, as section 3's last cell does with $d_k / 2$ pairs. Using section
 #    3's disturbance formula, follow both recall errors $\mathbf e_j = S^\top \mathbf k_j -
-#    \mathbf v_j$ through one sweep and derive $\mathbf e_1$ after $m$ sweeps in closed form, as
-#    `first_pair_error(c, v1, v2, sweeps)`. By what factor does one sweep shrink the error?
+#    \mathbf v_j$ through one sweep and derive $\mathbf e_1$ after `sweeps` sweeps in closed
+#    form, as `first_pair_error(c, v1, v2, sweeps)`. By what factor does one sweep shrink the error?
 #    The checker simulates sweeps on keys of its own and refuses answers that run `kda_lib`.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked

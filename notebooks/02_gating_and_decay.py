@@ -216,6 +216,8 @@ assert life_sp.max() / life_sp.min() > 100, "init half-lives span over two order
 per_head = life_sp.max(axis=1) / life_sp.min(axis=1)  # within a head only tau varies: <= 100x
 assert per_head.min() > 10, "every head spans more than one order of magnitude"
 assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
+
+# %%
 display(Markdown(
     f"Possible range at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn: "
     + "; ".join(f"{name}, {life.min():.2f} to {life.max():.1f} tokens (median "

@@ -435,9 +435,9 @@ display(Markdown("| flops per token and head | recurrence | per state entry | ch
 
 # %% [markdown]
 # **Against the paper's count.** The Kimi Linear report counts the chunkwise form's flops in its
-# section 6.3, Eq. 13, for a single attention head; read as $6 d^2 + 3 C d + C^2$ per token
-# ($d$ the head size $d_k = d_v$) it gives 126,976 at $d = 128$, $C = 64$, against our
-# 169,216 in matrix products. The cell groups our terms the same way.
+# Eq. 13, for a single attention head (its efficiency section; see the References); read as
+# $6 d^2 + 3 C d + C^2$ per token ($d$ the head size $d_k = d_v$) it gives 126,976 at
+# $d = 128$, $C = 64$, against our 169,216 in matrix products. The cell groups our terms the same way.
 
 # %%
 terms = costs.chunk_terms(C64, d, d)  # matrix-product flops of one chunk, by term
@@ -571,7 +571,7 @@ check("03.2", answer)
 # - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*,
 #   ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
 # - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA's chunkwise
-#   algorithm with per-channel decay, its Eq. 13 flop count), 2025.
+#   algorithm with per-channel decay; section 6.3, Eq. 13: the flop count), 2025.
 #   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - C. Bischof, C. Van Loan, *The WY representation for products of Householder matrices*, SIAM
 #   J. Sci. Stat. Comput. 8(1), 1987. [doi:10.1137/0908009](https://doi.org/10.1137/0908009)

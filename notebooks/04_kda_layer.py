@@ -325,9 +325,9 @@ assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "
 #
 # **L2 norm and the $\beta$ sigmoid keep the transition contractive.** Notebook 01 showed that
 # $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta$ along a unit $\mathbf k$; for
-# any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$). With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an
-# unnormalised key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$,
-# pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
+# any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$).
+# With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an unnormalised
+# key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$, pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
 # L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
 # $W_k$, the convolution's taps and the input, all of which training moves, and nothing else
 # bounds $\beta \lVert\mathbf k\rVert^2$ below 2. (It is not about the input's scale: in a
@@ -538,7 +538,8 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 # 2. **What a decoder keeps.** Generating token by token, the layer keeps everything it needs
 #    from the tokens before, and nothing that grows with their number. From section 1's
 #    equations, count those floats per sequence as `cache_floats(H, K, V, w)`, and compare
-#    with the state alone at $H = 16$, $d_k = d_v = 128$, $w = 4$.
+#    with the state alone at section 3's realistic sizes ($H$ = `big_heads`, $d_k = d_v$ =
+#    `big_hidden // big_heads`, $w = 4$).
 #
 # Both checkers call your function on widths of their own and compare with what the library's
 # layer holds; an answer that runs `kda_lib` code (building a layer, asking the config) is

@@ -245,7 +245,7 @@ def _rule_breakers():
         return scale * (q @ k.T) * mask
 
     def scores_power(q, k, g, scale):
-        gamma, C = np.cumsum(g), len(g)
+        gamma = np.cumsum(g)
         with np.errstate(all="ignore"):
             mask = np.tril(np.power(np.e, gamma[:, None] - gamma))
         return scale * (q @ k.T) * np.nan_to_num(mask, posinf=0.0)
