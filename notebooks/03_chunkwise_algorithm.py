@@ -437,7 +437,8 @@ display(Markdown("| flops per token and head | recurrence | per state entry | ch
 # **Against the paper's count.** The Kimi Linear report counts the chunkwise form's flops in its
 # Eq. 13, for a single attention head (its efficiency section; see the References); read as
 # $6 d^2 + 3 C d + C^2$ per token ($d$ the head size $d_k = d_v$) it gives 126,976 at
-# $d = 128$, $C = 64$, against our 169,216 in matrix products. The cell groups our terms the same way.
+# $d = 128$, $C = 64$, against our 169,216 in matrix products. The cell groups our terms the
+# same way.
 
 # %%
 terms = costs.chunk_terms(C64, d, d)  # matrix-product flops of one chunk, by term

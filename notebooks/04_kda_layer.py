@@ -327,7 +327,8 @@ assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "
 # $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta$ along a unit $\mathbf k$; for
 # any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$).
 # With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an unnormalised
-# key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$, pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
+# key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$, pushes it
+# outside $[-1, 1]$ and every write along that direction amplifies the state. The
 # L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
 # $W_k$, the convolution's taps and the input, all of which training moves, and nothing else
 # bounds $\beta \lVert\mathbf k\rVert^2$ below 2. (It is not about the input's scale: in a
