@@ -527,7 +527,9 @@ for mode in modes:
 # - On one counting basis at a time the chunked form does more flops than the recurrence, in
 #   $T / C$ instead of $T$ steps; against the paper's Eq. 13 the $C d$ and $C^2$ terms differ.
 # - Time, not flops, sets $C$: on an H100 SXM (a roofline model) small chunks pay for moving the
-#   state, large ones for their $C \times C$ blocks, and $C = 64$ is at the minimum.
+#   state, large ones for their $C \times C$ blocks; in this model $C = 64$ and $C = 128$ tie at
+#   the minimum (bytes least near $\sqrt{d_k d_v / 2}$), so it does not single out the $C = 64$
+#   that the paper and fla use.
 #
 # ## Exercises
 #
