@@ -489,7 +489,10 @@ display(Markdown(
 # pairs. Each memory is the delta rule ($\beta = 1$) with a decay: Gated DeltaNet one half-life
 # per head, KDA one for the fact channels and one for the stream channels (we hand it the
 # split; a trained gate must learn it), each at its best on one grid, on the same `num_seeds`
-# draws (`kda_lib.teaching.recall`'s batched float64 memory, checked against `toy_kda`).
+# draws (`kda_lib.teaching.recall`'s batched float64 memory, checked against `toy_kda`). The
+# task is KDA's best case: fact and stream keys share no channel, so KDA here is two
+# independent half-size Gated DeltaNet memories; with overlapping key supports a fact's
+# channels also carry stream writes, and the two decays no longer act on one memory each.
 
 # %%
 half_lives = np.r_[np.geomspace(1, 1024, 11), np.inf]  # tokens per halving; inf: no decay
