@@ -12,7 +12,10 @@ an exercise forbids) and asserts each fails.
 
 Every checker sends what it is about to compare through :func:`refuse_degenerate` (the same
 refusals, with a hint, in every exercise); a checker that asks for a function calls it through
-:func:`call_answer` on inputs of its own, so a hard-coded array cannot pass.
+:func:`call_answer` on inputs of its own, so a hard-coded array cannot pass; with ``own_code``
+(every exercise of notebooks 00-05) the call is stopped at its first ``kda_lib`` frame
+(:func:`library_calls`), so no route through the library passes. ``tests/teaching/test_redteam.py``
+attacks those checkers mechanically.
 """
 
 from __future__ import annotations
