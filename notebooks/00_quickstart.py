@@ -132,7 +132,8 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
 # Each function is wrapped in `jax.jit` once (the flags that change the computation are static).
 # The `kda` row below names the implementation `auto` picks for these inputs
-# (`kda_lib.ops.api.select_implementation`).
+# (`kda_lib.ops.api.select_implementation`). On a CPU it picks `recurrent`, so there that row
+# checks the gate `kda` applies itself (from the raw `f`), not a third kernel.
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -189,8 +190,8 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # float32 rounding accumulated over the sequence, and not more. The yardstick printed below is
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
-# the **unit roundoff** $2^{-24}$. The assert allows a hundred machine epsilons, relative to the
-# largest output.
+# the **unit roundoff** $2^{-24}$. The assert allows $10^{-5}$ of the largest output, about 84
+# machine epsilons.
 
 # %%
 with jax.enable_x64(True):
@@ -200,12 +201,10 @@ with jax.enable_x64(True):
 err_rec = np.abs(np.asarray(o_rec, np.float64) - o_exact).max(axis=(0, 2, 3))
 err_chk = np.abs(np.asarray(o_chk, np.float64) - o_exact).max(axis=(0, 2, 3))
 scale_o, eps32 = np.abs(o_exact).max(), float(np.finfo(np.float32).eps)
-assert eps32 == 2.0**-23 and np.float32(1 + eps32) > 1 and np.float32(1 + eps32 / 2) == 1
 print(f"float32 machine epsilon 2^-23 = {eps32:.1e}")
 print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, "
       f"chunked {err_chk.max() / scale_o:.1e}")
 assert err_rec.max() < 1e-5 * scale_o and err_chk.max() < 1e-5 * scale_o
-assert max(err_rec.max(), err_chk.max()) < 100 * eps32 * scale_o
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -230,9 +229,10 @@ viz.show(fig, "00_quickstart_precision")
 #   to float32 tolerance on outputs and final states, for a length that is not a multiple of
 #   the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
-#   the `[B, H, K, V]` state is all a decoder keeps.
-# - Both float32 forms stay within a hundred float32 machine epsilons ($2^{-23}$ each) of the
-#   float64 oracle (asserted).
+#   the `[B, H, K, V]` state is all the kernel carries from token to token (a layer also keeps
+#   its short convolutions' last inputs, notebook 04's exercise 2).
+# - Both float32 forms stay within $10^{-5}$ of the largest output (about 84 float32 machine
+#   epsilons, $2^{-23}$ each) of the float64 oracle (asserted).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
@@ -241,14 +241,14 @@ viz.show(fig, "00_quickstart_precision")
 #
 # 1. **One step by hand.** Write `my_step(state, q, k, v, g, beta)` returning
 #    `(new_state, o)` for one token, from section 1's equation, in `jnp` (`state [B, H, K, V]`,
-#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`'s KDA functions.
+#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`.
 #    Test it yourself against `step(state, ...)` of section 3; the checker calls it on states
 #    and tokens of its own.
-# 2. **Carry the state.** Write `resume(state, q, k, v, g, beta)` returning the outputs
-#    `[B, T, H, V]` of the tokens `q..beta` run from `state` (what `output_final_state=True`
-#    returned for the tokens before). Check yourself that the first half's final state and the
-#    second half give `o_rec[:, seq_len // 2:]`; the checker calls it with a state of its own,
-#    which no run of this notebook's tokens produced.
+# 2. **The transposed layout.** Kernels that keep the state as `[V, K]` tiles store
+#    $X = S^\top$. Derive the step for $X$ (which axis does $\mathrm{diag}(e^{\mathbf g})$ scale
+#    now? what is the recall, what the read-out?) and write `step_vk(state_vk, q, k, v, g, beta)`
+#    returning `(new_state_vk [B, H, V, K], o)`. As in exercise 1, the checker runs it on
+#    tokens of its own and refuses any answer that enters `kda_lib` code.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
@@ -258,7 +258,7 @@ answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: a function resume(state, q, k, v, g, beta) -> outputs [B, T, H, V]
+answer = None  # exercise 2: a function step_vk(state_vk, q, k, v, g, beta) -> (new_state_vk, o)
 exercises.check("00.2", answer)
 
 # %% [markdown]

@@ -318,15 +318,17 @@ assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "
 # matrices, so together they are $r / d$ of attention's parameters and over 90% of all the
 # extra parts ($W_\beta$, $\mathbf b_z$, the convolutions, $a_h$, $\mathbf b$ and
 # $\boldsymbol\eta$ make the rest; printed and asserted above). What the layer does not have is
-# a KV cache: its state is $H d_k d_v$ floats at any length (notebook 07).
+# a KV cache: what it keeps between decode steps does not grow with the length (exercise 2
+# counts it; notebook 07 uses it).
 #
 # ## 4. What each part is for: take it away
 #
 # **L2 norm and the $\beta$ sigmoid keep the transition contractive.** Notebook 01 showed that
-# $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$ along
-# $\mathbf k$. With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an
-# unnormalised key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$,
-# pushes it outside $[-1, 1]$ and every write along that direction amplifies the state. The
+# $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta$ along a unit $\mathbf k$; for
+# any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$).
+# With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an unnormalised
+# key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$, pushes it
+# outside $[-1, 1]$ and every write along that direction amplifies the state. The
 # L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
 # $W_k$, the convolution's taps and the input, all of which training moves, and nothing else
 # bounds $\beta \lVert\mathbf k\rVert^2$ below 2. (It is not about the input's scale: in a
@@ -519,7 +521,9 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters (the four rank-$r$ gate factors, $r / d$ of
 #   attention's, are most of the difference) and no KV cache.
-# - Without the L2 norm or the $\beta$ sigmoid the state blows up; without the convolution a key
+# - Without the L2 norm the state grows without bound; without the $\beta$ sigmoid it leaves
+#   the bound the sigmoid guarantees and ends many times larger, the decay holding it back
+#   (the figure of section 4); without the convolution a key
 #   sees only its own token; the gate's input has rank $r$; at initialisation
 #   ($\boldsymbol\eta = \mathbf 1$) the RMSNorm brings every head's output to RMS 1 (all
 #   checked above).
@@ -527,34 +531,28 @@ _ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's 
 #
 # ## Exercises
 #
-# 1. **Full-rank gates.** How many parameters does this notebook's layer have with
-#    `forget_gate_rank=None, output_gate_rank=None` (MaxText's choice)? Count them from the
-#    arrays, and check the difference against `kda_parameters`.
-# 2. **One decay per head.** `KDAConfig(per_head_decay=True)` turns the layer into Gated
-#    DeltaNet. Build it (same `config` otherwise), compute its log decays $\mathbf g$
-#    `[B, T, H, K]` on `x` (the layer's `project(x).f`, its `A_log` and
-#    `kernel_kwargs()["dt_bias"]` through `kda_lib.kda_gate`) and check that every channel of a
-#    head gets the same $g$.
-# 3. **The safe gate.** Load the second fixture, `fla_layer_safe_gate.npz` (fla with
-#    `safe_gate=True`, `lower_bound=-5`), into a layer and give the layer itself (check first
-#    that its output on the fixture's `x` matches the fixture's `y`). The checker runs it on
-#    that `x` and on inputs of its own.
+# 1. **Gated DeltaNet's parameters.** `KDAConfig(per_head_decay=True)` gives each head one decay
+#    shared by its $d_k$ channels (Gated DeltaNet's gate). Derive its parameter count from
+#    section 3's table, part by part, as `gdn_parameters(d, H, K, V, r, w)` (rank-$r$ gates,
+#    conv width $w$, $d_k = $ `K`, $d_v = $ `V`). Which parts shrink, and by how much at
+#    $d = 2048$, $H = 16$?
+# 2. **What a decoder keeps.** Generating token by token, the layer keeps everything it needs
+#    from the tokens before, and nothing that grows with their number. From section 1's
+#    equations, count those floats per sequence as `cache_floats(H, K, V, w)`, and compare
+#    with the state alone at section 3's realistic sizes ($H$ = `big_heads`, $d_k = d_v$ =
+#    `big_hidden // big_heads`, $w = 4$).
 #
-# Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
+# Both checkers call your function on widths of their own and compare with what the library's
+# layer holds; an answer that runs `kda_lib` code (building a layer, asking the config) is
+# refused. Worked solutions are in [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
 # %%
-answer = None  # exercise 1: the parameter count with full-rank gates
-exercises.check("04.1", answer, config=config)
+answer = None  # exercise 1: a function gdn_parameters(d, H, K, V, r, w) -> a count
+exercises.check("04.1", answer)
 
 # %%
-answer = None  # exercise 2: g [B, T, H, K] of the per_head_decay layer on x
-exercises.check("04.2", answer, batch=batch, seq_len=seq_len, num_heads=H, key_dim=K)
-
-# %%
-safe = fixture("fla_layer_safe_gate.npz")
-answer = None  # exercise 3: the loaded layer (a callable x -> y)
-exercises.check("04.3", answer, fixture=safe)
+answer = None  # exercise 2: a function cache_floats(H, K, V, w) -> floats per sequence
+exercises.check("04.2", answer)
 
 # %% [markdown]
 # ## References

@@ -15,41 +15,45 @@ def exercise_1(beta, writes):
     return 1 - (1 - beta) ** writes
 
 
-def exercise_2(keys, values):
-    """One pass of beta = 1 writes, in order; returns the memory ``[K, V]``. With orthonormal
-    keys a later write changes nothing along an earlier key (``k_i^T k_j = 0``), so every pair
-    comes back exactly; with generic keys the later writes disturb the earlier pairs, and the
-    memory is not the solution of ``keys @ S = values``."""
-    S = np.zeros((keys.shape[1], values.shape[1]))
-    for k, v in zip(keys, values, strict=True):
-        S = S + np.outer(k, v - k @ S)
-    return S
+def exercise_1_loop(beta, writes):
+    """1, written differently: follow the recalled fraction ``f`` write by write; a write moves
+    it by ``beta (1 - f)``."""
+    f = 0.0
+    for _ in range(writes):
+        f = f + beta * (1 - f)
+    return f
 
 
-def exercise_3(beta, k):
-    """``I - beta k k^T`` maps ``k`` to ``(1 - beta) k`` and every vector orthogonal to ``k`` to
-    itself: eigenvalues ``1 - beta`` (once) and 1 (``K - 1`` times). For beta in [0, 2],
-    ``1 - beta`` is in [-1, 1], so the spectral norm (the largest ``|eigenvalue|`` of this
-    symmetric matrix) stays at most 1."""
-    return np.linalg.eigvalsh(np.eye(len(k)) - beta * np.outer(k, k))
+def exercise_2(c, v1, v2, sweeps):
+    """Two pairs, Kaczmarz sweeps. Write ``e_j = S^T k_j - v_j`` and ``c = k_1^T k_2``.
+    Section 3's disturbance formula: a beta = 1 write of pair ``t`` sets ``e_t = 0`` and adds
+    ``c`` times its correction ``-e_t`` (before the write) to the other pair's error.
+
+    Sweep 1: writing ``k_1`` into ``S = 0`` gives ``e_1 = 0`` and ``S^T k_2 = c v_1``, so
+    ``e_2 = c v_1 - v_2``; writing ``k_2`` corrects by ``v_2 - c v_1`` and moves
+    ``e_1 = c (v_2 - c v_1)``. Every later sweep: writing ``k_1`` moves ``e_2 = -c e_1``,
+    writing ``k_2`` moves ``e_1 = c^2 e_1``. After ``m`` sweeps
+    ``e_1 = c^(2m - 1) (v_2 - c v_1)`` (and ``e_2 = 0``): the error shrinks by ``c^2`` per
+    sweep, slowly when the keys nearly coincide, not at all when ``|c| = 1``."""
+    return c ** (2 * sweeps - 1) * (np.asarray(v2) - c * np.asarray(v1))
 
 
-def exercise_4(S, k, v, alpha, beta):
-    """The gated delta rule: KDA with ``D_t = alpha I``. Decay first, then the delta write on the
-    decayed state: ``S' = alpha S + beta k (v - (alpha S)^T k)^T
-    = alpha (I - beta k k^T) S + beta k v^T``."""
-    decayed = alpha * S
-    return decayed + beta * np.outer(k, v - k @ decayed)
+def exercise_2_simulated(c, v1, v2, sweeps):
+    """2, written differently: two unit keys with overlap ``c`` in the plane, swept ``sweeps``
+    times with the delta rule in float64 (a check of the formula, not the derivation)."""
+    k = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+    v = np.stack([np.asarray(v1, np.float64), np.asarray(v2, np.float64)])
+    S = np.zeros((2, v.shape[1]))
+    for _ in range(sweeps):
+        for k_j, v_j in zip(k, v, strict=True):
+            S = S + np.outer(k_j, v_j - k_j @ S)
+    return k[0] @ S - v[0]
 
 
 def cases():
-    def solve(keys, values):  # the shortcut: exact recall by a linear solve, not one pass
-        return np.linalg.lstsq(keys, values, rcond=None)[0]
-
-    undecayed_read = lambda S, k, v, a, b: a * S + b * np.outer(k, v - k @ S)  # noqa: E731
     return [
         ("01.1", exercise_1, {}, lambda beta, writes: (1 - beta) ** writes),
-        ("01.2", exercise_2, {}, solve),
-        ("01.3", exercise_3, {"key_dim": 16}, lambda beta, k: np.ones(len(k))),
-        ("01.4", exercise_4, {"key_dim": 16, "value_dim": 8}, undecayed_read),
+        ("01.1", exercise_1_loop, {}, lambda beta, writes: beta * writes),
+        ("01.2", exercise_2, {}, lambda c, v1, v2, m: c ** (2 * m) * (v2 - c * v1)),
+        ("01.2", exercise_2_simulated, {}, lambda c, v1, v2, m: c * (v2 - c * v1)),
     ]

@@ -10,13 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 
-# 1. One token's map, from the recurrence: S_t = (I - beta k k^T) diag(e^g) S_{t-1} + beta k v^T
-#    is affine in S_{t-1}, with M_t = (I - beta k k^T) diag(e^g) and E_t = beta k v^T.
-def token_map(k, g, beta, v):
-    return (np.eye(k.size) - beta * np.outer(k, k)) @ np.diag(np.exp(g)), beta * np.outer(k, v)
-
-
-# 2. No decay: step 2 with Gamma = I is (I + L) K~ = diag(beta) K, L strictly lower triangular
+# 1. No decay: step 2 with Gamma = I is (I + L) K~ = diag(beta) K, L strictly lower triangular
 #    with L_ts = beta_t k_t . k_s; then M = I - K^T K~ (step 4).
 def wy_factor(k, beta):
     C = k.shape[0]
@@ -24,28 +18,31 @@ def wy_factor(k, beta):
     return np.linalg.solve(np.eye(C) + L, beta[:, None] * k)
 
 
-# 3. The sequential pass without K x K maps: correct the values with the entering state,
-#    carry the state, then every chunk's outputs, O = Q_in S / sqrt(d_k) + P Delta (section 4;
-#    q_in is the unscaled Q_in).
-def state_pass(w, u, q_in, k_out, attn_qk, keep, s0):
-    state, entering, corrected = s0, [], []
-    for n in range(w.shape[0]):
-        entering.append(state)
-        corrected.append(u[n] - w[n] @ state)  # Delta = U - W S
-        state = keep[n][:, None] * state + k_out[n].T @ corrected[-1]
-    scale = q_in.shape[-1] ** -0.5
-    outputs = [
-        scale * q_in[n] @ s + attn_qk[n] @ d
-        for n, (s, d) in enumerate(zip(entering, corrected, strict=True))
-    ]
-    return np.concatenate(outputs), state
-
-
-# 4. Gated DeltaNet's scores: one C x C decay mask times q k^T.
+# 2. Gated DeltaNet's scores: one C x C decay mask times q k^T.
 def gdn_scores(q, k, g, scale):
     gamma = np.cumsum(g)
     mask = np.exp(np.tril(gamma[:, None] - gamma[None, :]))  # exponents <= 0 kept
     return scale * (q @ k.T) * mask * np.tril(np.ones((len(g), len(g))))
+
+
+# 2, written differently: float32 jnp, the exponent set to -inf above the diagonal before exp.
+def gdn_scores_jnp(q, k, g, scale):
+    import jax.numpy as jnp
+
+    gamma = jnp.cumsum(jnp.asarray(g, jnp.float32))
+    causal = jnp.tril(jnp.ones((len(g), len(g)), bool))
+    diff = jnp.where(causal, gamma[:, None] - gamma[None, :], -jnp.inf)
+    return scale * (jnp.asarray(q, jnp.float32) @ jnp.asarray(k, jnp.float32).T) * jnp.exp(diff)
+
+
+# 2, a Python loop over the lower triangle (float64).
+def gdn_scores_loop(q, k, g, scale):
+    gamma, C = np.cumsum(g), len(g)
+    p = np.zeros((C, C))
+    for t in range(C):
+        for s in range(t + 1):
+            p[t, s] = scale * (q[t] @ k[s]) * np.exp(gamma[t] - gamma[s])
+    return p
 
 
 def cases():
@@ -55,17 +52,20 @@ def cases():
             product = (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)) @ product
         return np.linalg.lstsq(k.T, np.eye(k.shape[1]) - product, rcond=None)[0]
 
-    def no_delta(w, u, q_in, k_out, attn_qk, keep, s0):  # forgets the values' correction
-        return state_pass(np.zeros_like(w), u, q_in, k_out, attn_qk, keep, s0)
+    def wy_float32(k, beta):  # the same solve in float32
+        import jax.numpy as jnp
+
+        k32, b32 = jnp.asarray(k, jnp.float32), jnp.asarray(beta, jnp.float32)
+        L = jnp.tril(b32[:, None] * (k32 @ k32.T), -1)
+        return jnp.linalg.solve(jnp.eye(len(b32)) + L, b32[:, None] * k32)
+
+    def undecayed(q, k, g, scale):
+        return scale * (q @ k.T) * np.tril(np.ones((len(g), len(g))))
 
     return [
-        ("03.1", token_map, {}, lambda k, g, beta, v: (np.diag(np.exp(g)), beta * np.outer(k, v))),
-        ("03.2", wy_factor, {}, by_product),
-        ("03.3", state_pass, {}, no_delta),
-        (
-            "03.4",
-            gdn_scores,
-            {},
-            lambda q, k, g, scale: scale * (q @ k.T) * np.tril(np.ones((len(g), len(g)))),
-        ),
+        ("03.1", wy_factor, {}, by_product),
+        ("03.1", wy_float32, {}, by_product),
+        ("03.2", gdn_scores, {}, undecayed),
+        ("03.2", gdn_scores_jnp, {}, undecayed),
+        ("03.2", gdn_scores_loop, {}, undecayed),
     ]

@@ -12,13 +12,17 @@ an exercise forbids) and asserts each fails.
 
 Every checker sends what it is about to compare through :func:`refuse_degenerate` (the same
 refusals, with a hint, in every exercise); a checker that asks for a function calls it through
-:func:`call_answer` on inputs of its own, so a hard-coded array cannot pass.
+:func:`call_answer` on inputs of its own, so a hard-coded array cannot pass; with ``own_code``
+(every exercise of notebooks 00-05) the call is stopped at its first ``kda_lib`` frame
+(:func:`library_calls`), so no route through the library passes. ``tests/teaching/test_redteam.py``
+attacks those checkers mechanically.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -84,20 +88,75 @@ def refuse_degenerate(
     return None
 
 
+_OWN = __name__  # the checkers themselves may run while an answer runs (they call it)
+LIBRARY_HINT = (
+    "your answer runs kda_lib code; this exercise asks you to write it yourself (NumPy or jnp)"
+)
+
+
+class _LibraryEntered(BaseException):
+    """Raised into an answer at its first ``kda_lib`` frame (a BaseException, so that the
+    answer's own ``except Exception`` does not swallow it); :func:`library_calls` stops it."""
+
+
+@contextlib.contextmanager
+def library_calls() -> Iterator[list[str]]:
+    """While the block runs, stop it at the first Python frame of ``kda_lib`` that is entered
+    (the checkers' own package excepted), whatever the route: the function itself,
+    ``functools.partial``, a lambda, a notebook function that calls it, ``jax.jit`` of it
+    (JAX's compilation caches are cleared first, so a jitted function is traced again). The
+    list yielded holds the module entered (empty if none); the block ends there, quietly."""
+    entered: list[str] = []
+
+    def profile(frame, event, _arg):
+        if event == "call" and not entered:
+            module = frame.f_globals.get("__name__") or ""
+            if (module == "kda_lib" or module.startswith("kda_lib.")) and not module.startswith(
+                _OWN
+            ):
+                entered.append(module)
+                raise _LibraryEntered(module)
+
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield entered
+    except _LibraryEntered:
+        pass
+    finally:
+        sys.setprofile(previous)
+
+
 def call_answer(
-    answer: Any, *args: Any, name: str = "your function", wanted: str | None = None
+    answer: Any,
+    *args: Any,
+    name: str = "your function",
+    wanted: str | None = None,
+    own_code: bool = False,
 ) -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable (the hint
     asks for ``wanted``, by default "a function ``name``") or raises (a student's function may
-    fail any way)."""
+    fail any way). With ``own_code``, also a hint when the call enters any ``kda_lib`` code
+    (:func:`library_calls`): the exercise asks the student to write it."""
     if not callable(answer):
         wanted = wanted or f"a function {name}"
         return None, f"answer with {wanted}, not a {type(answer).__name__}"
+    guard = library_calls() if own_code else contextlib.nullcontext([])
+    result = None
     try:
-        return answer(*args), None
+        with guard as entered:
+            result = answer(*args)
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
+        if own_code and entered:
+            return None, LIBRARY_HINT
         message = str(error).splitlines()[0][:120] if str(error) else ""
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
+    if entered:
+        return None, LIBRARY_HINT
+    return result, None
 
 
 class _Cell:

@@ -1,17 +1,14 @@
 """Checkers of notebook 01's exercises (from linear attention to KDA).
 
-Every answer is a small NumPy function, which the checker calls on inputs of its own; it
-recomputes the expected result in float64 (with :func:`kda_lib.kda_step` where the library has
-it) and returns a hint that never contains the expected values.
+Every answer is a small function, which the checker calls on inputs of its own (refusing any
+that runs ``kda_lib`` code); it recomputes the expected result in float64 and returns a hint
+that never contains the expected values.
 """
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.ops.reference import kda_step
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
@@ -21,7 +18,9 @@ def partial_writes(answer, **_):
     after ``writes`` writes of the same unit-key pair with write strength ``beta``; the checker
     tries its own ``(beta, writes)``."""
     for beta, writes in ((0.5, 3), (0.3, 1), (0.9, 4), (0.2, 7), (1.5, 2)):
-        got, hint = call_answer(answer, beta, writes, name="recalled_fraction(beta, writes)")
+        got, hint = call_answer(
+            answer, beta, writes, name="recalled_fraction(beta, writes)", own_code=True
+        )
         hint = hint or refuse_degenerate(got, shape=(), what="the fraction")
         if hint:
             return hint
@@ -33,89 +32,32 @@ def partial_writes(answer, **_):
     return None
 
 
-def _delta_pass(keys, values):
-    S = np.zeros((keys.shape[1], values.shape[1]))
-    for k, v in zip(keys, values, strict=True):
-        S = S + np.outer(k, v - k @ S)
-    return S
-
-
 @checker("01.2")
-def one_pass(answer, **_):
-    """``answer(keys [n, K], values [n, V]) -> S [K, V]``: the memory after one delta-rule pass
-    (beta = 1) from an empty memory. The checker tries orthonormal keys (every pair comes back
-    exactly) and generic unit keys (where a linear solve is not one pass)."""
-    rng = np.random.default_rng(2)
-    K, V = 6, 4
-    ortho = np.linalg.qr(rng.normal(size=(K, K)))[0].T
-    generic = rng.normal(size=(K + 2, K))
-    generic /= np.linalg.norm(generic, axis=1, keepdims=True)
-    for keys, kind in ((ortho, "orthonormal"), (generic[:4], "generic"), (generic, "generic")):
-        values = rng.normal(size=(len(keys), V))
-        got, hint = call_answer(answer, keys, values, name="one_pass(keys, values)")
-        hint = hint or refuse_degenerate(got, shape=(K, V), inputs=(keys, values), what="S")
+def two_key_sweeps(answer, **_):
+    """``answer(c, v1, v2, sweeps) -> e1 [V]``: the recall error ``S^T k_1 - v_1`` of the first
+    of two pairs (unit keys with overlap ``c = k_1 . k_2``, values ``v1, v2 [V]``) after
+    ``sweeps`` one-pass sweeps (beta = 1, pair 1 then pair 2, from ``S = 0``). The checker
+    simulates the sweeps in float64 on keys of its own."""
+    rng = np.random.default_rng(12)
+    for c, sweeps, V in ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6)):
+        v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
+        got, hint = call_answer(
+            answer, c, v1, v2, sweeps, name="first_pair_error(c, v1, v2, sweeps)", own_code=True
+        )
+        hint = hint or refuse_degenerate(
+            got, shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=c == 0.0
+        )
         if hint:
             return hint
-        S = np.asarray(got, np.float64)
-        want = _delta_pass(keys, values)
-        if np.abs(S - want).max() > 1e-9 * max(1.0, np.abs(want).max()):
-            if kind == "generic":
-                return (
-                    f"right for orthonormal keys, not for {len(keys)} generic unit keys: one "
-                    "pass writes each pair once, in order (a linear solve or least squares is "
-                    "not what the delta rule computes)"
-                )
-            return "some pair is not recalled exactly: did every pair get one beta = 1 write?"
-    return None
-
-
-@checker("01.3")
-def negative_eigenvalues(answer, *, key_dim):
-    """``answer(beta, k)``: the sorted eigenvalues of ``I - beta k k^T`` (``k`` a unit vector of
-    length ``key_dim``), and ``max |eigenvalue| <= 1`` for beta in [0, 2]."""
-    k = np.random.default_rng(1).normal(size=key_dim)
-    k /= np.linalg.norm(k)
-    for beta in (0.5, 1.5, 2.0):
-        got, hint = call_answer(answer, beta, k, name="eigenvalues(beta, k)")
-        hint = hint or refuse_degenerate(got, shape=(key_dim,), inputs=(k,), what="eigenvalues")
-        if hint:
-            return hint
-        got = np.sort(np.asarray(got, np.float64))
-        expected = np.sort(np.r_[1 - beta, np.ones(key_dim - 1)])
-        if np.abs(got - expected).max() > 1e-9:
-            return f"wrong eigenvalues at beta = {beta}: which direction does k k^T act on?"
-    return None
-
-
-@checker("01.4")
-def gated_delta_step(answer, *, key_dim, value_dim):
-    """``answer(S, k, v, alpha, beta)``: the gated delta rule's next state ``[K, V]`` (float64
-    NumPy; ``S [K, V]``, ``k [K]`` unit, ``v [V]``, scalars ``alpha`` in (0, 1], ``beta``)."""
-    rng = np.random.default_rng(4)
-    for alpha, beta in ((0.9, 0.7), (0.5, 1.0), (1.0, 0.3)):
-        S = rng.normal(size=(key_dim, value_dim))
-        k = rng.normal(size=key_dim)
-        k /= np.linalg.norm(k)
-        v = rng.normal(size=value_dim)
-        got, hint = call_answer(answer, S, k, v, alpha, beta, name="gdn_step(S, k, v, alpha, beta)")
-        hint = hint or refuse_degenerate(got, shape=S.shape, inputs=(S,), what="the state")
-        if hint:
-            return hint
-        got = np.asarray(got, np.float64)
-        with jax.enable_x64(True):
-            row = lambda x: jnp.asarray(x, jnp.float64)[None, None]  # noqa: E731
-            expected, _ = kda_step(
-                row(S),
-                row(k),
-                row(k),
-                row(v),
-                row(np.full(key_dim, np.log(alpha))),
-                jnp.full((1, 1), beta, jnp.float64),
-            )
-        expected = np.asarray(expected[0, 0])
-        if np.abs(got - expected).max() > 1e-9 * max(1.0, np.abs(expected).max()):
+        keys = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+        S = np.zeros((2, V))
+        for _ in range(sweeps):
+            for k, v in zip(keys, (v1, v2), strict=True):
+                S = S + np.outer(k, v - k @ S)
+        want = keys[0] @ S - v1
+        if np.abs(np.asarray(got, np.float64) - want).max() > 1e-6 * max(1.0, np.abs(want).max()):
             return (
-                f"wrong state at alpha = {alpha}, beta = {beta}: the write corrects what the "
-                "decayed state recalls for k"
+                f"wrong at c = {c}, sweeps = {sweeps}: follow both errors through one sweep "
+                "with section 3's disturbance formula; how does e_1 change per sweep?"
             )
     return None

@@ -1,7 +1,8 @@
 """Checkers of notebook 02's exercises (gating and decay); hints never contain the answer.
 
 Every answer is a function the checker calls on inputs of its own, so a number read off the
-notebook, or an array computed for the notebook's own inputs, cannot pass.
+notebook, or an array computed for the notebook's own inputs, cannot pass; nor can a function
+that runs ``kda_lib`` code (the notebook's ``mixing``, say).
 """
 
 from __future__ import annotations
@@ -12,27 +13,11 @@ from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
 @checker("02.1")
-def half_life_by_hand(answer, **_):
-    """``answer(g) -> t``: the tokens until a channel with per-token log decay ``g < 0`` keeps
-    half, elementwise for an array ``g`` of any shape."""
-    rng = np.random.default_rng(21)
-    for g in (np.array(-0.01), -rng.uniform(0.001, 3.0, 7), -rng.uniform(0.01, 1.0, (3, 4))):
-        got, hint = call_answer(answer, g, name="half_life(g)")
-        hint = hint or refuse_degenerate(got, shape=g.shape, inputs=(g,), what="the half-lives")
-        if hint:
-            return hint
-        want = np.log(2) / -g
-        if np.abs(np.asarray(got, np.float64) - want).max() > 1e-6 * want.max():
-            return "solve exp(g t) = 1/2 for t (natural logarithm), channel by channel"
-    return None
-
-
-@checker("02.2")
 def safe_gate_floor(answer, **_):
     """``answer(lower_bound) -> fraction``: the largest fraction of a channel one token can
     erase under the safe gate with floor ``lower_bound`` in [-5, 0)."""
     for bound in (-1.0, -5.0, -0.1, -2.5):
-        got, hint = call_answer(answer, bound, name="erased_at_most(lower_bound)")
+        got, hint = call_answer(answer, bound, name="erased_at_most(lower_bound)", own_code=True)
         hint = hint or refuse_degenerate(got, shape=(), what="the fraction")
         if hint:
             return hint
@@ -49,7 +34,7 @@ def _unit_rows(rng, rows, cols):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@checker("02.3")
+@checker("02.2")
 def full_overwrite(answer, **_):
     """``answer(q, k, g) -> Omega [T, T]``: the mixing matrix of one head with ``q = k`` (unit
     rows, ``[T, K]``), log decays ``g [T, K]``, beta = 1 and scale 1. The checker recomputes it
@@ -60,7 +45,7 @@ def full_overwrite(answer, **_):
     for T, K in ((9, 5), (6, 6)):  # T == K: an echoed q has Omega's shape
         k = _unit_rows(rng, T, K)
         g = -rng.uniform(0.01, 0.5, (T, K))
-        got, hint = call_answer(answer, k, k, g, name="full_overwrite(q, k, g)")
+        got, hint = call_answer(answer, k, k, g, name="full_overwrite(q, k, g)", own_code=True)
         hint = hint or refuse_degenerate(got, shape=(T, T), inputs=(k, g), what="Omega")
         if hint:
             return hint

@@ -1,28 +1,11 @@
-"""Checkers of notebook 05's exercises (a long halo, composing summaries, the bytes crossover,
-the fold for any rank count)."""
+"""Checkers of notebook 05's exercises (composing summaries, the fold for any rank count in
+logarithmic depth). Answers that run ``kda_lib`` code are refused."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
-
-
-@checker("05.1")
-def long_halo(answer, *, ranks: int, local_len: int, halo_size: int):
-    """What the last rank receives from halo_exchange (positions numbered from 1, 0 = none)."""
-    start = (ranks - 1) * local_len - halo_size
-    want = np.concatenate(
-        [np.zeros(max(-start, 0)), np.arange(max(start, 0), start + halo_size) + 1]
-    )
-    if np.shape(answer) != want.shape:
-        return f"give the first halo_size = {halo_size} entries rank R - 1 receives, as a list"
-    hint = refuse_degenerate(answer, shape=want.shape, what="the halo")
-    if hint:
-        return hint
-    if np.array_equal(np.asarray(answer, np.float64), want):
-        return None
-    return "the halo holds the tokens just before the rank's slice, from as many ranks as needed"
 
 
 def _random_maps(rng, count, k_dim=4, v_dim=3):
@@ -36,14 +19,14 @@ def _apply(summary, state):
     return summary[0] @ state + summary[1]
 
 
-@checker("05.2")
+@checker("05.1")
 def compose_summaries(answer, **_):
     """compose(first, second): the summary of first's slice followed by second's."""
     rng = np.random.default_rng(5)
     a, b, c = _random_maps(rng, 3)
     state = rng.standard_normal((4, 3))
     name = "compose(first, second)"
-    ab, hint = call_answer(answer, a, b, name=name)
+    ab, hint = call_answer(answer, a, b, name=name, own_code=True)
     if hint:
         return hint
     if not (isinstance(ab, (tuple, list)) and len(ab) == 2):
@@ -52,9 +35,9 @@ def compose_summaries(answer, **_):
         hint = refuse_degenerate(got, shape=shape, inputs=(*a, *b), what=what)
         if hint:
             return hint
-    bc, hint = call_answer(answer, b, c, name=name)
-    grouped, hint = (None, hint) if hint else call_answer(answer, ab, c, name=name)
-    other, hint = (None, hint) if hint else call_answer(answer, a, bc, name=name)
+    bc, hint = call_answer(answer, b, c, name=name, own_code=True)
+    grouped, hint = (None, hint) if hint else call_answer(answer, ab, c, name=name, own_code=True)
+    other, hint = (None, hint) if hint else call_answer(answer, a, bc, name=name, own_code=True)
     if hint:
         return hint
     ab, grouped, other = ([np.asarray(x) for x in pair] for pair in (ab, grouped, other))
@@ -62,28 +45,6 @@ def compose_summaries(answer, **_):
         return "applying compose(first, second) must equal applying first, then second"
     if not all(np.allclose(x, y) for x, y in zip(grouped, other, strict=True)):
         return "the composition should not depend on the grouping"
-    return None
-
-
-def _gathers_more(t, ranks, key_dim, value_dim) -> bool:
-    return (ranks - 1) / ranks * t * (3 * key_dim + value_dim + 1) > (
-        (ranks - 1) * key_dim * (key_dim + value_dim)
-    )
-
-
-@checker("05.3")
-def bytes_crossover(answer, **_):
-    """``answer(ranks, key_dim, value_dim) -> T``: the first whole T at which gathering
-    (R-1)/R T (3K + V + 1) numbers exceeds passing (R-1) K (K + V); the checker tries sizes of
-    its own."""
-    for sizes in ((8, 128, 128), (4, 64, 128), (16, 128, 64), (2, 32, 32), (64, 256, 256)):
-        got, hint = call_answer(answer, *sizes, name="crossover(ranks, key_dim, value_dim)")
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
-        if hint:
-            return hint
-        if not (_gathers_more(got, *sizes) and not _gathers_more(got - 1, *sizes)):
-            early = "too early" if not _gathers_more(got, *sizes) else "too late"
-            return f"{early} for (ranks, key_dim, value_dim) = {sizes}: the first whole T"
     return None
 
 
@@ -99,42 +60,66 @@ def _primitive_counts(jaxpr, counts: dict) -> dict:
     return counts
 
 
-# A Python loop traces one composition per rank here (256 matrix products and more); a
-# jax.lax.associative_scan takes 2 log2 R - 1 = 15 rounds
-# (kda_lib.lab.costs.associative_scan_rounds), each one batched composition of two matrix
-# products: about 30 traced products (the worked solution traces 32).
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
+
+
+def critical_path(jaxpr, in_depths=None) -> list[int]:
+    """The depth of each output of ``jaxpr``: the most equations on any dependency path from
+    the inputs to it (a call's body counted equation by equation). A Python loop over R ranks
+    chains at least R equations; ``jax.lax.associative_scan`` about 5 per round."""
+    depth = dict(zip(jaxpr.invars, in_depths or [0] * len(jaxpr.invars), strict=True))
+    get = lambda v: 0 if hasattr(v, "val") else depth.get(v, 0)  # noqa: E731 - Literal or Var
+    for eqn in jaxpr.eqns:
+        ins = [get(v) for v in eqn.invars]
+        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
+        inner = getattr(inner, "jaxpr", inner)
+        if inner is not None and hasattr(inner, "eqns"):
+            outs = critical_path(inner, ins)
+        else:
+            outs = [max(ins, default=0) + 1] * len(eqn.outvars)
+        depth.update(zip(eqn.outvars, outs, strict=True))
+    return [get(v) for v in jaxpr.outvars]
+
+
+# At R = 256 an associative scan's 2 log2 R - 1 = 15 rounds chain about 80 equations (the
+# worked solution: 78); a loop over the ranks chains at least one per rank, 256.
 _TRACED_RANKS = 256
 
 
 def _sequential_route(answer) -> str | None:
     """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
-    (lax.scan, fori_loop, while_loop) in its jaxpr, or (a Python loop) at least one matrix
-    product per rank at R = 256, where the 2 log2 R - 1 = 15 rounds of an associative scan
-    trace about 30."""
+    (lax.scan, fori_loop, while_loop) in its jaxpr, or a dependency chain of R / 2 = 128
+    equations or more at R = 256 (a Python loop, however it writes the products)."""
     import jax
     import jax.numpy as jnp
 
+    from kda_lib.teaching.exercises import library_calls
+
     r = _TRACED_RANKS
     try:
-        traced = jax.make_jaxpr(answer)(jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3)))
+        with library_calls() as entered:
+            traced = jax.make_jaxpr(answer)(jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3)))
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         return (
             f"tracing entering_states with jax raised {type(error).__name__}: write it with "
             "jnp and jax.lax (it runs under jax.make_jaxpr), not NumPy"
         )
+    if entered:
+        return "your answer runs kda_lib code; write the fold yourself with jax.lax"
     counts = _primitive_counts(traced.jaxpr, {})
     if counts.get("scan", 0) or counts.get("while", 0):
         return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
-    if counts.get("dot_general", 0) >= r // 4:
+    depth = max(critical_path(traced.jaxpr), default=0)
+    if depth >= r // 2:
         return (
-            f"at R = {r} your function traces {counts['dot_general']} matrix products, about "
-            "one per rank (a Python loop?): an associative scan's 2 log2 R - 1 rounds need far "
-            "fewer"
+            f"at R = {r} your function chains {depth} operations one after another, about one "
+            "or more per rank (a Python loop?): an associative scan's 2 log2 R - 1 rounds "
+            "chain far fewer"
         )
     return None
 
 
-@checker("05.4")
+@checker("05.2")
 def fold_any_ranks(answer, **_):
     """entering_states(ms, es): the state entering every rank, for any number of ranks."""
     rng = np.random.default_rng(6)
@@ -145,7 +130,7 @@ def fold_any_ranks(answer, **_):
         for summary in maps:
             want.append(state)
             state = _apply(summary, state)
-        got, hint = call_answer(answer, ms, es, name="entering_states(ms, es)")
+        got, hint = call_answer(answer, ms, es, name="entering_states(ms, es)", own_code=True)
         hint = hint or refuse_degenerate(
             got, shape=(r, 4, 3), inputs=(es,), what=f"the states for R = {r}"
         )

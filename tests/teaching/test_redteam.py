@@ -1,0 +1,353 @@
+"""A red team for every checker of notebooks 00-05 (issue 54, item 4): each exercise is attacked
+mechanically, and the test fails if any attack is accepted.
+
+Attacks: answers that are NaN, inf, zeros, a constant, of the wrong shape or dtype (as values,
+and as functions whose outputs are so made); every function of ``kda_lib`` (public and private,
+module level) whose signature takes the exercise's arguments, and ``functools.partial``,
+``jax.jit`` and lambda wrappers of each; the other exercises' worked solutions; answers that
+break the exercise's stated rule; and (slow: the notebook runs) every value and function the
+notebook defines before its exercise cells, the source executed up to there with its CI
+parameters in a subprocess. Correct answers written differently (the worked solution and at
+least one other form from ``notebooks/solutions/chNN.py``: float32 ``jnp``, NumPy, a loop)
+must pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import pathlib
+import pkgutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kda_lib.teaching import exercises
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "notebooks" / "solutions"
+
+# exercise id -> (notebook source stem, number of arguments the answer function takes)
+EXERCISES = {
+    "00.1": ("00_quickstart", 6),
+    "00.2": ("00_quickstart", 6),
+    "01.1": ("01_delta_rule", 2),
+    "01.2": ("01_delta_rule", 4),
+    "02.1": ("02_gating_and_decay", 1),
+    "02.2": ("02_gating_and_decay", 3),
+    "03.1": ("03_chunkwise_algorithm", 2),
+    "03.2": ("03_chunkwise_algorithm", 4),
+    "04.1": ("04_kda_layer", 6),
+    "04.2": ("04_kda_layer", 4),
+    "05.1": ("05_context_parallel", 2),
+    "05.2": ("05_context_parallel", 2),
+}
+IDS = sorted(EXERCISES)
+
+
+def _load(path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(f"redteam_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _right_answers() -> dict[str, list]:
+    """Every correct answer of ``cases()`` in the solutions of 00-05, by exercise id."""
+    right: dict[str, list] = {}
+    for chapter in sorted({stem[:2] for stem, _ in EXERCISES.values()}):
+        for exercise_id, answer, context, _ in _load(SOLUTIONS / f"ch{chapter}.py").cases():
+            assert not context, f"{exercise_id}: the red team assumes no context arguments"
+            right.setdefault(exercise_id, []).append(answer)
+    return right
+
+
+def _refused(exercise_id: str, answer) -> bool:
+    hint = exercises.verdict(exercise_id, answer)
+    return isinstance(hint, str) and bool(hint)
+
+
+def test_every_exercise_of_00_to_05_is_attacked():
+    for chapter in ("00", "01", "02", "03", "04", "05"):
+        exercises._checker_for(f"{chapter}.1")  # imports the chapter's checkers
+    known = sorted(i for i in exercises._CHECKERS if i[:2] in {"00", "01", "02", "03", "04", "05"})
+    assert known == IDS
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_correct_answers_written_differently_pass(exercise_id):
+    answers = _right_answers()[exercise_id]
+    assert len(answers) >= 2, f"{exercise_id}: the solution and at least one other correct form"
+    for answer in answers:
+        assert exercises.verdict(exercise_id, answer) is None, (exercise_id, answer)
+
+
+# ------------------------------------------------------------------ degenerate answers
+def _spoiled(x, how: str):
+    x = np.asarray(x)
+    return {
+        "nan": np.full(x.shape, np.nan),
+        "inf": np.full(x.shape, np.inf),
+        "-inf": np.full(x.shape, -np.inf),
+        "zeros": np.zeros(x.shape),
+        "constant 0.5": np.full(x.shape, 0.5),
+        "constant 1": np.ones(x.shape),
+        "one entry more": np.append(np.ravel(x.astype(np.float64)), 1.0),
+        "one axis more": x[None],
+        "complex": x.astype(np.complex128) + 1j,
+        "strings": x.astype(str),
+        "booleans": x != 0,
+    }[how]
+
+
+HOW = ["nan", "inf", "-inf", "zeros", "constant 0.5", "constant 1", "one entry more",
+       "one axis more", "complex", "strings", "booleans"]
+
+
+def _spoiling(answer, how: str):
+    def spoiled(*args):
+        out = answer(*args)
+        if isinstance(out, (tuple, list)):
+            return type(out)(_spoiled(part, how) for part in out)
+        return _spoiled(out, how)
+
+    return spoiled
+
+
+def _wrong_structure(answer):
+    def first_only(*args):
+        out = answer(*args)
+        return out[0] if isinstance(out, (tuple, list)) else (out, out)
+
+    return first_only
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_degenerate_answers_are_refused(exercise_id):
+    right = _right_answers()[exercise_id][0]
+    attacks = [(f"outputs {how}", _spoiling(right, how)) for how in HOW]
+    attacks += [("wrong structure", _wrong_structure(right)), ("returns None", lambda *a: None)]
+    attacks += [(f"the argument handed back ({i})", lambda *a, i=i: a[i])
+                for i in range(EXERCISES[exercise_id][1])]
+    attacks += [(repr(v), v) for v in (np.nan, np.inf, 0, 0.5, 1, np.zeros(3), "text", [1.0])]
+    accepted = [name for name, attack in attacks if not _refused(exercise_id, attack)]
+    assert not accepted, f"{exercise_id} accepted: {accepted}"
+
+
+# ------------------------------------------------------------------ the library itself
+@functools.cache
+def _library_functions() -> tuple:
+    """Every function defined at module level in a ``kda_lib`` module (public and private,
+    jitted and wrapped ones included), the exercise checkers excepted."""
+    found = {}
+    for info in pkgutil.walk_packages(importlib.import_module("kda_lib").__path__, "kda_lib."):
+        if info.name.startswith("kda_lib.teaching.exercises"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001, S112 - an optional backend missing here
+            continue
+        for obj in vars(module).values():
+            own = getattr(obj, "__module__", None) == module.__name__
+            if own and (inspect.isfunction(obj) or hasattr(obj, "__wrapped__")) and callable(obj):
+                found[id(obj)] = obj
+    return tuple(found.values())
+
+
+def _fits(fn, arity: int) -> bool:
+    try:
+        inspect.signature(fn).bind(*range(arity))
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _wrappers(fn):
+    import jax
+
+    yield "itself", fn
+    yield "functools.partial", functools.partial(fn)
+    yield "lambda", lambda *a: fn(*a)
+    try:
+        yield "jax.jit", jax.jit(fn)
+    except Exception:  # noqa: BLE001, S110 - jit refuses some callables outright
+        pass
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_every_library_function_that_fits_and_its_wrappers_are_refused(exercise_id):
+    arity = EXERCISES[exercise_id][1]
+    fitting = [fn for fn in _library_functions() if _fits(fn, arity)]
+    assert fitting, "the search found no library function to try"
+    accepted = [
+        f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)} ({how})"
+        for fn in fitting
+        for how, attack in _wrappers(fn)
+        if not _refused(exercise_id, attack)
+    ]
+    assert not accepted, f"{exercise_id} accepted library routes: {accepted}"
+
+
+def test_the_library_search_reaches_private_and_kernel_functions():
+    names = {f"{fn.__module__}.{fn.__name__}" for fn in _library_functions()
+             if hasattr(fn, "__name__")}
+    assert {"kda_lib.ops.reference.kda_step", "kda_lib.ops.chunked.chain_states"} <= names
+    assert any(n.rsplit(".", 1)[1].startswith("_") for n in names), "private functions"
+
+
+# ------------------------------------------------------------------ other exercises' answers
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_other_exercises_solutions_are_refused(exercise_id):
+    accepted = [
+        (other, getattr(answer, "__name__", repr(answer)))
+        for other, answers in _right_answers().items()
+        if other != exercise_id
+        for answer in answers
+        if not _refused(exercise_id, answer)
+    ]
+    assert not accepted, f"{exercise_id} accepted other exercises' solutions: {accepted}"
+
+
+# ------------------------------------------------------------------ rule breakers
+def _rule_breakers():
+    import jax
+    import jax.numpy as jnp
+
+    def scores_masked_after_exp(q, k, g, scale):  # 03.2: exp of every gamma_t - gamma_s
+        gamma, C = np.cumsum(g), len(g)
+        with np.errstate(all="ignore"):
+            mask = np.where(np.tril(np.ones((C, C))) > 0, np.exp(gamma[:, None] - gamma), 0.0)
+        return scale * (q @ k.T) * mask
+
+    def scores_factored(q, k, g, scale):  # 03.2: e^{gamma_t} e^{-gamma_s}, overflows at C = 64
+        gamma = np.cumsum(g)
+        with np.errstate(all="ignore"):
+            p = (np.exp(gamma)[:, None] * q) @ (np.exp(-gamma)[:, None] * k).T
+        return np.nan_to_num(scale * np.tril(p))
+
+    def scores_jnp_x64(q, k, g, scale):
+        with jax.enable_x64(True):
+            gamma, C = jnp.cumsum(jnp.asarray(g)), len(g)
+            mask = jnp.where(jnp.tril(jnp.ones((C, C))) > 0, jnp.exp(gamma[:, None] - gamma), 0)
+            return np.asarray(scale * (jnp.asarray(q) @ jnp.asarray(k).T) * mask)
+
+    @functools.partial(jax.jit, static_argnums=3)
+    def scores_jitted(q, k, g, scale):
+        gamma, C = jnp.cumsum(g), len(g)
+        mask = jnp.where(jnp.tril(jnp.ones((C, C))) > 0, jnp.exp(gamma[:, None] - gamma), 0)
+        return scale * (q @ k.T) * mask
+
+    def scores_power(q, k, g, scale):
+        gamma = np.cumsum(g)
+        with np.errstate(all="ignore"):
+            mask = np.tril(np.power(np.e, gamma[:, None] - gamma))
+        return scale * (q @ k.T) * np.nan_to_num(mask, posinf=0.0)
+
+    def fold_loop_products(ms, es):  # 05.2: a Python loop over the ranks
+        state, out = jnp.zeros(es.shape[1:]), []
+        for m, e in zip(ms, es, strict=True):
+            out.append(state)
+            state = m @ state + e
+        return jnp.stack(out)
+
+    def fold_loop_elementwise(ms, es):  # the same loop without a traced matrix product
+        state, out = jnp.zeros(es.shape[1:]), []
+        for m, e in zip(ms, es, strict=True):
+            out.append(state)
+            state = (m[:, :, None] * state[None]).sum(1) + e
+        return jnp.stack(out)
+
+    def fold_scan(ms, es):
+        def step(state, summary):
+            return summary[0] @ state + summary[1], state
+
+        return jax.lax.scan(step, jnp.zeros(es.shape[1:]), (jnp.asarray(ms), jnp.asarray(es)))[1]
+
+    def fold_fori(ms, es):
+        ms, es = jnp.asarray(ms), jnp.asarray(es)
+
+        def body(i, carry):
+            state, out = carry
+            return ms[i] @ state + es[i], out.at[i].set(state)
+
+        return jax.lax.fori_loop(0, len(ms), body, (jnp.zeros(es.shape[1:]), jnp.zeros_like(es)))[1]
+
+    return [
+        ("03.2", scores_masked_after_exp),
+        ("03.2", scores_factored),
+        ("03.2", scores_jnp_x64),
+        ("03.2", scores_jitted),
+        ("03.2", scores_power),
+        ("05.2", fold_loop_products),
+        ("05.2", fold_loop_elementwise),
+        ("05.2", fold_scan),
+        ("05.2", fold_fori),
+    ]
+
+
+def test_answers_that_break_the_stated_rule_are_refused():
+    accepted = [(i, fn.__name__) for i, fn in _rule_breakers() if not _refused(i, fn)]
+    assert not accepted, f"rule breakers accepted: {accepted}"
+
+
+# ------------------------------------------------------------------ the notebook's own namespace
+_NAMESPACE_ATTACK = r"""
+import json, sys, functools, warnings
+import jupytext
+import matplotlib
+matplotlib.use("Agg")
+warnings.filterwarnings("ignore")
+source, ids = sys.argv[1], sys.argv[2].split(",")
+cells = [c for c in jupytext.read(source).cells if c.cell_type == "code"]
+namespace = {"__name__": "__main__"}
+for cell in cells:
+    if "check(" in cell.source:
+        break
+    exec(compile(cell.source, source, "exec"), namespace)
+from kda_lib.teaching.exercises import verdict
+accepted, tried = [], 0
+for name, value in list(namespace.items()):
+    if name.startswith("__") or type(value).__name__ == "module" or value is None:
+        continue
+    attacks = [(name, value)]
+    if callable(value):
+        attacks.append((name + " (partial)", functools.partial(value)))
+    for label, attack in attacks:
+        for exercise_id in ids:
+            tried += 1
+            try:
+                hint = verdict(exercise_id, attack)
+            except Exception as error:  # a checker that raises is not fooled, but reported
+                hint = f"raised {type(error).__name__}"
+            if not (isinstance(hint, str) and hint):
+                accepted.append([exercise_id, label])
+print(json.dumps({"accepted": accepted, "tried": tried, "names": len(namespace)}))
+"""
+
+NOTEBOOKS = sorted({stem for stem, _ in EXERCISES.values()})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stem", NOTEBOOKS)
+def test_every_value_and_function_of_the_notebook_is_refused(stem):
+    """The notebook's code cells up to its first exercise cell run with the CI parameters (the
+    parameters cell's defaults) in a subprocess; every name they define (and a partial of each
+    function) is fed to each of the notebook's exercises."""
+    ids = ",".join(i for i, (s, _) in EXERCISES.items() if s == stem)
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-c", _NAMESPACE_ATTACK, str(ROOT / "notebooks" / f"{stem}.py"), ids],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"{stem}: {report['tried']} namespace attacks on {ids}")
+    assert report["tried"] > 10
+    assert not report["accepted"], f"{stem}: accepted {report['accepted']}"
