@@ -24,7 +24,6 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -157,56 +156,6 @@ def call_answer(
     if entered:
         return None, LIBRARY_HINT
     return result, None
-
-
-class _Cell:
-    """A closure cell as a one-entry mapping, so cells and namespaces are patched alike."""
-
-    def __init__(self, cell):
-        self.cell = cell
-
-    def __setitem__(self, _, value):
-        self.cell.cell_contents = value
-
-
-@contextlib.contextmanager
-def forbidding(answer: Any, functions: Sequence[tuple[ModuleType, str]]) -> Iterator[list]:
-    """While the block runs, the library functions ``functions`` (``(module, name)`` pairs)
-    raise, and so does every name in ``answer``'s globals (the notebook's namespace, for a
-    function written there) or closure bound to one of them or to a ``jax.jit`` of one; the
-    list yielded records each call, so the checker can refuse the forbidden route with its own
-    hint. A route through another name (an alias module, a wrapper of a wrapper) escapes."""
-    called: list = []
-    targets = {id(getattr(m, n)) for m, n in functions if hasattr(m, n)}
-
-    def forbidden(*_, **__):
-        called.append(True)
-        raise RuntimeError("this exercise asks you not to call this function")
-
-    def is_target(obj) -> bool:
-        try:
-            wrapped = getattr(obj, "__wrapped__", None)
-        except Exception:  # noqa: BLE001 - an object's __getattr__ may fail any way
-            wrapped = None
-        return id(obj) in targets or (wrapped is not None and id(wrapped) in targets)
-
-    patched: list = [(vars(m), n, getattr(m, n)) for m, n in functions if hasattr(m, n)]
-    namespace = getattr(answer, "__globals__", None) or {}
-    patched += [(namespace, n, obj) for n, obj in list(namespace.items()) if is_target(obj)]
-    for cell in getattr(answer, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if is_target(contents):
-            patched.append((_Cell(cell), None, contents))
-    for space, name, _ in patched:
-        space[name] = forbidden
-    try:
-        yield called
-    finally:
-        for space, name, obj in reversed(patched):
-            space[name] = obj
 
 
 def _checker_for(exercise_id: str) -> Callable[..., str | None]:
