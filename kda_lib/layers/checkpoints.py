@@ -358,51 +358,15 @@ def kimi_linear_prefix(layer_index: int) -> str:
     return f"model.layers.{layer_index}.self_attn."
 
 
-# safetensors dtypes kda_lib reads (little-endian); any other (FP8, complex, bool, ...) is
-# refused by name
-_DTYPES = dict(F64="<f8", F32="<f4", F16="<f2", BF16=jnp.bfloat16, I64="<i8", I32="<i4",
-               I16="<i2", I8="i1", U8="u1")  # fmt: skip
-SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in _DTYPES.items()}
+# safetensors dtypes read (little-endian); any other (FP8, complex, bool, ...) is refused by name
+SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in dict(
+    F64="<f8", F32="<f4", F16="<f2", BF16=jnp.bfloat16, I64="<i8", I32="<i4", I16="<i2",
+    I8="i1", U8="u1").items()}  # fmt: skip
 
 
 def file_version(stat) -> tuple[int, int, int]:
     """What tells two versions of a file apart: inode, size, modification time."""
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
-    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a checkpoint's
-    shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
-
-    ``safetensors.safe_open`` checks each file; only the wanted tensors are read, with
-    ordinary reads (a file that shrinks is a ValueError, not a memory map's SIGBUS). A
-    malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64 dimensions, or a
-    file changed before the last one is read are ValueErrors naming the file (and tensor); a
-    path that is not a str or ``os.PathLike`` of str is a TypeError."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
-        raise TypeError(
-            f"paths must be a file (str or os.PathLike) or a list of them, got {paths!r}"
-        )
-    if not paths:
-        raise ValueError("paths must name at least one file, got an empty list")
-    if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
-    out: dict[str, np.ndarray] = {}
-    versions = {}
-    for path in paths:
-        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
-            raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
-        if not os.path.isfile(path):
-            raise ValueError(f"no safetensors file at {os.fspath(path)!r}")
-        tensors, versions[os.fspath(path)] = _read_safetensors_file(os.fspath(path), prefix)
-        for name, array in tensors.items():
-            if name in out:
-                raise ValueError(f"{prefix}{name} appears in more than one of the files {paths}")
-            out[name] = array
-    check_unchanged(versions)
-    return out
 
 
 def check_unchanged(versions: dict[str, tuple]) -> None:
@@ -416,6 +380,39 @@ def check_unchanged(versions: dict[str, tuple]) -> None:
             )
 
 
+def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
+    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (one path or a
+    list of shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
+
+    Each file is checked by ``safetensors.safe_open``; the wanted tensors are then read with
+    ordinary reads (DESIGN, "Checkpoints": no memory map). Raises ValueError naming the file
+    (and tensor) for a malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64
+    dimensions, a name in two files, or a file changed before the last one is read; TypeError
+    for a path that is not a str or ``os.PathLike`` of str."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
+        raise TypeError(f"paths must be a file (str or os.PathLike) or a list of them: {paths!r}")
+    if not paths:
+        raise ValueError("paths must name at least one file, got an empty list")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    out: dict[str, np.ndarray] = {}
+    versions = {}
+    for path in paths:
+        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+            raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"no safetensors file at {path!r}")
+        tensors, versions[path] = _read_safetensors_file(path, prefix)
+        if twice := sorted(tensors.keys() & out.keys()):
+            raise ValueError(f"{prefix}{twice[0]} appears in more than one of the files {paths}")
+        out.update(tensors)
+    check_unchanged(versions)
+    return out
+
+
 def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray], tuple]:
     """One file's tensors under ``prefix`` (cut off), and the file's :func:`file_version`."""
     with open(path, "rb") as handle:
@@ -427,32 +424,29 @@ def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray
         except Exception as error:  # safetensors' SafetensorError and what it lets through
             raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
         check_unchanged({path: version})  # the file checked is the file open
-        start = handle.tell()
-        out = {name[len(prefix) :]: _read_tensor(handle, path, name, header[name], start)
-               for name in names}  # fmt: skip
+        start, out = handle.tell(), {}
+        for name in names:
+            where, entry = f"{path}: tensor {name}", header[name]
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            if dtype not in SAFETENSORS_DTYPES:
+                raise ValueError(
+                    f"{where}: dtype {dtype!r} is not supported (supported: "
+                    f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
+                )
+            if len(shape) > 64:
+                raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
+            buffer = bytearray(end - begin)
+            handle.seek(start + begin)
+            if handle.readinto(buffer) != len(buffer):
+                raise ValueError(
+                    f"{where} could not be read whole (the file is shorter than its header "
+                    "says: truncated, or changed while reading)"
+                )
+            out[name[len(prefix) :]] = np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(
+                shape
+            )
         check_unchanged({path: version})
     return out, version
-
-
-def _read_tensor(handle, path: str, name: str, entry: dict, start: int) -> np.ndarray:
-    """One tensor of a checked header ``entry`` read from ``handle`` (data from ``start``)."""
-    where = f"{path}: tensor {name}"
-    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in SAFETENSORS_DTYPES:
-        raise ValueError(
-            f"{where}: dtype {dtype!r} is not supported (supported: "
-            f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
-        )
-    if len(shape) > 64:
-        raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
-    buffer = bytearray(end - begin)
-    handle.seek(start + begin)
-    if handle.readinto(buffer) != len(buffer):
-        raise ValueError(
-            f"{where} could not be read whole (the file is shorter than its header says: "
-            "truncated, or changed while reading)"
-        )
-    return np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(shape)
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:

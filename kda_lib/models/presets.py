@@ -311,21 +311,21 @@ KIMI_K3 = ModelPreset(
     output_gate_rank=None,  # use_full_rank_gate: one g_proj [d, H K]
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(
-        **_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True, output_gate_rank=128
+        **_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True, output_gate_rank=None
     ),  # fmt: skip
     source=(
         "text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
         "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ "
-        "1b37521e5afafc982e4eda4d1f126dc29d57df95; MLA output gate from AI-Hypercomputer/maxtext "
-        "src/maxtext/layers/attention_mla.py @ bf801f4474c4367f1b03a202e793ec7724f1f3db"
+        "1b37521e5afafc982e4eda4d1f126dc29d57df95 (mla_use_output_gate; the same file's "
+        "checkpoint fixture in the published key layout has one full-rank MLA g_proj [H V, d])"
     ),
     notes=(
         "MaxText's four-layer bring-up (kda.py @ bf801f4) clamps the gate, "
         "max(-exp(A_log) softplus(f + dt_bias), -5) (GateForm.CLAMPED_SOFTPLUS); the remote "
         "code and the ports read gate_lower_bound as the safe sigmoid gate, followed here. "
-        "The MLA output gate's rank 128 (g_a_proj/g_b_proj + o_norm) is MaxText's; mlxcel's "
-        "checkpoint fixture has one full-rank g_proj [H V, d]. The published A_log has 128 "
-        "entries for 96 heads (mlxcel: only the first num_heads are used)"
+        "MaxText's bring-up (attention_mla.py @ bf801f4) gives the MLA output gate rank 128 "
+        "(g_a_proj/g_b_proj + o_norm); the published layout is full rank. The published A_log "
+        "has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
     ),
 )
 

@@ -34,6 +34,7 @@ generation and decode measurements in :mod:`kda_lib.lab.generate`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
@@ -200,15 +201,9 @@ class ModelConfig:
     def label(self) -> str:
         """A short name: the mixer for a uniform model, else the pattern run-length encoded,
         e.g. ``"kda3-attention"`` for ``("kda", "kda", "kda", "attention")``."""
-        pattern = self.layers or (self.mixer,)
         if len(set(self.layer_mixers)) == 1:
             return self.layer_mixers[0]
-        runs: list[list] = []
-        for name in pattern:
-            if runs and runs[-1][0] == name:
-                runs[-1][1] += 1
-            else:
-                runs.append([name, 1])
+        runs = [(name, len(list(run))) for name, run in itertools.groupby(self.layers)]
         return "-".join(name + (str(count) if count > 1 else "") for name, count in runs)
 
     @property
@@ -235,19 +230,6 @@ class ModelConfig:
 
 
 MixerFactory = Callable[[ModelConfig, nnx.Rngs], nnx.Module]
-
-
-MIXERS: dict[str, MixerFactory] = {}
-
-
-def register_mixer(name: str):
-    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
-
-    def register(factory: MixerFactory) -> MixerFactory:
-        MIXERS[name] = factory
-        return factory
-
-    return register
 
 
 def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -330,48 +312,38 @@ class ConvMixer(nnx.Module):
         return y if cache is None else (y, new_cache)
 
 
-@register_mixer("kda")
-def _kda_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return KimiDeltaAttention(config.mixer_config, rngs=rngs)
-
-
-@register_mixer("gdn")
-def _gated_deltanet_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Gated DeltaNet: the KDA layer with one forget-gate value per head (not per channel)."""
-    gdn = dataclasses.replace(config.mixer_config, per_head_decay=True)
-    return KimiDeltaAttention(gdn, rngs=rngs)
-
-
-@register_mixer("mamba2")
-def _mamba2_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Mamba2-style: a scalar decay per head, no delta rule (kda_lib.layers.mamba2)."""
-    mamba2 = Mamba2Config(**shared_fields(config.mixer_config, Mamba2Config))
-    return Mamba2Mixer(mamba2, rngs=rngs)
-
-
-@register_mixer("attention")
-def _attention_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return CausalSelfAttention(config.attention_config(), rngs=rngs)
-
-
-@register_mixer("attention_conv")
-def _attention_conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Softmax attention with KDA's short convolutions on q, k and v."""
-    return CausalSelfAttention(config.attention_config(short_conv=True), rngs=rngs)
-
-
-@register_mixer("conv")
-def _conv_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    return ConvMixer(config.mixer_config, rngs=rngs)
-
-
-@register_mixer("mla")
 def _mla_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """Multi-head latent attention, NoPE (Kimi Linear's global layers): the widths it shares
-    with ``mixer_config``, and a latent of ``kv_lora_rank`` (default ``head_dim``)."""
-    rank = config.kv_lora_rank or config.mixer_config.head_dim
+    rank = config.kv_lora_rank or config.mixer_config.head_dim  # the latent's default width
     mla = MLAConfig(**shared_fields(config.mixer_config, MLAConfig), kv_lora_rank=rank)
     return MultiHeadLatentAttention(mla, rngs=rngs)
+
+
+# name -> factory(config, rngs) of a layer's token mixer (the module docstring says each)
+MIXERS: dict[str, MixerFactory] = {
+    "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
+    "gdn": lambda c, rngs: KimiDeltaAttention(
+        dataclasses.replace(c.mixer_config, per_head_decay=True), rngs=rngs
+    ),
+    "mamba2": lambda c, rngs: Mamba2Mixer(
+        Mamba2Config(**shared_fields(c.mixer_config, Mamba2Config)), rngs=rngs
+    ),
+    "attention": lambda c, rngs: CausalSelfAttention(c.attention_config(), rngs=rngs),
+    "attention_conv": lambda c, rngs: CausalSelfAttention(
+        c.attention_config(short_conv=True), rngs=rngs
+    ),
+    "conv": lambda c, rngs: ConvMixer(c.mixer_config, rngs=rngs),
+    "mla": _mla_mixer,
+}
+
+
+def register_mixer(name: str):
+    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
+
+    def register(factory: MixerFactory) -> MixerFactory:
+        MIXERS[name] = factory
+        return factory
+
+    return register
 
 
 class MLP(nnx.Module):

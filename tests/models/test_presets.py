@@ -138,13 +138,14 @@ def test_kimi_k3_builds_with_the_published_parameter_count():
     with pytest.raises(NotImplementedError, match="mla_use_output_gate"):
         build_mla_layer(KIMI_K3)
     # MLA (attention_mla.py @ bf801f44): wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, out, and
-    # the output gate g_a_proj [d, head_dim], g_b_proj [head_dim, H v], o_norm [v]
-    d, h, hd = y["base_emb_dim"], y["base_num_query_heads"], y["head_dim"]
+    # the published full-rank output gate g_proj [H v, d] (mlxcel kimi_k3_tests.rs @ 1b37521e;
+    # MaxText's bring-up has rank head_dim instead)
+    d, h = y["base_emb_dim"], y["base_num_query_heads"]
     q_rank, r, nope, rope, v = 1536, 512, 128, 64, 128  # kimi-k3.yml's MLA fields
     mla = (
         d * q_rank + q_rank + q_rank * h * (nope + rope)
         + d * (r + rope) + r + r * h * (nope + v) + h * v * d
-        + d * hd + hd * h * v + v
+        + d * h * v
     )  # fmt: skip
     assert KIMI_K3.mla_parameter_count() == mla
 
