@@ -69,18 +69,11 @@ class KDAOptions(NamedTuple):
 
 class KDAResult(NamedTuple):
     """What the KDA forms return when interior states are asked for (``output_chunk_states``
-    or ``output_token_states``); without them they return the pair ``(o, final_state)`` as
-    always. Fields not asked for are None.
-
-    * ``output`` ``[B, T, HV, V]`` in q's dtype.
-    * ``final_state`` ``[B, HV, K, V]`` float32 (float64 for float64 inputs) or None.
-    * ``chunk_states`` ``[B, T // chunk_size, HV, K, V]``: entry i is the state after tokens
-      ``0 .. (i + 1) * chunk_size - 1``, i.e. the final state of the same call on that prefix
-      (with ``initial_state`` it includes it; with ``segment_ids`` it is the state of the
-      segment running at that boundary, the segment of the last real token at or before it,
-      or the initial state if there is none yet). Only full chunks; T < chunk_size gives 0.
-    * ``token_states`` ``[B, T, HV, K, V]``: entry t is the state after token t (the same rule),
-      e.g. the state after a draft's accepted prefix in speculative decoding.
+    or ``output_token_states``; without them the pair ``(o, final_state)``); fields not asked
+    for are None. ``output [B, T, HV, V]`` in q's dtype; ``final_state [B, HV, K, V]`` in the
+    accumulation dtype; ``chunk_states [B, T // chunk_size, HV, K, V]`` the state after each
+    full chunk; ``token_states [B, T, HV, K, V]`` the state after each token (with segment ids:
+    of the segment of the last real token so far, or the initial state). docs/DESIGN.md.
     """
 
     output: jax.Array
@@ -182,19 +175,8 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     return dims
 
 
-def check_kda_inputs(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    initial_state=None,
-    segment_ids=None,
-    allow_neg_eigval=False,
-    raw_gate=False,
-    lower_bound=None,
-) -> Dims:
+def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
+                     allow_neg_eigval=False, raw_gate=False, lower_bound=None) -> Dims:  # fmt: skip
     """Validate the core-op arguments (batch-first layout) and return their dimensions.
 
     q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` and
@@ -242,33 +224,13 @@ def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None)
             )
 
 
-def check_fused_inputs(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    a_log,
-    dt_bias,
-    *,
-    initial_state=None,
-    segment_ids=None,
-    allow_neg_eigval=False,
-) -> Dims:
+def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, *, initial_state=None,
+                       segment_ids=None, allow_neg_eigval=False) -> Dims:  # fmt: skip
     """:func:`check_kda_inputs` for the fused gate, where ``g`` is the raw gate input (any
     sign), plus ``a_log [HV]`` (or None: the safe gate without a rate) and ``dt_bias [HV * K]``
     (or ``[HV, K]``, or None); HV: v's heads."""
-    dims = check_kda_inputs(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=initial_state,
-        segment_ids=segment_ids,
-        allow_neg_eigval=allow_neg_eigval,
-        raw_gate=True,
-    )
+    dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state, raw_gate=True,
+                            segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
     if a_log is not None:
         check_array("a_log", a_log)
         if a_log.shape != (dims.num_heads,):
