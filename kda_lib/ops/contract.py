@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_array, is_concrete, is_int
+from kda_lib.checks import check_allocation, check_array, is_concrete, is_int
 
 
 class Dims(NamedTuple):
@@ -69,18 +69,11 @@ class KDAOptions(NamedTuple):
 
 class KDAResult(NamedTuple):
     """What the KDA forms return when interior states are asked for (``output_chunk_states``
-    or ``output_token_states``); without them they return the pair ``(o, final_state)`` as
-    always. Fields not asked for are None.
-
-    * ``output`` ``[B, T, HV, V]`` in q's dtype.
-    * ``final_state`` ``[B, HV, K, V]`` float32 (float64 for float64 inputs) or None.
-    * ``chunk_states`` ``[B, T // chunk_size, HV, K, V]``: entry i is the state after tokens
-      ``0 .. (i + 1) * chunk_size - 1``, i.e. the final state of the same call on that prefix
-      (with ``initial_state`` it includes it; with ``segment_ids`` it is the state of the
-      segment running at that boundary, the segment of the last real token at or before it,
-      or the initial state if there is none yet). Only full chunks; T < chunk_size gives 0.
-    * ``token_states`` ``[B, T, HV, K, V]``: entry t is the state after token t (the same rule),
-      e.g. the state after a draft's accepted prefix in speculative decoding.
+    or ``output_token_states``; without them the pair ``(o, final_state)``); fields not asked
+    for are None. ``output [B, T, HV, V]`` in q's dtype; ``final_state [B, HV, K, V]`` in the
+    accumulation dtype; ``chunk_states [B, T // chunk_size, HV, K, V]`` the state after each
+    full chunk; ``token_states [B, T, HV, K, V]`` the state after each token (with segment ids:
+    of the segment of the last real token so far, or the initial state). docs/DESIGN.md.
     """
 
     output: jax.Array
@@ -109,23 +102,81 @@ def host_values(x, dtype=None) -> np.ndarray:
     return np.asarray(x, dtype)
 
 
-def _shape_error(name: str, expected: str, got) -> ValueError:
-    return ValueError(f"{name} must have shape {expected}, got shape {tuple(got)}")
+# The shapes of the checked arrays, by argument name: the axes as messages show them. H is
+# q/k's heads for q and k (and their one-token forms), v's heads HV for the rest.
+SHAPES = {
+    "q": "B T H K", "k": "B T H K", "v": "B T H V", "g": "B T H K", "beta": "B T H",
+    "initial_state": "B H K V", "segment_ids": "B T",
+    "q_t": "B H K", "k_t": "B H K", "v_t": "B HV V", "g_t": "B HV K", "beta_t": "B HV",
+    "state": "B H K V", "pool": "N HV K V",
+}  # fmt: skip
+_QK = ("q", "k", "q_t", "k_t")
 
 
-def check_kda_inputs(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    initial_state=None,
-    segment_ids=None,
-    allow_neg_eigval=False,
-    raw_gate=False,
-    lower_bound=None,
-) -> Dims:
+def check_shape(name: str, x, dims: Dims, *, slots: int | None = None) -> None:
+    """``x`` must have the shape ``SHAPES[name]`` at ``dims`` (N: ``slots``); the message names
+    the argument and says the expected and the received shape."""
+    axes = SHAPES[name].split()
+    heads = dims.qk_heads if name in _QK else dims.num_heads
+    sizes = dict(B=dims.batch, T=dims.seq_len, H=heads, HV=heads, K=dims.key_dim,
+                 V=dims.value_dim, N=slots)  # fmt: skip
+    want = tuple(sizes[a] for a in axes)
+    if tuple(x.shape) != want:
+        raise ValueError(
+            f"{name} must have shape [{', '.join(axes)}]={want}, got shape {tuple(x.shape)}"
+        )
+
+
+def check_float_arrays(**arrays) -> None:
+    """Each non-None argument must be a floating-point jax or numpy array."""
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        check_array(name, x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
+
+
+def _check_not_empty(name: str, x, shown) -> None:
+    for axis, size in zip(SHAPES[name].split(), shown(x), strict=True):
+        if not size:
+            axes = ", ".join(SHAPES[name].split())
+            raise ValueError(f"{name} [{axes}] is empty: {axis} = 0 (shape {shown(x)})")
+
+
+def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
+    """The dimensions of one call's q, k, v, g, beta (the token inputs ``q_t`` .. ``beta_t`` of
+    a decoding step with ``token``: T = 1), every shape and dtype checked."""
+    names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
+    arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
+    check_float_arrays(**arrays)
+    shown = lambda x: tuple(x.shape)  # noqa: E731
+    if token:  # one token: the sequence's axes with T = 1
+        q, v = q[:, None], v[:, None]
+        shown = lambda x: tuple(x.shape[:1] + x.shape[2:])  # noqa: E731
+    axes = {n: ", ".join(SHAPES[n].split()) for n in names}
+    if q.ndim != 4:
+        rank = len(SHAPES[names[0]].split())
+        raise ValueError(f"{names[0]} must have shape [{axes[names[0]]}] ({rank} axes), got shape "
+                         f"{shown(q)}")  # fmt: skip
+    _check_not_empty(names[0], q, shown)
+    batch, seq_len, qk_heads, key_dim = q.shape
+    if v.ndim != 4 or v.shape[:2] != (batch, seq_len) or v.shape[2] % qk_heads or not v.shape[2]:
+        sizes, heads = (f"B={batch}", "HV") if token else (f"B={batch}, T={seq_len}", "H")
+        raise ValueError(
+            f"{names[2]} must have shape [{axes[names[2]]}] with {sizes} and {heads} a positive "
+            f"multiple of q's H={qk_heads} (grouped value heads), got shape {shown(v)}"
+        )
+    _check_not_empty(names[2], v, shown)
+    dims = Dims(batch, seq_len, v.shape[2], key_dim, v.shape[3], qk_heads)
+    one = Dims(batch, 1, *dims[2:]) if token else dims
+    for name in names[1:]:
+        check_shape(name, arrays[name], one)
+    return dims
+
+
+def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
+                     allow_neg_eigval=False, raw_gate=False, lower_bound=None) -> Dims:  # fmt: skip
     """Validate the core-op arguments (batch-first layout) and return their dimensions.
 
     q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` and
@@ -133,57 +184,18 @@ def check_kda_inputs(
     HV = H without). ``raw_gate``: g is a raw gate input (any sign), not a log-space decay;
     else a ``lower_bound`` is a promise ``g >= lower_bound`` (checked with ``g <= 0``).
     """
-    dims = _checked_dims(q, k, v, g, beta)
+    dims = checked_dims(q, k, v, g, beta)
+    check_float_arrays(initial_state=initial_state)
     if initial_state is not None:
-        check_array("initial_state", initial_state)
-        if not jnp.issubdtype(initial_state.dtype, jnp.floating):
-            raise ValueError(
-                f"initial_state must be a floating-point array, got dtype {initial_state.dtype}"
-            )
-        check_state(initial_state, dims, "initial_state")
+        check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_array("segment_ids", segment_ids)
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
-    _check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
+    check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
     return dims
 
 
-def _checked_dims(q, k, v, g, beta) -> Dims:
-    """The shapes and dtypes of :func:`check_kda_inputs`'s arrays, and their dimensions."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        check_array(name, x)
-    if q.ndim != 4:
-        raise _shape_error("q", "[B, T, H, K]", q.shape)
-    batch, seq_len, qk_heads, key_dim = q.shape
-    if seq_len < 1:
-        raise ValueError(f"q must have at least one time step (T >= 1), got shape {q.shape}")
-    for letter, size in (("B", batch), ("H", qk_heads), ("K", key_dim)):
-        if size < 1:
-            raise ValueError(f"q [B, T, H, K] is empty: {letter} = 0 (shape {q.shape})")
-    if k.shape != q.shape:
-        raise _shape_error("k", f"[B, T, H, K]={q.shape} (same as q)", k.shape)
-    if v.ndim != 4 or v.shape[:2] != (batch, seq_len) or v.shape[2] % qk_heads or not v.shape[2]:
-        raise _shape_error(
-            "v",
-            f"[B, T, H, V]=({batch}, {seq_len}, {qk_heads}, V), or [B, T, HV, V] with HV a "
-            f"positive multiple of q's H={qk_heads} (grouped value heads),",
-            v.shape,
-        )
-    num_heads, value_dim = v.shape[2:]
-    if value_dim < 1:
-        raise ValueError(f"v [B, T, H, V] is empty: V = 0 (shape {v.shape})")
-    gate_shape = (batch, seq_len, num_heads, key_dim)
-    if g.shape != gate_shape:
-        raise _shape_error("g", f"[B, T, H, K]={gate_shape} (H: v's heads)", g.shape)
-    if beta.shape != (batch, seq_len, num_heads):
-        raise _shape_error("beta", f"[B, T, H]={(batch, seq_len, num_heads)}", beta.shape)
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    return Dims(batch, seq_len, num_heads, key_dim, value_dim, qk_heads)
-
-
-def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
+def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
     """beta in range and a log-space g <= 0, read on the host when concrete (not under jit)."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     # numpy, not jnp: under jit a concrete array captured by closure would become a tracer
@@ -212,33 +224,13 @@ def _check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None
             )
 
 
-def check_fused_inputs(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    a_log,
-    dt_bias,
-    *,
-    initial_state=None,
-    segment_ids=None,
-    allow_neg_eigval=False,
-) -> Dims:
+def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, *, initial_state=None,
+                       segment_ids=None, allow_neg_eigval=False) -> Dims:  # fmt: skip
     """:func:`check_kda_inputs` for the fused gate, where ``g`` is the raw gate input (any
     sign), plus ``a_log [HV]`` (or None: the safe gate without a rate) and ``dt_bias [HV * K]``
     (or ``[HV, K]``, or None); HV: v's heads."""
-    dims = check_kda_inputs(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        initial_state=initial_state,
-        segment_ids=segment_ids,
-        allow_neg_eigval=allow_neg_eigval,
-        raw_gate=True,
-    )
+    dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state, raw_gate=True,
+                            segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
     if a_log is not None:
         check_array("a_log", a_log)
         if a_log.shape != (dims.num_heads,):
@@ -256,8 +248,7 @@ def check_fused_inputs(
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
     """``segment_ids`` ``[B, T]`` int, 0 = padding, each non-zero id one contiguous run.
     Returns the most segments in one row (concrete ids), or None (traced ids)."""
-    if segment_ids.shape != (batch, seq_len):
-        raise _shape_error("segment_ids", f"[B, T]={(batch, seq_len)}", segment_ids.shape)
+    check_shape("segment_ids", segment_ids, Dims(batch, seq_len, 1, 1, 1, 1))
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
     if not is_concrete(segment_ids):
@@ -282,10 +273,13 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
     return most
 
 
-def check_state(state, dims: Dims, name: str = "state") -> None:
-    expected = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
-    if state.shape != expected:
-        raise _shape_error(name, f"[B, H, K, V]={expected}", state.shape)
+def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
+    """Refuse ``count`` states ``[HV, K, V]`` per row (``[B, count, HV, K, V]``, in ``dtype``'s
+    accumulation dtype) larger than this machine's memory, naming ``name=value``: the one size
+    check of interior states (token states, chunk states, per-segment slots)."""
+    shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
+    nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
+    check_allocation(name, value, f"{what} = {shape}", nbytes)
 
 
 def resolve_scale(scale, key_dim: int) -> float:

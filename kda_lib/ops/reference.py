@@ -20,13 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_allocation, check_array, is_concrete
+from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops.contract import (
     Dims,
     accumulation_dtype,
     check_flag,
+    check_float_arrays,
     check_kda_inputs,
-    check_state,
+    check_shape,
+    check_states_fit,
+    check_values,
+    checked_dims,
     kda_result,
     resolve_scale,
 )
@@ -70,9 +74,8 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
     dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
                             segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
     if check_flag("output_token_states", output_token_states):
-        shape = (*dims[:3], dims.key_dim, dims.value_dim)  # B, T, HV, K, V
-        nbytes = int(np.prod(shape, dtype=object)) * accumulation_dtype(q.dtype).itemsize
-        check_allocation("output_token_states", True, f"token_states {shape}", nbytes)
+        check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
+                         dims.seq_len, dims, q.dtype)  # fmt: skip
     if segment_ids is not None:  # compared in their own dtype, then numbered
         segment_ids = canonical_segment_ids(segment_ids)
     # padding by selection: its values never reach an output or a gradient
@@ -152,29 +155,6 @@ def _scan_in_chunks(step, carry, seq, every: int):
     return carry, o, states
 
 
-def _check_token(q_t, k_t, v_t, g_t, beta_t) -> Dims:
-    """One token's inputs, named as passed: q_t, k_t ``[B, H, K]``; v_t ``[B, HV, V]``, HV a
-    positive multiple of H; g_t ``[B, HV, K]``; beta_t ``[B, HV]``; floating; the values as in
-    :func:`kda_recurrent`. Returns the dimensions (T = 1)."""
-    named = {"q_t": q_t, "k_t": k_t, "v_t": v_t, "g_t": g_t, "beta_t": beta_t}
-    for name, x in named.items():
-        check_array(name, x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
-    if q_t.ndim != 3 or 0 in q_t.shape:
-        raise ValueError(f"q_t must have shape [B, H, K] (none 0), got shape {q_t.shape}")
-    b, h, kd = q_t.shape
-    if v_t.ndim != 3 or v_t.shape[0] != b or v_t.shape[1] % h or 0 in v_t.shape:
-        raise ValueError(f"v_t must have shape [B, HV, V] with B={b} and HV a positive multiple "
-                         f"of q_t's H={h}, got shape {v_t.shape}")  # fmt: skip
-    hv = v_t.shape[1]
-    for name, rule, want in (("k_t", "[B, H, K]", q_t.shape), ("g_t", "[B, HV, K]", (b, hv, kd)),
-                             ("beta_t", "[B, HV]", (b, hv))):  # fmt: skip
-        if named[name].shape != want:
-            raise ValueError(f"{name} must have shape {rule}={want}, got shape {named[name].shape}")
-    return check_kda_inputs(*(x[:, None] for x in named.values()))
-
-
 def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step.
 
@@ -189,10 +169,8 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
       the state is float64); o_t in q_t's dtype.
     """
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
-    check_array("state", state)
-    if not jnp.issubdtype(state.dtype, jnp.floating):
-        raise ValueError(f"state must be a floating-point array, got dtype {state.dtype}")
-    check_state(state, dims)
+    check_float_arrays(state=state)
+    check_shape("state", state, dims)
     acc = jnp.promote_types(accumulation_dtype(q_t.dtype), accumulation_dtype(state.dtype))
     new_state, o_t = _step(*(x.astype(acc) for x in (state, q_t, k_t, v_t, g_t, beta_t)),
                            scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
@@ -252,15 +230,19 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
 def _check_pool(pool, state_indices, dims: Dims) -> None:
     """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` ints, distinct slots in
     ``[0, N)`` (the values checked when concrete)."""
-    check_array("pool", pool)
-    slot_shape = (dims.num_heads, dims.key_dim, dims.value_dim)
-    if pool.ndim != 4 or tuple(pool.shape[1:]) != slot_shape:
-        raise ValueError(f"pool must have shape [N, HV, K, V]=(N, {slot_shape}), got {pool.shape}")
-    if not jnp.issubdtype(pool.dtype, jnp.floating):
-        raise ValueError(f"pool must be a floating-point array, got dtype {pool.dtype}")
+    check_float_arrays(pool=pool)
+    check_shape("pool", pool, dims, slots=pool.shape[0] if pool.ndim else None)
     idx = _batch_ints("state_indices", state_indices, dims.batch)
     if idx is not None and (idx.min() < 0 or idx.max() >= len(pool) or len(set(idx)) < idx.size):
         raise ValueError(f"state_indices must be distinct slots in [0, {len(pool)}), got {idx}")
+
+
+def _check_token(q_t, k_t, v_t, g_t, beta_t) -> Dims:
+    """One token's inputs, by their own names (``q_t`` .. ``beta_t``), and the values as in
+    :func:`kda_recurrent`. Returns the dimensions (T = 1)."""
+    dims = checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
+    check_values(beta_t, g_t, allow_neg_eigval=False, raw_gate=False)
+    return dims
 
 
 def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
