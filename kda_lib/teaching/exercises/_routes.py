@@ -15,7 +15,6 @@ import threading
 from typing import Any
 
 import kda_lib
-
 from kda_lib.teaching.exercises import call_answer
 
 _LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
