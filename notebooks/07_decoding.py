@@ -563,16 +563,12 @@ display(Markdown(
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
-# 1. **Any layer's cache, predicted.** Section 5 counted this layer's cache. Write
-#    `cache_bytes(batch, num_heads, key_dim, value_dim, conv_size)` (plain Python, no kda_lib)
-#    for any KDA layer: $K \ne V$, `conv_size=0` (no convolution at all) and `conv_size=1`
-#    included. Check one prediction with a layer you build
-#    (`sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(B)))`); the checker tries its own.
+# 1. **Any layer's cache, predicted.** Write `cache_bytes(batch, num_heads, key_dim,
+#    value_dim, conv_size)` (no kda_lib) for any KDA layer, $K \ne V$, `conv_size=0` (no conv)
+#    and `1` included; check one on a layer you build. The checker tries layers of its own.
 # 2. **Prefill in two pieces.** Write `second_piece(layer, x_prompt, split)`: prefill
-#    `x_prompt[:, :split]` with one call `layer(..., cache=layer.init_cache(B))`, then return
-#    the outputs of a second call on the rest that starts from the cache the first returned.
-#    The checker runs it on layers and splits of its own (call `layer` itself, not `run`) and
-#    compares with the whole prompt's pass.
+#    `x_prompt[:, :split]` in one call `layer(..., cache=...)`, return the outputs of a second
+#    call on the rest from the cache the first returned (call `layer`, not `run`).
 # 3. **The decode crossover, derived.** Write `t_star(heads, key_dim, value_dim, kv_numbers,
 #    state_bytes, cache_bytes)` returning the smallest whole context length $T$ at which one
 #    attention decode step (reading $T$ cached entries of `kv_numbers` numbers of `cache_bytes`
