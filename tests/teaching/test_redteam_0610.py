@@ -358,8 +358,17 @@ def _contexts(stem: str, ns: dict) -> dict:
             "10.2": dict(preset=kimi, ranks=8), "10.3": dict(preset=kimi)}
 
 
+_SETTINGS = ("jax_threefry_partitionable", "jax_enable_x64", "jax_default_matmul_precision",
+             "jax_default_prng_impl")  # conftest's GUARDED_SETTINGS
+
+
 def _namespace_attacks(stem: str):
-    ns = _namespace(stem)
+    settings = {name: getattr(jax.config, name) for name in _SETTINGS}
+    try:
+        ns = _namespace(stem)  # notebook.setup() sets jax's settings for the notebook
+    finally:
+        for name, value in settings.items():
+            jax.config.update(name, value)
     accepted = []
     for eid, context in _contexts(stem, ns).items():
         for name, value in ns.items():
