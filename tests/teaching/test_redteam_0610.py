@@ -362,6 +362,19 @@ _SETTINGS = ("jax_threefry_partitionable", "jax_enable_x64", "jax_default_matmul
              "jax_default_prng_impl")  # conftest's GUARDED_SETTINGS
 
 
+def _attackable(value) -> bool:
+    """Values, and the functions the notebook defines or imports from kda_lib's computing
+    modules; third-party callables (plt, time, print, ...) and kda_lib.teaching's
+    notebook-setup helpers are not answers (one of them, called with a checker's
+    arguments, closes pytest's captured streams)."""
+    if not callable(value):
+        return True
+    module = getattr(value, "__module__", "") or ""
+    return module == "__notebook__" or (
+        module.startswith("kda_lib") and not module.startswith("kda_lib.teaching")
+    )
+
+
 def _namespace_attacks(stem: str):
     settings = {name: getattr(jax.config, name) for name in _SETTINGS}
     try:
@@ -372,7 +385,7 @@ def _namespace_attacks(stem: str):
     accepted = []
     for eid, context in _contexts(stem, ns).items():
         for name, value in ns.items():
-            if name.startswith("__") or isinstance(value, type(os)):
+            if name.startswith("__") or isinstance(value, type(os)) or not _attackable(value):
                 continue
             if not _refused(eid, value, context):
                 accepted.append((eid, name))
