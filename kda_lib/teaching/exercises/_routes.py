@@ -52,14 +52,3 @@ def call_own_work(
         return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
     return got, hint
 
-
-def same_as_any(answer: Any, references: dict) -> str | None:
-    """The name of the first reference array ``answer`` equals exactly (an echo), else None."""
-    import numpy as np
-
-    values = np.asarray(answer)
-    for label, ref in references.items():
-        ref = np.asarray(ref)
-        if ref.shape == values.shape and np.array_equal(ref, values):
-            return label
-    return None
