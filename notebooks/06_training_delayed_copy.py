@@ -393,8 +393,10 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch06.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch06.py).
 #
-# 1. **Chance level.** Compute, with `jnp`, the cross-entropy in nats of a model that
-#    predicts the uniform distribution over the vocabulary, and compare it with `chance_loss`.
+# 1. **Chance level in bits.** Write `chance_bits(vocab_size)`: the cross-entropy, in bits
+#    (log base 2), of a model that predicts the uniform distribution over `vocab_size` tokens,
+#    without kda_lib. The checker tries vocabularies of its own; compare yours at
+#    `vocab_size` with `chance` (nats).
 # 2. **Where a conv-only stack looks, derived.** Section 2 measured where this notebook's
 #    conv-only model looks. Derive it for any stack: write `seen_positions(last, conv_sizes)`
 #    returning the positions (a list of ints) that an output at position `last` depends on in a
@@ -402,18 +404,18 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 #    check it on this model against `np.flatnonzero(reach["conv only"])`. The checker tries
 #    stacks of its own.
 # 3. **A clearing near the end.** Clear the states and the upper conv histories at
-#    $p = T - \ell / 2$ instead (`p_late` below): every remaining position's token lies before
-#    the clearing. Which positions $t \ge p$ have no path left to their token (list them)? Then
-#    check your prediction with `accuracy_after(p_late, True, True)`.
+#    $p = T - \ell$ instead (`p_late` below): every remaining position's token lies before
+#    the clearing. Which positions $t \ge p$ have no path left to their token (list them; some
+#    keep one)? Then check your prediction with `accuracy_after(p_late, True, True)`.
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: the uniform prediction's cross-entropy (nats), a float
-exercises.check("06.1", answer, vocab_size=vocab_size)
+answer = None  # 1: a function chance_bits(vocab_size) -> float (bits)
+exercises.check("06.1", answer)
 answer = None  # 2: a function seen_positions(last, conv_sizes) -> a list of ints
 exercises.check("06.2", answer)
-p_late = seq_len - delay // 2
+p_late = seq_len - delay
 answer = None  # 3: the positions t >= p_late (a list of ints) with no path to their token
 exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,
                         conv_size=conv_size)

@@ -563,11 +563,12 @@ display(Markdown(
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
-# 1. **No convolution, no history.** Build the layer with `conv_size=0` and measure its cache
-#    in bytes (`sum(a.nbytes for a in jax.tree.leaves(cache))`): it must be the states alone.
-# 2. **Prefill in two pieces.** Prefill the prompt in two halves (two calls with the cache);
-#    the answer is the two halves' outputs concatenated, `[B, prompt_len, hidden]`, which must
-#    equal the full pass.
+# 1. **Any layer's cache, predicted.** Write `cache_bytes(batch, num_heads, key_dim,
+#    value_dim, conv_size)` (no kda_lib) for any KDA layer, $K \ne V$, `conv_size=0` (no conv)
+#    and `1` included; check one on a layer you build. The checker tries layers of its own.
+# 2. **Prefill in two pieces.** Write `second_piece(layer, x_prompt, split)`: prefill
+#    `x_prompt[:, :split]` in one call `layer(..., cache=...)`, return the outputs of a second
+#    call on the rest from the cache the first returned (call `layer`, not `run`).
 # 3. **The decode crossover, derived.** Write `t_star(heads, key_dim, value_dim, kv_numbers,
 #    state_bytes, cache_bytes)` returning the smallest whole context length $T$ at which one
 #    attention decode step (reading $T$ cached entries of `kv_numbers` numbers of `cache_bytes`
@@ -577,11 +578,10 @@ display(Markdown(
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: the cache bytes (an int) of the conv_size=0 layer
-exercises.check("07.1", answer, batch=batch, num_heads=num_heads, key_dim=head_dim,
-                        value_dim=head_dim)
-answer = None  # 2: the two-piece prefill's outputs, [B, prompt_len, hidden]
-exercises.check("07.2", answer, full=y_full[:, :prompt_len], prompt=x[:, :prompt_len])
+answer = None  # 1: a function cache_bytes(batch, num_heads, key_dim, value_dim, conv_size)
+exercises.check("07.1", answer)
+answer = None  # 2: a function second_piece(layer, x_prompt, split) -> outputs after split
+exercises.check("07.2", answer)
 answer = None  # 3: a function t_star(heads, key_dim, value_dim, kv_numbers, state_bytes,
 #                  cache_bytes) -> int
 exercises.check("07.3", answer)

@@ -551,16 +551,16 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch08.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch08.py).
 #
-# 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. How
-#    many are there for `vocab_size` tokens, and what accuracy does uniform guessing give?
-#    (Answer: the accuracy, a float; compare with `chance_accuracy("mqar", ...)`.)
+# 1. **Chance by hand.** In MQAR, a scored position's answer is one of the value tokens. Write
+#    `mqar_chance(vocab_size)` (no kda_lib): how many value tokens, what accuracy uniform
+#    guessing gives. The checker tries odd and even vocabularies of its own.
 # 2. **Which settings are solved?** From the complete cells of the recorded sweep (`acc`,
 #    `complete`), list the (task, T) pairs at which at least one mixer reaches a mean accuracy
 #    of 0.9 over seeds.
 # 3. **The conv-only reach.** In an MQAR sequence, query $k_i$ is answered by $v_i$, which sits
-#    at a known position. For the example of section 1, count the queries whose value lies
-#    within `conv_reach` tokens of the query: that bounds what the conv-only model can get
-#    right.
+#    at a known position. Write `reach_count(inputs, mask, num_pairs, conv_reach)`: the queries
+#    whose value lies within `conv_reach` tokens before them (a bound on what the conv-only
+#    model can get right). Section 1's example gives 0; the checker's sequences do not.
 # 4. **Three time scales in one head.** Extend section 9 to three key channels: build a KDA
 #    head (decays $\alpha_i \in (0, 1]$, $\beta \in (0, 1]$, a unit key $\mathbf k$, a query
 #    $\mathbf q$) whose filter $\beta\, \mathbf q^\top A^\nu \mathbf k$ is
@@ -572,13 +572,12 @@ viz.show(rs.plot_filters(target, powers @ q_two, c_best * rho_best**lag, 4 * slo
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: the chance accuracy of MQAR, a float
-exercises.check("08.1", answer, vocab_size=vocab_size)
+answer = None  # 1: a function mqar_chance(vocab_size) -> float
+exercises.check("08.1", answer)
 answer = None  # 2: a list of (task, T) pairs
 exercises.check("08.2", answer, accuracy={cell: acc[cell].tolist() for cell in complete})
-answer = None  # 3: the number of queries within conv_reach of their value, an int
-exercises.check("08.3", answer, inputs=inputs, mask=mask, num_pairs=num_pairs,
-                        conv_reach=conv_reach)
+answer = None  # 3: a function reach_count(inputs, mask, num_pairs, conv_reach) -> int
+exercises.check("08.3", answer)
 answer = None  # 4: dict(alphas=[3 floats], beta=float, k=[3 floats], q=[3 floats])
 exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=two_scale_len)
 

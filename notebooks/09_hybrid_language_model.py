@@ -554,11 +554,11 @@ assert all(len({x["cache_bytes"] for x in rows[n]}) == 1 for n in ("kda", "gdn")
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch09.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch09.py).
 #
-# 1. **Count the cache.** Write `hybrid_cache_bytes(context)` giving the hybrid's decode cache
-#    in bytes after `decode_cost` has filled it for `context` tokens: KDA layers hold an
-#    $H K V$ float32 state plus three conv tails of $W - 1$ rows, MLA layers $L r$ float32
-#    numbers (the latents) for a capacity of $L$ tokens (look up how much room `decode_cost`
-#    leaves), plus an int32 length. The checker compares with the measured `costs["hybrid"]`.
+# 1. **Count the cache.** Write `hybrid_cache_bytes(context, kda_layers, mla_layers, heads,
+#    key_dim, kv_lora_rank, conv_size, decode_steps)` (no kda_lib), the bytes after
+#    `decode_cost(..., steps=decode_steps)` filled it: KDA's $H K V$ float32 state and three conv
+#    tails of $w - 1$ rows, MLA's $r$ float32 numbers per token of room (how much does
+#    `decode_cost` leave?), an int32 length. Checked on `costs` and on models nobody measured.
 # 2. **Where is the hybrid's memory?** At the longest context measured, what fraction of the
 #    hybrid's cache is its MLA layers? (a float)
 # 3. **Context use.** From `results`, which model gains the most bits per byte between the
@@ -567,11 +567,12 @@ assert all(len({x["cache_bytes"] for x in rows[n]}) == 1 for n in ("kda", "gdn")
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function hybrid_cache_bytes(context) -> int
-exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"]
-                                                  for r in costs["hybrid"]})
 W, H, K = base.mixer_config.conv_size, num_heads, head_dim
 n_kda = configs["hybrid"].layer_mixers.count("kda")
+answer = None  # 1: a function hybrid_cache_bytes(context, kda_layers, ..., decode_steps) -> int
+exercises.check("09.1", answer, measured={r["context"]: r["cache_bytes"] for r in costs["hybrid"]},
+                shape=dict(kda_layers=n_kda, mla_layers=count["hybrid"]["mla"], heads=H,
+                           key_dim=K, kv_lora_rank=kv_lora_rank, conv_size=W, decode_steps=8))
 answer = None  # 2: the MLA layers' share of the hybrid's cache at the longest context
 exercises.check("09.2", answer, cache_bytes=costs["hybrid"][-1]["cache_bytes"],
                         kda_layers=n_kda, heads=H, key_dim=K, value_dim=K, conv_size=W)

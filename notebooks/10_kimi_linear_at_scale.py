@@ -572,7 +572,7 @@ display(Markdown(
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a fraction in [0, 1]
+answer = None  # 1: a fraction, at most 1 (it can be negative: count before you guess)
 exercises.check("10.1", answer, preset=presets.KIMI_K3.name, context=contexts[0])
 answer = None  # 2: an int (tokens)
 exercises.check("10.2", answer, preset=kimi.name, ranks=8)

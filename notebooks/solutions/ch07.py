@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
 
-import kda_lib
-
-
-def state_only_cache(config: kda_lib.KDAConfig, batch: int) -> int:
-    """1: with conv_size=0 the cache holds the float32 states alone, B H K V numbers."""
-    plain = kda_lib.KimiDeltaAttention(dataclasses.replace(config, conv_size=0), rngs=nnx.Rngs(0))
-    return sum(a.nbytes for a in jax.tree.leaves(plain.init_cache(batch)))
+def layer_cache_bytes(batch, num_heads, key_dim, value_dim, conv_size) -> int:
+    """1: the float32 states, B H K V numbers, plus (for conv_size >= 1) the q, k, v conv
+    histories of the last conv_size - 1 rows: B (w - 1) H (2 K + V) numbers; 4 bytes each.
+    With conv_size = 0 the layer has no conv, so no history at all (not -1 rows)."""
+    conv = batch * max(conv_size - 1, 0) * num_heads * (2 * key_dim + value_dim)
+    return 4 * (batch * num_heads * key_dim * value_dim + conv)
 
 
-def two_piece_prefill(layer, x_prompt):
-    """2: the second call starts from the cache the first returned."""
-    half = x_prompt.shape[1] // 2
-    y_a, cache = layer(x_prompt[:, :half], cache=layer.init_cache(x_prompt.shape[0]))
-    y_b, _ = layer(x_prompt[:, half:], cache=cache)
-    return jnp.concatenate([y_a, y_b], axis=1)
+def second_piece(layer, x_prompt, split):
+    """2: the first call returns the cache; the second call starts from it."""
+    _, cache = layer(x_prompt[:, :split], cache=layer.init_cache(x_prompt.shape[0]))
+    y_b, _ = layer(x_prompt[:, split:], cache=cache)
+    return y_b
 
 
 def t_star(heads, key_dim, value_dim, kv_numbers, state_bytes, cache_bytes) -> int:
@@ -33,20 +27,15 @@ def t_star(heads, key_dim, value_dim, kv_numbers, state_bytes, cache_bytes) -> i
 
 
 def cases():
-    config = kda_lib.KDAConfig(
-        hidden_size=16, num_heads=2, head_dim=8, conv_size=4, implementation="recurrent"
-    )
-    layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
-    x = jax.random.normal(jax.random.key(0), (1, 12, 16))
-    full = layer(x)
-    cache_context = dict(batch=1, num_heads=2, key_dim=8, value_dim=8)
+    def no_conv_minus_one(b, h, k, v, w):  # (w - 1) rows even when there is no conv
+        return 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))
+
+
+    def whole_prompt_sliced(layer, x_prompt, split):
+        return layer(x_prompt)[:, split:]
+
     return [
-        (
-            "07.1",
-            state_only_cache(config, 1),
-            cache_context,
-            sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(1))),
-        ),
-        ("07.2", two_piece_prefill(layer, x), dict(full=full, prompt=x), layer(x[:, 6:])),
+        ("07.1", layer_cache_bytes, {}, no_conv_minus_one),
+        ("07.2", second_piece, {}, whole_prompt_sliced),
         ("07.3", t_star, {}, lambda h, k, v, n, bs, bc: h * k * v * bs / (n * bc)),
     ]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
-
-from kda_lib.lab.tasks import mqar
 
 
 def mqar_chance(vocab_size: int) -> float:
@@ -57,14 +54,15 @@ def cases():
         ("stack", "kda", 64): [0.8, 0.85],
         ("stack", "gdn", 64): [0.95, 0.8],
     }
-    batch = mqar(jax.random.key(0), 1, 24, vocab_size=32, num_pairs=4)
-    inputs, mask = np.asarray(batch.inputs[0]), np.asarray(batch.mask[0])
-    reach = dict(inputs=inputs, mask=mask, num_pairs=4, conv_reach=3)
+
+    def off_by_one(inputs, mask, num_pairs, conv_reach):  # "within" read as strictly closer
+        return conv_reach_queries(inputs, mask, num_pairs, conv_reach - 1)
+
     scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
     head = three_time_scales(**scales)
     return [
-        ("08.1", mqar_chance(32), dict(vocab_size=32), 1 / 31),
+        ("08.1", mqar_chance, {}, lambda v: 1 / (v - 1)),
         ("08.2", solved_settings(accuracy), dict(accuracy=accuracy), [("mqar", 64), ("stack", 64)]),
-        ("08.3", conv_reach_queries(**reach), reach, conv_reach_queries(**reach) + 1),
+        ("08.3", conv_reach_queries, {}, off_by_one),
         ("08.4", head, scales, dict(head, alphas=[0.99, 0.9, 0.5])),
     ]

@@ -6,17 +6,23 @@ import math
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import call_own_work
 
 
 @checker("06.1")
-def chance_level(answer, *, vocab_size: int):
-    """The cross-entropy (nats) of the uniform prediction over ``vocab_size`` tokens."""
-    hint = refuse_degenerate(answer, shape=(), what="the loss")
-    if hint:
-        return hint
-    if not math.isclose(float(answer), math.log(vocab_size), rel_tol=1e-5):
-        return "the loss is -sum_v p(v) log p(v) with p uniform; nats use the natural log"
+def chance_level(answer, **_):
+    """``answer(vocab_size) -> float``: the cross-entropy in bits of the uniform prediction over
+    ``vocab_size`` tokens; tried on vocabularies of the checker's own (not the notebook's)."""
+    for size in (2, 5, 16, 1000, 50257):
+        got, hint = call_own_work(answer, size, name="chance_bits(vocab_size)")
+        hint = hint or refuse_degenerate(got, shape=(), what=f"the loss at |V| = {size}")
+        if hint:
+            return hint
+        if math.isclose(float(got), math.log(size), rel_tol=1e-5):
+            return "that is in nats; a bit is log base 2"
+        if not math.isclose(float(got), math.log2(size), rel_tol=1e-5):
+            return f"wrong at |V| = {size}: the loss is -sum_v p(v) log2 p(v) with p uniform"
     return None
 
 
@@ -29,7 +35,9 @@ def conv_positions(answer, **_):
     on in a conv-only stack whose layers' causal convs have widths ``conv_sizes``. The checker
     tries stacks of its own (mixed widths, a width of 1, ``last`` within the reach)."""
     for last, sizes in _STACKS:
-        got, hint = call_answer(answer, last, list(sizes), name="seen_positions(last, conv_sizes)")
+        got, hint = call_own_work(
+            answer, last, list(sizes), name="seen_positions(last, conv_sizes)"
+        )
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:
             return hint
@@ -53,7 +61,11 @@ def late_clearing(answer, *, p: int, seq_len: int, delay: int, conv_size: int):
     if hint or np.ndim(answer) != 1:
         return hint or "give a list of positions t (ints), each at least p"
     got = sorted(int(t) for t in answer)
+    if len(set(got)) != len(got):
+        return "give each position once"
     want = [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
+    if want in ([], list(range(p, seq_len))):
+        raise ValueError(f"p = {p} leaves no choice to make (every or no position lost)")
     if got == want:
         return None
     if any(t < p or t >= seq_len for t in got):

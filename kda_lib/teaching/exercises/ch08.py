@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.checks import is_int
-from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import call_own_work
+
+
+def _mqar_values(vocab_size: int) -> int:
+    return vocab_size - 1 - (vocab_size - 1) // 2
 
 
 @checker("08.1")
-def mqar_chance(answer, *, vocab_size: int):
-    """Uniform guessing among MQAR's value tokens."""
-    hint = refuse_degenerate(answer, shape=(), what="the accuracy")
-    if hint:
-        return hint
-    value = float(answer)
-    if np.isclose(value, chance_accuracy("mqar", vocab_size=vocab_size, num_pairs=1)):
-        return None
-    return "count the value tokens: token 0 is the filler, (V - 1) // 2 tokens are keys"
+def mqar_chance(answer, **_):
+    """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, tried on
+    vocabularies of the checker's own (odd and even), without calling kda_lib."""
+    for size in (8, 9, 17, 32, 101):
+        got, hint = call_own_work(answer, size, name="mqar_chance(vocab_size)")
+        hint = hint or refuse_degenerate(got, shape=(), what=f"the accuracy at V = {size}")
+        if hint:
+            return hint
+        if not np.isclose(float(got), 1 / _mqar_values(size), rtol=1e-9):
+            return (
+                f"wrong at V = {size}: count the value tokens: token 0 is the filler, "
+                "(V - 1) // 2 tokens are keys"
+            )
+    return None
 
 
 def _solved(accuracy: dict, threshold: float = 0.9) -> set:
@@ -28,14 +36,23 @@ def _solved(accuracy: dict, threshold: float = 0.9) -> set:
 @checker("08.2")
 def solved_settings(answer, *, accuracy: dict):
     """The (task, T) pairs where some mixer's mean accuracy over seeds reaches 0.9."""
-    if isinstance(answer, (str, bytes, dict)) or np.ndim(answer) == 0:
+    if isinstance(answer, (str, bytes, dict)) or (
+        not isinstance(answer, (set, frozenset)) and np.ndim(answer) == 0
+    ):
         return "give a list of (task, T) pairs"
     try:
-        got = {(str(task), int(t)) for task, t in answer}
-    except (TypeError, ValueError, OverflowError):  # not pairs, or a NaN or inf T
-        return "give a list of (task, T) pairs, T an int"
-    if any(not isinstance(task, str) for task, _ in answer):
+        pairs = [(task, t) for task, t in answer]
+    except (TypeError, ValueError):
+        return "give a list (or set) of (task, T) pairs"
+    if any(not isinstance(task, str) for task, _ in pairs):
         return "each pair is (task name, T), the task a string"
+    try:
+        whole = all(not isinstance(t, bool) and float(t) == int(t) for _, t in pairs)
+    except (TypeError, ValueError, OverflowError):  # a NaN, inf or non-number T
+        whole = False
+    if not whole:
+        return "each T is a whole number of tokens"
+    got = {(task, int(t)) for task, t in pairs}
     want = _solved(accuracy)
     if got == want:
         return None
@@ -44,20 +61,47 @@ def solved_settings(answer, *, accuracy: dict):
     return "a setting is solved if any one mixer reaches the threshold"
 
 
-@checker("08.3")
-def conv_reach_queries(answer, *, inputs, mask, num_pairs: int, conv_reach: int):
-    """Queries whose value lies within ``conv_reach`` tokens before them."""
-    inputs, mask = np.asarray(inputs), np.asarray(mask)
+def _reach_count(inputs, mask, num_pairs: int, conv_reach: int) -> int:
     value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
-    want = sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
-    hint = refuse_degenerate(answer, shape=(), integer=True, allow_zeros=want == 0, what="count")
-    if hint:
-        return hint
-    if not is_int(answer, None):
-        return "give a count, an int"
-    if int(answer) == want:
-        return None
-    return "the value of pair i sits at position 2 i + 1; compare with each query's position"
+    return sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
+
+
+def _sequences():
+    """MQAR-like sequences of the checker's own: pairs first, then queries, some within reach
+    (a query right after the pairs asking for the last keys)."""
+    rng = np.random.default_rng(8)
+    out = []
+    for num_pairs, length, reach in ((4, 16, 3), (6, 24, 5), (3, 12, 1), (5, 20, 9)):
+        keys = rng.choice(np.arange(1, 16), num_pairs, replace=False)
+        values = rng.choice(np.arange(16, 32), num_pairs)
+        inputs = np.zeros(length, np.int32)
+        inputs[0 : 2 * num_pairs : 2], inputs[1 : 2 * num_pairs : 2] = keys, values
+        mask = np.zeros(length, bool)
+        order = np.concatenate([keys[::-1], rng.permutation(keys)])
+        spots = np.arange(2 * num_pairs, length, 1)[: order.size]
+        inputs[spots], mask[spots] = order[: spots.size], True
+        out.append((inputs, mask, num_pairs, reach))
+    return out
+
+
+@checker("08.3")
+def conv_reach_queries(answer, **_):
+    """``answer(inputs, mask, num_pairs, conv_reach) -> int``: the queries whose value lies
+    within ``conv_reach`` tokens before them, tried on sequences of the checker's own."""
+    for inputs, mask, num_pairs, reach in _sequences():
+        want = _reach_count(inputs, mask, num_pairs, reach)
+        got, hint = call_own_work(
+            answer, inputs.copy(), mask.copy(), num_pairs, reach,
+            name="reach_count(inputs, mask, num_pairs, conv_reach)",
+        )
+        hint = hint or refuse_degenerate(
+            got, shape=(), integer=True, allow_zeros=want == 0, what="the count"
+        )
+        if hint:
+            return hint
+        if int(got) != want:
+            return "pair i's value sits at position 2 i + 1; compare with each query's position"
+    return None
 
 
 def head_filter(alphas, beta, k, q, length: int) -> np.ndarray:

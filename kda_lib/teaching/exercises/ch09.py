@@ -4,21 +4,51 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import call_own_work
+
+
+def _hybrid_bytes(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
+                  decode_steps) -> int:
+    kda_layer = 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
+    mla_layer = 4 * (context + decode_steps + 1) * kv_lora_rank + 4
+    return kda_layers * kda_layer + mla_layers * mla_layer
+
+
+_SHAPES = [  # (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size, decode_steps)
+    (3, 1, 4, 32, 64, 4, 8),
+    (2, 2, 2, 16, 8, 2, 0),
+    (5, 1, 1, 8, 48, 1, 3),
+]
 
 
 @checker("09.1")
-def hybrid_cache_bytes(answer, *, measured: dict):
-    """A function of the context giving the hybrid's measured decode cache in bytes."""
-    for context, want in measured.items():
-        got, hint = call_answer(answer, int(context), name="hybrid_cache_bytes(context) -> int")
+def hybrid_cache_bytes(answer, *, measured: dict, shape: dict):
+    """``answer(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
+    decode_steps) -> int``: a hybrid's decode cache in bytes. Compared with the notebook's
+    measurement (``measured``: context -> bytes, for the model ``shape``, a dict of those
+    arguments), then tried on contexts nobody measured and on models of the checker's own, so a
+    lookup or a fit of the measurements cannot pass. kda_lib may not be called."""
+    names = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size",
+             "decode_steps")
+    own = tuple(int(shape[n]) for n in names)
+    trials = [(int(c), own, int(b)) for c, b in measured.items()]
+    unmeasured = [c for c in (3, 100, 777, 5000) if c not in measured]
+    trials += [(c, own, _hybrid_bytes(c, *own)) for c in unmeasured]
+    trials += [(c, sh, _hybrid_bytes(c, *sh)) for sh in _SHAPES for c in (10, 300)]
+    for context, sh, want in trials:
+        got, hint = call_own_work(
+            answer, context, *sh, name="hybrid_cache_bytes(context, ...)"
+        )
         hint = hint or refuse_degenerate(got, shape=(), integer=True, what="the bytes")
         if hint:
             return hint
-        if got != want:
+        if int(got) != want:
+            where = "measured" if context in measured and sh == own else "expected"
             return (
-                f"at context {context} your count is {'above' if got > want else 'below'} "
-                "the measured cache; the MLA cache has room for more than the context"
+                f"at context {context} for {dict(zip(names, sh, strict=True))} your count is "
+                f"{'above' if got > want else 'below'} the {where} cache; the MLA cache has "
+                "room for more than the context"
             )
     return None
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from kda_lib.teaching.exercises import checker, refuse_degenerate
 
 
@@ -17,7 +19,8 @@ def _preset(name):
 
 
 def _is_int(answer) -> bool:
-    return isinstance(answer, int) and not isinstance(answer, bool)
+    """A whole number of tokens: a Python or numpy int (not a bool, not a float)."""
+    return isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_))
 
 
 @checker("10.1")
@@ -34,7 +37,7 @@ def cache_reduction(answer, *, preset: str, context: int):
         p, context, hybrid=False
     )
     if answer > 1:
-        return "a fraction between 0 and 1, not a percentage"
+        return "a fraction (at most 1), not a percentage"
     if not math.isclose(answer, expected, rel_tol=1e-6):
         return (
             "count every layer: the global layers cache T (d_c + d_R) bf16 numbers, the KDA "
@@ -55,6 +58,9 @@ def ring_crossover(answer, *, preset: str, ranks: int):
         return hint
     if not _is_int(answer):
         return "answer with an int (tokens)"
+    answer = int(answer)
+    if answer < 2:
+        return "T is a context length: a positive number of tokens, at least 2"
     flat = at_scale.cp_summary_bytes(p, ranks) + at_scale.cp_halo_bytes(p)
 
     def ring(t):
@@ -80,6 +86,7 @@ def decode_crossover(answer, *, preset: str):
         return hint
     if not _is_int(answer):
         return "answer with an int (tokens)"
+    answer = int(answer)
     state = 2 * at_scale.kda_state_bytes(p)
     per_token = at_scale.mla_cache_numbers(p) * at_scale.BF16
     if not (answer * per_token >= state > (answer - 1) * per_token):

@@ -1,0 +1,54 @@
+"""Checker helpers shared by notebooks 06-10: call a student's function while watching which
+library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
+
+:func:`call_own_work` runs ``answer(*args)`` under a profile hook (``sys.setprofile``) that
+records every Python frame whose code lives in the ``kda_lib`` package outside
+``kda_lib/teaching/exercises`` (the checkers themselves); ``functools.partial``, ``jax.jit``
+and lambdas around a library function all end in such a frame, so they are refused too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import kda_lib
+from kda_lib.teaching.exercises import call_answer
+
+_LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
+_CHECKERS = os.path.join(_LIBRARY, "teaching", "exercises") + os.sep
+
+
+def _is_library(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_LIBRARY) and not path.startswith(_CHECKERS)
+
+
+def call_own_work(
+    answer: Any, *args: Any, name: str = "your function", allowed: tuple[str, ...] = ()
+) -> tuple[Any, str | None]:
+    """``(answer(*args), None)`` when ``answer`` ran without calling ``kda_lib`` (functions in
+    modules whose dotted name ends with one of ``allowed`` excepted); else ``(None, hint)``
+    (not callable, raised, or called the library)."""
+    seen: list[str] = []
+
+    def hook(frame, event, _arg):
+        if event == "call" and _is_library(frame.f_code.co_filename):
+            module = frame.f_globals.get("__name__", "")
+            if not any(module.endswith(a) for a in allowed):
+                seen.append(f"{module}.{frame.f_code.co_name}")
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    threading.setprofile(hook)
+    try:
+        got, hint = call_answer(answer, *args, name=name)
+    finally:
+        sys.setprofile(previous)
+        threading.setprofile(None)
+    if seen:
+        return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
+    return got, hint
+

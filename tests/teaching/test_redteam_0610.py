@@ -1,0 +1,428 @@
+"""Red team of notebooks 06-10's exercise checkers: every attack must be refused with a hint,
+every correct answer written another way must pass.
+
+Attack families, per exercise: degenerate answers (NaN, inf, zeros, a constant, the wrong shape
+and dtype; for a function, one returning them); routes through kda_lib (a library function,
+``functools.partial`` or ``jax.jit`` of one, a lambda around the right answer that calls the
+library); rule breakers the exercise text names; the other exercises' worked solutions; and every
+value and function defined in the notebook before its exercise cell. The notebook namespaces of
+07 and 10 come from running their sources up to the exercise cell with the CI parameters; 06's
+takes about a minute (two trainings) and is marked slow. 08 and 09 train sweeps of models for
+minutes: their trained results are stubbed here (an accuracy table, loss curves, cache
+measurements of the same shapes as the notebook's), so their namespace rows test the checkers
+against those stubs, not the notebooks' own values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import math
+import os
+import pathlib
+import re
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kda_lib
+from kda_lib.teaching import exercises
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+IDS = ["06.1", "06.2", "06.3", "07.1", "07.2", "07.3", "08.1", "08.2", "08.3", "08.4",
+       "09.1", "09.2", "09.3", "10.1", "10.2", "10.3"]
+
+
+def _solutions(chapter: str):
+    path = ROOT / "notebooks" / "solutions" / f"ch{chapter}.py"
+    spec = importlib.util.spec_from_file_location(f"_redteam_solutions_ch{chapter}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def _cases() -> dict:
+    """exercise id -> (right answer, context) from the worked solutions' ``cases()``."""
+    out = {}
+    for chapter in ("06", "07", "08", "09", "10"):
+        for exercise_id, answer, context, _ in _solutions(chapter).cases():
+            out.setdefault(exercise_id, (answer, context))
+    return out
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: int):
+    """A namespace function called with a checker's arguments may run long: stop it (the
+    attack then counts as refused, with the TimeoutError as its hint)."""
+
+    def stop(*_):
+        raise TimeoutError("attack ran past its time limit")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _refused(exercise_id, answer, context) -> bool:
+    try:
+        with _time_limit(20):
+            hint = exercises.verdict(exercise_id, answer, **context)
+    except TimeoutError:
+        return True
+    return isinstance(hint, str) and bool(hint)
+
+
+def _accepted(exercise_id, answer, context) -> bool:
+    return exercises.verdict(exercise_id, answer, **context) is None
+
+
+# --- degenerate answers ------------------------------------------------------------------------
+
+_BAD_VALUES = [
+    ("nan", np.nan), ("inf", np.inf), ("zero", 0), ("zeros", np.zeros(3)), ("constant", 1.0),
+    ("constant array", np.ones(4)), ("string", "1"), ("complex", 1 + 1j), ("bool", True),
+    ("empty", []), ("None in a list", [None]), ("dict", {"a": 1}),
+]
+
+
+def _degenerate_attacks(exercise_id):
+    right, context = _cases()[exercise_id]
+    out = [(name, value) for name, value in _BAD_VALUES]
+    if callable(right):
+        out += [(f"returns {name}", (lambda v: lambda *a, **k: v)(value)) for name, value in
+                _BAD_VALUES]
+        out.append(("raises", lambda *a: 1 / 0))
+        out.append(("returns itself", lambda *a: a[0] if a else 0))
+        first = _first_output(exercise_id, right)
+        if first is not None:  # right on the checker's first trial only: a lookup
+            out.append(("constant first value", lambda *a, _v=first: _v))
+    else:
+        values = np.asarray(right) if not isinstance(right, (dict, str)) else None
+        if values is not None and values.dtype.kind in "iuf":
+            out += [("wrong shape", np.append(values.ravel(), values.ravel()[:1])),
+                    ("float32 nan", np.full(values.shape, np.nan, np.float32)),
+                    ("off by one", values + 1), ("negated", -values)]
+    return [(name, value, context) for name, value in out]
+
+
+def _first_output(exercise_id, right):
+    """What ``right`` returns on the checker's first trial (recorded through a wrapper)."""
+    seen = []
+
+    def spy(*args):
+        out = right(*args)
+        seen.append(out)
+        return out
+
+    _, context = _cases()[exercise_id]
+    exercises.verdict(exercise_id, spy, **context)
+    return seen[0] if seen and not callable(seen[0]) else None
+
+
+# --- routes through kda_lib and rule breakers -------------------------------------------------
+
+def _library_attacks():
+    from kda_lib.lab import at_scale, tasks
+
+    s06, s07, s08, s09 = (_solutions(c) for c in ("06", "07", "08", "09"))
+
+    def through_library(fn):  # the right answer, after a harmless library call
+        def wrapped(*args):
+            kda_lib.checks.is_int(1, None)
+            return fn(*args)
+        return wrapped
+
+    def measured_cache(b, h, k, v, w):  # build the layer and measure: the library does it
+        from flax import nnx
+
+        config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, head_dim=k,
+                                   value_head_dim=v, conv_size=w)
+        layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+        return sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(b)))
+
+    attacks = [
+        ("06.1", "chance_loss / ln 2", lambda v: float(tasks.chance_loss(v)) / math.log(2)),
+        ("06.1", "partial of chance_accuracy",
+         functools.partial(tasks.chance_accuracy, "delayed_copy")),
+        ("06.2", "solution after a library call", through_library(s06.seen_positions)),
+        ("07.1", "a built layer, measured", measured_cache),
+        ("07.1", "solution after a library call", through_library(s07.layer_cache_bytes)),
+        ("07.3", "solution after a library call", through_library(s07.t_star)),
+        ("07.3", "jax.jit around a library call",
+         jax.jit(lambda *a: jnp.asarray(kda_lib.checks.is_int(1, None)) * 0 + 1)),
+        ("08.1", "chance_accuracy", lambda v: tasks.chance_accuracy("mqar", vocab_size=v)),
+        ("08.1", "partial of chance_accuracy", functools.partial(tasks.chance_accuracy, "mqar")),
+        ("08.3", "solution after a library call", through_library(s08.conv_reach_queries)),
+        ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
+        ("09.1", "at_scale in the count",
+         lambda c, *a: s09.hybrid_cache_bytes(c, *a) + 0 * at_scale.BF16
+         + 0 * int(kda_lib.checks.is_int(1, None))),
+    ]
+    return attacks
+
+
+def _rule_breakers():
+    s06, s07, s09 = (_solutions(c) for c in ("06", "07", "09"))
+    _, ctx063 = _cases()["06.3"]
+    _, ctx091 = _cases()["09.1"]
+    measured = ctx091["measured"]
+    (c0, b0), (c1, b1) = list(measured.items())[:2]
+    slope = (b1 - b0) / (c1 - c0)
+
+    def whole_prompt(layer, x, split):
+        y, _ = layer(x, cache=layer.init_cache(x.shape[0]))
+        return y[:, split:]
+
+    def fresh_second_call(layer, x, split):  # the second piece without the first's cache
+        layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
+        y, _ = layer(x[:, split:], cache=layer.init_cache(x.shape[0]))
+        return y
+
+    return [
+        ("06.3", "every position from p on", list(range(ctx063["p"], ctx063["seq_len"]))),
+        ("06.3", "no position", [0]),
+        ("06.3", "a position twice", s06.late_clearing(**ctx063) * 2),
+        ("06.2", "no clipping at 0",
+         lambda last, sizes: list(range(last - sum(w - 1 for w in sizes), last + 1))),
+        ("07.1", "the states alone", lambda b, h, k, v, w: 4 * b * h * k * v),
+        ("07.1", "w - 1 rows with no conv",
+         lambda b, h, k, v, w: 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))),
+        ("07.2", "the whole prompt sliced", whole_prompt),
+        ("07.2", "a fresh cache for the second call", fresh_second_call),
+        ("07.3", "the state read only",
+         lambda h, k, v, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+        ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
+        ("08.3", "zero", lambda *a: 0),
+        ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
+        ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
+        ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
+    ]
+
+
+# --- correct answers written differently -------------------------------------------------------
+
+def _alternatives():
+    def bits_numpy(v):
+        return float(np.log2(v))
+
+    def bits_loop(v):
+        return -sum((1 / v) * math.log(1 / v, 2) for _ in range(v))
+
+    def positions_loop(last, sizes):
+        first = last
+        for w in sizes:
+            first -= w - 1
+        out, t = [], max(first, 0)
+        while t <= last:
+            out.append(t)
+            t += 1
+        return np.asarray(out)
+
+    def cache_numpy(b, h, k, v, w):
+        return np.int64(4) * (b * h * k * v + b * np.maximum(w - 1, 0) * h * (2 * k + v))
+
+    def three_calls(layer, x, split):  # the first piece in two calls: still two pieces' worth
+        first = max(split // 2, 1) if split > 1 else split
+        _, cache = layer(x[:, :first], cache=layer.init_cache(x.shape[0]))
+        if first < split:
+            _, cache = layer(x[:, first:split], cache=cache)
+        y, _ = layer(x[:, split:], cache=cache)
+        return np.asarray(y)
+
+    def t_star_int(h, k, v, n, bs, bc):
+        return -(-2 * h * k * v * bs // (n * bc))
+
+    def mqar_loop(v):
+        values = [t for t in range(1, v) if t > (v - 1) // 2]
+        return 1.0 / len(values)
+
+    def reach_loop(inputs, mask, num_pairs, reach):
+        count = 0
+        for t in range(len(inputs)):
+            if mask[t]:
+                i = [int(k) for k in inputs[0 : 2 * num_pairs : 2]].index(int(inputs[t]))
+                count += t - (2 * i + 1) <= reach
+        return np.int32(count)
+
+    def cache_numpy09(c, kda, mla, h, k, r, w, steps):
+        state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
+        return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
+
+    s06, s10 = _solutions("06"), _solutions("10")
+    from kda_lib.models import presets
+
+    kimi, k3 = presets.KIMI_LINEAR_48B.name, presets.KIMI_K3.name
+    _, ctx063 = _cases()["06.3"]
+    return [
+        ("06.1", "numpy log2", bits_numpy, {}),
+        ("06.1", "a Python sum", bits_loop, {}),
+        ("06.2", "a loop, numpy out", positions_loop, {}),
+        ("06.3", "a numpy int array", np.asarray(s06.late_clearing(**ctx063)), ctx063),
+        ("06.3", "reversed", s06.late_clearing(**ctx063)[::-1], ctx063),
+        ("07.1", "numpy int64", cache_numpy, {}),
+        ("07.2", "three calls", three_calls, {}),
+        ("07.3", "integer ceiling", t_star_int, {}),
+        ("08.1", "a loop over tokens", mqar_loop, {}),
+        ("08.3", "a loop, numpy int", reach_loop, {}),
+        ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
+        ("10.1", "numpy float32", np.float32(s10.cache_reduction(k3, 4096)),
+         dict(preset=k3, context=4096)),
+        ("10.2", "numpy int64", np.int64(s10.ring_crossover(kimi, 8)), dict(preset=kimi, ranks=8)),
+        ("10.3", "numpy int64", np.int64(s10.decode_crossover(kimi)), dict(preset=kimi)),
+    ]
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_degenerate_answers_are_refused(exercise_id):
+    accepted = [name for name, value, context in _degenerate_attacks(exercise_id)
+                if not _refused(exercise_id, value, context)]
+    assert not accepted, f"{exercise_id} accepted: {accepted}"
+
+
+def test_routes_through_kda_lib_are_refused():
+    accepted = [(eid, name) for eid, name, fn in _library_attacks()
+                if not _refused(eid, fn, _cases()[eid][1])]
+    assert not accepted, f"accepted: {accepted}"
+
+
+def test_rule_breakers_are_refused():
+    accepted = [(eid, name) for eid, name, answer in _rule_breakers()
+                if not _refused(eid, answer, _cases()[eid][1])]
+    assert not accepted, f"accepted: {accepted}"
+
+
+def test_other_exercises_solutions_are_refused():
+    accepted = []
+    for eid in IDS:
+        _, context = _cases()[eid]
+        for other in IDS:
+            answer, _ = _cases()[other]
+            if other != eid and not _refused(eid, answer, context):
+                accepted.append((eid, other))
+    assert not accepted, f"(exercise, solution of) accepted: {accepted}"
+
+
+def test_correct_answers_written_differently_pass():
+    refused = [(eid, name, exercises.verdict(eid, answer, **context))
+               for eid, name, answer, context in _alternatives()
+               if not _accepted(eid, answer, context)]
+    assert not refused, f"refused: {refused}"
+
+
+# --- the notebooks' own namespaces -------------------------------------------------------------
+
+def _namespace(stem: str) -> dict:
+    """Run ``notebooks/<stem>.py`` (CI parameters: its defaults) up to its exercise cell. A cell
+    whose assert fails (07's wall-time asserts, under a loaded test machine) is passed over:
+    the names it defined before the assert are kept; test_notebooks checks the asserts."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib.pyplot as plt
+
+    source = (ROOT / "notebooks" / f"{stem}.py").read_text()
+    namespace = {"__name__": "__notebook__"}
+    for cell in re.split(r"^# %%.*$", source, flags=re.M)[1:]:
+        if "exercises.check(" in cell:
+            break
+        code = "\n".join(line for line in cell.splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        try:
+            exec(compile(code, f"{stem}.py", "exec"), namespace)  # noqa: S102 - our notebook
+        except AssertionError:  # a timing assert under this machine's load; names stay
+            pass
+    plt.close("all")
+    return namespace
+
+
+def _contexts(stem: str, ns: dict) -> dict:
+    if stem.startswith("06"):
+        return {"06.1": {}, "06.2": {},
+                "06.3": dict(p=ns["seq_len"] - ns["delay"], seq_len=ns["seq_len"],
+                             delay=ns["delay"], conv_size=ns["conv_size"])}
+    if stem.startswith("07"):
+        return {"07.1": {}, "07.2": {}, "07.3": {}}
+    from kda_lib.models import presets
+
+    kimi = presets.KIMI_LINEAR_48B.name
+    return {"10.1": dict(preset=presets.KIMI_K3.name, context=ns["contexts"][0]),
+            "10.2": dict(preset=kimi, ranks=8), "10.3": dict(preset=kimi)}
+
+
+_SETTINGS = ("jax_threefry_partitionable", "jax_enable_x64", "jax_default_matmul_precision",
+             "jax_default_prng_impl")  # conftest's GUARDED_SETTINGS
+
+
+def _attackable(value) -> bool:
+    """Values, and the functions the notebook defines or imports from kda_lib's computing
+    modules; third-party callables (plt, time, print, ...) and kda_lib.teaching's
+    notebook-setup helpers are not answers (one of them, called with a checker's
+    arguments, closes pytest's captured streams)."""
+    if not callable(value):
+        return True
+    module = getattr(value, "__module__", "") or ""
+    return module == "__notebook__" or (
+        module.startswith("kda_lib") and not module.startswith("kda_lib.teaching")
+    )
+
+
+def _namespace_attacks(stem: str):
+    settings = {name: getattr(jax.config, name) for name in _SETTINGS}
+    try:
+        ns = _namespace(stem)  # notebook.setup() sets jax's settings for the notebook
+    finally:
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    accepted = []
+    for eid, context in _contexts(stem, ns).items():
+        for name, value in ns.items():
+            if name.startswith("__") or isinstance(value, type(os)) or not _attackable(value):
+                continue
+            if not _refused(eid, value, context):
+                accepted.append((eid, name))
+    return accepted
+
+
+@pytest.mark.parametrize("stem", ["07_decoding", "10_kimi_linear_at_scale"])
+def test_notebook_values_and_functions_are_refused(stem):
+    accepted = _namespace_attacks(stem)
+    assert not accepted, f"{stem}: (exercise, notebook name) accepted: {accepted}"
+
+
+@pytest.mark.slow
+def test_notebook_06_values_and_functions_are_refused():
+    accepted = _namespace_attacks("06_training_delayed_copy")
+    assert not accepted, f"06: (exercise, notebook name) accepted: {accepted}"
+
+
+def test_stubbed_08_09_results_are_refused():
+    """08 and 09 train for minutes: their exercises that take the trained results get stubs of
+    the same structure (documented above); their echoes of the stub must be refused."""
+    _, ctx082 = _cases()["08.2"]
+    accuracy = ctx082["accuracy"]
+    stub_08 = {
+        "accuracy": accuracy, "cells": list(accuracy), "tasks": sorted({t for t, _, _ in accuracy}),
+        "seq_lens": sorted({n for _, _, n in accuracy}), "two_scale_len": 256,
+        "half_lives": (1.0, 8.0, 64.0), "vocab_size": 32, "num_pairs": 4, "conv_reach": 3,
+    }
+    _, ctx093 = _cases()["09.3"]
+    _, ctx092 = _cases()["09.2"]
+    _, ctx091 = _cases()["09.1"]
+    stub_09 = {**ctx091, **ctx092, **ctx093, "names": list(ctx093["bpb_by_position"])}
+    accepted = []
+    for stub, ids in ((stub_08, ("08.1", "08.2", "08.3", "08.4")),
+                      (stub_09, ("09.1", "09.2", "09.3"))):
+        for eid in ids:
+            for name, value in stub.items():
+                if not _refused(eid, value, _cases()[eid][1]):
+                    accepted.append((eid, name))
+    assert not accepted, f"accepted: {accepted}"
