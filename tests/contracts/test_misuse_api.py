@@ -557,6 +557,22 @@ ROWS = [
     Row(
         "cache_at", "index float", lambda i: cache_at(BOUNDS, i), (jnp.array([0.0, 0.0]),), "index"
     ),
+    Row(
+        "cache_at",
+        "index array out of range",
+        lambda i: cache_at(BOUNDS, i),
+        (jnp.array([0, 5]),),
+        "index",
+        jit_nan=True,
+    ),
+    Row(
+        "KimiDeltaAttention.accept_draft",
+        "num_accepted_tokens array -1 and past T",
+        lambda n: LAYER.accept_draft(CACHE, TOKENS, n),
+        (jnp.array([-1, T + 1]),),
+        "num_accepted_tokens",
+        jit_nan=True,
+    ),
     Row("cache_at", "index out of range", lambda: cache_at(BOUNDS, 5), match="index", jit=False),
     Row("cache_at", "index -1", lambda: cache_at(BOUNDS, -1), match="index", jit=False),
     Row("cache_at", "index bool", lambda: cache_at(BOUNDS, True), match="index", jit=False),
