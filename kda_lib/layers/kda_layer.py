@@ -10,20 +10,15 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
               use_gate_in_kernel=True)                    [B, T, HV, V]
     y    = o_proj(rmsnorm(o) * o_norm.weight * sigmoid(g_proj(x)))
 
-HV = ``num_v_heads`` value heads (grouped value heads, fla's ``num_v_heads``; default H): value
-head ``j`` reads q/k head ``j // (HV // H)``; the gate, beta and the output gate are per value
-head and the state is ``[B, HV, K, V]``. ``f_proj`` and ``g_proj`` are each a single full-rank
-matmul (rank None, MaxText) or fla's two-matmul low-rank form (``forget_gate_rank=r``,
-``output_gate_rank=r``; fla uses r = V for both, MaxText's Kimi K3 layer a low-rank ``f_proj``
-beside a full-rank ``g_proj``). ``fused_qkv_conv``: one depthwise conv over ``concat(q, k, v)``
-(GLM-5.3-Flash's layout; the same function as three convs). ``A_log``/``dt_bias`` stay float32.
+HV = ``num_v_heads`` (grouped value heads; default H): value head ``j`` reads q/k head
+``j // (HV // H)``. ``A_log`` and ``dt_bias`` stay float32. Options and their sources:
+docs/DESIGN.md (the KDA layer).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -32,17 +27,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import (
-    check_allocation,
-    check_array,
-    check_int,
-    is_concrete,
-    is_int,
-    is_number,
-)
+from kda_lib.checks import check_array, check_int, is_concrete, is_int, is_number
 from kda_lib.layers.checkpoints import load_fla_state_dict
-from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
-from kda_lib.layers.params import NO_DECAY, no_decay_param
+from kda_lib.layers.conv import ShortConvolution, qkv_convolutions, window_segment_ids
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
     check_implementation,
     kda,
@@ -52,7 +40,7 @@ from kda_lib.ops.api import (
     segment_slots_problem,
     uses_own_context_parallel,
 )
-from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids
+from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids, host_values
 from kda_lib.ops.gating import (
     GateForm,
     check_gate_form,
@@ -62,120 +50,136 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
+from kda_lib.ops.segments import canonical_segment_ids, count_segments, host_canonical_segment_ids
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
-
-def _config_int(name: str, value, expected: str, minimum: int) -> int:
-    """``value`` as a Python int (numpy ints accepted, bools not), or a ValueError naming
-    ``KDAConfig.<name>``."""
-    return check_int(f"KDAConfig.{name}", value, minimum, expected=expected)
+# a short convolution mixes a few neighbouring tokens (4 in fla and Kimi Linear); the bound
+# keeps compile time and the decode cache small (docs/DESIGN.md, the KDA layer)
+MAX_CONV_SIZE = 64
 
 
-def _check_float_dtype(name: str, value) -> None:
-    """``value`` must name a floating-point dtype (jnp.float32, "bfloat16", np.float16, ...)."""
+# ------------------------------------------------------------------ KDAConfig's rules, one table
+def _int(minimum: int = 1, optional: bool = False, expected: str | None = None):
+    return lambda name, value: check_int(
+        name, value, minimum, optional=optional, expected=expected
+    )
+
+
+_WIDTH = _int(1, optional=True, expected="a positive int or None")
+
+
+def _bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _conv_size(name, value):
+    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
+    if value > MAX_CONV_SIZE:
+        raise ValueError(
+            f"{name} must be <= {MAX_CONV_SIZE} (a short convolution: local token mixing before "
+            "the recurrence, 4 in fla and Kimi Linear; a wide window is what the recurrence is "
+            f"for), got {value}"
+        )
+    return value
+
+
+def _positive_float(name, value):
+    if not is_number(value) or not (np.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
+    return float(value)
+
+
+def _float_dtype(name, value):
     try:
         dtype = None if value is None else jnp.dtype(value)  # np.dtype(None) is float64
     except TypeError:
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
-            f"KDAConfig.{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), "
+            f"{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), "
             f"got {value!r}"
         )
+    return value
 
 
-# The short convolution mixes a few neighbouring tokens (fla and Kimi Linear use 4); long-range
-# mixing is the recurrence's job. Issue 30 measured compiling a layer gradient at 38 s for
-# conv_size 1024 and over 2 minutes at 4096, and the decode cache holds W - 1 inputs per layer.
-# 64, the default chunk length, bounds it far above any use while keeping those costs small.
-MAX_CONV_SIZE = 64
+def _named(check):
+    """A rule from a check whose message starts with the bare field name."""
 
-# (field, what it must be, minimum, None allowed): KDAConfig's integer fields, in field order
-_INT_FIELDS = (
-    ("hidden_size", "a positive int", 1, False),
-    ("num_heads", "a positive int", 1, False),
-    ("num_v_heads", "a positive int or None", 1, True),
-    ("head_dim", "a positive int", 1, False),
-    ("value_head_dim", "a positive int or None", 1, True),
-    ("conv_size", "an int >= 0 (0 disables the conv)", 0, False),
-    ("forget_gate_rank", "a positive int or None", 1, True),
-    ("output_gate_rank", "a positive int or None", 1, True),
-    ("max_num_segments", "None or a positive int", 1, True),
-)
-# the fields a layer's parameter count grows with (the one a too-large layer's error names)
-_WIDTH_FIELDS = (
-    "hidden_size",
-    "num_heads",
-    "num_v_heads",
-    "head_dim",
-    "value_head_dim",
-    "conv_size",
-    "forget_gate_rank",
-    "output_gate_rank",
-)
-_BOOL_FIELDS = (
-    "fused_qkv_conv",
-    "use_a_log",
-    "per_head_decay",
-    "allow_neg_eigval",
-    "output_gate_bias",
-)
+    def rule(name, value):
+        try:
+            return check(value)
+        except ValueError as error:
+            raise ValueError(f"KDAConfig.{error}") from None
+
+    return rule
+
+
+def _lower_bound(value):
+    check_lower_bound(value)
+    return None if value is None else float(value)
+
+
+# field -> rule(name, value) -> the value to store (numpy scalars become Python numbers);
+# gate_form, which depends on lower_bound, and the combinations follow in __post_init__
+_RULES = {
+    "hidden_size": _int(),
+    "num_heads": _int(),
+    "num_v_heads": _WIDTH,
+    "head_dim": _int(),
+    "value_head_dim": _WIDTH,
+    "conv_size": _conv_size,
+    "fused_qkv_conv": _bool,
+    "lower_bound": _named(_lower_bound),
+    "use_a_log": _bool,
+    "per_head_decay": _bool,
+    "forget_gate_rank": _WIDTH,
+    "allow_neg_eigval": _bool,
+    "output_gate_rank": _WIDTH,
+    "output_gate_bias": _bool,
+    "norm_eps": _positive_float,
+    "implementation": lambda name, value: check_implementation(value, name),
+    "chunk_size": _named(check_chunk_size),
+    "max_num_segments": _int(1, optional=True),
+    "dtype": _float_dtype,
+    "param_dtype": _float_dtype,
+}
+# the fields the parameters grow with: a layer too large for this machine names the largest
+WIDTH_FIELDS = ("hidden_size", "num_heads", "num_v_heads", "head_dim", "value_head_dim",
+                "conv_size", "forget_gate_rank", "output_gate_rank")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig:
-    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only, grouped by concept; the
-    same names as :class:`kda_lib.models.presets.ModelPreset`'s KDA fields).
+    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; the names of
+    :class:`kda_lib.models.presets.ModelPreset`'s KDA fields). Every field is checked at
+    construction (ValueError naming ``KDAConfig.<field>``); a config may describe a layer
+    larger than this machine, which building the layer refuses.
 
-    Widths:
-      hidden_size: model width d.
-      num_heads: H, query/key heads.
-      num_v_heads: HV, value heads (None = num_heads): a multiple of num_heads (grouped value
-        heads, fla's ``num_v_heads``). v, the gates, beta, the output gate, ``A_log`` and
-        ``dt_bias`` are per value head; the state is ``[B, HV, K, V]``.
-      head_dim: K (query/key size per head).
-      value_head_dim: V per head (None = K).
+    Widths: ``hidden_size`` d; ``num_heads`` H (q/k heads); ``num_v_heads`` HV (None = H), a
+    multiple of H; ``head_dim`` K; ``value_head_dim`` V (None = K).
 
-    Short convolution:
-      conv_size: width W (default 4); 0 disables the convolutions.
-      fused_qkv_conv: one depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of
-        three (GLM-5.3-Flash's layout; depthwise, so the same function as three convs).
+    Short convolution: ``conv_size`` W (4; 0 = none, at most 64); ``fused_qkv_conv`` one
+    depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of three (False).
 
-    Forget gate (:mod:`kda_lib.ops.gating`):
-      gate_form: a :class:`kda_lib.ops.gating.GateForm` (or its string): ``"softplus"``
-        ``-A softplus(f + dt_bias)``; ``"safe_sigmoid"`` ``lower_bound * sigmoid(A (f +
-        dt_bias))``; ``"clamped_softplus"`` ``max(-A softplus(f + dt_bias), lower_bound)``
-        (MaxText's Kimi K3 layer; the layer activates it and hands the kernel the log-space
-        gate). None (default): ``"softplus"`` without ``lower_bound``, else ``"safe_sigmoid"``.
-        Stored as the enum; a given form must fit ``lower_bound`` (only softplus has none).
-      lower_bound: None = the softplus gate; a float in [-5, 0) = the bound of the other forms.
-      use_a_log: the gate has a learned per-head rate ``A = exp(A_log)`` (default True). False:
-        no ``A_log`` parameter, ``A = 1`` (fla's safe gate without ``A_log``); the kernel gets
-        ``a_log=None``.
-      per_head_decay: one forget-gate value per head, shared by its K channels (Gated
-        DeltaNet) instead of KDA's per-channel gate; f_proj then has HV outputs, dt_bias [HV].
-      forget_gate_rank: None = ``f_proj`` is one full-rank projection; int r = fla's low-rank
-        pair ``[d, r]``, ``[r, HV K]``.
+    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its string,
+    ``"softplus"`` ``-A softplus(f + dt_bias)``, ``"safe_sigmoid"`` ``lower_bound *
+    sigmoid(A (f + dt_bias))`` or ``"clamped_softplus"`` ``max(-A softplus(f + dt_bias),
+    lower_bound)`` (None: softplus without ``lower_bound``, else safe_sigmoid; stored as the
+    enum); ``lower_bound`` None or a float in [-5, 0); ``use_a_log`` a learned rate ``A =
+    exp(A_log)`` per value head (True; False: A = 1, safe gate only); ``per_head_decay`` one
+    gate value per head (Gated DeltaNet; False); ``forget_gate_rank`` None = one full-rank
+    ``f_proj``, r = fla's low-rank pair ``[d, r]``, ``[r, HV K]``.
 
-    Beta:
-      allow_neg_eigval: beta = 2 * sigmoid(.) in [0, 2).
+    Beta and output: ``allow_neg_eigval`` beta = 2 sigmoid(.) (False); ``output_gate_rank`` as
+    ``forget_gate_rank`` for ``g_proj``; ``output_gate_bias`` (True, fla's layer; False in the
+    Kimi Linear checkpoint); ``norm_eps`` (1e-5).
 
-    Output:
-      output_gate_rank: None = ``g_proj`` is one full-rank projection; int r = the low-rank
-        pair ``[d, r]``, ``[r, HV V]``.
-      output_gate_bias: the output gate's (last) projection has a bias (default True, as fla's
-        layer); False as in the Hugging Face Kimi Linear checkpoint (``g_b_proj`` has none).
-      norm_eps: output RMSNorm epsilon (1e-5).
-
-    Kernel and runtime:
-      implementation: kernel implementation for :func:`kda_lib.kda` ("auto").
-      chunk_size: chunk length of the chunked kernel (64).
-      max_num_segments: static bound on the segments in one row of ``segment_ids`` (one rank's
-        slice under context parallelism), for tokamax backends, which keep one state slot per
-        segment. None (default): counted from the ids when they are concrete; under ``jit``
-        (traced ids) a tokamax backend then raises, asking for this bound.
-      dtype: compute dtype (float32); param_dtype: parameter dtype (float32).
+    Kernel: ``implementation`` for :func:`kda_lib.kda` ("auto"); ``chunk_size`` (64);
+    ``max_num_segments`` static bound on segments per row for tokamax backends (None: counted
+    from concrete ids; under ``jit`` a tokamax backend then asks for it); ``dtype`` compute
+    dtype and ``param_dtype`` (float32 both).
     """
 
     hidden_size: int
@@ -201,113 +205,17 @@ class KDAConfig:
     param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
-        # every field is checked here, so a bad value fails at construction, not at first use;
-        # numpy scalars are accepted where a Python number is and stored as Python numbers
-        check_max_num_segments(self.max_num_segments, "KDAConfig.max_num_segments", optional=True)
-        for name, expected, minimum, optional in _INT_FIELDS:
+        for name, rule in _RULES.items():
             value = getattr(self, name)
-            if not (optional and value is None):
-                self._set(name, _config_int(name, value, expected, minimum))
-        for name in _BOOL_FIELDS:
-            value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
-                raise ValueError(f"KDAConfig.{name} must be a bool, got {value!r}")
-            self._set(name, bool(value))
-        try:
-            check_lower_bound(self.lower_bound)
-        except ValueError as error:
-            raise ValueError(f"KDAConfig.{error}") from None
-        if self.lower_bound is not None:
-            self._set("lower_bound", float(self.lower_bound))
+            self._set(name, rule(f"KDAConfig.{name}", value))
         form = check_gate_form(self.gate_form, self.lower_bound, where="KDAConfig.gate_form")
         self._set("gate_form", form)
-        eps = self.norm_eps
-        if not is_number(eps) or not (np.isfinite(eps) and eps > 0):
-            raise ValueError(f"KDAConfig.norm_eps must be a finite float > 0, got {eps!r}")
-        self._set("norm_eps", float(eps))
-        for name in ("dtype", "param_dtype"):
-            _check_float_dtype(name, getattr(self, name))
-        try:
-            self._set("chunk_size", check_chunk_size(self.chunk_size))
-        except ValueError as error:
-            raise ValueError(f"KDAConfig.{error}") from None
-        check_implementation(self.implementation, "KDAConfig.implementation")
         for problem in self._combination_problems():
             raise ValueError(f"KDAConfig{problem}")
-        self._check_parameter_memory()
-
-    def _check_parameter_memory(self) -> None:
-        """Refuse widths whose parameters cannot fit this machine's memory
-        (:func:`kda_lib.checks.check_allocation`), before any is allocated, naming the largest
-        width field."""
-        count = self.parameter_count()
-        nbytes = count * jnp.dtype(self.param_dtype).itemsize
-        widths = {name: getattr(self, name) or 0 for name in _WIDTH_FIELDS}
-        name = max(widths, key=widths.get)
-        check_allocation(
-            f"KDAConfig.{name}",
-            widths[name],
-            f"the layer's parameters ({count:.3g} scalars of {jnp.dtype(self.param_dtype).name})",
-            nbytes,
-        )
-
-    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The shape of every parameter of ``KimiDeltaAttention(self)``, by its path in the
-        layer (``"q_proj.kernel"``, ``"f_proj.layers.0.kernel"``, ...), from the widths alone:
-        the package's one formula for the layer's parameters (nothing is built; the tests
-        compare it with built layers)."""
-        d, h, k, v, hv = (
-            self.hidden_size,
-            self.num_heads,
-            self.head_dim,
-            self.value_dim,
-            self.value_heads,
-        )
-        gate_channels = 1 if self.per_head_decay else k
-        shapes = {"q_proj.kernel": (d, h * k), "k_proj.kernel": (d, h * k)}
-        shapes["v_proj.kernel"] = (d, hv * v)
-        if self.conv_size and self.fused_qkv_conv:
-            shapes["qkv_conv1d.kernel"] = (self.conv_size, 2 * h * k + hv * v)
-        elif self.conv_size:
-            for name, channels in (("q", h * k), ("k", h * k), ("v", hv * v)):
-                shapes[f"{name}_conv1d.kernel"] = (self.conv_size, channels)
-        gates = (
-            ("f_proj", self.forget_gate_rank, hv * gate_channels, False),
-            ("g_proj", self.output_gate_rank, hv * v, self.output_gate_bias),
-        )
-        for name, rank, out, bias in gates:
-            last = name if rank is None else f"{name}.layers.1"
-            if rank is None:
-                shapes[f"{name}.kernel"] = (d, out)
-            else:
-                shapes[f"{name}.layers.0.kernel"] = (d, rank)
-                shapes[f"{last}.kernel"] = (rank, out)
-            if bias:
-                shapes[f"{last}.bias"] = (out,)
-        shapes["b_proj.kernel"] = (d, hv)
-        if self.use_a_log:
-            shapes["A_log"] = (hv,)
-        shapes["dt_bias"] = (hv * gate_channels,)
-        shapes["o_norm"] = (v,)
-        shapes["o_proj.kernel"] = (hv * v, d)
-        return shapes
-
-    def parameter_count(self) -> int:
-        """Scalars in the parameters of ``KimiDeltaAttention(self)``: the sum over
-        :meth:`parameter_shapes` (equal to :func:`kda_lib.layers.params.parameter_count` of
-        the layer)."""
-        return sum(math.prod(shape) for shape in self.parameter_shapes().values())
 
     def _combination_problems(self):
-        """Fields that are each valid but cannot go together, and what the implementation
-        cannot serve whatever the machine (the registry says; the layer fuses the gate unless
-        it is the clamped softplus)."""
-        if self.conv_size > MAX_CONV_SIZE:
-            yield (
-                f".conv_size must be <= {MAX_CONV_SIZE} (a short convolution: local token mixing "
-                "before the recurrence, 4 in fla and Kimi Linear; a wide window is what the "
-                f"recurrence is for), got {self.conv_size}"
-            )
+        """Fields valid alone that cannot go together, and what the implementation cannot
+        serve whatever the machine (the layer fuses every gate but the clamped softplus)."""
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
             yield (
                 f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k head "
@@ -342,11 +250,12 @@ class KDAConfig:
 
     @property
     def value_dim(self) -> int:
+        """V: ``value_head_dim``, or ``head_dim``."""
         return self.value_head_dim or self.head_dim
 
     @property
     def value_heads(self) -> int:
-        """HV: ``num_v_heads``, or ``num_heads`` without grouped value heads."""
+        """HV: ``num_v_heads``, or ``num_heads``."""
         return self.num_v_heads or self.num_heads
 
 
@@ -420,51 +329,50 @@ def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
 
 
 class KimiDeltaAttention(nnx.Module):
-    """KDA token mixer. ``layer(x)`` maps ``[B, T, hidden]`` to ``[B, T, hidden]``.
+    """KDA token mixer: ``layer(x)`` maps ``[B, T, hidden]`` to ``[B, T, hidden]``.
 
     Args:
       config: :class:`KDAConfig`.
       rngs: ``nnx.Rngs`` for parameter init.
       mesh, context_axis: run the conv halo exchange and the recurrence context-parallel over
-        ``mesh``'s ``context_axis`` (see kda_lib.parallel.context_parallel); None = one device.
+        ``mesh``'s ``context_axis`` ("context"); None (default) = one device.
+
+    Building refuses (ValueError naming the largest width field) parameters that cannot fit
+    this machine's memory, before any is allocated; ``nnx.eval_shape`` still gives their
+    shapes.
     """
 
     def __init__(
         self, config: KDAConfig, *, rngs: nnx.Rngs, mesh=None, context_axis: str = "context"
     ):
-        cfg = config
-        self.config = cfg
-        self.mesh = mesh
-        self.context_axis = context_axis
+        check_parameters_fit(KimiDeltaAttention, config, fields=WIDTH_FIELDS)
         if mesh is not None and context_axis not in mesh.axis_names:
             raise ValueError(
                 f"mesh has axes {mesh.axis_names}; context_axis={context_axis!r} is not one of them"
             )
-        h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
-        hv = cfg.value_heads
+        cfg = self.config = config
+        self.mesh, self.context_axis = mesh, context_axis
+        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
+        d = cfg.hidden_size
         linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, hv * vd, **linear)
+        self.q_proj = nnx.Linear(d, h * kd, **linear)
+        self.k_proj = nnx.Linear(d, h * kd, **linear)
+        self.v_proj = nnx.Linear(d, hv * vd, **linear)
         conv = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        if cfg.conv_size and not cfg.fused_qkv_conv:
-            self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
-                h * kd, hv * vd, cfg.conv_size, **conv
-            )
-        else:
-            self.q_conv1d = self.k_conv1d = self.v_conv1d = None
-        fused = cfg.conv_size and cfg.fused_qkv_conv
-        channels = 2 * h * kd + hv * vd
-        self.qkv_conv1d = (
-            ShortConvolution(channels, conv_size=cfg.conv_size, **conv) if fused else None
+        conv["conv_size"] = cfg.conv_size
+        fused = bool(cfg.conv_size) and cfg.fused_qkv_conv
+        separate = bool(cfg.conv_size) and not cfg.fused_qkv_conv
+        self.qkv_conv1d = ShortConvolution(2 * h * kd + hv * vd, **conv) if fused else None
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+            qkv_convolutions(h * kd, hv * vd, **conv) if separate else (None, None, None)
         )
         gate_channels = 1 if cfg.per_head_decay else kd
         self.f_proj = _gate_projection(
-            hidden, hv * gate_channels, cfg.forget_gate_rank, use_bias=False, cfg=cfg, rngs=rngs
+            d, hv * gate_channels, cfg.forget_gate_rank, use_bias=False, cfg=cfg, rngs=rngs
         )
-        self.b_proj = nnx.Linear(hidden, hv, **linear)
+        self.b_proj = nnx.Linear(d, hv, **linear)
         self.g_proj = _gate_projection(
-            hidden, hv * vd, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
+            d, hv * vd, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
         if cfg.use_a_log:
@@ -474,7 +382,259 @@ class KimiDeltaAttention(nnx.Module):
             self.A_log = None  # A = 1: the gate has no learned rate
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), hv, gate_channels))
         self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
-        self.o_proj = nnx.Linear(hv * vd, hidden, **linear)
+        self.o_proj = nnx.Linear(hv * vd, d, **linear)
+
+    # ----------------------------------------------------------------- forward
+    def __call__(
+        self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
+    ):
+        """``x [B, T, hidden]`` -> ``y [B, T, hidden]``, or ``(y, new_cache)`` with a cache.
+
+        Args:
+          x: ``[B, T, hidden]`` floating-point array (jax or numpy), B, T >= 1; outside ``jit``
+            a NaN or inf raises ValueError naming its position.
+          segment_ids: ``[B, T]`` int, 1-based, 0 = padding: packed documents never see each
+            other (neither through the conv nor through the state); padding outputs 0.
+          cache: a :class:`KDACache` from :meth:`init_cache` or a previous call; continues
+            decoding from it (one device, no segment_ids).
+        """
+        segment_ids = self._check_inputs(x, segment_ids, cache)
+        if self.mesh is not None:
+            return self._forward_context_parallel(x, segment_ids)
+        y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
+        return y if cache is None else (y, new_cache)
+
+    def _forward(self, x, *, segment_ids=None, cache=None):
+        """Single-device forward of checked inputs: ``(y, new_cache | None)``."""
+        cfg = self.config
+        q, k, v, f, beta, conv_states = self.project(x, segment_ids=segment_ids, cache=cache)
+        o, state = kda(
+            q,
+            k,
+            v,
+            f,
+            beta,
+            **self.kernel_kwargs(),
+            initial_state=None if cache is None else cache.state,
+            output_final_state=cache is not None,
+            segment_ids=segment_ids,
+            max_num_segments=max_segments_bound(segment_ids, cfg),
+            chunk_size=cfg.chunk_size,
+            implementation=cfg.implementation,
+        )
+        y = self.project_output(x, o)
+        return y, (None if cache is None else KDACache(state, *conv_states))
+
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; subclasses and tools
+    # (the benchmark times the parts) may call or override each step.
+    def project(
+        self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
+    ) -> Projected:
+        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
+
+        Args:
+          segment_ids: ``[B, T]`` as in ``__call__`` (masks the convolutions; not checked).
+          cache: a :class:`KDACache` whose conv states precede ``x`` (decoding).
+          halo: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
+            before it (context parallelism); otherwise the cache's conv states (or zeros).
+          history_segment_ids: ``[B, W-1]`` ids of the halo tokens (context parallelism).
+        """
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
+        x = x.astype(cfg.dtype)
+        raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
+        window = None  # the ids of the W-1 inputs before x and of x's tokens, for every conv
+        if segment_ids is not None and cfg.conv_size > 1:
+            window = window_segment_ids(segment_ids, history_segment_ids, cfg.conv_size)
+
+        def history(z, i=None):  # the W-1 inputs before x: a CP halo, the decode cache or zeros
+            if halo is not None:
+                return halo(z)
+            if cache is None:
+                return None
+            return jnp.concatenate(cache[1:], axis=-1) if i is None else cache[1 + i]
+
+        if not cfg.conv_size:
+            streams, conv_states = [jax.nn.silu(z) for z in raw], [None] * 3
+        elif cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
+            z = jnp.concatenate(raw, axis=-1)
+            z, state = self.qkv_conv1d.mix(z, history(z), window)
+            cuts = (h * kd, 2 * h * kd)
+            streams, conv_states = jnp.split(z, cuts, axis=-1), jnp.split(state, cuts, axis=-1)
+        else:
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            mixed = [
+                conv.mix(z, history(z, i), window)
+                for i, (z, conv) in enumerate(zip(raw, convs, strict=True))
+            ]
+            streams, conv_states = zip(*mixed, strict=True)
+        q = streams[0].reshape(batch, seq_len, h, kd)
+        k = streams[1].reshape(batch, seq_len, h, kd)
+        v = streams[2].reshape(batch, seq_len, hv, vd)
+        f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
+        if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
+            f = jnp.broadcast_to(f, (batch, seq_len, hv, kd))
+        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:  # the kernels fuse only the other forms
+            f = jnp.maximum(kda_gate(f, self._rate_log(), self._dt_bias()), cfg.lower_bound)
+        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+        if cfg.allow_neg_eigval:
+            beta = 2.0 * beta
+        return Projected(q, k, v, f, beta, tuple(conv_states))
+
+    def kernel_kwargs(self) -> dict:
+        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
+        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
+        ``use_qk_l2norm=True``, ``allow_neg_eigval``. With the clamped softplus gate
+        :meth:`project` activates the gate, so no gate parameter goes to the kernel."""
+        cfg = self.config
+        options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
+        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
+            return options
+        return dict(
+            a_log=None if self.A_log is None else self.A_log[...],
+            dt_bias=self._dt_bias(),
+            lower_bound=cfg.lower_bound,
+            use_gate_in_kernel=True,
+            **options,
+        )
+
+    def project_output(self, x, o) -> jax.Array:
+        """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
+        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
+        cfg = self.config
+        batch, seq_len, _ = x.shape
+        hv, vd = cfg.value_heads, cfg.value_dim
+        gate = self.g_proj(x.astype(cfg.dtype)).reshape(batch, seq_len, hv, vd)
+        normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
+        return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, hv * vd))
+
+    def _rate_log(self) -> jax.Array:
+        """``A_log [HV]``, or zeros (A = 1) for a layer without it."""
+        if self.A_log is None:
+            return jnp.zeros((self.config.value_heads,), jnp.float32)
+        return self.A_log[...]
+
+    def _dt_bias(self) -> jax.Array:
+        """``dt_bias [HV * K]`` (a per-head one repeated over K with per_head_decay)."""
+        dt_bias = self.dt_bias[...]
+        if self.config.per_head_decay:
+            dt_bias = jnp.repeat(dt_bias, self.config.head_dim)
+        return dt_bias
+
+    def _forward_context_parallel(self, x, segment_ids):
+        """``layer(x)`` with the sequence split over ``self.mesh``'s ``self.context_axis``;
+        T that does not divide by the ranks is padded at the end and cut back."""
+        axis, cfg = self.context_axis, self.config
+        mesh = _auto_view(self.mesh)
+        # arrays laid out on the user's mesh (e.g. fed per process on several hosts) are
+        # relabelled onto the Auto view: same devices and spec, no data moves
+        home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
+        x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
+        seq_len = x.shape[1]
+        ranks = mesh.shape[axis]
+        x, segment_ids = _pad_to_multiple(x, segment_ids, ranks)
+        graphdef, state = nnx.split(self)
+        has_segments = segment_ids is not None
+        if uses_own_context_parallel(cfg.implementation):
+            # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
+            # no cache key holds, so it is built for each call
+            bound = max_segments_bound(segment_ids, cfg, ranks)
+            program = _context_parallel_program(
+                graphdef, axis, cfg, mesh, has_segments, own_cp=True, bound=bound
+            )
+        else:
+            program = _cached_context_parallel_program(graphdef, axis, cfg, mesh, has_segments)
+        y = program(state, x, segment_ids)[:, :seq_len]
+        return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
+
+    # ----------------------------------------------------------------- checks
+    def _check_inputs(self, x, segment_ids, cache):
+        """The eager checks of every entry (one device and CP alike): shapes and dtypes always;
+        values (finite ``x``, the segment-id rule) when concrete. Returns the ids canonical
+        (:func:`kda_lib.ops.segments.canonical_segment_ids`), as numpy when concrete: this is
+        the call's one host read of them, and the convs, the segment bound and :func:`kda`
+        work from that copy."""
+        cfg = self.config
+        check_array("x", x)
+        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(
+                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
+            )
+        batch, seq_len, _ = x.shape
+        if batch < 1 or seq_len < 1:
+            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
+            raise ValueError(
+                f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the layer needs at "
+                "least one row and one token"
+            )
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
+        if cache is not None:
+            if self.mesh is not None:
+                raise ValueError(
+                    "a layer built with a mesh (context parallel) does not decode; "
+                    "build one without a mesh for decoding"
+                )
+            if segment_ids is not None:
+                raise ValueError(
+                    "segment_ids cannot be combined with a cache: decode one document per row"
+                )
+            self._check_cache(cache, batch)
+        if segment_ids is not None:
+            check_array("segment_ids", segment_ids)
+            if is_concrete(segment_ids):  # read once; everything after uses the host copy
+                segment_ids = host_values(segment_ids)
+            check_segment_ids(segment_ids, batch, seq_len)
+            self._check_segment_slots(batch, seq_len)
+            segment_ids = (
+                host_canonical_segment_ids(segment_ids)
+                if isinstance(segment_ids, np.ndarray)
+                else canonical_segment_ids(segment_ids)
+            )
+        if is_concrete(x):
+            _check_finite("x", x)
+        return segment_ids
+
+    def _ranks(self) -> int:
+        return 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+
+    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
+        """A tokamax implementation keeps a state per segment slot: refuse a
+        ``max_num_segments`` whose slots cannot fit this machine's memory (per rank's slice
+        under CP) before any work."""
+        cfg = self.config
+        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
+            return
+        local = -(-seq_len // self._ranks())
+        dims = Dims(batch, local, cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
+        problem = segment_slots_problem(
+            cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
+        )
+        if problem:
+            raise ValueError(problem)
+
+    def _check_cache(self, cache: KDACache, batch: int):
+        if not isinstance(cache, KDACache):
+            raise ValueError(
+                f"cache must be a KDACache, got {type(cache).__name__}; build it with "
+                f"layer.init_cache({batch}) (or pass on the cache a previous call returned)"
+            )
+        build = f"build the cache with layer.init_cache({batch})"
+        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
+            if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
+                raise ValueError(
+                    f"cache.{name} must be an array, got {type(got).__name__}; {build}"
+                )
+            if (got is None) != (want is None) or (got is not None and got.shape != want):
+                raise ValueError(
+                    f"cache.{name} has shape {None if got is None else got.shape}, expected "
+                    f"{want} for batch size {batch}; build it with layer.init_cache({batch})"
+                )
+            if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
+                raise ValueError(
+                    f"cache.{name} must be a floating-point array, got dtype {got.dtype}; {build}"
+                )
 
     # ----------------------------------------------------------------- decoding
     def _cache_shapes(self, batch_size: int) -> KDACache:
@@ -501,89 +661,6 @@ class KimiDeltaAttention(nnx.Module):
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
         return KDACache(state, *conv)
 
-    def _check_cache(self, cache: KDACache, batch: int):
-        if not isinstance(cache, KDACache):
-            raise ValueError(
-                f"cache must be a KDACache, got {type(cache).__name__}; build it with "
-                f"layer.init_cache({batch}) (or pass on the cache a previous call returned)"
-            )
-        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
-            if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
-                raise ValueError(
-                    f"cache.{name} must be an array, got {type(got).__name__}; build the cache "
-                    f"with layer.init_cache({batch})"
-                )
-            if (got is None) != (want is None) or (got is not None and got.shape != want):
-                raise ValueError(
-                    f"cache.{name} has shape {None if got is None else got.shape}, expected "
-                    f"{want} for batch size {batch}; build it with layer.init_cache({batch})"
-                )
-            if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
-                raise ValueError(
-                    f"cache.{name} must be a floating-point array, got dtype {got.dtype}; "
-                    f"build the cache with layer.init_cache({batch})"
-                )
-
-    def _check_inputs(self, x, segment_ids, cache) -> None:
-        """The eager checks of ``__call__``, the same for the one-device and the CP forward.
-
-        Shapes and dtypes always; values (finite ``x``, the segment-id rule) when the arrays
-        are concrete, i.e. outside ``jit``."""
-        cfg = self.config
-        check_array("x", x)
-        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
-            )
-        batch, seq_len, _ = x.shape
-        if batch < 1 or seq_len < 1:
-            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
-            raise ValueError(
-                f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the layer needs at "
-                "least one row and one token"
-            )
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
-        if segment_ids is not None:
-            check_array("segment_ids", segment_ids)
-            check_segment_ids(segment_ids, batch, seq_len)
-            if cache is not None:
-                raise ValueError(
-                    "segment_ids cannot be combined with a cache: decode one document per row"
-                )
-            self._check_segment_slots(batch, seq_len)
-        if cache is not None:
-            self._check_cache(cache, batch)
-        if self.mesh is not None and cache is not None:
-            raise ValueError(
-                "a layer built with a mesh (context parallel) does not decode; "
-                "build one without a mesh for decoding"
-            )
-        if is_concrete(x):
-            _check_finite("x", x)
-
-    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
-        """A tokamax implementation keeps a state per segment slot: refuse a
-        ``max_num_segments`` whose slots cannot fit this machine's memory before any work
-        (:func:`kda_lib.ops.api.segment_slots_problem`; per rank's slice under CP, and
-        then counted from concrete ids without the config's bound in the kernel's check)."""
-        cfg = self.config
-        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
-            return
-        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-        dims = Dims(
-            batch,
-            -(-seq_len // ranks),
-            cfg.value_heads,
-            cfg.head_dim,
-            cfg.value_dim,
-            cfg.num_heads,
-        )
-        problem = segment_slots_problem(
-            cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
-        )
-        if problem:
-            raise ValueError(problem)
 
     # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
@@ -686,180 +763,6 @@ class KimiDeltaAttention(nnx.Module):
             out.append(jnp.where((pos < 0)[None, :, :, None], before, proj(picked)))
         return tuple(out)
 
-    # ----------------------------------------------------------------- forward
-    def __call__(
-        self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
-    ):
-        """``x [B, T, hidden]`` -> ``y [B, T, hidden]``, or ``(y, new_cache)`` with a cache.
-
-        Args:
-          x: ``[B, T, hidden]`` floating-point array (jax or numpy; Python lists are rejected),
-            B >= 1 and T >= 1 (an empty x raises ValueError). Outside ``jit`` a NaN or inf in x
-            raises ValueError naming its position.
-          segment_ids: ``[B, T]`` int, 1-based, 0 = padding: packed documents never see each
-            other (neither through the conv nor through the state); padding outputs 0.
-          cache: a :class:`KDACache` from :meth:`init_cache` (or a previous call); continues
-            decoding from it.
-        """
-        self._check_inputs(x, segment_ids, cache)
-        if segment_ids is not None:
-            # one rule everywhere (kda_lib.ops.segments): each segment gets its own id before the
-            # convolutions and the kernel see them, so jit cannot change what a segment is
-            segment_ids = canonical_segment_ids(segment_ids)
-        if self.mesh is not None:
-            return self._forward_context_parallel(x, segment_ids=segment_ids)
-        y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
-        return y if cache is None else (y, new_cache)
-
-    # ------------------------------------------ extension API: project, kernel, project_output
-    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; subclasses and tools (the
-    # benchmark times the parts separately) may call or override each step.
-    def project(
-        self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
-    ) -> Projected:
-        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
-
-        Args:
-          segment_ids: ``[B, T]`` as in ``__call__`` (masks the convolutions).
-          cache: a :class:`KDACache` whose conv states precede ``x`` (decoding).
-          halo: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
-            before it (context parallelism); otherwise the cache's conv states (or zeros).
-          history_segment_ids: ``[B, W-1]`` ids of the halo tokens (context parallelism).
-        """
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
-        x = x.astype(cfg.dtype)
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
-        conv_kw = dict(segment_ids=segment_ids, history_segment_ids=history_segment_ids)
-
-        def history(i, z):  # the W-1 inputs before x: a CP halo, the decode cache or zeros
-            if halo is not None:
-                return halo(z)
-            if cache is None:
-                return None
-            return cache[1 + i] if i is not None else jnp.concatenate(cache[1:], axis=-1)
-
-        if not cfg.conv_size:
-            streams, conv_states = [jax.nn.silu(z) for z in raw], [None] * 3
-        elif cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
-            z = jnp.concatenate(raw, axis=-1)
-            z, state = self.qkv_conv1d(z, conv_state=history(None, z), **conv_kw)
-            cuts = (h * kd, 2 * h * kd)
-            streams, conv_states = jnp.split(z, cuts, axis=-1), jnp.split(state, cuts, axis=-1)
-        else:
-            streams, conv_states = [], []
-            for i, (z, conv) in enumerate(zip(raw, convs, strict=True)):
-                z, state = conv(z, conv_state=history(i, z), **conv_kw)
-                streams.append(z)
-                conv_states.append(state)
-        q = streams[0].reshape(batch, seq_len, h, kd)
-        k = streams[1].reshape(batch, seq_len, h, kd)
-        v = streams[2].reshape(batch, seq_len, hv, vd)
-        f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
-        if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
-            f = jnp.broadcast_to(f, (batch, seq_len, hv, kd))
-        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:  # the kernels fuse only the other forms
-            f = jnp.maximum(kda_gate(f, self._rate_log(), self._dt_bias()), cfg.lower_bound)
-        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-        if cfg.allow_neg_eigval:
-            beta = 2.0 * beta
-        return Projected(q, k, v, f, beta, tuple(conv_states))
-
-    def _rate_log(self) -> jax.Array:
-        """``A_log [HV]``, or zeros (A = 1) for a layer without it."""
-        if self.A_log is None:
-            return jnp.zeros((self.config.value_heads,), jnp.float32)
-        return self.A_log[...]
-
-    def _dt_bias(self) -> jax.Array:
-        """``dt_bias [HV * K]`` (a per-head one repeated over K with per_head_decay)."""
-        dt_bias = self.dt_bias[...]
-        if self.config.per_head_decay:
-            dt_bias = jnp.repeat(dt_bias, self.config.head_dim)
-        return dt_bias
-
-    def kernel_kwargs(self) -> dict:
-        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
-        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
-        ``use_qk_l2norm=True``, ``allow_neg_eigval``. With the clamped softplus gate it arrives
-        activated (see :meth:`project`), so no gate parameter goes to the kernel."""
-        cfg = self.config
-        options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
-        if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
-            return options
-        return dict(
-            a_log=None if self.A_log is None else self.A_log[...],
-            dt_bias=self._dt_bias(),
-            lower_bound=cfg.lower_bound,
-            use_gate_in_kernel=True,
-            **options,
-        )
-
-    def project_output(self, x, o) -> jax.Array:
-        """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
-        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        hv, vd = cfg.value_heads, cfg.value_dim
-        gate = self.g_proj(x.astype(cfg.dtype)).reshape(batch, seq_len, hv, vd)
-        normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
-        return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, hv * vd))
-
-    def _forward(self, x, *, segment_ids=None, cache=None):
-        """Single-device forward: ``(y, new_cache | None)``."""
-        cfg = self.config
-        q, k, v, f, beta, conv_states = self.project(x, segment_ids=segment_ids, cache=cache)
-        o, state = kda(
-            q,
-            k,
-            v,
-            f,
-            beta,
-            **self.kernel_kwargs(),
-            initial_state=None if cache is None else cache.state,
-            output_final_state=cache is not None,
-            segment_ids=segment_ids,
-            max_num_segments=max_segments_bound(segment_ids, cfg),
-            chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
-        )
-        y = self.project_output(x, o)
-        if cache is None:
-            return y, None
-        return y, KDACache(state, *conv_states)
-
-    def _forward_context_parallel(self, x, *, segment_ids=None):
-        """``layer(x)`` with the sequence split over ``self.mesh``'s ``self.context_axis``.
-
-        x ``[B, T, hidden]`` (replicated or sharded along T). T that does not divide by the
-        number of ranks is padded at the end (trailing tokens cannot change earlier outputs) and
-        cut back.
-        """
-        axis, cfg = self.context_axis, self.config
-        mesh = _auto_view(self.mesh)
-        ranks = mesh.shape[axis]
-        # arrays laid out on the user's mesh (e.g. fed per process on several hosts) are
-        # relabelled onto the Auto view: same devices and spec, no data moves
-        home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
-        x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
-        seq_len = x.shape[1]
-        x, segment_ids = _pad_to_multiple(x, segment_ids, ranks)
-        graphdef, state = nnx.split(self)
-        has_segments = segment_ids is not None
-        if uses_own_context_parallel(cfg.implementation):
-            # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
-            # no cache key holds, so it is built for each call
-            bound = max_segments_bound(segment_ids, cfg, ranks)
-            program = _context_parallel_program(
-                graphdef, axis, cfg, mesh, has_segments, own_cp=True, bound=bound
-            )
-        else:
-            program = _cached_context_parallel_program(graphdef, axis, cfg, mesh, has_segments)
-        y = program(state, x, segment_ids)[:, :seq_len]
-        return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
-
     # ----------------------------------------------------------------- fla checkpoints
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
@@ -900,14 +803,15 @@ def _auto_view(mesh):
 
 
 def _pad_to_multiple(x, segment_ids, ranks: int):
-    """x ``[B, T, hidden]`` (and the ids) padded at the end to a multiple of ``ranks`` tokens
-    (trailing tokens cannot change earlier outputs)."""
+    """x ``[B, T, hidden]`` (and the ids, numpy ones kept on the host) padded at the end to a
+    multiple of ``ranks`` tokens (trailing tokens cannot change earlier outputs)."""
     pad = (-x.shape[1]) % ranks
     if not pad:
         return x, segment_ids
     x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
     if segment_ids is not None:
-        segment_ids = jnp.pad(segment_ids, [(0, 0), (0, pad)])
+        xp = np if isinstance(segment_ids, np.ndarray) else jnp
+        segment_ids = xp.pad(segment_ids, [(0, 0), (0, pad)])
     return x, segment_ids
 
 

@@ -62,13 +62,15 @@ def parameter_bytes(module) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
 
 
-def check_parameters_fit(make: Callable[..., nnx.Module], config, what: str = "") -> None:
+def check_parameters_fit(
+    make: Callable[..., nnx.Module], config, what: str = "", *, fields=None
+) -> None:
     """Refuse (ValueError ``"<Config>.<field>=<value>: the parameters of <what> would take
     ~X (more than this machine's memory, Y)"``, naming the largest int field of the dataclass
-    ``config``) when the parameters of ``make(config, rngs=...)`` (a layer class; ``what``
-    defaults to its name) cannot fit this machine's memory; the bytes come from
-    ``nnx.eval_shape``, nothing is allocated. Called at the top of a
-    layer's ``__init__``; under a trace (``nnx.eval_shape``, ``jit``), where no memory is
+    ``config``, or of its ``fields`` when given) when the parameters of ``make(config,
+    rngs=...)`` (a layer class; ``what`` defaults to its name) cannot fit this machine's
+    memory; the bytes come from ``nnx.eval_shape``, nothing is allocated. Called at the top
+    of a layer's ``__init__``; under a trace (``nnx.eval_shape``, ``jit``), where no memory is
     taken, nothing is checked, so a layer larger than this machine can still be inspected."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
@@ -76,7 +78,8 @@ def check_parameters_fit(make: Callable[..., nnx.Module], config, what: str = ""
     key = (what, config)
     if key not in _BYTES:
         _BYTES[key] = parameter_bytes(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))))
-    sizes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    names = fields or [f.name for f in dataclasses.fields(config)]
+    sizes = {name: getattr(config, name) for name in names}
     sizes = {k: v for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
     name = max(sizes, key=sizes.get)
     value = getattr(config, name)
