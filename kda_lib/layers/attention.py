@@ -186,31 +186,19 @@ class CausalSelfAttention(nnx.Module):
                 f"cache for an attention layer must be an AttentionCache, got "
                 f"{type(cache).__name__} (a cache of a model with another layer order?); {build}"
             )
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-        keys, values = cache.keys, cache.values
-        if not all(hasattr(a, "shape") for a in (keys, values)):
-            raise ValueError(f"cache.keys and cache.values must be arrays; {build}")
-        seen = keys.shape[1] if keys.ndim == 4 else None
-        for name, got, want in (
-            ("keys", keys, (batch, seen, h, kd)),
-            ("values", values, (batch, seen, h, vd)),
+        h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
+        keys = getattr(cache.keys, "shape", ())
+        seen = keys[1] if len(keys) == 4 else None
+        want = {"keys": (batch, seen, h, kd), "values": (batch, seen, h, vd)}
+        for name, channels in zip(
+            ("q_conv", "k_conv", "v_conv"), (h * kd, h * kd, h * vd), strict=True
         ):
-            if tuple(got.shape) != want:
-                raise ValueError(
-                    f"cache.{name} has shape {tuple(got.shape)}, expected [B, T_seen, H, D] = "
-                    f"{want} (batch size {batch}, {h} heads of {kd if name == 'keys' else vd}); "
-                    f"{build}"
-                )
-        width = cfg.conv_size - 1
-        convs = (h * kd, h * kd, h * vd) if self.short_conv else (None, None, None)
-        for name, channels in zip(("q_conv", "k_conv", "v_conv"), convs, strict=True):
+            want[name] = (batch, width, channels) if self.short_conv else None
+        for name, shape in want.items():
             got = getattr(cache, name)
-            want = None if channels is None else (batch, width, channels)
-            if (got is None) != (want is None) or (got is not None and tuple(got.shape) != want):
-                raise ValueError(
-                    f"cache.{name} has shape {None if got is None else tuple(got.shape)}, "
-                    f"expected {want}; {build}"
-                )
+            got = None if got is None else tuple(getattr(got, "shape", (type(got).__name__,)))
+            if got != shape:
+                raise ValueError(f"cache.{name} has shape {got}, expected {shape}; {build}")
 
     def __call__(
         self,
