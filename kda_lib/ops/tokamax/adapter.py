@@ -294,18 +294,15 @@ def tokamax_mosaic_context_parallel(
     max_num_segments=None,
     **unsupported,
 ):
-    """tokamax's own CP for its Mosaic kernel: ``ContextParallelMetadata(mesh, axis_name)``.
+    """tokamax's own context parallelism for its Mosaic kernel, inside a ``shard_map`` over
+    ``axis_name`` (``ContextParallelMetadata(mesh, axis_name)``): one rank's q, k, g
+    ``[B, T, H, K]``, v ``[B, T, HV, V]``, beta ``[B, T, HV]`` -> o ``[B, T, HV, V]``.
 
-    tokamax all-gathers per-rank ``(S_ext, M)`` summaries like kda_lib's path, but derives the
-    chain from rank-local segment ids: padding (id 0) is filled with the id of the segment it
-    follows (so the chain sees through it) and made neutral (no decay, no write, zero output);
-    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints
-    (:func:`_mosaic_cp_problems`): a TPU v6+ (or :func:`kda_lib.emulate_tpu`), K and V
-    multiples of 128 (and K <= 256), float32/bfloat16, the fused gate with ``lower_bound``, no
-    initial/final state, beta in [0, 1], chunk_size 64, and a ``shard_map`` with
-    ``check_vma=False`` (tokamax's CP loops carry values that do not vary over the mesh axis).
-    Grouped value heads (v, g, beta with HV a multiple of q's H) are served by repeating the
-    q/k heads; ``a_log=None`` with ``lower_bound`` by ``a_log = 0`` (exactly A = 1).
+    Constraints (:func:`_mosaic_cp_problems`, a ValueError naming each): a TPU v6+ (or
+    :func:`kda_lib.emulate_tpu`), K and V multiples of 128 (K <= 256), float32/bfloat16, the
+    fused gate with ``lower_bound``, no initial/final state, beta in [0, 1], chunk_size 64, and
+    ``shard_map(..., check_vma=False)``. Padding (id 0) takes the id of the segment it follows
+    across ranks; why: docs/DESIGN.md section 5.
     """
     fused_gate = use_gate_in_kernel
     problems = _mosaic_cp_problems(

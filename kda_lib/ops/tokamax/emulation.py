@@ -83,20 +83,22 @@ def _warn_if_untested() -> None:
         )
 
 
-# every private jax/tokamax name emulation uses: key -> (module, attribute, what it is for)
+_TPU_INFO = lambda: importlib.import_module("jax._src.tpu_info")  # noqa: E731
+_PRIMITIVES = lambda: importlib.import_module("jax._src.pallas.primitives")  # noqa: E731
+_INTERPRETER = lambda: importlib.import_module("jax._src.pallas.hlo_interpreter")  # noqa: E731
+_TK_UTILS = lambda: importlib.import_module("tokamax._src.ops.kda.utils")  # noqa: E731
+_TK_MOSAIC = lambda: importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")  # noqa: E731
+
+# every private jax/tokamax name emulation uses: key -> (module loader, attribute, what for)
 HOOKS = {
-    "registry": ("jax._src.tpu_info", "registry", "the TPU info registry"),
-    "chip_version": ("jax._src.tpu_info", "ChipVersion", "the TPU info registry"),
-    "info_for_chip": ("jax._src.tpu_info", "get_tpu_info_for_chip", "the TPU info registry"),
-    "fill": ("jax._src.pallas.primitives", "uninitialized_value", "interpret mode's fill value"),
-    "interpreter": ("jax._src.pallas.hlo_interpreter", "primitives", "interpret mode's fill value"),
-    "interpret_switch": (
-        "tokamax._src.ops.kda.utils",
-        "get_interpret",
-        "tokamax's PALLAS_INTERPRET switch",
-    ),
+    "registry": (_TPU_INFO, "registry", "the TPU info registry"),
+    "chip_version": (_TPU_INFO, "ChipVersion", "the TPU info registry"),
+    "info_for_chip": (_TPU_INFO, "get_tpu_info_for_chip", "the TPU info registry"),
+    "fill": (_PRIMITIVES, "uninitialized_value", "interpret mode's fill value"),
+    "interpreter": (_INTERPRETER, "primitives", "interpret mode's fill value"),
+    "interpret_switch": (_TK_UTILS, "get_interpret", "tokamax's PALLAS_INTERPRET switch"),
     "mosaic_op": (
-        "tokamax._src.ops.kda.pallas_mosaic_tpu",
+        _TK_MOSAIC,
         "PallasMosaicTpuKimiDeltaAttention",
         "tokamax's Mosaic op with bypass_device_check=True",
     ),
@@ -106,19 +108,19 @@ HOOKS = {
 def hook(key: str):
     """The module holding ``HOOKS[key]``'s attribute, after checking the attribute is there
     (:class:`EmulationUnavailableError` if not; tokamax missing: ModuleNotFoundError)."""
-    module_name, attribute, what = HOOKS[key]
-    if module_name.startswith("tokamax") and importlib.util.find_spec("tokamax") is None:
+    load, attribute, what = HOOKS[key]
+    if load in (_TK_UTILS, _TK_MOSAIC) and importlib.util.find_spec("tokamax") is None:
         raise ModuleNotFoundError(
             "kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode) needs tokamax, which "
             "is not installed: pip install 'kda-lib[tokamax]'",
             name="tokamax",
         )
     try:
-        module = importlib.import_module(module_name)
+        module = load()
     except ImportError as e:
-        raise unavailable_error(f"{module_name} ({what})") from e
+        raise unavailable_error(f"{e.name} ({what})") from e
     if not hasattr(module, attribute):
-        raise unavailable_error(f"{module_name}.{attribute} ({what})")
+        raise unavailable_error(f"{module.__name__}.{attribute} ({what})")
     return module
 
 
