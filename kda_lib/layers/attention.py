@@ -186,31 +186,19 @@ class CausalSelfAttention(nnx.Module):
                 f"cache for an attention layer must be an AttentionCache, got "
                 f"{type(cache).__name__} (a cache of a model with another layer order?); {build}"
             )
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
-        keys, values = cache.keys, cache.values
-        if not all(hasattr(a, "shape") for a in (keys, values)):
-            raise ValueError(f"cache.keys and cache.values must be arrays; {build}")
-        seen = keys.shape[1] if keys.ndim == 4 else None
-        for name, got, want in (
-            ("keys", keys, (batch, seen, h, kd)),
-            ("values", values, (batch, seen, h, vd)),
+        h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
+        keys = getattr(cache.keys, "shape", ())
+        seen = keys[1] if len(keys) == 4 else None
+        want = {"keys": (batch, seen, h, kd), "values": (batch, seen, h, vd)}
+        for name, channels in zip(
+            ("q_conv", "k_conv", "v_conv"), (h * kd, h * kd, h * vd), strict=True
         ):
-            if tuple(got.shape) != want:
-                raise ValueError(
-                    f"cache.{name} has shape {tuple(got.shape)}, expected [B, T_seen, H, D] = "
-                    f"{want} (batch size {batch}, {h} heads of {kd if name == 'keys' else vd}); "
-                    f"{build}"
-                )
-        width = cfg.conv_size - 1
-        convs = (h * kd, h * kd, h * vd) if self.short_conv else (None, None, None)
-        for name, channels in zip(("q_conv", "k_conv", "v_conv"), convs, strict=True):
+            want[name] = (batch, width, channels) if self.short_conv else None
+        for name, shape in want.items():
             got = getattr(cache, name)
-            want = None if channels is None else (batch, width, channels)
-            if (got is None) != (want is None) or (got is not None and tuple(got.shape) != want):
-                raise ValueError(
-                    f"cache.{name} has shape {None if got is None else tuple(got.shape)}, "
-                    f"expected {want}; {build}"
-                )
+            got = None if got is None else tuple(getattr(got, "shape", (type(got).__name__,)))
+            if got != shape:
+                raise ValueError(f"cache.{name} has shape {got}, expected {shape}; {build}")
 
     def __call__(
         self,
@@ -225,16 +213,12 @@ class CausalSelfAttention(nnx.Module):
         only to earlier real tokens of its own segment (the rule of :mod:`kda_lib.ops.segments`);
         padding outputs 0."""
         cfg = self.config
-        if getattr(x, "ndim", None) != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
-                f"got {getattr(x, 'shape', type(x).__name__)}"
-            )
+        check_hidden(x, cfg.hidden_size)
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         if cache is not None:
             self._check_cache(cache, batch)
-        segment_ids = _checked_segments(segment_ids, cache, batch, seq_len)
+        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         seen = 0 if cache is None else cache.seen
         positions = seen + jnp.arange(seq_len)
@@ -243,33 +227,33 @@ class CausalSelfAttention(nnx.Module):
         v = v.reshape(batch, seq_len, h, vd)
         if self.rope:
             q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
-        overflow = False
-        if cache is not None and cache.length is None:  # growing: append
-            k = jnp.concatenate([cache.keys, k.astype(cache.keys.dtype)], axis=1)
-            v = jnp.concatenate([cache.values, v.astype(cache.values.dtype)], axis=1)
-        elif cache is not None:  # fixed capacity: write at `length`
-            capacity = cache.keys.shape[1]
-            overflow = cache.length + seq_len > capacity
-            if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
-                filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
-                raise ValueError(
-                    f"the attention cache holds {capacity} tokens; {filled} are "
-                    f"filled, {seq_len} more do not fit (init_cache(..., max_len=...))"
-                )
-            start = (0, cache.length, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache.keys, k.astype(cache.keys.dtype), start)
-            v = jax.lax.dynamic_update_slice(cache.values, v.astype(cache.values.dtype), start)
-        o = _attend(q, k, v, positions, segment_ids)
+        keys, values, overflow = k, v, False
+        if cache is not None:
+            (keys, values), overflow = write_rows(
+                "attention", (cache.keys, cache.values), (k, v), cache.length
+            )
+        mask = attention_mask(positions, keys.shape[1], segment_ids)
+        o = attend(q, keys, values, mask, kd**-0.5)
         o = jnp.where(overflow, jnp.nan, o)
         y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
         if cache is None:
             return y
         length = None if cache.length is None else cache.length + seq_len
-        return y, AttentionCache(k, v, length, *conv_states)
+        return y, AttentionCache(keys, values, length, *conv_states)
 
 
-def _checked_segments(segment_ids, cache, batch: int, seq_len: int):
-    """Canonical ``segment_ids [B, T]`` (or None), checked before any work."""
+def check_hidden(x, hidden_size: int) -> None:
+    """``x`` must be ``[B, T, hidden_size]``."""
+    if getattr(x, "ndim", None) != 3 or x.shape[-1] != hidden_size:
+        raise ValueError(
+            f"x must have shape [B, T, hidden_size={hidden_size}], "
+            f"got {getattr(x, 'shape', type(x).__name__)}"
+        )
+
+
+def checked_segments(segment_ids, cache, batch: int, seq_len: int):
+    """Canonical ``segment_ids [B, T]`` (or None), checked before any work; refused with a
+    cache (decode one document per row)."""
     if segment_ids is None:
         return None
     if cache is not None:
@@ -279,14 +263,52 @@ def _checked_segments(segment_ids, cache, batch: int, seq_len: int):
     return canonical_segment_ids(segment_ids)  # host ids numbered before any conversion
 
 
-def _attend(q, k, v, positions, segment_ids):
-    """Causal softmax attention of ``q [B, T, H, K]`` over ``k, v [B, S, H, *]`` in float32;
-    with canonical ``segment_ids`` (S = T) only within a segment, padding rows all zero."""
-    scores = jnp.einsum("bthk,bshk->bhts", q.astype(jnp.float32), k.astype(jnp.float32))
-    allowed = (positions[:, None] >= jnp.arange(k.shape[1])[None, :])[None, None]  # [1,1,T,S]
-    if segment_ids is not None:
-        same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] != 0)
-        allowed = allowed & same[:, None]
-    weights = jax.nn.softmax(jnp.where(allowed, scores * q.shape[-1] ** -0.5, -jnp.inf), axis=-1)
-    weights = jnp.where(allowed.any(-1, keepdims=True), weights, 0.0)
-    return jnp.einsum("bhts,bshv->bthv", weights, v.astype(jnp.float32))
+def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
+    """Boolean ``[B|1, 1, T, S]``: query at ``positions [T]`` sees keys ``0..position``; with
+    canonical ``segment_ids [B, T]`` (S = T) only real keys of its own segment."""
+    allowed = (positions[:, None] >= jnp.arange(num_keys)[None, :])[None, None]
+    if segment_ids is None:
+        return allowed
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] != 0)
+    return allowed & same[:, None]
+
+
+def attend(q, k, v, mask, scale: float) -> jax.Array:
+    """``jax.nn.dot_product_attention`` in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``,
+    ``v [B, S, G, V]`` (G divides H), boolean ``mask [B|1, 1, T, S]``. D and V may differ (the
+    narrower side is zero-padded). Rows with no allowed key output 0. Returns ``[B, T, H, V]``
+    float32."""
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+    width, v_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
+    pad = lambda a: jnp.pad(a, [(0, 0)] * 3 + [(0, width - a.shape[-1])])  # noqa: E731
+    o = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), mask=mask, scale=scale)
+    seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
+    return jnp.where(seen, o[..., :v_width], 0.0)
+
+
+def write_rows(what: str, buffers, new, length):
+    """The cache ``buffers [B, C, ...]`` (None entries stay None) with the ``new [B, T, ...]``
+    rows appended (``length`` None) or written at ``length`` (fixed capacity), and whether they
+    overflow its capacity C (a traced flag under jit; outside jit an overflow raises)."""
+    seq_len = new[0].shape[1]
+    if length is None:
+        rows = [
+            None if b is None else jnp.concatenate([b, n.astype(b.dtype)], 1)
+            for b, n in zip(buffers, new, strict=True)
+        ]
+        return tuple(rows), False
+    capacity = buffers[0].shape[1]
+    overflow = length + seq_len > capacity
+    if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
+        filled = "?" if isinstance(overflow, jax.core.Tracer) else int(length)
+        raise ValueError(
+            f"the {what} cache holds {capacity} tokens; {filled} are filled, {seq_len} "
+            f"more do not fit (init_cache(..., max_len=...))"
+        )
+    rows = [
+        None
+        if b is None
+        else jax.lax.dynamic_update_slice(b, n.astype(b.dtype), (0, length) + (0,) * (b.ndim - 2))
+        for b, n in zip(buffers, new, strict=True)
+    ]
+    return tuple(rows), overflow

@@ -23,12 +23,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_int, check_number, check_positive_int
+from kda_lib.layers.attention import check_hidden, checked_segments
 from kda_lib.layers.conv import qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
 from kda_lib.ops.scalar_decay import scalar_decay_chunked, scalar_decay_recurrent
-from kda_lib.ops.segments import canonical_segment_ids, segment_starts
+from kda_lib.ops.segments import segment_starts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -112,10 +113,7 @@ class Mamba2Mixer(nnx.Module):
         return Mamba2Cache(*(None if s is None else jnp.zeros(s, jnp.float32) for s in shapes))
 
     def _check(self, x, cache) -> None:
-        if x.ndim != 3 or x.shape[-1] != self.config.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={self.config.hidden_size}], got {x.shape}"
-            )
+        check_hidden(x, self.config.hidden_size)
         if cache is None:
             return
         want = self._cache_shapes(x.shape[0])
@@ -140,23 +138,21 @@ class Mamba2Mixer(nnx.Module):
         start, the convs stay inside their segment, padding outputs 0 (the one segment rule);
         this runs the token-by-token recurrence (the chunked form has no segment masks)."""
         self._check(x, cache)
-        segment_ids = _checked_segments(x, segment_ids, cache)
+        segment_ids = checked_segments(segment_ids, cache, *x.shape[:2])
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         x = x.astype(jnp.float32)
         streams, conv_states = [], []
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        for i, proj in enumerate((self.q_proj, self.k_proj, self.v_proj)):
-            z = proj(x)
-            if cfg.conv_size:
-                z, state = convs[i](
-                    z,
-                    conv_state=None if cache is None else cache[1 + i],
-                    segment_ids=segment_ids,
-                )
-            else:
-                z, state = jax.nn.silu(z), None
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        for i, (proj, conv) in enumerate(zip(projs, convs, strict=True)):
+            state = None if cache is None else cache[1 + i]
+            z, state = (
+                (jax.nn.silu(proj(x)), None)
+                if conv is None
+                else conv(proj(x), conv_state=state, segment_ids=segment_ids)
+            )
             streams.append(z)
             conv_states.append(state)
         q = l2_normalize(streams[0].reshape(batch, seq_len, h, kd), keep_float32=True)
@@ -184,18 +180,3 @@ class Mamba2Mixer(nnx.Module):
         if segment_ids is not None:
             y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
-
-
-def _checked_segments(x, segment_ids, cache):
-    """``segment_ids`` numbered by the one segment rule (None stays None), refused with a cache
-    or of another shape than ``x``'s ``[B, T]``."""
-    if segment_ids is None:
-        return None
-    if cache is not None:
-        raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
-    if getattr(segment_ids, "shape", None) != x.shape[:2]:
-        raise ValueError(
-            f"segment_ids must have shape [B, T] = {x.shape[:2]}, "
-            f"got {getattr(segment_ids, 'shape', type(segment_ids).__name__)}"
-        )
-    return canonical_segment_ids(segment_ids)

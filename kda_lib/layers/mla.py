@@ -38,10 +38,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_array, check_int
+from kda_lib.checks import check_int
+from kda_lib.layers.attention import (
+    attend,
+    attention_mask,
+    check_hidden,
+    checked_segments,
+    write_rows,
+)
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit
-from kda_lib.ops.contract import check_segment_ids
-from kda_lib.ops.segments import canonical_segment_ids
 
 
 def _positive_int(name: str, value, *, minimum: int = 1) -> int:
@@ -226,50 +231,28 @@ class MultiHeadLatentAttention(nnx.Module):
         only to earlier tokens of its own segment; padding outputs 0.
         """
         cfg = self.config
-        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
-            )
-        if segment_ids is not None and cache is not None:
-            raise ValueError(
-                "segment_ids cannot be combined with a cache: decode one document per row"
-            )
-        if segment_ids is not None:
-            check_array("segment_ids", segment_ids)
-            check_segment_ids(segment_ids, *x.shape[:2])
-            # the one segment rule (kda_lib.ops.segments), host ids numbered before conversion
-            segment_ids = canonical_segment_ids(segment_ids)
+        check_hidden(x, cfg.hidden_size)
+        segment_ids = checked_segments(segment_ids, cache, *x.shape[:2])
         x = x.astype(cfg.dtype)
         if cache is None:
             return self._forward_expanded(x, segment_ids)
         return self._forward_cached(x, cache)
-
-    def _attend(self, scores, allowed):
-        """Softmax over the last axis of float32 ``scores [B, H, T, S]`` where ``allowed``;
-        rows with nothing allowed (padding) get all-zero weights."""
-        scores = jnp.where(allowed, scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1)
-        return jnp.where(allowed.any(-1, keepdims=True), weights, 0.0)
 
     def _forward_expanded(self, x, segment_ids):
         """Per-head keys and values formed from the latents (training / prefill form)."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, d = cfg.num_heads, cfg.head_dim
-        q = self._queries(x).astype(jnp.float32)
+        q = self._queries(x)
         c, s = self._latents(x)
         kv = self.kv_b_proj(c).reshape(batch, seq_len, h, d + cfg.value_dim)
-        k, v = kv[..., :d].astype(jnp.float32), kv[..., d:].astype(jnp.float32)
-        scores = jnp.einsum("bthd,bshd->bhts", q[..., :d], k)
-        if s is not None:
-            scores = scores + jnp.einsum("bthe,bse->bhts", q[..., d:], s.astype(jnp.float32))
-        allowed = jnp.tril(jnp.ones((seq_len, seq_len), bool))[None, None]
-        if segment_ids is not None:
-            seg = segment_ids  # canonical: equal ids are one segment
-            same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
-            allowed = allowed & same[:, None]
-        weights = self._attend(scores * cfg.score_dim**-0.5, allowed)
-        o = jnp.einsum("bhts,bshv->bthv", weights, v)
+        k, v = kv[..., :d], kv[..., d:]
+        if s is not None:  # the shared key part, the same for every head
+            k = jnp.concatenate(
+                [k, jnp.broadcast_to(s[:, :, None], (*k.shape[:3], s.shape[-1]))], -1
+            )
+        mask = attention_mask(jnp.arange(seq_len), seq_len, segment_ids)
+        o = attend(q, k, v, mask, cfg.score_dim**-0.5)
         return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.value_dim))
 
     def _check_cache(self, x, cache) -> None:
@@ -295,38 +278,6 @@ class MultiHeadLatentAttention(nnx.Module):
                 f"(shared_key_dim={cfg.shared_key_dim}), got {got}"
             )
 
-    def _write_latents(self, cache: MLACache, c_new, s_new, seq_len: int):
-        """The cache's latents and shared keys with the new tokens' appended (growing) or
-        written at ``length`` (fixed capacity), and whether they overflow its capacity."""
-        if cache.length is None:
-            latents = jnp.concatenate([cache.latents, c_new.astype(cache.latents.dtype)], axis=1)
-            shared = (
-                None
-                if s_new is None
-                else jnp.concatenate([cache.shared_keys, s_new.astype(cache.shared_keys.dtype)], 1)
-            )
-            return latents, shared, False
-        capacity = cache.latents.shape[1]
-        overflow = cache.length + seq_len > capacity
-        if seq_len > capacity or (not isinstance(overflow, jax.core.Tracer) and bool(overflow)):
-            filled = "?" if isinstance(overflow, jax.core.Tracer) else int(cache.length)
-            raise ValueError(
-                f"the MLA cache holds {capacity} tokens; {filled} are filled, {seq_len} "
-                f"more do not fit (init_cache(..., max_len=...))"
-            )
-        start = (0, cache.length, 0)
-        latents = jax.lax.dynamic_update_slice(
-            cache.latents, c_new.astype(cache.latents.dtype), start
-        )
-        shared = (
-            None
-            if s_new is None
-            else jax.lax.dynamic_update_slice(
-                cache.shared_keys, s_new.astype(cache.shared_keys.dtype), start
-            )
-        )
-        return latents, shared, overflow
-
     def _forward_cached(self, x, cache: MLACache):
         """Attention against the cached latents only (absorbed form), then the new cache."""
         cfg = self.config
@@ -334,19 +285,20 @@ class MultiHeadLatentAttention(nnx.Module):
         batch, seq_len, _ = x.shape
         d = cfg.head_dim
         c_new, s_new = self._latents(x)
-        seen = cache.seen
-        latents, shared, overflow = self._write_latents(cache, c_new, s_new, seq_len)
+        (latents, shared), overflow = write_rows(
+            "MLA", (cache.latents, cache.shared_keys), (c_new, s_new), cache.length
+        )
         w_uk, w_uv = (w.astype(jnp.float32) for w in self._up_weights())
         q = self._queries(x).astype(jnp.float32)
-        q_latent = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk)  # the query in latent space
-        lat = latents.astype(jnp.float32)
-        scores = jnp.einsum("bthr,bsr->bhts", q_latent, lat)
+        # the query moved into latent space: one key/value "head", the latent, for all heads
+        query = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk)
+        key = latents[:, :, None]
         if shared is not None:
-            scores = scores + jnp.einsum("bthe,bse->bhts", q[..., d:], shared.astype(jnp.float32))
-        positions = seen + jnp.arange(seq_len)
-        allowed = (positions[:, None] >= jnp.arange(latents.shape[1])[None, :])[None, None]
-        weights = self._attend(scores * cfg.score_dim**-0.5, allowed)
-        o = jnp.einsum("bthr,rhv->bthv", jnp.einsum("bhts,bsr->bthr", weights, lat), w_uv)
+            query = jnp.concatenate([query, q[..., d:]], -1)
+            key = jnp.concatenate([key, shared[:, :, None]], -1)
+        mask = attention_mask(cache.seen + jnp.arange(seq_len), latents.shape[1])
+        weighted = attend(query, key, latents[:, :, None], mask, cfg.score_dim**-0.5)
+        o = jnp.einsum("bthr,rhv->bthv", weighted, w_uv)
         o = jnp.where(overflow, jnp.nan, o)
         y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
         length = None if cache.length is None else cache.length + seq_len

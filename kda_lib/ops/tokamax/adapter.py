@@ -10,7 +10,6 @@ padding (id 0) inside a row, and runs Mosaic on a TPU v6+ only (or under
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import logging
 from typing import NamedTuple
@@ -149,7 +148,7 @@ def tokamax_kda(
     q, k, v, g, beta, tk_segments = _padded_for_tokamax(
         variant, (q, k, v, g, beta), segment_ids, options.fused_gate
     )
-    out, final = call_tokamax_batch_first(
+    out, final = call_tokamax(
         variant,
         q,
         k,
@@ -252,73 +251,26 @@ def _final_slot(final, tk_segments, slots: int):
     return final.astype(jnp.float32)
 
 
-def call_tokamax_batch_first(
-    variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kwargs
-):
-    """tokamax's KDA on kda_lib's batch-first layout: ``q, k, g [B, T, H, K]``,
+def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kw):
+    """tokamax's ``variant`` on kda_lib's batch-first layout: ``q, k, g [B, T, H, K]``,
     ``v [B, T, H, V]``, ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``.
 
     Moves the head axis first (tokamax's ``[H, B, T, D]``) and back, and passes the fused
     gate's ``a_log`` and ``dt_bias`` (tokamax's ``delta_time_bias``) in float32, with
-    ``use_gate_in_kernel`` set when ``a_log`` is given. ``kwargs`` go to tokamax as they are.
-    """
-
-    out, final = call_tokamax(
-        tokamax_kda_api(),
-        variant,
-        *(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)),
+    ``use_gate_in_kernel`` set when ``a_log`` is given; ``kw`` go to tokamax as they are. Under
+    TPU emulation, Mosaic runs through its op with the device check bypassed."""
+    args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]
+    kw.update(
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
         use_gate_in_kernel=a_log is not None,
-        **kwargs,
     )
-    return jnp.moveaxis(out, 0, 2), final
-
-
-def _check_emulation_hooks() -> None:
-    """What :func:`kda_lib.emulate_tpu` needs of tokamax: its ``PALLAS_INTERPRET`` switch and a
-    Mosaic op that can skip its device check (raises ``EmulationUnavailableError``; without
-    tokamax, :class:`ModuleNotFoundError` naming the extra)."""
-    require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
-    try:
-        utils = importlib.import_module("tokamax._src.ops.kda.utils")
-        mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
-    except ImportError as e:
-        raise emulation.unavailable_error(
-            "tokamax._src.ops.kda.utils and tokamax._src.ops.kda.pallas_mosaic_tpu"
-        ) from e
-    if not hasattr(utils, "get_interpret"):
-        raise emulation.unavailable_error(
-            "tokamax's PALLAS_INTERPRET switch (tokamax._src.ops.kda.utils)"
-        )
-    op = getattr(mosaic, "PallasMosaicTpuKimiDeltaAttention", None)
-    if op is None or "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
-        raise emulation.unavailable_error(
-            "PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)"
-        )
-
-
-emulation.register_entry_check(_check_emulation_hooks)
-
-
-@functools.cache
-def emulated_mosaic_op():
-    """tokamax's Mosaic KDA op with its TPU device check bypassed (emulation only).
-
-    Called with the keyword arguments of ``tokamax...kda.api.kimi_delta_attention`` minus
-    ``implementation``; its custom VJP is tokamax's own.
-    """
-    _check_emulation_hooks()
-    mosaic = importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")
-    return mosaic.PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
-
-
-def call_tokamax(api, variant: TokamaxVariant, *args, **kwargs):
-    """``api.kimi_delta_attention(*args, **kwargs)`` with ``variant``'s kernel; under TPU
-    emulation, tokamax Mosaic goes through its op with the device check bypassed."""
+    api = tokamax_kda_api()
     if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
-        return emulated_mosaic_op()(*args, **kwargs)
-    return api.kimi_delta_attention(*args, implementation=variant.api_name, **kwargs)
+        out, final = emulation.emulated_mosaic_op()(*args, **kw)
+    else:
+        out, final = api.kimi_delta_attention(*args, implementation=variant.api_name, **kw)
+    return jnp.moveaxis(out, 0, 2), final
 
 
 def tokamax_mosaic_context_parallel(
@@ -342,18 +294,15 @@ def tokamax_mosaic_context_parallel(
     max_num_segments=None,
     **unsupported,
 ):
-    """tokamax's own CP for its Mosaic kernel: ``ContextParallelMetadata(mesh, axis_name)``.
+    """tokamax's own context parallelism for its Mosaic kernel, inside a ``shard_map`` over
+    ``axis_name`` (``ContextParallelMetadata(mesh, axis_name)``): one rank's q, k, g
+    ``[B, T, H, K]``, v ``[B, T, HV, V]``, beta ``[B, T, HV]`` -> o ``[B, T, HV, V]``.
 
-    tokamax all-gathers per-rank ``(S_ext, M)`` summaries like kda_lib's path, but derives the
-    chain from rank-local segment ids: padding (id 0) is filled with the id of the segment it
-    follows (so the chain sees through it) and made neutral (no decay, no write, zero output);
-    without ids every token gets id 1 and ``max_num_segments=1``. Its constraints
-    (:func:`_mosaic_cp_problems`): a TPU v6+ (or :func:`kda_lib.emulate_tpu`), K and V
-    multiples of 128 (and K <= 256), float32/bfloat16, the fused gate with ``lower_bound``, no
-    initial/final state, beta in [0, 1], chunk_size 64, and a ``shard_map`` with
-    ``check_vma=False`` (tokamax's CP loops carry values that do not vary over the mesh axis).
-    Grouped value heads (v, g, beta with HV a multiple of q's H) are served by repeating the
-    q/k heads; ``a_log=None`` with ``lower_bound`` by ``a_log = 0`` (exactly A = 1).
+    Constraints (:func:`_mosaic_cp_problems`, a ValueError naming each): a TPU v6+ (or
+    :func:`kda_lib.emulate_tpu`), K and V multiples of 128 (K <= 256), float32/bfloat16, the
+    fused gate with ``lower_bound``, no initial/final state, beta in [0, 1], chunk_size 64, and
+    ``shard_map(..., check_vma=False)``. Padding (id 0) takes the id of the segment it follows
+    across ranks; why: docs/DESIGN.md section 5.
     """
     fused_gate = use_gate_in_kernel
     problems = _mosaic_cp_problems(
@@ -368,7 +317,7 @@ def tokamax_mosaic_context_parallel(
         (q, k, v, g, beta), a_log, dt_bias, segment_ids, max_num_segments, fused_gate, axis_name
     )
     metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
-    out, _ = call_tokamax_batch_first(
+    out, _ = call_tokamax(
         TOKAMAX_VARIANTS["tokamax_mosaic"],
         q,
         k,

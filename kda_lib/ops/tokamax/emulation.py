@@ -10,12 +10,12 @@ Four switches, all undone when the context exits (process-wide, not per thread):
 ``PALLAS_INTERPRET=1``, which tokamax's kernels read when traced (so trace, and take gradients,
 inside the context); jax's TPU info registry answering for the host's device kind with the
 emulated chip's limits; tokamax's Mosaic op built with ``bypass_device_check=True``
-(:func:`kda_lib.ops.tokamax.adapter.emulated_mosaic_op`); and memory a kernel never writes read
+(:func:`emulated_mosaic_op`); and memory a kernel never writes read
 as zeros instead of interpret mode's NaN (``uninitialized_memory="zero"``: tokamax's Mosaic
 backward sums its gate-parameter gradients over chunk padding it never writes, times an exact
-zero). The hooks are private jax/tokamax internals, tested with :data:`TESTED_JAX` and
-:data:`TESTED_TOKAMAX`; a missing one raises :class:`EmulationUnavailableError`. Why not jax's
-abstract-mesh route: docs/DESIGN.md.
+zero). The hooks are private jax/tokamax internals, listed in :data:`HOOKS` and tested with
+:data:`TESTED_JAX` and :data:`TESTED_TOKAMAX`; a missing one raises
+:class:`EmulationUnavailableError`. Why not jax's abstract-mesh route: docs/DESIGN.md.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import contextlib
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 TESTED_JAX = "0.12.0.1"
 TESTED_TOKAMAX = "0.0.17"
@@ -82,37 +83,60 @@ def _warn_if_untested() -> None:
         )
 
 
-def _jax_hooks():
-    """(registry dict, function chip -> TpuInfo, get_tpu_info) from jax's private tpu_info."""
-    try:
-        tpu_info = importlib.import_module("jax._src.tpu_info")
-    except ImportError as e:
-        raise unavailable_error("jax._src.tpu_info") from e
-    registry = getattr(tpu_info, "registry", None)
-    chip_version = getattr(tpu_info, "ChipVersion", None)
-    info_for_chip = getattr(tpu_info, "get_tpu_info_for_chip", None)
-    if not isinstance(registry, dict) or chip_version is None or info_for_chip is None:
-        raise unavailable_error(
-            "jax._src.tpu_info.registry, ChipVersion and get_tpu_info_for_chip "
-            "(the TPU info registry)"
-        )
-    return registry, chip_version, info_for_chip, getattr(tpu_info, "get_tpu_info", None)
+_TPU_INFO = lambda: importlib.import_module("jax._src.tpu_info")  # noqa: E731
+_PRIMITIVES = lambda: importlib.import_module("jax._src.pallas.primitives")  # noqa: E731
+_INTERPRETER = lambda: importlib.import_module("jax._src.pallas.hlo_interpreter")  # noqa: E731
+_TK_UTILS = lambda: importlib.import_module("tokamax._src.ops.kda.utils")  # noqa: E731
+_TK_MOSAIC = lambda: importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")  # noqa: E731
+
+# every private jax/tokamax name emulation uses: key -> (module loader, attribute, what for)
+HOOKS = {
+    "registry": (_TPU_INFO, "registry", "the TPU info registry"),
+    "chip_version": (_TPU_INFO, "ChipVersion", "the TPU info registry"),
+    "info_for_chip": (_TPU_INFO, "get_tpu_info_for_chip", "the TPU info registry"),
+    "fill": (_PRIMITIVES, "uninitialized_value", "interpret mode's fill value"),
+    "interpreter": (_INTERPRETER, "primitives", "interpret mode's fill value"),
+    "interpret_switch": (_TK_UTILS, "get_interpret", "tokamax's PALLAS_INTERPRET switch"),
+    "mosaic_op": (
+        _TK_MOSAIC,
+        "PallasMosaicTpuKimiDeltaAttention",
+        "tokamax's Mosaic op with bypass_device_check=True",
+    ),
+}
 
 
-def _pallas_primitives():
-    """jax's private pallas primitives module, whose uninitialized_value interpret mode uses."""
-    try:
-        primitives = importlib.import_module("jax._src.pallas.primitives")
-        interpreter = importlib.import_module("jax._src.pallas.hlo_interpreter")
-    except ImportError as e:
-        raise unavailable_error("jax._src.pallas.primitives and hlo_interpreter") from e
-    if not callable(getattr(primitives, "uninitialized_value", None)) or (
-        getattr(interpreter, "primitives", None) is not primitives
-    ):
-        raise unavailable_error(
-            "jax._src.pallas.primitives.uninitialized_value (interpret mode's fill value)"
+def hook(key: str):
+    """The module holding ``HOOKS[key]``'s attribute, after checking the attribute is there
+    (:class:`EmulationUnavailableError` if not; tokamax missing: ModuleNotFoundError)."""
+    load, attribute, what = HOOKS[key]
+    if load in (_TK_UTILS, _TK_MOSAIC) and importlib.util.find_spec("tokamax") is None:
+        raise ModuleNotFoundError(
+            "kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode) needs tokamax, which "
+            "is not installed: pip install 'kda-lib[tokamax]'",
+            name="tokamax",
         )
-    return primitives
+    try:
+        module = load()
+    except ImportError as e:
+        raise unavailable_error(f"{e.name} ({what})") from e
+    if not hasattr(module, attribute):
+        raise unavailable_error(f"{module.__name__}.{attribute} ({what})")
+    return module
+
+
+def _check_hooks():
+    """Every hook present and of the expected kind, before anything is switched on."""
+    for key in HOOKS:
+        hook(key)
+    tpu_info, primitives = hook("registry"), hook("fill")
+    op = hook("mosaic_op").PallasMosaicTpuKimiDeltaAttention
+    if not isinstance(tpu_info.registry, dict):
+        raise unavailable_error("jax._src.tpu_info.registry as a dict (the TPU info registry)")
+    if hook("interpreter").primitives is not primitives:
+        raise unavailable_error("jax._src.pallas.hlo_interpreter reading primitives' fill value")
+    if "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
+        raise unavailable_error("PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)")
+    return tpu_info, primitives
 
 
 def _zero_fill(original):
@@ -126,20 +150,6 @@ def _zero_fill(original):
     uninitialized_value.kda_lib_zero_fill = True
     uninitialized_value.__wrapped_original__ = original
     return uninitialized_value
-
-
-# checks run each time emulation starts, each raising EmulationUnavailableError when a hook it
-# needs is missing: kda_lib.ops.tokamax.adapter registers tokamax's (this module never imports
-# tokamax: the backend, one layer up, reads this module's state)
-_entry_checks: list[Callable[[], None]] = []
-
-
-def register_entry_check(check: Callable[[], None]) -> None:
-    """Run ``check()`` whenever :func:`emulate_tpu` (or ``KDA_EMULATE_TPU``) starts emulating;
-    it raises :class:`EmulationUnavailableError` (see :func:`unavailable_error`) when something
-    emulation needs is missing. Registering the same check again does nothing."""
-    if check not in _entry_checks:
-        _entry_checks.append(check)
 
 
 def _chip(generation: str) -> str:
@@ -163,15 +173,21 @@ def _clear_tpu_info_cache(get_tpu_info) -> None:
     getattr(get_tpu_info, "cache_clear", lambda: None)()
 
 
+@functools.cache
+def emulated_mosaic_op():
+    """tokamax's Mosaic KDA op with its TPU device check bypassed, called with the keyword
+    arguments of tokamax's ``kimi_delta_attention`` minus ``implementation``."""
+    _check_hooks()
+    return hook("mosaic_op").PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
+
+
 @contextlib.contextmanager
 def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
-    registry, chip_version, info_for_chip, get_tpu_info = _jax_hooks()
-    primitives = _pallas_primitives()
-    for check in _entry_checks:
-        check()
+    tpu_info, primitives = _check_hooks()
+    registry, get_tpu_info = tpu_info.registry, getattr(tpu_info, "get_tpu_info", None)
     _warn_if_untested()
     kind = _host_device().device_kind
-    version = chip_version(chip)
+    version, info_for_chip = tpu_info.ChipVersion(chip), tpu_info.get_tpu_info_for_chip
     saved_env = os.environ.get(INTERPRET_ENV_VAR)
     saved_entry = registry.get(kind)
     saved_fill = primitives.uninitialized_value
