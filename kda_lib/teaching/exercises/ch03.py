@@ -105,13 +105,12 @@ def _numpy_exponents():
     ``jit`` inside the answer that does not trace with JAX as a whole, escapes)."""
     import jax
     import jax.numpy as jnp
-    from jax._src.lax import lax
 
     largest = [-math.inf]
     names = ("exp", "exp2", "expm1", "power", "float_power")
     patched = [(m, n) for m in (np, jnp) for n in names] + [(math, "exp")]
     patched += [(jax.lax, n) for n in ("exp", "exp2", "expm1", "pow")]
-    patched += [(getattr(lax, n), "bind") for n in ("exp_p", "exp2_p", "expm1_p", "pow_p")]
+    patched += [(getattr(jax.lax, n), "bind") for n in ("exp_p", "exp2_p", "expm1_p", "pow_p")]
     originals = [(m, n, getattr(m, n)) for m, n in patched]
 
     def watch(fn):
