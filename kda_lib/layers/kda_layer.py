@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -27,7 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_array, check_int, is_concrete, is_int, is_number
+from kda_lib.checks import check_allocation, check_array, check_int, is_concrete, is_int, is_number
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
@@ -60,9 +61,7 @@ MAX_CONV_SIZE = 64
 
 # ------------------------------------------------------------------ KDAConfig's rules, one table
 def _int(minimum: int = 1, optional: bool = False, expected: str | None = None):
-    return lambda name, value: check_int(
-        name, value, minimum, optional=optional, expected=expected
-    )
+    return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
 
 
 _WIDTH = _int(1, optional=True, expected="a positive int or None")
@@ -98,8 +97,7 @@ def _float_dtype(name, value):
         dtype = None
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         raise ValueError(
-            f"{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), "
-            f"got {value!r}"
+            f"{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), got {value!r}"
         )
     return value
 
@@ -345,6 +343,8 @@ class KimiDeltaAttention(nnx.Module):
     def __init__(
         self, config: KDAConfig, *, rngs: nnx.Rngs, mesh=None, context_axis: str = "context"
     ):
+        if not isinstance(config, KDAConfig):
+            raise TypeError(f"config must be a KDAConfig, got {type(config).__name__}")
         check_parameters_fit(KimiDeltaAttention, config, fields=WIDTH_FIELDS)
         if mesh is not None and context_axis not in mesh.axis_names:
             raise ValueError(
@@ -657,10 +657,14 @@ class KimiDeltaAttention(nnx.Module):
         history."""
         batch_size = check_int("init_cache: batch_size", batch_size)
         shapes = self._cache_shapes(batch_size)
+        itemsize = np.dtype(self.config.dtype).itemsize
+        nbytes = 4 * math.prod(shapes.state) + sum(
+            itemsize * math.prod(s) for s in shapes[1:] if s is not None
+        )
+        check_allocation("batch_size", batch_size, "the cache (state and conv history)", nbytes)
         state = jnp.zeros(shapes.state, jnp.float32)
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
         return KDACache(state, *conv)
-
 
     # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):

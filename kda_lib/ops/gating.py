@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kda_lib.checks import check_allocation, check_array, check_int
+
 LOWER_BOUND_RANGE = (-5.0, 0.0)
 
 
@@ -101,6 +103,11 @@ def kda_gate(
       ``g`` ``[B, T, H, K]`` float32 (float64 for float64 ``f``), ``<= 0``.
     """
     check_lower_bound(lower_bound)
+    for name, x in (("f", f), ("a_log", a_log), ("dt_bias", dt_bias)):
+        if x is not None:
+            check_array(name, x)
+            if not jnp.issubdtype(x.dtype, jnp.floating):
+                raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
     if f.ndim != 4:
         raise ValueError(f"f must have shape [B, T, H, K], got shape {f.shape}")
     num_heads, head_dim = f.shape[2], f.shape[3]
@@ -141,6 +148,7 @@ def init_a_log(
     high: float = 16.0,
 ) -> jax.Array:
     """``A_log`` ``[H]`` float32: ``log U(low, high)``; zeros for the safe gate (A = 1)."""
+    _check_parameter_size(num_heads=num_heads)
     if safe_gate:
         return jnp.zeros((num_heads,), jnp.float32)
     if not 0 < low < high:
@@ -163,9 +171,22 @@ def init_dt_bias(
     inverse softplus ``dt + log(-expm1(-dt))``, so that at init the softplus gate decays each
     channel by ``exp(-A * dt)`` per token.
     """
+    _check_parameter_size(num_heads=num_heads, head_dim=head_dim)
     if not 0 < dt_min < dt_max:
         raise ValueError(f"init_dt_bias needs 0 < dt_min < dt_max, got {dt_min}, {dt_max}")
     u = jax.random.uniform(key, (num_heads * head_dim,), jnp.float32)
     dt = jnp.exp(u * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
     dt = jnp.maximum(dt, dt_floor)
     return dt + jnp.log(-jnp.expm1(-dt))
+
+
+def _check_parameter_size(**sizes) -> None:
+    """Each size a positive int (not a bool), and their float32 product able to fit in memory,
+    refused naming the size before anything is allocated."""
+    for name, value in sizes.items():
+        check_int(name, value)
+    check_allocation(
+        " x ".join(sizes), " x ".join(str(v) for v in sizes.values()),
+        f"a float32 parameter of {math.prod(sizes.values())} numbers",
+        4 * math.prod(sizes.values()),
+    )  # fmt: skip
