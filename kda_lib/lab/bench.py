@@ -93,8 +93,7 @@ from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
-from kda_lib.ops.api import IMPLEMENTATIONS, kda
-from kda_lib.ops.registry import CHUNKED, REGISTRY, portable_forms
+from kda_lib.ops.api import CHUNKED, IMPLEMENTATIONS, REGISTRY, kda, portable_forms
 from kda_lib.testing import random_kda_inputs
 
 MODES = ("fwd", "fwd+bwd")

@@ -31,7 +31,7 @@ from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionCache
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import TinyLM
-from kda_lib.ops.registry import register_compiled_cache
+from kda_lib.ops.api import register_compiled_cache
 
 
 def _check_positive(name: str, value, minimum: int = 1) -> None:

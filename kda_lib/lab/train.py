@@ -47,7 +47,7 @@ from kda_lib.models.tiny_lm import (
     decay_mask,
     parameter_path_names,
 )
-from kda_lib.ops.registry import register_compiled_cache
+from kda_lib.ops.api import register_compiled_cache
 
 TRAIN_STREAM = 0  # jax.random.fold_in(key(seed), stream): training batches
 VALIDATION_STREAM = 1  # held-out batches for decisions: early stopping, rate choice

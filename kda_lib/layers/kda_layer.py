@@ -43,7 +43,15 @@ from kda_lib.checks import (
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, no_decay_param
-from kda_lib.ops.api import kda
+from kda_lib.ops.api import (
+    check_implementation,
+    kda,
+    needs_segment_bound,
+    option_problems,
+    register_compiled_cache,
+    segment_slots_problem,
+    uses_own_context_parallel,
+)
 from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids
 from kda_lib.ops.gating import (
     GateForm,
@@ -54,14 +62,6 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.registry import (
-    check_implementation,
-    needs_segment_bound,
-    option_problems,
-    register_compiled_cache,
-    segment_slots_problem,
-    uses_own_context_parallel,
-)
 from kda_lib.ops.segments import canonical_segment_ids, check_max_num_segments, count_segments
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 

@@ -27,9 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib.checks import check_int
-from kda_lib.ops.api import kda
+from kda_lib.ops.api import STATE_PASSING, context_parallel_route, kda
 from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag
-from kda_lib.ops.registry import STATE_PASSING, context_parallel_route
 from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
@@ -91,7 +90,7 @@ def kda_context_parallel(
       axis_name: the mesh axis the sequence is split over (default "context").
       scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`
         (default ``"auto"``: kda_lib's own form for T_local). The backend names its CP route
-        (:func:`kda_lib.ops.registry.context_parallel_route`): kda_lib's state passing (below) or
+        (:func:`kda_lib.ops.api.context_parallel_route`): kda_lib's state passing (below) or
         its own (``"tokamax_mosaic"``: tokamax's CP,
         :func:`kda_lib.ops.tokamax.adapter.tokamax_mosaic_context_parallel`).
       mesh: the mesh of the enclosing ``shard_map`` (only ``"tokamax_mosaic"`` uses it, for

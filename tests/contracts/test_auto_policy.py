@@ -16,8 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from kda_lib import kda, kda_chunked, kda_recurrent
-from kda_lib.ops.api import RECURRENT_MAX_AUTO_T, select_implementation
-from kda_lib.ops.registry import CPU_CHUNKED_FORWARD_MIN_STATE
+from kda_lib.ops.api import (
+    CPU_CHUNKED_FORWARD_MIN_STATE,
+    RECURRENT_MAX_AUTO_T,
+    select_implementation,
+)
 from kda_lib.testing import assert_close, random_kda_inputs
 
 B, H, HV, K, V = 1, 2, 4, 16, 8  # grouped value heads: two per q/k head

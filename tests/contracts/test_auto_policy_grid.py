@@ -1,6 +1,6 @@
 """``auto``'s CPU policy against the recorded grid (``data/benchmarks/policy/``, written by
 ``kda-bench --preset auto-grid --record``): at every recorded point and mode, the form the
-policy picks (:func:`kda_lib.ops.registry.portable_forms`) has a median within 10% of the
+policy picks (:func:`kda_lib.ops.api.portable_forms`) has a median within 10% of the
 fastest recorded form's. The test reads whatever points are recorded (docs/DESIGN.md section 4
 says which); rows the grid skipped (the scan's backward where its states do not fit) are
 compared on what was recorded."""
@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from kda_lib.ops.registry import portable_forms
+from kda_lib.ops.api import portable_forms
 
 GRID_DIR = pathlib.Path(__file__).resolve().parents[2] / "data" / "benchmarks" / "policy"
 FORMS = ("recurrent", "chunked")

@@ -125,7 +125,7 @@ def test_a_tokamax_implementation_without_tokamax_names_the_extra_before_any_wor
     import jax
 
     import kda_lib
-    from kda_lib.ops import registry
+    from kda_lib.ops import api as registry
     from kda_lib.parallel.context_parallel import kda_context_parallel
     from kda_lib.testing import random_kda_inputs
 

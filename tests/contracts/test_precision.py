@@ -382,7 +382,7 @@ def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
     # the case is hard: with every two-operand matmul of the chunked form in bf16 it misses
     # fla's tolerance, so the test above can fail
     import kda_lib.ops.chunked as chunked
-    from kda_lib.ops.registry import clear_compiled_forms
+    from kda_lib.ops.api import clear_compiled_forms
 
     mm = chunked._mm
 

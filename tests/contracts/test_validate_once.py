@@ -14,18 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kda_lib.ops.api
 import kda_lib.ops.chunked
 import kda_lib.ops.contract
 import kda_lib.ops.reference
-import kda_lib.ops.registry
 import kda_lib.ops.segments
 import kda_lib.ops.tokamax.adapter
 from kda_lib import kda
 from kda_lib.testing import random_kda_inputs
 
 COUNTED = {  # function name -> modules that call it by that name
-    "canonical_segment_ids": (kda_lib.ops.registry, kda_lib.ops.reference),
-    "zero_padding": (kda_lib.ops.registry, kda_lib.ops.reference, kda_lib.ops.chunked),
+    "canonical_segment_ids": (kda_lib.ops.api, kda_lib.ops.reference),
+    "zero_padding": (kda_lib.ops.api, kda_lib.ops.reference, kda_lib.ops.chunked),
     "pad_time": (kda_lib.ops.chunked, kda_lib.ops.tokamax.adapter),
     "host_values": (kda_lib.ops.contract,),
 }
@@ -45,9 +45,9 @@ def calls(monkeypatch):
             monkeypatch.setattr(module, name, counting)
     # the forms are traced once per options and shapes: an earlier test's trace would hide
     # this call's work from the counters
-    kda_lib.ops.registry.clear_compiled_forms()
+    kda_lib.ops.api.clear_compiled_forms()
     yield counts
-    kda_lib.ops.registry.clear_compiled_forms()  # no trace of the counting functions stays
+    kda_lib.ops.api.clear_compiled_forms()  # no trace of the counting functions stays
 
 
 @pytest.mark.parametrize(
@@ -80,13 +80,13 @@ def test_one_eager_call_checks_once(calls, implementation, pads):
 
 @pytest.mark.parametrize("implementation", ["recurrent", "chunked", "tokamax_xla"])
 def test_one_eager_call_compiles_one_program(implementation, caplog):
-    """The form runs as one compiled program (kda_lib.ops.registry.run), not op by op: before,
+    """The form runs as one compiled program (kda_lib.ops.api.run), not op by op: before,
     the first eager chunked call compiled 180 small programs. Shapes no other test uses, so
     nothing is cached."""
     x = random_kda_inputs(jax.random.key(0), 1, 37, 3, 8, 8, gate="raw")
     args = [x[n] for n in ("q", "k", "v", "g", "beta")]
     jax.block_until_ready(args)
-    kda_lib.ops.registry.clear_compiled_forms()
+    kda_lib.ops.api.clear_compiled_forms()
     with jax.log_compiles(True), caplog.at_level("WARNING"):
         o, _ = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], use_gate_in_kernel=True,
                    implementation=implementation)  # fmt: skip

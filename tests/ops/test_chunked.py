@@ -96,7 +96,7 @@ def test_rematerialised_streaming_step_matches_the_oracle_and_plain_autodiff(x64
         o, s = kda_chunked(**x, scan="streaming", chunk_size=32, output_final_state=True)
         return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
 
-    from kda_lib.ops.registry import clear_compiled_forms
+    from kda_lib.ops.api import clear_compiled_forms
 
     def temp_bytes():  # the gradient program's temporaries: the saved blocks among them
         compiled = jax.jit(jax.grad(streaming)).lower(inputs).compile()

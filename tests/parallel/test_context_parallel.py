@@ -382,7 +382,7 @@ def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monke
     layer change as a one-device layer does (its cached CP program was kept before), and it
     empties the generation steps' cache too."""
     import kda_lib.lab.generate
-    import kda_lib.ops.registry as registry
+    import kda_lib.ops.api as registry
 
     layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
     single = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0))
