@@ -142,7 +142,7 @@ def kda_chunked(
     return kda_result(*result, asked=output_chunk_states)
 
 
-# chunked_core is traced once per static options and shapes (registry.run compiles one program)
+# chunked_core is traced once per static options and shapes (api.run compiles one program)
 _STATIC = "dims scale output_final_state chunk_size scan precision output_chunk_states"
 
 
