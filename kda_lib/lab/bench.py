@@ -159,7 +159,7 @@ def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
 
 def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
     """Why a kda implementation cannot run this configuration here (None: it can), as its
-    backend says (:meth:`kda_lib.ops.api.Backend.config_problems`)."""
+    backend says (its row's ``config_problems`` in :data:`kda_lib.ops.api.REGISTRY`)."""
     if name == "auto":
         return None  # it picks one that can
     problems = REGISTRY[name].config_problems(

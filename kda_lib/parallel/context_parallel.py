@@ -89,7 +89,7 @@ def kda_context_parallel(
         :func:`kda_lib.kda` serves them: the state and the rank summaries have HV heads).
       axis_name: the mesh axis the sequence is split over (default "context").
       scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`
-        (default ``"auto"``: kda_lib's own form for T_local). The backend names its CP route
+        (default ``"auto"``: kda_lib's own form for T_local). The implementation names its CP route
         (:func:`kda_lib.ops.api.context_parallel_route`): kda_lib's state passing (below) or
         its own (``"tokamax_mosaic"``: tokamax's CP,
         :func:`kda_lib.ops.tokamax.adapter.tokamax_mosaic_context_parallel`).
@@ -124,7 +124,7 @@ def kda_context_parallel(
             f"output_chunk_states is served by kda_lib's context parallelism ('chunked' or "
             f"'recurrent'), not by {implementation!r}'s own"
         )
-    if route != STATE_PASSING:  # the backend's own CP (tokamax Mosaic)
+    if route != STATE_PASSING:  # its own CP (tokamax Mosaic)
         return route(
             q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
             segment_ids=segment_ids, **kernel_kwargs,

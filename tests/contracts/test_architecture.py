@@ -19,7 +19,7 @@ REGISTRY = PACKAGE / "ops" / "api.py"
 # the import ladder, written once: a node imports only from nodes below it
 RANKS = {
     "checks": 0,  # argument checks every folder uses
-    "ops": 1,  # KDA on arrays: the forms, the contract, the entry point
+    "ops": 1,  # KDA on arrays: the forms, the contract, the entry point and its table
     "testing": 2,  # random inputs and closeness, shared by tests, benchmarks and notebooks
     "parallel": 3,  # halo exchange, state passing, shard_as
     "layers": 4,  # Flax modules: the KDA layer and its CP program, conv, MLA, attention
@@ -30,7 +30,7 @@ RANKS = {
 }
 LIBRARY = ("checks", "ops", "testing", "parallel", "layers", "models")
 
-# inside ops/: leaves, then the forms and tokamax's adapter, then the entry point (its dispatch)
+# inside ops/: leaves, then the forms and tokamax's adapter, then the entry point
 OPS_RANKS = {
     "contract": 0,
     "norms": 0,
@@ -215,7 +215,7 @@ def _implementation_comparisons(path: pathlib.Path) -> list[int]:
     return lines
 
 
-def test_implementation_names_are_compared_in_the_registry_only():
+def test_implementation_names_are_compared_in_the_dispatch_only():
     found = {
         p.relative_to(PACKAGE).as_posix(): lines
         for p in sorted(PACKAGE.rglob("*.py"))

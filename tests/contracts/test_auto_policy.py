@@ -1,6 +1,6 @@
 """``implementation="auto"`` off TPU: ``"recurrent"`` for T <= 16; above, on CPU, the scan for
 a call that is not differentiated (a state under 65536 numbers per token; the chunked form from
-there) and the chunked form's forward and backward for one that is (``registry.Routed``, a
+there) and the chunked form's forward and backward for one that is (``api._route``, a
 ``custom_jvp`` whose JVP is the transposed chunked VJP, so that reverse mode transposes it
 back); the rules come from the recorded grid (``test_policy_grid.py`` checks them against it).
 Each forward is compared with the form it stands for bit for bit (the same program); gradients

@@ -2,7 +2,7 @@
 canonicalised once, padding is zeroed once, T is padded to a chunk multiple once, and the checks
 read two arrays on the host (beta and the segment ids; the raw gate's sign is not checked).
 
-Before the registry (the step-0 code of issue 26): 5 host reads for kda_lib's forms (the ids,
+Before one check per call (the step-0 code of issue 26): 5 host reads for kda_lib's forms (the ids,
 beta, and again ids, beta and the activated gate inside the form) and 3 for tokamax's (ids,
 beta, the segment count); the ids canonicalised twice on the scan's path; padding zeroed twice.
 """
