@@ -50,8 +50,7 @@ seed: int = 0  # seed of the one jax.random.key below
 
 
 # %% tags=["hide-input"]
-# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
-# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
 import runpy
 import subprocess
