@@ -279,6 +279,73 @@ def test_01_two_timescales_per_channel_decay_beats_the_best_scalar_decay_for_eve
         np.testing.assert_allclose(memories[n], S, rtol=0, atol=1e-12)
 
 
+def test_01_family_table_rows_equal_kda_lib():
+    """docs/NOTEBOOK_NOTES.md (notebook 01): each row of the family table, applied as matrices in
+    float64, equals scalar_decay_recurrent (linear attention, Mamba2, GLA on rescaled q, k) or
+    kda_recurrent (DeltaNet, Gated DeltaNet, KDA)."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.ops.scalar_decay import scalar_decay_recurrent
+
+    K, V, T, H = 8, 6, 12, 2
+    ks = jax.random.split(jax.random.key(0), 5)
+    unit = lambda x: (
+        np.asarray(x, np.float64)
+        / np.linalg.norm(np.asarray(x, np.float64), axis=-1, keepdims=True)
+    )  # noqa: E731
+    q, k = (
+        unit(jax.random.normal(ks[0], (1, T, H, K))),
+        unit(jax.random.normal(ks[1], (1, T, H, K))),
+    )
+    v = np.asarray(jax.random.normal(ks[2], (1, T, H, V)), np.float64)
+    beta = np.asarray(jax.random.uniform(ks[3], (1, T, H)), np.float64)
+    g_channel = -np.asarray(jax.random.uniform(ks[4], (1, T, H, K), maxval=4 / T), np.float64)
+    g_head = np.repeat(g_channel[..., :1], K, axis=-1)
+    gamma, no_g = np.cumsum(g_channel, axis=1), np.zeros((1, T, H, K))
+    models = ("linear attention", "Mamba2", "GLA", "DeltaNet", "Gated DeltaNet", "KDA")
+    decays = dict(zip(models, (no_g, g_head, g_channel, no_g, g_head, g_channel), strict=True))
+    three = lambda *xs: jnp.asarray(np.concatenate(xs))  # noqa: E731
+    with jax.enable_x64(True):
+        adds = scalar_decay_recurrent(
+            three(q, q, q * np.exp(gamma)),
+            three(k, k, k * np.exp(-gamma)),
+            three(v, v, v),
+            three(no_g, g_head, no_g)[..., 0],
+        )[0]
+        deltas = kda_lib.kda_recurrent(
+            three(q, q, q),
+            three(k, k, k),
+            three(v, v, v),
+            three(no_g, g_head, g_channel),
+            three(beta, beta, beta),
+        )[0]
+    lib = dict(zip(models, np.concatenate([adds, deltas])[:, None], strict=True))
+
+    def row(model, q, k, v, g, beta):
+        eye, S, outputs = np.eye(K), np.zeros((K, V)), []
+        for q_t, k_t, v_t, a_t, b_t in zip(q, k, v, np.exp(g), beta, strict=True):
+            erase = eye - b_t * np.outer(k_t, k_t)
+            M = {
+                "linear attention": eye,
+                "Mamba2": a_t[0] * eye,
+                "GLA": np.diag(a_t),
+                "DeltaNet": erase,
+                "Gated DeltaNet": a_t[0] * erase,
+                "KDA": erase @ np.diag(a_t),
+            }
+            E = np.outer(k_t, v_t) * (1.0 if model in models[:3] else b_t)
+            S = M[model] @ S + E
+            outputs.append(q_t @ S / np.sqrt(K))
+        return np.array(outputs)
+
+    for model in models:
+        for h in range(H):
+            want = row(model, *(x[0, :, h] for x in (q, k, v, decays[model], beta)))
+            np.testing.assert_allclose(np.asarray(lib[model])[0, :, h], want, rtol=0, atol=1e-12)
+
+
 def test_01_relative_error_above_one_iff_norm_exceeds_twice_the_projection():
     import numpy as np
 
