@@ -27,8 +27,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
 key_dim: int = 32  # K: dimension of keys (and of the memory's rows)

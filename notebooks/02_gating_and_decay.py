@@ -30,8 +30,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/02_gating_and_decay.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
 # the bigger experiment in `notebooks/params/full/02_gating_and_decay.yaml`.
 

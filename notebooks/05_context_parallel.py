@@ -29,8 +29,7 @@
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
 num_devices: int = 4  # context-parallel ranks R (simulated CPU devices without accelerators)
