@@ -455,6 +455,63 @@ def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():
     assert 1 < total / attention < 1 + 1 / 8 < 5 / 4  # not a fifth full matrix
 
 
+def test_04_gate_factors_are_r_over_d_of_attention_and_most_of_the_extra_parameters():
+    """docs/NOTEBOOK_NOTES.md (notebook 04) at d = 2048, H = 16, r = d_k = d_v = 128: the four
+    gate factors have r d entries each, r / d of attention's parameters together, over 90% of
+    the KDA layer's parameters beyond attention's; no other extra part is as large as one."""
+    import jax
+    from flax import nnx
+
+    import kda_lib
+
+    d, heads = 2048, 16
+    r = d // heads
+    config = kda_lib.KDAConfig(
+        hidden_size=d, num_heads=heads, head_dim=r, forget_gate_rank=r, output_gate_rank=r
+    )
+    layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+    total = sum(a.size for a in jax.tree.leaves(nnx.state(layer, nnx.Param)))
+    attention = 4 * d * d
+    factors = [layer.f_proj.layers[i].kernel for i in (0, 1)]
+    factors += [layer.g_proj.layers[i].kernel for i in (0, 1)]
+    assert [f.size for f in factors] == [r * d] * 4
+    assert sum(f.size for f in factors) / attention == r / d
+    extra = total - attention
+    assert 4 * r * d < extra < 1.1 * 4 * r * d  # the factors: over 90% of the extra parameters
+    rest = extra - 4 * r * d
+    assert rest < r * d  # all other extra parts together are smaller than one factor
+
+
+def test_05_compute_model_peaks_near_64_ranks():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): T = 65536, d_k = d_v = 128, about 8 d_k flops per
+    value column and token; a rank does three slices' work plus R fold steps of 2 d^3."""
+    T, d = 65536, 128
+    per_token = 8 * d
+    ranks = 2 ** np.arange(1, 11)
+    speedup = T * per_token * d / (T / ranks * per_token * 3 * d + ranks * 2 * d**3)
+    assert round(float(speedup.max()), 1) == 12.8 and int(ranks[np.argmax(speedup)]) == 64
+    assert round(float(np.sqrt(3 * T * per_token / (2 * d * d)))) == 78
+    assert np.all(speedup < ranks / 3)
+
+
+def test_05_the_fold_is_r_steps_on_every_rank():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): the traced kda_context_parallel program holds R fold
+    products M S ([K, K] by [K, V]) per rank, for R = 2 and 4 (CPU devices of the test run)."""
+    import jax
+
+    from kda_lib.teaching import context_parallel as cpt
+    from kda_lib.testing import random_kda_inputs
+
+    devices = jax.devices("cpu")
+    assert len(devices) >= 4, "tests/conftest.py asks for 8 CPU devices"
+    K, V = 16, 8
+    x = random_kda_inputs(jax.random.key(0), 1, 32, 2, K, V)
+    inputs = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    for r in (2, 4):
+        jaxpr = cpt.cp_jaxpr(inputs, devices[:r], "recurrent").jaxpr
+        assert cpt.fold_matmuls(jaxpr, K, V) == r
+
+
 @pytest.mark.parametrize(
     "name", ["00_quickstart", "01_delta_rule", "02_gating_and_decay", "04_kda_layer"]
 )
