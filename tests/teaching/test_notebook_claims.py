@@ -380,6 +380,32 @@ def test_02_delta_rule_steady_state():
     assert abs(sq.mean() - beta * d_k * d_v) > 8 * sq.std(ddof=1) / np.sqrt(runs)
 
 
+def test_02_random_gate_input_mean_rate_exceeds_the_init_rate_by_jensen():
+    """docs/NOTEBOOK_NOTES.md (notebook 02): with f ~ N(0, 1) the softplus gate's per-token rate
+    has the init rate as its median and a larger mean, E softplus(f + b) / softplus(b) (Gauss-
+    Hermite in float64, > 1 in every channel); some per-token half-lives pass the zero-input
+    bound ln 2 / (1 * 1e-3)."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+
+    heads, K, T = 4, 64, 96
+    key_a, key_dt, key_f = jax.random.split(jax.random.key(7), 3)
+    a_log, dt_bias = kda_lib.init_a_log(key_a, heads), kda_lib.init_dt_bias(key_dt, heads, K)
+    g0 = np.asarray(kda_lib.kda_gate(jnp.zeros((1, 1, heads, K)), a_log, dt_bias)[0, 0])
+    f = jax.random.normal(key_f, (1, T, heads, K))
+    g = np.asarray(kda_lib.kda_gate(f, a_log, dt_bias)[0], np.float64)
+    tau = np.logaddexp(0.0, np.asarray(dt_bias, np.float64)).reshape(heads, K)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)
+    b = np.log(np.expm1(tau))[..., None]
+    jensen = (weights * np.logaddexp(0, b + nodes)).sum(-1) / weights.sum() / tau
+    ratio_mean, ratio_median = (g / g0).mean(), np.median(g / g0, axis=0).mean()
+    assert abs(ratio_mean / jensen.mean() - 1) < 0.05 and abs(ratio_median - 1) < 0.1
+    assert jensen.min() > 1
+    assert np.mean(np.log(2) / -g > np.log(2) / 1e-3) > 0
+
+
 def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     import numpy as np
 
