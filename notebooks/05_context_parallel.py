@@ -124,21 +124,17 @@ key_inputs, key_cotangent, key_layer, key_x = jax.random.split(key, 4)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
+for r, device in enumerate(mesh.devices.flat):
+    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
+assert mesh.shape["context"] == ranks and total_len % ranks == 0
 
 # %% [markdown]
 # ## 1. Devices, and who waits for whom
 #
 # A `jax.sharding.Mesh` names the device axis the sequence is split over, here `"context"`;
 # `jax.shard_map` hands each device its slice `[B, T / R, ...]` (`shard_as` puts an array into
-# that layout inside `jax.jit`).
-
-# %%
-for r, device in enumerate(mesh.devices.flat):
-    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
-assert mesh.shape["context"] == ranks and total_len % ranks == 0
-
-# %% [markdown]
-# First the schedule, then the algebra. Each rank holds $T_R = T / R$ consecutive tokens.
+# that layout inside `jax.jit`). First the schedule, then the algebra. Each rank holds
+# $T_R = T / R$ consecutive tokens (printed above).
 #
 # 1. **Halo.** The short convolution at a rank's first token needs the $w - 1$ tokens before
 #    it, which the rank before holds: one `ppermute` down the chain (rank 0 receives zeros).
