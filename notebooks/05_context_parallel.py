@@ -17,15 +17,14 @@
 # # 05 · Context parallelism: split the sequence, pass the state, get the same answer
 #
 # **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute what one
-# device computes, outputs and gradients, to float32 rounding (relative error below $10^{-5}$,
-# asserted in sections 4 and 5, which print the largest measured), while the devices exchange
+# device computes, outputs and gradients, to float32 rounding (relative error below $10^{-5}$:
+# the kernel in section 4, the whole layer in the notes' test), while the devices exchange
 # two small things: the $w - 1$ tokens before each slice (the short convolution's *halo*,
 # notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each slice's
 # effect on the state (the chunk maps of notebook 03, one per device). Neither grows with the
-# sequence length $T$; gathering the sequence onto every device does. We check the equality,
-# read the bytes moved off the compiled program, and count the compute: at this notebook's
-# small sizes the split gains no speed (section 7). On a laptop or Colab the devices are
-# simulated on the CPU (how: the notebook notes).
+# sequence length $T$; gathering the sequence onto every device does. We check the equality and
+# read the bytes moved off the compiled program; what each rank computes, and when the split is
+# faster, is in the notebook notes. On a laptop or Colab the devices are simulated on the CPU.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
@@ -38,7 +37,7 @@ seq_len: int = 64  # tokens T, split evenly over the ranks
 num_heads: int = 2  # heads H
 key_dim: int = 16  # K per head
 value_dim: int = 16  # V per head
-hidden_size: int = 32  # model width of the layer checked in section 5
+hidden_size: int = 32  # model width of the layer whose traffic section 5 reads
 conv_size: int = 4  # short-conv width w; the halo is w - 1 tokens
 implementation: str = "recurrent"  # kernel each rank runs locally (recurrent or chunked)
 traffic_lengths: list[int] = [64, 256, 1024]  # T at which the compiled programs are inspected
@@ -120,7 +119,7 @@ mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.E
                      devices=pool[:ranks])
 SEQ = PartitionSpec(None, "context")  # arrays [B, T, ...] split along T
 key = jax.random.key(seed)
-key_inputs, key_cotangent, key_layer, key_x = jax.random.split(key, 4)
+key_inputs, key_cotangent, key_layer, _ = jax.random.split(key, 4)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
@@ -301,38 +300,7 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
                               "per rank's slice"), "05_kernel_errors")
 
 # %% [markdown]
-# ## 5. The full layer
-#
-# `KimiDeltaAttention(config, rngs=..., mesh=mesh)` runs the projections rank-locally, the
-# short convolutions with the halo exchange and the kernel as above. Built with the same
-# `nnx.Rngs` seed, it holds the same parameters as a one-device layer, so outputs and every
-# parameter's gradient must agree.
-
-# %%
-config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
-                           value_head_dim=value_dim, conv_size=conv_size,
-                           implementation=implementation)
-layer_one = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
-layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
-x = jax.random.normal(key_x, (batch, total_len, hidden_size))
-forward = nnx.jit(lambda layer, x: layer(x))
-param_grads = nnx.jit(lambda layer, x: nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer))
-
-with jax.default_device(pool[0]):
-    y_one, y_cp = forward(layer_one, x), forward(layer_cp, x)
-    g_one, g_cp = param_grads(layer_one, x), param_grads(layer_cp, x)
-layer_errors = {"output y": relative_l2(y_cp, y_one)}
-for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_cp),
-                        jax.tree_util.tree_leaves(g_one), strict=True):
-    name = "d " + ".".join(str(part.key) for part in path if hasattr(part, "key"))
-    layer_errors[name] = relative_l2(a, b)
-for name, err in layer_errors.items():
-    print(f"{name:22s} relative error {err:.1e}")
-print(f"largest: {max(layer_errors.values()):.1e} (float32 rounding; asserted below 1e-5)")
-assert max(layer_errors.values()) < 1e-5
-
-# %% [markdown]
-# ## 6. Bytes moved: state passing vs gathering the sequence
+# ## 5. Bytes moved: state passing vs gathering the sequence
 #
 # The obvious alternative is to all-gather $\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta$ so
 # every rank holds the whole sequence. With 4-byte floats, per rank (ring all-gathers):
@@ -374,6 +342,10 @@ def gather_local(q, k, v, g, beta):
 
 gather_kernel = jax.shard_map(gather_local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
 gather = jax.jit(lambda *a: gather_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
+config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
+                           value_head_dim=value_dim, conv_size=conv_size,
+                           implementation=implementation)
+layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
 layer_graph, layer_state = nnx.split(layer_cp)
 layer_fn = jax.jit(lambda s, x: nnx.merge(layer_graph, s)(x))
 
@@ -415,56 +387,17 @@ display(Markdown(
     f"{ratio_at_longest:.1f}x the bytes of state passing, and the ratio keeps growing with $T$."))
 
 # %% [markdown]
-# ## 7. Compute: what each rank does, against passing the state rank to rank
-#
-# With $T_R = T / R$ tokens per rank and $F(T_R, d_v')$ the kernel's flops on $T_R$ tokens with
-# $d_v'$ value columns (per sequence and head), each rank runs the **summary pass**
-# $F(T_R, d_k + d_v)$ (values $[\,\mathbf 0 \mid \mathbf v\,]$), the **fold**, $R$ steps
-# $S \mapsto M S + E$ of $2 d_k^2 d_v$ flops (the loop runs past the rank's own position, which
-# also yields the final state), and the **output pass** $F(T_R, d_v)$. **Serial point-to-point
-# passing** moves fewer bytes, but one rank after another: its critical path is
-# $R\, F(T_R, d_v) = F(T, d_v)$, one device's. For the recurrence, $F(T_R, d_v') = T_R\,
-# F_1(d_v')$ with $F_1$ XLA's count of one compiled `kda_step` (`cpt.step_flops`), about
-# $8\, d_k d_v'$, linear in the value columns. So at $d_k = d_v$ a rank does about three slices'
-# work: the ideal speed-up of the recurrent kernel over one device is $R d_v / (d_k + 2 d_v) =
-# R / 3$, before the fold. The boxes below are as wide as their flops at this notebook's sizes.
-
-# %%
-f_v, f_kv = cpt.step_flops(key_dim, value_dim), cpt.step_flops(key_dim, key_dim + value_dim)
-assert abs(f_kv / f_v - (key_dim + value_dim) / value_dim) < 0.05, "linear in the value columns"
-assert 6 < f_v / (key_dim * value_dim) < 10, "about 8 d_k d_v flops per step"
-cp_path = cpt.critical_path(ranks, local_len, key_dim, value_dim)
-per_rank = local_len * (f_kv + f_v) + ranks * 2 * key_dim**2 * value_dim
-one_device = total_len * f_v
-assert per_rank == cp_path["rank"] and one_device == cp_path["one_device"]
-viz.show(cpt.draw_critical_path(ranks, halo, cp_path), "05_critical_path")
-display(Markdown(
-    f"One step: {f_v:.0f} flops with $d_v$ = {value_dim} value columns, {f_kv:.0f} with "
-    f"$d_k + d_v$. At $T$ = {total_len}, $R$ = {ranks}: one device {one_device:,.0f} flops per "
-    f"head, each rank {per_rank:,.0f} (summary {local_len * f_kv:,.0f}, fold "
-    f"{ranks * 2 * key_dim**2 * value_dim:,}, output {local_len * f_v:,.0f}): "
-    f"{per_rank / one_device:.2f}x one device's, a speed-up of {one_device / per_rank:.2f}x: "
-    f"{'none to speak of' if per_rank > 0.8 * one_device else 'some'}. What the split buys at "
-    "this size is memory: each device holds $T / R$ of the sequence. At long $T$ and many ranks "
-    "the fold's $R$ steps bound the speed-up: a model of where it peaks is in the notes."))
-
-# %% [markdown]
 # ## Summary
 #
 # - Each slice of the sequence acts on the state as an affine map
 #   $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$; one kernel run from $[\,I \mid 0\,]$
 #   with values $[\,\mathbf 0 \mid \mathbf v\,]$ computes it, and folding the summaries gives the
 #   state at every slice boundary (to float32 rounding).
-# - With the summaries all-gathered and the conv halo passed down the chain, the kernel and the
-#   full `KimiDeltaAttention` layer on $R$ devices match one device to float32 rounding, for
-#   outputs and for every gradient.
+# - With the summaries all-gathered, the kernel on $R$ devices matches one device to float32
+#   rounding, for outputs and for every gradient; the conv halo passes down the chain.
 # - What the devices exchange does not grow with $T$ (measured in the compiled programs, and
 #   equal to the formula); gathering the sequence instead grows linearly and moves more bytes
 #   beyond the crossover length computed above.
-# - Compute per rank: the summary pass runs the kernel on $d_k + d_v$ value columns, the fold
-#   is $R$ steps, the output pass reruns the slice: with the recurrent kernel, at most $R / 3$
-#   faster than one device at $d_k = d_v$, less once the fold matters, and no faster at this
-#   notebook's own sizes; serial passing moves fewer bytes but is no faster for one sequence.
 #
 # ## Exercises
 #
