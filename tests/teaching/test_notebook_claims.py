@@ -520,6 +520,15 @@ def test_05_compute_model_peaks_near_64_ranks():
     assert np.all(speedup < ranks / 3)
 
 
+def test_05_step_flops_are_about_8_dk_dv_and_linear_in_the_value_columns():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): XLA's count of one compiled kda_step, d_k = 16."""
+    from kda_lib.teaching import context_parallel as cpt
+
+    f_v, f_kv = cpt.step_flops(16, 16), cpt.step_flops(16, 32)
+    assert abs(f_kv / f_v - 2) < 0.05
+    assert 6 < f_v / (16 * 16) < 10
+
+
 def test_05_the_fold_is_r_steps_on_every_rank():
     """docs/NOTEBOOK_NOTES.md (notebook 05): the traced kda_context_parallel program holds R fold
     products M S ([K, K] by [K, V]) per rank, for R = 2 and 4 (CPU devices of the test run)."""
