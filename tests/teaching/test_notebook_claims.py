@@ -157,7 +157,7 @@ def test_00_float32_eps_is_machine_epsilon_not_unit_roundoff():
 
 def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
     """The bound holds at zero gate input; f ~ N(0, 1) takes some channel-tokens past it
-    (issue 42, 3.1). Notebook 02, section 3, prints the fraction; DESIGN states the bound."""
+    (issue 42, 3.1). docs/NOTEBOOK_NOTES.md (notebook 02) states it; DESIGN states the bound."""
     import jax
     import numpy as np
 
@@ -1050,8 +1050,8 @@ def test_nb03_eq13_terms():
 
 
 def test_nb03_roofline_chunk_size():
-    """Notebook 03 section 6 on the H100 SXM: every chunk size memory-bound, C = 64 and 128 tie
-    on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
+    """docs/NOTEBOOK_NOTES.md (notebook 03) on the H100 SXM: every chunk size memory-bound,
+    C = 64 and 128 tie on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
     from kda_lib.lab import costs
     from kda_lib.lab.at_scale import CHIPS
     from kda_lib.teaching import chunkwise
