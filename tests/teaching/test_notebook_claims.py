@@ -1051,7 +1051,8 @@ def test_nb03_eq13_terms():
 
 def test_nb03_roofline_chunk_size():
     """docs/NOTEBOOK_NOTES.md (notebook 03) on the H100 SXM: every chunk size memory-bound,
-    C = 64 and 128 tie on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
+    C = 64 and 128 tie on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the
+    fastest without overlap."""
     from kda_lib.lab import costs
     from kda_lib.lab.at_scale import CHIPS
     from kda_lib.teaching import chunkwise
