@@ -22,16 +22,12 @@
 # $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the
 # newest pair exactly and beats linear attention up to $d_k$ pairs, though one pass cannot store
 # them all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per key
-# channel). Six models, linear attention to KDA, fit one table of transition matrices, and a
-# task with two time scales shows what the per-channel decay buys. Each step is derived,
-# checked in float64, and built in a few lines of NumPy checked against `kda_lib`.
+# channel); a task with two time scales shows what the per-channel decay buys. Each step is
+# derived, checked in float64, and built in a few lines of NumPy checked against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
-# the bigger experiment in `notebooks/params/full/01_delta_rule.yaml`.
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
 key_dim: int = 32  # K: dimension of keys (and of the memory's rows)
@@ -45,8 +41,7 @@ live_window: int = 4  # section 7: the newest stream pairs still wanted; older o
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
-# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
-# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
 import runpy
 import subprocess
@@ -78,7 +73,6 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.ops.scalar_decay import scalar_decay_recurrent
 from kda_lib.teaching import exercises, recall, viz
 from kda_lib.testing import assert_close
 
@@ -86,7 +80,6 @@ kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type a
 kda_lib.teaching.notebook.setup()
 
 # %%
-# Derived values
 key = jax.random.key(seed)
 key_memory, key_delta, key_gate, key_toy, key_recall = jax.random.split(key, 5)
 key_sweep = jax.random.fold_in(key_delta, 1)  # section 3's pairs
@@ -247,9 +240,8 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 # $n \le d_k$ independent keys a solution exists ($S = K^{+} V$, keys as the rows of $K$), but
 # one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, one equation at a time. For
 # generic values one sweep solves the system only when the keys are orthogonal (special values
-# can be lucky: if $\mathbf v_2 = (\mathbf k_2^\top \mathbf k_1)\, \mathbf v_1$, the second
-# write finds nothing to correct); repeated sweeps converge. The cells check each statement,
-# sweeping $n = d_k / 2$ pairs. (With $n > d_k$ generic pairs no $S$ recalls them all.)
+# can be lucky: the notes); repeated sweeps converge. The cells check each statement, sweeping
+# $n = d_k / 2$ pairs. (With $n > d_k$ generic pairs no $S$ recalls them all.)
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -269,9 +261,6 @@ def sweep(S, keys, values):
 
 
 empty = np.zeros((key_dim, value_dim))
-lucky = np.stack([pair_values[0], (pair_keys[1] @ pair_keys[0]) * pair_values[0]])
-assert_close(pair_keys[:2] @ sweep(empty, pair_keys[:2], lucky), lucky, atol=1e-12,
-             name="overlapping keys, special values: one sweep recalls both")
 _ = assert_close(ortho_keys @ sweep(empty, ortho_keys, pair_values), pair_values, atol=1e-12,
                  name="orthogonal keys: one sweep recalls every pair")
 
@@ -315,8 +304,7 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 # The transition $M_t$ is **diagonal plus rank one**: cheap to apply, with spectral norm at most
 # $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1$.
 # The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$ (why $1/\sqrt{d_k}$ on a unit
-# query: "Engineering notes: the query scale and the recall error (from notebook 01)" in
-# [`docs/DESIGN.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md)).
+# query: [`docs/DESIGN.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -335,40 +323,14 @@ assert np.linalg.norm(M_t, 2) <= 1 + 1e-12, "the KDA transition never amplifies 
 print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1")
 
 # %% [markdown]
-# ## 5. The family: one table of transition matrices
+# ## 5. KDA in six lines of NumPy
 #
-# Each model here updates its state as $S_t = M_t S_{t-1} + E_t$ and reads $\mathbf o_t =
-# S_t^\top \mathbf q_t / \sqrt{d_k}$; they differ in the transition $M_t$ and the write $E_t$.
-# The Kimi Linear paper places KDA among its relatives this way; the table is ours (all symbols
-# are token $t$'s, subscripts dropped; $\alpha$ one decay per head, $D$ one per channel):
-#
-# | model | transition $M_t$ | write $E_t$ |
-# |---|---|---|
-# | linear attention | $I$ | $\mathbf k \mathbf v^\top$ |
-# | Mamba2 | $\alpha I$ | $\mathbf k \mathbf v^\top$ |
-# | GLA | $D$ | $\mathbf k \mathbf v^\top$ |
-# | DeltaNet | $I - \beta \mathbf k \mathbf k^\top$ | $\beta \mathbf k \mathbf v^\top$ |
-# | Gated DeltaNet | $\alpha(I - \beta\mathbf k \mathbf k^\top)$ | $\beta\mathbf k \mathbf v^\top$ |
-# | KDA | $(I - \beta \mathbf k \mathbf k^\top) D$ | $\beta \mathbf k \mathbf v^\top$ |
-#
-# Two choices lead from the first row to the last: the **decay** (none, per head, per channel)
-# and the **write** (the value, or the delta rule's error); Mamba2 folds its time step into
-# $\mathbf k$ and $\alpha$. `family_outputs` applies each row as matrices (`toy_kda`: the KDA
-# row in six lines), in float64, checked against `scalar_decay_recurrent` (first three rows;
-# GLA's on rescaled $\mathbf q, \mathbf k$, below) and `kda_recurrent` (last three).
-
-# %%
-def family_outputs(model, q, k, v, g, beta):
-    """One head, float64: S_t = M_t S_{t-1} + E_t (the table's row); o_t = S_t^T q_t / sqrt(K)."""
-    eye, S, outputs = np.eye(k.shape[1]), np.zeros((k.shape[1], v.shape[1])), []
-    for q_t, k_t, v_t, a_t, b_t in zip(q, k, v, np.exp(g), beta, strict=True):
-        erase = eye - b_t * np.outer(k_t, k_t)  # the delta rule's I - beta k k^T
-        M = {"linear attention": eye, "Mamba2": a_t[0] * eye, "GLA": np.diag(a_t),
-             "DeltaNet": erase, "Gated DeltaNet": a_t[0] * erase, "KDA": erase @ np.diag(a_t)}
-        E = np.outer(k_t, v_t) * (1.0 if model in ("linear attention", "Mamba2", "GLA") else b_t)
-        S = M[model] @ S + E
-        outputs.append(q_t @ S / np.sqrt(k.shape[1]))
-    return np.array(outputs)
+# Decay first, then the delta write, then the read $\mathbf o_t = S_t^\top \mathbf q_t /
+# \sqrt{d_k}$: `toy_kda` is section 4's update token by token, checked against `kda_recurrent`
+# in float64. Linear attention, Mamba2, GLA, DeltaNet and Gated DeltaNet are the same update with
+# another transition $M_t$ and write $E_t$ (no decay or one per head, the value or the delta
+# rule's error): that table, each row checked against `kda_lib`, is in the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 
 # %%
 def toy_kda(q, k, v, g, beta, scale):
@@ -391,38 +353,13 @@ q, k = unit_rows(jax.random.normal(ks[0], shape)), unit_rows(jax.random.normal(k
 v = np.asarray(jax.random.normal(ks[2], (1, toy_len, num_heads, value_dim)), np.float64)
 beta = np.asarray(jax.random.uniform(ks[3], (1, toy_len, num_heads)), np.float64)
 g_channel = -np.asarray(jax.random.uniform(ks[4], shape, maxval=4 / toy_len), np.float64)
-g_head = np.repeat(g_channel[..., :1], key_dim, axis=-1)  # one decay per head
-gamma, no_g = np.cumsum(g_channel, axis=1), np.zeros(shape)  # gamma_t = g_1 + ... + g_t
-decays = dict(zip(("linear attention", "Mamba2", "GLA", "DeltaNet", "Gated DeltaNet", "KDA"),
-                  (no_g, g_head, g_channel, no_g, g_head, g_channel), strict=True))
-three = lambda *xs: jnp.asarray(np.concatenate(xs))  # noqa: E731  three rows as a batch of 3
 with jax.enable_x64(True):
-    adds = scalar_decay_recurrent(three(q, q, q * np.exp(gamma)), three(k, k, k * np.exp(-gamma)),
-                                  three(v, v, v), three(no_g, g_head, no_g)[..., 0])[0]
-    deltas = kda_lib.kda_recurrent(three(q, q, q), three(k, k, k), three(v, v, v),
-                                   three(no_g, g_head, g_channel), three(beta, beta, beta))[0]
-lib = dict(zip(decays, np.concatenate([adds, deltas])[:, None], strict=True))  # [1, T, H, V]
-
-# %%
-for model, o_model in lib.items():
-    for h in range(num_heads):
-        o_row = family_outputs(model, *(x[0, :, h] for x in (q, k, v, decays[model], beta)))
-        assert_close(np.asarray(o_model)[0, :, h], o_row, atol=1e-12, name=f"{model}, head {h}")
+    inputs = (jnp.asarray(a) for a in (q, k, v, g_channel, beta))
+    o_lib = np.asarray(kda_lib.kda_recurrent(*inputs)[0])
 for h in range(num_heads):
     o_toy = toy_kda(*(x[0, :, h] for x in (q, k, v, g_channel, beta)), scale=key_dim**-0.5)[0]
-    assert_close(o_toy, np.asarray(lib["KDA"])[0, :, h], atol=1e-12, name=f"toy_kda, head {h}")
-print(f"all six rows and toy_kda == kda_lib (float64, {toy_len} tokens, {num_heads} heads)")
-
-# %% [markdown]
-# **Decay as a position encoding.** Unroll the GLA row: $\mathbf v_s$ reaches $\mathbf o_t$
-# with the weight $\mathbf q_t^\top \operatorname{diag}(e^{\boldsymbol\gamma_t -
-# \boldsymbol\gamma_s})\, \mathbf k_s = (e^{\boldsymbol\gamma_t} \odot \mathbf q_t)^\top
-# (e^{-\boldsymbol\gamma_s} \odot \mathbf k_s)$, $\boldsymbol\gamma_t = \mathbf g_1 + \dots +
-# \mathbf g_t$ (the GLA row above was computed so). Each position scales its query and key by
-# its own factor, and the score sees the positions only through the decay between them, as
-# RoPE's rotations leave the score a function of $t - s$; here the factor is real, per channel
-# and set by the data. The Kimi Linear paper reads KDA's gate as such a learned position
-# encoding and gives its full-attention layers none of their own.
+    assert_close(o_toy, o_lib[0, :, h], atol=1e-12, name=f"toy_kda, head {h}")
+print(f"toy_kda == kda_lib.kda_recurrent (float64, {toy_len} tokens, {num_heads} heads)")
 
 # %% [markdown]
 # ## 6. How many pairs fit? Recall error against the number of stored pairs
@@ -431,8 +368,8 @@ print(f"all six rows and toy_kda == kda_lib (float64, {toy_len} tokens, {num_hea
 # average the error $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf
 # v_j\rVert^2$ over pairs and `num_seeds` draws, for linear attention and the delta rule
 # ($\beta = 1$, no decay). A memory that returns $\mathbf 0$ scores $1$; above 1 is worse than
-# nothing (pointing away from $\mathbf v$, or along it but too long: the DESIGN notes of
-# section 4). One pass over each sequence gives the memory after every prefix.
+# nothing (pointing away from $\mathbf v$, or along it but too long). One pass over each
+# sequence gives the memory after every prefix.
 
 # %%
 all_keys, all_values = random_pairs(key_recall, max_pairs, batch=(num_seeds,))
@@ -481,29 +418,22 @@ display(Markdown(
 #
 # ## 7. Two time scales: where one decay per channel pays
 #
-# Two memories share a head: `num_facts` **facts**, keys in the first half of the channels, are
-# written first and must be recalled at the end; a **stream** of `stream_len` pairs follows,
-# keys in the other half, of which only the newest `live_window` are still wanted. An older
-# stream pair has **expired** (a cache entry past its time-to-live): the right answer for its
-# key is $\mathbf 0$. The score is section 6's error averaged over facts, live and expired
-# pairs. Each memory is the delta rule ($\beta = 1$) with a decay: Gated DeltaNet one half-life
-# per head, KDA one for the fact channels and one for the stream channels (we hand it the
-# split; a trained gate must learn it), each at its best on one grid, on the same `num_seeds`
-# draws (`kda_lib.teaching.recall`'s batched float64 memory, checked against `toy_kda`). The
-# task is KDA's best case: fact and stream keys share no channel, so KDA here is two
-# independent half-size Gated DeltaNet memories; with overlapping key supports a fact's
-# channels also carry stream writes, and the two decays no longer act on one memory each.
+# Two memories share a head: `num_facts` **facts** (keys in the first half of the channels) are
+# written first and recalled at the end; a **stream** of `stream_len` pairs follows (keys in the
+# other half), of which only the newest `live_window` are still wanted: for an older,
+# **expired** one the right answer is $\mathbf 0$. The score is section 6's error averaged over
+# facts, live and expired pairs. Each memory is the delta rule ($\beta = 1$) with a decay:
+# Gated DeltaNet one half-life per head, KDA one for the fact channels and one for the stream
+# channels (we hand it the split; a trained gate must learn it), each at its best on one grid,
+# on the same `num_seeds` draws (`recall`'s batched float64 memory; the notes check it).
+# The task is KDA's best case: fact and stream keys share no channel, so KDA here is two
+# independent half-size Gated DeltaNet memories; with overlapping key supports it is not.
 
 # %%
 half_lives = np.r_[np.geomspace(1, 1024, 11), np.inf]  # tokens per halving; inf: no decay
 task_keys, task_values = recall.two_timescale_task(
     key_two, key_dim=key_dim, value_dim=value_dim, num_facts=num_facts, stream_len=stream_len,
     batch=num_seeds)
-keep = np.r_[np.full(key_dim // 2, 0.99), np.full(key_dim - key_dim // 2, 0.7)]  # an example
-g_keep, betas = np.tile(np.log(keep), (num_facts + stream_len, 1)), np.ones(num_facts + stream_len)
-assert_close(recall.final_memories(task_keys[0], task_values[0], keep[None])[0],
-             toy_kda(task_keys[0], task_keys[0], task_values[0], g_keep, betas, 1.0)[1][-1],
-             atol=1e-12, name="batched memory == toy_kda")
 grids = recall.half_life_grid_errors(task_keys, task_values, half_lives, num_facts=num_facts,
                                      live_window=live_window)  # [draw, h_facts, h_stream, group]
 grid = grids.mean(0)  # mean over the draws
@@ -524,12 +454,11 @@ assert pair[0] > pair[1], "the fact channels keep longer than the stream channel
 assert grid[best_h, best_h, [0, 2]].max() > 0.8, "the scalar gate loses facts or keeps expired"
 errors = lambda i, j: ", ".join(f"{e:.2f}" for e in grid[i, j])  # noqa: E731
 display(Markdown(
-    f"One decay per head does best at a half-life of {half_lives[best_h]:.0f} tokens: errors "
-    f"{errors(best_h, best_h)} (facts, live, expired), mean {score[best_h, best_h]:.2f}: it "
-    f"gives up the facts or keeps the expired pairs. One decay per channel group does best with "
-    f"{half_lives[pair[0]]:.0f} tokens (facts) and {half_lives[pair[1]]:.0f} (stream): "
-    f"{errors(*pair)}, mean {score[pair]:.2f}, {ratio:.2f} times the scalar gate's, and below "
-    f"each draw's own best scalar setting on all {num_seeds} draws."))
+    f"One decay per head: best at a half-life of {half_lives[best_h]:.0f} tokens, errors "
+    f"{errors(best_h, best_h)} (facts, live, expired), mean {score[best_h, best_h]:.2f}. One "
+    f"decay per channel group: best at {half_lives[pair[0]]:.0f} tokens (facts) and "
+    f"{half_lives[pair[1]]:.0f} (stream), {errors(*pair)}, mean {score[pair]:.2f}, {ratio:.2f} "
+    f"times the scalar gate's and below each draw's own best on all {num_seeds} draws."))
 
 # %% [markdown]
 # ## Summary
@@ -538,8 +467,7 @@ display(Markdown(
 #   writes $\beta \mathbf k (\mathbf v - S^\top \mathbf k)^\top$, one SGD step on the recall loss:
 #   it overwrites old values; one pass is one Kaczmarz sweep (exact only for orthogonal keys).
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
-#   spectral norm at most 1. Six models are one table of transitions and writes (each row
-#   checked against `kda_lib`); the decay reads as a learned position encoding.
+#   spectral norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
 # - The delta rule beats linear attention for every $n \le d_k$; with two time scales in one
 #   head, one decay per channel group clearly beats the best one decay per head (asserted).
 #
@@ -578,12 +506,8 @@ exercises.check("01.2", answer)
 #   (DeltaNet), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
 # - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta
 #   rule*, ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
-# - S. Yang et al., *Gated linear attention transformers with hardware-efficient training*
-#   (GLA), ICML 2024. [arXiv:2312.06635](https://arxiv.org/abs/2312.06635)
-# - T. Dao, A. Gu, *Transformers are SSMs* (Mamba2), ICML 2024.
-#   [arXiv:2405.21060](https://arxiv.org/abs/2405.21060)
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA, and the
-#   family as transition matrices), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA), 2025.
+#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - T. Strohmer, R. Vershynin, *A randomized Kaczmarz algorithm with exponential convergence*,
 #   2009. [arXiv:math/0702226](https://arxiv.org/abs/math/0702226)
 # - fla's reference implementation of KDA, `fla/ops/kda/naive.py`:

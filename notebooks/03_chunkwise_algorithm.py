@@ -20,14 +20,11 @@
 # the state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at
 # once with matrix products; between chunks only the state travels. The result equals the
 # recurrence (checked in float64); it pays on GPUs and TPUs because $T$ dependent matrix-vector
-# steps become $T / C$ steps of matrix products. Kernel internals (fla, tokamax) are in DESIGN's
-# [engineering notes on the chunkwise kernels](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-chunkwise-kernels-from-notebook-03).
+# steps become $T / C$ steps of matrix products.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
-# `notebooks/params/full/03_chunkwise_algorithm.yaml`.
 
 # %% tags=["parameters"]
 seq_len: int = 128  # T: tokens in the correctness checks (a multiple of chunk_size)
@@ -44,8 +41,7 @@ timing_repeats: int = 3  # timed calls per point, after one warm-up call; the me
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
-# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
-# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
 import runpy
 import subprocess
@@ -79,8 +75,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.lab import at_scale, costs
-from kda_lib.lab.measure import xla_cost
+from kda_lib.lab import costs
 from kda_lib.ops.chunked import chain_states, chunk_affine_maps, unit_lower_inverse
 from kda_lib.teaching import chunkwise, viz
 from kda_lib.teaching.exercises import check
@@ -102,7 +97,6 @@ dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 g32 = kda_lib.kda_gate(x["g"], a_log, dt_bias, lower_bound=lower_bound)  # raw input x["g"]
 q, k, v, g, beta = (np.asarray(a, np.float64) for a in (x["q"], x["k"], x["v"], g32, x["beta"]))
 S_in = np.asarray(jax.random.normal(key_state, (1, num_heads, key_dim, value_dim)), np.float64)
-# (float64 NumPy copies: everything below is checked in float64)
 
 
 def to_chunks(a):
@@ -115,10 +109,9 @@ def to_chunks(a):
 #
 # The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form (left) computes all that does not need the state entering a chunk (the triangular
-# blocks) for **all chunks at once**; then $T / C$ steps carry the state from chunk to chunk,
-# two matrix products each. Right: the rounds of another way to chain chunks (section 4).
-# Section 2 does it by hand on three tokens; section 3 derives the symbols in the boxes.
+# form (left) computes all that does not need the entering state (the triangular blocks) for
+# **all chunks at once**; then $T / C$ steps carry the state, two matrix products each. Right:
+# another way to chain chunks (section 4). Section 2 works a chunk by hand; section 3 derives.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
@@ -246,8 +239,7 @@ print("steps 1 and 2 checked")
 # (`U`, `W` in the WY literature and the code; `unit_lower_inverse` inverts with matmuls only).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
-# decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), then
-# step 3:
+# decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
 #
 # $$
 # S_C = \Gamma_C S_0 + \overrightarrow K^\top \Delta
@@ -257,8 +249,8 @@ print("steps 1 and 2 checked")
 #
 # $M_{[i]}$, the product of notebook 01's transitions $M_t = (I - \beta_t \mathbf k_t \mathbf
 # k_t^\top) D_t = D_t - \beta_t \mathbf k_t (D_t \mathbf k_t)^\top$ (diagonal plus rank one), is
-# in **WY form** (Bischof and Van Loan): a diagonal minus $\overrightarrow K^\top \tilde K$, of
-# rank $\le \min(C, d_k)$. The cell also checks `kda_lib`'s `chunk_affine_maps`.
+# in **WY form** (Bischof and Van Loan): a diagonal minus $\overrightarrow K^\top \tilde K$.
+# The cell also checks `kda_lib`'s `chunk_affine_maps`.
 
 # %%
 solve = np.linalg.inv(np.eye(chunk_size) + L)
@@ -283,9 +275,7 @@ for t in range(chunk_size):
     assert_close(M_t, D_t - bc[t] * np.outer(kc[t], D_t @ kc[t]), atol=1e-14, name="DPLR")
     product = M_t @ product
 assert_close(M, product, name="M = M_C ... M_1")
-rank = np.linalg.matrix_rank(K_out.T @ W)
-print(f"steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1; rank of K_out^T K~ = "
-      f"{rank} (C = {chunk_size}, d_k = {key_dim})")
+print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
 # %% [markdown]
 # **Step 5: the outputs.** Put step 1 into the read $\mathbf o_t = S_t^\top \mathbf q_t /
@@ -315,10 +305,7 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 # $\Delta = \tilde V - \tilde K S$, its outputs $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S +
 # P \Delta$ and the state it passes on, $S' = \Gamma_C S + \overrightarrow K^\top \Delta$. Loop
 # over the chunks and that is the whole algorithm, for one head, in plain `jax.numpy`. Its
-# `where` keeps every exponent $\le 0$; the square masked afterwards ($\infty \cdot 0$ above the
-# diagonal) and the one-product factorisation $(Q \odot e^{\boldsymbol\gamma}) (K \odot
-# e^{-\boldsymbol\gamma})^\top$ overflow in float32 for strong decay (tested in
-# `tests/teaching/test_notebook_claims.py`; kernels' way around it is in DESIGN's notes).
+# `where` keeps every exponent $\le 0$ (why that matters in float32: the notes).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -345,9 +332,8 @@ def kda_chunked_readable(q, k, v, g, beta, S, C):
 
 
 # %% [markdown]
-# Only the three lines with `S` depend on the state; everything else can be computed for all
-# chunks at once. The cell runs the function on every head (`jax.vmap`) and checks it against
-# the recurrence and against `kda_lib`'s `kda_chunked`, all in float64.
+# Only the three lines with `S` depend on the state; the rest can be computed for all chunks at
+# once. Run on every head (`jax.vmap`), checked against `kda_recurrent` and `kda_chunked`.
 
 # %%
 with jax.enable_x64(True):
@@ -366,14 +352,11 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
       f"{max(errors[:2]):.1e}, to kda_chunked {max(errors[2:]):.1e}")
 
 # %% [markdown]
-# **The library's form.** `kda_lib.kda_chunked` computes the same for speed and training:
-# $(I + L)^{-1}$ by matmuls, float32 scores with no exponent above 0, a `lax.scan` building each
-# chunk's state-free lines in its step (`scan="streaming"`, the CPU default; `"sequential"`
-# builds all chunks' first), hand-written gradients, segments. **Chaining by maps:** step 4's
-# maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S + (M_{[2]} E_{[1]} + E_{[2]})$, so
-# `lax.associative_scan` finds every entering state in $2 \log_2 N - 1$ rounds ($N = T / C$;
-# `scan="associative"`, the default off CPU) at the price of $d_k \times d_k$ products; context
-# parallelism composes them across devices (notebook 05). Checked, rounds counted on the scan:
+# **Chaining by maps.** Step 4's maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S +
+# (M_{[2]} E_{[1]} + E_{[2]})$, so `lax.associative_scan` finds every entering state in
+# $2 \log_2 N - 1$ rounds ($N = T / C$) at the price of $d_k \times d_k$ products (notebook 05
+# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
 
 # %%
 with jax.enable_x64(True):
@@ -388,120 +371,11 @@ for n in sorted({num_chunks, 16, 64} - {1}):
     print(f"N = {n:2d} maps: {len(rounds)} rounds, {sum(rounds)} compositions (a loop: {n - 1})")
 
 # %% [markdown]
-# ## 5. What it costs, counted on one basis at a time
+# ## 5. Measured time on this machine
 #
-# Flops per head, a multiply-add counted as 2; a ratio compares two counts of one kind only.
-# **Matrix products**: every `dot_general` of the traced program, loop trip counts included
-# (`costs.matmul_flops`), equal to `kda_lib.lab.costs`' term-by-term count (asserted): per chunk
-# the scores $2 C (C - 1) d_k$, the inverse ($1.375\, C^3$ at $C = 64$, asserted below),
-# $\tilde K$, $\tilde V$ $2 C^2 (d_k + d_v)$, the state pass $4 C d_k d_v$, the outputs
-# $2 C d_k d_v + 2 C^2 d_v$.
-# **XLA's cost analysis** adds every elementwise operation (recomputed ones included) but
-# counts a loop's body once, so it is taken on one chunk ($T = C$) and one step (`kda_step`).
-# **Per state entry** a recurrence step is 4 flops in matrix products ($\mathbf k^\top S$,
-# $S^\top \mathbf q$), 7 by hand for all its work (plus 1 to decay, 2 to write), and about 8 in
-# XLA's count, the figure notebook 05 uses (XLA counts the decay in both fusions that recompute
-# it). At Kimi Linear's head size, $d_k = d_v = 128$, and $C = 64$:
-
-# %%
-x_small = [jnp.asarray(a, jnp.float32) for a in (q, k, v, g, beta)]
-for scan in ("streaming", "sequential", "associative"):  # term-by-term count == traced
-    traced = costs.matmul_flops(lambda *a, scan=scan: kda_lib.kda_chunked(
-        *a, chunk_size=chunk_size, scan=scan)[0], *x_small)
-    assert traced == num_heads * costs.chunked_flops(seq_len, chunk_size, key_dim, value_dim, scan)
-d, C64 = 128, 64
-one = random_kda_inputs(key_timing, 1, C64, 1, d, gate="raw")
-args = [one["q"], one["k"], one["v"], -jax.nn.softplus(one["g"]), one["beta"],
-        jnp.ones((1, 1, d, d))]  # ..., the entering state
-chunk = lambda *a: kda_lib.kda_chunked(*a[:5], initial_state=a[5], output_final_state=True,
-                                        scan="sequential")
-xla = lambda fn, *a: xla_cost(jax.jit(fn).lower(*a).compile())["flops"]
-
-# %%
-per_token = {  # basis: (recurrence, chunked) per token
-    "matrix products (traced)": (
-        costs.matmul_flops(lambda *a: kda_lib.kda_recurrent(*a[:5])[0], *args) / C64,
-        costs.matmul_flops(chunk, *args) / C64),
-    "XLA's cost analysis": (xla(kda_lib.kda_step, args[5], *(a[:, 0] for a in args[:5])),
-                            xla(chunk, *args) / C64)}
-(mm_rec, mm_chunk), (xla_rec, xla_chunk) = per_token.values()
-assert mm_rec == 4 * d * d and mm_chunk == costs.chunked_flops(C64, C64, d, d) / C64
-assert costs.recurrent_flops(1, d, d) == 7 * d * d and 8 * d * d <= xla_rec < 8 * d * d + 20 * d
-assert 2.5 < mm_chunk / mm_rec < 2.7 and 1.4 < xla_chunk / xla_rec < 1.7
-display(Markdown("| flops per token and head | recurrence | per state entry | chunked | chunked /"
-                 " recurrence |\n|---|---|---|---|---|\n" + "\n".join(
-                     f"| {basis} | {r:,.0f} | {r / d**2:.2f} | {c:,.0f} | {c / r:.2f} |"
-                     for basis, (r, c) in per_token.items())))
-
-# %% [markdown]
-# **Against the paper's count.** The Kimi Linear report counts the chunkwise form's flops in its
-# Eq. 13, for a single attention head (its efficiency section; see the References); read as
-# $6 d^2 + 3 C d + C^2$ per token ($d$ the head size $d_k = d_v$) it gives 126,976 at
-# $d = 128$, $C = 64$, against our 169,216 in matrix products. The cell groups our terms the
-# same way.
-
-# %%
-terms = costs.chunk_terms(C64, d, d)  # matrix-product flops of one chunk, by term
-assert terms["inverse"] == 1.375 * C64**3  # the inverse's cost quoted in section 5
-ours = {"d^2": (terms["state"] + 2 * C64 * d * d) / C64,  # state pass, and reading S
-        "C d": (terms["scores"] + terms["wu"] + 2 * C64 * C64 * d) / C64,  # + in-chunk outputs
-        "C^2": terms["inverse"] / C64}  # the triangular inverse
-paper = {"d^2": 6 * d**2, "C d": 3 * C64 * d, "C^2": C64**2}
-assert sum(paper.values()) == 126_976 and sum(ours.values()) == mm_chunk == 169_216
-assert ours["d^2"] == paper["d^2"] and ours["C d"] > 2 * paper["C d"]
-per_C = {c: costs.chunked_flops(4096, c, d, d) / 4096 for c in (16, 32, 64, 128, 256)}
-assert list(per_C.values()) == sorted(per_C.values())  # more flops per token as C grows
-display(Markdown("| per token | ours | Eq. 13 | difference |\n|---|---|---|---|\n" + "\n".join(
-    f"| ${n}$ terms | {ours[n]:,.0f} | {paper[n]:,.0f} | {ours[n] - paper[n]:+,.0f} |"
-    for n in ours) + f"\n\nThe $d^2$ terms agree (the state pass and the read of the entering "
-    f"state). Of the {sum(ours.values()) - sum(paper.values()):,.0f} flops between the totals, "
-    f"{ours['C d'] - paper['C d']:,.0f} are in the $C d$ terms, where we count $(8 C - 2) d$ (the "
-    f"decayed scores $2 (C - 1) d$, $\\tilde K$ and $\\tilde V$ $4 C d$, the in-chunk outputs "
-    f"$2 C d$) and Eq. 13 has $3 C d$; the rest is the inverse, {ours['C^2']:,.0f} against "
-    f"$C^2$ = {paper['C^2']:,.0f}. Per token, our count grows with $C$: " + ", ".join(
-        f"$C$ = {c}: {f:,.0f}" for c, f in per_C.items()) + ". By flops alone the smallest chunk "
-    "would win; section 6 shows why time does not."))
-
-# %% [markdown]
-# ## 6. Why $C = 64$: time on an H100
-#
-# Flops are not time. A chip runs at most its peak flop rate and moves at most its memory
-# bandwidth; a kernel takes about the longer of the two (the roofline model). Take the NVIDIA
-# H100 SXM's dense bf16 tensor-core peak and HBM bandwidth as `at_scale.CHIPS` records them from
-# NVIDIA's product page (printed below), and model a chunk of one head as passes that keep
-# 2-byte numbers in HBM (`chunkwise.chunk_bytes`): inputs read and outputs written,
-# $C (3 d_k + 2 d_v + 1)$ numbers; the two $C \times C$ matrices ($P$, $(I + L)^{-1}$), $\tilde
-# K$ and $\tilde V$ written and read back, $2 (2 C^2 + C (d_k + d_v))$; the entering state
-# written and read back, $2 d_k d_v$. Per token the state's share falls as $1/C$, the $C \times
-# C$ matrices' grows as $C$: bytes are least at $C^\ast = \sqrt{d_k d_v / 2}$.
-
-# %%
-chip = at_scale.CHIPS["H100 SXM"]
-print(f"{chip.name}: {chip.peak_flops / 1e12:.0f} TFLOP/s, {chip.hbm_bandwidth / 1e12:.2f} TB/s "
-      f"(source: {chip.source})")
-roof = chunkwise.roofline(per_C, d, d, chip)  # C -> (compute, memory, roofline, sum) per token
-best = min(r[2] for r in roof.values())
-assert roof[64][2] < 1.01 * best and roof[128][2] < 1.01 * best and roof[16][2] > 1.5 * best
-assert min(roof, key=lambda c: roof[c][3]) == 64 and all(r[1] > r[0] for r in roof.values())
-viz.show(chunkwise.roofline_figure(roof, chip, d), "03_roofline_chunk_size")
-display(Markdown(
-    "Per token and head: " + ", ".join(f"$C$ = {c}: {roof[c][2] * 1e9:.2f} ns" for c in roof)
-    + f" (roofline). All memory-bound: {per_C[64] / (chunkwise.chunk_bytes(64, d, d) / 64):.0f} "
-    f"flop/byte at $C$ = 64 against a ridge of {chip.ridge:.0f}. With bytes least at $C^\\ast$ = "
-    f"{np.sqrt(d * d / 2):.1f}, $C$ = 64 and 128 tie, {roof[16][2] / roof[64][2]:.2f}x faster "
-    "than $C$ = 16 (state traffic); without overlap $C$ = 64 wins on its fewer flops. A model "
-    "(real kernels fuse some passes), but the reason holds: small chunks pay for moving the "
-    "state, large ones for their $C \\times C$ blocks, and 64 sits between."))
-
-# %% [markdown]
-# ## 7. Measured time on this machine
-#
-# Batch 1, `timing_heads` heads, $d_k = d_v$ = `timing_dim`: the recurrence, `kda_lib`'s and
-# tokamax's pure-JAX chunked forms (`kda_lib.kda`) and causal softmax attention; medians of
-# `timing_repeats` calls after a compiling warm-up. The table is this run's and is not
-# asserted: CPU timings depend on the machine and its load, and a CPU has no matrix units for
-# the chunked form to fill. An accelerator's side is section 6's model; DESIGN's notes read the
-# recorded CPU run, where forward plus backward the recurrence is several times slower.
+# The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms and causal softmax
+# attention, batch 1, medians of `timing_repeats` calls after a warm-up: not asserted. The flop
+# count against the paper's Eq. 13 and a roofline model of the chunk size are in the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -510,26 +384,18 @@ timings = chunkwise.time_forms(chunkwise.kda_forms(lower_bound), timing_lengths,
                                repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, jax.default_backend())))
 for mode in modes:
-    viz.show(viz.time_vs_length(timing_lengths, timings[mode], [], mode=mode,
-                                live_title=f"live: {jax.default_backend()}, {mode}, B=1, "
-                                           f"H={timing_heads}, K=V={timing_dim}"),
+    title = f"live: {jax.default_backend()}, {mode}, B=1, H={timing_heads}, K=V={timing_dim}"
+    viz.show(viz.time_vs_length(timing_lengths, timings[mode], [], mode=mode, live_title=title),
              f"03_time_vs_length_{mode}")
 
 # %% [markdown]
 # ## Summary
 #
 # - A chunk's pseudo-values solve one unit-lower-triangular system (by hand at $C = 3$, then in
-#   five float64-checked steps): $\Delta = \tilde V - \tilde K S_{\text{in}}$, and the chunk is
-#   the affine map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow
-#   K^\top \tilde K$: a diagonal minus a matrix of rank $\le \min(C, d_k)$ (the WY form).
-# - The whole forward pass is one short function, equal to `kda_recurrent` and `kda_chunked` in
-#   float64; the maps also chain by `lax.associative_scan` ($2 \log_2 N - 1$ rounds).
-# - On one counting basis at a time the chunked form does more flops than the recurrence, in
-#   $T / C$ instead of $T$ steps; against the paper's Eq. 13 the $C d$ and $C^2$ terms differ.
-# - Time, not flops, sets $C$: on an H100 SXM (a roofline model) small chunks pay for moving the
-#   state, large ones for their $C \times C$ blocks; in this model $C = 64$ and $C = 128$ tie at
-#   the minimum (bytes least near $\sqrt{d_k d_v / 2}$), so it does not single out the $C = 64$
-#   that the paper and fla use.
+#   five float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the
+#   affine map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top
+#   \tilde K$ (WY form). The forward pass is one short function, equal to `kda_recurrent` and
+#   `kda_chunked` in float64; the maps also chain by `lax.associative_scan`.
 #
 # ## Exercises
 #

@@ -21,17 +21,12 @@
 # projections, a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2
 # norm on $\mathbf q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the
 # forget gate, and an output gate with a per-head RMSNorm. We build the layer from these parts in
-# one short function, check that it equals `kda_lib.KimiDeltaAttention`, tabulate every shape
-# and count the parameters beside softmax attention, show what goes wrong without each part, and
-# load a checkpoint of fla's PyTorch layer through `KimiDeltaAttention.from_fla_state_dict`,
-# matching fla's intermediate values part by part.
+# one short function, check that it equals `kda_lib.KimiDeltaAttention`, tabulate every shape,
+# count the parameters beside softmax attention, and show what goes wrong without each part.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# CI runs the small defaults of the `parameters` cell below; `make notebooks PARAMS=full` runs
-# `notebooks/params/full/04_kda_layer.yaml`.
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
 batch: int = 2  # sequences per batch
@@ -47,8 +42,7 @@ ablation_scale: float = 3.0  # section 4 feeds the layer x times this (stands in
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
-# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
-# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
 import runpy
 import subprocess
@@ -75,10 +69,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import dataclasses
-import importlib.metadata
-import json
-import pathlib
-import urllib.request
 
 import jax
 import jax.numpy as jnp
@@ -91,15 +81,14 @@ import kda_lib.teaching.notebook
 from kda_lib.layers.conv import depthwise_causal_conv
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, explain, layer_diagram, viz
-from kda_lib.testing import assert_close, relative_l2
+from kda_lib.testing import assert_close
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
 
 # %%
-# Derived values
 key = jax.random.key(seed)
-key_layer, key_x, key_conv = jax.random.split(key, 3)
+key_layer, key_x, _ = jax.random.split(key, 3)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
                            conv_size=conv_size, forget_gate_rank=gate_rank,
@@ -107,19 +96,6 @@ config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_di
 layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
 x = jax.random.normal(key_x, (batch, seq_len, hidden_size))
 H, K, V = num_heads, head_dim, head_dim
-FIXTURES = pathlib.Path(kda_lib.__file__).resolve().parents[1] / "data" / "fixtures"
-
-
-def fixture(name):
-    """A file of data/fixtures/: from the checkout, or downloaded (Colab installs no data)."""
-    path = FIXTURES / name
-    if not path.exists():  # the repository named in kda_lib's metadata, on GitHub
-        urls = importlib.metadata.metadata("kda-lib").get_all("Project-URL") or []
-        repository = next(u.split(", ", 1)[1] for u in urls if u.startswith("Repository"))
-        raw = repository.replace("https://github.com/", "https://raw.githubusercontent.com/")
-        path = pathlib.Path(name)
-        urllib.request.urlretrieve(f"{raw}/main/data/fixtures/{name}", path)
-    return np.load(path, allow_pickle=False)
 
 # %% [markdown]
 # ## 1. The layer: a picture, then the equations
@@ -169,7 +145,8 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 #   \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$, $\epsilon$ = `norm_eps`,
 #   one $\boldsymbol\eta \in \mathbb R^{d_v}$ shared by the heads.
 #
-# The function below is these equations with the layer's own parameters, and nothing else.
+# The function below is these equations with the layer's own parameters, and nothing else
+# (`depthwise_causal_conv` is the tap formula above: the notes say where that is tested).
 
 # %%
 def layer_from_parts(layer, x):
@@ -204,26 +181,14 @@ y_layer = forward(layer, x)
 err = assert_close(parts["y"], y_layer, atol=1e-5, rtol=1e-4, name="parts == KimiDeltaAttention")
 print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e}")
 
-# the convolution is the tap formula, and causal
-u = jax.random.normal(key_conv, (1, seq_len, 3))
-taps = jax.random.normal(jax.random.fold_in(key_conv, 1), (conv_size, 3))
-padded = np.concatenate([np.zeros((conv_size - 1, 3)), np.asarray(u[0], np.float64)])
-by_formula = sum(np.asarray(taps[j], np.float64) * padded[j: j + seq_len]
-                 for j in range(conv_size))
-assert_close(depthwise_causal_conv(u, taps)[0], by_formula, name="conv = sum_j kappa_j u_{t-w+1+j}")
-later = u.at[:, seq_len // 2:].set(0.0)  # change the future: the past outputs must not move
-_ = assert_close(depthwise_causal_conv(later, taps)[0, : seq_len // 2],
-                 depthwise_causal_conv(u, taps)[0, : seq_len // 2], atol=0, name="conv is causal")
-
 # %% [markdown]
 # ## 2. Shapes, part by part
 #
-# Every array of the forward pass above, for this notebook's $B$, $T$, $d$, $H$, $d_k = d_v$ and
-# $r$ (read off the arrays, not typed in):
+# Every array of the forward pass above, at this notebook's sizes (read off the arrays):
 
 # %%
-rows = [("x", "layer input", "B, T, d", x), ("q, k", "after conv, SiLU, L2 norm", "B, T, H, K",
-                                              parts["q"]),
+rows = [("x", "layer input", "B, T, d", x),
+        ("q, k", "after conv, SiLU, L2 norm", "B, T, H, K", parts["q"]),
         ("v", "after conv, SiLU", "B, T, H, V", parts["v"]),
         ("f", "raw gate input (rank-r projection)", "B, T, H, K", parts["f"]),
         ("g", "log decay per channel, <= 0", "B, T, H, K", parts["g"]),
@@ -246,8 +211,7 @@ assert float(parts["g"].max()) <= 0 and 0 < float(parts["beta"].min()) < 1
 # Counted from the layer's arrays and compared with the formula per part. A softmax attention
 # layer with the same heads has only $W_q, W_k, W_v, W_o$: $d\,H(2 d_k + d_v) + H d_v\, d$. We
 # count both for this notebook's small layer and for a realistic one ($d$ = `big_hidden`, $H$ =
-# `big_heads`, $r = d_v$ as fla uses), whose parameters are counted from shapes without being
-# allocated (`nnx.eval_shape`).
+# `big_heads`, $r = d_v$ as fla uses; from shapes, `nnx.eval_shape`).
 
 # %%
 def kda_parameters(d, H, K, V, r, w):
@@ -259,11 +223,8 @@ def kda_parameters(d, H, K, V, r, w):
             "A_log, dt_bias": H + H * K, "o_norm": V, "o_proj": H * V * d}
 
 
-def counted(module):
-    return sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))
-
-
 # %%
+counted = lambda module: sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))  # noqa: E731
 big_k = big_hidden // big_heads  # d_k = d_v, and the gates' rank r
 big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads, head_dim=big_k,
                         forget_gate_rank=big_k, output_gate_rank=big_k)
@@ -291,35 +252,13 @@ display(Markdown("The KDA layer has " + ", ".join(f"{r:.2f}x ({label})" for labe
                  + " the parameters of softmax attention with the same heads."))
 assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 
-# %%
-# the four low-rank gate factors against softmax attention's four d x H d_k matrices
-for label, (d, h, k_, v_, r, *_) in sizes.items():
-    factors = {"W_f down": d * r, "W_f up": r * h * k_, "W_z down": d * r, "W_z up": r * h * v_}
-    attention = counts[label]["softmax attention"]
-    extra = counts[label]["KDA layer"] - attention
-    print(f"{label}: gate factors " + ", ".join(f"{n} {c:,}" for n, c in factors.items())
-          + f" = {sum(factors.values()) / attention:.2%} of attention; all extra parts "
-          f"{extra / attention:.2%} (KDA / attention {ratio[label]:.3f}x)")
-big_label = f"d = {big_hidden}, H = {big_heads}"
-d, h, k_, v_, r = sizes[big_label][:5]
-others = {p: n for p, n in counts[big_label].items() if p not in ("q_proj, k_proj", "v_proj",
-          "o_proj", "f_proj", "g_proj (+ bias)", "KDA layer", "softmax attention")}
-assert h * k_ == h * v_ == d and len({d * r, r * h * k_}) == 1, "H d_k = d: each factor is r d"
-assert max(others.values()) < r * d, "no other extra part is as large as one factor"
-assert 4 * r * d / counts[big_label]["softmax attention"] == r / d
-assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "factors: >90%"
-
 # %% [markdown]
-# At realistic sizes the extra parts cost little: the gates go through rank-$r$ bottlenecks and
-# the convolutions have $w$ taps per channel, so KDA's layer is dominated by the same four
-# $d \times H d_k$ matrices as attention ($d_k = d_v$ here). The largest extra pieces are the
-# four gate factors $W_f^{\downarrow}, W_f^{\uparrow}, W_z^{\downarrow}, W_z^{\uparrow}$, all the
-# same size: with $H d_k = H d_v = d$ each has $r d$ entries, $r / d$ of one of attention's
-# matrices, so together they are $r / d$ of attention's parameters and over 90% of all the
-# extra parts ($W_\beta$, $\mathbf b_z$, the convolutions, $a_h$, $\mathbf b$ and
-# $\boldsymbol\eta$ make the rest; printed and asserted above). What the layer does not have is
-# a KV cache: what it keeps between decode steps does not grow with the length (exercise 2
-# counts it; notebook 07 uses it).
+# The gates go through rank-$r$ bottlenecks and the convolutions have $w$ taps per channel, so
+# at realistic sizes the layer is dominated by the same four $d \times H d_k$ matrices as
+# attention; where the extra parameters go (mostly the four gate factors) is counted in the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-04).
+# What the layer does not have is a KV cache: what it keeps between decode steps does not grow
+# with the length (exercise 2 counts it; notebook 07 uses it).
 #
 # ## 4. What each part is for: take it away
 #
@@ -328,21 +267,15 @@ assert 4 * r * d < ratio[big_label] * 4 * d * d - 4 * d * d < 1.1 * 4 * r * d, "
 # any $\mathbf k$ it is $1 - \beta \lVert\mathbf k\rVert^2$ (apply the matrix to $\mathbf k$).
 # With $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$ it lies in $(0, 1)$; an unnormalised
 # key with $\beta \lVert \mathbf k\rVert^2 > 2$, or a $\beta$ outside $[0, 2]$, pushes it
-# outside $[-1, 1]$ and every write along that direction amplifies the state. The
-# L2 norm is what keeps $\lVert\mathbf k\rVert = 1$: the length of the raw key depends on
-# $W_k$, the convolution's taps and the input, all of which training moves, and nothing else
-# bounds $\beta \lVert\mathbf k\rVert^2$ below 2. (It is not about the input's scale: in a
-# model the layer sits after a pre-norm, `kda_lib.models.tiny_lm`' blocks compute
-# $\mathbf x + \text{mixer}(\operatorname{RMSNorm}(\mathbf x))$, so $\mathbf x$'s scale does not
-# grow with depth.) The paper gives the same reason, L2Norm "to ensure eigenvalues stability"
-# (§4). Below, head 0 of this layer runs on inputs `ablation_scale` times larger than $X$, which
-# stands in for larger weights, three ways: as built; with the keys left unnormalised; with
-# $\beta$ taken as the raw projection $\mathbf x_t W_\beta$ (no sigmoid). The first check builds
-# every token's transition $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$ in float64 and
-# asserts $\lVert M_t\rVert_2 \le 1$. It follows that $\lVert S_t\rVert_F \le \lVert S_{t-1}
-# \rVert_F + \beta_t \lVert\mathbf k_t\rVert \lVert\mathbf v_t\rVert$, so $\lVert S_t\rVert_F
-# \le \sum_{s \le t} \beta_s \lVert\mathbf v_s\rVert$: asserted as built, broken by both
-# ablations.
+# outside $[-1, 1]$ and every write along that direction amplifies the state. The raw key's
+# length depends on $W_k$, the conv taps and the input, all moved by training: only the L2 norm
+# keeps $\beta \lVert\mathbf k\rVert^2$ below 2 (the paper's L2Norm "to ensure eigenvalues
+# stability", §4). Below, head 0 runs on inputs `ablation_scale` times larger than $X$ (standing
+# in for larger weights) three ways: as built; keys unnormalised; $\beta = \mathbf x_t W_\beta$
+# (no sigmoid). As built every $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$ has
+# $\lVert M_t\rVert_2 \le 1$ (float64), so $\lVert S_t\rVert_F \le \lVert S_{t-1} \rVert_F +
+# \beta_t \lVert\mathbf k_t\rVert \lVert\mathbf v_t\rVert$ and $\lVert S_t\rVert_F \le
+# \sum_{s \le t} \beta_s \lVert\mathbf v_s\rVert$: asserted as built, broken by both ablations.
 
 # %%
 x_big = ablation_scale * x
@@ -390,8 +323,7 @@ for name in eig:
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
 for (name, n), style in zip(norms.items(), ("-", "--", "-."), strict=True):
-    ax.semilogy(np.arange(1, seq_len + 1), np.where(np.isfinite(n), n, np.nan), style,
-                label=name)
+    ax.semilogy(np.arange(1, seq_len + 1), np.where(np.isfinite(n), n, np.nan), style, label=name)
 ax.set(title="State norm of head 0 with and without the contractive parts",
        xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$ (log scale)")
 ax.legend(loc="upper left")
@@ -403,16 +335,13 @@ viz.show(fig, "04_ablation_state_norm")
 # token $t$ uses $\mathbf k_t$ and $\mathbf v_t$; without the convolution both depend on
 # $\mathbf x_t$ alone, so one layer cannot store that pair (it needs a second layer to move
 # $\mathbf x_{t-1}$ forward first). With it, $\mathbf k_t$ sees $\mathbf x_{t-w+1}, \dots,
-# \mathbf x_t$. The Jacobian of $\mathbf k_t$ with respect to every input token shows it (the
-# same layer weights, with and without `conv_size`; notebook 06 trains a model and shows the
-# converse: without the recurrence the conv alone cannot reach further than $w - 1$ tokens).
+# \mathbf x_t$: the Jacobian of $\mathbf k_t$ with respect to every input token shows it.
 
 # %%
 t_probe = seq_len // 2
 
 
-def key_reach(module):
-    """|d k_t / d x_s| summed over channels, for every s (t = t_probe, row 0)."""
+def key_reach(module):  # |d k_t / d x_s| summed over channels, every s (t = t_probe, row 0)
     jac = jax.jit(jax.jacobian(lambda x: module.project(x).k[0, t_probe]))(x[:1])  # [H,K,1,T,d]
     return np.abs(np.asarray(jac)).sum(axis=(0, 1, 2, 4))
 
@@ -422,37 +351,30 @@ no_conv = kda_lib.KimiDeltaAttention(dataclasses.replace(config, conv_size=0),
 reach = {"with conv": key_reach(layer), "without conv": key_reach(no_conv)}
 for name, r in reach.items():
     print(f"{name}: k_t depends on tokens {np.flatnonzero(r).tolist()} (t = {t_probe})")
-assert np.flatnonzero(reach["with conv"]).tolist() == list(range(t_probe - conv_size + 1,
-                                                                 t_probe + 1))
+window = list(range(t_probe - conv_size + 1, t_probe + 1))
+assert np.flatnonzero(reach["with conv"]).tolist() == window
 assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 
 # %% [markdown]
 # **The low-rank gate projections are the paper's design choice.** The raw gate input
 # $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of the $H d_k$
-# dimensions; section 3 counts the parameters that saves, and the check below confirms the
-# rank. Whether the bottleneck costs quality is not tested here: the paper sets the forget
-# gate's rank to the head dimension and reports that its low-rank output gate keeps
-# "performance comparable to full-rank gating" (§4, beside its Eq. 10).
+# dimensions (checked below); the paper reports "performance comparable to full-rank gating"
+# (§4, beside its Eq. 10), which is not tested here.
 #
 # **The per-head RMSNorm and the output gate fix the output's scale and let it be switched off.**
-# The recurrence's output scale depends on how full the state is and on the decays, so it
-# differs between heads and along the sequence. The RMSNorm divides each head's output by its
-# RMS, so $\hat{\mathbf o} = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to
-# $\epsilon$), then multiplies channel $e$ by $\eta_e$. At initialisation
-# $\boldsymbol\eta = \mathbf 1$, so every head and token leaves with RMS 1, except outputs so
-# small that $\epsilon$ dominates their mean square, which stay small instead of amplifying noise
-# (checked below on the larger inputs of the experiment above; the printout says how many
-# outputs are well above $\epsilon$). Once $\boldsymbol\eta$ is trained the RMS is
-# $\sqrt{\tfrac{1}{d_v}\sum_e \eta_e^2 \hat o_e^2}$, which varies from token to token (it is
-# $\lVert\boldsymbol\eta\rVert / \sqrt{d_v}$ only for a constant $\boldsymbol\eta$; the
-# last check uses a random one). The sigmoid gate then scales each
-# channel by $\sigma(\mathbf z_t) \in (0, 1)$, computed from the token itself, so a head can be
-# muted where it has nothing useful to add.
+# The recurrence's output scale differs between heads and along the sequence (how full the
+# state is, the decays). The RMSNorm divides each head's output by its RMS, so
+# $\hat{\mathbf o} = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to $\epsilon$),
+# then multiplies channel $e$ by $\eta_e$. At initialisation $\boldsymbol\eta = \mathbf 1$, so
+# every head and token leaves with RMS 1, except outputs so small that $\epsilon$ dominates their
+# mean square, which stay small instead of amplifying noise (checked below on section 4's larger
+# inputs; a trained $\boldsymbol\eta$: the notes). The
+# sigmoid gate then scales each channel by $\sigma(\mathbf z_t) \in (0, 1)$, computed from the
+# token itself, so a head can be muted where it has nothing useful to add.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
-print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = "
-      f"{gate_rank})")
+print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = {gate_rank})")
 assert f_rank == min(gate_rank, seq_len, H * K)
 rms_o = np.sqrt(np.mean(np.asarray(scaled["o"]) ** 2, axis=-1))  # [B, T, H], section 4's input
 normed = np.asarray(scaled["gated"] / jax.nn.sigmoid(scaled["z"]))
@@ -464,70 +386,22 @@ print(f"RMS of o per head and token: {rms_o.min():.2e} .. {rms_o.max():.2e}; aft
 assert rms_o.max() / rms_o.min() > 2 and above_eps.any()
 assert np.all(np.asarray(layer.o_norm[...]) == 1.0), "eta = 1 at initialisation"
 assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
-eta = 1 + 0.5 * np.asarray(jax.random.normal(jax.random.fold_in(key_conv, 2), (V,)))  # trained-like
-rms_eta = np.sqrt(np.mean((normed[above_eps] * eta) ** 2, axis=-1))
-print(f"with a non-constant eta: RMS {rms_eta.min():.3f} .. {rms_eta.max():.3f} over tokens "
-      f"(|eta| / sqrt(d_v) = {np.linalg.norm(eta) / np.sqrt(V):.3f})")
-assert rms_eta.max() / rms_eta.min() > 1.05, "the RMS depends on the token once eta varies"
 gate = np.asarray(jax.nn.sigmoid(scaled["z"]))
 assert 0 < gate.min() and gate.max() < 1
-
-# %% [markdown]
-# ## 5. Loading an fla checkpoint
-#
-# fla's `KimiDeltaAttention` (PyTorch) names its parameters as this layer does (`q_proj`,
-# `q_conv1d`, `f_proj.0`, `f_proj.1`, `g_proj.*`, `o_norm`, `A_log`, `dt_bias`, ...).
-# `from_fla_state_dict` transposes the linear weights (`[out, in]` in PyTorch) and turns each
-# conv weight `[C, 1, w]` into `[w, C]` with the same tap order (PyTorch's last tap multiplies the
-# current token, as $\boldsymbol\kappa_{w-1}$ here). The fixture
-# `data/fixtures/fla_layer_default.npz` holds such a state dict, an input and fla's output, plus
-# fla's intermediate values (see `data/fixtures/README.md`); we load it and compare every part.
-
-# %%
-fla = fixture("fla_layer_default.npz")
-fla_config = json.loads(str(fla["config_json"]))
-loaded_config = kda_lib.KDAConfig(
-    hidden_size=fla_config["hidden_size"], num_heads=fla_config["num_heads"],
-    head_dim=fla_config["head_dim"], conv_size=fla_config["conv_size"],
-    lower_bound=fla_config["lower_bound"], norm_eps=fla_config["norm_eps"],
-    forget_gate_rank=fla_config["head_dim"], output_gate_rank=fla_config["head_dim"])  # r = d_v
-state_dict = {name.removeprefix("sd/"): fla[name] for name in fla.files
-              if name.startswith("sd/")}
-fla_layer = kda_lib.KimiDeltaAttention.from_fla_state_dict(state_dict, loaded_config,
-                                                           rngs=nnx.Rngs(0))
-x_fla = jnp.asarray(fla["x"])
-ours = forward_parts(fla_layer, x_fla)
-
-# %%
-pairs = {"q (L2-normalised)": ("q", "dbg/q_l2"), "k (L2-normalised)": ("k", "dbg/k_l2"),
-         "v (conv, SiLU)": ("v", "dbg/v_conv"), "g (gate)": ("g", "dbg/g"),
-         "beta": ("beta", "dbg/beta"), "o (recurrence)": ("o", "dbg/o_core"),
-         "final state": ("state", "dbg/state_core"), "y (layer output)": ("y", "y")}
-fla_errors = {name: relative_l2(ours[mine], fla[theirs])
-              for name, (mine, theirs) in pairs.items()}
-for name, e in fla_errors.items():
-    print(f"{name:18s} relative L2 vs fla: {e:.1e}")
-assert max(fla_errors.values()) < 1e-5
-y_loaded = forward(fla_layer, x_fla)
-_ = assert_close(y_loaded, fla["y"], atol=5e-6, rtol=1e-5, name="layer vs fla's y")
 
 # %% [markdown]
 # ## Summary
 #
 # - `KimiDeltaAttention` is projections, a short causal conv with SiLU, L2-normalised $\mathbf q$
-#   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the KDA
-#   recurrence, a per-head RMSNorm with a sigmoid output gate and an output projection; a
-#   function writing out exactly these parts equals the layer.
+#   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the recurrence,
+#   a per-head RMSNorm, a sigmoid output gate and an output projection: a function of these parts
+#   equals the layer.
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
-#   more than softmax attention's parameters (the four rank-$r$ gate factors, $r / d$ of
-#   attention's, are most of the difference) and no KV cache.
+#   more than softmax attention's parameters, and no KV cache.
 # - Without the L2 norm the state grows without bound; without the $\beta$ sigmoid it leaves
-#   the bound the sigmoid guarantees and ends many times larger, the decay holding it back
-#   (the figure of section 4); without the convolution a key
-#   sees only its own token; the gate's input has rank $r$; at initialisation
-#   ($\boldsymbol\eta = \mathbf 1$) the RMSNorm brings every head's output to RMS 1 (all
-#   checked above).
-# - fla's PyTorch layer, loaded through `from_fla_state_dict`, matches part by part.
+#   the bound and ends many times larger (section 4's figure); without the convolution a key
+#   sees only its own token; the gate's input has rank $r$; at initialisation the RMSNorm
+#   brings every head's output to RMS 1 (all checked above).
 #
 # ## Exercises
 #

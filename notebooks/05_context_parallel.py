@@ -17,23 +17,18 @@
 # # 05 · Context parallelism: split the sequence, pass the state, get the same answer
 #
 # **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute what one
-# device computes, outputs and gradients, to float32 rounding (relative error below $10^{-5}$,
-# asserted in sections 4 and 5, which print the largest measured), while the devices exchange
+# device computes, outputs and gradients, to float32 rounding (relative error below $10^{-5}$:
+# the kernel in section 4, the whole layer in the notes' test), while the devices exchange
 # two small things: the $w - 1$ tokens before each slice (the short convolution's *halo*,
 # notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each slice's
 # effect on the state (the chunk maps of notebook 03, one per device). Neither grows with the
-# sequence length $T$; gathering the sequence onto every device does. We check the equality,
-# read the bytes moved off the compiled program, and count the compute: at this notebook's
-# small sizes the split gains no speed (section 7); at long $T$ and many ranks it can.
+# sequence length $T$; gathering the sequence onto every device does. We check the equality and
+# read the bytes moved off the compiled program; what each rank computes, and when the split is
+# faster, is in the notebook notes. On a laptop or Colab the devices are simulated on the CPU.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
-# Symbols follow the notation table,
-# [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# On a laptop or Colab CPU the devices are simulated (XLA splits the host CPU into
-# `num_devices` devices); on a TPU VM or a multi-GPU host the real accelerators are used. CI
-# runs the small defaults of the `parameters` cell; `make notebooks PARAMS=full` runs
-# `notebooks/params/full/05_context_parallel.yaml`.
+# Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
 num_devices: int = 4  # context-parallel ranks R (simulated CPU devices without accelerators)
@@ -42,19 +37,16 @@ seq_len: int = 64  # tokens T, split evenly over the ranks
 num_heads: int = 2  # heads H
 key_dim: int = 16  # K per head
 value_dim: int = 16  # V per head
-hidden_size: int = 32  # model width of the layer checked in section 5
+hidden_size: int = 32  # model width of the layer whose traffic section 5 reads
 conv_size: int = 4  # short-conv width w; the halo is w - 1 tokens
 implementation: str = "recurrent"  # kernel each rank runs locally (recurrent or chunked)
 traffic_lengths: list[int] = [64, 256, 1024]  # T at which the compiled programs are inspected
 traffic_max_len: int = 1048576  # longest T of the analytic traffic curves
-cost_seq_len: int = 65536  # T of section 7's compute model (a long training sequence)
-cost_head_dim: int = 128  # head size (d_k and d_v) of section 7's compute model
 seed: int = 0  # seed of the one jax.random.key below
 
 
 # %%
-# Simulated devices must be requested before jax is first imported; an XLA_FLAGS setting of
-# your own wins.
+# Simulated devices must be requested before jax is first imported (your own XLA_FLAGS win).
 import os
 import sys
 
@@ -68,8 +60,7 @@ else:
     print("jax was imported before this cell: the simulated device count cannot change now")
 
 # %% tags=["hide-input"]
-# Install what is missing (Colab, a fresh VM): kda_lib, then this machine's accelerator
-# stack, keeping the runtime's JAX if new enough (1 to 3 minutes; it says what it does).
+# Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
 import runpy
 import subprocess
@@ -103,7 +94,6 @@ from IPython.display import Markdown, display
 from jax.sharding import PartitionSpec
 
 import kda_lib.teaching.notebook
-from kda_lib.lab import costs
 from kda_lib.lab.measure import hlo_collectives
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.teaching import context_parallel as cpt
@@ -112,12 +102,10 @@ from kda_lib.testing import random_kda_inputs, relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
-# full-precision float32 matmuls (TPUs default to bfloat16 passes), so every difference below
-# is about context parallelism and not about matmul precision
+# full float32 matmuls: every difference below is context parallelism's, not matmul precision's
 jax.config.update("jax_default_matmul_precision", "highest")
 
 # %%
-# Derived values
 accelerators = [d for d in jax.devices() if d.platform != "cpu"]
 pool = accelerators if len(accelerators) >= 2 else jax.devices("cpu")
 ranks = min(num_devices, len(pool))
@@ -131,25 +119,21 @@ mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.E
                      devices=pool[:ranks])
 SEQ = PartitionSpec(None, "context")  # arrays [B, T, ...] split along T
 key = jax.random.key(seed)
-key_inputs, key_cotangent, key_layer, key_x = jax.random.split(key, 4)
+key_inputs, key_cotangent, key_layer, _ = jax.random.split(key, 4)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
+for r, device in enumerate(mesh.devices.flat):
+    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
+assert mesh.shape["context"] == ranks and total_len % ranks == 0
 
 # %% [markdown]
 # ## 1. Devices, and who waits for whom
 #
 # A `jax.sharding.Mesh` names the device axis the sequence is split over, here `"context"`;
 # `jax.shard_map` hands each device its slice `[B, T / R, ...]` (`shard_as` puts an array into
-# that layout inside `jax.jit`).
-
-# %%
-for r, device in enumerate(mesh.devices.flat):
-    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
-assert mesh.shape["context"] == ranks and total_len % ranks == 0
-
-# %% [markdown]
-# First the schedule, then the algebra. Each rank holds $T_R = T / R$ consecutive tokens.
+# that layout inside `jax.jit`). First the schedule, then the algebra. Each rank holds
+# $T_R = T / R$ consecutive tokens (printed above).
 #
 # 1. **Halo.** The short convolution at a rank's first token needs the $w - 1$ tokens before
 #    it, which the rank before holds: one `ppermute` down the chain (rank 0 receives zeros).
@@ -159,15 +143,6 @@ assert mesh.shape["context"] == ranks and total_len % ranks == 0
 # 4. **Fold.** Rank $\rho$ applies the summaries of ranks $0, \dots, \rho - 1$ in order: the
 #    state passes from device to device as arithmetic on the gathered summaries.
 # 5. **Output pass.** Each rank reruns its slice from that state and writes its outputs.
-#
-# The boxes below are as wide as their flops at this notebook's sizes (XLA's count of one
-# recurrence step, `cpt.critical_path`); section 7 derives each and says when the split pays.
-
-# %% tags=["hide-input"]
-cp_path = cpt.critical_path(ranks, local_len, key_dim, value_dim)
-viz.show(cpt.draw_critical_path(ranks, halo, cp_path), "05_critical_path")
-print(f"each rank: {cp_path['rank']:,.0f} flops per sequence and head; one device: "
-      f"{cp_path['one_device']:,.0f} ({cp_path['rank'] / cp_path['one_device']:.2f}x)")
 
 # %% [markdown]
 # ## 2. The halo
@@ -214,8 +189,7 @@ for r in range(ranks):
 #
 # Below we compute the summaries on one device, fold them ($S^{(0)} = 0$,
 # $S^{(\rho)} = M^{(\rho - 1)} S^{(\rho - 1)} + E^{(\rho - 1)}$) and compare with the state
-# one device reaches at each slice boundary. Inputs: `kda_lib.testing.random_kda_inputs`;
-# gates from a fresh layer's `A_log` and `dt_bias` (their half-lives $\ln 2 / (-g)$ printed).
+# one device reaches at each slice boundary (gates from a fresh layer's `A_log` and `dt_bias`).
 
 # %%
 raw = random_kda_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim, gate="raw")
@@ -223,9 +197,6 @@ key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))  # one key p
 g = kda_lib.kda_gate(raw["g"], kda_lib.init_a_log(key_a, num_heads),
                      kda_lib.init_dt_bias(key_dt, num_heads, key_dim))  # log decay <= 0
 inputs = (raw["q"], raw["k"], raw["v"], g, raw["beta"])
-half_lives = np.log(2) / -np.asarray(g)  # tokens until a channel keeps half, at that token
-print("half-lives over this draw (tokens): min {:.3g}, median {:.3g}, max {:,.0f}".format(
-    *np.percentile(half_lives, [0, 50, 100])))
 kernel = jax.jit(kda_lib.kda, static_argnames=("output_final_state", "implementation"))
 
 
@@ -329,38 +300,7 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
                               "per rank's slice"), "05_kernel_errors")
 
 # %% [markdown]
-# ## 5. The full layer
-#
-# `KimiDeltaAttention(config, rngs=..., mesh=mesh)` runs the projections rank-locally, the
-# short convolutions with the halo exchange and the kernel as above. Built with the same
-# `nnx.Rngs` seed, it holds the same parameters as a one-device layer, so outputs and every
-# parameter's gradient must agree.
-
-# %%
-config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
-                           value_head_dim=value_dim, conv_size=conv_size,
-                           implementation=implementation)
-layer_one = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
-layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
-x = jax.random.normal(key_x, (batch, total_len, hidden_size))
-forward = nnx.jit(lambda layer, x: layer(x))
-param_grads = nnx.jit(lambda layer, x: nnx.grad(lambda m: jnp.sum(jnp.sin(m(x))))(layer))
-
-with jax.default_device(pool[0]):
-    y_one, y_cp = forward(layer_one, x), forward(layer_cp, x)
-    g_one, g_cp = param_grads(layer_one, x), param_grads(layer_cp, x)
-layer_errors = {"output y": relative_l2(y_cp, y_one)}
-for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_cp),
-                        jax.tree_util.tree_leaves(g_one), strict=True):
-    name = "d " + ".".join(str(part.key) for part in path if hasattr(part, "key"))
-    layer_errors[name] = relative_l2(a, b)
-for name, err in layer_errors.items():
-    print(f"{name:22s} relative error {err:.1e}")
-print(f"largest: {max(layer_errors.values()):.1e} (float32 rounding; asserted below 1e-5)")
-assert max(layer_errors.values()) < 1e-5
-
-# %% [markdown]
-# ## 6. Bytes moved: state passing vs gathering the sequence
+# ## 5. Bytes moved: state passing vs gathering the sequence
 #
 # The obvious alternative is to all-gather $\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta$ so
 # every rank holds the whole sequence. With 4-byte floats, per rank (ring all-gathers):
@@ -402,6 +342,13 @@ def gather_local(q, k, v, g, beta):
 
 gather_kernel = jax.shard_map(gather_local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
 gather = jax.jit(lambda *a: gather_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
+
+# %%
+# the layer of notebook 04 on the mesh: its halo and summaries are what it sends
+config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
+                           value_head_dim=value_dim, conv_size=conv_size,
+                           implementation=implementation)
+layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
 layer_graph, layer_state = nnx.split(layer_cp)
 layer_fn = jax.jit(lambda s, x: nnx.merge(layer_graph, s)(x))
 
@@ -418,11 +365,9 @@ for t in lengths:
                           ("state passing + halo (layer)", layer_fn.lower(layer_state, x_spec))):
         found = hlo_collectives(lowered.compile().as_text(), ranks)
         measured[name].append(sum(c["sent_bytes"] for c in found))
-        print(f"T = {t:5d}  {name:29s} {measured[name][-1]:9,d} bytes per rank  "
-              f"({', '.join(sorted({c['op'] for c in found}))})")
-for name, values in measured.items():
-    for t, value in zip(lengths, values, strict=True):
-        assert value == formula[name](t), (name, t, value, formula[name](t))
+        assert measured[name][-1] == formula[name](t), (name, t, measured[name][-1])
+    print(f"T = {t:5d}, bytes per rank: " + ", ".join(f"{n} {v[-1]:,d}"
+                                                      for n, v in measured.items()))
 assert len(set(measured["state passing (kernel)"])) == 1, "state passing is flat in T"
 assert len(set(measured["state passing + halo (layer)"])) == 1
 
@@ -445,103 +390,17 @@ display(Markdown(
     f"{ratio_at_longest:.1f}x the bytes of state passing, and the ratio keeps growing with $T$."))
 
 # %% [markdown]
-# The backward pass moves the transposes of the same collectives (the all-gathers become
-# reduce-scatters of the same sizes), so it is flat in $T$ as well;
-# `tests/parallel/test_context_parallel.py` checks that on the compiled gradient.
-#
-# ## 7. Compute: what each rank does, against passing the state rank to rank
-#
-# The boxes of section 1, with $T_R = T / R$ tokens per rank and $F(T_R, d_v')$ the kernel's
-# flops on $T_R$ tokens with $d_v'$ value columns (per sequence and head): the **summary pass**
-# $F(T_R, d_k + d_v)$ (values $[\,\mathbf 0 \mid \mathbf v\,]$), the **fold**, $R$ steps
-# $S \mapsto M S + E$ of $2 d_k^2 d_v$ flops on every rank (the loop runs past the rank's own
-# position, which also yields the final state), and the **output pass** $F(T_R, d_v)$.
-# **Serial point-to-point passing** moves fewer bytes: rank $\rho$ waits for rank
-# $\rho - 1$'s state, runs its slice once and sends its state on; but one rank after another,
-# its critical path is $R\, F(T_R, d_v) = F(T, d_v)$: one device's, for one sequence.
-#
-# For the recurrence, $F(T_R, d_v') = T_R\, F_1(d_v')$ with $F_1$ the flops of one step. We take
-# XLA's count of the compiled `kda_step` (`cpt.step_flops`): about $8\, d_k d_v'$, linear in the
-# value columns. (Notebook 03 counts the same step by hand as $7\, d_k d_v$, the matrix-shaped
-# terms only: two counting bases; this section uses XLA's throughout.) So at $d_k = d_v$ a rank does
-# about three slices' work, and the ideal speed-up over one device is
-# $R d_v / (d_k + 2 d_v) = R / 3$, before the fold, which grows with $R$ as the slices shrink.
-
-# %%
-f_v, f_kv = cpt.step_flops(key_dim, value_dim), cpt.step_flops(key_dim, key_dim + value_dim)
-print(f"one recurrence step, d_k = {key_dim}: {f_v:.0f} flops with d_v = {value_dim} value "
-      f"columns, {f_kv:.0f} with d_k + d_v = {key_dim + value_dim} (ratio {f_kv / f_v:.3f}, "
-      f"columns ratio {(key_dim + value_dim) / value_dim:.3f})")
-assert abs(f_kv / f_v - (key_dim + value_dim) / value_dim) < 0.05, "linear in the value columns"
-assert 6 < f_v / (key_dim * value_dim) < 10, "about 8 d_k d_v flops per step"
-
-# %%
-folds = {r: cpt.fold_matmuls(cpt.cp_jaxpr(inputs, pool[:r], implementation).jaxpr, key_dim,
-                             value_dim) for r in sorted({2, ranks})}
-print("fold steps M S per rank, by rank count:", folds)
-assert all(n == r for r, n in folds.items()), "the fold is R steps on every rank"
-per_rank = local_len * (f_kv + f_v) + ranks * 2 * key_dim**2 * value_dim
-one_device = total_len * f_v
-assert per_rank == cp_path["rank"] and one_device == cp_path["one_device"]  # section 1's picture
-print(f"this notebook's sizes (T = {total_len}, R = {ranks}): one device {one_device:,.0f} flops "
-      f"per head; each CP rank {per_rank:,.0f} (summary pass {local_len * f_kv:,.0f}, fold "
-      f"{ranks * 2 * key_dim**2 * value_dim:,}, output pass {local_len * f_v:,.0f}); serial "
-      f"passing: {local_len * f_v:,.0f} per rank, {ranks * local_len * f_v:,.0f} on the "
-      "critical path")
-display(Markdown(
-    f"**What CP costs here.** At this notebook's own sizes each rank's critical path is "
-    f"{per_rank / one_device:.2f}x one device's flops, a compute speed-up of "
-    f"{one_device / per_rank:.2f}x: {'none to speak of' if per_rank > 0.8 * one_device else 'some'}"
-    f". What the split buys at this size is memory: each device holds $T / R$ of the sequence."))
-
-# %% tags=["hide-input"]
-rank_counts = 2 ** np.arange(1, 11)
-per_token = 8 * cost_head_dim  # f(n) / n: about 8 d_k flops per value column and token
-one = cost_seq_len * per_token * cost_head_dim
-cp_work = (cost_seq_len / rank_counts * per_token * 3 * cost_head_dim
-           + rank_counts * 2 * cost_head_dim**3)
-speedup = one / cp_work
-viz.show(cpt.plot_compute_model(rank_counts, speedup, seq_len=cost_seq_len,
-                                head_dim=cost_head_dim), "05_compute_model")
-
-# %%
-best = int(rank_counts[np.argmax(speedup)])
-r_opt = np.sqrt(3 * cost_seq_len * per_token / (2 * cost_head_dim**2))  # d/dR of cp_work = 0
-assert best / 2 <= r_opt <= 2 * best
-rounds = costs.associative_scan_rounds(best)  # one entry per round: its compositions
-assert len(rounds) == 2 * int(np.log2(best)) - 1 and sum(rounds) == 2 * best - 2 - np.log2(best)
-display(Markdown(
-    f"In this model, at $T$ = {cost_seq_len} and $d_k = d_v$ = {cost_head_dim}, the speed-up "
-    f"peaks at {speedup.max():.1f}x near $R$ = {best} (the fold's cost equals the passes' at "
-    f"$R \\approx$ {r_opt:.0f}) and falls beyond; serial passing stays at 1x for one "
-    "sequence. Folding with `jax.lax.associative_scan` instead of a loop (exercise 4) takes "
-    f"$2 \\log_2 R - 1$ rounds of compositions instead of $R$ steps ({len(rounds)} rounds at "
-    f"$R$ = {best}, the count notebook 03 derives), but {sum(rounds)} compositions in all, "
-    "each ($M M'$, a $d_k \\times d_k$ product) costlier than applying a map to a state."))
-
-# %% [markdown]
 # ## Summary
 #
 # - Each slice of the sequence acts on the state as an affine map
 #   $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$; one kernel run from $[\,I \mid 0\,]$
 #   with values $[\,\mathbf 0 \mid \mathbf v\,]$ computes it, and folding the summaries gives the
 #   state at every slice boundary (to float32 rounding).
-# - With the summaries all-gathered and the conv halo passed down the chain, the kernel and the
-#   full `KimiDeltaAttention` layer on $R$ devices match one device to float32 rounding, for
-#   outputs and for every gradient.
+# - With the summaries all-gathered, the kernel on $R$ devices matches one device to float32
+#   rounding, for outputs and for every gradient; the conv halo passes down the chain.
 # - What the devices exchange does not grow with $T$ (measured in the compiled programs, and
 #   equal to the formula); gathering the sequence instead grows linearly and moves more bytes
 #   beyond the crossover length computed above.
-# - Compute per rank (the critical path of section 1): the summary pass runs the kernel on
-#   $d_k + d_v$ value columns, the fold is $R$ steps on every rank, and the output pass reruns
-#   the slice: with the recurrent kernel (this notebook's default), at most $R / 3$ faster than
-#   one device at $d_k = d_v$, less once the fold
-#   matters, and no faster at this notebook's own sizes (section 7); serial point-to-point
-#   passing moves fewer bytes but is no faster than one device for one sequence.
-# - On TPU kernels (`implementation="tokamax_mosaic"` with a `mesh`) tokamax runs its own
-#   context-parallel path: how it differs, how it is emulated on a CPU and where it is tested,
-#   in [`docs/DESIGN.md`, "Engineering notes: context parallelism on TPU kernels (from
-#   notebook 05)"](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-context-parallelism-on-tpu-kernels-from-notebook-05).
 #
 # ## Exercises
 #

@@ -75,6 +75,7 @@ DOC_PAGES = {
     "LIBRARY.md": "library",
     "RUNNING.md": "running",
     "NOTATION.md": "notation",
+    "NOTEBOOK_NOTES.md": "notebook-notes",
     "DESIGN.md": "design",
 }
 _REMOTE = re.compile(r"^\s*(https?:)?//", re.IGNORECASE)

@@ -157,7 +157,7 @@ def test_00_float32_eps_is_machine_epsilon_not_unit_roundoff():
 
 def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
     """The bound holds at zero gate input; f ~ N(0, 1) takes some channel-tokens past it
-    (issue 42, 3.1). Notebook 02, section 3, prints the fraction; DESIGN states the bound."""
+    (issue 42, 3.1). docs/NOTEBOOK_NOTES.md (notebook 02) states it; DESIGN states the bound."""
     import jax
     import numpy as np
 
@@ -279,6 +279,73 @@ def test_01_two_timescales_per_channel_decay_beats_the_best_scalar_decay_for_eve
         np.testing.assert_allclose(memories[n], S, rtol=0, atol=1e-12)
 
 
+def test_01_family_table_rows_equal_kda_lib():
+    """docs/NOTEBOOK_NOTES.md (notebook 01): each row of the family table, applied as matrices in
+    float64, equals scalar_decay_recurrent (linear attention, Mamba2, GLA on rescaled q, k) or
+    kda_recurrent (DeltaNet, Gated DeltaNet, KDA)."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.ops.scalar_decay import scalar_decay_recurrent
+
+    K, V, T, H = 8, 6, 12, 2
+    ks = jax.random.split(jax.random.key(0), 5)
+    unit = lambda x: (
+        np.asarray(x, np.float64)
+        / np.linalg.norm(np.asarray(x, np.float64), axis=-1, keepdims=True)
+    )  # noqa: E731
+    q, k = (
+        unit(jax.random.normal(ks[0], (1, T, H, K))),
+        unit(jax.random.normal(ks[1], (1, T, H, K))),
+    )
+    v = np.asarray(jax.random.normal(ks[2], (1, T, H, V)), np.float64)
+    beta = np.asarray(jax.random.uniform(ks[3], (1, T, H)), np.float64)
+    g_channel = -np.asarray(jax.random.uniform(ks[4], (1, T, H, K), maxval=4 / T), np.float64)
+    g_head = np.repeat(g_channel[..., :1], K, axis=-1)
+    gamma, no_g = np.cumsum(g_channel, axis=1), np.zeros((1, T, H, K))
+    models = ("linear attention", "Mamba2", "GLA", "DeltaNet", "Gated DeltaNet", "KDA")
+    decays = dict(zip(models, (no_g, g_head, g_channel, no_g, g_head, g_channel), strict=True))
+    three = lambda *xs: jnp.asarray(np.concatenate(xs))  # noqa: E731
+    with jax.enable_x64(True):
+        adds = scalar_decay_recurrent(
+            three(q, q, q * np.exp(gamma)),
+            three(k, k, k * np.exp(-gamma)),
+            three(v, v, v),
+            three(no_g, g_head, no_g)[..., 0],
+        )[0]
+        deltas = kda_lib.kda_recurrent(
+            three(q, q, q),
+            three(k, k, k),
+            three(v, v, v),
+            three(no_g, g_head, g_channel),
+            three(beta, beta, beta),
+        )[0]
+    lib = dict(zip(models, np.concatenate([adds, deltas])[:, None], strict=True))
+
+    def row(model, q, k, v, g, beta):
+        eye, S, outputs = np.eye(K), np.zeros((K, V)), []
+        for q_t, k_t, v_t, a_t, b_t in zip(q, k, v, np.exp(g), beta, strict=True):
+            erase = eye - b_t * np.outer(k_t, k_t)
+            M = {
+                "linear attention": eye,
+                "Mamba2": a_t[0] * eye,
+                "GLA": np.diag(a_t),
+                "DeltaNet": erase,
+                "Gated DeltaNet": a_t[0] * erase,
+                "KDA": erase @ np.diag(a_t),
+            }
+            E = np.outer(k_t, v_t) * (1.0 if model in models[:3] else b_t)
+            S = M[model] @ S + E
+            outputs.append(q_t @ S / np.sqrt(K))
+        return np.array(outputs)
+
+    for model in models:
+        for h in range(H):
+            want = row(model, *(x[0, :, h] for x in (q, k, v, decays[model], beta)))
+            np.testing.assert_allclose(np.asarray(lib[model])[0, :, h], want, rtol=0, atol=1e-12)
+
+
 def test_01_relative_error_above_one_iff_norm_exceeds_twice_the_projection():
     import numpy as np
 
@@ -311,6 +378,32 @@ def test_02_delta_rule_steady_state():
     assert abs(sq.mean() - predicted) < 4 * sq.std(ddof=1) / np.sqrt(runs)
     # the linear-attention-like mistake (no (2 - beta)) would be far off
     assert abs(sq.mean() - beta * d_k * d_v) > 8 * sq.std(ddof=1) / np.sqrt(runs)
+
+
+def test_02_random_gate_input_mean_rate_exceeds_the_init_rate_by_jensen():
+    """docs/NOTEBOOK_NOTES.md (notebook 02): with f ~ N(0, 1) the softplus gate's per-token rate
+    has the init rate as its median and a larger mean, E softplus(f + b) / softplus(b) (Gauss-
+    Hermite in float64, > 1 in every channel); some per-token half-lives pass the zero-input
+    bound ln 2 / (1 * 1e-3)."""
+    import jax
+    import jax.numpy as jnp
+
+    import kda_lib
+
+    heads, K, T = 4, 64, 96
+    key_a, key_dt, key_f = jax.random.split(jax.random.key(7), 3)
+    a_log, dt_bias = kda_lib.init_a_log(key_a, heads), kda_lib.init_dt_bias(key_dt, heads, K)
+    g0 = np.asarray(kda_lib.kda_gate(jnp.zeros((1, 1, heads, K)), a_log, dt_bias)[0, 0])
+    f = jax.random.normal(key_f, (1, T, heads, K))
+    g = np.asarray(kda_lib.kda_gate(f, a_log, dt_bias)[0], np.float64)
+    tau = np.logaddexp(0.0, np.asarray(dt_bias, np.float64)).reshape(heads, K)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)
+    b = np.log(np.expm1(tau))[..., None]
+    jensen = (weights * np.logaddexp(0, b + nodes)).sum(-1) / weights.sum() / tau
+    ratio_mean, ratio_median = (g / g0).mean(), np.median(g / g0, axis=0).mean()
+    assert abs(ratio_mean / jensen.mean() - 1) < 0.05 and abs(ratio_median - 1) < 0.1
+    assert jensen.min() > 1
+    assert np.mean(np.log(2) / -g > np.log(2) / 1e-3) > 0
 
 
 def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
@@ -386,6 +479,72 @@ def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():
     attention = 4 * d * d  # W_q, W_k, W_v, W_o with H d_k = H d_v = d
     assert up.shape == (d // heads, d) and up.size / (d * d) == 1 / 16
     assert 1 < total / attention < 1 + 1 / 8 < 5 / 4  # not a fifth full matrix
+
+
+def test_04_gate_factors_are_r_over_d_of_attention_and_most_of_the_extra_parameters():
+    """docs/NOTEBOOK_NOTES.md (notebook 04) at d = 2048, H = 16, r = d_k = d_v = 128: the four
+    gate factors have r d entries each, r / d of attention's parameters together, over 90% of
+    the KDA layer's parameters beyond attention's; no other extra part is as large as one."""
+    import jax
+    from flax import nnx
+
+    import kda_lib
+
+    d, heads = 2048, 16
+    r = d // heads
+    config = kda_lib.KDAConfig(
+        hidden_size=d, num_heads=heads, head_dim=r, forget_gate_rank=r, output_gate_rank=r
+    )
+    layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+    total = sum(a.size for a in jax.tree.leaves(nnx.state(layer, nnx.Param)))
+    attention = 4 * d * d
+    factors = [layer.f_proj.layers[i].kernel for i in (0, 1)]
+    factors += [layer.g_proj.layers[i].kernel for i in (0, 1)]
+    assert [f.size for f in factors] == [r * d] * 4
+    assert sum(f.size for f in factors) / attention == r / d
+    extra = total - attention
+    assert 4 * r * d < extra < 1.1 * 4 * r * d  # the factors: over 90% of the extra parameters
+    rest = extra - 4 * r * d
+    assert rest < r * d  # all other extra parts together are smaller than one factor
+
+
+def test_05_compute_model_peaks_near_64_ranks():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): T = 65536, d_k = d_v = 128, about 8 d_k flops per
+    value column and token; a rank does three slices' work plus R fold steps of 2 d^3."""
+    T, d = 65536, 128
+    per_token = 8 * d
+    ranks = 2 ** np.arange(1, 11)
+    speedup = T * per_token * d / (T / ranks * per_token * 3 * d + ranks * 2 * d**3)
+    assert round(float(speedup.max()), 1) == 12.8 and int(ranks[np.argmax(speedup)]) == 64
+    assert round(float(np.sqrt(3 * T * per_token / (2 * d * d)))) == 78
+    assert np.all(speedup < ranks / 3)
+
+
+def test_05_step_flops_are_about_8_dk_dv_and_linear_in_the_value_columns():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): XLA's count of one compiled kda_step, d_k = 16."""
+    from kda_lib.teaching import context_parallel as cpt
+
+    f_v, f_kv = cpt.step_flops(16, 16), cpt.step_flops(16, 32)
+    assert abs(f_kv / f_v - 2) < 0.05
+    assert 6 < f_v / (16 * 16) < 10
+
+
+def test_05_the_fold_is_r_steps_on_every_rank():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): the traced kda_context_parallel program holds R fold
+    products M S ([K, K] by [K, V]) per rank, for R = 2 and 4 (CPU devices of the test run)."""
+    import jax
+
+    from kda_lib.teaching import context_parallel as cpt
+    from kda_lib.testing import random_kda_inputs
+
+    devices = jax.devices("cpu")
+    assert len(devices) >= 4, "tests/conftest.py asks for 8 CPU devices"
+    K, V = 16, 8
+    x = random_kda_inputs(jax.random.key(0), 1, 32, 2, K, V)
+    inputs = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    for r in (2, 4):
+        jaxpr = cpt.cp_jaxpr(inputs, devices[:r], "recurrent").jaxpr
+        assert cpt.fold_matmuls(jaxpr, K, V) == r
 
 
 @pytest.mark.parametrize(
@@ -891,8 +1050,9 @@ def test_nb03_eq13_terms():
 
 
 def test_nb03_roofline_chunk_size():
-    """Notebook 03 section 6 on the H100 SXM: every chunk size memory-bound, C = 64 and 128 tie
-    on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the fastest without overlap."""
+    """docs/NOTEBOOK_NOTES.md (notebook 03) on the H100 SXM: every chunk size memory-bound,
+    C = 64 and 128 tie on the roofline (bytes least at sqrt(K V / 2) = 90.5), C = 64 the
+    fastest without overlap."""
     from kda_lib.lab import costs
     from kda_lib.lab.at_scale import CHIPS
     from kda_lib.teaching import chunkwise
