@@ -1,4 +1,4 @@
-"""Flop counts of the KDA forms, term by term from the code that runs (notebook 03, section 4).
+"""Flop counts of the KDA forms, term by term from the code that runs (NOTEBOOK_NOTES, 03).
 
 Multiply-adds count as 2 flops; the counts are per head and per forward pass and cover the
 matrix products (``dot_general``), which dominate: elementwise work (decay factors, masks) is

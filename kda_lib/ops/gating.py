@@ -148,7 +148,7 @@ def init_a_log(
     high: float = 16.0,
 ) -> jax.Array:
     """``A_log`` ``[H]`` float32: ``log U(low, high)``; zeros for the safe gate (A = 1)."""
-    _check_parameter_size(num_heads=num_heads)
+    _check_parameter_size(key, num_heads=num_heads)
     if safe_gate:
         return jnp.zeros((num_heads,), jnp.float32)
     if not 0 < low < high:
@@ -171,7 +171,7 @@ def init_dt_bias(
     inverse softplus ``dt + log(-expm1(-dt))``, so that at init the softplus gate decays each
     channel by ``exp(-A * dt)`` per token.
     """
-    _check_parameter_size(num_heads=num_heads, head_dim=head_dim)
+    _check_parameter_size(key, num_heads=num_heads, head_dim=head_dim)
     if not 0 < dt_min < dt_max:
         raise ValueError(f"init_dt_bias needs 0 < dt_min < dt_max, got {dt_min}, {dt_max}")
     u = jax.random.uniform(key, (num_heads * head_dim,), jnp.float32)
@@ -180,11 +180,14 @@ def init_dt_bias(
     return dt + jnp.log(-jnp.expm1(-dt))
 
 
-def _check_parameter_size(**sizes) -> None:
-    """Each size a positive int (not a bool), and their float32 product able to fit in memory,
-    refused naming the size before anything is allocated."""
+def _check_parameter_size(key, **sizes) -> None:
+    """Each size a positive int (not a bool), and, when ``key`` is concrete (not traced, as
+    under ``nnx.eval_shape``, where nothing is allocated), their float32 product able to fit in
+    memory, refused naming the sizes before anything is allocated."""
     for name, value in sizes.items():
         check_int(name, value)
+    if isinstance(key, jax.core.Tracer):
+        return
     check_allocation(
         " x ".join(sizes), " x ".join(str(v) for v in sizes.values()),
         f"a float32 parameter of {math.prod(sizes.values())} numbers",

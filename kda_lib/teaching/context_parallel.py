@@ -9,7 +9,7 @@
 * :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
   (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
 * :func:`plot_folded_states`, :func:`plot_rank_errors`, :func:`plot_traffic`,
-  :func:`plot_compute_model` -- the figures of sections 3, 4, 6 and 7.
+  :func:`plot_compute_model` -- notebook 05's figures and docs/NOTEBOOK_NOTES.md's.
 """
 
 from __future__ import annotations

@@ -228,7 +228,10 @@ def test_token_states_too_large_for_memory_are_refused_by_name():
     b, t, h, k = 1, 2**20, 16, 128
     x = {n: jax.ShapeDtypeStruct((b, t, h, k), jnp.float32) for n in ("q", "k", "v", "g")}
     x["beta"] = jax.ShapeDtypeStruct((b, t, h), jnp.float32)
-    says = r"^output_token_states=True: token_states \(1, 1048576, 16, 128, 128\) would take ~1\.0"
+    says = (
+        r"^output_token_states=True: token_states \[B, T, HV, K, V\] = "
+        r"\[1, 1048576, 16, 128, 128\] would take ~1\.0"
+    )
     with pytest.raises(ValueError, match=says):
         jax.eval_shape(functools.partial(kda_recurrent, output_token_states=True), **x)
 
