@@ -336,6 +336,8 @@ def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
     """``impl.call(arrays, options)`` as one compiled program, traced once per implementation,
     options and shapes (eagerly, not op by op); as it is where ``compiled_once`` is False."""
     if impl.compiled_once:
+        if impl.variant is None:  # only tokamax reads the count: not a reason to recompile
+            options = options._replace(segments_per_row=None)
         return _compiled(impl, arrays, options)
     return impl.call(arrays, options)
 

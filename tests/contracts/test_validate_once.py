@@ -93,3 +93,23 @@ def test_one_eager_call_compiles_one_program(implementation, caplog):
         jax.block_until_ready(o)
     compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
     assert len(compiled) <= 2, compiled
+
+
+@pytest.mark.parametrize("implementation", ["recurrent", "chunked"])
+def test_a_new_segment_count_compiles_nothing_new_for_kda_libs_forms(implementation, caplog):
+    """The most segments in a row (read from concrete ids for tokamax's slot count) is no part
+    of kda_lib's forms' compiled program: packed batches of 1, 2 and 3 documents per row reuse
+    one program."""
+    x = random_kda_inputs(jax.random.key(1), 1, 29, 2, 8, 8)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ids = [jnp.asarray([[1] * 29]), jnp.asarray([[1] * 10 + [2] * 19]),
+           jnp.asarray([[1] * 5 + [2] * 12 + [3] * 12])]  # fmt: skip
+    jax.block_until_ready(args)
+    kda_lib.ops.api.clear_compiled_forms()
+    jax.block_until_ready(kda(*args, segment_ids=ids[0], implementation=implementation)[0])
+    with jax.log_compiles(True), caplog.at_level("WARNING"):
+        for segment_ids in ids[1:]:
+            o, _ = kda(*args, segment_ids=segment_ids, implementation=implementation)
+            jax.block_until_ready(o)
+    compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
+    assert not [m for m in compiled if "_compiled" in m], compiled

@@ -170,6 +170,16 @@ def _library_attacks():
     return attacks
 
 
+def _tiny_beta_head():
+    """A head that is nearly diagonal (beta ~ 0), its query scaled up to make up for it: no
+    delta-rule coupling, which 08.4 is about."""
+    _, context = _cases()["08.4"]
+    alphas = np.asarray([0.5 ** (1 / h) for h in context["half_lives"]])
+    k = np.ones(len(alphas)) / np.sqrt(len(alphas))
+    beta = 1e-9
+    return dict(alphas=alphas.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
+
+
 def _rule_breakers():
     s06, s07, s09 = (_solutions(c) for c in ("06", "07", "09"))
     _, ctx063 = _cases()["06.3"]
@@ -198,6 +208,9 @@ def _rule_breakers():
          lambda b, h, k, v, w: 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))),
         ("07.2", "the whole prompt sliced", whole_prompt),
         ("07.2", "a fresh cache for the second call", fresh_second_call),
+        ("07.2", "the watched layer's own layer (review 2026-12-04)",
+         lambda layer, x, split: np.asarray(layer.layer(x))[:, split:]),
+        ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
         ("07.3", "the state read only",
          lambda h, k, v, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
@@ -238,6 +251,11 @@ def _alternatives():
         y, _ = layer(x[:, split:], cache=cache)
         return np.asarray(y)
 
+    def copied_cache(layer, x, split):  # a copy of the first call's cache, not the object
+        _, cache = layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
+        y, _ = layer(x[:, split:], cache=jax.tree.map(jnp.array, cache))
+        return np.asarray(y)
+
     def t_star_int(h, k, v, n, bs, bc):
         return -(-2 * h * k * v * bs // (n * bc))
 
@@ -270,6 +288,7 @@ def _alternatives():
         ("06.3", "reversed", s06.late_clearing(**ctx063)[::-1], ctx063),
         ("07.1", "numpy int64", cache_numpy, {}),
         ("07.2", "three calls", three_calls, {}),
+        ("07.2", "a copied cache", copied_cache, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),

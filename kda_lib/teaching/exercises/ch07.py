@@ -40,23 +40,34 @@ def layer_cache_bytes(answer, **_):
     return None
 
 
-class _Watched:
-    """A KDA layer seen through the calls made to it: each call's length and whether its cache
-    is one a previous call returned."""
+def _watched(layer):
+    """``(proxy, calls)``: ``proxy`` calls ``layer`` (``init_cache`` and ``__call__`` only; the
+    layer itself is not an attribute of it) and records in ``calls`` each call's length and
+    whether its cache equals one a previous call returned (a copy counts)."""
+    import jax
 
-    def __init__(self, layer):
-        self.layer, self.calls, self._returned = layer, [], []
+    calls, returned = [], []
 
-    def init_cache(self, *args, **kwargs):
-        return self.layer.init_cache(*args, **kwargs)
+    def same(a, b):
+        left, right = jax.tree.leaves(a), jax.tree.leaves(b)
+        return len(left) == len(right) and all(
+            np.shape(u) == np.shape(w) and np.array_equal(np.asarray(u), np.asarray(w))
+            for u, w in zip(left, right, strict=True)
+        )
 
-    def __call__(self, x, cache=None, **kwargs):
-        resumed = any(cache is c for c in self._returned)
-        self.calls.append((int(np.shape(x)[1]), resumed))
-        out = self.layer(x, cache=cache, **kwargs)
-        if isinstance(out, tuple):
-            self._returned.append(out[1])
-        return out
+    class Watched:
+        def init_cache(self, *args, **kwargs):
+            return layer.init_cache(*args, **kwargs)
+
+        def __call__(self, x, cache=None, **kwargs):
+            resumed = cache is not None and any(same(cache, c) for c in returned)
+            calls.append((int(np.shape(x)[1]), resumed))
+            out = layer(x, cache=cache, **kwargs)
+            if isinstance(out, tuple):
+                returned.append(out[1])
+            return out
+
+    return Watched(), calls
 
 
 def _layer_and_input(seed: int, length: int):
@@ -81,16 +92,16 @@ def second_piece(answer, **_):
     for seed, length, split in ((0, 11, 4), (1, 9, 8), (2, 12, 1)):
         layer, x = _layer_and_input(seed, length)
         want = np.asarray(layer(x))[:, split:]
-        watched = _Watched(layer)
+        watched, calls = _watched(layer)
         got, hint = call_answer(answer, watched, x, split, name="second_piece(layer, x, split)")
         hint = hint or refuse_degenerate(
             got, shape=want.shape, inputs=(np.asarray(x)[:, split:],), what="the outputs"
         )
         if hint:
             return hint
-        if any(n > max(split, length - split) for n, _ in watched.calls):
+        if any(n > max(split, length - split) for n, _ in calls):
             return "a call saw more than one piece: prefill in two calls, not the whole prompt"
-        if not any(resumed for _, resumed in watched.calls):
+        if not any(resumed for _, resumed in calls):
             return "no call started from the cache an earlier call returned"
         err = np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want)
         if not err < 1e-5:

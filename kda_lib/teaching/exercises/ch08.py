@@ -129,8 +129,10 @@ def three_time_scales(answer, *, half_lives, length: int):
         return hint
     alphas, k, q = (np.asarray(answer[n], np.float64) for n in ("alphas", "k", "q"))
     beta = float(answer["beta"])
-    if not ((alphas > 0).all() and (alphas <= 1).all() and 0 < beta <= 1):
-        return "a decay must lie in (0, 1] and beta in (0, 1]"
+    if not ((alphas > 0).all() and (alphas <= 1).all() and 0.05 <= beta <= 1):
+        return "a decay must lie in (0, 1] and beta in [0.05, 1] (a real delta-rule write)"
+    if np.linalg.norm(q) > 100:
+        return "keep |q| <= 100: a query that large only hides a tiny beta"
     if not np.isclose(np.linalg.norm(k), 1.0):
         return "the key must have unit norm (the layer L2-normalises it)"
     lag = np.arange(length)

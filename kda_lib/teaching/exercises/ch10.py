@@ -19,8 +19,12 @@ def _preset(name):
 
 
 def _is_int(answer) -> bool:
-    """A whole number of tokens: a Python or numpy int (not a bool, not a float)."""
-    return isinstance(answer, (int, np.integer)) and not isinstance(answer, (bool, np.bool_))
+    """A whole number of tokens: a Python or numpy int, or a whole float (``np.ceil``'s)."""
+    if isinstance(answer, (bool, np.bool_)):
+        return False
+    if isinstance(answer, (float, np.floating)):
+        return bool(np.isfinite(answer)) and float(answer).is_integer()
+    return isinstance(answer, (int, np.integer))
 
 
 @checker("10.1")
