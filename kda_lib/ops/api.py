@@ -19,19 +19,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import allocation_problem, check_allocation, check_array
+from kda_lib.checks import allocation_problem, check_array
 from kda_lib.ops.chunked import Precision, chunked_core
 from kda_lib.ops.contract import (
     Dims,
     KDAOptions,
     KDAResult,
-    accumulation_dtype,
     check_chunk_size,
     check_flag,
     check_fused_inputs,
     check_kda_inputs,
     check_precision,
     check_segment_ids,
+    check_states_fit,
     kda_result,
     repeat_qk_heads,
     resolve_scale,
@@ -593,16 +593,13 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
 def _check_state_outputs(options: KDAOptions) -> None:
     """Refuse interior states larger than this device's memory, naming the flag, before work."""
     dims, chunk = options.dims, options.chunk_size
-    itemsize = np.dtype(accumulation_dtype(options.dtype)).itemsize
-    asked = (
-        ("output_token_states", "token_states [B, T, HV, K, V]", dims.seq_len, ""),
-        ("output_chunk_states", "chunk_states [B, T // chunk_size, HV, K, V]",
-         dims.seq_len // chunk, f" at chunk_size={chunk}"),
-    )  # fmt: skip
-    for flag, what, count, where in asked:
-        if getattr(options, flag):
-            shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
-            check_allocation(flag, True, f"{what} = {shape}{where}", itemsize * math.prod(shape))
+    if options.output_token_states:
+        what = "token_states [B, T, HV, K, V]"
+        check_states_fit("output_token_states", True, what, dims.seq_len, dims, options.dtype)
+    if options.output_chunk_states:
+        what = f"at chunk_size={chunk}, chunk_states [B, T // chunk_size, HV, K, V]"
+        count = dims.seq_len // chunk
+        check_states_fit("output_chunk_states", True, what, count, dims, options.dtype)
 
 
 def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> KDAOptions:
@@ -610,7 +607,7 @@ def _options(kw, dims, dtype, fused_gate, implementation, segments_per_row) -> K
     for flag in ("output_final_state", "output_chunk_states", "output_token_states"):
         check_flag(flag, kw[flag])
     segment_bound, bound = kw["max_num_segments"], kw["lower_bound"]
-    if kw["segment_ids"] is not None and segment_bound is not None:
+    if segment_bound is not None:  # checked with or without ids: a bad bound is never silent
         check_max_num_segments(segment_bound)
     return KDAOptions(
         dims=dims,

@@ -184,6 +184,8 @@ ROWS = [
     Row("kda", "chunk_size bool", _kda(chunk_size=True), match="chunk_size", jit=False),
     Row("kda", "chunk_size float", _kda(chunk_size=4.0), match="chunk_size", jit=False),
     Row("kda", "implementation unknown", _kda(implementation="bogus"), match="implementation"),
+    Row("kda", "max_num_segments negative, no ids", _kda(max_num_segments=-3),
+        match="max_num_segments"),
     Row(
         "kda",
         "initial_state wrong shape",

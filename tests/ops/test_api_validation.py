@@ -235,7 +235,7 @@ def test_bf16_l2_normalised_queries_stay_float32_into_the_kernel(x64):
         (dict(output_token_states=True), r"output_token_states=True: token_states \[B, T, HV"),
         (
             dict(output_chunk_states=True, chunk_size=1),
-            r"output_chunk_states=True: chunk_states .* at chunk_size=1 would take ~2\.0 TiB",
+            r"output_chunk_states=True: at chunk_size=1, chunk_states .* would take ~2\.0 TiB",
         ),
     ],
 )
