@@ -98,7 +98,8 @@ def kda_result(o, final_state, chunk_states=None, token_states=None, *, asked: b
 
 def host_values(x, dtype=None) -> np.ndarray:
     """``x``'s values on the host: the one place the checks read an array (tests count the
-    calls: an eager :func:`kda_lib.kda` call reads beta and the segment ids once each)."""
+    calls: an eager :func:`kda_lib.kda` call reads beta, the segment ids and a log-space g
+    once each; under ``jit`` nothing is read)."""
     return np.asarray(x, dtype)
 
 
