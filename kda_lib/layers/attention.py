@@ -274,16 +274,24 @@ def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
 
 
 def attend(q, k, v, mask, scale: float) -> jax.Array:
-    """``jax.nn.dot_product_attention`` in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``,
-    ``v [B, S, G, V]`` (G divides H), boolean ``mask [B|1, 1, T, S]``. D and V may differ (the
-    narrower side is zero-padded). Rows with no allowed key output 0. Returns ``[B, T, H, V]``
-    float32."""
+    """Softmax attention in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``, ``v [B, S, G,
+    V]`` (G divides H), boolean ``mask [B|1, 1, T, S]``. ``jax.nn.dot_product_attention`` where
+    D = V; where they differ (MLA: D = d_qk + d_R) the same product written out, since the
+    library needs equal widths and zero-padding would multiply zeros. Rows with no allowed key
+    output 0. Returns ``[B, T, H, V]`` float32."""
     q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
-    width, v_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
-    pad = lambda a: jnp.pad(a, [(0, 0)] * 3 + [(0, width - a.shape[-1])])  # noqa: E731
-    o = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), mask=mask, scale=scale)
     seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
-    return jnp.where(seen, o[..., :v_width], 0.0)
+    if q.shape[-1] == v.shape[-1]:
+        o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    else:  # query heads in G groups of R, each group reading its key/value head
+        b, t, h, _ = q.shape
+        g = k.shape[2]
+        grouped = q.reshape(b, t, g, h // g, q.shape[-1])
+        scores = jnp.einsum("btgrd,bsgd->bgrts", grouped, k) * scale
+        masked = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(masked, axis=-1)
+        o = jnp.einsum("bgrts,bsgv->btgrv", weights, v).reshape(b, t, h, v.shape[-1])
+    return jnp.where(seen, o, 0.0)
 
 
 def write_rows(what: str, buffers, new, length):

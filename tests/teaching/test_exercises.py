@@ -223,12 +223,16 @@ def _shortcut_03_2_masked_after_exp_in_jnp_x64():
 
 
 def _shortcut_04_1_config_count():
+    from flax import nnx
+
     import kda_lib
 
     def count(d, H, K, V, r, w):
-        return kda_lib.KDAConfig(hidden_size=d, num_heads=H, head_dim=K, value_head_dim=V,
-                                 conv_size=w, forget_gate_rank=r, output_gate_rank=r,
-                                 per_head_decay=True).parameter_count()
+        config = kda_lib.KDAConfig(hidden_size=d, num_heads=H, head_dim=K, value_head_dim=V,
+                                   conv_size=w, forget_gate_rank=r, output_gate_rank=r,
+                                   per_head_decay=True)
+        return kda_lib.layers.params.parameter_count(
+            nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))))
 
     return "04.1", count, {}
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 
-from kda_lib.layers.kda_layer import KDAConfig
+from flax import nnx
+
+from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.params import parameter_count
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 # (d, H, K, V, r, w): K != V and r != K so that a swapped width shows
@@ -32,6 +35,11 @@ def _config(d, H, K, V, r, w, per_head_decay):
     )
 
 
+def _count(config: KDAConfig) -> int:
+    """The layer's parameters, from shapes only (``nnx.eval_shape``)."""
+    return parameter_count(nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0))))
+
+
 @checker("04.1")
 def gated_deltanet_parameters(answer, **_):
     """``answer(d, H, K, V, r, w) -> count``: the parameters of the layer with one decay per
@@ -44,9 +52,9 @@ def gated_deltanet_parameters(answer, **_):
         hint = hint or refuse_degenerate(got, shape=(), integer=True, what="the count")
         if hint:
             return hint
-        want = _config(*widths, per_head_decay=True).parameter_count()
+        want = _count(_config(*widths, per_head_decay=True))
         if int(got) != want:
-            per_channel = _config(*widths, per_head_decay=False).parameter_count()
+            per_channel = _count(_config(*widths, per_head_decay=False))
             if int(got) == per_channel:
                 return f"at (d, H, K, V, r, w) = {widths} that is KDA's count, per channel"
             return (
