@@ -119,12 +119,12 @@ def _degenerate(answer, context):
             for key, value in answer.items()
             for name, bad in _numeric_variants(value)
         ]
-    if np.asarray(answer).dtype.kind not in "iuf":  # (task, T) pairs
+    if np.asarray(answer).dtype.kind not in "iuf":  # (task, T) pairs or (task, mixer, T) cells
         return [
             ("number", 0.5),
-            ("nan T", [(task, np.nan) for task, _ in answer]),
-            ("inf T", [(task, np.inf) for task, _ in answer]),
-            ("swapped", [(t, task) for task, t in answer]),
+            ("nan T", [(*cell[:-1], np.nan) for cell in answer]),
+            ("inf T", [(*cell[:-1], np.inf) for cell in answer]),
+            ("swapped", [(cell[-1], *cell[:-1]) for cell in answer]),
         ]
     args = [v for v in context.values() if np.asarray(v).dtype.kind in "iuf"]
     return _numeric_variants(answer, args)

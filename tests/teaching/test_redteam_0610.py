@@ -181,8 +181,9 @@ def _tiny_beta_head():
 
 
 def _rule_breakers():
-    s06, s07, s09 = (_solutions(c) for c in ("06", "07", "09"))
+    s06, s07, s08, s09 = (_solutions(c) for c in ("06", "07", "08", "09"))
     _, ctx063 = _cases()["06.3"]
+    _, ctx082 = _cases()["08.2"]
     _, ctx091 = _cases()["09.1"]
     measured = ctx091["measured"]
     (c0, b0), (c1, b1) = list(measured.items())[:2]
@@ -215,6 +216,12 @@ def _rule_breakers():
          lambda h, k, v, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("08.3", "zero", lambda *a: 0),
+        ("08.2", "the old 0.9 threshold (review 2026-12-03)",
+         sorted(c for c, a in ctx082["accuracy"].items() if np.mean(a) >= 0.9)),
+        ("08.2", "(task, T) pairs without the mixer",
+         sorted({(k, t) for k, _, t in s08.solved_cells(**ctx082)})),
+        ("08.2", "a mixer's best seed, not its mean",
+         sorted(c for c, a in ctx082["accuracy"].items() if max(a) >= ctx082["solved"])),
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
