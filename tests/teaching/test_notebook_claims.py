@@ -1276,6 +1276,34 @@ def test_nb03_recorded_cpu_run_traced_backward_flops():
     assert traced["recurrent"] * 3 < traced["chunked"]
 
 
+def test_07_kda_and_mla_layers_move_equal_bytes_with_their_weights():
+    """docs/NOTEBOOK_NOTES.md, notebook 07 (moved from its section 7): Kimi Linear's KDA and MLA
+    layers (39,514,272 and 29,114,880 parameters, built from shapes) move equal bytes per decode
+    step at 21,824 tokens (batch 1) and 3,840 (batch 256), against 3,641 for the mixing steps."""
+    import jax
+    from flax import nnx
+
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+
+    preset = presets.KIMI_LINEAR_48B
+    weights = {name: sum(p.size for p in jax.tree.leaves(nnx.state(built, nnx.Param)))
+               for name, built in (("KDA", presets.build_kda_layer(preset)),
+                                   ("MLA", presets.build_mla_layer(preset)))}  # fmt: skip
+    assert weights == {"KDA": 39_514_272, "MLA": 29_114_880}
+    entries = preset.num_heads * preset.head_dim**2
+    conv = (preset.conv_size - 1) * at_scale.kda_conv_channels(preset)
+    kda_per_seq = 2 * (entries * 4 + conv * 2)  # state (f32) and conv history (bf16)
+    latent = preset.mla.kv_lora_rank + preset.mla.shared_key_dim
+    cross = {b: ((weights["KDA"] - weights["MLA"]) * 2 / b + kda_per_seq) / (latent * 2)
+             for b in (1, 256)}
+    for b, t in cross.items():
+        assert np.isclose(at_scale.kda_decode_bytes(preset, b),
+                          at_scale.mla_decode_bytes(preset, t, b))
+    assert [math.ceil(cross[1]), math.ceil(cross[256])] == [21824, 3840]
+    assert math.ceil(2 * entries * 4 / (latent * 2)) == 3641
+
+
 def test_07_attention_cache_grows_by_keys_and_values_per_token():
     """Moved from notebook 07, section 7: the MHA cache's n = 2 H d numbers per token is what
     kda_lib's attention cache grows by (float32)."""
