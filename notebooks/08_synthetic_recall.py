@@ -249,7 +249,7 @@ for t in seq_lens if "mqar" in tasks else []:
 # %% [markdown]
 # With two layers attention *can* form the circuit, but gradient descent finds it late and
 # abruptly: a recorded two-layer run sits on a plateau above guessing for thousands of steps,
-# then jumps (figure and numbers in the notebook notes).
+# then jumps (the record, in the notebook notes).
 #
 # ## 6. The recorded sweep: both rows of the paper's figure
 #
