@@ -755,7 +755,7 @@ def _ordered(family):
 
 
 def test_synthetic_recall_verdicts_as_notebook_08_states_them():
-    """08 section 8 (issue 52), recomputed with scipy: the claims family (KDA against GDN and
+    """08 section 7 (issue 52), recomputed with scipy: the claims family (KDA against GDN and
     Mamba2-style on stack, in accuracy and beyond the conv reach, and steps to solve MQAR against
     GDN: 9 comparisons) and the sanity family (KDA against attention, attention_conv and conv:
     18) are ordered exactly as stated; with MQAR and palindrome kept in the claims family (17),
@@ -780,7 +780,7 @@ def test_synthetic_recall_verdicts_as_notebook_08_states_them():
 
 
 def test_synthetic_recall_numbers_as_notebook_08_states_them():
-    """08 sections 7-8 (issue 52): the directions, gaps, ceilings, floors, spreads and parameter
+    """08 sections 6-7 (issue 52): the directions, gaps, ceilings, floors, spreads and parameter
     counts its prose states, from the record."""
     cells, acc, beyond, claims, _ = _sweep_families()
     for k, (a, b) in claims.items():  # KDA ahead on every seed in all eight stack comparisons
@@ -808,7 +808,7 @@ def test_synthetic_recall_numbers_as_notebook_08_states_them():
 
 
 def test_mqar_guessing_among_pair_values_by_sampling():
-    """08 section 5: guessing uniformly among the sequence's N pair values scores
+    """08 (notes, the phase run): guessing uniformly among the sequence's N pair values scores
     (1 + (N - 1) / n_values) / N (values are drawn with replacement), checked by sampling the
     phase run's task; and the run's setting README names."""
     import jax
