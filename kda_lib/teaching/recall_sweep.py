@@ -14,8 +14,7 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 * :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
 * :func:`solve_step`, :func:`claim_a`, :func:`claim_b` -- steps to the solved level and the
   verdict rules for the paper's two claims.
-* :func:`plot_task_examples`, :func:`plot_live_steps`, :func:`plot_phase`,
-  :func:`plot_recorded`, :func:`plot_filters` -- the figures.
+* :func:`plot_task_examples`, :func:`plot_recorded` -- the figures.
 """
 
 from __future__ import annotations
@@ -207,69 +206,6 @@ def plot_task_examples(examples: dict, vocab_size: int) -> plt.Figure:
     return fig
 
 
-def plot_live_steps(best: dict, mixers, seq_lens, chance: float, num_layers: int) -> plt.Figure:
-    """Training accuracy (window means) against steps, MQAR, one panel per length: mean over
-    seeds, range shaded."""
-    fig, axes = plt.subplots(1, len(seq_lens), figsize=(5.5 * len(seq_lens), 3.6), squeeze=False)
-    for ax, t in zip(axes[0], seq_lens, strict=True):
-        for mixer in (m for m in mixers if ("mqar", m, t) in best):
-            runs = best[("mqar", mixer, t)]["runs"]
-            hist = np.array([r["history"]["accuracy"] for r in runs])
-            ax.plot(runs[0]["history"]["step"], hist.mean(0), color=COLORS[mixer], label=mixer)
-            ax.fill_between(
-                runs[0]["history"]["step"],
-                hist.min(0),
-                hist.max(0),
-                color=COLORS[mixer],
-                alpha=0.15,
-            )
-        ax.axhline(chance, color="0.3", linestyle=":", linewidth=1.2)
-        ax.set(
-            ylim=(-0.02, 1.02),
-            xlabel="optimiser step",
-            ylabel="accuracy (window mean)",
-            title=f"this run: MQAR, T = {t}, {num_layers} layer(s)",
-        )
-    axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
-    return fig
-
-
-def plot_phase(phase: dict, among_pairs: float) -> plt.Figure:
-    """A recorded long MQAR run's training accuracy against steps, with chance and guessing
-    among the sequence's pair values."""
-    history = phase["history"]
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
-    ax.plot(
-        history["step"],
-        history["accuracy"],
-        color=CYCLE[2],
-        label=f"attention, {phase['model']['num_layers']} layers (recorded)",
-    )
-    pairs, values = phase["task_options"]["num_pairs"], round(1 / phase["chance_accuracy"])
-    ax.axhline(
-        phase["chance_accuracy"],
-        color="0.3",
-        linestyle=":",
-        label=f"chance: uniform over the {values} value tokens",
-    )
-    ax.axhline(
-        among_pairs,
-        color="0.3",
-        linestyle="--",
-        linewidth=1,
-        label=f"uniform over the sequence's {pairs} pair values",
-    )
-    ax.set(
-        ylim=(-0.02, 1.02),
-        xlabel="optimiser step",
-        ylabel="training accuracy (100-step means)",
-        title=f"MQAR, T = {phase['training']['seq_len']}, "
-        f"{phase['task_options']['num_pairs']} pairs: attention's phase transition",
-    )
-    ax.legend(loc="center right")
-    return fig
-
-
 def _curves(runs, budget: int, every: int):
     """Held-out accuracy of each run on the evaluation steps up to ``budget``; a run that
     stopped when solved keeps its last value (it is not trained further)."""
@@ -329,27 +265,3 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
     return fig
 
 
-def plot_filters(target, kda_filter, scalar_filter, max_lag: float) -> plt.Figure:
-    """Section 9: the two-time-scale filter h(tau), the KDA head's and the best scalar-gate
-    head's (one exponential), on a log scale up to ``max_lag``."""
-    lag = np.arange(len(target))
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    ax.semilogy(lag, target, color="0.2", linewidth=3, alpha=0.35, label="target h(tau)")
-    ax.semilogy(lag, kda_filter, "--", color=COLORS["kda"], label="KDA head (per-channel decay)")
-    ax.semilogy(
-        lag,
-        scalar_filter,
-        ":",
-        color=COLORS["gdn"],
-        linewidth=2,
-        label="best scalar-decay head (one exponential)",
-    )
-    ax.set(
-        xlim=(0, max_lag),
-        ylim=(1e-4, 1.5),
-        xlabel="lag tau (tokens)",
-        ylabel="weight of x(t - tau) (log scale)",
-        title="Two time scales in one head: per-channel vs scalar decay",
-    )
-    ax.legend(loc="upper right", fontsize=8)
-    return fig
