@@ -25,7 +25,7 @@ from kda_lib.ops.segments import canonical_segment_ids
 
 # ------------------------------------------------------------------ config rules, one table
 def _int(minimum: int = 1, optional: bool = False):
-    expected = f"an int >= {minimum}" + (" or None" if optional else "")
+    expected = None if optional else f"an int >= {minimum}"
     return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
 
 
