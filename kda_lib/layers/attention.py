@@ -23,43 +23,32 @@ from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
 
-# ------------------------------------------------------------------ config rules, one table
-def _int(minimum: int = 1, optional: bool = False):
-    expected = None if optional else f"an int >= {minimum}"
-    return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
-
-
-def _bool(name, value):
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
-def _float_dtype(name, value):
-    try:
-        floating = value is not None and jnp.issubdtype(jnp.dtype(value), jnp.floating)
-    except (TypeError, ValueError):
-        floating = False
-    if not floating:
-        raise ValueError(f"{name} must be a floating-point dtype (e.g. jnp.float32), got {value!r}")
-    return value
-
-
-def _eps(name, value):
-    return check_number(name, value, positive=True)
-
-
-RULES = dict(int=_int(), int0=_int(0), width=_int(optional=True), bool=_bool, eps=_eps,
-             dtype=_float_dtype)  # fmt: skip
-
-
 def check_fields(config, **kinds: str) -> None:
     """Check the fields of the frozen dataclass ``config`` named (space-separated) under each
-    kind of :data:`RULES` (a ValueError naming ``<Config>.<field>``); store the checked value."""
+    kind: ``int`` (>= 1), ``int0`` (>= 0), ``width`` (None or >= 1), ``bool``, ``eps`` (finite,
+    > 0), ``dtype`` (floating); a ValueError names ``<Config>.<field>``; stores the value."""
     for kind, fields in kinds.items():
         for field in fields.split():
-            value = RULES[kind](f"{type(config).__name__}.{field}", getattr(config, field))
+            name, value = f"{type(config).__name__}.{field}", getattr(config, field)
+            if kind in ("int", "int0"):
+                low = int(kind == "int")
+                value = check_int(name, value, low, expected=f"an int >= {low}")
+            elif kind == "width":
+                value = check_int(name, value, optional=True)
+            elif kind == "eps":
+                value = check_number(name, value, positive=True)
+            elif kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+            elif kind == "dtype" and not _floating(value):
+                raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
             object.__setattr__(config, field, value)
+
+
+def _floating(dtype) -> bool:
+    try:
+        return dtype is not None and jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,12 +157,8 @@ class CausalSelfAttention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        check_int("batch_size", batch_size)
-        check_int("max_len", max_len, optional=True)
-        shapes = self._cache_shapes(batch_size)(max_len or 0)
-        length = None if max_len is None else jnp.zeros((), jnp.int32)
-        zeros = {n: s and jnp.zeros(s, self.config.dtype) for n, s in shapes.items()}
-        return AttentionCache(length=length, **zeros)
+        return empty_cache(AttentionCache, self._cache_shapes, self.config.dtype, batch_size,
+                           max_len)  # fmt: skip
 
     def _cache_shapes(self, batch: int):
         """``rows -> {field: shape or None}`` of this layer's cache with ``rows`` token rows."""
@@ -221,6 +206,15 @@ def check_cache(cache, kind: str, cls, shapes) -> None:
         got = None if got is None else tuple(getattr(got, "shape", (type(got).__name__,)))
         if got != shape:
             raise ValueError(f"cache.{name} has shape {got}, expected {shape}; {build}")
+
+
+def empty_cache(cls, shapes, dtype, batch_size: int, max_len: int | None):
+    """A ``cls`` of zeros of the shapes ``shapes(batch_size)(max_len or 0)``, growing (``length``
+    None) or with room for ``max_len`` tokens (``length`` 0)."""
+    check_int("batch_size", batch_size)
+    check_int("max_len", max_len, optional=True)
+    zeros = {n: s and jnp.zeros(s, dtype) for n, s in shapes(batch_size)(max_len or 0).items()}
+    return cls(length=None if max_len is None else jnp.zeros((), jnp.int32), **zeros)
 
 
 def mix_convs(convs, streams, states, segment_ids):

@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int
 from kda_lib.layers.attention import (
     attend,
     attention_mask,
@@ -31,6 +30,7 @@ from kda_lib.layers.attention import (
     check_fields,
     check_hidden,
     checked_segments,
+    empty_cache,
     write_rows,
 )
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit
@@ -178,12 +178,7 @@ class MultiHeadLatentAttention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> MLACache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        check_int("batch_size", batch_size)
-        check_int("max_len", max_len, optional=True)
-        shapes = self._cache_shapes(batch_size)(max_len or 0)
-        length = None if max_len is None else jnp.zeros((), jnp.int32)
-        return MLACache(length=length, **{n: s and jnp.zeros(s, self.config.dtype)
-                                          for n, s in shapes.items()})  # fmt: skip
+        return empty_cache(MLACache, self._cache_shapes, self.config.dtype, batch_size, max_len)
 
     def _cache_shapes(self, batch: int):
         """``rows -> {field: shape or None}`` of this layer's cache with ``rows`` token rows."""

@@ -93,11 +93,9 @@ class ModelConfig:
         if isinstance(layers, str) or not isinstance(layers, Sequence):
             raise ValueError(f"ModelConfig.layers must be a tuple of mixer names such as "
                              f"('kda', 'kda', 'kda', 'attention'), got {layers!r}")  # fmt: skip
-        unknown = [name for name in layers if not isinstance(name, str) or name not in MIXERS]
-        if unknown:
-            raise ValueError(
-                f"ModelConfig.layers names unknown mixers {unknown}; known: {sorted(MIXERS)}"
-            )
+        if unknown := [name for name in layers if not isinstance(name, str) or name not in MIXERS]:
+            raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: "
+                             f"{sorted(MIXERS)}")  # fmt: skip
         if layers and self.num_layers % len(layers):
             raise ValueError(
                 f"ModelConfig.num_layers={self.num_layers} is not a multiple of the {len(layers)} "
@@ -336,13 +334,11 @@ class TinyLM(nnx.Module):
                 f"cache must hold one entry per block ({len(self.blocks)}), got {len(cache)}"
             )
         check_token_ids("tokens", tokens, self.config.vocab_size)
-        x = self.embed(tokens)
-        new_cache = []
-        for i, block in enumerate(self.blocks):
-            if cache is None:
-                x = block(x)
-            else:
-                x, layer_cache = block(x, cache=cache[i])
+        x, new_cache = self.embed(tokens), []
+        for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks), strict=True):
+            x = block(x, cache=layer_cache)
+            if layer_cache is not None:
+                x, layer_cache = x
                 new_cache.append(layer_cache)
         logits = self.head(self.final_norm(x))
         return logits if cache is None else (logits, tuple(new_cache))
