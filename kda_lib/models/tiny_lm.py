@@ -52,22 +52,13 @@ MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """Hyper-parameters of :class:`TinyLM` (keyword-only). The mixers' widths and options are
-    one :class:`kda_lib.KDAConfig`, ``mixer_config`` (DESIGN section 3); the model's width and
-    norm epsilon are its ``hidden_size`` and ``norm_eps``.
-
-    Attributes:
-      vocab_size: tokens in and out.
-      num_layers: N blocks (2).
-      mixer: the name in :data:`MIXERS` of every layer's mixer ("kda"), unless ``layers``.
-      layers: a mixer pattern such as ``("kda", "kda", "kda", "attention")``, tiled over the
-        blocks (``num_layers`` a multiple of its length); empty (default): ``mixer`` everywhere.
-      mixer_config: the mixers' :class:`kda_lib.KDAConfig` (default :data:`MIXER_DEFAULTS`).
-      rope: RoPE in the attention layers (True); False is NoPE, as in Kimi Linear.
-      kv_lora_rank: the ``"mla"`` latent width r (None: ``mixer_config.head_dim``).
-      mlp_ratio: MLP width as a multiple of hidden_size (2).
-      mlp_width: the MLP width itself, overriding ``mlp_ratio`` (:func:`match_parameter_count`).
-    """
+    """Hyper-parameters of :class:`TinyLM` (keyword-only): ``vocab_size``; ``num_layers`` N
+    (2); ``mixer``, the :data:`MIXERS` name of every layer ("kda"), unless ``layers``, a pattern
+    such as ``("kda", "kda", "kda", "attention")`` tiled over the N blocks; ``mixer_config``, the
+    mixers' :class:`kda_lib.KDAConfig` (:data:`MIXER_DEFAULTS`; its ``hidden_size`` and
+    ``norm_eps`` are the model's, DESIGN section 3); ``rope`` in attention layers (True; False:
+    NoPE); ``kv_lora_rank`` of ``"mla"`` (None: ``head_dim``); the MLP width ``mlp_ratio *
+    hidden_size`` (2) or ``mlp_width`` (:func:`match_parameter_count`)."""
 
     vocab_size: int
     num_layers: int = 2
@@ -236,12 +227,6 @@ class ConvMixer(nnx.Module):
         return jnp.zeros(shape, cfg.dtype)
 
 
-def _mla_mixer(config: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    rank = config.kv_lora_rank or config.mixer_config.head_dim  # the latent's default width
-    mla = MLAConfig(**shared_fields(config.mixer_config, MLAConfig), kv_lora_rank=rank)
-    return MultiHeadLatentAttention(mla, rngs=rngs)
-
-
 # name -> factory(config, rngs) of a layer's token mixer (the module docstring says each)
 MIXERS = {
     "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
@@ -256,7 +241,10 @@ MIXERS = {
         c.attention_config(short_conv=True), rngs=rngs
     ),
     "conv": lambda c, rngs: ConvMixer(c.mixer_config, rngs=rngs),
-    "mla": _mla_mixer,
+    "mla": lambda c, rngs: MultiHeadLatentAttention(
+        MLAConfig(**shared_fields(c.mixer_config, MLAConfig),
+                  kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs
+    ),  # fmt: skip
 }
 
 
