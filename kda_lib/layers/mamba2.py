@@ -1,16 +1,14 @@
 """A Mamba2-style token mixer on the KDA layer's scaffolding: scalar decay, no delta rule.
 
-``y = o_proj(gated_rmsnorm(o, o_norm, g_proj(x)))`` with ``o`` from
-:func:`kda_lib.ops.scalar_decay.scalar_decay_chunked` per head::
+``y = o_proj(gated_rmsnorm(o, o_norm, g_proj(x)))`` with ``o`` per head from
+:func:`kda_lib.ops.scalar_decay.scalar_decay_chunked`::
 
     S <- a_t S + k_t v_t^T,   o_t = scale q_t^T S,   a_t = exp(-exp(A_log) softplus(f_t + dt_bias))
 
-where ``q, k, v`` are projections of ``x`` through KDA's short causal convolutions (+ SiLU),
-``q`` and ``k`` L2-normalised (as in the KDA and Gated DeltaNet layers, so the three
-recurrent mixers differ only in their state update), ``f_t = f_proj(x_t)`` one number per head
-and ``A_log``, ``dt_bias`` per head (Mamba2's ``-A dt`` decay, KDA's initialisation). Against
-Gated DeltaNet (``"gdn"``) it lacks the delta rule (and its ``beta``); against KDA also the
-per-channel decay. Parameter names follow the KDA layer's where the part is the same.
+``q, k, v``: projections of ``x`` through KDA's short causal convs (+ SiLU), q and k
+L2-normalised; ``f_t = f_proj(x_t)`` one number per head. Against Gated DeltaNet it lacks the
+delta rule (and beta), against KDA also the per-channel decay. Parameter names are the KDA
+layer's where the part is the same.
 """
 
 from __future__ import annotations
@@ -22,8 +20,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int, check_number, check_positive_int
-from kda_lib.layers.attention import check_hidden, checked_segments
+from kda_lib.checks import check_int
+from kda_lib.layers.attention import (
+    check_cache,
+    check_fields,
+    check_hidden,
+    checked_segments,
+    mix_convs,
+)
 from kda_lib.layers.conv import qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
@@ -34,10 +38,9 @@ from kda_lib.ops.segments import segment_starts
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Mamba2Config:
-    """Sizes of :class:`Mamba2Mixer`, named as :class:`kda_lib.KDAConfig` names them:
-    ``hidden_size`` in and out, ``num_heads`` heads of ``head_dim`` (K, q and k) and
-    ``value_head_dim`` (V, None = K) channels, conv width ``conv_size`` (0: no conv, SiLU
-    only), the output norm's ``norm_eps`` and the chunk length of the kernel."""
+    """Sizes of :class:`Mamba2Mixer`, named as in :class:`kda_lib.KDAConfig`: ``hidden_size``;
+    ``num_heads`` H of ``head_dim`` K and ``value_head_dim`` V (None = K); ``conv_size`` W (4;
+    0: SiLU only); ``norm_eps`` (1e-5); ``chunk_size`` of the kernel (64)."""
 
     hidden_size: int
     num_heads: int
@@ -48,12 +51,8 @@ class Mamba2Config:
     chunk_size: int = 64
 
     def __post_init__(self):
-        for name in ("hidden_size", "num_heads", "head_dim", "chunk_size"):
-            check_positive_int(f"Mamba2Config.{name}", getattr(self, name))
-        if self.value_head_dim is not None:
-            check_positive_int("Mamba2Config.value_head_dim", self.value_head_dim)
-        check_positive_int("Mamba2Config.conv_size", self.conv_size, minimum=0)
-        check_number("Mamba2Config.norm_eps", self.norm_eps, positive=True)
+        check_fields(self, int="hidden_size num_heads head_dim chunk_size", width="value_head_dim",
+                     int0="conv_size", eps="norm_eps")  # fmt: skip
 
     @property
     def value_dim(self) -> int:
@@ -62,12 +61,13 @@ class Mamba2Config:
 
 
 class Mamba2Cache(NamedTuple):
-    """Decode state: the recurrent state and the last ``W - 1`` conv inputs per stream."""
+    """Decode state: ``state [B, H, K, V]`` float32 and the convs' last ``W - 1`` inputs
+    ``q_conv, k_conv [B, W-1, H*K]``, ``v_conv [B, W-1, H*V]`` (None without convs)."""
 
-    state: jax.Array  # [B, H, K, V] float32
-    q_conv: jax.Array | None  # [B, W-1, H*K]
-    k_conv: jax.Array | None  # [B, W-1, H*K]
-    v_conv: jax.Array | None  # [B, W-1, H*V]
+    state: jax.Array
+    q_conv: jax.Array | None
+    k_conv: jax.Array | None
+    v_conv: jax.Array | None
 
 
 class Mamba2Mixer(nnx.Module):
@@ -77,98 +77,48 @@ class Mamba2Mixer(nnx.Module):
         check_parameters_fit(Mamba2Mixer, config)
         cfg = self.config = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
-        linear = dict(use_bias=False, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
+        self.q_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
+        self.k_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
+        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, rngs=rngs)
+        convs = (None,) * 3
         if cfg.conv_size:
-            self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
-                h * kd, h * vd, cfg.conv_size, rngs=rngs
-            )
-        else:
-            self.q_conv1d = self.k_conv1d = self.v_conv1d = None
-        self.f_proj = nnx.Linear(hidden, h, **linear)
+            convs = qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = convs
+        self.f_proj = nnx.Linear(hidden, h, use_bias=False, rngs=rngs)
         self.A_log = no_decay_param(init_a_log(rngs.params(), h))
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, 1))
         self.g_proj = nnx.Linear(hidden, h * vd, bias_metadata=NO_DECAY, rngs=rngs)
         self.o_norm = no_decay_param(jnp.ones((vd,), jnp.float32))
-        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
+        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, rngs=rngs)
 
-    def _cache_shapes(self, batch_size: int) -> Mamba2Cache:
-        cfg = self.config
-        h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
-        state = (batch_size, h, kd, vd)
-        if not cfg.conv_size:
-            return Mamba2Cache(state, None, None, None)
-        return Mamba2Cache(
-            state,
-            (batch_size, width, h * kd),
-            (batch_size, width, h * kd),
-            (batch_size, width, h * vd),
-        )
-
-    def init_cache(self, batch_size: int) -> Mamba2Cache:
-        """Zero state and zero conv history for ``batch_size`` rows."""
-        shapes = self._cache_shapes(check_int("init_cache: batch_size", batch_size))
-        return Mamba2Cache(*(None if s is None else jnp.zeros(s, jnp.float32) for s in shapes))
-
-    def _check(self, x, cache) -> None:
-        check_hidden(x, self.config.hidden_size)
-        if cache is None:
-            return
-        want = self._cache_shapes(x.shape[0])
-        got = [None if c is None else getattr(c, "shape", c) for c in cache]
-        if not isinstance(cache, Mamba2Cache) or [tuple(g or ()) for g in got] != [
-            tuple(w or ()) for w in want
-        ]:
-            raise ValueError(
-                f"cache must be a Mamba2Cache of shapes {tuple(want)}, got {got}; build it with "
-                f"layer.init_cache({x.shape[0]})"
-            )
-
-    def __call__(
-        self,
-        x: jax.Array,
-        *,
-        segment_ids: jax.Array | None = None,
-        cache: Mamba2Cache | None = None,
-    ):
+    def __call__(self, x: jax.Array, *, segment_ids=None, cache: Mamba2Cache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` with a cache. ``segment_ids
         [B, T]`` (int, 0 = padding, not with a cache): the state restarts at every segment
-        start, the convs stay inside their segment, padding outputs 0 (the one segment rule);
-        this runs the token-by-token recurrence (the chunked form has no segment masks)."""
-        self._check(x, cache)
-        segment_ids = checked_segments(segment_ids, cache, *x.shape[:2])
+        start, the convs stay inside their segment, padding outputs 0; this runs the
+        token-by-token recurrence (the chunked form has no segment masks)."""
         cfg = self.config
+        check_hidden(x, cfg.hidden_size)
         batch, seq_len, _ = x.shape
+        if cache is not None:
+            check_cache(cache, "a Mamba2Cache", Mamba2Cache, self._cache_shapes(batch))
+        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         x = x.astype(jnp.float32)
-        streams, conv_states = [], []
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-        projs = (self.q_proj, self.k_proj, self.v_proj)
-        for i, (proj, conv) in enumerate(zip(projs, convs, strict=True)):
-            state = None if cache is None else cache[1 + i]
-            z, state = (
-                (jax.nn.silu(proj(x)), None)
-                if conv is None
-                else conv(proj(x), conv_state=state, segment_ids=segment_ids)
-            )
-            streams.append(z)
-            conv_states.append(state)
+        streams = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
+        if cfg.conv_size:
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            states = None if cache is None else cache[1:]
+            streams, conv_states = mix_convs(convs, streams, states, segment_ids)
+        else:
+            streams, conv_states = [jax.nn.silu(z) for z in streams], (None, None, None)
         q = l2_normalize(streams[0].reshape(batch, seq_len, h, kd), keep_float32=True)
         k = l2_normalize(streams[1].reshape(batch, seq_len, h, kd), keep_float32=True)
         v = streams[2].reshape(batch, seq_len, h, vd)
-        rate = jnp.exp(self.A_log[...])
-        g = -rate * jax.nn.softplus(self.f_proj(x).astype(jnp.float32) + self.dt_bias[...])
+        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.f_proj(x) + self.dt_bias[...])
         if segment_ids is None:
-            o, final = scalar_decay_chunked(
-                q,
-                k,
-                v,
-                g,
-                initial_state=None if cache is None else cache.state,
-                chunk_size=cfg.chunk_size,
-            )
+            initial = None if cache is None else cache.state
+            o, final = scalar_decay_chunked(q, k, v, g, initial_state=initial,
+                                            chunk_size=cfg.chunk_size)  # fmt: skip
         else:  # padding neither decays nor writes; a segment start drops the carried state
             real = segment_ids != 0
             k = jnp.where(real[..., None, None], k, 0.0)
@@ -180,3 +130,16 @@ class Mamba2Mixer(nnx.Module):
         if segment_ids is not None:
             y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
+
+    def init_cache(self, batch_size: int) -> Mamba2Cache:
+        """Zero state and zero conv history for ``batch_size`` rows."""
+        shapes = self._cache_shapes(check_int("init_cache: batch_size", batch_size))(None)
+        return Mamba2Cache(**{n: s and jnp.zeros(s, jnp.float32) for n, s in shapes.items()})
+
+    def _cache_shapes(self, batch: int):
+        """``_ -> {field: shape or None}`` of this layer's cache (its shapes have no rows)."""
+        cfg = self.config
+        h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
+        conv = lambda c: (batch, width, c) if cfg.conv_size else None  # noqa: E731
+        return lambda _: dict(state=(batch, h, kd, vd), q_conv=conv(h * kd),
+                              k_conv=conv(h * kd), v_conv=conv(h * vd))  # fmt: skip

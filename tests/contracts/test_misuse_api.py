@@ -602,6 +602,77 @@ ROWS.append(
     )
 )
 
+# -- the other mixers and TinyLM (kda_lib.layers, kda_lib.models) ------------------------------
+def _mixer_rows():
+    from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+    from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
+    from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
+    from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+
+    def attention(**kw):
+        return AttentionConfig(**{"hidden_size": 16, "num_heads": H, "head_dim": K, **kw})
+
+    def mla(**kw):
+        return MLAConfig(**{"hidden_size": 16, "num_heads": H, "head_dim": K, "kv_lora_rank": 4,
+                            **kw})  # fmt: skip
+
+    def mamba2(**kw):
+        return Mamba2Config(**{"hidden_size": 16, "num_heads": H, "head_dim": K, **kw})
+
+    conv_attention = CausalSelfAttention(attention(short_conv=True), rngs=nnx.Rngs(0))
+    mixer = Mamba2Mixer(mamba2(chunk_size=4), rngs=nnx.Rngs(0))
+    rows = []
+    for target, make in (("AttentionConfig", attention), ("MLAConfig", mla),
+                         ("Mamba2Config", mamba2)):  # fmt: skip
+        rows.append(Row(target, "hidden_size bool", lambda m=make: m(hidden_size=True),
+                        match="hidden_size", jit=False))  # fmt: skip
+        if target != "Mamba2Config":  # Mamba2 computes in float32: it has no dtype fields
+            rows += [Row(target, "dtype int", lambda m=make: m(dtype=jnp.int32), match="dtype",
+                         jit=False),
+                     Row(target, "param_dtype bool", lambda m=make: m(param_dtype=jnp.bool_),
+                         match="param_dtype", jit=False)]  # fmt: skip
+        if target != "AttentionConfig":  # attention has no float field
+            rows += [Row(target, f"norm_eps {eps}", lambda m=make, e=eps: m(norm_eps=e),
+                         match="norm_eps", jit=False)
+                     for eps in (float("inf"), float("nan"), 0.0, -1e-5)]  # fmt: skip
+    for target, build, name in (
+        ("CausalSelfAttention", lambda: CausalSelfAttention(attention(hidden_size=2**34),
+                                                            rngs=nnx.Rngs(0)), "hidden_size"),
+        ("MultiHeadLatentAttention", lambda: MultiHeadLatentAttention(mla(hidden_size=2**34),
+                                                                      rngs=nnx.Rngs(0)),
+         "hidden_size"),
+        ("Mamba2Mixer", lambda: Mamba2Mixer(mamba2(hidden_size=2**34), rngs=nnx.Rngs(0)),
+         "hidden_size"),
+        ("TinyLM", lambda: TinyLM(ModelConfig(vocab_size=2**40), rngs=nnx.Rngs(0)),
+         "vocab_size"),
+    ):  # fmt: skip
+        rows.append(Row(target, f"{name} past memory", build, match=name, jit=False))
+    rows += [
+        Row("ModelConfig", "rope 1", lambda: ModelConfig(vocab_size=8, rope=1), match="rope",
+            jit=False),
+        Row("ModelConfig", "mlp_width 0", lambda: ModelConfig(vocab_size=8, mlp_width=0),
+            match="mlp_width", jit=False),
+        # segment ids are checked once, at the layer's entry, not again by each short conv
+        Row("CausalSelfAttention.__call__", "short_conv, segment_ids float",
+            lambda s: conv_attention(HID, segment_ids=s), (jnp.ones((B, T), F32),),
+            "segment_ids"),
+        Row("CausalSelfAttention.__call__", "short_conv, segment_ids wrong T",
+            lambda s: conv_attention(HID, segment_ids=s), (jnp.ones((B, T - 1), jnp.int32),),
+            "segment_ids"),
+        Row("CausalSelfAttention.__call__", "x int", lambda x: conv_attention(x),
+            (HID.astype(jnp.int32),), "x"),
+        Row("Mamba2Mixer.__call__", "segment_ids float", lambda s: mixer(HID, segment_ids=s),
+            (jnp.ones((B, T), F32),), "segment_ids"),
+        Row("Mamba2Mixer.__call__", "segment_ids wrong B", lambda s: mixer(HID, segment_ids=s),
+            (jnp.ones((B + 1, T), jnp.int32),), "segment_ids"),
+        Row("Mamba2Mixer.__call__", "cache of another batch",
+            lambda: mixer(HID, cache=mixer.init_cache(B + 1)), match="cache", jit=False),
+    ]  # fmt: skip
+    return rows
+
+
+ROWS += _mixer_rows()
+
 # Faults found today (2026-12-04): (target, case, mode) -> what happens. Modes "eager" / "jit".
 FAULTS: dict[tuple[str, str, str], str] = {}  # rows that fail today (none)
 

@@ -60,8 +60,10 @@ def test_decoding_continues_the_full_forward_and_bad_caches_are_refused():
         steps.append(out)
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, rtol=2e-5, atol=2e-5)
     assert cache.state.shape == (2, 2, 8, 4)
-    with pytest.raises(ValueError, match="cache must be a Mamba2Cache"):
+    with pytest.raises(ValueError, match=r"cache\.state has shape \(3, 2, 8, 4\), expected \(2, "):
         layer(x, cache=layer.init_cache(3))
+    with pytest.raises(ValueError, match="cache must be a Mamba2Cache, got tuple"):
+        layer(x, cache=tuple(layer.init_cache(2)))
     with pytest.raises(ValueError, match="x must have shape"):
         layer(x[..., :8])
     with pytest.raises(ValueError, match="Mamba2Config.head_dim must be"):

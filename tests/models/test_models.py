@@ -104,14 +104,14 @@ def test_nope_attention_sees_a_set_and_rope_an_order():
         else:
             np.testing.assert_allclose(y, y_swapped, atol=1e-5)
     model = TinyLM(dataclasses.replace(cfg, rope=False), rngs=nnx.Rngs(0))
-    assert model.blocks[0].mixer.rope is False
+    assert model.blocks[0].mixer.config.rope is False
 
 
 def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
     cfg = dataclasses.replace(HYBRID, num_layers=2, layers=("attention_conv", "attention"))
     model = TinyLM(cfg, rngs=nnx.Rngs(0))
     mixer = model.blocks[0].mixer
-    assert mixer.short_conv and mixer.q_conv1d.kernel.shape == (4, 16)
+    assert mixer.config.short_conv and mixer.q_conv1d.kernel.shape == (4, 16)
     tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 11)
     full = _jitted(model, tokens)
     out, cache = _jitted(model, tokens[:, :4], model.init_cache(1, max_len=9))
@@ -123,9 +123,31 @@ def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
     assert cache[0].k_conv.shape == (1, 3, 16) and cache[1].k_conv is None
     # the key at position t mixes the inputs t-3..t: d k_t / d x_s != 0 exactly there
     x = jax.random.normal(jax.random.key(3), (1, 8, 16))
-    jac = jax.jacobian(lambda x: mixer._project(x, None)[0][1][0, 6])(x)[:, 0]
+    jac = jax.jacobian(lambda x: mixer.k_conv1d(mixer.k_proj(x))[0][0, 6])(x)[:, 0]
     reach = np.abs(np.asarray(jac)).sum(axis=(0, 2))
     assert (reach[3:7] > 0).all() and (reach[:3] == 0).all() and (reach[7:] == 0).all()
+
+
+@pytest.mark.parametrize("mixer", ["attention_conv", "mamba2", "conv"])
+def test_the_short_convs_run_on_inputs_checked_once_at_the_entry(mixer, monkeypatch):
+    """x, the cache and the segment ids are checked once, where they enter the layer; its
+    short convs run unchecked (ShortConvolution's checked entry is never called)."""
+    import kda_lib.layers.attention as attention
+    from kda_lib.layers.conv import ShortConvolution
+
+    cfg = dataclasses.replace(HYBRID, layers=(), mixer=mixer, num_layers=1)
+    layer = TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer
+    x = jax.random.normal(jax.random.key(4), (2, 7, 16))
+    ids = jnp.asarray([[1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+    want = [layer(x, segment_ids=ids), layer(x[:, :3], cache=layer.init_cache(2))[0]]
+    checks = []
+    original = attention.check_segment_ids
+    monkeypatch.setattr(attention, "check_segment_ids", lambda *a: checks.append(a) or original(*a))
+    monkeypatch.setattr(ShortConvolution, "__call__", lambda *a, **k: pytest.fail("checked again"))
+    got = [layer(x, segment_ids=ids), layer(x[:, :3], cache=layer.init_cache(2))[0]]
+    assert len(checks) == 1
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_fixed_capacity_cache_overflow_is_loud():
