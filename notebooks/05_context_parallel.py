@@ -17,14 +17,12 @@
 # # 05 · Context parallelism: split the sequence, pass the state, get the same answer
 #
 # **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute what one
-# device computes, outputs and gradients, to float32 rounding (relative error below $10^{-5}$:
-# the kernel in section 4, the whole layer in the notes' test), while the devices exchange
-# two small things: the $w - 1$ tokens before each slice (the short convolution's *halo*,
-# notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each slice's
-# effect on the state (the chunk maps of notebook 03, one per device). Neither grows with the
-# sequence length $T$; gathering the sequence onto every device does. We check the equality and
-# read the bytes moved off the compiled program; what each rank computes, and when the split is
-# faster, is in the notebook notes. On a laptop or Colab the devices are simulated on the CPU.
+# device computes to float32 rounding (relative error below $10^{-5}$: the kernel's outputs and
+# gradients in section 4, the layer on tokamax's TPU kernel in section 6), while the devices
+# exchange two small things: the $w - 1$ tokens before each slice (the short convolution's
+# *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each
+# slice's effect on the state. Neither grows with the sequence length $T$; gathering the
+# sequence does (section 5, read off the compiled program). Devices are simulated on a CPU.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
@@ -86,11 +84,12 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from IPython.display import Markdown, display
 from jax.sharding import PartitionSpec
 
 import kda_lib.teaching.notebook
@@ -119,7 +118,7 @@ mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.E
                      devices=pool[:ranks])
 SEQ = PartitionSpec(None, "context")  # arrays [B, T, ...] split along T
 key = jax.random.key(seed)
-key_inputs, key_cotangent, key_layer, _ = jax.random.split(key, 4)
+key_inputs, key_cotangent, key_layer, key_tpu = jax.random.split(key, 4)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
@@ -130,26 +129,22 @@ assert mesh.shape["context"] == ranks and total_len % ranks == 0
 # %% [markdown]
 # ## 1. Devices, and who waits for whom
 #
-# A `jax.sharding.Mesh` names the device axis the sequence is split over, here `"context"`;
-# `jax.shard_map` hands each device its slice `[B, T / R, ...]` (`shard_as` puts an array into
-# that layout inside `jax.jit`). First the schedule, then the algebra. Each rank holds
-# $T_R = T / R$ consecutive tokens (printed above).
+# A `jax.sharding.Mesh` names the device axis the sequence is split over, `"context"`;
+# `jax.shard_map` hands each rank its $T / R$ consecutive tokens (printed above). The schedule:
 #
 # 1. **Halo.** The short convolution at a rank's first token needs the $w - 1$ tokens before
 #    it, which the rank before holds: one `ppermute` down the chain (rank 0 receives zeros).
 # 2. **Summary pass.** Every rank, at once, runs the kernel over its slice to summarise what
 #    the slice does to *any* state that enters it (section 3 says how).
 # 3. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
-# 4. **Fold.** Rank $\rho$ applies the summaries of ranks $0, \dots, \rho - 1$ in order: the
-#    state passes from device to device as arithmetic on the gathered summaries.
+# 4. **Fold.** Rank $\rho$ applies the summaries of ranks $0, \dots, \rho - 1$ in order.
 # 5. **Output pass.** Each rank reruns its slice from that state and writes its outputs.
 
 # %% [markdown]
 # ## 2. The halo
 #
-# Where the tokens and the summaries go, for the first few ranks (halo hatched; steps 2 and 4
-# are section 3's algebra). Below the figure, step 1 checked: rank $\rho$ receives exactly the
-# $w - 1$ entries before its slice, rank 0 zeros (positions are numbered from 1).
+# Where the tokens and the summaries go (halo hatched). Below, step 1 checked: rank $\rho$
+# receives the $w - 1$ positions (numbered from 1) before its slice, rank 0 zeros.
 
 # %% tags=["hide-input"]
 viz.show(viz.draw_context_parallel(ranks, local_len, halo), "05_split_and_halo")
@@ -161,13 +156,9 @@ exchange = jax.shard_map(lambda z: halo_exchange(z, axis_name="context", halo_si
 with_halo = np.asarray(jax.jit(lambda z: exchange(shard_as(z, mesh, SEQ)))(positions))
 with_halo = with_halo.reshape(ranks, local_len + halo)
 padded = np.concatenate([np.zeros(halo), np.arange(1, total_len + 1)])
-for r in range(ranks):
-    received = with_halo[r, :halo]
-    np.testing.assert_array_equal(received, padded[r * local_len: r * local_len + halo])
-    np.testing.assert_array_equal(with_halo[r, halo:], padded[halo + r * local_len:
-                                                              halo + (r + 1) * local_len])
-    if r < 4:
-        print(f"rank {r} receives positions {received.astype(int).tolist()}")
+for r in range(ranks):  # rank r holds the halo, then its own slice
+    np.testing.assert_array_equal(with_halo[r], padded[r * local_len: halo + (r + 1) * local_len])
+    print(f"rank {r} receives positions {with_halo[r, :halo].astype(int).tolist()}")
 
 # %% [markdown]
 # ## 3. A slice is an affine map of the state that enters it
@@ -187,9 +178,8 @@ for r in range(ranks):
 #   \big[\, M^{(\rho)} \mid E^{(\rho)} \,\big].
 # $$
 #
-# Below we compute the summaries on one device, fold them ($S^{(0)} = 0$,
-# $S^{(\rho)} = M^{(\rho - 1)} S^{(\rho - 1)} + E^{(\rho - 1)}$) and compare with the state
-# one device reaches at each slice boundary (gates from a fresh layer's `A_log` and `dt_bias`).
+# Below we fold the summaries ($S^{(0)} = 0$, $S^{(\rho)} = M^{(\rho - 1)} S^{(\rho - 1)} +
+# E^{(\rho - 1)}$) and compare with the state one device reaches at each slice boundary.
 
 # %%
 raw = random_kda_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim, gate="raw")
@@ -282,13 +272,12 @@ def per_rank(a, b):
 
 
 # %%
+grad_all = lambda fn: jax.jit(jax.grad(loss(fn), argnums=tuple(range(5))))  # noqa: E731
 with jax.default_device(pool[0]):
-    out_errors = per_rank(cp(*inputs), one(*inputs))
-    grads_cp = jax.jit(jax.grad(loss(cp), argnums=tuple(range(5))))(*inputs)
-    grads_one = jax.jit(jax.grad(loss(one), argnums=tuple(range(5))))(*inputs)
-kernel_errors = {"o": out_errors}
-for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), grads_cp, grads_one, strict=True):
-    kernel_errors[name] = per_rank(a, b)
+    kernel_errors = {"o": per_rank(cp(*inputs), one(*inputs))} | {
+        name: per_rank(a, b) for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"),
+                                                   grad_all(cp)(*inputs), grad_all(one)(*inputs),
+                                                   strict=True)}
 for name, errors in kernel_errors.items():
     print(f"{name:6s} relative error per rank: " + "  ".join(f"{e:.1e}" for e in errors))
 kernel_worst = max(max(e) for e in kernel_errors.values())
@@ -381,26 +370,43 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured,
 
 # %%
 crossover = ranks * key_dim * (key_dim + value_dim) / (3 * key_dim + value_dim + 1)
-assert formula["gather the sequence"](2 * crossover) > formula["state passing (kernel)"](0)
-assert formula["gather the sequence"](crossover / 2) < formula["state passing (kernel)"](0)
 ratio_at_longest = measured["gather the sequence"][-1] / measured["state passing (kernel)"][-1]
-display(Markdown(
-    f"At these sizes state passing moves fewer bytes than gathering for $T >$ {crossover:.1f} "
-    f"tokens; at the longest compiled length, $T = {lengths[-1]}$, gathering sends "
-    f"{ratio_at_longest:.1f}x the bytes of state passing, and the ratio keeps growing with $T$."))
+print(f"state passing moves fewer bytes than gathering for T > {crossover:.1f} tokens (the "
+      f"formulas); at T = {lengths[-1]}, gathering sent {ratio_at_longest:.1f}x the bytes")
+assert ratio_at_longest > 1
+
+# %% [markdown]
+# ## 6. The same layer on tokamax's TPU kernel
+#
+# MaxText runs KDA on TPU through tokamax's Mosaic kernel: `implementation="tokamax_mosaic"`
+# runs it on every rank, on the chips of a TPU VM, or here interpreted on the CPU with a v6e's
+# limits by `kda_lib.emulate_tpu()` (slowly: a small layer, forward only; 128-wide heads).
+
+# %%
+tpu_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim=128,
+                               lower_bound=-5.0, implementation="tokamax_mosaic")
+x_tpu = jax.random.normal(key_tpu, (batch, 32 * ranks, hidden_size))
+run_layer = nnx.jit(lambda layer, x: layer(x))
+with kda_lib.emulate_tpu() as chip:  # chip is None on a real TPU: the block runs unchanged
+    y_tpu_cp = run_layer(kda_lib.KimiDeltaAttention(tpu_config, rngs=nnx.Rngs(layer_seed),
+                                                    mesh=mesh), x_tpu)
+one_config = dataclasses.replace(tpu_config, implementation="chunked")
+y_one = run_layer(kda_lib.KimiDeltaAttention(one_config, rngs=nnx.Rngs(layer_seed)), x_tpu)
+tpu_error = relative_l2(y_tpu_cp, y_one)
+print(f"ran on {'TPU chips' if chip is None else f'the CPU, emulating a TPU {chip}'}: the layer "
+      f"on {ranks} ranks (tokamax's Mosaic kernel) vs one device: relative error {tpu_error:.1e}")
+assert tpu_error < 1e-5
 
 # %% [markdown]
 # ## Summary
 #
-# - Each slice of the sequence acts on the state as an affine map
-#   $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$; one kernel run from $[\,I \mid 0\,]$
-#   with values $[\,\mathbf 0 \mid \mathbf v\,]$ computes it, and folding the summaries gives the
-#   state at every slice boundary (to float32 rounding).
-# - With the summaries all-gathered, the kernel on $R$ devices matches one device to float32
-#   rounding, for outputs and for every gradient; the conv halo passes down the chain.
-# - What the devices exchange does not grow with $T$ (measured in the compiled programs, and
-#   equal to the formula); gathering the sequence instead grows linearly and moves more bytes
-#   beyond the crossover length computed above.
+# - A slice acts on the state as an affine map $S_{\text{out}} = M^{(\rho)} S_{\text{in}} +
+#   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries
+#   gives the state at every slice boundary.
+# - The kernel on $R$ devices matches one device, outputs and gradients, and so does the layer
+#   on tokamax's TPU kernel; what the devices exchange does not grow with $T$ (measured, equal
+#   to the formula), gathering the sequence does. What each rank computes, and when the split
+#   is faster: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md).
 #
 # ## Exercises
 #
@@ -412,13 +418,10 @@ display(Markdown(
 #    `(M, E)`: the summary of running `first`'s slice, then `second`'s. The checker tests it on
 #    random maps, and that grouping does not matter (it is associative).
 # 2. **The fold for any rank count, in $2 \log_2 R - 1$ rounds.** Write
-#    `entering_states(ms, es)`: given $R$ summaries stacked as `ms [R, K, K]` and
-#    `es [R, K, V]`, return the state entering every rank, `[R, K, V]` (zeros for rank 0), for
-#    any $R$, without a loop over the ranks (hint: `jax.lax.associative_scan` with your
-#    `compose`, then shift by one). The checker tries $R$ = 3, 5 and 8, then traces it with
-#    `jax.make_jaxpr` at $R = 256$ and measures the longest chain of operations that depend on
-#    one another: a loop over the ranks (a Python loop, however it writes the products, or
-#    `lax.scan`) chains at least one per rank and is refused.
+#    `entering_states(ms, es)`: from $R$ summaries `ms [R, K, K]`, `es [R, K, V]`, the state
+#    entering every rank, `[R, K, V]` (zeros for rank 0), without a loop over the ranks (hint:
+#    `jax.lax.associative_scan` with your `compose`). The checker tries $R$ = 3, 5, 8, then
+#    traces it at $R = 256$: a loop over the ranks chains one operation per rank and is refused.
 #
 # Both checkers refuse answers that run `kda_lib` code (the library's own fold included).
 
@@ -438,12 +441,10 @@ exercises.check("05.2", answer)
 # - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025.
 #   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for
-#   near-infinite context* (context parallelism for softmax attention, for contrast), 2023.
-#   [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
-# - S. Li, F. Xue, C. Baranwal, Y. Li, Y. You, *Sequence parallelism: long sequence training
-#   from system perspective*, 2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
-# - JAX, *Manual parallelism with `shard_map`*:
-#   [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
+#   near-infinite context*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
+# - S. Li et al., *Sequence parallelism: long sequence training from system perspective*,
+#   2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
+# - JAX, *Manual parallelism with `shard_map`*: [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
 # - tokamax's KDA kernels and their context parallelism:
 #   [openxla/tokamax](https://github.com/openxla/tokamax); fla's chunk-state passing:
 #   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
