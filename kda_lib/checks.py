@@ -64,10 +64,9 @@ def check_seed(name: str, value) -> int:
 
 
 def check_flag(name: str, value) -> bool:
-    """``value`` as a Python bool: a bool, a numpy bool or a 0-d numpy bool array; ints,
-    other arrays and jax arrays (possibly traced: a switch is static) are refused."""
-    scalar = isinstance(value, np.ndarray) and value.shape == () and value.dtype == np.bool_
-    if not (isinstance(value, (bool, np.bool_)) or scalar):
+    """``value`` as a Python bool: a bool or a numpy bool; ints and arrays (numpy or jax,
+    maybe traced: a switch is static) are refused."""
+    if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a bool, got {value!r}")
     return bool(value)
 
