@@ -1,10 +1,6 @@
-"""Argument checks every folder of kda_lib uses: ints, seeds, numbers, token ids, arrays, and
-sizes against the machine's memory; and :func:`shared_fields`, how one config is built from
-another by field name.
-
-Each check raises ``ValueError`` naming the argument and what was expected, before any work is
-done.
-"""
+"""Argument checks every folder of kda_lib uses (ints, seeds, numbers, bools, token ids, arrays,
+sizes against memory): each raises ``ValueError`` naming the argument and what was expected,
+before any work. And :func:`shared_fields`, how one config is built from another by name."""
 
 from __future__ import annotations
 
@@ -15,48 +11,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
+
 
 def shared_fields(source, config_class) -> dict:
-    """The fields of the dataclass instance ``source`` that ``config_class`` also has, by name:
-    how a config is built from another without copying its fields one by one (the layer
-    configs name a width alike, e.g. ``head_dim`` and ``value_head_dim`` in every mixer's)."""
+    """The fields of the dataclass instance ``source`` that ``config_class`` also has."""
     names = {field.name for field in dataclasses.fields(config_class)}
-    return {
-        field.name: getattr(source, field.name)
-        for field in dataclasses.fields(source)
-        if field.name in names
-    }
+    return {f.name: getattr(source, f.name) for f in dataclasses.fields(source) if f.name in names}
 
 
 def is_concrete(x) -> bool:
-    """Are ``x``'s values readable here? Not under ``jit`` (a tracer), and not for an array
-    spread over several processes (multi-host): value checks then skip, as under jit."""
+    """Are ``x``'s values readable here? Not for a tracer (under ``jit``) or an array spread
+    over several processes: value checks then skip."""
     if x is None or isinstance(x, jax.core.Tracer):
         return False
     return getattr(x, "is_fully_addressable", True)
 
 
-MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
-
-
 def is_int(value, minimum: int | None = 1) -> bool:
-    """Is ``value`` an int (numpy ints count; bools, numpy bools and floats such as 2.0 do not)
-    that is ``>= minimum`` (any int with ``minimum=None``)? The one test behind every integer
-    check of the package (:func:`check_int`, :func:`check_positive_int`)."""
-    return (
-        not isinstance(value, (bool, np.bool_))
-        and isinstance(value, (int, np.integer))
-        and (minimum is None or value >= minimum)
-    )
+    """Is ``value`` an int (numpy ints count; bools and floats such as 2.0 do not) that is
+    ``>= minimum`` (any int for None)? The one integer test of the package."""
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return integer and (minimum is None or value >= minimum)
 
 
 def check_int(
     name: str, value, minimum: int = 1, *, optional: bool = False, expected: str | None = None
 ) -> int | None:
-    """``value`` as a Python int if :func:`is_int` (``value >= minimum``), None for None when
-    ``optional``; otherwise ``ValueError("<name> must be <expected>, got <value>")``, where
-    ``expected`` defaults to "a positive int" (minimum 1) or "an int >= <minimum>", after
-    "None or " when ``optional``."""
+    """``value`` as a Python int if :func:`is_int` (None passes when ``optional``); else
+    ``"<name> must be <expected>, got <value>"``, ``expected`` by default "a positive int"
+    (minimum 1) or "an int >= <minimum>"."""
     if optional and value is None:
         return None
     if not is_int(value, minimum):
@@ -68,54 +52,52 @@ def check_int(
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int, if it is an int (numpy ints count) >= ``minimum``; a bool, a float
-    (even 2.0) or anything else is a ValueError naming ``name`` ("must be an int >= 1")."""
+    """:func:`check_int` saying "must be an int >= <minimum>"."""
     return check_int(name, value, minimum, expected=f"an int >= {minimum}")
 
 
+def check_seed(name: str, value) -> int:
+    """A seed for ``jax.random.key``: an int in [0, 2^63 - 1]."""
+    if check_positive_int(name, value, minimum=0) > MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**63 - 1], got {value!r}")
+    return int(value)
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` as a Python bool: a bool or a numpy bool; ints and arrays (numpy or jax,
+    maybe traced: a switch is static) are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
-    """The command lines' integer options against their smallest values: argparse's error
-    (exit status 2) naming the first option below its minimum. An option that is None (not
-    given) or not in ``args`` (not this parser's) passes."""
+    """argparse's error (exit status 2) naming the first integer option of ``args`` below its
+    minimum in ``minimums``; options that are None or not this parser's pass."""
     for name, minimum in minimums.items():
         value = getattr(args, name, None)
         if value is not None and value < minimum:
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
-def check_seed(name: str, value) -> int:
-    """A seed for ``jax.random.key``: an int in [0, 2^63 - 1]."""
-    value = check_positive_int(name, value, minimum=0)
-    if value > MAX_SEED:
-        raise ValueError(f"{name} must be an int in [0, 2**63 - 1], got {value!r}")
-    return value
-
-
 def is_number(value) -> bool:
     """Is ``value`` a real number (Python or numpy int or float; bools do not count)?"""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )
+    return is_int(value, None) or isinstance(value, (float, np.floating))
 
 
 def check_number(name: str, value, *, minimum: float | None = None, positive=False) -> float:
-    """``value`` as a float, if it is a finite real number (numpy scalars count, bools do not)
-    that is ``>= minimum`` (or ``> 0`` with ``positive``)."""
+    """``value`` as a float, if a finite :func:`is_number` ``>= minimum`` (``> 0`` with
+    ``positive``)."""
     requirement = "a finite number" + (" > 0" if positive else "")
     requirement += "" if minimum is None else f" >= {minimum:g}"
-    if (
-        not is_number(value)
-        or not np.isfinite(value)
-        or (positive and not value > 0)
-        or (minimum is not None and not value >= minimum)
-    ):
+    ok = is_number(value) and np.isfinite(value) and (value > 0 or not positive)
+    if not (ok and (minimum is None or value >= minimum)):
         raise ValueError(f"{name} must be {requirement}, got {value!r}")
     return float(value)
 
 
 def check_token_ids(name: str, ids, vocab_size: int) -> None:
-    """Integer token ids in ``[0, vocab_size)`` (values checked when concrete, i.e. not under
-    ``jit``): an id outside gives NaN or silently another token's embedding."""
+    """Integer token ids in ``[0, vocab_size)`` (values checked when concrete)."""
     dtype = getattr(ids, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(f"{name} must hold integer token ids, got dtype {dtype}")
@@ -128,23 +110,24 @@ def check_token_ids(name: str, ids, vocab_size: int) -> None:
             )
 
 
-def check_array(name: str, x) -> None:
-    """``x`` must be an array (jax or numpy), not a Python list, tuple or scalar."""
+def check_array(name: str, x, *, floating: bool = False) -> None:
+    """``x`` must be a jax or numpy array (not a list or scalar), of a floating dtype with
+    ``floating``."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise ValueError(
             f"{name} must be a jax or numpy array, got {type(x).__name__}"
             + (" (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else "")
         )
+    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
 
 
 # ------------------------------------------------------------------ sizes against memory
 
 
 def memory_limit() -> int | None:
-    """This process's first device's memory in bytes where JAX reports it (``memory_stats()``'s
-    ``bytes_limit``: GPU, TPU), else this machine's physical memory (``os.sysconf``), or None
-    where neither is known (the size checks then pass). Read at the call: an allocation above
-    it cannot succeed here, whatever else is running."""
+    """The first local device's memory in bytes where JAX reports it (GPU, TPU), else this
+    machine's physical memory, or None where neither is known (size checks then pass)."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
@@ -156,34 +139,27 @@ def memory_limit() -> int | None:
 
 
 def format_bytes(nbytes: float) -> str:
-    """``nbytes`` in binary units with two significant places: ``"4.0 TiB"``, ``"512 B"``."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    """``nbytes`` in binary units: ``"4.0 TiB"``, ``"512 B"``."""
     value, unit = float(nbytes), 0
-    while value >= 1024 and unit < len(units) - 1:
+    while value >= 1024 and unit < 8:
         value, unit = value / 1024, unit + 1
-    if unit == 0:
-        return f"{int(value)} B"
-    return f"{value:.1f} {units[unit]}" if value < 100 else f"{value:.0f} {units[unit]}"
+    name = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")[unit]
+    return f"{int(value)} B" if not unit else f"{value:.{1 if value < 100 else 0}f} {name}"
 
 
 def allocation_problem(what: str, nbytes: int, *, limit: int | None = None) -> str | None:
-    """``"<what> would take ~X (more than this machine's memory, Y)"`` when ``nbytes`` (an
-    estimate made before allocating) exceeds ``limit`` (default :func:`memory_limit`), else
-    None."""
+    """``"<what> would take ~X (more than this machine's memory, Y)"`` when ``nbytes`` exceeds
+    ``limit`` (default :func:`memory_limit`), else None."""
     limit = memory_limit() if limit is None else limit
-    if limit is None or nbytes <= limit:
-        return None
-    return (
-        f"{what} would take ~{format_bytes(nbytes)} (more than this machine's memory, "
-        f"{format_bytes(limit)})"
-    )
+    if limit is not None and nbytes > limit:
+        return (f"{what} would take ~{format_bytes(nbytes)} (more than this machine's memory, "
+                f"{format_bytes(limit)})")
+    return None
 
 
 def check_allocation(name: str, value, what: str, nbytes: int, *, limit=None) -> None:
-    """Refuse a size before anything is allocated: ``ValueError("<name>=<value>: <what> would
-    take ~X (more than this machine's memory, Y)")`` when the estimate ``nbytes`` exceeds
-    ``limit`` (default :func:`memory_limit`); otherwise nothing. ``name``: the argument to
-    blame, ``value`` its value (shown with ``!r``, or as it is when a str)."""
+    """``ValueError("<name>=<value>: <allocation_problem>")`` when the estimate ``nbytes``
+    exceeds ``limit``, before anything is allocated."""
     problem = allocation_problem(what, nbytes, limit=limit)
     if problem:
         shown = value if isinstance(value, str) else repr(value)

@@ -34,7 +34,7 @@ LIBRARY = ("checks", "ops", "testing", "parallel", "layers", "models")
 OPS_RANKS = {
     "contract": 0,
     "norms": 0,
-    "gating": 0,
+    "gating": 1,
     "segments": 1,
     "reference": 2,
     "scalar_decay": 2,

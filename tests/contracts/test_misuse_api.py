@@ -184,6 +184,13 @@ ROWS = [
     Row("kda", "chunk_size bool", _kda(chunk_size=True), match="chunk_size", jit=False),
     Row("kda", "chunk_size float", _kda(chunk_size=4.0), match="chunk_size", jit=False),
     Row("kda", "implementation unknown", _kda(implementation="bogus"), match="implementation"),
+    # switches are bools (numpy bools too); an int, a word or an array of them is refused
+    Row("kda", "allow_neg_eigval a word", _kda(allow_neg_eigval="no"), match="allow_neg_eigval"),
+    Row("kda", "output_final_state int", _kda(output_final_state=1), match="output_final_state"),
+    Row("kda", "output_chunk_states array", _kda(output_chunk_states=np.array([True])),
+        match="output_chunk_states"),
+    Row("kda", "use_gate_in_kernel jax bool", _kda(use_gate_in_kernel=jnp.array(True)),
+        match="use_gate_in_kernel"),
     Row("kda", "max_num_segments negative, no ids", _kda(max_num_segments=-3),
         match="max_num_segments"),
     Row(

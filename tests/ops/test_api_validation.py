@@ -113,6 +113,17 @@ def test_the_in_kernel_gate_is_switched_on_by_name_only():
         kda(*args, use_gate_in_kernel=1)
 
 
+def test_switches_take_python_and_numpy_bools_only():
+    """A switch is a bool or a numpy bool (as KDAConfig takes them); an int, a word, a numpy
+    array or a jax array (maybe traced: switches are static) is not."""
+    want = kda(*ARGS, output_final_state=True)
+    got = kda(*ARGS, output_final_state=np.bool_(True), allow_neg_eigval=np.bool_(False))
+    np.testing.assert_array_equal(got[1], want[1])
+    for bad in (1, "yes", np.array(True), np.array([True]), jnp.array(True), None):
+        with pytest.raises(ValueError, match="allow_neg_eigval must be a bool"):
+            kda(*ARGS, allow_neg_eigval=bad)
+
+
 def test_lower_bound_accepts_numpy_floats_in_range():
     check_lower_bound(np.float32(-5.0))
     check_lower_bound(np.float64(-0.5))
