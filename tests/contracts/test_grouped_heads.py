@@ -117,30 +117,21 @@ def _assert_matches(got, want, tol, label):
         assert err < tol, (label, f"d{name}", err)
 
 
-def test_oracle_maps_value_head_j_to_qk_head_j_over_groups(x64):
+def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups(x64):
     """The grouped oracle equals the ungrouped one run on q/k heads picked by hand (numpy
-    indexing, nothing from kda_lib): value head j reads q/k head j // (HV // H)."""
-    x = {n: a.astype(jnp.float64) for n, a in _inputs(1).items()}
+    indexing, nothing from kda_lib): value head j reads q/k head j // (HV // H); and dq of a q
+    head is the sum of what its value heads send it (the ungrouped oracle's dq on the spread
+    heads, summed over each group). One compiled program each for both claims."""
+    x = {n: a.astype(jnp.float64) for n, a in _inputs(2).items()}
     ids = _segments()
-    grouped = _oracle(x, ids)
+    grouped, grads = _value_and_grads(_oracle, x, ids)
     picked = np.array([j // (HV // H) for j in range(HV)])
     spread = dict(x, q=jnp.asarray(np.asarray(x["q"])[:, :, picked]))
     spread["k"] = jnp.asarray(np.asarray(x["k"])[:, :, picked])
     assert spread["q"].shape == x["v"].shape[:3] + (K,)
-    plain = _oracle(spread, ids)
+    plain, spread_grads = _value_and_grads(_oracle, spread, ids)
     for a, b in zip(grouped, plain, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
-
-
-def test_grouped_gradients_of_q_and_k_sum_over_the_group(x64):
-    """dq of a q head is the sum of what its value heads send it (here: the ungrouped oracle's
-    dq on the spread heads, summed over each group)."""
-    x = {n: a.astype(jnp.float64) for n, a in _inputs(2).items()}
-    ids = _segments()
-    _, grads = _value_and_grads(_oracle, x, ids)
-    picked = np.array([j // (HV // H) for j in range(HV)])
-    spread = dict(x, q=x["q"][:, :, picked], k=x["k"][:, :, picked])
-    _, spread_grads = _value_and_grads(_oracle, spread, ids)
     for name in ("q", "k"):
         summed = np.asarray(spread_grads[name]).reshape(B, T, H, HV // H, K).sum(3)
         np.testing.assert_allclose(np.asarray(grads[name]), summed, rtol=1e-10, atol=1e-12)
@@ -158,7 +149,7 @@ CASES = [
 @functools.cache
 def _oracle_case(with_a_log: bool, with_segments: bool):
     """Inputs (seed 3), segment ids or None, and their float64 expectation: computed once per
-    worker for the tests below (one xdist group), four cases for ten tests."""
+    worker for the tests below (one xdist group), four cases for eleven tests."""
     x = _inputs(3, a_log=with_a_log)
     ids = _segments() if with_segments else None
     return x, ids, _expected(x, ids)
@@ -175,9 +166,9 @@ def test_every_implementation_matches_the_oracle(implementation, kw, with_a_log)
     _assert_matches(got, want, 2e-5, implementation)
 
 
+@pytest.mark.xdist_group("grouped_oracles")
 def test_associative_scan_chunked_matches_the_oracle():
-    x = _inputs(4, a_log=False)
-    ids = _segments()
+    x, ids, want = _oracle_case(False, True)  # the a_log=None case above, its oracle reused
 
     def fn(x, segment_ids):
         g = kda_gate(x["g"], None, x["dt_bias"], lower_bound=LOWER_BOUND)
@@ -194,7 +185,7 @@ def test_associative_scan_chunked_matches_the_oracle():
             scan="associative",
         )
 
-    _assert_matches(_value_and_grads(fn, x, ids), _expected(x, ids), 2e-5, "associative")
+    _assert_matches(_value_and_grads(fn, x, ids), want, 2e-5, "associative")
 
 
 def test_softplus_gate_with_grouped_heads_matches_the_oracle():

@@ -95,11 +95,11 @@ def test_the_cpu_preset_is_notebook_09s_full_setting_with_five_fresh_seeds(scrip
 
 def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_path):
     """End to end at the tiny preset (3 steps, width 16, 16-byte windows): one tuning run per
-    rate at the tuning seed, then fresh seeds at the chosen rate; every run holds the
+    rate at the tuning seed, then a fresh seed at the chosen rate; every run holds the
     validation curve, validation and test bits per byte with standard errors, the bits at
     each of the 16 positions and the long-range probe; a second call trains nothing."""
     output = tmp_path / "lm.json"
-    argv = [*TINY, "--models", "attention,hybrid", "--seeds", "0,1", "--grid", "0.003,0.01",
+    argv = [*TINY, "--models", "attention,hybrid", "--seeds", "0", "--grid", "0.003,0.01",
             "--max-extensions", "0", "--output", str(output)]  # fmt: skip
     script.main(argv)
     document = json.loads(output.read_text())
@@ -111,8 +111,8 @@ def test_a_tiny_run_records_validation_test_and_bits_by_position(script, tmp_pat
         grid = document["grids"][model]
         assert grid["rates"] == [0.003, 0.01] and grid["seed"] == 1000
         assert {(model, "tune", lr, 1000) for lr in grid["rates"]} <= runs
-        assert {(model, "seeds", grid["best"], seed) for seed in (0, 1)} <= runs
-    assert len(runs) == 8
+        assert (model, "seeds", grid["best"], 0) in runs  # several seeds: with the fake below
+    assert len(runs) == 6
     for run in document["runs"]:
         assert run["curve"]["step"] == [2, 3] and run["training"]["steps"] == 3
         assert len(run["curve"]["validation_bpb"]) == 2

@@ -382,9 +382,11 @@ def test_command_line_help_shows_values_and_every_mixer(capsys):
 
 
 def test_command_line_progress_bar_and_errors(tmp_path, capsys):
-    train_main(["stack", *CLI_TINY, "--progress", "bar", "--output", str(tmp_path / "s.json")])
+    # the run of test_command_line_lines_and_record (its compiled training step, reused)
+    argv = ["palindrome", *CLI_TINY, "--vocab-size", "6", "--progress", "bar"]
+    train_main([*argv, "--output", str(tmp_path / "s.json")])
     captured = capsys.readouterr()
-    assert "stack/conv" in captured.err and "3/3" in captured.err  # the tqdm bar
+    assert "palindrome/conv" in captured.err and "3/3" in captured.err  # the tqdm bar
     assert "step      2" not in captured.out
     with pytest.raises(SystemExit):
         train_main(["mqar", *CLI_TINY, "--delay", "3"])
@@ -565,7 +567,8 @@ def _strict_load(path):
 def test_a_diverged_run_is_recorded_as_diverged_in_strict_json_and_exits_1(tmp_path, capsys):
     out = tmp_path / "nan.json"
     with pytest.raises(SystemExit) as exit_info:
-        train_main(["palindrome", *CLI_TINY, "--learning-rate", "nan", "--output", str(out)])
+        argv = ["palindrome", *CLI_TINY, "--vocab-size", "6", "--learning-rate", "nan"]
+        train_main([*argv, "--output", str(out)])
     assert exit_info.value.code == 1
     captured = capsys.readouterr()
     assert "diverged (the training loss at step 2 is not finite)" in captured.err
@@ -767,11 +770,12 @@ def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
                       reach=reach)  # fmt: skip
     correct = scored = 0
     key = _stream(0, TEST_STREAM)
+    apply = nnx.jit(lambda model, tokens: model(tokens))  # one program, not op by op
     for i in range(2):
         batch = task(jax.random.fold_in(key, i), 4, 24)
         positions = np.asarray(stack_answer_positions(batch.inputs))
         beyond = np.asarray(batch.mask) & (np.arange(24) - positions > reach)
-        guess = np.asarray(jnp.argmax(model(batch.inputs), -1))
+        guess = np.asarray(jnp.argmax(apply(model, batch.inputs), -1))
         correct += int((guess == np.asarray(batch.targets))[beyond].sum())
         scored += int(beyond.sum())
     assert scored > 0 and scores["beyond_reach_scored"] == scored
