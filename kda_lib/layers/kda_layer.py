@@ -62,36 +62,15 @@ def _int(minimum: int = 1, optional: bool = False, expected: str | None = None):
     return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
 
 
-def _bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
+def _rule(ok, expected: str, convert=lambda value: value):
+    """A rule: ``convert(value)`` if ``ok(value)``, else "<name> must be <expected>, got ..."."""
 
+    def rule(name, value):
+        if not ok(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+        return convert(value)
 
-def _conv_size(name, value):
-    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
-    if value > MAX_CONV_SIZE:
-        raise ValueError(f"{name} must be <= {MAX_CONV_SIZE} (a short convolution: local token "
-                         "mixing before the recurrence, 4 in fla and Kimi Linear; a wide window "
-                         f"is what the recurrence is for), got {value}")  # fmt: skip
-    return value
-
-
-def _positive_float(name, value):
-    if not is_number(value) or not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
-    return float(value)
-
-
-def _float_dtype(name, value):
-    try:
-        dtype = None if value is None else jnp.dtype(value)  # np.dtype(None) is float64
-    except TypeError:
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"{name} must be a floating-point dtype (e.g. jnp.float32, "
-                         f"jnp.bfloat16), got {value!r}")  # fmt: skip
-    return value
+    return rule
 
 
 def _named(check):
@@ -106,18 +85,33 @@ def _named(check):
     return rule
 
 
-def _lower_bound(value):
-    check_lower_bound(value)
-    return None if value is None else float(value)
+def _is_float_dtype(value) -> bool:
+    try:  # np.dtype(None) is float64
+        return value is not None and jnp.issubdtype(jnp.dtype(value), jnp.floating)
+    except TypeError:
+        return False
 
 
+def _conv_size(name, value):
+    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
+    short = (f"<= {MAX_CONV_SIZE} (a short convolution: local token mixing before the "
+             "recurrence, 4 in fla and Kimi Linear; a wide window is what the recurrence is "
+             "for)")  # fmt: skip
+    return _rule(lambda v: v <= MAX_CONV_SIZE, short)(name, value)
+
+
+_bool = _rule(lambda v: isinstance(v, (bool, np.bool_)), "a bool", bool)
+_float_dtype = _rule(_is_float_dtype, "a floating-point dtype (e.g. jnp.float32, jnp.bfloat16)")
+_positive_float = _rule(lambda v: is_number(v) and np.isfinite(v) and v > 0,
+                        "a finite float > 0", float)  # fmt: skip
+_lower_bound = _named(lambda v: check_lower_bound(v) or (None if v is None else float(v)))
 _WIDTH = _int(1, optional=True, expected="a positive int or None")
 # field -> rule(name, value) -> the value stored (numpy scalars become Python numbers); gate_form
 # (it depends on lower_bound) and the combinations follow in __post_init__
 _RULES = {
     "hidden_size": _int(), "num_heads": _int(), "num_v_heads": _WIDTH, "head_dim": _int(),
     "value_head_dim": _WIDTH, "conv_size": _conv_size, "fused_qkv_conv": _bool,
-    "lower_bound": _named(_lower_bound), "use_a_log": _bool, "per_head_decay": _bool,
+    "lower_bound": _lower_bound, "use_a_log": _bool, "per_head_decay": _bool,
     "forget_gate_rank": _WIDTH, "allow_neg_eigval": _bool, "output_gate_rank": _WIDTH,
     "output_gate_bias": _bool, "norm_eps": _positive_float,
     "implementation": lambda name, value: check_implementation(value, name),
