@@ -274,11 +274,11 @@ class KimiDeltaAttention(nnx.Module):
     Args:
       config: :class:`KDAConfig`.
       rngs: ``nnx.Rngs`` for parameter init.
-      mesh, context_axis: run the conv halo exchange and the recurrence context-parallel over
-        ``mesh``'s ``context_axis`` ("context"); None (default) = one device.
+      mesh, context_axis: run the layer context-parallel over ``mesh``'s ``context_axis``
+        ("context"); None (default) = one device.
 
-    Building refuses (ValueError naming the largest width field) parameters that cannot fit
-    this machine's memory, before any is allocated; ``nnx.eval_shape`` still gives the shapes.
+    Building refuses parameters that cannot fit this machine's memory (ValueError naming the
+    largest width field); ``nnx.eval_shape`` still gives their shapes.
     """
 
     def __init__(
@@ -577,9 +577,7 @@ class KimiDeltaAttention(nnx.Module):
         Returns ``(y [B, T, hidden], cache after x, boundaries)``: ``boundaries`` a
         :class:`KDACache` with a chunk axis, ``state [B, N, HV, K, V]`` (``N = T //
         config.chunk_size``) and conv histories ``[B, N, W-1, C]``; ``cache_at(boundaries, i)``
-        is the cache after the first ``(i + 1) * chunk_size`` tokens, from which a prompt that
-        shares them resumes. The kernel gives the states in one pass; the conv histories
-        reproject the W-1 inputs before each boundary.
+        is the cache after the first ``(i + 1) * chunk_size`` tokens.
         """
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
