@@ -12,7 +12,7 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
 
 HV = ``num_v_heads`` (grouped value heads; default H): value head ``j`` reads q/k head
 ``j // (HV // H)``. ``A_log`` and ``dt_bias`` stay float32. Options and their sources:
-docs/DESIGN.md (the KDA layer).
+docs/DESIGN.md section 2 (the KDA layer); context parallelism: section 5.
 """
 
 from __future__ import annotations
@@ -54,9 +54,7 @@ from kda_lib.ops.norms import gated_rms_norm
 from kda_lib.ops.segments import canonical_segment_ids, count_segments, host_canonical_segment_ids
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
-# a short convolution mixes a few neighbouring tokens (4 in fla and Kimi Linear); the bound
-# keeps compile time and the decode cache small (docs/DESIGN.md, the KDA layer)
-MAX_CONV_SIZE = 64
+MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
 
 
 # ------------------------------------------------------------------ KDAConfig's rules, one table
@@ -64,42 +62,15 @@ def _int(minimum: int = 1, optional: bool = False, expected: str | None = None):
     return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
 
 
-_WIDTH = _int(1, optional=True, expected="a positive int or None")
+def _rule(ok, expected: str, convert=lambda value: value):
+    """A rule: ``convert(value)`` if ``ok(value)``, else "<name> must be <expected>, got ..."."""
 
+    def rule(name, value):
+        if not ok(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+        return convert(value)
 
-def _bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
-def _conv_size(name, value):
-    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
-    if value > MAX_CONV_SIZE:
-        raise ValueError(
-            f"{name} must be <= {MAX_CONV_SIZE} (a short convolution: local token mixing before "
-            "the recurrence, 4 in fla and Kimi Linear; a wide window is what the recurrence is "
-            f"for), got {value}"
-        )
-    return value
-
-
-def _positive_float(name, value):
-    if not is_number(value) or not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite float > 0, got {value!r}")
-    return float(value)
-
-
-def _float_dtype(name, value):
-    try:
-        dtype = None if value is None else jnp.dtype(value)  # np.dtype(None) is float64
-    except TypeError:
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(
-            f"{name} must be a floating-point dtype (e.g. jnp.float32, jnp.bfloat16), got {value!r}"
-        )
-    return value
+    return rule
 
 
 def _named(check):
@@ -114,35 +85,39 @@ def _named(check):
     return rule
 
 
-def _lower_bound(value):
-    check_lower_bound(value)
-    return None if value is None else float(value)
+def _is_float_dtype(value) -> bool:
+    try:  # np.dtype(None) is float64
+        return value is not None and jnp.issubdtype(jnp.dtype(value), jnp.floating)
+    except TypeError:
+        return False
 
 
-# field -> rule(name, value) -> the value to store (numpy scalars become Python numbers);
-# gate_form, which depends on lower_bound, and the combinations follow in __post_init__
+def _conv_size(name, value):
+    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
+    short = (f"<= {MAX_CONV_SIZE} (a short convolution: local token mixing before the "
+             "recurrence, 4 in fla and Kimi Linear; a wide window is what the recurrence is "
+             "for)")  # fmt: skip
+    return _rule(lambda v: v <= MAX_CONV_SIZE, short)(name, value)
+
+
+_bool = _rule(lambda v: isinstance(v, (bool, np.bool_)), "a bool", bool)
+_float_dtype = _rule(_is_float_dtype, "a floating-point dtype (e.g. jnp.float32, jnp.bfloat16)")
+_positive_float = _rule(lambda v: is_number(v) and np.isfinite(v) and v > 0,
+                        "a finite float > 0", float)  # fmt: skip
+_lower_bound = _named(lambda v: check_lower_bound(v) or (None if v is None else float(v)))
+_WIDTH = _int(1, optional=True, expected="a positive int or None")
+# field -> rule(name, value) -> the value stored (numpy scalars become Python numbers); gate_form
+# (it depends on lower_bound) and the combinations follow in __post_init__
 _RULES = {
-    "hidden_size": _int(),
-    "num_heads": _int(),
-    "num_v_heads": _WIDTH,
-    "head_dim": _int(),
-    "value_head_dim": _WIDTH,
-    "conv_size": _conv_size,
-    "fused_qkv_conv": _bool,
-    "lower_bound": _named(_lower_bound),
-    "use_a_log": _bool,
-    "per_head_decay": _bool,
-    "forget_gate_rank": _WIDTH,
-    "allow_neg_eigval": _bool,
-    "output_gate_rank": _WIDTH,
-    "output_gate_bias": _bool,
-    "norm_eps": _positive_float,
+    "hidden_size": _int(), "num_heads": _int(), "num_v_heads": _WIDTH, "head_dim": _int(),
+    "value_head_dim": _WIDTH, "conv_size": _conv_size, "fused_qkv_conv": _bool,
+    "lower_bound": _lower_bound, "use_a_log": _bool, "per_head_decay": _bool,
+    "forget_gate_rank": _WIDTH, "allow_neg_eigval": _bool, "output_gate_rank": _WIDTH,
+    "output_gate_bias": _bool, "norm_eps": _positive_float,
     "implementation": lambda name, value: check_implementation(value, name),
-    "chunk_size": _named(check_chunk_size),
-    "max_num_segments": _int(1, optional=True),
-    "dtype": _float_dtype,
-    "param_dtype": _float_dtype,
-}
+    "chunk_size": _named(check_chunk_size), "max_num_segments": _int(1, optional=True),
+    "dtype": _float_dtype, "param_dtype": _float_dtype,
+}  # fmt: skip
 # the fields the parameters grow with: a layer too large for this machine names the largest
 WIDTH_FIELDS = ("hidden_size", "num_heads", "num_v_heads", "head_dim", "value_head_dim",
                 "conv_size", "forget_gate_rank", "output_gate_rank")  # fmt: skip
@@ -150,34 +125,23 @@ WIDTH_FIELDS = ("hidden_size", "num_heads", "num_v_heads", "head_dim", "value_he
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig:
-    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; the names of
-    :class:`kda_lib.models.presets.ModelPreset`'s KDA fields). Every field is checked at
-    construction (ValueError naming ``KDAConfig.<field>``); a config may describe a layer
-    larger than this machine, which building the layer refuses.
+    """Hyper-parameters of :class:`KimiDeltaAttention`, keyword-only, each checked at
+    construction (ValueError naming ``KDAConfig.<field>``); building the layer refuses one
+    larger than this machine.
 
-    Widths: ``hidden_size`` d; ``num_heads`` H (q/k heads); ``num_v_heads`` HV (None = H), a
-    multiple of H; ``head_dim`` K; ``value_head_dim`` V (None = K).
-
-    Short convolution: ``conv_size`` W (4; 0 = none, at most 64); ``fused_qkv_conv`` one
-    depthwise conv ``qkv_conv1d`` over ``concat(q, k, v)`` instead of three (False).
-
-    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its string,
-    ``"softplus"`` ``-A softplus(f + dt_bias)``, ``"safe_sigmoid"`` ``lower_bound *
-    sigmoid(A (f + dt_bias))`` or ``"clamped_softplus"`` ``max(-A softplus(f + dt_bias),
-    lower_bound)`` (None: softplus without ``lower_bound``, else safe_sigmoid; stored as the
-    enum); ``lower_bound`` None or a float in [-5, 0); ``use_a_log`` a learned rate ``A =
-    exp(A_log)`` per value head (True; False: A = 1, safe gate only); ``per_head_decay`` one
-    gate value per head (Gated DeltaNet; False); ``forget_gate_rank`` None = one full-rank
-    ``f_proj``, r = fla's low-rank pair ``[d, r]``, ``[r, HV K]``.
-
-    Beta and output: ``allow_neg_eigval`` beta = 2 sigmoid(.) (False); ``output_gate_rank`` as
-    ``forget_gate_rank`` for ``g_proj``; ``output_gate_bias`` (True, fla's layer; False in the
-    Kimi Linear checkpoint); ``norm_eps`` (1e-5).
-
-    Kernel: ``implementation`` for :func:`kda_lib.kda` ("auto"); ``chunk_size`` (64);
-    ``max_num_segments`` static bound on segments per row for tokamax backends (None: counted
-    from concrete ids; under ``jit`` a tokamax backend then asks for it); ``dtype`` compute
-    dtype and ``param_dtype`` (float32 both).
+    Widths: ``hidden_size`` d, ``num_heads`` H (q/k heads), ``num_v_heads`` HV (None = H; a
+    multiple of H), ``head_dim`` K, ``value_head_dim`` V (None = K). Conv: ``conv_size`` W (4;
+    0 = none, at most 64), ``fused_qkv_conv`` one conv over ``concat(q, k, v)`` (False).
+    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` ``"softplus"``, ``"safe_sigmoid"``
+    or ``"clamped_softplus"`` (None: softplus without ``lower_bound``, else safe_sigmoid;
+    stored as a :class:`GateForm`), ``lower_bound`` None or a float in [-5, 0), ``use_a_log``
+    a learned rate ``exp(A_log)`` per value head (True; False: safe gate with A = 1),
+    ``per_head_decay`` one gate per head (False), ``forget_gate_rank`` None (full ``f_proj``)
+    or fla's low-rank pair's r. Beta and output: ``allow_neg_eigval`` beta = 2 sigmoid (False),
+    ``output_gate_rank`` as for f, ``output_gate_bias`` (True), ``norm_eps`` (1e-5). Kernel:
+    ``implementation`` ("auto"), ``chunk_size`` (64), ``max_num_segments`` the static segment
+    bound tokamax needs under ``jit`` (None: counted from concrete ids), ``dtype`` and
+    ``param_dtype`` (float32).
     """
 
     hidden_size: int
@@ -203,48 +167,34 @@ class KDAConfig:
     param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
+        set_field = functools.partial(object.__setattr__, self)  # frozen: normalise here only
         for name, rule in _RULES.items():
-            value = getattr(self, name)
-            self._set(name, rule(f"KDAConfig.{name}", value))
-        form = check_gate_form(self.gate_form, self.lower_bound, where="KDAConfig.gate_form")
-        self._set("gate_form", form)
+            set_field(name, rule(f"KDAConfig.{name}", getattr(self, name)))
+        set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
+                                               where="KDAConfig.gate_form"))  # fmt: skip
         for problem in self._combination_problems():
             raise ValueError(f"KDAConfig{problem}")
 
     def _combination_problems(self):
-        """Fields valid alone that cannot go together, and what the implementation cannot
-        serve whatever the machine (the layer fuses every gate but the clamped softplus)."""
+        """Fields valid alone that cannot go together (the layer fuses every gate but the
+        clamped softplus into the kernel)."""
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
-            yield (
-                f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k head "
-                f"serves num_v_heads // num_heads value heads), got {self.num_v_heads}"
-            )
+            yield (f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k "
+                   "head serves num_v_heads // num_heads value heads), got "
+                   f"{self.num_v_heads}")  # fmt: skip
         fused = self.gate_form is not GateForm.CLAMPED_SOFTPLUS
-        for problem in option_problems(
-            self.implementation,
-            fused_gate=fused,
-            lower_bound=self.lower_bound,
-            allow_neg_eigval=self.allow_neg_eigval,
-        ):
-            hint = ""
-            if "gate" in problem:
-                hint = (
-                    " (set lower_bound, e.g. -5.0)"
-                    if fused
-                    else "; with gate_form='clamped_softplus' the layer activates the gate "
-                    "itself, so the kernel gets a log-space gate"
-                )
-            yield f": {problem}{hint}"
+        hint = (" (set lower_bound, e.g. -5.0)" if fused else "; with gate_form="
+                "'clamped_softplus' the layer activates the gate itself, so the kernel gets a "
+                "log-space gate")  # fmt: skip
+        for problem in option_problems(self.implementation, fused_gate=fused,
+                                       lower_bound=self.lower_bound,
+                                       allow_neg_eigval=self.allow_neg_eigval):  # fmt: skip
+            yield f": {problem}{hint if 'gate' in problem else ''}"
         if not self.use_a_log and self.lower_bound is None:
-            yield (
-                ".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
-                "lower_bound (e.g. -5.0); the softplus gate has no rate-free form"
-            )
+            yield (".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
+                   "lower_bound (e.g. -5.0); the softplus gate has no rate-free form")  # fmt: skip
         if self.fused_qkv_conv and not self.conv_size:
             yield ".fused_qkv_conv needs a conv: conv_size must be > 0"
-
-    def _set(self, name, value):
-        object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
 
     @property
     def value_dim(self) -> int:
@@ -260,12 +210,10 @@ class KDAConfig:
 class Projected(NamedTuple):
     """What :meth:`KimiDeltaAttention.project` hands the kernel."""
 
-    q: jax.Array  # [B, T, H, K] after conv + SiLU (not yet L2-normalised)
+    q: jax.Array  # [B, T, H, K] after conv + SiLU (L2-normalised in the kernel)
     k: jax.Array  # [B, T, H, K]
     v: jax.Array  # [B, T, HV, V]
-    # [B, T, HV, K] raw forget-gate input (activated inside kda()); with the clamped softplus the
-    # log-space gate itself (kernel_kwargs() then passes no a_log)
-    f: jax.Array
+    f: jax.Array  # [B, T, HV, K] raw gate input (clamped softplus: the log-space gate)
     beta: jax.Array  # [B, T, HV] float32
     conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
 
@@ -281,24 +229,17 @@ class KDACache(NamedTuple):
 
 def cache_at(caches: KDACache, index) -> KDACache:
     """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
-    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: every field with an axis N after B).
-
-    ``index``: an int (the same entry for every row) or ``[B]`` ints (one per row), in
-    ``[0, N)``; checked when concrete, under ``jit`` a row whose index is outside gets NaN in
-    every field. The result resumes decoding there: ``layer(x_rest, cache=cache_at(caches, i))``.
-    A draft's accepted prefix (0 accepted included): :meth:`KimiDeltaAttention.accept_draft`.
-    """
+    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: an axis N after B). ``index``: an
+    int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a row outside gets
+    NaN in every field. Resume with ``layer(x_rest, cache=cache_at(caches, i))``."""
     if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
-        raise ValueError(
-            "caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
-            f"layer.prefill or layer.draft), got {type(caches).__name__}"
-        )
+        raise ValueError("caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
+                         f"layer.prefill or layer.draft), got {type(caches).__name__}")  # fmt: skip
     return _pick(caches, index, "index")
 
 
 def _pick(caches: KDACache, index, name: str) -> KDACache:
-    """Entry ``index`` (an int or ``[B]`` ints in ``[0, N)``) of every stacked field; under
-    ``jit`` NaN in every field of a row whose index is outside."""
+    """Entry ``index`` of every stacked field (see :func:`cache_at`)."""
     batch, count = caches.state.shape[:2]
     if is_int(index, minimum=None):
         index = np.full(batch, index)
@@ -317,6 +258,7 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
 
 
 def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
+    """``nnx.Linear(hidden, out)``, or fla's low-rank pair through ``rank``."""
     linear = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
     if rank is None:
         return nnx.Linear(hidden, out, use_bias=use_bias, bias_metadata=NO_DECAY, **linear)
@@ -332,12 +274,11 @@ class KimiDeltaAttention(nnx.Module):
     Args:
       config: :class:`KDAConfig`.
       rngs: ``nnx.Rngs`` for parameter init.
-      mesh, context_axis: run the conv halo exchange and the recurrence context-parallel over
-        ``mesh``'s ``context_axis`` ("context"); None (default) = one device.
+      mesh, context_axis: run the layer context-parallel over ``mesh``'s ``context_axis``
+        ("context"); None (default) = one device.
 
-    Building refuses (ValueError naming the largest width field) parameters that cannot fit
-    this machine's memory, before any is allocated; ``nnx.eval_shape`` still gives their
-    shapes.
+    Building refuses parameters that cannot fit this machine's memory (ValueError naming the
+    largest width field); ``nnx.eval_shape`` still gives their shapes.
     """
 
     def __init__(
@@ -347,24 +288,22 @@ class KimiDeltaAttention(nnx.Module):
             raise TypeError(f"config must be a KDAConfig, got {type(config).__name__}")
         check_parameters_fit(KimiDeltaAttention, config, fields=WIDTH_FIELDS)
         if mesh is not None and context_axis not in mesh.axis_names:
-            raise ValueError(
-                f"mesh has axes {mesh.axis_names}; context_axis={context_axis!r} is not one of them"
-            )
+            raise ValueError(f"mesh has axes {mesh.axis_names}; context_axis={context_axis!r} "
+                             "is not one of them")  # fmt: skip
         cfg = self.config = config
         self.mesh, self.context_axis = mesh, context_axis
-        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
-        d = cfg.hidden_size
+        kd, vd, hv = cfg.head_dim, cfg.value_dim, cfg.value_heads
+        d, qk, vc = cfg.hidden_size, cfg.num_heads * kd, hv * vd
         linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(d, h * kd, **linear)
-        self.k_proj = nnx.Linear(d, h * kd, **linear)
-        self.v_proj = nnx.Linear(d, hv * vd, **linear)
-        conv = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        conv["conv_size"] = cfg.conv_size
+        self.q_proj = nnx.Linear(d, qk, **linear)
+        self.k_proj = nnx.Linear(d, qk, **linear)
+        self.v_proj = nnx.Linear(d, vc, **linear)
+        conv = dict(conv_size=cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
         fused = bool(cfg.conv_size) and cfg.fused_qkv_conv
-        separate = bool(cfg.conv_size) and not cfg.fused_qkv_conv
-        self.qkv_conv1d = ShortConvolution(2 * h * kd + hv * vd, **conv) if fused else None
+        self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv, rngs=rngs) if fused else None
+        separate = bool(cfg.conv_size) and not fused
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
-            qkv_convolutions(h * kd, hv * vd, **conv) if separate else (None, None, None)
+            qkv_convolutions(qk, vc, **conv, rngs=rngs) if separate else (None, None, None)
         )
         gate_channels = 1 if cfg.per_head_decay else kd
         self.f_proj = _gate_projection(
@@ -372,17 +311,18 @@ class KimiDeltaAttention(nnx.Module):
         )
         self.b_proj = nnx.Linear(d, hv, **linear)
         self.g_proj = _gate_projection(
-            d, hv * vd, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
+            d, vc, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
         )
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
-        if cfg.use_a_log:
-            safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID
-            self.A_log = no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
-        else:
-            self.A_log = None  # A = 1: the gate has no learned rate
+        safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID
+        self.A_log = (  # None: A = 1, the gate has no learned rate
+            no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
+            if cfg.use_a_log
+            else None
+        )
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), hv, gate_channels))
         self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
-        self.o_proj = nnx.Linear(hv * vd, d, **linear)
+        self.o_proj = nnx.Linear(vc, d, **linear)
 
     # ----------------------------------------------------------------- forward
     def __call__(
@@ -401,32 +341,31 @@ class KimiDeltaAttention(nnx.Module):
         segment_ids = self._check_inputs(x, segment_ids, cache)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids)
-        y, new_cache = self._forward(x, segment_ids=segment_ids, cache=cache)
+        y, new_cache, _ = self._forward(x, segment_ids=segment_ids, cache=cache)
         return y if cache is None else (y, new_cache)
 
-    def _forward(self, x, *, segment_ids=None, cache=None):
-        """Single-device forward of checked inputs: ``(y, new_cache | None)``."""
+    def _forward(self, x, *, segment_ids=None, cache=None, **states):
+        """One-device forward of checked inputs, asking :func:`kda` for interior ``states``:
+        ``(y, new_cache or None, kda's result)``; a cache when given one or asked for states."""
         cfg = self.config
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=segment_ids, cache=cache)
-        o, state = kda(
-            q,
-            k,
-            v,
-            f,
-            beta,
+        final = cache is not None or bool(states)
+        result = kda(
+            q, k, v, f, beta,
             **self.kernel_kwargs(),
             initial_state=None if cache is None else cache.state,
-            output_final_state=cache is not None,
+            output_final_state=final,
             segment_ids=segment_ids,
             max_num_segments=max_segments_bound(segment_ids, cfg),
             chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
-        )
-        y = self.project_output(x, o)
-        return y, (None if cache is None else KDACache(state, *conv_states))
+            **states,
+        )  # fmt: skip
+        new_cache = KDACache(result[1], *conv_states) if final else None
+        return self.project_output(x, result[0]), new_cache, result
 
-    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; subclasses and tools
-    # (the benchmark times the parts) may call or override each step.
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; tools (the benchmark
+    # times the parts) and subclasses may call or override each step.
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
     ) -> Projected:
@@ -449,10 +388,8 @@ class KimiDeltaAttention(nnx.Module):
             window = window_segment_ids(segment_ids, history_segment_ids, cfg.conv_size)
 
         def history(z, i=None):  # the W-1 inputs before x: a CP halo, the decode cache or zeros
-            if halo is not None:
-                return halo(z)
-            if cache is None:
-                return None
+            if halo is not None or cache is None:
+                return None if halo is None else halo(z)
             return jnp.concatenate(cache[1:], axis=-1) if i is None else cache[1 + i]
 
         if not cfg.conv_size:
@@ -464,40 +401,33 @@ class KimiDeltaAttention(nnx.Module):
             streams, conv_states = jnp.split(z, cuts, axis=-1), jnp.split(state, cuts, axis=-1)
         else:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-            mixed = [
-                conv.mix(z, history(z, i), window)
-                for i, (z, conv) in enumerate(zip(raw, convs, strict=True))
-            ]
+            pairs = enumerate(zip(raw, convs, strict=True))
+            mixed = [conv.mix(z, history(z, i), window) for i, (z, conv) in pairs]
             streams, conv_states = zip(*mixed, strict=True)
-        q = streams[0].reshape(batch, seq_len, h, kd)
-        k = streams[1].reshape(batch, seq_len, h, kd)
+        q, k = (s.reshape(batch, seq_len, h, kd) for s in streams[:2])
         v = streams[2].reshape(batch, seq_len, hv, vd)
         f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
         if cfg.per_head_decay:  # Gated DeltaNet: every channel of a head decays alike
             f = jnp.broadcast_to(f, (batch, seq_len, hv, kd))
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:  # the kernels fuse only the other forms
-            f = jnp.maximum(kda_gate(f, self._rate_log(), self._dt_bias()), cfg.lower_bound)
+            a_log = jnp.zeros((hv,), jnp.float32) if self.A_log is None else self.A_log[...]
+            f = jnp.maximum(kda_gate(f, a_log, self._dt_bias()), cfg.lower_bound)
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-        if cfg.allow_neg_eigval:
-            beta = 2.0 * beta
+        beta = 2.0 * beta if cfg.allow_neg_eigval else beta
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
         """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
         without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
-        ``use_qk_l2norm=True``, ``allow_neg_eigval``. With the clamped softplus gate
-        :meth:`project` activates the gate, so no gate parameter goes to the kernel."""
+        ``use_qk_l2norm=True``, ``allow_neg_eigval``; with the clamped softplus gate (activated
+        in :meth:`project`) no gate parameter."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
             return options
-        return dict(
-            a_log=None if self.A_log is None else self.A_log[...],
-            dt_bias=self._dt_bias(),
-            lower_bound=cfg.lower_bound,
-            use_gate_in_kernel=True,
-            **options,
-        )
+        a_log = None if self.A_log is None else self.A_log[...]
+        return dict(a_log=a_log, dt_bias=self._dt_bias(), lower_bound=cfg.lower_bound,
+                    use_gate_in_kernel=True, **options)  # fmt: skip
 
     def project_output(self, x, o) -> jax.Array:
         """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
@@ -509,77 +439,64 @@ class KimiDeltaAttention(nnx.Module):
         normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
         return self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, hv * vd))
 
-    def _rate_log(self) -> jax.Array:
-        """``A_log [HV]``, or zeros (A = 1) for a layer without it."""
-        if self.A_log is None:
-            return jnp.zeros((self.config.value_heads,), jnp.float32)
-        return self.A_log[...]
-
     def _dt_bias(self) -> jax.Array:
         """``dt_bias [HV * K]`` (a per-head one repeated over K with per_head_decay)."""
         dt_bias = self.dt_bias[...]
-        if self.config.per_head_decay:
-            dt_bias = jnp.repeat(dt_bias, self.config.head_dim)
-        return dt_bias
+        return jnp.repeat(dt_bias, self.config.head_dim) if self.config.per_head_decay else dt_bias
 
     def _forward_context_parallel(self, x, segment_ids):
-        """``layer(x)`` with the sequence split over ``self.mesh``'s ``self.context_axis``;
-        T that does not divide by the ranks is padded at the end and cut back."""
-        axis, cfg = self.context_axis, self.config
-        mesh = _auto_view(self.mesh)
-        # arrays laid out on the user's mesh (e.g. fed per process on several hosts) are
-        # relabelled onto the Auto view: same devices and spec, no data moves
+        """``layer(x)`` with the sequence split over the mesh's context axis; T that does not
+        divide by the ranks is padded at the end (later tokens cannot change earlier outputs)."""
+        axis, cfg, names = self.context_axis, self.config, self.mesh.axis_names
+        # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
+        # axis types); arrays on the user's mesh are relabelled onto it, no data moves
+        auto = (jax.sharding.AxisType.Auto,) * len(names)
+        mesh = jax.sharding.Mesh(self.mesh.devices, names, axis_types=auto)
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
         x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
-        seq_len = x.shape[1]
-        ranks = mesh.shape[axis]
-        x, segment_ids = _pad_to_multiple(x, segment_ids, ranks)
+        seq_len, ranks = x.shape[1], mesh.shape[axis]
+        pad = (-seq_len) % ranks
+        if pad:
+            x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
+            if segment_ids is not None:  # numpy ids stay on the host
+                xp = np if isinstance(segment_ids, np.ndarray) else jnp
+                segment_ids = xp.pad(segment_ids, [(0, 0), (0, pad)])
         graphdef, state = nnx.split(self)
-        has_segments = segment_ids is not None
+        key = (graphdef, axis, cfg, mesh, segment_ids is not None)
         if uses_own_context_parallel(cfg.implementation):
             # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
             # no cache key holds, so it is built for each call
             bound = max_segments_bound(segment_ids, cfg, ranks)
-            program = _context_parallel_program(
-                graphdef, axis, cfg, mesh, has_segments, own_cp=True, bound=bound
-            )
+            program = _context_parallel_program(*key, own_cp=True, bound=bound)
         else:
-            program = _cached_context_parallel_program(graphdef, axis, cfg, mesh, has_segments)
+            program = _cached_context_parallel_program(*key)
         y = program(state, x, segment_ids)[:, :seq_len]
         return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache):
-        """The eager checks of every entry (one device and CP alike): shapes and dtypes always;
-        values (finite ``x``, the segment-id rule) when concrete. Returns the ids canonical
-        (:func:`kda_lib.ops.segments.canonical_segment_ids`), as numpy when concrete: this is
-        the call's one host read of them, and the convs, the segment bound and :func:`kda`
-        work from that copy."""
+        """The checks of every entry: shapes and dtypes always, values (finite ``x``, the
+        segment-id rule) when concrete. Returns the ids canonical, as numpy when concrete (the
+        call's one host read of them: the convs, the segment bound and :func:`kda` use it)."""
         cfg = self.config
         check_array("x", x)
         if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(
-                f"x must have shape [B, T, hidden_size={cfg.hidden_size}], got {x.shape}"
-            )
+            raise ValueError(f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
+                             f"got {x.shape}")  # fmt: skip
         batch, seq_len, _ = x.shape
         if batch < 1 or seq_len < 1:
             empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
-            raise ValueError(
-                f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the layer needs at "
-                "least one row and one token"
-            )
+            raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
+                             "layer needs at least one row and one token")  # fmt: skip
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
         if cache is not None:
             if self.mesh is not None:
-                raise ValueError(
-                    "a layer built with a mesh (context parallel) does not decode; "
-                    "build one without a mesh for decoding"
-                )
+                raise ValueError("a layer built with a mesh (context parallel) does not "
+                                 "decode; build one without a mesh for decoding")  # fmt: skip
             if segment_ids is not None:
-                raise ValueError(
-                    "segment_ids cannot be combined with a cache: decode one document per row"
-                )
+                raise ValueError("segment_ids cannot be combined with a cache: decode one "
+                                 "document per row")  # fmt: skip
             self._check_cache(cache, batch)
         if segment_ids is not None:
             check_array("segment_ids", segment_ids)
@@ -587,26 +504,21 @@ class KimiDeltaAttention(nnx.Module):
                 segment_ids = host_values(segment_ids)
             check_segment_ids(segment_ids, batch, seq_len)
             self._check_segment_slots(batch, seq_len)
-            segment_ids = (
-                host_canonical_segment_ids(segment_ids)
-                if isinstance(segment_ids, np.ndarray)
-                else canonical_segment_ids(segment_ids)
-            )
+            host = isinstance(segment_ids, np.ndarray)
+            canonical = host_canonical_segment_ids if host else canonical_segment_ids
+            segment_ids = canonical(segment_ids)
         if is_concrete(x):
             _check_finite("x", x)
         return segment_ids
 
-    def _ranks(self) -> int:
-        return 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-
     def _check_segment_slots(self, batch: int, seq_len: int) -> None:
-        """A tokamax implementation keeps a state per segment slot: refuse a
-        ``max_num_segments`` whose slots cannot fit this machine's memory (per rank's slice
-        under CP) before any work."""
+        """Refuse a tokamax ``max_num_segments`` whose per-segment states cannot fit this
+        machine's memory (per rank's slice under CP)."""
         cfg = self.config
         if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
             return
-        local = -(-seq_len // self._ranks())
+        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        local = -(-seq_len // ranks)
         dims = Dims(batch, local, cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
         problem = segment_slots_problem(
             cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
@@ -615,46 +527,35 @@ class KimiDeltaAttention(nnx.Module):
             raise ValueError(problem)
 
     def _check_cache(self, cache: KDACache, batch: int):
-        if not isinstance(cache, KDACache):
-            raise ValueError(
-                f"cache must be a KDACache, got {type(cache).__name__}; build it with "
-                f"layer.init_cache({batch}) (or pass on the cache a previous call returned)"
-            )
         build = f"build the cache with layer.init_cache({batch})"
+        if not isinstance(cache, KDACache):
+            raise ValueError(f"cache must be a KDACache, got {type(cache).__name__}; {build} (or "
+                             "pass on the cache a previous call returned)")  # fmt: skip
         for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
             if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
-                raise ValueError(
-                    f"cache.{name} must be an array, got {type(got).__name__}; {build}"
-                )
+                raise ValueError(f"cache.{name} must be an array, got {type(got).__name__}; "
+                                 + build)
             if (got is None) != (want is None) or (got is not None and got.shape != want):
-                raise ValueError(
-                    f"cache.{name} has shape {None if got is None else got.shape}, expected "
-                    f"{want} for batch size {batch}; build it with layer.init_cache({batch})"
-                )
+                raise ValueError(f"cache.{name} has shape {None if got is None else got.shape}, "
+                                 f"expected {want} for batch size {batch}; {build}")  # fmt: skip
             if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
-                raise ValueError(
-                    f"cache.{name} must be a floating-point array, got dtype {got.dtype}; {build}"
-                )
+                raise ValueError(f"cache.{name} must be a floating-point array, got dtype "
+                                 f"{got.dtype}; {build}")  # fmt: skip
 
     # ----------------------------------------------------------------- decoding
     def _cache_shapes(self, batch_size: int) -> KDACache:
         """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
-        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
-        state = (batch_size, hv, kd, vd)
+        qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
+        state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
         if not cfg.conv_size:
             return KDACache(state, None, None, None)
         width = cfg.conv_size - 1
-        return KDACache(
-            state,
-            (batch_size, width, h * kd),
-            (batch_size, width, h * kd),
-            (batch_size, width, hv * vd),
-        )
+        return KDACache(state, *((batch_size, width, c) for c in (qk, qk, vc)))
 
     def init_cache(self, batch_size: int) -> KDACache:
-        """An empty cache for ``batch_size`` rows (a positive int): zero state, zero conv
-        history."""
+        """An empty cache for ``batch_size`` rows (a positive int): zero state and conv history
+        (refused, naming batch_size, if it cannot fit this machine's memory)."""
         batch_size = check_int("init_cache: batch_size", batch_size)
         shapes = self._cache_shapes(batch_size)
         itemsize = np.dtype(self.config.dtype).itemsize
@@ -662,9 +563,8 @@ class KimiDeltaAttention(nnx.Module):
             itemsize * math.prod(s) for s in shapes[1:] if s is not None
         )
         check_allocation("batch_size", batch_size, "the cache (state and conv history)", nbytes)
-        state = jnp.zeros(shapes.state, jnp.float32)
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
-        return KDACache(state, *conv)
+        return KDACache(jnp.zeros(shapes.state, jnp.float32), *conv)
 
     # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
@@ -674,48 +574,32 @@ class KimiDeltaAttention(nnx.Module):
           x: ``[B, T, hidden]`` as in ``__call__`` (one document per row).
           cache: a :class:`KDACache` to continue from (default: empty).
 
-        Returns:
-          ``(y [B, T, hidden], cache after x, boundaries)``; ``boundaries`` is a
-          :class:`KDACache` with a chunk axis: ``state [B, N, HV, K, V]`` (the kernel's chunk
-          states, ``N = T // config.chunk_size``) and each conv history ``[B, N, W-1, C]``
-          (the W-1 conv inputs before each boundary). ``cache_at(boundaries, i)`` is the cache
-          after the first ``(i + 1) * chunk_size`` tokens: a later prompt that shares them
-          resumes there, ``layer(x[:, (i + 1) * C:], cache=cache_at(boundaries, i))``, and
-          never recomputes them. The kernel gives the states with no second pass
-          (:func:`kda_lib.kda`'s ``output_chunk_states``); the conv histories reproject the
-          W-1 inputs before each boundary (W-1 tokens per chunk).
+        Returns ``(y [B, T, hidden], cache after x, boundaries)``: ``boundaries`` a
+        :class:`KDACache` with a chunk axis, ``state [B, N, HV, K, V]`` (``N = T //
+        config.chunk_size``) and conv histories ``[B, N, W-1, C]``; ``cache_at(boundaries, i)``
+        is the cache after the first ``(i + 1) * chunk_size`` tokens.
         """
-        y, new_cache, result = self._run_with_states(x, cache, output_chunk_states=True)
-        convs = self._conv_histories(x, cache, every=self.config.chunk_size)
-        return y, new_cache, KDACache(result.chunk_states, *convs)
+        return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
         """Run a short draft of ``T`` tokens and keep the cache after every token (speculative
-        decoding: the verifier resumes after the accepted prefix).
-
-        Returns ``(y [B, T, hidden], cache after all of x, token_caches)``: ``token_caches`` a
-        :class:`KDACache` with a token axis, ``state [B, T, HV, K, V]`` and conv histories
-        ``[B, T, W-1, C]``; :meth:`accept_draft` keeps each row's accepted prefix.
-        """
+        decoding). Returns ``(y [B, T, hidden], cache after x, token_caches)``:
+        ``token_caches`` a :class:`KDACache` with a token axis (``state [B, T, HV, K, V]``,
+        conv histories ``[B, T, W-1, C]``) for :meth:`accept_draft`."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip
-        y, new_cache, result = self._run_with_states(x, cache, output_token_states=True)
-        convs = self._conv_histories(x, cache, every=1)
-        return y, new_cache, KDACache(result.token_states, *convs)
+        return self._with_states(x, cache, 1, "token_states")
 
     def accept_draft(self, cache: KDACache, token_caches: KDACache, num_accepted_tokens):
-        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``, equal to
-        decoding only those tokens.
-
-        ``num_accepted_tokens``: an int or ``[B]`` ints in ``[0, T]``: 0 gives ``cache``
-        (nothing accepted), T the cache after the whole draft. Checked when concrete; under
-        ``jit`` a row whose count is outside gets NaN in every field."""
+        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``, equal
+        to decoding only those tokens. ``num_accepted_tokens``: an int or ``[B]`` ints in
+        ``[0, T]`` (0: ``cache``), checked when concrete; under ``jit`` a row outside gets NaN
+        in every field."""
         if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
             raise ValueError("token_caches must be the KDACache layer.draft returned, got "
                              f"{type(token_caches).__name__}")  # fmt: skip
-        batch = token_caches.state.shape[0]
-        self._check_cache(cache, batch)
+        self._check_cache(cache, token_caches.state.shape[0])
         for name, c, t in zip(KDACache._fields, cache, token_caches, strict=True):
             if (c is None) != (t is None) or (c is not None and t.shape[2:] != c.shape[1:]):
                 want = None if c is None else f"[B, T, {', '.join(map(str, c.shape[1:]))}]"
@@ -725,34 +609,21 @@ class KimiDeltaAttention(nnx.Module):
                    for c, t in zip(cache, token_caches, strict=True))  # fmt: skip
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
-    def _run_with_states(self, x, cache, **states):
-        """The one-device forward asking the kernel for interior ``states``:
-        ``(y, cache after x, the kernel's KDAResult)``."""
+    def _with_states(self, x, cache, every: int, states: str):
+        """:meth:`prefill` and :meth:`draft`: the forward with the kernel's ``states``
+        (``"chunk_states"`` or ``"token_states"``) and the conv histories every ``every``
+        tokens, as one stacked :class:`KDACache`."""
         self._check_inputs(x, None, cache)
         if self.mesh is not None:
             raise ValueError("prefill and draft run on one device; build the layer without a mesh")
-        cfg = self.config
-        q, k, v, f, beta, conv_states = self.project(x, cache=cache)
-        result = kda(
-            q,
-            k,
-            v,
-            f,
-            beta,
-            **self.kernel_kwargs(),
-            initial_state=None if cache is None else cache.state,
-            output_final_state=True,
-            chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
-            **states,
-        )
-        y = self.project_output(x, result.output)
-        return y, KDACache(result.final_state, *conv_states), result
+        y, new_cache, result = self._forward(x, cache=cache, **{f"output_{states}": True})
+        convs = self._conv_histories(x, cache, every)
+        return y, new_cache, KDACache(getattr(result, states), *convs)
 
-    def _conv_histories(self, x, cache, *, every: int):
+    def _conv_histories(self, x, cache, every: int):
         """Per stream (q, k, v) the W-1 conv inputs before every ``every``-th token boundary,
-        ``[B, T // every, W-1, C]`` (None without convolutions): the inputs reprojected from
-        ``x`` at those positions, or the cache's history (zeros) before the first token."""
+        ``[B, T // every, W-1, C]`` (None without convs): reprojected from ``x``, or the
+        cache's history (zeros) before the first token."""
         cfg = self.config
         if not cfg.conv_size:
             return None, None, None
@@ -770,122 +641,63 @@ class KimiDeltaAttention(nnx.Module):
     # ----------------------------------------------------------------- fla checkpoints
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """Build a layer holding the weights of an fla ``KimiDeltaAttention.state_dict()``.
-
-        ``state_dict`` maps fla names (``q_proj.weight``, ``q_conv1d.weight``,
-        ``f_proj.0.weight``, ``o_norm.weight``, ...) to arrays (numpy or torch tensors converted
-        with ``.numpy()``). Linear weights ``[out, in]`` are transposed; conv weights
-        ``[C, 1, W]`` become ``[W, C]`` (same tap order, see kda_lib.layers.conv). The names and
-        layouts live in :mod:`kda_lib.layers.checkpoints` (with the Kimi Linear checkpoint's).
-        """
+        """A layer holding the weights of an fla ``KimiDeltaAttention.state_dict()`` (fla names
+        to numpy arrays or torch tensors' ``.numpy()``; names and layouts:
+        :mod:`kda_lib.layers.checkpoints`). ``kwargs`` go to the constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
         return layer
 
 
 def _check_finite(name: str, x) -> None:
-    """Raise a ValueError naming ``name`` and the first position if concrete ``x`` has a NaN
-    or an infinity."""
+    """ValueError naming ``name`` and the first position if concrete ``x`` is not finite."""
     values = np.asarray(x)
     bad = ~np.isfinite(values)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(
-            f"{name} contains NaN/inf at {list(first)} ({int(bad.sum())} non-finite values in "
-            f"all, the first is {float(values[first])})"
-        )
+        raise ValueError(f"{name} contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
+                         f"finite values in all, the first is {float(values[first])})")  # fmt: skip
 
 
-def _auto_view(mesh):
-    """An Auto-typed view of ``mesh``: outputs then carry ordinary shardings, so code outside
-    needs no mesh context, whichever axis types the user's mesh has."""
-    return jax.sharding.Mesh(
-        mesh.devices,
-        mesh.axis_names,
-        axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names),
-    )
-
-
-def _pad_to_multiple(x, segment_ids, ranks: int):
-    """x ``[B, T, hidden]`` (and the ids, numpy ones kept on the host) padded at the end to a
-    multiple of ``ranks`` tokens (trailing tokens cannot change earlier outputs)."""
-    pad = (-x.shape[1]) % ranks
-    if not pad:
-        return x, segment_ids
-    x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
-    if segment_ids is not None:
-        xp = np if isinstance(segment_ids, np.ndarray) else jnp
-        segment_ids = xp.pad(segment_ids, [(0, 0), (0, pad)])
-    return x, segment_ids
-
-
-def _context_parallel_program(
-    graphdef, axis: str, cfg: KDAConfig, mesh, has_segments: bool, own_cp=False, bound=None
-):
+def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=False, bound=None):
     """The jitted CP forward ``(state, x, segment_ids) -> y`` over the Auto-typed ``mesh``'s
-    ``axis``. ``own_cp``: the backend's own CP (tokamax's), which takes the mesh and the segment
-    ``bound`` and runs without shard_map's vma check."""
+    ``axis``: each rank projects its slice with the convs' halo from the previous ranks and runs
+    the kernel through :func:`kda_context_parallel`. ``own_cp``: the backend's own CP
+    (tokamax's), given the mesh and the segment ``bound``, without shard_map's vma check."""
     mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
-    seq = P(None, axis)
-    specs = (P(), P(None, axis, None), seq if has_segments else None)
-    fn = jax.shard_map(
-        _rank_forward(graphdef, axis, cfg, mosaic),
-        mesh=mesh,
-        in_specs=specs,
-        out_specs=P(None, axis, None),
-        check_vma=not own_cp,
-    )
+    width = max(cfg.conv_size - 1, 0)
 
-    def run(state, x, segment_ids):
-        # put the inputs in the layout shard_map expects, whatever they arrive in
+    def halo(z):  # the W-1 inputs before this rank's slice, from the ranks before it
+        return halo_exchange(z, axis_name=axis, halo_size=width)[:, :width]
+
+    def local(state, x, segment_ids):
+        module = nnx.merge(graphdef, state)
+        history_ids = None if segment_ids is None or not width else halo(segment_ids)
+        q, k, v, f, beta, _ = module.project(x, segment_ids=segment_ids,
+                                             halo=halo if width else None,
+                                             history_segment_ids=history_ids)  # fmt: skip
+        o = kda_context_parallel(q, k, v, f, beta, axis_name=axis, segment_ids=segment_ids,
+                                 implementation=cfg.implementation, chunk_size=cfg.chunk_size,
+                                 **mosaic, **module.kernel_kwargs())  # fmt: skip
+        return module.project_output(x, o)
+
+    seq, tokens = P(None, axis), P(None, axis, None)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(), tokens, seq if has_segments else None),
+                       out_specs=tokens, check_vma=not own_cp)  # fmt: skip
+
+    def run(state, x, segment_ids):  # the inputs in the layout shard_map expects
         state = jax.tree.map(lambda a: shard_as(a, mesh, P()), state)
-        x = shard_as(x, mesh, specs[1])
-        segment_ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
-        return fn(state, x, segment_ids)
+        ids = None if segment_ids is None else shard_as(segment_ids, mesh, seq)
+        return fn(state, shard_as(x, mesh, tokens), ids)
 
     return jax.jit(run)
 
 
 # kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
-# calls compile once instead of on every call
+# calls compile once
 _cached_context_parallel_program = register_compiled_cache(
     functools.lru_cache(maxsize=32)(_context_parallel_program)
 )
-
-
-def _rank_forward(graphdef, axis: str, cfg: KDAConfig, mosaic: dict):
-    """One rank's layer forward inside ``shard_map``: ``(state, x, segment_ids) -> y`` with the
-    convs' halo from the previous ranks and the kernel through :func:`kda_context_parallel`
-    (``mosaic``: the mesh and segment bound a backend's own CP takes, else empty)."""
-    width = max(cfg.conv_size - 1, 0)
-
-    def local(state, x, segment_ids):
-        module = nnx.merge(graphdef, state)
-        halo = (
-            (lambda z: halo_exchange(z, axis_name=axis, halo_size=width)[:, :width])
-            if width
-            else None
-        )
-        history_ids = None if segment_ids is None or not width else halo(segment_ids)
-        q, k, v, f, beta, _ = module.project(
-            x, segment_ids=segment_ids, halo=halo, history_segment_ids=history_ids
-        )
-        o = kda_context_parallel(
-            q,
-            k,
-            v,
-            f,
-            beta,
-            axis_name=axis,
-            segment_ids=segment_ids,
-            implementation=cfg.implementation,
-            chunk_size=cfg.chunk_size,
-            **mosaic,
-            **module.kernel_kwargs(),
-        )
-        return module.project_output(x, o)
-
-    return local
 
 
 def _onto_mesh(array, mesh):
@@ -897,14 +709,10 @@ def _onto_mesh(array, mesh):
 
 
 def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
-    """The static bound on segments per row (per rank's slice when ``ranks > 1``) that
-    tokamax backends need; None for kda_lib's kernels or without ``segment_ids``.
-
-    ``config.max_num_segments`` when set; otherwise counted from concrete ids: runs of one id,
-    padding runs included, so it may exceed the true count by the padding runs. Traced ids
-    without the config bound raise: the count is unknowable at trace time, and the only safe
-    bound, T, would give tokamax T state slots.
-    """
+    """The static bound on segments per row (per rank's slice when ``ranks > 1``) that tokamax
+    backends need: ``config.max_num_segments``, else counted from concrete ids (runs of one
+    id, padding runs included); None for kda_lib's kernels or without ``segment_ids``. Traced
+    ids without the config bound are refused (the only safe bound, T, would give T slots)."""
     if segment_ids is None or not needs_segment_bound(config.implementation):
         return None
     if config.max_num_segments is not None:
@@ -915,5 +723,4 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
             f"KDAConfig.max_num_segments, a static bound on the segments in one row"
             f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
         )
-    # padding runs count too (tokamax's CP gives padding the id before it): a safe bound
     return count_segments(segment_ids, ranks)

@@ -69,7 +69,7 @@ def test_conv_errors():
 
 
 def _taps_by_autodiff(x, kernel, history, ids, history_ids):
-    """The conv as plain shifted products, differentiated by JAX (what the custom VJP replaces)."""
+    """The conv's definition as plain shifted products, for JAX to differentiate."""
     width, seq_len = kernel.shape[0], x.shape[1]
     padded = jnp.concatenate([history, x], axis=1)
     padded_ids = jnp.concatenate([history_ids, ids], axis=1)
@@ -82,9 +82,8 @@ def _taps_by_autodiff(x, kernel, history, ids, history_ids):
 
 @pytest.mark.parametrize("width", [1, 2, 4])
 def test_conv_gradient_matches_autodiff_with_history_and_segments(width):
-    # the conv's hand-written backward (shifted cotangents, materialised once) against JAX's
-    # own derivative of the definition: inputs, kernel and the history (the CP halo) all get
-    # gradients, and no gradient crosses a segment boundary
+    # the conv's gradient against JAX's derivative of the definition: inputs, kernel and the
+    # history (the CP halo) all get gradients, and no gradient crosses a segment boundary
     keys = jax.random.split(jax.random.key(4), 5)
     x = jax.random.normal(keys[0], (2, 13, 5))
     kernel = jax.random.normal(keys[1], (width, 5))
