@@ -22,9 +22,7 @@ from flax import nnx
 
 from kda_lib.checks import check_int, check_number, shared_fields
 from kda_lib.layers.checkpoints import (
-    check_unchanged,
     detect_kimi_linear_naming,
-    file_version,
     kimi_linear_prefix,
     load_state_dict,
     read_safetensors,
@@ -389,11 +387,11 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
         raise ValueError(f"no .safetensors file in {directory!r}")
     if naming not in ("auto", "kimi_linear", "transformers"):
         raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
-    versions = {shard: file_version(os.stat(shard)) for shard in shards}
+    versions = {}  # each shard's version at its first read: a shard replaced later is refused
     layers = []
     for index, kind in enumerate(preset.layer_kinds):
         prefix = kimi_linear_prefix(index)
-        tensors = read_safetensors(shards, prefix)
+        tensors = read_safetensors(shards, prefix, versions=versions)
         if not tensors:
             raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
         if kind == "kda":
@@ -406,5 +404,4 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
             layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
         )
         layers.append(layer)
-    check_unchanged(versions)  # a shard replaced between two layers: layers of two versions
     return KimiLinearCheckpoint(preset, naming, layers)
