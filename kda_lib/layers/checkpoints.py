@@ -97,8 +97,20 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
             "has one fused qkv_conv1d (KDAConfig.fused_qkv_conv=True): build it with "
             "fused_qkv_conv=False to read this checkpoint (the same function)"
         )
-    if hf:
-        _check_transformers_layout(cfg)
+    lacking = [  # the transformers layer has a low-rank forget gate, an A_log, no gate bias
+        what
+        for what, absent in (
+            ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
+            ("no A_log (use_a_log=False)", not cfg.use_a_log),
+            ("an output-gate bias (output_gate_bias=True)", cfg.output_gate_bias),
+        )
+        if absent
+    ]
+    if hf and lacking:
+        raise ValueError(
+            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
+            "has no tensors for " + "; ".join(lacking)
+        )
     names = _TRANSFORMERS_NAMES if hf else {}
     entries = {
         f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
@@ -133,24 +145,6 @@ def _gate_entries(module, gate: str, naming: str, has_bias: bool) -> dict[str, _
     if has_bias:
         entries[f"{parts[-1][0]}.bias"] = _Entry((parts[-1][1].bias,))
     return entries
-
-
-def _check_transformers_layout(cfg) -> None:
-    """The transformers layer has a low-rank forget gate, an ``A_log`` and no output-gate bias."""
-    missing = [
-        what
-        for what, lacking in (
-            ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
-            ("no A_log (use_a_log=False)", not cfg.use_a_log),
-            ("an output-gate bias (output_gate_bias=True)", cfg.output_gate_bias),
-        )
-        if lacking
-    ]
-    if missing:
-        raise ValueError(
-            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
-            "has no tensors for " + "; ".join(missing)
-        )
 
 
 def _mla_entries(layer) -> dict[str, _Entry]:
@@ -390,22 +384,14 @@ def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
     load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
 
 
-# a name only one of the two Kimi Linear namings has, for each
-_NAMING_MARKERS = {
-    "kimi_linear": ("q_conv1d.weight", "f_a_proj.weight", "b_proj.weight"),
-    "transformers": ("conv1d.weight", "forget_gate_down.weight", "beta_proj.weight"),
-}
-
-
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
-    (without the layer prefix), or a ValueError when they fit neither or both."""
+    (without the layer prefix, told by its beta projection), or a ValueError."""
     names = set(names)
-    found = [n for n, markers in _NAMING_MARKERS.items() if names & set(markers)]
-    if len(found) != 1:
+    markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
+    if len(found := [n for n, marker in markers.items() if marker in names]) != 1:
         raise ValueError(
-            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected the "
-            f"remote code's (any of {_NAMING_MARKERS['kimi_linear']}) or the transformers "
-            f"library's (any of {_NAMING_MARKERS['transformers']})"
+            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected "
+            f"one of {list(markers.values())} (the remote code's naming, the transformers one)"
         )
     return found[0]
