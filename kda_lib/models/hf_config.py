@@ -46,12 +46,9 @@ _FAMILIES = {
               "lower_bound": ("linear_lower_bound", -5.0)},
     ),
 }  # fmt: skip
-_LAYER_TYPES = {
-    "linear_attention": "kda",
-    "kda_attention": "kda",
-    "full_attention": "mla",
-    "deepseek_sparse_attention": "mla",
-}
+_LAYER_TYPES = {"linear_attention": "kda", "kda_attention": "kda", "full_attention": "mla",
+                "deepseek_sparse_attention": "mla"}  # fmt: skip
+_WIDTHS = ("num_heads", "head_dim", "short_conv_kernel_size")
 _MISSING = object()
 
 
@@ -214,13 +211,8 @@ def preset_fields(config) -> dict:
     the model type)."""
     config, model_type = text_config(config)
     linear = _linear_attn(config, model_type)
-    heads, head_dim, conv = (
-        check_int(f"config field {field}", value)
-        for value, field in (
-            _width(config, linear, model_type, key)
-            for key in ("num_heads", "head_dim", "short_conv_kernel_size")
-        )
-    )
+    width = {key: _width(config, linear, model_type, key) for key in _WIDTHS}
+    heads, head_dim, conv = (check_int(f"config field {f}", v) for v, f in width.values())
     bound, field = _width(config, linear, model_type, _FAMILIES[model_type]["bound"])
     bound = None if bound is None else check_number(f"config field {field}", bound)
     if bound is None and _bool(linear, "safe_gate", LIN):

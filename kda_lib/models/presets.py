@@ -294,12 +294,10 @@ KIMI_K3 = ModelPreset(
         "checkpoint fixture in the published key layout has one full-rank MLA g_proj [H V, d])"
     ),
     notes=(
-        "MaxText's four-layer bring-up (kda.py @ bf801f4) clamps the gate, "
-        "max(-exp(A_log) softplus(f + dt_bias), -5) (GateForm.CLAMPED_SOFTPLUS); the remote "
-        "code and the ports read gate_lower_bound as the safe sigmoid gate, followed here. "
-        "MaxText's bring-up (attention_mla.py @ bf801f4) gives the MLA output gate rank 128 "
-        "(g_a_proj/g_b_proj + o_norm); the published layout is full rank. The published A_log "
-        "has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
+        "MaxText's four-layer bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate "
+        "(GateForm.CLAMPED_SOFTPLUS) and gives the MLA output gate rank 128; the published "
+        "model (remote code, ports) has the safe sigmoid gate and a full-rank MLA output gate. "
+        "Its A_log has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
     ),
 )
 
@@ -330,10 +328,8 @@ PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3,
 
 
 class KimiLinearCheckpoint(NamedTuple):
-    """What :func:`load_kimi_linear_checkpoint` returns: the preset read from ``config.json``,
-    the naming the tensors were found in, and one attention layer per decoder layer
-    (:class:`kda_lib.KimiDeltaAttention` or :class:`~kda_lib.layers.mla.MultiHeadLatentAttention`
-    as ``preset.layer_kinds`` says)."""
+    """:func:`load_kimi_linear_checkpoint`'s result: the preset of ``config.json``, the naming
+    read, one attention layer per decoder layer (KDA or MLA, as ``preset.layer_kinds``)."""
 
     preset: ModelPreset
     naming: str
@@ -341,15 +337,13 @@ class KimiLinearCheckpoint(NamedTuple):
 
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
-    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
-    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config
-    and loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), with real
-    parameters: at the published size, the whole attention stack in memory.
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json``, its
+    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config and
+    loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), in memory.
 
-    ``naming``: ``"kimi_linear"`` (the remote code's names), ``"transformers"``, or ``"auto"``
-    (told from the first KDA layer's names). ``overrides`` go to both configs (``dtype``,
-    ``param_dtype``). A shard replaced during the load is refused naming it. Returns a
-    :class:`KimiLinearCheckpoint`.
+    ``naming``: ``"kimi_linear"`` (the remote code's), ``"transformers"`` or ``"auto"`` (told
+    from the first KDA layer). ``overrides`` go to both configs (``dtype``, ``param_dtype``).
+    A shard replaced during the load is refused naming it. Returns a :class:`KimiLinearCheckpoint`.
     """
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
