@@ -37,10 +37,9 @@ NAMINGS = ("fla", "kimi_linear", "transformers")
 
 
 class _Entry(NamedTuple):
-    """One checkpoint tensor: the layer parameters it holds (several: the transformers
-    ``conv1d`` split into an unfused layer's three convs) and its layout: ``"same"``,
-    ``"linear"`` (transposed), ``"conv"`` (``[C, 1, W]``), or ``(template, label)``: reshaped
-    to ``template`` (-1: any size) in the checkpoint, flat in the layer."""
+    """One checkpoint tensor: the layer parameters it holds (the transformers ``conv1d``: an
+    unfused layer's three convs) and its layout: ``"same"``, ``"linear"`` (transposed),
+    ``"conv"`` (``[C, 1, W]``), or ``(template, label)``: ``template``'s shape (-1: any)."""
 
     variables: tuple
     layout: object = "same"
@@ -302,15 +301,15 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
 
 
 def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
-    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (one path or a
+    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a path or a
     list of shards), ``prefix`` cut off, as numpy arrays (bfloat16 stays ml_dtypes' bfloat16).
+    ``safe_open`` checks each header; the tensors are read with ordinary reads, not a memory
+    map (DESIGN, "Checkpoint files"). ``versions``: a dict shared by the reads of one load
+    (path -> version at its first read), so a file replaced between reads is refused.
 
-    ``safetensors.safe_open`` checks each file; the tensors are then read with ordinary reads
-    at the header's offsets (DESIGN, "Checkpoint files": no memory map). ``versions``: a dict
-    shared by the reads of one load (path -> the file's version at its first read), so a file
-    replaced between two reads is refused. Raises ValueError naming the file (and tensor) for
-    a malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64 dimensions, a
-    name in two files or a changed file; TypeError for a path not a str or ``os.PathLike``."""
+    Raises ValueError naming the file (and tensor): malformed, a dtype outside
+    :data:`SAFETENSORS_DTYPES`, over 64 dimensions, a name in two files, a changed file;
+    TypeError for a path not a str or ``os.PathLike``."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
