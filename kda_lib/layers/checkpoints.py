@@ -2,34 +2,26 @@
 
 One table, :func:`_entries`, says for each naming which tensor holds which layer parameter, in
 which layout; :func:`state_dict_names`, :func:`load_state_dict` and :func:`export_state_dict`
-all read it. Namings:
+all read it. Namings (DESIGN, "Checkpoint files", has the sources):
 
-* ``"fla"``: ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``q_proj.weight``,
-  ``q_conv1d.weight``, ``f_proj.0.weight``, ``A_log [HV]``, ``g_proj.1.bias``, ...).
-* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint (``modeling_kimi.py`` @
-  6e163f3, copied in axolotl-ai-cloud/axolotl @ 1e4d015475e3f5d48e6fb5517484f0bfd08b96bd),
-  layers at ``model.layers.N.self_attn.*``: ``f_a_proj``/``f_b_proj``,
-  ``g_a_proj``/``g_b_proj`` (or ``g_proj`` full rank), ``b_proj``, three ``*_conv1d``,
-  ``A_log [1, 1, H, 1]``, ``dt_bias [H K]``, ``o_norm.weight [K]``, no biases.
-* ``"transformers"``: the same checkpoint as the transformers library's
-  ``KimiLinearDeltaAttention`` names it (``modeling_kimi_linear.py`` @
-  c1a44bc9cde33bee2282b77e2b9638550a8d4c80; ``output_gate`` @
-  016bd12cbf941618d91c303ba44f7ca9d4f3f4da): ONE ``conv1d [2HK + HV V, 1, W]`` over
-  ``concat(q, k, v)`` (split for an unfused layer), ``forget_gate_down``/``_up``,
-  ``beta_proj``, ``output_gate_down``/``_up`` (or ``output_gate``), ``A_log [HV, 1]``,
-  ``dt_bias [HV, V]``.
+* ``"fla"``: ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``f_proj.0.weight``,
+  ``A_log [HV]``, ...).
+* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint (``modeling_kimi.py``):
+  ``f_a_proj``/``f_b_proj``, three ``*_conv1d``, ``A_log [1, 1, H, 1]``, ``dt_bias [H K]``.
+* ``"transformers"``: the transformers library's ``KimiLinearDeltaAttention``: one
+  ``conv1d [2HK + HV V, 1, W]`` over ``concat(q, k, v)``, ``forget_gate_down``/``_up``,
+  ``beta_proj``, ``output_gate_down``/``_up``, ``A_log [HV, 1]``, ``dt_bias [HV, V]``.
 
-MLA layers (:class:`kda_lib.layers.mla.MultiHeadLatentAttention`) have DeepSeek-V2's names in
-both Kimi Linear namings. Layouts: a linear weight is PyTorch's ``[out, in]`` (the kernel's
-``[in, out]``), a conv weight ``[C, 1, W]`` (the layer's ``[W, C]``). Loading is all or
-nothing: every name, shape and value is checked before the first parameter is written.
+MLA layers have DeepSeek-V2's names in both Kimi Linear namings. A linear weight is PyTorch's
+``[out, in]`` (the kernel's ``[in, out]``), a conv weight ``[C, 1, W]`` (the layer's ``[W, C]``).
+Loading is all or nothing: every name, shape and value is checked before the first write.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -45,86 +37,50 @@ NAMINGS = ("fla", "kimi_linear", "transformers")
 
 
 class _Entry(NamedTuple):
-    """One checkpoint tensor: the layer parameters it holds (one, or several it is split into:
-    the transformers naming's one ``conv1d`` for the three convs of an unfused layer)."""
+    """One checkpoint tensor: the layer parameters it holds (the transformers ``conv1d``: an
+    unfused layer's three convs) and its layout: ``"same"``, ``"linear"`` (transposed),
+    ``"conv"`` (``[C, 1, W]``), or ``(template, label)``: ``template``'s shape (-1: any)."""
 
-    variables: tuple  # the layer's parameters
-    to_layer: Callable  # checkpoint array -> tuple of arrays, one per variable
-    to_checkpoint: Callable  # the variables' arrays -> checkpoint array
-
-
-def _entry(variable, to_layer, to_checkpoint) -> _Entry:
-    """An entry of one parameter."""
-    return _Entry((variable,), lambda w: (to_layer(w),), to_checkpoint)
+    variables: tuple
+    layout: object = "same"
 
 
-def _transpose(w):
-    return np.asarray(w).T  # torch Linear [out, in] <-> kernel [in, out]
-
-
-def _same(w):
-    return np.asarray(w)
-
-
-def _conv_to_checkpoint(kernel):
-    return np.asarray(kernel).T[:, None, :]  # [W, C] -> torch's [C, 1, W]
-
-
-def _reshaped(layout: str, fits, checkpoint_shape) -> dict:
-    """A parameter the checkpoint stores reshaped (the layer's is flat): ``fits(shape)`` says
-    whether a checkpoint tensor's shape is ``layout``."""
-
-    def to_layer(w):
-        w = np.asarray(w)
-        if not fits(w.shape):
-            raise ValueError(f"expected {layout}, got {w.shape}")
-        return w.reshape(-1)
-
-    return dict(to_layer=to_layer, to_checkpoint=lambda w: np.asarray(w).reshape(checkpoint_shape))
-
-
-_KIMI_A_LOG = _reshaped(  # it broadcasts over [B, T, H, K]
-    "Kimi Linear's A_log layout [1, 1, H, 1]",
-    lambda s: len(s) == 4 and s[:2] == (1, 1) and s[3] == 1,
-    (1, 1, -1, 1),
-)
-_TRANSFORMERS_A_LOG = _reshaped(
-    "the transformers A_log layout [HV, 1]", lambda s: len(s) == 2 and s[1] == 1, (-1, 1)
-)
-
-
-def _per_head(heads: int) -> dict:
-    """``dt_bias``'s transformers layout ``[HV, channels]``."""
-    layout = f"the transformers layout [HV={heads}, channels]"
-    return _reshaped(layout, lambda s: len(s) == 2 and s[0] == heads, (heads, -1))
-
-
-_LINEAR = dict(to_layer=_transpose, to_checkpoint=_transpose)
-_SAME = dict(to_layer=_same, to_checkpoint=_same)
-_CONV = dict(to_layer=kernel_from_torch, to_checkpoint=_conv_to_checkpoint)
-# the low-rank gate projections' names: fla's nn.Sequential indices, Kimi Linear's a/b pair,
-# the transformers implementation's down/up pair
-_LOW_RANK = {
-    "fla": ("{}.0", "{}.1"),
-    "kimi_linear": ("{}_a_proj", "{}_b_proj"),
-    "transformers": ("{}_down", "{}_up"),
+_KIMI_A_LOG = ((1, 1, -1, 1), "Kimi Linear's A_log layout [1, 1, H, 1]")  # broadcasts over q
+_TRANSFORMERS_A_LOG = ((-1, 1), "the transformers A_log layout [HV, 1]")
+# the gate projections' names (g: "f" or "g"; gate: the transformers name): full rank, then
+# low rank's down and up projections
+_GATE_NAMES = {
+    "fla": ("{g}_proj", "{g}_proj.0", "{g}_proj.1"),
+    "kimi_linear": ("{g}_proj", "{g}_a_proj", "{g}_b_proj"),
+    "transformers": ("{gate}", "{gate}_down", "{gate}_up"),
 }
-# the transformers implementation's names of the gate and beta projections
 _TRANSFORMERS_NAMES = {"f_proj": "forget_gate", "g_proj": "output_gate", "b_proj": "beta_proj"}
 
 
-def _split_conv(widths):
-    """One depthwise conv ``[C, 1, W]`` over ``concat(q, k, v)`` <-> the three kernels
-    ``[W, C_q]``, ``[W, C_k]``, ``[W, C_v]`` (channel blocks in that order)."""
-    cuts = np.cumsum(widths)[:-1]
+def _to_checkpoint(entry: _Entry, arrays) -> np.ndarray:
+    arrays = [np.asarray(a) for a in arrays]
+    if entry.layout == "linear":
+        return arrays[0].T
+    if entry.layout == "conv":  # [W, C] kernels, concatenated -> [C, 1, W]
+        return np.concatenate(arrays, axis=1).T[:, None, :]
+    if isinstance(entry.layout, tuple):
+        return arrays[0].reshape(entry.layout[0])
+    return arrays[0]
 
-    def to_layer(w):
-        return tuple(np.split(kernel_from_torch(w), cuts, axis=1))
 
-    def to_checkpoint(*kernels):
-        return _conv_to_checkpoint(np.concatenate([np.asarray(k) for k in kernels], axis=1))
-
-    return to_layer, to_checkpoint
+def _to_layer(entry: _Entry, w: np.ndarray) -> list[np.ndarray]:
+    if entry.layout == "linear":
+        return [w.T]
+    if entry.layout == "conv":
+        widths = [v.get_value().shape[1] for v in entry.variables]
+        return np.split(kernel_from_torch(w), np.cumsum(widths)[:-1], axis=1)
+    if isinstance(entry.layout, tuple):
+        template, label = entry.layout
+        fits = all(t in (-1, s) for t, s in zip(template, w.shape, strict=False))
+        if not fits or len(w.shape) != len(template):
+            raise ValueError(f"expected {label}, got {w.shape}")
+        return [w.reshape(-1)]
+    return [w]
 
 
 def _entries(layer, naming: str) -> dict[str, _Entry]:
@@ -133,136 +89,103 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
     if isinstance(layer, MultiHeadLatentAttention):
         return _mla_entries(layer)
-    cfg = layer.config
-    hf = naming == "transformers"
+    cfg, hf = layer.config, naming == "transformers"
     if cfg.fused_qkv_conv and not hf:
         raise ValueError(
             f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d weights; this layer "
             "has one fused qkv_conv1d (KDAConfig.fused_qkv_conv=True): build it with "
             "fused_qkv_conv=False to read this checkpoint (the same function)"
         )
+    lacking = [  # the transformers layer has a low-rank forget gate, an A_log, no gate bias
+        what
+        for what, absent in (
+            ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
+            ("no A_log (use_a_log=False)", not cfg.use_a_log),
+            ("an output-gate bias (output_gate_bias=True)", cfg.output_gate_bias),
+        )
+        if absent
+    ]
+    if hf and lacking:
+        raise ValueError(
+            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
+            "has no tensors for " + "; ".join(lacking)
+        )
+    names = _TRANSFORMERS_NAMES if hf else {}
+    entries = {
+        f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
+        for p in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
+    }
+    convs = {c: getattr(layer, c) for c in ("qkv_conv1d", "q_conv1d", "k_conv1d", "v_conv1d")}
+    convs = {c: module.kernel for c, module in convs.items() if module is not None}
     if hf:
-        _check_transformers_layout(cfg)
-    entries = {}
-    for proj in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj"):
-        name = _TRANSFORMERS_NAMES.get(proj, proj) if hf else proj
-        entries[f"{name}.weight"] = _entry(getattr(layer, proj).kernel, **_LINEAR)
-    entries.update(_conv_entries(layer, hf))
+        entries["conv1d.weight"] = _Entry(tuple(convs.values()), "conv")
+    else:
+        entries.update({f"{c}.weight": _Entry((kernel,), "conv") for c, kernel in convs.items()})
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
         entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
     if layer.A_log is not None:
         layout = {"kimi_linear": _KIMI_A_LOG, "transformers": _TRANSFORMERS_A_LOG}
-        entries["A_log"] = _entry(layer.A_log, **layout.get(naming, _SAME))
-    dt_bias = _per_head(cfg.value_heads) if hf else _SAME
-    entries["dt_bias"] = _entry(layer.dt_bias, **dt_bias)
-    entries["o_norm.weight"] = _entry(layer.o_norm, **_SAME)
+        entries["A_log"] = _Entry((layer.A_log,), layout.get(naming, "same"))
+    heads = cfg.value_heads
+    per_head = ((heads, -1), f"the transformers layout [HV={heads}, channels]")
+    entries["dt_bias"] = _Entry((layer.dt_bias,), per_head if hf else "same")
+    entries["o_norm.weight"] = _Entry((layer.o_norm,))
     return entries
-
-
-def _conv_entries(layer, hf: bool) -> dict[str, _Entry]:
-    """The short convs: three ``*_conv1d`` tensors, or the transformers naming's one
-    ``conv1d`` (one parameter of a fused layer, or split into an unfused layer's three)."""
-    convs = [getattr(layer, conv) for conv in ("q_conv1d", "k_conv1d", "v_conv1d")]
-    if hf and layer.qkv_conv1d is not None:
-        return {"conv1d.weight": _entry(layer.qkv_conv1d.kernel, **_CONV)}
-    if hf and convs[0] is not None:
-        widths = [module.kernel.get_value().shape[1] for module in convs]
-        variables = tuple(module.kernel for module in convs)
-        return {"conv1d.weight": _Entry(variables, *_split_conv(widths))}
-    return {
-        f"{conv}.weight": _entry(module.kernel, **_CONV)
-        for conv, module in zip(("q_conv1d", "k_conv1d", "v_conv1d"), convs, strict=True)
-        if module is not None
-    }
 
 
 def _gate_entries(module, gate: str, naming: str, has_bias: bool) -> dict[str, _Entry]:
     """A gate projection (``f_proj`` or ``g_proj``): full rank, or low rank (down, then up)."""
-    hf = naming == "transformers"
-    entries = {}
+    full, *low = (n.format(g=gate[0], gate=_TRANSFORMERS_NAMES[gate]) for n in _GATE_NAMES[naming])
     if isinstance(module, nnx.Sequential):
-        if naming == "fla":
-            base = gate
-        else:
-            base = _TRANSFORMERS_NAMES[gate] if hf else gate.removesuffix("_proj")
-        names = [pattern.format(base) for pattern in _LOW_RANK[naming]]
-        for name, sub in zip(names, module.layers, strict=True):
-            entries[f"{name}.weight"] = _entry(sub.kernel, **_LINEAR)
-        last, last_name = module.layers[-1], names[-1]
+        parts = list(zip(low, module.layers, strict=True))
     else:
-        last, last_name = module, _TRANSFORMERS_NAMES[gate] if hf else gate
-        entries[f"{last_name}.weight"] = _entry(module.kernel, **_LINEAR)
+        parts = [(full, module)]
+    entries = {f"{name}.weight": _Entry((sub.kernel,), "linear") for name, sub in parts}
     if has_bias:
-        entries[f"{last_name}.bias"] = _entry(last.bias, **_SAME)
+        entries[f"{parts[-1][0]}.bias"] = _Entry((parts[-1][1].bias,))
     return entries
 
 
-def _check_transformers_layout(cfg) -> None:
-    """The transformers implementation's layer has a low-rank forget gate, an ``A_log`` and
-    no output-gate bias; a layer without them has no name there."""
-    missing = []
-    if cfg.forget_gate_rank is None:
-        missing.append("a full-rank forget gate (forget_gate_rank=None)")
-    if not cfg.use_a_log:
-        missing.append("no A_log (use_a_log=False)")
-    if cfg.output_gate_bias:
-        missing.append("an output-gate bias (output_gate_bias=True)")
-    if missing:
-        raise ValueError(
-            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
-            "has no tensors for " + "; ".join(missing)
-        )
-
-
 def _mla_entries(layer) -> dict[str, _Entry]:
-    """:class:`kda_lib.layers.mla.MultiHeadLatentAttention`'s tensors: the same names in every
-    Kimi Linear naming (DeepSeek-V2's, kept by the remote code and by transformers)."""
-    entries = {}
+    """:class:`~kda_lib.layers.mla.MultiHeadLatentAttention`'s tensors (DeepSeek-V2's names)."""
+    entries = {"kv_a_layernorm.weight": _Entry((layer.kv_a_layernorm.scale,))}
     projections = ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
     if layer.config.q_lora_rank is None:
         projections.append("q_proj")
     else:
         projections += ["q_a_proj", "q_b_proj"]
-        entries["q_a_layernorm.weight"] = _entry(layer.q_a_layernorm.scale, **_SAME)
+        entries["q_a_layernorm.weight"] = _Entry((layer.q_a_layernorm.scale,))
     for proj in projections:
-        entries[f"{proj}.weight"] = _entry(getattr(layer, proj).kernel, **_LINEAR)
-    entries["kv_a_layernorm.weight"] = _entry(layer.kv_a_layernorm.scale, **_SAME)
+        entries[f"{proj}.weight"] = _Entry((getattr(layer, proj).kernel,), "linear")
     return entries
+
+
+def _checkpoint_shape(entry: _Entry) -> tuple[int, ...]:
+    probes = [np.zeros(v.get_value().shape, np.float32) for v in entry.variables]
+    return tuple(_to_checkpoint(entry, probes).shape)
 
 
 def state_dict_names(layer, naming: str = "fla") -> dict[str, tuple[int, ...]]:
     """The tensors a checkpoint in ``naming`` must hold for ``layer``: name -> shape (in the
     checkpoint's own layout, e.g. ``[out, in]`` for a linear weight)."""
-    return {
-        name: _checkpoint_shape(entry) for name, entry in sorted(_entries(layer, naming).items())
-    }
-
-
-def _checkpoint_shape(entry: _Entry) -> tuple[int, ...]:
-    probes = [np.zeros(v.get_value().shape, np.float32) for v in entry.variables]
-    return tuple(entry.to_checkpoint(*probes).shape)
+    return {name: _checkpoint_shape(e) for name, e in sorted(_entries(layer, naming).items())}
 
 
 def export_state_dict(layer, naming: str = "fla") -> dict[str, np.ndarray]:
     """``layer``'s parameters as a checkpoint in ``naming`` (numpy arrays in the checkpoint's
     layouts): what :func:`load_state_dict` reads back into an equal layer."""
     return {
-        name: np.ascontiguousarray(
-            entry.to_checkpoint(*(np.asarray(v[...]) for v in entry.variables))
-        )
+        name: np.ascontiguousarray(_to_checkpoint(entry, [v[...] for v in entry.variables]))
         for name, entry in _entries(layer, naming).items()
     }
 
 
 def checkpoint_array(label: str, value) -> np.ndarray:
     """One checkpoint tensor (numpy, torch, jax, nested lists) as a real-valued numpy array, or
-    a ValueError naming ``label``. bfloat16 (torch or numpy's ml_dtypes) is widened to float32,
-    exactly."""
+    a ValueError naming ``label``; bfloat16 is widened to float32, exactly."""
     if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
         value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
-        value = value.numpy()
+        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as error:
@@ -270,9 +193,7 @@ def checkpoint_array(label: str, value) -> np.ndarray:
     if array.dtype == jnp.bfloat16:  # ml_dtypes' bfloat16 (safetensors, jax): not np.floating
         array = array.astype(np.float32)
     if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-        # np.asarray([None, None]) is an object array; strings, bools and complex numbers are
-        # no weights either
-        raise ValueError(
+        raise ValueError(  # object arrays ([None, None]), strings, bools, complex numbers
             f"{label}: expected an array of real numbers, got dtype {array.dtype} "
             f"({type(value).__name__} {value!r:.80})"
         )
@@ -283,11 +204,9 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
     """Copy a checkpoint in ``naming`` into ``layer`` in place, all or nothing.
 
     Args:
-      layer: a :class:`kda_lib.KimiDeltaAttention` whose config matches the checkpoint (or,
-        in the ``"kimi_linear"`` and ``"transformers"`` namings, a
-        :class:`kda_lib.layers.mla.MultiHeadLatentAttention`: Kimi Linear's global layer).
-      state_dict: mapping of names (without ``prefix``) to arrays (numpy, torch, jax, nested
-        lists of numbers).
+      layer: a :class:`kda_lib.KimiDeltaAttention` whose config matches the checkpoint (or, in
+        the Kimi Linear namings, a :class:`kda_lib.layers.mla.MultiHeadLatentAttention`).
+      state_dict: mapping of names (without ``prefix``) to arrays (numpy, torch, jax, lists).
       naming: ``"fla"``, ``"kimi_linear"`` or ``"transformers"`` (module docstring).
       prefix: printed before each name in errors (e.g. ``model.layers.3.self_attn.``).
 
@@ -302,19 +221,17 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
             f"{type(state_dict).__name__}"
         )
     entries = _entries(layer, naming)
-
-    def label(name):
-        return f"fla {name}" if naming == "fla" and not prefix else f"{prefix}{name}"
-
     missing = sorted(set(entries) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(entries), key=str)
     if missing or unexpected:
         kind = type(layer.config).__name__
         raise ValueError(
             f"{source} state_dict does not match this {kind}: "
-            + (f"missing {[prefix + n for n in missing]}" if missing else "")
-            + ("; " if missing and unexpected else "")
-            + (f"unexpected {[f'{prefix}{n}' for n in unexpected]}" if unexpected else "")
+            + "; ".join(
+                f"{what} {[f'{prefix}{n}' for n in names]}"
+                for what, names in (("missing", missing), ("unexpected", unexpected))
+                if names
+            )
             + (
                 " (check num_heads, num_v_heads, forget_gate_rank, output_gate_rank, "
                 "output_gate_bias, use_a_log, conv_size; conv biases are not supported)"
@@ -322,27 +239,36 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
                 else " (check q_lora_rank)"
             )
         )
-    converted = []
-    for name, entry in entries.items():
-        given = checkpoint_array(label(name), state_dict[name])
-        try:
-            values = entry.to_layer(given)
-        except ValueError as error:
-            raise ValueError(f"{label(name)}: {error}") from None
-        for variable, value in zip(entry.variables, values, strict=True):
-            expected = variable[...]
-            if value.shape != expected.shape:
-                raise ValueError(
-                    f"{label(name)}: shape {given.shape} converts to {value.shape}, "
-                    f"but the layer expects {expected.shape} (a checkpoint of shape "
-                    f"{_checkpoint_shape(entry)})"
-                )
-            value = np.asarray(value, expected.dtype)
-            if not np.isfinite(value).all():
-                raise ValueError(f"{label(name)}: contains NaN or inf values (as {expected.dtype})")
-            converted.append((variable, jnp.asarray(value)))
+    fla = naming == "fla" and not prefix
+    converted = [
+        pair
+        for name, entry in entries.items()
+        for pair in _converted(f"fla {name}" if fla else prefix + name, entry, state_dict[name])
+    ]
     for variable, value in converted:  # nothing raises from here on
         variable.set_value(value)
+
+
+def _converted(label: str, entry: _Entry, given) -> list:
+    """``(variable, value)`` for each parameter ``entry`` holds, checked, or a ValueError."""
+    given = checkpoint_array(label, given)
+    try:
+        values = _to_layer(entry, given)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
+    out = []
+    for variable, value in zip(entry.variables, values, strict=True):
+        expected = variable[...]
+        if value.shape != expected.shape:
+            raise ValueError(
+                f"{label}: shape {given.shape} converts to {value.shape}, but the layer "
+                f"expects {expected.shape} (a checkpoint of shape {_checkpoint_shape(entry)})"
+            )
+        value = np.asarray(value, expected.dtype)
+        if not np.isfinite(value).all():
+            raise ValueError(f"{label}: contains NaN or inf values (as {expected.dtype})")
+        out.append((variable, jnp.asarray(value)))
+    return out
 
 
 def load_fla_state_dict(layer, state_dict) -> None:
@@ -352,10 +278,8 @@ def load_fla_state_dict(layer, state_dict) -> None:
 
 # ------------------------------------------------------------------ Kimi Linear safetensors
 def kimi_linear_prefix(layer_index: int) -> str:
-    """``model.layers.N.self_attn.``: where the Hugging Face Kimi Linear checkpoint keeps
-    decoder layer ``N``'s (0-based) attention tensors."""
-    layer_index = check_int("layer_index", layer_index, minimum=0)
-    return f"model.layers.{layer_index}.self_attn."
+    """``model.layers.N.self_attn.``: decoder layer ``N``'s (0-based) attention tensors."""
+    return f"model.layers.{check_int('layer_index', layer_index, minimum=0)}.self_attn."
 
 
 # safetensors dtypes read (little-endian); any other (FP8, complex, bool, ...) is refused by name
@@ -364,31 +288,28 @@ SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in dict(
     I8="i1", U8="u1").items()}  # fmt: skip
 
 
-def file_version(stat) -> tuple[int, int, int]:
-    """What tells two versions of a file apart: inode, size, modification time."""
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def check_unchanged(versions: dict[str, tuple]) -> None:
-    """Refuse, naming the file, when a file of ``versions`` (path -> :func:`file_version` when
-    it was read) is now another version: a load would mix the two."""
+def _check_unchanged(versions: dict[str, tuple]) -> None:
+    """Refuse, naming the file, when a file of ``versions`` (path -> (inode, size, mtime) when
+    first read) is now another version: a load would mix the two."""
     for path, version in versions.items():
-        if not os.path.exists(path) or file_version(os.stat(path)) != version:
+        stat = os.stat(path) if os.path.exists(path) else None
+        if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
             raise ValueError(
                 f"{path}: the file changed while the checkpoint was read (replaced or "
                 "rewritten): its tensors may be of two versions; read it again"
             )
 
 
-def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
-    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (one path or a
-    list of shards), ``prefix`` cut off; bfloat16 stays ml_dtypes' bfloat16.
+def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
+    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a path or a
+    list of shards), ``prefix`` cut off, as numpy arrays (bfloat16 stays ml_dtypes' bfloat16).
+    ``safe_open`` checks each header; the tensors are read with ordinary reads, not a memory
+    map (DESIGN, "Checkpoint files"). ``versions``: a dict shared by the reads of one load
+    (path -> version at its first read), so a file replaced between reads is refused.
 
-    Each file is checked by ``safetensors.safe_open``; the wanted tensors are then read with
-    ordinary reads (DESIGN, "Checkpoints": no memory map). Raises ValueError naming the file
-    (and tensor) for a malformed file, a dtype outside :data:`SAFETENSORS_DTYPES`, more than 64
-    dimensions, a name in two files, or a file changed before the last one is read; TypeError
-    for a path that is not a str or ``os.PathLike`` of str."""
+    Raises ValueError naming the file (and tensor): malformed, a dtype outside
+    :data:`SAFETENSORS_DTYPES`, over 64 dimensions, a name in two files, a changed file;
+    TypeError for a path not a str or ``os.PathLike``."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
@@ -397,33 +318,33 @@ def read_safetensors(paths, prefix: str = "") -> dict[str, np.ndarray]:
         raise ValueError("paths must name at least one file, got an empty list")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    versions = {} if versions is None else versions
     out: dict[str, np.ndarray] = {}
-    versions = {}
     for path in paths:
         if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
             raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
-        path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.isfile(path := os.fspath(path)):
             raise ValueError(f"no safetensors file at {path!r}")
-        tensors, versions[path] = _read_safetensors_file(path, prefix)
+        tensors = _read_file(path, prefix, versions)
         if twice := sorted(tensors.keys() & out.keys()):
             raise ValueError(f"{prefix}{twice[0]} appears in more than one of the files {paths}")
         out.update(tensors)
-    check_unchanged(versions)
+    _check_unchanged(versions)
     return out
 
 
-def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray], tuple]:
-    """One file's tensors under ``prefix`` (cut off), and the file's :func:`file_version`."""
+def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
+    """One file's tensors under ``prefix`` (cut off); records its version in ``versions``."""
     with open(path, "rb") as handle:
-        version = file_version(os.fstat(handle.fileno()))
+        stat = os.fstat(handle.fileno())
+        versions.setdefault(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
         try:
             with safetensors.safe_open(path, framework="numpy") as checked:
                 names = [name for name in checked.keys() if name.startswith(prefix)]
             header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
         except Exception as error:  # safetensors' SafetensorError and what it lets through
             raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
-        check_unchanged({path: version})  # the file checked is the file open
+        _check_unchanged({path: versions[path]})  # the file checked is the file open
         start, out = handle.tell(), {}
         for name in names:
             where, entry = f"{path}: tensor {name}", header[name]
@@ -438,26 +359,19 @@ def _read_safetensors_file(path: str, prefix: str) -> tuple[dict[str, np.ndarray
             buffer = bytearray(end - begin)
             handle.seek(start + begin)
             if handle.readinto(buffer) != len(buffer):
-                raise ValueError(
-                    f"{where} could not be read whole (the file is shorter than its header "
-                    "says: truncated, or changed while reading)"
-                )
+                raise ValueError(f"{where}: the file is shorter than its header says")
             out[name[len(prefix) :]] = np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(
                 shape
             )
-        check_unchanged({path: version})
-    return out, version
+    _check_unchanged({path: versions[path]})
+    return out
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
-    """Read decoder layer ``layer_index``'s KDA tensors (``model.layers.N.self_attn.*``) from
-    the Kimi Linear checkpoint file(s) ``paths`` into ``layer`` (all or nothing, see
-    :func:`load_state_dict`). ``layer``'s config must describe that layer, e.g.
-    ``kda_lib.models.presets.KIMI_LINEAR_48B.kda_config()`` (the published model's KDA layer).
-
-    A tensor of the layer that is missing, one more under the layer's prefix (say a conv
-    bias), and one of the wrong shape are refused by their full names.
-    """
+    """Read decoder layer ``layer_index``'s tensors (``model.layers.N.self_attn.*``) from the
+    Kimi Linear checkpoint file(s) ``paths`` into ``layer`` (all or nothing, see
+    :func:`load_state_dict`), e.g. a layer of ``KIMI_LINEAR_48B.kda_config()``. A missing
+    tensor, an extra one under the prefix and a wrong shape are refused by their full names."""
     prefix = kimi_linear_prefix(layer_index)
     tensors = read_safetensors(paths, prefix)
     if not tensors:
@@ -469,22 +383,14 @@ def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
     load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
 
 
-# a name only one of the two Kimi Linear namings has, for each
-_NAMING_MARKERS = {
-    "kimi_linear": ("q_conv1d.weight", "f_a_proj.weight", "b_proj.weight"),
-    "transformers": ("conv1d.weight", "forget_gate_down.weight", "beta_proj.weight"),
-}
-
-
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
-    (without the layer prefix), or a ValueError when they fit neither or both."""
+    (without the layer prefix, told by its beta projection), or a ValueError."""
     names = set(names)
-    found = [n for n, markers in _NAMING_MARKERS.items() if names & set(markers)]
-    if len(found) != 1:
+    markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
+    if len(found := [n for n, marker in markers.items() if marker in names]) != 1:
         raise ValueError(
-            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected the "
-            f"remote code's (any of {_NAMING_MARKERS['kimi_linear']}) or the transformers "
-            f"library's (any of {_NAMING_MARKERS['transformers']})"
+            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected "
+            f"one of {list(markers.values())} (the remote code's naming, the transformers one)"
         )
     return found[0]

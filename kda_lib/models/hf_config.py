@@ -1,20 +1,19 @@
-"""A Hugging Face ``config.json`` (parsed) read into a :class:`kda_lib.models.presets.ModelPreset`.
+"""A Hugging Face ``config.json`` (parsed) read into :class:`kda_lib.models.presets.ModelPreset`'s
+fields: one reader for both families, told by ``model_type`` (a wrapper's ``text_config`` is
+read when the top level is neither).
 
-Two families, told by ``model_type`` (a wrapper's ``text_config`` is read when the top level is
-not one of them):
+* ``"kimi_linear"`` (Kimi Linear, Kimi K3's ``text_config``; ``modeling_kimi.py``'s layout):
+  ``linear_attn_config`` holds the widths and **1-based** ``kda_layers`` / ``full_attn_layers``;
+  ``gate_lower_bound`` is the safe gate ``lb * sigmoid(exp(A_log) (f + dt_bias))``, as the
+  published model computes it; ``use_full_rank_gate`` a full-rank output gate; NoPE MLA widths.
+* ``"glm5_next_text"`` (GLM-5.3-Flash, transformers' ``configuration_glm5_next.py``; MaxText's
+  fused q/k/v conv): flat ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``,
+  ``linear_lower_bound`` (defaults 64, 128, 4, -5), which a ``linear_attn_config`` may override
+  (``safe_gate`` without a bound: -5), with **0-based** ``kda_layers``; else ``layer_types``;
+  else layer ``i`` is KDA unless ``i % 4 == 3``. Its DSA layers are ``"mla"`` without widths.
 
-* ``"kimi_linear"`` (Kimi Linear, and Kimi K3's ``text_config``): ``linear_attn_config``'s
-  ``kda_layers`` / ``full_attn_layers`` are **1-based** layer numbers; ``gate_lower_bound`` is
-  the safe gate ``lb * sigmoid(exp(A_log) (f + dt_bias))``; layout of ``modeling_kimi.py``.
-* ``"glm5_next_text"`` (GLM-5.3-Flash, transformers' ``configuration_glm5_next.py``):
-  ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``,
-  ``linear_lower_bound``, ``layer_types`` (default: layer ``i`` is KDA unless ``i % 4 == 3``);
-  a ``linear_attn_config`` may override them (``num_heads``, ``head_dim``,
-  ``short_conv_kernel_size``, ``lower_bound``, ``safe_gate``) and list **0-based**
-  ``kda_layers``. Its DSA (sparse MLA) layers are ``"mla"`` kinds without MLA widths.
-
-``linear_attn_config.kda_layer_index_base`` (0 or 1), where given, must agree with the
-family's base. Every refusal is a ValueError naming the field.
+``linear_attn_config.kda_layer_index_base`` (0 or 1), where given, must be the family's base.
+Every refusal is a ValueError naming the field (``config field ...``).
 """
 
 from __future__ import annotations
@@ -23,101 +22,95 @@ import json
 import os
 
 from kda_lib.checks import check_int, check_number
-from kda_lib.ops.gating import GateForm
 
 MAX_LAYERS = 100_000  # more layers than any model: a config past it is refused, not read
-_BASE = {"kimi_linear": 1, "glm5_next_text": 0}
-# linear_attn_config keys read (any other may change the layer, so it is refused by name)
-HF_LINEAR_ATTN_KEYS = {
-    "kimi_linear": (
-        "num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers",
-        "gate_lower_bound", "use_full_rank_gate", "kda_layer_index_base",
+LIN = "linear_attn_config."
+# per family: the layer lists' base; the linear_attn_config keys read (any other may change the
+# layer: refused by name); the key of the gate's bound; flat fields (and defaults) standing in
+# for an absent linear_attn_config key
+_FAMILIES = {
+    "kimi_linear": dict(
+        base=1,
+        keys=("num_heads", "head_dim", "short_conv_kernel_size", "kda_layers", "full_attn_layers",
+              "gate_lower_bound", "use_full_rank_gate", "kda_layer_index_base"),
+        bound="gate_lower_bound",
+        flat={"gate_lower_bound": (None, None)},
     ),
-    "glm5_next_text": (
-        "num_heads", "head_dim", "short_conv_kernel_size", "lower_bound", "safe_gate",
-        "kda_layers", "kda_layer_index_base",
+    "glm5_next_text": dict(
+        base=0,
+        keys=("num_heads", "head_dim", "short_conv_kernel_size", "lower_bound", "safe_gate",
+              "kda_layers", "kda_layer_index_base"),
+        bound="lower_bound",
+        flat={"num_heads": ("linear_num_heads", 64), "head_dim": ("linear_head_dim", 128),
+              "short_conv_kernel_size": ("linear_conv_kernel_dim", 4),
+              "lower_bound": ("linear_lower_bound", -5.0)},
     ),
 }  # fmt: skip
-_LAYER_TYPES = {
-    "linear_attention": "kda",
-    "kda_attention": "kda",
-    "full_attention": "mla",
-    "deepseek_sparse_attention": "mla",
-}
+_LAYER_TYPES = {"linear_attention": "kda", "kda_attention": "kda", "full_attention": "mla",
+                "deepseek_sparse_attention": "mla"}  # fmt: skip
+_WIDTHS = ("num_heads", "head_dim", "short_conv_kernel_size")
 _MISSING = object()
 
 
-def _field(name: str) -> str:
-    return f"config field {name}"
-
-
 def _get(config: dict, key: str, where: str = "", default=_MISSING):
-    if key not in config:
-        if default is _MISSING:
-            raise ValueError(f"{_field(where + key)} is missing (needed for the layer)")
-        return default
-    return config[key]
+    if key in config:
+        return config[key]
+    if default is _MISSING:
+        raise ValueError(f"config field {where}{key} is missing (needed for the layer)")
+    return default
 
 
-def _int(config: dict, key: str, where: str = "", minimum: int = 1, **kw) -> int:
-    return check_int(_field(where + key), _get(config, key, where, **kw), minimum)
+def _int(config: dict, key: str, minimum: int = 1) -> int:
+    return check_int(f"config field {key}", _get(config, key), minimum)
 
 
-def _bool(config: dict, key: str, where: str = "", default: bool = False) -> bool:
-    value = config.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ValueError(f"{_field(where + key)} must be true or false, got {value!r}")
-    return value
-
-
-def _bound(value, key: str):
-    return None if value is None else check_number(_field(key), value)
+def _bool(config: dict, key: str, where: str = "") -> bool:
+    value = config.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"config field {where}{key} must be true or false, got {value!r}")
+    return bool(value)
 
 
 def text_config(config) -> tuple[dict, str]:
     """``(the model's config, its model_type)``, unwrapped from ``text_config`` when needed."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict (a parsed config.json), got {type(config)}")
-    if config.get("model_type") not in _BASE and isinstance(config.get("text_config"), dict):
+    if config.get("model_type") not in _FAMILIES and isinstance(config.get("text_config"), dict):
         config = config["text_config"]  # a wrapper (Kimi K3's, GLM-5-Next's multimodal one)
-    model_type = config.get("model_type")
-    if model_type not in _BASE:
+    if (model_type := config.get("model_type")) not in _FAMILIES:
         raise ValueError(
-            f"config field model_type must be one of {sorted(_BASE)} (Kimi Linear / Kimi K3, "
-            f"GLM-5-Next), got {model_type!r}"
+            f"config field model_type must be one of {sorted(_FAMILIES)} (Kimi Linear / Kimi "
+            f"K3, GLM-5-Next), got {model_type!r}"
         )
     return config, model_type
 
 
-def _linear_attn(config: dict, model_type: str, required: bool) -> dict:
-    linear = _get(config, "linear_attn_config", default=_MISSING if required else {})
+def _linear_attn(config: dict, model_type: str) -> dict:
+    family = _FAMILIES[model_type]
+    linear = _get(config, "linear_attn_config", default=_MISSING if family["base"] else {})
     if not isinstance(linear, dict):
-        raise ValueError(f"{_field('linear_attn_config')} must be a dict, got {linear!r}")
-    unknown = sorted(set(linear) - set(HF_LINEAR_ATTN_KEYS[model_type]))
-    if unknown:
+        raise ValueError(f"config field linear_attn_config must be a dict, got {linear!r:.200}")
+    if unknown := sorted(set(linear) - set(family["keys"])):
         raise ValueError(
-            f"{_field('linear_attn_config')} has keys {unknown} that from_hf_config does not "
-            f"read and that may change the layer (read: {list(HF_LINEAR_ATTN_KEYS[model_type])})"
+            f"config field linear_attn_config has keys {unknown} that from_hf_config does not "
+            f"read and that may change the layer (read: {list(family['keys'])})"
         )
-    base = linear.get("kda_layer_index_base", _BASE[model_type])
-    if base != _BASE[model_type] or isinstance(base, bool):
+    base = linear.get("kda_layer_index_base", family["base"])
+    if base != family["base"] or isinstance(base, bool):
         raise ValueError(
-            f"{_field('linear_attn_config.kda_layer_index_base')} must be {_BASE[model_type]} "
-            f"for model_type {model_type!r} (its layer lists' base), got {base!r}"
+            f"config field {LIN}kda_layer_index_base must be {family['base']} for model_type "
+            f"{model_type!r} (its layer lists' base), got {base!r}"
         )
     return linear
 
 
-def _num_layers(config: dict) -> int:
-    count = _int(config, "num_hidden_layers")
-    if count > MAX_LAYERS:
-        raise ValueError(
-            f"{_field('num_hidden_layers')} must be <= {MAX_LAYERS} (no model has more), got "
-            f"{count}"
-        )
-    return count
+def _width(config: dict, linear: dict, model_type: str, key: str):
+    """``linear_attn_config[key]``, else the family's flat field (or its default), with the
+    field's name; missing from both: a refusal naming ``linear_attn_config.key``."""
+    if key in linear or key not in _FAMILIES[model_type]["flat"]:
+        return _get(linear, key, LIN), LIN + key
+    flat, default = _FAMILIES[model_type]["flat"][key]
+    return (default, key) if flat is None else (config.get(flat, default), flat)
 
 
 def layer_kinds_from_lists(lists: dict, num_layers: int, base: int, complete=True) -> tuple:
@@ -128,22 +121,21 @@ def layer_kinds_from_lists(lists: dict, num_layers: int, base: int, complete=Tru
     owner: dict[int, str] = {}
     for field, layers in lists.items():
         if not isinstance(layers, (list, tuple)):
-            raise ValueError(
-                f"{_field(field)} must be a list of layer numbers, got {layers!r:.200}"
-            )
+            raise ValueError(f"config field {field} must be a list of layer numbers, got "
+                             f"{layers!r:.200}")  # fmt: skip
         for number in layers:
-            check_int(f"{_field(field)} entry", number, base)
+            check_int(f"config field {field} entry", number, base)
             if number >= num_layers + base:
                 raise ValueError(
-                    f"{_field(field)} lists layer {number}, beyond num_hidden_layers="
+                    f"config field {field} lists layer {number}, beyond num_hidden_layers="
                     f"{num_layers} (the numbers are {base}-based)"
                 )
             if number in owner:
                 where = "twice" if owner[number] == field else f"also in {owner[number]}"
-                raise ValueError(f"{_field(field)} lists layer {number} {where}")
+                raise ValueError(f"config field {field} lists layer {number} {where}")
             owner[number] = field
     missing = [n for n in range(base, num_layers + base) if n not in owner]
-    if missing and complete:
+    if missing and complete:  # at most 8 shown: a huge num_hidden_layers stays a short message
         shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise ValueError(
             f"config fields {' / '.join(lists)} leave {len(missing)} layers in no list: "
@@ -157,39 +149,51 @@ def layer_kinds_from_types(layer_types, num_layers: int) -> tuple[str, ...]:
     """``layer_kinds`` from ``layer_types`` (one known string per layer)."""
     if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
         raise ValueError(
-            f"{_field('layer_types')} must be a list of strings, got {layer_types!r:.200}"
+            f"config field layer_types must be a list of strings, got {layer_types!r:.200}"
         )
     if len(layer_types) != num_layers:
         raise ValueError(
-            f"{_field('layer_types')} has {len(layer_types)} entries, num_hidden_layers is "
+            f"config field layer_types has {len(layer_types)} entries, num_hidden_layers is "
             f"{num_layers}"
         )
-    unknown = sorted(set(layer_types) - set(_LAYER_TYPES))
-    if unknown:
+    if unknown := sorted(set(layer_types) - set(_LAYER_TYPES)):
         raise ValueError(
-            f"{_field('layer_types')}: unknown types {unknown[:8]} ({list(_LAYER_TYPES)})"
+            f"config field layer_types: unknown types {unknown[:8]} ({list(_LAYER_TYPES)})"
         )
     return tuple(_LAYER_TYPES[t] for t in layer_types)
 
 
-def _agree(kinds: tuple, config: dict, num_layers: int, lists: str) -> tuple:
-    if config.get("layer_types") is not None:
-        if layer_kinds_from_types(config["layer_types"], num_layers) != kinds:
-            raise ValueError(f"{_field('layer_types')} disagrees with {lists}")
+def _layer_kinds(config: dict, linear: dict, model_type: str) -> tuple[str, ...]:
+    num_layers, types = _int(config, "num_hidden_layers"), config.get("layer_types")
+    if num_layers > MAX_LAYERS:
+        raise ValueError(f"config field num_hidden_layers must be <= {MAX_LAYERS} (no model "
+                         f"has more), got {num_layers}")  # fmt: skip
+    if model_type == "kimi_linear":
+        lists = {LIN + key: _get(linear, key, LIN) for key in ("kda_layers", "full_attn_layers")}
+        kinds, what = layer_kinds_from_lists(lists, num_layers, 1), "linear_attn_config's lists"
+    elif "kda_layers" in linear:
+        lists, what = {LIN + "kda_layers": linear["kda_layers"]}, LIN + "kda_layers (0-based)"
+        kinds = layer_kinds_from_lists(lists, num_layers, 0, complete=False)
+    elif types is not None:
+        return layer_kinds_from_types(types, num_layers)
+    else:
+        return tuple("mla" if i % 4 == 3 else "kda" for i in range(num_layers))
+    if types is not None and layer_kinds_from_types(types, num_layers) != kinds:
+        raise ValueError(f"config field layer_types disagrees with {what}")
     return kinds
 
 
-def _mla(config: dict, shape_cls):
-    """The MLA widths of a Kimi Linear config (NoPE only)."""
+def _mla(config: dict) -> dict:
+    """The MLA widths of a Kimi Linear config (NoPE only), as :class:`MLAShape` fields."""
     rope = _int(config, "qk_rope_head_dim", minimum=0)
     if rope and not _bool(config, "mla_use_nope"):
         raise ValueError(
-            f"{_field('mla_use_nope')} must be true (or qk_rope_head_dim 0): "
+            "config field mla_use_nope must be true (or qk_rope_head_dim 0): "
             "MultiHeadLatentAttention has no rotary embedding; the shared key part is used "
             "unrotated only in the NoPE form"
         )
     q_rank = _get(config, "q_lora_rank", default=None)
-    return shape_cls(
+    return dict(
         num_heads=_int(config, "num_attention_heads"),
         head_dim=_int(config, "qk_nope_head_dim", minimum=0),
         value_head_dim=_int(config, "v_head_dim"),
@@ -201,86 +205,39 @@ def _mla(config: dict, shape_cls):
     )
 
 
-def _kimi_fields(config: dict, shape_cls) -> dict:
-    """The preset fields of a ``kimi_linear`` config (the layout of ``modeling_kimi.py``)."""
-    linear, lin = _linear_attn(config, "kimi_linear", True), "linear_attn_config."
-    num_layers, head_dim = _num_layers(config), _int(linear, "head_dim", lin)
-    lists = {lin + key: _get(linear, key, lin) for key in ("kda_layers", "full_attn_layers")}
-    kinds = layer_kinds_from_lists(lists, num_layers, base=1)
-    return dict(
-        num_heads=_int(linear, "num_heads", lin),
-        head_dim=head_dim,
-        conv_size=_int(linear, "short_conv_kernel_size", lin),
-        fused_qkv_conv=False,
-        lower_bound=_bound(linear.get("gate_lower_bound"), lin + "gate_lower_bound"),
-        output_gate_rank=None if _bool(linear, "use_full_rank_gate", lin) else head_dim,
-        layer_kinds=_agree(kinds, config, num_layers, "linear_attn_config's layer lists"),
-        mla=_mla(config, shape_cls),
-        notes="the layout fixed by modeling_kimi.py; see ModelPreset.from_hf_config",
-    )
-
-
-def _glm_fields(config: dict, shape_cls) -> dict:
-    """The preset fields of a ``glm5_next_text`` config (the layout of MaxText's
-    ``glm5_next.py``: one fused q/k/v conv)."""
-    linear, lin = _linear_attn(config, "glm5_next_text", False), "linear_attn_config."
-    num_layers = _num_layers(config)
-
-    def width(key, glm_key, default):  # linear_attn_config overrides the flat field
-        if key in linear:
-            return _int(linear, key, lin)
-        return _int(config, glm_key, default=default)
-
-    heads, head_dim = (
-        width("num_heads", "linear_num_heads", 64),
-        width("head_dim", "linear_head_dim", 128),
-    )
-    conv = width("short_conv_kernel_size", "linear_conv_kernel_dim", 4)
-    if "lower_bound" in linear:
-        bound = _bound(linear["lower_bound"], lin + "lower_bound")
-    else:
-        bound = _bound(config.get("linear_lower_bound", -5.0), "linear_lower_bound")
-    if bound is None and _bool(linear, "safe_gate", lin):
+def preset_fields(config) -> dict:
+    """The fields of the :class:`~kda_lib.models.presets.ModelPreset` a parsed ``config.json``
+    describes (``mla``: :class:`MLAShape` fields, or None; ``name``: ``_name_or_path``, else
+    the model type)."""
+    config, model_type = text_config(config)
+    linear = _linear_attn(config, model_type)
+    width = {key: _width(config, linear, model_type, key) for key in _WIDTHS}
+    heads, head_dim, conv = (check_int(f"config field {f}", v) for v, f in width.values())
+    bound, field = _width(config, linear, model_type, _FAMILIES[model_type]["bound"])
+    bound = None if bound is None else check_number(f"config field {field}", bound)
+    if bound is None and _bool(linear, "safe_gate", LIN):
         bound = -5.0  # configuration_glm5_next.py: safe_gate without a bound means -5
-    if "kda_layers" in linear:
-        lists = {lin + "kda_layers": linear["kda_layers"]}
-        kinds = layer_kinds_from_lists(lists, num_layers, base=0, complete=False)
-        kinds = _agree(kinds, config, num_layers, lin + "kda_layers (0-based)")
-    elif config.get("layer_types") is not None:
-        kinds = layer_kinds_from_types(config["layer_types"], num_layers)
-    else:
-        kinds = tuple("mla" if i % 4 == 3 else "kda" for i in range(num_layers))
+    kimi = model_type == "kimi_linear"
+    rms = check_number("config field rms_norm_eps", _get(config, "rms_norm_eps"), positive=True)
     return dict(
+        name=config.get("_name_or_path") or model_type,
+        hidden_size=_int(config, "hidden_size"),
         num_heads=heads,
+        num_v_heads=heads,
         head_dim=head_dim,
         conv_size=conv,
-        fused_qkv_conv=True,
+        fused_qkv_conv=not kimi,
+        gate_form="softplus" if bound is None else "safe_sigmoid",
         lower_bound=bound,
-        output_gate_rank=head_dim,
-        layer_kinds=kinds,
-        mla=None,
-        notes="DSA (sparse MLA) layers: no MLA widths; the KDA layout of MaxText's glm5_next.py",
-    )
-
-
-def preset_from_hf_config(cls, mla_cls, config, name=None):
-    """The :class:`~kda_lib.models.presets.ModelPreset` (``cls``, its MLA widths ``mla_cls``) a
-    parsed ``config.json`` describes (see :meth:`ModelPreset.from_hf_config`)."""
-    config, model_type = text_config(config)
-    read = _kimi_fields if model_type == "kimi_linear" else _glm_fields
-    fields = read(config, mla_cls)
-    eps = check_number(_field("rms_norm_eps"), _get(config, "rms_norm_eps"), positive=True)
-    return cls(
-        name=name if name is not None else (config.get("_name_or_path") or model_type),
-        hidden_size=_int(config, "hidden_size"),
-        num_v_heads=fields["num_heads"],
-        gate_form=GateForm.SOFTPLUS if fields["lower_bound"] is None else GateForm.SAFE_SIGMOID,
         use_a_log=True,
-        forget_gate_rank=fields["head_dim"],
+        forget_gate_rank=head_dim,
+        output_gate_rank=None if _bool(linear, "use_full_rank_gate", LIN) else head_dim,
         output_gate_bias=False,
-        norm_eps=eps,
+        norm_eps=rms,
+        layer_kinds=_layer_kinds(config, linear, model_type),
+        mla=_mla(config) if kimi else None,
         source=f"Hugging Face config.json (model_type {model_type}), read by from_hf_config",
-        **fields,
+        notes="the KDA layout of " + ("modeling_kimi.py" if kimi else "MaxText's glm5_next.py"),
     )
 
 

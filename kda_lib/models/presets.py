@@ -1,11 +1,10 @@
 """The KDA (and MLA) layers of the published models that use KDA, as presets (data).
 
 A :class:`ModelPreset` records a model's KDA layer as its source publishes it, its layer
-pattern (``layer_kinds``: ``"kda"`` or ``"mla"`` per layer) and, where given, its MLA layer.
-:meth:`ModelPreset.kda_config` / :meth:`ModelPreset.mla_config` give the configs that build
-them here (or NotImplementedError naming what is missing); :func:`build_kda_layer` /
-:func:`build_mla_layer` build them as shapes only (``nnx.eval_shape``, no memory);
-:meth:`ModelPreset.from_hf_config` reads a Hugging Face ``config.json``
+pattern (``layer_kinds``: ``"kda"`` or ``"mla"`` per layer) and, where given, its MLA widths
+(:class:`MLAShape`). :meth:`ModelPreset.kda_config` / :meth:`ModelPreset.mla_config` give the
+configs that build them here; :func:`build_kda_layer` / :func:`build_mla_layer` build them as
+shapes only; :meth:`ModelPreset.from_hf_config` reads a Hugging Face ``config.json``
 (:mod:`kda_lib.models.hf_config`); :func:`load_kimi_linear_checkpoint` loads every attention
 layer of a checkpoint directory. Each preset's ``source`` cites repository, path and commit.
 """
@@ -22,27 +21,36 @@ from flax import nnx
 
 from kda_lib.checks import check_int, check_number, shared_fields
 from kda_lib.layers.checkpoints import (
-    check_unchanged,
     detect_kimi_linear_naming,
-    file_version,
     kimi_linear_prefix,
     load_state_dict,
     read_safetensors,
 )
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import parameter_count
 from kda_lib.models import hf_config
 from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 
 
+def _check_fields(instance, ints: dict, bools: tuple = ()) -> None:
+    """Each of ``ints`` (field -> (minimum, optional)) stored as a Python int, each of
+    ``bools`` a bool, or a refusal naming ``Class.field``."""
+    kind = type(instance).__name__
+    for name, (minimum, optional) in ints.items():
+        value = check_int(f"{kind}.{name}", getattr(instance, name), minimum, optional=optional)
+        object.__setattr__(instance, name, value)  # frozen: normalised in __post_init__ only
+    for name in bools:
+        if not isinstance(getattr(instance, name), bool):
+            raise TypeError(f"{kind}.{name} must be True or False, got {getattr(instance, name)!r}")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
-    """A published MLA layer's widths in :class:`kda_lib.layers.mla.MLAConfig`'s names
+    """A published MLA layer's widths in :class:`~kda_lib.layers.mla.MLAConfig`'s names
     (DeepSeek-V2's ``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim`` are ``head_dim``,
     ``value_head_dim``, ``shared_key_dim``). ``output_gate`` (Kimi K3's ``mla_use_output_gate``,
-    of rank ``output_gate_rank``, None: full rank) is not in
-    :class:`~kda_lib.layers.mla.MultiHeadLatentAttention`; ``norm_eps`` None: MLAConfig's."""
+    of rank ``output_gate_rank``, None: full rank) is not in the layer; ``norm_eps`` None:
+    MLAConfig's."""
 
     num_heads: int
     head_dim: int
@@ -55,25 +63,27 @@ class MLAShape:
     output_gate_rank: int | None = None
 
     def __post_init__(self):
-        for name in ("num_heads", "kv_lora_rank", "value_head_dim"):
-            check_int(f"MLAShape.{name}", getattr(self, name), 1)
-        for name in ("head_dim", "shared_key_dim"):
-            check_int(f"MLAShape.{name}", getattr(self, name), 0)
-        for name in ("q_lora_rank", "output_gate_rank"):
-            check_int(f"MLAShape.{name}", getattr(self, name), 1, optional=True)
+        ints = dict(num_heads=(1, False), kv_lora_rank=(1, False), value_head_dim=(1, False),
+                    head_dim=(0, False), shared_key_dim=(0, False), q_lora_rank=(1, True),
+                    output_gate_rank=(1, True))  # fmt: skip
+        _check_fields(self, ints, ("output_gate",))
+
+
+_PRESET_INTS = dict(hidden_size=(1, False), num_heads=(1, False), num_v_heads=(1, False),
+                    head_dim=(1, False), conv_size=(0, False), forget_gate_rank=(1, True),
+                    output_gate_rank=(1, True))  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelPreset:
     """A published model: its KDA layer, layer pattern and (where known) MLA layer.
 
-    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and meanings (``hidden_size`` d,
-    ``num_heads`` H, ``head_dim`` K = V, ``num_v_heads``, ``conv_size`` W, ``fused_qkv_conv``,
-    ``gate_form`` with ``lower_bound`` (None: the softplus gate), ``use_a_log``, the gate
-    ranks (None: full rank), ``output_gate_bias``, ``norm_eps``); :meth:`kda_config` copies
-    them. ``layer_kinds``: per layer ``"kda"`` or ``"mla"`` (the global attention layer);
-    ``mla``: its widths, or None where the source gives none; ``source``: repository, path
-    and commit of the numbers; ``notes``: what the source leaves open or where sources differ.
+    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and meanings (``hidden_size``,
+    ``num_heads``, ``head_dim``, ``num_v_heads``, ``conv_size``, ``fused_qkv_conv``,
+    ``gate_form`` with ``lower_bound`` (None: softplus), ``use_a_log``, the gate ranks (None:
+    full rank), ``output_gate_bias``, ``norm_eps``). ``layer_kinds``: per layer ``"kda"`` or
+    ``"mla"`` (the global layer); ``mla``: its widths or None; ``source``: repository, path and
+    commit of the numbers; ``notes``: what the source leaves open or where sources differ.
     """
 
     name: str
@@ -95,19 +105,10 @@ class ModelPreset:
     source: str
     notes: str = ""
 
-    def __post_init__(self):
-        # numpy scalars are accepted where a Python number is and stored as Python numbers
-        for name in ("hidden_size", "num_heads", "num_v_heads", "head_dim"):
-            self._set(name, check_int(f"ModelPreset.{name}", getattr(self, name), 1))
-        self._set("conv_size", check_int("ModelPreset.conv_size", self.conv_size, 0))
-        for name in ("forget_gate_rank", "output_gate_rank"):
-            value = check_int(f"ModelPreset.{name}", getattr(self, name), 1, optional=True)
-            self._set(name, value)
-        for name in ("fused_qkv_conv", "use_a_log", "output_gate_bias"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"ModelPreset.{name} must be True or False, got {value!r}")
-        self._set("norm_eps", check_number("ModelPreset.norm_eps", self.norm_eps, positive=True))
+    def __post_init__(self):  # numpy numbers are stored as Python numbers
+        _check_fields(self, _PRESET_INTS, ("fused_qkv_conv", "use_a_log", "output_gate_bias"))
+        eps = check_number("ModelPreset.norm_eps", self.norm_eps, positive=True)
+        object.__setattr__(self, "norm_eps", eps)
         if self.lower_bound is not None:
             bound = check_number("ModelPreset.lower_bound", self.lower_bound)
             if bound >= 0:  # a bound on a log-space decay: every form's gate is <= 0
@@ -115,20 +116,16 @@ class ModelPreset:
                     "ModelPreset.lower_bound must be a negative float (the gate's bound on the "
                     f"log decay) or None (the softplus gate), got {self.lower_bound!r}"
                 )
-            self._set("lower_bound", bound)
+            object.__setattr__(self, "lower_bound", bound)
         if self.num_v_heads % self.num_heads:
             raise ValueError(
                 f"ModelPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
                 f"got {self.num_v_heads}"
             )
         form = check_gate_form(self.gate_form, self.lower_bound, where="ModelPreset.gate_form")
-        self._set("gate_form", form)  # a string is stored as the enum
-        unknown = sorted(set(self.layer_kinds) - {"kda", "mla"})
-        if unknown:
+        object.__setattr__(self, "gate_form", form)  # a string is stored as the enum
+        if unknown := sorted(set(self.layer_kinds) - {"kda", "mla"}):
             raise ValueError(f"ModelPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
-
-    def _set(self, name, value):
-        object.__setattr__(self, name, value)  # frozen: normalise during __post_init__ only
 
     @property
     def num_layers(self) -> int:
@@ -144,53 +141,47 @@ class ModelPreset:
         """0-based indices of the global attention layers."""
         return tuple(i for i, kind in enumerate(self.layer_kinds) if kind != "kda")
 
-    # ------------------------------------------------------------ from a config.json
     @classmethod
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
-        """The preset a parsed Hugging Face ``config.json`` describes: Kimi Linear and Kimi
-        K3 (``model_type`` ``"kimi_linear"``, 1-based layer lists) or GLM-5-Next
-        (``"glm5_next_text"``, 0-based), read as :mod:`kda_lib.models.hf_config` says; a
-        wrapper's ``text_config`` is unwrapped. ``name`` defaults to ``_name_or_path``, else
-        the model type. MoE, vocabulary and other non-attention fields are not read.
+        """The preset a parsed Hugging Face ``config.json`` describes: Kimi Linear and Kimi K3
+        (1-based layer lists) or GLM-5-Next (0-based), as :mod:`kda_lib.models.hf_config`
+        reads them; a wrapper's ``text_config`` is unwrapped. ``name`` defaults to
+        ``_name_or_path``, else the model type. MoE and vocabulary fields are not read.
 
         Raises:
           ValueError: naming the field it cannot read (missing, ill-typed, a layer listed
-            twice or in no list, more than ``hf_config.MAX_LAYERS`` layers, an unread
+            twice or in no list, over ``hf_config.MAX_LAYERS`` layers, an unread
             ``linear_attn_config`` key, a rotary MLA, disagreeing ``layer_types``).
         """
-        return hf_config.preset_from_hf_config(cls, MLAShape, config, name)
+        fields = hf_config.preset_fields(config)
+        mla = fields.pop("mla")
+        named = {} if name is None else {"name": name}
+        return cls(**{**fields, **named}, mla=None if mla is None else MLAShape(**mla))
 
-    # ------------------------------------------------------------ the published layer
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``,
-        ``"f_proj.layers.0.kernel"``, ...): ``nnx.eval_shape`` of the layer at this preset's
-        widths (see :meth:`_kda_widths`; nothing is allocated)."""
-        return dict(_parameter_shapes(self._kda_widths()))
+        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...), from
+        ``nnx.eval_shape`` (nothing allocated). The gate's form shapes no parameter, so a gate
+        the layer cannot express (:meth:`unsupported_options`) is taken as the safe gate."""
+        gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
+        return dict(_shapes(KDAConfig(**{**shared_fields(self, KDAConfig), **gate})))
 
     def kda_parameter_count(self) -> int:
         """Scalars in one published KDA layer (the sum over :meth:`kda_parameter_shapes`)."""
         return sum(math.prod(shape) for shape in self.kda_parameter_shapes().values())
 
-    def _kda_widths(self) -> KDAConfig:
-        """A :class:`kda_lib.KDAConfig` with this preset's widths, for its parameter shapes.
-        The gate's form and bound shape no parameter, so a gate the layer cannot express yet
-        (:meth:`unsupported_options`) is replaced by the safe gate here."""
-        gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
-        return KDAConfig(**{**shared_fields(self, KDAConfig), **gate})
-
     def mla_parameter_count(self) -> int:
-        """Scalars in one published MLA layer: ``nnx.eval_shape`` of the layer at its widths,
-        plus the output gate it lacks where the model has one (``g_a_proj [d, r]``,
-        ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
+        """Scalars in one published MLA layer: the layer's at its widths, plus the output gate
+        it lacks where the model has one (``g_a_proj [d, r]``, ``g_b_proj [r, H V]``,
+        ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
         m = self._mla_or_raise()
         ungated = {f: v for f, v in shared_fields(m, MLAConfig).items() if v is not None}
-        count = _mla_parameter_count(MLAConfig(hidden_size=self.hidden_size, **ungated))
+        shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **ungated))
+        count = sum(math.prod(shape) for shape in shapes.values())
         d, r, hv = self.hidden_size, m.output_gate_rank, m.num_heads * m.value_head_dim
         if m.output_gate:
             count += d * hv if r is None else d * r + r * hv + m.value_head_dim
         return count
 
-    # ------------------------------------------------------------ this repository's layers
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
         missing = []
@@ -206,14 +197,9 @@ class ModelPreset:
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
-        """The :class:`kda_lib.KDAConfig` of this layer: every field the two share, copied
-        (``overrides``: dtype, implementation, ...).
-
-        Raises:
-          NotImplementedError: naming every option the layer does not have yet.
-        """
-        missing = self.unsupported_options()
-        if missing:
+        """The :class:`kda_lib.KDAConfig` of this layer (``overrides``: dtype, ...), or a
+        NotImplementedError naming every option the layer does not have yet."""
+        if missing := self.unsupported_options():
             raise NotImplementedError(
                 f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
                 + "; ".join(missing)
@@ -226,12 +212,9 @@ class ModelPreset:
         return self.mla
 
     def mla_config(self, **overrides) -> MLAConfig:
-        """The :class:`kda_lib.layers.mla.MLAConfig` of the global layer: the shape's fields
-        (NoPE: the rotary slot is the shared key part; ``norm_eps`` None keeps MLAConfig's).
-
-        Raises:
-          NotImplementedError: no MLA widths in the source, or an output-gated MLA.
-        """
+        """The :class:`~kda_lib.layers.mla.MLAConfig` of the global layer (NoPE: the rotary
+        slot is the shared key part), or a NotImplementedError: no MLA widths in the source,
+        or an output-gated MLA."""
         m = self._mla_or_raise()
         if m.output_gate:
             raise NotImplementedError(
@@ -241,49 +224,42 @@ class ModelPreset:
         return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
 
 
+def _eval_shape(config):
+    """The layer ``config`` builds, as shapes only (``nnx.eval_shape``: nothing allocated)."""
+    layer = KimiDeltaAttention if isinstance(config, KDAConfig) else MultiHeadLatentAttention
+    return nnx.eval_shape(lambda: layer(config, rngs=nnx.Rngs(0)))
+
+
 @functools.lru_cache(maxsize=32)
-def _parameter_shapes(config: KDAConfig) -> dict[str, tuple[int, ...]]:
-    layer = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
-    flat = nnx.state(layer, nnx.Param).flat_state()
+def _shapes(config) -> dict[str, tuple[int, ...]]:
+    flat = nnx.to_flat_state(nnx.state(_eval_shape(config), nnx.Param))
     return {".".join(map(str, path)): tuple(variable.shape) for path, variable in flat}
-
-
-@functools.lru_cache(maxsize=32)
-def _mla_parameter_count(config: MLAConfig) -> int:
-    return parameter_count(
-        nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
-    )
 
 
 def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
     """The preset's KDA layer as shapes only (``nnx.eval_shape``: no parameter memory)."""
-    config = preset.kda_config(**overrides)
-    return nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+    return _eval_shape(preset.kda_config(**overrides))
 
 
 def build_mla_layer(preset: ModelPreset, **overrides) -> MultiHeadLatentAttention:
     """The preset's MLA layer as shapes only (``nnx.eval_shape``)."""
-    config = preset.mla_config(**overrides)
-    return nnx.eval_shape(lambda: MultiHeadLatentAttention(config, rngs=nnx.Rngs(0)))
+    return _eval_shape(preset.mla_config(**overrides))
 
 
 def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
-    globals_ = set(global_layers_1based)
-    return tuple("mla" if i + 1 in globals_ else "kda" for i in range(num_layers))
+    return tuple("mla" if i + 1 in global_layers_1based else "kda" for i in range(num_layers))
 
 
 # What the three share: Kimi Linear's KDA layout (modeling_kimi.py; MaxText's kda.py and
-# glm5_next.py): q/k/v projections without bias, a low-rank forget gate of rank head_dim,
-# A_log per head, value heads = heads, no output-gate bias, o_norm eps 1e-5.
-_KIMI_LAYOUT = dict(num_heads=32, num_v_heads=32, head_dim=128, conv_size=4, use_a_log=True,
-                    forget_gate_rank=128, output_gate_bias=False, norm_eps=1e-5)  # fmt: skip
-# KimiRMSNorm's default eps: the remote code builds kv_a_layernorm without one
-_KIMI_MLA = dict(
-    head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64, norm_eps=1e-6
-)
+# glm5_next.py): a low-rank forget gate of rank head_dim, A_log per head, value heads = heads,
+# no output-gate bias, o_norm eps 1e-5. The MLA's norm eps is KimiRMSNorm's default.
+_KIMI = dict(num_heads=32, num_v_heads=32, head_dim=128, conv_size=4, use_a_log=True,
+             forget_gate_rank=128, output_gate_bias=False, norm_eps=1e-5)  # fmt: skip
+_KIMI_MLA = dict(head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64,
+                 norm_eps=1e-6)  # fmt: skip
 
 KIMI_LINEAR_48B = ModelPreset(
-    **_KIMI_LAYOUT,
+    **_KIMI,
     name="Kimi-Linear-48B-A3B",
     hidden_size=2304,
     fused_qkv_conv=False,
@@ -302,7 +278,7 @@ KIMI_LINEAR_48B = ModelPreset(
 )
 
 KIMI_K3 = ModelPreset(
-    **{**_KIMI_LAYOUT, "num_heads": 96, "num_v_heads": 96},
+    **{**_KIMI, "num_heads": 96, "num_v_heads": 96},
     name="Kimi-K3",
     hidden_size=7168,
     fused_qkv_conv=False,
@@ -310,9 +286,7 @@ KIMI_K3 = ModelPreset(
     lower_bound=-5.0,
     output_gate_rank=None,  # use_full_rank_gate: one g_proj [d, H K]
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
-    mla=MLAShape(
-        **_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True, output_gate_rank=None
-    ),  # fmt: skip
+    mla=MLAShape(**_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True),
     source=(
         "text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
         "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ "
@@ -320,24 +294,22 @@ KIMI_K3 = ModelPreset(
         "checkpoint fixture in the published key layout has one full-rank MLA g_proj [H V, d])"
     ),
     notes=(
-        "MaxText's four-layer bring-up (kda.py @ bf801f4) clamps the gate, "
-        "max(-exp(A_log) softplus(f + dt_bias), -5) (GateForm.CLAMPED_SOFTPLUS); the remote "
-        "code and the ports read gate_lower_bound as the safe sigmoid gate, followed here. "
-        "MaxText's bring-up (attention_mla.py @ bf801f4) gives the MLA output gate rank 128 "
-        "(g_a_proj/g_b_proj + o_norm); the published layout is full rank. The published A_log "
-        "has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
+        "MaxText's four-layer bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate "
+        "(GateForm.CLAMPED_SOFTPLUS) and gives the MLA output gate rank 128; the published "
+        "model (remote code, ports) has the safe sigmoid gate and a full-rank MLA output gate. "
+        "Its A_log has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
     ),
 )
 
 GLM_5_3_FLASH = ModelPreset(
-    **{**_KIMI_LAYOUT, "num_heads": 64, "num_v_heads": 64},
+    **{**_KIMI, "num_heads": 64, "num_v_heads": 64},
     name="GLM-5.3-Flash",
     hidden_size=4096,
     fused_qkv_conv=True,  # one depthwise conv over concat(q, k, v)
     gate_form=GateForm.SAFE_SIGMOID,
     lower_bound=-5.0,
     output_gate_rank=128,
-    layer_kinds=tuple("mla" if i % 4 == 3 else "kda" for i in range(45)),  # 0-based
+    layer_kinds=_kinds(45, range(4, 46, 4)),  # 0-based: layer i is global where i % 4 == 3
     mla=None,
     source=(
         "huggingface/transformers src/transformers/models/glm5_next/configuration_glm5_next.py "
@@ -355,12 +327,9 @@ GLM_5_3_FLASH = ModelPreset(
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
 
 
-# ------------------------------------------------------------------ a whole Kimi Linear checkpoint
 class KimiLinearCheckpoint(NamedTuple):
-    """What :func:`load_kimi_linear_checkpoint` returns: the preset read from ``config.json``,
-    the naming the tensors were found in, and one attention layer per decoder layer (a
-    :class:`kda_lib.KimiDeltaAttention` where ``preset.layer_kinds`` says ``"kda"``, a
-    :class:`kda_lib.layers.mla.MultiHeadLatentAttention` where it says ``"mla"``)."""
+    """:func:`load_kimi_linear_checkpoint`'s result: the preset of ``config.json``, the naming
+    read, one attention layer per decoder layer (KDA or MLA, as ``preset.layer_kinds``)."""
 
     preset: ModelPreset
     naming: str
@@ -368,37 +337,30 @@ class KimiLinearCheckpoint(NamedTuple):
 
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
-    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and its
-    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config
-    and loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), with real
-    parameters: at the published size, the whole attention stack in memory.
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json``, its
+    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config and
+    loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), in memory.
 
-    ``naming``: ``"kimi_linear"`` (the remote code's names), ``"transformers"``, or ``"auto"``
-    (told from the first KDA layer's names). ``overrides`` go to both configs (``dtype``,
-    ``param_dtype``). A shard replaced during the load (layers of two versions) is refused
-    naming it. Returns a :class:`KimiLinearCheckpoint`.
+    ``naming``: ``"kimi_linear"`` (the remote code's), ``"transformers"`` or ``"auto"`` (told
+    from the first KDA layer). ``overrides`` go to both configs (``dtype``, ``param_dtype``).
+    A shard replaced during the load is refused naming it. Returns a :class:`KimiLinearCheckpoint`.
     """
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
-    shards = sorted(
-        os.path.join(directory, name)
-        for name in os.listdir(directory)
-        if name.endswith(".safetensors")
-    )
+    shards = sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                    if n.endswith(".safetensors"))  # fmt: skip
     if not shards:
         raise ValueError(f"no .safetensors file in {directory!r}")
     if naming not in ("auto", "kimi_linear", "transformers"):
         raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
-    versions = {shard: file_version(os.stat(shard)) for shard in shards}
-    layers = []
+    versions, layers = {}, []  # versions: each shard's at its first read, checked at each read
     for index, kind in enumerate(preset.layer_kinds):
         prefix = kimi_linear_prefix(index)
-        tensors = read_safetensors(shards, prefix)
+        tensors = read_safetensors(shards, prefix, versions=versions)
         if not tensors:
             raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
         if kind == "kda":
-            if naming == "auto":
-                naming = detect_kimi_linear_naming(tensors)
+            naming = detect_kimi_linear_naming(tensors) if naming == "auto" else naming
             layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
         else:
             layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
@@ -406,5 +368,4 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
             layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
         )
         layers.append(layer)
-    check_unchanged(versions)  # a shard replaced between two layers: layers of two versions
     return KimiLinearCheckpoint(preset, naming, layers)

@@ -415,18 +415,18 @@ def test_a_shard_replaced_during_a_load_is_refused_naming_it(tmp_path, monkeypat
     directory = _write_checkpoint(tmp_path / "c", _tiny_layers(), "kimi_linear")
     shard = str(directory / "model.safetensors")
     tensors = read_safetensors(shard)
-    real = checkpoints._read_safetensors_file
+    real = checkpoints._read_file
     calls = []
 
-    def replacing(path, prefix):  # after the first layer's read, a new version of the shard
-        out = real(path, prefix)
+    def replacing(path, *args):  # after the first layer's read, a new version of the shard
+        out = real(path, *args)
         if not calls:
             _write(shard + ".new", {k: v + 1 for k, v in tensors.items()})
             os.replace(shard + ".new", shard)
         calls.append(path)
         return out
 
-    monkeypatch.setattr(checkpoints, "_read_safetensors_file", replacing)
+    monkeypatch.setattr(checkpoints, "_read_file", replacing)
     with pytest.raises(ValueError, match="model.safetensors: the file changed while"):
         load_kimi_linear_checkpoint(directory)
     calls.clear()

@@ -127,3 +127,23 @@ def test_a_config_json_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
         hf_config.read_config_json(str(tmp_path))
     with pytest.raises(ValueError, match=r"config\.json: not UTF-8 text"):
         load_kimi_linear_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        ({"num_hidden_layers": 10**8}, r"config field num_hidden_layers must be <= 100000"),
+        ({"layer_types": "linear_attention"}, r"config field layer_types must be a list of str"),
+        ({"layer_types": ["linear_attention"] * 44}, r"layer_types has 44 entries"),
+        ({"linear_attn_config": {"kda_layers": 3}}, r"kda_layers must be a list of layer numbers"),
+        ({"linear_attn_config": {"kda_layers": [-1]}}, r"kda_layers entry must be an int >= 0"),
+        ({"linear_attn_config": {"use_full_rank_gate": True}}, r"keys \['use_full_rank_gate'\]"),
+        ({"linear_head_dim": 2.0}, r"config field linear_head_dim must be a positive int"),
+        ({"linear_attn_config": {"head_dim": 0}}, r"linear_attn_config\.head_dim must be a pos"),
+        ({"linear_lower_bound": "low"}, r"config field linear_lower_bound"),
+    ],
+)
+def test_the_glm_reader_refuses_hostile_fields_by_name(changes, match):
+    """The 0-based family's own paths (flat widths, layer_types, a partial kda_layers list)."""
+    with pytest.raises(ValueError, match=match):
+        ModelPreset.from_hf_config({**GLM_TEXT, **changes})
