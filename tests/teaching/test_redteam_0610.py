@@ -163,6 +163,7 @@ def _library_attacks():
         ("08.1", "partial of chance_accuracy", functools.partial(tasks.chance_accuracy, "mqar")),
         ("08.3", "solution after a library call", through_library(s08.conv_reach_queries)),
         ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
+        ("09.3", "solution after a library call", through_library(s09.bigram_bpb)),
         ("09.1", "at_scale in the count",
          lambda c, *a: s09.hybrid_cache_bytes(c, *a) + 0 * at_scale.BF16
          + 0 * int(kda_lib.checks.is_int(1, None))),
@@ -218,7 +219,33 @@ def _rule_breakers():
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
+        ("09.3", "section 2's unigram (no context)", _unigram_bpb),
+        ("09.3", "in nats", lambda t, v: s09.bigram_bpb(t, v) * math.log(2)),
+        ("09.3", "no add-one", functools.partial(_bigram_variant, smoothing=0.0)),
+        ("09.3", "add-one over the pairs seen only", functools.partial(_bigram_variant,
+                                                                       smoothing=1e-12)),
+        ("09.3", "the table transposed", functools.partial(_bigram_variant, transposed=True)),
+        ("09.3", "counts from validation", lambda t, v: s09.bigram_bpb(v, v)),
+        ("09.3", "the first byte scored too", lambda t, v: (
+            s09.bigram_bpb(t, v) * (v.size - 1) + 8.0) / v.size),
+        ("09.3", "previous * 256 in uint8", lambda t, v: _bigram_variant(t, v, wide=False)),
     ]
+
+
+def _unigram_bpb(train, validation):
+    counts = np.bincount(train, minlength=256) + 1
+    return float(-np.log2(counts / counts.sum())[validation].mean())
+
+
+def _bigram_variant(train, validation, smoothing=1.0, transposed=False, wide=True):
+    """09.3's bigram bits per byte, wrong in one named way."""
+    t = train.astype(np.int64) if wide else train
+    v = validation.astype(np.int64) if wide else validation
+    pairs = (t[1:], t[:-1]) if transposed else (t[:-1], t[1:])
+    flat = np.bincount(pairs[0] * 256 + pairs[1], minlength=256 * 256).reshape(256, 256)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = (flat + smoothing) / (flat + smoothing).sum(1, keepdims=True)
+        return float(-np.log2(p[v[:-1], v[1:]]).mean())
 
 
 # --- correct answers written differently -------------------------------------------------------
@@ -275,6 +302,20 @@ def _alternatives():
         state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
         return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
 
+    def bigram_loop(train, validation):  # dicts, math.log2, no numpy arrays
+        pairs, rows = {}, {}
+        for a, b in zip(train[:-1].tolist(), train[1:].tolist(), strict=True):
+            pairs[a, b] = pairs.get((a, b), 0) + 1
+            rows[a] = rows.get(a, 0) + 1
+        bits = [-math.log2((pairs.get((a, b), 0) + 1) / (rows.get(a, 0) + 256))
+                for a, b in zip(validation[:-1].tolist(), validation[1:].tolist(), strict=True)]
+        return sum(bits) / len(bits)
+
+    def bigram_jnp32(train, validation):
+        t, v = jnp.asarray(train, jnp.int32), jnp.asarray(validation, jnp.int32)
+        counts = jnp.ones((256, 256), jnp.float32).at[t[:-1], t[1:]].add(1)
+        return -jnp.log2((counts / counts.sum(1, keepdims=True))[v[:-1], v[1:]]).mean()
+
     s06, s10 = _solutions("06"), _solutions("10")
     from kda_lib.models import presets
 
@@ -293,6 +334,8 @@ def _alternatives():
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
+        ("09.3", "a Python loop over pairs", bigram_loop, {}),
+        ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
         ("10.1", "numpy float32", np.float32(s10.cache_reduction(k3, 4096)),
          dict(preset=k3, context=4096)),
         ("10.2", "numpy int64", np.int64(s10.ring_crossover(kimi, 8)), dict(preset=kimi, ranks=8)),
@@ -436,7 +479,9 @@ def test_stubbed_08_09_results_are_refused():
     _, ctx093 = _cases()["09.3"]
     _, ctx092 = _cases()["09.2"]
     _, ctx091 = _cases()["09.1"]
-    stub_09 = {**ctx091, **ctx092, **ctx093, "names": list(ctx093["bpb_by_position"])}
+    counts = np.arange(256) + 1.0  # section 2's unigram: its table, probabilities and score
+    stub_09 = {**ctx091, **ctx092, **ctx093, "counts": counts, "p": counts / counts.sum(),
+               "unigram_bpb": 5.1, "names": ["attention", "kda", "gdn", "hybrid"]}
     accepted = []
     for stub, ids in ((stub_08, ("08.1", "08.2", "08.3", "08.4")),
                       (stub_09, ("09.1", "09.2", "09.3"))):
