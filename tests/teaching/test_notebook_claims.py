@@ -1307,3 +1307,28 @@ def test_nb10_decode_scaling_model():
         for r in (1, 8)
     }
     assert (round(ratio[1], 2), round(ratio[8], 2)) == (2.63, 3.61)
+
+
+def test_nb10_context_parallel_as_the_notes_state_it():
+    """docs/NOTEBOOK_NOTES.md, notebook 10, context parallelism: at T = 2^20 and 8 ranks the
+    summaries + halo are 28.1 MiB per rank, ring attention over MLA latents 1,008 MiB (36x),
+    over MHA 14,336 MiB (511x); R* = 288 (Kimi Linear), 96 (Kimi K3); the summary pass 11% (3%)
+    of a layer's flops at every R; the fold 0.01% at 8 ranks and 159% at 1,024."""
+    import numpy as np
+
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+
+    t, kimi, k3 = 2**20, presets.KIMI_LINEAR_48B, presets.KIMI_K3
+    flat = at_scale.cp_summary_bytes(kimi, 8) + at_scale.cp_halo_bytes(kimi)
+    mla = at_scale.ring_attention_bytes(at_scale.mla_cache_numbers(kimi), t, 8)
+    mha = at_scale.ring_attention_bytes(at_scale.attention_cache_numbers(32, 128), t, 8)
+    assert (round(flat / 2**20, 1), mla / 2**20, mha / 2**20) == (28.1, 1008, 14336)
+    assert (round(mla / flat), round(mha / flat)) == (36, 511)
+    assert (at_scale.cp_ring_crossover(kimi, t), at_scale.cp_ring_crossover(k3, t)) == (288, 96)
+    for preset, share in ((kimi, 0.11), (k3, 0.03)):
+        work = [at_scale.cp_compute_per_rank(preset, t, r) for r in (2, 8, 1024)]
+        summary = [w["summary"] / w["layer"] for w in work]
+        assert np.allclose(summary, summary[0]) and round(summary[0], 2) == share
+    fold = [at_scale.cp_compute_per_rank(kimi, t, r) for r in (8, 1024)]
+    assert [round(100 * w["fold"] / w["layer"], 2) for w in fold] == [0.01, 158.96]
