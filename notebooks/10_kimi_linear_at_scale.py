@@ -17,14 +17,12 @@
 # # 10 · Kimi Linear at scale: the published models' arithmetic, from their configs
 #
 # **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`:
-# Kimi-Linear-48B-A3B, Kimi K3, GLM-5.3-Flash) we write down, in the manner of the JAX scaling
-# book, what each layer costs: parameters, flops per token, bytes per decoded token and cache
-# memory, for a KDA layer, an MLA layer (the paper's global layer) and softmax attention. Each
-# formula is checked against the real program at a small size (the traced matrix products
-# exactly, XLA's cost analysis within 5%). With a stated bandwidth model of named chips we then
-# check the paper's headline numbers: the KV cache reduction follows from the layer pattern;
-# the decoding speed-up at 1M tokens is bounded by the same pattern, below what the paper
-# reports, and we say which assumption that leaves.
+# Kimi-Linear-48B-A3B, Kimi K3, GLM-5.3-Flash) we write down, as the JAX scaling book does, what
+# a KDA layer, an MLA layer (the paper's global layer) and softmax attention cost: parameters,
+# flops per token, bytes per decoded token, cache memory. Each formula is checked against the
+# real program at a small size. With a bandwidth model of named chips we then check the paper's
+# headline numbers: the KV cache reduction follows from the layer pattern; the decoding speed-up
+# at 1M tokens is bounded by the same pattern, below what the paper reports.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/10_kimi_linear_at_scale.ipynb)
 #
@@ -104,45 +102,39 @@ kda_lib.teaching.notebook.setup()
 # shapes only (`jax.eval_shape`) to check the parameter counts.
 
 # %%
-rows = []
-for p in presets.PRESETS.values():
-    rows.append(f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | "
-                f"{len(p.kda_layers)} + {len(p.global_layers)} | {p.kda_parameter_count():,} | "
-                + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
-                + f" {', '.join(p.unsupported_options()) or 'builds'} |")
+rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
+        f"{len(p.global_layers)} | {p.kda_parameter_count():,} | "
+        + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
+        + f" {', '.join(p.unsupported_options()) or 'builds'} |" for p in presets.PRESETS.values()]
 display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
                  "params | this repository |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
 assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
 assert not any(p.unsupported_options() for p in presets.PRESETS.values()), "all three build"
 kimi = presets.KIMI_LINEAR_48B
-built = {"KDA": presets.build_kda_layer(kimi), "MLA": presets.build_mla_layer(kimi)}
-counted = {"KDA": kimi.kda_parameter_count(), "MLA": kimi.mla_parameter_count()}
-for kind, layer in built.items():
-    assert parameter_count(layer) == counted[kind], kind
-    print(f"{kimi.name} {kind} layer built with eval_shape: "
-          f"{parameter_count(layer):,} parameters = the published config's count")
+for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_count()),
+                           ("MLA", presets.build_mla_layer, kimi.mla_parameter_count())):
+    assert parameter_count(build(kimi)) == count, kind
+    print(f"{kimi.name} {kind} layer built with eval_shape: {count:,} parameters, as counted")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
 #
 # Per token and layer, counting matrix products (2 flops per multiply-add; `kda_lib.lab.at_scale`),
-# with $\lvert\theta_{\text{mm}}\rvert$ the layer's projection weights and $T_k$ the keys a query
-# is scored against:
+# $\lvert\theta_{\text{mm}}\rvert$ the projection weights, $T_k$ the keys a query is scored against:
 #
 # - **KDA**: $2 \lvert\theta_{\text{mm}}\rvert$ for `q/k/v/f/b/g/o_proj`, $2 w (2 H d_k + H d_v)$
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
-#   recurrent step instead, $7 d_k d_v$ per head.
+#   recurrent step, $7 d_k d_v$ per head.
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
-#   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output and
-#   reads the latents directly: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
-# - **Softmax attention** with $G$ key/value heads of $d_h$ (MHA: $G = H$):
+#   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
+#   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
+# - **Softmax attention**, $G$ key/value heads of $d_h$ (MHA: $G = H$):
 #   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
 # Training is three forward passes. A prefill of $T$ tokens that skips the masked half has
-# $T_k \approx T/2$ on average (this repository's attention programs compute the whole square);
-# a decode step has $T_k = T$. The table: each preset at the lengths `contexts` (MHA/GQA with
-# the KDA layer's $d$, $H$ and $d_h = d_k$; GQA with `gqa_kv_heads`).
+# $T_k \approx T/2$ on average; a decode step has $T_k = T$. The table: each preset at the
+# lengths `contexts` (MHA/GQA with the KDA layer's $d$, $H$ and $d_h = d_k$).
 
 # %%
 def flops_row(preset, t):
@@ -155,32 +147,25 @@ def flops_row(preset, t):
     return row
 
 
-lines = []
-for p in presets.PRESETS.values():
-    for t in contexts:
-        r = flops_row(p, t)
-        lines.append(f"| {p.name} | {t:,} | " + " | ".join(f"{r[k] / 1e6:,.0f}" for k in r)
-                     + f" | {3 * r['KDA'] / 1e6:,.0f} |")
+lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{v / 1e6:,.0f}" for v in flops_row(p, t).values())
+         + f" | {3 * flops_row(p, t)['KDA'] / 1e6:,.0f} |" for p in presets.PRESETS.values()
+         for t in contexts]
 display(Markdown("Forward MFLOP per token and layer (prefill; training is 3x)\n\n| model | T | "
                  "KDA | MLA | GQA | MHA | KDA training |\n|---|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
-kda_flat = {p.name: at_scale.kda_flops_per_token(p) for p in presets.PRESETS.values()}
 mla_1m = at_scale.mla_flops_per_token(kimi, contexts[-1] / 2)
 print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
-      f"{mla_1m / kda_flat[kimi.name]:.1f}x the flops per token of a KDA layer")
+      f"{mla_1m / at_scale.kda_flops_per_token(kimi):.1f}x the flops per token of a KDA layer")
 
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
 # We scale Kimi Linear's layers down (`kda_lib.lab.at_scale.scaled_down`: width `check_hidden`,
-# `check_heads` heads of `check_head_dim`, the same gates and structure) and build the real
-# programs: the KDA layer's chunked prefill of one chunk (XLA counts a loop's body once), its
-# recurrent decode step, the MLA layer's prefill and absorbed decode step, and MHA
-# (`kda_lib.models.tiny_lm.CausalSelfAttention`). For each, the matrix products traced in the
-# program (`kda_lib.lab.costs.matmul_flops`) must equal the formula's, and XLA's cost analysis
-# (elementwise work included) must exceed it by at most 5%. For decode steps the bytes formula
-# (every weight and the cache or state) is the least a step can move: XLA's count must not be
-# below it.
+# `check_heads` heads of `check_head_dim`) and build the real programs: KDA's chunked prefill of
+# one chunk (XLA counts a loop's body once) and recurrent decode step, MLA's prefill and absorbed
+# decode step, and MHA. The matrix products traced in each (`kda_lib.lab.costs.matmul_flops`)
+# must equal the formula's, XLA's cost analysis (elementwise work included) exceed it by at most
+# the factor `xla_band`, and XLA's decode bytes be at least the formula's (weights and cache).
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -272,32 +257,25 @@ assert limit - reduction[contexts[-1]] < 0.01, "within 0.01 of the limit at the 
 for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH):
     print(f"{p.name}: {len(p.global_layers)} global of {p.num_layers} layers, reduction limit "
           f"{1 - len(p.global_layers) / p.num_layers:.1%}")
-
-# %% [markdown]
-# **The decoding speed.** A decode step reads, per layer, its weights once for the whole batch
-# and each sequence's cache or state; each layer's time is the slower of its flops at the
-# chip's peak and its bytes at the chip's HBM bandwidth (a roofline with perfect overlap,
-# `kda_lib.lab.at_scale.step_time`; chip numbers with their vendor pages in
-# `kda_lib.lab.at_scale.CHIPS`; "H200" is the H200 SXM). The rest of the model (MoE, embeddings)
-# is the same in both: bf16 weights read once per step, those every token uses and the routed
-# experts the batch touches; if each token picks `experts_per_token` of the `routed_experts`
-# uniformly (a model of the router), $B$ tokens touch $n_{\text{exp}} (1 - (1 -
-# k_{\text{exp}}/n_{\text{exp}})^B)$ of them on average, not all (`kda_lib.teaching.decode_scaling`
-# splits the reported 48B total, 3B active). Below, the ratio of the two step times at 1M
-# tokens for the batches `decode_batches`, and on which chips the bf16 weights and the all-MLA
-# caches fit at all: where they do not, the ratio prices a deployment one chip cannot hold.
-
-# %%
-t_long = contexts[-1]
 mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
-                + len(kimi.global_layers) * kimi.mla_parameter_count())
-
+                + len(kimi.global_layers) * kimi.mla_parameter_count())  # for section 5's speed
 other_bytes = {b: decode_scaling.moe_weight_bytes(  # MoE/MLP/embedding weights a step reads, bf16
     b, reported_total_params, reported_active_params, routed_experts, experts_per_token,
     mixer_params) for b in {1, *decode_batches}}
 
+# %% [markdown]
+# **The decoding speed.** A decode step reads, per layer, its weights once for the whole batch
+# and each sequence's cache or state; a layer's time is the slower of its flops at the chip's
+# peak and its bytes at its HBM bandwidth (a roofline, `kda_lib.lab.at_scale.step_time`; chips
+# in `at_scale.CHIPS`; "H200" is the H200 SXM). The rest of the model (MoE, embeddings), the same
+# in both, is charged as bf16 weights read once per step: those every token uses and the routed
+# experts the batch touches, $n_{\text{exp}} (1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B)$ of
+# `routed_experts` $= n_{\text{exp}}$ for $B$ tokens picking `experts_per_token` $= k_{\text{exp}}$
+# uniformly (`kda_lib.teaching.decode_scaling`). Below, the ratio of the two step times at 1M
+# tokens, and on which chips the bf16 weights and all-MLA caches fit at all.
+
 # %%
-speedup, h200, fits = {}, at_scale.CHIPS["H200"], {}  # "H200": the H200 SXM
+t_long, speedup, h200, fits = contexts[-1], {}, at_scale.CHIPS["H200"], {}  # H200 SXM
 weights = reported_total_params * at_scale.BF16  # the whole model's bf16 weights
 for b in decode_batches:
     for chip in at_scale.CHIPS.values():
@@ -359,9 +337,8 @@ assert cache_gain <= bound
 
 # %% [markdown]
 # **Several chips do not divide both models alike.** Split by heads over $R$ = `tensor_parallel`
-# ranks, a rank holds $1/R$ of every weight, KDA state and expert, but every MLA head reads the
-# same latent, so each rank reads the whole latent cache: the all-MLA model's largest term does
-# not shrink and the ratio grows towards the bound (`decode_scaling.tp_decode_time`, batch 1):
+# ranks, a rank holds $1/R$ of every weight, state and expert, but every MLA head reads the same
+# latent, so each rank reads the whole latent cache and the ratio grows towards the bound:
 
 # %%
 tp_ratio = {}
@@ -377,11 +354,10 @@ assert tensor_parallel == 1 or tp_ratio[1] < tp_ratio[tensor_parallel] < bound
 # ## 6. The roofline: where each layer sits on each chip
 #
 # A step's arithmetic intensity is its flops per byte moved; a chip runs it at the smaller of
-# its peak flop rate and intensity x bandwidth, compute-bound above the ridge, peak / bandwidth.
-# We place Kimi Linear's layers at three operating points
-# (`kda_lib.lab.at_scale.operating_point`, bf16 weights and caches): a prefill of
-# `contexts[0]` tokens, decode steps at `contexts[1]` tokens for one sequence and for the
-# largest of `decode_batches`. (This CPU's own roofline, measured: the notes.)
+# its peak flop rate and intensity x bandwidth: compute-bound above the ridge, peak / bandwidth.
+# Kimi Linear's layers at three operating points (`kda_lib.lab.at_scale.operating_point`, bf16):
+# a prefill of `contexts[0]` tokens, decode steps at `contexts[1]` tokens for one sequence and
+# for the largest of `decode_batches`. (This CPU's roofline: the notes.)
 
 # %%
 points = {}
@@ -403,27 +379,6 @@ assert all(i < named_ridge for (_, step), i in intensity.items() if step != "pre
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips)
            for k in at_scale.MIXERS), "a prefill of this length is compute-bound on every chip"
 
-# %% tags=["hide-input"]
-i_axis = np.geomspace(0.1, 1e5, 200)
-fig, ax = plt.subplots(figsize=(9, 4.2))
-for c, color in zip(chips, viz.CYCLE, strict=False):
-    ax.plot(i_axis, np.minimum(c.peak_flops, i_axis * c.hbm_bandwidth) / 1e12, color=color,
-            label=f"{c.name}: ridge {c.ridge:.0f} flop/byte")
-markers = {"prefill": "o", "decode B=1": "v", f"decode B={max(decode_batches)}": "s"}
-kind_colors = dict(zip(at_scale.MIXERS, ("0.1", "0.45", "0.65", "0.8"), strict=True))
-for (kind, step), i in intensity.items():  # drawn on the H200 SXM's roofline
-    ax.plot(i, min(chips[1].peak_flops, i * chips[1].hbm_bandwidth) / 1e12, markers[step],
-            color=kind_colors[kind], markeredgecolor="k", markersize=8)
-for step, m in markers.items():
-    ax.plot([], [], m, color="w", markeredgecolor="k", label=f"Kimi Linear layer: {step}")
-for kind, color in kind_colors.items():
-    ax.plot([], [], "D", color=color, markeredgecolor="k", label=f"fill: {kind}")
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop per HBM byte, log scale)",
-       ylabel="attainable TFLOP/s (log scale)",
-       title="Rooflines (vendor peaks); layers drawn on the H200 SXM's")
-ax.legend(loc="lower right", fontsize=7, ncol=3)
-viz.show(fig, "10_roofline")
-
 # %%
 kda_decode, mla_decode = intensity[("KDA", "decode B=1")], intensity[("MLA", "decode B=1")]
 big = f"decode B={max(decode_batches)}"
@@ -441,18 +396,14 @@ display(Markdown(
 # %% [markdown]
 # ## Summary
 #
-# - Parameters, flops per token and bytes per decoded token of the KDA, MLA and softmax
-#   attention layers are formulas of the configs (`kda_lib.lab.at_scale`); at a small size each
-#   equals the real program's traced matrix products exactly, XLA's count within 5% (section 3).
+# - Each layer's parameters, flops per token and decode bytes are formulas of the configs,
+#   equal to the real programs' traced matrix products at a small size (section 3).
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
-#   and only past a crossing does the hybrid need less memory than all-MLA (sections 2 and 4).
-# - The paper's KV cache reduction follows from the layer pattern. Its decoding speed-up at 1M
-#   tokens does not follow from the configs: a roofline model of named chips stays below
-#   (layers) / (global layers) for any batch, and where one chip holds the model the ratio is
-#   lower still (section 5; head-parallel ranks raise it towards the bound), so the reported
-#   figure also measures how the two models were run.
-# - Every decode step is memory-bound on the four named chips, MLA's shared-latent attention
-#   included; prefills are compute-bound (section 6).
+#   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4).
+# - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
+#   a roofline model stays below (layers) / (global layers) for any batch, lower still where one
+#   chip holds the model (section 5), so the reported figure also measures how the models ran.
+# - Every decode step is memory-bound on the four named chips; prefills are compute-bound.
 #
 # ## Exercises
 #
@@ -460,12 +411,10 @@ display(Markdown(
 # showing the solution. Worked solutions (try first): [`notebooks/solutions/ch10.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch10.py).
 #
 # 1. **When does the hybrid save memory?** Write `cache_reduction(context, kda_layers,
-#    global_layers, heads, head_dim, conv_size, latent)` (no kda_lib): $1 -$ (hybrid decode
-#    memory) / (all-global decode memory) of one sequence, the KDA layers keeping a float32
-#    state ($d_v = d_k$ = `head_dim`) and a bf16 conv history, each global layer `latent` bf16
-#    numbers per token. Checked on Kimi K3 and on models of the checker's own. *Explain why*
-#    (open): what does yours give for Kimi K3 at `contexts[0]`, and below which context is a
-#    hybrid's reduction negative?
+#    global_layers, heads, head_dim, conv_size, latent)` (no kda_lib): $1 -$ hybrid / all-global
+#    decode memory of one sequence (KDA: float32 state, $d_v = d_k$ = `head_dim`, bf16 conv
+#    history; global layers: `latent` bf16 numbers per token). *Explain why* (open): what does
+#    yours give for Kimi K3 at `contexts[0]`, and below which context is a reduction negative?
 # 2. **Ring attention against summaries.** For Kimi Linear on 8 ranks (context parallelism, the
 #    notes), the smallest whole $T$ at which ring attention over the MLA latents (bf16),
 #    $\frac{R-1}{R} T (d_c + d_R)$ numbers per rank, exceeds the KDA summaries (float32),
@@ -473,9 +422,8 @@ display(Markdown(
 # 3. **Decode bytes, weights included.** Write `decode_crossover(batch, heads, head_dim,
 #    conv_size, latent, kda_params, mla_params)` (no kda_lib): the smallest whole $T \ge 1$ at
 #    which one MLA layer's decode step of `batch` sequences moves at least as many bytes as one
-#    KDA layer's. Each reads its bf16 weights once per step; MLA reads each sequence's $T$
-#    latents (bf16), KDA reads and writes each sequence's state. Section 4 left the weights out:
-#    how much do they move the crossing at batch 1, and at large batches?
+#    KDA layer's (bf16 weights read once per step; MLA reads $T$ bf16 latents per sequence, KDA
+#    reads and writes its state). How much do the weights move section 4's crossing?
 
 # %%
 from kda_lib.teaching import exercises
@@ -490,15 +438,12 @@ exercises.check("10.3", answer, preset=kimi.name)
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (the KV cache
-#   reduction, the 6.3x TPOT at 1M tokens, Figure 1b), 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
-# - J. Austin et al., *How to scale your model* (the JAX scaling book), 2025.
-#   [jax-ml.github.io/scaling-book](https://jax-ml.github.io/scaling-book/)
-# - DeepSeek-AI, *DeepSeek-V2* (MLA, the absorbed decode), 2024. [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
-# - H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers*, 2023.
-#   [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
+# - Kimi Team, *Kimi Linear* (the KV cache reduction, the 6.3x TPOT at 1M tokens, Figure 1b),
+#   2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - J. Austin et al., *How to scale your model*, 2025. [scaling-book](https://jax-ml.github.io/scaling-book/)
+# - DeepSeek-AI, *DeepSeek-V2* (MLA), 2024. [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
+# - H. Liu et al., *Ring attention*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
 # - Chips: [H100](https://www.nvidia.com/en-us/data-center/h100/),
 #   [H200](https://www.nvidia.com/en-us/data-center/h200/),
-#   [TPU v5e](https://cloud.google.com/tpu/docs/v5e), [TPU v6e](https://cloud.google.com/tpu/docs/v6e)
-#   (`kda_lib.lab.at_scale.CHIPS`); model configs: the sources in `kda_lib/models/presets.py`.
+#   [TPU v5e](https://cloud.google.com/tpu/docs/v5e), [TPU v6e](https://cloud.google.com/tpu/docs/v6e);
+#   configs: the sources cited in `kda_lib/models/presets.py`.
