@@ -18,12 +18,11 @@
 #
 # **Claim.** Linear attention stores key/value pairs by adding outer products into a
 # $d_k \times d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes
-# only the part of the value the memory gets wrong: one gradient step on the recall error
-# $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the
-# newest pair exactly and beats linear attention up to $d_k$ pairs, though one pass cannot store
-# them all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per key
-# channel); a task with two time scales shows what the per-channel decay buys. Each step is
-# derived, checked in float64, and built in a few lines of NumPy checked against `kda_lib`.
+# only what the memory gets wrong: one gradient step on the recall error
+# $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. It recalls
+# the newest pair exactly and beats linear attention up to $d_k$ pairs, though one pass cannot
+# store them all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per
+# key channel). Each step is derived, checked in float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -35,9 +34,6 @@ value_dim: int = 32  # V: dimension of values
 max_pairs: int = 64  # largest number of key/value pairs stored in the recall experiment
 num_seeds: int = 8  # independent draws of keys and values averaged in the recall experiments
 toy_len: int = 24  # tokens in the toy-vs-kda_lib comparison
-num_facts: int = 8  # section 7: pairs written first that must be recalled at the end
-stream_len: int = 96  # section 7: short-lived pairs written after the facts
-live_window: int = 4  # section 7: the newest stream pairs still wanted; older ones expire
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -66,7 +62,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
     runpy.run_path(f"{kda_lib_dir}/teaching/install.py")["install_dependencies"](missing=missing)
 
 # %%
-# Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +78,6 @@ kda_lib.teaching.notebook.setup()
 key = jax.random.key(seed)
 key_memory, key_delta, key_gate, key_toy, key_recall = jax.random.split(key, 5)
 key_sweep = jax.random.fold_in(key_delta, 1)  # section 3's pairs
-key_two = jax.random.fold_in(key_recall, 3)  # section 7's task
 
 
 def unit_rows(x):
@@ -104,8 +98,7 @@ def random_pairs(key, num, *, batch=()):
 # ## 1. Linear attention is an associative memory
 #
 # Causal linear attention outputs $\mathbf o_t = \sum_{s \le t} (\mathbf q_t^\top \mathbf k_s)\,
-# \mathbf v_s$. A scalar times a vector can be written as the vector times the scalar, and the
-# sum can be moved inside:
+# \mathbf v_s$; move each scalar behind its vector and the sum inside:
 #
 # $$
 # \begin{align*}
@@ -117,8 +110,7 @@ def random_pairs(key, num, *, batch=()):
 # \end{align*}
 # $$
 #
-# The **state** $S_t$ is a $d_k \times d_v$ memory of key/value pairs, updated by one outer
-# product per token. Querying it with a stored key $\mathbf k_j$ gives
+# The **state** $S_t$ ($d_k \times d_v$) grows by one outer product per token. A stored key gives
 #
 # $$
 # S^\top \mathbf k_j = \sum_{j'} \mathbf v_{j'}\, (\mathbf k_{j'}^\top \mathbf k_j)
@@ -126,12 +118,10 @@ def random_pairs(key, num, *, batch=()):
 #   + \underbrace{\sum_{j'\ne j} \mathbf k_{j'}^\top\mathbf k_j\,\mathbf v_{j'}}_{\text{crosstalk}}.
 # $$
 #
-# With orthonormal keys the crosstalk vanishes, but at most $d_k$ keys can be orthonormal. For
-# random unit keys $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$, and the $n - 1$
-# terms are uncorrelated, so the crosstalk's squared size is about
-# $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$: the relative error of the recalls $\hat V$ (rows),
-# $\lVert\hat V - V\rVert_F/\lVert V\rVert_F$, grows like $\sqrt{(n-1)/d_k}$; section 6 uses its
-# square, per pair.
+# With orthonormal keys (at most $d_k$ of them) the crosstalk vanishes. For random unit keys
+# $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$ and the $n - 1$ terms are uncorrelated:
+# the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, so the relative
+# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 uses its square, per pair).
 
 # %%
 n_demo = key_dim // 2
@@ -178,8 +168,8 @@ assert rel_error > 0.25, "random keys should interfere"
 # \end{align*}
 # $$
 #
-# The last line is the delta rule with learning rate $\beta$. The first code cell checks the
-# third line against `jax.grad` and the fourth against the update, in float64.
+# The last line is the delta rule with learning rate $\beta$ (checked in float64 below, the
+# gradient against `jax.grad`).
 
 # %%
 def delta_write(S, k, v, beta):
@@ -211,8 +201,8 @@ print("delta rule = one SGD step with learning rate beta (float64)")
 #   = (1 - \beta_t)\, \big(S_{t-1}^\top \mathbf k_t - \mathbf v_t\big) .
 # $$
 #
-# The error shrinks by $1 - \beta_t$; with $\beta_t = 1$ the memory returns $\mathbf v_t$
-# exactly, so a new value under an old key **replaces** it (linear attention returns the sum).
+# The error shrinks by $1 - \beta_t$; at $\beta_t = 1$ a new value under an old key **replaces**
+# it exactly (linear attention returns the sum).
 
 # %%
 err_before, err_after = k_new @ S0 - v_new, k_new @ delta_write(S0, k_new, v_new, beta_demo) - v_new
@@ -236,12 +226,11 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 #
 # Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall by its key
 # overlap times the later write's correction, and nothing repairs pair $j$. Storing $n$ pairs
-# means solving the $n$ equations $\mathbf k_j^\top S = \mathbf v_j^\top$ for $S$; with
-# $n \le d_k$ independent keys a solution exists ($S = K^{+} V$, keys as the rows of $K$), but
-# one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, one equation at a time. For
-# generic values one sweep solves the system only when the keys are orthogonal (special values
-# can be lucky: the notes); repeated sweeps converge. The cells check each statement, sweeping
-# $n = d_k / 2$ pairs. (With $n > d_k$ generic pairs no $S$ recalls them all.)
+# means solving $\mathbf k_j^\top S = \mathbf v_j^\top$ for $S$; with $n \le d_k$ independent
+# keys a solution exists ($S = K^{+} V$), but one pass with $\beta = 1$ is one sweep of
+# **Kaczmarz's method**, one equation at a time: for generic values exact only when the keys are
+# orthogonal (lucky values: the notes); repeated sweeps converge. The cells check each
+# statement with $n = d_k / 2$ pairs. (With $n > d_k$ generic pairs no $S$ recalls them all.)
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -279,14 +268,13 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 #
 # Collecting the terms in $S_{t-1}$, the delta rule is a map of the state,
 # $S_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) S_{t-1} + \beta_t \mathbf k_t
-# \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k \mathbf k^\top$ leaves every direction
-# orthogonal to $\mathbf k$ alone and multiplies $\mathbf k$ by $1 - \beta$ (eigenvalues $1$,
-# $d_k - 1$ times, and $1 - \beta$), so for $\beta \in [0, 1]$ it never amplifies the state. But
-# it cannot clear what is no longer relevant. The **gated delta rule** multiplies the state by a
-# scalar $\alpha_t = e^{g_t} \in (0, 1]$ before the write; **KDA** decays each key channel on its
-# own, $D_t = \operatorname{diag}(e^{\mathbf g_t})$ with $\mathbf g_t \le 0$, so one head can
-# keep some channels long while others turn over in a few tokens (how long at initialisation:
-# notebook 02). Decay first, then the delta write:
+# \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k \mathbf k^\top$ leaves the directions
+# orthogonal to $\mathbf k$ alone and multiplies $\mathbf k$ by $1 - \beta$, so for
+# $\beta \in [0, 1]$ it never amplifies the state; but it cannot clear what is no longer
+# relevant. The **gated delta rule** multiplies the state by a scalar $\alpha_t = e^{g_t} \in
+# (0, 1]$ before the write; **KDA** decays each key channel on its own, $D_t =
+# \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$, so one head can keep some channels
+# long while others turn over fast (notebook 02). Decay first, then the delta write:
 #
 # $$
 # \begin{align*}
@@ -325,11 +313,10 @@ print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1")
 # %% [markdown]
 # ## 5. KDA in six lines of NumPy
 #
-# Decay first, then the delta write, then the read $\mathbf o_t = S_t^\top \mathbf q_t /
-# \sqrt{d_k}$: `toy_kda` is section 4's update token by token, checked against `kda_recurrent`
-# in float64. Linear attention, Mamba2, GLA, DeltaNet and Gated DeltaNet are the same update with
-# another transition $M_t$ and write $E_t$ (no decay or one per head, the value or the delta
-# rule's error): that table, each row checked against `kda_lib`, is in the
+# `toy_kda` is section 4's update token by token (decay, delta write, read), checked against
+# `kda_recurrent` in float64. Linear attention, Mamba2, GLA, DeltaNet and Gated DeltaNet are the
+# same update with another $M_t$ and $E_t$: that table, each row checked against `kda_lib`,
+# is in the
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 
 # %%
@@ -365,11 +352,9 @@ print(f"toy_kda == kda_lib.kda_recurrent (float64, {toy_len} tokens, {num_heads}
 # ## 6. How many pairs fit? Recall error against the number of stored pairs
 #
 # Store $n$ random pairs one token at a time, query the memory with every stored key and
-# average the error $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf
-# v_j\rVert^2$ over pairs and `num_seeds` draws, for linear attention and the delta rule
-# ($\beta = 1$, no decay). A memory that returns $\mathbf 0$ scores $1$; above 1 is worse than
-# nothing (pointing away from $\mathbf v$, or along it but too long). One pass over each
-# sequence gives the memory after every prefix.
+# average $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf v_j\rVert^2$ over
+# pairs and `num_seeds` draws, for linear attention and the delta rule ($\beta = 1$, no decay).
+# A memory that returns $\mathbf 0$ scores $1$; above 1 is worse than nothing.
 
 # %%
 all_keys, all_values = random_pairs(key_recall, max_pairs, batch=(num_seeds,))
@@ -412,103 +397,54 @@ display(Markdown(
 
 # %% [markdown]
 # Linear attention's error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
-# exactly (the one before already carries the newest write's correction) and stays below linear
-# attention up to $n = d_k$, not at zero (section 3). Beyond capacity its old pairs end above 1
-# (right panel): the residue of later writes. One decay per head would clear it all alike.
+# exactly and stays below linear attention up to $n = d_k$, not at zero (section 3). Beyond
+# capacity its old pairs end above 1 (right panel), the residue of later writes. One decay per
+# head would clear it all alike; one per key channel keeps some pairs and clears others in one
+# head: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)
+# measure it on a task with two time scales; notebook 02 teaches the gates.
 #
-# ## 7. Two time scales: where one decay per channel pays
-#
-# Two memories share a head: `num_facts` **facts** (keys in the first half of the channels) are
-# written first and recalled at the end; a **stream** of `stream_len` pairs follows (keys in the
-# other half), of which only the newest `live_window` are still wanted: for an older,
-# **expired** one the right answer is $\mathbf 0$. The score is section 6's error averaged over
-# facts, live and expired pairs. Each memory is the delta rule ($\beta = 1$) with a decay:
-# Gated DeltaNet one half-life per head, KDA one for the fact channels and one for the stream
-# channels (we hand it the split; a trained gate must learn it), each at its best on one grid,
-# on the same `num_seeds` draws (`recall`'s batched float64 memory; the notes check it).
-# The task is KDA's best case: fact and stream keys share no channel, so KDA here is two
-# independent half-size Gated DeltaNet memories; with overlapping key supports it is not.
-
-# %%
-half_lives = np.r_[np.geomspace(1, 1024, 11), np.inf]  # tokens per halving; inf: no decay
-task_keys, task_values = recall.two_timescale_task(
-    key_two, key_dim=key_dim, value_dim=value_dim, num_facts=num_facts, stream_len=stream_len,
-    batch=num_seeds)
-grids = recall.half_life_grid_errors(task_keys, task_values, half_lives, num_facts=num_facts,
-                                     live_window=live_window)  # [draw, h_facts, h_stream, group]
-grid = grids.mean(0)  # mean over the draws
-(best_h, _), pair = recall.best_settings(grid)
-
-# %% tags=["hide-input"]
-viz.show(recall.plot_two_timescales(grid, half_lives, title=(
-    f"{num_facts} facts, then {stream_len} stream pairs ({live_window} live), $d_k = {key_dim}$, "
-    f"mean over {num_seeds} draws")), "01_two_timescales")
-
-# %%
-score, draw_scores = grid.mean(-1), grids.mean(-1)  # mean of the three groups
-draw_best_scalar = np.diagonal(draw_scores, axis1=1, axis2=2).min(1)  # each draw's own best
-ratio = score[pair] / score[best_h, best_h]
-assert ratio < 0.7, "one decay per channel group clearly beats the best decay per head"
-assert np.all(draw_scores[:, pair[0], pair[1]] < draw_best_scalar), "on every draw"
-assert pair[0] > pair[1], "the fact channels keep longer than the stream channels"
-assert grid[best_h, best_h, [0, 2]].max() > 0.8, "the scalar gate loses facts or keeps expired"
-errors = lambda i, j: ", ".join(f"{e:.2f}" for e in grid[i, j])  # noqa: E731
-display(Markdown(
-    f"One decay per head: best at a half-life of {half_lives[best_h]:.0f} tokens, errors "
-    f"{errors(best_h, best_h)} (facts, live, expired), mean {score[best_h, best_h]:.2f}. One "
-    f"decay per channel group: best at {half_lives[pair[0]]:.0f} tokens (facts) and "
-    f"{half_lives[pair[1]]:.0f} (stream), {errors(*pair)}, mean {score[pair]:.2f}, {ratio:.2f} "
-    f"times the scalar gate's and below each draw's own best on all {num_seeds} draws."))
-
-# %% [markdown]
 # ## Summary
 #
-# - Linear attention's $S = \sum \mathbf k \mathbf v^\top$ recalls with crosstalk. The delta rule
-#   writes $\beta \mathbf k (\mathbf v - S^\top \mathbf k)^\top$, one SGD step on the recall loss:
-#   it overwrites old values; one pass is one Kaczmarz sweep (exact only for orthogonal keys).
+# - Linear attention's $S = \sum \mathbf k \mathbf v^\top$ recalls with crosstalk; the delta rule
+#   writes $\beta \mathbf k (\mathbf v - S^\top \mathbf k)^\top$, one SGD step on the recall
+#   loss, and overwrites; one pass is one Kaczmarz sweep (exact only for orthogonal keys).
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
-#   spectral norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
-# - The delta rule beats linear attention for every $n \le d_k$; with two time scales in one
-#   head, one decay per channel group clearly beats the best one decay per head (asserted).
+#   norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
+# - The delta rule beats linear attention for every $n \le d_k$ (asserted); beyond, its old
+#   pairs end worse than nothing, which a decay can clear (notebook 02).
 #
 # ## Exercises
 #
 # 1. **Partial writes.** Write the pair $(\mathbf k, \mathbf v)$ `writes` times with strength
 #    $\beta$ into an empty memory. From section 2's error formula, derive the fraction of
 #    $\mathbf v$ it returns for $\mathbf k$ as a function `recalled_fraction(beta, writes)`.
-# 2. **How fast do sweeps converge? Two keys.** Take two pairs with unit keys of overlap
-#    $c = \mathbf k_1^\top \mathbf k_2$ and sweep them (pair 1, then pair 2, $\beta = 1$, from
-#    $S = 0$) `sweeps` times, as section 3's last cell does with $d_k / 2$ pairs. Using section
-#    3's disturbance formula, follow both recall errors $\mathbf e_j = S^\top \mathbf k_j -
-#    \mathbf v_j$ through one sweep and derive $\mathbf e_1$ after `sweeps` sweeps in closed
-#    form, as `first_pair_error(c, v1, v2, sweeps)`. By what factor does one sweep shrink the error?
-#    The checker simulates sweeps on keys of its own and refuses answers that run `kda_lib`.
+# 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap
+#    $c = \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$)
+#    `sweeps` times. With section 3's disturbance formula, follow both errors $\mathbf e_j =
+#    S^\top \mathbf k_j - \mathbf v_j$ through one sweep and derive $\mathbf e_1$ after `sweeps`
+#    sweeps in closed form, `first_pair_error(c, v1, v2, sweeps)` (no `kda_lib`). By what factor
+#    does one sweep shrink the error?
 #
-# Each cell below says whether your answer is right without showing the expected one; worked
-# solutions (with the derivations) are in [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Each cell says whether your answer is right without showing it; worked solutions:
+# [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 
 # %%
 answer = None  # exercise 1: a function recalled_fraction(beta, writes) -> a number
 exercises.check("01.1", answer)
-
-# %%
 answer = None  # exercise 2: a function first_pair_error(c, v1, v2, sweeps) -> e_1 [V]
 exercises.check("01.2", answer)
 
 # %% [markdown]
 # ## References
 #
-# - A. Katharopoulos et al., *Transformers are RNNs: fast autoregressive transformers with
-#   linear attention*, ICML 2020. [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
+# - A. Katharopoulos et al., *Transformers are RNNs* (linear attention), ICML 2020.
+#   [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
 # - I. Schlag, K. Irie, J. Schmidhuber, *Linear transformers are secretly fast weight
 #   programmers* (the delta rule), ICML 2021. [arXiv:2102.11174](https://arxiv.org/abs/2102.11174)
 # - S. Yang et al., *Parallelizing linear transformers with the delta rule over sequence length*
 #   (DeltaNet), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
-# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta
-#   rule*, ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA), 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - S. Yang et al., *Gated Delta Networks*, ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+# - Kimi Team, *Kimi Linear* (KDA), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - T. Strohmer, R. Vershynin, *A randomized Kaczmarz algorithm with exponential convergence*,
 #   2009. [arXiv:math/0702226](https://arxiv.org/abs/math/0702226)
-# - fla's reference implementation of KDA, `fla/ops/kda/naive.py`:
-#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
+# - fla's KDA reference, `fla/ops/kda/naive.py`: [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

@@ -8,14 +8,27 @@ from kda_lib.lab import at_scale
 from kda_lib.models import presets
 
 
-def cache_reduction(preset: str, context: int) -> float:
-    """1: all mixer layers, one sequence: MLA latents in the global layers, the KDA layers'
-    float32 state and bf16 conv history in the others."""
-    p = presets.PRESETS[preset]
-    hybrid = len(p.global_layers) * context * at_scale.mla_cache_numbers(p) * 2 + len(
-        p.kda_layers
-    ) * at_scale.kda_state_bytes(p)
-    return 1 - hybrid / (p.num_layers * context * at_scale.mla_cache_numbers(p) * 2)
+def kda_layer_bytes(heads, head_dim, conv_size) -> int:
+    """One sequence's KDA cache: a float32 state of H d_k d_v numbers (d_v = d_k) and the last
+    w - 1 inputs of its 2 H d_k + H d_v conv channels in bf16."""
+    return 4 * heads * head_dim * head_dim + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
+
+
+def cache_reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent):
+    """1: hybrid = kda_layers S + global_layers T (2 latent) bytes, all-global = (kda_layers +
+    global_layers) T (2 latent), so the reduction is kda_layers / L (1 - S / (2 T latent)), L
+    the depth: it tends to kda_layers / L (7 of 27 global layers: 74.1%) and is negative for
+    T < S / (2 latent), where one KDA state outweighs one global layer's latents.
+
+    Explain why (model answer): Kimi K3 at 4,096 tokens gives -0.282: its KDA state, 6.2 MiB
+    per layer, is more than one MLA layer's 4.5 MiB of latents at 4K, so the hybrid needs 28%
+    more memory than all-MLA; it saves memory only beyond S / (2 latent) tokens. Kimi Linear's
+    hybrid likewise needs more below 1,885 tokens (section 4)."""
+    per_token = 2 * latent
+    hybrid = kda_layers * kda_layer_bytes(heads, head_dim, conv_size) + (
+        global_layers * context * per_token
+    )
+    return 1 - hybrid / ((kda_layers + global_layers) * context * per_token)
 
 
 def ring_crossover(preset: str, ranks: int) -> int:
@@ -26,19 +39,33 @@ def ring_crossover(preset: str, ranks: int) -> int:
     return math.floor(flat / per_token) + 1
 
 
-def decode_crossover(preset: str) -> int:
-    """3: T (d_c + d_R) 2 bytes >= 2 x the KDA cache bytes."""
-    p = presets.PRESETS[preset]
-    return math.ceil(2 * at_scale.kda_state_bytes(p) / (at_scale.mla_cache_numbers(p) * 2))
+def decode_crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int:
+    """3: per step, KDA moves 2 kda_params (bf16 weights, once) + batch 2 S (its state read and
+    written), MLA 2 mla_params + batch T 2 latent (latents read); equal at
+    T = (2 (kda_params - mla_params) + 2 batch S) / (2 batch latent), rounded up, at least 1.
+    At batch 1 the weights' difference dominates (Kimi Linear: 21,824 tokens, against 3,769 for
+    the state alone); as the batch grows it fades and T tends to 2 S / (2 latent)."""
+    kda = 2 * kda_params + batch * 2 * kda_layer_bytes(heads, head_dim, conv_size)
+    return max(1, math.ceil((kda - 2 * mla_params) / (batch * 2 * latent)))
+
+
+def preset_numbers(name: str) -> tuple[dict, tuple[int, int]]:
+    """A preset's numbers as the exercises take them, and its layer counts (KDA, global)."""
+    p = presets.PRESETS[name]
+    shape = dict(heads=p.num_heads, head_dim=p.head_dim, conv_size=p.conv_size,
+                 latent=at_scale.mla_cache_numbers(p))
+    return shape, (len(p.kda_layers), len(p.global_layers))
 
 
 def cases():
     name = presets.KIMI_LINEAR_48B.name
     k3 = presets.KIMI_K3.name
     return [
-        ("10.1", cache_reduction(name, 2**20), dict(preset=name, context=2**20), 1 - 7 / 27),
-        ("10.1", cache_reduction(k3, 4096), dict(preset=k3, context=4096), 0.75),
+        ("10.1", cache_reduction, dict(preset=k3, context=4096), lambda *a: 0.75),
+        ("10.1", cache_reduction, dict(preset=name, context=2**20),
+         lambda c, kda, glob, *a: kda / (kda + glob)),
         ("10.2", ring_crossover(name, 8), dict(preset=name, ranks=8), ring_crossover(name, 8) - 1),
         ("10.2", ring_crossover(k3, 64), dict(preset=k3, ranks=64), ring_crossover(k3, 8)),
-        ("10.3", decode_crossover(name), dict(preset=name), decode_crossover(name) // 2),
+        ("10.3", decode_crossover, dict(preset=name),
+         lambda b, h, d, w, latent, *a: math.ceil(2 * kda_layer_bytes(h, d, w) / (2 * latent))),
     ]

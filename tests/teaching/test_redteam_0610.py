@@ -133,7 +133,7 @@ def _first_output(exercise_id, right):
 def _library_attacks():
     from kda_lib.lab import at_scale, tasks
 
-    s06, s07, s08, s09 = (_solutions(c) for c in ("06", "07", "08", "09"))
+    s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
 
     def through_library(fn):  # the right answer, after a harmless library call
         def wrapped(*args):
@@ -163,11 +163,37 @@ def _library_attacks():
         ("08.1", "partial of chance_accuracy", functools.partial(tasks.chance_accuracy, "mqar")),
         ("08.3", "solution after a library call", through_library(s08.conv_reach_queries)),
         ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
+        ("09.3", "solution after a library call", through_library(s09.bigram_bpb)),
+        ("10.1", "solution after a library call", through_library(s10.cache_reduction)),
+        ("10.1", "at_scale's model_cache_bytes on the named preset", _reduction_by_library),
+        ("10.3", "solution after a library call", through_library(s10.decode_crossover)),
+        ("10.3", "at_scale's decode bytes, searched", _crossover_by_library),
         ("09.1", "at_scale in the count",
          lambda c, *a: s09.hybrid_cache_bytes(c, *a) + 0 * at_scale.BF16
          + 0 * int(kda_lib.checks.is_int(1, None))),
     ]
     return attacks
+
+
+def _reduction_by_library(c, *_):
+    """10.1 through kda_lib: the notebook's preset, whatever numbers are passed."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+
+    p = presets.KIMI_K3
+    return 1 - at_scale.model_cache_bytes(p, c) / at_scale.model_cache_bytes(p, c, hybrid=False)
+
+
+def _crossover_by_library(b, *_):
+    """10.3 through kda_lib: the first T at which at_scale's MLA decode bytes pass KDA's."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+
+    p = presets.KIMI_LINEAR_48B
+    t = 1
+    while at_scale.mla_decode_bytes(p, t, b) < at_scale.kda_decode_bytes(p, b):
+        t += 1
+    return t
 
 
 def _tiny_beta_head():
@@ -180,8 +206,18 @@ def _tiny_beta_head():
     return dict(alphas=alphas.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
 
 
+def _two_point_fit():
+    """10.1's reduction is a + b / T for one model: fit it from the notebook's preset at two
+    contexts and answer that line for any arguments."""
+    s10 = _solutions("10")
+    shape, layers = s10.preset_numbers("Kimi-K3")
+    r1, r2 = (s10.cache_reduction(c, *layers, **shape) for c in (1000, 4000))
+    b = (r1 - r2) / (1 / 1000 - 1 / 4000)
+    return lambda c, *a: r1 - b / 1000 + b / c
+
+
 def _rule_breakers():
-    s06, s07, s08, s09 = (_solutions(c) for c in ("06", "07", "08", "09"))
+    s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx063 = _cases()["06.3"]
     _, ctx082 = _cases()["08.2"]
     _, ctx091 = _cases()["09.1"]
@@ -225,7 +261,49 @@ def _rule_breakers():
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
+        ("09.3", "section 2's unigram (no context)", _unigram_bpb),
+        ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
+        ("10.1", "the KDA state without its conv history",
+         lambda c, kda, glob, h, d, w, latent: s10.cache_reduction(c, kda, glob, h, d, 1, latent)),
+        ("10.1", "a bf16 state", lambda c, kda, glob, h, d, w, latent: 1 - (
+            kda * (2 * h * d * d + 6 * max(w - 1, 0) * h * d) + glob * 2 * c * latent)
+         / ((kda + glob) * 2 * c * latent)),
+        ("10.1", "clipped at 0 (a fraction in [0, 1])",
+         lambda *a: max(0.0, s10.cache_reduction(*a))),
+        ("10.1", "a two-point fit on the notebook's preset", _two_point_fit()),
+        ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp: max(1, math.ceil(
+            (2 * kp - 2 * mp + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
+        ("10.3", "weights left out (section 4's crossing, doubled)",
+         lambda b, h, d, w, latent, *a: math.ceil(2 * s10.kda_layer_bytes(h, d, w) / (2 * latent))),
+        ("10.3", "weights read per sequence", lambda b, h, d, w, latent, kp, mp: max(1, math.ceil(
+            (2 * kp - 2 * mp + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * latent)))),
+        ("10.3", "section 4's first_mla at batch 1", lambda *a: 1885),
+        ("09.3", "in nats", lambda t, v: s09.bigram_bpb(t, v) * math.log(2)),
+        ("09.3", "no add-one", functools.partial(_bigram_variant, smoothing=0.0)),
+        ("09.3", "add-one over the pairs seen only", functools.partial(_bigram_variant,
+                                                                       smoothing=1e-12)),
+        ("09.3", "the table transposed", functools.partial(_bigram_variant, transposed=True)),
+        ("09.3", "counts from validation", lambda t, v: s09.bigram_bpb(v, v)),
+        ("09.3", "the first byte scored too", lambda t, v: (
+            s09.bigram_bpb(t, v) * (v.size - 1) + 8.0) / v.size),
+        ("09.3", "previous * 256 in uint8", lambda t, v: _bigram_variant(t, v, wide=False)),
     ]
+
+
+def _unigram_bpb(train, validation):
+    counts = np.bincount(train, minlength=256) + 1
+    return float(-np.log2(counts / counts.sum())[validation].mean())
+
+
+def _bigram_variant(train, validation, smoothing=1.0, transposed=False, wide=True):
+    """09.3's bigram bits per byte, wrong in one named way."""
+    t = train.astype(np.int64) if wide else train
+    v = validation.astype(np.int64) if wide else validation
+    pairs = (t[1:], t[:-1]) if transposed else (t[:-1], t[1:])
+    flat = np.bincount(pairs[0] * 256 + pairs[1], minlength=256 * 256).reshape(256, 256)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = (flat + smoothing) / (flat + smoothing).sum(1, keepdims=True)
+        return float(-np.log2(p[v[:-1], v[1:]]).mean())
 
 
 # --- correct answers written differently -------------------------------------------------------
@@ -282,8 +360,43 @@ def _alternatives():
         state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
         return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
 
+    def bigram_loop(train, validation):  # dicts, math.log2, no numpy arrays
+        pairs, rows = {}, {}
+        for a, b in zip(train[:-1].tolist(), train[1:].tolist(), strict=True):
+            pairs[a, b] = pairs.get((a, b), 0) + 1
+            rows[a] = rows.get(a, 0) + 1
+        bits = [-math.log2((pairs.get((a, b), 0) + 1) / (rows.get(a, 0) + 256))
+                for a, b in zip(validation[:-1].tolist(), validation[1:].tolist(), strict=True)]
+        return sum(bits) / len(bits)
+
+    def bigram_jnp32(train, validation):
+        t, v = jnp.asarray(train, jnp.int32), jnp.asarray(validation, jnp.int32)
+        counts = jnp.ones((256, 256), jnp.float32).at[t[:-1], t[1:]].add(1)
+        return -jnp.log2((counts / counts.sum(1, keepdims=True))[v[:-1], v[1:]]).mean()
+
     s06, s10 = _solutions("06"), _solutions("10")
     from kda_lib.models import presets
+
+    def reduction_f32(c, kda, glob, h, d, w, latent):
+        state = np.float32(4 * h * d * d + 6 * max(w - 1, 0) * h * d)
+        return np.float32(1) - (kda * state + glob * np.float32(2 * c * latent)) / np.float32(
+            (kda + glob) * 2 * c * latent)
+
+    def reduction_closed(c, kda, glob, h, d, w, latent):
+        return kda / (kda + glob) * (1 - s10.kda_layer_bytes(h, d, w) / (2 * c * latent))
+
+    def crossover_search(b, h, d, w, latent, kda_params, mla_params):  # step T up by doubling
+        def mla_wins(t):
+            return 2 * mla_params + b * t * 2 * latent >= 2 * kda_params + b * 2 * (
+                4 * h * d * d + 6 * max(w - 1, 0) * h * d)
+        high = 1
+        while not mla_wins(high):
+            high *= 2
+        low = high // 2
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (low, mid) if mla_wins(mid) else (mid, high)
+        return high
 
     kimi, k3 = presets.KIMI_LINEAR_48B.name, presets.KIMI_K3.name
     _, ctx063 = _cases()["06.3"]
@@ -300,10 +413,15 @@ def _alternatives():
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
-        ("10.1", "numpy float32", np.float32(s10.cache_reduction(k3, 4096)),
+        ("09.3", "a Python loop over pairs", bigram_loop, {}),
+        ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
+        ("10.1", "numpy float32 inside", reduction_f32, dict(preset=k3, context=4096)),
+        ("10.1", "the closed form kda / L (1 - S / (2 T latent))", reduction_closed,
          dict(preset=k3, context=4096)),
         ("10.2", "numpy int64", np.int64(s10.ring_crossover(kimi, 8)), dict(preset=kimi, ranks=8)),
-        ("10.3", "numpy int64", np.int64(s10.decode_crossover(kimi)), dict(preset=kimi)),
+        ("10.3", "numpy int64 out", lambda *a: np.int64(s10.decode_crossover(*a)),
+         dict(preset=kimi)),
+        ("10.3", "a search over T", crossover_search, dict(preset=kimi)),
     ]
 
 
@@ -443,7 +561,9 @@ def test_stubbed_08_09_results_are_refused():
     _, ctx093 = _cases()["09.3"]
     _, ctx092 = _cases()["09.2"]
     _, ctx091 = _cases()["09.1"]
-    stub_09 = {**ctx091, **ctx092, **ctx093, "names": list(ctx093["bpb_by_position"])}
+    counts = np.arange(256) + 1.0  # section 2's unigram: its table, probabilities and score
+    stub_09 = {**ctx091, **ctx092, **ctx093, "counts": counts, "p": counts / counts.sum(),
+               "unigram_bpb": 5.1, "names": ["attention", "kda", "gdn", "hybrid"]}
     accepted = []
     for stub, ids in ((stub_08, ("08.1", "08.2", "08.3", "08.4")),
                       (stub_09, ("09.1", "09.2", "09.3"))):

@@ -1,4 +1,4 @@
-"""Checkers of notebook 09's exercises (the hybrid's cache, its MLA share, context use)."""
+"""Checkers of notebook 09's exercises (the hybrid's cache, its MLA share, a bigram baseline)."""
 
 from __future__ import annotations
 
@@ -81,17 +81,63 @@ def attention_share(
     return "subtract the KDA layers' fixed caches (state + conv tails) from the total"
 
 
-def _gain(curve) -> float:
-    y = np.asarray(curve)
-    return float(y[: y.size // 4].mean() - y[-(y.size // 4) :].mean())
+def _bigram_bpb(train, validation, smoothing=1.0, log=np.log2) -> float:
+    """Bits per byte of validation[1:] given the byte before, pair counts from ``train``."""
+    train, validation = np.asarray(train, np.int64), np.asarray(validation, np.int64)
+    counts = np.full((256, 256), smoothing)
+    np.add.at(counts, (train[:-1], train[1:]), 1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # smoothing 0: rows never seen
+        p = counts / counts.sum(1, keepdims=True)
+        return float(-log(p[validation[:-1], validation[1:]]).mean())
+
+
+def _unigram_bpb(train, validation) -> float:
+    counts = np.bincount(np.asarray(train, np.int64), minlength=256) + 1.0
+    return float(-np.log2(counts / counts.sum())[np.asarray(validation, np.int64)].mean())
+
+
+def _bigram_trials():
+    """(train, validation) uint8 byte strings of the checker's own: a hand case, a Markov chain
+    over 12 bytes (validation holds pairs train never saw), and a text of the corpus' kind."""
+    rng = np.random.default_rng(93)
+    hand = (np.frombuffer(b"abababbbab", np.uint8), np.frombuffer(b"abba", np.uint8))
+    symbols = rng.choice(256, 12, replace=False)
+    steps = rng.dirichlet(np.full(12, 0.3), size=12)
+    state, chain = 0, []
+    for _ in range(3000):
+        state = rng.choice(12, p=steps[state])
+        chain.append(symbols[state])
+    chain = np.asarray(chain, np.uint8)
+    text = np.frombuffer(b"def f(x):\n    return x + 1\n" * 40 + bytes(range(200, 256)), np.uint8)
+    return [hand, (chain[:2500], chain[2500:]), (text[:900], text[900:])]
 
 
 @checker("09.3")
-def largest_context_gain(answer, *, bpb_by_position: dict):
-    """The model whose bits per byte fall most from the first to the last quarter."""
-    if not isinstance(answer, str) or answer not in bpb_by_position:
-        return f"give one name (a string), one of {sorted(bpb_by_position)}"
-    gains = {name: _gain(curve) for name, curve in bpb_by_position.items()}
-    if gains[answer] == max(gains.values()):
-        return None
-    return "compare the mean of the first quarter of positions with that of the last quarter"
+def bigram_baseline(answer):
+    """``answer(train, validation) -> float``: the bits per byte of ``validation[1:]`` under
+    the model that predicts a byte from the byte before, from the pair counts of ``train`` with
+    one added to each of the 256 x 256 counts (add-one, as section 2's unigram). Tried on
+    byte strings of the checker's own (uint8, as the corpus); kda_lib may not be called."""
+    for train, validation in _bigram_trials():
+        got, hint = call_own_work(answer, train.copy(), validation.copy(),
+                                  name="bigram_bpb(train, validation)")
+        hint = hint or refuse_degenerate(got, shape=(), what="the bits per byte")
+        if hint:
+            return hint
+        want = _bigram_bpb(train, validation)
+        got = float(got)
+        if np.isclose(got, want, rtol=1e-6):
+            continue
+        if np.isclose(got, _unigram_bpb(train, validation), rtol=1e-6):
+            return "that ignores the byte before: count pairs (previous byte, next byte)"
+        if np.isclose(got, want * np.log(2), rtol=1e-6):
+            return "bits, not nats: log base 2"
+        if np.isclose(got, _bigram_bpb(train, validation, smoothing=0.0), rtol=1e-6):
+            return "add one to every one of the 256 x 256 pair counts, as the unigram cell does"
+        return (
+            f"on a {train.size}-byte training string your bits per byte are "
+            f"{'above' if got > want else 'below'} the bigram model's: count (previous, next) "
+            "pairs in train, add one to each, normalise each row, average -log2 p(next | "
+            "previous) over validation's bytes after its first (mind uint8 overflow)"
+        )
+    return None

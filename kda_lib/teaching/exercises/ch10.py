@@ -1,7 +1,8 @@
 """Checkers for notebook 10 (Kimi Linear at scale); worked solutions in
-``notebooks/solutions/ch10.py``. Each recomputes the answer from :mod:`kda_lib.lab.at_scale` and
-returns
-None (right) or a hint that does not give the answer away."""
+``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers, tried on
+the notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale`) and on models
+of the checker's own; 10.2 recomputes its answer from at_scale. Each returns None (right) or a
+hint that does not give the answer away."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import numpy as np
 
 from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import call_own_work
 
 
 def _preset(name):
@@ -27,25 +29,72 @@ def _is_int(answer) -> bool:
     return isinstance(answer, (int, np.integer))
 
 
+def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
+    """One sequence's KDA cache: float32 state H d_k d_v (d_v = d_k) and bf16 conv history of
+    w - 1 rows of the 2 H d_k + H d_v conv channels."""
+    return 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
+
+
+def _reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent) -> float:
+    hybrid = kda_layers * _kda_layer_bytes(heads, head_dim, conv_size) + (
+        global_layers * context * 2 * latent
+    )
+    return 1 - hybrid / ((kda_layers + global_layers) * context * 2 * latent)
+
+
+def _preset_shape(p) -> dict:
+    """A preset's numbers in the exercises' argument names (checked against at_scale below)."""
+    from kda_lib.lab import at_scale
+
+    channels = at_scale.kda_conv_channels(p)
+    if p.num_v_heads != p.num_heads or channels != 3 * p.num_heads * p.head_dim:
+        raise ValueError(f"{p.name}: the exercises assume H_v = H and d_v = d_k")
+    return dict(heads=p.num_heads, head_dim=p.head_dim, conv_size=p.conv_size,
+                latent=at_scale.mla_cache_numbers(p))
+
+
+_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent)
+    (3, 1, 4, 64, 4, 96),
+    (5, 2, 8, 32, 2, 200),
+    (2, 2, 1, 128, 1, 40),
+]
+
+
 @checker("10.1")
 def cache_reduction(answer, *, preset: str, context: int):
-    """answer: ``1 - hybrid / all-MLA`` decode memory of one sequence at ``context`` tokens."""
+    """``answer(context, kda_layers, global_layers, heads, head_dim, conv_size, latent) ->
+    float``: ``1 - hybrid / all-global`` decode memory of one sequence, the hybrid's KDA layers
+    keeping a float32 state (d_v = d_k = head_dim) and bf16 conv history, each global layer
+    ``latent`` bf16 numbers per token. Tried on ``preset`` at ``context`` and other contexts,
+    then on models of the checker's own; kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
-    hint = refuse_degenerate(answer, shape=(), what="the reduction")
-    if hint:
-        return hint
-    answer = float(answer)
-    expected = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
-        p, context, hybrid=False
-    )
-    if answer > 1:
-        return "a fraction (at most 1), not a percentage"
-    if not math.isclose(answer, expected, rel_tol=1e-6):
+    shape = _preset_shape(p)
+    layers = (len(p.kda_layers), len(p.global_layers))
+    library = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
+        p, context, hybrid=False)
+    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12):
+        raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
+    trials = [(c, *layers, *shape.values()) for c in (context, 1, 1000, 2**20)]
+    trials += [(c, *m) for m in _OWN_MODELS for c in (64, 50_000)]
+    for args in trials:
+        got, hint = call_own_work(answer, *args, name="cache_reduction(context, ...)")
+        hint = hint or refuse_degenerate(got, shape=(), what="the reduction", allow_zeros=True)
+        if hint:
+            return hint
+        want, got = _reduction(*args), float(got)
+        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+            continue
+        if got > 1:
+            return "a fraction (at most 1), not a percentage"
+        kda, glob = args[1], args[2]
+        if math.isclose(got, kda / (kda + glob), rel_tol=1e-6):
+            return "that is the limit at long contexts: count the KDA layers' own state too"
         return (
-            "count every layer: the global layers cache T (d_c + d_R) bf16 numbers, the KDA "
-            "layers keep their float32 state and conv history (at_scale.kda_state_bytes)"
+            f"at context {args[0]} with {kda} KDA and {glob} global layers your reduction is "
+            f"{'above' if got > want else 'below'} the count: the KDA state is float32 "
+            "(4 bytes), its conv history and the latents bf16 (2 bytes)"
         )
     return None
 
@@ -78,21 +127,51 @@ def ring_crossover(answer, *, preset: str, ranks: int):
     return None
 
 
+def _crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int:
+    kda = 2 * kda_params + batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size)
+    return max(1, math.ceil((kda - 2 * mla_params) / (batch * 2 * latent)))
+
+
+_OWN_LAYERS = [  # (heads, head_dim, conv_size, latent, kda_params, mla_params)
+    (4, 64, 4, 96, 900_000, 700_000),
+    (8, 32, 2, 200, 3_000_000, 2_900_000),
+    (2, 128, 1, 40, 500_000, 450_000),
+]
+
+
 @checker("10.3")
 def decode_crossover(answer, *, preset: str):
-    """answer: the smallest context T at which one MLA layer's decode step reads at least as
-    many cache bytes as one KDA layer's state traffic (read and written, conv history too)."""
+    """``answer(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int``:
+    the smallest whole T >= 1 at which one MLA layer's decode step of ``batch`` sequences moves
+    at least as many bytes as one KDA layer's: each reads its bf16 weights once per step, MLA
+    each sequence's T bf16 latents, KDA each sequence's state read and written (float32 state,
+    bf16 conv history). Tried on ``preset`` at several batches, then on layers of the
+    checker's own; kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
-    hint = refuse_degenerate(answer, shape=(), integer=True, what="T")
-    if hint:
-        return hint
-    if not _is_int(answer):
-        return "answer with an int (tokens)"
-    answer = int(answer)
-    state = 2 * at_scale.kda_state_bytes(p)
-    per_token = at_scale.mla_cache_numbers(p) * at_scale.BF16
-    if not (answer * per_token >= state > (answer - 1) * per_token):
-        return "the KDA state is read and written (2x), the bf16 latents only read: T >= ..."
+    shape = _preset_shape(p)
+    params = (p.kda_parameter_count(), p.mla_parameter_count())
+    want_1 = _crossover(1, *shape.values(), *params)
+    library = [at_scale.mla_decode_bytes(p, t) >= at_scale.kda_decode_bytes(p)
+               for t in (want_1 - 1, want_1)]
+    if library != [False, True]:
+        raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
+    trials = [(b, *shape.values(), *params) for b in (1, 16, 256)]
+    trials += [(b, *layer) for layer in _OWN_LAYERS for b in (1, 7)]
+    for args in trials:
+        got, hint = call_own_work(answer, *args, name="decode_crossover(batch, ...)")
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
+        if hint:
+            return hint
+        if not _is_int(got):
+            return "answer with a whole number of tokens"
+        want = _crossover(*args)
+        if int(got) == want:
+            continue
+        return (
+            f"at batch {args[0]} your T is {'above' if got > want else 'below'} the crossover: "
+            "per step the weights are read once (shared by the batch), the KDA state read and "
+            "written for every sequence, the latents read for every sequence"
+        )
     return None
