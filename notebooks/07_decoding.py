@@ -41,7 +41,7 @@ conv_size: int = 4  # short-conv width w; the conv cache holds w - 1 inputs
 prompt_len: int = 48  # tokens prefilled at once (one call)
 decode_steps: int = 32  # tokens then decoded one at a time
 chunk_size: int = 16  # chunk length of the chunked prefill
-timing_repeats: int = 3  # times each decode step is timed; the fastest run is kept
+timing_repeats: int = 3  # times each decode step is timed; the median is kept
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # KV-cache lengths of the attention step timings
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query cache of section 5
@@ -284,8 +284,7 @@ faster = [c for c, ms in zip(attention_contexts, attention_ms, strict=True)
 print("attention decode step: " + ", ".join(
     f"{ms:.2f} ms at T = {c}" for c, ms in zip(attention_contexts, attention_ms, strict=True))
     + f"; faster than the KDA step here at T = {faster or 'none of these'}")
-assert attention_ms[int(np.argmax(attention_contexts))] > attention_ms[
-    int(np.argmin(attention_contexts))], "the attention step's reads grow with T"
+# no assert on wall times (a loaded machine reorders them); section 5 asserts the bytes read
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
