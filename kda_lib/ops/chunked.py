@@ -102,15 +102,13 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     low = _operand_dtype(precision, q, k, v)
     acc = contract.accumulation_dtype(q.dtype)
     batch, seq_len, heads, key_dim, value_dim, _ = dims
-    out_dtype = q.dtype
-    q, k, v, g, beta = (x.astype(acc) for x in (q, k, v, g, beta))
+    out_dtype, (q, k, v, g, beta) = q.dtype, (x.astype(acc) for x in (q, k, v, g, beta))
     q, k = contract.repeat_qk_heads(q, k, dims.groups)
     # non-finite tokens are computed as zeros and restored as NaN where the recurrence has
     # them (matmuls would spread them); an overflowing key counts as NaN
     k = overflowing_keys_as_nan(k)
-    q, k, v, g, beta, initial_state, non_finite = isolate_non_finite_if_any(
-        q, k, v, g, beta, initial_state, segment_ids
-    )
+    *inputs, non_finite = isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids)
+    q, k, v, g, beta, initial_state = inputs
     # padding tokens: no decay, no write, outputs dropped
     (q, k, v, g, beta), segment_ids, pad = pad_time(chunk_size, q, k, v, g, beta,
                                                     segment_ids=segment_ids)  # fmt: skip
@@ -119,8 +117,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     if segment_ids is not None:  # chunk-major: [B, 1, N, ...] -> [N, B, 1, ...]
         segments = tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
     state0 = jnp.zeros((batch, heads, key_dim, value_dim), acc)
-    if initial_state is not None:
-        state0 = initial_state.astype(acc)
+    state0 = state0 if initial_state is None else initial_state.astype(acc)
     scan = scan or ("streaming" if jax.default_backend() == "cpu" else "associative")
     o, final_state, entering = _scan_chunks(chunks, segments, state0, scale, scan, low)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, seq_len + pad, heads, value_dim)

@@ -145,7 +145,8 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
 
 def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step for B rows whose states live in slots of a state pool (continuous
-    batching): :func:`kda_pool_verify` with one token, accepted.
+    batching): :func:`kda_pool_verify` with one token, accepted. Returns ``(new_pool [N, HV,
+    K, V], o_t [B, HV, V] in q_t's dtype)``.
 
     Args:
       pool: ``[N, HV, K, V]`` floating states, N slots (kept in their dtype). **Donated**: use
@@ -154,9 +155,6 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
         ``state_indices[b]``; other slots are left bit for bit. Checked when concrete; under
         ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN.
       q_t, k_t, v_t, g_t, beta_t, scale: as in :func:`kda_step`.
-
-    Returns:
-      ``(new_pool [N, HV, K, V], o_t [B, HV, V] in q_t's dtype)``.
     """
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
     _check_pool(pool, state_indices, dims)
@@ -167,19 +165,17 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
 
 
 def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, *, scale=None):
-    """A draft of T tokens per row over slots of a state pool (speculative decoding): row b
-    runs its T tokens from ``pool[state_indices[b]]`` and writes the state after its first
-    ``num_accepted_tokens[b]`` back to that slot.
+    """A draft of T >= 1 tokens per row over slots of a state pool (speculative decoding): row
+    b runs its T tokens from ``pool[state_indices[b]]`` and writes the state after its first
+    ``num_accepted_tokens[b]`` back to that slot. Returns ``(new_pool [N, HV, K, V], o [B, T,
+    HV, V] in q's dtype)``, the outputs of all T tokens.
 
     Args:
       pool, state_indices: as in :func:`kda_pool_step` (the pool is donated).
-      q, k, v, g, beta, scale: as in :func:`kda_recurrent`, T >= 1.
+      q, k, v, g, beta, scale: as in :func:`kda_recurrent`.
       num_accepted_tokens: ``[B]`` int in ``[0, T]``: 0 leaves the slot as it was, T keeps the
         state after the whole draft. Checked when concrete; under ``jit`` a count outside
         ``[0, T]`` writes NaN to the row's slot.
-
-    Returns:
-      ``(new_pool [N, HV, K, V], o [B, T, HV, V] in q's dtype)``: the outputs of all T tokens.
     """
     dims = contract.check_kda_inputs(q, k, v, g, beta)
     _check_pool(pool, state_indices, dims)
