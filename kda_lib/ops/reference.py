@@ -21,19 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kda_lib.checks import check_array, is_concrete
-from kda_lib.ops.contract import (
-    Dims,
-    accumulation_dtype,
-    check_flag,
-    check_float_arrays,
-    check_kda_inputs,
-    check_shape,
-    check_states_fit,
-    check_values,
-    checked_dims,
-    kda_result,
-    resolve_scale,
-)
+from kda_lib.ops import contract
 from kda_lib.ops.segments import canonical_segment_ids, first_segment_id, zero_padding
 
 
@@ -64,43 +52,40 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
       segment_ids: ``[B, T]`` int, 1-based, 0 = padding: the state resets where the id changes;
         padding outputs 0 and leaves the state alone.
       output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after every
-        token (see :class:`kda_lib.ops.contract.KDAResult`); default False.
+        token, in a :class:`kda_lib.ops.contract.KDAResult`; default False.
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 (float64 for float64
-      inputs) or None)``; with ``output_token_states``
-      ``KDAResult(o, final_state, None, token_states)``.
+      inputs) or None)``.
     """
-    dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
-                            segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
-    if check_flag("output_token_states", output_token_states):
-        check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
-                         dims.seq_len, dims, q.dtype)  # fmt: skip
+    dims = contract.check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
+                                     segment_ids=segment_ids,
+                                     allow_neg_eigval=allow_neg_eigval)  # fmt: skip
+    if contract.check_flag("output_token_states", output_token_states):
+        contract.check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
+                                  dims.seq_len, dims, q.dtype)  # fmt: skip
     if segment_ids is not None:  # compared in their own dtype, then numbered
         segment_ids = canonical_segment_ids(segment_ids)
-    # padding by selection: its values never reach an output or a gradient
-    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)
+    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)  # by selection
     o, final, _, token_states = recurrent_core(
-        q, k, v, g, beta, dims=dims, scale=resolve_scale(scale, dims.key_dim),
+        q, k, v, g, beta, dims=dims, scale=contract.resolve_scale(scale, dims.key_dim),
         initial_state=initial_state, output_final_state=output_final_state,
         segment_ids=segment_ids, output_token_states=output_token_states,
     )  # fmt: skip
-    return kda_result(o, final, None, token_states, asked=output_token_states)
+    return contract.kda_result(o, final, None, token_states, asked=output_token_states)
 
 
 _STATIC = ("dims", "scale", "output_final_state", "chunk_states_every", "output_token_states")
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
-def recurrent_core(q, k, v, g, beta, *, dims: Dims, scale: float, initial_state,
+def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initial_state,
                    output_final_state, segment_ids, chunk_states_every: int | None = None,
                    output_token_states: bool = False):  # fmt: skip
     """:func:`kda_recurrent` on checked inputs (canonical ``segment_ids``, padding zeroed).
-
     Returns ``(o, final_state | None, chunk_states | None, token_states | None)``:
-    ``chunk_states [B, T // c, HV, K, V]`` after every ``c = chunk_states_every`` tokens,
-    ``token_states [B, T, HV, K, V]``."""
-    acc = accumulation_dtype(q.dtype)
+    ``chunk_states [B, T // c, HV, K, V]`` after every ``c = chunk_states_every`` tokens."""
+    acc = contract.accumulation_dtype(q.dtype)
     shape = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
     state0 = jnp.zeros(shape, acc) if initial_state is None else initial_state.astype(acc)
     xs = [jnp.moveaxis(x.astype(acc), 1, 0) for x in (q, k, v, g, beta)]  # time-major
@@ -116,70 +101,52 @@ def recurrent_core(q, k, v, g, beta, *, dims: Dims, scale: float, initial_state,
                                scale=scale)  # fmt: skip
         state = jnp.where(valid[:, None, None, None], new_state, state)
         o_t = jnp.where(valid[:, None, None], o_t, 0.0)
-        keep = state if output_token_states else None
-        return (state, jnp.where(valid, id_t, prev_id)), (o_t, keep)
+        kept = state if output_token_states else None
+        return (state, jnp.where(valid, id_t, prev_id)), (o_t, kept)
+
+    def chunk(carry, xs):  # chunk_states_every tokens: their outputs and the state after them
+        carry, (o, _) = jax.lax.scan(step, carry, xs)
+        return carry, (o, carry[0])
 
     # inside shard_map the carry must vary over the same mesh axes as the inputs
     state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
     carry0, seq = (state0, prev0 + jnp.zeros_like(ids[0])), (*xs, ids)
-    chunk_states = token_states = None
-    if chunk_states_every is not None and not output_token_states:
-        (final_state, _), o, chunk_states = _scan_in_chunks(step, carry0, seq, chunk_states_every)
+    every, chunk_states = chunk_states_every, None
+    if every is not None and not output_token_states:  # keep only the chunks' last states
+        full = dims.seq_len // every * every
+        head = tuple(x[:full].reshape(full // every, every, *x.shape[1:]) for x in seq)
+        carry, (o_head, chunk_states) = jax.lax.scan(chunk, carry0, head)
+        tail = tuple(x[full:] for x in seq)
+        (final_state, _), (o_tail, token_states) = jax.lax.scan(step, carry, tail)
+        o = jnp.concatenate([o_head.reshape(full, *o_head.shape[2:]), o_tail], axis=0)
     else:
         (final_state, _), (o, token_states) = jax.lax.scan(step, carry0, seq)
-        if chunk_states_every is not None:
-            c = chunk_states_every
-            chunk_states = token_states[c - 1 :: c][: dims.seq_len // c]
+        if every is not None:
+            chunk_states = token_states[every - 1 :: every][: dims.seq_len // every]
+    chunk_states, token_states = (None if x is None else jnp.moveaxis(x, 0, 1)
+                                  for x in (chunk_states, token_states))  # fmt: skip
     o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
-    chunk_states, token_states = (
-        None if x is None else jnp.moveaxis(x, 0, 1) for x in (chunk_states, token_states)
-    )
     return o, (final_state if output_final_state else None), chunk_states, token_states
 
 
-def _scan_in_chunks(step, carry, seq, every: int):
-    """``lax.scan(step)`` over time-major ``seq`` as a scan over chunks of ``every`` tokens and
-    one over the rest, keeping the carried state at each chunk's end. Returns
-    ``(carry, o [T, ...], chunk_states [T // every, ...])``."""
-    seq_len = seq[0].shape[0]
-    full = seq_len // every * every
-
-    def chunk(carry, xs):
-        carry, (o, _) = jax.lax.scan(step, carry, xs)
-        return carry, (o, carry[0])
-
-    head = tuple(x[:full].reshape(full // every, every, *x.shape[1:]) for x in seq)
-    carry, (o_head, states) = jax.lax.scan(chunk, carry, head)
-    carry, (o_tail, _) = jax.lax.scan(step, carry, tuple(x[full:] for x in seq))
-    o = jnp.concatenate([o_head.reshape(full, *o_head.shape[2:]), o_tail], axis=0)
-    return carry, o, states
-
-
 def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
-    """One decoding step.
-
-    Args:
-      state: ``[B, HV, K, V]`` floating.
-      q_t, k_t: ``[B, H, K]``; v_t: ``[B, HV, V]``; g_t: ``[B, HV, K]``; beta_t: ``[B, HV]``;
-        HV a multiple of H (grouped value heads, as in :func:`kda_recurrent`).
-      scale: default ``K ** -0.5``.
-
-    Returns:
-      ``(new_state [B, HV, K, V], o_t [B, HV, V])``: the state in float32 (float64 when q_t or
-      the state is float64); o_t in q_t's dtype.
-    """
+    """One decoding step: state ``[B, HV, K, V]``; q_t, k_t ``[B, H, K]``; v_t ``[B, HV, V]``;
+    g_t ``[B, HV, K]``; beta_t ``[B, HV]`` (grouped value heads as in :func:`kda_recurrent`);
+    scale default ``K ** -0.5``. Returns ``(new_state [B, HV, K, V], o_t [B, HV, V])``: the
+    state in float32 (float64 when q_t or the state is float64), o_t in q_t's dtype."""
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
-    check_float_arrays(state=state)
-    check_shape("state", state, dims)
-    acc = jnp.promote_types(accumulation_dtype(q_t.dtype), accumulation_dtype(state.dtype))
+    contract.check_float_arrays(state=state)
+    contract.check_shape("state", state, dims)
+    acc = _pool_dtype(q_t, state)
     new_state, o_t = _step(*(x.astype(acc) for x in (state, q_t, k_t, v_t, g_t, beta_t)),
-                           scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+                           scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
     return new_state, o_t.astype(q_t.dtype)
 
 
 def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step for B rows whose states live in slots of a state pool (continuous
-    batching): :func:`kda_pool_verify` with one token, accepted.
+    batching): :func:`kda_pool_verify` with one token, accepted. Returns ``(new_pool [N, HV,
+    K, V], o_t [B, HV, V] in q_t's dtype)``.
 
     Args:
       pool: ``[N, HV, K, V]`` floating states, N slots (kept in their dtype). **Donated**: use
@@ -188,61 +155,52 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
         ``state_indices[b]``; other slots are left bit for bit. Checked when concrete; under
         ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN.
       q_t, k_t, v_t, g_t, beta_t, scale: as in :func:`kda_step`.
-
-    Returns:
-      ``(new_pool [N, HV, K, V], o_t [B, HV, V] in q_t's dtype)``.
     """
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
     _check_pool(pool, state_indices, dims)
     tokens = (x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t))
-    accepted = jnp.ones((dims.batch,), jnp.int32)
-    new_pool, o = _pool_run(pool, state_indices, *tokens, accepted,
-                            scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+    new_pool, o = _pool_run(pool, state_indices, *tokens, jnp.ones((dims.batch,), jnp.int32),
+                            scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
     return new_pool, o[:, 0]
 
 
 def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, *, scale=None):
-    """A draft of T tokens per row over slots of a state pool, keeping the state after each
-    row's accepted prefix (speculative decoding). Row b runs its T tokens from
-    ``pool[state_indices[b]]`` and writes the state after its first ``num_accepted_tokens[b]``
-    back to that slot (unlike fla's ``fused_recurrent_kda``, which writes every token's state
-    to its own slot and reads the count at the next call).
+    """A draft of T >= 1 tokens per row over slots of a state pool (speculative decoding): row
+    b runs its T tokens from ``pool[state_indices[b]]`` and writes the state after its first
+    ``num_accepted_tokens[b]`` back to that slot. Returns ``(new_pool [N, HV, K, V], o [B, T,
+    HV, V] in q's dtype)``, the outputs of all T tokens.
 
     Args:
       pool, state_indices: as in :func:`kda_pool_step` (the pool is donated).
-      q, k, v, g, beta, scale: as in :func:`kda_recurrent`, T >= 1.
+      q, k, v, g, beta, scale: as in :func:`kda_recurrent`.
       num_accepted_tokens: ``[B]`` int in ``[0, T]``: 0 leaves the slot as it was, T keeps the
         state after the whole draft. Checked when concrete; under ``jit`` a count outside
         ``[0, T]`` writes NaN to the row's slot.
-
-    Returns:
-      ``(new_pool [N, HV, K, V], o [B, T, HV, V] in q's dtype)``: the outputs of all T tokens.
     """
-    dims = check_kda_inputs(q, k, v, g, beta)
+    dims = contract.check_kda_inputs(q, k, v, g, beta)
     _check_pool(pool, state_indices, dims)
     counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
     if counts is not None and (counts.min() < 0 or counts.max() > dims.seq_len):
         raise ValueError(f"num_accepted_tokens must be in [0, T={dims.seq_len}], got {counts}")
     return _pool_run(pool, state_indices, q, k, v, g, beta, num_accepted_tokens,
-                     scale=resolve_scale(scale, dims.key_dim))  # fmt: skip
+                     scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
 
 
-def _check_pool(pool, state_indices, dims: Dims) -> None:
-    """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` ints, distinct slots in
-    ``[0, N)`` (the values checked when concrete)."""
-    check_float_arrays(pool=pool)
-    check_shape("pool", pool, dims, slots=pool.shape[0] if pool.ndim else None)
+def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
+    """One token's inputs, by their own names, values as in :func:`kda_recurrent` (T = 1)."""
+    dims = contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
+    contract.check_values(beta_t, g_t, allow_neg_eigval=False, raw_gate=False)
+    return dims
+
+
+def _check_pool(pool, state_indices, dims: contract.Dims) -> None:
+    """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` distinct slots in ``[0, N)``
+    (values checked when concrete)."""
+    contract.check_float_arrays(pool=pool)
+    contract.check_shape("pool", pool, dims, slots=pool.shape[0] if pool.ndim else None)
     idx = _batch_ints("state_indices", state_indices, dims.batch)
     if idx is not None and (idx.min() < 0 or idx.max() >= len(pool) or len(set(idx)) < idx.size):
         raise ValueError(f"state_indices must be distinct slots in [0, {len(pool)}), got {idx}")
-
-
-def _check_token(q_t, k_t, v_t, g_t, beta_t) -> Dims:
-    """One token's inputs, by their own names (``q_t`` .. ``beta_t``), and the values as in
-    :func:`kda_recurrent`. Returns the dimensions (T = 1)."""
-    dims = checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
-    check_values(beta_t, g_t, allow_neg_eigval=False, raw_gate=False)
-    return dims
 
 
 def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
@@ -253,16 +211,22 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
     return np.asarray(x) if is_concrete(x) else None
 
 
+def _pool_dtype(q, state):
+    """float32, or float64 when the inputs or the states are float64."""
+    return jnp.promote_types(contract.accumulation_dtype(q.dtype), state.dtype)
+
+
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
-    """The pool steps on checked inputs: gather the rows' slots, run the draft keeping the state
-    after each row's accepted prefix, scatter it back (in place). A row whose slot is out of
-    range or shared outputs NaN and writes nothing; a count outside ``[0, T]`` writes NaN."""
+    """The pool steps on checked inputs: gather the rows' slots, run the draft through
+    :func:`_step` keeping the state after each row's accepted prefix, scatter it back (in
+    place). A row whose slot is out of range or shared outputs NaN and writes nothing; a count
+    outside ``[0, T]`` writes NaN."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)
     ok = in_range & (jnp.zeros(n + 1, jnp.int32).at[safe].add(1)[safe] == 1)  # not shared
-    acc = jnp.promote_types(accumulation_dtype(q.dtype), accumulation_dtype(pool.dtype))
+    acc = _pool_dtype(q, pool)
     initial = pool[jnp.where(ok, slots, 0)].astype(acc)
 
     def step(carry, x):

@@ -5,19 +5,10 @@ Per head, with state ``S [K, V]``::
     S = exp(g_t) * S + outer(k_t, v_t)      # scalar forget gate, plain (additive) write
     o_t = (scale * q_t) @ S                 # read after write
 
-This is the recurrence of Mamba2 (state-space duality, Dao & Gu 2024) with ``k`` in the role
-of B, ``q`` of C, ``v`` of x and ``g = -A dt``: the baseline beside KDA (a per-channel decay
-and the delta rule) and Gated DeltaNet (a per-head decay and the delta rule). Two forms:
-
-* :func:`scalar_decay_recurrent`: one token at a time (``lax.scan``), the oracle; float64
-  under ``jax_enable_x64`` with float64 inputs.
-* :func:`scalar_decay_chunked`: chunks of C tokens: inside a chunk the masked, decayed
-  ``(q k^T) v`` product, between chunks the state passed on (what a layer runs).
-
-Shapes, batch first: ``q, k [B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H]`` (log-space,
-<= 0), state ``[B, H, K, V]``. ``scale`` defaults to ``K ** -0.5``. Both return
-``(o [B, T, H, V], final_state [B, H, K, V])``, computed in float32 (float64 for float64
-inputs) and ``o`` returned in ``v``'s dtype.
+Mamba2's recurrence with ``k`` as B, ``q`` as C, ``v`` as x and ``g = -A dt``. Shapes: ``q, k
+[B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H]`` (<= 0), state ``[B, H, K, V]``; ``scale``
+default ``K ** -0.5``. Both forms return ``(o [B, T, H, V] in v's dtype, final_state)``,
+computed in float32 (float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -51,10 +42,8 @@ def _prepared(q, k, v, g, scale, initial_state):
 
 
 def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets=None):
-    """The recurrence of the module docstring, one token at a time (the oracle).
-
-    ``resets [B, T]`` bool (optional): at a True token the carried state is dropped before the
-    token writes (a new document starts there: :func:`kda_lib.ops.segments.segment_starts`)."""
+    """One token at a time (the oracle); ``resets [B, T]`` bool (optional): at a True token the
+    carried state is dropped before the token writes (a new document starts there)."""
     q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
     out_dtype = v.dtype
     if resets is None:
@@ -74,8 +63,9 @@ def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets
 
 
 def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
-    """The same recurrence in chunks of ``chunk_size`` tokens (T is padded at the end with
-    tokens that neither decay nor write, so the final state is unchanged by them)."""
+    """In chunks of ``chunk_size`` tokens: inside a chunk the masked, decayed ``(q k^T) v``,
+    between chunks the state passed on (T padded at the end with tokens that neither decay nor
+    write)."""
     check_positive_int("chunk_size", chunk_size)
     out_dtype = v.dtype
     q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)

@@ -35,7 +35,6 @@ def _cotangents(key, inputs):
 FORMS = {
     "recurrent": kda_recurrent,
     "streaming": functools.partial(kda_chunked, scan="streaming"),
-    "sequential": functools.partial(kda_chunked, scan="sequential"),
     "associative": functools.partial(kda_chunked, scan="associative"),
 }
 
@@ -61,7 +60,7 @@ def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
 
 def _check_against_oracle(forms, *, grads):
     o_ref, s_ref, g_ref = forms["recurrent"]
-    for scan in ("streaming", "sequential", "associative"):
+    for scan in ("streaming", "associative"):
         o, s, got = forms[scan]
         assert o.dtype == o_ref.dtype
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({scan})")
@@ -159,7 +158,7 @@ def test_chunked_matches_float64_oracle(x64, seq_len):
         )
         cot = _cotangents(jax.random.key(8), inputs)
         forms = _every_form(inputs, cot, with_grads=grads)
-        assert forms["sequential"][0].dtype == jnp.float64
+        assert forms["streaming"][0].dtype == jnp.float64
         _check_against_oracle(forms, grads=grads)
 
 
@@ -188,7 +187,7 @@ def test_chunked_segments_match_oracle(x64):
     forms = _every_form(inputs, cot, ids, with_grads=True)
     assert set(forms["recurrent"][2]) == set(NAMES + ("initial_state",))
     _check_against_oracle(forms, grads=True)
-    for scan in ("streaming", "sequential", "associative"):
+    for scan in ("streaming", "associative"):
         assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
 
 
