@@ -103,19 +103,19 @@ def attention_flops(T: int, K: int, V: int) -> float:
     return T * T * (K + V)
 
 
-def chunked_flops(T: int, C: int, K: int, V: int, scan: str = "sequential") -> float:
+def chunked_flops(T: int, C: int, K: int, V: int, scan: str = "streaming") -> float:
     """Matmul flops of :func:`kda_lib.ops.chunked.kda_chunked` per head (T a multiple of C);
-    ``scan="streaming"`` does the sequential scan's products, one chunk per step."""
+    ``scan="streaming"``: one chunk per scan step; ``"associative"``: the chunk maps composed."""
     if T % C:
         raise ValueError(f"T must be a multiple of C, got T={T}, C={C}")
     terms = chunk_terms(C, K, V)
     n = T // C
-    if scan in ("streaming", "sequential"):
+    if scan == "streaming":
         return n * sum(terms[t] for t in SEQUENTIAL_TERMS)
     if scan == "associative":
         _, compositions = associative_scan_schedule(n)
         return n * sum(terms[t] for t in ASSOCIATIVE_TERMS) + compositions * compose_flops(K, V)
-    raise ValueError(f"scan must be 'streaming', 'sequential' or 'associative', got {scan!r}")
+    raise ValueError(f"scan must be 'streaming' or 'associative', got {scan!r}")
 
 
 def matmul_flops(fn, *args) -> float:
