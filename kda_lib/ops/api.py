@@ -57,55 +57,41 @@ __all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "selec
 
 
 def kda(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    g: jax.Array,
-    beta: jax.Array,
-    *,
-    scale: float | None = None,
-    initial_state: jax.Array | None = None,
-    output_final_state: bool = False,
-    segment_ids: jax.Array | None = None,
-    max_num_segments: int | None = None,
-    a_log: jax.Array | None = None,
-    dt_bias: jax.Array | None = None,
-    lower_bound: float | None = None,
-    use_gate_in_kernel: bool = False,
-    use_qk_l2norm: bool = False,
-    allow_neg_eigval: bool = False,
-    chunk_size: int = 64,
-    implementation: str = "auto",
-    precision: Precision | None = None,
-    output_chunk_states: bool = False,
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, *,
+    scale: float | None = None, initial_state: jax.Array | None = None,
+    output_final_state: bool = False, segment_ids: jax.Array | None = None,
+    max_num_segments: int | None = None, a_log: jax.Array | None = None,
+    dt_bias: jax.Array | None = None, lower_bound: float | None = None,
+    use_gate_in_kernel: bool = False, use_qk_l2norm: bool = False,
+    allow_neg_eigval: bool = False, chunk_size: int = 64, implementation: str = "auto",
+    precision: Precision | None = None, output_chunk_states: bool = False,
     output_token_states: bool = False,
-):
+):  # fmt: skip
     """Kimi Delta Attention with a chosen (or automatically selected) implementation.
 
     Args:
       q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; beta: ``[B, T, HV]``, HV a positive
         multiple of H (value head j reads q/k head ``j // (HV // H)``).
-      g: ``[B, T, HV, K]``: log-space decay (``<= 0``), or with ``use_gate_in_kernel`` the raw
-        gate input, activated inside by :func:`kda_lib.kda_gate`.
+      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input with
+        ``use_gate_in_kernel`` (activated inside by :func:`kda_lib.kda_gate`).
       scale: query scale, default ``K ** -0.5``.
       initial_state: ``[B, HV, K, V]`` (float32), state entering the row's first segment.
       output_final_state: also return the ``[B, HV, K, V]`` state after the last valid token.
       segment_ids: ``[B, T]`` int, 0 = padding; a new segment wherever a real token's id
         differs from the previous real token's.
-      max_num_segments: static bound on the segments in one row (tokamax with segments);
-        checked when eager, under ``jit`` a row with more comes out NaN.
-      a_log: ``[HV]`` log rate of the in-kernel gate (``use_gate_in_kernel`` only).
-      dt_bias: ``[HV * K]`` or ``[HV, K]`` gate bias (``use_gate_in_kernel`` only).
+      max_num_segments: static bound on the segments in one row (tokamax with segments;
+        under ``jit`` a row with more comes out NaN).
+      a_log: ``[HV]``, dt_bias: ``[HV * K]`` or ``[HV, K]``: the in-kernel gate's parameters.
       lower_bound: in [-5, 0). With ``use_gate_in_kernel`` the safe gate
         ``lower_bound * sigmoid(exp(a_log) * (g + dt_bias))`` (None: the softplus gate, which
-        needs ``a_log``). Without, as in fla, a promise that ``g >= lower_bound``, checked
-        when ``g`` is concrete; it never switches the gate on.
+        needs ``a_log``); without, as in fla, a promise that ``g >= lower_bound`` (checked
+        when ``g`` is concrete). It never switches the gate on.
       use_gate_in_kernel: activate the raw ``g`` inside (default False).
       use_qk_l2norm: L2-normalise q and k (eps 1e-6) first.
       allow_neg_eigval: accept beta in [0, 2].
       chunk_size: the chunked form's chunk length, a power of two (default 64; tokamax: 64).
       implementation: one of :data:`IMPLEMENTATIONS` or ``"auto"`` (default).
-      precision: the chunked form's matmul policy, ``"highest"``, ``"input"`` or None
+      precision: the chunked form's matmul policy ``"highest"``, ``"input"`` or None
         (:func:`kda_lib.kda_chunked`); ``"recurrent"`` honours ``"highest"`` only, tokamax none.
       output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``
         (``"chunked"``, ``"recurrent"``).
@@ -117,7 +103,17 @@ def kda(
       ``output_chunk_states`` or ``output_token_states`` the 4-tuple :class:`KDAResult`.
     """
     impl, arrays, options = check_call(**locals())  # every parameter, before any other local
-    result = run(impl, arrays, options)
+    try:
+        result = run(impl, arrays, options)
+    except TypeError as e:  # forward mode reached the chunked form's hand-written backward
+        if "custom_vjp" not in str(e):
+            raise
+        raise TypeError(
+            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
+            "implementation='chunked' (which 'auto' runs above "
+            f"{RECURRENT_MAX_AUTO_T} tokens for large states or off CPU, and for derivatives "
+            "of a gradient): its backward is hand-written; pass implementation='recurrent'"
+        ) from e
     return kda_result(*result, asked=options.output_chunk_states or options.output_token_states)
 
 
@@ -216,22 +212,9 @@ def _routed(forward: Callable, training: Callable, arrays: KDAArrays, options: K
 def _routed_jvp(forward, training, options, primals, tangents):
     (arrays,), (tangent,) = primals, tangents
     floats = [n for n, x in arrays._asdict().items() if x is not None and n != "segment_ids"]
-    try:
-        out, pullback = jax.vjp(
-            lambda diff: training(arrays._replace(**diff), options),
-            {n: getattr(arrays, n) for n in floats},
-        )
-    except TypeError as e:  # a forward-mode pass over this JVP reached a custom_vjp
-        if "custom_vjp" not in str(e):
-            raise
-        raise TypeError(
-            "forward mode over a derivative of kda() (jax.hessian, jax.jacfwd of jax.grad, "
-            "jvp of jvp) cannot run through implementation='chunked', which 'auto' runs for "
-            f"differentiated calls above {RECURRENT_MAX_AUTO_T} tokens (its backward is "
-            "hand-written); pass implementation='recurrent'"
-        ) from e
-    push = jax.linear_transpose(pullback, out)
-    (tangent_out,) = push(({n: getattr(tangent, n) for n in floats},))
+    diff = lambda arrays: {n: getattr(arrays, n) for n in floats}  # noqa: E731
+    out, pullback = jax.vjp(lambda d: training(arrays._replace(**d), options), diff(arrays))
+    (tangent_out,) = jax.linear_transpose(pullback, out)((diff(tangent),))
     return out, tangent_out
 
 
@@ -239,9 +222,7 @@ REGISTRY: dict[str, Implementation] = {
     row.name: row
     for row in (
         Implementation("recurrent", _recurrent, _recurrent_refuses, STATE_PASSING),
-        # forward mode through the hand-written backward: the VJP transposed (_routed)
-        Implementation("chunked", functools.partial(_routed, _chunked, _chunked),
-                       _chunked_refuses, STATE_PASSING),  # fmt: skip
+        Implementation("chunked", _chunked, _chunked_refuses, STATE_PASSING),
         *(
             Implementation(name, functools.partial(_tokamax, v),
                            functools.partial(tokamax_problems, v),

@@ -325,7 +325,8 @@ def _check_mosaic_cp(unsupported: dict, max_num_segments, options: KDAOptions) -
         problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
                         f"got K={dims.key_dim}, V={dims.value_dim}")
     for arg in ("initial_state", "output_final_state"):
-        if unsupported.pop(arg, None) not in (None, False):
+        value = unsupported.pop(arg, None)
+        if value is not None and value is not False:
             problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
     if unsupported:
         raise TypeError(f"kda_context_parallel got unexpected arguments {sorted(unsupported)}")
