@@ -93,12 +93,12 @@ from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
-from kda_lib.ops.api import CHUNKED, IMPLEMENTATIONS, REGISTRY, kda, portable_forms
+from kda_lib.ops.api import IMPLEMENTATIONS, kda, portable_forms, refusals
 from kda_lib.testing import random_kda_inputs
 
 MODES = ("fwd", "fwd+bwd")
 # O(T) dependent steps: slow at large T (recurrent, tokamax_xla)
-SEQUENTIAL_IMPLS = tuple(name for name, backend in REGISTRY.items() if backend.token_by_token)
+SEQUENTIAL_IMPLS = ("recurrent", "tokamax_xla")
 LAYER_ENTRIES = ("layer", "layer_kernel", "layer_projections")
 LOWER_BOUND = -5.0  # safe gate: tokamax's chunked form needs it
 # ratios reported in the JSON and after the table: (numerator, denominator entries)
@@ -159,12 +159,11 @@ def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
 
 def kernel_problem(name: str, cfg: BenchConfig) -> str | None:
     """Why a kda implementation cannot run this configuration here (None: it can), as its
-    backend says (its row's ``config_problems`` in :data:`kda_lib.ops.api.REGISTRY`)."""
+    backend says (:func:`kda_lib.ops.api.refusals`)."""
     if name == "auto":
         return None  # it picks one that can
-    problems = REGISTRY[name].config_problems(
-        key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND, fused_gate=True
-    )
+    problems = refusals(name, key_dim=cfg.key_dim, dtype=cfg.dtype, lower_bound=LOWER_BOUND,
+                        fused_gate=True)  # fmt: skip
     return "; ".join(problems) or None
 
 
@@ -732,7 +731,7 @@ def compare_with_anchors(records: list[dict]) -> dict:
     ours = {
         r["T"]: r["median_ms"]
         for r in records
-        if r["impl"] == CHUNKED.name and r["mode"] == "fwd+bwd" and r.get("median_ms")
+        if r["impl"] == "chunked" and r["mode"] == "fwd+bwd" and r.get("median_ms")
     }
     return {
         f"chunked / {name}": {t: ours[t] / ms for t, ms in anchors.items() if t in ours}

@@ -141,8 +141,8 @@ def test_a_tokamax_implementation_without_tokamax_names_the_extra_before_any_wor
         with pytest.raises(ModuleNotFoundError, match=EXTRA):
             kda_context_parallel(*args, implementation=name)
         # the benchmark skips it with this note; "auto" never picks it, even on a TPU
-        problems = registry.REGISTRY[name].config_problems(
-            key_dim=8, dtype="float32", lower_bound=-5.0, fused_gate=True
+        problems = registry.refusals(
+            name, key_dim=8, dtype="float32", lower_bound=-5.0, fused_gate=True
         )
         assert any("kda-lib[tokamax]" in p for p in problems), problems
     with pytest.raises(ModuleNotFoundError, match=EXTRA):

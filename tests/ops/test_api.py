@@ -191,6 +191,36 @@ def test_forward_mode_autodiff_through_auto(seq_len):
     assert jac.shape == short[2].shape * 2
 
 
+def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
+    """jax.jvp through kda(implementation="chunked") (and "auto" where it runs the chunked form
+    forward: B * HV * K * V >= 65536 on CPU) names the implementation that works."""
+    for seq_len, heads, dim, impl in ((80, 1, 4, "chunked"), (20, 4, 128, "auto")):
+        x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, heads, dim, dim)
+        args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+        run = functools.partial(kda, implementation=impl)
+        with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+            jax.jvp(run, args, args)
+
+
+def test_forward_over_reverse_runs_on_the_scan_and_is_refused_by_name_on_the_chunked_form():
+    """jax.hessian of a scalar of kda()'s output w.r.t. q: up to 16 tokens "auto" runs the scan
+    (plain JAX, any order); the chunked form's backward is hand-written, so forward mode over
+    it is refused naming implementation='chunked' and 'recurrent'."""
+    def hessian(seq_len, implementation):
+        x = random_kda_inputs(jax.random.key(8), 1, seq_len, 1, 4, 4)
+        rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
+        loss = lambda q: jnp.sum(kda(q, *rest, implementation=implementation)[0] ** 2)  # noqa: E731
+        return jax.hessian(loss)(x["q"])
+
+    want = hessian(8, "recurrent")
+    assert want.shape == (1, 8, 1, 4) * 2 and float(jnp.abs(want).max()) > 0
+    np.testing.assert_array_equal(hessian(8, "auto"), want)
+    assert hessian(20, "recurrent").shape == (1, 20, 1, 4) * 2
+    for seq_len, implementation in ((20, "auto"), (8, "chunked")):
+        with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+            hessian(seq_len, implementation)
+
+
 def test_l2_normalize_is_finite_up_to_float32s_largest_values():
     """Before, 2^-127 (the inverse of the scale at 1.8e38) was flushed to zero: NaN."""
     x = jnp.array([[1.8e38, 1.8e38], [-3.4e38, 1.0], [3.0, 4.0]], jnp.float32)

@@ -16,10 +16,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu, kda
-from kda_lib.ops.api import select_implementation
+from kda_lib.ops.api import refusals, select_implementation
 from kda_lib.ops.tokamax import adapter as tokamax_adapter
 from kda_lib.ops.tokamax import emulation
-from kda_lib.ops.tokamax.adapter import mosaic_problems
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import relative_l2
 
@@ -101,8 +100,8 @@ def test_environment_variable_turns_it_on_process_wide(monkeypatch):
     emulation.reset_environment_activation()
     try:
         assert emulation.emulated_chip() == "v6e" and os.environ["PALLAS_INTERPRET"] == "1"
-        assert not mosaic_problems(
-            key_dim=128, dtype=jnp.float32, lower_bound=-5.0, fused_gate=True
+        assert not refusals(
+            "tokamax_mosaic", key_dim=128, dtype=jnp.float32, lower_bound=-5.0, fused_gate=True
         )
     finally:
         monkeypatch.delenv("KDA_EMULATE_TPU")
@@ -145,9 +144,9 @@ def test_a_missing_tokamax_hook_stops_emulation_at_entry(monkeypatch):
 
 def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatch):
     args = dict(key_dim=128, dtype=jnp.bfloat16, lower_bound=-5.0, fused_gate=True)
-    assert "needs a TPU v6 or newer" in mosaic_problems(**args)[0]
+    assert "needs a TPU v6 or newer" in refusals("tokamax_mosaic", **args)[0]
     with emulate_tpu():
-        assert mosaic_problems(**args) == []
+        assert refusals("tokamax_mosaic", **args) == []
         assert select_implementation(seq_len=4096, **args) == "chunked"
 
         def no_tokamax(*args, **kwargs):
@@ -160,7 +159,7 @@ def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatc
         gate = dict(a_log=a_log, lower_bound=-5.0, use_gate_in_kernel=True)
         jax.jit(lambda *a: kda(*a, **gate)).trace(x, x, x, x, beta)
     with emulate_tpu("v5e"):
-        assert mosaic_problems(**args) == [
+        assert refusals("tokamax_mosaic", **args) == [
             "tokamax_mosaic needs a TPU v6 or newer; this is TPU v5 (emulated)"
         ]
 

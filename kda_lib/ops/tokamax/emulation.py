@@ -1,21 +1,17 @@
 """Run tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode.
 
 ``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` work on CPU
-(``kda``, the layer, and tokamax's own context parallelism), to check the TPU code path, not for
-speed (``jax.jit(f, compiler_options=FAST_COMPILE_OPTIONS)`` compiles the interpreted kernels
-about twice as fast). ``implementation="auto"`` never picks the emulated kernel. On a real TPU
-it does nothing; ``KDA_EMULATE_TPU=v6e`` (``1`` means v6e) turns it on for the whole process.
+(``kda``, the layer, tokamax's own context parallelism) to check the TPU code path, not for
+speed; ``"auto"`` never picks the emulated kernel. On a real TPU it does nothing.
+``KDA_EMULATE_TPU=v6e`` (``1``: v6e) turns it on for the whole process.
 
-Four switches, all undone when the context exits (process-wide, not per thread):
-``PALLAS_INTERPRET=1``, which tokamax's kernels read when traced (so trace, and take gradients,
-inside the context); jax's TPU info registry answering for the host's device kind with the
-emulated chip's limits; tokamax's Mosaic op built with ``bypass_device_check=True``
-(:func:`emulated_mosaic_op`); and memory a kernel never writes read
-as zeros instead of interpret mode's NaN (``uninitialized_memory="zero"``: tokamax's Mosaic
-backward sums its gate-parameter gradients over chunk padding it never writes, times an exact
-zero). The hooks are private jax/tokamax internals, listed in :data:`HOOKS` and tested with
-:data:`TESTED_JAX` and :data:`TESTED_TOKAMAX`; a missing one raises
-:class:`EmulationUnavailableError`. Why not jax's abstract-mesh route: docs/DESIGN.md.
+Four process-wide switches, undone when the context exits: ``PALLAS_INTERPRET=1`` (read when
+tokamax's kernels are traced: trace and differentiate inside the context); jax's TPU info
+registry answering for the host's device kind with the emulated chip; tokamax's Mosaic op built
+with ``bypass_device_check=True``; memory a kernel never writes read as zeros, not NaN
+(tokamax's Mosaic backward sums gate gradients over chunk padding it never writes, times zero).
+The private jax/tokamax names it uses are :data:`HOOKS`, all checked before anything is switched
+on (:class:`EmulationUnavailableError` names the tested versions). docs/DESIGN.md section 4.
 """
 
 from __future__ import annotations
@@ -33,16 +29,29 @@ from collections.abc import Iterator
 TESTED_JAX = "0.12.0.1"
 TESTED_TOKAMAX = "0.0.17"
 ENV_VAR = "KDA_EMULATE_TPU"
-INTERPRET_ENV_VAR = "PALLAS_INTERPRET"
 DEFAULT_GENERATION = "v6e"
-# ChipVersion values of jax 0.12 (jax._src.tpu_info.ChipVersion)
-CHIP_VERSIONS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")
-# XLA:CPU options that compile the (large) interpreted kernels ~2x faster; the kernels are tiny
-# at emulation sizes, so the slower code costs nothing. Pass to jax.jit(compiler_options=...).
+CHIP_VERSIONS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")  # jax 0.12
+# XLA:CPU options that compile the (large) interpreted kernels ~2x faster: jax.jit(f,
+# compiler_options=FAST_COMPILE_OPTIONS)
 FAST_COMPILE_OPTIONS = {
     "xla_backend_optimization_level": 0,
     "xla_llvm_disable_expensive_passes": True,
 }
+_TPU_INFO = "jax._src.tpu_info"
+HOOKS = {  # key -> (module, attribute, what for): every private name emulation uses
+    "registry": (_TPU_INFO, "registry", "the TPU info registry"),
+    "chip_version": (_TPU_INFO, "ChipVersion", "the TPU info registry"),
+    "info_for_chip": (_TPU_INFO, "get_tpu_info_for_chip", "the TPU info registry"),
+    "fill": ("jax._src.pallas.primitives", "uninitialized_value", "interpret mode's fill value"),
+    "interpreter": ("jax._src.pallas.hlo_interpreter", "primitives", "interpret mode's fill value"),
+    "interpret_switch": (
+        "tokamax._src.ops.kda.utils", "get_interpret", "tokamax's PALLAS_INTERPRET switch"
+    ),
+    "mosaic_op": (
+        "tokamax._src.ops.kda.pallas_mosaic_tpu", "PallasMosaicTpuKimiDeltaAttention",
+        "tokamax's Mosaic op with bypass_device_check=True",
+    ),
+}  # fmt: skip
 
 _stack: list[str] = []  # chip versions of the active emulate_tpu contexts, innermost last
 _env_checked = False
@@ -60,9 +69,7 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def unavailable_error(what: str) -> EmulationUnavailableError:
-    """The error for a hook emulation needs that this installation lacks (``what``), naming
-    the tested and installed versions of jax and tokamax."""
+def _unavailable(what: str) -> EmulationUnavailableError:
     return EmulationUnavailableError(
         f"kda_lib.emulate_tpu needs {what}, which this installation lacks. It was tested with "
         f"jax {TESTED_JAX} and tokamax {TESTED_TOKAMAX}; installed: jax {_version('jax')}, "
@@ -71,72 +78,38 @@ def unavailable_error(what: str) -> EmulationUnavailableError:
     )
 
 
-@functools.cache
-def _warn_if_untested() -> None:
-    found = (_version("jax"), _version("tokamax"))
-    if found != (TESTED_JAX, TESTED_TOKAMAX):
-        warnings.warn(
-            f"kda_lib.emulate_tpu was tested with jax {TESTED_JAX} and tokamax "
-            f"{TESTED_TOKAMAX}, found jax {found[0]} and tokamax {found[1]}; it relies on "
-            "private hooks, check its results against implementation='chunked'",
-            stacklevel=3,
-        )
-
-
-_TPU_INFO = lambda: importlib.import_module("jax._src.tpu_info")  # noqa: E731
-_PRIMITIVES = lambda: importlib.import_module("jax._src.pallas.primitives")  # noqa: E731
-_INTERPRETER = lambda: importlib.import_module("jax._src.pallas.hlo_interpreter")  # noqa: E731
-_TK_UTILS = lambda: importlib.import_module("tokamax._src.ops.kda.utils")  # noqa: E731
-_TK_MOSAIC = lambda: importlib.import_module("tokamax._src.ops.kda.pallas_mosaic_tpu")  # noqa: E731
-
-# every private jax/tokamax name emulation uses: key -> (module loader, attribute, what for)
-HOOKS = {
-    "registry": (_TPU_INFO, "registry", "the TPU info registry"),
-    "chip_version": (_TPU_INFO, "ChipVersion", "the TPU info registry"),
-    "info_for_chip": (_TPU_INFO, "get_tpu_info_for_chip", "the TPU info registry"),
-    "fill": (_PRIMITIVES, "uninitialized_value", "interpret mode's fill value"),
-    "interpreter": (_INTERPRETER, "primitives", "interpret mode's fill value"),
-    "interpret_switch": (_TK_UTILS, "get_interpret", "tokamax's PALLAS_INTERPRET switch"),
-    "mosaic_op": (
-        _TK_MOSAIC,
-        "PallasMosaicTpuKimiDeltaAttention",
-        "tokamax's Mosaic op with bypass_device_check=True",
-    ),
-}
-
-
-def hook(key: str):
-    """The module holding ``HOOKS[key]``'s attribute, after checking the attribute is there
-    (:class:`EmulationUnavailableError` if not; tokamax missing: ModuleNotFoundError)."""
-    load, attribute, what = HOOKS[key]
-    if load in (_TK_UTILS, _TK_MOSAIC) and importlib.util.find_spec("tokamax") is None:
+def _hooks() -> dict:
+    """``{key: module}`` for every :data:`HOOKS` entry, each checked to be there and of the
+    expected kind (EmulationUnavailableError; tokamax missing: ModuleNotFoundError)."""
+    if importlib.util.find_spec("tokamax") is None:
         raise ModuleNotFoundError(
             "kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode) needs tokamax, which "
-            "is not installed: pip install 'kda-lib[tokamax]'",
-            name="tokamax",
-        )
-    try:
-        module = load()
-    except ImportError as e:
-        raise unavailable_error(f"{e.name} ({what})") from e
-    if not hasattr(module, attribute):
-        raise unavailable_error(f"{module.__name__}.{attribute} ({what})")
-    return module
-
-
-def _check_hooks():
-    """Every hook present and of the expected kind, before anything is switched on."""
-    for key in HOOKS:
-        hook(key)
-    tpu_info, primitives = hook("registry"), hook("fill")
-    op = hook("mosaic_op").PallasMosaicTpuKimiDeltaAttention
-    if not isinstance(tpu_info.registry, dict):
-        raise unavailable_error("jax._src.tpu_info.registry as a dict (the TPU info registry)")
-    if hook("interpreter").primitives is not primitives:
-        raise unavailable_error("jax._src.pallas.hlo_interpreter reading primitives' fill value")
+            "is not installed: pip install 'kda-lib[tokamax]'", name="tokamax",
+        )  # fmt: skip
+    found = {}
+    for key, (name, attribute, what) in HOOKS.items():
+        try:
+            found[key] = importlib.import_module(name)
+        except ImportError as e:
+            raise _unavailable(f"{e.name} ({what})") from e
+        if not hasattr(found[key], attribute):
+            raise _unavailable(f"{name}.{attribute} ({what})")
+    if not isinstance(found["registry"].registry, dict):
+        raise _unavailable(f"{_TPU_INFO}.registry as a dict (the TPU info registry)")
+    if found["interpreter"].primitives is not found["fill"]:
+        raise _unavailable("jax._src.pallas.hlo_interpreter reading primitives' fill value")
+    op = found["mosaic_op"].PallasMosaicTpuKimiDeltaAttention
     if "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
-        raise unavailable_error("PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)")
-    return tpu_info, primitives
+        raise _unavailable("PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)")
+    return found
+
+
+@functools.cache
+def emulated_mosaic_op():
+    """tokamax's Mosaic KDA op with its TPU device check bypassed (called with
+    ``kimi_delta_attention``'s keywords minus ``implementation``)."""
+    op = _hooks()["mosaic_op"].PallasMosaicTpuKimiDeltaAttention
+    return op(bypass_device_check=True)
 
 
 def _zero_fill(original):
@@ -147,14 +120,12 @@ def _zero_fill(original):
             return jnp.zeros(shape, dtype)
         return original(shape, dtype)
 
-    uninitialized_value.kda_lib_zero_fill = True
-    uninitialized_value.__wrapped_original__ = original
+    uninitialized_value.kda_lib_original = original
     return uninitialized_value
 
 
 def _chip(generation: str) -> str:
-    name = str(generation).strip().lower()
-    name = name.removeprefix("tpu").strip()
+    name = str(generation).strip().lower().removeprefix("tpu").strip()
     if name not in CHIP_VERSIONS:
         raise ValueError(
             f"emulate_tpu: unknown TPU generation {generation!r}; use one of {CHIP_VERSIONS} "
@@ -163,56 +134,46 @@ def _chip(generation: str) -> str:
     return name
 
 
-def _host_device():
+def _on_tpu() -> bool:
     import jax
 
-    return jax.devices()[0]
-
-
-def _clear_tpu_info_cache(get_tpu_info) -> None:
-    getattr(get_tpu_info, "cache_clear", lambda: None)()
-
-
-@functools.cache
-def emulated_mosaic_op():
-    """tokamax's Mosaic KDA op with its TPU device check bypassed, called with the keyword
-    arguments of tokamax's ``kimi_delta_attention`` minus ``implementation``."""
-    _check_hooks()
-    return hook("mosaic_op").PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
+    return jax.devices()[0].platform == "tpu"
 
 
 @contextlib.contextmanager
 def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
-    tpu_info, primitives = _check_hooks()
-    registry, get_tpu_info = tpu_info.registry, getattr(tpu_info, "get_tpu_info", None)
-    _warn_if_untested()
-    kind = _host_device().device_kind
-    version, info_for_chip = tpu_info.ChipVersion(chip), tpu_info.get_tpu_info_for_chip
-    saved_env = os.environ.get(INTERPRET_ENV_VAR)
-    saved_entry = registry.get(kind)
-    saved_fill = primitives.uninitialized_value
-    os.environ[INTERPRET_ENV_VAR] = "1"
-    registry[kind] = lambda: info_for_chip(version, 1)
-    if uninitialized_memory == "zero" and not hasattr(saved_fill, "kda_lib_zero_fill"):
-        primitives.uninitialized_value = _zero_fill(saved_fill)
-    elif uninitialized_memory == "nan" and hasattr(saved_fill, "kda_lib_zero_fill"):
-        primitives.uninitialized_value = saved_fill.__wrapped_original__
-    _clear_tpu_info_cache(get_tpu_info)
+    import jax
+
+    hooks = _hooks()
+    tpu_info, primitives = hooks["registry"], hooks["fill"]
+    if (_version("jax"), _version("tokamax")) != (TESTED_JAX, TESTED_TOKAMAX):
+        warnings.warn(f"kda_lib.emulate_tpu was tested with jax {TESTED_JAX} and tokamax "
+                      f"{TESTED_TOKAMAX}; it relies on private hooks, check its results against "
+                      "implementation='chunked'", stacklevel=4)  # fmt: skip
+    registry, kind = tpu_info.registry, jax.devices()[0].device_kind
+    clear = getattr(getattr(tpu_info, "get_tpu_info", None), "cache_clear", lambda: None)
+    saved = (os.environ.get("PALLAS_INTERPRET"), registry.get(kind), primitives.uninitialized_value)
+    original = getattr(saved[2], "kda_lib_original", saved[2])
+    version = tpu_info.ChipVersion(chip)
+    os.environ["PALLAS_INTERPRET"] = "1"
+    registry[kind] = lambda: tpu_info.get_tpu_info_for_chip(version, 1)
+    primitives.uninitialized_value = (
+        _zero_fill(original) if uninitialized_memory == "zero" else original
+    )
+    clear()
     _stack.append(chip)
     try:
         yield
     finally:
         _stack.pop()
-        primitives.uninitialized_value = saved_fill
-        if saved_env is None:
-            os.environ.pop(INTERPRET_ENV_VAR, None)
-        else:
-            os.environ[INTERPRET_ENV_VAR] = saved_env
-        if saved_entry is None:
-            registry.pop(kind, None)
-        else:
-            registry[kind] = saved_entry
-        _clear_tpu_info_cache(get_tpu_info)
+        primitives.uninitialized_value = saved[2]
+        for mapping, key, value in ((os.environ, "PALLAS_INTERPRET", saved[0]),
+                                    (registry, kind, saved[1])):  # fmt: skip
+            if value is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = value
+        clear()
 
 
 @contextlib.contextmanager
@@ -222,27 +183,19 @@ def emulate_tpu(
     """Within the block, ``implementation="tokamax_mosaic"`` runs on CPU in interpret mode.
 
     Args:
-      generation: the TPU chip to emulate, one of :data:`CHIP_VERSIONS` (default ``"v6e"``;
-        tokamax's Mosaic KDA needs v6e or newer). Its hardware limits (VMEM, lanes) shape the
-        kernel's blocking exactly as on that chip.
+      generation: the TPU chip to emulate, one of :data:`CHIP_VERSIONS` (default ``"v6e"``);
+        its limits (VMEM, lanes) shape the kernel's blocking as on that chip.
       uninitialized_memory: what a kernel reads from memory it never wrote, ``"zero"``
-        (default) or ``"nan"`` (jax's interpret-mode default; see the module docstring for
-        why tokamax's gate-parameter gradients need ``"zero"``).
+        (default) or ``"nan"`` (jax's interpret-mode default).
 
-    Yields:
-      The emulated chip version, or None on a real TPU (where the block runs unchanged).
-
-    Raises:
-      EmulationUnavailableError: a private jax/tokamax hook is missing (the message names the
-        tested versions, :data:`TESTED_JAX` and :data:`TESTED_TOKAMAX`).
+    Yields the emulated chip, or None on a real TPU (where the block runs unchanged). Raises
+    EmulationUnavailableError where a private jax/tokamax hook is missing.
     """
     chip = _chip(generation)
     if uninitialized_memory not in ("zero", "nan"):
-        raise ValueError(
-            f"emulate_tpu: uninitialized_memory must be 'zero' or 'nan', "
-            f"got {uninitialized_memory!r}"
-        )
-    if _host_device().platform == "tpu":
+        raise ValueError(f"emulate_tpu: uninitialized_memory must be 'zero' or 'nan', "
+                         f"got {uninitialized_memory!r}")  # fmt: skip
+    if _on_tpu():
         yield None
         return
     with _emulating(chip, uninitialized_memory):
@@ -251,38 +204,32 @@ def emulate_tpu(
 
 def _activate_from_environment() -> None:
     """Turn emulation on for the rest of the process if ``KDA_EMULATE_TPU`` asks for it."""
-    global _env_checked
+    global _env_checked, _env_context
     if _env_checked:
         return
     _env_checked = True
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value in ("", "0", "false", "no", "off"):
         return
-    chip = DEFAULT_GENERATION if value in ("1", "true", "yes", "on") else value
     try:
-        chip = _chip(chip)
+        chip = _chip(DEFAULT_GENERATION if value in ("1", "true", "yes", "on") else value)
     except ValueError as e:
         raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: {e}") from None
-    if _host_device().platform == "tpu":
+    if _on_tpu():
         return
-    global _env_context
     _env_context = _emulating(chip, "zero")
-    _env_context.__enter__()  # exited by reset_environment_activation
-    # and at exit, while the interpreter is whole: left suspended, the generator would be
-    # closed during shutdown, after module globals are gone (an ignored AttributeError
-    # traceback on stderr in every process)
+    _env_context.__enter__()
+    # exited at exit while the interpreter is whole (a generator closed during shutdown
+    # prints an ignored AttributeError traceback)
     atexit.register(reset_environment_activation)
 
 
 def reset_environment_activation() -> None:
-    """Undo a ``KDA_EMULATE_TPU`` activation, and read the variable again at the next
-    emulation query: for a process that changes the variable after the first query (the tests
-    do; otherwise it is read once per process)."""
+    """Undo a ``KDA_EMULATE_TPU`` activation; the variable is read again at the next query."""
     global _env_checked, _env_context
     if _env_context is not None:
         _env_context.__exit__(None, None, None)
-    _env_context = None
-    _env_checked = False
+    _env_context, _env_checked = None, False
 
 
 def emulated_chip() -> str | None:
