@@ -6,7 +6,8 @@ and dtype; for a function, one returning them); routes through kda_lib (a librar
 ``functools.partial`` or ``jax.jit`` of one, a lambda around the right answer that calls the
 library); rule breakers the exercise text names; and the other exercises' worked solutions.
 Every value and function each notebook defines before its exercise cell (08's and 09's trained
-results included) is fed to its exercises in the notebook's own kernel while test_notebooks executes it
+results included) is fed to its exercises in the notebook's own kernel while test_notebooks
+executes it
 (tests/teaching/namespace_attack.py, run by run_nbval.py).
 """
 
