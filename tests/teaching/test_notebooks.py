@@ -135,7 +135,7 @@ def test_badge_and_setup_cell_follow_the_repository_url(source):
 # with its `# %%` marker a cell of the paired .py is at most 25 lines
 MAX_CODE_CELL_LINES = 24
 # one idea per notebook, readable in 30-45 minutes (issue 42): deep dives live in DESIGN
-MAX_NOTEBOOK_LINES = 600
+MAX_NOTEBOOK_LINES = 450
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
@@ -150,7 +150,7 @@ def test_code_cells_are_short(source):
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
-def test_notebook_source_is_at_most_600_lines(source):
+def test_notebook_source_is_at_most_450_lines(source):
     lines = len(source.read_text().splitlines())
     assert lines <= MAX_NOTEBOOK_LINES, (
         f"{source.name} is {lines} lines (at most {MAX_NOTEBOOK_LINES}): move a deep dive to "
@@ -297,20 +297,60 @@ def test_nbval_runner_fails_a_cell_that_writes_to_stderr(tmp_path):
     assert "1 failed, 1 passed" in run.stdout, run.stdout
 
 
+def test_nbval_runner_fails_a_notebook_whose_namespace_holds_an_answer(tmp_path):
+    """The red team in the kernel (run_nbval.NamespaceAttack): a notebook that defines a right
+    answer before its exercise cell fails there, naming exercise and name; without the
+    environment variable (``make notebooks``, users) no attack runs."""
+    solutions = ROOT / "notebooks" / "solutions" / "ch02.py"
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "import importlib.util\n"
+                f"spec = importlib.util.spec_from_file_location('ch02', {str(solutions)!r})\n"
+                "ch02 = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(ch02)\n"
+                "right = next(a for i, a, _, _ in ch02.cases() if i == '02.1')\n"
+                "def leaked(*args):\n    return right(*args)"
+            ),
+            nbformat.v4.new_code_cell(
+                "from kda_lib.teaching import exercises\nanswer = leaked\n"
+                "exercises.check('02.1', answer)"
+            ),
+        ]
+    )
+    nb.metadata["kernelspec"] = {"name": KERNEL, "display_name": "Python 3"}
+    nbformat.write(nb, tmp_path / "leaky.ipynb")
+    report = tmp_path / "attack.json"
+    command = [sys.executable, str(pathlib.Path(run_nbval.__file__)), str(tmp_path / "leaky.ipynb")]
+    env = {**_user_environment(), "PYTHONPATH": str(ROOT), run_nbval.ATTACK_ENV: str(report)}
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "red team" in run.stdout and "['02.1', 'leaked']" in run.stdout, run.stdout
+    assert "1 failed, 1 passed" in run.stdout, run.stdout
+    accepted = json.loads(report.read_text())["accepted"]
+    assert accepted == [["02.1", "leaked"], ["02.1", "leaked (partial)"]]
+    env.pop(run_nbval.ATTACK_ENV)
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+    assert "2 passed" in run.stdout, run.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
-def test_notebook_executes(source):
+def test_notebook_executes(source, tmp_path):
     """The stored notebook, CI parameters, under nbval (tests/teaching/run_nbval.py): every cell
     runs without an error, within the cell timeout, and writes nothing to stderr (XLA flags:
-    :func:`_notebook_environment`)."""
+    :func:`_notebook_environment`); and, just before its first exercise cell, every value and
+    function the notebook built is fed to each of its exercises in its kernel and must be
+    refused (the red team, tests/teaching/namespace_attack.py)."""
     ipynb = source.with_suffix(".ipynb")
+    report = tmp_path / "namespace_attack.json"
     if not ipynb.exists():
         pytest.fail(f"{ipynb.name} is missing: run `make sync`")
     start = time.perf_counter()
     run = subprocess.run(
         [sys.executable, str(pathlib.Path(run_nbval.__file__)), str(ipynb)],
         cwd=ROOT,
-        env=_notebook_environment(source.stem),
+        env={**_notebook_environment(source.stem), run_nbval.ATTACK_ENV: str(report)},
         capture_output=True,
         text=True,
     )
@@ -321,6 +361,10 @@ def test_notebook_executes(source):
         f"{ipynb.name} failed under nbval (rerun: python tests/teaching/run_nbval.py {ipynb}):\n"
         + (run.stdout + run.stderr)[-8000:]
     )
+    if "check(" in source.read_text():
+        attacks = json.loads(report.read_text())
+        print(f"{source.stem}: {attacks['tried']} namespace attacks on {attacks['exercises']}")
+        assert attacks["tried"] > 10 and not attacks["accepted"], attacks
 
 
 def _assigned_names(code: str) -> set[str]:

@@ -4,13 +4,11 @@ every correct answer written another way must pass.
 Attack families, per exercise: degenerate answers (NaN, inf, zeros, a constant, the wrong shape
 and dtype; for a function, one returning them); routes through kda_lib (a library function,
 ``functools.partial`` or ``jax.jit`` of one, a lambda around the right answer that calls the
-library); rule breakers the exercise text names; the other exercises' worked solutions; and every
-value and function defined in the notebook before its exercise cell. The notebook namespaces of
-07 and 10 come from running their sources up to the exercise cell with the CI parameters; 06's
-takes about a minute (two trainings) and is marked slow. 08 and 09 train sweeps of models for
-minutes: their trained results are stubbed here (an accuracy table, loss curves, cache
-measurements of the same shapes as the notebook's), so their namespace rows test the checkers
-against those stubs, not the notebooks' own values.
+library); rule breakers the exercise text names; and the other exercises' worked solutions.
+Every value and function each notebook defines before its exercise cell (08's and 09's trained
+results included) is fed to its exercises in the notebook's own kernel while test_notebooks
+executes it
+(tests/teaching/namespace_attack.py, run by run_nbval.py).
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ import contextlib
 import functools
 import importlib.util
 import math
-import os
 import pathlib
-import re
 import signal
 
 import jax
@@ -462,113 +458,3 @@ def test_correct_answers_written_differently_pass():
                for eid, name, answer, context in _alternatives()
                if not _accepted(eid, answer, context)]
     assert not refused, f"refused: {refused}"
-
-
-# --- the notebooks' own namespaces -------------------------------------------------------------
-
-def _namespace(stem: str) -> dict:
-    """Run ``notebooks/<stem>.py`` (CI parameters: its defaults) up to its exercise cell. A cell
-    whose assert fails (07's wall-time asserts, under a loaded test machine) is passed over:
-    the names it defined before the assert are kept; test_notebooks checks the asserts."""
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    import matplotlib.pyplot as plt
-
-    source = (ROOT / "notebooks" / f"{stem}.py").read_text()
-    namespace = {"__name__": "__notebook__"}
-    for cell in re.split(r"^# %%.*$", source, flags=re.M)[1:]:
-        if "exercises.check(" in cell:
-            break
-        code = "\n".join(line for line in cell.splitlines()
-                         if not line.lstrip().startswith(("%", "!")))
-        try:
-            exec(compile(code, f"{stem}.py", "exec"), namespace)  # noqa: S102 - our notebook
-        except AssertionError:  # a timing assert under this machine's load; names stay
-            pass
-    plt.close("all")
-    return namespace
-
-
-def _contexts(stem: str, ns: dict) -> dict:
-    if stem.startswith("06"):
-        return {"06.1": {}, "06.2": {},
-                "06.3": dict(p=ns["seq_len"] - ns["delay"], seq_len=ns["seq_len"],
-                             delay=ns["delay"], conv_size=ns["conv_size"])}
-    if stem.startswith("07"):
-        return {"07.1": {}, "07.2": {}, "07.3": {}}
-    from kda_lib.models import presets
-
-    kimi = presets.KIMI_LINEAR_48B.name
-    return {"10.1": dict(preset=presets.KIMI_K3.name, context=ns["contexts"][0]),
-            "10.2": dict(preset=kimi, ranks=8), "10.3": dict(preset=kimi)}
-
-
-_SETTINGS = ("jax_threefry_partitionable", "jax_enable_x64", "jax_default_matmul_precision",
-             "jax_default_prng_impl")  # conftest's GUARDED_SETTINGS
-
-
-def _attackable(value) -> bool:
-    """Values, and the functions the notebook defines or imports from kda_lib's computing
-    modules; third-party callables (plt, time, print, ...) and kda_lib.teaching's
-    notebook-setup helpers are not answers (one of them, called with a checker's
-    arguments, closes pytest's captured streams)."""
-    if not callable(value):
-        return True
-    module = getattr(value, "__module__", "") or ""
-    return module == "__notebook__" or (
-        module.startswith("kda_lib") and not module.startswith("kda_lib.teaching")
-    )
-
-
-def _namespace_attacks(stem: str):
-    settings = {name: getattr(jax.config, name) for name in _SETTINGS}
-    try:
-        ns = _namespace(stem)  # notebook.setup() sets jax's settings for the notebook
-    finally:
-        for name, value in settings.items():
-            jax.config.update(name, value)
-    accepted = []
-    for eid, context in _contexts(stem, ns).items():
-        for name, value in ns.items():
-            if name.startswith("__") or isinstance(value, type(os)) or not _attackable(value):
-                continue
-            if not _refused(eid, value, context):
-                accepted.append((eid, name))
-    return accepted
-
-
-@pytest.mark.parametrize("stem", ["07_decoding", "10_kimi_linear_at_scale"])
-def test_notebook_values_and_functions_are_refused(stem):
-    accepted = _namespace_attacks(stem)
-    assert not accepted, f"{stem}: (exercise, notebook name) accepted: {accepted}"
-
-
-@pytest.mark.slow
-def test_notebook_06_values_and_functions_are_refused():
-    accepted = _namespace_attacks("06_training_delayed_copy")
-    assert not accepted, f"06: (exercise, notebook name) accepted: {accepted}"
-
-
-def test_stubbed_08_09_results_are_refused():
-    """08 and 09 train for minutes: their exercises that take the trained results get stubs of
-    the same structure (documented above); their echoes of the stub must be refused."""
-    _, ctx082 = _cases()["08.2"]
-    accuracy = ctx082["accuracy"]
-    stub_08 = {
-        "accuracy": accuracy, "cells": list(accuracy), "tasks": sorted({t for t, _, _ in accuracy}),
-        "seq_lens": sorted({n for _, _, n in accuracy}), "two_scale_len": 256,
-        "half_lives": (1.0, 8.0, 64.0), "vocab_size": 32, "num_pairs": 4, "conv_reach": 3,
-    }
-    _, ctx093 = _cases()["09.3"]
-    _, ctx092 = _cases()["09.2"]
-    _, ctx091 = _cases()["09.1"]
-    counts = np.arange(256) + 1.0  # section 2's unigram: its table, probabilities and score
-    stub_09 = {**ctx091, **ctx092, **ctx093, "counts": counts, "p": counts / counts.sum(),
-               "unigram_bpb": 5.1, "names": ["attention", "kda", "gdn", "hybrid"]}
-    accepted = []
-    for stub, ids in ((stub_08, ("08.1", "08.2", "08.3", "08.4")),
-                      (stub_09, ("09.1", "09.2", "09.3"))):
-        for eid in ids:
-            for name, value in stub.items():
-                if not _refused(eid, value, _cases()[eid][1]):
-                    accepted.append((eid, name))
-    assert not accepted, f"accepted: {accepted}"
