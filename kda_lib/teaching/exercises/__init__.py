@@ -87,7 +87,21 @@ def refuse_degenerate(
     return None
 
 
-_OWN = __name__  # the checkers themselves may run while an answer runs (they call it)
+# the machinery that calls an answer; the checkers (chNN) count as library: an answer that
+# calls a checker's reference function is refused, except the helpers marked @machinery
+_OWN = (__name__, f"{__name__}._routes")
+MACHINERY_CODE: set = set()
+
+
+def machinery(fn):
+    """Marks a checker helper that runs while an answer runs (an interpreter, a patched
+    ``np.exp``): its code, nested functions and lambdas included, is not an answer route."""
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        MACHINERY_CODE.add(code)
+        stack += [c for c in code.co_consts if isinstance(c, type(code))]
+    return fn
 LIBRARY_HINT = (
     "your answer runs kda_lib code; this exercise asks you to write it yourself (NumPy or jnp)"
 )
@@ -101,7 +115,8 @@ class _LibraryEntered(BaseException):
 @contextlib.contextmanager
 def library_calls() -> Iterator[list[str]]:
     """While the block runs, stop it at the first Python frame of ``kda_lib`` that is entered
-    (the checkers' own package excepted), whatever the route: the function itself,
+    (the machinery calling the answer excepted; the checkers' reference functions count),
+    whatever the route: the function itself,
     ``functools.partial``, a lambda, a notebook function that calls it, ``jax.jit`` of it
     (JAX's compilation caches are cleared first, so a jitted function is traced again). The
     list yielded holds the module entered (empty if none); the block ends there, quietly."""
@@ -110,8 +125,10 @@ def library_calls() -> Iterator[list[str]]:
     def profile(frame, event, _arg):
         if event == "call" and not entered:
             module = frame.f_globals.get("__name__") or ""
-            if (module == "kda_lib" or module.startswith("kda_lib.")) and not module.startswith(
-                _OWN
+            if (
+                (module == "kda_lib" or module.startswith("kda_lib."))
+                and module not in _OWN
+                and frame.f_code not in MACHINERY_CODE
             ):
                 entered.append(module)
                 raise _LibraryEntered(module)

@@ -2,9 +2,10 @@
 library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
 
 :func:`call_own_work` runs ``answer(*args)`` under a profile hook (``sys.setprofile``) that
-records every Python frame whose code lives in the ``kda_lib`` package outside
-``kda_lib/teaching/exercises`` (the checkers themselves); ``functools.partial``, ``jax.jit``
-and lambdas around a library function all end in such a frame, so they are refused too.
+records every Python frame whose code lives in the ``kda_lib`` package (the checkers' own
+reference functions included) outside the machinery that calls the answer;
+``functools.partial``, ``jax.jit`` and lambdas around a library function all end in such a
+frame, so they are refused too.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from typing import Any
 import jax
 
 import kda_lib
-from kda_lib.teaching.exercises import call_answer
+from kda_lib.teaching.exercises import MACHINERY_CODE, call_answer
 
 _LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
 _CHECKERS = os.path.join(_LIBRARY, "teaching", "exercises") + os.sep
+# the machinery that calls the answer; the checkers (chNN.py) and their reference functions
+# count as library code: an answer that calls them is refused
+_MACHINERY = (_CHECKERS + "__init__.py", _CHECKERS + "_routes.py")
 
 
 def _is_library(filename: str) -> bool:
     path = os.path.abspath(filename)
-    return path.startswith(_LIBRARY) and not path.startswith(_CHECKERS)
+    return path.startswith(_LIBRARY) and path not in _MACHINERY
 
 
 def call_own_work(
@@ -37,7 +41,11 @@ def call_own_work(
     seen: list[str] = []
 
     def hook(frame, event, _arg):
-        if event == "call" and _is_library(frame.f_code.co_filename):
+        if (
+            event == "call"
+            and _is_library(frame.f_code.co_filename)
+            and frame.f_code not in MACHINERY_CODE
+        ):
             module = frame.f_globals.get("__name__", "")
             if not any(module.endswith(a) for a in allowed):
                 seen.append(f"{module}.{frame.f_code.co_name}")

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import call_answer, checker, machinery, refuse_degenerate
 
 
 def _close(actual, expected, tol=1e-5) -> bool:
@@ -63,6 +63,7 @@ def _gdn_expected(q, k, g, scale):
 _EXP_PRIMITIVES = ("exp", "exp2", "pow", "expm1")
 
 
+@machinery
 def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
     """``(largest exponent, outputs)`` of ``answer`` run through its jaxpr equation by equation
     (JAX answers, jitted or not), or None if it does not trace with JAX (a NumPy answer)."""
@@ -98,6 +99,7 @@ def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
 
 
 @contextlib.contextmanager
+@machinery
 def _numpy_exponents():
     """While the block runs, NumPy's and ``jnp``'s ``exp``, ``exp2``, ``expm1``, ``power``
     (the exponent), ``jax.lax``'s, ``math.exp`` and JAX's exp primitives bound on concrete

@@ -82,41 +82,67 @@ def critical_path(jaxpr, in_depths=None) -> list[int]:
 
 
 # At R = 256 an associative scan's 2 log2 R - 1 = 15 rounds chain about 80 equations (the
-# worked solution: 78); a loop over the ranks chains at least one per rank, 256.
-_TRACED_RANKS = 256
+# worked solution: 78); a loop over the ranks chains at least one per rank, 256. From R = 256
+# to 1024 a logarithmic fold adds two rounds per doubling (depth x ~1.3); a fold in sqrt(R)
+# blocks doubles its depth, a loop quadruples it.
+_TRACED_RANKS = (256, 1024)
+_CALLBACKS = ("pure_callback", "io_callback", "callback", "debug_callback")
 
 
-def _sequential_route(answer) -> str | None:
-    """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
-    (lax.scan, fori_loop, while_loop) in its jaxpr, or a dependency chain of R / 2 = 128
-    equations or more at R = 256 (a Python loop, however it writes the products)."""
+def _depth(answer, r: int):
+    """(jaxpr, None) of ``answer`` traced at R = ``r``, or (None, hint)."""
     import jax
     import jax.numpy as jnp
 
     from kda_lib.teaching.exercises import library_calls
 
-    r = _TRACED_RANKS
     try:
         with library_calls() as entered:
             traced = jax.make_jaxpr(answer)(jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3)))
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-        return (
+        return None, (
             f"tracing entering_states with jax raised {type(error).__name__}: write it with "
             "jnp and jax.lax (it runs under jax.make_jaxpr), not NumPy"
         )
     if entered:
-        return "your answer runs kda_lib code; write the fold yourself with jax.lax"
-    counts = _primitive_counts(traced.jaxpr, {})
-    if counts.get("scan", 0) or counts.get("while", 0):
-        return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
-    depth = max(critical_path(traced.jaxpr), default=0)
-    if depth >= r // 2:
+        return None, "your answer runs kda_lib code; write the fold yourself with jax.lax"
+    return traced, None
+
+
+def _sequential_route(answer) -> str | None:
+    """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
+    (lax.scan, fori_loop, while_loop) or a host callback in its jaxpr, a dependency chain of
+    R / 2 = 128 equations or more at R = 256 (a Python loop, however it writes the products),
+    or a chain that grows faster than logarithmically from R = 256 to 1024."""
+    depths = []
+    for r in _TRACED_RANKS:
+        traced, hint = _depth(answer, r)
+        if hint:
+            return hint
+        counts = _primitive_counts(traced.jaxpr, {})
+        if counts.get("scan", 0) or counts.get("while", 0):
+            return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
+        if any(counts.get(name, 0) for name in _CALLBACKS):
+            return "a host callback hides the fold from jax: write it with jnp and jax.lax"
+        depths.append(max(critical_path(traced.jaxpr), default=0))
+        if depths[-1] >= r // 2:
+            return (
+                f"at R = {r} your function chains {depths[-1]} operations one after another, "
+                "about one or more per rank (a Python loop?): an associative scan's "
+                "2 log2 R - 1 rounds chain far fewer"
+            )
+    if depths[1] > 1.5 * depths[0]:
         return (
-            f"at R = {r} your function chains {depth} operations one after another, about one "
-            "or more per rank (a Python loop?): an associative scan's 2 log2 R - 1 rounds "
-            "chain far fewer"
+            f"from R = 256 to 1024 your chain of dependent operations grows from {depths[0]} to "
+            f"{depths[1]}: a logarithmic fold adds only two rounds per doubling of R"
         )
     return None
+
+
+def _jitted(answer):
+    import jax
+
+    return jax.jit(answer) if callable(answer) else answer
 
 
 @checker("05.2")
@@ -130,7 +156,9 @@ def fold_any_ranks(answer, **_):
         for summary in maps:
             want.append(state)
             state = _apply(summary, state)
-        got, hint = call_answer(answer, ms, es, name="entering_states(ms, es)", own_code=True)
+        # under jax.jit: the values checked are those of the traced program measured below
+        got, hint = call_answer(_jitted(answer), ms, es, name="entering_states(ms, es)",
+                                own_code=True)
         hint = hint or refuse_degenerate(
             got, shape=(r, 4, 3), inputs=(es,), what=f"the states for R = {r}"
         )
