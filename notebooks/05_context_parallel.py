@@ -255,7 +255,7 @@ viz.show(cpt.plot_folded_states(norms, boundaries, folded_norms), "05_folded_sta
 
 # %%
 cp_kernel = jax.shard_map(
-    lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
+    lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation)[0],
     mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
 cp = jax.jit(lambda *a: cp_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
 one = jax.jit(lambda *a: kda_lib.kda(*a, implementation=implementation)[0])

@@ -420,7 +420,7 @@ assert shown == [m for m in models if m != "gdn"]  # the Summary's "every model 
 #    unigram count with pairs (add one to each of the $256^2$ pair counts), scored on every byte
 #    of `validation` after its first; checked on byte strings of the checker's own. *Explain
 #    why* (open): which score would prove a model uses more than one byte, and do the recorded
-#    runs (2.0-2.3 bits per byte) or this CI run's models reach it?
+#    runs (section 5) or this CI run's models reach it?
 
 # %%
 from kda_lib.teaching import exercises

@@ -93,7 +93,7 @@ from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
-from kda_lib.ops.api import IMPLEMENTATIONS, kda, portable_forms, refusals
+from kda_lib.ops.api import IMPLEMENTATIONS, REGISTRY, kda, portable_forms, refusals
 from kda_lib.testing import random_kda_inputs
 
 MODES = ("fwd", "fwd+bwd")
@@ -731,7 +731,7 @@ def compare_with_anchors(records: list[dict]) -> dict:
     ours = {
         r["T"]: r["median_ms"]
         for r in records
-        if r["impl"] == "chunked" and r["mode"] == "fwd+bwd" and r.get("median_ms")
+        if r["impl"] == REGISTRY["chunked"].name and r["mode"] == "fwd+bwd" and r.get("median_ms")
     }
     return {
         f"chunked / {name}": {t: ours[t] / ms for t, ms in anchors.items() if t in ours}

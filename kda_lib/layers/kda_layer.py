@@ -678,7 +678,7 @@ def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=Fa
                                              history_segment_ids=history_ids)  # fmt: skip
         o = kda_context_parallel(q, k, v, f, beta, axis_name=axis, segment_ids=segment_ids,
                                  implementation=cfg.implementation, chunk_size=cfg.chunk_size,
-                                 **mosaic, **module.kernel_kwargs())  # fmt: skip
+                                 **mosaic, **module.kernel_kwargs())[0]  # fmt: skip
         return module.project_output(x, o)
 
     seq, tokens = P(None, axis), P(None, axis, None)

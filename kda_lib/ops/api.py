@@ -33,7 +33,7 @@ from kda_lib.ops.contract import (
     kda_result,
     resolve_scale,
 )
-from kda_lib.ops.gating import check_lower_bound, kda_gate
+from kda_lib.ops.gating import check_gate_switch, kda_gate
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.ops.reference import recurrent_core
 from kda_lib.ops.segments import (
@@ -395,17 +395,8 @@ def _required(implementation: str) -> Implementation:
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
     """Validate a :func:`kda` call once (arguments as there) and pick its implementation,
     before any work; then the arrays, segment ids canonicalised, padding zeroed."""
-    fused_gate = check_flag("use_gate_in_kernel", kw["use_gate_in_kernel"])
-    check_lower_bound(kw["lower_bound"])
-    for name in ("a_log", "dt_bias"):
-        if not fused_gate and kw[name] is not None:
-            raise ValueError(
-                f"{name} is a parameter of the in-kernel gate: pass use_gate_in_kernel=True "
-                "with it (g is then the raw gate input), or activate g with kda_lib.kda_gate"
-            )
-    if fused_gate and kw["a_log"] is None and kw["lower_bound"] is None:
-        raise ValueError("use_gate_in_kernel=True needs a_log (the softplus gate) or "
-                         "lower_bound (the safe gate), or both")  # fmt: skip
+    fused_gate = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
+                                   kw["lower_bound"])
     check_implementation(kw["implementation"])
     common = dict(initial_state=kw["initial_state"], allow_neg_eigval=kw["allow_neg_eigval"])
     if fused_gate:
@@ -449,7 +440,8 @@ def _options(kw, dims: Dims, dtype, fused_gate: bool, segments_per_row) -> KDAOp
         segments_per_row=segments_per_row, fused_gate=fused_gate,
         # without the in-kernel gate lower_bound was a promise about g, checked above
         lower_bound=None if bound is None or not fused_gate else float(bound),
-        use_qk_l2norm=bool(kw["use_qk_l2norm"]), allow_neg_eigval=bool(kw["allow_neg_eigval"]),
+        use_qk_l2norm=check_flag("use_qk_l2norm", kw["use_qk_l2norm"]),
+        allow_neg_eigval=check_flag("allow_neg_eigval", kw["allow_neg_eigval"]),
         chunk_size=chunk, precision=precision,
         implementation=kw["implementation"], output_chunk_states=kw["output_chunk_states"],
         output_token_states=kw["output_token_states"],

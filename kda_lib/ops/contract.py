@@ -95,13 +95,13 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 # ------------------------------------------------------------------------------ shapes
 
-# The checked arrays' shapes by argument name, as messages show them. H is q/k's heads for q
-# and k (and their one-token forms), v's heads HV for the rest; N the slots of a pool.
+# The checked arrays' shapes by argument name, as messages show them: H q/k's heads, HV the
+# value heads (v, g, beta, states; HV = H without grouped value heads); N a pool's slots.
 SHAPES = {
-    "q": "B T H K", "k": "B T H K", "v": "B T H V", "g": "B T H K", "beta": "B T H",
-    "initial_state": "B H K V", "segment_ids": "B T", "a_log": "H",
+    "q": "B T H K", "k": "B T H K", "v": "B T HV V", "g": "B T HV K", "beta": "B T HV",
+    "initial_state": "B HV K V", "segment_ids": "B T", "a_log": "HV",
     "q_t": "B H K", "k_t": "B H K", "v_t": "B HV V", "g_t": "B HV K", "beta_t": "B HV",
-    "state": "B H K V", "pool": "N HV K V",
+    "state": "B HV K V", "pool": "N HV K V",
 }  # fmt: skip
 _QK = ("q", "k", "q_t", "k_t")
 
@@ -291,10 +291,15 @@ def resolve_scale(scale, key_dim: int) -> float:
     return value
 
 
+MAX_CHUNK_SIZE = 4096  # a chunk builds C x C blocks per head: 2**40 asked for 2**80 numbers
+
+
 def check_chunk_size(chunk_size) -> int:
-    """``chunk_size`` must be a power of two >= 1, for every implementation."""
-    if not is_int(chunk_size) or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two >= 1, got {chunk_size!r}")
+    """``chunk_size`` must be a power of two in [1, 4096], for every implementation."""
+    if not is_int(chunk_size) or chunk_size < 1 or chunk_size & (chunk_size - 1) or (
+            chunk_size > MAX_CHUNK_SIZE):
+        raise ValueError(f"chunk_size must be a power of two in [1, {MAX_CHUNK_SIZE}], got "
+                         f"{chunk_size!r}")  # fmt: skip
     return int(chunk_size)
 
 

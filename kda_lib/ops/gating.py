@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kda_lib.checks import check_allocation, check_array, check_int, is_number
+from kda_lib.checks import check_allocation, check_array, check_flag, check_int, is_number
 from kda_lib.ops.contract import Dims, check_gate_parameters
 
 LOWER_BOUND_RANGE = (-5.0, 0.0)
@@ -63,6 +63,23 @@ def check_lower_bound(lower_bound: float | None) -> None:
             f"lower_bound must be a float in [{lo:g}, {hi:g}) (or None for the softplus gate), "
             f"got {lower_bound!r}"
         )
+
+
+def check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound) -> bool:
+    """The in-kernel gate is on only by ``use_gate_in_kernel=True`` (a bool; returned);
+    ``a_log``/``dt_bias`` only with it; with it, ``a_log`` or ``lower_bound`` or both."""
+    fused = check_flag("use_gate_in_kernel", use_gate_in_kernel)
+    check_lower_bound(lower_bound)
+    for name, value in (("a_log", a_log), ("dt_bias", dt_bias)):
+        if not fused and value is not None:
+            raise ValueError(
+                f"{name} is a parameter of the in-kernel gate: pass use_gate_in_kernel=True "
+                "with it (g is then the raw gate input), or activate g with kda_lib.kda_gate"
+            )
+    if fused and a_log is None and lower_bound is None:
+        raise ValueError("use_gate_in_kernel=True needs a_log (the softplus gate) or "
+                         "lower_bound (the safe gate), or both")  # fmt: skip
+    return fused
 
 
 def kda_gate(f: jax.Array, a_log: jax.Array | None, dt_bias: jax.Array | None, *,

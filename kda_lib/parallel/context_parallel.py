@@ -67,9 +67,10 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         ``output_token_states`` is not served under CP.
 
     Returns:
-      The local outputs ``[B, T_local, HV, V]``, the matching slice of a one-device run; with
-      ``output_final_state`` also the state after the whole sequence ``[B, HV, K, V]`` float32,
-      the same on every rank (``out_specs`` ``P()``). With ``output_chunk_states`` a
+      ``(o, final_state)`` as :func:`kda_lib.kda` returns them, whatever the flags: the local
+      outputs ``[B, T_local, HV, V]``, the matching slice of a one-device run, and with
+      ``output_final_state`` the state after the whole sequence ``[B, HV, K, V]`` float32, the
+      same on every rank (``out_specs`` ``P()``), else None. With ``output_chunk_states`` a
       :class:`kda_lib.ops.contract.KDAResult` whose ``chunk_states [B, T_local // chunk_size,
       HV, K, V]`` are the one-device chunk states of this slice (``T_local`` must be a multiple
       of ``chunk_size``).
@@ -80,7 +81,7 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
             raise ValueError("output_chunk_states is served by kda_lib's context parallelism "
                              f"('chunked' or 'recurrent'), not by {implementation!r}'s own")
         return route(q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
-                     segment_ids=segment_ids, **kernel_kwargs)  # fmt: skip
+                     segment_ids=segment_ids, **kernel_kwargs), None  # fmt: skip
     kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
     return _state_passing(q, k, v, g, beta, axis_name, kw)
 
@@ -97,7 +98,7 @@ def _state_passing(q, k, v, g, beta, axis_name, kw):
         raise ValueError("output_token_states is not served under context parallelism")
     state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
-        raise ValueError(f"initial_state must have shape [B, H, K, V]={state_shape} (the same on "
+        raise ValueError(f"initial_state must have shape [B, HV, K, V]={state_shape} (the same on "
                          f"every rank), got {tuple(initial_state.shape)}")  # fmt: skip
     chunk_size = check_chunk_size(kw.get("chunk_size", _DEFAULT_CHUNK_SIZE))
     if output_chunk_states and q.shape[1] % chunk_size:
@@ -121,7 +122,7 @@ def _state_passing(q, k, v, g, beta, axis_name, kw):
             # hold the state arriving from upstream, not the zeros a new document starts from
             states = jnp.where(before_any, arriving[:, None], states)
         return KDAResult(result[0], final if output_final_state else None, states, None)
-    return (result[0], final) if output_final_state else result[0]
+    return result[0], final if output_final_state else None
 
 
 def _rank_summary(q, k, v, g, beta, kw):

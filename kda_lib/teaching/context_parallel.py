@@ -108,7 +108,7 @@ def cp_jaxpr(inputs, devices, implementation: str):
                          axis_types=(jax.sharding.AxisType.Explicit,))
     seq = PartitionSpec(None, "context")
     sharded = jax.shard_map(
-        lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation),
+        lambda *a: kda_context_parallel(*a, axis_name="context", implementation=implementation)[0],
         mesh=mesh, in_specs=(seq,) * 5, out_specs=seq)
     return jax.make_jaxpr(lambda *a: sharded(*(shard_as(x, mesh, seq) for x in a)))(*inputs)
 

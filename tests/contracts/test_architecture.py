@@ -232,7 +232,11 @@ def _imports_private(path: pathlib.Path, prefix: str) -> bool:
     def below(name: str) -> bool:
         return name == prefix or name.startswith(prefix + ".")
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    imports_by_name = any(getattr(n, "attr", None) == "import_module" for n in ast.walk(tree))
+    for node in ast.walk(tree):
+        if imports_by_name and isinstance(node, ast.Constant) and below(str(node.value)):
+            return True  # a module named in a table that import_module(name) resolves
         if isinstance(node, ast.ImportFrom) and below(node.module or ""):
             return True
         if isinstance(node, ast.Import) and any(below(a.name) for a in node.names):

@@ -213,15 +213,15 @@ def test_refusals_name_the_argument():
         kda_gate(x["g"], None, x["dt_bias"])
     with pytest.raises(ValueError, match="dt_bias is a parameter of the in-kernel gate"):
         kda(*args, dt_bias=x["dt_bias"])  # no use_gate_in_kernel
-    with pytest.raises(ValueError, match=r"v must have shape \[B, T, H, V\].*multiple of q's H"):
+    with pytest.raises(ValueError, match=r"v must have shape \[B, T, HV, V\].*multiple of q's H"):
         kda(*args[:2], x["v"][:, :, :3], *args[3:])
-    with pytest.raises(ValueError, match=r"g must have shape \[B, T, H, K\]"):
+    with pytest.raises(ValueError, match=r"g must have shape \[B, T, HV, K\]"):
         kda(*args[:3], args[3][:, :, :2], args[4])
-    with pytest.raises(ValueError, match=r"beta must have shape \[B, T, H\]"):
+    with pytest.raises(ValueError, match=r"beta must have shape \[B, T, HV\]"):
         kda(*args[:4], x["beta"][:, :, :2])
-    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, HV, K, V\]"):
         kda(*args, initial_state=jnp.zeros((B, H, K, V)))
-    with pytest.raises(ValueError, match=r"a_log must have shape \[H\]=\(4,\)"):
+    with pytest.raises(ValueError, match=r"a_log must have shape \[HV\]=\(4,\)"):
         kda(*args, a_log=jnp.zeros(H), use_gate_in_kernel=True)
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]=\(64,\)"):
         kda(*args, lower_bound=-5.0, dt_bias=jnp.zeros(H * K), use_gate_in_kernel=True)
@@ -301,7 +301,7 @@ def test_mosaic_grouped_heads_and_rate_free_gate():
     mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2])
 
     def local(*a):
-        return kda_context_parallel(*a, **kw, implementation="tokamax_mosaic", mesh=mesh)
+        return kda_context_parallel(*a, **kw, implementation="tokamax_mosaic", mesh=mesh)[0]
 
     cp = jax.shard_map(local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ, check_vma=False)
     with emulate_tpu():

@@ -186,6 +186,9 @@ ROWS = [
     Row("kda", "implementation unknown", _kda(implementation="bogus"), match="implementation"),
     # switches are bools (numpy bools too); an int, a word or an array of them is refused
     Row("kda", "allow_neg_eigval a word", _kda(allow_neg_eigval="no"), match="allow_neg_eigval"),
+    Row("kda", "use_qk_l2norm a word", _kda(use_qk_l2norm="no"), match="use_qk_l2norm"),
+    Row("kda", "chunk_size past memory", _kda(chunk_size=np.int64(2**40)), match="chunk_size",
+        jit=False),
     Row("kda", "output_final_state int", _kda(output_final_state=1), match="output_final_state"),
     Row("kda", "output_chunk_states array", _kda(output_chunk_states=np.array([True])),
         match="output_chunk_states"),
@@ -728,3 +731,21 @@ def test_every_public_name_has_rows():
     methods = {"__call__", "init_cache", "prefill", "draft", "accept_draft"}
     have = {row.target.split(".")[1] for row in ROWS if "." in row.target}
     assert methods <= have, f"layer methods with no misuse rows: {sorted(methods - have)}"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(a_log=jnp.zeros(H), lower_bound=-5.0), "a_log"),  # no silent in-kernel gate
+        (dict(use_gate_in_kernel=1, lower_bound=-5.0), "use_gate_in_kernel"),
+        (dict(lower_bound=7.0), "lower_bound"),
+    ],
+)
+def test_mosaic_context_parallel_gate_switch_is_explicit(kwargs, match):
+    """tokamax Mosaic's context-parallel entry checks the gate switch as kda() does, before
+    any work: a_log without use_gate_in_kernel=True is refused, not read as the switch."""
+    from kda_lib.ops.tokamax.adapter import tokamax_mosaic_context_parallel
+
+    with pytest.raises(ValueError, match=match):
+        tokamax_mosaic_context_parallel(Q, KK, VV, G, BETA, axis_name="context", mesh=None,
+                                        **kwargs)

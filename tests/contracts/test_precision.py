@@ -347,7 +347,7 @@ def _fla_paths(gate, ids):
     def local(q, k, v, f, beta, ids):
         return kda_context_parallel(
             q, k, v, f, beta, segment_ids=ids, implementation="chunked", **common
-        )
+        )[0]
 
     sharded = jax.shard_map(local, mesh=mesh, in_specs=(seq,) * 6, out_specs=seq)
     return {

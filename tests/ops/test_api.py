@@ -263,7 +263,7 @@ def test_errors_name_the_constraint():
         kda(**x, segment_ids=_segments(), max_num_segments=2, implementation="tokamax_xla")
     with pytest.raises(ValueError, match="implementation must be 'auto' or one of"):
         kda(**x, implementation="triton")
-    with pytest.raises(ValueError, match=r"a_log must have shape \[H\]"):
+    with pytest.raises(ValueError, match=r"a_log must have shape \[HV\]"):
         kda(**{**x, "a_log": jnp.zeros(3)})
     with pytest.raises(ValueError, match=r"dt_bias must have shape \[H\*K\]"):
         kda(**{**x, "dt_bias": jnp.zeros((H, K + 1))})

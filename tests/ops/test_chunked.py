@@ -345,17 +345,17 @@ def test_bad_inputs_name_the_argument(fn):
         call(q=ok["q"][0])
     with pytest.raises(ValueError, match=r"k must have shape"):
         call(k=ok["k"][:, :, :2])
-    with pytest.raises(ValueError, match=r"v must have shape \[B, T, H, V\]"):
+    with pytest.raises(ValueError, match=r"v must have shape \[B, T, HV, V\]"):
         call(v=ok["v"][:, :9])
     with pytest.raises(ValueError, match=r"g must have shape"):
         call(g=ok["g"][:1])
-    with pytest.raises(ValueError, match=r"beta must have shape \[B, T, H\]"):
+    with pytest.raises(ValueError, match=r"beta must have shape \[B, T, HV\]"):
         call(beta=ok["beta"][..., None])
     with pytest.raises(ValueError, match=r"beta must lie in \[0, 1\]"):
         call(beta=ok["beta"] + 1.0)
     with pytest.raises(ValueError, match=r"g is a log-space decay and must be <= 0"):
         call(g=-ok["g"])
-    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, HV, K, V\]"):
         call(initial_state=jnp.zeros((2, 3, 5, 4)))
     with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
         call(segment_ids=jnp.ones((2, 9), jnp.int32))

@@ -258,7 +258,7 @@ def test_cp_mosaic_segments_across_ranks_and_padding():
             max_num_segments=3,
             implementation="tokamax_mosaic",
             mesh=mesh,
-        )
+        )[0]
 
     spec = P(None, "context")
     fn = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec, check_vma=False)
@@ -281,7 +281,7 @@ def test_cp_mosaic_errors_name_the_constraint():
         def local(q, beta):
             return kda_context_parallel(
                 q, q, q, -jnp.abs(q), beta, implementation="tokamax_mosaic", mesh=mesh, **kw
-            )
+            )[0]
 
         fn = jax.shard_map(
             local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=check_vma

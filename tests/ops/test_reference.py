@@ -152,7 +152,7 @@ def test_output_dtype_follows_q_and_state_is_float32():
 def test_step_errors():
     state = jnp.zeros((1, 2, 4, 3))
     q = jnp.zeros((1, 2, 4))
-    with pytest.raises(ValueError, match=r"state must have shape \[B, H, K, V\]"):
+    with pytest.raises(ValueError, match=r"state must have shape \[B, HV, K, V\]"):
         kda_step(jnp.zeros((1, 2, 4, 4)), q, q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 2)))
     with pytest.raises(ValueError, match=r"beta_t must have shape \[B, HV\]"):
         kda_step(state, q, q, jnp.zeros((1, 2, 3)), q, jnp.zeros((1, 3)))

@@ -229,7 +229,7 @@ def test_pool_verify_refuses_bad_inputs_by_name_before_any_work():
         (dict(counts=accepted[:4]), r"num_accepted_tokens must be \[B\]=5 ints"),
         (dict(counts=accepted.astype(jnp.float32)), r"num_accepted_tokens must be \[B\]=5 ints"),
         (dict(counts=list(ACCEPTED)), "num_accepted_tokens must be a jax or numpy array"),
-        (dict(g=draft["g"][:, :2]), r"g must have shape \[B, T, H, K\]"),
+        (dict(g=draft["g"][:, :2]), r"g must have shape \[B, T, HV, K\]"),
         (dict(k=draft["k"][:, :2]), r"k must have shape \[B, T, H, K\]"),
         (dict(beta=draft["beta"][..., :2]), "beta must have shape"),
         (dict(g=draft["g"].astype(np.int32)), "g must be a floating-point array"),

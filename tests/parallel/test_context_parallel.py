@@ -33,7 +33,7 @@ def _cp_kernel(mesh, with_segments, **kwargs):
         segment_ids = args[5] if with_segments else None
         return kda_context_parallel(
             *args[:5], axis_name="context", segment_ids=segment_ids, **kwargs
-        )
+        )[0]
 
     fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=SEQ)
     return jax.jit(lambda *args: fn(*(shard_as(a, mesh, SEQ) for a in args)))
@@ -364,14 +364,14 @@ def test_kernel_cp_state_arguments_are_checked():
 
     def run(**kwargs):
         def local(q, beta):
-            return kda_context_parallel(q, q, q, -jnp.abs(q), beta, **kwargs)
+            return kda_context_parallel(q, q, q, -jnp.abs(q), beta, **kwargs)[0]
 
         fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
         return jax.jit(fn).trace(
             shard_as(jnp.zeros((1, 8, 1, 4)), mesh, SEQ), shard_as(jnp.zeros((1, 8, 1)), mesh, SEQ)
         )
 
-    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, H, K, V\]"):
+    with pytest.raises(ValueError, match=r"initial_state must have shape \[B, HV, K, V\]"):
         run(initial_state=jnp.zeros((1, 4, 4)))
     with pytest.raises(ValueError, match="output_final_state must be a bool"):
         run(output_final_state="yes")
@@ -518,3 +518,21 @@ def test_kernel_cp_final_and_chunk_states_with_trailing_all_padding_ranks():
     assert max(_per_rank_errors(out_cp, one.output, ranks)) < 1e-5
     assert relative_l2(final_cp, one.final_state) < 1e-5
     assert max(_per_rank_errors(states_cp, one.chunk_states, ranks)) < 1e-5
+
+
+def test_return_is_a_pair_whatever_the_flags():
+    """``o, state = kda_context_parallel(...)`` unpacks as kda()'s result does: the state is
+    None without output_final_state (a bare output would unpack its batch rows silently)."""
+    mesh = _mesh(2)
+    q = random_normal(jax.random.key(3), (2, 8, 1, 4))
+    beta = jnp.full((2, 8, 1), 0.5)
+
+    def local(q, beta):
+        o, state = kda_context_parallel(q, q, q, -jnp.abs(q), beta, axis_name="context")
+        assert state is None
+        return o
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(SEQ, SEQ), out_specs=SEQ)
+    o = jax.jit(fn)(shard_as(q, mesh, SEQ), shard_as(beta, mesh, SEQ))
+    want, _ = kda(q, q, q, -jnp.abs(q), beta)
+    assert o.shape == (2, 8, 1, 4) and relative_l2(o, want) < 1e-5

@@ -27,6 +27,7 @@ from kda_lib.ops.contract import (
     check_kda_inputs,
     repeat_qk_heads,
 )
+from kda_lib.ops.gating import check_gate_switch
 from kda_lib.ops.segments import (
     check_max_num_segments,
     fill_padding_ids_across_ranks,
@@ -224,7 +225,8 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
     if state is not None:  # the row's first segment's slot
         state = jnp.pad(state.astype(jnp.float32)[:, None], [(0, 0), (0, slots - 1)] + [(0, 0)] * 3)
     out, final = call_tokamax(
-        variant, *inputs, a_log=a_log, dt_bias=arrays.dt_bias, scale=o.scale,
+        variant, *inputs, use_gate_in_kernel=o.fused_gate, a_log=a_log, dt_bias=arrays.dt_bias,
+        scale=o.scale,
         initial_state=state, output_final_state=o.output_final_state,
         use_qk_l2norm=o.use_qk_l2norm, segment_ids=tk_ids, lower_bound=o.lower_bound,
         max_num_segments=None if tk_ids is None else slots,
@@ -259,7 +261,8 @@ def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate
     return [q, k, v, g, beta], (jnp.ones((batch, seq_len + pad), jnp.int32) if pad else None)
 
 
-def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bias=None, **kw):
+def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kernel: bool,
+                 a_log=None, dt_bias=None, **kw):  # fmt: skip
     """tokamax's ``variant`` on batch-first ``q, k, g [B, T, H, K]``, ``v [B, T, H, V]``,
     ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``; ``kw`` go to tokamax as they
     are (under TPU emulation Mosaic runs with its device check bypassed)."""
@@ -267,7 +270,7 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, a_log=None, dt_bi
     kw.update(
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
-        use_gate_in_kernel=a_log is not None,
+        use_gate_in_kernel=use_gate_in_kernel,
     )
     api = tokamax_kda_api()
     if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
@@ -290,7 +293,8 @@ def tokamax_mosaic_context_parallel(
     ``[B, T, HV, V]``, beta ``[B, T, HV]`` -> o ``[B, T, HV, V]``. Besides what ``kda`` asks
     of Mosaic: K and V multiples of 128, no initial/final state (ValueError naming each).
     Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
-    fused = use_gate_in_kernel
+    fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
+    lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
     if fused:
         dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
     else:
@@ -312,7 +316,8 @@ def tokamax_mosaic_context_parallel(
         max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
     metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
     out, _ = call_tokamax(
-        TOKAMAX_VARIANTS["tokamax_mosaic"], q, k, v, g, beta, a_log=a_log, dt_bias=dt_bias,
+        TOKAMAX_VARIANTS["tokamax_mosaic"], q, k, v, g, beta, use_gate_in_kernel=fused,
+        a_log=a_log, dt_bias=dt_bias,
         scale=scale, use_qk_l2norm=use_qk_l2norm, segment_ids=ids, lower_bound=lower_bound,
         max_num_segments=max_num_segments, context_parallel_metadata=metadata,
     )  # fmt: skip
