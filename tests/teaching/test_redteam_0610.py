@@ -13,17 +13,16 @@ executes it
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import math
 import pathlib
-import signal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from namespace_attack import time_limit as _time_limit  # one SIGALRM guard
 
 import kda_lib
 from kda_lib.teaching import exercises
@@ -51,21 +50,6 @@ def _cases() -> dict:
     return out
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: int):
-    """A namespace function called with a checker's arguments may run long: stop it (the
-    attack then counts as refused, with the TimeoutError as its hint)."""
-
-    def stop(*_):
-        raise TimeoutError("attack ran past its time limit")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _refused(exercise_id, answer, context) -> bool:
