@@ -1,10 +1,9 @@
 """Causal softmax attention, the quadratic baseline mixer, with RoPE and a decode cache.
 
-``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head, scores and softmax in float32; q
-and k rotated by their positions (RoPE) or not (NoPE, ``rope=False``); with ``short_conv`` q, k
-and v first go through KDA's short causal convolutions. The cache keeps every key and value
-seen: memory linear in the context, the contrast with KDA's fixed state. Also the pieces MLA
-and Mamba2 share: config rules, input, segment and cache checks, the cache writer.
+``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head (float32 scores); q and k rotated by
+their positions (RoPE) or not (``rope=False``); ``short_conv``: q, k, v first through KDA's
+short convs. The cache keeps every key and value: memory linear in the context. Also the
+pieces MLA and Mamba2 share: config rules, input, segment and cache checks, the cache writer.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_array, check_int, check_number
+from kda_lib.checks import check_array, check_int, check_number, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
@@ -30,11 +29,10 @@ def check_fields(config, **kinds: str) -> None:
     for kind, fields in kinds.items():
         for field in fields.split():
             name, value = f"{type(config).__name__}.{field}", getattr(config, field)
-            if kind in ("int", "int0"):
-                low = int(kind == "int")
-                value = check_int(name, value, low, expected=f"an int >= {low}")
-            elif kind == "width":
+            if kind == "width":
                 value = check_int(name, value, optional=True)
+            elif kind in ("int", "int0"):
+                value = check_positive_int(name, value, int(kind == "int"))
             elif kind == "eps":
                 value = check_number(name, value, positive=True)
             elif kind == "bool" and not isinstance(value, bool):
@@ -106,16 +104,16 @@ class CausalSelfAttention(nnx.Module):
 
     def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
         check_parameters_fit(CausalSelfAttention, config)
-        self.config = config
-        h, kd, vd, hidden = config.num_heads, config.head_dim, config.value_dim, config.hidden_size
-        linear = dict(use_bias=False, dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        self.config = cfg = config
+        h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
+        linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
         self.q_proj = nnx.Linear(hidden, h * kd, **linear)
         self.k_proj = nnx.Linear(hidden, h * kd, **linear)
         self.v_proj = nnx.Linear(hidden, h * vd, **linear)
-        if config.short_conv:
+        if cfg.short_conv:
             self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
-                h * kd, h * vd, config.conv_size, dtype=config.dtype,
-                param_dtype=config.param_dtype, rngs=rngs)  # fmt: skip
+                h * kd, h * vd, cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                rngs=rngs)  # fmt: skip
         self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: AttentionCache | None = None):
@@ -125,7 +123,6 @@ class CausalSelfAttention(nnx.Module):
         cfg = self.config
         check_hidden(x, cfg.hidden_size)
         batch, seq_len, _ = x.shape
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         if cache is not None:
             check_cache(cache, "an AttentionCache", AttentionCache, self._cache_shapes(batch))
         segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
@@ -137,8 +134,7 @@ class CausalSelfAttention(nnx.Module):
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
             states = None if cache is None else cache[3:]
             (q, k, v), conv_states = mix_convs(convs, (q, k, v), states, segment_ids)
-        q, k = q.reshape(batch, seq_len, h, kd), k.reshape(batch, seq_len, h, kd)
-        v = v.reshape(batch, seq_len, h, vd)
+        q, k, v = (z.reshape(batch, seq_len, cfg.num_heads, -1) for z in (q, k, v))
         if cfg.rope:
             q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
         keys, values, overflow = k, v, False
@@ -146,10 +142,9 @@ class CausalSelfAttention(nnx.Module):
             (keys, values), overflow = write_rows(
                 "attention", (cache.keys, cache.values), (k, v), cache.length
             )
-        o = attend(q, keys, values, attention_mask(positions, keys.shape[1], segment_ids),
-                   kd**-0.5)  # fmt: skip
-        o = jnp.where(overflow, jnp.nan, o)
-        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * vd))
+        mask = attention_mask(positions, keys.shape[1], segment_ids)
+        o = jnp.where(overflow, jnp.nan, attend(q, keys, values, mask, cfg.head_dim**-0.5))
+        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
         if cache is None:
             return y
         length = None if cache.length is None else cache.length + seq_len
@@ -177,8 +172,7 @@ def check_hidden(x, hidden_size: int) -> None:
     check_array("x", x)
     if x.ndim != 3 or x.shape[-1] != hidden_size:
         raise ValueError(f"x must have shape [B, T, hidden_size={hidden_size}], got {x.shape}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
+    check_array("x", x, floating=True)
 
 
 def checked_segments(segment_ids, cache, batch: int, seq_len: int):
@@ -251,22 +245,15 @@ def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
 
 
 def attend(q, k, v, mask, scale: float) -> jax.Array:
-    """Softmax attention in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``, ``v [B, S, G,
-    V]`` (G divides H), boolean ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``; rows with no
-    allowed key give 0. ``jax.nn.dot_product_attention`` where D = V (DESIGN section 4)."""
-    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
-    seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
-    if q.shape[-1] == v.shape[-1]:
-        o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
-    else:  # query heads in G groups of R, each group reading its key/value head
-        b, t, h, _ = q.shape
-        g = k.shape[2]
-        grouped = q.reshape(b, t, g, h // g, q.shape[-1])
-        scores = jnp.einsum("btgrd,bsgd->bgrts", grouped, k) * scale
-        masked = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(masked, axis=-1)
-        o = jnp.einsum("bgrts,bsgv->btgrv", weights, v).reshape(b, t, h, v.shape[-1])
-    return jnp.where(seen, o, 0.0)
+    """Softmax attention in float32 by ``jax.nn.dot_product_attention``: ``q [B, T, H, D]``
+    over ``k [B, S, G, D]``, ``v [B, S, G, V]`` (G divides H), boolean ``mask [B|1, 1, T, S]``
+    -> ``[B, T, H, V]``; rows with no allowed key give 0."""
+    width, v_width = max(q.shape[-1], v.shape[-1]), v.shape[-1]
+    # it needs D = V: zero channels (explicit scale) change no score and no output column
+    q, k, v = (jnp.pad(a.astype(jnp.float32), [(0, 0)] * 3 + [(0, width - a.shape[-1])])
+               for a in (q, k, v))  # fmt: skip
+    o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)[..., :v_width]
+    return jnp.where(jnp.moveaxis(mask.any(-1), 1, 2)[..., None], o, 0.0)
 
 
 def write_rows(what: str, buffers, new, length):

@@ -1,20 +1,11 @@
 """Checkpoints of other code read into (and written from) a :class:`kda_lib.KimiDeltaAttention`.
 
-One table, :func:`_entries`, says for each naming which tensor holds which layer parameter, in
-which layout; :func:`state_dict_names`, :func:`load_state_dict` and :func:`export_state_dict`
-all read it. Namings (DESIGN, "Checkpoint files", has the sources):
-
-* ``"fla"``: ``fla.layers.kda.KimiDeltaAttention.state_dict()`` (``f_proj.0.weight``,
-  ``A_log [HV]``, ...).
-* ``"kimi_linear"``: the Hugging Face Kimi Linear checkpoint (``modeling_kimi.py``):
-  ``f_a_proj``/``f_b_proj``, three ``*_conv1d``, ``A_log [1, 1, H, 1]``, ``dt_bias [H K]``.
-* ``"transformers"``: the transformers library's ``KimiLinearDeltaAttention``: one
-  ``conv1d [2HK + HV V, 1, W]`` over ``concat(q, k, v)``, ``forget_gate_down``/``_up``,
-  ``beta_proj``, ``output_gate_down``/``_up``, ``A_log [HV, 1]``, ``dt_bias [HV, V]``.
-
-MLA layers have DeepSeek-V2's names in both Kimi Linear namings. A linear weight is PyTorch's
-``[out, in]`` (the kernel's ``[in, out]``), a conv weight ``[C, 1, W]`` (the layer's ``[W, C]``).
-Loading is all or nothing: every name, shape and value is checked before the first write.
+One table, :func:`_entries`, says which tensor holds which parameter in which layout, in three
+namings (DESIGN, "Checkpoint files"): ``"fla"`` (fla's ``state_dict()``), ``"kimi_linear"``
+(Hugging Face ``modeling_kimi.py``) and ``"transformers"`` (``KimiLinearDeltaAttention``: one
+``conv1d`` over ``concat(q, k, v)``); MLA layers have DeepSeek-V2's names. A linear weight is
+PyTorch's ``[out, in]``, a conv weight ``[C, 1, W]``. Loading is all or nothing: every name,
+shape and value is checked before the first write.
 """
 
 from __future__ import annotations
@@ -37,18 +28,14 @@ NAMINGS = ("fla", "kimi_linear", "transformers")
 
 
 class _Entry(NamedTuple):
-    """One checkpoint tensor: the layer parameters it holds (the transformers ``conv1d``: an
-    unfused layer's three convs) and its layout: ``"same"``, ``"linear"`` (transposed),
-    ``"conv"`` (``[C, 1, W]``), or ``(template, label)``: ``template``'s shape (-1: any)."""
+    """One tensor: the layer parameters it holds and its layout: ``"same"``, ``"linear"``
+    (transposed), ``"conv"`` (``[C, 1, W]``, kernels concatenated), or ``(shape, label)``."""
 
     variables: tuple
     layout: object = "same"
 
 
-_KIMI_A_LOG = ((1, 1, -1, 1), "Kimi Linear's A_log layout [1, 1, H, 1]")  # broadcasts over q
-_TRANSFORMERS_A_LOG = ((-1, 1), "the transformers A_log layout [HV, 1]")
-# the gate projections' names (g: "f" or "g"; gate: the transformers name): full rank, then
-# low rank's down and up projections
+# gate projection names (g: "f" or "g"; gate: the transformers name): full rank, low-rank down, up
 _GATE_NAMES = {
     "fla": ("{g}_proj", "{g}_proj.0", "{g}_proj.1"),
     "kimi_linear": ("{g}_proj", "{g}_a_proj", "{g}_b_proj"),
@@ -63,9 +50,7 @@ def _to_checkpoint(entry: _Entry, arrays) -> np.ndarray:
         return arrays[0].T
     if entry.layout == "conv":  # [W, C] kernels, concatenated -> [C, 1, W]
         return np.concatenate(arrays, axis=1).T[:, None, :]
-    if isinstance(entry.layout, tuple):
-        return arrays[0].reshape(entry.layout[0])
-    return arrays[0]
+    return arrays[0].reshape(entry.layout[0]) if isinstance(entry.layout, tuple) else arrays[0]
 
 
 def _to_layer(entry: _Entry, w: np.ndarray) -> list[np.ndarray]:
@@ -91,25 +76,17 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         return _mla_entries(layer)
     cfg, hf = layer.config, naming == "transformers"
     if cfg.fused_qkv_conv and not hf:
-        raise ValueError(
-            f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d weights; this layer "
-            "has one fused qkv_conv1d (KDAConfig.fused_qkv_conv=True): build it with "
-            "fused_qkv_conv=False to read this checkpoint (the same function)"
-        )
-    lacking = [  # the transformers layer has a low-rank forget gate, an A_log, no gate bias
-        what
-        for what, absent in (
-            ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
-            ("no A_log (use_a_log=False)", not cfg.use_a_log),
-            ("an output-gate bias (output_gate_bias=True)", cfg.output_gate_bias),
-        )
-        if absent
-    ]
+        raise ValueError(f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d "
+                         "weights; this layer has one fused qkv_conv1d (KDAConfig.fused_qkv_conv"
+                         "=True): build it with fused_qkv_conv=False to read this checkpoint")
+    lacking = [what for what, absent in (  # the transformers layer has them all
+        ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
+        ("no A_log (use_a_log=False)", not cfg.use_a_log),
+        ("an output-gate bias (output_gate_bias=True)", cfg.output_gate_bias),
+    ) if absent]  # fmt: skip
     if hf and lacking:
-        raise ValueError(
-            "the 'transformers' naming (KimiLinearDeltaAttention of the transformers library) "
-            "has no tensors for " + "; ".join(lacking)
-        )
+        raise ValueError("the 'transformers' naming (KimiLinearDeltaAttention of the transformers "
+                         "library) has no tensors for " + "; ".join(lacking))  # fmt: skip
     names = _TRANSFORMERS_NAMES if hf else {}
     entries = {
         f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
@@ -122,9 +99,16 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     else:
         entries.update({f"{c}.weight": _Entry((kernel,), "conv") for c, kernel in convs.items()})
     for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
-        entries.update(_gate_entries(getattr(layer, gate), gate, naming, has_bias))
+        module = getattr(layer, gate)
+        full, *low = (n.format(g=gate[0], gate=names.get(gate)) for n in _GATE_NAMES[naming])
+        sequential = isinstance(module, nnx.Sequential)
+        parts = list(zip(low, module.layers, strict=True)) if sequential else [(full, module)]
+        entries.update({f"{name}.weight": _Entry((sub.kernel,), "linear") for name, sub in parts})
+        if has_bias:
+            entries[f"{parts[-1][0]}.bias"] = _Entry((parts[-1][1].bias,))
     if layer.A_log is not None:
-        layout = {"kimi_linear": _KIMI_A_LOG, "transformers": _TRANSFORMERS_A_LOG}
+        layout = {"kimi_linear": ((1, 1, -1, 1), "Kimi Linear's A_log layout [1, 1, H, 1]"),
+                  "transformers": ((-1, 1), "the transformers A_log layout [HV, 1]")}  # fmt: skip
         entries["A_log"] = _Entry((layer.A_log,), layout.get(naming, "same"))
     heads = cfg.value_heads
     per_head = ((heads, -1), f"the transformers layout [HV={heads}, channels]")
@@ -133,30 +117,14 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     return entries
 
 
-def _gate_entries(module, gate: str, naming: str, has_bias: bool) -> dict[str, _Entry]:
-    """A gate projection (``f_proj`` or ``g_proj``): full rank, or low rank (down, then up)."""
-    full, *low = (n.format(g=gate[0], gate=_TRANSFORMERS_NAMES[gate]) for n in _GATE_NAMES[naming])
-    if isinstance(module, nnx.Sequential):
-        parts = list(zip(low, module.layers, strict=True))
-    else:
-        parts = [(full, module)]
-    entries = {f"{name}.weight": _Entry((sub.kernel,), "linear") for name, sub in parts}
-    if has_bias:
-        entries[f"{parts[-1][0]}.bias"] = _Entry((parts[-1][1].bias,))
-    return entries
-
-
 def _mla_entries(layer) -> dict[str, _Entry]:
     """:class:`~kda_lib.layers.mla.MultiHeadLatentAttention`'s tensors (DeepSeek-V2's names)."""
-    entries = {"kv_a_layernorm.weight": _Entry((layer.kv_a_layernorm.scale,))}
-    projections = ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
-    if layer.config.q_lora_rank is None:
-        projections.append("q_proj")
-    else:
-        projections += ["q_a_proj", "q_b_proj"]
-        entries["q_a_layernorm.weight"] = _Entry((layer.q_a_layernorm.scale,))
-    for proj in projections:
-        entries[f"{proj}.weight"] = _Entry((getattr(layer, proj).kernel,), "linear")
+    low_rank_q = layer.config.q_lora_rank is not None
+    queries = ["q_a_proj", "q_b_proj"] if low_rank_q else ["q_proj"]
+    entries = {f"{p}.weight": _Entry((getattr(layer, p).kernel,), "linear")
+               for p in ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj", *queries]}  # fmt: skip
+    for norm in ["kv_a_layernorm"] + ["q_a_layernorm"] * low_rank_q:
+        entries[f"{norm}.weight"] = _Entry((getattr(layer, norm).scale,))
     return entries
 
 
@@ -201,50 +169,30 @@ def checkpoint_array(label: str, value) -> np.ndarray:
 
 
 def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "") -> None:
-    """Copy a checkpoint in ``naming`` into ``layer`` in place, all or nothing.
-
-    Args:
-      layer: a :class:`kda_lib.KimiDeltaAttention` whose config matches the checkpoint (or, in
-        the Kimi Linear namings, a :class:`kda_lib.layers.mla.MultiHeadLatentAttention`).
-      state_dict: mapping of names (without ``prefix``) to arrays (numpy, torch, jax, lists).
-      naming: ``"fla"``, ``"kimi_linear"`` or ``"transformers"`` (module docstring).
-      prefix: printed before each name in errors (e.g. ``model.layers.3.self_attn.``).
-
-    Raises:
-      ValueError: naming every missing or unexpected name, or the first tensor of a wrong
-        shape or with a non-finite or non-real value; the layer is unchanged then.
-    """
+    """Copy ``state_dict`` (names without ``prefix`` -> numpy, torch, jax arrays or lists) in
+    ``naming`` into ``layer`` (a :class:`kda_lib.KimiDeltaAttention` of a matching config or,
+    in the Kimi Linear namings, an MLA layer) in place, all or nothing. ``prefix`` (e.g.
+    ``model.layers.3.self_attn.``) is printed before each name in errors. ValueError: naming
+    every missing or unexpected name, or the first tensor of a wrong shape, or with a
+    non-finite or non-real value; the layer is unchanged then."""
     source = "fla" if naming == "fla" else "checkpoint"
     if not isinstance(state_dict, Mapping):
-        raise ValueError(
-            f"state_dict must be a mapping of {source} names to arrays, got "
-            f"{type(state_dict).__name__}"
-        )
+        raise ValueError(f"state_dict must be a mapping of {source} names to arrays, got "
+                         f"{type(state_dict).__name__}")  # fmt: skip
     entries = _entries(layer, naming)
     missing = sorted(set(entries) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(entries), key=str)
     if missing or unexpected:
         kind = type(layer.config).__name__
-        raise ValueError(
-            f"{source} state_dict does not match this {kind}: "
-            + "; ".join(
-                f"{what} {[f'{prefix}{n}' for n in names]}"
-                for what, names in (("missing", missing), ("unexpected", unexpected))
-                if names
-            )
-            + (
-                " (check num_heads, num_v_heads, forget_gate_rank, output_gate_rank, "
-                "output_gate_bias, use_a_log, conv_size; conv biases are not supported)"
-                if kind == "KDAConfig"
-                else " (check q_lora_rank)"
-            )
-        )
-    fla = naming == "fla" and not prefix
-    converted = [
-        pair
-        for name, entry in entries.items()
-        for pair in _converted(f"fla {name}" if fla else prefix + name, entry, state_dict[name])
-    ]
+        wrong = [f"{what} {[f'{prefix}{n}' for n in names]}"
+                 for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
+        hint = ("num_heads, num_v_heads, forget_gate_rank, output_gate_rank, output_gate_bias, "
+                "use_a_log, conv_size; conv biases are not supported")  # fmt: skip
+        raise ValueError(f"{source} state_dict does not match this {kind}: {'; '.join(wrong)} "
+                         f"(check {hint if kind == 'KDAConfig' else 'q_lora_rank'})")  # fmt: skip
+    label = "fla " if naming == "fla" and not prefix else prefix
+    converted = [pair for name, entry in entries.items()
+                 for pair in _converted(label + name, entry, state_dict[name])]  # fmt: skip
     for variable, value in converted:  # nothing raises from here on
         variable.set_value(value)
 
@@ -294,25 +242,21 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
     for path, version in versions.items():
         stat = os.stat(path) if os.path.exists(path) else None
         if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
-            raise ValueError(
-                f"{path}: the file changed while the checkpoint was read (replaced or "
-                "rewritten): its tensors may be of two versions; read it again"
-            )
+            raise ValueError(f"{path}: the file changed while the checkpoint was read (replaced or "
+                             "rewritten): its tensors may be of two versions; read it again")
 
 
 def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
-    """The tensors named ``prefix...`` in the ``.safetensors`` file(s) ``paths`` (a path or a
-    list of shards), ``prefix`` cut off, as numpy arrays (bfloat16 stays ml_dtypes' bfloat16).
-    ``safe_open`` checks each header; the tensors are read with ordinary reads, not a memory
-    map (DESIGN, "Checkpoint files"). ``versions``: a dict shared by the reads of one load
-    (path -> version at its first read), so a file replaced between reads is refused.
-
-    Raises ValueError naming the file (and tensor): malformed, a dtype outside
-    :data:`SAFETENSORS_DTYPES`, over 64 dimensions, a name in two files, a changed file;
-    TypeError for a path not a str or ``os.PathLike``."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence):
+    """The tensors ``prefix...`` of the ``.safetensors`` file(s) ``paths`` (a path or a list of
+    shards), ``prefix`` cut off, as numpy arrays (bfloat16: ml_dtypes'). ``safe_open`` checks
+    each header; tensors are read with ordinary reads, not a memory map (DESIGN, "Checkpoint
+    files"). ``versions``: path -> version at its first read, shared by the reads of one load.
+    ValueError naming the file (and tensor): malformed, a dtype outside
+    :data:`SAFETENSORS_DTYPES`, over 64 dimensions, a name in two files, a changed file."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence) or not all(
+        isinstance(p, (str, os.PathLike)) and isinstance(os.fspath(p), str) for p in paths
+    ):  # fmt: skip
         raise TypeError(f"paths must be a file (str or os.PathLike) or a list of them: {paths!r}")
     if not paths:
         raise ValueError("paths must name at least one file, got an empty list")
@@ -320,10 +264,8 @@ def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     versions = {} if versions is None else versions
     out: dict[str, np.ndarray] = {}
-    for path in paths:
-        if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
-            raise TypeError(f"paths: each file must be a str or os.PathLike, got {path!r}")
-        if not os.path.isfile(path := os.fspath(path)):
+    for path in map(os.fspath, paths):
+        if not os.path.isfile(path):
             raise ValueError(f"no safetensors file at {path!r}")
         tensors = _read_file(path, prefix, versions)
         if twice := sorted(tensors.keys() & out.keys()):
@@ -350,47 +292,37 @@ def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
             where, entry = f"{path}: tensor {name}", header[name]
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
             if dtype not in SAFETENSORS_DTYPES:
-                raise ValueError(
-                    f"{where}: dtype {dtype!r} is not supported (supported: "
-                    f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first"
-                )
+                raise ValueError(f"{where}: dtype {dtype!r} is not supported (supported: "
+                                 f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first")
             if len(shape) > 64:
                 raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
             buffer = bytearray(end - begin)
             handle.seek(start + begin)
             if handle.readinto(buffer) != len(buffer):
                 raise ValueError(f"{where}: the file is shorter than its header says")
-            out[name[len(prefix) :]] = np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype]).reshape(
-                shape
-            )
+            array = np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype])
+            out[name[len(prefix) :]] = array.reshape(shape)
     _check_unchanged({path: versions[path]})
     return out
 
 
 def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
     """Read decoder layer ``layer_index``'s tensors (``model.layers.N.self_attn.*``) from the
-    Kimi Linear checkpoint file(s) ``paths`` into ``layer`` (all or nothing, see
-    :func:`load_state_dict`), e.g. a layer of ``KIMI_LINEAR_48B.kda_config()``. A missing
-    tensor, an extra one under the prefix and a wrong shape are refused by their full names."""
+    Kimi Linear checkpoint file(s) ``paths`` into ``layer`` with :func:`load_state_dict`."""
     prefix = kimi_linear_prefix(layer_index)
     tensors = read_safetensors(paths, prefix)
     if not tensors:
-        raise ValueError(
-            f"no tensor named {prefix}* in {paths!r}: not a Kimi Linear checkpoint, or layer "
-            f"{layer_index} is not in these files (or is an MLA layer, "
-            f"model.layers.{layer_index}.self_attn.kv_a_proj_with_mqa etc.)"
-        )
+        raise ValueError(f"no tensor named {prefix}* in {paths!r}: not a Kimi Linear checkpoint, "
+                         f"or layer {layer_index} is not in these files (or is an MLA layer, "
+                         f"model.layers.{layer_index}.self_attn.kv_a_proj_with_mqa etc.)")
     load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
 
 
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
     (without the layer prefix, told by its beta projection), or a ValueError."""
-    names = set(names)
     markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
-    if len(found := [n for n, marker in markers.items() if marker in names]) != 1:
-        raise ValueError(
-            f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: expected "
-            f"one of {list(markers.values())} (the remote code's naming, the transformers one)"
-        )
+    if len(found := [n for n, marker in markers.items() if marker in set(names)]) != 1:
+        raise ValueError(f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: "
+                         f"expected one of {list(markers.values())} (remote code, transformers)")
     return found[0]

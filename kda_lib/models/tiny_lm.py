@@ -1,16 +1,11 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-with residual connections around the mixer and the MLP.
-
-Each layer's token mixer is a name in :data:`MIXERS`: ``"kda"``
-(:class:`kda_lib.KimiDeltaAttention`), ``"gdn"`` (the same layer with one decay per head:
-Gated DeltaNet), ``"mamba2"`` (:class:`kda_lib.layers.mamba2.Mamba2Mixer`: scalar decay, no
-delta rule), ``"attention"`` (:class:`kda_lib.layers.attention.CausalSelfAttention`, RoPE or
-NoPE), ``"attention_conv"`` (the same with KDA's short convs on q, k, v), ``"conv"``
-(:class:`ConvMixer`: the short conv without a recurrence) and ``"mla"``
-(:class:`kda_lib.layers.mla.MultiHeadLatentAttention`).
-``ModelConfig(layers=("kda", "kda", "kda", "attention"), num_layers=4)`` is Kimi Linear's 3:1
-hybrid (the pattern is tiled). :func:`register_mixer` adds a mixer: a module mapping ``[B, T,
-hidden]`` to itself with ``init_cache(batch)`` and ``mixer(x, cache=c) -> (y, new_cache)``.
+residual around the mixer and the MLP. Each layer's token mixer is a name in :data:`MIXERS`:
+``"kda"``, ``"gdn"`` (KDA with one decay per head: Gated DeltaNet), ``"mamba2"``,
+``"attention"`` (RoPE or NoPE), ``"attention_conv"`` (with KDA's short convs on q, k, v),
+``"conv"`` (:class:`ConvMixer`) and ``"mla"``. ``ModelConfig(layers=("kda", "kda", "kda",
+"attention"), num_layers=4)`` is Kimi Linear's 3:1 hybrid (the pattern is tiled).
+:func:`register_mixer` adds a mixer: a module mapping ``[B, T, hidden]`` to itself with
+``init_cache(batch)`` and ``mixer(x, cache=c) -> (y, new_cache)``.
 """
 
 from __future__ import annotations
@@ -73,26 +68,24 @@ class ModelConfig:
     def __post_init__(self):
         check_fields(self, int="vocab_size num_layers mlp_ratio", bool="rope",
                      width="mlp_width kv_lora_rank")  # fmt: skip
+        known = lambda name: isinstance(name, str) and name in MIXERS  # noqa: E731
+        layers = self.layers
         if not isinstance(self.mixer_config, KDAConfig):
             raise ValueError(f"ModelConfig.mixer_config must be a KDAConfig (the mixer's widths "
                              f"and options), got {self.mixer_config!r}")  # fmt: skip
-        if not isinstance(self.mixer, str) or self.mixer not in MIXERS:
-            raise ValueError(
-                f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}"
-            )
-        layers = self.layers
+        if not known(self.mixer):
+            raise ValueError(f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got "
+                             f"{self.mixer!r}")  # fmt: skip
         if isinstance(layers, str) or not isinstance(layers, Sequence):
             raise ValueError(f"ModelConfig.layers must be a tuple of mixer names such as "
                              f"('kda', 'kda', 'kda', 'attention'), got {layers!r}")  # fmt: skip
-        if unknown := [name for name in layers if not isinstance(name, str) or name not in MIXERS]:
+        if unknown := [name for name in layers if not known(name)]:
             raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: "
                              f"{sorted(MIXERS)}")  # fmt: skip
         if layers and self.num_layers % len(layers):
-            raise ValueError(
-                f"ModelConfig.num_layers={self.num_layers} is not a multiple of the {len(layers)} "
-                f"entries of ModelConfig.layers={tuple(layers)} (the pattern is tiled over the "
-                f"layers; give num_layers={len(layers)} for one copy)"
-            )
+            raise ValueError(f"ModelConfig.num_layers={self.num_layers} is not a multiple of the "
+                             f"{len(layers)} entries of ModelConfig.layers={tuple(layers)} (the "
+                             f"pattern is tiled; num_layers={len(layers)}: one copy)")  # fmt: skip
         object.__setattr__(self, "layers", tuple(layers))  # a list becomes a hashable tuple
 
     @classmethod
@@ -102,12 +95,9 @@ class ModelConfig:
         options and recorded ``model`` dicts (:meth:`record`). Unknown names: ValueError."""
         own = {field.name for field in dataclasses.fields(cls)} - {"mixer_config"}
         mixer = {field.name for field in dataclasses.fields(KDAConfig)}
-        unknown = sorted(set(fields) - own - mixer)
-        if unknown:
-            raise ValueError(
-                f"ModelConfig.from_flat got fields {unknown} that neither ModelConfig "
-                f"({sorted(own)}) nor KDAConfig ({sorted(mixer)}) has"
-            )
+        if unknown := sorted(set(fields) - own - mixer):
+            raise ValueError(f"ModelConfig.from_flat got fields {unknown} that neither ModelConfig "
+                             f"({sorted(own)}) nor KDAConfig ({sorted(mixer)}) has")  # fmt: skip
         mixer_fields = {name: value for name, value in fields.items() if name in mixer}
         for name in ("dtype", "param_dtype"):  # recorded by name: "float32" is jnp.float32
             if isinstance(mixer_fields.get(name), str):
@@ -175,9 +165,9 @@ def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
 
 class ConvMixer(nnx.Module):
     """KDA's short-conv path without the recurrence, the ablation that cannot remember:
-    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head, so
-    output t sees inputs ``t - W + 1 .. t`` only. Built from a :class:`kda_lib.KDAConfig` (its
-    value heads, ``conv_size`` W >= 1, ``norm_eps``, dtypes); the KDA layer's parameter names."""
+    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head
+    (output t sees inputs t - W + 1 .. t), from a :class:`kda_lib.KDAConfig` (value heads,
+    ``conv_size`` W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
 
     def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, KDAConfig):
@@ -185,13 +175,12 @@ class ConvMixer(nnx.Module):
         if config.conv_size < 1:
             raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
         self.config = config
-        hidden, vd = config.hidden_size, config.value_dim
-        channels = config.value_heads * vd
+        hidden, channels = config.hidden_size, config.value_heads * config.value_dim
         dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
         self.v_proj = nnx.Linear(hidden, channels, use_bias=False, **dtypes)
         self.v_conv1d = ShortConvolution(channels, conv_size=config.conv_size, **dtypes)
         self.g_proj = nnx.Linear(hidden, channels, bias_metadata=NO_DECAY, **dtypes)
-        self.o_norm = no_decay_param(jnp.ones((vd,), config.param_dtype))
+        self.o_norm = no_decay_param(jnp.ones((config.value_dim,), config.param_dtype))
         self.o_proj = nnx.Linear(channels, hidden, use_bias=False, **dtypes)
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: jax.Array | None = None):
@@ -200,14 +189,11 @@ class ConvMixer(nnx.Module):
         cfg = self.config
         check_hidden(x, cfg.hidden_size)
         batch, seq_len, _ = x.shape
-        if cache is not None:
-            want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
-            got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
-            if got != want:
-                raise ValueError(
-                    f"cache for a conv layer must be an array of shape [B, W-1, H*V] = {want}, "
-                    f"got {got}; build it with model.init_cache({batch})"
-                )
+        want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
+        got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
+        if cache is not None and got != want:
+            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] "
+                             f"= {want}, got {got}; build it with model.init_cache({batch})")
         segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         states = None if cache is None else (cache,)
@@ -223,8 +209,8 @@ class ConvMixer(nnx.Module):
     def init_cache(self, batch_size: int) -> jax.Array:
         """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
         cfg = self.config
-        shape = (batch_size, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
-        return jnp.zeros(shape, cfg.dtype)
+        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim),
+                         cfg.dtype)  # fmt: skip
 
 
 # name -> factory(config, rngs) of a layer's token mixer (the module docstring says each)
@@ -250,12 +236,7 @@ MIXERS = {
 
 def register_mixer(name: str):
     """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
-
-    def register(factory):
-        MIXERS[name] = factory
-        return factory
-
-    return register
+    return lambda factory: MIXERS.update({name: factory}) or factory
 
 
 class MLP(nnx.Module):
@@ -306,9 +287,8 @@ class TinyLM(nnx.Module):
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)
-        self.blocks = nnx.List(
-            [Block(config.for_layer(i), rngs=rngs) for i in range(config.num_layers)]
-        )
+        self.blocks = nnx.List([Block(config.for_layer(i), rngs=rngs)
+                                for i in range(config.num_layers)])  # fmt: skip
         self.final_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, scale_metadata=NO_DECAY,
                                       rngs=rngs)  # fmt: skip
         self.head = nnx.Linear(hidden, vocab, use_bias=False, rngs=rngs)
@@ -318,9 +298,8 @@ class TinyLM(nnx.Module):
         if tokens.ndim != 2:
             raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
         if cache is not None and len(cache) != len(self.blocks):
-            raise ValueError(
-                f"cache must hold one entry per block ({len(self.blocks)}), got {len(cache)}"
-            )
+            raise ValueError(f"cache must hold one entry per block ({len(self.blocks)}), got "
+                             f"{len(cache)}")  # fmt: skip
         check_token_ids("tokens", tokens, self.config.vocab_size)
         x, new_cache = self.embed(tokens), []
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks), strict=True):
@@ -336,12 +315,8 @@ class TinyLM(nnx.Module):
         and MLA caches (fixed shapes, one compiled decode step); None: they grow."""
         check_int("batch_size", batch_size)
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
-        return tuple(
-            b.mixer.init_cache(batch_size, max_len=max_len)
-            if isinstance(b.mixer, sized)
-            else b.mixer.init_cache(batch_size)
-            for b in self.blocks
-        )
+        room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}  # noqa: E731
+        return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
 
 
 def config_param_count(config: ModelConfig) -> int:
@@ -358,10 +333,8 @@ def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
     per_unit = config.num_layers * (2 * config.hidden_size + 1)
     width = round((target - one) / per_unit) + 1
     if width < 1:
-        raise ValueError(
-            f"target={target} parameters is below what {config.label} needs with a 1-unit MLP "
-            f"({one})"
-        )
+        raise ValueError(f"target={target} parameters is below what {config.label} needs with a "
+                         f"1-unit MLP ({one})")  # fmt: skip
     return dataclasses.replace(config, mlp_width=width)
 
 
@@ -374,7 +347,5 @@ def parameter_path_names(path) -> tuple[str, ...]:
 def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
     """Parameter path -> whether AdamW decays it (the mark each parameter was created with,
     :func:`kda_lib.layers.params.weight_decay_mask`)."""
-    return {
-        parameter_path_names(path): bool(decay)
-        for path, decay in jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))
-    }
+    leaves = jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))
+    return {parameter_path_names(path): bool(decay) for path, decay in leaves}
