@@ -25,9 +25,8 @@ DEFAULT_TOLERANCES = {
 
 
 def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Array:
-    """``jax.random.normal(key, shape, dtype)``, the same numbers, compiled once per padded
-    power-of-two size (at least MIN_DRAW) instead of once per shape: with the partitionable
-    threefry a longer flat draw begins with the shorter one (else drawn at ``shape``)."""
+    """``jax.random.normal(key, shape, dtype)``, the same numbers, compiled once per power-of-two
+    size (>= MIN_DRAW), not per shape: a partitionable threefry's longer draw begins the same."""
     if not jax.config.jax_threefry_partitionable:
         return jax.random.normal(key, shape, dtype)
     size = math.prod(shape)
@@ -55,15 +54,13 @@ def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_
     value_dim = key_dim if value_dim is None else value_dim
     ks = jax.random.split(key, 7)
     shape = (batch, seq_len, heads, key_dim)
-    draws = dict(
-        q=random_normal(ks[0], shape, jnp.float32),
-        k=random_normal(ks[1], shape, jnp.float32),
-        v=random_normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32),
-        f=random_normal(ks[3], shape, jnp.float32),
-        # these two in the default float dtype (float64 under x64), as they always were
-        dt_bias=random_normal(ks[4], (heads * key_dim,)),
-        beta=random_normal(ks[5], (batch, seq_len, heads)),
-    )
+    draws = dict(q=random_normal(ks[0], shape, jnp.float32),
+                 k=random_normal(ks[1], shape, jnp.float32),
+                 v=random_normal(ks[2], (batch, seq_len, heads, value_dim), jnp.float32),
+                 f=random_normal(ks[3], shape, jnp.float32),
+                 # these two in the default float dtype (float64 under x64)
+                 dt_bias=random_normal(ks[4], (heads * key_dim,)),
+                 beta=random_normal(ks[5], (batch, seq_len, heads)))  # fmt: skip
     if with_state:
         draws["state"] = random_normal(ks[6], (batch, heads, key_dim, value_dim), jnp.float32)
     out = _inputs_from_draws(draws, dtype=jnp.dtype(dtype), gate=gate, gate_scale=gate_scale)
@@ -127,8 +124,7 @@ def assert_close(actual, expected, *, atol: float | None = None, rtol: float | N
 
 
 def relative_l2(actual, expected) -> float:
-    """``||actual - expected|| / ||expected||`` in float64 (the difference's norm when
-    ``expected`` is zero)."""
+    """``||actual - expected|| / ||expected||`` in float64 (``||actual||`` when it is zero)."""
     a, e = _as_f64(actual), _as_f64(expected)
     denom, diff = np.linalg.norm(e), np.linalg.norm(a - e)
     return float(diff / denom) if denom > 0 else float(diff)

@@ -62,13 +62,11 @@ class MLAConfig:
                      dtype="dtype param_dtype")  # fmt: skip
 
     @property
-    def value_dim(self) -> int:
-        """Dv: ``value_head_dim``, else ``head_dim``."""
+    def value_dim(self) -> int:  # Dv
         return self.value_head_dim or self.head_dim
 
     @property
-    def score_dim(self) -> int:
-        """Width of a query/key dot product: D + Ds."""
+    def score_dim(self) -> int:  # the width of a query/key dot product: D + Ds
         return self.head_dim + self.shared_key_dim
 
 
@@ -114,28 +112,24 @@ class MultiHeadLatentAttention(nnx.Module):
         earlier tokens of its own segment; padding outputs 0."""
         cfg = self.config
         check_hidden(x, cfg.hidden_size)
-        if cache is not None:
-            check_cache(cache, "an MLACache", MLACache, self._cache_shapes(x.shape[0]))
-        segment_ids = checked_segments(segment_ids, cache, *x.shape[:2])
-        x = x.astype(cfg.dtype)
-        if cache is None:
-            return self._forward_expanded(x, segment_ids)
-        return self._forward_cached(x, cache)
-
-    def _forward_expanded(self, x, segment_ids):
-        """Per-head keys and values formed from the latents (training / prefill)."""
-        cfg = self.config
         batch, seq_len, _ = x.shape
-        h, d = cfg.num_heads, cfg.head_dim
+        if cache is not None:
+            check_cache(cache, "an MLACache", MLACache, self._cache_shapes(batch))
+        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
+        x = x.astype(cfg.dtype)
+        if cache is not None:
+            return self._forward_cached(x, cache)
+        # training / prefill: per-head keys and values formed from the latents
+        d = cfg.head_dim
         c, s = self._latents(x)
-        kv = self.kv_b_proj(c).reshape(batch, seq_len, h, d + cfg.value_dim)
+        kv = self.kv_b_proj(c).reshape(batch, seq_len, cfg.num_heads, d + cfg.value_dim)
         k, v = kv[..., :d], kv[..., d:]
         if s is not None:  # the shared key part, the same for every head
-            k = jnp.concatenate([k, jnp.broadcast_to(s[:, :, None], (*k.shape[:3], s.shape[-1]))],
-                                -1)  # fmt: skip
+            s = jnp.broadcast_to(s[:, :, None], (*k.shape[:3], s.shape[-1]))
+            k = jnp.concatenate([k, s], -1)
         mask = attention_mask(jnp.arange(seq_len), seq_len, segment_ids)
         o = attend(self._queries(x), k, v, mask, cfg.score_dim**-0.5)
-        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, h * cfg.value_dim))
+        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
 
     def _forward_cached(self, x, cache: MLACache):
         """Attention against the cached latents only (absorbed form), then the new cache."""
