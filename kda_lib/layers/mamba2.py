@@ -7,8 +7,7 @@
 
 ``q, k, v``: projections of ``x`` through KDA's short causal convs (+ SiLU), q and k
 L2-normalised; ``f_t = f_proj(x_t)`` one number per head. Against Gated DeltaNet it lacks the
-delta rule (and beta), against KDA also the per-channel decay. Parameter names are the KDA
-layer's where the part is the same.
+delta rule (and beta), against KDA also the per-channel decay; the KDA layer's parameter names.
 """
 
 from __future__ import annotations
@@ -80,10 +79,8 @@ class Mamba2Mixer(nnx.Module):
         self.q_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
         self.k_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
         self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, rngs=rngs)
-        convs = (None,) * 3
-        if cfg.conv_size:
-            convs = qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
-        self.q_conv1d, self.k_conv1d, self.v_conv1d = convs
+        convs = cfg.conv_size and qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
+        self.q_conv1d, self.k_conv1d, self.v_conv1d = convs or (None,) * 3
         self.f_proj = nnx.Linear(hidden, h, use_bias=False, rngs=rngs)
         self.A_log = no_decay_param(init_a_log(rngs.params(), h))
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, 1))
@@ -102,7 +99,6 @@ class Mamba2Mixer(nnx.Module):
         if cache is not None:
             check_cache(cache, "a Mamba2Cache", Mamba2Cache, self._cache_shapes(batch))
         segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
-        h, kd, vd = cfg.num_heads, cfg.head_dim, cfg.value_dim
         x = x.astype(jnp.float32)
         streams = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
         if cfg.conv_size:
@@ -111,9 +107,8 @@ class Mamba2Mixer(nnx.Module):
             streams, conv_states = mix_convs(convs, streams, states, segment_ids)
         else:
             streams, conv_states = [jax.nn.silu(z) for z in streams], (None, None, None)
-        q = l2_normalize(streams[0].reshape(batch, seq_len, h, kd), keep_float32=True)
-        k = l2_normalize(streams[1].reshape(batch, seq_len, h, kd), keep_float32=True)
-        v = streams[2].reshape(batch, seq_len, h, vd)
+        q, k, v = (z.reshape(batch, seq_len, cfg.num_heads, -1) for z in streams)
+        q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
         g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.f_proj(x) + self.dt_bias[...])
         if segment_ids is None:
             initial = None if cache is None else cache.state
@@ -124,9 +119,9 @@ class Mamba2Mixer(nnx.Module):
             k = jnp.where(real[..., None, None], k, 0.0)
             g = jnp.where(real[..., None], g, 0.0)
             o, final = scalar_decay_recurrent(q, k, v, g, resets=segment_starts(segment_ids))
-        gate = self.g_proj(x).reshape(batch, seq_len, h, vd)
+        gate = self.g_proj(x).reshape(v.shape)
         normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
-        y = self.o_proj(normed.reshape(batch, seq_len, h * vd))
+        y = self.o_proj(normed.reshape(batch, seq_len, -1))
         if segment_ids is not None:
             y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
