@@ -84,8 +84,8 @@ class ModelConfig:
                              f"{sorted(MIXERS)}")  # fmt: skip
         if layers and self.num_layers % len(layers):
             raise ValueError(f"ModelConfig.num_layers={self.num_layers} is not a multiple of the "
-                             f"{len(layers)} entries of ModelConfig.layers={tuple(layers)} (the "
-                             f"pattern is tiled; num_layers={len(layers)}: one copy)")  # fmt: skip
+                             f"{len(layers)} entries of ModelConfig.layers={tuple(layers)} (tiled "
+                             f"over the layers; num_layers={len(layers)} is one copy)")  # fmt: skip
         object.__setattr__(self, "layers", tuple(layers))  # a list becomes a hashable tuple
 
     @classmethod
