@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -107,6 +108,24 @@ LIBRARY_HINT = (
 )
 
 
+_CONTEXTS = itertools.count(1_000_001)
+
+
+def fresh_jax_context() -> contextlib.AbstractContextManager:
+    """A JAX context no earlier call used: inside it every jitted function traces again, so a
+    library function jitted and compiled before (``jax.jit(kda_lib.kda)`` called earlier) runs
+    its Python frames where the profile hook sees them. It is a new value of
+    ``jax_xla_profile_version``, an integer in every jit and trace cache key that XLA:CPU ignores;
+    unlike ``jax.clear_caches()`` it keeps every program compiled outside it (the checkers'
+    references, the notebook's own)."""
+    jax = sys.modules.get("jax")
+    if jax is None:  # nothing jitted yet
+        return contextlib.nullcontext()
+    from jax._src import config
+
+    return config.jax_xla_profile_version(next(_CONTEXTS))
+
+
 class _LibraryEntered(BaseException):
     """Raised into an answer at its first ``kda_lib`` frame (a BaseException, so that the
     answer's own ``except Exception`` does not swallow it); :func:`library_calls` stops it."""
@@ -118,7 +137,7 @@ def library_calls() -> Iterator[list[str]]:
     (the machinery calling the answer excepted; the checkers' reference functions count),
     whatever the route: the function itself,
     ``functools.partial``, a lambda, a notebook function that calls it, ``jax.jit`` of it
-    (JAX's compilation caches are cleared first, so a jitted function is traced again). The
+    (in a :func:`fresh_jax_context`, so a jitted function is traced again). The
     list yielded holds the module entered (empty if none); the block ends there, quietly."""
     entered: list[str] = []
 
@@ -133,13 +152,11 @@ def library_calls() -> Iterator[list[str]]:
                 entered.append(module)
                 raise _LibraryEntered(module)
 
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        jax.clear_caches()
     previous = sys.getprofile()
     sys.setprofile(profile)
     try:
-        yield entered
+        with fresh_jax_context():
+            yield entered
     except _LibraryEntered:
         pass
     finally:

@@ -15,10 +15,8 @@ import sys
 import threading
 from typing import Any
 
-import jax
-
 import kda_lib
-from kda_lib.teaching.exercises import MACHINERY_CODE, call_answer
+from kda_lib.teaching.exercises import MACHINERY_CODE, call_answer, fresh_jax_context
 
 _LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
 _CHECKERS = os.path.join(_LIBRARY, "teaching", "exercises") + os.sep
@@ -50,12 +48,12 @@ def call_own_work(
             if not any(module.endswith(a) for a in allowed):
                 seen.append(f"{module}.{frame.f_code.co_name}")
 
-    jax.clear_caches()  # a jitted library function compiled before would run unseen
     previous = sys.getprofile()
     sys.setprofile(hook)
     threading.setprofile(hook)
     try:
-        got, hint = call_answer(answer, *args, name=name)
+        with fresh_jax_context():  # a jitted library function compiled before would run unseen
+            got, hint = call_answer(answer, *args, name=name)
     finally:
         sys.setprofile(previous)
         threading.setprofile(None)
