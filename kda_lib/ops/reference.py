@@ -214,10 +214,9 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
 
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
-    """The pool steps on checked inputs: gather the rows' slots, run the draft through
-    :func:`_step` keeping the state after each row's accepted prefix, scatter it back (in
-    place). A row whose slot is out of range or shared outputs NaN and writes nothing; a count
-    outside ``[0, T]`` writes NaN."""
+    """The pool steps on checked inputs: gather the rows' slots, run the draft, scatter the
+    state after each row's accepted prefix back (in place; bad slots and counts as documented
+    in :func:`kda_pool_step` and :func:`kda_pool_verify`)."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)
