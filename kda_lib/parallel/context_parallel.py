@@ -67,12 +67,11 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         ``output_token_states`` is not served under CP.
 
     Returns:
-      ``(o, final_state)`` as :func:`kda_lib.kda` returns them, whatever the flags: the local
-      outputs ``[B, T_local, HV, V]``, the matching slice of a one-device run, and with
-      ``output_final_state`` the state after the whole sequence ``[B, HV, K, V]`` float32, the
-      same on every rank (``out_specs`` ``P()``), else None. With ``output_chunk_states`` a
-      :class:`kda_lib.ops.contract.KDAResult` whose ``chunk_states [B, T_local // chunk_size,
-      HV, K, V]`` are the one-device chunk states of this slice (``T_local`` must be a multiple
+      ``(o, final_state)`` whatever the flags: this slice of a one-device run's outputs ``[B,
+      T_local, HV, V]``, and with ``output_final_state`` the state after the whole sequence
+      ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``), else None. With
+      ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` with this slice's
+      one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]`` (``T_local`` a multiple
       of ``chunk_size``).
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
