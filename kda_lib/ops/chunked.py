@@ -13,11 +13,10 @@ chunk's cumulative log decay (per channel), the chunk's C tokens are computed in
 Steps 1 and 2 need no state; step 3 chains the chunks (``scan=``): ``"streaming"`` (the CPU
 default) runs steps 1 to 3 in one ``lax.scan`` step per chunk; ``"associative"`` (the default
 elsewhere) writes each chunk as an affine map ``S -> M S + E`` and composes the maps with
-``lax.associative_scan`` (log depth, more flops).
+``lax.associative_scan``.
 
 Decay ratios are products of ``exp(g) <= 1`` over exactly their own range, never
-``exp(G_i) * exp(-G_j)``: any ``g <= 0`` is safe. Precision policy and measurements:
-docs/DESIGN.md section 4.
+``exp(G_i) * exp(-G_j)``: any ``g <= 0`` is safe. Precision: docs/DESIGN.md section 4.
 """
 
 from __future__ import annotations
@@ -99,7 +98,9 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
                  output_chunk_states: bool = False):  # fmt: skip
     """:func:`kda_chunked` on checked inputs (canonical ids, padding zeroed). Returns
     ``(o, final_state | None, chunk_states [B, T // C, HV, K, V] | None)``."""
-    low = _operand_dtype(precision, q, k, v)
+    # the scores' operand dtype: the one low-precision dtype among q, k, v (none: None)
+    low = {jnp.dtype(x.dtype) for x in (q, k, v)} & {jnp.dtype("bfloat16"), jnp.dtype("float16")}
+    low = low.pop() if len(low) == 1 and precision != "highest" else None
     acc = contract.accumulation_dtype(q.dtype)
     batch, seq_len, heads, key_dim, value_dim, _ = dims
     out_dtype, (q, k, v, g, beta) = q.dtype, (x.astype(acc) for x in (q, k, v, g, beta))
@@ -112,7 +113,10 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     # padding tokens: no decay, no write, outputs dropped
     (q, k, v, g, beta), segment_ids, pad = pad_time(chunk_size, q, k, v, g, beta,
                                                     segment_ids=segment_ids)  # fmt: skip
-    chunks = tuple(_to_chunks(x, chunk_size) for x in (q, k, v, g, beta))
+    chunks = tuple(  # chunk-major [N, B, H, C, ...]
+        jnp.moveaxis(x.reshape(batch, -1, chunk_size, heads, *x.shape[3:]), (1, 3), (0, 2))
+        for x in (q, k, v, g, beta)
+    )  # fmt: skip
     segments = None
     if segment_ids is not None:  # chunk-major: [B, 1, N, ...] -> [N, B, 1, ...]
         segments = tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
@@ -130,21 +134,12 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     return o.astype(out_dtype), (final_state if output_final_state else None), chunk_states
 
 
-class IntraChunk(NamedTuple):
-    """Steps 1 and 2 of every chunk. With ``S`` the state entering the chunk: ``U' = u - w S``,
-    outputs ``q_in S + attn_qk U'``, the leaving state ``keep * S + k_out^T U'``."""
-
-    attn_qk: jax.Array  # [..., C, C] scaled, decayed, causal q.k scores (P)
-    w: jax.Array  # [..., C, K]
-    u: jax.Array  # [..., C, V]
-    q_in: jax.Array  # [..., C, K] scaled queries decayed from the chunk start
-    k_out: jax.Array  # [..., C, K] keys decayed to the chunk end
-    keep: jax.Array  # [..., K] decay over the whole chunk
-
-
 def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None, operand_dtype=None):
     """Steps 1 and 2 for every chunk at once: q, k, g ``[..., C, K]``, v ``[..., C, V]``, beta
-    ``[..., C]``; ``segments`` as in :func:`chunk_affine_maps`."""
+    ``[..., C]``; ``segments`` as in :func:`chunk_affine_maps`. Returns ``(attn_qk [..., C, C]
+    (P), w [..., C, K], u [..., C, V], q_in, k_out [..., C, K], keep [..., K])``: with ``S`` the
+    state entering, ``U' = u - w S``, outputs ``q_in S + attn_qk U'``, the state leaving ``keep
+    * S + k_out^T U'``."""
     (scores_kk, scores_qk), decay_in, decay_out = _decayed_scores((k, q), k, g, operand_dtype)
     strict = jnp.tril(jnp.ones(scores_kk.shape[-2:], bool), -1)
     attn_kk = beta[..., None] * jnp.where(strict, scores_kk, 0.0)
@@ -157,28 +152,28 @@ def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None, operand_dtype
         k_in, q_in = (jnp.where(sees_in[..., None], x, 0.0) for x in (k_in, q_in))
         k_out = jnp.where(in_last[..., None], k_out, 0.0)
         keep = jnp.where(keeps_in[..., None], keep, 0.0)
-    solve = unit_lower_inverse(attn_kk, min(16, q.shape[-2]))
+    solve = unit_lower_inverse(attn_kk)
     w = _mm("...ij,...jk->...ik", solve, beta[..., None] * k_in)
     u = _mm("...ij,...jv->...iv", solve, beta[..., None] * v)
-    return IntraChunk(attn_qk, w, u, q_in, k_out, keep)
+    return attn_qk, w, u, q_in, k_out, keep
 
 
 def _scan_chunks(chunks, segments, state0, scale, scan: ScanMode, low):
     """Step 3 over chunk-major ``chunks = (q, k, v, g, beta)`` (leading dims ``[N, B, H]``):
     outputs ``[N, B, H, C, V]``, the final state and the states entering each chunk."""
-    intra = functools.partial(_intra_chunk, scale=scale, operand_dtype=low)
     if scan == "associative":
-        maps = _affine_maps(intra(*chunks, segments=segments))
+        maps = chunk_affine_maps(*chunks, scale=scale, segments=segments, operand_dtype=low)
         entering, final = chain_states(*(jnp.moveaxis(m, 0, 2) for m in maps[:2]), state0)
         o = _mm("nbhck,bhnkv->nbhcv", maps.q_eff, entering) + maps.o_intra
         return o, final, jnp.moveaxis(entering, 2, 0)
 
     def step(state, x):  # steps 1 to 3 of one chunk
-        c = intra(*x[0], segments=x[1])
-        corrected = c.u - _mm("...ck,...kv->...cv", c.w, state)
-        new = c.keep[..., None] * state + _mm("...ck,...cv->...kv", c.k_out, corrected)
-        o = _mm("...ck,...kv->...cv", c.q_in, state)
-        return new, (o + _mm("...ij,...jv->...iv", c.attn_qk, corrected), state)
+        attn_qk, w, u, q_in, k_out, keep = _intra_chunk(*x[0], scale=scale, segments=x[1],
+                                                        operand_dtype=low)  # fmt: skip
+        corrected = u - _mm("...ck,...kv->...cv", w, state)
+        new = keep[..., None] * state + _mm("...ck,...cv->...kv", k_out, corrected)
+        o = _mm("...ck,...kv->...cv", q_in, state)
+        return new, (o + _mm("...ij,...jv->...iv", attn_qk, corrected), state)
 
     # above REMAT_MIN_BYTES of blocks saved for the backward, each step is recomputed there
     # from the carried state (DESIGN section 6)
@@ -196,12 +191,8 @@ REMAT_MIN_BYTES = 16 * 2**20
 def stream_saved_bytes(chunks) -> int:
     """About the bytes the streaming scan's plain autodiff saves: ``N B H (2 C^2 + 3 C K + 2 C
     V)`` floats, ``chunks = (q, k, v, ...)`` ``[N, B, H, C, K]``."""
-    n, b, h, c, k = chunks[0].shape
-    v = chunks[2].shape[-1]
+    (n, b, h, c, k), v = chunks[0].shape, chunks[2].shape[-1]
     return chunks[0].dtype.itemsize * n * b * h * (2 * c * c + 3 * c * k + 2 * c * v)
-
-
-# ------------------------------------------------------------------ chunks as affine maps
 
 
 class ChunkMaps(NamedTuple):
@@ -214,21 +205,21 @@ class ChunkMaps(NamedTuple):
     o_intra: jax.Array  # [B, H, N, C, V]
 
 
-def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None) -> ChunkMaps:
+def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
+                      operand_dtype=None) -> ChunkMaps:  # fmt: skip
     """Every chunk's affine map, in parallel: q, k, g ``[B, H, N, C, K]``, v ``[B, H, N, C,
     V]``, beta ``[B, H, N, C]`` (float32 or float64; padding with g = 0 and beta = 0);
     ``segments`` None or the masks of :func:`kda_lib.ops.segments.segment_masks`."""
-    return _affine_maps(_intra_chunk(q, k, v, g, beta, scale=scale, segments=segments))
-
-
-def _affine_maps(intra: IntraChunk) -> ChunkMaps:
-    attn_qk, w, u, q_in, k_out, keep = intra
-    q_eff = q_in - _mm("...ij,...jk->...ik", attn_qk, w)
-    o_intra = _mm("...ij,...jv->...iv", attn_qk, u)
+    attn_qk, w, u, q_in, k_out, keep = _intra_chunk(q, k, v, g, beta, scale=scale,
+                                                    segments=segments,
+                                                    operand_dtype=operand_dtype)  # fmt: skip
     eye = jnp.eye(w.shape[-1], dtype=w.dtype)
-    transition = keep[..., :, None] * eye - _mm("...ck,...cl->...kl", k_out, w)
-    state_ext = _mm("...ck,...cv->...kv", k_out, u)
-    return ChunkMaps(transition, state_ext, q_eff, o_intra)
+    return ChunkMaps(
+        transition=keep[..., :, None] * eye - _mm("...ck,...cl->...kl", k_out, w),
+        state_ext=_mm("...ck,...cv->...kv", k_out, u),
+        q_eff=q_in - _mm("...ij,...jk->...ik", attn_qk, w),
+        o_intra=_mm("...ij,...jv->...iv", attn_qk, u),
+    )
 
 
 def chain_states(transition, state_ext, initial_state):
@@ -259,22 +250,6 @@ def _mm(subscripts: str, *operands, low=None):
     a, b = operands
     return jnp.einsum(subscripts, a.astype(low), b.astype(low),
                       preferred_element_type=jnp.result_type(a, b))  # fmt: skip
-
-
-def _operand_dtype(precision: Precision | None, q, k, v):
-    """The scores' operand dtype: None for ``"highest"``; else the one low-precision dtype
-    among q, k, v, or None when there is none (or both kinds)."""
-    if precision == "highest":
-        return None
-    low = {jnp.dtype(x.dtype) for x in (q, k, v)} & {jnp.dtype("bfloat16"), jnp.dtype("float16")}
-    return low.pop() if len(low) == 1 else None
-
-
-def _to_chunks(x, chunk_size):
-    """``[B, T, H, ...] -> [N, B, H, C, ...]``: chunk-major, for the state scan."""
-    batch, seq_len, heads = x.shape[:3]
-    x = x.reshape(batch, seq_len // chunk_size, chunk_size, heads, *x.shape[3:])
-    return jnp.moveaxis(x, (1, 3), (0, 2))
 
 
 def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
@@ -309,19 +284,17 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
 # ------------------------------------------------------------------ hand-written gradients
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
-    """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C = ``base * 2^j``, by
-    matmuls only: diagonal blocks of ``base`` by the Neumann product ``(I - X)(I + X^2)(I +
-    X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L X1^-1,
-    X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
+@jax.custom_vjp
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C a power of two, by
+    matmuls only: diagonal blocks of ``min(C, 16)`` by the Neumann product ``(I - X)(I +
+    X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
+    X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
-    block = min(base, size)
-    if size % block or block & (block - 1) or (size // block) & (size // block - 1):
-        raise ValueError(f"unit_lower_inverse needs C = base * 2^j, base a power of 2: C={size}")
-    # one flat batch dimension and slices (not jnp.diagonal): XLA's CPU simplifier aborted on
-    # diagonal + moveaxis + batched dot with several batch dimensions under jit
-    a = a.reshape(-1, size, size)
+    if size & (size - 1):
+        raise ValueError(f"unit_lower_inverse needs C a power of two, got C={size}")
+    block = min(16, size)
+    a = a.reshape(-1, size, size)  # one flat batch dimension and slices (DESIGN section 6)
 
     def blocks(rows, cols, width):  # [N, count, width, width] from block offsets
         pairs = zip(rows, cols, strict=True)
@@ -346,13 +319,12 @@ def unit_lower_inverse(a: jax.Array, base: int = 16) -> jax.Array:
     return inv.reshape(*lead, size, size)
 
 
-def _unit_lower_inverse_bwd(base, inv, d_inv):
+def _unit_lower_inverse_bwd(inv, d_inv):
     inv_t = jnp.swapaxes(inv, -1, -2)
     return (jnp.tril(-_mm("...ij,...jk,...kl->...il", inv_t, d_inv, inv_t), -1),)
 
 
-unit_lower_inverse.defvjp(lambda a, base: (unit_lower_inverse(a, base),) * 2,
-                          _unit_lower_inverse_bwd)  # fmt: skip
+unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse(a),) * 2, _unit_lower_inverse_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -423,9 +395,14 @@ def _decayed_scores_bwd(_, residuals, cotangents):
         width *= 2
     row_terms = sum(x * d for x, d in zip(xs, d_xs_levels, strict=True))
     decay_in, decay_out = levels[-1]
+
+    def masked_sum(x, mask):  # out[m] = sum of x[i] over mask[m, i], one batched matmul
+        mask = jnp.broadcast_to(mask.astype(x.dtype), (*x.shape[:-2], size, size))
+        return _mm("...mi,...ic->...mc", mask, x)
+
     # decay_in_i covers g over [0, i], decay_out_j over (j, C)
-    d_g = (_triangular_sum(row_terms - k * d_k_levels + d_in * decay_in, lambda m, i: i >= m)
-           + _triangular_sum(d_out * decay_out, lambda m, j: j < m))  # fmt: skip
+    d_g = (masked_sum(row_terms - k * d_k_levels + d_in * decay_in, ~below)
+           + masked_sum(d_out * decay_out, below))  # fmt: skip
     d_xs, d_k = [], d_k_levels  # the diagonal (ratio 1) adds to the row and key gradients only
     for x, d, d_level in zip(xs, d_scores, d_xs_levels, strict=True):
         diagonal = jnp.diagonal(d, axis1=-2, axis2=-1)[..., None]
@@ -468,15 +445,6 @@ def _split_pairs(x, width):
 
 def _merge_pairs(x):
     return x.reshape(*x.shape[:-4], -1, x.shape[-1])
-
-
-def _triangular_sum(x, keep):
-    """``out[m] = sum of x[i] over keep(m, i)`` along axis -2: one batched matmul with a 0/1
-    mask (on CPU jnp.cumsum and an unbatched constant operand cost layout copies of x)."""
-    size = x.shape[-2]
-    pos = jnp.arange(size)
-    mask = keep(pos[:, None], pos[None, :]).astype(x.dtype)
-    return _mm("...mi,...ic->...mc", jnp.broadcast_to(mask, (*x.shape[:-2], size, size)), x)
 
 
 def _cross_blocks(d_scores) -> dict:

@@ -5,10 +5,7 @@ KDA's forget gate is a per-channel log-space decay ``g <= 0``, computed from a r
 
 * softplus gate (``lower_bound=None``): ``g = -A * softplus(f + dt_bias)``;
 * safe gate (``lower_bound`` in [-5, 0)): ``g = lower_bound * sigmoid(A * (f + dt_bias))``, a
-  decay of at most ``exp(lower_bound)`` per step; with ``a_log=None``, ``A = 1`` (fla's
-  ``A_log=None``; the softplus gate has no such form).
-
-:class:`GateForm` names these forms (and MaxText's clamped softplus) for the configs.
+  decay of at most ``exp(lower_bound)`` per step; with ``a_log=None``, ``A = 1``.
 """
 
 from __future__ import annotations

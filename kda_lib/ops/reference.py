@@ -104,29 +104,30 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
         kept = state if output_token_states else None
         return (state, jnp.where(valid, id_t, prev_id)), (o_t, kept)
 
-    def chunk(carry, xs):  # chunk_states_every tokens: their outputs and the state after them
-        carry, (o, _) = jax.lax.scan(step, carry, xs)
-        return carry, (o, carry[0])
+    # in chunks of chunk_states_every tokens (T padded with id 0: no write, no decay), each
+    # chunk's last state kept; one chunk of T tokens without chunk_states_every
+    every = chunk_states_every or dims.seq_len
+    pad = -dims.seq_len % every
+    seq = tuple(jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in (*xs, ids))
+
+    def chunk(carry, tokens):
+        carry, (o, kept) = jax.lax.scan(step, carry, tokens)
+        return carry, (o, kept, carry[0])
 
     # inside shard_map the carry must vary over the same mesh axes as the inputs
     state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
-    carry0, seq = (state0, prev0 + jnp.zeros_like(ids[0])), (*xs, ids)
-    every, chunk_states = chunk_states_every, None
-    if every is not None and not output_token_states:  # keep only the chunks' last states
-        full = dims.seq_len // every * every
-        head = tuple(x[:full].reshape(full // every, every, *x.shape[1:]) for x in seq)
-        carry, (o_head, chunk_states) = jax.lax.scan(chunk, carry0, head)
-        tail = tuple(x[full:] for x in seq)
-        (final_state, _), (o_tail, token_states) = jax.lax.scan(step, carry, tail)
-        o = jnp.concatenate([o_head.reshape(full, *o_head.shape[2:]), o_tail], axis=0)
-    else:
-        (final_state, _), (o, token_states) = jax.lax.scan(step, carry0, seq)
-        if every is not None:
-            chunk_states = token_states[every - 1 :: every][: dims.seq_len // every]
-    chunk_states, token_states = (None if x is None else jnp.moveaxis(x, 0, 1)
-                                  for x in (chunk_states, token_states))  # fmt: skip
-    o = jnp.moveaxis(o, 0, 1).astype(q.dtype)
-    return o, (final_state if output_final_state else None), chunk_states, token_states
+    (final_state, _), (o, token_states, chunk_states) = jax.lax.scan(
+        chunk, (state0, prev0 + jnp.zeros_like(ids[0])),
+        tuple(x.reshape(-1, every, *x.shape[1:]) for x in seq),
+    )  # fmt: skip
+    o, token_states = (None if x is None else jnp.moveaxis(x.reshape(-1, *x.shape[2:]), 0, 1)
+                       for x in (o, token_states))  # fmt: skip
+    if chunk_states_every:
+        chunk_states = jnp.moveaxis(chunk_states[: dims.seq_len // every], 0, 1)
+    o = o[:, : dims.seq_len].astype(q.dtype)
+    token_states = None if token_states is None else token_states[:, : dims.seq_len]
+    return (o, final_state if output_final_state else None,
+            chunk_states if chunk_states_every else None, token_states)  # fmt: skip
 
 
 def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
@@ -137,7 +138,7 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
     contract.check_float_arrays(state=state)
     contract.check_shape("state", state, dims)
-    acc = _pool_dtype(q_t, state)
+    acc = jnp.promote_types(contract.accumulation_dtype(q_t.dtype), state.dtype)
     new_state, o_t = _step(*(x.astype(acc) for x in (state, q_t, k_t, v_t, g_t, beta_t)),
                            scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
     return new_state, o_t.astype(q_t.dtype)
@@ -211,22 +212,16 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
     return np.asarray(x) if is_concrete(x) else None
 
 
-def _pool_dtype(q, state):
-    """float32, or float64 when the inputs or the states are float64."""
-    return jnp.promote_types(contract.accumulation_dtype(q.dtype), state.dtype)
-
-
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
-    """The pool steps on checked inputs: gather the rows' slots, run the draft through
-    :func:`_step` keeping the state after each row's accepted prefix, scatter it back (in
-    place). A row whose slot is out of range or shared outputs NaN and writes nothing; a count
-    outside ``[0, T]`` writes NaN."""
+    """The pool steps on checked inputs: gather the rows' slots, run the draft, scatter the
+    state after each row's accepted prefix back (in place; bad slots and counts as documented
+    in :func:`kda_pool_step` and :func:`kda_pool_verify`)."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)
     ok = in_range & (jnp.zeros(n + 1, jnp.int32).at[safe].add(1)[safe] == 1)  # not shared
-    acc = _pool_dtype(q, pool)
+    acc = jnp.promote_types(contract.accumulation_dtype(q.dtype), pool.dtype)
     initial = pool[jnp.where(ok, slots, 0)].astype(acc)
 
     def step(carry, x):

@@ -20,7 +20,7 @@ from kda_lib.checks import check_positive_int
 
 
 def _prepared(q, k, v, g, scale, initial_state):
-    """The inputs checked and cast to the compute dtype; ``(q * scale, k, v, g, S0, dtype)``."""
+    """The inputs checked and cast to the compute dtype: ``(q * scale, k, v, g, S0)``."""
     if q.ndim != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must have one shape [B, T, H, K], got {q.shape}, {k.shape}")
     batch, seq_len, heads, key_dim = q.shape
@@ -37,15 +37,15 @@ def _prepared(q, k, v, g, scale, initial_state):
             f"initial_state must have shape [B, H, K, V] = {state_shape}, got {initial_state.shape}"
         )
     scale = key_dim**-0.5 if scale is None else scale
-    cast = [x.astype(dtype) for x in (q, k, v, g, initial_state)]
-    return (cast[0] * scale, *cast[1:], dtype)
+    q, k, v, g, initial_state = (x.astype(dtype) for x in (q, k, v, g, initial_state))
+    return q * scale, k, v, g, initial_state
 
 
 def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets=None):
     """One token at a time (the oracle); ``resets [B, T]`` bool (optional): at a True token the
     carried state is dropped before the token writes (a new document starts there)."""
-    q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
     out_dtype = v.dtype
+    q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
     if resets is None:
         resets = jnp.zeros(q.shape[:2], bool)
     elif resets.shape != q.shape[:2]:
@@ -68,17 +68,13 @@ def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_si
     write)."""
     check_positive_int("chunk_size", chunk_size)
     out_dtype = v.dtype
-    q, k, v, g, state, _ = _prepared(q, k, v, g, scale, initial_state)
+    q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
     batch, seq_len, heads, _ = q.shape
     size = min(chunk_size, seq_len)
-    pad = -seq_len % size
-    widths = [(0, 0), (0, pad)]
-    q, k, v = (jnp.pad(x, [*widths, (0, 0), (0, 0)]) for x in (q, k, v))
-    g = jnp.pad(g, [*widths, (0, 0)])
-    chunks = (seq_len + pad) // size
 
-    def split(x):  # [B, T, ...] -> [B, N, C, ...]
-        return x.reshape(batch, chunks, size, *x.shape[2:])
+    def split(x):  # [B, T, ...] -> [B, N, C, ...], T padded with zeros
+        x = jnp.pad(x, [(0, 0), (0, -seq_len % size)] + [(0, 0)] * (x.ndim - 2))
+        return x.reshape(batch, -1, size, *x.shape[2:])
 
     q, k, v, g = (split(x) for x in (q, k, v, g))
     cum = jnp.cumsum(g, axis=2)  # [B, N, C, H]: log decay from the chunk's start
@@ -95,10 +91,9 @@ def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_si
         write, across = chunk
         return across[..., None, None] * s + write, s  # emits the state before the chunk
 
-    final, before = jax.lax.scan(
-        carry, state, (jnp.moveaxis(writes, 1, 0), jnp.moveaxis(through, 1, 0))
-    )
+    chunks = (jnp.moveaxis(writes, 1, 0), jnp.moveaxis(through, 1, 0))
+    final, before = jax.lax.scan(carry, state, chunks)
     before = jnp.moveaxis(before, 0, 1)  # [B, N, H, K, V]
     o_inter = jnp.exp(cum)[..., None] * jnp.einsum("bnihk,bnhkv->bnihv", q, before)
-    o = (o_intra + o_inter).reshape(batch, chunks * size, heads, -1)[:, :seq_len]
+    o = (o_intra + o_inter).reshape(batch, -1, heads, o_intra.shape[-1])[:, :seq_len]
     return o.astype(out_dtype), final

@@ -67,33 +67,24 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         ``output_token_states`` is not served under CP.
 
     Returns:
-      ``(o, final_state)`` as :func:`kda_lib.kda` returns them, whatever the flags: the local
-      outputs ``[B, T_local, HV, V]``, the matching slice of a one-device run, and with
-      ``output_final_state`` the state after the whole sequence ``[B, HV, K, V]`` float32, the
-      same on every rank (``out_specs`` ``P()``), else None. With ``output_chunk_states`` a
-      :class:`kda_lib.ops.contract.KDAResult` whose ``chunk_states [B, T_local // chunk_size,
-      HV, K, V]`` are the one-device chunk states of this slice (``T_local`` must be a multiple
+      ``(o, final_state)`` whatever the flags: this slice of a one-device run's outputs ``[B,
+      T_local, HV, V]``, and with ``output_final_state`` the state after the whole sequence
+      ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``), else None. With
+      ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` with this slice's
+      one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]`` (``T_local`` a multiple
       of ``chunk_size``).
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
+    kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
+    output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
     if route != STATE_PASSING:  # its own CP (tokamax Mosaic)
-        if kernel_kwargs.get("output_chunk_states", False):
-            raise ValueError("output_chunk_states is served by kda_lib's context parallelism "
-                             f"('chunked' or 'recurrent'), not by {implementation!r}'s own")
-        return route(q, k, v, g, beta, axis_name=axis_name, mesh=mesh, scale=scale,
-                     segment_ids=segment_ids, **kernel_kwargs), None  # fmt: skip
-    kw = dict(scale=scale, segment_ids=segment_ids, implementation=implementation, **kernel_kwargs)
-    return _state_passing(q, k, v, g, beta, axis_name, kw)
-
-
-_DEFAULT_CHUNK_SIZE = inspect.signature(kda).parameters["chunk_size"].default
-
-
-def _state_passing(q, k, v, g, beta, axis_name, kw):
-    """kda_lib's CP route; ``kw``: :func:`kda_lib.kda`'s keywords, the state options besides."""
+        if output_chunk_states:
+            raise ValueError(f"output_chunk_states is served by kda_lib's context parallelism "
+                             f"('chunked' or 'recurrent'), not by {implementation!r}'s "
+                             "own")  # fmt: skip
+        return route(q, k, v, g, beta, axis_name=axis_name, mesh=mesh, **kw), None
     initial_state = kw.pop("initial_state", None)
     output_final_state = check_flag("output_final_state", kw.pop("output_final_state", False))
-    output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
     if check_flag("output_token_states", kw.pop("output_token_states", False)):
         raise ValueError("output_token_states is not served under context parallelism")
     state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
@@ -105,36 +96,33 @@ def _state_passing(q, k, v, g, beta, axis_name, kw):
         raise ValueError(f"output_chunk_states under context parallelism needs each rank's "
                          f"slice to be a multiple of chunk_size={chunk_size}, got "
                          f"T_local={q.shape[1]}")  # fmt: skip
-    summary = _rank_summary(q, k, v, g, beta, kw)
-    initial, arriving, final = _fold_summaries(*summary, initial_state, kw["segment_ids"],
-                                               axis_name, state_shape)  # fmt: skip
+    kw["implementation"] = implementation
+    # this rank's summary (module docstring): values [0 | v] from the state [I | 0]
+    batch, heads, key_dim, _ = state_shape
+    eye = jnp.broadcast_to(jnp.eye(key_dim, dtype=jnp.float32), (batch, heads, key_dim, key_dim))
+    v_aug = jnp.concatenate([jnp.zeros((*v.shape[:-1], key_dim), v.dtype), v], -1)
+    init_aug = jnp.concatenate([eye, jnp.zeros(state_shape)], -1)
+    _, summary = kda(q, k, v_aug, g, beta, initial_state=init_aug, output_final_state=True, **kw)
+    initial, arriving, final = _fold_summaries(summary[..., :key_dim], summary[..., key_dim:],
+                                               initial_state, segment_ids, axis_name,
+                                               state_shape)  # fmt: skip
     result = kda(q, k, v, g, beta, initial_state=initial, output_chunk_states=output_chunk_states,
                  **kw)  # fmt: skip
-    if output_final_state:
-        # equal on every rank, which shard_map cannot know: the last rank's copy through a psum
-        last = jax.lax.axis_index(axis_name) == jax.lax.axis_size(axis_name) - 1
-        final = jax.lax.psum(jnp.where(last, final, 0.0), axis_name)
-    if output_chunk_states:
-        states = result.chunk_states
-        if kw["segment_ids"] is not None:  # boundaries before this slice's first real token
-            seen = jnp.cumsum(kw["segment_ids"] != 0, axis=1)[:, chunk_size - 1 :: chunk_size]
-            before_any = (seen[:, : states.shape[1]] == 0)[:, :, None, None, None]
-            # hold the state arriving from upstream, not the zeros a new document starts from
-            states = jnp.where(before_any, arriving[:, None], states)
-        return KDAResult(result[0], final if output_final_state else None, states, None)
-    return result[0], final if output_final_state else None
+    # the final state is equal on every rank, which shard_map cannot know: the last rank's copy
+    last = jax.lax.axis_index(axis_name) == jax.lax.axis_size(axis_name) - 1
+    final = jax.lax.psum(jnp.where(last, final, 0.0), axis_name) if output_final_state else None
+    if not output_chunk_states:
+        return result[0], final
+    states = result.chunk_states
+    if segment_ids is not None:  # boundaries before this slice's first real token
+        seen = jnp.cumsum(segment_ids != 0, axis=1)[:, chunk_size - 1 :: chunk_size]
+        before_any = (seen[:, : states.shape[1]] == 0)[:, :, None, None, None]
+        # hold the state arriving from upstream, not the zeros a new document starts from
+        states = jnp.where(before_any, arriving[:, None], states)
+    return KDAResult(result[0], final, states, None)
 
 
-def _rank_summary(q, k, v, g, beta, kw):
-    """This rank's ``(M [B, HV, K, K], S_ext [B, HV, K, V])``: one local run with values
-    ``[0 | v]`` from the state ``[I | 0]`` ends in exactly ``[M | S_ext]``."""
-    batch, key_dim = q.shape[0], q.shape[-1]
-    heads, value_dim = v.shape[2:]  # the value heads HV
-    eye = jnp.broadcast_to(jnp.eye(key_dim, dtype=jnp.float32), (batch, heads, key_dim, key_dim))
-    init_aug = jnp.concatenate([eye, jnp.zeros((batch, heads, key_dim, value_dim))], -1)
-    v_aug = jnp.concatenate([jnp.zeros(v.shape[:-1] + (key_dim,), v.dtype), v], -1)
-    _, summary = kda(q, k, v_aug, g, beta, initial_state=init_aug, output_final_state=True, **kw)
-    return summary[..., :key_dim], summary[..., key_dim:]
+_DEFAULT_CHUNK_SIZE = inspect.signature(kda).parameters["chunk_size"].default
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
