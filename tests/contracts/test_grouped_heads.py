@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kda_lib import emulate_tpu, kda, kda_chunked, kda_gate, kda_recurrent
+from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import random_normal, relative_l2
 
@@ -236,6 +236,8 @@ def test_refusals_name_the_argument():
 
 
 # ------------------------------------------------------------------ context parallelism
+# tokamax Mosaic with both options: tests/ops/test_emulation.py (the adapter test: grouped
+# heads and a_log=None; the CP test: grouped heads)
 
 SEQ = P(None, "context")
 
@@ -299,25 +301,3 @@ def test_context_parallel_matches_the_oracle(implementation, with_a_log):
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
     _assert_matches(got, want, 2e-5, f"cp {implementation}")
-
-
-@pytest.mark.slow
-def test_mosaic_grouped_heads_and_rate_free_gate():
-    """tokamax Mosaic (Pallas interpret mode) and its own CP with both options."""
-    x = _inputs(9, a_log=False, key_dim=128, value_dim=128, seq_len=64, heads=1, value_heads=2)
-    del x["initial_state"]
-    kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, use_gate_in_kernel=True)
-    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    want = kda(*args, **kw, implementation="recurrent")[0]
-    with emulate_tpu():
-        got = jax.jit(lambda *a: kda(*a, **kw, implementation="tokamax_mosaic")[0])(*args)
-    assert relative_l2(got, want) < 1e-5
-    mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2])
-
-    def local(*a):
-        return kda_context_parallel(*a, **kw, implementation="tokamax_mosaic", mesh=mesh)[0]
-
-    cp = jax.shard_map(local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ, check_vma=False)
-    with emulate_tpu():
-        got_cp = jax.jit(lambda *a: cp(*(shard_as(z, mesh, SEQ) for z in a)))(*args)
-    assert relative_l2(got_cp, want) < 1e-5
