@@ -244,7 +244,7 @@ def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
 
 
 # ------------------------------------------------- the published models' options (issue 27)
-# each option alone on the small layer; (B)ASE has K = 16, V = 8, H = 2
+# each option on the small layer (CASES below combines them); (B)ASE has K = 16, V = 8, H = 2
 OPTIONS = {
     # MaxText's Kimi K3 layer: low-rank forget gate, one full-rank output-gate projection
     "full_rank_output": dict(forget_gate_rank=4, output_gate_rank=None),
