@@ -86,8 +86,9 @@ def test_packed_documents_are_isolated():
 
 
 # prefill of one token, of T not a multiple of the chunk and of one whole chunk; the safe gate
-# (lower_bound) changes the gate, not the cache, so it runs with one of them
-@pytest.mark.parametrize("lower_bound,prefill", [(None, 1), (None, 37), (None, 64), (-5.0, 37)])
+# (lower_bound) changes the gate, not the cache: it runs in
+# test_options_prefill_then_decode_equals_full_forward[no_a_log_grouped] (prefill of 9 tokens)
+@pytest.mark.parametrize("lower_bound,prefill", [(None, 1), (None, 37), (None, 64)])
 def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     layer = _layer(lower_bound=lower_bound)
     x = _x(batch=2, seq_len=75)
@@ -232,13 +233,14 @@ def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
 
     for module in (kda_lib.ops.contract, layer_module):
         monkeypatch.setattr(module, "host_values", counting(module.host_values))
-    ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2, [3] * 20], jnp.int32)
-    x = _x(seq_len=20)
+    # the inputs of test_tokamax_segment_bound_counted_configured_or_asked_for: its programs
+    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
+    x = _x(batch=2, seq_len=90)
     cfg = dataclasses.replace(
         BASE, gate_form="safe_sigmoid", lower_bound=-5.0, implementation="tokamax_xla"
     )
     y = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)
-    assert reads == [(2, 20)]
+    assert reads == [(2, 90)]
     want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(_layer(lower_bound=-5.0), x, ids)
     assert_close(y, want, atol=2e-6, rtol=1e-5)
 
