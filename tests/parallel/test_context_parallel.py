@@ -215,16 +215,14 @@ LAYER_OPTIONS = {
 @pytest.mark.parametrize(
     "ranks,seq_len,impl,segments,options",
     [
-        (2, 64, "recurrent", (True,), ("fused_qkv_conv", "full_rank_output")),
+        (2, 64, "recurrent", (True,), ("fused_qkv_conv", "full_rank_output", "clamped_softplus")),
         (8, 16, "recurrent", (False, True), ("no_a_log_grouped",)),
-        (4, 50, "chunked", (False,), ()),
-        (4, 24, "recurrent", (True,), ("clamped_softplus",)),
+        (4, 50, "chunked", (False,), ()),  # the softplus gate in the kernel
     ],
     ids=[
-        "2-64-recurrent-segments-fused-full_rank_output",
+        "2-64-recurrent-segments-fused-full_rank_output-clamped_softplus",
         "8-16-recurrent-both-no_a_log_grouped",
         "4-50-chunked",
-        "4-24-recurrent-segments-clamped_softplus",
     ],
 )
 def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments, options):
