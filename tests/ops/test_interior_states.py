@@ -127,18 +127,20 @@ def test_chunk_states_equal_the_recurrence_on_each_prefix_float64(x64, segments)
 
 
 @SHARED_PROGRAMS
-def test_chunk_states_float32_and_bf16_close_to_the_oracles():
+def test_chunk_states_float32_and_bf16_close_to_the_oracle():
     """float32 inputs: chunk states and gradients against the float64 oracle. bf16 inputs:
-    chunk states (float32) and gradients against the float32 recurrence on the same
-    bf16-rounded inputs."""
+    chunk states (float32) and gradients against the float64 oracle on the same bf16-rounded
+    inputs. The oracle is the float64 test's program."""
+
+    def oracle(x):
+        with jax.enable_x64(True):
+            x64 = cast_inputs(x, jnp.float64)
+            return _values_and_grads(x64, ids, _cotangents(jnp.float64), ALL)["oracle"]
+
     x = {n: jnp.asarray(a) for n, a in _inputs(1).items()}
     ids = jnp.asarray(_segment_ids())
-    runs = _values_and_grads(x, ids, _cotangents(jnp.float32), ALL)
-    with jax.enable_x64(True):
-        x64 = cast_inputs(x, jnp.float64)
-        (_, (_, s_ref)), g_ref = _values_and_grads(x64, ids, _cotangents(jnp.float64), ALL)[
-            "oracle"
-        ]
+    runs = _values_and_grads(x, ids, _cotangents(jnp.float32), tuple(FORMS))
+    (_, (_, s_ref)), g_ref = oracle(x)
     for form in FORMS:
         (_, (_, s)), grads = runs[form]
         assert s.dtype == jnp.float32
@@ -148,11 +150,10 @@ def test_chunk_states_float32_and_bf16_close_to_the_oracles():
 
     x = {n: jnp.asarray(a) for n, a in _inputs(2).items()}
     bf16 = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
-    runs = _values_and_grads(bf16, ids, _cotangents(jnp.float32), ("oracle", "chunked"))
-    (_, (_, s)), grads = runs["chunked"]
-    ref = _values_and_grads(cast_inputs(bf16, jnp.float32), ids, _cotangents(jnp.float32),
-                            ALL)["oracle"]  # fmt: skip
-    (_, (_, s_ref)), g_ref = ref
+    (_, (_, s)), grads = _values_and_grads(bf16, ids, _cotangents(jnp.float32), ("chunked",))[
+        "chunked"
+    ]
+    (_, (_, s_ref)), g_ref = oracle(bf16)
     assert s.dtype == jnp.float32
     assert relative_l2(s, s_ref) < 1e-2
     for n in NAMES:
