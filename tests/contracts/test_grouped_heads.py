@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kda_lib import emulate_tpu, kda, kda_chunked, kda_gate, kda_recurrent
+from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import random_normal, relative_l2
 
@@ -137,27 +137,35 @@ def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups(x6
         np.testing.assert_allclose(np.asarray(grads[name]), summed, rtol=1e-10, atol=1e-12)
 
 
+# a covering design: each implementation once, with or without a_log, and each option value on
+# several. Covered elsewhere: chunked with a_log=None by the associative and the CP tests below;
+# tokamax_xla_chunked with a_log=None (grouped heads, gradients, float64 oracle) by
+# tests/layers/test_kda_layer.py's no_a_log_grouped case; auto dispatches to the chunked form.
 CASES = [
-    ("recurrent", {}),
-    ("chunked", dict(chunk_size=16)),  # sequential scan (CPU default)
-    ("auto", {}),
-    ("tokamax_xla", {}),
-    ("tokamax_xla_chunked", {}),
+    ("recurrent", {}, False),
+    ("chunked", dict(chunk_size=16), True),  # sequential scan (CPU default)
+    ("auto", {}, False),
+    ("tokamax_xla", {}, True),
+    ("tokamax_xla", {}, False),
+    ("tokamax_xla_chunked", {}, True),
 ]
 
 
 @functools.cache
 def _oracle_case(with_a_log: bool, with_segments: bool):
     """Inputs (seed 3), segment ids or None, and their float64 expectation: computed once per
-    worker for the tests below (one xdist group), four cases for eleven tests."""
+    worker for the tests below (one xdist group), three cases for seven tests."""
     x = _inputs(3, a_log=with_a_log)
     ids = _segments() if with_segments else None
     return x, ids, _expected(x, ids)
 
 
 @pytest.mark.xdist_group("grouped_oracles")
-@pytest.mark.parametrize("with_a_log", [True, False], ids=["a_log", "a_log=None"])
-@pytest.mark.parametrize("implementation,kw", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "implementation,kw,with_a_log",
+    CASES,
+    ids=[f"{c[0]}-{'a_log' if c[2] else 'a_log=None'}" for c in CASES],
+)
 def test_every_implementation_matches_the_oracle(implementation, kw, with_a_log):
     x, ids, want = _oracle_case(with_a_log, implementation != "tokamax_xla_chunked")
     if implementation.startswith("tokamax") and ids is not None:
@@ -228,6 +236,8 @@ def test_refusals_name_the_argument():
 
 
 # ------------------------------------------------------------------ context parallelism
+# tokamax Mosaic with both options: tests/ops/test_emulation.py (the adapter test: grouped
+# heads and a_log=None; the CP test: grouped heads)
 
 SEQ = P(None, "context")
 
@@ -275,9 +285,15 @@ def _cp_oracle_case(with_a_log: bool):
     return x, ids, _expected(x, ids)
 
 
+# each implementation with one option value (chunked CP with a_log: its outputs by
+# tests/parallel/test_context_parallel.py's fused-gate test, its gradients by the 4-50-chunked
+# layer case there)
 @pytest.mark.xdist_group("grouped_cp_oracles")
-@pytest.mark.parametrize("with_a_log", [True, False], ids=["a_log", "a_log=None"])
-@pytest.mark.parametrize("implementation", ["chunked", "recurrent"])
+@pytest.mark.parametrize(
+    "implementation,with_a_log",
+    [("chunked", False), ("recurrent", True)],
+    ids=["chunked-a_log=None", "recurrent-a_log"],
+)
 def test_context_parallel_matches_the_oracle(implementation, with_a_log):
     ranks = 4
     mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
@@ -285,25 +301,3 @@ def test_context_parallel_matches_the_oracle(implementation, with_a_log):
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
     _assert_matches(got, want, 2e-5, f"cp {implementation}")
-
-
-@pytest.mark.slow
-def test_mosaic_grouped_heads_and_rate_free_gate():
-    """tokamax Mosaic (Pallas interpret mode) and its own CP with both options."""
-    x = _inputs(9, a_log=False, key_dim=128, value_dim=128, seq_len=64, heads=1, value_heads=2)
-    del x["initial_state"]
-    kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, use_gate_in_kernel=True)
-    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    want = kda(*args, **kw, implementation="recurrent")[0]
-    with emulate_tpu():
-        got = jax.jit(lambda *a: kda(*a, **kw, implementation="tokamax_mosaic")[0])(*args)
-    assert relative_l2(got, want) < 1e-5
-    mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2])
-
-    def local(*a):
-        return kda_context_parallel(*a, **kw, implementation="tokamax_mosaic", mesh=mesh)[0]
-
-    cp = jax.shard_map(local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ, check_vma=False)
-    with emulate_tpu():
-        got_cp = jax.jit(lambda *a: cp(*(shard_as(z, mesh, SEQ) for z in a)))(*args)
-    assert relative_l2(got_cp, want) < 1e-5

@@ -169,24 +169,26 @@ def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatc
 
 @pytest.mark.slow
 def test_adapter_mosaic_equals_chunked_with_padding_segments_and_state():
-    """kda(..., "tokamax_mosaic") with the fused safe gate, T not a multiple of 64, segments
-    with padding inside rows, and an initial and a final state."""
+    """kda(..., "tokamax_mosaic") with the fused safe gate without a rate (a_log=None), grouped
+    value heads (HV = 2 on one q/k head), T not a multiple of 64, segments with padding inside
+    rows, and an initial and a final state."""
     ks = jax.random.split(jax.random.key(3), 7)
-    b, t, h, d = 2, 100, 1, 128
-    q, k, f, v = (jax.random.normal(kk, (b, t, h, d)) for kk in ks[:4])
-    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, h)))
+    b, t, h, hv, d = 2, 100, 1, 2, 128
+    q, k = (jax.random.normal(kk, (b, t, h, d)) for kk in ks[:2])
+    f, v = (jax.random.normal(kk, (b, t, hv, d)) for kk in ks[2:4])
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, hv)))
     ids = np.ones((b, t), np.int32)
     ids[0, 30:38], ids[0, 38:] = 0, 2
     ids[1, :10], ids[1, 60:] = 0, 3
     kw = dict(
-        a_log=jnp.zeros((h,)),
-        dt_bias=0.5 * jax.random.normal(ks[5], (h * d,)),
+        a_log=None,
+        dt_bias=0.5 * jax.random.normal(ks[5], (hv * d,)),
         lower_bound=-5.0,
         use_gate_in_kernel=True,
         use_qk_l2norm=True,
         segment_ids=jnp.asarray(ids),
         max_num_segments=2,
-        initial_state=0.1 * jax.random.normal(ks[6], (b, h, d, d)),
+        initial_state=0.1 * jax.random.normal(ks[6], (b, hv, d, d)),
         output_final_state=True,
     )
 
@@ -233,13 +235,15 @@ def test_layer_and_cp_layer_through_mosaic_equal_chunked_layer():
 
 @pytest.mark.slow
 def test_cp_mosaic_segments_across_ranks_and_padding():
-    """Log-space gates; a document spanning ranks, a boundary at a rank split, padding inside a
-    row, an all-padding rank: tokamax's chain (from rank-local ids) equals one device."""
-    ranks, b, t, h, d = 4, 2, 128, 1, 128
+    """Log-space gates, grouped value heads (HV = 2 on one q/k head); a document spanning ranks,
+    a boundary at a rank split, padding inside a row, an all-padding rank: tokamax's chain
+    (from rank-local ids) equals one device."""
+    ranks, b, t, h, hv, d = 4, 2, 128, 1, 2, 128
     ks = jax.random.split(jax.random.key(5), 5)
-    q, k, f, v = (jax.random.normal(kk, (b, t, h, d)) for kk in ks[:4])
+    q, k = (jax.random.normal(kk, (b, t, h, d)) for kk in ks[:2])
+    f, v = (jax.random.normal(kk, (b, t, hv, d)) for kk in ks[2:4])
     g = -0.3 * jax.nn.softplus(f)
-    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, h)))
+    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (b, t, hv)))
     ids = np.zeros((b, t), np.int32)
     ids[0, :70], ids[0, 70:75], ids[0, 75:] = 1, 0, 2  # doc 1 spans ranks 0-2
     ids[1, 5:32], ids[1, 64:100], ids[1, 100:] = 4, 5, 6  # boundary at a split; rank 1 padding

@@ -101,17 +101,24 @@ def _cotangents(dtype):
     )
 
 
+ALL = ("oracle", *FORMS)  # one program per dtype, shared by the tests below
+SHARED_PROGRAMS = pytest.mark.xdist_group("interior_states_programs")  # compiled once
+
+
+@SHARED_PROGRAMS
 @pytest.mark.parametrize("segments", [False, True], ids=["one-document", "segments"])
 def test_chunk_states_equal_the_recurrence_on_each_prefix_float64(x64, segments):
     """Every form's chunk state i is the final state of the prefix (i + 1) * C, with an
     initial state and grouped value heads; outputs and every input's gradient through the
-    chunk states (and the outputs) agree with the float64 oracle."""
+    chunk states (and the outputs) agree with the float64 oracle. Every form with segments;
+    without, the chunked form (the segment-free path; its own program)."""
     x = cast_inputs({n: jnp.asarray(a) for n, a in _inputs().items()}, jnp.float64)
     ids = jnp.asarray(_segment_ids()) if segments else None
-    runs = _values_and_grads(x, ids, _cotangents(jnp.float64), ("oracle", *FORMS))
+    forms = ALL if segments else ("oracle", "chunked")
+    runs = _values_and_grads(x, ids, _cotangents(jnp.float64), forms)
     (_, (o_ref, s_ref)), g_ref = runs["oracle"]
     assert s_ref.shape == (B, T // C, HV, K, V)
-    for form in FORMS:
+    for form in forms[1:]:
         (_, (o, s)), grads = runs[form]
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({form})")
         assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name=f"chunk_states ({form})")
@@ -119,15 +126,21 @@ def test_chunk_states_equal_the_recurrence_on_each_prefix_float64(x64, segments)
             assert_close(grads[n], g_ref[n], atol=1e-10, rtol=1e-8, name=f"d{n} ({form})")
 
 
-def test_chunk_states_float32_close_to_the_float64_oracle():
+@SHARED_PROGRAMS
+def test_chunk_states_float32_and_bf16_close_to_the_oracle():
+    """float32 inputs: chunk states and gradients against the float64 oracle. bf16 inputs:
+    chunk states (float32) and gradients against the float64 oracle on the same bf16-rounded
+    inputs. The oracle is the float64 test's program."""
+
+    def oracle(x):
+        with jax.enable_x64(True):
+            x64 = cast_inputs(x, jnp.float64)
+            return _values_and_grads(x64, ids, _cotangents(jnp.float64), ALL)["oracle"]
+
     x = {n: jnp.asarray(a) for n, a in _inputs(1).items()}
     ids = jnp.asarray(_segment_ids())
     runs = _values_and_grads(x, ids, _cotangents(jnp.float32), tuple(FORMS))
-    with jax.enable_x64(True):
-        x64 = cast_inputs(x, jnp.float64)
-        (_, (_, s_ref)), g_ref = _values_and_grads(x64, ids, _cotangents(jnp.float64), ("oracle",))[
-            "oracle"
-        ]
+    (_, (_, s_ref)), g_ref = oracle(x)
     for form in FORMS:
         (_, (_, s)), grads = runs[form]
         assert s.dtype == jnp.float32
@@ -135,18 +148,12 @@ def test_chunk_states_float32_close_to_the_float64_oracle():
         for n in NAMES:
             assert relative_l2(grads[n], g_ref[n]) < 1e-5, (form, n)
 
-
-def test_chunk_states_bf16_close_to_the_recurrence_on_the_same_inputs():
-    """bf16 inputs: chunk states (float32) and gradients against the float32 recurrence on
-    the same bf16-rounded inputs."""
     x = {n: jnp.asarray(a) for n, a in _inputs(2).items()}
     bf16 = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
-    ids = jnp.asarray(_segment_ids())
-    runs = _values_and_grads(bf16, ids, _cotangents(jnp.float32), ("oracle", "chunked"))
-    (_, (_, s)), grads = runs["chunked"]
-    ref = _values_and_grads(cast_inputs(bf16, jnp.float32), ids, _cotangents(jnp.float32),
-                            ("oracle",))["oracle"]  # fmt: skip
-    (_, (_, s_ref)), g_ref = ref
+    (_, (_, s)), grads = _values_and_grads(bf16, ids, _cotangents(jnp.float32), ("chunked",))[
+        "chunked"
+    ]
+    (_, (_, s_ref)), g_ref = oracle(bf16)
     assert s.dtype == jnp.float32
     assert relative_l2(s, s_ref) < 1e-2
     for n in NAMES:

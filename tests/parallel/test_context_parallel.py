@@ -69,27 +69,59 @@ def _segments(seq_len, ranks):
     return jnp.asarray(ids)
 
 
-# 2 ranks without segments (one upstream summary) and 8 with segments (seven summaries folded,
-# a segment passing through whole ranks); 4 ranks, with and without segments (and with an
-# initial and a final state), are checked by test_kernel_cp_initial_and_final_state
+# 2 ranks without segments (one upstream summary; with chunk states, one 64-token chunk per rank)
+# and 8 with segments (seven summaries folded, a segment passing through whole ranks, 16 tokens
+# per rank: less than a chunk); both with an initial and a final state. 4 ranks with segments
+# and chunks of 8 are checked by test_kernel_cp_states_with_segments
 @pytest.mark.parametrize("ranks,with_segments", [(2, False), (8, True)])
 def test_kernel_cp_equals_one_device(ranks, with_segments):
     seq_len = 128
+    chunk_states = not with_segments
     inputs = random_kda_inputs(jax.random.key(ranks), 2, seq_len, 2, 16, 8)
-    ids = _segments(seq_len, ranks) if with_segments else None
+    ids = _segments(seq_len, ranks) if with_segments else jnp.ones((2, seq_len), jnp.int32)
+    h0 = random_normal(jax.random.key(12), (2, 2, 16, 8))
+    mesh = _mesh(ranks)
+    specs = (SEQ,) * 5 + (P(), SEQ)
+    kw = dict(output_final_state=True, output_chunk_states=chunk_states, implementation="chunked")
+
+    def results(result):  # (o, final_state) pair or KDAResult (a NamedTuple) with chunk states
+        return tuple(result[: 3 if chunk_states else 2])
+
+    def local(q, k, v, g, beta, h0, ids):
+        return results(kda_context_parallel(
+            q, k, v, g, beta, initial_state=h0, segment_ids=ids if with_segments else None, **kw
+        ))  # fmt: skip
+
+    out_specs = (SEQ, P()) + ((SEQ,) * chunk_states)
+    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs)
+    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
+
+    def single(q, k, v, g, beta, h0, ids):
+        return results(kda(
+            q, k, v, g, beta, initial_state=h0, segment_ids=ids if with_segments else None, **kw
+        ))  # fmt: skip
+
+    args = tuple(inputs[n] for n in NAMES) + (h0, ids)
     cot = random_normal(jax.random.key(99), inputs["v"].shape)
-    single = _output_and_grads(
-        lambda *a: kda_chunked(*a[:5], segment_ids=a[5] if with_segments else None)[0], cot, 5
-    )
-    cp = _output_and_grads(
-        _cp_kernel(_mesh(ranks), with_segments, implementation="chunked"), cot, 5
-    )
-    args = tuple(inputs[n] for n in NAMES) + ((ids,) if with_segments else ())
-    (out_cp, grad_cp), (out_one, grad_one) = cp(*args), single(*args)
-    errors = _per_rank_errors(out_cp, out_one, ranks)
+    cot_s = random_normal(jax.random.key(98), (2, seq_len // 64, 2, 16, 8))
+
+    def run(f):  # one program: the values and the gradients of all six differentiable inputs
+        def loss(*a):
+            values = f(*a)
+            extra = jnp.sum(values[2] * cot_s) if chunk_states else 0.0
+            return jnp.sum(values[0] * cot) + jnp.sum(jnp.sin(values[1])) + extra, values
+
+        return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))(*args)
+
+    (grads_cp, values_cp), (grads_one, values_one) = run(cp), run(single)
+    errors = _per_rank_errors(values_cp[0], values_one[0], ranks)
     assert max(errors) < 1e-5, errors
-    for name, a, b in zip(NAMES, grad_cp, grad_one, strict=True):
-        errors = _per_rank_errors(a, b, ranks)
+    assert relative_l2(values_cp[1], values_one[1]) < 1e-5
+    if chunk_states:
+        assert values_cp[2].shape == (2, seq_len // 64, 2, 16, 8)
+        assert max(_per_rank_errors(values_cp[2], values_one[2], ranks)) < 1e-5
+    for name, a, b in zip((*NAMES, "initial_state"), grads_cp, grads_one, strict=True):
+        errors = _per_rank_errors(a, b, ranks) if name != "initial_state" else [relative_l2(a, b)]
         assert max(errors) < 1e-5, (name, errors)
 
 
@@ -167,41 +199,7 @@ def _apply(layer, x, segment_ids=None):
     return layer(x, segment_ids=segment_ids)
 
 
-@pytest.mark.parametrize(
-    "ranks,seq_len,impl,segments",
-    [
-        (2, 64, "recurrent", (True,)),
-        (8, 16, "recurrent", (False, True)),
-        (4, 50, "chunked", (False,)),
-    ],
-    ids=["2-64-recurrent-segments", "8-16-recurrent-both", "4-50-chunked"],
-)
-def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments):
-    """Includes 2 tokens per rank (halo > slice), with and without segments, segments with a
-    halo from one rank, x replicated or sharded, and T not divisible by the ranks."""
-    mesh = _mesh(ranks, jax.sharding.AxisType.Explicit)  # the layer accepts either axis type
-    cfg = dataclasses.replace(CFG, implementation=impl)
-    single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
-    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
-    x = random_normal(jax.random.key(1), (2, seq_len, 32))
-    ids = np.ones((2, seq_len), np.int32)
-    ids[0, seq_len // 2 :] = 2
-    ids[1, 3 : seq_len - 3] = 5
-    ids[1, seq_len - 3 :] = 0
-    for segment_ids in (jnp.asarray(ids) if s else None for s in segments):
-        want, g_one = _apply_and_grads(single, x, segment_ids)
-        y_cp, g_cp = _apply_and_grads(cp, x, segment_ids)
-        assert relative_l2(y_cp, want) < 1e-5
-        if seq_len % ranks == 0:  # x already sharded along T
-            sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "context")))
-            assert relative_l2(_apply(cp, sharded, segment_ids), want) < 1e-5
-        for (path, a), b in zip(
-            jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
-        ):
-            assert relative_l2(a, b) < 1e-5, path
-
-
-# the options of the published models' layers (issue 27), each under CP with packed segments
+# the options of the published models' layers (issue 27), each under CP in one case below
 LAYER_OPTIONS = {
     "full_rank_output": dict(forget_gate_rank=4, output_gate_rank=None),
     "fused_qkv_conv": dict(fused_qkv_conv=True),  # the halo of the one fused conv
@@ -214,24 +212,46 @@ LAYER_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("option", sorted(LAYER_OPTIONS))
-def test_layer_cp_with_option_equals_one_device(option):
-    ranks, seq_len = 4, 24
-    cfg = dataclasses.replace(CFG, **LAYER_OPTIONS[option])
+@pytest.mark.parametrize(
+    "ranks,seq_len,impl,segments,options",
+    [
+        (2, 64, "recurrent", (True,), ("fused_qkv_conv", "full_rank_output", "clamped_softplus")),
+        (8, 16, "recurrent", (False, True), ("no_a_log_grouped",)),
+        (4, 50, "chunked", (False,), ()),  # the softplus gate in the kernel
+    ],
+    ids=[
+        "2-64-recurrent-segments-fused-full_rank_output-clamped_softplus",
+        "8-16-recurrent-both-no_a_log_grouped",
+        "4-50-chunked",
+    ],
+)
+def test_layer_cp_equals_one_device(ranks, seq_len, impl, segments, options):
+    """Includes 2 tokens per rank (halo > slice), with and without segments, segments with a
+    halo from one rank, x replicated or sharded, T not divisible by the ranks, and each of the
+    published models' options (issue 27) with packed segments."""
+    mesh = _mesh(ranks, jax.sharding.AxisType.Explicit)  # the layer accepts either axis type
+    changes = {k: v for option in options for k, v in LAYER_OPTIONS[option].items()}
+    cfg = dataclasses.replace(CFG, implementation=impl, **changes)
     single = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))
-    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=_mesh(ranks))
-    x = random_normal(jax.random.key(2), (2, seq_len, 32))
+    cp = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0), mesh=mesh)
+    x = random_normal(jax.random.key(1), (2, seq_len, 32))
     ids = np.ones((2, seq_len), np.int32)
-    ids[0, 7:] = 2  # a boundary inside rank 1's slice
-    ids[1, :4] = 0
-    ids = jnp.asarray(ids)
-    want, g_one = _apply_and_grads(single, x, ids)
-    got, g_cp = _apply_and_grads(cp, x, ids)
-    assert relative_l2(got, want) < 1e-5, option
-    for (path, a), b in zip(
-        jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
-    ):
-        assert relative_l2(a, b) < 1e-5, (option, path)
+    ids[0, seq_len // 2 :] = 2
+    ids[0, 7 : seq_len // 2] = 3  # a boundary inside rank 1's slice (3 tokens per rank and up)
+    ids[1, 3 : seq_len - 3] = 5
+    ids[1, seq_len - 3 :] = 0
+    ids[1, :2] = 0  # leading padding
+    for segment_ids in (jnp.asarray(ids) if s else None for s in segments):
+        want, g_one = _apply_and_grads(single, x, segment_ids)
+        y_cp, g_cp = _apply_and_grads(cp, x, segment_ids)
+        assert relative_l2(y_cp, want) < 1e-5, options
+        if seq_len % ranks == 0:  # x already sharded along T
+            sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(None, "context")))
+            assert relative_l2(_apply(cp, sharded, segment_ids), want) < 1e-5
+        for (path, a), b in zip(
+            jax.tree_util.tree_leaves_with_path(g_cp), jax.tree_util.tree_leaves(g_one), strict=True
+        ):
+            assert relative_l2(a, b) < 1e-5, (options, path)
 
 
 def _assert_no_sequence_sized_collective(hlo, ranks, bound, seq_lens):
@@ -309,56 +329,6 @@ def test_eager_cp_layer_compiles_once(caplog):
     assert relative_l2(first, second) > 1e-3  # it did compute the new values
 
 
-@pytest.mark.parametrize("with_segments", [False, True])
-def test_kernel_cp_initial_and_final_state(with_segments):
-    """initial_state enters before the whole sequence (the row's first segment, also after
-    leading padding); the final state is the one after the last token, on every rank."""
-    ranks, seq_len = 4, 64
-    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 8, 8)
-    ids = _segments(seq_len, ranks) if with_segments else None
-    h0 = random_normal(jax.random.key(12), (2, 2, 8, 8))
-    mesh = _mesh(ranks)
-    specs = (SEQ,) * 5 + (P(), SEQ)
-
-    def local(q, k, v, g, beta, h0, ids):
-        return kda_context_parallel(
-            q, k, v, g, beta, segment_ids=ids if with_segments else None, initial_state=h0,
-            output_final_state=True, implementation="chunked",
-        )  # fmt: skip
-
-    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P()))
-    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
-    single = jax.jit(
-        lambda q, k, v, g, beta, h0, ids: kda_chunked(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            initial_state=h0,
-            output_final_state=True,
-            segment_ids=ids if with_segments else None,
-        )  # fmt: skip
-    )
-    ids_arg = ids if with_segments else jnp.ones((2, seq_len), jnp.int32)
-    args = tuple(inputs[n] for n in NAMES) + (h0, ids_arg)
-    cot = random_normal(jax.random.key(13), inputs["v"].shape)
-
-    def outputs_and_grads(f):  # one compiled program for the outputs and the gradients
-        def loss(*a):
-            out, final = f(*a)
-            return jnp.sum(out * cot) + jnp.sum(jnp.sin(final)), (out, final)
-
-        return jax.jit(jax.grad(loss, argnums=tuple(range(6)), has_aux=True))
-
-    grads_cp, (out_cp, final_cp) = outputs_and_grads(cp)(*args)
-    grads_one, (out_one, final_one) = outputs_and_grads(single)(*args)
-    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
-    assert relative_l2(final_cp, final_one) < 1e-5
-    for name, a, b in zip((*NAMES, "initial_state"), grads_cp, grads_one, strict=True):
-        assert relative_l2(a, b) < 1e-5, name
-
-
 def test_kernel_cp_state_arguments_are_checked():
     mesh = _mesh(2)
 
@@ -418,57 +388,6 @@ def _chunk_state_segments():
     return jnp.asarray(ids)
 
 
-@pytest.mark.parametrize("with_segments", [False, True])
-def test_kernel_cp_chunk_states_equal_one_device(with_segments):
-    """``output_chunk_states`` under CP: each rank's boundaries, the state from earlier ranks
-    applied, equal the one-device chunk states (with an initial state); the gradients through
-    the outputs and through the chunk states equal one device's."""
-    ranks, seq_len, chunk = 4, 64, 8
-    inputs = random_kda_inputs(jax.random.key(21), 2, seq_len, 2, 8, 8)
-    ids = _chunk_state_segments() if with_segments else jnp.ones((2, seq_len), jnp.int32)
-    h0 = random_normal(jax.random.key(22), (2, 2, 8, 8))
-    mesh = _mesh(ranks)
-    specs = (SEQ,) * 5 + (P(), SEQ)
-    kw = dict(initial_state=None, output_chunk_states=True, chunk_size=chunk,
-              implementation="chunked")  # fmt: skip
-
-    def local(q, k, v, g, beta, h0, ids):
-        result = kda_context_parallel(
-            q, k, v, g, beta, **dict(kw, initial_state=h0),
-            segment_ids=ids if with_segments else None,
-        )  # fmt: skip
-        return result.output, result.chunk_states
-
-    fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, SEQ))
-    cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
-
-    def single(q, k, v, g, beta, h0, ids):
-        result = kda(q, k, v, g, beta, **dict(kw, initial_state=h0),
-                     segment_ids=ids if with_segments else None)  # fmt: skip
-        return result.output, result.chunk_states
-
-    args = tuple(inputs[n] for n in NAMES) + (h0, ids)
-    cot_o = random_normal(jax.random.key(23), inputs["v"].shape)
-    cot_s = random_normal(jax.random.key(24), (2, seq_len // chunk, 2, 8, 8))
-
-    def run(f):  # one program: the values, and the pullbacks of the outputs and of the states
-        def both(*a):
-            values, pullback = jax.vjp(lambda *d: f(*d, a[-1]), *a[:-1])
-            zeros = [jnp.zeros_like(x) for x in values]
-            return values, pullback((cot_o, zeros[1])), pullback((zeros[0], cot_s))
-
-        return jax.jit(both)(*args)
-
-    (out_cp, states_cp), *grads_cp = run(cp)
-    (out_one, states_one), *grads_one = run(single)
-    assert states_cp.shape == (2, seq_len // chunk, 2, 8, 8)
-    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
-    assert max(_per_rank_errors(states_cp, states_one, ranks)) < 1e-5
-    for through, g_cp, g_one in zip(("outputs", "states"), grads_cp, grads_one, strict=True):
-        for name, a, b in zip((*NAMES, "initial_state"), g_cp, g_one, strict=True):
-            assert relative_l2(a, b) < 1e-5, (through, name)
-
-
 def test_kernel_cp_chunk_states_refused_where_not_served():
     mesh = _mesh(2)
 
@@ -490,17 +409,22 @@ def test_kernel_cp_chunk_states_refused_where_not_served():
         trace(output_token_states=True)
 
 
-def test_kernel_cp_final_and_chunk_states_with_trailing_all_padding_ranks():
-    """The trailing ranks hold only padding: the final state and the chunk states over them
-    are the state after the last real token (with an initial state), as on one device; the
-    outputs alone do not show it (a mutant taking the state from the wrong rank kept them).
-    Row 0: the document ends exactly at the split of ranks 1 and 2, ranks 2 and 3 are padding;
-    row 1: two documents, the second ending inside rank 2, rank 3 padding."""
+def test_kernel_cp_states_with_segments():
+    """Under CP with an initial state: the outputs, the final state (the state after the last
+    token) and ``output_chunk_states`` (each rank's boundaries, the state from earlier ranks
+    applied) equal one device's, and so do the gradients through the outputs and the final
+    state and through the chunk states. Rows 0-1: :func:`_chunk_state_segments`. The trailing
+    ranks of rows 2-3 hold only padding: the final state and the chunk states over them are the
+    state after the last real token, which the outputs alone do not show (a mutant taking the
+    state from the wrong rank kept them). Row 2: the document ends exactly at the split of
+    ranks 1 and 2, ranks 2 and 3 are padding; row 3: two documents, the second ending inside
+    rank 2, rank 3 padding."""
     ranks, seq_len, chunk = 4, 64, 8
-    inputs = random_kda_inputs(jax.random.key(31), 2, seq_len, 2, 8, 8)
-    ids = np.zeros((2, seq_len), np.int32)
-    ids[0, :32], ids[1, :20], ids[1, 20:40] = 1, 1, 2
-    h0 = random_normal(jax.random.key(32), (2, 2, 8, 8))
+    inputs = random_kda_inputs(jax.random.key(21), 4, seq_len, 2, 8, 8)
+    trailing = np.zeros((2, seq_len), np.int32)
+    trailing[0, :32], trailing[1, :20], trailing[1, 20:40] = 1, 1, 2
+    ids = jnp.concatenate([_chunk_state_segments(), jnp.asarray(trailing)])
+    h0 = random_normal(jax.random.key(22), (4, 2, 8, 8))
     mesh = _mesh(ranks)
     specs = (SEQ,) * 5 + (P(), SEQ)
     kw = dict(output_final_state=True, output_chunk_states=True, chunk_size=chunk,
@@ -512,12 +436,34 @@ def test_kernel_cp_final_and_chunk_states_with_trailing_all_padding_ranks():
 
     fn = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(SEQ, P(), SEQ))
     cp = jax.jit(lambda *a: fn(*(shard_as(x, mesh, s) for x, s in zip(a, specs, strict=True))))
-    args = (*(inputs[n] for n in NAMES), h0, jnp.asarray(ids))
-    out_cp, final_cp, states_cp = cp(*args)
-    one = jax.jit(lambda *a: kda(*a[:5], initial_state=a[5], segment_ids=a[6], **kw))(*args)
-    assert max(_per_rank_errors(out_cp, one.output, ranks)) < 1e-5
-    assert relative_l2(final_cp, one.final_state) < 1e-5
-    assert max(_per_rank_errors(states_cp, one.chunk_states, ranks)) < 1e-5
+
+    def single(q, k, v, g, beta, h0, ids):
+        result = kda(q, k, v, g, beta, initial_state=h0, segment_ids=ids, **kw)
+        return result.output, result.final_state, result.chunk_states
+
+    args = tuple(inputs[n] for n in NAMES) + (h0, ids)
+    cot_o = random_normal(jax.random.key(23), inputs["v"].shape)
+    cot_f = random_normal(jax.random.key(25), h0.shape)
+    cot_s = random_normal(jax.random.key(24), (4, seq_len // chunk, 2, 8, 8))
+
+    def run(f):  # one program: the values, the pullbacks of outputs + final state and of states
+        def both(*a):
+            values, pullback = jax.vjp(lambda *d: f(*d, a[-1]), *a[:-1])
+            o, f_, s = (jnp.zeros_like(x) for x in values)
+            return values, pullback((cot_o, cot_f, s)), pullback((o, f_, cot_s))
+
+        return jax.jit(both)(*args)
+
+    (out_cp, final_cp, states_cp), *grads_cp = run(cp)
+    (out_one, final_one, states_one), *grads_one = run(single)
+    assert states_cp.shape == (4, seq_len // chunk, 2, 8, 8)
+    assert max(_per_rank_errors(out_cp, out_one, ranks)) < 1e-5
+    assert relative_l2(final_cp, final_one) < 1e-5
+    assert relative_l2(final_cp[2:], final_one[2:]) < 1e-5  # the all-padding trailing ranks
+    assert max(_per_rank_errors(states_cp, states_one, ranks)) < 1e-5
+    for through, g_cp, g_one in zip(("outputs", "states"), grads_cp, grads_one, strict=True):
+        for name, a, b in zip((*NAMES, "initial_state"), g_cp, g_one, strict=True):
+            assert relative_l2(a, b) < 1e-5, (through, name)
 
 
 def test_return_is_a_pair_whatever_the_flags():
