@@ -41,8 +41,6 @@ from kda_lib.ops.tokamax import emulation
 from kda_lib.ops.tokamax.emulation import missing_tokamax_problem, require_tokamax
 
 TOKAMAX_CHUNK = 64
-LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-__all__ = ["missing_tokamax_problem", "require_tokamax"]  # re-exported for ops.api
 
 
 class TokamaxVariant(NamedTuple):
@@ -91,9 +89,8 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
     name, dims = variant.name, o.dims
     found = [missing_tokamax_problem(f"implementation={name!r}")] if here else []
     if variant.mosaic:
-        generation, emulated = tpu_generation(), ""
-        if generation is None:
-            generation, emulated = emulation.emulated_tpu_generation(), " (emulated)"
+        generation = tpu_generation() or emulation.emulated_tpu_generation()
+        emulated = " (emulated)" if emulation.is_emulating() else ""
         needs = "tokamax_mosaic needs a TPU v6 or newer; "
         if here and generation is None:
             found.append(f"{needs}the default device is {jax.devices()[0].platform} (to run it "
@@ -175,7 +172,7 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
     *inputs, state, non_finite = isolate_non_finite(
         q, k, arrays.v, arrays.g, arrays.beta, arrays.initial_state, ids, raw_gate=o.fused_gate
     )
-    if variant.float32 and any(x.dtype in LOW_PRECISION for x in inputs[:3]):
+    if variant.float32 and any(x.dtype.itemsize < 4 for x in inputs[:3]):  # bf16, fp16
         inputs = [x.astype(jnp.float32) for x in inputs]  # its chunked form computes in them
     slots, too_many = 1, None
     if ids is not None:
@@ -194,10 +191,9 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
         state = jnp.pad(state.astype(jnp.float32)[:, None], [(0, 0), (0, slots - 1)] + [(0, 0)] * 3)
     out, final = call_tokamax(
         variant, q, k, v, g, beta, use_gate_in_kernel=o.fused_gate, a_log=arrays.a_log,
-        dt_bias=arrays.dt_bias,
-        scale=o.scale, initial_state=state, output_final_state=o.output_final_state,
-        use_qk_l2norm=o.use_qk_l2norm, segment_ids=ids, lower_bound=o.lower_bound,
-        max_num_segments=None if ids is None else slots,
+        dt_bias=arrays.dt_bias, scale=o.scale, initial_state=state, segment_ids=ids,
+        output_final_state=o.output_final_state, use_qk_l2norm=o.use_qk_l2norm,
+        lower_bound=o.lower_bound, max_num_segments=None if ids is None else slots,
     )  # fmt: skip
     if o.output_final_state:  # the state of each row's last segment
         last = 0 if ids is None else jnp.clip(ids[:, -1] - 1, 0, slots - 1)
@@ -225,7 +221,7 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
     )
     args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]  # tokamax's [H, B, T, D]
     api = tokamax_kda_api()
-    if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
+    if variant.mosaic and emulation.is_emulating():  # (never on a real TPU)
         out, final = emulation.emulated_mosaic_op()(*args, **kw)
     else:
         out, final = api.kimi_delta_attention(*args, implementation=variant.api_name, **kw)
@@ -248,10 +244,9 @@ def tokamax_mosaic_context_parallel(
     Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
     fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
     lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
-    if fused:
-        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
-    else:
-        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
+    gate = (a_log, dt_bias) if fused else ()
+    dims = (check_fused_inputs if fused else check_kda_inputs)(q, k, v, g, beta, *gate,
+                                                                segment_ids=segment_ids)
     options = KDAOptions(
         dims, q.dtype, 1.0, False, False, False, None, None, fused_gate=fused,
         lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, allow_neg_eigval=allow_neg_eigval,

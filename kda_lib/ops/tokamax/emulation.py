@@ -29,8 +29,7 @@ TESTED_JAX, TESTED_TOKAMAX = "0.12.0.1", "0.0.17"
 TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
 ENV_VAR, DEFAULT_GENERATION = "KDA_EMULATE_TPU", "v6e"
 CHIP_VERSIONS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")  # jax 0.12
-# XLA:CPU options that compile the (large) interpreted kernels ~2x faster (jax.jit's
-# compiler_options)
+# jax.jit(compiler_options=...) for XLA:CPU that compile the interpreted kernels ~2x faster
 FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0,
                         "xla_llvm_disable_expensive_passes": True}  # fmt: skip
 _TPU_INFO = "jax._src.tpu_info"
@@ -114,8 +113,8 @@ def emulated_mosaic_op():
 
 
 def _zero_fill(original):
-    """Interpret mode's fill value: zeros for floats (tokamax's Mosaic backward sums gate
-    gradients over chunk padding it never writes, times zero), else ``original``'s."""
+    """Zeros for floats (tokamax's Mosaic backward sums gate gradients over chunk padding it
+    never writes, times zero), else ``original``'s fill."""
 
     def uninitialized_value(shape, dtype):
         if jnp.issubdtype(dtype, jnp.floating):
@@ -172,17 +171,11 @@ def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
 def emulate_tpu(
     generation: str = DEFAULT_GENERATION, *, uninitialized_memory: str = "zero"
 ) -> Iterator[str | None]:
-    """Within the block, ``implementation="tokamax_mosaic"`` runs on CPU in interpret mode.
-
-    Args:
-      generation: the TPU chip to emulate, one of :data:`CHIP_VERSIONS` (default ``"v6e"``);
-        its limits (VMEM, lanes) shape the kernel's blocking as on that chip.
-      uninitialized_memory: what a kernel reads from memory it never wrote, ``"zero"``
-        (default) or ``"nan"`` (jax's interpret-mode default).
-
-    Yields the emulated chip, or None on a real TPU (where the block runs unchanged). Raises
-    EmulationUnavailableError where a private jax/tokamax hook is missing.
-    """
+    """Within the block, ``implementation="tokamax_mosaic"`` runs on CPU in interpret mode as
+    on ``generation`` (one of :data:`CHIP_VERSIONS`; its VMEM and lanes shape the blocking);
+    memory a kernel never wrote reads as ``uninitialized_memory``: ``"zero"`` or ``"nan"``
+    (jax's default). Yields the chip, or None on a real TPU (the block runs unchanged); raises
+    EmulationUnavailableError where a private jax/tokamax hook is missing."""
     chip = _chip(generation)
     if uninitialized_memory not in ("zero", "nan"):
         raise ValueError(f"emulate_tpu: uninitialized_memory must be 'zero' or 'nan', "
