@@ -1,13 +1,9 @@
 """A Hugging Face ``config.json`` (parsed) read into :class:`~kda_lib.models.presets.ModelPreset`'s
 fields, by ``model_type`` (a wrapper's ``text_config`` when the top level is neither):
-``"kimi_linear"`` (Kimi Linear, Kimi K3): ``linear_attn_config`` with the widths, **1-based**
-``kda_layers`` / ``full_attn_layers``, ``gate_lower_bound`` (the safe gate ``lb * sigmoid(exp(A_log)
-(f + dt_bias))``) and ``use_full_rank_gate``; NoPE MLA widths. ``"glm5_next_text"`` (GLM-5.3-Flash):
-flat ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``, ``linear_lower_bound``
-(defaults 64, 128, 4, -5) that a ``linear_attn_config`` overrides (``safe_gate`` without a bound:
--5), with **0-based** ``kda_layers``; else ``layer_types``; else layer ``i`` is KDA unless
-``i % 4 == 3`` (DSA layers: ``"mla"`` without widths). Each refusal is a ValueError naming the
-field (``config field ...``).
+``"kimi_linear"`` (Kimi Linear, Kimi K3; **1-based** layer lists in ``linear_attn_config``) or
+``"glm5_next_text"`` (GLM-5.3-Flash; flat ``linear_*`` fields with transformers' defaults, which a
+``linear_attn_config`` overrides, **0-based** ``kda_layers``, else ``layer_types``, else every
+fourth layer global). Each refusal is a ValueError naming the field. docs/DESIGN.md section 2.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import importlib
 import importlib.metadata
 import importlib.util
 import os
