@@ -146,10 +146,11 @@ def segment_slots_problem(
 ) -> str | None:  # fmt: skip
     """Why tokamax's float32 per-segment states cannot fit in memory, naming ``name``, or None
     (also for kda_lib's own implementations)."""
-    if implementation not in TOKAMAX_VARIANTS:
+    variant = TOKAMAX_VARIANTS.get(implementation)
+    if variant is None:
         return None
-    slots = segment_slot_count(TOKAMAX_VARIANTS[implementation], max_num_segments,
-                               dims.seq_len, segments_per_row=segments_per_row)  # fmt: skip
+    slots = segment_slot_count(variant, max_num_segments, dims.seq_len,
+                               segments_per_row=segments_per_row)  # fmt: skip
     shape = [dims.batch, slots, dims.num_heads, dims.key_dim, dims.value_dim]
     what = (f"{implementation}'s per-segment states [B, slots, HV, K, V] = {shape} "
             "(float32; a slot per segment the bound allows, at most about T)")
@@ -247,14 +248,25 @@ def tokamax_mosaic_context_parallel(
     gate = (a_log, dt_bias) if fused else ()
     dims = (check_fused_inputs if fused else check_kda_inputs)(q, k, v, g, beta, *gate,
                                                                 segment_ids=segment_ids)
-    options = KDAOptions(
+    problems = tokamax_problems(MOSAIC, KDAOptions(
         dims, q.dtype, 1.0, False, False, False, None, None, fused_gate=fused,
         lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, allow_neg_eigval=allow_neg_eigval,
         chunk_size=chunk_size, precision=None, implementation=MOSAIC.name,
-    )  # fmt: skip
-    unsupported = {"initial_state": initial_state is not None,
-                   "output_final_state": output_final_state not in (None, False)}  # fmt: skip
-    _check_mosaic_cp(unsupported, max_num_segments, options)
+    ))  # fmt: skip
+    if dims.key_dim % 128 or dims.value_dim % 128:
+        problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
+                        f"got K={dims.key_dim}, V={dims.value_dim}")
+    states = {"initial_state": initial_state, "output_final_state": output_final_state}
+    for arg, value in states.items():
+        if value is not None and value is not False:
+            problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
+    try:
+        check_max_num_segments(max_num_segments, optional=True)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        problems = "; ".join(problems)
+        raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
     mesh = _mosaic_cp_mesh(q, axis_name, mesh)
     q, k = repeat_qk_heads(q, k, dims.groups)
     if segment_ids is None:
@@ -270,22 +282,6 @@ def tokamax_mosaic_context_parallel(
         context_parallel_metadata=tokamax_kda_api().ContextParallelMetadata(mesh, axis_name),
     )  # fmt: skip
     return out.astype(q.dtype)
-
-
-def _check_mosaic_cp(unsupported: dict, max_num_segments, options: KDAOptions) -> None:
-    problems, dims = tokamax_problems(MOSAIC, options), options.dims
-    if dims.key_dim % 128 or dims.value_dim % 128:
-        problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
-                        f"got K={dims.key_dim}, V={dims.value_dim}")
-    problems += [f"tokamax_mosaic context parallelism does not support {arg}"
-                 for arg, given in unsupported.items() if given]  # fmt: skip
-    try:
-        check_max_num_segments(max_num_segments, optional=True)
-    except ValueError as e:
-        problems.append(str(e))
-    if problems:
-        problems = "; ".join(problems)
-        raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
 
 
 def _mosaic_cp_mesh(q, axis_name, mesh):
