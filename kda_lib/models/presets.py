@@ -34,10 +34,8 @@ from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
     """A published MLA layer's widths in :class:`~kda_lib.layers.mla.MLAConfig`'s names
-    (DeepSeek-V2's ``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim`` are ``head_dim``,
-    ``value_head_dim``, ``shared_key_dim``); ``norm_eps`` None: MLAConfig's. ``output_gate``
-    (Kimi K3's ``mla_use_output_gate``, rank ``output_gate_rank``, None: full) is not in the
-    layer."""
+    (``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim``: ``head_dim``, ``value_head_dim``,
+    ``shared_key_dim``); ``output_gate`` (of rank ``output_gate_rank``, None: full) is not in it."""
 
     num_heads: int
     head_dim: int
@@ -57,10 +55,9 @@ class MLAShape:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelPreset:
-    """A published model. The KDA fields carry :class:`kda_lib.KDAConfig`'s names and meanings
-    (``lower_bound`` None: the softplus gate; gate ranks None: full rank). ``layer_kinds``: per
-    layer ``"kda"`` or ``"mla"`` (the global layer); ``mla``: its widths or None; ``source``:
-    repository, path and commit of the numbers; ``notes``: what the source leaves open."""
+    """A published model: the KDA fields in :class:`kda_lib.KDAConfig`'s names and meanings,
+    ``layer_kinds`` (``"kda"`` or ``"mla"``, the global layer), ``mla`` (its widths or None),
+    ``source`` (repository, path and commit of the numbers) and ``notes``."""
 
     name: str
     hidden_size: int
@@ -125,9 +122,8 @@ class ModelPreset:
         return cls(**{**fields, **named}, mla=None if mla is None else MLAShape(**mla))
 
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...), from
-        ``nnx.eval_shape``; a gate the layer cannot express is taken as the safe gate (the
-        gate's form shapes no parameter)."""
+        """The KDA layer's parameter shapes by path (``"q_proj.kernel": (d, H K)``, ...); the
+        gate's form shapes no parameter, so it is taken as the safe gate."""
         gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
         return dict(_shapes(KDAConfig(**{**shared_fields(self, KDAConfig), **gate})))
 
@@ -241,10 +237,9 @@ KIMI_K3 = ModelPreset(
     source="text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
     "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ 1b37521e5afafc982e4eda4d1f126dc29d57df95 "
     "(mla_use_output_gate; its checkpoint fixture has one full-rank MLA g_proj [H V, d])",
-    notes="MaxText's four-layer bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate "
-    "(GateForm.CLAMPED_SOFTPLUS) and gives the MLA output gate rank 128; the published model "
-    "(remote code, ports) has the safe sigmoid gate and a full-rank MLA output gate. Its A_log "
-    "has 128 entries for 96 heads (mlxcel: only the first num_heads are used)",
+    notes="MaxText's bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate and gives the "
+    "MLA output gate rank 128; the published model has the safe sigmoid gate and a full-rank MLA "
+    "output gate. Its A_log has 128 entries for 96 heads (mlxcel uses the first num_heads)",
 )  # fmt: skip
 
 GLM_5_3_FLASH = ModelPreset(

@@ -44,9 +44,8 @@ TOKAMAX_CHUNK = 64
 
 
 class TokamaxVariant(NamedTuple):
-    """One of tokamax's KDA kernels: kda_lib's name, tokamax's ``implementation=``; ``chunked``:
-    T padded to (and chunk_size fixed at) TOKAMAX_CHUNK; ``float32``: bf16/fp16 inputs run in
-    float32; ``mosaic``: the Pallas Mosaic kernel (TPU v6+, or emulated)."""
+    """A tokamax kernel: ``chunked``: T padded to TOKAMAX_CHUNK (its only chunk_size);
+    ``float32``: bf16/fp16 inputs run in float32; ``mosaic``: Pallas Mosaic (TPU v6+)."""
 
     name: str
     api_name: str
