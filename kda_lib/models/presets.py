@@ -1,12 +1,10 @@
-"""The KDA (and MLA) layers of the published models that use KDA, as presets (data).
+"""The published models that use KDA, as data: each one's KDA layer, layer pattern and MLA widths.
 
-A :class:`ModelPreset` records a model's KDA layer as its source publishes it, its layer
-pattern (``layer_kinds``: ``"kda"`` or ``"mla"`` per layer) and, where given, its MLA widths
-(:class:`MLAShape`). :meth:`ModelPreset.kda_config` / :meth:`ModelPreset.mla_config` give the
-configs that build them here; :func:`build_kda_layer` / :func:`build_mla_layer` build them as
-shapes only; :meth:`ModelPreset.from_hf_config` reads a Hugging Face ``config.json``
-(:mod:`kda_lib.models.hf_config`); :func:`load_kimi_linear_checkpoint` loads every attention
-layer of a checkpoint directory. Each preset's ``source`` cites repository, path and commit.
+A :class:`ModelPreset` holds a model's KDA layer in :class:`kda_lib.KDAConfig`'s names,
+``layer_kinds`` (``"kda"`` or ``"mla"`` per layer) and ``mla`` (:class:`MLAShape` or None);
+``source`` cites repository, path and commit. :meth:`ModelPreset.from_hf_config` reads a Hugging
+Face ``config.json`` (:mod:`kda_lib.models.hf_config`); :func:`load_kimi_linear_checkpoint`
+loads every attention layer of a checkpoint directory.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from typing import NamedTuple
 
 from flax import nnx
 
-from kda_lib.checks import check_int, check_number, shared_fields
+from kda_lib.checks import check_number, shared_fields
+from kda_lib.layers.attention import check_fields
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
     kimi_linear_prefix,
@@ -32,25 +31,11 @@ from kda_lib.models import hf_config
 from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 
 
-def _check_fields(instance, ints: dict, bools: tuple = ()) -> None:
-    """Each of ``ints`` (field -> (minimum, optional)) stored as a Python int, each of
-    ``bools`` a bool, or a refusal naming ``Class.field``."""
-    kind = type(instance).__name__
-    for name, (minimum, optional) in ints.items():
-        value = check_int(f"{kind}.{name}", getattr(instance, name), minimum, optional=optional)
-        object.__setattr__(instance, name, value)  # frozen: normalised in __post_init__ only
-    for name in bools:
-        if not isinstance(getattr(instance, name), bool):
-            raise TypeError(f"{kind}.{name} must be True or False, got {getattr(instance, name)!r}")
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
     """A published MLA layer's widths in :class:`~kda_lib.layers.mla.MLAConfig`'s names
-    (DeepSeek-V2's ``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim`` are ``head_dim``,
-    ``value_head_dim``, ``shared_key_dim``). ``output_gate`` (Kimi K3's ``mla_use_output_gate``,
-    of rank ``output_gate_rank``, None: full rank) is not in the layer; ``norm_eps`` None:
-    MLAConfig's."""
+    (``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim``: ``head_dim``, ``value_head_dim``,
+    ``shared_key_dim``); ``output_gate`` (of rank ``output_gate_rank``, None: full) is not in it."""
 
     num_heads: int
     head_dim: int
@@ -63,28 +48,16 @@ class MLAShape:
     output_gate_rank: int | None = None
 
     def __post_init__(self):
-        ints = dict(num_heads=(1, False), kv_lora_rank=(1, False), value_head_dim=(1, False),
-                    head_dim=(0, False), shared_key_dim=(0, False), q_lora_rank=(1, True),
-                    output_gate_rank=(1, True))  # fmt: skip
-        _check_fields(self, ints, ("output_gate",))
-
-
-_PRESET_INTS = dict(hidden_size=(1, False), num_heads=(1, False), num_v_heads=(1, False),
-                    head_dim=(1, False), conv_size=(0, False), forget_gate_rank=(1, True),
-                    output_gate_rank=(1, True))  # fmt: skip
+        check_fields(self, int="num_heads kv_lora_rank value_head_dim",
+                     int0="head_dim shared_key_dim", width="q_lora_rank output_gate_rank",
+                     bool="output_gate")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelPreset:
-    """A published model: its KDA layer, layer pattern and (where known) MLA layer.
-
-    The KDA fields carry :class:`kda_lib.KDAConfig`'s names and meanings (``hidden_size``,
-    ``num_heads``, ``head_dim``, ``num_v_heads``, ``conv_size``, ``fused_qkv_conv``,
-    ``gate_form`` with ``lower_bound`` (None: softplus), ``use_a_log``, the gate ranks (None:
-    full rank), ``output_gate_bias``, ``norm_eps``). ``layer_kinds``: per layer ``"kda"`` or
-    ``"mla"`` (the global layer); ``mla``: its widths or None; ``source``: repository, path and
-    commit of the numbers; ``notes``: what the source leaves open or where sources differ.
-    """
+    """A published model: the KDA fields in :class:`kda_lib.KDAConfig`'s names and meanings,
+    ``layer_kinds`` (``"kda"`` or ``"mla"``, the global layer), ``mla`` (its widths or None),
+    ``source`` (repository, path and commit of the numbers) and ``notes``."""
 
     name: str
     hidden_size: int
@@ -106,22 +79,19 @@ class ModelPreset:
     notes: str = ""
 
     def __post_init__(self):  # numpy numbers are stored as Python numbers
-        _check_fields(self, _PRESET_INTS, ("fused_qkv_conv", "use_a_log", "output_gate_bias"))
-        eps = check_number("ModelPreset.norm_eps", self.norm_eps, positive=True)
-        object.__setattr__(self, "norm_eps", eps)
+        check_fields(self, int="hidden_size num_heads num_v_heads head_dim", int0="conv_size",
+                     width="forget_gate_rank output_gate_rank", eps="norm_eps",
+                     bool="fused_qkv_conv use_a_log output_gate_bias")  # fmt: skip
         if self.lower_bound is not None:
             bound = check_number("ModelPreset.lower_bound", self.lower_bound)
             if bound >= 0:  # a bound on a log-space decay: every form's gate is <= 0
-                raise ValueError(
-                    "ModelPreset.lower_bound must be a negative float (the gate's bound on the "
-                    f"log decay) or None (the softplus gate), got {self.lower_bound!r}"
-                )
+                raise ValueError("ModelPreset.lower_bound must be a negative float (the gate's "
+                                 f"bound on the log decay) or None (the softplus gate), got "
+                                 f"{self.lower_bound!r}")  # fmt: skip
             object.__setattr__(self, "lower_bound", bound)
         if self.num_v_heads % self.num_heads:
-            raise ValueError(
-                f"ModelPreset.num_v_heads must be a multiple of num_heads={self.num_heads}, "
-                f"got {self.num_v_heads}"
-            )
+            raise ValueError(f"ModelPreset.num_v_heads must be a multiple of num_heads="
+                             f"{self.num_heads}, got {self.num_v_heads}")  # fmt: skip
         form = check_gate_form(self.gate_form, self.lower_bound, where="ModelPreset.gate_form")
         object.__setattr__(self, "gate_form", form)  # a string is stored as the enum
         if unknown := sorted(set(self.layer_kinds) - {"kda", "mla"}):
@@ -143,39 +113,30 @@ class ModelPreset:
 
     @classmethod
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
-        """The preset a parsed Hugging Face ``config.json`` describes: Kimi Linear and Kimi K3
-        (1-based layer lists) or GLM-5-Next (0-based), as :mod:`kda_lib.models.hf_config`
-        reads them; a wrapper's ``text_config`` is unwrapped. ``name`` defaults to
-        ``_name_or_path``, else the model type. MoE and vocabulary fields are not read.
-
-        Raises:
-          ValueError: naming the field it cannot read (missing, ill-typed, a layer listed
-            twice or in no list, over ``hf_config.MAX_LAYERS`` layers, an unread
-            ``linear_attn_config`` key, a rotary MLA, disagreeing ``layer_types``).
-        """
+        """The preset a parsed Hugging Face ``config.json`` describes (Kimi Linear, Kimi K3,
+        GLM-5-Next; :mod:`kda_lib.models.hf_config`). ``name`` defaults to ``_name_or_path``,
+        else the model type. A ValueError names each field it cannot read."""
         fields = hf_config.preset_fields(config)
         mla = fields.pop("mla")
         named = {} if name is None else {"name": name}
         return cls(**{**fields, **named}, mla=None if mla is None else MLAShape(**mla))
 
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's parameters, path -> shape (``"q_proj.kernel": (d, H K)``, ...), from
-        ``nnx.eval_shape`` (nothing allocated). The gate's form shapes no parameter, so a gate
-        the layer cannot express (:meth:`unsupported_options`) is taken as the safe gate."""
+        """The KDA layer's parameter shapes by path (``"q_proj.kernel": (d, H K)``, ...); the
+        gate's form shapes no parameter, so it is taken as the safe gate."""
         gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
         return dict(_shapes(KDAConfig(**{**shared_fields(self, KDAConfig), **gate})))
 
     def kda_parameter_count(self) -> int:
-        """Scalars in one published KDA layer (the sum over :meth:`kda_parameter_shapes`)."""
+        """Scalars in one KDA layer (the sum over :meth:`kda_parameter_shapes`)."""
         return sum(math.prod(shape) for shape in self.kda_parameter_shapes().values())
 
     def mla_parameter_count(self) -> int:
-        """Scalars in one published MLA layer: the layer's at its widths, plus the output gate
-        it lacks where the model has one (``g_a_proj [d, r]``, ``g_b_proj [r, H V]``,
-        ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
+        """Scalars in one MLA layer: the layer's, plus the output gate it lacks where the model
+        has one (``g_a_proj [d, r]``, ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one
+        ``g_proj [d, H V]``)."""
         m = self._mla_or_raise()
-        ungated = {f: v for f, v in shared_fields(m, MLAConfig).items() if v is not None}
-        shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **ungated))
+        shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **_set_fields(m, MLAConfig)))
         count = sum(math.prod(shape) for shape in shapes.values())
         d, r, hv = self.hidden_size, m.output_gate_rank, m.num_heads * m.value_head_dim
         if m.output_gate:
@@ -184,26 +145,21 @@ class ModelPreset:
 
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
-        missing = []
+        missing, low = [], LOWER_BOUND_RANGE[0]
         if not self.use_a_log and self.gate_form is GateForm.SOFTPLUS:
-            missing.append(
-                "the softplus gate without A_log (only a bounded gate has a rate-free form)"
-            )
-        low = LOWER_BOUND_RANGE[0]
+            missing.append("the softplus gate without A_log (only a bounded gate has a rate-free "
+                           "form)")  # fmt: skip
         if self.lower_bound is not None and self.lower_bound < low:
-            missing.append(
-                f"lower_bound={self.lower_bound:g}, below the layer's range [{low:g}, 0)"
-            )
+            missing.append(f"lower_bound={self.lower_bound:g}, below the layer's range "
+                           f"[{low:g}, 0)")
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
-        """The :class:`kda_lib.KDAConfig` of this layer (``overrides``: dtype, ...), or a
+        """This KDA layer's :class:`kda_lib.KDAConfig` (``overrides``: dtype, ...), or a
         NotImplementedError naming every option the layer does not have yet."""
         if missing := self.unsupported_options():
-            raise NotImplementedError(
-                f"{self.name}: KimiDeltaAttention cannot express this layer yet; missing "
-                + "; ".join(missing)
-            )
+            raise NotImplementedError(f"{self.name}: KimiDeltaAttention cannot express this "
+                                      "layer yet; missing " + "; ".join(missing))  # fmt: skip
         return KDAConfig(**{**shared_fields(self, KDAConfig), **overrides})
 
     def _mla_or_raise(self) -> MLAShape:
@@ -212,16 +168,18 @@ class ModelPreset:
         return self.mla
 
     def mla_config(self, **overrides) -> MLAConfig:
-        """The :class:`~kda_lib.layers.mla.MLAConfig` of the global layer (NoPE: the rotary
-        slot is the shared key part), or a NotImplementedError: no MLA widths in the source,
-        or an output-gated MLA."""
+        """The global layer's :class:`~kda_lib.layers.mla.MLAConfig` (NoPE: the rotary slot is
+        the shared key part), or a NotImplementedError: no MLA widths, or an output gate."""
         m = self._mla_or_raise()
         if m.output_gate:
-            raise NotImplementedError(
-                f"{self.name}: MultiHeadLatentAttention has no output gate (mla_use_output_gate)"
-            )
-        fields = {k: v for k, v in shared_fields(m, MLAConfig).items() if v is not None}
-        return MLAConfig(**{"hidden_size": self.hidden_size, **fields, **overrides})
+            raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "
+                                      "gate (mla_use_output_gate)")  # fmt: skip
+        return MLAConfig(**{"hidden_size": self.hidden_size, **_set_fields(m, MLAConfig),
+                            **overrides})  # fmt: skip
+
+
+def _set_fields(source, config_class) -> dict:
+    return {k: v for k, v in shared_fields(source, config_class).items() if v is not None}
 
 
 def _eval_shape(config):
@@ -253,83 +211,57 @@ def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
 # What the three share: Kimi Linear's KDA layout (modeling_kimi.py; MaxText's kda.py and
 # glm5_next.py): a low-rank forget gate of rank head_dim, A_log per head, value heads = heads,
 # no output-gate bias, o_norm eps 1e-5. The MLA's norm eps is KimiRMSNorm's default.
-_KIMI = dict(num_heads=32, num_v_heads=32, head_dim=128, conv_size=4, use_a_log=True,
+_KIMI = dict(head_dim=128, conv_size=4, fused_qkv_conv=False, use_a_log=True,
              forget_gate_rank=128, output_gate_bias=False, norm_eps=1e-5)  # fmt: skip
 _KIMI_MLA = dict(head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64,
                  norm_eps=1e-6)  # fmt: skip
 
 KIMI_LINEAR_48B = ModelPreset(
-    **_KIMI,
-    name="Kimi-Linear-48B-A3B",
-    hidden_size=2304,
-    fused_qkv_conv=False,
-    gate_form=GateForm.SOFTPLUS,  # no gate_lower_bound in its config.json
-    lower_bound=None,
-    output_gate_rank=128,
-    layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
+    **_KIMI, name="Kimi-Linear-48B-A3B", hidden_size=2304, num_heads=32, num_v_heads=32,
+    gate_form="softplus", lower_bound=None,  # no gate_lower_bound in its config.json
+    output_gate_rank=128, layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
     mla=MLAShape(**_KIMI_MLA, num_heads=32),
-    source=(
-        "HF config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct (stored copy: "
-        "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json); modeling_kimi.py @ 6e163f3 "
-        "via axolotl-ai-cloud/axolotl src/axolotl/monkeypatch/models/kimi_linear/"
-        "modeling_kimi.py @ 1e4d015475e3f5d48e6fb5517484f0bfd08b96bd"
-    ),
+    source="HF config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct (stored copy: "
+    "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json); modeling_kimi.py @ 6e163f3 via "
+    "axolotl-ai-cloud/axolotl src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py @ "
+    "1e4d015475e3f5d48e6fb5517484f0bfd08b96bd",
     notes="v_head_dim 128 from NVIDIA-NeMo/Megatron-Bridge's test fixture",
-)
+)  # fmt: skip
 
 KIMI_K3 = ModelPreset(
-    **{**_KIMI, "num_heads": 96, "num_v_heads": 96},
-    name="Kimi-K3",
-    hidden_size=7168,
-    fused_qkv_conv=False,
-    gate_form=GateForm.SAFE_SIGMOID,  # lb * sigmoid(exp(A_log) (f + dt_bias))
-    lower_bound=-5.0,
+    **_KIMI, name="Kimi-K3", hidden_size=7168, num_heads=96, num_v_heads=96,
+    gate_form="safe_sigmoid", lower_bound=-5.0,  # lb * sigmoid(exp(A_log) (f + dt_bias))
     output_gate_rank=None,  # use_full_rank_gate: one g_proj [d, H K]
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(**_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True),
-    source=(
-        "text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
-        "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ "
-        "1b37521e5afafc982e4eda4d1f126dc29d57df95 (mla_use_output_gate; the same file's "
-        "checkpoint fixture in the published key layout has one full-rank MLA g_proj [H V, d])"
-    ),
-    notes=(
-        "MaxText's four-layer bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate "
-        "(GateForm.CLAMPED_SOFTPLUS) and gives the MLA output gate rank 128; the published "
-        "model (remote code, ports) has the safe sigmoid gate and a full-rank MLA output gate. "
-        "Its A_log has 128 entries for 96 heads (mlxcel: only the first num_heads are used)"
-    ),
-)
+    source="text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
+    "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ 1b37521e5afafc982e4eda4d1f126dc29d57df95 "
+    "(mla_use_output_gate; its checkpoint fixture has one full-rank MLA g_proj [H V, d])",
+    notes="MaxText's bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate and gives the "
+    "MLA output gate rank 128; the published model has the safe sigmoid gate and a full-rank MLA "
+    "output gate. Its A_log has 128 entries for 96 heads (mlxcel uses the first num_heads)",
+)  # fmt: skip
 
 GLM_5_3_FLASH = ModelPreset(
-    **{**_KIMI, "num_heads": 64, "num_v_heads": 64},
-    name="GLM-5.3-Flash",
-    hidden_size=4096,
-    fused_qkv_conv=True,  # one depthwise conv over concat(q, k, v)
-    gate_form=GateForm.SAFE_SIGMOID,
-    lower_bound=-5.0,
-    output_gate_rank=128,
+    **{**_KIMI, "fused_qkv_conv": True},  # one depthwise conv over concat(q, k, v)
+    name="GLM-5.3-Flash", hidden_size=4096, num_heads=64, num_v_heads=64,
+    gate_form="safe_sigmoid", lower_bound=-5.0, output_gate_rank=128,
     layer_kinds=_kinds(45, range(4, 46, 4)),  # 0-based: layer i is global where i % 4 == 3
     mla=None,
-    source=(
-        "huggingface/transformers src/transformers/models/glm5_next/configuration_glm5_next.py "
-        "@ 02106f7d89617f572b33cbd27dc3e3fed63866e9 (widths, layer pattern); "
-        "AI-Hypercomputer/maxtext src/maxtext/models/glm5_next.py @ "
-        "06304397847ce203b976f17e53631a4b271e434e (the fused conv, gate ranks)"
-    ),
-    notes=(
-        "the global layers are DeepSeek sparse attention (MLA with an indexer, "
-        "q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim = v_head_dim = 256, no rope), "
-        "which MultiHeadLatentAttention does not have, so no MLA preset"
-    ),
-)
+    source="huggingface/transformers src/transformers/models/glm5_next/configuration_glm5_next"
+    ".py @ 02106f7d89617f572b33cbd27dc3e3fed63866e9 (widths, layer pattern); "
+    "AI-Hypercomputer/maxtext src/maxtext/models/glm5_next.py @ "
+    "06304397847ce203b976f17e53631a4b271e434e (the fused conv, gate ranks)",
+    notes="the global layers are DeepSeek sparse attention (MLA with an indexer, q_lora_rank "
+    "1536, kv_lora_rank 512, qk_nope_head_dim = v_head_dim = 256, no rope), which "
+    "MultiHeadLatentAttention does not have, so no MLA preset",
+)  # fmt: skip
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
 
 
 class KimiLinearCheckpoint(NamedTuple):
-    """:func:`load_kimi_linear_checkpoint`'s result: the preset of ``config.json``, the naming
-    read, one attention layer per decoder layer (KDA or MLA, as ``preset.layer_kinds``)."""
+    """The preset of ``config.json``, the naming read, one layer per ``preset.layer_kinds``."""
 
     preset: ModelPreset
     naming: str
@@ -338,13 +270,10 @@ class KimiLinearCheckpoint(NamedTuple):
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
     """Every attention layer of a Kimi Linear checkpoint directory (``config.json``, its
-    ``*.safetensors`` shards), built as :meth:`ModelPreset.from_hf_config` reads the config and
-    loaded from ``model.layers.N.self_attn.`` (all or nothing per layer), in memory.
-
-    ``naming``: ``"kimi_linear"`` (the remote code's), ``"transformers"`` or ``"auto"`` (told
-    from the first KDA layer). ``overrides`` go to both configs (``dtype``, ``param_dtype``).
-    A shard replaced during the load is refused naming it. Returns a :class:`KimiLinearCheckpoint`.
-    """
+    ``*.safetensors`` shards), built from :meth:`ModelPreset.from_hf_config` and loaded from
+    ``model.layers.N.self_attn.`` in memory. ``naming``: ``"kimi_linear"`` (the remote code's),
+    ``"transformers"`` or ``"auto"`` (told from the first KDA layer); ``overrides`` go to both
+    configs (``dtype``, ...). A shard replaced during the load is refused naming it."""
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
     shards = sorted(os.path.join(directory, n) for n in os.listdir(directory)
@@ -364,8 +293,7 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
             layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
         else:
             layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
-        load_state_dict(
-            layer, tensors, "kimi_linear" if naming == "auto" else naming, prefix=prefix
-        )
+        read_as = "kimi_linear" if naming == "auto" else naming  # no KDA layer seen yet
+        load_state_dict(layer, tensors, read_as, prefix=prefix)
         layers.append(layer)
     return KimiLinearCheckpoint(preset, naming, layers)

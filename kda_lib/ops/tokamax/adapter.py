@@ -1,19 +1,18 @@
 """tokamax's KDA kernels behind kda_lib's conventions: every tokamax quirk lives here.
 
-tokamax (``tokamax._src.ops.kda``) is head-first (``[H, B, T, D]``), keeps one state slot per
-segment (``[B, N, H, K, V]``), pads T to its 64-token chunk, disagrees between backends on
-padding (id 0) inside a row, and runs Mosaic on a TPU v6+ only (or under
-:func:`kda_lib.emulate_tpu`). :func:`tokamax_problems` says what a kernel cannot serve,
-:func:`tokamax_kda` runs one for :func:`kda_lib.kda`, :func:`tokamax_mosaic_context_parallel`
-for kda_context_parallel.
+tokamax is head-first (``[H, B, T, D]``), keeps one state slot per segment
+(``[B, N, H, K, V]``), pads T to its 64-token chunk and runs Mosaic on a TPU v6+ only (or under
+:func:`kda_lib.emulate_tpu`). :func:`tokamax_problems`: what a kernel cannot serve;
+:func:`tokamax_kda`: one run for :func:`kda_lib.kda`; :func:`tokamax_mosaic_context_parallel`:
+tokamax's own context parallelism.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import math
+import re
 from typing import NamedTuple
 
 import jax
@@ -39,46 +38,28 @@ from kda_lib.ops.segments import (
     segment_ordinals,
 )
 from kda_lib.ops.tokamax import emulation
+from kda_lib.ops.tokamax.emulation import missing_tokamax_problem, require_tokamax
 
 TOKAMAX_CHUNK = 64
-TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
-LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 class TokamaxVariant(NamedTuple):
-    """One of tokamax's KDA kernels, as the adapter needs to know it."""
+    """A tokamax kernel: ``chunked``: T padded to TOKAMAX_CHUNK (its only chunk_size);
+    ``float32``: bf16/fp16 inputs run in float32; ``mosaic``: Pallas Mosaic (TPU v6+)."""
 
-    name: str  # kda_lib's implementation name
-    api_name: str  # tokamax's ``implementation=`` name
-    chunked: bool  # T padded to TOKAMAX_CHUNK, chunk_size fixed at TOKAMAX_CHUNK
-    float32: bool  # computes in its inputs' dtype, so bf16/fp16 inputs run in float32
-    mosaic: bool  # the Pallas Mosaic kernel (TPU v6+, or emulated)
-
-
-TOKAMAX_VARIANTS = {
-    v.name: v
-    for v in (
-        TokamaxVariant("tokamax_xla", "xla", chunked=False, float32=False, mosaic=False),
-        TokamaxVariant("tokamax_xla_chunked", "xla_chunked", chunked=True, float32=True,
-                       mosaic=False),  # fmt: skip
-        TokamaxVariant("tokamax_mosaic", "mosaic", chunked=True, float32=False, mosaic=True),
-    )
-}
+    name: str
+    api_name: str
+    chunked: bool
+    float32: bool
+    mosaic: bool
 
 
-def missing_tokamax_problem(what: str) -> str | None:
-    """Why ``what`` cannot run for want of tokamax, naming the extra; None if installed."""
-    if importlib.util.find_spec("tokamax") is not None:
-        return None
-    return (f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
-            "implementations, 'chunked' and 'recurrent', need no tokamax)")
-
-
-def require_tokamax(what: str) -> None:
-    """ModuleNotFoundError naming the extra when tokamax is missing."""
-    problem = missing_tokamax_problem(what)
-    if problem:
-        raise ModuleNotFoundError(problem, name="tokamax")
+TOKAMAX_VARIANTS = {v.name: v for v in (
+    TokamaxVariant("tokamax_xla", "xla", chunked=False, float32=False, mosaic=False),
+    TokamaxVariant("tokamax_xla_chunked", "xla_chunked", chunked=True, float32=True, mosaic=False),
+    TokamaxVariant("tokamax_mosaic", "mosaic", chunked=True, float32=False, mosaic=True),
+)}  # fmt: skip
+MOSAIC = TOKAMAX_VARIANTS["tokamax_mosaic"]
 
 
 @functools.cache
@@ -92,13 +73,10 @@ def tokamax_kda_api():
 
 
 def tpu_generation() -> int | None:
-    """TPU generation of the default device (e.g. 6 for v6e), or None off TPU."""
+    """TPU generation of the default device (6 for ``"TPU v6 lite"``), or None off TPU."""
     device = jax.devices()[0]
-    if device.platform != "tpu":
-        return None
-    kind = device.device_kind.lower()  # e.g. "tpu v6 lite", "tpu v5p", "tpu7x"
-    digits = "".join(c if c.isdigit() else " " for c in kind.replace("tpu", " ")).split()
-    return int(digits[0]) if digits else None
+    digits = re.findall(r"\d+", device.device_kind)
+    return int(digits[0]) if device.platform == "tpu" and digits else None
 
 
 # ------------------------------------------------------------------ what a kernel cannot serve
@@ -107,11 +85,23 @@ def tpu_generation() -> int | None:
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why tokamax's ``variant`` cannot serve the checked call ``o`` (empty: it can); with
     ``here`` also on this machine (tokamax installed; Mosaic: a TPU v6+ or emulate_tpu)."""
-    name, found = variant.name, []
-    missing = missing_tokamax_problem(f"implementation={name!r}") if here else None
-    found += [missing] if missing else []
+    name, dims = variant.name, o.dims
+    found = [missing_tokamax_problem(f"implementation={name!r}")] if here else []
     if variant.mosaic:
-        found += _mosaic_problems(o, here)
+        generation = tpu_generation() or emulation.emulated_tpu_generation()
+        emulated = " (emulated)" if emulation.is_emulating() else ""
+        needs = "tokamax_mosaic needs a TPU v6 or newer; "
+        if here and generation is None:
+            found.append(f"{needs}the default device is {jax.devices()[0].platform} (to run it "
+                         "in Pallas interpret mode anyway, wrap the call in kda_lib.emulate_tpu())")
+        elif here and generation < 6:
+            found.append(f"{needs}this is TPU v{generation}{emulated}")
+        if dims.key_dim > 256:
+            found.append(f"tokamax_mosaic supports K <= 256, got K={dims.key_dim}")
+        if jnp.dtype(o.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+            found.append(f"tokamax_mosaic supports float32/bfloat16 inputs, got {o.dtype}")
+        if o.fused_gate and o.lower_bound is None:
+            found.append("tokamax_mosaic with a fused gate (a_log given) needs lower_bound")
     if o.allow_neg_eigval:
         found.append(f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported")
     if variant.api_name == "xla_chunked" and not (o.fused_gate and o.lower_bound is not None):
@@ -127,41 +117,15 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
                          "'chunked' or 'recurrent' implementation")
     if variant.chunked and o.chunk_size != TOKAMAX_CHUNK:
         found.append(f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {o.chunk_size}")
-    if o.has_segments:
-        found += _segment_problems(variant, o)
-    return found
-
-
-def _mosaic_problems(o: KDAOptions, here: bool) -> list[str]:
-    found, generation, emulated = [], tpu_generation(), ""
-    if generation is None:
-        generation, emulated = emulation.emulated_tpu_generation(), " (emulated)"
-    if here and generation is None:
-        found.append(f"tokamax_mosaic needs a TPU v6 or newer; the default device is "
-                     f"{jax.devices()[0].platform} (to run it in Pallas interpret mode anyway, "
-                     "wrap the call in kda_lib.emulate_tpu())")
-    elif here and generation < 6:
-        found.append(f"tokamax_mosaic needs a TPU v6 or newer; this is TPU v{generation}{emulated}")
-    if o.dims.key_dim > 256:
-        found.append(f"tokamax_mosaic supports K <= 256, got K={o.dims.key_dim}")
-    if jnp.dtype(o.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        found.append(f"tokamax_mosaic supports float32/bfloat16 inputs, got {jnp.dtype(o.dtype)}")
-    if o.fused_gate and o.lower_bound is None:
-        found.append("tokamax_mosaic with a fused gate (a_log given) needs lower_bound")
-    return found
-
-
-def _segment_problems(variant: TokamaxVariant, o: KDAOptions) -> list[str]:
-    if o.max_num_segments is None:
-        return [f"{variant.name} with segment_ids needs max_num_segments (a static bound on "
-                "the ids)"]
-    most = o.segments_per_row
-    if most is not None and most > o.max_num_segments:
-        return [f"segment_ids has a row with {most} segments but "
-                f"max_num_segments={o.max_num_segments}"]
-    slots = segment_slots_problem(variant.name, o.dims, o.max_num_segments,
-                                  segments_per_row=most)
-    return [slots] if slots else []
+    if o.has_segments and o.max_num_segments is None:
+        found.append(f"{name} with segment_ids needs max_num_segments (a static bound on the ids)")
+    elif o.has_segments and (o.segments_per_row or 0) > o.max_num_segments:
+        found.append(f"segment_ids has a row with {o.segments_per_row} segments but "
+                     f"max_num_segments={o.max_num_segments}")
+    elif o.has_segments:
+        found.append(segment_slots_problem(name, dims, o.max_num_segments,
+                                           segments_per_row=o.segments_per_row))
+    return [problem for problem in found if problem]
 
 
 def segment_slot_count(
@@ -172,24 +136,22 @@ def segment_slot_count(
     if not variant.mosaic:
         return min(max_num_segments, seq_len)
     count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
-    if segments_per_row is not None:
-        count = min(count, max(segments_per_row, 1))
-    return count
+    return count if segments_per_row is None else min(count, max(segments_per_row, 1))
 
 
 def segment_slots_problem(
     implementation: str, dims: Dims, max_num_segments: int, *,
     segments_per_row: int | None = None, name: str = "max_num_segments",
-) -> str | None:
-    """Why tokamax's float32 per-segment states cannot fit here, naming ``name``, or None
-    (also for kda_lib's forms)."""
+) -> str | None:  # fmt: skip
+    """Why tokamax's float32 per-segment states cannot fit in memory, naming ``name``, or None
+    (also for kda_lib's own implementations)."""
     variant = TOKAMAX_VARIANTS.get(implementation)
     if variant is None:
         return None
     slots = segment_slot_count(variant, max_num_segments, dims.seq_len,
-                               segments_per_row=segments_per_row)
-    shape = (dims.batch, slots, dims.num_heads, dims.key_dim, dims.value_dim)
-    what = (f"{implementation}'s per-segment states [B, slots, HV, K, V] = {list(shape)} "
+                               segments_per_row=segments_per_row)  # fmt: skip
+    shape = [dims.batch, slots, dims.num_heads, dims.key_dim, dims.value_dim]
+    what = (f"{implementation}'s per-segment states [B, slots, HV, K, V] = {shape} "
             "(float32; a slot per segment the bound allows, at most about T)")
     problem = allocation_problem(what, 4 * math.prod(shape))
     return f"{name}={max_num_segments}: {problem}" if problem else None
@@ -210,70 +172,56 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
     *inputs, state, non_finite = isolate_non_finite(
         q, k, arrays.v, arrays.g, arrays.beta, arrays.initial_state, ids, raw_gate=o.fused_gate
     )
-    if variant.float32 and any(x.dtype in LOW_PRECISION for x in inputs[:3]):
+    if variant.float32 and any(x.dtype.itemsize < 4 for x in inputs[:3]):  # bf16, fp16
         inputs = [x.astype(jnp.float32) for x in inputs]  # its chunked form computes in them
     slots, too_many = 1, None
     if ids is not None:
         slots = segment_slot_count(variant, o.max_num_segments, dims.seq_len,
-                                   segments_per_row=o.segments_per_row)
+                                   segments_per_row=o.segments_per_row)  # fmt: skip
         if o.segments_per_row is None:  # traced ids: such a row would be silently wrong
             too_many = segment_ordinals(ids).max(axis=1) > o.max_num_segments
-    inputs, tk_ids = _padded_for_tokamax(variant, inputs, ids, o.fused_gate)
-    a_log = arrays.a_log
-    if o.fused_gate and a_log is None:  # the rate-free safe gate: a_log = 0 is exactly A = 1
-        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
+    chunk = TOKAMAX_CHUNK if variant.chunked else 1
+    if ids is None and dims.seq_len % chunk:  # the chunk's padding: a segment's tail
+        ids = jnp.ones((dims.batch, dims.seq_len), jnp.int32)
+    (q, k, v, g, beta), ids, _ = pad_time(chunk, *inputs, segment_ids=ids)
+    if ids is not None:  # padding neutral: part of the segment before it
+        q, g, beta = neutral_padding(q, g, beta, ids != 0, raw_gate=o.fused_gate)
+        ids = segment_ordinals(ids)
     if state is not None:  # the row's first segment's slot
         state = jnp.pad(state.astype(jnp.float32)[:, None], [(0, 0), (0, slots - 1)] + [(0, 0)] * 3)
     out, final = call_tokamax(
-        variant, *inputs, use_gate_in_kernel=o.fused_gate, a_log=a_log, dt_bias=arrays.dt_bias,
-        scale=o.scale,
-        initial_state=state, output_final_state=o.output_final_state,
-        use_qk_l2norm=o.use_qk_l2norm, segment_ids=tk_ids, lower_bound=o.lower_bound,
-        max_num_segments=None if tk_ids is None else slots,
+        variant, q, k, v, g, beta, use_gate_in_kernel=o.fused_gate, a_log=arrays.a_log,
+        dt_bias=arrays.dt_bias, scale=o.scale, initial_state=state, segment_ids=ids,
+        output_final_state=o.output_final_state, use_qk_l2norm=o.use_qk_l2norm,
+        lower_bound=o.lower_bound, max_num_segments=None if ids is None else slots,
     )  # fmt: skip
-    if o.output_final_state and tk_ids is not None:  # the state of each row's last segment
-        last = jnp.clip(tk_ids[:, -1] - 1, 0, slots - 1)
-        final = jnp.take_along_axis(final, last[:, None, None, None, None], axis=1)
-    final = final[:, 0].astype(jnp.float32) if o.output_final_state else None
-    out, final = restore_non_finite(out[:, : dims.seq_len].astype(o.dtype), final, non_finite)
+    if o.output_final_state:  # the state of each row's last segment
+        last = 0 if ids is None else jnp.clip(ids[:, -1] - 1, 0, slots - 1)
+        final = final[jnp.arange(dims.batch), last].astype(jnp.float32)
+    out, final = restore_non_finite(out[:, : dims.seq_len].astype(o.dtype),
+                                    final if o.output_final_state else None, non_finite)
     if too_many is not None:
         nan = lambda x: jnp.where(too_many[:, None, None, None], jnp.nan, x)  # noqa: E731
         out, final = nan(out), (None if final is None else nan(final))
     return out, final
 
 
-def _padded_for_tokamax(variant: TokamaxVariant, arrays, segment_ids, fused_gate: bool):
-    """T padded to tokamax's chunk (chunked variants) and padding made neutral (part of the
-    segment before it: no decay, no write, zero query). Returns ``([q, k, v, g, beta],
-    tokamax segment ordinals | None)``."""
-    batch, seq_len = arrays[0].shape[:2]
-    valid = None if segment_ids is None else segment_ids != 0
-    (q, k, v, g, beta), padded_ids, pad = pad_time(
-        TOKAMAX_CHUNK if variant.chunked else 1, *arrays, segment_ids=segment_ids
-    )
-    if pad:
-        valid = jnp.ones((batch, seq_len), bool) if valid is None else valid
-        valid = jnp.pad(valid, [(0, 0), (0, pad)])
-    if valid is not None:
-        q, g, beta = neutral_padding(q, g, beta, valid, raw_gate=fused_gate)
-    if padded_ids is not None:
-        return [q, k, v, g, beta], segment_ordinals(padded_ids)
-    return [q, k, v, g, beta], (jnp.ones((batch, seq_len + pad), jnp.int32) if pad else None)
-
-
 def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kernel: bool,
                  a_log=None, dt_bias=None, **kw):  # fmt: skip
-    """tokamax's ``variant`` on batch-first ``q, k, g [B, T, H, K]``, ``v [B, T, H, V]``,
-    ``beta [B, T, H]`` -> ``(out [B, T, H, V], final_state)``; ``kw`` go to tokamax as they
-    are (under TPU emulation Mosaic runs with its device check bypassed)."""
-    args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]  # tokamax's [H, B, T, D]
+    """tokamax's ``variant`` on batch-first ``q, k, g [B, T, HV, K]``, ``v [B, T, HV, V]``,
+    ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax as they
+    are. The fused gate without ``a_log`` (the rate-free safe gate) runs with ``a_log = 0``
+    (A = 1); under TPU emulation Mosaic runs with its device check bypassed."""
+    if use_gate_in_kernel and a_log is None:
+        a_log = jnp.zeros((v.shape[2],), jnp.float32)
     kw.update(
         a_log=None if a_log is None else a_log.astype(jnp.float32),
         delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
         use_gate_in_kernel=use_gate_in_kernel,
     )
+    args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]  # tokamax's [H, B, T, D]
     api = tokamax_kda_api()
-    if variant.mosaic and tpu_generation() is None and emulation.is_emulating():
+    if variant.mosaic and emulation.is_emulating():  # (never on a real TPU)
         out, final = emulation.emulated_mosaic_op()(*args, **kw)
     else:
         out, final = api.kimi_delta_attention(*args, implementation=variant.api_name, **kw)
@@ -286,7 +234,8 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
 def tokamax_mosaic_context_parallel(
     q, k, v, g, beta, *, axis_name, mesh, scale=None, segment_ids=None, a_log=None,
     dt_bias=None, lower_bound=None, use_gate_in_kernel=False, use_qk_l2norm=False,
-    allow_neg_eigval=False, chunk_size=TOKAMAX_CHUNK, max_num_segments=None, **unsupported,
+    allow_neg_eigval=False, chunk_size=TOKAMAX_CHUNK, max_num_segments=None, initial_state=None,
+    output_final_state=False,
 ):  # fmt: skip
     """tokamax's context parallelism for its Mosaic kernel, inside a ``shard_map`` over
     ``axis_name`` with ``check_vma=False``: one rank's q, k, g ``[B, T, H, K]``, v
@@ -295,46 +244,21 @@ def tokamax_mosaic_context_parallel(
     Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
     fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
     lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
-    if fused:
-        dims = check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, segment_ids=segment_ids)
-    else:
-        dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids)
-    _check_mosaic_cp(unsupported, max_num_segments, KDAOptions(
+    gate = (a_log, dt_bias) if fused else ()
+    dims = (check_fused_inputs if fused else check_kda_inputs)(q, k, v, g, beta, *gate,
+                                                                segment_ids=segment_ids)
+    problems = tokamax_problems(MOSAIC, KDAOptions(
         dims, q.dtype, 1.0, False, False, False, None, None, fused_gate=fused,
         lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, allow_neg_eigval=allow_neg_eigval,
-        chunk_size=chunk_size, precision=None, implementation="tokamax_mosaic",
+        chunk_size=chunk_size, precision=None, implementation=MOSAIC.name,
     ))  # fmt: skip
-    mesh = _mosaic_cp_mesh(q, axis_name, mesh)
-    q, k = repeat_qk_heads(q, k, dims.groups)
-    if fused and a_log is None:  # the rate-free safe gate: a_log = 0 is exactly A = 1
-        a_log = jnp.zeros((dims.num_heads,), jnp.float32)
-    if segment_ids is None:
-        ids, max_num_segments = jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
-    else:  # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
-        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
-        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused)
-        max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
-    metadata = tokamax_kda_api().ContextParallelMetadata(mesh, axis_name)
-    out, _ = call_tokamax(
-        TOKAMAX_VARIANTS["tokamax_mosaic"], q, k, v, g, beta, use_gate_in_kernel=fused,
-        a_log=a_log, dt_bias=dt_bias,
-        scale=scale, use_qk_l2norm=use_qk_l2norm, segment_ids=ids, lower_bound=lower_bound,
-        max_num_segments=max_num_segments, context_parallel_metadata=metadata,
-    )  # fmt: skip
-    return out.astype(q.dtype)
-
-
-def _check_mosaic_cp(unsupported: dict, max_num_segments, options: KDAOptions) -> None:
-    problems, dims = tokamax_problems(TOKAMAX_VARIANTS["tokamax_mosaic"], options), options.dims
     if dims.key_dim % 128 or dims.value_dim % 128:
         problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
                         f"got K={dims.key_dim}, V={dims.value_dim}")
-    for arg in ("initial_state", "output_final_state"):
-        value = unsupported.pop(arg, None)
+    states = {"initial_state": initial_state, "output_final_state": output_final_state}
+    for arg, value in states.items():
         if value is not None and value is not False:
             problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
-    if unsupported:
-        raise TypeError(f"kda_context_parallel got unexpected arguments {sorted(unsupported)}")
     try:
         check_max_num_segments(max_num_segments, optional=True)
     except ValueError as e:
@@ -342,6 +266,21 @@ def _check_mosaic_cp(unsupported: dict, max_num_segments, options: KDAOptions) -
     if problems:
         problems = "; ".join(problems)
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
+    mesh = _mosaic_cp_mesh(q, axis_name, mesh)
+    q, k = repeat_qk_heads(q, k, dims.groups)
+    if segment_ids is None:
+        ids, max_num_segments = jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
+    else:  # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
+        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
+        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused)
+        max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
+    out, _ = call_tokamax(
+        MOSAIC, q, k, v, g, beta, use_gate_in_kernel=fused, a_log=a_log, dt_bias=dt_bias,
+        scale=scale, use_qk_l2norm=use_qk_l2norm, segment_ids=ids, lower_bound=lower_bound,
+        max_num_segments=max_num_segments,
+        context_parallel_metadata=tokamax_kda_api().ContextParallelMetadata(mesh, axis_name),
+    )  # fmt: skip
+    return out.astype(q.dtype)
 
 
 def _mosaic_cp_mesh(q, axis_name, mesh):
@@ -350,15 +289,11 @@ def _mosaic_cp_mesh(q, axis_name, mesh):
     aval = jax.typeof(q)  # varying axes: typeof(x).mat.varying in jax 0.12, .vma before
     varying = getattr(getattr(aval, "mat", None), "varying", None) or getattr(aval, "vma", ())
     if axis_name in frozenset(varying or ()):
-        raise ValueError(
-            "'tokamax_mosaic' context parallelism needs jax.shard_map(..., check_vma=False): "
-            "tokamax's CP kernels build loop carries that do not vary over the mesh axis, which "
-            "the vma check rejects"
-        )
+        raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
+                         "check_vma=False): tokamax's CP kernels build loop carries that do not "
+                         "vary over the mesh axis, which the vma check rejects")  # fmt: skip
     mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
     if axis_name not in mesh.axis_names:
-        raise ValueError(
-            f"'tokamax_mosaic' context parallelism needs the shard_map's mesh (mesh=...); "
-            f"{axis_name!r} is not one of its axes {mesh.axis_names}"
-        )
+        raise ValueError(f"'tokamax_mosaic' context parallelism needs the shard_map's mesh "
+                         f"(mesh=...); {axis_name!r} is not one of its axes {mesh.axis_names}")
     return mesh
