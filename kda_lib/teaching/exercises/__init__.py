@@ -111,7 +111,8 @@ LIBRARY_HINT = (
 _CONTEXTS = itertools.count(1_000_001)
 
 
-def fresh_jax_context() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def fresh_jax_context() -> Iterator[None]:
     """A JAX context no earlier call used: inside it every jitted function traces again, so a
     library function jitted and compiled before (``jax.jit(kda_lib.kda)`` called earlier) runs
     its Python frames where the profile hook sees them. It is a new value of
@@ -120,10 +121,14 @@ def fresh_jax_context() -> contextlib.AbstractContextManager:
     references, the notebook's own)."""
     jax = sys.modules.get("jax")
     if jax is None:  # nothing jitted yet
-        return contextlib.nullcontext()
-    from jax._src import config
-
-    return config.jax_xla_profile_version(next(_CONTEXTS))
+        yield
+        return
+    before = jax.config.jax_xla_profile_version
+    jax.config.update("jax_xla_profile_version", next(_CONTEXTS))
+    try:
+        yield
+    finally:
+        jax.config.update("jax_xla_profile_version", before)
 
 
 class _LibraryEntered(BaseException):
