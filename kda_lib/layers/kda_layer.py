@@ -11,8 +11,7 @@ For ``x [B, T, hidden]`` (parameter names as in fla's ``fla/layers/kda.py``)::
     y    = o_proj(rmsnorm(o) * o_norm.weight * sigmoid(g_proj(x)))
 
 HV = ``num_v_heads`` (default H): value head ``j`` reads q/k head ``j // (HV // H)``.
-``A_log`` and ``dt_bias`` stay float32. Options: docs/DESIGN.md section 2; context
-parallelism: section 5.
+Options: docs/DESIGN.md section 2; context parallelism: section 5.
 """
 
 from __future__ import annotations
@@ -64,22 +63,19 @@ WIDTH_FIELDS = ("hidden_size num_heads num_v_heads head_dim value_head_dim conv_
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig:
-    """Hyper-parameters of :class:`KimiDeltaAttention`, keyword-only, each checked at
-    construction (ValueError naming ``KDAConfig.<field>``).
+    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; a bad field raises
+    ValueError naming ``KDAConfig.<field>``).
 
-    Widths: ``hidden_size`` d, ``num_heads`` H (q/k heads), ``num_v_heads`` HV (None = H; a
-    multiple of H), ``head_dim`` K, ``value_head_dim`` V (None = K). Conv: ``conv_size`` W (4;
-    0 = none, at most 64), ``fused_qkv_conv`` one conv over ``concat(q, k, v)`` (False).
-    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` ``"softplus"``, ``"safe_sigmoid"``
-    or ``"clamped_softplus"`` (None: softplus without ``lower_bound``, else safe_sigmoid;
-    stored as a :class:`GateForm`), ``lower_bound`` None or a float in [-5, 0), ``use_a_log``
-    a learned rate ``exp(A_log)`` per value head (True; False: safe gate with A = 1),
-    ``per_head_decay`` one gate per head (False), ``forget_gate_rank`` None (full ``f_proj``)
-    or a low-rank pair's r. Beta and output: ``allow_neg_eigval`` beta = 2 sigmoid (False),
-    ``output_gate_rank`` as for f, ``output_gate_bias`` (True), ``norm_eps`` (1e-5). Kernel:
-    ``implementation`` ("auto"), ``chunk_size`` (64), ``max_num_segments`` the static segment
-    bound tokamax needs under ``jit`` (None: counted from concrete ids), ``dtype`` and
-    ``param_dtype`` (float32).
+    Widths: ``hidden_size`` d, ``num_heads`` H, ``num_v_heads`` HV (None = H; a multiple of
+    H), ``head_dim`` K, ``value_head_dim`` V (None = K). ``conv_size`` W (0: no conv; <= 64);
+    ``fused_qkv_conv``: one conv over ``concat(q, k, v)``. Forget gate
+    (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value (None: softplus
+    without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0),
+    ``use_a_log`` a learned rate ``exp(A_log)`` per value head (False: A = 1, the safe gate),
+    ``per_head_decay`` one gate per head, ``forget_gate_rank`` None (one ``f_proj``) or a
+    low-rank pair's r. ``allow_neg_eigval``: beta = 2 sigmoid; ``output_gate_rank`` as for f.
+    Kernel: ``implementation``, ``chunk_size``, ``max_num_segments`` tokamax's static segment
+    bound under ``jit`` (None: counted from concrete ids).
     """
 
     hidden_size: int
@@ -128,9 +124,7 @@ class KDAConfig:
         """Fields valid alone that cannot go together (the layer fuses every gate but the
         clamped softplus into the kernel)."""
         if self.conv_size > MAX_CONV_SIZE:
-            yield (f".conv_size must be <= {MAX_CONV_SIZE} (a short convolution: local token "
-                   "mixing before the recurrence, 4 in fla and Kimi Linear), got "
-                   f"{self.conv_size}")  # fmt: skip
+            yield f".conv_size must be <= {MAX_CONV_SIZE} (a short conv), got {self.conv_size}"
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
             yield (f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k "
                    f"head serves num_v_heads // num_heads value heads), got {self.num_v_heads}")
@@ -180,17 +174,10 @@ class KDACache(NamedTuple):
 
 
 class KimiDeltaAttention(nnx.Module):
-    """KDA token mixer: ``layer(x)`` maps ``[B, T, hidden]`` to ``[B, T, hidden]``.
-
-    Args:
-      config: :class:`KDAConfig`.
-      rngs: ``nnx.Rngs`` for parameter init.
-      mesh, context_axis: run the layer context-parallel over ``mesh``'s ``context_axis``
-        ("context"); None (default) = one device.
-
-    Building refuses parameters that cannot fit this machine's memory (ValueError naming the
-    largest width field); ``nnx.eval_shape`` still gives their shapes.
-    """
+    """KDA token mixer ``[B, T, hidden] -> [B, T, hidden]`` of a :class:`KDAConfig`, initialised
+    from ``rngs``; with a ``mesh``, context-parallel over its ``context_axis`` ("context").
+    Parameters too large for this machine's memory are refused (ValueError naming the largest
+    width field); ``nnx.eval_shape`` still gives their shapes."""
 
     def __init__(
         self, config: KDAConfig, *, rngs: nnx.Rngs, mesh=None, context_axis: str = "context"
@@ -229,12 +216,9 @@ class KimiDeltaAttention(nnx.Module):
         self.b_proj = nnx.Linear(d, hv, use_bias=False, **linear)
         self.g_proj = gate_projection(vc, cfg.output_gate_rank, cfg.output_gate_bias)
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
-        safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID
-        self.A_log = (  # None: A = 1, the gate has no learned rate
-            no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
-            if cfg.use_a_log
-            else None
-        )
+        safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID  # A_log None: A = 1, no learned rate
+        self.A_log = no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate)) if (
+            cfg.use_a_log) else None  # fmt: skip
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), hv, gate_channels))
         self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
         self.o_proj = nnx.Linear(vc, d, use_bias=False, **linear)
@@ -260,24 +244,16 @@ class KimiDeltaAttention(nnx.Module):
         return y if cache is None else (y, new_cache)
 
     def _forward(self, x, *, segment_ids=None, cache=None, **states):
-        """One-device forward of checked inputs (``segment_ids`` a :class:`CheckedSegmentIds`
-        or None), asking :func:`kda` for interior ``states``: ``(y, new_cache or None,
-        kda's result)``; a cache when given one or asked for states."""
+        """One-device forward of checked inputs, asking :func:`kda` for interior ``states``:
+        ``(y, new_cache (with a cache or states) or None, kda's result)``."""
         cfg = self.config
         ids = None if segment_ids is None else segment_ids.ids
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
         final = cache is not None or bool(states)
-        result = kda(
-            q, k, v, f, beta,
-            **self.kernel_kwargs(),
-            initial_state=None if cache is None else cache.state,
-            output_final_state=final,
-            segment_ids=segment_ids,
-            max_num_segments=max_segments_bound(ids, cfg),
-            chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
-            **states,
-        )  # fmt: skip
+        result = kda(q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
+                     initial_state=None if cache is None else cache.state,
+                     segment_ids=segment_ids, max_num_segments=max_segments_bound(ids, cfg),
+                     chunk_size=cfg.chunk_size, implementation=cfg.implementation, **states)
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
@@ -288,12 +264,11 @@ class KimiDeltaAttention(nnx.Module):
     ) -> Projected:
         """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
 
-        Args:
-          segment_ids: ``[B, T]`` as in ``__call__`` (masks the convolutions; not checked).
-          cache: a :class:`KDACache` whose conv states precede ``x`` (decoding).
-          halo: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
-            before it (context parallelism); otherwise the cache's conv states (or zeros).
-          history_segment_ids: ``[B, W-1]`` ids of the halo tokens (context parallelism).
+        Args (not checked):
+          segment_ids: ``[B, T]`` as in ``__call__``; cache: a :class:`KDACache` whose conv
+            states precede ``x``; halo: maps each conv input ``[B, T, C]`` to the ``[B, W-1,
+            C]`` inputs before it (CP; default the cache's or zeros); history_segment_ids:
+            ``[B, W-1]`` ids of the halo tokens.
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
@@ -334,10 +309,9 @@ class KimiDeltaAttention(nnx.Module):
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
-        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
-        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
-        ``use_qk_l2norm=True``, ``allow_neg_eigval``; with the clamped softplus gate (activated
-        in :meth:`project`) no gate parameter."""
+        """The layer's arguments to :func:`kda_lib.kda`: ``a_log [HV]`` (or None), ``dt_bias [HV
+        * K]``, ``lower_bound``, ``use_gate_in_kernel=True``, ``use_qk_l2norm=True``,
+        ``allow_neg_eigval``; no gate ones with the clamped softplus (applied in ``project``)."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
@@ -347,8 +321,8 @@ class KimiDeltaAttention(nnx.Module):
                     use_gate_in_kernel=True, **options)  # fmt: skip
 
     def project_output(self, x, o) -> jax.Array:
-        """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
-        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
+        """Gated RMSNorm and output projection: ``x [B, T, hidden]`` (the gate's input) and the
+        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]``."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         hv, vd = cfg.value_heads, cfg.value_dim
@@ -404,34 +378,24 @@ class KimiDeltaAttention(nnx.Module):
         """An empty cache for ``batch_size`` rows (a positive int): zero state and conv history
         (refused, naming batch_size, if it cannot fit this machine's memory)."""
         batch_size = check_int("init_cache: batch_size", batch_size)
-        shapes = self._cache_shapes(batch_size)
-        itemsize = np.dtype(self.config.dtype).itemsize
-        nbytes = 4 * math.prod(shapes.state) + sum(
-            itemsize * math.prod(s) for s in shapes[1:] if s is not None
-        )
+        shapes, itemsize = self._cache_shapes(batch_size), np.dtype(self.config.dtype).itemsize
+        nbytes = sum((4 if i == 0 else itemsize) * math.prod(s)
+                     for i, s in enumerate(shapes) if s is not None)  # fmt: skip
         check_allocation("batch_size", batch_size, "the cache (state and conv history)", nbytes)
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
         return KDACache(jnp.zeros(shapes.state, jnp.float32), *conv)
 
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
-        """Run a prompt and keep the cache at every chunk boundary (prefix caching).
-
-        Args:
-          x: ``[B, T, hidden]`` as in ``__call__`` (one document per row).
-          cache: a :class:`KDACache` to continue from (default: empty).
-
-        Returns ``(y [B, T, hidden], cache after x, boundaries)``: ``boundaries`` a
-        :class:`KDACache` with a chunk axis, ``state [B, N, HV, K, V]`` (``N = T //
-        config.chunk_size``) and conv histories ``[B, N, W-1, C]``; ``cache_at(boundaries, i)``
-        is the cache after the first ``(i + 1) * chunk_size`` tokens.
-        """
+        """Run a prompt ``x [B, T, hidden]`` (one document per row) from ``cache`` (default
+        empty), keeping the cache at every chunk boundary (prefix caching). Returns ``(y, cache
+        after x, boundaries)``: a :class:`KDACache` with an axis ``N = T // chunk_size`` after
+        B; ``cache_at(boundaries, i)`` is the cache after ``(i + 1) * chunk_size`` tokens."""
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
-        """Run a short draft of ``T`` tokens and keep the cache after every token (speculative
-        decoding). Returns ``(y [B, T, hidden], cache after x, token_caches)``:
-        ``token_caches`` a :class:`KDACache` with a token axis (``state [B, T, HV, K, V]``,
-        conv histories ``[B, T, W-1, C]``) for :meth:`accept_draft`."""
+        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token
+        (speculative decoding): ``(y, cache after x, token_caches)``, a :class:`KDACache` with a
+        token axis after B for :meth:`accept_draft`."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip
@@ -456,9 +420,8 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """:meth:`prefill` and :meth:`draft`: the forward with the kernel's ``states``
-        (``"chunk_states"`` or ``"token_states"``) and the conv histories every ``every``
-        tokens, as one stacked :class:`KDACache`."""
+        """:meth:`prefill`, :meth:`draft`: the forward with the kernel's ``states`` and the conv
+        histories every ``every`` tokens, as one stacked :class:`KDACache`."""
         self._check_inputs(x, None, cache)
         if self.mesh is not None:
             raise ValueError("prefill and draft run on one device; build the layer without a mesh")
@@ -467,9 +430,8 @@ class KimiDeltaAttention(nnx.Module):
         return y, new_cache, KDACache(getattr(result, states), *convs)
 
     def _conv_histories(self, x, cache, every: int):
-        """Per stream (q, k, v) the W-1 conv inputs before every ``every``-th token boundary,
-        ``[B, T // every, W-1, C]`` (None without convs): reprojected from ``x``, or the
-        cache's history (zeros) before the first token."""
+        """Per stream the W-1 conv inputs before every ``every``-th token boundary, ``[B, T //
+        every, W-1, C]`` (None without convs): from ``x``, or the cache's before its start."""
         cfg = self.config
         if not cfg.conv_size:
             return None, None, None
@@ -486,18 +448,16 @@ class KimiDeltaAttention(nnx.Module):
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """A layer holding the weights of an fla ``KimiDeltaAttention.state_dict()`` (fla names
-        to numpy arrays or torch tensors' ``.numpy()``; names and layouts:
-        :mod:`kda_lib.layers.checkpoints`). ``kwargs`` go to the constructor."""
+        """A layer holding an fla ``KimiDeltaAttention.state_dict()`` (names to numpy arrays;
+        :mod:`kda_lib.layers.checkpoints`); ``kwargs`` go to the constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
         return layer
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
-        """Every entry's checks, before any work: shapes and dtypes always, values (finite
-        ``x``, the segment rule) when concrete. Concrete ids are read to the host once, checked
-        and canonicalised there; :func:`kda` takes them as they are."""
+        """Every entry's checks, before any work: shapes and dtypes; finite ``x`` and the segment
+        rule when concrete (ids read to the host once, canonical; :func:`kda` takes them so)."""
         cfg = self.config
         check_array("x", x, floating=True)
         if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
@@ -535,8 +495,7 @@ class KimiDeltaAttention(nnx.Module):
         return checked
 
     def _check_segment_slots(self, batch: int, seq_len: int) -> None:
-        """Refuse a tokamax ``max_num_segments`` whose per-segment states cannot fit this
-        machine's memory (per rank's slice under CP)."""
+        """Refuse a tokamax ``max_num_segments`` whose states cannot fit this machine's memory."""
         cfg = self.config
         if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
             return
@@ -554,15 +513,11 @@ class KimiDeltaAttention(nnx.Module):
             raise ValueError(f"cache must be a KDACache, got {type(cache).__name__}; {build} (or "
                              "pass on the cache a previous call returned)")  # fmt: skip
         for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
-            if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
-                raise ValueError(f"cache.{name} must be an array, got {type(got).__name__}; "
-                                 + build)
+            if got is not None:
+                check_array(f"cache.{name}", got, floating=True)
             if (got is None) != (want is None) or (got is not None and got.shape != want):
                 raise ValueError(f"cache.{name} has shape {None if got is None else got.shape}, "
                                  f"expected {want} for batch size {batch}; {build}")  # fmt: skip
-            if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
-                raise ValueError(f"cache.{name} must be a floating-point array, got dtype "
-                                 f"{got.dtype}; {build}")  # fmt: skip
 
 
 def cache_at(caches: KDACache, index) -> KDACache:
@@ -596,10 +551,9 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
 
 
 def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
-    """The static bound on segments per row (per rank's slice when ``ranks > 1``) that tokamax
-    backends need: ``config.max_num_segments``, else counted from concrete ids (runs of one
-    id, padding runs included); None for kda_lib's kernels or without ``segment_ids``. Traced
-    ids without the config bound are refused (the only safe bound, T, would give T slots)."""
+    """Tokamax's static bound on segments per row (per rank's slice): ``max_num_segments``,
+    else the most runs of one id (padding runs too) in concrete ids; None for kda_lib's kernels
+    or without ids. Traced ids without the config bound are refused (T slots is no bound)."""
     if segment_ids is None or not needs_segment_bound(config.implementation):
         return None
     if config.max_num_segments is not None:
@@ -615,10 +569,9 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
 
 # ------------------------------------------------------------------ the context-parallel program
 def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=False, bound=None):
-    """The jitted CP forward ``(state, x, segment_ids) -> y`` over the Auto-typed ``mesh``'s
-    ``axis``: each rank projects its slice with the convs' halo from the previous ranks and runs
-    the kernel through :func:`kda_context_parallel`. ``own_cp``: the backend's own CP
-    (tokamax's), given the mesh and the segment ``bound``, without shard_map's vma check."""
+    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis``: each rank
+    projects its slice with the convs' halo and runs :func:`kda_context_parallel`; ``own_cp``:
+    tokamax's CP (given the mesh and the segment ``bound``, no vma check)."""
     mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
     width = max(cfg.conv_size - 1, 0)
 

@@ -102,7 +102,7 @@ def test_a_cache_that_is_not_a_kdacache_is_rejected():
     with pytest.raises(ValueError, match=r"cache must be a KDACache, got tuple; .*init_cache\(1\)"):
         layer(_x(), cache=plain)
     broken = layer.init_cache(1)._replace(state=np.zeros((1, 2, 4, 4)).tolist())
-    with pytest.raises(ValueError, match=r"cache.state must be an array, got list"):
+    with pytest.raises(ValueError, match=r"cache.state must be a jax or numpy array, got list"):
         layer(_x(), cache=broken)
     ints = layer.init_cache(1)._replace(state=jnp.zeros((1, 2, 4, 4), jnp.int32))
     with pytest.raises(ValueError, match=r"cache.state must be a floating-point array"):
