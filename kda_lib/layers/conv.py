@@ -80,14 +80,9 @@ def depthwise_causal_conv(
     x, kernel, *, history=None, segment_ids=None, history_segment_ids=None
 ) -> jax.Array:
     """Depthwise causal conv, no activation, every argument checked: x ``[B, T, C]``, kernel
-    ``[W, C]`` -> ``[B, T, C]`` in the promoted dtype.
-
-    Args:
-      history: ``[B, W-1, C]`` inputs just before x (decode conv state, CP halo); zeros if None.
-      segment_ids: ``[B, T]`` int, 0 = padding: taps only combine tokens of one segment.
-      history_segment_ids: ``[B, W-1]`` ids of ``history``, numbered with segment_ids
-        (default: each row's first segment).
-    """
+    ``[W, C]``, ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B,
+    T]`` (int, 0 = padding; taps stay in a segment), ``history_segment_ids [B, W-1]`` numbered
+    with them (default: each row's first segment) -> ``[B, T, C]`` in the promoted dtype."""
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)

@@ -482,7 +482,14 @@ class KimiDeltaAttention(nnx.Module):
             if is_concrete(segment_ids):  # the call's one host read of the ids
                 segment_ids = host_values(segment_ids)
             count = check_segment_ids(segment_ids, batch, seq_len)
-            self._check_segment_slots(batch, seq_len)
+            # tokamax's per-segment states (per rank's slice) must fit this machine's memory
+            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+            dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
+                        cfg.value_dim, cfg.num_heads)  # fmt: skip
+            if cfg.max_num_segments and (problem := segment_slots_problem(
+                    cfg.implementation, dims, cfg.max_num_segments,
+                    name="KDAConfig.max_num_segments")):  # fmt: skip
+                raise ValueError(problem)
             host = isinstance(segment_ids, np.ndarray)
             canonical = host_canonical_segment_ids if host else canonical_segment_ids
             checked = CheckedSegmentIds(canonical(segment_ids), count)
@@ -493,19 +500,6 @@ class KimiDeltaAttention(nnx.Module):
                 raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
                                  f"finite values in all, the first is {float(values[first])})")
         return checked
-
-    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
-        """Refuse a tokamax ``max_num_segments`` whose states cannot fit this machine's memory."""
-        cfg = self.config
-        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
-            return
-        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-        dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim, cfg.value_dim,
-                    cfg.num_heads)  # fmt: skip
-        problem = segment_slots_problem(cfg.implementation, dims, cfg.max_num_segments,
-                                        name="KDAConfig.max_num_segments")  # fmt: skip
-        if problem:
-            raise ValueError(problem)
 
     def _check_cache(self, cache: KDACache, batch: int):
         build = f"build the cache with layer.init_cache({batch})"
