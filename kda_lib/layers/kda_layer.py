@@ -227,16 +227,11 @@ class KimiDeltaAttention(nnx.Module):
     def __call__(
         self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
     ):
-        """``x [B, T, hidden]`` -> ``y [B, T, hidden]``, or ``(y, new_cache)`` with a cache.
-
-        Args:
-          x: ``[B, T, hidden]`` floating-point array (jax or numpy), B, T >= 1; outside ``jit``
-            a NaN or inf raises ValueError naming its position.
-          segment_ids: ``[B, T]`` int, 1-based, 0 = padding: packed documents never see each
-            other (neither through the conv nor through the state); padding outputs 0.
-          cache: a :class:`KDACache` from :meth:`init_cache` or a previous call; continues
-            decoding from it (one device, no segment_ids).
-        """
+        """``x [B, T, hidden]`` (floating, jax or numpy, B, T >= 1; outside ``jit`` a NaN or inf
+        raises naming its position) -> ``y [B, T, hidden]``; with a ``cache`` (a
+        :class:`KDACache` from :meth:`init_cache` or a previous call; one device, no ids)
+        ``(y, new_cache)``. ``segment_ids [B, T]`` int, 0 = padding: packed documents never see
+        each other (through the conv or the state); padding outputs 0."""
         segment_ids = self._check_inputs(x, segment_ids, cache)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids)
