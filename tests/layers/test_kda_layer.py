@@ -245,6 +245,35 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
         dataclasses.replace(cfg, max_num_segments=0)
 
 
+def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
+    """Issue 53: the layer, its three convs and kda() each read the ids (five reads); now the
+    layer reads them once and hands the host copy on (tokamax: the segment count too)."""
+    import kda_lib.ops.contract
+    from kda_lib.layers import kda_layer as layer_module
+
+    reads = []
+
+    def counting(original):
+        def host_values(x, *args):
+            if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.integer):
+                reads.append(x.shape)
+            return original(x, *args)
+
+        return host_values
+
+    for module in (kda_lib.ops.contract, layer_module):
+        monkeypatch.setattr(module, "host_values", counting(module.host_values))
+    ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2, [3] * 20], jnp.int32)
+    x = _x(seq_len=20)
+    cfg = dataclasses.replace(
+        BASE, gate_form="safe_sigmoid", lower_bound=-5.0, implementation="tokamax_xla"
+    )
+    y = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)
+    assert reads == [(2, 20)]
+    want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(_layer(lower_bound=-5.0), x, ids)
+    assert_close(y, want, atol=2e-6, rtol=1e-5)
+
+
 # ------------------------------------------------- the published models' options (issue 27)
 # each option alone on the small layer; (B)ASE has K = 16, V = 8, H = 2
 OPTIONS = {
