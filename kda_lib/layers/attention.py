@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_array, check_int, check_number, check_positive_int
+from kda_lib.checks import check_array, check_flag, check_int, check_number, check_positive_int
 from kda_lib.layers.conv import qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
@@ -35,8 +35,8 @@ def check_fields(config, **kinds: str) -> None:
                 value = check_positive_int(name, value, int(kind == "int"))
             elif kind == "eps":
                 value = check_number(name, value, positive=True)
-            elif kind == "bool" and not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
+            elif kind == "bool":
+                value = check_flag(name, value)
             elif kind == "dtype" and not _floating(value):
                 raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
             object.__setattr__(config, field, value)

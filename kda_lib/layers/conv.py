@@ -2,10 +2,9 @@
 
     y[t, c] = silu( sum_w kernel[w, c] * x[t - (W - 1) + w, c] )
 
-``kernel [W, C]``, ``kernel[W - 1]`` multiplying the current token (PyTorch ``Conv1d``'s tap
-order: :func:`kernel_from_torch`, no flip). Taps never cross a segment boundary; the ``W - 1``
-inputs before x are the decode conv state or a context-parallel rank's halo. Shifted taps, not
-``lax.conv_general_dilated``: see docs/DESIGN.md (the KDA layer).
+``kernel [W, C]``, ``kernel[W - 1]`` on the current token (PyTorch ``Conv1d``'s tap order:
+:func:`kernel_from_torch`). Taps never cross a segment boundary; the ``W - 1`` inputs before x
+are the decode conv state or a context-parallel rank's halo. Why shifted taps: docs/DESIGN.md.
 """
 
 from __future__ import annotations
@@ -24,13 +23,12 @@ def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
     """The conv, unchecked: x ``[B, T, C]``, kernel ``[W, C]``, history ``[B, W-1, C]`` (zeros
     if None), window_ids ``[B, W-1+T]`` (:func:`window_segment_ids`; None: no segments) ->
     ``[B, T, C]`` in the promoted dtype of x and kernel."""
-    width = kernel.shape[0]
-    batch, seq_len, channels = x.shape
+    width, (batch, seq_len, channels) = kernel.shape[0], x.shape
     if history is None:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
     dtype = jnp.promote_types(x.dtype, kernel.dtype)
     padded = jnp.concatenate([history.astype(x.dtype), x], axis=1).astype(dtype)
-    # under shard_map the kernel must vary over the inputs' mesh axes so that its gradient is
+    # under shard_map the kernel must vary over the inputs' mesh axes, so that its gradient is
     # summed over the ranks
     kernel = kernel.astype(dtype) + jnp.zeros_like(padded[0, :1])
     out = jnp.zeros((batch, seq_len, channels), dtype)
@@ -57,25 +55,24 @@ def window_segment_ids(segment_ids, history_segment_ids, width: int) -> jax.Arra
     return canonical_segment_ids(np.concatenate(both, axis=1))
 
 
-def _checked_window(x_shape, width, history, segment_ids, history_segment_ids):
-    """Check the optional arguments of a conv over ``x_shape``; its window ids (or None)."""
+def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=None):
+    """Check a conv's optional arguments for x of ``x_shape``; its window ids (or None)."""
     batch, seq_len, channels = x_shape
-    want = {"history": (batch, width - 1, channels), "history_segment_ids": (batch, width - 1)}
-    if history is not None and history.shape != want["history"]:
-        raise ValueError(f"history must have shape [B, W-1, C]={want['history']}, "
+    if history is not None and history.shape != (batch, width - 1, channels):
+        raise ValueError(f"history must have shape [B, W-1, C]={(batch, width - 1, channels)}, "
                          f"got {history.shape}")  # fmt: skip
     if segment_ids is None:
         return None
     check_array("segment_ids", segment_ids)
     check_segment_ids(segment_ids, batch, seq_len)
-    ids, want = history_segment_ids, want["history_segment_ids"]
+    ids = history_segment_ids
     if width == 1:
         return None
     if ids is not None:
         check_array("history_segment_ids", ids)
-        if ids.shape != want or not jnp.issubdtype(ids.dtype, jnp.integer):
+        if ids.shape != (batch, width - 1) or not jnp.issubdtype(ids.dtype, jnp.integer):
             raise ValueError(f"history_segment_ids must be an integer array of shape [B, W-1]="
-                             f"{want}, got {ids.dtype} {tuple(ids.shape)}")  # fmt: skip
+                             f"{(batch, width - 1)}, got {ids.dtype} {tuple(ids.shape)}")
     return window_segment_ids(segment_ids, ids, width)
 
 
@@ -83,14 +80,9 @@ def depthwise_causal_conv(
     x, kernel, *, history=None, segment_ids=None, history_segment_ids=None
 ) -> jax.Array:
     """Depthwise causal conv, no activation, every argument checked: x ``[B, T, C]``, kernel
-    ``[W, C]`` -> ``[B, T, C]`` in the promoted dtype.
-
-    Args:
-      history: ``[B, W-1, C]`` inputs just before x (decode conv state, CP halo); zeros if None.
-      segment_ids: ``[B, T]`` int, 0 = padding: taps only combine tokens of one segment.
-      history_segment_ids: ``[B, W-1]`` ids of ``history``, numbered with segment_ids
-        (default: each row's first segment).
-    """
+    ``[W, C]``, ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B,
+    T]`` (int, 0 = padding; taps stay in a segment), ``history_segment_ids [B, W-1]`` numbered
+    with them (default: each row's first segment) -> ``[B, T, C]`` in the promoted dtype."""
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)
@@ -115,21 +107,18 @@ class ShortConvolution(nnx.Module):
         if conv_size < 1:
             raise ValueError(f"conv_size must be >= 1, got {conv_size}")
         self.channels, self.conv_size, self.dtype = channels, conv_size, dtype
-        bound = 1.0 / np.sqrt(conv_size)
-        self.kernel = nnx.Param(
-            jax.random.uniform(rngs.params(), (conv_size, channels), param_dtype, -bound, bound)
-        )
+        bound, shape = 1.0 / np.sqrt(conv_size), (conv_size, channels)
+        key = rngs.params()
+        self.kernel = nnx.Param(jax.random.uniform(key, shape, param_dtype, -bound, bound))
 
-    def __call__(self, x, *, segment_ids=None, conv_state=None, history_segment_ids=None):
+    def __call__(self, x, *, segment_ids=None, conv_state=None):
         """x ``[B, T, C]`` -> ``(y [B, T, C], new_conv_state [B, W-1, C])``: ``conv_state`` the
-        ``W - 1`` inputs before x (zeros if None), the new one the last ``W - 1``; the other
-        arguments as in :func:`depthwise_causal_conv`, checked."""
+        ``W - 1`` inputs before x (zeros if None), the new one the last ``W - 1``;
+        ``segment_ids`` as in :func:`depthwise_causal_conv`. Every argument checked."""
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
-        window = _checked_window(
-            x.shape, self.conv_size, conv_state, segment_ids, history_segment_ids
-        )
-        return self.mix(x, conv_state, window)
+        return self.mix(x, conv_state, _checked_window(x.shape, self.conv_size, conv_state,
+                                                       segment_ids))  # fmt: skip
 
     def mix(self, x, conv_state=None, window_ids=None):
         """:meth:`__call__` on checked inputs, given the :func:`window_segment_ids`."""
@@ -146,5 +135,4 @@ def qkv_convolutions(key_channels: int, value_channels: int, conv_size: int, *, 
     """The q, k and v convolutions of a mixer, built in that order: ``key_channels`` (H K) for
     q and k, ``value_channels`` (HV V) for v."""
     conv = dict(conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    channels = (key_channels, key_channels, value_channels)
-    return tuple(ShortConvolution(c, **conv) for c in channels)
+    return tuple(ShortConvolution(c, **conv) for c in (key_channels, key_channels, value_channels))

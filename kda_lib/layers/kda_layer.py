@@ -1,6 +1,6 @@
 """KimiDeltaAttention: the KDA token mixer as a Flax NNX module, with a decode cache.
 
-Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda.py``)::
+For ``x [B, T, hidden]`` (parameter names as in fla's ``fla/layers/kda.py``)::
 
     q, k = silu(conv(q_proj(x))), silu(conv(k_proj(x)))   [B, T, H, K], L2-normalised in kda()
     v    = silu(conv(v_proj(x)))                          [B, T, HV, V]
@@ -10,9 +10,8 @@ Dataflow for ``x [B, T, hidden]`` (parameter names follow fla's ``fla/layers/kda
               use_gate_in_kernel=True)                    [B, T, HV, V]
     y    = o_proj(rmsnorm(o) * o_norm.weight * sigmoid(g_proj(x)))
 
-HV = ``num_v_heads`` (grouped value heads; default H): value head ``j`` reads q/k head
-``j // (HV // H)``. ``A_log`` and ``dt_bias`` stay float32. Options and their sources:
-docs/DESIGN.md section 2 (the KDA layer); context parallelism: section 5.
+HV = ``num_v_heads`` (default H): value head ``j`` reads q/k head ``j // (HV // H)``.
+Options: docs/DESIGN.md section 2; context parallelism: section 5.
 """
 
 from __future__ import annotations
@@ -28,11 +27,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_allocation, check_array, check_int, is_concrete, is_int, is_number
+from kda_lib.checks import check_allocation, check_array, check_int, is_concrete, is_int
+from kda_lib.layers.attention import check_fields
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
+    CheckedSegmentIds,
     check_implementation,
     kda,
     needs_segment_bound,
@@ -55,93 +56,26 @@ from kda_lib.ops.segments import canonical_segment_ids, count_segments, host_can
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
-
-
-# ------------------------------------------------------------------ KDAConfig's rules, one table
-def _int(minimum: int = 1, optional: bool = False, expected: str | None = None):
-    return lambda name, value: check_int(name, value, minimum, optional=optional, expected=expected)
-
-
-def _rule(ok, expected: str, convert=lambda value: value):
-    """A rule: ``convert(value)`` if ``ok(value)``, else "<name> must be <expected>, got ..."."""
-
-    def rule(name, value):
-        if not ok(value):
-            raise ValueError(f"{name} must be {expected}, got {value!r}")
-        return convert(value)
-
-    return rule
-
-
-def _named(check):
-    """A rule from a check whose message starts with the bare field name."""
-
-    def rule(name, value):
-        try:
-            return check(value)
-        except ValueError as error:
-            raise ValueError(f"KDAConfig.{error}") from None
-
-    return rule
-
-
-def _is_float_dtype(value) -> bool:
-    try:  # np.dtype(None) is float64
-        return value is not None and jnp.issubdtype(jnp.dtype(value), jnp.floating)
-    except TypeError:
-        return False
-
-
-def _conv_size(name, value):
-    value = check_int(name, value, 0, expected="an int >= 0 (0 disables the conv)")
-    short = (f"<= {MAX_CONV_SIZE} (a short convolution: local token mixing before the "
-             "recurrence, 4 in fla and Kimi Linear; a wide window is what the recurrence is "
-             "for)")  # fmt: skip
-    return _rule(lambda v: v <= MAX_CONV_SIZE, short)(name, value)
-
-
-_bool = _rule(lambda v: isinstance(v, (bool, np.bool_)), "a bool", bool)
-_float_dtype = _rule(_is_float_dtype, "a floating-point dtype (e.g. jnp.float32, jnp.bfloat16)")
-_positive_float = _rule(lambda v: is_number(v) and np.isfinite(v) and v > 0,
-                        "a finite float > 0", float)  # fmt: skip
-_lower_bound = _named(lambda v: check_lower_bound(v) or (None if v is None else float(v)))
-_WIDTH = _int(1, optional=True, expected="a positive int or None")
-# field -> rule(name, value) -> the value stored (numpy scalars become Python numbers); gate_form
-# (it depends on lower_bound) and the combinations follow in __post_init__
-_RULES = {
-    "hidden_size": _int(), "num_heads": _int(), "num_v_heads": _WIDTH, "head_dim": _int(),
-    "value_head_dim": _WIDTH, "conv_size": _conv_size, "fused_qkv_conv": _bool,
-    "lower_bound": _lower_bound, "use_a_log": _bool, "per_head_decay": _bool,
-    "forget_gate_rank": _WIDTH, "allow_neg_eigval": _bool, "output_gate_rank": _WIDTH,
-    "output_gate_bias": _bool, "norm_eps": _positive_float,
-    "implementation": lambda name, value: check_implementation(value, name),
-    "chunk_size": _named(check_chunk_size), "max_num_segments": _int(1, optional=True),
-    "dtype": _float_dtype, "param_dtype": _float_dtype,
-}  # fmt: skip
 # the fields the parameters grow with: a layer too large for this machine names the largest
-WIDTH_FIELDS = ("hidden_size", "num_heads", "num_v_heads", "head_dim", "value_head_dim",
-                "conv_size", "forget_gate_rank", "output_gate_rank")  # fmt: skip
+WIDTH_FIELDS = ("hidden_size num_heads num_v_heads head_dim value_head_dim conv_size "
+                "forget_gate_rank output_gate_rank").split()  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig:
-    """Hyper-parameters of :class:`KimiDeltaAttention`, keyword-only, each checked at
-    construction (ValueError naming ``KDAConfig.<field>``); building the layer refuses one
-    larger than this machine.
+    """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; a bad field raises
+    ValueError naming ``KDAConfig.<field>``).
 
-    Widths: ``hidden_size`` d, ``num_heads`` H (q/k heads), ``num_v_heads`` HV (None = H; a
-    multiple of H), ``head_dim`` K, ``value_head_dim`` V (None = K). Conv: ``conv_size`` W (4;
-    0 = none, at most 64), ``fused_qkv_conv`` one conv over ``concat(q, k, v)`` (False).
-    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` ``"softplus"``, ``"safe_sigmoid"``
-    or ``"clamped_softplus"`` (None: softplus without ``lower_bound``, else safe_sigmoid;
-    stored as a :class:`GateForm`), ``lower_bound`` None or a float in [-5, 0), ``use_a_log``
-    a learned rate ``exp(A_log)`` per value head (True; False: safe gate with A = 1),
-    ``per_head_decay`` one gate per head (False), ``forget_gate_rank`` None (full ``f_proj``)
-    or fla's low-rank pair's r. Beta and output: ``allow_neg_eigval`` beta = 2 sigmoid (False),
-    ``output_gate_rank`` as for f, ``output_gate_bias`` (True), ``norm_eps`` (1e-5). Kernel:
-    ``implementation`` ("auto"), ``chunk_size`` (64), ``max_num_segments`` the static segment
-    bound tokamax needs under ``jit`` (None: counted from concrete ids), ``dtype`` and
-    ``param_dtype`` (float32).
+    Widths: ``hidden_size`` d, ``num_heads`` H, ``num_v_heads`` HV (None = H; a multiple of
+    H), ``head_dim`` K, ``value_head_dim`` V (None = K). ``conv_size`` W (0: no conv; <= 64);
+    ``fused_qkv_conv``: one conv over ``concat(q, k, v)``. Forget gate
+    (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value (None: softplus
+    without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0),
+    ``use_a_log`` a learned rate ``exp(A_log)`` per value head (False: A = 1, the safe gate),
+    ``per_head_decay`` one gate per head, ``forget_gate_rank`` None (one ``f_proj``) or a
+    low-rank pair's r. ``allow_neg_eigval``: beta = 2 sigmoid; ``output_gate_rank`` as for f.
+    Kernel: ``implementation``, ``chunk_size``, ``max_num_segments`` tokamax's static segment
+    bound under ``jit`` (None: counted from concrete ids).
     """
 
     hidden_size: int
@@ -167,9 +101,20 @@ class KDAConfig:
     param_dtype: jnp.dtype = jnp.float32
 
     def __post_init__(self):
+        check_fields(self, int="hidden_size num_heads head_dim", int0="conv_size",
+                     width="num_v_heads value_head_dim forget_gate_rank output_gate_rank "
+                           "max_num_segments",
+                     bool="fused_qkv_conv use_a_log per_head_decay allow_neg_eigval "
+                          "output_gate_bias",
+                     eps="norm_eps", dtype="dtype param_dtype")  # fmt: skip
         set_field = functools.partial(object.__setattr__, self)  # frozen: normalise here only
-        for name, rule in _RULES.items():
-            set_field(name, rule(f"KDAConfig.{name}", getattr(self, name)))
+        try:  # checks whose messages start with the bare field name
+            check_lower_bound(self.lower_bound)
+            set_field("chunk_size", check_chunk_size(self.chunk_size))
+        except ValueError as error:
+            raise ValueError(f"KDAConfig.{error}") from None
+        set_field("lower_bound", None if self.lower_bound is None else float(self.lower_bound))
+        check_implementation(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
         for problem in self._combination_problems():
@@ -178,10 +123,11 @@ class KDAConfig:
     def _combination_problems(self):
         """Fields valid alone that cannot go together (the layer fuses every gate but the
         clamped softplus into the kernel)."""
+        if self.conv_size > MAX_CONV_SIZE:
+            yield f".conv_size must be <= {MAX_CONV_SIZE} (a short conv), got {self.conv_size}"
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
             yield (f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k "
-                   "head serves num_v_heads // num_heads value heads), got "
-                   f"{self.num_v_heads}")  # fmt: skip
+                   f"head serves num_v_heads // num_heads value heads), got {self.num_v_heads}")
         fused = self.gate_form is not GateForm.CLAMPED_SOFTPLUS
         hint = (" (set lower_bound, e.g. -5.0)" if fused else "; with gate_form="
                 "'clamped_softplus' the layer activates the gate itself, so the kernel gets a "
@@ -227,59 +173,11 @@ class KDACache(NamedTuple):
     v_conv: jax.Array | None  # [B, W-1, HV*V] (fused_qkv_conv: the same channels, split)
 
 
-def cache_at(caches: KDACache, index) -> KDACache:
-    """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
-    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: an axis N after B). ``index``: an
-    int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a row outside gets
-    NaN in every field. Resume with ``layer(x_rest, cache=cache_at(caches, i))``."""
-    if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
-        raise ValueError("caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
-                         f"layer.prefill or layer.draft), got {type(caches).__name__}")  # fmt: skip
-    return _pick(caches, index, "index")
-
-
-def _pick(caches: KDACache, index, name: str) -> KDACache:
-    """Entry ``index`` of every stacked field (see :func:`cache_at`)."""
-    batch, count = caches.state.shape[:2]
-    if is_int(index, minimum=None):
-        index = np.full(batch, index)
-    shape = getattr(index, "shape", None)
-    if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
-        got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)
-        raise ValueError(f"{name} must be an int or [B]={batch} ints, got {got}")
-    if is_concrete(index) and not ((index >= 0) & (index < count)).all():
-        raise ValueError(f"{name} must be in [0, {count - 1}], got {np.asarray(index)}")
-    inside, at = (index >= 0) & (index < count), jnp.clip(index, 0, count - 1)
-
-    def pick(c):
-        return jnp.where(inside.reshape(-1, *[1] * (c.ndim - 2)), c[jnp.arange(batch), at], jnp.nan)
-
-    return KDACache(*(None if c is None else pick(c) for c in caches))
-
-
-def _gate_projection(hidden, out, rank, *, use_bias, cfg, rngs):
-    """``nnx.Linear(hidden, out)``, or fla's low-rank pair through ``rank``."""
-    linear = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-    if rank is None:
-        return nnx.Linear(hidden, out, use_bias=use_bias, bias_metadata=NO_DECAY, **linear)
-    return nnx.Sequential(
-        nnx.Linear(hidden, rank, use_bias=False, **linear),
-        nnx.Linear(rank, out, use_bias=use_bias, bias_metadata=NO_DECAY, **linear),
-    )
-
-
 class KimiDeltaAttention(nnx.Module):
-    """KDA token mixer: ``layer(x)`` maps ``[B, T, hidden]`` to ``[B, T, hidden]``.
-
-    Args:
-      config: :class:`KDAConfig`.
-      rngs: ``nnx.Rngs`` for parameter init.
-      mesh, context_axis: run the layer context-parallel over ``mesh``'s ``context_axis``
-        ("context"); None (default) = one device.
-
-    Building refuses parameters that cannot fit this machine's memory (ValueError naming the
-    largest width field); ``nnx.eval_shape`` still gives their shapes.
-    """
+    """KDA token mixer ``[B, T, hidden] -> [B, T, hidden]`` of a :class:`KDAConfig`, initialised
+    from ``rngs``; with a ``mesh``, context-parallel over its ``context_axis`` ("context").
+    Parameters too large for this machine's memory are refused (ValueError naming the largest
+    width field); ``nnx.eval_shape`` still gives their shapes."""
 
     def __init__(
         self, config: KDAConfig, *, rngs: nnx.Rngs, mesh=None, context_axis: str = "context"
@@ -294,10 +192,10 @@ class KimiDeltaAttention(nnx.Module):
         self.mesh, self.context_axis = mesh, context_axis
         kd, vd, hv = cfg.head_dim, cfg.value_dim, cfg.value_heads
         d, qk, vc = cfg.hidden_size, cfg.num_heads * kd, hv * vd
-        linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(d, qk, **linear)
-        self.k_proj = nnx.Linear(d, qk, **linear)
-        self.v_proj = nnx.Linear(d, vc, **linear)
+        linear = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+        self.q_proj, self.k_proj, self.v_proj = (
+            nnx.Linear(d, c, use_bias=False, **linear) for c in (qk, qk, vc)
+        )
         conv = dict(conv_size=cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
         fused = bool(cfg.conv_size) and cfg.fused_qkv_conv
         self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv, rngs=rngs) if fused else None
@@ -305,39 +203,35 @@ class KimiDeltaAttention(nnx.Module):
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
             qkv_convolutions(qk, vc, **conv, rngs=rngs) if separate else (None, None, None)
         )
+
+        def gate_projection(out, rank, use_bias):  # nnx.Linear, or a low-rank pair through rank
+            last = dict(use_bias=use_bias, bias_metadata=NO_DECAY, **linear)
+            if rank is None:
+                return nnx.Linear(d, out, **last)
+            return nnx.Sequential(nnx.Linear(d, rank, use_bias=False, **linear),
+                                  nnx.Linear(rank, out, **last))  # fmt: skip
+
         gate_channels = 1 if cfg.per_head_decay else kd
-        self.f_proj = _gate_projection(
-            d, hv * gate_channels, cfg.forget_gate_rank, use_bias=False, cfg=cfg, rngs=rngs
-        )
-        self.b_proj = nnx.Linear(d, hv, **linear)
-        self.g_proj = _gate_projection(
-            d, vc, cfg.output_gate_rank, use_bias=cfg.output_gate_bias, cfg=cfg, rngs=rngs
-        )
+        self.f_proj = gate_projection(hv * gate_channels, cfg.forget_gate_rank, False)
+        self.b_proj = nnx.Linear(d, hv, use_bias=False, **linear)
+        self.g_proj = gate_projection(vc, cfg.output_gate_rank, cfg.output_gate_bias)
         # gate parameters and the norm weight are not decayed (fla marks A_log and dt_bias)
-        safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID
-        self.A_log = (  # None: A = 1, the gate has no learned rate
-            no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate))
-            if cfg.use_a_log
-            else None
-        )
+        safe_gate = cfg.gate_form is GateForm.SAFE_SIGMOID  # A_log None: A = 1, no learned rate
+        self.A_log = no_decay_param(init_a_log(rngs.params(), hv, safe_gate=safe_gate)) if (
+            cfg.use_a_log) else None  # fmt: skip
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), hv, gate_channels))
         self.o_norm = no_decay_param(jnp.ones((vd,), cfg.param_dtype))  # fla: o_norm.weight
-        self.o_proj = nnx.Linear(vc, d, **linear)
+        self.o_proj = nnx.Linear(vc, d, use_bias=False, **linear)
 
     # ----------------------------------------------------------------- forward
     def __call__(
         self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
     ):
-        """``x [B, T, hidden]`` -> ``y [B, T, hidden]``, or ``(y, new_cache)`` with a cache.
-
-        Args:
-          x: ``[B, T, hidden]`` floating-point array (jax or numpy), B, T >= 1; outside ``jit``
-            a NaN or inf raises ValueError naming its position.
-          segment_ids: ``[B, T]`` int, 1-based, 0 = padding: packed documents never see each
-            other (neither through the conv nor through the state); padding outputs 0.
-          cache: a :class:`KDACache` from :meth:`init_cache` or a previous call; continues
-            decoding from it (one device, no segment_ids).
-        """
+        """``x [B, T, hidden]`` (floating, jax or numpy, B, T >= 1; outside ``jit`` a NaN or inf
+        raises naming its position) -> ``y [B, T, hidden]``; with a ``cache`` (a
+        :class:`KDACache` from :meth:`init_cache` or a previous call; one device, no ids)
+        ``(y, new_cache)``. ``segment_ids [B, T]`` int, 0 = padding: packed documents never see
+        each other (through the conv or the state); padding outputs 0."""
         segment_ids = self._check_inputs(x, segment_ids, cache)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids)
@@ -346,21 +240,15 @@ class KimiDeltaAttention(nnx.Module):
 
     def _forward(self, x, *, segment_ids=None, cache=None, **states):
         """One-device forward of checked inputs, asking :func:`kda` for interior ``states``:
-        ``(y, new_cache or None, kda's result)``; a cache when given one or asked for states."""
+        ``(y, new_cache (with a cache or states) or None, kda's result)``."""
         cfg = self.config
-        q, k, v, f, beta, conv_states = self.project(x, segment_ids=segment_ids, cache=cache)
+        ids = None if segment_ids is None else segment_ids.ids
+        q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
         final = cache is not None or bool(states)
-        result = kda(
-            q, k, v, f, beta,
-            **self.kernel_kwargs(),
-            initial_state=None if cache is None else cache.state,
-            output_final_state=final,
-            segment_ids=segment_ids,
-            max_num_segments=max_segments_bound(segment_ids, cfg),
-            chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
-            **states,
-        )  # fmt: skip
+        result = kda(q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
+                     initial_state=None if cache is None else cache.state,
+                     segment_ids=segment_ids, max_num_segments=max_segments_bound(ids, cfg),
+                     chunk_size=cfg.chunk_size, implementation=cfg.implementation, **states)
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
@@ -371,12 +259,11 @@ class KimiDeltaAttention(nnx.Module):
     ) -> Projected:
         """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
 
-        Args:
-          segment_ids: ``[B, T]`` as in ``__call__`` (masks the convolutions; not checked).
-          cache: a :class:`KDACache` whose conv states precede ``x`` (decoding).
-          halo: a function mapping each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` inputs
-            before it (context parallelism); otherwise the cache's conv states (or zeros).
-          history_segment_ids: ``[B, W-1]`` ids of the halo tokens (context parallelism).
+        Args (not checked):
+          segment_ids: ``[B, T]`` as in ``__call__``; cache: a :class:`KDACache` whose conv
+            states precede ``x``; halo: maps each conv input ``[B, T, C]`` to the ``[B, W-1,
+            C]`` inputs before it (CP; default the cache's or zeros); history_segment_ids:
+            ``[B, W-1]`` ids of the halo tokens.
         """
         cfg = self.config
         batch, seq_len, _ = x.shape
@@ -417,10 +304,9 @@ class KimiDeltaAttention(nnx.Module):
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
-        """The layer's parameters and options for :func:`kda_lib.kda`: ``a_log [HV]`` (None
-        without ``A_log``), ``dt_bias [HV * K]``, ``lower_bound``, ``use_gate_in_kernel=True``,
-        ``use_qk_l2norm=True``, ``allow_neg_eigval``; with the clamped softplus gate (activated
-        in :meth:`project`) no gate parameter."""
+        """The layer's arguments to :func:`kda_lib.kda`: ``a_log [HV]`` (or None), ``dt_bias [HV
+        * K]``, ``lower_bound``, ``use_gate_in_kernel=True``, ``use_qk_l2norm=True``,
+        ``allow_neg_eigval``; no gate ones with the clamped softplus (applied in ``project``)."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
@@ -430,8 +316,8 @@ class KimiDeltaAttention(nnx.Module):
                     use_gate_in_kernel=True, **options)  # fmt: skip
 
     def project_output(self, x, o) -> jax.Array:
-        """Everything after the kernel: ``x [B, T, hidden]`` (for the output gate) and the
-        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]`` (gated RMSNorm, output projection)."""
+        """Gated RMSNorm and output projection: ``x [B, T, hidden]`` (the gate's input) and the
+        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]``."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         hv, vd = cfg.value_heads, cfg.value_dim
@@ -450,97 +336,28 @@ class KimiDeltaAttention(nnx.Module):
         axis, cfg, names = self.context_axis, self.config, self.mesh.axis_names
         # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
         # axis types); arrays on the user's mesh are relabelled onto it, no data moves
-        auto = (jax.sharding.AxisType.Auto,) * len(names)
-        mesh = jax.sharding.Mesh(self.mesh.devices, names, axis_types=auto)
+        mesh = jax.sharding.Mesh(self.mesh.devices, names,
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(names))
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
-        x, segment_ids = (_onto_mesh(a, mesh) for a in (x, segment_ids))
+        ids = None if segment_ids is None else segment_ids.ids
+        x, ids = (_onto_mesh(a, mesh) for a in (x, ids))
         seq_len, ranks = x.shape[1], mesh.shape[axis]
         pad = (-seq_len) % ranks
         if pad:
             x = jnp.pad(x, [(0, 0), (0, pad), (0, 0)])
-            if segment_ids is not None:  # numpy ids stay on the host
-                xp = np if isinstance(segment_ids, np.ndarray) else jnp
-                segment_ids = xp.pad(segment_ids, [(0, 0), (0, pad)])
+            if ids is not None:  # numpy ids stay on the host
+                ids = (np if isinstance(ids, np.ndarray) else jnp).pad(ids, [(0, 0), (0, pad)])
         graphdef, state = nnx.split(self)
-        key = (graphdef, axis, cfg, mesh, segment_ids is not None)
+        key = (graphdef, axis, cfg, mesh, ids is not None)
         if uses_own_context_parallel(cfg.implementation):
             # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
             # no cache key holds, so it is built for each call
-            bound = max_segments_bound(segment_ids, cfg, ranks)
+            bound = max_segments_bound(ids, cfg, ranks)
             program = _context_parallel_program(*key, own_cp=True, bound=bound)
         else:
             program = _cached_context_parallel_program(*key)
-        y = program(state, x, segment_ids)[:, :seq_len]
+        y = program(state, x, ids)[:, :seq_len]
         return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
-
-    # ----------------------------------------------------------------- checks
-    def _check_inputs(self, x, segment_ids, cache):
-        """The checks of every entry: shapes and dtypes always, values (finite ``x``, the
-        segment-id rule) when concrete. Returns the ids canonical, as numpy when concrete (the
-        call's one host read of them: the convs, the segment bound and :func:`kda` use it)."""
-        cfg = self.config
-        check_array("x", x)
-        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
-                             f"got {x.shape}")  # fmt: skip
-        batch, seq_len, _ = x.shape
-        if batch < 1 or seq_len < 1:
-            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
-            raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
-                             "layer needs at least one row and one token")  # fmt: skip
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"x must be a floating-point array, got dtype {x.dtype}")
-        if cache is not None:
-            if self.mesh is not None:
-                raise ValueError("a layer built with a mesh (context parallel) does not "
-                                 "decode; build one without a mesh for decoding")  # fmt: skip
-            if segment_ids is not None:
-                raise ValueError("segment_ids cannot be combined with a cache: decode one "
-                                 "document per row")  # fmt: skip
-            self._check_cache(cache, batch)
-        if segment_ids is not None:
-            check_array("segment_ids", segment_ids)
-            if is_concrete(segment_ids):  # read once; everything after uses the host copy
-                segment_ids = host_values(segment_ids)
-            check_segment_ids(segment_ids, batch, seq_len)
-            self._check_segment_slots(batch, seq_len)
-            host = isinstance(segment_ids, np.ndarray)
-            canonical = host_canonical_segment_ids if host else canonical_segment_ids
-            segment_ids = canonical(segment_ids)
-        if is_concrete(x):
-            _check_finite("x", x)
-        return segment_ids
-
-    def _check_segment_slots(self, batch: int, seq_len: int) -> None:
-        """Refuse a tokamax ``max_num_segments`` whose per-segment states cannot fit this
-        machine's memory (per rank's slice under CP)."""
-        cfg = self.config
-        if cfg.max_num_segments is None or not needs_segment_bound(cfg.implementation):
-            return
-        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-        local = -(-seq_len // ranks)
-        dims = Dims(batch, local, cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
-        problem = segment_slots_problem(
-            cfg.implementation, dims, cfg.max_num_segments, name="KDAConfig.max_num_segments"
-        )
-        if problem:
-            raise ValueError(problem)
-
-    def _check_cache(self, cache: KDACache, batch: int):
-        build = f"build the cache with layer.init_cache({batch})"
-        if not isinstance(cache, KDACache):
-            raise ValueError(f"cache must be a KDACache, got {type(cache).__name__}; {build} (or "
-                             "pass on the cache a previous call returned)")  # fmt: skip
-        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
-            if got is not None and not (hasattr(got, "shape") and hasattr(got, "dtype")):
-                raise ValueError(f"cache.{name} must be an array, got {type(got).__name__}; "
-                                 + build)
-            if (got is None) != (want is None) or (got is not None and got.shape != want):
-                raise ValueError(f"cache.{name} has shape {None if got is None else got.shape}, "
-                                 f"expected {want} for batch size {batch}; {build}")  # fmt: skip
-            if got is not None and not jnp.issubdtype(got.dtype, jnp.floating):
-                raise ValueError(f"cache.{name} must be a floating-point array, got dtype "
-                                 f"{got.dtype}; {build}")  # fmt: skip
 
     # ----------------------------------------------------------------- decoding
     def _cache_shapes(self, batch_size: int) -> KDACache:
@@ -550,42 +367,30 @@ class KimiDeltaAttention(nnx.Module):
         state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
         if not cfg.conv_size:
             return KDACache(state, None, None, None)
-        width = cfg.conv_size - 1
-        return KDACache(state, *((batch_size, width, c) for c in (qk, qk, vc)))
+        return KDACache(state, *((batch_size, cfg.conv_size - 1, c) for c in (qk, qk, vc)))
 
     def init_cache(self, batch_size: int) -> KDACache:
         """An empty cache for ``batch_size`` rows (a positive int): zero state and conv history
         (refused, naming batch_size, if it cannot fit this machine's memory)."""
         batch_size = check_int("init_cache: batch_size", batch_size)
-        shapes = self._cache_shapes(batch_size)
-        itemsize = np.dtype(self.config.dtype).itemsize
-        nbytes = 4 * math.prod(shapes.state) + sum(
-            itemsize * math.prod(s) for s in shapes[1:] if s is not None
-        )
+        shapes, itemsize = self._cache_shapes(batch_size), np.dtype(self.config.dtype).itemsize
+        nbytes = sum((4 if i == 0 else itemsize) * math.prod(s)
+                     for i, s in enumerate(shapes) if s is not None)  # fmt: skip
         check_allocation("batch_size", batch_size, "the cache (state and conv history)", nbytes)
         conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
         return KDACache(jnp.zeros(shapes.state, jnp.float32), *conv)
 
-    # ------------------------------------------------ prefix caching, speculative decoding
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
-        """Run a prompt and keep the cache at every chunk boundary (prefix caching).
-
-        Args:
-          x: ``[B, T, hidden]`` as in ``__call__`` (one document per row).
-          cache: a :class:`KDACache` to continue from (default: empty).
-
-        Returns ``(y [B, T, hidden], cache after x, boundaries)``: ``boundaries`` a
-        :class:`KDACache` with a chunk axis, ``state [B, N, HV, K, V]`` (``N = T //
-        config.chunk_size``) and conv histories ``[B, N, W-1, C]``; ``cache_at(boundaries, i)``
-        is the cache after the first ``(i + 1) * chunk_size`` tokens.
-        """
+        """Run a prompt ``x [B, T, hidden]`` (one document per row) from ``cache`` (default
+        empty), keeping the cache at every chunk boundary (prefix caching). Returns ``(y, cache
+        after x, boundaries)``: a :class:`KDACache` with an axis ``N = T // chunk_size`` after
+        B; ``cache_at(boundaries, i)`` is the cache after ``(i + 1) * chunk_size`` tokens."""
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
-        """Run a short draft of ``T`` tokens and keep the cache after every token (speculative
-        decoding). Returns ``(y [B, T, hidden], cache after x, token_caches)``:
-        ``token_caches`` a :class:`KDACache` with a token axis (``state [B, T, HV, K, V]``,
-        conv histories ``[B, T, W-1, C]``) for :meth:`accept_draft`."""
+        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token
+        (speculative decoding): ``(y, cache after x, token_caches)``, a :class:`KDACache` with a
+        token axis after B for :meth:`accept_draft`."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip
@@ -610,9 +415,8 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """:meth:`prefill` and :meth:`draft`: the forward with the kernel's ``states``
-        (``"chunk_states"`` or ``"token_states"``) and the conv histories every ``every``
-        tokens, as one stacked :class:`KDACache`."""
+        """:meth:`prefill`, :meth:`draft`: the forward with the kernel's ``states`` and the conv
+        histories every ``every`` tokens, as one stacked :class:`KDACache`."""
         self._check_inputs(x, None, cache)
         if self.mesh is not None:
             raise ValueError("prefill and draft run on one device; build the layer without a mesh")
@@ -621,9 +425,8 @@ class KimiDeltaAttention(nnx.Module):
         return y, new_cache, KDACache(getattr(result, states), *convs)
 
     def _conv_histories(self, x, cache, every: int):
-        """Per stream (q, k, v) the W-1 conv inputs before every ``every``-th token boundary,
-        ``[B, T // every, W-1, C]`` (None without convs): reprojected from ``x``, or the
-        cache's history (zeros) before the first token."""
+        """Per stream the W-1 conv inputs before every ``every``-th token boundary, ``[B, T //
+        every, W-1, C]`` (None without convs): from ``x``, or the cache's before its start."""
         cfg = self.config
         if not cfg.conv_size:
             return None, None, None
@@ -638,32 +441,126 @@ class KimiDeltaAttention(nnx.Module):
             out.append(jnp.where((pos < 0)[None, :, :, None], before, proj(picked)))
         return tuple(out)
 
-    # ----------------------------------------------------------------- fla checkpoints
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """A layer holding the weights of an fla ``KimiDeltaAttention.state_dict()`` (fla names
-        to numpy arrays or torch tensors' ``.numpy()``; names and layouts:
-        :mod:`kda_lib.layers.checkpoints`). ``kwargs`` go to the constructor."""
+        """A layer holding an fla ``KimiDeltaAttention.state_dict()`` (names to numpy arrays;
+        :mod:`kda_lib.layers.checkpoints`); ``kwargs`` go to the constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
         return layer
 
+    # ----------------------------------------------------------------- checks
+    def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
+        """Every entry's checks, before any work: shapes and dtypes; finite ``x`` and the segment
+        rule when concrete (ids read to the host once, canonical; :func:`kda` takes them so)."""
+        cfg = self.config
+        check_array("x", x, floating=True)
+        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
+                             f"got {x.shape}")  # fmt: skip
+        batch, seq_len, _ = x.shape
+        if batch < 1 or seq_len < 1:
+            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
+            raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
+                             "layer needs at least one row and one token")  # fmt: skip
+        if cache is not None:
+            if self.mesh is not None:
+                raise ValueError("a layer built with a mesh (context parallel) does not "
+                                 "decode; build one without a mesh for decoding")  # fmt: skip
+            if segment_ids is not None:
+                raise ValueError("segment_ids cannot be combined with a cache: decode one "
+                                 "document per row")  # fmt: skip
+            self._check_cache(cache, batch)
+        checked = None
+        if segment_ids is not None:
+            check_array("segment_ids", segment_ids)
+            if is_concrete(segment_ids):  # the call's one host read of the ids
+                segment_ids = host_values(segment_ids)
+            count = check_segment_ids(segment_ids, batch, seq_len)
+            # tokamax's per-segment states (per rank's slice) must fit this machine's memory
+            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+            dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
+                        cfg.value_dim, cfg.num_heads)  # fmt: skip
+            if cfg.max_num_segments and (problem := segment_slots_problem(
+                    cfg.implementation, dims, cfg.max_num_segments,
+                    name="KDAConfig.max_num_segments")):  # fmt: skip
+                raise ValueError(problem)
+            host = isinstance(segment_ids, np.ndarray)
+            canonical = host_canonical_segment_ids if host else canonical_segment_ids
+            checked = CheckedSegmentIds(canonical(segment_ids), count)
+        if is_concrete(x):
+            bad = ~np.isfinite(values := np.asarray(x))
+            if bad.any():
+                first = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
+                                 f"finite values in all, the first is {float(values[first])})")
+        return checked
 
-def _check_finite(name: str, x) -> None:
-    """ValueError naming ``name`` and the first position if concrete ``x`` is not finite."""
-    values = np.asarray(x)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name} contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
-                         f"finite values in all, the first is {float(values[first])})")  # fmt: skip
+    def _check_cache(self, cache: KDACache, batch: int):
+        build = f"build the cache with layer.init_cache({batch})"
+        if not isinstance(cache, KDACache):
+            raise ValueError(f"cache must be a KDACache, got {type(cache).__name__}; {build} (or "
+                             "pass on the cache a previous call returned)")  # fmt: skip
+        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
+            if got is not None:
+                check_array(f"cache.{name}", got, floating=True)
+            if (got is None) != (want is None) or (got is not None and got.shape != want):
+                raise ValueError(f"cache.{name} has shape {None if got is None else got.shape}, "
+                                 f"expected {want} for batch size {batch}; {build}")  # fmt: skip
 
 
+def cache_at(caches: KDACache, index) -> KDACache:
+    """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
+    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: an axis N after B). ``index``: an
+    int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a row outside gets
+    NaN in every field. Resume with ``layer(x_rest, cache=cache_at(caches, i))``."""
+    if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
+        raise ValueError("caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
+                         f"layer.prefill or layer.draft), got {type(caches).__name__}")  # fmt: skip
+    return _pick(caches, index, "index")
+
+
+def _pick(caches: KDACache, index, name: str) -> KDACache:
+    """Entry ``index`` of every stacked field (see :func:`cache_at`)."""
+    batch, count = caches.state.shape[:2]
+    if is_int(index, minimum=None):
+        index = np.full(batch, index)
+    shape = getattr(index, "shape", None)
+    if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
+        got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)
+        raise ValueError(f"{name} must be an int or [B]={batch} ints, got {got}")
+    if is_concrete(index) and not ((index >= 0) & (index < count)).all():
+        raise ValueError(f"{name} must be in [0, {count - 1}], got {np.asarray(index)}")
+    inside, at = (index >= 0) & (index < count), jnp.clip(index, 0, count - 1)
+
+    def pick(c):
+        return jnp.where(inside.reshape(-1, *[1] * (c.ndim - 2)), c[jnp.arange(batch), at], jnp.nan)
+
+    return KDACache(*(None if c is None else pick(c) for c in caches))
+
+
+def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
+    """Tokamax's static bound on segments per row (per rank's slice): ``max_num_segments``,
+    else the most runs of one id (padding runs too) in concrete ids; None for kda_lib's kernels
+    or without ids. Traced ids without the config bound are refused (T slots is no bound)."""
+    if segment_ids is None or not needs_segment_bound(config.implementation):
+        return None
+    if config.max_num_segments is not None:
+        return config.max_num_segments
+    if isinstance(segment_ids, jax.core.Tracer):
+        raise ValueError(
+            f"implementation={config.implementation!r} with segment_ids under jit needs "
+            f"KDAConfig.max_num_segments, a static bound on the segments in one row"
+            f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
+        )
+    return count_segments(segment_ids, ranks)
+
+
+# ------------------------------------------------------------------ the context-parallel program
 def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=False, bound=None):
-    """The jitted CP forward ``(state, x, segment_ids) -> y`` over the Auto-typed ``mesh``'s
-    ``axis``: each rank projects its slice with the convs' halo from the previous ranks and runs
-    the kernel through :func:`kda_context_parallel`. ``own_cp``: the backend's own CP
-    (tokamax's), given the mesh and the segment ``bound``, without shard_map's vma check."""
+    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis``: each rank
+    projects its slice with the convs' halo and runs :func:`kda_context_parallel`; ``own_cp``:
+    tokamax's CP (given the mesh and the segment ``bound``, no vma check)."""
     mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
     width = max(cfg.conv_size - 1, 0)
 
@@ -706,21 +603,3 @@ def _onto_mesh(array, mesh):
     if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh != mesh:
         return jax.device_put(array, jax.sharding.NamedSharding(mesh, sharding.spec))
     return array
-
-
-def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
-    """The static bound on segments per row (per rank's slice when ``ranks > 1``) that tokamax
-    backends need: ``config.max_num_segments``, else counted from concrete ids (runs of one
-    id, padding runs included); None for kda_lib's kernels or without ``segment_ids``. Traced
-    ids without the config bound are refused (the only safe bound, T, would give T slots)."""
-    if segment_ids is None or not needs_segment_bound(config.implementation):
-        return None
-    if config.max_num_segments is not None:
-        return config.max_num_segments
-    if isinstance(segment_ids, jax.core.Tracer):
-        raise ValueError(
-            f"implementation={config.implementation!r} with segment_ids under jit needs "
-            f"KDAConfig.max_num_segments, a static bound on the segments in one row"
-            f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
-        )
-    return count_segments(segment_ids, ranks)

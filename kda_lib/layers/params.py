@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kda_lib.checks import check_allocation
+from kda_lib.checks import check_allocation, is_int
 
 # Variable metadata of a parameter AdamW must not decay
 NO_DECAY = MappingProxyType({"weight_decay": False})
@@ -31,16 +31,12 @@ def no_decay_param(value: jax.Array) -> nnx.Param:
     return nnx.Param(value, **NO_DECAY)
 
 
-def decays(variable: nnx.Variable) -> bool:
-    """Does AdamW decay this parameter? True unless it was created with :data:`NO_DECAY`."""
-    return bool(variable.get_metadata().get("weight_decay", True))
-
-
 def weight_decay_mask(module: nnx.Module):
-    """Pytree of bools over ``nnx.state(module, nnx.Param)``: each parameter's mark (any module
-    holding kda_lib's layers)."""
-    params = nnx.state(module, nnx.Param)
-    return jax.tree.map(decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    """Pytree of bools over ``nnx.state(module, nnx.Param)``: True where AdamW decays the
+    parameter (every one not created with :data:`NO_DECAY`)."""
+    return jax.tree.map(lambda v: bool(v.get_metadata().get("weight_decay", True)),
+                        nnx.state(module, nnx.Param),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip
 
 
 def parameter_count(module: nnx.Module) -> int:
@@ -48,15 +44,11 @@ def parameter_count(module: nnx.Module) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
-def parameter_bytes(module) -> int:
-    """Bytes of ``module``'s parameters (real or ``nnx.eval_shape`` shapes)."""
-    leaves = jax.tree.leaves(nnx.state(module, nnx.Param))
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in leaves)
-
-
 @functools.lru_cache(maxsize=64)  # one eval_shape per recent (layer class, config)
 def _config_bytes(make, config) -> int:
-    return parameter_bytes(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))))
+    """Bytes of the parameters of ``make(config, ...)``, from ``nnx.eval_shape`` shapes."""
+    shapes = nnx.state(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nnx.Param)
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes))
 
 
 def check_parameters_fit(
@@ -68,10 +60,9 @@ def check_parameters_fit(
     under a trace (``nnx.eval_shape``, ``jit``), so a too-large layer can still be inspected."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
-    names = fields or [f.name for f in dataclasses.fields(config)]
-    sizes = {name: getattr(config, name) for name in names}
-    sizes = {k: v for k, v in sizes.items() if isinstance(v, int) and not isinstance(v, bool)}
-    name = max(sizes, key=sizes.get)
-    nbytes = _config_bytes(make, config)
+    sizes = {name: getattr(config, name) for name in fields or
+             [f.name for f in dataclasses.fields(config)]}  # fmt: skip
+    name = max((n for n, v in sizes.items() if is_int(v, None)), key=sizes.get)
     what = f"the parameters of {what or make.__name__}"
+    nbytes = _config_bytes(make, config)
     check_allocation(f"{type(config).__name__}.{name}", sizes[name], what, nbytes)

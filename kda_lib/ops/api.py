@@ -392,6 +392,14 @@ def _required(implementation: str) -> Implementation:
 # ------------------------------------------------------------------ one check per call
 
 
+class CheckedSegmentIds(NamedTuple):
+    """Segment ids ``[B, T]`` a caller ran :func:`check_segment_ids` on (the KDA layer, at its
+    entry) with the count it returned; :func:`kda` takes them without checking again."""
+
+    ids: jax.Array
+    segments_per_row: int | None
+
+
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
     """Validate a :func:`kda` call once (arguments as there) and pick its implementation,
     before any work; then the arrays, segment ids canonicalised, padding zeroed."""
@@ -404,7 +412,9 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
     else:
         dims = check_kda_inputs(q, k, v, g, beta, lower_bound=kw["lower_bound"], **common)
     segments_per_row = None
-    if kw["segment_ids"] is not None:
+    if isinstance(kw["segment_ids"], CheckedSegmentIds):  # the KDA layer checked them
+        kw["segment_ids"], segments_per_row = kw["segment_ids"]
+    elif kw["segment_ids"] is not None:
         check_array("segment_ids", kw["segment_ids"])
         segments_per_row = check_segment_ids(kw["segment_ids"], dims.batch, dims.seq_len)
     options = _options(kw, dims, q.dtype, fused_gate, segments_per_row)

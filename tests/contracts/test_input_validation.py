@@ -39,17 +39,17 @@ def _x(batch=1, seq_len=4):
         ("chunk_size", 48, "KDAConfig.chunk_size must be a power of two in [1, 4096], got 48"),
         ("chunk_size", 0, "KDAConfig.chunk_size must be a power of two in [1, 4096], got 0"),
         ("chunk_size", 64.0, "KDAConfig.chunk_size must be a power of two in [1, 4096], got 64.0"),
-        ("hidden_size", True, "KDAConfig.hidden_size must be a positive int, got True"),
-        ("num_heads", 2.0, "KDAConfig.num_heads must be a positive int, got 2.0"),
-        ("value_head_dim", 0, "KDAConfig.value_head_dim must be a positive int or None"),
+        ("hidden_size", True, "KDAConfig.hidden_size must be an int >= 1, got True"),
+        ("num_heads", 2.0, "KDAConfig.num_heads must be an int >= 1, got 2.0"),
+        ("value_head_dim", 0, "KDAConfig.value_head_dim must be None or a positive int"),
         ("conv_size", -1, "KDAConfig.conv_size must be an int >= 0"),
-        ("forget_gate_rank", "4", "KDAConfig.forget_gate_rank must be a positive int or None"),
-        ("output_gate_rank", 0, "KDAConfig.output_gate_rank must be a positive int or None"),
+        ("forget_gate_rank", "4", "KDAConfig.forget_gate_rank must be None or a positive int"),
+        ("output_gate_rank", 0, "KDAConfig.output_gate_rank must be None or a positive int"),
         ("gate_form", "sigmoid", "KDAConfig.gate_form must be one of ('softplus', "),
         ("gate_form", "safe_sigmoid", "KDAConfig.gate_form='safe_sigmoid' does not fit"),
         ("fused_qkv_conv", 1, "KDAConfig.fused_qkv_conv must be a bool"),
-        ("norm_eps", "1e-5", "KDAConfig.norm_eps must be a finite float > 0"),
-        ("norm_eps", float("nan"), "KDAConfig.norm_eps must be a finite float > 0"),
+        ("norm_eps", "1e-5", "KDAConfig.norm_eps must be a finite number > 0"),
+        ("norm_eps", float("nan"), "KDAConfig.norm_eps must be a finite number > 0"),
         ("allow_neg_eigval", "no", "KDAConfig.allow_neg_eigval must be a bool"),
         ("per_head_decay", 1, "KDAConfig.per_head_decay must be a bool"),
         ("implementation", "cuda", "KDAConfig.implementation must be 'auto' or one of"),
@@ -102,7 +102,7 @@ def test_a_cache_that_is_not_a_kdacache_is_rejected():
     with pytest.raises(ValueError, match=r"cache must be a KDACache, got tuple; .*init_cache\(1\)"):
         layer(_x(), cache=plain)
     broken = layer.init_cache(1)._replace(state=np.zeros((1, 2, 4, 4)).tolist())
-    with pytest.raises(ValueError, match=r"cache.state must be an array, got list"):
+    with pytest.raises(ValueError, match=r"cache.state must be a jax or numpy array, got list"):
         layer(_x(), cache=broken)
     ints = layer.init_cache(1)._replace(state=jnp.zeros((1, 2, 4, 4), jnp.int32))
     with pytest.raises(ValueError, match=r"cache.state must be a floating-point array"):
@@ -279,12 +279,12 @@ def test_score_text_checks_ids_and_windows():
     ("changes", "message"),
     [
         # the mixer's fields live in its KDAConfig, which names them
-        (dict(norm_eps=-1.0), "KDAConfig.norm_eps must be a finite float > 0, got -1.0"),
-        (dict(norm_eps=float("nan")), "KDAConfig.norm_eps must be a finite float > 0"),
-        (dict(norm_eps=True), "KDAConfig.norm_eps must be a finite float > 0, got True"),
+        (dict(norm_eps=-1.0), "KDAConfig.norm_eps must be a finite number > 0, got -1.0"),
+        (dict(norm_eps=float("nan")), "KDAConfig.norm_eps must be a finite number > 0"),
+        (dict(norm_eps=True), "KDAConfig.norm_eps must be a finite number > 0, got True"),
         (dict(vocab_size=True), "ModelConfig.vocab_size must be an int >= 1, got True"),
         (dict(num_layers=True), "ModelConfig.num_layers must be an int >= 1, got True"),
-        (dict(hidden_size=8.0), "KDAConfig.hidden_size must be a positive int, got 8.0"),
+        (dict(hidden_size=8.0), "KDAConfig.hidden_size must be an int >= 1, got 8.0"),
         (dict(mixer=["kda"]), "ModelConfig.mixer must be one of"),
         (dict(layers=("kda", ["attention"])), "ModelConfig.layers names unknown mixers"),
     ],

@@ -8,6 +8,7 @@ beta, the segment count); the ids canonicalised twice on the scan's path; paddin
 """
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -113,3 +114,40 @@ def test_a_new_segment_count_compiles_nothing_new_for_kda_libs_forms(implementat
             jax.block_until_ready(o)
     compiled = [r.getMessage() for r in caplog.records if "Finished XLA compilation" in r.message]
     assert not [m for m in compiled if "_compiled" in m], compiled
+
+
+def test_one_eager_layer_call_reads_and_checks_the_segment_ids_once(monkeypatch):
+    """Issue 53: the layer, its three convs and kda() each read the ids (five reads), then the
+    layer read them once and kda() ran the segment rule on that copy again; now the layer reads
+    and checks them once, at its entry, and kda() takes them as checked (tokamax: the count)."""
+    from flax import nnx
+
+    from kda_lib import KDAConfig, KimiDeltaAttention
+    from kda_lib.layers import kda_layer
+
+    reads, rules = [], []
+
+    def counting(original, seen):
+        def host_values(x, *args):
+            if jnp.issubdtype(x.dtype, jnp.integer):
+                seen.append(("device" if isinstance(x, jax.Array) else "host", x.shape))
+            return original(x, *args)
+
+        return host_values
+
+    # the layer's own read, and the one check_segment_ids makes each time it runs the rule
+    monkeypatch.setattr(kda_layer, "host_values", counting(kda_layer.host_values, reads))
+    contract = kda_lib.ops.contract
+    monkeypatch.setattr(contract, "host_values", counting(contract.host_values, rules))
+    ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2, [3] * 20], jnp.int32)
+    x = jax.random.normal(jax.random.key(0), (2, 20, 32))
+    config = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8,
+                       lower_bound=-5.0, implementation="tokamax_xla")  # fmt: skip
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+    y = layer(x, segment_ids=ids)
+    assert reads == [("device", (2, 20))], reads  # one read from the device
+    assert rules == [("host", (2, 20))], rules  # the rule once, on the host copy
+    oracle = dataclasses.replace(config, implementation="recurrent")
+    nnx.update(want_layer := KimiDeltaAttention(oracle, rngs=nnx.Rngs(1)), nnx.state(layer))
+    want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(want_layer, x, ids)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-6, rtol=1e-5)

@@ -80,7 +80,7 @@ def test_pattern_is_tiled_and_validated():
         (dict(layers=("kda", "nope")), r"layers names unknown mixers \['nope'\]"),
         (dict(layers="kda"), "layers must be a tuple of mixer names"),
         (dict(num_layers=3, layers=("kda", "attention")), "num_layers=3 is not a multiple"),
-        (dict(rope=1), "rope must be True or False"),
+        (dict(rope=1), "rope must be a bool"),
         (dict(mlp_width=0), "mlp_width must be None or a positive int"),
     ]
     for changes, message in bad:
