@@ -86,14 +86,13 @@ def _np(batch: TaskBatch, *, zero_outside_mask: bool = True):
 
 def _assert_jit_and_key(task, batch, seq_len):
     """Same key -> same batch, eager or under jit; another key -> another batch."""
-    jitted = jax.jit(task, static_argnums=(1, 2))  # compiled once, called three times
     a = task(jax.random.key(11), batch, seq_len)
-    b = jitted(jax.random.key(11), batch, seq_len)
-    again = jitted(jax.random.key(11), batch, seq_len)
+    b = jax.jit(task, static_argnums=(1, 2))(jax.random.key(11), batch, seq_len)
+    again = task(jax.random.key(11), batch, seq_len)
     for x, y, z in zip(a, b, again, strict=True):
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)
-    c = jitted(jax.random.key(12), batch, seq_len)
+    c = task(jax.random.key(12), batch, seq_len)
     assert not np.array_equal(a.inputs, c.inputs)
     return a
 
