@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import pytest
 
 from kda_lib.lab import at_scale
@@ -60,9 +61,10 @@ def test_decode_bytes_are_a_lower_bound_of_xla(compiled_rows):
             assert 1.0 <= row["xla_bytes"] / row["formula_bytes"] <= 2.5, name
 
 
-def test_a_wrong_formula_fails():
+@COMPILED
+def test_a_wrong_formula_fails(compiled_rows):
     """Mutation: the MLA decode step without its value half, or the KDA kernel at C/2."""
-    rows = at_scale.program_costs(SMALL, seq_len=64, context=256, compile=False)
+    rows = compiled_rows  # the traced programs, not traced again
     row = rows["MLA decode step"]
     m = SMALL.mla
     wrong = row["formula_matmul"] - 2 * m.num_heads * 256 * m.kv_lora_rank
@@ -74,6 +76,9 @@ def test_a_wrong_formula_fails():
     assert 64 * at_scale.kda_kernel_flops_per_token(SMALL, 64) == (
         kda["traced_matmul"] - 64 * 2 * at_scale.kda_matmul_params(SMALL)
     )
+    # compile=False: the lowered program's count, without compiling it
+    lowered = at_scale.compiled_cost(lambda a: a @ a, jnp.ones((4, 4)), compile=False)
+    assert lowered["flops"] >= 2 * 4 * 4 * 4
 
 
 def test_parameter_formulas_match_the_built_kimi_linear_layers():
