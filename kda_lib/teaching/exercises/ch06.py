@@ -128,6 +128,6 @@ def periodic_clearing(answer, **_):
         first_only = [t for t in range(max(delay, period), seq_len)
                       if t - delay < period - (conv_size - 1)]
         if got == first_only:
-            return f"wrong for {case}: only the first clearing counted; which one matters at t?"
+            return f"wrong for {case}: only the first clearing counted; which matters at t?"
         return f"wrong for {case}: after the last clearing before t, which tokens still have a path?"
     return None
