@@ -129,5 +129,5 @@ def periodic_clearing(answer, **_):
                       if t - delay < period - (conv_size - 1)]
         if got == first_only:
             return f"wrong for {case}: only the first clearing counted; which matters at t?"
-        return f"wrong for {case}: after the last clearing before t, which tokens still have a path?"
+        return f"wrong for {case}: after the last clearing before t, which tokens keep a path?"
     return None
