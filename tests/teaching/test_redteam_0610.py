@@ -121,10 +121,10 @@ def _library_attacks():
             return fn(*args)
         return wrapped
 
-    def measured_cache(b, h, k, v, w):  # build the layer and measure: the library does it
+    def measured_cache(b, h, hv, k, v, w, cb):  # build the layer and measure: the library does it
         from flax import nnx
 
-        config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, head_dim=k,
+        config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, num_v_heads=hv, head_dim=k,
                                    value_head_dim=v, conv_size=w)
         layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
         return sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(b)))
@@ -209,6 +209,19 @@ def _rule_breakers():
         y, _ = layer(x, cache=layer.init_cache(x.shape[0]))
         return y[:, split:]
 
+    def closure_cheat(layer, x, split):  # the real layer, from the watcher's closure
+        cells = type(layer).__call__.__closure__ or ()
+        real = next(c.cell_contents for c in cells
+                    if isinstance(c.cell_contents, kda_lib.KimiDeltaAttention))
+        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))  # calls for show
+        layer(x[:, 1:2], cache=cache)
+        return np.asarray(real(x))[:, split:]
+
+    def wrong_split(layer, x, split):  # resumes, but not at split; the rest from the real layer
+        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))
+        y, _ = layer(x[:, 1:], cache=cache)
+        return np.asarray(y)[:, split - 1:]
+
     def fresh_second_call(layer, x, split):  # the second piece without the first's cache
         layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
         y, _ = layer(x[:, split:], cache=layer.init_cache(x.shape[0]))
@@ -238,16 +251,30 @@ def _rule_breakers():
             last - o for o in sorted({sum(j * d for j, d in zip(js, dil, strict=True))
                                       for js in __import__("itertools").product(
                                           *(range(w) for w in widths))})]),
-        ("07.1", "the states alone", lambda b, h, k, v, w: 4 * b * h * k * v),
-        ("07.1", "w - 1 rows with no conv",
-         lambda b, h, k, v, w: 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))),
+        ("07.1", "the states alone", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v),
+        ("07.1", "w - 1 rows with no conv", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
+         + cb * b * (w - 1) * (2 * h * k + hv * v)),
+        ("07.1", "section 3's layout (the page): HV = H, float32 conv",
+         lambda b, h, hv, k, v, w, cb: 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))),
+        ("07.1", "states of H heads", lambda b, h, hv, k, v, w, cb: 4 * b * h * k * v
+         + cb * b * max(w - 1, 0) * (2 * h * k + hv * v)),
+        ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
+         + cb * b * max(w - 1, 0) * h * (2 * k + v)),
         ("07.2", "the whole prompt sliced", whole_prompt),
         ("07.2", "a fresh cache for the second call", fresh_second_call),
         ("07.2", "the watched layer's own layer (review 2026-12-04)",
          lambda layer, x, split: np.asarray(layer.layer(x))[:, split:]),
+        ("07.2", "calls for show, the real layer's full pass returned", closure_cheat),
+        ("07.2", "a one-token first piece, resumed at 1", wrong_split),
         ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
         ("07.3", "the state read only",
-         lambda h, k, v, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+         lambda h, k, v, w, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+        ("07.3", "section 5's T*_step (the page)",
+         lambda h, k, v, w, n, bs, bc: math.ceil(2 * h * k * v * bs / (n * bc))),
+        ("07.3", "the conv histories read only", lambda h, k, v, w, n, bs, bc: max(1, math.ceil(
+            (2 * h * k * v + max(w - 1, 0) * h * (2 * k + v)) * bs / (n * bc)) - 2)),
+        ("07.3", "no new entry", lambda h, k, v, w, n, bs, bc: math.ceil(
+            2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v)) / (n * bc))),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("08.3", "zero", lambda *a: 0),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
@@ -327,8 +354,11 @@ def _alternatives():
         p = t // period * period
         return t[(p > 0) & (t - delay < p - conv_size + 1)][::-1]
 
-    def cache_numpy(b, h, k, v, w):
-        return np.int64(4) * (b * h * k * v + b * np.maximum(w - 1, 0) * h * (2 * k + v))
+    def cache_numpy(b, h, hv, k, v, w, cb):
+        return np.int64(4) * b * hv * k * v + cb * b * np.maximum(w - 1, 0) * (2 * h * k + hv * v)
+
+    def cache_float(b, h, hv, k, v, w, cb):  # a float number of bytes (review: 8192.0 refused)
+        return 4.0 * b * hv * k * v + cb * b * max(w - 1, 0) * (2.0 * h * k + hv * v)
 
     def three_calls(layer, x, split):  # the first piece in two calls: still two pieces' worth
         first = max(split // 2, 1) if split > 1 else split
@@ -343,8 +373,12 @@ def _alternatives():
         y, _ = layer(x[:, split:], cache=jax.tree.map(jnp.array, cache))
         return np.asarray(y)
 
-    def t_star_int(h, k, v, n, bs, bc):
-        return -(-2 * h * k * v * bs // (n * bc))
+    def t_star_int(h, k, v, w, n, bs, bc):  # search T upward in integers
+        kda = 2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v))
+        t = 1
+        while (t + 2) * n * bc < kda:
+            t += 1
+        return t
 
     def mqar_loop(v):
         values = [t for t in range(1, v) if t > (v - 1) // 2]
@@ -407,6 +441,7 @@ def _alternatives():
         ("06.2", "a set grown layer by layer, numpy out", positions_loop, {}),
         ("06.3", "numpy, reversed", lost_numpy, {}),
         ("07.1", "numpy int64", cache_numpy, {}),
+        ("07.1", "a float", cache_float, {}),
         ("07.2", "three calls", three_calls, {}),
         ("07.2", "a copied cache", copied_cache, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
