@@ -33,7 +33,7 @@ SOLUTIONS = ROOT / "notebooks" / "solutions"
 EXERCISES = {
     "00.1": ("00_quickstart", 6),
     "00.2": ("00_quickstart", 6),
-    "01.1": ("01_delta_rule", 2),
+    "01.1": ("01_delta_rule", 3),
     "01.2": ("01_delta_rule", 4),
     "02.1": ("02_gating_and_decay", 1),
     "02.2": ("02_gating_and_decay", 3),
