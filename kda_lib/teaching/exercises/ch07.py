@@ -1,4 +1,5 @@
-"""Checkers of notebook 07's exercises (any layer's cache, a two-piece prefill, the crossover)."""
+"""Checkers of notebook 07's exercises (a grouped-value-head cache, a two-piece prefill, the
+crossover with everything counted)."""
 
 from __future__ import annotations
 
