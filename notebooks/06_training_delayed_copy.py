@@ -328,7 +328,7 @@ ax.axvspan(p - config.conv_reach - 0.5, p - 0.5, color="0.88",
            label="reachable through the kept conv histories")
 ax.axvline(p - halo - 0.5, color="0.5", linestyle="--", linewidth=1,
            label="reachable through layer 0's history alone (right of the line)")
-ax.axvline(p - 0.5, color="0.3", linestyle=":", linewidth=1.2,
+ax.axvline(p - 0.5, color="0.2", linestyle="-", linewidth=1,
            label="the clearing at p (tokens right of it arrive after)")
 ax.axhline(1 / vocab_size, color="0.5", linestyle=":", linewidth=1, label="chance")
 ax.set(title=f"Accuracy after clearing at p = {p} ({4 * batch_size} held-out "
