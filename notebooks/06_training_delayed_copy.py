@@ -401,7 +401,7 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 #    assumes uniform tokens. Draw them i.i.d. from `probs` instead (a Zipf law, some tokens
 #    never drawn). Derive the lowest loss (nats) and the highest accuracy a model that cannot
 #    see the source token (the conv-only model) can reach: write `blind_floor(probs) ->
-#    (loss, accuracy)` with numpy. Predict both for `probs = [0.5, 0.25, 0.125, 0.125]` first.
+#    (loss, accuracy)` with numpy. Predict both by hand first for probabilities 1/2, 1/4, 1/8, 1/8.
 # 2. **A dilated conv stack.** Section 2's stack reads every position within its reach. Give
 #    layer $i$ a dilation $d_i$ (its conv reads $t, t - d_i, \dots, t - (w_i - 1) d_i$) and
 #    write `seen_positions(last, widths, dilations)`: the positions (sorted ints) an output at
