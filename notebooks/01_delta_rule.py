@@ -16,13 +16,13 @@
 # %% [markdown]
 # # 01 · From linear attention to Kimi Delta Attention
 #
-# **Claim.** Linear attention stores key/value pairs by adding outer products into a
-# $d_k \times d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes
-# only what the memory gets wrong: one gradient step on the recall error
-# $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. It recalls
-# the newest pair exactly and beats linear attention up to $d_k$ pairs, though one pass cannot
-# store them all. A forget gate gives the gated delta rule (one decay per head) and KDA (one per
-# key channel). Each step is derived, checked in float64, and built in NumPy against `kda_lib`.
+# **Claim.** Linear attention stores key/value pairs by adding outer products into a $d_k \times
+# d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes only what the
+# memory gets wrong: one gradient step on the recall error $\tfrac12\lVert S^\top \mathbf k -
+# \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the newest pair exactly and beats
+# linear attention up to $d_k$ pairs, though one pass cannot store them all. A forget gate gives
+# the gated delta rule (one decay per head) and KDA (one per key channel). Each step is derived,
+# checked in float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -64,6 +64,7 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 # %%
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
@@ -82,8 +83,7 @@ key_sweep = jax.random.fold_in(key_delta, 1)  # section 3's pairs
 
 def unit_rows(x):
     """Rows scaled to unit L2 norm (float64 NumPy)."""
-    x = np.asarray(x, np.float64)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x := np.asarray(x, np.float64)) / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
 def random_pairs(key, num, *, batch=()):
@@ -103,8 +103,7 @@ def random_pairs(key, num, *, batch=()):
 # $$
 # \begin{align*}
 # \mathbf o_t &= \sum_{s \le t} \mathbf v_s\, (\mathbf k_s^\top \mathbf q_t)
-#   = \Big(\sum_{s \le t} \mathbf v_s \mathbf k_s^\top\Big) \mathbf q_t
-#   = S_t^\top \mathbf q_t,
+#   = \Big(\sum_{s \le t} \mathbf v_s \mathbf k_s^\top\Big) \mathbf q_t = S_t^\top \mathbf q_t,
 # \qquad S_t = \sum_{s \le t} \mathbf k_s \mathbf v_s^\top
 #   = S_{t-1} + \mathbf k_t \mathbf v_t^\top .
 # \end{align*}
@@ -121,7 +120,8 @@ def random_pairs(key, num, *, batch=()):
 # With orthonormal keys (at most $d_k$ of them) the crosstalk vanishes. For random unit keys
 # $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$ and the $n - 1$ terms are uncorrelated:
 # the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, so the relative
-# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 uses its square, per pair).
+# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 uses its square, per pair). The
+# figure: the overlaps that weight the crosstalk, and recalled against stored entries.
 
 # %%
 n_demo = key_dim // 2
@@ -139,9 +139,21 @@ recalled = keys @ (keys.T @ values)  # row j: S^T k_j with S = sum_i k_i v_i^T
 crosstalk = (keys @ keys.T - np.eye(n_demo)) @ values
 assert_close(recalled, values + crosstalk, atol=1e-12, name="value + crosstalk")
 rel_error = np.linalg.norm(recalled - values) / np.linalg.norm(values)
-print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f}")
-print(f"  (sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
+print(f"{n_demo} random pairs in d_k = {key_dim}: relative recall error {rel_error:.2f} "
+      f"(sqrt((n-1)/d_k) = {np.sqrt((n_demo - 1) / key_dim):.2f})")
 assert rel_error > 0.25, "random keys should interfere"
+
+# %% tags=["hide-input"]
+fig, (ax_overlap, ax_recall) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+viz.heatmap(ax_overlap, keys @ keys.T, diverging=True, vmin=-1, vmax=1, xlabel="stored pair",
+            ylabel="recalled pair", cbar_label="key overlap", title="Off-diagonal: crosstalk")
+for got, style, label in ((recalled, ".", f"random unit keys (error {rel_error:.2f})"), (
+        ortho_keys @ (ortho_keys.T @ values), "x", "orthonormal keys (exact)")):
+    ax_recall.plot(values.ravel(), got.ravel(), style, ms=4, label=f"{n_demo} {label}")
+ax_recall.set(title=f"Recall from one memory, $d_k$ = {key_dim}", xlabel="stored value entry",
+              ylabel="recalled entry")
+ax_recall.legend(fontsize=8)
+viz.show(fig, "01_crosstalk")
 
 # %% [markdown]
 # ## 2. The delta rule: write only what the memory gets wrong
@@ -177,10 +189,9 @@ def delta_write(S, k, v, beta):
     return S + beta * np.outer(k, v - k @ S)
 
 
-key_s0, key_new = jax.random.split(key_delta)
+(key_s0, key_new), beta_demo = jax.random.split(key_delta), 0.7
 S0 = np.asarray(jax.random.normal(key_s0, (key_dim, value_dim)), np.float64) / key_dim
 (k_new,), (v_new,) = random_pairs(key_new, 1)
-beta_demo = 0.7
 
 with jax.enable_x64(True):
     recall_loss = lambda S: 0.5 * jnp.sum((S.T @ k_new - v_new) ** 2)  # noqa: E731
@@ -195,8 +206,7 @@ print("delta rule = one SGD step with learning rate beta (float64)")
 # $\mathbf k_t$ ($\mathbf k_t^\top \mathbf k_t = 1$) and subtract $\mathbf v_t$:
 #
 # $$
-# S_t^\top \mathbf k_t - \mathbf v_t
-#   = S_{t-1}^\top \mathbf k_t - \mathbf v_t
+# S_t^\top \mathbf k_t - \mathbf v_t = S_{t-1}^\top \mathbf k_t - \mathbf v_t
 #   + \beta_t\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big)\, (\mathbf k_t^\top \mathbf k_t)
 #   = (1 - \beta_t)\, \big(S_{t-1}^\top \mathbf k_t - \mathbf v_t\big) .
 # $$
@@ -224,13 +234,11 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 #   = \beta_t\, (\mathbf k_t^\top \mathbf k_j)\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big) .
 # $$
 #
-# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall by its key
-# overlap times the later write's correction, and nothing repairs pair $j$. Storing $n$ pairs
-# means solving $\mathbf k_j^\top S = \mathbf v_j^\top$ for $S$; with $n \le d_k$ independent
-# keys a solution exists ($S = K^{+} V$), but one pass with $\beta = 1$ is one sweep of
-# **Kaczmarz's method**, one equation at a time: for generic values exact only when the keys are
-# orthogonal (lucky values: the notes); repeated sweeps converge. The cells check each
-# statement with $n = d_k / 2$ pairs. (With $n > d_k$ generic pairs no $S$ recalls them all.)
+# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall, and nothing
+# repairs it. Storing $n \le d_k$ pairs with independent keys means solving $\mathbf k_j^\top S =
+# \mathbf v_j^\top$ ($S = K^{+} V$); one pass with $\beta = 1$ is one sweep of **Kaczmarz's
+# method**, one equation at a time: for generic values exact only for orthogonal keys (lucky
+# values: the notes); repeated sweeps converge. Checked below with $n = d_k / 2$ pairs.
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -254,11 +262,10 @@ _ = assert_close(ortho_keys @ sweep(empty, ortho_keys, pair_values), pair_values
                  name="orthogonal keys: one sweep recalls every pair")
 
 # %%
-S_sweep, sweep_errors = empty, []
+S_sweep, sweep_errors, size = empty, [], np.linalg.norm(pair_values)
 for _ in range(300):  # enough for every seed tried (0 to 7): convergence is geometric
     S_sweep = sweep(S_sweep, pair_keys, pair_values)
-    sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values) / np.linalg.norm(
-        pair_values))
+    sweep_errors.append(np.linalg.norm(pair_keys @ S_sweep - pair_values) / size)
 print(f"{len(pair_keys)} pairs, d_k = {key_dim}: relative error after 1 sweep "
       f"{sweep_errors[0]:.3f}, 10: {sweep_errors[9]:.1e}, 300: {sweep_errors[-1]:.1e}")
 assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; many converge"
@@ -266,15 +273,14 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 # %% [markdown]
 # ## 4. Forgetting: scalar decay, then one decay per channel
 #
-# Collecting the terms in $S_{t-1}$, the delta rule is a map of the state,
-# $S_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) S_{t-1} + \beta_t \mathbf k_t
-# \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k \mathbf k^\top$ leaves the directions
-# orthogonal to $\mathbf k$ alone and multiplies $\mathbf k$ by $1 - \beta$, so for
-# $\beta \in [0, 1]$ it never amplifies the state; but it cannot clear what is no longer
-# relevant. The **gated delta rule** multiplies the state by a scalar $\alpha_t = e^{g_t} \in
-# (0, 1]$ before the write; **KDA** decays each key channel on its own, $D_t =
-# \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$, so one head can keep some channels
-# long while others turn over fast (notebook 02). Decay first, then the delta write:
+# Collecting the terms in $S_{t-1}$, the delta rule is $S_t = (I - \beta_t \mathbf k_t \mathbf
+# k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k
+# \mathbf k^\top$ multiplies $\mathbf k$ by $1 - \beta$ and leaves the orthogonal directions alone:
+# for $\beta \in [0, 1]$ it never amplifies the state, but it cannot clear what is no longer
+# relevant. The **gated delta rule** multiplies the state by a scalar $\alpha_t = e^{g_t} \in (0,
+# 1]$ before the write; **KDA** decays each key channel on its own, $D_t =
+# \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$, so one head keeps some channels long
+# while others turn over fast (notebook 02). Decay first, then the delta write:
 #
 # $$
 # \begin{align*}
@@ -316,8 +322,7 @@ print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1")
 # `toy_kda` is section 4's update token by token (decay, delta write, read), checked against
 # `kda_recurrent` in float64. Linear attention, Mamba2, GLA, DeltaNet and Gated DeltaNet are the
 # same update with another $M_t$ and $E_t$: that table, each row checked against `kda_lib`,
-# is in the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# is in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 
 # %%
 def toy_kda(q, k, v, g, beta, scale):
@@ -391,45 +396,41 @@ if max_pairs >= 2 * key_dim:
 display(Markdown(
     f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention), "
     f"{delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: {lin[-1]:.2f}, "
-    f"{delta_curve[-1]:.2f}. After all writes the delta rule's newest pair: {newest:.0e}, the "
-    f"one before: {second:.3f}; older half: {old_error['linear attention']:.2f} (linear "
-    f"attention), {old_error['delta rule']:.2f} (delta rule)."))
+    f"{delta_curve[-1]:.2f}. Delta rule after all writes: newest pair {newest:.0e}, the one "
+    f"before {second:.3f}; older half {old_error['delta rule']:.2f} (linear attention "
+    f"{old_error['linear attention']:.2f})."))
 
 # %% [markdown]
 # Linear attention's error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
 # exactly and stays below linear attention up to $n = d_k$, not at zero (section 3). Beyond
-# capacity its old pairs end above 1 (right panel), the residue of later writes. One decay per
-# head would clear it all alike; one per key channel keeps some pairs and clears others in one
-# head: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)
+# capacity its old pairs end above 1 (right panel). A decay per key channel clears some and
+# keeps others: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)
 # measure it on a task with two time scales; notebook 02 teaches the gates.
-#
 # ## Summary
 #
-# - Linear attention's $S = \sum \mathbf k \mathbf v^\top$ recalls with crosstalk; the delta rule
-#   writes $\beta \mathbf k (\mathbf v - S^\top \mathbf k)^\top$, one SGD step on the recall
-#   loss, and overwrites; one pass is one Kaczmarz sweep (exact only for orthogonal keys).
+# - Linear attention recalls with crosstalk; the delta rule writes $\beta \mathbf k (\mathbf v -
+#   S^\top \mathbf k)^\top$, one SGD step, and overwrites; one pass is one Kaczmarz sweep.
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
 #   norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
-# - The delta rule beats linear attention for every $n \le d_k$ (asserted); beyond, its old
-#   pairs end worse than nothing, which a decay can clear (notebook 02).
+# - The delta rule beats linear attention for every $n \le d_k$ (asserted).
 #
 # ## Exercises
 #
-# 1. **Partial writes.** Write the pair $(\mathbf k, \mathbf v)$ `writes` times with strength
-#    $\beta$ into an empty memory. From section 2's error formula, derive the fraction of
-#    $\mathbf v$ it returns for $\mathbf k$ as a function `recalled_fraction(beta, writes)`.
-# 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap
-#    $c = \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$)
-#    `sweeps` times. With section 3's disturbance formula, follow both errors $\mathbf e_j =
-#    S^\top \mathbf k_j - \mathbf v_j$ through one sweep and derive $\mathbf e_1$ after `sweeps`
-#    sweeps in closed form, `first_pair_error(c, v1, v2, sweeps)` (no `kda_lib`). By what factor
-#    does one sweep shrink the error?
+# 1. **Partial writes with a forget gate.** Into an empty memory, `writes` times: decay the state by
+#    a scalar $\alpha$ (section 4's gated delta rule), then write the unit-key pair $(\mathbf k,
+#    \mathbf v)$ with strength $\beta$. Derive the fraction of $\mathbf v$ it returns for $\mathbf
+#    k$ in closed form, `recalled_fraction(beta, alpha, writes)` (the checker tries $10^9$ writes:
+#    no simulation gets there). Does it reach 1 when $\alpha < 1$?
+# 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $c =
+#    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$) `sweeps` times.
+#    With section 3's disturbance formula, follow both errors $\mathbf e_j = S^\top \mathbf k_j -
+#    \mathbf v_j$ through one sweep and derive $\mathbf e_1$ in closed form, `first_pair_error(c,
+#    v1, v2, sweeps)` (again tried at $10^9$). By what factor does one sweep shrink the error?
 #
-# Each cell says whether your answer is right without showing it; worked solutions:
-# [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 
 # %%
-answer = None  # exercise 1: a function recalled_fraction(beta, writes) -> a number
+answer = None  # exercise 1: a function recalled_fraction(beta, alpha, writes) -> a number
 exercises.check("01.1", answer)
 answer = None  # exercise 2: a function first_pair_error(c, v1, v2, sweeps) -> e_1 [V]
 exercises.check("01.2", answer)
@@ -437,8 +438,7 @@ exercises.check("01.2", answer)
 # %% [markdown]
 # ## References
 #
-# - A. Katharopoulos et al., *Transformers are RNNs* (linear attention), ICML 2020.
-#   [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
+# - A. Katharopoulos et al., *Transformers are RNNs* (linear attention), ICML 2020. [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
 # - I. Schlag, K. Irie, J. Schmidhuber, *Linear transformers are secretly fast weight
 #   programmers* (the delta rule), ICML 2021. [arXiv:2102.11174](https://arxiv.org/abs/2102.11174)
 # - S. Yang et al., *Parallelizing linear transformers with the delta rule over sequence length*

@@ -328,7 +328,8 @@ ax.axvspan(p - config.conv_reach - 0.5, p - 0.5, color="0.88",
            label="reachable through the kept conv histories")
 ax.axvline(p - halo - 0.5, color="0.5", linestyle="--", linewidth=1,
            label="reachable through layer 0's history alone (right of the line)")
-ax.axvline(p - 0.5, color="0.3", linestyle=":", linewidth=1.2)
+ax.axvline(p - 0.5, color="0.2", linestyle="-", linewidth=1,
+           label="the clearing at p (tokens right of it arrive after)")
 ax.axhline(1 / vocab_size, color="0.5", linestyle=":", linewidth=1, label="chance")
 ax.set(title=f"Accuracy after clearing at p = {p} ({4 * batch_size} held-out "
        "sequences)", xlabel=r"position $s = t - \ell$ of the token to copy",
@@ -396,32 +397,29 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch06.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch06.py).
 #
-# 1. **Chance level in bits.** Write `chance_bits(vocab_size)`: the cross-entropy, in bits
-#    (log base 2), of a model that predicts the uniform distribution over `vocab_size` tokens,
-#    without kda_lib. The checker tries vocabularies of its own; compare yours at
-#    `vocab_size` with `chance` (nats).
-# 2. **Where a conv-only stack looks, derived.** Section 2 measured where this notebook's
-#    conv-only model looks. Derive it for any stack: write `seen_positions(last, conv_sizes)`
-#    returning the positions (a list of ints) that an output at position `last` depends on in a
-#    conv-only stack whose layers' causal convs have widths `conv_sizes` (one per layer), and
-#    check it on this model against `np.flatnonzero(reach["conv only"])`. The checker tries
-#    stacks of its own.
-# 3. **A clearing near the end.** Clear the states and the upper conv histories at
-#    $p = T - \ell$ instead (`p_late` below): every remaining position's token lies before
-#    the clearing. Which positions $t \ge p$ have no path left to their token (list them; some
-#    keep one)? Then check your prediction with `accuracy_after(p_late, True, True)`.
+# 1. **A blind model's floor, skewed tokens.** Section 3's floor $\log \lvert\mathcal V\rvert$
+#    assumes uniform tokens. Draw them i.i.d. from `probs` instead (a Zipf law, some tokens
+#    never drawn). Derive the lowest loss (nats) and the highest accuracy a model that cannot
+#    see the source token (the conv-only model) can reach: write `blind_floor(probs) ->
+#    (loss, accuracy)` with numpy. Predict both by hand first for probabilities 1/2, 1/4, 1/8, 1/8.
+# 2. **A dilated conv stack.** Section 2's stack reads every position within its reach. Give
+#    layer $i$ a dilation $d_i$ (its conv reads $t, t - d_i, \dots, t - (w_i - 1) d_i$) and
+#    write `seen_positions(last, widths, dilations)`: the positions (sorted ints) an output at
+#    `last` depends on. Try widths `[2, 2]`, dilations `[1, 4]` by hand first.
+# 3. **Clearing at every `period` tokens.** A server that clears the states and the upper conv
+#    histories at every multiple of `period` (as at document boundaries): write
+#    `lost_positions(seq_len, delay, conv_size, period)`, the scored positions whose token has
+#    no path left. Check the first clearing with `accuracy_after(period, True, True)`.
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function chance_bits(vocab_size) -> float (bits)
+answer = None  # 1: a function blind_floor(probs) -> (loss in nats, accuracy)
 exercises.check("06.1", answer)
-answer = None  # 2: a function seen_positions(last, conv_sizes) -> a list of ints
+answer = None  # 2: a function seen_positions(last, widths, dilations) -> a list of ints
 exercises.check("06.2", answer)
-p_late = seq_len - delay
-answer = None  # 3: the positions t >= p_late (a list of ints) with no path to their token
-exercises.check("06.3", answer, p=p_late, seq_len=seq_len, delay=delay,
-                        conv_size=conv_size)
+answer = None  # 3: a function lost_positions(seq_len, delay, conv_size, period) -> ints
+exercises.check("06.3", answer)
 
 # %% [markdown]
 # ## References

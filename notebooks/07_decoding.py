@@ -321,7 +321,7 @@ viz.show(fig, "07_decode_time")
 # All are below the ridges, so bytes decide: the two *mixing steps* move the same bytes at
 #
 # $$
-# T^\ast = \frac{2 \times H d_k d_v \times \text{bytes per state number}}
+# T^\ast_{\text{step}} = \frac{2 \times H d_k d_v \times \text{bytes per state number}}
 #   {\text{numbers cached per token} \times \text{bytes per cached number}}
 # $$
 #
@@ -361,7 +361,7 @@ dtypes = {"float32 state, float32 cache": (4, 4), "bf16 state, bf16 cache": (2, 
 
 
 def mixing_crossover(numbers, state_number_bytes, cache_number_bytes):
-    """T*: the context at which an attention step over `numbers` per cached token moves as
+    """T*_step: the context at which an attention step over `numbers` per cached token moves as
     many bytes as a KDA step reading and writing an H x d_k x d_v state."""
     return 2 * entries * state_number_bytes / (numbers * cache_number_bytes)
 
@@ -375,7 +375,7 @@ for (c, dt), t in t_star.items():  # the formula, against a count of bytes token
     assert np.ceil(t) == next(T for T in range(1, 10**5)
                               if T * caches[c] * b_cache >= 2 * entries * b_state), (c, dt)
 assert all(2 * t_star[(c, "bf16 state, bf16 cache")] == t_star[(c, "float32 state, bf16 cache")]
-           for c in caches)  # one dtype for both: half the mixed T*
+           for c in caches)  # one dtype for both: half the mixed T*_step
 
 # %% tags=["hide-input"]
 context = np.geomspace(16, 65536, 100)
@@ -409,31 +409,32 @@ display(Markdown(
 #
 # ## Exercises
 #
-# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions (try first) are in [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
+# Replace each `answer = None` and run the cell: `check` says right or not, never the solution.
+# Worked solutions (try first): [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
-# 1. **Any layer's cache, predicted.** Write `cache_bytes(batch, num_heads, key_dim,
-#    value_dim, conv_size)` (no kda_lib) for any KDA layer, unequal key and value widths,
-#    `conv_size=0` (no conv) and `1` included; check one on a layer you build. The checker
-#    tries layers of its own.
+# 1. **Grouped value heads, a bf16 conv history.** Section 3's cache has as many value heads
+#    as key heads, all float32. Write `cache_bytes(batch, num_heads, num_v_heads, key_dim,
+#    value_dim, conv_size, conv_bytes)` (no kda_lib) for `num_v_heads` value heads (one state
+#    each, as `KDAConfig(num_v_heads=...)`), float32 states, conv histories of `conv_bytes`
+#    bytes a number, `conv_size` 0 (no conv) and 1 included. Measure a built layer to check.
 # 2. **Prefill in two pieces.** Write `second_piece(layer, x_prompt, split)`: prefill
 #    `x_prompt[:, :split]` in one call `layer(..., cache=...)`, return the outputs of a second
 #    call on the rest from the cache the first returned (call `layer`, not `run`).
-# 3. **The decode crossover, derived.** Write `t_star(heads, key_dim, value_dim, kv_numbers,
-#    state_bytes, cache_bytes)` returning the smallest whole context length $T$ at which one
-#    attention decode step (reading $T$ cached entries of `kv_numbers` numbers of `cache_bytes`
-#    bytes) moves at least as many bytes as one KDA step (reading and writing its state of
-#    `state_bytes` bytes per number). The checker tries it on several caches and dtypes.
+# 3. **The crossover, everything counted.** Section 5's $T^\ast_{\text{step}}$ left out the
+#    conv histories and the new entry. A KDA step reads and writes state and conv histories
+#    (`state_bytes` a number); an attention step over $T$ cached tokens writes the new entry
+#    and reads all $T + 1$. Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers,
+#    state_bytes, cache_bytes)`, the smallest whole $T \ge 1$ at which attention moves at least
+#    as many bytes. Predict first: up or down, by how much at Kimi Linear's shape?
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function cache_bytes(batch, num_heads, key_dim, value_dim, conv_size)
+answer = None  # 1: a function cache_bytes(batch, num_heads, num_v_heads, key_dim, ...) -> int
 exercises.check("07.1", answer)
 answer = None  # 2: a function second_piece(layer, x_prompt, split) -> outputs after split
 exercises.check("07.2", answer)
-answer = None  # 3: a function t_star(heads, key_dim, value_dim, kv_numbers, ...) -> int
+answer = None  # 3: a function t_star(heads, key_dim, value_dim, conv_size, ...) -> int
 exercises.check("07.3", answer)
 
 # %% [markdown]

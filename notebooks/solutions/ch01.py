@@ -8,19 +8,32 @@ from __future__ import annotations
 import numpy as np
 
 
-def exercise_1(beta, writes):
-    """Partial writes. Section 2: one write turns the error ``S^T k - v`` into ``(1 - beta)``
-    times itself. An empty memory starts at error ``-v``; after ``writes`` writes the error is
-    ``-(1 - beta)^writes v``, so the memory returns ``(1 - (1 - beta)^writes) v``."""
-    return 1 - (1 - beta) ** writes
+def exercise_1(beta, alpha, writes):
+    """Gated partial writes. Let ``f`` be the recalled fraction, ``S^T k = f v`` (the state
+    stays a multiple of ``k v^T``). Decay multiplies it by ``alpha``; section 2's write then
+    turns the error ``(alpha f - 1) v`` into ``(1 - beta)`` times itself, so
+    ``f_n = r f_(n-1) + beta`` with ``r = alpha (1 - beta)`` and ``f_0 = 0``: a geometric sum,
+    ``f_n = beta (1 - r^n) / (1 - r)`` (``1 - (1 - beta)^n`` without decay). It tends to
+    ``beta / (1 - alpha (1 - beta))``: below 1 whenever ``alpha < 1``, even after many writes,
+    unless ``beta = 1``."""
+    r = alpha * (1 - beta)
+    return beta * (1 - r**writes) / (1 - r) if r != 1 else 0.0
 
 
-def exercise_1_loop(beta, writes):
-    """1, written differently: follow the recalled fraction ``f`` write by write; a write moves
-    it by ``beta (1 - f)``."""
+def exercise_1_steady(beta, alpha, writes):
+    """1, written differently: the fixed point ``f* = beta / (1 - r)`` and the distance to it,
+    which shrinks by ``r`` per write from ``-f*``: ``f_n = f* (1 - r^n)``."""
+    r = np.float64(alpha) * (1 - beta)
+    fixed = beta / (1 - r)
+    return fixed - fixed * np.power(r, writes)
+
+
+def exercise_1_loop(beta, alpha, writes):
+    """Refused: the recurrence followed write by write is right, but it is a simulation; at
+    10^9 writes it does not finish (the exercise asks for the closed form)."""
     f = 0.0
     for _ in range(writes):
-        f = f + beta * (1 - f)
+        f = alpha * (1 - beta) * f + beta
     return f
 
 
@@ -39,8 +52,8 @@ def exercise_2(c, v1, v2, sweeps):
 
 
 def exercise_2_simulated(c, v1, v2, sweeps):
-    """2, written differently: two unit keys with overlap ``c`` in the plane, swept ``sweeps``
-    times with the delta rule in float64 (a check of the formula, not the derivation)."""
+    """Refused: two unit keys with overlap ``c`` in the plane, swept with section 3's
+    ``sweep``, right but a simulation; at 10^9 sweeps it does not finish."""
     k = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
     v = np.stack([np.asarray(v1, np.float64), np.asarray(v2, np.float64)])
     S = np.zeros((2, v.shape[1]))
@@ -52,8 +65,8 @@ def exercise_2_simulated(c, v1, v2, sweeps):
 
 def cases():
     return [
-        ("01.1", exercise_1, {}, lambda beta, writes: (1 - beta) ** writes),
-        ("01.1", exercise_1_loop, {}, lambda beta, writes: beta * writes),
+        ("01.1", exercise_1, {}, exercise_1_loop),
+        ("01.1", exercise_1_steady, {}, lambda beta, alpha, writes: 1 - (1 - beta) ** writes),
+        ("01.2", exercise_2, {}, exercise_2_simulated),
         ("01.2", exercise_2, {}, lambda c, v1, v2, m: c ** (2 * m) * (v2 - c * v1)),
-        ("01.2", exercise_2_simulated, {}, lambda c, v1, v2, m: c * (v2 - c * v1)),
     ]

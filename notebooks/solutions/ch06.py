@@ -2,40 +2,57 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import itertools
+
+import numpy as np
 
 
-def chance_level(vocab_size: int) -> float:
-    """1: -sum_v (1/|V|) log2(1/|V|) = log2 |V| bits (= ``chance_loss`` / ln 2)."""
-    uniform = jnp.full((vocab_size,), 1 / vocab_size)
-    return float(-jnp.sum(uniform * jnp.log2(uniform)))
+def blind_floor(probs) -> tuple[float, float]:
+    """1: a model that cannot see the source token can only predict one distribution q, the
+    same whatever the source. The expected loss -sum_v p(v) log q(v) is smallest at q = p
+    (Gibbs' inequality), where it is the entropy H(p) = -sum_v p(v) log p(v) in nats (0 log 0
+    counts as 0); the best guess is always the likeliest token, right with probability
+    max_v p(v). For uniform tokens these are the page's log |V| and 1 / |V|."""
+    p = np.asarray(probs, np.float64)
+    seen = p[p > 0]
+    return float(-(seen * np.log(seen)).sum()), float(p.max())
 
 
-def seen_positions(last: int, conv_sizes: list[int]) -> list[int]:
-    """2: a causal conv of width w mixes a position with the w - 1 before it; stacked, the
-    reaches add: sum(w - 1) tokens back (``conv_reach`` = N (w - 1) for N equal layers), the
-    last position included, and nothing before position 0. In the notebook,
-    ``np.flatnonzero(reach["conv only"])`` gives the same list for its stack."""
-    return list(range(max(0, last - sum(w - 1 for w in conv_sizes)), last + 1))
+def seen_positions(last: int, widths: list[int], dilations: list[int]) -> list[int]:
+    """2: layer i's conv reads t - j d_i for j = 0 .. w_i - 1; stacked, an output at ``last``
+    reads last - sum_i j_i d_i for every choice of the j_i. The reach is sum_i d_i (w_i - 1),
+    as for the page's stack (d_i = 1), but with dilations the offsets can leave gaps: widths
+    (2, 2) with dilations (1, 4) give offsets 0, 1, 4, 5 only. Nothing before position 0."""
+    offsets = {sum(j * d for j, d in zip(js, dilations, strict=True))
+               for js in itertools.product(*(range(w) for w in widths))}
+    return sorted(last - o for o in offsets if o <= last)
 
 
-def late_clearing(p: int, seq_len: int, delay: int, conv_size: int) -> list[int]:
-    """3: the token of position t sits at s = t - delay. With the states and the upper layers'
-    conv histories cleared, only layer 0's history (the embeddings of the last w - 1 tokens)
-    survives, so the token has no path when s < p - (w - 1). In the notebook,
-    ``accuracy_after(p_late, True, True)`` then shows these at chance and the others copied."""
-    return [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
+def lost_positions(seq_len: int, delay: int, conv_size: int, period: int) -> list[int]:
+    """3: only the last clearing before t matters. At a clearing p every state and every conv
+    history above layer 0 is emptied, so what crosses p is layer 0's history, the embeddings
+    of tokens p - w + 1 .. p - 1 (section 4's argument); an earlier clearing's survivors are
+    wiped again at p. A scored position t (t >= delay) in the block [p, p + period) loses its
+    token s = t - delay when s < p - (w - 1); before the first clearing nothing is lost. The
+    first clearing can be checked in the notebook with ``accuracy_after(period, True, True)``."""
+    lost = []
+    for t in range(delay, seq_len):
+        p = (t // period) * period  # the last clearing at or before t (0: none yet)
+        if p > 0 and t - delay < p - (conv_size - 1):
+            lost.append(t)
+    return lost
 
 
 def cases():
-    def no_clipping(last, conv_sizes):  # forgets that the sequence starts at 0
-        return list(range(last - sum(w - 1 for w in conv_sizes), last + 1))
+    def uniform_floor(probs):  # the page's chance level, whatever the distribution
+        return float(np.log(len(probs))), 1 / len(probs)
 
-    import math
+    def contiguous(last, widths, dilations):  # the reach right, the gaps missed
+        span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
+        return list(range(max(0, last - span), last + 1))
 
-    late = dict(p=24, seq_len=32, delay=8, conv_size=4)  # lost: 24..28; kept: 29..31
     return [
-        ("06.1", chance_level, {}, math.log),
-        ("06.2", seen_positions, {}, no_clipping),
-        ("06.3", late_clearing(**late), late, list(range(24, 32))),
+        ("06.1", blind_floor, {}, uniform_floor),
+        ("06.2", seen_positions, {}, contiguous),
+        ("06.3", lost_positions, {}, lambda s, d, w, period: lost_positions(s, d, w, s // 2)),
     ]

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 
 
-def layer_cache_bytes(batch, num_heads, key_dim, value_dim, conv_size) -> int:
-    """1: the float32 states, B H K V numbers, plus (for conv_size >= 1) the q, k, v conv
-    histories of the last conv_size - 1 rows: B (w - 1) H (2 K + V) numbers; 4 bytes each.
-    With conv_size = 0 the layer has no conv, so no history at all (not -1 rows)."""
-    conv = batch * max(conv_size - 1, 0) * num_heads * (2 * key_dim + value_dim)
-    return 4 * (batch * num_heads * key_dim * value_dim + conv)
+def layer_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
+                      conv_bytes) -> int:
+    """1: with grouped value heads the state is one K x V matrix per *value* head: B HV K V
+    float32 numbers (4 bytes). The conv histories keep the last conv_size - 1 rows of the conv
+    inputs, which are q and k (H K channels each) and v (HV V channels): B (w - 1) (2 H K +
+    HV V) numbers of ``conv_bytes`` bytes. With conv_size = 0 there is no conv, so no history
+    (not -1 rows). Section 3's formula is the case HV = H, conv_bytes = 4."""
+    conv = batch * max(conv_size - 1, 0) * (2 * num_heads * key_dim + num_v_heads * value_dim)
+    return 4 * batch * num_v_heads * key_dim * value_dim + conv_bytes * conv
 
 
 def second_piece(layer, x_prompt, split):
@@ -20,22 +23,29 @@ def second_piece(layer, x_prompt, split):
     return y_b
 
 
-def t_star(heads, key_dim, value_dim, kv_numbers, state_bytes, cache_bytes) -> int:
-    """3: a KDA step reads and writes H K V state numbers, 2 H K V b_S bytes; an attention step
-    over T tokens reads T n b_KV bytes. The first whole T with T n b_KV >= 2 H K V b_S."""
-    return math.ceil(2 * heads * key_dim * value_dim * state_bytes / (kv_numbers * cache_bytes))
+def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes) -> int:
+    """3: a KDA step reads and writes its whole cache: the state, H K V numbers, and the conv
+    histories, (w - 1) H (2 K + V) numbers, all of b_S bytes: 2 b_S H (K V + (w - 1)(2 K + V)).
+    An attention step over T cached tokens writes the new token's entry and reads all T + 1:
+    (T + 2) n b_KV bytes. The first whole T (at least 1) with (T + 2) n b_KV >= the KDA bytes
+    is ceil(KDA / (n b_KV)) - 2. Section 5's T*_step drops the conv and the + 2; at Kimi
+    Linear's shape the conv adds (w - 1)(2 K + V) / (K V) = 7 % to the KDA side."""
+    kda = 2 * state_bytes * heads * (key_dim * value_dim
+                                     + max(conv_size - 1, 0) * (2 * key_dim + value_dim))
+    return max(1, math.ceil(kda / (kv_numbers * cache_bytes)) - 2)
 
 
 def cases():
-    def no_conv_minus_one(b, h, k, v, w):  # (w - 1) rows even when there is no conv
-        return 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))
+    def section_3(b, h, hv, k, v, w, cb):  # the page's layout: HV = H, all float32
+        return 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))
 
 
     def whole_prompt_sliced(layer, x_prompt, split):
         return layer(x_prompt)[:, split:]
 
     return [
-        ("07.1", layer_cache_bytes, {}, no_conv_minus_one),
+        ("07.1", layer_cache_bytes, {}, section_3),
         ("07.2", second_piece, {}, whole_prompt_sliced),
-        ("07.3", t_star, {}, lambda h, k, v, n, bs, bc: h * k * v * bs / (n * bc)),
+        ("07.3", t_star, {},
+         lambda h, k, v, w, n, bs, bc: math.ceil(2 * h * k * v * bs / (n * bc))),
     ]

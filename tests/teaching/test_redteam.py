@@ -33,7 +33,7 @@ SOLUTIONS = ROOT / "notebooks" / "solutions"
 EXERCISES = {
     "00.1": ("00_quickstart", 6),
     "00.2": ("00_quickstart", 6),
-    "01.1": ("01_delta_rule", 2),
+    "01.1": ("01_delta_rule", 3),
     "01.2": ("01_delta_rule", 4),
     "02.1": ("02_gating_and_decay", 1),
     "02.2": ("02_gating_and_decay", 3),
@@ -303,7 +303,36 @@ def _rule_breakers():
             states = big_m[:, j] @ states + big_e[:, j]
         return jnp.stack(out, 1).reshape(n * b, 4, 3)[:r]
 
+    def delta_write(S, k, v, beta):  # notebook 01's cell, copied
+        return S + beta * np.outer(k, v - k @ S)
+
+    def fraction_simulated(beta, alpha, writes):  # 01.1 with the page's delta_write
+        k, v, S = np.eye(4)[0], np.ones(3), np.zeros((4, 3))
+        for _ in range(writes):
+            S = delta_write(alpha * S, k, v, beta)
+        return float(k @ S @ v / (v @ v))
+
+    def fraction_swallowing(beta, alpha, writes):  # a loop that swallows every Exception
+        f = 0.0
+        for _ in range(writes):
+            try:
+                f = alpha * (1 - beta) * f + beta
+            except Exception:  # noqa: BLE001, S112
+                continue
+        return f
+
+    def sweeps_simulated(c, v1, v2, sweeps):  # 01.2 with the page's sweep
+        keys = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+        S = np.zeros((2, len(v1)))
+        for _ in range(sweeps):
+            for k, v in zip(keys, (v1, v2), strict=True):
+                S = delta_write(S, k, v, 1.0)
+        return keys[0] @ S - v1
+
     return [
+        ("01.1", fraction_simulated),
+        ("01.1", fraction_swallowing),
+        ("01.2", sweeps_simulated),
         ("03.2", scores_masked_after_exp),
         ("03.2", scores_factored),
         ("03.2", scores_jnp_x64),

@@ -121,19 +121,20 @@ def _library_attacks():
             return fn(*args)
         return wrapped
 
-    def measured_cache(b, h, k, v, w):  # build the layer and measure: the library does it
+    def measured_cache(b, h, hv, k, v, w, cb):  # build the layer and measure: the library does it
         from flax import nnx
 
-        config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, head_dim=k,
+        config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, num_v_heads=hv, head_dim=k,
                                    value_head_dim=v, conv_size=w)
         layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
         return sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(b)))
 
     attacks = [
-        ("06.1", "chance_loss / ln 2", lambda v: float(tasks.chance_loss(v)) / math.log(2)),
-        ("06.1", "partial of chance_accuracy",
-         functools.partial(tasks.chance_accuracy, "delayed_copy")),
+        ("06.1", "chance_loss and its accuracy (the uniform floor)",
+         lambda p: (float(tasks.chance_loss(len(p))), 1 / len(p))),
+        ("06.1", "solution after a library call", through_library(s06.blind_floor)),
         ("06.2", "solution after a library call", through_library(s06.seen_positions)),
+        ("06.3", "solution after a library call", through_library(s06.lost_positions)),
         ("07.1", "a built layer, measured", measured_cache),
         ("07.1", "solution after a library call", through_library(s07.layer_cache_bytes)),
         ("07.3", "solution after a library call", through_library(s07.t_star)),
@@ -198,7 +199,6 @@ def _two_point_fit():
 
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
-    _, ctx063 = _cases()["06.3"]
     _, ctx082 = _cases()["08.2"]
     _, ctx091 = _cases()["09.1"]
     measured = ctx091["measured"]
@@ -209,27 +209,72 @@ def _rule_breakers():
         y, _ = layer(x, cache=layer.init_cache(x.shape[0]))
         return y[:, split:]
 
+    def closure_cheat(layer, x, split):  # the real layer, from the watcher's closure
+        cells = type(layer).__call__.__closure__ or ()
+        real = next(c.cell_contents for c in cells
+                    if isinstance(c.cell_contents, kda_lib.KimiDeltaAttention))
+        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))  # calls for show
+        layer(x[:, 1:2], cache=cache)
+        return np.asarray(real(x))[:, split:]
+
+    def wrong_split(layer, x, split):  # resumes, but not at split; the rest from the real layer
+        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))
+        y, _ = layer(x[:, 1:], cache=cache)
+        return np.asarray(y)[:, split - 1:]
+
     def fresh_second_call(layer, x, split):  # the second piece without the first's cache
         layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
         y, _ = layer(x[:, split:], cache=layer.init_cache(x.shape[0]))
         return y
 
     return [
-        ("06.3", "every position from p on", list(range(ctx063["p"], ctx063["seq_len"]))),
-        ("06.3", "no position", [0]),
-        ("06.3", "a position twice", s06.late_clearing(**ctx063) * 2),
-        ("06.2", "no clipping at 0",
-         lambda last, sizes: list(range(last - sum(w - 1 for w in sizes), last + 1))),
-        ("07.1", "the states alone", lambda b, h, k, v, w: 4 * b * h * k * v),
-        ("07.1", "w - 1 rows with no conv",
-         lambda b, h, k, v, w: 4 * (b * h * k * v + b * (w - 1) * h * (2 * k + v))),
+        ("06.1", "entropy in bits", lambda p: (
+            s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
+        ("06.1", "1/|V| accuracy", lambda p: (s06.blind_floor(p)[0], 1 / len(p))),
+        ("06.1", "0 log 0 as NaN", lambda p: (
+            float(-(np.asarray(p) * np.log(np.asarray(p))).sum()), max(p))),
+        ("06.3", "every position from the first clearing on",
+         lambda s, d, w, period: list(range(max(d, period), s))),
+        ("06.3", "section 4's one clearing at T / 2 (the page)",
+         lambda s, d, w, period: [t for t in range(s // 2, s) if t - d < s // 2 - (w - 1)]),
+        ("06.3", "the first clearing only", lambda s, d, w, period: [
+            t for t in range(max(d, period), s) if t - d < period - (w - 1)]),
+        ("06.3", "no w - 1 kept tokens",
+         lambda s, d, w, period: s06.lost_positions(s, d, 1, period)),
+        ("06.3", "a position twice", lambda *a: s06.lost_positions(*a) * 2),
+        ("06.2", "section 2's contiguous reach (the page), dilations ignored",
+         lambda last, widths, dil: list(range(max(0, last - sum(w - 1 for w in widths)),
+                                              last + 1))),
+        ("06.2", "the dilated reach, no gaps", lambda last, widths, dil: list(range(
+            max(0, last - sum(d * (w - 1) for w, d in zip(widths, dil, strict=True))), last + 1))),
+        ("06.2", "no clipping at 0", lambda last, widths, dil: [
+            last - o for o in sorted({sum(j * d for j, d in zip(js, dil, strict=True))
+                                      for js in __import__("itertools").product(
+                                          *(range(w) for w in widths))})]),
+        ("07.1", "the states alone", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v),
+        ("07.1", "w - 1 rows with no conv", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
+         + cb * b * (w - 1) * (2 * h * k + hv * v)),
+        ("07.1", "section 3's layout (the page): HV = H, float32 conv",
+         lambda b, h, hv, k, v, w, cb: 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))),
+        ("07.1", "states of H heads", lambda b, h, hv, k, v, w, cb: 4 * b * h * k * v
+         + cb * b * max(w - 1, 0) * (2 * h * k + hv * v)),
+        ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
+         + cb * b * max(w - 1, 0) * h * (2 * k + v)),
         ("07.2", "the whole prompt sliced", whole_prompt),
         ("07.2", "a fresh cache for the second call", fresh_second_call),
         ("07.2", "the watched layer's own layer (review 2026-12-04)",
          lambda layer, x, split: np.asarray(layer.layer(x))[:, split:]),
+        ("07.2", "calls for show, the real layer's full pass returned", closure_cheat),
+        ("07.2", "a one-token first piece, resumed at 1", wrong_split),
         ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
         ("07.3", "the state read only",
-         lambda h, k, v, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+         lambda h, k, v, w, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+        ("07.3", "section 5's T*_step (the page)",
+         lambda h, k, v, w, n, bs, bc: math.ceil(2 * h * k * v * bs / (n * bc))),
+        ("07.3", "the conv histories read only", lambda h, k, v, w, n, bs, bc: max(1, math.ceil(
+            (2 * h * k * v + max(w - 1, 0) * h * (2 * k + v)) * bs / (n * bc)) - 2)),
+        ("07.3", "no new entry", lambda h, k, v, w, n, bs, bc: math.ceil(
+            2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v)) / (n * bc))),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("08.3", "zero", lambda *a: 0),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
@@ -289,24 +334,31 @@ def _bigram_variant(train, validation, smoothing=1.0, transposed=False, wide=Tru
 # --- correct answers written differently -------------------------------------------------------
 
 def _alternatives():
-    def bits_numpy(v):
-        return float(np.log2(v))
+    def floor_loop(probs):  # math.log, a Python loop, a list out
+        loss = -sum(p * math.log(p) for p in probs if p > 0)
+        return [loss, max(probs)]
 
-    def bits_loop(v):
-        return -sum((1 / v) * math.log(1 / v, 2) for _ in range(v))
+    def floor_jnp32(probs):
+        p = jnp.asarray(probs, jnp.float32)
+        return jnp.stack([-jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1)), 0)),
+                          p.max()])
 
-    def positions_loop(last, sizes):
-        first = last
-        for w in sizes:
-            first -= w - 1
-        out, t = [], max(first, 0)
-        while t <= last:
-            out.append(t)
-            t += 1
-        return np.asarray(out)
+    def positions_loop(last, widths, dilations):  # grow the set layer by layer, numpy out
+        seen = {last}
+        for w, d in zip(widths, dilations, strict=True):
+            seen = {t - j * d for t in seen for j in range(w)}
+        return np.asarray(sorted(t for t in seen if t >= 0))
 
-    def cache_numpy(b, h, k, v, w):
-        return np.int64(4) * (b * h * k * v + b * np.maximum(w - 1, 0) * h * (2 * k + v))
+    def lost_numpy(seq_len, delay, conv_size, period):  # numpy, reversed order
+        t = np.arange(delay, seq_len)
+        p = t // period * period
+        return t[(p > 0) & (t - delay < p - conv_size + 1)][::-1]
+
+    def cache_numpy(b, h, hv, k, v, w, cb):
+        return np.int64(4) * b * hv * k * v + cb * b * np.maximum(w - 1, 0) * (2 * h * k + hv * v)
+
+    def cache_float(b, h, hv, k, v, w, cb):  # a float number of bytes (review: 8192.0 refused)
+        return 4.0 * b * hv * k * v + cb * b * max(w - 1, 0) * (2.0 * h * k + hv * v)
 
     def three_calls(layer, x, split):  # the first piece in two calls: still two pieces' worth
         first = max(split // 2, 1) if split > 1 else split
@@ -321,8 +373,12 @@ def _alternatives():
         y, _ = layer(x[:, split:], cache=jax.tree.map(jnp.array, cache))
         return np.asarray(y)
 
-    def t_star_int(h, k, v, n, bs, bc):
-        return -(-2 * h * k * v * bs // (n * bc))
+    def t_star_int(h, k, v, w, n, bs, bc):  # search T upward in integers
+        kda = 2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v))
+        t = 1
+        while (t + 2) * n * bc < kda:
+            t += 1
+        return t
 
     def mqar_loop(v):
         values = [t for t in range(1, v) if t > (v - 1) // 2]
@@ -354,7 +410,7 @@ def _alternatives():
         counts = jnp.ones((256, 256), jnp.float32).at[t[:-1], t[1:]].add(1)
         return -jnp.log2((counts / counts.sum(1, keepdims=True))[v[:-1], v[1:]]).mean()
 
-    s06, s10 = _solutions("06"), _solutions("10")
+    s10 = _solutions("10")
     from kda_lib.models import presets
 
     def reduction_f32(c, kda, glob, h, d, w, latent):
@@ -379,14 +435,13 @@ def _alternatives():
         return high
 
     kimi, k3 = presets.KIMI_LINEAR_48B.name, presets.KIMI_K3.name
-    _, ctx063 = _cases()["06.3"]
     return [
-        ("06.1", "numpy log2", bits_numpy, {}),
-        ("06.1", "a Python sum", bits_loop, {}),
-        ("06.2", "a loop, numpy out", positions_loop, {}),
-        ("06.3", "a numpy int array", np.asarray(s06.late_clearing(**ctx063)), ctx063),
-        ("06.3", "reversed", s06.late_clearing(**ctx063)[::-1], ctx063),
+        ("06.1", "a Python loop, a list out", floor_loop, {}),
+        ("06.1", "jax.numpy float32", floor_jnp32, {}),
+        ("06.2", "a set grown layer by layer, numpy out", positions_loop, {}),
+        ("06.3", "numpy, reversed", lost_numpy, {}),
         ("07.1", "numpy int64", cache_numpy, {}),
+        ("07.1", "a float", cache_float, {}),
         ("07.2", "three calls", three_calls, {}),
         ("07.2", "a copied cache", copied_cache, {}),
         ("07.3", "integer ceiling", t_star_int, {}),

@@ -1,7 +1,9 @@
-"""Checkers of notebook 06's exercises (delayed copy, the conv reach, clearing the states)."""
+"""Checkers of notebook 06's exercises (a blind model's floor on a skewed vocabulary, a dilated
+conv stack's positions, clearing at every ``period`` tokens)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -9,65 +11,123 @@ import numpy as np
 from kda_lib.teaching.exercises import checker, refuse_degenerate
 from kda_lib.teaching.exercises._routes import call_own_work
 
+_SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
+    [0.5, 0.25, 0.125, 0.125],
+    [0.7, 0.1, 0.1, 0.1, 0.0, 0.0],
+    list(np.arange(1, 17)[::-1] / np.arange(1, 17).sum()),
+    [0.25, 0.25, 0.25, 0.25],
+    list(1 / np.arange(1, 101) / (1 / np.arange(1, 101)).sum()),
+)
+
 
 @checker("06.1")
-def chance_level(answer, **_):
-    """``answer(vocab_size) -> float``: the cross-entropy in bits of the uniform prediction over
-    ``vocab_size`` tokens; tried on vocabularies of the checker's own (not the notebook's)."""
-    for size in (2, 5, 16, 1000, 50257):
-        got, hint = call_own_work(answer, size, name="chance_bits(vocab_size)")
-        hint = hint or refuse_degenerate(got, shape=(), what=f"the loss at |V| = {size}")
+def blind_floor(answer, **_):
+    """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
+    accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
+    from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry."""
+    for probs in _SKEWED:
+        got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
+        hint = hint or refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
         if hint:
             return hint
-        if math.isclose(float(got), math.log(size), rel_tol=1e-5):
-            return "that is in nats; a bit is log base 2"
-        if not math.isclose(float(got), math.log2(size), rel_tol=1e-5):
-            return f"wrong at |V| = {size}: the loss is -sum_v p(v) log2 p(v) with p uniform"
+        loss, acc = (float(g) for g in np.ravel(got))
+        p = np.asarray(probs, np.float64)
+        entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
+        if math.isclose(loss, math.log(len(p)), rel_tol=1e-5) and not math.isclose(
+            entropy, math.log(len(p)), rel_tol=1e-5
+        ):
+            return "log |V| is the floor of the uniform stream only; the tokens here are skewed"
+        if math.isclose(loss, entropy / math.log(2), rel_tol=1e-5) and len(p) > 2:
+            return "that loss is in bits; the notebook's losses are in nats"
+        if not math.isclose(loss, entropy, rel_tol=1e-5):
+            return "wrong loss: what should a model predict when it cannot see the source token?"
+        if math.isclose(acc, 1 / len(p), rel_tol=1e-6) and p.max() > 1 / len(p) + 1e-9:
+            return "1/|V| is the uniform stream's accuracy; which guess is right most often here?"
+        if not math.isclose(acc, float(p.max()), rel_tol=1e-6):
+            return "wrong accuracy: the best blind guess is one fixed token"
     return None
 
 
-_STACKS = ((31, (4, 4)), (10, (4, 2, 3)), (3, (4, 4)), (20, (1, 4)), (50, (5, 5, 5, 5)))
+# (last, widths, dilations): gaps (2, 2 / 1, 4), WaveNet-style doubling, a width 1, clipping at 0
+_STACKS = (
+    (20, (2, 2), (1, 4)),
+    (31, (4, 4), (1, 4)),
+    (12, (3,), (2,)),
+    (30, (2, 2, 2), (1, 2, 4)),
+    (9, (3, 2), (3, 1)),
+    (25, (1, 4), (5, 2)),
+    (4, (4, 3), (1, 3)),
+)
+
+
+def _seen(last, widths, dilations):
+    offsets = {sum(j * d for j, d in zip(js, dilations, strict=True))
+               for js in itertools.product(*(range(w) for w in widths))}
+    return sorted(last - o for o in offsets if o <= last)
 
 
 @checker("06.2")
-def conv_positions(answer, **_):
-    """``answer(last, conv_sizes) -> positions``: the positions an output at ``last`` depends
-    on in a conv-only stack whose layers' causal convs have widths ``conv_sizes``. The checker
-    tries stacks of its own (mixed widths, a width of 1, ``last`` within the reach)."""
-    for last, sizes in _STACKS:
-        got, hint = call_own_work(
-            answer, last, list(sizes), name="seen_positions(last, conv_sizes)"
-        )
+def dilated_positions(answer, **_):
+    """``answer(last, widths, dilations) -> positions``: the positions an output at ``last``
+    depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
+    dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d). The checker tries stacks
+    of its own, some with gaps in the positions."""
+    for last, widths, dilations in _STACKS:
+        got, hint = call_own_work(answer, last, list(widths), list(dilations),
+                                  name="seen_positions(last, widths, dilations)")
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:
             return hint
         got = sorted(int(t) for t in np.ravel(got))
-        want = list(range(max(0, last - sum(w - 1 for w in sizes)), last + 1))
+        want = _seen(last, widths, dilations)
         if got == want:
             continue
-        if len(got) == len(want) + 1 or len(got) == len(want) - 1:
-            return f"off by one at last = {last}, widths {sizes}: the last position sees itself"
+        where = f"at last = {last}, widths {widths}, dilations {dilations}"
         if any(t < 0 for t in got):
-            return f"negative positions at last = {last}: the sequence starts at 0"
-        return f"wrong at last = {last}, widths {sizes}: how many tokens back does each conv add?"
+            return f"negative positions {where}: the sequence starts at 0"
+        if len(set(got)) != len(got):
+            return f"a position listed twice {where}"
+        span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
+        if got == list(range(max(0, last - span), last + 1)):
+            return f"wrong {where}: the reach is right; does a dilated stack see all of it?"
+        return f"wrong {where}: which offsets can the taps of the layers add up to?"
     return None
 
 
+# (seq_len, delay, conv_size, period): some positions lost, some kept after each clearing
+_PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20))
+
+
+def _lost(seq_len, delay, conv_size, period):
+    return [t for t in range(delay, seq_len)
+            if t >= period and t - delay < (t // period) * period - (conv_size - 1)]
+
+
 @checker("06.3")
-def late_clearing(answer, *, p: int, seq_len: int, delay: int, conv_size: int):
-    """The positions t >= p whose token (at t - delay) has no path left when the states and
-    every conv history above layer 0 are cleared at p: it lies more than w - 1 before p."""
-    hint = refuse_degenerate(answer, integer=True, allow_zeros=True, what="the positions")
-    if hint or np.ndim(answer) != 1:
-        return hint or "give a list of positions t (ints), each at least p"
-    got = sorted(int(t) for t in answer)
-    if len(set(got)) != len(got):
-        return "give each position once"
-    want = [t for t in range(p, seq_len) if t - delay < p - (conv_size - 1)]
-    if want in ([], list(range(p, seq_len))):
-        raise ValueError(f"p = {p} leaves no choice to make (every or no position lost)")
-    if got == want:
-        return None
-    if any(t < p or t >= seq_len for t in got):
-        return f"positions must lie in p..T-1 = {p}..{seq_len - 1}"
-    return "which tokens can still enter through layer 0's kept conv history after the clearing?"
+def periodic_clearing(answer, **_):
+    """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
+    token (at t - delay) has no path left when the states and the conv histories above layer 0
+    are cleared at every multiple of ``period`` (period, 2 period, ...)."""
+    for case in _PERIODIC:
+        got, hint = call_own_work(answer, *case,
+                                  name="lost_positions(seq_len, delay, conv_size, period)")
+        hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
+        if hint:
+            return hint
+        if np.ndim(got) != 1:
+            return "give a list of positions t (ints)"
+        got = sorted(int(t) for t in got)
+        want = _lost(*case)
+        if got == want:
+            continue
+        seq_len, delay, conv_size, period = case
+        if len(set(got)) != len(got):
+            return "give each position once"
+        if any(t < delay or t >= seq_len for t in got):
+            return f"positions must be scored ones, delay..T-1 = {delay}..{seq_len - 1}"
+        first_only = [t for t in range(max(delay, period), seq_len)
+                      if t - delay < period - (conv_size - 1)]
+        if got == first_only:
+            return f"wrong for {case}: only the first clearing counted; which matters at t?"
+        return f"wrong for {case}: after the last clearing before t, which tokens keep a path?"
+    return None
