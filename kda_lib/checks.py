@@ -93,6 +93,17 @@ def check_number(name: str, value, *, minimum: float | None = None, positive=Fal
     return float(value)
 
 
+def check_float_dtype(name: str, value) -> np.dtype:
+    """``value`` as a floating-point dtype (``jnp.float32``, ``"bfloat16"``, ...)."""
+    try:
+        dtype = None if value is None else jnp.dtype(value)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
+    return dtype
+
+
 def check_token_ids(name: str, ids, vocab_size: int) -> None:
     """Integer token ids in ``[0, vocab_size)`` (values checked when concrete)."""
     dtype = getattr(ids, "dtype", None)

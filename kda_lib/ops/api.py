@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_flag, check_int
+from kda_lib.checks import check_flag, check_float_dtype, check_int
 from kda_lib.ops import contract
 from kda_lib.ops.chunked import Precision, chunked_core
 from kda_lib.ops.contract import Dims, KDAOptions, KDAResult
@@ -253,16 +253,6 @@ def auto_forms(o: KDAOptions) -> tuple[str, str]:
 # ------------------------------------------------------------------ questions asked before a call
 
 
-def _dtype(name: str, value) -> np.dtype:
-    try:
-        dtype = None if value is None else jnp.dtype(value)
-    except (TypeError, ValueError):
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
-    return dtype
-
-
 # kda()'s keywords that are KDAOptions' fields as they are -> rule(name, value) -> the value
 _OPTIONS = {
     **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states",
@@ -275,7 +265,7 @@ _OPTIONS = {
 _SIZES = ("batch", "seq_len", "num_heads", "key_dim")
 # the fields of a call known in part (the sizes, KDAOptions') -> rule(name, value) -> value
 _FIELDS = {
-    **_OPTIONS, **dict.fromkeys(_SIZES, check_int), "dtype": _dtype,
+    **_OPTIONS, **dict.fromkeys(_SIZES, check_int), "dtype": check_float_dtype,
     "value_dim": functools.partial(check_int, optional=True),
     "lower_bound": lambda _, value: check_lower_bound(value) or value,
     **dict.fromkeys(("fused_gate", "allow_neg_eigval", "has_initial_state", "has_segments"),

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_allocation, check_array, check_flag, is_concrete, is_int
+from kda_lib import checks
+from kda_lib.checks import check_array, check_flag, is_concrete
 
 
 class Dims(NamedTuple):
@@ -136,12 +137,9 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     check_shape(names[2], v)
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
     if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
-        axes = SHAPES[names[2]].split()
-        sizes = ", ".join(f"{a}={n}" for a, n in zip(axes, lead, strict=False))
-        raise ValueError(
-            f"{names[2]} must have shape [{', '.join(axes)}] with {sizes} and {axes[-2]} a "
-            f"positive multiple of q's H={qk_heads} (grouped value heads), got shape {v.shape}"
-        )
+        raise ValueError(f"{names[2]} must have shape [{', '.join(SHAPES[names[2]].split())}] "
+                         f"with q's leading sizes {tuple(lead)} and HV a positive multiple of "
+                         f"q's H={qk_heads} (grouped value heads), got shape {v.shape}")
     dims = Dims(lead[0], 1 if token else lead[1], v.shape[-2], key_dim, v.shape[-1], qk_heads)
     for name in (names[1], *names[3:]):
         check_shape(name, arrays[name], dims)
@@ -247,34 +245,23 @@ def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> N
     this machine's memory, naming ``name=value``."""
     shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
     nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
-    check_allocation(name, value, f"{what} = {shape}", nbytes)
+    checks.check_allocation(name, value, f"{what} = {shape}", nbytes)
 
 
 def resolve_scale(scale, key_dim: int) -> float:
     """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (Python, numpy or a concrete 0-d jax array), not traced."""
+    (Python, numpy or a concrete 0-d jax array), not traced (close over it under jit)."""
     if scale is None:
         return key_dim**-0.5
-    if isinstance(scale, jax.core.Tracer):
-        raise ValueError("scale must be a static number (a Python float), not a traced value; "
-                         "close over it instead of passing it through jit")  # fmt: skip
-    try:
-        value = None if isinstance(scale, (bool, str, bytes)) or np.ndim(scale) else float(scale)
-    except (TypeError, ValueError):
-        value = None
-    if value is None or not (np.isfinite(value) and value > 0):
-        raise ValueError(f"scale must be a positive finite float or None (K ** -0.5), "
-                         f"got {scale!r}")  # fmt: skip
-    return value
-
-
-MAX_CHUNK_SIZE = 4096  # a chunk builds C x C blocks per head: 2**40 asked for 2**80 numbers
+    if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
+        scale = scale.item()
+    return checks.check_number("scale", scale, positive=True)
 
 
 def check_chunk_size(chunk_size) -> int:
-    """``chunk_size`` must be a power of two in [1, 4096], for every implementation."""
-    if not is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > MAX_CHUNK_SIZE:
-        raise ValueError(f"chunk_size must be a power of two in [1, {MAX_CHUNK_SIZE}], got "
+    """``chunk_size`` must be a power of two in [1, 4096] (a chunk builds C x C blocks)."""
+    if not checks.is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > 4096:
+        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got "
                          f"{chunk_size!r}")  # fmt: skip
     return int(chunk_size)
 
