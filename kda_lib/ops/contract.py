@@ -137,9 +137,12 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     check_shape(names[2], v)
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
     if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
-        raise ValueError(f"{names[2]} must have shape [{', '.join(SHAPES[names[2]].split())}] "
-                         f"with q's leading sizes {tuple(lead)} and HV a positive multiple of "
-                         f"q's H={qk_heads} (grouped value heads), got shape {v.shape}")
+        axes = SHAPES[names[2]].split()
+        sizes = ", ".join(f"{a}={n}" for a, n in zip(axes, lead, strict=False))
+        raise ValueError(
+            f"{names[2]} must have shape [{', '.join(axes)}] with {sizes} and {axes[-2]} a "
+            f"positive multiple of q's H={qk_heads} (grouped value heads), got shape {v.shape}"
+        )
     dims = Dims(lead[0], 1 if token else lead[1], v.shape[-2], key_dim, v.shape[-1], qk_heads)
     for name in (names[1], *names[3:]):
         check_shape(name, arrays[name], dims)
