@@ -21,26 +21,24 @@ def shared_fields(source, config_class) -> dict:
 
 
 def is_concrete(x) -> bool:
-    """Are ``x``'s values readable here? Not for a tracer (under ``jit``) or an array spread
-    over several processes: value checks then skip."""
+    """Are ``x``'s values readable here (not None, a tracer or an array over several
+    processes)? Value checks skip where not."""
     if x is None or isinstance(x, jax.core.Tracer):
         return False
     return getattr(x, "is_fully_addressable", True)
 
 
 def is_int(value, minimum: int | None = 1) -> bool:
-    """Is ``value`` an int (numpy ints count; bools and floats such as 2.0 do not) that is
-    ``>= minimum`` (any int for None)? The one integer test of the package."""
+    """Is ``value`` an int (numpy ints count; bools and floats do not) ``>= minimum`` (None:
+    any)? The one integer test of the package."""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     return integer and (minimum is None or value >= minimum)
 
 
-def check_int(
-    name: str, value, minimum: int = 1, *, optional: bool = False, expected: str | None = None
-) -> int | None:
+def check_int(name: str, value, minimum: int = 1, *, optional: bool = False,
+              expected: str | None = None) -> int | None:  # fmt: skip
     """``value`` as a Python int if :func:`is_int` (None passes when ``optional``); else
-    ``"<name> must be <expected>, got <value>"``, ``expected`` by default "a positive int"
-    (minimum 1) or "an int >= <minimum>"."""
+    ``"<name> must be <expected>, got <value>"`` (default "a positive int" or "an int >= m")."""
     if optional and value is None:
         return None
     if not is_int(value, minimum):
@@ -64,16 +62,15 @@ def check_seed(name: str, value) -> int:
 
 
 def check_flag(name: str, value) -> bool:
-    """``value`` as a Python bool: a bool or a numpy bool; ints and arrays (numpy or jax,
-    maybe traced: a switch is static) are refused."""
+    """``value`` as a Python bool (numpy bools count; ints and arrays, maybe traced, do not)."""
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a bool, got {value!r}")
     return bool(value)
 
 
 def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
-    """argparse's error (exit status 2) naming the first integer option of ``args`` below its
-    minimum in ``minimums``; options that are None or not this parser's pass."""
+    """argparse's error (exit status 2) naming the first option of ``args`` below its minimum
+    in ``minimums``; options that are None or not this parser's pass."""
     for name, minimum in minimums.items():
         value = getattr(args, name, None)
         if value is not None and value < minimum:
@@ -96,6 +93,17 @@ def check_number(name: str, value, *, minimum: float | None = None, positive=Fal
     return float(value)
 
 
+def check_float_dtype(name: str, value) -> np.dtype:
+    """``value`` as a floating-point dtype (``jnp.float32``, ``"bfloat16"``, ...)."""
+    try:
+        dtype = None if value is None else jnp.dtype(value)
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
+    return dtype
+
+
 def check_token_ids(name: str, ids, vocab_size: int) -> None:
     """Integer token ids in ``[0, vocab_size)`` (values checked when concrete)."""
     dtype = getattr(ids, "dtype", None)
@@ -104,20 +112,15 @@ def check_token_ids(name: str, ids, vocab_size: int) -> None:
     if is_concrete(ids) and np.size(ids):
         low, high = int(np.min(ids)), int(np.max(ids))
         if low < 0 or high >= vocab_size:
-            raise ValueError(
-                f"{name} token ids must lie in [0, {vocab_size}) (vocab_size), "
-                f"got ids in [{low}, {high}]"
-            )
+            raise ValueError(f"{name} token ids must lie in [0, {vocab_size}) (vocab_size), "
+                             f"got ids in [{low}, {high}]")  # fmt: skip
 
 
 def check_array(name: str, x, *, floating: bool = False) -> None:
-    """``x`` must be a jax or numpy array (not a list or scalar), of a floating dtype with
-    ``floating``."""
+    """``x`` must be a jax or numpy array (not a list or scalar), floating with ``floating``."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise ValueError(
-            f"{name} must be a jax or numpy array, got {type(x).__name__}"
-            + (" (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else "")
-        )
+        hint = " (wrap it in jnp.asarray)" if isinstance(x, (list, tuple)) else ""
+        raise ValueError(f"{name} must be a jax or numpy array, got {type(x).__name__}{hint}")
     if floating and not jnp.issubdtype(x.dtype, jnp.floating):
         raise ValueError(f"{name} must be a floating-point array, got dtype {x.dtype}")
 
@@ -151,16 +154,13 @@ def allocation_problem(what: str, nbytes: int, *, limit: int | None = None) -> s
     """``"<what> would take ~X (more than this machine's memory, Y)"`` when ``nbytes`` exceeds
     ``limit`` (default :func:`memory_limit`), else None."""
     limit = memory_limit() if limit is None else limit
-    if limit is not None and nbytes > limit:
-        return (f"{what} would take ~{format_bytes(nbytes)} (more than this machine's memory, "
-                f"{format_bytes(limit)})")
-    return None
+    if limit is None or nbytes <= limit:
+        return None
+    return (f"{what} would take ~{format_bytes(nbytes)} (more than this machine's memory, "
+            f"{format_bytes(limit)})")  # fmt: skip
 
 
 def check_allocation(name: str, value, what: str, nbytes: int, *, limit=None) -> None:
-    """``ValueError("<name>=<value>: <allocation_problem>")`` when the estimate ``nbytes``
-    exceeds ``limit``, before anything is allocated."""
-    problem = allocation_problem(what, nbytes, limit=limit)
-    if problem:
-        shown = value if isinstance(value, str) else repr(value)
-        raise ValueError(f"{name}={shown}: {problem}")
+    """``ValueError("<name>=<value>: <allocation_problem>")`` before anything is allocated."""
+    if problem := allocation_problem(what, nbytes, limit=limit):
+        raise ValueError(f"{name}={value if isinstance(value, str) else repr(value)}: {problem}")

@@ -1,7 +1,6 @@
-"""The KDA call contract: the dimensions and options every form takes, and the input checks
-behind them. Shapes are declared once (:data:`SHAPES`) and checked by :func:`check_shape`;
-value checks (beta's range, the gate's sign, segment-id runs) read concrete arrays once on the
-host, and under ``jax.jit`` only the shape checks apply."""
+"""The KDA call contract: the dimensions, options and result every form shares, and the checks
+of its inputs. Shapes are one table (:data:`SHAPES`); value checks (beta's range, g's sign,
+segment-id runs) read concrete arrays once on the host; under ``jax.jit`` only shapes apply."""
 
 from __future__ import annotations
 
@@ -11,13 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.checks import check_allocation, check_array, check_flag, is_concrete, is_int
+from kda_lib import checks
+from kda_lib.checks import check_array, check_flag, is_concrete
 
 
 class Dims(NamedTuple):
-    """Dimensions of one KDA call: ``num_heads`` the value heads HV (v, g, beta, the state),
-    ``qk_heads`` the q/k heads H; HV a multiple of H (value head j reads q/k head
-    ``j // (HV // H)``)."""
+    """One call's sizes: ``num_heads`` the value heads HV (v, g, beta, the state), ``qk_heads``
+    the q/k heads H, HV a multiple of H (value head j reads q/k head ``j // (HV // H)``)."""
 
     batch: int
     seq_len: int
@@ -33,41 +32,40 @@ class Dims(NamedTuple):
 
 
 def repeat_qk_heads(q, k, groups: int):
-    """q, k ``[B, T, H, K]`` -> ``[B, T, H * groups, K]`` (value head j gets q/k head
-    ``j // groups``), for forms that do not map grouped heads natively."""
+    """q, k ``[B, T, H, K]`` -> ``[B, T, H * groups, K]``, for forms without grouped heads."""
     if groups == 1:
         return q, k
     return jnp.repeat(q, groups, axis=2), jnp.repeat(k, groups, axis=2)
 
 
 class KDAOptions(NamedTuple):
-    """The checked, static (hashable) options of one :func:`kda_lib.kda` call.
-    ``segments_per_row``: the most segments in one row when the ids were concrete, else None."""
+    """The checked, static (hashable) options of one :func:`kda_lib.kda` call, defaults as
+    there. ``segments_per_row``: the most segments in one row of concrete ids, else None."""
 
     dims: Dims
-    dtype: np.dtype  # q's dtype: the outputs' dtype
-    scale: float
-    output_final_state: bool
-    has_initial_state: bool
-    has_segments: bool
-    max_num_segments: int | None
-    segments_per_row: int | None
-    fused_gate: bool
-    lower_bound: float | None
-    use_qk_l2norm: bool
-    allow_neg_eigval: bool
-    chunk_size: int
-    precision: str | None
-    implementation: str
+    dtype: np.dtype = np.dtype("float32")  # q's dtype: the outputs' dtype
+    scale: float = 1.0
+    output_final_state: bool = False
+    has_initial_state: bool = False
+    has_segments: bool = False
+    max_num_segments: int | None = None
+    segments_per_row: int | None = None
+    fused_gate: bool = False
+    lower_bound: float | None = None
+    use_qk_l2norm: bool = False
+    allow_neg_eigval: bool = False
+    chunk_size: int = 64
+    precision: str | None = None
+    implementation: str = "auto"
     output_chunk_states: bool = False
     output_token_states: bool = False
 
 
 class KDAResult(NamedTuple):
-    """What the forms return when interior states are asked for (else ``(o, final_state)``);
-    fields not asked for are None. ``output [B, T, HV, V]`` (q's dtype), ``final_state
-    [B, HV, K, V]``, ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each full chunk),
-    ``token_states [B, T, HV, K, V]`` (after each token; DESIGN section 3 for padding)."""
+    """The forms' result when interior states are asked for (else ``(o, final_state)``), None
+    where not asked: ``output [B, T, HV, V]`` (q's dtype), ``final_state [B, HV, K, V]``,
+    ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each full chunk), ``token_states
+    [B, T, HV, K, V]`` (after each token; DESIGN section 3 for padding)."""
 
     output: jax.Array
     final_state: jax.Array | None
@@ -77,14 +75,11 @@ class KDAResult(NamedTuple):
 
 def kda_result(o, final_state, chunk_states=None, token_states=None, *, asked: bool):
     """``KDAResult`` when interior states were ``asked`` for, else the pair ``(o, final)``."""
-    if asked:
-        return KDAResult(o, final_state, chunk_states, token_states)
-    return o, final_state
+    return KDAResult(o, final_state, chunk_states, token_states) if asked else (o, final_state)
 
 
 def host_values(x, dtype=None) -> np.ndarray:
-    """``x``'s values on the host: the one place the checks read an array (an eager
-    :func:`kda_lib.kda` call reads beta, the segment ids and a log-space g once each)."""
+    """``x``'s values on the host: the one place the checks read an array."""
     return np.asarray(x, dtype)
 
 
@@ -95,30 +90,35 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 # ------------------------------------------------------------------------------ shapes
 
-# The checked arrays' shapes by argument name, as messages show them: H q/k's heads, HV the
-# value heads (v, g, beta, states; HV = H without grouped value heads); N a pool's slots.
+# Every checked array's shape by argument name: H q/k's heads, HV the value heads (HV = H
+# without grouped value heads), N a pool's slots. Messages show these names.
 SHAPES = {
     "q": "B T H K", "k": "B T H K", "v": "B T HV V", "g": "B T HV K", "beta": "B T HV",
     "initial_state": "B HV K V", "segment_ids": "B T", "a_log": "HV",
     "q_t": "B H K", "k_t": "B H K", "v_t": "B HV V", "g_t": "B HV K", "beta_t": "B HV",
     "state": "B HV K V", "pool": "N HV K V",
 }  # fmt: skip
-_QK = ("q", "k", "q_t", "k_t")
 
 
-def check_shape(name: str, x, dims: Dims, *, slots: int | None = None) -> None:
-    """``x`` must be a floating array (integer for ``segment_ids``) of shape ``SHAPES[name]``
-    at ``dims`` (N: ``slots``); the message names the argument and both shapes."""
+def check_shape(name: str, x, dims: Dims | None = None, *, slots: int | None = None) -> None:
+    """``x`` must be a floating array (integer: ``segment_ids``) of shape ``SHAPES[name]`` at
+    ``dims`` (N: ``slots``); with ``dims=None`` (q, v: they fix the dims) of its rank, no
+    axis empty. The message names the argument and both shapes."""
     check_array(name, x, floating=name != "segment_ids")
-    axes = SHAPES[name].split()
-    heads = dims.qk_heads if name in _QK else dims.num_heads
+    axes, got = SHAPES[name].split(), tuple(x.shape)
+    if dims is None:
+        if len(got) != len(axes):
+            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
+                             f"got shape {got}")  # fmt: skip
+        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
+            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
+        return
+    heads = dims.qk_heads if name in ("q", "k", "q_t", "k_t") else dims.num_heads
     sizes = dict(B=dims.batch, T=dims.seq_len, H=heads, HV=heads, K=dims.key_dim,
                  V=dims.value_dim, N=slots)  # fmt: skip
     want = tuple(sizes[a] for a in axes)
-    if tuple(x.shape) != want:
-        raise ValueError(
-            f"{name} must have shape [{', '.join(axes)}]={want}, got shape {tuple(x.shape)}"
-        )
+    if got != want:
+        raise ValueError(f"{name} must have shape [{', '.join(axes)}]={want}, got shape {got}")
 
 
 def check_float_arrays(**arrays) -> None:
@@ -128,36 +128,23 @@ def check_float_arrays(**arrays) -> None:
             check_array(name, x, floating=True)
 
 
-def _leading(name: str, x) -> None:
-    """``x`` must have ``SHAPES[name]``'s rank and no empty axis (the message names it)."""
-    axes = SHAPES[name].split()
-    if x.ndim != len(axes):
-        raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), got "
-                         f"shape {tuple(x.shape)}")  # fmt: skip
-    for axis, size in zip(axes, x.shape, strict=True):
-        if not size:
-            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 "
-                             f"(shape {tuple(x.shape)})")  # fmt: skip
-
-
 def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
-    """The dimensions of q, k, v, g, beta (or, with ``token``, of one decoding step's ``q_t`` ..
+    """The dimensions of q, k, v, g, beta (with ``token``: one decoding step's ``q_t`` ..
     ``beta_t``, T = 1), every dtype and shape checked."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
     arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
-    check_float_arrays(**arrays)
-    _leading(names[0], q)
+    check_shape(names[0], q)
+    check_shape(names[2], v)
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
-    if v.ndim != q.ndim or list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
+    if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
         axes = SHAPES[names[2]].split()
         sizes = ", ".join(f"{a}={n}" for a, n in zip(axes, lead, strict=False))
         raise ValueError(
             f"{names[2]} must have shape [{', '.join(axes)}] with {sizes} and {axes[-2]} a "
             f"positive multiple of q's H={qk_heads} (grouped value heads), got shape {v.shape}"
         )
-    _leading(names[2], v)
     dims = Dims(lead[0], 1 if token else lead[1], v.shape[-2], key_dim, v.shape[-1], qk_heads)
-    for name in names[1:]:
+    for name in (names[1], *names[3:]):
         check_shape(name, arrays[name], dims)
     return dims
 
@@ -167,10 +154,9 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
                      allow_neg_eigval=False, raw_gate=False, lower_bound=None) -> Dims:  # fmt: skip
-    """Check one call's arrays and return their dimensions: q, k ``[B, T, H, K]``; v
-    ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]``, initial_state
-    ``[B, HV, K, V]``, HV a positive multiple of H. ``raw_gate``: g is the in-kernel gate's
-    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given."""
+    """One call's arrays checked (:data:`SHAPES`, HV a positive multiple of H) and their
+    dimensions. ``raw_gate``: g is the in-kernel gate's raw input (any sign); else a log-space
+    decay, ``>= lower_bound`` when one is given."""
     dims = checked_dims(q, k, v, g, beta)
     if initial_state is not None:
         check_shape("initial_state", initial_state, dims)
@@ -181,26 +167,24 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
     return dims
 
 
-def _host_range(x, keep) -> tuple[float, float]:
-    """The smallest and largest of ``x``'s values that ``keep`` (0, 0 when none)."""
-    values = host_values(x, np.float32)
-    values = values[keep(values)]
-    return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-
-
 def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
-    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``) and a log-space g in
-    ``[bound, 0]``, checked when concrete; non-finite values are left to every form's
-    non-finite rule (a NaN is not "out of range")."""
+    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``) and a log-space g in ``[bound, 0]``,
+    when concrete; non-finite values are left to the forms' non-finite rule."""
+
+    def host_range(x, keep) -> tuple[float, float]:
+        values = host_values(x, np.float32)
+        values = values[keep(values)]
+        return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+
     beta_max = 2.0 if allow_neg_eigval else 1.0
     if is_concrete(beta):
-        lo, hi = _host_range(beta, np.isfinite)
+        lo, hi = host_range(beta, np.isfinite)
         if not (lo >= 0.0 and hi <= beta_max):
             hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
             raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
                              f"[{lo:g}, {hi:g}]")  # fmt: skip
     if not raw_gate and is_concrete(g):
-        lo, hi = _host_range(g, lambda x: ~np.isnan(x))
+        lo, hi = host_range(g, lambda x: ~np.isnan(x))
         if not hi <= 0.0:
             raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
         if bound is not None and not lo >= bound:
@@ -211,8 +195,7 @@ def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None)
 
 
 def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
-    """``a_log [HV]`` and ``dt_bias [HV * K]`` or ``[HV, K]`` (each may be None): the
-    in-kernel gate's and :func:`kda_lib.kda_gate`'s rule."""
+    """``a_log [HV]`` and ``dt_bias [HV * K]`` or ``[HV, K]`` (each may be None)."""
     if a_log is not None:
         check_shape("a_log", a_log, dims)
     if dt_bias is not None:
@@ -224,12 +207,9 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
             )
 
 
-def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, *, initial_state=None,
-                       segment_ids=None, allow_neg_eigval=False) -> Dims:  # fmt: skip
-    """:func:`check_kda_inputs` for the in-kernel gate (``g`` its raw input) with its
-    parameters (:func:`check_gate_parameters`)."""
-    dims = check_kda_inputs(q, k, v, g, beta, initial_state=initial_state, raw_gate=True,
-                            segment_ids=segment_ids, allow_neg_eigval=allow_neg_eigval)  # fmt: skip
+def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **kw) -> Dims:
+    """:func:`check_kda_inputs` (its keywords) for the in-kernel gate: g raw, a_log, dt_bias."""
+    dims = check_kda_inputs(q, k, v, g, beta, raw_gate=True, **kw)
     check_gate_parameters(a_log, dt_bias, dims)
     return dims
 
@@ -264,41 +244,27 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
 
 
 def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
-    """Refuse ``count`` states ``[HV, K, V]`` per row (in ``dtype``'s accumulation dtype)
-    larger than this machine's memory, naming ``name=value``."""
+    """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) larger than
+    this machine's memory, naming ``name=value``."""
     shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
     nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
-    check_allocation(name, value, f"{what} = {shape}", nbytes)
+    checks.check_allocation(name, value, f"{what} = {shape}", nbytes)
 
 
 def resolve_scale(scale, key_dim: int) -> float:
     """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (Python, numpy or a concrete 0-d jax array), not traced."""
+    (Python, numpy or a concrete 0-d jax array), not traced (close over it under jit)."""
     if scale is None:
         return key_dim**-0.5
-    if isinstance(scale, jax.core.Tracer):
-        raise ValueError(
-            "scale must be a static number (a Python float), not a traced value; "
-            "close over it instead of passing it through jit"
-        )
-    try:
-        value = None if isinstance(scale, (bool, str, bytes)) or np.ndim(scale) else float(scale)
-    except (TypeError, ValueError):
-        value = None
-    if value is None or not (np.isfinite(value) and value > 0):
-        raise ValueError(f"scale must be a positive finite float or None (K ** -0.5), "
-                         f"got {scale!r}")  # fmt: skip
-    return value
-
-
-MAX_CHUNK_SIZE = 4096  # a chunk builds C x C blocks per head: 2**40 asked for 2**80 numbers
+    if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
+        scale = scale.item()
+    return checks.check_number("scale", scale, positive=True)
 
 
 def check_chunk_size(chunk_size) -> int:
-    """``chunk_size`` must be a power of two in [1, 4096], for every implementation."""
-    if not is_int(chunk_size) or chunk_size < 1 or chunk_size & (chunk_size - 1) or (
-            chunk_size > MAX_CHUNK_SIZE):
-        raise ValueError(f"chunk_size must be a power of two in [1, {MAX_CHUNK_SIZE}], got "
+    """``chunk_size`` must be a power of two in [1, 4096] (a chunk builds C x C blocks)."""
+    if not checks.is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > 4096:
+        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got "
                          f"{chunk_size!r}")  # fmt: skip
     return int(chunk_size)
 

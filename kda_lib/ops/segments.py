@@ -1,11 +1,9 @@
-"""Segment ids: the one place that says what a segment is (DESIGN section 3).
+"""Segment ids, the one segment rule (DESIGN section 3), and non-finite inputs' isolation.
 
-``segment_ids [B, T]`` are ints, 0 = padding. **A segment starts wherever the id of a real
-(non-padding) token differs from the id of the real token before it**; padding belongs to no
-segment (it outputs 0 and leaves the state alone); the initial state belongs to a row's first
-segment. Every implementation derives what it needs from the helpers here. Non-finite inputs
-are isolated here too (:func:`isolate_non_finite`).
-"""
+``segment_ids [B, T]`` are ints, 0 = padding. **A segment starts wherever a real token's id
+differs from the previous real token's**; padding belongs to no segment (output 0, state left
+alone); the initial state belongs to a row's first segment. Every form derives what it needs
+from the helpers here."""
 
 from __future__ import annotations
 
@@ -59,7 +57,7 @@ def count_segments(segment_ids, ranks: int = 1) -> int:
 
 def check_max_num_segments(value, name: str = "max_num_segments", *, optional: bool = False):
     """``value`` must be a positive int (or None when ``optional``)."""
-    check_int(name, value, optional=optional)
+    return check_int(name, value, optional=optional)
 
 
 def neutral_padding(q, g, beta, valid, *, raw_gate: bool):
@@ -117,24 +115,20 @@ def fill_padding_ids_across_ranks(segment_ids: jax.Array, axis_name: str) -> jax
 
 
 def canonical_segment_ids(segment_ids) -> jax.Array:
-    """``[B, T]`` int32: each segment's ordinal, padding 0. Host ids are numbered on the host
-    in their own dtype (int64 ids must not wrap to 32 bits; DESIGN section 3)."""
+    """``[B, T]`` int32: each segment's ordinal, padding 0. Host ids are first renumbered
+    densely on the host, in their own dtype (int64 ids must not wrap to 32 bits)."""
     if not isinstance(segment_ids, jax.Array):
-        return jnp.asarray(host_canonical_segment_ids(np.asarray(segment_ids)))
+        ids = np.asarray(segment_ids)
+        if not ids.size:
+            return jnp.zeros(ids.shape, jnp.int32)
+        dense = np.unique(ids, return_inverse=True)[1].reshape(ids.shape) + (ids != 0).all()
+        segment_ids = jnp.asarray(dense, jnp.int32)  # 0 stays 0, equal ids stay equal
     return jnp.where(segment_ids != 0, segment_ordinals(segment_ids), 0).astype(jnp.int32)
 
 
 def host_canonical_segment_ids(ids: np.ndarray) -> np.ndarray:
-    """:func:`canonical_segment_ids` in numpy (``[B, T]`` -> int32)."""
-    if ids.ndim != 2 or not ids.size:
-        return np.zeros(ids.shape, np.int32)
-    valid = ids != 0
-    positions = np.arange(ids.shape[1])
-    last_valid = np.maximum.accumulate(np.where(valid, positions, -1), axis=1)
-    first = np.take_along_axis(ids, np.argmax(valid, axis=1)[:, None], 1)  # [B, 1]
-    filled = np.where(last_valid >= 0, np.take_along_axis(ids, np.maximum(last_valid, 0), 1), first)
-    changes = np.concatenate([np.zeros_like(valid[:, :1]), filled[:, 1:] != filled[:, :-1]], axis=1)
-    return np.where(valid, 1 + np.cumsum(changes, axis=1), 0).astype(np.int32)
+    """:func:`canonical_segment_ids` as a numpy array."""
+    return np.asarray(canonical_segment_ids(ids))
 
 
 def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):

@@ -612,6 +612,44 @@ ROWS.append(
     )
 )
 
+# -- the questions asked of kda's table before a call (kda_lib.ops.api) ------------------------
+def _question_rows():
+    from kda_lib.ops.api import refusals, select_implementation
+
+    ok = dict(seq_len=8, key_dim=8)
+    rows = [
+        Row("select_implementation", case, lambda kw=kw: select_implementation(**{**ok, **kw}),
+            match=name, jit=False)
+        for case, name, kw in [
+            ("seq_len 0", "seq_len", dict(seq_len=0)),
+            ("key_dim bool", "key_dim", dict(key_dim=True)),
+            ("batch float", "batch", dict(batch=2.0)),
+            ("value_dim negative", "value_dim", dict(value_dim=-1)),
+            ("dtype int", "dtype", dict(dtype=jnp.int32)),
+            ("dtype unknown word", "dtype", dict(dtype="float33")),
+            ("dtype None", "dtype", dict(dtype=None)),
+            ("fused_gate int", "fused_gate", dict(fused_gate=1)),
+            ("lower_bound positive", "lower_bound", dict(lower_bound=7.0)),
+            ("chunk_size 3", "chunk_size", dict(chunk_size=3)),
+            ("precision unknown", "precision", dict(precision="low")),
+            ("differentiated a word", "differentiated", dict(differentiated="yes")),
+            ("an unknown field", "sequence_length", dict(sequence_length=8)),
+        ]
+    ]  # fmt: skip
+    rows += [
+        Row("refusals", "implementation unknown", lambda: refusals("triton", **ok),
+            match="implementation", jit=False),
+        Row("refusals", "here int", lambda: refusals("chunked", here=1, **ok), match="here",
+            jit=False),
+        Row("refusals", "seq_len float", lambda: refusals("chunked", seq_len=8.0),
+            match="seq_len", jit=False),
+    ]  # fmt: skip
+    return rows
+
+
+ROWS += _question_rows()
+
+
 # -- the other mixers and TinyLM (kda_lib.layers, kda_lib.models) ------------------------------
 def _mixer_rows():
     from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
