@@ -52,7 +52,7 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.segments import canonical_segment_ids, count_segments, host_canonical_segment_ids
+from kda_lib.ops.segments import canonical_segment_ids, count_segments
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
@@ -485,9 +485,7 @@ class KimiDeltaAttention(nnx.Module):
                     cfg.implementation, dims, cfg.max_num_segments,
                     name="KDAConfig.max_num_segments")):  # fmt: skip
                 raise ValueError(problem)
-            host = isinstance(segment_ids, np.ndarray)
-            canonical = host_canonical_segment_ids if host else canonical_segment_ids
-            checked = CheckedSegmentIds(canonical(segment_ids), count)
+            checked = CheckedSegmentIds(canonical_segment_ids(segment_ids), count)
         if is_concrete(x):
             bad = ~np.isfinite(values := np.asarray(x))
             if bad.any():

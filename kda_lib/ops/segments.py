@@ -126,11 +126,6 @@ def canonical_segment_ids(segment_ids) -> jax.Array:
     return jnp.where(segment_ids != 0, segment_ordinals(segment_ids), 0).astype(jnp.int32)
 
 
-def host_canonical_segment_ids(ids: np.ndarray) -> np.ndarray:
-    """:func:`canonical_segment_ids` as a numpy array."""
-    return np.asarray(canonical_segment_ids(ids))
-
-
 def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
     """q, k, v, beta set to 0 and g to ``neutral_gate`` at padding, by selection (padding's
     values never reach an output or a gradient)."""
