@@ -223,9 +223,10 @@ per_token = {"MLA": at_scale.mla_cache_numbers(kimi), f"GQA, G = {gqa_kv_heads}"
              "MHA": at_scale.attention_cache_numbers(kimi.num_heads, kimi.head_dim)}
 fig, ax = plt.subplots(figsize=(8, 3.8))
 hybrid = [at_scale.model_cache_bytes(kimi, t) / 2**30 for t in t_axis]
-ax.plot(t_axis, hybrid, color=viz.PALETTE["blue"], linewidth=2.5,
+ax.plot(t_axis, hybrid, color=viz.MODEL_COLORS["hybrid"], linewidth=2.5,
         label=f"Kimi Linear: {len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers")
-for (name, n), color in zip(per_token.items(), viz.CYCLE[1:], strict=False):
+for name, n in per_token.items():  # viz's colour of MHA, GQA, MLA
+    color = viz.MODEL_COLORS[name.split(",")[0].lower()]
     ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, color=color,
             label=f"{kimi.num_layers} {name} layers")
 for t in contexts:
