@@ -548,6 +548,29 @@ def test_05_the_fold_is_r_steps_on_every_rank():
         assert cpt.fold_matmuls(jaxpr, K, V) == r
 
 
+def test_05_bytes_sent_reads_the_layers_summaries_and_halo_off_the_compiled_program():
+    """teaching.context_parallel.bytes_sent (notebook 05, section 5): the layer on 2 ranks sends
+    (R - 1) B H d_k (d_k + d_v) + (w - 1) B H (2 d_k + d_v) floats at every T; a program without
+    collectives sends nothing."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import kda_lib
+    from kda_lib.teaching import context_parallel as cpt
+
+    mesh = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices("cpu")[:2])
+    config = kda_lib.KDAConfig(hidden_size=32, num_heads=2, head_dim=16, conv_size=4,
+                               implementation="recurrent")
+    layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0), mesh=mesh)
+    want = 4 * ((2 - 1) * 2 * 16 * (16 + 16) + (4 - 1) * 2 * (2 * 16 + 16))
+    for t in (16, 64):
+        x = jnp.zeros((1, t, 32))
+        assert cpt.bytes_sent(type(layer).__call__, layer, x, ranks=2) == want
+    assert cpt.bytes_sent(jnp.sin, jnp.zeros(4), ranks=2) == 0
+
+
 @pytest.mark.parametrize(
     "name", ["00_quickstart", "01_delta_rule", "02_gating_and_decay", "04_kda_layer"]
 )
