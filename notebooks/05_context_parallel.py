@@ -329,6 +329,8 @@ def gather_local(q, k, v, g, beta):
 
 gather_kernel = jax.shard_map(gather_local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ)
 gather = jax.jit(lambda *a: gather_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
+
+# %%
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
                            value_head_dim=value_dim, conv_size=conv_size,
                            implementation=implementation)  # notebook 04's layer, on the mesh
