@@ -331,13 +331,13 @@ for m in models:
 viz.show(lm.plot_curves_and_positions(runs, models, early=reach), "09_protocol_curves")
 
 # %%
-late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], models)
-print("validation bits per byte gained over the last evaluation interval, mean over seeds: "
-      + ", ".join(f"{m} {late[m].mean():.4f}" for m in models))
 pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(models) for b in models[i + 1:]}
 tests = compare_family(pairs, alpha=ALPHA)
 for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
     print(f"{a:10s} - {b:10s} {c.describe(' bpb')}; detectable {c.detectable:.3f}")
+
+# %%
+late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], models)
 ordered = [f"{a} {c.verdict} {b} ({c.mean:+.3f})" for (a, b), c in tests.items()
            if c.verdict != "level"]
 level = {k: c for k, c in tests.items() if c.verdict == "level"}
