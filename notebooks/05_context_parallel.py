@@ -93,7 +93,6 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 import kda_lib.teaching.notebook
-from kda_lib.lab.measure import hlo_collectives
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.teaching import context_parallel as cpt
 from kda_lib.teaching import explain, viz
@@ -289,10 +288,10 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
                               "per rank's slice"), "05_kernel_errors")
 
 # %% [markdown]
-# ## 5. Bytes moved: state passing vs gathering the sequence
+# ## 5. Bytes moved: passing summaries vs gathering the sequence
 #
-# The obvious alternative is to all-gather $\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta$ so
-# every rank holds the whole sequence. With 4-byte floats, per rank (ring all-gathers):
+# The obvious alternative: every rank gathers the whole sequence ($\mathbf q, \mathbf k,
+# \mathbf v, \mathbf g, \beta$) and runs it. Per rank, with 4-byte floats:
 #
 # $$
 # \begin{align*}
@@ -300,14 +299,13 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
 #   \text{ bytes, linear in } T, \\
 # \text{state passing (kernel):}&\quad (R - 1)\, B\, H\, d_k (d_k + d_v) \cdot 4 \text{ bytes}, \\
 # \text{state passing + halo (layer):}&\quad \text{the above} + (w - 1)\, B\, H\, (2 d_k + d_v)
-#   \cdot 4 \text{ bytes},
+#   \cdot 4 \text{ bytes}.
 # \end{align*}
 # $$
 #
-# the last two independent of $T$. Setting the first equal to the second, gathering moves more
-# bytes once $T > R\, d_k (d_k + d_v) / (3 d_k + d_v + 1)$. **Measured**: we compile each
-# variant for a few $T$, find the collectives in the compiled HLO (`hlo_collectives`) and add
-# up the bytes each rank sends. **Analytic**: the formulas, drawn out to long sequences.
+# Passing summaries costs the same at every $T$; gathering sends more once
+# $T > R\, d_k (d_k + d_v) / (3 d_k + d_v + 1)$. We compile each program at a few lengths and add
+# up what each rank sends (`cpt.bytes_sent`; how it reads the compiled program: the notes).
 
 # %%
 bytes_f32 = 4
@@ -322,7 +320,7 @@ formula["state passing + halo (layer)"] = lambda t: formula["state passing (kern
 
 
 def gather_local(q, k, v, g, beta):
-    """Baseline: every rank gathers the whole sequence, runs it, keeps its slice."""
+    """The alternative: every rank gathers the whole sequence, runs it, keeps its slice."""
     full = [jax.lax.all_gather(a, "context", axis=1, tiled=True) for a in (q, k, v, g, beta)]
     out, _ = kda_lib.kda(*full, implementation=implementation)
     return jax.lax.dynamic_slice_in_dim(out, jax.lax.axis_index("context") * q.shape[1],
@@ -333,40 +331,27 @@ gather_kernel = jax.shard_map(gather_local, mesh=mesh, in_specs=(SEQ,) * 5, out_
 gather = jax.jit(lambda *a: gather_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
 
 # %%
-# the layer of notebook 04 on the mesh: its halo and summaries are what it sends
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=key_dim,
                            value_head_dim=value_dim, conv_size=conv_size,
-                           implementation=implementation)
+                           implementation=implementation)  # notebook 04's layer, on the mesh
 layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
-layer_graph, layer_state = nnx.split(layer_cp)
-layer_fn = jax.jit(lambda s, x: nnx.merge(layer_graph, s)(x))
 
 # %%
 measured = {name: [] for name in formula}
 lengths = [ranks * -(-t // ranks) for t in traffic_lengths]
 for t in lengths:
-    args = tuple(jax.ShapeDtypeStruct((batch, t, num_heads, d), jnp.float32)
-                 for d in (key_dim, key_dim, value_dim, key_dim))
-    args += (jax.ShapeDtypeStruct((batch, t, num_heads), jnp.float32),)
-    x_spec = jax.ShapeDtypeStruct((batch, t, hidden_size), jnp.float32)
-    for name, lowered in (("state passing (kernel)", cp.lower(*args)),
-                          ("gather the sequence", gather.lower(*args)),
-                          ("state passing + halo (layer)", layer_fn.lower(layer_state, x_spec))):
-        found = hlo_collectives(lowered.compile().as_text(), ranks)
-        measured[name].append(sum(c["sent_bytes"] for c in found))
+    kernel_args = [jnp.zeros((batch, t, *x.shape[2:])) for x in inputs]  # q, k, v, g, beta
+    x = jnp.zeros((batch, t, hidden_size))
+    programs = {"state passing (kernel)": (cp, kernel_args),
+                "gather the sequence": (gather, kernel_args),
+                "state passing + halo (layer)": (type(layer_cp).__call__, [layer_cp, x])}
+    for name, (fn, args) in programs.items():
+        measured[name].append(cpt.bytes_sent(fn, *args, ranks=ranks))
         assert measured[name][-1] == formula[name](t), (name, t, measured[name][-1])
     print(f"T = {t:5d}, bytes per rank: " + ", ".join(f"{n} {v[-1]:,d}"
                                                       for n, v in measured.items()))
 assert len(set(measured["state passing (kernel)"])) == 1, "state passing is flat in T"
 assert len(set(measured["state passing + halo (layer)"])) == 1
-
-# %% tags=["hide-input"]
-long_t = np.geomspace(lengths[0], max(traffic_max_len, lengths[-1]), 60)
-analytic = {name: [f(t) for t in long_t] for name, f in formula.items()}
-viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured,
-                          title=f"Bytes each rank sends per forward pass, R = {ranks}, "
-                          f"B = {batch}, H = {num_heads}, $d_k$ = {key_dim}, $d_v$ = {value_dim}"),
-         "05_traffic")
 
 # %%
 crossover = ranks * key_dim * (key_dim + value_dim) / (3 * key_dim + value_dim + 1)
@@ -374,13 +359,19 @@ ratio_at_longest = measured["gather the sequence"][-1] / measured["state passing
 print(f"state passing moves fewer bytes than gathering for T > {crossover:.1f} tokens (the "
       f"formulas); at T = {lengths[-1]}, gathering sent {ratio_at_longest:.1f}x the bytes")
 assert ratio_at_longest > 1
+long_t = np.geomspace(16, max(traffic_max_len, lengths[-1]), 60)  # from 16 tokens: the crossover
+analytic = {name: [f(t) for t in long_t] for name, f in formula.items()}
+viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossover,
+                          title=f"Bytes each rank sends per forward pass, R = {ranks}, "
+                          f"B = {batch}, H = {num_heads}, $d_k$ = {key_dim}, $d_v$ = {value_dim}"),
+         "05_traffic")
 
 # %% [markdown]
 # ## 6. The same layer on tokamax's TPU kernel
 #
-# MaxText runs KDA on TPU through tokamax's Mosaic kernel: `implementation="tokamax_mosaic"`
-# runs it on every rank, on the chips of a TPU VM, or here interpreted on the CPU with a v6e's
-# limits by `kda_lib.emulate_tpu()` (slowly: a small layer, forward only; 128-wide heads).
+# With `implementation="tokamax_mosaic"` every rank runs tokamax's TPU kernel: on a TPU VM's
+# chips, or here on the CPU, where `kda_lib.emulate_tpu()` interprets it (slowly, so a small
+# layer, forward only, 128-wide heads). Its output must equal one device's.
 
 # %%
 tpu_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim=128,

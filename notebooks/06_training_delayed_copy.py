@@ -220,7 +220,7 @@ for name, model in (("KDA", kda_model), ("conv only", conv_model)):
           f"{history['seconds'][-1]:.1f} s incl. compilation")
 
 # %% tags=["hide-input"]
-colors = {"KDA": viz.PALETTE["blue"], "conv only": viz.PALETTE["orange"]}
+colors = {"KDA": viz.MODEL_COLORS["kda"], "conv only": viz.MODEL_COLORS["conv"]}
 fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
 for name, run in runs.items():
     h = run["history"]

@@ -237,7 +237,7 @@ print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes
 contexts = np.unique(np.geomspace(1, memory_max_len, 200).astype(int))
 decoded_at = np.arange(prompt_len + 1, total_len + 1)
 fig, ax = plt.subplots(figsize=(8, 3.6))
-ax.plot(contexts, contexts * kv_bytes_per_token, color=viz.PALETTE["vermillion"],
+ax.plot(contexts, contexts * kv_bytes_per_token, color=viz.MODEL_COLORS["attention"],
         label="softmax attention KV cache (from shapes)")
 ax.plot(contexts, np.full(contexts.shape, kda_bytes), color=viz.PALETTE["blue"],
         label="KDA cache (state + conv history)")
@@ -293,7 +293,7 @@ ax.plot(decoded_at, step_ms, ".-", color=viz.PALETTE["blue"], linewidth=1,
 ax.hlines(np.median(step_ms), decoded_at[0], decoded_at[-1], color=viz.PALETTE["blue"],
           linestyle="--", linewidth=1, label=f"KDA median {np.median(step_ms):.2f} ms "
           "(measured over these positions only)")
-ax.plot(attention_contexts, attention_ms, "s-", color=viz.PALETTE["vermillion"],
+ax.plot(attention_contexts, attention_ms, "s-", color=viz.MODEL_COLORS["attention"],
         label="softmax attention layer: one decode step over a KV cache of T tokens")
 ax.set(xscale="log", ylim=(0, 1.2 * max(step_ms.max(), max(attention_ms), 1e-3)),
        title=f"Measured time per decoded token, batch {batch} ({jax.default_backend()})",
@@ -382,7 +382,8 @@ context = np.geomspace(16, 65536, 100)
 fig, ax = plt.subplots(figsize=(8, 3.6))
 ax.axhline(2 * entries * 4 / 2**20, color=viz.PALETTE["blue"], label="KDA step: f32 state, "
            "read and written")
-for (c, n), color in zip(caches.items(), viz.CYCLE[1:], strict=False):
+for c, n in caches.items():  # viz's colour of MHA, GQA, MLA
+    color = viz.MODEL_COLORS[c.split(",")[0].lower()]
     ax.plot(context, context * n * 2 / 2**20, color=color, label=f"{c} step: bf16 cache read")
     ax.plot(t_star[(c, "float32 state, bf16 cache")], 2 * entries * 4 / 2**20, "o", color=color)
 ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",

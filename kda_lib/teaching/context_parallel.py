@@ -1,5 +1,6 @@
 """Notebook 05's helpers: what context parallelism costs each rank, counted and drawn.
 
+* :func:`bytes_sent` -- the bytes one rank sends in a compiled program's collectives.
 * :func:`step_flops` -- XLA's flop count of one recurrence step (``kda_step``) with ``n``
   value columns; :func:`critical_path` -- the flops on each rank's path (summary pass, fold,
   output pass) and one device's, from those counts.
@@ -33,6 +34,21 @@ def step_flops(k_dim: int, n_cols: int) -> float:
     args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in (*shapes, (1, 1))]
     cost = jax.jit(kda_step).lower(*args).compile().cost_analysis()
     return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
+def bytes_sent(fn, *args, ranks: int) -> int:
+    """Bytes one of ``ranks`` ranks sends in ``fn(*args)``: ``fn`` compiled for ``args`` (arrays;
+    the first may be an ``nnx.Module``, split into graph and state) and the collectives of its
+    HLO text summed (:func:`kda_lib.lab.measure.hlo_collectives`, ring algorithms)."""
+    from flax import nnx
+
+    from kda_lib.lab.measure import hlo_collectives
+
+    if args and isinstance(args[0], nnx.Module):
+        (graph, state), call = nnx.split(args[0]), fn
+        fn, args = (lambda s, *a: call(nnx.merge(graph, s), *a)), (state, *args[1:])
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return sum(c["sent_bytes"] for c in hlo_collectives(hlo, ranks))
 
 
 def critical_path(ranks: int, local_len: int, k_dim: int, v_dim: int) -> dict[str, float]:
@@ -194,10 +210,16 @@ _TRAFFIC_STYLES = {
 }
 
 
-def plot_traffic(long_t, analytic: dict, lengths, measured: dict, *, title: str) -> plt.Figure:
-    """Bytes each rank sends against T: ``analytic[name]`` over ``long_t`` as lines,
-    ``measured[name]`` (compiled HLO) at ``lengths`` as hollow markers, log-log."""
+def plot_traffic(
+    long_t, analytic: dict, lengths, measured: dict, *, title: str, crossover: float | None = None
+) -> plt.Figure:
+    """Bytes each rank sends against T: ``analytic[name]`` over ``long_t`` as lines (the x-axis
+    spans ``long_t``), ``measured[name]`` (compiled HLO) at ``lengths`` as hollow markers,
+    log-log; ``crossover``: a dotted line at the T above which gathering sends more."""
     fig, ax = plt.subplots(figsize=(8, 3.8))
+    if crossover is not None:
+        ax.axvline(crossover, color="0.5", linestyle=":", linewidth=1.2,
+                   label=f"T = {crossover:.1f}: gathering sends more above")
     for name, (color, line, marker) in _TRAFFIC_STYLES.items():
         ax.plot(long_t, analytic[name], color=color, linestyle=line, label=f"{name}, analytic")
         ax.plot(lengths, measured[name], marker, color=color, markersize=7, linestyle="none",
@@ -205,6 +227,7 @@ def plot_traffic(long_t, analytic: dict, lengths, measured: dict, *, title: str)
                 label=f"{name}, measured (compiled HLO)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xlim(long_t[0], long_t[-1])
     ax.set(title=title, xlabel="sequence length T (tokens, log scale)",
            ylabel="bytes sent per rank (log scale)")
     ax.title.set_fontsize(10)

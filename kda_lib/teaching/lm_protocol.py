@@ -23,10 +23,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kda_lib.lab.significance import check_paired
-from kda_lib.teaching.viz import CYCLE
+from kda_lib.teaching.viz import MODEL_COLORS
 
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
-COLORS = dict(zip(("attention", "kda", "gdn", "hybrid", "hybrid_mha"), CYCLE, strict=False))
+COLORS = {m: MODEL_COLORS[m] for m in MODEL_ORDER}  # viz's one colour per model
 
 
 def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:

@@ -24,13 +24,10 @@ import numpy as np
 
 from kda_lib.lab.significance import check_paired
 from kda_lib.lab.train import record_scores, save_record, summary_line
-from kda_lib.teaching.viz import CYCLE, token_rows
+from kda_lib.teaching.viz import MODEL_COLORS, token_rows
 
 MIXER_ORDER = ("kda", "gdn", "mamba2", "attention", "attention_conv", "conv")
-# the five mixers keep the colours they had before mamba2 joined
-COLORS = dict(
-    zip(("kda", "gdn", "attention", "attention_conv", "conv", "mamba2"), CYCLE, strict=False)
-)
+COLORS = {m: MODEL_COLORS[m] for m in MIXER_ORDER}  # viz's one colour per model
 
 
 def reporter(tuning: list, records: list, path: str):

@@ -1,6 +1,7 @@
 """Small matplotlib helpers shared by the notebooks: one style, one palette, one way to show.
 
 * :func:`setup_style` once per notebook; :data:`PALETTE` is the Okabe-Ito colour-blind-safe set.
+  :data:`MODEL_COLORS` gives each model (``"kda"``, ``"attention"``, ...) one of its colours.
 * :func:`show` displays a figure and, when the environment variable ``KDA_FIGURE_DIR`` is set,
   also saves it there as ``<name>.png`` (how figures are reviewed outside a browser).
 * :func:`heatmap` draws a labelled matrix with a colour bar; :func:`signed_log_norm` is a colour
@@ -34,6 +35,20 @@ PALETTE = {
     "black": "#000000",
 }
 CYCLE = [PALETTE[c] for c in ("blue", "orange", "green", "vermillion", "sky", "purple", "black")]
+# one colour per model, the same in every notebook that draws it (06-10): KDA blue
+MODEL_COLORS = {
+    "kda": PALETTE["blue"],
+    "gdn": PALETTE["orange"],
+    "attention": PALETTE["green"],
+    "attention_conv": PALETTE["vermillion"],
+    "conv": PALETTE["sky"],
+    "mamba2": PALETTE["purple"],
+    "hybrid": PALETTE["black"],
+    "hybrid_mha": PALETTE["purple"],
+    "mha": PALETTE["green"],  # multi-head attention: "attention" above
+    "gqa": PALETTE["sky"],
+    "mla": PALETTE["vermillion"],
+}
 SEQUENTIAL_CMAP = "viridis"  # perceptually uniform, colour-blind safe
 DIVERGING_CMAP = "PuOr_r"  # colour-blind safe, white at zero
 
