@@ -447,5 +447,4 @@ exercises.check("07.3", answer)
 #   [arXiv:2211.05102](https://arxiv.org/abs/2211.05102)
 # - A. Katharopoulos et al., *Transformers are RNNs* (constant-time decoding of linear
 #   attention), ICML 2020. [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
-# - fla's recurrent decode kernel, `fla/ops/kda/fused_recurrent.py`:
-#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
+# - fla's decode kernel: [`fla/ops/kda/fused_recurrent.py`](https://github.com/fla-org/flash-linear-attention)
