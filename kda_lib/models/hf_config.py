@@ -166,8 +166,13 @@ def preset_fields(config) -> dict:
     heads, head_dim, conv = (check_int(f"config field {f}", v) for v, f in map(read.get, _WIDTHS))
     bound, field = read[bound_key]
     bound = None if bound is None else check_number(f"config field {field}", bound)
-    if bound is None and _bool(linear, "safe_gate", LIN):
-        bound = -5.0  # configuration_glm5_next.py: safe_gate without a bound means -5
+    if "safe_gate" in linear:  # the gate's switch, by name (never the bound alone)
+        explicit = bound_key in linear or flat.get(bound_key, (None,))[0] in config
+        if not _bool(linear, "safe_gate", LIN) and bound is not None and explicit:
+            raise ValueError(f"config fields {LIN}safe_gate (false) and {field} ({bound}) "
+                             "disagree: a gate bound needs the safe gate; drop one")  # fmt: skip
+        # configuration_glm5_next.py: safe_gate without a bound means -5
+        bound = (bound if bound is not None else -5.0) if linear["safe_gate"] else None
     kimi = model_type == "kimi_linear"
     return dict(
         name=config.get("_name_or_path") or model_type, hidden_size=_int(config, "hidden_size"),

@@ -147,3 +147,15 @@ def test_the_glm_reader_refuses_hostile_fields_by_name(changes, match):
     """The 0-based family's own paths (flat widths, layer_types, a partial kda_layers list)."""
     with pytest.raises(ValueError, match=match):
         ModelPreset.from_hf_config({**GLM_TEXT, **changes})
+
+
+def test_the_glm_safe_gate_switch_is_read_by_name():
+    """``safe_gate: false`` is the softplus gate (the flat default bound does not switch the safe
+    gate on); with an explicit bound it is refused naming both fields; true keeps the bound."""
+    default_bound = {k: v for k, v in GLM_TEXT.items() if k != "linear_lower_bound"}
+    off = ModelPreset.from_hf_config({**default_bound, "linear_attn_config": {"safe_gate": False}})
+    assert off.gate_form is GateForm.SOFTPLUS and off.lower_bound is None
+    on = ModelPreset.from_hf_config({**default_bound, "linear_attn_config": {"safe_gate": True}})
+    assert on.gate_form is GateForm.SAFE_SIGMOID and on.lower_bound == -5.0
+    with pytest.raises(ValueError, match=r"safe_gate \(false\) and linear_lower_bound"):
+        ModelPreset.from_hf_config({**GLM_TEXT, "linear_attn_config": {"safe_gate": False}})
