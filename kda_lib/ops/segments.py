@@ -60,14 +60,6 @@ def check_max_num_segments(value, name: str = "max_num_segments", *, optional: b
     return check_int(name, value, optional=optional)
 
 
-def neutral_padding(q, g, beta, valid, *, raw_gate: bool):
-    """q, g, beta with every padding token (``valid [B, T]`` False) neutral: zero query, no
-    decay (g = 0, or :data:`NEUTRAL_RAW_GATE` for a ``raw_gate``), no write; for kernels that
-    cannot skip tokens."""
-    tokens, gate = valid[..., None, None], NEUTRAL_RAW_GATE if raw_gate else 0.0
-    return jnp.where(tokens, q, 0), jnp.where(tokens, g, gate), jnp.where(valid[..., None], beta, 0)
-
-
 def segment_masks(segment_ids: jax.Array, chunk_size: int):
     """The chunked form's masks from ``segment_ids [B, T]`` (``T % chunk_size == 0``):
     ``(same [B,1,N,C,C], sees_in [B,1,N,C], in_last [B,1,N,C], keeps_in [B,1,N])``: tokens i

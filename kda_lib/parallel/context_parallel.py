@@ -67,12 +67,12 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         ``output_token_states`` is not served under CP.
 
     Returns:
-      ``(o, final_state)`` whatever the flags: this slice of a one-device run's outputs ``[B,
-      T_local, HV, V]``, and with ``output_final_state`` the state after the whole sequence
-      ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``), else None. With
-      ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` with this slice's
-      one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]`` (``T_local`` a multiple
-      of ``chunk_size``).
+      ``(o, final_state)``, as :func:`kda_lib.kda` returns: this slice of a one-device run's
+      outputs ``[B, T_local, HV, V]``, and with ``output_final_state`` the state after the whole
+      sequence ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``), else
+      None. With ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` instead
+      (``o, final_state, chunk_states, token_states``; ``o, state = ...`` then raises) with this
+      slice's one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)

@@ -28,14 +28,15 @@ from kda_lib.ops.contract import (
 )
 from kda_lib.ops.gating import check_gate_switch
 from kda_lib.ops.segments import (
+    NEUTRAL_RAW_GATE,
     check_max_num_segments,
     fill_padding_ids_across_ranks,
     isolate_non_finite,
-    neutral_padding,
     overflowing_keys_as_nan,
     pad_time,
     restore_non_finite,
     segment_ordinals,
+    zero_padding,
 )
 from kda_lib.ops.tokamax import emulation
 from kda_lib.ops.tokamax.emulation import missing_tokamax_problem, require_tokamax
@@ -185,7 +186,8 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
         ids = jnp.ones((dims.batch, dims.seq_len), jnp.int32)
     (q, k, v, g, beta), ids, _ = pad_time(chunk, *inputs, segment_ids=ids)
     if ids is not None:  # padding neutral: part of the segment before it
-        q, g, beta = neutral_padding(q, g, beta, ids != 0, raw_gate=o.fused_gate)
+        neutral = NEUTRAL_RAW_GATE if o.fused_gate else 0.0
+        q, k, v, g, beta = zero_padding(ids, q, k, v, g, beta, neutral_gate=neutral)
         ids = segment_ordinals(ids)
     if state is not None:  # the row's first segment's slot
         state = jnp.pad(state.astype(jnp.float32)[:, None], [(0, 0), (0, slots - 1)] + [(0, 0)] * 3)
@@ -272,7 +274,8 @@ def tokamax_mosaic_context_parallel(
         ids, max_num_segments = jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
     else:  # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
         ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
-        q, g, beta = neutral_padding(q, g, beta, segment_ids != 0, raw_gate=fused)
+        neutral = NEUTRAL_RAW_GATE if fused else 0.0  # padding's k, v zeroed too: by selection
+        q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta, neutral_gate=neutral)
         max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
     out, _ = call_tokamax(
         MOSAIC, q, k, v, g, beta, use_gate_in_kernel=fused, a_log=a_log, dt_bias=dt_bias,
