@@ -236,8 +236,8 @@ def test_layer_and_cp_layer_through_mosaic_equal_chunked_layer():
 @pytest.mark.slow
 def test_cp_mosaic_segments_across_ranks_and_padding():
     """Log-space gates, grouped value heads (HV = 2 on one q/k head); a document spanning ranks,
-    a boundary at a rank split, padding inside a row, an all-padding rank: tokamax's chain
-    (from rank-local ids) equals one device."""
+    a boundary at a rank split, padding inside a row (NaN keys and values), an all-padding rank:
+    tokamax's chain (from rank-local ids) equals one device."""
     ranks, b, t, h, hv, d = 4, 2, 128, 1, 2, 128
     ks = jax.random.split(jax.random.key(5), 5)
     q, k = (jax.random.normal(kk, (b, t, h, d)) for kk in ks[:2])
@@ -248,6 +248,8 @@ def test_cp_mosaic_segments_across_ranks_and_padding():
     ids[0, :70], ids[0, 70:75], ids[0, 75:] = 1, 0, 2  # doc 1 spans ranks 0-2
     ids[1, 5:32], ids[1, 64:100], ids[1, 100:] = 4, 5, 6  # boundary at a split; rank 1 padding
     ids = jnp.asarray(ids)
+    padding = (ids == 0)[..., None, None]  # NaN keys and values there change nothing
+    k, v = jnp.where(padding, jnp.nan, k), jnp.where(padding, jnp.nan, v)
     mesh = _mesh(ranks)
 
     def local(q, k, v, g, beta, ids):
