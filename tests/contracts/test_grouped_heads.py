@@ -301,3 +301,25 @@ def test_context_parallel_matches_the_oracle(implementation, with_a_log):
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
     _assert_matches(got, want, 2e-5, f"cp {implementation}")
+
+
+@pytest.mark.slow
+def test_mosaic_context_parallel_with_grouped_heads_and_the_rate_free_gate():
+    """tokamax's own CP for its Mosaic kernel (Pallas interpret mode), the in-kernel gate without
+    a rate (a_log=None, switched on by use_gate_in_kernel) and grouped value heads, equals the
+    recurrence on one device (the gate switch once read a_log; docs/DESIGN.md section 4)."""
+    from kda_lib import emulate_tpu
+
+    x = _inputs(9, a_log=False, key_dim=128, value_dim=128, seq_len=64, heads=1, value_heads=2)
+    kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, use_gate_in_kernel=True)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    want = kda(*args, **kw, implementation="recurrent")[0]
+    mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2])
+
+    def local(*a):
+        return kda_context_parallel(*a, **kw, implementation="tokamax_mosaic", mesh=mesh)[0]
+
+    cp = jax.shard_map(local, mesh=mesh, in_specs=(SEQ,) * 5, out_specs=SEQ, check_vma=False)
+    with emulate_tpu():
+        got = jax.jit(lambda *a: cp(*(shard_as(z, mesh, SEQ) for z in a)))(*args)
+    assert relative_l2(got, want) < 1e-5
