@@ -523,6 +523,8 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
     batch, count = caches.state.shape[:2]
     if is_int(index, minimum=None):
         index = np.full(batch, index)
+    elif getattr(index, "shape", None) == () and jnp.issubdtype(index.dtype, jnp.integer):
+        index = jnp.broadcast_to(index, (batch,))  # a 0-d int array, traced under jit too
     shape = getattr(index, "shape", None)
     if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
         got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)

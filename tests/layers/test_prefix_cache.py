@@ -72,6 +72,8 @@ def test_prefill_from_a_cache_keeps_boundaries_of_the_continuation():
     _, cache40 = _apply(layer, x, layer.init_cache(2))
     _assert_caches_close(cache_end, cache40, "prefill's cache after 8 + 32")
     _assert_caches_close(cache_at(boundaries, 1), cache40, "boundary after 8 + 32")
+    traced = jax.jit(cache_at)(boundaries, jnp.int32(1))  # a 0-d index, traced under jit
+    _assert_caches_close(traced, cache40, "boundary 1 picked by a traced 0-d index")
 
 
 def _row(cache, row):
