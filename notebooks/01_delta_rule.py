@@ -417,10 +417,10 @@ display(Markdown(
 # ## Exercises
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, `writes` times: decay the state by
-#    a scalar $\alpha$ (section 4's gated delta rule), then write the unit-key pair $(\mathbf k,
-#    \mathbf v)$ with strength $\beta$. Derive the fraction of $\mathbf v$ it returns for $\mathbf
-#    k$ in closed form, `recalled_fraction(beta, alpha, writes)` (the checker tries $10^9$ writes:
-#    no simulation gets there). Does it reach 1 when $\alpha < 1$?
+#    a scalar $\alpha$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
+#    strength $\beta$. Derive the fraction of $\mathbf v$ recalled, `recalled_fraction(beta, alpha,
+#    writes)` in closed form, in NumPy float64: tried at $10^9$ writes (a write-by-write loop does
+#    not finish), $\beta = 10^{-9}$ (below float32's resolution). Does it reach 1 if $\alpha < 1$?
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $c =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$) `sweeps` times.
 #    With section 3's disturbance formula, follow both errors $\mathbf e_j = S^\top \mathbf k_j -

@@ -412,7 +412,8 @@ assert tpu_error < 1e-5
 #    `entering_states(ms, es)`: from $R$ summaries `ms [R, K, K]`, `es [R, K, V]`, the state
 #    entering every rank, `[R, K, V]` (zeros for rank 0), without a loop over the ranks (hint:
 #    `jax.lax.associative_scan` with your `compose`). The checker tries $R$ = 3, 5, 8, then
-#    traces it at $R = 256$: a loop over the ranks chains one operation per rank and is refused.
+#    traces it at $R = 256$: a loop over the ranks chains one operation per rank and is refused
+#    (however it is wrapped), as is a linear solve (an elimination in one operation).
 #
 # Both checkers refuse answers that run `kda_lib` code (the library's own fold included).
 

@@ -298,6 +298,30 @@ def test_05_2_an_associative_scan_chains_few_operations_as_the_checker_states():
     assert depth(solutions.entering_states, r_big) <= 1.3 * depth(solutions.entering_states, r)
 
 
+def test_01_a_float32_closed_form_gets_a_float64_hint():
+    """Beta = 1e-9 (c = 1 - 1e-9) is below float32's resolution: a right closed form computed
+    in jnp or NumPy float32 is wrong there, and the hint says why (not "NaN or inf")."""
+    import jax.numpy as jnp
+
+    def fraction_jnp(beta, alpha, writes):
+        r = jnp.float32(alpha) * (1 - jnp.float32(beta))
+        return beta * (1 - r**writes) / (1 - r)
+
+    def fraction_f32(beta, alpha, writes):
+        r = np.float32(alpha) * (1 - np.float32(beta))
+        with np.errstate(all="ignore"):
+            return np.float32(beta) * (1 - r**writes) / (1 - r)
+
+    def error_jnp(c, v1, v2, sweeps):
+        c = jnp.float32(c)
+        return c ** (2 * sweeps - 1) * (jnp.asarray(v2, jnp.float32) - c * jnp.asarray(v1))
+
+    for exercise_id, answer in (("01.1", fraction_jnp), ("01.1", fraction_f32),
+                                ("01.2", error_jnp)):
+        hint = exercises.verdict(exercise_id, answer)
+        assert hint and "float64" in hint and "float32" in hint, (exercise_id, hint)
+
+
 def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilations ignored
     return "06.2", lambda last, widths, dilations: list(range(last - 6, last + 1)), {}
 

@@ -285,6 +285,29 @@ def _rule_breakers():
 
         return jax.pure_callback(host, jax.ShapeDtypeStruct(es.shape, jnp.float32), ms, es)
 
+    def fold_loop_checkpointed(ms, es):  # the loop inside jax.checkpoint (a remat body)
+        return jax.checkpoint(fold_loop_products)(ms, es)
+
+    def fold_loop_in_cond(ms, es):  # the loop in both branches of a lax.cond
+        return jax.lax.cond(True, fold_loop_products, fold_loop_products, ms, es)
+
+    loop_jvp = jax.custom_jvp(fold_loop_products)
+    loop_jvp.defjvp(lambda primals, _: (fold_loop_products(*primals),) * 2)
+    loop_vjp = jax.custom_vjp(fold_loop_products)
+    loop_vjp.defvjp(lambda ms, es: (fold_loop_products(ms, es), None), lambda _, g: (None, None))
+
+    def fold_loop_custom_jvp(ms, es):
+        return loop_jvp(ms, es)
+
+    def fold_loop_custom_vjp(ms, es):
+        return loop_vjp(ms, es)
+
+    def fold_dense_solve(ms, es):  # block-bidiagonal S_j - M_(j-1) S_(j-1) = E_(j-1), solved:
+        r, k, v = es.shape  # built without a chain, so only the solve itself is sequential
+        below = jnp.einsum("ij,iab->iajb", jnp.eye(r, k=-1), jnp.roll(jnp.asarray(ms), 1, 0))
+        b = jnp.concatenate([jnp.zeros((k, v)), jnp.reshape(es[:-1], (-1, v))])
+        return jnp.linalg.solve(jnp.eye(r * k) - below.reshape(r * k, r * k), b).reshape(r, k, v)
+
     def fold_sqrt_blocks(ms, es):  # loops over sqrt(R) blocks: depth grows like sqrt(R)
         r, b = ms.shape[0], int(np.ceil(np.sqrt(ms.shape[0])))
         n, pad = -(-r // b), -(-r // b) * b - r
@@ -344,6 +367,11 @@ def _rule_breakers():
         ("05.2", fold_fori),
         ("05.2", fold_host_callback),
         ("05.2", fold_sqrt_blocks),
+        ("05.2", fold_loop_checkpointed),
+        ("05.2", fold_loop_in_cond),
+        ("05.2", fold_loop_custom_jvp),
+        ("05.2", fold_loop_custom_vjp),
+        ("05.2", fold_dense_solve),
     ]
 
 

@@ -48,35 +48,45 @@ def compose_summaries(answer, **_):
     return None
 
 
+def _sub_jaxprs(eqn) -> list:
+    """Every body in ``eqn.params``: a Jaxpr or ClosedJaxpr, or a list or tuple of them (a
+    cond's branches); a call, jax.checkpoint, cond, custom_jvp or custom_vjp hides one."""
+    subs = []
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, (list, tuple)) else (value,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                subs.append(inner)
+    return subs
+
+
 def _primitive_counts(jaxpr, counts: dict) -> dict:
     """How often each primitive occurs in ``jaxpr``, its sub-jaxprs included."""
     for eqn in jaxpr.eqns:
         counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _primitive_counts(inner, counts)
+        for inner in _sub_jaxprs(eqn):
+            _primitive_counts(inner, counts)
     return counts
-
-
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
 
 
 def critical_path(jaxpr, in_depths=None) -> list[int]:
     """The depth of each output of ``jaxpr``: the most equations on any dependency path from
-    the inputs to it (a call's body counted equation by equation). A Python loop over R ranks
-    chains at least R equations; ``jax.lax.associative_scan`` about 5 per round."""
+    the inputs to it, every body in an equation's params (call, jax.checkpoint, cond branch,
+    custom_jvp/vjp) counted equation by equation. A body's inputs take their outer inputs'
+    depths (all the deepest one's where the counts differ, as a cond's index); the equation's
+    outputs, the deepest of its bodies'. A Python loop over R ranks chains at least R
+    equations; ``jax.lax.associative_scan`` about 5 per round."""
     depth = dict(zip(jaxpr.invars, in_depths or [0] * len(jaxpr.invars), strict=True))
     get = lambda v: 0 if hasattr(v, "val") else depth.get(v, 0)  # noqa: E731 - Literal or Var
     for eqn in jaxpr.eqns:
         ins = [get(v) for v in eqn.invars]
-        inner = eqn.params.get("jaxpr") if eqn.primitive.name in _CALLS else None
-        inner = getattr(inner, "jaxpr", inner)
-        if inner is not None and hasattr(inner, "eqns"):
-            outs = critical_path(inner, ins)
-        else:
-            outs = [max(ins, default=0) + 1] * len(eqn.outvars)
+        deepest, outs = max(ins, default=0), [max(ins, default=0) + 1] * len(eqn.outvars)
+        for inner in _sub_jaxprs(eqn):
+            same = len(inner.invars) == len(ins)
+            got = critical_path(inner, ins if same else [deepest] * len(inner.invars))
+            if len(got) != len(outs):  # a body whose outputs are not the equation's
+                got = [max(got, default=0)] * len(outs)
+            outs = [max(a, b) for a, b in zip(outs, got, strict=True)]
         depth.update(zip(eqn.outvars, outs, strict=True))
     return [get(v) for v in jaxpr.outvars]
 
@@ -87,6 +97,10 @@ def critical_path(jaxpr, in_depths=None) -> list[int]:
 # blocks doubles its depth, a loop quadruples it.
 _TRACED_RANKS = (256, 1024)
 _CALLBACKS = ("pure_callback", "io_callback", "callback", "debug_callback")
+# one equation each, yet an elimination (or iteration) inside: a dense block-bidiagonal solve
+_SOLVES = ("lu", "triangular_solve", "cholesky", "custom_linear_solve", "qr", "geqrf",
+           "householder_product", "svd", "eigh", "eig", "schur", "hessenberg", "tridiagonal",
+           "tridiagonal_solve")
 
 
 def _depth(answer, r: int):
@@ -111,9 +125,10 @@ def _depth(answer, r: int):
 
 def _sequential_route(answer) -> str | None:
     """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
-    (lax.scan, fori_loop, while_loop) or a host callback in its jaxpr, a dependency chain of
-    R / 2 = 128 equations or more at R = 256 (a Python loop, however it writes the products),
-    or a chain that grows faster than logarithmically from R = 256 to 1024."""
+    (lax.scan, fori_loop, while_loop), a host callback or a linear solve or factorization
+    (``_SOLVES``) in its jaxpr, a dependency chain of R / 2 = 128 equations or more at R = 256
+    (a Python loop, however it writes the products or wraps them), or a chain that grows
+    faster than logarithmically from R = 256 to 1024."""
     depths = []
     for r in _TRACED_RANKS:
         traced, hint = _depth(answer, r)
@@ -124,6 +139,11 @@ def _sequential_route(answer) -> str | None:
             return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
         if any(counts.get(name, 0) for name in _CALLBACKS):
             return "a host callback hides the fold from jax: write it with jnp and jax.lax"
+        if any(counts.get(name, 0) for name in _SOLVES):
+            return (
+                "a linear solve (or matrix factorization) hides a sequential elimination in one "
+                "operation: build the fold from compose, the pair composition"
+            )
         depths.append(max(critical_path(traced.jaxpr), default=0))
         if depths[-1] >= r // 2:
             return (
