@@ -970,7 +970,8 @@ def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
     them the MLA hybrid - KDA, +0.020 (worse on 4 of 5 seeds), and the MHA hybrid - KDA +0.014
     (4 of 5); the copy probe is above zero for all but GDN (Holm over the five), GDN's gain
     positive on every seed and above 3 window standard errors on 4; every mean gain is under
-    0.05 bits per byte, at most 1.8% of the control's bits (MHA hybrid)."""
+    0.05 bits per byte, 1.8% of the control's bits on average at most (MHA hybrid), 2.1% in the
+    largest single run (gain / control per run)."""
     from kda_lib.teaching import lm_protocol as lm
 
     record = _recorded("results", "stdlib_lm_protocol.json")
@@ -999,6 +1000,8 @@ def test_stdlib_lm_protocol_verdicts_as_notebook_09_states_them():
     control = lm.by_seed(runs, lambda r: r["probe"]["control_bpb"], models)
     share = max(probe[m].mean() / control[m].mean() for m in models)  # "under 2%", "0.05"
     assert max(v.mean() for v in probe.values()) < 0.05 and 0.015 < share < 0.02
+    assert round(share, 3) == 0.018
+    assert round(max((probe[m] / control[m]).max() for m in models), 3) == 0.021  # one run
 
 
 def test_stdlib_lm_recording_as_notebook_09_states_it():
