@@ -486,7 +486,7 @@ class KimiDeltaAttention(nnx.Module):
                     name="KDAConfig.max_num_segments")):  # fmt: skip
                 raise ValueError(problem)
             checked = CheckedSegmentIds(canonical_segment_ids(segment_ids), count)
-        if is_concrete(x) and not bool(jnp.isfinite(x).all()):  # one bool to the host
+        if is_concrete(x):
             bad = ~np.isfinite(values := np.asarray(x))
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])
