@@ -9,13 +9,15 @@ pieces MLA and Mamba2 share: config rules, input, segment and cache checks, the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_array, check_flag, check_int, check_number, check_positive_int
+from kda_lib import checks
+from kda_lib.checks import check_allocation, check_array, check_int
 from kda_lib.layers.conv import qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
@@ -32,21 +34,14 @@ def check_fields(config, **kinds: str) -> None:
             if kind == "width":
                 value = check_int(name, value, optional=True)
             elif kind in ("int", "int0"):
-                value = check_positive_int(name, value, int(kind == "int"))
+                value = checks.check_positive_int(name, value, int(kind == "int"))
             elif kind == "eps":
-                value = check_number(name, value, positive=True)
+                value = checks.check_number(name, value, positive=True)
             elif kind == "bool":
-                value = check_flag(name, value)
-            elif kind == "dtype" and not _floating(value):
-                raise ValueError(f"{name} must be a floating-point dtype, got {value!r}")
+                value = checks.check_flag(name, value)
+            else:  # a dtype, kept as given (jnp.float32 stays jnp.float32)
+                checks.check_float_dtype(name, value)
             object.__setattr__(config, field, value)
-
-
-def _floating(dtype) -> bool:
-    try:
-        return dtype is not None and jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-    except (TypeError, ValueError):
-        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +97,8 @@ class CausalSelfAttention(nnx.Module):
     """Multi-head causal softmax attention: ``layer(x [B, T, hidden]) -> [B, T, hidden]``;
     ``layer(x, cache=c) -> (y, new_cache)``."""
 
+    cache_type, cache_kind = AttentionCache, "an AttentionCache"
+
     def __init__(self, config: AttentionConfig, *, rngs: nnx.Rngs):
         check_parameters_fit(CausalSelfAttention, config)
         self.config = cfg = config
@@ -121,11 +118,8 @@ class CausalSelfAttention(nnx.Module):
         ``segment_ids [B, T]`` (int, 0 = padding, not with a cache): a token attends only to
         earlier real tokens of its own segment; padding outputs 0."""
         cfg = self.config
-        check_hidden(x, cfg.hidden_size)
+        segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
-        if cache is not None:
-            check_cache(cache, "an AttentionCache", AttentionCache, self._cache_shapes(batch))
-        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         positions = (0 if cache is None else cache.seen) + jnp.arange(seq_len)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -152,63 +146,79 @@ class CausalSelfAttention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        return empty_cache(AttentionCache, self._cache_shapes, self.config.dtype, batch_size,
-                           max_len)  # fmt: skip
+        length = None if max_len is None else jnp.zeros((), jnp.int32)
+        return empty_cache(self, batch_size, max_len, length=length)
 
-    def _cache_shapes(self, batch: int):
-        """``rows -> {field: shape or None}`` of this layer's cache with ``rows`` token rows."""
+    def _cache_shapes(self, batch: int, rows: int) -> dict:
         cfg = self.config
         h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
         conv = lambda c: (batch, width, c) if cfg.short_conv else None  # noqa: E731
-        return lambda rows: dict(
-            keys=(batch, rows, h, kd), values=(batch, rows, h, vd),
-            q_conv=conv(h * kd), k_conv=conv(h * kd), v_conv=conv(h * vd),
-        )  # fmt: skip
+        return dict(keys=(batch, rows, h, kd), values=(batch, rows, h, vd),
+                    q_conv=conv(h * kd), k_conv=conv(h * kd), v_conv=conv(h * vd))  # fmt: skip
 
 
 # ------------------------------------------------------------------ shared by the mixers
-def check_hidden(x, hidden_size: int) -> None:
-    """``x`` must be a floating-point array ``[B, T, hidden_size]``."""
-    check_array("x", x)
-    if x.ndim != 3 or x.shape[-1] != hidden_size:
-        raise ValueError(f"x must have shape [B, T, hidden_size={hidden_size}], got {x.shape}")
+def check_call(layer, x, segment_ids, cache):
+    """A mixer's entry checks, before any work: ``x`` a floating array ``[B, T, hidden_size]``
+    (B, T >= 1); ``cache`` as :func:`check_cache` says (a layer without a ``cache_type``
+    checks its own); ``segment_ids
+    [B, T]`` ints (0 = padding), not with a cache. Returns ``(canonical ids, the most segments
+    in one row)``, ``(None, None)`` without ids."""
     check_array("x", x, floating=True)
-
-
-def checked_segments(segment_ids, cache, batch: int, seq_len: int):
-    """Canonical ``segment_ids [B, T]`` (or None), checked once, here; refused with a cache."""
+    hidden = layer.config.hidden_size
+    if x.ndim != 3 or x.shape[-1] != hidden:
+        raise ValueError(f"x must have shape [B, T, hidden_size={hidden}], got {x.shape}")
+    batch, seq_len, _ = x.shape
+    if batch < 1 or seq_len < 1:
+        empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
+        raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
+                         "layer needs at least one row and one token")  # fmt: skip
+    if cache is not None and hasattr(layer, "cache_type"):
+        check_cache(cache, layer, batch)
     if segment_ids is None:
-        return None
+        return None, None
     if cache is not None:
         raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
-    check_array("segment_ids", segment_ids)
-    check_segment_ids(segment_ids, batch, seq_len)
-    return canonical_segment_ids(segment_ids)  # host ids numbered before any conversion
+    count = check_segment_ids(segment_ids, batch, seq_len)  # the call's one host read
+    return canonical_segment_ids(segment_ids), count
 
 
-def check_cache(cache, kind: str, cls, shapes) -> None:
-    """``cache`` must be a ``cls`` (``kind``: its name with an article) whose fields have the
-    shapes ``shapes(rows)`` gives (None: absent), rows read from its first field."""
-    first = tuple(getattr(cache[0], "shape", ())) if isinstance(cache, cls) else ()
-    want = shapes(first[1] if len(first) > 1 else None)
-    batch = next(iter(want.values()))[0]
+def check_cache(cache, layer, batch: int) -> None:
+    """``cache`` must be a ``layer.cache_type`` of floating arrays of the shapes
+    ``layer._cache_shapes(batch, rows)`` gives (None: absent), rows read from its first field."""
+    kind, cls = layer.cache_kind, layer.cache_type
     build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
     if not isinstance(cache, cls):
         raise ValueError(f"cache must be {kind}, got {type(cache).__name__}; {build}")
-    for name, shape in want.items():
+    first = tuple(getattr(cache[0], "shape", ()))
+    for name, shape in _shapes(layer, batch, first[1] if len(first) > 1 else 0).items():
         got = getattr(cache, name)
-        got = None if got is None else tuple(getattr(got, "shape", (type(got).__name__,)))
+        if got is not None:
+            check_array(f"cache.{name}", got, floating=True)
+            got = tuple(got.shape)
         if got != shape:
-            raise ValueError(f"cache.{name} has shape {got}, expected {shape}; {build}")
+            raise ValueError(f"cache.{name} has shape {got}, expected {shape} for batch size "
+                             f"{batch}; {build}")  # fmt: skip
 
 
-def empty_cache(cls, shapes, dtype, batch_size: int, max_len: int | None):
-    """A ``cls`` of zeros of the shapes ``shapes(batch_size)(max_len or 0)``, growing (``length``
-    None) or with room for ``max_len`` tokens (``length`` 0)."""
-    check_int("batch_size", batch_size)
+def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
+    """A ``layer.cache_type`` of zeros (``state``: float32, else the layer's dtype) for
+    ``batch_size`` rows, with room for ``max_len`` tokens (0 when None); refused, naming
+    batch_size, if it cannot fit this machine's memory. ``fields``: its other fields."""
+    batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
-    zeros = {n: s and jnp.zeros(s, dtype) for n, s in shapes(batch_size)(max_len or 0).items()}
-    return cls(length=None if max_len is None else jnp.zeros((), jnp.int32), **zeros)
+    dtype = getattr(layer.config, "dtype", jnp.float32)
+    shapes = _shapes(layer, batch_size, max_len or 0)
+    dtypes = {n: jnp.float32 if n == "state" else dtype for n in shapes}
+    nbytes = sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
+    check_allocation("batch_size", batch_size, "the cache", nbytes)
+    zeros = {n: s and jnp.zeros(s, dtypes[n]) for n, s in shapes.items()}
+    return layer.cache_type(**zeros, **fields)
+
+
+def _shapes(layer, batch: int, rows: int) -> dict:
+    shapes = layer._cache_shapes(batch, rows)  # a dict, or a cache NamedTuple of shapes
+    return shapes._asdict() if hasattr(shapes, "_asdict") else shapes
 
 
 def mix_convs(convs, streams, states, segment_ids):

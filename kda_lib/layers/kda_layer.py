@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -27,8 +26,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from kda_lib.checks import check_allocation, check_array, check_int, is_concrete, is_int
-from kda_lib.layers.attention import check_fields
+from kda_lib.checks import is_concrete, is_int
+from kda_lib.layers.attention import check_cache, check_call, check_fields, empty_cache
 from kda_lib.layers.checkpoints import load_fla_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions, window_segment_ids
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
@@ -42,7 +41,7 @@ from kda_lib.ops.api import (
     segment_slots_problem,
     uses_own_context_parallel,
 )
-from kda_lib.ops.contract import Dims, check_chunk_size, check_segment_ids, host_values
+from kda_lib.ops.contract import Dims, check_chunk_size
 from kda_lib.ops.gating import (
     GateForm,
     check_gate_form,
@@ -52,7 +51,7 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.segments import canonical_segment_ids, count_segments
+from kda_lib.ops.segments import count_segments
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
@@ -178,6 +177,8 @@ class KimiDeltaAttention(nnx.Module):
     from ``rngs``; with a ``mesh``, context-parallel over its ``context_axis`` ("context").
     Parameters too large for this machine's memory are refused (ValueError naming the largest
     width field); ``nnx.eval_shape`` still gives their shapes."""
+
+    cache_type, cache_kind = KDACache, "a KDACache"
 
     def __init__(
         self, config: KDAConfig, *, rngs: nnx.Rngs, mesh=None, context_axis: str = "context"
@@ -360,7 +361,7 @@ class KimiDeltaAttention(nnx.Module):
         return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
 
     # ----------------------------------------------------------------- decoding
-    def _cache_shapes(self, batch_size: int) -> KDACache:
+    def _cache_shapes(self, batch_size: int, rows: int = 0) -> KDACache:
         """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
         qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
@@ -372,13 +373,7 @@ class KimiDeltaAttention(nnx.Module):
     def init_cache(self, batch_size: int) -> KDACache:
         """An empty cache for ``batch_size`` rows (a positive int): zero state and conv history
         (refused, naming batch_size, if it cannot fit this machine's memory)."""
-        batch_size = check_int("init_cache: batch_size", batch_size)
-        shapes, itemsize = self._cache_shapes(batch_size), np.dtype(self.config.dtype).itemsize
-        nbytes = sum((4 if i == 0 else itemsize) * math.prod(s)
-                     for i, s in enumerate(shapes) if s is not None)  # fmt: skip
-        check_allocation("batch_size", batch_size, "the cache (state and conv history)", nbytes)
-        conv = [None if s is None else jnp.zeros(s, self.config.dtype) for s in shapes[1:]]
-        return KDACache(jnp.zeros(shapes.state, jnp.float32), *conv)
+        return empty_cache(self, batch_size)
 
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
         """Run a prompt ``x [B, T, hidden]`` (one document per row) from ``cache`` (default
@@ -404,7 +399,7 @@ class KimiDeltaAttention(nnx.Module):
         if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
             raise ValueError("token_caches must be the KDACache layer.draft returned, got "
                              f"{type(token_caches).__name__}")  # fmt: skip
-        self._check_cache(cache, token_caches.state.shape[0])
+        check_cache(cache, self, token_caches.state.shape[0])
         for name, c, t in zip(KDACache._fields, cache, token_caches, strict=True):
             if (c is None) != (t is None) or (c is not None and t.shape[2:] != c.shape[1:]):
                 want = None if c is None else f"[B, T, {', '.join(map(str, c.shape[1:]))}]"
@@ -451,60 +446,30 @@ class KimiDeltaAttention(nnx.Module):
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
-        """Every entry's checks, before any work: shapes and dtypes; finite ``x`` and the segment
-        rule when concrete (ids read to the host once, canonical; :func:`kda` takes them so)."""
+        """Every entry's checks, before any work (:func:`check_call`, and: no cache with a
+        mesh, tokamax's segment slots fit, concrete ``x`` finite); the ids canonical, with
+        their count, as :func:`kda` takes them."""
+        if cache is not None and self.mesh is not None:
+            raise ValueError("a layer built with a mesh (context parallel) does not "
+                             "decode; build one without a mesh for decoding")  # fmt: skip
+        ids, count = check_call(self, x, segment_ids, cache)
         cfg = self.config
-        check_array("x", x, floating=True)
-        if x.ndim != 3 or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(f"x must have shape [B, T, hidden_size={cfg.hidden_size}], "
-                             f"got {x.shape}")  # fmt: skip
-        batch, seq_len, _ = x.shape
-        if batch < 1 or seq_len < 1:
-            empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
-            raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
-                             "layer needs at least one row and one token")  # fmt: skip
-        if cache is not None:
-            if self.mesh is not None:
-                raise ValueError("a layer built with a mesh (context parallel) does not "
-                                 "decode; build one without a mesh for decoding")  # fmt: skip
-            if segment_ids is not None:
-                raise ValueError("segment_ids cannot be combined with a cache: decode one "
-                                 "document per row")  # fmt: skip
-            self._check_cache(cache, batch)
-        checked = None
-        if segment_ids is not None:
-            check_array("segment_ids", segment_ids)
-            if is_concrete(segment_ids):  # the call's one host read of the ids
-                segment_ids = host_values(segment_ids)
-            count = check_segment_ids(segment_ids, batch, seq_len)
+        if ids is not None and cfg.max_num_segments:
             # tokamax's per-segment states (per rank's slice) must fit this machine's memory
             ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+            batch, seq_len, _ = x.shape
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
                         cfg.value_dim, cfg.num_heads)  # fmt: skip
-            if cfg.max_num_segments and (problem := segment_slots_problem(
-                    cfg.implementation, dims, cfg.max_num_segments,
-                    name="KDAConfig.max_num_segments")):  # fmt: skip
+            if problem := segment_slots_problem(cfg.implementation, dims, cfg.max_num_segments,
+                                                name="KDAConfig.max_num_segments"):  # fmt: skip
                 raise ValueError(problem)
-            checked = CheckedSegmentIds(canonical_segment_ids(segment_ids), count)
         if is_concrete(x):
             bad = ~np.isfinite(values := np.asarray(x))
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
                                  f"finite values in all, the first is {float(values[first])})")
-        return checked
-
-    def _check_cache(self, cache: KDACache, batch: int):
-        build = f"build the cache with layer.init_cache({batch})"
-        if not isinstance(cache, KDACache):
-            raise ValueError(f"cache must be a KDACache, got {type(cache).__name__}; {build} (or "
-                             "pass on the cache a previous call returned)")  # fmt: skip
-        for name, got, want in zip(KDACache._fields, cache, self._cache_shapes(batch), strict=True):
-            if got is not None:
-                check_array(f"cache.{name}", got, floating=True)
-            if (got is None) != (want is None) or (got is not None and got.shape != want):
-                raise ValueError(f"cache.{name} has shape {None if got is None else got.shape}, "
-                                 f"expected {want} for batch size {batch}; {build}")  # fmt: skip
+        return None if ids is None else CheckedSegmentIds(ids, count)
 
 
 def cache_at(caches: KDACache, index) -> KDACache:

@@ -19,14 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_int
-from kda_lib.layers.attention import (
-    check_cache,
-    check_fields,
-    check_hidden,
-    checked_segments,
-    mix_convs,
-)
+from kda_lib.layers.attention import check_call, check_fields, empty_cache, mix_convs
 from kda_lib.layers.conv import qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
@@ -72,6 +65,8 @@ class Mamba2Cache(NamedTuple):
 class Mamba2Mixer(nnx.Module):
     """``layer(x [B, T, hidden]) -> [B, T, hidden]``; ``layer(x, cache=c) -> (y, new_cache)``."""
 
+    cache_type, cache_kind = Mamba2Cache, "a Mamba2Cache"
+
     def __init__(self, config: Mamba2Config, *, rngs: nnx.Rngs):
         check_parameters_fit(Mamba2Mixer, config)
         cfg = self.config = config
@@ -94,11 +89,8 @@ class Mamba2Mixer(nnx.Module):
         start, the convs stay inside their segment, padding outputs 0; this runs the
         token-by-token recurrence (the chunked form has no segment masks)."""
         cfg = self.config
-        check_hidden(x, cfg.hidden_size)
+        segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
-        if cache is not None:
-            check_cache(cache, "a Mamba2Cache", Mamba2Cache, self._cache_shapes(batch))
-        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(jnp.float32)
         streams = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
         if cfg.conv_size:
@@ -128,13 +120,11 @@ class Mamba2Mixer(nnx.Module):
 
     def init_cache(self, batch_size: int) -> Mamba2Cache:
         """Zero state and zero conv history for ``batch_size`` rows."""
-        shapes = self._cache_shapes(check_int("init_cache: batch_size", batch_size))(None)
-        return Mamba2Cache(**{n: s and jnp.zeros(s, jnp.float32) for n, s in shapes.items()})
+        return empty_cache(self, batch_size)
 
-    def _cache_shapes(self, batch: int):
-        """``_ -> {field: shape or None}`` of this layer's cache (its shapes have no rows)."""
+    def _cache_shapes(self, batch: int, rows: int = 0) -> dict:
         cfg = self.config
         h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
         conv = lambda c: (batch, width, c) if cfg.conv_size else None  # noqa: E731
-        return lambda _: dict(state=(batch, h, kd, vd), q_conv=conv(h * kd),
-                              k_conv=conv(h * kd), v_conv=conv(h * vd))  # fmt: skip
+        return dict(state=(batch, h, kd, vd), q_conv=conv(h * kd), k_conv=conv(h * kd),
+                    v_conv=conv(h * vd))  # fmt: skip

@@ -26,10 +26,8 @@ from flax import nnx
 from kda_lib.layers.attention import (
     attend,
     attention_mask,
-    check_cache,
+    check_call,
     check_fields,
-    check_hidden,
-    checked_segments,
     empty_cache,
     write_rows,
 )
@@ -88,6 +86,8 @@ class MultiHeadLatentAttention(nnx.Module):
     """Causal MLA without positional encoding: ``mla(x [B, T, hidden]) -> [B, T, hidden]``;
     ``mla(x, cache=c) -> (y, new_cache)`` continues from the cached latents."""
 
+    cache_type, cache_kind = MLACache, "an MLACache"
+
     def __init__(self, config: MLAConfig, *, rngs: nnx.Rngs):
         check_parameters_fit(MultiHeadLatentAttention, config)
         cfg = self.config = config
@@ -111,11 +111,8 @@ class MultiHeadLatentAttention(nnx.Module):
         ``segment_ids [B, T]`` (int, 0 = padding, not with a cache): a token attends only to
         earlier tokens of its own segment; padding outputs 0."""
         cfg = self.config
-        check_hidden(x, cfg.hidden_size)
+        segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
-        if cache is not None:
-            check_cache(cache, "an MLACache", MLACache, self._cache_shapes(batch))
-        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         if cache is not None:
             return self._forward_cached(x, cache)
@@ -172,11 +169,10 @@ class MultiHeadLatentAttention(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> MLACache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        return empty_cache(MLACache, self._cache_shapes, self.config.dtype, batch_size, max_len)
+        length = None if max_len is None else jnp.zeros((), jnp.int32)
+        return empty_cache(self, batch_size, max_len, length=length)
 
-    def _cache_shapes(self, batch: int):
-        """``rows -> {field: shape or None}`` of this layer's cache with ``rows`` token rows."""
-        cfg = self.config
-        ds = cfg.shared_key_dim
-        return lambda rows: dict(latents=(batch, rows, cfg.kv_lora_rank),
-                                 shared_keys=(batch, rows, ds) if ds else None)  # fmt: skip
+    def _cache_shapes(self, batch: int, rows: int) -> dict:
+        ds = self.config.shared_key_dim
+        return dict(latents=(batch, rows, self.config.kv_lora_rank),
+                    shared_keys=(batch, rows, ds) if ds else None)  # fmt: skip

@@ -23,9 +23,8 @@ from kda_lib.checks import check_array, check_int, check_token_ids, shared_field
 from kda_lib.layers.attention import (
     AttentionConfig,
     CausalSelfAttention,
+    check_call,
     check_fields,
-    check_hidden,
-    checked_segments,
     mix_convs,
 )
 from kda_lib.layers.conv import ShortConvolution
@@ -187,14 +186,13 @@ class ConvMixer(nnx.Module):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
         ``segment_ids [B, T]`` (not with a cache): the taps stay inside a segment."""
         cfg = self.config
-        check_hidden(x, cfg.hidden_size)
+        segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
         want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
         got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
         if cache is not None and got != want:
             raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] "
                              f"= {want}, got {got}; build it with model.init_cache({batch})")
-        segment_ids = checked_segments(segment_ids, cache, batch, seq_len)
         x = x.astype(cfg.dtype)
         states = None if cache is None else (cache,)
         (o,), (new_cache,) = mix_convs((self.v_conv1d,), (self.v_proj(x),), states, segment_ids)
