@@ -38,17 +38,13 @@ def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Ar
 def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_dim: int,
                       value_dim: int | None = None, *, dtype=jnp.float32, gate: str = "softplus",
                       gate_scale: float = 1.0, with_state: bool = False) -> dict[str, jax.Array]:
-    """Random inputs for :func:`kda_lib.kda`: q, k ``[B, T, H, K]`` L2-normalised Gaussians,
-    v ``[B, T, H, V]`` Gaussian (V defaults to K), beta ``[B, T, H]`` a sigmoid of one, and g
-    from a Gaussian gate input with ``a_log = log(linspace(1, 16, H))``, ``dt_bias ~ 0.5 N``.
-
-    Args:
-      gate: ``"softplus"`` or ``"safe"`` (lower bound -5): g is the log-space decay (times
-        ``gate_scale``); ``"raw"``: g is the raw gate input, and the dict adds ``a_log``,
-        ``dt_bias``, ``lower_bound=-5`` and ``use_gate_in_kernel=True``.
-      with_state: add ``initial_state [B, H, K, V]`` float32 (0.5 N(0, 1)).
-      dtype: of q, k, v, g, beta (the state and gate parameters stay float32).
-    """
+    """Random inputs for :func:`kda_lib.kda` in ``dtype`` (state and gate parameters float32):
+    q, k ``[B, T, H, K]`` L2-normalised Gaussians, v ``[B, T, H, V]`` (V = K if None), beta
+    ``[B, T, H]`` a sigmoid of one, g from a Gaussian gate input, ``a_log = log(linspace(1, 16,
+    H))``, ``dt_bias ~ 0.5 N``. ``gate``: "softplus" or "safe" (bound -5) give the log-space
+    decay (times ``gate_scale``); "raw" the gate input, with ``a_log``, ``dt_bias``,
+    ``lower_bound=-5``, ``use_gate_in_kernel=True``. ``with_state``: ``initial_state [B, H, K,
+    V]`` (0.5 N)."""
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     value_dim = key_dim if value_dim is None else value_dim

@@ -221,13 +221,14 @@ def _shapes(layer, batch: int, rows: int) -> dict:
     return shapes._asdict() if hasattr(shapes, "_asdict") else shapes
 
 
-def mix_convs(convs, streams, states, segment_ids):
+def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
     """Each stream ``[B, T, C]`` through its short conv (inputs checked at the layer's entry),
-    continuing ``states`` (None: zeros): ``(outputs, new_states)``."""
+    continuing ``states`` (None: zeros; ``history_segment_ids [B, W-1]`` their ids):
+    ``(outputs, new_states)``."""
     width = convs[0].conv_size
     window = None
     if segment_ids is not None and width > 1:
-        window = window_segment_ids(segment_ids, None, width)
+        window = window_segment_ids(segment_ids, history_segment_ids, width)
     states = states or (None,) * len(convs)
     mixed = [conv.mix(z, s, window) for conv, z, s in zip(convs, streams, states, strict=True)]
     return tuple(m[0] for m in mixed), tuple(m[1] for m in mixed)

@@ -148,33 +148,11 @@ def export_state_dict(layer, naming: str = "fla") -> dict[str, np.ndarray]:
     }
 
 
-def checkpoint_array(label: str, value) -> np.ndarray:
-    """One checkpoint tensor (numpy, torch, jax, nested lists) as a real-valued numpy array, or
-    a ValueError naming ``label``; bfloat16 is widened to float32, exactly."""
-    if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
-        value = value.detach().cpu()
-        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{label}: not convertible to an array ({error})") from None
-    if array.dtype == jnp.bfloat16:  # ml_dtypes' bfloat16 (safetensors, jax): not np.floating
-        array = array.astype(np.float32)
-    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
-        raise ValueError(  # object arrays ([None, None]), strings, bools, complex numbers
-            f"{label}: expected an array of real numbers, got dtype {array.dtype} "
-            f"({type(value).__name__} {value!r:.80})"
-        )
-    return array
-
-
 def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "") -> None:
-    """Copy ``state_dict`` (names without ``prefix`` -> numpy, torch, jax arrays or lists) in
-    ``naming`` into ``layer`` (a :class:`kda_lib.KimiDeltaAttention` of a matching config or,
-    in the Kimi Linear namings, an MLA layer) in place, all or nothing. ``prefix`` (e.g.
-    ``model.layers.3.self_attn.``) is printed before each name in errors. ValueError: naming
-    every missing or unexpected name, or the first tensor of a wrong shape, or with a
-    non-finite or non-real value; the layer is unchanged then."""
+    """Copy ``state_dict`` (names without ``prefix`` -> arrays) in ``naming`` into ``layer`` (a
+    :class:`kda_lib.KimiDeltaAttention` or, in the Kimi Linear namings, an MLA layer) in place,
+    all or nothing: a ValueError names every missing or unexpected name, or the first tensor of
+    a wrong shape or with a non-finite or non-real value. ``prefix`` is printed in errors."""
     source = "fla" if naming == "fla" else "checkpoint"
     if not isinstance(state_dict, Mapping):
         raise ValueError(f"state_dict must be a mapping of {source} names to arrays, got "
@@ -197,9 +175,23 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
         variable.set_value(value)
 
 
-def _converted(label: str, entry: _Entry, given) -> list:
-    """``(variable, value)`` for each parameter ``entry`` holds, checked, or a ValueError."""
-    given = checkpoint_array(label, given)
+def _converted(label: str, entry: _Entry, value) -> list:
+    """``(variable, value)`` for each parameter ``entry`` holds (``value``: numpy, torch, jax or
+    lists, bfloat16 widened to float32, exactly), checked, or a ValueError naming ``label``."""
+    if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
+        value = value.detach().cpu()
+        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    try:
+        given = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{label}: not convertible to an array ({error})") from None
+    if given.dtype == jnp.bfloat16:  # ml_dtypes' bfloat16 (safetensors, jax): not np.floating
+        given = given.astype(np.float32)
+    if not (np.issubdtype(given.dtype, np.floating) or np.issubdtype(given.dtype, np.integer)):
+        raise ValueError(  # object arrays ([None, None]), strings, bools, complex numbers
+            f"{label}: expected an array of real numbers, got dtype {given.dtype} "
+            f"({type(value).__name__} {value!r:.80})"
+        )
     try:
         values = _to_layer(entry, given)
     except ValueError as error:
@@ -248,11 +240,9 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
 
 def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
     """The tensors ``prefix...`` of the ``.safetensors`` file(s) ``paths`` (a path or a list of
-    shards), ``prefix`` cut off, as numpy arrays (bfloat16: ml_dtypes'). ``safe_open`` checks
-    each header; tensors are read with ordinary reads, not a memory map (DESIGN, "Checkpoint
-    files"). ``versions``: path -> version at its first read, shared by the reads of one load.
-    ValueError naming the file (and tensor): malformed, a dtype outside
-    :data:`SAFETENSORS_DTYPES`, over 64 dimensions, a name in two files, a changed file."""
+    shards), ``prefix`` cut off, as numpy arrays (bfloat16: ml_dtypes'), read without a memory
+    map (DESIGN, "Checkpoint files"). ``versions``: path -> version at its first read, shared by
+    the reads of one load. A bad or changed file is a ValueError naming it (and the tensor)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence) or not all(
         isinstance(p, (str, os.PathLike)) and isinstance(os.fspath(p), str) for p in paths

@@ -63,7 +63,6 @@ def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=No
                          f"got {history.shape}")  # fmt: skip
     if segment_ids is None:
         return None
-    check_array("segment_ids", segment_ids)
     check_segment_ids(segment_ids, batch, seq_len)
     ids = history_segment_ids
     if width == 1:

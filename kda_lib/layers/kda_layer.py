@@ -27,9 +27,15 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib.checks import is_concrete, is_int
-from kda_lib.layers.attention import check_cache, check_call, check_fields, empty_cache
+from kda_lib.layers.attention import (
+    check_cache,
+    check_call,
+    check_fields,
+    empty_cache,
+    mix_convs,
+)
 from kda_lib.layers.checkpoints import load_fla_state_dict
-from kda_lib.layers.conv import ShortConvolution, qkv_convolutions, window_segment_ids
+from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
     CheckedSegmentIds,
@@ -228,11 +234,10 @@ class KimiDeltaAttention(nnx.Module):
     def __call__(
         self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
     ):
-        """``x [B, T, hidden]`` (floating, jax or numpy, B, T >= 1; outside ``jit`` a NaN or inf
-        raises naming its position) -> ``y [B, T, hidden]``; with a ``cache`` (a
-        :class:`KDACache` from :meth:`init_cache` or a previous call; one device, no ids)
-        ``(y, new_cache)``. ``segment_ids [B, T]`` int, 0 = padding: packed documents never see
-        each other (through the conv or the state); padding outputs 0."""
+        """``x [B, T, hidden]`` (outside ``jit`` a NaN or inf raises naming its position) -> ``y
+        [B, T, hidden]``; with a ``cache`` (:meth:`init_cache`'s or a previous call's; one
+        device, no ids) ``(y, new_cache)``. ``segment_ids [B, T]`` int, 0 = padding: packed
+        documents never see each other (through the conv or the state); padding outputs 0."""
         segment_ids = self._check_inputs(x, segment_ids, cache)
         if self.mesh is not None:
             return self._forward_context_parallel(x, segment_ids)
@@ -240,8 +245,8 @@ class KimiDeltaAttention(nnx.Module):
         return y if cache is None else (y, new_cache)
 
     def _forward(self, x, *, segment_ids=None, cache=None, **states):
-        """One-device forward of checked inputs, asking :func:`kda` for interior ``states``:
-        ``(y, new_cache (with a cache or states) or None, kda's result)``."""
+        """One-device forward of checked inputs (``states``: :func:`kda`'s interior ones):
+        ``(y, new_cache or None, kda's result)``."""
         cfg = self.config
         ids = None if segment_ids is None else segment_ids.ids
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
@@ -258,40 +263,29 @@ class KimiDeltaAttention(nnx.Module):
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
     ) -> Projected:
-        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`.
-
-        Args (not checked):
-          segment_ids: ``[B, T]`` as in ``__call__``; cache: a :class:`KDACache` whose conv
-            states precede ``x``; halo: maps each conv input ``[B, T, C]`` to the ``[B, W-1,
-            C]`` inputs before it (CP; default the cache's or zeros); history_segment_ids:
-            ``[B, W-1]`` ids of the halo tokens.
-        """
+        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`. Not
+        checked: ``segment_ids [B, T]``; ``cache`` whose conv states precede x; ``halo`` maps
+        each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` before it (CP; default the cache's
+        or zeros); ``history_segment_ids [B, W-1]`` the halo tokens' ids."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
         x = x.astype(cfg.dtype)
         raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
-        window = None  # the ids of the W-1 inputs before x and of x's tokens, for every conv
-        if segment_ids is not None and cfg.conv_size > 1:
-            window = window_segment_ids(segment_ids, history_segment_ids, cfg.conv_size)
-
-        def history(z, i=None):  # the W-1 inputs before x: a CP halo, the decode cache or zeros
-            if halo is not None or cache is None:
-                return None if halo is None else halo(z)
-            return jnp.concatenate(cache[1:], axis=-1) if i is None else cache[1 + i]
-
+        states = None if cache is None else cache[1:]  # the W-1 inputs before x (else zeros)
+        ids = (segment_ids, history_segment_ids)
         if not cfg.conv_size:
             streams, conv_states = [jax.nn.silu(z) for z in raw], [None] * 3
         elif cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
             z = jnp.concatenate(raw, axis=-1)
-            z, state = self.qkv_conv1d.mix(z, history(z), window)
+            history = halo(z) if halo else states and jnp.concatenate(states, axis=-1)
+            (z,), (state,) = mix_convs((self.qkv_conv1d,), [z], [history], *ids)
             cuts = (h * kd, 2 * h * kd)
             streams, conv_states = jnp.split(z, cuts, axis=-1), jnp.split(state, cuts, axis=-1)
         else:
+            states = [halo(z) for z in raw] if halo else states  # CP: the ranks before
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-            pairs = enumerate(zip(raw, convs, strict=True))
-            mixed = [conv.mix(z, history(z, i), window) for i, (z, conv) in pairs]
-            streams, conv_states = zip(*mixed, strict=True)
+            streams, conv_states = mix_convs(convs, raw, states, *ids)
         q, k = (s.reshape(batch, seq_len, h, kd) for s in streams[:2])
         v = streams[2].reshape(batch, seq_len, hv, vd)
         f = self.f_proj(x).reshape(batch, seq_len, hv, -1)
@@ -305,9 +299,8 @@ class KimiDeltaAttention(nnx.Module):
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
-        """The layer's arguments to :func:`kda_lib.kda`: ``a_log [HV]`` (or None), ``dt_bias [HV
-        * K]``, ``lower_bound``, ``use_gate_in_kernel=True``, ``use_qk_l2norm=True``,
-        ``allow_neg_eigval``; no gate ones with the clamped softplus (applied in ``project``)."""
+        """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones with the clamped
+        softplus, which ``project`` applies)."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
@@ -362,7 +355,6 @@ class KimiDeltaAttention(nnx.Module):
 
     # ----------------------------------------------------------------- decoding
     def _cache_shapes(self, batch_size: int, rows: int = 0) -> KDACache:
-        """The shapes of a cache for ``batch_size`` rows (None where there is no conv)."""
         cfg = self.config
         qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
         state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
@@ -371,8 +363,8 @@ class KimiDeltaAttention(nnx.Module):
         return KDACache(state, *((batch_size, cfg.conv_size - 1, c) for c in (qk, qk, vc)))
 
     def init_cache(self, batch_size: int) -> KDACache:
-        """An empty cache for ``batch_size`` rows (a positive int): zero state and conv history
-        (refused, naming batch_size, if it cannot fit this machine's memory)."""
+        """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
+        it cannot fit this machine's memory)."""
         return empty_cache(self, batch_size)
 
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):

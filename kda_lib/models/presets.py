@@ -269,11 +269,10 @@ class KimiLinearCheckpoint(NamedTuple):
 
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
-    """Every attention layer of a Kimi Linear checkpoint directory (``config.json``, its
-    ``*.safetensors`` shards), built from :meth:`ModelPreset.from_hf_config` and loaded from
-    ``model.layers.N.self_attn.`` in memory. ``naming``: ``"kimi_linear"`` (the remote code's),
-    ``"transformers"`` or ``"auto"`` (told from the first KDA layer); ``overrides`` go to both
-    configs (``dtype``, ...). A shard replaced during the load is refused naming it."""
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and
+    ``*.safetensors`` shards), built by :meth:`ModelPreset.from_hf_config`. ``naming``:
+    "kimi_linear", "transformers" or "auto" (told from the first KDA layer); ``overrides`` go to
+    both configs (``dtype``, ...). A shard replaced during the load is refused naming it."""
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
     shards = sorted(os.path.join(directory, n) for n in os.listdir(directory)

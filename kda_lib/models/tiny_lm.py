@@ -152,14 +152,10 @@ class ModelConfig:
         """Tokens back the convolutions alone see through all layers: N (W - 1)."""
         return self.num_layers * max(self.mixer_config.conv_size - 1, 0)
 
-    def for_layer(self, index: int) -> ModelConfig:
-        """This config with ``mixer`` set to layer ``index``'s mixer (what its factory reads)."""
-        return dataclasses.replace(self, mixer=self.layer_mixers[index], layers=())
 
-
-def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-    """The token mixer named by ``config.mixer`` (one layer's: :meth:`ModelConfig.for_layer`)."""
-    return MIXERS[config.mixer](config, rngs)
+def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs, name: str | None = None) -> nnx.Module:
+    """The token mixer named ``name`` (default ``config.mixer``) for ``config``."""
+    return MIXERS[name or config.mixer](config, rngs)
 
 
 class ConvMixer(nnx.Module):
@@ -250,12 +246,12 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
     """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; the mixer
-    is ``config.mixer`` (:meth:`ModelConfig.for_layer`)."""
+    is the :data:`MIXERS` entry ``mixer``."""
 
-    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
         norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
         self.mixer_norm = nnx.RMSNorm(config.hidden_size, **norm)
-        self.mixer = make_mixer(config, rngs=rngs)
+        self.mixer = make_mixer(config, rngs=rngs, name=mixer)
         self.mlp_norm = nnx.RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config.hidden_size, config.mlp_hidden, rngs=rngs)
 
@@ -285,8 +281,7 @@ class TinyLM(nnx.Module):
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)
-        self.blocks = nnx.List([Block(config.for_layer(i), rngs=rngs)
-                                for i in range(config.num_layers)])  # fmt: skip
+        self.blocks = nnx.List([Block(config, name, rngs=rngs) for name in config.layer_mixers])
         self.final_norm = nnx.RMSNorm(hidden, epsilon=config.norm_eps, scale_metadata=NO_DECAY,
                                       rngs=rngs)  # fmt: skip
         self.head = nnx.Linear(hidden, vocab, use_bias=False, rngs=rngs)
