@@ -222,9 +222,11 @@ def _shapes(layer, batch: int, rows: int) -> dict:
 
 
 def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
-    """Each stream ``[B, T, C]`` through its short conv (inputs checked at the layer's entry),
-    continuing ``states`` (None: zeros; ``history_segment_ids [B, W-1]`` their ids):
-    ``(outputs, new_states)``."""
+    """Each stream ``[B, T, C]`` through its short conv (inputs checked at the layer's entry;
+    None: SiLU only), continuing ``states`` (None: zeros; ``history_segment_ids [B, W-1]`` their
+    ids): ``(outputs, new_states)``."""
+    if convs[0] is None:
+        return tuple(jax.nn.silu(z) for z in streams), (None,) * len(streams)
     width = convs[0].conv_size
     window = None
     if segment_ids is not None and width > 1:

@@ -274,9 +274,7 @@ class KimiDeltaAttention(nnx.Module):
         raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
         states = None if cache is None else cache[1:]  # the W-1 inputs before x (else zeros)
         ids = (segment_ids, history_segment_ids)
-        if not cfg.conv_size:
-            streams, conv_states = [jax.nn.silu(z) for z in raw], [None] * 3
-        elif cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
+        if cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
             z = jnp.concatenate(raw, axis=-1)
             history = halo(z) if halo else states and jnp.concatenate(states, axis=-1)
             (z,), (state,) = mix_convs((self.qkv_conv1d,), [z], [history], *ids)

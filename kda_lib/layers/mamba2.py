@@ -93,12 +93,9 @@ class Mamba2Mixer(nnx.Module):
         batch, seq_len, _ = x.shape
         x = x.astype(jnp.float32)
         streams = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
-        if cfg.conv_size:
-            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-            states = None if cache is None else cache[1:]
-            streams, conv_states = mix_convs(convs, streams, states, segment_ids)
-        else:
-            streams, conv_states = [jax.nn.silu(z) for z in streams], (None, None, None)
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        states = None if cache is None else cache[1:]
+        streams, conv_states = mix_convs(convs, streams, states, segment_ids)
         q, k, v = (z.reshape(batch, seq_len, cfg.num_heads, -1) for z in streams)
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
         g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.f_proj(x) + self.dt_bias[...])
