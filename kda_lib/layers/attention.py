@@ -25,9 +25,9 @@ from kda_lib.ops.segments import canonical_segment_ids
 
 
 def check_fields(config, **kinds: str) -> None:
-    """Check the fields of the frozen dataclass ``config`` named (space-separated) under each
-    kind: ``int`` (>= 1), ``int0`` (>= 0), ``width`` (None or >= 1), ``bool``, ``eps`` (finite,
-    > 0), ``dtype`` (floating); a ValueError names ``<Config>.<field>``; stores the value."""
+    """Check (and store) the fields of the frozen dataclass ``config`` named under each kind:
+    ``int`` (>= 1), ``int0`` (>= 0), ``width`` (None or >= 1), ``bool``, ``eps`` (finite, > 0),
+    ``dtype`` (floating); a ValueError names ``<Config>.<field>``."""
     for kind, fields in kinds.items():
         for field in fields.split():
             name, value = f"{type(config).__name__}.{field}", getattr(config, field)
@@ -202,9 +202,8 @@ def check_cache(cache, layer, batch: int) -> None:
 
 
 def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
-    """A ``layer.cache_type`` of zeros (``state``: float32, else the layer's dtype) for
-    ``batch_size`` rows, with room for ``max_len`` tokens (0 when None); refused, naming
-    batch_size, if it cannot fit this machine's memory. ``fields``: its other fields."""
+    """A ``layer.cache_type`` of zeros (``state`` float32, else the layer's dtype) for
+    ``batch_size`` rows and ``max_len`` tokens (or 0), refused, naming batch_size, past memory."""
     batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
     dtype = getattr(layer.config, "dtype", jnp.float32)

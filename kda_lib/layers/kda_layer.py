@@ -373,9 +373,8 @@ class KimiDeltaAttention(nnx.Module):
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
-        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token
-        (speculative decoding): ``(y, cache after x, token_caches)``, a :class:`KDACache` with a
-        token axis after B for :meth:`accept_draft`."""
+        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token:
+        ``(y, cache after x, token_caches)``, the last with a token axis after B."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip
@@ -400,8 +399,7 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """:meth:`prefill`, :meth:`draft`: the forward with the kernel's ``states`` and the conv
-        histories every ``every`` tokens, as one stacked :class:`KDACache`."""
+        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`."""
         self._check_inputs(x, None, cache)
         if self.mesh is not None:
             raise ValueError("prefill and draft run on one device; build the layer without a mesh")
@@ -428,17 +426,16 @@ class KimiDeltaAttention(nnx.Module):
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """A layer holding an fla ``KimiDeltaAttention.state_dict()`` (names to numpy arrays;
-        :mod:`kda_lib.layers.checkpoints`); ``kwargs`` go to the constructor."""
+        """A layer holding an fla ``KimiDeltaAttention.state_dict()``; ``kwargs`` go to the
+        constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_fla_state_dict(layer, state_dict)
         return layer
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
-        """Every entry's checks, before any work (:func:`check_call`, and: no cache with a
-        mesh, tokamax's segment slots fit, concrete ``x`` finite); the ids canonical, with
-        their count, as :func:`kda` takes them."""
+        """:func:`check_call`, and: no cache with a mesh, tokamax's segment slots fit, concrete
+        ``x`` finite; the ids as :func:`kda` takes them."""
         if cache is not None and self.mesh is not None:
             raise ValueError("a layer built with a mesh (context parallel) does not "
                              "decode; build one without a mesh for decoding")  # fmt: skip

@@ -113,9 +113,8 @@ class ModelPreset:
 
     @classmethod
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
-        """The preset a parsed Hugging Face ``config.json`` describes (Kimi Linear, Kimi K3,
-        GLM-5-Next; :mod:`kda_lib.models.hf_config`). ``name`` defaults to ``_name_or_path``,
-        else the model type. A ValueError names each field it cannot read."""
+        """The preset a parsed Hugging Face ``config.json`` describes (:mod:`.hf_config`);
+        ``name`` defaults to ``_name_or_path``, else the model type."""
         fields = hf_config.preset_fields(config)
         mla = fields.pop("mla")
         named = {} if name is None else {"name": name}

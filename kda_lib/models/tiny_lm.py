@@ -272,8 +272,7 @@ def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
 
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
-    ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' caches, one per block
-    and each of its mixer's kind, so decoding continues from them."""
+    ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         # the embedding and head fit in memory or vocab_size is refused; the mixers check theirs
@@ -318,9 +317,8 @@ def config_param_count(config: ModelConfig) -> int:
 
 
 def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
-    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target``: the MLPs
-    are the one part every mixer shares, ``2 hidden + 1`` parameters per unit and layer.
-    ValueError when ``target`` is below the model with a 1-unit MLP."""
+    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target`` (the MLP
+    has ``2 hidden + 1`` parameters per unit and layer), or a ValueError if none reaches it."""
     check_int("target", target)
     one = config_param_count(dataclasses.replace(config, mlp_width=1))
     per_unit = config.num_layers * (2 * config.hidden_size + 1)
