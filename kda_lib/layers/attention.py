@@ -44,8 +44,17 @@ def check_fields(config, **kinds: str) -> None:
             object.__setattr__(config, field, value)
 
 
+class Widths:
+    """What every mixer config with ``head_dim`` and ``value_head_dim`` derives."""
+
+    @property
+    def value_dim(self) -> int:
+        """V: ``value_head_dim``, else ``head_dim``."""
+        return self.value_head_dim or self.head_dim
+
+
 @dataclasses.dataclass(frozen=True)
-class AttentionConfig:
+class AttentionConfig(Widths):
     """Hyper-parameters of :class:`CausalSelfAttention`: ``hidden_size``; ``num_heads`` H of
     ``head_dim`` K and ``value_head_dim`` V (None = K); ``rope`` (True; needs an even K);
     ``short_conv`` (False) of width ``conv_size`` (4); ``dtype``, ``param_dtype`` (float32)."""
@@ -68,10 +77,6 @@ class AttentionConfig:
             raise ValueError(f"attention needs an even head_dim for RoPE, got {self.head_dim}")
         if self.short_conv and self.conv_size < 1:
             raise ValueError(f"short_conv needs conv_size >= 1, got {self.conv_size}")
-
-    @property
-    def value_dim(self) -> int:
-        return self.value_head_dim or self.head_dim
 
 
 class AttentionCache(NamedTuple):

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from kda_lib.checks import is_concrete, is_int
 from kda_lib.layers.attention import (
+    Widths,
     check_cache,
     check_call,
     check_fields,
@@ -67,7 +68,7 @@ WIDTH_FIELDS = ("hidden_size num_heads num_v_heads head_dim value_head_dim conv_
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class KDAConfig:
+class KDAConfig(Widths):
     """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; a bad field raises
     ValueError naming ``KDAConfig.<field>``).
 
@@ -146,11 +147,6 @@ class KDAConfig:
                    "lower_bound (e.g. -5.0); the softplus gate has no rate-free form")  # fmt: skip
         if self.fused_qkv_conv and not self.conv_size:
             yield ".fused_qkv_conv needs a conv: conv_size must be > 0"
-
-    @property
-    def value_dim(self) -> int:
-        """V: ``value_head_dim``, or ``head_dim``."""
-        return self.value_head_dim or self.head_dim
 
     @property
     def value_heads(self) -> int:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.layers.attention import check_call, check_fields, empty_cache, mix_convs
+from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
 from kda_lib.layers.conv import qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
@@ -29,7 +29,7 @@ from kda_lib.ops.segments import segment_starts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Mamba2Config:
+class Mamba2Config(Widths):
     """Sizes of :class:`Mamba2Mixer`, named as in :class:`kda_lib.KDAConfig`: ``hidden_size``;
     ``num_heads`` H of ``head_dim`` K and ``value_head_dim`` V (None = K); ``conv_size`` W (4;
     0: SiLU only); ``norm_eps`` (1e-5); ``chunk_size`` of the kernel (64)."""
@@ -45,11 +45,6 @@ class Mamba2Config:
     def __post_init__(self):
         check_fields(self, int="hidden_size num_heads head_dim chunk_size", width="value_head_dim",
                      int0="conv_size", eps="norm_eps")  # fmt: skip
-
-    @property
-    def value_dim(self) -> int:
-        """V: ``value_head_dim``, else ``head_dim``."""
-        return self.value_head_dim or self.head_dim
 
 
 class Mamba2Cache(NamedTuple):

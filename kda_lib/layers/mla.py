@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.layers.attention import (
+    Widths,
     attend,
     attention_mask,
     check_call,
@@ -35,7 +36,7 @@ from kda_lib.layers.params import NO_DECAY, check_parameters_fit
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class MLAConfig:
+class MLAConfig(Widths):
     """Hyper-parameters of :class:`MultiHeadLatentAttention` (keyword-only): ``hidden_size``;
     ``num_heads`` H; ``head_dim`` D (DeepSeek's ``qk_nope_head_dim``); ``value_head_dim`` Dv
     (None = D; ``v_head_dim``); ``kv_lora_rank`` r, the cached latent's width; ``q_lora_rank``
@@ -58,10 +59,6 @@ class MLAConfig:
         check_fields(self, int="hidden_size num_heads head_dim kv_lora_rank",
                      width="value_head_dim q_lora_rank", int0="shared_key_dim", eps="norm_eps",
                      dtype="dtype param_dtype")  # fmt: skip
-
-    @property
-    def value_dim(self) -> int:  # Dv
-        return self.value_head_dim or self.head_dim
 
     @property
     def score_dim(self) -> int:  # the width of a query/key dot product: D + Ds

@@ -217,9 +217,8 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
 
 def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
     """Issue 53: the layer, its three convs and kda() each read the ids (five reads); now the
-    layer reads them once and hands the host copy on (tokamax: the segment count too)."""
+    layer's segment rule reads them once and hands them on (tokamax: the segment count too)."""
     import kda_lib.ops.contract
-    from kda_lib.layers import kda_layer as layer_module
 
     reads = []
 
@@ -231,8 +230,8 @@ def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
 
         return host_values
 
-    for module in (kda_lib.ops.contract, layer_module):
-        monkeypatch.setattr(module, "host_values", counting(module.host_values))
+    contract = kda_lib.ops.contract
+    monkeypatch.setattr(contract, "host_values", counting(contract.host_values))
     # the inputs of test_tokamax_segment_bound_counted_configured_or_asked_for: its programs
     ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
     x = _x(batch=2, seq_len=90)
