@@ -140,7 +140,6 @@ def _mla(config: dict) -> dict:
         kv_lora_rank=_int(config, "kv_lora_rank"),
         q_lora_rank=None if q_rank is None else _int(config, "q_lora_rank"),
         shared_key_dim=rope,
-        norm_eps=1e-6,  # KimiRMSNorm's default: kv_a_layernorm is built without an eps
         output_gate=_bool(config, "mla_use_output_gate"),
     )
 

@@ -43,14 +43,14 @@ class MLAShape:
     kv_lora_rank: int
     q_lora_rank: int | None = None
     shared_key_dim: int
-    norm_eps: float | None = None
+    norm_eps: float = 1e-6  # KimiRMSNorm's default: kv_a_layernorm is built without an eps
     output_gate: bool = False
     output_gate_rank: int | None = None
 
     def __post_init__(self):
         check_fields(self, int="num_heads kv_lora_rank value_head_dim",
                      int0="head_dim shared_key_dim", width="q_lora_rank output_gate_rank",
-                     bool="output_gate")  # fmt: skip
+                     bool="output_gate", eps="norm_eps")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,7 +135,7 @@ class ModelPreset:
         has one (``g_a_proj [d, r]``, ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one
         ``g_proj [d, H V]``)."""
         m = self._mla_or_raise()
-        shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **_set_fields(m, MLAConfig)))
+        shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **shared_fields(m, MLAConfig)))
         count = sum(math.prod(shape) for shape in shapes.values())
         d, r, hv = self.hidden_size, m.output_gate_rank, m.num_heads * m.value_head_dim
         if m.output_gate:
@@ -173,12 +173,8 @@ class ModelPreset:
         if m.output_gate:
             raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "
                                       "gate (mla_use_output_gate)")  # fmt: skip
-        return MLAConfig(**{"hidden_size": self.hidden_size, **_set_fields(m, MLAConfig),
+        return MLAConfig(**{"hidden_size": self.hidden_size, **shared_fields(m, MLAConfig),
                             **overrides})  # fmt: skip
-
-
-def _set_fields(source, config_class) -> dict:
-    return {k: v for k, v in shared_fields(source, config_class).items() if v is not None}
 
 
 def _eval_shape(config):
@@ -212,8 +208,7 @@ def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
 # no output-gate bias, o_norm eps 1e-5. The MLA's norm eps is KimiRMSNorm's default.
 _KIMI = dict(head_dim=128, conv_size=4, fused_qkv_conv=False, use_a_log=True,
              forget_gate_rank=128, output_gate_bias=False, norm_eps=1e-5)  # fmt: skip
-_KIMI_MLA = dict(head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64,
-                 norm_eps=1e-6)  # fmt: skip
+_KIMI_MLA = dict(head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64)
 
 KIMI_LINEAR_48B = ModelPreset(
     **_KIMI, name="Kimi-Linear-48B-A3B", hidden_size=2304, num_heads=32, num_v_heads=32,
