@@ -1,11 +1,7 @@
-"""``kda(...)``: one entry point for every KDA implementation, and the table of them.
-
-:data:`REGISTRY` holds one row per implementation: a plain function ``call(arrays, options)``
-and ``refuses(options, here)``, the one place that says what it cannot serve. ``"recurrent"``
-(the oracle) and ``"chunked"`` are kda_lib's; the ``"tokamax_*"`` rows need the ``tokamax``
-extra. ``"auto"`` takes the first row that serves the call (:func:`auto_forms`; why: DESIGN
-section 4). A named implementation never falls back: ValueError naming why.
-"""
+"""``kda(...)``: one entry point for every KDA implementation, and :data:`REGISTRY`, one row
+per implementation: ``call(arrays, options)`` and ``refuses(options, here)``, the one place that
+says what it cannot serve. ``"auto"`` takes the first row that serves the call (DESIGN section
+4); a named implementation never falls back (ValueError naming why)."""
 
 from __future__ import annotations
 
@@ -189,9 +185,8 @@ def _route(forward: str, training: str) -> Implementation:
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
-    """``impl.call(arrays, options)`` as one compiled program, traced once per row, options
-    and shapes (eagerly too, not op by op); Mosaic as it is (its trace depends on the
-    emulated chip, no part of jit's key)."""
+    """``impl.call(arrays, options)`` as one compiled program per row, options and shapes;
+    Mosaic as it is (its trace depends on the emulated chip, no part of jit's key)."""
     if impl.variant is None:  # only tokamax reads the count: not a reason to recompile
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
@@ -208,8 +203,7 @@ _CACHE_CLEARERS: list = []  # compiled-program caches outside ops (ops imports n
 
 
 def register_compiled_cache(cache):
-    """Have :func:`clear_compiled_forms` clear ``cache`` (by its ``cache_clear`` or
-    ``clear_cache``); returns it (a decorator)."""
+    """Decorator: :func:`clear_compiled_forms` also clears ``cache``."""
     _CACHE_CLEARERS.append(getattr(cache, "cache_clear", None) or cache.clear_cache)
     return cache
 
@@ -239,9 +233,9 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 
 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
-    """``(forward, training)`` that ``"auto"`` runs: each the first row that serves the call
-    of tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form,
-    and ``"recurrent"`` (which also takes what none serves)."""
+    """``(forward, training)`` that ``"auto"`` runs: the first row that serves the call of
+    tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form and
+    ``"recurrent"`` (which also takes what none serves)."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
     first = ("tokamax_mosaic",) if tpu_generation() else ()
@@ -284,9 +278,8 @@ def _request(owner: str, config: dict) -> KDAOptions:
 
 
 def select_implementation(*, differentiated: bool = True, **config) -> str:
-    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: ``seq_len``,
-    ``key_dim``, ``dtype``, ``lower_bound``, ``fused_gate``, ``batch``, ``num_heads``,
-    ``value_dim`` (default ``key_dim``) or other :class:`KDAOptions` fields (default 1 or as
+    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: the sizes
+    (``value_dim`` default ``key_dim``, others 1) and :class:`KDAOptions` fields (defaults as
     in :func:`kda`). A bad or unknown field: ValueError naming it."""
     differentiated = check_flag("differentiated", differentiated)
     return auto_forms(_request("select_implementation", config))[differentiated]
@@ -325,7 +318,7 @@ def check_implementation(implementation, owner: str = "implementation") -> str:
 
 
 def _required(implementation: str) -> Implementation:
-    """A named row; tokamax's only where installed (ModuleNotFoundError naming the extra)."""
+    """A named row; tokamax's only where installed (else ModuleNotFoundError)."""
     if REGISTRY[implementation].variant is not None:
         adapter.require_tokamax(f"implementation={implementation!r}")
     return REGISTRY[implementation]
@@ -352,15 +345,13 @@ CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 
 
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
-    """Check each argument of a :func:`kda` call once, by name, before any work; pick its
-    implementation; return it with the arrays (ids canonical, padding zeroed) and options."""
+    """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
+    arrays, options)``."""
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # and a_log, dt_bias present, lower_bound
-    common = dict(initial_state=kw["initial_state"], allow_neg_eigval=kw["allow_neg_eigval"])
-    if fused:  # the arrays, initial_state, a_log, dt_bias, allow_neg_eigval
-        dims = contract.check_fused_inputs(q, k, v, g, beta, kw["a_log"], kw["dt_bias"], **common)
-    else:
-        dims = contract.check_kda_inputs(q, k, v, g, beta, lower_bound=kw["lower_bound"], **common)
+    dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
+        n: kw[n] for n in ("initial_state", "allow_neg_eigval", "lower_bound", "a_log", "dt_bias")
+    })  # fmt: skip
     ids, bound, per_row = kw["segment_ids"], kw["lower_bound"], None
     if isinstance(ids, CheckedSegmentIds):  # the KDA layer checked them at its entry
         ids, per_row = ids

@@ -153,7 +153,8 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
-                     allow_neg_eigval=False, raw_gate=False, lower_bound=None) -> Dims:  # fmt: skip
+                     allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
+                     dt_bias=None) -> Dims:  # fmt: skip
     """One call's arrays checked (:data:`SHAPES`, HV a positive multiple of H) and their
     dimensions. ``raw_gate``: g is the in-kernel gate's raw input (any sign); else a log-space
     decay, ``>= lower_bound`` when one is given."""
@@ -162,6 +163,7 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
         check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
+    check_gate_parameters(a_log, dt_bias, dims)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
     return dims
@@ -205,13 +207,6 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
             raise ValueError(
                 f"dt_bias must have shape [H*K]={flat} or [H, K]={split}, got {dt_bias.shape}"
             )
-
-
-def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **kw) -> Dims:
-    """:func:`check_kda_inputs` (its keywords) for the in-kernel gate: g raw, a_log, dt_bias."""
-    dims = check_kda_inputs(q, k, v, g, beta, raw_gate=True, **kw)
-    check_gate_parameters(a_log, dt_bias, dims)
-    return dims
 
 
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:

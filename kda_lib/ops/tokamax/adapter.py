@@ -18,18 +18,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from kda_lib.checks import allocation_problem
-from kda_lib.ops.contract import (
-    Dims,
-    KDAOptions,
-    check_fused_inputs,
-    check_kda_inputs,
-    repeat_qk_heads,
-)
+from kda_lib.checks import allocation_problem, check_int
+from kda_lib.ops.contract import Dims, KDAOptions, check_kda_inputs, repeat_qk_heads
 from kda_lib.ops.gating import check_gate_switch
 from kda_lib.ops.segments import (
     NEUTRAL_RAW_GATE,
-    check_max_num_segments,
     fill_padding_ids_across_ranks,
     isolate_non_finite,
     overflowing_keys_as_nan,
@@ -245,15 +238,13 @@ def tokamax_mosaic_context_parallel(
     of Mosaic: K and V multiples of 128, no initial/final state (ValueError naming each).
     Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
     fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
+    dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids, raw_gate=fused,
+                            lower_bound=lower_bound, a_log=a_log, dt_bias=dt_bias)  # fmt: skip
+    max_num_segments = check_int("max_num_segments", max_num_segments, optional=True)
     lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
-    gate = (a_log, dt_bias) if fused else ()
-    dims = (check_fused_inputs if fused else check_kda_inputs)(q, k, v, g, beta, *gate,
-                                                                segment_ids=segment_ids)
     problems = tokamax_problems(MOSAIC, KDAOptions(
-        dims, q.dtype, 1.0, False, False, False, None, None, fused_gate=fused,
-        lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, allow_neg_eigval=allow_neg_eigval,
-        chunk_size=chunk_size, precision=None, implementation=MOSAIC.name,
-    ))  # fmt: skip
+        dims, q.dtype, fused_gate=fused, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+        allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size))  # fmt: skip
     if dims.key_dim % 128 or dims.value_dim % 128:
         problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
                         f"got K={dims.key_dim}, V={dims.value_dim}")
@@ -261,10 +252,6 @@ def tokamax_mosaic_context_parallel(
     for arg, value in states.items():
         if value is not None and value is not False:
             problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
-    try:
-        check_max_num_segments(max_num_segments, optional=True)
-    except ValueError as e:
-        problems.append(str(e))
     if problems:
         problems = "; ".join(problems)
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
