@@ -100,19 +100,11 @@ SHAPES = {
 }  # fmt: skip
 
 
-def check_shape(name: str, x, dims: Dims | None = None, *, slots: int | None = None) -> None:
+def check_shape(name: str, x, dims: Dims, *, slots: int | None = None) -> None:
     """``x`` must be a floating array (integer: ``segment_ids``) of shape ``SHAPES[name]`` at
-    ``dims`` (N: ``slots``); with ``dims=None`` (q, v: they fix the dims) of its rank, no
-    axis empty. The message names the argument and both shapes."""
+    ``dims`` (N: ``slots``); the message names the argument and both shapes."""
     check_array(name, x, floating=name != "segment_ids")
     axes, got = SHAPES[name].split(), tuple(x.shape)
-    if dims is None:
-        if len(got) != len(axes):
-            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
-                             f"got shape {got}")  # fmt: skip
-        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
-            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
-        return
     heads = dims.qk_heads if name in ("q", "k", "q_t", "k_t") else dims.num_heads
     sizes = dict(B=dims.batch, T=dims.seq_len, H=heads, HV=heads, K=dims.key_dim,
                  V=dims.value_dim, N=slots)  # fmt: skip
@@ -133,8 +125,12 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     ``beta_t``, T = 1), every dtype and shape checked."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
     arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
-    check_shape(names[0], q)
-    check_shape(names[2], v)
+    for name, x in ((names[0], q), (names[2], v)):  # they fix the dims: their rank, none empty
+        check_array(name, x, floating=True)
+        axes = SHAPES[name].split()
+        if x.ndim != len(axes) or not all(x.shape):
+            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes, "
+                             f"none empty), got shape {tuple(x.shape)}")  # fmt: skip
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
     if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
         axes = SHAPES[names[2]].split()

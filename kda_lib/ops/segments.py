@@ -89,16 +89,6 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
     return jnp.stack(before), all_ends, rank
 
 
-def fill_padding_ids_across_ranks(segment_ids: jax.Array, axis_name: str) -> jax.Array:
-    """Rank-local ids with padding replaced by the last real id before it across ranks
-    (leading padding: the row's first id; an all-padding row: 1), for tokamax's CP."""
-    before, _, rank = rank_segment_links(segment_ids, axis_name)
-    upstream = jnp.take(before, rank, axis=0)  # [B]
-    filled = fill_padding_ids(segment_ids, upstream)
-    filled = jnp.where(filled == 0, first_segment_id(segment_ids)[:, None], filled)
-    return jnp.where(filled == 0, 1, filled).astype(jnp.int32)
-
-
 def canonical_segment_ids(segment_ids) -> jax.Array:
     """``[B, T]`` int32: each segment's ordinal, padding 0. Host ids are first renumbered
     densely on the host, in their own dtype (int64 ids must not wrap to 32 bits)."""

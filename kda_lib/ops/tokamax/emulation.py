@@ -94,19 +94,6 @@ def emulated_mosaic_op():
     return _hooks()["mosaic_op"].PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
 
 
-def _zero_fill(original):
-    """Zeros for floats (tokamax's Mosaic backward sums gate gradients over chunk padding it
-    never writes, times zero), else ``original``'s fill."""
-
-    def uninitialized_value(shape, dtype):
-        if jnp.issubdtype(dtype, jnp.floating):
-            return jnp.zeros(shape, dtype)
-        return original(shape, dtype)
-
-    uninitialized_value.kda_lib_original = original
-    return uninitialized_value
-
-
 def _chip(generation: str) -> str:
     name = str(generation).strip().lower().removeprefix("tpu").strip()
     if name not in CHIP_VERSIONS:
@@ -132,8 +119,14 @@ def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
     version = tpu_info.ChipVersion(chip)
     os.environ["PALLAS_INTERPRET"] = "1"
     registry[kind] = lambda: tpu_info.get_tpu_info_for_chip(version, 1)
-    zero = uninitialized_memory == "zero"
-    primitives.uninitialized_value = _zero_fill(original) if zero else original
+
+    def zero_fill(shape, dtype):  # tokamax's Mosaic backward sums gate gradients over chunk
+        if jnp.issubdtype(dtype, jnp.floating):  # padding it never writes, times zero
+            return jnp.zeros(shape, dtype)
+        return original(shape, dtype)
+
+    zero_fill.kda_lib_original = original
+    primitives.uninitialized_value = zero_fill if uninitialized_memory == "zero" else original
     clear()
     _stack.append(chip)
     try:
