@@ -127,10 +127,12 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
     for name, x in ((names[0], q), (names[2], v)):  # they fix the dims: their rank, none empty
         check_array(name, x, floating=True)
-        axes = SHAPES[name].split()
-        if x.ndim != len(axes) or not all(x.shape):
-            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes, "
-                             f"none empty), got shape {tuple(x.shape)}")  # fmt: skip
+        axes, got = SHAPES[name].split(), tuple(x.shape)
+        if len(got) != len(axes):
+            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
+                             f"got shape {got}")  # fmt: skip
+        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
+            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
     if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
         axes = SHAPES[names[2]].split()
