@@ -338,8 +338,8 @@ def context_parallel_route(implementation: str, seq_len: int):
 # ------------------------------------------------------------------ one check per call
 
 
-# segment ids ``[B, T]`` the KDA layer checked at its entry, with the count
-# :func:`~kda_lib.ops.contract.check_segment_ids` returned: :func:`kda` does not check them again
+# segment ids [B, T] the KDA layer checked at its entry (canonical), with the count that
+# contract.check_segment_ids returned: kda() does not check them again
 CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 
 
