@@ -21,16 +21,14 @@ def shared_fields(source, config_class) -> dict:
 
 
 def is_concrete(x) -> bool:
-    """Are ``x``'s values readable here (not None, a tracer or an array over several
-    processes)? Value checks skip where not."""
+    """Are ``x``'s values readable here (not None, a tracer or an array over processes)?"""
     if x is None or isinstance(x, jax.core.Tracer):
         return False
     return getattr(x, "is_fully_addressable", True)
 
 
 def is_int(value, minimum: int | None = 1) -> bool:
-    """Is ``value`` an int (numpy ints count; bools and floats do not) ``>= minimum`` (None:
-    any)? The one integer test of the package."""
+    """Is ``value`` an int (numpy ints count, bools do not) ``>= minimum`` (None: any)?"""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     return integer and (minimum is None or value >= minimum)
 
@@ -69,8 +67,8 @@ def check_flag(name: str, value) -> bool:
 
 
 def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
-    """argparse's error (exit status 2) naming the first option of ``args`` below its minimum
-    in ``minimums``; options that are None or not this parser's pass."""
+    """argparse's error naming the first option of ``args`` below its minimum in ``minimums``
+    (None or absent options pass)."""
     for name, minimum in minimums.items():
         value = getattr(args, name, None)
         if value is not None and value < minimum:
@@ -83,8 +81,7 @@ def is_number(value) -> bool:
 
 
 def check_number(name: str, value, *, minimum: float | None = None, positive=False) -> float:
-    """``value`` as a float, if a finite :func:`is_number` ``>= minimum`` (``> 0`` with
-    ``positive``)."""
+    """``value`` as a float, if a finite :func:`is_number` ``>= minimum`` (``positive``: > 0)."""
     requirement = "a finite number" + (" > 0" if positive else "")
     requirement += "" if minimum is None else f" >= {minimum:g}"
     ok = is_number(value) and np.isfinite(value) and (value > 0 or not positive)
@@ -129,8 +126,8 @@ def check_array(name: str, x, *, floating: bool = False) -> None:
 
 
 def memory_limit() -> int | None:
-    """The first local device's memory in bytes where JAX reports it (GPU, TPU), else this
-    machine's physical memory, or None where neither is known (size checks then pass)."""
+    """The first local device's memory in bytes (GPU, TPU), else this machine's physical
+    memory, or None where neither is known (size checks then pass)."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])

@@ -1,11 +1,7 @@
-"""``kda(...)``: one entry point for every KDA implementation, and the table of them.
-
-:data:`REGISTRY` holds one row per implementation: a plain function ``call(arrays, options)``
-and ``refuses(options, here)``, the one place that says what it cannot serve. ``"recurrent"``
-(the oracle) and ``"chunked"`` are kda_lib's; the ``"tokamax_*"`` rows need the ``tokamax``
-extra. ``"auto"`` takes the first row that serves the call (:func:`auto_forms`; why: DESIGN
-section 4). A named implementation never falls back: ValueError naming why.
-"""
+"""``kda(...)``: one entry point for every KDA implementation, and :data:`REGISTRY`, one row
+per implementation: ``call(arrays, options)`` and ``refuses(options, here)``, the one place that
+says what it cannot serve. ``"auto"`` takes the first row that serves the call (DESIGN section
+4); a named implementation never falls back (ValueError naming why)."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ def kda(
     Args:
       q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; beta: ``[B, T, HV]`` in [0, 1]; HV a
         positive multiple of H (value head j reads q/k head ``j // (HV // H)``).
-      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input with
-        ``use_gate_in_kernel`` (activated inside by :func:`kda_lib.kda_gate`).
+      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input.
       scale: query scale, default ``K ** -0.5``.
       initial_state: ``[B, HV, K, V]`` (float32), the state entering a row's first segment.
       output_final_state: also return the ``[B, HV, K, V]`` state after the last valid token.
@@ -61,13 +56,13 @@ def kda(
         ``lower_bound * sigmoid(exp(a_log) * (g + dt_bias))`` (None: the softplus gate, which
         needs ``a_log``); without, as in fla, a promise that ``g >= lower_bound`` (checked
         when ``g`` is concrete). It never switches the gate on.
-      use_gate_in_kernel: activate the raw ``g`` inside (default False).
+      use_gate_in_kernel: activate the raw ``g`` inside, by :func:`kda_lib.kda_gate`.
       use_qk_l2norm: L2-normalise q and k (eps 1e-6) first.
       allow_neg_eigval: accept beta in [0, 2].
       chunk_size: the chunked form's chunk length, a power of two (default 64; tokamax: 64).
       implementation: one of :data:`IMPLEMENTATIONS` or ``"auto"`` (default).
-      precision: the chunked form's matmul policy ``"highest"``, ``"input"`` or None
-        (:func:`kda_lib.kda_chunked`); ``"recurrent"`` honours ``"highest"`` only, tokamax none.
+      precision: the chunked form's matmul policy (:func:`kda_lib.kda_chunked`);
+        ``"recurrent"`` honours ``"highest"`` only, tokamax none.
       output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``
         (``"chunked"``, ``"recurrent"``).
       output_token_states: also return ``token_states [B, T, HV, K, V]`` (``"recurrent"``,
@@ -189,9 +184,8 @@ def _route(forward: str, training: str) -> Implementation:
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
-    """``impl.call(arrays, options)`` as one compiled program, traced once per row, options
-    and shapes (eagerly too, not op by op); Mosaic as it is (its trace depends on the
-    emulated chip, no part of jit's key)."""
+    """``impl.call(arrays, options)`` as one compiled program per row, options and shapes;
+    Mosaic as it is (its trace depends on the emulated chip, no part of jit's key)."""
     if impl.variant is None:  # only tokamax reads the count: not a reason to recompile
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
@@ -208,8 +202,7 @@ _CACHE_CLEARERS: list = []  # compiled-program caches outside ops (ops imports n
 
 
 def register_compiled_cache(cache):
-    """Have :func:`clear_compiled_forms` clear ``cache`` (by its ``cache_clear`` or
-    ``clear_cache``); returns it (a decorator)."""
+    """Decorator: :func:`clear_compiled_forms` also clears ``cache``."""
     _CACHE_CLEARERS.append(getattr(cache, "cache_clear", None) or cache.clear_cache)
     return cache
 
@@ -239,9 +232,9 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 
 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
-    """``(forward, training)`` that ``"auto"`` runs: each the first row that serves the call
-    of tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form,
-    and ``"recurrent"`` (which also takes what none serves)."""
+    """``(forward, training)`` that ``"auto"`` runs: the first row that serves the call of
+    tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form and
+    ``"recurrent"`` (which also takes what none serves)."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
     first = ("tokamax_mosaic",) if tpu_generation() else ()
@@ -284,9 +277,8 @@ def _request(owner: str, config: dict) -> KDAOptions:
 
 
 def select_implementation(*, differentiated: bool = True, **config) -> str:
-    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: ``seq_len``,
-    ``key_dim``, ``dtype``, ``lower_bound``, ``fused_gate``, ``batch``, ``num_heads``,
-    ``value_dim`` (default ``key_dim``) or other :class:`KDAOptions` fields (default 1 or as
+    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: the sizes
+    (``value_dim`` default ``key_dim``, others 1) and :class:`KDAOptions` fields (defaults as
     in :func:`kda`). A bad or unknown field: ValueError naming it."""
     differentiated = check_flag("differentiated", differentiated)
     return auto_forms(_request("select_implementation", config))[differentiated]
@@ -325,7 +317,7 @@ def check_implementation(implementation, owner: str = "implementation") -> str:
 
 
 def _required(implementation: str) -> Implementation:
-    """A named row; tokamax's only where installed (ModuleNotFoundError naming the extra)."""
+    """A named row; tokamax's only where installed (else ModuleNotFoundError)."""
     if REGISTRY[implementation].variant is not None:
         adapter.require_tokamax(f"implementation={implementation!r}")
     return REGISTRY[implementation]
@@ -346,21 +338,19 @@ def context_parallel_route(implementation: str, seq_len: int):
 # ------------------------------------------------------------------ one check per call
 
 
-# segment ids ``[B, T]`` the KDA layer checked at its entry, with the count
-# :func:`~kda_lib.ops.contract.check_segment_ids` returned: :func:`kda` does not check them again
+# segment ids [B, T] the KDA layer checked at its entry (canonical), with the count that
+# contract.check_segment_ids returned: kda() does not check them again
 CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 
 
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
-    """Check each argument of a :func:`kda` call once, by name, before any work; pick its
-    implementation; return it with the arrays (ids canonical, padding zeroed) and options."""
+    """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
+    arrays, options)``."""
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # and a_log, dt_bias present, lower_bound
-    common = dict(initial_state=kw["initial_state"], allow_neg_eigval=kw["allow_neg_eigval"])
-    if fused:  # the arrays, initial_state, a_log, dt_bias, allow_neg_eigval
-        dims = contract.check_fused_inputs(q, k, v, g, beta, kw["a_log"], kw["dt_bias"], **common)
-    else:
-        dims = contract.check_kda_inputs(q, k, v, g, beta, lower_bound=kw["lower_bound"], **common)
+    dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
+        n: kw[n] for n in ("initial_state", "allow_neg_eigval", "lower_bound", "a_log", "dt_bias")
+    })  # fmt: skip
     ids, bound, per_row = kw["segment_ids"], kw["lower_bound"], None
     if isinstance(ids, CheckedSegmentIds):  # the KDA layer checked them at its entry
         ids, per_row = ids

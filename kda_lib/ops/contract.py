@@ -100,19 +100,11 @@ SHAPES = {
 }  # fmt: skip
 
 
-def check_shape(name: str, x, dims: Dims | None = None, *, slots: int | None = None) -> None:
+def check_shape(name: str, x, dims: Dims, *, slots: int | None = None) -> None:
     """``x`` must be a floating array (integer: ``segment_ids``) of shape ``SHAPES[name]`` at
-    ``dims`` (N: ``slots``); with ``dims=None`` (q, v: they fix the dims) of its rank, no
-    axis empty. The message names the argument and both shapes."""
+    ``dims`` (N: ``slots``); the message names the argument and both shapes."""
     check_array(name, x, floating=name != "segment_ids")
     axes, got = SHAPES[name].split(), tuple(x.shape)
-    if dims is None:
-        if len(got) != len(axes):
-            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
-                             f"got shape {got}")  # fmt: skip
-        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
-            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
-        return
     heads = dims.qk_heads if name in ("q", "k", "q_t", "k_t") else dims.num_heads
     sizes = dict(B=dims.batch, T=dims.seq_len, H=heads, HV=heads, K=dims.key_dim,
                  V=dims.value_dim, N=slots)  # fmt: skip
@@ -133,8 +125,14 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     ``beta_t``, T = 1), every dtype and shape checked."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
     arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
-    check_shape(names[0], q)
-    check_shape(names[2], v)
+    for name, x in ((names[0], q), (names[2], v)):  # they fix the dims: their rank, none empty
+        check_array(name, x, floating=True)
+        axes, got = SHAPES[name].split(), tuple(x.shape)
+        if len(got) != len(axes):
+            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
+                             f"got shape {got}")  # fmt: skip
+        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
+            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
     *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
     if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
         axes = SHAPES[names[2]].split()
@@ -153,7 +151,8 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
-                     allow_neg_eigval=False, raw_gate=False, lower_bound=None) -> Dims:  # fmt: skip
+                     allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
+                     dt_bias=None) -> Dims:  # fmt: skip
     """One call's arrays checked (:data:`SHAPES`, HV a positive multiple of H) and their
     dimensions. ``raw_gate``: g is the in-kernel gate's raw input (any sign); else a log-space
     decay, ``>= lower_bound`` when one is given."""
@@ -162,6 +161,7 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
         check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
+    check_gate_parameters(a_log, dt_bias, dims)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
     return dims
@@ -205,13 +205,6 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
             raise ValueError(
                 f"dt_bias must have shape [H*K]={flat} or [H, K]={split}, got {dt_bias.shape}"
             )
-
-
-def check_fused_inputs(q, k, v, g, beta, a_log, dt_bias, **kw) -> Dims:
-    """:func:`check_kda_inputs` (its keywords) for the in-kernel gate: g raw, a_log, dt_bias."""
-    dims = check_kda_inputs(q, k, v, g, beta, raw_gate=True, **kw)
-    check_gate_parameters(a_log, dt_bias, dims)
-    return dims
 
 
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:

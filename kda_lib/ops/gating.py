@@ -81,17 +81,10 @@ def check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound) -> bool:
 
 def kda_gate(f: jax.Array, a_log: jax.Array | None, dt_bias: jax.Array | None, *,
              lower_bound: float | None = None) -> jax.Array:  # fmt: skip
-    """Log-space forget gate ``g`` from the raw gate input ``f``.
-
-    Args:
-      f: raw gate input ``[B, T, H, K]`` (any float dtype).
-      a_log: per-head log rate ``[H]``, or None (``A = 1``) for the safe gate only.
-      dt_bias: per-channel bias ``[H * K]`` (fla's layout) or ``[H, K]``, or None.
-      lower_bound: None for the softplus gate, else the safe gate's bound in [-5, 0).
-
-    Returns:
-      ``g [B, T, H, K]``, ``<= 0``, float32 (float64 for float64 ``f``).
-    """
+    """The log-space gate ``g [B, T, H, K] <= 0``, float32 (float64 for float64 ``f``), from
+    the raw input ``f [B, T, H, K]``, ``a_log [H]`` (None: ``A = 1``, the safe gate only) and
+    ``dt_bias [H * K]`` (fla's layout) or ``[H, K]`` or None; ``lower_bound`` None for the
+    softplus gate, else the safe gate's bound in [-5, 0)."""
     check_lower_bound(lower_bound)
     check_array("f", f, floating=True)
     if f.ndim != 4:

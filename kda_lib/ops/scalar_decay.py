@@ -23,19 +23,15 @@ def _prepared(q, k, v, g, scale, initial_state):
     """The inputs checked and cast to the compute dtype: ``(q * scale, k, v, g, S0)``."""
     if q.ndim != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must have one shape [B, T, H, K], got {q.shape}, {k.shape}")
-    batch, seq_len, heads, key_dim = q.shape
-    if v.ndim != 4 or v.shape[:3] != (batch, seq_len, heads):
-        raise ValueError(f"v must have shape [B, T, H, V] = {q.shape[:3]} + (V,), got {v.shape}")
-    if g.shape != (batch, seq_len, heads):
-        raise ValueError(f"g must have shape [B, T, H] = {q.shape[:3]}, got {g.shape}")
+    (batch, seq_len, heads, key_dim), value_dim = q.shape, v.shape[-1] if v.ndim else 0
     dtype = jnp.promote_types(jnp.result_type(q, k, v, g), jnp.float32)
-    state_shape = (batch, heads, key_dim, v.shape[-1])
     if initial_state is None:
-        initial_state = jnp.zeros(state_shape, dtype)
-    elif initial_state.shape != state_shape:
-        raise ValueError(
-            f"initial_state must have shape [B, H, K, V] = {state_shape}, got {initial_state.shape}"
-        )
+        initial_state = jnp.zeros((batch, heads, key_dim, value_dim), dtype)
+    sizes = dict(B=batch, T=seq_len, H=heads, K=key_dim, V=value_dim)
+    shapes = {"v": (v, "BTHV"), "g": (g, "BTH"), "initial_state": (initial_state, "BHKV")}
+    for name, (x, axes) in shapes.items():
+        if x.shape != (want := tuple(sizes[a] for a in axes)):
+            raise ValueError(f"{name} must have shape [{', '.join(axes)}] = {want}, got {x.shape}")
     scale = key_dim**-0.5 if scale is None else scale
     q, k, v, g, initial_state = (x.astype(dtype) for x in (q, k, v, g, initial_state))
     return q * scale, k, v, g, initial_state

@@ -7,20 +7,18 @@ from the helpers here."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from kda_lib.checks import check_int
 
 # a raw gate input this negative activates to g = 0 in both gates, with zero gradients
 NEUTRAL_RAW_GATE = -1e30
 
 
 def first_segment_id(segment_ids: jax.Array) -> jax.Array:
-    """``[B]``: the first non-zero id of each row (0 for an all-padding row)."""
+    """``[B]``: each row's first non-zero id (0 for an all-padding row)."""
     valid = segment_ids != 0
     first = jnp.take_along_axis(segment_ids, jnp.argmax(valid, axis=1)[:, None], 1)[:, 0]
     return jnp.where(valid.any(axis=1), first, 0)
@@ -53,11 +51,6 @@ def count_segments(segment_ids, ranks: int = 1) -> int:
     ids = np.asarray(segment_ids)
     slices = ids.reshape(ids.shape[0] * ranks, -1)
     return 1 + int((slices[:, 1:] != slices[:, :-1]).sum(axis=1).max())
-
-
-def check_max_num_segments(value, name: str = "max_num_segments", *, optional: bool = False):
-    """``value`` must be a positive int (or None when ``optional``)."""
-    return check_int(name, value, optional=optional)
 
 
 def segment_masks(segment_ids: jax.Array, chunk_size: int):
@@ -96,16 +89,6 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
     return jnp.stack(before), all_ends, rank
 
 
-def fill_padding_ids_across_ranks(segment_ids: jax.Array, axis_name: str) -> jax.Array:
-    """Rank-local ids with padding replaced by the last real id before it across ranks
-    (leading padding: the row's first id; an all-padding row: 1), for tokamax's CP."""
-    before, _, rank = rank_segment_links(segment_ids, axis_name)
-    upstream = jnp.take(before, rank, axis=0)  # [B]
-    filled = fill_padding_ids(segment_ids, upstream)
-    filled = jnp.where(filled == 0, first_segment_id(segment_ids)[:, None], filled)
-    return jnp.where(filled == 0, 1, filled).astype(jnp.int32)
-
-
 def canonical_segment_ids(segment_ids) -> jax.Array:
     """``[B, T]`` int32: each segment's ordinal, padding 0. Host ids are first renumbered
     densely on the host, in their own dtype (int64 ids must not wrap to 32 bits)."""
@@ -128,14 +111,9 @@ def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
     return q, k, v, jnp.where(tokens, g, neutral_gate), jnp.where(tokens[..., 0], beta, 0)
 
 
-class NonFinite(NamedTuple):
-    """Where the recurrence is non-finite (:func:`isolate_non_finite`), all bool:
-    ``outputs [B, T, H, V]``, ``final_state [B, H, V]`` (state columns), ``states [B, T, H, V]``
-    (the state's columns after each token)."""
-
-    outputs: jax.Array
-    final_state: jax.Array
-    states: jax.Array
+# where the recurrence is non-finite (isolate_non_finite), all bool: outputs [B, T, H, V],
+# final_state [B, H, V] (state columns), states [B, T, H, V] (the columns after each token)
+NonFinite = namedtuple("NonFinite", "outputs final_state states")
 
 
 def overflowing_keys_as_nan(k):

@@ -2,10 +2,7 @@
 
 tokamax is head-first (``[H, B, T, D]``), keeps one state slot per segment
 (``[B, N, H, K, V]``), pads T to its 64-token chunk and runs Mosaic on a TPU v6+ only (or under
-:func:`kda_lib.emulate_tpu`). :func:`tokamax_problems`: what a kernel cannot serve;
-:func:`tokamax_kda`: one run for :func:`kda_lib.kda`; :func:`tokamax_mosaic_context_parallel`:
-tokamax's own context parallelism.
-"""
+:func:`kda_lib.emulate_tpu`)."""
 
 from __future__ import annotations
 
@@ -13,27 +10,22 @@ import functools
 import logging
 import math
 import re
-from typing import NamedTuple
+from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
 
-from kda_lib.checks import allocation_problem
-from kda_lib.ops.contract import (
-    Dims,
-    KDAOptions,
-    check_fused_inputs,
-    check_kda_inputs,
-    repeat_qk_heads,
-)
+from kda_lib.checks import allocation_problem, check_int
+from kda_lib.ops.contract import Dims, KDAOptions, check_kda_inputs, repeat_qk_heads
 from kda_lib.ops.gating import check_gate_switch
 from kda_lib.ops.segments import (
     NEUTRAL_RAW_GATE,
-    check_max_num_segments,
-    fill_padding_ids_across_ranks,
+    fill_padding_ids,
+    first_segment_id,
     isolate_non_finite,
     overflowing_keys_as_nan,
     pad_time,
+    rank_segment_links,
     restore_non_finite,
     segment_ordinals,
     zero_padding,
@@ -44,15 +36,9 @@ from kda_lib.ops.tokamax.emulation import missing_tokamax_problem, require_tokam
 TOKAMAX_CHUNK = 64
 
 
-class TokamaxVariant(NamedTuple):
-    """A tokamax kernel: ``chunked``: T padded to TOKAMAX_CHUNK (its only chunk_size);
-    ``float32``: bf16/fp16 inputs run in float32; ``mosaic``: Pallas Mosaic (TPU v6+)."""
-
-    name: str
-    api_name: str
-    chunked: bool
-    float32: bool
-    mosaic: bool
+# a tokamax kernel: api_name: tokamax's name for it; chunked: T padded to TOKAMAX_CHUNK (its
+# only chunk_size); float32: bf16/fp16 inputs run in float32; mosaic: Pallas Mosaic (TPU v6+)
+TokamaxVariant = namedtuple("TokamaxVariant", "name api_name chunked float32 mosaic")
 
 
 TOKAMAX_VARIANTS = {v.name: v for v in (
@@ -212,8 +198,7 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
                  a_log=None, dt_bias=None, **kw):  # fmt: skip
     """tokamax's ``variant`` on batch-first ``q, k, g [B, T, HV, K]``, ``v [B, T, HV, V]``,
     ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax as they
-    are. The fused gate without ``a_log`` (the rate-free safe gate) runs with ``a_log = 0``
-    (A = 1); under TPU emulation Mosaic runs with its device check bypassed."""
+    are. The fused gate without ``a_log`` runs with ``a_log = 0`` (A = 1)."""
     if use_gate_in_kernel and a_log is None:
         a_log = jnp.zeros((v.shape[2],), jnp.float32)
     kw.update(
@@ -245,15 +230,13 @@ def tokamax_mosaic_context_parallel(
     of Mosaic: K and V multiples of 128, no initial/final state (ValueError naming each).
     Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
     fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
+    dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids, raw_gate=fused,
+                            lower_bound=lower_bound, a_log=a_log, dt_bias=dt_bias)  # fmt: skip
+    max_num_segments = check_int("max_num_segments", max_num_segments, optional=True)
     lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
-    gate = (a_log, dt_bias) if fused else ()
-    dims = (check_fused_inputs if fused else check_kda_inputs)(q, k, v, g, beta, *gate,
-                                                                segment_ids=segment_ids)
     problems = tokamax_problems(MOSAIC, KDAOptions(
-        dims, q.dtype, 1.0, False, False, False, None, None, fused_gate=fused,
-        lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm, allow_neg_eigval=allow_neg_eigval,
-        chunk_size=chunk_size, precision=None, implementation=MOSAIC.name,
-    ))  # fmt: skip
+        dims, q.dtype, fused_gate=fused, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+        allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size))  # fmt: skip
     if dims.key_dim % 128 or dims.value_dim % 128:
         problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
                         f"got K={dims.key_dim}, V={dims.value_dim}")
@@ -261,10 +244,6 @@ def tokamax_mosaic_context_parallel(
     for arg, value in states.items():
         if value is not None and value is not False:
             problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
-    try:
-        check_max_num_segments(max_num_segments, optional=True)
-    except ValueError as e:
-        problems.append(str(e))
     if problems:
         problems = "; ".join(problems)
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
@@ -272,10 +251,14 @@ def tokamax_mosaic_context_parallel(
     q, k = repeat_qk_heads(q, k, dims.groups)
     if segment_ids is None:
         ids, max_num_segments = jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
-    else:  # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
-        ids = fill_padding_ids_across_ranks(segment_ids, axis_name)
+    else:  # padding: the last real id before it across ranks (else the row's first id, or 1)
+        before, _, rank = rank_segment_links(segment_ids, axis_name)
+        ids = fill_padding_ids(segment_ids, jnp.take(before, rank, axis=0))
+        ids = jnp.where(ids == 0, first_segment_id(segment_ids)[:, None], ids)
+        ids = jnp.where(ids == 0, 1, ids).astype(jnp.int32)
         neutral = NEUTRAL_RAW_GATE if fused else 0.0  # padding's k, v zeroed too: by selection
         q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta, neutral_gate=neutral)
+        # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
         max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
     out, _ = call_tokamax(
         MOSAIC, q, k, v, g, beta, use_gate_in_kernel=fused, a_log=a_log, dt_bias=dt_bias,

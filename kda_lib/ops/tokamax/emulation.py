@@ -1,14 +1,11 @@
 """Run tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode.
 
 ``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` run on CPU
-(``kda``, the layer, tokamax's own CP) to check the TPU code path, not for speed; ``"auto"``
-never picks it; on a real TPU it does nothing. ``KDA_EMULATE_TPU=v6e`` (``1``: v6e) turns it
-on for the whole process. Three process-wide switches, undone on exit: ``PALLAS_INTERPRET=1``;
-jax's TPU info registry answering for the host's device kind with the emulated chip; memory a
-kernel never writes read as zeros, not NaN. Mosaic runs with ``bypass_device_check=True``. The
-private names used are :data:`HOOKS`, all checked before anything is switched on.
-docs/DESIGN.md section 4.
-"""
+(``kda``, the layer, tokamax's own CP), to check the TPU code path; ``KDA_EMULATE_TPU=v6e``
+(``1``: v6e) for the whole process. Three process-wide switches, undone on exit:
+``PALLAS_INTERPRET=1``; jax's TPU info registry answering for the host's device kind with the
+emulated chip; memory a kernel never writes read as zeros. The private names used are
+:data:`HOOKS`, all checked before anything is switched on (DESIGN section 4)."""
 
 from __future__ import annotations
 
@@ -37,7 +34,6 @@ HOOKS = {  # key -> (module, attribute, what for): every private name emulation 
     "chip_version": (_TPU_INFO, "ChipVersion", "the TPU info registry"),
     "info_for_chip": (_TPU_INFO, "get_tpu_info_for_chip", "the TPU info registry"),
     "fill": ("jax._src.pallas.primitives", "uninitialized_value", "interpret mode's fill value"),
-    "interpreter": ("jax._src.pallas.hlo_interpreter", "primitives", "interpret mode's fill value"),
     "interpret_switch": ("tokamax._src.ops.kda.utils", "get_interpret",
                          "tokamax's PALLAS_INTERPRET switch"),
     "mosaic_op": ("tokamax._src.ops.kda.pallas_mosaic_tpu", "PallasMosaicTpuKimiDeltaAttention",
@@ -66,41 +62,28 @@ def require_tokamax(what: str) -> None:
         raise ModuleNotFoundError(problem, name="tokamax")
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _unavailable(what: str) -> EmulationUnavailableError:
-    return EmulationUnavailableError(
-        f"kda_lib.emulate_tpu needs {what}, which this installation lacks. It was tested with "
-        f"jax {TESTED_JAX} and tokamax {TESTED_TOKAMAX}; installed: jax {_version('jax')}, "
-        f"tokamax {_version('tokamax')}. Install the tested versions "
-        f"(pip install jax=={TESTED_JAX} tokamax=={TESTED_TOKAMAX}) or run on a TPU."
-    )
+def _versions() -> tuple[str, str]:
+    """The installed ``(jax, tokamax)`` versions."""
+    return tuple(importlib.metadata.version(dist) for dist in ("jax", "tokamax"))
 
 
 def _hooks() -> dict:
-    """``{key: module}`` for every :data:`HOOKS` entry, each checked to be there and of the
-    expected kind (EmulationUnavailableError; tokamax missing: ModuleNotFoundError)."""
+    """``{key: module}`` for every :data:`HOOKS` entry, each checked to be there
+    (EmulationUnavailableError naming the tested versions; tokamax missing: ModuleNotFoundError)."""
     require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
     found = {}
     for key, (name, attribute, what) in HOOKS.items():
         try:
             found[key] = importlib.import_module(name)
-        except ImportError as e:
-            raise _unavailable(f"{e.name} ({what})") from e
-        if not hasattr(found[key], attribute):
-            raise _unavailable(f"{name}.{attribute} ({what})")
-    if not isinstance(found["registry"].registry, dict):
-        raise _unavailable(f"{_TPU_INFO}.registry as a dict (the TPU info registry)")
-    if found["interpreter"].primitives is not found["fill"]:
-        raise _unavailable("jax._src.pallas.hlo_interpreter reading primitives' fill value")
-    op = found["mosaic_op"].PallasMosaicTpuKimiDeltaAttention
-    if "bypass_device_check" not in getattr(op, "__dataclass_fields__", {}):
-        raise _unavailable("PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)")
+            getattr(found[key], attribute)
+        except (ImportError, AttributeError) as e:
+            installed = "jax {}, tokamax {}".format(*_versions())
+            raise EmulationUnavailableError(
+                f"kda_lib.emulate_tpu needs {name}.{attribute} ({what}), which this installation "
+                f"lacks. It was tested with jax {TESTED_JAX} and tokamax {TESTED_TOKAMAX}; "
+                f"installed: {installed}. Install the tested versions (pip install "
+                f"jax=={TESTED_JAX} tokamax=={TESTED_TOKAMAX}) or run on a TPU."
+            ) from e
     return found
 
 
@@ -109,19 +92,6 @@ def emulated_mosaic_op():
     """tokamax's Mosaic KDA op with its TPU device check bypassed (called with
     ``kimi_delta_attention``'s keywords minus ``implementation``)."""
     return _hooks()["mosaic_op"].PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
-
-
-def _zero_fill(original):
-    """Zeros for floats (tokamax's Mosaic backward sums gate gradients over chunk padding it
-    never writes, times zero), else ``original``'s fill."""
-
-    def uninitialized_value(shape, dtype):
-        if jnp.issubdtype(dtype, jnp.floating):
-            return jnp.zeros(shape, dtype)
-        return original(shape, dtype)
-
-    uninitialized_value.kda_lib_original = original
-    return uninitialized_value
 
 
 def _chip(generation: str) -> str:
@@ -136,7 +106,7 @@ def _chip(generation: str) -> str:
 def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
     hooks = _hooks()
     tpu_info, primitives = hooks["registry"], hooks["fill"]
-    if (_version("jax"), _version("tokamax")) != (TESTED_JAX, TESTED_TOKAMAX):
+    if _versions() != (TESTED_JAX, TESTED_TOKAMAX):
         warnings.warn(f"kda_lib.emulate_tpu was tested with jax {TESTED_JAX} and tokamax "
                       f"{TESTED_TOKAMAX}; it relies on private hooks, check its results against "
                       "implementation='chunked'", stacklevel=4)  # fmt: skip
@@ -149,8 +119,14 @@ def _emulating(chip: str, uninitialized_memory: str) -> Iterator[None]:
     version = tpu_info.ChipVersion(chip)
     os.environ["PALLAS_INTERPRET"] = "1"
     registry[kind] = lambda: tpu_info.get_tpu_info_for_chip(version, 1)
-    zero = uninitialized_memory == "zero"
-    primitives.uninitialized_value = _zero_fill(original) if zero else original
+
+    def zero_fill(shape, dtype):  # tokamax's Mosaic backward sums gate gradients over chunk
+        if jnp.issubdtype(dtype, jnp.floating):  # padding it never writes, times zero
+            return jnp.zeros(shape, dtype)
+        return original(shape, dtype)
+
+    zero_fill.kda_lib_original = original
+    primitives.uninitialized_value = zero_fill if uninitialized_memory == "zero" else original
     clear()
     _stack.append(chip)
     try:
