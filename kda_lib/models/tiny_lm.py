@@ -254,11 +254,12 @@ class Block(nnx.Module):
         self.mlp = MLP(config.hidden_size, config.mlp_hidden, rngs=rngs)
 
     def __call__(self, x, *, cache=None):
-        """``x [B, T, hidden]`` -> ``(y, new_cache)`` (None without a cache)."""
         mixed = self.mixer(self.mixer_norm(x), cache=cache)
-        mixed, cache = (mixed, None) if cache is None else mixed
+        if cache is not None:
+            mixed, cache = mixed
         x = x + mixed
-        return x + self.mlp(self.mlp_norm(x)), cache
+        x = x + self.mlp(self.mlp_norm(x))
+        return x if cache is None else (x, cache)
 
 
 def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
@@ -292,8 +293,10 @@ class TinyLM(nnx.Module):
         check_token_ids("tokens", tokens, self.config.vocab_size)
         x, new_cache = self.embed(tokens), []
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks), strict=True):
-            x, layer_cache = block(x, cache=layer_cache)
-            new_cache.append(layer_cache)
+            x = block(x, cache=layer_cache)
+            if layer_cache is not None:
+                x, layer_cache = x
+                new_cache.append(layer_cache)
         logits = self.head(self.final_norm(x))
         return logits if cache is None else (logits, tuple(new_cache))
 
