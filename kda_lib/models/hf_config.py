@@ -81,7 +81,8 @@ def _layer_lists(lists: dict, num_layers: int, base: int) -> tuple[str, ...]:
             check_int(f"config field {field} entry", number, base)
             if number >= num_layers + base:
                 raise ValueError(f"config field {field} lists layer {number}, beyond "
-                                 f"num_hidden_layers={num_layers} ({base}-based)")  # fmt: skip
+                                 f"num_hidden_layers={num_layers} (the numbers are "
+                                 f"{base}-based)")  # fmt: skip
             if number in owner:
                 where = "twice" if owner[number] == field else f"also in {owner[number]}"
                 raise ValueError(f"config field {field} lists layer {number} {where}")
