@@ -32,13 +32,12 @@ _FAMILIES = {
 }  # fmt: skip
 _LAYER_TYPES = {"linear_attention": "kda", "kda_attention": "kda", "full_attention": "mla",
                 "deepseek_sparse_attention": "mla"}  # fmt: skip
-_MISSING = object()
 
 
-def _get(config: dict, key: str, where: str = "", default=_MISSING):
-    if key not in config and default is _MISSING:
+def _get(config: dict, key: str, where: str = ""):
+    if key not in config:
         raise ValueError(f"config field {where}{key} is missing (needed for the layer)")
-    return config.get(key, default)
+    return config[key]
 
 
 def _int(config: dict, key: str, minimum: int = 1) -> int:
@@ -55,7 +54,7 @@ def _bool(config: dict, key: str, where: str = "") -> bool:
 def _linear_attn(config, model_type: str) -> dict:
     """``linear_attn_config``, its keys and index base checked."""
     base, keys = _FAMILIES[model_type][:2]
-    linear = _get(config, "linear_attn_config", default=_MISSING if base else {})
+    linear = _get(config, "linear_attn_config") if base else config.get("linear_attn_config", {})
     if not isinstance(linear, dict):
         raise ValueError(f"config field linear_attn_config must be a dict, got {linear!r:.200}")
     if unknown := sorted(set(linear) - set(keys)):
@@ -69,10 +68,10 @@ def _linear_attn(config, model_type: str) -> dict:
     return linear
 
 
-def _layer_lists(lists: dict, num_layers: int, base: int, complete: bool) -> tuple[str, ...]:
+def _layer_lists(lists: dict, num_layers: int, base: int) -> tuple[str, ...]:
     """``layer_kinds`` from layer lists (field -> layer numbers from ``base``; the first list's
-    layers ``"kda"``, the others' ``"mla"``); each layer in at most one list (``complete``: in
-    exactly one; else an unlisted one is ``"mla"``)."""
+    layers ``"kda"``, the others' ``"mla"``); each layer in at most one list (of two: in exactly
+    one; else an unlisted one is ``"mla"``)."""
     owner: dict[int, str] = {}
     for field, layers in lists.items():
         if not isinstance(layers, (list, tuple)):
@@ -82,21 +81,22 @@ def _layer_lists(lists: dict, num_layers: int, base: int, complete: bool) -> tup
             check_int(f"config field {field} entry", number, base)
             if number >= num_layers + base:
                 raise ValueError(f"config field {field} lists layer {number}, beyond "
-                                 f"num_hidden_layers={num_layers} (the numbers are {base}-based)")
+                                 f"num_hidden_layers={num_layers} (the numbers are "
+                                 f"{base}-based)")  # fmt: skip
             if number in owner:
                 where = "twice" if owner[number] == field else f"also in {owner[number]}"
                 raise ValueError(f"config field {field} lists layer {number} {where}")
             owner[number] = field
     missing = [n for n in range(base, num_layers + base) if n not in owner]
-    if missing and complete:  # at most 8 shown: a huge num_hidden_layers stays a short message
+    if missing and len(lists) > 1:  # at most 8 shown: the message stays short
         shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        raise ValueError(f"config fields {' / '.join(lists)} leave {len(missing)} layers in no "
-                         f"list: [{shown}] ({base}-based; num_hidden_layers={num_layers})")
+        raise ValueError(f"config fields {' / '.join(lists)} leave {len(missing)} layers in "
+                         f"no list: [{shown}] ({base}-based; {num_layers} layers)")  # fmt: skip
     first = next(iter(lists))
     return tuple("kda" if owner.get(n) == first else "mla" for n in range(base, num_layers + base))
 
 
-def _layer_kinds(config: dict, linear: dict, model_type: str) -> tuple[str, ...]:
+def _layer_kinds(config: dict, linear: dict, base: int) -> tuple[str, ...]:
     num_layers, types = _int(config, "num_hidden_layers"), config.get("layer_types")
     if num_layers > MAX_LAYERS:
         raise ValueError(f"config field num_hidden_layers must be <= {MAX_LAYERS} (no model "
@@ -112,16 +112,13 @@ def _layer_kinds(config: dict, linear: dict, model_type: str) -> tuple[str, ...]
             raise ValueError(f"config field layer_types: unknown types {unknown[:8]} "
                              f"({list(_LAYER_TYPES)})")  # fmt: skip
         types = tuple(_LAYER_TYPES[t] for t in types)
-    if model_type == "kimi_linear":
-        lists = {LIN + key: _get(linear, key, LIN) for key in ("kda_layers", "full_attn_layers")}
-        kinds, what = _layer_lists(lists, num_layers, 1, True), "linear_attn_config's lists"
-    elif "kda_layers" in linear:
-        lists, what = {LIN + "kda_layers": linear["kda_layers"]}, LIN + "kda_layers (0-based)"
-        kinds = _layer_lists(lists, num_layers, 0, False)
-    else:
+    keys = ("kda_layers", "full_attn_layers") if base else ("kda_layers",)  # 0-based: optional
+    lists = {LIN + key: _get(linear, key, LIN) for key in keys if base or key in linear}
+    if not lists:
         return types or tuple("mla" if i % 4 == 3 else "kda" for i in range(num_layers))
+    kinds = _layer_lists(lists, num_layers, base)
     if types is not None and types != kinds:
-        raise ValueError(f"config field layer_types disagrees with {what}")
+        raise ValueError(f"config field layer_types disagrees with {' / '.join(lists)}")
     return kinds
 
 
@@ -132,13 +129,12 @@ def _mla(config: dict) -> dict:
         raise ValueError("config field mla_use_nope must be true (or qk_rope_head_dim 0): "
                          "MultiHeadLatentAttention has no rotary embedding; the shared key "
                          "part is used unrotated only in the NoPE form")  # fmt: skip
-    q_rank = _get(config, "q_lora_rank", default=None)
     return dict(
         num_heads=_int(config, "num_attention_heads"),
         head_dim=_int(config, "qk_nope_head_dim", minimum=0),
         value_head_dim=_int(config, "v_head_dim"),
         kv_lora_rank=_int(config, "kv_lora_rank"),
-        q_lora_rank=None if q_rank is None else _int(config, "q_lora_rank"),
+        q_lora_rank=None if config.get("q_lora_rank") is None else _int(config, "q_lora_rank"),
         shared_key_dim=rope,
         output_gate=_bool(config, "mla_use_output_gate"),
     )
@@ -182,7 +178,7 @@ def preset_fields(config) -> dict:
         output_gate_bias=False,
         norm_eps=check_number("config field rms_norm_eps", _get(config, "rms_norm_eps"),
                               positive=True),
-        layer_kinds=_layer_kinds(config, linear, model_type),
+        layer_kinds=_layer_kinds(config, linear, _FAMILIES[model_type][0]),
         mla=_mla(config) if kimi else None,
         source=f"Hugging Face config.json (model_type {model_type}), read by from_hf_config",
         notes="the KDA layout of " + ("modeling_kimi.py" if kimi else "MaxText's glm5_next.py"),

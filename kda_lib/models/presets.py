@@ -1,10 +1,6 @@
-"""The published models that use KDA, as data: each one's KDA layer, layer pattern and MLA widths.
-
-A :class:`ModelPreset` holds a model's KDA layer in :class:`kda_lib.KDAConfig`'s names,
-``layer_kinds`` (``"kda"`` or ``"mla"`` per layer) and ``mla`` (:class:`MLAShape` or None);
-``source`` cites repository, path and commit. :meth:`ModelPreset.from_hf_config` reads a Hugging
-Face ``config.json`` (:mod:`kda_lib.models.hf_config`); :func:`load_kimi_linear_checkpoint`
-loads every attention layer of a checkpoint directory.
+"""The published models that use KDA, as data (:data:`PRESETS`): each one's KDA layer, layer
+pattern and MLA widths, with the source of the numbers. :meth:`ModelPreset.from_hf_config` reads
+a Hugging Face ``config.json``; :func:`load_kimi_linear_checkpoint` loads a checkpoint directory.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from typing import NamedTuple
 
 from flax import nnx
 
-from kda_lib.checks import check_number, shared_fields
+from kda_lib.checks import is_number, shared_fields
 from kda_lib.layers.attention import check_fields
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
@@ -82,13 +78,11 @@ class ModelPreset:
         check_fields(self, int="hidden_size num_heads num_v_heads head_dim", int0="conv_size",
                      width="forget_gate_rank output_gate_rank", eps="norm_eps",
                      bool="fused_qkv_conv use_a_log output_gate_bias")  # fmt: skip
-        if self.lower_bound is not None:
-            bound = check_number("ModelPreset.lower_bound", self.lower_bound)
-            if bound >= 0:  # a bound on a log-space decay: every form's gate is <= 0
-                raise ValueError("ModelPreset.lower_bound must be a negative float (the gate's "
-                                 f"bound on the log decay) or None (the softplus gate), got "
-                                 f"{self.lower_bound!r}")  # fmt: skip
-            object.__setattr__(self, "lower_bound", bound)
+        bound = self.lower_bound  # a bound on a log-space decay: every form's gate is <= 0
+        if bound is not None and not (is_number(bound) and -math.inf < bound < 0):
+            raise ValueError("ModelPreset.lower_bound must be a negative float (the bound on the "
+                             f"log decay) or None (the softplus gate), got {bound!r}")  # fmt: skip
+        object.__setattr__(self, "lower_bound", None if bound is None else float(bound))
         if self.num_v_heads % self.num_heads:
             raise ValueError(f"ModelPreset.num_v_heads must be a multiple of num_heads="
                              f"{self.num_heads}, got {self.num_v_heads}")  # fmt: skip
@@ -115,10 +109,8 @@ class ModelPreset:
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
         """The preset a parsed Hugging Face ``config.json`` describes (:mod:`.hf_config`);
         ``name`` defaults to ``_name_or_path``, else the model type."""
-        fields = hf_config.preset_fields(config)
-        mla = fields.pop("mla")
-        named = {} if name is None else {"name": name}
-        return cls(**{**fields, **named}, mla=None if mla is None else MLAShape(**mla))
+        fields = hf_config.preset_fields(config) | ({} if name is None else {"name": name})
+        return cls(**fields | {"mla": fields["mla"] and MLAShape(**fields["mla"])})
 
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """The KDA layer's parameter shapes by path (``"q_proj.kernel": (d, H K)``, ...); the
@@ -144,13 +136,11 @@ class ModelPreset:
 
     def unsupported_options(self) -> list[str]:
         """The options this preset needs that :class:`kda_lib.KimiDeltaAttention` lacks."""
-        missing, low = [], LOWER_BOUND_RANGE[0]
+        missing, low, bound = [], LOWER_BOUND_RANGE[0], self.lower_bound
         if not self.use_a_log and self.gate_form is GateForm.SOFTPLUS:
-            missing.append("the softplus gate without A_log (only a bounded gate has a rate-free "
-                           "form)")  # fmt: skip
-        if self.lower_bound is not None and self.lower_bound < low:
-            missing.append(f"lower_bound={self.lower_bound:g}, below the layer's range "
-                           f"[{low:g}, 0)")
+            missing.append("the softplus gate without A_log (a bounded gate has a rate-free form)")
+        if bound is not None and bound < low:
+            missing.append(f"lower_bound={bound:g}, below the layer's range [{low:g}, 0)")
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:

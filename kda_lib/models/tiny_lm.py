@@ -1,11 +1,8 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-residual around the mixer and the MLP. Each layer's token mixer is a name in :data:`MIXERS`:
-``"kda"``, ``"gdn"`` (KDA with one decay per head: Gated DeltaNet), ``"mamba2"``,
-``"attention"`` (RoPE or NoPE), ``"attention_conv"`` (with KDA's short convs on q, k, v),
-``"conv"`` (:class:`ConvMixer`) and ``"mla"``. ``ModelConfig(layers=("kda", "kda", "kda",
-"attention"), num_layers=4)`` is Kimi Linear's 3:1 hybrid (the pattern is tiled).
-:func:`register_mixer` adds a mixer: a module mapping ``[B, T, hidden]`` to itself with
-``init_cache(batch)`` and ``mixer(x, cache=c) -> (y, new_cache)``.
+residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`
+(``"gdn"``: KDA with one decay per head; ``"conv"``: :class:`ConvMixer`). :func:`register_mixer`
+adds one: a module ``[B, T, hidden] -> [B, T, hidden]`` with ``init_cache(batch)`` and
+``mixer(x, cache=c) -> (y, new_cache)``.
 """
 
 from __future__ import annotations
@@ -187,8 +184,8 @@ class ConvMixer(nnx.Module):
         want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
         got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
         if cache is not None and got != want:
-            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] "
-                             f"= {want}, got {got}; build it with model.init_cache({batch})")
+            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] = "
+                             f"{want}, got {got}; build it with init_cache({batch})")  # fmt: skip
         x = x.astype(cfg.dtype)
         states = None if cache is None else (cache,)
         (o,), (new_cache,) = mix_convs((self.v_conv1d,), (self.v_proj(x),), states, segment_ids)
@@ -207,7 +204,8 @@ class ConvMixer(nnx.Module):
                          cfg.dtype)  # fmt: skip
 
 
-# name -> factory(config, rngs) of a layer's token mixer (the module docstring says each)
+# name -> factory(config, rngs) of a layer's token mixer ("attention": RoPE unless config.rope is
+# False; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim)
 MIXERS = {
     "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
     "gdn": lambda c, rngs: KimiDeltaAttention(
@@ -224,8 +222,8 @@ MIXERS = {
     "mla": lambda c, rngs: MultiHeadLatentAttention(
         MLAConfig(**shared_fields(c.mixer_config, MLAConfig),
                   kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs
-    ),  # fmt: skip
-}
+    ),
+}  # fmt: skip
 
 
 def register_mixer(name: str):
