@@ -43,7 +43,8 @@ def summary_cotangents(ms, es, hs):
     des[r] = gs[r + 1]; M[r] multiplies S[r], so dms[r] = gs[r + 1] S[r]^T (entry ij:
     sum_v gs[r + 1]_iv S[r]_jv). The last rank's summary feeds only the final state, which the
     loss does not use: it receives zeros, and rank R - 1 need not compute its summary at all
-    unless the final state is wanted (for decoding on, notebook 07). The all-gather's backward
+    unless the final state is wanted (for decoding on, notebook 07). Rank 0's dms is zero too
+    (the state entering it is zero), though its des is not. The all-gather's backward
     (a reduce-scatter) brings each rank these two arrays, of the summaries' size: flat in T."""
     gs = state_gradients(ms, hs)
     after = np.concatenate([gs[1:], np.zeros_like(gs[:1])])

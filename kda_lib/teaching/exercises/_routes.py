@@ -82,7 +82,9 @@ def modules_entered(
     def trace(frame, _event, _arg):
         if not seen:
             module = frame.f_globals.get("__name__") or ""
-            if module.startswith(prefixes) and frame.f_code not in MACHINERY_CODE:
+            name = frame.f_code.co_name
+            if (module.startswith(prefixes) and frame.f_code not in MACHINERY_CODE
+                    and not name.endswith("_dispatcher")):  # NumPy's argument relays
                 caller = frame
                 while caller is not None and caller.f_code.co_name not in allowed:
                     caller = caller.f_back

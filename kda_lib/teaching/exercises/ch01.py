@@ -209,7 +209,7 @@ def gated_partial_writes(answer, **_):
     unit key ``k`` after ``writes`` gated delta-rule writes of the same pair (decay the state
     by ``alpha``, then write with strength ``beta``); the checker tries its own arguments."""
     for beta, alpha, writes in _WRITES:
-        got, hint = _call(answer, beta, alpha, Count(writes),
+        got, hint = _call(answer, beta, alpha, writes,
                           name="recalled_fraction(beta, alpha, writes)")
         where = f"at beta = {beta}, alpha = {alpha}, writes = {writes}"
         tiny = hint is None and beta < 1e-6 and _low_precision(got) and np.shape(got) == ()
@@ -245,7 +245,7 @@ def two_key_sweeps(answer, **_):
     rng = np.random.default_rng(12)
     for mu, sweeps, V in _SWEEPS:
         v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
-        got, hint = _call(answer, mu, v1, v2, Count(sweeps), name=_NAME_2)
+        got, hint = _call(answer, mu, v1, v2, sweeps, name=_NAME_2)
         tiny = hint is None and 1 - abs(mu) < 1e-6 and _low_precision(got) and np.shape(got) == (V,)
         hint = hint or refuse_degenerate(
             got, shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=mu == 0.0

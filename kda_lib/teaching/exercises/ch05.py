@@ -88,7 +88,7 @@ def summary_gradients(answer, **_):
     the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
     all-gather returns to each rank."""
     rng = np.random.default_rng(52)
-    for ranks in _RANKS:
+    for ranks in _RANKS[1:]:  # at R = 2 every dms is zero (S^(0) = 0, the last unused)
         ms, es, hs = _problem(rng, ranks)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
         if hint:
