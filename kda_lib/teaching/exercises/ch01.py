@@ -10,11 +10,12 @@ float32 or jax result there gets a hint about float64 instead of the generic ref
 
 Repeated squaring of the transition (``np.linalg.matrix_power``, square-and-multiply on the
 bits of the count) is fast but is not the asked closed form; the stated rule "the same work at
-every count" is enforced three ways (:func:`_rule_broken`): the count is a :class:`Count`, an
-``int`` that refuses to be taken apart bit by bit (``&``, ``>>``, ``%``, ``//``, ``divmod``,
-``bit_length``); the Python lines the answer runs (library code included) must not grow from a
-count of 1025 to 2^40 - 1, nor exceed ``_OWN_LINES_MAX`` in the answer's own code (a loop of fixed
-length over the count's bits); and no jax code may run (the exercise asks for NumPy float64).
+every count" is enforced after the value trials (:func:`_rule_broken`), three ways: the count
+is a :class:`Count`, an ``int`` that refuses to be taken apart bit by bit (``&``, ``>>``, ``%``,
+``//``, ``divmod``, ``bit_length``); the Python lines the answer runs (library code included)
+must not grow from a count of 1025 to 2^40 - 1, nor exceed ``_OWN_LINES_MAX`` in the answer's
+own code (a loop of fixed length over the count's bits); and no jax code may run (the exercise
+asks for NumPy float64).
 """
 
 from __future__ import annotations
