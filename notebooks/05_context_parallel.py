@@ -405,26 +405,29 @@ assert tpu_error < 1e-5
 # `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
 # solutions (try first) are in [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
 #
-# 1. **Summaries compose.** Write `compose(first, second)` for two slice summaries
-#    `(M, E)`: the summary of running `first`'s slice, then `second`'s. The checker tests it on
-#    random maps, and that grouping does not matter (it is associative).
-# 2. **The fold for any rank count, in $2 \log_2 R - 1$ rounds.** Write
-#    `entering_states(ms, es)`: from $R$ summaries `ms [R, K, K]`, `es [R, K, V]`, the state
-#    entering every rank, `[R, K, V]` (zeros for rank 0), without a loop over the ranks (hint:
-#    `jax.lax.associative_scan` with your `compose`). The checker tries $R$ = 3, 5, 8, then
-#    traces it at $R = 256$: a loop over the ranks chains one operation per rank and is refused
-#    (however it is wrapped), as is a linear solve (an elimination in one operation).
+# Both exercises are the **backward pass**, which the page leaves to `jax.grad`. Rank $\rho$'s
+# outputs depend on the state entering it, $S^{(\rho)}$; call $\bar S^{(\rho)}_{\text{own}}$ the
+# gradient of the loss with respect to $S^{(\rho)}$ through those outputs only (what the backward
+# of rank $\rho$'s output pass returns) and $\bar S^{(\rho)}$ the whole gradient. The loss has no
+# term in the final state. JAX's autodiff would do the derivation: answers that run it are refused.
 #
-# Both checkers refuse answers that run `kda_lib` code (the library's own fold included).
+# 1. **The backward fold.** Derive $\bar S^{(\rho)}$ from $\bar S^{(\rho + 1)}$ and write
+#    `state_gradients(ms, hs)`: from the summaries `ms [R, K, K]` ($M^{(\rho)}$) and `hs [R, K, V]`
+#    ($\bar S^{(\rho)}_{\text{own}}$), every $\bar S^{(\rho)}$, `[R, K, V]`. Which rank's gradient
+#    is known first, and what does that do to the backward pass's critical path?
+# 2. **What the all-gather hands back.** The backward of the all-gather returns to each rank the
+#    gradient with respect to its summary. Write `summary_cotangents(ms, es, hs)` ->
+#    `(dms [R, K, K], des [R, K, V])`, the gradients with respect to every $M^{(\rho)}$ and
+#    $E^{(\rho)}$. What does rank $R - 1$ receive, and what need it not compute at all?
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function compose(first, second) -> (M, E)
+answer = None  # 1: a function state_gradients(ms, hs) -> [R, K, V]
 exercises.check("05.1", answer)
 
 # %%
-answer = None  # 2: a function entering_states(ms, es) -> [R, K, V]
+answer = None  # 2: a function summary_cotangents(ms, es, hs) -> (dms, des)
 exercises.check("05.2", answer)
 
 # %% [markdown]

@@ -290,9 +290,8 @@ print("attention decode step: " + ", ".join(
 fig, ax = plt.subplots(figsize=(8, 3.4))
 ax.plot(decoded_at, step_ms, ".-", color=viz.PALETTE["blue"], linewidth=1,
         label=f"KDA layer: one decode step (median of {timing_repeats})")
-ax.hlines(np.median(step_ms), decoded_at[0], decoded_at[-1], color=viz.PALETTE["blue"],
-          linestyle="--", linewidth=1, label=f"KDA median {np.median(step_ms):.2f} ms "
-          "(measured over these positions only)")
+ax.hlines(np.median(step_ms), decoded_at[0], decoded_at[-1], color=viz.PALETTE["blue"], ls="--",
+          lw=1, label=f"KDA median {np.median(step_ms):.2f} ms (measured at these positions only)")
 ax.plot(attention_contexts, attention_ms, "s-", color=viz.MODEL_COLORS["attention"],
         label="softmax attention layer: one decode step over a KV cache of T tokens")
 ax.set(xscale="log", ylim=(0, 1.2 * max(step_ms.max(), max(attention_ms), 1e-3)),
@@ -418,9 +417,13 @@ display(Markdown(
 #    value_dim, conv_size, conv_bytes)` (no kda_lib) for `num_v_heads` value heads (one state
 #    each, as `KDAConfig(num_v_heads=...)`), float32 states, conv histories of `conv_bytes`
 #    bytes a number, `conv_size` 0 (no conv) and 1 included. Measure a built layer to check.
-# 2. **Prefill in two pieces.** Write `second_piece(layer, x_prompt, split)`: prefill
-#    `x_prompt[:, :split]` in one call `layer(..., cache=...)`, return the outputs of a second
-#    call on the rest from the cache the first returned (call `layer`, not `run`).
+# 2. **Roll back a rejected draft.** In speculative decoding the layer runs a few drafted tokens
+#    in one call, then throws the last `rejected` of them away: its state must go back to before
+#    them. From the state after the whole draft (one head, `[K, V]`) and the draft's unit keys
+#    `k`, values `v`, log decays `g` and strengths `beta` (a row per token), write `roll_back(state,
+#    k, v, g, beta, rejected)`, undoing token by token: invert $M_t$ in closed form (no
+#    `np.linalg`, no $d_k \times d_k$ inverse). Which $\beta_t$ cannot be undone? Why does the
+#    library keep each draft token's state instead (the notebook notes)?
 # 3. **The crossover, everything counted.** Section 5's $T^\ast_{\text{step}}$ left out the
 #    conv histories and the new entry. A KDA step reads and writes state and conv histories
 #    (`state_bytes` a number); an attention step over $T$ cached tokens writes the new entry
@@ -433,7 +436,7 @@ from kda_lib.teaching import exercises
 
 answer = None  # 1: a function cache_bytes(batch, num_heads, num_v_heads, key_dim, ...) -> int
 exercises.check("07.1", answer)
-answer = None  # 2: a function second_piece(layer, x_prompt, split) -> outputs after split
+answer = None  # 2: a function roll_back(state, k, v, g, beta, rejected) -> [K, V]
 exercises.check("07.2", answer)
 answer = None  # 3: a function t_star(heads, key_dim, value_dim, conv_size, ...) -> int
 exercises.check("07.3", answer)
@@ -441,10 +444,7 @@ exercises.check("07.3", answer)
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
-# - R. Pope et al., *Efficiently scaling transformer inference* (the KV cache), MLSys 2023.
-#   [arXiv:2211.05102](https://arxiv.org/abs/2211.05102)
-# - A. Katharopoulos et al., *Transformers are RNNs* (constant-time decoding of linear
-#   attention), ICML 2020. [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture*, 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - R. Pope et al., *Efficiently scaling transformer inference* (the KV cache), MLSys 2023. [arXiv:2211.05102](https://arxiv.org/abs/2211.05102)
+# - A. Katharopoulos et al., *Transformers are RNNs* (constant-time decoding), ICML 2020. [arXiv:2006.16236](https://arxiv.org/abs/2006.16236)
 # - fla's decode kernel: [`fla/ops/kda/fused_recurrent.py`](https://github.com/fla-org/flash-linear-attention)

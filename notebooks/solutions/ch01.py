@@ -37,24 +37,50 @@ def exercise_1_loop(beta, alpha, writes):
     return f
 
 
-def exercise_2(c, v1, v2, sweeps):
-    """Two pairs, Kaczmarz sweeps. Write ``e_j = S^T k_j - v_j`` and ``c = k_1^T k_2``.
-    Section 3's disturbance formula: a beta = 1 write of pair ``t`` sets ``e_t = 0`` and adds
-    ``c`` times its correction ``-e_t`` (before the write) to the other pair's error.
+def exercise_2(mu, v1, v2, sweeps):
+    """Two pairs, Kaczmarz sweeps. Write ``err_j = S^T k_j - v_j`` (pair j's recall error) and
+    ``mu = k_1^T k_2``. Section 3's disturbance formula: a beta = 1 write of pair ``t`` sets
+    ``err_t = 0`` and adds ``mu`` times its correction ``-err_t`` (before the write) to the
+    other pair's error.
 
-    Sweep 1: writing ``k_1`` into ``S = 0`` gives ``e_1 = 0`` and ``S^T k_2 = c v_1``, so
-    ``e_2 = c v_1 - v_2``; writing ``k_2`` corrects by ``v_2 - c v_1`` and moves
-    ``e_1 = c (v_2 - c v_1)``. Every later sweep: writing ``k_1`` moves ``e_2 = -c e_1``,
-    writing ``k_2`` moves ``e_1 = c^2 e_1``. After ``m`` sweeps
-    ``e_1 = c^(2m - 1) (v_2 - c v_1)`` (and ``e_2 = 0``): the error shrinks by ``c^2`` per
-    sweep, slowly when the keys nearly coincide, not at all when ``|c| = 1``."""
-    return c ** (2 * sweeps - 1) * (np.asarray(v2) - c * np.asarray(v1))
+    Sweep 1: writing ``k_1`` into ``S = 0`` gives ``err_1 = 0`` and ``S^T k_2 = mu v_1``, so
+    ``err_2 = mu v_1 - v_2``; writing ``k_2`` corrects by ``v_2 - mu v_1`` and moves
+    ``err_1 = mu (v_2 - mu v_1)``. Every later sweep: writing ``k_1`` moves
+    ``err_2 = -mu err_1``, writing ``k_2`` moves ``err_1 = mu^2 err_1``. After ``m`` sweeps
+    ``err_1 = mu^(2m - 1) (v_2 - mu v_1)`` (and ``err_2 = 0``): the error shrinks by ``mu^2``
+    per sweep, slowly when the keys nearly coincide, not at all when ``|mu| = 1``."""
+    return mu ** (2 * sweeps - 1) * (np.asarray(v2) - mu * np.asarray(v1))
 
 
-def exercise_2_simulated(c, v1, v2, sweeps):
-    """Refused: two unit keys with overlap ``c`` in the plane, swept with section 3's
+def exercise_2_exp_log(mu, v1, v2, sweeps):
+    """2, written differently: ``|mu|^(2m - 1)`` through ``exp`` and ``log`` (the sign of
+    ``mu`` kept apart), for ``mu != 0``; ``mu = 0`` leaves ``err_1 = 0`` after sweep 1."""
+    if mu == 0:
+        return np.zeros(np.shape(v1))
+    size = np.exp((2.0 * sweeps - 1) * np.log(abs(mu)))
+    return np.sign(mu) * size * (np.asarray(v2, np.float64) - mu * np.asarray(v1, np.float64))
+
+
+def exercise_2_squared(mu, v1, v2, sweeps):
+    """Refused: right, but ``mu^(2m - 1)`` by repeated squaring (the bits of ``sweeps``)."""
+    power, base, n = 1.0, mu, 2 * sweeps - 1
+    while n:
+        power, base, n = power * base if n & 1 else power, base * base, n >> 1
+    return power * (np.asarray(v2) - mu * np.asarray(v1))
+
+
+def exercise_1_matrix_power(beta, alpha, writes):
+    """Refused: right and fast, but ``f_n`` read off the ``n``-th power of the affine map
+    ``f -> alpha (1 - beta) f + beta`` as a 2 x 2 matrix: repeated squaring, not the closed
+    form (the exercise's rule: the same work at every count)."""
+    step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
+    return np.linalg.matrix_power(step, writes)[0, 1]
+
+
+def exercise_2_simulated(mu, v1, v2, sweeps):
+    """Refused: two unit keys with overlap ``mu`` in the plane, swept with section 3's
     ``sweep``, right but a simulation; at 10^9 sweeps it does not finish."""
-    k = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+    k = np.array([[1.0, 0.0], [mu, np.sqrt(1 - mu * mu)]])
     v = np.stack([np.asarray(v1, np.float64), np.asarray(v2, np.float64)])
     S = np.zeros((2, v.shape[1]))
     for _ in range(sweeps):
@@ -68,5 +94,7 @@ def cases():
         ("01.1", exercise_1, {}, exercise_1_loop),
         ("01.1", exercise_1_steady, {}, lambda beta, alpha, writes: 1 - (1 - beta) ** writes),
         ("01.2", exercise_2, {}, exercise_2_simulated),
-        ("01.2", exercise_2, {}, lambda c, v1, v2, m: c ** (2 * m) * (v2 - c * v1)),
+        ("01.2", exercise_2, {}, lambda mu, v1, v2, m: mu ** (2 * m) * (v2 - mu * v1)),
+        ("01.2", exercise_2_exp_log, {}, exercise_2_squared),
+        ("01.1", exercise_1, {}, exercise_1_matrix_power),
     ]

@@ -237,65 +237,83 @@ def _shortcut_04_1_config_count():
     return "04.1", count, {}
 
 
-def _shortcut_05_2_python_loop():
-    import jax.numpy as jnp
-
-    def loop(ms, es):
-        state, out = jnp.zeros(es.shape[1:]), []
-        for m, e in zip(ms, es, strict=True):
-            out.append(state)
-            state = m @ state + e
-        return jnp.stack(out)
-
-    return "05.2", loop, {}
-
-
-def _shortcut_05_2_lax_scan():
+def _shortcut_05_1_jax_grad():
     import jax
     import jax.numpy as jnp
 
-    def scan(ms, es):
-        def step(state, summary):
-            return summary[0] @ state + summary[1], state
+    def by_grad(ms, hs):  # the whole gradient of sum_r <hs[r], S[r]> with every S[r] nudged
+        def loss(nudges):
+            total, s = 0.0, jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                s = s + nudges[r]
+                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
+            return total
 
-        return jax.lax.scan(step, jnp.zeros(es.shape[1:]), (ms, es))[1]
+        return jax.grad(loss)(jnp.zeros(hs.shape))
 
-    return "05.2", scan, {}
-
-
-def _shortcut_05_2_library_chain():
-    import jax.numpy as jnp
-
-    from kda_lib.ops import chunked
-
-    def fold(ms, es):
-        return chunked.chain_states(jnp.asarray(ms), jnp.asarray(es), jnp.zeros(es.shape[1:]))
-
-    return "05.2", fold, {}
+    return "05.1", by_grad, {}
 
 
-def test_05_2_an_associative_scan_chains_few_operations_as_the_checker_states():
-    """05.2's checker and notebook 05: jax.lax.associative_scan over R = 256 summaries takes
-    2 log2 R - 1 = 15 rounds (notebook 03's count); the worked solution's longest chain of
-    dependent operations is far below the checker's R / 2 cut, a loop's far above."""
+def _shortcut_05_2_jax_vjp_jitted():
     import jax
     import jax.numpy as jnp
 
-    from kda_lib.lab import costs
+    @jax.jit
+    def by_vjp(ms, es, hs):  # the forward fold's vjp, jitted (compiled before the checker runs)
+        def loss(ms, es):
+            total, s = 0.0, jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
+            return total
+
+        return jax.vjp(loss, ms, es)[1](1.0)
+
+    by_vjp(*(jnp.zeros((3, 4, k)) for k in (4, 3, 3)))  # compiled once beforehand
+    return "05.2", by_vjp, {}
+
+
+def test_05_the_checkers_references_equal_jax_grad_of_the_forward_fold():
+    """05.1/05.2's float64 references (the backward fold, the summaries' gradients) against
+    jax.grad of the loss sum_r <hs[r], S[r]> through the forward fold S[r + 1] = M S[r] + E."""
+    import jax
+    import jax.numpy as jnp
+
     from kda_lib.teaching.exercises import ch05
 
-    r, r_big = ch05._TRACED_RANKS
-    assert len(costs.associative_scan_rounds(r)) == 2 * int(np.log2(r)) - 1 == 15
-    solutions = _load(SOLUTIONS / "ch05.py")
-    loop = _shortcut_05_2_python_loop()[1]
+    ms, es, hs = ch05._problem(np.random.default_rng(0), 5)
 
-    def depth(fn, ranks):
-        args = jnp.zeros((ranks, 4, 4)), jnp.zeros((ranks, 4, 3))
-        return max(ch05.critical_path(jax.make_jaxpr(fn)(*args).jaxpr))
+    def loss(ms, es, nudges):
+        total, s = 0.0, jnp.zeros(hs.shape[1:])
+        for r in range(len(ms)):
+            s = s + nudges[r]
+            total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
+        return total
 
-    assert 15 <= depth(solutions.entering_states, r) < r // 2 <= r <= depth(loop, r)
-    # two more doublings add rounds, not a multiple: the growth rule's 1.5 leaves room
-    assert depth(solutions.entering_states, r_big) <= 1.3 * depth(solutions.entering_states, r)
+    with jax.enable_x64(True):
+        dms, des, gs = jax.grad(loss, argnums=(0, 1, 2))(ms, es, np.zeros_like(hs))
+    np.testing.assert_allclose(ch05.state_gradients_reference(ms, hs), gs, atol=1e-12)
+    want_dms, want_des = ch05.summary_cotangents_reference(ms, es, hs)
+    np.testing.assert_allclose(want_dms, dms, atol=1e-12)
+    np.testing.assert_allclose(want_des, des, atol=1e-12)
+    assert not np.any(want_des[-1]) and np.all(np.any(want_des[:-1], axis=(1, 2)))
+
+
+def _shortcut_01_1_matrix_power():
+    def fraction(beta, alpha, writes):  # the affine step as a 2 x 2 matrix, squared log2 n times
+        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
+        return np.linalg.matrix_power(step, writes)[0, 1]
+
+    return "01.1", fraction, {}
+
+
+def _shortcut_07_2_matrix_inverse():
+    def roll_back(state, k, v, g, beta, rejected):
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+            state = np.linalg.inv(m) @ (state - beta[t] * np.outer(k[t], v[t]))
+        return state
+
+    return "07.2", roll_back, {}
 
 
 def test_01_a_float32_closed_form_gets_a_float64_hint():
@@ -335,9 +353,10 @@ SHORTCUTS = [
     _shortcut_03_2_masked_after_exp_with_errors_silenced,
     _shortcut_03_2_masked_after_exp_in_jnp_x64,
     _shortcut_04_1_config_count,
-    _shortcut_05_2_python_loop,
-    _shortcut_05_2_lax_scan,
-    _shortcut_05_2_library_chain,
+    _shortcut_05_1_jax_grad,
+    _shortcut_05_2_jax_vjp_jitted,
+    _shortcut_01_1_matrix_power,
+    _shortcut_07_2_matrix_inverse,
     _shortcut_06_2_printed_positions,
 ]
 

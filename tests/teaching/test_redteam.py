@@ -42,7 +42,7 @@ EXERCISES = {
     "04.1": ("04_kda_layer", 6),
     "04.2": ("04_kda_layer", 4),
     "05.1": ("05_context_parallel", 2),
-    "05.2": ("05_context_parallel", 2),
+    "05.2": ("05_context_parallel", 3),
 }
 IDS = sorted(EXERCISES)
 
@@ -246,85 +246,46 @@ def _rule_breakers():
             mask = np.tril(np.power(np.e, gamma[:, None] - gamma))
         return scale * (q @ k.T) * np.nan_to_num(mask, posinf=0.0)
 
-    def fold_loop_products(ms, es):  # 05.2: a Python loop over the ranks
-        state, out = jnp.zeros(es.shape[1:]), []
-        for m, e in zip(ms, es, strict=True):
-            out.append(state)
-            state = m @ state + e
-        return jnp.stack(out)
+    def grads_by_autodiff(ms, hs):  # 05.1 right, but jax.grad derives it
+        def loss(nudges):
+            total, s = 0.0, jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                s = s + nudges[r]
+                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
+            return total
 
-    def fold_loop_elementwise(ms, es):  # the same loop without a traced matrix product
-        state, out = jnp.zeros(es.shape[1:]), []
-        for m, e in zip(ms, es, strict=True):
-            out.append(state)
-            state = (m[:, :, None] * state[None]).sum(1) + e
-        return jnp.stack(out)
+        return jax.grad(loss)(jnp.zeros(hs.shape))
 
-    def fold_scan(ms, es):
-        def step(state, summary):
-            return summary[0] @ state + summary[1], state
+    def grads_by_linear_transpose(ms, hs):  # 05.1: the forward fold's transpose, by jax
+        def fold(nudges):
+            out, s = [], jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                s = s + nudges[r]
+                out.append(s)
+                s = ms[r] @ s
+            return jnp.stack(out)
 
-        return jax.lax.scan(step, jnp.zeros(es.shape[1:]), (jnp.asarray(ms), jnp.asarray(es)))[1]
+        return jax.linear_transpose(fold, jnp.zeros(hs.shape))(jnp.asarray(hs))[0]
 
-    def fold_fori(ms, es):
-        ms, es = jnp.asarray(ms), jnp.asarray(es)
+    def grads_forward(ms, hs):  # 05.1 folded left to right (the forward direction)
+        gs, g = [], np.zeros(hs.shape[1:])
+        for m, h in zip(ms, hs, strict=True):
+            g = h + m.T @ g
+            gs.append(g)
+        return np.stack(gs)
 
-        def body(i, carry):
-            state, out = carry
-            return ms[i] @ state + es[i], out.at[i].set(state)
+    def cotangents_by_vjp(ms, es, hs):  # 05.2 right, but jax.vjp derives it
+        def loss(ms, es):
+            total, s = 0.0, jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
+            return total
 
-        return jax.lax.fori_loop(0, len(ms), body, (jnp.zeros(es.shape[1:]), jnp.zeros_like(es)))[1]
+        return jax.vjp(loss, jnp.asarray(ms), jnp.asarray(es))[1](1.0)
 
-    def fold_host_callback(ms, es):  # a Python loop hidden from jax in one opaque equation
-        def host(ms, es):
-            out, state = [], np.zeros(es.shape[1:], np.float32)
-            for m, e in zip(ms, es, strict=True):
-                out.append(state)
-                state = m @ state + e
-            return np.stack(out).astype(np.float32)
-
-        return jax.pure_callback(host, jax.ShapeDtypeStruct(es.shape, jnp.float32), ms, es)
-
-    def fold_loop_checkpointed(ms, es):  # the loop inside jax.checkpoint (a remat body)
-        return jax.checkpoint(fold_loop_products)(ms, es)
-
-    def fold_loop_in_cond(ms, es):  # the loop in both branches of a lax.cond
-        return jax.lax.cond(True, fold_loop_products, fold_loop_products, ms, es)
-
-    loop_jvp = jax.custom_jvp(fold_loop_products)
-    loop_jvp.defjvp(lambda primals, _: (fold_loop_products(*primals),) * 2)
-    loop_vjp = jax.custom_vjp(fold_loop_products)
-    loop_vjp.defvjp(lambda ms, es: (fold_loop_products(ms, es), None), lambda _, g: (None, None))
-
-    def fold_loop_custom_jvp(ms, es):
-        return loop_jvp(ms, es)
-
-    def fold_loop_custom_vjp(ms, es):
-        return loop_vjp(ms, es)
-
-    def fold_dense_solve(ms, es):  # block-bidiagonal S_j - M_(j-1) S_(j-1) = E_(j-1), solved:
-        r, k, v = es.shape  # built without a chain, so only the solve itself is sequential
-        below = jnp.einsum("ij,iab->iajb", jnp.eye(r, k=-1), jnp.roll(jnp.asarray(ms), 1, 0))
-        b = jnp.concatenate([jnp.zeros((k, v)), jnp.reshape(es[:-1], (-1, v))])
-        return jnp.linalg.solve(jnp.eye(r * k) - below.reshape(r * k, r * k), b).reshape(r, k, v)
-
-    def fold_sqrt_blocks(ms, es):  # loops over sqrt(R) blocks: depth grows like sqrt(R)
-        r, b = ms.shape[0], int(np.ceil(np.sqrt(ms.shape[0])))
-        n, pad = -(-r // b), -(-r // b) * b - r
-        big_m = jnp.concatenate([ms, jnp.broadcast_to(jnp.eye(4), (pad, 4, 4))]).reshape(n, b, 4, 4)
-        big_e = jnp.concatenate([es, jnp.zeros((pad, 4, 3))]).reshape(n, b, 4, 3)
-        block_m, block_e = jnp.broadcast_to(jnp.eye(4), (n, 4, 4)), jnp.zeros((n, 4, 3))
-        for j in range(b):
-            block_m, block_e = big_m[:, j] @ block_m, big_m[:, j] @ block_e + big_e[:, j]
-        state, entering = jnp.zeros((4, 3)), []
-        for i in range(n):
-            entering.append(state)
-            state = block_m[i] @ state + block_e[i]
-        states, out = jnp.stack(entering), []
-        for j in range(b):
-            out.append(states)
-            states = big_m[:, j] @ states + big_e[:, j]
-        return jnp.stack(out, 1).reshape(n * b, 4, 3)[:r]
+    def cotangents_own_gradient(ms, es, hs):  # 05.2 with des[r] = gs[r], not gs[r + 1]
+        gs = grads_forward(ms[::-1], hs[::-1])[::-1]
+        return np.zeros(ms.shape) + 1.0, gs
 
     def delta_write(S, k, v, beta):  # notebook 01's cell, copied
         return S + beta * np.outer(k, v - k @ S)
@@ -352,7 +313,46 @@ def _rule_breakers():
                 S = delta_write(S, k, v, 1.0)
         return keys[0] @ S - v1
 
+    def fraction_matrix_power(beta, alpha, writes):  # 01.1 by repeated squaring (numpy)
+        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
+        return np.linalg.matrix_power(step, writes)[0, 1]
+
+    def fraction_squaring(beta, alpha, writes):  # square-and-multiply on the count's bits
+        f, r, b, n = 0.0, alpha * (1 - beta), beta, writes
+        while n:
+            f, r, b, n = (r * f + b if n & 1 else f), r * r, r * b + b, n >> 1
+        return f
+
+    def fraction_squaring_laundered(beta, alpha, writes):  # the count as a plain int, as bits
+        f, r, b = 0.0, alpha * (1 - beta), beta
+        for bit in reversed(bin(int(writes))[2:]):
+            f = r * f + b if bit == "1" else f
+            r, b = r * r, r * b + b
+        return f
+
+    def fraction_fixed_squarings(beta, alpha, writes):  # 64 squarings whatever the count
+        n, f, r, b = np.int64(int(writes)), 0.0, alpha * (1 - beta), beta
+        for i in range(64):
+            f = r * f + b if (n >> i) & 1 else f
+            r, b = r * r, r * b + b
+        return f
+
+    def fraction_jax_x64(beta, alpha, writes):  # right, in jax: the exercise asks for NumPy
+        with jax.enable_x64(True):
+            r = jnp.float64(alpha) * (1 - beta)
+            return float(beta * (1 - r**writes) / (1 - r))
+
+    def sweeps_matrix_power(mu, v1, v2, sweeps):  # 01.2: err_1 -> mu^2 err_1 squared
+        first = mu * (np.asarray(v2) - mu * np.asarray(v1))
+        return np.linalg.matrix_power(np.array([[mu * mu]]), int(sweeps) - 1)[0, 0] * first
+
     return [
+        ("01.1", fraction_matrix_power),
+        ("01.1", fraction_squaring),
+        ("01.1", fraction_squaring_laundered),
+        ("01.1", fraction_fixed_squarings),
+        ("01.1", fraction_jax_x64),
+        ("01.2", sweeps_matrix_power),
         ("01.1", fraction_simulated),
         ("01.1", fraction_swallowing),
         ("01.2", sweeps_simulated),
@@ -361,17 +361,11 @@ def _rule_breakers():
         ("03.2", scores_jnp_x64),
         ("03.2", scores_jitted),
         ("03.2", scores_power),
-        ("05.2", fold_loop_products),
-        ("05.2", fold_loop_elementwise),
-        ("05.2", fold_scan),
-        ("05.2", fold_fori),
-        ("05.2", fold_host_callback),
-        ("05.2", fold_sqrt_blocks),
-        ("05.2", fold_loop_checkpointed),
-        ("05.2", fold_loop_in_cond),
-        ("05.2", fold_loop_custom_jvp),
-        ("05.2", fold_loop_custom_vjp),
-        ("05.2", fold_dense_solve),
+        ("05.1", grads_by_autodiff),
+        ("05.1", grads_by_linear_transpose),
+        ("05.1", grads_forward),
+        ("05.2", cotangents_by_vjp),
+        ("05.2", cotangents_own_gradient),
     ]
 
 

@@ -137,6 +137,7 @@ def _library_attacks():
         ("06.3", "solution after a library call", through_library(s06.lost_positions)),
         ("07.1", "a built layer, measured", measured_cache),
         ("07.1", "solution after a library call", through_library(s07.layer_cache_bytes)),
+        ("07.2", "solution after a library call", through_library(s07.roll_back)),
         ("07.3", "solution after a library call", through_library(s07.t_star)),
         ("07.3", "jax.jit around a library call",
          jax.jit(lambda *a: jnp.asarray(kda_lib.checks.is_int(1, None)) * 0 + 1)),
@@ -205,27 +206,27 @@ def _rule_breakers():
     (c0, b0), (c1, b1) = list(measured.items())[:2]
     slope = (b1 - b0) / (c1 - c0)
 
-    def whole_prompt(layer, x, split):
-        y, _ = layer(x, cache=layer.init_cache(x.shape[0]))
-        return y[:, split:]
+    def undo(state, k, v, g, beta, rejected, *, rate=None, decay=True, order=-1, extra=0):
+        """07.2's roll-back, wrong in one named way."""
+        state, n = np.asarray(state, np.float64), len(beta)
+        steps = range(n - 1, n - 1 - rejected - extra, -1)
+        for t in steps if order < 0 else reversed(list(steps)):
+            b = beta[t] / (1 - beta[t]) if rate is None else rate(beta[t])
+            state = state - b * np.outer(k[t], v[t] - k[t] @ state)
+            state = np.exp(-g[t])[:, None] * state if decay else state
+        return state
 
-    def closure_cheat(layer, x, split):  # the real layer, from the watcher's closure
-        cells = type(layer).__call__.__closure__ or ()
-        real = next(c.cell_contents for c in cells
-                    if isinstance(c.cell_contents, kda_lib.KimiDeltaAttention))
-        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))  # calls for show
-        layer(x[:, 1:2], cache=cache)
-        return np.asarray(real(x))[:, split:]
+    def inverse_by_solve(state, k, v, g, beta, rejected):  # right, but jnp.linalg.solve
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            m = (jnp.eye(len(k[t])) - beta[t] * jnp.outer(k[t], k[t])) * jnp.exp(g[t])
+            state = jnp.linalg.solve(m, state - beta[t] * jnp.outer(k[t], v[t]))
+        return state
 
-    def wrong_split(layer, x, split):  # resumes, but not at split; the rest from the real layer
-        _, cache = layer(x[:, :1], cache=layer.init_cache(x.shape[0]))
-        y, _ = layer(x[:, 1:], cache=cache)
-        return np.asarray(y)[:, split - 1:]
-
-    def fresh_second_call(layer, x, split):  # the second piece without the first's cache
-        layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
-        y, _ = layer(x[:, split:], cache=layer.init_cache(x.shape[0]))
-        return y
+    def inverse_by_pinv(state, k, v, g, beta, rejected):  # right, but np.linalg.pinv
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+            state = np.linalg.pinv(m) @ (state - beta[t] * np.outer(k[t], v[t]))
+        return state
 
     return [
         ("06.1", "entropy in bits", lambda p: (
@@ -260,12 +261,15 @@ def _rule_breakers():
          + cb * b * max(w - 1, 0) * (2 * h * k + hv * v)),
         ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
          + cb * b * max(w - 1, 0) * h * (2 * k + v)),
-        ("07.2", "the whole prompt sliced", whole_prompt),
-        ("07.2", "a fresh cache for the second call", fresh_second_call),
-        ("07.2", "the watched layer's own layer (review 2026-12-04)",
-         lambda layer, x, split: np.asarray(layer.layer(x))[:, split:]),
-        ("07.2", "calls for show, the real layer's full pass returned", closure_cheat),
-        ("07.2", "a one-token first piece, resumed at 1", wrong_split),
+        ("07.2", "a matrix solve per token (jnp.linalg)", inverse_by_solve),
+        ("07.2", "a pseudo-inverse per token (np.linalg)", inverse_by_pinv),
+        ("07.2", "the draft's state kept (nothing undone)", lambda s, *a: s),
+        ("07.2", "beta, not beta / (1 - beta)", functools.partial(undo, rate=lambda b: b)),
+        ("07.2", "the decay not undone", functools.partial(undo, decay=False)),
+        ("07.2", "the oldest rejected token undone first", functools.partial(undo, order=1)),
+        ("07.2", "one token too many", functools.partial(undo, extra=1)),
+        ("07.2", "the write only, forward (notebook 01's delta_write)",
+         lambda s, k, v, g, beta, r: s + beta[-1] * np.outer(k[-1], v[-1] - k[-1] @ s)),
         ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
         ("07.3", "the state read only",
          lambda h, k, v, w, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
@@ -360,18 +364,19 @@ def _alternatives():
     def cache_float(b, h, hv, k, v, w, cb):  # a float number of bytes (review: 8192.0 refused)
         return 4.0 * b * hv * k * v + cb * b * max(w - 1, 0) * (2.0 * h * k + hv * v)
 
-    def three_calls(layer, x, split):  # the first piece in two calls: still two pieces' worth
-        first = max(split // 2, 1) if split > 1 else split
-        _, cache = layer(x[:, :first], cache=layer.init_cache(x.shape[0]))
-        if first < split:
-            _, cache = layer(x[:, first:split], cache=cache)
-        y, _ = layer(x[:, split:], cache=cache)
-        return np.asarray(y)
+    def roll_back_loop(state, k, v, g, beta, rejected):  # loops over channels, no outer()
+        state = [list(row) for row in np.asarray(state, np.float64)]
+        for t in reversed(range(len(beta) - rejected, len(beta))):
+            rate = beta[t] / (1 - beta[t])
+            recalled = [sum(k[t][i] * state[i][j] for i in range(len(k[t])))
+                        for j in range(len(v[t]))]
+            state = [[(state[i][j] - rate * k[t][i] * (v[t][j] - recalled[j])) * math.exp(-g[t][i])
+                      for j in range(len(v[t]))] for i in range(len(k[t]))]
+        return state
 
-    def copied_cache(layer, x, split):  # a copy of the first call's cache, not the object
-        _, cache = layer(x[:, :split], cache=layer.init_cache(x.shape[0]))
-        y, _ = layer(x[:, split:], cache=jax.tree.map(jnp.array, cache))
-        return np.asarray(y)
+    def roll_back_normalised(state, k, v, g, beta, rejected):  # keys re-normalised (norm is ok)
+        k = np.asarray(k) / np.linalg.norm(k, axis=1, keepdims=True)
+        return _solutions("07").roll_back(state, k, v, g, beta, rejected)
 
     def t_star_int(h, k, v, w, n, bs, bc):  # search T upward in integers
         kda = 2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v))
@@ -442,8 +447,8 @@ def _alternatives():
         ("06.3", "numpy, reversed", lost_numpy, {}),
         ("07.1", "numpy int64", cache_numpy, {}),
         ("07.1", "a float", cache_float, {}),
-        ("07.2", "three calls", three_calls, {}),
-        ("07.2", "a copied cache", copied_cache, {}),
+        ("07.2", "Python lists and loops", roll_back_loop, {}),
+        ("07.2", "np.linalg.norm on the keys", roll_back_normalised, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),

@@ -1,18 +1,21 @@
-"""Checker helpers shared by notebooks 06-10: call a student's function while watching which
+"""Checker helpers shared by notebooks 05-10: call a student's function while watching which
 library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
 
 :func:`call_own_work` runs ``answer(*args)`` under a profile hook (``sys.setprofile``) that
 records every Python frame whose code lives in the ``kda_lib`` package (the checkers' own
 reference functions included) outside the machinery that calls the answer;
 ``functools.partial``, ``jax.jit`` and lambdas around a library function all end in such a
-frame, so they are refused too.
+frame, so they are refused too. :func:`modules_entered` watches for other code an exercise
+rules out (JAX's autodiff, a matrix inverse).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import kda_lib
@@ -61,3 +64,37 @@ def call_own_work(
         return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
     return got, hint
 
+
+
+@contextlib.contextmanager
+def modules_entered(
+    prefixes: tuple[str, ...], allowed: tuple[str, ...] = ()
+) -> Iterator[list[str]]:
+    """While the block runs, record in the list yielded the first Python frame entered whose
+    module's dotted name starts with one of ``prefixes`` (the machinery calling an answer
+    excepted): e.g. ``("jax._src.interpreters.ad",)`` catches ``jax.grad``, ``jax.vjp`` and
+    every other route through JAX's autodiff, ``("numpy.linalg",)`` ``np.linalg.inv``; the
+    functions named in ``allowed`` (and what they call) are let through. A trace
+    hook (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the
+    call in a :func:`fresh_jax_context` so a function jitted before is traced again."""
+    seen: list[str] = []
+
+    def trace(frame, _event, _arg):
+        if not seen:
+            module = frame.f_globals.get("__name__") or ""
+            name = frame.f_code.co_name
+            if (module.startswith(prefixes) and frame.f_code not in MACHINERY_CODE
+                    and not name.endswith("_dispatcher")):  # NumPy's argument relays
+                caller = frame
+                while caller is not None and caller.f_code.co_name not in allowed:
+                    caller = caller.f_back
+                if caller is None:
+                    seen.append(f"{module}.{frame.f_code.co_name}")
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield seen
+    finally:
+        sys.settrace(previous)

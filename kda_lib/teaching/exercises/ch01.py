@@ -5,20 +5,38 @@ that runs ``kda_lib`` code); it recomputes the expected result in float64 and re
 that never contains the expected values. Both exercises ask for a closed form: the last trial
 uses a count (``writes``, ``sweeps``) of 10^9, which a write-by-write loop does not finish
 within ``TIME_LIMIT_S`` (the call is stopped there on the main thread, refused after it
-elsewhere). Those trials use beta = 1e-9 (c = 1 - 1e-9), below float32's resolution: a wrong
+elsewhere). Those trials use beta = 1e-9 (overlap 1 - 1e-9), below float32's resolution: a wrong
 float32 or jax result there gets a hint about float64 instead of the generic refusal.
+
+Repeated squaring of the transition (``np.linalg.matrix_power``, square-and-multiply on the
+bits of the count) is fast but is not the asked closed form; the stated rule "the same work at
+every count" is enforced after the value trials (:func:`_rule_broken`), three ways: the count
+is a :class:`Count`, an ``int`` that refuses to be taken apart bit by bit (``&``, ``>>``, ``%``,
+``//``, ``divmod``, ``bit_length``); the Python lines the answer runs (library code included)
+must not grow from a count of 1025 to 2^40 - 1, nor exceed ``_OWN_LINES_MAX`` in the answer's
+own code (a loop of fixed length over the count's bits); and no jax code may run (the exercise
+asks for NumPy float64).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import sysconfig
 import threading
 import time
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, machinery, refuse_degenerate
+from kda_lib.teaching.exercises import (
+    MACHINERY_CODE,
+    call_answer,
+    checker,
+    machinery,
+    refuse_degenerate,
+)
 
 TIME_LIMIT_S = 2.0
 _SLOW = (
@@ -69,6 +87,104 @@ def _call(answer, *args, name):
     return got, hint
 
 
+_BITWISE = ("the count is not taken apart bit by bit here (a closed form has no use for its "
+            "bits): repeated squaring is not the closed form; derive the formula")
+
+
+class Count(int):
+    """A count (``writes``, ``sweeps``) that works in arithmetic and as an exponent but refuses
+    the operations repeated squaring runs on it (``n & 1``, ``n >> 1``, ``n % 2``, ``n // 2``,
+    ``divmod(n, 2)``, ``n.bit_length()``): each raises a TypeError naming the rule."""
+
+    def _refuse(self, *_):
+        raise TypeError(_BITWISE)
+
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _refuse
+    __rshift__ = __rrshift__ = __lshift__ = __rlshift__ = _refuse
+    __mod__ = __rmod__ = __floordiv__ = __rfloordiv__ = __divmod__ = __rdivmod__ = _refuse
+    bit_length = bit_count = to_bytes = _refuse
+
+
+machinery(Count._refuse)
+_RULE_COUNTS = (1025, 2**40 - 1)  # 11 and 40 bits: squaring loops run 29 rounds more
+_RULE_SLACK = 8  # lines a closed form may add between them (a branch on the count)
+_JAX = "the exercise asks for NumPy float64 (no jax): write the closed form with NumPy"
+
+
+_PACKAGE = "kda_lib.teaching.exercises"
+_LIBRARY_PATHS = tuple(
+    {f(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")
+     for f in (str, os.path.realpath)}
+) + ("<frozen", os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+_OWN_LINES_MAX = 100  # a closed form is a few lines of arithmetic, not a loop of them
+
+
+@machinery
+def _from_machinery(frame) -> bool:
+    """Whether the first caller of ``frame`` outside jax and contextlib is the checkers' own
+    code (``call_answer``'s fresh jax context), not the answer."""
+    while frame is not None:
+        module = frame.f_globals.get("__name__") or ""
+        if module.split(".")[0] not in ("jax", "jaxlib", "contextlib"):
+            return module.startswith(_PACKAGE) or frame.f_code in MACHINERY_CODE
+        frame = frame.f_back
+    return False
+
+
+@machinery
+def _lines_run(answer, *args, name):
+    """``(line events, jax entered, hint)`` of one call of ``answer`` (every Python frame it
+    runs, library code included; the checker's own frames excepted)."""
+    lines, jax_seen = [0, 0], []  # all lines, the answer's own lines (not library code)
+
+    def local(frame, event, _arg):
+        if event == "line":
+            lines[0] += 1
+            lines[1] += not frame.f_code.co_filename.startswith(_LIBRARY_PATHS)
+        return local
+
+    def trace(frame, event, _arg):
+        module = frame.f_globals.get("__name__") or ""
+        if frame.f_code in MACHINERY_CODE or module.startswith(_PACKAGE):
+            return None
+        if module.split(".")[0] in ("jax", "jaxlib") and not _from_machinery(frame):
+            jax_seen.append(module)
+        return local
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        _, hint = _call(answer, *args, name=name)
+    finally:
+        sys.settrace(previous)
+    return lines, bool(jax_seen), hint
+
+
+def _rule_broken(answer, make_args, name) -> str | None:
+    """A hint if ``answer`` runs jax, or runs more Python lines at a count of 2^40 - 1 than at
+    1025 (``make_args(count)`` builds the arguments); each count is called once untraced
+    first."""
+    counts = []
+    for count in _RULE_COUNTS:
+        args = make_args(Count(count))
+        _call(answer, *args, name=name)  # warm: first-call work (imports, caches) not counted
+        lines, jax_seen, hint = _lines_run(answer, *args, name=name)
+        if jax_seen:
+            return _JAX
+        if hint:
+            return hint
+        if lines[1] > _OWN_LINES_MAX:
+            return (f"your own code ran {lines[1]} lines in one call (a loop?): a closed form "
+                    "is a few lines of arithmetic, the same at every count")
+        counts.append(lines[0])
+    if counts[1] > counts[0] + _RULE_SLACK:
+        return (f"your function runs {counts[0]} Python lines at a count of {_RULE_COUNTS[0]} "
+                f"and {counts[1]} at 2^40 - 1: its work grows with the count (repeated "
+                "squaring, e.g. np.linalg.matrix_power?); a closed form does the same work at "
+                "every count")
+    return None
+
+
 def _low_precision(got) -> bool:
     """Whether ``got`` is floats narrower than float64 or a jax array of floats."""
     try:
@@ -111,35 +227,38 @@ def gated_partial_writes(answer, **_):
                         "written key by (1 - beta); an empty memory starts at error -v")
             return (f"wrong {where}: how does one decay-then-write step map the recalled "
                     "fraction f to the next one?")
-    return None
+    return _rule_broken(answer, lambda n: (0.6, 0.7, n), "recalled_fraction(beta, alpha, writes)")
 
 
 _SWEEPS = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
            (1 - 1e-9, 10**9, 3))
 
 
+_NAME_2 = "first_pair_error(mu, v1, v2, sweeps)"
+
+
 @checker("01.2")
 def two_key_sweeps(answer, **_):
-    """``answer(c, v1, v2, sweeps) -> e1 [V]``: the recall error ``S^T k_1 - v_1`` of the first
-    of two pairs (unit keys with overlap ``c = k_1 . k_2``, values ``v1, v2 [V]``) after
+    """``answer(mu, v1, v2, sweeps) -> [V]``: the recall error ``S^T k_1 - v_1`` of the first
+    of two pairs (unit keys with overlap ``mu = k_1 . k_2``, values ``v1, v2 [V]``) after
     ``sweeps`` one-pass sweeps (beta = 1, pair 1 then pair 2, from ``S = 0``). The reference is
-    float64 simulation for small counts, the recurrence e_1 -> c^2 e_1 for 10^9 sweeps."""
+    float64 simulation for small counts, the recurrence err_1 -> mu^2 err_1 for 10^9 sweeps."""
     rng = np.random.default_rng(12)
-    for c, sweeps, V in _SWEEPS:
+    for mu, sweeps, V in _SWEEPS:
         v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
-        got, hint = _call(answer, c, v1, v2, sweeps, name="first_pair_error(c, v1, v2, sweeps)")
-        tiny = hint is None and 1 - abs(c) < 1e-6 and _low_precision(got) and np.shape(got) == (V,)
+        got, hint = _call(answer, mu, v1, v2, sweeps, name=_NAME_2)
+        tiny = hint is None and 1 - abs(mu) < 1e-6 and _low_precision(got) and np.shape(got) == (V,)
         hint = hint or refuse_degenerate(
-            got, shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=c == 0.0
+            got, shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=mu == 0.0
         )
         if hint and not tiny:
             return hint
-        keys = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
+        keys = np.array([[1.0, 0.0], [mu, np.sqrt(1 - mu * mu)]])
         S = np.zeros((2, V))
-        for _ in range(min(sweeps, 1)):  # the first sweep simulated, then e_1 -> c^2 e_1
+        for _ in range(min(sweeps, 1)):  # the first sweep simulated, then err_1 -> mu^2 err_1
             for k, v in zip(keys, (v1, v2), strict=True):
                 S = S + np.outer(k, v - k @ S)
-        want = (keys[0] @ S - v1) * np.exp(2 * (sweeps - 1) * np.log(abs(c))) if c else (
+        want = (keys[0] @ S - v1) * np.exp(2 * (sweeps - 1) * np.log(abs(mu))) if mu else (
             keys[0] @ S - v1)
         if sweeps <= 40:  # small counts: the simulation itself
             S = np.zeros((2, V))
@@ -150,10 +269,11 @@ def two_key_sweeps(answer, **_):
         if hint or np.abs(np.asarray(got, np.float64) - want).max() > 1e-6 * max(
                 1.0, np.abs(want).max()):
             if tiny:
-                return _FLOAT32.format(f"at c = {c}, sweeps = {sweeps}", np.asarray(got).dtype,
-                                       "1 - c = 1e-9")
+                return _FLOAT32.format(f"at mu = {mu}, sweeps = {sweeps}", np.asarray(got).dtype,
+                                       "1 - mu = 1e-9")
             return (
-                f"wrong at c = {c}, sweeps = {sweeps}: follow both errors through one sweep "
-                "with section 3's disturbance formula; how does e_1 change per sweep?"
+                f"wrong at mu = {mu}, sweeps = {sweeps}: follow both errors through one sweep "
+                "with section 3's disturbance formula; how does pair 1's error change per sweep?"
             )
-    return None
+    v1, v2 = rng.standard_normal(3), rng.standard_normal(3)
+    return _rule_broken(answer, lambda n: (0.6, v1, v2, n), _NAME_2)

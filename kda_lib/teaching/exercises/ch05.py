@@ -1,192 +1,112 @@
-"""Checkers of notebook 05's exercises (composing summaries, the fold for any rank count in
-logarithmic depth). Answers that run ``kda_lib`` code are refused."""
+"""Checkers of notebook 05's exercises: the backward pass of context parallelism (the fold run
+right to left, and what each rank's summary receives). Answers that run ``kda_lib`` code or
+JAX's autodiff (``jax.grad``, ``jax.vjp``, ...: it would do the derivation) are refused; the
+reference is the float64 recursion, checked in ``tests/teaching/test_exercises.py`` against
+``jax.grad`` of the forward fold."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import modules_entered
+
+_AUTODIFF = ("jax._src.interpreters.ad",)
+_AUTODIFF_HINT = (
+    "your answer runs JAX's autodiff (jax.grad, jax.vjp, ...), which would do the derivation "
+    "for you: write the recursion yourself (NumPy or jnp)"
+)
+_RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 
 
-def _random_maps(rng, count, k_dim=4, v_dim=3):
-    return [
-        (rng.standard_normal((k_dim, k_dim)) / 2, rng.standard_normal((k_dim, v_dim)))
-        for _ in range(count)
-    ]
+def _problem(rng, ranks: int):
+    """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of norm
+    about 1) and each rank's own-output gradients."""
+    ms = rng.standard_normal((ranks, 4, 4)) / 2
+    return ms, rng.standard_normal((ranks, 4, 3)), rng.standard_normal((ranks, 4, 3))
 
 
-def _apply(summary, state):
-    return summary[0] @ state + summary[1]
+def state_gradients_reference(ms, hs):
+    """``gs[r] = hs[r] + ms[r]^T gs[r + 1]``, ``gs[R - 1] = hs[R - 1]`` (float64)."""
+    gs, g = np.zeros_like(hs), np.zeros(hs.shape[1:])
+    for r in range(len(ms) - 1, -1, -1):
+        g = hs[r] + ms[r].T @ g
+        gs[r] = g
+    return gs
+
+
+def summary_cotangents_reference(ms, es, hs):
+    """``(dms, des)``: ``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (zero for the last
+    rank), ``S[r]`` the state entering rank ``r`` (float64)."""
+    gs = state_gradients_reference(ms, hs)
+    after = np.concatenate([gs[1:], np.zeros_like(gs[:1])])  # the gradient leaving each rank
+    states, s = [], np.zeros(es.shape[1:])
+    for m, e in zip(ms, es, strict=True):
+        states.append(s)
+        s = m @ s + e
+    return np.einsum("rkv,rjv->rkj", after, np.stack(states)), after
+
+
+def _call(answer, *args, name):
+    with modules_entered(_AUTODIFF) as autodiff:
+        got, hint = call_answer(answer, *args, name=name, own_code=True)
+    return (None, _AUTODIFF_HINT) if autodiff else (got, hint)
+
+
+def _close(got, want) -> bool:
+    return np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
 @checker("05.1")
-def compose_summaries(answer, **_):
-    """compose(first, second): the summary of first's slice followed by second's."""
-    rng = np.random.default_rng(5)
-    a, b, c = _random_maps(rng, 3)
-    state = rng.standard_normal((4, 3))
-    name = "compose(first, second)"
-    ab, hint = call_answer(answer, a, b, name=name, own_code=True)
-    if hint:
-        return hint
-    if not (isinstance(ab, (tuple, list)) and len(ab) == 2):
-        return "compose should return the pair (M, E)"
-    for got, shape, what in ((ab[0], (4, 4), "M"), (ab[1], (4, 3), "E")):
-        hint = refuse_degenerate(got, shape=shape, inputs=(*a, *b), what=what)
+def backward_fold(answer, **_):
+    """``state_gradients(ms, hs) -> gs [R, K, V]``: the gradient of the loss with respect to
+    the state entering every rank, from the summaries ``ms`` and each rank's own-output
+    gradients ``hs`` (the loss has no term in the final state)."""
+    rng = np.random.default_rng(51)
+    for ranks in _RANKS:
+        ms, _, hs = _problem(rng, ranks)
+        got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
+        hint = hint or refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
+                                         what=f"the gradients for R = {ranks}")
         if hint:
             return hint
-    bc, hint = call_answer(answer, b, c, name=name, own_code=True)
-    grouped, hint = (None, hint) if hint else call_answer(answer, ab, c, name=name, own_code=True)
-    other, hint = (None, hint) if hint else call_answer(answer, a, bc, name=name, own_code=True)
-    if hint:
-        return hint
-    ab, grouped, other = ([np.asarray(x) for x in pair] for pair in (ab, grouped, other))
-    if not np.allclose(_apply(ab, state), _apply(b, _apply(a, state))):
-        return "applying compose(first, second) must equal applying first, then second"
-    if not all(np.allclose(x, y) for x, y in zip(grouped, other, strict=True)):
-        return "the composition should not depend on the grouping"
+        if _close(got, state_gradients_reference(ms, hs)):
+            continue
+        if _close(got, state_gradients_reference(np.swapaxes(ms, 1, 2), hs)):
+            return (f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
+                    "transpose, not M")
+        if _close(np.asarray(got)[-1], hs[-1]) is False and _close(np.asarray(got)[0], hs[0]):
+            return f"wrong for R = {ranks}: which rank's gradient is known first?"
+        return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
+                "rank r's own outputs and through the state it hands to rank r + 1")
     return None
-
-
-def _sub_jaxprs(eqn) -> list:
-    """Every body in ``eqn.params``: a Jaxpr or ClosedJaxpr, or a list or tuple of them (a
-    cond's branches); a call, jax.checkpoint, cond, custom_jvp or custom_vjp hides one."""
-    subs = []
-    for value in eqn.params.values():
-        for sub in value if isinstance(value, (list, tuple)) else (value,):
-            inner = getattr(sub, "jaxpr", sub)
-            if hasattr(inner, "eqns"):
-                subs.append(inner)
-    return subs
-
-
-def _primitive_counts(jaxpr, counts: dict) -> dict:
-    """How often each primitive occurs in ``jaxpr``, its sub-jaxprs included."""
-    for eqn in jaxpr.eqns:
-        counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
-        for inner in _sub_jaxprs(eqn):
-            _primitive_counts(inner, counts)
-    return counts
-
-
-def critical_path(jaxpr, in_depths=None) -> list[int]:
-    """The depth of each output of ``jaxpr``: the most equations on any dependency path from
-    the inputs to it, every body in an equation's params (call, jax.checkpoint, cond branch,
-    custom_jvp/vjp) counted equation by equation. A body's inputs take their outer inputs'
-    depths (all the deepest one's where the counts differ, as a cond's index); the equation's
-    outputs, the deepest of its bodies'. A Python loop over R ranks chains at least R
-    equations; ``jax.lax.associative_scan`` about 5 per round."""
-    depth = dict(zip(jaxpr.invars, in_depths or [0] * len(jaxpr.invars), strict=True))
-    get = lambda v: 0 if hasattr(v, "val") else depth.get(v, 0)  # noqa: E731 - Literal or Var
-    for eqn in jaxpr.eqns:
-        ins = [get(v) for v in eqn.invars]
-        deepest, outs = max(ins, default=0), [max(ins, default=0) + 1] * len(eqn.outvars)
-        for inner in _sub_jaxprs(eqn):
-            same = len(inner.invars) == len(ins)
-            got = critical_path(inner, ins if same else [deepest] * len(inner.invars))
-            if len(got) != len(outs):  # a body whose outputs are not the equation's
-                got = [max(got, default=0)] * len(outs)
-            outs = [max(a, b) for a, b in zip(outs, got, strict=True)]
-        depth.update(zip(eqn.outvars, outs, strict=True))
-    return [get(v) for v in jaxpr.outvars]
-
-
-# At R = 256 an associative scan's 2 log2 R - 1 = 15 rounds chain about 80 equations (the
-# worked solution: 78); a loop over the ranks chains at least one per rank, 256. From R = 256
-# to 1024 a logarithmic fold adds two rounds per doubling (depth x ~1.3); a fold in sqrt(R)
-# blocks doubles its depth, a loop quadruples it.
-_TRACED_RANKS = (256, 1024)
-_CALLBACKS = ("pure_callback", "io_callback", "callback", "debug_callback")
-# one equation each, yet an elimination (or iteration) inside: a dense block-bidiagonal solve
-_SOLVES = ("lu", "triangular_solve", "cholesky", "custom_linear_solve", "qr", "geqrf",
-           "householder_product", "svd", "eigh", "eig", "schur", "hessenberg", "tridiagonal",
-           "tridiagonal_solve")
-
-
-def _depth(answer, r: int):
-    """(jaxpr, None) of ``answer`` traced at R = ``r``, or (None, hint)."""
-    import jax
-    import jax.numpy as jnp
-
-    from kda_lib.teaching.exercises import library_calls
-
-    try:
-        with library_calls() as entered:
-            traced = jax.make_jaxpr(answer)(jnp.zeros((r, 4, 4)), jnp.zeros((r, 4, 3)))
-    except Exception as error:  # noqa: BLE001 - a student's function may fail any way
-        return None, (
-            f"tracing entering_states with jax raised {type(error).__name__}: write it with "
-            "jnp and jax.lax (it runs under jax.make_jaxpr), not NumPy"
-        )
-    if entered:
-        return None, "your answer runs kda_lib code; write the fold yourself with jax.lax"
-    return traced, None
-
-
-def _sequential_route(answer) -> str | None:
-    """A hint if ``answer`` folds the ranks one after another: a sequential loop primitive
-    (lax.scan, fori_loop, while_loop), a host callback or a linear solve or factorization
-    (``_SOLVES``) in its jaxpr, a dependency chain of R / 2 = 128 equations or more at R = 256
-    (a Python loop, however it writes the products or wraps them), or a chain that grows
-    faster than logarithmically from R = 256 to 1024."""
-    depths = []
-    for r in _TRACED_RANKS:
-        traced, hint = _depth(answer, r)
-        if hint:
-            return hint
-        counts = _primitive_counts(traced.jaxpr, {})
-        if counts.get("scan", 0) or counts.get("while", 0):
-            return "lax.scan or a fori/while loop takes R sequential steps: use an associative scan"
-        if any(counts.get(name, 0) for name in _CALLBACKS):
-            return "a host callback hides the fold from jax: write it with jnp and jax.lax"
-        if any(counts.get(name, 0) for name in _SOLVES):
-            return (
-                "a linear solve (or matrix factorization) hides a sequential elimination in one "
-                "operation: build the fold from compose, the pair composition"
-            )
-        depths.append(max(critical_path(traced.jaxpr), default=0))
-        if depths[-1] >= r // 2:
-            return (
-                f"at R = {r} your function chains {depths[-1]} operations one after another, "
-                "about one or more per rank (a Python loop?): an associative scan's "
-                "2 log2 R - 1 rounds chain far fewer"
-            )
-    if depths[1] > 1.5 * depths[0]:
-        return (
-            f"from R = 256 to 1024 your chain of dependent operations grows from {depths[0]} to "
-            f"{depths[1]}: a logarithmic fold adds only two rounds per doubling of R"
-        )
-    return None
-
-
-def _jitted(answer):
-    import jax
-
-    return jax.jit(answer) if callable(answer) else answer
 
 
 @checker("05.2")
-def fold_any_ranks(answer, **_):
-    """entering_states(ms, es): the state entering every rank, for any number of ranks."""
-    rng = np.random.default_rng(6)
-    for r in (3, 5, 8):
-        maps = _random_maps(rng, r)
-        ms, es = np.stack([m for m, _ in maps]), np.stack([e for _, e in maps])
-        want, state = [], np.zeros((4, 3))
-        for summary in maps:
-            want.append(state)
-            state = _apply(summary, state)
-        # under jax.jit: the values checked are those of the traced program measured below
-        got, hint = call_answer(_jitted(answer), ms, es, name="entering_states(ms, es)",
-                                own_code=True)
-        hint = hint or refuse_degenerate(
-            got, shape=(r, 4, 3), inputs=(es,), what=f"the states for R = {r}"
-        )
+def summary_gradients(answer, **_):
+    """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the gradient of
+    the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
+    all-gather returns to each rank."""
+    rng = np.random.default_rng(52)
+    for ranks in _RANKS[1:]:  # at R = 2 every dms is zero (S^(0) = 0, the last unused)
+        ms, es, hs = _problem(rng, ranks)
+        got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
         if hint:
             return hint
-        got = np.asarray(got)
-        if not np.allclose(got, np.stack(want), rtol=1e-4, atol=1e-5):
-            if np.allclose(got[:-1], np.stack(want)[1:], rtol=1e-4, atol=1e-5):
-                return "off by one: rank 0 receives zeros, rank 1 the state after rank 0"
-            return f"wrong states for R = {r}"
-    return _sequential_route(answer)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            return "summary_cotangents should return the pair (dms, des)"
+        want = summary_cotangents_reference(ms, es, hs)
+        for part, shape, what in ((got[0], ms.shape, "dms"), (got[1], es.shape, "des")):
+            hint = refuse_degenerate(part, shape=shape, inputs=(ms, es, hs),
+                                     what=f"{what} for R = {ranks}")
+            if hint:
+                return hint
+        if not _close(got[1], want[1]):
+            return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
+                    "it adds to, S^(r + 1)")
+        if _close(got[0], np.swapaxes(want[0], 1, 2)):
+            return f"dms for R = {ranks} is transposed: which index of M meets the state?"
+        if not _close(got[0], want[0]):
+            return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
+                    "which gradient does the product pass on?")
+    return None

@@ -1,5 +1,5 @@
-"""Checkers of notebook 07's exercises (a grouped-value-head cache, a two-piece prefill, the
-crossover with everything counted)."""
+"""Checkers of notebook 07's exercises (a grouped-value-head cache, rolling the state back over
+rejected draft tokens, the crossover with everything counted)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
-from kda_lib.teaching.exercises._routes import call_own_work
+from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes):
@@ -51,82 +51,67 @@ def layer_cache_bytes(answer, **_):
     return None
 
 
-def _watched(layer):
-    """``(proxy, calls)``: ``proxy`` calls ``layer`` (``init_cache`` and ``__call__`` only) and
-    records in ``calls`` each call's ``(start, length, outputs)``: ``start`` is the position the
-    call resumes at (the tokens behind the cache it was given, when that cache equals, a copy
-    counts, one an earlier call returned; 0 for any other cache), ``outputs`` what it returned."""
-    import jax
-
-    calls, returned = [], []  # returned: (cache, tokens behind it)
-
-    def same(a, b):
-        left, right = jax.tree.leaves(a), jax.tree.leaves(b)
-        return len(left) == len(right) and all(
-            np.shape(u) == np.shape(w) and np.array_equal(np.asarray(u), np.asarray(w))
-            for u, w in zip(left, right, strict=True)
-        )
-
-    class Watched:
-        def init_cache(self, *args, **kwargs):
-            return layer.init_cache(*args, **kwargs)
-
-        def __call__(self, x, cache=None, **kwargs):
-            start = next((n for c, n in returned if cache is not None and same(cache, c)), 0)
-            out = layer(x, cache=cache, **kwargs)
-            length = int(np.shape(x)[1])
-            y = out[0] if isinstance(out, tuple) else out
-            calls.append((start, length, np.asarray(y)))
-            if isinstance(out, tuple):
-                returned.append((out[1], start + length))
-            return out
-
-    return Watched(), calls
+_INVERSES = ("numpy.linalg", "scipy.linalg", "jax._src.numpy.linalg", "jax._src.lax.linalg",
+             "jax._src.scipy.linalg", "torch")
+_INVERSE_HINT = (
+    "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
+    "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
+)
 
 
-def _layer_and_input(seed: int, length: int):
-    import jax
-    from flax import nnx
+def _draft(rng, tokens: int, key_dim: int, value_dim: int):
+    """A head's state before a draft and the draft's unit keys, values, log decays and write
+    strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned)."""
+    k = rng.standard_normal((tokens, key_dim))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    return (rng.standard_normal((key_dim, value_dim)), k,
+            rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
+            rng.uniform(0.1, 0.6, tokens))
 
-    import kda_lib
 
-    config = kda_lib.KDAConfig(
-        hidden_size=16, num_heads=2, head_dim=8, conv_size=3, implementation="recurrent"
-    )
-    layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(seed))
-    return layer, jax.random.normal(jax.random.key(seed), (2, length, 16))
+def draft_states(state, k, v, g, beta):
+    """The state after each draft token, ``[n + 1, K, V]`` (the first: ``state``), float64:
+    decay, then the delta-rule write (notebook 01's recurrence)."""
+    out = [np.asarray(state, np.float64)]
+    for k_t, v_t, g_t, b_t in zip(k, v, g, beta, strict=True):
+        s = np.exp(g_t)[:, None] * out[-1]
+        out.append(s + b_t * np.outer(k_t, v_t - k_t @ s))
+    return np.stack(out)
+
+
+_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1))  # K, V, n, rejected
 
 
 @checker("07.2")
-def second_piece(answer, **_):
-    """``answer(layer, x_prompt, split) -> y``: the outputs of positions ``split`` on, computed
-    by a second call that starts from the cache the first call (positions before ``split``)
-    returned. Tried on layers, prompts and splits of the checker's own. The answer must return
-    the outputs of a call of the watched layer that resumed at ``split`` (a call that sees the
-    whole prompt, no resumed cache, or outputs computed elsewhere are refused); the reference
-    is computed after the answer has run, so nothing can close over it."""
-    for seed, length, split in ((0, 11, 4), (1, 9, 8), (2, 12, 1)):
-        layer, x = _layer_and_input(seed, length)
-        watched, calls = _watched(layer)
-        got, hint = call_answer(answer, watched, x, split, name="second_piece(layer, x, split)")
-        shape = (x.shape[0], length - split, x.shape[2])
-        hint = hint or refuse_degenerate(
-            got, shape=shape, inputs=(np.asarray(x)[:, split:],), what="the outputs"
-        )
+def roll_back(answer, **_):
+    """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
+    ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
+    draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
+    strengths ``beta [n]``; without a linear-algebra routine (inverse, solve) or kda_lib."""
+    rng = np.random.default_rng(72)
+    for key_dim, value_dim, tokens, rejected in _DRAFTS:
+        s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
+        states = draft_states(s0, k, v, g, beta)
+        with modules_entered(_INVERSES, allowed=("norm",)) as inverses:
+            got, hint = call_own_work(answer, states[-1], k, v, g, beta, rejected,
+                                      name="roll_back(state, k, v, g, beta, rejected)")
+        if inverses:
+            return _INVERSE_HINT
+        where = f"for n = {tokens}, rejected = {rejected}"
+        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(states[-1], s0),
+                                         what=f"the state {where}")
         if hint:
             return hint
-        if any(n > max(split, length - split) for _, n, _ in calls):
-            return "a call saw more than one piece: prefill in two calls, not the whole prompt"
-        if not any(start == split for start, _, _ in calls):
-            return "no call started from the cache of the first split tokens"
-        got = np.asarray(got)
-        if not any(start == split and n == length - split and np.array_equal(y, got)
-                   for start, n, y in calls):
-            return "return the outputs of the second call itself (the one resumed at split)"
-        want = np.asarray(layer(x))[:, split:]
-        err = np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
-        if not err < 1e-5:
-            return "the second call must start from the cache the first one returned"
+        got, want = np.asarray(got, np.float64), states[tokens - rejected]
+        if np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want):
+            continue
+        for off in (-1, 1):
+            n = tokens - rejected + off
+            if 0 <= n <= tokens and np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(
+                    states[n]):
+                return f"off by one token {where}: undo exactly the last `rejected` tokens"
+        return (f"wrong {where}: write S_(t-1) from S_t = M_t S_(t-1) + E_t; what undoes "
+                "I - beta k k^T for a unit k?")
     return None
 
 
