@@ -386,8 +386,10 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
     jitted library function it calls after is traced in the checkers' context: a later answer
     calling the same jitted function must still be seen (the context is retired)."""
     import jax
+    import jax.numpy as jnp
 
     from kda_lib.ops import reference
+    from kda_lib.teaching.exercises import ch00
 
     step = jax.jit(reference.kda_step)
 
@@ -396,6 +398,9 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
             reference.kda_step(*args)
         except BaseException:  # noqa: BLE001, S110 - the stop, swallowed
             pass
+        for b, h, k, v in ch00._SIZES:  # unwatched now: trace every size the checker tries
+            zeros = [jnp.zeros(s) for s in ((b, h, k, v), *[(b, h, k)] * 2, (b, h, v))]
+            step(*zeros, jnp.zeros((b, h, k)), jnp.zeros((b, h)))
         return step(*args)
 
     assert _refused("00.1", swallowing)
