@@ -330,20 +330,15 @@ def _rule_breakers():
     def delta_write(S, k, v, beta):  # notebook 01's cell, copied
         return S + beta * np.outer(k, v - k @ S)
 
-    def fraction_simulated(beta, alpha, writes):  # 01.1 with the page's delta_write
+    # 01.1 with the page's delta_write, in a loop that swallows every Exception
+    def fraction_simulated(beta, alpha, writes):
         k, v, S = np.eye(4)[0], np.ones(3), np.zeros((4, 3))
         for _ in range(writes):
-            S = delta_write(alpha * S, k, v, beta)
-        return float(k @ S @ v / (v @ v))
-
-    def fraction_swallowing(beta, alpha, writes):  # a loop that swallows every Exception
-        f = 0.0
-        for _ in range(writes):
             try:
-                f = alpha * (1 - beta) * f + beta
+                S = delta_write(alpha * S, k, v, beta)
             except Exception:  # noqa: BLE001, S112
                 continue
-        return f
+        return float(k @ S @ v / (v @ v))
 
     def sweeps_simulated(c, v1, v2, sweeps):  # 01.2 with the page's sweep
         keys = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
@@ -355,7 +350,6 @@ def _rule_breakers():
 
     return [
         ("01.1", fraction_simulated),
-        ("01.1", fraction_swallowing),
         ("01.2", sweeps_simulated),
         ("03.2", scores_masked_after_exp),
         ("03.2", scores_factored),
