@@ -40,7 +40,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from conftest import USER_XLA_FLAGS
+from conftest import FAST_COMPILE_FLAGS, USER_XLA_FLAGS, with_flags
 from packaging.requirements import Requirement
 
 from kda_lib.lab import records
@@ -351,9 +351,11 @@ def _fresh_venv(path: pathlib.Path, view: pathlib.Path) -> tuple[pathlib.Path, s
 def _offline_env(venv: pathlib.Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    if USER_XLA_FLAGS is not None:
-        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    # pip --no-compile: no .pyc of every installed module (Python compiles what is imported)
+    env.update(PIP_COMPILE="0")
+    # the user's flags plus the fast-compile ones, as test_notebooks runs notebook 00 (its
+    # time is compilation), not the simulated devices of the unit tests
+    env["XLA_FLAGS"] = with_flags(USER_XLA_FLAGS, FAST_COMPILE_FLAGS)
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     return env
 

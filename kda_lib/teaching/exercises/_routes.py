@@ -2,8 +2,8 @@
 library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
 
 :func:`call_own_work` runs ``answer(*args)`` under a profile hook (``sys.setprofile``) that
-records every Python frame whose code lives in the ``kda_lib`` package (the checkers' own
-reference functions included) outside the machinery that calls the answer;
+stops the answer at the first Python frame whose code lives in the ``kda_lib`` package (the
+checkers' own reference functions included) outside the machinery that calls the answer;
 ``functools.partial``, ``jax.jit`` and lambdas around a library function all end in such a
 frame, so they are refused too. :func:`modules_entered` watches for other code an exercise
 rules out (JAX's autodiff, a matrix inverse).
@@ -19,7 +19,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import kda_lib
-from kda_lib.teaching.exercises import MACHINERY_CODE, call_answer, fresh_jax_context
+from kda_lib.teaching.exercises import (
+    _WATCHED,
+    MACHINERY_CODE,
+    _LibraryEntered,
+    _retire_watched,
+    call_answer,
+    fresh_jax_context,
+)
 
 _LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
 _CHECKERS = os.path.join(_LIBRARY, "teaching", "exercises") + os.sep
@@ -38,7 +45,8 @@ def call_own_work(
 ) -> tuple[Any, str | None]:
     """``(answer(*args), None)`` when ``answer`` ran without calling ``kda_lib`` (functions in
     modules whose dotted name ends with one of ``allowed`` excepted); else ``(None, hint)``
-    (not callable, raised, or called the library)."""
+    (not callable, raised, or called the library: the call stops at the first library frame,
+    as :func:`~kda_lib.teaching.exercises.library_calls` does)."""
     seen: list[str] = []
 
     def hook(frame, event, _arg):
@@ -48,18 +56,24 @@ def call_own_work(
             and frame.f_code not in MACHINERY_CODE
         ):
             module = frame.f_globals.get("__name__", "")
-            if not any(module.endswith(a) for a in allowed):
+            if not any(module.endswith(a) for a in allowed) and not seen:
                 seen.append(f"{module}.{frame.f_code.co_name}")
+                raise _LibraryEntered(module)
 
     previous = sys.getprofile()
     sys.setprofile(hook)
     threading.setprofile(hook)
     try:
-        with fresh_jax_context():  # a jitted library function compiled before would run unseen
+        # library_calls' context: a jitted library function compiled outside it traces again
+        with fresh_jax_context(_WATCHED[0]):
             got, hint = call_answer(answer, *args, name=name)
+    except _LibraryEntered:
+        pass
     finally:
         sys.setprofile(previous)
         threading.setprofile(None)
+        if seen:
+            _retire_watched()
     if seen:
         return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
     return got, hint
