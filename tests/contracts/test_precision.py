@@ -387,7 +387,8 @@ def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
 @FLA_CASE
 def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
     # the case is hard: with every two-operand matmul of the chunked form in bf16 it misses
-    # fla's tolerance, so the test above can fail
+    # fla's tolerance, so the test above can fail. The output alone shows it (measured: o 3.1e-2,
+    # the gradients 3.1e-2 to 5.3e-2), so only the forward is compiled
     import kda_lib.ops.chunked as chunked
     from kda_lib.ops.api import clear_compiled_forms
 
@@ -400,11 +401,11 @@ def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
     clear_compiled_forms()  # the forms are traced once per options and shapes: trace anew
     try:
         args, gate, ids, cot, want = _fla_case_and_oracle()
-        errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+        o = jax.jit(_fla_paths(gate, ids)["chunked"])(*args)
     finally:
         monkeypatch.undo()
         clear_compiled_forms()
-    assert max(errors.values()) > FLA_RATIO, errors
+    assert relative_l2(o, want[0]) > FLA_RATIO, relative_l2(o, want[0])
 
 
 @pytest.mark.parametrize("scan", ["streaming", "associative"])
