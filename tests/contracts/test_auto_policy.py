@@ -9,6 +9,7 @@ states and grouped value heads go through the route."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -126,11 +127,18 @@ def test_auto_forward_eagerly_is_the_scan():
     _assert_identical(got, want, ("o", "final_state"))
 
 
-def test_auto_gradient_above_16_tokens_is_the_chunked_forms():
+@functools.cache
+def _compiled_value_and_grad(fn):
+    """``fn``'s loss, forward outputs and gradients at ``_case(T)``, compiled once per worker for
+    the two tests below: ``(args, compiled)``."""
     args, options = _case(T)
+    program = jax.jit(jax.value_and_grad(_loss(fn, options), argnums=ARGNUMS, has_aux=True))
+    return args, program.lower(*args).compile()
+
+
+def test_auto_gradient_above_16_tokens_is_the_chunked_forms():
     auto, chunked = (
-        jax.jit(jax.value_and_grad(_loss(fn, options), argnums=ARGNUMS, has_aux=True))(*args)
-        for fn in (kda, kda_chunked)
+        compiled(*args) for args, compiled in map(_compiled_value_and_grad, (kda, kda_chunked))
     )
     (auto_loss, auto_forward), auto_grads = auto
     (chunked_loss, chunked_forward), chunked_grads = chunked
@@ -177,15 +185,16 @@ def _trip_counts(hlo_text: str) -> list[int]:
 
 
 def test_auto_under_grad_runs_no_scan_over_time():
-    """The differentiated program holds the chunked form's loops (over T / 64 chunks) and
-    nothing of length T; the same inspection finds the scan in the forward-only program."""
+    """The differentiated program (the one the test above runs) holds the chunked form's loops
+    (over T / 64 chunks) and nothing of length T; the same inspection finds the scan in the
+    forward-only program."""
     args, options = _case(T)
     loss = _loss(kda, options)
-    grad = jax.grad(lambda *a: loss(*a)[0], argnums=ARGNUMS)
+    grad = jax.value_and_grad(loss, argnums=ARGNUMS, has_aux=True)
     forward = jax.jit(lambda *a: loss(*a)[0])
     assert T in _scan_lengths(jax.make_jaxpr(forward)(*args).jaxpr)  # the inspection works
     assert T in _trip_counts(forward.lower(*args).compile().as_text())
     lengths = _scan_lengths(jax.make_jaxpr(grad)(*args).jaxpr)
     assert lengths and max(lengths) < T // 8, lengths
-    trips = _trip_counts(jax.jit(grad).lower(*args).compile().as_text())
+    trips = _trip_counts(_compiled_value_and_grad(kda)[1].as_text())
     assert not trips or max(trips) < T // 8, trips

@@ -14,7 +14,8 @@ from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import random_normal, relative_l2
 
-B, T, H, HV, K, V = 2, 70, 2, 4, 16, 8  # T: not a multiple of 64 (tokamax pads) nor of 16
+# T: not a multiple of 64 (tokamax pads) nor of 16; a multiple of the CP tests' 4 ranks
+B, T, H, HV, K, V = 2, 72, 2, 4, 16, 8
 LOWER_BOUND = -5.0
 DIFF = ("q", "k", "v", "g", "beta", "initial_state", "dt_bias", "a_log")
 
@@ -138,40 +139,47 @@ def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups(x6
 
 
 # a covering design: each implementation once, with or without a_log, and each option value on
-# several. Covered elsewhere: chunked with a_log=None by the associative and the CP tests below;
-# tokamax_xla_chunked with a_log=None (grouped heads, gradients, float64 oracle) by
-# tests/layers/test_kda_layer.py's no_a_log_grouped case; auto dispatches to the chunked form.
-CASES = [
-    ("recurrent", {}, False),
-    ("chunked", dict(chunk_size=16), True),  # sequential scan (CPU default)
-    ("auto", {}, False),
-    ("tokamax_xla", {}, True),
-    ("tokamax_xla", {}, False),
-    ("tokamax_xla_chunked", {}, True),
+# several; the softplus gate (lower_bound=None) on the chunked form (the gate is computed before
+# the form: any form would do). Covered elsewhere: chunked with a_log=None and the safe gate by
+# the associative and the CP tests below; tokamax_xla_chunked with a_log=None (grouped heads,
+# gradients, float64 oracle) by tests/layers/test_kda_layer.py's no_a_log_grouped case; auto
+# dispatches to the chunked form.
+CASES = [  # implementation, options, with a_log, lower bound
+    ("recurrent", {}, False, LOWER_BOUND),
+    ("chunked", dict(chunk_size=16), True, None),  # sequential scan (CPU default), softplus
+    ("auto", {}, False, LOWER_BOUND),
+    ("tokamax_xla", {}, True, LOWER_BOUND),
+    ("tokamax_xla", {}, False, LOWER_BOUND),
+    ("tokamax_xla_chunked", {}, True, LOWER_BOUND),
 ]
 
 
 @functools.cache
-def _oracle_case(with_a_log: bool, with_segments: bool):
+def _oracle_case(with_a_log: bool, with_segments: bool, lower_bound=LOWER_BOUND):
     """Inputs (seed 3), segment ids or None, and their float64 expectation: computed once per
-    worker for the tests below (one xdist group), three cases for seven tests."""
+    worker for the tests below (one xdist group), four cases for ten tests."""
     x = _inputs(3, a_log=with_a_log)
     ids = _segments() if with_segments else None
-    return x, ids, _expected(x, ids)
+    return x, ids, _expected(x, ids, lower_bound)
+
+
+def _case_id(case):
+    implementation, _, with_a_log, lower_bound = case
+    gate = "-softplus" if lower_bound is None else ""
+    return f"{implementation}-{'a_log' if with_a_log else 'a_log=None'}{gate}"
 
 
 @pytest.mark.xdist_group("grouped_oracles")
 @pytest.mark.parametrize(
-    "implementation,kw,with_a_log",
-    CASES,
-    ids=[f"{c[0]}-{'a_log' if c[2] else 'a_log=None'}" for c in CASES],
+    "implementation,kw,with_a_log,lower_bound", CASES, ids=map(_case_id, CASES)
 )
-def test_every_implementation_matches_the_oracle(implementation, kw, with_a_log):
-    x, ids, want = _oracle_case(with_a_log, implementation != "tokamax_xla_chunked")
+def test_every_implementation_matches_the_oracle(implementation, kw, with_a_log, lower_bound):
+    with_segments = implementation != "tokamax_xla_chunked"
+    x, ids, want = _oracle_case(with_a_log, with_segments, lower_bound)
     if implementation.startswith("tokamax") and ids is not None:
         kw = dict(kw, max_num_segments=2)
-    got = _value_and_grads(_kda_fn(implementation, **kw), x, ids)
-    _assert_matches(got, want, 2e-5, implementation)
+    got = _value_and_grads(_kda_fn(implementation, lower_bound, **kw), x, ids)
+    _assert_matches(got, want, 2e-5, _case_id((implementation, kw, with_a_log, lower_bound)))
 
 
 @pytest.mark.xdist_group("grouped_oracles")
@@ -194,13 +202,6 @@ def test_associative_scan_chunked_matches_the_oracle():
         )
 
     _assert_matches(_value_and_grads(fn, x, ids), want, 2e-5, "associative")
-
-
-def test_softplus_gate_with_grouped_heads_matches_the_oracle():
-    x = _inputs(5)
-    ids = _segments()
-    got = _value_and_grads(_kda_fn("chunked", lower_bound=None), x, ids)
-    _assert_matches(got, _expected(x, ids, lower_bound=None), 2e-5, "softplus")
 
 
 def test_rate_free_safe_gate_formula():
@@ -273,22 +274,10 @@ def _cp_fn(mesh, implementation, **kw):
     return fn
 
 
-CP_SEQ_LEN = 64
-
-
-@functools.cache
-def _cp_oracle_case(with_a_log: bool):
-    """The CP tests' inputs (seed 8, T = 64), segment ids and float64 expectation: computed
-    once per worker for both implementations (one xdist group)."""
-    x = _inputs(8, a_log=with_a_log, seq_len=CP_SEQ_LEN)
-    ids = _segments(CP_SEQ_LEN)
-    return x, ids, _expected(x, ids)
-
-
 # each implementation with one option value (chunked CP with a_log: its outputs by
 # tests/parallel/test_context_parallel.py's fused-gate test, its gradients by the 4-50-chunked
 # layer case there)
-@pytest.mark.xdist_group("grouped_cp_oracles")
+@pytest.mark.xdist_group("grouped_oracles")  # the cases above, their oracles reused
 @pytest.mark.parametrize(
     "implementation,with_a_log",
     [("chunked", False), ("recurrent", True)],
@@ -297,7 +286,7 @@ def _cp_oracle_case(with_a_log: bool):
 def test_context_parallel_matches_the_oracle(implementation, with_a_log):
     ranks = 4
     mesh = jax.make_mesh((ranks,), ("context",), devices=jax.devices()[:ranks])
-    x, ids, want = _cp_oracle_case(with_a_log)
+    x, ids, want = _oracle_case(with_a_log, True)
     kw = dict(chunk_size=8) if implementation == "chunked" else {}
     got = _value_and_grads(_cp_fn(mesh, implementation, **kw), x, ids)
     _assert_matches(got, want, 2e-5, f"cp {implementation}")

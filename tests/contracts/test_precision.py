@@ -26,6 +26,7 @@ QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
 # Bounds: the largest measured value times 1.4 to 1.8.
 # ("input" was measured under the earlier policy, every group but scores_bwd in bf16; the
 # scores-only policy of issue 30 is closer to "highest", and these bounds still hold.)
+PRECISIONS = ("highest", "input")
 BOUNDS = {
     "highest": dict(
         o=2.5e-3,
@@ -232,16 +233,14 @@ def test_kda_rejects_a_precision_an_implementation_cannot_honour():
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
     # "auto" with a precision stays on kda_lib's forms: chunked for T > 16
-    def program(fn, precision):
-        def run(x):  # one name for both programs: the module's name is part of its text
-            return fn(**x, precision=precision)[0]
+    @jax.jit  # one program for the four calls
+    def forwards(x):
+        return {p: (kda(**x, precision=p)[0], kda_chunked(**x, precision=p)[0]) for p in PRECISIONS}
 
-        return jax.jit(run)
-
-    for precision in ("highest", "input"):
-        auto, chunked = program(kda, precision), program(kda_chunked, precision)
-        got, want = auto(x), chunked(x)
-        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    for precision, (got, want) in forwards(x).items():
+        np.testing.assert_array_equal(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=precision
+        )
 
 
 # fla's context-parallel KDA test (flash-linear-attention tests/context_parallel/test_cp_kda.py),
@@ -298,9 +297,13 @@ def _fla_oracle(args, gate, ids, cot):
             g = FLA_LOWER_BOUND * jax.nn.sigmoid(rate * (f + dt_bias.reshape(heads, dim)))
             return kda_recurrent(unit(q), unit(k), v, g, beta, segment_ids=ids)[0]
 
+        @jax.jit  # one program (eagerly: some eighty small ones)
+        def run(*wide):
+            o, pullback = jax.vjp(fn, *wide[:5])
+            return (o, *pullback(wide[5]))
+
         wide = [jnp.asarray(np.asarray(x, np.float32), jnp.float64) for x in (*args, cot)]
-        o, pullback = jax.vjp(fn, *wide[:5])
-        return [np.asarray(x) for x in (o, *pullback(wide[5]))]
+        return [np.asarray(x) for x in run(*wide)]
 
 
 def _fla_errors(fn, args, cot, want):
@@ -384,7 +387,8 @@ def test_fla_cp_inputs_pass_fla_tolerance_on_every_path():
 @FLA_CASE
 def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
     # the case is hard: with every two-operand matmul of the chunked form in bf16 it misses
-    # fla's tolerance, so the test above can fail
+    # fla's tolerance, so the test above can fail. The output alone shows it (measured: o 3.1e-2,
+    # the gradients 3.1e-2 to 5.3e-2), so only the forward is compiled
     import kda_lib.ops.chunked as chunked
     from kda_lib.ops.api import clear_compiled_forms
 
@@ -397,11 +401,11 @@ def test_fla_cp_inputs_fail_with_every_matmul_in_bf16(monkeypatch):
     clear_compiled_forms()  # the forms are traced once per options and shapes: trace anew
     try:
         args, gate, ids, cot, want = _fla_case_and_oracle()
-        errors = _fla_errors(_fla_paths(gate, ids)["chunked"], args, cot, want)
+        o = jax.jit(_fla_paths(gate, ids)["chunked"])(*args)
     finally:
         monkeypatch.undo()
         clear_compiled_forms()
-    assert max(errors.values()) > FLA_RATIO, errors
+    assert relative_l2(o, want[0]) > FLA_RATIO, relative_l2(o, want[0])
 
 
 @pytest.mark.parametrize("scan", ["streaming", "associative"])
@@ -443,19 +447,24 @@ def test_l2_normalize_is_scale_safe():
     unit = jax.random.normal(jax.random.key(4), (3, 5, 128))
     x = jnp.stack([scale * unit for scale in SCALES])
     want = _l2_normalize_f64(x)  # for tiny vectors not unit: eps dominates, as in the formula
-    got = l2_normalize(x)
-    # gradients against the float64 formula's (d rsqrt(s) = s^-1.5 underflowed near s = 1e38)
+    # gradients against the float64 formula's (d rsqrt(s) = s^-1.5 underflowed near s = 1e38);
+    # each side one compiled program (eagerly: some sixty small ones)
     cot = jax.random.normal(jax.random.key(5), unit.shape)
-    grad = jax.grad(lambda x: jnp.sum(l2_normalize(x) * cot))(x)
+
+    @jax.jit
+    def got_and_grad(x, cot):
+        return l2_normalize(x), jax.grad(lambda x: jnp.sum(l2_normalize(x) * cot))(x)
+
+    got, grad = (np.asarray(a) for a in got_and_grad(x, cot))
     with jax.enable_x64(True):
         x64, cot64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (x, cot))
-        want_grad = jax.grad(lambda x: jnp.sum(jnp.asarray(_l2_formula(x)) * cot64))(x64)
+        want_grad = jax.jit(jax.grad(lambda x, c: jnp.sum(_l2_formula(x) * c)))(x64, cot64)
     for i, scale in enumerate(SCALES):
         assert relative_l2(got[i], want[i]) < 1e-6, scale
         if scale >= 1:
             norms = np.linalg.norm(np.asarray(got[i], np.float64), axis=-1)
             np.testing.assert_allclose(norms, 1, 1e-6, err_msg=str(scale))
-        assert bool(jnp.isfinite(grad[i]).all()), scale
+        assert np.isfinite(grad[i]).all(), scale
         assert relative_l2(grad[i], want_grad[i]) < 1e-5, scale
 
 
