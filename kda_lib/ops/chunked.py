@@ -343,7 +343,7 @@ def _decayed_scores(xs, k, g, operand_dtype=None):
         later_head = _split_pairs(head, width)[..., 1, :, :]
         for x, cross in zip(xs, crosses, strict=True):
             rows = _split_pairs(x, width)[..., 1, :, :] * later_head
-            cross.append(_mm("...pik,...pjk->...pij", rows, keys, low=operand_dtype))
+            cross.append(_cross(rows, keys, operand_dtype))
         width *= 2
     scores = []
     for x, cross in zip(xs, crosses, strict=True):
@@ -357,6 +357,21 @@ def _decayed_scores(xs, k, g, operand_dtype=None):
             width *= 2
         scores.append(merged.reshape(*merged.shape[:-3], size, size))
     return tuple(scores), *levels[-1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _cross(rows, keys, low):
+    """``rows keys^T`` (``[..., w, K]`` each), operands in ``low`` when given. Its gradient is
+    in float32 at ``Precision.HIGHEST`` (autodiff would round the cotangent to ``low``)."""
+    return _mm("...ik,...jk->...ij", rows, keys, low=low)
+
+
+def _cross_bwd(_, residuals, d_cross):
+    rows, keys = residuals
+    return _mm("...ij,...jk->...ik", d_cross, keys), _mm("...ij,...ik->...jk", d_cross, rows)
+
+
+_cross.defvjp(lambda rows, keys, low: (_cross(rows, keys, low), (rows, keys)), _cross_bwd)
 
 
 def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
