@@ -278,7 +278,7 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
     return (*replaced, flags)
 
 
-# ------------------------------------------------------------------ steps 2 and 1 (the blocks)
+# ------------------------------------------------------------------ hand-written gradients
 
 
 @jax.custom_vjp
@@ -322,9 +322,7 @@ def _unit_lower_inverse_bwd(inv, d_inv):
 unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse(a),) * 2, _unit_lower_inverse_bwd)
 
 
-# recomputed in the backward from (xs, k, g), whose gradients autodiff takes through the same
-# products of decays <= 1
-@functools.partial(jax.checkpoint, static_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _decayed_scores(xs, k, g, operand_dtype=None):
     """Step 1: ``S_x[i, j] = sum_c x_ic k_jc exp(G_ic - G_jc)`` for j <= i (zero above), for
     each row set x in ``xs`` (e.g. ``(k, q)``); xs, k, g ``[..., C, K]``.
@@ -343,7 +341,7 @@ def _decayed_scores(xs, k, g, operand_dtype=None):
         later_head = _split_pairs(head, width)[..., 1, :, :]
         for x, cross in zip(xs, crosses, strict=True):
             rows = _split_pairs(x, width)[..., 1, :, :] * later_head
-            cross.append(_cross(rows, keys, operand_dtype))
+            cross.append(_mm("...pik,...pjk->...pij", rows, keys, low=operand_dtype))
         width *= 2
     scores = []
     for x, cross in zip(xs, crosses, strict=True):
@@ -359,19 +357,57 @@ def _decayed_scores(xs, k, g, operand_dtype=None):
     return tuple(scores), *levels[-1]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _cross(rows, keys, low):
-    """``rows keys^T`` (``[..., w, K]`` each), operands in ``low`` when given. Its gradient is
-    in float32 at ``Precision.HIGHEST`` (autodiff would round the cotangent to ``low``)."""
-    return _mm("...ik,...jk->...ij", rows, keys, low=low)
+def _decayed_scores_bwd(_, residuals, cotangents):
+    """Row and key gradients walk the merge levels again. ``g`` enters only through
+    ``exp(G_i - G_j)``, whose derivative in ``g_m`` is itself for ``j < m <= i``, so ``dg`` is
+    the reverse cumulative sum of ``sum_x x * dx - k * dk`` (off the diagonal) plus the
+    boundary decays' terms."""
+    xs, k, g = residuals
+    d_scores, d_in, d_out = cotangents
+    size = k.shape[-2]
+    levels = _segment_decays(g)
+    below = jnp.tril(jnp.ones((size, size), bool), -1)
+    d_xs_levels = [jnp.zeros_like(x) for x in xs]
+    d_k_levels = jnp.zeros_like(k)
+    splits = [_cross_blocks(jnp.where(below, d, 0.0)) for d in d_scores]
+    width = 1
+    for head, tail in levels[:-1]:
+        later_head = _split_pairs(head, width)[..., 1, :, :]
+        earlier_tail = _split_pairs(tail, width)[..., 0, :, :]
+        keys = _split_pairs(k, width)[..., 0, :, :] * earlier_tail
+        d_keys = jnp.zeros_like(keys)
+        for n, x in enumerate(xs):
+            rows = _split_pairs(x, width)[..., 1, :, :] * later_head
+            d_cross = splits[n][width]  # [..., pairs, w(i), w(j)]
+            d_rows = _mm("...pij,...pjc->...pic", d_cross, keys)
+            d_keys = d_keys + _mm("...pij,...pic->...pjc", d_cross, rows)
+            d_xs_levels[n] = d_xs_levels[n] + _merge_pairs(
+                jnp.stack([jnp.zeros_like(d_rows), d_rows * later_head], axis=-3)
+            )
+        d_k_levels = d_k_levels + _merge_pairs(
+            jnp.stack([d_keys * earlier_tail, jnp.zeros_like(d_keys)], axis=-3)
+        )
+        width *= 2
+    row_terms = sum(x * d for x, d in zip(xs, d_xs_levels, strict=True))
+    decay_in, decay_out = levels[-1]
+
+    def masked_sum(x, mask):  # out[m] = sum of x[i] over mask[m, i], one batched matmul
+        mask = jnp.broadcast_to(mask.astype(x.dtype), (*x.shape[:-2], size, size))
+        return _mm("...mi,...ic->...mc", mask, x)
+
+    # decay_in_i covers g over [0, i], decay_out_j over (j, C)
+    d_g = (masked_sum(row_terms - k * d_k_levels + d_in * decay_in, ~below)
+           + masked_sum(d_out * decay_out, below))  # fmt: skip
+    d_xs, d_k = [], d_k_levels  # the diagonal (ratio 1) adds to the row and key gradients only
+    for x, d, d_level in zip(xs, d_scores, d_xs_levels, strict=True):
+        diagonal = jnp.diagonal(d, axis1=-2, axis2=-1)[..., None]
+        d_xs.append(d_level + diagonal * k)
+        d_k = d_k + diagonal * x
+    return tuple(d_xs), d_k, d_g
 
 
-def _cross_bwd(_, residuals, d_cross):
-    rows, keys = residuals
-    return _mm("...ij,...jk->...ik", d_cross, keys), _mm("...ij,...ik->...jk", d_cross, rows)
-
-
-_cross.defvjp(lambda rows, keys, low: (_cross(rows, keys, low), (rows, keys)), _cross_bwd)
+_decayed_scores.defvjp(lambda xs, k, g, low: (_decayed_scores(xs, k, g, low), (xs, k, g)),
+                       _decayed_scores_bwd)  # fmt: skip
 
 
 def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
@@ -404,3 +440,17 @@ def _split_pairs(x, width):
 
 def _merge_pairs(x):
     return x.reshape(*x.shape[:-4], -1, x.shape[-1])
+
+
+def _cross_blocks(d_scores) -> dict:
+    """``{w: [..., C / 2w, w, w]}``: the lower-left block of every 2w x 2w diagonal block."""
+    blocks = d_scores[..., None, :, :]  # [..., 1, C, C]
+    crosses = {}
+    width = d_scores.shape[-1] // 2
+    while width >= 1:
+        split = blocks.reshape(*blocks.shape[:-2], 2, width, 2, width)
+        crosses[width] = split[..., 1, :, 0, :]
+        blocks = jnp.stack([split[..., 0, :, 0, :], split[..., 1, :, 1, :]], axis=-3)
+        blocks = blocks.reshape(*blocks.shape[:-4], -1, width, width)
+        width //= 2
+    return crosses
