@@ -257,13 +257,10 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
     ``lax.cond`` yields only booleans; the replacements are selections outside it, so
     gradients never go through the cond."""
     operands = (q, k, v, g, beta, initial_state)
-
-    def finite(x):  # False for inf or NaN: max propagates NaN
-        return jnp.max(jnp.abs(x)) < jnp.inf
-
-    clean = finite(q) & finite(k) & finite(v) & finite(beta) & (jnp.max(g) < jnp.inf)
-    if initial_state is not None:
-        clean = clean & finite(initial_state)
+    clean = jnp.max(g) < jnp.inf  # False for +inf or NaN (max propagates NaN); -inf is a gate
+    for x in (q, k, v, beta, initial_state):
+        if x is not None:
+            clean = clean & (jnp.max(jnp.abs(x)) < jnp.inf)
 
     def unchanged(xs):  # zeros_like: inside shard_map the flags vary over v's mesh axes
         flags = NonFinite(*(jnp.zeros_like(x, bool) for x in (v, v[:, 0], v)))
@@ -291,8 +288,6 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
     X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
-    if size & (size - 1):
-        raise ValueError(f"unit_lower_inverse needs C a power of two, got C={size}")
     block = min(16, size)
     a = a.reshape(-1, size, size)  # one flat batch dimension and slices (DESIGN section 6)
 

@@ -42,15 +42,9 @@ def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
     """KDA as a ``lax.scan`` over time.
 
     Args:
-      q, k: ``[B, T, H, K]``, used as given (normalise them first for L2-normed keys).
-      v: ``[B, T, HV, V]``, HV a positive multiple of H (grouped value heads).
-      g: ``[B, T, HV, K]`` log-space decay ``<= 0``. beta: ``[B, T, HV]`` in [0, 1] ([0, 2]
-        with ``allow_neg_eigval``).
-      scale: query scale, default ``K ** -0.5``.
-      initial_state: ``[B, HV, K, V]`` before the row's first segment, default zeros.
-      output_final_state: also return the state after the last non-padding token.
-      segment_ids: ``[B, T]`` int, 1-based, 0 = padding: the state resets where the id changes;
-        padding outputs 0 and leaves the state alone.
+      q, k, v, g, beta, scale, initial_state, output_final_state, segment_ids,
+        allow_neg_eigval: as in :func:`kda_lib.kda`, with ``g`` the log-space decay and q, k
+        used as given; padding tokens output 0 and leave the state alone.
       output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after every
         token, in a :class:`kda_lib.ops.contract.KDAResult`; default False.
 

@@ -14,7 +14,6 @@ Two things cross device boundaries, inside ``jax.shard_map`` (gradients flow thr
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import jax
@@ -67,12 +66,10 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         ``output_token_states`` is not served under CP.
 
     Returns:
-      ``(o, final_state)``, as :func:`kda_lib.kda` returns: this slice of a one-device run's
-      outputs ``[B, T_local, HV, V]``, and with ``output_final_state`` the state after the whole
-      sequence ``[B, HV, K, V]`` float32, the same on every rank (``out_specs`` ``P()``), else
-      None. With ``output_chunk_states`` a :class:`kda_lib.ops.contract.KDAResult` instead
-      (``o, final_state, chunk_states, token_states``; ``o, state = ...`` then raises) with this
-      slice's one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
+      As :func:`kda_lib.kda` returns: this slice of a one-device run's outputs ``[B, T_local,
+      HV, V]``; the state after the whole sequence ``[B, HV, K, V]`` float32, the same on every
+      rank (``out_specs`` ``P()``), or None; with ``output_chunk_states`` a ``KDAResult`` with
+      this slice's one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
@@ -91,7 +88,7 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
     if initial_state is not None and tuple(initial_state.shape) != state_shape:
         raise ValueError(f"initial_state must have shape [B, HV, K, V]={state_shape} (the same on "
                          f"every rank), got {tuple(initial_state.shape)}")  # fmt: skip
-    chunk_size = check_chunk_size(kw.get("chunk_size", _DEFAULT_CHUNK_SIZE))
+    chunk_size = check_chunk_size(kw.get("chunk_size", kda.__kwdefaults__["chunk_size"]))
     if output_chunk_states and q.shape[1] % chunk_size:
         raise ValueError(f"output_chunk_states under context parallelism needs each rank's "
                          f"slice to be a multiple of chunk_size={chunk_size}, got "
@@ -120,9 +117,6 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
         # hold the state arriving from upstream, not the zeros a new document starts from
         states = jnp.where(before_any, arriving[:, None], states)
     return KDAResult(result[0], final, states, None)
-
-
-_DEFAULT_CHUNK_SIZE = inspect.signature(kda).parameters["chunk_size"].default
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
