@@ -262,10 +262,9 @@ def test_packed_documents_equal_separate_runs():
     assert_close(s_packed, s_alone[1:], atol=2e-6, rtol=1e-5)
 
 
-# T = 300 (several chunks, the last partial), an initial state: the shapes of
-# test_saturated_gates_are_finite_and_exact (its programs); float32 runs in the default mode
+# T = 300 (several chunks, the last partial), an initial state: the float32 shapes of
+# test_saturated_gates_are_finite_and_exact (its programs), in the default mode
 SATURATION_CASES = ("at_lower_bound", "huge_a_log")
-FLOAT32_PROGRAMS = pytest.mark.xdist_group("chunked_float32_programs")
 _oracle_with_state = jax.jit(functools.partial(kda_recurrent, output_final_state=True))
 
 
@@ -280,6 +279,12 @@ def _outputs_and_state_grads(x):
     return jax.value_and_grad(loss, has_aux=True)(x)
 
 
+def _saturated(g, case):
+    if case == "at_lower_bound":
+        return jnp.full_like(g, -5.0)
+    return g * jnp.exp(20.0)  # "huge_a_log": A = exp(20), softplus gates of order -1e8
+
+
 @functools.cache
 def _gate_case(case):
     """float64 inputs ``[1, 300, 2, 16, 16]`` with a state, their gates normal or saturated,
@@ -289,19 +294,12 @@ def _gate_case(case):
             random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True),
             jnp.float64,
         )
-        if case == "at_lower_bound":
-            inputs = {**base, "g": jnp.full_like(base["g"], -5.0)}
-        elif case == "huge_a_log":  # A = exp(20): softplus gates of order -1e8
-            inputs = {**base, "g": base["g"] * jnp.exp(20.0)}
-        else:
-            inputs = base
+        inputs = base if case == "normal" else {**base, "g": _saturated(base["g"], case)}
         return inputs, _oracle_with_state(**inputs)
 
 
-@pytest.mark.parametrize(
-    "seq_len",
-    [pytest.param(64, marks=ORACLE_PROGRAMS), pytest.param(300, marks=FLOAT32_PROGRAMS)],
-)
+@ORACLE_PROGRAMS
+@pytest.mark.parametrize("seq_len", [64, 300])
 def test_float32_chunked_close_to_float64_oracle(seq_len):
     """T = 64 (exactly one chunk, no state): the inputs and oracle run of
     test_chunked_matches_float64_oracle[64]; T = 300: those of the saturated-gate test."""
@@ -344,22 +342,32 @@ def test_bf16_inputs_float32_accumulation():
         assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
 
 
-@FLOAT32_PROGRAMS
+@ORACLE_PROGRAMS
 def test_saturated_gates_are_finite_and_exact():
-    # both cases have the same shapes: one compilation per dtype (float32 in the default mode:
-    # the program of test_float32_chunked_close_to_float64_oracle[300])
+    """Gates at the lower bound, and softplus gates of order -1e8 (A = exp(20)): outputs and
+    final states as the float64 oracle's, finite gradients. float64: the case and program of
+    test_chunked_matches_float64_oracle[65] (a state; the streaming scan with gradients);
+    float32 (default mode): those of test_float32_chunked_close_to_float64_oracle[300]."""
+
+    def check(o, s, grads, o_ref, s_ref, tol, case):
+        assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
+        assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
+        assert set(grads) == set(NAMES + ("initial_state",))
+        for name, grad in grads.items():
+            assert np.isfinite(np.asarray(grad)).all(), (case, name)
+
     for case in SATURATION_CASES:
+        with jax.enable_x64(True):
+            x, cot = _float64_case(65, "softplus")
+            x = {**x, "g": _saturated(x["g"], case)}
+            forms = _every_form(x, cot, grads=("recurrent", *GRADIENT_SCANS[65]))
+        (o_ref, s_ref, _), (o, s, grads) = forms["recurrent"], forms["streaming"]
+        assert o.dtype == jnp.float64
+        check(o, s, grads, o_ref, s_ref, 1e-10, case)
         inputs, (o_ref, s_ref) = _gate_case(case)
-        for dtype in (jnp.float64, jnp.float32):
-            with jax.enable_x64(dtype == jnp.float64):
-                (_, (o, s)), grads = _outputs_and_state_grads(cast_inputs(inputs, dtype))
-            assert o.dtype == dtype
-            tol = 1e-10 if dtype == jnp.float64 else 1e-5
-            assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
-            assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
-            assert set(grads) == set(NAMES + ("initial_state",))
-            for name, grad in grads.items():
-                assert np.isfinite(np.asarray(grad)).all(), (case, name)
+        (_, (o, s)), grads = _outputs_and_state_grads(cast_inputs(inputs, jnp.float32))
+        assert o.dtype == jnp.float32
+        check(o, s, grads, o_ref, s_ref, 1e-5, case)
 
 
 _PREFIX_INPUTS = random_kda_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
