@@ -37,35 +37,39 @@ FORMS = {
     "streaming": functools.partial(kda_chunked, scan="streaming"),
     "associative": functools.partial(kda_chunked, scan="associative"),
 }
+SCANS = ("streaming", "associative")
 
 
-@functools.partial(jax.jit, static_argnames="with_grads")
-def _every_form(inputs, cotangents, segment_ids=None, with_grads=False):
+@functools.partial(jax.jit, static_argnames=("grads", "forward"))
+def _every_form(inputs, cotangents, segment_ids=None, grads=tuple(FORMS), forward=()):
     """``{form: (o, final_state, grads or None)}`` for the oracle and the chunked scans, in one
-    program (one compilation; eager calls would compile every op separately). The gradients are
-    those of ``<o, cot_o> + <s, cot_s>`` with respect to every array of ``inputs``."""
+    program (one compilation; eager calls would compile every op separately): the forms of
+    ``grads`` with the gradients of ``<o, cot_o> + <s, cot_s>`` with respect to every array of
+    ``inputs``, those of ``forward`` without."""
 
-    def run(fn):
+    def run(fn, with_grads):
         def loss(x):
             o, s = fn(**x, segment_ids=segment_ids, output_final_state=True)
             return jnp.sum(o * cotangents["o"]) + jnp.sum(s * cotangents["s"]), (o, s)
 
         if not with_grads:
             return (*loss(inputs)[1], None)
-        (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
-        return o, s, grads
+        (_, (o, s)), g = jax.value_and_grad(loss, has_aux=True)(inputs)
+        return o, s, g
 
-    return {name: run(fn) for name, fn in FORMS.items()}
+    return {name: run(FORMS[name], name in grads) for name in (*grads, *forward)}
 
 
-def _check_against_oracle(forms, *, grads):
+def _check_against_oracle(forms):
+    """Every scan of ``forms`` against the oracle's outputs, final state and, where both have
+    them, gradients."""
     o_ref, s_ref, g_ref = forms["recurrent"]
-    for scan in ("streaming", "associative"):
+    for scan in set(forms) & set(SCANS):
         o, s, got = forms[scan]
         assert o.dtype == o_ref.dtype
         assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"o ({scan})")
         assert_close(s, s_ref, atol=1e-11, rtol=1e-9, name=f"state ({scan})")
-        if grads:
+        if got is not None and g_ref is not None:
             assert set(got) == set(g_ref)
             for name in got:
                 assert_close(
@@ -74,50 +78,116 @@ def _check_against_oracle(forms, *, grads):
 
 
 # T = 1; within one chunk; exactly one chunk; one chunk and one token; several chunks, the last
-# one partial. Gradients at T = 1 (with an initial state), 65 (with a state, a
-# one-token last chunk) and 200 (without a state, several chunks)
-GRADIENT_LENGTHS = (1, 65, 200)
+# one partial; an initial state at odd T. A covering design: T = 1, 63, 64 forward checks, one
+# scan each (the padding is shared), in one program; gradients: at 65 (a state, a one-token last
+# chunk) the streaming scan's (also plain autodiff for the rematerialised test), at 200 (no
+# state, four chunks) both scans', with segments and a state the associative scan's
+# (test_chunked_segments_match_oracle; the streaming scan's: test_interior_states.py).
+FORWARD_SCANS = {1: "associative", 63: "streaming", 64: "associative"}
+GRADIENT_SCANS = {65: ("streaming",), 200: SCANS}
+GATES = ("softplus", "safe")
+ORACLE_PROGRAMS = pytest.mark.xdist_group("chunked_float64_oracle")  # compiled once, shared
 
 
+@functools.cache
+def _float64_case(seq_len, gate):
+    """float64 inputs (shape ``SHAPES[seq_len % 3]``, a state at odd T) and cotangents."""
+    batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
+    with jax.enable_x64(True):
+        inputs = cast_inputs(
+            random_kda_inputs(
+                jax.random.key(seq_len), batch, seq_len, heads, key_dim, value_dim,
+                gate=gate, with_state=seq_len % 2 == 1,
+            ),
+            jnp.float64,
+        )  # fmt: skip
+        return inputs, _cotangents(jax.random.key(8), inputs)
+
+
+@jax.jit
+def _forward_forms(cases):
+    return [
+        _every_form(x, cot, grads=(), forward=("recurrent", FORWARD_SCANS[t]))
+        for t, (x, cot) in zip(FORWARD_SCANS, cases, strict=True)
+    ]
+
+
+@functools.cache
+def _oracle_runs(seq_len, gate):
+    """_every_form's runs of one case of test_chunked_matches_float64_oracle (once per worker:
+    the tests of ORACLE_PROGRAMS share them)."""
+    with jax.enable_x64(True):
+        if seq_len in FORWARD_SCANS:
+            runs = _forward_forms([_float64_case(t, gate) for t in FORWARD_SCANS])
+            return runs[list(FORWARD_SCANS).index(seq_len)]
+        grads = ("recurrent", *GRADIENT_SCANS[seq_len])
+        return _every_form(*_float64_case(seq_len, gate), grads=grads)
+
+
+@ORACLE_PROGRAMS
+@pytest.mark.parametrize("seq_len", [*FORWARD_SCANS, *GRADIENT_SCANS])
+def test_chunked_matches_float64_oracle(x64, seq_len):
+    """Outputs, final states and (at 65 and 200) the gradients of every input, both gates
+    (same shapes: one compilation)."""
+    for gate in GATES:
+        forms = _oracle_runs(seq_len, gate)
+        assert len(forms) > 1 and forms["recurrent"][0].dtype == jnp.float64
+        assert forms["recurrent"][2] is None or set(forms["recurrent"][2]) == set(
+            _float64_case(seq_len, gate)[0]
+        )
+        _check_against_oracle(forms)
+
+
+def _saved_bytes(fn, *args):
+    """The bytes of the residuals that autodiff of ``fn`` saves for the backward."""
+    import contextlib
+    import io
+    import math
+    import re
+
+    import jax.ad_checkpoint
+
+    listing = io.StringIO()
+    with contextlib.redirect_stdout(listing):  # one line a residual: "f64[1,65,2,8] ..."
+        jax.ad_checkpoint.print_saved_residuals(fn, *args)
+    found = re.findall(r"^([a-z]+)(\d*)\[([\d,]*)\]", listing.getvalue(), re.M)
+    assert found, listing.getvalue()
+    return sum(
+        max(int(bits or 8) // 8, 1) * math.prod(int(d) for d in shape.split(",") if d)
+        for _, bits, shape in found
+    )
+
+
+@ORACLE_PROGRAMS
 def test_rematerialised_streaming_step_matches_the_oracle_and_plain_autodiff(x64, monkeypatch):
     """Above REMAT_MIN_BYTES of saved blocks the streaming scan recomputes each step in the
-    backward (jax.checkpoint): forced here at a small shape (several chunks, a state, a partial
-    last chunk), its gradients equal the float64 oracle's and plain autodiff's."""
+    backward (jax.checkpoint): forced here at a small shape (T = 65: two chunks, a state, a
+    one-token last chunk), autodiff saves less and its gradients equal the float64 oracle's
+    and plain autodiff's (both: test_chunked_matches_float64_oracle[65]'s run)."""
     import kda_lib.ops.chunked as chunked
-
-    inputs = cast_inputs(
-        random_kda_inputs(jax.random.key(5), 2, 150, 2, 16, 8, gate="safe", with_state=True),
-        jnp.float64,
-    )
-    cot = _cotangents(jax.random.key(6), inputs)
-
-    def streaming(x):
-        o, s = kda_chunked(**x, scan="streaming", chunk_size=32, output_final_state=True)
-        return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
-
     from kda_lib.ops.api import clear_compiled_forms
 
-    def temp_bytes():  # the gradient program's temporaries: the saved blocks among them
-        compiled = jax.jit(jax.grad(streaming)).lower(inputs).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
+    inputs, cot = _float64_case(65, "safe")
+    runs = _oracle_runs(65, "safe")
+    want, plain = runs["recurrent"][2], runs["streaming"][2]
 
-    plain, plain_bytes = jax.grad(streaming)(inputs), temp_bytes()
+    def streaming(x):
+        o, s = kda_chunked(**x, scan="streaming", output_final_state=True)
+        return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
+
+    plain_bytes = _saved_bytes(streaming, inputs)
     monkeypatch.setattr(chunked, "REMAT_MIN_BYTES", -1)
     clear_compiled_forms()  # chunked_core reads the constant when traced: trace it anew
     try:
-        remat, remat_bytes = jax.grad(streaming)(inputs), temp_bytes()
+        remat_bytes = _saved_bytes(streaming, inputs)
+        remat = jax.jit(jax.grad(streaming))(inputs)
     finally:
         monkeypatch.undo()
         clear_compiled_forms()
-
-    def oracle(x):
-        o, s = kda_recurrent(**x, output_final_state=True)
-        return jnp.sum(o * cot["o"]) + jnp.sum(s * cot["s"])
-
-    want = jax.grad(oracle)(inputs)
-    print(f"gradient temporaries: plain {plain_bytes} B, rematerialised {remat_bytes} B")
-    assert remat_bytes < plain_bytes, "the step was not rematerialised"
-    for name in NAMES:
+    print(f"saved for the backward: plain {plain_bytes} B, rematerialised {remat_bytes} B")
+    assert remat_bytes < plain_bytes / 2, "the step was not rematerialised"
+    assert set(remat) == set(want) == set(NAMES + ("initial_state",))
+    for name in want:
         assert_close(remat[name], want[name], atol=1e-10, rtol=1e-8, name=f"d{name} (remat)")
         assert_close(remat[name], plain[name], atol=1e-12, rtol=1e-10, name=f"d{name} (plain)")
 
@@ -136,32 +206,6 @@ def test_remat_threshold_splits_the_reference_shape_from_the_tests_shapes():
     assert stream_saved_bytes(chunks(4, 6, 64, 32, 32)) < REMAT_MIN_BYTES / 8
 
 
-@pytest.mark.parametrize("seq_len", [1, 63, 64, 65, 200])
-def test_chunked_matches_float64_oracle(x64, seq_len):
-    """Outputs, final states and (for GRADIENT_LENGTHS) every input's gradient, both scans,
-    both gates (same shapes: one compilation)."""
-    batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
-    grads = seq_len in GRADIENT_LENGTHS
-    for gate in ("softplus", "safe"):
-        inputs = cast_inputs(
-            random_kda_inputs(
-                jax.random.key(seq_len),
-                batch,
-                seq_len,
-                heads,
-                key_dim,
-                value_dim,
-                gate=gate,
-                with_state=seq_len % 2 == 1,
-            ),
-            jnp.float64,
-        )
-        cot = _cotangents(jax.random.key(8), inputs)
-        forms = _every_form(inputs, cot, with_grads=grads)
-        assert forms["streaming"][0].dtype == jnp.float64
-        _check_against_oracle(forms, grads=grads)
-
-
 def _segment_cases(seq_len):
     ids = np.ones((2, seq_len), np.int32)
     # row 0: boundaries inside a chunk, exactly at chunk edges (64, 128), padding in between
@@ -178,43 +222,97 @@ def _segment_cases(seq_len):
 
 
 def test_chunked_segments_match_oracle(x64):
+    """Segments with a state: both scans' outputs and final states, the associative scan's
+    gradients (the streaming scan's with segments and a state: test_interior_states.py's
+    float64 test, through the outputs and the chunk states)."""
     seq_len = 200
     inputs = cast_inputs(
         random_kda_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
     )
     ids = _segment_cases(seq_len)
     cot = _cotangents(jax.random.key(4), inputs)
-    forms = _every_form(inputs, cot, ids, with_grads=True)
+    forms = _every_form(
+        inputs, cot, ids, grads=("recurrent", "associative"), forward=("streaming",)
+    )
     assert set(forms["recurrent"][2]) == set(NAMES + ("initial_state",))
-    _check_against_oracle(forms, grads=True)
-    for scan in ("streaming", "associative"):
+    _check_against_oracle(forms)
+    for scan in SCANS:
         assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
 
 
 def test_packed_documents_equal_separate_runs():
     """Two documents packed in one row give exactly what each gives alone."""
     # two documents of 75 tokens (the boundary inside the second chunk; each alone ends in a
-    # partial chunk): the separate runs share one compilation
+    # partial chunk); alone, they are the two rows of one batch (rows are independent): one
+    # program for the packed and the separate runs
     inputs = random_kda_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
     ids = jnp.asarray(np.r_[np.full(75, 1), np.full(75, 2)][None], jnp.int32)
-    run = jax.jit(lambda x, ids=None: kda_chunked(**x, segment_ids=ids, output_final_state=True))
-    o_packed, s_packed = run(inputs, ids)
-    first = {n: x[:, :75] for n, x in inputs.items()}
-    second = {n: x[:, 75:] for n, x in inputs.items()}
-    assert_close(o_packed[:, :75], run(first)[0], atol=2e-6, rtol=1e-5)
-    o2, s2 = run(second)
-    assert_close(o_packed[:, 75:], o2, atol=2e-6, rtol=1e-5)
-    assert_close(s_packed, s2, atol=2e-6, rtol=1e-5)
+    alone = {n: jnp.concatenate([x[:, :75], x[:, 75:]]) for n, x in inputs.items()}
+
+    @jax.jit
+    def run(inputs, ids, alone):
+        return (
+            kda_chunked(**inputs, segment_ids=ids, output_final_state=True),
+            kda_chunked(**alone, output_final_state=True),
+        )
+
+    (o_packed, s_packed), (o_alone, s_alone) = run(inputs, ids, alone)
+    assert_close(o_packed[:, :75], o_alone[:1], atol=2e-6, rtol=1e-5)
+    assert_close(o_packed[:, 75:], o_alone[1:], atol=2e-6, rtol=1e-5)
+    assert_close(s_packed, s_alone[1:], atol=2e-6, rtol=1e-5)
 
 
+# T = 300 (several chunks, the last partial), an initial state: the float32 shapes of
+# test_saturated_gates_are_finite_and_exact (its programs), in the default mode
+SATURATION_CASES = ("at_lower_bound", "huge_a_log")
+_oracle_with_state = jax.jit(functools.partial(kda_recurrent, output_final_state=True))
+
+
+@jax.jit
+def _outputs_and_state_grads(x):
+    """kda_chunked's ``(o, s)`` and the gradients of ``sum(s)``, in one program."""
+
+    def loss(x):
+        o, s = kda_chunked(**x, output_final_state=True)
+        return jnp.sum(s), (o, s)
+
+    return jax.value_and_grad(loss, has_aux=True)(x)
+
+
+def _saturated(g, case):
+    if case == "at_lower_bound":
+        return jnp.full_like(g, -5.0)
+    return g * jnp.exp(20.0)  # "huge_a_log": A = exp(20), softplus gates of order -1e8
+
+
+@functools.cache
+def _gate_case(case):
+    """float64 inputs ``[1, 300, 2, 16, 16]`` with a state, their gates normal or saturated,
+    and the oracle's ``(o, s)``."""
+    with jax.enable_x64(True):
+        base = cast_inputs(
+            random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True),
+            jnp.float64,
+        )
+        inputs = base if case == "normal" else {**base, "g": _saturated(base["g"], case)}
+        return inputs, _oracle_with_state(**inputs)
+
+
+@ORACLE_PROGRAMS
 @pytest.mark.parametrize("seq_len", [64, 300])
 def test_float32_chunked_close_to_float64_oracle(seq_len):
-    inputs = random_kda_inputs(jax.random.key(11), 2, seq_len, 2, 32, 32, with_state=True)
-    o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True))(**inputs)
-    with jax.enable_x64(True):
-        o_ref, s_ref = jax.jit(functools.partial(kda_recurrent, output_final_state=True))(
-            **cast_inputs(inputs, jnp.float64)
+    """T = 64 (exactly one chunk, no state): the inputs and oracle run of
+    test_chunked_matches_float64_oracle[64]; T = 300: those of the saturated-gate test."""
+    if seq_len == 64:
+        with jax.enable_x64(True):
+            inputs = _float64_case(64, "softplus")[0]
+            o_ref, s_ref, _ = _oracle_runs(64, "softplus")["recurrent"]
+        o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True))(
+            **cast_inputs(inputs, jnp.float32)
         )
+    else:
+        inputs, (o_ref, s_ref) = _gate_case("normal")
+        (_, (o, s)), _ = _outputs_and_state_grads(cast_inputs(inputs, jnp.float32))
     assert o.dtype == jnp.float32 and s.dtype == jnp.float32
     assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
     assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
@@ -244,49 +342,41 @@ def test_bf16_inputs_float32_accumulation():
         assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
 
 
-@jax.jit
-def _outputs_and_state_grads(x):
-    """kda_chunked's ``(o, s)`` and the gradients of ``sum(s)``, in one program."""
+@ORACLE_PROGRAMS
+def test_saturated_gates_are_finite_and_exact():
+    """Gates at the lower bound, and softplus gates of order -1e8 (A = exp(20)): outputs and
+    final states as the float64 oracle's, finite gradients. float64: the case and program of
+    test_chunked_matches_float64_oracle[65] (a state; the streaming scan with gradients);
+    float32 (default mode): those of test_float32_chunked_close_to_float64_oracle[300]."""
 
-    def loss(x):
-        o, s = kda_chunked(**x, output_final_state=True)
-        return jnp.sum(s), (o, s)
+    def check(o, s, grads, o_ref, s_ref, tol, case):
+        assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
+        assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
+        assert set(grads) == set(NAMES + ("initial_state",))
+        for name, grad in grads.items():
+            assert np.isfinite(np.asarray(grad)).all(), (case, name)
 
-    return jax.value_and_grad(loss, has_aux=True)(x)
-
-
-def test_saturated_gates_are_finite_and_exact(x64):
-    # both cases have the same shapes: one compilation per dtype
-    base = cast_inputs(
-        random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True), jnp.float64
-    )
-    oracle = jax.jit(functools.partial(kda_recurrent, output_final_state=True))
-    for case in ("at_lower_bound", "huge_a_log"):
-        if case == "at_lower_bound":
-            inputs = {**base, "g": jnp.full_like(base["g"], -5.0)}
-        else:  # A = exp(20): softplus gates of order -1e8
-            inputs = {**base, "g": base["g"] * jnp.exp(20.0)}
-        o_ref, s_ref = oracle(**inputs)
-        for dtype in (jnp.float64, jnp.float32):
-            cast = cast_inputs(inputs, dtype)
-            (_, (o, s)), grads = _outputs_and_state_grads(cast)
-            tol = 1e-10 if dtype == jnp.float64 else 1e-5
-            assert_close(o, o_ref, atol=tol, rtol=tol * 10, name=case)
-            assert_close(s, s_ref, atol=tol, rtol=tol * 10, name=case)
-            assert set(grads) == set(NAMES + ("initial_state",))
-            for name, grad in grads.items():
-                assert np.isfinite(np.asarray(grad)).all(), (case, name)
+    for case in SATURATION_CASES:
+        with jax.enable_x64(True):
+            x, cot = _float64_case(65, "softplus")
+            x = {**x, "g": _saturated(x["g"], case)}
+            forms = _every_form(x, cot, grads=("recurrent", *GRADIENT_SCANS[65]))
+        (o_ref, s_ref, _), (o, s, grads) = forms["recurrent"], forms["streaming"]
+        assert o.dtype == jnp.float64
+        check(o, s, grads, o_ref, s_ref, 1e-10, case)
+        inputs, (o_ref, s_ref) = _gate_case(case)
+        (_, (o, s)), grads = _outputs_and_state_grads(cast_inputs(inputs, jnp.float32))
+        assert o.dtype == jnp.float32
+        check(o, s, grads, o_ref, s_ref, 1e-5, case)
 
 
 _PREFIX_INPUTS = random_kda_inputs(jax.random.key(21), 1, 160, 2, 16, 16)
 _prefix_fn = jax.jit(lambda x: kda_chunked(**x)[0])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prefix=st.integers(1, 159), seed=st.integers(0, 2**16), which=st.sampled_from(NAMES))
-def test_prefix_invariance(prefix, seed, which):
-    """Changing any input at t >= P leaves every output at t < P unchanged."""
-    base = _PREFIX_INPUTS
+@functools.partial(jax.jit, static_argnames="which")
+def _edit_from(base, prefix, seed, which):
+    """``base`` with input ``which`` replaced by noise at t >= prefix (one program per input)."""
     noise = jax.random.uniform(jax.random.key(seed), base[which].shape, minval=0.0, maxval=1.0)
     changed = {
         "g": -noise * 5.0,
@@ -296,8 +386,15 @@ def test_prefix_invariance(prefix, seed, which):
         "v": 10 * noise,
     }[which]
     mask = (jnp.arange(160) >= prefix).reshape((1, 160) + (1,) * (base[which].ndim - 2))
-    edited = {**base, which: jnp.where(mask, changed, base[which])}
-    before, after = _prefix_fn(base), _prefix_fn(edited)
+    return {**base, which: jnp.where(mask, changed, base[which])}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prefix=st.integers(1, 159), seed=st.integers(0, 2**16), which=st.sampled_from(NAMES))
+def test_prefix_invariance(prefix, seed, which):
+    """Changing any input at t >= P leaves every output at t < P unchanged."""
+    before = _prefix_fn(_PREFIX_INPUTS)
+    after = _prefix_fn(_edit_from(_PREFIX_INPUTS, prefix, seed, which))
     assert_close(after[:, :prefix], before[:, :prefix], atol=1e-6, rtol=1e-6)
 
 
@@ -319,19 +416,18 @@ def test_unit_lower_inverse_exact(x64):
     )
 
 
+@ORACLE_PROGRAMS
 def test_chunk_size_variants(x64):
-    inputs = cast_inputs(random_kda_inputs(jax.random.key(31), 1, 100, 2, 8, 8), jnp.float64)
-    o_ref = jax.jit(kda_recurrent)(**inputs)[0]
+    """The inputs and oracle run of test_chunked_matches_float64_oracle[200] (no state); every
+    chunk size in one program."""
+    inputs = _float64_case(200, "softplus")[0]
+    o_ref = _oracle_runs(200, "softplus")["recurrent"][0]
     # C = 1 and 2 (one diagonal block, no Neumann step), 16 (= the inverse's base: Neumann
     # steps), 32 (one merge of blocks, several chunks), 128 (three merges, one padded chunk)
-    for chunk_size in (1, 2, 16, 32, 128):
-        assert_close(
-            jax.jit(lambda x, c=chunk_size: kda_chunked(**x, chunk_size=c)[0])(inputs),
-            o_ref,
-            atol=1e-11,
-            rtol=1e-9,
-            name=f"chunk_size={chunk_size}",
-        )
+    sizes = (1, 2, 16, 32, 128)
+    outputs = jax.jit(lambda x: [kda_chunked(**x, chunk_size=c)[0] for c in sizes])(inputs)
+    for chunk_size, o in zip(sizes, outputs, strict=True):
+        assert_close(o, o_ref, atol=1e-11, rtol=1e-9, name=f"chunk_size={chunk_size}")
 
 
 @pytest.mark.parametrize("fn", [kda_chunked, kda_recurrent])

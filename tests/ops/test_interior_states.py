@@ -2,9 +2,9 @@
 (speculative decoding) against the recurrence's final state on every prefix.
 
 The oracle for the state after token ``e - 1`` is :func:`kda_recurrent`'s final state on the
-first ``e`` tokens (same initial state, same segment ids cut at ``e``): one scan per prefix,
-all in one compiled program. Shapes are small (B = 2, T = 72, chunk 16: four full chunks and a
-partial one; H = 2 q/k heads, HV = 4 value heads; K = 16, V = 8).
+first ``e`` tokens (same initial state, same segment ids, the tokens from ``e`` on padding):
+one vmapped scan for all prefixes, in one compiled program. Shapes are small (B = 2, T = 72,
+chunk 16: four full chunks and a partial one; H = 2 q/k heads, HV = 4 value heads; K = 16, V = 8).
 """
 
 import functools
@@ -60,16 +60,16 @@ FORMS = {
 
 
 def _prefix_finals(x, segment_ids, ends):
-    """``[B, len(ends), HV, K, V]``: the recurrence's final state on each prefix."""
-    finals = []
-    for e in ends:
-        cut = {n: x[n][:, :e] for n in NAMES if n != "initial_state"}
-        ids = None if segment_ids is None else segment_ids[:, :e]
-        _, s = kda_recurrent(
-            **cut, initial_state=x["initial_state"], segment_ids=ids, output_final_state=True
-        )
-        finals.append(s)
-    return jnp.stack(finals, axis=1)
+    """``[B, len(ends), HV, K, V]``: the recurrence's final state on each prefix ``[:e]``, as its
+    final state with every token from ``e`` on made padding (id 0: no decay, no write), one
+    scan for all prefixes (vmapped over ``ends``)."""
+    ids = jnp.ones((B, T), jnp.int32) if segment_ids is None else segment_ids
+    cut = jnp.stack([jnp.where(jnp.arange(T) < e, ids, 0) for e in ends])
+
+    def final(ids):
+        return kda_recurrent(**x, segment_ids=ids, output_final_state=True)[1]
+
+    return jnp.moveaxis(jax.vmap(final)(cut), 0, 1)
 
 
 def _loss_parts(form, x, segment_ids, cot):
@@ -110,11 +110,12 @@ SHARED_PROGRAMS = pytest.mark.xdist_group("interior_states_programs")  # compile
 def test_chunk_states_equal_the_recurrence_on_each_prefix_float64(x64, segments):
     """Every form's chunk state i is the final state of the prefix (i + 1) * C, with an
     initial state and grouped value heads; outputs and every input's gradient through the
-    chunk states (and the outputs) agree with the float64 oracle. Every form with segments;
-    without, the chunked form (the segment-free path; its own program)."""
+    chunk states (and the outputs) agree with the float64 oracle. Every form (chunked, the
+    associative scan, recurrent), with segments and without (the segment-free path; T not a
+    multiple of the chunk)."""
     x = cast_inputs({n: jnp.asarray(a) for n, a in _inputs().items()}, jnp.float64)
     ids = jnp.asarray(_segment_ids()) if segments else None
-    forms = ALL if segments else ("oracle", "chunked")
+    forms = ALL
     runs = _values_and_grads(x, ids, _cotangents(jnp.float64), forms)
     (_, (o_ref, s_ref)), g_ref = runs["oracle"]
     assert s_ref.shape == (B, T // C, HV, K, V)
@@ -190,19 +191,22 @@ def test_boundary_state_is_the_state_of_the_segment_running_there():
     np.testing.assert_array_equal(states[1, 0], x["initial_state"][1])
 
 
+@SHARED_PROGRAMS
 def test_chunk_states_non_finite_where_the_recurrence_is():
-    """A NaN column of the initial state: the chunked form's chunk states are NaN exactly where
-    the recurrence's are (that column, while the first document runs)."""
+    """A NaN column of the initial state: the chunked forms' chunk states are NaN exactly where
+    the recurrence's are (that column, while the first document runs). The float32 program of
+    the test above (its gradients unused)."""
     x = {n: jnp.asarray(a) for n, a in _inputs(4).items()}
     x["initial_state"] = x["initial_state"].at[:, 1, :, 3].set(jnp.nan)
     ids = jnp.asarray(_segment_ids())
-    kw = dict(segment_ids=ids, chunk_size=C, output_chunk_states=True)
-    got = kda(**x, **kw, implementation="chunked")
-    ref = kda(**x, **kw, implementation="recurrent")
-    nan = np.isnan(np.asarray(ref.chunk_states))
+    runs = _values_and_grads(x, ids, _cotangents(jnp.float32), tuple(FORMS))
+    ref = np.asarray(runs["recurrent"][0][1][1])
+    nan = np.isnan(ref)
     assert nan.any() and not nan.all()
-    np.testing.assert_array_equal(np.isnan(np.asarray(got.chunk_states)), nan)
-    np.testing.assert_allclose(got.chunk_states[~nan], ref.chunk_states[~nan], atol=1e-5)
+    for form in ("chunked", "associative"):
+        got = np.asarray(runs[form][0][1][1])
+        np.testing.assert_array_equal(np.isnan(got), nan, err_msg=form)
+        np.testing.assert_allclose(got[~nan], ref[~nan], atol=1e-5, err_msg=form)
 
 
 def test_short_inputs_have_no_chunk_states_and_the_pair_is_unchanged():
