@@ -158,11 +158,12 @@ def test_fixed_capacity_cache_overflow_is_loud():
     with pytest.raises(ValueError, match="holds 4 tokens; 0 are filled, 5 more do not fit"):
         model(tokens, cache=model.init_cache(1, max_len=4))
     # under jit the fill level is not known while tracing: the outputs become NaN instead
-    logits, cache = _jitted(model, tokens[:, :3], model.init_cache(1, max_len=4))
+    # (two programs: 2 and 3 new tokens)
+    logits, cache = _jitted(model, tokens[:, :2], model.init_cache(1, max_len=4))
     assert bool(jnp.isfinite(logits).all())
-    logits, _ = _jitted(model, tokens[:, :2], cache)
+    logits, _ = _jitted(model, tokens[:, :3], cache)
     assert bool(jnp.isnan(logits).all())
-    logits, _ = _jitted(model, tokens[:, :1], cache)
+    logits, _ = _jitted(model, tokens[:, :2], cache)  # fills it exactly
     assert bool(jnp.isfinite(logits).all())
     with pytest.raises(ValueError, match="max_len must be None or a positive int"):
         model.init_cache(1, max_len=0)
