@@ -38,23 +38,25 @@ def test_conv_taps_stop_at_segment_boundaries():
     x = np.random.default_rng(2).normal(size=(1, 10, 2))
     kernel = np.random.default_rng(3).normal(size=(4, 2))
     ids = np.array([[1, 1, 1, 2, 2, 0, 0, 3, 3, 3]])
-    got = depthwise_causal_conv(jnp.asarray(x), jnp.asarray(kernel), segment_ids=jnp.asarray(ids))
+    conv = jax.jit(lambda x, k, ids: depthwise_causal_conv(x, k, segment_ids=ids))  # one program
+    got = conv(jnp.asarray(x), jnp.asarray(kernel), jnp.asarray(ids))
     assert_close(got, _numpy_conv(x, kernel, ids), atol=1e-5, rtol=1e-5)
 
 
 def test_conv_state_continues_a_sequence():
     conv = ShortConvolution(6, 4, rngs=nnx.Rngs(0))
     x = jax.random.normal(jax.random.key(0), (2, 11, 6))
-    full, _ = conv(x)
-    first, state = conv(x[:, :5])
+    run = nnx.jit(lambda m, x, state=None: m(x, conv_state=state))  # one program per shape
+    full, _ = run(conv, x)
+    first, state = run(conv, x[:, :5])
     assert state.shape == (2, 3, 6)
     pieces = [first]
     for t in range(5, 11):
-        y, state = conv(x[:, t : t + 1], conv_state=state)
+        y, state = run(conv, x[:, t : t + 1], state)
         pieces.append(y)
     assert_close(jnp.concatenate(pieces, 1), full, atol=1e-6, rtol=1e-6)
     # silu after the conv
-    raw = depthwise_causal_conv(x, conv.kernel[...])
+    raw = jax.jit(depthwise_causal_conv)(x, conv.kernel[...])
     assert_close(full, jax.nn.silu(raw), atol=1e-6, rtol=1e-6)
 
 
@@ -128,9 +130,8 @@ def test_conv_gradient_matches_autodiff_with_history_and_segments(width):
 def test_conv_gradient_keeps_low_precision_dtypes():
     x = jax.random.normal(jax.random.key(0), (1, 8, 4)).astype(jnp.bfloat16)
     kernel = jax.random.normal(jax.random.key(1), (4, 4))
-    d_x, d_kernel = jax.grad(lambda x, k: jnp.sum(depthwise_causal_conv(x, k)), argnums=(0, 1))(
-        x, kernel
-    )
+    grad = jax.grad(lambda x, k: jnp.sum(depthwise_causal_conv(x, k)), argnums=(0, 1))
+    d_x, d_kernel = jax.jit(grad)(x, kernel)  # one program
     assert d_x.dtype == jnp.bfloat16 and d_kernel.dtype == jnp.float32
 
 
@@ -140,5 +141,5 @@ def test_conv_supports_forward_mode_autodiff():
     kernel = jax.random.normal(jax.random.key(7), (4, 2))
     ids = jnp.asarray([[1, 1, 1, 2, 2, 0, 0, 3, 3, 3]])
     conv = functools.partial(depthwise_causal_conv, kernel=kernel, segment_ids=ids)
-    _, tangent = jax.jvp(conv, (x,), (t,))
-    assert_close(tangent, conv(t), atol=1e-6, rtol=1e-6)
+    _, tangent = jax.jit(lambda x, t: jax.jvp(conv, (x,), (t,)))(x, t)  # one program
+    assert_close(tangent, jax.jit(conv)(t), atol=1e-6, rtol=1e-6)

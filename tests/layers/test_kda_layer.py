@@ -165,22 +165,36 @@ def test_per_head_decay_is_gated_deltanet():
     """per_head_decay: one gate value per head, shared by its K channels; decoding still works."""
     from kda_lib import kda_gate
 
-    layer = _layer(per_head_decay=True)
+    # the layer broadcasts the gate over K before the kernel: the recurrence compiles fastest
+    layer = _layer(per_head_decay=True, implementation="recurrent")
     assert layer.dt_bias[...].shape == (2,) and layer.f_proj.kernel[...].shape == (32, 2)
     x = _x(seq_len=20)
-    _, _, _, f, _, _ = layer.project(x)
-    kw = layer.kernel_kwargs()
-    g = kda_gate(f, kw["a_log"], kw["dt_bias"])
+
+    def loss(m):
+        y = m(x)
+        return jnp.sum(y**2), y
+
+    @nnx.jit
+    def gate_output_and_grads(m):  # one program
+        kw = m.kernel_kwargs()
+        g = kda_gate(m.project(x).f, kw["a_log"], kw["dt_bias"])
+        grads, y = nnx.grad(loss, has_aux=True)(m)
+        return g, y, grads
+
+    g, y, grads = gate_output_and_grads(layer)
     np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
-    y = jitted_call(layer, x)
-    y1, cache = jitted_call(layer, x[:, :7], cache=layer.init_cache(2))
-    y2, _ = jitted_call(layer, x[:, 7:], cache=cache)
+    y1, cache = jitted_call(layer, x[:, :10], cache=layer.init_cache(2))
+    y2, _ = jitted_call(layer, x[:, 10:], cache=cache)  # the same program
     assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
-    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) ** 2)))(layer)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
 
 
 def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
+    """tokamax's static segment bound: counted on the host in an eager call, configured, or
+    asked for under jit. The eager call reads the ids to the host once (issue 53: the layer,
+    its three convs and kda() each read them, five reads; now the layer's segment rule reads
+    them once and hands them on, with the segment count)."""
+    import kda_lib.ops.contract
     from kda_lib.layers import kda_layer as layer_module
     from kda_lib.layers.kda_layer import max_segments_bound
 
@@ -193,34 +207,13 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     assert max_segments_bound(ids, dataclasses.replace(cfg, implementation="chunked")) is None
     assert max_segments_bound(ids.reshape(4, 45), cfg, ranks=1) == 2
     assert max_segments_bound(ids, cfg, ranks=2) == 2  # per 45-token slice
-    seen = []
+    seen, reads = [], []
     original = layer_module.kda
     monkeypatch.setattr(
         layer_module,
         "kda",
         lambda *a, **kw: seen.append(kw["max_num_segments"]) or original(*a, **kw),
     )
-    x = _x(batch=2, seq_len=90)
-    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
-    want = jitted(_layer(lower_bound=-5.0), x, ids)  # reference: auto, kda_lib on CPU
-    got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
-    assert seen[-1] == 3
-    assert_close(got, want, atol=2e-6, rtol=1e-5)
-    with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
-        jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
-    bounded = KimiDeltaAttention(dataclasses.replace(cfg, max_num_segments=4), rngs=nnx.Rngs(0))
-    assert_close(jitted(bounded, x, ids), want, atol=2e-6, rtol=1e-5)
-    assert seen[-1] == 4
-    with pytest.raises(ValueError, match="KDAConfig.max_num_segments must be None or a positive"):
-        dataclasses.replace(cfg, max_num_segments=0)
-
-
-def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
-    """Issue 53: the layer, its three convs and kda() each read the ids (five reads); now the
-    layer's segment rule reads them once and hands them on (tokamax: the segment count too)."""
-    import kda_lib.ops.contract
-
-    reads = []
 
     def counting(original):
         def host_values(x, *args):
@@ -232,16 +225,21 @@ def test_one_eager_call_reads_the_segment_ids_to_the_host_once(monkeypatch):
 
     contract = kda_lib.ops.contract
     monkeypatch.setattr(contract, "host_values", counting(contract.host_values))
-    # the inputs of test_tokamax_segment_bound_counted_configured_or_asked_for: its programs
-    ids = jnp.asarray([[1] * 40 + [2] * 45 + [0] * 5, [0] * 10 + [3] * 80], jnp.int32)
     x = _x(batch=2, seq_len=90)
-    cfg = dataclasses.replace(
-        BASE, gate_form="safe_sigmoid", lower_bound=-5.0, implementation="tokamax_xla"
-    )
-    y = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)
+    jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
+    want = jitted(_layer(lower_bound=-5.0), x, ids)  # reference: auto, kda_lib on CPU
+    reads.clear()
+    got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
     assert reads == [(2, 90)]
-    want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(_layer(lower_bound=-5.0), x, ids)
-    assert_close(y, want, atol=2e-6, rtol=1e-5)
+    assert seen[-1] == 3
+    assert_close(got, want, atol=2e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
+        jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
+    bounded = KimiDeltaAttention(dataclasses.replace(cfg, max_num_segments=4), rngs=nnx.Rngs(0))
+    assert_close(jitted(bounded, x, ids), want, atol=2e-6, rtol=1e-5)
+    assert seen[-1] == 4
+    with pytest.raises(ValueError, match="KDAConfig.max_num_segments must be None or a positive"):
+        dataclasses.replace(cfg, max_num_segments=0)
 
 
 # ------------------------------------------------- the published models' options (issue 27)
@@ -313,11 +311,13 @@ CASES = {
         ["tokamax_xla"],
     ),
     "no_a_log_grouped": (OPTIONS["no_a_log_grouped"], ["tokamax_xla_chunked"]),
-    # the default safe gate (with A_log) on every CPU implementation
-    "safe_gate": (
-        dict(lower_bound=-5.0),
-        ["recurrent", "chunked", "tokamax_xla", "tokamax_xla_chunked"],
-    ),
+    # the default safe gate (with A_log) in the layer, on the recurrence. Its other kernels:
+    # the layer's forward against fla on auto, recurrent, chunked and tokamax_xla in
+    # test_fla_layer_parity[safe_gate]; outputs and gradients (a_log's too) of chunked,
+    # tokamax_xla and tokamax_xla_chunked against the recurrence in tests/ops/test_api.py::
+    # test_adapter_gradients_agree, and tokamax_xla_chunked's with a_log against float64 in
+    # tests/contracts/test_grouped_heads.py; tokamax_xla_chunked in this layer: no_a_log_grouped
+    "safe_gate": (dict(lower_bound=-5.0), ["recurrent"]),
 }
 assert set().union(
     *(set(k for k in OPTIONS if OPTIONS[k].items() <= c.items()) for c, _ in CASES.values())

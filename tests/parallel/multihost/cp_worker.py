@@ -3,7 +3,9 @@
 Usage: ``python cp_worker.py PROCESS_ID NUM_PROCESSES COORDINATOR OUT_JSON``. Each process has
 2 simulated CPU devices; the mesh spans all 4. The recipe is the README's several-hosts one:
 ``jax.distributed.initialize``, a mesh over every device, each process feeding its part of the
-sequence with ``jax.make_array_from_process_local_data``, then the layer as usual.
+sequence with ``jax.make_array_from_process_local_data``, then the layer as usual. The output
+and both processes' gradients are gathered on every process; process 0 compares them with the
+one-device reference and writes the errors (process 1 writes its device count).
 """
 
 import json
@@ -21,10 +23,43 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import kda_lib  # noqa: E402
+
+
+def _loss_and_output(layer, x, ids, cot):
+    y = layer(x, segment_ids=ids)
+    return jnp.sum(y * cot), y
+
+
+def _flat_grads(grads):
+    """``(paths, sizes, one vector of every parameter's gradient)``: this process's copy."""
+    pairs = jax.tree_util.tree_leaves_with_path(nnx.state(grads, nnx.Param))
+    values = [np.ravel(np.asarray(g.addressable_data(0))) for _, g in pairs]
+    return [p for p, _ in pairs], [v.size for v in values], np.concatenate(values)
+
+
+def _errors(config, inputs, y_all, grads_all):
+    """The one-device reference on ``inputs`` (x, ids, cotangent): the largest absolute error
+    of the gathered CP output, and of each process's gradient of each parameter relative to the
+    reference's largest entry."""
+    reference = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+    with jax.default_device(jax.local_devices()[0]):  # one compiled program: y and grads
+        grads_ref, y_ref = nnx.jit(nnx.grad(_loss_and_output, has_aux=True))(
+            reference, *(jnp.asarray(a) for a in inputs)
+        )
+    errors = {"y": float(np.max(np.abs(y_all - np.asarray(y_ref))))}
+    paths, sizes, want = _flat_grads(grads_ref)
+    cuts = np.cumsum(sizes)[:-1]
+    for process, got in enumerate(grads_all):
+        pieces = zip(paths, np.split(got - want, cuts), np.split(want, cuts), strict=True)
+        for path, diff, ref in pieces:
+            name = f"grad process {process} {jax.tree_util.keystr(path)}"
+            errors[name] = float(np.max(np.abs(diff))) / max(float(np.max(np.abs(ref))), 1e-6)
+    return errors
 
 
 def main():
@@ -36,7 +71,8 @@ def main():
     )
     assert jax.device_count() == 2 * num_processes and jax.local_device_count() == 2
 
-    config = kda_lib.KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation="chunked")
+    # the recurrent form compiles fastest; the chunked one under CP: tests/parallel
+    config = kda_lib.KDAConfig(hidden_size=16, num_heads=2, head_dim=8, implementation="recurrent")
     batch, seq_len = 2, 48
     x_full = np.asarray(jax.random.normal(jax.random.key(1), (batch, seq_len, 16)), np.float32)
     ids_full = np.ones((batch, seq_len), np.int32)
@@ -44,19 +80,6 @@ def main():
     ids_full[1, 30:34] = 0  # padding inside process 1's half
     ids_full[1, 34:] = 3
     cotangent = np.asarray(jax.random.normal(jax.random.key(2), (batch, seq_len, 16)), np.float32)
-
-    # one device, every process computes the whole reference
-    reference = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
-
-    def loss_and_output(layer, x, ids, cot):
-        y = layer(x, segment_ids=ids)
-        return jnp.sum(y * cot), y
-
-    with jax.default_device(jax.local_devices()[0]):  # one compiled program: y and grads
-        grads_ref, y_ref = nnx.jit(nnx.grad(loss_and_output, has_aux=True))(
-            reference, jnp.asarray(x_full), jnp.asarray(ids_full), jnp.asarray(cotangent)
-        )
-        y_ref = np.asarray(y_ref)
 
     # the mesh over every device of every process; each process feeds its half of T
     mesh = jax.make_mesh(
@@ -76,23 +99,16 @@ def main():
     cot = global_array(cotangent, seq3)
     # one program across the processes: op by op, every eager op would be compiled and
     # synchronised across them separately
-    grads, y = nnx.jit(nnx.grad(loss_and_output, has_aux=True))(layer, x, ids, cot)
-
-    def local_part(array):  # this process's slices of a sequence-sharded output
-        shards = sorted(array.addressable_shards, key=lambda s: s.index[1].start or 0)
-        return np.concatenate([np.asarray(s.data) for s in shards], axis=1)
-
-    y_local = local_part(y)
-    errors = {"y": float(np.max(np.abs(y_local - y_ref[:, mine])))}
-    for path, value in jax.tree_util.tree_leaves_with_path(nnx.state(grads, nnx.Param)):
-        want = dict(jax.tree_util.tree_leaves_with_path(nnx.state(grads_ref, nnx.Param)))[path]
-        got = np.asarray(value.addressable_data(0))
-        scale = max(float(np.max(np.abs(np.asarray(want)))), 1e-6)
-        errors["grad " + jax.tree_util.keystr(path)] = float(np.max(np.abs(got - want))) / scale
+    grads, y = nnx.jit(nnx.grad(_loss_and_output, has_aux=True))(layer, x, ids, cot)
+    # both processes take part: y whole (its slices live on both), each one's gradients [2, N]
+    y_all, grads_all = multihost_utils.process_allgather(
+        (y, _flat_grads(grads)[2][None]), tiled=True
+    )
+    result = {"process": process_id, "devices": jax.device_count()}
+    if process_id == 0:  # the one-device reference, once, after the processes' common work
+        result["errors"] = _errors(config, (x_full, ids_full, cotangent), y_all, grads_all)
     with open(out_path, "w") as f:
-        json.dump(
-            {"process": process_id, "devices": jax.device_count(), "errors": errors}, f, indent=1
-        )
+        json.dump(result, f, indent=1)
     jax.distributed.shutdown()
 
 
