@@ -109,9 +109,11 @@ def to_chunks(a):
 #
 # The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form (left) computes all that does not need the entering state (the triangular blocks) for
-# **all chunks at once**; then $T / C$ steps carry the state, two matrix products each. Right:
-# another way to chain chunks (section 4). Section 2 works a chunk by hand; section 3 derives.
+# form (left) computes all that does not need the entering state (the triangles; dark: 16-token
+# diagonal sub-blocks) for **all chunks at once**: `W`, `U` ($\tilde K$, $\tilde V$) and the
+# scores `P` of section 3; then $T / C$ steps carry the state, two matrix products each (and
+# give the outputs, step 5). Right: chaining chunk maps by an associative scan instead, drawn
+# for 16 maps (section 4). Section 2 works a chunk by hand; section 3 derives.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
@@ -355,8 +357,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # **Chaining by maps.** Step 4's maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S +
 # (M_{[2]} E_{[1]} + E_{[2]})$, so `lax.associative_scan` finds every entering state in
 # $2 \log_2 N - 1$ rounds ($N = T / C$) at the price of $d_k \times d_k$ products (notebook 05
-# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
+# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
 
 # %%
 with jax.enable_x64(True):
@@ -405,12 +406,11 @@ for mode in modes:
 # are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 
 # %% [markdown]
-# 1. **The other order.** Backpropagation goes through $M_{[i]}^\top$. With $\mathbf g = 0$
-#    ($\overleftarrow K = \overrightarrow K = K$) each $I - \beta_t \mathbf k_t \mathbf k_t^\top$
-#    is symmetric, so $M_{[i]}^\top$ is their product in the order $1, \dots, C$. Write
-#    `wy_factor_reversed(k, beta)` (`k` $[C, d_k]$, `beta` $[C]$) returning the $\tilde K'$ with
-#    $M_{[i]}^\top = I - K^\top \tilde K'$ that one triangular system gives (which?). The checker
-#    tries $C > d_k$ too, where $\tilde K'$ cannot be read back from the product.
+# 1. **The other order.** Backpropagation goes through $M_{[i]}^\top$; with $\mathbf g = 0$
+#    ($\overleftarrow K = \overrightarrow K = K$) it is the product of the symmetric $I - \beta_t
+#    \mathbf k_t \mathbf k_t^\top$ in the order $1, \dots, C$. Write `wy_factor_reversed(k,
+#    beta)` (`k` $[C, d_k]$, `beta` $[C]$): the $\tilde K'$ with $M_{[i]}^\top = I - K^\top
+#    \tilde K'$ that one triangular system gives (which?), also for $C > d_k$ (checked there).
 
 # %%
 answer = None  # a function wy_factor_reversed(k, beta) -> K~' [C, d_k]
