@@ -333,7 +333,7 @@ viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="s
             diverging=True, norm=viz.signed_log_norm(Omega))
 viz.heatmap(ax_soft, np.where(Omega_soft > 0, Omega_soft, np.nan), xlabel="source token s",
             title=f"Causal softmax attention, temperature {softmax_temperature:g}",
-            ylabel="output token t", cbar_label="weight (log scale; white: exactly 0)",
+            ylabel="output token t", cbar_label="weight (log; <= 1e-3 clipped; white: 0)",
             norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0, clip=True))
 fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
              f"$\\beta = {beta_value:g}$")
