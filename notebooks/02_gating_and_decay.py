@@ -290,13 +290,12 @@ viz.show(gates.plot_cumulative_decay([
 # \mathbf k^\top$, so
 #
 # $$
-# \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k
-#   = \beta (1 - \beta) \sum_c k_c^2\, e^{\gamma_c}, \qquad \Gamma = D_t \cdots D_{s+1} ,
+# \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k
+#   = \beta (1 - \beta) \sum_c k_c^2\, e^{g_{s+1, c} + \dots + g_{t, c}} ,
 # $$
 #
 # a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
-# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$ (why, and older
-# occurrences: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02)).
+# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$ (why: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02)).
 # Softmax attention instead spreads its weight over **every** earlier occurrence. A symmetric
 # log colour scale shows the diagonal and the small weights at once (slowest head, section 3).
 
@@ -332,9 +331,9 @@ fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
 viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
             ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
             diverging=True, norm=viz.signed_log_norm(Omega))
-viz.heatmap(ax_soft, Omega_soft, title=f"Causal softmax attention, temperature "
-            f"{softmax_temperature:g}", xlabel="source token s", ylabel="output token t",
-            cbar_label="weight (log scale)",
+viz.heatmap(ax_soft, np.where(Omega_soft > 0, Omega_soft, np.nan), xlabel="source token s",
+            title=f"Causal softmax attention, temperature {softmax_temperature:g}",
+            ylabel="output token t", cbar_label="weight (log; <= 1e-3 clipped; white: 0)",
             norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0, clip=True))
 fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
              f"$\\beta = {beta_value:g}$")
@@ -368,8 +367,8 @@ assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "soft
 display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
     f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
-    f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top \\Gamma \\mathbf k$ "
-    f"= {w_latest:.4f} (exact once the {t_last - latest - 1} tokens in between do not write: "
+    f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top D_t \\cdots D_{{s+1}} "
+    f"\\mathbf k$ = {w_latest:.4f} (exact if the {t_last - latest - 1} tokens between don't write: "
     f"{Omega_same[t_last, latest]:.4f}). Older occurrences get at most "
     f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} "
     f"on itself, {Omega_soft[t_last, latest]:.3f} on the latest and up to "
@@ -408,32 +407,33 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #   every head mixes fast and slow memories; the safe gate's (one rate for all heads) span less.
 # - Retention only shrinks, and never faster than $g_{\min}$ per token with the safe gate.
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
-#   `jax.jacobian`, and against its closed form $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t
-#   \cdots M_{s+1} \mathbf k_s$ in float64); on repeated tokens it puts $\beta$ on the current
-#   one and $\beta (1 - \beta)\, \mathbf k^\top \Gamma \mathbf k$ on the latest earlier
-#   occurrence when the tokens in between do not write ($\beta_{t'} = 0$), and less on older
-#   ones; softmax spreads over all of them.
+#   `jax.jacobian` and, in float64, $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
+#   \mathbf k_s$); on repeated tokens it puts $\beta$ on the current one, $\beta (1 - \beta)\,
+#   \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on the latest earlier one when the tokens in
+#   between do not write, less on older ones; softmax spreads over all of them.
 #
 # ## Exercises
 #
-# 1. **The safe gate's floor.** Derive the largest fraction of a channel one token can erase
-#    under the safe gate with floor `lower_bound`, as a function `erased_at_most(lower_bound)`
-#    (check it on `gate_curve` at a large input first).
-# 2. **A full overwrite.** With $\beta = 1$ (and $\mathbf q_t = \mathbf k_t$ unit, as in
-#    section 4), derive what $\mathbf o_t$ is, and from that the whole mixing matrix $\Omega$;
-#    write it as a function `full_overwrite(q, k, g)` returning $\Omega$ `[T, T]`. Compare it
-#    with `mixing(q_mix, k_mix, g_mix, ..., scale=1.0)` at $\beta = 1$; the checker calls it on
-#    heads of its own and refuses any answer that runs `kda_lib` code (as `mixing` does).
+# 1. **Half erased.** For the safe gate with rate $a$, bias 0 and floor $g_{\min} < -\ln 2$,
+#    derive the raw input $f$ at which one token erases exactly half of a channel, as a
+#    function `half_erasing_input(a, lower_bound)` (check it on `gate_curve` first).
+# 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
+#    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
+#    $r$ ($s < r < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
+#    not write. Derive $\Omega_{ts}$, the weight on the **older** one (is it $\beta(1-\beta)^2$
+#    times the decay?), as `older_weight(k, gamma_a, gamma_b, beta)`: `gamma_b` $[d_k]$ sums the
+#    log decays of tokens $s+1, \dots, r$, `gamma_a` those of $r+1, \dots, t$. The checker
+#    uses keys of its own and refuses any answer that runs `kda_lib` code (as `mixing` does).
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function erased_at_most(lower_bound) -> a fraction
+answer = None  # exercise 1: a function half_erasing_input(a, lower_bound) -> f
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function full_overwrite(q, k, g) -> Omega [T, T] at beta = 1
+answer = None  # exercise 2: a function older_weight(k, gamma_a, gamma_b, beta) -> Omega_ts
 exercises.check("02.2", answer)
 
 # %% [markdown]

@@ -16,11 +16,11 @@
 # %% [markdown]
 # # 03 · The chunkwise algorithm: KDA with matrix multiplies
 #
-# **Claim.** Cut the sequence into chunks of $C$ tokens. What the tokens of a chunk write into
-# the state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at
-# once with matrix products; between chunks only the state travels. The result equals the
-# recurrence (checked in float64); it pays on GPUs and TPUs because $T$ dependent matrix-vector
-# steps become $T / C$ steps of matrix products.
+# **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the
+# state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
+# with matrix products; between chunks only the state travels. The result equals the recurrence
+# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps of matrix
+# products, what GPU and TPU matrix units are built for (section 5 times only this machine).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -109,9 +109,11 @@ def to_chunks(a):
 #
 # The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form (left) computes all that does not need the entering state (the triangular blocks) for
-# **all chunks at once**; then $T / C$ steps carry the state, two matrix products each. Right:
-# another way to chain chunks (section 4). Section 2 works a chunk by hand; section 3 derives.
+# form (left) computes all that does not need the entering state (the triangles; dark: 16-token
+# diagonal sub-blocks) for **all chunks at once**: `W`, `U` ($\tilde K$, $\tilde V$) and the
+# scores `P` of section 3; then $T / C$ steps carry the state, two matrix products each (and
+# give the outputs, step 5). Right: chaining chunk maps by an associative scan instead, drawn
+# for 16 maps (section 4). Section 2 works a chunk by hand; section 3 derives.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
@@ -355,8 +357,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # **Chaining by maps.** Step 4's maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S +
 # (M_{[2]} E_{[1]} + E_{[2]})$, so `lax.associative_scan` finds every entering state in
 # $2 \log_2 N - 1$ rounds ($N = T / C$) at the price of $d_k \times d_k$ products (notebook 05
-# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
+# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
 
 # %%
 with jax.enable_x64(True):
@@ -374,8 +375,8 @@ for n in sorted({num_chunks, 16, 64} - {1}):
 # ## 5. Measured time on this machine
 #
 # The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms and causal softmax
-# attention, batch 1, medians of `timing_repeats` calls after a warm-up: not asserted. The flop
-# count against the paper's Eq. 13 and a roofline model of the chunk size are in the notes.
+# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only (no
+# accelerator is timed here; not asserted). Flop count (Eq. 13) and roofline model: the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -400,20 +401,19 @@ for mode in modes:
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
-# without showing the expected one. Worked solutions are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
-#
-# The checkers call your functions on chunks of their own, accept float32 or float64, NumPy or
-# `jnp`, and refuse any answer that runs `kda_lib` code.
+# without showing the expected one. It calls your functions on chunks of its own, accepts float32
+# or float64, NumPy or `jnp`, and refuses any answer that runs `kda_lib` code. Worked solutions
+# are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 
 # %% [markdown]
-# 1. **No decay.** With $\mathbf g = 0$, $\Gamma_t = I$ and $\overleftarrow K = \overrightarrow K
-#    = K$. Write `wy_factor(k, beta)` returning the chunk's $\tilde K$ $[C, d_k]$ of step 3
-#    (keys `k` $[C, d_k]$, `beta` $[C]$); check on `kc`, `bc` that $I - K^\top \tilde K$ (step
-#    4) is the product of the $I - \beta_t \mathbf k_t \mathbf k_t^\top$. The checker also
-#    tries $C > d_k$, where $\tilde K$ cannot be read back from that product.
+# 1. **The other order.** Backpropagation goes through $M_{[i]}^\top$; with $\mathbf g = 0$
+#    ($\overleftarrow K = \overrightarrow K = K$) it is the product of the symmetric $I - \beta_t
+#    \mathbf k_t \mathbf k_t^\top$ in the order $1, \dots, C$. Write `wy_factor_reversed(k,
+#    beta)` (`k` $[C, d_k]$, `beta` $[C]$): the $\tilde K'$ with $M_{[i]}^\top = I - K^\top
+#    \tilde K'$ that one triangular system gives (which?), also for $C > d_k$ (checked there).
 
 # %%
-answer = None  # a function wy_factor(k, beta) -> K~ [C, d_k]
+answer = None  # a function wy_factor_reversed(k, beta) -> K~' [C, d_k]
 check("03.1", answer)
 
 # %% [markdown]

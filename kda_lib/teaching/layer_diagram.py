@@ -9,11 +9,12 @@ from matplotlib.patches import FancyBboxPatch
 
 from kda_lib.teaching import viz
 
+_CONV = "causal conv, last\n$w$ tokens; SiLU"  # the short convolution reaches back w - 1 tokens
 # (row label, y, boxes left to right); every row starts from x and ends in the recurrence
 _ROWS = (
-    ("q", 6.0, (r"$W_q$", "conv + SiLU", "L2 norm")),
-    ("k", 5.0, (r"$W_k$", "conv + SiLU", "L2 norm")),
-    ("v", 4.0, (r"$W_v$", "conv + SiLU")),
+    ("q", 6.0, (r"$W_q$", _CONV, "L2 norm")),
+    ("k", 5.0, (r"$W_k$", _CONV, "L2 norm")),
+    ("v", 4.0, (r"$W_v$", _CONV)),
     ("g", 3.0, (r"$W_f^{\downarrow} W_f^{\uparrow}$, rank $r$",
                 r"$-a_h\,\mathrm{softplus}(\cdot + \mathbf{b})$")),
     (r"\beta", 2.0, (r"$W_\beta$", r"$\sigma$")),
@@ -65,13 +66,18 @@ def draw_kda_layer(ax=None):
             _arrow(ax, (end, y), (_KDA[0] - _KDA[1] / 2, y), label, color=blue)
     _box(ax, _KDA[0], 4.0, _KDA[1], "KDA\nrecurrence\n\nstate $S_t$,\n$d_k \\times d_v$\nper head",
          _LIGHT["core"], height=4.8, edge=green, lw=2, fontsize=9)
+    top = 4.0 + 2.4  # the state feeds back into the next token's step: a loop over the box
+    ax.annotate("", xy=(_KDA[0] + 0.35, top), xytext=(_KDA[0] - 0.35, top),
+                arrowprops=dict(arrowstyle="-|>", color=green, lw=1.4,
+                                connectionstyle="arc3,rad=-1.6", shrinkA=0, shrinkB=0))
+    ax.text(_KDA[0] + 0.75, top + 0.35, r"$S_{t-1} \to S_t$", fontsize=9, color="0.15")
     previous = _KDA[0] + _KDA[1] / 2
     for i, (x, width, text) in enumerate(_OUT):
         kind = "io" if i == len(_OUT) - 1 else ("proj" if i == 2 else "act")
         _box(ax, x, 4.0, width, text, _LIGHT[kind], fontsize=12 if i == 1 else 8)
         _arrow(ax, (previous, 4.0), (x - width / 2, 4.0), r"$\mathbf{o}_t$" if i == 0 else None)
         previous = x + width / 2
-    ax.set(xlim=(0, 14.35), ylim=(0.3, 6.6), aspect="auto")
+    ax.set(xlim=(0, 14.35), ylim=(0.3, 7.2), aspect="auto")
     ax.set_axis_off()
     ax.set_title("The KDA layer, per token: projections, short convolutions and gates around "
                  "the recurrence")

@@ -10,12 +10,16 @@ from __future__ import annotations
 import numpy as np
 
 
-# 1. No decay: step 2 with Gamma = I is (I + L) K~ = diag(beta) K, L strictly lower triangular
-#    with L_ts = beta_t k_t . k_s; then M = I - K^T K~ (step 4).
-def wy_factor(k, beta):
+# 1. The other order, no decay. Step 3 gives M_C ... M_1 = I - K^T (I + L)^-1 diag(beta) K with
+#    L strictly lower, L_ts = beta_t k_t . k_s. Each M_t is symmetric, so M_1 ... M_C is its
+#    transpose, I - K^T diag(beta) (I + L^T)^-1 K, and diag(beta) (I + G diag(beta))^-1 =
+#    (I + diag(beta) G)^-1 diag(beta) (G = the strictly upper part of K K^T) makes it
+#    I - K^T K~' with (I + U) K~' = diag(beta) K, U_ts = beta_t k_t . k_s for s > t: the same
+#    solve with an UPPER triangle (equivalently: step 3 on the chunk read backwards, flipped).
+def wy_factor_reversed(k, beta):
     C = k.shape[0]
-    L = beta[:, None] * (k @ k.T) * np.tril(np.ones((C, C)), -1)
-    return np.linalg.solve(np.eye(C) + L, beta[:, None] * k)
+    U = beta[:, None] * (k @ k.T) * np.triu(np.ones((C, C)), 1)
+    return np.linalg.solve(np.eye(C) + U, beta[:, None] * k)
 
 
 # 2. Gated DeltaNet's scores: one C x C decay mask times q k^T.
@@ -46,25 +50,30 @@ def gdn_scores_loop(q, k, g, scale):
 
 
 def cases():
-    def by_product(k, beta):  # the shortcut: M as the product, then K~ read back by least squares
+    def by_product(k, beta):  # the shortcut: the product, then K~' read back by least squares
         product = np.eye(k.shape[1])
         for k_t, b_t in zip(k, beta, strict=True):
-            product = (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)) @ product
+            product = product @ (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t))
         return np.linalg.lstsq(k.T, np.eye(k.shape[1]) - product, rcond=None)[0]
 
-    def wy_float32(k, beta):  # the same solve in float32
+    def wy_flipped_float32(k, beta):  # step 3 on the reversed chunk, flipped back, float32 jnp
         import jax.numpy as jnp
 
-        k32, b32 = jnp.asarray(k, jnp.float32), jnp.asarray(beta, jnp.float32)
+        k32, b32 = jnp.asarray(k, jnp.float32)[::-1], jnp.asarray(beta, jnp.float32)[::-1]
         L = jnp.tril(b32[:, None] * (k32 @ k32.T), -1)
-        return jnp.linalg.solve(jnp.eye(len(b32)) + L, b32[:, None] * k32)
+        return jnp.linalg.solve(jnp.eye(len(b32)) + L, b32[:, None] * k32)[::-1]
+
+    def wy_transposed(k, beta):  # M^T from step 3's factor: diag(beta) (I + L^T)^-1 K
+        L = np.tril(beta[:, None] * (k @ k.T), -1)
+        return beta[:, None] * np.linalg.solve((np.eye(len(beta)) + L).T, k)
 
     def undecayed(q, k, g, scale):
         return scale * (q @ k.T) * np.tril(np.ones((len(g), len(g))))
 
     return [
-        ("03.1", wy_factor, {}, by_product),
-        ("03.1", wy_float32, {}, by_product),
+        ("03.1", wy_factor_reversed, {}, by_product),
+        ("03.1", wy_flipped_float32, {}, by_product),
+        ("03.1", wy_transposed, {}, by_product),
         ("03.2", gdn_scores, {}, undecayed),
         ("03.2", gdn_scores_jnp, {}, undecayed),
         ("03.2", gdn_scores_loop, {}, undecayed),

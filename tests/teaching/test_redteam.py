@@ -36,8 +36,8 @@ EXERCISES = {
     "00.2": ("00_quickstart", 6),
     "01.1": ("01_delta_rule", 3),
     "01.2": ("01_delta_rule", 4),
-    "02.1": ("02_gating_and_decay", 1),
-    "02.2": ("02_gating_and_decay", 3),
+    "02.1": ("02_gating_and_decay", 2),
+    "02.2": ("02_gating_and_decay", 4),
     "03.1": ("03_chunkwise_algorithm", 2),
     "03.2": ("03_chunkwise_algorithm", 4),
     "04.1": ("04_kda_layer", 6),
@@ -393,3 +393,78 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
 
     assert _refused("00.1", swallowing)
     assert _refused("00.1", lambda *args: step(*args))
+
+
+# ------------------------------------------------------------------ echoes of notebooks 02 and 03
+def _page_echoes_02_03():
+    """(exercise, answer, should pass): the pages' own formulas and cells, library routes, and
+    correct answers written differently (float32 jnp, a loop)."""
+    import jax.numpy as jnp
+
+    import kda_lib
+    from kda_lib.ops.chunked import unit_lower_inverse
+    from kda_lib.teaching import explain
+
+    def erase_bound(a, lower_bound):  # 02.1: section 1's printed bound
+        return 1 - np.exp(lower_bound)
+
+    def logit_without_rate(a, lower_bound):  # 02.1: forgets to divide by a
+        p = np.log(2.0) / -lower_bound
+        return np.log(p / (1 - p))
+
+    def gate_probe(a, lower_bound):  # 02.1: bisection on the library's gate
+        lo, hi = -30.0 / a, 30.0 / a
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            g = kda_lib.kda_gate(jnp.full((1, 1, 1, 1), mid), jnp.log(jnp.array([a])),
+                                 jnp.zeros(1), lower_bound=lower_bound)
+            lo, hi = (mid, hi) if float(jnp.exp(g).ravel()[0]) > 0.5 else (lo, mid)
+        return (lo + hi) / 2
+
+    def half_jnp(a, lower_bound):  # 02.1 right, float32 jnp
+        p = jnp.log(jnp.float32(2.0)) / -jnp.float32(lower_bound)
+        return jnp.log(p / (1 - p)) / jnp.float32(a)
+
+    def latest_formula(k, gamma_a, gamma_b, beta):  # 02.2: section 4's formula, echoed
+        return beta * (1 - beta) * k @ (np.exp(gamma_a + gamma_b) * k)
+
+    def scalar_intuition(k, gamma_a, gamma_b, beta):  # 02.2: right only for a scalar gate
+        return beta * (1 - beta) ** 2 * k @ (np.exp(gamma_a + gamma_b) * k)
+
+    def by_library_stream(k, gamma_a, gamma_b, beta):  # 02.2: the page's mixing matrix
+        keys, g = np.stack([k, k, k]), np.stack([np.zeros_like(k), gamma_b, gamma_a])
+        return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
+
+    def older_jnp(k, gamma_a, gamma_b, beta):  # 02.2 right, float32 jnp products
+        k = jnp.asarray(k, jnp.float32)
+        erase = jnp.eye(len(k)) - beta * jnp.outer(k, k)
+        a, b = jnp.diag(jnp.exp(gamma_a)), jnp.diag(jnp.exp(gamma_b))
+        return beta * k @ erase @ a.astype(jnp.float32) @ erase @ b.astype(jnp.float32) @ k
+
+    def step3_cell(k, beta):  # 03.1: section 3's cell with g = 0, echoed
+        L = np.tril(beta[:, None] * (k @ k.T), -1)
+        return np.linalg.inv(np.eye(len(beta)) + L) @ (beta[:, None] * k)
+
+    def upper_by_library(k, beta):  # 03.1: the library's unit_lower_inverse on the transpose
+        U = np.triu(beta[:, None] * (k @ k.T), 1)
+        return np.asarray(unit_lower_inverse(jnp.asarray(U.T))).T @ (beta[:, None] * k)
+
+    def back_substitution(k, beta):  # 03.1 right, a loop from the last row up
+        out = np.zeros_like(k)
+        for t in reversed(range(len(beta))):
+            out[t] = beta[t] * (k[t] - (k[t] @ k[t + 1:].T) @ out[t + 1:])
+        return out
+
+    return [
+        ("02.1", erase_bound, False), ("02.1", logit_without_rate, False),
+        ("02.1", gate_probe, False), ("02.1", half_jnp, True),
+        ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
+        ("02.2", by_library_stream, False), ("02.2", older_jnp, True),
+        ("03.1", step3_cell, False), ("03.1", upper_by_library, False),
+        ("03.1", back_substitution, True),
+    ]
+
+
+def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
+    wrong = [(i, fn.__name__) for i, fn, ok in _page_echoes_02_03() if _refused(i, fn) == ok]
+    assert not wrong, f"refused a right answer or accepted a wrong one: {wrong}"

@@ -2,7 +2,8 @@
 
 Every answer is a function the checker calls on inputs of its own, so a number read off the
 notebook, or an array computed for the notebook's own inputs, cannot pass; nor can a function
-that runs ``kda_lib`` code (the notebook's ``mixing``, say).
+that runs ``kda_lib`` code (the notebook's ``mixing``, say). The expected value is computed in
+float64 after the answer ran; float32 answers are accepted (relative 1e-5).
 """
 
 from __future__ import annotations
@@ -12,47 +13,65 @@ import numpy as np
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 
 
+def _close(got, want, tol=1e-5) -> bool:
+    return abs(float(got) - want) <= tol * max(abs(want), 1e-2)
+
+
 @checker("02.1")
-def safe_gate_floor(answer, **_):
-    """``answer(lower_bound) -> fraction``: the largest fraction of a channel one token can
-    erase under the safe gate with floor ``lower_bound`` in [-5, 0)."""
-    for bound in (-1.0, -5.0, -0.1, -2.5):
-        got, hint = call_answer(answer, bound, name="erased_at_most(lower_bound)", own_code=True)
-        hint = hint or refuse_degenerate(got, shape=(), what="the fraction")
+def half_erasing_input(answer, **_):
+    """``answer(a, lower_bound) -> f``: the raw gate input ``f`` (bias 0) at which one token of
+    the safe gate ``g = lower_bound * sigmoid(a f)`` erases exactly half of a channel, for a rate
+    ``a > 0`` and ``lower_bound < -ln 2``."""
+    for a, bound in ((1.0, -5.0), (4.0, -1.0), (16.0, -2.5), (0.5, -0.8)):
+        got, hint = call_answer(
+            answer, a, bound, name="half_erasing_input(a, lower_bound)", own_code=True
+        )
+        hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
             return hint
-        if abs(float(got) - (1 - np.exp(bound))) > 1e-6:
+        p = np.log(2.0) / -bound  # sigmoid(a f) that makes g = -ln 2
+        if not _close(got, np.log(p / (1 - p)) / a):
             return (
-                f"wrong at lower_bound = {bound}: the most a token can decay is "
-                "exp(lower_bound); what fraction does that remove?"
+                f"wrong at a = {a}, lower_bound = {bound}: which g keeps exactly half, and "
+                "which sigmoid(a f) gives that g?"
             )
     return None
 
 
-def _unit_rows(rng, rows, cols):
-    x = rng.normal(size=(rows, cols))
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+def _unit(rng, size):
+    x = rng.normal(size=size)
+    return x / np.linalg.norm(x)
 
 
 @checker("02.2")
-def full_overwrite(answer, **_):
-    """``answer(q, k, g) -> Omega [T, T]``: the mixing matrix of one head with ``q = k`` (unit
-    rows, ``[T, K]``), log decays ``g [T, K]``, beta = 1 and scale 1. The checker recomputes it
-    from the closed form (:func:`kda_lib.teaching.explain.mixing_matrix_by_products`)."""
-    from kda_lib.teaching.explain import mixing_matrix_by_products
-
+def older_occurrence(answer, **_):
+    """``answer(k, gamma_a, gamma_b, beta) -> Omega_ts``: the weight the read at t puts on the
+    older occurrence s of the unit key ``k [K]`` (q_t = k_t = k), written at s, again at r
+    (s < r < t) and at t, each with ``beta``, the tokens in between writing nothing;
+    ``gamma_b [K]`` sums the log decays of tokens s+1..r, ``gamma_a [K]`` those of r+1..t.
+    The checker recomputes it in float64 as the product of the transitions."""
     rng = np.random.default_rng(23)
-    for T, K in ((9, 5), (6, 6)):  # T == K: an echoed q has Omega's shape
-        k = _unit_rows(rng, T, K)
-        g = -rng.uniform(0.01, 0.5, (T, K))
-        got, hint = call_answer(answer, k, k, g, name="full_overwrite(q, k, g)", own_code=True)
-        hint = hint or refuse_degenerate(got, shape=(T, T), inputs=(k, g), what="Omega")
+    for K, beta in ((5, 0.7), (8, 0.3), (4, 0.9)):
+        k = _unit(rng, K)
+        gamma_a, gamma_b = -rng.uniform(0.05, 2.0, K), -rng.uniform(0.05, 2.0, K)
+        got, hint = call_answer(
+            answer,
+            k,
+            gamma_a,
+            gamma_b,
+            beta,
+            name="older_weight(k, gamma_a, gamma_b, beta)",
+            own_code=True,
+        )
+        hint = hint or refuse_degenerate(got, shape=(), what="Omega_ts")
         if hint:
             return hint
-        want = mixing_matrix_by_products(k, k, g, np.ones(T))
-        if np.abs(np.asarray(got, np.float64) - want).max() > 1e-4:
+        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at r and t
+        want = beta * k @ erase @ np.diag(np.exp(gamma_a)) @ erase @ np.diag(np.exp(gamma_b)) @ k
+        if not _close(got, float(want)):
             return (
-                "not the mixing matrix at beta = 1: with q_t = k_t unit, what does the new "
-                "state recall for k_t right after writing (k_t, v_t)?"
+                f"wrong at K = {K}, beta = {beta}: write Omega_ts = beta q_t^T M_t ... M_(s+1) "
+                "k_s with the two writes that are not D; does the middle write act on a "
+                "decayed k?"
             )
     return None

@@ -20,35 +20,45 @@ def _close(actual, expected, tol=1e-5) -> bool:
     )
 
 
-def _wy_factor(k, beta):
+def _wy_factor_reversed(k, beta):
     C = k.shape[0]
-    L = np.tril(beta[:, None] * (k @ k.T), -1)
-    return np.linalg.solve(np.eye(C) + L, beta[:, None] * k)
+    upper = np.triu(beta[:, None] * (k @ k.T), 1)  # beta_t k_t . k_s for s > t
+    return np.linalg.solve(np.eye(C) + upper, beta[:, None] * k)
+
+
+def _product(k, beta, reverse):
+    product = np.eye(k.shape[1])
+    for k_t, b_t in zip(k, beta, strict=True):
+        m_t = np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)
+        product = product @ m_t if reverse else m_t @ product
+    return product
 
 
 @checker("03.1")
-def no_decay(answer, **_):
-    """answer: ``fn(k, beta) -> K~ [C, K]``, the WY factor of a chunk without decay (keys ``k``
-    [C, K] unit rows, ``beta`` [C]), with which ``M = I - K^T K~``. The checker also tries a
-    chunk longer than d_k, where K~ cannot be read back from M."""
+def no_decay_reversed(answer, **_):
+    """answer: ``fn(k, beta) -> K~' [C, K]`` with ``M_1 M_2 ... M_C = I - K^T K~'`` for a chunk
+    without decay (keys ``k`` [C, K] unit rows, ``beta`` [C], ``M_t = I - beta_t k_t k_t^T``):
+    the factor of M^T, the backward order, as the solution of one triangular system. The
+    checker also tries a chunk longer than d_k, where K~' cannot be read back from the product;
+    it computes the expected factor in float64 after the answer ran."""
     rng = np.random.default_rng(32)
     for C, K in ((4, 6), (8, 6), (6, 6)):
         k = rng.standard_normal((C, K))
         k /= np.linalg.norm(k, axis=1, keepdims=True)
         beta = rng.uniform(0.1, 0.9, C)
-        got, hint = call_answer(answer, k, beta, name="wy_factor(k, beta)", own_code=True)
-        hint = hint or refuse_degenerate(got, shape=(C, K), inputs=(k,), what="K~")
+        got, hint = call_answer(answer, k, beta, name="wy_factor_reversed(k, beta)", own_code=True)
+        hint = hint or refuse_degenerate(got, shape=(C, K), inputs=(k,), what="K~'")
         if hint:
             return hint
-        if not _close(got, _wy_factor(k, beta)):
-            product = np.eye(K)
-            for k_t, b_t in zip(k, beta, strict=True):
-                product = (np.eye(K) - b_t * np.outer(k_t, k_t)) @ product
-            if _close(np.eye(K) - k.T @ np.asarray(got, np.float64), product):
-                return f"I - K^T K~ is right at C = {C}, but K~ is not step 2's solution"
+        if not _close(got, _wy_factor_reversed(k, beta)):
+            m = np.eye(K) - k.T @ np.asarray(got, np.float64)
+            if _close(m, _product(k, beta, reverse=False)):
+                return f"at C = {C} I - K^T K~' is M_C ... M_1, step 3's order; wanted M_1 ... M_C"
+            if _close(m, _product(k, beta, reverse=True)):
+                return f"I - K^T K~' is right at C = {C}, but K~' is not a triangular solve's"
             return (
-                f"wrong at C = {C}: with g = 0 step 2's system is (I + L) K~ = diag(beta) K, "
-                "L strictly lower triangular"
+                f"wrong at C = {C}: with g = 0, what is M^T in terms of step 3's K~, and which "
+                "triangular system (lower or upper?) gives that factor directly?"
             )
     return None
 
@@ -94,8 +104,11 @@ def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
 
     outs = run(closed.jaxpr, closed.consts, [np.asarray(a, np.float32) for a in args[:3]])
     return largest[0], jax.tree_util.tree_unflatten(
-        jax.tree_util.tree_structure(jax.eval_shape(
-            lambda q, k, g: answer(q, k, g, args[3]), *args[:3])), outs)
+        jax.tree_util.tree_structure(
+            jax.eval_shape(lambda q, k, g: answer(q, k, g, args[3]), *args[:3])
+        ),
+        outs,
+    )
 
 
 @contextlib.contextmanager
