@@ -36,7 +36,7 @@
 batch: int = 1  # sequences decoded side by side
 hidden_size: int = 64  # layer width
 num_heads: int = 2  # heads H
-head_dim: int = 32  # d_k = d_v per head
+head_dim: int = 32  # d_k and d_v per head
 conv_size: int = 4  # short-conv width w; the conv cache holds w - 1 inputs
 prompt_len: int = 48  # tokens prefilled at once (one call)
 decode_steps: int = 32  # tokens then decoded one at a time
