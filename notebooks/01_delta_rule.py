@@ -29,8 +29,8 @@
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 
 # %% tags=["parameters"]
-key_dim: int = 32  # K: dimension of keys (and of the memory's rows)
-value_dim: int = 32  # V: dimension of values
+key_dim: int = 32  # d_k: dimension of keys (and of the memory's rows)
+value_dim: int = 32  # d_v: dimension of values
 max_pairs: int = 64  # largest number of key/value pairs stored in the recall experiment
 num_seeds: int = 8  # independent draws of keys and values averaged in the recall experiments
 toy_len: int = 24  # tokens in the toy-vs-kda_lib comparison
@@ -180,8 +180,7 @@ viz.show(fig, "01_crosstalk")
 # \end{align*}
 # $$
 #
-# The last line is the delta rule with learning rate $\beta$ (checked in float64 below, the
-# gradient against `jax.grad`).
+# The last line is the delta rule, learning rate $\beta$ (checked in float64 against `jax.grad`).
 
 # %%
 def delta_write(S, k, v, beta):
@@ -235,8 +234,8 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 # $$
 #
 # Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall, and nothing
-# repairs it. Storing $n \le d_k$ pairs with independent keys means solving $\mathbf k_j^\top S =
-# \mathbf v_j^\top$ ($S = K^{+} V$); one pass with $\beta = 1$ is one sweep of **Kaczmarz's
+# repairs it. Storing $n \le d_k$ pairs with independent keys means solving the $n$ equations
+# $\mathbf k_j^\top S = \mathbf v_j^\top$; one pass with $\beta = 1$ is one sweep of **Kaczmarz's
 # method**, one equation at a time: for generic values exact only for orthogonal keys (lucky
 # values: the notes); repeated sweeps converge. Checked below with $n = d_k / 2$ pairs.
 
@@ -297,8 +296,10 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 #
 # The transition $M_t$ is **diagonal plus rank one**: cheap to apply, with spectral norm at most
 # $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1$.
-# The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$ (why $1/\sqrt{d_k}$ on a unit
-# query: [`docs/DESIGN.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
+# The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$, the scale softmax attention uses to
+# keep the scores of unit-variance vectors near variance 1. On unit queries it only shrinks a head's
+# outputs by one factor, which the layer's RMSNorm (notebook 04) undoes; `kda_lib` keeps it to match
+# fla's kernels (the paper's Eq. 1 omits it; [detail](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -377,14 +378,13 @@ by_age = {name: np.mean([e[-1, ::-1] for e in errs[name]], axis=0)  # all writte
           for name in errs}
 
 # %% tags=["hide-input"]
-viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, title=(
-    f"Associative recall, $d_k = d_v = {key_dim}$, mean over {num_seeds} seeds")),
-    "01_recall_vs_pairs")
+viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, title="Associative recall, "
+         f"$d_k = d_v = {key_dim}$, mean over {num_seeds} seeds"), "01_recall_vs_pairs")
 
 # %%
 lin, delta_curve = curves["linear attention"], curves["delta rule"]
 upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. d_k (n = 1 is exact for both)
-assert np.all(delta_curve[upto_k] < lin[upto_k]), "delta rule beats linear attention, n <= K"
+assert np.all(delta_curve[upto_k] < lin[upto_k]), "delta rule beats linear attention, n <= d_k"
 assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
 at_k = min(key_dim, max_pairs) - 1
 assert abs(lin[at_k] - at_k / key_dim) < 0.3 * at_k / key_dim, "linear: about (n - 1) / d_k"

@@ -241,9 +241,10 @@ def draw_context_parallel(
         ax.set_yticks([])
         if drawn < local_len:  # positions on the axis would not be the tokens' positions
             ax.set_xticks([])
-        ax.set_xlabel(f"token position (one box per token; {per_rank})")
         ax.grid(False)
         ax.spines[["left"]].set_visible(False)
+    ax_top.set_xlabel(f"token position (one box per token; {per_rank})")
+    ax_bot.set_xticks([])  # a diagram of the exchange: no axis of its own
     ax_top.set_title(
         f"Conv halo: each rank receives the {halo} tokens before its slice "
         "(hatched) from its predecessor (ppermute)"
@@ -320,8 +321,8 @@ def _draw_summaries(ax, shown, drawn, colours):
     ax.text(
         shown * drawn / 2,
         0.5,
-        "all_gather of the summaries: R x (K x K + K x V) floats per "
-        "row and head, independent of T",
+        "all_gather of the summaries: $R \\times (d_k \\times d_k + d_k \\times d_v)$ floats per "
+        "row and head, independent of $T$",
         ha="center",
         va="center",
         fontsize=9,
