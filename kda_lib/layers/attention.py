@@ -39,8 +39,10 @@ def check_fields(config, **kinds: str) -> None:
                 value = checks.check_number(name, value, positive=True)
             elif kind == "bool":
                 value = checks.check_flag(name, value)
-            else:  # a dtype, kept as given (jnp.float32 stays jnp.float32)
+            elif kind == "dtype":  # kept as given (jnp.float32 stays jnp.float32)
                 checks.check_float_dtype(name, value)
+            else:
+                raise TypeError(f"check_fields: unknown kind {kind!r} for {name}")
             object.__setattr__(config, field, value)
 
 

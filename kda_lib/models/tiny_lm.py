@@ -200,6 +200,7 @@ class ConvMixer(nnx.Module):
     def init_cache(self, batch_size: int) -> jax.Array:
         """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
         cfg = self.config
+        batch_size = check_int("init_cache: batch_size", batch_size)
         return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim),
                          cfg.dtype)  # fmt: skip
 

@@ -43,7 +43,8 @@ def kda(
     Args:
       q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; beta: ``[B, T, HV]`` in [0, 1]; HV a
         positive multiple of H (value head j reads q/k head ``j // (HV // H)``).
-      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input.
+      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input with
+        ``use_gate_in_kernel``.
       scale: query scale, default ``K ** -0.5``.
       initial_state: ``[B, HV, K, V]`` (float32), the state entering a row's first segment.
       output_final_state: also return the ``[B, HV, K, V]`` state after the last valid token.
@@ -56,13 +57,14 @@ def kda(
         ``lower_bound * sigmoid(exp(a_log) * (g + dt_bias))`` (None: the softplus gate, which
         needs ``a_log``); without, as in fla, a promise that ``g >= lower_bound`` (checked
         when ``g`` is concrete). It never switches the gate on.
-      use_gate_in_kernel: activate the raw ``g`` inside, by :func:`kda_lib.kda_gate`.
+      use_gate_in_kernel: activate the raw ``g`` inside, by :func:`kda_lib.kda_gate` (default
+        False).
       use_qk_l2norm: L2-normalise q and k (eps 1e-6) first.
       allow_neg_eigval: accept beta in [0, 2].
       chunk_size: the chunked form's chunk length, a power of two (default 64; tokamax: 64).
       implementation: one of :data:`IMPLEMENTATIONS` or ``"auto"`` (default).
-      precision: the chunked form's matmul policy (:func:`kda_lib.kda_chunked`);
-        ``"recurrent"`` honours ``"highest"`` only, tokamax none.
+      precision: the chunked form's matmul policy ``"highest"``, ``"input"`` or None (default;
+        :func:`kda_lib.kda_chunked`); ``"recurrent"`` honours ``"highest"`` only, tokamax none.
       output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``
         (``"chunked"``, ``"recurrent"``).
       output_token_states: also return ``token_states [B, T, HV, K, V]`` (``"recurrent"``,

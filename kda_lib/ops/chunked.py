@@ -288,6 +288,9 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
     X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
+    if a.ndim < 2 or a.shape[-2] != size or size < 1 or size & (size - 1):
+        raise ValueError(f"unit_lower_inverse needs a [..., C, C] with C a power of two, got shape "
+                         f"{a.shape}")  # fmt: skip
     block = min(16, size)
     a = a.reshape(-1, size, size)  # one flat batch dimension and slices (DESIGN section 6)
 

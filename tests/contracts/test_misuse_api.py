@@ -655,7 +655,7 @@ def _mixer_rows():
     from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
     from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
     from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-    from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+    from kda_lib.models.tiny_lm import ConvMixer, ModelConfig, TinyLM
 
     def attention(**kw):
         return AttentionConfig(**{"hidden_size": 16, "num_heads": H, "head_dim": K, **kw})
@@ -669,6 +669,7 @@ def _mixer_rows():
 
     conv_attention = CausalSelfAttention(attention(short_conv=True), rngs=nnx.Rngs(0))
     mixer = Mamba2Mixer(mamba2(chunk_size=4), rngs=nnx.Rngs(0))
+    conv_mixer = ConvMixer(KDAConfig(**CFG), rngs=nnx.Rngs(0))
     rows = []
     for target, make in (("AttentionConfig", attention), ("MLAConfig", mla),
                          ("Mamba2Config", mamba2)):  # fmt: skip
@@ -715,6 +716,12 @@ def _mixer_rows():
             (jnp.ones((B + 1, T), jnp.int32),), "segment_ids"),
         Row("Mamba2Mixer.__call__", "cache of another batch",
             lambda: mixer(HID, cache=mixer.init_cache(B + 1)), match="cache", jit=False),
+        Row("ConvMixer.init_cache", "batch_size 0", lambda: conv_mixer.init_cache(0),
+            match="batch_size", jit=False),
+        Row("ConvMixer.init_cache", "batch_size bool", lambda: conv_mixer.init_cache(True),
+            match="batch_size", jit=False),
+        Row("ConvMixer.init_cache", "batch_size float", lambda: conv_mixer.init_cache(1.5),
+            match="batch_size", jit=False),
     ]  # fmt: skip
     return rows
 

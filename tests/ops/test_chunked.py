@@ -414,6 +414,11 @@ def test_unit_lower_inverse_exact(x64):
         atol=1e-12,
         rtol=0,
     )
+    # a size the blocked product cannot serve is refused by name (engineer review: C = 12 gave
+    # entries wrong by up to 1.3 with no error)
+    for bad in (a[:, :12, :12], a[:, :8, :12], a[0, 0]):
+        with pytest.raises(ValueError, match="unit_lower_inverse needs a"):
+            unit_lower_inverse(bad)
 
 
 @ORACLE_PROGRAMS

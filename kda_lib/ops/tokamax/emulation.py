@@ -5,7 +5,7 @@
 (``1``: v6e) for the whole process. Three process-wide switches, undone on exit:
 ``PALLAS_INTERPRET=1``; jax's TPU info registry answering for the host's device kind with the
 emulated chip; memory a kernel never writes read as zeros. The private names used are
-:data:`HOOKS`, all checked before anything is switched on (DESIGN section 4)."""
+:data:`HOOKS`, each checked to exist before anything is switched on (DESIGN section 4)."""
 
 from __future__ import annotations
 
