@@ -158,8 +158,11 @@ THREAD_HINT = (
 )
 
 
-def _refuse_start(entered: list[str]):
-    def start(*_args, **_kwargs):
+def _refuse_start(entered: list[str], original):
+    def start(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__") or ""
+        if caller.split(".")[0] in ("jax", "jaxlib"):  # JAX's own (a backend's timer): watched
+            return original(*args, **kwargs)
         if not entered:
             entered.append(STARTED)
         raise _LibraryEntered(STARTED)
@@ -173,7 +176,8 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     one, those already running: a thread pool made before the call; and those started), and
     starting a thread or process (``threading``, ``concurrent.futures``, ``multiprocessing``,
     ``subprocess``, ``os.fork``) records :data:`STARTED` in ``entered`` and raises
-    :class:`_LibraryEntered`: an answer may not run code where the hooks cannot see it."""
+    :class:`_LibraryEntered` (JAX's own threads, started from ``jax`` code, excepted and
+    watched): an answer may not run code where the hooks cannot see it."""
     starts = [(threading.Thread, "start"), (multiprocessing.process.BaseProcess, "start"),
               (subprocess.Popen, "_execute_child")]
     starts += [(os, n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
@@ -181,8 +185,8 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     originals = [(owner, name, owner.__dict__[name]) for owner, name in starts]
     set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
     previous, previous_new = sys.getprofile(), threading.getprofile()
-    for owner, name, _ in originals:
-        setattr(owner, name, _refuse_start(entered))
+    for owner, name, fn in originals:
+        setattr(owner, name, _refuse_start(entered, fn))
     if set_all is not None:
         set_all(hook)
     threading.setprofile(hook)

@@ -82,6 +82,8 @@ def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             inner = eqn.params.get("jaxpr")
+            if "callback" in eqn.primitive.name:  # Python run by JAX: not watched here
+                largest[0] = math.inf
             if eqn.primitive.name in ("pjit", "jit", "closed_call", "core_call") and inner:
                 outs = run(inner.jaxpr, inner.consts, ins)
             else:
@@ -121,6 +123,8 @@ def _numpy_exponents():
                 exponent = np.asarray(args[-1] if len(args) > 1 else args[0], np.float64)
             except Exception:  # noqa: BLE001 - a tracer: the jaxpr run sees it instead
                 exponent = np.zeros(0)
+            if "where" in kwargs and exponent.size:  # np.exp(x, where=mask): the masked x
+                exponent = exponent[np.broadcast_to(kwargs["where"], exponent.shape)]
             if exponent.size:
                 largest[0] = max(largest[0], float(np.nanmax(exponent)))
             return fn(*args, **kwargs)
