@@ -165,9 +165,11 @@ def _overflows():
 def gdn_scores(answer, *, seed=0):
     """answer: ``fn(q, k, g, scale) -> P``: Gated DeltaNet's causal decayed scores of one chunk
     (q, k [C, K], g [C] one log decay per token) as one ``C x C`` mask times ``q k^T``, with no
-    exponent above 0 formed. The checker runs it at C = 8 and at C = 64 with strong decay, and
-    watches every exponent (NumPy's ``np.exp``, ``np.exp2``, ``np.expm1``, ``np.power`` and
-    ``math.exp``; JAX's exp primitives, the answer being run equation by equation)."""
+    exponent above 0 formed. The checker runs it at C = 8, at C = 64 with strong decay and at
+    C = 16 with decay so strong that any exponent above 0 overflows, and watches every exponent
+    by value: NumPy's overflow flag and Python's ``OverflowError`` (any route: ``np.e ** x``, an
+    ``exp`` bound before the call), NumPy's, ``jnp``'s and ``math``'s exp functions, JAX's exp
+    primitives (the answer run equation by equation; a host callback counts as unwatched)."""
     rng = np.random.default_rng(seed)
     # the last chunk: every step decays by e^-12000 or less, so any exponent above 0 overflows
     # (float32, float64, long double): NumPy's overflow flag and Python's OverflowError see
