@@ -448,4 +448,3 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
 
     assert _refused("00.1", swallowing)
     assert _refused("00.1", lambda *args: step(*args))
-
