@@ -212,6 +212,61 @@ def test_the_other_exercises_solutions_are_refused(exercise_id):
     assert not accepted, f"{exercise_id} accepted other exercises' solutions: {accepted}"
 
 
+# ------------------------------------------------------------------ routes through other threads
+def _in_threads(fn, warm):
+    """``fn`` run in a new thread pool, in a plain thread, and in a pool started before the call
+    (its worker already running): the library guard must see all three."""
+    import concurrent.futures
+    import threading
+
+    def plain_thread(*args):
+        out = []
+        worker = threading.Thread(target=lambda: out.append(fn(*args)))
+        worker.start()
+        worker.join()
+        return out[0]
+
+    return [
+        ("new pool", lambda *a: concurrent.futures.ThreadPoolExecutor(1).submit(fn, *a).result()),
+        ("plain thread", plain_thread),
+        ("warm pool", lambda *a: warm.submit(fn, *a).result()),
+    ]
+
+
+def test_library_routes_in_other_threads_are_refused():
+    import concurrent.futures
+
+    from kda_lib.ops import reference
+
+    with concurrent.futures.ThreadPoolExecutor(1) as warm:
+        warm.submit(int).result()  # its worker thread runs before the checker's call
+        accepted = [how for how, attack in _in_threads(reference.kda_step, warm)
+                    if not _refused("00.1", attack)]
+    assert not accepted, f"00.1 accepted kda_step run in: {accepted}"
+
+
+def test_exponents_above_zero_are_seen_by_value():
+    """03.2: an exponent above 0 formed through the ``**`` operator or an ``exp`` bound before
+    the call (names the checker cannot patch) is refused too."""
+    from numpy import exp
+
+    def causal(g):
+        return np.tril(np.ones((len(g), len(g)))) > 0
+
+    def by_operator(q, k, g, scale):
+        gamma = np.cumsum(g)
+        return scale * (q @ k.T) * np.where(causal(g), np.e ** (gamma[:, None] - gamma), 0)
+
+    def by_bound_exp(q, k, g, scale):
+        gamma = np.cumsum(g)
+        with np.errstate(all="ignore"):
+            return scale * (q @ k.T) * np.where(causal(g), exp(gamma[:, None] - gamma), 0)
+
+    accepted = [fn.__name__ for fn in (by_operator, by_bound_exp)
+                if not _refused("03.2", fn)]
+    assert not accepted, f"03.2 accepted: {accepted}"
+
+
 # ------------------------------------------------------------------ rule breakers
 def _rule_breakers():
     import jax

@@ -502,3 +502,36 @@ def test_correct_answers_written_differently_pass():
                for eid, name, answer, context in _alternatives()
                if not _accepted(eid, answer, context)]
     assert not refused, f"refused: {refused}"
+
+
+def test_library_routes_in_other_threads_are_refused():
+    """A library call made in a new pool, a plain thread or a pool started before the call."""
+    import concurrent.futures
+    import threading
+
+    def lib_then(fn):
+        def wrapped(*args):
+            kda_lib.checks.is_int(1, None)
+            return fn(*args)
+        return wrapped
+
+    def plain_thread(fn):
+        def run(*args):
+            out = []
+            worker = threading.Thread(target=lambda: out.append(fn(*args)))
+            worker.start()
+            worker.join()
+            return out[0]
+        return run
+
+    with concurrent.futures.ThreadPoolExecutor(1) as warm:
+        warm.submit(int).result()  # its worker thread runs before the checker's call
+        routes = {
+            "new pool": lambda fn: lambda *a: concurrent.futures.ThreadPoolExecutor(1)
+            .submit(fn, *a).result(),
+            "plain thread": plain_thread,
+            "warm pool": lambda fn: lambda *a: warm.submit(fn, *a).result(),
+        }
+        accepted = [(eid, how) for eid in ("06.1", "07.3") for how, route in routes.items()
+                    if not _refused(eid, route(lib_then(_cases()[eid][0])), _cases()[eid][1])]
+    assert not accepted, f"accepted: {accepted}"

@@ -23,7 +23,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
+import multiprocessing.process
+import os
+import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -147,6 +151,57 @@ class _LibraryEntered(BaseException):
     answer's own ``except Exception`` does not swallow it); :func:`library_calls` stops it."""
 
 
+STARTED = "a thread or process"
+THREAD_HINT = (
+    "your answer starts a thread or a process; the checker watches only the code an answer "
+    "runs itself: compute it in the calling thread"
+)
+
+
+def _refuse_start(entered: list[str], original):
+    def start(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__") or ""
+        if caller.split(".")[0] in ("jax", "jaxlib"):  # JAX's own (a backend's timer): watched
+            return original(*args, **kwargs)
+        if not entered:
+            entered.append(STARTED)
+        raise _LibraryEntered(STARTED)
+
+    return start
+
+
+@contextlib.contextmanager
+def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
+    """While the block runs, ``hook`` is the profile function of every thread (the calling
+    one, those already running: a thread pool made before the call; and those started), and
+    starting a thread or process (``threading``, ``concurrent.futures``, ``multiprocessing``,
+    ``subprocess``, ``os.fork``) records :data:`STARTED` in ``entered`` and raises
+    :class:`_LibraryEntered` (JAX's own threads, started from ``jax`` code, excepted and
+    watched): an answer may not run code where the hooks cannot see it."""
+    starts = [(threading.Thread, "start"), (multiprocessing.process.BaseProcess, "start"),
+              (subprocess.Popen, "_execute_child")]
+    starts += [(os, n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
+               if hasattr(os, n)]
+    originals = [(owner, name, owner.__dict__[name]) for owner, name in starts]
+    set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
+    previous, previous_new = sys.getprofile(), threading.getprofile()
+    for owner, name, fn in originals:
+        setattr(owner, name, _refuse_start(entered, fn))
+    if set_all is not None:
+        set_all(hook)
+    threading.setprofile(hook)
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        if set_all is not None:
+            set_all(None)
+        threading.setprofile(previous_new)
+        sys.setprofile(previous)
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+
+
 @contextlib.contextmanager
 def library_calls() -> Iterator[list[str]]:
     """While the block runs, stop it at the first Python frame of ``kda_lib`` that is entered
@@ -169,15 +224,12 @@ def library_calls() -> Iterator[list[str]]:
                 entered.append(module)
                 raise _LibraryEntered(module)
 
-    previous = sys.getprofile()
-    sys.setprofile(profile)
     try:
-        with fresh_jax_context(_WATCHED[0]):
+        with watch_every_thread(profile, entered), fresh_jax_context(_WATCHED[0]):
             yield entered
     except _LibraryEntered:
         pass
     finally:
-        sys.setprofile(previous)
         if entered:
             _retire_watched()
 
@@ -203,11 +255,11 @@ def call_answer(
             result = answer(*args)
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         if own_code and entered:
-            return None, LIBRARY_HINT
+            return None, THREAD_HINT if entered[0] == STARTED else LIBRARY_HINT
         message = str(error).splitlines()[0][:120] if str(error) else ""
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
     if entered:
-        return None, LIBRARY_HINT
+        return None, THREAD_HINT if entered[0] == STARTED else LIBRARY_HINT
     return result, None
 
 

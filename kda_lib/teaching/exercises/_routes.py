@@ -1,7 +1,7 @@
 """Checker helpers shared by notebooks 05-10: call a student's function while watching which
 library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
 
-:func:`call_own_work` runs ``answer(*args)`` under a profile hook (``sys.setprofile``) that
+:func:`call_own_work` runs ``answer(*args)`` under a profile hook (every thread's) that
 stops the answer at the first Python frame whose code lives in the ``kda_lib`` package (the
 checkers' own reference functions included) outside the machinery that calls the answer;
 ``functools.partial``, ``jax.jit`` and lambdas around a library function all end in such a
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +21,13 @@ import kda_lib
 from kda_lib.teaching.exercises import (
     _WATCHED,
     MACHINERY_CODE,
+    STARTED,
+    THREAD_HINT,
     _LibraryEntered,
     _retire_watched,
     call_answer,
     fresh_jax_context,
+    watch_every_thread,
 )
 
 _LIBRARY = os.path.dirname(os.path.abspath(kda_lib.__file__)) + os.sep
@@ -60,20 +62,17 @@ def call_own_work(
                 seen.append(f"{module}.{frame.f_code.co_name}")
                 raise _LibraryEntered(module)
 
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    threading.setprofile(hook)
     try:
         # library_calls' context: a jitted library function compiled outside it traces again
-        with fresh_jax_context(_WATCHED[0]):
+        with watch_every_thread(hook, seen), fresh_jax_context(_WATCHED[0]):
             got, hint = call_answer(answer, *args, name=name)
     except _LibraryEntered:
         pass
     finally:
-        sys.setprofile(previous)
-        threading.setprofile(None)
         if seen:
             _retire_watched()
+    if seen and seen[0] == STARTED:
+        return None, THREAD_HINT.replace("your answer", name, 1)
     if seen:
         return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
     return got, hint

@@ -92,6 +92,8 @@ def _largest_exponent_jax(answer, args) -> tuple[float, object] | None:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             inner = eqn.params.get("jaxpr")
+            if "callback" in eqn.primitive.name:  # Python run by JAX: not watched here
+                largest[0] = math.inf
             if eqn.primitive.name in ("pjit", "jit", "closed_call", "core_call") and inner:
                 outs = run(inner.jaxpr, inner.consts, ins)
             else:
@@ -134,6 +136,8 @@ def _numpy_exponents():
                 exponent = np.asarray(args[-1] if len(args) > 1 else args[0], np.float64)
             except Exception:  # noqa: BLE001 - a tracer: the jaxpr run sees it instead
                 exponent = np.zeros(0)
+            if "where" in kwargs and exponent.size:  # np.exp(x, where=mask): the masked x
+                exponent = exponent[np.broadcast_to(kwargs["where"], exponent.shape)]
             if exponent.size:
                 largest[0] = max(largest[0], float(np.nanmax(exponent)))
             return fn(*args, **kwargs)
@@ -152,34 +156,57 @@ def _numpy_exponents():
                 setattr(module, name, fn)
 
 
+@contextlib.contextmanager
+@machinery
+def _overflows():
+    """While the block runs, NumPy records each overflow (any array or scalar op) in the list
+    yielded instead of warning; an answer's ``np.errstate``/``np.seterr`` keep that setting."""
+    seen: list[str] = []
+    record = lambda kind, _flag: seen.append(kind)  # noqa: E731
+    real = (np.errstate, np.seterr, np.seterrcall)
+    np.errstate = lambda **kw: real[0](**{**kw, "over": "call", "call": record})
+    np.seterr = lambda **kw: real[1](**{**kw, "over": "call"})
+    np.seterrcall = lambda _fn: real[2](record)
+    try:
+        with real[0](over="call", call=record):
+            yield seen
+    finally:
+        np.errstate, np.seterr, np.seterrcall = real
+
+
 @checker("03.2")
 def gdn_scores(answer, *, seed=0):
     """answer: ``fn(q, k, g, scale) -> P``: Gated DeltaNet's causal decayed scores of one chunk
     (q, k [C, K], g [C] one log decay per token) as one ``C x C`` mask times ``q k^T``, with no
-    exponent above 0 formed. The checker runs it at C = 8 and at C = 64 with strong decay, and
-    watches every exponent (NumPy's ``np.exp``, ``np.exp2``, ``np.expm1``, ``np.power`` and
-    ``math.exp``; JAX's exp primitives, the answer being run equation by equation)."""
+    exponent above 0 formed. The checker runs it at C = 8, at C = 64 with strong decay and at
+    C = 16 with decay so strong that any exponent above 0 overflows, and watches every exponent
+    by value: NumPy's overflow flag and Python's ``OverflowError`` (any route: ``np.e ** x``, an
+    ``exp`` bound before the call), NumPy's, ``jnp``'s and ``math``'s exp functions, JAX's exp
+    primitives (the answer run equation by equation; a host callback counts as unwatched)."""
     rng = np.random.default_rng(seed)
-    for C, K, low, high in ((8, 6, 0.01, 0.5), (64, 4, 10.0, 15.0)):
+    # the last chunk: every step decays by e^-12000 or less, so any exponent above 0 overflows
+    # (float32, float64, long double): NumPy's overflow flag and Python's OverflowError see
+    # what is computed, whatever the name (np.e ** x, a bound exp); the jaxpr run sees values
+    for C, K, low, high in ((8, 6, 0.01, 0.5), (64, 4, 10.0, 15.0), (16, 4, 1.2e4, 1.3e4)):
         q, k = rng.standard_normal((C, K)), rng.standard_normal((C, K))
         g = -rng.uniform(low, high, C)
         from kda_lib.teaching.exercises import library_calls
 
-        with library_calls() as entered:
+        with library_calls() as entered, _overflows() as overflowed:
             traced = _largest_exponent_jax(answer, (q, k, g, 0.5))
         if entered:
             return "your answer runs kda_lib code; write the scores yourself (NumPy or jnp)"
         if traced is None:
-            with _numpy_exponents() as largest:
+            with _numpy_exponents() as largest, _overflows() as overflowed:
                 p, hint = call_answer(
                     answer, q, k, g, 0.5, name="gdn_scores(q, k, g, scale)", own_code=True
                 )
-            if hint:
+            if hint and not ("raised OverflowError" in hint or "FloatingPointError" in hint):
                 return hint
-            largest = largest[0]
+            largest = math.inf if hint else largest[0]
         else:
             largest, p = traced
-        if largest > 0:
+        if largest > 0 or overflowed:
             return (
                 f"at C = {C} an exponent above 0 was formed (it overflows for strong decay "
                 "even where it is masked afterwards): form exp(gamma_t - gamma_s) only where "
