@@ -59,15 +59,15 @@ def _stop(*_):
 
 
 @contextlib.contextmanager
-def _time_limit():
-    """Stop the block after ``TIME_LIMIT_S`` with SIGALRM (main thread only), restoring any
-    timer set around it (a test's own limit) with the time it has left."""
+def _time_limit(seconds: float = TIME_LIMIT_S):
+    """Stop the block after ``seconds`` with SIGALRM, raising :class:`_TooSlow` (main thread
+    only), restoring any timer set around it (a test's own limit) with the time it has left."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, _stop)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
