@@ -114,6 +114,8 @@ def _names_c_route(answer, depth: int = 4) -> bool:
             with contextlib.suppress(ValueError):  # an empty cell
                 todo.append((cell.cell_contents, level - 1))
     return False
+
+
 _INVERSE_HINT = (
     "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
     "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
