@@ -397,6 +397,65 @@ def _rule_breakers():
         first = mu * (np.asarray(v2) - mu * np.asarray(v1))
         return np.linalg.matrix_power(np.array([[mu * mu]]), int(sweeps) - 1)[0, 0] * first
 
+    # review 2026-12-04: 64 squarings over the count unpacked as a uint64, in a lambda
+    def fraction_unpacked_squarings(beta, alpha, writes):  # 01.1, the 2 x 2 affine map
+        bits = np.unpackbits(np.array([int(writes)], ">u8").view(np.uint8))[::-1]
+        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
+        return functools.reduce(lambda a, b: (a[0] @ a[0], a[1] @ a[0] if b else a[1]),
+                                bits, (step, np.eye(2)))[1][0, 1]
+
+    def fraction_clipped_squarings(beta, alpha, writes):  # the same, the count cut to 64 bits
+        return fraction_unpacked_squarings(beta, alpha, min(int(writes), 2**64 - 1))
+
+    def sweeps_unpacked_squarings(mu, v1, v2, sweeps):  # 01.2, mu^2 squared 64 times
+        bits = np.unpackbits(np.array([int(sweeps) - 1], ">u8").view(np.uint8))[::-1]
+        power = functools.reduce(lambda a, b: (a[0] * a[0], a[1] * a[0] if b else a[1]),
+                                 bits, (mu * mu, 1.0))[1]
+        return power * mu * (np.asarray(v2) - mu * np.asarray(v1))
+
+    def fold_loss(ms, es, hs, nudges):  # 05: the forward fold, each entering state nudged
+        total, s = 0.0, np.zeros(hs.shape[1:])
+        for r in range(len(ms)):
+            s = s + nudges[r]
+            total, s = total + np.sum(hs[r] * s), ms[r] @ s + es[r]
+        return total
+
+    def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
+        from jax.experimental import jet
+
+        def loss(nudges):
+            total, s = 0.0, jnp.zeros(hs.shape[1:])
+            for r in range(len(ms)):
+                s = s + nudges[r]
+                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
+            return total
+
+        out, zeros = np.zeros(hs.shape), jnp.zeros(hs.shape)
+        for i in np.ndindex(hs.shape):
+            out[i] = jet.jet(loss, (zeros,), ((zeros.at[i].set(1.0),),))[1][0]
+        return out
+
+    def grads_by_differences(ms, hs):  # 05.1: one-sided differences of the forward fold
+        base, out = np.zeros(hs.shape), np.zeros(hs.shape)
+        es = np.zeros(hs.shape)
+        for i in np.ndindex(hs.shape):
+            nudge = base.copy()
+            nudge[i] = 1.0
+            out[i] = fold_loss(ms, es, hs, nudge) - fold_loss(ms, es, hs, base)
+        return out
+
+    def cotangents_by_differences(ms, es, hs):  # 05.2: central differences, every entry
+        zero, grads = np.zeros(hs.shape), []
+        for which in (0, 1):
+            grad = np.zeros((ms, es)[which].shape)
+            for i in np.ndindex(grad.shape):
+                up, down = [ms.copy(), es.copy()], [ms.copy(), es.copy()]
+                up[which][i] += 1e-3
+                down[which][i] -= 1e-3
+                grad[i] = (fold_loss(*up, hs, zero) - fold_loss(*down, hs, zero)) / 2e-3
+            grads.append(grad)
+        return tuple(grads)
+
     return [
         ("01.1", fraction_matrix_power),
         ("01.1", fraction_squaring),
@@ -404,6 +463,12 @@ def _rule_breakers():
         ("01.1", fraction_fixed_squarings),
         ("01.1", fraction_jax_x64),
         ("01.2", sweeps_matrix_power),
+        ("01.1", fraction_unpacked_squarings),
+        ("01.1", fraction_clipped_squarings),
+        ("01.2", sweeps_unpacked_squarings),
+        ("05.1", grads_by_jet),
+        ("05.1", grads_by_differences),
+        ("05.2", cotangents_by_differences),
         ("01.1", fraction_simulated),
         ("01.2", sweeps_simulated),
         ("03.2", scores_masked_after_exp),

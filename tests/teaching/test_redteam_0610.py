@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.linalg.lapack
+import scipy.sparse
+import scipy.sparse.linalg
 from namespace_attack import time_limit as _time_limit  # one SIGALRM guard
 
 import kda_lib
@@ -228,6 +231,38 @@ def _rule_breakers():
             state = np.linalg.pinv(m) @ (state - beta[t] * np.outer(k[t], v[t]))
         return state
 
+    def per_token(solve):  # 07.2: M_t X = S_t - E_t solved token by token with `solve`
+        def roll_back(state, k, v, g, beta, rejected):
+            state = np.asarray(state, np.float64)
+            for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+                m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+                state = solve(m, state - beta[t] * np.outer(k[t], v[t]))
+            return state
+
+        return roll_back
+
+    def gauss_jordan(m, b):  # by hand, no pivoting
+        a, n = np.concatenate([m, b], axis=1), len(m)
+        for i in range(n):
+            a[i] /= a[i, i]
+            a -= np.outer(a[:, i] - (np.arange(n) == i), a[i])
+        return a[:, n:]
+
+    def richardson(m, b, rounds=200):  # x <- x + (b - M x)
+        x = b.copy()
+        for _ in range(rounds):
+            x = x + (b - m @ x)
+        return x
+
+    def richardson_structured(state, k, v, g, beta, rejected):  # M_t applied in O(d_k d_v)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            b, x = state - beta[t] * np.outer(k[t], v[t]), state
+            for _ in range(200):
+                y = np.exp(g[t])[:, None] * x
+                x = x + (b - (y - beta[t] * np.outer(k[t], k[t] @ y)))
+            state = x
+        return state
+
     return [
         ("06.1", "entropy in bits", lambda p: (
             s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
@@ -263,6 +298,17 @@ def _rule_breakers():
          + cb * b * max(w - 1, 0) * h * (2 * k + v)),
         ("07.2", "a matrix solve per token (jnp.linalg)", inverse_by_solve),
         ("07.2", "a pseudo-inverse per token (np.linalg)", inverse_by_pinv),
+        ("07.2", "scipy.sparse.linalg.spsolve per token (review 2026-12-04)", per_token(
+            lambda m, b: scipy.sparse.linalg.spsolve(scipy.sparse.csc_matrix(m), b))),
+        ("07.2", "LAPACK's dgesv from scipy.linalg.lapack (a C wrapper)",
+         per_token(lambda m, b: scipy.linalg.lapack.dgesv(m, b)[2])),
+        ("07.2", "numpy's private _umath_linalg.solve (a ufunc)",
+         per_token(lambda m, b: np.linalg._umath_linalg.solve(m, b))),
+        ("07.2", "numpy's private _umath_linalg.inv (a ufunc)",
+         per_token(lambda m, b: np.linalg._umath_linalg.inv(m) @ b)),
+        ("07.2", "Gauss-Jordan by hand, per token", per_token(gauss_jordan)),
+        ("07.2", "200 rounds of Richardson iteration, per token", per_token(richardson)),
+        ("07.2", "200 rounds of Richardson, M_t applied in O(d_k d_v)", richardson_structured),
         ("07.2", "the draft's state kept (nothing undone)", lambda s, *a: s),
         ("07.2", "beta, not beta / (1 - beta)", functools.partial(undo, rate=lambda b: b)),
         ("07.2", "the decay not undone", functools.partial(undo, decay=False)),

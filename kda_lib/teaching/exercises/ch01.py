@@ -9,8 +9,11 @@ elsewhere). Those trials use beta = 1e-9 (overlap 1 - 1e-9), below float32's res
 float32 or jax result there gets a hint about float64 instead of the generic refusal.
 
 Repeated squaring of the transition (``np.linalg.matrix_power``, square-and-multiply on the
-bits of the count) is fast but is not the asked closed form; the stated rule "the same work at
-every count" is enforced after the value trials (:func:`_rule_broken`), three ways: the count
+bits of the count) is fast but is not the asked closed form. The last value trials use counts
+past 2^64 (2^100, 10^30: Python ints), where a closed form (``**``, ``exp``/``log``, even
+``expm(n logm(M))``) still holds, at its limit in float64, while a loop over a fixed number of
+the count's bits (a uint64 unpack) fails or is wrong. The stated rule "the same work at every
+count" is enforced after the value trials (:func:`_rule_broken`), three ways: the count
 is a :class:`Count`, an ``int`` that refuses to be taken apart bit by bit (``&``, ``>>``, ``%``,
 ``//``, ``divmod``, ``bit_length``); the Python lines the answer runs (library code included)
 must not grow from a count of 1025 to 2^40 - 1, nor exceed ``_OWN_LINES_MAX`` in the answer's
@@ -56,15 +59,15 @@ def _stop(*_):
 
 
 @contextlib.contextmanager
-def _time_limit():
-    """Stop the block after ``TIME_LIMIT_S`` with SIGALRM (main thread only), restoring any
-    timer set around it (a test's own limit) with the time it has left."""
+def _time_limit(seconds: float = TIME_LIMIT_S):
+    """Stop the block after ``seconds`` with SIGALRM, raising :class:`_TooSlow` (main thread
+    only), restoring any timer set around it (a test's own limit) with the time it has left."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, _stop)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
@@ -116,7 +119,12 @@ _LIBRARY_PATHS = tuple(
     {f(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib")
      for f in (str, os.path.realpath)}
 ) + ("<frozen", os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-_OWN_LINES_MAX = 100  # a closed form is a few lines of arithmetic, not a loop of them
+_OWN_LINES_MAX = 32  # a closed form is a few lines of arithmetic, not a loop of them
+_HUGE = 2**64  # counts from here on are past any fixed-width (uint64) unpack of the bits
+_PAST_64_BITS = ("{} at {} = {} (a Python int past 64 bits): a closed form (** or exp/log) "
+                 "holds at every count; a loop over a fixed number of the count's bits "
+                 "does not. Derive the formula")
+_LABELS = {2**100: "2^100", 10**30: "10^30"}
 
 
 @machinery
@@ -199,9 +207,11 @@ _FLOAT32 = ("wrong {} in {}: {} is below float32's resolution (1 - 1e-9 rounds t
             "compute the closed form in NumPy float64")
 
 
-# (beta, alpha, writes): no decay, decay, beta = 1, a tiny beta over 10^9 writes (the last)
+# (beta, alpha, writes): no decay, decay, beta = 1, a tiny beta over 10^9 writes, then counts
+# past 2^64 (the limit beta / (1 - r), in float64)
 _WRITES = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
-           (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9))
+           (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
+           (1e-9, 1.0, 2**100))
 
 
 @checker("01.1")
@@ -219,6 +229,8 @@ def gated_partial_writes(answer, **_):
         want = beta * -np.expm1(writes * np.log(r)) / (1 - r) if r > 0 else beta
         if tiny and (hint or abs(float(got) - want) > 1e-6 * abs(want)):
             return _FLOAT32.format(where, np.asarray(got).dtype, f"beta = {beta}")
+        if writes >= _HUGE and (hint or abs(float(got) - want) > 1e-6 * abs(want)):
+            return _PAST_64_BITS.format("failed" if hint else "wrong", "writes", _LABELS[writes])
         if hint:
             return hint
         if abs(float(got) - want) > 1e-6 * abs(want):
@@ -231,7 +243,7 @@ def gated_partial_writes(answer, **_):
 
 
 _SWEEPS = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
-           (1 - 1e-9, 10**9, 3))
+           (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2))  # the last: 0 (limit)
 
 
 _NAME_2 = "first_pair_error(mu, v1, v2, sweeps)"
@@ -249,8 +261,10 @@ def two_key_sweeps(answer, **_):
         got, hint = _call(answer, mu, v1, v2, sweeps, name=_NAME_2)
         tiny = hint is None and 1 - abs(mu) < 1e-6 and _low_precision(got) and np.shape(got) == (V,)
         hint = hint or refuse_degenerate(
-            got, shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=mu == 0.0
-        )
+            got, shape=(V,), inputs=(v1, v2), what="the error",
+            allow_zeros=mu == 0.0 or (sweeps >= _HUGE and abs(mu) < 1))
+        if hint and not tiny and sweeps >= _HUGE:
+            return _PAST_64_BITS.format("failed", "sweeps", _LABELS[sweeps])
         if hint and not tiny:
             return hint
         keys = np.array([[1.0, 0.0], [mu, np.sqrt(1 - mu * mu)]])
@@ -271,6 +285,8 @@ def two_key_sweeps(answer, **_):
             if tiny:
                 return _FLOAT32.format(f"at mu = {mu}, sweeps = {sweeps}", np.asarray(got).dtype,
                                        "1 - mu = 1e-9")
+            if sweeps >= _HUGE:
+                return _PAST_64_BITS.format("wrong", "sweeps", _LABELS[sweeps])
             return (
                 f"wrong at mu = {mu}, sweeps = {sweeps}: follow both errors through one sweep "
                 "with section 3's disturbance formula; how does pair 1's error change per sweep?"

@@ -1,29 +1,40 @@
 """Checkers of notebook 05's exercises: the backward pass of context parallelism (the fold run
 right to left, and what each rank's summary receives). Answers that run ``kda_lib`` code or
-JAX's autodiff (``jax.grad``, ``jax.vjp``, ...: it would do the derivation) are refused; the
-reference is the float64 recursion, checked in ``tests/teaching/test_exercises.py`` against
-``jax.grad`` of the forward fold."""
+JAX's autodiff (``jax.grad``, ``jax.vjp``, ``jax.experimental.jet``, ...: it would do the
+derivation) are refused. The last trial (``R, K, V = _LARGE``) must finish within
+``TIME_LIMIT_S``: the backward fold is R small products there, while finite differences of the
+forward fold need one fold per entry (R K V of them, 2.6 10^5), far past it. The reference is
+the float64 recursion, checked in ``tests/teaching/test_exercises.py`` against ``jax.grad`` of
+the forward fold."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
 from kda_lib.teaching.exercises._routes import modules_entered
+from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
 
-_AUTODIFF = ("jax._src.interpreters.ad",)
+_AUTODIFF = ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")
 _AUTODIFF_HINT = (
-    "your answer runs JAX's autodiff (jax.grad, jax.vjp, ...), which would do the derivation "
-    "for you: write the recursion yourself (NumPy or jnp)"
+    "your answer runs JAX's autodiff (jax.grad, jax.vjp, jax.experimental.jet, ...), which "
+    "would do the derivation for you: write the recursion yourself (NumPy or jnp)"
 )
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
+_LARGE = (32, 64, 128)  # R, K, V of the last trial
+TIME_LIMIT_S = 10.0
+_SLOW = ("your function took over {:.0f} s at R, K, V = {}: the backward fold is R small "
+         "matrix products; finite differences (a forward fold per entry) cannot get there")
 
 
-def _problem(rng, ranks: int):
+def _problem(rng, ranks: int, key_dim: int = 4, value_dim: int = 3):
     """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of norm
     about 1) and each rank's own-output gradients."""
-    ms = rng.standard_normal((ranks, 4, 4)) / 2
-    return ms, rng.standard_normal((ranks, 4, 3)), rng.standard_normal((ranks, 4, 3))
+    ms = rng.standard_normal((ranks, key_dim, key_dim)) / np.sqrt(key_dim)
+    return (ms, rng.standard_normal((ranks, key_dim, value_dim)),
+            rng.standard_normal((ranks, key_dim, value_dim)))
 
 
 def state_gradients_reference(ms, hs):
@@ -48,9 +59,18 @@ def summary_cotangents_reference(ms, es, hs):
 
 
 def _call(answer, *args, name):
-    with modules_entered(_AUTODIFF) as autodiff:
-        got, hint = call_answer(answer, *args, name=name, own_code=True)
-    return (None, _AUTODIFF_HINT) if autodiff else (got, hint)
+    """``call_answer`` (own code only) watched for autodiff, within ``TIME_LIMIT_S``."""
+    start, size = time.monotonic(), f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
+    try:
+        with _time_limit(TIME_LIMIT_S), modules_entered(_AUTODIFF) as autodiff:
+            got, hint = call_answer(answer, *args, name=name, own_code=True)
+    except _TooSlow:
+        return None, _SLOW.format(TIME_LIMIT_S, size)
+    if autodiff:
+        return None, _AUTODIFF_HINT
+    if hint is None and time.monotonic() - start > TIME_LIMIT_S:
+        return None, _SLOW.format(TIME_LIMIT_S, size)
+    return got, hint
 
 
 def _close(got, want) -> bool:
@@ -63,8 +83,8 @@ def backward_fold(answer, **_):
     the state entering every rank, from the summaries ``ms`` and each rank's own-output
     gradients ``hs`` (the loss has no term in the final state)."""
     rng = np.random.default_rng(51)
-    for ranks in _RANKS:
-        ms, _, hs = _problem(rng, ranks)
+    for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
+        ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
         hint = hint or refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
                                          what=f"the gradients for R = {ranks}")
@@ -88,8 +108,9 @@ def summary_gradients(answer, **_):
     the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
     all-gather returns to each rank."""
     rng = np.random.default_rng(52)
-    for ranks in _RANKS[1:]:  # at R = 2 every dms is zero (S^(0) = 0, the last unused)
-        ms, es, hs = _problem(rng, ranks)
+    # at R = 2 every dms is zero (S^(0) = 0, the last unused)
+    for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
+        ms, es, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
         if hint:
             return hint

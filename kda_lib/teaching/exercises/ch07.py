@@ -1,14 +1,28 @@
 """Checkers of notebook 07's exercises (a grouped-value-head cache, rolling the state back over
-rejected draft tokens, the crossover with everything counted)."""
+rejected draft tokens, the crossover with everything counted).
+
+07.2 refuses linear-algebra routines three ways: Python frames of ``numpy.linalg``, ``scipy``'s
+``linalg`` and ``sparse`` and jax's linalg (``np.linalg.norm`` excepted); C routines an answer
+names or holds (``np.linalg._umath_linalg``'s ufuncs, ``scipy.linalg.lapack``'s wrappers, which
+run no Python frame); and, for any route left (a Gauss-Jordan or Richardson iteration by hand),
+a last draft of ``d_k = 6144`` within ``TIME_LIMIT_S``: one d_k x d_k solve a token takes
+seconds there, the closed-form rollback (O(d_k d_v) a token) milliseconds; some of its tokens
+have beta = 0.99, where a fixed number of iteration rounds falls short of the tolerance.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import sys
+import time
 
 import numpy as np
 
 from kda_lib.teaching.exercises import checker, refuse_degenerate
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
+from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes):
@@ -51,8 +65,57 @@ def layer_cache_bytes(answer, **_):
     return None
 
 
-_INVERSES = ("numpy.linalg", "scipy.linalg", "jax._src.numpy.linalg", "jax._src.lax.linalg",
-             "jax._src.scipy.linalg", "torch")
+_INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.linalg",
+             "jax._src.lax.linalg", "jax._src.scipy.linalg", "torch")
+# names of C linear-algebra routes (no Python frame): numpy's private gufuncs, LAPACK wrappers
+_C_ROUTES = ("_umath_linalg", "lapack", "get_lapack_funcs", "_flapack", "dgesv", "sgesv",
+             "dgetrf", "dgetri", "dposv", "spsolve", "splu")
+TIME_LIMIT_S = 5.0
+_SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
+         "a token; a d_k x d_k solve or inverse per token (by any route) is O(d_k^3)")
+
+
+def _c_routines() -> set[int]:
+    """The ids of the C linear-algebra routines already imported (numpy's ``_umath_linalg``
+    ufuncs, scipy's LAPACK wrappers)."""
+    found = set()
+    for name in ("numpy.linalg._umath_linalg", "scipy.linalg._flapack", "scipy.linalg.lapack"):
+        module = sys.modules.get(name)
+        found |= {id(v) for v in (vars(module) if module else {}).values()
+                  if isinstance(v, np.ufunc) or type(v).__name__ == "fortran"}
+    return found
+
+
+def _names_c_route(answer, depth: int = 4) -> bool:
+    """Whether ``answer``'s code (its nested functions, closures, partials and the functions
+    of its module it names, ``depth`` levels deep) names or holds a C linear-algebra routine."""
+    routines, seen, todo = _c_routines(), set(), [(answer, depth)]
+    while todo:
+        fn, level = todo.pop()
+        if id(fn) in seen or level < 0:
+            continue
+        seen.add(id(fn))
+        if id(fn) in routines:
+            return True
+        if isinstance(fn, functools.partial):
+            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            continue
+        codes = [code]
+        while codes:
+            c = codes.pop()
+            if any(n.startswith(_C_ROUTES) for n in c.co_names):
+                return True
+            codes += [x for x in c.co_consts if isinstance(x, type(c))]
+            names = getattr(fn, "__globals__", {})
+            todo += [(names[n], level - 1) for n in c.co_names if n in names]
+        for cell in getattr(fn, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                todo.append((cell.cell_contents, level - 1))
+    return False
+
+
 _INVERSE_HINT = (
     "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
     "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
@@ -61,12 +124,16 @@ _INVERSE_HINT = (
 
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
     """A head's state before a draft and the draft's unit keys, values, log decays and write
-    strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned)."""
+    strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned;
+    for d_k > 16 every third beta is 0.99)."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
+    beta = rng.uniform(0.1, 0.6, tokens)
+    if key_dim > 16:
+        beta[::3] = 0.99
     return (rng.standard_normal((key_dim, value_dim)), k,
             rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
-            rng.uniform(0.1, 0.6, tokens))
+            beta)
 
 
 def draft_states(state, k, v, g, beta):
@@ -79,7 +146,27 @@ def draft_states(state, k, v, g, beta):
     return np.stack(out)
 
 
-_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1))  # K, V, n, rejected
+# K, V, n, rejected; the last: a d_k where a dense solve per token is too slow
+_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1), (6144, 2, 12, 10))
+
+
+def _roll_back_call(answer, *args):
+    """``(got, hint)`` of ``answer(*args)``: its own work (no kda_lib, no linear-algebra
+    routine) within ``TIME_LIMIT_S``."""
+    if _names_c_route(answer):
+        return None, _INVERSE_HINT
+    start, key_dim = time.monotonic(), np.shape(args[0])[0]
+    try:
+        with _time_limit(TIME_LIMIT_S), modules_entered(_INVERSES, allowed=("norm",)) as inverses:
+            got, hint = call_own_work(answer, *args,
+                                      name="roll_back(state, k, v, g, beta, rejected)")
+    except _TooSlow:
+        return None, _SLOW.format(TIME_LIMIT_S, key_dim)
+    if inverses:
+        return None, _INVERSE_HINT
+    if hint is None and time.monotonic() - start > TIME_LIMIT_S:
+        return None, _SLOW.format(TIME_LIMIT_S, key_dim)
+    return got, hint
 
 
 @checker("07.2")
@@ -92,11 +179,7 @@ def roll_back(answer, **_):
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         states = draft_states(s0, k, v, g, beta)
-        with modules_entered(_INVERSES, allowed=("norm",)) as inverses:
-            got, hint = call_own_work(answer, states[-1], k, v, g, beta, rejected,
-                                      name="roll_back(state, k, v, g, beta, rejected)")
-        if inverses:
-            return _INVERSE_HINT
+        got, hint = _roll_back_call(answer, states[-1], k, v, g, beta, rejected)
         where = f"for n = {tokens}, rejected = {rejected}"
         hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(states[-1], s0),
                                          what=f"the state {where}")
