@@ -401,7 +401,7 @@ display(Markdown(
     f"{old_error['linear attention']:.2f})."))
 
 # %% [markdown]
-# Linear attention's error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
+# Linear attention's squared error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
 # exactly and stays below linear attention up to $n = d_k$, not at zero (section 3). Beyond
 # capacity its old pairs end above 1 (right panel). A decay per key channel clears some and
 # keeps others: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)

@@ -412,8 +412,8 @@ assert tpu_error < 1e-5
 # gradient of the loss with respect to $S^{(\rho)}$ through those outputs only (what the backward
 # of rank $\rho$'s output pass returns) and $\bar S^{(\rho)}$ the whole gradient. The loss has no
 # term in the final state. JAX's autodiff would do the derivation: answers that run it (`jax.grad`,
-# `jax.vjp`, `jax.experimental.jet`) are refused. The last trial ($R = 32$, $K = 64$, $V = 2K$)
-# must finish within 10 s: finite differences, a forward fold per entry, cannot.
+# `jax.vjp`, `jax.experimental.jet`) are refused. The last trial ($R = 32$, $d_k = 64$,
+# $d_v = 2d_k$) must finish within 10 s: finite differences, a forward fold per entry, cannot.
 #
 # 1. **The backward fold.** Derive $\bar S^{(\rho)}$ from $\bar S^{(\rho + 1)}$ and write
 #    `state_gradients(ms, hs)`: from the summaries `ms [R, K, K]` ($M^{(\rho)}$) and `hs [R, K, V]`
