@@ -230,7 +230,35 @@ def _in_threads(fn, warm):
         ("new pool", lambda *a: concurrent.futures.ThreadPoolExecutor(1).submit(fn, *a).result()),
         ("plain thread", plain_thread),
         ("warm pool", lambda *a: warm.submit(fn, *a).result()),
+        *_hooks_dodged(fn),
     ]
+
+
+def _hooks_dodged(fn):
+    """``fn`` in a thread started by ``_thread``, and after the profile hook is turned off
+    (through ``sys.setprofile`` and through a ``setprofile`` bound before the call): the second
+    teacher review's routes past the guard."""
+    import _thread
+    import sys
+    import threading
+    from sys import setprofile as bound_setprofile
+
+    def raw_thread(*args):
+        out, done = [], threading.Event()
+        _thread.start_new_thread(lambda: (out.append(fn(*args)), done.set()), ())
+        done.wait(10)
+        return out[0]
+
+    def profile_off(*args):
+        sys.setprofile(None)
+        return fn(*args)
+
+    def bound_profile_off(*args):
+        bound_setprofile(None)
+        return fn(*args)
+
+    return [("_thread", raw_thread), ("sys.setprofile(None)", profile_off),
+            ("setprofile bound before", bound_profile_off)]
 
 
 def test_library_routes_in_other_threads_are_refused():

@@ -20,6 +20,7 @@ attacks those checkers mechanically.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import importlib
 import itertools
@@ -153,16 +154,16 @@ class _LibraryEntered(BaseException):
 
 STARTED = "a thread or process"
 THREAD_HINT = (
-    "your answer starts a thread or a process; the checker watches only the code an answer "
-    "runs itself: compute it in the calling thread"
+    "your answer starts a thread or a process, or turns the checker's profile hook off; the "
+    "checker watches only the code an answer runs itself: compute it in the calling thread"
 )
 
 
 def _refuse_start(entered: list[str], original):
     def start(*args, **kwargs):
         caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller.split(".")[0] in ("jax", "jaxlib"):  # JAX's own (a backend's timer): watched
-            return original(*args, **kwargs)
+        if caller.split(".")[0] in ("jax", "jaxlib", "threading") or caller.startswith(__name__):
+            return original(*args, **kwargs)  # JAX's (a timer: watched), threading's, the checkers'
         if not entered:
             entered.append(STARTED)
         raise _LibraryEntered(STARTED)
@@ -182,6 +183,13 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
               (subprocess.Popen, "_execute_child")]
     starts += [(os, n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
                if hasattr(os, n)]
+    starts += [(_thread, n) for n in ("start_new_thread", "start_joinable_thread", "start_new")
+               if hasattr(_thread, n)]
+    # the hooks themselves: an answer may not change them (checked again when it returns)
+    starts += [(sys, "setprofile"), (sys, "settrace"), (threading, "setprofile"),
+               (threading, "settrace")]
+    starts += [(threading, n) for n in ("setprofile_all_threads", "settrace_all_threads")
+               if hasattr(threading, n)]
     originals = [(owner, name, owner.__dict__[name]) for owner, name in starts]
     set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
     previous, previous_new = sys.getprofile(), threading.getprofile()
@@ -193,13 +201,15 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     sys.setprofile(hook)
     try:
         yield
+        if sys.getprofile() is not hook and not entered:  # turned off by a route not patched
+            entered.append(STARTED)
     finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
         if set_all is not None:
             set_all(None)
         threading.setprofile(previous_new)
         sys.setprofile(previous)
-        for owner, name, fn in originals:
-            setattr(owner, name, fn)
 
 
 @contextlib.contextmanager
