@@ -66,15 +66,6 @@ def check_flag(name: str, value) -> bool:
     return bool(value)
 
 
-def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
-    """argparse's error naming the first option of ``args`` below its minimum in ``minimums``
-    (None or absent options pass)."""
-    for name, minimum in minimums.items():
-        value = getattr(args, name, None)
-        if value is not None and value < minimum:
-            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
-
-
 def is_number(value) -> bool:
     """Is ``value`` a real number (Python or numpy int or float; bools do not count)?"""
     return is_int(value, None) or isinstance(value, (float, np.floating))

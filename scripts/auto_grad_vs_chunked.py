@@ -18,8 +18,8 @@ import statistics
 
 import jax
 
-from kda_lib.checks import check_option_minimums
 from kda_lib.lab.bench import BenchConfig, TimedProgram, kda_entry, kernel_inputs, with_gradients
+from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.records import dumps, output_path_problem, write_json
 
 

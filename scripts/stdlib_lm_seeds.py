@@ -87,7 +87,6 @@ import yaml
 from flax import nnx
 
 import kda_lib.teaching.notebook
-from kda_lib.checks import check_option_minimums
 from kda_lib.lab import record_runs
 from kda_lib.lab.corpus import (
     ByteCorpus,
@@ -101,6 +100,7 @@ from kda_lib.lab.corpus import (
 )
 from kda_lib.lab.generate import copy_probe_scores, score_text
 from kda_lib.lab.rate_grid import add_grid_arguments, round_rate, tune_rate
+from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.records import read_json_document
 from kda_lib.lab.train import train
 from kda_lib.layers.kda_layer import KDAConfig

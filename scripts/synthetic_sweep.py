@@ -51,9 +51,9 @@ import numpy as np
 from flax import nnx
 
 import kda_lib.teaching.notebook
-from kda_lib.checks import check_option_minimums
 from kda_lib.lab import record_runs
 from kda_lib.lab.rate_grid import add_grid_arguments, parse_grid, tune_rate
+from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.tasks import TASKS, chance_accuracy
 from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task, train_step
 from kda_lib.layers.kda_layer import KDAConfig

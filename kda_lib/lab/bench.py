@@ -84,10 +84,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kda_lib.checks import allocation_problem, check_option_minimums
+from kda_lib.checks import allocation_problem
 from kda_lib.lab import policy_grid
 from kda_lib.lab.costs import matmul_flops
 from kda_lib.lab.measure import timed_call, xla_cost
+from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
 from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step

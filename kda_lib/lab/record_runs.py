@@ -35,7 +35,7 @@ from kda_lib.lab.rate_grid import parse_grid
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 
 # The smallest values of the int options both record scripts have, for
-# kda_lib.checks.check_option_minimums: the model's sizes, the batch, the validation interval,
+# check_option_minimums: the model's sizes, the batch, the validation interval,
 # the grid's extensions per side and the tuning seed.
 MINIMUMS = dict(
     hidden_size=1,
@@ -47,6 +47,15 @@ MINIMUMS = dict(
     max_extensions=0,
     tune_seed=0,
 )
+
+
+def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
+    """argparse's error naming the first option of ``args`` below its minimum in ``minimums``
+    (None or absent options pass)."""
+    for name, minimum in minimums.items():
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
 def parse_with_preset(

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 
-from kda_lib.checks import MAX_SEED, allocation_problem, check_option_minimums, format_bytes
+from kda_lib.checks import MAX_SEED, allocation_problem, format_bytes
+from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.records import RECORDED_DIR, dumps, output_path_problem
 from kda_lib.lab.tasks import TASKS
 from kda_lib.lab.train import DEFAULT_TASK_OPTIONS, default_result_path, run_experiment, save_record

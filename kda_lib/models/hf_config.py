@@ -1,10 +1,7 @@
-"""A Hugging Face ``config.json`` (parsed) read into :class:`~kda_lib.models.presets.ModelPreset`'s
-fields, by ``model_type`` (a wrapper's ``text_config`` when the top level is neither):
-``"kimi_linear"`` (Kimi Linear, Kimi K3; **1-based** layer lists in ``linear_attn_config``) or
-``"glm5_next_text"`` (GLM-5.3-Flash; flat ``linear_*`` fields with transformers' defaults, which a
-``linear_attn_config`` overrides, **0-based** ``kda_layers``, else ``layer_types``, else every
-fourth layer global). Each refusal is a ValueError naming the field. docs/DESIGN.md section 2.
-"""
+"""A parsed Hugging Face ``config.json`` read into :class:`~kda_lib.models.presets.ModelPreset`'s
+fields by ``model_type``: ``"kimi_linear"`` (Kimi Linear, Kimi K3; 1-based layer lists) or
+``"glm5_next_text"`` (GLM-5.3-Flash; flat ``linear_*`` fields, 0-based ``kda_layers``, else
+``layer_types``, else every fourth layer global). Refusals name the field (DESIGN section 2)."""
 
 from __future__ import annotations
 
@@ -52,7 +49,6 @@ def _bool(config: dict, key: str, where: str = "") -> bool:
 
 
 def _linear_attn(config, model_type: str) -> dict:
-    """``linear_attn_config``, its keys and index base checked."""
     base, keys = _FAMILIES[model_type][:2]
     linear = _get(config, "linear_attn_config") if base else config.get("linear_attn_config", {})
     if not isinstance(linear, dict):
@@ -69,9 +65,8 @@ def _linear_attn(config, model_type: str) -> dict:
 
 
 def _layer_lists(lists: dict, num_layers: int, base: int) -> tuple[str, ...]:
-    """``layer_kinds`` from layer lists (field -> layer numbers from ``base``; the first list's
-    layers ``"kda"``, the others' ``"mla"``); each layer in at most one list (of two: in exactly
-    one; else an unlisted one is ``"mla"``)."""
+    """``layer_kinds`` from {field: layer numbers from ``base``}: the first list's ``"kda"``;
+    each layer in at most one list (of two: exactly one)."""
     owner: dict[int, str] = {}
     for field, layers in lists.items():
         if not isinstance(layers, (list, tuple)):
@@ -123,7 +118,6 @@ def _layer_kinds(config: dict, linear: dict, base: int) -> tuple[str, ...]:
 
 
 def _mla(config: dict) -> dict:
-    """The MLA widths of a Kimi Linear config (NoPE only), as :class:`MLAShape` fields."""
     rope = _int(config, "qk_rope_head_dim", minimum=0)
     if rope and not _bool(config, "mla_use_nope"):
         raise ValueError("config field mla_use_nope must be true (or qk_rope_head_dim 0): "
@@ -141,9 +135,7 @@ def _mla(config: dict) -> dict:
 
 
 def preset_fields(config) -> dict:
-    """The :class:`~kda_lib.models.presets.ModelPreset` fields a parsed ``config.json``
-    describes (``mla``: :class:`MLAShape` fields or None; ``name``: ``_name_or_path``, else
-    the model type)."""
+    """The ``ModelPreset`` fields ``config`` describes (``mla``: ``MLAShape``'s or None)."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be a dict (a parsed config.json), got {type(config)}")
     if config.get("model_type") not in _FAMILIES and isinstance(config.get("text_config"), dict):
@@ -188,12 +180,11 @@ def preset_fields(config) -> dict:
 def read_config_json(directory: str) -> dict:
     """``directory/config.json`` parsed, or a ValueError naming the file."""
     path = os.path.join(directory, "config.json")
-    if not os.path.isfile(path):
-        raise ValueError(f"no config.json in {directory!r}")
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"{path}: not JSON ({error})") from None
+    except FileNotFoundError:
+        raise ValueError(f"no config.json in {directory!r}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        what = "not UTF-8 text" if isinstance(error, UnicodeDecodeError) else "not JSON"
+        raise ValueError(f"{path}: {what} ({error})") from None

@@ -1,7 +1,6 @@
-"""The published models that use KDA, as data (:data:`PRESETS`): each one's KDA layer, layer
-pattern and MLA widths, with the source of the numbers. :meth:`ModelPreset.from_hf_config` reads
-a Hugging Face ``config.json``; :func:`load_kimi_linear_checkpoint` loads a checkpoint directory.
-"""
+"""The published models that use KDA (:data:`PRESETS`): each one's KDA layer, layer pattern and
+MLA widths, with the source of the numbers; :meth:`ModelPreset.from_hf_config` reads a parsed
+Hugging Face ``config.json`` (:mod:`.hf_config`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import dataclasses
 import functools
 import math
 import os
-from typing import NamedTuple
+from collections import namedtuple
 
 from flax import nnx
 
@@ -29,9 +28,8 @@ from kda_lib.ops.gating import LOWER_BOUND_RANGE, GateForm, check_gate_form
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MLAShape:
-    """A published MLA layer's widths in :class:`~kda_lib.layers.mla.MLAConfig`'s names
-    (``qk_nope_head_dim``, ``v_head_dim``, ``qk_rope_head_dim``: ``head_dim``, ``value_head_dim``,
-    ``shared_key_dim``); ``output_gate`` (of rank ``output_gate_rank``, None: full) is not in it."""
+    """A published MLA layer's widths in :class:`~kda_lib.layers.mla.MLAConfig`'s names, plus
+    ``output_gate`` of rank ``output_gate_rank`` (None: full), which that layer lacks."""
 
     num_heads: int
     head_dim: int
@@ -51,9 +49,9 @@ class MLAShape:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelPreset:
-    """A published model: the KDA fields in :class:`kda_lib.KDAConfig`'s names and meanings,
-    ``layer_kinds`` (``"kda"`` or ``"mla"``, the global layer), ``mla`` (its widths or None),
-    ``source`` (repository, path and commit of the numbers) and ``notes``."""
+    """A published model: the KDA fields in :class:`kda_lib.KDAConfig`'s names, ``layer_kinds``
+    (``"kda"`` or ``"mla"``, the global layer), ``mla`` (its widths or None), ``source``
+    (repository, path and commit of the numbers) and ``notes``."""
 
     name: str
     hidden_size: int
@@ -74,7 +72,7 @@ class ModelPreset:
     source: str
     notes: str = ""
 
-    def __post_init__(self):  # numpy numbers are stored as Python numbers
+    def __post_init__(self):
         check_fields(self, int="hidden_size num_heads num_v_heads head_dim", int0="conv_size",
                      width="forget_gate_rank output_gate_rank", eps="norm_eps",
                      bool="fused_qkv_conv use_a_log output_gate_bias")  # fmt: skip
@@ -107,25 +105,23 @@ class ModelPreset:
 
     @classmethod
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
-        """The preset a parsed Hugging Face ``config.json`` describes (:mod:`.hf_config`);
-        ``name`` defaults to ``_name_or_path``, else the model type."""
+        """The preset a parsed ``config.json`` describes; ``name`` defaults to
+        ``_name_or_path``, else the model type."""
         fields = hf_config.preset_fields(config) | ({} if name is None else {"name": name})
         return cls(**fields | {"mla": fields["mla"] and MLAShape(**fields["mla"])})
 
     def kda_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The KDA layer's parameter shapes by path (``"q_proj.kernel": (d, H K)``, ...); the
-        gate's form shapes no parameter, so it is taken as the safe gate."""
+        """The KDA layer's parameter shapes by path (``"q_proj.kernel": (d, H K)``, ...)."""
         gate = dict(gate_form=GateForm.SAFE_SIGMOID, lower_bound=LOWER_BOUND_RANGE[0])
-        return dict(_shapes(KDAConfig(**{**shared_fields(self, KDAConfig), **gate})))
+        return dict(_shapes(KDAConfig(**shared_fields(self, KDAConfig) | gate)))  # no gate shape
 
     def kda_parameter_count(self) -> int:
-        """Scalars in one KDA layer (the sum over :meth:`kda_parameter_shapes`)."""
+        """Scalars in one KDA layer."""
         return sum(math.prod(shape) for shape in self.kda_parameter_shapes().values())
 
     def mla_parameter_count(self) -> int:
-        """Scalars in one MLA layer: the layer's, plus the output gate it lacks where the model
-        has one (``g_a_proj [d, r]``, ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one
-        ``g_proj [d, H V]``)."""
+        """Scalars in one MLA layer, plus its output gate where the model has one (``g_a_proj
+        [d, r]``, ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
         m = self._mla_or_raise()
         shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **shared_fields(m, MLAConfig)))
         count = sum(math.prod(shape) for shape in shapes.values())
@@ -149,7 +145,7 @@ class ModelPreset:
         if missing := self.unsupported_options():
             raise NotImplementedError(f"{self.name}: KimiDeltaAttention cannot express this "
                                       "layer yet; missing " + "; ".join(missing))  # fmt: skip
-        return KDAConfig(**{**shared_fields(self, KDAConfig), **overrides})
+        return KDAConfig(**shared_fields(self, KDAConfig) | overrides)
 
     def _mla_or_raise(self) -> MLAShape:
         if self.mla is None:
@@ -163,8 +159,9 @@ class ModelPreset:
         if m.output_gate:
             raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "
                                       "gate (mla_use_output_gate)")  # fmt: skip
-        return MLAConfig(**{"hidden_size": self.hidden_size, **shared_fields(m, MLAConfig),
-                            **overrides})  # fmt: skip
+        return MLAConfig(
+            **{"hidden_size": self.hidden_size} | shared_fields(m, MLAConfig) | overrides
+        )
 
 
 def _eval_shape(config):
@@ -193,78 +190,63 @@ def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
     return tuple("mla" if i + 1 in global_layers_1based else "kda" for i in range(num_layers))
 
 
-# What the three share: Kimi Linear's KDA layout (modeling_kimi.py; MaxText's kda.py and
-# glm5_next.py): a low-rank forget gate of rank head_dim, A_log per head, value heads = heads,
-# no output-gate bias, o_norm eps 1e-5. The MLA's norm eps is KimiRMSNorm's default.
+# Kimi Linear's KDA layout, which all three share (modeling_kimi.py; MaxText's kda.py, glm5_next.py)
 _KIMI = dict(head_dim=128, conv_size=4, fused_qkv_conv=False, use_a_log=True,
              forget_gate_rank=128, output_gate_bias=False, norm_eps=1e-5)  # fmt: skip
 _KIMI_MLA = dict(head_dim=128, value_head_dim=128, kv_lora_rank=512, shared_key_dim=64)
 
 KIMI_LINEAR_48B = ModelPreset(
     **_KIMI, name="Kimi-Linear-48B-A3B", hidden_size=2304, num_heads=32, num_v_heads=32,
-    gate_form="softplus", lower_bound=None,  # no gate_lower_bound in its config.json
-    output_gate_rank=128, layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)),
-    mla=MLAShape(**_KIMI_MLA, num_heads=32),
+    gate_form="softplus", lower_bound=None, output_gate_rank=128,
+    layer_kinds=_kinds(27, (4, 8, 12, 16, 20, 24, 27)), mla=MLAShape(**_KIMI_MLA, num_heads=32),
     source="HF config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct (stored copy: "
-    "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4 config.json); modeling_kimi.py @ 6e163f3 via "
-    "axolotl-ai-cloud/axolotl src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py @ "
+    "Firworks/Kimi-Linear-48B-A3B-Instruct-nvfp4); modeling_kimi.py via axolotl-ai-cloud/axolotl "
+    "src/axolotl/monkeypatch/models/kimi_linear/modeling_kimi.py @ "
     "1e4d015475e3f5d48e6fb5517484f0bfd08b96bd",
     notes="v_head_dim 128 from NVIDIA-NeMo/Megatron-Bridge's test fixture",
 )  # fmt: skip
 
 KIMI_K3 = ModelPreset(
     **_KIMI, name="Kimi-K3", hidden_size=7168, num_heads=96, num_v_heads=96,
-    gate_form="safe_sigmoid", lower_bound=-5.0,  # lb * sigmoid(exp(A_log) (f + dt_bias))
-    output_gate_rank=None,  # use_full_rank_gate: one g_proj [d, H K]
+    gate_form="safe_sigmoid", lower_bound=-5.0, output_gate_rank=None,  # use_full_rank_gate
     layer_kinds=_kinds(93, (*range(4, 93, 4), 93)),
     mla=MLAShape(**_KIMI_MLA, num_heads=96, q_lora_rank=1536, output_gate=True),
     source="text_config of moonshotai/Kimi-K3 config.json as stored in lablup/mlxcel "
-    "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ 1b37521e5afafc982e4eda4d1f126dc29d57df95 "
-    "(mla_use_output_gate; its checkpoint fixture has one full-rank MLA g_proj [H V, d])",
-    notes="MaxText's bring-up (kda.py, attention_mla.py @ bf801f4) clamps the gate and gives the "
-    "MLA output gate rank 128; the published model has the safe sigmoid gate and a full-rank MLA "
-    "output gate. Its A_log has 128 entries for 96 heads (mlxcel uses the first num_heads)",
+    "src/models/kimi_k3_tests.rs (PUBLISHED_CONFIG) @ 1b37521e5afafc982e4eda4d1f126dc29d57df95",
+    notes="MaxText's bring-up (kda.py @ bf801f4) clamps the gate and gives the MLA output gate "
+    "rank 128; the published model has the safe sigmoid gate and a full-rank MLA output gate",
 )  # fmt: skip
 
 GLM_5_3_FLASH = ModelPreset(
-    **{**_KIMI, "fused_qkv_conv": True},  # one depthwise conv over concat(q, k, v)
-    name="GLM-5.3-Flash", hidden_size=4096, num_heads=64, num_v_heads=64,
-    gate_form="safe_sigmoid", lower_bound=-5.0, output_gate_rank=128,
-    layer_kinds=_kinds(45, range(4, 46, 4)),  # 0-based: layer i is global where i % 4 == 3
-    mla=None,
+    **_KIMI | {"fused_qkv_conv": True}, name="GLM-5.3-Flash", hidden_size=4096, num_heads=64,
+    num_v_heads=64, gate_form="safe_sigmoid", lower_bound=-5.0, output_gate_rank=128,
+    layer_kinds=_kinds(45, range(4, 46, 4)), mla=None,
     source="huggingface/transformers src/transformers/models/glm5_next/configuration_glm5_next"
-    ".py @ 02106f7d89617f572b33cbd27dc3e3fed63866e9 (widths, layer pattern); "
-    "AI-Hypercomputer/maxtext src/maxtext/models/glm5_next.py @ "
-    "06304397847ce203b976f17e53631a4b271e434e (the fused conv, gate ranks)",
-    notes="the global layers are DeepSeek sparse attention (MLA with an indexer, q_lora_rank "
-    "1536, kv_lora_rank 512, qk_nope_head_dim = v_head_dim = 256, no rope), which "
-    "MultiHeadLatentAttention does not have, so no MLA preset",
+    ".py @ 02106f7d89617f572b33cbd27dc3e3fed63866e9; AI-Hypercomputer/maxtext "
+    "src/maxtext/models/glm5_next.py @ 06304397847ce203b976f17e53631a4b271e434e (fused conv)",
+    notes="the global layers are DeepSeek sparse attention (MLA with an indexer), which "
+    "MultiHeadLatentAttention does not have",
 )  # fmt: skip
 
 PRESETS: dict[str, ModelPreset] = {p.name: p for p in (KIMI_LINEAR_48B, KIMI_K3, GLM_5_3_FLASH)}
 
-
-class KimiLinearCheckpoint(NamedTuple):
-    """The preset of ``config.json``, the naming read, one layer per ``preset.layer_kinds``."""
-
-    preset: ModelPreset
-    naming: str
-    layers: list
+# what load_kimi_linear_checkpoint returns: one layer per preset.layer_kinds
+KimiLinearCheckpoint = namedtuple("KimiLinearCheckpoint", "preset naming layers")
 
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
     """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and
-    ``*.safetensors`` shards), built by :meth:`ModelPreset.from_hf_config`. ``naming``:
-    "kimi_linear", "transformers" or "auto" (told from the first KDA layer); ``overrides`` go to
-    both configs (``dtype``, ...). A shard replaced during the load is refused naming it."""
+    ``*.safetensors`` shards). ``naming``: "kimi_linear", "transformers" or "auto" (told from
+    the first KDA layer); ``overrides`` go to both configs (``dtype``, ...). A shard replaced
+    during the load is refused naming it."""
+    if naming not in ("auto", "kimi_linear", "transformers"):
+        raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
     directory = os.fspath(directory)
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
     shards = sorted(os.path.join(directory, n) for n in os.listdir(directory)
                     if n.endswith(".safetensors"))  # fmt: skip
     if not shards:
         raise ValueError(f"no .safetensors file in {directory!r}")
-    if naming not in ("auto", "kimi_linear", "transformers"):
-        raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
     versions, layers = {}, []  # versions: each shard's at its first read, checked at each read
     for index, kind in enumerate(preset.layer_kinds):
         prefix = kimi_linear_prefix(index)

@@ -1,8 +1,6 @@
-"""tokamax's KDA kernels behind kda_lib's conventions: every tokamax quirk lives here.
-
-tokamax is head-first (``[H, B, T, D]``), keeps one state slot per segment
-(``[B, N, H, K, V]``), pads T to its 64-token chunk and runs Mosaic on a TPU v6+ only (or under
-:func:`kda_lib.emulate_tpu`)."""
+"""tokamax's KDA kernels behind kda_lib's conventions. tokamax is head-first (``[H, B, T, D]``),
+keeps a state slot per segment (``[B, N, H, K, V]``), pads T to its 64-token chunk and runs
+Mosaic on a TPU v6+ only (or under :func:`kda_lib.emulate_tpu`)."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ MOSAIC = TOKAMAX_VARIANTS["tokamax_mosaic"]
 
 
 @functools.cache
-def tokamax_kda_api():
-    """tokamax's KDA api module (its untuned-shape warnings filtered out)."""
+def tokamax_kda_api():  # with its untuned-shape warnings filtered out
     require_tokamax("kda_lib's tokamax adapter")
     from tokamax._src.ops.kda import api
 
@@ -70,8 +67,7 @@ def tpu_generation() -> int | None:
 
 
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
-    """Why tokamax's ``variant`` cannot serve the checked call ``o`` (empty: it can); with
-    ``here`` also on this machine (tokamax installed; Mosaic: a TPU v6+ or emulate_tpu)."""
+    """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims = variant.name, o.dims
     found = [missing_tokamax_problem(f"implementation={name!r}")] if here else []
     if variant.mosaic:
@@ -118,8 +114,8 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
 def segment_slot_count(
     variant: TokamaxVariant, max_num_segments: int, seq_len: int, *, segments_per_row=None
 ) -> int:
-    """The state slots ``[B, slots, H, K, V]`` tokamax gets: the bound, at most T (Mosaic: T
-    rounded up to its chunk, and with concrete ids only the counted segments)."""
+    """The state slots tokamax gets: the bound, at most T (Mosaic: T rounded up to its chunk,
+    and with concrete ids only the counted segments)."""
     if not variant.mosaic:
         return min(max_num_segments, seq_len)
     count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
@@ -130,8 +126,7 @@ def segment_slots_problem(
     implementation: str, dims: Dims, max_num_segments: int, *,
     segments_per_row: int | None = None, name: str = "max_num_segments",
 ) -> str | None:  # fmt: skip
-    """Why tokamax's float32 per-segment states cannot fit in memory, naming ``name``, or None
-    (also for kda_lib's own implementations)."""
+    """Why tokamax's float32 per-segment states cannot fit in memory, naming ``name``, or None."""
     variant = TOKAMAX_VARIANTS.get(implementation)
     if variant is None:
         return None
@@ -148,10 +143,8 @@ def segment_slots_problem(
 
 
 def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
-    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call (``arrays``: a
-    :class:`kda_lib.ops.api.KDAArrays`, padding zeroed). Returns ``(o [B, T, HV, V] in q's
-    dtype, final_state [B, HV, K, V] float32 | None)``, NaN exactly where the recurrence has it
-    and for rows over ``max_num_segments`` under jit."""
+    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state |
+    None)`` as ``kda`` returns them; NaN also for rows over ``max_num_segments`` under jit."""
     o, dims, ids = options, options.dims, arrays.segment_ids
     q, k = repeat_qk_heads(arrays.q, arrays.k, dims.groups)  # tokamax has no grouped heads
     if not o.use_qk_l2norm:  # (normalised keys cannot overflow)
@@ -197,21 +190,17 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
 def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kernel: bool,
                  a_log=None, dt_bias=None, **kw):  # fmt: skip
     """tokamax's ``variant`` on batch-first ``q, k, g [B, T, HV, K]``, ``v [B, T, HV, V]``,
-    ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax as they
-    are. The fused gate without ``a_log`` runs with ``a_log = 0`` (A = 1)."""
-    if use_gate_in_kernel and a_log is None:
+    ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax."""
+    if use_gate_in_kernel and a_log is None:  # the fused gate with A = 1
         a_log = jnp.zeros((v.shape[2],), jnp.float32)
-    kw.update(
-        a_log=None if a_log is None else a_log.astype(jnp.float32),
-        delta_time_bias=None if dt_bias is None else dt_bias.astype(jnp.float32),
-        use_gate_in_kernel=use_gate_in_kernel,
-    )
+    f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
+    kw.update(a_log=f32(a_log), delta_time_bias=f32(dt_bias), use_gate_in_kernel=use_gate_in_kernel)
     args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]  # tokamax's [H, B, T, D]
-    api = tokamax_kda_api()
     if variant.mosaic and emulation.is_emulating():  # (never on a real TPU)
         out, final = emulation.emulated_mosaic_op()(*args, **kw)
     else:
-        out, final = api.kimi_delta_attention(*args, implementation=variant.api_name, **kw)
+        run = tokamax_kda_api().kimi_delta_attention
+        out, final = run(*args, implementation=variant.api_name, **kw)
     return jnp.moveaxis(out, 0, 2), final
 
 
@@ -225,10 +214,9 @@ def tokamax_mosaic_context_parallel(
     output_final_state=False,
 ):  # fmt: skip
     """tokamax's context parallelism for its Mosaic kernel, inside a ``shard_map`` over
-    ``axis_name`` with ``check_vma=False``: one rank's q, k, g ``[B, T, H, K]``, v
-    ``[B, T, HV, V]``, beta ``[B, T, HV]`` -> o ``[B, T, HV, V]``. Besides what ``kda`` asks
-    of Mosaic: K and V multiples of 128, no initial/final state (ValueError naming each).
-    Padding takes the id of the segment it follows across ranks (docs/DESIGN.md section 5)."""
+    ``axis_name`` with ``check_vma=False``: one rank's slices as :func:`kda_lib.kda` takes them
+    -> o ``[B, T, HV, V]``. Besides what ``kda`` asks of Mosaic: K and V multiples of 128, no
+    initial/final state. Padding takes the id of the segment it follows across ranks."""
     fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
     dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids, raw_gate=fused,
                             lower_bound=lower_bound, a_log=a_log, dt_bias=dt_bias)  # fmt: skip
@@ -240,10 +228,9 @@ def tokamax_mosaic_context_parallel(
     if dims.key_dim % 128 or dims.value_dim % 128:
         problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
                         f"got K={dims.key_dim}, V={dims.value_dim}")
-    states = {"initial_state": initial_state, "output_final_state": output_final_state}
-    for arg, value in states.items():
-        if value is not None and value is not False:
-            problems.append(f"tokamax_mosaic context parallelism does not support {arg}")
+    given = {"initial_state": initial_state is not None, "output_final_state": output_final_state}
+    problems += [f"tokamax_mosaic context parallelism does not support {arg}" for arg in given
+                 if given[arg]]  # fmt: skip
     if problems:
         problems = "; ".join(problems)
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
@@ -270,8 +257,8 @@ def tokamax_mosaic_context_parallel(
 
 
 def _mosaic_cp_mesh(q, axis_name, mesh):
-    """The shard_map's mesh (default: the abstract mesh), after checking the shard_map does
-    not check vma (tokamax's loop carries do not vary over the axis) and has ``axis_name``."""
+    """The shard_map's mesh (default: the abstract mesh), checked to have ``axis_name`` and
+    not to check vma (tokamax's loop carries do not vary over the axis)."""
     aval = jax.typeof(q)  # varying axes: typeof(x).mat.varying in jax 0.12, .vma before
     varying = getattr(getattr(aval, "mat", None), "varying", None) or getattr(aval, "vma", ())
     if axis_name in frozenset(varying or ()):

@@ -1,11 +1,7 @@
-"""Run tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode.
-
-``with kda_lib.emulate_tpu("v6e"): ...`` makes ``implementation="tokamax_mosaic"`` run on CPU
-(``kda``, the layer, tokamax's own CP), to check the TPU code path; ``KDA_EMULATE_TPU=v6e``
-(``1``: v6e) for the whole process. Three process-wide switches, undone on exit:
-``PALLAS_INTERPRET=1``; jax's TPU info registry answering for the host's device kind with the
-emulated chip; memory a kernel never writes read as zeros. The private names used are
-:data:`HOOKS`, each checked to exist before anything is switched on (DESIGN section 4)."""
+"""tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode: within
+``emulate_tpu("v6e")``, or with ``KDA_EMULATE_TPU=v6e`` (``1``: v6e) for the process. Switched
+on, and undone on exit: ``PALLAS_INTERPRET=1``, jax's TPU info for the host's device kind, and
+memory a kernel never writes read as zeros, through the private names in :data:`HOOKS`."""
 
 from __future__ import annotations
 
@@ -63,13 +59,11 @@ def require_tokamax(what: str) -> None:
 
 
 def _versions() -> tuple[str, str]:
-    """The installed ``(jax, tokamax)`` versions."""
     return tuple(importlib.metadata.version(dist) for dist in ("jax", "tokamax"))
 
 
 def _hooks() -> dict:
-    """``{key: module}`` for every :data:`HOOKS` entry, each checked to be there
-    (EmulationUnavailableError naming the tested versions; tokamax missing: ModuleNotFoundError)."""
+    """``{key: module}`` for :data:`HOOKS`, each checked (else EmulationUnavailableError)."""
     require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
     found = {}
     for key, (name, attribute, what) in HOOKS.items():
@@ -89,8 +83,7 @@ def _hooks() -> dict:
 
 @functools.cache
 def emulated_mosaic_op():
-    """tokamax's Mosaic KDA op with its TPU device check bypassed (called with
-    ``kimi_delta_attention``'s keywords minus ``implementation``)."""
+    """tokamax's Mosaic KDA op with its TPU device check bypassed."""
     return _hooks()["mosaic_op"].PallasMosaicTpuKimiDeltaAttention(bypass_device_check=True)
 
 
@@ -163,15 +156,15 @@ def emulate_tpu(
 
 
 def reset_environment_activation() -> None:
-    """Undo a ``KDA_EMULATE_TPU`` activation; the variable is read again at the next query."""
+    """Undo a ``KDA_EMULATE_TPU`` activation (the variable is read again)."""
     if _env["context"] is not None:
         _env["context"].__exit__(None, None, None)
     _env.update(checked=False, context=None)
 
 
 def emulated_chip() -> str | None:
-    """The TPU chip being emulated (e.g. ``"v6e"``), or None (no emulation, or a real TPU).
-    The first query turns emulation on for the process if ``KDA_EMULATE_TPU`` asks for it."""
+    """The TPU chip being emulated (``"v6e"``, ...) or None; the first query applies
+    ``KDA_EMULATE_TPU``."""
     if not _env["checked"]:
         _env["checked"] = True
         value = os.environ.get(ENV_VAR, "").strip().lower()
@@ -182,9 +175,7 @@ def emulated_chip() -> str | None:
                 raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: {e}") from None
             if jax.devices()[0].platform != "tpu":
                 _env["context"] = _emulating(chip, "zero")
-                _env["context"].__enter__()
-                # exited while the interpreter is whole (a generator closed during shutdown
-                # prints an ignored AttributeError traceback)
+                _env["context"].__enter__()  # and exited before shutdown closes generators
                 atexit.register(reset_environment_activation)
     return _stack[-1] if _stack else None
 
