@@ -1,6 +1,5 @@
-"""Argument checks every folder of kda_lib uses (ints, seeds, numbers, bools, token ids, arrays,
-sizes against memory): each raises ``ValueError`` naming the argument and what was expected,
-before any work. And :func:`shared_fields`, how one config is built from another by name."""
+"""Argument checks every folder of kda_lib uses: each raises ``ValueError`` naming the argument
+and what was expected, before any work."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ def is_int(value, minimum: int | None = 1) -> bool:
 def check_int(name: str, value, minimum: int = 1, *, optional: bool = False,
               expected: str | None = None) -> int | None:  # fmt: skip
     """``value`` as a Python int if :func:`is_int` (None passes when ``optional``); else
-    ``"<name> must be <expected>, got <value>"`` (default "a positive int" or "an int >= m")."""
+    ``"<name> must be <expected>, got <value>"``."""
     if optional and value is None:
         return None
     if not is_int(value, minimum):
@@ -117,8 +116,7 @@ def check_array(name: str, x, *, floating: bool = False) -> None:
 
 
 def memory_limit() -> int | None:
-    """The first local device's memory in bytes (GPU, TPU), else this machine's physical
-    memory, or None where neither is known (size checks then pass)."""
+    """The first local device's memory in bytes, else this machine's, or None (unknown)."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])

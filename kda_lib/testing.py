@@ -101,22 +101,11 @@ def assert_close(actual, expected, *, atol: float | None = None, rtol: float | N
     atol = default[0] if atol is None else atol
     rtol = default[1] if rtol is None else rtol
     a, e = _as_f64(actual), _as_f64(expected)
-    if a.shape != e.shape:
-        raise AssertionError(f"{name}: shape {a.shape} != expected shape {e.shape}")
     if not np.isfinite(a).all():
         raise AssertionError(f"{name}: {np.size(a) - np.isfinite(a).sum()} non-finite values")
-    err = np.abs(a - e)
-    bad = err > atol + rtol * np.abs(e)
-    max_err = float(err.max()) if err.size else 0.0
-    if bad.any():
-        where = np.unravel_index(np.argmax(err), err.shape)
-        raise AssertionError(
-            f"{name}: {int(bad.sum())}/{bad.size} values outside atol={atol:g}, rtol={rtol:g}; "
-            f"max abs error {max_err:.3g} at {tuple(int(i) for i in where)} "
-            f"(actual {a[where]:.6g}, expected {e[where]:.6g}); "
-            f"relative L2 {relative_l2(a, e):.3g}"
-        )
-    return max_err
+    l2 = f"relative L2 {relative_l2(a, e):.3g}" if a.shape == e.shape else "shapes differ"
+    np.testing.assert_allclose(a, e, rtol, atol, strict=True, err_msg=f"{name}: {l2}")
+    return float(np.abs(a - e).max()) if a.size else 0.0
 
 
 def relative_l2(actual, expected) -> float:
