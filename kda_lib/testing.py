@@ -1,5 +1,4 @@
-"""Helpers shared by the tests, the benchmark and the notebooks: random KDA inputs and
-tolerance-aware comparisons."""
+"""Random KDA inputs and tolerance-aware comparisons for the tests, benchmark and notebooks."""
 
 from __future__ import annotations
 
@@ -38,13 +37,11 @@ def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Ar
 def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_dim: int,
                       value_dim: int | None = None, *, dtype=jnp.float32, gate: str = "softplus",
                       gate_scale: float = 1.0, with_state: bool = False) -> dict[str, jax.Array]:
-    """Random inputs for :func:`kda_lib.kda` in ``dtype`` (state and gate parameters float32):
-    q, k ``[B, T, H, K]`` L2-normalised Gaussians, v ``[B, T, H, V]`` (V = K if None), beta
-    ``[B, T, H]`` a sigmoid of one, g from a Gaussian gate input, ``a_log = log(linspace(1, 16,
-    H))``, ``dt_bias ~ 0.5 N``. ``gate``: "softplus" or "safe" (bound -5) give the log-space
-    decay (times ``gate_scale``); "raw" the gate input, with ``a_log``, ``dt_bias``,
-    ``lower_bound=-5``, ``use_gate_in_kernel=True``. ``with_state``: ``initial_state [B, H, K,
-    V]`` (0.5 N)."""
+    """Keyword arguments for :func:`kda_lib.kda` in ``dtype``: q, k L2-normalised Gaussians, v
+    (V = K if None), beta a sigmoid of one, g from a Gaussian gate input with ``a_log =
+    log(linspace(1, 16, H))``, ``dt_bias ~ 0.5 N``. ``gate``: "softplus" or "safe" (bound -5):
+    the log-space decay (times ``gate_scale``); "raw": the gate input, with the fused gate's
+    arguments. ``with_state``: a float32 ``initial_state`` (0.5 N)."""
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     value_dim = key_dim if value_dim is None else value_dim
@@ -67,7 +64,6 @@ def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_
 
 @functools.partial(jax.jit, static_argnames=("dtype", "gate", "gate_scale"))
 def _inputs_from_draws(draws: dict, *, dtype, gate: str, gate_scale: float) -> dict:
-    """:func:`random_kda_inputs` from its draws, as one program."""
     q, k = (draws[n] / jnp.linalg.norm(draws[n], axis=-1, keepdims=True) for n in ("q", "k"))
     a_log = jnp.log(jnp.linspace(1.0, 16.0, draws["q"].shape[2]))
     dt_bias = draws["dt_bias"] * 0.5

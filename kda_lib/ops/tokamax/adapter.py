@@ -68,47 +68,40 @@ def tpu_generation() -> int | None:
 
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
-    name, dims = variant.name, o.dims
-    found = [missing_tokamax_problem(f"implementation={name!r}")] if here else []
-    if variant.mosaic:
-        generation = tpu_generation() or emulation.emulated_tpu_generation()
-        emulated = " (emulated)" if emulation.is_emulating() else ""
-        needs = "tokamax_mosaic needs a TPU v6 or newer; "
-        if here and generation is None:
-            found.append(f"{needs}the default device is {jax.devices()[0].platform} (to run it "
-                         "in Pallas interpret mode anyway, wrap the call in kda_lib.emulate_tpu())")
-        elif here and generation < 6:
-            found.append(f"{needs}this is TPU v{generation}{emulated}")
-        if dims.key_dim > 256:
-            found.append(f"tokamax_mosaic supports K <= 256, got K={dims.key_dim}")
-        if jnp.dtype(o.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-            found.append(f"tokamax_mosaic supports float32/bfloat16 inputs, got {o.dtype}")
-        if o.fused_gate and o.lower_bound is None:
-            found.append("tokamax_mosaic with a fused gate (a_log given) needs lower_bound")
-    if o.allow_neg_eigval:
-        found.append(f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported")
-    if variant.api_name == "xla_chunked" and not (o.fused_gate and o.lower_bound is not None):
-        found.append(f"{name} needs the fused safe gate (it needs the safe gate's lower_bound, "
-                     "with or without a_log, and a raw gate input g); use "
-                     "implementation='chunked' for log-space gates")
-    if o.precision is not None:
-        found.append(f"precision={o.precision!r} applies to kda_lib's 'chunked' implementation; "
-                     f"{name!r} chooses its own matmul precision (pass precision=None)")
-    for flag in ("output_chunk_states", "output_token_states"):
-        if getattr(o, flag):
-            found.append(f"{name} returns no interior states ({flag}); use kda_lib's "
-                         "'chunked' or 'recurrent' implementation")
-    if variant.chunked and o.chunk_size != TOKAMAX_CHUNK:
-        found.append(f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {o.chunk_size}")
-    if o.has_segments and o.max_num_segments is None:
-        found.append(f"{name} with segment_ids needs max_num_segments (a static bound on the ids)")
-    elif o.has_segments and (o.segments_per_row or 0) > o.max_num_segments:
-        found.append(f"segment_ids has a row with {o.segments_per_row} segments but "
-                     f"max_num_segments={o.max_num_segments}")
-    elif o.has_segments:
-        found.append(segment_slots_problem(name, dims, o.max_num_segments,
-                                           segments_per_row=o.segments_per_row))
-    return [problem for problem in found if problem]
+    name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
+    tpu = (tpu_generation() or emulation.emulated_tpu_generation()) if mosaic and here else 6
+    on = f"this is TPU v{tpu}{' (emulated)' if emulation.is_emulating() else ''}" if tpu else (
+        f"the default device is {jax.devices()[0].platform} (to run it in Pallas interpret mode "
+        "anyway, wrap the call in kda_lib.emulate_tpu())")  # fmt: skip
+    bound = o.max_num_segments
+    found = [problem for bad, problem in [
+        (here, missing_tokamax_problem(f"implementation={name!r}")),
+        ((tpu or 0) < 6, f"tokamax_mosaic needs a TPU v6 or newer; {on}"),
+        (mosaic and dims.key_dim > 256, f"tokamax_mosaic supports K <= 256, got K={dims.key_dim}"),
+        (mosaic and jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),
+         f"tokamax_mosaic supports float32/bfloat16 inputs, got {o.dtype}"),
+        (mosaic and o.fused_gate and o.lower_bound is None,
+         "tokamax_mosaic with a fused gate (a_log given) needs lower_bound"),
+        (o.allow_neg_eigval, f"{name} requires beta in [0, 1]; allow_neg_eigval is not supported"),
+        (variant.api_name == "xla_chunked" and not (o.fused_gate and o.lower_bound is not None),
+         f"{name} needs the fused safe gate (it needs the safe gate's lower_bound, with or without "
+         "a_log, and a raw gate input g); use implementation='chunked' for log-space gates"),
+        (o.precision is not None, f"precision={o.precision!r} applies to kda_lib's 'chunked' "
+         f"implementation; {name!r} chooses its own matmul precision (pass precision=None)"),
+        *[(getattr(o, flag), f"{name} returns no interior states ({flag}); use kda_lib's "
+           "'chunked' or 'recurrent' implementation")
+          for flag in ("output_chunk_states", "output_token_states")],
+        (variant.chunked and o.chunk_size != TOKAMAX_CHUNK,
+         f"{name} supports chunk_size={TOKAMAX_CHUNK} only, got {o.chunk_size}"),
+        (segments and bound is None,
+         f"{name} with segment_ids needs max_num_segments (a static bound on the ids)"),
+        (segments and bound is not None and (o.segments_per_row or 0) > bound,
+         f"segment_ids has a row with {o.segments_per_row} segments but max_num_segments={bound}"),
+    ] if bad and problem]  # fmt: skip
+    if segments and bound is not None and (o.segments_per_row or 0) <= bound:
+        found += filter(None, [segment_slots_problem(name, dims, bound,
+                                                     segments_per_row=o.segments_per_row)])
+    return found
 
 
 def segment_slot_count(
