@@ -81,28 +81,22 @@ def kda(
 # ------------------------------------------------------------------ the implementations
 
 STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_parallel)
-# one checked call's arrays, shapes as in kda() (None: absent; ids canonical, padding zeroed,
-# dt_bias flat [HV * K])
+# one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
-# one row of REGISTRY: call(arrays, options) -> (o, final_state, chunk_states, token_states);
-# refuses(options, here) -> [why it cannot serve them] (here: this machine's reasons too);
-# context_parallel: STATE_PASSING, its own function or None; variant: tokamax's kernel or None
+# a row: call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options,
+# here) -> [why not] (here: this machine too); context_parallel: STATE_PASSING, a function or
+# None; variant: tokamax's kernel or None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant")
 
 
-def _activated(arrays: KDAArrays, options: KDAOptions):
-    """q, k (L2-normalised in float32 if asked) and the log-space gate, for kda_lib's forms."""
-    q, k, g = arrays.q, arrays.k, arrays.g
-    if options.use_qk_l2norm:
-        q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
-    if options.fused_gate:
-        g = kda_gate(g, arrays.a_log, arrays.dt_bias, lower_bound=options.lower_bound)
-    return q, k, g
-
-
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
-    """kda_lib's ``core`` form on the activated inputs, the output in q's dtype."""
-    q, k, g = _activated(arrays, o)
+    """kda_lib's ``core`` on q, k (L2-normalised in float32 if asked) and the log-space gate;
+    the output in q's dtype."""
+    q, k, g = arrays.q, arrays.k, arrays.g
+    if o.use_qk_l2norm:
+        q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
+    if o.fused_gate:
+        g = kda_gate(g, arrays.a_log, arrays.dt_bias, lower_bound=o.lower_bound)
     out, *states = core(q, k, arrays.v, g, arrays.beta, dims=o.dims, scale=o.scale,
                         initial_state=arrays.initial_state, segment_ids=arrays.segment_ids,
                         output_final_state=o.output_final_state, **extra)  # fmt: skip
@@ -110,8 +104,9 @@ def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
 
 
 def _recurrent(arrays: KDAArrays, o: KDAOptions):
+    every = o.chunk_size if o.output_chunk_states else None
     return _own_form(recurrent_core, arrays, o, output_token_states=o.output_token_states,
-                     chunk_states_every=o.chunk_size if o.output_chunk_states else None)  # fmt: skip
+                     chunk_states_every=every)  # fmt: skip
 
 
 def _chunked(arrays: KDAArrays, o: KDAOptions):
@@ -248,8 +243,8 @@ def context_parallel_route(implementation: str, seq_len: int):
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if row.context_parallel is None:  # tokamax's XLA kernels' carries do not vary over the mesh
-        raise ValueError(f"kda_context_parallel runs kda_lib's kernels ('chunked' or "
-                         f"'recurrent'); {row.name!r} cannot run inside shard_map here")  # fmt: skip
+        raise ValueError(f"kda_context_parallel runs kda_lib's kernels ('chunked' or 'recurrent'); "
+                         f"{row.name!r} cannot run inside shard_map here")  # fmt: skip
     return row.name, row.context_parallel
 
 

@@ -159,28 +159,27 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
 def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
     """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``) and a log-space g in ``[bound, 0]``,
     when concrete; non-finite values are left to the forms' non-finite rule."""
-
-    def host_range(x, keep) -> tuple[float, float]:
-        values = host_values(x, np.float32)
-        values = values[keep(values)]
-        return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-
     beta_max = 2.0 if allow_neg_eigval else 1.0
-    if is_concrete(beta):
-        lo, hi = host_range(beta, np.isfinite)
-        if not (lo >= 0.0 and hi <= beta_max):
-            hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
-            raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
-                             f"[{lo:g}, {hi:g}]")  # fmt: skip
-    if not raw_gate and is_concrete(g):
-        lo, hi = host_range(g, lambda x: ~np.isnan(x))
-        if not hi <= 0.0:
-            raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
-        if bound is not None and not lo >= bound:
-            raise ValueError(
-                f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "
-                f"about it), got min {lo:g}; for a raw g pass use_gate_in_kernel=True"
-            )
+    lo, hi = _host_range(beta, np.isfinite)
+    if lo < 0.0 or hi > beta_max:
+        hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
+        raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
+                         f"[{lo:g}, {hi:g}]")  # fmt: skip
+    lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, lambda x: ~np.isnan(x))
+    if hi > 0.0:
+        raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
+    if bound is not None and lo < bound:
+        raise ValueError(
+            f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "
+            f"about it), got min {lo:g}; for a raw g pass use_gate_in_kernel=True"
+        )
+
+
+def _host_range(x, keep) -> tuple[float, float]:
+    """``(min, max)`` of concrete ``x``'s values that ``keep`` keeps (else ``(0, 0)``)."""
+    values = host_values(x, np.float32) if is_concrete(x) else np.zeros(0)
+    values = values[keep(values)]
+    return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
 
 
 def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
