@@ -207,11 +207,9 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
         raise ValueError(f"segment_ids must be >= 0 (0 = padding), got min {ids.min()}")
     previous = np.concatenate([np.zeros_like(ids[:, :1]), ids[:, :-1]], axis=1)
     rows, cols = np.nonzero((ids != 0) & (ids != previous))  # the start of each run
-    order = np.lexsort((ids[rows, cols], rows))  # by row, then by id
-    run_rows, run_ids = rows[order], ids[rows, cols][order]
-    again = (run_rows[1:] == run_rows[:-1]) & (run_ids[1:] == run_ids[:-1])
-    if again.any():
-        row, reused = run_rows[np.argmax(again)], run_ids[np.argmax(again)]
+    runs, counts = np.unique(np.stack([rows, ids[rows, cols]], 1), axis=0, return_counts=True)
+    if (counts > 1).any():
+        row, reused = runs[np.argmax(counts > 1)]
         raise ValueError(
             f"segment_ids row {row} uses id {reused} for two separate runs; each document "
             "needs its own id (one contiguous run per id, padding 0 may only separate "
