@@ -258,7 +258,6 @@ _OPTIONS = {
     "max_num_segments": functools.partial(check_int, optional=True),  # with ids or without
     "chunk_size": lambda _, value: contract.check_chunk_size(value),
     "precision": lambda _, value: contract.check_precision(value),
-    "implementation": lambda name, value: implementation_row(value, name).name,
 }  # fmt: skip
 _SIZES = ("batch", "seq_len", "num_heads", "key_dim")
 # the fields of a call known in part (the sizes, KDAOptions') -> rule(name, value) -> value
@@ -330,7 +329,7 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
         contract.check_states_fit("output_chunk_states", True, f"at chunk_size={o.chunk_size}, "
                                   "chunk_states [B, T // chunk_size, HV, K, V]",
                                   dims.seq_len // o.chunk_size, dims, o.dtype)  # fmt: skip
-    row = implementation_row(o.implementation)
+    row = implementation_row(kw["implementation"])
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):

@@ -54,7 +54,6 @@ class KDAOptions(NamedTuple):
     allow_neg_eigval: bool = False
     chunk_size: int = 64
     precision: str | None = None
-    implementation: str = "auto"
     output_chunk_states: bool = False
     output_token_states: bool = False
 
