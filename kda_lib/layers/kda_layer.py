@@ -40,13 +40,10 @@ from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
     CheckedSegmentIds,
-    check_implementation,
+    implementation_row,
     kda,
-    needs_segment_bound,
-    option_problems,
+    refusals,
     register_compiled_cache,
-    segment_slots_problem,
-    uses_own_context_parallel,
 )
 from kda_lib.ops.contract import Dims, check_chunk_size
 from kda_lib.ops.gating import (
@@ -59,6 +56,7 @@ from kda_lib.ops.gating import (
 )
 from kda_lib.ops.norms import gated_rms_norm
 from kda_lib.ops.segments import count_segments
+from kda_lib.ops.tokamax.adapter import segment_slots_problem
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
@@ -120,7 +118,7 @@ class KDAConfig(Widths):
         except ValueError as error:
             raise ValueError(f"KDAConfig.{error}") from None
         set_field("lower_bound", None if self.lower_bound is None else float(self.lower_bound))
-        check_implementation(self.implementation, "KDAConfig.implementation")
+        implementation_row(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
         for problem in self._combination_problems():
@@ -138,9 +136,9 @@ class KDAConfig(Widths):
         hint = (" (set lower_bound, e.g. -5.0)" if fused else "; with gate_form="
                 "'clamped_softplus' the layer activates the gate itself, so the kernel gets a "
                 "log-space gate")  # fmt: skip
-        for problem in option_problems(self.implementation, fused_gate=fused,
-                                       lower_bound=self.lower_bound,
-                                       allow_neg_eigval=self.allow_neg_eigval):  # fmt: skip
+        for problem in refusals(self.implementation, here=False, fused_gate=fused,
+                                lower_bound=self.lower_bound,
+                                allow_neg_eigval=self.allow_neg_eigval):  # fmt: skip
             yield f": {problem}{hint if 'gate' in problem else ''}"
         if not self.use_a_log and self.lower_bound is None:
             yield (".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
@@ -337,7 +335,7 @@ class KimiDeltaAttention(nnx.Module):
                 ids = (np if isinstance(ids, np.ndarray) else jnp).pad(ids, [(0, 0), (0, pad)])
         graphdef, state = nnx.split(self)
         key = (graphdef, axis, cfg, mesh, ids is not None)
-        if uses_own_context_parallel(cfg.implementation):
+        if callable(implementation_row(cfg.implementation).context_parallel):
             # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
             # no cache key holds, so it is built for each call
             bound = max_segments_bound(ids, cfg, ranks)
@@ -491,7 +489,7 @@ def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | 
     """Tokamax's static bound on segments per row (per rank's slice): ``max_num_segments``,
     else the most runs of one id (padding runs too) in concrete ids; None for kda_lib's kernels
     or without ids. Traced ids without the config bound are refused (T slots is no bound)."""
-    if segment_ids is None or not needs_segment_bound(config.implementation):
+    if segment_ids is None or implementation_row(config.implementation).variant is None:
         return None
     if config.max_num_segments is not None:
         return config.max_num_segments

@@ -23,7 +23,6 @@ from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_p
 from kda_lib.ops.tokamax import adapter
 from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, tokamax_kda, tpu_generation
 
-segment_slots_problem = adapter.segment_slots_problem  # the layer asks it here
 __all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "select_implementation"]
 
 
@@ -38,41 +37,31 @@ def kda(
     precision: Precision | None = None, output_chunk_states: bool = False,
     output_token_states: bool = False,
 ):  # fmt: skip
-    """Kimi Delta Attention with a chosen (or automatically selected) implementation.
+    """Kimi Delta Attention by ``implementation`` (``"auto"``: DESIGN section 4).
 
     Args:
-      q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``; beta: ``[B, T, HV]`` in [0, 1]; HV a
-        positive multiple of H (value head j reads q/k head ``j // (HV // H)``).
-      g: ``[B, T, HV, K]`` log-space decay (``<= 0``), or the raw gate input with
-        ``use_gate_in_kernel``.
-      scale: query scale, default ``K ** -0.5``.
-      initial_state: ``[B, HV, K, V]`` (float32), the state entering a row's first segment.
-      output_final_state: also return the ``[B, HV, K, V]`` state after the last valid token.
+      q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, HV a multiple of H (value head j reads q/k
+        head ``j // (HV // H)``); beta: ``[B, T, HV]`` in [0, 1] ([0, 2] with
+        ``allow_neg_eigval``); g: ``[B, T, HV, K]``, a log-space decay ``<= 0``, or with
+        ``use_gate_in_kernel`` the raw input of :func:`kda_lib.kda_gate` (``a_log [HV]``,
+        ``dt_bias [HV * K]`` or ``[HV, K]``, ``lower_bound``).
+      scale: default ``K ** -0.5``. initial_state: ``[B, HV, K, V]`` float32 (default zeros).
+      output_final_state: also return the state after the last valid token (default False).
       segment_ids: ``[B, T]`` int, 0 = padding; a new segment wherever a real token's id
-        differs from the previous real token's.
-      max_num_segments: static bound on the segments in one row (tokamax with segments;
-        under ``jit`` a row with more comes out NaN).
-      a_log: ``[HV]``, dt_bias: ``[HV * K]`` or ``[HV, K]``: the in-kernel gate's parameters.
-      lower_bound: in [-5, 0). With ``use_gate_in_kernel`` the safe gate
-        ``lower_bound * sigmoid(exp(a_log) * (g + dt_bias))`` (None: the softplus gate, which
-        needs ``a_log``); without, as in fla, a promise that ``g >= lower_bound`` (checked
-        when ``g`` is concrete). It never switches the gate on.
-      use_gate_in_kernel: activate the raw ``g`` inside, by :func:`kda_lib.kda_gate` (default
-        False).
-      use_qk_l2norm: L2-normalise q and k (eps 1e-6) first.
-      allow_neg_eigval: accept beta in [0, 2].
-      chunk_size: the chunked form's chunk length, a power of two (default 64; tokamax: 64).
-      implementation: one of :data:`IMPLEMENTATIONS` or ``"auto"`` (default).
-      precision: the chunked form's matmul policy ``"highest"``, ``"input"`` or None (default;
-        :func:`kda_lib.kda_chunked`); ``"recurrent"`` honours ``"highest"`` only, tokamax none.
-      output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``
-        (``"chunked"``, ``"recurrent"``).
-      output_token_states: also return ``token_states [B, T, HV, K, V]`` (``"recurrent"``,
-        which ``"auto"`` picks). Interior states past this device's memory are refused.
+        changes. max_num_segments: a static bound on segments per row (tokamax; under ``jit``
+        a row over it comes out NaN).
+      lower_bound: in [-5, 0): the safe gate's bound; without ``use_gate_in_kernel``, a promise
+        ``g >= lower_bound`` (checked when concrete).
+      use_qk_l2norm: L2-normalise q and k (eps 1e-6) first (default False).
+      chunk_size: a power of two (default 64). implementation: ``"auto"`` (default) or one of
+        :data:`IMPLEMENTATIONS`. precision: ``"highest"``, ``"input"`` or None (default), as in
+        :func:`kda_lib.kda_chunked`.
+      output_chunk_states, output_token_states: also return the states after each chunk
+        ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, HV, K, V]`` (default False).
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``; with
-      ``output_chunk_states`` or ``output_token_states`` the 4-tuple :class:`KDAResult`.
+      interior states a :class:`KDAResult`.
     """
     impl, arrays, options = check_call(**locals())  # every parameter, before any other local
     try:
@@ -82,9 +71,8 @@ def kda(
             raise
         raise TypeError(
             "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            "implementation='chunked' (which 'auto' runs above "
-            f"{RECURRENT_MAX_AUTO_T} tokens for large states or off CPU, and for derivatives "
-            "of a gradient): its backward is hand-written; pass implementation='recurrent'"
+            "implementation='chunked' (which 'auto' runs for long sequences, DESIGN section "
+            "4): its backward is hand-written; pass implementation='recurrent'"
         ) from e
     return contract.kda_result(*result, asked=options.output_chunk_states or
                                options.output_token_states)  # fmt: skip
@@ -93,51 +81,43 @@ def kda(
 # ------------------------------------------------------------------ the implementations
 
 STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_parallel)
-# one checked call's arrays, shapes as in kda() (None: absent; ids canonical, padding zeroed,
-# dt_bias flat [HV * K])
+# one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
-# one row of REGISTRY: call(arrays, options) -> (o, final_state, chunk_states, token_states);
-# refuses(options, here) -> [why it cannot serve them] (here: this machine's reasons too);
-# context_parallel: STATE_PASSING, its own function or None; variant: tokamax's kernel or None
+# a row: call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options,
+# here) -> [why not] (here: this machine too); context_parallel: STATE_PASSING, a function or
+# None; variant: tokamax's kernel or None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant")
 
 
-def _activated(arrays: KDAArrays, options: KDAOptions):
-    """q, k (L2-normalised in float32 if asked) and the log-space gate, for kda_lib's forms."""
+def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
+    """kda_lib's ``core`` on q, k (L2-normalised in float32 if asked) and the log-space gate;
+    the output in q's dtype."""
     q, k, g = arrays.q, arrays.k, arrays.g
-    if options.use_qk_l2norm:
+    if o.use_qk_l2norm:
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
-    if options.fused_gate:
-        g = kda_gate(g, arrays.a_log, arrays.dt_bias, lower_bound=options.lower_bound)
-    return q, k, g
+    if o.fused_gate:
+        g = kda_gate(g, arrays.a_log, arrays.dt_bias, lower_bound=o.lower_bound)
+    out, *states = core(q, k, arrays.v, g, arrays.beta, dims=o.dims, scale=o.scale,
+                        initial_state=arrays.initial_state, segment_ids=arrays.segment_ids,
+                        output_final_state=o.output_final_state, **extra)  # fmt: skip
+    return (out.astype(o.dtype), *states)
 
 
 def _recurrent(arrays: KDAArrays, o: KDAOptions):
-    q, k, g = _activated(arrays, o)
-    out, *states = recurrent_core(
-        q, k, arrays.v, g, arrays.beta, dims=o.dims, scale=o.scale,
-        initial_state=arrays.initial_state, output_final_state=o.output_final_state,
-        segment_ids=arrays.segment_ids, output_token_states=o.output_token_states,
-        chunk_states_every=o.chunk_size if o.output_chunk_states else None,
-    )  # fmt: skip
-    return (out.astype(o.dtype), *states)
+    every = o.chunk_size if o.output_chunk_states else None
+    return _own_form(recurrent_core, arrays, o, output_token_states=o.output_token_states,
+                     chunk_states_every=every)  # fmt: skip
+
+
+def _chunked(arrays: KDAArrays, o: KDAOptions):
+    return (*_own_form(chunked_core, arrays, o, chunk_size=o.chunk_size, precision=o.precision,
+                       output_chunk_states=o.output_chunk_states), None)  # fmt: skip
 
 
 def _recurrent_refuses(o: KDAOptions, here: bool = True) -> list[str]:
     return [f"precision={o.precision!r} applies to the 'chunked' implementation; 'recurrent' "
             "computes in float32 throughout (pass precision=None or 'highest')"
             ] if o.precision not in (None, "highest") else []  # fmt: skip
-
-
-def _chunked(arrays: KDAArrays, o: KDAOptions):
-    q, k, g = _activated(arrays, o)
-    out, final, chunk_states = chunked_core(
-        q, k, arrays.v, g, arrays.beta, dims=o.dims, scale=o.scale,
-        initial_state=arrays.initial_state, output_final_state=o.output_final_state,
-        segment_ids=arrays.segment_ids, chunk_size=o.chunk_size, precision=o.precision,
-        output_chunk_states=o.output_chunk_states,
-    )  # fmt: skip
-    return out.astype(o.dtype), final, chunk_states, None
 
 
 def _chunked_refuses(o: KDAOptions, here: bool = True) -> list[str]:
@@ -155,6 +135,17 @@ REGISTRY: dict[str, Implementation] = {
        for name, v in TOKAMAX_VARIANTS.items()},
 }  # fmt: skip
 IMPLEMENTATIONS = tuple(REGISTRY)
+# "auto"'s row: it refuses nothing; check_call runs _route(*auto_forms(options)) for it
+AUTO = Implementation("auto", None, lambda o, here=True: [], STATE_PASSING, None)
+
+
+def implementation_row(implementation, owner: str = "implementation") -> Implementation:
+    """The row of ``implementation`` (``"auto"``: :data:`AUTO`); callers read its fields.
+    Any other value: ValueError naming ``owner``."""
+    if not isinstance(implementation, str) or implementation not in ("auto", *REGISTRY):
+        raise ValueError(f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got "
+                         f"{implementation!r}")  # fmt: skip
+    return REGISTRY.get(implementation, AUTO)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 3))
@@ -177,12 +168,11 @@ def _routed_jvp(forward, training, options, primals, tangents):
 @functools.cache
 def _route(forward: str, training: str) -> Implementation:
     """One row per pair of forms (:func:`run` traces per row): ``forward``'s result with
-    ``training``'s derivatives (:func:`_routed`)."""
+    ``training``'s derivatives."""
     if forward == training:
         return REGISTRY[forward]
-    calls = {"recurrent": _recurrent, "chunked": _chunked}
-    return REGISTRY[training]._replace(call=functools.partial(_routed, calls[forward],
-                                                              calls[training]))  # fmt: skip
+    call = functools.partial(_routed, REGISTRY[forward].call, REGISTRY[training].call)
+    return REGISTRY[training]._replace(call=call)
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
@@ -236,13 +226,26 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
     """``(forward, training)`` that ``"auto"`` runs: the first row that serves the call of
     tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form and
-    ``"recurrent"`` (which also takes what none serves)."""
+    ``"recurrent"``."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
     first = ("tokamax_mosaic",) if tpu_generation() else ()
     pick = lambda *names: next(
         (n for n in (*first, *names) if not REGISTRY[n].refuses(o)), "recurrent")  # fmt: skip
     return pick(forward, training), pick(training)
+
+
+def context_parallel_route(implementation: str, seq_len: int):
+    """``(name, route)``: the CP route of ``implementation`` (``"auto"``: kda_lib's training
+    form for ``seq_len``), :data:`STATE_PASSING` or a function; ValueError if it has none."""
+    row = implementation_row(implementation)
+    row = REGISTRY[portable_forms(seq_len)[1]] if row is AUTO else row
+    if row.variant is not None:
+        adapter.require_tokamax(f"implementation={row.name!r}")
+    if row.context_parallel is None:  # tokamax's XLA kernels' carries do not vary over the mesh
+        raise ValueError(f"kda_context_parallel runs kda_lib's kernels ('chunked' or 'recurrent'); "
+                         f"{row.name!r} cannot run inside shard_map here")  # fmt: skip
+    return row.name, row.context_parallel
 
 
 # ------------------------------------------------------------------ questions asked before a call
@@ -255,7 +258,6 @@ _OPTIONS = {
     "max_num_segments": functools.partial(check_int, optional=True),  # with ids or without
     "chunk_size": lambda _, value: contract.check_chunk_size(value),
     "precision": lambda _, value: contract.check_precision(value),
-    "implementation": lambda name, value: check_implementation(value, name),
 }  # fmt: skip
 _SIZES = ("batch", "seq_len", "num_heads", "key_dim")
 # the fields of a call known in part (the sizes, KDAOptions') -> rule(name, value) -> value
@@ -263,8 +265,7 @@ _FIELDS = {
     **_OPTIONS, **dict.fromkeys(_SIZES, check_int), "dtype": check_float_dtype,
     "value_dim": functools.partial(check_int, optional=True),
     "lower_bound": lambda _, value: check_lower_bound(value) or value,
-    **dict.fromkeys(("fused_gate", "allow_neg_eigval", "has_initial_state", "has_segments"),
-                    check_flag),
+    **dict.fromkeys(("fused_gate", "allow_neg_eigval", "has_segments"), check_flag),
 }  # fmt: skip
 
 
@@ -290,51 +291,7 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
     """Why ``implementation`` cannot serve a call of ``config`` (as for
     :func:`select_implementation`); ``here``: on this machine too (none for ``"auto"``)."""
     options, here = _request("refusals", config), check_flag("here", here)
-    if check_implementation(implementation) == "auto":
-        return []
-    return REGISTRY[implementation].refuses(options, here)
-
-
-def option_problems(implementation: str, **config) -> list[str]:
-    """:func:`refusals` on any machine (for a layer's config)."""
-    return refusals(implementation, here=False, **config)
-
-
-def needs_segment_bound(implementation: str) -> bool:
-    """Whether ``implementation``'s row needs ``max_num_segments`` with segment ids (tokamax)."""
-    return getattr(REGISTRY.get(implementation), "variant", None) is not None
-
-
-def uses_own_context_parallel(implementation: str) -> bool:
-    """Whether ``implementation``'s CP route is its own (tokamax Mosaic), not state passing."""
-    return callable(getattr(REGISTRY.get(implementation), "context_parallel", None))
-
-
-def check_implementation(implementation, owner: str = "implementation") -> str:
-    """``implementation`` must be ``"auto"`` or a registered name."""
-    if not isinstance(implementation, str) or implementation not in ("auto", *REGISTRY):
-        raise ValueError(f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got "
-                         f"{implementation!r}")  # fmt: skip
-    return implementation
-
-
-def _required(implementation: str) -> Implementation:
-    """A named row; tokamax's only where installed (else ModuleNotFoundError)."""
-    if REGISTRY[implementation].variant is not None:
-        adapter.require_tokamax(f"implementation={implementation!r}")
-    return REGISTRY[implementation]
-
-
-def context_parallel_route(implementation: str, seq_len: int):
-    """``(name, route)``: the CP route of ``implementation`` (``"auto"``: kda_lib's training
-    form for ``seq_len``), :data:`STATE_PASSING` or a function; ValueError if it has none."""
-    if check_implementation(implementation) == "auto":
-        implementation = portable_forms(seq_len)[1]
-    route = _required(implementation).context_parallel
-    if route is None:  # tokamax's XLA kernels' loop carries do not vary over the mesh axis
-        raise ValueError(f"kda_context_parallel runs kda_lib's kernels ('chunked' or "
-                         f"'recurrent'); {implementation!r} cannot run inside shard_map here")
-    return implementation, route
+    return implementation_row(implementation).refuses(options, here)
 
 
 # ------------------------------------------------------------------ one check per call
@@ -349,36 +306,35 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
     """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
     arrays, options)``."""
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
-                              kw["lower_bound"])  # and a_log, dt_bias present, lower_bound
+                              kw["lower_bound"])  # fmt: skip
     dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
         n: kw[n] for n in ("initial_state", "allow_neg_eigval", "lower_bound", "a_log", "dt_bias")
     })  # fmt: skip
-    ids, bound, per_row = kw["segment_ids"], kw["lower_bound"], None
+    ids, per_row = kw["segment_ids"], None
     if isinstance(ids, CheckedSegmentIds):  # the KDA layer checked them at its entry
-        ids, per_row = ids
-        kw["segment_ids"] = ids
+        kw["segment_ids"], per_row = ids
     elif ids is not None:
         per_row = contract.check_segment_ids(ids, *dims[:2])
     o = KDAOptions(
         dims, np.dtype(q.dtype), contract.resolve_scale(kw["scale"], dims.key_dim),
-        has_initial_state=kw["initial_state"] is not None, has_segments=ids is not None,
-        segments_per_row=per_row,
-        fused_gate=fused, allow_neg_eigval=bool(kw["allow_neg_eigval"]),
-        lower_bound=None if bound is None or not fused else float(bound),  # else: g's promise
+        has_segments=ids is not None, segments_per_row=per_row, fused_gate=fused,
+        allow_neg_eigval=bool(kw["allow_neg_eigval"]),
+        lower_bound=float(kw["lower_bound"]) if fused and kw["lower_bound"] is not None else None,
         **{name: rule(name, kw[name]) for name, rule in _OPTIONS.items()},
     )  # fmt: skip
-    for name, count in (("token", o.dims.seq_len), ("chunk", o.dims.seq_len // o.chunk_size)):
-        if getattr(o, f"output_{name}_states"):  # interior states past memory, by name
-            what = "token_states [B, T, HV, K, V]" if name == "token" else (
-                f"at chunk_size={o.chunk_size}, chunk_states [B, T // chunk_size, HV, K, V]")
-            contract.check_states_fit(f"output_{name}_states", True, what, count, dims, o.dtype)
-    if o.implementation == "auto":
-        impl = _route(*auto_forms(o))
-    elif problems := _required(o.implementation).refuses(o, True):
+    if o.output_token_states:  # interior states past memory, by name
+        contract.check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
+                                  dims.seq_len, dims, o.dtype)  # fmt: skip
+    if o.output_chunk_states:
+        contract.check_states_fit("output_chunk_states", True, f"at chunk_size={o.chunk_size}, "
+                                  "chunk_states [B, T // chunk_size, HV, K, V]",
+                                  dims.seq_len // o.chunk_size, dims, o.dtype)  # fmt: skip
+    row = implementation_row(kw["implementation"])
+    if row.variant is not None:
+        adapter.require_tokamax(f"implementation={row.name!r}")
+    if problems := row.refuses(o, True):
         raise ValueError("; ".join(problems))
-    else:
-        impl = REGISTRY[o.implementation]
-    return impl, _arrays(q, k, v, g, beta, kw, fused), o
+    return _route(*auto_forms(o)) if row is AUTO else row, _arrays(q, k, v, g, beta, kw, fused), o
 
 
 def _arrays(q, k, v, g, beta, kw, fused: bool) -> KDAArrays:

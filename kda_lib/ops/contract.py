@@ -15,8 +15,7 @@ from kda_lib.checks import check_array, check_flag, is_concrete
 
 
 class Dims(NamedTuple):
-    """One call's sizes: ``num_heads`` the value heads HV (v, g, beta, the state), ``qk_heads``
-    the q/k heads H, HV a multiple of H (value head j reads q/k head ``j // (HV // H)``)."""
+    """One call's sizes: ``num_heads`` the value heads HV, ``qk_heads`` the q/k heads H."""
 
     batch: int
     seq_len: int
@@ -46,7 +45,6 @@ class KDAOptions(NamedTuple):
     dtype: np.dtype = np.dtype("float32")  # q's dtype: the outputs' dtype
     scale: float = 1.0
     output_final_state: bool = False
-    has_initial_state: bool = False
     has_segments: bool = False
     max_num_segments: int | None = None
     segments_per_row: int | None = None
@@ -56,16 +54,14 @@ class KDAOptions(NamedTuple):
     allow_neg_eigval: bool = False
     chunk_size: int = 64
     precision: str | None = None
-    implementation: str = "auto"
     output_chunk_states: bool = False
     output_token_states: bool = False
 
 
 class KDAResult(NamedTuple):
-    """The forms' result when interior states are asked for (else ``(o, final_state)``), None
-    where not asked: ``output [B, T, HV, V]`` (q's dtype), ``final_state [B, HV, K, V]``,
-    ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each full chunk), ``token_states
-    [B, T, HV, K, V]`` (after each token; DESIGN section 3 for padding)."""
+    """The result with interior states asked for (None where not): ``output [B, T, HV, V]``,
+    ``final_state [B, HV, K, V]``, ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each
+    full chunk), ``token_states [B, T, HV, K, V]`` (after each token)."""
 
     output: jax.Array
     final_state: jax.Array | None
@@ -90,8 +86,8 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 # ------------------------------------------------------------------------------ shapes
 
-# Every checked array's shape by argument name: H q/k's heads, HV the value heads (HV = H
-# without grouped value heads), N a pool's slots. Messages show these names.
+# Every checked array's shape by argument name: H q/k's heads, HV the value heads (a positive
+# multiple of H), N a pool's slots. Messages show these names.
 SHAPES = {
     "q": "B T H K", "k": "B T H K", "v": "B T HV V", "g": "B T HV K", "beta": "B T HV",
     "initial_state": "B HV K V", "segment_ids": "B T", "a_log": "HV",
@@ -100,51 +96,45 @@ SHAPES = {
 }  # fmt: skip
 
 
-def check_shape(name: str, x, dims: Dims, *, slots: int | None = None) -> None:
-    """``x`` must be a floating array (integer: ``segment_ids``) of shape ``SHAPES[name]`` at
-    ``dims`` (N: ``slots``); the message names the argument and both shapes."""
-    check_array(name, x, floating=name != "segment_ids")
-    axes, got = SHAPES[name].split(), tuple(x.shape)
-    heads = dims.qk_heads if name in ("q", "k", "q_t", "k_t") else dims.num_heads
-    sizes = dict(B=dims.batch, T=dims.seq_len, H=heads, HV=heads, K=dims.key_dim,
-                 V=dims.value_dim, N=slots)  # fmt: skip
-    want = tuple(sizes[a] for a in axes)
-    if got != want:
-        raise ValueError(f"{name} must have shape [{', '.join(axes)}]={want}, got shape {got}")
-
-
-def check_float_arrays(**arrays) -> None:
-    """Each non-None argument must be a floating-point jax or numpy array."""
+def check_shapes(sizes: dict, **arrays) -> dict:
+    """Each array (None: skipped) a floating (``segment_ids``: any) array of shape
+    ``SHAPES[name]``: an axis in ``sizes`` must match, a new one is read off (not 0), HV a
+    multiple of H. Returns ``sizes`` with the new axes; messages name the argument."""
     for name, x in arrays.items():
-        if x is not None:
-            check_array(name, x, floating=True)
+        if x is None:
+            continue
+        check_array(name, x, floating=name != "segment_ids")
+        axes, got = SHAPES[name].split(), tuple(x.shape)
+        shape = f"{name} must have shape [{', '.join(axes)}]"
+        if len(got) != len(axes) and not set(axes) <= set(sizes):
+            raise ValueError(f"{shape} ({len(axes)} axes), got shape {got}")
+        new = {a: n for a, n in zip(axes, got, strict=False) if a not in sizes}
+        for axis in (a for a, n in new.items() if not n):
+            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
+        known = {**sizes, **new}
+        if got != (want := tuple(known[a] for a in axes)):
+            raise ValueError(f"{shape}={want}, got shape {got}")
+        if "HV" in new and "H" in sizes and new["HV"] % sizes["H"]:
+            given = ", ".join(f"{a}={sizes[a]}" for a in axes if a in sizes)
+            raise ValueError(f"{shape} with {given} and HV a positive multiple of q's "
+                             f"H={sizes['H']} (grouped value heads), got shape {got}")  # fmt: skip
+        sizes = known
+    return sizes
+
+
+def check_shape(name: str, x, dims: Dims) -> None:
+    """``x`` of shape ``SHAPES[name]`` at ``dims`` (:func:`check_shapes`)."""
+    sizes = dict(B=dims.batch, T=dims.seq_len, H=dims.qk_heads, HV=dims.num_heads,
+                 K=dims.key_dim, V=dims.value_dim)  # fmt: skip
+    check_shapes(sizes, **{name: x})
 
 
 def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
     """The dimensions of q, k, v, g, beta (with ``token``: one decoding step's ``q_t`` ..
     ``beta_t``, T = 1), every dtype and shape checked."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
-    arrays = dict(zip(names, (q, k, v, g, beta), strict=True))
-    for name, x in ((names[0], q), (names[2], v)):  # they fix the dims: their rank, none empty
-        check_array(name, x, floating=True)
-        axes, got = SHAPES[name].split(), tuple(x.shape)
-        if len(got) != len(axes):
-            raise ValueError(f"{name} must have shape [{', '.join(axes)}] ({len(axes)} axes), "
-                             f"got shape {got}")  # fmt: skip
-        for axis in (a for a, n in zip(axes, got, strict=True) if not n):
-            raise ValueError(f"{name} [{', '.join(axes)}] is empty: {axis} = 0 (shape {got})")
-    *lead, qk_heads, key_dim = q.shape  # [B, T] or [B]
-    if list(v.shape[:-2]) != lead or v.shape[-2] % qk_heads:
-        axes = SHAPES[names[2]].split()
-        sizes = ", ".join(f"{a}={n}" for a, n in zip(axes, lead, strict=False))
-        raise ValueError(
-            f"{names[2]} must have shape [{', '.join(axes)}] with {sizes} and {axes[-2]} a "
-            f"positive multiple of q's H={qk_heads} (grouped value heads), got shape {v.shape}"
-        )
-    dims = Dims(lead[0], 1 if token else lead[1], v.shape[-2], key_dim, v.shape[-1], qk_heads)
-    for name in (names[1], *names[3:]):
-        check_shape(name, arrays[name], dims)
-    return dims
+    s = check_shapes({}, **dict(zip(names, (q, k, v, g, beta), strict=True)))
+    return Dims(s["B"], s.get("T", 1), s["HV"], s["K"], s["V"], s["H"])
 
 
 # ------------------------------------------------------------------------------ one call
@@ -153,12 +143,10 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
                      allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
                      dt_bias=None) -> Dims:  # fmt: skip
-    """One call's arrays checked (:data:`SHAPES`, HV a positive multiple of H) and their
-    dimensions. ``raw_gate``: g is the in-kernel gate's raw input (any sign); else a log-space
-    decay, ``>= lower_bound`` when one is given."""
+    """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
+    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given."""
     dims = checked_dims(q, k, v, g, beta)
-    if initial_state is not None:
-        check_shape("initial_state", initial_state, dims)
+    check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     check_gate_parameters(a_log, dt_bias, dims)
@@ -170,34 +158,32 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
 def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
     """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``) and a log-space g in ``[bound, 0]``,
     when concrete; non-finite values are left to the forms' non-finite rule."""
-
-    def host_range(x, keep) -> tuple[float, float]:
-        values = host_values(x, np.float32)
-        values = values[keep(values)]
-        return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-
     beta_max = 2.0 if allow_neg_eigval else 1.0
-    if is_concrete(beta):
-        lo, hi = host_range(beta, np.isfinite)
-        if not (lo >= 0.0 and hi <= beta_max):
-            hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
-            raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
-                             f"[{lo:g}, {hi:g}]")  # fmt: skip
-    if not raw_gate and is_concrete(g):
-        lo, hi = host_range(g, lambda x: ~np.isnan(x))
-        if not hi <= 0.0:
-            raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
-        if bound is not None and not lo >= bound:
-            raise ValueError(
-                f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "
-                f"about it), got min {lo:g}; for a raw g pass use_gate_in_kernel=True"
-            )
+    lo, hi = _host_range(beta, np.isfinite)
+    if lo < 0.0 or hi > beta_max:
+        hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
+        raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
+                         f"[{lo:g}, {hi:g}]")  # fmt: skip
+    lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, lambda x: ~np.isnan(x))
+    if hi > 0.0:
+        raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
+    if bound is not None and lo < bound:
+        raise ValueError(
+            f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "
+            f"about it), got min {lo:g}; for a raw g pass use_gate_in_kernel=True"
+        )
+
+
+def _host_range(x, keep) -> tuple[float, float]:
+    """``(min, max)`` of concrete ``x``'s values that ``keep`` keeps (else ``(0, 0)``)."""
+    values = host_values(x, np.float32) if is_concrete(x) else np.zeros(0)
+    values = values[keep(values)]
+    return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
 
 
 def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
     """``a_log [HV]`` and ``dt_bias [HV * K]`` or ``[HV, K]`` (each may be None)."""
-    if a_log is not None:
-        check_shape("a_log", a_log, dims)
+    check_shape("a_log", a_log, dims)
     if dt_bias is not None:
         check_array("dt_bias", dt_bias, floating=True)
         flat, split = (dims.num_heads * dims.key_dim,), (dims.num_heads, dims.key_dim)
@@ -210,7 +196,7 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
     """``segment_ids [B, T]`` ints, 0 = padding, each non-zero id one contiguous run. Returns
     the most segments in one row (concrete ids), or None (traced ids)."""
-    check_shape("segment_ids", segment_ids, Dims(batch, seq_len, 1, 1, 1, 1))
+    check_shapes({"B": batch, "T": seq_len}, segment_ids=segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
     if not is_concrete(segment_ids):
@@ -220,11 +206,9 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
         raise ValueError(f"segment_ids must be >= 0 (0 = padding), got min {ids.min()}")
     previous = np.concatenate([np.zeros_like(ids[:, :1]), ids[:, :-1]], axis=1)
     rows, cols = np.nonzero((ids != 0) & (ids != previous))  # the start of each run
-    order = np.lexsort((ids[rows, cols], rows))  # by row, then by id
-    run_rows, run_ids = rows[order], ids[rows, cols][order]
-    again = (run_rows[1:] == run_rows[:-1]) & (run_ids[1:] == run_ids[:-1])
-    if again.any():
-        row, reused = run_rows[np.argmax(again)], run_ids[np.argmax(again)]
+    runs, counts = np.unique(np.stack([rows, ids[rows, cols]], 1), axis=0, return_counts=True)
+    if (counts > 1).any():
+        row, reused = runs[np.argmax(counts > 1)]
         raise ValueError(
             f"segment_ids row {row} uses id {reused} for two separate runs; each document "
             "needs its own id (one contiguous run per id, padding 0 may only separate "
@@ -237,8 +221,8 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
 
 
 def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
-    """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) larger than
-    this machine's memory, naming ``name=value``."""
+    """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) past this
+    machine's memory, naming ``name=value``."""
     shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
     nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
     checks.check_allocation(name, value, f"{what} = {shape}", nbytes)
@@ -246,7 +230,7 @@ def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> N
 
 def resolve_scale(scale, key_dim: int) -> float:
     """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (Python, numpy or a concrete 0-d jax array), not traced (close over it under jit)."""
+    (a concrete 0-d jax array too; not traced: close over it under jit)."""
     if scale is None:
         return key_dim**-0.5
     if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
@@ -255,7 +239,7 @@ def resolve_scale(scale, key_dim: int) -> float:
 
 
 def check_chunk_size(chunk_size) -> int:
-    """``chunk_size`` must be a power of two in [1, 4096] (a chunk builds C x C blocks)."""
+    """``chunk_size`` must be a power of two in [1, 4096]."""
     if not checks.is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > 4096:
         raise ValueError(f"chunk_size must be a power of two in [1, 4096], got "
                          f"{chunk_size!r}")  # fmt: skip
@@ -263,8 +247,7 @@ def check_chunk_size(chunk_size) -> int:
 
 
 def check_precision(precision):
-    """``precision`` must be ``"highest"``, ``"input"`` or None (the inputs' dtype's default)."""
-    if precision is not None and (not isinstance(precision, str) or
-                                  precision not in ("highest", "input")):
+    """``precision`` must be ``"highest"``, ``"input"`` or None."""
+    if not (precision is None or isinstance(precision, str) and precision in ("highest", "input")):
         raise ValueError(f"precision must be 'highest', 'input' or None, got {precision!r}")
     return precision

@@ -1,12 +1,8 @@
-"""Forget-gate activations and the initialisers of their parameters.
-
-KDA's forget gate is a per-channel log-space decay ``g <= 0``, computed from a raw projection
-``f``, a per-channel bias ``dt_bias`` and a per-head rate ``A = exp(A_log)``:
-
-* softplus gate (``lower_bound=None``): ``g = -A * softplus(f + dt_bias)``;
-* safe gate (``lower_bound`` in [-5, 0)): ``g = lower_bound * sigmoid(A * (f + dt_bias))``, a
-  decay of at most ``exp(lower_bound)`` per step; with ``a_log=None``, ``A = 1``.
-"""
+"""KDA's forget gate, a per-channel log-space decay ``g <= 0`` from a raw projection ``f``, a
+per-channel bias ``dt_bias`` and a per-head rate ``A = exp(A_log)`` (``a_log=None``: A = 1):
+the softplus gate ``g = -A * softplus(f + dt_bias)`` (``lower_bound=None``) or the safe gate
+``g = lower_bound * sigmoid(A * (f + dt_bias))`` (``lower_bound`` in [-5, 0)); and the
+initialisers of its parameters."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ LOWER_BOUND_RANGE = (-5.0, 0.0)
 
 
 class GateForm(enum.StrEnum):
-    """How the gate applies ``lower_bound``: ``SOFTPLUS`` none (``lower_bound=None``);
-    ``SAFE_SIGMOID`` ``lower_bound * sigmoid(A (f + dt_bias))``; ``CLAMPED_SOFTPLUS``
+    """The gate's form: softplus (no bound), safe sigmoid, or ``CLAMPED_SOFTPLUS``
     ``max(-A softplus(f + dt_bias), lower_bound)`` (MaxText's Kimi K3)."""
 
     SOFTPLUS = "softplus"
@@ -33,9 +28,9 @@ class GateForm(enum.StrEnum):
 
 
 def check_gate_form(gate_form, lower_bound: float | None, *, where: str = "gate_form") -> GateForm:
-    """``gate_form`` (a :class:`GateForm` or its value) that fits ``lower_bound``, or a
-    ValueError naming ``where``. None picks ``SOFTPLUS`` without a bound, else
-    ``SAFE_SIGMOID``; only the softplus gate has no bound."""
+    """``gate_form`` (a :class:`GateForm` or its value; None: derived from ``lower_bound``)
+    that fits ``lower_bound`` (only the softplus gate has none), or a ValueError naming
+    ``where``."""
     if gate_form is None:
         return GateForm.SOFTPLUS if lower_bound is None else GateForm.SAFE_SIGMOID
     try:
@@ -53,7 +48,7 @@ def check_gate_form(gate_form, lower_bound: float | None, *, where: str = "gate_
 
 
 def check_lower_bound(lower_bound: float | None) -> None:
-    """``lower_bound`` must be None or a number (numpy scalars count) in [-5, 0)."""
+    """``lower_bound`` must be None or a number in [-5, 0)."""
     lo, hi = LOWER_BOUND_RANGE
     if lower_bound is not None and not (is_number(lower_bound) and lo <= lower_bound < hi):
         raise ValueError(
@@ -81,10 +76,9 @@ def check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound) -> bool:
 
 def kda_gate(f: jax.Array, a_log: jax.Array | None, dt_bias: jax.Array | None, *,
              lower_bound: float | None = None) -> jax.Array:  # fmt: skip
-    """The log-space gate ``g [B, T, H, K] <= 0``, float32 (float64 for float64 ``f``), from
-    the raw input ``f [B, T, H, K]``, ``a_log [H]`` (None: ``A = 1``, the safe gate only) and
-    ``dt_bias [H * K]`` (fla's layout) or ``[H, K]`` or None; ``lower_bound`` None for the
-    softplus gate, else the safe gate's bound in [-5, 0)."""
+    """The log-space gate ``g [B, T, H, K]`` (module docstring), float32 (float64 for float64
+    ``f``), from ``f [B, T, H, K]``, ``a_log [H]`` or None, ``dt_bias [H * K]`` or ``[H, K]``
+    or None; ``lower_bound`` None for the softplus gate (default)."""
     check_lower_bound(lower_bound)
     check_array("f", f, floating=True)
     if f.ndim != 4:
@@ -134,8 +128,8 @@ def init_dt_bias(key: jax.Array, num_heads: int, head_dim: int, *, dt_min: float
 
 
 def _check_parameter_size(key, **sizes) -> None:
-    """Each size a positive int; their float32 product refused past memory, naming the sizes
-    (not under ``nnx.eval_shape``, where ``key`` is traced and nothing is allocated)."""
+    """Each size a positive int; their float32 product refused past memory (not under
+    ``nnx.eval_shape``, where ``key`` is traced)."""
     for name, value in sizes.items():
         check_int(name, value)
     if not isinstance(key, jax.core.Tracer):

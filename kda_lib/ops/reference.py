@@ -130,7 +130,6 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     scale default ``K ** -0.5``. Returns ``(new_state [B, HV, K, V], o_t [B, HV, V])``: the
     state in float32 (float64 when q_t or the state is float64), o_t in q_t's dtype."""
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
-    contract.check_float_arrays(state=state)
     contract.check_shape("state", state, dims)
     acc = jnp.promote_types(contract.accumulation_dtype(q_t.dtype), state.dtype)
     new_state, o_t = _step(*(x.astype(acc) for x in (state, q_t, k_t, v_t, g_t, beta_t)),
@@ -191,8 +190,7 @@ def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
 def _check_pool(pool, state_indices, dims: contract.Dims) -> None:
     """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` distinct slots in ``[0, N)``
     (values checked when concrete)."""
-    contract.check_float_arrays(pool=pool)
-    contract.check_shape("pool", pool, dims, slots=pool.shape[0] if pool.ndim else None)
+    contract.check_shape("pool", pool, dims)
     idx = _batch_ints("state_indices", state_indices, dims.batch)
     if idx is not None and (idx.min() < 0 or idx.max() >= len(pool) or len(set(idx)) < idx.size):
         raise ValueError(f"state_indices must be distinct slots in [0, {len(pool)}), got {idx}")

@@ -16,23 +16,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kda_lib.checks import check_positive_int
-
 
 def _prepared(q, k, v, g, scale, initial_state):
-    """The inputs checked and cast to the compute dtype: ``(q * scale, k, v, g, S0)``."""
-    if q.ndim != 4 or k.shape != q.shape:
-        raise ValueError(f"q and k must have one shape [B, T, H, K], got {q.shape}, {k.shape}")
-    (batch, seq_len, heads, key_dim), value_dim = q.shape, v.shape[-1] if v.ndim else 0
+    """The inputs (shapes as the Mamba2 mixer makes them) in the compute dtype: ``(q * scale,
+    k, v, g, S0)``."""
     dtype = jnp.promote_types(jnp.result_type(q, k, v, g), jnp.float32)
     if initial_state is None:
-        initial_state = jnp.zeros((batch, heads, key_dim, value_dim), dtype)
-    sizes = dict(B=batch, T=seq_len, H=heads, K=key_dim, V=value_dim)
-    shapes = {"v": (v, "BTHV"), "g": (g, "BTH"), "initial_state": (initial_state, "BHKV")}
-    for name, (x, axes) in shapes.items():
-        if x.shape != (want := tuple(sizes[a] for a in axes)):
-            raise ValueError(f"{name} must have shape [{', '.join(axes)}] = {want}, got {x.shape}")
-    scale = key_dim**-0.5 if scale is None else scale
+        batch, _, heads, key_dim = q.shape
+        initial_state = jnp.zeros((batch, heads, key_dim, v.shape[-1]), dtype)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v, g, initial_state = (x.astype(dtype) for x in (q, k, v, g, initial_state))
     return q * scale, k, v, g, initial_state
 
@@ -42,10 +34,7 @@ def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets
     carried state is dropped before the token writes (a new document starts there)."""
     out_dtype = v.dtype
     q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
-    if resets is None:
-        resets = jnp.zeros(q.shape[:2], bool)
-    elif resets.shape != q.shape[:2]:
-        raise ValueError(f"resets must have shape [B, T] = {q.shape[:2]}, got {resets.shape}")
+    resets = jnp.zeros(q.shape[:2], bool) if resets is None else resets
 
     def step(s, inputs):
         q_t, k_t, v_t, g_t, r_t = inputs
@@ -62,7 +51,6 @@ def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_si
     """In chunks of ``chunk_size`` tokens: inside a chunk the masked, decayed ``(q k^T) v``,
     between chunks the state passed on (T padded at the end with tokens that neither decay nor
     write)."""
-    check_positive_int("chunk_size", chunk_size)
     out_dtype = v.dtype
     q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
     batch, seq_len, heads, _ = q.shape

@@ -1,9 +1,8 @@
-"""Segment ids, the one segment rule (DESIGN section 3), and non-finite inputs' isolation.
+"""Segment ids and the one segment rule (DESIGN section 3); non-finite inputs' isolation.
 
-``segment_ids [B, T]`` are ints, 0 = padding. **A segment starts wherever a real token's id
-differs from the previous real token's**; padding belongs to no segment (output 0, state left
-alone); the initial state belongs to a row's first segment. Every form derives what it needs
-from the helpers here."""
+``segment_ids [B, T]`` are ints, 0 = padding. A segment starts wherever a real token's id
+differs from the previous real token's; padding belongs to no segment (output 0, state left
+alone); the initial state belongs to a row's first segment."""
 
 from __future__ import annotations
 
@@ -46,18 +45,17 @@ def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
 
 
 def count_segments(segment_ids, ranks: int = 1) -> int:
-    """Most runs of one id (padding runs included) in a row of concrete ``segment_ids`` (or a
-    rank's slice of it, the rows split into ``ranks``): an upper bound on segments per row."""
+    """An upper bound on segments per row (per rank's slice): the most runs of one id,
+    padding runs included, in concrete ``segment_ids``."""
     ids = np.asarray(segment_ids)
     slices = ids.reshape(ids.shape[0] * ranks, -1)
     return 1 + int((slices[:, 1:] != slices[:, :-1]).sum(axis=1).max())
 
 
 def segment_masks(segment_ids: jax.Array, chunk_size: int):
-    """The chunked form's masks from ``segment_ids [B, T]`` (``T % chunk_size == 0``):
-    ``(same [B,1,N,C,C], sees_in [B,1,N,C], in_last [B,1,N,C], keeps_in [B,1,N])``: tokens i
-    and j real and in one segment; a real token in the segment entering the chunk; in the one
-    leaving it; the incoming state survives the chunk."""
+    """The chunked form's masks (``T % chunk_size == 0``): ``same [B,1,N,C,C]`` (tokens i, j
+    real, one segment), ``sees_in``, ``in_last [B,1,N,C]`` (a real token of the segment
+    entering, leaving the chunk), ``keeps_in [B,1,N]`` (the incoming state survives it)."""
     shape = (segment_ids.shape[0], -1, chunk_size)  # [B, N, C]
     ordinals = segment_ordinals(segment_ids)
     leaving = ordinals[:, chunk_size - 1 :: chunk_size]  # [B, N]
@@ -73,10 +71,9 @@ def segment_masks(segment_ids: jax.Array, chunk_size: int):
 
 # ------------------------------------------------------------------- across ranks (shard_map)
 def rank_segment_links(segment_ids: jax.Array, axis_name: str):
-    """How segments continue across ranks, inside ``shard_map`` (this rank's ids
-    ``[B, T_local]``, the sequence split over ``axis_name``): ``(before [R, B], ends [R, B, 2],
-    rank)``, the last real id on ranks ``< r`` (0: none), each rank's first and last real ids,
-    this rank's index."""
+    """Inside ``shard_map`` over ``axis_name`` (this rank's ids ``[B, T_local]``): ``(before
+    [R, B], ends [R, B, 2], rank)``, the last real id on ranks ``< r`` (0: none), each rank's
+    first and last real ids, this rank's index."""
     last = fill_padding_ids(segment_ids, jnp.zeros_like(segment_ids[:, 0]))[:, -1]
     ends = jnp.stack([first_segment_id(segment_ids), last], -1)
     all_ends = jax.lax.all_gather(ends, axis_name)  # [R, B, 2]
@@ -90,8 +87,8 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
 
 
 def canonical_segment_ids(segment_ids) -> jax.Array:
-    """``[B, T]`` int32: each segment's ordinal, padding 0. Host ids are first renumbered
-    densely on the host, in their own dtype (int64 ids must not wrap to 32 bits)."""
+    """``[B, T]`` int32: each segment's ordinal, padding 0 (host ids renumbered on the host
+    first: int64 ids must not wrap to 32 bits)."""
     if not isinstance(segment_ids, jax.Array):
         ids = np.asarray(segment_ids)
         if not ids.size:
@@ -102,8 +99,7 @@ def canonical_segment_ids(segment_ids) -> jax.Array:
 
 
 def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
-    """q, k, v, beta set to 0 and g to ``neutral_gate`` at padding, by selection (padding's
-    values never reach an output or a gradient)."""
+    """q, k, v, beta 0 and g ``neutral_gate`` at padding, by selection (no NaN leaks)."""
     if segment_ids is None:
         return q, k, v, g, beta
     tokens = (segment_ids != 0)[..., None, None]
@@ -111,8 +107,8 @@ def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
     return q, k, v, jnp.where(tokens, g, neutral_gate), jnp.where(tokens[..., 0], beta, 0)
 
 
-# where the recurrence is non-finite (isolate_non_finite), all bool: outputs [B, T, H, V],
-# final_state [B, H, V] (state columns), states [B, T, H, V] (the columns after each token)
+# where the recurrence is non-finite, bool: outputs [B, T, H, V], final_state [B, H, V] and
+# states [B, T, H, V] (state columns, after the last and each token)
 NonFinite = namedtuple("NonFinite", "outputs final_state states")
 
 
@@ -124,10 +120,9 @@ def overflowing_keys_as_nan(k):
 
 
 def isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids, *, raw_gate: bool = False):
-    """Finite stand-ins for non-finite inputs (padding already zeroed) and :class:`NonFinite`,
-    where the token-by-token recurrence is non-finite: a bad query, output t; a bad key, beta
-    or gate (NaN, +inf for a log-space gate), t's segment from t on; a bad value channel or
-    initial-state column, that channel. Returns ``(q, k, v, g, beta, initial_state, where)``."""
+    """``(q, k, v, g, beta, initial_state, where)``: finite stand-ins and :class:`NonFinite`,
+    where the recurrence is non-finite: a bad query, output t; a bad key, beta or gate (NaN,
+    +inf log-space), t's segment from t on; a bad value or initial-state column, that column."""
     bad_q = ~jnp.isfinite(q).all(-1)  # [B, T, H]
     bad_gate = jnp.isnan(g) if raw_gate else jnp.isnan(g) | (g == jnp.inf)
     bad_token = ~jnp.isfinite(k).all(-1) | ~jnp.isfinite(beta) | bad_gate.any(-1)
@@ -159,8 +154,7 @@ def isolate_non_finite(q, k, v, g, beta, initial_state, segment_ids, *, raw_gate
 
 
 def restore_non_finite(out, final_state, where: NonFinite):
-    """NaN where :func:`isolate_non_finite` flagged outputs ``[B, T, H, V]`` and final-state
-    columns ``[B, H, K, V]`` (or None)."""
+    """NaN where ``where`` flags outputs ``[B, T, H, V]`` and final-state columns."""
     out = jnp.where(where.outputs, jnp.nan, out)
     if final_state is not None:
         final_state = jnp.where(where.final_state[:, :, None, :], jnp.nan, final_state)
@@ -175,8 +169,8 @@ def restore_non_finite_chunk_states(chunk_states, where: NonFinite, chunk_size: 
 
 
 def pad_time(multiple: int, *arrays, segment_ids=None):
-    """Arrays ``[B, T, ...]`` and ``segment_ids [B, T]`` (or None, padded with 0) zero-padded
-    along T to a multiple of ``multiple``: ``(arrays, segment_ids, pad)``."""
+    """``(arrays, segment_ids, pad)``: ``[B, T, ...]`` and ids (or None) zero-padded along T to
+    a multiple of ``multiple``."""
     pad = (-arrays[0].shape[1]) % multiple
     if not pad:
         return arrays, segment_ids, 0

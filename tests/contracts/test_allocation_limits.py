@@ -30,9 +30,8 @@ from kda_lib.checks import (
 )
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.presets import KIMI_LINEAR_48B
-from kda_lib.ops.api import segment_slots_problem
 from kda_lib.ops.contract import Dims
-from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, segment_slot_count
+from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, segment_slot_count, segment_slots_problem
 
 SMALL = dict(hidden_size=16, num_heads=2, head_dim=4)
 # an estimate with a unit from TiB up: more than any machine these tests run on

@@ -101,15 +101,3 @@ def test_float32_chunked_stays_close_and_strong_decay_stays_finite():
     assert bool(jnp.isfinite(o).all())
     np.testing.assert_allclose(o, o_ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(s, s_ref, rtol=1e-4, atol=1e-4)
-
-
-def test_bad_shapes_and_chunk_size_are_refused():
-    q, k, v, g, state = _inputs(3, dtype=jnp.float32)
-    with pytest.raises(ValueError, match="g must have shape"):
-        scalar_decay_recurrent(q, k, v, g[..., None])
-    with pytest.raises(ValueError, match="v must have shape"):
-        scalar_decay_chunked(q, k, v[:, :3], g)
-    with pytest.raises(ValueError, match="initial_state must have shape"):
-        scalar_decay_chunked(q, k, v, g, initial_state=state[:1])
-    with pytest.raises(ValueError, match="chunk_size must be"):
-        scalar_decay_chunked(q, k, v, g, chunk_size=0)
