@@ -13,7 +13,6 @@ delta rule (and beta), against KDA also the per-channel decay; the KDA layer's p
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from flax import nnx
 
 from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
 from kda_lib.layers.conv import qkv_convolutions
+from kda_lib.layers.kda_layer import KDACache
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -47,14 +47,9 @@ class Mamba2Config(Widths):
                      int0="conv_size", eps="norm_eps")  # fmt: skip
 
 
-class Mamba2Cache(NamedTuple):
-    """Decode state: ``state [B, H, K, V]`` float32 and the convs' last ``W - 1`` inputs
-    ``q_conv, k_conv [B, W-1, H*K]``, ``v_conv [B, W-1, H*V]`` (None without convs)."""
-
-    state: jax.Array
-    q_conv: jax.Array | None
-    k_conv: jax.Array | None
-    v_conv: jax.Array | None
+class Mamba2Cache(KDACache):
+    """Decode state, :class:`kda_lib.layers.KDACache`'s fields: ``state [B, H, K, V]`` float32
+    and the convs' last ``W - 1`` inputs (None without convs)."""
 
 
 class Mamba2Mixer(nnx.Module):
@@ -66,17 +61,17 @@ class Mamba2Mixer(nnx.Module):
         check_parameters_fit(Mamba2Mixer, config)
         cfg = self.config = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
-        self.q_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
-        self.k_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
-        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, rngs=rngs)
+        linear = dict(use_bias=False, rngs=rngs)
+        self.q_proj, self.k_proj, self.v_proj = (nnx.Linear(hidden, h * d, **linear)
+                                                 for d in (kd, kd, vd))  # fmt: skip
         convs = cfg.conv_size and qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
         self.q_conv1d, self.k_conv1d, self.v_conv1d = convs or (None,) * 3
-        self.f_proj = nnx.Linear(hidden, h, use_bias=False, rngs=rngs)
+        self.f_proj = nnx.Linear(hidden, h, **linear)
         self.A_log = no_decay_param(init_a_log(rngs.params(), h))
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, 1))
         self.g_proj = nnx.Linear(hidden, h * vd, bias_metadata=NO_DECAY, rngs=rngs)
         self.o_norm = no_decay_param(jnp.ones((vd,), jnp.float32))
-        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: Mamba2Cache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` with a cache. ``segment_ids
@@ -117,6 +112,6 @@ class Mamba2Mixer(nnx.Module):
     def _cache_shapes(self, batch: int, rows: int = 0) -> dict:
         cfg = self.config
         h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
-        conv = lambda c: (batch, width, c) if cfg.conv_size else None  # noqa: E731
+        conv = lambda c: (batch, width, c) if cfg.conv_size else None
         return dict(state=(batch, h, kd, vd), q_conv=conv(h * kd), k_conv=conv(h * kd),
                     v_conv=conv(h * vd))  # fmt: skip

@@ -1,8 +1,5 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`
-(``"gdn"``: KDA with one decay per head; ``"conv"``: :class:`ConvMixer`). :func:`register_mixer`
-adds one: a module ``[B, T, hidden] -> [B, T, hidden]`` with ``init_cache(batch)`` and
-``mixer(x, cache=c) -> (y, new_cache)``.
+residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`.
 """
 
 from __future__ import annotations
@@ -64,20 +61,17 @@ class ModelConfig:
     def __post_init__(self):
         check_fields(self, int="vocab_size num_layers mlp_ratio", bool="rope",
                      width="mlp_width kv_lora_rank")  # fmt: skip
-        known = lambda name: isinstance(name, str) and name in MIXERS  # noqa: E731
-        layers = self.layers
+        layers, known = self.layers, sorted(MIXERS)
         if not isinstance(self.mixer_config, KDAConfig):
             raise ValueError(f"ModelConfig.mixer_config must be a KDAConfig (the mixer's widths "
                              f"and options), got {self.mixer_config!r}")  # fmt: skip
-        if not known(self.mixer):
-            raise ValueError(f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got "
-                             f"{self.mixer!r}")  # fmt: skip
+        if not isinstance(self.mixer, str) or self.mixer not in known:
+            raise ValueError(f"ModelConfig.mixer must be one of {known}, got {self.mixer!r}")
         if isinstance(layers, str) or not isinstance(layers, Sequence):
             raise ValueError(f"ModelConfig.layers must be a tuple of mixer names such as "
                              f"('kda', 'kda', 'kda', 'attention'), got {layers!r}")  # fmt: skip
-        if unknown := [name for name in layers if not known(name)]:
-            raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: "
-                             f"{sorted(MIXERS)}")  # fmt: skip
+        if unknown := [name for name in layers if not isinstance(name, str) or name not in known]:
+            raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: {known}")
         if layers and self.num_layers % len(layers):
             raise ValueError(f"ModelConfig.num_layers={self.num_layers} is not a multiple of the "
                              f"{len(layers)} entries of ModelConfig.layers={tuple(layers)} (tiled "
@@ -139,20 +133,10 @@ class ModelConfig:
         """The MLP's inner width: ``mlp_width``, else ``mlp_ratio * hidden_size``."""
         return self.mlp_width or self.mlp_ratio * self.hidden_size
 
-    def attention_config(self, *, short_conv: bool = False) -> AttentionConfig:
-        """An attention layer's config: the widths shared with ``mixer_config``, ``rope``."""
-        shared = shared_fields(self.mixer_config, AttentionConfig)
-        return AttentionConfig(**shared, rope=self.rope, short_conv=short_conv)
-
     @property
     def conv_reach(self) -> int:
         """Tokens back the convolutions alone see through all layers: N (W - 1)."""
         return self.num_layers * max(self.mixer_config.conv_size - 1, 0)
-
-
-def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs, name: str | None = None) -> nnx.Module:
-    """The token mixer named ``name`` (default ``config.mixer``) for ``config``."""
-    return MIXERS[name or config.mixer](config, rngs)
 
 
 class ConvMixer(nnx.Module):
@@ -181,8 +165,7 @@ class ConvMixer(nnx.Module):
         cfg = self.config
         segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
-        want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
-        got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
+        got, want = getattr(cache, "shape", type(cache).__name__), self._cache_shape(batch)
         if cache is not None and got != want:
             raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] = "
                              f"{want}, got {got}; build it with init_cache({batch})")  # fmt: skip
@@ -193,43 +176,39 @@ class ConvMixer(nnx.Module):
         normed = gated_rms_norm(o.reshape(shape), self.o_norm[...], self.g_proj(x).reshape(shape),
                                 eps=cfg.norm_eps)  # fmt: skip
         y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, -1))
-        if segment_ids is not None:  # padding outputs 0 (canonical ids: 0 is padding)
-            y = jnp.where(jnp.asarray(segment_ids != 0)[..., None], y, 0)
+        if segment_ids is not None:  # padding outputs 0
+            y = jnp.where((segment_ids != 0)[..., None], y, 0)
         return y if cache is None else (y, new_cache)
 
     def init_cache(self, batch_size: int) -> jax.Array:
         """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
-        cfg = self.config
         batch_size = check_int("init_cache: batch_size", batch_size)
-        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim),
-                         cfg.dtype)  # fmt: skip
+        return jnp.zeros(self._cache_shape(batch_size), self.config.dtype)
+
+    def _cache_shape(self, batch: int) -> tuple:
+        return (batch, self.config.conv_size - 1, self.config.value_heads * self.config.value_dim)
 
 
-# name -> factory(config, rngs) of a layer's token mixer ("attention": RoPE unless config.rope is
-# False; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim)
+def _mixer(kind, c: ModelConfig, **fields):
+    """The ``kind`` config of the fields ``c.mixer_config`` shares with it, then ``fields``."""
+    return kind(**{**shared_fields(c.mixer_config, kind), **fields})
+
+
+# name -> factory(config, rngs) of a layer's token mixer: a module [B, T, hidden] -> [B, T, hidden]
+# with init_cache(batch) and mixer(x, cache=c) -> (y, new_cache). "gdn": KDA with one decay per
+# head; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim
 MIXERS = {
     "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
-    "gdn": lambda c, rngs: KimiDeltaAttention(
-        dataclasses.replace(c.mixer_config, per_head_decay=True), rngs=rngs
-    ),
-    "mamba2": lambda c, rngs: Mamba2Mixer(
-        Mamba2Config(**shared_fields(c.mixer_config, Mamba2Config)), rngs=rngs
-    ),
-    "attention": lambda c, rngs: CausalSelfAttention(c.attention_config(), rngs=rngs),
+    "gdn": lambda c, rngs: KimiDeltaAttention(_mixer(KDAConfig, c, per_head_decay=True), rngs=rngs),
+    "mamba2": lambda c, rngs: Mamba2Mixer(_mixer(Mamba2Config, c), rngs=rngs),
+    "attention": lambda c, rngs: CausalSelfAttention(_mixer(AttentionConfig, c, rope=c.rope),
+                                                     rngs=rngs),
     "attention_conv": lambda c, rngs: CausalSelfAttention(
-        c.attention_config(short_conv=True), rngs=rngs
-    ),
+        _mixer(AttentionConfig, c, rope=c.rope, short_conv=True), rngs=rngs),
     "conv": lambda c, rngs: ConvMixer(c.mixer_config, rngs=rngs),
     "mla": lambda c, rngs: MultiHeadLatentAttention(
-        MLAConfig(**shared_fields(c.mixer_config, MLAConfig),
-                  kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs
-    ),
+        _mixer(MLAConfig, c, kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs),
 }  # fmt: skip
-
-
-def register_mixer(name: str):
-    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
-    return lambda factory: MIXERS.update({name: factory}) or factory
 
 
 class MLP(nnx.Module):
@@ -250,7 +229,7 @@ class Block(nnx.Module):
     def __init__(self, config: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
         norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
         self.mixer_norm = nnx.RMSNorm(config.hidden_size, **norm)
-        self.mixer = make_mixer(config, rngs=rngs, name=mixer)
+        self.mixer = MIXERS[mixer](config, rngs)
         self.mlp_norm = nnx.RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config.hidden_size, config.mlp_hidden, rngs=rngs)
 
@@ -304,9 +283,8 @@ class TinyLM(nnx.Module):
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
         """One empty cache per block. ``max_len``: room for that many tokens in the attention
         and MLA caches (fixed shapes, one compiled decode step); None: they grow."""
-        check_int("batch_size", batch_size)
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
-        room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}  # noqa: E731
+        room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
 
 
