@@ -255,12 +255,19 @@ def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
 def attend(q, k, v, mask, scale: float) -> jax.Array:
     """Softmax attention in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``, ``v [B, S, G,
     V]`` (G divides H), boolean ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``; rows with no
-    allowed key give 0. ``jax.nn.dot_product_attention``, on zero-padded widths where D != V."""
-    width = max(q.shape[-1], v.shape[-1])
-    pad = lambda a: jnp.pad(a.astype(jnp.float32), [(0, 0)] * 3 + [(0, width - a.shape[-1])])
-    o = jax.nn.dot_product_attention(pad(q), pad(k), pad(v), mask=mask, scale=scale)
+    allowed key give 0. ``jax.nn.dot_product_attention`` where D = V (DESIGN section 4)."""
+    q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
     seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
-    return jnp.where(seen, o[..., : v.shape[-1]], 0.0)
+    if q.shape[-1] == v.shape[-1]:
+        o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    else:  # query heads in G groups of R, each group reading its key/value head
+        b, t, h, d = q.shape
+        g = k.shape[2]
+        scores = jnp.einsum("btgrd,bsgd->bgrts", q.reshape(b, t, g, h // g, d), k) * scale
+        masked = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(masked, axis=-1)
+        o = jnp.einsum("bgrts,bsgv->btgrv", weights, v).reshape(b, t, h, v.shape[-1])
+    return jnp.where(seen, o, 0.0)
 
 
 def write_rows(what: str, buffers, new, length):

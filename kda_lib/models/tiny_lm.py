@@ -14,25 +14,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_array, check_int, check_token_ids, shared_fields
-from kda_lib.layers.attention import (
-    AttentionConfig,
-    CausalSelfAttention,
-    check_call,
-    check_fields,
-    mix_convs,
-)
-from kda_lib.layers.conv import ShortConvolution
+from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention, check_fields
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
-from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
+from kda_lib.layers.mamba2 import ConvMixer, Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import (
-    NO_DECAY,
-    check_parameters_fit,
-    no_decay_param,
-    parameter_count,
-    weight_decay_mask,
-)
-from kda_lib.ops.norms import gated_rms_norm
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count, weight_decay_mask
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
 MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
@@ -139,75 +125,25 @@ class ModelConfig:
         return self.num_layers * max(self.mixer_config.conv_size - 1, 0)
 
 
-class ConvMixer(nnx.Module):
-    """KDA's short-conv path without the recurrence, the ablation that cannot remember:
-    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head
-    (output t sees inputs t - W + 1 .. t), from a :class:`kda_lib.KDAConfig` (value heads,
-    ``conv_size`` W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
-
-    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
-        if not isinstance(config, KDAConfig):
-            raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
-        if config.conv_size < 1:
-            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
-        self.config = config
-        hidden, channels = config.hidden_size, config.value_heads * config.value_dim
-        dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
-        self.v_proj = nnx.Linear(hidden, channels, use_bias=False, **dtypes)
-        self.v_conv1d = ShortConvolution(channels, conv_size=config.conv_size, **dtypes)
-        self.g_proj = nnx.Linear(hidden, channels, bias_metadata=NO_DECAY, **dtypes)
-        self.o_norm = no_decay_param(jnp.ones((config.value_dim,), config.param_dtype))
-        self.o_proj = nnx.Linear(channels, hidden, use_bias=False, **dtypes)
-
-    def __call__(self, x: jax.Array, *, segment_ids=None, cache: jax.Array | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
-        ``segment_ids [B, T]`` (not with a cache): the taps stay inside a segment."""
-        cfg = self.config
-        segment_ids, _ = check_call(self, x, segment_ids, cache)
-        batch, seq_len, _ = x.shape
-        got, want = getattr(cache, "shape", type(cache).__name__), self._cache_shape(batch)
-        if cache is not None and got != want:
-            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] = "
-                             f"{want}, got {got}; build it with init_cache({batch})")  # fmt: skip
-        x = x.astype(cfg.dtype)
-        states = None if cache is None else (cache,)
-        (o,), (new_cache,) = mix_convs((self.v_conv1d,), (self.v_proj(x),), states, segment_ids)
-        shape = (batch, seq_len, cfg.value_heads, cfg.value_dim)
-        normed = gated_rms_norm(o.reshape(shape), self.o_norm[...], self.g_proj(x).reshape(shape),
-                                eps=cfg.norm_eps)  # fmt: skip
-        y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, -1))
-        if segment_ids is not None:  # padding outputs 0
-            y = jnp.where((segment_ids != 0)[..., None], y, 0)
-        return y if cache is None else (y, new_cache)
-
-    def init_cache(self, batch_size: int) -> jax.Array:
-        """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
-        batch_size = check_int("init_cache: batch_size", batch_size)
-        return jnp.zeros(self._cache_shape(batch_size), self.config.dtype)
-
-    def _cache_shape(self, batch: int) -> tuple:
-        return (batch, self.config.conv_size - 1, self.config.value_heads * self.config.value_dim)
-
-
-def _mixer(kind, c: ModelConfig, **fields):
-    """The ``kind`` config of the fields ``c.mixer_config`` shares with it, then ``fields``."""
-    return kind(**{**shared_fields(c.mixer_config, kind), **fields})
+def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
+    """``make`` of a ``kind`` config of the fields shared with ``c.mixer_config``, ``c``."""
+    shared = {**shared_fields(c.mixer_config, kind), **shared_fields(c, kind), **fields}
+    return make(kind(**shared), rngs=rngs)
 
 
 # name -> factory(config, rngs) of a layer's token mixer: a module [B, T, hidden] -> [B, T, hidden]
 # with init_cache(batch) and mixer(x, cache=c) -> (y, new_cache). "gdn": KDA with one decay per
 # head; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim
 MIXERS = {
-    "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
-    "gdn": lambda c, rngs: KimiDeltaAttention(_mixer(KDAConfig, c, per_head_decay=True), rngs=rngs),
-    "mamba2": lambda c, rngs: Mamba2Mixer(_mixer(Mamba2Config, c), rngs=rngs),
-    "attention": lambda c, rngs: CausalSelfAttention(_mixer(AttentionConfig, c, rope=c.rope),
-                                                     rngs=rngs),
-    "attention_conv": lambda c, rngs: CausalSelfAttention(
-        _mixer(AttentionConfig, c, rope=c.rope, short_conv=True), rngs=rngs),
-    "conv": lambda c, rngs: ConvMixer(c.mixer_config, rngs=rngs),
-    "mla": lambda c, rngs: MultiHeadLatentAttention(
-        _mixer(MLAConfig, c, kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs),
+    "kda": lambda c, r: KimiDeltaAttention(c.mixer_config, rngs=r),
+    "gdn": lambda c, r: _layer(KimiDeltaAttention, KDAConfig, c, r, per_head_decay=True),
+    "mamba2": lambda c, r: _layer(Mamba2Mixer, Mamba2Config, c, r),
+    "attention": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r),
+    "attention_conv": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r,
+                                          short_conv=True),
+    "conv": lambda c, r: ConvMixer(c.mixer_config, rngs=r),
+    "mla": lambda c, r: _layer(MultiHeadLatentAttention, MLAConfig, c, r,
+                               kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim),
 }  # fmt: skip
 
 
