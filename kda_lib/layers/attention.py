@@ -44,9 +44,7 @@ def check_fields(config, **kinds: str) -> None:
 class Widths:
     """What every mixer config with ``head_dim`` and ``value_head_dim`` derives."""
 
-    @property
-    def value_dim(self) -> int:  # V: value_head_dim, else head_dim
-        return self.value_head_dim or self.head_dim
+    value_dim = property(lambda self: self.value_head_dim or self.head_dim)  # V (None: K)
 
 
 @dataclasses.dataclass(frozen=True)

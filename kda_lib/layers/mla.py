@@ -61,9 +61,7 @@ class MLAConfig(Widths):
                      width="value_head_dim q_lora_rank", int0="shared_key_dim", eps="norm_eps",
                      dtype="dtype param_dtype")  # fmt: skip
 
-    @property
-    def score_dim(self) -> int:  # the width of a query/key dot product: D + Ds
-        return self.head_dim + self.shared_key_dim
+    score_dim = property(lambda self: self.head_dim + self.shared_key_dim)  # q.k width: D + Ds
 
 
 class MLACache(NamedTuple):

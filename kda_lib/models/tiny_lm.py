@@ -91,13 +91,8 @@ class ModelConfig:
             mixer[name] = jnp.dtype(mixer[name]).name
         return {**own, "layers": list(self.layers), **mixer}
 
-    @property
-    def hidden_size(self) -> int:
-        return self.mixer_config.hidden_size
-
-    @property
-    def norm_eps(self) -> float:
-        return self.mixer_config.norm_eps
+    hidden_size = property(lambda self: self.mixer_config.hidden_size)
+    norm_eps = property(lambda self: self.mixer_config.norm_eps)
 
     @property
     def layer_mixers(self) -> tuple[str, ...]:
