@@ -48,9 +48,7 @@ def _config_bytes(make, config) -> int:
     return parameter_count(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nbytes=True)
 
 
-def check_parameters_fit(
-    make: Callable[..., nnx.Module], config, what: str = "", *, fields=None
-) -> None:
+def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
     """Refuse (ValueError naming ``<Config>.<field>``, the largest int field of ``config`` or of
     ``fields``) a layer ``make(config, rngs=...)`` whose parameters cannot fit this machine's
     memory, before anything is allocated; not under a trace (``nnx.eval_shape``, ``jit``)."""
@@ -59,6 +57,5 @@ def check_parameters_fit(
     sizes = {name: getattr(config, name) for name in fields or
              [f.name for f in dataclasses.fields(config)]}  # fmt: skip
     name = max((n for n, v in sizes.items() if is_int(v, None)), key=sizes.get)
-    what = f"the parameters of {what or make.__name__}"
-    nbytes = _config_bytes(make, config)
+    what, nbytes = f"the parameters of {make.__name__}", _config_bytes(make, config)
     check_allocation(f"{type(config).__name__}.{name}", sizes[name], what, nbytes)

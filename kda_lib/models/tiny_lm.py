@@ -173,19 +173,12 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
-def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
-    """The embedding and the head alone (their shapes, for :func:`check_parameters_fit`)."""
-    v, d = config.vocab_size, config.hidden_size
-    return nnx.List([nnx.Embed(v, d, rngs=rngs), nnx.Linear(d, v, use_bias=False, rngs=rngs)])
-
-
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
     ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        # the embedding and head fit in memory or vocab_size is refused; the mixers check theirs
-        check_parameters_fit(_vocabulary_ends, config, "TinyLM's embedding and head")
+        check_parameters_fit(TinyLM, config)  # the whole model, from its eval_shape'd parameters
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)
