@@ -1,9 +1,8 @@
-"""Causal softmax attention, the quadratic baseline mixer, with RoPE and a decode cache.
+"""Causal softmax attention, the quadratic baseline mixer, and what all mixers share.
 
 ``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head (float32 scores); q and k rotated by
-their positions (RoPE) or not (``rope=False``); ``short_conv``: q, k, v first through KDA's
-short convs. The cache keeps every key and value: memory linear in the context. Also the
-pieces MLA and Mamba2 share: config rules, input, segment and cache checks, the cache writer.
+their positions (RoPE) unless ``rope=False``; ``short_conv``: q, k, v first through KDA's short
+convs. The cache keeps every key and value. Shared: config, input and cache checks, caches.
 """
 
 from __future__ import annotations
@@ -23,36 +22,29 @@ from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
 
+_FIELD_CHECKS = {  # kind -> check(name, value), returning the value stored
+    "int": lambda name, value: checks.check_positive_int(name, value, 1),
+    "int0": lambda name, value: checks.check_positive_int(name, value, 0),
+    "width": lambda name, value: check_int(name, value, optional=True),  # None or >= 1
+    "eps": lambda name, value: checks.check_number(name, value, positive=True),
+    "bool": checks.check_flag,
+    "dtype": lambda name, value: (checks.check_float_dtype(name, value), value)[1],  # as given
+}
+
 
 def check_fields(config, **kinds: str) -> None:
-    """Check (and store) the fields of the frozen dataclass ``config`` named under each kind:
-    ``int`` (>= 1), ``int0`` (>= 0), ``width`` (None or >= 1), ``bool``, ``eps`` (finite, > 0),
-    ``dtype`` (floating); a ValueError names ``<Config>.<field>``."""
+    """Check (and store) the fields of the frozen dataclass ``config`` named under each kind of
+    :data:`_FIELD_CHECKS`; a ValueError names ``<Config>.<field>``."""
     for kind, fields in kinds.items():
         for field in fields.split():
-            name, value = f"{type(config).__name__}.{field}", getattr(config, field)
-            if kind == "width":
-                value = check_int(name, value, optional=True)
-            elif kind in ("int", "int0"):
-                value = checks.check_positive_int(name, value, int(kind == "int"))
-            elif kind == "eps":
-                value = checks.check_number(name, value, positive=True)
-            elif kind == "bool":
-                value = checks.check_flag(name, value)
-            elif kind == "dtype":  # kept as given (jnp.float32 stays jnp.float32)
-                checks.check_float_dtype(name, value)
-            else:
-                raise TypeError(f"check_fields: unknown kind {kind!r} for {name}")
-            object.__setattr__(config, field, value)
+            name = f"{type(config).__name__}.{field}"
+            object.__setattr__(config, field, _FIELD_CHECKS[kind](name, getattr(config, field)))
 
 
 class Widths:
     """What every mixer config with ``head_dim`` and ``value_head_dim`` derives."""
 
-    @property
-    def value_dim(self) -> int:
-        """V: ``value_head_dim``, else ``head_dim``."""
-        return self.value_head_dim or self.head_dim
+    value_dim = property(lambda self: self.value_head_dim or self.head_dim)  # V (None: K)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +89,7 @@ class AttentionCache(NamedTuple):
     @property
     def seen(self):
         """Tokens seen so far (an int for a growing cache, an int32 array for a fixed one)."""
-        return self.keys.shape[1] if self.length is None else self.length
+        return self[0].shape[1] if self.length is None else self.length
 
 
 class CausalSelfAttention(nnx.Module):
@@ -111,9 +103,8 @@ class CausalSelfAttention(nnx.Module):
         self.config = cfg = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
         linear = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
-        self.q_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.k_proj = nnx.Linear(hidden, h * kd, **linear)
-        self.v_proj = nnx.Linear(hidden, h * vd, **linear)
+        self.q_proj, self.k_proj, self.v_proj = (nnx.Linear(hidden, h * d, **linear)
+                                                 for d in (kd, kd, vd))  # fmt: skip
         if cfg.short_conv:
             self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
                 h * kd, h * vd, cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
@@ -138,18 +129,15 @@ class CausalSelfAttention(nnx.Module):
         q, k, v = (z.reshape(batch, seq_len, cfg.num_heads, -1) for z in (q, k, v))
         if cfg.rope:
             q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
-        keys, values, overflow = k, v, False
+        keys, values, length, overflow = k, v, None, False
         if cache is not None:
-            (keys, values), overflow = write_rows(
+            (keys, values), length, overflow = write_rows(
                 "attention", (cache.keys, cache.values), (k, v), cache.length
             )
         mask = attention_mask(positions, keys.shape[1], segment_ids)
         o = jnp.where(overflow, jnp.nan, attend(q, keys, values, mask, cfg.head_dim**-0.5))
         y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
-        if cache is None:
-            return y
-        length = None if cache.length is None else cache.length + seq_len
-        return y, AttentionCache(keys, values, length, *conv_states)
+        return y if cache is None else (y, AttentionCache(keys, values, length, *conv_states))
 
     def init_cache(self, batch_size: int, max_len: int | None = None) -> AttentionCache:
         """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
@@ -159,18 +147,17 @@ class CausalSelfAttention(nnx.Module):
     def _cache_shapes(self, batch: int, rows: int) -> dict:
         cfg = self.config
         h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
-        conv = lambda c: (batch, width, c) if cfg.short_conv else None  # noqa: E731
+        conv = lambda c: (batch, width, c) if cfg.short_conv else None
         return dict(keys=(batch, rows, h, kd), values=(batch, rows, h, vd),
                     q_conv=conv(h * kd), k_conv=conv(h * kd), v_conv=conv(h * vd))  # fmt: skip
 
 
 # ------------------------------------------------------------------ shared by the mixers
 def check_call(layer, x, segment_ids, cache):
-    """A mixer's entry checks, before any work: ``x`` a floating array ``[B, T, hidden_size]``
-    (B, T >= 1); ``cache`` as :func:`check_cache` says (a layer without a ``cache_type``
-    checks its own); ``segment_ids
-    [B, T]`` ints (0 = padding), not with a cache. Returns ``(canonical ids, the most segments
-    in one row)``, ``(None, None)`` without ids."""
+    """A mixer's entry checks, before any work: ``x`` floating ``[B, T, hidden_size]`` (B, T >=
+    1); ``cache`` by :func:`check_cache` (if the layer has a ``cache_type``); ``segment_ids [B,
+    T]`` ints (0 = padding), not with a cache. Returns ``(canonical ids, the most segments in
+    one row)``, or ``(None, None)``."""
     check_array("x", x, floating=True)
     hidden = layer.config.hidden_size
     if x.ndim != 3 or x.shape[-1] != hidden:
@@ -272,10 +259,9 @@ def attend(q, k, v, mask, scale: float) -> jax.Array:
     if q.shape[-1] == v.shape[-1]:
         o = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
     else:  # query heads in G groups of R, each group reading its key/value head
-        b, t, h, _ = q.shape
+        b, t, h, d = q.shape
         g = k.shape[2]
-        grouped = q.reshape(b, t, g, h // g, q.shape[-1])
-        scores = jnp.einsum("btgrd,bsgd->bgrts", grouped, k) * scale
+        scores = jnp.einsum("btgrd,bsgd->bgrts", q.reshape(b, t, g, h // g, d), k) * scale
         masked = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(masked, axis=-1)
         o = jnp.einsum("bgrts,bsgv->btgrv", weights, v).reshape(b, t, h, v.shape[-1])
@@ -284,12 +270,12 @@ def attend(q, k, v, mask, scale: float) -> jax.Array:
 
 def write_rows(what: str, buffers, new, length):
     """``buffers [B, C, ...]`` (None stays None) with the rows ``new [B, T, ...]`` appended
-    (``length`` None) or written at ``length``, and whether they overflow C (traced under jit;
-    outside jit an overflow raises)."""
+    (``length`` None) or written at ``length``; the new length; whether they overflow C (traced
+    under jit; outside jit an overflow raises)."""
     seq_len = new[0].shape[1]
     if length is None:
         return tuple(None if b is None else jnp.concatenate([b, n.astype(b.dtype)], 1)
-                     for b, n in zip(buffers, new, strict=True)), False  # fmt: skip
+                     for b, n in zip(buffers, new, strict=True)), None, False  # fmt: skip
     capacity = buffers[0].shape[1]
     overflow = length + seq_len > capacity
     traced = isinstance(overflow, jax.core.Tracer)
@@ -298,6 +284,7 @@ def write_rows(what: str, buffers, new, length):
             f"the {what} cache holds {capacity} tokens; {'?' if traced else int(length)} are "
             f"filled, {seq_len} more do not fit (init_cache(..., max_len=...))"
         )
-    start = lambda b: (0, length) + (0,) * (b.ndim - 2)  # noqa: E731
-    return tuple(None if b is None else jax.lax.dynamic_update_slice(b, n.astype(b.dtype), start(b))
-                 for b, n in zip(buffers, new, strict=True)), overflow  # fmt: skip
+    start = lambda b: (0, length) + (0,) * (b.ndim - 2)
+    written = tuple(None if b is None else jax.lax.dynamic_update_slice(b, n.astype(b.dtype),
+                    start(b)) for b, n in zip(buffers, new, strict=True))  # fmt: skip
+    return written, length + seq_len, overflow

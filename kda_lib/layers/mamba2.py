@@ -1,4 +1,5 @@
-"""A Mamba2-style token mixer on the KDA layer's scaffolding: scalar decay, no delta rule.
+"""Two token mixers on the KDA layer's scaffolding: Mamba2-style (scalar decay, no delta rule)
+and :class:`ConvMixer` (KDA's short-conv path alone).
 
 ``y = o_proj(gated_rmsnorm(o, o_norm, g_proj(x)))`` with ``o`` per head from
 :func:`kda_lib.ops.scalar_decay.scalar_decay_chunked`::
@@ -13,14 +14,15 @@ delta rule (and beta), against KDA also the per-channel decay; the KDA layer's p
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from kda_lib.checks import check_int
 from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
-from kda_lib.layers.conv import qkv_convolutions
+from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
+from kda_lib.layers.kda_layer import KDACache, KDAConfig
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -47,14 +49,9 @@ class Mamba2Config(Widths):
                      int0="conv_size", eps="norm_eps")  # fmt: skip
 
 
-class Mamba2Cache(NamedTuple):
-    """Decode state: ``state [B, H, K, V]`` float32 and the convs' last ``W - 1`` inputs
-    ``q_conv, k_conv [B, W-1, H*K]``, ``v_conv [B, W-1, H*V]`` (None without convs)."""
-
-    state: jax.Array
-    q_conv: jax.Array | None
-    k_conv: jax.Array | None
-    v_conv: jax.Array | None
+class Mamba2Cache(KDACache):
+    """Decode state, :class:`kda_lib.layers.KDACache`'s fields: ``state [B, H, K, V]`` float32
+    and the convs' last ``W - 1`` inputs (None without convs)."""
 
 
 class Mamba2Mixer(nnx.Module):
@@ -66,17 +63,17 @@ class Mamba2Mixer(nnx.Module):
         check_parameters_fit(Mamba2Mixer, config)
         cfg = self.config = config
         h, kd, vd, hidden = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.hidden_size
-        self.q_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
-        self.k_proj = nnx.Linear(hidden, h * kd, use_bias=False, rngs=rngs)
-        self.v_proj = nnx.Linear(hidden, h * vd, use_bias=False, rngs=rngs)
+        linear = dict(use_bias=False, rngs=rngs)
+        self.q_proj, self.k_proj, self.v_proj = (nnx.Linear(hidden, h * d, **linear)
+                                                 for d in (kd, kd, vd))  # fmt: skip
         convs = cfg.conv_size and qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
         self.q_conv1d, self.k_conv1d, self.v_conv1d = convs or (None,) * 3
-        self.f_proj = nnx.Linear(hidden, h, use_bias=False, rngs=rngs)
+        self.f_proj = nnx.Linear(hidden, h, **linear)
         self.A_log = no_decay_param(init_a_log(rngs.params(), h))
         self.dt_bias = no_decay_param(init_dt_bias(rngs.params(), h, 1))
         self.g_proj = nnx.Linear(hidden, h * vd, bias_metadata=NO_DECAY, rngs=rngs)
         self.o_norm = no_decay_param(jnp.ones((vd,), jnp.float32))
-        self.o_proj = nnx.Linear(h * vd, hidden, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: Mamba2Cache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` with a cache. ``segment_ids
@@ -103,11 +100,7 @@ class Mamba2Mixer(nnx.Module):
             k = jnp.where(real[..., None, None], k, 0.0)
             g = jnp.where(real[..., None], g, 0.0)
             o, final = scalar_decay_recurrent(q, k, v, g, resets=segment_starts(segment_ids))
-        gate = self.g_proj(x).reshape(v.shape)
-        normed = gated_rms_norm(o, self.o_norm[...], gate, eps=cfg.norm_eps)
-        y = self.o_proj(normed.reshape(batch, seq_len, -1))
-        if segment_ids is not None:
-            y = jnp.where((segment_ids != 0)[..., None], y, 0.0)
+        y = gated_output(self, o, x, segment_ids)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
 
     def init_cache(self, batch_size: int) -> Mamba2Cache:
@@ -117,6 +110,59 @@ class Mamba2Mixer(nnx.Module):
     def _cache_shapes(self, batch: int, rows: int = 0) -> dict:
         cfg = self.config
         h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
-        conv = lambda c: (batch, width, c) if cfg.conv_size else None  # noqa: E731
+        conv = lambda c: (batch, width, c) if cfg.conv_size else None
         return dict(state=(batch, h, kd, vd), q_conv=conv(h * kd), k_conv=conv(h * kd),
                     v_conv=conv(h * vd))  # fmt: skip
+
+
+class ConvMixer(nnx.Module):
+    """KDA's short-conv path without the recurrence, the ablation that cannot remember:
+    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head
+    (output t sees inputs t - W + 1 .. t), from a :class:`kda_lib.KDAConfig` (value heads,
+    ``conv_size`` W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
+
+    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, KDAConfig):
+            raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
+        if config.conv_size < 1:
+            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
+        self.config = config
+        hidden, channels = config.hidden_size, config.value_heads * config.value_dim
+        dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
+        self.v_proj = nnx.Linear(hidden, channels, use_bias=False, **dtypes)
+        self.v_conv1d = ShortConvolution(channels, conv_size=config.conv_size, **dtypes)
+        self.g_proj = nnx.Linear(hidden, channels, bias_metadata=NO_DECAY, **dtypes)
+        self.o_norm = no_decay_param(jnp.ones((config.value_dim,), config.param_dtype))
+        self.o_proj = nnx.Linear(channels, hidden, use_bias=False, **dtypes)
+
+    def __call__(self, x: jax.Array, *, segment_ids=None, cache: jax.Array | None = None):
+        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
+        ``segment_ids [B, T]`` (not with a cache): the taps stay inside a segment."""
+        cfg = self.config
+        segment_ids, _ = check_call(self, x, segment_ids, cache)
+        batch, seq_len, _ = x.shape
+        got, want = getattr(cache, "shape", type(cache).__name__), self._cache_shape(batch)
+        if cache is not None and got != want:
+            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] = "
+                             f"{want}, got {got}; build it with init_cache({batch})")  # fmt: skip
+        x = x.astype(cfg.dtype)
+        states = None if cache is None else (cache,)
+        (o,), (new_cache,) = mix_convs((self.v_conv1d,), (self.v_proj(x),), states, segment_ids)
+        y = gated_output(self, o.reshape(batch, seq_len, cfg.value_heads, -1), x, segment_ids)
+        return y if cache is None else (y, new_cache)
+
+    def init_cache(self, batch_size: int) -> jax.Array:
+        """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
+        batch_size = check_int("init_cache: batch_size", batch_size)
+        return jnp.zeros(self._cache_shape(batch_size), self.config.dtype)
+
+    def _cache_shape(self, batch: int) -> tuple:
+        return (batch, self.config.conv_size - 1, self.config.value_heads * self.config.value_dim)
+
+
+def gated_output(layer, o, x, segment_ids) -> jax.Array:
+    """``o_proj(gated_rmsnorm(o [B, T, H, V], o_norm, g_proj(x)))``, 0 at padding (id 0)."""
+    gate = layer.g_proj(x).reshape(o.shape)
+    normed = gated_rms_norm(o, layer.o_norm[...], gate, eps=layer.config.norm_eps)
+    y = layer.o_proj(normed.astype(x.dtype).reshape(*x.shape[:2], -1))
+    return y if segment_ids is None else jnp.where((segment_ids != 0)[..., None], y, 0.0)

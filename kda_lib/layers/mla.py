@@ -24,12 +24,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.layers.attention import (
+    AttentionCache,
+    CausalSelfAttention,
     Widths,
     attend,
     attention_mask,
     check_call,
     check_fields,
-    empty_cache,
     write_rows,
 )
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit
@@ -60,9 +61,7 @@ class MLAConfig(Widths):
                      width="value_head_dim q_lora_rank", int0="shared_key_dim", eps="norm_eps",
                      dtype="dtype param_dtype")  # fmt: skip
 
-    @property
-    def score_dim(self) -> int:  # the width of a query/key dot product: D + Ds
-        return self.head_dim + self.shared_key_dim
+    score_dim = property(lambda self: self.head_dim + self.shared_key_dim)  # q.k width: D + Ds
 
 
 class MLACache(NamedTuple):
@@ -73,10 +72,7 @@ class MLACache(NamedTuple):
     latents: jax.Array
     shared_keys: jax.Array | None = None
     length: jax.Array | None = None
-
-    @property
-    def seen(self):
-        return self.latents.shape[1] if self.length is None else self.length
+    seen = AttentionCache.seen
 
 
 class MultiHeadLatentAttention(nnx.Module):
@@ -110,64 +106,44 @@ class MultiHeadLatentAttention(nnx.Module):
         cfg = self.config
         segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
+        d, r, h = cfg.head_dim, cfg.kv_lora_rank, cfg.num_heads
         x = x.astype(cfg.dtype)
-        if cache is not None:
-            return self._forward_cached(x, cache)
-        # training / prefill: per-head keys and values formed from the latents
-        d = cfg.head_dim
-        c, s = self._latents(x)
-        kv = self.kv_b_proj(c).reshape(batch, seq_len, cfg.num_heads, d + cfg.value_dim)
-        k, v = kv[..., :d], kv[..., d:]
-        if s is not None:  # the shared key part, the same for every head
-            s = jnp.broadcast_to(s[:, :, None], (*k.shape[:3], s.shape[-1]))
-            k = jnp.concatenate([k, s], -1)
-        mask = attention_mask(jnp.arange(seq_len), seq_len, segment_ids)
-        o = attend(self._queries(x), k, v, mask, cfg.score_dim**-0.5)
-        return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
-
-    def _forward_cached(self, x, cache: MLACache):
-        """Attention against the cached latents only (absorbed form), then the new cache."""
-        cfg = self.config
-        batch, seq_len, _ = x.shape
-        d, r = cfg.head_dim, cfg.kv_lora_rank
-        (latents, shared), overflow = write_rows(
-            "MLA", (cache.latents, cache.shared_keys), self._latents(x), cache.length
-        )
-        w = self.kv_b_proj.kernel[...].astype(jnp.float32).reshape(r, cfg.num_heads, -1)
-        w_uk, w_uv = w[..., :d], w[..., d:]  # [r, H, D], [r, H, Dv]
-        q = self._queries(x).astype(jnp.float32)
-        # the query moved into latent space: one key/value "head", the latent, for all heads
-        query, key = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk), latents[:, :, None]
-        if shared is not None:
-            query = jnp.concatenate([query, q[..., d:]], -1)
-            key = jnp.concatenate([key, shared[:, :, None]], -1)
-        mask = attention_mask(cache.seen + jnp.arange(seq_len), latents.shape[1])
-        weighted = attend(query, key, latents[:, :, None], mask, cfg.score_dim**-0.5)
-        o = jnp.where(overflow, jnp.nan, jnp.einsum("bthr,rhv->bthv", weighted, w_uv))
-        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
-        length = None if cache.length is None else cache.length + seq_len
-        return y, MLACache(latents, shared, length)
-
-    def _queries(self, x) -> jax.Array:
-        cfg = self.config
         if cfg.q_lora_rank is None:
             q = self.q_proj(x)
         else:
             low = self.q_a_layernorm(self.q_a_proj(x).astype(jnp.float32))
             q = self.q_b_proj(low.astype(cfg.dtype))
-        return q.reshape(*x.shape[:2], cfg.num_heads, cfg.score_dim)
+        q = q.reshape(batch, seq_len, h, cfg.score_dim)
+        ckv = self.kv_a_proj_with_mqa(x)  # the latent c [B, T, r] and the shared key s [B, T, Ds]
+        c = self.kv_a_layernorm(ckv[..., :r].astype(jnp.float32)).astype(cfg.dtype)
+        s = ckv[..., r:] if cfg.shared_key_dim else None
+        if cache is None:  # training / prefill: per-head keys and values formed from the latents
+            k, v = jnp.split(self.kv_b_proj(c).reshape(batch, seq_len, h, -1), [d], -1)
+            if s is not None:  # the shared key part, the same for every head
+                shared = jnp.broadcast_to(s[:, :, None], (*k.shape[:3], s.shape[-1]))
+                k = jnp.concatenate([k, shared], -1)
+            mask = attention_mask(jnp.arange(seq_len), seq_len, segment_ids)
+            o = attend(q, k, v, mask, cfg.score_dim**-0.5)
+            return self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
+        # decoding: attention against the cached latents only (absorbed form)
+        (c, s), length, overflow = write_rows(
+            "MLA", (cache.latents, cache.shared_keys), (c, s), cache.length
+        )
+        w = self.kv_b_proj.kernel[...].astype(jnp.float32).reshape(r, h, -1)
+        w_uk, w_uv = w[..., :d], w[..., d:]  # [r, H, D], [r, H, Dv]
+        q = q.astype(jnp.float32)
+        # the query moved into latent space: one key/value "head", the latent, for all heads
+        query, key = jnp.einsum("bthd,rhd->bthr", q[..., :d], w_uk), c[:, :, None]
+        if s is not None:
+            query = jnp.concatenate([query, q[..., d:]], -1)
+            key = jnp.concatenate([key, s[:, :, None]], -1)
+        mask = attention_mask(cache.seen + jnp.arange(seq_len), c.shape[1])
+        weighted = attend(query, key, c[:, :, None], mask, cfg.score_dim**-0.5)
+        o = jnp.where(overflow, jnp.nan, jnp.einsum("bthr,rhv->bthv", weighted, w_uv))
+        y = self.o_proj(o.astype(cfg.dtype).reshape(batch, seq_len, -1))
+        return y, MLACache(c, s, length)
 
-    def _latents(self, x):
-        """The normalised latent ``c [B, T, r]`` and the shared key ``s [B, T, Ds]`` (or None)."""
-        cfg = self.config
-        ckv = self.kv_a_proj_with_mqa(x)
-        c = self.kv_a_layernorm(ckv[..., : cfg.kv_lora_rank].astype(jnp.float32))
-        return c.astype(cfg.dtype), ckv[..., cfg.kv_lora_rank :] if cfg.shared_key_dim else None
-
-    def init_cache(self, batch_size: int, max_len: int | None = None) -> MLACache:
-        """An empty cache: growing (``max_len`` None) or with room for ``max_len`` tokens."""
-        length = None if max_len is None else jnp.zeros((), jnp.int32)
-        return empty_cache(self, batch_size, max_len, length=length)
+    init_cache = CausalSelfAttention.init_cache  # growing, or room for max_len tokens
 
     def _cache_shapes(self, batch: int, rows: int) -> dict:
         ds = self.config.shared_key_dim

@@ -1,10 +1,9 @@
 """The weight-decay policy, as a mark on each parameter where it is created, and the memory
 check a layer makes before it allocates its parameters.
 
-AdamW decays matmul and convolution kernels, not gate parameters (``A_log``, ``dt_bias``: fla's
-``_no_weight_decay``), norm weights, biases or embeddings. Those are created with the metadata
-:data:`NO_DECAY` (``nnx.Param(value, **NO_DECAY)``, or Flax's ``bias_metadata=NO_DECAY`` and
-the like), and :func:`weight_decay_mask` reads the mark: no parameter name is matched.
+AdamW decays matmul and convolution kernels, not gate parameters (``A_log``, ``dt_bias``), norm
+weights, biases or embeddings: those are created with the metadata :data:`NO_DECAY`, and
+:func:`weight_decay_mask` reads the mark (no parameter name is matched).
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from flax import nnx
 
 from kda_lib.checks import check_allocation, is_int
 
-# Variable metadata of a parameter AdamW must not decay
-NO_DECAY = MappingProxyType({"weight_decay": False})
+NO_DECAY = MappingProxyType({"weight_decay": False})  # metadata: AdamW does not decay it
 
 
 def no_decay_param(value: jax.Array) -> nnx.Param:
@@ -39,30 +37,25 @@ def weight_decay_mask(module: nnx.Module):
                         is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip
 
 
-def parameter_count(module: nnx.Module) -> int:
-    """Scalars in ``module``'s parameters (real or ``nnx.eval_shape`` shapes)."""
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+def parameter_count(module: nnx.Module, *, nbytes: bool = False) -> int:
+    """Scalars (``nbytes``: bytes) in ``module``'s parameters, real or ``nnx.eval_shape``'s."""
+    size = lambda x: math.prod(x.shape) * (np.dtype(x.dtype).itemsize if nbytes else 1)
+    return sum(size(x) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
 @functools.lru_cache(maxsize=64)  # one eval_shape per recent (layer class, config)
 def _config_bytes(make, config) -> int:
-    """Bytes of the parameters of ``make(config, ...)``, from ``nnx.eval_shape`` shapes."""
-    shapes = nnx.state(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nnx.Param)
-    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(shapes))
+    return parameter_count(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nbytes=True)
 
 
-def check_parameters_fit(
-    make: Callable[..., nnx.Module], config, what: str = "", *, fields=None
-) -> None:
+def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
     """Refuse (ValueError naming ``<Config>.<field>``, the largest int field of ``config`` or of
     ``fields``) a layer ``make(config, rngs=...)`` whose parameters cannot fit this machine's
-    memory, from ``nnx.eval_shape`` shapes, before anything is allocated. Nothing is checked
-    under a trace (``nnx.eval_shape``, ``jit``), so a too-large layer can still be inspected."""
+    memory, before anything is allocated; not under a trace (``nnx.eval_shape``, ``jit``)."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
     sizes = {name: getattr(config, name) for name in fields or
              [f.name for f in dataclasses.fields(config)]}  # fmt: skip
     name = max((n for n, v in sizes.items() if is_int(v, None)), key=sizes.get)
-    what = f"the parameters of {what or make.__name__}"
-    nbytes = _config_bytes(make, config)
+    what, nbytes = f"the parameters of {make.__name__}", _config_bytes(make, config)
     check_allocation(f"{type(config).__name__}.{name}", sizes[name], what, nbytes)

@@ -1,8 +1,5 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`
-(``"gdn"``: KDA with one decay per head; ``"conv"``: :class:`ConvMixer`). :func:`register_mixer`
-adds one: a module ``[B, T, hidden] -> [B, T, hidden]`` with ``init_cache(batch)`` and
-``mixer(x, cache=c) -> (y, new_cache)``.
+residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`.
 """
 
 from __future__ import annotations
@@ -17,25 +14,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_array, check_int, check_token_ids, shared_fields
-from kda_lib.layers.attention import (
-    AttentionConfig,
-    CausalSelfAttention,
-    check_call,
-    check_fields,
-    mix_convs,
-)
-from kda_lib.layers.conv import ShortConvolution
+from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention, check_fields
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
-from kda_lib.layers.mamba2 import Mamba2Config, Mamba2Mixer
+from kda_lib.layers.mamba2 import ConvMixer, Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import (
-    NO_DECAY,
-    check_parameters_fit,
-    no_decay_param,
-    parameter_count,
-    weight_decay_mask,
-)
-from kda_lib.ops.norms import gated_rms_norm
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count, weight_decay_mask
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
 MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
@@ -64,20 +47,17 @@ class ModelConfig:
     def __post_init__(self):
         check_fields(self, int="vocab_size num_layers mlp_ratio", bool="rope",
                      width="mlp_width kv_lora_rank")  # fmt: skip
-        known = lambda name: isinstance(name, str) and name in MIXERS  # noqa: E731
-        layers = self.layers
+        layers, known = self.layers, sorted(MIXERS)
         if not isinstance(self.mixer_config, KDAConfig):
             raise ValueError(f"ModelConfig.mixer_config must be a KDAConfig (the mixer's widths "
                              f"and options), got {self.mixer_config!r}")  # fmt: skip
-        if not known(self.mixer):
-            raise ValueError(f"ModelConfig.mixer must be one of {sorted(MIXERS)}, got "
-                             f"{self.mixer!r}")  # fmt: skip
+        if not isinstance(self.mixer, str) or self.mixer not in known:
+            raise ValueError(f"ModelConfig.mixer must be one of {known}, got {self.mixer!r}")
         if isinstance(layers, str) or not isinstance(layers, Sequence):
             raise ValueError(f"ModelConfig.layers must be a tuple of mixer names such as "
                              f"('kda', 'kda', 'kda', 'attention'), got {layers!r}")  # fmt: skip
-        if unknown := [name for name in layers if not known(name)]:
-            raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: "
-                             f"{sorted(MIXERS)}")  # fmt: skip
+        if unknown := [name for name in layers if not isinstance(name, str) or name not in known]:
+            raise ValueError(f"ModelConfig.layers names unknown mixers {unknown}; known: {known}")
         if layers and self.num_layers % len(layers):
             raise ValueError(f"ModelConfig.num_layers={self.num_layers} is not a multiple of the "
                              f"{len(layers)} entries of ModelConfig.layers={tuple(layers)} (tiled "
@@ -111,13 +91,8 @@ class ModelConfig:
             mixer[name] = jnp.dtype(mixer[name]).name
         return {**own, "layers": list(self.layers), **mixer}
 
-    @property
-    def hidden_size(self) -> int:
-        return self.mixer_config.hidden_size
-
-    @property
-    def norm_eps(self) -> float:
-        return self.mixer_config.norm_eps
+    hidden_size = property(lambda self: self.mixer_config.hidden_size)
+    norm_eps = property(lambda self: self.mixer_config.norm_eps)
 
     @property
     def layer_mixers(self) -> tuple[str, ...]:
@@ -139,97 +114,32 @@ class ModelConfig:
         """The MLP's inner width: ``mlp_width``, else ``mlp_ratio * hidden_size``."""
         return self.mlp_width or self.mlp_ratio * self.hidden_size
 
-    def attention_config(self, *, short_conv: bool = False) -> AttentionConfig:
-        """An attention layer's config: the widths shared with ``mixer_config``, ``rope``."""
-        shared = shared_fields(self.mixer_config, AttentionConfig)
-        return AttentionConfig(**shared, rope=self.rope, short_conv=short_conv)
-
     @property
     def conv_reach(self) -> int:
         """Tokens back the convolutions alone see through all layers: N (W - 1)."""
         return self.num_layers * max(self.mixer_config.conv_size - 1, 0)
 
 
-def make_mixer(config: ModelConfig, *, rngs: nnx.Rngs, name: str | None = None) -> nnx.Module:
-    """The token mixer named ``name`` (default ``config.mixer``) for ``config``."""
-    return MIXERS[name or config.mixer](config, rngs)
+def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
+    """``make`` of a ``kind`` config of the fields shared with ``c.mixer_config``, ``c``."""
+    shared = {**shared_fields(c.mixer_config, kind), **shared_fields(c, kind), **fields}
+    return make(kind(**shared), rngs=rngs)
 
 
-class ConvMixer(nnx.Module):
-    """KDA's short-conv path without the recurrence, the ablation that cannot remember:
-    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head
-    (output t sees inputs t - W + 1 .. t), from a :class:`kda_lib.KDAConfig` (value heads,
-    ``conv_size`` W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
-
-    def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
-        if not isinstance(config, KDAConfig):
-            raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
-        if config.conv_size < 1:
-            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
-        self.config = config
-        hidden, channels = config.hidden_size, config.value_heads * config.value_dim
-        dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
-        self.v_proj = nnx.Linear(hidden, channels, use_bias=False, **dtypes)
-        self.v_conv1d = ShortConvolution(channels, conv_size=config.conv_size, **dtypes)
-        self.g_proj = nnx.Linear(hidden, channels, bias_metadata=NO_DECAY, **dtypes)
-        self.o_norm = no_decay_param(jnp.ones((config.value_dim,), config.param_dtype))
-        self.o_proj = nnx.Linear(channels, hidden, use_bias=False, **dtypes)
-
-    def __call__(self, x: jax.Array, *, segment_ids=None, cache: jax.Array | None = None):
-        """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` when a cache is given.
-        ``segment_ids [B, T]`` (not with a cache): the taps stay inside a segment."""
-        cfg = self.config
-        segment_ids, _ = check_call(self, x, segment_ids, cache)
-        batch, seq_len, _ = x.shape
-        want = (batch, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim)
-        got = tuple(cache.shape) if hasattr(cache, "shape") else type(cache).__name__
-        if cache is not None and got != want:
-            raise ValueError(f"cache for a conv layer must be an array of shape [B, W-1, H*V] = "
-                             f"{want}, got {got}; build it with init_cache({batch})")  # fmt: skip
-        x = x.astype(cfg.dtype)
-        states = None if cache is None else (cache,)
-        (o,), (new_cache,) = mix_convs((self.v_conv1d,), (self.v_proj(x),), states, segment_ids)
-        shape = (batch, seq_len, cfg.value_heads, cfg.value_dim)
-        normed = gated_rms_norm(o.reshape(shape), self.o_norm[...], self.g_proj(x).reshape(shape),
-                                eps=cfg.norm_eps)  # fmt: skip
-        y = self.o_proj(normed.astype(cfg.dtype).reshape(batch, seq_len, -1))
-        if segment_ids is not None:  # padding outputs 0 (canonical ids: 0 is padding)
-            y = jnp.where(jnp.asarray(segment_ids != 0)[..., None], y, 0)
-        return y if cache is None else (y, new_cache)
-
-    def init_cache(self, batch_size: int) -> jax.Array:
-        """Decode state: the last ``W - 1`` value-stream inputs ``[B, W-1, H*V]``."""
-        cfg = self.config
-        batch_size = check_int("init_cache: batch_size", batch_size)
-        return jnp.zeros((batch_size, cfg.conv_size - 1, cfg.value_heads * cfg.value_dim),
-                         cfg.dtype)  # fmt: skip
-
-
-# name -> factory(config, rngs) of a layer's token mixer ("attention": RoPE unless config.rope is
-# False; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim)
+# name -> factory(config, rngs) of a layer's token mixer: a module [B, T, hidden] -> [B, T, hidden]
+# with init_cache(batch) and mixer(x, cache=c) -> (y, new_cache). "gdn": KDA with one decay per
+# head; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim
 MIXERS = {
-    "kda": lambda c, rngs: KimiDeltaAttention(c.mixer_config, rngs=rngs),
-    "gdn": lambda c, rngs: KimiDeltaAttention(
-        dataclasses.replace(c.mixer_config, per_head_decay=True), rngs=rngs
-    ),
-    "mamba2": lambda c, rngs: Mamba2Mixer(
-        Mamba2Config(**shared_fields(c.mixer_config, Mamba2Config)), rngs=rngs
-    ),
-    "attention": lambda c, rngs: CausalSelfAttention(c.attention_config(), rngs=rngs),
-    "attention_conv": lambda c, rngs: CausalSelfAttention(
-        c.attention_config(short_conv=True), rngs=rngs
-    ),
-    "conv": lambda c, rngs: ConvMixer(c.mixer_config, rngs=rngs),
-    "mla": lambda c, rngs: MultiHeadLatentAttention(
-        MLAConfig(**shared_fields(c.mixer_config, MLAConfig),
-                  kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim), rngs=rngs
-    ),
+    "kda": lambda c, r: KimiDeltaAttention(c.mixer_config, rngs=r),
+    "gdn": lambda c, r: _layer(KimiDeltaAttention, KDAConfig, c, r, per_head_decay=True),
+    "mamba2": lambda c, r: _layer(Mamba2Mixer, Mamba2Config, c, r),
+    "attention": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r),
+    "attention_conv": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r,
+                                          short_conv=True),
+    "conv": lambda c, r: ConvMixer(c.mixer_config, rngs=r),
+    "mla": lambda c, r: _layer(MultiHeadLatentAttention, MLAConfig, c, r,
+                               kv_lora_rank=c.kv_lora_rank or c.mixer_config.head_dim),
 }  # fmt: skip
-
-
-def register_mixer(name: str):
-    """Decorator: ``@register_mixer("name")`` on a ``factory(config, rngs) -> nnx.Module``."""
-    return lambda factory: MIXERS.update({name: factory}) or factory
 
 
 class MLP(nnx.Module):
@@ -250,7 +160,7 @@ class Block(nnx.Module):
     def __init__(self, config: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
         norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
         self.mixer_norm = nnx.RMSNorm(config.hidden_size, **norm)
-        self.mixer = make_mixer(config, rngs=rngs, name=mixer)
+        self.mixer = MIXERS[mixer](config, rngs)
         self.mlp_norm = nnx.RMSNorm(config.hidden_size, **norm)
         self.mlp = MLP(config.hidden_size, config.mlp_hidden, rngs=rngs)
 
@@ -263,19 +173,12 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
-def _vocabulary_ends(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.List:
-    """The embedding and the head alone (their shapes, for :func:`check_parameters_fit`)."""
-    v, d = config.vocab_size, config.hidden_size
-    return nnx.List([nnx.Embed(v, d, rngs=rngs), nnx.Linear(d, v, use_bias=False, rngs=rngs)])
-
-
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
     ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        # the embedding and head fit in memory or vocab_size is refused; the mixers check theirs
-        check_parameters_fit(_vocabulary_ends, config, "TinyLM's embedding and head")
+        check_parameters_fit(TinyLM, config)  # the whole model, from its eval_shape'd parameters
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)
@@ -304,9 +207,8 @@ class TinyLM(nnx.Module):
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
         """One empty cache per block. ``max_len``: room for that many tokens in the attention
         and MLA caches (fixed shapes, one compiled decode step); None: they grow."""
-        check_int("batch_size", batch_size)
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
-        room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}  # noqa: E731
+        room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
 
 

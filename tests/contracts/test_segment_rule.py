@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from kda_lib import KDAConfig, kda, kda_chunked, kda_recurrent
 from kda_lib.layers.conv import ShortConvolution
-from kda_lib.models.tiny_lm import MIXERS, ModelConfig, make_mixer
+from kda_lib.models.tiny_lm import MIXERS, ModelConfig
 
 B, T, HIDDEN = 2, 8, 8
 # ids that wrap onto each other or onto 0 when cut to 32 bits, and their neighbours
@@ -96,7 +96,7 @@ def _entry_points():
         "ShortConvolution": lambda ids: conv(x, segment_ids=ids)[0],
     }
     for name in sorted(MIXERS):  # the KDA layer (kda, gdn), MLA, attention, conv
-        mixer = make_mixer(_mixer_config(name), rngs=nnx.Rngs(2))
+        mixer = MIXERS[name](_mixer_config(name), nnx.Rngs(2))
         points[f"mixer {name}"] = functools.partial(lambda m, ids: m(x, segment_ids=ids), mixer)
     return points
 
@@ -156,7 +156,7 @@ def _reach(name: str) -> int | None:
 @functools.cache
 def _jacobian_fn(name: str):
     """``ids -> dependency [B, T, B, T]`` of the mixer's outputs on its inputs, under jit."""
-    mixer = make_mixer(_mixer_config(name), rngs=nnx.Rngs(3))
+    mixer = MIXERS[name](_mixer_config(name), nnx.Rngs(3))
     graphdef, state = nnx.split(mixer)
     x = jnp.asarray(np.random.default_rng(4).standard_normal((B, T, HIDDEN)), jnp.float32)
 

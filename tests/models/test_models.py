@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from kda_lib.lab.train_cli import main as train_main
-from kda_lib.layers.attention import AttentionCache, CausalSelfAttention
+from kda_lib.layers.attention import AttentionCache, AttentionConfig, CausalSelfAttention
 from kda_lib.layers.kda_layer import KDACache, KDAConfig
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import (
@@ -96,7 +96,7 @@ def test_nope_attention_sees_a_set_and_rope_an_order():
     swapped = x[:, jnp.array([1, 0, 3, 2, 4, 5])]
     for rope in (False, True):
         layer = CausalSelfAttention(
-            dataclasses.replace(cfg.attention_config(), rope=rope), rngs=nnx.Rngs(0)
+            AttentionConfig(hidden_size=16, num_heads=2, head_dim=8, rope=rope), rngs=nnx.Rngs(0)
         )
         y, y_swapped = (_jitted(layer, a)[0, -1] for a in (x, swapped))  # one program
         if rope:
