@@ -35,7 +35,7 @@ from kda_lib.layers.attention import (
     empty_cache,
     mix_convs,
 )
-from kda_lib.layers.checkpoints import load_fla_state_dict
+from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
@@ -70,18 +70,14 @@ WIDTH_FIELDS = ("hidden_size num_heads num_v_heads head_dim value_head_dim conv_
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig(Widths):
     """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; a bad field raises
-    ValueError naming ``KDAConfig.<field>``).
-
-    Widths: ``hidden_size`` d, ``num_heads`` H, ``num_v_heads`` HV (None = H; a multiple of
-    H), ``head_dim`` K, ``value_head_dim`` V (None = K). ``conv_size`` W (0: no conv; <= 64);
-    ``fused_qkv_conv``: one conv over ``concat(q, k, v)``. Forget gate
-    (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value (None: softplus
-    without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0),
-    ``use_a_log`` a learned rate ``exp(A_log)`` per value head (False: A = 1, the safe gate),
-    ``per_head_decay`` one gate per head, ``forget_gate_rank`` None (one ``f_proj``) or a
-    low-rank pair's r. ``allow_neg_eigval``: beta = 2 sigmoid; ``output_gate_rank`` as for f.
-    Kernel: ``implementation``, ``chunk_size``, ``max_num_segments`` tokamax's static segment
-    bound under ``jit`` (None: counted from concrete ids).
+    ValueError naming ``KDAConfig.<field>``): ``hidden_size`` d, ``num_heads`` H,
+    ``num_v_heads`` HV (None = H; a multiple of H), ``head_dim`` K, ``value_head_dim`` V (None =
+    K), ``conv_size`` W (0: no conv; <= 64), ``fused_qkv_conv``: one conv over concat(q, k, v).
+    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` (None: softplus without
+    ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0), ``use_a_log`` a
+    learned rate per value head (False: A = 1), ``per_head_decay``, ``forget_gate_rank`` None
+    or a low-rank pair's r (``output_gate_rank`` likewise). ``allow_neg_eigval``: beta = 2
+    sigmoid. ``max_num_segments``: tokamax's static segment bound under ``jit`` (None: counted).
     """
 
     hidden_size: int
@@ -123,17 +119,15 @@ class KDAConfig(Widths):
         check_implementation(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
-        for problem in self._combination_problems():
-            raise ValueError(f"KDAConfig{problem}")
-
-    def _combination_problems(self):
-        """Fields valid alone that cannot go together (the layer fuses every gate but the
-        clamped softplus into the kernel)."""
+        # fields valid alone that cannot go together (the layer fuses every gate but the
+        # clamped softplus into the kernel)
         if self.conv_size > MAX_CONV_SIZE:
-            yield f".conv_size must be <= {MAX_CONV_SIZE} (a short conv), got {self.conv_size}"
+            raise ValueError(f"KDAConfig.conv_size must be <= {MAX_CONV_SIZE} (a short conv), "
+                             f"got {self.conv_size}")  # fmt: skip
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
-            yield (f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k "
-                   f"head serves num_v_heads // num_heads value heads), got {self.num_v_heads}")
+            raise ValueError(f"KDAConfig.num_v_heads must be a multiple of num_heads="
+                             f"{self.num_heads} (each q/k head serves num_v_heads // num_heads "
+                             f"value heads), got {self.num_v_heads}")  # fmt: skip
         fused = self.gate_form is not GateForm.CLAMPED_SOFTPLUS
         hint = (" (set lower_bound, e.g. -5.0)" if fused else "; with gate_form="
                 "'clamped_softplus' the layer activates the gate itself, so the kernel gets a "
@@ -141,28 +135,18 @@ class KDAConfig(Widths):
         for problem in option_problems(self.implementation, fused_gate=fused,
                                        lower_bound=self.lower_bound,
                                        allow_neg_eigval=self.allow_neg_eigval):  # fmt: skip
-            yield f": {problem}{hint if 'gate' in problem else ''}"
+            raise ValueError(f"KDAConfig: {problem}{hint if 'gate' in problem else ''}")
         if not self.use_a_log and self.lower_bound is None:
-            yield (".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
-                   "lower_bound (e.g. -5.0); the softplus gate has no rate-free form")  # fmt: skip
+            raise ValueError("KDAConfig.use_a_log=False is the safe gate without A_log (fla's "
+                             "A_log=None): set lower_bound (e.g. -5.0); the softplus gate has no "
+                             "rate-free form")  # fmt: skip
         if self.fused_qkv_conv and not self.conv_size:
-            yield ".fused_qkv_conv needs a conv: conv_size must be > 0"
+            raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
     @property
     def value_heads(self) -> int:
         """HV: ``num_v_heads``, or ``num_heads``."""
         return self.num_v_heads or self.num_heads
-
-
-class Projected(NamedTuple):
-    """What :meth:`KimiDeltaAttention.project` hands the kernel."""
-
-    q: jax.Array  # [B, T, H, K] after conv + SiLU (L2-normalised in the kernel)
-    k: jax.Array  # [B, T, H, K]
-    v: jax.Array  # [B, T, HV, V]
-    f: jax.Array  # [B, T, HV, K] raw gate input (clamped softplus: the log-space gate)
-    beta: jax.Array  # [B, T, HV] float32
-    conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
 
 
 class KDACache(NamedTuple):
@@ -258,8 +242,10 @@ class KimiDeltaAttention(nnx.Module):
     # times the parts) and subclasses may call or override each step.
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
-    ) -> Projected:
-        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`. Not
+    ) -> tuple:
+        """Everything before the kernel, for ``x [B, T, hidden]``: ``(q, k [B, T, H, K] after
+        conv + SiLU, v [B, T, HV, V], f [B, T, HV, K] raw gate (clamped softplus: log-space),
+        beta [B, T, HV] float32, conv_states)``, per stream ``[B, W-1, C]`` or None. Not
         checked: ``segment_ids [B, T]``; ``cache`` whose conv states precede x; ``halo`` maps
         each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` before it (CP; default the cache's
         or zeros); ``history_segment_ids [B, W-1]`` the halo tokens' ids."""
@@ -290,7 +276,7 @@ class KimiDeltaAttention(nnx.Module):
             f = jnp.maximum(kda_gate(f, a_log, self._dt_bias()), cfg.lower_bound)
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         beta = 2.0 * beta if cfg.allow_neg_eigval else beta
-        return Projected(q, k, v, f, beta, tuple(conv_states))
+        return q, k, v, f, beta, tuple(conv_states)
 
     def kernel_kwargs(self) -> dict:
         """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones with the clamped
@@ -425,7 +411,7 @@ class KimiDeltaAttention(nnx.Module):
         """A layer holding an fla ``KimiDeltaAttention.state_dict()``; ``kwargs`` go to the
         constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
-        load_fla_state_dict(layer, state_dict)
+        load_state_dict(layer, state_dict, "fla")
         return layer
 
     # ----------------------------------------------------------------- checks

@@ -49,27 +49,15 @@ def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int, seq_axis: int
 def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=None,
                          segment_ids=None, implementation: str = "auto", mesh=None,
                          **kernel_kwargs):  # fmt: skip
-    """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
-
-    Args:
-      q, k, v, g, beta: the local slices (``T_local`` tokens), shapes and grouped value heads
-        as in :func:`kda_lib.kda`.
-      axis_name: the mesh axis the sequence is split over (default "context").
-      scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`
-        (default ``"auto"``). kda_lib's forms pass states between ranks (module docstring);
-        ``"tokamax_mosaic"`` runs tokamax's own CP.
-      mesh: the enclosing ``shard_map``'s mesh (``"tokamax_mosaic"`` only); default the
-        current abstract mesh.
-      kernel_kwargs: passed to :func:`kda_lib.kda` (gate, ``chunk_size``, ...). kda_lib's forms
-        also take ``initial_state [B, HV, K, V]`` (the same on every rank, before the whole
-        sequence), ``output_final_state`` and ``output_chunk_states`` (default False);
-        ``output_token_states`` is not served under CP.
-
-    Returns:
-      As :func:`kda_lib.kda` returns: this slice of a one-device run's outputs ``[B, T_local,
-      HV, V]``; the state after the whole sequence ``[B, HV, K, V]`` float32, the same on every
-      rank (``out_specs`` ``P()``), or None; with ``output_chunk_states`` a ``KDAResult`` with
-      this slice's one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
+    """KDA over a sequence sharded along ``axis_name`` ("context"), inside ``jax.shard_map``:
+    q, k, v, g, beta and ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest
+    as in :func:`kda_lib.kda`. kda_lib's forms pass states between ranks (module docstring) and
+    also take ``initial_state [B, HV, K, V]`` (the same on every rank), ``output_final_state``
+    and ``output_chunk_states``, not ``output_token_states``; ``"tokamax_mosaic"`` runs tokamax's
+    own CP on ``mesh`` (default the current abstract mesh). Returns, as :func:`kda_lib.kda`
+    does, this slice of a one-device run's outputs ``[B, T_local, HV, V]``, the final state
+    ``[B, HV, K, V]`` float32 (the same on every rank: ``out_specs`` ``P()``) or None, and with
+    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
@@ -120,10 +108,9 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
-    """All-gather the rank summaries and fold them in rank order. Returns float32 ``(state
-    entering this rank, state arriving at it, state after the whole sequence)``: the arriving
-    state is the one after the last real token upstream (the initial state if none); the
-    entering one is zero instead where this rank's first segment is a new one."""
+    """All-gather the rank summaries and fold them in rank order: float32 ``(state entering
+    this rank (zero where its first segment is new), state after the last real token upstream
+    (else the initial state), state after the whole sequence)``."""
     all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
     all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
     ranks, batch = all_m.shape[:2]
