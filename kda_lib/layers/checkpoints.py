@@ -91,8 +91,8 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
         for p in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
     }
-    convs = {c: getattr(layer, c) for c in ("qkv_conv1d", "q_conv1d", "k_conv1d", "v_conv1d")}
-    convs = {c: module.kernel for c, module in convs.items() if module is not None}
+    convs = {c: conv.kernel for c in ("qkv_conv1d", "q_conv1d", "k_conv1d", "v_conv1d")
+             if (conv := getattr(layer, c)) is not None}  # fmt: skip
     if hf:
         entries["conv1d.weight"] = _Entry(tuple(convs.values()), "conv")
     else:

@@ -63,6 +63,8 @@ def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=No
     if segment_ids is None:
         return None
     check_segment_ids(segment_ids, batch, seq_len)
+    if width == 1:  # no taps before the current token
+        return None
     if (ids := history_segment_ids) is not None:
         check_array("history_segment_ids", ids)
         if ids.shape != (batch, width - 1) or not jnp.issubdtype(ids.dtype, jnp.integer):

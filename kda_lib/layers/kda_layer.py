@@ -73,12 +73,12 @@ class KDAConfig(Widths):
     ValueError naming ``KDAConfig.<field>``): ``hidden_size`` d, ``num_heads`` H,
     ``num_v_heads`` HV (None = H; a multiple of H), ``head_dim`` K, ``value_head_dim`` V (None =
     K), ``conv_size`` W (0: no conv; <= 64), ``fused_qkv_conv``: one conv over concat(q, k, v).
-    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` (None: softplus without
-    ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0), ``use_a_log`` a
-    learned rate per value head (False: A = 1), ``per_head_decay``, ``forget_gate_rank`` None
-    or a low-rank pair's r (``output_gate_rank`` likewise). ``allow_neg_eigval``: beta = 2
-    sigmoid. ``max_num_segments``: tokamax's static segment bound under ``jit`` (None: counted).
-    """
+    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value
+    (None: softplus without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in
+    [-5, 0), ``use_a_log`` a learned rate per value head (False: A = 1), ``per_head_decay`` one
+    gate per head, ``forget_gate_rank`` None or a low-rank pair's r (``output_gate_rank``
+    likewise). ``allow_neg_eigval``: beta = 2 sigmoid. ``max_num_segments``: tokamax's static
+    segment bound under ``jit`` (None: counted from concrete ids)."""
 
     hidden_size: int
     num_heads: int
@@ -183,12 +183,12 @@ class KimiDeltaAttention(nnx.Module):
         self.q_proj, self.k_proj, self.v_proj = (
             nnx.Linear(d, c, use_bias=False, **linear) for c in (qk, qk, vc)
         )
-        conv = dict(conv_size=cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
-        fused = bool(cfg.conv_size) and cfg.fused_qkv_conv
-        self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv, rngs=rngs) if fused else None
-        separate = bool(cfg.conv_size) and not fused
+        conv = dict(conv_size=cfg.conv_size, **linear)
+        fused = cfg.fused_qkv_conv  # (the config refuses it without a conv)
+        self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv) if fused else None
+        separate = cfg.conv_size and not fused
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
-            qkv_convolutions(qk, vc, **conv, rngs=rngs) if separate else (None, None, None)
+            qkv_convolutions(qk, vc, **conv) if separate else (None, None, None)
         )
 
         def gate_projection(out, rank, use_bias):  # nnx.Linear, or a low-rank pair through rank
@@ -311,7 +311,7 @@ class KimiDeltaAttention(nnx.Module):
         # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
         # axis types); arrays on the user's mesh are relabelled onto it, no data moves
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
-                                 axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(names))  # fmt: skip
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
         ids = None if segment_ids is None else segment_ids.ids
         x, ids = (_onto_mesh(a, mesh) for a in (x, ids))
@@ -338,9 +338,8 @@ class KimiDeltaAttention(nnx.Module):
         cfg = self.config
         qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
         state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
-        if not cfg.conv_size:
-            return KDACache(state, None, None, None)
-        return KDACache(state, *((batch_size, cfg.conv_size - 1, c) for c in (qk, qk, vc)))
+        conv = [(batch_size, cfg.conv_size - 1, c) if cfg.conv_size else None for c in (qk, qk, vc)]
+        return KDACache(state, *conv)
 
     def init_cache(self, batch_size: int) -> KDACache:
         """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
@@ -381,30 +380,22 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`."""
-        self._check_inputs(x, None, cache)
-        if self.mesh is not None:
-            raise ValueError("prefill and draft run on one device; build the layer without a mesh")
+        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`:
+        per stream the W-1 conv inputs before each boundary, ``[B, T // every, W-1, C]``."""
+        self._check_inputs(x, None, cache, serving=True)
         y, new_cache, result = self._forward(x, cache=cache, **{f"output_{states}": True})
-        convs = self._conv_histories(x, cache, every)
+        cfg, convs = self.config, [None] * 3
+        if cfg.conv_size:
+            width, seq_len = cfg.conv_size - 1, x.shape[1]
+            ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
+            pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
+            picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
+            cached = self.init_cache(x.shape[0]) if cache is None else cache
+            projs = (self.q_proj, self.k_proj, self.v_proj)
+            convs = [jnp.where((pos < 0)[None, :, :, None],
+                               history[:, jnp.clip(width + pos, 0, width - 1)], proj(picked))
+                     for proj, history in zip(projs, cached[1:], strict=True)]  # fmt: skip
         return y, new_cache, KDACache(getattr(result, states), *convs)
-
-    def _conv_histories(self, x, cache, every: int):
-        """Per stream the W-1 conv inputs before every ``every``-th token boundary, ``[B, T //
-        every, W-1, C]`` (None without convs): from ``x``, or the cache's before its start."""
-        cfg = self.config
-        if not cfg.conv_size:
-            return None, None, None
-        width, seq_len = cfg.conv_size - 1, x.shape[1]
-        ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
-        pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
-        picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
-        cached = self.init_cache(x.shape[0]) if cache is None else cache
-        out = []
-        for proj, history in zip((self.q_proj, self.k_proj, self.v_proj), cached[1:], strict=True):
-            before = history[:, jnp.clip(width + pos, 0, width - 1)]  # [B, N, W-1, C]
-            out.append(jnp.where((pos < 0)[None, :, :, None], before, proj(picked)))
-        return tuple(out)
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
@@ -415,12 +406,12 @@ class KimiDeltaAttention(nnx.Module):
         return layer
 
     # ----------------------------------------------------------------- checks
-    def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
-        """:func:`check_call`, and: no cache with a mesh, tokamax's segment slots fit, concrete
-        ``x`` finite; the ids as :func:`kda` takes them."""
-        if cache is not None and self.mesh is not None:
-            raise ValueError("a layer built with a mesh (context parallel) does not "
-                             "decode; build one without a mesh for decoding")  # fmt: skip
+    def _check_inputs(self, x, segment_ids, cache, serving=False) -> CheckedSegmentIds | None:
+        """:func:`check_call`, and: no cache (or ``serving``) with a mesh, tokamax's segment
+        slots fit, concrete ``x`` finite; the ids as :func:`kda` takes them."""
+        if self.mesh is not None and (cache is not None or serving):
+            raise ValueError("a layer built with a mesh (context parallel) does not decode, "
+                             "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
         cfg = self.config
         if ids is not None and cfg.max_num_segments:

@@ -25,25 +25,22 @@ from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag
 from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
-def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int, seq_axis: int = 1):
-    """``concat([halo, x], seq_axis)``, the halo the ``halo_size`` entries before this rank's
-    slice (zeros before rank 0; from several ranks back when the slice is shorter). Inside
-    ``jax.shard_map``; any array (segment ids too)."""
+def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int):
+    """``concat([halo, x], 1)``, the halo the ``halo_size`` entries (along axis 1) before this
+    rank's slice (zeros before rank 0; from several ranks back when the slice is shorter).
+    Inside ``jax.shard_map``; any array (segment ids too)."""
     halo_size = check_int("halo_size", halo_size, minimum=0)
-    seq_axis = seq_axis % x.ndim
-    ranks, local = jax.lax.axis_size(axis_name), x.shape[seq_axis]
+    ranks, local = jax.lax.axis_size(axis_name), x.shape[1]
     hops = range(min(math.ceil(halo_size / local), ranks - 1) if halo_size else 0, 0, -1)
     needs = [min(local, halo_size - (hop - 1) * local) for hop in hops]  # farthest rank first
     pieces = [
-        jax.lax.ppermute(jax.lax.slice_in_dim(x, local - need, local, axis=seq_axis), axis_name,
+        jax.lax.ppermute(x[:, local - need :], axis_name,
                          perm=[(i, i + hop) for i in range(ranks - hop)])
         for hop, need in zip(hops, needs, strict=True)
     ]  # fmt: skip
     if missing := halo_size - sum(needs):  # beyond the first rank: zeros
-        shape = list(x.shape)
-        shape[seq_axis] = missing
-        pieces.insert(0, jnp.zeros(shape, x.dtype))
-    return jnp.concatenate([*pieces, x], axis=seq_axis)
+        pieces.insert(0, jnp.zeros((x.shape[0], missing, *x.shape[2:]), x.dtype))
+    return jnp.concatenate([*pieces, x], axis=1)
 
 
 def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=None,
