@@ -149,6 +149,17 @@ class KDAConfig(Widths):
         return self.num_v_heads or self.num_heads
 
 
+class Projected(NamedTuple):
+    """What :meth:`KimiDeltaAttention.project` hands the kernel."""
+
+    q: jax.Array  # [B, T, H, K] after conv + SiLU (L2-normalised in the kernel)
+    k: jax.Array  # [B, T, H, K]
+    v: jax.Array  # [B, T, HV, V]
+    f: jax.Array  # [B, T, HV, K] raw gate input (clamped softplus: the log-space gate)
+    beta: jax.Array  # [B, T, HV] float32
+    conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
+
+
 class KDACache(NamedTuple):
     """Decode state of one layer: recurrent state and the last W-1 conv inputs per stream."""
 
@@ -242,10 +253,8 @@ class KimiDeltaAttention(nnx.Module):
     # times the parts) and subclasses may call or override each step.
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
-    ) -> tuple:
-        """Everything before the kernel, for ``x [B, T, hidden]``: ``(q, k [B, T, H, K] after
-        conv + SiLU, v [B, T, HV, V], f [B, T, HV, K] raw gate (clamped softplus: log-space),
-        beta [B, T, HV] float32, conv_states)``, per stream ``[B, W-1, C]`` or None. Not
+    ) -> Projected:
+        """Everything before the kernel, for ``x [B, T, hidden]``: a :class:`Projected`. Not
         checked: ``segment_ids [B, T]``; ``cache`` whose conv states precede x; ``halo`` maps
         each conv input ``[B, T, C]`` to the ``[B, W-1, C]`` before it (CP; default the cache's
         or zeros); ``history_segment_ids [B, W-1]`` the halo tokens' ids."""
@@ -276,7 +285,7 @@ class KimiDeltaAttention(nnx.Module):
             f = jnp.maximum(kda_gate(f, a_log, self._dt_bias()), cfg.lower_bound)
         beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
         beta = 2.0 * beta if cfg.allow_neg_eigval else beta
-        return q, k, v, f, beta, tuple(conv_states)
+        return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
         """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones with the clamped
