@@ -2,10 +2,9 @@
 
 One table, :func:`_entries`, says which tensor holds which parameter in which layout, in three
 namings (DESIGN, "Checkpoint files"): ``"fla"`` (fla's ``state_dict()``), ``"kimi_linear"``
-(Hugging Face ``modeling_kimi.py``) and ``"transformers"`` (``KimiLinearDeltaAttention``: one
-``conv1d`` over ``concat(q, k, v)``); MLA layers have DeepSeek-V2's names. A linear weight is
-PyTorch's ``[out, in]``, a conv weight ``[C, 1, W]``. Loading is all or nothing: every name,
-shape and value is checked before the first write.
+(Hugging Face ``modeling_kimi.py``) and ``"transformers"`` (one ``conv1d`` over ``concat(q, k,
+v)``); MLA layers have DeepSeek-V2's names. Loading is all or nothing: every name, shape and
+value is checked before the first write.
 """
 
 from __future__ import annotations
@@ -92,8 +91,8 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
         for p in ("q_proj", "k_proj", "v_proj", "b_proj", "o_proj")
     }
-    convs = {c: getattr(layer, c) for c in ("qkv_conv1d", "q_conv1d", "k_conv1d", "v_conv1d")}
-    convs = {c: module.kernel for c, module in convs.items() if module is not None}
+    convs = {c: conv.kernel for c in ("qkv_conv1d", "q_conv1d", "k_conv1d", "v_conv1d")
+             if (conv := getattr(layer, c)) is not None}  # fmt: skip
     if hf:
         entries["conv1d.weight"] = _Entry(tuple(convs.values()), "conv")
     else:
@@ -176,8 +175,8 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
 
 
 def _converted(label: str, entry: _Entry, value) -> list:
-    """``(variable, value)`` for each parameter ``entry`` holds (``value``: numpy, torch, jax or
-    lists, bfloat16 widened to float32, exactly), checked, or a ValueError naming ``label``."""
+    """``(variable, value)`` for each parameter ``entry`` holds, checked (``value``: numpy,
+    torch, jax or lists; bfloat16 widened to float32 exactly)."""
     if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
         value = value.detach().cpu()
         value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
@@ -209,11 +208,6 @@ def _converted(label: str, entry: _Entry, value) -> list:
             raise ValueError(f"{label}: contains NaN or inf values (as {expected.dtype})")
         out.append((variable, jnp.asarray(value)))
     return out
-
-
-def load_fla_state_dict(layer, state_dict) -> None:
-    """:func:`load_state_dict` in fla's naming (see ``KimiDeltaAttention.from_fla_state_dict``)."""
-    load_state_dict(layer, state_dict, "fla")
 
 
 # ------------------------------------------------------------------ Kimi Linear safetensors
@@ -292,7 +286,6 @@ def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
                 raise ValueError(f"{where}: the file is shorter than its header says")
             array = np.frombuffer(buffer, SAFETENSORS_DTYPES[dtype])
             out[name[len(prefix) :]] = array.reshape(shape)
-    _check_unchanged({path: versions[path]})
     return out
 
 

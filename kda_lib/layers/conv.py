@@ -20,9 +20,8 @@ from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
 
 
 def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
-    """The conv, unchecked: x ``[B, T, C]``, kernel ``[W, C]``, history ``[B, W-1, C]`` (zeros
-    if None), window_ids ``[B, W-1+T]`` (:func:`window_segment_ids`; None: no segments) ->
-    ``[B, T, C]`` in the promoted dtype of x and kernel."""
+    """:func:`depthwise_causal_conv` unchecked, given :func:`window_segment_ids` ``[B, W-1+T]``
+    (None: no segments)."""
     width, (batch, seq_len, channels) = kernel.shape[0], x.shape
     if history is None:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
@@ -56,7 +55,7 @@ def window_segment_ids(segment_ids, history_segment_ids, width: int) -> jax.Arra
 
 
 def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=None):
-    """Check a conv's optional arguments for x of ``x_shape``; its window ids (or None)."""
+    """The window ids (or None) of checked optional arguments for x of ``x_shape``."""
     batch, seq_len, channels = x_shape
     if history is not None and history.shape != (batch, width - 1, channels):
         raise ValueError(f"history must have shape [B, W-1, C]={(batch, width - 1, channels)}, "
@@ -64,24 +63,23 @@ def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=No
     if segment_ids is None:
         return None
     check_segment_ids(segment_ids, batch, seq_len)
-    ids = history_segment_ids
-    if width == 1:
+    if width == 1:  # no taps before the current token
         return None
-    if ids is not None:
+    if (ids := history_segment_ids) is not None:
         check_array("history_segment_ids", ids)
         if ids.shape != (batch, width - 1) or not jnp.issubdtype(ids.dtype, jnp.integer):
-            raise ValueError(f"history_segment_ids must be an integer array of shape [B, W-1]="
-                             f"{(batch, width - 1)}, got {ids.dtype} {tuple(ids.shape)}")
+            raise ValueError(f"history_segment_ids must be an integer array of shape [B, W-1]"
+                             f"={(batch, width - 1)}, got {ids.dtype} {ids.shape}")  # fmt: skip
     return window_segment_ids(segment_ids, ids, width)
 
 
 def depthwise_causal_conv(
     x, kernel, *, history=None, segment_ids=None, history_segment_ids=None
 ) -> jax.Array:
-    """Depthwise causal conv, no activation, every argument checked: x ``[B, T, C]``, kernel
-    ``[W, C]``, ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B,
-    T]`` (int, 0 = padding; taps stay in a segment), ``history_segment_ids [B, W-1]`` numbered
-    with them (default: each row's first segment) -> ``[B, T, C]`` in the promoted dtype."""
+    """Depthwise causal conv, no activation, checked: x ``[B, T, C]``, kernel ``[W, C]``,
+    ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B, T]`` (0 =
+    padding), ``history_segment_ids [B, W-1]`` (default: each row's first segment) -> ``[B, T,
+    C]`` in the promoted dtype."""
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)
@@ -111,9 +109,8 @@ class ShortConvolution(nnx.Module):
         self.kernel = nnx.Param(jax.random.uniform(key, shape, param_dtype, -bound, bound))
 
     def __call__(self, x, *, segment_ids=None, conv_state=None):
-        """x ``[B, T, C]`` -> ``(y [B, T, C], new_conv_state [B, W-1, C])``: ``conv_state`` the
-        ``W - 1`` inputs before x (zeros if None), the new one the last ``W - 1``;
-        ``segment_ids`` as in :func:`depthwise_causal_conv`. Every argument checked."""
+        """x ``[B, T, C]`` -> ``(y, new_conv_state [B, W-1, C])``, ``conv_state`` the ``W - 1``
+        inputs before x (zeros if None); ``segment_ids`` as in :func:`depthwise_causal_conv`."""
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
         return self.mix(x, conv_state, _checked_window(x.shape, self.conv_size, conv_state,

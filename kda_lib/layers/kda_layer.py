@@ -35,7 +35,7 @@ from kda_lib.layers.attention import (
     empty_cache,
     mix_convs,
 )
-from kda_lib.layers.checkpoints import load_fla_state_dict
+from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
@@ -68,19 +68,15 @@ WIDTH_FIELDS = ("hidden_size num_heads num_v_heads head_dim value_head_dim conv_
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KDAConfig(Widths):
     """Hyper-parameters of :class:`KimiDeltaAttention` (keyword-only; a bad field raises
-    ValueError naming ``KDAConfig.<field>``).
-
-    Widths: ``hidden_size`` d, ``num_heads`` H, ``num_v_heads`` HV (None = H; a multiple of
-    H), ``head_dim`` K, ``value_head_dim`` V (None = K). ``conv_size`` W (0: no conv; <= 64);
-    ``fused_qkv_conv``: one conv over ``concat(q, k, v)``. Forget gate
-    (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value (None: softplus
-    without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in [-5, 0),
-    ``use_a_log`` a learned rate ``exp(A_log)`` per value head (False: A = 1, the safe gate),
-    ``per_head_decay`` one gate per head, ``forget_gate_rank`` None (one ``f_proj``) or a
-    low-rank pair's r. ``allow_neg_eigval``: beta = 2 sigmoid; ``output_gate_rank`` as for f.
-    Kernel: ``implementation``, ``chunk_size``, ``max_num_segments`` tokamax's static segment
-    bound under ``jit`` (None: counted from concrete ids).
-    """
+    ValueError naming ``KDAConfig.<field>``): ``hidden_size`` d, ``num_heads`` H,
+    ``num_v_heads`` HV (None = H; a multiple of H), ``head_dim`` K, ``value_head_dim`` V (None =
+    K), ``conv_size`` W (0: no conv; <= 64), ``fused_qkv_conv``: one conv over concat(q, k, v).
+    Forget gate (:mod:`kda_lib.ops.gating`): ``gate_form`` a :class:`GateForm` or its value
+    (None: softplus without ``lower_bound``, else safe_sigmoid), ``lower_bound`` None or in
+    [-5, 0), ``use_a_log`` a learned rate per value head (False: A = 1), ``per_head_decay`` one
+    gate per head, ``forget_gate_rank`` None or a low-rank pair's r (``output_gate_rank``
+    likewise). ``allow_neg_eigval``: beta = 2 sigmoid. ``max_num_segments``: tokamax's static
+    segment bound under ``jit`` (None: counted from concrete ids)."""
 
     hidden_size: int
     num_heads: int
@@ -121,17 +117,15 @@ class KDAConfig(Widths):
         implementation_row(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
-        for problem in self._combination_problems():
-            raise ValueError(f"KDAConfig{problem}")
-
-    def _combination_problems(self):
-        """Fields valid alone that cannot go together (the layer fuses every gate but the
-        clamped softplus into the kernel)."""
+        # fields valid alone that cannot go together (the layer fuses every gate but the
+        # clamped softplus into the kernel)
         if self.conv_size > MAX_CONV_SIZE:
-            yield f".conv_size must be <= {MAX_CONV_SIZE} (a short conv), got {self.conv_size}"
+            raise ValueError(f"KDAConfig.conv_size must be <= {MAX_CONV_SIZE} (a short conv), "
+                             f"got {self.conv_size}")  # fmt: skip
         if self.num_v_heads is not None and self.num_v_heads % self.num_heads:
-            yield (f".num_v_heads must be a multiple of num_heads={self.num_heads} (each q/k "
-                   f"head serves num_v_heads // num_heads value heads), got {self.num_v_heads}")
+            raise ValueError(f"KDAConfig.num_v_heads must be a multiple of num_heads="
+                             f"{self.num_heads} (each q/k head serves num_v_heads // num_heads "
+                             f"value heads), got {self.num_v_heads}")  # fmt: skip
         fused = self.gate_form is not GateForm.CLAMPED_SOFTPLUS
         hint = (" (set lower_bound, e.g. -5.0)" if fused else "; with gate_form="
                 "'clamped_softplus' the layer activates the gate itself, so the kernel gets a "
@@ -139,12 +133,13 @@ class KDAConfig(Widths):
         for problem in refusals(self.implementation, here=False, fused_gate=fused,
                                 lower_bound=self.lower_bound,
                                 allow_neg_eigval=self.allow_neg_eigval):  # fmt: skip
-            yield f": {problem}{hint if 'gate' in problem else ''}"
+            raise ValueError(f"KDAConfig: {problem}{hint if 'gate' in problem else ''}")
         if not self.use_a_log and self.lower_bound is None:
-            yield (".use_a_log=False is the safe gate without A_log (fla's A_log=None): set "
-                   "lower_bound (e.g. -5.0); the softplus gate has no rate-free form")  # fmt: skip
+            raise ValueError("KDAConfig.use_a_log=False is the safe gate without A_log (fla's "
+                             "A_log=None): set lower_bound (e.g. -5.0); the softplus gate has no "
+                             "rate-free form")  # fmt: skip
         if self.fused_qkv_conv and not self.conv_size:
-            yield ".fused_qkv_conv needs a conv: conv_size must be > 0"
+            raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
     @property
     def value_heads(self) -> int:
@@ -197,12 +192,12 @@ class KimiDeltaAttention(nnx.Module):
         self.q_proj, self.k_proj, self.v_proj = (
             nnx.Linear(d, c, use_bias=False, **linear) for c in (qk, qk, vc)
         )
-        conv = dict(conv_size=cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
-        fused = bool(cfg.conv_size) and cfg.fused_qkv_conv
-        self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv, rngs=rngs) if fused else None
-        separate = bool(cfg.conv_size) and not fused
+        conv = dict(conv_size=cfg.conv_size, **linear)
+        fused = cfg.fused_qkv_conv  # (the config refuses it without a conv)
+        self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv) if fused else None
+        separate = cfg.conv_size and not fused
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
-            qkv_convolutions(qk, vc, **conv, rngs=rngs) if separate else (None, None, None)
+            qkv_convolutions(qk, vc, **conv) if separate else (None, None, None)
         )
 
         def gate_projection(out, rank, use_bias):  # nnx.Linear, or a low-rank pair through rank
@@ -323,7 +318,7 @@ class KimiDeltaAttention(nnx.Module):
         # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
         # axis types); arrays on the user's mesh are relabelled onto it, no data moves
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
-                                 axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+                                 axis_types=(jax.sharding.AxisType.Auto,) * len(names))  # fmt: skip
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
         ids = None if segment_ids is None else segment_ids.ids
         x, ids = (_onto_mesh(a, mesh) for a in (x, ids))
@@ -350,9 +345,8 @@ class KimiDeltaAttention(nnx.Module):
         cfg = self.config
         qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
         state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
-        if not cfg.conv_size:
-            return KDACache(state, None, None, None)
-        return KDACache(state, *((batch_size, cfg.conv_size - 1, c) for c in (qk, qk, vc)))
+        conv = [(batch_size, cfg.conv_size - 1, c) if cfg.conv_size else None for c in (qk, qk, vc)]
+        return KDACache(state, *conv)
 
     def init_cache(self, batch_size: int) -> KDACache:
         """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
@@ -393,46 +387,38 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`."""
-        self._check_inputs(x, None, cache)
-        if self.mesh is not None:
-            raise ValueError("prefill and draft run on one device; build the layer without a mesh")
+        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`:
+        per stream the W-1 conv inputs before each boundary, ``[B, T // every, W-1, C]``."""
+        self._check_inputs(x, None, cache, serving=True)
         y, new_cache, result = self._forward(x, cache=cache, **{f"output_{states}": True})
-        convs = self._conv_histories(x, cache, every)
+        cfg, convs = self.config, [None] * 3
+        if cfg.conv_size:
+            width, seq_len = cfg.conv_size - 1, x.shape[1]
+            ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
+            pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
+            picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
+            cached = self.init_cache(x.shape[0]) if cache is None else cache
+            projs = (self.q_proj, self.k_proj, self.v_proj)
+            convs = [jnp.where((pos < 0)[None, :, :, None],
+                               history[:, jnp.clip(width + pos, 0, width - 1)], proj(picked))
+                     for proj, history in zip(projs, cached[1:], strict=True)]  # fmt: skip
         return y, new_cache, KDACache(getattr(result, states), *convs)
-
-    def _conv_histories(self, x, cache, every: int):
-        """Per stream the W-1 conv inputs before every ``every``-th token boundary, ``[B, T //
-        every, W-1, C]`` (None without convs): from ``x``, or the cache's before its start."""
-        cfg = self.config
-        if not cfg.conv_size:
-            return None, None, None
-        width, seq_len = cfg.conv_size - 1, x.shape[1]
-        ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
-        pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
-        picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
-        cached = self.init_cache(x.shape[0]) if cache is None else cache
-        out = []
-        for proj, history in zip((self.q_proj, self.k_proj, self.v_proj), cached[1:], strict=True):
-            before = history[:, jnp.clip(width + pos, 0, width - 1)]  # [B, N, W-1, C]
-            out.append(jnp.where((pos < 0)[None, :, :, None], before, proj(picked)))
-        return tuple(out)
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
         """A layer holding an fla ``KimiDeltaAttention.state_dict()``; ``kwargs`` go to the
         constructor."""
         layer = cls(config, rngs=rngs, **kwargs)
-        load_fla_state_dict(layer, state_dict)
+        load_state_dict(layer, state_dict, "fla")
         return layer
 
     # ----------------------------------------------------------------- checks
-    def _check_inputs(self, x, segment_ids, cache) -> CheckedSegmentIds | None:
-        """:func:`check_call`, and: no cache with a mesh, tokamax's segment slots fit, concrete
-        ``x`` finite; the ids as :func:`kda` takes them."""
-        if cache is not None and self.mesh is not None:
-            raise ValueError("a layer built with a mesh (context parallel) does not "
-                             "decode; build one without a mesh for decoding")  # fmt: skip
+    def _check_inputs(self, x, segment_ids, cache, serving=False) -> CheckedSegmentIds | None:
+        """:func:`check_call`, and: no cache (or ``serving``) with a mesh, tokamax's segment
+        slots fit, concrete ``x`` finite; the ids as :func:`kda` takes them."""
+        if self.mesh is not None and (cache is not None or serving):
+            raise ValueError("a layer built with a mesh (context parallel) does not decode, "
+                             "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
         cfg = self.config
         if ids is not None and cfg.max_num_segments:

@@ -49,24 +49,15 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
                 scan: ScanMode | None = None, precision: Precision | None = None,
                 output_chunk_states: bool = False):  # fmt: skip
-    """KDA in chunkwise (WY/UT) form; the same results as :func:`kda_lib.kda_recurrent`.
-
-    Args:
-      q, k, v, g, beta, scale, initial_state, output_final_state, segment_ids,
-        allow_neg_eigval: as in :func:`kda_lib.kda_recurrent` (grouped value heads too).
-      chunk_size: tokens per chunk, a power of two (default 64); any T works (padded inside).
-      scan: ``"streaming"`` or ``"associative"`` (module docstring; the same values up to
-        rounding); None (default): streaming on CPU, associative elsewhere.
-      precision: ``"highest"``: every matmul in float32 (float64) at ``Precision.HIGHEST``;
-        ``"input"`` or None (default): for bfloat16/float16 inputs the scores' cross blocks take
-        operands in that dtype, accumulated in float32.
-      output_chunk_states: also return ``chunk_states [B, T // chunk_size, HV, K, V]``, the
-        state after every full chunk, in a :class:`kda_lib.ops.contract.KDAResult`.
-
-    Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``. Reverse-mode
-      differentiable (hand-written gradients); forward mode needs :func:`kda_lib.kda_recurrent`.
-    """
+    """KDA in chunkwise (WY/UT) form, :func:`kda_lib.kda_recurrent`'s results up to rounding
+    (arguments as there, grouped value heads too). ``chunk_size`` (64): a power of two, any T
+    (padded inside). ``scan``: ``"streaming"`` or ``"associative"`` (module docstring; None:
+    streaming on CPU, associative elsewhere). ``precision``: ``"highest"`` every matmul in
+    float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or None: for bfloat16/float16 inputs
+    the scores' cross blocks in that dtype, accumulated in float32. ``output_chunk_states``: also
+    ``chunk_states [B, T // chunk_size, HV, K, V]``, the state after every full chunk, in a
+    :class:`~kda_lib.ops.contract.KDAResult`. Returns ``(o [B, T, HV, V] in q's dtype,
+    final_state [B, HV, K, V] float32 | None)``; reverse-mode differentiable only."""
     dims = contract.check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
                                      segment_ids=segment_ids,
                                      allow_neg_eigval=allow_neg_eigval)  # fmt: skip
@@ -135,11 +126,9 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
 
 
 def _intra_chunk(q, k, v, g, beta, *, scale: float, segments=None, operand_dtype=None):
-    """Steps 1 and 2 for every chunk at once: q, k, g ``[..., C, K]``, v ``[..., C, V]``, beta
-    ``[..., C]``; ``segments`` as in :func:`chunk_affine_maps`. Returns ``(attn_qk [..., C, C]
-    (P), w [..., C, K], u [..., C, V], q_in, k_out [..., C, K], keep [..., K])``: with ``S`` the
-    state entering, ``U' = u - w S``, outputs ``q_in S + attn_qk U'``, the state leaving ``keep
-    * S + k_out^T U'``."""
+    """Steps 1 and 2 for every chunk at once (shapes as in :func:`chunk_affine_maps`): ``(P
+    [..., C, C], w [..., C, K], u [..., C, V], q_in, k_out [..., C, K], keep [..., K])``; with
+    ``U' = u - w S``: outputs ``q_in S + P U'``, the state leaving ``keep * S + k_out^T U'``."""
     (scores_kk, scores_qk), decay_in, decay_out = _decayed_scores((k, q), k, g, operand_dtype)
     strict = jnp.tril(jnp.ones(scores_kk.shape[-2:], bool), -1)
     attn_kk = beta[..., None] * jnp.where(strict, scores_kk, 0.0)
@@ -240,8 +229,6 @@ def chain_states(transition, state_ext, initial_state):
 
 
 # ------------------------------------------------------------------ precision and plumbing
-
-
 def _mm(subscripts: str, *operands, low=None):
     """Every matrix product of the chunked form: an einsum at ``Precision.HIGHEST``; with
     ``low`` (bfloat16/float16) the two operands cast to it, accumulated in float32."""
@@ -279,8 +266,6 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
 
 
 # ------------------------------------------------------------------ hand-written gradients
-
-
 @jax.custom_vjp
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C a power of two, by
@@ -328,13 +313,10 @@ unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse(a),) * 2, _unit_lower_in
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _decayed_scores(xs, k, g, operand_dtype=None):
     """Step 1: ``S_x[i, j] = sum_c x_ic k_jc exp(G_ic - G_jc)`` for j <= i (zero above), for
-    each row set x in ``xs`` (e.g. ``(k, q)``); xs, k, g ``[..., C, K]``.
-
-    Returns ``(tuple of S_x [..., C, C], decay_in = exp(G_i), decay_out = exp(G_C - G_j))``.
-    Built by merging neighbouring segments (1 + 1 tokens, 2 + 2, ...): a merge's cross block
-    (rows in the later half, keys in the earlier one) is one matmul of factors <= 1, with
-    operands in ``operand_dtype`` when given.
-    """
+    each row set x in ``xs`` (e.g. ``(k, q)``); xs, k, g ``[..., C, K]``. Returns ``(tuple of
+    S_x [..., C, C], decay_in = exp(G_i), decay_out = exp(G_C - G_j))``. Built by merging
+    neighbouring segments (1 + 1 tokens, 2 + 2, ...): a merge's cross block (later rows,
+    earlier keys) is one matmul of factors <= 1, operands in ``operand_dtype`` when given."""
     levels = _segment_decays(g)
     size = k.shape[-2]
     crosses = [[] for _ in xs]

@@ -39,19 +39,11 @@ def _step(state, q_t, k_t, v_t, g_t, beta_t, *, scale: float):
 
 def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                   segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
-    """KDA as a ``lax.scan`` over time.
-
-    Args:
-      q, k, v, g, beta, scale, initial_state, output_final_state, segment_ids,
-        allow_neg_eigval: as in :func:`kda_lib.kda`, with ``g`` the log-space decay and q, k
-        used as given; padding tokens output 0 and leave the state alone.
-      output_token_states: also return ``token_states [B, T, HV, K, V]``, the state after every
-        token, in a :class:`kda_lib.ops.contract.KDAResult`; default False.
-
-    Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 (float64 for float64
-      inputs) or None)``.
-    """
+    """KDA as a ``lax.scan`` over time; arguments as in :func:`kda_lib.kda`, with ``g`` the
+    log-space decay and q, k used as given (padding tokens output 0 and leave the state alone).
+    ``output_token_states`` (default False): also ``token_states [B, T, HV, K, V]``, the state
+    after every token, in a :class:`~kda_lib.ops.contract.KDAResult`. Returns ``(o [B, T, HV,
+    V] in q's dtype, final_state [B, HV, K, V] float32 (float64 inputs: float64) or None)``."""
     dims = contract.check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
                                      segment_ids=segment_ids,
                                      allow_neg_eigval=allow_neg_eigval)  # fmt: skip
@@ -115,12 +107,9 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
         tuple(x.reshape(-1, every, *x.shape[1:]) for x in seq),
     )  # fmt: skip
     o, token_states = (None if x is None else jnp.moveaxis(x.reshape(-1, *x.shape[2:]), 0, 1)
-                       for x in (o, token_states))  # fmt: skip
-    if chunk_states_every:
-        chunk_states = jnp.moveaxis(chunk_states[: dims.seq_len // every], 0, 1)
-    o = o[:, : dims.seq_len].astype(q.dtype)
-    token_states = None if token_states is None else token_states[:, : dims.seq_len]
-    return (o, final_state if output_final_state else None,
+                       [:, : dims.seq_len] for x in (o, token_states))  # fmt: skip
+    chunk_states = jnp.moveaxis(chunk_states[: dims.seq_len // every], 0, 1)
+    return (o.astype(q.dtype), final_state if output_final_state else None,
             chunk_states if chunk_states_every else None, token_states)  # fmt: skip
 
 
@@ -139,16 +128,12 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
 
 def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step for B rows whose states live in slots of a state pool (continuous
-    batching): :func:`kda_pool_verify` with one token, accepted. Returns ``(new_pool [N, HV,
-    K, V], o_t [B, HV, V] in q_t's dtype)``.
-
-    Args:
-      pool: ``[N, HV, K, V]`` floating states, N slots (kept in their dtype). **Donated**: use
-        the returned pool (inside your own ``jit``, donate it there too).
-      state_indices: ``[B]`` int, distinct slots in ``[0, N)``: row b reads and writes slot
-        ``state_indices[b]``; other slots are left bit for bit. Checked when concrete; under
-        ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN.
-      q_t, k_t, v_t, g_t, beta_t, scale: as in :func:`kda_step`.
+    batching): :func:`kda_pool_verify` with one token, accepted. ``pool [N, HV, K, V]``: N
+    floating states, kept in their dtype, **donated** (use the returned pool; inside your own
+    ``jit`` donate it too). ``state_indices [B]``: distinct ints in ``[0, N)``, row b reads and
+    writes slot ``state_indices[b]``, other slots stay bit for bit; checked when concrete, under
+    ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN. Tokens
+    and ``scale`` as in :func:`kda_step`. Returns ``(new_pool, o_t [B, HV, V] in q_t's dtype)``.
     """
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
     _check_pool(pool, state_indices, dims)
@@ -161,16 +146,10 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
 def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, *, scale=None):
     """A draft of T >= 1 tokens per row over slots of a state pool (speculative decoding): row
     b runs its T tokens from ``pool[state_indices[b]]`` and writes the state after its first
-    ``num_accepted_tokens[b]`` back to that slot. Returns ``(new_pool [N, HV, K, V], o [B, T,
-    HV, V] in q's dtype)``, the outputs of all T tokens.
-
-    Args:
-      pool, state_indices: as in :func:`kda_pool_step` (the pool is donated).
-      q, k, v, g, beta, scale: as in :func:`kda_recurrent`.
-      num_accepted_tokens: ``[B]`` int in ``[0, T]``: 0 leaves the slot as it was, T keeps the
-        state after the whole draft. Checked when concrete; under ``jit`` a count outside
-        ``[0, T]`` writes NaN to the row's slot.
-    """
+    ``num_accepted_tokens[b]`` (``[B]`` ints in ``[0, T]``; 0 leaves the slot as it was) back
+    to that slot; a count outside ``[0, T]`` is refused when concrete, writes NaN under ``jit``.
+    ``pool``, ``state_indices`` as in :func:`kda_pool_step` (donated); tokens and ``scale`` as
+    in :func:`kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
     dims = contract.check_kda_inputs(q, k, v, g, beta)
     _check_pool(pool, state_indices, dims)
     counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
@@ -188,8 +167,7 @@ def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
 
 
 def _check_pool(pool, state_indices, dims: contract.Dims) -> None:
-    """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` distinct slots in ``[0, N)``
-    (values checked when concrete)."""
+    """``pool [N, HV, K, V]`` floating; ``state_indices [B]`` distinct slots in ``[0, N)``."""
     contract.check_shape("pool", pool, dims)
     idx = _batch_ints("state_indices", state_indices, dims.batch)
     if idx is not None and (idx.min() < 0 or idx.max() >= len(pool) or len(set(idx)) < idx.size):
@@ -207,8 +185,7 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
     """The pool steps on checked inputs: gather the rows' slots, run the draft, scatter the
-    state after each row's accepted prefix back (in place; bad slots and counts as documented
-    in :func:`kda_pool_step` and :func:`kda_pool_verify`)."""
+    state after each row's accepted prefix back in place."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)

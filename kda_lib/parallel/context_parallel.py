@@ -25,51 +25,36 @@ from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag
 from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
-def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int, seq_axis: int = 1):
-    """``concat([halo, x], seq_axis)``, the halo the ``halo_size`` entries before this rank's
-    slice (zeros before rank 0; from several ranks back when the slice is shorter). Inside
-    ``jax.shard_map``; any array (segment ids too)."""
+def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int):
+    """``concat([halo, x], 1)``, the halo the ``halo_size`` entries (along axis 1) before this
+    rank's slice (zeros before rank 0; from several ranks back when the slice is shorter).
+    Inside ``jax.shard_map``; any array (segment ids too)."""
     halo_size = check_int("halo_size", halo_size, minimum=0)
-    seq_axis = seq_axis % x.ndim
-    ranks, local = jax.lax.axis_size(axis_name), x.shape[seq_axis]
+    ranks, local = jax.lax.axis_size(axis_name), x.shape[1]
     hops = range(min(math.ceil(halo_size / local), ranks - 1) if halo_size else 0, 0, -1)
     needs = [min(local, halo_size - (hop - 1) * local) for hop in hops]  # farthest rank first
     pieces = [
-        jax.lax.ppermute(jax.lax.slice_in_dim(x, local - need, local, axis=seq_axis), axis_name,
+        jax.lax.ppermute(x[:, local - need :], axis_name,
                          perm=[(i, i + hop) for i in range(ranks - hop)])
         for hop, need in zip(hops, needs, strict=True)
     ]  # fmt: skip
     if missing := halo_size - sum(needs):  # beyond the first rank: zeros
-        shape = list(x.shape)
-        shape[seq_axis] = missing
-        pieces.insert(0, jnp.zeros(shape, x.dtype))
-    return jnp.concatenate([*pieces, x], axis=seq_axis)
+        pieces.insert(0, jnp.zeros((x.shape[0], missing, *x.shape[2:]), x.dtype))
+    return jnp.concatenate([*pieces, x], axis=1)
 
 
 def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=None,
                          segment_ids=None, implementation: str = "auto", mesh=None,
                          **kernel_kwargs):  # fmt: skip
-    """KDA over a sequence sharded along ``axis_name``; call inside ``jax.shard_map``.
-
-    Args:
-      q, k, v, g, beta: the local slices (``T_local`` tokens), shapes and grouped value heads
-        as in :func:`kda_lib.kda`.
-      axis_name: the mesh axis the sequence is split over (default "context").
-      scale, segment_ids (local ``[B, T_local]``), implementation: as in :func:`kda_lib.kda`
-        (default ``"auto"``). kda_lib's forms pass states between ranks (module docstring);
-        ``"tokamax_mosaic"`` runs tokamax's own CP.
-      mesh: the enclosing ``shard_map``'s mesh (``"tokamax_mosaic"`` only); default the
-        current abstract mesh.
-      kernel_kwargs: passed to :func:`kda_lib.kda` (gate, ``chunk_size``, ...). kda_lib's forms
-        also take ``initial_state [B, HV, K, V]`` (the same on every rank, before the whole
-        sequence), ``output_final_state`` and ``output_chunk_states`` (default False);
-        ``output_token_states`` is not served under CP.
-
-    Returns:
-      As :func:`kda_lib.kda` returns: this slice of a one-device run's outputs ``[B, T_local,
-      HV, V]``; the state after the whole sequence ``[B, HV, K, V]`` float32, the same on every
-      rank (``out_specs`` ``P()``), or None; with ``output_chunk_states`` a ``KDAResult`` with
-      this slice's one-device ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
+    """KDA over a sequence sharded along ``axis_name`` ("context"), inside ``jax.shard_map``:
+    q, k, v, g, beta and ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest
+    as in :func:`kda_lib.kda`. kda_lib's forms pass states between ranks (module docstring) and
+    also take ``initial_state [B, HV, K, V]`` (the same on every rank), ``output_final_state``
+    and ``output_chunk_states``, not ``output_token_states``; ``"tokamax_mosaic"`` runs tokamax's
+    own CP on ``mesh`` (default the current abstract mesh). Returns, as :func:`kda_lib.kda`
+    does, this slice of a one-device run's outputs ``[B, T_local, HV, V]``, the final state
+    ``[B, HV, K, V]`` float32 (the same on every rank: ``out_specs`` ``P()``) or None, and with
+    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
     """
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
@@ -120,10 +105,9 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
-    """All-gather the rank summaries and fold them in rank order. Returns float32 ``(state
-    entering this rank, state arriving at it, state after the whole sequence)``: the arriving
-    state is the one after the last real token upstream (the initial state if none); the
-    entering one is zero instead where this rank's first segment is a new one."""
+    """All-gather the rank summaries and fold them in rank order: float32 ``(state entering
+    this rank (zero where its first segment is new), state after the last real token upstream
+    (else the initial state), state after the whole sequence)``."""
     all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
     all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
     ranks, batch = all_m.shape[:2]

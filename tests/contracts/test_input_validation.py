@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
-from kda_lib.layers.checkpoints import export_state_dict, load_fla_state_dict
+from kda_lib.layers.checkpoints import export_state_dict, load_state_dict
 
 CFG = KDAConfig(hidden_size=8, num_heads=2, head_dim=4, implementation="recurrent")
 
@@ -196,7 +196,7 @@ def test_fla_loader_round_trips_and_takes_lists():
     source, target = _layer(), KimiDeltaAttention(CFG, rngs=nnx.Rngs(7))
     state_dict = _fla_state_dict(source)
     state_dict["A_log"] = state_dict["A_log"].tolist()  # nested lists of numbers convert
-    load_fla_state_dict(target, state_dict)
+    load_state_dict(target, state_dict)
     want, got = _params(source), _params(target)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
@@ -220,7 +220,7 @@ def test_fla_loader_is_all_or_nothing(name, value, message):
     state_dict = _fla_state_dict(layer, offset=1.0)  # every other entry valid and different
     state_dict[name] = value
     with pytest.raises(ValueError, match=message):
-        load_fla_state_dict(layer, state_dict)
+        load_state_dict(layer, state_dict)
     after = _params(layer)
     for param in before:
         np.testing.assert_array_equal(after[param], before[param], err_msg=param)
@@ -229,11 +229,11 @@ def test_fla_loader_is_all_or_nothing(name, value, message):
 def test_fla_loader_rejects_a_non_mapping_and_wrong_names():
     layer = _layer()
     with pytest.raises(ValueError, match="state_dict must be a mapping of fla names to arrays"):
-        load_fla_state_dict(layer, list(_fla_state_dict(layer).items()))
+        load_state_dict(layer, list(_fla_state_dict(layer).items()))
     state_dict = _fla_state_dict(layer)
     state_dict["q_conv1d.bias"] = state_dict.pop("A_log")
     with pytest.raises(ValueError, match=r"missing \['A_log'\]; unexpected \['q_conv1d.bias'\]"):
-        load_fla_state_dict(layer, state_dict)
+        load_state_dict(layer, state_dict)
 
 
 # ------------------------------------------------------- models, generation, training (issue 30)

@@ -28,7 +28,6 @@ from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
     export_state_dict,
     kimi_linear_prefix,
-    load_fla_state_dict,
     load_kimi_linear_safetensors,
     load_state_dict,
     read_safetensors,
@@ -250,7 +249,7 @@ def test_the_fla_fixture_weights_in_the_published_naming_give_fla_s_output(tmp_p
 
     no_bias = dataclasses.replace(config, output_gate_bias=False)
     via_fla = KimiDeltaAttention(config, rngs=nnx.Rngs(1))
-    load_fla_state_dict(via_fla, {**state_dict, "g_proj.1.bias": np.zeros(32, np.float32)})
+    load_state_dict(via_fla, {**state_dict, "g_proj.1.bias": np.zeros(32, np.float32)})
     kimi = {n: v for n, v in _as_kimi(state_dict).items() if n != "g_b_proj.bias"}
     via_kimi = KimiDeltaAttention(no_bias, rngs=nnx.Rngs(2))
     load_state_dict(via_kimi, kimi, "kimi_linear")
