@@ -19,8 +19,7 @@ import textwrap
 
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 # the suite's defaults; a flag the user already set keeps the user's value. The last two are
-# kda_lib.ops.tokamax.emulation.FAST_COMPILE_OPTIONS as flags (importing kda_lib here would import
-# jax).
+# kda_lib.lab.emulation.FAST_COMPILE_OPTIONS as flags (importing kda_lib here would import jax).
 FAST_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",

@@ -16,9 +16,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu, kda
+from kda_lib.lab import emulation
 from kda_lib.ops.api import refusals, select_implementation
 from kda_lib.ops.tokamax import adapter as tokamax_adapter
-from kda_lib.ops.tokamax import emulation
 from kda_lib.parallel.context_parallel import kda_context_parallel, shard_as
 from kda_lib.testing import relative_l2
 
@@ -320,7 +320,7 @@ def test_environment_emulation_leaves_no_traceback_at_exit():
     import subprocess
     import sys
 
-    script = "from kda_lib.ops.tokamax.emulation import is_emulating; print(is_emulating())"
+    script = "from kda_lib.lab.emulation import is_emulating; print(is_emulating())"
     env = {**os.environ, "KDA_EMULATE_TPU": "1"}
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300

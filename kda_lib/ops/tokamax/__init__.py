@@ -1,2 +1,2 @@
-"""tokamax's KDA kernels behind kda_lib's contract, and the TPU emulation that runs the Mosaic
-kernel on CPU: the only folder that imports tokamax or ``jax._src``."""
+"""tokamax's KDA kernels behind kda_lib's contract: the only folder of the library that imports
+tokamax or ``jax._src`` (the TPU emulation, kda_lib/lab/emulation.py, does too)."""

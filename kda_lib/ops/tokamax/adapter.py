@@ -5,6 +5,7 @@ Mosaic on a TPU v6+ only (or under :func:`kda_lib.emulate_tpu`)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import math
 import re
@@ -28,10 +29,9 @@ from kda_lib.ops.segments import (
     segment_ordinals,
     zero_padding,
 )
-from kda_lib.ops.tokamax import emulation
-from kda_lib.ops.tokamax.emulation import missing_tokamax_problem, require_tokamax
 
 TOKAMAX_CHUNK = 64
+TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
 
 
 # a tokamax kernel: api_name: tokamax's name for it; chunked: T padded to TOKAMAX_CHUNK (its
@@ -45,6 +45,28 @@ TOKAMAX_VARIANTS = {v.name: v for v in (
     TokamaxVariant("tokamax_mosaic", "mosaic", chunked=True, float32=False, mosaic=True),
 )}  # fmt: skip
 MOSAIC = TOKAMAX_VARIANTS["tokamax_mosaic"]
+
+
+def missing_tokamax_problem(what: str) -> str | None:
+    """Why ``what`` cannot run for want of tokamax, naming the extra; None if installed."""
+    if importlib.util.find_spec("tokamax") is not None:
+        return None
+    return (
+        f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
+        "implementations, 'chunked' and 'recurrent', need no tokamax)"
+    )
+
+
+def require_tokamax(what: str) -> None:
+    """ModuleNotFoundError naming the extra when tokamax is missing."""
+    if problem := missing_tokamax_problem(what):
+        raise ModuleNotFoundError(problem, name="tokamax")
+
+
+def emulated_tpu() -> tuple[int, object] | None:
+    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU off one
+    (6 for v6e; tokamax's Mosaic op to call), else None. kda_lib.lab.emulation replaces it."""
+    return None
 
 
 @functools.cache
@@ -69,8 +91,9 @@ def tpu_generation() -> int | None:
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
-    tpu = (tpu_generation() or emulation.emulated_tpu_generation()) if mosaic and here else 6
-    on = f"this is TPU v{tpu}{' (emulated)' if emulation.is_emulating() else ''}" if tpu else (
+    emulated, _ = emulated_tpu() or (None, None)
+    tpu = (tpu_generation() or emulated) if mosaic and here else 6
+    on = f"this is TPU v{tpu}{' (emulated)' if emulated else ''}" if tpu else (
         f"the default device is {jax.devices()[0].platform} (to run it in Pallas interpret mode "
         "anyway, wrap the call in kda_lib.emulate_tpu())")  # fmt: skip
     bound = o.max_num_segments
@@ -189,8 +212,9 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
     f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
     kw.update(a_log=f32(a_log), delta_time_bias=f32(dt_bias), use_gate_in_kernel=use_gate_in_kernel)
     args = [jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)]  # tokamax's [H, B, T, D]
-    if variant.mosaic and emulation.is_emulating():  # (never on a real TPU)
-        out, final = emulation.emulated_mosaic_op()(*args, **kw)
+    if variant.mosaic and (emulated := emulated_tpu()):  # (never on a real TPU)
+        _, mosaic_op = emulated
+        out, final = mosaic_op(*args, **kw)
     else:
         run = tokamax_kda_api().kimi_delta_attention
         out, final = run(*args, implementation=variant.api_name, **kw)

@@ -1,7 +1,8 @@
 """tokamax's TPU (Pallas Mosaic) KDA kernel without a TPU, in Pallas interpret mode: within
 ``emulate_tpu("v6e")``, or with ``KDA_EMULATE_TPU=v6e`` (``1``: v6e) for the process. Switched
 on, and undone on exit: ``PALLAS_INTERPRET=1``, jax's TPU info for the host's device kind, and
-memory a kernel never writes read as zeros, through the private names in :data:`HOOKS`."""
+memory a kernel never writes read as zeros, through the private names in :data:`HOOKS`; the
+tokamax adapter sees the emulated TPU through its seam ``adapter.emulated_tpu``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import atexit
 import contextlib
 import functools
 import importlib.metadata
-import importlib.util
 import os
 import warnings
 from collections.abc import Iterator
@@ -17,8 +17,9 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 
+from kda_lib.ops.tokamax import adapter
+
 TESTED_JAX, TESTED_TOKAMAX = "0.12.0.1", "0.0.17"
-TOKAMAX_INSTALL = "pip install 'kda-lib[tokamax]'"
 ENV_VAR, DEFAULT_GENERATION = "KDA_EMULATE_TPU", "v6e"
 CHIP_VERSIONS = ("v2", "v3", "v4i", "v4", "v5e", "v5p", "v6e", "7", "7x", "8i", "8t")  # jax 0.12
 # jax.jit(compiler_options=...) for XLA:CPU that compile the interpreted kernels ~2x faster
@@ -44,27 +45,13 @@ class EmulationUnavailableError(RuntimeError):
     """A private jax/tokamax hook that TPU emulation needs is missing (version mismatch)."""
 
 
-def missing_tokamax_problem(what: str) -> str | None:
-    """Why ``what`` cannot run for want of tokamax, naming the extra; None if installed."""
-    if importlib.util.find_spec("tokamax") is not None:
-        return None
-    return (f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
-            "implementations, 'chunked' and 'recurrent', need no tokamax)")
-
-
-def require_tokamax(what: str) -> None:
-    """ModuleNotFoundError naming the extra when tokamax is missing."""
-    if problem := missing_tokamax_problem(what):
-        raise ModuleNotFoundError(problem, name="tokamax")
-
-
 def _versions() -> tuple[str, str]:
     return tuple(importlib.metadata.version(dist) for dist in ("jax", "tokamax"))
 
 
 def _hooks() -> dict:
     """``{key: module}`` for :data:`HOOKS`, each checked (else EmulationUnavailableError)."""
-    require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
+    adapter.require_tokamax("kda_lib.emulate_tpu (tokamax's TPU kernel in interpret mode)")
     found = {}
     for key, (name, attribute, what) in HOOKS.items():
         try:
@@ -189,3 +176,11 @@ def emulated_tpu_generation() -> int | None:
 def is_emulating() -> bool:
     """True inside :func:`emulate_tpu` (or with ``KDA_EMULATE_TPU`` set) off TPU."""
     return emulated_chip() is not None
+
+
+def _emulated_tpu() -> tuple[int, object] | None:
+    generation = emulated_tpu_generation()
+    return None if generation is None else (generation, emulated_mosaic_op())
+
+
+adapter.emulated_tpu = _emulated_tpu  # the core's seam: kda() sees the emulated TPU
