@@ -17,15 +17,15 @@ def _decay(gamma):
 
 
 # 1. The backward pass through a chunk. Backpropagation runs X_{t-1} = M_t^T X_t from X_C = dS_C,
-#    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases eps_t^T = beta_t k_t^T X_t
-#    (its backward pseudo-value), then decays: X_{t-1} = D_t X_t - (D_t k_t) eps_t^T.
-#    Unrolled down to 0 (step 1, mirrored): X_0 = Gamma_C X_C - sum_t Gamma_t k_t eps_t^T
-#    = Gamma_C dS_C - K_in^T E, and from C down to t:
-#    X_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s eps_s^T.
-#    Put that into eps_t (step 2, mirrored): eps_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
-#    - sum_{s > t} U_ts eps_s^T with U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
+#    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases delta'_t^T = beta_t k_t^T X_t
+#    (its backward pseudo-value), then decays: X_{t-1} = D_t X_t - (D_t k_t) delta'_t^T.
+#    Unrolled down to 0 (step 1, mirrored): X_0 = Gamma_C X_C - sum_t Gamma_t k_t delta'_t^T
+#    = Gamma_C dS_C - K_in^T Delta', and from C down to t:
+#    X_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s delta'_s^T.
+#    Put that into delta'_t (step 2, mirrored): delta'_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
+#    - sum_{s > t} U_ts delta'_s^T with U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
 #    (a token sees the later ones), every exponent gamma_s - gamma_t <= 0 for s > t. So
-#    (I + U) E = diag(beta) K_out dS_C: K~' = (I + U)^-1 diag(beta) K_out, the right-hand side
+#    (I + U) Delta' = diag(beta) K_out dS_C: K~' = (I + U)^-1 diag(beta) K_out, the right-hand side
 #    holding the keys decayed to the chunk END, and M^T = Gamma_C - K_in^T K~'.
 #    (Equal to diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the push-through
 #    identity diag(beta) (I + G^T diag(beta))^-1 = (I + diag(beta) G^T)^-1 diag(beta).)
@@ -38,16 +38,16 @@ def wy_factor_backward(k, g, beta):
 
 
 # 1, written differently: the backward recurrence itself, float32 jnp, dS_C = I (d_k columns):
-#    row t of K~' is eps_t for that gradient.
+#    row t of K~' is delta'_t for that gradient.
 def wy_factor_backward_by_recurrence(k, g, beta):
     import jax.numpy as jnp
 
     k, g = jnp.asarray(k, jnp.float32), jnp.asarray(g, jnp.float32)
     X, rows = jnp.eye(k.shape[1]), []
     for t in reversed(range(len(beta))):
-        eps = beta[t] * (k[t] @ X)  # erase ...
-        rows.append(eps)
-        X = jnp.exp(g[t])[:, None] * (X - jnp.outer(k[t], eps))  # ... then decay
+        erased = beta[t] * (k[t] @ X)  # delta'_t: erase ...
+        rows.append(erased)
+        X = jnp.exp(g[t])[:, None] * (X - jnp.outer(k[t], erased))  # ... then decay
     return jnp.stack(rows[::-1])
 
 

@@ -89,8 +89,8 @@ def _backward_hint(got, k, g, beta, C, K) -> str:
     if _close(m_t, _transposed_product(k, g, beta)):
         return (f"{where} Gamma_C - K_in^T K~' is M^T, but K~' is not the backward pass's "
                 "pseudo-values: with C > d_k many factors give the same product")
-    return (f"wrong {where}: running back, token t erases eps_t = beta_t X_t^T k_t from the "
-            "gradient state X_t; unroll X_t as in step 1, which tokens' eps does eps_t see?")
+    return (f"wrong {where}: running back, token t erases delta'_t = beta_t X_t^T k_t from the "
+            "gradient state X_t; unroll X_t as in step 1, which tokens' delta' does delta'_t see?")
 
 
 @checker("03.1")
