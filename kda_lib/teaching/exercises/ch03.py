@@ -35,12 +35,14 @@ def _seeded(seed):
 
 def _chunk(rng, C, K, V, bursts):
     """Unit keys k [C, K], values [C, V], log decays g [C, K] (mild, in multiples of 1/1024;
-    with ``bursts``, about one entry in eight is a burst, at most 8 per channel), beta [C]."""
+    with ``bursts``, about one entry in eight is a burst, one at least, at most 8 per channel,
+    none in channel 0), beta [C]."""
     k = rng.standard_normal((C, K))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     g = -rng.integers(10, 600, (C, K)) / 1024.0
-    if bursts:
+    if bursts:  # at least one, before the last token; channel 0 never (K~ is not all zeros)
         burst = rng.random((C, K)) < 0.125
+        burst[:, 0], burst[rng.integers(max(C - 1, 1)), rng.integers(1, K)] = False, True
         g[burst & (np.cumsum(burst, axis=0) <= 8)] = BURST
     return k, rng.standard_normal((C, V)), g, rng.uniform(0.1, 0.9, C)
 
