@@ -412,7 +412,7 @@ for mode in modes:
 #    \mathbf k_t \mathbf k_t^\top) X_t$ from $X_C = \mathrm dS_C$; token $t$ erases its backward
 #    pseudo-value $\boldsymbol\delta'_t = \beta_t X_t^\top \mathbf k_t$, then decays. Mirror
 #    steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$
-#    (rows $\boldsymbol\delta_t'^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
+#    (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
 #    $[C, d_k]$ solves one triangular system: upper or lower, which decays, which right-hand
 #    side? Write `wy_factor_backward(k, g, beta)` (`k`, `g` $[C, d_k]$, `beta` $[C]$). The
 #    checker's chunks are longer than $d_k$ (there $M_{[i]}$ does not determine $\tilde K'$),
