@@ -189,8 +189,10 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # Now any $C$, $d_k$, $d_v$, and a state $S_0$ entering the chunk. With $\Gamma_t = D_t \cdots
 # D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$, the decay from the chunk start to token
 # $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots + \mathbf g_t$), $D_t \cdots D_{s+1} =
-# \Gamma_t \Gamma_s^{-1}$. Each step is checked in float64 on chunk 0 of head 0 of the inputs
-# above, against the recurrence run through it (keeping each $S_t$ and $\boldsymbol\delta_t$).
+# \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above the diagonal the exponent is positive
+# and for a steep gate overflows even in float64 (the cell shows it), so it is masked before
+# `exp`. Each step is checked in float64 on chunk 0 of head 0 against the recurrence run
+# through it (keeping each $S_t$ and $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$:
 # $S_t = \Gamma_t S_0 + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
@@ -215,18 +217,20 @@ for t in range(chunk_size):  # the recurrence, keeping the pseudo-values
     states.append(S_t)
 Delta = np.array(deltas)  # [C, V], row t = delta_t
 gamma = np.cumsum(gc, axis=0)  # [C, K], row t = gamma_t
-ratio = np.exp(gamma[:, None, :] - gamma[None, :, :])  # [t, s, K]: diagonal of Gamma_t Gamma_s^-1
 causal = np.tril(np.ones((chunk_size, chunk_size)))
+exponent = np.where(causal[..., None] > 0, gamma[:, None] - gamma[None], -np.inf)  # <= 0 only
+ratio = np.exp(exponent)  # [t, s, K]: diagonal of Gamma_t Gamma_s^-1 for s <= t, 0 above
 for t in (0, chunk_size // 2, chunk_size - 1):
-    unrolled = np.exp(gamma[t])[:, None] * S_in[0, h] + np.einsum(
-        "s,sc,sv->cv", causal[t], ratio[t] * kc, Delta)
+    unrolled = np.exp(gamma[t])[:, None] * S_in[0, h] + (ratio[t] * kc).T @ Delta  # s <= t
     assert_close(unrolled, states[t], atol=1e-12, name=f"step 1: unrolled S_{t + 1}")
-strict = np.tril(np.ones((chunk_size, chunk_size)), -1)
-L = bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio) * strict
+L = np.tril(bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio), -1)
 K_in = kc * np.exp(gamma)  # rows Gamma_t k_t
 rhs = bc[:, None] * vc - bc[:, None] * (K_in @ S_in[0, h])
 assert_close((np.eye(chunk_size) + L) @ Delta, rhs, atol=1e-12, name="step 2: (I + L) Delta")
-print("steps 1 and 2 checked")
+steep = np.subtract.outer(*[-40.0 * np.arange(chunk_size)] * 2)  # gamma_t - gamma_s, 40 a token
+with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(40 (s - t)) * 0 = NaN
+    nan = [np.isnan(np.exp(e) * causal).sum() for e in (steep, np.where(causal, steep, -np.inf))]
+print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after exp, {nan[1]} before")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular, hence invertible, and does not
@@ -251,8 +255,8 @@ print("steps 1 and 2 checked")
 #
 # $M_{[i]}$, the product of notebook 01's transitions $M_t = (I - \beta_t \mathbf k_t \mathbf
 # k_t^\top) D_t = D_t - \beta_t \mathbf k_t (D_t \mathbf k_t)^\top$ (diagonal plus rank one), is
-# in **WY form** (Bischof and Van Loan): a diagonal minus $\overrightarrow K^\top \tilde K$.
-# The cell also checks `kda_lib`'s `chunk_affine_maps`.
+# in **WY form** (Bischof and Van Loan): a diagonal minus $\overrightarrow K^\top \tilde K$
+# (checked, with `kda_lib`'s `chunk_affine_maps`).
 
 # %%
 solve = np.linalg.inv(np.eye(chunk_size) + L)
@@ -307,7 +311,7 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 # $\Delta = \tilde V - \tilde K S$, its outputs $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S +
 # P \Delta$ and the state it passes on, $S' = \Gamma_C S + \overrightarrow K^\top \Delta$. Loop
 # over the chunks and that is the whole algorithm, for one head, in plain `jax.numpy`. Its
-# `where` keeps every exponent $\le 0$ (why that matters in float32: the notes).
+# `where` keeps every exponent $\le 0$ (section 3; why it matters in float32: the notes).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -343,10 +347,9 @@ with jax.enable_x64(True):
                         in_axes=(1, 1, 1, 1, 1, 0), out_axes=(1, 0))
     inputs64 = [jnp.asarray(a) for a in (q, k, v, g, beta)]
     o_read, s_read = per_head(*(a[0] for a in inputs64), jnp.asarray(S_in[0]))
-    o_ref, s_ref = kda_lib.kda_recurrent(*inputs64, initial_state=jnp.asarray(S_in),
-                                         output_final_state=True)
-    o_kda, s_kda = kda_lib.kda_chunked(*inputs64, initial_state=jnp.asarray(S_in),
-                                       output_final_state=True, chunk_size=chunk_size)
+    init = dict(initial_state=jnp.asarray(S_in), output_final_state=True)
+    o_ref, s_ref = kda_lib.kda_recurrent(*inputs64, **init)
+    o_kda, s_kda = kda_lib.kda_chunked(*inputs64, **init, chunk_size=chunk_size)
 errors = [assert_close(got, want[0], name=f"readable vs {name}") for got, want, name in (
     (o_read, o_ref, "kda_recurrent"), (s_read, s_ref, "kda_recurrent"),
     (o_read, o_kda, "kda_chunked"), (s_read, s_kda, "kda_chunked"))]
@@ -361,8 +364,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 
 # %%
 with jax.enable_x64(True):
-    entering, final = chain_states(*(jnp.asarray(a) for a in (
-        maps.transition, maps.state_ext, S_in)))
+    entering, final = chain_states(*map(jnp.asarray, (maps.transition, maps.state_ext, S_in)))
     o_maps = jnp.einsum("bhnck,bhnkv->bhncv", maps.q_eff, entering) + maps.o_intra
 assert_close(final, s_ref, name="associative scan: final state")
 assert_close(np.moveaxis(np.asarray(o_maps), 1, 3).reshape(o_ref.shape), o_ref, name="outputs")
@@ -380,9 +382,9 @@ for n in sorted({num_chunks, 16, 64} - {1}):
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
-timings = chunkwise.time_forms(chunkwise.kda_forms(lower_bound), timing_lengths, key=key_timing,
-                               heads=timing_heads, dim=timing_dim, modes=modes,
-                               repeats=timing_repeats)
+forms = chunkwise.kda_forms(lower_bound)
+timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
+                               dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, jax.default_backend())))
 for mode in modes:
     title = f"live: {jax.default_backend()}, {mode}, B=1, H={timing_heads}, K=V={timing_dim}"
@@ -401,50 +403,48 @@ for mode in modes:
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
-# without showing the expected one. It calls your functions on chunks of its own, accepts float32
-# or float64, NumPy or `jnp`, and refuses any answer that runs `kda_lib` code. Worked solutions
-# are in [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
+# without showing it: it judges the values your function returns on chunks drawn afresh at each
+# call (float32 or float64, NumPy or `jnp`; no `kda_lib` code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 
 # %% [markdown]
-# 1. **The other order.** Backpropagation goes through $M_{[i]}^\top$; with $\mathbf g = 0$
-#    ($\overleftarrow K = \overrightarrow K = K$) it is the product of the symmetric $I - \beta_t
-#    \mathbf k_t \mathbf k_t^\top$ in the order $1, \dots, C$. Write `wy_factor_reversed(k,
-#    beta)` (`k` $[C, d_k]$, `beta` $[C]$): the $\tilde K'$ with $M_{[i]}^\top = I - K^\top
-#    \tilde K'$ that one triangular system gives (which?), also for $C > d_k$ (checked there).
+# 1. **Backward through a chunk.** Backpropagation carries a state's gradient back as
+#    $\mathrm dS_0 = M_{[i]}^\top \mathrm dS_C$: $X_{t-1} = M_t^\top X_t = D_t (I - \beta_t
+#    \mathbf k_t \mathbf k_t^\top) X_t$ from $X_C = \mathrm dS_C$; token $t$ erases its backward
+#    pseudo-value $\boldsymbol\delta'_t = \beta_t X_t^\top \mathbf k_t$, then decays. Mirror
+#    steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$
+#    (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
+#    $[C, d_k]$ solves one triangular system: upper or lower, which decays, which right-hand
+#    side? Write `wy_factor_backward(k, g, beta)` (`k`, `g` $[C, d_k]$, `beta` $[C]$). The
+#    checker's chunks are longer than $d_k$ (there $M_{[i]}$ does not determine $\tilde K'$),
+#    with forget bursts ($g = -1024$ in some channels), after which $e^{-\boldsymbol\gamma_t}$
+#    overflows, in float64 too.
 
 # %%
-answer = None  # a function wy_factor_reversed(k, beta) -> K~' [C, d_k]
+answer = None  # a function wy_factor_backward(k, g, beta) -> K~' [C, d_k]
 check("03.1", answer)
 
 # %% [markdown]
-# 2. **Gated DeltaNet's chunk scores.** With one decay per head, $\mathbf g_t = g_t \mathbf 1$,
-#    $\Gamma_t = e^{\gamma_t} I$ leaves the inner product, and the decayed scores are plain
-#    scores times one $C \times C$ mask, $P^{\text{GDN}} = \tfrac{1}{\sqrt{d_k}} (Q K^\top) \odot
-#    \mathcal D$ with $\mathcal D_{ts} = e^{\gamma_t - \gamma_s}$ for $s \le t$ (per-channel decay
-#    has a different mask per channel). Write `gdn_scores(q, k, g, scale)` for one chunk (`g`
-#    $[C]$, one log decay per token) with no exponent above 0 ever formed, not even one masked
-#    afterwards. The checker runs it at $C = 64$ with strong decay too, where such an exponent
-#    overflows, and watches every exponent your function forms (`np.exp`, `np.power`,
-#    `math.exp`, and `jnp`'s exponentials, jitted or not).
+# 2. **Two chunks as one.** Given two consecutive chunks' factors, not their tokens (the first's
+#    $\tilde K_1$, $\tilde V_1$, $\overrightarrow K_1$ and log decay across it
+#    $\boldsymbol\gamma^{(1)}$ $[d_k]$; the second's $\tilde K_2$, $\tilde V_2$, from its own
+#    start), derive the $\tilde K$, $\tilde V$ of the two as one chunk ($\Delta = \tilde V -
+#    \tilde K S_0$ for any $S_0$ entering the first): `merge_chunks(W1, U1, K_out1, gamma1, W2,
+#    U2) -> (W, U)`. The checker compares with step 3 run on the combined chunk.
 
 # %%
-answer = None  # a function gdn_scores(q, k, g, scale) -> P [C, C]
+answer = None  # a function merge_chunks(W1, U1, K_out1, gamma1, W2, U2) -> (W, U)
 check("03.2", answer)
 
 # %% [markdown]
 # ## References
 #
 # - S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, *Parallelizing linear transformers with the
-#   delta rule over sequence length* (DeltaNet's chunkwise WY form), NeurIPS 2024.
-#   [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
-# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*,
-#   ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+#   delta rule over sequence length* (the chunkwise WY form), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
 # - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA's chunkwise
 #   algorithm with per-channel decay; section 6.3, Eq. 13: the flop count), 2025.
 #   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - C. Bischof, C. Van Loan, *The WY representation for products of Householder matrices*, SIAM
 #   J. Sci. Stat. Comput. 8(1), 1987. [doi:10.1137/0908009](https://doi.org/10.1137/0908009)
 # - T. Joffrain, T. M. Low, E. S. Quintana-Ortí, R. van de Geijn, F. G. Van Zee, *Accumulating
-#   Householder transformations, revisited* (the UT transform), ACM TOMS 32(2), 2006.
-#   [doi:10.1145/1141885.1141886](https://doi.org/10.1145/1141885.1141886)
+#   Householder transformations, revisited* (the UT transform), ACM TOMS 32(2), 2006. [doi:10.1145/1141885.1141886](https://doi.org/10.1145/1141885.1141886)
 # - G. E. Blelloch, *Prefix sums and their applications*, 1990. [CMU-CS-90-190](https://www.cs.cmu.edu/~guyb/papers/Ble93.pdf)

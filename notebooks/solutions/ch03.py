@@ -10,71 +10,84 @@ from __future__ import annotations
 import numpy as np
 
 
-# 1. The other order, no decay. Step 3 gives M_C ... M_1 = I - K^T (I + L)^-1 diag(beta) K with
-#    L strictly lower, L_ts = beta_t k_t . k_s. Each M_t is symmetric, so M_1 ... M_C is its
-#    transpose, I - K^T diag(beta) (I + L^T)^-1 K, and diag(beta) (I + G diag(beta))^-1 =
-#    (I + diag(beta) G)^-1 diag(beta) (G = the strictly upper part of K K^T) makes it
-#    I - K^T K~' with (I + U) K~' = diag(beta) K, U_ts = beta_t k_t . k_s for s > t: the same
-#    solve with an UPPER triangle (equivalently: step 3 on the chunk read backwards, flipped).
-def wy_factor_reversed(k, beta):
-    C = k.shape[0]
-    U = beta[:, None] * (k @ k.T) * np.triu(np.ones((C, C)), 1)
-    return np.linalg.solve(np.eye(C) + U, beta[:, None] * k)
+def _decay(gamma):
+    """[t, s, d_k]: exp(gamma_t - gamma_s) where s <= t, 0 elsewhere (no exponent above 0)."""
+    causal = np.tril(np.ones((len(gamma), len(gamma)), bool))
+    return np.exp(np.where(causal[..., None], gamma[:, None] - gamma[None], -np.inf))
 
 
-# 2. Gated DeltaNet's scores: one C x C decay mask times q k^T.
-def gdn_scores(q, k, g, scale):
-    gamma = np.cumsum(g)
-    mask = np.exp(np.tril(gamma[:, None] - gamma[None, :]))  # exponents <= 0 kept
-    return scale * (q @ k.T) * mask * np.tril(np.ones((len(g), len(g))))
+# 1. The backward pass through a chunk. Backpropagation runs X_{t-1} = M_t^T X_t from X_C = dS_C,
+#    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases delta'_t^T = beta_t k_t^T X_t
+#    (its backward pseudo-value), then decays: X_{t-1} = D_t X_t - (D_t k_t) delta'_t^T.
+#    Unrolled down to 0 (step 1, mirrored): X_0 = Gamma_C X_C - sum_t Gamma_t k_t delta'_t^T
+#    = Gamma_C dS_C - K_in^T Delta', and from C down to t:
+#    X_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s delta'_s^T.
+#    Put that into delta'_t (step 2, mirrored): delta'_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
+#    - sum_{s > t} U_ts delta'_s^T with U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
+#    (a token sees the later ones), every exponent gamma_s - gamma_t <= 0 for s > t. So
+#    (I + U) Delta' = diag(beta) K_out dS_C: K~' = (I + U)^-1 diag(beta) K_out, the right-hand side
+#    holding the keys decayed to the chunk END, and M^T = Gamma_C - K_in^T K~'.
+#    (Equal to diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the push-through
+#    identity diag(beta) (I + G^T diag(beta))^-1 = (I + diag(beta) G^T)^-1 diag(beta).)
+def wy_factor_backward(k, g, beta):
+    gamma = np.cumsum(g, axis=0)
+    later = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma))  # [t, s]: s > t kept below
+    U = beta[:, None] * later * np.triu(np.ones((len(beta), len(beta))), 1)
+    K_out = k * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_t^-1 k_t
+    return np.linalg.solve(np.eye(len(beta)) + U, beta[:, None] * K_out)
 
 
-# 2, written differently: float32 jnp, the exponent set to -inf above the diagonal before exp.
-def gdn_scores_jnp(q, k, g, scale):
+# 1, written differently: the backward recurrence itself, float32 jnp, dS_C = I (d_k columns):
+#    row t of K~' is delta'_t for that gradient.
+def wy_factor_backward_by_recurrence(k, g, beta):
     import jax.numpy as jnp
 
-    gamma = jnp.cumsum(jnp.asarray(g, jnp.float32))
-    causal = jnp.tril(jnp.ones((len(g), len(g)), bool))
-    diff = jnp.where(causal, gamma[:, None] - gamma[None, :], -jnp.inf)
-    return scale * (jnp.asarray(q, jnp.float32) @ jnp.asarray(k, jnp.float32).T) * jnp.exp(diff)
+    k, g = jnp.asarray(k, jnp.float32), jnp.asarray(g, jnp.float32)
+    X, rows = jnp.eye(k.shape[1]), []
+    for t in reversed(range(len(beta))):
+        erased = beta[t] * (k[t] @ X)  # delta'_t: erase ...
+        rows.append(erased)
+        X = jnp.exp(g[t])[:, None] * (X - jnp.outer(k[t], erased))  # ... then decay
+    return jnp.stack(rows[::-1])
 
 
-# 2, a Python loop over the lower triangle (float64).
-def gdn_scores_loop(q, k, g, scale):
-    gamma, C = np.cumsum(g), len(g)
-    p = np.zeros((C, C))
-    for t in range(C):
-        for s in range(t + 1):
-            p[t, s] = scale * (q[t] @ k[s]) * np.exp(gamma[t] - gamma[s])
-    return p
+# 2. Two chunks into one. Step 3 for the second chunk, entered by S_C:
+#    Delta_2 = V~2 - K~2 S_C, and step 4 for the first: S_C = M_1 S_0 + E_1 with
+#    M_1 = Gamma^(1) - K_out1^T K~1, E_1 = K_out1^T V~1. So
+#    Delta_2 = (V~2 - K~2 K_out1^T V~1) - K~2 (Gamma^(1) - K_out1^T K~1) S_0:
+#    the merged chunk's K~ stacks K~1 on K~2 Gamma^(1) - (K~2 K_out1^T) K~1, and its V~ stacks V~1
+#    on V~2 - (K~2 K_out1^T) V~1. (K~2 Gamma^(1) is K~2 with its keys decayed from the merged
+#    chunk's start.) Only C2 x C1 coupling products, no solve: how unit_lower_inverse and the
+#    kernels build a 64-token chunk's inverse from 16-token blocks.
+def merge_chunks(W1, U1, K_out1, gamma1, W2, U2):
+    coupling = W2 @ K_out1.T  # [C2, C1]
+    W = np.concatenate([W1, W2 * np.exp(gamma1) - coupling @ W1])
+    U = np.concatenate([U1, U2 - coupling @ U1])
+    return W, U
+
+
+# 2, written differently: float32 jnp, through the first chunk's map (M_1, E_1) as matrices.
+def merge_chunks_by_maps(W1, U1, K_out1, gamma1, W2, U2):
+    import jax.numpy as jnp
+
+    W1, U1, K_out1, W2, U2 = (jnp.asarray(a, jnp.float32) for a in (W1, U1, K_out1, W2, U2))
+    M1 = jnp.diag(jnp.exp(jnp.asarray(gamma1, jnp.float32))) - K_out1.T @ W1
+    E1 = K_out1.T @ U1
+    return jnp.concatenate([W1, W2 @ M1]), jnp.concatenate([U1, U2 - W2 @ E1])
 
 
 def cases():
-    def by_product(k, beta):  # the shortcut: the product, then K~' read back by least squares
-        product = np.eye(k.shape[1])
-        for k_t, b_t in zip(k, beta, strict=True):
-            product = product @ (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t))
-        return np.linalg.lstsq(k.T, np.eye(k.shape[1]) - product, rcond=None)[0]
+    def forward_factor(k, g, beta):  # step 3's K~ (the forward order), echoed
+        gamma = np.cumsum(g, axis=0)
+        L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
+        return np.linalg.solve(np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma))
 
-    def wy_flipped_float32(k, beta):  # step 3 on the reversed chunk, flipped back, float32 jnp
-        import jax.numpy as jnp
-
-        k32, b32 = jnp.asarray(k, jnp.float32)[::-1], jnp.asarray(beta, jnp.float32)[::-1]
-        L = jnp.tril(b32[:, None] * (k32 @ k32.T), -1)
-        return jnp.linalg.solve(jnp.eye(len(b32)) + L, b32[:, None] * k32)[::-1]
-
-    def wy_transposed(k, beta):  # M^T from step 3's factor: diag(beta) (I + L^T)^-1 K
-        L = np.tril(beta[:, None] * (k @ k.T), -1)
-        return beta[:, None] * np.linalg.solve((np.eye(len(beta)) + L).T, k)
-
-    def undecayed(q, k, g, scale):
-        return scale * (q @ k.T) * np.tril(np.ones((len(g), len(g))))
+    def unmerged(W1, U1, K_out1, gamma1, W2, U2):  # the two chunks stacked, no coupling
+        return np.concatenate([W1, W2]), np.concatenate([U1, U2])
 
     return [
-        ("03.1", wy_factor_reversed, {}, by_product),
-        ("03.1", wy_flipped_float32, {}, by_product),
-        ("03.1", wy_transposed, {}, by_product),
-        ("03.2", gdn_scores, {}, undecayed),
-        ("03.2", gdn_scores_jnp, {}, undecayed),
-        ("03.2", gdn_scores_loop, {}, undecayed),
+        ("03.1", wy_factor_backward, {}, forward_factor),
+        ("03.1", wy_factor_backward_by_recurrence, {}, forward_factor),
+        ("03.2", merge_chunks, {}, unmerged),
+        ("03.2", merge_chunks_by_maps, {}, unmerged),
     ]

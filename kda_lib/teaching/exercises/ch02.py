@@ -8,6 +8,8 @@ float64 after the answer ran; float32 answers are accepted (relative 1e-5).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
@@ -18,11 +20,18 @@ def _close(got, want, tol=1e-5) -> bool:
 
 
 @checker("02.1")
-def half_erasing_input(answer, **_):
+def half_erasing_input(answer, *, seed=None):
     """``answer(a, lower_bound) -> f``: the raw gate input ``f`` (bias 0) at which one token of
     the safe gate ``g = lower_bound * sigmoid(a f)`` erases exactly half of a channel, for a rate
-    ``a > 0`` and ``lower_bound < -ln 2``."""
-    for a, bound in ((1.0, -5.0), (4.0, -1.0), (16.0, -2.5), (0.5, -0.8)):
+    ``a > 0`` and ``lower_bound < -ln 2``. Four pairs drawn afresh at every call (``seed`` repeats
+    a call), so no table of answers keyed on the inputs passes."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+    rng = np.random.default_rng(seed)
+    rates = np.exp(rng.uniform(np.log(0.25), np.log(32.0), 4))  # a from 1/4 to 32
+    # lower_bound below -ln 2: one where half is erased above f = 0, three below; none near
+    # -2 ln 2 (f near 0, where float32's logit loses the digits a relative tolerance asks for)
+    bounds = -np.concatenate([rng.uniform(0.75, 1.2, 1), rng.uniform(1.7, 10.0, 3)])
+    for a, bound in zip(rates.tolist(), bounds.tolist(), strict=True):
         got, hint = call_answer(
             answer, a, bound, name="half_erasing_input(a, lower_bound)", own_code=True
         )
@@ -32,8 +41,8 @@ def half_erasing_input(answer, **_):
         p = np.log(2.0) / -bound  # sigmoid(a f) that makes g = -ln 2
         if not _close(got, np.log(p / (1 - p)) / a):
             return (
-                f"wrong at a = {a}, lower_bound = {bound}: which g keeps exactly half, and "
-                "which sigmoid(a f) gives that g?"
+                f"wrong at a = {a!r}, lower_bound = {bound!r} (seed {seed}): which g keeps "
+                "exactly half, and which sigmoid(a f) gives that g?"
             )
     return None
 
