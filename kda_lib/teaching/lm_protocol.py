@@ -9,6 +9,8 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
   another's, over seeds.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
   byte by position.
+* :func:`plot_decode_cost`, :func:`plot_live_and_recorded` -- the figures of the notebook's
+  live run: decode cache against context, validation curves beside the recorded run's.
 
 The statistics are :mod:`kda_lib.lab.significance`'s; the rules the runs follow are the
 script's docstring, stored in the record under ``protocol``.
@@ -75,4 +77,32 @@ def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
     for ax in (left, right):
         ax.title.set_fontsize(9)
     left.legend(fontsize=8)
+    return fig
+
+
+def plot_decode_cost(costs: dict) -> plt.Figure:
+    """Decode cache (KiB, log) against context (tokens, log), one line per model:
+    ``costs[model]`` the rows of :func:`kda_lib.lab.generate.decode_cost`."""
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, rows in costs.items():  # models without a growing cache coincide
+        ax.plot([r["context"] for r in rows], [r["cache_bytes"] / 1024 for r in rows], "o-",
+                color=MODEL_COLORS[name], label=name)  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="context (tokens seen, log scale)",
+           ylabel="decode cache (KiB, log scale)", title="decode memory per sequence")  # fmt: skip
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_live_and_recorded(sources: dict, baseline: float) -> plt.Figure:
+    """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
+    one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted."""
+    fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False)
+    for ax, (title, models) in zip(axes[0], sources.items(), strict=True):
+        for name, r in models.items():
+            curve = r["curve"]
+            ax.plot(curve["step"], curve["bpb"], "o-", color=MODEL_COLORS[name], label=name)
+        ax.axhline(baseline, color="0.3", linestyle=":", label="byte frequencies")
+        ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
+        ax.set_title(title, fontsize=9)
+    axes[0, -1].legend(fontsize=8)
     return fig

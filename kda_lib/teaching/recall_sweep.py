@@ -32,8 +32,9 @@ MARKERS = dict(zip(MIXER_ORDER, "osD^vP", strict=True))  # ceiling lines stay to
 
 
 def label(mixer: str) -> str:
-    """The name a mixer is shown by: ``"mamba2"`` is ``"mamba2-style"`` (not Mamba2 itself)."""
-    return "mamba2-style" if mixer == "mamba2" else mixer
+    """The name a mixer is shown by: ``"mamba2"`` (``"mamba2 beyond"``) reads ``"mamba2-style"``
+    (not Mamba2 itself)."""
+    return mixer.replace("mamba2", "mamba2-style")
 
 
 def reporter(tuning: list, records: list, path: str):
@@ -148,6 +149,36 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
             if None not in steps[0] + steps[1]:
                 family[(task, t, "steps")] = tuple(steps)
     return family
+
+
+def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
+    """What bounds the reading of a recorded sweep (``sweep_cells``'s ``cells``): ``palindrome``
+    the recurrent mixers' (kda, gdn, mamba2) test accuracies per (mixer, T) in multiples of
+    ``chance``, ``rising`` how many of those runs were still rising at the budget, ``tune``
+    stack/GDN's validation accuracy per rate on the tuning seed, ``margin`` the chosen rate's
+    lead over the next best, ``solve`` MQAR's steps to ``solved`` per mixer (kda, gdn) at the
+    longest length, a run that never got there counted as the budget ``max_steps``."""
+    setting, tuning = sweep["setting"], ("tune", "stack", "gdn")
+    pal = {c[1:]: cells[c] for c in cells if c[0] == "palindrome" and c[1] in MIXER_ORDER[:3]}
+    tune = {
+        r["training"]["learning_rate"]: record_scores(r)["validation"]["accuracy"]
+        for r in sweep["runs"]
+        if (r.get("phase"), r["task"], r["mixer"]) == tuning
+    }
+    longest = max(t for task, _, t in cells if task == "mqar")
+    solve = {
+        m: [solve_step(r, setting["solved"]) or setting["max_steps"] for r in cells[cell]]
+        for m, cell in (("kda", ("mqar", "kda", longest)), ("gdn", ("mqar", "gdn", longest)))
+    }
+    times = {k: np.array([record_scores(r)["test"]["accuracy"] for r in v]) / chance
+             for k, v in pal.items()}  # fmt: skip
+    return dict(
+        palindrome=times,
+        rising=sum(r["stop"] == "rising" for v in pal.values() for r in v),
+        tune=tune,
+        margin=tune[sweep["grids"]["stack/gdn"]["best"]] - sorted(tune.values())[-2],
+        solve=solve,
+    )
 
 
 def print_cells(cells: dict, complete: set, acc: dict) -> None:

@@ -65,3 +65,15 @@ def test_the_figure_draws_every_model():
     left, right = fig.axes
     assert [line.get_label() for line in left.lines] == ["kda", "attention"]
     assert len(right.lines) == 2 and not right.patches  # no shaded positions
+
+
+def test_the_live_run_figures_draw_every_model():
+    rows = [dict(context=c, cache_bytes=b) for c, b in ((64, 1024), (512, 2048))]
+    fig = lm_protocol.plot_decode_cost({"kda": rows, "attention": rows})
+    assert [line.get_label() for line in fig.axes[0].lines] == ["kda", "attention"]
+    curve = dict(curve=dict(step=[1, 2], bpb=[5.0, 4.0]))
+    fig = lm_protocol.plot_live_and_recorded(
+        {"this run": {"kda": curve}, "recorded": {"kda": curve, "gdn": curve}}, baseline=5.5
+    )
+    assert [len(ax.lines) for ax in fig.axes] == [2, 3]  # models + the byte-frequency line
+    assert fig.axes[1].get_legend() is not None and fig.axes[0].get_title() == "this run"
