@@ -27,9 +27,8 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
-# CI runs the small defaults below (two layers, one KDA to one MLA); `make notebooks PARAMS=full`
-# runs the four-layer 3:1 hybrid recorded in `data/results/stdlib_lm_full.json`. Speed as
-# recorded, engineering asides: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-09).
+# CI runs the small defaults below (two layers); `make notebooks PARAMS=full` the four-layer 3:1
+# hybrid of `data/results/stdlib_lm_full.json`. Speed, asides: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-09).
 
 # %% tags=["parameters"]
 num_layers: int = 2  # blocks per model (the hybrid's pattern is tiled over them)
@@ -129,8 +128,8 @@ assert {"attention", "kda", "gdn", "hybrid"} <= set(model_names) <= set(patterns
 # Decoding caches $\mathbf c^{KV}_t$ alone, $d_c$ numbers per token where MHA caches $2 H d_k$,
 # and folds $W^{K}_h$ into the query and $W^{V}_h$ into the output. `hybrid_mha` puts NoPE MHA
 # in MLA's place (full setting only). Softmax attention keeps RoPE, the usual choice (without
-# it, causal attention infers positions from its mask: Kazemnejad et al.). All models get the
-# KDA model's parameter count through their MLPs (a unit: $2d + 1$).
+# it, causal attention infers positions from its mask: Kazemnejad et al.). Every model gets the
+# KDA model's parameter count through its MLP (a unit: $2d + 1$).
 
 # %%
 target = config_param_count(dataclasses.replace(base, layers=patterns["kda"]))
@@ -147,11 +146,11 @@ assert max(abs(n - target) for n in sizes.values()) <= 0.01 * target
 # %% [markdown]
 # ## 2. The corpus: the standard library, byte by byte
 #
-# `kda_lib.lab.corpus.load_stdlib_corpus` sends each `.py` file of the standard library (tests
-# left out) to training or validation by a hash of its path; tokens are bytes. The score: **bits
-# per byte**, over fixed validation windows of $T + 1$ bytes (inputs the first $T$, targets the
-# last $T$) the mean of $\frac{1}{T}\sum_{t=1}^{T} -\log_2 p_\theta(\text{byte}_{t+1} \mid
-# \text{bytes}_{\le t})$: 8 for a uniform guess; byte frequencies (*unigram*) give a baseline.
+# `kda_lib.lab.corpus.load_stdlib_corpus` sends each standard-library `.py` file (tests left out)
+# to training or validation by a hash of its path; tokens are bytes. The score: **bits per byte**,
+# over fixed validation windows of $T + 1$ bytes (inputs the first $T$, targets the last $T$) the
+# mean of $\frac{1}{T}\sum_{t=1}^{T} -\log_2 p_\theta(\text{byte}_{t+1} \mid \text{bytes}_{\le t})$:
+# 8 for a uniform guess; byte frequencies (*unigram*, add-one) give a baseline.
 
 # %%
 corpus = load_stdlib_corpus()
@@ -220,9 +219,8 @@ for name, model in models.items():
 # ## 5. Decoding memory against context length
 #
 # To decode token $t + 1$ a KDA layer needs its state $S_t$ ($H \times d_k \times d_v$) and the
-# last $w - 1$ inputs of its convolutions, whatever $t$; an MHA layer $2 H d_k$ numbers per
-# token seen (keys and values), an MLA layer $d_c$ (latents). `kda_lib.lab.generate.decode_cost`
-# fills the caches as if `context` tokens had been seen; the growth per token is asserted.
+# last $w - 1$ inputs of its convolutions, whatever $t$; MHA $2 H d_k$ numbers per token seen, MLA
+# $d_c$. `decode_cost` fills the caches as if `context` tokens had been seen (growth asserted).
 
 # %%
 costs = {n: decode_cost(model, decode_contexts, steps=8, repeats=3) for n, model in models.items()}
@@ -241,11 +239,11 @@ mla_vs_mha = (per_token["hybrid"].mean() / count["hybrid"]["mla"]) / (
     per_token["attention"].mean() / num_layers)  # per global layer
 print(f"per token and global layer, MLA / MHA: {mla_vs_mha:.3f} = d_c / (2 H d_k) = "
       f"{kv_lora_rank} / {2 * num_heads * head_dim}")
-kimi = presets.KIMI_LINEAR_48B  # its MLA also caches a shared key part d_R: d_c + d_R per token
-kimi_mla = kimi.mla.kv_lora_rank + kimi.mla.shared_key_dim
-kimi_mha = 2 * kimi.num_heads * kimi.head_dim
-print(f"{kimi.name}: d_c + d_R = {kimi_mla} against 2 H d_k = {kimi_mha} for MHA with its KDA "
+k48 = presets.KIMI_LINEAR_48B  # its MLA also caches a shared key part d_R: d_c + d_R per token
+kimi_mla, kimi_mha = k48.mla.kv_lora_rank + k48.mla.shared_key_dim, 2 * k48.num_heads * k48.head_dim
+print(f"{k48.name}: d_c + d_R = {kimi_mla} against 2 H d_k = {kimi_mha} for MHA with its KDA "
       f"layer's heads: {kimi_mla / kimi_mha:.0%}")
+assert round(kimi_mla / kimi_mha, 2) == 0.07  # the Summary's 7%
 
 # %% tags=["hide-input"]
 viz.show(lm.plot_decode_cost(costs), "09_decode_cost")  # KDA's and GDN's lines coincide
@@ -283,14 +281,13 @@ sources = dict(zip(titles, (results, recorded["models"]), strict=True))
 viz.show(lm.plot_live_and_recorded(sources, unigram_bpb), "09_live_and_recorded")
 
 # %% [markdown]
-# **Which model is best?** `scripts/stdlib_lm_seeds.py` (`recorded_protocol`) splits the corpus by
-# file into training, validation and test; picks each model's rate on validation with a tuning seed
-# never reported (strictly inside the rates tried); trains five fresh seeds per model for equal
-# steps; scores the test windows once. Paired t-tests over seeds, Holm at 0.05: *ordered* below it,
-# else *level*; the 95% interval, seeds on each side, the gap detectable at
-# 80% power, the exact sign-flip p (`scipy.stats.permutation_test`), which at 5 seeds cannot go
-# below 2/32 = 0.0625, above Holm's first threshold 0.05/10: no distribution-free test can
-# order here, and an *ordered* rests on the t-test's normality of 5 differences.
+# **Which model is best?** `scripts/stdlib_lm_seeds.py` (`recorded_protocol`) splits the corpus
+# by file into training, validation and test; picks each model's rate on validation with a
+# tuning seed never reported (strictly inside the rates tried); trains five fresh seeds per model
+# for equal steps; scores the test windows once. Paired t-tests over seeds, Holm at 0.05:
+# *ordered* below it, else *level*; 95% interval, seeds on each side, gap detectable at 80% power,
+# exact sign-flip p (`scipy.stats.permutation_test`): at 5 seeds never below 2/32 = 0.0625, above
+# Holm's first threshold 0.05/10, so an *ordered* rests on the t-test's normality.
 
 # %%
 protocol = load_recorded("results", recorded_protocol)
@@ -314,6 +311,11 @@ flip = {k: stats.permutation_test((np.subtract(*v),), np.mean, permutation_type=
 for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
     print(f"{a:10s} - {b:10s} {c.describe(' bpb')}; sign-flip p {flip[(a, b)]:.4f}; "
           f"detectable {c.detectable:.3f}")
+
+# %% tags=["hide-input"]
+viz.show(lm.plot_curves_and_positions(runs, models), "09_protocol_curves")
+
+# %%
 gap = {m: [round(lm.position_gap(runs, "attention", m, slice(*w)), 3) for w in ((0, 1), (
     4, 32), (32, None), (None,))] for m in models if m != "attention"}  # attention - m, bpb
 speed = lm.by_seed(runs, lambda r: r["train_tokens_per_second"], models)
@@ -329,6 +331,8 @@ gaps, fall = [c.detectable for c in level.values()], [v.mean() for v in late.val
 p1, whole = ([d[i] for d in gap.values()] for i in (0, -1))  # position 1; the whole window
 fast = max(speed[m].max() for m in gap)  # the fastest run of a model other than attention
 ratio = speed["attention"].mean() / np.mean([speed[m] for m in gap])  # tokens/s, mean runs
+
+# %%
 display(Markdown(
     f"At an equal budget of {ps['steps']} steps ({epoch:.2f} of an epoch), with validation still "
     f"falling (by {min(fall):.3f} to {max(fall):.3f} bits per byte over the last "
@@ -337,23 +341,19 @@ display(Markdown(
     f"{min(flip.values()):.4f} each). Attention's gap is there at position 1, where no model has "
     f"context ({min(p1):.3f} to {max(p1):.3f} bits per byte; {min(whole):.3f} to {max(whole):.3f}"
     " over the window): per-token processing or training speed, not use of context (it lacks the "
-    "short convolution 08 shows matters; `attention_conv` is not in this record). At equal wall "
-    f"time it would get about {ratio:.1f}x the steps: its slowest run, "
-    f"{speed['attention'].min():,.0f} tokens/s, beats every other model's fastest, {fast:,.0f}. "
-    f"The other {len(level)} pairs are level (detectable gaps {min(gaps):.3f} to {max(gaps):.3f});"
-    " the largest of their mean gaps goes against the hybrid: the MLA hybrid is nominally *worse* "
-    f"than pure KDA, {h.mean:+.3f} [{h.low:+.3f}, {h.high:+.3f}] (on {h.above} of {h.n} seeds), "
-    f"the MHA hybrid too, {h_mha.mean:+.3f} ({h_mha.above} of {h_mha.n}). Whether the hybrid is "
-    "better or worse than KDA at this scale is not resolved."))
+    "short convolution 08 shows matters; no `attention_conv` here). At equal wall time it would "
+    f"get {ratio:.1f}x the steps: its slowest run, {speed['attention'].min():,.0f} tokens/s, beats "
+    f"every other model's fastest, {fast:,.0f}. The other {len(level)} pairs are level (detectable "
+    f"gaps {min(gaps):.3f} to {max(gaps):.3f}); the largest of their mean gaps goes against the "
+    f"hybrid: the MLA hybrid is nominally *worse* than pure KDA, {h.mean:+.3f} [{h.low:+.3f}, "
+    f"{h.high:+.3f}] (on {h.above} of {h.n} seeds), the MHA hybrid too, {h_mha.mean:+.3f} "
+    f"({h_mha.above} of {h_mha.n}). Whether the hybrid beats KDA at this scale is not resolved."))
 assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
-assert all(flip[k] == 2 / 2**5 and 5 in (c.above, c.below) for k, c in tests.items() if c.verdict
-           != "level") and 0.15 < min(p1) and min(whole) > 0.2
+assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items()
+           if c.verdict != "level") and 0.15 < min(p1) and min(whole) > 0.2
 assert speed["attention"].min() > fast and 1.5 < ratio < 2.5  # "about twice the steps"
-
-# %% tags=["hide-input"]
-viz.show(lm.plot_curves_and_positions(runs, models), "09_protocol_curves")
 
 # %% [markdown]
 # **Does every model read beyond its last 32 bytes?** The *copy probe* (`kda_lib.lab.corpus.
@@ -397,12 +397,12 @@ assert max(p.mean() for p in probe.values()) < 0.05 and share[top] < 0.02 and no
 #   steps early in training (by the t-test; no sign-flip p below 0.0625 at 5 seeds), already at
 #   the first byte: per-token processing or training speed, not use of context (at equal wall
 #   time attention would get about twice the steps). **The 3:1 MLA hybrid is nominally worse
-#   than KDA** (4 of 5 seeds; the MHA hybrid too): level, not resolved. The copy probe shows reading
-#   beyond the last 32 bytes for all but GDN (not shown over seeds; positive on 5 of 5): under
-#   0.05 bits per byte, under 2% on average (2.1% at most) of an ideal copier's.
-# - Not done (each needs new recorded runs): GDN-H (3 GDN : 1 MLA) and all-MLA baselines, a
-#   longer budget, windows of 1 KB or more where the global layer has work to do. So this
-#   notebook neither supports nor contradicts the paper's hybrid claims.
+#   than KDA** (4 of 5 seeds; the MHA hybrid too): level, not resolved. The copy probe shows
+#   reading beyond the last 32 bytes for all but GDN (not shown over seeds; positive on 5 of 5):
+#   under 0.05 bits per byte, under 2% on average (2.1% at most) of an ideal copier's.
+# - Not done (each needs new recorded runs): GDN-H (3 GDN : 1 MLA), all-MLA and attention_conv
+#   baselines, a longer budget, windows of 1 KB or more where the global layer has work to do:
+#   this notebook neither supports nor contradicts the paper's hybrid claims.
 #
 # ## Exercises
 #
@@ -410,10 +410,10 @@ assert max(p.mean() for p in probe.values()) < 0.05 and share[top] < 0.02 and no
 # showing the solution. Worked solutions (try first): [`notebooks/solutions/ch09.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch09.py).
 #
 # 1. **Count the cache.** Write `hybrid_cache_bytes(context, kda_layers, mla_layers, heads,
-#    key_dim, kv_lora_rank, conv_size, decode_steps)` (no kda_lib), the bytes after `decode_cost(
-#    ..., steps=decode_steps)` filled it: KDA's $H d_k d_v$ float32 state and three conv tails of
-#    $w - 1$ rows, MLA's $d_c$ float32 numbers per token of room (how much does `decode_cost`
-#    leave?), an int32 length. Checked on `costs` and on models nobody measured.
+#    key_dim, kv_lora_rank, conv_size, decode_steps)` (no kda_lib): the bytes `decode_cost(...,
+#    steps=decode_steps)` fills, KDA's $H d_k d_v$ float32 state and three conv tails of $w - 1$
+#    rows, MLA's $d_c$ float32 numbers per token of room (how much does `decode_cost` leave?),
+#    an int32 length; checked on `costs` and on models nobody measured.
 # 2. **Where is the hybrid's memory?** At the longest context measured, what fraction of the
 #    hybrid's cache is its MLA layers? (a float)
 # 3. **A one-byte-context baseline.** Write `bigram_bpb(train, validation)` (numpy, no
