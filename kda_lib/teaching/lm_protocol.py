@@ -83,7 +83,7 @@ def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
 def plot_decode_cost(costs: dict) -> plt.Figure:
     """Decode cache (KiB, log) against context (tokens, log), one line per model:
     ``costs[model]`` the rows of :func:`kda_lib.lab.generate.decode_cost`."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
     for name, rows in costs.items():  # models without a growing cache coincide
         ax.plot([r["context"] for r in rows], [r["cache_bytes"] / 1024 for r in rows], "o-",
                 color=MODEL_COLORS[name], label=name)  # fmt: skip
@@ -96,7 +96,9 @@ def plot_decode_cost(costs: dict) -> plt.Figure:
 def plot_live_and_recorded(sources: dict, baseline: float) -> plt.Figure:
     """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
     one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted."""
-    fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False, layout="constrained"
+    )
     for ax, (title, models) in zip(axes[0], sources.items(), strict=True):
         for name, r in models.items():
             curve = r["curve"]
