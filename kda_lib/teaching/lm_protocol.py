@@ -5,11 +5,12 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
   seed's runs left out), and which models are complete (enough seeds, best rate strictly
   inside its grid).
 * :func:`by_seed` -- one number per run of each model, in seed order (paired across models).
-* :func:`position_drop` -- how much lower a run's test bits per byte are late in the window
-  than at the positions just past the first ``early`` bytes: a model that reads only its last
-  ``early`` bytes has no drop there (beyond sampling noise).
+* :func:`position_gap` -- a model's mean test bits per byte at given window positions minus
+  another's, over seeds.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
   byte by position.
+* :func:`plot_decode_cost`, :func:`plot_live_and_recorded` -- the figures of the notebook's
+  live run: decode cache against context, validation curves beside the recorded run's.
 
 The statistics are :mod:`kda_lib.lab.significance`'s; the rules the runs follow are the
 script's docstring, stored in the record under ``protocol``.
@@ -51,20 +52,16 @@ def by_seed(runs: dict, score: Callable[[dict], float], models) -> dict:
     return {m: np.array([score(r) for r in runs[m]], dtype=float) for m in models}
 
 
-def position_drop(run: dict, early: int = 32, split: str = "test") -> float:
-    """Mean test bits per byte at positions ``[early, 2 early)`` minus the mean over the last
-    ``early`` positions of the window: positive when the bits keep falling after the first
-    ``early`` bytes of context."""
-    bits = np.asarray(run[split]["bits_by_position"])
-    if bits.size < 3 * early:
-        raise ValueError(f"a window of {bits.size} positions is too short for early={early}")
-    return float(bits[early : 2 * early].mean() - bits[-early:].mean())
+def position_gap(runs: dict, model: str, other: str, positions: slice) -> float:
+    """Mean over seeds of ``model``'s test bits per byte at the window ``positions`` (0-based:
+    ``slice(0, 1)`` is the first byte, predicted with no context) minus ``other``'s."""
+    bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in (model, other)}
+    return float(bits[model][:, positions].mean() - bits[other][:, positions].mean())
 
 
-def plot_curves_and_positions(runs: dict, models, early: int = 32) -> plt.Figure:
+def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
     """Left: validation bits per byte against steps, mean over seeds, range shaded. Right:
-    test bits per byte by position (mean over seeds, log-scaled positions), the positions
-    :func:`position_drop` compares shaded."""
+    test bits per byte by position (mean over seeds, log-scaled positions)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
     for m in models:
         steps = runs[m][0]["curve"]["step"]
@@ -73,9 +70,6 @@ def plot_curves_and_positions(runs: dict, models, early: int = 32) -> plt.Figure
         left.fill_between(steps, curves.min(0), curves.max(0), color=COLORS[m], alpha=0.15)
         bits = np.array([r["test"]["bits_by_position"] for r in runs[m]]).mean(0)
         right.plot(np.arange(1, bits.size + 1), bits, color=COLORS[m], label=m, linewidth=1)
-    length = len(runs[models[0]][0]["test"]["bits_by_position"])
-    for lo, hi in ((early, 2 * early), (length - early, length)):
-        right.axvspan(lo + 1, hi, color="0.85", zorder=0)
     left.set(xlabel="optimiser step", ylabel="validation bits per byte",
              title="validation during training (mean over seeds, range shaded)")  # fmt: skip
     right.set(xscale="log", xlabel="position in the window (bytes seen, log scale)",
@@ -83,4 +77,34 @@ def plot_curves_and_positions(runs: dict, models, early: int = 32) -> plt.Figure
     for ax in (left, right):
         ax.title.set_fontsize(9)
     left.legend(fontsize=8)
+    return fig
+
+
+def plot_decode_cost(costs: dict) -> plt.Figure:
+    """Decode cache (KiB, log) against context (tokens, log), one line per model:
+    ``costs[model]`` the rows of :func:`kda_lib.lab.generate.decode_cost`."""
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    for name, rows in costs.items():  # models without a growing cache coincide
+        ax.plot([r["context"] for r in rows], [r["cache_bytes"] / 1024 for r in rows], "o-",
+                color=MODEL_COLORS[name], label=name)  # fmt: skip
+    ax.set(xscale="log", yscale="log", xlabel="context (tokens seen, log scale)",
+           ylabel="decode cache (KiB, log scale)", title="decode memory per sequence")  # fmt: skip
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_live_and_recorded(sources: dict, baseline: float) -> plt.Figure:
+    """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
+    one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted."""
+    fig, axes = plt.subplots(
+        1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False, layout="constrained"
+    )
+    for ax, (title, models) in zip(axes[0], sources.items(), strict=True):
+        for name, r in models.items():
+            curve = r["curve"]
+            ax.plot(curve["step"], curve["bpb"], "o-", color=MODEL_COLORS[name], label=name)
+        ax.axhline(baseline, color="0.3", linestyle=":", label="byte frequencies")
+        ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
+        ax.set_title(title, fontsize=9)
+    axes[0, -1].legend(fontsize=8)
     return fig

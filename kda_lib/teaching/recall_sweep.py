@@ -28,6 +28,13 @@ from kda_lib.teaching.viz import MODEL_COLORS, token_rows
 
 MIXER_ORDER = ("kda", "gdn", "mamba2", "attention", "attention_conv", "conv")
 COLORS = {m: MODEL_COLORS[m] for m in MIXER_ORDER}  # viz's one colour per model
+MARKERS = dict(zip(MIXER_ORDER, "osD^vP", strict=True))  # ceiling lines stay told apart
+
+
+def label(mixer: str) -> str:
+    """The name a mixer is shown by: ``"mamba2"`` (``"mamba2 beyond"``) reads ``"mamba2-style"``
+    (not Mamba2 itself)."""
+    return mixer.replace("mamba2", "mamba2-style")
 
 
 def reporter(tuning: list, records: list, path: str):
@@ -130,8 +137,12 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
         kda = (task, "kda", t)
         if mixer == "kda" or kda not in complete:
             continue
-        check_paired({f"{task} T={t} {m}": [r["training"]["seed"] for r in cells[(task, m, t)]]
-                      for m in ("kda", mixer)})
+        check_paired(
+            {
+                f"{task} T={t} {m}": [r["training"]["seed"] for r in cells[(task, m, t)]]
+                for m in ("kda", mixer)
+            }
+        )
         family[(task, t, mixer)] = acc[kda], acc[(task, mixer, t)]
         if mixer == "gdn":  # steps to solve: "<" is KDA faster
             steps = [[solve_step(r, solved) for r in cells[c]] for c in (kda, (task, mixer, t))]
@@ -140,14 +151,45 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
     return family
 
 
+def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
+    """What bounds the reading of a recorded sweep (``sweep_cells``'s ``cells``): ``palindrome``
+    the recurrent mixers' (kda, gdn, mamba2) test accuracies per (mixer, T) in multiples of
+    ``chance``, ``rising`` how many of those runs were still rising at the budget, ``tune``
+    stack/GDN's validation accuracy per rate on the tuning seed, ``margin`` the chosen rate's
+    lead over the next best, ``solve`` MQAR's steps to ``solved`` per mixer (kda, gdn) at the
+    longest length, a run that never got there counted as the budget ``max_steps``."""
+    setting, tuning = sweep["setting"], ("tune", "stack", "gdn")
+    pal = {c[1:]: cells[c] for c in cells if c[0] == "palindrome" and c[1] in MIXER_ORDER[:3]}
+    tune = {
+        r["training"]["learning_rate"]: record_scores(r)["validation"]["accuracy"]
+        for r in sweep["runs"]
+        if (r.get("phase"), r["task"], r["mixer"]) == tuning
+    }
+    longest = max(t for task, _, t in cells if task == "mqar")
+    solve = {
+        m: [solve_step(r, setting["solved"]) or setting["max_steps"] for r in cells[cell]]
+        for m, cell in (("kda", ("mqar", "kda", longest)), ("gdn", ("mqar", "gdn", longest)))
+    }
+    times = {k: np.array([record_scores(r)["test"]["accuracy"] for r in v]) / chance
+             for k, v in pal.items()}  # fmt: skip
+    return dict(
+        palindrome=times,
+        rising=sum(r["stop"] == "rising" for v in pal.values() for r in v),
+        tune=tune,
+        margin=tune[sweep["grids"]["stack/gdn"]["best"]] - sorted(tune.values())[-2],
+        solve=solve,
+    )
+
+
 def print_cells(cells: dict, complete: set, acc: dict) -> None:
-    """One line per recorded cell: mean test accuracy [min, max] over seeds, each run's stop,
-    INCOMPLETE where the cell is not complete, and for stack the accuracy beyond the conv
-    reach."""
+    """One line per recorded cell: mean test accuracy (4 decimals: 0.98975 is not 0.99) [min,
+    max] over seeds, each run's stop, INCOMPLETE where the cell is not complete, and for stack
+    the accuracy beyond the conv reach."""
     for (task, mixer, t), runs in sorted(cells.items()):
         a, beyond = acc[(task, mixer, t)], beyond_reach(runs)
         print(
-            f"{task:10s} T={t:<3d} {mixer:15s} {a.mean():.3f} [{a.min():.3f}, {a.max():.3f}] "
+            f"{task:10s} T={t:<3d} {label(mixer):15s} {a.mean():.4f} "
+            f"[{a.min():.3f}, {a.max():.3f}] "
             f"{[r['stop'] for r in runs]}{'' if (task, mixer, t) in complete else ' INCOMPLETE'}"
             + (f" beyond the conv reach {beyond.mean():.3f}" if beyond is not None else "")
         )
@@ -212,53 +254,62 @@ def _curves(runs, budget: int, every: int):
     )
 
 
-def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view):
-    """One mixer of :func:`plot_recorded` on one task: its accuracies against length on ``ax``,
-    its validation curve at the first length on ``ax_steps``."""
+def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view, score=None):
+    """One mixer of :func:`plot_recorded` on one task: its accuracies (``score(runs)``, else
+    the test accuracy) against length on ``ax``, nudged sideways per mixer so that lines at
+    the ceiling stay apart, its validation curve at the first length on ``ax_steps`` (None:
+    not drawn)."""
     cells, complete, acc, setting = sweep_view
-    color, label = COLORS[mixer], mixer
-
-    def cell_of(t):
-        return (task, mixer, t)
-
-    ts = [t for t in lens if cell_of(t) in cells]
-    a = [acc[cell_of(t)] for t in ts]
+    color, name = COLORS[mixer], label(mixer)
+    ts = [t for t in lens if (task, mixer, t) in cells]
+    a = [acc[(task, mixer, t)] if score is None else score(cells[(task, mixer, t)]) for t in ts]
     mean = np.array([x.mean() for x in a])
     spread = [mean - [x.min() for x in a], [x.max() for x in a] - mean]
-    ax.errorbar(ts, mean, yerr=spread, color=color, capsize=3, label=label)
-    fill = [color if cell_of(t) in complete else "white" for t in ts]
-    ax.scatter(ts, mean, edgecolors=color, zorder=3, color=fill)
-    if cell_of(lens[0]) in cells:
-        x, y = _curves(cells[cell_of(lens[0])], setting["max_steps"], setting["eval_every"])
-        style = "-" if cell_of(lens[0]) in complete else "--"
-        ax_steps.plot(x, y.mean(0), style, color=color, label=label)
-        ax_steps.fill_between(x, y.min(0), y.max(0), color=color, alpha=0.15)
+    x = np.array(ts) * 2 ** (0.03 * (MIXER_ORDER.index(mixer) - 2.5))
+    ax.errorbar(x, mean, yerr=spread, color=color, capsize=3, label=name)
+    fill = [color if (task, mixer, t) in complete else "white" for t in ts]
+    ax.scatter(x, mean, edgecolors=color, zorder=3, color=fill, marker=MARKERS[mixer])
+    if ax_steps is not None and (task, mixer, lens[0]) in cells:
+        steps, y = _curves(
+            cells[(task, mixer, lens[0])], setting["max_steps"], setting["eval_every"]
+        )
+        style = "-" if (task, mixer, lens[0]) in complete else "--"
+        ax_steps.plot(steps, y.mean(0), style, color=color, label=name, marker=MARKERS[mixer],
+                      markevery=4, markersize=4)  # fmt: skip
+        ax_steps.fill_between(steps, y.min(0), y.max(0), color=color, alpha=0.15)
 
 
 def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figure:
     """Top: mean test accuracy over seeds against length per task, bars from the lowest seed to
-    the highest, incomplete cells hollow. Bottom: validation accuracy against steps at each
-    task's first length (incomplete cells dashed). For a protocol-2 record (``sweep_cells``)."""
+    the highest, incomplete cells hollow, each mixer nudged sideways and marked; last, stack's
+    accuracy beyond the conv reach (the claims' endpoint). Bottom: validation accuracy against
+    steps at each task's first length (incomplete cells dashed), then the legend. For a
+    protocol-2 record (``sweep_cells``)."""
     tasks = list(dict.fromkeys(c[0] for c in cells))
     mixers = [m for m in MIXER_ORDER if any(c[1] == m for c in cells)]
-    fig, axes = plt.subplots(
-        2, len(tasks), figsize=(4.4 * len(tasks), 7.4), squeeze=False, layout="constrained"
-    )
-    for ax, ax_steps, task in zip(axes[0], axes[1], tasks, strict=True):
+    fig, axes = plt.subplots(2, len(tasks) + 1, figsize=(4 * len(tasks) + 4, 7.4), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    panels = [(t, None, f"{t}: accuracy vs length") for t in tasks]
+    if "stack" in tasks:
+        panels.append(("stack", beyond_reach, "stack, pops beyond the conv reach"))
+    for i, (task, score, title) in enumerate(panels):
+        ax, ax_steps = axes[0, i], axes[1, i] if score is None else None
         lens = sorted({c[2] for c in cells if c[0] == task})
         for mixer in mixers:
-            _draw_mixer(ax, ax_steps, task, mixer, lens, (cells, complete, acc, setting))
+            _draw_mixer(ax, ax_steps, task, mixer, lens, (cells, complete, acc, setting), score)
         ax.set_xscale("log", base=2)
         ax.set_xticks(lens, [str(t) for t in lens])
         ax.minorticks_off()
-        ax.set(ylim=(-0.02, 1.02), title=f"{task}: accuracy vs length", ylabel="test accuracy",
+        ax.set(ylim=(-0.02, 1.02), title=title, ylabel="test accuracy",
                xlabel="sequence length T (log scale)")  # fmt: skip
-        ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
-                     xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
-        for a in (ax, ax_steps):
-            a.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
-    axes[0, -1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8,
-                       title="hollow / dashed:\nincomplete", title_fontsize=7)  # fmt: skip
+        ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
+        if ax_steps is not None:
+            ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
+                         xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
+            ax_steps.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
+    axes[1, -1].axis("off")
+    axes[1, -1].legend(*axes[1, 0].get_legend_handles_labels(), loc="center", fontsize=9,
+                       title="hollow / dashed: incomplete", title_fontsize=8)  # fmt: skip
+    if len(panels) == len(tasks):
+        axes[0, -1].axis("off")
     return fig
-
-

@@ -50,20 +50,30 @@ def test_by_seed_pairs_models_and_refuses_unpaired_seeds():
         lm_protocol.by_seed(runs, lambda r: r["test"]["bpb"], ["kda", "attention"])
 
 
-def test_position_drop_compares_the_positions_just_past_early_with_the_last():
-    bits = np.arange(12.0)[::-1]  # 11, 10, ..., 0
-    run = dict(test=dict(bits_by_position=bits.tolist()))
-    # positions 4..7 hold 7..4 (mean 5.5); the last 4 hold 3..0 (mean 1.5)
-    assert lm_protocol.position_drop(run, early=4) == pytest.approx(4.0)
-    flat = dict(test=dict(bits_by_position=[2.0] * 12))
-    assert lm_protocol.position_drop(flat, early=4) == 0.0
-    with pytest.raises(ValueError, match="too short for early=5"):
-        lm_protocol.position_drop(run, early=5)
+def test_position_gap_is_the_mean_over_seeds_at_the_positions():
+    runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
+    runs["kda"] = [dict(r, test=dict(bits_by_position=[4.0 + r["seed"]] * 12)) for r in runs["kda"]]
+    # attention: the ramp 6 .. 3 (+ seed); kda: 4 (+ seed) everywhere
+    assert lm_protocol.position_gap(runs, "attention", "kda", slice(0, 1)) == pytest.approx(2.0)
+    assert lm_protocol.position_gap(runs, "attention", "kda", slice(None)) == pytest.approx(0.5)
+    assert lm_protocol.position_gap(runs, "kda", "kda", slice(3, 9)) == 0.0
 
 
 def test_the_figure_draws_every_model():
     runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
-    fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"], early=4)
+    fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"])
     left, right = fig.axes
     assert [line.get_label() for line in left.lines] == ["kda", "attention"]
-    assert len(right.lines) == 2
+    assert len(right.lines) == 2 and not right.patches  # no shaded positions
+
+
+def test_the_live_run_figures_draw_every_model():
+    rows = [dict(context=c, cache_bytes=b) for c, b in ((64, 1024), (512, 2048))]
+    fig = lm_protocol.plot_decode_cost({"kda": rows, "attention": rows})
+    assert [line.get_label() for line in fig.axes[0].lines] == ["kda", "attention"]
+    curve = dict(curve=dict(step=[1, 2], bpb=[5.0, 4.0]))
+    fig = lm_protocol.plot_live_and_recorded(
+        {"this run": {"kda": curve}, "recorded": {"kda": curve, "gdn": curve}}, baseline=5.5
+    )
+    assert [len(ax.lines) for ax in fig.axes] == [2, 3]  # models + the byte-frequency line
+    assert fig.axes[1].get_legend() is not None and fig.axes[0].get_title() == "this run"

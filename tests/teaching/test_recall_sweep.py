@@ -1,0 +1,66 @@
+"""kda_lib.teaching.recall_sweep: notebook 08's figure and the limits it reads from a record,
+on records built by hand (the recorded sweep itself: tests/teaching/test_notebook_claims.py)."""
+
+import matplotlib
+import numpy as np
+
+from kda_lib.teaching import recall_sweep as rs
+
+matplotlib.use("Agg")
+
+
+def _run(task, mixer, t, seed, acc, stop="flat", steps=(100, 200), curve=(0.5, 1.0), **extra):
+    test = dict(accuracy=acc) | extra
+    return dict(task=task, mixer=mixer, stop=stop, phase="seeds", test=test,
+                validation=dict(accuracy=acc), curve=dict(step=list(steps), accuracy=list(curve)),
+                training=dict(seed=seed, seq_len=t, learning_rate=0.01))  # fmt: skip
+
+
+def _sweep():
+    runs = []
+    for m in ("kda", "gdn", "mamba2"):
+        for t in (64, 128):
+            for s in (0, 1):
+                runs += [_run("palindrome", m, t, s, 0.2 + 0.1 * s, stop=("rising", "flat")[s])]
+                runs += [_run("stack", m, t, s, 0.9, beyond_reach_accuracy=0.5 + 0.1 * s)]
+            runs += [_run("mqar", m, t, s, 0.99, curve=(0.5, 0.995 if m == "gdn" or s else 0.9))
+                     for s in (0, 1)]  # fmt: skip
+    for lr, acc in ((0.001, 0.80), (0.003, 0.92), (0.01, 0.90)):
+        runs += [dict(_run("stack", "gdn", 64, 9, acc), phase="tune")]
+        runs[-1]["training"]["learning_rate"] = lr
+    grids = {f"{k}/{m}": dict(best=0.01, inside=True) for k in ("palindrome", "stack", "mqar")
+             for m in ("kda", "gdn", "mamba2")}  # fmt: skip
+    grids["stack/gdn"]["best"] = 0.003
+    setting = dict(solved=0.99, max_steps=2000, eval_every=100, tune_seed=9, protocol_version=2)
+    return dict(setting=setting, grids=grids, runs=runs)
+
+
+def test_recorded_limits_read_chance_multiples_rising_runs_rate_margin_and_steps():
+    sweep = _sweep()
+    sweep["grids"]["stack/gdn"]["best"] = 0.01  # every cell at 0.01 ...
+    cells, _, _ = rs.sweep_cells(sweep, min_seeds=2)
+    sweep["grids"]["stack/gdn"]["best"] = 0.003  # ... the tuning grid's winner: 0.003
+    lim = rs.recorded_limits(sweep, cells, chance=0.1)
+    np.testing.assert_allclose(lim["palindrome"][("kda", 64)], [2.0, 3.0])
+    assert set(lim["palindrome"]) == {(m, t) for m in ("kda", "gdn", "mamba2") for t in (64, 128)}
+    assert lim["rising"] == 6 and lim["tune"] == {0.001: 0.80, 0.003: 0.92, 0.01: 0.90}
+    assert round(lim["margin"], 6) == 0.02  # 0.92 - 0.90
+    assert lim["solve"] == {"kda": [2000, 200], "gdn": [200, 200]}  # unsolved: the budget
+
+
+def test_the_recorded_figure_has_a_beyond_reach_panel_and_mamba2_style_labels():
+    sweep = _sweep()
+    sweep["grids"]["stack/gdn"]["best"] = 0.01
+    cells, complete, acc = rs.sweep_cells(sweep, min_seeds=2)
+    chance = {"palindrome": 0.1, "stack": 0.1, "mqar": 0.1}
+    fig = rs.plot_recorded(cells, complete, acc, sweep["setting"], chance)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "stack, pops beyond the conv reach" in titles and len(fig.axes) == 8
+    beyond = fig.axes[titles.index("stack, pops beyond the conv reach")]
+    means = [round(float(c.lines[0].get_ydata()[0]), 3) for c in beyond.containers]
+    assert means == [0.55] * 3  # (0.5 + 0.6) / 2 per mixer at the first length
+    labels = fig.axes[-1].get_legend_handles_labels()[1] or [
+        t.get_text() for t in fig.axes[-1].get_legend().get_texts()
+    ]
+    assert labels == ["kda", "gdn", "mamba2-style"]
+    assert rs.label("mamba2 beyond") == "mamba2-style beyond" and rs.label("gdn") == "gdn"
