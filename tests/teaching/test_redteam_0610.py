@@ -594,3 +594,19 @@ def test_library_routes_in_other_threads_are_refused():
                     for how, attack in _in_threads(lib_then(_cases()[eid][0]), warm)
                     if not _refused(eid, attack, _cases()[eid][1])]
     assert not accepted, f"accepted: {accepted}"
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
+def test_07_2_caps_the_address_space_for_its_largest_draft():
+    """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
+    overcommits: inside the cap an allocation the machine grants (4 GiB, untouched) fails; the
+    limit is restored after."""
+    import resource
+
+    from kda_lib.teaching.exercises import ch07
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(MemoryError), ch07._address_space_capped(headroom=2**30):
+        np.empty(2**29)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert np.empty(2**29).nbytes == 2**32
