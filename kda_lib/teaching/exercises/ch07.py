@@ -209,7 +209,8 @@ def roll_back(answer, **_):
     """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
-    strengths ``beta [n]``; without a linear-algebra routine (inverse, solve) or kda_lib."""
+    strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
+    array or kda_lib."""
     rng = np.random.default_rng(72)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
