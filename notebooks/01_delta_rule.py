@@ -416,9 +416,9 @@ display(Markdown(
 #
 # ## Exercises
 #
-# Both want a **closed form** (NumPy float64, no jax), tried at counts of $10^9$ and past $2^{64}$
-# (Python ints): a loop over the writes does not finish, and repeated squaring (`matrix_power`, a
-# loop over the count's bits, even a fixed 64 of them) is refused: the checker counts its lines.
+# Both want a **closed form** (NumPy float64, no jax), tried at counts of $10^9$, past $2^{64}$
+# (Python ints) and at `math.inf` (the limit): a loop over the writes does not finish there, and
+# repeated squaring (`matrix_power`, a loop over the count's bits) has no infinite count.
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, `writes` times: decay the state by
 #    a scalar $\alpha$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with

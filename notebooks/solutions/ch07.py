@@ -29,7 +29,9 @@ def roll_back(state, k, v, g, beta, rejected):
         D S_(t-1) = S_t - b / (1 - b) k (v - S_t^T k)^T,
 
     the delta-rule write run backwards with learning rate -b / (1 - b); then divide row c by
-    e^(g_c). O(K V) per token, no K x K matrix. It fails at b = 1 (the old value under k is
+    e^(g_c). O(K V) per token, no K x K matrix. It is exact for b in (1, 2) too (1 - b < 0:
+    a negative eigenvalue along k), where the series I + b k k^T + (b k k^T)^2 + ... that an
+    iteration sums diverges. It fails at b = 1 (the old value under k is
     erased: nothing to undo from) and loses precision as b -> 1 or as decays get strong (the
     division by e^g amplifies rounding): why servers keep the state after each draft token
     instead (the notebook notes)."""

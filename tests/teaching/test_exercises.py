@@ -13,6 +13,7 @@ import pathlib
 
 import numpy as np
 import pytest
+from test_redteam import fold_loss  # 05's forward fold, the one copy
 
 from kda_lib.teaching import exercises
 
@@ -227,14 +228,7 @@ def _shortcut_05_1_jax_grad():
     import jax.numpy as jnp
 
     def by_grad(ms, hs):  # the whole gradient of sum_r <hs[r], S[r]> with every S[r] nudged
-        def loss(nudges):
-            total, s = 0.0, jnp.zeros(hs.shape[1:])
-            for r in range(len(ms)):
-                s = s + nudges[r]
-                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
-            return total
-
-        return jax.grad(loss)(jnp.zeros(hs.shape))
+        return jax.grad(lambda n: fold_loss(ms, None, hs, n, jnp))(jnp.zeros(hs.shape))
 
     return "05.1", by_grad, {}
 
@@ -245,13 +239,7 @@ def _shortcut_05_2_jax_vjp_jitted():
 
     @jax.jit
     def by_vjp(ms, es, hs):  # the forward fold's vjp, jitted (compiled before the checker runs)
-        def loss(ms, es):
-            total, s = 0.0, jnp.zeros(hs.shape[1:])
-            for r in range(len(ms)):
-                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
-            return total
-
-        return jax.vjp(loss, ms, es)[1](1.0)
+        return jax.vjp(functools.partial(fold_loss, hs=hs, xp=jnp), ms, es)[1](1.0)
 
     by_vjp(*(jnp.zeros((3, 4, k)) for k in (4, 3, 3)))  # compiled once beforehand
     return "05.2", by_vjp, {}
@@ -268,11 +256,7 @@ def test_05_the_checkers_references_equal_jax_grad_of_the_forward_fold():
     ms, es, hs = ch05._problem(np.random.default_rng(0), 5)
 
     def loss(ms, es, nudges):
-        total, s = 0.0, jnp.zeros(hs.shape[1:])
-        for r in range(len(ms)):
-            s = s + nudges[r]
-            total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
-        return total
+        return fold_loss(ms, es, hs, nudges, jnp)
 
     with jax.enable_x64(True):
         dms, des, gs = jax.grad(loss, argnums=(0, 1, 2))(ms, es, np.zeros_like(hs))

@@ -181,14 +181,19 @@ INDEX_LETTERS = "tshcije"  # NOTATION's running indices that are Latin letters
 
 def index_misuses(markdown: str) -> list[str]:
     """Math spans that give an index letter a second meaning: written bold (a vector, e.g. an
-    error vector named like the value-channel index) or set equal to a vector expression (e.g.
-    an overlap of keys named like the key-channel index)."""
+    error vector named like the value-channel index), set equal to a vector expression (e.g.
+    an overlap of keys named like the key-channel index), or a constant: a coefficient
+    (``c\\, \\omega^\\nu``) or a decimal (``c = 0.643``); t excepted there (the token index
+    also counts the tokens up to it, ``t\\, d_v``)."""
     out = []
     for span in math_spans(markdown):
         for letter in INDEX_LETTERS:
             bold = re.search(rf"\\(mathbf|boldsymbol)\s*\{{?\s*{letter}(?![A-Za-z])", span)
             value = re.search(rf"(?<![\\A-Za-z_^]){letter}\s*=([^,;}}]*)", span)
-            if bold or (value and re.search(r"\\(mathbf|boldsymbol)|\\top", value.group(1))):
+            constant = letter != "t" and re.search(
+                rf"(?<![\\A-Za-z_^{{]){letter}\s*(\\,|=\s*-?\d*\.\d)", span)
+            if bold or constant or (
+                    value and re.search(r"\\(mathbf|boldsymbol)|\\top", value.group(1))):
                 out.append(f"{letter}: {span.strip()[:60]}")
     return out
 
@@ -199,6 +204,8 @@ def test_the_index_check_finds_a_second_meaning():
     assert index_misuses(r"errors $\mathbf e_j = S^\top \mathbf k_j$")
     assert not index_misuses(r"$t = 1, \dots, C$, $S_{ce}$, $e^{\mathbf g_t}$, $\mathbf k_t$")
     assert not index_misuses(r"$\sum_{j=0}^{w-1} \boldsymbol\kappa_j$")
+    assert index_misuses(r"$\phi(\nu) = c\, \omega^\nu$") and index_misuses(r"$c = 0.643$")
+    assert not index_misuses(r"$\mathbb E \lVert S_t \rVert_F^2 = t\, d_v$, $S_{ce}\,$")
 
 
 # known second meanings, to be renamed: notebook 09 writes MLA's cached latent as DeepSeek's
@@ -211,3 +218,11 @@ def test_an_index_letter_keeps_its_one_meaning(path):
     allowed = INDEX_EXCEPTIONS.get(path.stem, set())
     misuses = [m for m in index_misuses(markdown_of(path)) if m[0] not in allowed]
     assert not misuses, f"{path.name}: index letters used as something else: {misuses}"
+
+
+@pytest.mark.parametrize("doc", ["NOTATION.md", "NOTEBOOK_NOTES.md"])
+def test_the_docs_keep_the_index_letters_too(doc):
+    """NOTATION's own rows and the notebook notes (teacher re-read: NOTATION wrote notebook
+    08's filter as c times a power, c the key-channel index)."""
+    misuses = index_misuses((ROOT / "docs" / doc).read_text())
+    assert not misuses, f"{doc}: index letters used as something else: {misuses}"

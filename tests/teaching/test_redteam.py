@@ -19,6 +19,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import itertools
 import pathlib
 import pkgutil
 
@@ -212,6 +213,17 @@ def test_the_other_exercises_solutions_are_refused(exercise_id):
     assert not accepted, f"{exercise_id} accepted other exercises' solutions: {accepted}"
 
 
+def fold_loss(ms, es, hs, nudges=None, xp=np):
+    """05's loss sum_r <hs[r], S[r]> through the forward fold S[r + 1] = ms[r] S[r] + es[r]
+    (``es`` None: no drive) from S[0] = 0, each state S[r] nudged by ``nudges[r]`` as it enters
+    (None: not nudged); ``xp`` numpy, or jax.numpy to differentiate it."""
+    total, s = 0.0, xp.zeros(hs.shape[1:])
+    for r in range(len(ms)):
+        s = s if nudges is None else s + nudges[r]
+        total, s = total + xp.sum(hs[r] * s), ms[r] @ s + (0 if es is None else es[r])
+    return total
+
+
 # ------------------------------------------------------------------ routes through other threads
 def _in_threads(fn, warm):
     """``fn`` run in a new thread pool, in a plain thread, and in a pool started before the call
@@ -318,14 +330,7 @@ def _rule_breakers():
     import jax.numpy as jnp
 
     def grads_by_autodiff(ms, hs):  # 05.1 right, but jax.grad derives it
-        def loss(nudges):
-            total, s = 0.0, jnp.zeros(hs.shape[1:])
-            for r in range(len(ms)):
-                s = s + nudges[r]
-                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
-            return total
-
-        return jax.grad(loss)(jnp.zeros(hs.shape))
+        return jax.grad(lambda n: fold_loss(ms, None, hs, n, jnp))(jnp.zeros(hs.shape))
 
     def grads_by_linear_transpose(ms, hs):  # 05.1: the forward fold's transpose, by jax
         def fold(nudges):
@@ -346,12 +351,7 @@ def _rule_breakers():
         return np.stack(gs)
 
     def cotangents_by_vjp(ms, es, hs):  # 05.2 right, but jax.vjp derives it
-        def loss(ms, es):
-            total, s = 0.0, jnp.zeros(hs.shape[1:])
-            for r in range(len(ms)):
-                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s + es[r]
-            return total
-
+        loss = functools.partial(fold_loss, hs=hs, xp=jnp)
         return jax.vjp(loss, jnp.asarray(ms), jnp.asarray(es))[1](1.0)
 
     def cotangents_own_gradient(ms, es, hs):  # 05.2 with des[r] = gs[r], not gs[r + 1]
@@ -428,23 +428,33 @@ def _rule_breakers():
                                  bits, (mu * mu, 1.0))[1]
         return power * mu * (np.asarray(v2) - mu * np.asarray(v1))
 
-    def fold_loss(ms, es, hs, nudges):  # 05: the forward fold, each entering state nudged
-        total, s = 0.0, np.zeros(hs.shape[1:])
-        for r in range(len(ms)):
-            s = s + nudges[r]
-            total, s = total + np.sum(hs[r] * s), ms[r] @ s + es[r]
-        return total
+    # teacher re-read 2026-12-04: 128 squarings in C calls (accumulate, compress), and a loop
+    # compiled under numpy's filename (its lines count as library lines): refused at math.inf
+    def fraction_c_squarings(beta, alpha, writes):  # 01.1, the 2 x 2 affine map
+        bits = map("1".__eq__, format(int(writes), "0128b")[::-1])
+        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
+        powers = itertools.accumulate(itertools.repeat(2, 127), np.linalg.matrix_power,
+                                      initial=step)
+        return functools.reduce(np.matmul, itertools.compress(powers, bits), np.eye(2))[0, 1]
+
+    def sweeps_c_squarings(mu, v1, v2, sweeps):  # 01.2, mu^2 squared in C calls
+        bits = map("1".__eq__, format(int(sweeps) - 1, "0128b")[::-1])
+        powers = itertools.accumulate(itertools.repeat(2, 127), pow, initial=mu * mu)
+        power = functools.reduce(float.__mul__, itertools.compress(powers, bits), 1.0)
+        return power * mu * (np.asarray(v2) - mu * np.asarray(v1))
+
+    as_numpy = {"np": np}
+    exec(compile(  # noqa: S102 - the attack itself
+        "def fraction(beta, alpha, writes):\n"
+        "    step, out = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]]), np.eye(2)\n"
+        "    for bit in format(int(writes), '0128b')[::-1]:\n"
+        "        out, step = (out @ step if bit == '1' else out), step @ step\n"
+        "    return out[0, 1]\n", np.__file__, "exec"), as_numpy)
 
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
 
-        def loss(nudges):
-            total, s = 0.0, jnp.zeros(hs.shape[1:])
-            for r in range(len(ms)):
-                s = s + nudges[r]
-                total, s = total + jnp.sum(hs[r] * s), ms[r] @ s
-            return total
-
+        loss = functools.partial(fold_loss, ms, None, hs, xp=jnp)
         out, zeros = np.zeros(hs.shape), jnp.zeros(hs.shape)
         for i in np.ndindex(hs.shape):
             out[i] = jet.jet(loss, (zeros,), ((zeros.at[i].set(1.0),),))[1][0]
@@ -481,6 +491,9 @@ def _rule_breakers():
         ("01.1", fraction_unpacked_squarings),
         ("01.1", fraction_clipped_squarings),
         ("01.2", sweeps_unpacked_squarings),
+        ("01.1", fraction_c_squarings),
+        ("01.1", as_numpy["fraction"]),
+        ("01.2", sweeps_c_squarings),
         ("05.1", grads_by_jet),
         ("05.1", grads_by_differences),
         ("05.2", cotangents_by_differences),

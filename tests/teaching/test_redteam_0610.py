@@ -263,6 +263,27 @@ def _rule_breakers():
             state = x
         return state
 
+    def richardson_to_tolerance(state, k, v, g, beta, rejected):  # x <- b + beta k k^T x
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            b = x = state - beta[t] * np.outer(k[t], v[t])
+            for _ in range(10**5):  # until converged (or overflowed)
+                x, last = b + beta[t] * np.outer(k[t], k[t] @ x), x
+                if not np.isfinite(x).all() or np.abs(x - last).max() <= 1e-13 * np.abs(x).max():
+                    break
+            state = np.exp(-g[t])[:, None] * x
+        return state
+
+    def dense_closed_form(xp):  # 07.2 right, through the d_k x d_k inverse I + b/(1-b) k k^T
+        def roll_back(state, k, v, g, beta, rejected):
+            for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+                k_t = xp.asarray(k[t])
+                inv = xp.eye(len(k_t)) + beta[t] / (1 - beta[t]) * xp.outer(k_t, k_t)
+                state = xp.exp(-xp.asarray(g[t]))[:, None] * (
+                    inv @ (state - beta[t] * xp.outer(k_t, xp.asarray(v[t]))))
+            return state
+
+        return roll_back
+
     return [
         ("06.1", "entropy in bits", lambda p: (
             s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
@@ -309,6 +330,10 @@ def _rule_breakers():
         ("07.2", "Gauss-Jordan by hand, per token", per_token(gauss_jordan)),
         ("07.2", "200 rounds of Richardson iteration, per token", per_token(richardson)),
         ("07.2", "200 rounds of Richardson, M_t applied in O(d_k d_v)", richardson_structured),
+        ("07.2", "Richardson run to tolerance (teacher re-read 2026-12-04)",
+         richardson_to_tolerance),
+        ("07.2", "the closed form as a dense d_k x d_k matrix (numpy)", dense_closed_form(np)),
+        ("07.2", "the closed form as a dense d_k x d_k matrix (jnp)", dense_closed_form(jnp)),
         ("07.2", "the draft's state kept (nothing undone)", lambda s, *a: s),
         ("07.2", "beta, not beta / (1 - beta)", functools.partial(undo, rate=lambda b: b)),
         ("07.2", "the decay not undone", functools.partial(undo, decay=False)),
@@ -551,11 +576,11 @@ def test_correct_answers_written_differently_pass():
 
 
 def test_library_routes_in_other_threads_are_refused():
-    from test_redteam import _hooks_dodged
-
-    """A library call made in a new pool, a plain thread or a pool started before the call."""
+    """A library call made in a new pool, a plain thread, a pool started before the call, or
+    past the profile hook (test_redteam's routes)."""
     import concurrent.futures
-    import threading
+
+    from test_redteam import _in_threads
 
     def lib_then(fn):
         def wrapped(*args):
@@ -563,25 +588,25 @@ def test_library_routes_in_other_threads_are_refused():
             return fn(*args)
         return wrapped
 
-    def plain_thread(fn):
-        def run(*args):
-            out = []
-            worker = threading.Thread(target=lambda: out.append(fn(*args)))
-            worker.start()
-            worker.join()
-            return out[0]
-        return run
-
     with concurrent.futures.ThreadPoolExecutor(1) as warm:
         warm.submit(int).result()  # its worker thread runs before the checker's call
-        routes = {
-            "new pool": lambda fn: lambda *a: concurrent.futures.ThreadPoolExecutor(1)
-            .submit(fn, *a).result(),
-            "plain thread": plain_thread,
-            "warm pool": lambda fn: lambda *a: warm.submit(fn, *a).result(),
-            **{how: (lambda fn, i=i: _hooks_dodged(fn)[i][1])
-               for i, (how, _) in enumerate(_hooks_dodged(int))},
-        }
-        accepted = [(eid, how) for eid in ("06.1", "07.3") for how, route in routes.items()
-                    if not _refused(eid, route(lib_then(_cases()[eid][0])), _cases()[eid][1])]
+        accepted = [(eid, how) for eid in ("06.1", "07.3")
+                    for how, attack in _in_threads(lib_then(_cases()[eid][0]), warm)
+                    if not _refused(eid, attack, _cases()[eid][1])]
     assert not accepted, f"accepted: {accepted}"
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
+def test_07_2_caps_the_address_space_for_its_largest_draft():
+    """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
+    overcommits: inside the cap an allocation the machine grants (4 GiB, untouched) fails; the
+    limit is restored after."""
+    import resource
+
+    from kda_lib.teaching.exercises import ch07
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(MemoryError), ch07._address_space_capped(headroom=2**30):
+        np.empty(2**29)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert np.empty(2**29).nbytes == 2**32

@@ -18,12 +18,16 @@ is a :class:`Count`, an ``int`` that refuses to be taken apart bit by bit (``&``
 ``//``, ``divmod``, ``bit_length``); the Python lines the answer runs (library code included)
 must not grow from a count of 1025 to 2^40 - 1, nor exceed ``_OWN_LINES_MAX`` in the answer's
 own code (a loop of fixed length over the count's bits); and no jax code may run (the exercise
-asks for NumPy float64).
+asks for NumPy float64). Call rules can be dodged (C calls such as ``itertools.accumulate``
+over ``matrix_power``, code compiled under a library's filename), so the last trial of each
+exercise asks for a value only the closed form gives: the limit, a count of ``math.inf``, which
+a power of a matrix or a loop over the count's bits has no way to take.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -125,6 +129,9 @@ _PAST_64_BITS = ("{} at {} = {} (a Python int past 64 bits): a closed form (** o
                  "holds at every count; a loop over a fixed number of the count's bits "
                  "does not. Derive the formula")
 _LABELS = {2**100: "2^100", 10**30: "10^30"}
+_LIMIT = ("{} at {} = math.inf, the limit after infinitely many: the closed form has a value "
+          "there (x**inf = 0 for |x| < 1); repeated squaring, or a loop over the count's "
+          "bits, has no infinite count. Derive the formula")
 
 
 @machinery
@@ -211,7 +218,7 @@ _FLOAT32 = ("wrong {} in {}: {} is below float32's resolution (1 - 1e-9 rounds t
 # past 2^64 (the limit beta / (1 - r), in float64)
 _WRITES = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
            (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
-           (1e-9, 1.0, 2**100))
+           (1e-9, 1.0, 2**100), (0.2, 0.95, math.inf))
 
 
 @checker("01.1")
@@ -230,7 +237,8 @@ def gated_partial_writes(answer, **_):
         if tiny and (hint or abs(float(got) - want) > 1e-6 * abs(want)):
             return _FLOAT32.format(where, np.asarray(got).dtype, f"beta = {beta}")
         if writes >= _HUGE and (hint or abs(float(got) - want) > 1e-6 * abs(want)):
-            return _PAST_64_BITS.format("failed" if hint else "wrong", "writes", _LABELS[writes])
+            return (_LIMIT if writes == math.inf else _PAST_64_BITS).format(
+                "failed" if hint else "wrong", "writes", _LABELS.get(writes))
         if hint:
             return hint
         if abs(float(got) - want) > 1e-6 * abs(want):
@@ -243,7 +251,8 @@ def gated_partial_writes(answer, **_):
 
 
 _SWEEPS = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
-           (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2))  # the last: 0 (limit)
+           (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2),
+           (-0.8, math.inf, 2))  # the last two: 0 (the limit)
 
 
 _NAME_2 = "first_pair_error(mu, v1, v2, sweeps)"
@@ -264,7 +273,8 @@ def two_key_sweeps(answer, **_):
             got, shape=(V,), inputs=(v1, v2), what="the error",
             allow_zeros=mu == 0.0 or (sweeps >= _HUGE and abs(mu) < 1))
         if hint and not tiny and sweeps >= _HUGE:
-            return _PAST_64_BITS.format("failed", "sweeps", _LABELS[sweeps])
+            return (_LIMIT if sweeps == math.inf else _PAST_64_BITS).format(
+                "failed", "sweeps", _LABELS.get(sweeps))
         if hint and not tiny:
             return hint
         keys = np.array([[1.0, 0.0], [mu, np.sqrt(1 - mu * mu)]])
@@ -286,7 +296,8 @@ def two_key_sweeps(answer, **_):
                 return _FLOAT32.format(f"at mu = {mu}, sweeps = {sweeps}", np.asarray(got).dtype,
                                        "1 - mu = 1e-9")
             if sweeps >= _HUGE:
-                return _PAST_64_BITS.format("wrong", "sweeps", _LABELS[sweeps])
+                return (_LIMIT if sweeps == math.inf else _PAST_64_BITS).format(
+                    "wrong", "sweeps", _LABELS.get(sweeps))
             return (
                 f"wrong at mu = {mu}, sweeps = {sweeps}: follow both errors through one sweep "
                 "with section 3's disturbance formula; how does pair 1's error change per sweep?"

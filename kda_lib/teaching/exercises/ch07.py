@@ -4,10 +4,13 @@ rejected draft tokens, the crossover with everything counted).
 07.2 refuses linear-algebra routines three ways: Python frames of ``numpy.linalg``, ``scipy``'s
 ``linalg`` and ``sparse`` and jax's linalg (``np.linalg.norm`` excepted); C routines an answer
 names or holds (``np.linalg._umath_linalg``'s ufuncs, ``scipy.linalg.lapack``'s wrappers, which
-run no Python frame); and, for any route left (a Gauss-Jordan or Richardson iteration by hand),
-a last draft of ``d_k = 6144`` within ``TIME_LIMIT_S``: one d_k x d_k solve a token takes
-seconds there, the closed-form rollback (O(d_k d_v) a token) milliseconds; some of its tokens
-have beta = 0.99, where a fixed number of iteration rounds falls short of the tolerance.
+run no Python frame); and, for any route left, by value and by memory, not by speed: some
+draft tokens have beta in (1, 2) (a negative eigenvalue 1 - beta along k), where an iteration
+by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form holds,
+and the last draft has ``d_k = 999,999``, where any d_k x d_k array (4 TB in float32: a dense
+inverse, a solve or Gauss-Jordan by hand) cannot be allocated, with the process's address space
+capped (Linux) so that holds where the kernel overcommits memory too. The closed-form rollback
+needs O(d_k d_v) memory and time a token; ``HANG_S`` only stops an answer that never returns.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import sys
 import time
 
@@ -70,9 +74,34 @@ _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.lin
 # names of C linear-algebra routes (no Python frame): numpy's private gufuncs, LAPACK wrappers
 _C_ROUTES = ("_umath_linalg", "lapack", "get_lapack_funcs", "_flapack", "dgesv", "sgesv",
              "dgetrf", "dgetri", "dposv", "spsolve", "splu")
-TIME_LIMIT_S = 5.0
+HANG_S = 60.0  # the closed form takes milliseconds at the largest d_k
 _SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
-         "a token; a d_k x d_k solve or inverse per token (by any route) is O(d_k^3)")
+         "a token; is yours O(d_k^2)?")
+_DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k array takes {:.0f} TB "
+          "there. Undo each token in O(d_k d_v) memory, no d_k x d_k matrix")
+_HEADROOM = 2**35  # bytes of address space an answer may add at the largest d_k (32 GiB)
+
+
+@contextlib.contextmanager
+def _address_space_capped(headroom: int = _HEADROOM):
+    """Cap this process's address space at its present size plus ``headroom`` while the block
+    runs (Linux; elsewhere nothing), so a d_k x d_k allocation fails even where the kernel
+    overcommits memory; the previous limit is restored."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    cap = min(x for x in (size + headroom, soft, hard) if x != resource.RLIM_INFINITY)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _c_routines() -> set[int]:
@@ -125,12 +154,12 @@ _INVERSE_HINT = (
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
     """A head's state before a draft and the draft's unit keys, values, log decays and write
     strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned;
-    for d_k > 16 every third beta is 0.99)."""
+    for d_k >= 8 every third beta is in [1.2, 1.8]: 1 - beta < 0 along k)."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     beta = rng.uniform(0.1, 0.6, tokens)
-    if key_dim > 16:
-        beta[::3] = 0.99
+    if key_dim >= 8:
+        beta[::3] = rng.uniform(1.2, 1.8, len(beta[::3]))
     return (rng.standard_normal((key_dim, value_dim)), k,
             rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
             beta)
@@ -146,26 +175,32 @@ def draft_states(state, k, v, g, beta):
     return np.stack(out)
 
 
-# K, V, n, rejected; the last: a d_k where a dense solve per token is too slow
-_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1), (6144, 2, 12, 10))
+# K, V, n, rejected; the last: an odd d_k (XLA handles its square's size cleanly) at which a
+# d_k x d_k float32 array is 4 TB
+_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1), (999_999, 2, 3, 2))
+_BIG = _DRAFTS[-1][0]
 
 
 def _roll_back_call(answer, *args):
     """``(got, hint)`` of ``answer(*args)``: its own work (no kda_lib, no linear-algebra
-    routine) within ``TIME_LIMIT_S``."""
+    routine, no d_k x d_k array at the largest d_k) within ``HANG_S``."""
     if _names_c_route(answer):
         return None, _INVERSE_HINT
     start, key_dim = time.monotonic(), np.shape(args[0])[0]
+    capped = _address_space_capped() if key_dim == _BIG else contextlib.nullcontext()
     try:
-        with _time_limit(TIME_LIMIT_S), modules_entered(_INVERSES, allowed=("norm",)) as inverses:
+        with (_time_limit(HANG_S), capped,
+              modules_entered(_INVERSES, allowed=("norm",)) as inverses):
             got, hint = call_own_work(answer, *args,
                                       name="roll_back(state, k, v, g, beta, rejected)")
     except _TooSlow:
-        return None, _SLOW.format(TIME_LIMIT_S, key_dim)
+        return None, _SLOW.format(HANG_S, key_dim)
     if inverses:
         return None, _INVERSE_HINT
-    if hint is None and time.monotonic() - start > TIME_LIMIT_S:
-        return None, _SLOW.format(TIME_LIMIT_S, key_dim)
+    if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
+        return None, _DENSE.format(key_dim, 4 * key_dim**2 / 1e12)
+    if hint is None and time.monotonic() - start > HANG_S:
+        return None, _SLOW.format(HANG_S, key_dim)
     return got, hint
 
 
@@ -174,7 +209,8 @@ def roll_back(answer, **_):
     """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
-    strengths ``beta [n]``; without a linear-algebra routine (inverse, solve) or kda_lib."""
+    strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
+    array or kda_lib."""
     rng = np.random.default_rng(72)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
@@ -193,8 +229,9 @@ def roll_back(answer, **_):
             if 0 <= n <= tokens and np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(
                     states[n]):
                 return f"off by one token {where}: undo exactly the last `rejected` tokens"
-        return (f"wrong {where}: write S_(t-1) from S_t = M_t S_(t-1) + E_t; what undoes "
-                "I - beta k k^T for a unit k?")
+        above = " (some beta > 1 here: a series in beta k k^T diverges)" if max(beta) > 1 else ""
+        return (f"wrong {where}{above}: write S_(t-1) from S_t = M_t S_(t-1) + E_t; what "
+                "undoes I - beta k k^T exactly, for a unit k?")
     return None
 
 
