@@ -101,7 +101,6 @@ LONG_TESTS = (
     "test_papermill_injects_parameters",
     "test_answers_that_break_the_stated_rule_are_refused",  # 13-32 s
     "test_context_parallel_layer_across_two_processes",  # 20-23 s
-    "test_routes_through_kda_lib_are_refused",
     "test_rule_breakers_are_refused",  # 13 s
     "test_index_lists_the_notebooks_in_order_with_a_line_and_a_thumbnail",  # builds the site
 )
