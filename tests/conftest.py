@@ -90,21 +90,25 @@ def _jax_settings_unchanged(request):
         pytest.fail(f"{request.node.nodeid} left jax settings changed (before, after): {changed}")
 
 
-# the two training notebooks: the longest tests, handed out first
-LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model")
+# the three training notebooks: the longest tests (45-60 s each), handed out first
+LONGEST_NOTEBOOKS = ("synthetic_recall", "hybrid_language_model", "training_delayed_copy")
 
-# tests of a minute or more besides the notebooks: started early as well
+# the other tests of 10 s or more collected in the last quarter (tests/parallel, teaching), or
+# of a minute or more anywhere (profile of the suite under `pytest -n 2`): started early as well
 LONG_TESTS = (
     "test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebook_00",
     "test_papermill_injects_parameters",
+    "test_answers_that_break_the_stated_rule_are_refused",  # 13-32 s
+    "test_context_parallel_layer_across_two_processes",  # 20-23 s
+    "test_rule_breakers_are_refused",  # 13 s
+    "test_index_lists_the_notebooks_in_order_with_a_line_and_a_thumbnail",  # builds the site
 )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Start the notebook executions and the other long tests first, the two training
-    notebooks (the longest tests, 80-90 s each in CI) at the very front: `pytest -n 2` hands
-    tests out in collection order, so a long test collected last would run alone at the end
-    while the other worker idles."""
+    """Start the notebook executions and the other long tests first, the training notebooks
+    (the longest tests) at the very front: `pytest -n 2` hands tests out in collection order,
+    so a long test collected last would run alone at the end while the other worker idles."""
 
     def rank(item):
         if item.originalname == "test_notebook_executes":
