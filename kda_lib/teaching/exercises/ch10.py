@@ -33,6 +33,22 @@ def _is_int(answer) -> bool:
     return isinstance(value, int)
 
 
+def _first_miss(answer, trials, name, count):
+    """Runs ``answer`` on every trial: ``(hint, None)`` at the first one it calls kda_lib, raises
+    or is not one whole number of tokens; ``(None, (args, got, count(*args)))`` at the first
+    wrong count; ``(None, None)`` when all are right."""
+    for args in trials:
+        got, hint = call_own_work(answer, *args, name=name)
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
+        if not hint and not _is_int(got):
+            hint = "answer with a whole number of tokens"
+        if hint:
+            return hint, None
+        if int(got) != count(*args):
+            return None, (args, int(got), count(*args))
+    return None, None
+
+
 def _drawn(rng, *, params: bool = False) -> tuple:
     """A model drawn at check time (so a table of the fixed trials fails): heads, head_dim,
     conv_size, latent, and with ``params`` the KDA and MLA layers' parameter counts."""
@@ -147,24 +163,17 @@ def ring_crossover(answer, *, preset: str, ranks: int):
     trials = [(r, *shape) for r in (ranks, 2, 64)]
     trials += [(r, *m[2:]) for m in _OWN_MODELS for r in (3, 16)]
     trials.append((int(rng.integers(2, 129)), *_drawn(rng)))
-    for args in trials:
-        got, hint = call_own_work(answer, *args, name="ring_crossover(ranks, ...)")
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
-        if hint:
-            return hint
-        if not _is_int(got):
-            return "answer with a whole number of tokens"
-        want = _ring(*args)
-        if int(got) == want:
-            continue
-        if int(got) == want - 1:
-            return f"at {args[0]} ranks your T is one short: ring attention must move more"
-        return (
-            f"at {args[0]} ranks your T is {'above' if got > want else 'below'} the crossing: "
-            "the summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); "
-            "each rank receives (R - 1)/R of the latents"
-        )
-    return None
+    hint, miss = _first_miss(answer, trials, "ring_crossover(ranks, ...)", _ring)
+    if hint or miss is None:
+        return hint
+    (ranks, *_), got, want = miss
+    if got == want - 1:
+        return f"at {ranks} ranks your T is one short: ring attention must move more"
+    return (
+        f"at {ranks} ranks your T is {'above' if got > want else 'below'} the crossing: the "
+        "summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); each rank "
+        "receives (R - 1)/R of the latents"
+    )
 
 
 def _crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int:
@@ -201,19 +210,12 @@ def decode_crossover(answer, *, preset: str):
     trials += [(b, *layer) for layer in _OWN_LAYERS for b in (1, 7)]
     rng = np.random.default_rng()
     trials.append((int(rng.integers(1, 300)), *_drawn(rng, params=True)))
-    for args in trials:
-        got, hint = call_own_work(answer, *args, name="decode_crossover(batch, ...)")
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
-        if hint:
-            return hint
-        if not _is_int(got):
-            return "answer with a whole number of tokens"
-        want = _crossover(*args)
-        if int(got) == want:
-            continue
-        return (
-            f"at batch {args[0]} your T is {'above' if got > want else 'below'} the crossover: "
-            "per step the weights are read once (shared by the batch), the KDA state read and "
-            "written for every sequence, the latents read for every sequence"
-        )
-    return None
+    hint, miss = _first_miss(answer, trials, "decode_crossover(batch, ...)", _crossover)
+    if hint or miss is None:
+        return hint
+    (batch, *_), got, want = miss
+    return (
+        f"at batch {batch} your T is {'above' if got > want else 'below'} the crossover: "
+        "per step the weights are read once (shared by the batch), the KDA state read and "
+        "written for every sequence, the latents read for every sequence"
+    )
