@@ -522,9 +522,8 @@ def _alternatives():
          dict(preset=kimi, ranks=8)),
         ("10.3", "a 0-d numpy array out", lambda *a: np.asarray(s10.decode_crossover(*a)),
          dict(preset=kimi)),
-        ("10.3", "a float32 jnp.ceil", lambda b, h, d, w, lat, kp, mp: jnp.maximum(1, jnp.ceil(
-            (2 * kp + b * 2 * s10.kda_layer_bytes(h, d, w) - 2 * mp) / jnp.float32(b * 2 * lat))),
-         dict(preset=kimi)),
+        ("10.3", "a float32 jnp.ceil of the count", lambda *a: jnp.ceil(
+            jnp.float32(s10.decode_crossover(*a) - 0.5)), dict(preset=kimi)),
         ("06.2", "a set of positions", lambda *a: set(_solutions("06").seen_positions(*a)), {}),
         ("06.3", "a set of positions", lambda *a: set(_solutions("06").lost_positions(*a)), {}),
         ("10.3", "numpy int64 out", lambda *a: np.int64(s10.decode_crossover(*a)),

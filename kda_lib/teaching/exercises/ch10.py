@@ -110,7 +110,8 @@ def cache_reduction(answer, *, preset: str, context: int):
     trials = [(c, *layers, *shape.values()) for c in (context, 1, 1000, 2**20)]
     trials += [(c, *m) for m in _OWN_MODELS for c in (64, 50_000)]
     rng = np.random.default_rng()
-    trials.append((int(rng.integers(2, 10**6)), *(int(n) for n in rng.integers(1, 9, 2)),
+    kda_layers = int(rng.integers(2, 9))  # a hybrid: at least as many KDA as global layers
+    trials.append((int(rng.integers(2, 10**6)), kda_layers, int(rng.integers(1, kda_layers + 1)),
                    *_drawn(rng)))
     for args in trials:
         got, hint = call_own_work(answer, *args, name="cache_reduction(context, ...)")
