@@ -41,7 +41,7 @@ check_latent: int = 128  # MLA latent d_c of the scaled-down MLA layer
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
 check_seq_len: int = 64  # prefill length of the check: one chunk, so XLA counts it exactly
 check_context: int = 256  # cache slots of the decode steps checked
-check_compile: bool = False  # XLA's count of the compiled programs (slower) or the lowered ones
+check_compile: bool = False  # compile the checked programs (slower) or only lower them
 decode_batches: list = [1, 16, 256]  # sequences decoded together in the decode-time model
 reported_active_params: float = 3e9  # Kimi-Linear-48B-A3B: the paper reports 3B activated ...
 reported_total_params: float = 48e9  # ... of 48B parameters
@@ -162,31 +162,20 @@ print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
 #
 # We scale Kimi Linear's layers down (`kda_lib.lab.at_scale.scaled_down`: width `check_hidden`,
 # `check_heads` heads of `check_head_dim`) and build the real programs: KDA's chunked prefill of
-# one chunk (XLA counts a loop's body once) and recurrent decode step, MLA's prefill and absorbed
-# decode step, and MHA. The formulas' test: the matrix products traced in each (`kda_lib.lab.
-# costs.matmul_flops`) equal the formula's. XLA's cost analysis (elementwise work included) may
-# exceed them by at most `xla_band`, the largest XLA / formula ratio at the defaults (the KDA
-# decode step's, printed) rounded up: a regression guard for this JAX version's lowered programs.
-# Bytes get only a lower bound: XLA's decode bytes must be at least the formula's (printed).
+# one chunk (a loop's body is counted once) and recurrent decode step, MLA's prefill and
+# absorbed decode step, and MHA. The formulas' test: the matrix products traced in each
+# (`kda_lib.lab.costs.matmul_flops`) equal the formula's. (XLA's own counts add elementwise
+# work on top; the guards on them are tests, `tests/lab/test_at_scale.py`.)
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
                           rank=check_head_dim, kv_lora_rank=check_latent,
                           shared_key_dim=check_shared_key)
 checks = at_scale.program_costs(small, check_seq_len, check_context, compile=check_compile)
-xla_band = 1.05  # the largest excess at the defaults (KDA decode step, 4.9%), rounded up
-print(f"{'program':16s} {'traced / formula':>17s} {'XLA / formula':>14s} "
-      f"{'bytes XLA / formula':>20s}")
+print(f"{'program':16s} {'traced matmul flops':>20s} {'formula':>14s}")
 for name, row in checks.items():
-    exact = row["traced_matmul"] / row["formula_matmul"]
-    ratio = row["xla_flops"] / row["formula_flops"]
-    hbm = "" if row["formula_bytes"] is None else f"{row['xla_bytes'] / row['formula_bytes']:.2f}"
-    print(f"{name:16s} {exact:17.6f} {ratio:14.3f} {hbm:>20s}")
+    print(f"{name:16s} {row['traced_matmul']:20,.0f} {row['formula_matmul']:14,.0f}")
     assert row["traced_matmul"] == row["formula_matmul"], name
-    assert 1.0 <= ratio <= xla_band, (name, ratio)
-    assert row["formula_bytes"] is None or row["xla_bytes"] >= row["formula_bytes"], name
-worst = max(checks, key=lambda n: checks[n]["xla_flops"] / checks[n]["formula_flops"])
-print(f"largest XLA / formula: {worst} (the table's column), within xla_band = {xla_band}")
 
 # %% [markdown]
 # ## 4. Memory: the KDA state against the KV caches
@@ -222,19 +211,20 @@ assert below[0] > below[1] and at_scale.model_cache_bytes(kimi, first_mla) <= (
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * contexts[-1], 80)
-per_token = {"MLA": at_scale.mla_cache_numbers(kimi), f"GQA, G = {gqa_kv_heads}":
+per_token = {"MLA": at_scale.mla_cache_numbers(kimi), f"GQA (G = {gqa_kv_heads})":
              at_scale.attention_cache_numbers(gqa_kv_heads, kimi.head_dim),
              "MHA": at_scale.attention_cache_numbers(kimi.num_heads, kimi.head_dim)}
 fig, ax = plt.subplots(figsize=(8, 3.8))
 hybrid = [at_scale.model_cache_bytes(kimi, t) / 2**30 for t in t_axis]
 ax.plot(t_axis, hybrid, color=viz.MODEL_COLORS["hybrid"], linewidth=2.5,
         label=f"Kimi Linear: {len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers")
-for name, n in per_token.items():  # viz's colour of MHA, GQA, MLA
-    color = viz.MODEL_COLORS[name.split(",")[0].lower()]
-    ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, color=color,
-            label=f"{kimi.num_layers} {name} layers")
-for t in contexts:
-    ax.axvline(t, color="0.7", linestyle=":", linewidth=1)
+for (name, n), style in zip(per_token.items(), ("-", "--", "-"), strict=True):
+    color = viz.MODEL_COLORS[name.split(" ")[0].lower()]  # viz's colour of MLA, GQA (dashed), MHA
+    ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, style, color=color,
+            label=f"{name}: {kimi.num_layers} layers")
+for i, t in enumerate(contexts):
+    ax.axvline(t, color="0.7", linestyle=":", linewidth=1,
+               label="contexts of the tables" if i == 0 else None)
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)",
        ylabel="GiB per sequence (log scale)",
        title=f"Decode memory of the mixer layers, one sequence, {kimi.name}")
@@ -299,15 +289,17 @@ bound = at_scale.decode_speedup_bound(kimi)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 assert max(speedup.values()) < bound < paper_tpot_speedup and feasible == (h200.name, 1)
 hi, hi16 = (next(t for t in range(256, t_long, 256) if decode_ratio(t, b) >= 1) for b in (1, 16))
+hi = next(t for t in range(hi - 255, hi + 1) if decode_ratio(t, 1) >= 1)  # to the token
 slow = max(1 / decode_ratio(t, 1) - 1 for t in range(256, hi, 256))  # the largest slowdown
 print(f"one chip, roofline: the hybrid is slower than all-MLA below T = {hi:,} at batch 1 (by up"
       f" to {slow:.1%}, T >= 256), {hi16:,} at batch 16: KDA's larger weights, read once a batch")
-assert 20_000 < hi < 25_000 and round(slow, 2) == 0.09 and hi16 < hi / 2  # the Summary's claims
+assert round(hi, -3) == 22_000 and round(slow, 2) == 0.09 and hi16 < hi / 2  # the Summary's
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 48)
 fig, ax = plt.subplots(figsize=(8, 3.6))
-for b, color in zip(decode_batches, viz.CYCLE, strict=False):
+shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.15, 0.8, len(decode_batches)))
+for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
     ratio = [decode_ratio(t, b) for t in t_axis]
     room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
                                    for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
@@ -334,15 +326,16 @@ display(Markdown(
     "models differ only in their KDA layers, whose cost does not grow with $T$, so at long "
     "contexts all-MLA can only cost as much more as it has more MLA layers. A memory-limited "
     f"batch does not escape it: the batch that fits grows by at most {cache_gain:.2f}x, the "
-    f"inverse of the cache ratio. The reported {paper_tpot_speedup}x therefore needs the global "
+    "inverse of the cache ratio, itself below the bound since the hybrid keeps every global "
+    f"layer's cache. The reported {paper_tpot_speedup}x therefore needs the global "
     "layers to run differently in the measurement (another kernel, batch or memory layout), which "
     "the configs cannot check; the cache reduction follows from the layer pattern alone."))
-assert cache_gain <= bound
 
 # %% [markdown]
-# **Several chips do not divide both models alike.** Split by heads over $R$ = `tensor_parallel`
-# ranks, a rank holds $1/R$ of every weight, state and expert, but every MLA head reads the same
-# latent, so each rank reads the whole latent cache and the ratio grows towards the bound:
+# **Several chips do not divide both models alike.** Split by heads over `tensor_parallel`
+# ranks, each rank holds that fraction of every weight, state and expert, but every MLA head
+# reads the same latent, so each rank reads the whole latent cache and the ratio grows towards
+# the bound:
 
 # %%
 tp_ratio = {r: np.divide(*[decode_scaling.tp_decode_time(kimi, h200, t_long, 1, r, hybrid=h,
@@ -400,7 +393,8 @@ display(Markdown(
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
 #   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4). In
 #   the one-chip roofline at batch 1 its decode step is up to 9% slower than all-MLA's below
-#   20,000-25,000 tokens, from its KDA layers' larger weights; the crossing falls with the batch.
+#   about 22,000 tokens (printed), from its KDA layers' larger weights; the crossing falls with
+#   the batch.
 # - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
 #   a roofline model stays below (layers) / (global layers) for any batch, lower still where one
 #   chip holds the model (section 5), so the reported figure also measures how the models ran.
@@ -416,22 +410,25 @@ display(Markdown(
 #    decode memory of one sequence (KDA: float32 state, $d_v = d_k$ = `head_dim`, bf16 conv
 #    history; global layers: `latent` bf16 numbers per token). *Explain why* (open): what does
 #    yours give for Kimi K3 at `contexts[0]`, and below which context is a reduction negative?
-# 2. **Ring attention against summaries.** For Kimi Linear on 8 ranks (context parallelism, the
-#    notes), the smallest whole $T$ at which ring attention over the MLA latents (bf16),
-#    $\frac{R-1}{R} T (d_c + d_R)$ numbers per rank, exceeds the KDA summaries (float32),
-#    $(R - 1) H d_k (d_k + d_v)$, plus the conv halo (bf16), $(w - 1)(2 H d_k + H d_v)$.
+# 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (context
+#    parallelism, notebook 05): a global layer's ranks pass their MLA latents around a ring, a
+#    KDA layer's exchange float32 state summaries and a bf16 conv halo. Write
+#    `ring_crossover(ranks, heads, head_dim, conv_size, latent)` (no kda_lib): the smallest
+#    whole $T$ at which ring attention brings a rank more bytes than the summaries and halo.
 # 3. **Decode bytes, weights included.** Write `decode_crossover(batch, heads, head_dim,
 #    conv_size, latent, kda_params, mla_params)` (no kda_lib): the smallest whole $T \ge 1$ at
 #    which one MLA layer's decode step of `batch` sequences moves at least as many bytes as one
 #    KDA layer's (bf16 weights read once per step; MLA reads $T$ bf16 latents per sequence, KDA
-#    reads and writes its state). How much do the weights move section 4's crossing?
+#    reads and writes its state). How much do the weights move the crossing? Compare with the
+#    crossing without them (state read and written against latents read: about twice section
+#    4's cache-size crossing).
 
 # %%
 from kda_lib.teaching import exercises
 
 answer = None  # 1: a function cache_reduction(context, ...) -> a fraction (can be negative)
 exercises.check("10.1", answer, preset=presets.KIMI_K3.name, context=contexts[0])
-answer = None  # 2: an int (tokens)
+answer = None  # 2: a function ring_crossover(ranks, ...) -> an int (tokens)
 exercises.check("10.2", answer, preset=kimi.name, ranks=8)
 answer = None  # 3: a function decode_crossover(batch, ...) -> an int (tokens)
 exercises.check("10.3", answer, preset=kimi.name)

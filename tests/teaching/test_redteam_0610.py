@@ -152,6 +152,8 @@ def _library_attacks():
         ("10.1", "solution after a library call", through_library(s10.cache_reduction)),
         ("10.1", "at_scale's model_cache_bytes on the named preset", _reduction_by_library),
         ("10.3", "solution after a library call", through_library(s10.decode_crossover)),
+        ("10.2", "solution after a library call", through_library(s10.ring_crossover)),
+        ("10.2", "at_scale's ring and summary bytes on the named preset", _ring_by_library),
         ("10.3", "at_scale's decode bytes, searched", _crossover_by_library),
         ("09.1", "at_scale in the count",
          lambda c, *a: s09.hybrid_cache_bytes(c, *a) + 0 * at_scale.BF16
@@ -167,6 +169,16 @@ def _reduction_by_library(c, *_):
 
     p = presets.KIMI_K3
     return 1 - at_scale.model_cache_bytes(p, c) / at_scale.model_cache_bytes(p, c, hybrid=False)
+
+
+def _ring_by_library(r, *_):
+    """10.2 through kda_lib (the old worked solution): the preset's bytes, whatever is passed."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+
+    p = presets.KIMI_LINEAR_48B
+    flat = at_scale.cp_summary_bytes(p, r) + at_scale.cp_halo_bytes(p)
+    return math.floor(flat / ((r - 1) / r * at_scale.mla_cache_numbers(p) * 2)) + 1
 
 
 def _crossover_by_library(b, *_):
@@ -529,7 +541,16 @@ def _alternatives():
         ("10.1", "numpy float32 inside", reduction_f32, dict(preset=k3, context=4096)),
         ("10.1", "the closed form kda / L (1 - S / (2 T latent))", reduction_closed,
          dict(preset=k3, context=4096)),
-        ("10.2", "numpy int64", np.int64(s10.ring_crossover(kimi, 8)), dict(preset=kimi, ranks=8)),
+        ("10.2", "numpy int64 out", lambda *a: np.int64(s10.ring_crossover(*a)),
+         dict(preset=kimi, ranks=8)),
+        ("10.2", "a 0-d jax int32 out", lambda *a: jnp.asarray(s10.ring_crossover(*a), jnp.int32),
+         dict(preset=kimi, ranks=8)),
+        ("10.3", "a 0-d numpy array out", lambda *a: np.asarray(s10.decode_crossover(*a)),
+         dict(preset=kimi)),
+        ("10.3", "a float32 jnp.ceil of the count", lambda *a: jnp.ceil(
+            jnp.float32(s10.decode_crossover(*a) - 0.5)), dict(preset=kimi)),
+        ("06.2", "a set of positions", lambda *a: set(_solutions("06").seen_positions(*a)), {}),
+        ("06.3", "a set of positions", lambda *a: set(_solutions("06").lost_positions(*a)), {}),
         ("10.3", "numpy int64 out", lambda *a: np.int64(s10.decode_crossover(*a)),
          dict(preset=kimi)),
         ("10.3", "a search over T", crossover_search, dict(preset=kimi)),
@@ -610,3 +631,29 @@ def test_07_2_caps_the_address_space_for_its_largest_draft():
         np.empty(2**29)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     assert np.empty(2**29).nbytes == 2**32
+
+
+# --- a lookup table of the checkers' fixed trials (review 2026-12-05) --------------------------
+
+def _lookup_tables():
+    """Answers that know the fixed trials only: the right value of every trial the checker ran
+    once (recorded through the worked solution), 0 for anything else."""
+    out = []
+    for eid in ("06.1", "06.2", "06.3", "10.1", "10.2", "10.3"):
+        right, context = _cases()[eid]
+        table = {}
+
+        def spy(*args, _right=right, _table=table):
+            out = _right(*args)
+            _table[repr(args)] = out
+            return out
+
+        exercises.verdict(eid, spy, **context)
+        out.append((eid, lambda *a, _t=table: _t.get(repr(a), 0), context))
+    return out
+
+
+def test_lookup_tables_of_the_fixed_trials_are_refused():
+    accepted = [eid for eid, answer, context in _lookup_tables()
+                if not _refused(eid, answer, context)]
+    assert not accepted, f"accepted: {accepted}"

@@ -20,12 +20,24 @@ _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-v
 )
 
 
+def _random_probs(rng):
+    """A distribution drawn at check time (so a table of the fixed trials fails), one zero."""
+    p = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
+    p[-1] = 0.0
+    return list(p / p.sum())
+
+
+def _listed(got):
+    """A set of positions, sorted into a list (the checkers compare sorted positions)."""
+    return sorted(got) if isinstance(got, (set, frozenset)) else got
+
+
 @checker("06.1")
 def blind_floor(answer, **_):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
     from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry."""
-    for probs in _SKEWED:
+    for probs in [*_SKEWED, _random_probs(np.random.default_rng())]:
         got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
         hint = hint or refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
         if hint:
@@ -72,9 +84,14 @@ def dilated_positions(answer, **_):
     depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
     dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d). The checker tries stacks
     of its own, some with gaps in the positions."""
-    for last, widths, dilations in _STACKS:
+    rng = np.random.default_rng()
+    depth = int(rng.integers(1, 4))
+    drawn = (int(rng.integers(5, 40)), tuple(int(w) for w in rng.integers(1, 5, depth)),
+             tuple(int(d) for d in rng.integers(1, 6, depth)))
+    for last, widths, dilations in [*_STACKS, drawn]:
         got, hint = call_own_work(answer, last, list(widths), list(dilations),
                                   name="seen_positions(last, widths, dilations)")
+        got = _listed(got)
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:
             return hint
@@ -108,14 +125,19 @@ def periodic_clearing(answer, **_):
     """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
     token (at t - delay) has no path left when the states and the conv histories above layer 0
     are cleared at every multiple of ``period`` (period, 2 period, ...)."""
-    for case in _PERIODIC:
+    rng = np.random.default_rng()
+    delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
+    period = int(rng.integers(delay + 1, 3 * delay + 2))
+    drawn = (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)
+    for case in [*_PERIODIC, drawn]:
         got, hint = call_own_work(answer, *case,
                                   name="lost_positions(seq_len, delay, conv_size, period)")
+        got = _listed(got)
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:
             return hint
         if np.ndim(got) != 1:
-            return "give a list of positions t (ints)"
+            return "give a list (or set) of positions t (ints)"
         got = sorted(int(t) for t in got)
         want = _lost(*case)
         if got == want:

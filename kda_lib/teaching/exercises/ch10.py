@@ -1,8 +1,8 @@
 """Checkers for notebook 10 (Kimi Linear at scale); worked solutions in
 ``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers, tried on
 the notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale`) and on models
-of the checker's own; 10.2 recomputes its answer from at_scale. Each returns None (right) or a
-hint that does not give the answer away."""
+of the checker's own; so does 10.2, whose count is checked against at_scale's ring and
+summary bytes. Each returns None (right) or a hint that does not give the answer away."""
 
 from __future__ import annotations
 
@@ -21,12 +21,43 @@ def _preset(name):
 
 
 def _is_int(answer) -> bool:
-    """A whole number of tokens: a Python or numpy int, or a whole float (``np.ceil``'s)."""
-    if isinstance(answer, (bool, np.bool_)):
+    """A whole number of tokens: a Python, numpy or jax int, a 0-d array of one, or a whole
+    float (``np.ceil``'s, ``jnp.ceil``'s)."""
+    if np.ndim(answer) != 0:
         return False
-    if isinstance(answer, (float, np.floating)):
-        return bool(np.isfinite(answer)) and float(answer).is_integer()
-    return isinstance(answer, (int, np.integer))
+    value = answer.item() if hasattr(answer, "item") else answer
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value) and value.is_integer()
+    return isinstance(value, int)
+
+
+def _first_miss(answer, trials, name, count):
+    """Runs ``answer`` on every trial: ``(hint, None)`` at the first one it calls kda_lib, raises
+    or is not one whole number of tokens; ``(None, (args, got, count(*args)))`` at the first
+    wrong count; ``(None, None)`` when all are right."""
+    for args in trials:
+        got, hint = call_own_work(answer, *args, name=name)
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
+        if not hint and not _is_int(got):
+            hint = "answer with a whole number of tokens"
+        if hint:
+            return hint, None
+        if int(got) != count(*args):
+            return None, (args, int(got), count(*args))
+    return None, None
+
+
+def _drawn(rng, *, params: bool = False) -> tuple:
+    """A model drawn at check time (so a table of the fixed trials fails): heads, head_dim,
+    conv_size, latent, and with ``params`` the KDA and MLA layers' parameter counts."""
+    shape = (int(rng.integers(1, 17)), int(rng.choice([16, 32, 64, 128])),
+             int(rng.integers(1, 6)), int(rng.integers(32, 700)))
+    if not params:
+        return shape
+    mla = int(rng.integers(100_000, 5_000_000))
+    return (*shape, mla + int(rng.integers(0, 1_000_000)), mla)
 
 
 def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
@@ -78,6 +109,10 @@ def cache_reduction(answer, *, preset: str, context: int):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
     trials = [(c, *layers, *shape.values()) for c in (context, 1, 1000, 2**20)]
     trials += [(c, *m) for m in _OWN_MODELS for c in (64, 50_000)]
+    rng = np.random.default_rng()
+    kda_layers = int(rng.integers(2, 9))  # a hybrid: at least as many KDA as global layers
+    trials.append((int(rng.integers(2, 10**6)), kda_layers, int(rng.integers(1, kda_layers + 1)),
+                   *_drawn(rng)))
     for args in trials:
         got, hint = call_own_work(answer, *args, name="cache_reduction(context, ...)")
         hint = hint or refuse_degenerate(got, shape=(), what="the reduction", allow_zeros=True)
@@ -99,32 +134,47 @@ def cache_reduction(answer, *, preset: str, context: int):
     return None
 
 
+def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
+    """The smallest whole T with (R - 1)/R T 2 latent > (R - 1) H d_k (2 d_k) 4 + halo, exact
+    in integers: T (R - 1) 2 latent > R (summaries + halo)."""
+    flat = (ranks - 1) * heads * head_dim * 2 * head_dim * 4 + (
+        2 * max(conv_size - 1, 0) * 3 * heads * head_dim)
+    return ranks * flat // ((ranks - 1) * 2 * latent) + 1
+
+
 @checker("10.2")
 def ring_crossover(answer, *, preset: str, ranks: int):
-    """answer: the smallest T (a multiple of nothing in particular, an int) at which ring
-    attention over the MLA latents moves more bytes per rank than the KDA summaries + halo."""
+    """``answer(ranks, heads, head_dim, conv_size, latent) -> int``: the smallest whole T at
+    which ring attention over the MLA latents (``latent`` bf16 numbers per token, (R - 1)/R of
+    the sequence) brings each rank more bytes than the KDA summaries (float32, (R - 1) H d_k
+    (d_k + d_v), d_v = d_k) plus the conv halo (bf16, (w - 1) 3 H d_k). Tried on ``preset`` at
+    ``ranks`` and other rank counts, then on models of the checker's own; kda_lib may not be
+    called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
-    hint = refuse_degenerate(answer, shape=(), integer=True, what="T")
-    if hint:
-        return hint
-    if not _is_int(answer):
-        return "answer with an int (tokens)"
-    answer = int(answer)
-    if answer < 2:
-        return "T is a context length: a positive number of tokens, at least 2"
+    shape = tuple(_preset_shape(p).values())
     flat = at_scale.cp_summary_bytes(p, ranks) + at_scale.cp_halo_bytes(p)
-
-    def ring(t):
-        return at_scale.ring_attention_bytes(at_scale.mla_cache_numbers(p), t, ranks)
-
-    if not (ring(answer) > flat >= ring(answer - 1)):
-        return (
-            "solve (R - 1)/R T (d_c + d_R) b_KV > (R - 1) H d_k (d_k + d_v) b_S + halo for the "
-            "smallest whole T"
-        )
-    return None
+    t = _ring(ranks, *shape)
+    mla = at_scale.mla_cache_numbers(p)
+    if not at_scale.ring_attention_bytes(mla, t, ranks) > flat >= at_scale.ring_attention_bytes(
+            mla, t - 1, ranks):
+        raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
+    rng = np.random.default_rng()
+    trials = [(r, *shape) for r in (ranks, 2, 64)]
+    trials += [(r, *m[2:]) for m in _OWN_MODELS for r in (3, 16)]
+    trials.append((int(rng.integers(2, 129)), *_drawn(rng)))
+    hint, miss = _first_miss(answer, trials, "ring_crossover(ranks, ...)", _ring)
+    if hint or miss is None:
+        return hint
+    (ranks, *_), got, want = miss
+    if got == want - 1:
+        return f"at {ranks} ranks your T is one short: ring attention must move more"
+    return (
+        f"at {ranks} ranks your T is {'above' if got > want else 'below'} the crossing: the "
+        "summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); each rank "
+        "receives (R - 1)/R of the latents"
+    )
 
 
 def _crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int:
@@ -159,19 +209,14 @@ def decode_crossover(answer, *, preset: str):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
     trials = [(b, *shape.values(), *params) for b in (1, 16, 256)]
     trials += [(b, *layer) for layer in _OWN_LAYERS for b in (1, 7)]
-    for args in trials:
-        got, hint = call_own_work(answer, *args, name="decode_crossover(batch, ...)")
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
-        if hint:
-            return hint
-        if not _is_int(got):
-            return "answer with a whole number of tokens"
-        want = _crossover(*args)
-        if int(got) == want:
-            continue
-        return (
-            f"at batch {args[0]} your T is {'above' if got > want else 'below'} the crossover: "
-            "per step the weights are read once (shared by the batch), the KDA state read and "
-            "written for every sequence, the latents read for every sequence"
-        )
-    return None
+    rng = np.random.default_rng()
+    trials.append((int(rng.integers(1, 300)), *_drawn(rng, params=True)))
+    hint, miss = _first_miss(answer, trials, "decode_crossover(batch, ...)", _crossover)
+    if hint or miss is None:
+        return hint
+    (batch, *_), got, want = miss
+    return (
+        f"at batch {batch} your T is {'above' if got > want else 'below'} the crossover: "
+        "per step the weights are read once (shared by the batch), the KDA state read and "
+        "written for every sequence, the latents read for every sequence"
+    )
