@@ -83,11 +83,10 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import numpy as np
-from scipy import stats
 
 import kda_lib.teaching.notebook
 from kda_lib.lab.records import load_recorded
-from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare, compare_family
+from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare, compare_family, sign_flip_p
 from kda_lib.lab.tasks import chance_accuracy
 from kda_lib.lab.train import make_task, record_scores, run_sweep
 from kda_lib.models.tiny_lm import ModelConfig, config_param_count
@@ -313,8 +312,7 @@ claims = {k: v for k, v in baselines.items() if k[0] == "stack" or k[2] == "step
 families = {"claims": compare_family(claims), "sanity checks": compare_family(
     {k: v for k, v in family.items() if k not in baselines}), "no verdict (ceiling, budget)": {
         k: compare(*v) for k, v in baselines.items() if k not in claims}}
-flip = {k: stats.permutation_test((np.subtract(*v),), np.mean, permutation_type="samples",
-                                  n_resamples=np.inf).pvalue for k, v in family.items()}
+flip = {k: sign_flip_p(*v) for k, v in family.items()}
 for name, group in families.items():
     print(f"--- {name}: {len(group)} comparisons, KDA - other")
     for (task, t, m), c in group.items():

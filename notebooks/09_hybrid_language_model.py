@@ -88,13 +88,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
-from scipy import stats
 
 import kda_lib.teaching.notebook
 from kda_lib.lab.corpus import load_stdlib_corpus, text_task, validation_windows
 from kda_lib.lab.generate import decode_cost, generate, generate_text, score_text
 from kda_lib.lab.records import load_recorded
-from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare_family
+from kda_lib.lab.significance import ALPHA, CONFIDENCE, POWER, compare_family, sign_flip_p
 from kda_lib.lab.train import save_record, train
 from kda_lib.models import presets
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
@@ -306,8 +305,7 @@ for m in models:
           f"{np.mean([r['test']['bpb_se'] for r in runs[m]]):.4f})")
 pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(models) for b in models[i + 1:]}
 tests = compare_family(pairs, alpha=ALPHA)
-flip = {k: stats.permutation_test((np.subtract(*v),), np.mean, permutation_type="samples",
-                                  n_resamples=np.inf).pvalue for k, v in pairs.items()}
+flip = {k: sign_flip_p(*v) for k, v in pairs.items()}
 for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
     print(f"{a:10s} - {b:10s} {c.describe(' bpb')}; sign-flip p {flip[(a, b)]:.4f}; "
           f"detectable {c.detectable:.3f}")

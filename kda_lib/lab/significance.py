@@ -293,6 +293,14 @@ def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1
     )
 
 
+def sign_flip_p(a, b) -> float:
+    """The exact two-sided sign-flip p of the paired differences ``a - b`` (all ``2^n`` sign
+    patterns; no normality assumed): never below ``2 / 2^n``."""
+    d = _differences(a, b)[0]
+    return float(stats.permutation_test((d,), np.mean, permutation_type="samples",
+                                        n_resamples=np.inf).pvalue)  # fmt: skip
+
+
 def check_paired(seeds: Mapping) -> None:
     """Raise ValueError unless every entry of ``seeds`` (``{name: [seed, ...]}``, one list per
     model or mixer, in the order of its scores) lists the same seeds in the same order: scores of

@@ -240,3 +240,16 @@ def test_check_paired_accepts_the_same_seeds_and_refuses_others_in_any_way():
             sig.check_paired({"kda": [3, 1, 2], "gdn": other})
     with pytest.raises(ValueError, match="seeds must be a non-empty mapping"):
         sig.check_paired({})
+
+
+def test_sign_flip_p_is_exact_over_all_sign_patterns():
+    # five differences all positive: only the all-plus and all-minus patterns are as extreme
+    assert sig.sign_flip_p([1.3, 2.0, 1.1, 1.7, 1.2], [1.0, 1.0, 1.0, 1.0, 1.0]) == 2 / 2**5
+    # one difference of the opposite sign: 4 patterns of 32 are at least as extreme each way
+    a, b = np.array([3.0, 3.0, 3.0, 3.0, 0.5]), np.zeros(5)
+    d = a - b
+    signs = np.array(np.meshgrid(*[[-1, 1]] * 5)).reshape(5, -1).T
+    want = np.mean(np.abs((signs * d).mean(1)) >= abs(d.mean()) - 1e-12)
+    assert sig.sign_flip_p(a, b) == pytest.approx(want)
+    with pytest.raises(ValueError, match="one score per seed"):
+        sig.sign_flip_p([1.0, 2.0], [1.0, 2.0, 3.0])
