@@ -71,8 +71,9 @@ def kda(
             raise
         raise TypeError(
             "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            "implementation='chunked' (which 'auto' runs for long sequences, DESIGN section "
-            "4): its backward is hand-written; pass implementation='recurrent'"
+            "implementation='chunked' (which 'auto' runs for long sequences or for derivatives "
+            "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
+            "implementation='recurrent'"
         ) from e
     return contract.kda_result(*result, asked=options.output_chunk_states or
                                options.output_token_states)  # fmt: skip
