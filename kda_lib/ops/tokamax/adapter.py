@@ -91,7 +91,7 @@ def tpu_generation() -> int | None:
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
-    emulated, _ = emulated_tpu() or (None, None)
+    emulated, _ = (mosaic and here and emulated_tpu()) or (None, None)  # Mosaic here only
     tpu = (tpu_generation() or emulated) if mosaic and here else 6
     on = f"this is TPU v{tpu}{' (emulated)' if emulated else ''}" if tpu else (
         f"the default device is {jax.devices()[0].platform} (to run it in Pallas interpret mode "
