@@ -276,7 +276,7 @@ def tokamax_mosaic_context_parallel(
 def _mosaic_cp_mesh(q, axis_name, mesh):
     """The shard_map's mesh (default: the abstract mesh), checked to have ``axis_name`` and
     not to check vma (tokamax's loop carries do not vary over the axis)."""
-    if axis_name in jax.typeof(q).mat.varying:  # the axes q varies over
+    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
         raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
                          "check_vma=False): tokamax's CP kernels build loop carries that do not "
                          "vary over the mesh axis, which the vma check rejects")  # fmt: skip
