@@ -306,6 +306,7 @@ CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
     """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
     arrays, options)``."""
+    row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
     dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
@@ -330,7 +331,6 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
         contract.check_states_fit("output_chunk_states", True, f"at chunk_size={o.chunk_size}, "
                                   "chunk_states [B, T // chunk_size, HV, K, V]",
                                   dims.seq_len // o.chunk_size, dims, o.dtype)  # fmt: skip
-    row = implementation_row(kw["implementation"])
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):

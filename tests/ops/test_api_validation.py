@@ -152,6 +152,12 @@ def test_kda_step_follows_the_recurrence_rules():
         kda_recurrent(*ARGS[:4], ARGS[4] + 1.37)
 
 
+def test_a_misspelt_implementation_is_refused_before_the_arrays_are_checked():
+    q, *rest = ARGS
+    with pytest.raises(ValueError, match="implementation"):
+        kda(q[0], *rest, implementation="chunkd")
+
+
 def test_int64_ids_are_compared_without_truncation():
     with jax.enable_x64(True):
         x = random_kda_inputs(jax.random.key(2), 1, 8, 1, 4, 4)
