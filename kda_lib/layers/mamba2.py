@@ -14,6 +14,7 @@ delta rule (and beta), against KDA also the per-channel decay; the KDA layer's p
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from flax import nnx
 from kda_lib.checks import check_int
 from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
 from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
-from kda_lib.layers.kda_layer import KDACache, KDAConfig
+from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -49,9 +50,15 @@ class Mamba2Config(Widths):
                      int0="conv_size", eps="norm_eps")  # fmt: skip
 
 
-class Mamba2Cache(KDACache):
-    """Decode state, :class:`kda_lib.layers.KDACache`'s fields: ``state [B, H, K, V]`` float32
-    and the convs' last ``W - 1`` inputs (None without convs)."""
+class Mamba2Cache(NamedTuple):
+    """Decode state, :class:`kda_lib.layers.KDACache`'s fields (its own type: a KDA layer
+    refuses it): ``state [B, H, K, V]`` float32 and the convs' last ``W - 1`` inputs (None
+    without convs)."""
+
+    state: jax.Array
+    q_conv: jax.Array | None
+    k_conv: jax.Array | None
+    v_conv: jax.Array | None
 
 
 class Mamba2Mixer(nnx.Module):

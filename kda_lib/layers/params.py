@@ -48,14 +48,17 @@ def _config_bytes(make, config) -> int:
     return parameter_count(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nbytes=True)
 
 
-def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
-    """Refuse (ValueError naming ``<Config>.<field>``, the largest int field of ``config`` or of
-    ``fields``) a layer ``make(config, rngs=...)`` whose parameters cannot fit this machine's
-    memory, before anything is allocated; not under a trace (``nnx.eval_shape``, ``jit``)."""
+def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None,
+                         what=None) -> None:  # fmt: skip
+    """Refuse (ValueError naming the largest int of ``fields``: names of ``config``'s fields, all
+    by default, or a dict ``{"<Config>.<field>": value}``) a layer ``make(config, rngs=...)``
+    (``what``: its name, ``make.__name__``) whose parameters cannot fit this machine's memory,
+    before anything is allocated; not under a trace (``nnx.eval_shape``, ``jit``)."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
-    sizes = {name: getattr(config, name) for name in fields or
-             [f.name for f in dataclasses.fields(config)]}  # fmt: skip
-    name = max((n for n, v in sizes.items() if is_int(v, None)), key=sizes.get)
-    what, nbytes = f"the parameters of {make.__name__}", _config_bytes(make, config)
-    check_allocation(f"{type(config).__name__}.{name}", sizes[name], what, nbytes)
+    if not isinstance(fields, dict):
+        names = fields or [f.name for f in dataclasses.fields(config)]
+        fields = {f"{type(config).__name__}.{name}": getattr(config, name) for name in names}
+    name = max((n for n, v in fields.items() if is_int(v, None)), key=fields.get)
+    nbytes = _config_bytes(make, config)
+    check_allocation(name, fields[name], f"the parameters of {what or make.__name__}", nbytes)

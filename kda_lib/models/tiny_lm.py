@@ -15,7 +15,7 @@ from flax import nnx
 
 from kda_lib.checks import check_array, check_int, check_token_ids, shared_fields
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention, check_fields
-from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
+from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mamba2 import ConvMixer, Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count, weight_decay_mask
@@ -173,12 +173,28 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
+def _embedding_and_head(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    """As many parameters as TinyLM's embedding and head: ``[vocab_size, 2 hidden_size]``."""
+    return nnx.Embed(config.vocab_size, 2 * config.hidden_size, rngs=rngs)
+
+
+def _check_fits(config: ModelConfig) -> None:
+    """Refuse a TinyLM too large for memory naming what drives its size: ``vocab_size`` for the
+    embedding and head, else the largest of the mixer's widths and the other ModelConfig ints."""
+    what = "TinyLM's embedding and head"
+    check_parameters_fit(_embedding_and_head, config, fields=["vocab_size"], what=what)
+    own = "num_layers mlp_ratio mlp_width kv_lora_rank".split()
+    sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
+    sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
+    check_parameters_fit(TinyLM, config, fields=sizes)
+
+
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
     ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        check_parameters_fit(TinyLM, config)  # the whole model, from its eval_shape'd parameters
+        _check_fits(config)
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)

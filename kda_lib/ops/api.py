@@ -71,8 +71,9 @@ def kda(
             raise
         raise TypeError(
             "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            "implementation='chunked' (which 'auto' runs for long sequences, DESIGN section "
-            "4): its backward is hand-written; pass implementation='recurrent'"
+            "implementation='chunked' (which 'auto' runs for long sequences or for derivatives "
+            "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
+            "implementation='recurrent'"
         ) from e
     return contract.kda_result(*result, asked=options.output_chunk_states or
                                options.output_token_states)  # fmt: skip
@@ -305,6 +306,7 @@ CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
     """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
     arrays, options)``."""
+    row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
     dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
@@ -329,7 +331,6 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
         contract.check_states_fit("output_chunk_states", True, f"at chunk_size={o.chunk_size}, "
                                   "chunk_states [B, T // chunk_size, HV, K, V]",
                                   dims.seq_len // o.chunk_size, dims, o.dtype)  # fmt: skip
-    row = implementation_row(kw["implementation"])
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):

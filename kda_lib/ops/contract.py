@@ -155,13 +155,14 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
     return dims
 
 
-def check_values(beta, g, *, allow_neg_eigval: bool, raw_gate: bool, bound=None) -> None:
-    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``) and a log-space g in ``[bound, 0]``,
-    when concrete; non-finite values are left to the forms' non-finite rule."""
+def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None) -> None:
+    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``; None: the caller has no such option)
+    and a log-space g in ``[bound, 0]``, when concrete; non-finite values are left to the
+    forms' non-finite rule."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     lo, hi = _host_range(beta, np.isfinite)
     if lo < 0.0 or hi > beta_max:
-        hint = "" if allow_neg_eigval else " (pass allow_neg_eigval=True for [0, 2])"
+        hint = " (pass allow_neg_eigval=True for [0, 2])" if allow_neg_eigval is False else ""
         raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
                          f"[{lo:g}, {hi:g}]")  # fmt: skip
     lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, lambda x: ~np.isnan(x))

@@ -162,7 +162,7 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
 def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
     """One token's inputs, by their own names, values as in :func:`kda_recurrent` (T = 1)."""
     dims = contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
-    contract.check_values(beta_t, g_t, allow_neg_eigval=False, raw_gate=False)
+    contract.check_values(beta_t, g_t, allow_neg_eigval=None, raw_gate=False)
     return dims
 
 

@@ -322,3 +322,19 @@ def test_a_layer_too_large_for_memory_is_refused_where_it_is_built(layer, size, 
     shapes = nnx.eval_shape(build)
     assert parameter_count(shapes) > size
     assert parameter_count(layer(16)()) > 0
+
+
+@pytest.mark.parametrize(
+    "fields, named",
+    [(dict(vocab_size=2**40), "ModelConfig.vocab_size=1099511627776"),
+     (dict(vocab_size=256, hidden_size=65536, num_heads=64, head_dim=1024),
+      "KDAConfig.hidden_size=65536")],
+)  # fmt: skip
+def test_a_tiny_lm_too_large_names_the_field_that_drives_its_size(fields, named):
+    """A huge vocabulary names vocab_size; a huge mixer at a small vocabulary names the mixer's
+    width, as the layer alone does, not the largest int of ModelConfig."""
+    from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+
+    config = ModelConfig.from_flat(**fields)
+    with pytest.raises(ValueError, match=rf"^{re.escape(named)}: the parameters of .* would take"):
+        TinyLM(config, rngs=nnx.Rngs(0))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kda_lib import kda, kda_recurrent, kda_step
+from kda_lib import kda, kda_pool_step, kda_recurrent, kda_step
 from kda_lib.ops.gating import check_lower_bound
 from kda_lib.parallel.context_parallel import halo_exchange
 from kda_lib.testing import random_kda_inputs, relative_l2
@@ -141,8 +141,21 @@ def test_kda_step_follows_the_recurrence_rules():
         kda_step(state.astype(jnp.int32), q, k, v, g, beta)
     new_state, o = kda_step(state.astype(jnp.bfloat16), q, k, v, g, beta)
     assert new_state.dtype == jnp.float32 and o.dtype == q.dtype
-    with pytest.raises(ValueError, match="beta must lie in"):
-        kda_step(state, q, k, v, g, beta + 2.0)
+    # a token step has no allow_neg_eigval, so its refusal does not offer one; kda_recurrent's does
+    slots = jnp.arange(1)
+    for step in (lambda b: kda_step(state, q, k, v, g, b),
+                 lambda b: kda_pool_step(state, slots, q, k, v, g, b)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"^beta must lie in \[0, 1\], got") as refused:
+            step(beta + 1.37)
+        assert "allow_neg_eigval" not in str(refused.value)
+    with pytest.raises(ValueError, match=r"pass allow_neg_eigval=True for \[0, 2\]"):
+        kda_recurrent(*ARGS[:4], ARGS[4] + 1.37)
+
+
+def test_a_misspelt_implementation_is_refused_before_the_arrays_are_checked():
+    q, *rest = ARGS
+    with pytest.raises(ValueError, match="implementation"):
+        kda(q[0], *rest, implementation="chunkd")
 
 
 def test_int64_ids_are_compared_without_truncation():

@@ -164,6 +164,20 @@ def test_emulated_tpu_counts_for_explicit_requests_but_never_for_auto(monkeypatc
         ]
 
 
+def test_the_emulated_mosaic_op_is_looked_up_only_for_mosaic_on_this_machine(monkeypatch):
+    """While emulating, refusals of the XLA variants and of Mosaic elsewhere (here=False) do
+    not build the Mosaic op (the seam returns it with the generation)."""
+    asked = []
+    seam = tokamax_adapter.emulated_tpu
+    monkeypatch.setattr(tokamax_adapter, "emulated_tpu", lambda: asked.append(1) or seam())
+    args = dict(key_dim=128, dtype=jnp.bfloat16, lower_bound=-5.0, fused_gate=True)
+    with emulate_tpu():
+        refusals("tokamax_xla", **args), refusals("tokamax_xla_chunked", **args)
+        refusals("tokamax_mosaic", here=False, **args)
+        assert asked == []
+        assert refusals("tokamax_mosaic", **args) == [] and asked == [1]
+
+
 # ------------------------------------------------------------------ kernel
 
 

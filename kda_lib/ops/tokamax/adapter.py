@@ -91,7 +91,7 @@ def tpu_generation() -> int | None:
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
-    emulated, _ = emulated_tpu() or (None, None)
+    emulated, _ = (mosaic and here and emulated_tpu()) or (None, None)  # Mosaic here only
     tpu = (tpu_generation() or emulated) if mosaic and here else 6
     on = f"this is TPU v{tpu}{' (emulated)' if emulated else ''}" if tpu else (
         f"the default device is {jax.devices()[0].platform} (to run it in Pallas interpret mode "
@@ -276,7 +276,7 @@ def tokamax_mosaic_context_parallel(
 def _mosaic_cp_mesh(q, axis_name, mesh):
     """The shard_map's mesh (default: the abstract mesh), checked to have ``axis_name`` and
     not to check vma (tokamax's loop carries do not vary over the axis)."""
-    if axis_name in jax.typeof(q).mat.varying:  # the axes q varies over
+    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
         raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
                          "check_vma=False): tokamax's CP kernels build loop carries that do not "
                          "vary over the mesh axis, which the vma check rejects")  # fmt: skip
