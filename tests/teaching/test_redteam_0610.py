@@ -610,3 +610,27 @@ def test_07_2_caps_the_address_space_for_its_largest_draft():
         np.empty(2**29)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     assert np.empty(2**29).nbytes == 2**32
+
+
+def test_programs_compiled_before_the_answer_are_refused():
+    """07.2 (teacher 2026-12-05): ``jax.jit(jnp.linalg.solve).lower(...).compile()`` built before
+    the answer runs no Python frame when called; calling it from the answer is refused."""
+    from kda_lib.teaching.exercises import COMPILED_HINT, ch07
+
+    compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
+        jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
+        jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
+        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+
+    def roll_back(state, k, v, g, beta, rejected):
+        state = np.asarray(state, np.float64)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+            rhs = state - beta[t] * np.outer(k[t], v[t])
+            solve = compiled[len(k[t])]
+            state = np.asarray(solve(m.astype(np.float32), rhs.astype(np.float32)), np.float64)
+        return state
+
+    hint = exercises.verdict("07.2", roll_back)
+    assert hint is not None and "compiled" in hint, hint
+    assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
