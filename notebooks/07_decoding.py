@@ -420,8 +420,10 @@ display(Markdown(
 #    `k`, values `v`, log decays `g`, strengths `beta` (a row per token), write `roll_back(state,
 #    k, v, g, beta, rejected)`, undoing token by token: invert $M_t$ in closed form, $O(d_k d_v)$ a
 #    token (no solve, inverse or $d_k \times d_k$ matrix: tried at a $d_k$ of a million, where
-#    one takes 4 TB, and at some $\beta_t \in (1, 2)$, where a series in $\beta_t$ diverges). Which
-#    $\beta_t$ cannot be undone? Why does the library keep each draft token's state (the notes)?
+#    one takes 4 TB, and with a $\beta_t \in (1, 2)$ in every draft, where a series in $\beta_t$
+#    diverges; matrix-free conjugate gradient, exact in two steps, passes too, but is no closed
+#    form). Which $\beta_t$ cannot be undone? Why does the library keep each draft token's
+#    state (the notes)?
 # 3. **The crossover, everything counted.** Section 5's $T^\ast_{\text{step}}$ left out the
 #    conv histories and the new entry. A KDA step reads and writes state and conv histories
 #    (`state_bytes` a number); an attention step over $T$ cached tokens writes the new entry
