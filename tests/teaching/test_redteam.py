@@ -480,7 +480,11 @@ def _rule_breakers():
             grads.append(grad)
         return tuple(grads)
 
+    fraction_lookup, sweeps_lookup = _old_fixed_inputs_01()
+
     return [
+        ("01.1", fraction_lookup),
+        ("01.2", sweeps_lookup),
         ("01.1", fraction_matrix_power),
         ("01.1", fraction_squaring),
         ("01.1", fraction_squaring_laundered),
@@ -504,6 +508,32 @@ def _rule_breakers():
         ("05.2", cotangents_by_vjp),
         ("05.2", cotangents_own_gradient),
     ]
+
+
+def _old_fixed_inputs_01():
+    """01.1 and 01.2 answered by a lookup table of the inputs their checkers used before they
+    drew them per call (teacher 2026-12-05)."""
+    import math
+
+    writes = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
+              (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
+              (1e-9, 1.0, 2**100), (0.2, 0.95, math.inf))
+    sweeps = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
+              (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2), (-0.8, math.inf, 2))
+    fraction, error = _right_answers()["01.1"][0], _right_answers()["01.2"][0]
+    fractions = {w: float(fraction(*w)) for w in writes}
+    rng, errors = np.random.default_rng(12), {}
+    for mu, n, width in sweeps:
+        v1, v2 = rng.standard_normal(width), rng.standard_normal(width)
+        errors[(mu, n)] = np.asarray(error(mu, v1, v2, n))
+
+    def fraction_lookup(beta, alpha, writes):
+        return fractions.get((beta, alpha, writes), 0.5)
+
+    def sweeps_lookup(mu, v1, v2, sweeps):
+        return errors.get((mu, sweeps), 0.5 * np.asarray(v1))
+
+    return fraction_lookup, sweeps_lookup
 
 
 def test_answers_that_break_the_stated_rule_are_refused():

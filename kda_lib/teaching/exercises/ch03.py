@@ -12,11 +12,10 @@ multiples of 1/1024, so every ``gamma_t - gamma_s`` is exact in float32 too."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises.ch01 import _seeded
 
 BURST = -1024.0  # a forget burst: exp(-gamma) overflows float32 and float64 after one
 
@@ -26,11 +25,6 @@ def _close(actual, expected, tol=1e-5) -> bool:
     return actual.shape == np.shape(expected) and bool(
         np.all(np.abs(actual - expected) <= tol * max(1.0, float(np.abs(expected).max())))
     )
-
-
-def _seeded(seed):
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
 
 
 def _chunk(rng, C, K, V, bursts):

@@ -33,7 +33,7 @@ import numpy as np
 
 from kda_lib.teaching.exercises import checker, machinery, refuse_degenerate
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching.exercises.ch01 import _again, _seeded, _time_limit, _TooSlow
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes):
@@ -42,15 +42,6 @@ def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, c
     numbers of ``conv_bytes`` bytes."""
     conv = batch * max(conv_size - 1, 0) * (2 * num_heads * key_dim + num_v_heads * value_dim)
     return 4 * batch * num_v_heads * key_dim * value_dim + conv_bytes * conv
-
-
-def _seeded(seed):
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
-
-
-def _again(seed) -> str:
-    return f" (these inputs again: check(..., seed={seed}))"
 
 
 # per layer: (conv_size, num_v_heads / num_heads, conv bytes): HV = H once, conv_size 0 to 4
