@@ -191,10 +191,10 @@ def _refuse_compiled(entered: list[str], original):
 def _compiled_entry_points() -> list[tuple[Any, str, Any]]:
     """``(owner, name, attribute)`` of the ways to run a ``jax.stages.Compiled`` (none before
     JAX is imported: no program can have been compiled)."""
-    stages = sys.modules.get("jax._src.stages")
+    stages = getattr(sys.modules.get("jax"), "stages", None)
     if stages is None:
         return []
-    owner = stages.Compiled
+    owner = stages.Compiled  # jax._src.stages.Compiled, its public name
     return [(owner, n, owner.__dict__[n]) for n in ("__call__", "call") if n in owner.__dict__]
 
 
