@@ -672,22 +672,6 @@ def test_library_routes_in_other_threads_are_refused():
     assert not accepted, f"accepted: {accepted}"
 
 
-@pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
-def test_07_2_caps_the_address_space_for_its_largest_draft():
-    """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
-    overcommits: inside the cap an allocation the machine grants (4 GiB, untouched) fails; the
-    limit is restored after."""
-    import resource
-
-    from kda_lib.teaching.exercises import ch07
-
-    before = resource.getrlimit(resource.RLIMIT_AS)
-    with pytest.raises(MemoryError), ch07._address_space_capped(headroom=2**30):
-        np.empty(2**29)
-    assert resource.getrlimit(resource.RLIMIT_AS) == before
-    assert np.empty(2**29).nbytes == 2**32
-
-
 def test_programs_compiled_before_the_answer_are_refused():
     """07.2 (teacher 2026-12-05): ``jax.jit(jnp.linalg.solve).lower(...).compile()`` built before
     the answer runs no Python frame when called; calling it from the answer is refused."""
@@ -710,3 +694,20 @@ def test_programs_compiled_before_the_answer_are_refused():
     hint = exercises.verdict("07.2", roll_back)
     assert hint is not None and "compiled" in hint, hint
     assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
+def test_07_2_caps_the_address_space_for_its_largest_draft():
+    """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
+    overcommits: inside the cap an allocation the machine grants (4 GiB, untouched) fails; the
+    limit is restored after."""
+    import resource
+
+    from kda_lib.teaching.exercises import ch07
+
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(MemoryError), ch07._address_space_capped(headroom=2**30):
+        np.empty(2**29)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert np.empty(2**29).nbytes == 2**32
+
