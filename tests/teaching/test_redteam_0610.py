@@ -710,4 +710,3 @@ def test_07_2_caps_the_address_space_for_its_largest_draft():
         np.empty(2**29)
     assert resource.getrlimit(resource.RLIMIT_AS) == before
     assert np.empty(2**29).nbytes == 2**32
-
