@@ -413,14 +413,14 @@ for mode in modes:
 #    pseudo-value $\boldsymbol\delta'_t = \beta_t X_t^\top \mathbf k_t$, then decays. Mirror
 #    steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$
 #    (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
-#    $[C, d_k]$ solves one triangular system: upper or lower, which decays, which right-hand
-#    side? Write `wy_factor_backward(k, g, beta)` (`k`, `g` $[C, d_k]$, `beta` $[C]$). The
-#    checker's chunks are longer than $d_k$ (there $M_{[i]}$ does not determine $\tilde K'$),
-#    with forget bursts ($g = -1024$ in some channels), after which $e^{-\boldsymbol\gamma_t}$
-#    overflows, in float64 too.
+#    $[C, d_k]$ solves one triangular system. Derive it: upper or lower, which decays, which
+#    right-hand side? Write `wy_backward_system(k, g, beta)` returning its matrix `A` $[C, C]$
+#    and right-hand side `B` $[C, d_k]$ (running the recurrence gives $\tilde K'$, not these).
+#    The checker's chunks are longer than $d_k$, with forget bursts ($g = -1024$ in some
+#    channels), after which $e^{-\boldsymbol\gamma_t}$ overflows, in float64 too.
 
 # %%
-answer = None  # a function wy_factor_backward(k, g, beta) -> K~' [C, d_k]
+answer = None  # a function wy_backward_system(k, g, beta) -> (A [C, C], B [C, d_k])
 check("03.1", answer)
 
 # %% [markdown]

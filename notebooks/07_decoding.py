@@ -107,7 +107,6 @@ config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_di
 layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed))
 x = jax.random.normal(key_x, (batch, total_len, hidden_size))  # prompt, then generated tokens
 
-
 @nnx.jit
 def run(layer, x, cache):
     """layer(x, cache=cache) -> (y, new_cache): prefill, decode step or full pass."""
@@ -273,8 +272,7 @@ for n, context in enumerate(attention_contexts):  # the token decoded sits at po
     prompt = jax.random.normal(jax.random.fold_in(key_x, n), (batch, context, hidden_size))
     kda_cache = run(layer, prompt, layer.init_cache(batch))[1]  # after a T-token prompt
     kda_ms.append(median_ms(run, layer, x[:, :1], kda_cache, repeats=timing_repeats)[0])
-    kv = jax.random.normal(jax.random.fold_in(key_x, n), (2, batch, context + 1, num_heads,
-                                                          head_dim))
+    kv = jax.random.normal(key_x, (2, batch, context + 1, num_heads, head_dim))
     kv_cache = attention.init_cache(batch, max_len=context + 1)._replace(
         keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32))
     attention_ms.append(median_ms(run, attention, x[:, :1], kv_cache, repeats=timing_repeats)[0])
@@ -282,12 +280,14 @@ print(f"one decode step at context T, median of {timing_repeats} ({jax.devices()
 print(f"{'T':>7s} {'KDA (ms)':>9s} {'attention (ms)':>15s}")
 for context, kda, att in zip(attention_contexts, kda_ms, attention_ms, strict=True):
     print(f"{context:7d} {kda:9.2f} {att:15.2f}" + ("  attention faster" if att < kda else ""))
+print(f"KDA's step, slowest / fastest context: {(spread := max(kda_ms) / min(kda_ms)):.2f}"
+      + (" (about flat)" if spread < 1.5 else " (not flat on this run)"))
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
-ax.plot(attention_contexts, kda_ms, "o-", color=viz.PALETTE["blue"],
+ax.plot(attention_contexts, kda_ms, "o", ms=8, color=viz.PALETTE["blue"],  # measured points only
         label="KDA layer: one decode step from its cache after T tokens")
-ax.plot(attention_contexts, attention_ms, "s-", color=viz.MODEL_COLORS["attention"],
+ax.plot(attention_contexts, attention_ms, "s", ms=8, color=viz.MODEL_COLORS["attention"],
         label="softmax attention layer: one decode step over a KV cache of T tokens")
 ax.set(xscale="log", ylim=(0, 1.2 * max(*kda_ms, *attention_ms, 1e-3)),
        title=f"Measured time per decoded token, batch {batch} ({jax.default_backend()}), "
@@ -420,8 +420,10 @@ display(Markdown(
 #    `k`, values `v`, log decays `g`, strengths `beta` (a row per token), write `roll_back(state,
 #    k, v, g, beta, rejected)`, undoing token by token: invert $M_t$ in closed form, $O(d_k d_v)$ a
 #    token (no solve, inverse or $d_k \times d_k$ matrix: tried at a $d_k$ of a million, where
-#    one takes 4 TB, and at some $\beta_t \in (1, 2)$, where a series in $\beta_t$ diverges). Which
-#    $\beta_t$ cannot be undone? Why does the library keep each draft token's state (the notes)?
+#    one takes 4 TB, and with a $\beta_t \in (1, 2)$ in every draft, where a series in $\beta_t$
+#    diverges; matrix-free conjugate gradient, exact in two steps, passes too, but is no closed
+#    form). Which $\beta_t$ cannot be undone? Why does the library keep each draft token's
+#    state (the notes)?
 # 3. **The crossover, everything counted.** Section 5's $T^\ast_{\text{step}}$ left out the
 #    conv histories and the new entry. A KDA step reads and writes state and conv histories
 #    (`state_bytes` a number); an attention step over $T$ cached tokens writes the new entry

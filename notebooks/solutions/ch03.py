@@ -25,30 +25,28 @@ def _decay(gamma):
 #    Put that into delta'_t (step 2, mirrored): delta'_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
 #    - sum_{s > t} U_ts delta'_s^T with U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
 #    (a token sees the later ones), every exponent gamma_s - gamma_t <= 0 for s > t. So
-#    (I + U) Delta' = diag(beta) K_out dS_C: K~' = (I + U)^-1 diag(beta) K_out, the right-hand side
-#    holding the keys decayed to the chunk END, and M^T = Gamma_C - K_in^T K~'.
-#    (Equal to diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the push-through
-#    identity diag(beta) (I + G^T diag(beta))^-1 = (I + diag(beta) G^T)^-1 diag(beta).)
-def wy_factor_backward(k, g, beta):
+#    (I + U) Delta' = diag(beta) K_out dS_C, for every dS_C: the system is A = I + U (unit upper
+#    triangular) and B = diag(beta) K_out, the right-hand side holding the keys decayed to the
+#    chunk END; K~' = A^-1 B and M^T = Gamma_C - K_in^T K~'.
+#    (A^-1 B equals diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the
+#    push-through identity diag(beta) (I + G^T diag(beta))^-1 = (I + diag(beta) G^T)^-1 diag(beta).)
+def wy_backward_system(k, g, beta):
     gamma = np.cumsum(g, axis=0)
     later = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma))  # [t, s]: s > t kept below
     U = beta[:, None] * later * np.triu(np.ones((len(beta), len(beta))), 1)
     K_out = k * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_t^-1 k_t
-    return np.linalg.solve(np.eye(len(beta)) + U, beta[:, None] * K_out)
+    return np.eye(len(beta)) + U, beta[:, None] * K_out
 
 
-# 1, written differently: the backward recurrence itself, float32 jnp, dS_C = I (d_k columns):
-#    row t of K~' is delta'_t for that gradient.
-def wy_factor_backward_by_recurrence(k, g, beta):
+# 1, written differently: float32 jnp, U row by row with every exponent gamma_s - gamma_t <= 0.
+def wy_backward_system_by_rows(k, g, beta):
     import jax.numpy as jnp
 
     k, g = jnp.asarray(k, jnp.float32), jnp.asarray(g, jnp.float32)
-    X, rows = jnp.eye(k.shape[1]), []
-    for t in reversed(range(len(beta))):
-        erased = beta[t] * (k[t] @ X)  # delta'_t: erase ...
-        rows.append(erased)
-        X = jnp.exp(g[t])[:, None] * (X - jnp.outer(k[t], erased))  # ... then decay
-    return jnp.stack(rows[::-1])
+    gamma, C = jnp.cumsum(g, axis=0), len(beta)
+    rows = [jnp.concatenate([jnp.zeros(t + 1), beta[t] * jnp.einsum(
+        "c,sc->s", k[t], k[t + 1:] * jnp.exp(gamma[t + 1:] - gamma[t]))]) for t in range(C)]
+    return jnp.eye(C) + jnp.stack(rows), beta[:, None] * k * jnp.exp(gamma[-1] - gamma)
 
 
 # 2. Two chunks into one. Step 3 for the second chunk, entered by S_C:
@@ -77,17 +75,17 @@ def merge_chunks_by_maps(W1, U1, K_out1, gamma1, W2, U2):
 
 
 def cases():
-    def forward_factor(k, g, beta):  # step 3's K~ (the forward order), echoed
+    def forward_system(k, g, beta):  # step 3's system (I + L, diag(beta) K_in), echoed
         gamma = np.cumsum(g, axis=0)
         L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
-        return np.linalg.solve(np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma))
+        return np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma)
 
     def unmerged(W1, U1, K_out1, gamma1, W2, U2):  # the two chunks stacked, no coupling
         return np.concatenate([W1, W2]), np.concatenate([U1, U2])
 
     return [
-        ("03.1", wy_factor_backward, {}, forward_factor),
-        ("03.1", wy_factor_backward_by_recurrence, {}, forward_factor),
+        ("03.1", wy_backward_system, {}, forward_system),
+        ("03.1", wy_backward_system_by_rows, {}, forward_system),
         ("03.2", merge_chunks, {}, unmerged),
         ("03.2", merge_chunks_by_maps, {}, unmerged),
     ]

@@ -182,11 +182,11 @@ def _shortcut_00_2_transposed_library_step():
 
 
 def _shortcut_03_1_transition_product():
-    def product(k, g, beta):  # M^T itself, token by token, not its factor
+    def product(k, g, beta):  # M^T itself, token by token, not the system of its factor
         m = np.eye(k.shape[1])
         for k_t, g_t, b_t in zip(k, g, beta, strict=True):
             m = m @ (np.exp(g_t)[:, None] * (np.eye(k.shape[1]) - b_t * np.outer(k_t, k_t)))
-        return m
+        return np.eye(len(beta)), m
 
     return "03.1", product, {}
 
@@ -196,7 +196,7 @@ def _shortcut_03_1_factored_exponents_capped():
         gamma = np.cumsum(g, axis=0)
         grow, shrink = np.exp(np.minimum(-gamma, 700.0)), np.exp(gamma)
         U = np.triu(beta[:, None] * ((k * grow) @ (k * shrink).T), 1)
-        return np.linalg.solve(np.eye(len(beta)) + U, beta[:, None] * k * grow * shrink[-1])
+        return np.eye(len(beta)) + U, beta[:, None] * k * grow * shrink[-1]
 
     return "03.1", factored, {}
 

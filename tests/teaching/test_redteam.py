@@ -289,15 +289,14 @@ def _factored_backward(exp):
     """03.1 with U and K_out factored through exp(-gamma_t) (``exp`` applied to every exponent,
     a positive one included): after a forget burst that exponent is 1024 or more."""
 
-    def wy_factor_backward(k, g, beta):
+    def wy_backward_system(k, g, beta):
         gamma = np.cumsum(g, axis=0)
         with np.errstate(all="ignore"):
             grow, shrink = exp(-gamma), exp(gamma)  # e^{-gamma_t}, e^{gamma_s}
             U = np.triu(beta[:, None] * ((k * grow) @ (k * shrink).T), 1)
-            k_out = k * grow * shrink[-1]
-            return np.linalg.solve(np.eye(len(beta)) + U, beta[:, None] * k_out)
+            return np.eye(len(beta)) + U, beta[:, None] * k * grow * shrink[-1]
 
-    return wy_factor_backward
+    return wy_backward_system
 
 
 def test_positive_exponents_give_wrong_values_whatever_the_route():
@@ -481,7 +480,11 @@ def _rule_breakers():
             grads.append(grad)
         return tuple(grads)
 
+    fraction_lookup, sweeps_lookup = _old_fixed_inputs_01()
+
     return [
+        ("01.1", fraction_lookup),
+        ("01.2", sweeps_lookup),
         ("01.1", fraction_matrix_power),
         ("01.1", fraction_squaring),
         ("01.1", fraction_squaring_laundered),
@@ -505,6 +508,32 @@ def _rule_breakers():
         ("05.2", cotangents_by_vjp),
         ("05.2", cotangents_own_gradient),
     ]
+
+
+def _old_fixed_inputs_01():
+    """01.1 and 01.2 answered by a lookup table of the inputs their checkers used before they
+    drew them per call (teacher 2026-12-05)."""
+    import math
+
+    writes = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
+              (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
+              (1e-9, 1.0, 2**100), (0.2, 0.95, math.inf))
+    sweeps = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
+              (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2), (-0.8, math.inf, 2))
+    fraction, error = _right_answers()["01.1"][0], _right_answers()["01.2"][0]
+    fractions = {w: float(fraction(*w)) for w in writes}
+    rng, errors = np.random.default_rng(12), {}
+    for mu, n, width in sweeps:
+        v1, v2 = rng.standard_normal(width), rng.standard_normal(width)
+        errors[(mu, n)] = np.asarray(error(mu, v1, v2, n))
+
+    def fraction_lookup(beta, alpha, writes):
+        return fractions.get((beta, alpha, writes), 0.5)
+
+    def sweeps_lookup(mu, v1, v2, sweeps):
+        return errors.get((mu, sweeps), 0.5 * np.asarray(v1))
+
+    return fraction_lookup, sweeps_lookup
 
 
 def test_answers_that_break_the_stated_rule_are_refused():
@@ -542,6 +571,7 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
 def _page_echoes_02_03():
     """(exercise, answer, should pass): the pages' own formulas and cells, library routes, and
     correct answers written differently (float32 jnp, a loop)."""
+    import jax
     import jax.numpy as jnp
 
     import kda_lib
@@ -597,52 +627,73 @@ def _page_echoes_02_03():
         gamma = np.cumsum(g, axis=0)
         return k * np.exp(gamma[-1] - gamma)
 
-    def step3_cell(k, g, beta):  # 03.1: section 3's step 3 (K~, the forward factor), echoed
+    def _upper(k, g, beta):  # U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, s > t
+        gamma = np.cumsum(g, axis=0)
+        return np.triu(beta[:, None] * np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)), 1)
+
+    def _backward_factor(k, g, beta):  # K~' by the backward recurrence, dS_C = I
+        X, rows = np.eye(k.shape[1]), []
+        for t in reversed(range(len(beta))):
+            rows.append(beta[t] * (k[t] @ X))
+            X = np.exp(g[t])[:, None] * (X - np.outer(k[t], rows[-1]))
+        return np.stack(rows[::-1])
+
+    def step3_cell(k, g, beta):  # 03.1: section 3's step 3 system (I + L, diag(beta) K_in)
         gamma = np.cumsum(g, axis=0)
         L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
-        return np.linalg.inv(np.eye(len(beta)) + L) @ (beta[:, None] * k * np.exp(gamma))
+        return np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma)
 
     def step3_reversed(k, g, beta):  # 03.1: step 3 on the chunk read backwards, flipped back
-        return step3_cell(k[::-1], g[::-1], beta[::-1])[::-1]
+        a, b = step3_cell(k[::-1], g[::-1], beta[::-1])
+        return a[::-1, ::-1], b[::-1]
 
     def old_answer(k, g, beta):  # 03.1: last round's no-decay answer, the gates ignored
-        U = np.triu(beta[:, None] * (k @ k.T), 1)
-        return np.linalg.solve(np.eye(len(beta)) + U, beta[:, None] * k)
+        return np.eye(len(beta)) + np.triu(beta[:, None] * (k @ k.T), 1), beta[:, None] * k
 
-    def no_solve(k, g, beta):  # 03.1: I in place of (I + U)^-1
-        return beta[:, None] * _k_out(k, g)
+    def no_solve(k, g, beta):  # 03.1: I in place of I + U
+        return np.eye(len(beta)), beta[:, None] * _k_out(k, g)
 
-    def identity(k, g, beta):  # 03.1: a trivial default of the right shape
-        return np.eye(*k.shape)
+    def identity(k, g, beta):  # 03.1: a trivial default of the right shapes
+        return np.eye(len(beta)), np.eye(*k.shape)
 
-    def product_read_back(k, g, beta):  # 03.1: M^T token by token, K~' by least squares
-        product = np.eye(k.shape[1])
-        for k_t, g_t, b_t in zip(k, g, beta, strict=True):
-            m_t = np.exp(g_t)[:, None] * (np.eye(len(k_t)) - b_t * np.outer(k_t, k_t))
-            product = product @ m_t
-        gamma = np.cumsum(g, axis=0)
-        target = np.diag(np.exp(gamma[-1])) - product
-        return np.linalg.lstsq((k * np.exp(gamma)).T, target, rcond=None)[0]
+    def recurrence(k, g, beta):  # 03.1: the page's backward recurrence run, K~' as B, A = I
+        return np.eye(len(beta)), _backward_factor(k, g, beta)
 
-    def upper_by_library(k, g, beta):  # 03.1 right, but the library's unit_lower_inverse
-        gamma = np.cumsum(g, axis=0)
-        U = np.triu(beta[:, None] * np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)), 1)
-        inverse = np.asarray(unit_lower_inverse(jnp.asarray(U.T))).T
-        return inverse @ (beta[:, None] * _k_out(k, g))
+    def jacobian_of_forward(k, g, beta):  # 03.1: jax.jacobian of a forward loop, A = I
+        def final(v):  # S_C[:, 0] from S_0 = 0 and values v [C, 1]
+            s = jnp.zeros((k.shape[1], 1), v.dtype)
+            for t in range(len(beta)):
+                s = jnp.exp(g[t])[:, None] * s
+                s = s + beta[t] * jnp.outer(k[t], v[t] - k[t] @ s)
+            return s[:, 0]
 
-    def back_substitution(k, g, beta):  # 03.1 right, a loop from the last row up
-        gamma, out = np.cumsum(g, axis=0), np.zeros_like(k)
-        k_out = _k_out(k, g)
-        for t in reversed(range(len(beta))):
-            later = (k[t] * np.exp(gamma[t + 1:] - gamma[t]) * k[t + 1:]).sum(1)  # exponents <= 0
-            out[t] = beta[t] * (k_out[t] - later @ out[t + 1:])
-        return out
+        jac = jax.jacobian(final)(jnp.zeros((len(beta), 1)))[:, :, 0]
+        return np.eye(len(beta)), np.asarray(jac).T
 
-    def transposed_float32(k, g, beta):  # 03.1 right: diag(beta) (I + L)^-T K_out, float32 jnp
+    def any_upper_system(k, g, beta):  # 03.1: a unit upper A, B = A K~': it solves to K~'
+        a = np.eye(len(beta)) + np.triu(np.ones((len(beta),) * 2), 1)
+        return a, a @ _backward_factor(k, g, beta)
+
+    def beta_of_the_later_token(k, g, beta):  # 03.1: I + L^T (beta_s, not beta_t)
+        return np.eye(len(beta)) + _upper(k, g, beta) * beta / beta[:, None], _k_out(k, g)
+
+    def upper_by_library(k, g, beta):  # 03.1 right, after a call of the library's inverse
+        unit_lower_inverse(jnp.eye(len(beta)))
+        return np.eye(len(beta)) + _upper(k, g, beta), beta[:, None] * _k_out(k, g)
+
+    def back_substitution(k, g, beta):  # 03.1 right, U built entry by entry, exponents <= 0
+        gamma, C = np.cumsum(g, axis=0), len(beta)
+        a = np.eye(C)
+        for t in range(C):
+            for s in range(t + 1, C):
+                a[t, s] = beta[t] * (k[t] * np.exp(gamma[s] - gamma[t]) * k[s]).sum()
+        return a, beta[:, None] * _k_out(k, g)
+
+    def transposed_float32(k, g, beta):  # 03.1 right: I + diag(beta) L^T diag(beta)^-1, f32
         gamma = np.cumsum(g, axis=0)
         L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
-        lt = jnp.asarray(np.eye(len(beta)) + L, jnp.float32).T
-        return beta[:, None] * jnp.linalg.solve(lt, jnp.asarray(_k_out(k, g), jnp.float32))
+        lt = jnp.asarray(L.T, jnp.float32) * beta[:, None] / beta[None]
+        return jnp.eye(len(beta)) + lt, jnp.asarray(beta[:, None] * _k_out(k, g), jnp.float32)
 
     def old_gdn_scores(q, k, g, scale):  # last round's 03.2 answer
         gamma = np.cumsum(g)
@@ -686,7 +737,9 @@ def _page_echoes_02_03():
         ("02.1", fixed_inputs_table, False),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
-        ("03.1", product_read_back, False), ("03.1", upper_by_library, False),
+        ("03.1", recurrence, False), ("03.1", jacobian_of_forward, False),
+        ("03.1", any_upper_system, False), ("03.1", beta_of_the_later_token, False),
+        ("03.1", upper_by_library, False),
         ("03.1", back_substitution, True), ("03.1", transposed_float32, True),
         ("03.2", old_gdn_scores, False), ("03.2", unmerged, False), ("03.2", decay_only, False),
         ("03.2", first_map, False), ("03.2", transposed_map, False),
@@ -698,3 +751,24 @@ def _page_echoes_02_03():
 def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
     wrong = [(i, fn.__name__) for i, fn, ok in _page_echoes_02_03() if _refused(i, fn) == ok]
     assert not wrong, f"refused a right answer or accepted a wrong one: {wrong}"
+
+
+def test_programs_compiled_before_the_answer_are_refused():
+    """03.1 (teacher 2026-12-05): a ``jax.stages.Compiled`` built before the answer (here
+    ``jnp.exp``; the attack's was a jacobian through ``kda_recurrent``) runs no Python frame the
+    profile hook sees; an answer calling it is refused, a right one otherwise."""
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib.teaching.exercises import COMPILED_HINT
+
+    right = _right_answers()["03.1"][0]
+    one = jax.jit(jnp.exp).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
+
+    def through_compiled(k, g, beta):
+        a, b = right(k, g, beta)
+        return a * float(one(np.float32(0.0))), b
+
+    assert exercises.verdict("03.1", right) is None
+    hint = exercises.verdict("03.1", through_compiled)
+    assert hint and COMPILED_HINT.split(":")[0][len("your answer"):] in hint, hint

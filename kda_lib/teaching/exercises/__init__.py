@@ -157,6 +157,12 @@ THREAD_HINT = (
     "your answer starts a thread or a process, or turns the checker's profile hook off; the "
     "checker watches only the code an answer runs itself: compute it in the calling thread"
 )
+COMPILED = "a compiled program"
+COMPILED_HINT = (
+    "your answer calls a program compiled before it ran (jax.jit(f).lower(...).compile()): "
+    "the checker cannot see what such a program computes; write the computation in the answer"
+)
+HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT}
 
 
 def _refuse_start(entered: list[str], original):
@@ -171,6 +177,27 @@ def _refuse_start(entered: list[str], original):
     return start
 
 
+def _refuse_compiled(entered: list[str], original):
+    def call(*args, **kwargs):
+        if (sys._getframe(1).f_globals.get("__name__") or "").startswith(__name__):
+            return original(*args, **kwargs)  # the checkers' own
+        if not entered:
+            entered.append(COMPILED)
+        raise _LibraryEntered(COMPILED)
+
+    return call
+
+
+def _compiled_entry_points() -> list[tuple[Any, str, Any]]:
+    """``(owner, name, attribute)`` of the ways to run a ``jax.stages.Compiled`` (none before
+    JAX is imported: no program can have been compiled)."""
+    stages = getattr(sys.modules.get("jax"), "stages", None)
+    if stages is None:
+        return []
+    owner = stages.Compiled  # jax._src.stages.Compiled, its public name
+    return [(owner, n, owner.__dict__[n]) for n in ("__call__", "call") if n in owner.__dict__]
+
+
 @contextlib.contextmanager
 def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     """While the block runs, ``hook`` is the profile function of every thread (the calling
@@ -178,7 +205,9 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     starting a thread or process (``threading``, ``concurrent.futures``, ``multiprocessing``,
     ``subprocess``, ``os.fork``) records :data:`STARTED` in ``entered`` and raises
     :class:`_LibraryEntered` (JAX's own threads, started from ``jax`` code, excepted and
-    watched): an answer may not run code where the hooks cannot see it."""
+    watched); calling a ``jax.stages.Compiled`` (a program compiled before the answer ran, whose
+    Python frames never run) records :data:`COMPILED` and raises the same: an answer may not
+    run code where the hooks cannot see it."""
     starts = [(threading.Thread, "start"), (multiprocessing.process.BaseProcess, "start"),
               (subprocess.Popen, "_execute_child")]
     starts += [(os, n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
@@ -191,10 +220,13 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     starts += [(threading, n) for n in ("setprofile_all_threads", "settrace_all_threads")
                if hasattr(threading, n)]
     originals = [(owner, name, owner.__dict__[name]) for owner, name in starts]
+    compiled = _compiled_entry_points()
     set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
     previous, previous_new = sys.getprofile(), threading.getprofile()
     for owner, name, fn in originals:
         setattr(owner, name, _refuse_start(entered, fn))
+    for owner, name, fn in compiled:
+        setattr(owner, name, _refuse_compiled(entered, fn))
     if set_all is not None:
         set_all(hook)
     threading.setprofile(hook)
@@ -204,7 +236,7 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
         if sys.getprofile() is not hook and not entered:  # turned off by a route not patched
             entered.append(STARTED)
     finally:
-        for owner, name, fn in originals:
+        for owner, name, fn in originals + compiled:
             setattr(owner, name, fn)
         if set_all is not None:
             set_all(None)
@@ -265,11 +297,11 @@ def call_answer(
             result = answer(*args)
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         if own_code and entered:
-            return None, THREAD_HINT if entered[0] == STARTED else LIBRARY_HINT
+            return None, HINTS.get(entered[0], LIBRARY_HINT)
         message = str(error).splitlines()[0][:120] if str(error) else ""
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
     if entered:
-        return None, THREAD_HINT if entered[0] == STARTED else LIBRARY_HINT
+        return None, HINTS.get(entered[0], LIBRARY_HINT)
     return result, None
 
 

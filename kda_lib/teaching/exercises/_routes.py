@@ -20,9 +20,8 @@ from typing import Any
 import kda_lib
 from kda_lib.teaching.exercises import (
     _WATCHED,
+    HINTS,
     MACHINERY_CODE,
-    STARTED,
-    THREAD_HINT,
     _LibraryEntered,
     _retire_watched,
     call_answer,
@@ -71,8 +70,8 @@ def call_own_work(
     finally:
         if seen:
             _retire_watched()
-    if seen and seen[0] == STARTED:
-        return None, THREAD_HINT.replace("your answer", name, 1)
+    if seen and seen[0] in HINTS:
+        return None, HINTS[seen[0]].replace("your answer", name, 1)
     if seen:
         return None, f"{name} calls kda_lib ({seen[0]}): derive it yourself, with numpy or math"
     return got, hint

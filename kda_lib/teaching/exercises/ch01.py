@@ -214,19 +214,48 @@ _FLOAT32 = ("wrong {} in {}: {} is below float32's resolution (1 - 1e-9 rounds t
             "compute the closed form in NumPy float64")
 
 
-# (beta, alpha, writes): no decay, decay, beta = 1, a tiny beta over 10^9 writes, then counts
-# past 2^64 (the limit beta / (1 - r), in float64)
-_WRITES = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
-           (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
-           (1e-9, 1.0, 2**100), (0.2, 0.95, math.inf))
+def _seeded(seed):
+    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+    return seed, np.random.default_rng(seed)
+
+
+def _again(seed) -> str:
+    return f" (these inputs again: check(..., seed={seed}))"
+
+
+def _writes(rng):
+    """(beta, alpha, writes) drawn from ``rng``: no decay, decay, beta = 1, a longer run, a tiny
+    beta over 10^9 writes (twice), then counts past 2^64 (the limit beta / (1 - r), in float64)
+    and ``math.inf``."""
+    def beta():
+        return round(float(rng.uniform(0.1, 0.9)), 3)
+
+    def alpha():
+        return round(float(rng.uniform(0.7, 0.99)), 3)
+
+    def tiny():
+        return round(float(rng.uniform(0.5, 3.0)), 3) * 1e-9
+
+    return ((beta(), 1.0, int(rng.integers(2, 10))), (beta(), alpha(), int(rng.integers(1, 10))),
+            (1.0, alpha(), int(rng.integers(2, 10))), (beta(), alpha(), int(rng.integers(10, 60))),
+            (tiny(), 1.0, 10**9), (tiny(), 1 - 1e-9, 10**9), (beta(), alpha(), 10**30),
+            (tiny(), 1.0, 2**100), (beta(), alpha(), math.inf))
 
 
 @checker("01.1")
-def gated_partial_writes(answer, **_):
+def gated_partial_writes(answer, *, seed=None):
     """``answer(beta, alpha, writes)``: the fraction of ``v`` an empty memory returns for the
     unit key ``k`` after ``writes`` gated delta-rule writes of the same pair (decay the state
-    by ``alpha``, then write with strength ``beta``); the checker tries its own arguments."""
-    for beta, alpha, writes in _WRITES:
+    by ``alpha``, then write with strength ``beta``); the checker tries arguments drawn at
+    each call (``seed`` repeats a call)."""
+    seed, rng = _seeded(seed)
+    hint = _writes_hint(answer, _writes(rng))
+    return hint and hint + _again(seed)
+
+
+def _writes_hint(answer, trials) -> str | None:
+    for beta, alpha, writes in trials:
         got, hint = _call(answer, beta, alpha, writes,
                           name="recalled_fraction(beta, alpha, writes)")
         where = f"at beta = {beta}, alpha = {alpha}, writes = {writes}"
@@ -250,22 +279,42 @@ def gated_partial_writes(answer, **_):
     return _rule_broken(answer, lambda n: (0.6, 0.7, n), "recalled_fraction(beta, alpha, writes)")
 
 
-_SWEEPS = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
-           (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2),
-           (-0.8, math.inf, 2))  # the last two: 0 (the limit)
+def _sweeps(rng):
+    """(mu, sweeps, V) drawn from ``rng``: a few sweeps (mu > 0, < 0, 0, near 1), mu = 1 - 1e-9
+    over 10^9 sweeps, mu = 1 over 2^100, then 10^30 and ``math.inf`` (the last two: 0, the
+    limit)."""
+    def mu(low, high):
+        return round(float(rng.uniform(low, high)), 3)
+
+    def width():
+        return int(rng.integers(2, 7))
+
+    return ((mu(0.3, 0.9), int(rng.integers(1, 4)), width()),
+            (-mu(0.2, 0.8), int(rng.integers(2, 6)), width()),
+            (mu(0.8, 0.95), int(rng.integers(3, 7)), width()),
+            (0.0, int(rng.integers(2, 5)), width()),
+            (mu(0.95, 0.99), int(rng.integers(20, 41)), width()), (1 - 1e-9, 10**9, width()),
+            (1.0, 2**100, width()), (mu(0.3, 0.9), 10**30, width()),
+            (-mu(0.3, 0.9), math.inf, width()))
 
 
 _NAME_2 = "first_pair_error(mu, v1, v2, sweeps)"
 
 
 @checker("01.2")
-def two_key_sweeps(answer, **_):
+def two_key_sweeps(answer, *, seed=None):
     """``answer(mu, v1, v2, sweeps) -> [V]``: the recall error ``S^T k_1 - v_1`` of the first
     of two pairs (unit keys with overlap ``mu = k_1 . k_2``, values ``v1, v2 [V]``) after
     ``sweeps`` one-pass sweeps (beta = 1, pair 1 then pair 2, from ``S = 0``). The reference is
-    float64 simulation for small counts, the recurrence err_1 -> mu^2 err_1 for 10^9 sweeps."""
-    rng = np.random.default_rng(12)
-    for mu, sweeps, V in _SWEEPS:
+    float64 simulation for small counts, the recurrence err_1 -> mu^2 err_1 for 10^9 sweeps;
+    the arguments are drawn at each call (``seed`` repeats a call)."""
+    seed, rng = _seeded(seed)
+    hint = _sweeps_hint(answer, rng)
+    return hint and hint + _again(seed)
+
+
+def _sweeps_hint(answer, rng) -> str | None:
+    for mu, sweeps, V in _sweeps(rng):
         v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
         got, hint = _call(answer, mu, v1, v2, sweeps, name=_NAME_2)
         tiny = hint is None and 1 - abs(mu) < 1e-6 and _low_precision(got) and np.shape(got) == (V,)

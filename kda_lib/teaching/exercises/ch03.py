@@ -12,11 +12,10 @@ multiples of 1/1024, so every ``gamma_t - gamma_s`` is exact in float32 too."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises.ch01 import _seeded
 
 BURST = -1024.0  # a forget burst: exp(-gamma) overflows float32 and float64 after one
 
@@ -26,11 +25,6 @@ def _close(actual, expected, tol=1e-5) -> bool:
     return actual.shape == np.shape(expected) and bool(
         np.all(np.abs(actual - expected) <= tol * max(1.0, float(np.abs(expected).max())))
     )
-
-
-def _seeded(seed):
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
 
 
 def _chunk(rng, C, K, V, bursts):
@@ -62,58 +56,69 @@ def _forward_factors(k, v, g, beta):
     return inverse @ (beta[:, None] * k_in), inverse @ (beta[:, None] * v), k_out, gamma[-1]
 
 
-def _backward_factor(k, g, beta):
-    """K~' = (I + U)^-1 diag(beta) K_out, U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t)."""
+def _backward_system(k, g, beta):
+    """(I + U, diag(beta) K_out): U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t, 0 on and
+    below the diagonal), K_out rows Gamma_C Gamma_t^-1 k_t; K~' solves (I + U) K~' = diag(beta)
+    K_out."""
     gamma = np.cumsum(g, axis=0)
     upper = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)) * np.triu(np.ones((len(g),) * 2), 1)
     k_out = k * np.exp(gamma[-1] - gamma)
-    return np.linalg.solve(np.eye(len(beta)) + beta[:, None] * upper, beta[:, None] * k_out)
-
-
-def _transposed_product(k, g, beta):
-    """M^T = M_1^T ... M_C^T, M_t = (I - beta_t k_t k_t^T) D_t, token by token."""
-    product = np.eye(k.shape[1])
-    for k_t, g_t, b_t in zip(k, g, beta, strict=True):
-        product = product @ (np.exp(g_t)[:, None] * (np.eye(len(k_t)) - b_t * np.outer(k_t, k_t)))
-    return product
+    return np.eye(len(beta)) + beta[:, None] * upper, beta[:, None] * k_out
 
 
 def _again(seed) -> str:
     return f" (these chunks again: check(..., seed={seed}))"
 
 
-def _backward_hint(got, k, g, beta, C, K) -> str:
+def _system_hint(a, b, k, g, beta, where) -> str:
+    """Why ``(a, b)`` is not 03.1's system ``(I + U, diag(beta) K_out)`` (the first found)."""
+    want_a = _backward_system(k, g, beta)[0]
     gamma = np.cumsum(g, axis=0)
-    m_t = np.diag(np.exp(gamma[-1])) - (k * np.exp(gamma)).T @ np.asarray(got, np.float64)
-    where = f"at C = {C}, d_k = {K}"
-    if _close(got, _forward_factors(k, k[:, :1], g, beta)[0]):
-        return f"{where} this is step 3's K~, the factor of M's forward order (paired with K_out)"
-    if _close(m_t, _transposed_product(k, g, beta)):
-        return (f"{where} Gamma_C - K_in^T K~' is M^T, but K~' is not the backward pass's "
-                "pseudo-values: with C > d_k many factors give the same product")
-    return (f"wrong {where}: running back, token t erases delta'_t = beta_t X_t^T k_t from the "
-            "gradient state X_t; unroll X_t as in step 1, which tokens' delta' does delta'_t see?")
+    if np.abs(np.tril(a, -1)).max() > 1e-5 * max(1.0, np.abs(a).max()):
+        forward = np.eye(len(beta)) + np.tril(
+            beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
+        echo = " (that is step 3's I + L, the forward order)" if _close(a, forward) else ""
+        return (f"A is not upper triangular {where}{echo}: running back, which tokens' "
+                "delta' does delta'_t see?")
+    if not _close(np.diag(a), np.ones(len(beta))):
+        return f"A's diagonal is not all ones {where}: delta'_t enters its own row once"
+    if not _close(a, want_a):
+        return (f"A is wrong above the diagonal {where}: unroll X_t from X_C as in step 1; "
+                "which decay and which beta multiply k_t^T k_s?")
+    if _close(b, beta[:, None] * k * np.exp(gamma)):
+        return f"B is wrong {where}: K_in (keys decayed from the chunk's start), not to its end"
+    if _close(b, k * np.exp(gamma[-1] - gamma)):
+        return f"B is wrong {where}: K_out without its beta"
+    return f"B is wrong {where}: delta'_t's term in dS_C, per unit of gradient"
 
 
 @checker("03.1")
-def backward_factor(answer, *, seed=None):
-    """answer: ``fn(k, g, beta) -> K~' [C, K]`` for a chunk of unit keys ``k`` [C, K], log decays
-    ``g`` [C, K] and ``beta`` [C]: the backward pass's pseudo-values per unit of gradient, so
-    that ``M^T = Gamma_C - K_in^T K~'`` (K_in: rows Gamma_t k_t) and ``(I + U) K~' = diag(beta)
-    K_out`` with U strictly upper, ``U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s``. Chunks
-    longer than ``d_k`` (two of three) and forget bursts (two of three)."""
+def backward_system(answer, *, seed=None):
+    """answer: ``fn(k, g, beta) -> (A [C, C], B [C, K])`` for a chunk of unit keys ``k`` [C, K],
+    log decays ``g`` [C, K] and ``beta`` [C]: the triangular system ``A K~' = B`` of the backward
+    pass's pseudo-values per unit of gradient (``M^T = Gamma_C - K_in^T K~'``), judged by value:
+    A unit upper triangular, ``A = I + U``, ``U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s``
+    (s > t), ``B = diag(beta) K_out``, and ``A^-1 B`` the backward factor K~'. Chunks longer
+    than ``d_k`` (two of three) and forget bursts (two of three)."""
     seed, rng = _seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
         k, _, g, beta = _chunk(rng, C, K, 1, bursts)
         got, hint = call_answer(answer, k.copy(), g.copy(), beta.copy(),
-                                name="wy_factor_backward(k, g, beta)", own_code=True)
-        hint = hint or refuse_degenerate(got, shape=(C, K), inputs=(k, g), what="K~'")
+                                name="wy_backward_system(k, g, beta)", own_code=True)
+        if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
+            hint = "wy_backward_system should return two arrays, (A, B): A K~' = B"
+        for part, shape, what in ((0, (C, C), "A"), (1, (C, K), "B")) if not hint else ():
+            hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
         if hint:
             return hint + _again(seed)
-        if not _close(got, _backward_factor(k, g, beta)):
-            return _backward_hint(got, k, g, beta, C, K) + _again(seed)
+        a, b = (np.asarray(x, np.float64) for x in got)
+        want_a, want_b = _backward_system(k, g, beta)
+        if not (_close(a, want_a) and _close(b, want_b)):
+            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + _again(seed)
+        if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
+            return f"A^-1 B is not K~' at C = {C}, d_k = {K}" + _again(seed)
     return None
 
 

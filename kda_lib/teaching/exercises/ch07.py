@@ -1,16 +1,22 @@
 """Checkers of notebook 07's exercises (a grouped-value-head cache, rolling the state back over
-rejected draft tokens, the crossover with everything counted).
+rejected draft tokens, the crossover with everything counted). Every call draws its inputs
+afresh (``seed``, printed in each hint, repeats a call).
 
 07.2 refuses linear-algebra routines three ways: Python frames of ``numpy.linalg``, ``scipy``'s
-``linalg`` and ``sparse`` and jax's linalg (``np.linalg.norm`` excepted); C routines an answer
-names or holds (``np.linalg._umath_linalg``'s ufuncs, ``scipy.linalg.lapack``'s wrappers, which
-run no Python frame); and, for any route left, by value and by memory, not by speed: some
-draft tokens have beta in (1, 2) (a negative eigenvalue 1 - beta along k), where an iteration
-by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form holds,
-and the last draft has ``d_k = 999,999``, where any d_k x d_k array (4 TB in float32: a dense
-inverse, a solve or Gauss-Jordan by hand) cannot be allocated, with the process's address space
-capped (Linux) so that holds where the kernel overcommits memory too. The closed-form rollback
-needs O(d_k d_v) memory and time a token; ``HANG_S`` only stops an answer that never returns.
+``linalg`` and ``sparse`` and jax's linalg (``np.linalg.norm`` excepted); C routines, which run
+no Python frame: while the answer runs, ``np.linalg._umath_linalg``'s ufuncs, ``lapack_lite``'s
+and ``scipy.linalg``'s LAPACK wrappers are replaced by stubs that refuse, and an answer naming or
+holding one is refused before it runs (a program compiled before the answer is refused by the
+machinery); and, for any route left, by value and by memory, not by speed: every draft's last
+token (and for d_k >= 8 every third) has beta in (1.2, 1.8) (a negative eigenvalue 1 - beta along
+k), where an iteration by powers of beta k k^T (Richardson, a Neumann series) diverges while the
+closed form holds, and the last draft has ``d_k = 999,999``, where any d_k x d_k array (4 TB in
+float32: a dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated, with the
+process's address space capped (Linux) so that holds where the kernel overcommits memory too.
+The closed-form rollback needs O(d_k d_v) memory and time a token; ``HANG_S`` only stops an
+answer that never returns. Matrix-free conjugate gradient on each token's system (exact in a few
+iterations, O(d_k d_v) a token) is accepted: a legitimate route no checker can tell from the
+closed form by its values, memory or speed.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import math
 import os
 import sys
 import time
+import types
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises import checker, machinery, refuse_degenerate
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching.exercises.ch01 import _again, _seeded, _time_limit, _TooSlow
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes):
@@ -37,35 +44,47 @@ def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, c
     return 4 * batch * num_v_heads * key_dim * value_dim + conv_bytes * conv
 
 
-_LAYERS = [  # (B, H, HV, K, V, w, conv bytes): HV = H and HV > H, conv_size 0, 1, 2, 4
-    (1, 2, 4, 32, 32, 0, 2), (3, 2, 2, 8, 16, 4, 4), (2, 1, 4, 16, 8, 4, 2), (1, 1, 2, 8, 8, 1, 2),
-    (5, 3, 6, 4, 12, 2, 2), (2, 2, 8, 16, 32, 3, 4),
-]
+# per layer: (conv_size, num_v_heads / num_heads, conv bytes): HV = H once, conv_size 0 to 4
+_LAYOUTS = ((0, 2, 2), (4, 1, 4), (4, 4, 2), (1, 2, 2), (2, 3, 2), (3, 4, 4))
+
+
+def _layers(rng):
+    """Six layers (B, H, HV, K, V, w, conv bytes) of :data:`_LAYOUTS`, sizes drawn from ``rng``."""
+    out = []
+    for conv_size, group, conv_bytes in _LAYOUTS:
+        heads = int(rng.integers(1, 5))
+        out.append((int(rng.integers(1, 6)), heads, heads * group, int(rng.choice([4, 8, 16, 32])),
+                    int(rng.choice([8, 12, 16, 32])), conv_size, conv_bytes))
+    return out
 
 
 @checker("07.1")
-def layer_cache_bytes(answer, **_):
+def layer_cache_bytes(answer, *, seed=None):
     """``answer(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes) ->
     int``: the bytes of a grouped-value-head KDA layer's decode cache, float32 states and conv
-    histories of ``conv_bytes`` bytes a number, tried on layers of the checker's own."""
-    for case in _LAYERS:
+    histories of ``conv_bytes`` bytes a number, tried on layers drawn at each call."""
+    seed, rng = _seeded(seed)
+    for case in _layers(rng):
         got, hint = call_own_work(answer, *case, name="cache_bytes(B, H, HV, K, V, w, conv_bytes)")
         hint = hint or refuse_degenerate(got, shape=(), what=f"bytes for {case}")
         if hint:
-            return hint
+            return hint + _again(seed)
         if float(got) != round(float(got)):
-            return f"bytes for {case} should be a whole number"
+            return f"bytes for {case} should be a whole number" + _again(seed)
         want = _cache_bytes(*case)
         if int(round(float(got))) == want:
             continue
         b, h, hv, k, v, w, cb = case
         if int(round(float(got))) == 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v)):
-            return f"wrong for {case}: that is section 3's layout (HV = H, all float32)"
+            return f"wrong for {case}: that is section 3's layout (HV = H, all float32)" + _again(
+                seed)
         if w == 0:
-            return f"wrong for {case}: with conv_size=0 there is no conv history at all"
+            return f"wrong for {case}: with conv_size=0 there is no conv history at all" + _again(
+                seed)
         if w == 1:
-            return f"wrong for {case}: a width-1 conv keeps no earlier rows"
-        return f"wrong for {case}: which tensors have H heads, which HV, and in which dtype?"
+            return f"wrong for {case}: a width-1 conv keeps no earlier rows" + _again(seed)
+        return (f"wrong for {case}: which tensors have H heads, which HV, and in which dtype?"
+                + _again(seed))
     return None
 
 
@@ -115,6 +134,40 @@ def _c_routines() -> set[int]:
     return found
 
 
+_C_MODULES = ("numpy.linalg._umath_linalg", "numpy.linalg.lapack_lite", "scipy.linalg._flapack",
+              "scipy.linalg.lapack")
+
+
+@machinery
+def _refusing(name: str, used: list[str]):
+    def refuse(*_args, **_kwargs):
+        used.append(name)
+        raise RuntimeError(f"{name} is a linear-algebra routine: refused in this exercise")
+
+    return refuse
+
+
+@contextlib.contextmanager
+def _c_routines_refused():
+    """While the block runs, every C linear-algebra routine of :data:`_C_MODULES` already
+    imported (ufuncs, LAPACK wrappers, builtins) is replaced by a stub that records its name in
+    the list yielded and raises; the originals are restored after."""
+    used: list[str] = []
+    saved = []
+    for module_name in _C_MODULES:
+        module = sys.modules.get(module_name)
+        for name, value in list(vars(module).items()) if module else ():
+            if isinstance(value, (np.ufunc, types.BuiltinFunctionType)) or (
+                    type(value).__name__ == "fortran"):
+                saved.append((module, name, value))
+                setattr(module, name, _refusing(f"{module_name}.{name}", used))
+    try:
+        yield used
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def _names_c_route(answer, depth: int = 4) -> bool:
     """Whether ``answer``'s code (its nested functions, closures, partials and the functions
     of its module it names, ``depth`` levels deep) names or holds a C linear-algebra routine."""
@@ -154,12 +207,13 @@ _INVERSE_HINT = (
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
     """A head's state before a draft and the draft's unit keys, values, log decays and write
     strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned;
-    for d_k >= 8 every third beta is in [1.2, 1.8]: 1 - beta < 0 along k)."""
+    the last beta, and for d_k >= 8 every third, is in [1.2, 1.8]: 1 - beta < 0 along k)."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     beta = rng.uniform(0.1, 0.6, tokens)
     if key_dim >= 8:
         beta[::3] = rng.uniform(1.2, 1.8, len(beta[::3]))
+    beta[-1] = rng.uniform(1.2, 1.8)  # rejected in every draft: a series diverges at every size
     return (rng.standard_normal((key_dim, value_dim)), k,
             rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
             beta)
@@ -189,13 +243,13 @@ def _roll_back_call(answer, *args):
     start, key_dim = time.monotonic(), np.shape(args[0])[0]
     capped = _address_space_capped() if key_dim == _BIG else contextlib.nullcontext()
     try:
-        with (_time_limit(HANG_S), capped,
+        with (_time_limit(HANG_S), capped, _c_routines_refused() as c_routines,
               modules_entered(_INVERSES, allowed=("norm",)) as inverses):
             got, hint = call_own_work(answer, *args,
                                       name="roll_back(state, k, v, g, beta, rejected)")
     except _TooSlow:
         return None, _SLOW.format(HANG_S, key_dim)
-    if inverses:
+    if inverses or c_routines:
         return None, _INVERSE_HINT
     if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
         return None, _DENSE.format(key_dim, 4 * key_dim**2 / 1e12)
@@ -205,22 +259,22 @@ def _roll_back_call(answer, *args):
 
 
 @checker("07.2")
-def roll_back(answer, **_):
+def roll_back(answer, *, seed=None):
     """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
-    array or kda_lib."""
-    rng = np.random.default_rng(72)
+    array or kda_lib; the draft drawn at each call."""
+    seed, rng = _seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         states = draft_states(s0, k, v, g, beta)
         got, hint = _roll_back_call(answer, states[-1], k, v, g, beta, rejected)
         where = f"for n = {tokens}, rejected = {rejected}"
-        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(states[-1], s0),
+        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(states[-1],),
                                          what=f"the state {where}")
         if hint:
-            return hint
+            return hint + _again(seed)
         got, want = np.asarray(got, np.float64), states[tokens - rejected]
         if np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want):
             continue
@@ -228,10 +282,11 @@ def roll_back(answer, **_):
             n = tokens - rejected + off
             if 0 <= n <= tokens and np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(
                     states[n]):
-                return f"off by one token {where}: undo exactly the last `rejected` tokens"
-        above = " (some beta > 1 here: a series in beta k k^T diverges)" if max(beta) > 1 else ""
-        return (f"wrong {where}{above}: write S_(t-1) from S_t = M_t S_(t-1) + E_t; what "
-                "undoes I - beta k k^T exactly, for a unit k?")
+                return (f"off by one token {where}: undo exactly the last `rejected` tokens"
+                        + _again(seed))
+        return (f"wrong {where} (some beta > 1 here: a series in beta k k^T diverges): write "
+                "S_(t-1) from S_t = M_t S_(t-1) + E_t; what undoes I - beta k k^T exactly, for "
+                "a unit k?" + _again(seed))
     return None
 
 
@@ -241,35 +296,36 @@ def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache
     return max(1, math.ceil(kda / (kv_numbers * cache_bytes)) - 2)
 
 
-_CASES = [  # (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes)
-    (16, 128, 128, 4, 4096, 4, 4),
-    (16, 128, 128, 4, 1024, 4, 2),
-    (32, 128, 128, 4, 576, 4, 2),
-    (8, 64, 128, 0, 192, 2, 2),
-    (2, 32, 32, 2, 96, 4, 2),
-    (32, 128, 64, 3, 4000, 4, 2),
-]
+def _cases(rng):
+    """Six (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes), conv_size
+    4, 4, 4, 0, 2, 3, drawn from ``rng`` (the crossing well above T = 1)."""
+    return [(int(rng.choice([8, 16, 32])), int(rng.choice([64, 128])), int(rng.choice([64, 128])),
+             conv_size, int(rng.integers(96, 4097)), int(rng.choice([2, 4])),
+             int(rng.choice([2, 4]))) for conv_size in (4, 4, 4, 0, 2, 3)]
 
 
 @checker("07.3")
-def decode_crossover(answer, **_):
+def decode_crossover(answer, *, seed=None):
     """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes)``:
     the smallest whole context T >= 1 at which an attention decode step (write the new entry,
     read all T + 1) moves at least the bytes of a KDA step (state and conv histories, in the
-    state's dtype, read and written)."""
-    for case in _CASES:
+    state's dtype, read and written), on shapes drawn at each call."""
+    seed, rng = _seeded(seed)
+    for case in _cases(rng):
         got, hint = call_own_work(answer, *case, name="t_star(...)")
         hint = hint or refuse_degenerate(got, shape=(), integer=True, what=f"T for {case}")
         if hint:
-            return hint
+            return hint + _again(seed)
         want = _t_star(*case)
         if int(got) == want:
             continue
         h, k, v, w, n, bs, bc = case
         if int(got) == math.ceil(2 * h * k * v * bs / (n * bc)):
             return (f"wrong for {case}: that is section 5's T*_step; put back the conv "
-                    "histories and the new entry")
+                    "histories and the new entry" + _again(seed))
         if np.isclose(float(got), want / 2, atol=2):
-            return f"off by a factor of 2 for {case}: the KDA cache is read and written back"
-        return f"wrong for arguments {case}; count both steps' bytes; is it the smallest whole T?"
+            return (f"off by a factor of 2 for {case}: the KDA cache is read and written back"
+                    + _again(seed))
+        return (f"wrong for arguments {case}; count both steps' bytes; is it the smallest whole "
+                "T?" + _again(seed))
     return None
