@@ -414,8 +414,8 @@ for mode in modes:
 #    steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$
 #    (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
 #    $[C, d_k]$ solves one triangular system. Derive it: upper or lower, which decays, which
-#    right-hand side? Write `wy_backward_system(k, g, beta)` returning its matrix `A` $[C, C]$
-#    and right-hand side `B` $[C, d_k]$ (running the recurrence gives $\tilde K'$, not these).
+#    right-hand side? Write `wy_backward_system(k, g, beta)` returning its unit-diagonal
+#    matrix `A` $[C, C]$ and right-hand side `B` $[C, d_k]$ (the recurrence gives $\tilde K'$).
 #    The checker's chunks are longer than $d_k$, with forget bursts ($g = -1024$ in some
 #    channels), after which $e^{-\boldsymbol\gamma_t}$ overflows, in float64 too.
 

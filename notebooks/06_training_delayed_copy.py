@@ -373,7 +373,7 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 # a state. With the states alone cleared, the path through layer 1's kept history exists (an
 # old token can enter layer 1's fresh state at $p .. p + w - 2$) and nothing in the training
 # forces the model to use it: **which path is used depends on the run**. This run's scores are
-# printed above, not asserted; retrained with seeds 1-3, three of four runs bring an old token
+# printed above, not asserted; of seeds 0-3 (notes), three of four runs bring an old token
 # back that way ([notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
 #
 # ## Summary

@@ -288,8 +288,8 @@ for b in decode_batches:
 bound = at_scale.decode_speedup_bound(kimi)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 assert max(speedup.values()) < bound < paper_tpot_speedup and feasible == (h200.name, 1)
-hi, hi16 = (next(t for t in range(256, t_long, 256) if decode_ratio(t, b) >= 1) for b in (1, 16))
-hi = next(t for t in range(hi - 255, hi + 1) if decode_ratio(t, 1) >= 1)  # to the token
+first = lambda b, ts: next(t for t in ts if decode_ratio(t, b) >= 1)  # the first T slower
+hi, hi16 = (first(b, range(first(b, range(256, t_long, 256)) - 255, t_long)) for b in (1, 16))
 slow = max(1 / decode_ratio(t, 1) - 1 for t in range(256, hi, 256))  # the largest slowdown
 print(f"one chip, roofline: the hybrid is slower than all-MLA below T = {hi:,} at batch 1 (by up"
       f" to {slow:.1%}, T >= 256), {hi16:,} at batch 16: KDA's larger weights, read once a batch")
