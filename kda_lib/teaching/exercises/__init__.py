@@ -165,27 +165,20 @@ COMPILED_HINT = (
 HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT}
 
 
-def _refuse_start(entered: list[str], original):
-    def start(*args, **kwargs):
+def _refusing(entered: list[str], original, what: str = STARTED,
+              exempt: tuple[str, ...] = ("jax", "jaxlib", "threading")):  # fmt: skip
+    """``original``, refusing (recording ``what``) unless called from a package of ``exempt``
+    (JAX's threads: a timer, watched) or from the checkers themselves."""
+
+    def refuse(*args, **kwargs):
         caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller.split(".")[0] in ("jax", "jaxlib", "threading") or caller.startswith(__name__):
-            return original(*args, **kwargs)  # JAX's (a timer: watched), threading's, the checkers'
+        if caller.split(".")[0] in exempt or caller.startswith(__name__):
+            return original(*args, **kwargs)
         if not entered:
-            entered.append(STARTED)
-        raise _LibraryEntered(STARTED)
+            entered.append(what)
+        raise _LibraryEntered(what)
 
-    return start
-
-
-def _refuse_compiled(entered: list[str], original):
-    def call(*args, **kwargs):
-        if (sys._getframe(1).f_globals.get("__name__") or "").startswith(__name__):
-            return original(*args, **kwargs)  # the checkers' own
-        if not entered:
-            entered.append(COMPILED)
-        raise _LibraryEntered(COMPILED)
-
-    return call
+    return refuse
 
 
 def _compiled_entry_points() -> list[tuple[Any, str, Any]]:
@@ -224,9 +217,9 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
     previous, previous_new = sys.getprofile(), threading.getprofile()
     for owner, name, fn in originals:
-        setattr(owner, name, _refuse_start(entered, fn))
+        setattr(owner, name, _refusing(entered, fn))
     for owner, name, fn in compiled:
-        setattr(owner, name, _refuse_compiled(entered, fn))
+        setattr(owner, name, _refusing(entered, fn, COMPILED, ()))
     if set_all is not None:
         set_all(hook)
     threading.setprofile(hook)

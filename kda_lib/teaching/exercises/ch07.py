@@ -123,19 +123,24 @@ def _address_space_capped(headroom: int = _HEADROOM):
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def _c_routines() -> set[int]:
-    """The ids of the C linear-algebra routines already imported (numpy's ``_umath_linalg``
-    ufuncs, scipy's LAPACK wrappers)."""
-    found = set()
-    for name in ("numpy.linalg._umath_linalg", "scipy.linalg._flapack", "scipy.linalg.lapack"):
-        module = sys.modules.get(name)
-        found |= {id(v) for v in (vars(module) if module else {}).values()
-                  if isinstance(v, np.ufunc) or type(v).__name__ == "fortran"}
-    return found
-
-
 _C_MODULES = ("numpy.linalg._umath_linalg", "numpy.linalg.lapack_lite", "scipy.linalg._flapack",
               "scipy.linalg.lapack")
+
+
+def _c_routine_items():
+    """``(module, name, routine)`` of every C linear-algebra routine of :data:`_C_MODULES`
+    already imported (ufuncs, LAPACK wrappers, builtins)."""
+    for module_name in _C_MODULES:
+        module = sys.modules.get(module_name)
+        for name, value in list(vars(module).items()) if module else ():
+            if isinstance(value, (np.ufunc, types.BuiltinFunctionType)) or (
+                    type(value).__name__ == "fortran"):
+                yield module, name, value
+
+
+def _c_routines() -> set[int]:
+    """The ids of the C linear-algebra routines already imported."""
+    return {id(value) for _, _, value in _c_routine_items()}
 
 
 @machinery
@@ -149,18 +154,12 @@ def _refusing(name: str, used: list[str]):
 
 @contextlib.contextmanager
 def _c_routines_refused():
-    """While the block runs, every C linear-algebra routine of :data:`_C_MODULES` already
-    imported (ufuncs, LAPACK wrappers, builtins) is replaced by a stub that records its name in
-    the list yielded and raises; the originals are restored after."""
+    """While the block runs, every routine of :func:`_c_routine_items` is replaced by a stub
+    that records its name in the list yielded and raises; the originals are restored after."""
     used: list[str] = []
-    saved = []
-    for module_name in _C_MODULES:
-        module = sys.modules.get(module_name)
-        for name, value in list(vars(module).items()) if module else ():
-            if isinstance(value, (np.ufunc, types.BuiltinFunctionType)) or (
-                    type(value).__name__ == "fortran"):
-                saved.append((module, name, value))
-                setattr(module, name, _refusing(f"{module_name}.{name}", used))
+    saved = list(_c_routine_items())
+    for module, name, _ in saved:
+        setattr(module, name, _refusing(f"{module.__name__}.{name}", used))
     try:
         yield used
     finally:
