@@ -99,6 +99,18 @@ _OWN = (__name__, f"{__name__}._routes")
 MACHINERY_CODE: set = set()
 
 
+def seeded(seed) -> tuple[int, np.random.Generator]:
+    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given (a checker's trials
+    drawn afresh at every call, so no table of answers keyed on its inputs passes)."""
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+    return seed, np.random.default_rng(seed)
+
+
+def again(seed) -> str:
+    """The hint's suffix that repeats a call's drawn inputs."""
+    return f" (these inputs again: check(..., seed={seed}))"
+
+
 def machinery(fn):
     """Marks a checker helper that runs while an answer runs (an interpreter, a patched
     ``np.exp``): its code, nested functions and lambdas included, is not an answer route."""
@@ -108,6 +120,8 @@ def machinery(fn):
         MACHINERY_CODE.add(code)
         stack += [c for c in code.co_consts if isinstance(c, type(code))]
     return fn
+
+
 LIBRARY_HINT = (
     "your answer runs kda_lib code; this exercise asks you to write it yourself (NumPy or jnp)"
 )

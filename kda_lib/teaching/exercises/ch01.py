@@ -39,10 +39,12 @@ import numpy as np
 
 from kda_lib.teaching.exercises import (
     MACHINERY_CODE,
+    again,
     call_answer,
     checker,
     machinery,
     refuse_degenerate,
+    seeded,
 )
 
 TIME_LIMIT_S = 2.0
@@ -220,16 +222,6 @@ _FLOAT32 = ("wrong {} in {}: {} is below float32's resolution (1 - 1e-9 rounds t
             "compute the closed form in NumPy float64")
 
 
-def _seeded(seed):
-    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given."""
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
-
-
-def _again(seed) -> str:
-    return f" (these inputs again: check(..., seed={seed}))"
-
-
 def _writes(rng):
     """(beta, alpha, writes) drawn from ``rng``: no decay, decay, beta = 1, a longer run, a tiny
     beta over 10^9 writes (twice), then counts past 2^64 (the limit beta / (1 - r), in float64)
@@ -255,9 +247,9 @@ def gated_partial_writes(answer, *, seed=None):
     unit key ``k`` after ``writes`` gated delta-rule writes of the same pair (decay the state
     by ``alpha``, then write with strength ``beta``); the checker tries arguments drawn at
     each call (``seed`` repeats a call)."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     hint = _writes_hint(answer, _writes(rng))
-    return hint and hint + _again(seed)
+    return hint and hint + again(seed)
 
 
 def _writes_hint(answer, trials) -> str | None:
@@ -314,9 +306,9 @@ def two_key_sweeps(answer, *, seed=None):
     ``sweeps`` one-pass sweeps (beta = 1, pair 1 then pair 2, from ``S = 0``). The reference is
     float64 simulation for small counts, the recurrence err_1 -> mu^2 err_1 for 10^9 sweeps;
     the arguments are drawn at each call (``seed`` repeats a call)."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     hint = _sweeps_hint(answer, rng)
-    return hint and hint + _again(seed)
+    return hint and hint + again(seed)
 
 
 def _sweeps_hint(answer, rng) -> str | None:

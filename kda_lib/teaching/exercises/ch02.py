@@ -8,11 +8,9 @@ float64 after the answer ran; float32 answers are accepted (relative 1e-5).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate, seeded
 
 
 def _close(got, want, tol=1e-5) -> bool:
@@ -25,8 +23,7 @@ def half_erasing_input(answer, *, seed=None):
     the safe gate ``g = lower_bound * sigmoid(a f)`` erases exactly half of a channel, for a rate
     ``a > 0`` and ``lower_bound < -ln 2``. Four pairs drawn afresh at every call (``seed`` repeats
     a call), so no table of answers keyed on the inputs passes."""
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    rng = np.random.default_rng(seed)
+    seed, rng = seeded(seed)
     rates = np.exp(rng.uniform(np.log(0.25), np.log(32.0), 4))  # a from 1/4 to 32
     # lower_bound below -ln 2: one where half is erased above f = 0, three below; none near
     # -2 ln 2 (f near 0, where float32's logit loses the digits a relative tolerance asks for)

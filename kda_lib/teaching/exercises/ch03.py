@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
-from kda_lib.teaching.exercises.ch01 import _seeded
+from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
 
 BURST = -1024.0  # a forget burst: exp(-gamma) overflows float32 and float64 after one
 
@@ -66,10 +65,6 @@ def _backward_system(k, g, beta):
     return np.eye(len(beta)) + beta[:, None] * upper, beta[:, None] * k_out
 
 
-def _again(seed) -> str:
-    return f" (these chunks again: check(..., seed={seed}))"
-
-
 def _system_hint(a, b, k, g, beta, where) -> str:
     """Why ``(a, b)`` is not 03.1's system ``(I + U, diag(beta) K_out)`` (the first found)."""
     want_a = _backward_system(k, g, beta)[0]
@@ -100,7 +95,7 @@ def backward_system(answer, *, seed=None):
     A unit upper triangular, ``A = I + U``, ``U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s``
     (s > t), ``B = diag(beta) K_out``, and ``A^-1 B`` the backward factor K~'. Chunks longer
     than ``d_k`` (two of three) and forget bursts (two of three)."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
@@ -112,13 +107,13 @@ def backward_system(answer, *, seed=None):
         for part, shape, what in ((0, (C, C), "A"), (1, (C, K), "B")) if not hint else ():
             hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
         if hint:
-            return hint + _again(seed)
+            return hint + again(seed)
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
-            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + _again(seed)
+            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + again(seed)
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
-            return f"A^-1 B is not K~' at C = {C}, d_k = {K}" + _again(seed)
+            return f"A^-1 B is not K~' at C = {C}, d_k = {K}" + again(seed)
     return None
 
 
@@ -139,7 +134,7 @@ def merged_chunks(answer, *, seed=None):
     V~ [C1 + C2, V] of two consecutive chunks taken as one, from the first chunk's K~, V~,
     K_out and log decay across it ``gamma1`` [K], and the second's K~, V~ (its own start as
     reference). Compared with step 3 run on the combined chunk (bursts in two of three)."""
-    seed, rng = _seeded(seed)
+    seed, rng = seeded(seed)
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
@@ -150,12 +145,12 @@ def merged_chunks(answer, *, seed=None):
         for part, want, what in ((0, want_w, "W"), (1, want_u, "U")) if not hint else ():
             hint = hint or refuse_degenerate(got[part], shape=want.shape, inputs=given, what=what)
         if hint:
-            return hint + _again(seed)
+            return hint + again(seed)
         for part, want, what in ((0, want_w, "W (the merged K~)"), (1, want_u, "U (V~)")):
             if not _close(got[part], want):
                 first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
                 where = "its rows of the second chunk" if first_rows else "its rows"
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_0" + _again(seed))
+                        "as a function of S_0" + again(seed))
     return None
