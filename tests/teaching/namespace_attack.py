@@ -27,6 +27,7 @@ import json
 import random
 import re
 import signal
+import time
 import types
 import warnings
 
@@ -79,7 +80,8 @@ def refused(verdict, exercise_id, answer, context, seconds) -> bool:
 
 
 def attack(namespace: dict, checks: dict, prelude: str, seconds: int) -> dict:
-    """``{"accepted": [[exercise id, name], ...], "tried": n}`` for ``namespace``."""
+    """``{"accepted": [[exercise id, name], ...], "tried": n, "slowest": [[seconds, exercise
+    id, name], ...]}`` (the three slowest calls) for ``namespace``."""
     from kda_lib.teaching.exercises import verdict
 
     scratch = dict(namespace)
@@ -95,13 +97,15 @@ def attack(namespace: dict, checks: dict, prelude: str, seconds: int) -> dict:
         attacks.append((name, value))
         if callable(value):
             attacks.append((f"{name} (partial)", functools.partial(value)))
-    accepted, tried = [], 0
+    accepted, tried, slowest = [], 0, []
     for eid, context in contexts.items():
         for label, answer in attacks:
             tried += 1
+            start = time.perf_counter()
             if not refused(verdict, eid, answer, context, seconds):
                 accepted.append([eid, label])
-    return {"accepted": accepted, "tried": tried}
+            slowest = sorted([*slowest, [round(time.perf_counter() - start, 2), eid, label]])[-3:]
+    return {"accepted": accepted, "tried": tried, "slowest": slowest}
 
 
 def main(namespace: dict, checks: dict, prelude: str, seconds: int) -> None:

@@ -92,7 +92,7 @@ def exercise_checks(sources: list[str]) -> tuple[dict, str]:
 class NamespaceAttack:
     """Before a notebook's first exercise cell, attacks its exercises with the namespace in its
     kernel (:mod:`namespace_attack`); fails that cell if an attack is accepted, and writes
-    ``{"notebook", "exercises", "tried", "accepted"}`` to ``report``."""
+    ``{"notebook", "exercises", "tried", "accepted", "slowest"}`` to ``report``."""
 
     def __init__(self, report: str):
         self.report = pathlib.Path(report)

@@ -362,7 +362,8 @@ def test_notebook_executes(source, tmp_path):
     )
     if "check(" in source.read_text():
         attacks = json.loads(report.read_text())
-        print(f"{source.stem}: {attacks['tried']} namespace attacks on {attacks['exercises']}")
+        print(f"{source.stem}: {attacks['tried']} namespace attacks on {attacks['exercises']}, "
+              f"slowest (s, exercise, name): {attacks['slowest']}")
         assert attacks["tried"] > 10 and not attacks["accepted"], attacks
 
 
