@@ -396,10 +396,10 @@ assert tpu_error < 1e-5
 # - A slice acts on the state as an affine map $S_{\text{out}} = M^{(\rho)} S_{\text{in}} +
 #   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries
 #   gives the state at every slice boundary.
-# - The kernel on $R$ devices matches one device, outputs and gradients, and so does the layer
-#   on tokamax's TPU kernel; what the devices exchange does not grow with $T$ (measured, equal
-#   to the formula), gathering the sequence does. What each rank computes, and when the split
-#   is faster: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md).
+# - The kernel on $R$ devices matches one device, outputs and gradients; the layer on tokamax's
+#   TPU kernel matches it too (outputs, section 6); what the devices exchange does not grow with
+#   $T$ (measured, equal to the formula), gathering the sequence does. What each rank
+#   computes, and when the split is faster: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md).
 #
 # ## Exercises
 #
