@@ -98,8 +98,7 @@ kda_lib.teaching.notebook.setup()
 # which global attention) and, where the source gives them, its MLA widths, each number citing
 # its source (`kda_lib/models/presets.py`). All three KDA layers can be built here (asserted;
 # each has as many value heads $H_v$ as query heads $H$); GLM-5.3-Flash's source gives no MLA
-# widths. The formulas read the numbers, never a built layer; Kimi Linear's layers are built as
-# shapes only (`jax.eval_shape`) to check the parameter counts.
+# widths. The formulas read these numbers; Kimi Linear's layers, built as shapes, check counts.
 
 # %%
 rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
@@ -413,7 +412,8 @@ display(Markdown(
 #    $1 -$ hybrid / all-global decode memory of one sequence, the KDA state ($d_v = d_k$ =
 #    `head_dim`) in `state_bytes` per number, its conv history and the `latent` $= d_c + d_R$
 #    numbers per token in `cache_bytes`. *Explain why* (open): for Kimi K3 at `contexts[0]`,
-#    what do a bf16 state (2, 2) and an fp8 cache (4, 1) give against section 4's (4, 2)?
+#    compare (`state_bytes`, `cache_bytes`) = (2, 2), a bf16 state, and (4, 1), an fp8 cache,
+#    with section 4's (4, 2): which helps the hybrid, and why?
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (context
 #    parallelism, notebook 05): a global layer's ranks pass their MLA latents around a ring, a
 #    KDA layer's exchange float32 state summaries and a bf16 conv halo. Write
@@ -421,10 +421,10 @@ display(Markdown(
 #    whole $T$ at which ring attention brings a rank more bytes than the summaries and halo.
 # 3. **Quantised weights move the crossing.** Write `decode_crossover(batch, heads, head_dim,
 #    conv_size, latent, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
-#    $T \ge 1$ at which one MLA layer's decode step of `batch` sequences moves at least as many
-#    bytes as one KDA layer's, each reading its weights once at `weight_bytes` per parameter
-#    (fp8: 1, int4: 0.5), MLA $T$ bf16 latents per sequence, KDA its state read and written.
-#    How far do fp8 and int4 weights move section 5's bf16 crossing at batch 1?
+#    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
+#    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
+#    sequence MLA's $T$ bf16 latents, KDA's state read and written. How far do fp8 and int4
+#    weights move section 5's bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

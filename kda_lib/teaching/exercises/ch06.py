@@ -7,10 +7,11 @@ import contextlib
 import functools
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, machinery, refuse_degenerate, seeded
+from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
@@ -76,39 +77,19 @@ def _held_routine(answer, routines, depth: int = 3) -> str | None:
     return None
 
 
-@machinery
-def _stub(name, used):
-    """A stand-in for the routine ``name``: records the call in ``used`` and raises."""
-    def refused(*_a, **_k):
-        used.append(name)
-        raise RuntimeError(f"{name} is refused here")
-    return refused
-
-
-@contextlib.contextmanager
-def _routines_stubbed(routines):
-    """While the block runs, each routine's module attribute records its name and raises."""
-    used: list[str] = []
-    for module, name, _ in routines:
-        setattr(module, name, _stub(f"{module.__name__}.{name}", used))
-    try:
-        yield used
-    finally:
-        for module, name, routine in routines:
-            setattr(module, name, routine)
-
-
 def _floor_call(answer, probs):
     """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
     routines = _entropy_routines()
     held = _held_routine(answer, routines)
     if held:
         return None, _ENTROPY_HINT.format(held)
-    with _routines_stubbed(routines) as used, modules_entered(("scipy.stats",)) as entered:
-        got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
-    if used or entered:
-        return None, _ENTROPY_HINT.format((used or entered)[0])
-    return got, hint
+    with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
+        stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
+            m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
+        with modules_entered(("scipy.stats",)) as entered:
+            got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
+    used = [name for name, stub in stubs.items() if stub.called] + entered
+    return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
 
 
 @checker("06.1")

@@ -1,8 +1,10 @@
 """Checkers for notebook 10 (Kimi Linear at scale); worked solutions in
-``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers, tried on
-the notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale`) and on models
-of the checker's own; so does 10.2, whose count is checked against at_scale's ring and
-summary bytes. Each returns None (right) or a hint that does not give the answer away."""
+``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers with
+dtypes the page does not use (10.1 the state's and the cache's, 10.3 the weights'), tried on the
+notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale` at the page's
+dtypes), on models of the checker's own and on drawn ones (``seed`` repeats a call); so does
+10.2, checked against at_scale's ring and summary bytes. Each returns None (right) or a hint
+that does not give the answer away."""
 
 from __future__ import annotations
 
