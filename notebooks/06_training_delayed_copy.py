@@ -270,12 +270,10 @@ print(f"KDA {kda_loss:.3f} nats vs conv only {conv_loss:.3f} nats; chance {chanc
 #   positions $p .. p + w - 2$ reads those entries, and layer 1 writes what it reads there
 #   into its fresh state, which every later position reads.
 #
-# So "only the cleared states held the token" is not a proof for any position: after clearing
-# the states alone, every earlier token still has a path (layer 0's old state, layer 1's kept
-# history, layer 1's new state). Clearing the states alone is therefore an experiment about
-# what this trained model does, not a proof. A second run
-# also clears the layers' conv histories above layer 0 (all but the first layer's): then the
-# only information from before $p$ is layer 0's history, the embeddings of tokens
+# So after clearing the states alone every earlier token still has a path (layer 0's old
+# state, layer 1's kept history, layer 1's new state): that run is an experiment on what this
+# trained model does, not a proof. A second run also clears the conv histories above layer 0:
+# then the only information from before $p$ is layer 0's history, the embeddings of tokens
 # $p - w + 1 .. p - 1$, and every token before $p - w + 1$ has no path to any later position,
 # for any weights.
 #
@@ -363,13 +361,13 @@ assert strict[via_history].mean() > 0.5 * kept_all, "layer 0's history still han
 assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are still copied"
 
 # %% [markdown]
-# What the two runs show. The no-path positions at chance is the argument above, true for *any*
-# weights (that assert checks the clearing, not the model); the same positions copied with the
-# states kept (asserted; an untrained model fails it) make visible that the token crosses
-# through a state. With the states alone cleared, nothing in the training forces the model to
-# use layer 1's kept history: **which path is used depends on the run**. This run's scores are
-# printed above, not asserted; of seeds 0-3, with the RNG mode printed in the first code cell,
-# three of four runs bring an old token back that way ([notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
+# What the two runs show. That the no-path positions sit at chance is the argument above, true
+# for *any* weights (its assert checks the clearing, not the model); that the same positions
+# are copied with the states kept (asserted; an untrained model fails it) shows the token
+# crossing through a state. With the states alone cleared, nothing in the training forces the
+# model to use layer 1's kept history: **which path is used depends on the run**. This run's
+# scores are printed above, not asserted; of seeds 0-3, in the RNG mode printed before
+# section 1, three of four runs bring an old token back that way ([notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
 #
 # ## Summary
 #

@@ -815,3 +815,17 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
                                        ("10.3", no_clamp, clamp, kimi)):
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
         assert exercises.verdict(eid, answer, seed=seed, **context) == hint
+
+
+@pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])
+def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
+    """Every refusal of 06's and 10's checkers ends with the seed of the call's drawn trials;
+    passing it back draws the same trials, so the same answer gets the same hint."""
+    chapter = _solutions(exercise_id[:2])
+    for eid, _, context, wrong in chapter.cases():
+        if eid != exercise_id:
+            continue
+        hint = exercises.verdict(eid, wrong, **context)
+        assert hint.endswith("))") and "check(..., seed=" in hint, hint
+        seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
+        assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
