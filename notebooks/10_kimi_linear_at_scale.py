@@ -197,13 +197,12 @@ lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{b / 2**20:,.1f}" for b in cach
 display(Markdown("MiB per sequence and layer (KDA: float32 state + bf16 conv history; caches "
                  "bf16)\n\n| model | T | KDA | MLA | GQA | MHA |\n|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
-m = kimi.mla  # the config's widths, exact ints: d_c + d_R cached per token
-assert at_scale.mla_cache_numbers(kimi) == m.kv_lora_rank + m.shared_key_dim == 576
-print(f"{kimi.name}: MLA caches d_c + d_R = {m.kv_lora_rank} + {m.shared_key_dim} per token")
+assert at_scale.mla_cache_numbers(kimi) == kimi.mla.kv_lora_rank + kimi.mla.shared_key_dim == 576
 kimi_rows = {t: cache_row(kimi, t) for t in contexts}
 assert len({r[0] for r in kimi_rows.values()}) == 1, "the KDA cache does not grow"
 first_mla = int(np.ceil(kimi_rows[contexts[0]][0] / (at_scale.mla_cache_numbers(kimi) * 2)))
-print(f"{kimi.name}: one MLA layer's cache passes one KDA layer's at T = {first_mla:,} "
+print(f"{kimi.name}: one MLA layer's cache, d_c + d_R = {kimi.mla.kv_lora_rank} + "
+      f"{kimi.mla.shared_key_dim} numbers per token, passes one KDA layer's at T = {first_mla:,} "
       f"(below it the whole hybrid needs more memory than all-MLA); at T = {contexts[-1]:,} "
       f"they are {kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
 below = [at_scale.model_cache_bytes(kimi, first_mla - 1, hybrid=h) for h in (True, False)]
@@ -309,8 +308,7 @@ ax.axhline(bound, color="0.3", linestyle="--", label=f"bound: layers / global la
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
         label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
 for a in (ax, zoom):  # below 1 (shaded): the hybrid's step is the slower one
-    a.axhspan(0.5, 1, color="0.9", label="below 1: the hybrid is slower (one chip)")
-    a.axhline(1, color="0.5", lw=1)
+    a.axhspan(0.5, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
 ax.set(xscale="log", yscale="log", ylim=(0.8, 1.2 * paper_tpot_speedup),
        xlabel="context T (tokens, log scale)", ylabel="all-MLA / hybrid step time (log)",
        title=f"Decode speed-up of {kimi.name} over all-MLA, H200 SXM roofline")

@@ -132,7 +132,9 @@ def cache_reduction(answer, *, preset: str, context: int, seed=None):
     layers = (len(p.kda_layers), len(p.global_layers))
     library = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
         p, context, hybrid=False)
-    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12):
+    own = [_kda_layer_bytes(*list(shape.values())[:3], *d) for d in _DTYPES]
+    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12) or (
+            own != [at_scale.kda_state_bytes(p, *d) for d in _DTYPES]):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
     trials = [(c, *layers, *shape.values(), *d)
               for c, d in zip((context, 1, 1000, 2**20), _DTYPES[1:] * 2, strict=True)]
