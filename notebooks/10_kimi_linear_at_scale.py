@@ -27,8 +27,8 @@
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/10_kimi_linear_at_scale.ipynb)
 #
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md);
-# for MLA, $d_c$ is the cached latent, $d_R$ and $d_{qk}$ the key widths shared by all heads and
-# each head's own. Context parallelism at this scale, and the test behind each check:
+# for MLA, $d_c$ is the compressed key/value latent, $d_R$ the RoPE key all heads share (cached
+# together: $d_c + d_R$ per token), $d_{qk}$ each head's own. Context parallelism, the tests:
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
@@ -37,7 +37,7 @@ gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
 check_head_dim: int = 128  # d_k and d_v (and the gate rank) of the scaled-down layers
-check_latent: int = 128  # MLA latent d_c of the scaled-down MLA layer
+check_latent: int = 128  # MLA compressed latent d_c (kv_lora_rank) of the scaled-down layer
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
 check_seq_len: int = 64  # prefill length of the check: one chunk, so XLA counts it exactly
 check_context: int = 256  # cache slots of the decode steps checked
@@ -98,8 +98,7 @@ kda_lib.teaching.notebook.setup()
 # which global attention) and, where the source gives them, its MLA widths, each number citing
 # its source (`kda_lib/models/presets.py`). All three KDA layers can be built here (asserted;
 # each has as many value heads $H_v$ as query heads $H$); GLM-5.3-Flash's source gives no MLA
-# widths. The formulas read the numbers, never a built layer; Kimi Linear's layers are built as
-# shapes only (`jax.eval_shape`) to check the parameter counts.
+# widths. The formulas read these numbers; Kimi Linear's layers, built as shapes, check counts.
 
 # %%
 rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
@@ -164,8 +163,7 @@ print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
 # `check_heads` heads of `check_head_dim`) and build the real programs: KDA's chunked prefill of
 # one chunk (a loop's body is counted once) and recurrent decode step, MLA's prefill and
 # absorbed decode step, and MHA. The formulas' test: the matrix products traced in each
-# (`kda_lib.lab.costs.matmul_flops`) equal the formula's. (XLA's own counts add elementwise
-# work on top; the guards on them are tests, `tests/lab/test_at_scale.py`.)
+# (`kda_lib.lab.costs.matmul_flops`) equal the formula's (XLA adds elementwise work: the notes).
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -182,8 +180,8 @@ for name, row in checks.items():
 #
 # Per sequence and layer, a KDA layer keeps $H d_k d_v$ float32 state numbers and the last
 # $w - 1$ inputs of its $2 H d_k + H d_v$ conv channels (bf16), whatever the context; an MLA
-# layer caches $d_c + d_R$ numbers per token, GQA $2 G d_h$ and MHA $2 H d_h$ (bf16). The table
-# is per layer; the figure adds up a whole Kimi Linear model against the same depth of MLA.
+# layer caches $d_c + d_R$ numbers per token (its latent and its RoPE key), GQA $2 G d_h$ and
+# MHA $2 H d_h$ (bf16). Per layer in the table; the figure adds up whole models.
 
 # %%
 def cache_row(preset, t):
@@ -199,10 +197,12 @@ lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{b / 2**20:,.1f}" for b in cach
 display(Markdown("MiB per sequence and layer (KDA: float32 state + bf16 conv history; caches "
                  "bf16)\n\n| model | T | KDA | MLA | GQA | MHA |\n|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
+assert at_scale.mla_cache_numbers(kimi) == kimi.mla.kv_lora_rank + kimi.mla.shared_key_dim == 576
 kimi_rows = {t: cache_row(kimi, t) for t in contexts}
 assert len({r[0] for r in kimi_rows.values()}) == 1, "the KDA cache does not grow"
 first_mla = int(np.ceil(kimi_rows[contexts[0]][0] / (at_scale.mla_cache_numbers(kimi) * 2)))
-print(f"{kimi.name}: one MLA layer's latents pass one KDA layer's cache at T = {first_mla:,} "
+print(f"{kimi.name}: one MLA layer's cache, d_c + d_R = {kimi.mla.kv_lora_rank} + "
+      f"{kimi.mla.shared_key_dim} numbers per token, passes one KDA layer's at T = {first_mla:,} "
       f"(below it the whole hybrid needs more memory than all-MLA); at T = {contexts[-1]:,} "
       f"they are {kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
 below = [at_scale.model_cache_bytes(kimi, first_mla - 1, hybrid=h) for h in (True, False)]
@@ -223,11 +223,9 @@ for (name, n), style in zip(per_token.items(), ("-", "--", "-"), strict=True):
     ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, style, color=color,
             label=f"{name}: {kimi.num_layers} layers")
 for i, t in enumerate(contexts):
-    ax.axvline(t, color="0.7", linestyle=":", linewidth=1,
-               label="contexts of the tables" if i == 0 else None)
-ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)",
-       ylabel="GiB per sequence (log scale)",
-       title=f"Decode memory of the mixer layers, one sequence, {kimi.name}")
+    ax.axvline(t, color="0.7", ls=":", lw=1, label="contexts of the tables" if i == 0 else None)
+ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylabel="GiB per "
+       "sequence (log scale)", title=f"Decode memory of the mixers, one sequence, {kimi.name}")
 ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "10_memory")
 
@@ -261,13 +259,12 @@ other_bytes = {b: decode_scaling.moe_weight_bytes(  # MoE/MLP/embedding weights 
 # %% [markdown]
 # **The decoding speed.** A decode step reads, per layer, its weights once for the whole batch
 # and each sequence's cache or state; a layer's time is the slower of its flops at the chip's
-# peak and its bytes at its HBM bandwidth (a roofline, `kda_lib.lab.at_scale.step_time`; chips
-# in `at_scale.CHIPS`; "H200" is the H200 SXM). The rest of the model (MoE, embeddings), the same
-# in both, is charged as bf16 weights read once per step: those every token uses and the routed
-# experts the batch touches, $n_{\text{exp}} (1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B)$ of
-# `routed_experts` $= n_{\text{exp}}$ for $B$ tokens picking `experts_per_token` $= k_{\text{exp}}$
-# uniformly (`kda_lib.teaching.decode_scaling`). Below, the ratio of the two step times at 1M
-# tokens, and on which chips the bf16 weights and all-MLA caches fit at all.
+# peak and its bytes at its HBM bandwidth (a roofline, `at_scale.step_time`; chips in
+# `at_scale.CHIPS`, "H200" the H200 SXM). The rest of the model (MoE, embeddings), the same in
+# both, is bf16 weights read once per step: those every token uses and the routed experts the
+# batch touches, $n_{\text{exp}} (1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B)$ for $B$ tokens
+# each picking `experts_per_token` $= k_{\text{exp}}$ of `routed_experts` $= n_{\text{exp}}$
+# (`kda_lib.teaching.decode_scaling`). Below: the ratio at 1M tokens, and where it all fits.
 
 # %%
 t_long, speedup, h200, fits = contexts[-1], {}, at_scale.CHIPS["H200"], {}  # H200 SXM
@@ -296,24 +293,29 @@ print(f"one chip, roofline: the hybrid is slower than all-MLA below T = {hi:,} a
 assert round(hi, -3) == 22_000 and round(slow, 2) == 0.09 and hi16 < hi / 2  # the Summary's
 
 # %% tags=["hide-input"]
-t_axis = np.geomspace(256, 4 * t_long, 48)
-fig, ax = plt.subplots(figsize=(8, 3.6))
+t_axis = np.geomspace(256, 4 * t_long, 64)
+fig, (ax, zoom) = plt.subplots(1, 2, figsize=(11, 4.6), width_ratios=(3, 2))
 shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.15, 0.8, len(decode_batches)))
 for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
     ratio = [decode_ratio(t, b) for t in t_axis]
     room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
                                    for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
-    ax.plot(t_axis, np.where(room, ratio, np.nan), color=color, label=f"batch {b}, fits")
-    ax.plot(t_axis, np.where(room, np.nan, ratio), color=color, linestyle=":", alpha=0.6,
-            label=f"batch {b}, does not fit on one H200 SXM")
+    for a in (ax, zoom):
+        a.plot(t_axis, np.where(room, ratio, np.nan), color=color, label=f"batch {b}, fits")
+        a.plot(t_axis, np.where(room, np.nan, ratio), color=color, linestyle=":", alpha=0.6,
+               label=f"batch {b}, does not fit on one H200 SXM")
 ax.axhline(bound, color="0.3", linestyle="--", label=f"bound: layers / global layers = {bound:.2f}")
-ax.axhline(1, color="0.6", lw=1, label="equal step times (below: the hybrid is slower; one chip)")
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
         label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
-ax.set(xscale="log", xlabel="context T (tokens, log scale)", ylim=(0, 1.15 * paper_tpot_speedup),
-       ylabel="all-MLA step time / hybrid step time",
-       title=f"Decoding speed-up of {kimi.name} over all-MLA, H200 SXM roofline model")
-ax.legend(loc="upper left", fontsize=8)
+for a in (ax, zoom):  # below 1 (shaded): the hybrid's step is the slower one
+    a.axhspan(0.5, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
+ax.set(xscale="log", yscale="log", ylim=(0.8, 1.2 * paper_tpot_speedup),
+       xlabel="context T (tokens, log scale)", ylabel="all-MLA / hybrid step time (log)",
+       title=f"Decode speed-up of {kimi.name} over all-MLA, H200 SXM roofline")
+ax.set_yticks([0.8, 1, 2, 3, 4, 6], ["0.8", "1", "2", "3", "4", "6"])
+zoom.set(xscale="log", xlim=(256, 2**17), ylim=(0.8, 1.3), xlabel="context T (tokens, log scale)",
+         title=f"Zoom near 1 (batch 1: up to {slow:.0%} slower)")
+fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
 viz.show(fig, "10_decode_speedup")
 
 # %%
@@ -333,9 +335,8 @@ display(Markdown(
 
 # %% [markdown]
 # **Several chips do not divide both models alike.** Split by heads over `tensor_parallel`
-# ranks, each rank holds that fraction of every weight, state and expert, but every MLA head
-# reads the same latent, so each rank reads the whole latent cache and the ratio grows towards
-# the bound:
+# ranks, each rank holds that fraction of every weight, state and expert, but all MLA heads
+# read the same cached latents, so each rank reads all of them: the ratio grows to the bound.
 
 # %%
 tp_ratio = {r: np.divide(*[decode_scaling.tp_decode_time(kimi, h200, t_long, 1, r, hybrid=h,
@@ -393,8 +394,7 @@ display(Markdown(
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
 #   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4). In
 #   the one-chip roofline at batch 1 its decode step is up to 9% slower than all-MLA's below
-#   about 22,000 tokens (printed), from its KDA layers' larger weights; the crossing falls with
-#   the batch.
+#   about 22,000 tokens (printed, the figure's zoom): its KDA layers' larger weights.
 # - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
 #   a roofline model stays below (layers) / (global layers) for any batch, lower still where one
 #   chip holds the model (section 5), so the reported figure also measures how the models ran.
@@ -405,23 +405,24 @@ display(Markdown(
 # Replace `answer = None` and run the cell: the checker says whether it is right without
 # showing the solution. Worked solutions (try first): [`notebooks/solutions/ch10.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch10.py).
 #
-# 1. **When does the hybrid save memory?** Write `cache_reduction(context, kda_layers,
-#    global_layers, heads, head_dim, conv_size, latent)` (no kda_lib): $1 -$ hybrid / all-global
-#    decode memory of one sequence (KDA: float32 state, $d_v = d_k$ = `head_dim`, bf16 conv
-#    history; global layers: `latent` bf16 numbers per token). *Explain why* (open): what does
-#    yours give for Kimi K3 at `contexts[0]`, and below which context is a reduction negative?
+# 1. **Smaller numbers, other break-evens.** Write `cache_reduction(context, kda_layers,
+#    global_layers, heads, head_dim, conv_size, latent, state_bytes, cache_bytes)` (no kda_lib):
+#    $1 -$ hybrid / all-global decode memory of one sequence, the KDA state ($d_v = d_k$ =
+#    `head_dim`) in `state_bytes` per number, its conv history and the `latent` $= d_c + d_R$
+#    numbers per token in `cache_bytes`. *Explain why* (open): for Kimi K3 at `contexts[0]`,
+#    compare (`state_bytes`, `cache_bytes`) = (2, 2), a bf16 state, and (4, 1), an fp8 cache,
+#    with section 4's (4, 2): which helps the hybrid, and why?
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (context
 #    parallelism, notebook 05): a global layer's ranks pass their MLA latents around a ring, a
 #    KDA layer's exchange float32 state summaries and a bf16 conv halo. Write
 #    `ring_crossover(ranks, heads, head_dim, conv_size, latent)` (no kda_lib): the smallest
 #    whole $T$ at which ring attention brings a rank more bytes than the summaries and halo.
-# 3. **Decode bytes, weights included.** Write `decode_crossover(batch, heads, head_dim,
-#    conv_size, latent, kda_params, mla_params)` (no kda_lib): the smallest whole $T \ge 1$ at
-#    which one MLA layer's decode step of `batch` sequences moves at least as many bytes as one
-#    KDA layer's (bf16 weights read once per step; MLA reads $T$ bf16 latents per sequence, KDA
-#    reads and writes its state). How much do the weights move the crossing? Compare with the
-#    crossing without them (state read and written against latents read: about twice section
-#    4's cache-size crossing).
+# 3. **Quantised weights move the crossing.** Write `decode_crossover(batch, heads, head_dim,
+#    conv_size, latent, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
+#    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
+#    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
+#    sequence MLA's $T$ bf16 latents, KDA's state read and written. How far do fp8 and int4
+#    weights move section 5's bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

@@ -25,6 +25,8 @@ import pytest
 import scipy.linalg.lapack
 import scipy.sparse
 import scipy.sparse.linalg
+import scipy.special
+import scipy.stats
 from namespace_attack import time_limit as _time_limit  # one SIGALRM guard
 
 import kda_lib
@@ -193,6 +195,18 @@ def _crossover_by_library(b, *_):
     return t
 
 
+def _entr_by_name(probs, entr=scipy.special.entr):
+    """06.1 through scipy's entr, held as a default argument (no module attribute read)."""
+    return float(entr(np.asarray(probs)).sum()), max(probs)
+
+
+def _ring_int32(r, h, d, w, latent):
+    """10.2 in jnp's default int32: R (summaries + halo) passes 2^31 - 1 at 64 ranks and wraps."""
+    r, h, d, w, latent = (jnp.int32(x) for x in (r, h, d, w, latent))
+    flat = (r - 1) * h * d * 2 * d * 4 + 2 * jnp.maximum(w - 1, 0) * 3 * h * d
+    return r * flat // ((r - 1) * 2 * latent) + 1
+
+
 def _tiny_beta_head():
     """A head that is nearly diagonal (beta ~ 0), its query scaled up to make up for it: no
     delta-rule coupling, which 08.4 is about."""
@@ -208,7 +222,8 @@ def _two_point_fit():
     contexts and answer that line for any arguments."""
     s10 = _solutions("10")
     shape, layers = s10.preset_numbers("Kimi-K3")
-    r1, r2 = (s10.cache_reduction(c, *layers, **shape) for c in (1000, 4000))
+    r1, r2 = (s10.cache_reduction(c, *layers, **shape, state_bytes=4, cache_bytes=2)
+              for c in (1000, 4000))
     b = (r1 - r2) / (1 / 1000 - 1 / 4000)
     return lambda c, *a: r1 - b / 1000 + b / c
 
@@ -352,6 +367,15 @@ def _rule_breakers():
         ("06.1", "entropy in bits", lambda p: (
             s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
         ("06.1", "1/|V| accuracy", lambda p: (s06.blind_floor(p)[0], 1 / len(p))),
+        ("06.1", "scipy.stats.entropy (teacher re-read)",
+         lambda p: (scipy.stats.entropy(p), max(p))),
+        ("06.1", "scipy.special.entr summed", lambda p: (
+            float(scipy.special.entr(np.asarray(p)).sum()), max(p))),
+        ("06.1", "scipy.special.rel_entr against 1, negated", lambda p: (
+            -float(scipy.special.rel_entr(np.asarray(p), 1.0).sum()), max(p))),
+        ("06.1", "scipy.special.kl_div against 1, the constant taken out", lambda p: (
+            len(p) - 1.0 - float(scipy.special.kl_div(np.asarray(p), 1.0).sum()), max(p))),
+        ("06.1", "scipy.special.entr bound to a name before", _entr_by_name),
         ("06.1", "0 log 0 as NaN", lambda p: (
             float(-(np.asarray(p) * np.log(np.asarray(p))).sum()), max(p))),
         ("06.3", "every position from the first clearing on",
@@ -427,21 +451,33 @@ def _rule_breakers():
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
         ("09.3", "section 2's unigram (no context)", _unigram_bpb),
         ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
-        ("10.1", "the KDA state without its conv history",
-         lambda c, kda, glob, h, d, w, latent: s10.cache_reduction(c, kda, glob, h, d, 1, latent)),
-        ("10.1", "a bf16 state", lambda c, kda, glob, h, d, w, latent: 1 - (
-            kda * (2 * h * d * d + 6 * max(w - 1, 0) * h * d) + glob * 2 * c * latent)
-         / ((kda + glob) * 2 * c * latent)),
+        ("10.1", "the KDA state without its conv history", lambda c, kda, glob, h, d, w, *a:
+         s10.cache_reduction(c, kda, glob, h, d, 1, *a)),
+        ("10.1", "section 4's float32 state and bf16 cache (the page), dtypes ignored",
+         lambda *a: s10.cache_reduction(*a[:-2], 4, 2)),
+        ("10.1", "the conv history in state_bytes", lambda c, kda, glob, h, d, w, latent, sb, cb:
+         1 - (kda * sb * (h * d * d + 3 * max(w - 1, 0) * h * d) + glob * cb * c * latent)
+         / ((kda + glob) * cb * c * latent)),
+        ("10.1", "the latents in state_bytes", lambda c, kda, glob, h, d, w, latent, sb, cb: 1 - (
+            kda * s10.kda_layer_bytes(h, d, w, sb, cb) + glob * sb * c * latent)
+         / ((kda + glob) * sb * c * latent)),
         ("10.1", "clipped at 0 (a fraction in [0, 1])",
          lambda *a: max(0.0, s10.cache_reduction(*a))),
         ("10.1", "a two-point fit on the notebook's preset", _two_point_fit()),
-        ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp: max(1, math.ceil(
-            (2 * kp - 2 * mp + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
+        ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp, wb: max(1, math.ceil(
+            (wb * (kp - mp) + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
         ("10.3", "weights left out (section 4's crossing, doubled)",
          lambda b, h, d, w, latent, *a: math.ceil(2 * s10.kda_layer_bytes(h, d, w) / (2 * latent))),
-        ("10.3", "weights read per sequence", lambda b, h, d, w, latent, kp, mp: max(1, math.ceil(
-            (2 * kp - 2 * mp + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * latent)))),
+        ("10.3", "weights read per sequence", lambda b, h, d, w, latent, kp, mp, wb: max(
+            1, math.ceil((wb * (kp - mp) + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * latent)))),
         ("10.3", "section 4's first_mla at batch 1", lambda *a: 1885),
+        ("10.3", "section 5's printed crossing at batch 1 (an echo of the page)",
+         lambda *a: 21_824),
+        ("10.3", "section 5's bf16 weights (the page), weight_bytes ignored",
+         lambda *a: s10.decode_crossover(*a[:-1], 2)),
+        ("10.3", "no clamp at T >= 1", lambda b, h, d, w, latent, kp, mp, wb: math.ceil(
+            (wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent))),
+        ("10.2", "int32 arithmetic (jnp's default ints wrap past 2^31 - 1)", _ring_int32),
         ("09.3", "in nats", lambda t, v: s09.bigram_bpb(t, v) * math.log(2)),
         ("09.3", "no add-one", functools.partial(_bigram_variant, smoothing=0.0)),
         ("09.3", "add-one over the pairs seen only", functools.partial(_bigram_variant,
@@ -553,17 +589,17 @@ def _alternatives():
     s10 = _solutions("10")
     from kda_lib.models import presets
 
-    def reduction_f32(c, kda, glob, h, d, w, latent):
-        state = np.float32(4 * h * d * d + 6 * max(w - 1, 0) * h * d)
-        return np.float32(1) - (kda * state + glob * np.float32(2 * c * latent)) / np.float32(
-            (kda + glob) * 2 * c * latent)
+    def reduction_f32(c, kda, glob, h, d, w, latent, sb, cb):
+        state = np.float32(sb * h * d * d + cb * 3 * max(w - 1, 0) * h * d)
+        return np.float32(1) - (kda * state + glob * np.float32(cb * c * latent)) / np.float32(
+            (kda + glob) * cb * c * latent)
 
-    def reduction_closed(c, kda, glob, h, d, w, latent):
-        return kda / (kda + glob) * (1 - s10.kda_layer_bytes(h, d, w) / (2 * c * latent))
+    def reduction_closed(c, kda, glob, h, d, w, latent, sb, cb):
+        return kda / (kda + glob) * (1 - s10.kda_layer_bytes(h, d, w, sb, cb) / (cb * c * latent))
 
-    def crossover_search(b, h, d, w, latent, kda_params, mla_params):  # step T up by doubling
+    def crossover_search(b, h, d, w, latent, kda_params, mla_params, wb):  # T up by doubling
         def mla_wins(t):
-            return 2 * mla_params + b * t * 2 * latent >= 2 * kda_params + b * 2 * (
+            return wb * mla_params + b * t * 2 * latent >= wb * kda_params + b * 2 * (
                 4 * h * d * d + 6 * max(w - 1, 0) * h * d)
         high = 1
         while not mla_wins(high):
@@ -757,3 +793,39 @@ def test_lookup_tables_of_the_fixed_trials_are_refused():
     accepted = [eid for eid, answer, context in _lookup_tables()
                 if not _refused(eid, answer, context)]
     assert not accepted, f"accepted: {accepted}"
+
+
+def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
+    """10.2's int32 count wraps past 2^31 - 1 (the hint says so); 10.3's drawn layer whose MLA
+    weights outweigh KDA's bytes needs the clamp T >= 1; 10.3's page echo (21,824) is refused;
+    each hint ends with the seed, and that seed repeats the verdict."""
+    s10 = _solutions("10")
+    kimi = {"preset": "Kimi-Linear-48B-A3B"}
+    wrapped = exercises.verdict("10.2", _ring_int32, ranks=8, **kimi)
+    assert "2^31 - 1" in wrapped and "int64" in wrapped, wrapped
+
+    def no_clamp(b, h, d, w, latent, kp, mp, wb):
+        return max(0, math.ceil((wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w))
+                                / (b * 2 * latent)))
+
+    clamp = exercises.verdict("10.3", no_clamp, **kimi)
+    assert "at least 1" in clamp, clamp
+    assert "batch 1 with weight_bytes = 1" in exercises.verdict("10.3", lambda *a: 21_824, **kimi)
+    for eid, answer, hint, context in (("10.2", _ring_int32, wrapped, dict(ranks=8, **kimi)),
+                                       ("10.3", no_clamp, clamp, kimi)):
+        seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
+        assert exercises.verdict(eid, answer, seed=seed, **context) == hint
+
+
+@pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])
+def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
+    """Every refusal of 06's and 10's checkers ends with the seed of the call's drawn trials;
+    passing it back draws the same trials, so the same answer gets the same hint."""
+    chapter = _solutions(exercise_id[:2])
+    for eid, _, context, wrong in chapter.cases():
+        if eid != exercise_id:
+            continue
+        hint = exercises.verdict(eid, wrong, **context)
+        assert hint.endswith("))") and "check(..., seed=" in hint, hint
+        seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
+        assert exercises.verdict(eid, wrong, seed=seed, **context) == hint

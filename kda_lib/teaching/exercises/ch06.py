@@ -3,13 +3,16 @@ conv stack's positions, clearing at every ``period`` tokens)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import math
+from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker, refuse_degenerate
-from kda_lib.teaching.exercises._routes import call_own_work
+from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
+from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
     [0.5, 0.25, 0.125, 0.125],
@@ -32,13 +35,78 @@ def _listed(got):
     return sorted(got) if isinstance(got, (set, frozenset)) else got
 
 
+_ENTROPY_HINT = ("blind_floor(probs) calls {}, which does the derivation: write the entropy "
+                 "-sum_v p(v) log p(v) yourself (numpy), 0 log 0 counting as 0")
+
+
+def _entropy_routines() -> list:
+    """``(module, name, routine)`` of the library entropies 06.1 refuses (scipy's)."""
+    try:
+        import scipy.special
+        import scipy.stats
+    except ImportError:  # no scipy, nothing to refuse
+        return []
+    return [(scipy.stats, "entropy", scipy.stats.entropy)] + [
+        (scipy.special, n, getattr(scipy.special, n)) for n in ("entr", "rel_entr", "kl_div")]
+
+
+def _held_routine(answer, routines, depth: int = 3) -> str | None:
+    """The routine's name if ``answer`` holds one of ``routines`` (by name in its module's
+    globals, a closure, a default argument or a partial, ``depth`` functions deep), else None."""
+    by_id = {id(r): f"{m.__name__}.{n}" for m, n, r in routines}
+    todo, seen = [(answer, depth)], set()
+    while todo:
+        fn, level = todo.pop()
+        if id(fn) in by_id:
+            return by_id[id(fn)]
+        if level < 0 or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if isinstance(fn, functools.partial):
+            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
+        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        stack = [code] if code is not None else []
+        while stack:
+            c = stack.pop()
+            stack += [x for x in c.co_consts if isinstance(x, type(c))]
+            todo += [(names[n], level - 1) for n in c.co_names if n in names]
+        todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
+        for cell in getattr(fn, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                todo.append((cell.cell_contents, level - 1))
+    return None
+
+
+def _floor_call(answer, probs):
+    """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
+    routines = _entropy_routines()
+    held = _held_routine(answer, routines)
+    if held:
+        return None, _ENTROPY_HINT.format(held)
+    with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
+        stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
+            m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
+        with modules_entered(("scipy.stats",)) as entered:
+            got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
+    used = [name for name, stub in stubs.items() if stub.called] + entered
+    return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
+
+
 @checker("06.1")
-def blind_floor(answer, **_):
+def blind_floor(answer, *, seed=None):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
-    from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry."""
-    for probs in [*_SKEWED, _random_probs(np.random.default_rng())]:
-        got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
+    from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry. The
+    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's
+    ``stats.entropy``, ``special.entr``, ``rel_entr``, ``kl_div``) is refused."""
+    seed, rng = seeded(seed)
+    hint = _floor_hint(answer, [*_SKEWED, _random_probs(rng)])
+    return hint and hint + again(seed)
+
+
+def _floor_hint(answer, trials) -> str | None:
+    for probs in trials:
+        got, hint = _floor_call(answer, probs)
         hint = hint or refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
         if hint:
             return hint
@@ -79,16 +147,21 @@ def _seen(last, widths, dilations):
 
 
 @checker("06.2")
-def dilated_positions(answer, **_):
+def dilated_positions(answer, *, seed=None):
     """``answer(last, widths, dilations) -> positions``: the positions an output at ``last``
     depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
     dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d). The checker tries stacks
-    of its own, some with gaps in the positions."""
-    rng = np.random.default_rng()
+    of its own, some with gaps in the positions, and one drawn (``seed`` repeats it)."""
+    seed, rng = seeded(seed)
     depth = int(rng.integers(1, 4))
     drawn = (int(rng.integers(5, 40)), tuple(int(w) for w in rng.integers(1, 5, depth)),
              tuple(int(d) for d in rng.integers(1, 6, depth)))
-    for last, widths, dilations in [*_STACKS, drawn]:
+    hint = _positions_hint(answer, [*_STACKS, drawn])
+    return hint and hint + again(seed)
+
+
+def _positions_hint(answer, stacks) -> str | None:
+    for last, widths, dilations in stacks:
         got, hint = call_own_work(answer, last, list(widths), list(dilations),
                                   name="seen_positions(last, widths, dilations)")
         got = _listed(got)
@@ -121,15 +194,21 @@ def _lost(seq_len, delay, conv_size, period):
 
 
 @checker("06.3")
-def periodic_clearing(answer, **_):
+def periodic_clearing(answer, *, seed=None):
     """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
     token (at t - delay) has no path left when the states and the conv histories above layer 0
-    are cleared at every multiple of ``period`` (period, 2 period, ...)."""
-    rng = np.random.default_rng()
+    are cleared at every multiple of ``period`` (period, 2 period, ...). The checker's cases
+    and one drawn (``seed`` repeats it)."""
+    seed, rng = seeded(seed)
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     period = int(rng.integers(delay + 1, 3 * delay + 2))
     drawn = (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)
-    for case in [*_PERIODIC, drawn]:
+    hint = _lost_hint(answer, [*_PERIODIC, drawn])
+    return hint and hint + again(seed)
+
+
+def _lost_hint(answer, cases) -> str | None:
+    for case in cases:
         got, hint = call_own_work(answer, *case,
                                   name="lost_positions(seq_len, delay, conv_size, period)")
         got = _listed(got)

@@ -1,16 +1,19 @@
 """Checkers for notebook 10 (Kimi Linear at scale); worked solutions in
-``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers, tried on
-the notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale`) and on models
-of the checker's own; so does 10.2, whose count is checked against at_scale's ring and
-summary bytes. Each returns None (right) or a hint that does not give the answer away."""
+``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers with
+dtypes the page does not use (10.1 the state's and the cache's, 10.3 the weights'), tried on the
+notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale` at the page's
+dtypes), on models of the checker's own and on drawn ones (``seed`` repeats a call); so does
+10.2, checked against at_scale's ring and summary bytes. Each returns None (right) or a hint
+that does not give the answer away."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import call_own_work
 
 
@@ -33,20 +36,39 @@ def _is_int(answer) -> bool:
     return isinstance(value, int)
 
 
-def _first_miss(answer, trials, name, count):
-    """Runs ``answer`` on every trial: ``(hint, None)`` at the first one it calls kda_lib, raises
-    or is not one whole number of tokens; ``(None, (args, got, count(*args)))`` at the first
-    wrong count; ``(None, None)`` when all are right."""
+_INT32_MAX = 2**31 - 1
+
+
+def _wrapped(got, largest) -> str | None:
+    """The hint for a wrong count in 32-bit ints whose products pass ``2**31 - 1``."""
+    if np.asarray(got).dtype.itemsize <= 4 and np.asarray(got).dtype.kind in "iu" and (
+            largest > _INT32_MAX):
+        return (f"your count is a 32-bit int (jnp's default) and a product here is {largest:,},"
+                " past 2^31 - 1 = 2,147,483,647, where int32 wraps around to a wrong value: "
+                "compute in Python ints (or int64)")
+    return None
+
+
+def _first_miss(answer, trials, name, count, largest):
+    """Runs ``answer`` on every trial: ``(hint, None)`` at the first one it calls kda_lib, raises,
+    is not one whole number of tokens or overflowed int32 (``largest(*args)`` the trial's
+    largest product); ``(None, (args, got, count(*args)))`` at the first wrong count;
+    ``(None, None)`` when all are right."""
     for args in trials:
         got, hint = call_own_work(answer, *args, name=name)
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T")
+        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T", allow_zeros=True)
         if not hint and not _is_int(got):
             hint = "answer with a whole number of tokens"
+        if not hint and int(got) != count(*args):
+            hint = _wrapped(got, largest(*args))
         if hint:
             return hint, None
         if int(got) != count(*args):
             return None, (args, int(got), count(*args))
     return None, None
+
+
+_DTYPES = [(4, 2), (2, 2), (4, 1)]  # (state_bytes, cache_bytes); (2, 1) would give (4, 2)'s
 
 
 def _drawn(rng, *, params: bool = False) -> tuple:
@@ -60,17 +82,20 @@ def _drawn(rng, *, params: bool = False) -> tuple:
     return (*shape, mla + int(rng.integers(0, 1_000_000)), mla)
 
 
-def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
-    """One sequence's KDA cache: float32 state H d_k d_v (d_v = d_k) and bf16 conv history of
-    w - 1 rows of the 2 H d_k + H d_v conv channels."""
-    return 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
+def _kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) -> int:
+    """One sequence's KDA cache: a state of H d_k d_v numbers (d_v = d_k), ``state_bytes``
+    each, and the conv history, w - 1 rows of the 2 H d_k + H d_v conv channels,
+    ``cache_bytes`` each."""
+    return (state_bytes * heads * head_dim**2
+            + cache_bytes * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
-def _reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent) -> float:
-    hybrid = kda_layers * _kda_layer_bytes(heads, head_dim, conv_size) + (
-        global_layers * context * 2 * latent
-    )
-    return 1 - hybrid / ((kda_layers + global_layers) * context * 2 * latent)
+def _reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+               state_bytes=4, cache_bytes=2) -> float:
+    kda = _kda_layer_bytes(heads, head_dim, conv_size, state_bytes, cache_bytes)
+    per_layer = context * cache_bytes * latent
+    return 1 - (kda_layers * kda + global_layers * per_layer) / (
+        (kda_layers + global_layers) * per_layer)
 
 
 def _preset_shape(p) -> dict:
@@ -84,20 +109,22 @@ def _preset_shape(p) -> dict:
                 latent=at_scale.mla_cache_numbers(p))
 
 
-_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent)
-    (3, 1, 4, 64, 4, 96),
-    (5, 2, 8, 32, 2, 200),
-    (2, 2, 1, 128, 1, 40),
+_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent, dtypes)
+    (3, 1, 4, 64, 4, 96, 4, 2),
+    (5, 2, 8, 32, 2, 200, 2, 2),
+    (2, 2, 1, 128, 1, 40, 4, 1),
 ]
 
 
 @checker("10.1")
-def cache_reduction(answer, *, preset: str, context: int):
-    """``answer(context, kda_layers, global_layers, heads, head_dim, conv_size, latent) ->
-    float``: ``1 - hybrid / all-global`` decode memory of one sequence, the hybrid's KDA layers
-    keeping a float32 state (d_v = d_k = head_dim) and bf16 conv history, each global layer
-    ``latent`` bf16 numbers per token. Tried on ``preset`` at ``context`` and other contexts,
-    then on models of the checker's own; kda_lib may not be called."""
+def cache_reduction(answer, *, preset: str, context: int, seed=None):
+    """``answer(context, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+    state_bytes, cache_bytes) -> float``: ``1 - hybrid / all-global`` decode memory of one
+    sequence, the hybrid's KDA layers keeping a state of ``state_bytes`` per number (d_v = d_k
+    = head_dim) and a conv history of ``cache_bytes``, each global layer ``latent`` numbers per
+    token of ``cache_bytes``. Tried on ``preset`` at ``context`` and other contexts with a bf16
+    state or an fp8 cache (never the page's float32 state and bf16 cache), then on models of
+    the checker's own and one drawn (``seed`` repeats it); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
@@ -105,14 +132,22 @@ def cache_reduction(answer, *, preset: str, context: int):
     layers = (len(p.kda_layers), len(p.global_layers))
     library = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
         p, context, hybrid=False)
-    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12):
+    own = [_kda_layer_bytes(*list(shape.values())[:3], *d) for d in _DTYPES]
+    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12) or (
+            own != [at_scale.kda_state_bytes(p, *d) for d in _DTYPES]):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
-    trials = [(c, *layers, *shape.values()) for c in (context, 1, 1000, 2**20)]
+    trials = [(c, *layers, *shape.values(), *d)
+              for c, d in zip((context, 1, 1000, 2**20), _DTYPES[1:] * 2, strict=True)]
     trials += [(c, *m) for m in _OWN_MODELS for c in (64, 50_000)]
-    rng = np.random.default_rng()
+    seed, rng = seeded(seed)
     kda_layers = int(rng.integers(2, 9))  # a hybrid: at least as many KDA as global layers
     trials.append((int(rng.integers(2, 10**6)), kda_layers, int(rng.integers(1, kda_layers + 1)),
-                   *_drawn(rng)))
+                   *_drawn(rng), *_DTYPES[int(rng.integers(len(_DTYPES)))]))
+    hint = _reduction_hint(answer, trials)
+    return hint and hint + again(seed)
+
+
+def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
         got, hint = call_own_work(answer, *args, name="cache_reduction(context, ...)")
         hint = hint or refuse_degenerate(got, shape=(), what="the reduction", allow_zeros=True)
@@ -121,35 +156,43 @@ def cache_reduction(answer, *, preset: str, context: int):
         want, got = _reduction(*args), float(got)
         if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
             continue
+        context, kda, glob, *model, state_bytes, cache_bytes = args
+        where = (f"at context {context} with {kda} KDA and {glob} global layers, state_bytes = "
+                 f"{state_bytes}, cache_bytes = {cache_bytes}")
         if got > 1:
             return "a fraction (at most 1), not a percentage"
-        kda, glob = args[1], args[2]
         if math.isclose(got, kda / (kda + glob), rel_tol=1e-6):
             return "that is the limit at long contexts: count the KDA layers' own state too"
-        return (
-            f"at context {args[0]} with {kda} KDA and {glob} global layers your reduction is "
-            f"{'above' if got > want else 'below'} the count: the KDA state is float32 "
-            "(4 bytes), its conv history and the latents bf16 (2 bytes)"
-        )
+        if math.isclose(got, _reduction(context, kda, glob, *model), rel_tol=1e-6):
+            return (f"{where}, yours is the page's float32 state and bf16 caches: use "
+                    "state_bytes and cache_bytes")
+        return (f"{where}, your reduction is {'above' if got > want else 'below'} the count: "
+                "the state takes state_bytes per number, its conv history and the latents "
+                "cache_bytes")
     return None
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
     """The smallest whole T with (R - 1)/R T 2 latent > (R - 1) H d_k (2 d_k) 4 + halo, exact
     in integers: T (R - 1) 2 latent > R (summaries + halo)."""
-    flat = (ranks - 1) * heads * head_dim * 2 * head_dim * 4 + (
-        2 * max(conv_size - 1, 0) * 3 * heads * head_dim)
-    return ranks * flat // ((ranks - 1) * 2 * latent) + 1
+    return _ring_bytes(ranks, heads, head_dim, conv_size) // (
+        (ranks - 1) * 2 * latent) + 1
+
+
+def _ring_bytes(ranks, heads, head_dim, conv_size) -> int:
+    """A rank's summaries (float32) and conv halo (bf16), times R: the count's largest product."""
+    return ranks * ((ranks - 1) * heads * head_dim * 2 * head_dim * 4
+                    + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
 @checker("10.2")
-def ring_crossover(answer, *, preset: str, ranks: int):
+def ring_crossover(answer, *, preset: str, ranks: int, seed=None):
     """``answer(ranks, heads, head_dim, conv_size, latent) -> int``: the smallest whole T at
     which ring attention over the MLA latents (``latent`` bf16 numbers per token, (R - 1)/R of
     the sequence) brings each rank more bytes than the KDA summaries (float32, (R - 1) H d_k
     (d_k + d_v), d_v = d_k) plus the conv halo (bf16, (w - 1) 3 H d_k). Tried on ``preset`` at
-    ``ranks`` and other rank counts, then on models of the checker's own; kda_lib may not be
-    called."""
+    ``ranks`` and other rank counts, then on models of the checker's own and one drawn
+    (``seed`` repeats it); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
@@ -160,63 +203,91 @@ def ring_crossover(answer, *, preset: str, ranks: int):
     if not at_scale.ring_attention_bytes(mla, t, ranks) > flat >= at_scale.ring_attention_bytes(
             mla, t - 1, ranks):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
-    rng = np.random.default_rng()
+    seed, rng = seeded(seed)
     trials = [(r, *shape) for r in (ranks, 2, 64)]
-    trials += [(r, *m[2:]) for m in _OWN_MODELS for r in (3, 16)]
+    trials += [(r, *m[2:6]) for m in _OWN_MODELS for r in (3, 16)]
     trials.append((int(rng.integers(2, 129)), *_drawn(rng)))
-    hint, miss = _first_miss(answer, trials, "ring_crossover(ranks, ...)", _ring)
+    hint, miss = _first_miss(answer, trials, "ring_crossover(ranks, ...)", _ring,
+                             lambda *a: _ring_bytes(*a[:4]))
     if hint or miss is None:
-        return hint
+        return hint and hint + again(seed)
     (ranks, *_), got, want = miss
     if got == want - 1:
-        return f"at {ranks} ranks your T is one short: ring attention must move more"
+        return f"at {ranks} ranks your T is one short: ring attention must move more" + again(seed)
     return (
         f"at {ranks} ranks your T is {'above' if got > want else 'below'} the crossing: the "
         "summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); each rank "
-        "receives (R - 1)/R of the latents"
+        "receives (R - 1)/R of the latents" + again(seed)
     )
 
 
-def _crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int:
-    kda = 2 * kda_params + batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size)
-    return max(1, math.ceil((kda - 2 * mla_params) / (batch * 2 * latent)))
+def _crossover_bytes(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
+                     weight_bytes) -> Fraction:
+    """KDA's bytes less MLA's weights, per step: the numerator of the crossing (exact)."""
+    return (Fraction(weight_bytes) * (kda_params - mla_params)
+            + batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size))
 
 
-_OWN_LAYERS = [  # (heads, head_dim, conv_size, latent, kda_params, mla_params)
-    (4, 64, 4, 96, 900_000, 700_000),
-    (8, 32, 2, 200, 3_000_000, 2_900_000),
-    (2, 128, 1, 40, 500_000, 450_000),
+def _crossover(batch, heads, head_dim, conv_size, latent, *params) -> int:
+    excess = _crossover_bytes(batch, heads, head_dim, conv_size, latent, *params)
+    return max(1, math.ceil(excess / (batch * 2 * latent)))
+
+
+_OWN_LAYERS = [  # (heads, head_dim, conv_size, latent, kda_params, mla_params, weight_bytes)
+    (4, 64, 4, 96, 900_000, 700_000, 2),
+    (8, 32, 2, 200, 3_000_000, 2_900_000, 1),
+    (2, 128, 1, 40, 500_000, 450_000, 0.5),
 ]
 
 
+def _clamped(rng) -> tuple:
+    """A drawn layer whose MLA weights outweigh KDA's by more than the batch's states: the
+    formula gives T <= 0 and the answer is T = 1."""
+    batch, (heads, head_dim, conv_size, latent), weight_bytes = (
+        int(rng.integers(1, 5)), _drawn(rng), float(rng.choice([0.5, 1, 2])))
+    kda = int(rng.integers(100_000, 2_000_000))
+    state = batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size)
+    mla = kda + math.ceil(state / weight_bytes) + int(rng.integers(0, 10**6))
+    return batch, heads, head_dim, conv_size, latent, kda, mla, weight_bytes
+
+
 @checker("10.3")
-def decode_crossover(answer, *, preset: str):
-    """``answer(batch, heads, head_dim, conv_size, latent, kda_params, mla_params) -> int``:
-    the smallest whole T >= 1 at which one MLA layer's decode step of ``batch`` sequences moves
-    at least as many bytes as one KDA layer's: each reads its bf16 weights once per step, MLA
-    each sequence's T bf16 latents, KDA each sequence's state read and written (float32 state,
-    bf16 conv history). Tried on ``preset`` at several batches, then on layers of the
-    checker's own; kda_lib may not be called."""
+def decode_crossover(answer, *, preset: str, seed=None):
+    """``answer(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
+    weight_bytes) -> int``: the smallest whole T >= 1 at which one MLA layer's decode step of
+    ``batch`` sequences moves at least as many bytes as one KDA layer's: each reads its
+    weights (``weight_bytes`` per parameter: fp8 1, int4 0.5) once per step, MLA each
+    sequence's T bf16 latents, KDA each sequence's state read and written (float32 state,
+    bf16 conv history). Tried on ``preset`` with fp8 and int4 weights (never the page's bf16),
+    then on layers of the checker's own and two drawn, one where MLA's weights alone outweigh
+    KDA's bytes (``seed`` repeats them); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
-    shape = _preset_shape(p)
+    shape = tuple(_preset_shape(p).values())
     params = (p.kda_parameter_count(), p.mla_parameter_count())
-    want_1 = _crossover(1, *shape.values(), *params)
+    want_1 = _crossover(1, *shape, *params, 2)
     library = [at_scale.mla_decode_bytes(p, t) >= at_scale.kda_decode_bytes(p)
                for t in (want_1 - 1, want_1)]
     if library != [False, True]:
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
-    trials = [(b, *shape.values(), *params) for b in (1, 16, 256)]
+    trials = [(b, *shape, *params, w) for b, w in ((1, 1), (16, 1), (256, 1), (1, 0.5))]
     trials += [(b, *layer) for layer in _OWN_LAYERS for b in (1, 7)]
-    rng = np.random.default_rng()
-    trials.append((int(rng.integers(1, 300)), *_drawn(rng, params=True)))
-    hint, miss = _first_miss(answer, trials, "decode_crossover(batch, ...)", _crossover)
+    seed, rng = seeded(seed)
+    trials += [(int(rng.integers(1, 300)), *_drawn(rng, params=True),
+                float(rng.choice([0.5, 1, 2]))), _clamped(rng)]
+    hint, miss = _first_miss(answer, trials, "decode_crossover(batch, ...)", _crossover,
+                             lambda b, h, d, w, _, kp, mp, wb: 2 * max(kp, mp) + b * 2 * (
+                                 _kda_layer_bytes(h, d, w)))
     if hint or miss is None:
-        return hint
-    (batch, *_), got, want = miss
+        return hint and hint + again(seed)
+    (batch, *_, weight_bytes), got, want = miss
+    if got < 1:
+        return ("T is at least 1: where MLA's weights alone outweigh KDA's bytes, the formula "
+                "gives T <= 0 and MLA moves more from T = 1 on" + again(seed))
     return (
-        f"at batch {batch} your T is {'above' if got > want else 'below'} the crossover: "
-        "per step the weights are read once (shared by the batch), the KDA state read and "
-        "written for every sequence, the latents read for every sequence"
+        f"at batch {batch} with weight_bytes = {weight_bytes} your T is "
+        f"{'above' if got > want else 'below'} the crossover: per step the weights are read "
+        "once (shared by the batch), the KDA state read and written for every sequence, the "
+        "latents read for every sequence" + again(seed)
     )
