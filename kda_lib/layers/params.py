@@ -1,10 +1,7 @@
-"""The weight-decay policy, as a mark on each parameter where it is created, and the memory
-check a layer makes before it allocates its parameters.
-
-AdamW decays matmul and convolution kernels, not gate parameters (``A_log``, ``dt_bias``), norm
-weights, biases or embeddings: those are created with the metadata :data:`NO_DECAY`, and
-:func:`weight_decay_mask` reads the mark (no parameter name is matched).
-"""
+"""Weight decay as a mark made where each parameter is created: AdamW decays matmul and conv
+kernels, not ``A_log``, ``dt_bias``, norm weights, biases or embeddings (created with
+:data:`NO_DECAY`, which :func:`weight_decay_mask` reads); and the memory check a layer makes
+before it allocates its parameters."""
 
 from __future__ import annotations
 
