@@ -102,7 +102,7 @@ class ShortConvolution(nnx.Module):
     def __init__(self, channels: int, conv_size: int = 4, *, dtype=None,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
         if conv_size < 1:
-            raise ValueError(f"conv_size must be >= 1, got {conv_size}")
+            raise ValueError(f"ShortConvolution needs conv_size >= 1, got {conv_size}")
         self.channels, self.conv_size, self.dtype = channels, conv_size, dtype
         bound, shape = 1.0 / np.sqrt(conv_size), (conv_size, channels)
         key = rngs.params()

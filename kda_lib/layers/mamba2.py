@@ -23,7 +23,7 @@ from flax import nnx
 from kda_lib.checks import check_int
 from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
 from kda_lib.layers.conv import ShortConvolution
-from kda_lib.layers.kda_layer import KDACache, KDAConfig
+from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDACache, KDAConfig
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -127,6 +127,7 @@ class ConvMixer(nnx.Module):
     def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, KDAConfig):
             raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
+        check_parameters_fit(ConvMixer, config, fields=WIDTH_FIELDS)
         self.config = config
         hidden, channels = config.hidden_size, config.value_heads * config.value_dim
         dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)
