@@ -289,19 +289,6 @@ def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
-    """Read decoder layer ``layer_index``'s tensors (``model.layers.N.self_attn.*``) from the
-    Kimi Linear checkpoint file(s) ``paths`` into ``layer`` with :func:`load_state_dict`."""
-    prefix = kimi_linear_prefix(layer_index)
-    tensors = read_safetensors(paths, prefix)
-    if not tensors:
-        raise ValueError(f"no tensor named {prefix}* in {paths!r}: not a Kimi Linear "
-                         f"checkpoint, or layer {layer_index} is not in these files (or is an "
-                         f"MLA layer, model.layers.{layer_index}.self_attn.kv_a_proj_with_mqa "
-                         "etc.)")  # fmt: skip
-    load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
-
-
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
     (without the layer prefix, told by its beta projection), or a ValueError."""
