@@ -36,7 +36,8 @@ def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Ar
 
 def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_dim: int,
                       value_dim: int | None = None, *, dtype=jnp.float32, gate: str = "softplus",
-                      gate_scale: float = 1.0, with_state: bool = False) -> dict[str, jax.Array]:
+                      gate_scale: float = 1.0,
+                      with_state: bool = False) -> dict[str, jax.Array]:  # fmt: skip
     """Keyword arguments for :func:`kda_lib.kda` in ``dtype``: q, k L2-normalised Gaussians, v
     (V = K if None), beta a sigmoid of one, g from a Gaussian gate input with ``a_log =
     log(linspace(1, 16, H))``, ``dt_bias ~ 0.5 N``. ``gate``: "softplus" or "safe" (bound -5):

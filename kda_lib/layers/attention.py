@@ -17,7 +17,7 @@ from flax import nnx
 
 from kda_lib import checks
 from kda_lib.checks import check_allocation, check_array, check_int
-from kda_lib.layers.conv import qkv_convolutions, window_segment_ids
+from kda_lib.layers.conv import ShortConvolution, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids
@@ -69,8 +69,6 @@ class AttentionConfig(Widths):
                      dtype="dtype param_dtype")  # fmt: skip
         if self.rope and self.head_dim % 2:
             raise ValueError(f"attention needs an even head_dim for RoPE, got {self.head_dim}")
-        if self.short_conv and self.conv_size < 1:
-            raise ValueError(f"short_conv needs conv_size >= 1, got {self.conv_size}")
 
 
 class AttentionCache(NamedTuple):
@@ -106,9 +104,10 @@ class CausalSelfAttention(nnx.Module):
         self.q_proj, self.k_proj, self.v_proj = (nnx.Linear(hidden, h * d, **linear)
                                                  for d in (kd, kd, vd))  # fmt: skip
         if cfg.short_conv:
-            self.q_conv1d, self.k_conv1d, self.v_conv1d = qkv_convolutions(
-                h * kd, h * vd, cfg.conv_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                rngs=rngs)  # fmt: skip
+            conv = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
+            self.q_conv1d, self.k_conv1d, self.v_conv1d = (
+                ShortConvolution(c, cfg.conv_size, **conv) for c in (h * kd, h * kd, h * vd)
+            )
         self.o_proj = nnx.Linear(h * vd, hidden, **linear)
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: AttentionCache | None = None):
@@ -178,14 +177,14 @@ def check_call(layer, x, segment_ids, cache):
 
 
 def check_cache(cache, layer, batch: int) -> None:
-    """``cache`` must be a ``layer.cache_type`` of floating arrays of the shapes
-    ``layer._cache_shapes(batch, rows)`` gives (None: absent), rows read from its first field."""
+    """``cache`` must be a ``layer.cache_type`` of floating arrays of the shapes (by field; None:
+    absent) ``layer._cache_shapes(batch, rows)`` gives, rows read from its first field."""
     kind, cls = layer.cache_kind, layer.cache_type
     build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
     if not isinstance(cache, cls):
         raise ValueError(f"cache must be {kind}, got {type(cache).__name__}; {build}")
     first = tuple(getattr(cache[0], "shape", ()))
-    for name, shape in _shapes(layer, batch, first[1] if len(first) > 1 else 0).items():
+    for name, shape in layer._cache_shapes(batch, first[1] if len(first) > 1 else 0).items():
         got = getattr(cache, name)
         if got is not None:
             check_array(f"cache.{name}", got, floating=True)
@@ -201,17 +200,12 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
     batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
     dtype = getattr(layer.config, "dtype", jnp.float32)
-    shapes = _shapes(layer, batch_size, max_len or 0)
+    shapes = layer._cache_shapes(batch_size, max_len or 0)
     dtypes = {n: jnp.float32 if n == "state" else dtype for n in shapes}
     nbytes = sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
     check_allocation("batch_size", batch_size, "the cache", nbytes)
     zeros = {n: s and jnp.zeros(s, dtypes[n]) for n, s in shapes.items()}
     return layer.cache_type(**zeros, **fields)
-
-
-def _shapes(layer, batch: int, rows: int) -> dict:
-    shapes = layer._cache_shapes(batch, rows)  # a dict, or a cache NamedTuple of shapes
-    return shapes._asdict() if hasattr(shapes, "_asdict") else shapes
 
 
 def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):

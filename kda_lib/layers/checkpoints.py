@@ -77,7 +77,8 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     if cfg.fused_qkv_conv and not hf:
         raise ValueError(f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d "
                          "weights; this layer has one fused qkv_conv1d (KDAConfig.fused_qkv_conv"
-                         "=True): build it with fused_qkv_conv=False to read this checkpoint")
+                         "=True): build it with fused_qkv_conv=False to read this "
+                         "checkpoint")  # fmt: skip
     lacking = [what for what, absent in (  # the transformers layer has them all
         ("a full-rank forget gate (forget_gate_rank=None)", cfg.forget_gate_rank is None),
         ("no A_log (use_a_log=False)", not cfg.use_a_log),
@@ -161,8 +162,8 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
     unexpected = sorted(set(state_dict) - set(entries), key=str)
     if missing or unexpected:
         kind = type(layer.config).__name__
-        wrong = [f"{what} {[f'{prefix}{n}' for n in names]}"
-                 for what, names in (("missing", missing), ("unexpected", unexpected)) if names]
+        wrong = [f"{what} {[f'{prefix}{n}' for n in names]}" for what, names in
+                 (("missing", missing), ("unexpected", unexpected)) if names]  # fmt: skip
         hint = ("num_heads, num_v_heads, forget_gate_rank, output_gate_rank, output_gate_bias, "
                 "use_a_log, conv_size; conv biases are not supported")  # fmt: skip
         raise ValueError(f"{source} state_dict does not match this {kind}: {'; '.join(wrong)} "
@@ -176,10 +177,7 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
 
 def _converted(label: str, entry: _Entry, value) -> list:
     """``(variable, value)`` for each parameter ``entry`` holds, checked (``value``: numpy,
-    torch, jax or lists; bfloat16 widened to float32 exactly)."""
-    if hasattr(value, "detach"):  # a torch tensor: numpy has no bfloat16, so widen it first
-        value = value.detach().cpu()
-        value = (value.float() if str(value.dtype) == "torch.bfloat16" else value).numpy()
+    jax or lists; bfloat16 widened to float32 exactly)."""
     try:
         given = np.asarray(value)
     except (TypeError, ValueError) as error:
@@ -228,8 +226,9 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
     for path, version in versions.items():
         stat = os.stat(path) if os.path.exists(path) else None
         if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
-            raise ValueError(f"{path}: the file changed while the checkpoint was read (replaced or "
-                             "rewritten): its tensors may be of two versions; read it again")
+            raise ValueError(f"{path}: the file changed while the checkpoint was read (replaced "
+                             "or rewritten): its tensors may be of two versions; read it "
+                             "again")  # fmt: skip
 
 
 def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
@@ -277,7 +276,8 @@ def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
             if dtype not in SAFETENSORS_DTYPES:
                 raise ValueError(f"{where}: dtype {dtype!r} is not supported (supported: "
-                                 f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint first")
+                                 f"{', '.join(SAFETENSORS_DTYPES)}); convert the checkpoint "
+                                 "first")  # fmt: skip
             if len(shape) > 64:
                 raise ValueError(f"{where}: {len(shape)} dimensions (numpy holds at most 64)")
             buffer = bytearray(end - begin)
@@ -289,23 +289,12 @@ def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def load_kimi_linear_safetensors(layer, paths, layer_index: int) -> None:
-    """Read decoder layer ``layer_index``'s tensors (``model.layers.N.self_attn.*``) from the
-    Kimi Linear checkpoint file(s) ``paths`` into ``layer`` with :func:`load_state_dict`."""
-    prefix = kimi_linear_prefix(layer_index)
-    tensors = read_safetensors(paths, prefix)
-    if not tensors:
-        raise ValueError(f"no tensor named {prefix}* in {paths!r}: not a Kimi Linear checkpoint, "
-                         f"or layer {layer_index} is not in these files (or is an MLA layer, "
-                         f"model.layers.{layer_index}.self_attn.kv_a_proj_with_mqa etc.)")
-    load_state_dict(layer, tensors, "kimi_linear", prefix=prefix)
-
-
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
     (without the layer prefix, told by its beta projection), or a ValueError."""
     markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
     if len(found := [n for n, marker in markers.items() if marker in set(names)]) != 1:
         raise ValueError(f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: "
-                         f"expected one of {list(markers.values())} (remote code, transformers)")
+                         f"expected one of {list(markers.values())} (remote code, "
+                         "transformers)")  # fmt: skip
     return found[0]

@@ -102,7 +102,7 @@ class ShortConvolution(nnx.Module):
     def __init__(self, channels: int, conv_size: int = 4, *, dtype=None,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
         if conv_size < 1:
-            raise ValueError(f"conv_size must be >= 1, got {conv_size}")
+            raise ValueError(f"ShortConvolution needs conv_size >= 1, got {conv_size}")
         self.channels, self.conv_size, self.dtype = channels, conv_size, dtype
         bound, shape = 1.0 / np.sqrt(conv_size), (conv_size, channels)
         key = rngs.params()
@@ -124,11 +124,3 @@ class ShortConvolution(nnx.Module):
         if conv_state is None:
             conv_state = jnp.zeros((x.shape[0], self.conv_size - 1, self.channels), dtype)
         return jax.nn.silu(y), jnp.concatenate([conv_state.astype(dtype), x], 1)[:, x.shape[1] :]
-
-
-def qkv_convolutions(key_channels: int, value_channels: int, conv_size: int, *, dtype=None,
-                     param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
-    """The q, k and v convolutions of a mixer, built in that order: ``key_channels`` (H K) for
-    q and k, ``value_channels`` (HV V) for v."""
-    conv = dict(conv_size=conv_size, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    return tuple(ShortConvolution(c, **conv) for c in (key_channels, key_channels, value_channels))

@@ -36,7 +36,7 @@ from kda_lib.layers.attention import (
     mix_convs,
 )
 from kda_lib.layers.checkpoints import load_state_dict
-from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
+from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
     CheckedSegmentIds,
@@ -197,7 +197,7 @@ class KimiDeltaAttention(nnx.Module):
         self.qkv_conv1d = ShortConvolution(2 * qk + vc, **conv) if fused else None
         separate = cfg.conv_size and not fused
         self.q_conv1d, self.k_conv1d, self.v_conv1d = (
-            qkv_convolutions(qk, vc, **conv) if separate else (None, None, None)
+            [ShortConvolution(c, **conv) for c in (qk, qk, vc)] if separate else (None,) * 3
         )
 
         def gate_projection(out, rank, use_bias):  # nnx.Linear, or a low-rank pair through rank
@@ -241,9 +241,9 @@ class KimiDeltaAttention(nnx.Module):
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
         final = cache is not None or bool(states)
         result = kda(q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
-                     initial_state=None if cache is None else cache.state,
+                     initial_state=None if cache is None else cache.state, **states,
                      segment_ids=segment_ids, max_num_segments=max_segments_bound(ids, cfg),
-                     chunk_size=cfg.chunk_size, implementation=cfg.implementation, **states)
+                     chunk_size=cfg.chunk_size, implementation=cfg.implementation)  # fmt: skip
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
@@ -341,12 +341,12 @@ class KimiDeltaAttention(nnx.Module):
         return _onto_mesh(y, home) if isinstance(home, jax.sharding.Mesh) else y
 
     # ----------------------------------------------------------------- decoding
-    def _cache_shapes(self, batch_size: int, rows: int = 0) -> KDACache:
+    def _cache_shapes(self, batch_size: int, rows: int = 0) -> dict:
         cfg = self.config
         qk, vc = cfg.num_heads * cfg.head_dim, cfg.value_heads * cfg.value_dim
         state = (batch_size, cfg.value_heads, cfg.head_dim, cfg.value_dim)
         conv = [(batch_size, cfg.conv_size - 1, c) if cfg.conv_size else None for c in (qk, qk, vc)]
-        return KDACache(state, *conv)
+        return dict(zip(KDACache._fields, (state, *conv), strict=True))
 
     def init_cache(self, batch_size: int) -> KDACache:
         """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
@@ -435,7 +435,8 @@ class KimiDeltaAttention(nnx.Module):
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
-                                 f"finite values in all, the first is {float(values[first])})")
+                                 f"finite values in all, the first is "
+                                 f"{float(values[first])})")  # fmt: skip
         return None if ids is None else CheckedSegmentIds(ids, count)
 
 
@@ -453,10 +454,8 @@ def cache_at(caches: KDACache, index) -> KDACache:
 def _pick(caches: KDACache, index, name: str) -> KDACache:
     """Entry ``index`` of every stacked field (see :func:`cache_at`)."""
     batch, count = caches.state.shape[:2]
-    if is_int(index, minimum=None):
-        index = np.full(batch, index)
-    elif getattr(index, "shape", None) == () and jnp.issubdtype(index.dtype, jnp.integer):
-        index = jnp.broadcast_to(index, (batch,))  # a 0-d int array, traced under jit too
+    if is_int(index, minimum=None) or getattr(index, "shape", None) == ():
+        index = jnp.broadcast_to(index, (batch,))  # an int or a 0-d array, traced under jit too
     shape = getattr(index, "shape", None)
     if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
         got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)

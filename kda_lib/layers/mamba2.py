@@ -14,7 +14,7 @@ delta rule (and beta), against KDA also the per-channel decay; the KDA layer's p
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +22,8 @@ from flax import nnx
 
 from kda_lib.checks import check_int
 from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
-from kda_lib.layers.conv import ShortConvolution, qkv_convolutions
-from kda_lib.layers.kda_layer import KDAConfig
+from kda_lib.layers.conv import ShortConvolution
+from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDACache, KDAConfig
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -50,15 +50,9 @@ class Mamba2Config(Widths):
                      int0="conv_size", eps="norm_eps")  # fmt: skip
 
 
-class Mamba2Cache(NamedTuple):
-    """Decode state, :class:`kda_lib.layers.KDACache`'s fields (its own type: a KDA layer
-    refuses it): ``state [B, H, K, V]`` float32 and the convs' last ``W - 1`` inputs (None
-    without convs)."""
-
-    state: jax.Array
-    q_conv: jax.Array | None
-    k_conv: jax.Array | None
-    v_conv: jax.Array | None
+# decode state, KDACache's fields (its own type: a KDA layer refuses it): state [B, H, K, V]
+# float32 and the convs' last W - 1 inputs (None without convs)
+Mamba2Cache = namedtuple("Mamba2Cache", KDACache._fields)
 
 
 class Mamba2Mixer(nnx.Module):
@@ -73,7 +67,9 @@ class Mamba2Mixer(nnx.Module):
         linear = dict(use_bias=False, rngs=rngs)
         self.q_proj, self.k_proj, self.v_proj = (nnx.Linear(hidden, h * d, **linear)
                                                  for d in (kd, kd, vd))  # fmt: skip
-        convs = cfg.conv_size and qkv_convolutions(h * kd, h * vd, cfg.conv_size, rngs=rngs)
+        convs = cfg.conv_size and [
+            ShortConvolution(c, cfg.conv_size, rngs=rngs) for c in (h * kd, h * kd, h * vd)
+        ]
         self.q_conv1d, self.k_conv1d, self.v_conv1d = convs or (None,) * 3
         self.f_proj = nnx.Linear(hidden, h, **linear)
         self.A_log = no_decay_param(init_a_log(rngs.params(), h))
@@ -131,8 +127,7 @@ class ConvMixer(nnx.Module):
     def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, KDAConfig):
             raise ValueError(f"ConvMixer config must be a KDAConfig, got {config!r}")
-        if config.conv_size < 1:
-            raise ValueError("ConvMixer needs conv_size >= 1 (it has no other way to mix tokens)")
+        check_parameters_fit(ConvMixer, config, fields=WIDTH_FIELDS)
         self.config = config
         hidden, channels = config.hidden_size, config.value_heads * config.value_dim
         dtypes = dict(dtype=config.dtype, param_dtype=config.param_dtype, rngs=rngs)

@@ -1,10 +1,7 @@
-"""The weight-decay policy, as a mark on each parameter where it is created, and the memory
-check a layer makes before it allocates its parameters.
-
-AdamW decays matmul and convolution kernels, not gate parameters (``A_log``, ``dt_bias``), norm
-weights, biases or embeddings: those are created with the metadata :data:`NO_DECAY`, and
-:func:`weight_decay_mask` reads the mark (no parameter name is matched).
-"""
+"""Weight decay as a mark made where each parameter is created: AdamW decays matmul and conv
+kernels, not ``A_log``, ``dt_bias``, norm weights, biases or embeddings (created with
+:data:`NO_DECAY`, which :func:`weight_decay_mask` reads); and the memory check a layer makes
+before it allocates its parameters."""
 
 from __future__ import annotations
 
@@ -48,12 +45,11 @@ def _config_bytes(make, config) -> int:
     return parameter_count(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nbytes=True)
 
 
-def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None,
-                         what=None) -> None:  # fmt: skip
+def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
     """Refuse (ValueError naming the largest int of ``fields``: names of ``config``'s fields, all
     by default, or a dict ``{"<Config>.<field>": value}``) a layer ``make(config, rngs=...)``
-    (``what``: its name, ``make.__name__``) whose parameters cannot fit this machine's memory,
-    before anything is allocated; not under a trace (``nnx.eval_shape``, ``jit``)."""
+    whose parameters cannot fit this machine's memory, before anything is allocated; not under
+    a trace (``nnx.eval_shape``, ``jit``)."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
     if not isinstance(fields, dict):
@@ -61,4 +57,4 @@ def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None
         fields = {f"{type(config).__name__}.{name}": getattr(config, name) for name in names}
     name = max((n for n, v in fields.items() if is_int(v, None)), key=fields.get)
     nbytes = _config_bytes(make, config)
-    check_allocation(name, fields[name], f"the parameters of {what or make.__name__}", nbytes)
+    check_allocation(name, fields[name], f"the parameters of {make.__name__}", nbytes)

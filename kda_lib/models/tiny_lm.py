@@ -173,28 +173,16 @@ class Block(nnx.Module):
         return x if cache is None else (x, cache)
 
 
-def _embedding_and_head(config: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-    """As many parameters as TinyLM's embedding and head: ``[vocab_size, 2 hidden_size]``."""
-    return nnx.Embed(config.vocab_size, 2 * config.hidden_size, rngs=rngs)
-
-
-def _check_fits(config: ModelConfig) -> None:
-    """Refuse a TinyLM too large for memory naming what drives its size: ``vocab_size`` for the
-    embedding and head, else the largest of the mixer's widths and the other ModelConfig ints."""
-    what = "TinyLM's embedding and head"
-    check_parameters_fit(_embedding_and_head, config, fields=["vocab_size"], what=what)
-    own = "num_layers mlp_ratio mlp_width kv_lora_rank".split()
-    sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
-    sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
-    check_parameters_fit(TinyLM, config, fields=sizes)
-
-
 class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
     ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        _check_fits(config)
+        # too large for memory: refused naming the largest of the sizes that drive it
+        own = "vocab_size num_layers mlp_ratio mlp_width kv_lora_rank".split()
+        sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
+        sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
+        check_parameters_fit(TinyLM, config, fields=sizes)
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)

@@ -300,6 +300,13 @@ def _mamba2(hidden):
     return lambda: Mamba2Mixer(config, rngs=nnx.Rngs(0))
 
 
+def _conv_mixer(hidden):
+    from kda_lib.layers.mamba2 import ConvMixer
+
+    config = KDAConfig(hidden_size=hidden, num_heads=1, head_dim=4)
+    return lambda: ConvMixer(config, rngs=nnx.Rngs(0))
+
+
 def _tiny_lm(vocab):
     from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
@@ -309,7 +316,8 @@ def _tiny_lm(vocab):
 @pytest.mark.parametrize(
     "layer, size, field",
     [(_mla, 2**34, "MLAConfig.hidden_size"), (_attention, 2**34, "AttentionConfig.hidden_size"),
-     (_mamba2, 2**34, "Mamba2Config.hidden_size"), (_tiny_lm, 2**40, "ModelConfig.vocab_size")],
+     (_mamba2, 2**34, "Mamba2Config.hidden_size"), (_conv_mixer, 2**34, "KDAConfig.hidden_size"),
+     (_tiny_lm, 2**40, "ModelConfig.vocab_size")],
 )  # fmt: skip
 def test_a_layer_too_large_for_memory_is_refused_where_it_is_built(layer, size, field):
     """Issue 55, finding 5: the config describes it (it may be for a larger machine), building

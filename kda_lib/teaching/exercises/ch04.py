@@ -72,7 +72,7 @@ def _cache_floats(H, K, V, w) -> int:
 
     config = _config(H * K, H, K, V, 4, w, per_head_decay=False)
     layer = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
-    return sum(math.prod(s) for s in layer._cache_shapes(1) if s is not None)
+    return sum(math.prod(s) for s in layer._cache_shapes(1).values() if s is not None)
 
 
 @checker("04.2")
