@@ -64,8 +64,8 @@ def require_tokamax(what: str) -> None:
 
 
 def emulated_tpu() -> tuple[int, object] | None:
-    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU off one
-    (6 for v6e; tokamax's Mosaic op to call), else None. kda_lib.lab.emulation replaces it."""
+    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU (6 for v6e;
+    tokamax's Mosaic op to call), else None: the seam kda_lib/lab/emulation.py sets on import."""
     return None
 
 
