@@ -142,16 +142,18 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
                      allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
-                     dt_bias=None) -> Dims:  # fmt: skip
+                     dt_bias=None, values=True) -> Dims:  # fmt: skip
     """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
-    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given."""
+    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given.
+    ``values=False``: shapes only (no host reads)."""
     dims = checked_dims(q, k, v, g, beta)
     check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     check_gate_parameters(a_log, dt_bias, dims)
-    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
-    check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
+    if values:
+        check_values(beta, g, allow_neg_eigval=check_flag("allow_neg_eigval", allow_neg_eigval),
+                     raw_gate=raw_gate, bound=lower_bound)  # fmt: skip
     return dims
 
 
