@@ -9,10 +9,9 @@ import importlib
 import os
 
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
-from kda_lib.ops.api import kda
-from kda_lib.ops.chunked import kda_chunked
+from kda_lib.ops.api import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.gating import GateForm, init_a_log, init_dt_bias, kda_gate
-from kda_lib.ops.reference import kda_pool_step, kda_pool_verify, kda_recurrent, kda_step
+from kda_lib.ops.reference import kda_pool_step, kda_pool_verify, kda_step
 
 __all__ = [
     "GateForm",

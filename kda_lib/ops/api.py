@@ -14,7 +14,7 @@ import numpy as np
 
 from kda_lib.checks import check_flag, check_float_dtype, check_int
 from kda_lib.ops import contract
-from kda_lib.ops.chunked import Precision, chunked_core
+from kda_lib.ops.chunked import Precision, ScanMode, chunked_core
 from kda_lib.ops.contract import Dims, KDAOptions, KDAResult
 from kda_lib.ops.gating import check_gate_switch, check_lower_bound, kda_gate
 from kda_lib.ops.norms import l2_normalize
@@ -23,8 +23,8 @@ from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_p
 from kda_lib.ops.tokamax import adapter
 from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, tokamax_kda, tpu_generation
 
-__all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "kda_prechecked",
-           "select_implementation"]  # fmt: skip
+__all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "kda_chunked",
+           "kda_prechecked", "kda_recurrent", "select_implementation"]  # fmt: skip
 
 
 def kda(
@@ -67,6 +67,34 @@ def kda(
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
 
+def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                  segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
+    """KDA as a ``lax.scan`` over time (kda_lib/ops/reference.py): :func:`kda` with
+    ``implementation="recurrent"``, ``g`` the log-space decay, q and k used as given. Float64
+    inputs give a float64 oracle (under ``jax_enable_x64``)."""
+    return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids,
+               allow_neg_eigval=allow_neg_eigval, output_token_states=output_token_states,
+               implementation="recurrent")  # fmt: skip
+
+
+def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
+                scan: ScanMode | None = None, precision: Precision | None = None,
+                output_chunk_states: bool = False):  # fmt: skip
+    """KDA in chunkwise (WY/UT) form (kda_lib/ops/chunked.py): :func:`kda` with
+    ``implementation="chunked"``, ``g`` the log-space decay. ``scan``: ``"streaming"`` or
+    ``"associative"`` (None: streaming on CPU, associative elsewhere). ``precision``:
+    ``"highest"`` every matmul in float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or
+    None: for bfloat16/float16 inputs the scores' cross blocks in that dtype, accumulated in
+    float32. Reverse-mode differentiable only."""
+    if scan not in (None, "streaming", "associative"):
+        raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
+    kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
+    impl, arrays, options = check_call(**{n: x for n, x in kw.items() if n != "scan"})
+    return _run_call(impl, arrays, options._replace(scan=scan))
+
+
 def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
     """:func:`kda` (keywords as there) for a caller that checked the values at its own entry,
     the KDA layer: shapes and options are checked, nothing is read on the host. beta's range
@@ -90,8 +118,8 @@ def _run_call(impl, arrays, options):
             "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
             "implementation='recurrent'"
         ) from e
-    return contract.kda_result(*result, asked=options.output_chunk_states or
-                               options.output_token_states)  # fmt: skip
+    interior = options.output_chunk_states or options.output_token_states
+    return KDAResult(*result) if interior else result[:2]
 
 
 # ------------------------------------------------------------------ the implementations
@@ -127,7 +155,7 @@ def _recurrent(arrays: KDAArrays, o: KDAOptions):
 
 def _chunked(arrays: KDAArrays, o: KDAOptions):
     return (*_own_form(chunked_core, arrays, o, chunk_size=o.chunk_size, precision=o.precision,
-                       output_chunk_states=o.output_chunk_states), None)  # fmt: skip
+                       scan=o.scan, output_chunk_states=o.output_chunk_states), None)  # fmt: skip
 
 
 def _recurrent_refuses(o: KDAOptions, here: bool = True) -> list[str]:

@@ -54,6 +54,7 @@ class KDAOptions(NamedTuple):
     allow_neg_eigval: bool = False
     chunk_size: int = 64
     precision: str | None = None
+    scan: str | None = None  # kda_chunked's
     output_chunk_states: bool = False
     output_token_states: bool = False
 
@@ -67,11 +68,6 @@ class KDAResult(NamedTuple):
     final_state: jax.Array | None
     chunk_states: jax.Array | None = None
     token_states: jax.Array | None = None
-
-
-def kda_result(o, final_state, chunk_states=None, token_states=None, *, asked: bool):
-    """``KDAResult`` when interior states were ``asked`` for, else the pair ``(o, final)``."""
-    return KDAResult(o, final_state, chunk_states, token_states) if asked else (o, final_state)
 
 
 def host_values(x, dtype=None) -> np.ndarray:
@@ -151,9 +147,10 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     check_gate_parameters(a_log, dt_bias, dims)
+    allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     if values:
-        check_values(beta, g, allow_neg_eigval=check_flag("allow_neg_eigval", allow_neg_eigval),
-                     raw_gate=raw_gate, bound=lower_bound)  # fmt: skip
+        check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate,
+                     bound=lower_bound)  # fmt: skip
     return dims
 
 
@@ -232,12 +229,9 @@ def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> N
 
 
 def resolve_scale(scale, key_dim: int) -> float:
-    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (a concrete 0-d jax array too; not traced: close over it under jit)."""
+    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number."""
     if scale is None:
         return key_dim**-0.5
-    if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
-        scale = scale.item()
     return checks.check_number("scale", scale, positive=True)
 
 
