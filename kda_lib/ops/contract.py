@@ -229,9 +229,12 @@ def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> N
 
 
 def resolve_scale(scale, key_dim: int) -> float:
-    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number."""
+    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
+    (a concrete 0-d jax array too; not traced: close over it under jit)."""
     if scale is None:
         return key_dim**-0.5
+    if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
+        scale = scale.item()
     return checks.check_number("scale", scale, positive=True)
 
 
