@@ -39,5 +39,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'kda_lib' has no attribute {name!r}")
 
 
+def __dir__():  # the lazy names too (tab completion)
+    return sorted({*globals(), *__all__})
+
+
 if os.environ.get("KDA_EMULATE_TPU"):  # the process-wide emulation (kda_lib/lab/emulation.py)
     importlib.import_module("kda_lib.lab.emulation")
