@@ -14,7 +14,7 @@ import numpy as np
 
 from kda_lib.checks import check_flag, check_float_dtype, check_int
 from kda_lib.ops import contract
-from kda_lib.ops.chunked import Precision, chunked_core
+from kda_lib.ops.chunked import Precision, ScanMode, chunked_core
 from kda_lib.ops.contract import Dims, KDAOptions, KDAResult
 from kda_lib.ops.gating import check_gate_switch, check_lower_bound, kda_gate
 from kda_lib.ops.norms import l2_normalize
@@ -23,7 +23,8 @@ from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_p
 from kda_lib.ops.tokamax import adapter
 from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, tokamax_kda, tpu_generation
 
-__all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "select_implementation"]
+__all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "kda_chunked",
+           "kda_prechecked", "kda_recurrent", "select_implementation"]  # fmt: skip
 
 
 def kda(
@@ -63,7 +64,49 @@ def kda(
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``; with
       interior states a :class:`KDAResult`.
     """
-    impl, arrays, options = check_call(**locals())  # every parameter, before any other local
+    return _run_call(*check_call(**locals()))  # every parameter, before any other local
+
+
+def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                  segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
+    """KDA as a ``lax.scan`` over time (kda_lib/ops/reference.py): :func:`kda` with
+    ``implementation="recurrent"``, ``g`` the log-space decay, q and k used as given. Float64
+    inputs give a float64 oracle (under ``jax_enable_x64``)."""
+    return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+               output_final_state=output_final_state, segment_ids=segment_ids,
+               allow_neg_eigval=allow_neg_eigval, output_token_states=output_token_states,
+               implementation="recurrent")  # fmt: skip
+
+
+def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
+                scan: ScanMode | None = None, precision: Precision | None = None,
+                output_chunk_states: bool = False):  # fmt: skip
+    """KDA in chunkwise (WY/UT) form (kda_lib/ops/chunked.py): :func:`kda` with
+    ``implementation="chunked"``, ``g`` the log-space decay. ``scan``: ``"streaming"`` or
+    ``"associative"`` (None: streaming on CPU, associative elsewhere). ``precision``:
+    ``"highest"`` every matmul in float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or
+    None: for bfloat16/float16 inputs the scores' cross blocks in that dtype, accumulated in
+    float32. Reverse-mode differentiable only."""
+    if scan not in (None, "streaming", "associative"):
+        raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
+    kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
+    impl, arrays, options = check_call(**{n: x for n, x in kw.items() if n != "scan"})
+    return _run_call(impl, arrays, options._replace(scan=scan))
+
+
+def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
+    """:func:`kda` (keywords as there) for a caller that checked the values at its own entry,
+    the KDA layer: shapes and options are checked, nothing is read on the host. beta's range
+    and g's sign are taken as valid, ``segment_ids`` as canonical with at most
+    ``segments_per_row`` segments in a row (None: unknown, under ``jit``)."""
+    kw = {**kda.__kwdefaults__, **kwargs}
+    return _run_call(*check_call(q, k, v, g, beta, prechecked=True,
+                                 segments_per_row=segments_per_row, **kw))  # fmt: skip
+
+
+def _run_call(impl, arrays, options):
+    """:func:`run`, forward-mode autodiff's error named, the result as :func:`kda` returns it."""
     try:
         result = run(impl, arrays, options)
     except TypeError as e:  # forward mode reached the chunked form's hand-written backward
@@ -75,8 +118,8 @@ def kda(
             "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
             "implementation='recurrent'"
         ) from e
-    return contract.kda_result(*result, asked=options.output_chunk_states or
-                               options.output_token_states)  # fmt: skip
+    interior = options.output_chunk_states or options.output_token_states
+    return KDAResult(*result) if interior else result[:2]
 
 
 # ------------------------------------------------------------------ the implementations
@@ -112,7 +155,7 @@ def _recurrent(arrays: KDAArrays, o: KDAOptions):
 
 def _chunked(arrays: KDAArrays, o: KDAOptions):
     return (*_own_form(chunked_core, arrays, o, chunk_size=o.chunk_size, precision=o.precision,
-                       output_chunk_states=o.output_chunk_states), None)  # fmt: skip
+                       scan=o.scan, output_chunk_states=o.output_chunk_states), None)  # fmt: skip
 
 
 def _recurrent_refuses(o: KDAOptions, here: bool = True) -> list[str]:
@@ -298,28 +341,27 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 # ------------------------------------------------------------------ one check per call
 
 
-# segment ids [B, T] the KDA layer checked at its entry (canonical), with the count that
-# contract.check_segment_ids returned: kda() does not check them again
+# the KDA layer's checked ids and their count (kda_prechecked's segment_ids, segments_per_row)
 CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
 
 
-def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOptions]:
-    """Each argument of a :func:`kda` call checked once, by name, before any work: ``(row,
-    arrays, options)``."""
+def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, **kw):
+    """Each argument of a :func:`kda` call checked once, by name, before any work (with
+    ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
-    dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, **{
+    ids = kw["segment_ids"]
+    if isinstance(ids, CheckedSegmentIds):
+        (kw["segment_ids"], segments_per_row), prechecked = ids, True
+    dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, values=not prechecked, **{
         n: kw[n] for n in ("initial_state", "allow_neg_eigval", "lower_bound", "a_log", "dt_bias")
     })  # fmt: skip
-    ids, per_row = kw["segment_ids"], None
-    if isinstance(ids, CheckedSegmentIds):  # the KDA layer checked them at its entry
-        kw["segment_ids"], per_row = ids
-    elif ids is not None:
-        per_row = contract.check_segment_ids(ids, *dims[:2])
+    if ids is not None and not prechecked:
+        segments_per_row = contract.check_segment_ids(ids, *dims[:2])
     o = KDAOptions(
         dims, np.dtype(q.dtype), contract.resolve_scale(kw["scale"], dims.key_dim),
-        has_segments=ids is not None, segments_per_row=per_row, fused_gate=fused,
+        has_segments=ids is not None, segments_per_row=segments_per_row, fused_gate=fused,
         allow_neg_eigval=bool(kw["allow_neg_eigval"]),
         lower_bound=float(kw["lower_bound"]) if fused and kw["lower_bound"] is not None else None,
         **{name: rule(name, kw[name]) for name, rule in _OPTIONS.items()},
@@ -335,10 +377,11 @@ def check_call(q, k, v, g, beta, **kw) -> tuple[Implementation, KDAArrays, KDAOp
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):
         raise ValueError("; ".join(problems))
-    return _route(*auto_forms(o)) if row is AUTO else row, _arrays(q, k, v, g, beta, kw, fused), o
+    impl = _route(*auto_forms(o)) if row is AUTO else row
+    return impl, _arrays(q, k, v, g, beta, kw, fused, canonical=prechecked), o
 
 
-def _arrays(q, k, v, g, beta, kw, fused: bool) -> KDAArrays:
+def _arrays(q, k, v, g, beta, kw, fused: bool, canonical: bool) -> KDAArrays:
     """The checked arrays as jax arrays, ``dt_bias`` flat, ids canonical, padding zeroed."""
     q, k, v, g, beta, state, a_log, dt_bias = (
         None if x is None else jnp.asarray(x)
@@ -346,7 +389,7 @@ def _arrays(q, k, v, g, beta, kw, fused: bool) -> KDAArrays:
     )
     ids = kw["segment_ids"]
     if ids is not None:  # one rule everywhere: a new segment wherever a real token's id changes
-        ids = canonical_segment_ids(ids)
+        ids = ids if canonical else canonical_segment_ids(ids)
         gate = NEUTRAL_RAW_GATE if fused else 0.0
         q, k, v, g, beta = zero_padding(ids, q, k, v, g, beta, neutral_gate=gate)
     dt_bias = None if dt_bias is None else dt_bias.reshape(-1)

@@ -31,51 +31,15 @@ import jax.numpy as jnp
 from kda_lib.ops import contract
 from kda_lib.ops.segments import (
     NonFinite,
-    canonical_segment_ids,
     isolate_non_finite,
     overflowing_keys_as_nan,
     pad_time,
     restore_non_finite,
-    restore_non_finite_chunk_states,
     segment_masks,
-    zero_padding,
 )
 
 ScanMode = Literal["streaming", "associative"]
 Precision = Literal["highest", "input"]
-
-
-def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
-                scan: ScanMode | None = None, precision: Precision | None = None,
-                output_chunk_states: bool = False):  # fmt: skip
-    """KDA in chunkwise (WY/UT) form, :func:`kda_lib.kda_recurrent`'s results up to rounding
-    (arguments as there, grouped value heads too). ``chunk_size`` (64): a power of two, any T
-    (padded inside). ``scan``: ``"streaming"`` or ``"associative"`` (module docstring; None:
-    streaming on CPU, associative elsewhere). ``precision``: ``"highest"`` every matmul in
-    float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or None: for bfloat16/float16 inputs
-    the scores' cross blocks in that dtype, accumulated in float32. ``output_chunk_states``: also
-    ``chunk_states [B, T // chunk_size, HV, K, V]``, the state after every full chunk, in a
-    :class:`~kda_lib.ops.contract.KDAResult`. Returns ``(o [B, T, HV, V] in q's dtype,
-    final_state [B, HV, K, V] float32 | None)``; reverse-mode differentiable only."""
-    dims = contract.check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                     segment_ids=segment_ids,
-                                     allow_neg_eigval=allow_neg_eigval)  # fmt: skip
-    chunk_size = contract.check_chunk_size(chunk_size)
-    if scan not in (None, "streaming", "associative"):
-        raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
-    contract.check_precision(precision)
-    contract.check_flag("output_chunk_states", output_chunk_states)
-    if segment_ids is not None:  # compared in their own dtype (on the host for host ids)
-        segment_ids = canonical_segment_ids(segment_ids)
-    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)  # by selection
-    result = chunked_core(
-        q, k, v, g, beta, dims=dims, scale=contract.resolve_scale(scale, dims.key_dim),
-        initial_state=initial_state, output_final_state=output_final_state,
-        segment_ids=segment_ids, chunk_size=chunk_size, scan=scan, precision=precision,
-        output_chunk_states=output_chunk_states,
-    )  # fmt: skip
-    return contract.kda_result(*result, asked=output_chunk_states)
 
 
 # traced once per static options and shapes (api.run compiles one program)
@@ -87,7 +51,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
                  segment_ids, chunk_size: int, scan: ScanMode | None = None,
                  precision: Precision | None = None,
                  output_chunk_states: bool = False):  # fmt: skip
-    """:func:`kda_chunked` on checked inputs (canonical ids, padding zeroed). Returns
+    """:func:`kda_lib.kda_chunked` on checked inputs (canonical ids, padding zeroed). Returns
     ``(o, final_state | None, chunk_states [B, T // C, HV, K, V] | None)``."""
     # the scores' operand dtype: the one low-precision dtype among q, k, v (none: None)
     low = {jnp.dtype(x.dtype) for x in (q, k, v)} & {jnp.dtype("bfloat16"), jnp.dtype("float16")}
@@ -119,8 +83,8 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     chunk_states = None
     if output_chunk_states:  # the state leaving chunk i enters chunk i + 1; the last: final
         after = jnp.concatenate([entering[1:], final_state[None]], axis=0)[: seq_len // chunk_size]
-        chunk_states = restore_non_finite_chunk_states(jnp.moveaxis(after, 0, 1), non_finite,
-                                                       chunk_size)  # fmt: skip
+        bad = non_finite.states[:, chunk_size - 1 :: chunk_size][:, : len(after)]  # [B, N, H, V]
+        chunk_states = jnp.where(bad[:, :, :, None], jnp.nan, jnp.moveaxis(after, 0, 1))
     o, final_state = restore_non_finite(o[:, :seq_len], final_state, non_finite)
     return o.astype(out_dtype), (final_state if output_final_state else None), chunk_states
 

@@ -54,6 +54,7 @@ class KDAOptions(NamedTuple):
     allow_neg_eigval: bool = False
     chunk_size: int = 64
     precision: str | None = None
+    scan: str | None = None  # kda_chunked's
     output_chunk_states: bool = False
     output_token_states: bool = False
 
@@ -67,11 +68,6 @@ class KDAResult(NamedTuple):
     final_state: jax.Array | None
     chunk_states: jax.Array | None = None
     token_states: jax.Array | None = None
-
-
-def kda_result(o, final_state, chunk_states=None, token_states=None, *, asked: bool):
-    """``KDAResult`` when interior states were ``asked`` for, else the pair ``(o, final)``."""
-    return KDAResult(o, final_state, chunk_states, token_states) if asked else (o, final_state)
 
 
 def host_values(x, dtype=None) -> np.ndarray:
@@ -142,16 +138,19 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
                      allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
-                     dt_bias=None) -> Dims:  # fmt: skip
+                     dt_bias=None, values=True) -> Dims:  # fmt: skip
     """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
-    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given."""
+    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given.
+    ``values=False``: shapes only (no host reads)."""
     dims = checked_dims(q, k, v, g, beta)
     check_shape("initial_state", initial_state, dims)
     if segment_ids is not None:
         check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     check_gate_parameters(a_log, dt_bias, dims)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
-    check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate, bound=lower_bound)
+    if values:
+        check_values(beta, g, allow_neg_eigval=allow_neg_eigval, raw_gate=raw_gate,
+                     bound=lower_bound)  # fmt: skip
     return dims
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops import contract
-from kda_lib.ops.segments import canonical_segment_ids, first_segment_id, zero_padding
+from kda_lib.ops.segments import first_segment_id
 
 
 def _step(state, q_t, k_t, v_t, g_t, beta_t, *, scale: float):
@@ -37,30 +37,6 @@ def _step(state, q_t, k_t, v_t, g_t, beta_t, *, scale: float):
     return state, jnp.einsum("bhk,bhkv->bhv", q_t * scale, state)
 
 
-def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                  segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
-    """KDA as a ``lax.scan`` over time; arguments as in :func:`kda_lib.kda`, with ``g`` the
-    log-space decay and q, k used as given (padding tokens output 0 and leave the state alone).
-    ``output_token_states`` (default False): also ``token_states [B, T, HV, K, V]``, the state
-    after every token, in a :class:`~kda_lib.ops.contract.KDAResult`. Returns ``(o [B, T, HV,
-    V] in q's dtype, final_state [B, HV, K, V] float32 (float64 inputs: float64) or None)``."""
-    dims = contract.check_kda_inputs(q, k, v, g, beta, initial_state=initial_state,
-                                     segment_ids=segment_ids,
-                                     allow_neg_eigval=allow_neg_eigval)  # fmt: skip
-    if contract.check_flag("output_token_states", output_token_states):
-        contract.check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
-                                  dims.seq_len, dims, q.dtype)  # fmt: skip
-    if segment_ids is not None:  # compared in their own dtype, then numbered
-        segment_ids = canonical_segment_ids(segment_ids)
-    q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta)  # by selection
-    o, final, _, token_states = recurrent_core(
-        q, k, v, g, beta, dims=dims, scale=contract.resolve_scale(scale, dims.key_dim),
-        initial_state=initial_state, output_final_state=output_final_state,
-        segment_ids=segment_ids, output_token_states=output_token_states,
-    )  # fmt: skip
-    return contract.kda_result(o, final, None, token_states, asked=output_token_states)
-
-
 _STATIC = ("dims", "scale", "output_final_state", "chunk_states_every", "output_token_states")
 
 
@@ -68,7 +44,7 @@ _STATIC = ("dims", "scale", "output_final_state", "chunk_states_every", "output_
 def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initial_state,
                    output_final_state, segment_ids, chunk_states_every: int | None = None,
                    output_token_states: bool = False):  # fmt: skip
-    """:func:`kda_recurrent` on checked inputs (canonical ``segment_ids``, padding zeroed).
+    """:func:`kda_lib.kda_recurrent` on checked inputs (canonical ``segment_ids``, padding zeroed).
     Returns ``(o, final_state | None, chunk_states | None, token_states | None)``:
     ``chunk_states [B, T // c, HV, K, V]`` after every ``c = chunk_states_every`` tokens."""
     acc = contract.accumulation_dtype(q.dtype)
@@ -115,7 +91,7 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
 
 def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step: state ``[B, HV, K, V]``; q_t, k_t ``[B, H, K]``; v_t ``[B, HV, V]``;
-    g_t ``[B, HV, K]``; beta_t ``[B, HV]`` (grouped value heads as in :func:`kda_recurrent`);
+    g_t ``[B, HV, K]``; beta_t ``[B, HV]`` (grouped value heads as in the module docstring);
     scale default ``K ** -0.5``. Returns ``(new_state [B, HV, K, V], o_t [B, HV, V])``: the
     state in float32 (float64 when q_t or the state is float64), o_t in q_t's dtype."""
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
@@ -149,7 +125,7 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
     ``num_accepted_tokens[b]`` (``[B]`` ints in ``[0, T]``; 0 leaves the slot as it was) back
     to that slot; a count outside ``[0, T]`` is refused when concrete, writes NaN under ``jit``.
     ``pool``, ``state_indices`` as in :func:`kda_pool_step` (donated); tokens and ``scale`` as
-    in :func:`kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
+    in :func:`kda_lib.kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
     dims = contract.check_kda_inputs(q, k, v, g, beta)
     _check_pool(pool, state_indices, dims)
     counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
@@ -160,7 +136,7 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
 
 
 def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
-    """One token's inputs, by their own names, values as in :func:`kda_recurrent` (T = 1)."""
+    """One token's inputs, by their own names, values as in :func:`kda_lib.kda` (T = 1)."""
     dims = contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
     contract.check_values(beta_t, g_t, allow_neg_eigval=None, raw_gate=False)
     return dims

@@ -161,13 +161,6 @@ def restore_non_finite(out, final_state, where: NonFinite):
     return out, final_state
 
 
-def restore_non_finite_chunk_states(chunk_states, where: NonFinite, chunk_size: int):
-    """NaN at the flagged columns of ``chunk_states [B, N, H, K, V]``."""
-    num = chunk_states.shape[1]
-    bad = where.states[:, chunk_size - 1 :: chunk_size][:, :num]  # [B, N, H, V]
-    return jnp.where(bad[:, :, :, None, :], jnp.nan, chunk_states)
-
-
 def pad_time(multiple: int, *arrays, segment_ids=None):
     """``(arrays, segment_ids, pad)``: ``[B, T, ...]`` and ids (or None) zero-padded along T to
     a multiple of ``multiple``."""

@@ -95,18 +95,12 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
     final = jax.lax.psum(jnp.where(last, final, 0.0), axis_name) if output_final_state else None
     if not output_chunk_states:
         return result[0], final
-    states = _hold_upstream_states(result.chunk_states, arriving, segment_ids, chunk_size)
+    states = result.chunk_states
+    if segment_ids is not None:  # before this slice's first real token: upstream's state
+        seen = jnp.cumsum(segment_ids != 0, axis=1)[:, chunk_size - 1 :: chunk_size]
+        before_any = (seen[:, : states.shape[1]] == 0)[:, :, None, None, None]
+        states = jnp.where(before_any, arriving[:, None], states)
     return KDAResult(result[0], final, states, None)
-
-
-def _hold_upstream_states(states, arriving, segment_ids, chunk_size: int):
-    """This slice's ``chunk_states`` with those before its first real token holding the state
-    ``arriving [B, HV, K, V]`` from upstream, not the zeros a new document starts from."""
-    if segment_ids is None:
-        return states
-    seen = jnp.cumsum(segment_ids != 0, axis=1)[:, chunk_size - 1 :: chunk_size]
-    before_any = (seen[:, : states.shape[1]] == 0)[:, :, None, None, None]
-    return jnp.where(before_any, arriving[:, None], states)
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.ops.reference import kda_recurrent, kda_step
+from kda_lib.ops.api import kda_recurrent
+from kda_lib.ops.reference import kda_step
 
 
 def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array:

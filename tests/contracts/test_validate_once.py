@@ -18,15 +18,14 @@ import pytest
 import kda_lib.ops.api
 import kda_lib.ops.chunked
 import kda_lib.ops.contract
-import kda_lib.ops.reference
 import kda_lib.ops.segments
 import kda_lib.ops.tokamax.adapter
 from kda_lib import kda
 from kda_lib.testing import random_kda_inputs
 
 COUNTED = {  # function name -> modules that call it by that name
-    "canonical_segment_ids": (kda_lib.ops.api, kda_lib.ops.reference),
-    "zero_padding": (kda_lib.ops.api, kda_lib.ops.reference, kda_lib.ops.chunked),
+    "canonical_segment_ids": (kda_lib.ops.api,),
+    "zero_padding": (kda_lib.ops.api,),
     "pad_time": (kda_lib.ops.chunked, kda_lib.ops.tokamax.adapter),
     "host_values": (kda_lib.ops.contract,),
 }
@@ -116,10 +115,10 @@ def test_a_new_segment_count_compiles_nothing_new_for_kda_libs_forms(implementat
     assert not [m for m in compiled if "_compiled" in m], compiled
 
 
-def test_one_eager_layer_call_reads_and_checks_the_segment_ids_once(monkeypatch):
+def test_one_eager_layer_call_reads_the_segment_ids_once_and_nothing_else(monkeypatch):
     """Issue 53: the layer, its three convs and kda() each read the ids (five reads), then the
-    layer read them once and kda() ran the segment rule on that copy again; now the layer reads
-    and checks them once, at its entry, and kda() takes them as checked (tokamax: the count)."""
+    layer read them once and kda() ran the segment rule on that copy again and read beta; now
+    the layer reads and checks the ids once, at its entry, and kda() reads nothing."""
     from flax import nnx
 
     from kda_lib import KDAConfig, KimiDeltaAttention
@@ -128,8 +127,8 @@ def test_one_eager_layer_call_reads_and_checks_the_segment_ids_once(monkeypatch)
 
     def counting(original, seen):
         def host_values(x, *args):
-            if jnp.issubdtype(x.dtype, jnp.integer):
-                seen.append(("device" if isinstance(x, jax.Array) else "host", x.shape))
+            kind = "ids" if jnp.issubdtype(x.dtype, jnp.integer) else "floats"
+            seen.append((kind, "device" if isinstance(x, jax.Array) else "host", x.shape))
             return original(x, *args)
 
         return host_values
@@ -143,8 +142,25 @@ def test_one_eager_layer_call_reads_and_checks_the_segment_ids_once(monkeypatch)
                        lower_bound=-5.0, implementation="tokamax_xla")  # fmt: skip
     layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
     y = layer(x, segment_ids=ids)
-    assert reads == [("device", (2, 20))], reads  # the rule once, one read from the device
+    assert reads == [("ids", "device", (2, 20))], reads  # the rule once, from the device
     oracle = dataclasses.replace(config, implementation="recurrent")
     nnx.update(want_layer := KimiDeltaAttention(oracle, rngs=nnx.Rngs(1)), nnx.state(layer))
     want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(want_layer, x, ids)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-6, rtol=1e-5)
+
+
+def test_the_prechecked_entry_reads_nothing_and_matches_kda(calls):
+    """``kda_prechecked`` (the KDA layer's entry: it checked x and the ids itself) checks shapes
+    and options only; its result is kda()'s."""
+    x = random_kda_inputs(jax.random.key(2), 1, 24, 2, 8, 8)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    ids = jnp.asarray([[1] * 10 + [0] * 4 + [2] * 10])
+    want, _ = kda(*args, segment_ids=ids, implementation="chunked", chunk_size=8)
+    canonical = kda_lib.ops.segments.canonical_segment_ids(ids)
+    calls.clear()
+    got, _ = kda_lib.ops.api.kda_prechecked(*args, segment_ids=canonical, segments_per_row=2,
+                                            implementation="chunked", chunk_size=8)  # fmt: skip
+    assert calls["host_values"] == 0 and calls["canonical_segment_ids"] == 0, calls
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="chunk_size must be a power of two"):
+        kda_lib.ops.api.kda_prechecked(*args, chunk_size=3)

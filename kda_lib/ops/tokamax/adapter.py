@@ -64,8 +64,8 @@ def require_tokamax(what: str) -> None:
 
 
 def emulated_tpu() -> tuple[int, object] | None:
-    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU off one
-    (6 for v6e; tokamax's Mosaic op to call), else None. kda_lib.lab.emulation replaces it."""
+    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU (6 for v6e;
+    tokamax's Mosaic op to call), else None: the seam kda_lib/lab/emulation.py sets on import."""
     return None
 
 
@@ -251,7 +251,14 @@ def tokamax_mosaic_context_parallel(
     if problems:
         problems = "; ".join(problems)
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
-    mesh = _mosaic_cp_mesh(q, axis_name, mesh)
+    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
+        raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
+                         "check_vma=False): tokamax's CP kernels build loop carries that do not "
+                         "vary over the mesh axis, which the vma check rejects")  # fmt: skip
+    mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
+    if axis_name not in mesh.axis_names:
+        raise ValueError(f"'tokamax_mosaic' context parallelism needs the shard_map's mesh "
+                         f"(mesh=...); {axis_name!r} is not one of its axes {mesh.axis_names}")
     q, k = repeat_qk_heads(q, k, dims.groups)
     if segment_ids is None:
         ids, max_num_segments = jnp.ones((dims.batch, dims.seq_len), jnp.int32), 1
@@ -271,17 +278,3 @@ def tokamax_mosaic_context_parallel(
         context_parallel_metadata=tokamax_kda_api().ContextParallelMetadata(mesh, axis_name),
     )  # fmt: skip
     return out.astype(q.dtype)
-
-
-def _mosaic_cp_mesh(q, axis_name, mesh):
-    """The shard_map's mesh (default: the abstract mesh), checked to have ``axis_name`` and
-    not to check vma (tokamax's loop carries do not vary over the axis)."""
-    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
-        raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
-                         "check_vma=False): tokamax's CP kernels build loop carries that do not "
-                         "vary over the mesh axis, which the vma check rejects")  # fmt: skip
-    mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
-    if axis_name not in mesh.axis_names:
-        raise ValueError(f"'tokamax_mosaic' context parallelism needs the shard_map's mesh "
-                         f"(mesh=...); {axis_name!r} is not one of its axes {mesh.axis_names}")
-    return mesh
