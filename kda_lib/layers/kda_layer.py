@@ -39,9 +39,8 @@ from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.api import (
-    CheckedSegmentIds,
     implementation_row,
-    kda,
+    kda_prechecked,
     refusals,
     register_compiled_cache,
 )
@@ -237,13 +236,14 @@ class KimiDeltaAttention(nnx.Module):
         """One-device forward of checked inputs (``states``: :func:`kda`'s interior ones):
         ``(y, new_cache or None, kda's result)``."""
         cfg = self.config
-        ids = None if segment_ids is None else segment_ids.ids
+        ids, count = segment_ids or (None, None)
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
         final = cache is not None or bool(states)
-        result = kda(q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
-                     initial_state=None if cache is None else cache.state, **states,
-                     segment_ids=segment_ids, max_num_segments=max_segments_bound(ids, cfg),
-                     chunk_size=cfg.chunk_size, implementation=cfg.implementation)  # fmt: skip
+        result = kda_prechecked(
+            q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
+            initial_state=None if cache is None else cache.state, **states, segment_ids=ids,
+            segments_per_row=count, max_num_segments=max_segments_bound(ids, cfg),
+            chunk_size=cfg.chunk_size, implementation=cfg.implementation)  # fmt: skip
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
@@ -320,7 +320,7 @@ class KimiDeltaAttention(nnx.Module):
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
                                  axis_types=(jax.sharding.AxisType.Auto,) * len(names))  # fmt: skip
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
-        ids = None if segment_ids is None else segment_ids.ids
+        ids = None if segment_ids is None else segment_ids[0]
         x, ids = (_onto_mesh(a, mesh) for a in (x, ids))
         seq_len, ranks = x.shape[1], mesh.shape[axis]
         pad = (-seq_len) % ranks
@@ -413,9 +413,9 @@ class KimiDeltaAttention(nnx.Module):
         return layer
 
     # ----------------------------------------------------------------- checks
-    def _check_inputs(self, x, segment_ids, cache, serving=False) -> CheckedSegmentIds | None:
+    def _check_inputs(self, x, segment_ids, cache, serving=False):
         """:func:`check_call`, and: no cache (or ``serving``) with a mesh, tokamax's segment
-        slots fit, concrete ``x`` finite; the ids as :func:`kda` takes them."""
+        slots fit, concrete ``x`` finite: ``(ids, segments per row)``, or None without ids."""
         if self.mesh is not None and (cache is not None or serving):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
@@ -437,7 +437,7 @@ class KimiDeltaAttention(nnx.Module):
                 raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
                                  f"finite values in all, the first is "
                                  f"{float(values[first])})")  # fmt: skip
-        return None if ids is None else CheckedSegmentIds(ids, count)
+        return None if ids is None else (ids, count)
 
 
 def cache_at(caches: KDACache, index) -> KDACache:

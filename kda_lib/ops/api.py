@@ -341,10 +341,6 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 # ------------------------------------------------------------------ one check per call
 
 
-# the KDA layer's checked ids and their count (kda_prechecked's segment_ids, segments_per_row)
-CheckedSegmentIds = namedtuple("CheckedSegmentIds", "ids segments_per_row")
-
-
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, **kw):
     """Each argument of a :func:`kda` call checked once, by name, before any work (with
     ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``."""
@@ -352,8 +348,6 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, **kw):
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
     ids = kw["segment_ids"]
-    if isinstance(ids, CheckedSegmentIds):
-        (kw["segment_ids"], segments_per_row), prechecked = ids, True
     dims = contract.check_kda_inputs(q, k, v, g, beta, raw_gate=fused, values=not prechecked, **{
         n: kw[n] for n in ("initial_state", "allow_neg_eigval", "lower_bound", "a_log", "dt_bias")
     })  # fmt: skip

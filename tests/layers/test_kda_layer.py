@@ -208,10 +208,10 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     assert max_segments_bound(ids.reshape(4, 45), cfg, ranks=1) == 2
     assert max_segments_bound(ids, cfg, ranks=2) == 2  # per 45-token slice
     seen, reads = [], []
-    original = layer_module.kda
+    original = layer_module.kda_prechecked
     monkeypatch.setattr(
         layer_module,
-        "kda",
+        "kda_prechecked",
         lambda *a, **kw: seen.append(kw["max_num_segments"]) or original(*a, **kw),
     )
 
