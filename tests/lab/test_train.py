@@ -76,8 +76,10 @@ def test_shapes_and_cache_decoding():
     assert logits.shape == (2, 9, 8) and logits.dtype == jnp.float32
     kinds = (KimiDeltaAttention, KimiDeltaAttention, Mamba2Mixer, CausalSelfAttention, ConvMixer)
     assert [type(b.mixer) for b in model.blocks] == list(kinds)
-    # prefill 5 tokens, then decode one at a time: same logits as the full forward
-    out, cache = apply(model, tokens[:, :5], model.init_cache(2))
+    # prefill 5 tokens, then decode one at a time: same logits as the full forward. A fixed
+    # capacity: one program for the four steps (the growing attention cache, a new program
+    # per step: tests/models/test_models.py's hybrid prefill-then-decode test)
+    out, cache = apply(model, tokens[:, :5], model.init_cache(2, max_len=9))
     steps = [out]
     for t in range(5, 9):
         out, cache = apply(model, tokens[:, t : t + 1], cache)
@@ -87,6 +89,7 @@ def test_shapes_and_cache_decoding():
         assert cache[layer].state.shape == (2, 2, 8, 8)
         assert model.blocks[layer].mixer.config.per_head_decay == (mixer == "gdn")
     assert cache[3].keys.shape == (2, 9, 2, 8)  # attention: every token's key is kept
+    assert int(cache[3].seen) == 9
 
 
 def test_conv_mixer_sees_only_its_taps():
@@ -765,7 +768,8 @@ def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
         scored += int(beyond.sum())
     assert scored > 0 and scores["beyond_reach_scored"] == scored
     assert scores["beyond_reach_accuracy"] == pytest.approx(correct / scored)
-    record = run_experiment("stack", mixer="conv", seq_len=24, steps=1, batch_size=2,
+    # batch 4: the evaluation above's compiled step and batch drawer (the same model config)
+    record = run_experiment("stack", mixer="conv", seq_len=24, steps=1, batch_size=4,
                             eval_batches=1, task_options=dict(vocab_size=6),
                             model_options=dict(hidden_size=8, num_layers=1, num_heads=1,
                                                head_dim=8))  # fmt: skip
