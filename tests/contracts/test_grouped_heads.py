@@ -139,15 +139,16 @@ def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups(x6
 
 
 # a covering design: each implementation once, with or without a_log, and each option value on
-# several; the softplus gate (lower_bound=None) on the chunked form (the gate is computed before
-# the form: any form would do). Covered elsewhere: chunked with a_log=None and the safe gate by
-# the associative and the CP tests below; tokamax_xla_chunked with a_log=None (grouped heads,
-# gradients, float64 oracle) by tests/layers/test_kda_layer.py's no_a_log_grouped case; auto
-# dispatches to the chunked form.
+# several; the softplus gate (lower_bound=None) on "auto" (the gate is computed before the form:
+# any form would do). On CPU "auto" runs the recurrence forward and the chunked form's
+# derivatives (chunks of 16: several, the last partial); the chunked form forward and backward
+# with grouped heads: the associative and the CP tests below (a_log=None, the safe gate) and
+# tests/ops/test_interior_states.py (implementation="chunked", float64 oracle, gradients).
+# tokamax_xla_chunked with a_log=None (grouped heads, gradients, float64 oracle):
+# tests/layers/test_kda_layer.py's no_a_log_grouped case.
 CASES = [  # implementation, options, with a_log, lower bound
     ("recurrent", {}, False, LOWER_BOUND),
-    ("chunked", dict(chunk_size=16), True, None),  # sequential scan (CPU default), softplus
-    ("auto", {}, False, LOWER_BOUND),
+    ("auto", dict(chunk_size=16), True, None),  # sequential scan (CPU default), softplus
     ("tokamax_xla", {}, True, LOWER_BOUND),
     ("tokamax_xla", {}, False, LOWER_BOUND),
     ("tokamax_xla_chunked", {}, True, LOWER_BOUND),
@@ -302,7 +303,7 @@ def test_mosaic_context_parallel_with_grouped_heads_and_the_rate_free_gate():
     x = _inputs(9, a_log=False, key_dim=128, value_dim=128, seq_len=64, heads=1, value_heads=2)
     kw = dict(dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, use_gate_in_kernel=True)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-    want = kda(*args, **kw, implementation="recurrent")[0]
+    want = jax.jit(lambda *a: kda(*a, **kw, implementation="recurrent")[0])(*args)
     mesh = jax.make_mesh((2,), ("context",), devices=jax.devices()[:2])
 
     def local(*a):

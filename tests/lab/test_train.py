@@ -76,8 +76,10 @@ def test_shapes_and_cache_decoding():
     assert logits.shape == (2, 9, 8) and logits.dtype == jnp.float32
     kinds = (KimiDeltaAttention, KimiDeltaAttention, Mamba2Mixer, CausalSelfAttention, ConvMixer)
     assert [type(b.mixer) for b in model.blocks] == list(kinds)
-    # prefill 5 tokens, then decode one at a time: same logits as the full forward
-    out, cache = apply(model, tokens[:, :5], model.init_cache(2))
+    # prefill 5 tokens, then decode one at a time: same logits as the full forward. A fixed
+    # capacity: one program for the four steps (the growing attention cache, a new program
+    # per step: tests/models/test_models.py's hybrid prefill-then-decode test)
+    out, cache = apply(model, tokens[:, :5], model.init_cache(2, max_len=9))
     steps = [out]
     for t in range(5, 9):
         out, cache = apply(model, tokens[:, t : t + 1], cache)
@@ -87,6 +89,7 @@ def test_shapes_and_cache_decoding():
         assert cache[layer].state.shape == (2, 2, 8, 8)
         assert model.blocks[layer].mixer.config.per_head_decay == (mixer == "gdn")
     assert cache[3].keys.shape == (2, 9, 2, 8)  # attention: every token's key is kept
+    assert int(cache[3].seen) == 9
 
 
 def test_conv_mixer_sees_only_its_taps():
@@ -170,23 +173,20 @@ def test_masked_metrics():
     assert float(loss) == pytest.approx(-np.log(0.8), rel=1e-5) and float(acc) == 1.0
 
 
+# the conv model's training runs share one task object, one batch shape and one schedule (steps,
+# learning rate): one compiled batch drawer and training step for all of them (one worker)
+TASK = functools.partial(delayed_copy, vocab_size=8, delay=2)
+CONV_TRAINING = dict(steps=30, batch_size=8, seq_len=12, learning_rate=1e-2)
+SHARED_CONV_STEP = pytest.mark.xdist_group("train_conv_step")
+
+
+@SHARED_CONV_STEP
 def test_training_lowers_the_loss_and_is_deterministic():
-    task = functools.partial(delayed_copy, vocab_size=8, delay=2)
+    task = TASK
     runs = []
     for _ in range(2):
         model = _model(mixer="conv", num_layers=1)
-        runs.append(
-            train(
-                model,
-                task,
-                steps=30,
-                batch_size=8,
-                seq_len=12,
-                learning_rate=1e-2,
-                seed=0,
-                log_every=10,
-            )
-        )
+        runs.append(train(model, task, **CONV_TRAINING, seed=0, log_every=10))
     history = runs[0]
     assert history["step"] == [10, 20, 30]
     assert set(history) == {"step", "loss", "accuracy", "seconds"}
@@ -201,21 +201,22 @@ def _param_vector(model):
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))])
 
 
+@SHARED_CONV_STEP
 def test_training_updates_the_model_for_callbacks_and_when_interrupted(monkeypatch):
     """train() trains in place: each progress callback sees the parameters after its window,
     and the model holds the last completed step also when the loop is interrupted between
     callbacks (here: drawing the fifth batch raises)."""
     from kda_lib.lab import train as train_module
 
-    task = functools.partial(delayed_copy, vocab_size=8, delay=2)
-    options = dict(steps=6, batch_size=4, seq_len=12, learning_rate=1e-2, log_every=2)
+    task = TASK
+    options = dict(CONV_TRAINING, log_every=2)
     seen = []
     full = _model(mixer="conv", num_layers=1)
     start = _param_vector(full)
     train(full, task, **options, progress=lambda record: seen.append(_param_vector(full)))
-    assert len(seen) == 3 and not np.array_equal(seen[0], start)
+    assert len(seen) == 15 and not np.array_equal(seen[0], start)
     assert not np.array_equal(seen[1], seen[2])
-    np.testing.assert_array_equal(seen[2], _param_vector(full))
+    np.testing.assert_array_equal(seen[-1], _param_vector(full))
 
     drawer, calls = train_module._batch_drawer, []
 
@@ -234,11 +235,11 @@ def test_training_updates_the_model_for_callbacks_and_when_interrupted(monkeypat
     model = _model(mixer="conv", num_layers=1)
     with pytest.raises(KeyboardInterrupt):
         train(model, task, **options)
-    np.testing.assert_array_equal(_param_vector(model), seen[1])  # after 4 of 6 steps
+    np.testing.assert_array_equal(_param_vector(model), seen[1])  # after 4 of 30 steps
 
 
 def test_kda_training_steps_reduce_loss_with_progress_lines(capsys):
-    task = functools.partial(delayed_copy, vocab_size=8, delay=2)
+    task = TASK
     model = _model()
     before = evaluate(model, task, batch_size=8, seq_len=12, num_batches=1)
     history = train(
@@ -257,20 +258,13 @@ def test_kda_training_steps_reduce_loss_with_progress_lines(capsys):
     assert after["loss"] < before["loss"] - 0.3
 
 
+@SHARED_CONV_STEP
 def test_silent_by_default_and_callback(capsys):
     records = []
-    task = functools.partial(delayed_copy, vocab_size=4, delay=1)
-    train(
-        _model(mixer="conv", num_layers=1),
-        task,
-        steps=3,
-        batch_size=2,
-        seq_len=4,
-        log_every=2,
-        progress=records.append,
-    )
+    model = _model(mixer="conv", num_layers=1)
+    train(model, TASK, **CONV_TRAINING, log_every=20, progress=records.append)
     assert capsys.readouterr().out == ""
-    assert [r["step"] for r in records] == [2, 3]
+    assert [r["step"] for r in records] == [20, 30]  # and the last step, off the grid
 
 
 def test_mixer_registry_and_errors():
@@ -312,6 +306,12 @@ def test_make_task_binds_defaults_and_rejects_unknown_options():
         make_task("nope")
 
 
+# run_experiment_record's run and the command line's runs below: one model, task, batch shape
+# and schedule, so one compiled training step and batch drawer for all of them (one worker)
+SHARED_RUN_STEP = pytest.mark.xdist_group("train_run_step")
+
+
+@SHARED_RUN_STEP
 def test_run_experiment_record(tmp_path):
     record = run_experiment(
         "mqar",
@@ -346,22 +346,26 @@ def test_run_experiment_record(tmp_path):
 CLI_TINY = ["--mixer", "conv", "--steps", "3", "--seq-len", "12", "--batch-size", "2",
             "--eval-batches", "1", "--hidden-size", "16", "--num-layers", "1",
             "--num-heads", "2", "--head-dim", "8", "--log-every", "2"]  # fmt: skip
+# the run of test_run_experiment_record, from the command line
+CLI_RUN = ["mqar", *CLI_TINY, "--vocab-size", "9", "--num-pairs", "2"]
 
 
+@SHARED_RUN_STEP
 def test_command_line_lines_and_record(tmp_path, capsys):
     out = tmp_path / "run.json"
-    record = train_main(["palindrome", *CLI_TINY, "--vocab-size", "6", "--output", str(out)])
+    record = train_main([*CLI_RUN, "--output", str(out)])
     captured = capsys.readouterr()
     printed = captured.out.splitlines()
     # not a terminal: plain lines, one per record, then the summary
     assert printed[0].startswith("step      2  loss") and printed[1].startswith("step      3")
-    assert printed[-1].startswith("palindrome / conv, T=12: held-out accuracy")
+    assert printed[-1].startswith("mqar / conv, T=12: held-out accuracy")
     assert str(out) in printed[-1]
     # the silent compile is announced; the summary's times say what they cover
     assert "compiling the first training step" in captured.err
     assert re.search(r"\d+ s training \(compilation included\), \d+ s in all", printed[-1])
     saved = json.loads(out.read_text())
-    assert saved["task_options"] == {"vocab_size": 6} and saved["eval"] == record["eval"]
+    assert saved["task_options"] == {"vocab_size": 9, "num_pairs": 2}
+    assert saved["eval"] == record["eval"]
 
 
 def test_command_line_help_shows_values_and_every_mixer(capsys):
@@ -375,12 +379,12 @@ def test_command_line_help_shows_values_and_every_mixer(capsys):
         assert f"{mixer} (" in text, f"--help does not explain the mixer {mixer}"
 
 
+@SHARED_RUN_STEP
 def test_command_line_progress_bar_and_errors(tmp_path, capsys):
     # the run of test_command_line_lines_and_record (its compiled training step, reused)
-    argv = ["palindrome", *CLI_TINY, "--vocab-size", "6", "--progress", "bar"]
-    train_main([*argv, "--output", str(tmp_path / "s.json")])
+    train_main([*CLI_RUN, "--progress", "bar", "--output", str(tmp_path / "s.json")])
     captured = capsys.readouterr()
-    assert "palindrome/conv" in captured.err and "3/3" in captured.err  # the tqdm bar
+    assert "mqar/conv" in captured.err and "3/3" in captured.err  # the tqdm bar
     assert "step      2" not in captured.out
     with pytest.raises(SystemExit):
         train_main(["mqar", *CLI_TINY, "--delay", "3"])
@@ -585,6 +589,7 @@ def test_a_one_step_schedule_is_valid():
     make_optimizer(_model(), steps=1, learning_rate=1e-3)
 
 
+@SHARED_RUN_STEP
 @pytest.mark.parametrize("fallback_works", [True, False])
 def test_cli_keeps_a_finished_run_when_the_disk_is_full(
     tmp_path, monkeypatch, capsys, fallback_works
@@ -610,7 +615,7 @@ def test_cli_keeps_a_finished_run_when_the_disk_is_full(
 
     monkeypatch.setattr(train_module, "write_json", full_disk)
     with pytest.raises(SystemExit) as exit_info:
-        train_main(["palindrome", *CLI_TINY, "--vocab-size", "6", "--output", str(out)])
+        train_main([*CLI_RUN, "--output", str(out)])
     assert exit_info.value.code == 1
     captured = capsys.readouterr()
     assert f"could not write the finished run's record to {out}" in captured.err
@@ -622,7 +627,7 @@ def test_cli_keeps_a_finished_run_when_the_disk_is_full(
     else:
         assert "the record was printed above on stdout" in captured.err
         record = json.loads(captured.out[captured.out.index("{") :])
-    assert record["task"] == "palindrome" and record["eval"]["accuracy"] is not None
+    assert record["task"] == "mqar" and record["eval"]["accuracy"] is not None
     assert not out.exists()
 
 
@@ -763,7 +768,8 @@ def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
         scored += int(beyond.sum())
     assert scored > 0 and scores["beyond_reach_scored"] == scored
     assert scores["beyond_reach_accuracy"] == pytest.approx(correct / scored)
-    record = run_experiment("stack", mixer="conv", seq_len=24, steps=1, batch_size=2,
+    # batch 4: the evaluation above's compiled step and batch drawer (the same model config)
+    record = run_experiment("stack", mixer="conv", seq_len=24, steps=1, batch_size=4,
                             eval_batches=1, task_options=dict(vocab_size=6),
                             model_options=dict(hidden_size=8, num_layers=1, num_heads=1,
                                                head_dim=8))  # fmt: skip

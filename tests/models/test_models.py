@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import jitted_call
 from flax import nnx
 
 from kda_lib.lab.train_cli import main as train_main
@@ -53,9 +54,9 @@ def test_hybrid_prefill_then_decode_equals_full_forward(max_len):
     assert kinds == ["KimiDeltaAttention"] * 3 + ["CausalSelfAttention"]
     tokens = jax.random.randint(jax.random.key(0), (2, 11), 0, 11)
     full = _jitted(model, tokens)
-    out, cache = _jitted(model, tokens[:, :8], model.init_cache(2, max_len=max_len))
+    out, cache = _jitted(model, tokens[:, :9], model.init_cache(2, max_len=max_len))
     pieces = [out]
-    for t in range(8, 11):  # (a growing cache has a new shape, so a new program, each step)
+    for t in range(9, 11):  # (a growing cache has a new shape, so a new program, each step)
         out, cache = _jitted(model, tokens[:, t : t + 1], cache)
         pieces.append(out)
     np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=3e-5, rtol=3e-5)
@@ -131,7 +132,9 @@ def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
 @pytest.mark.parametrize("mixer", ["attention_conv", "mamba2", "conv"])
 def test_the_short_convs_run_on_inputs_checked_once_at_the_entry(mixer, monkeypatch):
     """x, the cache and the segment ids are checked once, where they enter the layer; its
-    short convs run unchecked (ShortConvolution's checked entry is never called)."""
+    short convs run unchecked (ShortConvolution's checked entry is never called). Under jit:
+    the checks run while tracing (a new closure traces again; its program is the compiled one
+    of the first, from the compile cache), and eager calls would compile every small op."""
     import kda_lib.layers.attention as attention
     from kda_lib.layers.conv import ShortConvolution
 
@@ -139,12 +142,15 @@ def test_the_short_convs_run_on_inputs_checked_once_at_the_entry(mixer, monkeypa
     layer = TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer
     x = jax.random.normal(jax.random.key(4), (2, 7, 16))
     ids = jnp.asarray([[1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
-    want = [layer(x, segment_ids=ids), layer(x[:, :3], cache=layer.init_cache(2))[0]]
+    want = [jitted_call(layer, x, segment_ids=ids),
+            jitted_call(layer, x[:, :3], cache=layer.init_cache(2))[0]]  # fmt: skip
     checks = []
     original = attention.check_segment_ids
     monkeypatch.setattr(attention, "check_segment_ids", lambda *a: checks.append(a) or original(*a))
     monkeypatch.setattr(ShortConvolution, "__call__", lambda *a, **k: pytest.fail("checked again"))
-    got = [layer(x, segment_ids=ids), layer(x[:, :3], cache=layer.init_cache(2))[0]]
+    traced_again = nnx.jit(lambda module, x, **kwargs: module(x, **kwargs))
+    got = [traced_again(layer, x, segment_ids=ids),
+           traced_again(layer, x[:, :3], cache=layer.init_cache(2))[0]]  # fmt: skip
     assert len(checks) == 1
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)

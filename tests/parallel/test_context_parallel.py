@@ -365,7 +365,10 @@ def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monke
     monkeypatch.setattr(registry, "l2_normalize", doubled)
     try:
         registry.clear_compiled_forms()
-        one_device, cp = single(x), layer(x)
+        # the one-device layer in one program (a new closure: traced with the patch; eager, each
+        # small op would compile on its own), the CP layer eagerly (its own kept program)
+        one_device = nnx.jit(lambda m, x: m(x))(single, x)
+        cp = layer(x)
         assert relative_l2(one_device, before) > 1e-3  # the patch is seen
         assert relative_l2(cp, one_device) < 1e-5  # by the CP layer as well
         assert kda_lib.lab.generate._steps.cache_info().currsize == 0
