@@ -429,7 +429,7 @@ display(Markdown(
 #    1's cache once (reads what it held before the draft, writes the rest), `state_bytes` a number;
 #    attention over $T$ cached tokens writes $n$ entries and reads all $T + n$. Write `t_star(heads,
 #    key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft)`: the least whole
-#    $T \ge 1$ where attention moves as many bytes or more. Predict: $n = 1$ to 4 at Kimi's shape?
+#    $T \ge 1$ where attention moves no fewer bytes. Predict for Kimi Linear: $n = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises

@@ -426,8 +426,9 @@ def _t_star_hint(case, got: int) -> str:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
         return "that is section 5's T*_step; count the verify call's states, conv rows, entries"
-    if got == max(1, math.ceil(2 * _kda_verify_bytes(h, k, v, w, bs, d) / (n * bc)) - 2 * d):
-        return "the KDA side counted twice: the state after each token is written once"
+    one_state = _kda_verify_bytes(h, k, v, w, bs, d) - (d - 1) * h * k * v * bs
+    if d > 1 and got == max(1, math.ceil(one_state / (n * bc)) - 2 * d):
+        return "one state written: the call keeps the state after every draft token (exercise 1)"
     return "count both calls' bytes; is it the smallest whole T >= 1?"
 
 
