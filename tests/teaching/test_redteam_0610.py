@@ -856,6 +856,37 @@ def test_programs_compiled_before_the_answer_are_refused():
     assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
 
 
+def test_07_2_rule_breakers_compute_the_right_state():
+    """07.2's library-solver, ctypes and compiled-program rule breakers are right answers (run
+    outside the checker, on a small draft): each is refused for its route, not its value."""
+    from kda_lib.teaching.exercises import ch07
+
+    s0, k, v, g, beta = ch07._draft(np.random.default_rng(0), 5, 8, 4)
+    states = ch07.draft_states(s0, k, v, g, beta)
+    names = ("jax.scipy", "LAPACKE", "compiled")
+    attacks = [(name, fn) for eid, name, fn in _rule_breakers()
+               if eid == "07.2" and any(n in name for n in names)]
+    assert len(attacks) == 9, [name for name, _ in attacks]
+    for name, fn in attacks:
+        if "LAPACKE" in name and not _openblas()[1]:
+            continue  # no bundled OpenBLAS here: the stub has no LAPACK to run
+        got = np.asarray(fn(states[-1], k, v, g, beta, 3), np.float64)
+        assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
+
+
+@pytest.mark.parametrize("exercise_id", ["07.1", "07.2", "07.3"])
+def test_07_hints_end_with_the_seed_that_repeats_them(exercise_id):
+    """07's checkers draw their trials at each call: a refusal ends with the seed, and passing
+    it back draws the same trials (the same hint)."""
+    for eid, _, context, wrong in _solutions("07").cases():
+        if eid == exercise_id:
+            hint = exercises.verdict(eid, wrong, **context)
+            assert hint.endswith("))") and "check(..., seed=" in hint, hint
+            seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
+            assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
+
+
+
 @pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
 def test_07_2_caps_the_address_space_for_its_largest_draft():
     """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
@@ -897,20 +928,3 @@ def test_lookup_tables_of_the_fixed_trials_are_refused():
                 if not _refused(eid, answer, context)]
     assert not accepted, f"accepted: {accepted}"
 
-
-def test_07_2_rule_breakers_compute_the_right_state():
-    """07.2's library-solver, ctypes and compiled-program rule breakers are right answers (run
-    outside the checker, on a small draft): each is refused for its route, not its value."""
-    from kda_lib.teaching.exercises import ch07
-
-    s0, k, v, g, beta = ch07._draft(np.random.default_rng(0), 5, 8, 4)
-    states = ch07.draft_states(s0, k, v, g, beta)
-    names = ("jax.scipy", "LAPACKE", "compiled")
-    attacks = [(name, fn) for eid, name, fn in _rule_breakers()
-               if eid == "07.2" and any(n in name for n in names)]
-    assert len(attacks) == 9, [name for name, _ in attacks]
-    for name, fn in attacks:
-        if "LAPACKE" in name and not _openblas()[1]:
-            continue  # no bundled OpenBLAS here: the stub has no LAPACK to run
-        got = np.asarray(fn(states[-1], k, v, g, beta, 3), np.float64)
-        assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
