@@ -886,7 +886,6 @@ def test_07_hints_end_with_the_seed_that_repeats_them(exercise_id):
             assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
 
 
-
 @pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
 def test_07_2_caps_the_address_space_for_its_largest_draft():
     """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
@@ -927,4 +926,3 @@ def test_lookup_tables_of_the_fixed_trials_are_refused():
     accepted = [eid for eid, answer, context in _lookup_tables()
                 if not _refused(eid, answer, context)]
     assert not accepted, f"accepted: {accepted}"
-
