@@ -196,30 +196,31 @@ def _refusing(entered: list[str], original, what: str = STARTED,
     return refuse
 
 
-# who may run a compiled program's executable: JAX's own dispatch (jit's Python path), never
-# an answer (nor jax.tree.map and the like on its behalf)
-_DISPATCH = ("jax._src.interpreters.pxla", "jax._src.pjit")
-
-
 def _compiled_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
     """``(owner, name, attribute, exempt)`` of the ways to run a compiled program: a
-    ``jax.stages.Compiled``, its ``_executable`` (``call``, ``unsafe_call``) and the XLA
-    executable under it (``execute*``); none before JAX is imported (no program compiled)."""
-    stages = getattr(sys.modules.get("jax"), "stages", None)
+    ``jax.stages.Compiled``, its executables (``call``; ``ExecuteReplicated``, its
+    ``unsafe_call``) and the XLA executable under them (``execute*``), the last two exempt when
+    JAX's own dispatch calls them (jit's Python path; never jax.tree.map and the like); none
+    before JAX is imported (no program compiled). Found from public objects (their modules)."""
+    jax = sys.modules.get("jax")
+    stages = getattr(jax, "stages", None)
     if stages is None:
         return []
-    owner = stages.Compiled  # jax._src.stages.Compiled, its public name
+    owner = stages.Compiled
     out = [(owner, n, owner.__dict__[n], ()) for n in ("__call__", "call") if n in owner.__dict__]
-    pxla = sys.modules.get("jax._src.interpreters.pxla")
-    executables = [c for c in (getattr(pxla, "MeshExecutable", None),) if c is not None]
+    base = getattr(sys.modules.get(owner.__module__), "Executable", None)
+    executables = base.__subclasses__() if base is not None else []  # pxla's MeshExecutable
     out += [(c, "call", c.__dict__["call"], ()) for c in executables if "call" in c.__dict__]
-    replicated = getattr(pxla, "ExecuteReplicated", None)
-    if replicated is not None:
-        out.append((replicated, "__call__", replicated.__dict__["__call__"], _DISPATCH))
-    loaded = getattr(sys.modules.get("jaxlib._jax"), "LoadedExecutable", None)
-    out += [(loaded, n, loaded.__dict__[n], _DISPATCH) for n in
+    module = sys.modules.get(executables[0].__module__) if executables else None
+    jit_module = getattr(getattr(jax.jit(abs), "_cache_miss", None), "__module__", None)
+    dispatch = tuple(m for m in (getattr(module, "__name__", None), jit_module) if m)
+    replicated = getattr(module, "ExecuteReplicated", None)
+    if replicated is not None and dispatch:  # (an empty exempt would refuse jit's own calls)
+        out.append((replicated, "__call__", replicated.__dict__["__call__"], dispatch))
+    loaded = getattr(getattr(module, "xc", None), "LoadedExecutable", None)
+    out += [(loaded, n, loaded.__dict__[n], dispatch) for n in
             ("execute", "execute_sharded", "execute_with_token")
-            if loaded is not None and n in loaded.__dict__]
+            if loaded is not None and dispatch and n in loaded.__dict__]
     return out
 
 
