@@ -409,36 +409,36 @@ display(Markdown(
 # Replace each `answer = None` and run the cell: `check` says right or not, never the solution.
 # Worked solutions (try first): [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
-# 1. **Grouped value heads, a bf16 conv history.** Section 3's cache has as many value heads
-#    as key heads, all float32. Write `cache_bytes(batch, num_heads, num_v_heads, key_dim,
-#    value_dim, conv_size, conv_bytes)` (no kda_lib) for `num_v_heads` value heads (one state
-#    each, as `KDAConfig(num_v_heads=...)`), float32 states, conv histories of `conv_bytes`
-#    bytes a number, `conv_size` 0 (no conv) and 1 included. Measure a built layer to check.
-# 2. **Roll back a rejected draft.** In speculative decoding the layer runs a few drafted tokens
-#    in one call, then throws the last `rejected` of them away: its state must go back to before
-#    them. From the state after the whole draft (one head, `[K, V]`) and the draft's unit keys
-#    `k`, values `v`, log decays `g`, strengths `beta` (a row per token), write `roll_back(state,
-#    k, v, g, beta, rejected)`, undoing token by token: invert $M_t$ in closed form, $O(d_k d_v)$ a
-#    token (no solve, inverse or $d_k \times d_k$ matrix: tried at a $d_k$ of a million, where
-#    one takes 4 TB, and with a $\beta_t \in (1, 2)$ in every draft, where a series in $\beta_t$
-#    diverges; matrix-free conjugate gradient, exact in two steps, passes too, but is no closed
-#    form). Which $\beta_t$ cannot be undone? Why does the library keep each draft token's
-#    state (the notes)?
-# 3. **The crossover, everything counted.** Section 5's $T^\ast_{\text{step}}$ left out the
-#    conv histories and the new entry. A KDA step reads and writes state and conv histories
-#    (`state_bytes` a number); an attention step over $T$ cached tokens writes the new entry
-#    and reads all $T + 1$. Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers,
-#    state_bytes, cache_bytes)`, the smallest whole $T \ge 1$ at which attention moves at least
-#    as many bytes. Predict first: up or down, by how much at Kimi Linear's shape?
+# 1. **The cache that rolls back a draft.** To return to any prefix of an $n$-token draft
+#    (0 to $n$ tokens accepted: exercise 2) without recomputing, keep the $n + 1$ states (before
+#    the draft, after each token) and the fewest conv rows from which every prefix's history can
+#    be read. Write `cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
+#    conv_bytes, draft)` (no kda_lib): `num_v_heads` value heads (a float32 state each, as
+#    `KDAConfig(num_v_heads=...)`), conv rows of `conv_bytes` bytes a number, `conv_size` 0, 1 too.
+# 2. **Roll back a rejected draft.** In speculative decoding the layer runs a few drafted tokens in
+#    one call, then drops the last `rejected`: its state must go back to before them. From the state
+#    after the whole draft (one head, `[K, V]`) and the draft's unit keys `k`, values `v`, log
+#    decays `g`, strengths `beta` (a row per token), write `roll_back(state, k, v, g, beta,
+#    rejected)`, undoing token by token: invert $M_t$ in closed form, $O(d_k d_v)$ a token (no
+#    solve, inverse or $d_k \times d_k$ matrix: tried at a $d_k$ of a million, where one takes 4 TB,
+#    and with a $\beta_t \in (1, 2)$ in every draft, where a series in $\beta_t$ diverges; a library
+#    solver, `jax.scipy.sparse`'s or LAPACK's by ctypes, is refused; an iteration of your own that
+#    converges, as conjugate gradient or Richardson on the normal equations, passes but is no closed
+#    form). Which $\beta_t$ cannot be undone? Why keep each draft token's state instead (notes)?
+# 3. **The crossover of a verify call.** Verifying an $n$-token draft, a KDA layer moves exercise
+#    1's cache once (reads what it held before the draft, writes the rest), `state_bytes` a number;
+#    attention over $T$ cached tokens writes $n$ entries and reads all $T + n$. Write `t_star(heads,
+#    key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft)`: the least whole
+#    $T \ge 1$ where attention moves no fewer bytes. Predict for Kimi Linear: $n = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function cache_bytes(batch, num_heads, num_v_heads, key_dim, ...) -> int
+answer = None  # 1: a function cache_bytes(batch, num_heads, num_v_heads, ..., draft) -> int
 exercises.check("07.1", answer)
 answer = None  # 2: a function roll_back(state, k, v, g, beta, rejected) -> [K, V]
 exercises.check("07.2", answer)
-answer = None  # 3: a function t_star(heads, key_dim, value_dim, conv_size, ...) -> int
+answer = None  # 3: a function t_star(heads, key_dim, ..., cache_bytes, draft) -> int
 exercises.check("07.3", answer)
 
 # %% [markdown]

@@ -57,12 +57,17 @@ def _cases() -> dict:
 
 
 
+_SEEDED = ("07.",)  # checkers that draw their trials at each call: every hint gives the seed
+
+
 def _refused(exercise_id, answer, context) -> bool:
     try:
         with _time_limit(20):
             hint = exercises.verdict(exercise_id, answer, **context)
     except TimeoutError:
         return True
+    if isinstance(hint, str) and exercise_id.startswith(_SEEDED):
+        assert "check(..., seed=" in hint, f"{exercise_id}: a hint without its seed: {hint}"
     return isinstance(hint, str) and bool(hint)
 
 
@@ -126,13 +131,13 @@ def _library_attacks():
             return fn(*args)
         return wrapped
 
-    def measured_cache(b, h, hv, k, v, w, cb):  # build the layer and measure: the library does it
+    def measured_cache(b, h, hv, k, v, w, cb, n):  # build the layer and measure: the library
         from flax import nnx
 
         config = kda_lib.KDAConfig(hidden_size=h * k, num_heads=h, num_v_heads=hv, head_dim=k,
                                    value_head_dim=v, conv_size=w)
         layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))
-        return sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(b)))
+        return (n + 1) * sum(a.nbytes for a in jax.tree.leaves(layer.init_cache(b)))
 
     attacks = [
         ("06.1", "chance_loss and its accuracy (the uniform floor)",
@@ -229,20 +234,108 @@ def _two_point_fit():
 
 
 def _old_fixed_inputs():
-    """07's answers at the inputs its checkers used before they drew them per call."""
+    """07's answers at fixed inputs like the ones its checkers used before they drew them per
+    call."""
     from kda_lib.teaching.exercises import ch07
 
-    layers = [(1, 2, 4, 32, 32, 0, 2), (3, 2, 2, 8, 16, 4, 4), (2, 1, 4, 16, 8, 4, 2),
-              (1, 1, 2, 8, 8, 1, 2), (5, 3, 6, 4, 12, 2, 2), (2, 2, 8, 16, 32, 3, 4)]
-    shapes = [(16, 128, 128, 4, 4096, 4, 4), (16, 128, 128, 4, 1024, 4, 2),
-              (32, 128, 128, 4, 576, 4, 2), (8, 64, 128, 0, 192, 2, 2), (2, 32, 32, 2, 96, 4, 2),
-              (32, 128, 64, 3, 4000, 4, 2)]
+    layers = [(1, 2, 4, 32, 32, 0, 2, 1), (3, 2, 2, 8, 16, 4, 4, 2), (2, 1, 4, 16, 8, 4, 2, 3),
+              (1, 1, 2, 8, 8, 1, 2, 4), (5, 3, 6, 4, 12, 2, 2, 5), (2, 2, 8, 16, 32, 3, 4, 6)]
+    shapes = [(16, 128, 128, 4, 4096, 4, 4, 1), (16, 128, 128, 4, 1024, 4, 2, 2),
+              (32, 128, 128, 4, 576, 4, 2, 4), (8, 64, 128, 0, 192, 2, 2, 1),
+              (2, 32, 32, 2, 96, 4, 2, 3), (32, 128, 64, 3, 4000, 4, 2, 8)]
     rng, drafts = np.random.default_rng(72), {}
     for key_dim, value_dim, tokens, rejected in ch07._DRAFTS:
         states = ch07.draft_states(*ch07._draft(rng, tokens, key_dim, value_dim))
         drafts[states[-1][:2].tobytes()] = states[tokens - rejected]
     return {"07.1": {c: ch07._cache_bytes(*c) for c in layers}, "07.2": drafts,
             "07.3": {c: ch07._t_star(*c) for c in shapes}}
+
+
+def _matrix_free(solver):
+    """07.2 right, each token's (I - beta k k^T) Y = B solved by ``solver`` (a jax.scipy.sparse
+    solver, the operator as a function)."""
+    def roll_back(state, k, v, g, beta, rejected):
+        state = np.asarray(state, np.float64)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            k_t, b_t = jnp.asarray(k[t]), beta[t]
+            y = solver(lambda y, k_t=k_t, b_t=b_t: y - b_t * jnp.outer(k_t, k_t @ y),
+                       jnp.asarray(state - b_t * np.outer(k[t], v[t])))[0]
+            state = np.exp(-g[t])[:, None] * np.asarray(y, np.float64)
+        return state
+
+    return roll_back
+
+
+def _openblas():
+    """numpy's or scipy's bundled OpenBLAS through ctypes and its symbols' prefix, or the
+    process itself (a stub: no LAPACK symbol, the lookup refused before it fails)."""
+    import ctypes
+
+    for package, prefix in (("scipy", "scipy_"), ("numpy", "scipy_")):
+        libs = pathlib.Path(importlib.util.find_spec(package).origin).parents[1] / f"{package}.libs"
+        for path in sorted(libs.glob("libscipy_openblas-*.so")) if libs.is_dir() else ():
+            return ctypes.CDLL(str(path)), prefix
+    return ctypes.CDLL(None), ""
+
+
+def _lapacke_solves():
+    """07.2's per-token solve by LAPACKE_dgesv through ctypes: looked up before the answer runs,
+    and looked up while it runs by a name built then (no name in its code)."""
+    import ctypes
+
+    library, prefix = _openblas()
+    found = getattr(library, prefix + "LAPACKE_dgesv", None)
+
+    def by(dgesv, m, b):
+        a, x = np.array(m, np.float64, order="C"), np.array(b, np.float64, order="C")
+        pivots, to = np.zeros(len(a), np.int32), ctypes.POINTER(ctypes.c_double)
+        assert dgesv(101, len(a), x.shape[1], a.ctypes.data_as(to), len(a),  # row major
+                     pivots.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), x.ctypes.data_as(to),
+                     x.shape[1]) == 0
+        return x
+
+    fresh = ctypes.CDLL(library._name)  # no symbol looked up yet
+
+    def late(m, b):
+        return by(getattr(fresh, "".join(reversed("vsegd_EKCAPAL")).join([prefix, ""])), m, b)
+
+    return functools.partial(by, found), late
+
+
+@functools.cache
+def _compiled_solves() -> dict:
+    """jnp.linalg.solve compiled at each small 07.2 draft's d_k (and called once: its fast path
+    built), before any answer runs."""
+    from kda_lib.teaching.exercises import ch07
+
+    compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
+        jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
+        jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
+        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+    for c in compiled.values():
+        c(*(jnp.ones(a.shape, a.dtype) for a in c.in_avals[0]))
+    return compiled
+
+
+def _compiled_solve(how):
+    """A solve compiled before the answer runs (:func:`_compiled_solves`), run through
+    ``how``: its executable, never the ``Compiled`` itself."""
+    compiled = _compiled_solves()
+
+    def solve(m, b):
+        c, args = compiled[len(m)], (jnp.asarray(m, jnp.float32), jnp.asarray(b, jnp.float32))
+        if how == "_executable.call":
+            out = c._executable.call(*args)[0]
+        elif how == "_executable.unsafe_call":
+            out = c._executable.unsafe_call(*args)[0]
+        elif how.startswith("_call"):
+            out = c._call(*args)
+        else:
+            out = c._executable.xla_executable.execute_sharded([jax.device_put(a) for a in args])
+            out = out.disassemble_into_single_device_arrays()[0][0]
+        return np.asarray(out, np.float64)
+
+    return solve
 
 
 def _rule_breakers():
@@ -354,6 +447,7 @@ def _rule_breakers():
         return per_token(getattr(module, "so" + "lve"))(state, k, v, g, beta, rejected)
 
     old_inputs = _old_fixed_inputs()
+    lapack_by_ctypes, lapack_by_ctypes_looked_up_late = _lapacke_solves()
 
     return [
         ("07.1", "a lookup table of the old fixed layers (teacher 2026-12-05)",
@@ -364,6 +458,15 @@ def _rule_breakers():
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
         ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
+        *[("07.2", f"jax.scipy.sparse.linalg.{name}, matrix-free, per token (teacher 2026-12-05)",
+           _matrix_free(getattr(jax.scipy.sparse.linalg, name)))
+          for name in ("cg", "bicgstab", "gmres")],
+        ("07.2", "LAPACKE_dgesv by ctypes.CDLL, looked up before", per_token(lapack_by_ctypes)),
+        ("07.2", "LAPACKE_dgesv through ctypes, its name built at run time",
+         per_token(lapack_by_ctypes_looked_up_late)),
+        *[("07.2", f"a compiled solve run by {how}", per_token(_compiled_solve(how)))
+          for how in ("_executable.call", "_executable.unsafe_call", "_call (its fast path)",
+                      "xla_executable.execute_sharded")],
         ("06.1", "entropy in bits", lambda p: (
             s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
         ("06.1", "1/|V| accuracy", lambda p: (s06.blind_floor(p)[0], 1 / len(p))),
@@ -396,15 +499,21 @@ def _rule_breakers():
             last - o for o in sorted({sum(j * d for j, d in zip(js, dil, strict=True))
                                       for js in __import__("itertools").product(
                                           *(range(w) for w in widths))})]),
-        ("07.1", "the states alone", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v),
-        ("07.1", "w - 1 rows with no conv", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
-         + cb * b * (w - 1) * (2 * h * k + hv * v)),
-        ("07.1", "section 3's layout (the page): HV = H, float32 conv",
-         lambda b, h, hv, k, v, w, cb: 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))),
-        ("07.1", "states of H heads", lambda b, h, hv, k, v, w, cb: 4 * b * h * k * v
-         + cb * b * max(w - 1, 0) * (2 * h * k + hv * v)),
-        ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb: 4 * b * hv * k * v
-         + cb * b * max(w - 1, 0) * h * (2 * k + v)),
+        ("07.1", "the states alone", lambda b, h, hv, k, v, w, cb, n: 4 * (n + 1) * b * hv * k * v),
+        ("07.1", "w - 1 + n rows with a width-1 conv (no clamp)", lambda b, h, hv, k, v, w, cb, n:
+         4 * (n + 1) * b * hv * k * v + cb * b * max(w - 1 + n, 0) * (2 * h * k + hv * v)),
+        ("07.1", "a conv history per prefix (the library's draft caches)",
+         lambda b, h, hv, k, v, w, cb, n: (n + 1) * (
+             4 * b * hv * k * v + cb * b * max(w - 1, 0) * (2 * h * k + hv * v))),
+        ("07.1", "n states, not n + 1", lambda b, h, hv, k, v, w, cb, n:
+         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n) - 4 * b * hv * k * v),
+        ("07.1", "section 3's layout (the page): one state, HV = H, float32 conv",
+         lambda b, h, hv, k, v, w, cb, n: 4 * b * (h * k * v + max(w - 1, 0) * h * (2 * k + v))),
+        ("07.1", "states of H heads", lambda b, h, hv, k, v, w, cb, n:
+         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n) + 4 * (n + 1) * b * (h - hv) * k * v),
+        ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb, n:
+         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n)
+         + cb * b * (w - 1 + n) * (w >= 2) * (h - hv) * v),
         ("07.2", "a matrix solve per token (jnp.linalg)", inverse_by_solve),
         ("07.2", "a pseudo-inverse per token (np.linalg)", inverse_by_pinv),
         ("07.2", "scipy.sparse.linalg.spsolve per token (review 2026-12-04)", per_token(
@@ -430,14 +539,22 @@ def _rule_breakers():
         ("07.2", "the write only, forward (notebook 01's delta_write)",
          lambda s, k, v, g, beta, r: s + beta[-1] * np.outer(k[-1], v[-1] - k[-1] @ s)),
         ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
+        ("07.3", "no clamp at T >= 1 (a long draft, a small state: T <= 0)",
+         lambda h, k, v, w, n, bs, bc, d: math.ceil(bs * h * ((1 + d) * k * v + (
+             w - 1 + d if w >= 2 else 0) * (2 * k + v)) / (n * bc)) - 2 * d),
+        ("07.3", "a draft of one token (the exercise before)",
+         lambda h, k, v, w, n, bs, bc, d: s07.t_star(h, k, v, w, n, bs, bc, 1)),
+        ("07.3", "no draft entries written (T + n read only)",
+         lambda h, k, v, w, n, bs, bc, d: max(1, s07.t_star(h, k, v, w, n, bs, bc, d) + d)),
+        ("07.3", "one state written, not one per draft token",
+         lambda h, k, v, w, n, bs, bc, d: max(1, math.ceil(bs * h * (2 * k * v + (
+             w - 1 + d if w >= 2 else 0) * (2 * k + v)) / (n * bc)) - 2 * d)),
         ("07.3", "the state read only",
-         lambda h, k, v, w, n, bs, bc: math.ceil(h * k * v * bs / (n * bc))),
+         lambda h, k, v, w, n, bs, bc, d: math.ceil(h * k * v * bs / (n * bc))),
         ("07.3", "section 5's T*_step (the page)",
-         lambda h, k, v, w, n, bs, bc: math.ceil(2 * h * k * v * bs / (n * bc))),
-        ("07.3", "the conv histories read only", lambda h, k, v, w, n, bs, bc: max(1, math.ceil(
-            (2 * h * k * v + max(w - 1, 0) * h * (2 * k + v)) * bs / (n * bc)) - 2)),
-        ("07.3", "no new entry", lambda h, k, v, w, n, bs, bc: math.ceil(
-            2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v)) / (n * bc))),
+         lambda h, k, v, w, n, bs, bc, d: math.ceil(2 * h * k * v * bs / (n * bc))),
+        ("07.3", "the conv rows left out", lambda h, k, v, w, n, bs, bc, d: max(1, math.ceil(
+            bs * h * (1 + d) * k * v / (n * bc)) - 2 * d)),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("08.3", "zero", lambda *a: 0),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
@@ -529,11 +646,13 @@ def _alternatives():
         p = t // period * period
         return t[(p > 0) & (t - delay < p - conv_size + 1)][::-1]
 
-    def cache_numpy(b, h, hv, k, v, w, cb):
-        return np.int64(4) * b * hv * k * v + cb * b * np.maximum(w - 1, 0) * (2 * h * k + hv * v)
+    def cache_numpy(b, h, hv, k, v, w, cb, n):  # the rows as a union of windows, counted
+        rows = len({j - i for j in range(n + 1) for i in range(1, w)})
+        return np.int64(4) * (n + 1) * b * hv * k * v + cb * b * rows * (2 * h * k + hv * v)
 
-    def cache_float(b, h, hv, k, v, w, cb):  # a float number of bytes (review: 8192.0 refused)
-        return 4.0 * b * hv * k * v + cb * b * max(w - 1, 0) * (2.0 * h * k + hv * v)
+    def cache_float(b, h, hv, k, v, w, cb, n):  # a float number of bytes (review: 8192.0 refused)
+        rows = (w - 1 + n) * (w > 1)
+        return 4.0 * (n + 1) * b * hv * k * v + cb * b * rows * (2.0 * h * k + hv * v)
 
     def roll_back_loop(state, k, v, g, beta, rejected):  # loops over channels, no outer()
         state = [list(row) for row in np.asarray(state, np.float64)]
@@ -549,12 +668,30 @@ def _alternatives():
         k = np.asarray(k) / np.linalg.norm(k, axis=1, keepdims=True)
         return _solutions("07").roll_back(state, k, v, g, beta, rejected)
 
-    def t_star_int(h, k, v, w, n, bs, bc):  # search T upward in integers
-        kda = 2 * bs * h * (k * v + max(w - 1, 0) * (2 * k + v))
+    def t_star_int(h, k, v, w, n, bs, bc, d):  # search T upward in integers
+        kda = bs * h * ((1 + d) * k * v + (w - 1 + d if w >= 2 else 0) * (2 * k + v))
         t = 1
-        while (t + 2) * n * bc < kda:
+        while (t + 2 * d) * n * bc < kda:
             t += 1
         return t
+
+    def roll_back_normal_richardson(state, k, v, g, beta, rejected):  # accepted: it converges
+        x = np.asarray(state, np.float64)  # (I - b k k^T)^2 Y = (I - b k k^T) B, eigenvalues
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):  # 1 and (1 - b)^2 > 0
+            k_t, b_t = np.asarray(k[t]), beta[t]
+
+            def a(y, k_t=k_t, b_t=b_t):  # (I - b k k^T) y, symmetric: A^T = A
+                return y - b_t * np.outer(k_t, k_t @ y)
+
+            rhs = a(x - b_t * np.outer(k_t, v[t]))
+            y = rhs.copy()
+            for _ in range(5000):
+                r = rhs - a(a(y))
+                y = y + r
+                if np.abs(r).max() <= 1e-8 * np.abs(y).max():  # the checker asks for 1e-4
+                    break
+            x = np.exp(-g[t])[:, None] * y
+        return x
 
     def mqar_loop(v):
         values = [t for t in range(1, v) if t > (v - 1) // 2]
@@ -644,6 +781,8 @@ def _alternatives():
         ("07.2", "np.linalg.norm on the keys", roll_back_normalised, {}),
         ("07.2", "matrix-free conjugate gradient per token (accepted: exact in 2 steps)",
          roll_back_cg, {}),
+        ("07.2", "Richardson on the normal equations, to tolerance (accepted: it converges)",
+         roll_back_normal_richardson, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),
@@ -751,6 +890,36 @@ def test_programs_compiled_before_the_answer_are_refused():
     hint = exercises.verdict("07.2", roll_back)
     assert hint is not None and "compiled" in hint, hint
     assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
+
+
+def test_07_2_rule_breakers_compute_the_right_state():
+    """07.2's library-solver, ctypes and compiled-program rule breakers are right answers (run
+    outside the checker, on a small draft): each is refused for its route, not its value."""
+    from kda_lib.teaching.exercises import ch07
+
+    s0, k, v, g, beta = ch07._draft(np.random.default_rng(0), 5, 8, 4)
+    states = ch07.draft_states(s0, k, v, g, beta)
+    names = ("jax.scipy", "LAPACKE", "compiled")
+    attacks = [(name, fn) for eid, name, fn in _rule_breakers()
+               if eid == "07.2" and any(n in name for n in names)]
+    assert len(attacks) == 9, [name for name, _ in attacks]
+    for name, fn in attacks:
+        if "LAPACKE" in name and not _openblas()[1]:
+            continue  # no bundled OpenBLAS here: the stub has no LAPACK to run
+        got = np.asarray(fn(states[-1], k, v, g, beta, 3), np.float64)
+        assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
+
+
+@pytest.mark.parametrize("exercise_id", ["07.1", "07.2", "07.3"])
+def test_07_hints_end_with_the_seed_that_repeats_them(exercise_id):
+    """07's checkers draw their trials at each call: a refusal ends with the seed, and passing
+    it back draws the same trials (the same hint)."""
+    for eid, _, context, wrong in _solutions("07").cases():
+        if eid == exercise_id:
+            hint = exercises.verdict(eid, wrong, **context)
+            assert hint.endswith("))") and "check(..., seed=" in hint, hint
+            seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
+            assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")

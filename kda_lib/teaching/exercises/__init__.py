@@ -181,12 +181,13 @@ HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT}
 
 def _refusing(entered: list[str], original, what: str = STARTED,
               exempt: tuple[str, ...] = ("jax", "jaxlib", "threading")):  # fmt: skip
-    """``original``, refusing (recording ``what``) unless called from a package of ``exempt``
-    (JAX's threads: a timer, watched) or from the checkers themselves."""
+    """``original``, refusing (recording ``what``) unless called from a module of ``exempt``
+    (a package or a dotted module: JAX's threads, a timer, watched) or from the checkers."""
 
     def refuse(*args, **kwargs):
         caller = sys._getframe(1).f_globals.get("__name__") or ""
-        if caller.split(".")[0] in exempt or caller.startswith(__name__):
+        if caller.startswith(__name__) or any(
+                caller == e or caller.startswith(e + ".") for e in exempt):
             return original(*args, **kwargs)
         if not entered:
             entered.append(what)
@@ -195,14 +196,32 @@ def _refusing(entered: list[str], original, what: str = STARTED,
     return refuse
 
 
-def _compiled_entry_points() -> list[tuple[Any, str, Any]]:
-    """``(owner, name, attribute)`` of the ways to run a ``jax.stages.Compiled`` (none before
-    JAX is imported: no program can have been compiled)."""
-    stages = getattr(sys.modules.get("jax"), "stages", None)
+def _compiled_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
+    """``(owner, name, attribute, exempt)`` of the ways to run a compiled program: a
+    ``jax.stages.Compiled``, its executables (``call``; ``ExecuteReplicated``, its
+    ``unsafe_call``) and the XLA executable under them (``execute*``), the last two exempt when
+    JAX's own dispatch calls them (jit's Python path; never jax.tree.map and the like); none
+    before JAX is imported (no program compiled). Found from public objects (their modules)."""
+    jax = sys.modules.get("jax")
+    stages = getattr(jax, "stages", None)
     if stages is None:
         return []
-    owner = stages.Compiled  # jax._src.stages.Compiled, its public name
-    return [(owner, n, owner.__dict__[n]) for n in ("__call__", "call") if n in owner.__dict__]
+    owner = stages.Compiled
+    out = [(owner, n, owner.__dict__[n], ()) for n in ("__call__", "call") if n in owner.__dict__]
+    base = getattr(sys.modules.get(owner.__module__), "Executable", None)
+    executables = base.__subclasses__() if base is not None else []  # pxla's MeshExecutable
+    out += [(c, "call", c.__dict__["call"], ()) for c in executables if "call" in c.__dict__]
+    module = sys.modules.get(executables[0].__module__) if executables else None
+    jit_module = getattr(getattr(jax.jit(abs), "_cache_miss", None), "__module__", None)
+    dispatch = tuple(m for m in (getattr(module, "__name__", None), jit_module) if m)
+    replicated = getattr(module, "ExecuteReplicated", None)
+    if replicated is not None and dispatch:  # (an empty exempt would refuse jit's own calls)
+        out.append((replicated, "__call__", replicated.__dict__["__call__"], dispatch))
+    loaded = getattr(getattr(module, "xc", None), "LoadedExecutable", None)
+    out += [(loaded, n, loaded.__dict__[n], dispatch) for n in
+            ("execute", "execute_sharded", "execute_with_token")
+            if loaded is not None and dispatch and n in loaded.__dict__]
+    return out
 
 
 @contextlib.contextmanager
@@ -212,9 +231,9 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     starting a thread or process (``threading``, ``concurrent.futures``, ``multiprocessing``,
     ``subprocess``, ``os.fork``) records :data:`STARTED` in ``entered`` and raises
     :class:`_LibraryEntered` (JAX's own threads, started from ``jax`` code, excepted and
-    watched); calling a ``jax.stages.Compiled`` (a program compiled before the answer ran, whose
-    Python frames never run) records :data:`COMPILED` and raises the same: an answer may not
-    run code where the hooks cannot see it."""
+    watched); calling a ``jax.stages.Compiled`` or its executables (a program compiled before
+    the answer ran, whose Python frames never run) records :data:`COMPILED` and raises the
+    same: an answer may not run code where the hooks cannot see it."""
     starts = [(threading.Thread, "start"), (multiprocessing.process.BaseProcess, "start"),
               (subprocess.Popen, "_execute_child")]
     starts += [(os, n) for n in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")
@@ -232,8 +251,8 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     previous, previous_new = sys.getprofile(), threading.getprofile()
     for owner, name, fn in originals:
         setattr(owner, name, _refusing(entered, fn))
-    for owner, name, fn in compiled:
-        setattr(owner, name, _refusing(entered, fn, COMPILED, ()))
+    for owner, name, fn, exempt in compiled:
+        setattr(owner, name, _refusing(entered, fn, COMPILED, exempt))
     if set_all is not None:
         set_all(hook)
     threading.setprofile(hook)
@@ -243,7 +262,7 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
         if sys.getprofile() is not hook and not entered:  # turned off by a route not patched
             entered.append(STARTED)
     finally:
-        for owner, name, fn in originals + compiled:
+        for owner, name, fn, *_ in originals + compiled:
             setattr(owner, name, fn)
         if set_all is not None:
             set_all(None)
