@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import functools
 import importlib
 import itertools
 import multiprocessing.process
@@ -196,6 +197,13 @@ def _refusing(entered: list[str], original, what: str = STARTED,
     return refuse
 
 
+@functools.cache
+def _jit_dispatch_module(jax) -> str | None:
+    """The module of jit's Python dispatch path (found once: building a jitted function runs
+    jax code, which a traced answer's call must not see)."""
+    return getattr(getattr(jax.jit(abs), "_cache_miss", None), "__module__", None)
+
+
 def _compiled_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
     """``(owner, name, attribute, exempt)`` of the ways to run a compiled program: a
     ``jax.stages.Compiled``, its executables (``call``; ``ExecuteReplicated``, its
@@ -212,7 +220,7 @@ def _compiled_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
     executables = base.__subclasses__() if base is not None else []  # pxla's MeshExecutable
     out += [(c, "call", c.__dict__["call"], ()) for c in executables if "call" in c.__dict__]
     module = sys.modules.get(executables[0].__module__) if executables else None
-    jit_module = getattr(getattr(jax.jit(abs), "_cache_miss", None), "__module__", None)
+    jit_module = _jit_dispatch_module(jax)
     dispatch = tuple(m for m in (getattr(module, "__name__", None), jit_module) if m)
     replicated = getattr(module, "ExecuteReplicated", None)
     if replicated is not None and dispatch:  # (an empty exempt would refuse jit's own calls)
