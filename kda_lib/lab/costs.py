@@ -34,7 +34,7 @@ def inverse_flops(C: int, base: int = 16) -> int:
 
 
 def chunk_terms(C: int, K: int, V: int) -> dict[str, int]:
-    """Matmul flops of one chunk of :func:`kda_lib.ops.chunked.kda_chunked`, per head, by term.
+    """Matmul flops of one chunk of :func:`kda_lib.kda_chunked`, per head, by term.
 
     ``scores``: the decayed q.k and k.k scores by merging segments (1 + 1 tokens, 2 + 2, ...):
     only the strictly lower blocks are multiplied, ``C (C - 1) / 2`` entries of ``2 K`` flops,
@@ -104,7 +104,7 @@ def attention_flops(T: int, K: int, V: int) -> float:
 
 
 def chunked_flops(T: int, C: int, K: int, V: int, scan: str = "streaming") -> float:
-    """Matmul flops of :func:`kda_lib.ops.chunked.kda_chunked` per head (T a multiple of C);
+    """Matmul flops of :func:`kda_lib.kda_chunked` per head (T a multiple of C);
     ``scan="streaming"``: one chunk per scan step; ``"associative"``: the chunk maps composed."""
     if T % C:
         raise ValueError(f"T must be a multiple of C, got T={T}, C={C}")

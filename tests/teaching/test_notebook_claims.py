@@ -691,7 +691,7 @@ def test_08_two_time_scales_in_one_kda_head():
     undershooting at lags 0-2, overshooting at 3-24, undershooting from 25 on."""
     import jax
 
-    from kda_lib.ops.reference import kda_recurrent
+    from kda_lib import kda_recurrent
 
     r_slow, r_fast, beta, share = 0.5 ** (1 / 20), 0.5, 0.3, 0.05
     lag = np.arange(256)
