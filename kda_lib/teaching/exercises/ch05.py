@@ -25,21 +25,16 @@ _AUTODIFF_HINT = (
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 _LARGE = (32, 64, 128)  # R, K, V of the last trial
 TIME_LIMIT_S = 10.0
-_SLOW = (
-    "your function took over {:.0f} s at R, K, V = {}: the backward fold is R small "
-    "matrix products; finite differences (a forward fold per entry) cannot get there"
-)
+_SLOW = ("your function took over {:.0f} s at R, K, V = {}: the backward fold is R small "
+         "matrix products; finite differences (a forward fold per entry) cannot get there")
 
 
 def _problem(rng, ranks: int, key_dim: int = 4, value_dim: int = 3):
     """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of norm
     about 1) and each rank's own-output gradients."""
     ms = rng.standard_normal((ranks, key_dim, key_dim)) / np.sqrt(key_dim)
-    return (
-        ms,
-        rng.standard_normal((ranks, key_dim, value_dim)),
-        rng.standard_normal((ranks, key_dim, value_dim)),
-    )
+    return (ms, rng.standard_normal((ranks, key_dim, value_dim)),
+            rng.standard_normal((ranks, key_dim, value_dim)))
 
 
 def state_gradients_reference(ms, hs):
@@ -91,24 +86,19 @@ def backward_fold(answer, *, seed=None, **_):
     for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
         ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
-        hint = hint or refuse_degenerate(
-            got, shape=hs.shape, inputs=(hs,), what=f"the gradients for R = {ranks}"
-        )
+        hint = hint or refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
+                                         what=f"the gradients for R = {ranks}")
         if hint:
             return hint
         if _close(got, state_gradients_reference(ms, hs)):
             continue
         if _close(got, state_gradients_reference(np.swapaxes(ms, 1, 2), hs)):
-            return (
-                f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
-                "transpose, not M" + again(seed)
-            )
+            return (f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
+                    "transpose, not M" + again(seed))
         if _close(np.asarray(got)[-1], hs[-1]) is False and _close(np.asarray(got)[0], hs[0]):
             return f"wrong for R = {ranks}: which rank's gradient is known first?" + again(seed)
-        return (
-            f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
-            "rank r's own outputs and through the state it hands to rank r + 1" + again(seed)
-        )
+        return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
+                "rank r's own outputs and through the state it hands to rank r + 1" + again(seed))
     return None
 
 
@@ -128,23 +118,17 @@ def summary_gradients(answer, *, seed=None, **_):
             return "summary_cotangents should return the pair (dms, des)"
         want = summary_cotangents_reference(ms, es, hs)
         for part, shape, what in ((got[0], ms.shape, "dms"), (got[1], es.shape, "des")):
-            hint = refuse_degenerate(
-                part, shape=shape, inputs=(ms, es, hs), what=f"{what} for R = {ranks}"
-            )
+            hint = refuse_degenerate(part, shape=shape, inputs=(ms, es, hs),
+                                     what=f"{what} for R = {ranks}")
             if hint:
                 return hint
         if not _close(got[1], want[1]):
-            return (
-                f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
-                "it adds to, S^(r + 1)" + again(seed)
-            )
+            return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
+                    "it adds to, S^(r + 1)" + again(seed))
         if _close(got[0], np.swapaxes(want[0], 1, 2)):
-            return f"dms for R = {ranks} is transposed: which index of M meets the state?" + again(
-                seed
-            )
+            return (f"dms for R = {ranks} is transposed: which index of M meets the state?"
+                    + again(seed))
         if not _close(got[0], want[0]):
-            return (
-                f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
-                "which gradient does the product pass on?" + again(seed)
-            )
+            return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
+                    "which gradient does the product pass on?" + again(seed))
     return None
