@@ -19,10 +19,10 @@
 # **Claim.** Linear attention stores key/value pairs by adding outer products into a $d_k \times
 # d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes only what the
 # memory gets wrong: one gradient step on the recall error $\tfrac12\lVert S^\top \mathbf k -
-# \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the newest pair exactly and beats
-# linear attention up to $d_k$ pairs, though one pass cannot store them all. A forget gate gives
-# the gated delta rule (one decay per head) and KDA (one per key channel). Each step is derived,
-# checked in float64, and built in NumPy against `kda_lib`.
+# \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the newest pair exactly and, on
+# average, beats linear attention up to $d_k$ pairs, though one pass cannot store them all. A
+# forget gate gives the gated delta rule (one decay per head) and KDA (one per key channel). Each
+# step is derived, checked in float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -120,8 +120,7 @@ def random_pairs(key, num, *, batch=()):
 # With orthonormal keys (at most $d_k$ of them) the crosstalk vanishes. For random unit keys
 # $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$ and the $n - 1$ terms are uncorrelated:
 # the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, so the relative
-# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 uses its square, per pair). The
-# figure: the overlaps that weight the crosstalk, and recalled against stored entries.
+# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (squared, per pair: section 6).
 
 # %%
 n_demo = key_dim // 2
@@ -145,8 +144,9 @@ assert rel_error > 0.25, "random keys should interfere"
 
 # %% tags=["hide-input"]
 fig, (ax_overlap, ax_recall) = plt.subplots(1, 2, figsize=(9.5, 3.6))
-viz.heatmap(ax_overlap, keys @ keys.T, diverging=True, vmin=-1, vmax=1, xlabel="stored pair",
-            ylabel="recalled pair", cbar_label="key overlap", title="Off-diagonal: crosstalk")
+viz.heatmap(ax_overlap, np.where(np.eye(n_demo) > 0, np.nan, keys @ keys.T), diverging=True,
+            xlabel="stored pair", ylabel="recalled pair", cbar_label="key overlap", cmap=plt.
+            get_cmap(viz.DIVERGING_CMAP).with_extremes(bad="0.55"), title="Overlaps (grey: 1)")
 for got, style, label in ((recalled, ".", f"random unit keys (error {rel_error:.2f})"), (
         ortho_keys @ (ortho_keys.T @ values), "x", "orthonormal keys (exact)")):
     ax_recall.plot(values.ravel(), got.ravel(), style, ms=4, label=f"{n_demo} {label}")
@@ -233,11 +233,10 @@ _ = assert_close(k_new @ delta_memory, v_newer, atol=1e-12, name="delta: replace
 #   = \beta_t\, (\mathbf k_t^\top \mathbf k_j)\, \big(\mathbf v_t - S_{t-1}^\top \mathbf k_t\big) .
 # $$
 #
-# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall, and nothing
-# repairs it. Storing $n \le d_k$ pairs with independent keys means solving the $n$ equations
-# $\mathbf k_j^\top S = \mathbf v_j^\top$; one pass with $\beta = 1$ is one sweep of **Kaczmarz's
-# method**, one equation at a time: for generic values exact only for orthogonal keys (lucky
-# values: the notes); repeated sweeps converge. Checked below with $n = d_k / 2$ pairs.
+# Unless $\mathbf k_t \perp \mathbf k_j$, every later write moves pair $j$'s recall. Storing $n \le
+# d_k$ pairs with independent keys solves $n$ equations $\mathbf k_j^\top S = \mathbf v_j^\top$;
+# one pass with $\beta = 1$ is one sweep of **Kaczmarz's method**, one equation at a time: for
+# generic values exact only for orthogonal keys; repeated sweeps converge ($n = d_k / 2$ below).
 
 # %%
 pair_keys, pair_values = random_pairs(key_sweep, key_dim // 2)
@@ -296,10 +295,8 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 #
 # The transition $M_t$ is **diagonal plus rank one**: cheap to apply, with spectral norm at most
 # $\lVert I - \beta_t \mathbf k_t \mathbf k_t^\top \rVert_2\, \lVert D_t \rVert_2 \le 1$.
-# The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$, the scale softmax attention uses to
-# keep the scores of unit-variance vectors near variance 1. On unit queries it only shrinks a head's
-# outputs by one factor, which the layer's RMSNorm (notebook 04) undoes; `kda_lib` keeps it to match
-# fla's kernels (the paper's Eq. 1 omits it; [detail](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
+# The read is $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$ (softmax attention's scale; the
+# layer's RMSNorm undoes it; [why `kda_lib` keeps it](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-the-query-scale-and-the-recall-error-from-notebook-01)).
 
 # %%
 keys_g = jax.random.split(key_gate, 3)
@@ -321,9 +318,15 @@ print(f"|M_t|_2 = {np.linalg.norm(M_t, 2):.3f} <= 1")
 # ## 5. KDA in six lines of NumPy
 #
 # `toy_kda` is section 4's update token by token (decay, delta write, read), checked against
-# `kda_recurrent` in float64. Linear attention, Mamba2, GLA, DeltaNet and Gated DeltaNet are the
-# same update with another $M_t$ and $E_t$: that table, each row checked against `kda_lib`,
-# is in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# `kda_recurrent` in float64. Its relatives are the same $S_t = M_t S_{t-1} + E_t$ with another
+# $M_t$, $E_t$ ($\alpha$: one decay per head; each row checked against `kda_lib` in the [notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)):
+#
+# | model | $M_t$ | $E_t$ |
+# |---|---|---|
+# | linear attention; Mamba2; GLA | $I$; $\alpha I$; $D$ | $\mathbf k \mathbf v^\top$ |
+# | DeltaNet | $I - \beta \mathbf k \mathbf k^\top$ | $\beta \mathbf k \mathbf v^\top$ |
+# | Gated DeltaNet | $\alpha(I - \beta\mathbf k \mathbf k^\top)$ | $\beta\mathbf k \mathbf v^\top$ |
+# | KDA | $(I - \beta \mathbf k \mathbf k^\top) D$ | $\beta \mathbf k \mathbf v^\top$ |
 
 # %%
 def toy_kda(q, k, v, g, beta, scale):
@@ -357,10 +360,9 @@ print(f"toy_kda == kda_lib.kda_recurrent (float64, {toy_len} tokens, {num_heads}
 # %% [markdown]
 # ## 6. How many pairs fit? Recall error against the number of stored pairs
 #
-# Store $n$ random pairs one token at a time, query the memory with every stored key and
-# average $\lVert S^\top \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf v_j\rVert^2$ over
-# pairs and `num_seeds` draws, for linear attention and the delta rule ($\beta = 1$, no decay).
-# A memory that returns $\mathbf 0$ scores $1$; above 1 is worse than nothing.
+# Store $n$ random pairs token by token, query with every stored key, and average $\lVert S^\top
+# \mathbf k_j - \mathbf v_j\rVert^2 / \lVert \mathbf v_j\rVert^2$ over pairs and `num_seeds` draws
+# (linear attention; delta rule, $\beta = 1$, no decay). Returning $\mathbf 0$ scores $1$.
 
 # %%
 all_keys, all_values = random_pairs(key_recall, max_pairs, batch=(num_seeds,))
@@ -384,41 +386,41 @@ viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, title="Ass
 # %%
 lin, delta_curve = curves["linear attention"], curves["delta rule"]
 upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. d_k (n = 1 is exact for both)
-assert np.all(delta_curve[upto_k] < lin[upto_k]), "delta rule beats linear attention, n <= d_k"
+if key_dim >= 16:  # single seeds (and 8-seed means at d_k = 4, 8) can lose: see the text below
+    assert np.all(delta_curve[upto_k] < lin[upto_k]), "on average delta beats linear, n <= d_k"
 assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
 at_k = min(key_dim, max_pairs) - 1
 assert abs(lin[at_k] - at_k / key_dim) < 0.3 * at_k / key_dim, "linear: about (n - 1) / d_k"
 newest, second = by_age["delta rule"][:2]
 assert newest < 1e-12 and second > 1e-3, "the newest pair exactly, the one before it not"
-old_error = {name: float(by_age[name][max_pairs // 2:].mean()) for name in by_age}
+old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
 if max_pairs >= 2 * key_dim:
-    assert old_error["delta rule"] > 1, "beyond capacity, old pairs: worse than nothing"
+    assert old_delta > 1, "beyond capacity, old pairs: worse than nothing"
 display(Markdown(
     f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention), "
     f"{delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: {lin[-1]:.2f}, "
-    f"{delta_curve[-1]:.2f}. Delta rule after all writes: newest pair {newest:.0e}, the one "
-    f"before {second:.3f}; older half {old_error['delta rule']:.2f} (linear attention "
-    f"{old_error['linear attention']:.2f})."))
+    f"{delta_curve[-1]:.2f}. Delta rule, all written: newest pair {newest:.0e}, the one before "
+    f"{second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
 
 # %% [markdown]
 # Linear attention's squared error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
-# exactly and stays below linear attention up to $n = d_k$, not at zero (section 3). Beyond
-# capacity its old pairs end above 1 (right panel). A decay per key channel clears some and
-# keeps others: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01)
-# measure it on a task with two time scales; notebook 02 teaches the gates.
+# exactly and, averaged over seeds, stays below linear attention up to $n = d_k$ (asserted at
+# $d_k \ge 16$; single seeds at $d_k \le 8$ can lose), not at zero (section 3). Beyond capacity
+# its old pairs end above 1 (right panel). Decay per channel on a task with two time scales: the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 # ## Summary
 #
 # - Linear attention recalls with crosstalk; the delta rule writes $\beta \mathbf k (\mathbf v -
 #   S^\top \mathbf k)^\top$, one SGD step, and overwrites; one pass is one Kaczmarz sweep.
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
 #   norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
-# - The delta rule beats linear attention for every $n \le d_k$ (asserted).
+# - Averaged over seeds, the delta rule beats linear attention for every $n \le d_k$ (asserted
+#   at $d_k \ge 16$; here $d_k = 32$); single seeds at $d_k \le 8$ can lose.
 #
 # ## Exercises
 #
-# Both want a **closed form** (NumPy float64, no jax), tried at counts of $10^9$, past $2^{64}$
-# (Python ints) and at `math.inf` (the limit): a loop over the writes does not finish there, and
-# repeated squaring (`matrix_power`, a loop over the count's bits) has no infinite count.
+# Both want a **closed form** valid at every count, including infinity (NumPy float64, no jax).
+# Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, `writes` times: decay the state by
 #    a scalar $\alpha$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
@@ -429,8 +431,6 @@ display(Markdown(
 #    Follow both recall errors $S^\top \mathbf k_j - \mathbf v_j$ through one sweep (section 3's
 #    disturbance formula) and derive pair 1's, `first_pair_error(mu, v1, v2, sweeps)`. By what
 #    factor does one sweep shrink it?
-#
-# Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 
 # %%
 answer = None  # exercise 1: a function recalled_fraction(beta, alpha, writes) -> a number

@@ -231,8 +231,9 @@ viz.show(gates.plot_half_lives(
 #
 # What a channel stored at token 0 is still there at token $t$ with weight
 # $e^{g_1 + \dots + g_t}$. With a random raw input $\mathbf f$ (standing in for the projection of
-# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate (their median
-# and mean against the init value: the notes). In each panel a row is one channel of one head
+# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate: the softplus
+# gate's median rate is the init rate (monotone in $f$, whose median is 0), its mean rate larger
+# (softplus is convex; numbers in the notes). In each panel a row is one channel of one head
 # (sorted by its half-life at init) and the colour is the $\log_{10}$ of the fraction retained
 # since token 0: long-memory channels stay bright for the whole sequence, fast ones are gone
 # within a few tokens. The head with the largest $a_h$ forgets fastest. The safe gate looks like
@@ -245,9 +246,6 @@ g_sp = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64)  # [T, 
 g_safe = np.asarray(kda_lib.kda_gate(f, a_log_safe, dt_bias, lower_bound=lower_bound)[0],
                     np.float64)
 slow, fast = int(np.argmin(a_h)), int(np.argmax(a_h))
-kept_sp, kept_safe = np.exp(np.cumsum(g_sp, 0)), np.exp(np.cumsum(g_safe, 0))
-for kept in (kept_sp, kept_safe):
-    assert np.all(np.diff(kept, axis=0) <= 0) and kept.max() <= 1.0, "retention only shrinks"
 steps = np.arange(1, seq_len + 1)[:, None, None]
 assert np.all(np.cumsum(g_safe, 0) >= lower_bound * steps - 1e-9), "safe gate floor"
 assert np.median(life_sp[fast]) < np.median(life_sp[slow]), "larger a forgets faster"
@@ -295,7 +293,9 @@ viz.show(gates.plot_cumulative_decay([
 # $$
 #
 # a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
-# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$ (why: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02)).
+# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
+# stored $D_t \cdots D_{s+1} \mathbf k$ out of $\mathbf k$'s direction, so an orthogonal write
+# still changes the weight (with one decay for all channels it does not; checked in the notes).
 # Softmax attention instead spreads its weight over **every** earlier occurrence. A symmetric
 # log colour scale shows the diagonal and the small weights at once (slowest head, section 3).
 
@@ -331,10 +331,10 @@ fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
 viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
             ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
             diverging=True, norm=viz.signed_log_norm(Omega))
-viz.heatmap(ax_soft, np.where(Omega_soft > 0, Omega_soft, np.nan), xlabel="source token s",
+viz.heatmap(ax_soft, np.where(Omega_soft >= 1e-3, Omega_soft, np.nan), xlabel="source token s",
             title=f"Causal softmax attention, temperature {softmax_temperature:g}",
-            ylabel="output token t", cbar_label="weight (log; <= 1e-3 clipped; white: 0)",
-            norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0, clip=True))
+            ylabel="output token t", cbar_label="weight (log; white: below 1e-3, or s > t)",
+            norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0))
 fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
              f"$\\beta = {beta_value:g}$")
 viz.show(fig, "02_mixing_matrices")
@@ -378,7 +378,9 @@ display(Markdown(
 # ## 5. Explore: move the gate parameters yourself
 #
 # `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's mixing matrix and the
-# state's norm over a random stream (its level: the notes) for one head with **one**
+# state's norm over a random stream (without decay its square levels off near $\beta d_k d_v /
+# (2 - \beta)$ for random unit keys, while linear attention's grows like $t\, d_v$: the notes)
+# for one head with **one**
 # shared $a$ (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input
 # $\mathbf f$ still varies by channel and token). With `interactive=True`, ipywidgets installed
 # and a live notebook (Jupyter, Colab), sliders below drive it, starting from the defaults;
@@ -402,10 +404,10 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis, $a_h$ scales the
 #   softplus gate's output and the safe gate's input axis.
 # - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives span
-#   more than two orders of magnitude across heads and more than one inside every head (both
-#   asserted and printed in section 2; at most 100x inside a head, the range of $\tau$), so
-#   every head mixes fast and slow memories; the safe gate's (one rate for all heads) span less.
-# - Retention only shrinks, and never faster than $g_{\min}$ per token with the safe gate.
+#   over two orders of magnitude across heads, over one inside every head (at most 100x, the
+#   range of $\tau$; section 2): every head mixes fast and slow memories.
+# - Retention only shrinks (every $g \le 0$, by construction), and never faster than $g_{\min}$
+#   per token with the safe gate.
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
 #   `jax.jacobian` and, in float64, $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
 #   \mathbf k_s$); on repeated tokens it puts $\beta$ on the current one, $\beta (1 - \beta)\,
@@ -414,37 +416,34 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #
 # ## Exercises
 #
-# 1. **Half erased.** For the safe gate with rate $a$, bias 0 and floor $g_{\min} < -\ln 2$,
-#    derive the raw input $f$ at which one token erases exactly half of a channel, as a
-#    function `half_erasing_input(a, lower_bound)` (check it on `gate_curve` first).
+# 1. **Keeping a fraction.** A safe-gate channel (rate $a$, bias 0, floor $g_{\min}$) sees the
+#    same raw input $f$ for $n$ tokens. Derive the $f$ at which it keeps exactly the fraction $p$
+#    of what it stored, `keeping_input(p, n, a, lower_bound)`. For which $p$ is there one?
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $r$ ($s < r < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
-#    not write. Derive $\Omega_{ts}$, the weight on the **older** one (is it $\beta(1-\beta)^2$
-#    times the decay?), as `older_weight(k, gamma_a, gamma_b, beta)`: `gamma_b` $[d_k]$ sums the
-#    log decays of tokens $s+1, \dots, r$, `gamma_a` those of $r+1, \dots, t$. The checker
-#    uses keys of its own and refuses any answer that runs `kda_lib` code (as `mixing` does).
+#    not write. Derive $\Omega_{ts}$, the weight on the **older** one. It depends on $\mathbf k$
+#    and the decays only through the numbers $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$,
+#    $\mathbf k^\top D_t \cdots D_{r+1} \mathbf k$ and $\mathbf k^\top D_r \cdots D_{s+1}
+#    \mathbf k$, and is symmetric in the last two (their order is not the question): write
+#    `older_weight(kk_ts, kk_tr, kk_rs, beta)`. Is it $\beta(1-\beta)^2$ times the decay, as with
+#    one decay for all channels? No `kda_lib` code (as `mixing`).
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function half_erasing_input(a, lower_bound) -> f
+answer = None  # exercise 1: a function keeping_input(p, n, a, lower_bound) -> f
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function older_weight(k, gamma_a, gamma_b, beta) -> Omega_ts
+answer = None  # exercise 2: a function older_weight(kk_ts, kk_tr, kk_rs, beta) -> Omega_ts
 exercises.check("02.2", answer)
 
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA's
-#   per-channel gate), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
-# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*
-#   (the scalar gate), ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
-# - A. Gu, T. Dao, *Mamba: linear-time sequence modeling with selective state spaces* (the
-#   softplus time-step parametrisation and its initialisation), 2023.
-#   [arXiv:2312.00752](https://arxiv.org/abs/2312.00752)
-# - fla's gate functions, `fla/ops/kda/gate.py`:
-#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
+# - Kimi Team, *Kimi Linear* (KDA's per-channel gate), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks* (the scalar gate), ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
+# - A. Gu, T. Dao, *Mamba* (the softplus time step and its initialisation), 2023. [arXiv:2312.00752](https://arxiv.org/abs/2312.00752)
+# - fla's gate functions, `fla/ops/kda/gate.py`: [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

@@ -33,7 +33,7 @@ num_heads: int = 2  # heads in the correctness checks
 key_dim: int = 32  # K
 value_dim: int = 16  # V (different from K on purpose)
 lower_bound: float = -5.0  # safe gate bound used for every gate here (tokamax needs it)
-timing_lengths: list = [256, 1024]  # T values timed live (tokens)
+timing_lengths: list = [128, 256, 512, 1024]  # T values timed live (tokens)
 timing_heads: int = 2  # heads in the timing runs (batch 1)
 timing_dim: int = 64  # K and V in the timing runs
 timing_backward: bool = False  # also time forward + backward (gradient of sum of outputs)
@@ -105,18 +105,15 @@ def to_chunks(a):
 
 
 # %% [markdown]
-# ## 1. The picture: chunks in parallel, the state in sequence
+# ## 1. The idea: chunks in parallel, the state in sequence
 #
 # The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form (left) computes all that does not need the entering state (the triangles; dark: 16-token
-# diagonal sub-blocks) for **all chunks at once**: `W`, `U` ($\tilde K$, $\tilde V$) and the
-# scores `P` of section 3; then $T / C$ steps carry the state, two matrix products each (and
-# give the outputs, step 5). Right: chaining chunk maps by an associative scan instead, drawn
-# for 16 maps (section 4). Section 2 works a chunk by hand; section 3 derives.
-
-# %% tags=["hide-input"]
-viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
+# form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
+# the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
+# once**; then $T / C$ steps carry the state from chunk to chunk, four matrix products each (a
+# chunk's corrected values, its outputs from the state and from them, the state it passes on).
+# Section 2 works a chunk by hand, section 3 derives it, and section 4 draws the whole pass.
 
 # %% [markdown]
 # ## 2. One chunk by hand: $C = 3$ tokens, $d_k = d_v = 2$
@@ -374,11 +371,19 @@ for n in sorted({num_chunks, 16, 64} - {1}):
     print(f"N = {n:2d} maps: {len(rounds)} rounds, {sum(rounds)} compositions (a loop: {n - 1})")
 
 # %% [markdown]
+# The pass: each chunk's triangles ($P$, $L$, $(I + L)^{-1}$, in 16-token sub-blocks) give `W`,
+# `U` ($\tilde K$, $\tilde V$), `P` for all chunks at once; only the state travels. Right: a scan.
+
+# %% tags=["hide-input"]
+viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
+
+# %% [markdown]
 # ## 5. Measured time on this machine
 #
 # The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms and causal softmax
-# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only (no
-# accelerator is timed here; not asserted). Flop count (Eq. 13) and roofline model: the notes.
+# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only (not
+# asserted). On a CPU the recurrence is usually as fast or faster: the chunked form's gain needs
+# matrix units (GPU tensor cores, TPU MXUs). Flop count (Eq. 13) and roofline model: the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -408,19 +413,19 @@ for mode in modes:
 
 # %% [markdown]
 # 1. **Backward through a chunk.** Backpropagation carries a state's gradient back as
-#    $\mathrm dS_0 = M_{[i]}^\top \mathrm dS_C$: $X_{t-1} = M_t^\top X_t = D_t (I - \beta_t
-#    \mathbf k_t \mathbf k_t^\top) X_t$ from $X_C = \mathrm dS_C$; token $t$ erases its backward
-#    pseudo-value $\boldsymbol\delta'_t = \beta_t X_t^\top \mathbf k_t$, then decays. Mirror
-#    steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$
-#    (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and $\tilde K'$
-#    $[C, d_k]$ solves one triangular system. Derive it: upper or lower, which decays, which
-#    right-hand side? Write `wy_backward_system(k, g, beta)` returning its unit-diagonal
-#    matrix `A` $[C, C]$ and right-hand side `B` $[C, d_k]$ (the recurrence gives $\tilde K'$).
-#    The checker's chunks are longer than $d_k$, with forget bursts ($g = -1024$ in some
-#    channels), after which $e^{-\boldsymbol\gamma_t}$ overflows, in float64 too.
+#    $\mathrm dS_0 = M_{[i]}^\top \mathrm dS_C$, token by token $\mathrm dS_{t-1} = M_t^\top
+#    \mathrm dS_t = D_t (I - \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$: token $t$ erases
+#    its backward pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm dS_t^\top \mathbf k_t$, then
+#    decays. Mirror steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top
+#    \Delta'$ (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and
+#    $\tilde K'$ $[C, d_k]$ solves $(I + L')\, \tilde K' =$ `rhs`, $L'$ strictly triangular.
+#    Derive it: upper or lower, which decays, which right-hand side? Write `wy_backward_system(k,
+#    g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row scaled or combined) and `rhs`
+#    $[C, d_k]$. The checker's chunks are longer than $d_k$, with forget bursts ($g = -1024$ in
+#    some channels), after which $e^{-\boldsymbol\gamma_t}$ overflows, in float64 too.
 
 # %%
-answer = None  # a function wy_backward_system(k, g, beta) -> (A [C, C], B [C, d_k])
+answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
 check("03.1", answer)
 
 # %% [markdown]
@@ -428,23 +433,18 @@ check("03.1", answer)
 #    $\tilde K_1$, $\tilde V_1$, $\overrightarrow K_1$ and log decay across it
 #    $\boldsymbol\gamma^{(1)}$ $[d_k]$; the second's $\tilde K_2$, $\tilde V_2$, from its own
 #    start), derive the $\tilde K$, $\tilde V$ of the two as one chunk ($\Delta = \tilde V -
-#    \tilde K S_0$ for any $S_0$ entering the first): `merge_chunks(W1, U1, K_out1, gamma1, W2,
-#    U2) -> (W, U)`. The checker compares with step 3 run on the combined chunk.
+#    \tilde K S_0$ for any $S_0$ entering the first): `merge_chunks(K_tilde1, V_tilde1, K_out1,
+#    gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`. Compared with step 3 on the whole.
 
 # %%
-answer = None  # a function merge_chunks(W1, U1, K_out1, gamma1, W2, U2) -> (W, U)
+answer = None  # a function merge_chunks(...) -> (K_tilde, V_tilde), arguments as above
 check("03.2", answer)
 
 # %% [markdown]
 # ## References
 #
-# - S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, *Parallelizing linear transformers with the
-#   delta rule over sequence length* (the chunkwise WY form), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (KDA's chunkwise
-#   algorithm with per-channel decay; section 6.3, Eq. 13: the flop count), 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
-# - C. Bischof, C. Van Loan, *The WY representation for products of Householder matrices*, SIAM
-#   J. Sci. Stat. Comput. 8(1), 1987. [doi:10.1137/0908009](https://doi.org/10.1137/0908009)
-# - T. Joffrain, T. M. Low, E. S. Quintana-Ortí, R. van de Geijn, F. G. Van Zee, *Accumulating
-#   Householder transformations, revisited* (the UT transform), ACM TOMS 32(2), 2006. [doi:10.1145/1141885.1141886](https://doi.org/10.1145/1141885.1141886)
+# - S. Yang et al., *Parallelizing linear transformers with the delta rule*, NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
+# - Kimi Team, *Kimi Linear* (KDA's chunkwise algorithm; section 6.3, Eq. 13: flops), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - C. Bischof, C. Van Loan, *The WY representation for products of Householder matrices*, 1987. [doi:10.1137/0908009](https://doi.org/10.1137/0908009)
+# - T. Joffrain et al., *Accumulating Householder transformations, revisited* (UT transform), 2006. [doi:10.1145/1141885.1141886](https://doi.org/10.1145/1141885.1141886)
 # - G. E. Blelloch, *Prefix sums and their applications*, 1990. [CMU-CS-90-190](https://www.cs.cmu.edu/~guyb/papers/Ble93.pdf)

@@ -122,8 +122,7 @@ layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
 for r, device in enumerate(mesh.devices.flat):
-    print(f"rank {r}: {device} -> tokens {r * local_len}..{(r + 1) * local_len - 1}")
-assert mesh.shape["context"] == ranks and total_len % ranks == 0
+    print(f"rank {r}: {device} -> tokens {r * local_len + 1}..{(r + 1) * local_len} (from 1)")
 
 # %% [markdown]
 # ## 1. Devices, and who waits for whom
@@ -169,8 +168,9 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
 # slice's $M_t$. One kernel run computes both. Run the slice on the augmented state
 # $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with augmented values $[\,\mathbf 0 \mid
 # \mathbf v_t\,]$: the update is linear in the state's columns, the first $d_k$ columns start at
-# $I$ and receive no writes (their values are zero), so they end at $M^{(\rho)} I$; the last
-# $d_v$ start at $0$ and receive the slice's writes, so they end at $E^{(\rho)}$:
+# $I$ and receive no $E_t$ (their values are zero): only the transitions act on them (the delta
+# correction $-\beta_t \mathbf k_t \mathbf k_t^\top D_t S$ is part of $M_t$), so they end at
+# $M^{(\rho)} I$; the last $d_v$ start at $0$ and receive the slice's writes: $E^{(\rho)}$:
 #
 # $$
 # \big[\, I \mid 0 \,\big] \;\xrightarrow{\text{slice}}\;
@@ -367,11 +367,12 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
          "05_traffic")
 
 # %% [markdown]
-# ## 6. The goal: a KDA layer split over TPU chips, each running tokamax's kernel
+# ## 6. On TPU chips: the layer split over ranks, each running tokamax's kernel
 #
-# This is the demonstration the course builds towards: notebook 04's layer, its sequence split
-# over $R$ TPU chips, each rank running tokamax's TPU (Mosaic) kernel
-# (`implementation="tokamax_mosaic"`), computes what one device computes. On a TPU VM it runs on
+# The path the course's layer takes on TPUs: the same equality as section 4, on tokamax's
+# kernel. Notebook 04's layer, its sequence split over $R$ TPU chips, each rank running
+# tokamax's TPU (Mosaic) kernel (`implementation="tokamax_mosaic"`), computes what one device
+# computes. On a TPU VM it runs on
 # the chips; here `kda_lib.emulate_tpu()` interprets the same kernel on the CPU (slowly: a small
 # layer, forward only, 128-wide heads). Asserted: relative error below $10^{-5}$ against one device.
 

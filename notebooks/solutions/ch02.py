@@ -5,62 +5,60 @@ from __future__ import annotations
 import numpy as np
 
 
-def half_erasing_input(a, lower_bound):
-    """1: a token keeps ``exp(g)`` of a channel, so it erases half when ``g = -ln 2``, i.e.
-    ``sigmoid(a f) = ln 2 / |lower_bound|`` (=: p, below 1 since lower_bound < -ln 2), and
-    ``f = logit(p) / a = ln(p / (1 - p)) / a``. At a = 1, lower_bound = -5: f = -1.83."""
-    p = np.log(2.0) / -lower_bound
-    return np.log(p / (1 - p)) / a
+def keeping_input(p, n, a, lower_bound):
+    """1: with a constant input every token has the same ``g = lower_bound * sigmoid(a f)``, and
+    the channel keeps ``exp(g_1 + ... + g_n) = exp(n g)`` (section 3). Keeping ``p`` needs
+    ``g = ln(p) / n``, i.e. ``sigmoid(a f) = ln(p) / (n lower_bound)`` (=: s, in (0, 1) when
+    ``p > exp(n lower_bound)``, the most n tokens can erase), and ``f = logit(s) / a``.
+    At p = 1/2, n = 1 it is the input at which one token erases half a channel; at a = 1,
+    lower_bound = -5, n = 10, p = 1/2: s = 0.0139, f = -4.27."""
+    s = np.log(p) / (n * lower_bound)
+    return np.log(s / (1 - s)) / a
 
 
-def half_erasing_input_by_bisection(a, lower_bound):
-    """1, written differently: bisect ``exp(lower_bound sigmoid(a f)) - 1/2`` in float32 (the
+def keeping_input_by_bisection(p, n, a, lower_bound):
+    """1, written differently: bisect ``n lower_bound sigmoid(a f) - ln p`` (the log of the
     kept fraction falls as f grows)."""
-    lo, hi = np.float32(-30.0 / a), np.float32(30.0 / a)  # exp stays finite
-    for _ in range(80):
+    lo, hi = -40.0 / a, 40.0 / a
+    for _ in range(100):
         mid = (lo + hi) / 2
-        kept = np.exp(np.float32(lower_bound) / (1 + np.exp(-np.float32(a) * mid)))
-        lo, hi = (mid, hi) if kept > 0.5 else (lo, mid)
-    return float((lo + hi) / 2)
+        log_kept = n * lower_bound / (1 + np.exp(-a * mid))
+        lo, hi = (mid, hi) if log_kept > np.log(p) else (lo, mid)
+    return (lo + hi) / 2
 
 
-def older_weight(k, gamma_a, gamma_b, beta):
+def older_weight(kk_ts, kk_tr, kk_rs, beta):
     """2: Omega_ts = beta k^T M_t D_(t-1)...D_(r+1) M_r D_(r-1)...D_(s+1) k with
-    M = (I - beta k k^T) D at r and t. With A = diag(exp(gamma_a)), B = diag(exp(gamma_b)) and
-    k^T (I - beta k k^T) = (1 - beta) k^T (k unit):
+    M = (I - beta k k^T) D at r and t. Write A = D_t...D_(r+1), B = D_r...D_(s+1) (diagonal,
+    so AB = D_t...D_(s+1)) and use k^T (I - beta k k^T) = (1 - beta) k^T (k unit):
     Omega_ts = beta (1 - beta) k^T A (I - beta k k^T) B k
-             = beta (1 - beta) [k^T A B k - beta (k^T A k)(k^T B k)].
-    With one decay for all channels (A = a I, B = b I) it is beta (1 - beta)^2 a b: each later
-    write of k keeps 1 - beta of what is there; per channel, the middle write removes
-    beta (k^T B k) k, the decayed memory's projection on k, not beta times all of it."""
-    k = np.asarray(k, np.float64)
-    A, B = np.exp(gamma_a), np.exp(gamma_b)
-    return beta * (1 - beta) * (k @ (A * B * k) - beta * (k @ (A * k)) * (k @ (B * k)))
+             = beta (1 - beta) [k^T A B k - beta (k^T A k)(k^T B k)],
+    symmetric in A and B. With one decay for all channels (A = a I, B = b I) it is
+    beta (1 - beta)^2 a b: each later write of k keeps 1 - beta of what is there; per channel,
+    the middle write removes beta (k^T B k) k, the decayed memory's projection on k, not beta
+    times all of it."""
+    return beta * (1 - beta) * (kk_ts - beta * kk_tr * kk_rs)
 
 
-def older_weight_by_recurrence(k, gamma_a, gamma_b, beta):
-    """2, written differently: run the state in float32 jnp through the three writes, v = 1 at
-    s and 0 at r and t, the decays in between lumped; the read at t is Omega_ts."""
+def older_weight_float32(kk_ts, kk_tr, kk_rs, beta):
+    """2, written differently: expanded, in float32 jnp."""
     import jax.numpy as jnp
 
-    k = jnp.asarray(k, jnp.float32)
-    S = beta * k  # after writing (k, v = 1) into an empty state: S = beta k v^T, V = 1
-    for gamma in (gamma_b, gamma_a):  # decay, then write (k, v = 0): S -= beta k (k^T S)
-        S = jnp.exp(jnp.asarray(gamma, jnp.float32)) * S
-        S = S - beta * k * (k @ S)
-    return float(k @ S)
+    x, a, b, beta = (jnp.float32(z) for z in (kk_ts, kk_tr, kk_rs, beta))
+    return beta * x - beta**2 * x - beta**2 * a * b + beta**3 * a * b
 
 
 def cases():
-    def page_formula(k, gamma_a, gamma_b, beta):  # section 4's latest-occurrence weight, echoed
-        return beta * (1 - beta) * k @ (np.exp(gamma_a + gamma_b) * k)
+    def page_formula(kk_ts, kk_tr, kk_rs, beta):  # section 4's latest-occurrence weight, echoed
+        return beta * (1 - beta) * kk_ts
 
-    def page_erase_bound(a, lower_bound):  # section 1's erase bound, echoed
-        return 1 - np.exp(lower_bound)
+    def one_token(p, n, a, lower_bound):  # 1: the one-token answer (n ignored)
+        s = np.log(p) / lower_bound
+        return np.log(s / (1 - s)) / a
 
     return [
-        ("02.1", half_erasing_input, {}, page_erase_bound),
-        ("02.1", half_erasing_input_by_bisection, {}, page_erase_bound),
+        ("02.1", keeping_input, {}, one_token),
+        ("02.1", keeping_input_by_bisection, {}, one_token),
         ("02.2", older_weight, {}, page_formula),
-        ("02.2", older_weight_by_recurrence, {}, page_formula),
+        ("02.2", older_weight_float32, {}, page_formula),
     ]

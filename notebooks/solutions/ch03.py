@@ -16,29 +16,29 @@ def _decay(gamma):
     return np.exp(np.where(causal[..., None], gamma[:, None] - gamma[None], -np.inf))
 
 
-# 1. The backward pass through a chunk. Backpropagation runs X_{t-1} = M_t^T X_t from X_C = dS_C,
-#    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases delta'_t^T = beta_t k_t^T X_t
-#    (its backward pseudo-value), then decays: X_{t-1} = D_t X_t - (D_t k_t) delta'_t^T.
-#    Unrolled down to 0 (step 1, mirrored): X_0 = Gamma_C X_C - sum_t Gamma_t k_t delta'_t^T
+# 1. The backward pass through a chunk. Backpropagation runs dS_{t-1} = M_t^T dS_t from dS_C,
+#    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases delta'_t^T = beta_t k_t^T dS_t
+#    (its backward pseudo-value), then decays: dS_{t-1} = D_t dS_t - (D_t k_t) delta'_t^T.
+#    Unrolled down to 0 (step 1, mirrored): dS_0 = Gamma_C dS_C - sum_t Gamma_t k_t delta'_t^T
 #    = Gamma_C dS_C - K_in^T Delta', and from C down to t:
-#    X_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s delta'_s^T.
+#    dS_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s delta'_s^T.
 #    Put that into delta'_t (step 2, mirrored): delta'_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
-#    - sum_{s > t} U_ts delta'_s^T with U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
+#    - sum_{s > t} L'_ts delta'_s^T with L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s, STRICTLY UPPER
 #    (a token sees the later ones), every exponent gamma_s - gamma_t <= 0 for s > t. So
-#    (I + U) Delta' = diag(beta) K_out dS_C, for every dS_C: the system is A = I + U (unit upper
-#    triangular) and B = diag(beta) K_out, the right-hand side holding the keys decayed to the
-#    chunk END; K~' = A^-1 B and M^T = Gamma_C - K_in^T K~'.
-#    (A^-1 B equals diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the
+#    (I + L') Delta' = diag(beta) K_out dS_C, for every dS_C: the system is lhs = I + L' (unit
+#    upper triangular) and rhs = diag(beta) K_out, the right-hand side holding the keys decayed to
+#    the chunk END; K~' = lhs^-1 rhs and M^T = Gamma_C - K_in^T K~'.
+#    (lhs^-1 rhs equals diag(beta) (I + L^T)^-1 K_out, the transpose of step 4's M, by the
 #    push-through identity diag(beta) (I + G^T diag(beta))^-1 = (I + diag(beta) G^T)^-1 diag(beta).)
 def wy_backward_system(k, g, beta):
     gamma = np.cumsum(g, axis=0)
     later = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma))  # [t, s]: s > t kept below
-    U = beta[:, None] * later * np.triu(np.ones((len(beta), len(beta))), 1)
+    L_back = beta[:, None] * later * np.triu(np.ones((len(beta), len(beta))), 1)  # L'
     K_out = k * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_t^-1 k_t
-    return np.eye(len(beta)) + U, beta[:, None] * K_out
+    return np.eye(len(beta)) + L_back, beta[:, None] * K_out
 
 
-# 1, written differently: float32 jnp, U row by row with every exponent gamma_s - gamma_t <= 0.
+# 1, written differently: float32 jnp, L' row by row with every exponent gamma_s - gamma_t <= 0.
 def wy_backward_system_by_rows(k, g, beta):
     import jax.numpy as jnp
 
@@ -57,21 +57,23 @@ def wy_backward_system_by_rows(k, g, beta):
 #    on V~2 - (K~2 K_out1^T) V~1. (K~2 Gamma^(1) is K~2 with its keys decayed from the merged
 #    chunk's start.) Only C2 x C1 coupling products, no solve: how unit_lower_inverse and the
 #    kernels build a 64-token chunk's inverse from 16-token blocks.
-def merge_chunks(W1, U1, K_out1, gamma1, W2, U2):
-    coupling = W2 @ K_out1.T  # [C2, C1]
-    W = np.concatenate([W1, W2 * np.exp(gamma1) - coupling @ W1])
-    U = np.concatenate([U1, U2 - coupling @ U1])
-    return W, U
+def merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):
+    coupling = K_tilde2 @ K_out1.T  # [C2, C1]
+    K_tilde = np.concatenate([K_tilde1, K_tilde2 * np.exp(gamma1) - coupling @ K_tilde1])
+    V_tilde = np.concatenate([V_tilde1, V_tilde2 - coupling @ V_tilde1])
+    return K_tilde, V_tilde
 
 
 # 2, written differently: float32 jnp, through the first chunk's map (M_1, E_1) as matrices.
-def merge_chunks_by_maps(W1, U1, K_out1, gamma1, W2, U2):
+def merge_chunks_by_maps(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):
     import jax.numpy as jnp
 
-    W1, U1, K_out1, W2, U2 = (jnp.asarray(a, jnp.float32) for a in (W1, U1, K_out1, W2, U2))
-    M1 = jnp.diag(jnp.exp(jnp.asarray(gamma1, jnp.float32))) - K_out1.T @ W1
-    E1 = K_out1.T @ U1
-    return jnp.concatenate([W1, W2 @ M1]), jnp.concatenate([U1, U2 - W2 @ E1])
+    f32 = (jnp.asarray(a, jnp.float32) for a in (K_tilde1, V_tilde1, K_out1, K_tilde2, V_tilde2))
+    K_tilde1, V_tilde1, K_out1, K_tilde2, V_tilde2 = f32
+    M1 = jnp.diag(jnp.exp(jnp.asarray(gamma1, jnp.float32))) - K_out1.T @ K_tilde1
+    E1 = K_out1.T @ V_tilde1
+    return (jnp.concatenate([K_tilde1, K_tilde2 @ M1]),
+            jnp.concatenate([V_tilde1, V_tilde2 - K_tilde2 @ E1]))
 
 
 def cases():
@@ -80,8 +82,8 @@ def cases():
         L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
         return np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma)
 
-    def unmerged(W1, U1, K_out1, gamma1, W2, U2):  # the two chunks stacked, no coupling
-        return np.concatenate([W1, W2]), np.concatenate([U1, U2])
+    def unmerged(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):  # stacked, uncoupled
+        return np.concatenate([K_tilde1, K_tilde2]), np.concatenate([V_tilde1, V_tilde2])
 
     return [
         ("03.1", wy_backward_system, {}, forward_system),

@@ -37,7 +37,7 @@ EXERCISES = {
     "00.2": ("00_quickstart", 6),
     "01.1": ("01_delta_rule", 3),
     "01.2": ("01_delta_rule", 4),
-    "02.1": ("02_gating_and_decay", 2),
+    "02.1": ("02_gating_and_decay", 4),
     "02.2": ("02_gating_and_decay", 4),
     "03.1": ("03_chunkwise_algorithm", 3),
     "03.2": ("03_chunkwise_algorithm", 6),
@@ -583,46 +583,58 @@ def _page_echoes_02_03():
     from kda_lib.ops.chunked import unit_lower_inverse
     from kda_lib.teaching import explain
 
-    def erase_bound(a, lower_bound):  # 02.1: section 1's printed bound
+    def erase_bound(p, n, a, lower_bound):  # 02.1: section 1's printed bound
         return 1 - np.exp(lower_bound)
 
-    def logit_without_rate(a, lower_bound):  # 02.1: forgets to divide by a
-        p = np.log(2.0) / -lower_bound
-        return np.log(p / (1 - p))
+    def logit_without_rate(p, n, a, lower_bound):  # 02.1: forgets to divide by a
+        s = np.log(p) / (n * lower_bound)
+        return np.log(s / (1 - s))
 
-    def gate_probe(a, lower_bound):  # 02.1: bisection on the library's gate
-        lo, hi = -30.0 / a, 30.0 / a
+    def one_token(p, n, a, lower_bound):  # 02.1: n ignored (one token keeps p)
+        s = np.log(p) / lower_bound
+        return np.log(s / (1 - s)) / a
+
+    def half_erasing(p, n, a, lower_bound):  # 02.1: last round's answer (one token erases half)
+        s = np.log(2.0) / -lower_bound
+        return np.log(s / (1 - s)) / a
+
+    def gate_probe(p, n, a, lower_bound):  # 02.1: bisection on the library's gate
+        lo, hi = -40.0 / a, 40.0 / a
         for _ in range(60):
             mid = (lo + hi) / 2
             g = kda_lib.kda_gate(jnp.full((1, 1, 1, 1), mid), jnp.log(jnp.array([a])),
                                  jnp.zeros(1), lower_bound=lower_bound)
-            lo, hi = (mid, hi) if float(jnp.exp(g).ravel()[0]) > 0.5 else (lo, mid)
+            lo, hi = (mid, hi) if n * float(g.ravel()[0]) > np.log(p) else (lo, mid)
         return (lo + hi) / 2
 
-    def half_jnp(a, lower_bound):  # 02.1 right, float32 jnp
-        p = jnp.log(jnp.float32(2.0)) / -jnp.float32(lower_bound)
-        return jnp.log(p / (1 - p)) / jnp.float32(a)
+    def keep_jnp(p, n, a, lower_bound):  # 02.1 right, float32 jnp
+        s = jnp.log(jnp.float32(p)) / (jnp.float32(n) * jnp.float32(lower_bound))
+        return jnp.log(s / (1 - s)) / jnp.float32(a)
 
-    def latest_formula(k, gamma_a, gamma_b, beta):  # 02.2: section 4's formula, echoed
-        return beta * (1 - beta) * k @ (np.exp(gamma_a + gamma_b) * k)
+    def latest_formula(kk_ts, kk_tr, kk_rs, beta):  # 02.2: section 4's formula, echoed
+        return beta * (1 - beta) * kk_ts
 
-    def scalar_intuition(k, gamma_a, gamma_b, beta):  # 02.2: right only for a scalar gate
-        return beta * (1 - beta) ** 2 * k @ (np.exp(gamma_a + gamma_b) * k)
+    def scalar_intuition(kk_ts, kk_tr, kk_rs, beta):  # 02.2: right only for a scalar gate
+        return beta * (1 - beta) ** 2 * kk_ts
 
-    def by_library_stream(k, gamma_a, gamma_b, beta):  # 02.2: the page's mixing matrix
-        keys, g = np.stack([k, k, k]), np.stack([np.zeros_like(k), gamma_b, gamma_a])
+    def by_library_stream(kk_ts, kk_tr, kk_rs, beta):  # 02.2: the page's mixing matrix, 1 channel
+        keys, g = np.ones((3, 1)), np.log([[1.0], [kk_rs], [kk_tr]])
         return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
 
-    def older_jnp(k, gamma_a, gamma_b, beta):  # 02.2 right, float32 jnp products
-        k = jnp.asarray(k, jnp.float32)
-        erase = jnp.eye(len(k)) - beta * jnp.outer(k, k)
-        a, b = jnp.diag(jnp.exp(gamma_a)), jnp.diag(jnp.exp(gamma_b))
-        return beta * k @ erase @ a.astype(jnp.float32) @ erase @ b.astype(jnp.float32) @ k
+    def simulated_one_channel(kk_ts, kk_tr, kk_rs, beta):  # 02.2: the three writes, one channel
+        S = beta  # k = 1: after writing (k, v = 1) into an empty state
+        for decay in (kk_rs, kk_tr):
+            S = decay * S
+            S = S - beta * S
+        return S
 
-    def fixed_inputs_table(a, lower_bound):  # 02.1: the answers at the old fixed inputs
-        table = {(1.0, -5.0): -1.8267203536620522, (4.0, -1.0): 0.20371853531858478,
-                 (16.0, -2.5): -0.05988121741547755, (0.5, -0.8): 3.7395799801708227}
-        return table.get((a, lower_bound), 0.0)
+    def older_jnp(kk_ts, kk_tr, kk_rs, beta):  # 02.2 right, float32 jnp
+        x, a, b = (jnp.float32(z) for z in (kk_ts, kk_tr, kk_rs))
+        return beta * (1 - beta) * (x - beta * b * a)
+
+    def fixed_inputs_table(p, n, a, lower_bound):  # 02.1: a table of answers at fixed inputs
+        table = {(0.5, 10, 1.0, -5.0): -4.26, (0.25, 4, 4.0, -1.0): 0.20}
+        return table.get((p, n, a, lower_bound), 0.0)
 
     def _decay(gamma):  # [t, s, K]: e^(gamma_t - gamma_s) for s <= t, masked before exp
         causal = np.tril(np.ones((len(gamma), len(gamma)), bool))[..., None]
@@ -736,10 +748,11 @@ def _page_echoes_02_03():
 
     return [
         ("02.1", erase_bound, False), ("02.1", logit_without_rate, False),
-        ("02.1", gate_probe, False), ("02.1", half_jnp, True),
+        ("02.1", one_token, False), ("02.1", half_erasing, False),
+        ("02.1", gate_probe, False), ("02.1", keep_jnp, True),
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
-        ("02.2", by_library_stream, False), ("02.2", older_jnp, True),
-        ("02.1", fixed_inputs_table, False),
+        ("02.2", by_library_stream, False), ("02.2", simulated_one_channel, False),
+        ("02.2", older_jnp, True), ("02.1", fixed_inputs_table, False),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
         ("03.1", recurrence, False), ("03.1", jacobian_of_forward, False),

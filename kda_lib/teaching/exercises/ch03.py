@@ -56,9 +56,9 @@ def _forward_factors(k, v, g, beta):
 
 
 def _backward_system(k, g, beta):
-    """(I + U, diag(beta) K_out): U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t, 0 on and
-    below the diagonal), K_out rows Gamma_C Gamma_t^-1 k_t; K~' solves (I + U) K~' = diag(beta)
-    K_out."""
+    """(I + L', diag(beta) K_out): L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t, 0 on
+    and below the diagonal), K_out rows Gamma_C Gamma_t^-1 k_t; K~' solves (I + L') K~' =
+    diag(beta) K_out."""
     gamma = np.cumsum(g, axis=0)
     upper = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)) * np.triu(np.ones((len(g),) * 2), 1)
     k_out = k * np.exp(gamma[-1] - gamma)
@@ -66,34 +66,36 @@ def _backward_system(k, g, beta):
 
 
 def _system_hint(a, b, k, g, beta, where) -> str:
-    """Why ``(a, b)`` is not 03.1's system ``(I + U, diag(beta) K_out)`` (the first found)."""
+    """Why ``(a, b)`` is not 03.1's system ``(I + L', diag(beta) K_out)`` (the first found)."""
     want_a = _backward_system(k, g, beta)[0]
     gamma = np.cumsum(g, axis=0)
     if np.abs(np.tril(a, -1)).max() > 1e-5 * max(1.0, np.abs(a).max()):
         forward = np.eye(len(beta)) + np.tril(
             beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
         echo = " (that is step 3's I + L, the forward order)" if _close(a, forward) else ""
-        return (f"A is not upper triangular {where}{echo}: running back, which tokens' "
+        return (f"lhs is not upper triangular {where}{echo}: running back, which tokens' "
                 "delta' does delta'_t see?")
     if not _close(np.diag(a), np.ones(len(beta))):
-        return f"A's diagonal is not all ones {where}: delta'_t enters its own row once"
+        return f"lhs's diagonal is not all ones {where}: delta'_t enters its own row once"
     if not _close(a, want_a):
-        return (f"A is wrong above the diagonal {where}: unroll X_t from X_C as in step 1; "
-                "which decay and which beta multiply k_t^T k_s?")
+        return (f"lhs is wrong above the diagonal {where} (it must be exactly I + L', no row "
+                "scaled or combined): unroll dS_t from dS_C as in step 1; which decay and which "
+                "beta multiply k_t^T k_s?")
     if _close(b, beta[:, None] * k * np.exp(gamma)):
-        return f"B is wrong {where}: K_in (keys decayed from the chunk's start), not to its end"
+        return f"rhs is wrong {where}: K_in (keys decayed from the chunk's start), not to its end"
     if _close(b, k * np.exp(gamma[-1] - gamma)):
-        return f"B is wrong {where}: K_out without its beta"
-    return f"B is wrong {where}: delta'_t's term in dS_C, per unit of gradient"
+        return f"rhs is wrong {where}: K_out without its beta"
+    return f"rhs is wrong {where}: delta'_t's term in dS_C, per unit of gradient"
 
 
 @checker("03.1")
 def backward_system(answer, *, seed=None):
-    """answer: ``fn(k, g, beta) -> (A [C, C], B [C, K])`` for a chunk of unit keys ``k`` [C, K],
-    log decays ``g`` [C, K] and ``beta`` [C]: the triangular system ``A K~' = B`` of the backward
+    """answer: ``fn(k, g, beta) -> (lhs [C, C], rhs [C, K])`` for a chunk of unit keys ``k``
+    [C, K], log decays ``g`` [C, K] and ``beta`` [C]: the system ``lhs K~' = rhs`` of the backward
     pass's pseudo-values per unit of gradient (``M^T = Gamma_C - K_in^T K~'``), judged by value:
-    A unit upper triangular, ``A = I + U``, ``U_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s``
-    (s > t), ``B = diag(beta) K_out``, and ``A^-1 B`` the backward factor K~'. Chunks longer
+    exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s`` (s > t; an
+    equivalent system with rows scaled or combined is refused, as the exercise states),
+    ``rhs = diag(beta) K_out``, and ``lhs^-1 rhs`` the backward factor K~'. Chunks longer
     than ``d_k`` (two of three) and forget bursts (two of three)."""
     seed, rng = seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
@@ -103,8 +105,8 @@ def backward_system(answer, *, seed=None):
         got, hint = call_answer(answer, k.copy(), g.copy(), beta.copy(),
                                 name="wy_backward_system(k, g, beta)", own_code=True)
         if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
-            hint = "wy_backward_system should return two arrays, (A, B): A K~' = B"
-        for part, shape, what in ((0, (C, C), "A"), (1, (C, K), "B")) if not hint else ():
+            hint = "wy_backward_system should return two arrays, (lhs, rhs): lhs K~' = rhs"
+        for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
             hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
         if hint:
             return hint + again(seed)
@@ -113,7 +115,7 @@ def backward_system(answer, *, seed=None):
         if not (_close(a, want_a) and _close(b, want_b)):
             return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + again(seed)
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
-            return f"A^-1 B is not K~' at C = {C}, d_k = {K}" + again(seed)
+            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}" + again(seed)
     return None
 
 
@@ -130,7 +132,8 @@ def _merge_problem(rng, bursts):
 
 @checker("03.2")
 def merged_chunks(answer, *, seed=None):
-    """answer: ``fn(W1, U1, K_out1, gamma1, W2, U2) -> (W, U)``: the K~ [C1 + C2, K] and
+    """answer: ``fn(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)`` returning
+    ``(K_tilde, V_tilde)``: the K~ [C1 + C2, K] and
     V~ [C1 + C2, V] of two consecutive chunks taken as one, from the first chunk's K~, V~,
     K_out and log decay across it ``gamma1`` [K], and the second's K~, V~ (its own start as
     reference). Compared with step 3 run on the combined chunk (bursts in two of three)."""
@@ -138,15 +141,16 @@ def merged_chunks(answer, *, seed=None):
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
-        got, hint = call_answer(answer, *(a.copy() for a in given),
-                                name="merge_chunks(W1, U1, K_out1, gamma1, W2, U2)", own_code=True)
+        name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
+        got, hint = call_answer(answer, *(a.copy() for a in given), name=name, own_code=True)
         if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
-            hint = "merge_chunks should return two arrays, (W, U)"
-        for part, want, what in ((0, want_w, "W"), (1, want_u, "U")) if not hint else ():
+            hint = "merge_chunks should return two arrays, (K_tilde, V_tilde)"
+        names = ((0, want_w, "K_tilde"), (1, want_u, "V_tilde"))
+        for part, want, what in names if not hint else ():
             hint = hint or refuse_degenerate(got[part], shape=want.shape, inputs=given, what=what)
         if hint:
             return hint + again(seed)
-        for part, want, what in ((0, want_w, "W (the merged K~)"), (1, want_u, "U (V~)")):
+        for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
                 first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
                 where = "its rows of the second chunk" if first_rows else "its rows"

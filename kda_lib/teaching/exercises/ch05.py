@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import modules_entered
 from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
 
@@ -78,11 +78,11 @@ def _close(got, want) -> bool:
 
 
 @checker("05.1")
-def backward_fold(answer, **_):
+def backward_fold(answer, *, seed=None, **_):
     """``state_gradients(ms, hs) -> gs [R, K, V]``: the gradient of the loss with respect to
     the state entering every rank, from the summaries ``ms`` and each rank's own-output
     gradients ``hs`` (the loss has no term in the final state)."""
-    rng = np.random.default_rng(51)
+    seed, rng = seeded(seed)  # drawn afresh at every call: no table of answers passes
     for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
         ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
@@ -94,20 +94,20 @@ def backward_fold(answer, **_):
             continue
         if _close(got, state_gradients_reference(np.swapaxes(ms, 1, 2), hs)):
             return (f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
-                    "transpose, not M")
+                    "transpose, not M" + again(seed))
         if _close(np.asarray(got)[-1], hs[-1]) is False and _close(np.asarray(got)[0], hs[0]):
-            return f"wrong for R = {ranks}: which rank's gradient is known first?"
+            return f"wrong for R = {ranks}: which rank's gradient is known first?" + again(seed)
         return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
-                "rank r's own outputs and through the state it hands to rank r + 1")
+                "rank r's own outputs and through the state it hands to rank r + 1" + again(seed))
     return None
 
 
 @checker("05.2")
-def summary_gradients(answer, **_):
+def summary_gradients(answer, *, seed=None, **_):
     """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the gradient of
     the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
     all-gather returns to each rank."""
-    rng = np.random.default_rng(52)
+    seed, rng = seeded(seed)
     # at R = 2 every dms is zero (S^(0) = 0, the last unused)
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
@@ -124,10 +124,11 @@ def summary_gradients(answer, **_):
                 return hint
         if not _close(got[1], want[1]):
             return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
-                    "it adds to, S^(r + 1)")
+                    "it adds to, S^(r + 1)" + again(seed))
         if _close(got[0], np.swapaxes(want[0], 1, 2)):
-            return f"dms for R = {ranks} is transposed: which index of M meets the state?"
+            return (f"dms for R = {ranks} is transposed: which index of M meets the state?"
+                    + again(seed))
         if not _close(got[0], want[0]):
             return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
-                    "which gradient does the product pass on?")
+                    "which gradient does the product pass on?" + again(seed))
     return None
