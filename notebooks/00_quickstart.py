@@ -222,9 +222,9 @@ viz.show(fig, "00_quickstart_precision")
 # %% [markdown]
 # ## Summary
 #
-# - `kda_recurrent`, `kda_chunked` and `kda(..., implementation="chunked")` (gate applied inside) agree
-#   to float32 tolerance on outputs and final states, for a length that is not a multiple of
-#   the chunk size.
+# - `kda_recurrent`, `kda_chunked` and `kda(..., implementation="chunked")` (gate applied
+#   inside) agree to float32 tolerance on outputs and final states, for a length that is not a
+#   multiple of the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within $10^{-5}$ of the largest output (about 84 float32 machine
@@ -235,26 +235,33 @@ viz.show(fig, "00_quickstart_precision")
 #
 # ## Exercises
 #
-# 1. **One step by hand.** Write `my_step(state, q, k, v, g, beta)` returning
-#    `(new_state, o)` for one token, from section 1's equation, in `jnp` (`state [B, H, K, V]`,
-#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`.
-#    Test it yourself against `step(state, ...)` of section 3; the checker calls it on states
-#    and tokens of its own.
-# 2. **The transposed layout.** Kernels that keep the state as `[V, K]` tiles store
-#    $X = S^\top$. Derive the step for $X$ (which axis does $\mathrm{diag}(e^{\mathbf g})$ scale
-#    now? what is the recall, what the read-out?) and write `step_vk(state_vk, q, k, v, g, beta)`
-#    returning `(new_state_vk [B, H, V, K], o)`. As in exercise 1, the checker runs it on
-#    tokens of its own and refuses any answer that enters `kda_lib` code.
+# Both ask for a variant of section 1's step that this page does not compute: derive it, then
+# write it as a function of `(state, q, k, v, g, beta)` returning `(new_state, o)`, in `jnp` or
+# NumPy, without `kda_lib` (`state [B, H, K, V]`, `q, k [B, H, K]`, `v [B, H, V]`,
+# `beta [B, H]`, $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$). The checkers call it on
+# states and tokens of their own and refuse any answer that runs `kda_lib`'s, tokamax's or fla's
+# code.
+#
+# 1. **Write, then decay.** Some recurrences forget after the write:
+#    $S_t = \operatorname{diag}(e^{\mathbf g_t}) \big[(I - \beta_t \mathbf k_t
+#    \mathbf k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top\big]$, `g [B, H, K]`.
+#    Which state does the write's recall read now? Write `step_write_first`. Along which
+#    direction does this step write, compared with section 1's?
+# 2. **Decay per value channel.** Let the gate forget value channels instead of key channels:
+#    $S_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) S_{t-1}
+#    \operatorname{diag}(e^{\mathbf g_t}) + \beta_t \mathbf k_t \mathbf v_t^\top$ with
+#    $\mathbf g_t \in \mathbb R^{d_v}$, `g [B, H, V]`. Which axis of `state` does the decay
+#    scale, and what does the write's recall become? Write `step_value_decay`.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 
 # %%
-answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new_state, o)
+answer = None  # exercise 1: step_write_first(state, q, k, v, g, beta) -> (new_state, o)
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: a function step_vk(state_vk, q, k, v, g, beta) -> (new_state_vk, o)
+answer = None  # exercise 2: step_value_decay(state, q, k, v, g, beta) -> (new_state, o)
 exercises.check("00.2", answer)
 
 # %% [markdown]

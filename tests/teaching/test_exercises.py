@@ -152,15 +152,17 @@ def test_every_checker_refuses_nan_inf_zeros_echo_shape_and_dtype(path):
 
 def _shortcut_00_1_kda_step():
     import jax
+    import jax.numpy as jnp
 
     import kda_lib
 
     step = jax.jit(kda_lib.kda_step)  # as notebook 00 holds it
 
-    def my_step(state, q, k, v, g, beta):
-        return step(state, q, k, v, g, beta)
+    def step_write_first(state, q, k, v, g, beta):  # right, through the page's step
+        new, o = step(state, q * jnp.exp(g), k, v, jnp.zeros_like(g), beta)
+        return jnp.exp(g)[..., None] * new, o
 
-    return "00.1", my_step, {}
+    return "00.1", step_write_first, {}
 
 
 def _shortcut_00_1_the_library_function_itself():
@@ -169,16 +171,17 @@ def _shortcut_00_1_the_library_function_itself():
     return "00.1", kda_lib.kda_step, {}
 
 
-def _shortcut_00_2_transposed_library_step():
+def _shortcut_00_2_swapaxes_around_the_library_step():
     import jax.numpy as jnp
 
     import kda_lib
 
-    def step_vk(state_vk, q, k, v, g, beta):
-        new, o = kda_lib.kda_step(jnp.swapaxes(state_vk, -1, -2), q, k, v, g, beta)
-        return jnp.swapaxes(new, -1, -2), o
+    def step_value_decay(state, q, k, v, g, beta):  # right: S D_v first, then the undecayed step
+        decayed = state * jnp.exp(g)[..., None, :]
+        return kda_lib.kda_step(jnp.swapaxes(jnp.swapaxes(decayed, -1, -2), -1, -2), q, k, v,
+                                jnp.zeros_like(k), beta)
 
-    return "00.2", step_vk, {}
+    return "00.2", step_value_decay, {}
 
 
 def _shortcut_03_1_transition_product():
@@ -316,7 +319,7 @@ def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilatio
 SHORTCUTS = [
     _shortcut_00_1_kda_step,
     _shortcut_00_1_the_library_function_itself,
-    _shortcut_00_2_transposed_library_step,
+    _shortcut_00_2_swapaxes_around_the_library_step,
     _shortcut_03_1_transition_product,
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
