@@ -419,11 +419,11 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #    step. What must it keep of the inputs before, in which order? Write `conv_step(cache, x_t,
 #    kernel) -> (new_cache, y_t)`: `cache [B, w - 1, C]` the inputs before $t$, oldest first,
 #    `x_t [B, C]`, `kernel [w, C]` as in section 1 (no SiLU).
-# 2. **The RMSNorm's backward pass.** Derive the gradient of $\sum \mathbf{dy} \odot \mathbf y$,
+# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dy * y).sum()`,
 #    $\mathbf y = \mathbf o \odot \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
 #    \epsilon}$, with respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy [N, V]`,
 #    a row per head and token, `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$?
-#    JAX's autodiff is refused, and finite differences by a time limit at $V$ = 16,384.
+#    JAX's autodiff is refused, and finite differences by a time limit at `V` = 16,384.
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
