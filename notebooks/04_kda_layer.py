@@ -88,8 +88,7 @@ kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type a
 kda_lib.teaching.notebook.setup()
 
 # %%
-key = jax.random.key(seed)
-key_layer, key_x, _ = jax.random.split(key, 3)
+key_layer, key_x, _ = jax.random.split(jax.random.key(seed), 3)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
                            conv_size=conv_size, forget_gate_rank=gate_rank,
@@ -158,6 +157,7 @@ def conv(xi, kernel):  # [B, T, C], [w, C]: sum_j kappa_j * xi_{t-(w-1)+j}, zero
 l2 = lambda xi, eps=1e-6: xi / jnp.sqrt(jnp.sum(xi**2, -1, keepdims=True) + eps)  # noqa: E731
 
 
+# %%
 def layer_from_parts(layer, x):
     """The KDA layer written out part by part; returns every intermediate (batch-first)."""
     B, T, _ = x.shape
