@@ -21,11 +21,10 @@
 # projections, a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2
 # norm on $\mathbf q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the
 # forget gate, and an output gate with a per-head RMSNorm. We build the layer from these parts in
-# one short function, check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance (the
-# conv and L2 norm written here; the gate and the recurrence are `kda_lib`'s, checked in
-# notebooks 01-03; the match with fla's recorded layer outputs is a test,
-# `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside softmax
-# attention, and show what goes wrong without each part.
+# one short function, check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance
+# (conv and L2 norm in NumPy; gate and recurrence from `kda_lib`, checked in 01-03; fla's layer
+# outputs: `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside
+# softmax attention, and show what goes wrong without each part.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -146,15 +145,16 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 #   one $\boldsymbol\eta \in \mathbb R^{d_v}$ shared by the heads.
 #
 # The function below is these equations with the layer's own parameters, and nothing else; the
-# conv (kernel `[w, C]`) and the L2 norm are written here from the formulas, not from `kda_lib`.
+# conv (kernel `[w, C]`) and the L2 norm are written here in float64 NumPy, not from `kda_lib`.
 
 # %%
 def conv(xi, kernel):  # [B, T, C], [w, C]: sum_j kappa_j * xi_{t-(w-1)+j}, zeros before t = 0
-    padded = jnp.pad(xi, ((0, 0), (len(kernel) - 1, 0), (0, 0)))
+    xi, kernel = np.asarray(xi, np.float64), np.asarray(kernel, np.float64)
+    padded = np.pad(xi, ((0, 0), (len(kernel) - 1, 0), (0, 0)))
     return sum(kappa * padded[:, j:j + xi.shape[1]] for j, kappa in enumerate(kernel))
 
 
-l2 = lambda xi, eps=1e-6: xi / jnp.sqrt(jnp.sum(xi**2, -1, keepdims=True) + eps)  # noqa: E731
+l2 = lambda xi, eps=1e-6: xi / np.sqrt(np.sum(xi**2, -1, keepdims=True) + eps)  # noqa: E731
 
 
 # %%
@@ -164,11 +164,12 @@ def layer_from_parts(layer, x):
     kda_ = layer.config
     H, K, V = kda_.num_heads, kda_.head_dim, kda_.value_dim
 
-    def stream(proj, conv_, dim):  # projection, short causal conv, SiLU, split into heads
-        return jax.nn.silu(conv(proj(x), conv_.kernel[...])).reshape(B, T, H, dim)
+    def stream(proj, conv_, dim, norm=lambda xi: xi):  # projection, conv, SiLU, (L2), heads
+        xi = conv(proj(x), conv_.kernel[...])
+        return jnp.asarray(norm((xi / (1 + np.exp(-xi))).reshape(B, T, H, dim)), jnp.float32)
 
-    p = dict(q=l2(stream(layer.q_proj, layer.q_conv1d, K)),
-             k=l2(stream(layer.k_proj, layer.k_conv1d, K)),
+    p = dict(q=stream(layer.q_proj, layer.q_conv1d, K, l2),
+             k=stream(layer.k_proj, layer.k_conv1d, K, l2),
              v=stream(layer.v_proj, layer.v_conv1d, V),
              f=layer.f_proj(x).reshape(B, T, H, K), beta=jax.nn.sigmoid(layer.b_proj(x)))
     p["g"] = kda_lib.kda_gate(p["f"], layer.A_log[...], layer.dt_bias[...],
@@ -183,8 +184,7 @@ def layer_from_parts(layer, x):
 
 
 # %%
-forward_parts = nnx.jit(layer_from_parts)
-parts = forward_parts(layer, x)
+parts = layer_from_parts(layer, x)  # not jitted: the conv and L2 norm run in NumPy
 y_layer = nnx.jit(lambda m, x: m(x))(layer, x)
 err = assert_close(parts["y"], y_layer, atol=1e-5, rtol=1e-4, name="parts == KimiDeltaAttention")
 print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e} "
@@ -287,7 +287,7 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 
 # %%
 x_big = ablation_scale * x
-scaled = forward_parts(layer, x_big)
+scaled = layer_from_parts(layer, x_big)
 k64, beta64 = (np.asarray(scaled[n][0, :, 0], np.float64) for n in ("k", "beta"))  # head 0
 decay64 = np.exp(np.asarray(scaled["g"][0, :, 0], np.float64))
 transitions = [(np.eye(K) - b * np.outer(k, k)) * d_ for k, b, d_ in zip(k64, beta64, decay64,
@@ -423,7 +423,7 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #    $\mathbf y = \mathbf o \odot \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
 #    \epsilon}$, with respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy [N, V]`,
 #    a row per head and token, `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$?
-#    JAX's autodiff is refused, and finite differences by a time limit at `V` = 16,384.
+#    JAX's autodiff is refused, and finite differences by a time limit on a wide trial.
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
