@@ -14,14 +14,15 @@
 # ---
 
 # %% [markdown]
-# # 00 · Quick start: run Kimi Delta Attention three ways
+# # 00 · Quick start: two kernels and one entry point, one answer
 #
 # **Claim.** `kda_lib` computes Kimi Delta Attention (KDA) with a plain token-by-token
-# recurrence (`kda_recurrent`, the oracle), a chunkwise matrix form (`kda_chunked`, the fast
-# portable path) and one dispatching entry point (`kda`); all three give the same outputs and
-# final states, a decoding loop with `kda_step` reproduces them token by token, and float32
-# results sit at float32 rounding distance from a float64 oracle. This notebook runs each once
-# on random inputs and asserts all of that.
+# recurrence (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`, the fast
+# portable path), and dispatches between them through one entry point (`kda`, which can also
+# apply the gate inside); the three calls give the same outputs and final states, a decoding
+# loop with `kda_step` reproduces them token by token, and float32 results sit at float32
+# rounding distance from a float64 oracle. This notebook runs each once on random inputs and
+# asserts all of that.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
@@ -127,13 +128,13 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # ## 2. Three implementations, one answer
 #
 # `kda_recurrent` scans over tokens; `kda_chunked` processes `chunk_size` tokens at a time with
-# matrix products (notebook 03 derives it); `kda(...)` picks an implementation for the
-# platform and input size (`implementation="auto"`) or runs the one you name. Given `a_log=`
-# (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
+# matrix products (notebook 03 derives it); `kda(...)` dispatches: it picks an implementation
+# for the platform and input size (`implementation="auto"`) or runs the one you name. Given
+# `a_log=` (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
 # Each function is wrapped in `jax.jit` once (the flags that change the computation are static).
-# The `kda` row below names the implementation `auto` picks for these inputs
-# (`kda_lib.ops.api.select_implementation`). On a CPU it picks `recurrent`, so there that row
-# checks the gate `kda` applies itself (from the raw `f`), not a third kernel.
+# So that the `kda` row checks a different computation than the first two, it names the chunked
+# kernel with the gate applied inside (`auto` picks the recurrence for these sizes on a CPU; which
+# form `auto` picks where: the notebook notes).
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -145,20 +146,16 @@ o_rec, state_rec = recurrent(q, k, v, g, beta, output_final_state=True)
 o_chk, state_chk = chunked(q, k, v, g, beta, output_final_state=True, chunk_size=chunk_size)
 o_kda, state_kda = kda(
     q, k, v, f, beta, a_log=a_log, dt_bias=dt_bias, use_gate_in_kernel=True,
-    output_final_state=True, chunk_size=chunk_size,
-)
-picked = kda_lib.ops.api.select_implementation(  # not differentiated (under jax.grad: may differ)
-    seq_len=seq_len, key_dim=key_dim, dtype=q.dtype, lower_bound=None, fused_gate=True,
-    differentiated=False,
+    output_final_state=True, chunk_size=chunk_size, implementation="chunked",
 )
 
 print("outputs     ", o_rec.shape, o_rec.dtype)
 print("final state ", state_rec.shape, state_rec.dtype)
-auto_row = (f"kda (auto: {picked})", o_kda, state_kda)
-for name, o, s in [("kda_chunked", o_chk, state_chk), auto_row]:
+rows = [("kda_chunked", o_chk, state_chk), ("kda (chunked, gate inside)", o_kda, state_kda)]
+for name, o, s in rows:
     err = assert_close(o, o_rec, name=f"{name} output")
     assert_close(s, state_rec, name=f"{name} final state")
-    print(f"{name:18s} max |o - o_recurrent| = {err:.1e}")
+    print(f"{name:26s} max |o - o_recurrent| = {err:.1e}")
 
 # %% [markdown]
 # ## 3. Decoding one token at a time
@@ -225,12 +222,11 @@ viz.show(fig, "00_quickstart_precision")
 # %% [markdown]
 # ## Summary
 #
-# - `kda_recurrent`, `kda_chunked` and `kda(...)` (automatic choice, gate applied inside) agree
-#   to float32 tolerance on outputs and final states, for a length that is not a multiple of
-#   the chunk size.
+# - `kda_recurrent`, `kda_chunked` and `kda(..., implementation="chunked")` (gate applied
+#   inside) agree to float32 tolerance on outputs and final states, for a length that is not a
+#   multiple of the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
-#   the `[B, H, K, V]` state is all the kernel carries from token to token (a layer also keeps
-#   its short convolutions' last inputs, notebook 04's exercise 2).
+#   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within $10^{-5}$ of the largest output (about 84 float32 machine
 #   epsilons, $2^{-23}$ each) of the float64 oracle (asserted).
 #
@@ -239,26 +235,33 @@ viz.show(fig, "00_quickstart_precision")
 #
 # ## Exercises
 #
-# 1. **One step by hand.** Write `my_step(state, q, k, v, g, beta)` returning
-#    `(new_state, o)` for one token, from section 1's equation, in `jnp` (`state [B, H, K, V]`,
-#    `q, k, g [B, H, K]`, `v [B, H, V]`, `beta [B, H]`), without `kda_lib`.
-#    Test it yourself against `step(state, ...)` of section 3; the checker calls it on states
-#    and tokens of its own.
-# 2. **The transposed layout.** Kernels that keep the state as `[V, K]` tiles store
-#    $X = S^\top$. Derive the step for $X$ (which axis does $\mathrm{diag}(e^{\mathbf g})$ scale
-#    now? what is the recall, what the read-out?) and write `step_vk(state_vk, q, k, v, g, beta)`
-#    returning `(new_state_vk [B, H, V, K], o)`. As in exercise 1, the checker runs it on
-#    tokens of its own and refuses any answer that enters `kda_lib` code.
+# Both ask for a variant of section 1's step that this page does not compute: derive it, then
+# write it as a function of `(state, q, k, v, g, beta)` returning `(new_state, o)`, in `jnp` or
+# NumPy, without `kda_lib` (`state [B, H, K, V]`, `q, k [B, H, K]`, `v [B, H, V]`,
+# `beta [B, H]`, $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$). The checkers call it on
+# states and tokens of their own and refuse any answer that runs `kda_lib`'s, tokamax's or fla's
+# code.
+#
+# 1. **Write, then decay.** Some recurrences forget after the write:
+#    $S_t = \operatorname{diag}(e^{\mathbf g_t}) \big[(I - \beta_t \mathbf k_t
+#    \mathbf k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top\big]$, `g [B, H, K]`.
+#    Which state does the write's recall read now? Write `step_write_first`. Along which
+#    direction does this step write, compared with section 1's?
+# 2. **Decay per value channel.** Let the gate forget value channels instead of key channels:
+#    $S_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) S_{t-1}
+#    \operatorname{diag}(e^{\mathbf g_t}) + \beta_t \mathbf k_t \mathbf v_t^\top$ with
+#    $\mathbf g_t \in \mathbb R^{d_v}$, `g [B, H, V]`. Which axis of `state` does the decay
+#    scale, and what does the write's recall become? Write `step_value_decay`.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 
 # %%
-answer = None  # exercise 1: a function my_step(state, q, k, v, g, beta) -> (new_state, o)
+answer = None  # exercise 1: step_write_first(state, q, k, v, g, beta) -> (new_state, o)
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: a function step_vk(state_vk, q, k, v, g, beta) -> (new_state_vk, o)
+answer = None  # exercise 2: step_value_decay(state, q, k, v, g, beta) -> (new_state, o)
 exercises.check("00.2", answer)
 
 # %% [markdown]

@@ -21,10 +21,10 @@
 # projections, a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2
 # norm on $\mathbf q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the
 # forget gate, and an output gate with a per-head RMSNorm. We build the layer from these parts in
-# one short function, check that it equals `kda_lib.KimiDeltaAttention` (an internal check: both
-# call the same `kda_lib` operations; the match with fla's recorded layer outputs is a test,
-# `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside softmax
-# attention, and show what goes wrong without each part.
+# one short function, check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance
+# (conv and L2 norm in NumPy; gate and recurrence from `kda_lib`, checked in 01-03; fla's layer
+# outputs: `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside
+# softmax attention, and show what goes wrong without each part.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -80,8 +80,6 @@ from flax import nnx
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.layers.conv import depthwise_causal_conv
-from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, explain, layer_diagram, viz
 from kda_lib.testing import assert_close
 
@@ -89,8 +87,7 @@ kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type a
 kda_lib.teaching.notebook.setup()
 
 # %%
-key = jax.random.key(seed)
-key_layer, key_x, _ = jax.random.split(key, 3)
+key_layer, key_x, _ = jax.random.split(jax.random.key(seed), 3)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
 config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_dim=head_dim,
                            conv_size=conv_size, forget_gate_rank=gate_rank,
@@ -147,8 +144,18 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 #   \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$, $\epsilon$ = `norm_eps`,
 #   one $\boldsymbol\eta \in \mathbb R^{d_v}$ shared by the heads.
 #
-# The function below is these equations with the layer's own parameters, and nothing else
-# (`depthwise_causal_conv` is the tap formula above: the notes say where that is tested).
+# The function below is these equations with the layer's own parameters, and nothing else; the
+# conv (kernel `[w, C]`) and the L2 norm are written here in float64 NumPy, not from `kda_lib`.
+
+# %%
+def conv(xi, kernel):  # [B, T, C], [w, C]: sum_j kappa_j * xi_{t-(w-1)+j}, zeros before t = 0
+    xi, kernel = np.asarray(xi, np.float64), np.asarray(kernel, np.float64)
+    padded = np.pad(xi, ((0, 0), (len(kernel) - 1, 0), (0, 0)))
+    return sum(kappa * padded[:, j:j + xi.shape[1]] for j, kappa in enumerate(kernel))
+
+
+l2 = lambda xi, eps=1e-6: xi / np.sqrt(np.sum(xi**2, -1, keepdims=True) + eps)  # noqa: E731
+
 
 # %%
 def layer_from_parts(layer, x):
@@ -157,11 +164,12 @@ def layer_from_parts(layer, x):
     kda_ = layer.config
     H, K, V = kda_.num_heads, kda_.head_dim, kda_.value_dim
 
-    def stream(proj, conv, dim):  # projection, short causal conv, SiLU, split into heads
-        return jax.nn.silu(depthwise_causal_conv(proj(x), conv.kernel[...])).reshape(B, T, H, dim)
+    def stream(proj, conv_, dim, norm=lambda xi: xi):  # projection, conv, SiLU, (L2), heads
+        xi = conv(proj(x), conv_.kernel[...])
+        return jnp.asarray(norm((xi / (1 + np.exp(-xi))).reshape(B, T, H, dim)), jnp.float32)
 
-    p = dict(q=l2_normalize(stream(layer.q_proj, layer.q_conv1d, K)),
-             k=l2_normalize(stream(layer.k_proj, layer.k_conv1d, K)),
+    p = dict(q=stream(layer.q_proj, layer.q_conv1d, K, l2),
+             k=stream(layer.k_proj, layer.k_conv1d, K, l2),
              v=stream(layer.v_proj, layer.v_conv1d, V),
              f=layer.f_proj(x).reshape(B, T, H, K), beta=jax.nn.sigmoid(layer.b_proj(x)))
     p["g"] = kda_lib.kda_gate(p["f"], layer.A_log[...], layer.dt_bias[...],
@@ -176,12 +184,11 @@ def layer_from_parts(layer, x):
 
 
 # %%
-forward_parts = nnx.jit(layer_from_parts)
-parts = forward_parts(layer, x)
-forward = nnx.jit(lambda m, x: m(x))
-y_layer = forward(layer, x)
+parts = layer_from_parts(layer, x)  # not jitted: the conv and L2 norm run in NumPy
+y_layer = nnx.jit(lambda m, x: m(x))(layer, x)
 err = assert_close(parts["y"], y_layer, atol=1e-5, rtol=1e-4, name="parts == KimiDeltaAttention")
-print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e}")
+print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e} "
+      f"(max |y| {float(jnp.abs(y_layer).max()):.2f})")
 
 # %% [markdown]
 # ## 2. Shapes, part by part
@@ -205,7 +212,6 @@ for name, what, axes, a in rows:
     table.append(f"| `{name}` | {what} | `[{axes}]` | `{tuple(a.shape)}` |")
 display(Markdown("\n".join(table)))
 assert parts["q"].shape == (batch, seq_len, H, K) and parts["state"].shape == (batch, H, K, V)
-assert float(parts["g"].max()) <= 0 and 0 < float(parts["beta"].min()) < 1
 
 # %% [markdown]
 # ## 3. Parameters, beside softmax attention
@@ -260,7 +266,7 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # attention; where the extra parameters go (mostly the four gate factors) is counted in the
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-04).
 # What the layer does not have is a KV cache: what it keeps between decode steps does not grow
-# with the length (exercise 2 counts it; notebook 07 uses it).
+# with the length (exercise 1 writes the convolution's part of it; notebook 07 counts it all).
 #
 # ## 4. What each part is for: take it away
 #
@@ -281,7 +287,7 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 
 # %%
 x_big = ablation_scale * x
-scaled = forward_parts(layer, x_big)
+scaled = layer_from_parts(layer, x_big)
 k64, beta64 = (np.asarray(scaled[n][0, :, 0], np.float64) for n in ("k", "beta"))  # head 0
 decay64 = np.exp(np.asarray(scaled["g"][0, :, 0], np.float64))
 transitions = [(np.eye(K) - b * np.outer(k, k)) * d_ for k, b, d_ in zip(k64, beta64, decay64,
@@ -297,7 +303,7 @@ assert np.allclose(along_k, 1 - beta64, atol=1e-5), "eigenvalue along k is 1 - b
 assert spectral.max() <= 1 + 1e-6, "every transition is a contraction"
 
 # %%
-raw_k = jax.nn.silu(depthwise_causal_conv(layer.k_proj(x_big), layer.k_conv1d.kernel[...]))
+raw_k = jax.nn.silu(conv(layer.k_proj(x_big), layer.k_conv1d.kernel[...]))
 raw_k = raw_k.reshape(batch, seq_len, H, K)[0, :, 0]  # head 0, unnormalised
 k0, v0, g0, beta0 = (scaled[n][0, :, 0] for n in ("k", "v", "g", "beta"))
 raw_beta = layer.b_proj(x_big)[0, :, 0]
@@ -367,12 +373,11 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # The recurrence's output scale differs between heads and along the sequence (how full the
 # state is, the decays). The RMSNorm divides each head's output by its RMS, so
 # $\hat{\mathbf o} = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to $\epsilon$),
-# then multiplies channel $e$ by $\eta_e$. At initialisation $\boldsymbol\eta = \mathbf 1$, so
-# every head and token leaves with RMS 1, except outputs so small that $\epsilon$ dominates their
-# mean square, which stay small instead of amplifying noise (checked below on section 4's larger
-# inputs; a trained $\boldsymbol\eta$: the notes). The
-# sigmoid gate then scales each channel by $\sigma(\mathbf z_t) \in (0, 1)$, computed from the
-# token itself, so a head can be muted where it has nothing useful to add.
+# then multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at initialisation; a
+# trained one: the notes). So a head's output leaves with RMS 1 where its mean square is well
+# above $\epsilon$ (on section 4's inputs, the fraction printed below); where $\epsilon$
+# dominates, it stays below RMS 1 instead of amplifying noise. The sigmoid gate then scales
+# each channel by $\sigma(\mathbf z_t) \in (0, 1)$, from the token itself: a head can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -385,11 +390,10 @@ above_eps = rms_o**2 > 100 * config.norm_eps  # mean square well above the norm'
 print(f"RMS of o per head and token: {rms_o.min():.2e} .. {rms_o.max():.2e}; after the "
       f"RMSNorm, where the mean square exceeds 100 eps ({above_eps.mean():.0%} of them): "
       f"{rms_normed[above_eps].min():.4f} .. {rms_normed[above_eps].max():.4f}")
-assert rms_o.max() / rms_o.min() > 2 and above_eps.any()
-assert np.all(np.asarray(layer.o_norm[...]) == 1.0), "eta = 1 at initialisation"
+print(f"below 100 eps: {rms_normed[~above_eps].min():.2e} .. {rms_normed[~above_eps].max():.2f}"
+      " (by construction: eta = 1 at initialisation, the gate sigmoid(z) in (0, 1))")
+assert rms_o.max() / rms_o.min() > 2 and above_eps.mean() > 0.5
 assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
-gate = np.asarray(jax.nn.sigmoid(scaled["z"]))
-assert 0 < gate.min() and gate.max() < 1
 
 # %% [markdown]
 # ## Summary
@@ -397,54 +401,50 @@ assert 0 < gate.min() and gate.max() < 1
 # - `KimiDeltaAttention` is projections, a short causal conv with SiLU, L2-normalised $\mathbf q$
 #   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the recurrence,
 #   a per-head RMSNorm, a sigmoid output gate and an output projection: a function of these parts
-#   equals the layer (same `kda_lib` operations; fla's recorded outputs: the tests).
+#   (its own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
 # - Without the L2 norm the state grows without bound; without the $\beta$ sigmoid it leaves
 #   the bound and ends many times larger (section 4's figure); without the convolution a key
 #   sees only its own token; the gate's input has rank $r$; at initialisation the RMSNorm
-#   brings every head's output to RMS 1 (all checked above).
+#   brings a head's output to RMS 1 where its mean square is well above $\epsilon$ (the
+#   fraction of head-tokens printed in section 4) and keeps the rest below 1.
 #
 # ## Exercises
 #
-# 1. **Gated DeltaNet's parameters.** `KDAConfig(per_head_decay=True)` gives each head one decay
-#    shared by its $d_k$ channels (Gated DeltaNet's gate). Derive its parameter count from
-#    section 3's table, part by part, as `gdn_parameters(d, H, K, V, r, w)` (rank-$r$ gates,
-#    conv width $w$, $d_k = $ `K`, $d_v = $ `V`). Which parts shrink, and by how much at
-#    $d = 2048$, $H = 16$?
-# 2. **What a decoder keeps.** Generating token by token, the layer keeps everything it needs
-#    from the tokens before, and nothing that grows with their number. From section 1's
-#    equations, count those floats per sequence as `cache_floats(H, K, V, w)`, and compare
-#    with the state alone at section 3's realistic sizes ($H$ = `big_heads`, $d_k = d_v$ =
-#    `big_hidden // big_heads`, $w = 4$).
+# Both ask for a part of the layer this page does not compute; the checkers call your function
+# on inputs of their own and refuse any that runs `kda_lib`'s, tokamax's or fla's code.
 #
-# Both checkers call your function on widths of their own and compare with what the library's
-# layer holds; an answer that runs `kda_lib` code (building a layer, asking the config) is
-# refused. Worked solutions are in [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
+# 1. **The convolution, one token at a time.** A decoder gets one input $\boldsymbol\xi_t$ per
+#    step. What must it keep of the inputs before, in which order? Write `conv_step(cache, x_t,
+#    kernel) -> (new_cache, y_t)`: `cache [B, w - 1, C]` the inputs before $t$, oldest first,
+#    `x_t [B, C]`, `kernel [w, C]` as in section 1 (no SiLU).
+# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dy * y).sum()`,
+#    $\mathbf y = \mathbf o \odot \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
+#    \epsilon}$, with respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy [N, V]`,
+#    a row per head and token, `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$?
+#    JAX's autodiff is refused, and finite differences by a time limit on a wide trial.
+#
+# Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
 # %%
-answer = None  # exercise 1: a function gdn_parameters(d, H, K, V, r, w) -> a count
+answer = None  # exercise 1: conv_step(cache, x_t, kernel) -> (new_cache, y_t)
 exercises.check("04.1", answer)
 
 # %%
-answer = None  # exercise 2: a function cache_floats(H, K, V, w) -> floats per sequence
+answer = None  # exercise 2: rmsnorm_backward(o, eta, dy, eps) -> do
 exercises.check("04.2", answer)
 
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (the KDA layer:
-#   short convolutions, low-rank gates, output gate and norm), 2025.
-#   [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - Kimi Team, *Kimi Linear: an expressive, efficient attention architecture* (the KDA layer),
+#   2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - S. Yang, J. Kautz, A. Hatamizadeh, *Gated Delta Networks: improving Mamba2 with delta rule*
 #   (the layer design KDA extends), ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
-# - S. Yang, B. Wang, Y. Zhang, Y. Shen, Y. Kim, *Parallelizing linear transformers with the delta
-#   rule over sequence length* (L2-normalised keys, short convolutions in DeltaNet), NeurIPS 2024.
-#   [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
+# - S. Yang et al., *Parallelizing linear transformers with the delta rule over sequence length*
+#   (L2-normalised keys, short convs), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
 # - S. Arora et al., *Zoology: measuring and improving recall in efficient language models*
-#   (associative recall, why short convolutions help), 2023.
-#   [arXiv:2312.04927](https://arxiv.org/abs/2312.04927)
-# - B. Zhang, R. Sennrich, *Root mean square layer normalization*, NeurIPS 2019.
-#   [arXiv:1910.07467](https://arxiv.org/abs/1910.07467)
-# - fla's layer, `fla/layers/kda.py`:
-#   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
+#   (why short convolutions help recall), 2023. [arXiv:2312.04927](https://arxiv.org/abs/2312.04927)
+# - B. Zhang, R. Sennrich, *Root mean square layer normalization*, NeurIPS 2019. [arXiv:1910.07467](https://arxiv.org/abs/1910.07467)
+# - fla's layer, `fla/layers/kda.py`: [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

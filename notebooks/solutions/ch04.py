@@ -2,41 +2,73 @@
 
 from __future__ import annotations
 
-
-def gdn_parameters(d, H, K, V, r, w):
-    """1: section 3's count, part by part, with one decay per head. Only two parts have one
-    entry per key channel: ``f_proj``'s up factor (``r x H K`` becomes ``r x H``) and
-    ``dt_bias`` (``H K`` becomes ``H``); everything else is unchanged."""
-    q_k, v_proj, conv = 2 * d * H * K, d * H * V, w * H * (2 * K + V)
-    f_proj = d * r + r * H  # was d r + r H K
-    b_proj, g_proj = d * H, d * r + r * H * V + H * V  # g_proj's up factor and its bias
-    a_log, dt_bias = H, H  # dt_bias was H K
-    return q_k + v_proj + conv + f_proj + b_proj + g_proj + a_log + dt_bias + V + H * V * d
+import numpy as np
 
 
-def gdn_parameters_by_difference(d, H, K, V, r, w):
-    """1, written differently: KDA's count (section 3) minus what per-channel decay adds,
-    ``(K - 1) H`` in ``f_proj``'s up factor per rank and ``(K - 1) H`` in ``dt_bias``."""
-    kda = (2 * d * H * K + d * H * V + w * H * (2 * K + V) + d * r + r * H * K + d * H
-           + d * r + r * H * V + H * V + H + H * K + V + H * V * d)
-    return kda - (K - 1) * H * (r + 1)
+def conv_step(cache, x_t, kernel):
+    """1: section 1's tap formula at the newest token ``t`` needs ``xi_{t-w+1} .. xi_t``: the
+    ``w - 1`` inputs before ``t`` (the cache, oldest first) and ``x_t``. Stack them as a window
+    ``[B, w, C]``; row ``j`` of the window is ``xi_{t-(w-1)+j}``, so ``y_t = sum_j kappa_j
+    window_j``. The next step needs the last ``w - 1`` rows of the window: drop the oldest.
+    Per step ``w C`` multiplications and a cache of ``(w - 1) C`` numbers, whatever ``t``."""
+    window = np.concatenate([np.asarray(cache), np.asarray(x_t)[:, None]], axis=1)
+    y_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
+    return window[:, 1:], y_t
 
 
-def cache_floats(H, K, V, w):
-    """2: the state ``[H, K, V]`` and, for each short convolution (q, k, v), the last ``w - 1``
-    inputs of its ``H K``, ``H K`` and ``H V`` channels: ``H K V + (w - 1) H (2K + V)``. At
-    ``H = 16, K = V = 128, w = 4``: 262,144 + 18,432 (7% more than the state alone)."""
-    return H * K * V + (w - 1) * H * (2 * K + V)
+def conv_step_ring(cache, x_t, kernel):
+    """1, written differently: jnp, the taps one by one (``kernel[w - 1]`` on ``x_t``, then
+    ``kernel[w - 1 - i]`` on the input ``i`` tokens back, ``cache[:, -i]``), and the cache
+    rolled left with ``x_t`` written into its last row."""
+    import jax.numpy as jnp
+
+    width = kernel.shape[0]
+    y_t = kernel[width - 1] * x_t
+    for i in range(1, width):
+        y_t = y_t + kernel[width - 1 - i] * cache[:, -i]
+    return jnp.roll(cache, -1, axis=1).at[:, -1].set(x_t), y_t
+
+
+def rmsnorm_backward(o, eta, dy, eps):
+    """2: with ``r = sqrt(mean(o^2) + eps)`` (per row) and ``y_e = eta_e o_e / r``:
+    ``dr/do_i = o_i / (V r)``, so ``dy_e/do_i = eta_e delta_ei / r - eta_e o_e o_i / (V r^3)``
+    and ``do_i = sum_e dy_e dy_e/do_i = eta_i dy_i / r - o_i sum_e(eta_e dy_e o_e) / (V r^3)``.
+    The first term treats ``r`` as a constant; the second removes the part of ``eta * dy``
+    along ``o`` that only rescales the row (at ``eps = 0`` scaling ``o`` leaves ``y`` as is:
+    ``do . o = 0``)."""
+    o, eta, dy = (np.asarray(a, np.float64) for a in (o, eta, dy))
+    r = np.sqrt(np.mean(o**2, axis=-1, keepdims=True) + eps)
+    along = np.sum(eta * dy * o, axis=-1, keepdims=True)
+    return eta * dy / r - o * along / (o.shape[-1] * r**3)
+
+
+def rmsnorm_backward_jnp(o, eta, dy, eps):
+    """2, written differently: float32 jnp, through the normalised output ``y_hat = o / r``:
+    ``do = (eta dy - y_hat mean(eta dy y_hat)) / r``."""
+    import jax.numpy as jnp
+
+    r = jnp.sqrt(jnp.mean(o**2, axis=-1, keepdims=True) + eps)
+    y_hat, g = o / r, eta * dy
+    return (g - y_hat * jnp.mean(g * y_hat, axis=-1, keepdims=True)) / r
 
 
 def cases():
-    def per_channel(d, H, K, V, r, w):  # KDA's count: the gate still per channel
-        return gdn_parameters_by_difference(d, H, K, V, r, w) + (K - 1) * H * (r + 1)
+    def conv_newest_last(cache, x_t, kernel):  # kernel read backwards: row 0 on x_t
+        return conv_step(cache, x_t, np.asarray(kernel)[::-1])
+
+    def rms_constant(o, eta, dy, eps):  # r treated as a constant
+        return np.asarray(eta) * dy / np.sqrt(np.mean(np.square(o), -1, keepdims=True) + eps)
+
+    def cache_not_shifted(cache, x_t, kernel):  # y_t right, the cache kept as it was plus x_t
+        new, y_t = conv_step(cache, x_t, kernel)
+        return np.concatenate([np.asarray(cache)[:, :-1], np.asarray(x_t)[:, None]], 1), y_t
+
+    def eps_outside(o, eta, dy, eps):  # r = sqrt(mean(o^2)) + eps
+        return rmsnorm_backward(o, eta, dy, 0.0)
 
     return [
-        ("04.1", gdn_parameters, {}, per_channel),
-        ("04.1", gdn_parameters_by_difference, {}, per_channel),
-        ("04.2", cache_floats, {}, lambda H, K, V, w: H * K * V),
-        ("04.2", lambda H, K, V, w: H * (K * V + (w - 1) * (K + K + V)), {},
-         lambda H, K, V, w: H * K * V + w * H * (2 * K + V)),
+        ("04.1", conv_step, {}, conv_newest_last),
+        ("04.1", conv_step_ring, {}, cache_not_shifted),
+        ("04.2", rmsnorm_backward, {}, rms_constant),
+        ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
     ]

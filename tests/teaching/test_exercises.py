@@ -152,15 +152,17 @@ def test_every_checker_refuses_nan_inf_zeros_echo_shape_and_dtype(path):
 
 def _shortcut_00_1_kda_step():
     import jax
+    import jax.numpy as jnp
 
     import kda_lib
 
     step = jax.jit(kda_lib.kda_step)  # as notebook 00 holds it
 
-    def my_step(state, q, k, v, g, beta):
-        return step(state, q, k, v, g, beta)
+    def step_write_first(state, q, k, v, g, beta):  # right, through the page's step
+        new, o = step(state, q * jnp.exp(g), k, v, jnp.zeros_like(g), beta)
+        return jnp.exp(g)[..., None] * new, o
 
-    return "00.1", my_step, {}
+    return "00.1", step_write_first, {}
 
 
 def _shortcut_00_1_the_library_function_itself():
@@ -169,16 +171,17 @@ def _shortcut_00_1_the_library_function_itself():
     return "00.1", kda_lib.kda_step, {}
 
 
-def _shortcut_00_2_transposed_library_step():
+def _shortcut_00_2_swapaxes_around_the_library_step():
     import jax.numpy as jnp
 
     import kda_lib
 
-    def step_vk(state_vk, q, k, v, g, beta):
-        new, o = kda_lib.kda_step(jnp.swapaxes(state_vk, -1, -2), q, k, v, g, beta)
-        return jnp.swapaxes(new, -1, -2), o
+    def step_value_decay(state, q, k, v, g, beta):  # right: S D_v first, then the undecayed step
+        decayed = state * jnp.exp(g)[..., None, :]
+        return kda_lib.kda_step(jnp.swapaxes(jnp.swapaxes(decayed, -1, -2), -1, -2), q, k, v,
+                                jnp.zeros_like(k), beta)
 
-    return "00.2", step_vk, {}
+    return "00.2", step_value_decay, {}
 
 
 def _shortcut_03_1_transition_product():
@@ -208,19 +211,47 @@ def _shortcut_03_2_second_chunk_unchanged():
     return "03.2", merge, {}
 
 
-def _shortcut_04_1_config_count():
-    from flax import nnx
+def _shortcut_04_1_library_conv():
+    import jax.numpy as jnp
 
-    import kda_lib
+    from kda_lib.layers.conv import depthwise_causal_conv
 
-    def count(d, H, K, V, r, w):
-        config = kda_lib.KDAConfig(hidden_size=d, num_heads=H, head_dim=K, value_head_dim=V,
-                                   conv_size=w, forget_gate_rank=r, output_gate_rank=r,
-                                   per_head_decay=True)
-        return kda_lib.layers.params.parameter_count(
-            nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0))))
+    def conv_step(cache, x_t, kernel):  # right: the library's conv over the window
+        window = jnp.concatenate([cache, x_t[:, None]], axis=1)
+        return window[:, 1:], depthwise_causal_conv(window, kernel)[:, -1]
 
-    return "04.1", count, {}
+    return "04.1", conv_step, {}
+
+
+def _shortcut_04_2_jax_grad():
+    import jax
+    import jax.numpy as jnp
+
+    def rmsnorm_backward(o, eta, dy, eps):  # right, but jax.grad derives it
+        def total(o):
+            return jnp.sum(dy * o * eta / jnp.sqrt(jnp.mean(o**2, -1, keepdims=True) + eps))
+
+        return jax.grad(total)(jnp.asarray(o))
+
+    return "04.2", rmsnorm_backward, {}
+
+
+def _shortcut_04_2_finite_differences():
+    def rmsnorm_backward(o, eta, dy, eps):  # central differences, a channel at a time (rows
+        o = np.asarray(o, np.float64)  # are independent): V forward passes of [N, V]
+        out, h = np.zeros_like(o), 1e-6
+
+        def total(o):
+            return np.sum(dy * o * eta / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), -1)
+
+        for e in range(o.shape[1]):
+            up, down = o.copy(), o.copy()
+            up[:, e] += h
+            down[:, e] -= h
+            out[:, e] = (total(up) - total(down)) / (2 * h)
+        return out
+
+    return "04.2", rmsnorm_backward, {}
 
 
 def _shortcut_05_1_jax_grad():
@@ -316,11 +347,13 @@ def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilatio
 SHORTCUTS = [
     _shortcut_00_1_kda_step,
     _shortcut_00_1_the_library_function_itself,
-    _shortcut_00_2_transposed_library_step,
+    _shortcut_00_2_swapaxes_around_the_library_step,
     _shortcut_03_1_transition_product,
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
-    _shortcut_04_1_config_count,
+    _shortcut_04_1_library_conv,
+    _shortcut_04_2_jax_grad,
+    _shortcut_04_2_finite_differences,
     _shortcut_05_1_jax_grad,
     _shortcut_05_2_jax_vjp_jitted,
     _shortcut_01_1_matrix_power,

@@ -41,7 +41,7 @@ EXERCISES = {
     "02.2": ("02_gating_and_decay", 4),
     "03.1": ("03_chunkwise_algorithm", 3),
     "03.2": ("03_chunkwise_algorithm", 6),
-    "04.1": ("04_kda_layer", 6),
+    "04.1": ("04_kda_layer", 3),
     "04.2": ("04_kda_layer", 4),
     "05.1": ("05_context_parallel", 2),
     "05.2": ("05_context_parallel", 3),
@@ -273,6 +273,42 @@ def _hooks_dodged(fn):
             ("setprofile bound before", bound_profile_off)]
 
 
+def _write_first_by(step):
+    """00.1's step (write, then decay) through a step of section 1's form (decay, then write):
+    ``step`` with no decay and ``q`` decayed, the state decayed after: right, if allowed."""
+    import jax.numpy as jnp
+
+    def write_first(state, q, k, v, g, beta):
+        new, o = step(state, q * jnp.exp(g), k, v, jnp.zeros_like(g), beta)
+        return jnp.exp(g)[..., None] * new, o
+
+    return write_first
+
+
+def _tokamax_step(state, q, k, v, g, beta):
+    """Section 1's step by tokamax's reference (heads-first ``[H, B, T, K]``, one token)."""
+    import jax.numpy as jnp
+    from tokamax._src.ops.kda import reference
+
+    t = lambda x: jnp.swapaxes(x, 0, 1)[:, :, None]  # noqa: E731
+    o, new = reference.kimi_delta_attention(
+        t(q), t(k), t(v), t(g), t(beta), a_log=None, delta_time_bias=None,
+        scale=q.shape[-1] ** -0.5, initial_state=state[:, None], output_final_state=True,
+        use_qk_l2norm=False, use_gate_in_kernel=False, segment_ids=None, lower_bound=None,
+        context_parallel_metadata=None, max_num_segments=None)
+    return new[:, 0], jnp.swapaxes(o[:, :, 0], 0, 1)
+
+
+def test_tokamax_routes_are_refused_and_right_without_the_guard(monkeypatch):
+    """The guard refuses tokamax's (and fla's) KDA code as it does kda_lib's: 00.1 through
+    tokamax's reference is refused, and accepted with the guard told to let tokamax through."""
+    pytest.importorskip("tokamax")
+    answer = _write_first_by(_tokamax_step)
+    assert _refused("00.1", answer)
+    monkeypatch.setattr(exercises, "OTHER_KDA", ())
+    assert not _refused("00.1", answer), "the attack is right: only the guard refuses it"
+
+
 def test_library_routes_in_other_threads_are_refused():
     import concurrent.futures
 
@@ -280,7 +316,7 @@ def test_library_routes_in_other_threads_are_refused():
 
     with concurrent.futures.ThreadPoolExecutor(1) as warm:
         warm.submit(int).result()  # its worker thread runs before the checker's call
-        accepted = [how for how, attack in _in_threads(reference.kda_step, warm)
+        accepted = [how for how, attack in _in_threads(_write_first_by(reference.kda_step), warm)
                     if not _refused("00.1", attack)]
     assert not accepted, f"00.1 accepted kda_step run in: {accepted}"
 
@@ -566,10 +602,10 @@ def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
         for b, h, k, v in ch00._SIZES:  # unwatched now: trace every size the checker tries
             zeros = [jnp.zeros(s) for s in ((b, h, k, v), *[(b, h, k)] * 2, (b, h, v))]
             step(*zeros, jnp.zeros((b, h, k)), jnp.zeros((b, h)))
-        return step(*args)
+        return _write_first_by(step)(*args)
 
     assert _refused("00.1", swallowing)
-    assert _refused("00.1", lambda *args: step(*args))
+    assert _refused("00.1", _write_first_by(lambda *args: step(*args)))
 
 
 # ------------------------------------------------------------------ echoes of notebooks 02 and 03

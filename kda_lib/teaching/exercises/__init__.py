@@ -124,7 +124,8 @@ def machinery(fn):
 
 
 LIBRARY_HINT = (
-    "your answer runs kda_lib code; this exercise asks you to write it yourself (NumPy or jnp)"
+    "your answer runs kda_lib code (or tokamax's or fla's); this exercise asks you to write it "
+    "yourself (NumPy or jnp)"
 )
 
 
@@ -278,9 +279,19 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
         sys.setprofile(previous)
 
 
+OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib (fla: if so)
+
+
+def other_kda(module: str) -> bool:
+    """Whether ``module`` (a dotted name) is in one of :data:`OTHER_KDA`'s packages, whose KDA
+    code (tokamax's reference, fla's kernels) an answer may not run either."""
+    return any(module == p or module.startswith(p + ".") for p in OTHER_KDA)
+
+
 @contextlib.contextmanager
 def library_calls() -> Iterator[list[str]]:
-    """While the block runs, stop it at the first Python frame of ``kda_lib`` that is entered
+    """While the block runs, stop it at the first Python frame of ``kda_lib`` (or of tokamax or
+    fla, :func:`other_kda`) that is entered
     (the machinery calling the answer excepted; the checkers' reference functions count),
     whatever the route: the function itself,
     ``functools.partial``, a lambda, a notebook function that calls it, ``jax.jit`` of it
@@ -293,7 +304,7 @@ def library_calls() -> Iterator[list[str]]:
         if event == "call" and not entered:
             module = frame.f_globals.get("__name__") or ""
             if (
-                (module == "kda_lib" or module.startswith("kda_lib."))
+                (module == "kda_lib" or module.startswith("kda_lib.") or other_kda(module))
                 and module not in _OWN
                 and frame.f_code not in MACHINERY_CODE
             ):

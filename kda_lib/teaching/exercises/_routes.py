@@ -2,7 +2,8 @@
 library code it runs, so an answer that hands the work to ``kda_lib`` is refused.
 
 :func:`call_own_work` runs ``answer(*args)`` under a profile hook (every thread's) that
-stops the answer at the first Python frame whose code lives in the ``kda_lib`` package (the
+stops the answer at the first Python frame whose code lives in the ``kda_lib`` package (or in
+tokamax or fla: :func:`~kda_lib.teaching.exercises.other_kda`; the
 checkers' own reference functions included) outside the machinery that calls the answer;
 ``functools.partial``, ``jax.jit`` and lambdas around a library function all end in such a
 frame, so they are refused too. :func:`modules_entered` watches for other code an exercise
@@ -26,6 +27,7 @@ from kda_lib.teaching.exercises import (
     _retire_watched,
     call_answer,
     fresh_jax_context,
+    other_kda,
     watch_every_thread,
 )
 
@@ -53,7 +55,8 @@ def call_own_work(
     def hook(frame, event, _arg):
         if (
             event == "call"
-            and _is_library(frame.f_code.co_filename)
+            and (_is_library(frame.f_code.co_filename)
+                 or other_kda(frame.f_globals.get("__name__") or ""))
             and frame.f_code not in MACHINERY_CODE
         ):
             module = frame.f_globals.get("__name__", "")
