@@ -232,8 +232,18 @@ def _imports_private(path: pathlib.Path, prefix: str) -> bool:
     def below(name: str) -> bool:
         return name == prefix or name.startswith(prefix + ".")
 
+    def own_submodule(call) -> bool:  # import_module(f"{__name__}.x"): below the file itself
+        arg = call.args[0] if call.args else None
+        first = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else None
+        return getattr(getattr(first, "value", None), "id", None) == "__name__"
+
     tree = ast.parse(path.read_text())
-    imports_by_name = any(getattr(n, "attr", None) == "import_module" for n in ast.walk(tree))
+    imports_by_name = any(
+        isinstance(n, ast.Call)
+        and getattr(n.func, "attr", None) == "import_module"
+        and not own_submodule(n)
+        for n in ast.walk(tree)
+    )
     for node in ast.walk(tree):
         if imports_by_name and isinstance(node, ast.Constant) and below(str(node.value)):
             return True  # a module named in a table that import_module(name) resolves
