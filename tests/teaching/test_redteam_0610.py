@@ -577,6 +577,17 @@ def _rule_breakers():
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
+        ("09.2", "no room for the decode steps (teacher 2026-12-05)",
+         lambda f, *a: s09.context_at(f, *a[:-1], -1)),
+        ("09.2", "pure KDA with kda_layers layers only", lambda f, k, m, *a: max(0, -(-(
+            f * k * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
+            // (4 * m * a[2])))),
+        ("09.2", "rounded down, not up", lambda f, k, m, *a: max(0, (
+            f * (k + m) * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
+            // (4 * m * a[2]))),
+        ("09.2", "a share (09.1 divided by the total, the old exercise)", lambda f, *a: 1 - (
+            s09.hybrid_cache_bytes(0, *a) / s09.hybrid_cache_bytes(2048, *a))),
+        ("09.2", "the notebook's answer at factor 10 only", lambda f, *a: s09.context_at(10, *a)),
         ("09.3", "section 2's unigram (no context)", _unigram_bpb),
         ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
         ("10.1", "the KDA state without its conv history", lambda c, kda, glob, h, d, w, *a:
@@ -721,6 +732,13 @@ def _alternatives():
         keys = [int(k) for k in inputs[0 : 2 * num_pairs : 2]]
         return sum(asked[k] - (2 * i + 1) <= reach for i, k in enumerate(keys) if k in asked)
 
+    def context_search09(f, *a):
+        s09, c = _solutions("09"), 0
+        while s09.hybrid_cache_bytes(c, *a) < f * (a[0] + a[1]) * s09.hybrid_cache_bytes(
+                0, 1, 0, *a[2:]):
+            c += 1
+        return c
+
     def cache_numpy09(c, kda, mla, h, k, r, w, steps):
         state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
         return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
@@ -804,6 +822,7 @@ def _alternatives():
         ("08.3", "a loop, numpy int", reach_loop, {}),
         ("08.3", "a key -> query position dict (teacher 2026-12-05)", reach_by_query_position, {}),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
+        ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
         ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
         ("10.1", "numpy float32 inside", reduction_f32, dict(preset=k3, context=4096)),
