@@ -296,12 +296,10 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_l
 # Claim A gets **no verdict** on MQAR or palindrome (printed, untested). The claims family, fixed
 # after reading the record (a rerun would confirm it): stack, in accuracy and beyond the conv reach
 # (the overall score is dominated by pops the blind control gets right), and claim B in steps to
-# solve where KDA and GDN solve on every seed. **Statistics** (`kda_lib.lab.significance`): paired
-# t-tests on the per-seed differences KDA minus the other (the sign test where all are equal), Holm
-# within each family: *ordered* where the adjusted p is below 0.05, else *level*; the 95% interval,
-# seeds on each side of zero, the gap detectable at 80% power, the exact sign-flip p (all $2^5$ sign
-# patterns of the differences, `scipy.stats.permutation_test`: no normality assumed). Verdicts:
-# *reproduced* (at every length), *in part*, or *not shown*.
+# solve where KDA and GDN solve on every seed. **Statistics** (`kda_lib.lab.significance`; method:
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-08)):
+# paired t-tests on KDA minus the other, Holm within each family (*ordered* below 0.05, else
+# *level*), the exact sign-flip p. Verdicts: *reproduced* (at every length), *in part*, *not shown*.
 
 # %%
 family = rs.kda_family(cells, complete, acc, setting["solved"])  # (task, T, other): KDA's, other's
