@@ -307,11 +307,12 @@ def decode_cost(
 ) -> list[dict]:
     """Time per decoded token and cache memory after ``context`` tokens, for each context.
 
-    For each context length ``L`` the caches are built with room for ``L + steps`` tokens and
-    filled (random values) as if ``L`` tokens had been seen; then ``steps`` decode steps run
-    (after one untimed step that compiles) and the best of ``repeats`` such runs is kept. The
-    compiled step depends only on the caches' shapes: a model whose layers are all recurrent
-    compiles once for every context, one with attention once per context.
+    For each context length ``L`` the caches are built with room for ``L + steps + 1`` tokens
+    (one untimed step that compiles, then ``steps`` timed ones) and filled (random values) as
+    if ``L`` tokens had been seen; then ``steps`` decode steps run (after the untimed step) and
+    the best of ``repeats`` such runs is kept. The compiled step depends only on the caches'
+    shapes: a model whose layers are all recurrent compiles once for every context, one with
+    attention once per context.
 
     Returns:
       One dict per context: ``context``, ``seconds_per_token`` (per step, all ``batch_size``

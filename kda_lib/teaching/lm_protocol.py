@@ -73,7 +73,8 @@ def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
     left.set(xlabel="optimiser step", ylabel="validation bits per byte",
              title="validation during training (mean over seeds, range shaded)")  # fmt: skip
     right.set(xscale="log", xlabel="position in the window (bytes seen, log scale)",
-              ylabel="test bits per byte", title="test bits per byte by position")  # fmt: skip
+              ylabel="test bits per byte",
+              title="test bits per byte by position (mean over seeds)")  # fmt: skip
     for ax in (left, right):
         ax.title.set_fontsize(9)
     left.legend(fontsize=8)
@@ -82,11 +83,16 @@ def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
 
 def plot_decode_cost(costs: dict) -> plt.Figure:
     """Decode cache (KiB, log) against context (tokens, log), one line per model:
-    ``costs[model]`` the rows of :func:`kda_lib.lab.generate.decode_cost`."""
+    ``costs[model]`` the rows of :func:`kda_lib.lab.generate.decode_cost`; a model whose
+    caches equal an earlier one's is drawn over it and its label says so."""
     fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
+    drawn = {}
     for name, rows in costs.items():  # models without a growing cache coincide
-        ax.plot([r["context"] for r in rows], [r["cache_bytes"] / 1024 for r in rows], "o-",
-                color=MODEL_COLORS[name], label=name)  # fmt: skip
+        cache = tuple(r["cache_bytes"] for r in rows)
+        label = f"{name} (hides {drawn[cache]}: equal caches)" if cache in drawn else name
+        drawn.setdefault(cache, name)
+        ax.plot([r["context"] for r in rows], [b / 1024 for b in cache], "o-",
+                color=MODEL_COLORS[name], label=label)  # fmt: skip
     ax.set(xscale="log", yscale="log", xlabel="context (tokens seen, log scale)",
            ylabel="decode cache (KiB, log scale)", title="decode memory per sequence")  # fmt: skip
     ax.legend(fontsize=8)

@@ -283,8 +283,8 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
     """Top: mean test accuracy over seeds against length per task, bars from the lowest seed to
     the highest, incomplete cells hollow, each mixer nudged sideways and marked; last, stack's
     accuracy beyond the conv reach (the claims' endpoint). Bottom: validation accuracy against
-    steps at each task's first length (incomplete cells dashed), then the legend. For a
-    protocol-2 record (``sweep_cells``)."""
+    steps at each task's first length (incomplete cells dashed), then the legend (its note on
+    incomplete cells only if there are any). For a protocol-2 record (``sweep_cells``)."""
     tasks = list(dict.fromkeys(c[0] for c in cells))
     mixers = [m for m in MIXER_ORDER if any(c[1] == m for c in cells)]
     fig, axes = plt.subplots(2, len(tasks) + 1, figsize=(4 * len(tasks) + 4, 7.4), squeeze=False,
@@ -308,8 +308,9 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
                          xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
             ax_steps.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
     axes[1, -1].axis("off")
+    title = "hollow / dashed: incomplete" if set(cells) - set(complete) else None
     axes[1, -1].legend(*axes[1, 0].get_legend_handles_labels(), loc="center", fontsize=9,
-                       title="hollow / dashed: incomplete", title_fontsize=8)  # fmt: skip
+                       title=title, title_fontsize=8)  # fmt: skip
     if len(panels) == len(tasks):
         axes[0, -1].axis("off")
     return fig

@@ -69,8 +69,10 @@ def test_the_figure_draws_every_model():
 
 def test_the_live_run_figures_draw_every_model():
     rows = [dict(context=c, cache_bytes=b) for c, b in ((64, 1024), (512, 2048))]
-    fig = lm_protocol.plot_decode_cost({"kda": rows, "attention": rows})
-    assert [line.get_label() for line in fig.axes[0].lines] == ["kda", "attention"]
+    grows = [dict(row, cache_bytes=row["cache_bytes"] * 2) for row in rows]
+    fig = lm_protocol.plot_decode_cost({"kda": rows, "gdn": rows, "attention": grows})
+    labels = [line.get_label() for line in fig.axes[0].lines]  # an equal line says what it hides
+    assert labels == ["kda", "gdn (hides kda: equal caches)", "attention"]
     curve = dict(curve=dict(step=[1, 2], bpb=[5.0, 4.0]))
     fig = lm_protocol.plot_live_and_recorded(
         {"this run": {"kda": curve}, "recorded": {"kda": curve, "gdn": curve}}, baseline=5.5

@@ -216,10 +216,10 @@ def _tiny_beta_head():
     """A head that is nearly diagonal (beta ~ 0), its query scaled up to make up for it: no
     delta-rule coupling, which 08.4 is about."""
     _, context = _cases()["08.4"]
-    alphas = np.asarray([0.5 ** (1 / h) for h in context["half_lives"]])
-    k = np.ones(len(alphas)) / np.sqrt(len(alphas))
+    decays = np.asarray([0.5 ** (1 / h) for h in context["half_lives"]])
+    k = np.ones(len(decays)) / np.sqrt(len(decays))
     beta = 1e-9
-    return dict(alphas=alphas.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
+    return dict(decays=decays.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
 
 
 def _two_point_fit():
@@ -558,14 +558,36 @@ def _rule_breakers():
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("08.3", "zero", lambda *a: 0),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
-         sorted(c for c, a in ctx082["accuracy"].items() if np.mean(a) >= 0.9)),
+         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
         ("08.2", "(task, T) pairs without the mixer",
-         sorted({(k, t) for k, _, t in s08.solved_cells(**ctx082)})),
+         lambda acc, level: sorted({(k, t) for k, _, t in s08.solved_cells(acc, level)})),
         ("08.2", "a mixer's best seed, not its mean",
-         sorted(c for c, a in ctx082["accuracy"].items() if max(a) >= ctx082["solved"])),
+         lambda acc, level: sorted(c for c, a in acc.items() if max(a) >= level)),
+        ("08.2", "the lowest seed, not the mean (teacher 2026-12-05)",
+         lambda acc, level: sorted(c for c, a in acc.items() if min(a) >= level)),
+        ("08.2", "the median seed, not the mean (teacher 2026-12-05)",
+         lambda acc, level: sorted(c for c, a in acc.items() if np.median(a) >= level)),
+        ("08.2", "every seed reached solved (teacher 2026-12-05)",
+         lambda acc, level: sorted(c for c, a in acc.items() if all(x >= level for x in a))),
+        ("08.2", "0.99 written in, not the level given",
+         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.99)),
+        ("08.2", "T as a string (teacher 2026-12-05)",
+         lambda acc, level: [(k, m, str(t)) for k, m, t in s08.solved_cells(acc, level)]),
+        ("08.2", "the recorded sweep's cells, as a list", s08.solved_cells(**ctx082)),
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
+        ("09.2", "no room for the decode steps (teacher 2026-12-05)",
+         lambda f, *a: s09.context_at(f, *a[:-1], -1)),
+        ("09.2", "pure KDA with kda_layers layers only", lambda f, k, m, *a: max(0, -(-(
+            f * k * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
+            // (4 * m * a[2])))),
+        ("09.2", "rounded down, not up", lambda f, k, m, *a: max(0, (
+            f * (k + m) * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
+            // (4 * m * a[2]))),
+        ("09.2", "a share (09.1 divided by the total, the old exercise)", lambda f, *a: 1 - (
+            s09.hybrid_cache_bytes(0, *a) / s09.hybrid_cache_bytes(2048, *a))),
+        ("09.2", "the notebook's answer at factor 10 only", lambda f, *a: s09.context_at(10, *a)),
         ("09.3", "section 2's unigram (no context)", _unigram_bpb),
         ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
         ("10.1", "the KDA state without its conv history", lambda c, kda, glob, h, d, w, *a:
@@ -705,6 +727,18 @@ def _alternatives():
                 count += t - (2 * i + 1) <= reach
         return np.int32(count)
 
+    def reach_by_query_position(inputs, mask, num_pairs, reach):  # each key queried once
+        asked = {int(inputs[t]): t for t in np.flatnonzero(mask)}
+        keys = [int(k) for k in inputs[0 : 2 * num_pairs : 2]]
+        return sum(asked[k] - (2 * i + 1) <= reach for i, k in enumerate(keys) if k in asked)
+
+    def context_search09(f, *a):
+        s09, c = _solutions("09"), 0
+        while s09.hybrid_cache_bytes(c, *a) < f * (a[0] + a[1]) * s09.hybrid_cache_bytes(
+                0, 1, 0, *a[2:]):
+            c += 1
+        return c
+
     def cache_numpy09(c, kda, mla, h, k, r, w, steps):
         state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
         return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
@@ -786,7 +820,9 @@ def _alternatives():
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.3", "a loop, numpy int", reach_loop, {}),
+        ("08.3", "a key -> query position dict (teacher 2026-12-05)", reach_by_query_position, {}),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
+        ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
         ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
         ("10.1", "numpy float32 inside", reduction_f32, dict(preset=k3, context=4096)),

@@ -1,4 +1,5 @@
-"""Checkers of notebook 09's exercises (the hybrid's cache, its MLA share, a bigram baseline)."""
+"""Checkers of notebook 09's exercises (the hybrid's cache, where it outgrows pure KDA's, a
+bigram baseline)."""
 
 from __future__ import annotations
 
@@ -53,32 +54,45 @@ def hybrid_cache_bytes(answer, *, measured: dict, shape: dict):
     return None
 
 
+def _context_at(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
+                decode_steps, kda_bytes=None) -> int:
+    """The smallest whole context at which the hybrid's cache is ``factor`` times a pure-KDA
+    model's of the same depth (``kda_bytes``, or counted), in integers."""
+    rest = (heads, key_dim, kv_lora_rank, conv_size, decode_steps)
+    pure = (kda_layers + mla_layers) * _hybrid_bytes(0, 1, 0, *rest)
+    pure = pure if kda_bytes is None else kda_bytes
+    fixed = _hybrid_bytes(0, kda_layers, mla_layers, *rest)
+    return max(0, -(-(factor * pure - fixed) // (4 * mla_layers * kv_lora_rank)))
+
+
 @checker("09.2")
-def attention_share(
-    answer,
-    *,
-    cache_bytes: int,
-    kda_layers: int,
-    heads: int,
-    key_dim: int,
-    value_dim: int,
-    conv_size: int,
-):
-    """The share of the hybrid's cache held by its global (MLA) layers: all but the KDA
-    layers' fixed caches."""
-    hint = refuse_degenerate(answer, shape=(), what="the share")
-    if hint:
-        return hint
-    value = float(answer)
-    kda_layer = 4 * (
-        heads * key_dim * value_dim + (conv_size - 1) * heads * (2 * key_dim + value_dim)
-    )
-    want = 1 - kda_layers * kda_layer / cache_bytes
-    if np.isclose(value, want, rtol=1e-6):
-        return None
-    if np.isclose(value, 1 - want, rtol=1e-6):
-        return "that is the KDA layers' share"
-    return "subtract the KDA layers' fixed caches (state + conv tails) from the total"
+def context_at_factor(answer, *, shape: dict, kda_bytes: int):
+    """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
+    decode_steps) -> int``: the smallest whole context at which the hybrid's decode cache is at
+    least ``factor`` times that of a pure-KDA model of the same depth. Tried on the notebook's
+    hybrid (``shape``; ``kda_bytes``: its pure-KDA twin's measured cache) and on models and
+    factors of the checker's own. kda_lib may not be called."""
+    names = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size",
+             "decode_steps")
+    own = tuple(int(shape[n]) for n in names)
+    trials = [(f, own, _context_at(f, *own, kda_bytes=int(kda_bytes))) for f in (10, 3, 40)]
+    trials += [(f, sh, _context_at(f, *sh)) for sh in _SHAPES for f in (10, 2)]
+    for factor, sh, want in trials:
+        got, hint = call_own_work(answer, factor, *sh, name="context_at(factor, ...)")
+        hint = hint or refuse_degenerate(
+            got, shape=(), integer=True, allow_zeros=want == 0, what="the context"
+        )
+        if hint:
+            return hint
+        if int(got) in (want - 1, want + 1):
+            return "off by one: the smallest whole context where the cache reaches the factor"
+        if int(got) != want:
+            return (
+                f"wrong for factor {factor} and shape {dict(zip(names, sh, strict=True))}: the "
+                "hybrid's cache grows with context (09.1's count); a pure-KDA model of the same "
+                "depth has kda_layers + mla_layers KDA layers and a fixed cache"
+            )
+    return None
 
 
 def _bigram_bpb(train, validation, smoothing=1.0, log=np.log2) -> float:
