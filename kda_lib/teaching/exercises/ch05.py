@@ -30,9 +30,10 @@ _SLOW = ("your function took over {:.0f} s at R, K, V = {}: the backward fold is
 
 
 def _problem(rng, ranks: int, key_dim: int = 4, value_dim: int = 3):
-    """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of norm
-    about 1) and each rank's own-output gradients."""
-    ms = rng.standard_normal((ranks, key_dim, key_dim)) / np.sqrt(key_dim)
+    """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of
+    spectral norm about 1, as a chunk's ``M`` is at most 1) and each rank's own-output
+    gradients."""
+    ms = rng.standard_normal((ranks, key_dim, key_dim)) / (2 * np.sqrt(key_dim))
     return (ms, rng.standard_normal((ranks, key_dim, value_dim)),
             rng.standard_normal((ranks, key_dim, value_dim)))
 
