@@ -93,8 +93,8 @@ def assert_close(actual, expected, *, atol: float | None = None, rtol: float | N
     ``actual`` finite; return the max abs error. Tolerances default by ``actual``'s dtype
     (:data:`DEFAULT_TOLERANCES`, float32's for others)."""
     dtype = actual.dtype if hasattr(actual, "dtype") else np.asarray(actual).dtype
-    default = DEFAULT_TOLERANCES.get(jnp.dtype(jax.dtypes.canonicalize_dtype(dtype)).name,
-                                     DEFAULT_TOLERANCES["float32"])  # fmt: skip
+    # the dtype as given, not jax's canonical one (float32 outside x64): float64 stays float64
+    default = DEFAULT_TOLERANCES.get(np.dtype(dtype).name, DEFAULT_TOLERANCES["float32"])
     atol = default[0] if atol is None else atol
     rtol = default[1] if rtol is None else rtol
     a, e = _as_f64(actual), _as_f64(expected)

@@ -346,6 +346,7 @@ ids, t_last = np.asarray(tokens_ids), mix_len - 1
 same = np.flatnonzero(ids[:t_last] == ids[t_last])  # earlier occurrences of the last token
 with jax.enable_x64(True):
     k64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (k_mix, g_mix))
+    k64 = k64 / jnp.linalg.norm(k64, axis=-1, keepdims=True)  # unit in float64 (k^T k = 1)
     beta64 = jnp.full(mix_len, beta_value, jnp.float64)
     only_same = jnp.where(ids == ids[t_last], beta_value, 0.0)  # other tokens write nothing
     Omega64 = np.asarray(explain.kda_mixing_matrix(k64, k64, g64, beta64, scale=1.0))
@@ -359,7 +360,7 @@ assert same.size >= 2, "the example needs the last token twice before it: change
 latest, older = same[-1], same[:-1]
 kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
-assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
+_ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
@@ -412,7 +413,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #   `jax.jacobian` and, in float64, $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
 #   \mathbf k_s$); on repeated tokens it puts $\beta$ on the current one, $\beta (1 - \beta)\,
 #   \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on the latest earlier one when the tokens in
-#   between do not write, less on older ones; softmax spreads over all of them.
+#   between do not write, less on older ones in this stream; softmax spreads over all of them.
 #
 # ## Exercises
 #

@@ -404,11 +404,11 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #   (its own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
-# - Without the L2 norm the state grows without bound; without the $\beta$ sigmoid it leaves
-#   the bound and ends many times larger (section 4's figure); without the convolution a key
-#   sees only its own token; the gate's input has rank $r$; at initialisation the RMSNorm
-#   brings a head's output to RMS 1 where its mean square is well above $\epsilon$ (the
-#   fraction of head-tokens printed in section 4) and keeps the rest below 1.
+# - Without the L2 norm the state leaves the bound and grows by orders of magnitude over the
+#   sequence; without the $\beta$ sigmoid it ends many times larger (figure); without the
+#   convolution a key sees only its own token; the gate's input has rank $r$; at initialisation
+#   the RMSNorm brings a head's output to RMS 1 where its mean square is well above $\epsilon$
+#   (the fraction of head-tokens printed in section 4) and keeps the rest below 1.
 #
 # ## Exercises
 #
