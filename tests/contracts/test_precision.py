@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kda_lib import kda, kda_chunked, kda_recurrent
-from kda_lib.testing import cast_inputs, random_kda_inputs, relative_l2
+from kda_lib.testing import assert_close, cast_inputs, random_kda_inputs, relative_l2
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
@@ -484,3 +484,15 @@ def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_abov
     bf16 = (3 * x).astype(jnp.bfloat16)
     assert l2_normalize(bf16).dtype == jnp.bfloat16
     assert l2_normalize(bf16, keep_float32=True).dtype == jnp.float32
+
+
+def test_assert_close_defaults_follow_the_dtype_given():
+    """A float64 array keeps float64's default tolerance outside jax's x64 mode (jax's canonical
+    dtype, float32 there, made the notebooks' float64 checks pass a 1e-7 relative difference)."""
+    assert not jax.config.jax_enable_x64
+    with pytest.raises(AssertionError):
+        assert_close(np.float64(1.0), np.float64(1 + 1e-7), atol=1e-12)
+    with pytest.raises(AssertionError):
+        assert_close(np.ones(3), np.full(3, 1 + 1e-7))
+    assert_close(np.float32(1.0), np.float32(1 + 1e-6))  # float32's own tolerance
+    assert_close(jnp.ones(3, jnp.bfloat16), jnp.full(3, 1.01))  # bfloat16's
