@@ -330,8 +330,7 @@ step_args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in
 lowered = jax.jit(kda_step).lower(*step_args)  # XLA's counts: as traced, then compiled
 traced, cost = ((c[0] if isinstance(c, list) else c)  # some JAX versions: one per device
                 for c in (lowered.cost_analysis(), lowered.compile().cost_analysis()))
-entries = H * dk * dk  # state numbers of one layer and sequence
-flops_per_entry = cost["flops"] / entries
+flops_per_entry = cost["flops"] / (entries := H * dk * dk)  # state numbers: a layer, sequence
 intensity = cost["flops"] / (2 * 4 * entries)  # flop per byte: the state read and written once
 h200 = at_scale.CHIPS["H200"]  # bandwidth and dense bf16 tensor-core flop/s, from NVIDIA's page
 H200_FP32_FLOPS = 67e12  # fp32 (CUDA cores, no tensor cores), NVIDIA's H200 SXM spec sheet

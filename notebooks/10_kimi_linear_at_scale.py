@@ -286,6 +286,8 @@ for b in decode_batches:
 bound = at_scale.decode_speedup_bound(kimi)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 assert max(speedup.values()) < bound < paper_tpot_speedup and feasible == (h200.name, 1)
+
+# %%
 first = lambda b, ts: next(t for t in ts if decode_ratio(t, b) >= 1)  # the first T slower
 hi, hi16 = (first(b, range(first(b, range(256, t_long, 256)) - 255, t_long)) for b in (1, 16))
 worst = {b: max(1 / decode_ratio(t, b) for t in range(256, 2**17, 256)) - 1 for b in decode_batches}
@@ -395,9 +397,8 @@ display(Markdown(
 #   the flops equal to the real programs' traced matrix products at a small size (section 3).
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
 #   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4). In
-#   the one-chip roofline its decode step is slower than all-MLA's at short contexts (printed,
-#   the figure's zoom): at batch 1 up to 9% below about 22,000 tokens, from its KDA layers'
-#   larger weights; at batch 256 up to 22%, from the state $S$ each sequence reads and writes.
+#   the one-chip roofline its decode step is slower at short contexts (printed, the zoom): up to 9%
+#   at batch 1 below about 22,000 tokens (KDA's larger weights), 22% at batch 256 ($2S$ a sequence).
 # - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
 #   a roofline model stays below (layers) / (global layers) for any batch, lower still where one
 #   chip holds the model (section 5), so the reported figure also measures how the models ran.
@@ -440,8 +441,7 @@ exercises.check("10.3", answer, preset=kimi.name)
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear* (the KV cache reduction, the 6.3x TPOT at 1M tokens, Figure 1b),
-#   2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - Kimi Team, *Kimi Linear* (the KV cache reduction, the 6.3x TPOT at 1M tokens, Figure 1b), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - J. Austin et al., *How to scale your model*, 2025. [scaling-book](https://jax-ml.github.io/scaling-book/)
 # - DeepSeek-AI, *DeepSeek-V2* (MLA), 2024. [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
 # - H. Liu et al., *Ring attention*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
