@@ -124,7 +124,8 @@ for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_c
 # - **KDA**: $2 \lvert\theta_{\text{mm}}\rvert$ for `q/k/v/f/b/g/o_proj`, $2 w (2 H d_k + H d_v)$
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
-#   recurrent step, $7 d_k d_v$ per head.
+#   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
+#   2, $S^\top q$ 2 (notebook 07's XLA count: 7 as traced, 8 compiled, the decay done twice).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
@@ -285,12 +286,20 @@ for b in decode_batches:
 bound = at_scale.decode_speedup_bound(kimi)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 assert max(speedup.values()) < bound < paper_tpot_speedup and feasible == (h200.name, 1)
+
+# %%
 first = lambda b, ts: next(t for t in ts if decode_ratio(t, b) >= 1)  # the first T slower
 hi, hi16 = (first(b, range(first(b, range(256, t_long, 256)) - 255, t_long)) for b in (1, 16))
-slow = max(1 / decode_ratio(t, 1) - 1 for t in range(256, hi, 256))  # the largest slowdown
-print(f"one chip, roofline: the hybrid is slower than all-MLA below T = {hi:,} at batch 1 (by up"
-      f" to {slow:.1%}, T >= 256), {hi16:,} at batch 16: KDA's larger weights, read once a batch")
-assert round(hi, -3) == 22_000 and round(slow, 2) == 0.09 and hi16 < hi / 2  # the Summary's
+worst = {b: max(1 / decode_ratio(t, b) for t in range(256, 2**17, 256)) - 1 for b in decode_batches}
+slow, b_worst = worst[1], max(worst, key=worst.get)  # the largest slowdowns (T >= 256, the zoom)
+print(f"one chip, roofline: the hybrid is slower than all-MLA below T = {hi:,} at batch 1 (up to"
+      f" {slow:.1%}), {hi16:,} at batch 16; worst {worst[b_worst]:.1%} (batch {b_worst}, T = 256)")
+w_kda, s_kda = kimi.kda_parameter_count() * at_scale.BF16, 2 * at_scale.kda_state_bytes(kimi)
+for b, m in {b: b * at_scale.mla_decode_bytes(kimi, 256, b) for b in (1, b_worst)}.items():
+    print(f"batch {b}, a layer, T = 256: KDA weights {w_kda / 1e6:.0f} MB + 2 S a sequence "
+          f"{b * s_kda / 1e6:,.1f} MB; MLA {m / 1e6:.0f} MB")  # weights at 1, states at 256:
+assert w_kda > 10 * s_kda and b * s_kda > 5 * max(w_kda, m) and hi16 < hi / 2  # the causes
+assert (b, round(worst[b], 2), round(slow, 2), round(hi, -3)) == (256, 0.22, 0.09, 22_000)
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
@@ -314,7 +323,7 @@ ax.set(xscale="log", yscale="log", ylim=(0.8, 1.2 * paper_tpot_speedup),
        title=f"Decode speed-up of {kimi.name} over all-MLA, H200 SXM roofline")
 ax.set_yticks([0.8, 1, 2, 3, 4, 6], ["0.8", "1", "2", "3", "4", "6"])
 zoom.set(xscale="log", xlim=(256, 2**17), ylim=(0.8, 1.3), xlabel="context T (tokens, log scale)",
-         title=f"Zoom near 1 (batch 1: up to {slow:.0%} slower)")
+         title=f"Zoom near 1 (batch {b_worst}: up to {worst[b_worst]:.0%} slower)")
 fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
 viz.show(fig, "10_decode_speedup")
 
@@ -340,8 +349,7 @@ display(Markdown(
 
 # %%
 tp_ratio = {r: np.divide(*[decode_scaling.tp_decode_time(kimi, h200, t_long, 1, r, hybrid=h,
-                                                         other_weight_bytes=other_bytes[1])
-                            for h in (0, 1)]) for r in (1, tensor_parallel)}
+    other_weight_bytes=other_bytes[1]) for h in (0, 1)]) for r in (1, tensor_parallel)}
 print(f"batch 1, T = {t_long:,}: ratio {tp_ratio[1]:.2f} on one chip, "
       f"{tp_ratio[tensor_parallel]:.2f} on {tensor_parallel} head-split ranks (bound {bound:.2f})")
 assert tensor_parallel == 1 or tp_ratio[1] < tp_ratio[tensor_parallel] < bound
@@ -356,13 +364,9 @@ assert tensor_parallel == 1 or tp_ratio[1] < tp_ratio[tensor_parallel] < bound
 # for the largest of `decode_batches`. (This CPU's roofline: the notes.)
 
 # %%
-points = {}
-for kind in at_scale.MIXERS:
-    points[(kind, "prefill")] = at_scale.operating_point(kimi, kind, "prefill", contexts[0],
-                                                      kv_heads=gqa_kv_heads)
-    for b in (1, max(decode_batches)):
-        points[(kind, f"decode B={b}")] = at_scale.operating_point(
-            kimi, kind, "decode", contexts[1], b, kv_heads=gqa_kv_heads)
+points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
+          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
+              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
 intensity = {k: f / q for k, (f, q) in points.items()}
 chips = list(at_scale.CHIPS.values())
 print(f"{'layer, step':22s} {'flop/byte':>9s} " + " ".join(f"{c.name[:11]:>11s}" for c in chips))
@@ -393,8 +397,8 @@ display(Markdown(
 #   the flops equal to the real programs' traced matrix products at a small size (section 3).
 # - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
 #   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4). In
-#   the one-chip roofline at batch 1 its decode step is up to 9% slower than all-MLA's below
-#   about 22,000 tokens (printed, the figure's zoom): its KDA layers' larger weights.
+#   the one-chip roofline its decode step is slower at short contexts (printed, the zoom): up to 9%
+#   at batch 1 below about 22,000 tokens (KDA's larger weights), 22% at batch 256 ($2S$ a sequence).
 # - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
 #   a roofline model stays below (layers) / (global layers) for any batch, lower still where one
 #   chip holds the model (section 5), so the reported figure also measures how the models ran.
@@ -437,12 +441,10 @@ exercises.check("10.3", answer, preset=kimi.name)
 # %% [markdown]
 # ## References
 #
-# - Kimi Team, *Kimi Linear* (the KV cache reduction, the 6.3x TPOT at 1M tokens, Figure 1b),
-#   2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
+# - Kimi Team, *Kimi Linear* (the KV cache reduction, the 6.3x TPOT at 1M tokens, Figure 1b), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - J. Austin et al., *How to scale your model*, 2025. [scaling-book](https://jax-ml.github.io/scaling-book/)
 # - DeepSeek-AI, *DeepSeek-V2* (MLA), 2024. [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
 # - H. Liu et al., *Ring attention*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
-# - Chips: [H100](https://www.nvidia.com/en-us/data-center/h100/),
+# - Chips (configs: the sources cited in `kda_lib/models/presets.py`): [H100](https://www.nvidia.com/en-us/data-center/h100/),
 #   [H200](https://www.nvidia.com/en-us/data-center/h200/),
-#   [TPU v5e](https://cloud.google.com/tpu/docs/v5e), [TPU v6e](https://cloud.google.com/tpu/docs/v6e);
-#   configs: the sources cited in `kda_lib/models/presets.py`.
+#   [TPU v5e](https://cloud.google.com/tpu/docs/v5e), [TPU v6e](https://cloud.google.com/tpu/docs/v6e)

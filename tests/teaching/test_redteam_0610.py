@@ -338,6 +338,12 @@ def _compiled_solve(how):
     return solve
 
 
+def _floor_plus_one(h, k, v, w, n, bs, bc, d):
+    """07.3 with floor(x) + 1 in place of ceil(x): wrong only when x is a whole number."""
+    kda = bs * h * ((1 + d) * k * v + (w - 1 + d if w >= 2 else 0) * (2 * k + v))
+    return max(1, math.floor(kda / (n * bc)) + 1 - 2 * d)
+
+
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx082 = _cases()["08.2"]
@@ -556,6 +562,7 @@ def _rule_breakers():
         ("07.3", "the conv rows left out", lambda h, k, v, w, n, bs, bc, d: max(1, math.ceil(
             bs * h * (1 + d) * k * v / (n * bc)) - 2 * d)),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
+        ("07.3", "floor + 1 for the ceiling (teacher 2026-12-05)", _floor_plus_one),
         ("08.3", "zero", lambda *a: 0),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
@@ -944,6 +951,14 @@ def test_07_2_rule_breakers_compute_the_right_state():
             continue  # no bundled OpenBLAS here: the stub has no LAPACK to run
         got = np.asarray(fn(states[-1], k, v, g, beta, 3), np.float64)
         assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
+
+
+def test_07_3_floor_plus_one_is_refused_on_a_whole_quotient():
+    """floor(x) + 1 equals ceil(x) unless x is whole: a drawn trial makes it whole, and the hint
+    says that "no fewer bytes" includes equality."""
+    for seed in range(5):
+        hint = exercises.verdict("07.3", _floor_plus_one, seed=seed)
+        assert hint and "equality" in hint, hint
 
 
 @pytest.mark.parametrize("exercise_id", ["07.1", "07.2", "07.3"])

@@ -406,13 +406,19 @@ def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache
 
 def _cases(rng):
     """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft),
-    conv_size 4, 4, 4, 0, 1, 2, 3, drafts of 1 to 8 tokens, drawn from ``rng``; and an eighth, a
-    small head against a large cache and a long draft, where the count gives T <= 0 (T* = 1)."""
+    conv_size 4, 4, 4, 0, 1, 2, 3, drafts of 1 to 8 tokens, drawn from ``rng``; an eighth, a
+    small head against a large cache and a long draft, where the count gives T <= 0 (T* = 1);
+    and a ninth whose kv_numbers x cache_bytes divides the KDA bytes: attention moves exactly
+    as many bytes at T* (a floor + 1 in place of the ceiling is one too many there)."""
     out = [(int(rng.choice([8, 16, 32])), int(rng.choice([64, 128])), int(rng.choice([64, 128])),
             w, int(rng.integers(96, 4097)), int(rng.choice([2, 4])), int(rng.choice([2, 4])),
-            int(rng.integers(1, 9))) for w in (4, 4, 4, 0, 1, 2, 3)]
+            int(rng.integers(1, 9))) for w in (4, 4, 4, 0, 1, 2, 3, int(rng.integers(0, 5)))]
+    *head, n, bs, bc, d = out.pop()
+    whole = _kda_verify_bytes(*head, bs, d) // bc  # a multiple of 256: divisors in [96, 4096]
+    n = int(rng.choice([m for m in range(96, 4097) if whole % m == 0]))
     return out + [(1, 8, 8, int(rng.integers(0, 5)), int(rng.integers(2048, 4097)),
-                   int(rng.choice([2, 4])), int(rng.choice([2, 4])), int(rng.integers(4, 17)))]
+                   int(rng.choice([2, 4])), int(rng.choice([2, 4])), int(rng.integers(4, 17))),
+                  (*head, n, bs, bc, d)]
 
 
 def _t_star_hint(case, got: int) -> str:
@@ -422,6 +428,9 @@ def _t_star_hint(case, got: int) -> str:
     if raw < 1 and got < 1:
         return ("attention moves more bytes here even at the smallest context: T is a number "
                 "of tokens, at least 1")
+    if raw >= 1 and got == raw + 1 and _kda_verify_bytes(h, k, v, w, bs, d) % (n * bc) == 0:
+        return (f"at T = {raw} attention moves exactly the KDA call's bytes: 'no fewer' "
+                "includes equality (the quotient is a whole number here)")
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
