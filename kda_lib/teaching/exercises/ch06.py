@@ -40,14 +40,32 @@ _ENTROPY_HINT = ("blind_floor(probs) calls {}, which does the derivation: write 
 
 
 def _entropy_routines() -> list:
-    """``(module, name, routine)`` of the library entropies 06.1 refuses (scipy's)."""
+    """``(module, name, routine)`` of the library entropies 06.1 refuses: scipy's and
+    jax.scipy's (``entropy``, ``entr``, ``xlogy``, ``xlog1py``, ``rel_entr``, ``kl_div``)."""
+    import jax.scipy.special
+    import jax.scipy.stats
+
+    names = ("entr", "xlogy", "xlog1py", "rel_entr", "kl_div")
+    out = [(m, "entropy", m.entropy) for m in (jax.scipy.stats,) if hasattr(m, "entropy")]
+    out += [(jax.scipy.special, n, getattr(jax.scipy.special, n)) for n in names]
     try:
         import scipy.special
         import scipy.stats
-    except ImportError:  # no scipy, nothing to refuse
-        return []
-    return [(scipy.stats, "entropy", scipy.stats.entropy)] + [
-        (scipy.special, n, getattr(scipy.special, n)) for n in ("entr", "rel_entr", "kl_div")]
+    except ImportError:  # no scipy, only jax's to refuse
+        return out
+    return out + [(scipy.stats, "entropy", scipy.stats.entropy)] + [
+        (scipy.special, n, getattr(scipy.special, n)) for n in names]
+
+
+def _routine_codes(routines) -> frozenset:
+    """The Python code objects of ``routines`` (a custom_jvp's function, a wrapper's wrapped),
+    watched as they run: reached by any name (a private module's), they are refused too."""
+    codes = set()
+    for _, _, r in routines:
+        for f in (r, getattr(r, "fun", None), getattr(r, "__wrapped__", None)):
+            if getattr(f, "__code__", None) is not None:
+                codes.add(f.__code__)
+    return frozenset(codes)
 
 
 def _held_routine(answer, routines, depth: int = 3) -> str | None:
@@ -86,7 +104,8 @@ def _floor_call(answer, probs):
     with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
         stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
             m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
-        with modules_entered(("scipy.stats",)) as entered:
+        codes = _routine_codes(routines)
+        with modules_entered(("scipy.stats",), codes=codes) as entered:
             got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
     used = [name for name, stub in stubs.items() if stub.called] + entered
     return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
@@ -97,8 +116,9 @@ def blind_floor(answer, *, seed=None):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
     from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry. The
-    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's
-    ``stats.entropy``, ``special.entr``, ``rel_entr``, ``kl_div``) is refused."""
+    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's or
+    jax.scipy's ``stats.entropy``, ``special.entr``, ``xlogy``, ``xlog1py``, ``rel_entr``,
+    ``kl_div``) is refused."""
     seed, rng = seeded(seed)
     hint = _floor_hint(answer, [*_SKEWED, _random_probs(rng)])
     return hint and hint + again(seed)
