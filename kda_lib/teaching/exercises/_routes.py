@@ -22,11 +22,13 @@ import kda_lib
 from kda_lib.teaching.exercises import (
     _WATCHED,
     HINTS,
+    JAXPR_HINT,
     MACHINERY_CODE,
     _LibraryEntered,
     _retire_watched,
     call_answer,
     fresh_jax_context,
+    holds_jaxpr,
     other_kda,
     watch_every_thread,
 )
@@ -50,6 +52,8 @@ def call_own_work(
     modules whose dotted name ends with one of ``allowed`` excepted); else ``(None, hint)``
     (not callable, raised, or called the library: the call stops at the first library frame,
     as :func:`~kda_lib.teaching.exercises.library_calls` does)."""
+    if holds_jaxpr(answer):
+        return None, JAXPR_HINT.replace("your answer", name, 1)
     seen: list[str] = []
 
     def hook(frame, event, _arg):

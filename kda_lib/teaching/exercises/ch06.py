@@ -89,6 +89,7 @@ def _held_routine(answer, routines, depth: int = 3) -> str | None:
             stack += [x for x in c.co_consts if isinstance(x, type(c))]
             todo += [(names[n], level - 1) for n in c.co_names if n in names]
         todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
+        todo += [(x, level - 1) for x in (getattr(fn, "__kwdefaults__", None) or {}).values()]
         for cell in getattr(fn, "__closure__", None) or ():
             with contextlib.suppress(ValueError):  # an empty cell
                 todo.append((cell.cell_contents, level - 1))
