@@ -261,16 +261,16 @@ def _jaxpr_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
             for n in ("eval_jaxpr", "jaxpr_as_fun") if n in m.__dict__]
 
 
-def holds_jaxpr(answer, depth: int = 3) -> bool:
-    """Whether ``answer`` holds a jaxpr (``Jaxpr``, ``ClosedJaxpr``) traced before it ran: in
-    a closure, a default, a partial, a global its code names or a container of those, ``depth``
-    levels deep (evaluated inside the answer, it would run code no hook sees)."""
-    types = _jaxpr_types()
+def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
+    """The first ``found(x)`` that is truthy, ``x`` an object ``answer`` holds: itself, in a
+    closure, a default, a partial, a global its code names or a container of those, ``depth``
+    levels deep; else ``None``."""
     todo, seen = [(answer, depth)], set()
-    while types and todo:
+    while todo:
         fn, level = todo.pop()
-        if isinstance(fn, types):
-            return True
+        hit = found(fn)
+        if hit:
+            return hit
         if level < 0 or id(fn) in seen or isinstance(fn, (str, bytes, np.ndarray)):
             continue
         seen.add(id(fn))
@@ -289,7 +289,14 @@ def holds_jaxpr(answer, depth: int = 3) -> bool:
         for cell in getattr(fn, "__closure__", None) or ():
             with contextlib.suppress(ValueError):  # an empty cell
                 todo.append((cell.cell_contents, level - 1))
-    return False
+    return None
+
+
+def holds_jaxpr(answer) -> bool:
+    """Whether ``answer`` holds (:func:`held`) a jaxpr (``Jaxpr``, ``ClosedJaxpr``) traced
+    before it ran (evaluated inside the answer, it would run code no hook sees)."""
+    types = _jaxpr_types()
+    return bool(types) and held(answer, lambda x: isinstance(x, types)) is not None
 
 
 @contextlib.contextmanager

@@ -4,14 +4,13 @@ conv stack's positions, clearing at every ``period`` tokens)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
+from kda_lib.teaching.exercises import again, checker, held, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
@@ -68,40 +67,20 @@ def _routine_codes(routines) -> frozenset:
     return frozenset(codes)
 
 
-def _held_routine(answer, routines, depth: int = 3) -> str | None:
+def _held_routine(answer, routines) -> str | None:
     """The routine's name if ``answer`` holds one of ``routines`` (by name in its module's
-    globals, a closure, a default argument or a partial, ``depth`` functions deep), else None."""
+    globals, a closure, a default argument, a partial or a container: :func:`held`), else
+    None."""
     by_id = {id(r): f"{m.__name__}.{n}" for m, n, r in routines}
-    todo, seen = [(answer, depth)], set()
-    while todo:
-        fn, level = todo.pop()
-        if id(fn) in by_id:
-            return by_id[id(fn)]
-        if level < 0 or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        if isinstance(fn, functools.partial):
-            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
-        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-        stack = [code] if code is not None else []
-        while stack:
-            c = stack.pop()
-            stack += [x for x in c.co_consts if isinstance(x, type(c))]
-            todo += [(names[n], level - 1) for n in c.co_names if n in names]
-        todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
-        todo += [(x, level - 1) for x in (getattr(fn, "__kwdefaults__", None) or {}).values()]
-        for cell in getattr(fn, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                todo.append((cell.cell_contents, level - 1))
-    return None
+    return held(answer, lambda x: by_id.get(id(x)))
 
 
 def _floor_call(answer, probs):
     """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
     routines = _entropy_routines()
-    held = _held_routine(answer, routines)
-    if held:
-        return None, _ENTROPY_HINT.format(held)
+    holding = _held_routine(answer, routines)
+    if holding:
+        return None, _ENTROPY_HINT.format(holding)
     with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
         stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
             m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
