@@ -826,3 +826,74 @@ def test_programs_compiled_before_the_answer_are_refused():
     assert exercises.verdict("03.1", right) is None
     hint = exercises.verdict("03.1", through_compiled)
     assert hint and COMPILED_HINT.split(":")[0][len("your answer"):] in hint, hint
+
+
+def _jaxpr_replays():
+    """00.1, 04.2 and 05.1 answered by jaxprs traced before the call (teacher 2026-12-05): of
+    ``kda_step``, of ``jax.grad`` of the RMSNorm forward and of the fold, one per trial shape
+    (recorded from a right answer's calls, at a fixed ``seed``), replayed by ``eval_jaxpr`` or
+    ``jaxpr_as_fun``: held in a closure (refused before the call) or hidden in an object's
+    attribute (refused when evaluated). Rows ``(id, how, answer, context)``."""
+    import types
+
+    import jax
+    import jax.extend.core
+    import jax.numpy as jnp
+
+    from kda_lib.ops import reference
+
+    def rms_grad(o, eta, dy, eps):
+        y = lambda o: o * eta / jnp.sqrt(jnp.mean(o**2, -1, keepdims=True) + eps)  # noqa: E731
+        return jax.grad(lambda o: jnp.sum(dy * y(o)))(o)
+
+    def fold_grad(ms, hs):
+        return jax.grad(lambda n: fold_loss(ms, None, hs, n, jnp))(jnp.zeros(hs.shape))
+
+    rows = []
+    for eid, traced, ctx in (("00.1", _write_first_by(reference.kda_step), {}),
+                             ("04.2", rms_grad, dict(seed=42)), ("05.1", fold_grad, dict(seed=4))):
+        calls = []
+        right = _right_answers()[eid][0]
+        spy = functools.partial(lambda c, r, *a: c.append(a) or r(*a), calls, right)
+        assert exercises.verdict(eid, spy, **ctx) is None
+        table = {tuple(np.shape(x) for x in a): jax.make_jaxpr(traced)(*a) for a in calls}
+        box = types.SimpleNamespace(table=table)
+        pair = eid == "00.1"
+
+        def held(*a, table=table, pair=pair):
+            c = table[tuple(np.shape(x) for x in a)]
+            out = jax.core.eval_jaxpr(c.jaxpr, c.consts, *a)
+            return tuple(out) if pair else out[0]
+
+        def hidden(*a, box=box, pair=pair):
+            c = box.table[tuple(np.shape(x) for x in a)]
+            out = jax.core.eval_jaxpr(c.jaxpr, c.consts, *a)
+            return tuple(out) if pair else out[0]
+
+        def as_fun(*a, box=box, pair=pair):
+            out = jax.extend.core.jaxpr_as_fun(box.table[tuple(np.shape(x) for x in a)])(*a)
+            return tuple(out) if pair else out[0]
+
+        rows += [(eid, f"{how} (jaxpr)", fn, ctx) for how, fn in (
+            ("a shape-keyed table held", held), ("hidden in an object, eval_jaxpr", hidden),
+            ("hidden in an object, jaxpr_as_fun", as_fun))]
+    return rows
+
+
+def test_jaxprs_traced_before_the_answer_are_refused():
+    """Evaluating a jaxpr the answer did not trace runs no frame the hooks see: refused."""
+    from kda_lib.teaching.exercises import JAXPR_HINT
+
+    wrong = [(eid, how, hint) for eid, how, fn, ctx in _jaxpr_replays()
+             if not ((hint := exercises.verdict(eid, fn, **ctx))
+                     and JAXPR_HINT.split(":")[0][len("your answer"):] in hint)]
+    assert not wrong, wrong
+
+
+def test_04_2_draws_its_shapes_per_call():
+    """A table keyed on 04.2's trial shapes of one call misses those of another."""
+    shapes = []
+    right = _right_answers()["04.2"][0]
+    for seed in (1, 2):
+        exercises.verdict("04.2", lambda *a: shapes.append(np.shape(a[0])) or right(*a), seed=seed)
+    assert len(shapes) == 6 and shapes[:3] != shapes[3:], shapes

@@ -205,6 +205,31 @@ def _entr_by_name(probs, entr=scipy.special.entr):
     return float(entr(np.asarray(probs)).sum()), max(probs)
 
 
+def _jax_entropy(name):
+    """06.1 through a jax.scipy.special routine (``private entr``: reached by its module's
+    dotted name, not the public attribute), summed to the entropy."""
+    private = __import__("sys").modules[jax.scipy.special.entr.__module__]
+
+    def through(probs):
+        p = jnp.asarray(probs, jnp.float32)
+        special = jax.scipy.special
+        if name == "private entr":
+            special = private
+        if name in ("entr", "private entr"):
+            h = special.entr(p).sum()
+        elif name == "xlogy":
+            h = -special.xlogy(p, p).sum()
+        elif name == "xlog1py":
+            h = -special.xlog1py(p, p - 1).sum()
+        elif name == "rel_entr":
+            h = -special.rel_entr(p, 1.0).sum()
+        else:
+            h = len(probs) - 1.0 - special.kl_div(p, 1.0).sum()
+        return float(h), max(probs)
+
+    return through
+
+
 def _ring_int32(r, h, d, w, latent):
     """10.2 in jnp's default int32: R (summaries + halo) passes 2^31 - 1 at 64 ranks and wraps."""
     r, h, d, w, latent = (jnp.int32(x) for x in (r, h, d, w, latent))
@@ -485,6 +510,10 @@ def _rule_breakers():
         ("06.1", "scipy.special.kl_div against 1, the constant taken out", lambda p: (
             len(p) - 1.0 - float(scipy.special.kl_div(np.asarray(p), 1.0).sum()), max(p))),
         ("06.1", "scipy.special.entr bound to a name before", _entr_by_name),
+        ("06.1", "-scipy.special.xlogy(p, p) summed (teacher 2026-12-05)", lambda p: (
+            -float(scipy.special.xlogy(np.asarray(p), np.asarray(p)).sum()), max(p))),
+        *[("06.1", f"jax.scipy.special.{name} (teacher 2026-12-05)", _jax_entropy(name))
+          for name in ("entr", "xlogy", "xlog1py", "rel_entr", "kl_div", "private entr")],
         ("06.1", "0 log 0 as NaN", lambda p: (
             float(-(np.asarray(p) * np.log(np.asarray(p))).sum()), max(p))),
         ("06.3", "every position from the first clearing on",

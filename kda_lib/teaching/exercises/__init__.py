@@ -178,7 +178,13 @@ COMPILED_HINT = (
     "your answer calls a program compiled before it ran (jax.jit(f).lower(...).compile()): "
     "the checker cannot see what such a program computes; write the computation in the answer"
 )
-HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT}
+JAXPR = "a jaxpr traced before"
+JAXPR_HINT = (
+    "your answer evaluates a jaxpr it did not trace (jax.make_jaxpr(f) made before, replayed "
+    "with eval_jaxpr or jaxpr_as_fun): the checker cannot see what it computes; write the "
+    "computation in the answer"
+)
+HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT, JAXPR: JAXPR_HINT}
 
 
 def _refusing(entered: list[str], original, what: str = STARTED,
@@ -233,6 +239,66 @@ def _compiled_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
     return out
 
 
+def _jaxpr_types() -> tuple[type, ...]:
+    """``(Jaxpr, ClosedJaxpr)`` (jax.extend.core's), or ``()`` before JAX is imported."""
+    if "jax" not in sys.modules:
+        return ()
+    import jax.extend.core
+
+    return jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr
+
+
+def _jaxpr_entry_points() -> list[tuple[Any, str, Any, tuple[str, ...]]]:
+    """``(owner, name, function, exempt)`` of the ways to evaluate a jaxpr (``eval_jaxpr``,
+    ``jaxpr_as_fun``) in every module that exports them (jax.core, jax.extend.core, the one
+    they are defined in, found from ``ClosedJaxpr``), JAX's own callers exempt."""
+    types = _jaxpr_types()
+    if not types:
+        return []
+    public = [sys.modules.get(m) for m in ("jax.core", "jax.extend.core")]
+    modules = [m for m in (*public, sys.modules.get(types[1].__module__)) if m is not None]
+    return [(m, n, m.__dict__[n], ("jax", "jaxlib")) for m in modules
+            for n in ("eval_jaxpr", "jaxpr_as_fun") if n in m.__dict__]
+
+
+def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
+    """The first ``found(x)`` that is truthy, ``x`` an object ``answer`` holds: itself, in a
+    closure, a default, a partial, a global its code names or a container of those, ``depth``
+    levels deep; else ``None``."""
+    todo, seen = [(answer, depth)], set()
+    while todo:
+        fn, level = todo.pop()
+        hit = found(fn)
+        if hit:
+            return hit
+        if level < 0 or id(fn) in seen or isinstance(fn, (str, bytes, np.ndarray)):
+            continue
+        seen.add(id(fn))
+        if isinstance(fn, (dict, list, tuple, set, frozenset)):
+            todo += [(x, level - 1) for x in list(fn.values() if isinstance(fn, dict) else fn)[:64]]
+        if isinstance(fn, functools.partial):
+            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
+        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", None) or {}
+        stack = [code] if code is not None else []
+        while stack:
+            c = stack.pop()
+            stack += [x for x in c.co_consts if isinstance(x, type(c))]
+            todo += [(names[n], level - 1) for n in c.co_names if n in names]
+        todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
+        todo += [(x, level - 1) for x in (getattr(fn, "__kwdefaults__", None) or {}).values()]
+        for cell in getattr(fn, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                todo.append((cell.cell_contents, level - 1))
+    return None
+
+
+def holds_jaxpr(answer) -> bool:
+    """Whether ``answer`` holds (:func:`held`) a jaxpr (``Jaxpr``, ``ClosedJaxpr``) traced
+    before it ran (evaluated inside the answer, it would run code no hook sees)."""
+    types = _jaxpr_types()
+    return bool(types) and held(answer, lambda x: isinstance(x, types)) is not None
+
+
 @contextlib.contextmanager
 def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     """While the block runs, ``hook`` is the profile function of every thread (the calling
@@ -241,7 +307,8 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
     ``subprocess``, ``os.fork``) records :data:`STARTED` in ``entered`` and raises
     :class:`_LibraryEntered` (JAX's own threads, started from ``jax`` code, excepted and
     watched); calling a ``jax.stages.Compiled`` or its executables (a program compiled before
-    the answer ran, whose Python frames never run) records :data:`COMPILED` and raises the
+    the answer ran, whose Python frames never run) records :data:`COMPILED`, and evaluating a
+    jaxpr from outside JAX (``eval_jaxpr``, ``jaxpr_as_fun``) :data:`JAXPR`, and raises the
     same: an answer may not run code where the hooks cannot see it."""
     starts = [(threading.Thread, "start"), (multiprocessing.process.BaseProcess, "start"),
               (subprocess.Popen, "_execute_child")]
@@ -256,12 +323,15 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
                if hasattr(threading, n)]
     originals = [(owner, name, owner.__dict__[name]) for owner, name in starts]
     compiled = _compiled_entry_points()
+    jaxprs = _jaxpr_entry_points()
     set_all = getattr(threading, "setprofile_all_threads", None)  # Python >= 3.12
     previous, previous_new = sys.getprofile(), threading.getprofile()
     for owner, name, fn in originals:
         setattr(owner, name, _refusing(entered, fn))
     for owner, name, fn, exempt in compiled:
         setattr(owner, name, _refusing(entered, fn, COMPILED, exempt))
+    for owner, name, fn, exempt in jaxprs:
+        setattr(owner, name, _refusing(entered, fn, JAXPR, exempt))
     if set_all is not None:
         set_all(hook)
     threading.setprofile(hook)
@@ -271,7 +341,7 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
         if sys.getprofile() is not hook and not entered:  # turned off by a route not patched
             entered.append(STARTED)
     finally:
-        for owner, name, fn, *_ in originals + compiled:
+        for owner, name, fn, *_ in originals + compiled + jaxprs:
             setattr(owner, name, fn)
         if set_all is not None:
             set_all(None)
@@ -335,6 +405,8 @@ def call_answer(
     if not callable(answer):
         wanted = wanted or f"a function {name}"
         return None, f"answer with {wanted}, not a {type(answer).__name__}"
+    if own_code and holds_jaxpr(answer):
+        return None, JAXPR_HINT
     guard = library_calls() if own_code else contextlib.nullcontext([])
     result = None
     try:

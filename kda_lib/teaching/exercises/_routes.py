@@ -22,11 +22,13 @@ import kda_lib
 from kda_lib.teaching.exercises import (
     _WATCHED,
     HINTS,
+    JAXPR_HINT,
     MACHINERY_CODE,
     _LibraryEntered,
     _retire_watched,
     call_answer,
     fresh_jax_context,
+    holds_jaxpr,
     other_kda,
     watch_every_thread,
 )
@@ -50,6 +52,8 @@ def call_own_work(
     modules whose dotted name ends with one of ``allowed`` excepted); else ``(None, hint)``
     (not callable, raised, or called the library: the call stops at the first library frame,
     as :func:`~kda_lib.teaching.exercises.library_calls` does)."""
+    if holds_jaxpr(answer):
+        return None, JAXPR_HINT.replace("your answer", name, 1)
     seen: list[str] = []
 
     def hook(frame, event, _arg):
@@ -83,13 +87,14 @@ def call_own_work(
 
 @contextlib.contextmanager
 def modules_entered(
-    prefixes: tuple[str, ...], allowed: tuple[str, ...] = ()
+    prefixes: tuple[str, ...], allowed: tuple[str, ...] = (), codes: frozenset = frozenset()
 ) -> Iterator[list[str]]:
     """While the block runs, record in the list yielded the first Python frame entered whose
     module's dotted name starts with one of ``prefixes`` (the machinery calling an answer
     excepted): e.g. ``("jax._src.interpreters.ad",)`` catches ``jax.grad``, ``jax.vjp`` and
     every other route through JAX's autodiff, ``("numpy.linalg",)`` ``np.linalg.inv``; the
-    functions named in ``allowed`` (and what they call) are let through. A trace
+    functions named in ``allowed`` (and what they call) are let through; a frame running one
+    of ``codes`` (code objects) counts whatever its module. A trace
     hook (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the
     call in a :func:`fresh_jax_context` so a function jitted before is traced again."""
     seen: list[str] = []
@@ -98,7 +103,8 @@ def modules_entered(
         if not seen:
             module = frame.f_globals.get("__name__") or ""
             name = frame.f_code.co_name
-            if (module.startswith(prefixes) and frame.f_code not in MACHINERY_CODE
+            if ((module.startswith(prefixes) or frame.f_code in codes)
+                    and frame.f_code not in MACHINERY_CODE
                     and not name.endswith("_dispatcher")):  # NumPy's argument relays
                 caller = frame
                 while caller is not None and caller.f_code.co_name not in allowed:

@@ -14,15 +14,17 @@ import time
 
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
+from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import modules_entered
 from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
 
 _CONV_SIZES = ((2, 5, 4), (1, 3, 2), (3, 4, 3))  # (B, C, w): w = 2 to 4
 _TOKENS = 5  # decode steps per size, from a cache of earlier (random) inputs
 _AUTODIFF = ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")
-# (N tokens x heads, V, eps, scale of the small rows): the last is wide, under the time limit
-_NORM_SIZES = ((6, 8, 1e-5, 1e-3), (4, 16, 1e-6, 3e-3), (16, 16384, 1e-5, 1e-3))
+# (N range, V range, eps, scale of the small rows), N and V drawn per call (no table keyed on
+# the shapes passes); the last is wide, under the time limit
+_NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
+               ((14, 19), (16000, 16500), 1e-5, 1e-3))
 TIME_LIMIT_S = 5.0
 
 
@@ -87,13 +89,15 @@ def _norm_trial(rng, rows, width, eps, small):
 
 
 @checker("04.2")
-def rmsnorm_backward(answer, **_):
+def rmsnorm_backward(answer, *, seed=None, **_):
     """``answer(o [N, V], eta [V], dy [N, V], eps) -> do [N, V]``: the gradient of
     ``sum(dy * y)`` with respect to ``o``, for ``y = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
-    row one head and token), without JAX's autodiff."""
-    rng = np.random.default_rng(40)
+    row one head and token), without JAX's autodiff; N and V drawn at every call (``seed``
+    repeats them)."""
+    seed, rng = seeded(seed)
     name = "rmsnorm_backward(o, eta, dy, eps)"
     for rows, width, eps, small in _NORM_SIZES:
+        rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dy), want = _norm_trial(rng, rows, width, eps, small)
         start = time.monotonic()
         try:
@@ -103,7 +107,8 @@ def rmsnorm_backward(answer, **_):
             got, hint = None, "slow"
         if hint == "slow" or (hint is None and time.monotonic() - start > TIME_LIMIT_S):
             return (f"your function took over {TIME_LIMIT_S:.0f} s at N, V = {rows}, {width}: the "
-                    "gradient is a few sums per row; finite differences cannot get there")
+                    "gradient is a few sums per row; finite differences cannot get there"
+                    + again(seed))
         if autodiff:
             return ("your answer runs JAX's autodiff (jax.grad, jax.vjp, ...), which would do "
                     "the derivation for you: write the gradient yourself (NumPy or jnp)")
@@ -112,7 +117,7 @@ def rmsnorm_backward(answer, **_):
             return hint
         if _far(got, want, rtol=1e-3):
             if not _far(got, eta * dy / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), 1e-3):
-                return "that treats the RMS as a constant: it depends on o too"
+                return "that treats the RMS as a constant: it depends on o too" + again(seed)
             return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
-                    "the RMS; differentiate both (eps inside the square root)")
+                    "the RMS; differentiate both (eps inside the square root)" + again(seed))
     return None

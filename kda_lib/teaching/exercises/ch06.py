@@ -4,14 +4,13 @@ conv stack's positions, clearing at every ``period`` tokens)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
+from kda_lib.teaching.exercises import again, checker, held, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
@@ -40,53 +39,53 @@ _ENTROPY_HINT = ("blind_floor(probs) calls {}, which does the derivation: write 
 
 
 def _entropy_routines() -> list:
-    """``(module, name, routine)`` of the library entropies 06.1 refuses (scipy's)."""
+    """``(module, name, routine)`` of the library entropies 06.1 refuses: scipy's and
+    jax.scipy's (``entropy``, ``entr``, ``xlogy``, ``xlog1py``, ``rel_entr``, ``kl_div``)."""
+    import jax.scipy.special
+    import jax.scipy.stats
+
+    names = ("entr", "xlogy", "xlog1py", "rel_entr", "kl_div")
+    out = [(m, "entropy", m.entropy) for m in (jax.scipy.stats,) if hasattr(m, "entropy")]
+    out += [(jax.scipy.special, n, getattr(jax.scipy.special, n)) for n in names]
     try:
         import scipy.special
         import scipy.stats
-    except ImportError:  # no scipy, nothing to refuse
-        return []
-    return [(scipy.stats, "entropy", scipy.stats.entropy)] + [
-        (scipy.special, n, getattr(scipy.special, n)) for n in ("entr", "rel_entr", "kl_div")]
+    except ImportError:  # no scipy, only jax's to refuse
+        return out
+    return out + [(scipy.stats, "entropy", scipy.stats.entropy)] + [
+        (scipy.special, n, getattr(scipy.special, n)) for n in names]
 
 
-def _held_routine(answer, routines, depth: int = 3) -> str | None:
+def _routine_codes(routines) -> frozenset:
+    """The Python code objects of ``routines`` (a custom_jvp's function, a wrapper's wrapped),
+    watched as they run: reached by any name (a private module's), they are refused too."""
+    codes = set()
+    for _, _, r in routines:
+        for f in (r, getattr(r, "fun", None), getattr(r, "__wrapped__", None)):
+            if getattr(f, "__code__", None) is not None:
+                codes.add(f.__code__)
+    return frozenset(codes)
+
+
+def _held_routine(answer, routines) -> str | None:
     """The routine's name if ``answer`` holds one of ``routines`` (by name in its module's
-    globals, a closure, a default argument or a partial, ``depth`` functions deep), else None."""
+    globals, a closure, a default argument, a partial or a container: :func:`held`), else
+    None."""
     by_id = {id(r): f"{m.__name__}.{n}" for m, n, r in routines}
-    todo, seen = [(answer, depth)], set()
-    while todo:
-        fn, level = todo.pop()
-        if id(fn) in by_id:
-            return by_id[id(fn)]
-        if level < 0 or id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        if isinstance(fn, functools.partial):
-            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
-        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-        stack = [code] if code is not None else []
-        while stack:
-            c = stack.pop()
-            stack += [x for x in c.co_consts if isinstance(x, type(c))]
-            todo += [(names[n], level - 1) for n in c.co_names if n in names]
-        todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
-        for cell in getattr(fn, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                todo.append((cell.cell_contents, level - 1))
-    return None
+    return held(answer, lambda x: by_id.get(id(x)))
 
 
 def _floor_call(answer, probs):
     """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
     routines = _entropy_routines()
-    held = _held_routine(answer, routines)
-    if held:
-        return None, _ENTROPY_HINT.format(held)
+    holding = _held_routine(answer, routines)
+    if holding:
+        return None, _ENTROPY_HINT.format(holding)
     with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
         stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
             m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
-        with modules_entered(("scipy.stats",)) as entered:
+        codes = _routine_codes(routines)
+        with modules_entered(("scipy.stats",), codes=codes) as entered:
             got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
     used = [name for name, stub in stubs.items() if stub.called] + entered
     return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
@@ -97,8 +96,9 @@ def blind_floor(answer, *, seed=None):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
     from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry. The
-    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's
-    ``stats.entropy``, ``special.entr``, ``rel_entr``, ``kl_div``) is refused."""
+    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's or
+    jax.scipy's ``stats.entropy``, ``special.entr``, ``xlogy``, ``xlog1py``, ``rel_entr``,
+    ``kl_div``) is refused."""
     seed, rng = seeded(seed)
     hint = _floor_hint(answer, [*_SKEWED, _random_probs(rng)])
     return hint and hint + again(seed)
