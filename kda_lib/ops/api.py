@@ -23,8 +23,9 @@ from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_p
 from kda_lib.ops.tokamax import adapter
 from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, tokamax_kda, tpu_generation
 
+# kda_prechecked is the KDA layer's entry (its inputs checked there), not a public surface
 __all__ = ["IMPLEMENTATIONS", "KDAResult", "RECURRENT_MAX_AUTO_T", "kda", "kda_chunked",
-           "kda_prechecked", "kda_recurrent", "select_implementation"]  # fmt: skip
+           "kda_recurrent", "select_implementation"]  # fmt: skip
 
 
 def kda(
