@@ -342,9 +342,10 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 # ------------------------------------------------------------------ one check per call
 
 
-def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, **kw):
+def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
     """Each argument of a :func:`kda` call checked once, by name, before any work (with
-    ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``."""
+    ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``; the
+    row's refusals raise after ``refused``."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
@@ -371,7 +372,7 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, **kw):
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):
-        raise ValueError("; ".join(problems))
+        raise ValueError(refused + "; ".join(problems))
     impl = _route(*auto_forms(o)) if row is AUTO else row
     return impl, _arrays(q, k, v, g, beta, kw, fused, canonical=prechecked), o
 

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib.checks import check_int
-from kda_lib.ops.api import STATE_PASSING, context_parallel_route, kda
-from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag
+from kda_lib.ops.api import STATE_PASSING, check_call, context_parallel_route, kda
+from kda_lib.ops.contract import KDAResult, check_chunk_size, check_flag, check_shapes
 from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
@@ -64,15 +64,20 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
             raise ValueError(f"output_chunk_states is served by kda_lib's context parallelism "
                              f"('chunked' or 'recurrent'), not by {implementation!r}'s "
                              "own")  # fmt: skip
-        return route(q, k, v, g, beta, axis_name=axis_name, mesh=mesh, **kw), None
+        if unknown := sorted(set(kw) - set(kda.__kwdefaults__)):
+            raise TypeError(f"kda_context_parallel got unexpected keyword arguments {unknown}")
+        if segment_ids is not None:  # at most a segment slot per token of this slice
+            kw["max_num_segments"] = kw.get("max_num_segments") or q.shape[1]
+        _, _, options = check_call(
+            q, k, v, g, beta, **{**kda.__kwdefaults__, **kw, "implementation": implementation},
+            refused=f"{implementation!r} cannot run inside shard_map here: ")  # fmt: skip
+        return route(q, k, v, g, beta, options, axis_name=axis_name, mesh=mesh, **kw), None
     initial_state = kw.pop("initial_state", None)
     output_final_state = check_flag("output_final_state", kw.pop("output_final_state", False))
     if check_flag("output_token_states", kw.pop("output_token_states", False)):
         raise ValueError("output_token_states is not served under context parallelism")
-    state_shape = (q.shape[0], v.shape[2], q.shape[-1], v.shape[-1])  # [B, HV, K, V]
-    if initial_state is not None and tuple(initial_state.shape) != state_shape:
-        raise ValueError(f"initial_state must have shape [B, HV, K, V]={state_shape} (the same on "
-                         f"every rank), got {tuple(initial_state.shape)}")  # fmt: skip
+    sizes = dict(B=q.shape[0], HV=v.shape[2], K=q.shape[-1], V=v.shape[-1])
+    state_shape = tuple(check_shapes(sizes, initial_state=initial_state).values())  # [B, HV, K, V]
     chunk_size = check_chunk_size(kw.get("chunk_size", kda.__kwdefaults__["chunk_size"]))
     if output_chunk_states and q.shape[1] % chunk_size:
         raise ValueError(f"output_chunk_states under context parallelism needs each rank's "

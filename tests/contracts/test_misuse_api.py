@@ -811,10 +811,9 @@ def test_every_public_name_has_rows():
     ],
 )
 def test_mosaic_context_parallel_gate_switch_is_explicit(kwargs, match):
-    """tokamax Mosaic's context-parallel entry checks the gate switch as kda() does, before
+    """tokamax Mosaic's context parallelism checks the gate switch as kda() does, before
     any work: a_log without use_gate_in_kernel=True is refused, not read as the switch."""
-    from kda_lib.ops.tokamax.adapter import tokamax_mosaic_context_parallel
+    from kda_lib.parallel.context_parallel import kda_context_parallel
 
     with pytest.raises(ValueError, match=match):
-        tokamax_mosaic_context_parallel(Q, KK, VV, G, BETA, axis_name="context", mesh=None,
-                                        **kwargs)
+        kda_context_parallel(Q, KK, VV, G, BETA, implementation="tokamax_mosaic", **kwargs)

@@ -14,9 +14,8 @@ from collections import namedtuple
 import jax
 import jax.numpy as jnp
 
-from kda_lib.checks import allocation_problem, check_int
-from kda_lib.ops.contract import Dims, KDAOptions, check_kda_inputs, repeat_qk_heads
-from kda_lib.ops.gating import check_gate_switch
+from kda_lib.checks import allocation_problem
+from kda_lib.ops.contract import Dims, KDAOptions, repeat_qk_heads
 from kda_lib.ops.segments import (
     NEUTRAL_RAW_GATE,
     fill_padding_ids,
@@ -224,33 +223,21 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
 # ------------------------------------------------------------------ tokamax's own CP
 
 
-def tokamax_mosaic_context_parallel(
-    q, k, v, g, beta, *, axis_name, mesh, scale=None, segment_ids=None, a_log=None,
-    dt_bias=None, lower_bound=None, use_gate_in_kernel=False, use_qk_l2norm=False,
-    allow_neg_eigval=False, chunk_size=TOKAMAX_CHUNK, max_num_segments=None, initial_state=None,
-    output_final_state=False,
-):  # fmt: skip
+def tokamax_mosaic_context_parallel(q, k, v, g, beta, options: KDAOptions, *, axis_name, mesh,
+                                    segment_ids=None, a_log=None, dt_bias=None,
+                                    initial_state=None, output_final_state=False, **_):  # fmt: skip
     """tokamax's context parallelism for its Mosaic kernel, inside a ``shard_map`` over
-    ``axis_name`` with ``check_vma=False``: one rank's slices as :func:`kda_lib.kda` takes them
+    ``axis_name`` with ``check_vma=False``: one rank's slices of a call checked as ``options``
     -> o ``[B, T, HV, V]``. Besides what ``kda`` asks of Mosaic: K and V multiples of 128, no
     initial/final state. Padding takes the id of the segment it follows across ranks."""
-    fused = check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound)
-    dims = check_kda_inputs(q, k, v, g, beta, segment_ids=segment_ids, raw_gate=fused,
-                            lower_bound=lower_bound, a_log=a_log, dt_bias=dt_bias)  # fmt: skip
-    max_num_segments = check_int("max_num_segments", max_num_segments, optional=True)
-    lower_bound = lower_bound if fused else None  # without the in-kernel gate: fla's promise
-    problems = tokamax_problems(MOSAIC, KDAOptions(
-        dims, q.dtype, fused_gate=fused, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-        allow_neg_eigval=allow_neg_eigval, chunk_size=chunk_size))  # fmt: skip
-    if dims.key_dim % 128 or dims.value_dim % 128:
-        problems.append(f"tokamax_mosaic context parallelism needs K and V multiples of 128, "
-                        f"got K={dims.key_dim}, V={dims.value_dim}")
+    dims, fused, max_num_segments = options.dims, options.fused_gate, options.max_num_segments
     given = {"initial_state": initial_state is not None, "output_final_state": output_final_state}
-    problems += [f"tokamax_mosaic context parallelism does not support {arg}" for arg in given
-                 if given[arg]]  # fmt: skip
-    if problems:
-        problems = "; ".join(problems)
-        raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {problems}")
+    problems = [f"context parallelism does not support {arg}" for arg in given if given[arg]]
+    if dims.key_dim % 128 or dims.value_dim % 128:
+        problems.insert(0, f"its context parallelism needs K and V multiples of 128, got "
+                           f"K={dims.key_dim}, V={dims.value_dim}")  # fmt: skip
+    if why := "; ".join(problems):
+        raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {why}")
     if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
         raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
                          "check_vma=False): tokamax's CP kernels build loop carries that do not "
@@ -270,11 +257,11 @@ def tokamax_mosaic_context_parallel(
         neutral = NEUTRAL_RAW_GATE if fused else 0.0  # padding's k, v zeroed too: by selection
         q, k, v, g, beta = zero_padding(segment_ids, q, k, v, g, beta, neutral_gate=neutral)
         # Mosaic pads every segment slot to a 64-token chunk: a bound of this slice
-        max_num_segments = min(max_num_segments or dims.seq_len, dims.seq_len)
+        max_num_segments = min(max_num_segments, dims.seq_len)
     out, _ = call_tokamax(
         MOSAIC, q, k, v, g, beta, use_gate_in_kernel=fused, a_log=a_log, dt_bias=dt_bias,
-        scale=scale, use_qk_l2norm=use_qk_l2norm, segment_ids=ids, lower_bound=lower_bound,
-        max_num_segments=max_num_segments,
+        scale=options.scale, use_qk_l2norm=options.use_qk_l2norm, segment_ids=ids,
+        lower_bound=options.lower_bound, max_num_segments=max_num_segments,
         context_parallel_metadata=tokamax_kda_api().ContextParallelMetadata(mesh, axis_name),
     )  # fmt: skip
     return out.astype(q.dtype)
