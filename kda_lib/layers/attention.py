@@ -45,6 +45,7 @@ class Widths:
     """What every mixer config with ``head_dim`` and ``value_head_dim`` derives."""
 
     value_dim = property(lambda self: self.value_head_dim or self.head_dim)  # V (None: K)
+    value_heads = property(lambda self: getattr(self, "num_v_heads", None) or self.num_heads)  # HV
 
 
 @dataclasses.dataclass(frozen=True)

@@ -140,11 +140,6 @@ class KDAConfig(Widths):
         if self.fused_qkv_conv and not self.conv_size:
             raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
-    @property
-    def value_heads(self) -> int:
-        """HV: ``num_v_heads``, or ``num_heads``."""
-        return self.num_v_heads or self.num_heads
-
 
 class Projected(NamedTuple):
     """What :meth:`KimiDeltaAttention.project` hands the kernel."""

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib.checks import check_int
-from kda_lib.layers.attention import Widths, check_call, check_fields, empty_cache, mix_convs
+from kda_lib.layers.attention import Widths, check_call, check_fields, mix_convs
 from kda_lib.layers.conv import ShortConvolution
-from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDACache, KDAConfig
+from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDACache, KDAConfig, KimiDeltaAttention
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
 from kda_lib.ops.gating import init_a_log, init_dt_bias
 from kda_lib.ops.norms import gated_rms_norm, l2_normalize
@@ -106,16 +106,8 @@ class Mamba2Mixer(nnx.Module):
         y = gated_output(self, o, x, segment_ids)
         return y if cache is None else (y, Mamba2Cache(final, *conv_states))
 
-    def init_cache(self, batch_size: int) -> Mamba2Cache:
-        """Zero state and zero conv history for ``batch_size`` rows."""
-        return empty_cache(self, batch_size)
-
-    def _cache_shapes(self, batch: int, rows: int = 0) -> dict:
-        cfg = self.config
-        h, kd, vd, width = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.conv_size - 1
-        conv = lambda c: (batch, width, c) if cfg.conv_size else None
-        return dict(state=(batch, h, kd, vd), q_conv=conv(h * kd), k_conv=conv(h * kd),
-                    v_conv=conv(h * vd))  # fmt: skip
+    # zero state and conv history, as the KDA layer's (Mamba2Cache has KDACache's fields)
+    init_cache, _cache_shapes = KimiDeltaAttention.init_cache, KimiDeltaAttention._cache_shapes
 
 
 class ConvMixer(nnx.Module):
