@@ -1,7 +1,7 @@
 """Training for the tiny models of :mod:`kda_lib.models.tiny_lm` (Flax NNX + optax).
 
 :func:`train` runs AdamW (no weight decay on norms, biases, embeddings, ``A_log``,
-``dt_bias``: :func:`kda_lib.models.tiny_lm.decay_mask`) on batches drawn from a task of
+``dt_bias``: :func:`kda_lib.layers.params.weight_decay_mask`) on batches drawn from a task of
 :mod:`kda_lib.lab.tasks`, one jitted step per batch, and returns a history of the masked loss and
 accuracy; :func:`evaluate` scores held-out batches; :func:`run_experiment` and
 :func:`run_sweep` train, score and describe runs as JSON records. The command line is
@@ -40,12 +40,10 @@ from kda_lib.lab.tasks import (
     beyond_reach_mask,
     chance_accuracy,
 )
-from kda_lib.layers.params import parameter_count
+from kda_lib.layers.params import parameter_count, weight_decay_mask
 from kda_lib.models.tiny_lm import (
     ModelConfig,
     TinyLM,
-    decay_mask,
-    parameter_path_names,
 )
 from kda_lib.ops.api import register_compiled_cache
 
@@ -68,11 +66,13 @@ def make_optimizer(
     warmup_steps: int | None = None,
     clip_norm: float | None = 1.0,
 ) -> nnx.Optimizer:
-    """AdamW with linear warmup then cosine decay to 10%, global-norm clipping and the
-    :func:`decay_mask`. ``warmup_steps`` defaults to 10% of ``steps``."""
+    """AdamW with linear warmup then cosine decay to 10%, global-norm clipping and the mask
+    :func:`kda_lib.layers.params.weight_decay_mask`. ``warmup_steps`` defaults to 10% of
+    ``steps``."""
     warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
-    mask = tuple(sorted(decay_mask(model).items()))
-    transform = _adamw(steps, learning_rate, weight_decay, min(warmup, steps), clip_norm, mask)
+    leaves, treedef = jax.tree.flatten(weight_decay_mask(model))
+    transform = _adamw(steps, learning_rate, weight_decay, min(warmup, steps), clip_norm,
+                       (tuple(leaves), treedef))  # fmt: skip
     return nnx.Optimizer(model, transform, wrt=nnx.Param)
 
 
@@ -87,13 +87,10 @@ def _adamw(steps, learning_rate, weight_decay, warmup, clip_norm, mask_items):
         decay_steps=max(steps, warmup + 1),  # optax needs a decay phase after the warmup
         end_value=0.1 * learning_rate,
     )
-    mask = dict(mask_items)
-
-    def mask_fn(params):
-        return jax.tree_util.tree_map_with_path(lambda p, _: mask[parameter_path_names(p)], params)
+    mask = jax.tree.unflatten(mask_items[1], mask_items[0])  # weight_decay_mask's pytree
 
     chain = [optax.clip_by_global_norm(clip_norm)] if clip_norm else []
-    chain.append(optax.adamw(schedule, weight_decay=weight_decay, mask=mask_fn))
+    chain.append(optax.adamw(schedule, weight_decay=weight_decay, mask=mask))
     return optax.chain(*chain)
 
 

@@ -18,7 +18,7 @@ from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention, check
 from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mamba2 import ConvMixer, Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count, weight_decay_mask
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
 MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
@@ -232,16 +232,3 @@ def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
         raise ValueError(f"target={target} parameters is below what {config.label} needs with a "
                          f"1-unit MLP ({one})")  # fmt: skip
     return dataclasses.replace(config, mlp_width=width)
-
-
-def parameter_path_names(path) -> tuple[str, ...]:
-    """('blocks', '0', 'mixer', 'A_log') from a pytree path over nnx.state (no '.value')."""
-    keys = (getattr(e, "key", getattr(e, "idx", getattr(e, "name", e))) for e in path)
-    return tuple(str(k) for k in keys if str(k) != "value")
-
-
-def decay_mask(model: nnx.Module) -> dict[tuple[str, ...], bool]:
-    """Parameter path -> whether AdamW decays it (the mark each parameter was created with,
-    :func:`kda_lib.layers.params.weight_decay_mask`)."""
-    leaves = jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))
-    return {parameter_path_names(path): bool(decay) for path, decay in leaves}

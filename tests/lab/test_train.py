@@ -40,14 +40,26 @@ from kda_lib.lab.train import (
 from kda_lib.lab.train_cli import main as train_main
 from kda_lib.layers.attention import CausalSelfAttention
 from kda_lib.layers.mamba2 import Mamba2Mixer
+from kda_lib.layers.params import weight_decay_mask
 from kda_lib.models.tiny_lm import (
     MIXERS,
     ConvMixer,
     ModelConfig,
     TinyLM,
-    decay_mask,
-    parameter_path_names,
 )
+
+
+def parameter_path_names(path) -> tuple[str, ...]:
+    """('blocks', '0', 'mixer', 'A_log') from a pytree path over nnx.state (no '.value')."""
+    keys = (getattr(e, "key", getattr(e, "idx", getattr(e, "name", e))) for e in path)
+    return tuple(str(k) for k in keys if str(k) != "value")
+
+
+def decay_mask(model) -> dict[tuple[str, ...], bool]:
+    """Parameter path -> whether AdamW decays it (weight_decay_mask, by name)."""
+    leaves = jax.tree_util.tree_leaves_with_path(weight_decay_mask(model))
+    return {parameter_path_names(path): bool(decay) for path, decay in leaves}
+
 
 # tiny and quick to compile; the recurrent kernel compiles fastest on CPU
 CFG = ModelConfig(
@@ -677,7 +689,6 @@ def test_no_decay_set_of_every_mixer_is_unchanged(mixer):
     ],
 )
 def test_no_decay_set_of_layer_variants_is_unchanged(options, expected):
-    from kda_lib.layers.params import weight_decay_mask
 
     layer = nnx.eval_shape(
         lambda: KimiDeltaAttention(
@@ -690,7 +701,6 @@ def test_no_decay_set_of_layer_variants_is_unchanged(options, expected):
 
 def test_no_decay_set_of_mla_with_low_rank_queries_is_unchanged():
     from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-    from kda_lib.layers.params import weight_decay_mask
 
     config = MLAConfig(
         hidden_size=16, num_heads=2, head_dim=8, kv_lora_rank=4, q_lora_rank=4, shared_key_dim=2
@@ -702,7 +712,7 @@ def test_no_decay_set_of_mla_with_low_rank_queries_is_unchanged():
 
 
 def test_the_decay_policy_reads_the_mark_not_the_name():
-    from kda_lib.layers.params import NO_DECAY, weight_decay_mask
+    from kda_lib.layers.params import NO_DECAY
 
     class Probe(nnx.Module):
         def __init__(self):

@@ -19,11 +19,11 @@ from flax import nnx
 from kda_lib.layers.attention import AttentionCache
 from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.mla import MLACache, MLAConfig, MultiHeadLatentAttention
+from kda_lib.layers.params import weight_decay_mask
 from kda_lib.models.tiny_lm import (
     MIXERS,
     ModelConfig,
     TinyLM,
-    decay_mask,
 )
 
 CFG = MLAConfig(hidden_size=24, num_heads=3, head_dim=8, value_head_dim=6, kv_lora_rank=5)
@@ -197,9 +197,9 @@ def test_registered_as_a_mixer_in_a_hybrid_that_decodes_exactly():
         outs.append(np.asarray(logits))
     np.testing.assert_allclose(np.concatenate(outs, 1), full, rtol=1e-4, atol=1e-5)
     # AdamW decays the matmul kernels, not the latent norm's weight (the project's policy)
-    mask = {k[2:]: v for k, v in decay_mask(model).items() if k[:2] == ("blocks", "1")}
-    assert mask[("mixer", "kv_a_layernorm", "scale")] is False
-    assert mask[("mixer", "kv_b_proj", "kernel")] is True
+    mask = weight_decay_mask(model.blocks[1].mixer)
+    assert mask["kv_a_layernorm"]["scale"] is False
+    assert mask["kv_b_proj"]["kernel"] is True
     # parameters: the formula's (q, kv down, latent norm, kv up, out), nothing else
     h, d, r, hidden = 2, 8, 6, 16
     formula = hidden * h * d + hidden * r + r + r * h * (d + d) + h * d * hidden
