@@ -54,7 +54,6 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.segments import count_segments
 from kda_lib.ops.tokamax.adapter import segment_slots_problem
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
@@ -237,7 +236,7 @@ class KimiDeltaAttention(nnx.Module):
         result = kda_prechecked(
             q, k, v, f, beta, **self.kernel_kwargs(), output_final_state=final,
             initial_state=None if cache is None else cache.state, **states, segment_ids=ids,
-            segments_per_row=count, max_num_segments=max_segments_bound(ids, cfg),
+            segments_per_row=count, max_num_segments=max_segments_bound(segment_ids, cfg),
             chunk_size=cfg.chunk_size, implementation=cfg.implementation)  # fmt: skip
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
@@ -328,7 +327,7 @@ class KimiDeltaAttention(nnx.Module):
         if callable(implementation_row(cfg.implementation).context_parallel):
             # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
             # no cache key holds, so it is built for each call
-            bound = max_segments_bound(ids, cfg, ranks)
+            bound = max_segments_bound(segment_ids, cfg, ranks)
             program = _context_parallel_program(*key, own_cp=True, bound=bound)
         else:
             program = _cached_context_parallel_program(*key)
@@ -465,21 +464,22 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
     return KDACache(*(None if c is None else pick(c) for c in caches))
 
 
-def max_segments_bound(segment_ids, config: KDAConfig, ranks: int = 1) -> int | None:
-    """Tokamax's static bound on segments per row (per rank's slice): ``max_num_segments``,
-    else the most runs of one id (padding runs too) in concrete ids; None for kda_lib's kernels
-    or without ids. Traced ids without the config bound are refused (T slots is no bound)."""
-    if segment_ids is None or implementation_row(config.implementation).variant is None:
+def max_segments_bound(segments, config: KDAConfig, ranks: int = 1) -> int | None:
+    """Tokamax's static bound on segments per row (per rank's slice) for the layer's checked
+    ``segments = (ids, count per row or None)``: ``max_num_segments``, else the count (over
+    ranks plus the segment a slice's leading padding continues); None for kda_lib's kernels or
+    without ids. Traced ids without the config bound are refused (T slots is no bound)."""
+    if segments is None or implementation_row(config.implementation).variant is None:
         return None
     if config.max_num_segments is not None:
         return config.max_num_segments
-    if isinstance(segment_ids, jax.core.Tracer):
+    if segments[1] is None:
         raise ValueError(
             f"implementation={config.implementation!r} with segment_ids under jit needs "
             f"KDAConfig.max_num_segments, a static bound on the segments in one row"
             f"{' (per rank)' if ranks > 1 else ''}; tokamax keeps one state slot per segment"
         )
-    return count_segments(segment_ids, ranks)
+    return max(segments[1], 1) + (ranks > 1)
 
 
 # ------------------------------------------------------------------ the context-parallel program

@@ -44,14 +44,6 @@ def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
     return (1 + jnp.cumsum(segment_starts(segment_ids), axis=1)).astype(jnp.int32)
 
 
-def count_segments(segment_ids, ranks: int = 1) -> int:
-    """An upper bound on segments per row (per rank's slice): the most runs of one id,
-    padding runs included, in concrete ``segment_ids``."""
-    ids = np.asarray(segment_ids)
-    slices = ids.reshape(ids.shape[0] * ranks, -1)
-    return 1 + int((slices[:, 1:] != slices[:, :-1]).sum(axis=1).max())
-
-
 def segment_masks(segment_ids: jax.Array, chunk_size: int):
     """The chunked form's masks (``T % chunk_size == 0``): ``same [B,1,N,C,C]`` (tokens i, j
     real, one segment), ``sees_in``, ``in_last [B,1,N,C]`` (a real token of the segment

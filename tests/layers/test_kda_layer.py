@@ -202,11 +202,11 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     cfg = dataclasses.replace(
         BASE, gate_form="safe_sigmoid", lower_bound=-5.0, implementation="tokamax_xla"
     )
-    assert max_segments_bound(ids, cfg) == 3  # row 0: runs 1, 2 and the padding
-    assert max_segments_bound(ids, dataclasses.replace(cfg, max_num_segments=5)) == 5
-    assert max_segments_bound(ids, dataclasses.replace(cfg, implementation="chunked")) is None
-    assert max_segments_bound(ids.reshape(4, 45), cfg, ranks=1) == 2
-    assert max_segments_bound(ids, cfg, ranks=2) == 2  # per 45-token slice
+    assert max_segments_bound((ids, 2), cfg) == 2  # row 0: runs 1, 2
+    assert max_segments_bound((ids, 0), cfg) == 1  # all padding: one slot
+    assert max_segments_bound((ids, 2), dataclasses.replace(cfg, max_num_segments=5)) == 5
+    assert max_segments_bound((ids, 2), dataclasses.replace(cfg, implementation="chunked")) is None
+    assert max_segments_bound((ids, 2), cfg, ranks=2) == 3  # + the one leading padding continues
     seen, reads = [], []
     original = layer_module.kda_prechecked
     monkeypatch.setattr(
@@ -231,7 +231,7 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     reads.clear()
     got = KimiDeltaAttention(cfg, rngs=nnx.Rngs(0))(x, segment_ids=ids)  # eager: counted
     assert reads == [(2, 90)]
-    assert seen[-1] == 3
+    assert seen[-1] == 2
     assert_close(got, want, atol=2e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="under jit needs KDAConfig.max_num_segments"):
         jitted(KimiDeltaAttention(cfg, rngs=nnx.Rngs(0)), x, ids)
