@@ -195,7 +195,7 @@ def _converted(label: str, entry: _Entry, value) -> list:
         raise ValueError(f"{label}: {error}") from None
     out = []
     for variable, value in zip(entry.variables, values, strict=True):
-        expected = variable[...]
+        expected = variable.get_value()  # an array or, from nnx.eval_shape, its shape
         if value.shape != expected.shape:
             raise ValueError(
                 f"{label}: shape {given.shape} converts to {value.shape}, but the layer "
@@ -231,11 +231,13 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
                              "again")  # fmt: skip
 
 
-def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -> dict:
+def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None,
+                     headers: dict | None = None) -> dict:  # fmt: skip
     """The tensors ``prefix...`` of the ``.safetensors`` file(s) ``paths`` (a path or a list of
     shards), ``prefix`` cut off, as numpy arrays (bfloat16: ml_dtypes'), read without a memory
-    map (DESIGN, "Checkpoint files"). ``versions``: path -> version at its first read, shared by
-    the reads of one load. A bad or changed file is a ValueError naming it (and the tensor)."""
+    map (DESIGN, "Checkpoint files"). ``versions`` (path -> version at its first read) and
+    ``headers`` (path -> its checked header) are shared by the reads of one load, so a header
+    is read once. A bad or changed file is a ValueError naming it (and the tensor)."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence) or not all(
         isinstance(p, (str, os.PathLike)) and isinstance(os.fspath(p), str) for p in paths
@@ -245,12 +247,12 @@ def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -
         raise ValueError("paths must name at least one file, got an empty list")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
-    versions = {} if versions is None else versions
+    versions, headers = ({} if d is None else d for d in (versions, headers))
     out: dict[str, np.ndarray] = {}
     for path in map(os.fspath, paths):
         if not os.path.isfile(path):
             raise ValueError(f"no safetensors file at {path!r}")
-        tensors = _read_file(path, prefix, versions)
+        tensors = _read_file(path, prefix, versions, headers)
         if twice := sorted(tensors.keys() & out.keys()):
             raise ValueError(f"{prefix}{twice[0]} appears in more than one of the files {paths}")
         out.update(tensors)
@@ -258,20 +260,24 @@ def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None) -
     return out
 
 
-def _read_file(path: str, prefix: str, versions: dict) -> dict[str, np.ndarray]:
-    """One file's tensors under ``prefix`` (cut off); records its version in ``versions``."""
+def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[str, np.ndarray]:
+    """One file's tensors under ``prefix`` (cut off); records its version in ``versions`` and
+    its checked ``(names, header, data start)`` in ``headers``."""
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         versions.setdefault(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
-        try:
-            with safetensors.safe_open(path, framework="numpy") as checked:
-                names = [name for name in checked.keys() if name.startswith(prefix)]
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        except Exception as error:  # safetensors' SafetensorError and what it lets through
-            raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
+        if path not in headers:
+            try:
+                with safetensors.safe_open(path, framework="numpy") as checked:
+                    names = list(checked.keys())
+                header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+            except Exception as error:  # safetensors' SafetensorError and what it lets through
+                raise ValueError(f"{path}: not a valid safetensors file ({error})") from None
+            headers[path] = (names, header, handle.tell())
         _check_unchanged({path: versions[path]})  # the file checked is the file open
-        start, out = handle.tell(), {}
-        for name in names:
+        names, header, start = headers[path]
+        out = {}
+        for name in (n for n in names if n.startswith(prefix)):
             where, entry = f"{path}: tensor {name}", header[name]
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
             if dtype not in SAFETENSORS_DTYPES:

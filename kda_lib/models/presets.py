@@ -247,17 +247,18 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
                     if n.endswith(".safetensors"))  # fmt: skip
     if not shards:
         raise ValueError(f"no .safetensors file in {directory!r}")
-    versions, layers = {}, []  # versions: each shard's at its first read, checked at each read
+    versions, headers, layers = {}, {}, []  # each shard's version and header at its first read
     for index, kind in enumerate(preset.layer_kinds):
         prefix = kimi_linear_prefix(index)
-        tensors = read_safetensors(shards, prefix, versions=versions)
+        tensors = read_safetensors(shards, prefix, versions=versions, headers=headers)
         if not tensors:
             raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
         if kind == "kda":
             naming = detect_kimi_linear_naming(tensors) if naming == "auto" else naming
-            layer = KimiDeltaAttention(preset.kda_config(**overrides), rngs=nnx.Rngs(0))
+            cls, config = KimiDeltaAttention, preset.kda_config(**overrides)
         else:
-            layer = MultiHeadLatentAttention(preset.mla_config(**overrides), rngs=nnx.Rngs(0))
+            cls, config = MultiHeadLatentAttention, preset.mla_config(**overrides)
+        layer = nnx.eval_shape(lambda c=cls, cfg=config: c(cfg, rngs=nnx.Rngs(0)))  # shapes only
         read_as = "kimi_linear" if naming == "auto" else naming  # no KDA layer seen yet
         load_state_dict(layer, tensors, read_as, prefix=prefix)
         layers.append(layer)
