@@ -62,8 +62,9 @@ def kda(
         ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, HV, K, V]`` (default False).
 
     Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] float32 | None)``; with
-      interior states a :class:`KDAResult`.
+      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, every state in
+      float32 (float64 for float64 inputs) whatever the implementation; with interior states
+      a :class:`KDAResult`.
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 

@@ -124,6 +124,25 @@ def test_every_implementation_agrees(lower_bound, with_segments):
             assert np.all(np.asarray(o)[np.asarray(_segments()) == 0] == 0)
 
 
+@pytest.mark.parametrize("implementation", ["recurrent", "chunked", "tokamax_xla",
+                                            "tokamax_xla_chunked"])  # fmt: skip
+def test_final_state_dtype_is_the_same_from_every_implementation(implementation):
+    """One documented final-state dtype (kda's Returns): float32 for float32/bfloat16 inputs,
+    float64 for float64 ones (under x64), from kda_lib's forms and tokamax's alike."""
+    x = _raw_inputs(3, with_state=False)
+    for dtype, want in [(jnp.float64, jnp.float64), (jnp.float32, jnp.float32),
+                        (jnp.bfloat16, jnp.float32)]:  # fmt: skip
+        x64 = dtype == jnp.float64
+        if x64 and implementation == "tokamax_xla_chunked":
+            continue  # tokamax's own segment loop fails under x64 (an int32/int64 carry)
+        with jax.enable_x64(x64):
+            args = [x[n].astype(dtype) for n in ("q", "k", "v", "g", "beta")]
+            _, final = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], lower_bound=-5.0,
+                           use_gate_in_kernel=True, output_final_state=True,
+                           implementation=implementation)  # fmt: skip
+        assert final.dtype == want, (implementation, dtype, final.dtype)
+
+
 def test_adapter_gradients_agree():
     """Outputs, final states and gradients of every implementation, safe gate, segments;
     padding outputs 0."""

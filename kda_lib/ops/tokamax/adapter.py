@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib.checks import allocation_problem
-from kda_lib.ops.contract import Dims, KDAOptions, repeat_qk_heads
+from kda_lib.ops.contract import Dims, KDAOptions, accumulation_dtype, repeat_qk_heads
 from kda_lib.ops.segments import (
     NEUTRAL_RAW_GATE,
     fill_padding_ids,
@@ -193,7 +193,7 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
     )  # fmt: skip
     if o.output_final_state:  # the state of each row's last segment
         last = 0 if ids is None else jnp.clip(ids[:, -1] - 1, 0, slots - 1)
-        final = final[jnp.arange(dims.batch), last].astype(jnp.float32)
+        final = final[jnp.arange(dims.batch), last].astype(accumulation_dtype(o.dtype))
     out, final = restore_non_finite(out[:, : dims.seq_len].astype(o.dtype),
                                     final if o.output_final_state else None, non_finite)
     if too_many is not None:
