@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from kda_lib import checks
 from kda_lib.checks import is_concrete, is_int
 from kda_lib.layers.attention import (
     Widths,
@@ -425,7 +426,7 @@ class KimiDeltaAttention(nnx.Module):
                                                 name="KDAConfig.max_num_segments"):  # fmt: skip
                 raise ValueError(problem)
         if is_concrete(x):
-            bad = ~np.isfinite(values := np.asarray(x))
+            bad = ~np.isfinite(values := checks.host_values(x))
             if bad.any():
                 first = tuple(int(i) for i in np.argwhere(bad)[0])
                 raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
@@ -454,8 +455,8 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
     if shape != (batch,) or not jnp.issubdtype(index.dtype, jnp.integer):
         got = f"shape {shape} {index.dtype}" if shape is not None else repr(index)
         raise ValueError(f"{name} must be an int or [B]={batch} ints, got {got}")
-    if is_concrete(index) and not ((index >= 0) & (index < count)).all():
-        raise ValueError(f"{name} must be in [0, {count - 1}], got {np.asarray(index)}")
+    if is_concrete(index) and not (((got := checks.host_values(index)) >= 0) & (got < count)).all():
+        raise ValueError(f"{name} must be in [0, {count - 1}], got {got}")
     inside, at = (index >= 0) & (index < count), jnp.clip(index, 0, count - 1)
 
     def pick(c):

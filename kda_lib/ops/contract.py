@@ -70,11 +70,6 @@ class KDAResult(NamedTuple):
     token_states: jax.Array | None = None
 
 
-def host_values(x, dtype=None) -> np.ndarray:
-    """``x``'s values on the host: the one place the checks read an array."""
-    return np.asarray(x, dtype)
-
-
 def accumulation_dtype(dtype) -> jnp.dtype:
     """float32, or float64 when the inputs are float64 (the oracle under jax_enable_x64)."""
     return jnp.promote_types(dtype, jnp.float32)
@@ -176,7 +171,7 @@ def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, boun
 
 def _host_range(x, keep) -> tuple[float, float]:
     """``(min, max)`` of concrete ``x``'s values that ``keep`` keeps (else ``(0, 0)``)."""
-    values = host_values(x, np.float32) if is_concrete(x) else np.zeros(0)
+    values = checks.host_values(x, np.float32) if is_concrete(x) else np.zeros(0)
     values = values[keep(values)]
     return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
 
@@ -201,7 +196,7 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
     if not is_concrete(segment_ids):
         return None
-    ids = host_values(segment_ids)
+    ids = checks.host_values(segment_ids)
     if ids.min(initial=0) < 0:
         raise ValueError(f"segment_ids must be >= 0 (0 = padding), got min {ids.min()}")
     previous = np.concatenate([np.zeros_like(ids[:, :1]), ids[:, :-1]], axis=1)

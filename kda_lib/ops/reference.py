@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kda_lib import checks
 from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops import contract
 from kda_lib.ops.segments import first_segment_id
@@ -155,7 +156,7 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
     check_array(name, x)
     if x.shape != (batch,) or not jnp.issubdtype(x.dtype, jnp.integer):
         raise ValueError(f"{name} must be [B]={batch} ints, got {x.shape} {x.dtype}")
-    return np.asarray(x) if is_concrete(x) else None
+    return checks.host_values(x) if is_concrete(x) else None
 
 
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)

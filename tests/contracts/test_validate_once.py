@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kda_lib.checks
 import kda_lib.ops.api
 import kda_lib.ops.chunked
 import kda_lib.ops.contract
@@ -27,7 +28,7 @@ COUNTED = {  # function name -> modules that call it by that name
     "canonical_segment_ids": (kda_lib.ops.api,),
     "zero_padding": (kda_lib.ops.api,),
     "pad_time": (kda_lib.ops.chunked, kda_lib.ops.tokamax.adapter),
-    "host_values": (kda_lib.ops.contract,),
+    "host_values": (kda_lib.checks,),
 }
 
 
@@ -115,10 +116,11 @@ def test_a_new_segment_count_compiles_nothing_new_for_kda_libs_forms(implementat
     assert not [m for m in compiled if "_compiled" in m], compiled
 
 
-def test_one_eager_layer_call_reads_the_segment_ids_once_and_nothing_else(monkeypatch):
+def test_one_eager_layer_call_reads_x_and_the_segment_ids_once_each(monkeypatch):
     """Issue 53: the layer, its three convs and kda() each read the ids (five reads), then the
     layer read them once and kda() ran the segment rule on that copy again and read beta; now
-    the layer reads and checks the ids once, at its entry, and kda() reads nothing."""
+    the layer reads and checks the ids once, at its entry, and x once (finite), and kda()
+    reads nothing. Every check's host read goes through checks.host_values, counted here."""
     from flax import nnx
 
     from kda_lib import KDAConfig, KimiDeltaAttention
@@ -133,16 +135,15 @@ def test_one_eager_layer_call_reads_the_segment_ids_once_and_nothing_else(monkey
 
         return host_values
 
-    # the one read check_segment_ids makes each time it runs the rule
-    contract = kda_lib.ops.contract
-    monkeypatch.setattr(contract, "host_values", counting(contract.host_values, reads))
+    checks = kda_lib.checks
+    monkeypatch.setattr(checks, "host_values", counting(checks.host_values, reads))
     ids = jnp.asarray([[1] * 8 + [2] * 10 + [0] * 2, [3] * 20], jnp.int32)
     x = jax.random.normal(jax.random.key(0), (2, 20, 32))
     config = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8,
                        lower_bound=-5.0, implementation="tokamax_xla")  # fmt: skip
     layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
     y = layer(x, segment_ids=ids)
-    assert reads == [("ids", "device", (2, 20))], reads  # the rule once, from the device
+    assert reads == [("ids", "device", (2, 20)), ("floats", "device", (2, 20, 32))], reads
     oracle = dataclasses.replace(config, implementation="recurrent")
     nnx.update(want_layer := KimiDeltaAttention(oracle, rngs=nnx.Rngs(1)), nnx.state(layer))
     want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(want_layer, x, ids)

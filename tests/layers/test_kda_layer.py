@@ -194,7 +194,7 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
     asked for under jit. The eager call reads the ids to the host once (issue 53: the layer,
     its three convs and kda() each read them, five reads; now the layer's segment rule reads
     them once and hands them on, with the segment count)."""
-    import kda_lib.ops.contract
+    import kda_lib.checks
     from kda_lib.layers import kda_layer as layer_module
     from kda_lib.layers.kda_layer import max_segments_bound
 
@@ -223,8 +223,8 @@ def test_tokamax_segment_bound_counted_configured_or_asked_for(monkeypatch):
 
         return host_values
 
-    contract = kda_lib.ops.contract
-    monkeypatch.setattr(contract, "host_values", counting(contract.host_values))
+    checks = kda_lib.checks
+    monkeypatch.setattr(checks, "host_values", counting(checks.host_values))
     x = _x(batch=2, seq_len=90)
     jitted = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
     want = jitted(_layer(lower_bound=-5.0), x, ids)  # reference: auto, kda_lib on CPU
