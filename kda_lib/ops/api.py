@@ -52,6 +52,7 @@ def kda(
       segment_ids: ``[B, T]`` int, 0 = padding; a new segment wherever a real token's id
         changes. max_num_segments: a static bound on segments per row (tokamax; under ``jit``
         a row over it comes out NaN).
+      allow_neg_eigval: only widens beta's range to [0, 2] (you double beta; fla's kernel does).
       lower_bound: in [-5, 0): the safe gate's bound; without ``use_gate_in_kernel``, a promise
         ``g >= lower_bound`` (checked when concrete).
       use_qk_l2norm: L2-normalise q and k (eps 1e-6) first (default False).
