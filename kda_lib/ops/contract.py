@@ -131,16 +131,14 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 # ------------------------------------------------------------------------------ one call
 
 
-def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, segment_ids=None,
-                     allow_neg_eigval=False, raw_gate=False, lower_bound=None, a_log=None,
-                     dt_bias=None, values=True) -> Dims:  # fmt: skip
+def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=False,
+                     raw_gate=False, lower_bound=None, a_log=None, dt_bias=None,
+                     values=True) -> Dims:  # fmt: skip
     """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
     raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given.
     ``values=False``: shapes only (no host reads)."""
     dims = checked_dims(q, k, v, g, beta)
     check_shape("initial_state", initial_state, dims)
-    if segment_ids is not None:
-        check_segment_ids(segment_ids, dims.batch, dims.seq_len)
     check_gate_parameters(a_log, dt_bias, dims)
     allow_neg_eigval = check_flag("allow_neg_eigval", allow_neg_eigval)
     if values:
@@ -229,7 +227,7 @@ def resolve_scale(scale, key_dim: int) -> float:
     if scale is None:
         return key_dim**-0.5
     if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
-        scale = scale.item()
+        scale = checks.host_values(scale).item()
     return checks.check_number("scale", scale, positive=True)
 
 
