@@ -344,16 +344,18 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
     fig, (ax0, ax1, ax2) = plt.subplots(
         1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1.1, 1.1, 1]}
     )
-    heatmap(
+    kept = heatmap(
         ax0,
         np.maximum(log10_kept, floor),
         title="Cumulative decay",
-        xlabel="tokens since the write (tokens)",
+        xlabel="tokens since the write",
         ylabel="channel (longest memory on top)",
-        cbar_label="log10 fraction retained",
+        cbar_label="",
         vmin=floor,
         vmax=0.0,
+        colorbar=False,
     )
+    fig.colorbar(kept, ax=ax0, shrink=0.9, extend="min", label="log10 fraction retained")
     heatmap(
         ax1,
         mixing,
