@@ -419,17 +419,16 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 #
 # 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
 #    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction $p$
-#    of what it stored, `keeping_input(p, m, a, lower_bound)` ($a = a_h$). For which $p$ is
-#    there one?
+#    of what it stored, `keeping_input(p, m, a, lower_bound)` ($a = a_h$). For which $p$ is one?
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
-#    $u$ ($s < u < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
+#    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
 #    not write. Derive $\Omega_{ts}$, the weight on the **older** one. It depends on $\mathbf k$
 #    and the decays only through the numbers $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$,
-#    $\mathbf k^\top D_t \cdots D_{u+1} \mathbf k$ and $\mathbf k^\top D_u \cdots D_{s+1}
+#    $\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k$ and $\mathbf k^\top D_{s'} \cdots D_{s+1}
 #    \mathbf k$, and is symmetric in the last two (their order is not the question): write
-#    `older_weight(kk_ts, kk_tu, kk_us, beta)`. Is it $\beta(1-\beta)^2$ times the decay, as with
-#    one decay for all channels? No `kda_lib` code (as `mixing`).
+#    `older_weight(kk_ts, kk_tsp, kk_sps, beta)` (`sp`: $s'$). Is it $\beta(1-\beta)^2$ times
+#    the decay, as with one decay for all channels? No `kda_lib` code (as `mixing`).
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
@@ -439,7 +438,7 @@ answer = None  # exercise 1: a function keeping_input(p, m, a, lower_bound) -> f
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function older_weight(kk_ts, kk_tu, kk_us, beta) -> Omega_ts
+answer = None  # exercise 2: a function older_weight(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts
 exercises.check("02.2", answer)
 
 # %% [markdown]

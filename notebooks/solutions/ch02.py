@@ -27,9 +27,9 @@ def keeping_input_by_bisection(p, m, a, lower_bound):
     return (lo + hi) / 2
 
 
-def older_weight(kk_ts, kk_tu, kk_us, beta):
-    """2: Omega_ts = beta k^T M_t D_(t-1)...D_(u+1) M_u D_(u-1)...D_(s+1) k with
-    M = (I - beta k k^T) D at u and t. Write A = D_t...D_(u+1), B = D_u...D_(s+1) (diagonal,
+def older_weight(kk_ts, kk_tsp, kk_sps, beta):
+    """2: Omega_ts = beta k^T M_t D_(t-1)...D_(s'+1) M_s' D_(s'-1)...D_(s+1) k with
+    M = (I - beta k k^T) D at s' and t. Write A = D_t...D_(s'+1), B = D_s'...D_(s+1) (diagonal,
     so AB = D_t...D_(s+1)) and use k^T (I - beta k k^T) = (1 - beta) k^T (k unit):
     Omega_ts = beta (1 - beta) k^T A (I - beta k k^T) B k
              = beta (1 - beta) [k^T A B k - beta (k^T A k)(k^T B k)],
@@ -37,19 +37,19 @@ def older_weight(kk_ts, kk_tu, kk_us, beta):
     beta (1 - beta)^2 a b: each later write of k keeps 1 - beta of what is there; per channel,
     the middle write removes beta (k^T B k) k, the decayed memory's projection on k, not beta
     times all of it."""
-    return beta * (1 - beta) * (kk_ts - beta * kk_tu * kk_us)
+    return beta * (1 - beta) * (kk_ts - beta * kk_tsp * kk_sps)
 
 
-def older_weight_float32(kk_ts, kk_tu, kk_us, beta):
+def older_weight_float32(kk_ts, kk_tsp, kk_sps, beta):
     """2, written differently: expanded, in float32 jnp."""
     import jax.numpy as jnp
 
-    x, a, b, beta = (jnp.float32(z) for z in (kk_ts, kk_tu, kk_us, beta))
+    x, a, b, beta = (jnp.float32(z) for z in (kk_ts, kk_tsp, kk_sps, beta))
     return beta * x - beta**2 * x - beta**2 * a * b + beta**3 * a * b
 
 
 def cases():
-    def page_formula(kk_ts, kk_tu, kk_us, beta):  # section 4's latest-occurrence weight, echoed
+    def page_formula(kk_ts, kk_tsp, kk_sps, beta):  # section 4's latest-occurrence weight, echoed
         return beta * (1 - beta) * kk_ts
 
     def one_token(p, m, a, lower_bound):  # 1: the one-token answer (m ignored)

@@ -56,10 +56,10 @@ def _unit(rng, size):
 
 @checker("02.2")
 def older_occurrence(answer, *, seed=None):
-    """``answer(kk_ts, kk_tu, kk_us, beta) -> Omega_ts``: the weight the read at t puts on the older
-    occurrence s of the unit key k (q_t = k_t = k), written at s, again at u (s < u < t) and at
-    t, each with ``beta``, the tokens in between writing nothing, as a function of the three
-    numbers k^T D_t...D_(s+1) k, k^T D_t...D_(u+1) k and k^T D_u...D_(s+1) k.
+    """``answer(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts``: the weight the read at t puts on the
+    older occurrence s of the unit key k (q_t = k_t = k), written at s, again at s' (s < s' < t)
+    and at t, each with ``beta``, the tokens in between writing nothing, as a function of the three
+    numbers k^T D_t...D_(s+1) k, k^T D_t...D_(s'+1) k and k^T D_s'...D_(s+1) k.
     They come from keys and decays drawn afresh at every call (one trial with one decay for all
     channels); the checker recomputes the weight in float64 as the product of the transitions."""
     seed, rng = seeded(seed)
@@ -72,16 +72,16 @@ def older_occurrence(answer, *, seed=None):
         A, B = np.diag(np.exp(gamma_a)), np.diag(np.exp(gamma_b))
         numbers = [float(k @ A @ B @ k), float(k @ A @ k), float(k @ B @ k)]
         got, hint = call_answer(
-            answer, *numbers, beta, name="older_weight(kk_ts, kk_tu, kk_us, beta)", own_code=True
+            answer, *numbers, beta, name="older_weight(kk_ts, kk_tsp, kk_sps, beta)", own_code=True
         )
         hint = hint or refuse_degenerate(got, shape=(), what="Omega_ts")
         if hint:
             return hint
-        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at u and t
+        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at s' and t
         want = beta * k @ erase @ A @ erase @ B @ k
         if not _close(got, float(want)):
             return (
-                f"wrong at beta = {beta!r} with kk_ts, kk_tu, kk_us = {numbers} "
+                f"wrong at beta = {beta!r} with kk_ts, kk_tsp, kk_sps = {numbers} "
                 f"({'one decay for all channels' if scalar else 'one decay per channel'}): "
                 "write Omega_ts = beta q_t^T M_t ... M_(s+1) k_s with the two writes that are "
                 "not D; does the middle write act on a decayed k?" + again(seed)
