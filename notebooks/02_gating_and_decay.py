@@ -32,7 +32,7 @@
 
 # %% tags=["parameters"]
 num_heads: int = 4  # heads whose gate parameters are drawn at initialisation
-key_dim: int = 64  # K: channels per head (one decay rate each; >= 32: section 2)
+key_dim: int = 64  # K: channels per head (one decay rate each; at least 32: section 2)
 seq_len: int = 96  # tokens in the decay figures
 lower_bound: float = -5.0  # safe gate: the most negative log decay per token, in [-5, 0)
 beta_value: float = 0.9  # write strength beta in the mixing-matrix example and the explorer
