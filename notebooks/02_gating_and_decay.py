@@ -187,8 +187,8 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 # $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its initial decay is
 # $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$: at initialisation the safe gate behaves
 # like a softplus gate with $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$ varies: a
-# spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws stay within one of the
-# two decades with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
+# spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws span under one decade
+# of the two with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
 
 # %%
 a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)
@@ -240,7 +240,7 @@ viz.show(gates.plot_half_lives(
 # (softplus is convex; numbers in the notes). In each panel a row is one channel of one head
 # (sorted by its half-life at init) and the colour is the $\log_{10}$ of the fraction retained
 # since token 0. Long-memory channels stay bright; at a constant rate a channel keeps 1% after
-# $\log_2 100 \approx 6.6$ half-lives. The first two panels are the heads with the smallest and
+# $\log_2 100$ half-lives. The first two panels are the heads with the smallest and
 # largest $a_h$ (titles; at equal $\tau$ their init rates differ by that ratio). The safe gate
 # looks like the softplus gate with $a = \lvert g_{\min}\rvert$ (section 2), and its
 # cumulative decay never drops below $g_{\min}\, t$.

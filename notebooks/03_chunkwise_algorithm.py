@@ -191,7 +191,7 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
 # \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
 # the diagonal the exponent is positive and for a steep gate overflows even in float64 (the
-# cell's gate loses 800 over the chunk, past float64's $e^{709}$), so it is masked before `exp`.
+# cell's gate loses 800 over the chunk, $e^{800}$ overflows float64), so it is masked before `exp`.
 # Each step is checked in float64 on chunk 0 of head 0 against the recurrence run through it
 # (keeping each $S_t$ and $\boldsymbol\delta_t$).
 #
