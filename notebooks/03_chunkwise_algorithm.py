@@ -112,8 +112,8 @@ def to_chunks(a):
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
 # once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). Section 2 works a
-# chunk by hand, section 3 derives every symbol (`W`, `U` are $\tilde K$, $\tilde V$;
-# `kda_chunked` inverts $I + L$ in the 16-token blocks drawn, section 4's function whole).
+# chunk by hand, section 3 derives every symbol (`W`, `U` are $\tilde K$, $\tilde V$); section
+# 4's function solves $I + L$ whole, `kda_chunked` inverts it in the 16-token blocks drawn.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -191,9 +191,9 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
 # \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
 # the diagonal the exponent is positive and for a steep gate overflows even in float64 (the
-# cell's gate loses 800 over the chunk, $e^{800}$ overflows float64), so it is masked before `exp`.
-# Each step is checked in float64 on chunk 0 of head 0 against the recurrence run through it
-# (keeping each $S_t$ and $\boldsymbol\delta_t$).
+# cell's gate falls by 800 over the chunk; $e^{800}$ is past float64's range), so it is masked
+# before `exp`. Each step is checked in float64 on chunk 0 of head 0 against the recurrence run
+# through it (keeping each $S_t$ and $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$:
 # $S_t = \Gamma_t S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
