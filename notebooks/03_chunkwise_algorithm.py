@@ -33,7 +33,7 @@ num_heads: int = 2  # heads in the correctness checks
 key_dim: int = 32  # K
 value_dim: int = 16  # V (different from K on purpose)
 lower_bound: float = -5.0  # safe gate bound used for every gate here (tokamax needs it)
-timing_lengths: list = [128, 256, 512, 1024]  # T values timed live (tokens)
+timing_lengths: list = [256, 1024]  # T values timed live (tokens)
 timing_heads: int = 2  # heads in the timing runs (batch 1)
 timing_dim: int = 64  # K and V in the timing runs
 timing_backward: bool = False  # also time forward + backward (gradient of sum of outputs)
@@ -111,9 +111,12 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once**; then $T / C$ steps carry the state from chunk to chunk, four matrix products each (a
-# chunk's corrected values, its outputs from the state and from them, the state it passes on).
-# Section 2 works a chunk by hand, section 3 derives it, and section 4 draws the whole pass.
+# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). Section 2 works a
+# chunk by hand, section 3 derives every symbol (`W`, `U` are $\tilde K$, $\tilde V$); section
+# 4's function solves $I + L$ whole, `kda_chunked` inverts it in the 16-token blocks drawn.
+
+# %% tags=["hide-input"]
+viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 
 # %% [markdown]
 # ## 2. One chunk by hand: $C = 3$ tokens, $d_k = d_v = 2$
@@ -183,25 +186,26 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # %% [markdown]
 # ## 3. The general chunk in five steps
 #
-# Now any $C$, $d_k$, $d_v$, and a state $S_0$ entering the chunk. With $\Gamma_t = D_t \cdots
-# D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$, the decay from the chunk start to token
-# $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots + \mathbf g_t$), $D_t \cdots D_{s+1} =
-# \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above the diagonal the exponent is positive
-# and for a steep gate overflows even in float64 (the cell shows it), so it is masked before
-# `exp`. Each step is checked in float64 on chunk 0 of head 0 against the recurrence run
+# Now any $C$, $d_k$, $d_v$, and a state $S_{\text{in}}$ entering the chunk (its first token's
+# $S_{t-1}$). With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$, the
+# decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
+# \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
+# the diagonal the exponent is positive and for a steep gate overflows even in float64 (the
+# cell's gate falls by 800 over the chunk; $e^{800}$ is past float64's range), so it is masked
+# before `exp`. Each step is checked in float64 on chunk 0 of head 0 against the recurrence run
 # through it (keeping each $S_t$ and $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$:
-# $S_t = \Gamma_t S_0 + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
+# $S_t = \Gamma_t S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
 # \boldsymbol\delta_s^\top$.
 #
 # **Step 2: a triangular system.** Put the unrolled $S_{t-1}$ into $\boldsymbol\delta_t$
 # ($D_t \Gamma_{t-1} = \Gamma_t$, diagonal): $\boldsymbol\delta_t = \beta_t \mathbf v_t -
-# \beta_t S_0^\top (\Gamma_t \mathbf k_t) - \sum_{s < t} L_{ts} \boldsymbol\delta_s$ with
+# \beta_t S_{\text{in}}^\top (\Gamma_t \mathbf k_t) - \sum_{s < t} L_{ts} \boldsymbol\delta_s$ with
 # $L_{ts} = \beta_t\, \mathbf k_t^\top \Gamma_t \Gamma_s^{-1} \mathbf k_s$ (section 2's $L$).
 # Stacked, with $\overleftarrow K$ the keys decayed from the chunk start to their token (rows
 # $\Gamma_t \mathbf k_t$): $(I + L)\, \Delta = \operatorname{diag}(\boldsymbol\beta)\, V -
-# \operatorname{diag}(\boldsymbol\beta)\, \overleftarrow K S_0$.
+# \operatorname{diag}(\boldsymbol\beta)\, \overleftarrow K S_{\text{in}}$.
 
 # %%
 h, i = 0, 0  # head 0, chunk 0
@@ -212,8 +216,7 @@ for t in range(chunk_size):  # the recurrence, keeping the pseudo-values
     deltas.append(bc[t] * (vc[t] - kc[t] @ decayed))
     S_t = decayed + np.outer(kc[t], deltas[-1])
     states.append(S_t)
-Delta = np.array(deltas)  # [C, V], row t = delta_t
-gamma = np.cumsum(gc, axis=0)  # [C, K], row t = gamma_t
+Delta, gamma = np.array(deltas), np.cumsum(gc, axis=0)  # [C, V], [C, K]: rows delta_t, gamma_t
 causal = np.tril(np.ones((chunk_size, chunk_size)))
 exponent = np.where(causal[..., None] > 0, gamma[:, None] - gamma[None], -np.inf)  # <= 0 only
 ratio = np.exp(exponent)  # [t, s, K]: diagonal of Gamma_t Gamma_s^-1 for s <= t, 0 above
@@ -224,17 +227,19 @@ L = np.tril(bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio), -1)
 K_in = kc * np.exp(gamma)  # rows Gamma_t k_t
 rhs = bc[:, None] * vc - bc[:, None] * (K_in @ S_in[0, h])
 assert_close((np.eye(chunk_size) + L) @ Delta, rhs, atol=1e-12, name="step 2: (I + L) Delta")
-steep = np.subtract.outer(*[-40.0 * np.arange(chunk_size)] * 2)  # gamma_t - gamma_s, 40 a token
-with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(40 (s - t)) * 0 = NaN
+steep = np.subtract.outer(*[-800.0 / (chunk_size - 1) * np.arange(chunk_size)] * 2)  # -800 per C
+with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(800) * 0 = NaN
     nan = [np.isnan(np.exp(e) * causal).sum() for e in (steep, np.where(causal, steep, -np.inf))]
+assert nan[0] > 0 and nan[1] == 0, "masking after exp overflows, masking before does not"
 print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after exp, {nan[1]} before")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular, hence invertible, and does not
-# depend on $S_0$: one solve per chunk gives the pseudo-values for **any** entering state,
+# depend on $S_{\text{in}}$: one solve per chunk gives the pseudo-values for **any** entering
+# state,
 #
 # $$
-# \Delta = \tilde V - \tilde K S_0, \qquad
+# \Delta = \tilde V - \tilde K S_{\text{in}}, \qquad
 # \tilde V = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) V, \qquad
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
@@ -245,8 +250,8 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
 #
 # $$
-# S_C = \Gamma_C S_0 + \overrightarrow K^\top \Delta
-#   = \underbrace{\big(\Gamma_C - \overrightarrow K^\top \tilde K\big)}_{M_{[i]}} S_0
+# S_C = \Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta
+#   = \underbrace{\big(\Gamma_C - \overrightarrow K^\top \tilde K\big)}_{M_{[i]}} S_{\text{in}}
 #   + \underbrace{\overrightarrow K^\top \tilde V}_{E_{[i]}} .
 # $$
 #
@@ -258,7 +263,7 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # %%
 solve = np.linalg.inv(np.eye(chunk_size) + L)
 U, W = solve @ (bc[:, None] * vc), solve @ (bc[:, None] * K_in)  # V~ and K~
-assert_close(U - W @ S_in[0, h], Delta, atol=1e-12, name="step 3: Delta = V~ - K~ S_0")
+assert_close(U - W @ S_in[0, h], Delta, atol=1e-12, name="step 3: Delta = V~ - K~ S_in")
 with jax.enable_x64(True):
     assert_close(unit_lower_inverse(jnp.asarray(L)), solve, name="unit_lower_inverse")
     maps = jax.tree.map(np.asarray, jax.jit(chunk_affine_maps, static_argnames=["scale"])(
@@ -266,7 +271,7 @@ with jax.enable_x64(True):
 M, E = maps.transition[0, h, i], maps.state_ext[0, h, i]
 K_out = kc * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_s^-1 k_s
 assert_close(np.exp(gamma[-1])[:, None] * S_in[0, h] + K_out.T @ Delta, states[-1], atol=1e-12,
-             name="step 4: S_C = Gamma_C S_0 + K_out^T Delta")
+             name="step 4: S_C = Gamma_C S_in + K_out^T Delta")
 assert_close(np.diag(np.exp(gamma[-1])) - K_out.T @ W, M, name="step 4: M = Gamma_C - K_out^T K~")
 _ = assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
 
@@ -286,9 +291,9 @@ print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 # \mathbf k_s / \sqrt{d_k}$ ($s \le t$) and $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$):
 #
 # $$
-# O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_0 + P \Delta
+# O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta
 #   = \underbrace{\big(\tfrac{1}{\sqrt{d_k}} \overleftarrow Q
-#   - P \tilde K\big)}_{Q^{\text{eff}}} S_0 + \underbrace{P \tilde V}_{O^{\text{intra}}} .
+#   - P \tilde K\big)}_{Q^{\text{eff}}} S_{\text{in}} + \underbrace{P \tilde V}_{O^{\text{intra}}} .
 # $$
 
 # %%
@@ -296,7 +301,7 @@ P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
 Q_in = qc * np.exp(gamma)  # rows Gamma_t q_t
 outputs_chunk = np.array([scale * s_t.T @ q_t for s_t, q_t in zip(states, qc, strict=True)])
 assert_close(scale * Q_in @ S_in[0, h] + P @ Delta, outputs_chunk, atol=1e-12,
-             name="step 5: O = Q_in S_0 / sqrt(d_k) + P Delta")
+             name="step 5: O = Q_in S_in / sqrt(d_k) + P Delta")
 assert_close(scale * Q_in - P @ W, maps.q_eff[0, h, i], name="step 5: Q_eff")
 assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")
 print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
@@ -304,11 +309,12 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 # %% [markdown]
 # ## 4. The whole forward pass in one function
 #
-# Steps 3 to 5 give everything a chunk needs from the state $S$ entering it: its pseudo-values
-# $\Delta = \tilde V - \tilde K S$, its outputs $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S +
-# P \Delta$ and the state it passes on, $S' = \Gamma_C S + \overrightarrow K^\top \Delta$. Loop
-# over the chunks and that is the whole algorithm, for one head, in plain `jax.numpy`. Its
-# `where` keeps every exponent $\le 0$ (section 3; why it matters in float32: the notes).
+# Steps 3 to 5 give everything a chunk needs from the state $S_{\text{in}}$ entering it (`S` in the
+# code): its pseudo-values $\Delta = \tilde V - \tilde K S_{\text{in}}$, its outputs
+# $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta$ and the state it passes
+# on, $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's boxes). Loop over the
+# chunks: the whole algorithm for one head in plain `jax.numpy`, one triangular solve per chunk.
+# Its `where` keeps every exponent $\le 0$ (section 3; float32: the notes).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -334,11 +340,9 @@ def kda_chunked_readable(q, k, v, g, beta, S, C):
     return jnp.concatenate(outputs), S
 
 
-# %% [markdown]
-# Only the three lines with `S` depend on the state; the rest can be computed for all chunks at
-# once. Run on every head (`jax.vmap`), checked against `kda_recurrent` and `kda_chunked`.
-
 # %%
+# Only the three lines with `S` depend on the state; the rest could run for all chunks at once.
+# Run on every head (jax.vmap), checked against kda_recurrent and kda_chunked:
 with jax.enable_x64(True):
     per_head = jax.vmap(functools.partial(kda_chunked_readable, C=chunk_size),
                         in_axes=(1, 1, 1, 1, 1, 0), out_axes=(1, 0))
@@ -357,7 +361,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # **Chaining by maps.** Step 4's maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S +
 # (M_{[2]} E_{[1]} + E_{[2]})$, so `lax.associative_scan` finds every entering state in
 # $2 \log_2 N - 1$ rounds ($N = T / C$) at the price of $d_k \times d_k$ products (notebook 05
-# composes them across devices). Checked, rounds counted (`kda_chunked`'s schedule: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
+# composes them across devices). Checked; rounds counted, drawn (schedule: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
 
 # %%
 with jax.enable_x64(True):
@@ -369,21 +373,16 @@ for n in sorted({num_chunks, 16, 64} - {1}):
     rounds, j = costs.associative_scan_rounds(n), int(np.log2(n))
     assert len(rounds) == 2 * j - 1 and sum(rounds) == 2 * n - 2 - j, (n, rounds)
     print(f"N = {n:2d} maps: {len(rounds)} rounds, {sum(rounds)} compositions (a loop: {n - 1})")
-
-# %% [markdown]
-# The pass: each chunk's triangles ($P$, $L$, $(I + L)^{-1}$, in 16-token sub-blocks) give `W`,
-# `U` ($\tilde K$, $\tilde V$), `P` for all chunks at once; only the state travels. Right: a scan.
-
-# %% tags=["hide-input"]
-viz.show(viz.chunk_dataflow(num_chunks, chunk_size, scan_maps=max(num_chunks, 16)), "03_dataflow")
+viz.show(viz.scan_rounds(max(num_chunks, 16)), "03_scan_rounds")  # drawn for 16 maps or more
 
 # %% [markdown]
 # ## 5. Measured time on this machine
 #
 # The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms and causal softmax
-# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only (not
-# asserted). On a CPU the recurrence is usually as fast or faster: the chunked form's gain needs
-# matrix units (GPU tensor cores, TPU MXUs). Flop count (Eq. 13) and roofline model: the notes.
+# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only,
+# not asserted: on a shared CPU reruns moved chunked / recurrent by over 10x (notes), so read no
+# ranking into one run. The chunked form is built for matrix units (GPU tensor cores, TPU MXUs),
+# which this page does not time. Flop count (Eq. 13), roofline model: the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -410,19 +409,18 @@ for mode in modes:
 # Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
 # without showing it: it judges the values your function returns on chunks drawn afresh at each
 # call (float32 or float64, NumPy or `jnp`; no `kda_lib` code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
-
-# %% [markdown]
-# 1. **Backward through a chunk.** Backpropagation carries a state's gradient back as
-#    $\mathrm dS_0 = M_{[i]}^\top \mathrm dS_C$, token by token $\mathrm dS_{t-1} = M_t^\top
-#    \mathrm dS_t = D_t (I - \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$: token $t$ erases
-#    its backward pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm dS_t^\top \mathbf k_t$, then
-#    decays. Mirror steps 1 to 3: $\mathrm dS_0 = \Gamma_C \mathrm dS_C - \overleftarrow K^\top
-#    \Delta'$ (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, and
-#    $\tilde K'$ $[C, d_k]$ solves $(I + L')\, \tilde K' =$ `rhs`, $L'$ strictly triangular.
+#
+# 1. **Backward through a chunk.** Backpropagation carries a state's gradient back, token by
+#    token $\mathrm dS_{t-1} = M_t^\top \mathrm dS_t = D_t (I - \beta_t \mathbf k_t
+#    \mathbf k_t^\top) \mathrm dS_t$, to $\mathrm dS_{\text{in}} = M_{[i]}^\top \mathrm dS_C$:
+#    token $t$ erases its backward pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm
+#    dS_t^\top \mathbf k_t$, then decays. Mirror steps 1 to 3: $\mathrm dS_{\text{in}} = \Gamma_C
+#    \mathrm dS_C - \overleftarrow K^\top \Delta'$ (rows ${\boldsymbol\delta'_t}^\top$),
+#    $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$ `rhs`, $L'$ strictly triangular.
 #    Derive it: upper or lower, which decays, which right-hand side? Write `wy_backward_system(k,
 #    g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row scaled or combined) and `rhs`
-#    $[C, d_k]$. The checker's chunks are longer than $d_k$, with forget bursts ($g = -1024$ in
-#    some channels), after which $e^{-\boldsymbol\gamma_t}$ overflows, in float64 too.
+#    $[C, d_k]$. Some of the checker's chunks are longer than $d_k$, some have forget bursts
+#    ($g = -1024$ in some channels, after which $e^{-\boldsymbol\gamma_t}$ overflows in float64).
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
@@ -430,11 +428,12 @@ check("03.1", answer)
 
 # %% [markdown]
 # 2. **Two chunks as one.** Given two consecutive chunks' factors, not their tokens (the first's
-#    $\tilde K_1$, $\tilde V_1$, $\overrightarrow K_1$ and log decay across it
-#    $\boldsymbol\gamma^{(1)}$ $[d_k]$; the second's $\tilde K_2$, $\tilde V_2$, from its own
-#    start), derive the $\tilde K$, $\tilde V$ of the two as one chunk ($\Delta = \tilde V -
-#    \tilde K S_0$ for any $S_0$ entering the first): `merge_chunks(K_tilde1, V_tilde1, K_out1,
-#    gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`. Compared with step 3 on the whole.
+#    $\tilde K_{[1]}$, $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$ and log decay across it
+#    $\boldsymbol\gamma_C^{[1]}$ $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its
+#    own start), derive the $\tilde K$, $\tilde V$ of the two as one chunk ($\Delta = \tilde V -
+#    \tilde K S_{\text{in}}$ for any $S_{\text{in}}$ entering the first): `merge_chunks(K_tilde1,
+#    V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`. Compared with step 3
+#    on the whole.
 
 # %%
 answer = None  # a function merge_chunks(...) -> (K_tilde, V_tilde), arguments as above

@@ -1,7 +1,7 @@
 """Notebook 02's figures of the forget gate, and its gate explorer.
 
-* :func:`plot_half_lives`, :func:`plot_cumulative_decay`, :func:`plot_state_norms`: the figures
-  of sections 2 to 4 (half-lives at initialisation, retention over a sequence, the state norm).
+* :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the figures of sections 2 and 3
+  (half-lives at initialisation, retention over a sequence).
 * The explorer: :func:`view` recomputes one head's cumulative decay, mixing matrix and state
   norm for one shared ``A_log``, ``dt_bias``, floor and beta (the raw gate input still varies
   by channel and token); :func:`explore` draws it at the defaults and, with
@@ -63,7 +63,7 @@ def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
             ax,
             np.maximum(log10_kept, floor),
             title=panel_title,
-            xlabel="tokens since the write (tokens)",
+            xlabel="tokens since the write",
             ylabel="channel (longest memory on top)" if n == 0 else "",
             cbar_label="",
             vmin=floor,
@@ -71,34 +71,8 @@ def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
             colorbar=False,
             extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5),
         )
-    fig.colorbar(image, ax=axes, shrink=0.9, label="log10 fraction retained")
+    fig.colorbar(image, ax=axes, shrink=0.9, extend="min", label="log10 fraction retained")
     fig.suptitle(title)
-    return fig
-
-
-def plot_state_norms(norms: dict, *, value_dim: int, steady: float, title: str) -> plt.Figure:
-    """``norms[name] [T]`` against the token, with the random walk ``sqrt(t d_v)`` and the delta
-    rule's steady state ``steady`` (dashed)."""
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    tokens = np.arange(1, len(next(iter(norms.values()))) + 1)
-    for (name, n), style in zip(norms.items(), ("-", "--", "-.", ":"), strict=False):
-        ax.plot(tokens, n, style, label=name)
-    ax.plot(
-        tokens,
-        np.sqrt(tokens * value_dim),
-        color="0.5",
-        linewidth=1,
-        label=r"$\sqrt{t\, d_v}$ (random walk)",
-    )
-    ax.axhline(
-        steady,
-        color="0.3",
-        linewidth=1,
-        linestyle=(0, (6, 3)),
-        label=r"delta rule's steady state $\sqrt{\beta d_k d_v / (2 - \beta)}$",
-    )
-    ax.set(title=title, xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
-    ax.legend(loc="upper left")
     return fig
 
 

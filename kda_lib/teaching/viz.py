@@ -188,7 +188,7 @@ def time_vs_length(
     """
     names = names or {}
     colours = {name: CYCLE[i % len(CYCLE)] for i, name in enumerate(live)}
-    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.2 * (1 + len(runs)), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(7.4 * (1 + len(runs)), 3.8), squeeze=False)
     _time_panel(axes[0, 0], {n: (lengths, ms) for n, ms in live.items()}, colours, live_title)
     for ax, run in zip(axes[0, 1:], runs, strict=True):
         series = {}
@@ -216,7 +216,7 @@ def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
         ax.set_xticks(every_t, [str(t) for t in every_t])
         ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # off the data
 
 
 def draw_context_parallel(
@@ -344,16 +344,18 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
     fig, (ax0, ax1, ax2) = plt.subplots(
         1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1.1, 1.1, 1]}
     )
-    heatmap(
+    kept = heatmap(
         ax0,
         np.maximum(log10_kept, floor),
         title="Cumulative decay",
-        xlabel="tokens since the write (tokens)",
+        xlabel="tokens since the write",
         ylabel="channel (longest memory on top)",
-        cbar_label="log10 fraction retained",
+        cbar_label="",
         vmin=floor,
         vmax=0.0,
+        colorbar=False,
     )
+    fig.colorbar(kept, ax=ax0, shrink=0.9, extend="min", label="log10 fraction retained")
     heatmap(
         ax1,
         mixing,
@@ -370,25 +372,18 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
     return fig
 
 
-def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = None,
-                   shown_chunks: int = 4) -> plt.Figure:
-    """Dataflow of the chunked form (notebook 03).
+def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -> plt.Figure:
+    """Dataflow of the chunked form (notebook 03), for the first ``shown_chunks`` chunks.
 
-    Left: the first ``shown_chunks`` chunks. Each chunk's ``C x C`` triangular blocks (the
-    decayed scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``, drawn in 16-token
-    sub-blocks, the diagonal ones darker) are computed for every chunk at once; they give
-    the chunk's ``W``, ``U``, ``P`` (or its map ``(M, E)``). Only the state ``S`` travels
-    between chunks (arrows): each step corrects the values (``U - W S``) and updates the
-    state. Right: the compositions in each round of ``lax.associative_scan`` over
-    ``scan_maps`` maps (default ``num_chunks``; :func:`kda_lib.lab.costs.associative_scan_rounds`).
+    Each chunk's ``C x C`` triangular blocks (the decayed scores ``P``, the key overlaps ``L``
+    and ``(I + L)^-1``, drawn in the 16-token sub-blocks ``kda_chunked`` inverts by, the
+    diagonal ones darker) are computed for every chunk at once; they give the chunk's ``W``,
+    ``U``, ``P``. Only the state ``S`` travels between chunks (arrows): each step corrects the
+    values (``U - W S``), reads the outputs and updates the state.
     """
-    from kda_lib.lab.costs import associative_scan_rounds
-
-    scan_maps = num_chunks if scan_maps is None else scan_maps
-    scan_rounds = associative_scan_rounds(scan_maps)
     shown = min(num_chunks, shown_chunks)
-    fig, (ax, ax_scan) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[2.3, 1])
-    subs = max(chunk_size // 16, 1)  # 16-token sub-chunks (section 4 of notebook 03)
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    subs = max(chunk_size // 16, 1)
     for i in range(shown):
         _draw_chunk(ax, i, subs)
     end = 1.2 + 3.0 * shown
@@ -397,20 +392,35 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, scan_maps: int | None = 
     more = f" ... {num_chunks} chunks" if num_chunks > shown else ""
     ax.text(end + 0.1, 1.05, f"$S_{{{shown}}}${more}", va="center", fontsize=9)
     ax.text(0.1, 3.6, "parallel\nover\nchunks", fontsize=8, va="center", color="0.3")
-    ax.text(0.1, 0.2, f"sequential: {num_chunks} steps, one per chunk", fontsize=8,
+    ax.text(0.1, 0.05, f"sequential: {num_chunks} steps, one per chunk", fontsize=8,
             color="0.3")
     ax.set_xlim(0, end + 2.4)
-    ax.set_ylim(0, 4.9)
+    ax.set_ylim(-0.1, 4.9)
     ax.axis("off")
     ax.set_title(f"Chunked KDA, C = {chunk_size}: triangular blocks in parallel, "
                  "the state between chunks")
-    _draw_scan_rounds(ax_scan, scan_rounds, scan_maps)
+    return fig
+
+
+def scan_rounds(scan_maps: int) -> plt.Figure:
+    """The compositions in each round of ``lax.associative_scan`` over ``scan_maps`` maps
+    (:func:`kda_lib.lab.costs.associative_scan_rounds`)."""
+    from kda_lib.lab.costs import associative_scan_rounds
+
+    rounds = associative_scan_rounds(scan_maps)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(np.arange(1, len(rounds) + 1), rounds, color=PALETTE["blue"])
+    ax.set(xlabel="round of lax.associative_scan", ylabel="compositions (independent)",
+           xticks=np.arange(1, len(rounds) + 1))
+    ax.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
+    ax.set_title(f"associative scan over {scan_maps} maps: {len(rounds)} rounds, "
+                 f"{sum(rounds)} compositions", fontsize=10)
     return fig
 
 
 def _draw_chunk(ax, i: int, subs: int) -> None:
     """Chunk ``i`` of :func:`chunk_dataflow`: its triangular blocks in ``subs`` x ``subs``
-    sub-blocks, the arrow to ``W, U, P`` and the state update box."""
+    sub-blocks, the arrow to ``W, U, P`` and the box of the three lines with the state."""
     x = 1.2 + 3.0 * i
     colour = CYCLE[i % len(CYCLE)]
     side = 2.0 / subs
@@ -426,25 +436,15 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
                                                    alpha=0.3, edgecolor="white"))
     ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
             va="top")
-    ax.annotate("", xy=(x + 1.0, 1.55), xytext=(x + 1.0, 2.55),
+    ax.annotate("", xy=(x + 1.0, 1.75), xytext=(x + 1.0, 2.55),
                 arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
-    ax.text(x + 1.1, 2.05, "$W, U, P$", fontsize=8, va="center")
-    ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.6), 2.2, 0.9,
+    ax.text(x + 1.1, 2.15, "$W, U, P$", fontsize=8, va="center")
+    ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.4), 2.2, 1.3,
                                             boxstyle="round,pad=0.05", color=colour))
-    update = "$\\Delta = U - W S$\n$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$"
+    update = ("$\\Delta = U - W S$\n$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
+              "$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$")
     ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
     ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
 
-
-def _draw_scan_rounds(ax_scan, scan_rounds, scan_maps: int) -> None:
-    """The compositions in each round of ``lax.associative_scan`` over ``scan_maps`` maps."""
-    rounds = np.arange(1, len(scan_rounds) + 1)
-    ax_scan.bar(rounds, scan_rounds, color=PALETTE["blue"])
-    ax_scan.set_xlabel("round of lax.associative_scan")
-    ax_scan.set_ylabel("compositions (independent)")
-    ax_scan.set_xticks(rounds)
-    ax_scan.yaxis.set_major_locator(mpl.ticker.MaxNLocator(integer=True))
-    ax_scan.set_title(f"associative scan over {scan_maps} maps:\n{len(scan_rounds)} rounds, "
-                      f"{sum(scan_rounds)} compositions")

@@ -897,3 +897,28 @@ def test_04_2_draws_its_shapes_per_call():
     for seed in (1, 2):
         exercises.verdict("04.2", lambda *a: shapes.append(np.shape(a[0])) or right(*a), seed=seed)
     assert len(shapes) == 6 and shapes[:3] != shapes[3:], shapes
+
+
+def test_03_1_hints_do_not_name_the_answer():
+    """03.1 asks "upper or lower, which decays, which right-hand side?" (teacher t02, D10): a
+    wrong lhs or rhs gets a question back, never the triangle, K_out or its beta."""
+    right = _right_answers()["03.1"][0]
+
+    def forward_system(k, g, beta):  # step 3's (I + L, diag(beta) K_in)
+        gamma = np.cumsum(g, axis=0)
+        decay = np.exp(np.minimum(gamma[:, None] - gamma[None], 0.0))
+        lower = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, decay), -1)
+        return np.eye(len(beta)) + lower, beta[:, None] * k * np.exp(gamma)
+
+    def rhs_from_start(k, g, beta):  # right lhs, step 3's rhs
+        return right(k, g, beta)[0], forward_system(k, g, beta)[1]
+
+    def rhs_without_beta(k, g, beta):  # right lhs, rhs without its beta
+        a, b = right(k, g, beta)
+        return a, np.asarray(b) / beta[:, None]
+
+    for wrong in (forward_system, rhs_from_start, rhs_without_beta):
+        hint = exercises.verdict("03.1", wrong)
+        assert hint, wrong.__name__
+        leaked = [w for w in ("upper", "K_out", "its end", "its beta", "diag(beta)") if w in hint]
+        assert not leaked, (wrong.__name__, leaked, hint)

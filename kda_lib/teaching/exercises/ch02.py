@@ -21,10 +21,10 @@ def _close(got, want, tol=1e-5, size=1e-2) -> bool:
 
 @checker("02.1")
 def keeping_input(answer, *, seed=None):
-    """``answer(p, n, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0) at
+    """``answer(p, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0) at
     which a safe-gate channel, ``g = lower_bound * sigmoid(a f)`` per token, keeps the fraction
-    ``p`` of what it stored after ``n`` tokens, for a rate ``a > 0``. Four trials drawn afresh
-    at every call, ``n >= 2`` (so the one-token answer is wrong), ``p`` from e^-40 to e^-1."""
+    ``p`` of what it stored after ``m`` tokens, for a rate ``a > 0``. Four trials drawn afresh
+    at every call, ``m >= 2`` (so the one-token answer is wrong), ``p`` from e^-40 to e^-1."""
     seed, rng = seeded(seed)
     for _ in range(4):
         a = float(np.exp(rng.uniform(np.log(0.25), np.log(32.0))))  # a from 1/4 to 32
@@ -34,7 +34,7 @@ def keeping_input(answer, *, seed=None):
         n = int(rng.integers(max(lo, 2), max(hi, lo + 1, 3)))
         p = float(np.exp(n * bound * x))
         got, hint = call_answer(
-            answer, p, n, a, bound, name="keeping_input(p, n, a, lower_bound)", own_code=True
+            answer, p, n, a, bound, name="keeping_input(p, m, a, lower_bound)", own_code=True
         )
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
@@ -42,8 +42,8 @@ def keeping_input(answer, *, seed=None):
         s = np.log(p) / (n * bound)  # the sigmoid(a f) that keeps p after n tokens
         if not _close(got, np.log(s / (1 - s)) / a):
             return (
-                f"wrong at p = {p!r}, n = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
-                "the channel keep after n equal tokens, and which sigmoid(a f) gives that?"
+                f"wrong at p = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
+                "the channel keep after m equal tokens, and which sigmoid(a f) gives that?"
                 + again(seed)
             )
     return None
@@ -56,10 +56,10 @@ def _unit(rng, size):
 
 @checker("02.2")
 def older_occurrence(answer, *, seed=None):
-    """``answer(kk_ts, kk_tr, kk_rs, beta) -> Omega_ts``: the weight the read at t puts on the older
-    occurrence s of the unit key k (q_t = k_t = k), written at s, again at r (s < r < t) and at
-    t, each with ``beta``, the tokens in between writing nothing, as a function of the three
-    numbers k^T D_t...D_(s+1) k, k^T D_t...D_(r+1) k and k^T D_r...D_(s+1) k.
+    """``answer(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts``: the weight the read at t puts on the
+    older occurrence s of the unit key k (q_t = k_t = k), written at s, again at s' (s < s' < t)
+    and at t, each with ``beta``, the tokens in between writing nothing, as a function of the three
+    numbers k^T D_t...D_(s+1) k, k^T D_t...D_(s'+1) k and k^T D_s'...D_(s+1) k.
     They come from keys and decays drawn afresh at every call (one trial with one decay for all
     channels); the checker recomputes the weight in float64 as the product of the transitions."""
     seed, rng = seeded(seed)
@@ -72,16 +72,16 @@ def older_occurrence(answer, *, seed=None):
         A, B = np.diag(np.exp(gamma_a)), np.diag(np.exp(gamma_b))
         numbers = [float(k @ A @ B @ k), float(k @ A @ k), float(k @ B @ k)]
         got, hint = call_answer(
-            answer, *numbers, beta, name="older_weight(kk_ts, kk_tr, kk_rs, beta)", own_code=True
+            answer, *numbers, beta, name="older_weight(kk_ts, kk_tsp, kk_sps, beta)", own_code=True
         )
         hint = hint or refuse_degenerate(got, shape=(), what="Omega_ts")
         if hint:
             return hint
-        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at r and t
+        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at s' and t
         want = beta * k @ erase @ A @ erase @ B @ k
         if not _close(got, float(want)):
             return (
-                f"wrong at beta = {beta!r} with kk_ts, kk_tr, kk_rs = {numbers} "
+                f"wrong at beta = {beta!r} with kk_ts, kk_tsp, kk_sps = {numbers} "
                 f"({'one decay for all channels' if scalar else 'one decay per channel'}): "
                 "write Omega_ts = beta q_t^T M_t ... M_(s+1) k_s with the two writes that are "
                 "not D; does the middle write act on a decayed k?" + again(seed)

@@ -73,19 +73,18 @@ def _system_hint(a, b, k, g, beta, where) -> str:
         forward = np.eye(len(beta)) + np.tril(
             beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
         echo = " (that is step 3's I + L, the forward order)" if _close(a, forward) else ""
-        return (f"lhs is not upper triangular {where}{echo}: running back, which tokens' "
-                "delta' does delta'_t see?")
+        return (f"lhs is wrong {where}{echo}: running back, which tokens' delta' does delta'_t "
+                "see, earlier or later ones?")
     if not _close(np.diag(a), np.ones(len(beta))):
         return f"lhs's diagonal is not all ones {where}: delta'_t enters its own row once"
     if not _close(a, want_a):
         return (f"lhs is wrong above the diagonal {where} (it must be exactly I + L', no row "
                 "scaled or combined): unroll dS_t from dS_C as in step 1; which decay and which "
                 "beta multiply k_t^T k_s?")
-    if _close(b, beta[:, None] * k * np.exp(gamma)):
-        return f"rhs is wrong {where}: K_in (keys decayed from the chunk's start), not to its end"
-    if _close(b, k * np.exp(gamma[-1] - gamma)):
-        return f"rhs is wrong {where}: K_out without its beta"
-    return f"rhs is wrong {where}: delta'_t's term in dS_C, per unit of gradient"
+    forward_rhs = _close(b, beta[:, None] * k * np.exp(gamma))
+    echo = " (that is step 3's, the forward one)" if forward_rhs else ""
+    return (f"rhs is wrong {where}{echo}: which keys, decayed over which tokens and scaled by "
+            "what, meet dS_C in delta'_t?")
 
 
 @checker("03.1")
