@@ -240,9 +240,9 @@ for t in seq_lens if "mqar" in tasks else []:
 
 # %% [markdown]
 # With two layers attention *can* form the circuit, but finds it late and abruptly: a recorded
-# run sits for thousands of steps on a plateau (0.193-0.210, the notebook notes) at the vote
-# level of its 8 pairs, then jumps; the recorded sweep's two-layer attention scores that level
-# on MQAR (section 6).
+# run sits for thousands of steps on a plateau at the vote level of its 8 pairs, then jumps
+# (the notebook notes); the recorded sweep's two-layer attention scores that level on MQAR
+# (section 6).
 #
 # ## 6. The recorded sweep: both rows of the paper's figure
 #
@@ -314,7 +314,7 @@ sanity = {k: v for k, v in family.items() if k not in baselines}
 families = {"claims": compare_family(claims), "sanity checks": compare_family(sanity),
             "no verdict": {k: compare(*v) for k, v in baselines.items() if k not in claims}}
 flip = {k: sign_flip_p(*v) for k, v in family.items()}
-assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8)  # as the text says
+assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8) and min(flip.values()) == 0.0625
 print(f"{'task':10s} {'T':>3s} {'KDA - other':19s} verdict  mean [95% interval]  seeds +/-  "
       "Holm p  sign-flip p  detectable")
 for name, group in families.items():
@@ -324,7 +324,6 @@ for name, group in families.items():
         print(f"{task:10s} {t:3d} {'steps, gdn' if m == 'steps' else rs.label(m):19s} {word:7s}"
               f" {c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]  {c.above}/{c.below}  {holm:>8s}"
               f"  {flip[(task, t, m)]:.4f}  {c.detectable:.3g}")
-tests = {k: c for group in families.values() for k, c in group.items()}
 verdicts = {"A, stack": rs.claim_a(families["claims"], "stack", (64, 128))[0],
             **{f"B, {task}": rs.claim_b(families["claims"], task)[0] for task in rec_tasks}}
 print(verdicts)

@@ -184,7 +184,8 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
 def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
     """What bounds the reading of a recorded sweep (``sweep_cells``'s ``cells``): ``palindrome``
     the recurrent mixers' (kda, gdn, mamba2) test accuracies per (mixer, T) in multiples of
-    ``chance``, ``rising`` how many of those runs were still rising at the budget, ``tune``
+    ``chance``, ``rising`` how many of those runs were still rising at the budget
+    (:func:`stop_label`: a net gain over the last fifth of the steps), ``tune``
     stack/GDN's validation accuracy per rate on the tuning seed, ``margin`` the chosen rate's
     lead over the next best, ``solve`` MQAR's steps to ``solved`` per mixer (kda, gdn) at the
     longest length, a run that never got there counted as the budget ``max_steps``."""
