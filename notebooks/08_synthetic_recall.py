@@ -322,7 +322,7 @@ for name, group in families.items():
     for (task, t, m), c in group.items():
         word, holm = ("-", "-") if name == "no verdict" else (c.verdict, f"{c.p_adjusted:.4f}")
         print(f"{task:10s} {t:3d} {'steps, gdn' if m == 'steps' else rs.label(m):19s} {word:7s}"
-              f" {c.mean:+.3f} [{c.low:+.3f}, {c.high:+.3f}]  {c.above}/{c.below}  {holm:>8s}"
+              f" {c.mean:+.3g} [{c.low:+.3g}, {c.high:+.3g}]  {c.above}/{c.below}  {holm:>8s}"
               f"  {flip[(task, t, m)]:.4f}  {c.detectable:.3g}")
 verdicts = {"A, stack": rs.claim_a(families["claims"], "stack", (64, 128))[0],
             **{f"B, {task}": rs.claim_b(families["claims"], task)[0] for task in rec_tasks}}
