@@ -80,8 +80,8 @@ def test_stop_label_calls_rising_only_a_net_gain_over_the_last_fifth():
 
 
 def test_vote_accuracy_is_the_expected_largest_multiplicity_over_n():
-    """One value: always right; n values from a huge set: all distinct, 1/n; two values from two:
+    """One value: always right; n values from a large set: nearly all distinct, 1/n; two from two:
     the larger count is 2 with probability 1/2 (equal draws), else 1: (1/2 * 2 + 1/2 * 1) / 2."""
     assert rs.vote_accuracy(1, 7) == 1.0
-    assert abs(rs.vote_accuracy(3, 10**6) - 1 / 3) < 1e-5
+    assert abs(rs.vote_accuracy(3, 10**4) - 1 / 3) < 2e-4  # collisions: about 3 / 10^4
     assert abs(rs.vote_accuracy(2, 2) - 0.75) < 1e-12
