@@ -32,8 +32,10 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
   (:func:`kda_lib.lab.train.make_optimizer`); validation accuracy every ``--eval-every``
   steps. A run stops early once validation accuracy reaches ``--solved`` ("solved"), or when
   the loss is not finite ("diverged"). At the step budget its verdict is "flat" when
-  validation accuracy changed by less than ``--flat-tol`` over the last 20% of the steps, and
-  "rising" otherwise (still learning: not converged). Then the test batches are scored.
+  validation accuracy changed by less than ``--flat-tol`` over the last 20% of the steps,
+  "rising" when it ended at least ``--flat-tol`` above where that stretch began (still
+  learning: not converged), else "moving" (records before 2026-12-05 call both "rising";
+  ``recall_sweep.stop_label`` separates them). Then the test batches are scored.
 - **Controls**: the conv-only mixer (``conv``, blind beyond ``ModelConfig.conv_reach`` tokens)
   runs on every task; for stack every score also gives the accuracy on the scored pops whose
   answer lies beyond that reach (``beyond_reach_accuracy``).
@@ -190,7 +192,9 @@ def verdict(curve: dict, steps: int, solved: float, flat_tol: float) -> str:
     window = [a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s >= start]
     earlier = [a for s, a in zip(curve["step"], curve["accuracy"], strict=True) if s <= start]
     base = earlier[-1] if earlier else curve["accuracy"][0]
-    return "flat" if max(abs(a - base) for a in window) < flat_tol else "rising"
+    if window[-1] - base >= flat_tol:
+        return "rising"
+    return "flat" if max(abs(a - base) for a in window) < flat_tol else "moving"
 
 
 _DRAWERS: dict = {}

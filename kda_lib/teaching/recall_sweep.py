@@ -12,12 +12,16 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 * :func:`kda_family` -- KDA against every other complete mixer, paired by seed: the family of
   comparisons the claims' verdicts are read from.
 * :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
+* :func:`vote_accuracy` -- MQAR accuracy of voting for the sequence's most frequent value.
+* :func:`stop_label` -- a run's stop, "rising" only where validation rose (net) at the budget.
 * :func:`solve_step`, :func:`claim_a`, :func:`claim_b` -- steps to the solved level and the
   verdict rules for the paper's two claims.
 * :func:`plot_task_examples`, :func:`plot_recorded` -- the figures.
 """
 
 from __future__ import annotations
+
+from math import factorial
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -117,6 +121,32 @@ def beyond_reach(runs) -> np.ndarray | None:
     return None if None in scores else np.array(scores)
 
 
+def vote_accuracy(num_pairs: int, num_values: int) -> float:
+    """MQAR accuracy of answering every query with the sequence's most frequent value (the
+    best rule that sees which values are present but not which key each follows): E[largest
+    multiplicity] / ``num_pairs`` for ``num_pairs`` values drawn uniformly, with replacement,
+    from ``num_values``; exact (truncated exponential generating functions)."""
+    n, expected_max = num_pairs, 0.0
+    for k in range(1, n + 1):  # P(largest count >= k) = 1 - P(every count < k)
+        poly, part = np.ones(1), np.array([1 / factorial(j) for j in range(k)])
+        for _ in range(num_values):
+            poly = np.convolve(poly, part)[: n + 1]
+        expected_max += 1 - factorial(n) * (poly[n] if poly.size > n else 0.0) / num_values**n
+    return expected_max / n
+
+
+def stop_label(run: dict, flat_tol: float, window: float = 0.2) -> str:
+    """The run's recorded stop, with "rising" kept only where validation accuracy ended at least
+    ``flat_tol`` above its value before the last ``window`` of the steps; a run that moved by
+    ``flat_tol`` (the recording rule, either way) without that net gain is "moving"."""
+    if run["stop"] != "rising":
+        return run["stop"]
+    steps, accuracy = run["curve"]["step"], run["curve"]["accuracy"]
+    start = steps[-1] * (1 - window)  # a rising run ran to its budget
+    before = [a for s, a in zip(steps, accuracy, strict=True) if s <= start] or accuracy[:1]
+    return "rising" if accuracy[-1] - before[-1] >= flat_tol else "moving"
+
+
 def solve_step(run: dict, solved: float):
     """The step of the run's first held-out evaluation at the ``solved`` level (None: never)."""
     hits = [
@@ -154,7 +184,8 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
 def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
     """What bounds the reading of a recorded sweep (``sweep_cells``'s ``cells``): ``palindrome``
     the recurrent mixers' (kda, gdn, mamba2) test accuracies per (mixer, T) in multiples of
-    ``chance``, ``rising`` how many of those runs were still rising at the budget, ``tune``
+    ``chance``, ``rising`` how many of those runs were still rising at the budget
+    (:func:`stop_label`: a net gain over the last fifth of the steps), ``tune``
     stack/GDN's validation accuracy per rate on the tuning seed, ``margin`` the chosen rate's
     lead over the next best, ``solve`` MQAR's steps to ``solved`` per mixer (kda, gdn) at the
     longest length, a run that never got there counted as the budget ``max_steps``."""
@@ -174,23 +205,24 @@ def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:
              for k, v in pal.items()}  # fmt: skip
     return dict(
         palindrome=times,
-        rising=sum(r["stop"] == "rising" for v in pal.values() for r in v),
+        rising=sum(stop_label(r, setting["flat_tol"]) == "rising" for v in pal.values() for r in v),
         tune=tune,
         margin=tune[sweep["grids"]["stack/gdn"]["best"]] - sorted(tune.values())[-2],
         solve=solve,
     )
 
 
-def print_cells(cells: dict, complete: set, acc: dict) -> None:
+def print_cells(cells: dict, complete: set, acc: dict, flat_tol: float = 0.01) -> None:
     """One line per recorded cell: mean test accuracy (4 decimals: 0.98975 is not 0.99) [min,
-    max] over seeds, each run's stop, INCOMPLETE where the cell is not complete, and for stack
-    the accuracy beyond the conv reach."""
+    max] over seeds, each run's stop (:func:`stop_label`), INCOMPLETE where the cell is not
+    complete, and for stack the accuracy beyond the conv reach."""
     for (task, mixer, t), runs in sorted(cells.items()):
         a, beyond = acc[(task, mixer, t)], beyond_reach(runs)
         print(
             f"{task:10s} T={t:<3d} {label(mixer):15s} {a.mean():.4f} "
             f"[{a.min():.3f}, {a.max():.3f}] "
-            f"{[r['stop'] for r in runs]}{'' if (task, mixer, t) in complete else ' INCOMPLETE'}"
+            f"{[stop_label(r, flat_tol) for r in runs]}"
+            f"{'' if (task, mixer, t) in complete else ' INCOMPLETE'}"
             + (f" beyond the conv reach {beyond.mean():.3f}" if beyond is not None else "")
         )
 

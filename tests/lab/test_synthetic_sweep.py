@@ -117,6 +117,20 @@ def test_verdict_and_rate_rules_unchanged(script):
     assert script.best_rate([slow, solved]) == 0.01
 
 
+def test_rising_needs_a_net_gain_over_the_last_fifth(script):
+    """Review 2026-12-05: a run that moved by the tolerance over the last fifth of the steps
+    but ended no higher is "moving", not "rising" (the label was two-sided)."""
+    steps = [40, 80, 90, 100]  # the last fifth: after step 80
+
+    def stop(*accuracy):
+        curve = dict(step=steps, loss=[1.0] * 4, accuracy=list(accuracy))
+        return script.verdict(curve, 100, 0.99, 0.01)
+
+    assert stop(0.1, 0.2, 0.25, 0.22) == "rising"
+    assert stop(0.1, 0.2, 0.25, 0.19) == "moving"  # up, then below where it began
+    assert stop(0.1, 0.2, 0.205, 0.2) == "flat"
+
+
 def test_tuning_runs_are_never_seeds_and_every_cell_gets_five_fresh_seeds(script, tmp_path):
     """The plan of both presets: the conv control and the Mamba2-style mixer on every task,
     >= 5 seeds per cell, none of them a tuning run; the CPU preset reaches MQAR with >= 8 pairs

@@ -31,7 +31,8 @@ def _sweep():
     grids = {f"{k}/{m}": dict(best=0.01, inside=True) for k in ("palindrome", "stack", "mqar")
              for m in ("kda", "gdn", "mamba2")}  # fmt: skip
     grids["stack/gdn"]["best"] = 0.003
-    setting = dict(solved=0.99, max_steps=2000, eval_every=100, tune_seed=9, protocol_version=2)
+    setting = dict(solved=0.99, max_steps=2000, eval_every=100, tune_seed=9, protocol_version=2,
+                   flat_tol=0.01)
     return dict(setting=setting, grids=grids, runs=runs)
 
 
@@ -64,3 +65,23 @@ def test_the_recorded_figure_has_a_beyond_reach_panel_and_mamba2_style_labels():
     ]
     assert labels == ["kda", "gdn", "mamba2-style"]
     assert rs.label("mamba2 beyond") == "mamba2-style beyond" and rs.label("gdn") == "gdn"
+
+
+def test_stop_label_calls_rising_only_a_net_gain_over_the_last_fifth():
+    """Review 2026-12-05: the recording rule called a run rising when validation moved by the
+    tolerance either way; a run that fell, or came back, is "moving", not rising."""
+    steps = (1000, 1500, 1600, 1800, 2000)  # the last fifth starts after step 1600
+    rose = _run("mqar", "kda", 64, 0, 0.3, stop="rising", steps=steps, curve=(.1, .2, .2, .25, .22))
+    fell = _run("mqar", "kda", 64, 0, 0.3, stop="rising", steps=steps, curve=(.1, .2, .2, .25, .19))
+    back = _run("mqar", "kda", 64, 0, 0.3, stop="rising", steps=steps, curve=(.1, .2, .2, .23, .2))
+    assert [rs.stop_label(r, 0.01) for r in (rose, fell, back)] == ["rising", "moving", "moving"]
+    for stop in ("flat", "solved", "diverged"):
+        assert rs.stop_label(_run("mqar", "kda", 64, 0, 0.3, stop=stop), 0.01) == stop
+
+
+def test_vote_accuracy_is_the_expected_largest_multiplicity_over_n():
+    """One value: always right; n values from a large set: nearly all distinct, 1/n; two from two:
+    the larger count is 2 with probability 1/2 (equal draws), else 1: (1/2 * 2 + 1/2 * 1) / 2."""
+    assert rs.vote_accuracy(1, 7) == 1.0
+    assert abs(rs.vote_accuracy(3, 10**4) - 1 / 3) < 2e-4  # collisions: about 3 / 10^4
+    assert abs(rs.vote_accuracy(2, 2) - 0.75) < 1e-12

@@ -373,6 +373,12 @@ def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx082 = _cases()["08.2"]
     _, ctx091 = _cases()["09.1"]
+    from kda_lib.lab.tasks import chance_accuracy
+    from kda_lib.teaching.exercises import ch08
+
+    chance_table = {v: chance_accuracy("mqar", vocab_size=v) for v in range(3, 300)}
+    reach_table = {(i.tobytes(), r): ch08._reach_count(i, m, n, r)
+                   for i, m, n, r in ch08._sequences()}  # fmt: skip
     measured = ctx091["measured"]
     (c0, b0), (c1, b1) = list(measured.items())[:2]
     slope = (b1 - b0) / (c1 - c0)
@@ -593,6 +599,13 @@ def _rule_breakers():
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("07.3", "floor + 1 for the ceiling (teacher 2026-12-05)", _floor_plus_one),
         ("08.3", "zero", lambda *a: 0),
+        ("08.1", "a table of chance_accuracy for V < 300, made before the check (teacher "
+         "2026-12-05)", chance_table.__getitem__),
+        ("08.1", "that table, 2 / V beyond it", lambda v: chance_table.get(v, 2 / v)),
+        ("08.2", "a strict mean > level (teacher 2026-12-05)",
+         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) > level)),
+        ("08.3", "a lookup of the checker's own sequences (teacher 2026-12-05)",
+         lambda i, m, n, r: reach_table[(i.tobytes(), r)]),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
         ("08.2", "(task, T) pairs without the mixer",
@@ -1024,7 +1037,7 @@ def _lookup_tables():
     """Answers that know the fixed trials only: the right value of every trial the checker ran
     once (recorded through the worked solution), 0 for anything else."""
     out = []
-    for eid in ("06.1", "06.2", "06.3", "10.1", "10.2", "10.3"):
+    for eid in ("06.1", "06.2", "06.3", "08.1", "08.3", "10.1", "10.2", "10.3"):
         right, context = _cases()[eid]
         table = {}
 
