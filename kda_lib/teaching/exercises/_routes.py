@@ -94,8 +94,9 @@ def modules_entered(
     excepted): e.g. ``("jax._src.interpreters.ad",)`` catches ``jax.grad``, ``jax.vjp`` and
     every other route through JAX's autodiff, ``("numpy.linalg",)`` ``np.linalg.inv``; the
     functions of those modules named in ``allowed`` (and what they call) are let through; a
-    frame running one of ``codes`` (code objects) counts whatever its module. A trace hook (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the
-    call in a :func:`fresh_jax_context` so a function jitted before is traced again."""
+    frame running one of ``codes`` (code objects) counts whatever its module. A trace hook
+    (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the call in
+    a :func:`fresh_jax_context` so a function jitted before is traced again."""
     seen: list[str] = []
 
     def trace(frame, _event, _arg):
