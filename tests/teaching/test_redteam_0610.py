@@ -1112,7 +1112,8 @@ def test_lookup_tables_of_the_fixed_trials_are_refused():
 def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     """10.2's int32 count wraps past 2^31 - 1 (the hint says so); 10.3's drawn layer whose MLA
     weights outweigh KDA's bytes needs the clamp T >= 1; 10.3's page echo (21,824) is refused;
-    each hint ends with the seed, and that seed repeats the verdict."""
+    10.3's state without its conv history gets a hint naming the conv history; each hint ends
+    with the seed, and that seed repeats the verdict."""
     s10 = _solutions("10")
     kimi = {"preset": "Kimi-Linear-48B-A3B"}
     wrapped = exercises.verdict("10.2", _ring_int32, ranks=8, **kimi)
@@ -1125,6 +1126,11 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     clamp = exercises.verdict("10.3", no_clamp, **kimi)
     assert "at least 1" in clamp, clamp
     assert "batch 1 with weight_bytes = 1" in exercises.verdict("10.3", lambda *a: 21_824, **kimi)
+
+    def state_only(b, h, d, w, latent, kp, mp, wb):  # NOTATION's S_t alone (teacher t10, #10-4)
+        return max(1, math.ceil((wb * (kp - mp) + b * 2 * 4 * h * d * d) / (b * 2 * latent)))
+
+    assert "conv history" in exercises.verdict("10.3", state_only, **kimi)
     for eid, answer, hint, context in (("10.2", _ring_int32, wrapped, dict(ranks=8, **kimi)),
                                        ("10.3", no_clamp, clamp, kimi)):
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
