@@ -261,8 +261,8 @@ viz.show(fig, "07_memory")
 # The KDA cache after a $T$-token prompt has the same shapes at every $T$ (asserted): one
 # compiled program decodes from all; attention (`kda_lib.layers.attention.CausalSelfAttention`,
 # same heads) over $T$ cached tokens is a program per $T$. Timed: `timing_steps` steps in one
-# compiled loop (`jax.lax.scan`; a step per call would time Python's dispatch, longer than a step
-# here), the calls interleaved over `timing_repeats` rounds, the fastest kept (printed only).
+# compiled loop (`jax.lax.scan`: Python's per-call dispatch is paid once for all of them), the
+# calls interleaved over `timing_repeats` rounds, the fastest kept (printed only).
 
 # %%
 def decode_loop(graph, params, x_t, cache, steps):
