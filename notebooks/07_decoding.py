@@ -265,6 +265,7 @@ viz.show(fig, "07_memory")
 # calls interleaved over `timing_repeats` rounds, the fastest kept (printed only).
 
 # %%
+@jax.jit(static_argnums=(0, 4))
 def decode_loop(graph, params, x_t, cache, steps):
     """`steps` decode steps of the module `nnx.split` gave as (graph, params), feeding `x_t`
     [B, 1, hidden] each time: (final cache, outputs), one compiled program."""
@@ -272,12 +273,13 @@ def decode_loop(graph, params, x_t, cache, steps):
     return jax.lax.scan(lambda c, _: module(x_t, cache=c)[::-1], cache, length=steps)
 
 
-decode_loop = jax.jit(decode_loop, static_argnums=(0, 4))
 kda_graph, kda_params = nnx.split(layer)
 for context in attention_contexts:  # the cache after a T-token prompt, shapes only (no run)
     after = jax.eval_shape(lambda p, xs: nnx.merge(kda_graph, p)(xs, cache=layer.init_cache(
         batch))[1], kda_params, jax.ShapeDtypeStruct((batch, context, hidden_size), jnp.float32))
     assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, decode_cache), context
+
+# %%
 attention = CausalSelfAttention(AttentionConfig(hidden_size=hidden_size, num_heads=num_heads,
                                                 head_dim=head_dim), rngs=nnx.Rngs(layer_seed))
 calls = {"KDA": (kda_graph, kda_params, x[:, :1], decode_cache, timing_steps)}
@@ -287,11 +289,9 @@ for n, context in enumerate(attention_contexts):  # T cached tokens, room for th
     calls[context] = (*nnx.split(attention), x[:, :1], attention.init_cache(
         batch, max_len=context + timing_steps)._replace(
             keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32)), timing_steps)
-rounds = {name: [] for name in calls}
-for _ in range(1 + timing_repeats):  # interleaved rounds; the first compiles, not kept
-    for name, args in calls.items():
-        rounds[name].append(1e3 * timed_call(decode_loop, *args)[0] / timing_steps)
-step_ms = {name: min(times[1:]) for name, times in rounds.items()}
+rounds = [{name: 1e3 * timed_call(decode_loop, *args)[0] / timing_steps for name, args in
+           calls.items()} for _ in range(1 + timing_repeats)]  # interleaved; the first compiles
+step_ms = {name: min(r[name] for r in rounds[1:]) for name in calls}  # ms per step
 
 # %% tags=["hide-input"]
 print(f"ms per decode step, fastest of {timing_repeats} rounds of {timing_steps}-step loops "
