@@ -41,7 +41,8 @@ conv_size: int = 4  # short-conv width w; the conv cache holds w - 1 inputs
 prompt_len: int = 48  # tokens prefilled at once (one call)
 decode_steps: int = 32  # tokens then decoded one at a time
 chunk_size: int = 16  # chunk length of the chunked prefill
-timing_repeats: int = 3  # times each timed decode step runs; the median is kept
+timing_repeats: int = 5  # timed rounds of each decode loop (after a compiling one); min kept
+timing_steps: int = 16  # decode steps in one timed call (one compiled loop)
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # contexts T of the decode-step timings
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query cache of section 5
@@ -86,7 +87,7 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.lab import at_scale
-from kda_lib.lab.measure import median_ms
+from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.models import presets
 from kda_lib.ops.api import select_implementation
@@ -118,7 +119,8 @@ def run(layer, x, cache):
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
 # call (`kda_lib.ops.api.select_implementation`; rules in the notebook notes): the recurrence
-# for one token; for a prompt, the scan on a CPU, the chunked form of notebook 03 on a GPU.
+# for one token; for a prompt, the scan on a CPU for small states, the chunked form of notebook
+# 03 on a GPU or for large states (all $B H d_k d_v$ state numbers count).
 # Section 2 also prefills with `implementation="chunked"` on every machine. Both compute
 #
 # $$
@@ -127,13 +129,12 @@ def run(layer, x, cache):
 # $$
 
 # %%
-picks = {t: select_implementation(seq_len=t, key_dim=head_dim, dtype=jnp.float32,
-                                  lower_bound=None, fused_gate=True, differentiated=False)
-         for t in (prompt_len, 1)}
+picks = {t: select_implementation(seq_len=t, batch=batch, num_heads=num_heads, key_dim=head_dim,
+                                  dtype=jnp.float32, lower_bound=None, fused_gate=True,
+                                  differentiated=False) for t in (prompt_len, 1)}
 print(f"auto picks {picks[prompt_len]!r} for the {prompt_len}-token prompt, "
       f"{picks[1]!r} for one token")
-if jax.default_backend() == "cpu":
-    assert picks == {prompt_len: "recurrent", 1: "recurrent"}
+assert jax.default_backend() != "cpu" or picks[1] == "recurrent"
 cache = layer.init_cache(batch)
 for name, part in cache._asdict().items():
     print(f"cache.{name:7s} {str(part.shape):18s} {part.dtype}")
@@ -257,41 +258,55 @@ viz.show(fig, "07_memory")
 #
 # A KDA decoding step does the same work at every position, $O(H d_k d_v)$ whatever the
 # context; a softmax attention step reads every cached key and value, $O(T H (d_k + d_v))$.
-# Below, at each context $T$ of `attention_contexts`, one decode step of the KDA layer from its
-# cache after a $T$-token prompt and one of `kda_lib.layers.attention.CausalSelfAttention`
-# (same heads) over a KV cache of $T$ tokens: median of `timing_repeats` calls after a
-# compiling one (printed, not asserted: shared machines are noisy). The attention step can be
-# the faster one over a short cache; what grows with $T$ is the bytes it reads (section 5).
+# The KDA cache after a $T$-token prompt has the same shapes at every $T$ (asserted): one
+# compiled program decodes from all; attention (`kda_lib.layers.attention.CausalSelfAttention`,
+# same heads) over $T$ cached tokens is a program per $T$. Timed: `timing_steps` steps in one
+# compiled loop (`jax.lax.scan`: Python's per-call dispatch is paid once for all of them), the
+# calls interleaved over `timing_repeats` rounds, the fastest kept (printed only).
+
+# %%
+@jax.jit(static_argnums=(0, 4))
+def decode_loop(graph, params, x_t, cache, steps):
+    """`steps` decode steps of the module `nnx.split` gave as (graph, params), feeding `x_t`
+    [B, 1, hidden] each time: (final cache, outputs), one compiled program."""
+    module = nnx.merge(graph, params)
+    return jax.lax.scan(lambda c, _: module(x_t, cache=c)[::-1], cache, length=steps)
+
+
+kda_graph, kda_params = nnx.split(layer)
+for context in attention_contexts:  # the cache after a T-token prompt, shapes only (no run)
+    after = jax.eval_shape(lambda p, xs: nnx.merge(kda_graph, p)(xs, cache=layer.init_cache(
+        batch))[1], kda_params, jax.ShapeDtypeStruct((batch, context, hidden_size), jnp.float32))
+    assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, decode_cache), context
 
 # %%
 attention = CausalSelfAttention(AttentionConfig(hidden_size=hidden_size, num_heads=num_heads,
                                                 head_dim=head_dim), rngs=nnx.Rngs(layer_seed))
-kda_ms, attention_ms = [], []
-for n, context in enumerate(attention_contexts):  # the token decoded sits at position T + 1
-    prompt = jax.random.normal(jax.random.fold_in(key_x, n), (batch, context, hidden_size))
-    kda_cache = run(layer, prompt, layer.init_cache(batch))[1]  # after a T-token prompt
-    kda_ms.append(median_ms(run, layer, x[:, :1], kda_cache, repeats=timing_repeats)[0])
-    kv = jax.random.normal(key_x, (2, batch, context + 1, num_heads, head_dim))
-    kv_cache = attention.init_cache(batch, max_len=context + 1)._replace(
-        keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32))
-    attention_ms.append(median_ms(run, attention, x[:, :1], kv_cache, repeats=timing_repeats)[0])
-print(f"one decode step at context T, median of {timing_repeats} ({jax.devices()[0].device_kind})")
-print(f"{'T':>7s} {'KDA (ms)':>9s} {'attention (ms)':>15s}")
-for context, kda, att in zip(attention_contexts, kda_ms, attention_ms, strict=True):
-    print(f"{context:7d} {kda:9.2f} {att:15.2f}" + ("  attention faster" if att < kda else ""))
-print(f"KDA's step, slowest / fastest context: {(spread := max(kda_ms) / min(kda_ms)):.2f}"
-      + (" (about flat)" if spread < 1.5 else " (not flat on this run)"))
+calls = {"KDA": (kda_graph, kda_params, x[:, :1], decode_cache, timing_steps)}
+for n, context in enumerate(attention_contexts):  # T cached tokens, room for the steps
+    kv = jax.random.normal(jax.random.fold_in(key_x, n),
+                           (2, batch, context + timing_steps, num_heads, head_dim))
+    calls[context] = (*nnx.split(attention), x[:, :1], attention.init_cache(
+        batch, max_len=context + timing_steps)._replace(
+            keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32)), timing_steps)
+rounds = [{name: 1e3 * timed_call(decode_loop, *args)[0] / timing_steps for name, args in
+           calls.items()} for _ in range(1 + timing_repeats)]  # interleaved; the first compiles
+step_ms = {name: min(r[name] for r in rounds[1:]) for name in calls}  # ms per step
 
 # %% tags=["hide-input"]
+print(f"ms per decode step, fastest of {timing_repeats} rounds of {timing_steps}-step loops "
+      f"({jax.devices()[0].device_kind}); KDA: {step_ms['KDA']:.3f} at every T (one program)")
+for context in attention_contexts:
+    print(f"T = {context:6d}: attention {step_ms[context]:.3f} "
+          f"({step_ms[context] / step_ms['KDA']:.1f}x KDA's)")
 fig, ax = plt.subplots(figsize=(8, 3.4))
-ax.plot(attention_contexts, kda_ms, "o", ms=8, color=viz.PALETTE["blue"],  # measured points only
-        label="KDA layer: one decode step from its cache after T tokens")
-ax.plot(attention_contexts, attention_ms, "s", ms=8, color=viz.MODEL_COLORS["attention"],
-        label="softmax attention layer: one decode step over a KV cache of T tokens")
-ax.set(xscale="log", ylim=(0, 1.2 * max(*kda_ms, *attention_ms, 1e-3)),
-       title=f"Measured time per decoded token, batch {batch} ({jax.default_backend()}), "
-       f"median of {timing_repeats}", xlabel="context length T (tokens, log scale)",
-       ylabel="wall time per step (ms)")
+ax.axhline(step_ms["KDA"], color=viz.PALETTE["blue"],
+           label="KDA layer: one program, the same at every T")
+ax.plot(attention_contexts, [step_ms[t] for t in attention_contexts], "s", ms=8,
+        color=viz.MODEL_COLORS["attention"], label="softmax attention layer: KV cache of T tokens")
+ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
+       ylabel="wall time per step (ms, log scale)", title=f"Measured time per decoded token, "
+       f"batch {batch} ({jax.default_backend()}), fastest of {timing_repeats} rounds")
 ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "07_decode_time")
 
@@ -300,8 +315,8 @@ viz.show(fig, "07_decode_time")
 #
 # At Kimi Linear's layer shape (`kda_lib.models.presets.KIMI_LINEAR_48B`, from its published
 # config), a KDA decode step reads the state ($H d_k d_v$ numbers per sequence), writes it back
-# and does a handful of flops per entry (XLA's count of the compiled `kda_step`; the count by
-# hand is in the notebook notes): about one flop per byte, below even the float32 ridge of a GPU's
+# and does a handful of flops per entry (XLA's count of the compiled `kda_step`; counted by
+# hand in notebook 10, section 2): about one flop per byte, below even the float32 ridge of a GPU's
 # CUDA cores (the flops per byte above which compute limits; H200 SXM spec sheet). An attention
 # decode step reads every cached token:
 #
@@ -351,8 +366,8 @@ assert 5 * intensity < ridge_fp32 < attention_intensity["MLA"] < h200.ridge  # f
 # %%
 caches = {"MHA": 2 * H * dk, f"GQA, G = {gqa_kv_heads}": 2 * gqa_kv_heads * dk,
           "MLA": mla.kv_lora_rank + mla.shared_key_dim}  # numbers cached per token and layer
-dtypes = {"float32 state, float32 cache": (4, 4), "bf16 state, bf16 cache": (2, 2),
-          "float32 state, bf16 cache": (4, 2)}  # bytes per state number, per cached number
+dtypes = {"same dtype for both": (4, 4), "float32 state, bf16 cache": (4, 2)}  # bytes per
+# state number, per cached number (bf16 for both: as float32 for both, the ratio is what counts)
 # T*_step: where an attention step over n numbers a cached token moves as many bytes as the state
 t_star = {(c, dt): 2 * entries * b_state / (n * b_cache) for c, n in caches.items()
           for dt, (b_state, b_cache) in dtypes.items()}
@@ -363,30 +378,19 @@ for (c, dt), t in t_star.items():  # the formula, against a count of bytes token
     b_state, b_cache = dtypes[dt]
     assert np.ceil(t) == next(T for T in range(1, 10**5)
                               if T * caches[c] * b_cache >= 2 * entries * b_state), (c, dt)
-assert all(2 * t_star[(c, "bf16 state, bf16 cache")] == t_star[(c, "float32 state, bf16 cache")]
+assert all(2 * t_star[(c, "same dtype for both")] == t_star[(c, "float32 state, bf16 cache")]
            for c in caches)  # one dtype for both: half the mixed T*_step
 
-# %% tags=["hide-input"]
-context = np.geomspace(16, 65536, 100)
-fig, ax = plt.subplots(figsize=(8, 3.6))
-ax.axhline(2 * entries * 4 / 2**20, color=viz.PALETTE["blue"], label="KDA step: f32 state, "
-           "read and written")
-for c, n in caches.items():  # viz's colour of MHA, GQA, MLA
-    color = viz.MODEL_COLORS[c.split(",")[0].lower()]
-    ax.plot(context, context * n * 2 / 2**20, color=color, label=f"{c} step: bf16 cache read")
-    ax.plot(t_star[(c, "float32 state, bf16 cache")], 2 * entries * 4 / 2**20, "o", color=color)
-ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
-       ylabel="MiB moved per sequence (log scale)", title=f"Bytes one decode step's mixing moves\n"
-       f"{preset.name}'s layer shape (H = {H}, $d_k = d_v$ = {dk})")
-ax.legend(loc="upper left", fontsize=8)
-viz.show(fig, "07_decode_roofline")
+# %%
 first_t = {key: int(np.ceil(t)) for key, t in t_star.items()}  # first whole T at or past T*
 gqa, mixed = f"GQA, G = {gqa_kv_heads}", "float32 state, bf16 cache"
 display(Markdown(
     f"With a float32 state and a bf16 cache, the KDA step moves no more bytes than an MHA step "
-    f"from {first_t[('MHA', mixed)]} tokens of context on (the dots), than a GQA step from "
+    f"from {first_t[('MHA', mixed)]} tokens of context on, than a GQA step from "
     f"{first_t[(gqa, mixed)]} and than an MLA step from {first_t[('MLA', mixed)]}; half these "
-    "with one dtype for both."))
+    "with one dtype for both. These are per sequence, the large-batch limit: at batch 1 the "
+    "KDA layer's larger weights, read once per step, push its crossing with the MLA layer to "
+    "about 21,800 tokens (notebook 10, section 5)."))
 
 # %% [markdown]
 # ## Summary
@@ -399,33 +403,33 @@ display(Markdown(
 #
 # ## Exercises
 #
-# Replace each `answer = None` and run the cell: `check` says right or not, never the solution.
-# Worked solutions (try first): [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
+# **Their setting: speculative decoding.** A cheap model drafts $m$ tokens; the layer runs all
+# $m$ in one call from its cache (a short prefill) and keeps the first ones the real model
+# agrees with; decoding resumes from the cache after the last kept token. A KV cache drops its
+# last rows; a KDA state has no rows to drop: it is rolled back (exercise 2) or kept after every
+# draft token (exercise 1), and the verify call moves those states (exercise 3). Replace each
+# `answer = None` and run the cell: `check` says right or not, never the solution. Worked
+# solutions (try first): [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
-# 1. **The cache that rolls back a draft.** To return to any prefix of an $n$-token draft
-#    (0 to $n$ tokens accepted: exercise 2) without recomputing, keep the $n + 1$ states (before
-#    the draft, after each token) and the fewest conv rows from which every prefix's history can
-#    be read. Write `cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
+# 1. **The cache that rolls back a draft.** To return to any prefix of an $m$-token draft
+#    (0 to $m$ tokens accepted) without recomputing, keep the $m + 1$ states (before the draft,
+#    after each token) and the fewest conv rows from which every prefix's history can be read.
+#    Write `cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
 #    conv_bytes, draft)` (no kda_lib): `num_v_heads` value heads (a float32 state each, as
 #    `KDAConfig(num_v_heads=...)`), conv rows of `conv_bytes` bytes a number, `conv_size` 0, 1 too.
-# 2. **Roll back a rejected draft.** In speculative decoding the layer runs a few drafted tokens in
-#    one call, then drops the last `rejected`: its state must go back to before them. From the state
-#    after the whole draft (one head, `[K, V]`) and the draft's unit keys `k`, values `v`, log
-#    decays `g`, strengths `beta` (a row per token), write `roll_back(state, k, v, g, beta,
-#    rejected)`, undoing token by token: invert each token's map $M_t = (I - \beta_t \mathbf k_t
-#    \mathbf k_t^\top) D_t$ ($S_t = M_t S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top$) in closed
-#    form, $O(d_k d_v)$ a token (no solve, inverse or $d_k \times d_k$ matrix: tried at a $d_k$ of a
-#    million, where one takes 4 TB, and with a $\beta_t \in (1, 2)$ in every draft, as
-#    `allow_neg_eigval=True` allows past NOTATION's $[0, 1]$ (eigenvalue $1 - \beta_t < 0$ along
-#    $\mathbf k_t$): a series in $\beta_t$ diverges there, so the checker refuses it; a library
-#    solver, `jax.scipy.sparse`'s or LAPACK's by ctypes, is refused; an iteration of your own that
-#    converges, as conjugate gradient or Richardson on the normal equations, passes but is no closed
-#    form). Which $\beta_t$ cannot be undone? Why keep each draft token's state instead (notes)?
-# 3. **The crossover of a verify call.** Verifying an $n$-token draft, a KDA layer moves exercise
+# 2. **Roll back a rejected draft.** From the state after the whole draft (one head, `[K, V]`)
+#    and the draft's unit keys `k`, values `v`, log decays `g`, strengths `beta` (a row per
+#    token), write `roll_back(state, k, v, g, beta, rejected)`: the state before the last
+#    `rejected` tokens, undoing token by token. Invert each token's map $M_t = (I - \beta_t
+#    \mathbf k_t \mathbf k_t^\top) D_t$ ($S_t = M_t S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top$)
+#    in closed form, $O(d_k d_v)$ a token, no $d_k \times d_k$ matrix; some $\beta_t$ are in
+#    $(1, 2)$, as `allow_neg_eigval=True` allows. Which $\beta_t$ cannot be undone? Why keep each
+#    draft token's state instead (notes)?
+# 3. **The crossover of a verify call.** Verifying an $m$-token draft, a KDA layer moves exercise
 #    1's cache once (reads what it held before the draft, writes the rest), `state_bytes` a number;
-#    attention over $T$ cached tokens writes $n$ entries and reads all $T + n$. Write `t_star(heads,
+#    attention over $T$ cached tokens writes $m$ entries and reads all $T + m$. Write `t_star(heads,
 #    key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft)`: the least whole
-#    $T \ge 1$ where attention moves no fewer bytes. Predict for Kimi Linear: $n = 4$ against 1?
+#    $T \ge 1$ where attention moves no fewer bytes. Predict for Kimi Linear: $m = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises

@@ -369,6 +369,61 @@ def _floor_plus_one(h, k, v, w, n, bs, bc, d):
     return max(1, math.floor(kda / (n * bc)) + 1 - 2 * d)
 
 
+def _closed_form_linalg(xp):
+    """07.2's closed form written with ``xp.linalg.outer`` / ``xp.linalg.vecdot`` (numpy 2's
+    array-API spellings; products, not solves)."""
+
+    def roll_back(state, k, v, g, beta, rejected):
+        s = xp.asarray(state)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            k_t, b = xp.asarray(k[t]), float(beta[t])
+            w = s - b * xp.linalg.outer(k_t, xp.asarray(v[t]))
+            w = w + b / (1 - b) * xp.linalg.outer(k_t, xp.linalg.vecdot(k_t[:, None], w, axis=0))
+            s = xp.exp(-xp.asarray(g[t]))[:, None] * w
+        return np.asarray(s, np.float64)
+
+    return roll_back
+
+
+def _solve_then_closed_form(solve):
+    """07.2 right: each token's M_t X = S_t - E_t solved by ``solve`` up to d_k = 10,000, the
+    closed form only at the checker's d_k of a million (where a d_k x d_k matrix cannot fit)."""
+
+    def roll_back(state, k, v, g, beta, rejected):
+        if len(k[0]) > 10_000:
+            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
+        state = np.asarray(state, np.float64)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+            state = solve(m, state - beta[t] * np.outer(k[t], v[t]))
+        return state
+
+    return roll_back
+
+
+def _solve_as_default(keyword: bool):
+    """07.2 right by :func:`_solve_then_closed_form`, numpy's C solve held as a default argument
+    (positional or keyword-only), never named in the answer's code (teacher t10's #07-5)."""
+
+    def roll_back(state, k, v, g, beta, rejected, _solve=np.linalg._umath_linalg.solve):
+        return _solve_then_closed_form(_solve)(state, k, v, g, beta, rejected)
+
+    def roll_back_kw(state, k, v, g, beta, rejected, *, _solve=np.linalg._umath_linalg.solve):
+        return _solve_then_closed_form(_solve)(state, k, v, g, beta, rejected)
+
+    return roll_back_kw if keyword else roll_back
+
+
+def _solve_named_norm():
+    """07.2 right by :func:`_solve_then_closed_form`, jnp.linalg.solve wrapped in the answer's
+    own function named like the product the checker lets through."""
+
+    def norm(m, b):
+        return np.asarray(jnp.linalg.solve(m, b), np.float64)
+
+    return _solve_then_closed_form(norm)
+
+
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx082 = _cases()["08.2"]
@@ -495,6 +550,12 @@ def _rule_breakers():
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
         ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
+        ("07.2", "_umath_linalg.solve held as a default argument (teacher t10, #07-5)",
+         _solve_as_default(keyword=False)),
+        ("07.2", "_umath_linalg.solve held as a keyword-only default (teacher t10, #07-5)",
+         _solve_as_default(keyword=True)),
+        ("07.2", "jnp.linalg.solve inside the answer's own function named `norm`",
+         _solve_named_norm()),
         *[("07.2", f"jax.scipy.sparse.linalg.{name}, matrix-free, per token (teacher 2026-12-05)",
            _matrix_free(getattr(jax.scipy.sparse.linalg, name)))
           for name in ("cg", "bicgstab", "gmres")],
@@ -862,6 +923,10 @@ def _alternatives():
         ("07.1", "a float", cache_float, {}),
         ("07.2", "Python lists and loops", roll_back_loop, {}),
         ("07.2", "np.linalg.norm on the keys", roll_back_normalised, {}),
+        ("07.2", "np.linalg.outer and np.linalg.vecdot (teacher t10, #07-4)",
+         _closed_form_linalg(np), {}),
+        ("07.2", "jnp.linalg.outer and jnp.linalg.vecdot (teacher t10, #07-4)",
+         _closed_form_linalg(jnp), {}),
         ("07.2", "matrix-free conjugate gradient per token (accepted: exact in 2 steps)",
          roll_back_cg, {}),
         ("07.2", "Richardson on the normal equations, to tolerance (accepted: it converges)",
@@ -1060,7 +1125,8 @@ def test_lookup_tables_of_the_fixed_trials_are_refused():
 def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     """10.2's int32 count wraps past 2^31 - 1 (the hint says so); 10.3's drawn layer whose MLA
     weights outweigh KDA's bytes needs the clamp T >= 1; 10.3's page echo (21,824) is refused;
-    each hint ends with the seed, and that seed repeats the verdict."""
+    10.3's state without its conv history gets a hint naming the conv history; each hint ends
+    with the seed, and that seed repeats the verdict."""
     s10 = _solutions("10")
     kimi = {"preset": "Kimi-Linear-48B-A3B"}
     wrapped = exercises.verdict("10.2", _ring_int32, ranks=8, **kimi)
@@ -1073,6 +1139,11 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     clamp = exercises.verdict("10.3", no_clamp, **kimi)
     assert "at least 1" in clamp, clamp
     assert "batch 1 with weight_bytes = 1" in exercises.verdict("10.3", lambda *a: 21_824, **kimi)
+
+    def state_only(b, h, d, w, latent, kp, mp, wb):  # NOTATION's S_t alone (teacher t10, #10-4)
+        return max(1, math.ceil((wb * (kp - mp) + b * 2 * 4 * h * d * d) / (b * 2 * latent)))
+
+    assert "conv history" in exercises.verdict("10.3", state_only, **kimi)
     for eid, answer, hint, context in (("10.2", _ring_int32, wrapped, dict(ranks=8, **kimi)),
                                        ("10.3", no_clamp, clamp, kimi)):
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])

@@ -93,10 +93,10 @@ def modules_entered(
     module's dotted name starts with one of ``prefixes`` (the machinery calling an answer
     excepted): e.g. ``("jax._src.interpreters.ad",)`` catches ``jax.grad``, ``jax.vjp`` and
     every other route through JAX's autodiff, ``("numpy.linalg",)`` ``np.linalg.inv``; the
-    functions named in ``allowed`` (and what they call) are let through; a frame running one
-    of ``codes`` (code objects) counts whatever its module. A trace
-    hook (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the
-    call in a :func:`fresh_jax_context` so a function jitted before is traced again."""
+    functions of those modules named in ``allowed`` (and what they call) are let through; a
+    frame running one of ``codes`` (code objects) counts whatever its module. A trace hook
+    (``sys.settrace``), so it runs beside :func:`call_own_work`'s profile hook; run the call in
+    a :func:`fresh_jax_context` so a function jitted before is traced again."""
     seen: list[str] = []
 
     def trace(frame, _event, _arg):
@@ -107,7 +107,9 @@ def modules_entered(
                     and frame.f_code not in MACHINERY_CODE
                     and not name.endswith("_dispatcher")):  # NumPy's argument relays
                 caller = frame
-                while caller is not None and caller.f_code.co_name not in allowed:
+                while caller is not None and not (  # an allowed function of those modules
+                        caller.f_code.co_name in allowed
+                        and (caller.f_globals.get("__name__") or "").startswith(prefixes)):
                     caller = caller.f_back
                 if caller is None:
                     seen.append(f"{module}.{frame.f_code.co_name}")

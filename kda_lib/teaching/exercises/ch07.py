@@ -120,6 +120,9 @@ _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.lin
              "jax._src.lax.linalg", "jax._src.scipy.linalg", "jax._src.scipy.sparse", "torch")
 # the public modules jax's linear algebra is held under (``jnp.linalg.solve.__module__``)
 _INVERSES_PUBLIC = ("jax.numpy.linalg", "jax.scipy.linalg", "jax.scipy.sparse")
+# the functions of those modules that multiply, not solve (numpy 2's array-API spellings)
+_PRODUCTS = ("norm", "vector_norm", "outer", "vecdot", "matmul", "matrix_transpose",
+             "tensordot", "trace", "diagonal", "cross")
 # C linear-algebra routes (no Python frame), matched in a name lowered with underscores dropped
 # (``LAPACKE_sgesv``, ``scipy_sgesv_``, ``DGETRF``): LAPACK's solvers and factorizations by
 # their stems, numpy's private gufuncs, scipy's wrappers, and ctypes' raw symbol lookups
@@ -249,7 +252,9 @@ def _held_route(fn) -> str | None:
         return next(("c" for x in vars(fn).values() if _held_route(x) == "c"), None)
     module = getattr(fn, "__module__", None)
     if callable(fn) and isinstance(module, str) and module.startswith(
-            _INVERSES + _INVERSES_PUBLIC) and getattr(fn, "__name__", "") != "norm":
+            _INVERSES + _INVERSES_PUBLIC) and getattr(
+                getattr(fn, "__code__", None), "co_name", getattr(fn, "__name__", "")
+            ) not in _PRODUCTS:
         return "c"  # a linear-algebra function of Python (np.linalg.solve, jax's cg), held
     kind = type(fn).__module__ + "." + type(fn).__qualname__
     if kind in _COMPILED_TYPES or getattr(getattr(fn, "_cache_miss", None), "__name__",
@@ -264,8 +269,9 @@ _COMPILED_TYPES = {"jax._src.stages.Compiled", "jax._src.interpreters.pxla.MeshE
 
 def _names_c_route(answer, depth: int = 4) -> str | None:
     """The hint for ``answer`` when its code (its nested functions, closures, partials, the
-    containers they hold and the functions of its module it names, ``depth`` levels deep) names
-    or holds a C linear-algebra routine or a compiled program; else ``None``."""
+    containers they hold, its default arguments and the functions of its module it names,
+    ``depth`` levels deep) names or holds a C linear-algebra routine or a compiled program;
+    else ``None``."""
     routines, seen, todo = _c_routines(), set(), [(answer, depth)]
     while todo:
         fn, level = todo.pop()
@@ -280,6 +286,9 @@ def _names_c_route(answer, depth: int = 4) -> str | None:
             todo += [(x, level - 1) for x in items]
         if isinstance(fn, functools.partial):
             todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
+        defaults = getattr(fn, "__defaults__", None) or ()  # def f(..., solve=np.linalg.solve)
+        todo += [(x, level - 1) for x in (*defaults, *(getattr(fn, "__kwdefaults__", None)
+                                                        or {}).values())]
         code = getattr(fn, "__code__", None)
         if code is None:
             continue
@@ -345,7 +354,7 @@ def _roll_back_call(answer, *args):
     capped = _address_space_capped() if key_dim == _BIG else contextlib.nullcontext()
     try:
         with (_time_limit(HANG_S), capped, _c_routines_refused() as c_routines,
-              modules_entered(_INVERSES, allowed=("norm",)) as inverses):
+              modules_entered(_INVERSES, allowed=_PRODUCTS) as inverses):
             got, hint = call_own_work(answer, *args,
                                       name="roll_back(state, k, v, g, beta, rejected)")
     except _TooSlow:
@@ -365,7 +374,13 @@ def roll_back(answer, *, seed=None):
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
-    array or kda_lib; the draft drawn at each call."""
+    array or kda_lib; the draft drawn at each call. How: a draft at d_k = 999,999 (a d_k x d_k
+    float32 array: 4 TB; the address space is capped), a beta in (1, 2) in every draft (a
+    series in beta diverges), library solvers refused whether called, held (code, closures,
+    partials, default arguments) or reached through ctypes; linalg's products (``outer``,
+    ``vecdot``, ``norm``, ...) are allowed. An iteration of the answer's own that converges
+    (conjugate gradient, Richardson on the normal equations) passes: it is no closed form, but
+    it is O(d_k d_v) a token."""
     seed, rng = seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)

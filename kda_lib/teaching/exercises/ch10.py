@@ -288,6 +288,7 @@ def decode_crossover(answer, *, preset: str, seed=None):
     return (
         f"at batch {batch} with weight_bytes = {weight_bytes} your T is "
         f"{'above' if got > want else 'below'} the crossover: per step the weights are read "
-        "once (shared by the batch), the KDA state read and written for every sequence, the "
-        "latents read for every sequence" + again(seed)
+        "once (shared by the batch), the KDA cache (its state and its conv history, as in "
+        "section 4) read and written for every sequence, the latents read for every sequence"
+        + again(seed)
     )
