@@ -352,17 +352,20 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib (fla: if so)
 
 
-_OTHER_KDA_PREFIXES = tuple(p + "." for p in OTHER_KDA)
 _KNOWN_MODULES: dict[str, tuple[bool, bool]] = {}  # exact str -> (other_kda, library module)
+_KNOWN_FOR = [OTHER_KDA]  # the OTHER_KDA they were found for (a test may set another)
 
 
 def _module_kinds(module: str) -> tuple[bool, bool]:
     """``(other_kda(module), module is kda_lib's and not the machinery's)``, remembered for
     exact ``str`` names only (a ``str`` subclass could match a library name in a dict and answer
     differently elsewhere): the profile hooks ask it at every call an answer makes."""
+    if _KNOWN_FOR[0] is not OTHER_KDA:
+        _KNOWN_MODULES.clear()
+        _KNOWN_FOR[0] = OTHER_KDA
     known = _KNOWN_MODULES.get(module) if type(module) is str else None
     if known is None:
-        other = module in OTHER_KDA or module.startswith(_OTHER_KDA_PREFIXES)
+        other = module in OTHER_KDA or module.startswith(tuple(p + "." for p in OTHER_KDA))
         ours = (module == "kda_lib" or module.startswith("kda_lib.")) and module not in _OWN
         known = other, ours or other
         if type(module) is str:
