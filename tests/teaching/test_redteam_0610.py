@@ -787,7 +787,7 @@ def _alternatives():
         return 4.0 * (n + 1) * b * hv * k * v + cb * b * rows * (2.0 * h * k + hv * v)
 
     def roll_back_loop(state, k, v, g, beta, rejected):  # loops over channels, no outer()
-        state = [list(row) for row in np.asarray(state, np.float64)]
+        state, k, v, g, beta = (np.asarray(x, np.float64).tolist() for x in (state, k, v, g, beta))
         for t in reversed(range(len(beta) - rejected, len(beta))):
             rate = beta[t] / (1 - beta[t])
             recalled = [sum(k[t][i] * state[i][j] for i in range(len(k[t])))

@@ -352,10 +352,31 @@ def watch_every_thread(hook, entered: list[str]) -> Iterator[None]:
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib (fla: if so)
 
 
+_KNOWN_MODULES: dict[str, tuple[bool, bool]] = {}  # exact str -> (other_kda, library module)
+_KNOWN_FOR = [OTHER_KDA]  # the OTHER_KDA they were found for (a test may set another)
+
+
+def _module_kinds(module: str) -> tuple[bool, bool]:
+    """``(other_kda(module), module is kda_lib's and not the machinery's)``, remembered for
+    exact ``str`` names only (a ``str`` subclass could match a library name in a dict and answer
+    differently elsewhere): the profile hooks ask it at every call an answer makes."""
+    if _KNOWN_FOR[0] is not OTHER_KDA:
+        _KNOWN_MODULES.clear()
+        _KNOWN_FOR[0] = OTHER_KDA
+    known = _KNOWN_MODULES.get(module) if type(module) is str else None
+    if known is None:
+        other = module in OTHER_KDA or module.startswith(tuple(p + "." for p in OTHER_KDA))
+        ours = (module == "kda_lib" or module.startswith("kda_lib.")) and module not in _OWN
+        known = other, ours or other
+        if type(module) is str:
+            _KNOWN_MODULES[module] = known
+    return known
+
+
 def other_kda(module: str) -> bool:
     """Whether ``module`` (a dotted name) is in one of :data:`OTHER_KDA`'s packages, whose KDA
     code (tokamax's reference, fla's kernels) an answer may not run either."""
-    return any(module == p or module.startswith(p + ".") for p in OTHER_KDA)
+    return _module_kinds(module)[0]
 
 
 @contextlib.contextmanager
@@ -373,11 +394,7 @@ def library_calls() -> Iterator[list[str]]:
     def profile(frame, event, _arg):
         if event == "call" and not entered:
             module = frame.f_globals.get("__name__") or ""
-            if (
-                (module == "kda_lib" or module.startswith("kda_lib.") or other_kda(module))
-                and module not in _OWN
-                and frame.f_code not in MACHINERY_CODE
-            ):
+            if _module_kinds(module)[1] and frame.f_code not in MACHINERY_CODE:
                 entered.append(module)
                 raise _LibraryEntered(module)
 

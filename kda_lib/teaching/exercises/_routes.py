@@ -40,9 +40,19 @@ _CHECKERS = os.path.join(_LIBRARY, "teaching", "exercises") + os.sep
 _MACHINERY = (_CHECKERS + "__init__.py", _CHECKERS + "_routes.py")
 
 
+_KNOWN_FILES: dict[str, bool] = {}
+
+
 def _is_library(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return path.startswith(_LIBRARY) and path not in _MACHINERY
+    """Whether ``filename`` (a code object's) is kda_lib's, the machinery excepted; remembered
+    for absolute exact-``str`` names (a relative one resolves against the working directory)."""
+    known = _KNOWN_FILES.get(filename) if type(filename) is str else None
+    if known is None:
+        path = os.path.abspath(filename)
+        known = path.startswith(_LIBRARY) and path not in _MACHINERY
+        if type(filename) is str and os.path.isabs(filename):
+            _KNOWN_FILES[filename] = known
+    return known
 
 
 def call_own_work(
@@ -102,10 +112,10 @@ def modules_entered(
     def trace(frame, _event, _arg):
         if not seen:
             module = frame.f_globals.get("__name__") or ""
-            name = frame.f_code.co_name
-            if ((module.startswith(prefixes) or frame.f_code in codes)
+            # (codes and ...): hashing a code object is dear, and this runs at every call
+            if ((module.startswith(prefixes) or (codes and frame.f_code in codes))
                     and frame.f_code not in MACHINERY_CODE
-                    and not name.endswith("_dispatcher")):  # NumPy's argument relays
+                    and not frame.f_code.co_name.endswith("_dispatcher")):  # NumPy's relays
                 caller = frame
                 while caller is not None and not (  # an allowed function of those modules
                         caller.f_code.co_name in allowed
