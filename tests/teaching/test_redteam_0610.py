@@ -667,6 +667,11 @@ def _rule_breakers():
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) > level)),
         ("08.3", "a lookup of the checker's own sequences (teacher 2026-12-05)",
          lambda i, m, n, r: reach_table[(i.tobytes(), r)]),
+        ("08.3", "queries assumed in reverse pair order, keys never read (review r08)",
+         lambda i, m, n, r: int(sum(t - (2 * (n - 1 - j) + 1) <= r
+                                    for j, t in enumerate(np.flatnonzero(m))))),
+        ("08.3", "a table keyed on the reach (review r08)",
+         lambda i, m, n, r: {4: 2, 7: 2, 1: 1}.get(r, 3)),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
         ("08.2", "(task, T) pairs without the mixer",
