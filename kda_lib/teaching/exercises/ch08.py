@@ -9,6 +9,7 @@ from kda_lib.teaching.exercises._routes import call_own_work
 
 
 def _mqar_values(vocab_size: int) -> int:
+    """How many value tokens MQAR draws from at ``vocab_size``."""
     return vocab_size - 1 - (vocab_size - 1) // 2
 
 
@@ -34,6 +35,7 @@ def mqar_chance(answer, **_):
 
 
 def _solved(accuracy: dict, solved: float) -> set:
+    """The cells whose mean accuracy over seeds reaches ``solved``."""
     return {cell for cell, acc in accuracy.items() if np.mean(acc) >= solved}
 
 
@@ -100,6 +102,7 @@ def solved_cells(answer, *, accuracy: dict, solved: float):
 
 
 def _reach_count(inputs, mask, num_pairs: int, conv_reach: int) -> int:
+    """The queries whose value lies at most ``conv_reach`` tokens before them."""
     value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
     return sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
 

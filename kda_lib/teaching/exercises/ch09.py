@@ -11,6 +11,7 @@ from kda_lib.teaching.exercises._routes import call_own_work
 
 def _hybrid_bytes(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
                   decode_steps) -> int:
+    """A hybrid's decode cache in bytes (KDA states and conv tails, MLA latents)."""
     kda_layer = 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
     mla_layer = 4 * (context + decode_steps + 1) * kv_lora_rank + 4
     return kda_layers * kda_layer + mla_layers * mla_layer
@@ -106,6 +107,7 @@ def _bigram_bpb(train, validation, smoothing=1.0, log=np.log2) -> float:
 
 
 def _unigram_bpb(train, validation) -> float:
+    """Bits per byte of ``validation`` under add-one byte counts of ``train``."""
     counts = np.bincount(np.asarray(train, np.int64), minlength=256) + 1.0
     return float(-np.log2(counts / counts.sum())[np.asarray(validation, np.int64)].mean())
 
