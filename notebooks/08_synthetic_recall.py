@@ -120,8 +120,8 @@ print(f"{len(tasks)} task(s) x {len(seq_lens)} length(s) x {len(mixers)} mixers 
 # - **MQAR** (from Zoology): the sequence opens with $n$ key/value pairs
 #   $k_1 v_1 \dots k_n v_n$; later each key $k_i$ comes back once, among filler tokens, and the
 #   model must answer $v_i$: how many bindings a state holds and retrieves by content.
-# - **Palindrome**: random content, a separator, then the content reversed; the answer at
-#   output step $i$ lies $2i + 1$ tokens back, so the whole order must be kept.
+# - **Palindrome**: random content, a separator, then filler inputs whose targets are the content
+#   reversed; the answer at output step $i$ lies $2i + 1$ tokens back: all the order must be kept.
 # - **Stack**: pushes (a value token) and pops; after each pop, name the new top. Only pops are
 #   scored; the answer may have been pushed long ago.
 #
@@ -226,7 +226,9 @@ for t in seq_lens if "mqar" in tasks and {"kda", "conv"} <= set(mixers) else []:
 # first step free: their short convolution mixes $\mathbf k_{t-1}$ into $\mathbf k_t$. Give
 # attention the same convolution and one layer is enough. Without it one layer can use only
 # *which* values the sequence holds, not which key each follows; from that the best rule votes
-# for the most frequent value (`rs.vote_accuracy`), above guessing uniformly among them.
+# for the most frequent value (`rs.vote_accuracy`), above guessing uniformly among them. At CI
+# size one layer sits near or below uniform guessing (0.250-0.313 over seeds 1 and 7-15): the
+# vote level is the recorded two-layer plateau (section 6), not what this run shows.
 
 # %%
 vote = rs.vote_accuracy(num_pairs, round(1 / chance["mqar"]))  # num_pairs values of V's
@@ -269,7 +271,9 @@ cells, complete, acc = rs.sweep_cells(sweep, min_seeds=5)  # cells: (task, mixer
 rec_tasks = list(dict.fromkeys(c[0] for c in cells))
 chance.update({r["task"]: r["chance_accuracy"] for r in sweep["runs"]})
 assert setting["protocol_version"] == 2 and all(record_scores(r)["test"] for r in sweep["runs"])
-assert not any(r["training"]["seed"] == setting["tune_seed"] for c in cells.values() for r in c)
+reported = {r["training"]["seed"] for r in sweep["runs"] if r["phase"] == "seeds"}
+assert setting["tune_seed"] not in reported and len(reported) == 5  # the same five in every cell:
+assert all({r["training"]["seed"] for r in cells[c]} == reported for c in complete)
 print(f"{len(sweep['runs'])} runs; {len(complete)} of {len(cells)} cells complete; tuned "
       "rates: " + ", ".join(f"{rs.label(k)} {g['best']:g}{'' if g['inside'] else ' (edge)'}"
                             for k, g in sweep["grids"].items()))
@@ -301,8 +305,11 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_l
 # power (`kda_lib.lab.significance`; method, and what this section leaves out: the notebook notes).
 # **Claims** (fixed after reading the record, so exploratory): stack against GDN and mamba2-style,
 # in accuracy and beyond the conv reach, and claim B's steps to solve MQAR where both always solve.
-# **Sanity checks**: against attention, attention_conv and conv-only. **No verdict**: MQAR (a
-# ceiling: runs stop at `solved`) and palindrome (a floor, printed below), untested.
+# **Sanity checks**: against attention, attention_conv and conv-only. **No verdict** (no Holm):
+# MQAR (a ceiling: runs stop at `solved`) and palindrome, unsolved by every recurrent mixer at this
+# budget (two-layer attention 0.88-0.91); there claim A is *not shown*: every palindrome interval
+# against GDN and mamba2-style contains 0 (asserted). Intervals are unadjusted 95%, so a *level*
+# row's may exclude 0.
 
 # %%
 family = rs.kda_family(cells, complete, acc, setting["solved"])  # (task, T, other): KDA's, other's
@@ -316,7 +323,7 @@ families = {"claims": compare_family(claims), "sanity checks": compare_family(sa
             "no verdict": {k: compare(*v) for k, v in baselines.items() if k not in claims}}
 flip = {k: sign_flip_p(*v) for k, v in family.items()}
 assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8) and min(flip.values()) == 0.0625
-print(f"{'task':10s} {'T':>3s} {'KDA - other':19s} verdict  mean [95% interval]  seeds +/-  "
+print(f"{'task':10s} {'T':>3s} {'KDA - other':19s} verdict  mean [unadjusted 95%]  seeds +/-  "
       "Holm p  sign-flip p  detectable")
 for name, group in families.items():
     print(f"--- {name}: {len(group)} comparisons")
@@ -329,6 +336,7 @@ verdicts = {"A, stack": rs.claim_a(families["claims"], "stack", (64, 128))[0],
             **{f"B, {task}": rs.claim_b(families["claims"], task)[0] for task in rec_tasks}}
 print(verdicts)
 assert [v[:9] for v in verdicts.values()] == ["in part", "not shown", "no length", "no length"]
+assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0] == "palindrome")
 
 # %%
 LENS = (64, 128)
@@ -344,12 +352,15 @@ print(f"MQAR T=128, steps to solve: {lim['solve']}")
 # %% [markdown]
 # **Reading.** Claim A on stack holds *in part* and is exploratory: at $T$ = 128 KDA is ordered
 # above GDN and mamba2-style, in accuracy and beyond the conv reach, at 64 above mamba2-style
-# only, ahead on 5 of 5 seeds in all eight; every *ordered* rests on the t-test (no sign-flip p
-# below 2/32 = 0.0625 at 5 seeds), sizes are not matched (section 6), and two lengths cannot show
-# "as the sequence grows". Claim B is *not shown*, its point estimate against the paper: at $T$ =
-# 64 KDA needed more steps than GDN on 4 of 5 seeds, tied on the fifth (at 128, printed above,
-# one KDA run never solved). Palindrome's recurrent runs stay 8 to 38 times chance, KDA's still
-# rising at the budget on 7 of 10: budget and state are not separated.
+# only, ahead on 5 of 5 seeds in all eight. Read it with its selection: the family was chosen
+# after reading the record (with MQAR and palindrome kept, 17 comparisons, at 128 only KDA > GDN
+# stays ordered: notes), KDA has 9.5% more parameters than GDN (section 6), the rates were tuned
+# on one seed, every *ordered* rests on the t-test (no sign-flip p below 2/32 = 0.0625 at 5
+# seeds), and two lengths cannot show "as the sequence grows". Claim B is *not shown*, its point
+# estimate against the paper: at $T$ = 64 KDA needed more steps than GDN on 4 of 5 seeds, tied on
+# the fifth (at 128, printed above, one KDA run never solved). On palindrome claim A is *not shown*:
+# the recurrent runs stay 8 to 38 times chance, KDA's still rising at the budget on 7 of 10, so
+# budget and state are not separated.
 #
 # ## Summary
 #
@@ -357,11 +368,13 @@ print(f"MQAR T=128, steps to solve: {lim['solve']}")
 #   section 4 asserts), and the conv-only control stays below twice chance; one-layer attention
 #   cannot, for a structural reason, but can with the short convolution (sections 4-5). Without it,
 #   the recorded two-layer attention sits at the vote level on MQAR (section 6).
-# - The recorded sweep, against GDN and mamba2-style where accuracy can order them: claim A holds
-#   *in part* on stack (KDA above both at 128 tokens, in accuracy and beyond the conv reach;
-#   exploratory; each *ordered* rests on the t-test, no sign-flip p below 0.0625 at 5 seeds; sizes
-#   not matched); MQAR (ceiling) and palindrome (floor; still rising at the budget on 7 of 10 KDA
-#   runs, budget and state not separated) give no verdict; claim B (T = 64) is not shown.
+# - The recorded sweep, against GDN and mamba2-style (a stand-in without Mamba2's step size):
+#   claim A holds *in part* on stack (KDA above both at 128 tokens, in accuracy and beyond the
+#   conv reach), exploratory: the family was chosen after reading the record (in the full 17, at
+#   128 KDA > GDN only), KDA has 9.5% more parameters than GDN, rates were tuned on one seed, each
+#   *ordered* rests on the t-test. On palindrome (unsolved by every recurrent mixer; KDA still
+#   rising on 7 of 10 runs) claim A is not shown; MQAR (ceiling) gives no verdict; claim B (T =
+#   64) is not shown.
 #
 # ## Exercises
 #
