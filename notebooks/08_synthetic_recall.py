@@ -336,7 +336,6 @@ verdicts = {"A, stack": rs.claim_a(families["claims"], "stack", (64, 128))[0],
             **{f"B, {task}": rs.claim_b(families["claims"], task)[0] for task in rec_tasks}}
 print(verdicts)
 assert [v[:9] for v in verdicts.values()] == ["in part", "not shown", "no length", "no length"]
-assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0] == "palindrome")
 
 # %%
 LENS = (64, 128)
@@ -348,6 +347,7 @@ print(f"palindrome / chance: runs {min(map(min, pal.values())):.1f} to "
       f"{max(map(max, pal.values())):.1f}; {lim['rising']} of 30 runs rising (KDA {kda_rising}); "
       f"ordered tokens {[(t - 1) // 2 for t in LENS]}, d_k {setting['head_dim']}")
 print(f"MQAR T=128, steps to solve: {lim['solve']}")
+assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0] == "palindrome")
 
 # %% [markdown]
 # **Reading.** Claim A on stack holds *in part* and is exploratory: at $T$ = 128 KDA is ordered

@@ -160,6 +160,7 @@ p = counts / counts.sum()
 unigram_bpb = float(-(np.bincount(corpus.validation, minlength=256) * np.log2(p)).sum()
                     / corpus.validation.size)
 print(f"uniform guess: 8.000 bits per byte; byte frequencies alone: {unigram_bpb:.3f}")
+one_byte = lm.one_byte_bound(corpus.validation)  # H(next | previous): no model of 1 byte beats it
 valid = validation_windows(corpus.validation, seq_len, val_windows)
 print("one validation window:", repr(bytes(np.asarray(valid.inputs[0], np.uint8))[:60]))
 
@@ -193,7 +194,6 @@ for name in configs:
     print(f"{name:10s} validation {results[name]['bpb']:.3f} bits per byte "
           f"({results[name]['seconds']:.0f} s with compilation)")
 assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats unigram"
-one_byte = lm.one_byte_bound(corpus.validation)  # H(next | previous): no model of 1 byte beats it
 print(f"{sum(r['bpb'] < one_byte for r in results.values())} of {len(results)} beat the one-byte "
       f"bound {one_byte:.3f}; those above it show the plumbing (and section 6's left panel)")
 
@@ -341,10 +341,9 @@ display(Markdown(
     f"{'; '.join(ordered)} (a - b, bits per byte; '<' is better; sign-flip p "
     f"{min(flip.values()):.4f} each). Attention's gap is there at position 1, where every model "
     f"has seen only the first byte ({min(p1):.3f} to {max(p1):.3f} bits per byte; "
-    f"{min(whole):.3f} to {max(whole):.3f} over the window): most of the gap is per-token "
-    "processing or training speed; whether the rest involves context is not resolved "
-    "(attention also lacks KDA's per-token short convolution and SiLU path; no "
-    f"`attention_conv` here). On this CPU it trained {ratio:.1f}x the tokens/s of the "
+    f"{min(whole):.3f} to {max(whole):.3f} over the window): mostly per-token processing or "
+    "training speed, the rest unresolved (attention also lacks KDA's short convolution and SiLU "
+    f"path; no `attention_conv` here). On this CPU it trained {ratio:.1f}x the tokens/s of the "
     f"others (slowest run {speed['attention'].min():,.0f}, their fastest {fast:,.0f}), in "
     f"separate runs varying up to {spread:.1f}x within a model: no claim at equal wall time. The "
     f"other {len(level)} pairs are level (detectable gaps {min(gaps):.3f} to {max(gaps):.3f}); "
