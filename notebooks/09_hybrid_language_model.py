@@ -127,8 +127,7 @@ assert {"attention", "kda", "gdn", "hybrid"} <= set(model_names) <= set(patterns
 # W^{V}_h \mathbf c^{KV}_t$. Decoding caches the latent alone, $d_c$ numbers per token where MHA
 # caches $2 H d_k$, and folds $W^{K}_h$ into the query and $W^{V}_h$ into the output. `hybrid_mha`
 # puts NoPE MHA in MLA's place (full setting only). Softmax attention keeps RoPE, the usual choice
-# (without it, causal attention infers positions from its mask: Kazemnejad et al.). Every model
-# gets the KDA model's parameter count through its MLP (a unit: $2d + 1$).
+# (why: notes). Every model gets the KDA model's parameter count through its MLP (a unit: $2d + 1$).
 
 # %%
 target = config_param_count(dataclasses.replace(base, layers=patterns["kda"]))
@@ -161,6 +160,7 @@ p = counts / counts.sum()
 unigram_bpb = float(-(np.bincount(corpus.validation, minlength=256) * np.log2(p)).sum()
                     / corpus.validation.size)
 print(f"uniform guess: 8.000 bits per byte; byte frequencies alone: {unigram_bpb:.3f}")
+one_byte = lm.one_byte_bound(corpus.validation)  # H(next | previous): no model of 1 byte beats it
 valid = validation_windows(corpus.validation, seq_len, val_windows)
 print("one validation window:", repr(bytes(np.asarray(valid.inputs[0], np.uint8))[:60]))
 
@@ -194,6 +194,8 @@ for name in configs:
     print(f"{name:10s} validation {results[name]['bpb']:.3f} bits per byte "
           f"({results[name]['seconds']:.0f} s with compilation)")
 assert all(r["bpb"] < unigram_bpb for r in results.values()), "every model beats unigram"
+print(f"{sum(r['bpb'] < one_byte for r in results.values())} of {len(results)} beat the one-byte "
+      f"bound {one_byte:.3f}; those above it show the plumbing (and section 6's left panel)")
 
 # %% [markdown]
 # ## 4. Samples
@@ -240,8 +242,7 @@ print(f"per token and global layer, MLA / MHA: {mla_vs_mha:.3f} = d_c / (2 H d_k
       f"{kv_lora_rank} / {2 * num_heads * head_dim}")
 k48 = presets.KIMI_LINEAR_48B  # its MLA also caches a shared key part d_R: d_c + d_R per token
 kimi_mla, kimi_mha = k48.mla.kv_lora_rank + k48.mla.shared_key_dim, 2 * k48.num_heads * k48.head_dim
-print(f"{k48.name}: d_c + d_R = {kimi_mla} against 2 H d_k = {kimi_mha} for MHA with its KDA "
-      f"layer's heads: {kimi_mla / kimi_mha:.0%}")
+print(f"{k48.name}: (d_c + d_R) / (2 H d_k), H d_k its KDA layers' = {kimi_mla / kimi_mha:.0%}")
 assert round(kimi_mla / kimi_mha, 2) == 0.07  # the Summary's 7%
 
 # %% tags=["hide-input"]
@@ -340,8 +341,8 @@ display(Markdown(
     f"{'; '.join(ordered)} (a - b, bits per byte; '<' is better; sign-flip p "
     f"{min(flip.values()):.4f} each). Attention's gap is there at position 1, where every model "
     f"has seen only the first byte ({min(p1):.3f} to {max(p1):.3f} bits per byte; "
-    f"{min(whole):.3f} to {max(whole):.3f} over the window): per-token processing or training "
-    "speed, not use of context (attention also lacks KDA's per-token short convolution and SiLU "
+    f"{min(whole):.3f} to {max(whole):.3f} over the window): mostly per-token processing or "
+    "training speed, the rest unresolved (attention also lacks KDA's short convolution and SiLU "
     f"path; no `attention_conv` here). On this CPU it trained {ratio:.1f}x the tokens/s of the "
     f"others (slowest run {speed['attention'].min():,.0f}, their fastest {fast:,.0f}), in "
     f"separate runs varying up to {spread:.1f}x within a model: no claim at equal wall time. The "
@@ -353,7 +354,7 @@ assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items()
-           if c.verdict != "level") and 0.15 < min(p1) and min(whole) > 0.2 and speed[
+           if c.verdict != "level") and max(whole) / 2 < 0.15 < min(p1) and speed[
     "attention"].min() > fast and (round(ratio, 1), round(spread, 1)) == (2.1, 1.8)
 
 # %% [markdown]
@@ -390,13 +391,13 @@ assert max(p.mean() for p in probe.values()) < 0.05 and share[top] < 0.02 and no
 # ## Summary
 #
 # - `ModelConfig(layers=...)` mixes KDA, MLA and MHA layers, each decoding from its own cache
-#   (greedy decoding from the caches reproduces the full forward pass, asserted). Decode memory:
-#   the KDA model's cache is the same at every context; per token and global layer MHA's grows
-#   by $2 H d_k$ floats and MLA's by $d_c$ (asserted; Kimi Linear's MLA, with its shared key
-#   part, caches 7% of what MHA with its KDA heads would, printed).
+#   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's
+#   cache is the same at every context; per token and global layer MHA's grows by $2 H d_k$
+#   floats and MLA's by $d_c$ (asserted; Kimi Linear's MLA, with its shared key part, caches
+#   7% of what an MHA of its KDA layers' 32 heads of 128 would, printed).
 # - Under the protocol (section 6, its fixed test windows) every recurrent model and hybrid beats
-#   attention at equal steps early in training (t-test; no sign-flip p below 0.0625), from the
-#   first byte: per-token processing or training speed, not use of context (attention trained
+#   attention at equal steps early in training (t-test; no sign-flip p below 0.0625), mostly from
+#   the first byte: per-token processing or training speed, the rest unresolved (attention trained
 #   2.1x the tokens/s, runs varying up to 1.8x). **The 3:1 MLA hybrid is nominally worse than
 #   KDA** (4 of 5 seeds; the MHA hybrid too): level. The copy probe shows reading beyond 32 bytes
 #   for all but GDN (positive on 5 of 5), under 0.05 bits per byte, 2.1% at most of a copier's.
@@ -411,9 +412,9 @@ assert max(p.mean() for p in probe.values()) < 0.05 and share[top] < 0.02 and no
 #
 # 1. **Count the cache.** Write `hybrid_cache_bytes(context, kda_layers, mla_layers, heads,
 #    key_dim, kv_lora_rank, conv_size, decode_steps)` (no kda_lib): the bytes `decode_cost(...,
-#    steps=decode_steps)` fills, KDA's $H d_k d_v$ float32 state and three conv tails of $w - 1$
-#    rows, MLA's $d_c$ float32 numbers per token of room (how much does `decode_cost` leave?),
-#    an int32 length; checked on `costs` and on models nobody measured.
+#    steps=decode_steps)` fills, KDA's $H d_k d_v$ float32 state ($d_v = d_k$ = `key_dim`),
+#    three conv tails of $w - 1$ rows of $H d_k$, MLA's $d_c$ float32 numbers per token of room
+#    (how much does `decode_cost` leave?), an int32 length; checked on `costs` and new models.
 # 2. **When does the hybrid outgrow KDA?** `context_at(factor, ...)`, 09.1's other arguments: the
 #    least whole context where its cache reaches `factor` x a same-depth pure-KDA model's.
 # 3. **A one-byte-context baseline.** Write `bigram_bpb(train, validation)` (numpy, no
@@ -443,7 +444,5 @@ exercises.check("09.3", answer)
 # - Kimi Team, *Kimi Linear*, 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - DeepSeek-AI, *DeepSeek-V2*, 2024 (MLA). [arXiv:2405.04434](https://arxiv.org/abs/2405.04434)
 # - S. Yang et al., *Gated Delta Networks*, ICLR 2025. [arXiv:2412.06464](https://arxiv.org/abs/2412.06464)
-# - A. Kazemnejad et al., *The impact of positional encoding on length generalization in
-#   transformers*, NeurIPS 2023. [arXiv:2305.19466](https://arxiv.org/abs/2305.19466)
 # - J. Su et al., *RoFormer* (RoPE), 2021. [arXiv:2104.09864](https://arxiv.org/abs/2104.09864)
 # - L. Gao et al., *The Pile*, 2020 (bits per byte). [arXiv:2101.00027](https://arxiv.org/abs/2101.00027)

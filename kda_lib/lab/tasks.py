@@ -91,16 +91,15 @@ def _check_vocab(vocab_size: int, minimum: int, why: str) -> None:
 def mqar(key: jax.Array, batch: int, seq_len: int, *, vocab_size: int, num_pairs: int) -> TaskBatch:
     """Multi-query associative recall: read key/value pairs, then answer each key's value.
 
-    Vocabulary: token ``0`` is a filler; with ``n_keys = (vocab_size - 1) // 2`` the key tokens
-    are ``[1, 1 + n_keys)`` and the value tokens ``[1 + n_keys, vocab_size)``.
+    Vocabulary: token ``0`` is a filler; the other ids form a block of key tokens followed by a
+    block of value tokens (notebook 08's first exercise finds the split from drawn sequences).
 
     Each sequence opens with ``num_pairs`` pairs ``k1 v1 k2 v2 ...`` (keys distinct within the
     sequence, drawn without replacement; values drawn uniformly with replacement). The rest,
     the query region of length ``seq_len - 2 * num_pairs``, is filler except that every key
     appears exactly once more, at distinct random positions in random order. At such a query
     the target is the value paired with that key; the mask is True exactly at the queries.
-    Without recall a model can only guess among the value tokens: chance accuracy
-    ``1 / (vocab_size - 1 - n_keys)``.
+    Without recall a model can only guess among the value tokens (:func:`chance_accuracy`).
 
     Example (``vocab_size=9``: keys 1..4, values 5..8; ``num_pairs=2``, ``seq_len=8``)::
 
@@ -278,9 +277,9 @@ def chance_loss(vocab_size: int) -> float:
 def chance_accuracy(task: str, **options) -> float:
     """Accuracy of guessing uniformly among the tokens a scored position can hold.
 
-    ``delayed_copy``: ``1 / vocab_size``; ``mqar``: one over the value tokens,
-    ``1 / (vocab_size - 1 - (vocab_size - 1) // 2)``; ``palindrome`` and ``stack``:
-    ``1 / (vocab_size - 2)`` (content / pushed values). ``options`` are the task's (only
+    ``delayed_copy``: ``1 / vocab_size``; ``mqar``: one over the number of value tokens (their
+    count is notebook 08's first exercise); ``palindrome`` and ``stack``: ``1 / (vocab_size - 2)``
+    (content / pushed values). ``options`` are the task's (only
     ``vocab_size`` is read).
     """
     vocab_size = options.get("vocab_size")

@@ -59,6 +59,20 @@ def position_gap(runs: dict, model: str, other: str, positions: slice) -> float:
     return float(bits[model][:, positions].mean() - bits[other][:, positions].mean())
 
 
+def one_byte_bound(data) -> float:
+    """Bits per byte of ``data[1:]`` under its own (previous, next) byte frequencies, unsmoothed:
+    the conditional entropy H(next | previous) of ``data`` (uint8 bytes), below which no model
+    of the previous byte alone scores on ``data`` (Gibbs' inequality)."""
+    data = np.asarray(data)
+    if data.ndim != 1 or data.size < 2 or data.dtype != np.uint8:
+        raise ValueError(f"one_byte_bound: data must be 1-d uint8 bytes, at least 2, got "
+                         f"{data.dtype} {data.shape}")
+    pairs = np.bincount(data[:-1].astype(np.int64) * 256 + data[1:], minlength=256 * 256)
+    pairs = pairs.reshape(256, 256)
+    rows = np.maximum(pairs.sum(1, keepdims=True), 1)
+    return float(-(pairs * np.log2(np.maximum(pairs, 1) / rows)).sum() / pairs.sum())
+
+
 def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
     """Left: validation bits per byte against steps, mean over seeds, range shaded. Right:
     test bits per byte by position (mean over seeds, log-scaled positions)."""

@@ -45,8 +45,9 @@ def bigram_bpb(train, validation) -> float:
     scores below it on validation (Gibbs' inequality). Compute it; a model scoring below it
     (the recorded runs, 2.0-2.3 bits per byte, if it is above that) uses more than one byte.
     On the notebook's corpus it is 3.19 bits per byte on validation, where the add-one bigram
-    scores 3.36: the recorded runs are below both, CI's small models (above 3.5 bits per byte at
-    the defaults) reach neither. How far back a model reaches needs a test built for it, as
+    scores 3.36: the recorded runs are below both, CI's small models (above 3.4 bits per byte at
+    the defaults, seeds 0, 1, 7, 11) reach neither (section 3 prints the bound,
+    ``lm_protocol.one_byte_bound``). How far back a model reaches needs a test built for it, as
     section 6's copy probe is."""
     train, validation = np.asarray(train, np.int64), np.asarray(validation, np.int64)
     counts = np.ones((256, 256))

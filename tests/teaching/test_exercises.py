@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import pathlib
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -28,6 +31,7 @@ def _load(path: pathlib.Path):
 
 
 MODULES = sorted(SOLUTIONS.glob("ch[0-9][0-9].py"))
+NO_REFERENCE = ("ch02",)  # chapters whose checkers keep no reference function of a solution's arity
 
 
 @functools.cache
@@ -54,6 +58,41 @@ def test_solutions_pass_and_wrong_answers_fail(path):
 
 # wrong answers that only the time limit refuses (simulations of 10^9 writes)
 _SLOW_WRONG = ("exercise_1_loop", "exercise_2_simulated")
+
+
+def _required(fn) -> int:
+    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+               for p in inspect.signature(fn).parameters.values())
+
+
+def _recreated(fn):
+    """``fn`` re-created from its source (``exec(inspect.getsource(fn))``) in its module's
+    globals: a copy the library hooks do not see (its file is ``<string>``)."""
+    namespace = dict(vars(sys.modules[fn.__module__]))
+    exec(textwrap.dedent(inspect.getsource(fn)), namespace)  # noqa: S102 - the attack itself
+    return namespace[fn.__name__]
+
+
+@pytest.mark.xdist_group("solutions")
+@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
+def test_answers_recreated_from_a_checkers_reference_are_refused(path):
+    """Every function of the chapter's checker module (undecorated), re-created from its source,
+    is refused as the answer of every exercise whose solution takes as many arguments (review
+    r08: the references of 08.2, 08.3, 09.1-09.3 passed); the solution itself passes."""
+    module = sys.modules[exercises._checker_for(f"{path.stem[2:]}.1").__module__]
+    refs = [f for f in vars(module).values() if inspect.isfunction(f)
+            and f.__module__ == module.__name__ and not inspect.getsource(f).startswith("@")]
+    tried, passed = 0, []
+    for exercise_id, answer, context, _ in _cases(path):
+        if not inspect.isfunction(answer):
+            continue
+        for ref in (f for f in refs if _required(f) == _required(answer)):
+            hint = exercises.verdict(exercise_id, _recreated(ref), **context)
+            if not (hint or "").startswith(exercises.COPY_HINT):
+                passed.append((exercise_id, ref.__name__, hint))
+            tried += 1
+    assert not passed, f"not refused as copies (a reference needs a docstring): {passed}"
+    assert tried or path.stem in NO_REFERENCE, f"{path.stem}: no reference function tried"
 
 
 @pytest.mark.xdist_group("solutions")

@@ -79,3 +79,12 @@ def test_the_live_run_figures_draw_every_model():
     )
     assert [len(ax.lines) for ax in fig.axes] == [2, 3]  # models + the byte-frequency line
     assert fig.axes[1].get_legend() is not None and fig.axes[0].get_title() == "this run"
+
+
+def test_one_byte_bound_is_the_conditional_entropy():
+    data = np.frombuffer(b"abababab" + b"aab", np.uint8)  # pairs: ab x5, ba x4, aa x1
+    want = -(5 * np.log2(5 / 6) + 1 * np.log2(1 / 6) + 4 * np.log2(4 / 4)) / 10
+    assert np.isclose(lm_protocol.one_byte_bound(data), want)
+    assert lm_protocol.one_byte_bound(np.frombuffer(b"abcabc", np.uint8)) == 0.0
+    with pytest.raises(ValueError, match="data"):
+        lm_protocol.one_byte_bound(np.arange(5))

@@ -429,11 +429,13 @@ def _rule_breakers():
     _, ctx082 = _cases()["08.2"]
     _, ctx091 = _cases()["09.1"]
     from kda_lib.lab.tasks import chance_accuracy
-    from kda_lib.teaching.exercises import ch08
+    from kda_lib.teaching.exercises import ch08, ch09
 
     chance_table = {v: chance_accuracy("mqar", vocab_size=v) for v in range(3, 300)}
     reach_table = {(i.tobytes(), r): ch08._reach_count(i, m, n, r)
                    for i, m, n, r in ch08._sequences()}  # fmt: skip
+    bigram_table = {len(t): ch09._bigram_bpb(t, v)  # the trials once fixed (seed 93)
+                    for t, v in ch09._bigram_trials(np.random.default_rng(93))}  # fmt: skip
     measured = ctx091["measured"]
     (c0, b0), (c1, b1) = list(measured.items())[:2]
     slope = (b1 - b0) / (c1 - c0)
@@ -667,6 +669,11 @@ def _rule_breakers():
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) > level)),
         ("08.3", "a lookup of the checker's own sequences (teacher 2026-12-05)",
          lambda i, m, n, r: reach_table[(i.tobytes(), r)]),
+        ("08.3", "queries assumed in reverse pair order, keys never read (review r08)",
+         lambda i, m, n, r: int(sum(t - (2 * (n - 1 - j) + 1) <= r
+                                    for j, t in enumerate(np.flatnonzero(m))))),
+        ("08.3", "a table keyed on the reach (review r08)",
+         lambda i, m, n, r: {4: 2, 7: 2, 1: 1}.get(r, 3)),
         ("08.2", "the old 0.9 threshold (review 2026-12-03)",
          lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
         ("08.2", "(task, T) pairs without the mixer",
@@ -699,6 +706,8 @@ def _rule_breakers():
             s09.hybrid_cache_bytes(0, *a) / s09.hybrid_cache_bytes(2048, *a))),
         ("09.2", "the notebook's answer at factor 10 only", lambda f, *a: s09.context_at(10, *a)),
         ("09.3", "section 2's unigram (no context)", _unigram_bpb),
+        ("09.3", "a table of the checker's trials keyed on len(train) (review r08)",
+         lambda t, v: bigram_table[len(t)]),
         ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
         ("10.1", "the KDA state without its conv history", lambda c, kda, glob, h, d, w, *a:
          s10.cache_reduction(c, kda, glob, h, d, 1, *a)),
@@ -1102,7 +1111,7 @@ def _lookup_tables():
     """Answers that know the fixed trials only: the right value of every trial the checker ran
     once (recorded through the worked solution), 0 for anything else."""
     out = []
-    for eid in ("06.1", "06.2", "06.3", "08.1", "08.3", "10.1", "10.2", "10.3"):
+    for eid in ("06.1", "06.2", "06.3", "08.1", "08.3", "09.3", "10.1", "10.2", "10.3"):
         right, context = _cases()[eid]
         table = {}
 

@@ -24,11 +24,13 @@ import _thread
 import contextlib
 import functools
 import importlib
+import inspect
 import itertools
 import multiprocessing.process
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -292,6 +294,67 @@ def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
     return None
 
 
+def _fingerprint(code) -> tuple:
+    """What two copies of one function's source share: bytecode, constants (the docstring
+    included; nested code by its own fingerprint), names and variable names (not the file, the
+    first line or the function's name, which ``exec(inspect.getsource(f))`` changes)."""
+    consts = tuple(_fingerprint(c) if isinstance(c, type(code)) else c for c in code.co_consts)
+    return code.co_code, consts, code.co_names, code.co_varnames
+
+
+_REFERENCE_PRINTS: dict[str, frozenset] = {}  # checker module -> its functions' prints
+_ALL_PRINTS: list = [0, frozenset()]  # (modules counted, the union of their prints)
+
+
+def _source_prints(fn) -> set:
+    """The fingerprints of ``fn``'s code and of its source compiled afresh (the module's own
+    bytecode can differ from a recompiled copy's in call opcodes)."""
+    prints = {_fingerprint(fn.__code__)}
+    with contextlib.suppress(OSError, TypeError, SyntaxError):
+        source = textwrap.dedent(inspect.getsource(fn))
+        prints |= {_fingerprint(c) for c in compile(source, "<source>", "exec").co_consts
+                   if isinstance(c, type(fn.__code__))}
+    return prints
+
+
+def _reference_prints() -> frozenset:
+    """The fingerprints of the functions with a docstring (so that a student's own code, the same
+    by chance, is not taken for a copy) that the checker modules (``chNN``) imported define."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith(__name__ + ".ch") and name not in _REFERENCE_PRINTS:
+            _REFERENCE_PRINTS[name] = frozenset().union(*(
+                _source_prints(f) for f in vars(module).values()
+                if getattr(f, "__module__", None) == name and getattr(f, "__doc__", None)
+                and hasattr(f, "__code__")))
+    if _ALL_PRINTS[0] != len(_REFERENCE_PRINTS):
+        _ALL_PRINTS[:] = [len(_REFERENCE_PRINTS), frozenset().union(*_REFERENCE_PRINTS.values())]
+    return _ALL_PRINTS[1]
+
+
+COPY_HINT = (
+    "your answer runs a copy of the checker's own reference (its source re-created from "
+    "kda_lib): write the computation yourself"
+)
+
+
+def copies_reference(answer) -> bool:
+    """Whether ``answer`` holds (:func:`held`) a function whose code, or code nested in it, is a
+    re-created copy of a checker's reference function (same :func:`_fingerprint`)."""
+    prints = _reference_prints()
+
+    def copied(fn) -> bool:
+        code = getattr(fn, "__code__", None)
+        stack = [code] if isinstance(code, type(_fingerprint.__code__)) else []
+        while stack:
+            c = stack.pop()
+            if _fingerprint(c) in prints:
+                return True
+            stack += [x for x in c.co_consts if isinstance(x, type(c))]
+        return False
+
+    return held(answer, copied) is not None
+
+
 def holds_jaxpr(answer) -> bool:
     """Whether ``answer`` holds (:func:`held`) a jaxpr (``Jaxpr``, ``ClosedJaxpr``) traced
     before it ran (evaluated inside the answer, it would run code no hook sees)."""
@@ -422,6 +485,8 @@ def call_answer(
     if not callable(answer):
         wanted = wanted or f"a function {name}"
         return None, f"answer with {wanted}, not a {type(answer).__name__}"
+    if copies_reference(answer):
+        return None, COPY_HINT
     if own_code and holds_jaxpr(answer):
         return None, JAXPR_HINT
     guard = library_calls() if own_code else contextlib.nullcontext([])

@@ -75,6 +75,7 @@ def _call(answer, *args, name):
 
 
 def _close(got, want) -> bool:
+    """Whether ``got`` matches ``want`` to 1e-4 relative, 1e-5 absolute."""
     return np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 

@@ -141,6 +141,7 @@ _STACKS = (
 
 
 def _seen(last, widths, dilations):
+    """The positions the stacked dilated convolutions let ``last`` see, ascending."""
     offsets = {sum(j * d for j, d in zip(js, dilations, strict=True))
                for js in itertools.product(*(range(w) for w in widths))}
     return sorted(last - o for o in offsets if o <= last)
@@ -189,6 +190,8 @@ _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64
 
 
 def _lost(seq_len, delay, conv_size, period):
+    """The positions whose input ``delay`` tokens back was cleared (before the last clearing,
+    beyond the conv's reach)."""
     return [t for t in range(delay, seq_len)
             if t >= period and t - delay < (t // period) * period - (conv_size - 1)]
 

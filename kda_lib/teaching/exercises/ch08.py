@@ -9,6 +9,7 @@ from kda_lib.teaching.exercises._routes import call_own_work
 
 
 def _mqar_values(vocab_size: int) -> int:
+    """How many value tokens MQAR draws from at ``vocab_size``."""
     return vocab_size - 1 - (vocab_size - 1) // 2
 
 
@@ -34,6 +35,7 @@ def mqar_chance(answer, **_):
 
 
 def _solved(accuracy: dict, solved: float) -> set:
+    """The cells whose mean accuracy over seeds reaches ``solved``."""
     return {cell for cell, acc in accuracy.items() if np.mean(acc) >= solved}
 
 
@@ -100,17 +102,19 @@ def solved_cells(answer, *, accuracy: dict, solved: float):
 
 
 def _reach_count(inputs, mask, num_pairs: int, conv_reach: int) -> int:
+    """The queries whose value lies at most ``conv_reach`` tokens before them."""
     value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
     return sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
 
 
 def _sequences():
     """MQAR sequences of the checker's own, drawn afresh at each check: pairs first, then each
-    key queried once among filler (token 0), the first queries right after the pairs asking for
-    the last keys, so some values lie within reach, one exactly ``reach`` tokens back."""
+    key queried once, in a random order, among filler (token 0), the first two queries right
+    after the pairs; the reach is one query's distance to its value (so one lies exactly
+    ``reach`` tokens back, and at least one beyond), drawn per sequence."""
     rng = np.random.default_rng()
     out = []
-    for num_pairs, length, reach in ((4, 16, 4), (6, 24, 7), (3, 12, 1), (5, 20, 10)):
+    for num_pairs, length in ((4, 16), (6, 24), (3, 12), (5, 20), (6, 28), (4, 20)) * 3:
         keys = rng.choice(np.arange(1, 16), num_pairs, replace=False)
         values = rng.choice(np.arange(16, 32), num_pairs)
         inputs = np.zeros(length, np.int32)
@@ -118,7 +122,9 @@ def _sequences():
         mask = np.zeros(length, bool)
         late = rng.choice(np.arange(2 * num_pairs + 3, length), num_pairs - 2, replace=False)
         spots = np.concatenate([[2 * num_pairs, 2 * num_pairs + 1], np.sort(late)])
-        inputs[spots], mask[spots] = keys[::-1], True  # each key once, the last two first
+        order = rng.permutation(num_pairs)  # query j asks for pair order[j]
+        inputs[spots], mask[spots] = keys[order], True
+        reach = int(rng.choice(np.sort(spots - (2 * order + 1))[:-1]))  # one query beyond
         out.append((inputs, mask, num_pairs, reach))
     return out
 

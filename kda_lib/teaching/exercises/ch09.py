@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import checker, refuse_degenerate
+from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
 from kda_lib.teaching.exercises._routes import call_own_work
 
 
 def _hybrid_bytes(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
                   decode_steps) -> int:
+    """A hybrid's decode cache in bytes (KDA states and conv tails, MLA latents)."""
     kda_layer = 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
     mla_layer = 4 * (context + decode_steps + 1) * kv_lora_rank + 4
     return kda_layers * kda_layer + mla_layers * mla_layer
@@ -106,33 +107,43 @@ def _bigram_bpb(train, validation, smoothing=1.0, log=np.log2) -> float:
 
 
 def _unigram_bpb(train, validation) -> float:
+    """Bits per byte of ``validation`` under add-one byte counts of ``train``."""
     counts = np.bincount(np.asarray(train, np.int64), minlength=256) + 1.0
     return float(-np.log2(counts / counts.sum())[np.asarray(validation, np.int64)].mean())
 
 
-def _bigram_trials():
+def _bigram_trials(rng):
     """(train, validation) uint8 byte strings of the checker's own: a hand case, a Markov chain
-    over 12 bytes (validation holds pairs train never saw), and a text of the corpus' kind."""
-    rng = np.random.default_rng(93)
+    over 12 bytes (validation may hold pairs train never saw) and a text of the corpus' kind, the
+    last two drawn from ``rng`` (lengths and split points too)."""
     hand = (np.frombuffer(b"abababbbab", np.uint8), np.frombuffer(b"abba", np.uint8))
     symbols = rng.choice(256, 12, replace=False)
     steps = rng.dirichlet(np.full(12, 0.3), size=12)
     state, chain = 0, []
-    for _ in range(3000):
+    for _ in range(int(rng.integers(2000, 3000))):
         state = rng.choice(12, p=steps[state])
         chain.append(symbols[state])
-    chain = np.asarray(chain, np.uint8)
+    chain, split = np.asarray(chain, np.uint8), int(rng.integers(1500, 1900))
     text = np.frombuffer(b"def f(x):\n    return x + 1\n" * 40 + bytes(range(200, 256)), np.uint8)
-    return [hand, (chain[:2500], chain[2500:]), (text[:900], text[900:])]
+    cut = int(rng.integers(700, 1000))
+    return [hand, (chain[:split], chain[split:]), (text[:cut], text[cut:])]
 
 
 @checker("09.3")
-def bigram_baseline(answer):
+def bigram_baseline(answer, *, seed=None):
     """``answer(train, validation) -> float``: the bits per byte of ``validation[1:]`` under
     the model that predicts a byte from the byte before, from the pair counts of ``train`` with
     one added to each of the 256 x 256 counts (add-one, as section 2's unigram). Tried on
-    byte strings of the checker's own (uint8, as the corpus); kda_lib may not be called."""
-    for train, validation in _bigram_trials():
+    byte strings of the checker's own (uint8, as the corpus), drawn at each call (``seed``
+    repeats a draw); kda_lib may not be called."""
+    seed, rng = seeded(seed)
+    hint = _bigram_hint(answer, _bigram_trials(rng))
+    return hint and hint + again(seed)
+
+
+def _bigram_hint(answer, trials) -> str | None:
+    """``None`` when ``answer`` gives the bigram bits per byte of every (train, validation)."""
+    for train, validation in trials:
         got, hint = call_own_work(answer, train.copy(), validation.copy(),
                                   name="bigram_bpb(train, validation)")
         hint = hint or refuse_degenerate(got, shape=(), what="the bits per byte")
