@@ -88,8 +88,8 @@ kda_lib.teaching.notebook.setup()
 # %%
 value_dim = key_dim  # V = K in every example here
 assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len gate values"
-assert 0.1 <= beta_value <= 0.99 and 3 <= vocab_size <= mix_len / 4, (
-    "section 4 needs beta_value in [0.1, 0.99] (at 1, Omega = I) and vocab_size in [3, mix_len/4]")
+assert 0.1 <= beta_value <= 0.99, "beta_value: in [0.1, 0.99] here (at 1, Omega = I: section 4)"
+assert 3 <= vocab_size <= mix_len / 4, "vocab_size: from 3 to mix_len / 4 (section 4's repeats)"
 key = jax.random.key(seed)
 key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
 LN2 = float(np.log(2.0))
@@ -317,11 +317,9 @@ Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
 v_probe = jax.random.normal(key_fm, (mix_len, 1))
 
 
-def one_channel(v_col):
-    o, _ = kda_lib.kda_recurrent(q_mix[None, :, None], k_mix[None, :, None],
-                                 v_col[None, :, None], g_mix[None, :, None],
-                                 beta_mix[None, :, None], scale=1.0)
-    return o[0, :, 0, 0]
+def one_channel(v_col):  # the outputs of one value channel, by the recurrence
+    inputs = (a[None, :, None] for a in (q_mix, k_mix, v_col, g_mix, beta_mix))  # [1, T, H=1, ...]
+    return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
 
 
 jac = np.asarray(jax.jacobian(one_channel)(v_probe)[:, :, 0])
