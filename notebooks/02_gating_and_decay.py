@@ -35,10 +35,10 @@ num_heads: int = 4  # heads whose gate parameters are drawn at initialisation
 key_dim: int = 64  # K: channels per head (one decay rate each; at least 32: section 2)
 seq_len: int = 96  # tokens in the decay figures
 lower_bound: float = -5.0  # safe gate: the most negative log decay per token, in [-5, 0)
-beta_value: float = 0.9  # write strength beta in the mixing-matrix example and the explorer
+beta_value: float = 0.9  # write strength beta in section 4 and the explorer, in [0.1, 0.99]
 gate_input_std: float = 1.0  # std of the random raw gate input f (stands in for f_proj(x))
 mix_len: int = 48  # tokens in the mixing-matrix example
-vocab_size: int = 8  # distinct tokens (keys) in the mixing-matrix example
+vocab_size: int = 8  # distinct tokens (keys) in section 4, from 3 to mix_len / 4
 softmax_temperature: float = 0.1  # softmax attention scores are q.k / temperature
 interactive: bool = True  # add ipywidgets sliders when ipywidgets is available
 seed: int = 0  # seed of the one jax.random.key below
@@ -88,6 +88,8 @@ kda_lib.teaching.notebook.setup()
 # %%
 value_dim = key_dim  # V = K in every example here
 assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len gate values"
+assert 0.1 <= beta_value <= 0.99, "beta_value: in [0.1, 0.99] here (at 1, Omega = I: section 4)"
+assert 3 <= vocab_size <= mix_len / 4, "vocab_size: from 3 to mix_len / 4 (section 4's repeats)"
 key = jax.random.key(seed)
 key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
 LN2 = float(np.log(2.0))
@@ -107,10 +109,9 @@ def half_life(g):
 # log decay, with the rate $a_h = e^{\mathtt{A\_log}_h}$ of head $h$:
 #
 # $$
-# \text{softplus gate: } \mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t + \mathbf b),
-# \qquad
-# \text{safe gate: } \mathbf g_t = g_{\min}\, \sigma\big(a_h (\mathbf f_t + \mathbf b)\big),
-# \quad g_{\min} \in [-5, 0).
+# \text{softplus gate: } \mathbf g_t = -a_h \operatorname{softplus}(\mathbf f_t + \mathbf b), \qquad
+# \text{safe gate: } \mathbf g_t = g_{\min}\, \sigma\big(a_h (\mathbf f_t + \mathbf b)\big), \quad
+# g_{\min} \in [-5, 0).
 # $$
 #
 # The softplus gate (`lower_bound=None`) is unbounded below: a large input can wipe a channel in
@@ -138,7 +139,7 @@ for a in (1.0, 4.0, 16.0):
 ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a = 1$, $b = +2$")
 ax_sp.set_ylim(-20, 1)
 ax_sp.set_title(r"Softplus gate  $g = -a\,\mathrm{softplus}(f + b)$")
-for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (-1.0, 1.0)):
+for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (lower_bound / 5, 1.0)):
     ax_safe.plot(x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a = {a:g}$")
 ax_safe.plot(x, gate_curve(0.0, lower_bound, bias=2.0), linestyle="--",
              label=f"$g_{{\\min}} = {lower_bound:g}$, $a = 1$, $b = +2$")
@@ -182,13 +183,12 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 #   \frac{\ln 2}{1 \cdot 10^{-3}}\Big] \text{ tokens}.
 # $$
 #
-# The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since
-# $e^{b} = e^{\tau} - 1$ (the inverse softplus),
-# $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its initial decay is
-# $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$: at initialisation the safe gate behaves
-# like a softplus gate with $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$ varies: a
-# spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws span under one decade
-# of the two with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
+# The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since $e^{b} =
+# e^{\tau} - 1$ (the inverse softplus), $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its
+# initial decay is $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$: at initialisation the safe
+# gate behaves like a softplus gate with $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$
+# varies: a spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws span under one
+# decade of the two with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
 
 # %%
 a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)
@@ -210,7 +210,7 @@ assert bounds[0] * (1 - 1e-4) <= life_sp.min() and life_sp.max() <= bounds[1] * 
 assert_close(life_sp * a_h[:, None], LN2 / tau, rtol=1e-5, name="half-life = ln 2 / (a_h tau)")
 per_head = life_sp.max(axis=1) / life_sp.min(axis=1)  # within a head only tau varies: <= 100x
 assert per_head.max() <= 100 * (1 + 1e-4), "inside a head: at most the range of tau"
-assert per_head.min() > 10, "over one decade: needs key_dim >= 32 (P(fail) < 1e-8 there)"
+assert per_head.min() > 10, "over one decade: needs key_dim >= 32 (P(fail) < 1e-8 per head)"
 assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
 
 # %%
@@ -233,17 +233,16 @@ viz.show(gates.plot_half_lives(
 # %% [markdown]
 # ## 3. Cumulative decay over a sequence
 #
-# What a channel stored at token 0 is still there at token $t$ with weight
-# $e^{g_1 + \dots + g_t}$. With a random raw input $\mathbf f$ (standing in for the projection of
-# real tokens, standard deviation `gate_input_std`) the per-token decays fluctuate: the softplus
-# gate's median rate is the init rate (monotone in $f$, whose median is 0), its mean rate larger
-# (softplus is convex; numbers in the notes). In each panel a row is one channel of one head
-# (sorted by its half-life at init) and the colour is the $\log_{10}$ of the fraction retained
-# since token 0. Long-memory channels stay bright; at a constant rate a channel keeps 1% after
-# $\log_2 100$ half-lives. The first two panels are the heads with the smallest and
-# largest $a_h$ (titles; at equal $\tau$ their init rates differ by that ratio). The safe gate
-# looks like the softplus gate with $a = \lvert g_{\min}\rvert$ (section 2), and its
-# cumulative decay never drops below $g_{\min}\, t$.
+# What a channel stored at token 0 is still there at token $t$ with weight $e^{g_1 + \dots + g_t}$.
+# With a random raw input $\mathbf f$ (standing in for the projection of real tokens, standard
+# deviation `gate_input_std`) the per-token decays fluctuate: the softplus gate's median rate is the
+# init rate (monotone in $f$, whose median is 0), its mean rate larger (softplus is convex; numbers
+# in the notes). In each panel a row is one channel of one head (sorted by its half-life at init)
+# and the colour is the $\log_{10}$ of the fraction retained since token 0. Long-memory channels
+# stay bright; at a constant rate a channel keeps 1% after $\log_2 100$ half-lives. The first two
+# panels are the heads with the smallest and largest $a_h$ (titles; at equal $\tau$ their init rates
+# differ by that ratio). The safe gate looks like the softplus gate with $a = \lvert g_{\min}\rvert$
+# (section 2), and its cumulative decay never drops below $g_{\min}\, t$.
 
 # %%
 f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))
@@ -273,10 +272,10 @@ viz.show(gates.plot_cumulative_decay([
 # one-hot values (checked against `jax.jacobian`). The tokens come from a small vocabulary
 # ($\mathbf q_t = \mathbf k_t$ = the token's unit embedding), `scale=1`: recall weights.
 #
-# **What to expect, derived.** The output is linear in the values: $\mathbf v_s$ enters the state
-# through token $s$'s write $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token
-# $t'$ multiplies the state by its transition $M_{t'} = (I - \beta_{t'} \mathbf k_{t'}
-# \mathbf k_{t'}^\top) D_{t'}$ (notebook 01). Read with $\mathbf q_t$ at scale 1:
+# **What to expect, derived.** $\mathbf v_s$ enters the state through token $s$'s write
+# $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token $t'$ multiplies the state by its
+# transition $M_{t'} = (I - \beta_{t'} \mathbf k_{t'} \mathbf k_{t'}^\top) D_{t'}$ (notebook 01).
+# Read with $\mathbf q_t$ at scale 1:
 #
 # $$
 # \Omega_{ts} = \beta_s\, \mathbf q_t^\top M_t M_{t-1} \cdots M_{s+1}\, \mathbf k_s
@@ -298,12 +297,17 @@ viz.show(gates.plot_cumulative_decay([
 # It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
 # stored $D_t \cdots D_{s+1} \mathbf k$ out of $\mathbf k$'s direction, so an orthogonal write
 # still changes the weight (with one decay for all channels it does not; checked in the notes).
-# Softmax attention instead spreads its weight over **every** earlier occurrence. A symmetric
-# log colour scale shows the diagonal and the small weights at once (slowest head, section 3).
+# Every off-diagonal entry of row $t$ starts with $\mathbf k^\top M_t$, so carries $1 - \beta$: at
+# $\beta = 1$, $\Omega = I$, a full overwrite recalls only the current value. Softmax weighs
+# **every** earlier occurrence as the current one (same key, same score). Slowest head (section 3),
+# symmetric log colours; circles: the last token's earlier occurrences.
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
-tokens_ids = jax.random.randint(key_tok, (mix_len,), 0, vocab_size)
+tokens_ids = jax.random.randint(key_tok, (mix_len,), 0, vocab_size)  # the last: the commonest
+tokens_ids = tokens_ids.at[-1].set(jnp.bincount(tokens_ids[:-1], length=vocab_size).argmax())
+ids, t_last = np.asarray(tokens_ids), mix_len - 1
+same = np.flatnonzero(ids[:t_last] == ids[t_last])  # its earlier occurrences: 2 or more
 embedding = l2_normalize(jax.random.normal(key_emb, (vocab_size, key_dim)))
 q_mix = k_mix = embedding[tokens_ids]  # [T, K]
 g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays (section 3)
@@ -313,11 +317,9 @@ Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
 v_probe = jax.random.normal(key_fm, (mix_len, 1))
 
 
-def one_channel(v_col):
-    o, _ = kda_lib.kda_recurrent(q_mix[None, :, None], k_mix[None, :, None],
-                                 v_col[None, :, None], g_mix[None, :, None],
-                                 beta_mix[None, :, None], scale=1.0)
-    return o[0, :, 0, 0]
+def one_channel(v_col):  # the outputs of one value channel, by the recurrence
+    inputs = (a[None, :, None] for a in (q_mix, k_mix, v_col, g_mix, beta_mix))  # [1, T, H=1, ...]
+    return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
 
 
 jac = np.asarray(jax.jacobian(one_channel)(v_probe)[:, :, 0])
@@ -339,13 +341,12 @@ viz.heatmap(ax_soft, np.where(Omega_soft >= 1e-3, Omega_soft, np.nan), xlabel="s
             norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0))
 fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
              f"$\\beta = {beta_value:g}$")
+for ax in (ax_kda, ax_soft):  # the last token's row: its earlier occurrences circled
+    ax.plot(same, np.full(same.size, t_last), "o", mfc="none", mec="black", ms=7, clip_on=False)
 viz.show(fig, "02_mixing_matrices")
 
 # %%
-# the derivation in float64: the product formula for every entry, and the stream with the
-# other tokens' writes switched off (beta_u = 0)
-ids, t_last = np.asarray(tokens_ids), mix_len - 1
-same = np.flatnonzero(ids[:t_last] == ids[t_last])  # earlier occurrences of the last token
+# float64: the product formula for every entry; the stream with the other tokens' writes off
 with jax.enable_x64(True):
     k64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (k_mix, g_mix))
     k64 = k64 / jnp.linalg.norm(k64, axis=-1, keepdims=True)  # unit in float64 (k^T k = 1)
@@ -356,9 +357,8 @@ with jax.enable_x64(True):
 assert_close(Omega64, explain.mixing_matrix_by_products(k64, k64, g64, beta64), atol=1e-12,
              name="Omega_ts = beta q_t^T M_t ... M_(s+1) k_s")
 assert_close(Omega64, Omega, atol=1e-5, name="float32 == float64 mixing matrix")
-assert np.all(Omega_soft >= 0) and (Omega < -1e-3).any(), "softmax >= 0; KDA's can be negative"
+assert np.all(Omega_soft >= 0) and Omega.min() < -0.01 * np.tril(Omega, -1).max(), "KDA: < 0"
 _ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
-assert same.size >= 2, "the example needs the last token twice before it: change seed"
 latest, older = same[-1], same[:-1]
 kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
@@ -366,16 +366,16 @@ _ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest 
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
-assert Omega_soft[t_last, older].max() > 0.5 * Omega_soft[t_last, latest], "softmax spreads"
+assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
+n_between = t_last - latest - 1  # the formula is exact only when these write nothing
+exact = (f"exact only when the {n_between} tokens between write nothing (their $\\beta$ set to "
+         f"0: {Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
 display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
-    f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest "
-    f"earlier occurrence, where $\\beta(1 - \\beta)\\,\\mathbf k^\\top D_t \\cdots D_{{s+1}} "
-    f"\\mathbf k$ = {w_latest:.4f} (exact if the {t_last - latest - 1} tokens between don't write: "
-    f"{Omega_same[t_last, latest]:.4f}). Older occurrences get at most "
-    f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} "
-    f"on itself, {Omega_soft[t_last, latest]:.3f} on the latest and up to "
-    f"{Omega_soft[t_last, older].max():.3f} on older ones."))
+    f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest earlier "
+    f"occurrence; the formula gives {w_latest:.4f}, {exact}. Older ones get at most "
+    f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} on "
+    "itself and on each earlier occurrence (the same score)."))
 
 # %% [markdown]
 # ## 5. Explore: move the gate parameters yourself
@@ -391,11 +391,10 @@ display(Markdown(
 key_k, key_v = jax.random.split(key_state)  # a random stream for the state-norm view
 k_rand = l2_normalize(jax.random.normal(key_k, (seq_len, key_dim)))
 v_rand = jax.random.normal(key_v, (seq_len, value_dim))
-explorer_defaults = dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, beta=beta_value,
-                         gate="safe")
-gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
-                   k_norm=k_rand, v_norm=v_rand, floor=floor),
-              explorer_defaults, interactive=kda_lib.teaching.notebook.interactive(interactive))
+gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_rand, v_norm=v_rand,
+                   floor=floor), dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound,
+                                      beta=beta_value, gate="safe"),
+              interactive=kda_lib.teaching.notebook.interactive(interactive))
 
 # %% [markdown]
 # ## Summary
@@ -407,13 +406,12 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix,
 # - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives
 #   inside every head span over one order of magnitude, at most two (the range of $\tau$), and
 #   scale as $1/a_h$ between heads (section 2): every head mixes fast and slow memories.
-# - Retention only shrinks (every $g \le 0$, by construction), and never faster than $g_{\min}$
-#   per token with the safe gate.
+# - Retention only shrinks (every $g \le 0$), never faster than $g_{\min}$ a token (safe gate).
 # - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
 #   `jax.jacobian` and, in float64, $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
 #   \mathbf k_s$); on repeated tokens it puts $\beta$ on the current one, $\beta (1 - \beta)\,
 #   \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on the latest earlier one when the tokens in
-#   between do not write, less on older ones in this stream; softmax spreads over all of them.
+#   between do not write, less on older ones in this stream; softmax the same on all of them.
 #
 # ## Exercises
 #

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
+from kda_lib.lab import costs
 from kda_lib.lab.at_scale import Chip, step_time
 from kda_lib.lab.measure import median_ms
 from kda_lib.testing import assert_close, random_kda_inputs
@@ -120,20 +121,23 @@ def _summed(fn, *args):
     return jnp.sum(fn(*args))
 
 
-def timing_markdown(timings: dict, lengths, backend: str) -> str:
-    """The live timings as a Markdown table with the fastest form and chunked / recurrent."""
+def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64) -> str:
+    """The live timings (median ms per form) as a Markdown table, one row per pass and length,
+    with the flops per head of the recurrence and of the chunked form (``K = V = dim``, ``T``
+    padded up to a multiple of ``chunk_size``, ``kda_lib.kda``'s default), forward only."""
     names = list(next(iter(timings.values())))
     rows = [
-        f"Median ms on this machine ({backend}):\n",
-        "| pass | $T$ | " + " | ".join(names) + " | fastest | chunked / recurrent |",
+        f"Median ms on this machine ({jax.default_backend()}), flops per head (forward):\n",
+        "| pass | $T$ | " + " | ".join(names) + " | flops: recurrence | flops: chunked |",
         "|---|---|" + "---|" * (len(names) + 2),
     ]
     for mode, per_form in timings.items():
         for n, T in enumerate(lengths):
-            ms = {name: per_form[name][n] for name in names}
-            rows.append(
-                f"| {mode} | {T:,} | "
-                + " | ".join(f"{t:.2f}" for t in ms.values())
-                + f" | `{min(ms, key=ms.get)}` | {ms['chunked'] / ms['recurrent']:.2f} |"
+            times = " | ".join(f"{per_form[name][n]:.2f}" for name in names)
+            padded = -(-T // chunk_size) * chunk_size
+            flops = (
+                costs.recurrent_flops(T, dim, dim),
+                costs.chunked_flops(padded, chunk_size, dim, dim),
             )
+            rows.append(f"| {mode} | {T:,} | {times} | {flops[0]:.3g} | {flops[1]:.3g} |")
     return "\n".join(rows)

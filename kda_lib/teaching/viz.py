@@ -377,9 +377,10 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
 
     Each chunk's ``C x C`` triangular blocks (the decayed scores ``P``, the key overlaps ``L``
     and ``(I + L)^-1``, drawn in the 16-token sub-blocks ``kda_chunked`` inverts by, the
-    diagonal ones darker) are computed for every chunk at once; they give the chunk's ``W``,
-    ``U``, ``P``. Only the state ``S`` travels between chunks (arrows): each step corrects the
-    values (``U - W S``), reads the outputs and updates the state.
+    diagonal ones darker) are computed for every chunk at once; they give the chunk's
+    ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state travels between chunks
+    (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the values (``V~ - K~ S``),
+    reads the outputs and updates the state.
     """
     shown = min(num_chunks, shown_chunks)
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
@@ -390,9 +391,10 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     ax.annotate("", xy=(end + 0.05, 1.05), xytext=(end - 0.85, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
     more = f" ... {num_chunks} chunks" if num_chunks > shown else ""
-    ax.text(end + 0.1, 1.05, f"$S_{{{shown}}}${more}", va="center", fontsize=9)
+    ax.text(end + 0.1, 1.05, f"$S_{{[{shown}]}}${more}", va="center", fontsize=9)
     ax.text(0.1, 3.6, "parallel\nover\nchunks", fontsize=8, va="center", color="0.3")
-    ax.text(0.1, 0.05, f"sequential: {num_chunks} steps, one per chunk", fontsize=8,
+    steps = "1 step" if num_chunks == 1 else f"{num_chunks} steps, one per chunk"
+    ax.text(0.1, 0.05, f"sequential: {steps}", fontsize=8,
             color="0.3")
     ax.set_xlim(0, end + 2.4)
     ax.set_ylim(-0.1, 4.9)
@@ -420,7 +422,7 @@ def scan_rounds(scan_maps: int) -> plt.Figure:
 
 def _draw_chunk(ax, i: int, subs: int) -> None:
     """Chunk ``i`` of :func:`chunk_dataflow`: its triangular blocks in ``subs`` x ``subs``
-    sub-blocks, the arrow to ``W, U, P`` and the box of the three lines with the state."""
+    sub-blocks, the arrow to ``K~, V~, P`` and the box of the three lines with the state."""
     x = 1.2 + 3.0 * i
     colour = CYCLE[i % len(CYCLE)]
     side = 2.0 / subs
@@ -438,13 +440,14 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
             va="top")
     ax.annotate("", xy=(x + 1.0, 1.75), xytext=(x + 1.0, 2.55),
                 arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
-    ax.text(x + 1.1, 2.15, "$W, U, P$", fontsize=8, va="center")
+    ax.text(x + 1.1, 2.15, r"$\tilde K, \tilde V, P$", fontsize=8, va="center")
     ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.4), 2.2, 1.3,
                                             boxstyle="round,pad=0.05", color=colour))
-    update = ("$\\Delta = U - W S$\n$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
-              "$S \\leftarrow \\Gamma_C S + K_{out}^\\top \\Delta$")
+    update = ("$\\Delta = \\tilde V - \\tilde K S$\n"
+              "$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
+              "$S \\leftarrow \\Gamma_C S + \\overrightarrow{K}^\\top \\Delta$")
     ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
-    ax.text(x - 0.5, 1.25, f"$S_{{{i}}}$", ha="center", fontsize=9)
+    ax.text(x - 0.5, 1.25, f"$S_{{[{i}]}}$", ha="center", fontsize=9)
 

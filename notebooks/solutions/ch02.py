@@ -11,7 +11,7 @@ def keeping_input(p, m, a, lower_bound):
     ``g = ln(p) / m``, i.e. ``sigmoid(a f) = ln(p) / (m lower_bound)`` (=: s, in (0, 1) when
     ``p > exp(m lower_bound)``, the most m tokens can erase), and ``f = logit(s) / a``.
     At p = 1/2, m = 1 it is the input at which one token erases half a channel; at a = 1,
-    lower_bound = -5, m = 10, p = 1/2: s = 0.0139, f = -4.27."""
+    lower_bound = -5, m = 10, p = 1/2: s = 0.0139, f = -4.26."""
     s = np.log(p) / (m * lower_bound)
     return np.log(s / (1 - s)) / a
 

@@ -1317,6 +1317,18 @@ def test_nb03_associative_scan_rounds(n):
     assert rounds[:j] == [n // 2**i for i in range(1, j + 1)]
 
 
+def test_nb03_associative_scan_rounds_at_any_count():
+    """Any n >= 2 (T = 96, C = 32 gives n = 3): at most 2 ceil(log2 n) - 1 rounds and
+    2n - 2 - ceil(log2 n) compositions, met exactly only at powers of two."""
+    from kda_lib.lab import costs
+
+    for n in range(2, 130):
+        j, rounds = math.ceil(math.log2(n)), costs.associative_scan_rounds(n)
+        got, bound = (len(rounds), sum(rounds)), (2 * j - 1, 2 * n - 2 - j)
+        assert got[0] <= bound[0] and got[1] <= bound[1], (n, rounds)
+        assert (got == bound) == (n == 2**j), (n, rounds)
+
+
 def test_nb03_float32_exponent_budget():
     """exp overflows past ~88.7 in float32: 16 tokens at the floor -5 stay within 80."""
     import numpy as np

@@ -99,6 +99,7 @@ def _spoiled(x, how: str):
         "constant 1": np.ones(x.shape),
         "one entry more": np.append(np.ravel(x.astype(np.float64)), 1.0),
         "one axis more": x[None],
+        "two axes more": x[None, None],
         "complex": x.astype(np.complex128) + 1j,
         "strings": x.astype(str),
         "booleans": x != 0,
@@ -119,6 +120,10 @@ def _spoiling(answer, how: str):
     return spoiled
 
 
+# scalar answers whose checkers also take the number as a 1-element array (r02 02-9)
+ONE_ELEMENT_OK = ("02.1", "02.2")
+
+
 def _wrong_structure(answer):
     def first_only(*args):
         out = answer(*args)
@@ -130,7 +135,10 @@ def _wrong_structure(answer):
 @pytest.mark.parametrize("exercise_id", IDS)
 def test_degenerate_answers_are_refused(exercise_id):
     right = _right_answers()[exercise_id][0]
-    attacks = [(f"outputs {how}", _spoiling(right, how)) for how in HOW]
+    hows = HOW
+    if exercise_id in ONE_ELEMENT_OK:  # a scalar's one axis more is the right 1-element array
+        hows = [how if how != "one axis more" else "two axes more" for how in HOW]
+    attacks = [(f"outputs {how}", _spoiling(right, how)) for how in hows]
     attacks += [("wrong structure", _wrong_structure(right)), ("returns None", lambda *a: None)]
     attacks += [(f"the argument handed back ({i})", lambda *a, i=i: a[i])
                 for i in range(EXERCISES[exercise_id][1])]
@@ -663,6 +671,13 @@ def _page_echoes_02_03():
         s = jnp.log(jnp.float32(p)) / (jnp.float32(n) * jnp.float32(lower_bound))
         return jnp.log(s / (1 - s)) / jnp.float32(a)
 
+    def keep_one_element(p, n, a, lower_bound):  # 02.1 right, as a 1-element array (r02 02-9)
+        s = np.log(p) / (n * lower_bound)
+        return np.array([np.log(s / (1 - s)) / a])
+
+    def older_one_element(kk_ts, kk_tr, kk_rs, beta):  # 02.2 right, as a 1-element array
+        return np.array([beta * (1 - beta) * (kk_ts - beta * kk_rs * kk_tr)])
+
     def latest_formula(kk_ts, kk_tr, kk_rs, beta):  # 02.2: section 4's formula, echoed
         return beta * (1 - beta) * kk_ts
 
@@ -805,6 +820,7 @@ def _page_echoes_02_03():
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
         ("02.2", by_library_stream, False), ("02.2", simulated_one_channel, False),
         ("02.2", older_jnp, True), ("02.1", fixed_inputs_table, False),
+        ("02.1", keep_one_element, True), ("02.2", older_one_element, True),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
         ("03.1", recurrence, False), ("03.1", jacobian_of_forward, False),

@@ -3,9 +3,10 @@
 Every answer is a function the checker calls on inputs drawn afresh at each call (``seed``
 repeats one), so a number read off the notebook, or a table keyed on the inputs, cannot pass;
 nor can a function that runs ``kda_lib`` code (the notebook's ``mixing``, say). The expected
-value is computed in float64 after the answer ran; float32 answers are accepted (relative 1e-5).
-02.2 hands the answer three numbers, not the key and decays, so a simulation of the writes has
-nothing to run on: only the closed form gives the weight.
+value is computed in float64 after the answer ran; float32 answers are accepted (relative 1e-5),
+as a number, a 0-d array or a 1-element array. 02.2 hands the answer three numbers, not the key
+and decays, so no stream is given to simulate: an answer has to derive the weight from them
+(the closed form, or a key and decays rebuilt to match them).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+
+
+def _scalar(got):
+    """A 1-element array as the number it holds; anything else unchanged (refused later)."""
+    try:
+        return np.reshape(got, ()) if np.ndim(got) == 1 and np.size(got) == 1 else got
+    except Exception:  # noqa: BLE001 - ragged lists and the like: refused after
+        return got
 
 
 def _close(got, want, tol=1e-5, size=1e-2) -> bool:
@@ -36,6 +45,7 @@ def keeping_input(answer, *, seed=None):
         got, hint = call_answer(
             answer, p, n, a, bound, name="keeping_input(p, m, a, lower_bound)", own_code=True
         )
+        got = got if hint else _scalar(got)
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
             return hint
@@ -74,6 +84,7 @@ def older_occurrence(answer, *, seed=None):
         got, hint = call_answer(
             answer, *numbers, beta, name="older_weight(kk_ts, kk_tsp, kk_sps, beta)", own_code=True
         )
+        got = got if hint else _scalar(got)
         hint = hint or refuse_degenerate(got, shape=(), what="Omega_ts")
         if hint:
             return hint
