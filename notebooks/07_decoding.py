@@ -160,7 +160,8 @@ print(f"prefill + {decode_steps} decode steps vs one full pass: relative error {
 assert_close(y_decoded, y_full, atol=1e-5, rtol=1e-4, name="decoded outputs")
 assert err < 1e-5
 for name, a, b in zip(cache_full._fields, decode_cache, cache_full, strict=True):
-    assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")  # final state, conv histories
+    if a is not None or b is not None:  # conv parts are None when conv_size is 0
+        assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")  # state, conv histories
 
 # %%
 # the chunked kernel's prefill, decoded from its cache by the same jitted step
@@ -179,7 +180,8 @@ if picks[prompt_len] == "chunked":  # auto's prefill was the chunked kernel too:
     print("auto picked the chunked kernel here too: the two prefills agree bit for bit")
 assert err_chunked < 1e-5
 for name, a, b in zip(cache_full._fields, chunked_cache, cache_full, strict=True):
-    assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
+    if a is not None or b is not None:
+        assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
 
 # %% tags=["hide-input"]
 per_token = {label: np.linalg.norm(np.asarray(y_ours - y_full), axis=-1)[0]  # row 0
