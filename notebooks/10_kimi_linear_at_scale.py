@@ -32,7 +32,7 @@
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
-contexts: list = [4096, 131072, 1048576]  # ascending, [0] >= 4096, [-1] in [2^17, 2^20]
+contexts: list = [4096, 131072, 1048576]  # ascending; first 4096 or more, last 2^17 to 2^20
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
@@ -211,9 +211,8 @@ print(f"{kimi.name}: one MLA layer's cache, d_c + d_R = {kimi.mla.kv_lora_rank} 
       f"{kimi.mla.shared_key_dim} numbers per token, passes one KDA layer's at T = {first_mla:,} "
       f"(below it the whole hybrid needs more memory than all-MLA); at T = {contexts[-1]:,} "
       f"they are {kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
-below = [at_scale.model_cache_bytes(kimi, first_mla - 1, hybrid=h) for h in (True, False)]
-assert below[0] > below[1] and at_scale.model_cache_bytes(kimi, first_mla) <= (
-    at_scale.model_cache_bytes(kimi, first_mla, hybrid=False))
+m = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=not g) for d in (1, 0) for g in (0, 1)]
+assert m[0] > m[1] and m[2] <= m[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
 # ## 5. The paper's headline numbers
