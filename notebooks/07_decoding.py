@@ -21,15 +21,14 @@
 # Prefilling a prompt in one call and then decoding token by token from that cache reproduces
 # the layer's full forward pass to float32 rounding. The cache does not grow with the context,
 # where a softmax attention KV cache grows linearly, and a decoding step does the same work at
-# every position, where an attention step reads the whole KV cache. Both steps are bound by
-# memory bandwidth, so bytes decide: we compute the context length beyond which a KV cache
-# (multi-head, grouped-query or latent) moves more bytes than the KDA state.
+# every position, where an attention step reads the whole KV cache: we compute the context
+# length beyond which a KV cache holds more bytes than the KDA cache, and time both steps.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/07_decoding.ipynb)
 #
 # Symbols follow [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md).
 # CI runs the defaults below; `make notebooks PARAMS=full` runs `notebooks/params/full/`.
-# Serving with this cache (prefix caching, speculative decoding), the layers' weights, detail:
+# Serving with this cache (prefix caching, speculative decoding), bytes against a GPU's ridge:
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07).
 
 # %% tags=["parameters"]
@@ -37,7 +36,7 @@ batch: int = 1  # sequences decoded side by side
 hidden_size: int = 64  # layer width
 num_heads: int = 2  # heads H
 head_dim: int = 32  # d_k and d_v per head
-conv_size: int = 4  # short-conv width w; the conv cache holds w - 1 inputs
+conv_size: int = 4  # short-conv width w; the conv cache holds max(w - 1, 0) inputs (0: none)
 prompt_len: int = 48  # tokens prefilled at once (one call)
 decode_steps: int = 32  # tokens then decoded one at a time
 chunk_size: int = 16  # chunk length of the chunked prefill
@@ -45,7 +44,6 @@ timing_repeats: int = 5  # timed rounds of each decode loop (after a compiling o
 timing_steps: int = 16  # decode steps in one timed call (one compiled loop)
 memory_max_len: int = 131072  # longest context in the memory plot (tokens)
 attention_contexts: list = [256, 2048, 16384]  # contexts T of the decode-step timings
-gqa_kv_heads: int = 8  # key/value heads of the grouped-query cache of section 5
 seed: int = 0  # seed of the one jax.random.key below
 
 # %% tags=["hide-input"]
@@ -80,18 +78,15 @@ import time
 
 import jax
 import jax.numpy as jnp
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
-from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.lab import at_scale
 from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
-from kda_lib.models import presets
 from kda_lib.ops.api import select_implementation
-from kda_lib.ops.reference import kda_step
 from kda_lib.teaching import viz
 from kda_lib.testing import assert_close, relative_l2
 
@@ -118,9 +113,9 @@ def run(layer, x, cache):
 #
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
-# call (`kda_lib.ops.api.select_implementation`; rules in the notebook notes): the recurrence
-# for one token; for a prompt, the scan on a CPU for small states, the chunked form of notebook
-# 03 on a GPU or for large states (all $B H d_k d_v$ state numbers count).
+# call (`kda_lib.ops.api.select_implementation`; rules in the notebook notes): `'recurrent'`
+# (a scan over the tokens) for one token, and for a prompt on a CPU with small states; the
+# chunked form of notebook 03 on a GPU or for large states (all $B H d_k d_v$ numbers count).
 # Section 2 also prefills with `implementation="chunked"` on every machine. Both compute
 #
 # $$
@@ -136,8 +131,9 @@ print(f"auto picks {picks[prompt_len]!r} for the {prompt_len}-token prompt, "
       f"{picks[1]!r} for one token")
 assert jax.default_backend() != "cpu" or picks[1] == "recurrent"
 cache = layer.init_cache(batch)
-for name, part in cache._asdict().items():
-    print(f"cache.{name:7s} {str(part.shape):18s} {part.dtype}")
+for name, part in cache._asdict().items():  # conv parts are None when conv_size is 0
+    print(f"cache.{name:7s} " + (f"{str(part.shape):18s} {part.dtype}" if part is not None
+                                  else "None (no short convolution)"))
 start = time.perf_counter()
 y_prompt, cache = jax.block_until_ready(run(layer, x[:, :prompt_len], cache))
 print(f"prefill of {prompt_len} tokens: {time.perf_counter() - start:.2f} s (incl. compilation)")
@@ -164,7 +160,8 @@ print(f"prefill + {decode_steps} decode steps vs one full pass: relative error {
 assert_close(y_decoded, y_full, atol=1e-5, rtol=1e-4, name="decoded outputs")
 assert err < 1e-5
 for name, a, b in zip(cache_full._fields, decode_cache, cache_full, strict=True):
-    assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")  # final state, conv histories
+    if a is not None or b is not None:  # conv parts are None when conv_size is 0
+        assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")  # state, conv histories
 
 # %%
 # the chunked kernel's prefill, decoded from its cache by the same jitted step
@@ -183,7 +180,8 @@ if picks[prompt_len] == "chunked":  # auto's prefill was the chunked kernel too:
     print("auto picked the chunked kernel here too: the two prefills agree bit for bit")
 assert err_chunked < 1e-5
 for name, a, b in zip(cache_full._fields, chunked_cache, cache_full, strict=True):
-    assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
+    if a is not None or b is not None:
+        assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
 
 # %% tags=["hide-input"]
 per_token = {label: np.linalg.norm(np.asarray(y_ours - y_full), axis=-1)[0]  # row 0
@@ -214,7 +212,7 @@ viz.show(fig, "07_decode_error")
 #
 # $$
 # \text{KDA cache} = \underbrace{H d_k d_v}_{\text{states}}
-#   + \underbrace{(w - 1)\, H (2 d_k + d_v)}_{\text{conv histories}},
+#   + \underbrace{\max(w - 1, 0)\, H (2 d_k + d_v)}_{\text{conv histories}},
 # \qquad
 # \text{KV cache after } T \text{ tokens} = T\, H (d_k + d_v),
 # $$
@@ -222,16 +220,16 @@ viz.show(fig, "07_decode_error")
 # fixed for KDA, growing with the context for softmax attention (same heads). We read the KDA
 # cache size off the arrays after every decoding step and the KV cache's from shapes; they are
 # equal at $T^\ast = \frac{d_k d_v + (w - 1)(2 d_k + d_v)}{d_k + d_v}$, which is
-# $\frac{d_v}{2} + \frac{3 (w - 1)}{2}$ for $d_k = d_v$ (printed below at these sizes).
+# $\frac{d_v}{2} + \frac{3 (w - 1)}{2}$ for $d_k = d_v$ ($w \ge 1$; printed below).
 
 # %%
 kda_bytes = cache_bytes[0]
 kv_bytes_per_token = 2 * batch * num_heads * head_dim * 4  # keys and values, float32 (d_k = d_v)
 state_bytes = batch * num_heads * head_dim * head_dim * 4
-conv_bytes = batch * (conv_size - 1) * (3 * num_heads * head_dim) * 4
+conv_bytes = batch * max(conv_size - 1, 0) * (3 * num_heads * head_dim) * 4
 assert len(set(cache_bytes)) == 1 and kda_bytes == state_bytes + conv_bytes, "never grows"
 crossover = kda_bytes / kv_bytes_per_token
-assert np.isclose(crossover, head_dim / 2 + 3 * (conv_size - 1) / 2), "T* = d_v/2 + 3(w-1)/2"
+assert np.isclose(crossover, head_dim / 2 + 3 * max(conv_size - 1, 0) / 2), "d_v/2 + 3(w-1)/2"
 print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes:,}); "
       f"KV cache: {kv_bytes_per_token:,} bytes per token; equal at T = {crossover:.1f} tokens")
 
@@ -300,97 +298,20 @@ for context in attention_contexts:
     print(f"T = {context:6d}: attention {step_ms[context]:.3f} "
           f"({step_ms[context] / step_ms['KDA']:.1f}x KDA's)")
 fig, ax = plt.subplots(figsize=(8, 3.4))
-ax.axhline(step_ms["KDA"], color=viz.PALETTE["blue"],
-           label="KDA layer: one program, the same at every T")
+ax.plot(attention_contexts, [step_ms["KDA"]] * len(attention_contexts), "o", ms=8,
+        color=viz.PALETTE["blue"], label="KDA layer: one program (same cache shapes), timed once")
 ax.plot(attention_contexts, [step_ms[t] for t in attention_contexts], "s", ms=8,
         color=viz.MODEL_COLORS["attention"], label="softmax attention layer: KV cache of T tokens")
 ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
        ylabel="wall time per step (ms, log scale)", title=f"Measured time per decoded token, "
        f"batch {batch} ({jax.default_backend()}), fastest of {timing_repeats} rounds")
+ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))  # plain decimals: 0.02, 0.05
+ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
+ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
+ax.set_xticks(attention_contexts, [f"{t:,}" for t in attention_contexts], minor=False)
+ax.xaxis.set_minor_formatter(mpl.ticker.NullFormatter())
 ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "07_decode_time")
-
-# %% [markdown]
-# ## 5. A decode step is bound by memory bandwidth: where the state pays off
-#
-# At Kimi Linear's layer shape (`kda_lib.models.presets.KIMI_LINEAR_48B`, from its published
-# config), a KDA decode step reads the state ($H d_k d_v$ numbers per sequence), writes it back
-# and does a handful of flops per entry (XLA's count of the compiled `kda_step`; counted by
-# hand in notebook 10, section 2): about one flop per byte, below even the float32 ridge of a GPU's
-# CUDA cores (the flops per byte above which compute limits; H200 SXM spec sheet). An attention
-# decode step reads every cached token:
-#
-# - multi-head attention (MHA): $2 H d_k$ numbers per token, $4 H d_k$ flops: 1 flop/byte in bf16;
-# - grouped-query attention (GQA), $G$ key/value heads: $2 G d_k$ numbers serving $H / G$ query
-#   heads each: $H / G$ flops per byte;
-# - multi-head latent attention (MLA, Kimi Linear's global layers): with the up-projections
-#   absorbed every head scores and sums the cached latent itself, about $1.9 H$ flops per byte.
-#
-# MHA and GQA are below the float32 ridge too; MLA is above it, below only the bf16 tensor-core
-# ridge (asserted). So bytes decide: the two *mixing steps* move the same bytes at
-#
-# $$
-# T^\ast_{\text{step}} = \frac{2 \times H d_k d_v \times \text{bytes per state number}}
-#   {\text{numbers cached per token} \times \text{bytes per cached number}}
-# $$
-#
-# per sequence (the 2: read and written; conv histories and the new cache entry left out; the
-# layer's weights, read once per step for the whole batch, in the notebook notes).
-
-# %%
-preset = presets.KIMI_LINEAR_48B
-H, dk, mla = preset.num_heads, preset.head_dim, preset.mla  # d_k = d_v
-step_args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in
-             ((1, H, dk, dk), (1, H, dk), (1, H, dk), (1, H, dk), (1, H, dk), (1, H))]
-lowered = jax.jit(kda_step).lower(*step_args)  # XLA's counts: as traced, then compiled
-traced, cost = ((c[0] if isinstance(c, list) else c)  # some JAX versions: one per device
-                for c in (lowered.cost_analysis(), lowered.compile().cost_analysis()))
-flops_per_entry = cost["flops"] / (entries := H * dk * dk)  # state numbers: a layer, sequence
-intensity = cost["flops"] / (2 * 4 * entries)  # flop per byte: the state read and written once
-h200 = at_scale.CHIPS["H200"]  # bandwidth and dense bf16 tensor-core flop/s, from NVIDIA's page
-H200_FP32_FLOPS = 67e12  # fp32 (CUDA cores, no tensor cores), NVIDIA's H200 SXM spec sheet
-ridge_fp32 = H200_FP32_FLOPS / h200.hbm_bandwidth
-attention_intensity = {"MHA": 4 * H * dk / (2 * H * dk * 2), "GQA": H / gqa_kv_heads,
-                       "MLA": 2 * H * (2 * mla.kv_lora_rank + mla.shared_key_dim)
-                       / ((mla.kv_lora_rank + mla.shared_key_dim) * 2)}  # fmt: skip
-print(f"kda_step at H = {H}, d_k = d_v = {dk}: {flops_per_entry:.1f} flops per state entry "
-      f"({traced['flops'] / entries:.1f} as traced), {intensity:.2f} flop/byte; H200 SXM ridge "
-      f"{ridge_fp32:.1f} flop/byte for fp32 CUDA-core work, {h200.ridge:.0f} for bf16 tensor cores")
-print("attention decode, bf16 cache: " + ", ".join(
-    f"{c} {v:.1f}" for c, v in attention_intensity.items()) + f" flop/byte (G = {gqa_kv_heads})")
-assert 6 <= flops_per_entry <= 10 and round(traced["flops"] / entries) == 7 and intensity < 2
-assert attention_intensity["MHA"] == 1 and attention_intensity["GQA"] == H / gqa_kv_heads
-assert round(attention_intensity["MLA"] / H, 1) == 1.9 and attention_intensity["GQA"] < ridge_fp32
-assert 5 * intensity < ridge_fp32 < attention_intensity["MLA"] < h200.ridge  # fp32's, bf16's
-
-# %%
-caches = {"MHA": 2 * H * dk, f"GQA, G = {gqa_kv_heads}": 2 * gqa_kv_heads * dk,
-          "MLA": mla.kv_lora_rank + mla.shared_key_dim}  # numbers cached per token and layer
-dtypes = {"same dtype for both": (4, 4), "float32 state, bf16 cache": (4, 2)}  # bytes per
-# state number, per cached number (bf16 for both: as float32 for both, the ratio is what counts)
-# T*_step: where an attention step over n numbers a cached token moves as many bytes as the state
-t_star = {(c, dt): 2 * entries * b_state / (n * b_cache) for c, n in caches.items()
-          for dt, (b_state, b_cache) in dtypes.items()}
-print(f"{'cache':16s} {'numbers/token':>13s} " + " ".join(f"{dt:>29s}" for dt in dtypes))
-for c, n in caches.items():
-    print(f"{c:16s} {n:13d} " + " ".join(f"{t_star[(c, dt)]:29.1f}" for dt in dtypes))
-for (c, dt), t in t_star.items():  # the formula, against a count of bytes token by token
-    b_state, b_cache = dtypes[dt]
-    assert np.ceil(t) == next(T for T in range(1, 10**5)
-                              if T * caches[c] * b_cache >= 2 * entries * b_state), (c, dt)
-assert all(2 * t_star[(c, "same dtype for both")] == t_star[(c, "float32 state, bf16 cache")]
-           for c in caches)  # one dtype for both: half the mixed T*_step
-
-# %%
-first_t = {key: int(np.ceil(t)) for key, t in t_star.items()}  # first whole T at or past T*
-gqa, mixed = f"GQA, G = {gqa_kv_heads}", "float32 state, bf16 cache"
-display(Markdown(
-    f"With a float32 state and a bf16 cache, the KDA step moves no more bytes than an MHA step "
-    f"from {first_t[('MHA', mixed)]} tokens of context on, than a GQA step from "
-    f"{first_t[(gqa, mixed)]} and than an MLA step from {first_t[('MLA', mixed)]}; half these "
-    "with one dtype for both. These are per sequence, the large-batch limit: at batch 1 the "
-    "KDA layer's larger weights, read once per step, push its crossing with the MLA layer to "
-    "about 21,800 tokens (notebook 10, section 5)."))
 
 # %% [markdown]
 # ## Summary
@@ -399,7 +320,8 @@ display(Markdown(
 #   token by token from the cache, reproduces one full forward pass: outputs, state, conv.
 # - The cache is $H d_k d_v + (w - 1) H (2 d_k + d_v)$ floats per sequence and layer, constant
 #   while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
-# - Both decode steps are memory-bound on an H200: bytes decide where they cross (section 5).
+# - A KDA step takes the same time at every context; an attention step's time grows with the
+#   KV cache it reads (section 4). Why bytes decide on a GPU (both steps memory-bound): the notes.
 #
 # ## Exercises
 #

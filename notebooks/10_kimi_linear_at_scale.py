@@ -32,7 +32,7 @@
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
-contexts: list = [4096, 131072, 1048576]  # context lengths of the memory tables (tokens)
+contexts: list = [4096, 131072, 1048576]  # ascending; first 4096 or more, last 2^17 to 2^20
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
@@ -41,12 +41,7 @@ check_latent: int = 128  # MLA compressed latent d_c (kv_lora_rank) of the scale
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
 check_seq_len: int = 64  # prefill length of the check: one chunk, so XLA counts it exactly
 check_context: int = 256  # cache slots of the decode steps checked
-decode_batches: list = [1, 16, 256]  # sequences decoded together in the decode-time model
-reported_active_params: float = 3e9  # Kimi-Linear-48B-A3B: the paper reports 3B activated ...
-reported_total_params: float = 48e9  # ... of 48B parameters
-routed_experts: int = 256  # Kimi-Linear-48B-A3B's config.json: num_experts ...
-experts_per_token: int = 8  # ... and num_experts_per_token (top-k routing)
-paper_tpot_speedup: float = 6.3  # the paper reports 6.3x faster TPOT than MLA at 1M tokens
+decode_batches: list = [1, 16, 256]  # sequences decoded together (decode-time model); with 1
 seed: int = 0  # every notebook has one; this one draws no random numbers
 
 # %% tags=["hide-input"]
@@ -88,6 +83,14 @@ from kda_lib.teaching import decode_scaling, viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
+for bad, rule in ((len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 4096
+                   or not 2**17 <= contexts[-1] <= 2**20, "contexts: two or more, ascending, "
+                   f"[0] >= 4096, 131072 <= [-1] <= 1048576 (sections 5, 6), got {contexts}"),
+                  (1 not in decode_batches, f"decode_batches must hold 1, got {decode_batches}")):
+    if bad:  # a prefill under 4096 tokens is memory-bound on TPU v6e; at [-1] tokens only batch
+        raise ValueError(rule)  # 1 holds the weights and all-MLA caches on one chip (section 5)
+reported_active_params, reported_total_params = 3e9, 48e9  # Kimi Linear's paper (facts, not
+routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # knobs): config.json, Fig 1b
 
 # %% [markdown]
 # ## 1. The models, from their configs
@@ -122,7 +125,7 @@ for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_c
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
 #   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
-#   2, $S^\top q$ 2 (notebook 07's XLA count: 7 as traced, 8 compiled, the decay done twice).
+#   2, $S^\top q$ 2 (XLA's count of `kda_step`: 7 as traced, 8 compiled; the notes).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
@@ -130,39 +133,42 @@ for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_c
 #   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
 # Training counts as three forward passes (a convention, within 5% of XLA's count of compiled
-# gradients: the notes). A masked prefill of $T$ tokens has $T_k \approx T/2$ on average, a
-# decode step $T_k = T$. The table: each preset at the lengths `contexts` (MHA/GQA with the KDA
+# gradients: the notes). One convention throughout: a masked prefill of $T$ tokens scores
+# $T_k = (T + 1)/2$ keys a query on average (a flash kernel skips the masked half), a decode
+# step $T_k = T$. The table: each preset at the lengths `contexts` (MHA/GQA with the KDA
 # layer's $d$, $H$ and $d_h = d_k$).
 
 # %%
 def flops_row(preset, t):
-    """Per token: KDA, MLA, GQA and MHA forward flops (prefill, T_k = T/2) and KDA training."""
+    """Per token: KDA, MLA, GQA, MHA forward flops (prefill, T_k = (T + 1)/2), KDA training."""
     row = {"KDA": at_scale.kda_flops_per_token(preset),
-           "MLA": at_scale.mla_flops_per_token(preset, t / 2) if preset.mla else float("nan")}
+           "MLA": at_scale.mla_flops_per_token(preset, (t + 1) / 2) if preset.mla else np.nan}
     for kind, g in (("GQA", gqa_kv_heads), ("MHA", None)):
         shape = at_scale.full_attention_shape(preset, g)
-        row[kind] = at_scale.attention_flops_per_token(**shape, keys=t / 2)
+        row[kind] = at_scale.attention_flops_per_token(**shape, keys=(t + 1) / 2)
     return row
 
 
-lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{v / 1e6:,.0f}" for v in flops_row(p, t).values())
+lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(v) else f"{v / 1e6:,.0f}"
+                                              for v in flops_row(p, t).values())
          + f" | {3 * flops_row(p, t)['KDA'] / 1e6:,.0f} |" for p in presets.PRESETS.values()
          for t in contexts]
 display(Markdown("Forward MFLOP per token and layer (prefill; training is 3x)\n\n| model | T | "
                  "KDA | MLA | GQA | MHA | KDA training (3x) |\n|---|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
-mla_1m = at_scale.mla_flops_per_token(kimi, contexts[-1] / 2)
+mla_1m = at_scale.mla_flops_per_token(kimi, (contexts[-1] + 1) / 2)
 print(f"{kimi.name}: at T = {contexts[-1]:,} an MLA layer costs "
       f"{mla_1m / at_scale.kda_flops_per_token(kimi):.1f}x the flops per token of a KDA layer")
 
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
-# We scale Kimi Linear's layers down (`kda_lib.lab.at_scale.scaled_down`: width `check_hidden`,
-# `check_heads` heads of `check_head_dim`) and build the real programs: KDA's chunked prefill of
-# one chunk (a loop's body is counted once) and recurrent decode step, MLA's prefill and
-# absorbed decode step, and MHA. The formulas' test: the matrix products traced in each
-# (`kda_lib.lab.costs.matmul_flops`) equal the formula's (XLA adds elementwise work: the notes).
+# Kimi Linear's layers scaled down (`at_scale.scaled_down`: width `check_hidden`, `check_heads`
+# heads of `check_head_dim`), as real programs: KDA's chunked prefill of one chunk (a loop's body
+# counts once) and decode step, MLA's prefill and absorbed decode step, MHA. Test: the matrix
+# products traced (`kda_lib.lab.costs.matmul_flops`) equal the formula's. These programs score
+# the full causal square, $T_k = T$; of the KDA step's 7 $d_k d_v$ the products are 4 ($k^\top
+# S$, $S^\top q$; the decay and write are elementwise: XLA's count of all 7, the notes).
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -180,18 +186,19 @@ for name, row in checks.items():
 # Per sequence and layer, a KDA layer keeps $H d_k d_v$ float32 state numbers and the last
 # $w - 1$ inputs of its $2 H d_k + H d_v$ conv channels (bf16), whatever the context; an MLA
 # layer caches $d_c + d_R$ numbers per token (its latent and its RoPE key), GQA $2 G d_h$ and
-# MHA $2 H d_h$ (bf16). Per layer in the table; the figure adds up whole models.
+# MHA $2 H d_h$ (bf16). Per layer; section 5 adds up whole models.
 
 # %%
 def cache_row(preset, t):
     """Bytes per sequence and layer: KDA cache, then MLA / GQA / MHA caches at T tokens."""
-    mla = t * at_scale.mla_cache_numbers(preset) * at_scale.BF16 if preset.mla else float("nan")
+    mla = t * at_scale.mla_cache_numbers(preset) * at_scale.BF16 if preset.mla else np.nan
     gqa = t * at_scale.attention_cache_numbers(gqa_kv_heads, preset.head_dim) * at_scale.BF16
     mha = t * at_scale.attention_cache_numbers(preset.num_heads, preset.head_dim) * at_scale.BF16
     return [at_scale.kda_state_bytes(preset), mla, gqa, mha]
 
 
-lines = [f"| {p.name} | {t:,} | " + " | ".join(f"{b / 2**20:,.1f}" for b in cache_row(p, t)) + " |"
+lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(b) else f"{b / 2**20:,.1f}"
+                                              for b in cache_row(p, t)) + " |"
          for p in presets.PRESETS.values() for t in contexts]
 display(Markdown("MiB per sequence and layer (KDA: float32 state + bf16 conv history; caches "
                  "bf16)\n\n| model | T | KDA | MLA | GQA | MHA |\n|---|---|---|---|---|---|\n"
@@ -204,29 +211,8 @@ print(f"{kimi.name}: one MLA layer's cache, d_c + d_R = {kimi.mla.kv_lora_rank} 
       f"{kimi.mla.shared_key_dim} numbers per token, passes one KDA layer's at T = {first_mla:,} "
       f"(below it the whole hybrid needs more memory than all-MLA); at T = {contexts[-1]:,} "
       f"they are {kimi_rows[contexts[-1]][1] / kimi_rows[contexts[-1]][0]:.0f}x it")
-below = [at_scale.model_cache_bytes(kimi, first_mla - 1, hybrid=h) for h in (True, False)]
-assert below[0] > below[1] and at_scale.model_cache_bytes(kimi, first_mla) <= (
-    at_scale.model_cache_bytes(kimi, first_mla, hybrid=False))
-
-# %% tags=["hide-input"]
-t_axis = np.geomspace(256, 4 * contexts[-1], 80)
-per_token = {"MLA": at_scale.mla_cache_numbers(kimi), f"GQA (G = {gqa_kv_heads})":
-             at_scale.attention_cache_numbers(gqa_kv_heads, kimi.head_dim),
-             "MHA": at_scale.attention_cache_numbers(kimi.num_heads, kimi.head_dim)}
-fig, ax = plt.subplots(figsize=(8, 3.8))
-hybrid = [at_scale.model_cache_bytes(kimi, t) / 2**30 for t in t_axis]
-ax.plot(t_axis, hybrid, color=viz.MODEL_COLORS["hybrid"], linewidth=2.5,
-        label=f"Kimi Linear: {len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers")
-for (name, n), style in zip(per_token.items(), ("-", "--", "-"), strict=True):
-    color = viz.MODEL_COLORS[name.split(" ")[0].lower()]  # viz's colour of MLA, GQA (dashed), MHA
-    ax.plot(t_axis, kimi.num_layers * t_axis * n * at_scale.BF16 / 2**30, style, color=color,
-            label=f"{name}: {kimi.num_layers} layers")
-for i, t in enumerate(contexts):
-    ax.axvline(t, color="0.7", ls=":", lw=1, label="contexts of the tables" if i == 0 else None)
-ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylabel="GiB per "
-       "sequence (log scale)", title=f"Decode memory of the mixers, one sequence, {kimi.name}")
-ax.legend(loc="upper left", fontsize=8)
-viz.show(fig, "10_memory")
+m = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=not g) for d in (1, 0) for g in (0, 1)]
+assert m[0] > m[1] and m[2] <= m[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
 # ## 5. The paper's headline numbers
@@ -244,13 +230,15 @@ reduction = {t: 1 - at_scale.model_cache_bytes(kimi, t)
 limit = 1 - len(kimi.global_layers) / kimi.num_layers
 print("cache reduction vs all-MLA: " + ", ".join(f"{r:.1%} at T = {t:,}" for t, r in
                                                    reduction.items()) + f"; limit {limit:.1%}")
+state, latent_bytes = at_scale.kda_state_bytes(kimi), at_scale.mla_cache_numbers(kimi) * 2
+assert all(np.isclose(limit - r, len(kimi.kda_layers) / kimi.num_layers * state
+                      / (t * latent_bytes)) for t, r in reduction.items()), "the gap, exactly"
 assert reduction[contexts[-1]] <= limit < paper_cache_reduction
-assert limit - reduction[contexts[-1]] < 0.01, "within 0.01 of the limit at the longest context"
 for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH):
     print(f"{p.name}: {len(p.global_layers)} global of {p.num_layers} layers, reduction limit "
           f"{1 - len(p.global_layers) / p.num_layers:.1%}")
 mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
-                + len(kimi.global_layers) * kimi.mla_parameter_count())  # for section 5's speed
+                + len(kimi.global_layers) * kimi.mla_parameter_count())  # for the speed below
 
 # %% [markdown]
 # **The decoding speed.** Per layer, a decode step of $B$ sequences at context $T$ reads the
@@ -307,7 +295,8 @@ assert 1 <= most[False] < most[True] and rate[True] / rate[False] < bound
 display(Markdown(
     f"At {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one chip holds the "
     f"weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at most "
-    f"{max(speedup.values()):.2f}x in the model, below the bound {bound:.2f}. Filling one H200 "
+    f"{max(speedup.values()):.2f}x over `decode_batches`, approaching the bound {bound:.2f} as "
+    "the batch grows. Filling one H200 "
     f"SXM, the batch is {most[True]} for the hybrid to {most[False]} for all-MLA, and the hybrid "
     f"decodes {rate[True] / rate[False]:.2f}x the tokens per second against the paper's \"up to "
     f"6x\". The reported {paper_tpot_speedup}x needs the global layers to run differently in the "
@@ -324,8 +313,9 @@ while high - low > 1:
         (low + high) // 2, high)
 w_kda, s_kda = kimi.kda_parameter_count() * at_scale.BF16, 2 * at_scale.kda_state_bytes(kimi)
 print(f"one chip: the hybrid is slower below T = {high:,} at batch 1 (by up to {worst[1]:.1%}), "
-      f"by up to {worst[256]:.1%} at batch 256. A KDA layer reads {w_kda / 1e6:.0f} MB of weights, "
-      f"and 2S = {s_kda / 1e6:.2f} MB x 256 sequences = {256 * s_kda / 1e6:,.0f} MB")
+      f"by up to {worst[256]:.1%} at batch 256. A KDA layer reads {w_kda / 2**20:.0f} MiB of "
+      f"weights, and its cache twice (read, written), {s_kda / 2**20:.2f} MiB x 256 sequences = "
+      f"{256 * s_kda / 2**20:,.0f} MiB")
 assert w_kda > 10 * s_kda and 256 * s_kda > 5 * w_kda  # the causes, at batch 1 and batch 256
 assert (round(worst[1], 2), round(worst[256], 2), round(high, -3)) == (0.09, 0.23, 22_000)
 
@@ -337,7 +327,8 @@ for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequ
     curve = np.array([ratio(t, b) for t in t_axis])
     room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
                                    for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
-    ax.plot(t_axis, np.where(room, curve, np.nan), color=color, label=f"batch {b}, fits")
+    ax.plot(t_axis, np.where(room, curve, np.nan), color=color,
+            label=f"batch {b}: weights + all-MLA caches fit one H200 SXM")
     ax.plot(t_axis, np.where(room, np.nan, curve), color=color, linestyle=":", alpha=0.6,
             label=f"batch {b}, does not fit on one H200 SXM")
 ax.axhline(bound, color="0.3", linestyle="--", label=f"bound: layers / global layers = {bound:.2f}")
@@ -358,7 +349,7 @@ viz.show(fig, "10_decode_speedup")
 # its peak flop rate and intensity x bandwidth: compute-bound above the ridge, peak / bandwidth.
 # Kimi Linear's layers at three operating points (`kda_lib.lab.at_scale.operating_point`, bf16):
 # a prefill of `contexts[0]` tokens, decode steps at `contexts[1]` tokens for one sequence and
-# for the largest of `decode_batches` (this CPU's roofline: the notes).
+# for the largest of `decode_batches`.
 
 # %%
 points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
@@ -376,33 +367,41 @@ assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_s
 
 # %%
 ix, big = intensity, f"decode B={max(decode_batches)}"
+cap = {}  # B -> infinity: a sequence's own flops over its own bytes (the weights shared away)
+for kind in ("KDA", "MLA"):
+    (f1, q1), (f2, q2) = (at_scale.operating_point(kimi, kind, "decode", contexts[1], b)
+                          for b in (1, 2))
+    cap[kind] = (f2 - f1) / (q2 - q1)
+latent_limit = kimi.mla.num_heads * (2 * kimi.mla.kv_lora_rank + kimi.mla.shared_key_dim) / (
+    at_scale.mla_cache_numbers(kimi))  # T -> infinity too: the latents' own, the notes
+assert ix[("KDA", big)] < cap["KDA"] < named_ridge and latent_limit < cap["MLA"] < named_ridge
+assert round(cap["KDA"]) == 19  # the summary's
 display(Markdown(
     f"A KDA decode step for one sequence does {ix[('KDA', 'decode B=1')]:.1f} flop per byte: its "
     f"time is its bytes (weights and state). An MLA step at {contexts[1]:,} tokens does "
     f"{ix[('MLA', 'decode B=1')]:.0f}, as all {kimi.mla.num_heads} heads read the same latents "
-    f"(MHA {ix[('MHA', 'decode B=1')]:.1f}), still below the lowest named ridge "
-    f"({named_ridge:.0f}): at these points every decode step is memory-bound on the four chips. "
-    f"Batching "
-    f"{max(decode_batches)} sequences shares the weights: KDA rises to {ix[('KDA', big)]:.0f}, "
-    f"MLA to {ix[('MLA', big)]:.0f} (its weights are shared too: notebook 07's 60.4 is this "
-    f"per-sequence limit), MHA only to "
-    f"{ix[('MHA', big)]:.1f} (its per-sequence cache dominates). A prefill of {contexts[0]:,} "
-    "tokens is compute-bound everywhere."))
+    f"(MHA {ix[('MHA', 'decode B=1')]:.1f}). Batching {max(decode_batches)} sequences shares the "
+    f"weights: KDA rises to {ix[('KDA', big)]:.1f}, MLA to {ix[('MLA', big)]:.1f}, MHA only to "
+    f"{ix[('MHA', big)]:.1f}. No batch goes further than a sequence's own flops over its own "
+    f"bytes: **a KDA decode step tends to {cap['KDA']:.1f} flop/byte** (every sequence reads and "
+    f"writes its own state), MLA to {cap['MLA']:.1f} at this $T$ (the latents' "
+    f"{latent_limit:.1f} plus the projections' share), both below the lowest named ridge "
+    f"({named_ridge:.0f}): no batch makes these decode steps compute-bound on the four chips, "
+    f"unlike a dense layer, whose intensity grows with the batch. A prefill of {contexts[0]:,} "
+    "tokens is compute-bound on all four."))
 
 # %% [markdown]
 # ## Summary
 #
-# - Each layer's parameters, flops per token and decode bytes are formulas of the configs,
-#   the flops equal to the real programs' traced matrix products at a small size (section 3).
-# - A KDA layer costs the same per token at every context; MLA's cost and cache grow with $T$,
-#   and only past a crossing does the hybrid need less memory than all-MLA (sections 2, 4). In
-#   the one-chip roofline its decode step is slower at short contexts (printed): up to 9% at
-#   batch 1 below about 22,000 tokens (KDA's larger weights), 23% at batch 256 ($2S$ a sequence).
-# - The cache reduction follows from the layer pattern; the 1M-token decoding speed-up does not:
-#   the step-time equation stays below (layers) / (global layers) for any batch, lower still
-#   where one chip holds the model, in time per token and in tokens per second (section 5).
-# - At section 6's operating points ($T$ = 131,072) every decode step is memory-bound on the
-#   four named chips; a prefill of 4,096 tokens is compute-bound.
+# - Parameters, flops and decode bytes per layer are formulas of the configs; the flops equal
+#   the real programs' traced matrix products at a small size (section 3).
+# - A KDA layer costs the same at every context; MLA's cost and cache grow with $T$. In the
+#   one-chip roofline the hybrid's decode step is slower at short contexts: up to 9% at batch 1
+#   below about 22,000 tokens (KDA's larger weights), 23% at batch 256 (its cache per sequence).
+# - The cache reduction follows from the layer pattern; the 1M-token speed-up stays below
+#   (layers) / (global layers) at any batch, lower where one chip holds the model (section 5).
+# - A KDA decode step is memory-bound on the four chips at every batch: its intensity tends to
+#   about 19 flop/byte (section 6); a prefill of `contexts[0]` $\ge$ 4,096 tokens is compute-bound.
 #
 # ## Exercises
 #

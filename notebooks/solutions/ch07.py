@@ -71,12 +71,12 @@ def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_
     first whole T with (T + 2 n) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
     b_KV)) - 2 n, and at least 1: a context has at least one token (with a small state and a
     long draft the count goes to 0 or below: attention moves more bytes at every context).
-    With n = 1 this is section 5's T*_step plus the conv rows and the new entry; each extra
-    draft token adds a state write (H K V numbers) to KDA but only two entries to attention,
-    so T* grows about (n + 1) / 2 times: keeping every draft token's state costs bandwidth. At
-    Kimi Linear's shape (H = 32, K = V = 128, w = 4) against its MLA cache (576 bf16 numbers a
-    token) with a float32 state: 3,810 at n = 1 (section 5's T*_step: 3,641), 9,393 at n = 4
-    (asserted in ``cases()``)."""
+    With n = 1 this is one decode step's T*_step (notes) plus the conv rows and the new
+    entry; each extra draft token adds a state write (H K V numbers) to KDA but only two
+    entries to attention, so T* grows about (n + 1) / 2 times: keeping every draft token's
+    state costs bandwidth. At Kimi Linear's shape (H = 32, K = V = 128, w = 4) against its MLA
+    cache (576 bf16 numbers a token) with a float32 state: 3,810 at n = 1 (one step's
+    T*_step: 3,641), 9,393 at n = 4 (asserted in ``cases()``)."""
     rows = conv_size - 1 + draft if conv_size >= 2 else 0
     kda = state_bytes * heads * ((1 + draft) * key_dim * value_dim
                                  + rows * (2 * key_dim + value_dim))

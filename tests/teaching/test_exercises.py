@@ -8,6 +8,7 @@ A solutions module defines ``cases()``: a list of ``(exercise_id, answer, contex
 from __future__ import annotations
 
 import functools
+import gc
 import importlib.util
 import inspect
 import pathlib
@@ -448,3 +449,48 @@ def test_the_checkers_own_functions_are_refused(path):
                 if not (isinstance(hint, str) and hint):
                     accepted.append((exercise_id, fn.__name__))
     assert not accepted, f"a checker's own function passed: {accepted}"
+
+
+# ------------------------------------------------- answers that read the checker's frames
+def _stack_readers(right) -> list:
+    """``right`` after reading the locals of every frame above it, four ways: the checker's
+    frames hold its trials (07.2's expected states, before the fix), so every read is refused."""
+
+    def by_getframe(*args):
+        frame = sys._getframe(1)
+        while frame is not None:
+            frame.f_locals  # noqa: B018 - what an answer would search
+            frame = frame.f_back
+        return right(*args)
+
+    def by_traceback(*args):
+        try:
+            raise ValueError
+        except ValueError as error:
+            error.__traceback__.tb_frame.f_back.f_locals  # noqa: B018
+        return right(*args)
+
+    def by_inspect(*args):
+        [info.frame.f_locals for info in inspect.stack(0)]
+        return right(*args)
+
+    def by_gc(*args):
+        gc.get_referrers(args[0])
+        return right(*args)
+
+    return [by_getframe, by_traceback, by_inspect, by_gc]
+
+
+@pytest.mark.xdist_group("solutions")
+def test_answers_reading_the_call_stack_are_refused_in_every_exercise():
+    tried = 0
+    for path in MODULES:
+        for exercise_id, answer, context, _ in _cases(path):
+            if not callable(answer):
+                continue
+            readers = _stack_readers(answer)
+            for reader in readers if exercise_id == "07.2" else readers[tried % 4:][:1]:
+                hint = exercises.verdict(exercise_id, reader, **context)
+                assert isinstance(hint, str) and "call stack" in hint, (exercise_id, hint)
+            tried += 1
+    assert tried >= 20

@@ -1554,3 +1554,34 @@ def test_01_two_timescales_as_the_notes_state_it():
     assert score[pair] / score[best_h, best_h] < 0.7
     assert np.all(draw_scores[:, pair[0], pair[1]] < draw_best_scalar)
     assert pair[0] > pair[1] and grid[best_h, best_h, [0, 2]].max() > 0.8
+
+
+def test_nb07_notes_decode_step_bytes():
+    """docs/NOTEBOOK_NOTES.md, notebook 07 (moved from section 5): kda_step at Kimi Linear's
+    shape, 7 flops per state entry as traced (about 1 per byte); the H200 SXM's float32 ridge
+    14.0 and bf16 206; attention intensities 1 / 4 / 60.4; T*_step 256 / 1,024 / 3,641 with a
+    float32 state and a bf16 cache, half with one dtype."""
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+    from kda_lib.ops.reference import kda_step
+
+    kimi = presets.KIMI_LINEAR_48B
+    h, dk, mla = kimi.num_heads, kimi.head_dim, kimi.mla
+    shapes = ((1, h, dk, dk), (1, h, dk), (1, h, dk), (1, h, dk), (1, h, dk), (1, h))
+    cost = jax.jit(kda_step).lower(*(jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes))
+    cost = cost.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    entries = h * dk * dk
+    assert round(cost["flops"] / entries) == 7 and cost["flops"] / (8 * entries) < 1.2
+    h200 = at_scale.CHIPS["H200"]
+    assert round(67e12 / h200.hbm_bandwidth, 1) == 14.0 and round(h200.ridge) == 206
+    latent = mla.kv_lora_rank + mla.shared_key_dim
+    intensity = {"MHA": 1, "GQA": h / 8, "MLA": h * (2 * mla.kv_lora_rank + mla.shared_key_dim)
+                 / latent}
+    assert intensity["GQA"] == 4 and round(intensity["MLA"], 1) == 60.4
+    assert h / 2 > 67e12 / h200.hbm_bandwidth > h / 3  # GQA above the fp32 ridge only at G <= 2
+    t_star = [2 * entries * 4 / (n * 2) for n in (2 * h * dk, 2 * 8 * dk, latent)]
+    assert [math.ceil(t) for t in t_star] == [256, 1024, 3641]

@@ -1069,6 +1069,26 @@ def test_07_2_rule_breakers_compute_the_right_state():
         assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
 
 
+def test_07_2_holds_no_expected_state_above_the_answer(monkeypatch):
+    """The review's frame peek (the checker's ``states`` read from its locals) finds nothing
+    even with the frame guard off: 07.2 computes its expected states after the call."""
+    import contextlib
+    import sys
+
+    def peek(state, k, v, g, beta, rejected):
+        frame = sys._getframe(1)
+        while frame is not None:
+            seen = frame.f_locals
+            if "states" in seen and "tokens" in seen:
+                return seen["states"][seen["tokens"] - seen["rejected"]]
+            frame = frame.f_back
+        return None
+
+    assert "call stack" in exercises.verdict("07.2", peek, seed=1)
+    monkeypatch.setattr(exercises, "frames_refused", lambda _: contextlib.nullcontext())
+    assert _refused("07.2", peek, {"seed": 1})
+
+
 def test_07_3_floor_plus_one_is_refused_on_a_whole_quotient():
     """floor(x) + 1 equals ceil(x) unless x is whole: a drawn trial makes it whole, and the hint
     says that "no fewer bytes" includes equality."""

@@ -189,6 +189,85 @@ JAXPR_HINT = (
 HINTS = {STARTED: THREAD_HINT, COMPILED: COMPILED_HINT, JAXPR: JAXPR_HINT}
 
 
+FRAMES = "the call stack"
+HINTS[FRAMES] = (
+    "your answer reads the call stack (sys._getframe, inspect.stack, a traceback's or a "
+    "generator's frame, gc's referrers): the checker's frames are not inputs; compute the "
+    "answer from the arguments"
+)
+# audit events that hand code a frame (or every object: gc), and the frame attributes audited
+_FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions",
+                           "gc.get_objects", "gc.get_referrers"})
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_FRAME_GUARD: list = [None]  # (thread id, the list a refusal is recorded in) while an answer runs
+_IN_HOOK: set[int] = set()
+
+
+_CHECKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
+@functools.cache
+def _stdlib_paths() -> tuple[str, ...]:
+    import sysconfig
+
+    return tuple({os.path.join(sysconfig.get_paths()[p], "") for p in ("stdlib", "platstdlib")})
+
+
+def _frame_audit(event: str, args: tuple) -> None:
+    """The audit hook (installed once, idle unless :func:`frames_refused` is active): in the
+    answer's thread, a frame read that neither the checkers nor an installed package (JAX,
+    NumPy: their path holds "-packages") asked for, the standard library's ``inspect``,
+    ``traceback``... passed through, records :data:`FRAMES` and raises
+    :class:`_LibraryEntered`."""
+    guard = _FRAME_GUARD[0]
+    if guard is None or not (event in _FRAME_EVENTS or (
+            event == "object.__getattr__" and args[1] in _FRAME_ATTRIBUTES)):
+        return
+    me = threading.get_ident()
+    if me != guard[0] or me in _IN_HOOK:
+        return
+    _IN_HOOK.add(me)
+    try:
+        frame = sys._getframe(1)
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(_CHECKER_DIR):
+            return
+        while path.startswith(_stdlib_paths()) and "-packages" not in path and frame.f_back:
+            frame = frame.f_back
+            path = os.path.abspath(frame.f_code.co_filename)
+        if "-packages" + os.sep in path:
+            return
+    finally:
+        _IN_HOOK.discard(me)
+    if not guard[1]:
+        guard[1].append(FRAMES)
+    raise _LibraryEntered(FRAMES)
+
+
+_AUDITING: list[bool] = []
+
+
+@contextlib.contextmanager
+def frames_refused(entered: list[str]) -> Iterator[None]:
+    """While the block runs (the answer's call), a frame read the answer makes (``sys._getframe``,
+    ``inspect.currentframe``/``stack``, ``traceback.extract_stack``, an exception's
+    ``__traceback__.tb_frame``, a generator's ``gi_frame``, ``sys._current_frames``,
+    ``gc.get_referrers``/``get_objects``) records :data:`FRAMES` in ``entered`` and stops the
+    answer: the checker's frames above it hold its trials. Its refusal ends here, quietly."""
+    if not _AUDITING:
+        sys.addaudithook(_frame_audit)
+        _AUDITING.append(True)
+    previous = _FRAME_GUARD[0]
+    _FRAME_GUARD[0] = (threading.get_ident(), entered)
+    try:
+        yield
+    except _LibraryEntered:
+        if entered[:1] != [FRAMES]:
+            raise
+    finally:
+        _FRAME_GUARD[0] = previous
+
+
 def _refusing(entered: list[str], original, what: str = STARTED,
               exempt: tuple[str, ...] = ("jax", "jaxlib", "threading")):  # fmt: skip
     """``original``, refusing (recording ``what``) unless called from a module of ``exempt``
@@ -492,7 +571,7 @@ def call_answer(
     guard = library_calls() if own_code else contextlib.nullcontext([])
     result = None
     try:
-        with guard as entered:
+        with guard as entered, frames_refused(entered):
             result = answer(*args)
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         if own_code and entered:

@@ -86,9 +86,9 @@ def _cache_hint(case, got: int) -> str:
     conv = b * (2 * h * k + hv * v) * cb
     states = 4 * b * hv * k * v
     if got == states * (n + 1) + conv * max(w - 1, 0) * (n + 1):
-        return "a conv history per prefix: the n + 1 histories overlap; one window holds them all"
+        return "a conv history per prefix: the m + 1 histories overlap; one window holds them all"
     if got == states * n + conv * _window_rows(w, n):
-        return "the n states after the draft tokens, but 0 tokens accepted is a prefix too"
+        return "the m states after the draft tokens, but 0 tokens accepted is a prefix too"
     if got == states * (n + 1) + conv * max(w - 1 + n, 0):
         return f"conv_size = {w} keeps no history, before or after a draft"
     if got == states + conv * max(w - 1, 0):
@@ -384,13 +384,14 @@ def roll_back(answer, *, seed=None):
     seed, rng = seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
-        states = draft_states(s0, k, v, g, beta)
-        got, hint = _roll_back_call(answer, states[-1], k, v, g, beta, rejected)
-        where = f"for n = {tokens}, rejected = {rejected}"
-        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(states[-1],),
+        last = draft_states(s0, k, v, g, beta)[-1]  # the expected states: after the call
+        got, hint = _roll_back_call(answer, last, k, v, g, beta, rejected)
+        where = f"for m = {tokens}, rejected = {rejected}"
+        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(last,),
                                          what=f"the state {where}")
         if hint:
             return hint + again(seed)
+        states = draft_states(s0, k, v, g, beta)
         got, want = np.asarray(got, np.float64), states[tokens - rejected]
         if np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want):
             continue
@@ -449,7 +450,8 @@ def _t_star_hint(case, got: int) -> str:
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
-        return "that is section 5's T*_step; count the verify call's states, conv rows, entries"
+        return ("that is one decode step's T*_step (the state read and written); count the "
+                "verify call's states, conv rows, entries")
     one_state = _kda_verify_bytes(h, k, v, w, bs, d) - (d - 1) * h * k * v * bs
     if d > 1 and got == max(1, math.ceil(one_state / (n * bc)) - 2 * d):
         return "one state written: the call keeps the state after every draft token (exercise 1)"
