@@ -242,8 +242,8 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in the WY literature and code; `unit_lower_inverse`: matmuls only). This solve is all
-# the delta rule adds: gated linear attention writes $\boldsymbol\delta_t = \mathbf v_t$ (no $L$).
+# (`U`, `W` in the WY literature and code; `unit_lower_inverse`: matmuls only). Gated linear
+# attention writes $\boldsymbol\delta_t = \mathbf v_t$: no $L$, no solve, no read of $S_\text{in}$.
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:

@@ -219,8 +219,8 @@ viz.show(fig, "07_decode_error")
 #
 # fixed for KDA, growing with the context for softmax attention (same heads). We read the KDA
 # cache size off the arrays after every decoding step and the KV cache's from shapes; they are
-# equal at $T^\ast = \frac{d_k d_v + (w - 1)(2 d_k + d_v)}{d_k + d_v}$, which is
-# $\frac{d_v}{2} + \frac{3 (w - 1)}{2}$ for $d_k = d_v$ ($w \ge 1$; printed below).
+# equal at $T^\ast = \frac{d_k d_v + \max(w - 1, 0)(2 d_k + d_v)}{d_k + d_v}$, which is
+# $\frac{d_v}{2} + \frac{3 \max(w - 1, 0)}{2}$ for $d_k = d_v$ (printed below).
 
 # %%
 kda_bytes = cache_bytes[0]
@@ -229,7 +229,6 @@ state_bytes = batch * num_heads * head_dim * head_dim * 4
 conv_bytes = batch * max(conv_size - 1, 0) * (3 * num_heads * head_dim) * 4
 assert len(set(cache_bytes)) == 1 and kda_bytes == state_bytes + conv_bytes, "never grows"
 crossover = kda_bytes / kv_bytes_per_token
-assert np.isclose(crossover, head_dim / 2 + 3 * max(conv_size - 1, 0) / 2), "d_v/2 + 3(w-1)/2"
 print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes:,}); "
       f"KV cache: {kv_bytes_per_token:,} bytes per token; equal at T = {crossover:.1f} tokens")
 
@@ -318,8 +317,8 @@ viz.show(fig, "07_decode_time")
 #
 # - Prefill in one call (the chunked kernel, and whatever `auto` runs here), then decoding
 #   token by token from the cache, reproduces one full forward pass: outputs, state, conv.
-# - The cache is $H d_k d_v + (w - 1) H (2 d_k + d_v)$ floats per sequence and layer, constant
-#   while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
+# - The cache is $H d_k d_v + \max(w - 1, 0) H (2 d_k + d_v)$ floats per sequence and layer,
+#   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
 # - A KDA step takes the same time at every context; an attention step's time grows with the
 #   KV cache it reads (section 4). Why bytes decide on a GPU (both steps memory-bound): the notes.
 #

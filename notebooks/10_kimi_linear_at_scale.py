@@ -32,7 +32,7 @@
 # [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
-contexts: list = [4096, 131072, 1048576]  # ascending; first 4096 or more, last 2^17 to 2^20
+contexts: list = [4096, 131072, 1048576]  # ascending; first 4096 or more, last 2^20 (1M)
 gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
@@ -41,7 +41,7 @@ check_latent: int = 128  # MLA compressed latent d_c (kv_lora_rank) of the scale
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
 check_seq_len: int = 64  # prefill length of the check: one chunk, so XLA counts it exactly
 check_context: int = 256  # cache slots of the decode steps checked
-decode_batches: list = [1, 16, 256]  # sequences decoded together (decode-time model); with 1
+decode_batches: list = [1, 16, 256]  # sequences decoded together (decode-time model); must hold 1
 seed: int = 0  # every notebook has one; this one draws no random numbers
 
 # %% tags=["hide-input"]
@@ -84,8 +84,8 @@ from kda_lib.teaching import decode_scaling, viz
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
 for bad, rule in ((len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 4096
-                   or not 2**17 <= contexts[-1] <= 2**20, "contexts: two or more, ascending, "
-                   f"[0] >= 4096, 131072 <= [-1] <= 1048576 (sections 5, 6), got {contexts}"),
+                   or contexts[-1] != 2**20, "contexts: two or more, ascending, [0] >= 4096, "
+                   f"[-1] = 1048576 (the paper's 1M context, sections 5, 6), got {contexts}"),
                   (1 not in decode_batches, f"decode_batches must hold 1, got {decode_batches}")):
     if bad:  # a prefill under 4096 tokens is memory-bound on TPU v6e; at [-1] tokens only batch
         raise ValueError(rule)  # 1 holds the weights and all-MLA caches on one chip (section 5)

@@ -128,7 +128,8 @@ def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64) -> s
     names = list(next(iter(timings.values())))
     rows = [
         f"Median ms on this machine ({jax.default_backend()}), flops per head (forward):\n",
-        "| pass | $T$ | " + " | ".join(names) + " | flops: recurrence | flops: chunked |",
+        "| pass | $T$ | " + " | ".join(names)
+        + f" | flops: recurrence | flops: chunked ($C$ = {chunk_size}, as timed) |",
         "|---|---|" + "---|" * (len(names) + 2),
     ]
     for mode, per_form in timings.items():
