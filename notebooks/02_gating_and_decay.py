@@ -90,6 +90,7 @@ value_dim = key_dim  # V = K in every example here
 assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len gate values"
 assert 0.1 <= beta_value <= 0.99, "beta_value: in [0.1, 0.99] here (at 1, Omega = I: section 4)"
 assert 3 <= vocab_size <= mix_len / 4, "vocab_size: from 3 to mix_len / 4 (section 4's repeats)"
+assert key_dim >= 32, "key_dim: at least 32 (section 2's over-one-decade spread per head)"
 key = jax.random.key(seed)
 key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
 LN2 = float(np.log(2.0))
