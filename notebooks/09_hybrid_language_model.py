@@ -331,6 +331,7 @@ gaps, fall = [c.detectable for c in level.values()], [v.mean() for v in late.val
 p1, whole = ([d[i] for d in gap.values()] for i in (0, -1))  # position 1; the whole window
 fast, spread = max(speed[m].max() for m in gap), max(v.max() / v.min() for v in speed.values())
 ratio = speed["attention"].mean() / np.mean([speed[m] for m in gap])  # tokens/s, mean runs
+assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
 
 # %%
 display(Markdown(
@@ -352,7 +353,6 @@ display(Markdown(
     f"hybrid: the MLA hybrid is nominally *worse* than pure KDA, {h.mean:+.3f} [{h.low:+.3f}, "
     f"{h.high:+.3f}] (on {h.above} of {h.n} seeds), the MHA hybrid too, {h_mha.mean:+.3f} "
     f"({h_mha.above} of {h_mha.n}): not resolved."))
-assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items()
