@@ -304,7 +304,7 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance), "08_recorded_l
 # three tasks as the sequence grows and **(B)** gets there in fewer training steps than GDN. Each
 # row below is KDA minus another mixer over the 5 paired seeds: a paired t-test, Holm within its
 # family (*ordered* below 0.05, else *level*), the exact sign-flip p and the gap detectable at 80%
-# power at $\alpha/m$, Holm's first step ($m$ the family's size; `kda_lib.lab.significance`;
+# power at 0.05 divided by the family's size, Holm's first step (`kda_lib.lab.significance`;
 # method, and what this section leaves out: the notebook notes).
 # **Claims** (fixed after reading the record, so exploratory): stack against GDN and mamba2-style,
 # in accuracy and beyond the conv reach, and claim B's steps to solve MQAR where both always solve.
@@ -327,7 +327,7 @@ families = {"claims": compare_family(claims), "sanity checks": compare_family(sa
 flip = {k: sign_flip_p(*v) for k, v in family.items()}
 assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8) and min(flip.values()) == 0.0625
 print(f"{'task':10s} {'T':>3s} {'KDA - other':19s} verdict  mean [unadjusted 95%]  seeds +/-  "
-      "Holm p  sign-flip p  detectable at alpha/m")
+      "Holm p  sign-flip p  detectable at 0.05/size")
 for name, group in families.items():
     print(f"--- {name}: {len(group)} comparisons")
     for (task, t, m), c in group.items():
