@@ -385,18 +385,28 @@ def _closed_form_linalg(xp):
     return roll_back
 
 
-def _solve_then_closed_form(solve):
-    """07.2 right: each token's M_t X = S_t - E_t solved by ``solve`` up to d_k = 10,000, the
-    closed form only at the checker's d_k of a million (where a d_k x d_k matrix cannot fit)."""
+def _per_token(solve):
+    """07.2: each token's M_t X = S_t - E_t solved with ``solve``, last token first."""
 
     def roll_back(state, k, v, g, beta, rejected):
-        if len(k[0]) > 10_000:
-            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
         state = np.asarray(state, np.float64)
         for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
             m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
             state = solve(m, state - beta[t] * np.outer(k[t], v[t]))
         return state
+
+    return roll_back
+
+
+def _solve_then_closed_form(solve):
+    """07.2 right: :func:`_per_token` with ``solve`` up to d_k = 10,000, the closed form only at
+    the checker's d_k of a million (where a d_k x d_k matrix cannot fit)."""
+    by_token = _per_token(solve)
+
+    def roll_back(state, k, v, g, beta, rejected):
+        if len(k[0]) > 10_000:
+            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
+        return by_token(state, k, v, g, beta, rejected)
 
     return roll_back
 
@@ -461,16 +471,6 @@ def _rule_breakers():
             m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
             state = np.linalg.pinv(m) @ (state - beta[t] * np.outer(k[t], v[t]))
         return state
-
-    def per_token(solve):  # 07.2: M_t X = S_t - E_t solved token by token with `solve`
-        def roll_back(state, k, v, g, beta, rejected):
-            state = np.asarray(state, np.float64)
-            for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-                m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
-                state = solve(m, state - beta[t] * np.outer(k[t], v[t]))
-            return state
-
-        return roll_back
 
     def gauss_jordan(m, b):  # by hand, no pivoting
         a, n = np.concatenate([m, b], axis=1), len(m)
@@ -538,7 +538,7 @@ def _rule_breakers():
 
     def c_solve_by_name(state, k, v, g, beta, rejected):  # the ufunc fetched from a string
         module = importlib.import_module("numpy.linalg." + "_umath" + "_linalg")
-        return per_token(getattr(module, "so" + "lve"))(state, k, v, g, beta, rejected)
+        return _per_token(getattr(module, "so" + "lve"))(state, k, v, g, beta, rejected)
 
     old_inputs = _old_fixed_inputs()
     lapack_by_ctypes, lapack_by_ctypes_looked_up_late = _lapacke_solves()
@@ -561,10 +561,10 @@ def _rule_breakers():
         *[("07.2", f"jax.scipy.sparse.linalg.{name}, matrix-free, per token (teacher 2026-12-05)",
            _matrix_free(getattr(jax.scipy.sparse.linalg, name)))
           for name in ("cg", "bicgstab", "gmres")],
-        ("07.2", "LAPACKE_dgesv by ctypes.CDLL, looked up before", per_token(lapack_by_ctypes)),
+        ("07.2", "LAPACKE_dgesv by ctypes.CDLL, looked up before", _per_token(lapack_by_ctypes)),
         ("07.2", "LAPACKE_dgesv through ctypes, its name built at run time",
-         per_token(lapack_by_ctypes_looked_up_late)),
-        *[("07.2", f"a compiled solve run by {how}", per_token(_compiled_solve(how)))
+         _per_token(lapack_by_ctypes_looked_up_late)),
+        *[("07.2", f"a compiled solve run by {how}", _per_token(_compiled_solve(how)))
           for how in ("_executable.call", "_executable.unsafe_call", "_call (its fast path)",
                       "xla_executable.execute_sharded")],
         ("06.1", "entropy in bits", lambda p: (
@@ -620,16 +620,16 @@ def _rule_breakers():
          + cb * b * (w - 1 + n) * (w >= 2) * (h - hv) * v),
         ("07.2", "a matrix solve per token (jnp.linalg)", inverse_by_solve),
         ("07.2", "a pseudo-inverse per token (np.linalg)", inverse_by_pinv),
-        ("07.2", "scipy.sparse.linalg.spsolve per token (review 2026-12-04)", per_token(
+        ("07.2", "scipy.sparse.linalg.spsolve per token (review 2026-12-04)", _per_token(
             lambda m, b: scipy.sparse.linalg.spsolve(scipy.sparse.csc_matrix(m), b))),
         ("07.2", "LAPACK's dgesv from scipy.linalg.lapack (a C wrapper)",
-         per_token(lambda m, b: scipy.linalg.lapack.dgesv(m, b)[2])),
+         _per_token(lambda m, b: scipy.linalg.lapack.dgesv(m, b)[2])),
         ("07.2", "numpy's private _umath_linalg.solve (a ufunc)",
-         per_token(lambda m, b: np.linalg._umath_linalg.solve(m, b))),
+         _per_token(lambda m, b: np.linalg._umath_linalg.solve(m, b))),
         ("07.2", "numpy's private _umath_linalg.inv (a ufunc)",
-         per_token(lambda m, b: np.linalg._umath_linalg.inv(m) @ b)),
-        ("07.2", "Gauss-Jordan by hand, per token", per_token(gauss_jordan)),
-        ("07.2", "200 rounds of Richardson iteration, per token", per_token(richardson)),
+         _per_token(lambda m, b: np.linalg._umath_linalg.inv(m) @ b)),
+        ("07.2", "Gauss-Jordan by hand, per token", _per_token(gauss_jordan)),
+        ("07.2", "200 rounds of Richardson iteration, per token", _per_token(richardson)),
         ("07.2", "200 rounds of Richardson, M_t applied in O(d_k d_v)", richardson_structured),
         ("07.2", "Richardson run to tolerance (teacher re-read 2026-12-04)",
          richardson_to_tolerance),
