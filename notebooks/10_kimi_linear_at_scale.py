@@ -224,7 +224,8 @@ print(f"{kimi.name}: S = 4 x {kimi.num_heads} x {kimi.head_dim}^2 + 2 x ({kimi.c
       f"x 3 x {kimi.num_heads} x {kimi.head_dim} = {state:,} bytes; MLA 2 x ({m.kv_lora_rank} + "
       f"{m.shared_key_dim}) = {per_token:,} bytes a token, past S at T = ceil(S / {per_token})"
       f" = {first_mla:,}; at T = {contexts[-1]:,} it is {contexts[-1] * per_token / state:.0f}x S")
-mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=not g) for d in (1, 0) for g in (0, 1)]
+mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=h)
+       for d in (1, 0) for h in (True, False)]
 assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
@@ -313,7 +314,8 @@ display(Markdown(
     f"In this model, at {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one "
     f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
     f"most {max(speedup.values()):.2f}x over `decode_batches`, approaching the bound "
-    f"{bound:.2f} as the batch grows. Filling one H200 SXM, the batch is {most[True]} for the hybrid to {most[False]} for all-MLA, and the hybrid "
+    f"{bound:.2f} as the batch grows. Filling one H200 SXM, the batch is {most[True]} for the "
+    f"hybrid to {most[False]} for all-MLA, and the hybrid "
     f"decodes {rate[True] / rate[False]:.2f}x the tokens per second against the paper's \"up to "
     f"6x\". The measured {paper_tpot_speedup}x is outside the model, not against it: it needs "
     "the hybrid's global layers to cost less than all-MLA's (another kernel, batch or memory "

@@ -15,25 +15,24 @@ def kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) ->
             + cache_bytes * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
-def cache_reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-                    state_bytes, cache_bytes):
-    """1: hybrid = kda_layers S + global_layers T latent b_c bytes (b_c = cache_bytes), all-global
-    = (kda_layers + global_layers) T latent b_c, so the reduction is kda_layers / L (1 - S /
-    (T latent b_c)), L the depth: it tends to kda_layers / L (7 of 27 global layers: 74.1%) and
-    is negative for T < S / (latent b_c), where one KDA cache outweighs one global layer's
-    latents. Only the ratio state_bytes / cache_bytes matters (a float32 state with an fp8 cache
-    is the page's float32/bf16 over again, halved; that pair is not tried).
+def reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+                      state_bytes, cache_bytes) -> float:
+    """1: with c = latent cache_bytes the bytes of one token's latents, k = kda_layers of L
+    layers and S one KDA cache, 1 - hybrid / all-global = 1 - (k S + (L - k) T c) / (L T c) =
+    (k / L) (1 - S / (T c)). Setting it to f: T c (k - f L) = k S, so T = k S / (c (k - f L)),
+    finite for f < k / L only (the limit), S / c at f = 0 (one KDA cache against one global
+    layer's latents: section 4's crossing at the page's dtypes). Only the ratio state_bytes /
+    cache_bytes matters (a float32 state with an fp8 cache is the page's float32/bf16 over
+    again, halved; that pair is not tried).
 
-    Explain why (model answer): Kimi K3 at 4,096 tokens: -0.282 with the page's float32 state
-    and bf16 cache (its KDA cache, 6.2 MiB per layer, outweighs an MLA layer's 4.5 MiB of
-    latents); +0.213 with a bf16 state (break-even 2,923 tokens instead of 5,654); -1.271 with
+    Explain why (model answer): Kimi K3 at a half: 17,337 tokens with the page's float32 state
+    and bf16 cache (break-even 5,653); 8,963 with a bf16 state (break-even 2,923); 34,085 with
     an fp8 latent cache and a float32 state (break-even 11,115). Shrinking the cache helps
-    all-MLA more, whose whole memory is cache; shrinking the state helps the hybrid."""
-    per_token = cache_bytes * latent
-    hybrid = kda_layers * kda_layer_bytes(heads, head_dim, conv_size, state_bytes, cache_bytes) + (
-        global_layers * context * per_token
-    )
-    return 1 - hybrid / ((kda_layers + global_layers) * context * per_token)
+    all-MLA more, whose whole memory is cache; shrinking the state helps the hybrid. The wait
+    grows fast near the limit: at 0.7 of K3's 0.742 it is 100,021 tokens."""
+    kda = kda_layer_bytes(heads, head_dim, conv_size, state_bytes, cache_bytes)
+    per_token = latent * cache_bytes
+    return kda_layers * kda / (per_token * (kda_layers - fraction * (kda_layers + global_layers)))
 
 
 def ring_crossover(ranks, heads, head_dim, conv_size, latent) -> int:
@@ -53,7 +52,8 @@ def decode_crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_
     T = (b_w (kda_params - mla_params) + 2 batch S) / (2 batch latent), rounded up, at least 1
     (where MLA's weights outweigh KDA's bytes, MLA moves more from the first token). b_w (k - m)
     is a multiple of 1/2 and the rest integers, so the float quotient is exact enough here.
-    Kimi Linear at batch 1: 21,824 tokens with bf16 weights (the page's crossing, section 5),
+    Kimi Linear at batch 1: 21,824 tokens with bf16 weights (where the whole model's
+    decode step stops being slower than all-MLA's, the notes),
     12,797 with fp8, 8,283 with int4: quantising the weights shrinks the hybrid's extra weight
     bytes, the whole of its disadvantage at batch 1. At batch 256 fp8 gives 3,805, near the
     state-only 3,769: a large batch shares the weights away."""
@@ -73,11 +73,11 @@ def cases():
     name = presets.KIMI_LINEAR_48B.name
     k3 = presets.KIMI_K3.name
     return [
-        ("10.1", cache_reduction, dict(preset=k3, context=4096), lambda *a: 0.75),
-        ("10.1", cache_reduction, dict(preset=name, context=2**20),
-         lambda c, kda, glob, *a: kda / (kda + glob)),
-        ("10.1", cache_reduction, dict(preset=k3, context=4096),  # the page's dtypes
-         lambda *a: cache_reduction(*a[:-2], 4, 2)),
+        ("10.1", reduction_context, dict(preset=k3, fraction=0.5), lambda *a: 17_337.0),
+        ("10.1", reduction_context, dict(preset=name, fraction=0.5),  # fraction ignored
+         lambda f, *a: reduction_context(0.0, *a)),
+        ("10.1", reduction_context, dict(preset=k3, fraction=0.5),  # the page's dtypes
+         lambda *a: reduction_context(*a[:-2], 4, 2)),
         ("10.2", ring_crossover, dict(preset=name, ranks=8),
          lambda r, *a: ring_crossover(r, *a) - 1),
         ("10.2", ring_crossover, dict(preset=k3, ranks=64), lambda r, *a: ring_crossover(8, *a)),

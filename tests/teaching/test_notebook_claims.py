@@ -1587,3 +1587,44 @@ def test_nb07_notes_decode_step_bytes():
     assert h / 2 > 67e12 / h200.hbm_bandwidth > h / 3  # GQA above the fp32 ridge only at G <= 2
     t_star = [2 * entries * 4 / (n * 2) for n in (2 * h * dk, 2 * 8 * dk, latent)]
     assert [math.ceil(t) for t in t_star] == [256, 1024, 3641]
+
+
+def test_nb10_notes_short_context_and_batching_limits():
+    """docs/NOTEBOOK_NOTES.md, notebook 10 (moved from sections 5 and 6): on the H200 SXM
+    roofline the hybrid is 9.0% slower at T = 1 and batch 1, 23.3% at batch 256, and stops
+    being slower at T = 21,824 at batch 1 (10.3's bf16 crossing); a KDA layer's weights 75 MiB
+    against MLA's 56 MiB, its cache read and written 4.14 MiB (1,060 MiB for 256); a KDA decode
+    step tends to 19.0 flop/byte, MLA at T = 131,072 to 60.8, its latents to 60.4, below the
+    lowest ridge, 206."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+    from kda_lib.teaching import decode_scaling
+
+    kimi, h200 = presets.KIMI_LINEAR_48B, at_scale.CHIPS["H200"]
+    mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
+              + len(kimi.global_layers) * kimi.mla_parameter_count())
+
+    def ratio(t, b):
+        other = decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers)
+        time = [at_scale.model_decode_time(kimi, h200, t, b, hybrid=h, other_weight_bytes=other)
+                for h in (False, True)]
+        return time[0] / time[1]
+
+    assert [round(100 * (1 / ratio(1, b) - 1), 1) for b in (1, 256)] == [9.0, 23.3]
+    assert ratio(21_823, 1) < 1 <= ratio(21_824, 1)
+    weights = [2 * p / 2**20 for p in (kimi.kda_parameter_count(), kimi.mla_parameter_count())]
+    cache = 2 * at_scale.kda_state_bytes(kimi) / 2**20
+    assert [round(w) for w in weights] == [75, 56]
+    assert (round(cache, 2), 256 * cache) == (4.14, 1060)
+    cap = {}
+    for kind in ("KDA", "MLA"):
+        (f1, q1), (f2, q2) = (at_scale.operating_point(kimi, kind, "decode", 131_072, b)
+                              for b in (1, 2))
+        cap[kind] = (f2 - f1) / (q2 - q1)
+    m = kimi.mla
+    latent = m.kv_lora_rank + m.shared_key_dim
+    latents = m.num_heads * (latent + m.kv_lora_rank) / latent
+    ridge = min(c.ridge for c in at_scale.CHIPS.values())
+    assert (round(cap["KDA"], 1), round(cap["MLA"], 1), round(latents, 1), round(ridge)) == (
+        19.0, 60.8, 60.4, 206)
+    assert max(cap.values()) < ridge == h200.ridge

@@ -156,7 +156,7 @@ def _library_attacks():
         ("08.3", "solution after a library call", through_library(s08.conv_reach_queries)),
         ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
         ("09.3", "solution after a library call", through_library(s09.bigram_bpb)),
-        ("10.1", "solution after a library call", through_library(s10.cache_reduction)),
+        ("10.1", "solution after a library call", through_library(s10.reduction_context)),
         ("10.1", "at_scale's model_cache_bytes on the named preset", _reduction_by_library),
         ("10.3", "solution after a library call", through_library(s10.decode_crossover)),
         ("10.2", "solution after a library call", through_library(s10.ring_crossover)),
@@ -169,13 +169,18 @@ def _library_attacks():
     return attacks
 
 
-def _reduction_by_library(c, *_):
-    """10.1 through kda_lib: the notebook's preset, whatever numbers are passed."""
+def _reduction_by_library(f, *_):
+    """10.1 through kda_lib: the notebook's preset, whatever numbers are passed: the T at which
+    at_scale's reduction reaches f, bisected."""
     from kda_lib.lab import at_scale
     from kda_lib.models import presets
 
-    p = presets.KIMI_K3
-    return 1 - at_scale.model_cache_bytes(p, c) / at_scale.model_cache_bytes(p, c, hybrid=False)
+    p, low, high = presets.KIMI_K3, 1.0, 1e9
+    for _ in range(200):
+        mid = (low + high) / 2
+        hybrid, full = (at_scale.model_cache_bytes(p, mid, hybrid=h) for h in (True, False))
+        low, high = (low, mid) if 1 - hybrid / full >= f else (mid, high)
+    return high
 
 
 def _ring_by_library(r, *_):
@@ -247,15 +252,10 @@ def _tiny_beta_head():
     return dict(decays=decays.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
 
 
-def _two_point_fit():
-    """10.1's reduction is a + b / T for one model: fit it from the notebook's preset at two
-    contexts and answer that line for any arguments."""
-    s10 = _solutions("10")
-    shape, layers = s10.preset_numbers("Kimi-K3")
-    r1, r2 = (s10.cache_reduction(c, *layers, **shape, state_bytes=4, cache_bytes=2)
-              for c in (1000, 4000))
-    b = (r1 - r2) / (1 / 1000 - 1 / 4000)
-    return lambda c, *a: r1 - b / 1000 + b / c
+def _page_break_even_scaled(f, kda, glob, *_):
+    """10.1 from the page: section 4's break-even S / c of Kimi Linear (1,884.4 tokens, the page's
+    dtypes), scaled by k / (k - f L) with the layer counts passed, whatever the model."""
+    return 2_170_880 / 1152 * kda / (kda - f * (kda + glob))
 
 
 def _old_fixed_inputs():
@@ -708,20 +708,25 @@ def _rule_breakers():
         ("09.3", "section 2's unigram (no context)", _unigram_bpb),
         ("09.3", "a table of the checker's trials keyed on len(train) (review r08)",
          lambda t, v: bigram_table[len(t)]),
-        ("10.1", "the limit kda / L at every context", lambda c, kda, glob, *a: kda / (kda + glob)),
-        ("10.1", "the KDA state without its conv history", lambda c, kda, glob, h, d, w, *a:
-         s10.cache_reduction(c, kda, glob, h, d, 1, *a)),
+        ("10.1", "fraction ignored (the break-even S / c)",
+         lambda f, *a: s10.reduction_context(0.0, *a)),
+        ("10.1", "the KDA state without its conv history", lambda f, kda, glob, h, d, w, *a:
+         s10.reduction_context(f, kda, glob, h, d, 1, *a)),
         ("10.1", "section 4's float32 state and bf16 cache (the page), dtypes ignored",
-         lambda *a: s10.cache_reduction(*a[:-2], 4, 2)),
-        ("10.1", "the conv history in state_bytes", lambda c, kda, glob, h, d, w, latent, sb, cb:
-         1 - (kda * sb * (h * d * d + 3 * max(w - 1, 0) * h * d) + glob * cb * c * latent)
-         / ((kda + glob) * cb * c * latent)),
-        ("10.1", "the latents in state_bytes", lambda c, kda, glob, h, d, w, latent, sb, cb: 1 - (
-            kda * s10.kda_layer_bytes(h, d, w, sb, cb) + glob * sb * c * latent)
-         / ((kda + glob) * sb * c * latent)),
-        ("10.1", "clipped at 0 (a fraction in [0, 1])",
-         lambda *a: max(0.0, s10.cache_reduction(*a))),
-        ("10.1", "a two-point fit on the notebook's preset", _two_point_fit()),
+         lambda *a: s10.reduction_context(*a[:-2], 4, 2)),
+        ("10.1", "the conv history in state_bytes", lambda f, kda, glob, h, d, w, latent, sb, cb:
+         kda * sb * (h * d * d + 3 * max(w - 1, 0) * h * d)
+         / (cb * latent * (kda - f * (kda + glob)))),
+        ("10.1", "the latents in state_bytes", lambda f, kda, glob, h, d, w, latent, sb, cb:
+         kda * s10.kda_layer_bytes(h, d, w, sb, cb) / (sb * latent * (kda - f * (kda + glob)))),
+        ("10.1", "fraction of the limit (f kda / L in place of f)", lambda f, kda, glob, *a:
+         s10.reduction_context(f * kda / (kda + glob), kda, glob, *a)),
+        ("10.1", "all layers counted as KDA (L in place of kda above)", lambda f, kda, glob, *a:
+         (kda + glob) / kda * s10.reduction_context(f, kda, glob, *a)),
+        ("10.1", "rounded up to whole tokens",
+         lambda *a: math.ceil(s10.reduction_context(*a))),
+        ("10.1", "section 4's break-even on the page, scaled", _page_break_even_scaled),
+        ("10.1", "section 4's break-even on the page (an echo)", lambda *a: 1885),
         ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp, wb: max(1, math.ceil(
             (wb * (kp - mp) + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
         ("10.3", "weights left out (section 4's crossing, doubled)",
@@ -879,13 +884,23 @@ def _alternatives():
     s10 = _solutions("10")
     from kda_lib.models import presets
 
-    def reduction_f32(c, kda, glob, h, d, w, latent, sb, cb):
-        state = np.float32(sb * h * d * d + cb * 3 * max(w - 1, 0) * h * d)
-        return np.float32(1) - (kda * state + glob * np.float32(cb * c * latent)) / np.float32(
-            (kda + glob) * cb * c * latent)
+    def reduction_f32(f, kda, glob, h, d, w, latent, sb, cb):
+        state = np.float32(sb * h * d * d) + np.float32(cb * 3 * max(w - 1, 0) * h * d)
+        share = np.float32(1) - np.float32(f) * np.float32(kda + glob) / np.float32(kda)
+        return state / (np.float32(cb * latent) * share)  # numpy float32 throughout
 
-    def reduction_closed(c, kda, glob, h, d, w, latent, sb, cb):
-        return kda / (kda + glob) * (1 - s10.kda_layer_bytes(h, d, w, sb, cb) / (cb * c * latent))
+    def reduction_closed(f, kda, glob, h, d, w, latent, sb, cb):  # (k / L)(1 - S / (T c)) = f
+        return s10.kda_layer_bytes(h, d, w, sb, cb) / (cb * latent * (1 - f * (kda + glob) / kda))
+
+    def reduction_search(f, kda, glob, h, d, w, latent, sb, cb):  # bisect one's own reduction
+        def reduction(t):
+            hybrid = kda * s10.kda_layer_bytes(h, d, w, sb, cb) + glob * t * cb * latent
+            return 1 - hybrid / ((kda + glob) * t * cb * latent)
+        low, high = 1e-3, 1e12
+        for _ in range(200):
+            mid = (low + high) / 2
+            low, high = (low, mid) if reduction(mid) >= f else (mid, high)
+        return high
 
     def crossover_search(b, h, d, w, latent, kda_params, mla_params, wb):  # T up by doubling
         def mla_wins(t):
@@ -948,9 +963,11 @@ def _alternatives():
         ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
         ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
-        ("10.1", "numpy float32 inside", reduction_f32, dict(preset=k3, context=4096)),
-        ("10.1", "the closed form kda / L (1 - S / (2 T latent))", reduction_closed,
-         dict(preset=k3, context=4096)),
+        ("10.1", "numpy float32 throughout", reduction_f32, dict(preset=k3, fraction=0.5)),
+        ("10.1", "the closed form S / (c (1 - f L / kda))", reduction_closed,
+         dict(preset=k3, fraction=0.5)),
+        ("10.1", "a bisection on one's own reduction", reduction_search,
+         dict(preset=k3, fraction=0.5)),
         ("10.2", "numpy int64 out", lambda *a: np.int64(s10.ring_crossover(*a)),
          dict(preset=kimi, ranks=8)),
         ("10.2", "a 0-d jax int32 out", lambda *a: jnp.asarray(s10.ring_crossover(*a), jnp.int32),

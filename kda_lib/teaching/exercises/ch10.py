@@ -90,12 +90,14 @@ def _kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) -
             + cache_bytes * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
-def _reduction(context, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-               state_bytes=4, cache_bytes=2) -> float:
+def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+                       state_bytes=4, cache_bytes=2) -> Fraction:
+    """The T at which ``1 - hybrid / all-global`` equals ``fraction`` (exact): ``T c (k - f L) =
+    k S``, c the bytes of one token's latents, k of the L layers KDA, S one KDA cache."""
     kda = _kda_layer_bytes(heads, head_dim, conv_size, state_bytes, cache_bytes)
-    per_layer = context * cache_bytes * latent
-    return 1 - (kda_layers * kda + global_layers * per_layer) / (
-        (kda_layers + global_layers) * per_layer)
+    layers = kda_layers + global_layers
+    return Fraction(kda_layers * kda) / (
+        latent * cache_bytes * (kda_layers - Fraction(fraction) * layers))
 
 
 def _preset_shape(p) -> dict:
@@ -114,61 +116,71 @@ _OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, laten
     (5, 2, 8, 32, 2, 200, 2, 2),
     (2, 2, 1, 128, 1, 40, 4, 1),
 ]
+_FRACTIONS = (0.0, 0.25, 0.5, 0.625)  # exact in binary; each trial keeps those below kda / L
+
+
+def _fractions(kda_layers, global_layers, first=()) -> list[float]:
+    return [f for f in (*first, *_FRACTIONS) if f < kda_layers / (kda_layers + global_layers)]
 
 
 @checker("10.1")
-def cache_reduction(answer, *, preset: str, context: int, seed=None):
-    """``answer(context, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-    state_bytes, cache_bytes) -> float``: ``1 - hybrid / all-global`` decode memory of one
-    sequence, the hybrid's KDA layers keeping a state of ``state_bytes`` per number (d_v = d_k
-    = head_dim) and a conv history of ``cache_bytes``, each global layer ``latent`` numbers per
-    token of ``cache_bytes``. Tried on ``preset`` at ``context`` and other contexts with a bf16
-    state or an fp8 cache (never the page's float32 state and bf16 cache), then on models of
-    the checker's own and one drawn (``seed`` repeats it); kda_lib may not be called."""
+def reduction_context(answer, *, preset: str, fraction: float, seed=None):
+    """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+    state_bytes, cache_bytes) -> float``: the context T at which ``1 - hybrid / all-global``
+    decode memory of one sequence equals ``fraction`` (0 <= fraction < kda_layers / layers), the
+    hybrid's KDA layers keeping a state of ``state_bytes`` per number (d_v = d_k = head_dim) and
+    a conv history of ``cache_bytes``, each global layer ``latent`` numbers per token of
+    ``cache_bytes``. Tried on ``preset`` at ``fraction`` and others with a bf16 state or an fp8
+    cache (never the page's float32 state and bf16 cache), then on models of the checker's own
+    and one drawn (``seed`` repeats it); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
     shape = _preset_shape(p)
     layers = (len(p.kda_layers), len(p.global_layers))
-    library = 1 - at_scale.model_cache_bytes(p, context) / at_scale.model_cache_bytes(
-        p, context, hybrid=False)
+    if not 0 <= fraction < layers[0] / sum(layers):
+        raise ValueError(f"fraction must be in [0, {layers[0]}/{sum(layers)}), got {fraction}")
+    t = float(_reduction_context(fraction, *layers, **shape))
+    library = 1 - at_scale.model_cache_bytes(p, t) / at_scale.model_cache_bytes(p, t, hybrid=False)
     own = [_kda_layer_bytes(*list(shape.values())[:3], *d) for d in _DTYPES]
-    if not math.isclose(_reduction(context, *layers, **shape), library, rel_tol=1e-12) or (
+    if not math.isclose(library, fraction, abs_tol=1e-12) or (
             own != [at_scale.kda_state_bytes(p, *d) for d in _DTYPES]):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
-    trials = [(c, *layers, *shape.values(), *d)
-              for c, d in zip((context, 1, 1000, 2**20), _DTYPES[1:] * 2, strict=True)]
-    trials += [(c, *m) for m in _OWN_MODELS for c in (64, 50_000)]
+    trials = [(f, *layers, *shape.values(), *d) for f in _fractions(*layers, (fraction,))[:3]
+              for d in _DTYPES[1:]]
+    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(*m[:2])[::2]]
     seed, rng = seeded(seed)
     kda_layers = int(rng.integers(2, 9))  # a hybrid: at least as many KDA as global layers
-    trials.append((int(rng.integers(2, 10**6)), kda_layers, int(rng.integers(1, kda_layers + 1)),
-                   *_drawn(rng), *_DTYPES[int(rng.integers(len(_DTYPES)))]))
+    model = (kda_layers, int(rng.integers(1, kda_layers + 1)))
+    choices = _fractions(*model)
+    trials.append((choices[int(rng.integers(len(choices)))], *model, *_drawn(rng),
+                   *_DTYPES[int(rng.integers(len(_DTYPES)))]))
     hint = _reduction_hint(answer, trials)
     return hint and hint + again(seed)
 
 
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
-        got, hint = call_own_work(answer, *args, name="cache_reduction(context, ...)")
-        hint = hint or refuse_degenerate(got, shape=(), what="the reduction", allow_zeros=True)
+        got, hint = call_own_work(answer, *args, name="reduction_context(fraction, ...)")
+        hint = hint or refuse_degenerate(got, shape=(), what="T", allow_zeros=True)
         if hint:
             return hint
-        want, got = _reduction(*args), float(got)
-        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+        want, got = float(_reduction_context(*args)), float(got)
+        if math.isclose(got, want, rel_tol=1e-6):
             continue
-        context, kda, glob, *model, state_bytes, cache_bytes = args
-        where = (f"at context {context} with {kda} KDA and {glob} global layers, state_bytes = "
-                 f"{state_bytes}, cache_bytes = {cache_bytes}")
-        if got > 1:
-            return "a fraction (at most 1), not a percentage"
-        if math.isclose(got, kda / (kda + glob), rel_tol=1e-6):
-            return "that is the limit at long contexts: count the KDA layers' own state too"
-        if math.isclose(got, _reduction(context, kda, glob, *model), rel_tol=1e-6):
+        fraction, kda, glob, *model, state_bytes, cache_bytes = args
+        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, state_bytes ="
+                 f" {state_bytes}, cache_bytes = {cache_bytes}")
+        if math.isclose(got, float(_reduction_context(*args[:-2])), rel_tol=1e-6):
             return (f"{where}, yours is the page's float32 state and bf16 caches: use "
                     "state_bytes and cache_bytes")
-        return (f"{where}, your reduction is {'above' if got > want else 'below'} the count: "
-                "the state takes state_bytes per number, its conv history and the latents "
-                "cache_bytes")
+        if fraction and math.isclose(got, float(_reduction_context(0, *args[1:])), rel_tol=1e-6):
+            return f"{where}, yours is where the reduction is 0: use fraction"
+        if abs(got - want) < 1 and got.is_integer():
+            return f"{where}, yours is a whole number of tokens: give T as a real number"
+        return (f"{where}, your T is {'above' if got > want else 'below'} the count: the "
+                "reduction is 1 - hybrid / all-global, the state takes state_bytes per number, "
+                "its conv history and the latents cache_bytes")
     return None
 
 
