@@ -160,6 +160,8 @@ lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(v) else f"{v / 
 display(Markdown("Forward MFLOP per token and layer (prefill; training is 3x)\n\n| model | T | "
                  "KDA | MLA | GQA | MHA | KDA training (3x) |\n|---|---|---|---|---|---|---|\n"
                  + "\n".join(lines)))
+
+# %%
 theta, m, t_k = at_scale.mla_matmul_params(kimi), kimi.mla, (contexts[-1] + 1) / 2  # by hand
 mla_hand = 2 * theta + 2 * m.num_heads * t_k * (m.head_dim + m.shared_key_dim + m.value_head_dim)
 kda_terms = (2 * at_scale.kda_matmul_params(kimi), at_scale.kda_conv_flops_per_token(kimi),
@@ -169,8 +171,8 @@ assert np.isclose(sum(kda_terms), at_scale.kda_flops_per_token(kimi))
 print(f"{kimi.name} at T = {contexts[-1]:,}, T_k = {t_k:,.1f}:\n  MLA: 2 x {theta:,} + 2 x "
       f"{m.num_heads} x T_k x ({m.head_dim} + {m.shared_key_dim} + {m.value_head_dim}) = "
       f"{mla_hand / 1e6:,.1f} MFLOP\n  KDA: " + " + ".join(f"{f / 1e6:.2f}" for f in kda_terms)
-      + f" (projections + convs + kernel) = {sum(kda_terms) / 1e6:.1f} MFLOP, "
-      f"{mla_hand / sum(kda_terms):.1f}x less")
+      + f" (projections + convs + kernel) = {sum(kda_terms) / 1e6:.1f} MFLOP: MLA costs "
+      f"{mla_hand / sum(kda_terms):.1f}x KDA")
 
 # %% [markdown]
 # ## 3. Each formula against the real program
