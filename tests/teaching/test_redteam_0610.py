@@ -1190,10 +1190,33 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
         return max(1, math.ceil((wb * (kp - mp) + b * 2 * 4 * h * d * d) / (b * 2 * latent)))
 
     assert "conv history" in exercises.verdict("10.3", state_only, **kimi)
+    k3 = {"preset": "Kimi-K3", "fraction": 0.5}
+    whole = exercises.verdict("10.1", lambda *a: math.ceil(s10.reduction_context(*a)), **k3)
+    assert "whole number of tokens" in whole, whole
+    zero = exercises.verdict("10.1", lambda f, *a: s10.reduction_context(0.0, *a), **k3)
+    assert "use fraction" in zero, zero
     for eid, answer, hint, context in (("10.2", _ring_int32, wrapped, dict(ranks=8, **kimi)),
                                        ("10.3", no_clamp, clamp, kimi)):
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
         assert exercises.verdict(eid, answer, seed=seed, **context) == hint
+
+
+def test_10_1_model_answer_numbers():
+    """The worked solution's model answer for 10.1 (Kimi K3, a half): 17,337 tokens with a float32
+    state and a bf16 cache, 8,963 with a bf16 state, 34,085 with an fp8 cache; break-evens
+    5,653, 2,923, 11,115; 100,021 at 0.7; at fraction 0 it is section 4's ceil(S / c) = 1,885 for
+    Kimi Linear, less than one token before it."""
+    s10 = _solutions("10")
+    shape, layers = s10.preset_numbers("Kimi-K3")
+    t = {(f, d): s10.reduction_context(f, *layers, **shape, state_bytes=d[0], cache_bytes=d[1])
+         for f in (0.0, 0.5) for d in ((4, 2), (2, 2), (4, 1))}
+    assert [round(t[0.5, d]) for d in ((4, 2), (2, 2), (4, 1))] == [17_337, 8_963, 34_085]
+    assert [round(t[0.0, d]) for d in ((4, 2), (2, 2), (4, 1))] == [5_653, 2_923, 11_115]
+    assert round(s10.reduction_context(0.7, *layers, **shape, state_bytes=4, cache_bytes=2)) == (
+        100_021)
+    shape, layers = s10.preset_numbers("Kimi-Linear-48B-A3B")
+    break_even = s10.reduction_context(0.0, *layers, **shape, state_bytes=4, cache_bytes=2)
+    assert math.ceil(break_even) == 1885
 
 
 @pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])
