@@ -375,8 +375,9 @@ assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_s
 # %% [markdown]
 # ## Summary
 #
-# - Parameters, flops and cache bytes per layer are one-line formulas of the configs (sections
-#   2, 4); the traced matrix products of one prefill chunk and one decode step equal them (3).
+# - Parameters, flops and cache bytes per layer are formulas of the configs, evaluated on the
+#   page (sections 2, 4); the traced matrix products of one prefill chunk and one decode
+#   step equal them (section 3).
 # - A KDA layer's cost and cache do not grow with $T$, MLA's do: the hybrid's cache reduction
 #   tends to (KDA layers) / (layers), and "up to 75%" is the limit of a 3:1 ratio (section 5).
 # - In a bandwidth roofline in which a global layer costs the same in both models and the other
@@ -406,7 +407,7 @@ assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_s
 #    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
 #    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
 #    sequence MLA's $T$ bf16 latents, KDA's cache (state and conv history, as in section 4) read
-#    and written. How far do fp8 and int4 weights move section 5's bf16 crossing at batch 1?
+#    and written. How far do fp8 and int4 weights move the bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

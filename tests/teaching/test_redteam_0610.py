@@ -734,7 +734,7 @@ def _rule_breakers():
         ("10.3", "weights read per sequence", lambda b, h, d, w, latent, kp, mp, wb: max(
             1, math.ceil((wb * (kp - mp) + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * latent)))),
         ("10.3", "section 4's first_mla at batch 1", lambda *a: 1885),
-        ("10.3", "section 5's printed crossing at batch 1 (an echo of the page)",
+        ("10.3", "the bf16 crossing at batch 1 (an echo of the notes)",
          lambda *a: 21_824),
         ("10.3", "section 5's bf16 weights (the page), weight_bytes ignored",
          lambda *a: s10.decode_crossover(*a[:-1], 2)),
