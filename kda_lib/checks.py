@@ -120,8 +120,6 @@ def check_array(name: str, x, *, floating: bool = False) -> None:
 
 
 # ------------------------------------------------------------------ sizes against memory
-
-
 def memory_limit() -> int | None:
     """The first local device's memory in bytes, else this machine's, or None (unknown)."""
     stats = jax.local_devices()[0].memory_stats() or {}

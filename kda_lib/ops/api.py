@@ -126,7 +126,6 @@ def _run_call(impl, arrays, options):
 
 
 # ------------------------------------------------------------------ the implementations
-
 STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_parallel)
 # one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
@@ -254,7 +253,6 @@ def clear_compiled_forms() -> None:
 
 
 # ------------------------------------------------------------------ "auto" (DESIGN section 4)
-
 RECURRENT_MAX_AUTO_T = 16  # up to it the scan (decode steps)
 CPU_CHUNKED_FORWARD_MIN_STATE = 65536  # B * HV * K * V from which the CPU forward is chunked
 
@@ -296,8 +294,6 @@ def context_parallel_route(implementation: str, seq_len: int):
 
 
 # ------------------------------------------------------------------ questions asked before a call
-
-
 # kda()'s keywords that are KDAOptions' fields as they are -> rule(name, value) -> the value
 _OPTIONS = {
     **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states",
@@ -342,8 +338,6 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 
 
 # ------------------------------------------------------------------ one check per call
-
-
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
     """Each argument of a :func:`kda` call checked once, by name, before any work (with
     ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``; the

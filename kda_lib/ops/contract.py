@@ -76,7 +76,6 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 
 # ------------------------------------------------------------------------------ shapes
-
 # Every checked array's shape by argument name: H q/k's heads, HV the value heads (a positive
 # multiple of H), N a pool's slots. Messages show these names.
 SHAPES = {
@@ -129,8 +128,6 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 
 
 # ------------------------------------------------------------------------------ one call
-
-
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=False,
                      raw_gate=False, lower_bound=None, a_log=None, dt_bias=None,
                      values=True) -> Dims:  # fmt: skip
@@ -211,8 +208,6 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
 
 
 # ------------------------------------------------------------------------------ options
-
-
 def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
     """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) past this
     machine's memory, naming ``name=value``."""

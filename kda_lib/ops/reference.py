@@ -112,11 +112,10 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
     ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN. Tokens
     and ``scale`` as in :func:`kda_step`. Returns ``(new_pool, o_t [B, HV, V] in q_t's dtype)``.
     """
-    dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
-    _check_pool(pool, state_indices, dims)
+    contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)  # refusals name q_t .. beta_t
     tokens = (x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t))
-    new_pool, o = _pool_run(pool, state_indices, *tokens, jnp.ones((dims.batch,), jnp.int32),
-                            scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
+    new_pool, o = kda_pool_verify(pool, state_indices, *tokens, np.ones(len(q_t), np.int32),
+                                  scale=scale)  # fmt: skip
     return new_pool, o[:, 0]
 
 
@@ -127,7 +126,7 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
     to that slot; a count outside ``[0, T]`` is refused when concrete, writes NaN under ``jit``.
     ``pool``, ``state_indices`` as in :func:`kda_pool_step` (donated); tokens and ``scale`` as
     in :func:`kda_lib.kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
-    dims = contract.check_kda_inputs(q, k, v, g, beta)
+    dims = _check_token(q, k, v, g, beta, token=False)
     _check_pool(pool, state_indices, dims)
     counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
     if counts is not None and (counts.min() < 0 or counts.max() > dims.seq_len):
@@ -136,10 +135,10 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
                      scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
 
 
-def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
-    """One token's inputs, by their own names, values as in :func:`kda_lib.kda` (T = 1)."""
-    dims = contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
-    contract.check_values(beta_t, g_t, allow_neg_eigval=None, raw_gate=False)
+def _check_token(q, k, v, g, beta, *, token: bool = True) -> contract.Dims:
+    """A step's (``token``: q_t .. beta_t) or a draft's inputs, values as in :func:`kda_lib.kda`."""
+    dims = contract.checked_dims(q, k, v, g, beta, token=token)
+    contract.check_values(beta, g, allow_neg_eigval=None, raw_gate=False)
     return dims
 
 

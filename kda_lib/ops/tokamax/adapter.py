@@ -85,8 +85,6 @@ def tpu_generation() -> int | None:
 
 
 # ------------------------------------------------------------------ what a kernel cannot serve
-
-
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
@@ -155,8 +153,6 @@ def segment_slots_problem(
 
 
 # ------------------------------------------------------------------ running a kernel
-
-
 def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
     """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state |
     None)`` as ``kda`` returns them; NaN also for rows over ``max_num_segments`` under jit."""
@@ -221,8 +217,6 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
 
 
 # ------------------------------------------------------------------ tokamax's own CP
-
-
 def tokamax_mosaic_context_parallel(q, k, v, g, beta, options: KDAOptions, *, axis_name, mesh,
                                     segment_ids=None, a_log=None, dt_bias=None,
                                     initial_state=None, output_final_state=False, **_):  # fmt: skip
