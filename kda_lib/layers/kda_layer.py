@@ -116,8 +116,7 @@ class KDAConfig(Widths):
         implementation_row(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
-        # fields valid alone that cannot go together (the layer fuses every gate but the
-        # clamped softplus into the kernel)
+        # fields valid alone that cannot go together
         if self.conv_size > MAX_CONV_SIZE:
             raise ValueError(f"KDAConfig.conv_size must be <= {MAX_CONV_SIZE} (a short conv), "
                              f"got {self.conv_size}")  # fmt: skip
@@ -164,8 +163,7 @@ class KDACache(NamedTuple):
 class KimiDeltaAttention(nnx.Module):
     """KDA token mixer ``[B, T, hidden] -> [B, T, hidden]`` of a :class:`KDAConfig`, initialised
     from ``rngs``; with a ``mesh``, context-parallel over its ``context_axis`` ("context").
-    Parameters too large for this machine's memory are refused (ValueError naming the largest
-    width field); ``nnx.eval_shape`` still gives their shapes."""
+    Parameters past this machine's memory are refused, naming the largest width field."""
 
     cache_type, cache_kind = KDACache, "a KDACache"
 
@@ -242,8 +240,7 @@ class KimiDeltaAttention(nnx.Module):
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
-    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; tools (the benchmark
-    # times the parts) and subclasses may call or override each step.
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output, each callable alone
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
     ) -> Projected:
@@ -310,8 +307,7 @@ class KimiDeltaAttention(nnx.Module):
         """``layer(x)`` with the sequence split over the mesh's context axis; T that does not
         divide by the ranks is padded at the end (later tokens cannot change earlier outputs)."""
         axis, cfg, names = self.context_axis, self.config, self.mesh.axis_names
-        # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
-        # axis types); arrays on the user's mesh are relabelled onto it, no data moves
+        # an Auto-typed view of the user's mesh; arrays on it are relabelled, no data moves
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
                                  axis_types=(jax.sharding.AxisType.Auto,) * len(names))  # fmt: skip
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
@@ -326,8 +322,7 @@ class KimiDeltaAttention(nnx.Module):
         graphdef, state = nnx.split(self)
         key = (graphdef, axis, cfg, mesh, ids is not None)
         if callable(implementation_row(cfg.implementation).context_parallel):
-            # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
-            # no cache key holds, so it is built for each call
+            # tokamax's CP: its trace depends on the emulated chip, built for each call
             bound = max_segments_bound(segment_ids, cfg, ranks)
             program = _context_parallel_program(*key, own_cp=True, bound=bound)
         else:
@@ -344,15 +339,13 @@ class KimiDeltaAttention(nnx.Module):
         return dict(zip(KDACache._fields, (state, *conv), strict=True))
 
     def init_cache(self, batch_size: int) -> KDACache:
-        """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
-        it cannot fit this machine's memory)."""
+        """Zero state and conv history for ``batch_size`` rows (refused past memory)."""
         return empty_cache(self, batch_size)
 
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
         """Run a prompt ``x [B, T, hidden]`` (one document per row) from ``cache`` (default
-        empty), keeping the cache at every chunk boundary (prefix caching). Returns ``(y, cache
-        after x, boundaries)``: a :class:`KDACache` with an axis ``N = T // chunk_size`` after
-        B; ``cache_at(boundaries, i)`` is the cache after ``(i + 1) * chunk_size`` tokens."""
+        empty): ``(y, cache after x, boundaries)``, the caches after every chunk with an axis
+        ``N = T // chunk_size`` after B (:func:`cache_at`; prefix caching)."""
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
@@ -364,10 +357,9 @@ class KimiDeltaAttention(nnx.Module):
         return self._with_states(x, cache, 1, "token_states")
 
     def accept_draft(self, cache: KDACache, token_caches: KDACache, num_accepted_tokens):
-        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``, equal
-        to decoding only those tokens. ``num_accepted_tokens``: an int or ``[B]`` ints in
-        ``[0, T]`` (0: ``cache``), checked when concrete; under ``jit`` a row outside gets NaN
-        in every field."""
+        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``.
+        ``num_accepted_tokens``: an int or ``[B]`` ints in ``[0, T]`` (0: ``cache``), as
+        :func:`cache_at`'s ``index``."""
         if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
             raise ValueError("token_caches must be the KDACache layer.draft returned, got "
                              f"{type(token_caches).__name__}")  # fmt: skip
@@ -401,23 +393,20 @@ class KimiDeltaAttention(nnx.Module):
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """A layer holding an fla ``KimiDeltaAttention.state_dict()``; ``kwargs`` go to the
-        constructor."""
+        """A layer of an fla ``KimiDeltaAttention.state_dict()`` (``kwargs``: the constructor's)."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_state_dict(layer, state_dict, "fla")
         return layer
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache, serving=False):
-        """:func:`check_call`, and: no cache (or ``serving``) with a mesh, tokamax's segment
-        slots fit, concrete ``x`` finite: ``(ids, segments per row)``, or None without ids."""
+        """:func:`check_call` and the layer's own checks: ``(ids, segments per row)`` or None."""
         if self.mesh is not None and (cache is not None or serving):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
         cfg = self.config
-        if ids is not None and cfg.max_num_segments:
-            # tokamax's per-segment states (per rank's slice) must fit this machine's memory
+        if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
             ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
             batch, seq_len, _ = x.shape
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
@@ -436,10 +425,9 @@ class KimiDeltaAttention(nnx.Module):
 
 
 def cache_at(caches: KDACache, index) -> KDACache:
-    """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
-    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: an axis N after B). ``index``: an
-    int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a row outside gets
-    NaN in every field. Resume with ``layer(x_rest, cache=cache_at(caches, i))``."""
+    """One :class:`KDACache` out of stacked ones (``prefill``'s, ``draft``'s: an axis N after
+    B). ``index``: an int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a
+    row outside gets NaN in every field. Resume with ``layer(x, cache=cache_at(caches, i))``."""
     if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
         raise ValueError("caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
                          f"layer.prefill or layer.draft), got {type(caches).__name__}")  # fmt: skip
@@ -466,10 +454,9 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
 
 
 def max_segments_bound(segments, config: KDAConfig, ranks: int = 1) -> int | None:
-    """Tokamax's static bound on segments per row (per rank's slice) for the layer's checked
-    ``segments = (ids, count per row or None)``: ``max_num_segments``, else the count (over
-    ranks plus the segment a slice's leading padding continues); None for kda_lib's kernels or
-    without ids. Traced ids without the config bound are refused (T slots is no bound)."""
+    """Tokamax's static bound on segments per row (per rank) for the checked ``segments = (ids,
+    count or None)``: ``max_num_segments``, else the count (+1 over ranks); None for kda_lib's
+    kernels or without ids; refused for traced ids without the config bound."""
     if segments is None or implementation_row(config.implementation).variant is None:
         return None
     if config.max_num_segments is not None:
@@ -517,8 +504,7 @@ def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=Fa
     return jax.jit(run)
 
 
-# kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
-# calls compile once
+# kda_lib's own CP route: one program per (structure, axis, config, mesh, segments)
 _cached_context_parallel_program = register_compiled_cache(
     functools.lru_cache(maxsize=32)(_context_parallel_program)
 )

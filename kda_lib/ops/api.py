@@ -44,37 +44,32 @@ def kda(
     Args:
       q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, HV a multiple of H (value head j reads q/k
         head ``j // (HV // H)``); beta: ``[B, T, HV]`` in [0, 1] ([0, 2] with
-        ``allow_neg_eigval``); g: ``[B, T, HV, K]``, a log-space decay ``<= 0``, or with
-        ``use_gate_in_kernel`` the raw input of :func:`kda_lib.kda_gate` (``a_log [HV]``,
-        ``dt_bias [HV * K]`` or ``[HV, K]``, ``lower_bound``).
+        ``allow_neg_eigval``, which only widens the range); g: ``[B, T, HV, K]``, a log-space
+        decay ``<= 0``, or with ``use_gate_in_kernel`` the raw input of :func:`kda_lib.kda_gate`
+        (``a_log [HV]``, ``dt_bias [HV * K]`` or ``[HV, K]``, ``lower_bound``).
       scale: default ``K ** -0.5``. initial_state: ``[B, HV, K, V]`` float32 (default zeros).
-      output_final_state: also return the state after the last valid token (default False).
       segment_ids: ``[B, T]`` int, 0 = padding; a new segment wherever a real token's id
         changes. max_num_segments: a static bound on segments per row (tokamax; under ``jit``
         a row over it comes out NaN).
-      allow_neg_eigval: only widens beta's range to [0, 2] (you double beta; fla's kernel does).
       lower_bound: in [-5, 0): the safe gate's bound; without ``use_gate_in_kernel``, a promise
-        ``g >= lower_bound`` (checked when concrete).
-      use_qk_l2norm: L2-normalise q and k (eps 1e-6) first (default False).
-      chunk_size: a power of two (default 64). implementation: ``"auto"`` (default) or one of
-        :data:`IMPLEMENTATIONS`. precision: ``"highest"``, ``"input"`` or None (default), as in
-        :func:`kda_lib.kda_chunked`.
-      output_chunk_states, output_token_states: also return the states after each chunk
-        ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, HV, K, V]`` (default False).
+        ``g >= lower_bound`` (checked when concrete). use_qk_l2norm: L2-normalise q, k first.
+      chunk_size: a power of two (64). implementation: ``"auto"`` or one of
+        :data:`IMPLEMENTATIONS`. precision: as in :func:`kda_lib.kda_chunked`.
+      output_final_state, output_chunk_states, output_token_states: also return the state after
+        the last valid token, each chunk ``[B, T // chunk_size, HV, K, V]`` or each token ``[B,
+        T, HV, K, V]``.
 
     Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, every state in
-      float32 (float64 for float64 inputs) whatever the implementation; with interior states
-      a :class:`KDAResult`.
+      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`.
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
 
 def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                   segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
-    """KDA as a ``lax.scan`` over time (kda_lib/ops/reference.py): :func:`kda` with
-    ``implementation="recurrent"``, ``g`` the log-space decay, q and k used as given. Float64
-    inputs give a float64 oracle (under ``jax_enable_x64``)."""
+    """:func:`kda` with ``implementation="recurrent"`` (a ``lax.scan``, kda_lib/ops/reference.py),
+    ``g`` log-space; float64 inputs give the float64 oracle (under ``jax_enable_x64``)."""
     return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, segment_ids=segment_ids,
                allow_neg_eigval=allow_neg_eigval, output_token_states=output_token_states,
@@ -85,12 +80,10 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
                 scan: ScanMode | None = None, precision: Precision | None = None,
                 output_chunk_states: bool = False):  # fmt: skip
-    """KDA in chunkwise (WY/UT) form (kda_lib/ops/chunked.py): :func:`kda` with
-    ``implementation="chunked"``, ``g`` the log-space decay. ``scan``: ``"streaming"`` or
-    ``"associative"`` (None: streaming on CPU, associative elsewhere). ``precision``:
-    ``"highest"`` every matmul in float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or
-    None: for bfloat16/float16 inputs the scores' cross blocks in that dtype, accumulated in
-    float32. Reverse-mode differentiable only."""
+    """:func:`kda` with ``implementation="chunked"`` (kda_lib/ops/chunked.py), ``g`` log-space.
+    ``scan``: ``"streaming"``, ``"associative"`` or None (streaming on CPU only). ``precision``:
+    ``"highest"`` every matmul in float32 (float64); ``"input"`` or None: bfloat16/float16
+    inputs' scores in that dtype, accumulated in float32. Reverse-mode differentiable only."""
     if scan not in (None, "streaming", "associative"):
         raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
     kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
@@ -99,10 +92,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
 
 
 def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
-    """:func:`kda` (keywords as there) for a caller that checked the values at its own entry,
-    the KDA layer: shapes and options are checked, nothing is read on the host. beta's range
-    and g's sign are taken as valid, ``segment_ids`` as canonical with at most
-    ``segments_per_row`` segments in a row (None: unknown, under ``jit``)."""
+    """:func:`kda` for the KDA layer, which checked the values at its entry: shapes and options
+    checked, nothing read on the host; ``segment_ids`` canonical with at most
+    ``segments_per_row`` segments in a row (None: unknown)."""
     kw = {**kda.__kwdefaults__, **kwargs}
     return _run_call(*check_call(q, k, v, g, beta, prechecked=True,
                                  segments_per_row=segments_per_row, **kw))  # fmt: skip
@@ -115,12 +107,9 @@ def _run_call(impl, arrays, options):
     except TypeError as e:  # forward mode reached the chunked form's hand-written backward
         if "custom_vjp" not in str(e):
             raise
-        raise TypeError(
-            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            "implementation='chunked' (which 'auto' runs for long sequences or for derivatives "
-            "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
-            "implementation='recurrent'"
-        ) from e
+        raise TypeError("forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
+                        "through implementation='chunked' (hand-written backward, DESIGN section "
+                        "4); pass implementation='recurrent'") from e  # fmt: skip
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
 

@@ -47,15 +47,12 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
                          segment_ids=None, implementation: str = "auto", mesh=None,
                          **kernel_kwargs):  # fmt: skip
     """KDA over a sequence sharded along ``axis_name`` ("context"), inside ``jax.shard_map``:
-    q, k, v, g, beta and ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest
-    as in :func:`kda_lib.kda`. kda_lib's forms pass states between ranks (module docstring) and
-    also take ``initial_state [B, HV, K, V]`` (the same on every rank), ``output_final_state``
-    and ``output_chunk_states``, not ``output_token_states``; ``"tokamax_mosaic"`` runs tokamax's
-    own CP on ``mesh`` (default the current abstract mesh). Returns, as :func:`kda_lib.kda`
-    does, this slice of a one-device run's outputs ``[B, T_local, HV, V]``, the final state
-    ``[B, HV, K, V]`` float32 (the same on every rank: ``out_specs`` ``P()``) or None, and with
-    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
-    """
+    q, k, v, g, beta, ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest as
+    in :func:`kda_lib.kda` but ``output_token_states`` (``initial_state`` the same on every
+    rank); ``"tokamax_mosaic"`` runs tokamax's own CP on ``mesh`` (default the abstract mesh),
+    without states. Returns this slice of a one-device run's outputs ``[B, T_local, HV, V]``,
+    the final state ``[B, HV, K, V]`` float32 (equal on every rank) or None, and with
+    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``."""
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
     output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
@@ -119,14 +116,12 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
         keeps = passes = jnp.ones((ranks, batch), bool)
         rank = jax.lax.axis_index(axis_name)
     else:
-        # the state entering a rank reaches its end only if no segment starts inside it (else
-        # M = 0 and the leaving state is S_ext alone: selected, so that a non-finite upstream
-        # state cannot leak through 0 * NaN)
+        # the entering state reaches a rank's end only if no segment starts in it (selected:
+        # a non-finite upstream state cannot leak through 0 * NaN)
         passes = jax.lax.all_gather(segment_ordinals(segment_ids)[:, -1] == 1, axis_name)
         before, all_ends, rank = rank_segment_links(segment_ids, axis_name)
-        # a rank keeps the incoming state iff its first segment is the upstream's last one; an
-        # all-padding rank passes it through (M = I); with no real token upstream the state is
-        # the initial state, which belongs to the row's first segment
+        # kept iff the rank's first segment is upstream's last, the rank is all padding, or
+        # upstream has no real token (the initial state is the row's first segment's)
         first = all_ends[:, :, 0]
         keeps = (first == before) | (first == 0) | (before == 0)
     state = jnp.zeros(state_shape, jnp.float32)
