@@ -1,9 +1,7 @@
-"""Causal softmax attention, the quadratic baseline mixer, and what all mixers share.
-
-``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head (float32 scores); q and k rotated by
-their positions (RoPE) unless ``rope=False``; ``short_conv``: q, k, v first through KDA's short
-convs. The cache keeps every key and value. Shared: config, input and cache checks, caches.
-"""
+"""Causal softmax attention, the quadratic baseline mixer, and what all mixers share (config,
+input and cache checks, caches). ``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head
+(float32 scores); q, k rotated by position (RoPE) unless ``rope=False``; ``short_conv``: q, k, v
+first through KDA's short convs. The cache keeps every key and value."""
 
 from __future__ import annotations
 
@@ -74,9 +72,8 @@ class AttentionConfig(Widths):
 
 class AttentionCache(NamedTuple):
     """Decode state of :class:`CausalSelfAttention`: ``keys [B, C, H, K]``, ``values [B, C, H,
-    V]``; growing (``length`` None, C = tokens seen) or fixed capacity (``length`` an int32
-    scalar, the first ``length`` of C rows filled; writing past C gives NaN, and raises outside
-    jit). ``q_conv, k_conv, v_conv [B, W-1, channels]``: the convs' last inputs, else None."""
+    V]``, growing (``length`` None) or fixed capacity (``length`` int32, rows filled; past C:
+    NaN, or raises outside jit); ``q_conv, k_conv, v_conv [B, W-1, channels]`` or None."""
 
     keys: jax.Array
     values: jax.Array
@@ -154,10 +151,9 @@ class CausalSelfAttention(nnx.Module):
 
 # ------------------------------------------------------------------ shared by the mixers
 def check_call(layer, x, segment_ids, cache):
-    """A mixer's entry checks, before any work: ``x`` floating ``[B, T, hidden_size]`` (B, T >=
-    1); ``cache`` by :func:`check_cache` (if the layer has a ``cache_type``); ``segment_ids [B,
-    T]`` ints (0 = padding), not with a cache. Returns ``(canonical ids, the most segments in
-    one row)``, or ``(None, None)``."""
+    """A mixer's entry checks: ``x`` floating ``[B, T, hidden_size]`` (B, T >= 1), ``cache``
+    (:func:`check_cache`), ``segment_ids [B, T]`` ints (0 = padding), not with a cache.
+    Returns ``(canonical ids, the most segments in one row)`` or ``(None, None)``."""
     check_array("x", x, floating=True)
     hidden = layer.config.hidden_size
     if x.ndim != 3 or x.shape[-1] != hidden:
@@ -178,8 +174,7 @@ def check_call(layer, x, segment_ids, cache):
 
 
 def check_cache(cache, layer, batch: int) -> None:
-    """``cache`` must be a ``layer.cache_type`` of floating arrays of the shapes (by field; None:
-    absent) ``layer._cache_shapes(batch, rows)`` gives, rows read from its first field."""
+    """``cache`` a ``layer.cache_type`` of floating arrays shaped ``layer._cache_shapes``."""
     kind, cls = layer.cache_kind, layer.cache_type
     build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
     if not isinstance(cache, cls):
@@ -197,7 +192,7 @@ def check_cache(cache, layer, batch: int) -> None:
 
 def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
     """A ``layer.cache_type`` of zeros (``state`` float32, else the layer's dtype) for
-    ``batch_size`` rows and ``max_len`` tokens (or 0), refused, naming batch_size, past memory."""
+    ``batch_size`` rows and ``max_len`` tokens (or 0), refused past memory."""
     batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
     dtype = getattr(layer.config, "dtype", jnp.float32)
@@ -210,9 +205,8 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
 
 
 def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
-    """Each stream ``[B, T, C]`` through its short conv (inputs checked at the layer's entry;
-    None: SiLU only), continuing ``states`` (None: zeros; ``history_segment_ids [B, W-1]`` their
-    ids): ``(outputs, new_states)``."""
+    """Each checked stream ``[B, T, C]`` through its short conv (None: SiLU only) from
+    ``states`` (None: zeros) of ids ``history_segment_ids``: ``(outputs, new_states)``."""
     if convs[0] is None:
         return tuple(jax.nn.silu(z) for z in streams), (None,) * len(streams)
     width = convs[0].conv_size
@@ -264,9 +258,8 @@ def attend(q, k, v, mask, scale: float) -> jax.Array:
 
 
 def write_rows(what: str, buffers, new, length):
-    """``buffers [B, C, ...]`` (None stays None) with the rows ``new [B, T, ...]`` appended
-    (``length`` None) or written at ``length``; the new length; whether they overflow C (traced
-    under jit; outside jit an overflow raises)."""
+    """``(buffers [B, C, ...] with new [B, T, ...] appended (length None) or written at length,
+    the new length, whether they overflow C)``; outside jit an overflow raises."""
     seq_len = new[0].shape[1]
     if length is None:
         return tuple(None if b is None else jnp.concatenate([b, n.astype(b.dtype)], 1)

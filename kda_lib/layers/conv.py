@@ -27,8 +27,7 @@ def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
     dtype = jnp.promote_types(x.dtype, kernel.dtype)
     padded = jnp.concatenate([history.astype(x.dtype), x], axis=1).astype(dtype)
-    # under shard_map the kernel must vary over the inputs' mesh axes, so that its gradient is
-    # summed over the ranks
+    # under shard_map the kernel varies over the inputs' mesh axes: its gradient sums over ranks
     kernel = kernel.astype(dtype) + jnp.zeros_like(padded[0, :1])
     out = jnp.zeros((batch, seq_len, channels), dtype)
     for w in range(width):
@@ -76,10 +75,9 @@ def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=No
 def depthwise_causal_conv(
     x, kernel, *, history=None, segment_ids=None, history_segment_ids=None
 ) -> jax.Array:
-    """Depthwise causal conv, no activation, checked: x ``[B, T, C]``, kernel ``[W, C]``,
-    ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B, T]`` (0 =
-    padding), ``history_segment_ids [B, W-1]`` (default: each row's first segment) -> ``[B, T,
-    C]`` in the promoted dtype."""
+    """Depthwise causal conv, checked, no activation: x ``[B, T, C]``, kernel ``[W, C]``, the
+    inputs before x ``history [B, W-1, C]`` (zeros), ``segment_ids [B, T]``,
+    ``history_segment_ids [B, W-1]`` (each row's first segment) -> ``[B, T, C]``."""
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)

@@ -1,6 +1,5 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`.
-"""
+residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ class ModelConfig:
 
     @classmethod
     def from_flat(cls, **fields) -> ModelConfig:
-        """A config from one flat set of names, ModelConfig's and :class:`kda_lib.KDAConfig`'s
-        (those not given: :data:`MIXER_DEFAULTS`, then KDAConfig's defaults): command-line
-        options and recorded ``model`` dicts (:meth:`record`). Unknown names: ValueError."""
+        """A config from flat ModelConfig and :class:`kda_lib.KDAConfig` fields (defaults:
+        :data:`MIXER_DEFAULTS`, then KDAConfig's), as :meth:`record` writes them."""
         own = {field.name for field in dataclasses.fields(cls)} - {"mixer_config"}
         mixer = {field.name for field in dataclasses.fields(KDAConfig)}
         if unknown := sorted(set(fields) - own - mixer):
@@ -82,8 +80,7 @@ class ModelConfig:
         return cls(**own_fields, mixer_config=KDAConfig(**{**MIXER_DEFAULTS, **mixer_fields}))
 
     def record(self) -> dict:
-        """This config as one flat JSON-ready dict (dtypes and gate form as strings), what
-        experiment records store as ``model``; :meth:`from_flat` reads it back."""
+        """This config as one flat JSON-ready dict (dtypes, gate form as strings)."""
         own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         mixer = dataclasses.asdict(own.pop("mixer_config"))
         mixer["gate_form"] = str(mixer["gate_form"])
@@ -102,8 +99,7 @@ class ModelConfig:
 
     @property
     def label(self) -> str:
-        """The mixer of a uniform model, else the pattern run-length encoded: ``"kda3-attention"``
-        for ``("kda", "kda", "kda", "attention")``."""
+        """The mixer of a uniform model, else the pattern run-length encoded: "kda3-attention"."""
         if len(set(self.layer_mixers)) == 1:
             return self.layer_mixers[0]
         runs = [(name, len(list(run))) for name, run in itertools.groupby(self.layers)]
@@ -121,7 +117,7 @@ class ModelConfig:
 
 
 def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
-    """``make`` of a ``kind`` config of the fields shared with ``c.mixer_config``, ``c``."""
+    """``make(kind(fields shared with c.mixer_config and c, **fields))``."""
     shared = {**shared_fields(c.mixer_config, kind), **shared_fields(c, kind), **fields}
     return make(kind(**shared), rngs=rngs)
 
@@ -178,7 +174,6 @@ class TinyLM(nnx.Module):
     ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        # too large for memory: refused naming the largest of the sizes that drive it
         own = "vocab_size num_layers mlp_ratio mlp_width kv_lora_rank".split()
         sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
         sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
@@ -209,8 +204,8 @@ class TinyLM(nnx.Module):
         return logits if cache is None else (logits, tuple(new_cache))
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
-        """One empty cache per block. ``max_len``: room for that many tokens in the attention
-        and MLA caches (fixed shapes, one compiled decode step); None: they grow."""
+        """One empty cache per block; attention and MLA caches hold ``max_len`` tokens (None:
+        they grow)."""
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
         room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
@@ -222,8 +217,7 @@ def config_param_count(config: ModelConfig) -> int:
 
 
 def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
-    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target`` (the MLP
-    has ``2 hidden + 1`` parameters per unit and layer), or a ValueError if none reaches it."""
+    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target``."""
     check_int("target", target)
     one = config_param_count(dataclasses.replace(config, mlp_width=1))
     per_unit = config.num_layers * (2 * config.hidden_size + 1)

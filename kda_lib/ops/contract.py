@@ -87,9 +87,8 @@ SHAPES = {
 
 
 def check_shapes(sizes: dict, **arrays) -> dict:
-    """Each array (None: skipped) a floating (``segment_ids``: any) array of shape
-    ``SHAPES[name]``: an axis in ``sizes`` must match, a new one is read off (not 0), HV a
-    multiple of H. Returns ``sizes`` with the new axes; messages name the argument."""
+    """Each array (None: skipped) floating (``segment_ids``: any) of shape ``SHAPES[name]``
+    (known axes match ``sizes``, new ones not 0, HV a multiple of H): ``sizes`` with new axes."""
     for name, x in arrays.items():
         if x is None:
             continue
@@ -120,8 +119,7 @@ def check_shape(name: str, x, dims: Dims) -> None:
 
 
 def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
-    """The dimensions of q, k, v, g, beta (with ``token``: one decoding step's ``q_t`` ..
-    ``beta_t``, T = 1), every dtype and shape checked."""
+    """The checked dimensions of q, k, v, g, beta (``token``: ``q_t`` .. ``beta_t``, T = 1)."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
     s = check_shapes({}, **dict(zip(names, (q, k, v, g, beta), strict=True)))
     return Dims(s["B"], s.get("T", 1), s["HV"], s["K"], s["V"], s["H"])
@@ -145,9 +143,8 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=F
 
 
 def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None) -> None:
-    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``; None: the caller has no such option)
-    and a log-space g in ``[bound, 0]``, when concrete; non-finite values are left to the
-    forms' non-finite rule."""
+    """When concrete: finite beta in [0, 1] ([0, 2] with ``allow_neg_eigval``; None: no such
+    option) and a log-space g in ``[bound, 0]``."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     lo, hi = _host_range(beta, np.isfinite)
     if lo < 0.0 or hi > beta_max:
@@ -209,16 +206,15 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
 
 # ------------------------------------------------------------------------------ options
 def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
-    """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) past this
-    machine's memory, naming ``name=value``."""
+    """Refuse ``count`` states ``[HV, K, V]`` per row past memory, naming ``name=value``."""
     shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
     nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
     checks.check_allocation(name, value, f"{what} = {shape}", nbytes)
 
 
 def resolve_scale(scale, key_dim: int) -> float:
-    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (a concrete 0-d jax array too; not traced: close over it under jit)."""
+    """``scale`` as a float: None -> ``K ** -0.5``; else a positive finite number (or concrete
+    0-d array)."""
     if scale is None:
         return key_dim**-0.5
     if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:

@@ -28,9 +28,8 @@ class GateForm(enum.StrEnum):
 
 
 def check_gate_form(gate_form, lower_bound: float | None, *, where: str = "gate_form") -> GateForm:
-    """``gate_form`` (a :class:`GateForm` or its value; None: derived from ``lower_bound``)
-    that fits ``lower_bound`` (only the softplus gate has none), or a ValueError naming
-    ``where``."""
+    """``gate_form`` (a :class:`GateForm`, its value, or None: from ``lower_bound``) checked
+    against ``lower_bound`` (only softplus has none); a ValueError names ``where``."""
     if gate_form is None:
         return GateForm.SOFTPLUS if lower_bound is None else GateForm.SAFE_SIGMOID
     try:
@@ -128,8 +127,7 @@ def init_dt_bias(key: jax.Array, num_heads: int, head_dim: int, *, dt_min: float
 
 
 def _check_parameter_size(key, **sizes) -> None:
-    """Each size a positive int; their float32 product refused past memory (not under
-    ``nnx.eval_shape``, where ``key`` is traced)."""
+    """Each size a positive int; their float32 product refused past memory (not traced)."""
     for name, value in sizes.items():
         check_int(name, value)
     if not isinstance(key, jax.core.Tracer):

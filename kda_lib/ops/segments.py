@@ -99,14 +99,12 @@ def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
     return q, k, v, jnp.where(tokens, g, neutral_gate), jnp.where(tokens[..., 0], beta, 0)
 
 
-# where the recurrence is non-finite, bool: outputs [B, T, H, V], final_state [B, H, V] and
-# states [B, T, H, V] (state columns, after the last and each token)
-NonFinite = namedtuple("NonFinite", "outputs final_state states")
+# where the recurrence is non-finite: outputs [B, T, H, V], final_state [B, H, V], states
+NonFinite = namedtuple("NonFinite", "outputs final_state states")  # [B, T, H, V]
 
 
 def overflowing_keys_as_nan(k):
-    """``k [B, T, H, K]`` with NaN for every key whose squared norm overflows float32, so
-    that :func:`isolate_non_finite` keeps it in its segment (DESIGN section 3)."""
+    """``k [B, T, H, K]`` with NaN for every key whose squared norm overflows float32."""
     norms = jnp.sum(jnp.square(k.astype(jnp.float32)), axis=-1, keepdims=True)
     return jnp.where(norms < jnp.inf, k, jnp.nan)  # NaN stays NaN
 
@@ -154,8 +152,7 @@ def restore_non_finite(out, final_state, where: NonFinite):
 
 
 def pad_time(multiple: int, *arrays, segment_ids=None):
-    """``(arrays, segment_ids, pad)``: ``[B, T, ...]`` and ids (or None) zero-padded along T to
-    a multiple of ``multiple``."""
+    """``(arrays, segment_ids, pad)``, ``[B, T, ...]`` zero-padded along T to ``multiple``."""
     pad = (-arrays[0].shape[1]) % multiple
     if not pad:
         return arrays, segment_ids, 0
