@@ -39,12 +39,7 @@ from kda_lib.layers.attention import (
 from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
-from kda_lib.ops.api import (
-    implementation_row,
-    kda_prechecked,
-    refusals,
-    register_compiled_cache,
-)
+from kda_lib.ops.api import implementation_row, kda_prechecked, refusals, register_compiled_cache
 from kda_lib.ops.contract import Dims, check_chunk_size
 from kda_lib.ops.gating import (
     GateForm,

@@ -122,9 +122,8 @@ def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
     return make(kind(**shared), rngs=rngs)
 
 
-# name -> factory(config, rngs) of a layer's token mixer: a module [B, T, hidden] -> [B, T, hidden]
-# with init_cache(batch) and mixer(x, cache=c) -> (y, new_cache). "gdn": KDA with one decay per
-# head; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim
+# name -> factory(config, rngs) of a token mixer [B, T, hidden] -> [B, T, hidden] with init_cache;
+# "gdn": KDA with one decay per head; "attention_conv": attention with KDA's short convs
 MIXERS = {
     "kda": lambda c, r: KimiDeltaAttention(c.mixer_config, rngs=r),
     "gdn": lambda c, r: _layer(KimiDeltaAttention, KDAConfig, c, r, per_head_decay=True),

@@ -118,9 +118,8 @@ def _run_call(impl, arrays, options):
 STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_parallel)
 # one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
-# a row: call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options,
-# here) -> [why not] (here: this machine too); context_parallel: STATE_PASSING, a function or
-# None; variant: tokamax's kernel or None
+# call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
+# not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant")
 
 

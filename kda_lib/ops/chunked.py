@@ -60,8 +60,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     batch, seq_len, heads, key_dim, value_dim, _ = dims
     out_dtype, (q, k, v, g, beta) = q.dtype, (x.astype(acc) for x in (q, k, v, g, beta))
     q, k = contract.repeat_qk_heads(q, k, dims.groups)
-    # non-finite tokens are computed as zeros and restored as NaN where the recurrence has
-    # them (matmuls would spread them); an overflowing key counts as NaN
+    # non-finite inputs run as zeros, NaN restored where the recurrence has it (DESIGN section 3)
     k = overflowing_keys_as_nan(k)
     *inputs, non_finite = isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids)
     q, k, v, g, beta, initial_state = inputs
@@ -128,8 +127,7 @@ def _scan_chunks(chunks, segments, state0, scale, scan: ScanMode, low):
         o = _mm("...ck,...kv->...cv", q_in, state)
         return new, (o + _mm("...ij,...jv->...iv", attn_qk, corrected), state)
 
-    # above REMAT_MIN_BYTES of blocks saved for the backward, each step is recomputed there
-    # from the carried state (DESIGN section 6)
+    # past REMAT_MIN_BYTES saved, the backward recomputes each step (DESIGN section 6)
     if stream_saved_bytes(chunks) > REMAT_MIN_BYTES:
         step = jax.checkpoint(step, prevent_cse=False)
     # inside shard_map the carry must vary over the same mesh axes as the chunks
@@ -372,8 +370,7 @@ def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
         head, tail = _split_pairs(head, width), _split_pairs(tail, width)
         totals = head[..., -1:, :]  # [..., pairs, 2, 1, K]: each half's product
         ones = jnp.ones_like(totals[..., :1, :, :])
-        # the later half's heads times the earlier half's total, the earlier half's tails
-        # times the later half's total
+        # later heads times the earlier half's total, earlier tails times the later half's
         head = _merge_pairs(head * jnp.concatenate([ones, totals[..., :1, :, :]], axis=-3))
         tail = _merge_pairs(tail * jnp.concatenate([totals[..., 1:, :, :], ones], axis=-3))
         levels.append((head, tail))

@@ -225,8 +225,7 @@ def resolve_scale(scale, key_dim: int) -> float:
 def check_chunk_size(chunk_size) -> int:
     """``chunk_size`` must be a power of two in [1, 4096]."""
     if not checks.is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > 4096:
-        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got "
-                         f"{chunk_size!r}")  # fmt: skip
+        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got {chunk_size!r}")
     return int(chunk_size)
 
 

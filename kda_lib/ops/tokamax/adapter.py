@@ -128,7 +128,7 @@ def segment_slot_count(
     variant: TokamaxVariant, max_num_segments: int, seq_len: int, *, segments_per_row=None
 ) -> int:
     """The state slots tokamax gets: the bound, at most T (Mosaic: T rounded up to its chunk,
-    and with concrete ids only the counted segments)."""
+    at most the counted segments)."""
     if not variant.mosaic:
         return min(max_num_segments, seq_len)
     count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
@@ -221,9 +221,8 @@ def tokamax_mosaic_context_parallel(q, k, v, g, beta, options: KDAOptions, *, ax
                                     segment_ids=None, a_log=None, dt_bias=None,
                                     initial_state=None, output_final_state=False, **_):  # fmt: skip
     """tokamax's context parallelism for its Mosaic kernel, inside a ``shard_map`` over
-    ``axis_name`` with ``check_vma=False``: one rank's slices of a call checked as ``options``
-    -> o ``[B, T, HV, V]``. Besides what ``kda`` asks of Mosaic: K and V multiples of 128, no
-    initial/final state. Padding takes the id of the segment it follows across ranks."""
+    ``axis_name`` with ``check_vma=False``: a rank's slices checked as ``options`` -> o ``[B, T,
+    HV, V]``. K and V multiples of 128, no initial/final state."""
     dims, fused, max_num_segments = options.dims, options.fused_gate, options.max_num_segments
     given = {"initial_state": initial_state is not None, "output_final_state": output_final_state}
     problems = [f"context parallelism does not support {arg}" for arg in given if given[arg]]
