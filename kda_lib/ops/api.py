@@ -107,9 +107,12 @@ def _run_call(impl, arrays, options):
     except TypeError as e:  # forward mode reached the chunked form's hand-written backward
         if "custom_vjp" not in str(e):
             raise
-        raise TypeError("forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
-                        "through implementation='chunked' (hand-written backward, DESIGN section "
-                        "4); pass implementation='recurrent'") from e  # fmt: skip
+        raise TypeError(
+            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
+            "through implementation='chunked' (which 'auto' runs for long sequences "
+            "or for derivatives of a gradient (jax.hessian), DESIGN section 4): its "
+            "backward is hand-written; pass implementation='recurrent'"
+        ) from e
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
 
