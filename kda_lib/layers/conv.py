@@ -19,9 +19,9 @@ from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
 
 
-def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
+def causal_conv(x, kernel, history=None, window_ids=None):
     """:func:`depthwise_causal_conv` unchecked, given :func:`window_segment_ids` ``[B, W-1+T]``
-    (None: no segments)."""
+    (None: no segments), and the last ``W - 1`` inputs: ``(y, new_history)``."""
     width, (batch, seq_len, channels) = kernel.shape[0], x.shape
     if history is None:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
@@ -36,7 +36,7 @@ def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
             same = window_ids[:, w : w + seq_len] == window_ids[:, width - 1 :]
             tap = jnp.where(same[..., None], tap, 0)
         out = out + tap * kernel[w]
-    return out
+    return out, padded[:, seq_len:]
 
 
 def window_segment_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
@@ -81,7 +81,7 @@ def depthwise_causal_conv(
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)
-    return causal_conv(x, kernel, history, window)
+    return causal_conv(x, kernel, history, window)[0]
 
 
 def kernel_from_torch(weight) -> np.ndarray:
@@ -117,8 +117,6 @@ class ShortConvolution(nnx.Module):
     def mix(self, x, conv_state=None, window_ids=None):
         """:meth:`__call__` on checked inputs, given the :func:`window_segment_ids`."""
         dtype = self.dtype or x.dtype
-        x = x.astype(dtype)
-        y = causal_conv(x, self.kernel[...].astype(dtype), conv_state, window_ids)
-        if conv_state is None:
-            conv_state = jnp.zeros((x.shape[0], self.conv_size - 1, self.channels), dtype)
-        return jax.nn.silu(y), jnp.concatenate([conv_state.astype(dtype), x], 1)[:, x.shape[1] :]
+        kernel = self.kernel[...].astype(dtype)
+        y, state = causal_conv(x.astype(dtype), kernel, conv_state, window_ids)
+        return jax.nn.silu(y), state

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import namedtuple
 from typing import NamedTuple
 
 import jax
@@ -135,15 +136,10 @@ class KDAConfig(Widths):
             raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
 
-class Projected(NamedTuple):
-    """What :meth:`KimiDeltaAttention.project` hands the kernel."""
-
-    q: jax.Array  # [B, T, H, K] after conv + SiLU (L2-normalised in the kernel)
-    k: jax.Array  # [B, T, H, K]
-    v: jax.Array  # [B, T, HV, V]
-    f: jax.Array  # [B, T, HV, K] raw gate input (clamped softplus: the log-space gate)
-    beta: jax.Array  # [B, T, HV] float32
-    conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
+# what KimiDeltaAttention.project hands the kernel: q, k [B, T, H, K] after conv + SiLU, v [B, T,
+# HV, V], f [B, T, HV, K] the raw gate input (clamped softplus: the log-space gate), beta [B, T,
+# HV] float32, conv_states per stream q, k, v [B, W-1, C] after x (or None)
+Projected = namedtuple("Projected", "q k v f beta conv_states")
 
 
 class KDACache(NamedTuple):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Literal, NamedTuple
+from collections import namedtuple
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -146,14 +147,9 @@ def stream_saved_bytes(chunks) -> int:
     return chunks[0].dtype.itemsize * n * b * h * (2 * c * c + 3 * c * k + 2 * c * v)
 
 
-class ChunkMaps(NamedTuple):
-    """Each chunk as an affine map, leading dims ``[B, H, N]``: ``S_out = transition S_in +
-    state_ext`` and ``O = q_eff S_in + o_intra``."""
-
-    transition: jax.Array  # [B, H, N, K, K]
-    state_ext: jax.Array  # [B, H, N, K, V]
-    q_eff: jax.Array  # [B, H, N, C, K]
-    o_intra: jax.Array  # [B, H, N, C, V]
+# each chunk as an affine map, S_out = transition S_in + state_ext and O = q_eff S_in + o_intra:
+# transition [B, H, N, K, K], state_ext [B, H, N, K, V], q_eff [B, H, N, C, K], o_intra [.., C, V]
+ChunkMaps = namedtuple("ChunkMaps", "transition state_ext q_eff o_intra")
 
 
 def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
