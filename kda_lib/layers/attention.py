@@ -89,8 +89,7 @@ class AttentionCache(NamedTuple):
 
 
 class CausalSelfAttention(nnx.Module):
-    """Multi-head causal softmax attention: ``layer(x [B, T, hidden]) -> [B, T, hidden]``;
-    ``layer(x, cache=c) -> (y, new_cache)``."""
+    """Multi-head causal softmax attention ``[B, T, hidden] -> [B, T, hidden]``, with a cache."""
 
     cache_type, cache_kind = AttentionCache, "an AttentionCache"
 
@@ -219,8 +218,7 @@ def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-    """RoPE: rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] *
-    base^(-i / (D/2))``."""
+    """RoPE: channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` rotated by ``t base^(-2i/D)``."""
     half = x.shape[-1] // 2
     freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]

@@ -40,8 +40,7 @@ def causal_conv(x, kernel, history=None, window_ids=None):
 
 
 def window_segment_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
-    """Canonical ids ``[B, W-1+T]`` of the history's and x's tokens, numbered together (default
-    history: each row's first segment)."""
+    """Canonical ids ``[B, W-1+T]`` of history (default: row's first segment) and x, together."""
     if history_segment_ids is None:
         ids = canonical_segment_ids(segment_ids)
         history = jnp.repeat(first_segment_id(ids)[:, None], width - 1, axis=1)

@@ -217,8 +217,7 @@ class KimiDeltaAttention(nnx.Module):
         return y if cache is None else (y, new_cache)
 
     def _forward(self, x, *, segment_ids=None, cache=None, **states):
-        """One-device forward of checked inputs (``states``: :func:`kda`'s interior ones):
-        ``(y, new_cache or None, kda's result)``."""
+        """One-device forward of checked inputs: ``(y, new_cache or None, kda's result)``."""
         cfg = self.config
         ids, count = segment_ids or (None, None)
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
@@ -269,8 +268,7 @@ class KimiDeltaAttention(nnx.Module):
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
-        """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones with the clamped
-        softplus, which ``project`` applies)."""
+        """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones when clamped)."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:

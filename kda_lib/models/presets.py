@@ -138,8 +138,7 @@ class ModelPreset:
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
-        """This KDA layer's :class:`kda_lib.KDAConfig` (with ``overrides``), or a
-        NotImplementedError naming the options the layer lacks."""
+        """This KDA layer's config (with ``overrides``), or NotImplementedError naming gaps."""
         if missing := self.unsupported_options():
             raise NotImplementedError(f"{self.name}: KimiDeltaAttention cannot express this "
                                       "layer yet; missing " + "; ".join(missing))  # fmt: skip

@@ -149,8 +149,7 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; the mixer
-    is the :data:`MIXERS` entry ``mixer``."""
+    """Pre-norm block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (``MIXERS[mixer]``)."""
 
     def __init__(self, config: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
         norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
@@ -203,8 +202,7 @@ class TinyLM(nnx.Module):
         return logits if cache is None else (logits, tuple(new_cache))
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
-        """One empty cache per block; attention and MLA caches hold ``max_len`` tokens (None:
-        they grow)."""
+        """One empty cache per block; attention/MLA ones hold ``max_len`` tokens (None: grow)."""
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
         room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)

@@ -127,8 +127,7 @@ Implementation = namedtuple("Implementation", "name call refuses context_paralle
 
 
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
-    """kda_lib's ``core`` on q, k (L2-normalised in float32 if asked) and the log-space gate;
-    the output in q's dtype."""
+    """kda_lib's ``core`` on q, k (L2-normalised if asked), the log-space gate; o in q's dtype."""
     q, k, g = arrays.q, arrays.k, arrays.g
     if o.use_qk_l2norm:
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
@@ -177,8 +176,7 @@ AUTO = Implementation("auto", None, lambda o, here=True: [], STATE_PASSING, None
 
 
 def implementation_row(implementation, owner: str = "implementation") -> Implementation:
-    """The row of ``implementation`` (``"auto"``: :data:`AUTO`); callers read its fields.
-    Any other value: ValueError naming ``owner``."""
+    """The row of ``implementation`` (``"auto"``: :data:`AUTO`), else ValueError naming owner."""
     if not isinstance(implementation, str) or implementation not in ("auto", *REGISTRY):
         raise ValueError(f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got "
                          f"{implementation!r}")  # fmt: skip
@@ -204,8 +202,7 @@ def _routed_jvp(forward, training, options, primals, tangents):
 
 @functools.cache
 def _route(forward: str, training: str) -> Implementation:
-    """One row per pair of forms (:func:`run` traces per row): ``forward``'s result with
-    ``training``'s derivatives."""
+    """One row per pair of forms: ``forward``'s result with ``training``'s derivatives."""
     if forward == training:
         return REGISTRY[forward]
     call = functools.partial(_routed, REGISTRY[forward].call, REGISTRY[training].call)

@@ -143,8 +143,7 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=F
 
 
 def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None) -> None:
-    """When concrete: finite beta in [0, 1] ([0, 2] with ``allow_neg_eigval``; None: no such
-    option) and a log-space g in ``[bound, 0]``."""
+    """When concrete: finite beta in [0, 1] ([0, 2]: ``allow_neg_eigval``), g in [bound, 0]."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     lo, hi = _host_range(beta, np.isfinite)
     if lo < 0.0 or hi > beta_max:
@@ -213,8 +212,7 @@ def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> N
 
 
 def resolve_scale(scale, key_dim: int) -> float:
-    """``scale`` as a float: None -> ``K ** -0.5``; else a positive finite number (or concrete
-    0-d array)."""
+    """``scale`` (None: ``K ** -0.5``; a positive number or concrete 0-d array) as a float."""
     if scale is None:
         return key_dim**-0.5
     if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:

@@ -115,8 +115,7 @@ def init_a_log(key: jax.Array, num_heads: int, *, safe_gate: bool = False, low: 
 
 def init_dt_bias(key: jax.Array, num_heads: int, head_dim: int, *, dt_min: float = 1e-3,
                  dt_max: float = 1e-1, dt_floor: float = 1e-4) -> jax.Array:  # fmt: skip
-    """``dt_bias [H * K]`` float32, the inverse softplus of ``dt``: log-uniform in
-    ``[dt_min, dt_max]``, floored at ``dt_floor``."""
+    """``dt_bias [H * K]`` float32: inverse softplus of log-uniform ``dt`` (floored at dt_floor)."""
     _check_parameter_size(key, num_heads=num_heads, head_dim=head_dim)
     if not 0 < dt_min < dt_max:
         raise ValueError(f"init_dt_bias needs 0 < dt_min < dt_max, got {dt_min}, {dt_max}")

@@ -46,8 +46,7 @@ def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets
 
 
 def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
-    """In chunks of ``chunk_size`` tokens: inside a chunk the masked, decayed ``(q k^T) v``,
-    between chunks the state passed on."""
+    """In chunks: masked, decayed ``(q k^T) v`` inside a chunk, the state passed between."""
     out_dtype = v.dtype
     q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
     batch, seq_len, heads, _ = q.shape

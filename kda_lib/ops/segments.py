@@ -79,8 +79,7 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
 
 
 def canonical_segment_ids(segment_ids) -> jax.Array:
-    """``[B, T]`` int32: each segment's ordinal, padding 0 (host ids renumbered on the host
-    first: int64 ids must not wrap to 32 bits)."""
+    """``[B, T]`` int32: each segment's ordinal, padding 0 (host ids renumbered on the host)."""
     if not isinstance(segment_ids, jax.Array):
         ids = np.asarray(segment_ids)
         if not ids.size:

@@ -127,8 +127,7 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
 def segment_slot_count(
     variant: TokamaxVariant, max_num_segments: int, seq_len: int, *, segments_per_row=None
 ) -> int:
-    """The state slots tokamax gets: the bound, at most T (Mosaic: T rounded up to its chunk,
-    at most the counted segments)."""
+    """The state slots tokamax gets: the bound, at most T (Mosaic: its chunk; counted ids)."""
     if not variant.mosaic:
         return min(max_num_segments, seq_len)
     count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
