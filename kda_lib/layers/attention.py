@@ -31,8 +31,7 @@ _FIELD_CHECKS = {  # kind -> check(name, value), returning the value stored
 
 
 def check_fields(config, **kinds: str) -> None:
-    """Check (and store) the fields of the frozen dataclass ``config`` named under each kind of
-    :data:`_FIELD_CHECKS`; a ValueError names ``<Config>.<field>``."""
+    """Check and store ``config``'s fields listed under each :data:`_FIELD_CHECKS` kind."""
     for kind, fields in kinds.items():
         for field in fields.split():
             name = f"{type(config).__name__}.{field}"
@@ -190,8 +189,8 @@ def check_cache(cache, layer, batch: int) -> None:
 
 
 def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
-    """A ``layer.cache_type`` of zeros (``state`` float32, else the layer's dtype) for
-    ``batch_size`` rows and ``max_len`` tokens (or 0), refused past memory."""
+    """A ``layer.cache_type`` of zeros for ``batch_size`` rows, ``max_len`` tokens (past memory:
+    refused); ``state`` float32, else the layer's dtype."""
     batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
     dtype = getattr(layer.config, "dtype", jnp.float32)

@@ -253,8 +253,7 @@ def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None,
 
 
 def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[str, np.ndarray]:
-    """One file's tensors under ``prefix`` (cut off); records its version in ``versions`` and
-    its checked ``(names, header, data start)`` in ``headers``."""
+    """One file's tensors under ``prefix`` (cut off), noting ``versions`` and ``headers``."""
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         versions.setdefault(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))

@@ -278,8 +278,7 @@ class KimiDeltaAttention(nnx.Module):
                     use_gate_in_kernel=True, **options)  # fmt: skip
 
     def project_output(self, x, o) -> jax.Array:
-        """Gated RMSNorm and output projection: ``x [B, T, hidden]`` (the gate's input) and the
-        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]``."""
+        """Gated RMSNorm and output projection of ``o [B, T, HV, V]``, gated by ``x``."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         hv, vd = cfg.value_heads, cfg.value_dim

@@ -26,8 +26,7 @@ def no_decay_param(value: jax.Array) -> nnx.Param:
 
 
 def weight_decay_mask(module: nnx.Module):
-    """Pytree of bools over ``nnx.state(module, nnx.Param)``: True where AdamW decays the
-    parameter (every one not created with :data:`NO_DECAY`)."""
+    """Bools over ``nnx.state(module, nnx.Param)``: True but where marked :data:`NO_DECAY`."""
     return jax.tree.map(lambda v: bool(v.get_metadata().get("weight_decay", True)),
                         nnx.state(module, nnx.Param),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip

@@ -210,8 +210,7 @@ def _route(forward: str, training: str) -> Implementation:
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
-    """``impl.call(arrays, options)`` as one compiled program per row, options and shapes;
-    Mosaic as it is (its trace depends on the emulated chip, no part of jit's key)."""
+    """``impl.call(arrays, options)``: one program per row, options, shapes (Mosaic: unjitted)."""
     if impl.variant is None:  # only tokamax reads the count: not a reason to recompile
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
@@ -319,8 +318,7 @@ def select_implementation(*, differentiated: bool = True, **config) -> str:
 
 
 def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
-    """Why ``implementation`` cannot serve a call of ``config`` (as for
-    :func:`select_implementation`); ``here``: on this machine too (none for ``"auto"``)."""
+    """Why ``implementation`` cannot serve a call of ``config`` (``here``: on this machine)."""
     options, here = _request("refusals", config), check_flag("here", here)
     return implementation_row(implementation).refuses(options, here)
 

@@ -180,8 +180,7 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
 
 
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
-    """``segment_ids [B, T]`` ints, 0 = padding, each non-zero id one contiguous run. Returns
-    the most segments in one row (concrete ids), or None (traced ids)."""
+    """``segment_ids [B, T]`` ints (0 = padding, an id one run): most segments in a row or None."""
     check_shapes({"B": batch, "T": seq_len}, segment_ids=segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")

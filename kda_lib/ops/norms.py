@@ -28,8 +28,7 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False)
 def gated_rms_norm(
     o: jax.Array, weight: jax.Array, gate: jax.Array, *, eps: float = 1e-5
 ) -> jax.Array:
-    """``o / rms(o) * weight * sigmoid(gate)`` over the last axis: o, gate ``[..., V]``, weight
-    ``[V]``, eps added to the mean square. Returns float32 ``[..., V]``."""
+    """``o / rms(o) * weight * sigmoid(gate)`` in float32: o, gate ``[..., V]``, weight ``[V]``."""
     of = o.astype(jnp.float32)
     normed = of * jax.lax.rsqrt(jnp.mean(of * of, axis=-1, keepdims=True) + eps)
     return normed * weight.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))

@@ -153,8 +153,7 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
 
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
-    """The pool steps on checked inputs: gather the rows' slots, run the draft, scatter the
-    state after each row's accepted prefix back in place."""
+    """The pool steps on checked inputs: gather slots, run, scatter accepted states back."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)

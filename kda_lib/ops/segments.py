@@ -39,8 +39,7 @@ def segment_starts(segment_ids: jax.Array) -> jax.Array:
 
 
 def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
-    """``[B, T]`` int32: 1 for every token of a row's first segment, 2 for the second, ...;
-    padding takes the ordinal before it (leading padding: 1)."""
+    """``[B, T]`` int32: a token's segment's ordinal in its row (padding: the one before, or 1)."""
     return (1 + jnp.cumsum(segment_starts(segment_ids), axis=1)).astype(jnp.int32)
 
 

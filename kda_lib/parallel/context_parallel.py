@@ -140,8 +140,7 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
 
 
 def shard_as(array, mesh, spec):
-    """``array`` sharded as ``spec`` on ``mesh`` inside jit (``reshard`` on Explicit meshes, a
-    sharding constraint on Auto ones), so that shard_map accepts it."""
+    """``array`` sharded as ``spec`` on ``mesh`` inside jit (Explicit or Auto mesh)."""
     sharding = jax.sharding.NamedSharding(mesh, spec)
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         return jax.sharding.reshard(array, sharding)
