@@ -203,8 +203,7 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
 
 
 def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
-    """Each checked stream ``[B, T, C]`` through its short conv (None: SiLU only) from
-    ``states`` (None: zeros) of ids ``history_segment_ids``: ``(outputs, new_states)``."""
+    """Each stream ``[B, T, C]`` through its conv (None: SiLU) from ``states``: ``(out, new)``."""
     if convs[0] is None:
         return tuple(jax.nn.silu(z) for z in streams), (None,) * len(streams)
     width = convs[0].conv_size

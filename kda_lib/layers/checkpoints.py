@@ -287,8 +287,7 @@ def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[st
 
 
 def detect_kimi_linear_naming(names) -> str:
-    """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
-    (without the layer prefix, told by its beta projection), or a ValueError."""
+    """``"kimi_linear"`` or ``"transformers"``, told by one KDA layer's beta projection's name."""
     markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
     if len(found := [n for n, marker in markers.items() if marker in set(names)]) != 1:
         raise ValueError(f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: "

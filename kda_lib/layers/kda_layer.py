@@ -292,8 +292,7 @@ class KimiDeltaAttention(nnx.Module):
         return jnp.repeat(dt_bias, self.config.head_dim) if self.config.per_head_decay else dt_bias
 
     def _forward_context_parallel(self, x, segment_ids):
-        """``layer(x)`` with the sequence split over the mesh's context axis; T that does not
-        divide by the ranks is padded at the end (later tokens cannot change earlier outputs)."""
+        """``layer(x)`` with T split over the mesh's context axis (padded at the end to divide)."""
         axis, cfg, names = self.context_axis, self.config, self.mesh.axis_names
         # an Auto-typed view of the user's mesh; arrays on it are relabelled, no data moves
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
@@ -337,8 +336,7 @@ class KimiDeltaAttention(nnx.Module):
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
-        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token:
-        ``(y, cache after x, token_caches)``, the last with a token axis after B."""
+        """Run a draft ``x [B, T, hidden]`` from ``cache``: ``(y, cache, each token's caches)``."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip

@@ -74,8 +74,7 @@ class MLACache(NamedTuple):
 
 
 class MultiHeadLatentAttention(nnx.Module):
-    """Causal MLA without positional encoding: ``mla(x [B, T, hidden]) -> [B, T, hidden]``;
-    ``mla(x, cache=c) -> (y, new_cache)`` continues from the cached latents."""
+    """Causal MLA without positional encoding ``[B, T, hidden] -> [B, T, hidden]``, with a cache."""
 
     cache_type, cache_kind = MLACache, "an MLACache"
 

@@ -168,8 +168,7 @@ class Block(nnx.Module):
 
 
 class TinyLM(nnx.Module):
-    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
-    ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
+    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits (with a cache too)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         own = "vocab_size num_layers mlp_ratio mlp_width kv_lora_rank".split()

@@ -185,8 +185,7 @@ def implementation_row(implementation, owner: str = "implementation") -> Impleme
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 3))
 def _routed(forward, training, arrays: KDAArrays, options: KDAOptions):
-    """``forward``'s result; its JVP is ``training``'s VJP transposed, so ``jax.jvp`` works
-    through a form with hand-written gradients and ``jax.grad`` runs ``training``'s backward."""
+    """``forward``'s result, its JVP ``training``'s VJP transposed (jvp through custom VJPs)."""
     return forward(arrays, options)
 
 

@@ -188,8 +188,7 @@ def chain_states(transition, state_ext, initial_state):
 
 # ------------------------------------------------------------------ precision and plumbing
 def _mm(subscripts: str, *operands, low=None):
-    """Every matrix product of the chunked form: an einsum at ``Precision.HIGHEST``; with
-    ``low`` (bfloat16/float16) the two operands cast to it, accumulated in float32."""
+    """Every matmul: an einsum at ``HIGHEST``, or of operands in ``low`` accumulated in float32."""
     if low is None:
         return jnp.einsum(subscripts, *operands, precision=jax.lax.Precision.HIGHEST)
     a, b = operands

@@ -24,8 +24,7 @@ def first_segment_id(segment_ids: jax.Array) -> jax.Array:
 
 
 def fill_padding_ids(segment_ids: jax.Array, fallback: jax.Array) -> jax.Array:
-    """``segment_ids [B, T]`` with every padding token (id 0) given the id of the last
-    non-padding token before it in its row, or ``fallback [B]`` where there is none."""
+    """``segment_ids [B, T]``, padding given the last real id before it (none: ``fallback [B]``)."""
     positions = jnp.where(segment_ids != 0, jnp.arange(segment_ids.shape[1]), -1)
     last_valid = jax.lax.cummax(positions, axis=1)
     filled = jnp.take_along_axis(segment_ids, jnp.maximum(last_valid, 0), 1)

@@ -199,8 +199,7 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
 
 def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kernel: bool,
                  a_log=None, dt_bias=None, **kw):  # fmt: skip
-    """tokamax's ``variant`` on batch-first ``q, k, g [B, T, HV, K]``, ``v [B, T, HV, V]``,
-    ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax."""
+    """tokamax's ``variant`` on batch-first arrays, q/k heads repeated: ``(o, final_state)``."""
     if use_gate_in_kernel and a_log is None:  # the fused gate with A = 1
         a_log = jnp.zeros((v.shape[2],), jnp.float32)
     f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
