@@ -226,8 +226,7 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0)
 
 
 def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
-    """Boolean ``[B|1, 1, T, S]``: query at ``positions [T]`` sees keys ``0..position``; with
-    canonical ``segment_ids [B, T]`` (S = T) only real keys of its own segment."""
+    """Boolean ``[B|1, 1, T, S]``: causal by ``positions [T]``, within ``segment_ids [B, T]``."""
     allowed = (positions[:, None] >= jnp.arange(num_keys)[None, :])[None, None]
     if segment_ids is None:
         return allowed
@@ -237,8 +236,7 @@ def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
 
 def attend(q, k, v, mask, scale: float) -> jax.Array:
     """Softmax attention in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``, ``v [B, S, G,
-    V]`` (G divides H), boolean ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``; rows with no
-    allowed key give 0. ``jax.nn.dot_product_attention`` where D = V (DESIGN section 4)."""
+    V]`` (G divides H), ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``, 0 where no key is allowed."""
     q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
     seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
     if q.shape[-1] == v.shape[-1]:

@@ -20,8 +20,7 @@ from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
 
 
 def causal_conv(x, kernel, history=None, window_ids=None):
-    """:func:`depthwise_causal_conv` unchecked, given :func:`window_segment_ids` ``[B, W-1+T]``
-    (None: no segments), and the last ``W - 1`` inputs: ``(y, new_history)``."""
+    """:func:`depthwise_causal_conv` unchecked, of window ids (or None): ``(y, new_history)``."""
     width, (batch, seq_len, channels) = kernel.shape[0], x.shape
     if history is None:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
@@ -106,8 +105,7 @@ class ShortConvolution(nnx.Module):
         self.kernel = nnx.Param(jax.random.uniform(key, shape, param_dtype, -bound, bound))
 
     def __call__(self, x, *, segment_ids=None, conv_state=None):
-        """x ``[B, T, C]`` -> ``(y, new_conv_state [B, W-1, C])``, ``conv_state`` the ``W - 1``
-        inputs before x (zeros if None); ``segment_ids`` as in :func:`depthwise_causal_conv`."""
+        """x ``[B, T, C]`` from ``conv_state [B, W-1, C]`` (zeros) -> ``(y, new_conv_state)``."""
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
         return self.mix(x, conv_state, _checked_window(x.shape, self.conv_size, conv_state,

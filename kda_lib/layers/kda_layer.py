@@ -343,9 +343,8 @@ class KimiDeltaAttention(nnx.Module):
         return self._with_states(x, cache, 1, "token_states")
 
     def accept_draft(self, cache: KDACache, token_caches: KDACache, num_accepted_tokens):
-        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``.
-        ``num_accepted_tokens``: an int or ``[B]`` ints in ``[0, T]`` (0: ``cache``), as
-        :func:`cache_at`'s ``index``."""
+        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``:
+        ``num_accepted_tokens`` an int or ``[B]`` ints in ``[0, T]``, as in :func:`cache_at`."""
         if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
             raise ValueError("token_caches must be the KDACache layer.draft returned, got "
                              f"{type(token_caches).__name__}")  # fmt: skip
@@ -360,8 +359,7 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`:
-        per stream the W-1 conv inputs before each boundary, ``[B, T // every, W-1, C]``."""
+        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`."""
         self._check_inputs(x, None, cache, serving=True)
         y, new_cache, result = self._forward(x, cache=cache, **{f"output_{states}": True})
         cfg, convs = self.config, [None] * 3

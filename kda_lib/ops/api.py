@@ -244,8 +244,7 @@ CPU_CHUNKED_FORWARD_MIN_STATE = 65536  # B * HV * K * V from which the CPU forwa
 
 
 def portable_forms(seq_len: int, state_size: int | None = None, platform: str | None = None):
-    """``(forward, training)``: kda_lib's forms for an undifferentiated and a differentiated
-    call of ``seq_len`` tokens, state ``B * HV * K * V`` (None: small), on ``platform``."""
+    """``(forward, training)``: kda_lib's forms for ``seq_len``, state ``B HV K V``, platform."""
     if seq_len <= RECURRENT_MAX_AUTO_T:
         return "recurrent", "recurrent"
     if (platform or jax.default_backend()) != "cpu":
@@ -255,9 +254,8 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 
 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
-    """``(forward, training)`` that ``"auto"`` runs: the first row that serves the call of
-    tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form and
-    ``"recurrent"``."""
+    """``(forward, training)`` that ``"auto"`` runs: the first row serving the call of tokamax
+    Mosaic (a real TPU v6+), :func:`portable_forms`' pick, the training form, ``"recurrent"``."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
     first = ("tokamax_mosaic",) if tpu_generation() else ()
@@ -309,9 +307,8 @@ def _request(owner: str, config: dict) -> KDAOptions:
 
 
 def select_implementation(*, differentiated: bool = True, **config) -> str:
-    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: the sizes
-    (``value_dim`` default ``key_dim``, others 1) and :class:`KDAOptions` fields (defaults as
-    in :func:`kda`). A bad or unknown field: ValueError naming it."""
+    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: sizes (default 1,
+    ``value_dim``: ``key_dim``) and :class:`KDAOptions` fields, each checked by name."""
     differentiated = check_flag("differentiated", differentiated)
     return auto_forms(_request("select_implementation", config))[differentiated]
 
@@ -324,9 +321,8 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 
 # ------------------------------------------------------------------ one check per call
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
-    """Each argument of a :func:`kda` call checked once, by name, before any work (with
-    ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``; the
-    row's refusals raise after ``refused``."""
+    """Each argument of a :func:`kda` call checked once, by name, before any work (values unless
+    ``prechecked``): ``(row, arrays, options)``; refusals raise after ``refused``."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip

@@ -52,8 +52,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
                  segment_ids, chunk_size: int, scan: ScanMode | None = None,
                  precision: Precision | None = None,
                  output_chunk_states: bool = False):  # fmt: skip
-    """:func:`kda_lib.kda_chunked` on checked inputs (canonical ids, padding zeroed). Returns
-    ``(o, final_state | None, chunk_states [B, T // C, HV, K, V] | None)``."""
+    """:func:`kda_lib.kda_chunked` on checked inputs: ``(o, final_state, chunk_states)``."""
     # the scores' operand dtype: the one low-precision dtype among q, k, v (none: None)
     low = {jnp.dtype(x.dtype) for x in (q, k, v)} & {jnp.dtype("bfloat16"), jnp.dtype("float16")}
     low = low.pop() if len(low) == 1 and precision != "highest" else None
@@ -197,9 +196,8 @@ def _mm(subscripts: str, *operands, low=None):
 
 
 def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
-    """:func:`kda_lib.ops.segments.isolate_non_finite`, skipped when every input is finite. The
-    ``lax.cond`` yields only booleans; the replacements are selections outside it, so
-    gradients never go through the cond."""
+    """:func:`kda_lib.ops.segments.isolate_non_finite`, skipped when every input is finite (the
+    cond yields booleans only: gradients never go through it)."""
     operands = (q, k, v, g, beta, initial_state)
     clean = jnp.max(g) < jnp.inf  # False for +inf or NaN (max propagates NaN); -inf is a gate
     for x in (q, k, v, beta, initial_state):

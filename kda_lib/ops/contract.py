@@ -129,9 +129,8 @@ def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=False,
                      raw_gate=False, lower_bound=None, a_log=None, dt_bias=None,
                      values=True) -> Dims:  # fmt: skip
-    """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
-    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given.
-    ``values=False``: shapes only (no host reads)."""
+    """One call's arrays checked: their dimensions. ``raw_gate``: g the in-kernel gate's input
+    (any sign), else log-space (``>= lower_bound``). ``values=False``: no host reads."""
     dims = checked_dims(q, k, v, g, beta)
     check_shape("initial_state", initial_state, dims)
     check_gate_parameters(a_log, dt_bias, dims)

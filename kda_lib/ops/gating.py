@@ -57,8 +57,7 @@ def check_lower_bound(lower_bound: float | None) -> None:
 
 
 def check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound) -> bool:
-    """The in-kernel gate is on only by ``use_gate_in_kernel=True`` (a bool; returned);
-    ``a_log``/``dt_bias`` only with it; with it, ``a_log`` or ``lower_bound`` or both."""
+    """The in-kernel gate's switch (returned): a_log, dt_bias need it; it needs a_log or bound."""
     fused = check_flag("use_gate_in_kernel", use_gate_in_kernel)
     check_lower_bound(lower_bound)
     for name, value in (("a_log", a_log), ("dt_bias", dt_bias)):

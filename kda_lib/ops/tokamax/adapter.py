@@ -63,8 +63,7 @@ def require_tokamax(what: str) -> None:
 
 
 def emulated_tpu() -> tuple[int, object] | None:
-    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU (6 for v6e;
-    tokamax's Mosaic op to call), else None: the seam kda_lib/lab/emulation.py sets on import."""
+    """``(generation, mosaic_op)`` under :func:`kda_lib.emulate_tpu` (lab/emulation.py) or None."""
     return None
 
 
@@ -153,8 +152,7 @@ def segment_slots_problem(
 
 # ------------------------------------------------------------------ running a kernel
 def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
-    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state |
-    None)`` as ``kda`` returns them; NaN also for rows over ``max_num_segments`` under jit."""
+    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state)``."""
     o, dims, ids = options, options.dims, arrays.segment_ids
     q, k = repeat_qk_heads(arrays.q, arrays.k, dims.groups)  # tokamax has no grouped heads
     if not o.use_qk_l2norm:  # (normalised keys cannot overflow)
