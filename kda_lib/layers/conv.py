@@ -91,9 +91,8 @@ def kernel_from_torch(weight) -> np.ndarray:
 
 
 class ShortConvolution(nnx.Module):
-    """Depthwise causal conv + SiLU over ``[B, T, C]``, no bias: ``channels`` C, ``conv_size``
-    W (4), ``dtype`` the compute dtype (None: the input's), ``param_dtype`` the kernel's
-    (float32). Init: PyTorch ``Conv1d``'s U(-1/sqrt(W), 1/sqrt(W))."""
+    """Depthwise causal conv + SiLU over ``[B, T, C]``, no bias: ``channels`` C, ``conv_size`` W
+    (4), ``dtype`` (None: the input's), ``param_dtype`` (float32); PyTorch ``Conv1d``'s init."""
 
     def __init__(self, channels: int, conv_size: int = 4, *, dtype=None,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip

@@ -456,9 +456,8 @@ def max_segments_bound(segments, config: KDAConfig, ranks: int = 1) -> int | Non
 
 # ------------------------------------------------------------------ the context-parallel program
 def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=False, bound=None):
-    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis``: each rank
-    projects its slice with the convs' halo and runs :func:`kda_context_parallel`; ``own_cp``:
-    tokamax's CP (given the mesh and the segment ``bound``, no vma check)."""
+    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis`` (each rank:
+    project with the halo, :func:`kda_context_parallel`); ``own_cp``: tokamax's, with ``bound``."""
     mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
     width = max(cfg.conv_size - 1, 0)
 

@@ -153,9 +153,8 @@ ChunkMaps = namedtuple("ChunkMaps", "transition state_ext q_eff o_intra")
 
 def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
                       operand_dtype=None) -> ChunkMaps:  # fmt: skip
-    """Every chunk's affine map, in parallel: q, k, g ``[B, H, N, C, K]``, v ``[B, H, N, C,
-    V]``, beta ``[B, H, N, C]`` (float32 or float64; padding with g = 0 and beta = 0);
-    ``segments`` None or the masks of :func:`kda_lib.ops.segments.segment_masks`."""
+    """Every chunk's affine map: q, k, g ``[B, H, N, C, K]``, v ``[B, H, N, C, V]``, beta ``[B, H,
+    N, C]`` (float32 or float64), ``segments`` None or :func:`~.segments.segment_masks`'s."""
     attn_qk, w, u, q_in, k_out, keep = _intra_chunk(q, k, v, g, beta, scale=scale,
                                                     segments=segments,
                                                     operand_dtype=operand_dtype)  # fmt: skip
@@ -169,9 +168,8 @@ def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
 
 
 def chain_states(transition, state_ext, initial_state):
-    """The states entering each chunk ``[B, H, N, K, V]`` and the final state ``[B, H, K, V]``,
-    by ``lax.associative_scan`` over the maps (transition ``[B, H, N, K, K]``, state_ext
-    ``[B, H, N, K, V]``) from initial_state ``[B, H, K, V]``."""
+    """The states entering each chunk ``[B, H, N, K, V]`` and the final state ``[B, H, K, V]``
+    from ``initial_state``, by ``lax.associative_scan`` over the maps (:data:`ChunkMaps`)."""
     # inside shard_map the carry must vary over the same mesh axes as the maps
     initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
 

@@ -60,9 +60,8 @@ class KDAOptions(NamedTuple):
 
 
 class KDAResult(NamedTuple):
-    """The result with interior states asked for (None where not): ``output [B, T, HV, V]``,
-    ``final_state [B, HV, K, V]``, ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each
-    full chunk), ``token_states [B, T, HV, K, V]`` (after each token)."""
+    """The result with interior states (None where not asked): ``output``, ``final_state``, and
+    the states after each full chunk ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, ..]``."""
 
     output: jax.Array
     final_state: jax.Array | None
