@@ -63,9 +63,8 @@ class MLAConfig(Widths):
 
 
 class MLACache(NamedTuple):
-    """Decode state of :class:`MultiHeadLatentAttention`: ``latents [B, C, r]`` (normalised)
-    and ``shared_keys [B, C, Ds]`` (None when Ds = 0); growing or fixed capacity as
-    :class:`kda_lib.layers.attention.AttentionCache`."""
+    """Decode state of :class:`MultiHeadLatentAttention`: ``latents [B, C, r]`` (normalised),
+    ``shared_keys [B, C, Ds]`` (None when Ds = 0), ``length`` as in ``AttentionCache``."""
 
     latents: jax.Array
     shared_keys: jax.Array | None = None

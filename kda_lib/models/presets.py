@@ -150,8 +150,7 @@ class ModelPreset:
         return self.mla
 
     def mla_config(self, **overrides) -> MLAConfig:
-        """The global layer's :class:`~kda_lib.layers.mla.MLAConfig` (NoPE: the rotary slot is
-        the shared key part), or a NotImplementedError: no MLA widths, or an output gate."""
+        """The global layer's ``MLAConfig`` (NoPE), or NotImplementedError (no widths, a gate)."""
         m = self._mla_or_raise()
         if m.output_gate:
             raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "

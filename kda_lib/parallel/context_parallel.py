@@ -26,9 +26,8 @@ from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
 def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int):
-    """``concat([halo, x], 1)``, the halo the ``halo_size`` entries (along axis 1) before this
-    rank's slice (zeros before rank 0; from several ranks back when the slice is shorter).
-    Inside ``jax.shard_map``; any array (segment ids too)."""
+    """Inside ``jax.shard_map``: ``concat([halo, x], 1)``, the halo the ``halo_size`` entries
+    (axis 1) before this rank's slice, from as many ranks back as needed (zeros before rank 0)."""
     halo_size = check_int("halo_size", halo_size, minimum=0)
     ranks, local = jax.lax.axis_size(axis_name), x.shape[1]
     hops = range(min(math.ceil(halo_size / local), ranks - 1) if halo_size else 0, 0, -1)
@@ -106,9 +105,8 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
-    """All-gather the rank summaries and fold them in rank order: float32 ``(state entering
-    this rank (zero where its first segment is new), state after the last real token upstream
-    (else the initial state), state after the whole sequence)``."""
+    """The rank summaries gathered and folded in order: float32 ``(state entering this rank,
+    state after the last real token upstream (or the initial state), final state)``."""
     all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
     all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
     ranks, batch = all_m.shape[:2]
