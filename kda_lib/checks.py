@@ -34,8 +34,7 @@ def is_int(value, minimum: int | None = 1) -> bool:
 
 def check_int(name: str, value, minimum: int = 1, *, optional: bool = False,
               expected: str | None = None) -> int | None:  # fmt: skip
-    """``value`` as a Python int if :func:`is_int` (None passes when ``optional``); else
-    ``"<name> must be <expected>, got <value>"``."""
+    """``value`` as an int if :func:`is_int` (None when ``optional``), else a ValueError."""
     if optional and value is None:
         return None
     if not is_int(value, minimum):
@@ -92,8 +91,7 @@ def check_float_dtype(name: str, value) -> np.dtype:
 
 
 def host_values(x, dtype=None) -> np.ndarray:
-    """``x``'s values on the host: the one place kda_lib's input checks read an array (its
-    callers call it as ``checks.host_values``, so a test counts every read here)."""
+    """``x``'s values on the host: every input check's read (tests count them here)."""
     return np.asarray(x, dtype)
 
 
@@ -120,8 +118,6 @@ def check_array(name: str, x, *, floating: bool = False) -> None:
 
 
 # ------------------------------------------------------------------ sizes against memory
-
-
 def memory_limit() -> int | None:
     """The first local device's memory in bytes, else this machine's, or None (unknown)."""
     stats = jax.local_devices()[0].memory_stats() or {}
@@ -144,8 +140,7 @@ def format_bytes(nbytes: float) -> str:
 
 
 def allocation_problem(what: str, nbytes: int, *, limit: int | None = None) -> str | None:
-    """``"<what> would take ~X (more than this machine's memory, Y)"`` when ``nbytes`` exceeds
-    ``limit`` (default :func:`memory_limit`), else None."""
+    """Why ``nbytes`` for ``what`` exceed ``limit`` (default :func:`memory_limit`), or None."""
     limit = memory_limit() if limit is None else limit
     if limit is None or nbytes <= limit:
         return None

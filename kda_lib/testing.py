@@ -24,8 +24,7 @@ DEFAULT_TOLERANCES = {
 
 
 def random_normal(key: jax.Array, shape: tuple[int, ...], dtype=float) -> jax.Array:
-    """``jax.random.normal(key, shape, dtype)``, the same numbers, compiled once per power-of-two
-    size (>= MIN_DRAW), not per shape: a partitionable threefry's longer draw begins the same."""
+    """``jax.random.normal(key, shape, dtype)``, compiled per power-of-two size, not per shape."""
     if not jax.config.jax_threefry_partitionable:
         return jax.random.normal(key, shape, dtype)
     size = math.prod(shape)
@@ -38,11 +37,10 @@ def random_kda_inputs(key: jax.Array, batch: int, seq_len: int, heads: int, key_
                       value_dim: int | None = None, *, dtype=jnp.float32, gate: str = "softplus",
                       gate_scale: float = 1.0,
                       with_state: bool = False) -> dict[str, jax.Array]:  # fmt: skip
-    """Keyword arguments for :func:`kda_lib.kda` in ``dtype``: q, k L2-normalised Gaussians, v
-    (V = K if None), beta a sigmoid of one, g from a Gaussian gate input with ``a_log =
-    log(linspace(1, 16, H))``, ``dt_bias ~ 0.5 N``. ``gate``: "softplus" or "safe" (bound -5):
-    the log-space decay (times ``gate_scale``); "raw": the gate input, with the fused gate's
-    arguments. ``with_state``: a float32 ``initial_state`` (0.5 N)."""
+    """Keyword arguments for :func:`kda_lib.kda` in ``dtype``: q, k unit Gaussians, v (V = K if
+    None), beta a sigmoid of one, g from a Gaussian gate input (``a_log = log(linspace(1, 16,
+    H))``, ``dt_bias ~ 0.5 N``): ``gate`` "softplus", "safe" (bound -5; times ``gate_scale``)
+    or "raw" (with the fused gate's arguments). ``with_state``: ``initial_state ~ 0.5 N``."""
     if gate not in GATES:
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     value_dim = key_dim if value_dim is None else value_dim
@@ -89,9 +87,8 @@ def _as_f64(x) -> np.ndarray:
 
 def assert_close(actual, expected, *, atol: float | None = None, rtol: float | None = None,
                  name: str = "array") -> float:  # fmt: skip
-    """Assert ``|actual - expected| <= atol + rtol * |expected|`` elementwise, shapes equal and
-    ``actual`` finite; return the max abs error. Tolerances default by ``actual``'s dtype
-    (:data:`DEFAULT_TOLERANCES`, float32's for others)."""
+    """Assert ``|actual - expected| <= atol + rtol * |expected|``, equal shapes, finite
+    ``actual``; return the max abs error. Defaults: :data:`DEFAULT_TOLERANCES` by dtype."""
     dtype = actual.dtype if hasattr(actual, "dtype") else np.asarray(actual).dtype
     # the dtype as given, not jax's canonical one (float32 outside x64): float64 stays float64
     default = DEFAULT_TOLERANCES.get(np.dtype(dtype).name, DEFAULT_TOLERANCES["float32"])

@@ -1,9 +1,7 @@
-"""Causal softmax attention, the quadratic baseline mixer, and what all mixers share.
-
-``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head (float32 scores); q and k rotated by
-their positions (RoPE) unless ``rope=False``; ``short_conv``: q, k, v first through KDA's short
-convs. The cache keeps every key and value. Shared: config, input and cache checks, caches.
-"""
+"""Causal softmax attention, the quadratic baseline mixer, and what all mixers share (config,
+input and cache checks, caches). ``y = o_proj(softmax(mask(q k^T / sqrt(K))) v)`` per head
+(float32 scores); q, k rotated by position (RoPE) unless ``rope=False``; ``short_conv``: q, k, v
+first through KDA's short convs. The cache keeps every key and value."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ _FIELD_CHECKS = {  # kind -> check(name, value), returning the value stored
 
 
 def check_fields(config, **kinds: str) -> None:
-    """Check (and store) the fields of the frozen dataclass ``config`` named under each kind of
-    :data:`_FIELD_CHECKS`; a ValueError names ``<Config>.<field>``."""
+    """Check and store ``config``'s fields listed under each :data:`_FIELD_CHECKS` kind."""
     for kind, fields in kinds.items():
         for field in fields.split():
             name = f"{type(config).__name__}.{field}"
@@ -74,9 +71,8 @@ class AttentionConfig(Widths):
 
 class AttentionCache(NamedTuple):
     """Decode state of :class:`CausalSelfAttention`: ``keys [B, C, H, K]``, ``values [B, C, H,
-    V]``; growing (``length`` None, C = tokens seen) or fixed capacity (``length`` an int32
-    scalar, the first ``length`` of C rows filled; writing past C gives NaN, and raises outside
-    jit). ``q_conv, k_conv, v_conv [B, W-1, channels]``: the convs' last inputs, else None."""
+    V]``, growing (``length`` None) or fixed capacity (``length`` int32, rows filled; past C:
+    NaN, or raises outside jit); ``q_conv, k_conv, v_conv [B, W-1, channels]`` or None."""
 
     keys: jax.Array
     values: jax.Array
@@ -92,8 +88,7 @@ class AttentionCache(NamedTuple):
 
 
 class CausalSelfAttention(nnx.Module):
-    """Multi-head causal softmax attention: ``layer(x [B, T, hidden]) -> [B, T, hidden]``;
-    ``layer(x, cache=c) -> (y, new_cache)``."""
+    """Multi-head causal softmax attention ``[B, T, hidden] -> [B, T, hidden]``, with a cache."""
 
     cache_type, cache_kind = AttentionCache, "an AttentionCache"
 
@@ -154,10 +149,9 @@ class CausalSelfAttention(nnx.Module):
 
 # ------------------------------------------------------------------ shared by the mixers
 def check_call(layer, x, segment_ids, cache):
-    """A mixer's entry checks, before any work: ``x`` floating ``[B, T, hidden_size]`` (B, T >=
-    1); ``cache`` by :func:`check_cache` (if the layer has a ``cache_type``); ``segment_ids [B,
-    T]`` ints (0 = padding), not with a cache. Returns ``(canonical ids, the most segments in
-    one row)``, or ``(None, None)``."""
+    """A mixer's entry checks: ``x`` floating ``[B, T, hidden_size]`` (B, T >= 1), ``cache``
+    (:func:`check_cache`), ``segment_ids [B, T]`` ints (0 = padding), not with a cache.
+    Returns ``(canonical ids, the most segments in one row)`` or ``(None, None)``."""
     check_array("x", x, floating=True)
     hidden = layer.config.hidden_size
     if x.ndim != 3 or x.shape[-1] != hidden:
@@ -178,8 +172,7 @@ def check_call(layer, x, segment_ids, cache):
 
 
 def check_cache(cache, layer, batch: int) -> None:
-    """``cache`` must be a ``layer.cache_type`` of floating arrays of the shapes (by field; None:
-    absent) ``layer._cache_shapes(batch, rows)`` gives, rows read from its first field."""
+    """``cache`` a ``layer.cache_type`` of floating arrays shaped ``layer._cache_shapes``."""
     kind, cls = layer.cache_kind, layer.cache_type
     build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
     if not isinstance(cache, cls):
@@ -196,8 +189,8 @@ def check_cache(cache, layer, batch: int) -> None:
 
 
 def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
-    """A ``layer.cache_type`` of zeros (``state`` float32, else the layer's dtype) for
-    ``batch_size`` rows and ``max_len`` tokens (or 0), refused, naming batch_size, past memory."""
+    """A ``layer.cache_type`` of zeros for ``batch_size`` rows, ``max_len`` tokens (past memory:
+    refused); ``state`` float32, else the layer's dtype."""
     batch_size = check_int("init_cache: batch_size", batch_size)
     check_int("max_len", max_len, optional=True)
     dtype = getattr(layer.config, "dtype", jnp.float32)
@@ -210,9 +203,7 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
 
 
 def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
-    """Each stream ``[B, T, C]`` through its short conv (inputs checked at the layer's entry;
-    None: SiLU only), continuing ``states`` (None: zeros; ``history_segment_ids [B, W-1]`` their
-    ids): ``(outputs, new_states)``."""
+    """Each stream ``[B, T, C]`` through its conv (None: SiLU) from ``states``: ``(out, new)``."""
     if convs[0] is None:
         return tuple(jax.nn.silu(z) for z in streams), (None,) * len(streams)
     width = convs[0].conv_size
@@ -225,8 +216,7 @@ def mix_convs(convs, streams, states, segment_ids, history_segment_ids=None):
 
 
 def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
-    """RoPE: rotate channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` by ``positions [T] *
-    base^(-i / (D/2))``."""
+    """RoPE: channel pairs ``(i, i + D/2)`` of ``x [B, T, H, D]`` rotated by ``t base^(-2i/D)``."""
     half = x.shape[-1] // 2
     freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions.astype(jnp.float32)[:, None] * freqs  # [T, D/2]
@@ -236,8 +226,7 @@ def rotary_embedding(x: jax.Array, positions: jax.Array, base: float = 10_000.0)
 
 
 def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
-    """Boolean ``[B|1, 1, T, S]``: query at ``positions [T]`` sees keys ``0..position``; with
-    canonical ``segment_ids [B, T]`` (S = T) only real keys of its own segment."""
+    """Boolean ``[B|1, 1, T, S]``: causal by ``positions [T]``, within ``segment_ids [B, T]``."""
     allowed = (positions[:, None] >= jnp.arange(num_keys)[None, :])[None, None]
     if segment_ids is None:
         return allowed
@@ -247,8 +236,7 @@ def attention_mask(positions, num_keys: int, segment_ids=None) -> jax.Array:
 
 def attend(q, k, v, mask, scale: float) -> jax.Array:
     """Softmax attention in float32: ``q [B, T, H, D]`` over ``k [B, S, G, D]``, ``v [B, S, G,
-    V]`` (G divides H), boolean ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``; rows with no
-    allowed key give 0. ``jax.nn.dot_product_attention`` where D = V (DESIGN section 4)."""
+    V]`` (G divides H), ``mask [B|1, 1, T, S]`` -> ``[B, T, H, V]``, 0 where no key is allowed."""
     q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
     seen = jnp.moveaxis(mask.any(-1), 1, 2)[..., None]  # [B|1, T, 1, 1]
     if q.shape[-1] == v.shape[-1]:
@@ -264,9 +252,8 @@ def attend(q, k, v, mask, scale: float) -> jax.Array:
 
 
 def write_rows(what: str, buffers, new, length):
-    """``buffers [B, C, ...]`` (None stays None) with the rows ``new [B, T, ...]`` appended
-    (``length`` None) or written at ``length``; the new length; whether they overflow C (traced
-    under jit; outside jit an overflow raises)."""
+    """``(buffers [B, C, ...] with new [B, T, ...] appended (length None) or written at length,
+    the new length, whether they overflow C)``; outside jit an overflow raises."""
     seq_len = new[0].shape[1]
     if length is None:
         return tuple(None if b is None else jnp.concatenate([b, n.astype(b.dtype)], 1)

@@ -1,10 +1,8 @@
 """Checkpoints of other code read into (and written from) a :class:`kda_lib.KimiDeltaAttention`.
 
 One table, :func:`_entries`, says which tensor holds which parameter in which layout, in three
-namings (DESIGN, "Checkpoint files"): ``"fla"`` (fla's ``state_dict()``), ``"kimi_linear"``
-(Hugging Face ``modeling_kimi.py``) and ``"transformers"`` (one ``conv1d`` over ``concat(q, k,
-v)``); MLA layers have DeepSeek-V2's names. Loading is all or nothing: every name, shape and
-value is checked before the first write.
+namings (DESIGN, "Checkpoint files"): ``"fla"``, ``"kimi_linear"`` (``modeling_kimi.py``) and
+``"transformers"``; MLA layers have DeepSeek-V2's names. Loading is all or nothing.
 """
 
 from __future__ import annotations
@@ -134,14 +132,12 @@ def _checkpoint_shape(entry: _Entry) -> tuple[int, ...]:
 
 
 def state_dict_names(layer, naming: str = "fla") -> dict[str, tuple[int, ...]]:
-    """The tensors a checkpoint in ``naming`` must hold for ``layer``: name -> shape (in the
-    checkpoint's own layout, e.g. ``[out, in]`` for a linear weight)."""
+    """The tensors a checkpoint in ``naming`` holds for ``layer``: name -> shape (its layout)."""
     return {name: _checkpoint_shape(e) for name, e in sorted(_entries(layer, naming).items())}
 
 
 def export_state_dict(layer, naming: str = "fla") -> dict[str, np.ndarray]:
-    """``layer``'s parameters as a checkpoint in ``naming`` (numpy arrays in the checkpoint's
-    layouts): what :func:`load_state_dict` reads back into an equal layer."""
+    """``layer``'s parameters as a checkpoint in ``naming`` (numpy, the checkpoint's layouts)."""
     return {
         name: np.ascontiguousarray(_to_checkpoint(entry, [v[...] for v in entry.variables]))
         for name, entry in _entries(layer, naming).items()
@@ -176,8 +172,7 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
 
 
 def _converted(label: str, entry: _Entry, value) -> list:
-    """``(variable, value)`` for each parameter ``entry`` holds, checked (``value``: numpy,
-    jax or lists; bfloat16 widened to float32 exactly)."""
+    """``(variable, value)`` for each parameter ``entry`` holds, checked."""
     try:
         given = np.asarray(value)
     except (TypeError, ValueError) as error:
@@ -221,8 +216,7 @@ SAFETENSORS_DTYPES = {name: np.dtype(dtype) for name, dtype in dict(
 
 
 def _check_unchanged(versions: dict[str, tuple]) -> None:
-    """Refuse, naming the file, when a file of ``versions`` (path -> (inode, size, mtime) when
-    first read) is now another version: a load would mix the two."""
+    """Refuse, naming it, a file of ``versions`` (path -> (inode, size, mtime)) since changed."""
     for path, version in versions.items():
         stat = os.stat(path) if os.path.exists(path) else None
         if stat is None or (stat.st_ino, stat.st_size, stat.st_mtime_ns) != version:
@@ -233,11 +227,9 @@ def _check_unchanged(versions: dict[str, tuple]) -> None:
 
 def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None,
                      headers: dict | None = None) -> dict:  # fmt: skip
-    """The tensors ``prefix...`` of the ``.safetensors`` file(s) ``paths`` (a path or a list of
-    shards), ``prefix`` cut off, as numpy arrays (bfloat16: ml_dtypes'), read without a memory
-    map (DESIGN, "Checkpoint files"). ``versions`` (path -> version at its first read) and
-    ``headers`` (path -> its checked header) are shared by the reads of one load, so a header
-    is read once. A bad or changed file is a ValueError naming it (and the tensor)."""
+    """The tensors ``prefix...`` of the ``.safetensors`` file(s) ``paths``, ``prefix`` cut off,
+    as numpy arrays, read without a memory map. ``versions`` and ``headers`` (path -> first
+    version, checked header) are shared by one load's reads. A bad or changed file: ValueError."""
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
     if isinstance(paths, (bytes, bytearray)) or not isinstance(paths, Sequence) or not all(
         isinstance(p, (str, os.PathLike)) and isinstance(os.fspath(p), str) for p in paths
@@ -261,8 +253,7 @@ def read_safetensors(paths, prefix: str = "", *, versions: dict | None = None,
 
 
 def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[str, np.ndarray]:
-    """One file's tensors under ``prefix`` (cut off); records its version in ``versions`` and
-    its checked ``(names, header, data start)`` in ``headers``."""
+    """One file's tensors under ``prefix`` (cut off), noting ``versions`` and ``headers``."""
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         versions.setdefault(path, (stat.st_ino, stat.st_size, stat.st_mtime_ns))
@@ -296,8 +287,7 @@ def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[st
 
 
 def detect_kimi_linear_naming(names) -> str:
-    """``"kimi_linear"`` or ``"transformers"``: the naming of one KDA layer's tensor names
-    (without the layer prefix, told by its beta projection), or a ValueError."""
+    """``"kimi_linear"`` or ``"transformers"``, told by one KDA layer's beta projection's name."""
     markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
     if len(found := [n for n, marker in markers.items() if marker in set(names)]) != 1:
         raise ValueError(f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: "

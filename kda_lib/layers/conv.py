@@ -19,16 +19,14 @@ from kda_lib.ops.contract import check_segment_ids
 from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
 
 
-def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
-    """:func:`depthwise_causal_conv` unchecked, given :func:`window_segment_ids` ``[B, W-1+T]``
-    (None: no segments)."""
+def causal_conv(x, kernel, history=None, window_ids=None):
+    """:func:`depthwise_causal_conv` unchecked, of window ids (or None): ``(y, new_history)``."""
     width, (batch, seq_len, channels) = kernel.shape[0], x.shape
     if history is None:
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
     dtype = jnp.promote_types(x.dtype, kernel.dtype)
     padded = jnp.concatenate([history.astype(x.dtype), x], axis=1).astype(dtype)
-    # under shard_map the kernel must vary over the inputs' mesh axes, so that its gradient is
-    # summed over the ranks
+    # under shard_map the kernel varies over the inputs' mesh axes: its gradient sums over ranks
     kernel = kernel.astype(dtype) + jnp.zeros_like(padded[0, :1])
     out = jnp.zeros((batch, seq_len, channels), dtype)
     for w in range(width):
@@ -37,12 +35,11 @@ def causal_conv(x, kernel, history=None, window_ids=None) -> jax.Array:
             same = window_ids[:, w : w + seq_len] == window_ids[:, width - 1 :]
             tap = jnp.where(same[..., None], tap, 0)
         out = out + tap * kernel[w]
-    return out
+    return out, padded[:, seq_len:]
 
 
 def window_segment_ids(segment_ids, history_segment_ids, width: int) -> jax.Array:
-    """Canonical ids ``[B, W-1+T]`` of the history's and x's tokens, numbered together (default
-    history: each row's first segment)."""
+    """Canonical ids ``[B, W-1+T]`` of history (default: row's first segment) and x, together."""
     if history_segment_ids is None:
         ids = canonical_segment_ids(segment_ids)
         history = jnp.repeat(first_segment_id(ids)[:, None], width - 1, axis=1)
@@ -76,14 +73,13 @@ def _checked_window(x_shape, width, history, segment_ids, history_segment_ids=No
 def depthwise_causal_conv(
     x, kernel, *, history=None, segment_ids=None, history_segment_ids=None
 ) -> jax.Array:
-    """Depthwise causal conv, no activation, checked: x ``[B, T, C]``, kernel ``[W, C]``,
-    ``history [B, W-1, C]`` the inputs before x (zeros if None), ``segment_ids [B, T]`` (0 =
-    padding), ``history_segment_ids [B, W-1]`` (default: each row's first segment) -> ``[B, T,
-    C]`` in the promoted dtype."""
+    """Depthwise causal conv, checked, no activation: x ``[B, T, C]``, kernel ``[W, C]``, the
+    inputs before x ``history [B, W-1, C]`` (zeros), ``segment_ids [B, T]``,
+    ``history_segment_ids [B, W-1]`` (each row's first segment) -> ``[B, T, C]``."""
     if kernel.shape != (kernel.shape[0], x.shape[-1]):
         raise ValueError(f"kernel must have shape [W, C]=(W, {x.shape[-1]}), got {kernel.shape}")
     window = _checked_window(x.shape, kernel.shape[0], history, segment_ids, history_segment_ids)
-    return causal_conv(x, kernel, history, window)
+    return causal_conv(x, kernel, history, window)[0]
 
 
 def kernel_from_torch(weight) -> np.ndarray:
@@ -95,9 +91,8 @@ def kernel_from_torch(weight) -> np.ndarray:
 
 
 class ShortConvolution(nnx.Module):
-    """Depthwise causal conv + SiLU over ``[B, T, C]``, no bias: ``channels`` C, ``conv_size``
-    W (4), ``dtype`` the compute dtype (None: the input's), ``param_dtype`` the kernel's
-    (float32). Init: PyTorch ``Conv1d``'s U(-1/sqrt(W), 1/sqrt(W))."""
+    """Depthwise causal conv + SiLU over ``[B, T, C]``, no bias: ``channels`` C, ``conv_size`` W
+    (4), ``dtype`` (None: the input's), ``param_dtype`` (float32); PyTorch ``Conv1d``'s init."""
 
     def __init__(self, channels: int, conv_size: int = 4, *, dtype=None,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
@@ -109,8 +104,7 @@ class ShortConvolution(nnx.Module):
         self.kernel = nnx.Param(jax.random.uniform(key, shape, param_dtype, -bound, bound))
 
     def __call__(self, x, *, segment_ids=None, conv_state=None):
-        """x ``[B, T, C]`` -> ``(y, new_conv_state [B, W-1, C])``, ``conv_state`` the ``W - 1``
-        inputs before x (zeros if None); ``segment_ids`` as in :func:`depthwise_causal_conv`."""
+        """x ``[B, T, C]`` from ``conv_state [B, W-1, C]`` (zeros) -> ``(y, new_conv_state)``."""
         if x.ndim != 3 or x.shape[-1] != self.channels:
             raise ValueError(f"x must have shape [B, T, {self.channels}], got {x.shape}")
         return self.mix(x, conv_state, _checked_window(x.shape, self.conv_size, conv_state,
@@ -119,8 +113,6 @@ class ShortConvolution(nnx.Module):
     def mix(self, x, conv_state=None, window_ids=None):
         """:meth:`__call__` on checked inputs, given the :func:`window_segment_ids`."""
         dtype = self.dtype or x.dtype
-        x = x.astype(dtype)
-        y = causal_conv(x, self.kernel[...].astype(dtype), conv_state, window_ids)
-        if conv_state is None:
-            conv_state = jnp.zeros((x.shape[0], self.conv_size - 1, self.channels), dtype)
-        return jax.nn.silu(y), jnp.concatenate([conv_state.astype(dtype), x], 1)[:, x.shape[1] :]
+        kernel = self.kernel[...].astype(dtype)
+        y, state = causal_conv(x.astype(dtype), kernel, conv_state, window_ids)
+        return jax.nn.silu(y), state

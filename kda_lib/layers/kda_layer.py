@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import namedtuple
 from typing import NamedTuple
 
 import jax
@@ -39,12 +40,7 @@ from kda_lib.layers.attention import (
 from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
-from kda_lib.ops.api import (
-    implementation_row,
-    kda_prechecked,
-    refusals,
-    register_compiled_cache,
-)
+from kda_lib.ops.api import implementation_row, kda_prechecked, refusals, register_compiled_cache
 from kda_lib.ops.contract import Dims, check_chunk_size
 from kda_lib.ops.gating import (
     GateForm,
@@ -116,8 +112,7 @@ class KDAConfig(Widths):
         implementation_row(self.implementation, "KDAConfig.implementation")
         set_field("gate_form", check_gate_form(self.gate_form, self.lower_bound,
                                                where="KDAConfig.gate_form"))  # fmt: skip
-        # fields valid alone that cannot go together (the layer fuses every gate but the
-        # clamped softplus into the kernel)
+        # fields valid alone that cannot go together
         if self.conv_size > MAX_CONV_SIZE:
             raise ValueError(f"KDAConfig.conv_size must be <= {MAX_CONV_SIZE} (a short conv), "
                              f"got {self.conv_size}")  # fmt: skip
@@ -141,15 +136,10 @@ class KDAConfig(Widths):
             raise ValueError("KDAConfig.fused_qkv_conv needs a conv: conv_size must be > 0")
 
 
-class Projected(NamedTuple):
-    """What :meth:`KimiDeltaAttention.project` hands the kernel."""
-
-    q: jax.Array  # [B, T, H, K] after conv + SiLU (L2-normalised in the kernel)
-    k: jax.Array  # [B, T, H, K]
-    v: jax.Array  # [B, T, HV, V]
-    f: jax.Array  # [B, T, HV, K] raw gate input (clamped softplus: the log-space gate)
-    beta: jax.Array  # [B, T, HV] float32
-    conv_states: tuple  # per stream q, k, v: [B, W-1, C] conv history after x (or None)
+# what KimiDeltaAttention.project hands the kernel: q, k [B, T, H, K] after conv + SiLU, v [B, T,
+# HV, V], f [B, T, HV, K] the raw gate input (clamped softplus: the log-space gate), beta [B, T,
+# HV] float32, conv_states per stream q, k, v [B, W-1, C] after x (or None)
+Projected = namedtuple("Projected", "q k v f beta conv_states")
 
 
 class KDACache(NamedTuple):
@@ -164,8 +154,7 @@ class KDACache(NamedTuple):
 class KimiDeltaAttention(nnx.Module):
     """KDA token mixer ``[B, T, hidden] -> [B, T, hidden]`` of a :class:`KDAConfig`, initialised
     from ``rngs``; with a ``mesh``, context-parallel over its ``context_axis`` ("context").
-    Parameters too large for this machine's memory are refused (ValueError naming the largest
-    width field); ``nnx.eval_shape`` still gives their shapes."""
+    Parameters past this machine's memory are refused, naming the largest width field."""
 
     cache_type, cache_kind = KDACache, "a KDACache"
 
@@ -228,8 +217,7 @@ class KimiDeltaAttention(nnx.Module):
         return y if cache is None else (y, new_cache)
 
     def _forward(self, x, *, segment_ids=None, cache=None, **states):
-        """One-device forward of checked inputs (``states``: :func:`kda`'s interior ones):
-        ``(y, new_cache or None, kda's result)``."""
+        """One-device forward of checked inputs: ``(y, new_cache or None, kda's result)``."""
         cfg = self.config
         ids, count = segment_ids or (None, None)
         q, k, v, f, beta, conv_states = self.project(x, segment_ids=ids, cache=cache)
@@ -242,8 +230,7 @@ class KimiDeltaAttention(nnx.Module):
         new_cache = KDACache(result[1], *conv_states) if final else None
         return self.project_output(x, result[0]), new_cache, result
 
-    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output; tools (the benchmark
-    # times the parts) and subclasses may call or override each step.
+    # ``__call__`` is project -> kda(**kernel_kwargs()) -> project_output, each callable alone
     def project(
         self, x, *, segment_ids=None, cache=None, halo=None, history_segment_ids=None
     ) -> Projected:
@@ -281,8 +268,7 @@ class KimiDeltaAttention(nnx.Module):
         return Projected(q, k, v, f, beta, tuple(conv_states))
 
     def kernel_kwargs(self) -> dict:
-        """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones with the clamped
-        softplus, which ``project`` applies)."""
+        """The layer's keyword arguments to :func:`kda_lib.kda` (no gate ones when clamped)."""
         cfg = self.config
         options = dict(use_qk_l2norm=True, allow_neg_eigval=cfg.allow_neg_eigval)
         if cfg.gate_form is GateForm.CLAMPED_SOFTPLUS:
@@ -292,8 +278,7 @@ class KimiDeltaAttention(nnx.Module):
                     use_gate_in_kernel=True, **options)  # fmt: skip
 
     def project_output(self, x, o) -> jax.Array:
-        """Gated RMSNorm and output projection: ``x [B, T, hidden]`` (the gate's input) and the
-        kernel's ``o [B, T, HV, V]`` -> ``y [B, T, hidden]``."""
+        """Gated RMSNorm and output projection of ``o [B, T, HV, V]``, gated by ``x``."""
         cfg = self.config
         batch, seq_len, _ = x.shape
         hv, vd = cfg.value_heads, cfg.value_dim
@@ -307,11 +292,9 @@ class KimiDeltaAttention(nnx.Module):
         return jnp.repeat(dt_bias, self.config.head_dim) if self.config.per_head_decay else dt_bias
 
     def _forward_context_parallel(self, x, segment_ids):
-        """``layer(x)`` with the sequence split over the mesh's context axis; T that does not
-        divide by the ranks is padded at the end (later tokens cannot change earlier outputs)."""
+        """``layer(x)`` with T split over the mesh's context axis (padded at the end to divide)."""
         axis, cfg, names = self.context_axis, self.config, self.mesh.axis_names
-        # an Auto-typed view of the user's mesh (outputs carry ordinary shardings whatever its
-        # axis types); arrays on the user's mesh are relabelled onto it, no data moves
+        # an Auto-typed view of the user's mesh; arrays on it are relabelled, no data moves
         mesh = jax.sharding.Mesh(self.mesh.devices, names,
                                  axis_types=(jax.sharding.AxisType.Auto,) * len(names))  # fmt: skip
         home = getattr(getattr(x, "sharding", None), "mesh", None)  # to return y there too
@@ -326,8 +309,7 @@ class KimiDeltaAttention(nnx.Module):
         graphdef, state = nnx.split(self)
         key = (graphdef, axis, cfg, mesh, ids is not None)
         if callable(implementation_row(cfg.implementation).context_parallel):
-            # tokamax's CP: its trace depends on the emulated chip (kda_lib.emulate_tpu), which
-            # no cache key holds, so it is built for each call
+            # tokamax's CP: its trace depends on the emulated chip, built for each call
             bound = max_segments_bound(segment_ids, cfg, ranks)
             program = _context_parallel_program(*key, own_cp=True, bound=bound)
         else:
@@ -344,30 +326,25 @@ class KimiDeltaAttention(nnx.Module):
         return dict(zip(KDACache._fields, (state, *conv), strict=True))
 
     def init_cache(self, batch_size: int) -> KDACache:
-        """Zero state and conv history for ``batch_size`` rows (refused, naming batch_size, if
-        it cannot fit this machine's memory)."""
+        """Zero state and conv history for ``batch_size`` rows (refused past memory)."""
         return empty_cache(self, batch_size)
 
     def prefill(self, x: jax.Array, *, cache: KDACache | None = None):
         """Run a prompt ``x [B, T, hidden]`` (one document per row) from ``cache`` (default
-        empty), keeping the cache at every chunk boundary (prefix caching). Returns ``(y, cache
-        after x, boundaries)``: a :class:`KDACache` with an axis ``N = T // chunk_size`` after
-        B; ``cache_at(boundaries, i)`` is the cache after ``(i + 1) * chunk_size`` tokens."""
+        empty): ``(y, cache after x, boundaries)``, the caches after every chunk with an axis
+        ``N = T // chunk_size`` after B (:func:`cache_at`; prefix caching)."""
         return self._with_states(x, cache, self.config.chunk_size, "chunk_states")
 
     def draft(self, x: jax.Array, *, cache: KDACache):
-        """Run a draft ``x [B, T, hidden]`` from ``cache``, keeping the cache after every token:
-        ``(y, cache after x, token_caches)``, the last with a token axis after B."""
+        """Run a draft ``x [B, T, hidden]`` from ``cache``: ``(y, cache, each token's caches)``."""
         if cache is None:
             raise ValueError("draft continues a cache: pass cache=layer.init_cache(B) or one "
                              "a previous call returned")  # fmt: skip
         return self._with_states(x, cache, 1, "token_states")
 
     def accept_draft(self, cache: KDACache, token_caches: KDACache, num_accepted_tokens):
-        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``, equal
-        to decoding only those tokens. ``num_accepted_tokens``: an int or ``[B]`` ints in
-        ``[0, T]`` (0: ``cache``), checked when concrete; under ``jit`` a row outside gets NaN
-        in every field."""
+        """The cache after each row's accepted prefix of a :meth:`draft` from ``cache``:
+        ``num_accepted_tokens`` an int or ``[B]`` ints in ``[0, T]``, as in :func:`cache_at`."""
         if not isinstance(token_caches, KDACache) or getattr(token_caches.state, "ndim", 0) != 5:
             raise ValueError("token_caches must be the KDACache layer.draft returned, got "
                              f"{type(token_caches).__name__}")  # fmt: skip
@@ -382,8 +359,7 @@ class KimiDeltaAttention(nnx.Module):
         return _pick(KDACache(*stacked), num_accepted_tokens, "num_accepted_tokens")
 
     def _with_states(self, x, cache, every: int, states: str):
-        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`:
-        per stream the W-1 conv inputs before each boundary, ``[B, T // every, W-1, C]``."""
+        """The forward, and the caches every ``every`` tokens stacked in one :class:`KDACache`."""
         self._check_inputs(x, None, cache, serving=True)
         y, new_cache, result = self._forward(x, cache=cache, **{f"output_{states}": True})
         cfg, convs = self.config, [None] * 3
@@ -401,23 +377,20 @@ class KimiDeltaAttention(nnx.Module):
 
     @classmethod
     def from_fla_state_dict(cls, state_dict, config: KDAConfig, *, rngs: nnx.Rngs, **kwargs):
-        """A layer holding an fla ``KimiDeltaAttention.state_dict()``; ``kwargs`` go to the
-        constructor."""
+        """A layer of an fla ``KimiDeltaAttention.state_dict()`` (``kwargs``: the constructor's)."""
         layer = cls(config, rngs=rngs, **kwargs)
         load_state_dict(layer, state_dict, "fla")
         return layer
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache, serving=False):
-        """:func:`check_call`, and: no cache (or ``serving``) with a mesh, tokamax's segment
-        slots fit, concrete ``x`` finite: ``(ids, segments per row)``, or None without ids."""
+        """:func:`check_call` and the layer's own checks: ``(ids, segments per row)`` or None."""
         if self.mesh is not None and (cache is not None or serving):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
         cfg = self.config
-        if ids is not None and cfg.max_num_segments:
-            # tokamax's per-segment states (per rank's slice) must fit this machine's memory
+        if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
             ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
             batch, seq_len, _ = x.shape
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
@@ -436,10 +409,9 @@ class KimiDeltaAttention(nnx.Module):
 
 
 def cache_at(caches: KDACache, index) -> KDACache:
-    """One :class:`KDACache` out of stacked ones (:meth:`KimiDeltaAttention.prefill`'s chunk
-    boundaries, :meth:`KimiDeltaAttention.draft`'s tokens: an axis N after B). ``index``: an
-    int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a row outside gets
-    NaN in every field. Resume with ``layer(x_rest, cache=cache_at(caches, i))``."""
+    """One :class:`KDACache` out of stacked ones (``prefill``'s, ``draft``'s: an axis N after
+    B). ``index``: an int or ``[B]`` ints in ``[0, N)``, checked when concrete; under ``jit`` a
+    row outside gets NaN in every field. Resume with ``layer(x, cache=cache_at(caches, i))``."""
     if not isinstance(caches, KDACache) or getattr(caches.state, "ndim", None) != 5:
         raise ValueError("caches must be a KDACache of stacked states [B, N, HV, K, V] (from "
                          f"layer.prefill or layer.draft), got {type(caches).__name__}")  # fmt: skip
@@ -466,10 +438,9 @@ def _pick(caches: KDACache, index, name: str) -> KDACache:
 
 
 def max_segments_bound(segments, config: KDAConfig, ranks: int = 1) -> int | None:
-    """Tokamax's static bound on segments per row (per rank's slice) for the layer's checked
-    ``segments = (ids, count per row or None)``: ``max_num_segments``, else the count (over
-    ranks plus the segment a slice's leading padding continues); None for kda_lib's kernels or
-    without ids. Traced ids without the config bound are refused (T slots is no bound)."""
+    """Tokamax's static bound on segments per row (per rank) for the checked ``segments = (ids,
+    count or None)``: ``max_num_segments``, else the count (+1 over ranks); None for kda_lib's
+    kernels or without ids; refused for traced ids without the config bound."""
     if segments is None or implementation_row(config.implementation).variant is None:
         return None
     if config.max_num_segments is not None:
@@ -485,9 +456,8 @@ def max_segments_bound(segments, config: KDAConfig, ranks: int = 1) -> int | Non
 
 # ------------------------------------------------------------------ the context-parallel program
 def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=False, bound=None):
-    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis``: each rank
-    projects its slice with the convs' halo and runs :func:`kda_context_parallel`; ``own_cp``:
-    tokamax's CP (given the mesh and the segment ``bound``, no vma check)."""
+    """The jitted CP forward ``(state, x, segment_ids) -> y`` over ``mesh``'s ``axis`` (each rank:
+    project with the halo, :func:`kda_context_parallel`); ``own_cp``: tokamax's, with ``bound``."""
     mosaic = dict(mesh=mesh, max_num_segments=bound) if own_cp else {}
     width = max(cfg.conv_size - 1, 0)
 
@@ -517,8 +487,7 @@ def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=Fa
     return jax.jit(run)
 
 
-# kda_lib's own CP route: one program per (structure, axis, config, mesh, segments), so eager
-# calls compile once
+# kda_lib's own CP route: one program per (structure, axis, config, mesh, segments)
 _cached_context_parallel_program = register_compiled_cache(
     functools.lru_cache(maxsize=32)(_context_parallel_program)
 )

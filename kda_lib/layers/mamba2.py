@@ -7,8 +7,7 @@ and :class:`ConvMixer` (KDA's short-conv path alone).
     S <- a_t S + k_t v_t^T,   o_t = scale q_t^T S,   a_t = exp(-exp(A_log) softplus(f_t + dt_bias))
 
 ``q, k, v``: projections of ``x`` through KDA's short causal convs (+ SiLU), q and k
-L2-normalised; ``f_t = f_proj(x_t)`` one number per head. Against Gated DeltaNet it lacks the
-delta rule (and beta), against KDA also the per-channel decay; the KDA layer's parameter names.
+L2-normalised; ``f_t = f_proj(x_t)`` one number per head; the KDA layer's parameter names.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ class Mamba2Config(Widths):
                      int0="conv_size", eps="norm_eps")  # fmt: skip
 
 
-# decode state, KDACache's fields (its own type: a KDA layer refuses it): state [B, H, K, V]
-# float32 and the convs' last W - 1 inputs (None without convs)
+# decode state with KDACache's fields (its own type: a KDA layer refuses it)
 Mamba2Cache = namedtuple("Mamba2Cache", KDACache._fields)
 
 
@@ -80,9 +78,8 @@ class Mamba2Mixer(nnx.Module):
 
     def __call__(self, x: jax.Array, *, segment_ids=None, cache: Mamba2Cache | None = None):
         """``x [B, T, hidden]`` -> ``y``, or ``(y, new_cache)`` with a cache. ``segment_ids
-        [B, T]`` (int, 0 = padding, not with a cache): the state restarts at every segment
-        start, the convs stay inside their segment, padding outputs 0; this runs the
-        token-by-token recurrence (the chunked form has no segment masks)."""
+        [B, T]`` (int, 0 = padding, not with a cache; runs the recurrent form): the state
+        restarts at every segment start, the convs stay inside it, padding outputs 0."""
         cfg = self.config
         segment_ids, _ = check_call(self, x, segment_ids, cache)
         batch, seq_len, _ = x.shape
@@ -111,10 +108,9 @@ class Mamba2Mixer(nnx.Module):
 
 
 class ConvMixer(nnx.Module):
-    """KDA's short-conv path without the recurrence, the ablation that cannot remember:
-    ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm, g_proj(x)))`` per value head
-    (output t sees inputs t - W + 1 .. t), from a :class:`kda_lib.KDAConfig` (value heads,
-    ``conv_size`` W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
+    """KDA's short-conv path alone: ``y = o_proj(gated_rmsnorm(silu(conv(v_proj(x))), o_norm,
+    g_proj(x)))`` per value head, from a :class:`kda_lib.KDAConfig` (value heads, ``conv_size``
+    W >= 1, ``norm_eps``, dtypes), with the KDA layer's parameter names."""
 
     def __init__(self, config: KDAConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, KDAConfig):

@@ -8,9 +8,7 @@ global mixer. For ``x [B, T, hidden]``, H heads, key width D, value width Dv, la
     y        = o_proj(concat_h o_h)
 
 ``s`` (``shared_key_dim`` Ds, DeepSeek's rotary slot, unrotated; 0 = none) is shared by all
-heads. Decoding caches only ``c`` and ``s`` (r + Ds numbers per token): as ``kv_b_proj`` has no
-bias, ``q_h . k_h = (q_h W_uk,h^T) . c`` and ``sum_s p_s v_h,s = (sum_s p_s c_s) W_uv,h``, so the
-cached path attends in latent space ("absorbed") and never forms per-head keys or values.
+heads. Decoding caches only ``c`` and ``s`` and attends in latent space (DESIGN section 4).
 Parameter names follow the Hugging Face Kimi Linear / DeepSeek-V2 checkpoints.
 """
 
@@ -65,9 +63,8 @@ class MLAConfig(Widths):
 
 
 class MLACache(NamedTuple):
-    """Decode state of :class:`MultiHeadLatentAttention`: ``latents [B, C, r]`` (normalised)
-    and ``shared_keys [B, C, Ds]`` (None when Ds = 0); growing or fixed capacity as
-    :class:`kda_lib.layers.attention.AttentionCache`."""
+    """Decode state of :class:`MultiHeadLatentAttention`: ``latents [B, C, r]`` (normalised),
+    ``shared_keys [B, C, Ds]`` (None when Ds = 0), ``length`` as in ``AttentionCache``."""
 
     latents: jax.Array
     shared_keys: jax.Array | None = None
@@ -76,8 +73,7 @@ class MLACache(NamedTuple):
 
 
 class MultiHeadLatentAttention(nnx.Module):
-    """Causal MLA without positional encoding: ``mla(x [B, T, hidden]) -> [B, T, hidden]``;
-    ``mla(x, cache=c) -> (y, new_cache)`` continues from the cached latents."""
+    """Causal MLA without positional encoding ``[B, T, hidden] -> [B, T, hidden]``, with a cache."""
 
     cache_type, cache_kind = MLACache, "an MLACache"
 

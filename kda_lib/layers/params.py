@@ -1,7 +1,6 @@
-"""Weight decay as a mark made where each parameter is created: AdamW decays matmul and conv
-kernels, not ``A_log``, ``dt_bias``, norm weights, biases or embeddings (created with
-:data:`NO_DECAY`, which :func:`weight_decay_mask` reads); and the memory check a layer makes
-before it allocates its parameters."""
+"""Weight decay marked where each parameter is created (:data:`NO_DECAY` on ``A_log``,
+``dt_bias``, norms, biases, embeddings; :func:`weight_decay_mask` reads it), and the memory
+check a layer makes before it allocates its parameters."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def no_decay_param(value: jax.Array) -> nnx.Param:
 
 
 def weight_decay_mask(module: nnx.Module):
-    """Pytree of bools over ``nnx.state(module, nnx.Param)``: True where AdamW decays the
-    parameter (every one not created with :data:`NO_DECAY`)."""
+    """Bools over ``nnx.state(module, nnx.Param)``: True but where marked :data:`NO_DECAY`."""
     return jax.tree.map(lambda v: bool(v.get_metadata().get("weight_decay", True)),
                         nnx.state(module, nnx.Param),
                         is_leaf=lambda x: isinstance(x, nnx.Variable))  # fmt: skip
@@ -46,10 +44,9 @@ def _config_bytes(make, config) -> int:
 
 
 def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
-    """Refuse (ValueError naming the largest int of ``fields``: names of ``config``'s fields, all
-    by default, or a dict ``{"<Config>.<field>": value}``) a layer ``make(config, rngs=...)``
-    whose parameters cannot fit this machine's memory, before anything is allocated; not under
-    a trace (``nnx.eval_shape``, ``jit``)."""
+    """Refuse a layer ``make(config, rngs=...)`` whose parameters cannot fit in memory, naming
+    the largest int of ``fields`` (``config``'s field names, default all, or a dict
+    ``{"<Config>.<field>": value}``); not under a trace."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
     if not isinstance(fields, dict):

@@ -1,7 +1,6 @@
 """A parsed Hugging Face ``config.json`` read into :class:`~kda_lib.models.presets.ModelPreset`'s
-fields by ``model_type``: ``"kimi_linear"`` (Kimi Linear, Kimi K3; 1-based layer lists) or
-``"glm5_next_text"`` (GLM-5.3-Flash; flat ``linear_*`` fields, 0-based ``kda_layers``, else
-``layer_types``, else every fourth layer global). Refusals name the field (DESIGN section 2)."""
+fields by ``model_type``: ``"kimi_linear"`` (Kimi Linear, Kimi K3) or ``"glm5_next_text"``
+(GLM-5.3-Flash). Refusals name the field (DESIGN section 2)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from kda_lib.checks import check_int, check_number
 MAX_LAYERS = 100_000  # more layers than any model: a config past it is refused, not read
 LIN = "linear_attn_config."
 _WIDTHS = ("num_heads", "head_dim", "short_conv_kernel_size")
-# model_type -> the layer lists' base, the linear_attn_config keys read (any other may change
-# the layer: refused), the key of the gate's bound, flat fields (and defaults) standing in for
-# an absent linear_attn_config key
+# model_type -> layer lists' base, linear_attn_config keys read (others refused), the gate
+# bound's key, flat fields (and defaults) standing in for absent linear_attn_config keys
 _FAMILIES = {
     "kimi_linear": (1, (*_WIDTHS, "kda_layers", "full_attn_layers", "gate_lower_bound",
                         "use_full_rank_gate", "kda_layer_index_base"),
@@ -65,8 +63,7 @@ def _linear_attn(config, model_type: str) -> dict:
 
 
 def _layer_lists(lists: dict, num_layers: int, base: int) -> tuple[str, ...]:
-    """``layer_kinds`` from {field: layer numbers from ``base``}: the first list's ``"kda"``;
-    each layer in at most one list (of two: exactly one)."""
+    """``layer_kinds`` from {field: layer numbers from ``base``}, the first list's ``"kda"``."""
     owner: dict[int, str] = {}
     for field, layers in lists.items():
         if not isinstance(layers, (list, tuple)):

@@ -105,8 +105,7 @@ class ModelPreset:
 
     @classmethod
     def from_hf_config(cls, config: dict, *, name: str | None = None) -> ModelPreset:
-        """The preset a parsed ``config.json`` describes; ``name`` defaults to
-        ``_name_or_path``, else the model type."""
+        """The preset a parsed ``config.json`` describes (``name``: ``_name_or_path``)."""
         fields = hf_config.preset_fields(config) | ({} if name is None else {"name": name})
         return cls(**fields | {"mla": fields["mla"] and MLAShape(**fields["mla"])})
 
@@ -120,8 +119,7 @@ class ModelPreset:
         return sum(math.prod(shape) for shape in self.kda_parameter_shapes().values())
 
     def mla_parameter_count(self) -> int:
-        """Scalars in one MLA layer, plus its output gate where the model has one (``g_a_proj
-        [d, r]``, ``g_b_proj [r, H V]``, ``o_norm [V]``; rank None: one ``g_proj [d, H V]``)."""
+        """Scalars in one MLA layer, with its output gate where the model has one."""
         m = self._mla_or_raise()
         shapes = _shapes(MLAConfig(hidden_size=self.hidden_size, **shared_fields(m, MLAConfig)))
         count = sum(math.prod(shape) for shape in shapes.values())
@@ -140,8 +138,7 @@ class ModelPreset:
         return missing
 
     def kda_config(self, **overrides) -> KDAConfig:
-        """This KDA layer's :class:`kda_lib.KDAConfig` (``overrides``: dtype, ...), or a
-        NotImplementedError naming every option the layer does not have yet."""
+        """This KDA layer's config (with ``overrides``), or NotImplementedError naming gaps."""
         if missing := self.unsupported_options():
             raise NotImplementedError(f"{self.name}: KimiDeltaAttention cannot express this "
                                       "layer yet; missing " + "; ".join(missing))  # fmt: skip
@@ -153,8 +150,7 @@ class ModelPreset:
         return self.mla
 
     def mla_config(self, **overrides) -> MLAConfig:
-        """The global layer's :class:`~kda_lib.layers.mla.MLAConfig` (NoPE: the rotary slot is
-        the shared key part), or a NotImplementedError: no MLA widths, or an output gate."""
+        """The global layer's ``MLAConfig`` (NoPE), or NotImplementedError (no widths, a gate)."""
         m = self._mla_or_raise()
         if m.output_gate:
             raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "
@@ -235,10 +231,9 @@ KimiLinearCheckpoint = namedtuple("KimiLinearCheckpoint", "preset naming layers"
 
 
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
-    """Every attention layer of a Kimi Linear checkpoint directory (``config.json`` and
-    ``*.safetensors`` shards). ``naming``: "kimi_linear", "transformers" or "auto" (told from
-    the first KDA layer); ``overrides`` go to both configs (``dtype``, ...). A shard replaced
-    during the load is refused naming it."""
+    """Every attention layer of a Kimi Linear checkpoint directory (``config.json``,
+    ``*.safetensors``). ``naming``: "kimi_linear", "transformers" or "auto" (from the first KDA
+    layer); ``overrides`` go to both configs. A shard replaced during the load is refused."""
     if naming not in ("auto", "kimi_linear", "transformers"):
         raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
     directory = os.fspath(directory)

@@ -1,6 +1,5 @@
 """Tiny language models: ``embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head``,
-residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`.
-"""
+residual around the mixer and the MLP; each layer's token mixer is a name in :data:`MIXERS`."""
 
 from __future__ import annotations
 
@@ -66,9 +65,8 @@ class ModelConfig:
 
     @classmethod
     def from_flat(cls, **fields) -> ModelConfig:
-        """A config from one flat set of names, ModelConfig's and :class:`kda_lib.KDAConfig`'s
-        (those not given: :data:`MIXER_DEFAULTS`, then KDAConfig's defaults): command-line
-        options and recorded ``model`` dicts (:meth:`record`). Unknown names: ValueError."""
+        """A config from flat ModelConfig and :class:`kda_lib.KDAConfig` fields (defaults:
+        :data:`MIXER_DEFAULTS`, then KDAConfig's), as :meth:`record` writes them."""
         own = {field.name for field in dataclasses.fields(cls)} - {"mixer_config"}
         mixer = {field.name for field in dataclasses.fields(KDAConfig)}
         if unknown := sorted(set(fields) - own - mixer):
@@ -82,8 +80,7 @@ class ModelConfig:
         return cls(**own_fields, mixer_config=KDAConfig(**{**MIXER_DEFAULTS, **mixer_fields}))
 
     def record(self) -> dict:
-        """This config as one flat JSON-ready dict (dtypes and gate form as strings), what
-        experiment records store as ``model``; :meth:`from_flat` reads it back."""
+        """This config as one flat JSON-ready dict (dtypes, gate form as strings)."""
         own = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         mixer = dataclasses.asdict(own.pop("mixer_config"))
         mixer["gate_form"] = str(mixer["gate_form"])
@@ -102,8 +99,7 @@ class ModelConfig:
 
     @property
     def label(self) -> str:
-        """The mixer of a uniform model, else the pattern run-length encoded: ``"kda3-attention"``
-        for ``("kda", "kda", "kda", "attention")``."""
+        """The mixer of a uniform model, else the pattern run-length encoded: "kda3-attention"."""
         if len(set(self.layer_mixers)) == 1:
             return self.layer_mixers[0]
         runs = [(name, len(list(run))) for name, run in itertools.groupby(self.layers)]
@@ -121,14 +117,13 @@ class ModelConfig:
 
 
 def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
-    """``make`` of a ``kind`` config of the fields shared with ``c.mixer_config``, ``c``."""
+    """``make(kind(fields shared with c.mixer_config and c, **fields))``."""
     shared = {**shared_fields(c.mixer_config, kind), **shared_fields(c, kind), **fields}
     return make(kind(**shared), rngs=rngs)
 
 
-# name -> factory(config, rngs) of a layer's token mixer: a module [B, T, hidden] -> [B, T, hidden]
-# with init_cache(batch) and mixer(x, cache=c) -> (y, new_cache). "gdn": KDA with one decay per
-# head; "attention_conv": with KDA's short convs on q, k, v; "mla": kv_lora_rank None = head_dim
+# name -> factory(config, rngs) of a token mixer [B, T, hidden] -> [B, T, hidden] with init_cache;
+# "gdn": KDA with one decay per head; "attention_conv": attention with KDA's short convs
 MIXERS = {
     "kda": lambda c, r: KimiDeltaAttention(c.mixer_config, rngs=r),
     "gdn": lambda c, r: _layer(KimiDeltaAttention, KDAConfig, c, r, per_head_decay=True),
@@ -154,8 +149,7 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    """Pre-norm residual block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))``; the mixer
-    is the :data:`MIXERS` entry ``mixer``."""
+    """Pre-norm block: ``x + mixer(norm(x))``, then ``x + mlp(norm(x))`` (``MIXERS[mixer]``)."""
 
     def __init__(self, config: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
         norm = dict(epsilon=config.norm_eps, scale_metadata=NO_DECAY, rngs=rngs)
@@ -174,11 +168,9 @@ class Block(nnx.Module):
 
 
 class TinyLM(nnx.Module):
-    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits ``[B, T, vocab]``;
-    ``model(tokens, cache=model.init_cache(B))`` also returns the blocks' next caches."""
+    """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits (with a cache too)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
-        # too large for memory: refused naming the largest of the sizes that drive it
         own = "vocab_size num_layers mlp_ratio mlp_width kv_lora_rank".split()
         sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
         sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
@@ -209,8 +201,7 @@ class TinyLM(nnx.Module):
         return logits if cache is None else (logits, tuple(new_cache))
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
-        """One empty cache per block. ``max_len``: room for that many tokens in the attention
-        and MLA caches (fixed shapes, one compiled decode step); None: they grow."""
+        """One empty cache per block; attention/MLA ones hold ``max_len`` tokens (None: grow)."""
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
         room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
@@ -222,8 +213,7 @@ def config_param_count(config: ModelConfig) -> int:
 
 
 def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
-    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target`` (the MLP
-    has ``2 hidden + 1`` parameters per unit and layer), or a ValueError if none reaches it."""
+    """``config`` with the ``mlp_width`` whose parameter count is nearest ``target``."""
     check_int("target", target)
     one = config_param_count(dataclasses.replace(config, mlp_width=1))
     per_unit = config.num_layers * (2 * config.hidden_size + 1)

@@ -44,37 +44,32 @@ def kda(
     Args:
       q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]``, HV a multiple of H (value head j reads q/k
         head ``j // (HV // H)``); beta: ``[B, T, HV]`` in [0, 1] ([0, 2] with
-        ``allow_neg_eigval``); g: ``[B, T, HV, K]``, a log-space decay ``<= 0``, or with
-        ``use_gate_in_kernel`` the raw input of :func:`kda_lib.kda_gate` (``a_log [HV]``,
-        ``dt_bias [HV * K]`` or ``[HV, K]``, ``lower_bound``).
+        ``allow_neg_eigval``, which only widens the range); g: ``[B, T, HV, K]``, a log-space
+        decay ``<= 0``, or with ``use_gate_in_kernel`` the raw input of :func:`kda_lib.kda_gate`
+        (``a_log [HV]``, ``dt_bias [HV * K]`` or ``[HV, K]``, ``lower_bound``).
       scale: default ``K ** -0.5``. initial_state: ``[B, HV, K, V]`` float32 (default zeros).
-      output_final_state: also return the state after the last valid token (default False).
       segment_ids: ``[B, T]`` int, 0 = padding; a new segment wherever a real token's id
         changes. max_num_segments: a static bound on segments per row (tokamax; under ``jit``
         a row over it comes out NaN).
-      allow_neg_eigval: only widens beta's range to [0, 2] (you double beta; fla's kernel does).
       lower_bound: in [-5, 0): the safe gate's bound; without ``use_gate_in_kernel``, a promise
-        ``g >= lower_bound`` (checked when concrete).
-      use_qk_l2norm: L2-normalise q and k (eps 1e-6) first (default False).
-      chunk_size: a power of two (default 64). implementation: ``"auto"`` (default) or one of
-        :data:`IMPLEMENTATIONS`. precision: ``"highest"``, ``"input"`` or None (default), as in
-        :func:`kda_lib.kda_chunked`.
-      output_chunk_states, output_token_states: also return the states after each chunk
-        ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, HV, K, V]`` (default False).
+        ``g >= lower_bound`` (checked when concrete). use_qk_l2norm: L2-normalise q, k first.
+      chunk_size: a power of two (64). implementation: ``"auto"`` or one of
+        :data:`IMPLEMENTATIONS`. precision: as in :func:`kda_lib.kda_chunked`.
+      output_final_state, output_chunk_states, output_token_states: also return the state after
+        the last valid token, each chunk ``[B, T // chunk_size, HV, K, V]`` or each token ``[B,
+        T, HV, K, V]``.
 
     Returns:
-      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, every state in
-      float32 (float64 for float64 inputs) whatever the implementation; with interior states
-      a :class:`KDAResult`.
+      ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`.
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
 
 def kda_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                   segment_ids=None, allow_neg_eigval=False, output_token_states=False):  # fmt: skip
-    """KDA as a ``lax.scan`` over time (kda_lib/ops/reference.py): :func:`kda` with
-    ``implementation="recurrent"``, ``g`` the log-space decay, q and k used as given. Float64
-    inputs give a float64 oracle (under ``jax_enable_x64``)."""
+    """:func:`kda` with ``implementation="recurrent"`` (a ``lax.scan``, kda_lib/ops/reference.py),
+    ``g`` log-space; float64 inputs give the float64 oracle (under ``jax_enable_x64``)."""
     return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, segment_ids=segment_ids,
                allow_neg_eigval=allow_neg_eigval, output_token_states=output_token_states,
@@ -85,12 +80,10 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 segment_ids=None, allow_neg_eigval=False, chunk_size: int = 64,
                 scan: ScanMode | None = None, precision: Precision | None = None,
                 output_chunk_states: bool = False):  # fmt: skip
-    """KDA in chunkwise (WY/UT) form (kda_lib/ops/chunked.py): :func:`kda` with
-    ``implementation="chunked"``, ``g`` the log-space decay. ``scan``: ``"streaming"`` or
-    ``"associative"`` (None: streaming on CPU, associative elsewhere). ``precision``:
-    ``"highest"`` every matmul in float32 (float64) at ``Precision.HIGHEST``; ``"input"`` or
-    None: for bfloat16/float16 inputs the scores' cross blocks in that dtype, accumulated in
-    float32. Reverse-mode differentiable only."""
+    """:func:`kda` with ``implementation="chunked"`` (kda_lib/ops/chunked.py), ``g`` log-space.
+    ``scan``: ``"streaming"``, ``"associative"`` or None (streaming on CPU only). ``precision``:
+    ``"highest"`` every matmul in float32 (float64); ``"input"`` or None: bfloat16/float16
+    inputs' scores in that dtype, accumulated in float32. Reverse-mode differentiable only."""
     if scan not in (None, "streaming", "associative"):
         raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
     kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
@@ -99,10 +92,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
 
 
 def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
-    """:func:`kda` (keywords as there) for a caller that checked the values at its own entry,
-    the KDA layer: shapes and options are checked, nothing is read on the host. beta's range
-    and g's sign are taken as valid, ``segment_ids`` as canonical with at most
-    ``segments_per_row`` segments in a row (None: unknown, under ``jit``)."""
+    """:func:`kda` for the KDA layer, which checked the values at its entry: shapes and options
+    checked, nothing read on the host; ``segment_ids`` canonical with at most
+    ``segments_per_row`` segments in a row (None: unknown)."""
     kw = {**kda.__kwdefaults__, **kwargs}
     return _run_call(*check_call(q, k, v, g, beta, prechecked=True,
                                  segments_per_row=segments_per_row, **kw))  # fmt: skip
@@ -116,29 +108,26 @@ def _run_call(impl, arrays, options):
         if "custom_vjp" not in str(e):
             raise
         raise TypeError(
-            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            "implementation='chunked' (which 'auto' runs for long sequences or for derivatives "
-            "of a gradient (jax.hessian), DESIGN section 4): its backward is hand-written; pass "
-            "implementation='recurrent'"
+            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
+            "through implementation='chunked' (which 'auto' runs for long sequences "
+            "or for derivatives of a gradient (jax.hessian), DESIGN section 4): its "
+            "backward is hand-written; pass implementation='recurrent'"
         ) from e
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
 
 
 # ------------------------------------------------------------------ the implementations
-
 STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_parallel)
 # one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
-# a row: call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options,
-# here) -> [why not] (here: this machine too); context_parallel: STATE_PASSING, a function or
-# None; variant: tokamax's kernel or None
+# call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
+# not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant")
 
 
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
-    """kda_lib's ``core`` on q, k (L2-normalised in float32 if asked) and the log-space gate;
-    the output in q's dtype."""
+    """kda_lib's ``core`` on q, k (L2-normalised if asked), the log-space gate; o in q's dtype."""
     q, k, g = arrays.q, arrays.k, arrays.g
     if o.use_qk_l2norm:
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
@@ -187,8 +176,7 @@ AUTO = Implementation("auto", None, lambda o, here=True: [], STATE_PASSING, None
 
 
 def implementation_row(implementation, owner: str = "implementation") -> Implementation:
-    """The row of ``implementation`` (``"auto"``: :data:`AUTO`); callers read its fields.
-    Any other value: ValueError naming ``owner``."""
+    """The row of ``implementation`` (``"auto"``: :data:`AUTO`), else ValueError naming owner."""
     if not isinstance(implementation, str) or implementation not in ("auto", *REGISTRY):
         raise ValueError(f"{owner} must be 'auto' or one of {IMPLEMENTATIONS}, got "
                          f"{implementation!r}")  # fmt: skip
@@ -197,8 +185,7 @@ def implementation_row(implementation, owner: str = "implementation") -> Impleme
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 3))
 def _routed(forward, training, arrays: KDAArrays, options: KDAOptions):
-    """``forward``'s result; its JVP is ``training``'s VJP transposed, so ``jax.jvp`` works
-    through a form with hand-written gradients and ``jax.grad`` runs ``training``'s backward."""
+    """``forward``'s result, its JVP ``training``'s VJP transposed (jvp through custom VJPs)."""
     return forward(arrays, options)
 
 
@@ -214,8 +201,7 @@ def _routed_jvp(forward, training, options, primals, tangents):
 
 @functools.cache
 def _route(forward: str, training: str) -> Implementation:
-    """One row per pair of forms (:func:`run` traces per row): ``forward``'s result with
-    ``training``'s derivatives."""
+    """One row per pair of forms: ``forward``'s result with ``training``'s derivatives."""
     if forward == training:
         return REGISTRY[forward]
     call = functools.partial(_routed, REGISTRY[forward].call, REGISTRY[training].call)
@@ -223,8 +209,7 @@ def _route(forward: str, training: str) -> Implementation:
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
-    """``impl.call(arrays, options)`` as one compiled program per row, options and shapes;
-    Mosaic as it is (its trace depends on the emulated chip, no part of jit's key)."""
+    """``impl.call(arrays, options)``: one program per row, options, shapes (Mosaic: unjitted)."""
     if impl.variant is None:  # only tokamax reads the count: not a reason to recompile
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
@@ -254,14 +239,12 @@ def clear_compiled_forms() -> None:
 
 
 # ------------------------------------------------------------------ "auto" (DESIGN section 4)
-
 RECURRENT_MAX_AUTO_T = 16  # up to it the scan (decode steps)
 CPU_CHUNKED_FORWARD_MIN_STATE = 65536  # B * HV * K * V from which the CPU forward is chunked
 
 
 def portable_forms(seq_len: int, state_size: int | None = None, platform: str | None = None):
-    """``(forward, training)``: kda_lib's forms for an undifferentiated and a differentiated
-    call of ``seq_len`` tokens, state ``B * HV * K * V`` (None: small), on ``platform``."""
+    """``(forward, training)``: kda_lib's forms for ``seq_len``, state ``B HV K V``, platform."""
     if seq_len <= RECURRENT_MAX_AUTO_T:
         return "recurrent", "recurrent"
     if (platform or jax.default_backend()) != "cpu":
@@ -271,9 +254,8 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 
 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
-    """``(forward, training)`` that ``"auto"`` runs: the first row that serves the call of
-    tokamax Mosaic (on a real TPU v6+), :func:`portable_forms`' pick, the training form and
-    ``"recurrent"``."""
+    """``(forward, training)`` that ``"auto"`` runs: the first row serving the call of tokamax
+    Mosaic (a real TPU v6+), :func:`portable_forms`' pick, the training form, ``"recurrent"``."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
     first = ("tokamax_mosaic",) if tpu_generation() else ()
@@ -296,8 +278,6 @@ def context_parallel_route(implementation: str, seq_len: int):
 
 
 # ------------------------------------------------------------------ questions asked before a call
-
-
 # kda()'s keywords that are KDAOptions' fields as they are -> rule(name, value) -> the value
 _OPTIONS = {
     **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states",
@@ -327,27 +307,22 @@ def _request(owner: str, config: dict) -> KDAOptions:
 
 
 def select_implementation(*, differentiated: bool = True, **config) -> str:
-    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: the sizes
-    (``value_dim`` default ``key_dim``, others 1) and :class:`KDAOptions` fields (defaults as
-    in :func:`kda`). A bad or unknown field: ValueError naming it."""
+    """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: sizes (default 1,
+    ``value_dim``: ``key_dim``) and :class:`KDAOptions` fields, each checked by name."""
     differentiated = check_flag("differentiated", differentiated)
     return auto_forms(_request("select_implementation", config))[differentiated]
 
 
 def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
-    """Why ``implementation`` cannot serve a call of ``config`` (as for
-    :func:`select_implementation`); ``here``: on this machine too (none for ``"auto"``)."""
+    """Why ``implementation`` cannot serve a call of ``config`` (``here``: on this machine)."""
     options, here = _request("refusals", config), check_flag("here", here)
     return implementation_row(implementation).refuses(options, here)
 
 
 # ------------------------------------------------------------------ one check per call
-
-
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
-    """Each argument of a :func:`kda` call checked once, by name, before any work (with
-    ``prechecked`` no values: :func:`kda_prechecked`): ``(row, arrays, options)``; the
-    row's refusals raise after ``refused``."""
+    """Each argument of a :func:`kda` call checked once, by name, before any work (values unless
+    ``prechecked``): ``(row, arrays, options)``; refusals raise after ``refused``."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip

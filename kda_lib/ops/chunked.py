@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Literal, NamedTuple
+from collections import namedtuple
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +52,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
                  segment_ids, chunk_size: int, scan: ScanMode | None = None,
                  precision: Precision | None = None,
                  output_chunk_states: bool = False):  # fmt: skip
-    """:func:`kda_lib.kda_chunked` on checked inputs (canonical ids, padding zeroed). Returns
-    ``(o, final_state | None, chunk_states [B, T // C, HV, K, V] | None)``."""
+    """:func:`kda_lib.kda_chunked` on checked inputs: ``(o, final_state, chunk_states)``."""
     # the scores' operand dtype: the one low-precision dtype among q, k, v (none: None)
     low = {jnp.dtype(x.dtype) for x in (q, k, v)} & {jnp.dtype("bfloat16"), jnp.dtype("float16")}
     low = low.pop() if len(low) == 1 and precision != "highest" else None
@@ -60,8 +60,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
     batch, seq_len, heads, key_dim, value_dim, _ = dims
     out_dtype, (q, k, v, g, beta) = q.dtype, (x.astype(acc) for x in (q, k, v, g, beta))
     q, k = contract.repeat_qk_heads(q, k, dims.groups)
-    # non-finite tokens are computed as zeros and restored as NaN where the recurrence has
-    # them (matmuls would spread them); an overflowing key counts as NaN
+    # non-finite inputs run as zeros, NaN restored where the recurrence has it (DESIGN section 3)
     k = overflowing_keys_as_nan(k)
     *inputs, non_finite = isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids)
     q, k, v, g, beta, initial_state = inputs
@@ -128,8 +127,7 @@ def _scan_chunks(chunks, segments, state0, scale, scan: ScanMode, low):
         o = _mm("...ck,...kv->...cv", q_in, state)
         return new, (o + _mm("...ij,...jv->...iv", attn_qk, corrected), state)
 
-    # above REMAT_MIN_BYTES of blocks saved for the backward, each step is recomputed there
-    # from the carried state (DESIGN section 6)
+    # past REMAT_MIN_BYTES saved, the backward recomputes each step (DESIGN section 6)
     if stream_saved_bytes(chunks) > REMAT_MIN_BYTES:
         step = jax.checkpoint(step, prevent_cse=False)
     # inside shard_map the carry must vary over the same mesh axes as the chunks
@@ -148,21 +146,15 @@ def stream_saved_bytes(chunks) -> int:
     return chunks[0].dtype.itemsize * n * b * h * (2 * c * c + 3 * c * k + 2 * c * v)
 
 
-class ChunkMaps(NamedTuple):
-    """Each chunk as an affine map, leading dims ``[B, H, N]``: ``S_out = transition S_in +
-    state_ext`` and ``O = q_eff S_in + o_intra``."""
-
-    transition: jax.Array  # [B, H, N, K, K]
-    state_ext: jax.Array  # [B, H, N, K, V]
-    q_eff: jax.Array  # [B, H, N, C, K]
-    o_intra: jax.Array  # [B, H, N, C, V]
+# each chunk as an affine map, S_out = transition S_in + state_ext and O = q_eff S_in + o_intra:
+# transition [B, H, N, K, K], state_ext [B, H, N, K, V], q_eff [B, H, N, C, K], o_intra [.., C, V]
+ChunkMaps = namedtuple("ChunkMaps", "transition state_ext q_eff o_intra")
 
 
 def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
                       operand_dtype=None) -> ChunkMaps:  # fmt: skip
-    """Every chunk's affine map, in parallel: q, k, g ``[B, H, N, C, K]``, v ``[B, H, N, C,
-    V]``, beta ``[B, H, N, C]`` (float32 or float64; padding with g = 0 and beta = 0);
-    ``segments`` None or the masks of :func:`kda_lib.ops.segments.segment_masks`."""
+    """Every chunk's affine map: q, k, g ``[B, H, N, C, K]``, v ``[B, H, N, C, V]``, beta ``[B, H,
+    N, C]`` (float32 or float64), ``segments`` None or :func:`~.segments.segment_masks`'s."""
     attn_qk, w, u, q_in, k_out, keep = _intra_chunk(q, k, v, g, beta, scale=scale,
                                                     segments=segments,
                                                     operand_dtype=operand_dtype)  # fmt: skip
@@ -176,9 +168,8 @@ def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
 
 
 def chain_states(transition, state_ext, initial_state):
-    """The states entering each chunk ``[B, H, N, K, V]`` and the final state ``[B, H, K, V]``,
-    by ``lax.associative_scan`` over the maps (transition ``[B, H, N, K, K]``, state_ext
-    ``[B, H, N, K, V]``) from initial_state ``[B, H, K, V]``."""
+    """The states entering each chunk ``[B, H, N, K, V]`` and the final state ``[B, H, K, V]``
+    from ``initial_state``, by ``lax.associative_scan`` over the maps (:data:`ChunkMaps`)."""
     # inside shard_map the carry must vary over the same mesh axes as the maps
     initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
 
@@ -194,8 +185,7 @@ def chain_states(transition, state_ext, initial_state):
 
 # ------------------------------------------------------------------ precision and plumbing
 def _mm(subscripts: str, *operands, low=None):
-    """Every matrix product of the chunked form: an einsum at ``Precision.HIGHEST``; with
-    ``low`` (bfloat16/float16) the two operands cast to it, accumulated in float32."""
+    """Every matmul: an einsum at ``HIGHEST``, or of operands in ``low`` accumulated in float32."""
     if low is None:
         return jnp.einsum(subscripts, *operands, precision=jax.lax.Precision.HIGHEST)
     a, b = operands
@@ -204,9 +194,8 @@ def _mm(subscripts: str, *operands, low=None):
 
 
 def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
-    """:func:`kda_lib.ops.segments.isolate_non_finite`, skipped when every input is finite. The
-    ``lax.cond`` yields only booleans; the replacements are selections outside it, so
-    gradients never go through the cond."""
+    """:func:`kda_lib.ops.segments.isolate_non_finite`, skipped when every input is finite (the
+    cond yields booleans only: gradients never go through it)."""
     operands = (q, k, v, g, beta, initial_state)
     clean = jnp.max(g) < jnp.inf  # False for +inf or NaN (max propagates NaN); -inf is a gate
     for x in (q, k, v, beta, initial_state):
@@ -372,8 +361,7 @@ def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:
         head, tail = _split_pairs(head, width), _split_pairs(tail, width)
         totals = head[..., -1:, :]  # [..., pairs, 2, 1, K]: each half's product
         ones = jnp.ones_like(totals[..., :1, :, :])
-        # the later half's heads times the earlier half's total, the earlier half's tails
-        # times the later half's total
+        # later heads times the earlier half's total, earlier tails times the later half's
         head = _merge_pairs(head * jnp.concatenate([ones, totals[..., :1, :, :]], axis=-3))
         tail = _merge_pairs(tail * jnp.concatenate([totals[..., 1:, :, :], ones], axis=-3))
         levels.append((head, tail))

@@ -60,9 +60,8 @@ class KDAOptions(NamedTuple):
 
 
 class KDAResult(NamedTuple):
-    """The result with interior states asked for (None where not): ``output [B, T, HV, V]``,
-    ``final_state [B, HV, K, V]``, ``chunk_states [B, T // chunk_size, HV, K, V]`` (after each
-    full chunk), ``token_states [B, T, HV, K, V]`` (after each token)."""
+    """The result with interior states (None where not asked): ``output``, ``final_state``, and
+    the states after each full chunk ``[B, T // chunk_size, HV, K, V]`` or token ``[B, T, ..]``."""
 
     output: jax.Array
     final_state: jax.Array | None
@@ -76,7 +75,6 @@ def accumulation_dtype(dtype) -> jnp.dtype:
 
 
 # ------------------------------------------------------------------------------ shapes
-
 # Every checked array's shape by argument name: H q/k's heads, HV the value heads (a positive
 # multiple of H), N a pool's slots. Messages show these names.
 SHAPES = {
@@ -88,9 +86,8 @@ SHAPES = {
 
 
 def check_shapes(sizes: dict, **arrays) -> dict:
-    """Each array (None: skipped) a floating (``segment_ids``: any) array of shape
-    ``SHAPES[name]``: an axis in ``sizes`` must match, a new one is read off (not 0), HV a
-    multiple of H. Returns ``sizes`` with the new axes; messages name the argument."""
+    """Each array (None: skipped) floating (``segment_ids``: any) of shape ``SHAPES[name]``
+    (known axes match ``sizes``, new ones not 0, HV a multiple of H): ``sizes`` with new axes."""
     for name, x in arrays.items():
         if x is None:
             continue
@@ -121,22 +118,18 @@ def check_shape(name: str, x, dims: Dims) -> None:
 
 
 def checked_dims(q, k, v, g, beta, *, token: bool = False) -> Dims:
-    """The dimensions of q, k, v, g, beta (with ``token``: one decoding step's ``q_t`` ..
-    ``beta_t``, T = 1), every dtype and shape checked."""
+    """The checked dimensions of q, k, v, g, beta (``token``: ``q_t`` .. ``beta_t``, T = 1)."""
     names = ("q_t", "k_t", "v_t", "g_t", "beta_t") if token else ("q", "k", "v", "g", "beta")
     s = check_shapes({}, **dict(zip(names, (q, k, v, g, beta), strict=True)))
     return Dims(s["B"], s.get("T", 1), s["HV"], s["K"], s["V"], s["H"])
 
 
 # ------------------------------------------------------------------------------ one call
-
-
 def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=False,
                      raw_gate=False, lower_bound=None, a_log=None, dt_bias=None,
                      values=True) -> Dims:  # fmt: skip
-    """One call's arrays checked and their dimensions. ``raw_gate``: g is the in-kernel gate's
-    raw input (any sign); else a log-space decay, ``>= lower_bound`` when one is given.
-    ``values=False``: shapes only (no host reads)."""
+    """One call's arrays checked: their dimensions. ``raw_gate``: g the in-kernel gate's input
+    (any sign), else log-space (``>= lower_bound``). ``values=False``: no host reads."""
     dims = checked_dims(q, k, v, g, beta)
     check_shape("initial_state", initial_state, dims)
     check_gate_parameters(a_log, dt_bias, dims)
@@ -148,9 +141,7 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=F
 
 
 def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None) -> None:
-    """beta in [0, 1] ([0, 2] with ``allow_neg_eigval``; None: the caller has no such option)
-    and a log-space g in ``[bound, 0]``, when concrete; non-finite values are left to the
-    forms' non-finite rule."""
+    """When concrete: finite beta in [0, 1] ([0, 2]: ``allow_neg_eigval``), g in [bound, 0]."""
     beta_max = 2.0 if allow_neg_eigval else 1.0
     lo, hi = _host_range(beta, np.isfinite)
     if lo < 0.0 or hi > beta_max:
@@ -187,8 +178,7 @@ def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:
 
 
 def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
-    """``segment_ids [B, T]`` ints, 0 = padding, each non-zero id one contiguous run. Returns
-    the most segments in one row (concrete ids), or None (traced ids)."""
+    """``segment_ids [B, T]`` ints (0 = padding, an id one run): most segments in a row or None."""
     check_shapes({"B": batch, "T": seq_len}, segment_ids=segment_ids)
     if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids must be an integer array, got dtype {segment_ids.dtype}")
@@ -211,19 +201,15 @@ def check_segment_ids(segment_ids, batch: int, seq_len: int) -> int | None:
 
 
 # ------------------------------------------------------------------------------ options
-
-
 def check_states_fit(name, value, what: str, count: int, dims: Dims, dtype) -> None:
-    """Refuse ``count`` states ``[HV, K, V]`` per row (in the accumulation dtype) past this
-    machine's memory, naming ``name=value``."""
+    """Refuse ``count`` states ``[HV, K, V]`` per row past memory, naming ``name=value``."""
     shape = [dims.batch, count, dims.num_heads, dims.key_dim, dims.value_dim]
     nbytes = np.dtype(accumulation_dtype(dtype)).itemsize * int(np.prod(shape, dtype=object))
     checks.check_allocation(name, value, f"{what} = {shape}", nbytes)
 
 
 def resolve_scale(scale, key_dim: int) -> float:
-    """``scale`` as a Python float: None -> ``K ** -0.5``; else a positive finite number
-    (a concrete 0-d jax array too; not traced: close over it under jit)."""
+    """``scale`` (None: ``K ** -0.5``; a positive number or concrete 0-d array) as a float."""
     if scale is None:
         return key_dim**-0.5
     if isinstance(scale, jax.Array) and not isinstance(scale, jax.core.Tracer) and not scale.ndim:
@@ -234,8 +220,7 @@ def resolve_scale(scale, key_dim: int) -> float:
 def check_chunk_size(chunk_size) -> int:
     """``chunk_size`` must be a power of two in [1, 4096]."""
     if not checks.is_int(chunk_size) or chunk_size & (chunk_size - 1) or chunk_size > 4096:
-        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got "
-                         f"{chunk_size!r}")  # fmt: skip
+        raise ValueError(f"chunk_size must be a power of two in [1, 4096], got {chunk_size!r}")
     return int(chunk_size)
 
 

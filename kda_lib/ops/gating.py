@@ -28,9 +28,8 @@ class GateForm(enum.StrEnum):
 
 
 def check_gate_form(gate_form, lower_bound: float | None, *, where: str = "gate_form") -> GateForm:
-    """``gate_form`` (a :class:`GateForm` or its value; None: derived from ``lower_bound``)
-    that fits ``lower_bound`` (only the softplus gate has none), or a ValueError naming
-    ``where``."""
+    """``gate_form`` (a :class:`GateForm`, its value, or None: from ``lower_bound``) checked
+    against ``lower_bound`` (only softplus has none); a ValueError names ``where``."""
     if gate_form is None:
         return GateForm.SOFTPLUS if lower_bound is None else GateForm.SAFE_SIGMOID
     try:
@@ -58,8 +57,7 @@ def check_lower_bound(lower_bound: float | None) -> None:
 
 
 def check_gate_switch(use_gate_in_kernel, a_log, dt_bias, lower_bound) -> bool:
-    """The in-kernel gate is on only by ``use_gate_in_kernel=True`` (a bool; returned);
-    ``a_log``/``dt_bias`` only with it; with it, ``a_log`` or ``lower_bound`` or both."""
+    """The in-kernel gate's switch (returned): a_log, dt_bias need it; it needs a_log or bound."""
     fused = check_flag("use_gate_in_kernel", use_gate_in_kernel)
     check_lower_bound(lower_bound)
     for name, value in (("a_log", a_log), ("dt_bias", dt_bias)):
@@ -116,8 +114,7 @@ def init_a_log(key: jax.Array, num_heads: int, *, safe_gate: bool = False, low: 
 
 def init_dt_bias(key: jax.Array, num_heads: int, head_dim: int, *, dt_min: float = 1e-3,
                  dt_max: float = 1e-1, dt_floor: float = 1e-4) -> jax.Array:  # fmt: skip
-    """``dt_bias [H * K]`` float32, the inverse softplus of ``dt``: log-uniform in
-    ``[dt_min, dt_max]``, floored at ``dt_floor``."""
+    """``dt_bias [H * K]`` float32: inverse softplus of log-uniform ``dt`` (floored at dt_floor)."""
     _check_parameter_size(key, num_heads=num_heads, head_dim=head_dim)
     if not 0 < dt_min < dt_max:
         raise ValueError(f"init_dt_bias needs 0 < dt_min < dt_max, got {dt_min}, {dt_max}")
@@ -128,8 +125,7 @@ def init_dt_bias(key: jax.Array, num_heads: int, head_dim: int, *, dt_min: float
 
 
 def _check_parameter_size(key, **sizes) -> None:
-    """Each size a positive int; their float32 product refused past memory (not under
-    ``nnx.eval_shape``, where ``key`` is traced)."""
+    """Each size a positive int; their float32 product refused past memory (not traced)."""
     for name, value in sizes.items():
         check_int(name, value)
     if not isinstance(key, jax.core.Tracer):

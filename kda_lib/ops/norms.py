@@ -13,9 +13,7 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False)
     dtype, or in the compute dtype with ``keep_float32=True`` (for a float32 kernel)."""
     compute = jnp.promote_types(x.dtype, jnp.float32)
     xf = x.astype(compute)
-    # vectors whose largest entry exceeds 1 are scaled by an exact power of two 2^-e near its
-    # inverse (eps with them), short of subnormal: the sum of squares cannot overflow. A
-    # constant for autodiff (exact: homogeneous in (x, sqrt(eps))). DESIGN, "l2_normalize".
+    # scaled by an exact power of two so the sum of squares cannot overflow (DESIGN section 3)
     largest = jax.lax.stop_gradient(jnp.max(jnp.abs(xf), axis=-1, keepdims=True))
     _, exponent = jnp.frexp(jnp.where(largest > 1, largest, 1))  # NaN/inf: no scaling
     exponent = jnp.minimum(exponent - 1, -jnp.finfo(compute).minexp)
@@ -30,8 +28,7 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6, *, keep_float32: bool = False)
 def gated_rms_norm(
     o: jax.Array, weight: jax.Array, gate: jax.Array, *, eps: float = 1e-5
 ) -> jax.Array:
-    """``o / rms(o) * weight * sigmoid(gate)`` over the last axis: o, gate ``[..., V]``, weight
-    ``[V]``, eps added to the mean square. Returns float32 ``[..., V]``."""
+    """``o / rms(o) * weight * sigmoid(gate)`` in float32: o, gate ``[..., V]``, weight ``[V]``."""
     of = o.astype(jnp.float32)
     normed = of * jax.lax.rsqrt(jnp.mean(of * of, axis=-1, keepdims=True) + eps)
     return normed * weight.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))

@@ -45,9 +45,8 @@ _STATIC = ("dims", "scale", "output_final_state", "chunk_states_every", "output_
 def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initial_state,
                    output_final_state, segment_ids, chunk_states_every: int | None = None,
                    output_token_states: bool = False):  # fmt: skip
-    """:func:`kda_lib.kda_recurrent` on checked inputs (canonical ``segment_ids``, padding zeroed).
-    Returns ``(o, final_state | None, chunk_states | None, token_states | None)``:
-    ``chunk_states [B, T // c, HV, K, V]`` after every ``c = chunk_states_every`` tokens."""
+    """:func:`kda_lib.kda_recurrent` on checked inputs: ``(o, final_state, chunk_states [B, T //
+    c, HV, K, V] after every c = chunk_states_every tokens, token_states)`` (None if not asked)."""
     acc = contract.accumulation_dtype(q.dtype)
     shape = (dims.batch, dims.num_heads, dims.key_dim, dims.value_dim)
     state0 = jnp.zeros(shape, acc) if initial_state is None else initial_state.astype(acc)
@@ -67,8 +66,7 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
         kept = state if output_token_states else None
         return (state, jnp.where(valid, id_t, prev_id)), (o_t, kept)
 
-    # in chunks of chunk_states_every tokens (T padded with id 0: no write, no decay), each
-    # chunk's last state kept; one chunk of T tokens without chunk_states_every
+    # chunks of chunk_states_every tokens (default T; padded with id 0), each one's last state
     every = chunk_states_every or dims.seq_len
     pad = -dims.seq_len % every
     seq = tuple(jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)) for x in (*xs, ids))
@@ -92,9 +90,8 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
 
 def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
     """One decoding step: state ``[B, HV, K, V]``; q_t, k_t ``[B, H, K]``; v_t ``[B, HV, V]``;
-    g_t ``[B, HV, K]``; beta_t ``[B, HV]`` (grouped value heads as in the module docstring);
-    scale default ``K ** -0.5``. Returns ``(new_state [B, HV, K, V], o_t [B, HV, V])``: the
-    state in float32 (float64 when q_t or the state is float64), o_t in q_t's dtype."""
+    g_t ``[B, HV, K]``; beta_t ``[B, HV]``; scale default ``K ** -0.5``. Returns ``(new_state,
+    o_t [B, HV, V])``: the state in float32 (float64 when q_t or the state is), o_t as q_t."""
     dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
     contract.check_shape("state", state, dims)
     acc = jnp.promote_types(contract.accumulation_dtype(q_t.dtype), state.dtype)
@@ -104,30 +101,25 @@ def kda_step(state, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
 
 
 def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None):
-    """One decoding step for B rows whose states live in slots of a state pool (continuous
-    batching): :func:`kda_pool_verify` with one token, accepted. ``pool [N, HV, K, V]``: N
-    floating states, kept in their dtype, **donated** (use the returned pool; inside your own
-    ``jit`` donate it too). ``state_indices [B]``: distinct ints in ``[0, N)``, row b reads and
-    writes slot ``state_indices[b]``, other slots stay bit for bit; checked when concrete, under
-    ``jit`` a row whose slot is out of range or shared writes nothing and outputs NaN. Tokens
-    and ``scale`` as in :func:`kda_step`. Returns ``(new_pool, o_t [B, HV, V] in q_t's dtype)``.
-    """
-    dims = _check_token(q_t, k_t, v_t, g_t, beta_t)
-    _check_pool(pool, state_indices, dims)
+    """One decoding step of B rows whose states are slots of a pool (continuous batching):
+    :func:`kda_pool_verify` of one token, accepted. ``pool [N, HV, K, V]`` floating, kept in its
+    dtype, **donated** (use the returned pool). ``state_indices [B]``: distinct slots in ``[0,
+    N)`` (checked when concrete; under ``jit`` a bad row writes nothing and outputs NaN), other
+    slots stay bit for bit. Tokens, ``scale`` as in :func:`kda_step`: ``(new_pool, o_t)``."""
+    contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)  # refusals name q_t .. beta_t
     tokens = (x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t))
-    new_pool, o = _pool_run(pool, state_indices, *tokens, jnp.ones((dims.batch,), jnp.int32),
-                            scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
+    new_pool, o = kda_pool_verify(pool, state_indices, *tokens, np.ones(len(q_t), np.int32),
+                                  scale=scale)  # fmt: skip
     return new_pool, o[:, 0]
 
 
 def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, *, scale=None):
-    """A draft of T >= 1 tokens per row over slots of a state pool (speculative decoding): row
-    b runs its T tokens from ``pool[state_indices[b]]`` and writes the state after its first
-    ``num_accepted_tokens[b]`` (``[B]`` ints in ``[0, T]``; 0 leaves the slot as it was) back
-    to that slot; a count outside ``[0, T]`` is refused when concrete, writes NaN under ``jit``.
-    ``pool``, ``state_indices`` as in :func:`kda_pool_step` (donated); tokens and ``scale`` as
-    in :func:`kda_lib.kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
-    dims = contract.check_kda_inputs(q, k, v, g, beta)
+    """A draft of T tokens per row over pool slots (speculative decoding): row b runs from
+    ``pool[state_indices[b]]`` and writes back the state after its first
+    ``num_accepted_tokens[b]`` (``[B]`` ints in ``[0, T]``, 0: unchanged; else refused, NaN
+    under ``jit``). ``pool``, ``state_indices`` as in :func:`kda_pool_step`; tokens, ``scale``
+    as in :func:`kda_lib.kda_recurrent`. Returns ``(new_pool, o [B, T, HV, V] in q's dtype)``."""
+    dims = _check_token(q, k, v, g, beta, token=False)
     _check_pool(pool, state_indices, dims)
     counts = _batch_ints("num_accepted_tokens", num_accepted_tokens, dims.batch)
     if counts is not None and (counts.min() < 0 or counts.max() > dims.seq_len):
@@ -136,10 +128,10 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
                      scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
 
 
-def _check_token(q_t, k_t, v_t, g_t, beta_t) -> contract.Dims:
-    """One token's inputs, by their own names, values as in :func:`kda_lib.kda` (T = 1)."""
-    dims = contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)
-    contract.check_values(beta_t, g_t, allow_neg_eigval=None, raw_gate=False)
+def _check_token(q, k, v, g, beta, *, token: bool = True) -> contract.Dims:
+    """A step's (``token``: q_t .. beta_t) or a draft's inputs, values as in :func:`kda_lib.kda`."""
+    dims = contract.checked_dims(q, k, v, g, beta, token=token)
+    contract.check_values(beta, g, allow_neg_eigval=None, raw_gate=False)
     return dims
 
 
@@ -161,8 +153,7 @@ def _batch_ints(name: str, x, batch: int) -> np.ndarray | None:
 
 @functools.partial(jax.jit, static_argnames="scale", donate_argnums=0)
 def _pool_run(pool, slots, q, k, v, g, beta, accepted, *, scale: float):
-    """The pool steps on checked inputs: gather the rows' slots, run the draft, scatter the
-    state after each row's accepted prefix back in place."""
+    """The pool steps on checked inputs: gather slots, run, scatter accepted states back."""
     n, seq_len = pool.shape[0], q.shape[1]
     in_range = (slots >= 0) & (slots < n)
     safe = jnp.where(in_range, slots, n)

@@ -5,10 +5,9 @@ Per head, with state ``S [K, V]``::
     S = exp(g_t) * S + outer(k_t, v_t)      # scalar forget gate, plain (additive) write
     o_t = (scale * q_t) @ S                 # read after write
 
-Mamba2's recurrence with ``k`` as B, ``q`` as C, ``v`` as x and ``g = -A dt``. Shapes: ``q, k
-[B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H]`` (<= 0), state ``[B, H, K, V]``; ``scale``
-default ``K ** -0.5``. Both forms return ``(o [B, T, H, V] in v's dtype, final_state)``,
-computed in float32 (float64 for float64 inputs).
+Mamba2's with ``k`` as B, ``q`` as C, ``v`` as x, ``g = -A dt``. ``q, k [B, T, H, K]``, ``v [B,
+T, H, V]``, ``g [B, T, H]`` (<= 0), state ``[B, H, K, V]``, ``scale`` default ``K ** -0.5``;
+both forms return ``(o [B, T, H, V] in v's dtype, final_state)`` (float32, float64 for float64).
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ import jax.numpy as jnp
 
 
 def _prepared(q, k, v, g, scale, initial_state):
-    """The inputs (shapes as the Mamba2 mixer makes them) in the compute dtype: ``(q * scale,
-    k, v, g, S0)``."""
+    """``(q * scale, k, v, g, S0)`` in the compute dtype."""
     dtype = jnp.promote_types(jnp.result_type(q, k, v, g), jnp.float32)
     if initial_state is None:
         batch, _, heads, key_dim = q.shape
@@ -48,9 +46,7 @@ def scalar_decay_recurrent(q, k, v, g, *, scale=None, initial_state=None, resets
 
 
 def scalar_decay_chunked(q, k, v, g, *, scale=None, initial_state=None, chunk_size=64):
-    """In chunks of ``chunk_size`` tokens: inside a chunk the masked, decayed ``(q k^T) v``,
-    between chunks the state passed on (T padded at the end with tokens that neither decay nor
-    write)."""
+    """In chunks: masked, decayed ``(q k^T) v`` inside a chunk, the state passed between."""
     out_dtype = v.dtype
     q, k, v, g, state = _prepared(q, k, v, g, scale, initial_state)
     batch, seq_len, heads, _ = q.shape

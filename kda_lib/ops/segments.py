@@ -24,8 +24,7 @@ def first_segment_id(segment_ids: jax.Array) -> jax.Array:
 
 
 def fill_padding_ids(segment_ids: jax.Array, fallback: jax.Array) -> jax.Array:
-    """``segment_ids [B, T]`` with every padding token (id 0) given the id of the last
-    non-padding token before it in its row, or ``fallback [B]`` where there is none."""
+    """``segment_ids [B, T]``, padding given the last real id before it (none: ``fallback [B]``)."""
     positions = jnp.where(segment_ids != 0, jnp.arange(segment_ids.shape[1]), -1)
     last_valid = jax.lax.cummax(positions, axis=1)
     filled = jnp.take_along_axis(segment_ids, jnp.maximum(last_valid, 0), 1)
@@ -39,8 +38,7 @@ def segment_starts(segment_ids: jax.Array) -> jax.Array:
 
 
 def segment_ordinals(segment_ids: jax.Array) -> jax.Array:
-    """``[B, T]`` int32: 1 for every token of a row's first segment, 2 for the second, ...;
-    padding takes the ordinal before it (leading padding: 1)."""
+    """``[B, T]`` int32: a token's segment's ordinal in its row (padding: the one before, or 1)."""
     return (1 + jnp.cumsum(segment_starts(segment_ids), axis=1)).astype(jnp.int32)
 
 
@@ -79,8 +77,7 @@ def rank_segment_links(segment_ids: jax.Array, axis_name: str):
 
 
 def canonical_segment_ids(segment_ids) -> jax.Array:
-    """``[B, T]`` int32: each segment's ordinal, padding 0 (host ids renumbered on the host
-    first: int64 ids must not wrap to 32 bits)."""
+    """``[B, T]`` int32: each segment's ordinal, padding 0 (host ids renumbered on the host)."""
     if not isinstance(segment_ids, jax.Array):
         ids = np.asarray(segment_ids)
         if not ids.size:
@@ -99,14 +96,12 @@ def zero_padding(segment_ids, q, k, v, g, beta, *, neutral_gate: float = 0.0):
     return q, k, v, jnp.where(tokens, g, neutral_gate), jnp.where(tokens[..., 0], beta, 0)
 
 
-# where the recurrence is non-finite, bool: outputs [B, T, H, V], final_state [B, H, V] and
-# states [B, T, H, V] (state columns, after the last and each token)
-NonFinite = namedtuple("NonFinite", "outputs final_state states")
+# where the recurrence is non-finite: outputs [B, T, H, V], final_state [B, H, V], states
+NonFinite = namedtuple("NonFinite", "outputs final_state states")  # [B, T, H, V]
 
 
 def overflowing_keys_as_nan(k):
-    """``k [B, T, H, K]`` with NaN for every key whose squared norm overflows float32, so
-    that :func:`isolate_non_finite` keeps it in its segment (DESIGN section 3)."""
+    """``k [B, T, H, K]`` with NaN for every key whose squared norm overflows float32."""
     norms = jnp.sum(jnp.square(k.astype(jnp.float32)), axis=-1, keepdims=True)
     return jnp.where(norms < jnp.inf, k, jnp.nan)  # NaN stays NaN
 
@@ -154,8 +149,7 @@ def restore_non_finite(out, final_state, where: NonFinite):
 
 
 def pad_time(multiple: int, *arrays, segment_ids=None):
-    """``(arrays, segment_ids, pad)``: ``[B, T, ...]`` and ids (or None) zero-padded along T to
-    a multiple of ``multiple``."""
+    """``(arrays, segment_ids, pad)``, ``[B, T, ...]`` zero-padded along T to ``multiple``."""
     pad = (-arrays[0].shape[1]) % multiple
     if not pad:
         return arrays, segment_ids, 0

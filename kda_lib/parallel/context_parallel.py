@@ -26,9 +26,8 @@ from kda_lib.ops.segments import rank_segment_links, segment_ordinals
 
 
 def halo_exchange(x: jax.Array, *, axis_name: str, halo_size: int):
-    """``concat([halo, x], 1)``, the halo the ``halo_size`` entries (along axis 1) before this
-    rank's slice (zeros before rank 0; from several ranks back when the slice is shorter).
-    Inside ``jax.shard_map``; any array (segment ids too)."""
+    """Inside ``jax.shard_map``: ``concat([halo, x], 1)``, the halo the ``halo_size`` entries
+    (axis 1) before this rank's slice, from as many ranks back as needed (zeros before rank 0)."""
     halo_size = check_int("halo_size", halo_size, minimum=0)
     ranks, local = jax.lax.axis_size(axis_name), x.shape[1]
     hops = range(min(math.ceil(halo_size / local), ranks - 1) if halo_size else 0, 0, -1)
@@ -47,15 +46,12 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
                          segment_ids=None, implementation: str = "auto", mesh=None,
                          **kernel_kwargs):  # fmt: skip
     """KDA over a sequence sharded along ``axis_name`` ("context"), inside ``jax.shard_map``:
-    q, k, v, g, beta and ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest
-    as in :func:`kda_lib.kda`. kda_lib's forms pass states between ranks (module docstring) and
-    also take ``initial_state [B, HV, K, V]`` (the same on every rank), ``output_final_state``
-    and ``output_chunk_states``, not ``output_token_states``; ``"tokamax_mosaic"`` runs tokamax's
-    own CP on ``mesh`` (default the current abstract mesh). Returns, as :func:`kda_lib.kda`
-    does, this slice of a one-device run's outputs ``[B, T_local, HV, V]``, the final state
-    ``[B, HV, K, V]`` float32 (the same on every rank: ``out_specs`` ``P()``) or None, and with
-    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``.
-    """
+    q, k, v, g, beta, ``segment_ids`` are this rank's slices (``T_local`` tokens), the rest as
+    in :func:`kda_lib.kda` but ``output_token_states`` (``initial_state`` the same on every
+    rank); ``"tokamax_mosaic"`` runs tokamax's own CP on ``mesh`` (default the abstract mesh),
+    without states. Returns this slice of a one-device run's outputs ``[B, T_local, HV, V]``,
+    the final state ``[B, HV, K, V]`` float32 (equal on every rank) or None, and with
+    ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``."""
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
     output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
@@ -109,9 +105,8 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):
-    """All-gather the rank summaries and fold them in rank order: float32 ``(state entering
-    this rank (zero where its first segment is new), state after the last real token upstream
-    (else the initial state), state after the whole sequence)``."""
+    """The rank summaries gathered and folded in order: float32 ``(state entering this rank,
+    state after the last real token upstream (or the initial state), final state)``."""
     all_m = jax.lax.all_gather(transition, axis_name)  # [R, B, HV, K, K]
     all_e = jax.lax.all_gather(state_ext, axis_name)  # [R, B, HV, K, V]
     ranks, batch = all_m.shape[:2]
@@ -119,14 +114,12 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
         keeps = passes = jnp.ones((ranks, batch), bool)
         rank = jax.lax.axis_index(axis_name)
     else:
-        # the state entering a rank reaches its end only if no segment starts inside it (else
-        # M = 0 and the leaving state is S_ext alone: selected, so that a non-finite upstream
-        # state cannot leak through 0 * NaN)
+        # the entering state reaches a rank's end only if no segment starts in it (selected:
+        # a non-finite upstream state cannot leak through 0 * NaN)
         passes = jax.lax.all_gather(segment_ordinals(segment_ids)[:, -1] == 1, axis_name)
         before, all_ends, rank = rank_segment_links(segment_ids, axis_name)
-        # a rank keeps the incoming state iff its first segment is the upstream's last one; an
-        # all-padding rank passes it through (M = I); with no real token upstream the state is
-        # the initial state, which belongs to the row's first segment
+        # kept iff the rank's first segment is upstream's last, the rank is all padding, or
+        # upstream has no real token (the initial state is the row's first segment's)
         first = all_ends[:, :, 0]
         keeps = (first == before) | (first == 0) | (before == 0)
     state = jnp.zeros(state_shape, jnp.float32)
@@ -145,8 +138,7 @@ def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name
 
 
 def shard_as(array, mesh, spec):
-    """``array`` sharded as ``spec`` on ``mesh`` inside jit (``reshard`` on Explicit meshes, a
-    sharding constraint on Auto ones), so that shard_map accepts it."""
+    """``array`` sharded as ``spec`` on ``mesh`` inside jit (Explicit or Auto mesh)."""
     sharding = jax.sharding.NamedSharding(mesh, spec)
     if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
         return jax.sharding.reshard(array, sharding)

@@ -63,8 +63,7 @@ def require_tokamax(what: str) -> None:
 
 
 def emulated_tpu() -> tuple[int, object] | None:
-    """``(generation, mosaic_op)`` while :func:`kda_lib.emulate_tpu` emulates a TPU (6 for v6e;
-    tokamax's Mosaic op to call), else None: the seam kda_lib/lab/emulation.py sets on import."""
+    """``(generation, mosaic_op)`` under :func:`kda_lib.emulate_tpu` (lab/emulation.py) or None."""
     return None
 
 
@@ -85,8 +84,6 @@ def tpu_generation() -> int | None:
 
 
 # ------------------------------------------------------------------ what a kernel cannot serve
-
-
 def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
     """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
@@ -129,8 +126,7 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
 def segment_slot_count(
     variant: TokamaxVariant, max_num_segments: int, seq_len: int, *, segments_per_row=None
 ) -> int:
-    """The state slots tokamax gets: the bound, at most T (Mosaic: T rounded up to its chunk,
-    and with concrete ids only the counted segments)."""
+    """The state slots tokamax gets: the bound, at most T (Mosaic: its chunk; counted ids)."""
     if not variant.mosaic:
         return min(max_num_segments, seq_len)
     count = min(max_num_segments, -(-seq_len // TOKAMAX_CHUNK) * TOKAMAX_CHUNK)
@@ -155,11 +151,8 @@ def segment_slots_problem(
 
 
 # ------------------------------------------------------------------ running a kernel
-
-
 def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
-    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state |
-    None)`` as ``kda`` returns them; NaN also for rows over ``max_num_segments`` under jit."""
+    """tokamax's ``variant`` on a checked :func:`kda_lib.kda` call -> ``(o, final_state)``."""
     o, dims, ids = options, options.dims, arrays.segment_ids
     q, k = repeat_qk_heads(arrays.q, arrays.k, dims.groups)  # tokamax has no grouped heads
     if not o.use_qk_l2norm:  # (normalised keys cannot overflow)
@@ -204,8 +197,7 @@ def tokamax_kda(variant: TokamaxVariant, arrays, options: KDAOptions):
 
 def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kernel: bool,
                  a_log=None, dt_bias=None, **kw):  # fmt: skip
-    """tokamax's ``variant`` on batch-first ``q, k, g [B, T, HV, K]``, ``v [B, T, HV, V]``,
-    ``beta [B, T, HV]`` -> ``(out [B, T, HV, V], final_state)``; ``kw`` go to tokamax."""
+    """tokamax's ``variant`` on batch-first arrays, q/k heads repeated: ``(o, final_state)``."""
     if use_gate_in_kernel and a_log is None:  # the fused gate with A = 1
         a_log = jnp.zeros((v.shape[2],), jnp.float32)
     f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
@@ -221,15 +213,12 @@ def call_tokamax(variant: TokamaxVariant, q, k, v, g, beta, *, use_gate_in_kerne
 
 
 # ------------------------------------------------------------------ tokamax's own CP
-
-
 def tokamax_mosaic_context_parallel(q, k, v, g, beta, options: KDAOptions, *, axis_name, mesh,
                                     segment_ids=None, a_log=None, dt_bias=None,
                                     initial_state=None, output_final_state=False, **_):  # fmt: skip
     """tokamax's context parallelism for its Mosaic kernel, inside a ``shard_map`` over
-    ``axis_name`` with ``check_vma=False``: one rank's slices of a call checked as ``options``
-    -> o ``[B, T, HV, V]``. Besides what ``kda`` asks of Mosaic: K and V multiples of 128, no
-    initial/final state. Padding takes the id of the segment it follows across ranks."""
+    ``axis_name`` with ``check_vma=False``: a rank's slices checked as ``options`` -> o ``[B, T,
+    HV, V]``. K and V multiples of 128, no initial/final state."""
     dims, fused, max_num_segments = options.dims, options.fused_gate, options.max_num_segments
     given = {"initial_state": initial_state is not None, "output_final_state": output_final_state}
     problems = [f"context parallelism does not support {arg}" for arg in given if given[arg]]
