@@ -61,7 +61,8 @@ def kda(
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
-      (float64 for float64 inputs); with interior states a :class:`KDAResult`.
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`. ``auto`` takes
+      ``jax.jvp`` up to 16 tokens, or on CPU below a state B*HV*K*V of 65536 (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -81,9 +82,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 scan: ScanMode | None = None, precision: Precision | None = None,
                 output_chunk_states: bool = False):  # fmt: skip
     """:func:`kda` with ``implementation="chunked"`` (kda_lib/ops/chunked.py), ``g`` log-space.
-    ``scan``: ``"streaming"``, ``"associative"`` or None (streaming on CPU only). ``precision``:
-    ``"highest"`` every matmul in float32 (float64); ``"input"`` or None: bfloat16/float16
-    inputs' scores in that dtype, accumulated in float32. Reverse-mode differentiable only."""
+    ``scan``: ``"streaming"``, ``"associative"`` or None (streaming on CPU, else associative).
+    ``precision``: ``"highest"`` every matmul in float32 (float64); ``"input"`` or None:
+    bfloat16/float16 inputs' scores in that dtype, accumulated in float32. Reverse mode only."""
     if scan not in (None, "streaming", "associative"):
         raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
     kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
@@ -109,8 +110,9 @@ def _run_call(impl, arrays, options):
             raise
         raise TypeError(
             "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
-            "through implementation='chunked' (which 'auto' runs for long sequences "
-            "or for derivatives of a gradient (jax.hessian), DESIGN section 4): its "
+            "through implementation='chunked' (which 'auto' runs above 16 tokens off "
+            "CPU, on CPU from a state B*HV*K*V of 65536, and for derivatives of a "
+            "gradient (jax.hessian), DESIGN section 4): its "
             "backward is hand-written; pass implementation='recurrent'"
         ) from e
     interior = options.output_chunk_states or options.output_token_states
@@ -185,7 +187,7 @@ def implementation_row(implementation, owner: str = "implementation") -> Impleme
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 3))
 def _routed(forward, training, arrays: KDAArrays, options: KDAOptions):
-    """``forward``'s result, its JVP ``training``'s VJP transposed (jvp through custom VJPs)."""
+    """``forward``'s result; under jvp or grad ``training``'s, its VJP transposed as the JVP."""
     return forward(arrays, options)
 
 
@@ -322,7 +324,7 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 # ------------------------------------------------------------------ one check per call
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
     """Each argument of a :func:`kda` call checked once, by name, before any work (values unless
-    ``prechecked``): ``(row, arrays, options)``; refusals raise after ``refused``."""
+    ``prechecked``): ``(row, arrays, options)``; ``refused`` prefixes a refusal's message."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
