@@ -80,27 +80,23 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.lab import at_scale
-from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
 from kda_lib.teaching import decode_scaling, viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
-# contexts[0]: section 6's prefill, compute-bound on all four chips from about 700 tokens (TPU
-# v6e's ridge, 560 flop/byte); decode_batches: at 1M tokens only batch 1 fits one chip (section 5)
+# contexts[0] >= 1024: section 6's prefill, compute-bound on all four chips from ~700 tokens
 for bad, rule in ((len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 1024
                    or contexts[-1] != 2**20, "contexts: two or more, ascending, [0] >= 1024, "
                    f"[-1] = 1048576 (the paper's 1M context, sections 5, 6), got {contexts}"),
-                  (32 % gqa_kv_heads, f"gqa_kv_heads must divide 32, got {gqa_kv_heads}"),
-                  (check_seq_len % min(64, check_seq_len), "check_seq_len must be under 64 or a "
-                   f"multiple of it, got {check_seq_len}"), (1 not in decode_batches,
-                   f"decode_batches must hold 1, got {decode_batches}")):
+                  (32 % gqa_kv_heads or check_seq_len % min(64, check_seq_len), "gqa_kv_heads "
+                   f"must divide 32 (got {gqa_kv_heads}), check_seq_len be under 64 or a multiple"
+                   f" of 64 (got {check_seq_len})"), (1 not in decode_batches, "decode_batches "
+                   f"must hold 1, at 1M tokens the one batch fitting one chip: {decode_batches}")):
     if bad:
         raise ValueError(rule)
-assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # query heads: 32, 96, 64
-# Kimi Linear's paper (facts, not knobs): config.json, Figure 1b
-reported_active_params, reported_total_params = 3e9, 48e9
-routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3
+reported_active_params, reported_total_params = 3e9, 48e9  # facts: Kimi Linear's config.json
+routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its Figure 1b
 
 # %% [markdown]
 # ## 1. The models, from their configs
@@ -111,6 +107,8 @@ routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3
 # widths. The formulas read these numbers; Kimi Linear's layers, built as shapes, check counts.
 
 # %%
+from kda_lib.layers.params import parameter_count
+
 rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
         f"{len(p.global_layers)} | {p.kda_parameter_count():,} | "
         + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
@@ -119,6 +117,7 @@ display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer para
                  "params | this repository |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
 assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
 assert not any(p.unsupported_options() for p in presets.PRESETS.values()), "all three build"
+assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # gqa_kv_heads divides all
 kimi = presets.KIMI_LINEAR_48B
 for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_count()),
                            ("MLA", presets.build_mla_layer, kimi.mla_parameter_count())):
@@ -230,9 +229,8 @@ assert per_token == at_scale.mla_cache_numbers(kimi) * at_scale.BF16 == 1152
 first_mla = -(-state // per_token)  # the first whole T with T x per_token >= state
 print(f"{kimi.name}: state = 4 x {kimi.num_heads} x {kimi.head_dim}^2 + 2 x ({kimi.conv_size} - 1)"
       f" x 3 x {kimi.num_heads} x {kimi.head_dim} = {state:,} bytes; MLA 2 x ({m.kv_lora_rank} + "
-      f"{m.shared_key_dim}) = {per_token:,} bytes a token, past the state at T = ceil(state / "
-      f"{per_token}) = {first_mla:,}; at T = {contexts[-1]:,} it is "
-      f"{contexts[-1] * per_token / state:.0f}x the state")
+      f"{m.shared_key_dim}) = {per_token:,} bytes a token, past the state at T = {first_mla:,} "
+      f"(ceil); at T = {contexts[-1]:,}, {contexts[-1] * per_token / state:.0f}x the state")
 mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=h)
        for d in (1, 0) for h in (True, False)]
 assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before the crossing, at it
@@ -314,8 +312,7 @@ print("\n".join(f"batch {b:3d}: ratio {speedup[(h200.name, b)]:.2f} on all four 
                 for b in decode_batches))
 assert all(np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9 for b in decode_batches)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
-cache_long = t_long * per_token  # B -> infinity: only the caches and 2 x state remain
-batch_limit = n * cache_long / (n_glob * cache_long + n_kda * 2 * state)
+batch_limit = n * t_long * per_token / (n_glob * t_long * per_token + n_kda * 2 * state)  # B: inf
 assert max(speedup.values()) < batch_limit < bound < paper_tpot_speedup
 free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
 most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=h)) for h in (False, True)}
@@ -328,9 +325,8 @@ display(Markdown(
     f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). Filling "
     f"one H200 SXM (batch {most[True]} for the hybrid, {most[False]} for all-MLA), the hybrid "
     f"decodes {rate[True] / rate[False]:.2f}x the tokens per second, against the paper's \"up "
-    "to 6x\": checked, not bounded (27/7 is for equal batches). The measured "
-    f"{paper_tpot_speedup}x needs cheaper global layers in the hybrid (another kernel, batch or"
-    " memory layout), which the configs cannot check."))
+    f"to 6x\": checked, not bounded (27/7 is for equal batches). The measured {paper_tpot_speedup}x"
+    " needs cheaper global layers in the hybrid, which the configs cannot check."))
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
@@ -385,11 +381,11 @@ for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
     ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
             label=f"{chip.name} (ridge {chip.ridge:.0f})")
 for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof
-    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], ms=8,
-            color=viz.MODEL_COLORS[kind.lower()], label=kind if s == steps[0] else None)
+    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], ms=9, mew=2,
+            mfc="none", color=viz.MODEL_COLORS[kind.lower()], label=kind if s == steps[0] else None)
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
-       ylabel="attainable flop/s (log)", title=f"o {steps[0]} of {contexts[0]:,}, s {steps[1]},"
-       f" ^ {steps[2]} at {contexts[1]:,} tokens (points on the H200 SXM's roof)")
+       ylabel="attainable flop/s (log)", title=f"o {steps[0]} of {contexts[0]:,} tokens, "
+       f"s {steps[1]}, ^ {steps[2]} at {contexts[1]:,}\n(points on the H200 SXM's roof)")
 ax.legend(fontsize=8, ncol=2)
 viz.show(fig, "10_roofline")
 
