@@ -22,7 +22,7 @@
 # flops per token and cache memory, with the arithmetic beside the numbers, and check the
 # matrix-product flops against the real programs at a small size. Do the paper's headline
 # numbers follow? The KV cache reduction does, from the layer pattern. The decoding speed-up:
-# if a global layer costs the same in both models, the hybrid decodes at most 27/7 = 3.86x
+# if a global layer costs the same in both models, the hybrid decodes at most 27/7 times
 # faster (layers / global layers, in a bandwidth roofline); the paper measured 6.3x, which
 # this model reaches only if the hybrid's global layers cost less than all-MLA's.
 #
