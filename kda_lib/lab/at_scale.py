@@ -79,7 +79,7 @@ CHIPS: dict[str, Chip] = {
             "both directions)",
         ),
         Chip(
-            "H200",
+            "H200 SXM",
             4.8e12,
             989e12,
             141e9,
@@ -469,24 +469,34 @@ def _split_call(module, **kwargs):
 
 
 def program_costs(
-    preset: ModelPreset, seq_len: int, context: int, train: bool = False, compile: bool = True
+    preset: ModelPreset,
+    seq_len: int,
+    context: int,
+    train: bool = False,
+    compile: bool = True,
+    chunk_size: int = 64,
 ) -> dict:
     """Each formula beside the real program's count, for the layers of the (small) ``preset``
-    built here: the KDA layer (chunked prefill of ``seq_len`` tokens, one chunk so XLA's
-    once-per-loop count is exact; recurrent decode step), the MLA layer (prefill; absorbed decode
-    step over a cache of ``context`` slots) and multi-head attention
+    built here: the KDA layer (chunked prefill of ``seq_len`` tokens in chunks of
+    ``min(chunk_size, seq_len)``, which must divide ``seq_len``; recurrent decode step), the MLA
+    layer (prefill; absorbed decode step over a cache of ``context`` slots) and multi-head
+    attention
     (:class:`kda_lib.layers.attention.CausalSelfAttention` without RoPE, same heads as the KDA
     layer).
 
     Returns ``{program: {"formula_matmul", "traced_matmul", "formula_flops", "xla_flops",
     "formula_bytes", "xla_bytes"}}`` (flops for all ``seq_len`` tokens, or the one decoded
-    token; bytes only for decode steps, float32 weights, state and cache as built). ``train``
+    token; bytes only for decode steps, float32 weights, state and cache as built). The traced
+    count multiplies a ``scan``'s body by its length; XLA's counts a loop's body once, so its
+    KDA prefill row covers one chunk only unless ``seq_len <= chunk_size``. ``train``
     adds ``"<layer> train"`` rows: value and gradient (parameters and input) of a sum of squares.
     ``compile``: XLA's count of the compiled program (else of the lowered one).
     """
     import jax.numpy as jnp
 
-    _check_positive(seq_len=seq_len, context=context)
+    _check_positive(seq_len=seq_len, context=context, chunk_size=chunk_size)
+    if seq_len % min(chunk_size, seq_len):
+        raise ValueError(f"seq_len must be a multiple of chunk_size {chunk_size}, got {seq_len}")
     rows = {}
 
     def add(name, fn, args, matmul, flops, hbm=None):
@@ -507,6 +517,7 @@ def program_costs(
         seq_len=seq_len,
         context=context,
         train=train,
+        chunk_size=min(chunk_size, seq_len),
     )
     _kda_program_rows(preset, inputs, add)
     _mla_program_rows(preset, inputs, add)
@@ -521,6 +532,7 @@ class _ProgramInputs(NamedTuple):
     seq_len: int
     context: int
     train: bool
+    chunk_size: int  # the KDA prefill's chunk C, dividing seq_len
 
 
 def _gradient_of_sum_of_squares(fn):
@@ -531,17 +543,17 @@ def _gradient_of_sum_of_squares(fn):
 
 
 def _kda_program_rows(preset: ModelPreset, inputs: _ProgramInputs, add) -> None:
-    """The KDA layer: chunked prefill in one chunk, its training step, a recurrent decode step."""
+    """The KDA layer: chunked prefill, its training step, a recurrent decode step."""
     from flax import nnx
 
     from kda_lib.layers.kda_layer import KimiDeltaAttention
 
-    seq_len, conv = inputs.seq_len, kda_conv_flops_per_token(preset)
+    seq_len, conv, chunk = inputs.seq_len, kda_conv_flops_per_token(preset), inputs.chunk_size
     layer = KimiDeltaAttention(
-        preset.kda_config(implementation="chunked", chunk_size=seq_len), rngs=nnx.Rngs(0)
+        preset.kda_config(implementation="chunked", chunk_size=chunk), rngs=nnx.Rngs(0)
     )
     fn, state = _split_call(layer)
-    total = seq_len * kda_flops_per_token(preset, "prefill", seq_len)
+    total = seq_len * kda_flops_per_token(preset, "prefill", chunk)
     add("KDA prefill", fn, (state, inputs.x), total - seq_len * conv, total)
     if inputs.train:
         grad = _gradient_of_sum_of_squares(fn)

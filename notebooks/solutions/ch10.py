@@ -17,10 +17,11 @@ def kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) ->
 
 def reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
                       state_bytes, cache_bytes) -> float:
-    """1: with c = latent cache_bytes the bytes of one token's latents, k = kda_layers of L
-    layers and S one KDA cache, 1 - hybrid / all-global = 1 - (k S + (L - k) T c) / (L T c) =
-    (k / L) (1 - S / (T c)). Setting it to f: T c (k - f L) = k S, so T = k S / (c (k - f L)),
-    finite for f < k / L only (the limit), S / c at f = 0 (one KDA cache against one global
+    """1: with p = latent cache_bytes the bytes of one token's latents, n_k = kda_layers of n
+    layers and m the bytes of one KDA cache, 1 - hybrid / all-global =
+    1 - (n_k m + (n - n_k) T p) / (n T p) = (n_k / n) (1 - m / (T p)). Setting it to f:
+    T p (n_k - f n) = n_k m, so T = n_k m / (p (n_k - f n)), finite for f < n_k / n only (the
+    limit), m / p at f = 0 (one KDA cache against one global
     layer's latents: section 4's crossing at the page's dtypes). Only the ratio state_bytes /
     cache_bytes matters (a float32 state with an fp8 cache is the page's float32/bf16 over
     again, halved; that pair is not tried).
@@ -47,11 +48,13 @@ def ring_crossover(ranks, heads, head_dim, conv_size, latent) -> int:
 
 def decode_crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
                      weight_bytes) -> int:
-    """3: per step, KDA moves b_w kda_params (its weights, b_w = weight_bytes, once) + batch 2 S
-    (its state read and written), MLA b_w mla_params + batch T 2 latent (latents read); equal at
-    T = (b_w (kda_params - mla_params) + 2 batch S) / (2 batch latent), rounded up, at least 1
-    (where MLA's weights outweigh KDA's bytes, MLA moves more from the first token). b_w (k - m)
-    is a multiple of 1/2 and the rest integers, so the float quotient is exact enough here.
+    """3: per step, KDA moves b_w kda_params (its weights, b_w = weight_bytes, once) + batch 2 m
+    (m its cache's bytes, state and conv history, read and written), MLA b_w mla_params +
+    batch T 2 latent (latents read); equal at
+    T = (b_w (kda_params - mla_params) + 2 batch m) / (2 batch latent), rounded up, at least 1
+    (where MLA's weights outweigh KDA's bytes, MLA moves more from the first token).
+    b_w (kda_params - mla_params) is a multiple of 1/2 and the rest integers, so the float
+    quotient is exact enough here.
     Kimi Linear at batch 1: 21,824 tokens with bf16 weights (where the whole model's
     decode step stops being slower than all-MLA's, the notes),
     12,797 with fp8, 8,283 with int4: quantising the weights shrinks the hybrid's extra weight

@@ -57,6 +57,21 @@ def test_lowered_programs_stay_within_the_band_of_notebook_10():
         assert row["formula_bytes"] is None or row["xla_bytes"] >= row["formula_bytes"], name
 
 
+def test_traced_prefill_counts_every_chunk():
+    """Notebook 10 section 3: the traced count multiplies the chunk scan's body by its length,
+    so a prefill of 4 chunks of 64 equals the formula; a seq_len the chunks do not divide is
+    refused by name."""
+    rows = at_scale.program_costs(SMALL, 256, 256, compile=False, chunk_size=64)
+    one = at_scale.kda_flops_per_token(SMALL, "prefill", 64) - at_scale.kda_conv_flops_per_token(
+        SMALL
+    )
+    assert (
+        rows["KDA prefill"]["traced_matmul"] == rows["KDA prefill"]["formula_matmul"] == 256 * one
+    )
+    with pytest.raises(ValueError, match="seq_len"):
+        at_scale.program_costs(SMALL, 96, 256, compile=False, chunk_size=64)
+
+
 @COMPILED
 def test_training_is_three_forward_passes(compiled_rows):
     """The compiled gradient (parameters and input) of the KDA and MLA layers: 3x forward."""
@@ -156,7 +171,7 @@ def test_errors_name_the_argument():
 
 def test_chip_numbers():
     ridge = {name: round(chip.ridge) for name, chip in at_scale.CHIPS.items()}
-    assert ridge == {"H100 SXM": 295, "H200": 206, "TPU v5e": 241, "TPU v6e": 560}
+    assert ridge == {"H100 SXM": 295, "H200 SXM": 206, "TPU v5e": 241, "TPU v6e": 560}
 
 
 IMPOSSIBLE_SIZES = [0, -1, 0.5, 2.0, True, "4", float("nan")]

@@ -1499,7 +1499,7 @@ def test_nb10_decode_scaling_model():
                     decode_scaling.tp_decode_time(kimi, chip, t, b, 1, **kw),
                     at_scale.model_decode_time(kimi, chip, t, b, **kw),
                 )
-    chip = at_scale.CHIPS["H200"]
+    chip = at_scale.CHIPS["H200 SXM"]
     ratio = {
         r: decode_scaling.tp_decode_time(
             kimi, chip, t, 1, r, hybrid=False, other_weight_bytes=other[1]
@@ -1578,7 +1578,7 @@ def test_nb07_notes_decode_step_bytes():
     cost = cost[0] if isinstance(cost, list) else cost
     entries = h * dk * dk
     assert round(cost["flops"] / entries) == 7 and cost["flops"] / (8 * entries) < 1.2
-    h200 = at_scale.CHIPS["H200"]
+    h200 = at_scale.CHIPS["H200 SXM"]
     assert round(67e12 / h200.hbm_bandwidth, 1) == 14.0 and round(h200.ridge) == 206
     latent = mla.kv_lora_rank + mla.shared_key_dim
     intensity = {"MHA": 1, "GQA": h / 8, "MLA": h * (2 * mla.kv_lora_rank + mla.shared_key_dim)
@@ -1600,7 +1600,7 @@ def test_nb10_notes_short_context_and_batching_limits():
     from kda_lib.models import presets
     from kda_lib.teaching import decode_scaling
 
-    kimi, h200 = presets.KIMI_LINEAR_48B, at_scale.CHIPS["H200"]
+    kimi, h200 = presets.KIMI_LINEAR_48B, at_scale.CHIPS["H200 SXM"]
     mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
               + len(kimi.global_layers) * kimi.mla_parameter_count())
 
