@@ -118,19 +118,19 @@ def _assert_matches(got, want, tol, label):
         assert err < tol, (label, f"d{name}", err)
 
 
-def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups(x64):
+@pytest.mark.xdist_group("grouped_oracles")  # the grouped oracle of the case below, reused
+def test_oracle_maps_value_head_j_to_qk_head_j_and_sums_gradients_over_groups():
     """The grouped oracle equals the ungrouped one run on q/k heads picked by hand (numpy
     indexing, nothing from kda_lib): value head j reads q/k head j // (HV // H); and dq of a q
     head is the sum of what its value heads send it (the ungrouped oracle's dq on the spread
-    heads, summed over each group). One compiled program each for both claims."""
-    x = {n: a.astype(jnp.float64) for n, a in _inputs(2).items()}
-    ids = _segments()
-    grouped, grads = _value_and_grads(_oracle, x, ids)
+    heads, summed over each group). The grouped oracle's program: the tests' float64 case with
+    a_log and segments; one more compiled program, the ungrouped oracle's."""
+    x, ids, (grouped, grads) = _oracle_case(True, True)
     picked = np.array([j // (HV // H) for j in range(HV)])
     spread = dict(x, q=jnp.asarray(np.asarray(x["q"])[:, :, picked]))
     spread["k"] = jnp.asarray(np.asarray(x["k"])[:, :, picked])
     assert spread["q"].shape == x["v"].shape[:3] + (K,)
-    plain, spread_grads = _value_and_grads(_oracle, spread, ids)
+    plain, spread_grads = _expected(spread, ids)
     for a, b in zip(grouped, plain, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-12)
     for name in ("q", "k"):

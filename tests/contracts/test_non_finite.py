@@ -40,6 +40,10 @@ ARRAYS = ("q", "k", "v", "g", "beta")
 BAD_REAL = (np.nan, np.inf, -np.inf)
 BAD_PADDING = (np.nan, np.inf, -np.inf, 1e30, -1e30)
 
+# the properties share each implementation's compiled programs (and the recurrence's, their
+# reference): one worker compiles each once
+pytestmark = pytest.mark.xdist_group("non_finite_programs")
+
 INPUTS = random_kda_inputs(jax.random.key(0), B, T, H, K, V, gate="raw", with_state=True)
 GATE = dict(a_log=INPUTS["a_log"], dt_bias=INPUTS["dt_bias"], lower_bound=LOWER_BOUND)
 GATE.update(use_gate_in_kernel=True)

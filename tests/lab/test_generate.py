@@ -35,6 +35,10 @@ CFG = ModelConfig(
 )
 
 
+# the module's model and its compiled generation steps and forwards, built once on one worker
+pytestmark = pytest.mark.xdist_group("generate_model")
+
+
 @pytest.fixture(scope="module")
 def model():
     return TinyLM(CFG, rngs=nnx.Rngs(0))

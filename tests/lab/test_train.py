@@ -252,7 +252,7 @@ def test_training_updates_the_model_for_callbacks_and_when_interrupted(monkeypat
 
 def test_kda_training_steps_reduce_loss_with_progress_lines(capsys):
     task = TASK
-    model = _model()
+    model = _model(num_layers=1)  # one KDA layer: half the training step to compile
     before = evaluate(model, task, batch_size=8, seq_len=12, num_batches=1)
     history = train(
         model,

@@ -28,6 +28,10 @@ def _x(seq_len=T, seed=1):
     return jax.random.normal(jax.random.key(seed), (2, seq_len, 32))
 
 
+# the tests share the layer's compiled programs (the full run and prefill at T, the draft of
+# 5 tokens): one worker compiles each once
+pytestmark = pytest.mark.xdist_group("prefix_cache_programs")
+
 _apply = nnx.jit(lambda m, x, cache: m(x, cache=cache))
 _prefill = nnx.jit(lambda m, x, cache=None: m.prefill(x, cache=cache))
 _draft = nnx.jit(lambda m, x, cache: m.draft(x, cache=cache))

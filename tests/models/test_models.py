@@ -47,24 +47,25 @@ def _apply(model, tokens, cache=None):
 _jitted = nnx.jit(_apply)
 
 
-@pytest.mark.parametrize("max_len", [None, 13], ids=["growing", "fixed"])
-def test_hybrid_prefill_then_decode_equals_full_forward(max_len):
+def test_hybrid_prefill_then_decode_equals_full_forward():
+    """A growing attention cache (a new shape, so a new program, each step) beside fixed KDA
+    states. A fixed-capacity attention cache beside KDA, GDN, Mamba2 and conv layers:
+    tests/lab/test_train.py::test_shapes_and_cache_decoding."""
     model = TinyLM(HYBRID, rngs=nnx.Rngs(3))
     kinds = [type(b.mixer).__name__ for b in model.blocks]
     assert kinds == ["KimiDeltaAttention"] * 3 + ["CausalSelfAttention"]
     tokens = jax.random.randint(jax.random.key(0), (2, 11), 0, 11)
     full = _jitted(model, tokens)
-    out, cache = _jitted(model, tokens[:, :9], model.init_cache(2, max_len=max_len))
+    out, cache = _jitted(model, tokens[:, :9], model.init_cache(2))
     pieces = [out]
-    for t in range(9, 11):  # (a growing cache has a new shape, so a new program, each step)
+    for t in range(9, 11):
         out, cache = _jitted(model, tokens[:, t : t + 1], cache)
         pieces.append(out)
     np.testing.assert_allclose(jnp.concatenate(pieces, 1), full, atol=3e-5, rtol=3e-5)
-    # one cache per layer, of its own kind: fixed KDA states, a growing/filled KV buffer
+    # one cache per layer, of its own kind: fixed KDA states, a growing KV buffer
     assert [type(c) for c in cache] == [KDACache] * 3 + [AttentionCache]
     assert all(c.state.shape == (2, 2, 8, 8) for c in cache[:3])
-    capacity = 11 if max_len is None else max_len
-    assert cache[3].keys.shape == (2, capacity, 2, 8)
+    assert cache[3].keys.shape == (2, 11, 2, 8)
     assert int(cache[3].seen) == 11
 
 
@@ -194,11 +195,13 @@ def test_equal_parameter_counts_across_mixers(target):
 
 
 def test_train_command_line_takes_a_layer_pattern(tmp_path, capsys):
+    """A conv layer beside attention: the pattern is the point, and its training step compiles
+    faster than KDA's (KDA in TinyLM training: tests/lab/test_train.py)."""
     out = tmp_path / "hybrid.json"
     args = [
         "mqar",
         "--layers",
-        "kda,attention",
+        "conv,attention",
         "--no-rope",
         "--steps",
         "2",
@@ -229,10 +232,10 @@ def test_train_command_line_takes_a_layer_pattern(tmp_path, capsys):
     ]
     record = train_main(args)
     saved = json.loads(out.read_text())
-    assert record["mixer"] == saved["mixer"] == "kda-attention"
-    assert saved["model"]["layers"] == ["kda", "attention"] and saved["model"]["num_layers"] == 2
-    assert saved["model"]["rope"] is False
-    assert "mqar / kda-attention, T=16" in capsys.readouterr().out
+    assert record["mixer"] == saved["mixer"] == "conv-attention"
+    assert saved["model"]["layers"] == ["conv", "attention"] and saved["model"]["num_layers"] == 2
+    assert saved["model"]["rope"] is False and saved["model"]["implementation"] == "recurrent"
+    assert "mqar / conv-attention, T=16" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         train_main(["mqar", "--layers", "kda,transformer", "--output", str(out)])
     assert "unknown mixers ['transformer']" in capsys.readouterr().err

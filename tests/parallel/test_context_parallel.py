@@ -314,11 +314,17 @@ def test_replace_config_keeps_mesh():
     assert relative_l2(_apply(layer, x), _apply(single, x)) < 1e-5
 
 
+# the eager CP layer of CFG on 2 ranks at x [1, 8, 32]: one kept program for both tests (one
+# worker), which test_clear_compiled_forms_... clears at its end
+EAGER_CP_LAYER = pytest.mark.xdist_group("cp_eager_layer")
+
+
+@EAGER_CP_LAYER
 def test_eager_cp_layer_compiles_once(caplog):
     """kda_lib's CP program is kept per structure, config and mesh: a second eager call with
     new values compiles nothing (each call compiled it again, about 3 s, before)."""
-    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(4))
-    x = random_normal(jax.random.key(3), (1, 12, 32))
+    layer = KimiDeltaAttention(CFG, rngs=nnx.Rngs(0), mesh=_mesh(2))
+    x = random_normal(jax.random.key(3), (1, 8, 32))
     first, x_new = layer(x), x + 1.0
     with jax.log_compiles(True), caplog.at_level("WARNING"):
         second = layer(x_new)
@@ -346,6 +352,7 @@ def test_kernel_cp_state_arguments_are_checked():
         run(output_final_state="yes")
 
 
+@EAGER_CP_LAYER
 def test_clear_compiled_forms_clears_the_cp_layer_and_the_generation_steps(monkeypatch):
     """After a module global the kernels read is patched, clear_compiled_forms() makes a CP
     layer change as a one-device layer does (its cached CP program was kept before), and it
