@@ -285,7 +285,8 @@ def _oracle_f64(layer, x):
         config = dataclasses.replace(
             layer.config, dtype=jnp.float64, param_dtype=jnp.float64, implementation="recurrent"
         )
-        oracle = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+        # abstract (eagerly: a compile per float64 initialiser), then the layer's parameters
+        oracle = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
         params = nnx.state(layer, nnx.Param)
         nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params))
         return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64))

@@ -137,9 +137,11 @@ def test_final_state_dtype_is_the_same_from_every_implementation(implementation)
             continue  # tokamax's own segment loop fails under x64 (an int32/int64 carry)
         with jax.enable_x64(x64):
             args = [x[n].astype(dtype) for n in ("q", "k", "v", "g", "beta")]
-            _, final = kda(*args, a_log=x["a_log"], dt_bias=x["dt_bias"], lower_bound=-5.0,
-                           use_gate_in_kernel=True, output_final_state=True,
-                           implementation=implementation)  # fmt: skip
+            # traced, not run: dtypes are fixed when tracing (eagerly: hundreds of compiles)
+            _, final = jax.eval_shape(
+                functools.partial(kda, a_log=x["a_log"], dt_bias=x["dt_bias"], lower_bound=-5.0,
+                                  use_gate_in_kernel=True, output_final_state=True,
+                                  implementation=implementation), *args)  # fmt: skip
         assert final.dtype == want, (implementation, dtype, final.dtype)
 
 
@@ -232,6 +234,7 @@ def test_forward_over_reverse_runs_on_the_scan_and_is_refused_by_name_on_the_chu
     """jax.hessian of a scalar of kda()'s output w.r.t. q: up to 16 tokens "auto" runs the scan
     (plain JAX, any order); the chunked form's backward is hand-written, so forward mode over
     it is refused naming implementation='chunked' and 'recurrent'."""
+
     def hessian(seq_len, implementation):
         x = random_kda_inputs(jax.random.key(8), 1, seq_len, 1, 4, 4)
         rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
