@@ -347,14 +347,14 @@ assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0]
 # above GDN and mamba2-style, at 64 above mamba2-style only: four comparisons, each measured two
 # ways (accuracy, and beyond the conv reach), KDA ahead on 5 of 5 seeds in all four, both ways.
 # Read it with its selection: the family was chosen after reading the record (with MQAR and
-# palindrome kept, 17 comparisons, at 128 only KDA > GDN stays ordered, at 64 KDA >
-# mamba2-style: notes); the ordered rows compare a model 9.5% larger than GDN (printed in section
-# 6), and size-matched runs were not made; the rates were tuned on one seed, every *ordered* rests on the t-test (no sign-flip p below 2/32 = 0.0625 at 5
-# seeds), and two lengths cannot show "as the sequence grows". Claim B is *not shown*, its point
-# estimate against the paper: at $T$ = 64 KDA needed more steps than GDN on 4 of 5 seeds, tied on
-# the fifth (at 128, printed above, one KDA run never solved). On palindrome claim A is *not shown*:
-# the recurrent runs stay 8 to 38 times chance, KDA's still rising at the budget on 7 of 10, so
-# budget and state are not separated.
+# palindrome kept, 17 comparisons, at 128 only KDA > GDN stays ordered, at 64 KDA > mamba2-style:
+# notes); the ordered stack rows compare a model 9.5% larger than GDN (printed in section 6), and
+# size-matched runs were not made; the rates were tuned on one seed, every *ordered* rests on the
+# t-test (no sign-flip p below 2/32 = 0.0625 at 5 seeds), and two lengths cannot show "as the
+# sequence grows". Claim B is *not shown*, its point estimate against the paper: at $T$ = 64 KDA
+# needed more steps than GDN on 4 of 5 seeds, tied on the fifth (at 128, printed above, one KDA run
+# never solved). On palindrome claim A is *not shown*: the recurrent runs stay 8 to 38 times
+# chance, KDA's still rising at the budget on 7 of 10, so budget and state are not separated.
 #
 # ## Summary
 #
