@@ -113,9 +113,11 @@ def plot_decode_cost(costs: dict) -> plt.Figure:
     return fig
 
 
-def plot_live_and_recorded(sources: dict, baseline: float) -> plt.Figure:
+def plot_live_and_recorded(sources: dict, baseline: float, bound: float | None = None
+                           ) -> plt.Figure:
     """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
-    one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted."""
+    one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted and,
+    when given, ``bound`` (:func:`one_byte_bound`) dashed in every panel."""
     fig, axes = plt.subplots(
         1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False, layout="constrained"
     )
@@ -124,6 +126,10 @@ def plot_live_and_recorded(sources: dict, baseline: float) -> plt.Figure:
             curve = r["curve"]
             ax.plot(curve["step"], curve["bpb"], "o-", color=MODEL_COLORS[name], label=name)
         ax.axhline(baseline, color="0.3", linestyle=":", label="byte frequencies")
+        if bound is not None:  # labelled in each panel, not only in the legend
+            ax.axhline(bound, color="0.3", linestyle="--", label="one-byte bound")
+            ax.text(0.99, bound, "one-byte bound: no model of the previous byte alone goes below",
+                    transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7)
         ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
         ax.set_title(title, fontsize=9)
     axes[0, -1].legend(fontsize=8)

@@ -38,15 +38,14 @@ def bigram_bpb(train, validation) -> float:
     ``validation``, i.e. over its bytes after the first. Index with int64: ``previous * 256``
     overflows uint8.
 
-    Explain why (model answer): beating add-one pair counts alone proves nothing (better
-    smoothing of one byte of context could do it, and at CI size a model need not beat them at
-    all). The bound is the conditional entropy of the next byte given the previous one,
-    fitted on validation itself (no smoothing): no predictor that sees only the previous byte
-    scores below it on validation (Gibbs' inequality). Compute it; a model scoring below it
-    (the recorded runs, 2.0-2.3 bits per byte, if it is above that) uses more than one byte.
-    On the notebook's corpus it is 3.19 bits per byte on validation, where the add-one bigram
-    scores 3.36: the recorded runs are below both, CI's small models (above 3.4 bits per byte at
-    the defaults, seeds 0, 1, 7, 11) reach neither (section 3 prints the bound,
+    Explain why (model answer): the bound is the conditional entropy of the next byte given the
+    previous one, fitted on validation itself and unsmoothed: among all predictors that see only
+    the previous byte, those very frequencies score lowest on validation (Gibbs' inequality).
+    The bigram's are counted on train, and add-one moves them further: it can only score higher
+    (on the notebook's corpus 3.36 bits per byte against the bound's 3.19). So beating the
+    add-one bigram proves nothing; a model below the bound (the recorded runs, 2.0-2.3 bits per
+    byte) uses more than one byte, while CI's small models (above 3.4 at the defaults, seeds 0,
+    1, 7, 11) reach neither (section 6 prints and draws the bound,
     ``lm_protocol.one_byte_bound``). How far back a model reaches needs a test built for it, as
     section 6's copy probe is."""
     train, validation = np.asarray(train, np.int64), np.asarray(validation, np.int64)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import math
 import pathlib
 
@@ -121,7 +122,8 @@ def _first_output(exercise_id, right):
 # --- routes through kda_lib and rule breakers -------------------------------------------------
 
 def _library_attacks():
-    from kda_lib.lab import at_scale, tasks
+    from kda_lib.lab import at_scale, significance, tasks
+    from kda_lib.teaching.exercises import ch08
 
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
 
@@ -153,7 +155,17 @@ def _library_attacks():
          jax.jit(lambda *a: jnp.asarray(kda_lib.checks.is_int(1, None)) * 0 + 1)),
         ("08.1", "chance_accuracy", lambda v: tasks.chance_accuracy("mqar", vocab_size=v)),
         ("08.1", "partial of chance_accuracy", functools.partial(tasks.chance_accuracy, "mqar")),
-        ("08.3", "solution after a library call", through_library(s08.conv_reach_queries)),
+        ("08.2", "solution after a library call", through_library(s08.holm_column)),
+        ("08.2", "compare_family's Holm column", lambda fam: {
+            row: c.p_adjusted for row, c in significance.compare_family(fam).items()}),
+        ("08.2", "the checker's own _t_p and _holm (review f08)", lambda fam: dict(zip(
+            fam, ch08._holm([ch08._t_p(np.subtract(*pair)) for pair in fam.values()]),
+            strict=True))),
+        ("08.3", "solution after a library call", through_library(s08.sign_flip_column)),
+        ("08.3", "significance.sign_flip_p per row",
+         lambda fam: {row: significance.sign_flip_p(*pair) for row, pair in fam.items()}),
+        ("08.3", "the checker's own _sign_flip (review f08)",
+         lambda fam: {row: ch08._sign_flip(np.subtract(*pair)) for row, pair in fam.items()}),
         ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
         ("09.3", "solution after a library call", through_library(s09.bigram_bpb)),
         ("10.1", "solution after a library call", through_library(s10.reduction_context)),
@@ -434,16 +446,63 @@ def _solve_named_norm():
     return _solve_then_closed_form(norm)
 
 
+def _t(a, b, ddof=1):
+    """The paired t statistic of scores ``a`` and ``b``."""
+    d = np.subtract(a, b)
+    return d.mean() / (d.std(ddof=ddof) / math.sqrt(d.size))
+
+
+def _p4(a, b, ddof=1):
+    """The two-sided p of the paired t at 4 degrees of freedom (5 seeds), closed form."""
+    t = _t(a, b, ddof)
+    u = abs(t) / math.sqrt(t * t + 4)
+    return 1 - u * (3 - u * u) / 2
+
+
+def _holm_by(p_of, adjust=True, running=True, cap=True):
+    """08.2 answers: each row's p from ``p_of(a, b)``, then Holm (or a named piece left out)."""
+
+    def answer(fam):
+        rows = list(fam)
+        p = np.array([float(p_of(*fam[r])) for r in rows])
+        if not adjust:
+            return dict(zip(rows, p, strict=True))
+        order = np.argsort(p)
+        step = (len(p) - np.arange(len(p))) * p[order]
+        step = np.maximum.accumulate(step) if running else step
+        step = np.minimum(step, 1) if cap else step
+        return {rows[j]: step[i] for i, j in enumerate(order)}
+
+    return answer
+
+
+def _flip_sums(pair, signed=False):
+    """Every sign pattern's sum of the differences of ``pair`` (absolute unless ``signed``)."""
+    d = np.subtract(*pair)
+    sums = np.array([np.dot(s, d) for s in itertools.product((1, -1), repeat=d.size)])
+    return sums if signed else np.abs(sums)
+
+
+def _flip_sampled(fam):
+    """08.3 by 2000 random sign patterns: a Monte Carlo estimate, not the exact p."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for row, pair in fam.items():
+        d = np.subtract(*pair)
+        signs = rng.choice([-1, 1], (2000, d.size))
+        out[row] = float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-9))
+    return out
+
+
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx082 = _cases()["08.2"]
+    holm_echo, flip_echo = s08.holm_column(**ctx082), s08.sign_flip_column(**ctx082)
     _, ctx091 = _cases()["09.1"]
     from kda_lib.lab.tasks import chance_accuracy
-    from kda_lib.teaching.exercises import ch08, ch09
+    from kda_lib.teaching.exercises import ch09
 
     chance_table = {v: chance_accuracy("mqar", vocab_size=v) for v in range(3, 300)}
-    reach_table = {(i.tobytes(), r): ch08._reach_count(i, m, n, r)
-                   for i, m, n, r in ch08._sequences()}  # fmt: skip
     bigram_table = {len(t): ch09._bigram_bpb(t, v)  # the trials once fixed (seed 93)
                     for t, v in ch09._bigram_trials(np.random.default_rng(93))}  # fmt: skip
     measured = ctx091["measured"]
@@ -661,36 +720,44 @@ def _rule_breakers():
             bs * h * (1 + d) * k * v / (n * bc)) - 2 * d)),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("07.3", "floor + 1 for the ceiling (teacher 2026-12-05)", _floor_plus_one),
-        ("08.3", "zero", lambda *a: 0),
         ("08.1", "a table of chance_accuracy for V < 300, made before the check (teacher "
          "2026-12-05)", chance_table.__getitem__),
         ("08.1", "that table, 2 / V beyond it", lambda v: chance_table.get(v, 2 / v)),
-        ("08.2", "a strict mean > level (teacher 2026-12-05)",
-         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) > level)),
-        ("08.3", "a lookup of the checker's own sequences (teacher 2026-12-05)",
-         lambda i, m, n, r: reach_table[(i.tobytes(), r)]),
-        ("08.3", "queries assumed in reverse pair order, keys never read (review r08)",
-         lambda i, m, n, r: int(sum(t - (2 * (n - 1 - j) + 1) <= r
-                                    for j, t in enumerate(np.flatnonzero(m))))),
-        ("08.3", "a table keyed on the reach (review r08)",
-         lambda i, m, n, r: {4: 2, 7: 2, 1: 1}.get(r, 3)),
-        ("08.2", "the old 0.9 threshold (review 2026-12-03)",
-         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.9)),
-        ("08.2", "(task, T) pairs without the mixer",
-         lambda acc, level: sorted({(k, t) for k, _, t in s08.solved_cells(acc, level)})),
-        ("08.2", "a mixer's best seed, not its mean",
-         lambda acc, level: sorted(c for c, a in acc.items() if max(a) >= level)),
-        ("08.2", "the lowest seed, not the mean (teacher 2026-12-05)",
-         lambda acc, level: sorted(c for c, a in acc.items() if min(a) >= level)),
-        ("08.2", "the median seed, not the mean (teacher 2026-12-05)",
-         lambda acc, level: sorted(c for c, a in acc.items() if np.median(a) >= level)),
-        ("08.2", "every seed reached solved (teacher 2026-12-05)",
-         lambda acc, level: sorted(c for c, a in acc.items() if all(x >= level for x in a))),
-        ("08.2", "0.99 written in, not the level given",
-         lambda acc, level: sorted(c for c, a in acc.items() if np.mean(a) >= 0.99)),
-        ("08.2", "T as a string (teacher 2026-12-05)",
-         lambda acc, level: [(k, m, str(t)) for k, m, t in s08.solved_cells(acc, level)]),
-        ("08.2", "the recorded sweep's cells, as a list", s08.solved_cells(**ctx082)),
+        ("08.2", "the page's Holm column, echoed (review f08)",
+         lambda fam: {row: holm_echo.get(row, 0.5) for row in fam}),
+        ("08.2", "scipy.stats.ttest_rel, Holm by hand", _holm_by(
+            lambda a, b: scipy.stats.ttest_rel(a, b).pvalue)),
+        ("08.2", "scipy.stats.t.sf for the tail", _holm_by(
+            lambda a, b: 2 * scipy.stats.t.sf(abs(_t(a, b)), len(a) - 1))),
+        ("08.2", "each row's own p, unadjusted", _holm_by(_p4, adjust=False)),
+        ("08.2", "Bonferroni", lambda fam: {row: min(1.0, len(fam) * _p4(*pair))
+                                            for row, pair in fam.items()}),
+        ("08.2", "Holm without the running maximum", _holm_by(_p4, running=False)),
+        ("08.2", "Holm without the cap at 1", _holm_by(_p4, cap=False)),
+        ("08.2", "the sd over n (ddof 0)", _holm_by(lambda a, b: _p4(a, b, ddof=0))),
+        ("08.2", "one-sided p", _holm_by(lambda a, b: _p4(a, b) / 2)),
+        ("08.2", "the normal tail, not t's", _holm_by(
+            lambda a, b: math.erfc(abs(_t(a, b)) / math.sqrt(2)))),
+        ("08.3", "the page's sign-flip column, echoed (review f08)",
+         lambda fam: {row: flip_echo.get(row, 0.0625) for row in fam}),
+        ("08.3", "the floor 2 / 2^n for every row",
+         lambda fam: {row: 2 / 2 ** len(pair[0]) for row, pair in fam.items()}),
+        ("08.3", "scipy.stats.permutation_test", lambda fam: {row: scipy.stats.permutation_test(
+            (np.subtract(*pair),), np.mean, permutation_type="samples").pvalue
+            for row, pair in fam.items()}),
+        ("08.3", "scipy.stats.binomtest on the signs", lambda fam: {
+            row: scipy.stats.binomtest(int((np.subtract(*pair) > 0).sum()), len(pair[0])).pvalue
+            for row, pair in fam.items()}),
+        ("08.3", "2000 random sign patterns, not all", _flip_sampled),
+        ("08.3", "ties left out (strict >)", lambda fam: {
+            row: float(np.mean(_flip_sums(pair) > abs(np.subtract(*pair).sum()) + 1e-9))
+            for row, pair in fam.items()}),
+        ("08.3", "ties compared to the last bit (no tolerance)", lambda fam: {
+            row: float(np.mean(_flip_sums(pair) >= abs(np.subtract(*pair).sum())))
+            for row, pair in fam.items()}),
+        ("08.3", "one tail", lambda fam: {row: float(np.mean(
+            _flip_sums(pair, signed=True) >= np.subtract(*pair).sum() - 1e-9))
+            for row, pair in fam.items()}),
         ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
         ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
         ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
@@ -843,18 +910,53 @@ def _alternatives():
         values = [t for t in range(1, v) if t > (v - 1) // 2]
         return 1.0 / len(values)
 
-    def reach_loop(inputs, mask, num_pairs, reach):
-        count = 0
-        for t in range(len(inputs)):
-            if mask[t]:
-                i = [int(k) for k in inputs[0 : 2 * num_pairs : 2]].index(int(inputs[t]))
-                count += t - (2 * i + 1) <= reach
-        return np.int32(count)
+    def holm_loop(fam):  # pure Python: math only, selection of the smallest by hand
+        p = {}
+        for row, (a, b) in fam.items():
+            d = [x - y for x, y in zip(a, b, strict=True)]
+            mean = sum(d) / len(d)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+            t = mean / (sd / math.sqrt(len(d)))
+            u = abs(t) / math.sqrt(t * t + 4)
+            p[row] = 1 - u * (3 - u * u) / 2
+        out, top, left = {}, 0.0, dict(p)
+        while left:
+            row = min(left, key=left.get)
+            top = max(top, len(left) * left.pop(row))
+            out[row] = min(top, 1.0)
+        return out
 
-    def reach_by_query_position(inputs, mask, num_pairs, reach):  # each key queried once
-        asked = {int(inputs[t]): t for t in np.flatnonzero(mask)}
-        keys = [int(k) for k in inputs[0 : 2 * num_pairs : 2]]
-        return sum(asked[k] - (2 * i + 1) <= reach for i, k in enumerate(keys) if k in asked)
+    def holm_f32(fam):  # numpy float32 throughout
+        rows = list(fam)
+        d = np.array([np.subtract(*map(np.float32, map(np.asarray, fam[r]))) for r in rows],
+                     np.float32)
+        t = d.mean(1) / (d.std(1, ddof=1) / np.float32(np.sqrt(5)))
+        u = np.abs(t) / np.sqrt(t * t + np.float32(4))
+        p = np.float32(1) - u * (np.float32(3) - u * u) / np.float32(2)
+        order = np.argsort(p)
+        adj = np.minimum(np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order]), 1)
+        return {rows[j]: np.float32(adj[i]) for i, j in enumerate(order)}
+
+    def flip_product(fam):  # itertools.product over the signs, math.isclose for ties
+        out = {}
+        for row, (a, b) in fam.items():
+            d = [x - y for x, y in zip(a, b, strict=True)]
+            obs = abs(sum(d))
+            hits = [abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= obs
+                    or math.isclose(abs(sum(s * x for s, x in zip(signs, d, strict=True))), obs)
+                    for signs in itertools.product((1, -1), repeat=len(d))]
+            out[row] = sum(hits) / len(hits)
+        return out
+
+    def flip_distribution(fam):  # the null distribution of the sum, built seed by seed
+        out = {}
+        for row, (a, b) in fam.items():
+            sums = np.zeros(1)
+            for x in np.subtract(a, b):
+                sums = np.concatenate([sums + x, sums - x])
+            obs = abs(np.subtract(a, b).sum())
+            out[row] = np.float32(np.mean(np.abs(sums) >= obs * (1 - 1e-9)))
+        return out
 
     def context_search09(f, *a):
         s09, c = _solutions("09"), 0
@@ -881,7 +983,7 @@ def _alternatives():
         counts = jnp.ones((256, 256), jnp.float32).at[t[:-1], t[1:]].add(1)
         return -jnp.log2((counts / counts.sum(1, keepdims=True))[v[:-1], v[1:]]).mean()
 
-    s10 = _solutions("10")
+    s08, s10 = _solutions("08"), _solutions("10")
     from kda_lib.models import presets
 
     def reduction_f32(f, kda, glob, h, d, w, latent, sb, cb):
@@ -957,8 +1059,19 @@ def _alternatives():
          roll_back_normal_richardson, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
-        ("08.3", "a loop, numpy int", reach_loop, {}),
-        ("08.3", "a key -> query position dict (teacher 2026-12-05)", reach_by_query_position, {}),
+        ("08.2", "pure Python, math only, a loop for Holm", holm_loop, _cases()["08.2"][1]),
+        ("08.2", "numpy float32 throughout", holm_f32, _cases()["08.2"][1]),
+        ("08.2", "scipy.special.stdtr for the tail (a table, not a test)", _holm_by(
+            lambda a, b: 2 * scipy.special.stdtr(len(a) - 1, -abs(_t(a, b)))),
+         _cases()["08.2"][1]),
+        ("08.3", "itertools.product, math.isclose for ties", flip_product, _cases()["08.3"][1]),
+        ("08.3", "zero differences dropped (each doubles both counts: the same p)",
+         lambda fam: s08.sign_flip_column(
+             {row: ([x for x, y in zip(*pair, strict=True) if x != y],
+                    [y for x, y in zip(*pair, strict=True) if x != y])
+              for row, pair in fam.items()}), _cases()["08.3"][1]),
+        ("08.3", "the null distribution seed by seed, float32 out", flip_distribution,
+         _cases()["08.3"][1]),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
         ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
@@ -1148,7 +1261,7 @@ def _lookup_tables():
     """Answers that know the fixed trials only: the right value of every trial the checker ran
     once (recorded through the worked solution), 0 for anything else."""
     out = []
-    for eid in ("06.1", "06.2", "06.3", "08.1", "08.3", "09.3", "10.1", "10.2", "10.3"):
+    for eid in ("06.1", "06.2", "06.3", "08.1", "08.2", "08.3", "09.3", "10.1", "10.2", "10.3"):
         right, context = _cases()[eid]
         table = {}
 

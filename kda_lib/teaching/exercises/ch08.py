@@ -1,11 +1,13 @@
-"""Checkers of notebook 08's exercises (chance, solved cells, the conv reach, time scales)."""
+"""Checkers of notebook 08's exercises (chance, the Holm column, the sign-flip column, time
+scales)."""
 
 from __future__ import annotations
 
 import numpy as np
+import scipy.special
 
-from kda_lib.teaching.exercises import checker, refuse_degenerate
-from kda_lib.teaching.exercises._routes import call_own_work
+from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
+from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 
 def _mqar_values(vocab_size: int) -> int:
@@ -34,120 +36,197 @@ def mqar_chance(answer, **_):
     return None
 
 
-def _solved(accuracy: dict, solved: float) -> set:
-    """The cells whose mean accuracy over seeds reaches ``solved``."""
-    return {cell for cell, acc in accuracy.items() if np.mean(acc) >= solved}
+_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.2 and 08.3
 
 
-# (accuracy, solved) of the checker's own: the mean reaches the level where the lowest seed
-# does not, the median and the best seed reach it where the mean does not, a mean exactly at
-# the level (reaching it), and a level other than the recorded one
-_OWN_CASES = (
-    ({("mqar", "kda", 64): [1.0, 0.985], ("stack", "gdn", 64): [0.999, 0.999, 0.95],
-      ("stack", "kda", 128): [0.99, 0.985], ("palindrome", "attention", 128): [0.4, 0.6],
-      ("mqar", "mamba2", 128): [0.99, 0.99]}, 0.99),
-    ({("mqar", "gdn", 128): [0.96, 0.97], ("stack", "mamba2", 64): [0.9, 0.99, 0.99],
-      ("palindrome", "kda", 64): [1.0, 0.93], ("stack", "attention", 128): [0.95, 0.95]}, 0.95),
-)  # fmt: skip
+def _rows(family: dict) -> dict:
+    """The family as ``{row: (kda scores, other scores)}``, lists of floats (the answer's copy)."""
+    return {row: tuple([float(x) for x in side] for side in pair) for row, pair in family.items()}
 
 
-def _cells(got) -> tuple[set | None, str | None]:
-    """The answer's (task, mixer, T) cells, or a hint on their form."""
-    if isinstance(got, (str, bytes, dict)) or (
-        not isinstance(got, (set, frozenset)) and np.ndim(got) == 0
-    ):
-        return None, "return a list of (task, mixer, T) cells"
-    try:
-        cells = [(task, mixer, t) for task, mixer, t in got]
-    except (TypeError, ValueError):
-        return None, "return a list (or set) of (task, mixer, T) cells"
-    if any(not isinstance(name, str) for task, mixer, _ in cells for name in (task, mixer)):
-        return None, "each cell is (task name, mixer name, T), the names strings"
-    try:
-        whole = all(
-            not isinstance(t, (bool, str, bytes)) and float(t) == int(t) for *_, t in cells
-        )
-    except (TypeError, ValueError, OverflowError):  # a NaN, inf or non-number T
-        whole = False
-    if not whole:
-        return None, "each T is a whole number of tokens (an int, not a string)"
-    return {(task, mixer, int(t)) for task, mixer, t in cells}, None
+def _t_p(d, ddof: int = 1) -> float:
+    """The two-sided p of the paired t statistic of the differences ``d`` (n - 1 degrees of
+    freedom), the sd with ``ddof``."""
+    d = np.asarray(d, np.float64)
+    t = d.mean() / (d.std(ddof=ddof) / np.sqrt(d.size))
+    return float(2 * scipy.special.stdtr(d.size - 1, -abs(t)))
 
 
-@checker("08.2")
-def solved_cells(answer, *, accuracy: dict, solved: float):
-    """``answer(accuracy, solved) -> list of (task, mixer, T)``: the cells whose mean test
-    accuracy over seeds reaches ``solved``, tried on ``accuracy`` (the recorded sweep's, at its
-    ``setting["solved"]``) and on cases of the checker's own."""
-    trials = [("the recorded sweep", accuracy, solved)]
-    trials += [(f"the checker's case {i}", *case) for i, case in enumerate(_OWN_CASES, 1)]
-    for where, acc, level in trials:
-        copy = {cell: list(a) for cell, a in acc.items()}
-        got, hint = call_own_work(answer, copy, level, name="solved_cells(accuracy, solved)")
-        got, hint = (None, hint) if hint else _cells(got)
-        if hint:
-            return hint
-        want = _solved(acc, level)
-        if got - want:
-            return (
-                f"on {where} some of these cells stay below the solved level: a cell is "
-                "judged by its mean over the seeds, unrounded"
-            )
-        if want - got:
-            return (
-                f"on {where} some solved cells are missing: judge each cell by its mean (a "
-                "mean equal to the level reaches it)"
-            )
-    return None
-
-
-def _reach_count(inputs, mask, num_pairs: int, conv_reach: int) -> int:
-    """The queries whose value lies at most ``conv_reach`` tokens before them."""
-    value_pos = {int(k): 2 * i + 1 for i, k in enumerate(inputs[0 : 2 * num_pairs : 2])}
-    return sum(int(t - value_pos[int(inputs[t])] <= conv_reach) for t in np.flatnonzero(mask))
-
-
-def _sequences():
-    """MQAR sequences of the checker's own, drawn afresh at each check: pairs first, then each
-    key queried once, in a random order, among filler (token 0), the first two queries right
-    after the pairs; the reach is one query's distance to its value (so one lies exactly
-    ``reach`` tokens back, and at least one beyond), drawn per sequence."""
-    rng = np.random.default_rng()
-    out = []
-    for num_pairs, length in ((4, 16), (6, 24), (3, 12), (5, 20), (6, 28), (4, 20)) * 3:
-        keys = rng.choice(np.arange(1, 16), num_pairs, replace=False)
-        values = rng.choice(np.arange(16, 32), num_pairs)
-        inputs = np.zeros(length, np.int32)
-        inputs[0 : 2 * num_pairs : 2], inputs[1 : 2 * num_pairs : 2] = keys, values
-        mask = np.zeros(length, bool)
-        late = rng.choice(np.arange(2 * num_pairs + 3, length), num_pairs - 2, replace=False)
-        spots = np.concatenate([[2 * num_pairs, 2 * num_pairs + 1], np.sort(late)])
-        order = rng.permutation(num_pairs)  # query j asks for pair order[j]
-        inputs[spots], mask[spots] = keys[order], True
-        reach = int(rng.choice(np.sort(spots - (2 * order + 1))[:-1]))  # one query beyond
-        out.append((inputs, mask, num_pairs, reach))
+def _holm(p, running: bool = True, cap: bool = True) -> np.ndarray:
+    """Holm's step-down adjusted ``p`` in the input's order: the i-th smallest of m times
+    m - i + 1, then the running maximum (``running``), capped at 1 (``cap``)."""
+    p = np.asarray(p, np.float64)
+    order, m = np.argsort(p, kind="stable"), p.size
+    stepped = (m - np.arange(m)) * p[order]
+    stepped = np.maximum.accumulate(stepped) if running else stepped
+    out = np.empty(m)
+    out[order] = np.minimum(stepped, 1.0) if cap else stepped
     return out
 
 
-@checker("08.3")
-def conv_reach_queries(answer, **_):
-    """``answer(inputs, mask, num_pairs, conv_reach) -> int``: the queries whose value lies
-    within ``conv_reach`` tokens before them, tried on sequences of the checker's own."""
-    for inputs, mask, num_pairs, reach in _sequences():
-        want = _reach_count(inputs, mask, num_pairs, reach)
-        got, hint = call_own_work(
-            answer, inputs.copy(), mask.copy(), num_pairs, reach,
-            name="reach_count(inputs, mask, num_pairs, conv_reach)",
-        )
-        hint = hint or refuse_degenerate(
-            got, shape=(), integer=True, allow_zeros=want == 0, what="the count"
-        )
+def _family_p(family: dict, how: str) -> np.ndarray:
+    """Each row's p of ``family`` ({row: (a, b)}), worked out ``how`` (right or one mistake)."""
+    d = [np.subtract(*map(np.asarray, pair)) for pair in family.values()]
+    p = np.array([_t_p(x, ddof=0 if how == "sd over n" else 1) for x in d])
+    if how == "one-sided":
+        p = np.where([x.mean() > 0 for x in d], p / 2, 1 - p / 2)
+    return {
+        "unadjusted": p,
+        "Bonferroni": np.minimum(p * p.size, 1.0),
+        "no running maximum": _holm(p, running=False),
+    }.get(how, _holm(p))
+
+
+_HOLM_HINTS = {
+    "unadjusted": "these are each row's own p: Holm adjusts them over the family",
+    "Bonferroni": "that is Bonferroni (every p times m): Holm multiplies the i-th smallest of m "
+    "by m - i + 1",
+    "no running maximum": "Holm's adjusted values never fall in the sorted order: after the "
+    "products, take the running maximum",
+    "sd over n": "the sd of the differences divides by n - 1 (the t statistic's)",
+    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",
+}
+
+
+def _holm_families(rng) -> list:
+    """Families of 5 paired seeds drawn with ``rng``: 3 to 9 rows, p from 0.001 to 0.99, one
+    row negative, the running maximum and the cap at 1 both at work."""
+    out = []
+    while len(out) < 3:
+        m = int(rng.integers(3, 10))
+        gaps = rng.uniform(-0.2, 1.5, m) * rng.choice([1, 1, -1], m)
+        fam = {
+            f"row {i}": ((b + g + 0.05 * rng.standard_normal(5)).round(4).tolist(), b.tolist())
+            for i, (g, b) in enumerate(zip(gaps * 0.05, rng.uniform(0.3, 0.7, (m, 5)), strict=True))
+        }
+        p = _family_p(fam, "unadjusted")
+        if (
+            p.min() > 1e-3
+            and (_holm(p) > _holm(p, running=False)).any()
+            and (_holm(p, cap=False) > 1).any()
+            and (_holm(p) < 0.5).sum() >= 2
+        ):
+            out.append(fam)
+    return out
+
+
+def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None]:
+    """The answer's values in ``family``'s row order, or a hint on their form."""
+    if not isinstance(got, dict) or set(got) != set(family):
+        return None, f"return a dict {{row: {what}}} with the family's rows as keys"
+    values = [got[row] for row in family]
+    hint = refuse_degenerate(values, shape=(len(family),), what=f"the {what}s", allow_zeros=True)
+    if hint:
+        return None, hint
+    values = np.asarray(values, np.float64)
+    if ((values < 0) | (values > 1)).any():
+        return None, f"a {what} lies in [0, 1]"
+    return values, None
+
+
+def _own_call(answer, family: dict, name: str):
+    """``answer(copy of family)``: its own work, no kda_lib and no scipy.stats test."""
+    with modules_entered(_TESTS) as entered:
+        got, hint = call_own_work(answer, _rows(family), name=name)
+    if entered:
+        return None, f"{name} calls {entered[0]}, which does the test: derive it yourself"
+    return got, hint
+
+
+@checker("08.2")
+def holm_column(answer, *, family: dict, seed=None):
+    """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
+    (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
+    ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
+    scipy.stats and kda_lib refused."""
+    seed, rng = seeded(seed)
+    for fam in [family, *_holm_families(rng)]:
+        got, hint = _own_call(answer, fam, "holm_column(family)")
+        got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
         if hint:
-            return hint
-        if int(got) == _reach_count(inputs, mask, num_pairs, reach - 1) != want:
-            return "a value exactly conv_reach tokens back is within reach (<=, not <)"
-        if int(got) != want:
-            return "pair i's value sits at position 2 i + 1; compare with each query's position"
+            return hint + again(seed)
+        if np.allclose(got, _family_p(fam, "right"), rtol=1e-4, atol=1e-6):
+            continue
+        for how, text in _HOLM_HINTS.items():
+            if np.allclose(got, _family_p(fam, how), rtol=1e-4, atol=1e-6):
+                return text + again(seed)
+        return (
+            "some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
+            "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm"
+            + again(seed)
+        )
+    return None
+
+
+def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
+    """The exact two-sided sign-flip p of the differences ``d``: the share of the 2^n sign
+    patterns whose |sum| reaches the observed |sum| (or a mistake: ties left out, one tail,
+    ties compared to the last bit)."""
+    d = np.asarray(d, np.float64)
+    signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
+    sums, observed = signs @ d, d.sum()
+    tol = 0.0 if exact else 1e-9 * max(np.abs(d).sum(), 1e-300)
+    if one_sided:
+        return float(
+            np.mean(sums >= observed - tol) if observed >= 0 else np.mean(sums <= observed + tol)
+        )
+    if strict:
+        return float(np.mean(np.abs(sums) > abs(observed) + tol))
+    return float(np.mean(np.abs(sums) >= abs(observed) - tol))
+
+
+def _flip_families(rng) -> list:
+    """Families drawn with ``rng``: rows of 3 to 10 seeds, of continuous scores or of eighths
+    with a zero difference, and a row whose tying sums differ in their last bits."""
+    out = []
+    for _ in range(3):
+        fam = {}
+        for i in range(int(rng.integers(3, 7))):
+            n = int(rng.integers(3, 11))
+            b = rng.uniform(0, 1, n).round(3)
+            if i % 2:  # one zero difference (dropping it leaves p as it is), the rest eighths
+                d = np.append(0.0, rng.integers(-2, 6, n - 1) / 8)
+            else:
+                d = rng.normal(rng.uniform(0, 0.1), 0.05, n)
+            fam[f"row {i}"] = ((b + d).tolist(), b.tolist())
+        out.append(fam)
+    # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
+    out[0]["ties"] = ([-0.4, -0.5, 0.3, 0.1], [0.0] * 4)
+    return out
+
+
+_FLIP_HINTS = {
+    "strict": "a pattern whose |sum| equals the observed one counts (the observed pattern "
+    "itself and its mirror do)",
+    "one_sided": "the test is two-sided: a pattern as far out on the other side counts too",
+    "exact": "sums that tie in exact arithmetic can differ in their last bits (0.7 - 0.5 is not "
+    "0.8 - 0.6 in floats): compare with a tolerance",
+}
+
+
+@checker("08.3")
+def sign_flip_column(answer, *, family: dict, seed=None):
+    """``answer(family) -> {row: p}``: each row's exact two-sided sign-flip p (every sign
+    pattern of its paired differences), tried on ``family`` (the claims family) and on families
+    of 3 to 10 seeds drawn at check time (``seed`` repeats them). scipy.stats and kda_lib
+    refused."""
+    seed, rng = seeded(seed)
+    for fam in [family, *_flip_families(rng)]:
+        got, hint = _own_call(answer, fam, "sign_flip_column(family)")
+        got, hint = (None, hint) if hint else _column(got, fam, "sign-flip p")
+        if hint:
+            return hint + again(seed)
+        d = [np.subtract(*map(np.asarray, pair)) for pair in _rows(fam).values()]
+        if np.allclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9):
+            continue
+        for how, text in _FLIP_HINTS.items():
+            if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
+                return text + again(seed)
+        return (
+            "some rows are off: under no difference each seed's difference is as likely "
+            "negative as positive; count every pattern of signs, exactly (not a sample)"
+            + again(seed)
+        )
     return None
 
 
