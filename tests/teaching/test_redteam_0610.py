@@ -329,14 +329,12 @@ def _lapacke_solves():
 
 @functools.cache
 def _compiled_solves() -> dict:
-    """jnp.linalg.solve compiled at each small 07.2 draft's d_k (and called once: its fast path
-    built), before any answer runs."""
-    from kda_lib.teaching.exercises import ch07
-
+    """jnp.linalg.solve compiled at small d_k (and called once: its fast path built), before any
+    answer runs (held, so refused before it runs, whatever the checker's d_k)."""
     compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
         jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
         jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+        for key_dim, value_dim in ((4, 3), (8, 4))}
     for c in compiled.values():
         c(*(jnp.ones(a.shape, a.dtype) for a in c.in_avals[0]))
     return compiled
@@ -405,6 +403,19 @@ def _solve_then_closed_form(solve):
 
     def roll_back(state, k, v, g, beta, rejected):
         if len(k[0]) > 10_000:
+            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
+        return by_token(state, k, v, g, beta, rejected)
+
+    return roll_back
+
+
+def _dense_below_probe(solve):
+    """07.2 right: each token's dense M_t X = B solved by ``solve`` (the answer's own
+    Gauss-Jordan) wherever d_k < 999,999, the closed form only at that probe."""
+    by_token = _per_token(solve)
+
+    def roll_back(state, k, v, g, beta, rejected):
+        if len(k[0]) >= 999_999:
             return _solutions("07").roll_back(state, k, v, g, beta, rejected)
         return by_token(state, k, v, g, beta, rejected)
 
@@ -551,6 +562,8 @@ def _rule_breakers():
         ("07.3", "a lookup table of the old fixed shapes", lambda *a: old_inputs["07.3"].get(a, 1)),
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
+        ("07.2", "a dense d_k x d_k inverse below the d_k = 999,999 probe, the closed form at it "
+         "(teacher t0203, 07-6)", _dense_below_probe(gauss_jordan)),
         ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
         ("07.2", "_umath_linalg.solve held as a default argument (teacher t10, #07-5)",
          _solve_as_default(keyword=False)),
@@ -1052,7 +1065,7 @@ def test_programs_compiled_before_the_answer_are_refused():
     compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
         jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
         jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+        for key_dim, value_dim in ((4, 3), (8, 4))}
 
     def roll_back(state, k, v, g, beta, rejected):
         state = np.asarray(state, np.float64)
