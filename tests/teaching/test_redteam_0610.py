@@ -397,12 +397,12 @@ def _per_token(solve):
 
 
 def _solve_then_closed_form(solve):
-    """07.2 right: :func:`_per_token` with ``solve`` up to d_k = 10,000, the closed form only at
-    the checker's d_k of a million (where a d_k x d_k matrix cannot fit)."""
+    """07.2 right: :func:`_per_token` with ``solve`` below d_k = 999,999, the closed form only at
+    that probe (every draft's d_k x d_k matrix is too large now: refused by memory or route)."""
     by_token = _per_token(solve)
 
     def roll_back(state, k, v, g, beta, rejected):
-        if len(k[0]) > 10_000:
+        if len(k[0]) >= 999_999:
             return _solutions("07").roll_back(state, k, v, g, beta, rejected)
         return by_token(state, k, v, g, beta, rejected)
 
@@ -1060,7 +1060,7 @@ def test_library_routes_in_other_threads_are_refused():
 def test_programs_compiled_before_the_answer_are_refused():
     """07.2 (teacher 2026-12-05): ``jax.jit(jnp.linalg.solve).lower(...).compile()`` built before
     the answer runs no Python frame when called; calling it from the answer is refused."""
-    from kda_lib.teaching.exercises import COMPILED_HINT, ch07
+    from kda_lib.teaching.exercises import COMPILED_HINT
 
     compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
         jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
@@ -1079,6 +1079,17 @@ def test_programs_compiled_before_the_answer_are_refused():
     hint = exercises.verdict("07.2", roll_back)
     assert hint is not None and "compiled" in hint, hint
     assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
+
+
+def test_07_3_kv_numbers_per_head_is_named():
+    """07.3 (teacher t0203, 07-1): the page now says ``kv_numbers`` counts the whole layer's
+    numbers a token; the per-head reading is refused with a hint that says so."""
+    def per_head(h, k, v, w, n, bs, bc, d):
+        kda = bs * h * ((1 + d) * k * v + (w - 1 + d if w >= 2 else 0) * (2 * k + v))
+        return max(1, math.ceil(kda / (h * n * bc)) - 2 * d)
+
+    hint = exercises.verdict("07.3", per_head)
+    assert hint is not None and "whole layer" in hint, hint
 
 
 def test_07_2_rule_breakers_compute_the_right_state():

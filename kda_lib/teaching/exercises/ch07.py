@@ -107,7 +107,7 @@ def layer_cache_bytes(answer, *, seed=None):
     seed, rng = seeded(seed)
     for case in _layers(rng):
         got, hint = call_own_work(answer, *case,
-                                  name="cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
+                                  name="draft_cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
         hint = hint or refuse_degenerate(got, shape=(), what=f"bytes for {case}")
         if hint:
             return hint + again(seed)
@@ -416,16 +416,16 @@ def _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft):
                                   + _window_rows(conv_size, draft) * (2 * key_dim + value_dim))
 
 
-def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft):
+def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft):
     kda = _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft)
-    return max(1, math.ceil(kda / (kv_numbers * cache_bytes)) - 2 * draft)
+    return max(1, math.ceil(kda / (kv_numbers * kv_bytes)) - 2 * draft)
 
 
 def _cases(rng):
-    """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft),
+    """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft),
     conv_size 4, 4, 4, 0, 1, 2, 3, drafts of 1 to 8 tokens, drawn from ``rng``; an eighth, a
     small head against a large cache and a long draft, where the count gives T <= 0 (T* = 1);
-    and a ninth whose kv_numbers x cache_bytes divides the KDA bytes: attention moves exactly
+    and a ninth whose kv_numbers x kv_bytes divides the KDA bytes: attention moves exactly
     as many bytes at T* (a floor + 1 in place of the ceiling is one too many there)."""
     out = [(int(rng.choice([8, 16, 32])), int(rng.choice([64, 128])), int(rng.choice([64, 128])),
             w, int(rng.integers(96, 4097)), int(rng.choice([2, 4])), int(rng.choice([2, 4])),
@@ -448,6 +448,10 @@ def _t_star_hint(case, got: int) -> str:
     if raw >= 1 and got == raw + 1 and _kda_verify_bytes(h, k, v, w, bs, d) % (n * bc) == 0:
         return (f"at T = {raw} attention moves exactly the KDA call's bytes: 'no fewer' "
                 "includes equality (the quotient is a whole number here)")
+    if h > 1 and got == max(1, math.ceil(_kda_verify_bytes(h, k, v, w, bs, d) / (h * n * bc))
+                                - 2 * d):
+        return ("that reads kv_numbers as one head's: it counts the whole layer's numbers per "
+                "token, all heads together (576 for MLA)")
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
@@ -461,7 +465,7 @@ def _t_star_hint(case, got: int) -> str:
 
 @checker("07.3")
 def decode_crossover(answer, *, seed=None):
-    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes,
+    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
     draft)``: the smallest whole context T >= 1 at which an attention call verifying a
     ``draft``-token draft (write its entries, read all T + draft) moves at least the bytes of a
     KDA verify call (state read, the state after each token written, conv rows read and written,
