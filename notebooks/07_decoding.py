@@ -305,8 +305,9 @@ viz.show(fig, "07_decode_time")
 #   token by token from the cache, reproduces one full forward pass: outputs, state, conv.
 # - The cache is $H d_k d_v + \max(w - 1, 0) H (2 d_k + d_v)$ floats per sequence and layer,
 #   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
-# - A KDA step takes the same time at every context; an attention step's time grows with the
-#   KV cache it reads (section 4). Why bytes decide on a GPU (both steps memory-bound): the notes.
+# - A KDA step is one program at every context (its cache has the same shapes, asserted), timed
+#   once; an attention step's time grows with the KV cache it reads (section 4). Why bytes
+#   decide on a GPU (both steps memory-bound): the notes.
 #
 # ## Exercises
 #
