@@ -339,8 +339,8 @@ viz.show(fig, "07_decode_time")
 #    tokens writes $m$ entries and reads all $T + m$, an entry being `kv_numbers` numbers for the
 #    **whole layer**, all heads together (576 for Kimi Linear's MLA), `kv_bytes` bytes each.
 #    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
-#    draft)`: the least whole $T \ge 1$ where attention moves no fewer bytes ($T^\ast_m$ in
-#    NOTATION). Predict for Kimi Linear: $m = 4$ against 1?
+#    draft)`: the least whole $T \ge 1$ where attention moves no fewer bytes
+#    ($T^\ast_{\text{draft}}$ in NOTATION). Predict for Kimi Linear: $m = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises
