@@ -361,16 +361,19 @@ _ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest 
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
-if n_between := t_last - latest - 1:  # a write of u orthogonal to k in between, float64:
-    with jax.enable_x64(True):  # it moves the latest weight under per-channel decay only
-        u = jax.random.normal(key_fm, (key_dim,), jnp.float64)
-        u = u - (u @ k64[t_last]) * k64[t_last]  # orthogonal to k
-        k_u = k64.at[latest + 1].set(u / jnp.linalg.norm(u))
-        b_u = only_same.at[latest + 1].set(beta_value)
-        for g_u, moves in ((g64, True), (g64.mean(1, keepdims=True) + 0 * g64, False)):
-            w0, w1 = (explain.kda_mixing_matrix(k_u, k_u, g_u, b, scale=1.0)[t_last, latest]
-                      for b in (only_same, b_u))
-            assert (abs(w1 - w0) > 1e-9 * abs(w0)) == moves, ("orthogonal write", moves)
+k_u, b_same = np.array(k64), np.asarray(only_same)  # a write of u orthogonal to k in between
+if n_between := t_last - latest - 1:  # moves the weight under per-channel decay only (float64)
+    u = np.random.default_rng(seed).normal(size=key_dim)
+    k_u[latest + 1] = (u - (u @ kk) * kk) / np.linalg.norm(u - (u @ kk) * kk)
+    b_u = np.where(np.arange(mix_len) == latest + 1, beta_value, b_same)
+    for g_u, moves in ((g_np, True), (g_np.mean(1, keepdims=True) + 0 * g_np, False)):
+        w = []
+        for b in (b_same, b_u):  # beta q_t^T M_t ... M_(s+1) k_s, s = latest, row by row
+            r = k_u[t_last]
+            for j in range(t_last, latest, -1):
+                r = (r - b[j] * (r @ k_u[j]) * k_u[j]) * np.exp(g_u[j])
+            w.append(r @ k_u[latest])
+        assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
 assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
 between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
 exact = (f"exact only when {between} nothing (their $\\beta$ set to 0: "
@@ -385,10 +388,9 @@ display(Markdown(
 # %% [markdown]
 # ## 5. Explore: move the gate parameters yourself
 #
-# `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's mixing matrix and the
-# state's norm over a random stream (the notes) for one head with **one** shared $a$ (`A_log`),
-# bias $b$, floor $g_{\min}$ and $\beta$ ($\mathbf f$ still varies). With `interactive=True`,
-# ipywidgets and a live notebook, sliders drive it; otherwise the cell draws it once.
+# `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's $\Omega$ and the state's
+# norm (the notes) for one head with one shared $a$, $b$, $g_{\min}$, $\beta$ ($\mathbf f$ varies):
+# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once.
 
 # %% tags=["hide-input"]
 key_k, key_v = jax.random.split(key_state)  # a random stream for the state-norm view
@@ -403,12 +405,10 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 # ## Summary
 #
 # - `kda_gate` is $-a_h \operatorname{softplus}(\mathbf f + \mathbf b)$ (unbounded) or
-#   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (each token erases at most
-#   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis, $a_h$ scales the
-#   softplus gate's output and the safe gate's input axis.
-# - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives
-#   inside every head span over one order of magnitude, at most two (the range of $\tau$), and
-#   scale as $1/a_h$ between heads (section 2): every head mixes fast and slow memories.
+#   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (a token erases at most $1 -
+#   e^{g_{\min}}$): $\mathbf b$ shifts the input axis, $a_h$ scales it (safe) or the output.
+# - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
+#   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
 # - Retention only shrinks (every $g \le 0$), never faster than $g_{\min}$ a token (safe gate).
 # - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
 #   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
