@@ -376,7 +376,7 @@ if n_between := t_last - latest - 1:  # moves the weight under per-channel decay
         assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
 assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
 between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
-exact = (f"exact only when {between} nothing (their $\\beta$ set to 0: "
+exact = (f"exact only when {between} nothing ($\\beta$ = 0 there: "
          f"{Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
 display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
