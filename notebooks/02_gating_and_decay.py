@@ -418,8 +418,8 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #
 # 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
 #    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction
-#    $\kappa$ of what it stored, `keeping_input(kappa, m, a, lower_bound)` ($a = a_h$). For which
-#    $\kappa$ does such an $f$ exist?
+#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$). For which
+#    $\zeta$ does such an $f$ exist?
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
@@ -434,7 +434,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function keeping_input(kappa, m, a, lower_bound) -> f
+answer = None  # exercise 1: a function keeping_input(zeta, m, a, lower_bound) -> f
 exercises.check("02.1", answer)
 
 # %%

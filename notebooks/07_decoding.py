@@ -337,7 +337,7 @@ viz.show(fig, "07_decode_time")
 #    heads, one state each, `conv_size` $= w$) moves exercise 1's cache once (reads what it held
 #    before the draft, writes the rest), `state_bytes` bytes a number; attention over $T$ cached
 #    tokens writes $m$ entries and reads all $T + m$, an entry being `kv_numbers` numbers for the
-#    **whole layer**, all heads together (576 for Kimi Linear's MLA), `kv_bytes` bytes each.
+#    **whole layer**, all heads together (MLA: its latent and shared key), `kv_bytes` bytes each.
 #    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
 #    draft)`: the least whole $T \ge 1$ where attention moves no fewer bytes
 #    ($T^\ast_{\text{draft}}$ in NOTATION). Predict for Kimi Linear: $m = 4$ against 1?

@@ -935,9 +935,9 @@ def test_hints_name_the_mistake_not_a_symptom():
     """teacher t0203 (02-6, 03-5): 02.1's one-token answer (m ignored) is told it missed m, not
     only that its f is NaN; 03.1's exp(-gamma_t) * exp(gamma_s) is told to form the exponent
     before exp, not only that it overflowed."""
-    def one_token(kappa, m, a, lower_bound):
+    def one_token(zeta, m, a, lower_bound):
         with np.errstate(all="ignore"):
-            s = np.log(kappa) / lower_bound
+            s = np.log(zeta) / lower_bound
             return np.log(s / (1 - s)) / a
 
     hints = [exercises.verdict("02.1", one_token, seed=seed) for seed in range(6)]

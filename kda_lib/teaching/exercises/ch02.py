@@ -30,9 +30,9 @@ def _close(got, want, tol=1e-5, size=1e-2) -> bool:
 
 @checker("02.1")
 def keeping_input(answer, *, seed=None):
-    """``answer(kappa, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0)
+    """``answer(zeta, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0)
     at which a safe-gate channel, ``g = lower_bound * sigmoid(a f)`` per token, keeps the fraction
-    ``kappa`` (``p`` here) of what it stored after ``m`` tokens, for a rate ``a > 0``. Four
+    ``zeta`` (``p`` here) of what it stored after ``m`` tokens, for a rate ``a > 0``. Four
     trials drawn afresh at every call, ``m >= 2`` (so the one-token answer is wrong; where it has
     no f, its NaN gets a hint that names m), ``p`` from e^-40 to e^-1."""
     seed, rng = seeded(seed)
@@ -44,13 +44,13 @@ def keeping_input(answer, *, seed=None):
         n = int(rng.integers(max(lo, 2), max(hi, lo + 1, 3)))
         p = float(np.exp(n * bound * x))
         got, hint = call_answer(
-            answer, p, n, a, bound, name="keeping_input(kappa, m, a, lower_bound)", own_code=True
+            answer, p, n, a, bound, name="keeping_input(zeta, m, a, lower_bound)", own_code=True
         )
         got = got if hint else _scalar(got)
         one_token = np.log(p) / bound  # the sigmoid(a f) that keeps p after ONE token: > 1 here
         if not hint and one_token > 1 and not np.all(np.isfinite(np.asarray(got, float))):
-            return (f"no f keeps kappa = {p!r} after one token here (it would need sigmoid(a f) "
-                    f"= {one_token:.3g} > 1): the channel keeps kappa after m = {n} tokens, not "
+            return (f"no f keeps zeta = {p!r} after one token here (it would need sigmoid(a f) "
+                    f"= {one_token:.3g} > 1): the channel keeps zeta after m = {n} tokens, not "
                     "one" + again(seed))
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
@@ -58,7 +58,7 @@ def keeping_input(answer, *, seed=None):
         s = np.log(p) / (n * bound)  # the sigmoid(a f) that keeps p after n tokens
         if not _close(got, np.log(s / (1 - s)) / a):
             return (
-                f"wrong at kappa = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
+                f"wrong at zeta = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
                 "the channel keep after m equal tokens, and which sigmoid(a f) gives that?"
                 + again(seed)
             )
