@@ -16,15 +16,16 @@
 # %% [markdown]
 # # 02 · Gating and decay: what KDA remembers, and for how long
 #
-# **Claim.** KDA's forget gate turns a raw per-channel input $\mathbf f_t$ into a log-space decay
-# $\mathbf g_t \le 0$ with three parameters: the bias $\mathbf b$ (`dt_bias`) shifts the
-# operating point of each channel, the rate $a_h$ (stored as `A_log`) sets each head's speed, and
-# the safe gate's floor $g_{\min}$ (`lower_bound`) caps how much one token can erase. At
-# initialisation every head holds short- and long-lived channels side by side: inside a head
-# the half-lives span over one order of magnitude and at most two (the range of $\tau$), and the
-# head's rate divides them all by $a_h$. For fixed queries, keys, gates and $\beta$ a KDA head is
-# a causal $T \times T$ linear mixing $\Omega$ of the values, like attention but with signed
-# weights. Every statement is checked below.
+# **Claim.** One idea: KDA's forget gate, and what it makes a head remember, for how long.
+#
+# - The gate turns a raw per-channel input $\mathbf f_t$ into a log-space decay $\mathbf g_t \le
+#   0$: the bias $\mathbf b$ (`dt_bias`) shifts each channel's operating point, the rate $a_h$
+#   (`A_log`) sets each head's speed, the safe gate's floor $g_{\min}$ (`lower_bound`) caps what
+#   one token can erase.
+# - At initialisation every head mixes short- and long-lived channels: inside a head the
+#   half-lives span one to two orders of magnitude (the range of $\tau$); $a_h$ divides them all.
+# - The gate's effect on a read, pictured (section 4): a head is a causal, signed $T \times T$
+#   mixing $\Omega$ of the values, whose weight on an earlier token is set by the decays between.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/02_gating_and_decay.ipynb)
 #
@@ -115,11 +116,10 @@ def half_life(g):
 # g_{\min} \in [-5, 0).
 # $$
 #
-# The softplus gate (`lower_bound=None`) is unbounded below: a large input can wipe a channel in
-# one token. The safe gate (`lower_bound` $= g_{\min}$) stays above $g_{\min}$, so one token
-# removes at most a fraction $1 - e^{g_{\min}}$ of a channel. $\mathbf b$ moves the curve left
-# and right (which inputs count as "forget"), $a_h$ stretches it (softplus gate: vertically;
-# safe gate: horizontally), $g_{\min}$ sets the safe gate's floor.
+# The softplus gate (`lower_bound=None`) is unbounded below: one token can wipe a channel. The
+# safe gate stays above $g_{\min}$: one token removes at most $1 - e^{g_{\min}}$ of a channel.
+# $\mathbf b$ shifts the curve (which inputs count as "forget"), $a_h$ stretches it (softplus
+# gate: vertically; safe gate: horizontally).
 
 # %%
 x = np.linspace(-8.0, 8.0, 401, dtype=np.float32)
@@ -235,15 +235,12 @@ viz.show(gates.plot_half_lives(
 # ## 3. Cumulative decay over a sequence
 #
 # What a channel stored at token 0 is still there at token $t$ with weight $e^{g_1 + \dots + g_t}$.
-# With a random raw input $\mathbf f$ (standing in for the projection of real tokens, standard
-# deviation `gate_input_std`) the per-token decays fluctuate: the softplus gate's median rate is the
-# init rate (monotone in $f$, whose median is 0), its mean rate larger (softplus is convex; numbers
-# in the notes). In each panel a row is one channel of one head (sorted by its half-life at init)
-# and the colour is the $\log_{10}$ of the fraction retained since token 0. Long-memory channels
-# stay bright; at a constant rate a channel keeps 1% after $\log_2 100$ half-lives. The first two
-# panels are the heads with the smallest and largest $a_h$ (titles; at equal $\tau$ their init rates
-# differ by that ratio). The safe gate looks like the softplus gate with $a = \lvert g_{\min}\rvert$
-# (section 2), and its cumulative decay never drops below $g_{\min}\, t$.
+# With a random raw input $\mathbf f$ (standing in for real tokens' projections, std
+# `gate_input_std`) the decays fluctuate: the softplus gate's median rate is the init rate, its
+# mean larger (softplus is convex; the notes). A row is one channel (sorted by half-life at init),
+# the colour the $\log_{10}$ of the fraction retained. The first two panels: the heads with the
+# smallest and largest $a_h$. The safe gate looks like the softplus gate with $a = \lvert
+# g_{\min}\rvert$ (section 2); its cumulative decay never drops below $g_{\min}\, t$.
 
 # %%
 f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))
@@ -264,44 +261,39 @@ viz.show(gates.plot_cumulative_decay([
     f"channel, $f \\sim N(0, {gate_input_std:g}^2)$"), "02_cumulative_decay")
 
 # %% [markdown]
-# ## 4. A KDA head as a $T \times T$ mixing matrix
+# ## 4. The gate's effect on a read, pictured: a $T \times T$ mixing matrix
 #
-# For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, and
-# every value channel goes through the same map, so $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$
-# for one lower-triangular $\Omega \in \mathbb R^{T \times T}$: $\Omega_{ts}$ is how much
-# $\mathbf v_s$ contributes to $\mathbf o_t$. `explain.kda_mixing_matrix` reads it off by feeding
-# one-hot values (checked against `jax.jacobian`). The tokens come from a small vocabulary
-# ($\mathbf q_t = \mathbf k_t$ = the token's unit embedding), `scale=1`: recall weights.
+# For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, the
+# same map for every value channel: $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$, one
+# lower-triangular $\Omega \in \mathbb R^{T \times T}$ (`explain.kda_mixing_matrix`, checked
+# against `jax.jacobian`). Tokens from a small vocabulary, $\mathbf q_t = \mathbf k_t$ = the
+# token's unit embedding, `scale=1`: $\Omega_{ts}$ is the weight of $\mathbf v_s$ in the read.
 #
-# **What to expect, derived.** $\mathbf v_s$ enters the state through token $s$'s write
-# $\beta_s \mathbf k_s \mathbf v_s^\top$, and every later token $t'$ multiplies the state by its
-# transition $M_{t'} = (I - \beta_{t'} \mathbf k_{t'} \mathbf k_{t'}^\top) D_{t'}$ (notebook 01).
-# Read with $\mathbf q_t$ at scale 1:
+# **What to expect, derived.** $\mathbf v_s$ enters the state by token $s$'s write, and every
+# later token $t'$ multiplies the state by $M_{t'} = (I - \beta_{t'} \mathbf k_{t'}
+# \mathbf k_{t'}^\top) D_{t'}$ (notebook 01), so
 #
 # $$
 # \Omega_{ts} = \beta_s\, \mathbf q_t^\top M_t M_{t-1} \cdots M_{s+1}\, \mathbf k_s
 #   \quad (s < t), \qquad \Omega_{tt} = \beta_t\, \mathbf q_t^\top \mathbf k_t .
 # $$
 #
-# With $\mathbf q_t = \mathbf k_t$ the diagonal is $\beta$. Let $\mathbf k$ be the current
-# token's key and $s$ its latest earlier occurrence, and let the tokens in between **not write**
-# ($\beta_{t'} = 0$: their $M_{t'}$ become $D_{t'}$). The last factor is $M_t = (I - \beta \mathbf k
-# \mathbf k^\top) D_t$ and $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta)
-# \mathbf k^\top$, so
+# The diagonal is $\beta$. Let $s$ be the latest earlier occurrence of the current key
+# $\mathbf k$ and the tokens between **not write** ($\beta_{t'} = 0$: $M_{t'} = D_{t'}$); since
+# $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf k^\top$,
 #
 # $$
 # \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k
 #   = \beta (1 - \beta) \sum_c k_c^2\, e^{g_{s+1, c} + \dots + g_{t, c}} ,
 # $$
 #
-# a quadratic form over the channels, weighted by $k_c^2$, not the channel mean of the decay.
-# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns the
-# stored $D_t \cdots D_{s+1} \mathbf k$ out of $\mathbf k$'s direction, so an orthogonal write
-# still changes the weight (with one decay for all channels it does not; checked in the notes).
-# Every off-diagonal entry of row $t$ starts with $\mathbf k^\top M_t$, so carries $1 - \beta$: at
-# $\beta = 1$, $\Omega = I$, a full overwrite recalls only the current value. Softmax weighs
-# **every** earlier occurrence as the current one (same key, same score). Slowest head (section 3),
-# symmetric log colours; circles: the last token's earlier occurrences.
+# a quadratic form over the channels, weighted by $k_c^2$: the gate's decays set the weight.
+# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns
+# $D_t \cdots D_{s+1} \mathbf k$ out of $\mathbf k$'s direction, so an orthogonal write still
+# changes the weight; with one decay for all channels it does not (both asserted below). Each
+# off-diagonal entry of row $t$ carries $1 - \beta$ (from $\mathbf k^\top M_t$): at $\beta = 1$,
+# $\Omega = I$. Softmax weighs **every** earlier occurrence as the current one (same score).
+# Slowest head (section 3), symmetric log colours; circles: the last token's earlier occurrences.
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -334,8 +326,10 @@ Omega_soft = np.asarray(
     explain.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
 fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
 viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
-            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
             diverging=True, norm=viz.signed_log_norm(Omega))
+ax_kda.imshow(np.where(np.triu(np.ones_like(Omega), 1) > 0, 1.0, np.nan), aspect="auto",
+              interpolation="nearest", cmap=plt.matplotlib.colors.ListedColormap(["0.3"]))  # s > t
 viz.heatmap(ax_soft, np.where(Omega_soft >= 1e-3, Omega_soft, np.nan), xlabel="source token s",
             title=f"Causal softmax attention, temperature {softmax_temperature:g}",
             ylabel="output token t", cbar_label="weight (log; white: below 1e-3, or s > t)",
@@ -367,10 +361,23 @@ _ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest 
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
+k_u, b_same = np.array(k64), np.asarray(only_same)  # a write of u orthogonal to k in between
+if n_between := t_last - latest - 1:  # moves the weight under per-channel decay only (float64)
+    u = np.random.default_rng(seed).normal(size=key_dim)
+    k_u[latest + 1] = (u - (u @ kk) * kk) / np.linalg.norm(u - (u @ kk) * kk)
+    b_u = np.where(np.arange(mix_len) == latest + 1, beta_value, b_same)
+    for g_u, moves in ((g_np, True), (g_np.mean(1, keepdims=True) + 0 * g_np, False)):
+        w = []
+        for b in (b_same, b_u):  # beta q_t^T M_t ... M_(s+1) k_s, s = latest, row by row
+            r = k_u[t_last]
+            for j in range(t_last, latest, -1):
+                r = (r - b[j] * (r @ k_u[j]) * k_u[j]) * np.exp(g_u[j])
+            w.append(r @ k_u[latest])
+        assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
 assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
-n_between = t_last - latest - 1  # the formula is exact only when these write nothing
-exact = (f"exact only when the {n_between} tokens between write nothing (their $\\beta$ set to "
-         f"0: {Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
+between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
+exact = (f"exact only when {between} nothing ($\\beta$ = 0 there: "
+         f"{Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
 display(Markdown(
     f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
     f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest earlier "
@@ -381,12 +388,9 @@ display(Markdown(
 # %% [markdown]
 # ## 5. Explore: move the gate parameters yourself
 #
-# `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's mixing matrix and the
-# state's norm over a random stream (its level without decay: the notes) for one head with
-# **one** shared $a$ (as `A_log`), bias $b$, floor $g_{\min}$ and $\beta$ (the random gate input
-# $\mathbf f$ still varies by channel and token). With `interactive=True`, ipywidgets installed
-# and a live notebook (Jupyter, Colab), sliders below drive it, starting from the defaults;
-# otherwise (papermill, nbval, the rendered site) the cell draws it once with them.
+# `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's $\Omega$ and the state's
+# norm (the notes) for one head with one shared $a$, $b$, $g_{\min}$, $\beta$ ($\mathbf f$ varies):
+# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once.
 
 # %% tags=["hide-input"]
 key_k, key_v = jax.random.split(key_state)  # a random stream for the state-norm view
@@ -401,24 +405,21 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 # ## Summary
 #
 # - `kda_gate` is $-a_h \operatorname{softplus}(\mathbf f + \mathbf b)$ (unbounded) or
-#   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (each token erases at most
-#   $1 - e^{g_{\min}}$); both are $\le 0$, $\mathbf b$ shifts the input axis, $a_h$ scales the
-#   softplus gate's output and the safe gate's input axis.
-# - At init ($a_h \in [1, 16]$, $\tau$ log-uniform in $[10^{-3}, 10^{-1}]$) the half-lives
-#   inside every head span over one order of magnitude, at most two (the range of $\tau$), and
-#   scale as $1/a_h$ between heads (section 2): every head mixes fast and slow memories.
+#   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (a token erases at most $1 -
+#   e^{g_{\min}}$): $\mathbf b$ shifts the input axis, $a_h$ scales it (safe) or the output.
+# - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
+#   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
 # - Retention only shrinks (every $g \le 0$), never faster than $g_{\min}$ a token (safe gate).
-# - A KDA head is a causal, signed $T \times T$ mixing $\Omega$ of the values (checked against
-#   `jax.jacobian` and, in float64, $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
-#   \mathbf k_s$); on repeated tokens it puts $\beta$ on the current one, $\beta (1 - \beta)\,
-#   \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on the latest earlier one when the tokens in
-#   between do not write, less on older ones in this stream; softmax the same on all of them.
+# - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
+#   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
+#   occurrence (no writes between), less on older ones here; softmax the same on all of them.
 #
 # ## Exercises
 #
 # 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
-#    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction $p$
-#    of what it stored, `keeping_input(p, m, a, lower_bound)` ($a = a_h$). For which $p$ is one?
+#    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction
+#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$). For which
+#    $\zeta$ does such an $f$ exist?
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
@@ -433,7 +434,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function keeping_input(p, m, a, lower_bound) -> f
+answer = None  # exercise 1: a function keeping_input(zeta, m, a, lower_bound) -> f
 exercises.check("02.1", answer)
 
 # %%

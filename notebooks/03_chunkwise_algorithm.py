@@ -20,7 +20,7 @@
 # state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
 # with matrix products; between chunks only the state travels. The result equals the recurrence
 # (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps of matrix
-# products, what GPU and TPU matrix units are built for (section 5 times only this machine).
+# products, what GPU and TPU matrix units are built for (this CPU page counts it, cannot time it).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -379,11 +379,11 @@ viz.show(viz.scan_rounds(max(num_chunks, 16)), "03_scan_rounds")  # drawn for 16
 # %% [markdown]
 # ## 5. Measured time on this machine
 #
-# The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms and causal softmax
-# attention, batch 1, medians of `timing_repeats` calls after a warm-up, on this machine only,
-# neither asserted nor ranked: on a shared CPU reruns moved chunked / recurrent by over 10x
-# (notes). The chunked form trades $T$ sequential steps for $T / C$ at the price of more flops
-# (Eq. 13, in the table): that pays on GPU and TPU matrix units, not timed here (roofline: notes).
+# The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms (at `kda_lib.kda`'s default
+# $C = 64$, not this page's `chunk_size`), causal softmax attention: batch 1, medians of
+# `timing_repeats` calls, not asserted or ranked (reruns on a shared CPU moved them 10x). This page
+# shows the $T / C$ sequential steps and the flops (Eq. 13, the table: all matrix products), not
+# their speed on matrix units: a CPU has none, and the chunked form is often slower here (notes).
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]

@@ -84,10 +84,9 @@ import numpy as np
 from flax import nnx
 
 import kda_lib.teaching.notebook
-from kda_lib.lab.measure import timed_call
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
 from kda_lib.ops.api import select_implementation
-from kda_lib.teaching import viz
+from kda_lib.teaching import decode_timing, viz
 from kda_lib.testing import assert_close, relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -113,10 +112,9 @@ def run(layer, x, cache):
 #
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
-# call (`kda_lib.ops.api.select_implementation`; rules in the notebook notes): `'recurrent'`
-# (a scan over the tokens) for one token, and for a prompt on a CPU with small states; the
-# chunked form of notebook 03 on a GPU or for large states (all $B H d_k d_v$ numbers count).
-# Section 2 also prefills with `implementation="chunked"` on every machine. Both compute
+# call (printed; the rules are in the notebook notes): the recurrent scan for one token, and
+# the chunked form of notebook 03 or the scan for a prompt. Section 2 also prefills with the
+# chunked kernel on every machine. Both compute
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
@@ -147,11 +145,11 @@ print(f"prefill of {prompt_len} tokens: {time.perf_counter() - start:.2f} s (inc
 # check follows with the prompt prefilled by the chunked kernel (same weights).
 
 # %%
-decode_cache, outputs, cache_bytes = cache, [], []
+decode_cache, outputs, measured_bytes = cache, [], []
 for t in range(prompt_len, total_len):
     y_t, decode_cache = run(layer, x[:, t: t + 1], decode_cache)
     outputs.append(y_t)
-    cache_bytes.append(sum(a.nbytes for a in jax.tree.leaves(decode_cache)))
+    measured_bytes.append(sum(a.nbytes for a in jax.tree.leaves(decode_cache)))
 y_decoded = jnp.concatenate([y_prompt, *outputs], axis=1)
 
 y_full, cache_full = run(layer, x, layer.init_cache(batch))
@@ -223,11 +221,11 @@ viz.show(fig, "07_decode_error")
 # $\frac{d_v}{2} + \frac{3 \max(w - 1, 0)}{2}$ for $d_k = d_v$ (printed below).
 
 # %%
-kda_bytes = cache_bytes[0]
+kda_bytes = measured_bytes[0]
 kv_bytes_per_token = 2 * batch * num_heads * head_dim * 4  # keys and values, float32 (d_k = d_v)
 state_bytes = batch * num_heads * head_dim * head_dim * 4
 conv_bytes = batch * max(conv_size - 1, 0) * (3 * num_heads * head_dim) * 4
-assert len(set(cache_bytes)) == 1 and kda_bytes == state_bytes + conv_bytes, "never grows"
+assert len(set(measured_bytes)) == 1 and kda_bytes == state_bytes + conv_bytes, "never grows"
 crossover = kda_bytes / kv_bytes_per_token
 print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes:,}); "
       f"KV cache: {kv_bytes_per_token:,} bytes per token; equal at T = {crossover:.1f} tokens")
@@ -241,7 +239,7 @@ ax.plot(contexts, contexts * kv_bytes_per_token, color=viz.MODEL_COLORS["attenti
 ax.plot(contexts, np.full(contexts.shape, kda_bytes), color=viz.PALETTE["blue"],
         label="KDA cache (state + conv history)")
 every = max(len(decoded_at) // 8, 1)
-ax.plot(decoded_at[::every], cache_bytes[::every], "o", color=viz.PALETTE["blue"],
+ax.plot(decoded_at[::every], measured_bytes[::every], "o", color=viz.PALETTE["blue"],
         markerfacecolor="white", label="KDA cache, measured while decoding")
 ax.plot(crossover, kda_bytes, "ko", label=f"equal at T = {crossover:.1f} tokens")
 ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
@@ -255,40 +253,26 @@ viz.show(fig, "07_memory")
 #
 # A KDA decoding step does the same work at every position, $O(H d_k d_v)$ whatever the
 # context; a softmax attention step reads every cached key and value, $O(T H (d_k + d_v))$.
-# The KDA cache after a $T$-token prompt has the same shapes at every $T$ (asserted): one
-# compiled program decodes from all; attention (`kda_lib.layers.attention.CausalSelfAttention`,
-# same heads) over $T$ cached tokens is a program per $T$. Timed: `timing_steps` steps in one
-# compiled loop (`jax.lax.scan`: Python's per-call dispatch is paid once for all of them), the
-# calls interleaved over `timing_repeats` rounds, the fastest kept (printed only).
+# The KDA cache after a $T$-token prompt has the same shapes at every $T$ (asserted), so one
+# compiled KDA step serves every context and is timed once; attention
+# (`kda_lib.layers.attention.CausalSelfAttention`, same heads) is timed from a KV cache of $T$
+# tokens at each $T$. Each timing: `timing_steps` steps in one compiled loop, fastest of
+# `timing_repeats` rounds (how: `kda_lib.teaching.decode_timing`, the notes).
 
 # %%
-@jax.jit(static_argnums=(0, 4))
-def decode_loop(graph, params, x_t, cache, steps):
-    """`steps` decode steps of the module `nnx.split` gave as (graph, params), feeding `x_t`
-    [B, 1, hidden] each time: (final cache, outputs), one compiled program."""
-    module = nnx.merge(graph, params)
-    return jax.lax.scan(lambda c, _: module(x_t, cache=c)[::-1], cache, length=steps)
-
-
-kda_graph, kda_params = nnx.split(layer)
-for context in attention_contexts:  # the cache after a T-token prompt, shapes only (no run)
-    after = jax.eval_shape(lambda p, xs: nnx.merge(kda_graph, p)(xs, cache=layer.init_cache(
-        batch))[1], kda_params, jax.ShapeDtypeStruct((batch, context, hidden_size), jnp.float32))
-    assert jax.tree.map(jnp.shape, after) == jax.tree.map(jnp.shape, decode_cache), context
-
-# %%
+for context in attention_contexts:  # shapes only: nothing runs
+    after = decode_timing.cache_shapes_after(layer, batch, context, hidden_size)
+    assert after == jax.tree.map(jnp.shape, decode_cache), context
 attention = CausalSelfAttention(AttentionConfig(hidden_size=hidden_size, num_heads=num_heads,
                                                 head_dim=head_dim), rngs=nnx.Rngs(layer_seed))
-calls = {"KDA": (kda_graph, kda_params, x[:, :1], decode_cache, timing_steps)}
+calls = {"KDA": (layer, x[:, :1], decode_cache)}
 for n, context in enumerate(attention_contexts):  # T cached tokens, room for the steps
     kv = jax.random.normal(jax.random.fold_in(key_x, n),
                            (2, batch, context + timing_steps, num_heads, head_dim))
-    calls[context] = (*nnx.split(attention), x[:, :1], attention.init_cache(
-        batch, max_len=context + timing_steps)._replace(
-            keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32)), timing_steps)
-rounds = [{name: 1e3 * timed_call(decode_loop, *args)[0] / timing_steps for name, args in
-           calls.items()} for _ in range(1 + timing_repeats)]  # interleaved; the first compiles
-step_ms = {name: min(r[name] for r in rounds[1:]) for name in calls}  # ms per step
+    kv_cache = attention.init_cache(batch, max_len=context + timing_steps)._replace(
+        keys=kv[0], values=kv[1], length=jnp.asarray(context, jnp.int32))
+    calls[context] = (attention, x[:, :1], kv_cache)
+step_ms = decode_timing.step_ms(calls, timing_steps, timing_repeats)  # ms per step
 
 # %% tags=["hide-input"]
 print(f"ms per decode step, fastest of {timing_repeats} rounds of {timing_steps}-step loops "
@@ -297,13 +281,15 @@ for context in attention_contexts:
     print(f"T = {context:6d}: attention {step_ms[context]:.3f} "
           f"({step_ms[context] / step_ms['KDA']:.1f}x KDA's)")
 fig, ax = plt.subplots(figsize=(8, 3.4))
-ax.plot(attention_contexts, [step_ms["KDA"]] * len(attention_contexts), "o", ms=8,
-        color=viz.PALETTE["blue"], label="KDA layer: one program (same cache shapes), timed once")
-ax.plot(attention_contexts, [step_ms[t] for t in attention_contexts], "s", ms=8,
+ax.axhline(step_ms["KDA"], color=viz.PALETTE["blue"], linewidth=2,
+           label="KDA layer: one program, timed once (same cache shapes at every T)")
+ax.plot(attention_contexts, [step_ms[t] for t in attention_contexts], "s-", ms=8,
         color=viz.MODEL_COLORS["attention"], label="softmax attention layer: KV cache of T tokens")
-ax.set(xscale="log", yscale="log", xlabel="context length T (tokens, log scale)",
-       ylabel="wall time per step (ms, log scale)", title=f"Measured time per decoded token, "
-       f"batch {batch} ({jax.default_backend()}), fastest of {timing_repeats} rounds")
+times = [step_ms["KDA"], *(step_ms[t] for t in attention_contexts)]
+ax.set(xscale="log", yscale="log", ylim=(min(times) / 2, max(times) * 2),
+       xlabel="context length T (tokens, log scale)", ylabel="wall time per step (ms, log scale)",
+       title=f"Measured time per decoded token, batch {batch} ({jax.default_backend()}), "
+       f"fastest of {timing_repeats} rounds")
 ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))  # plain decimals: 0.02, 0.05
 ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
 ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
@@ -319,8 +305,9 @@ viz.show(fig, "07_decode_time")
 #   token by token from the cache, reproduces one full forward pass: outputs, state, conv.
 # - The cache is $H d_k d_v + \max(w - 1, 0) H (2 d_k + d_v)$ floats per sequence and layer,
 #   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
-# - A KDA step takes the same time at every context; an attention step's time grows with the
-#   KV cache it reads (section 4). Why bytes decide on a GPU (both steps memory-bound): the notes.
+# - A KDA step is one program at every context (its cache has the same shapes, asserted), timed
+#   once; an attention step's time grows with the KV cache it reads (section 4). Why bytes
+#   decide on a GPU (both steps memory-bound): the notes.
 #
 # ## Exercises
 #
@@ -335,7 +322,7 @@ viz.show(fig, "07_decode_time")
 # 1. **The cache that rolls back a draft.** To return to any prefix of an $m$-token draft
 #    (0 to $m$ tokens accepted) without recomputing, keep the $m + 1$ states (before the draft,
 #    after each token) and the fewest conv rows from which every prefix's history can be read.
-#    Write `cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
+#    Write `draft_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
 #    conv_bytes, draft)` (no kda_lib): `num_v_heads` value heads (a float32 state each, as
 #    `KDAConfig(num_v_heads=...)`), conv rows of `conv_bytes` bytes a number, `conv_size` 0, 1 too.
 # 2. **Roll back a rejected draft.** From the state after the whole draft (one head, `[K, V]`)
@@ -346,20 +333,23 @@ viz.show(fig, "07_decode_time")
 #    in closed form, $O(d_k d_v)$ a token, no $d_k \times d_k$ matrix; some $\beta_t$ are in
 #    $(1, 2)$, as `allow_neg_eigval=True` allows. Which $\beta_t$ cannot be undone? Why keep each
 #    draft token's state instead (notes)?
-# 3. **The crossover of a verify call.** Verifying an $m$-token draft, a KDA layer moves exercise
-#    1's cache once (reads what it held before the draft, writes the rest), `state_bytes` a number;
-#    attention over $T$ cached tokens writes $m$ entries and reads all $T + m$. Write `t_star(heads,
-#    key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft)`: the least whole
-#    $T \ge 1$ where attention moves no fewer bytes. Predict for Kimi Linear: $m = 4$ against 1?
+# 3. **The crossover of a verify call.** Verifying an $m$-token draft, a KDA layer (`heads`
+#    heads, one state each, `conv_size` $= w$) moves exercise 1's cache once (reads what it held
+#    before the draft, writes the rest), `state_bytes` bytes a number; attention over $T$ cached
+#    tokens writes $m$ entries and reads all $T + m$, an entry being `kv_numbers` numbers for the
+#    **whole layer**, all heads together (MLA: its latent and shared key), `kv_bytes` bytes each.
+#    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
+#    draft)`: the least whole $T \ge 1$ where attention moves no fewer bytes
+#    ($T^\ast_{\text{draft}}$ in NOTATION). Predict for Kimi Linear: $m = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises
 
-answer = None  # 1: a function cache_bytes(batch, num_heads, num_v_heads, ..., draft) -> int
+answer = None  # 1: a function draft_cache_bytes(batch, num_heads, ..., draft) -> int
 exercises.check("07.1", answer)
 answer = None  # 2: a function roll_back(state, k, v, g, beta, rejected) -> [K, V]
 exercises.check("07.2", answer)
-answer = None  # 3: a function t_star(heads, key_dim, ..., cache_bytes, draft) -> int
+answer = None  # 3: a function t_star(heads, key_dim, ..., kv_bytes, draft) -> int
 exercises.check("07.3", answer)
 
 # %% [markdown]

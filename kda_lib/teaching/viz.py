@@ -446,7 +446,8 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
     update = ("$\\Delta = \\tilde V - \\tilde K S$\n"
               "$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
               "$S \\leftarrow \\Gamma_C S + \\overrightarrow{K}^\\top \\Delta$")
-    ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=7, color="white")
+    ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=8, color="white",
+            linespacing=1.9)  # room for the accents over Q and K
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
     ax.text(x - 0.5, 1.25, f"$S_{{[{i}]}}$", ha="center", fontsize=9)

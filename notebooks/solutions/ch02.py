@@ -5,25 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 
-def keeping_input(p, m, a, lower_bound):
+def keeping_input(zeta, m, a, lower_bound):
     """1: with a constant input every token has the same ``g = lower_bound * sigmoid(a f)``, and
-    the channel keeps ``exp(g_1 + ... + g_m) = exp(m g)`` (section 3). Keeping ``p`` needs
-    ``g = ln(p) / m``, i.e. ``sigmoid(a f) = ln(p) / (m lower_bound)`` (=: s, in (0, 1) when
-    ``p > exp(m lower_bound)``, the most m tokens can erase), and ``f = logit(s) / a``.
-    At p = 1/2, m = 1 it is the input at which one token erases half a channel; at a = 1,
-    lower_bound = -5, m = 10, p = 1/2: s = 0.0139, f = -4.26."""
-    s = np.log(p) / (m * lower_bound)
+    the channel keeps ``exp(g_1 + ... + g_m) = exp(m g)`` (section 3). Keeping ``zeta`` needs
+    ``g = ln(zeta) / m``, i.e. ``sigmoid(a f) = ln(zeta) / (m lower_bound)`` (=: s, in (0, 1):
+    such an f exists exactly for ``exp(m lower_bound) < zeta < 1``, the most m tokens can
+    erase), and ``f = logit(s) / a``. At zeta = 1/2, m = 1 it is the input at which one token
+    erases half a channel; at a = 1, lower_bound = -5, m = 10, zeta = 1/2: s = 0.0139,
+    f = -4.26."""
+    s = np.log(zeta) / (m * lower_bound)
     return np.log(s / (1 - s)) / a
 
 
-def keeping_input_by_bisection(p, m, a, lower_bound):
+def keeping_input_by_bisection(zeta, m, a, lower_bound):
     """1, written differently: bisect ``m lower_bound sigmoid(a f) - ln p`` (the log of the
     kept fraction falls as f grows)."""
     lo, hi = -40.0 / a, 40.0 / a
     for _ in range(100):
         mid = (lo + hi) / 2
         log_kept = m * lower_bound / (1 + np.exp(-a * mid))
-        lo, hi = (mid, hi) if log_kept > np.log(p) else (lo, mid)
+        lo, hi = (mid, hi) if log_kept > np.log(zeta) else (lo, mid)
     return (lo + hi) / 2
 
 

@@ -61,14 +61,15 @@ def roll_back_jnp(state, k, v, g, beta, rejected):
     return s
 
 
-def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes,
+def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
            draft) -> int:
     """3: a KDA call verifying an n-token draft reads its state once and writes the state after
     each token (n states, kept to roll back, exercise 1): (1 + n) H K V numbers; it reads the
     w - 1 conv rows and writes the n draft rows (exercise 1's window; none for w < 2):
     (w - 1 + n) H (2 K + V) numbers, all of b_S bytes. An attention call over T cached tokens
-    writes the draft's n entries and reads all T + n: (T + 2 n) kv_numbers b_KV bytes. The
-    first whole T with (T + 2 n) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
+    writes the draft's n entries and reads all T + n: (T + 2 n) kv_numbers b_KV bytes
+    (``kv_numbers``: the whole layer's numbers a token, all heads together; b_KV: ``kv_bytes``).
+    The first whole T with (T + 2 n) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
     b_KV)) - 2 n, and at least 1: a context has at least one token (with a small state and a
     long draft the count goes to 0 or below: attention moves more bytes at every context).
     With n = 1 this is one decode step's T*_step (notes) plus the conv rows and the new
@@ -80,7 +81,7 @@ def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_
     rows = conv_size - 1 + draft if conv_size >= 2 else 0
     kda = state_bytes * heads * ((1 + draft) * key_dim * value_dim
                                  + rows * (2 * key_dim + value_dim))
-    return max(1, math.ceil(kda / (kv_numbers * cache_bytes)) - 2 * draft)
+    return max(1, math.ceil(kda / (kv_numbers * kv_bytes)) - 2 * draft)
 
 
 def cases():

@@ -931,6 +931,22 @@ def test_04_2_draws_its_shapes_per_call():
     assert len(shapes) == 6 and shapes[:3] != shapes[3:], shapes
 
 
+def test_hints_name_the_mistake_not_a_symptom():
+    """teacher t0203 (02-6, 03-5): 02.1's one-token answer (m ignored) is told it missed m, not
+    only that its f is NaN; 03.1's exp(-gamma_t) * exp(gamma_s) is told to form the exponent
+    before exp, not only that it overflowed."""
+    def one_token(zeta, m, a, lower_bound):
+        with np.errstate(all="ignore"):
+            s = np.log(zeta) / lower_bound
+            return np.log(s / (1 - s)) / a
+
+    hints = [exercises.verdict("02.1", one_token, seed=seed) for seed in range(6)]
+    named = [h for h in hints if h and "NaN" not in h and "not one" in h]
+    assert named and all(h and ("not one" in h or "wrong at" in h) for h in hints), hints
+    hint = exercises.verdict("03.1", _factored_backward(np.exp))
+    assert hint and "before exp" in hint, hint
+
+
 def test_03_1_hints_do_not_name_the_answer():
     """03.1 asks "upper or lower, which decays, which right-hand side?" (teacher t02, D10): a
     wrong lhs or rhs gets a question back, never the triangle, K_out or its beta."""

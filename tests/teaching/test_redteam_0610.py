@@ -341,14 +341,12 @@ def _lapacke_solves():
 
 @functools.cache
 def _compiled_solves() -> dict:
-    """jnp.linalg.solve compiled at each small 07.2 draft's d_k (and called once: its fast path
-    built), before any answer runs."""
-    from kda_lib.teaching.exercises import ch07
-
+    """jnp.linalg.solve compiled at small d_k (and called once: its fast path built), before any
+    answer runs (held, so refused before it runs, whatever the checker's d_k)."""
     compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
         jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
         jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+        for key_dim, value_dim in ((4, 3), (8, 4))}
     for c in compiled.values():
         c(*(jnp.ones(a.shape, a.dtype) for a in c.in_avals[0]))
     return compiled
@@ -411,12 +409,25 @@ def _per_token(solve):
 
 
 def _solve_then_closed_form(solve):
-    """07.2 right: :func:`_per_token` with ``solve`` up to d_k = 10,000, the closed form only at
-    the checker's d_k of a million (where a d_k x d_k matrix cannot fit)."""
+    """07.2 right: :func:`_per_token` with ``solve`` below d_k = 999,999, the closed form only at
+    that probe (every draft's d_k x d_k matrix is too large now: refused by memory or route)."""
     by_token = _per_token(solve)
 
     def roll_back(state, k, v, g, beta, rejected):
-        if len(k[0]) > 10_000:
+        if len(k[0]) >= 999_999:
+            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
+        return by_token(state, k, v, g, beta, rejected)
+
+    return roll_back
+
+
+def _dense_below_probe(solve):
+    """07.2 right: each token's dense M_t X = B solved by ``solve`` (the answer's own
+    Gauss-Jordan) wherever d_k < 999,999, the closed form only at that probe."""
+    by_token = _per_token(solve)
+
+    def roll_back(state, k, v, g, beta, rejected):
+        if len(k[0]) >= 999_999:
             return _solutions("07").roll_back(state, k, v, g, beta, rejected)
         return by_token(state, k, v, g, beta, rejected)
 
@@ -610,6 +621,8 @@ def _rule_breakers():
         ("07.3", "a lookup table of the old fixed shapes", lambda *a: old_inputs["07.3"].get(a, 1)),
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
+        ("07.2", "a dense d_k x d_k inverse below the d_k = 999,999 probe, the closed form at it "
+         "(teacher t0203, 07-6)", _dense_below_probe(gauss_jordan)),
         ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
         ("07.2", "_umath_linalg.solve held as a default argument (teacher t10, #07-5)",
          _solve_as_default(keyword=False)),
@@ -1160,12 +1173,12 @@ def test_library_routes_in_other_threads_are_refused():
 def test_programs_compiled_before_the_answer_are_refused():
     """07.2 (teacher 2026-12-05): ``jax.jit(jnp.linalg.solve).lower(...).compile()`` built before
     the answer runs no Python frame when called; calling it from the answer is refused."""
-    from kda_lib.teaching.exercises import COMPILED_HINT, ch07
+    from kda_lib.teaching.exercises import COMPILED_HINT
 
     compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
         jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
         jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim, _, _ in ch07._DRAFTS[:-1]}
+        for key_dim, value_dim in ((4, 3), (8, 4))}
 
     def roll_back(state, k, v, g, beta, rejected):
         state = np.asarray(state, np.float64)
@@ -1179,6 +1192,17 @@ def test_programs_compiled_before_the_answer_are_refused():
     hint = exercises.verdict("07.2", roll_back)
     assert hint is not None and "compiled" in hint, hint
     assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
+
+
+def test_07_3_kv_numbers_per_head_is_named():
+    """07.3 (teacher t0203, 07-1): the page now says ``kv_numbers`` counts the whole layer's
+    numbers a token; the per-head reading is refused with a hint that says so."""
+    def per_head(h, k, v, w, n, bs, bc, d):
+        kda = bs * h * ((1 + d) * k * v + (w - 1 + d if w >= 2 else 0) * (2 * k + v))
+        return max(1, math.ceil(kda / (h * n * bc)) - 2 * d)
+
+    hint = exercises.verdict("07.3", per_head)
+    assert hint is not None and "whole layer" in hint, hint
 
 
 def test_07_2_rule_breakers_compute_the_right_state():

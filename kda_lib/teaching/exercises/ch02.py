@@ -30,10 +30,11 @@ def _close(got, want, tol=1e-5, size=1e-2) -> bool:
 
 @checker("02.1")
 def keeping_input(answer, *, seed=None):
-    """``answer(p, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0) at
-    which a safe-gate channel, ``g = lower_bound * sigmoid(a f)`` per token, keeps the fraction
-    ``p`` of what it stored after ``m`` tokens, for a rate ``a > 0``. Four trials drawn afresh
-    at every call, ``m >= 2`` (so the one-token answer is wrong), ``p`` from e^-40 to e^-1."""
+    """``answer(zeta, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0)
+    at which a safe-gate channel, ``g = lower_bound * sigmoid(a f)`` per token, keeps the fraction
+    ``zeta`` (``p`` here) of what it stored after ``m`` tokens, for a rate ``a > 0``. Four
+    trials drawn afresh at every call, ``m >= 2`` (so the one-token answer is wrong; where it has
+    no f, its NaN gets a hint that names m), ``p`` from e^-40 to e^-1."""
     seed, rng = seeded(seed)
     for _ in range(4):
         a = float(np.exp(rng.uniform(np.log(0.25), np.log(32.0))))  # a from 1/4 to 32
@@ -43,16 +44,21 @@ def keeping_input(answer, *, seed=None):
         n = int(rng.integers(max(lo, 2), max(hi, lo + 1, 3)))
         p = float(np.exp(n * bound * x))
         got, hint = call_answer(
-            answer, p, n, a, bound, name="keeping_input(p, m, a, lower_bound)", own_code=True
+            answer, p, n, a, bound, name="keeping_input(zeta, m, a, lower_bound)", own_code=True
         )
         got = got if hint else _scalar(got)
+        one_token = np.log(p) / bound  # the sigmoid(a f) that keeps p after ONE token: > 1 here
+        if not hint and one_token > 1 and not np.all(np.isfinite(np.asarray(got, float))):
+            return (f"no f keeps zeta = {p!r} after one token here (it would need sigmoid(a f) "
+                    f"= {one_token:.3g} > 1): the channel keeps zeta after m = {n} tokens, not "
+                    "one" + again(seed))
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
             return hint
         s = np.log(p) / (n * bound)  # the sigmoid(a f) that keeps p after n tokens
         if not _close(got, np.log(s / (1 - s)) / a):
             return (
-                f"wrong at p = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
+                f"wrong at zeta = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
                 "the channel keep after m equal tokens, and which sigmoid(a f) gives that?"
                 + again(seed)
             )

@@ -107,6 +107,9 @@ def backward_system(answer, *, seed=None):
             hint = "wy_backward_system should return two arrays, (lhs, rhs): lhs K~' = rhs"
         for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
             hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
+        if hint and bursts and "NaN or inf" in hint:  # e^(-gamma_t) overflows after a burst
+            hint += (" (this chunk has a forget burst: form each exponent, a difference of "
+                     "cumulative log decays that is <= 0, before exp)")
         if hint:
             return hint + again(seed)
         a, b = (np.asarray(x, np.float64) for x in got)

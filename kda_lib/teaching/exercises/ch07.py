@@ -12,9 +12,11 @@ spelling: ``LAPACKE_sgesv``, ``scipy_dgesv_``, ``DGETRF``), and an answer naming
 any route left, by value and by memory, not by speed: every draft's last token (and for
 d_k >= 8 every third) has beta in (1.2, 1.8) (a negative eigenvalue 1 - beta along k), where an
 iteration by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form
-holds, and the last draft has ``d_k = 999,999``, where any d_k x d_k array (4 TB in float32: a
-dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated, with the process's address
-space capped (Linux) so that holds where the kernel overcommits memory too. The closed-form
+holds, and every draft has ``d_k`` of 250,007 to 999,999, where any d_k x d_k array (62 GB even
+at one byte a number: a dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated,
+with the process's address space capped (Linux) so that holds where the kernel overcommits
+memory too: the rule is checked at every size tried, not at one probe an answer could single
+out (teacher t0203's 07-6: dense below d_k = 1000, the closed form above). The closed-form
 rollback needs O(d_k d_v) memory and time a token; ``HANG_S`` only stops an answer that never
 returns. An iteration written by hand that converges for every beta != 1, O(d_k d_v) a step, is
 accepted, as the exercise text says: matrix-free conjugate gradient (exact in two iterations),
@@ -105,7 +107,7 @@ def layer_cache_bytes(answer, *, seed=None):
     seed, rng = seeded(seed)
     for case in _layers(rng):
         got, hint = call_own_work(answer, *case,
-                                  name="cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
+                                  name="draft_cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
         hint = hint or refuse_degenerate(got, shape=(), what=f"bytes for {case}")
         if hint:
             return hint + again(seed)
@@ -140,8 +142,8 @@ def _c_route_name(name: str) -> bool:
 HANG_S = 60.0  # the closed form takes milliseconds at the largest d_k
 _SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
          "a token; is yours O(d_k^2)?")
-_DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k array takes {:.0f} TB "
-          "there. Undo each token in O(d_k d_v) memory, no d_k x d_k matrix")
+_DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k float32 array takes "
+          "{:,.0f} GB there. Undo each token in O(d_k d_v) memory, no d_k x d_k matrix")
 _HEADROOM = 2**35  # bytes of address space an answer may add at the largest d_k (32 GiB)
 
 
@@ -316,12 +318,11 @@ _INVERSE_HINT = (
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
     """A head's state before a draft and the draft's unit keys, values, log decays and write
     strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned;
-    the last beta, and for d_k >= 8 every third, is in [1.2, 1.8]: 1 - beta < 0 along k)."""
+    the last beta and every third is in [1.2, 1.8]: 1 - beta < 0 along k)."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     beta = rng.uniform(0.1, 0.6, tokens)
-    if key_dim >= 8:
-        beta[::3] = rng.uniform(1.2, 1.8, len(beta[::3]))
+    beta[::3] = rng.uniform(1.2, 1.8, len(beta[::3]))
     beta[-1] = rng.uniform(1.2, 1.8)  # rejected in every draft: a series diverges at every size
     return (rng.standard_normal((key_dim, value_dim)), k,
             rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
@@ -338,22 +339,21 @@ def draft_states(state, k, v, g, beta):
     return np.stack(out)
 
 
-# K, V, n, rejected; the last: an odd d_k (XLA handles its square's size cleanly) at which a
-# d_k x d_k float32 array is 4 TB
-_DRAFTS = ((4, 3, 5, 2), (8, 4, 6, 3), (16, 8, 5, 5), (6, 6, 3, 1), (999_999, 1, 2, 1))
-_BIG = _DRAFTS[-1][0]
+# K, V, n, rejected: odd d_k (XLA handles their squares' sizes cleanly), each so large that a
+# d_k x d_k array does not fit the capped address space even at one byte a number (>= 62 GB)
+_DRAFTS = ((250_007, 3, 5, 2), (262_147, 4, 6, 3), (270_001, 2, 5, 5), (300_007, 6, 3, 1),
+           (999_999, 1, 2, 1))
 
 
 def _roll_back_call(answer, *args):
     """``(got, hint)`` of ``answer(*args)``: its own work (no kda_lib, no linear-algebra
-    routine, no d_k x d_k array at the largest d_k) within ``HANG_S``."""
+    routine, no d_k x d_k array: every draft's is too large to allocate) within ``HANG_S``."""
     held = _names_c_route(answer)
     if held:
         return None, held
     start, key_dim = time.monotonic(), np.shape(args[0])[0]
-    capped = _address_space_capped() if key_dim == _BIG else contextlib.nullcontext()
     try:
-        with (_time_limit(HANG_S), capped, _c_routines_refused() as c_routines,
+        with (_time_limit(HANG_S), _address_space_capped(), _c_routines_refused() as c_routines,
               modules_entered(_INVERSES, allowed=_PRODUCTS) as inverses):
             got, hint = call_own_work(answer, *args,
                                       name="roll_back(state, k, v, g, beta, rejected)")
@@ -362,7 +362,7 @@ def _roll_back_call(answer, *args):
     if inverses or c_routines:
         return None, _INVERSE_HINT
     if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
-        return None, _DENSE.format(key_dim, 4 * key_dim**2 / 1e12)
+        return None, _DENSE.format(key_dim, 4 * key_dim**2 / 1e9)
     if hint is None and time.monotonic() - start > HANG_S:
         return None, _SLOW.format(HANG_S, key_dim)
     return got, hint
@@ -374,8 +374,9 @@ def roll_back(answer, *, seed=None):
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
-    array or kda_lib; the draft drawn at each call. How: a draft at d_k = 999,999 (a d_k x d_k
-    float32 array: 4 TB; the address space is capped), a beta in (1, 2) in every draft (a
+    array or kda_lib; the draft drawn at each call. How: every draft at d_k >= 250,007 (a
+    d_k x d_k array: >= 62 GB at one byte a number; the address space is capped), a beta in
+    (1, 2) in every draft (a
     series in beta diverges), library solvers refused whether called, held (code, closures,
     partials, default arguments) or reached through ctypes; linalg's products (``outer``,
     ``vecdot``, ``norm``, ...) are allowed. An iteration of the answer's own that converges
@@ -415,16 +416,16 @@ def _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft):
                                   + _window_rows(conv_size, draft) * (2 * key_dim + value_dim))
 
 
-def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft):
+def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft):
     kda = _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft)
-    return max(1, math.ceil(kda / (kv_numbers * cache_bytes)) - 2 * draft)
+    return max(1, math.ceil(kda / (kv_numbers * kv_bytes)) - 2 * draft)
 
 
 def _cases(rng):
-    """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes, draft),
+    """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft),
     conv_size 4, 4, 4, 0, 1, 2, 3, drafts of 1 to 8 tokens, drawn from ``rng``; an eighth, a
     small head against a large cache and a long draft, where the count gives T <= 0 (T* = 1);
-    and a ninth whose kv_numbers x cache_bytes divides the KDA bytes: attention moves exactly
+    and a ninth whose kv_numbers x kv_bytes divides the KDA bytes: attention moves exactly
     as many bytes at T* (a floor + 1 in place of the ceiling is one too many there)."""
     out = [(int(rng.choice([8, 16, 32])), int(rng.choice([64, 128])), int(rng.choice([64, 128])),
             w, int(rng.integers(96, 4097)), int(rng.choice([2, 4])), int(rng.choice([2, 4])),
@@ -447,6 +448,10 @@ def _t_star_hint(case, got: int) -> str:
     if raw >= 1 and got == raw + 1 and _kda_verify_bytes(h, k, v, w, bs, d) % (n * bc) == 0:
         return (f"at T = {raw} attention moves exactly the KDA call's bytes: 'no fewer' "
                 "includes equality (the quotient is a whole number here)")
+    if h > 1 and got == max(1, math.ceil(_kda_verify_bytes(h, k, v, w, bs, d) / (h * n * bc))
+                                - 2 * d):
+        return ("that reads kv_numbers as one head's: it counts the whole layer's numbers per "
+                "token, all heads together (576 for MLA)")
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
         return f"that is a draft of one token; this one has {d}"
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
@@ -460,7 +465,7 @@ def _t_star_hint(case, got: int) -> str:
 
 @checker("07.3")
 def decode_crossover(answer, *, seed=None):
-    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, cache_bytes,
+    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
     draft)``: the smallest whole context T >= 1 at which an attention call verifying a
     ``draft``-token draft (write its entries, read all T + draft) moves at least the bytes of a
     KDA verify call (state read, the state after each token written, conv rows read and written,
