@@ -385,7 +385,7 @@ assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0]
 #    degrees of freedom, then Holm's adjustment over the family: {row: Holm p}. Numpy only (no
 #    scipy.stats, no kda_lib); checked on `claims` (section 7's column) and on families drawn at
 #    check time. Hint: at 4 degrees of freedom the t tail has a closed form (put `t = 2 tan(a)` in
-#    the density, proportional to `(1 + t**2 / 4) ** -2.5`).
+#    the density, proportional to `(1 + t**2 / 4) ** (-5 / 2)`).
 # 3. **The sign-flip column.** Write `sign_flip_column(family)`: each row's exact two-sided
 #    sign-flip p (no normality: with no difference, each seed's difference is as likely negated),
 #    for any number of seeds; checked on `claims` and on families of 3 to 10 seeds, with ties.
