@@ -261,8 +261,7 @@ mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
 # $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
 #   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
-#
-# bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. The other weights, bf16 and the same in both
+# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. Other weights, bf16, the same in both
 # models (`decode_scaling`), split the reported 48B = $N + R$ and 3B active $= N + \frac{k}{n} R$
 # ($k$ = 8 of $n$ = 256 routed experts a token); a step reads all of $N$ and the experts its $B$
 # tokens touch: other$(B) = 2\,(N + R\,(1 - (1 - k/n)^B) - \text{mixers})$ bytes, 2 x (3B - mixers)
@@ -279,7 +278,6 @@ mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
 # %%
 t_long, h200 = contexts[-1], at_scale.CHIPS["H200 SXM"]
 weights, bound = reported_total_params * at_scale.BF16, at_scale.decode_speedup_bound(kimi)
-
 def other_weights(b):
     """other(B) above: bytes of the non-mixer weights a decode step of b tokens reads."""
     return decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
@@ -287,7 +285,8 @@ def other_weights(b):
 
 def step_time(t, b, hybrid, chip=h200):
     """The equation above: one decode step of b sequences at T = t, in seconds."""
-    return at_scale.model_decode_time(kimi, chip, t, b, hybrid, other_weight_bytes=other_weights(b))
+    return at_scale.model_decode_time(kimi, chip, t, b, hybrid=hybrid,
+                                      other_weight_bytes=other_weights(b))
 
 def ratio(t, b, chip=h200):
     """All-MLA's step time over the hybrid's: above 1, the hybrid is faster."""
@@ -355,14 +354,15 @@ viz.show(fig, "10_decode_speedup")
 # %% [markdown]
 # ## 6. The roofline: where each layer sits on each chip
 #
-# A step's arithmetic intensity is its flops per byte moved; a chip runs it at the smaller of its
-# peak and intensity x bandwidth, compute-bound above the ridge. Kimi Linear's layers
-# (`at_scale.operating_point`, bf16): a prefill of `contexts[0]` tokens, decode steps at
-# `contexts[1]` for one sequence and the largest of `decode_batches`. Every decode step sits left
-# of every chip's ridge, every prefill right (asserted): section 5's premise holds. Points that
-# coincide (KDA's and MHA's decode at B = 1, ~1 flop/byte) nest. Batching: the notes.
+# Section 5's roofline, drawn: a chip runs a step at the smaller of its peak and its arithmetic
+# intensity (flops per byte moved) x bandwidth. Kimi Linear's layers (`at_scale.operating_point`,
+# bf16): a prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the
+# largest of `decode_batches`. All decode steps sit left of all ridges, all prefills right
+# (asserted). Coinciding points (KDA's and MHA's decode at B = 1, ~1 flop/byte) nest.
 
 # %%
+import bisect
+
 points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
           for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
               (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
@@ -374,9 +374,9 @@ for kind in at_scale.MIXERS:
     print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
 assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-top = max(c.ridge for c in chips)  # the first prefill length past it, for each layer:
-past = {k: next(t for t in range(1, contexts[0] + 1) if np.divide(*at_scale.operating_point(
-    kimi, k, "prefill", t, 1, gqa_kv_heads)) > top) for k in at_scale.MIXERS}
+top = max(c.ridge for c in chips)  # prefill intensity grows with T: bisect for the first T past it
+past = {k: 1 + bisect.bisect_right(range(1, contexts[0] + 1), top, key=lambda t, k=k: np.divide(
+    *at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads))) for k in at_scale.MIXERS}
 print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
 
 # %% tags=["hide-input"]
