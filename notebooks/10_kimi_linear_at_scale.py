@@ -16,23 +16,20 @@
 # %% [markdown]
 # # 10 · Kimi Linear at scale: the published models' arithmetic, from their configs
 #
-# **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`:
-# Kimi-Linear-48B-A3B, Kimi K3, GLM-5.3-Flash) we write down, as the JAX scaling book does, what
-# a KDA layer, an MLA layer (the paper's global layer) and softmax attention cost: parameters,
-# flops per token and cache memory, with the arithmetic beside the numbers, and check the
-# matrix-product flops against the real programs at a small size. Do the paper's headline
-# numbers follow? The KV cache reduction does, from the layer pattern. The decoding speed-up:
-# if a global layer costs the same in both models, the hybrid decodes at most 27/7 times
-# faster (layers / global layers, in a bandwidth roofline); the paper measured 6.3x, which
-# this model reaches only if the hybrid's global layers cost less than all-MLA's.
+# **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`),
+# as the JAX scaling book does, we write down what a KDA layer, an MLA layer (the paper's global
+# layer) and softmax attention cost in parameters, flops per token and cache memory, and check
+# the matrix-product flops against real programs at a small size. The paper's KV cache reduction
+# follows from the layer pattern. Its decoding speed-up does not: if a global layer costs the
+# same in both models, the hybrid decodes at most 27/7 times faster in a bandwidth roofline,
+# and the measured 6.3x needs the hybrid's global layers to cost less than all-MLA's.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/10_kimi_linear_at_scale.ipynb)
 #
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md);
-# for MLA, $d_c$ is the compressed key/value latent, $d_R$ the key channels all heads share
-# (DeepSeek's rotary slot, unrotated in Kimi Linear: NoPE; cached with it: $d_c + d_R$ per
-# token), $d_{qk}$ each head's own. Batched experts, short contexts, context parallelism, tests:
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
+# for MLA, $d_c$ is the cached key/value latent, $d_R$ the cached key channels all heads share
+# (DeepSeek's rotary slot, NoPE in Kimi Linear), $d_{qk}$ each head's own. Batched experts,
+# short contexts, context parallelism, tests: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
 contexts: list = [4096, 131072, 1048576]  # ascending; first 1024 or more, last 2^20 (1M)
@@ -42,7 +39,7 @@ check_heads: int = 4  # heads H of the scaled-down layers
 check_head_dim: int = 128  # d_k and d_v (and the gate rank) of the scaled-down layers
 check_latent: int = 128  # MLA compressed latent d_c (kv_lora_rank) of the scaled-down layer
 check_shared_key: int = 64  # MLA shared key d_R of the scaled-down MLA layer
-check_seq_len: int = 256  # prefill length of the check: chunks of 64 (a multiple, or under)
+check_seq_len: int = 256  # prefill length checked, chunks of 64: 2, 4, .., 64 or a multiple of 64
 check_context: int = 256  # cache slots of the decode steps checked
 decode_batches: list = [1, 16, 256]  # sequences decoded together (decode-time model); must hold 1
 seed: int = 0  # every notebook has one; this one draws no random numbers
@@ -85,26 +82,26 @@ from kda_lib.teaching import decode_scaling, viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
-# contexts[0] >= 1024: section 6's prefill, compute-bound on all four chips from ~700 tokens
-for bad, rule in ((len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 1024
-                   or contexts[-1] != 2**20, "contexts: two or more, ascending, [0] >= 1024, "
-                   f"[-1] = 1048576 (the paper's 1M context, sections 5, 6), got {contexts}"),
-                  (32 % gqa_kv_heads or check_seq_len % min(64, check_seq_len), "gqa_kv_heads "
-                   f"must divide 32 (got {gqa_kv_heads}), check_seq_len be under 64 or a multiple"
-                   f" of 64 (got {check_seq_len})"), (1 not in decode_batches, "decode_batches "
-                   f"must hold 1, at 1M tokens the one batch fitting one chip: {decode_batches}")):
-    if bad:
-        raise ValueError(rule)
+# contexts[0] >= 1024: section 6's prefills pass all four ridges from ~650 tokens (printed)
+if len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 1024 or contexts[-1] != 2**20:
+    raise ValueError("contexts: two or more, ascending, [0] >= 1024, [-1] = 1048576 (the "
+                     f"paper's 1M context, sections 5, 6), got {contexts}")
+if 32 % gqa_kv_heads:
+    raise ValueError(f"gqa_kv_heads must divide 32, got {gqa_kv_heads}")
+if not (check_seq_len in (2, 4, 8, 16, 32) or (check_seq_len > 0 and check_seq_len % 64 == 0)):
+    raise ValueError(f"check_seq_len must be 2, 4, .., 64 or a multiple of 64, got {check_seq_len}")
+if 1 not in decode_batches:  # at 1M tokens, the one batch one chip fits
+    raise ValueError(f"decode_batches must hold 1, got {decode_batches}")
 reported_active_params, reported_total_params = 3e9, 48e9  # facts: Kimi Linear's config.json
 routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its Figure 1b
 
 # %% [markdown]
 # ## 1. The models, from their configs
 #
-# Each preset records a published model's KDA layer, its layer pattern (KDA or global) and, where
-# the source gives them, its MLA widths, each number citing its source (`models/presets.py`). All
-# three KDA layers build here (asserted; $H_v = H$ in each); GLM-5.3-Flash's source gives no MLA
-# widths. The formulas read these numbers; Kimi Linear's layers, built as shapes, check counts.
+# Each preset records a published model's KDA layer, its layer pattern and, where given, its MLA
+# widths, each number citing its source (`models/presets.py`). All three KDA layers build here
+# (`eval_shape`, parameters as counted; $H_v = H$ in each); of the MLA layers, costed from their
+# widths, only Kimi Linear's builds (Kimi K3's has an output gate this repository lacks).
 
 # %%
 from kda_lib.layers.params import parameter_count
@@ -112,17 +109,16 @@ from kda_lib.layers.params import parameter_count
 rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
         f"{len(p.global_layers)} | {p.kda_parameter_count():,} | "
         + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
-        + f" {', '.join(p.unsupported_options()) or 'builds'} |" for p in presets.PRESETS.values()]
+        for p in presets.PRESETS.values()]
 display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
-                 "params | this repository |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
+                 "params |\n|---|---|---|---|---|---|\n" + "\n".join(rows)))
 assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
-assert not any(p.unsupported_options() for p in presets.PRESETS.values()), "all three build"
 assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # gqa_kv_heads divides all
+for p in presets.PRESETS.values():  # every KDA layer builds (or raises), as counted
+    assert parameter_count(presets.build_kda_layer(p)) == p.kda_parameter_count(), p.name
 kimi = presets.KIMI_LINEAR_48B
-for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_count()),
-                           ("MLA", presets.build_mla_layer, kimi.mla_parameter_count())):
-    assert parameter_count(build(kimi)) == count, kind
-    print(f"{kimi.name} {kind} layer built with eval_shape: {count:,} parameters, as counted")
+assert parameter_count(presets.build_mla_layer(kimi)) == kimi.mla_parameter_count()
+print(f"Built with eval_shape, parameters as counted: all three KDA layers, {kimi.name}'s MLA")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
@@ -134,17 +130,17 @@ for kind, build, count in (("KDA", presets.build_kda_layer, kimi.kda_parameter_c
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
 #   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
-#   2, $S^\top q$ 2 (XLA's count of `kda_step`: 7 as traced, 8 compiled; the notes).
+#   2, $S^\top q$ 2 (XLA's count of `kda_step`: 7 as traced, 8 compiled:
+#   [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
 # - **Softmax attention**, $G$ key/value heads of $d_h$ channels (MHA: $G = H$):
 #   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
-# Training counts as three forward passes (within 5% of XLA's count: the notes). A masked
-# prefill of $T$ tokens scores $T_k = (T + 1)/2$ keys a query on average (a flash kernel skips
-# the masked half), a decode step $T_k = T$. The table: each preset at the lengths `contexts`
-# (MHA/GQA with the KDA layer's $d$, $H$ and $d_h = d_k$).
+# Training is three forward passes (within 5% of XLA's count: the notes). A masked prefill of
+# $T$ tokens scores $T_k = (T + 1)/2$ keys a query on average (a flash kernel skips the masked
+# half), a decode step $T_k = T$. MHA/GQA take the KDA layer's $d$, $H$ and $d_h = d_k$.
 
 # %%
 def flops_row(preset, t):
@@ -155,7 +151,6 @@ def flops_row(preset, t):
         shape = at_scale.full_attention_shape(preset, g)
         row[kind] = at_scale.attention_flops_per_token(**shape, keys=(t + 1) / 2)
     return row
-
 
 lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(v) else f"{v / 1e6:,.0f}"
                                               for v in flops_row(p, t).values())
@@ -181,14 +176,12 @@ print(f"{kimi.name} at T = {contexts[-1]:,}, T_k = {t_k:,.1f}:\n  MLA: 2 x {thet
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
-# Kimi Linear's layers scaled down (`at_scale.scaled_down`: width `check_hidden`, `check_heads`
-# heads of `check_head_dim`), as real programs: KDA's chunked prefill and decode step, MLA's
-# prefill and absorbed decode step, MHA. Test: the matrix products traced
-# (`kda_lib.lab.costs.matmul_flops`) equal the formula's. That count multiplies a `lax.scan`'s
-# body by its length, so a prefill of `check_seq_len` tokens in chunks of 64 checks the chunk
-# count, $H F_C / C$ a token, too (XLA's cost analysis counts a loop once: the notes). Prefills
-# score the full causal square, $T_k = T$; of the KDA step's 7 $d_k d_v$ this checks the 4 of
-# its products ($k^\top S$, $S^\top q$; decay and write are elementwise: the notes).
+# Kimi Linear's layers scaled down (`at_scale.scaled_down`), as real programs: KDA's chunked
+# prefill and decode step, MLA's prefill and absorbed decode step, MHA. Test: the traced matrix
+# products (`kda_lib.lab.costs.matmul_flops`, which multiplies a `lax.scan`'s body by its
+# length, so the chunk count $H F_C / C$ is checked too; XLA's cost analysis counts a loop once:
+# the notes) equal the formula's. Prefills score the full causal square, $T_k = T$; of the KDA
+# step's 7 $d_k d_v$ it checks the 4 in $k^\top S$ and $S^\top q$ (the rest is elementwise).
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -205,9 +198,8 @@ for name, row in checks.items():
 # ## 4. Memory: the KDA state against the KV caches
 #
 # Per sequence and layer, a KDA layer keeps $H d_k d_v$ float32 state numbers and the last
-# $w - 1$ inputs of its $2 H d_k + H d_v$ conv channels (bf16), whatever the context; an MLA
-# layer caches $d_c + d_R$ numbers per token (its latent and its shared key), GQA $2 G d_h$ and
-# MHA $2 H d_h$ (bf16). Per layer; section 5 adds up whole models.
+# $w - 1$ inputs of its $2 H d_k + H d_v$ conv channels (bf16), whatever the context; per token
+# an MLA layer caches $d_c + d_R$ bf16 numbers (latent, shared key), GQA $2 G d_h$, MHA $2 H d_h$.
 
 # %%
 def cache_row(p, t):
@@ -216,7 +208,6 @@ def cache_row(p, t):
     assert kda == at_scale.kda_state_bytes(p), "H_v = H and d_v = d_k in each preset"
     mla = 2 * t * (p.mla.kv_lora_rank + p.mla.shared_key_dim) if p.mla else np.nan
     return [kda, mla, 2 * t * 2 * gqa_kv_heads * p.head_dim, 2 * t * 2 * p.num_heads * p.head_dim]
-
 
 lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(b) else f"{b / 2**20:,.1f}"
                                               for b in cache_row(p, t)) + " |"
@@ -240,8 +231,8 @@ assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before
 #
 # The paper reports up to 75% less KV cache than full attention (MLA) and up to 6x its decoding
 # throughput at 1M tokens (6.3x faster time per output token, TPOT, Figure 1b). **The cache.**
-# Only the global layers' cache grows, so the hybrid's memory tends to 7/27 of an all-MLA model
-# of the same depth, a reduction of $1 - 7/27$ ("up to 75%" is the limit of a 3:1 ratio).
+# Only the global layers' cache grows: the hybrid's tends to 7/27 of an all-MLA model's, a
+# reduction of $1 - 7/27$ ("up to 75%" is the limit of a 3:1 ratio).
 
 # %%
 paper_cache_reduction = 0.75  # the paper's "up to 75%"
@@ -255,34 +246,31 @@ print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_tok
     f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = {limit:.1%}")
 assert list(reduction.values()) == sorted(reduction.values())
 assert reduction[contexts[-1]] <= limit < paper_cache_reduction
-for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH):
-    print(f"{p.name}: {len(p.global_layers)} global of {p.num_layers} layers, reduction limit "
-          f"{1 - len(p.global_layers) / p.num_layers:.1%}")
+others = (presets.KIMI_K3, presets.GLM_5_3_FLASH)  # their limits, KDA layers / layers:
+print("Reduction limits:", {p.name: f"{len(p.kda_layers) / p.num_layers:.1%}" for p in others})
 mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
                 + len(kimi.global_layers) * kimi.mla_parameter_count())  # for the speed below
 
 # %% [markdown]
-# **The decoding speed, in a model.** Per layer, a decode step of $B$ sequences at $T$ reads the
-# weights once, each sequence's MLA cache (cache$(T)$ bytes) or reads *and* writes each KDA
-# cache (2 x state, section 4's bytes), and takes the slower of its flops at the chip's peak and
-# its bytes at its bandwidth (a roofline, drawn in section 6; `at_scale.CHIPS`):
+# **The decoding speed, in a model.** A chip takes the longer of a step's flops at its peak rate and
+# its bytes at its bandwidth: a *roofline*, whose ridge, peak / bandwidth, is the flops per byte
+# above which a step is compute-bound (section 6 draws it; `at_scale.CHIPS`). Per layer, a decode
+# step of $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes)
+# or reads *and* writes each KDA cache (2 x state, section 4's bytes):
 #
-# $$
-# \text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
+# $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
-#   + \frac{\text{other weights}(B)}{\text{bandwidth}},
-# $$
+#   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
+# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. Other weights, bf16, the same in both
+# models (`decode_scaling`), split the reported 48B = $N + R$ and 3B active $= N + \frac{k}{n} R$
+# ($k$ = 8 of $n$ = 256 routed experts a token); a step reads all of $N$ and the experts its $B$
+# tokens touch: other$(B) = 2\,(N + R\,(1 - (1 - k/n)^B) - \text{mixers})$ bytes, 2 x (3B - mixers)
+# at $B = 1$ (printed below). Assume a global layer costs the same in both (same layer, kernel,
+# batch); only MLA grows with $T$, so with 27 layers, 7 global,
 #
-# bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA; the other weights (MoE, embeddings:
-# `decode_scaling`, the notes) the same in both models. Assume a global layer costs the same in
-# both (same layer, kernel, batch); only MLA grows with $T$, so with 27 layers, 7 global (each
-# layer's term named by its kind),
-#
-# $$
-# \frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
+# $$\frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
 #   + 20\,\text{KDA} + \text{other}} \le \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
-#   + \text{other}} \le \frac{27}{7}
-# $$
+#   + \text{other}} \le \frac{27}{7}$$
 # (the same other $\ge 0$ added above and below brings a ratio above 1 toward 1), a property of
 # this model. As $B$ grows the weights are shared away and at a fixed $T$ the ratio tends to
 # $27\,\text{cache}(T) / (7\,\text{cache}(T) + 20 \times 2\,\text{state})$, 27/7 only as $T$ grows.
@@ -290,17 +278,22 @@ mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
 # %%
 t_long, h200 = contexts[-1], at_scale.CHIPS["H200 SXM"]
 weights, bound = reported_total_params * at_scale.BF16, at_scale.decode_speedup_bound(kimi)
-
+def other_weights(b):
+    """other(B) above: bytes of the non-mixer weights a decode step of b tokens reads."""
+    return decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
+                                           routed_experts, experts_per_token, mixer_params)
 
 def step_time(t, b, hybrid, chip=h200):
     """The equation above: one decode step of b sequences at T = t, in seconds."""
-    other = decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
-                                            routed_experts, experts_per_token, mixer_params)
-    return at_scale.model_decode_time(kimi, chip, t, b, hybrid=hybrid, other_weight_bytes=other)
+    return at_scale.model_decode_time(kimi, chip, t, b, hybrid=hybrid,
+                                      other_weight_bytes=other_weights(b))
 
 def ratio(t, b, chip=h200):
     """All-MLA's step time over the hybrid's: above 1, the hybrid is faster."""
     return step_time(t, b, False, chip) / step_time(t, b, True, chip)
+
+assert np.isclose(other_weights(1), 2 * (reported_active_params - mixer_params))
+print("other(B) in GB, by B:", {b: round(other_weights(b) / 1e9, 2) for b in decode_batches})
 
 # %%
 speedup = {(c, b): ratio(t_long, b, chip) for c, chip in at_scale.CHIPS.items()
@@ -314,19 +307,22 @@ assert all(np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9 for b in dec
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 batch_limit = n * t_long * per_token / (n_glob * t_long * per_token + n_kda * 2 * state)  # B: inf
 assert max(speedup.values()) < batch_limit < bound < paper_tpot_speedup
-free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
-most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=h)) for h in (False, True)}
-rate = {h: most[h] / step_time(t_long, most[h], h) for h in (False, True)}  # tokens per second
-assert 1 <= most[False] < most[True] and 1 < rate[True] / rate[False] < 6  # the paper's "up to 6x"
 display(Markdown(
     f"In this model, at {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one "
     f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
     f"most {max(speedup.values()):.2f}x over `decode_batches` {decode_batches}; as the batch "
-    f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). Filling "
-    f"one H200 SXM (batch {most[True]} for the hybrid, {most[False]} for all-MLA), the hybrid "
-    f"decodes {rate[True] / rate[False]:.2f}x the tokens per second, against the paper's \"up "
-    f"to 6x\": checked, not bounded (27/7 is for equal batches). The measured {paper_tpot_speedup}x"
-    " needs cheaper global layers in the hybrid, which the configs cannot check."))
+    f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The "
+    f"paper's measured {paper_tpot_speedup}x needs cheaper global layers in the hybrid."))
+
+# %%
+free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
+most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=h)) for h in (False, True)}
+rate = {h: most[h] / step_time(t_long, most[h], h) for h in (False, True)}  # tokens per second
+throughput = rate[True] / rate[False]
+assert 1 <= most[False] < most[True] and 1 < throughput < 6  # short of the paper's "up to 6x"
+print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most[False]} all-MLA),"
+      f" the hybrid decodes {throughput:.2f}x all-MLA's tokens per second: {throughput / 6:.0%} of"
+      " the paper's \"up to 6x\" (throughput at unequal batches has no 27/7 bound)")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
@@ -346,25 +342,26 @@ ax.axhline(bound, color="0.3", linestyle="--", label=f"bound: layers / global la
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
         label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
-ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)",
+ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
        ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
 ticks = [y for y in (0.1, 0.2, 0.3, 0.5, 0.8, 1, 2, 3, 4, 6) if y >= low]
 ax.set_yticks(ticks, [f"{y:g}" for y in ticks], minor=False)
-ax.set_ylim(low, 1.2 * paper_tpot_speedup)
+ax.yaxis.set_minor_formatter(plt.NullFormatter())  # only the labelled ticks above
 fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
 viz.show(fig, "10_decode_speedup")
 
 # %% [markdown]
 # ## 6. The roofline: where each layer sits on each chip
 #
-# A step's arithmetic intensity is its flops per byte moved; a chip runs it at the smaller of
-# its peak flop rate and intensity x bandwidth: compute-bound above the ridge, peak / bandwidth.
-# Kimi Linear's layers (`at_scale.operating_point`, bf16): a prefill of `contexts[0]` tokens,
-# decode steps at `contexts[1]` for one sequence and the largest of `decode_batches`. Every decode
-# step sits left of every chip's ridge, every prefill right (asserted): a decode step's time is
-# its bytes, section 5's premise. How far batching raises a decode step's intensity: the notes.
+# Section 5's roofline, drawn: a chip runs a step at the smaller of its peak and its arithmetic
+# intensity (flops per byte moved) x bandwidth. Kimi Linear's layers (`at_scale.operating_point`,
+# bf16): a prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the
+# largest of `decode_batches`. All decode steps sit left of all ridges, all prefills right
+# (asserted). Coinciding points (KDA's and MHA's decode at B = 1, ~1 flop/byte) nest.
 
 # %%
+import bisect
+
 points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
           for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
               (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
@@ -376,13 +373,22 @@ for kind in at_scale.MIXERS:
     print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
 assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-fig, ax, x = *plt.subplots(figsize=(8, 4.2)), np.geomspace(0.3, 3e4, 200)  # the roofline
+top = max(c.ridge for c in chips)  # prefill intensity grows with T: bisect for the first T past it
+past = {k: 1 + bisect.bisect_right(range(1, contexts[0] + 1), top, key=lambda t, k=k: np.divide(
+    *at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads))) for k in at_scale.MIXERS}
+print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
+
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(8, 4.2))
+x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
 for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
     ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
             label=f"{chip.name} (ridge {chip.ridge:.0f})")
-for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof
-    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], ms=9, mew=2,
-            mfc="none", color=viz.MODEL_COLORS[kind.lower()], label=kind if s == steps[0] else None)
+for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
+    size = 14 - 3 * at_scale.MIXERS.index(kind)
+    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], ms=size,
+            mew=2, mfc="none", color=viz.MODEL_COLORS[kind.lower()],
+            label=kind if s == steps[0] else None)
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
        ylabel="attainable flop/s (log)", title=f"o {steps[0]} of {contexts[0]:,} tokens, "
        f"s {steps[1]}, ^ {steps[2]} at {contexts[1]:,}\n(points on the H200 SXM's roof)")
@@ -392,11 +398,10 @@ viz.show(fig, "10_roofline")
 # %% [markdown]
 # ## Summary
 #
-# - Parameters, flops and cache bytes per layer are formulas of the configs, evaluated on the
-#   page (sections 2, 4); the traced matrix products of a prefill of several chunks and a decode
-#   step equal them (section 3).
-# - A KDA layer's cost and cache do not grow with $T$, MLA's do: the hybrid's cache reduction
-#   tends to (KDA layers) / (layers), and "up to 75%" is the limit of a 3:1 ratio (section 5).
+# - Parameters, flops and cache bytes per layer are formulas of the configs (sections 2, 4);
+#   the traced matrix products of a chunked prefill and a decode step equal them (section 3).
+# - A KDA layer's cost and cache do not grow with $T$, MLA's do: the cache reduction tends to
+#   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 5).
 # - If a global layer costs the same in both models, the 1M-token decode speed-up of a bandwidth
 #   roofline stays below 27/7 at every batch (section 5); the paper's 6.3x needs cheaper ones.
 #
@@ -407,23 +412,21 @@ viz.show(fig, "10_roofline")
 #
 # 1. **How long until the cache halves?** Write `reduction_context(fraction, kda_layers,
 #    global_layers, heads, head_dim, conv_size, latent, state_bytes, cache_bytes)` (no kda_lib):
-#    the context $T$ (a real number) at which the hybrid's decode memory of one sequence is
-#    `fraction` below an all-global model's ($0 \le$ `fraction` $<$ kda_layers / layers), the
-#    KDA state ($d_v = d_k$ = `head_dim`) in `state_bytes` per number, its conv history and the
-#    `latent` $= d_c + d_R$ numbers per token in `cache_bytes`. *Explain why* (open): for Kimi K3
-#    at a half, compare (`state_bytes`, `cache_bytes`) = (2, 2), a bf16 state, and (4, 1), an fp8
-#    cache, with section 4's (4, 2): which helps the hybrid, and why?
-# 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (context
-#    parallelism, notebook 05): a global layer's ranks pass their MLA latents around a ring, a
-#    KDA layer's exchange float32 state summaries and a bf16 conv halo. Write
-#    `ring_crossover(ranks, heads, head_dim, conv_size, latent)` (no kda_lib): the smallest
-#    whole $T$ at which ring attention brings a rank more bytes than the summaries and halo.
+#    the real $T$ at which the hybrid's decode memory of one sequence is `fraction` below an
+#    all-global model's ($0 \le$ `fraction` $<$ kda_layers / layers): the KDA state ($d_v = d_k$ =
+#    `head_dim`) in `state_bytes` a number, its conv history and the `latent` $= d_c + d_R$ numbers
+#    a token in `cache_bytes`. *Explain why* (open): for Kimi K3 at a half, which helps the hybrid,
+#    (2, 2) (a bf16 state) or (4, 1) (an fp8 cache), against section 4's (4, 2)?
+# 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
+#    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
+#    state summaries and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim,
+#    conv_size, latent)` (no kda_lib): the smallest whole $T$ at which the ring brings a rank more.
 # 3. **Quantised weights move the crossing.** Write `decode_crossover(batch, heads, head_dim,
 #    conv_size, latent, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
 #    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
 #    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
-#    sequence MLA's $T$ bf16 latents, KDA's cache (state and conv history, as in section 4) read
-#    and written. How far do fp8 and int4 weights move the bf16 crossing at batch 1?
+#    sequence MLA's $T$ bf16 latents, KDA's section-4 cache read and written. How far do fp8
+#    and int4 weights move the bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

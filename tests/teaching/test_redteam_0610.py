@@ -1315,6 +1315,13 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     wrapped = exercises.verdict("10.2", _ring_int32, ranks=8, **kimi)
     assert "2^31 - 1" in wrapped and "int64" in wrapped, wrapped
 
+    def int32_floored(r, h, d, w, latent):  # int32 products, a float out (teacher t10b, #8)
+        flat = (r - 1) * h * d * 2 * d * 4 + 2 * jnp.maximum(w - 1, 0) * 3 * h * d
+        return jnp.floor(r * flat / ((r - 1) * 2 * latent)) + 1
+
+    floored = exercises.verdict("10.2", int32_floored, ranks=8, **kimi)
+    assert "2^31 - 1" in floored and "wraps" in floored, floored
+
     def no_clamp(b, h, d, w, latent, kp, mp, wb):
         return max(0, math.ceil((wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w))
                                 / (b * 2 * latent)))

@@ -223,13 +223,17 @@ def ring_crossover(answer, *, preset: str, ranks: int, seed=None):
                              lambda *a: _ring_bytes(*a[:4]))
     if hint or miss is None:
         return hint and hint + again(seed)
-    (ranks, *_), got, want = miss
+    args, got, want = miss
+    ranks, largest = args[0], _ring_bytes(*args[:4])
     if got == want - 1:
         return f"at {ranks} ranks your T is one short: ring attention must move more" + again(seed)
+    overflow = (f"; a product here, R x (summaries + halo) = {largest:,}, passes 2^31 - 1: in "
+                "jnp's int32 it wraps around, so compute in Python ints or int64"
+                if largest > _INT32_MAX else "")
     return (
         f"at {ranks} ranks your T is {'above' if got > want else 'below'} the crossing: the "
         "summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); each rank "
-        "receives (R - 1)/R of the latents" + again(seed)
+        "receives (R - 1)/R of the latents" + overflow + again(seed)
     )
 
 
