@@ -265,8 +265,8 @@ mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
 # models (`decode_scaling`), split the reported 48B = dense + routed and 3B active = dense +
 # $\frac{k_{\text{exp}}}{n_{\text{exp}}}$ routed ($k_{\text{exp}}$ = 8 of $n_{\text{exp}}$ = 256
 # routed experts a token); a step reads all dense weights and the experts its $B$ tokens touch:
-# other$(B) = 2\,(\text{dense} + \text{routed}\,(1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B)
-# - \text{mixers})$ bytes, 2 x (3B - mixers) at $B = 1$ (printed below). Assume a global layer costs the same in both (same layer, kernel,
+# other$(B) = 2\,(\text{dense} + \text{routed}\,(1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B) -
+# \text{mixers})$ bytes, 2 x (3B - mixers) at $B = 1$ (printed below). Assume a global layer costs the same in both (same layer, kernel,
 # batch); only MLA grows with $T$, so with 27 layers, 7 global,
 #
 # $$\frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
