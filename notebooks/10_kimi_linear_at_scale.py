@@ -311,7 +311,7 @@ display(Markdown(
     f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
     f"most {max(speedup.values()):.2f}x over `decode_batches` {decode_batches}; as the batch "
     f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The paper "
-    f"measured {paper_tpot_speedup}x: all-MLA's step cost more there (global layers or the rest)."))
+    f"measured {paper_tpot_speedup}x, so its all-MLA step must cost more (global layers or rest)."))
 
 # %%
 free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
@@ -324,8 +324,8 @@ print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most
       " the paper's \"up to 6x\" (throughput at unequal batches has no 27/7 bound)")
 slower = {b: 1 / ratio(1, b) - 1 for b in decode_batches}  # the grey band below (exercise 10.3)
 assert min(slower.values()) > 0
-print(f"At T = 1 the hybrid is {slower[1]:.1%} (batch 1) to {max(slower.values()):.1%} slower: KDA"
-      f" weights {kda_sum / 2**19:.0f} MiB > MLA's {mla_sum / 2**19:.0f}, and state read + written")
+print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
+      f"as KDA weights {kda_sum / 2**19:.0f} > MLA's {mla_sum / 2**19:.0f} MiB, state read, written")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
