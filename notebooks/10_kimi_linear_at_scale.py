@@ -325,7 +325,7 @@ print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most
 slower = {b: 1 / ratio(1, b) - 1 for b in decode_batches}  # the grey band below (exercise 10.3)
 assert min(slower.values()) > 0
 print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
-      f"(KDA weights {kda_sum / 2**19:.0f} > MLA's {mla_sum / 2**19:.0f} MiB, state read + written)")
+      f"(KDA weights {kda_sum / 2**19:.0f} > MLA's {mla_sum / 2**19:.0f} MiB, state read+written)")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
