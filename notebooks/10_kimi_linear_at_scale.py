@@ -228,7 +228,52 @@ mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=h)
 assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
-# ## 5. The paper's headline numbers
+# ## 5. The roofline: where each layer sits on each chip
+#
+# A chip runs a step at min(peak, arithmetic intensity x bandwidth), the intensity its flops per
+# byte moved: a *roofline*, whose ridge, peak / bandwidth, is the intensity above which a step is
+# compute-bound. Kimi Linear's layers (`at_scale.operating_point`, bf16): a
+# prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the largest
+# of `decode_batches`. All decode steps sit left of all ridges, all prefills right (asserted). At ~1
+# flop/byte three points nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads
+# its own cache, so batching never raises MHA's intensity); GQA's two touch.
+
+# %%
+points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
+          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
+              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
+intensity = {k: f / q for k, (f, q) in points.items()}
+chips, steps = list(at_scale.CHIPS.values()), list(dict.fromkeys(s for _, s in points))
+print("flop/byte " + "".join(f"{s:>14s}" for s in steps) + "   ridges: " + ", ".join(
+    f"{c.name} {c.ridge:.0f}" for c in chips))
+for kind in at_scale.MIXERS:
+    print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
+assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
+assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
+top = max(c.ridge for c in chips)  # prefill intensity grows with T: the first T past it
+past = {k: next(t for t in range(1, contexts[0] + 1) if np.divide(*at_scale.operating_point(
+    kimi, k, "prefill", t, 1, gqa_kv_heads)) > top) for k in at_scale.MIXERS}
+print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
+
+# %% tags=["hide-input"]
+(fig, ax), h200 = plt.subplots(figsize=(8, 4.2)), at_scale.CHIPS["H200 SXM"]
+x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
+for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
+    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
+            label=f"{chip.name} (ridge {chip.ridge:.0f})")
+for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
+    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], mfc="none",
+            ms=14 - 3 * at_scale.MIXERS.index(kind), mew=2, color=viz.MODEL_COLORS[kind.lower()],
+            label=kind if s == steps[0] else None)
+for marker, s in zip("os^", steps, strict=True):  # the step types, keyed in the legend
+    ax.plot([], [], marker, mfc="none", color="k", label=f"{s}, T = {contexts[s != steps[0]]:,}")
+ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
+       ylabel="attainable flop/s (log)", title="Kimi Linear's layers on the H200 SXM's roof")
+ax.legend(fontsize=8, ncol=2)
+viz.show(fig, "10_roofline")
+
+# %% [markdown]
+# ## 6. The paper's headline numbers
 #
 # The paper reports up to 75% less KV cache than full attention (MLA) and up to 6x its decoding
 # throughput at 1M tokens (6.3x faster time per output token, TPOT, Figure 1b). **The cache.**
@@ -252,9 +297,8 @@ print("Reduction limits:", {p.name: f"{len(p.kda_layers) / p.num_layers:.1%}" fo
 mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]
-# **The decoding speed, in a model.** A chip takes the longer of a step's flops at its peak rate and
-# its bytes at its bandwidth: a *roofline*, whose ridge, peak / bandwidth, is the flops per byte
-# above which a step is compute-bound (section 6 draws it; `at_scale.CHIPS`). Per layer, a decode
+# **The decoding speed, in a model.** On section 5's roofline a step takes the longer of its flops
+# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). Per layer, a decode
 # step of $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes)
 # or reads *and* writes each KDA cache (2 x state, section 4's bytes):
 #
@@ -353,58 +397,14 @@ fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, 
 viz.show(fig, "10_decode_speedup")
 
 # %% [markdown]
-# ## 6. The roofline: where each layer sits on each chip
-#
-# Section 5's roofline, drawn: a step runs at min(peak, arithmetic intensity x bandwidth), the
-# intensity its flops per byte moved. Kimi Linear's layers (`at_scale.operating_point`, bf16): a
-# prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the largest
-# of `decode_batches`. All decode steps sit left of all ridges, all prefills right (asserted). At ~1
-# flop/byte three points nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads
-# its own cache, so batching never raises MHA's intensity); GQA's two touch.
-
-# %%
-points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
-          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
-              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
-intensity = {k: f / q for k, (f, q) in points.items()}
-chips, steps = list(at_scale.CHIPS.values()), list(dict.fromkeys(s for _, s in points))
-print("flop/byte " + "".join(f"{s:>14s}" for s in steps) + "   ridges: " + ", ".join(
-    f"{c.name} {c.ridge:.0f}" for c in chips))
-for kind in at_scale.MIXERS:
-    print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
-assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
-assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-top = max(c.ridge for c in chips)  # prefill intensity grows with T: the first T past it
-past = {k: next(t for t in range(1, contexts[0] + 1) if np.divide(*at_scale.operating_point(
-    kimi, k, "prefill", t, 1, gqa_kv_heads)) > top) for k in at_scale.MIXERS}
-print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
-
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(8, 4.2))
-x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
-for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
-    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
-            label=f"{chip.name} (ridge {chip.ridge:.0f})")
-for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
-    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], mfc="none",
-            ms=14 - 3 * at_scale.MIXERS.index(kind), mew=2, color=viz.MODEL_COLORS[kind.lower()],
-            label=kind if s == steps[0] else None)
-for marker, s in zip("os^", steps, strict=True):  # the step types, keyed in the legend
-    ax.plot([], [], marker, mfc="none", color="k", label=f"{s}, T = {contexts[s != steps[0]]:,}")
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
-       ylabel="attainable flop/s (log)", title="Kimi Linear's layers on the H200 SXM's roof")
-ax.legend(fontsize=8, ncol=2)
-viz.show(fig, "10_roofline")
-
-# %% [markdown]
 # ## Summary
 #
 # - Parameters, flops and cache bytes per layer are formulas of the configs (sections 2, 4);
 #   the traced matrix products of a chunked prefill and a decode step equal them (section 3).
 # - A KDA layer's cost and cache do not grow with $T$, MLA's do: the cache reduction tends to
-#   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 5).
+#   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 6).
 # - If a global layer and the rest of a step cost the same in both models, the 1M-token decode
-#   speed-up stays below 27/7 (section 5): the paper's 6.3x needs all-MLA's step to cost more.
+#   speed-up stays below 27/7 (section 6): the paper's 6.3x needs all-MLA's step to cost more.
 #
 # ## Exercises
 #
