@@ -19,10 +19,9 @@
 # **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`),
 # as the JAX scaling book does, we write down what a KDA layer, an MLA layer (the paper's global
 # layer) and softmax attention cost in parameters, flops per token and cache memory, and check
-# the matrix-product flops against real programs at a small size. The paper's KV cache reduction
-# follows from the layer pattern. Its decoding speed-up does not: if a global layer costs the
-# same in both models, the hybrid decodes at most 27/7 times faster in a bandwidth roofline,
-# and the measured 6.3x needs the hybrid's global layers to cost less than all-MLA's.
+# the flops against real programs at a small size. The KV cache reduction follows from the layer
+# pattern; the decoding speed-up does not: with equal global layers and an equal rest of the step,
+# the hybrid decodes at most 27/7 times faster, short of the paper's measured 6.3x.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/10_kimi_linear_at_scale.ipynb)
 #
@@ -77,12 +76,12 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.lab import at_scale
+from kda_lib.layers.params import parameter_count
 from kda_lib.models import presets
 from kda_lib.teaching import decode_scaling, viz
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
-# contexts[0] >= 1024: section 6's prefills pass all four ridges from ~650 tokens (printed)
 if len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 1024 or contexts[-1] != 2**20:
     raise ValueError("contexts: two or more, ascending, [0] >= 1024, [-1] = 1048576 (the "
                      f"paper's 1M context, sections 5, 6), got {contexts}")
@@ -104,8 +103,6 @@ routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its F
 # widths, only Kimi Linear's builds (Kimi K3's has an output gate this repository lacks).
 
 # %%
-from kda_lib.layers.params import parameter_count
-
 rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
         f"{len(p.global_layers)} | {p.kda_parameter_count():,} | "
         + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
@@ -151,7 +148,6 @@ def flops_row(preset, t):
         shape = at_scale.full_attention_shape(preset, g)
         row[kind] = at_scale.attention_flops_per_token(**shape, keys=(t + 1) / 2)
     return row
-
 lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(v) else f"{v / 1e6:,.0f}"
                                               for v in flops_row(p, t).values())
          + f" | {3 * flops_row(p, t)['KDA'] / 1e6:,.0f} |" for p in presets.PRESETS.values()
@@ -172,16 +168,22 @@ print(f"{kimi.name} at T = {contexts[-1]:,}, T_k = {t_k:,.1f}:\n  MLA: 2 x {thet
       f"{mla_hand / 1e6:,.1f} MFLOP\n  KDA: " + " + ".join(f"{f / 1e6:.2f}" for f in kda_terms)
       + f" (projections + convs + kernel) = {sum(kda_terms) / 1e6:.1f} MFLOP: MLA costs "
       f"{mla_hand / sum(kda_terms):.1f}x KDA")
+d, h, dk, w = kimi.hidden_size, kimi.num_heads, kimi.head_dim, kimi.conv_size  # d_v = d_k = rank
+dc, dr = m.kv_lora_rank, m.shared_key_dim  # MLA's latent d_c and shared key d_R
+kda_sum = (3 * d * h * dk + h * dk * d + 2 * (d * dk + dk * h * dk)  # q/k/v, o, low-rank f/g
+           + d * h + 3 * w * h * dk + h + h * dk + dk)  # b, convs, A_log, dt_bias, o_norm
+mla_sum = (d * h * (m.head_dim + dr) + d * (dc + dr) + dc  # q, kv_a (latent, shared key), norm
+           + dc * h * (m.head_dim + m.value_head_dim) + h * m.value_head_dim * d)  # kv_b, o
+assert (kda_sum, mla_sum) == (kimi.kda_parameter_count(), kimi.mla_parameter_count())
 
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
 # Kimi Linear's layers scaled down (`at_scale.scaled_down`), as real programs: KDA's chunked
 # prefill and decode step, MLA's prefill and absorbed decode step, MHA. Test: the traced matrix
-# products (`kda_lib.lab.costs.matmul_flops`, which multiplies a `lax.scan`'s body by its
-# length, so the chunk count $H F_C / C$ is checked too; XLA's cost analysis counts a loop once:
-# the notes) equal the formula's. Prefills score the full causal square, $T_k = T$; of the KDA
-# step's 7 $d_k d_v$ it checks the 4 in $k^\top S$ and $S^\top q$ (the rest is elementwise).
+# products (`kda_lib.lab.costs.matmul_flops`: a `lax.scan`'s body times its length, so the chunk
+# count $H F_C / C$ is checked too) equal the formula's. Prefills score the full causal square,
+# $T_k = T$; of the KDA step's 7 $d_k d_v$ it checks the 4 in $k^\top S$ and $S^\top q$.
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -208,7 +210,6 @@ def cache_row(p, t):
     assert kda == at_scale.kda_state_bytes(p), "H_v = H and d_v = d_k in each preset"
     mla = 2 * t * (p.mla.kv_lora_rank + p.mla.shared_key_dim) if p.mla else np.nan
     return [kda, mla, 2 * t * 2 * gqa_kv_heads * p.head_dim, 2 * t * 2 * p.num_heads * p.head_dim]
-
 lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(b) else f"{b / 2**20:,.1f}"
                                               for b in cache_row(p, t)) + " |"
          for p in presets.PRESETS.values() for t in contexts]
@@ -227,7 +228,52 @@ mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=h)
 assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
-# ## 5. The paper's headline numbers
+# ## 5. The roofline: where each layer sits on each chip
+#
+# A chip runs a step at min(peak, arithmetic intensity x bandwidth), the intensity its flops per
+# byte moved: a *roofline*, whose ridge, peak / bandwidth, is the intensity above which a step is
+# compute-bound. Kimi Linear's layers (`at_scale.operating_point`, bf16): a
+# prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the largest
+# of `decode_batches`. All decode steps sit left of all ridges, all prefills right (asserted). At ~1
+# flop/byte three points nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads
+# its own cache, so batching never raises MHA's intensity); GQA's two touch.
+
+# %%
+points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
+          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
+              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
+intensity = {k: f / q for k, (f, q) in points.items()}
+chips, steps = list(at_scale.CHIPS.values()), list(dict.fromkeys(s for _, s in points))
+print("flop/byte " + "".join(f"{s:>14s}" for s in steps) + "   ridges: " + ", ".join(
+    f"{c.name} {c.ridge:.0f}" for c in chips))
+for kind in at_scale.MIXERS:
+    print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
+assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
+assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
+top = max(c.ridge for c in chips)  # prefill intensity grows with T: the first T past it
+past = {k: next(t for t in range(1, contexts[0] + 1) if np.divide(*at_scale.operating_point(
+    kimi, k, "prefill", t, 1, gqa_kv_heads)) > top) for k in at_scale.MIXERS}
+print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
+
+# %% tags=["hide-input"]
+(fig, ax), h200 = plt.subplots(figsize=(8, 4.2)), at_scale.CHIPS["H200 SXM"]
+x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
+for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
+    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
+            label=f"{chip.name} (ridge {chip.ridge:.0f})")
+for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
+    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], mfc="none",
+            ms=14 - 3 * at_scale.MIXERS.index(kind), mew=2, color=viz.MODEL_COLORS[kind.lower()],
+            label=kind if s == steps[0] else None)
+for marker, s in zip("os^", steps, strict=True):  # the step types, keyed in the legend
+    ax.plot([], [], marker, mfc="none", color="k", label=f"{s}, T = {contexts[s != steps[0]]:,}")
+ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
+       ylabel="attainable flop/s (log)", title="Kimi Linear's layers on the H200 SXM's roof")
+ax.legend(fontsize=8, ncol=2)
+viz.show(fig, "10_roofline")
+
+# %% [markdown]
+# ## 6. The paper's headline numbers
 #
 # The paper reports up to 75% less KV cache than full attention (MLA) and up to 6x its decoding
 # throughput at 1M tokens (6.3x faster time per output token, TPOT, Figure 1b). **The cache.**
@@ -235,7 +281,6 @@ assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before
 # reduction of $1 - 7/27$ ("up to 75%" is the limit of a 3:1 ratio).
 
 # %%
-paper_cache_reduction = 0.75  # the paper's "up to 75%"
 n_kda, n_glob, n = len(kimi.kda_layers), len(kimi.global_layers), kimi.num_layers
 reduction = {t: 1 - (n_kda * state + n_glob * t * per_token) / (n * t * per_token)
              for t in contexts}  # 1 - hybrid / all-MLA, section 4's bytes
@@ -243,37 +288,39 @@ assert all(np.isclose(r, 1 - at_scale.model_cache_bytes(kimi, t) / at_scale.mode
     kimi, t, hybrid=False)) for t, r in reduction.items())
 limit = n_kda / n
 print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_token}): " + ", ".join(
-    f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = {limit:.1%}")
+    f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = {limit:.1%}"
+    " (the paper: up to 75%)")
 assert list(reduction.values()) == sorted(reduction.values())
-assert reduction[contexts[-1]] <= limit < paper_cache_reduction
+assert reduction[contexts[-1]] <= limit  # the paper's "up to 75%": a 3:1 pattern's limit
 others = (presets.KIMI_K3, presets.GLM_5_3_FLASH)  # their limits, KDA layers / layers:
 print("Reduction limits:", {p.name: f"{len(p.kda_layers) / p.num_layers:.1%}" for p in others})
-mixer_params = (len(kimi.kda_layers) * kimi.kda_parameter_count()
-                + len(kimi.global_layers) * kimi.mla_parameter_count())  # for the speed below
+mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]
-# **The decoding speed, in a model.** A chip takes the longer of a step's flops at its peak rate and
-# its bytes at its bandwidth: a *roofline*, whose ridge, peak / bandwidth, is the flops per byte
-# above which a step is compute-bound (section 6 draws it; `at_scale.CHIPS`). Per layer, a decode
+# **The decoding speed, in a model.** On section 5's roofline a step takes the longer of its flops
+# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). Per layer, a decode
 # step of $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes)
 # or reads *and* writes each KDA cache (2 x state, section 4's bytes):
 #
 # $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
 #   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
-# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. Other weights, bf16, the same in both
-# models (`decode_scaling`), split the reported 48B = $N + R$ and 3B active $= N + \frac{k}{n} R$
-# ($k$ = 8 of $n$ = 256 routed experts a token); a step reads all of $N$ and the experts its $B$
-# tokens touch: other$(B) = 2\,(N + R\,(1 - (1 - k/n)^B) - \text{mixers})$ bytes, 2 x (3B - mixers)
-# at $B = 1$ (printed below). Assume a global layer costs the same in both (same layer, kernel,
-# batch); only MLA grows with $T$, so with 27 layers, 7 global,
+# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. Other weights, bf16 (`decode_scaling`),
+# split the reported 48B = dense + routed and 3B active = dense + routed x $k_{\text{exp}}$ /
+# $n_{\text{exp}}$ ($k_{\text{exp}}$ = 8 of $n_{\text{exp}}$ = 256 experts a token). If tokens pick
+# experts uniformly and independently, an expert escapes all $B$ tokens with probability
+# $(1 - k_{\text{exp}}/n_{\text{exp}})^B$ = escape; a step reads other$(B) = 2\,(\text{dense} +
+# \text{routed}\,(1 - \text{escape}) - \text{mixers})$ bytes, 2 x (3B - mixers) at $B = 1$
+# (printed). Assume a global layer and other cost the same in both (same layer, kernel, batch,
+# serving); only MLA grows with $T$, so with 27 layers, 7 global,
 #
 # $$\frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
 #   + 20\,\text{KDA} + \text{other}} \le \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
 #   + \text{other}} \le \frac{27}{7}$$
-# (the same other $\ge 0$ added above and below brings a ratio above 1 toward 1), a property of
-# this model. As $B$ grows the weights are shared away and at a fixed $T$ the ratio tends to
-# $27\,\text{cache}(T) / (7\,\text{cache}(T) + 20 \times 2\,\text{state})$, 27/7 only as $T$ grows.
+# (the same other $\ge 0$ added above and below brings a ratio above 1 toward 1) for any additive
+# step time; a dearer global layer or other in all-MLA alone lifts it. As $B$ grows the
+# weights are shared away; at a fixed $T$ the ratio tends to $27\,\text{cache}(T) /
+# (7\,\text{cache}(T) + 20 \times 2\,\text{state})$, 27/7 only as $T$ grows.
 
 # %%
 t_long, h200 = contexts[-1], at_scale.CHIPS["H200 SXM"]
@@ -282,16 +329,12 @@ def other_weights(b):
     """other(B) above: bytes of the non-mixer weights a decode step of b tokens reads."""
     return decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
                                            routed_experts, experts_per_token, mixer_params)
-
 def step_time(t, b, hybrid, chip=h200):
     """The equation above: one decode step of b sequences at T = t, in seconds."""
     return at_scale.model_decode_time(kimi, chip, t, b, hybrid=hybrid,
                                       other_weight_bytes=other_weights(b))
-
-def ratio(t, b, chip=h200):
-    """All-MLA's step time over the hybrid's: above 1, the hybrid is faster."""
+def ratio(t, b, chip=h200):  # all-MLA's step time over the hybrid's: above 1, the hybrid is faster
     return step_time(t, b, False, chip) / step_time(t, b, True, chip)
-
 assert np.isclose(other_weights(1), 2 * (reported_active_params - mixer_params))
 print("other(B) in GB, by B:", {b: round(other_weights(b) / 1e9, 2) for b in decode_batches})
 
@@ -306,13 +349,13 @@ print("\n".join(f"batch {b:3d}: ratio {speedup[(h200.name, b)]:.2f} on all four 
 assert all(np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9 for b in decode_batches)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 batch_limit = n * t_long * per_token / (n_glob * t_long * per_token + n_kda * 2 * state)  # B: inf
-assert max(speedup.values()) < batch_limit < bound < paper_tpot_speedup
+assert max(speedup.values()) < batch_limit < bound and np.isclose(bound, n / n_glob)
 display(Markdown(
     f"In this model, at {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one "
     f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
     f"most {max(speedup.values()):.2f}x over `decode_batches` {decode_batches}; as the batch "
-    f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The "
-    f"paper's measured {paper_tpot_speedup}x needs cheaper global layers in the hybrid."))
+    f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The paper "
+    f"measured {paper_tpot_speedup}x, so its all-MLA step must cost more (global layers or rest)."))
 
 # %%
 free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
@@ -323,6 +366,10 @@ assert 1 <= most[False] < most[True] and 1 < throughput < 6  # short of the pape
 print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most[False]} all-MLA),"
       f" the hybrid decodes {throughput:.2f}x all-MLA's tokens per second: {throughput / 6:.0%} of"
       " the paper's \"up to 6x\" (throughput at unequal batches has no 27/7 bound)")
+slower = {b: 1 / ratio(1, b) - 1 for b in decode_batches}  # the grey band below (exercise 10.3)
+assert min(slower.values()) > 0
+print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
+      f"(KDA weights {kda_sum / 2**19:.0f} > MLA's {mla_sum / 2**19:.0f} MiB, state read+written)")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
@@ -344,56 +391,10 @@ ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], ma
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
        ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
-ticks = [y for y in (0.1, 0.2, 0.3, 0.5, 0.8, 1, 2, 3, 4, 6) if y >= low]
-ax.set_yticks(ticks, [f"{y:g}" for y in ticks], minor=False)
+ax.set_yticks(t := [y for y in (0.1, 0.2, 0.3, 0.5, 0.8, 1, 2, 3, 4, 6) if y >= low], t)
 ax.yaxis.set_minor_formatter(plt.NullFormatter())  # only the labelled ticks above
 fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
 viz.show(fig, "10_decode_speedup")
-
-# %% [markdown]
-# ## 6. The roofline: where each layer sits on each chip
-#
-# Section 5's roofline, drawn: a chip runs a step at the smaller of its peak and its arithmetic
-# intensity (flops per byte moved) x bandwidth. Kimi Linear's layers (`at_scale.operating_point`,
-# bf16): a prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the
-# largest of `decode_batches`. All decode steps sit left of all ridges, all prefills right
-# (asserted). Coinciding points (KDA's and MHA's decode at B = 1, ~1 flop/byte) nest.
-
-# %%
-import bisect
-
-points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
-          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
-              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
-intensity = {k: f / q for k, (f, q) in points.items()}
-chips, steps = list(at_scale.CHIPS.values()), list(dict.fromkeys(s for _, s in points))
-print("flop/byte " + "".join(f"{s:>14s}" for s in steps) + "   ridges: " + ", ".join(
-    f"{c.name} {c.ridge:.0f}" for c in chips))
-for kind in at_scale.MIXERS:
-    print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
-assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
-assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-top = max(c.ridge for c in chips)  # prefill intensity grows with T: bisect for the first T past it
-past = {k: 1 + bisect.bisect_right(range(1, contexts[0] + 1), top, key=lambda t, k=k: np.divide(
-    *at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads))) for k in at_scale.MIXERS}
-print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
-
-# %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(8, 4.2))
-x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
-for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
-    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
-            label=f"{chip.name} (ridge {chip.ridge:.0f})")
-for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
-    size = 14 - 3 * at_scale.MIXERS.index(kind)
-    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], ms=size,
-            mew=2, mfc="none", color=viz.MODEL_COLORS[kind.lower()],
-            label=kind if s == steps[0] else None)
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
-       ylabel="attainable flop/s (log)", title=f"o {steps[0]} of {contexts[0]:,} tokens, "
-       f"s {steps[1]}, ^ {steps[2]} at {contexts[1]:,}\n(points on the H200 SXM's roof)")
-ax.legend(fontsize=8, ncol=2)
-viz.show(fig, "10_roofline")
 
 # %% [markdown]
 # ## Summary
@@ -401,9 +402,9 @@ viz.show(fig, "10_roofline")
 # - Parameters, flops and cache bytes per layer are formulas of the configs (sections 2, 4);
 #   the traced matrix products of a chunked prefill and a decode step equal them (section 3).
 # - A KDA layer's cost and cache do not grow with $T$, MLA's do: the cache reduction tends to
-#   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 5).
-# - If a global layer costs the same in both models, the 1M-token decode speed-up of a bandwidth
-#   roofline stays below 27/7 at every batch (section 5); the paper's 6.3x needs cheaper ones.
+#   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 6).
+# - If a global layer and the rest of a step cost the same in both models, the 1M-token decode
+#   speed-up stays below 27/7 (section 6): the paper's 6.3x needs all-MLA's step to cost more.
 #
 # ## Exercises
 #

@@ -1468,7 +1468,7 @@ def test_nb04_layer_diagram_draws_every_part():
 
 
 def test_nb10_decode_scaling_model():
-    """docs/NOTEBOOK_NOTES.md, notebook 10 (moved from section 5): E (1 - (1 - k/E)^B) distinct
+    """docs/NOTEBOOK_NOTES.md, notebook 10 (moved from section 6): E (1 - (1 - k/E)^B) distinct
     experts agrees with a simulation of uniform top-k routing (about 102 of 256 at B = 16); one
     token reads the reported active weights; with one rank the head-parallel model is
     at_scale's; over 8 head-parallel ranks the batch-1 ratio at 1M tokens rises from 2.63 to
