@@ -8,7 +8,14 @@ import types
 import numpy as np
 import scipy.special
 
-from kda_lib.teaching.exercises import again, checker, held, refuse_degenerate, seeded
+from kda_lib.teaching.exercises import (
+    again,
+    checker,
+    copies_reference,
+    held,
+    refuse_degenerate,
+    seeded,
+)
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 
@@ -150,6 +157,8 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
 def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
     """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (all
     of scipy, held or run, where ``refused`` is ``_SCIPY``)."""
+    if copies_reference(answer):  # refused by call_own_work, with the copy's own hint
+        refused = _TESTS
     holding = held(answer, _scipy_named) if refused == _SCIPY else None
     if holding:
         return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
