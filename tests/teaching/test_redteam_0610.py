@@ -1397,3 +1397,23 @@ def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
         assert hint.endswith("))") and "check(..., seed=" in hint, hint
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
         assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
+
+
+def test_09_1_hint_names_the_term_a_count_misses():
+    """09.1's statement no longer lists the terms (review t0809b): a count missing one of them
+    is refused with a hint naming it."""
+    s09 = _solutions("09")
+    _, context = _cases()["09.1"]
+
+    def no_length(c, kda, mla, *rest):
+        return s09.hybrid_cache_bytes(c, kda, mla, *rest) - 4 * mla
+
+    def no_tails(c, kda, mla, h, d, r, w, s):
+        return s09.hybrid_cache_bytes(c, kda, mla, h, d, r, 1, s)
+
+    def no_room(c, *rest):
+        return s09.hybrid_cache_bytes(c, *rest[:-1], -1)
+
+    for answer, word in ((no_length, "length"), (no_tails, "convolutions"), (no_room, "room")):
+        hint = exercises.verdict("09.1", answer, **context)
+        assert hint is not None and word in hint, hint
