@@ -349,10 +349,9 @@ display(Markdown(
     f"(slowest run {speed['attention'].min():,.0f}, their fastest {fast:,.0f}), runs varying up "
     f"to {spread:.1f}x within a model: no claim at equal wall time. The other {len(level)} pairs "
     f"are level (detectable at alpha/{len(tests)}: {min(gaps):.3f} to {max(gaps):.3f}); the "
-    "largest mean gap goes against the hybrid: the MLA hybrid is nominally *worse* than KDA, "
-    f"{h.mean:+.3f} [{h.low:+.3f}, {h.high:+.3f}] (on {h.above} of {h.n} seeds), the MHA hybrid "
-    f"too, {h_mha.mean:+.3f} ({h_mha.above} of {h_mha.n}): not resolved; the one-seed recorded run "
-    f"above has the opposite order (hybrid {rec_bpb['hybrid']:.3f}, KDA {rec_bpb['kda']:.3f})."))
+    f"largest mean gap, MLA hybrid - KDA, {h.mean:+.3f} [{h.low:+.3f}, {h.high:+.3f}] ({h.above}/"
+    f"{h.n} seeds; MHA hybrid {h_mha.mean:+.3f}), is unresolved; the one-seed recorded run has the "
+    f"opposite order ({rec_bpb['hybrid']:.3f} < {rec_bpb['kda']:.3f})."))
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items()
