@@ -46,7 +46,7 @@ num_seeds: int = 2  # seeds per setting (model init and batches; the full run: 3
 hidden_size: int = 64  # model width
 num_layers: int = 1  # blocks of (norm, mixer, norm, MLP)
 num_heads: int = 2  # heads of every mixer
-head_dim: int = 32  # K and V per head
+head_dim: int = 32  # d_k and d_v per head
 implementation: str = "recurrent"  # KDA kernel (recurrent compiles fastest at small T on CPU)
 eval_batches: int = 4  # held-out batches per run
 log_every: int = 25  # steps averaged into one point of the training curves
@@ -174,8 +174,9 @@ print(f"the conv-only model sees {conv_reach} tokens back")
 # `kda_lib.lab.train.run_sweep` trains one fresh model per task, length and mixer (AdamW, warmup
 # then cosine decay) and scores it on held-out batches training never draws: **validation**,
 # which decisions may read, and **test**, scored once at the end and reported. As in Zoology,
-# each mixer gets its own rate, the best on validation at `tune_task` and `tune_seq_len`; here
-# the first seed both tunes and reports, a shortcut the recorded sweep (section 6) avoids.
+# each mixer gets its own rate, the best on validation at `tune_task` and `tune_seq_len` (the CI
+# defaults list one rate, so nothing is tuned; `PARAMS=full` tries a grid); here the first seed
+# both tunes and reports, a shortcut the recorded sweep (section 6) avoids.
 
 # %%
 tuning, records = [], []
@@ -231,7 +232,7 @@ for t in seq_lens if "mqar" in tasks and {"kda", "conv"} <= set(mixers) else []:
 # vote level is the recorded two-layer plateau (section 6), not what this run shows.
 
 # %%
-vote = rs.vote_accuracy(num_pairs, round(1 / chance["mqar"]))  # num_pairs values of V's
+vote = rs.vote_accuracy(num_pairs, round(1 / chance["mqar"]))  # num_pairs of 1/chance values
 for t in seq_lens if "mqar" in tasks else []:
     plain, conv = live[("mqar", "attention", t)]["acc"], live[("mqar", "attention_conv", t)]["acc"]
     guess = (1 + (num_pairs - 1) * chance["mqar"]) / num_pairs  # among the sequence's values
@@ -386,7 +387,7 @@ assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0]
 #
 # 1. **Chance by hand.** A scored MQAR position's answer is one of the value tokens. Which ids
 #    are filler, keys and values is not written here: find the layout from sequences drawn with
-#    `make_task("mqar", vocab_size=V, num_pairs=...)` at odd and even `V`, then write
+#    `make_task("mqar", vocab_size=..., num_pairs=...)` at odd and even `vocab_size`, then write
 #    `mqar_chance(vocab_size)` (no kda_lib), uniform guessing among the values; checked on
 #    vocabularies of the checker's own.
 # 2. **Holm's column by hand.** Write `holm_column(family)`: from a dict like `claims`, {row:
