@@ -470,6 +470,24 @@ def _p4(a, b, ddof=1):
     return 1 - u * (3 - u * u) / 2
 
 
+def _p_betainc(a, b):
+    """The two-sided t p through the regularised incomplete beta (scipy.special.betainc)."""
+    t, v = _t(a, b), len(a) - 1
+    return scipy.special.betainc(v / 2, 0.5, v / (v + t * t))
+
+
+def _p_stdtr_default(a, b, stdtr=scipy.special.stdtr):
+    """The two-sided t p through scipy's stdtr, held as a default (no module attribute read)."""
+    return 2 * stdtr(len(a) - 1, -abs(_t(a, b)))
+
+
+def _p_imported(a, b):
+    """The two-sided t p through scipy.special, imported inside the function."""
+    from scipy import special
+
+    return 2 * special.stdtr(len(a) - 1, -abs(_t(a, b)))
+
+
 def _holm_by(p_of, adjust=True, running=True, cap=True):
     """08.2 answers: each row's p from ``p_of(a, b)``, then Holm (or a named piece left out)."""
 
@@ -742,6 +760,13 @@ def _rule_breakers():
             lambda a, b: scipy.stats.ttest_rel(a, b).pvalue)),
         ("08.2", "scipy.stats.t.sf for the tail", _holm_by(
             lambda a, b: 2 * scipy.stats.t.sf(abs(_t(a, b)), len(a) - 1))),
+        # 08.2 says numpy only: scipy.special's tables skip the t tail it asks for (review
+        # t0809b; the stdtr row was accepted before, as "a table, not a test")
+        ("08.2", "scipy.special.stdtr for the tail", _holm_by(
+            lambda a, b: 2 * scipy.special.stdtr(len(a) - 1, -abs(_t(a, b))))),
+        ("08.2", "scipy.special.betainc for the tail", _holm_by(_p_betainc)),
+        ("08.2", "stdtr held as a default argument", _holm_by(_p_stdtr_default)),
+        ("08.2", "scipy.special imported inside the answer", _holm_by(_p_imported)),
         ("08.2", "each row's own p, unadjusted", _holm_by(_p4, adjust=False)),
         ("08.2", "Bonferroni", lambda fam: {row: min(1.0, len(fam) * _p4(*pair))
                                             for row, pair in fam.items()}),
@@ -1074,9 +1099,6 @@ def _alternatives():
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.2", "pure Python, math only, a loop for Holm", holm_loop, _cases()["08.2"][1]),
         ("08.2", "numpy float32 throughout", holm_f32, _cases()["08.2"][1]),
-        ("08.2", "scipy.special.stdtr for the tail (a table, not a test)", _holm_by(
-            lambda a, b: 2 * scipy.special.stdtr(len(a) - 1, -abs(_t(a, b)))),
-         _cases()["08.2"][1]),
         ("08.3", "itertools.product, math.isclose for ties", flip_product, _cases()["08.3"][1]),
         ("08.3", "zero differences dropped (each doubles both counts: the same p)",
          lambda fam: s08.sign_flip_column(
@@ -1375,3 +1397,23 @@ def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
         assert hint.endswith("))") and "check(..., seed=" in hint, hint
         seed = int(hint.rsplit("seed=", 1)[1].split(")")[0])
         assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
+
+
+def test_09_1_hint_names_the_term_a_count_misses():
+    """09.1's statement no longer lists the terms (review t0809b): a count missing one of them
+    is refused with a hint naming it."""
+    s09 = _solutions("09")
+    _, context = _cases()["09.1"]
+
+    def no_length(c, kda, mla, *rest):
+        return s09.hybrid_cache_bytes(c, kda, mla, *rest) - 4 * mla
+
+    def no_tails(c, kda, mla, h, d, r, w, s):
+        return s09.hybrid_cache_bytes(c, kda, mla, h, d, r, 1, s)
+
+    def no_room(c, *rest):
+        return s09.hybrid_cache_bytes(c, *rest[:-1], -1)
+
+    for answer, word in ((no_length, "length"), (no_tails, "convolutions"), (no_room, "room")):
+        hint = exercises.verdict("09.1", answer, **context)
+        assert hint is not None and word in hint, hint

@@ -3,10 +3,19 @@ scales)."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import scipy.special
 
-from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
+from kda_lib.teaching.exercises import (
+    again,
+    checker,
+    copies_reference,
+    held,
+    refuse_degenerate,
+    seeded,
+)
 from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 
@@ -37,6 +46,27 @@ def mqar_chance(answer, **_):
 
 
 _TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.2 and 08.3
+_SCIPY = ("scipy", "jax.scipy")  # 08.2 is numpy only: its tables (special.stdtr, betainc) too
+_SCIPY_UFUNCS = {id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items()
+                 if isinstance(f, np.ufunc)}  # C routines: no Python frame to watch
+
+
+def _scipy_named(x) -> str | None:
+    """The scipy routine or module ``x`` is (a scipy.special ufunc, anything from a module named
+    scipy.*), or the scipy module a function's code imports by name; else None."""
+    if id(x) in _SCIPY_UFUNCS:
+        return _SCIPY_UFUNCS[id(x)]
+    module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
+    if isinstance(module, str) and module.startswith(_SCIPY):
+        return module
+    stack = [x.__code__] if isinstance(getattr(x, "__code__", None), types.CodeType) else []
+    while stack:
+        code = stack.pop()
+        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        names = [n for n in code.co_names if n.startswith(_SCIPY)]
+        if names:
+            return names[0]
+    return None
 
 
 def _rows(family: dict) -> dict:
@@ -124,9 +154,15 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     return values, None
 
 
-def _own_call(answer, family: dict, name: str):
-    """``answer(copy of family)``: its own work, no kda_lib and no scipy.stats test."""
-    with modules_entered(_TESTS) as entered:
+def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
+    """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (all
+    of scipy, held or run, where ``refused`` is ``_SCIPY``)."""
+    if copies_reference(answer):  # refused by call_own_work, with the copy's own hint
+        refused = _TESTS
+    holding = held(answer, _scipy_named) if refused == _SCIPY else None
+    if holding:
+        return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
+    with modules_entered(refused) as entered:
         got, hint = call_own_work(answer, _rows(family), name=name)
     if entered:
         return None, f"{name} calls {entered[0]}, which does the test: derive it yourself"
@@ -138,10 +174,10 @@ def holm_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
     (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
     ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
-    scipy.stats and kda_lib refused."""
+    Numpy only: all of scipy (stats, special's stdtr and betainc) and kda_lib refused."""
     seed, rng = seeded(seed)
     for fam in [family, *_holm_families(rng)]:
-        got, hint = _own_call(answer, fam, "holm_column(family)")
+        got, hint = _own_call(answer, fam, "holm_column(family)", _SCIPY)
         got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
         if hint:
             return hint + again(seed)

@@ -49,10 +49,27 @@ def hybrid_cache_bytes(answer, *, measured: dict, shape: dict):
             where = "measured" if context in measured and sh == own else "expected"
             return (
                 f"at context {context} for {dict(zip(names, sh, strict=True))} your count is "
-                f"{'above' if got > want else 'below'} the {where} cache; the MLA cache has "
-                "room for more than the context"
+                f"{'above' if got > want else 'below'} the {where} cache; "
+                + _missing_term(int(got), context, *sh)
             )
     return None
+
+
+def _missing_term(got, context, kda, mla, heads, key_dim, rank, conv, steps) -> str:
+    """The hint naming the term of 09.1's count that ``got`` leaves out (or gets wrong)."""
+    want = _hybrid_bytes(context, kda, mla, heads, key_dim, rank, conv, steps)
+    tails = kda * 4 * 3 * max(conv - 1, 0) * heads * key_dim
+    misses = {  # what the answer would be without each term -> the hint naming it
+        "the MLA cache has room for more than the context: read decode_cost": want
+        - mla * 4 * (steps + 1) * rank,
+        "a KDA layer also keeps the last w - 1 inputs of its short convolutions": want - tails,
+        "a KDA layer keeps q's, k's and v's convolution tails (three)": want - tails // 3 * 2,
+        "each MLA cache also stores its length (an int32)": want - 4 * mla,
+        "a KDA head's state is d_k x d_v, float32": want
+        - kda * 4 * heads * key_dim * (key_dim - 1),
+    }
+    return next((text for text, value in misses.items() if value == got),
+                "count, layer by layer, what decoding one more token needs (section 5)")
 
 
 def _context_at(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
