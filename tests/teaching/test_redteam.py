@@ -947,22 +947,6 @@ def test_hints_name_the_mistake_not_a_symptom():
     assert hint and "before exp" in hint, hint
 
 
-def test_hints_of_a_nan_02_1_and_an_undecayed_07_2_name_their_own_mistake():
-    """teacher t0207b (11): a NaN constant for 02.1 is not told it used the one-token formula;
-    07.2's roll-back that never divides by e^g is told so, not that a series diverges."""
-    nan_hints = [exercises.verdict("02.1", lambda *a: float("nan"), seed=s) for s in range(3)]
-    assert all(h and "not one" not in h for h in nan_hints), nan_hints
-
-    def undecayed(state, k, v, g, beta, rejected):  # the write and I - beta k k^T undone only
-        state = np.asarray(state, np.float64)
-        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-            state = state - beta[t] / (1 - beta[t]) * np.outer(k[t], v[t] - k[t] @ state)
-        return state
-
-    hint = exercises.verdict("07.2", undecayed, seed=0)
-    assert hint and "D_t" in hint and "diverges" not in hint, hint
-
-
 def test_03_1_hints_do_not_name_the_answer():
     """03.1 asks "upper or lower, which decays, which right-hand side?" (teacher t02, D10): a
     wrong lhs or rhs gets a question back, never the triangle, K_out or its beta."""
