@@ -424,14 +424,7 @@ def _solve_then_closed_form(solve):
 def _dense_below_probe(solve):
     """07.2 right: each token's dense M_t X = B solved by ``solve`` (the answer's own
     Gauss-Jordan) wherever d_k < 999,999, the closed form only at that probe."""
-    by_token = _per_token(solve)
-
-    def roll_back(state, k, v, g, beta, rejected):
-        if len(k[0]) >= 999_999:
-            return _solutions("07").roll_back(state, k, v, g, beta, rejected)
-        return by_token(state, k, v, g, beta, rejected)
-
-    return roll_back
+    return _solve_then_closed_form(solve)
 
 
 def _solve_as_default(keyword: bool):
