@@ -149,8 +149,7 @@ ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a (f + b))$")
 for ax in (ax_sp, ax_safe):
     ax.set(xlabel="raw gate input $f$ (bias $b = 0$ unless stated)",
            ylabel="log decay per token $g$")
-ax_sp.legend(loc="lower left", fontsize=8)
-ax_safe.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
 viz.show(fig, "02_gate_functions")
 
 # %%
@@ -203,8 +202,7 @@ assert tau.min() >= DT_RANGE[0] * (1 - 1e-4) and tau.max() <= DT_RANGE[1] * (1 +
 a_h = np.exp(np.asarray(a_log_sp, np.float64))
 assert np.all((a_h >= A_RANGE[0]) & (a_h <= A_RANGE[1])), "a in [1, 16]"
 assert_close(g0_sp, -a_h[:, None] * tau, rtol=1e-5, name="g = -a tau at f = 0")
-assert_close(g0_safe, lower_bound * -np.expm1(-tau), rtol=1e-5,
-             name="safe gate at init = g_min (1 - exp(-tau))")
+assert_close(g0_safe, lower_bound * -np.expm1(-tau), rtol=1e-5, name="g_min (1 - exp(-tau))")
 life_sp, life_safe = half_life(g0_sp), half_life(g0_safe)
 bounds = (LN2 / (A_RANGE[1] * DT_RANGE[1]), LN2 / (A_RANGE[0] * DT_RANGE[0]))
 assert bounds[0] * (1 - 1e-4) <= life_sp.min() and life_sp.max() <= bounds[1] * (1 + 1e-4)
@@ -235,12 +233,11 @@ viz.show(gates.plot_half_lives(
 # ## 3. Cumulative decay over a sequence
 #
 # What a channel stored at token 0 is still there at token $t$ with weight $e^{g_1 + \dots + g_t}$.
-# With a random raw input $\mathbf f$ (standing in for real tokens' projections, std
-# `gate_input_std`) the decays fluctuate: the softplus gate's median rate is the init rate, its
-# mean larger (softplus is convex; the notes). A row is one channel (sorted by half-life at init),
-# the colour the $\log_{10}$ of the fraction retained. The first two panels: the heads with the
-# smallest and largest $a_h$. The safe gate looks like the softplus gate with $a = \lvert
-# g_{\min}\rvert$ (section 2); its cumulative decay never drops below $g_{\min}\, t$.
+# With a random raw input $\mathbf f$ (for real tokens' projections, std `gate_input_std`) the
+# decays fluctuate: the softplus gate's median rate is the init rate, its mean larger (softplus is
+# convex; the notes). A row is one channel (sorted by half-life at init). First two panels: the
+# heads with the smallest and largest $a_h$. The safe gate looks like the softplus gate with
+# $a = \lvert g_{\min}\rvert$ (section 2); its cumulative decay never drops below $g_{\min}\, t$.
 
 # %%
 f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))
@@ -248,8 +245,7 @@ g_sp = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64)  # [T, 
 g_safe = np.asarray(kda_lib.kda_gate(f, a_log_safe, dt_bias, lower_bound=lower_bound)[0],
                     np.float64)
 slow, fast = int(np.argmin(a_h)), int(np.argmax(a_h))
-steps = np.arange(1, seq_len + 1)[:, None, None]
-assert np.all(np.cumsum(g_safe, 0) >= lower_bound * steps - 1e-9), "safe gate floor"
+assert g_safe.min() >= lower_bound, "safe gate: every g_t >= g_min here too, so sums >= g_min t"
 
 # %% tags=["hide-input"]
 floor = -6.0  # log10 of the smallest fraction drawn
@@ -293,7 +289,8 @@ viz.show(gates.plot_cumulative_decay([
 # changes the weight; with one decay for all channels it does not (both asserted below). Each
 # off-diagonal entry of row $t$ carries $1 - \beta$ (from $\mathbf k^\top M_t$): at $\beta = 1$,
 # $\Omega = I$. Softmax weighs **every** earlier occurrence as the current one (same score).
-# Slowest head (section 3), symmetric log colours; circles: the last token's earlier occurrences.
+# Slowest head, symmetric log colours; circled: the last token's earlier occurrences (third
+# panel: that row, linear).
 
 # %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
@@ -324,7 +321,7 @@ _ = assert_close(np.diag(Omega), np.full(mix_len, beta_value), atol=1e-5, name="
 # %% tags=["hide-input"]
 Omega_soft = np.asarray(
     explain.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
-fig, (ax_kda, ax_soft) = plt.subplots(1, 2, figsize=(10, 4.2))
+fig, (ax_kda, ax_soft, ax_row) = plt.subplots(1, 3, figsize=(15, 4.2))
 viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
             ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
             diverging=True, norm=viz.signed_log_norm(Omega))
@@ -338,6 +335,10 @@ fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t
              f"$\\beta = {beta_value:g}$")
 for ax in (ax_kda, ax_soft):  # the last token's row: its earlier occurrences circled
     ax.plot(same, np.full(same.size, t_last), "o", mfc="none", mec="black", ms=7, clip_on=False)
+for row, name in ((Omega, r"KDA $\Omega_{ts}$"), (Omega_soft, "softmax weight")):  # s < t
+    ax_row.plot(row[t_last, :t_last], "o-", lw=0.8, mfc="none", markevery=list(same), label=name)
+ax_row.set(xlabel="source token s", ylabel="weight", title=f"Row t = {t_last} (s < t), linear")
+ax_row.legend(fontsize=8)
 viz.show(fig, "02_mixing_matrices")
 
 # %%
@@ -424,11 +425,10 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
 #    not write. Derive $\Omega_{ts}$, the weight on the **older** one. It depends on $\mathbf k$
-#    and the decays only through the numbers $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$,
-#    $\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k$ and $\mathbf k^\top D_{s'} \cdots D_{s+1}
-#    \mathbf k$, and is symmetric in the last two (their order is not the question): write
-#    `older_weight(kk_ts, kk_tsp, kk_sps, beta)` (`sp`: $s'$). Is it $\beta(1-\beta)^2$ times
-#    the decay, as with one decay for all channels? No `kda_lib` code (as `mixing`).
+#    and the decays only through $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, $\mathbf k^\top
+#    D_t \cdots D_{s'+1} \mathbf k$ and $\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf k$ (symmetric
+#    in the last two): write `older_weight(kk_ts, kk_tsp, kk_sps, beta)` (`sp`: $s'$). Is it
+#    $\beta(1-\beta)^2$ times the decay, as with one decay for all channels? No `kda_lib` code.
 #
 # Each cell below says whether your answer is right without showing the expected one; worked
 # solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
