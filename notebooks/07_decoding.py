@@ -347,8 +347,8 @@ viz.show(fig, "07_decode_time")
 #    **whole layer**, all heads together (MLA: its latent and shared key), `kv_bytes` bytes each.
 #    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
 #    draft)`: the least whole $T \ge 1$ where attention moves no fewer bytes
-#    ($T^\ast_{\text{draft}}$ in NOTATION). Predict for Kimi Linear ($H = 32$, $d_k = d_v = 128$,
-#    $w = 4$, a float32 state; MLA: 576 bf16 numbers a token): $m = 4$ against 1?
+#    ($T^\ast_{\text{draft}}$ in NOTATION). Predict for Kimi Linear (`KIMI_LINEAR` below: $H = 32$,
+#    $d_k = d_v = 128$, $w = 4$, a float32 state; MLA: 576 bf16 numbers a token): $m = 4$ against 1?
 
 # %%
 from kda_lib.teaching import exercises
@@ -358,6 +358,8 @@ exercises.check("07.1", answer)
 answer = None  # 2: a function roll_back(state, k, v, g, beta, rejected) -> [K, V]
 exercises.check("07.2", answer)
 answer = None  # 3: a function t_star(heads, key_dim, ..., kv_bytes, draft) -> int
+KIMI_LINEAR = dict(heads=32, key_dim=128, value_dim=128, conv_size=4, kv_numbers=576,
+                   state_bytes=4, kv_bytes=2)  # then: answer(**KIMI_LINEAR, draft=4)
 exercises.check("07.3", answer)
 
 # %% [markdown]
