@@ -349,7 +349,7 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
         np.maximum(log10_kept, floor),
         title="Cumulative decay",
         xlabel="tokens since the write",
-        ylabel="channel (longest memory on top)",
+        ylabel="channel (one b; rows differ by f)",
         cbar_label="",
         vmin=floor,
         vmax=0.0,
@@ -362,10 +362,13 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
         title=r"Mixing matrix $\Omega$",
         xlabel="source token s",
         ylabel="output token t",
-        cbar_label=r"$\Omega_{ts}$ (symmetric log scale)",
+        cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
         diverging=True,
         norm=signed_log_norm(mixing),
     )
+    upper = np.where(np.triu(np.ones_like(mixing), 1) > 0, 1.0, np.nan)  # as notebook 02's s > t
+    grey = mpl.colors.ListedColormap(["0.3"])
+    ax1.imshow(upper, aspect="auto", interpolation="nearest", cmap=grey)
     ax2.plot(np.arange(1, len(norms) + 1), norms)
     ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
     fig.suptitle(title)
