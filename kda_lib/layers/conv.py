@@ -16,7 +16,7 @@ from flax import nnx
 
 from kda_lib.checks import check_array
 from kda_lib.ops.contract import check_segment_ids
-from kda_lib.ops.segments import canonical_segment_ids, first_segment_id
+from kda_lib.ops.segments import canonical_segment_ids, first_segment_id, varying_like
 
 
 def causal_conv(x, kernel, history=None, window_ids=None):
@@ -26,8 +26,7 @@ def causal_conv(x, kernel, history=None, window_ids=None):
         history = jnp.zeros((batch, width - 1, channels), x.dtype)
     dtype = jnp.promote_types(x.dtype, kernel.dtype)
     padded = jnp.concatenate([history.astype(x.dtype), x], axis=1).astype(dtype)
-    # under shard_map the kernel varies over the inputs' mesh axes: its gradient sums over ranks
-    kernel = kernel.astype(dtype) + jnp.zeros_like(padded[0, :1])
+    kernel = varying_like(kernel.astype(dtype), padded[0, :1])
     out = jnp.zeros((batch, seq_len, channels), dtype)
     for w in range(width):
         tap = padded[:, w : w + seq_len]

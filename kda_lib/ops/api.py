@@ -10,7 +10,6 @@ from collections import namedtuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kda_lib.checks import check_flag, check_float_dtype, check_int
 from kda_lib.ops import contract
@@ -279,45 +278,45 @@ def context_parallel_route(implementation: str, seq_len: int):
     return row.name, row.context_parallel
 
 
-# ------------------------------------------------------------------ questions asked before a call
-# kda()'s keywords that are KDAOptions' fields as they are -> rule(name, value) -> the value
-_OPTIONS = {
-    **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states",
-                     "output_token_states"), check_flag),
+# ------------------------------------------------------------------ a call's options
+# KDAOptions' fields a caller sets -> rule(name, value) -> the value; kda()'s keywords of these
+# names are the fields as they are; scale and segments_per_row check_call derives itself
+_RULES = {
+    **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states", "has_segments",
+                     "output_token_states", "fused_gate", "allow_neg_eigval"), check_flag),
     "max_num_segments": functools.partial(check_int, optional=True),  # with ids or without
     "chunk_size": lambda _, value: contract.check_chunk_size(value),
     "precision": lambda _, value: contract.check_precision(value),
+    "lower_bound": lambda _, value: check_lower_bound(value) or value and float(value),
+    "dtype": check_float_dtype,
 }  # fmt: skip
-_SIZES = ("batch", "seq_len", "num_heads", "key_dim")
-# the fields of a call known in part (the sizes, KDAOptions') -> rule(name, value) -> value
-_FIELDS = {
-    **_OPTIONS, **dict.fromkeys(_SIZES, check_int), "dtype": check_float_dtype,
-    "value_dim": functools.partial(check_int, optional=True),
-    "lower_bound": lambda _, value: check_lower_bound(value) or value,
-    **dict.fromkeys(("fused_gate", "allow_neg_eigval", "has_segments"), check_flag),
-}  # fmt: skip
+_SIZES = ("batch", "seq_len", "num_heads", "key_dim", "value_dim")  # a question's own fields
 
 
-def _request(owner: str, config: dict) -> KDAOptions:
-    """The options of a call known in part, each field checked by name (the rest: defaults)."""
-    if unknown := sorted(set(config) - set(_FIELDS)):
-        raise ValueError(f"{owner} got unknown arguments {unknown}; it takes {sorted(_FIELDS)}")
-    fields = {name: _FIELDS[name](name, value) for name, value in config.items()}
-    sizes = [fields.pop(name, 1) for name in _SIZES]
-    value_dim = fields.pop("value_dim", None) or sizes[3]
-    return KDAOptions(Dims(*sizes, value_dim, sizes[2]), **fields)
+def kda_options(owner: str, dims: Dims | None, /, **fields) -> KDAOptions:
+    """``KDAOptions(dims, **fields)``, each field with a rule checked by name before any work.
+    ``dims`` None: ``owner`` asks about a call known in part, of sizes among ``fields`` (default
+    1, ``value_dim``: ``key_dim``) and :data:`_RULES`' fields only (the rest: defaults)."""
+    if dims is None:
+        if unknown := sorted(set(fields) - {*_RULES, *_SIZES}):
+            raise ValueError(f"{owner} got unknown arguments {unknown}; it takes "
+                             f"{sorted({*_RULES, *_SIZES})}")  # fmt: skip
+        b, t, h, k = (check_int(n, fields.pop(n, 1)) for n in _SIZES[:4])
+        v = check_int("value_dim", fields.pop("value_dim", None), optional=True) or k
+        dims = Dims(b, t, h, k, v, h)
+    return KDAOptions(dims, **{n: _RULES[n](n, x) if n in _RULES else x for n, x in fields.items()})
 
 
 def select_implementation(*, differentiated: bool = True, **config) -> str:
     """The name ``"auto"`` runs for a (``differentiated``) call of ``config``: sizes (default 1,
     ``value_dim``: ``key_dim``) and :class:`KDAOptions` fields, each checked by name."""
     differentiated = check_flag("differentiated", differentiated)
-    return auto_forms(_request("select_implementation", config))[differentiated]
+    return auto_forms(kda_options("select_implementation", None, **config))[differentiated]
 
 
 def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
     """Why ``implementation`` cannot serve a call of ``config`` (``here``: on this machine)."""
-    options, here = _request("refusals", config), check_flag("here", here)
+    options, here = kda_options("refusals", None, **config), check_flag("here", here)
     return implementation_row(implementation).refuses(options, here)
 
 
@@ -334,13 +333,10 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refuse
     })  # fmt: skip
     if ids is not None and not prechecked:
         segments_per_row = contract.check_segment_ids(ids, *dims[:2])
-    o = KDAOptions(
-        dims, np.dtype(q.dtype), contract.resolve_scale(kw["scale"], dims.key_dim),
-        has_segments=ids is not None, segments_per_row=segments_per_row, fused_gate=fused,
-        allow_neg_eigval=bool(kw["allow_neg_eigval"]),
-        lower_bound=float(kw["lower_bound"]) if fused and kw["lower_bound"] is not None else None,
-        **{name: rule(name, kw[name]) for name, rule in _OPTIONS.items()},
-    )  # fmt: skip
+    kw["lower_bound"] = kw["lower_bound"] if fused else None  # the options: the gate's bound only
+    o = kda_options("kda", dims, **{n: kw[n] for n in _RULES if n in kw}, dtype=q.dtype,
+                    fused_gate=fused, scale=contract.resolve_scale(kw["scale"], dims.key_dim),
+                    has_segments=ids is not None, segments_per_row=segments_per_row)  # fmt: skip
     if o.output_token_states:  # interior states past memory, by name
         contract.check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
                                   dims.seq_len, dims, o.dtype)  # fmt: skip

@@ -37,6 +37,7 @@ from kda_lib.ops.segments import (
     pad_time,
     restore_non_finite,
     segment_masks,
+    varying_like,
 )
 
 ScanMode = Literal["streaming", "associative"]
@@ -130,8 +131,7 @@ def _scan_chunks(chunks, segments, state0, scale, scan: ScanMode, low):
     # past REMAT_MIN_BYTES saved, the backward recomputes each step (DESIGN section 6)
     if stream_saved_bytes(chunks) > REMAT_MIN_BYTES:
         step = jax.checkpoint(step, prevent_cse=False)
-    # inside shard_map the carry must vary over the same mesh axes as the chunks
-    state0 = state0 + jnp.zeros_like(chunks[2][0, ..., :1, :])
+    state0 = varying_like(state0, chunks[2][0, ..., :1, :])
     final, (o, entering) = jax.lax.scan(step, state0, (chunks, segments))
     return o, final, entering
 
@@ -170,8 +170,7 @@ def chunk_affine_maps(q, k, v, g, beta, *, scale: float, segments=None,
 def chain_states(transition, state_ext, initial_state):
     """The states entering each chunk ``[B, H, N, K, V]`` and the final state ``[B, H, K, V]``
     from ``initial_state``, by ``lax.associative_scan`` over the maps (:data:`ChunkMaps`)."""
-    # inside shard_map the carry must vary over the same mesh axes as the maps
-    initial_state = initial_state + jnp.zeros_like(state_ext[:, :, 0])
+    initial_state = varying_like(initial_state, state_ext[:, :, 0])
 
     def compose(first, second):  # first then second: (M2 M1, M2 E1 + E2)
         (m1, e1), (m2, e2) = first, second
@@ -202,7 +201,7 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
         if x is not None:
             clean = clean & (jnp.max(jnp.abs(x)) < jnp.inf)
 
-    def unchanged(xs):  # zeros_like: inside shard_map the flags vary over v's mesh axes
+    def unchanged(xs):  # zeros_like: as varying_like, the flags vary over v's mesh axes
         flags = NonFinite(*(jnp.zeros_like(x, bool) for x in (v, v[:, 0], v)))
         return tuple(None if x is None else jnp.zeros_like(x, bool) for x in xs), flags
 

@@ -23,7 +23,7 @@ import numpy as np
 from kda_lib import checks
 from kda_lib.checks import check_array, is_concrete
 from kda_lib.ops import contract
-from kda_lib.ops.segments import first_segment_id
+from kda_lib.ops.segments import first_segment_id, varying_like
 
 
 def _step(state, q_t, k_t, v_t, g_t, beta_t, *, scale: float):
@@ -75,10 +75,9 @@ def recurrent_core(q, k, v, g, beta, *, dims: contract.Dims, scale: float, initi
         carry, (o, kept) = jax.lax.scan(step, carry, tokens)
         return carry, (o, kept, carry[0])
 
-    # inside shard_map the carry must vary over the same mesh axes as the inputs
-    state0 = state0 + jnp.zeros_like(xs[2][0])[:, :, None, :]
+    state0 = varying_like(state0, xs[2][0][:, :, None, :])
     (final_state, _), (o, token_states, chunk_states) = jax.lax.scan(
-        chunk, (state0, prev0 + jnp.zeros_like(ids[0])),
+        chunk, (state0, varying_like(prev0, ids[0])),
         tuple(x.reshape(-1, every, *x.shape[1:]) for x in seq),
     )  # fmt: skip
     o, token_states = (None if x is None else jnp.moveaxis(x.reshape(-1, *x.shape[2:]), 0, 1)

@@ -60,6 +60,12 @@ def segment_masks(segment_ids: jax.Array, chunk_size: int):
 
 
 # ------------------------------------------------------------------- across ranks (shard_map)
+def varying_like(x: jax.Array, ref: jax.Array) -> jax.Array:
+    """``x + zeros_like(ref)``: inside ``shard_map`` varying over ``ref``'s mesh axes, as a scan's
+    carry must vary like its inputs (a parameter's gradient then sums over ranks); a broadcast."""
+    return x + jnp.zeros_like(ref)
+
+
 def rank_segment_links(segment_ids: jax.Array, axis_name: str):
     """Inside ``shard_map`` over ``axis_name`` (this rank's ids ``[B, T_local]``): ``(before
     [R, B], ends [R, B, 2], rank)``, the last real id on ranks ``< r`` (0: none), each rank's
