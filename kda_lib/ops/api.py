@@ -279,8 +279,7 @@ def context_parallel_route(implementation: str, seq_len: int):
 
 
 # ------------------------------------------------------------------ a call's options
-# KDAOptions' fields a caller sets -> rule(name, value) -> the value; kda()'s keywords of these
-# names are the fields as they are; scale and segments_per_row check_call derives itself
+# KDAOptions' fields a caller sets, as kda()'s keywords or a question's -> rule(name, value)
 _RULES = {
     **dict.fromkeys(("output_final_state", "use_qk_l2norm", "output_chunk_states", "has_segments",
                      "output_token_states", "fused_gate", "allow_neg_eigval"), check_flag),
@@ -294,9 +293,8 @@ _SIZES = ("batch", "seq_len", "num_heads", "key_dim", "value_dim")  # a question
 
 
 def kda_options(owner: str, dims: Dims | None, /, **fields) -> KDAOptions:
-    """``KDAOptions(dims, **fields)``, each field with a rule checked by name before any work.
-    ``dims`` None: ``owner`` asks about a call known in part, of sizes among ``fields`` (default
-    1, ``value_dim``: ``key_dim``) and :data:`_RULES`' fields only (the rest: defaults)."""
+    """``KDAOptions(dims, **fields)``, each field with a rule checked by name; ``dims`` None: for
+    ``owner``'s question, sizes among ``fields`` (default 1, ``value_dim``: ``key_dim``)."""
     if dims is None:
         if unknown := sorted(set(fields) - {*_RULES, *_SIZES}):
             raise ValueError(f"{owner} got unknown arguments {unknown}; it takes "
