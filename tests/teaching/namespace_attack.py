@@ -60,11 +60,11 @@ def time_limit(seconds: int):
         raise TimeoutError("attack ran past its time limit")
 
     previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(seconds)
-    try:
+    signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)  # again each second: Python drops a
+    try:  # stop raised in a finaliser or weakref callback
         yield
     finally:
-        signal.alarm(0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
 

@@ -49,9 +49,9 @@ def keeping_input(answer, *, seed=None):
         got = got if hint else _scalar(got)
         one_token = np.log(p) / bound  # the sigmoid(a f) that keeps p after ONE token: > 1 here
         if not hint and one_token > 1 and not np.all(np.isfinite(np.asarray(got, float))):
-            return (f"no f keeps zeta = {p!r} after one token here (it would need sigmoid(a f) "
-                    f"= {one_token:.3g} > 1): the channel keeps zeta after m = {n} tokens, not "
-                    "one" + again(seed))
+            return (f"your f is not a finite number at zeta = {p!r}, m = {n}: a formula for "
+                    f"one token has no f here (it would need sigmoid(a f) = {one_token:.3g} > 1); "
+                    f"the channel keeps zeta after m tokens" + again(seed))
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
             return hint

@@ -402,10 +402,24 @@ def roll_back(answer, *, seed=None):
                     states[n]):
                 return (f"off by one token {where}: undo exactly the last `rejected` tokens"
                         + again(seed))
-        return (f"wrong {where} (some beta > 1 here: a series in beta k k^T diverges): write "
-                "S_(t-1) from S_t = M_t S_(t-1) + E_t; what undoes I - beta k k^T exactly, for "
-                "a unit k?" + again(seed))
+        return _roll_back_hint(got, want, last, k, v, beta, rejected, where) + again(seed)
     return None
+
+
+def _roll_back_hint(got, want, last, k, v, beta, rejected, where) -> str:
+    """The hint of a wrong roll-back: the decay left in place (the write and I - beta k k^T
+    undone, no division by e^g), a diverged series (a state 10x too large), or neither."""
+    undecayed = np.asarray(last, np.float64)
+    for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+        undecayed = undecayed - beta[t] / (1 - beta[t]) * np.outer(k[t], v[t] - k[t] @ undecayed)
+    if np.linalg.norm(got - undecayed) <= 1e-4 * np.linalg.norm(undecayed):
+        return (f"wrong {where}: the write and I - beta k k^T are undone, but M_t = "
+                "(I - beta k k^T) D_t: what undoes D_t?")
+    diverged = np.linalg.norm(got) > 10 * np.linalg.norm(want)
+    return (f"wrong {where}" + (" (some beta > 1 here: a series in beta k k^T diverges)"
+                                if diverged else "")
+            + ": write S_(t-1) from S_t = M_t S_(t-1) + E_t; what undoes I - beta k k^T "
+            "exactly, for a unit k?")
 
 
 def _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft):
