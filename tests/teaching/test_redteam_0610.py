@@ -1370,21 +1370,19 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
 
 
 def test_10_1_model_answer_numbers():
-    """The worked solution's model answer for 10.1 (Kimi K3, a half): 17,337 tokens with a float32
-    state and a bf16 cache, 8,963 with a bf16 state, 34,085 with an fp8 cache; break-evens
-    5,653, 2,923, 11,115; 100,021 at 0.7; at fraction 0 it is section 4's ceil(S / c) = 1,885 for
-    Kimi Linear, less than one token before it."""
+    """The worked solution's model answer for 10.1 (Kimi K3, a half): 2,760 tokens against GQA
+    with 8 key/value heads (limit 92.7%), 17,337 against all-MLA (section 6's reduction, limit
+    74.2%); with 1 key/value head the limit is 41.9% and a quarter takes 55,726 tokens."""
     s10 = _solutions("10")
     shape, layers = s10.preset_numbers("Kimi-K3")
-    t = {(f, d): s10.reduction_context(f, *layers, **shape, state_bytes=d[0], cache_bytes=d[1])
-         for f in (0.0, 0.5) for d in ((4, 2), (2, 2), (4, 1))}
-    assert [round(t[0.5, d]) for d in ((4, 2), (2, 2), (4, 1))] == [17_337, 8_963, 34_085]
-    assert [round(t[0.0, d]) for d in ((4, 2), (2, 2), (4, 1))] == [5_653, 2_923, 11_115]
-    assert round(s10.reduction_context(0.7, *layers, **shape, state_bytes=4, cache_bytes=2)) == (
-        100_021)
-    shape, layers = s10.preset_numbers("Kimi-Linear-48B-A3B")
-    break_even = s10.reduction_context(0.0, *layers, **shape, state_bytes=4, cache_bytes=2)
-    assert math.ceil(break_even) == 1885
+    assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=8)) == 2_760
+    mla_as_gqa = shape["latent"] / (2 * shape["head_dim"])  # GQA caching MLA's bytes a token
+    assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=mla_as_gqa)) == 17_337
+    assert round(s10.reduction_context(0.25, *layers, **shape, kv_heads=1)) == 55_726
+    limits = [1 - layers[1] * shape["latent"] / (sum(layers) * 2 * g * shape["head_dim"])
+              for g in (8, mla_as_gqa, 1)]
+    assert [round(x, 3) for x in limits] == [0.927, 0.742, 0.419]
+    assert s10.reduction_context(0.5, *layers, **shape, kv_heads=1) < 0  # a half: out of reach
 
 
 @pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])
