@@ -401,7 +401,7 @@ viz.show(fig, "10_decode_speedup")
 # ## Summary
 #
 # - Parameters, flops and cache bytes per layer are formulas of the configs (sections 2, 4);
-#   traced programs check the flops (section 3); the decode model is eight lines (section 6).
+#   traced programs check the flops (section 3); the decode model is written out (section 6).
 # - A KDA layer's cost and cache do not grow with $T$, MLA's do: the cache reduction tends to
 #   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 6).
 # - If a global layer and the rest of a step cost the same in both models, the 1M-token decode
