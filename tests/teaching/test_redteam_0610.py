@@ -1354,6 +1354,12 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     assert "at least 1" in clamp, clamp
     assert "batch 1 with weight_bytes = 1" in exercises.verdict("10.3", lambda *a: 21_824, **kimi)
 
+    def floor_plus_one(b, h, d, w, latent, kp, mp, wb):  # ">" for ">=" (review r10, #7)
+        return max(1, math.floor((wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w))
+                                 / (b * 2 * latent)) + 1)
+
+    assert "one too many" in exercises.verdict("10.3", floor_plus_one, **kimi)
+
     def state_only(b, h, d, w, latent, kp, mp, wb):  # NOTATION's S_t alone (teacher t10, #10-4)
         return max(1, math.ceil((wb * (kp - mp) + b * 2 * 4 * h * d * d) / (b * 2 * latent)))
 
