@@ -109,13 +109,11 @@ rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.k
         for p in presets.PRESETS.values()]
 display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
                  "params |\n|---|---|---|---|---|---|\n" + "\n".join(rows)))
-assert set(presets.PRESETS) == {"Kimi-Linear-48B-A3B", "Kimi-K3", "GLM-5.3-Flash"}
 assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # gqa_kv_heads divides all
 for p in presets.PRESETS.values():  # every KDA layer builds (or raises), as counted
     assert parameter_count(presets.build_kda_layer(p)) == p.kda_parameter_count(), p.name
 kimi = presets.KIMI_LINEAR_48B
 assert parameter_count(presets.build_mla_layer(kimi)) == kimi.mla_parameter_count()
-print(f"Built with eval_shape, parameters as counted: all three KDA layers, {kimi.name}'s MLA")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
@@ -127,8 +125,7 @@ print(f"Built with eval_shape, parameters as counted: all three KDA layers, {kim
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
 #   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
-#   2, $S^\top q$ 2 (XLA's count of `kda_step`: 7 as traced, 8 compiled:
-#   [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
+#   2, $S^\top q$ 2 (XLA's count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
@@ -140,8 +137,7 @@ print(f"Built with eval_shape, parameters as counted: all three KDA layers, {kim
 # half), a decode step $T_k = T$. MHA/GQA take the KDA layer's $d$, $H$ and $d_h = d_k$.
 
 # %%
-def flops_row(preset, t):
-    """Per token: KDA, MLA, GQA, MHA forward flops (prefill, T_k = (T + 1)/2), KDA training."""
+def flops_row(preset, t):  # per token: KDA, MLA, GQA, MHA forward flops (T_k = (T + 1)/2)
     row = {"KDA": at_scale.kda_flops_per_token(preset),
            "MLA": at_scale.mla_flops_per_token(preset, (t + 1) / 2) if preset.mla else np.nan}
     for kind, g in (("GQA", gqa_kv_heads), ("MHA", None)):
@@ -204,8 +200,7 @@ for name, row in checks.items():
 # an MLA layer caches $d_c + d_R$ bf16 numbers (latent, shared key), GQA $2 G d_h$, MHA $2 H d_h$.
 
 # %%
-def cache_row(p, t):
-    """Bytes per sequence and layer: KDA cache, then MLA / GQA / MHA caches at T tokens."""
+def cache_row(p, t):  # bytes per sequence and layer: KDA cache, MLA / GQA / MHA caches at T
     kda = 4 * p.num_heads * p.head_dim**2 + 2 * (p.conv_size - 1) * 3 * p.num_heads * p.head_dim
     assert kda == at_scale.kda_state_bytes(p), "H_v = H and d_v = d_k in each preset"
     mla = 2 * t * (p.mla.kv_lora_rank + p.mla.shared_key_dim) if p.mla else np.nan
@@ -236,7 +231,7 @@ assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before
 # prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the largest
 # of `decode_batches`. All decode steps sit left of all ridges, all prefills right (asserted). At ~1
 # flop/byte three points nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads
-# its own cache, so batching never raises MHA's intensity); GQA's two touch.
+# its own cache, so batching never raises MHA's intensity); GQA's two: printed, with their gap.
 
 # %%
 points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
@@ -251,9 +246,11 @@ for kind in at_scale.MIXERS:
 assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
 top = max(c.ridge for c in chips)  # prefill intensity grows with T: the first T past it
-past = {k: next(t for t in range(1, contexts[0] + 1) if np.divide(*at_scale.operating_point(
-    kimi, k, "prefill", t, 1, gqa_kv_heads)) > top) for k in at_scale.MIXERS}
-print(f"prefills pass the highest ridge ({top:.0f}) from T = {past}")
+print(f"prefills pass the highest ridge ({top:.0f}) from T =", {k: next(t for t in range(1, 2**20)
+      if np.divide(*at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads)) > top)
+      for k in at_scale.MIXERS})
+g1, g2 = [intensity[("GQA", s)] for s in steps[1:]]  # its two decode points (G = gqa_kv_heads)
+print(f"GQA's decode points: {g2 / g1:.2f}x apart" + " (touching)" * (g2 < 1.25 * g1))
 
 # %% tags=["hide-input"]
 (fig, ax), h200 = plt.subplots(figsize=(8, 4.2)), at_scale.CHIPS["H200 SXM"]
@@ -286,14 +283,10 @@ reduction = {t: 1 - (n_kda * state + n_glob * t * per_token) / (n * t * per_toke
              for t in contexts}  # 1 - hybrid / all-MLA, section 4's bytes
 assert all(np.isclose(r, 1 - at_scale.model_cache_bytes(kimi, t) / at_scale.model_cache_bytes(
     kimi, t, hybrid=False)) for t, r in reduction.items())
-limit = n_kda / n
 print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_token}): " + ", ".join(
-    f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = {limit:.1%}"
-    " (the paper: up to 75%)")
-assert list(reduction.values()) == sorted(reduction.values())
-assert reduction[contexts[-1]] <= limit  # the paper's "up to 75%": a 3:1 pattern's limit
-others = (presets.KIMI_K3, presets.GLM_5_3_FLASH)  # their limits, KDA layers / layers:
-print("Reduction limits:", {p.name: f"{len(p.kda_layers) / p.num_layers:.1%}" for p in others})
+    f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = "
+    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: f"{len(
+        p.kda_layers) / p.num_layers:.1%}" for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
 mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]
@@ -311,8 +304,9 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 # experts uniformly and independently, an expert escapes all $B$ tokens with probability
 # $(1 - k_{\text{exp}}/n_{\text{exp}})^B$ = escape; a step reads other$(B) = 2\,(\text{dense} +
 # \text{routed}\,(1 - \text{escape}) - \text{mixers})$ bytes, 2 x (3B - mixers) at $B = 1$
-# (printed). Assume a global layer and other cost the same in both (same layer, kernel, batch,
-# serving); only MLA grows with $T$, so with 27 layers, 7 global,
+# (printed); the cell below writes the model out, asserted equal to `at_scale.model_decode_time`.
+# Assume a global layer and other cost the same in both (same layer, kernel, batch, serving); only
+# MLA grows with $T$, so with 27 layers, 7 global,
 #
 # $$\frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
 #   + 20\,\text{KDA} + \text{other}} \le \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
@@ -323,19 +317,23 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 # (7\,\text{cache}(T) + 20 \times 2\,\text{state})$, 27/7 only as $T$ grows.
 
 # %%
-t_long, h200 = contexts[-1], at_scale.CHIPS["H200 SXM"]
-weights, bound = reported_total_params * at_scale.BF16, at_scale.decode_speedup_bound(kimi)
-def other_weights(b):
-    """other(B) above: bytes of the non-mixer weights a decode step of b tokens reads."""
+t_long, weights, bound = contexts[-1], 2 * reported_total_params, n / n_glob  # bf16; 27/7
+def other_weights(b):  # other(B) above: the non-mixer weights' bytes a step of b tokens reads
     return decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
                                            routed_experts, experts_per_token, mixer_params)
-def step_time(t, b, hybrid, chip=h200):
-    """The equation above: one decode step of b sequences at T = t, in seconds."""
-    return at_scale.model_decode_time(kimi, chip, t, b, hybrid=hybrid,
-                                      other_weight_bytes=other_weights(b))
+kda_flops = 2 * at_scale.kda_matmul_params(kimi) + 2 * w * 3 * h * dk + 7 * h * dk * dk  # a token
+def step_time(t, b, hybrid, chip=h200):  # the equation above: b sequences at T = t, in seconds
+    peak, bw, n_mla = chip.peak_flops, chip.hbm_bandwidth, n_glob if hybrid else n
+    mla_flops = 2 * theta + 2 * m.num_heads * t * (2 * dc + dr)  # absorbed decode (section 2)
+    kda_layer = max(b * kda_flops / peak, (2 * kda_sum + b * 2 * state) / bw)  # bf16 weights once
+    mla_layer = max(b * mla_flops / peak, (2 * mla_sum + b * t * per_token) / bw)  # + per sequence
+    return n_mla * mla_layer + (n - n_mla) * kda_layer + other_weights(b) / bw
 def ratio(t, b, chip=h200):  # all-MLA's step time over the hybrid's: above 1, the hybrid is faster
     return step_time(t, b, False, chip) / step_time(t, b, True, chip)
 assert np.isclose(other_weights(1), 2 * (reported_active_params - mixer_params))
+assert all(np.isclose(step_time(t, b, y, c), at_scale.model_decode_time(kimi, c, t, b, hybrid=y,
+    other_weight_bytes=other_weights(b)), rtol=1e-12) for c in at_scale.CHIPS.values()  # library
+    for t in (1, *contexts) for b in decode_batches for y in (False, True))
 print("other(B) in GB, by B:", {b: round(other_weights(b) / 1e9, 2) for b in decode_batches})
 
 # %%
@@ -349,7 +347,7 @@ print("\n".join(f"batch {b:3d}: ratio {speedup[(h200.name, b)]:.2f} on all four 
 assert all(np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9 for b in decode_batches)
 feasible = max((k for k in speedup if fits[k]), key=speedup.get)
 batch_limit = n * t_long * per_token / (n_glob * t_long * per_token + n_kda * 2 * state)  # B: inf
-assert max(speedup.values()) < batch_limit < bound and np.isclose(bound, n / n_glob)
+assert max(speedup.values()) < batch_limit < bound
 display(Markdown(
     f"In this model, at {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one "
     f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
@@ -360,47 +358,50 @@ display(Markdown(
 # %%
 free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
 most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=h)) for h in (False, True)}
-rate = {h: most[h] / step_time(t_long, most[h], h) for h in (False, True)}  # tokens per second
-throughput = rate[True] / rate[False]
+throughput = np.divide(*[most[h] / step_time(t_long, most[h], h) for h in (True, False)])  # tok/s
 assert 1 <= most[False] < most[True] and 1 < throughput < 6  # short of the paper's "up to 6x"
 print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most[False]} all-MLA),"
       f" the hybrid decodes {throughput:.2f}x all-MLA's tokens per second: {throughput / 6:.0%} of"
       " the paper's \"up to 6x\" (throughput at unequal batches has no 27/7 bound)")
 slower = {b: 1 / ratio(1, b) - 1 for b in decode_batches}  # the grey band below (exercise 10.3)
 assert min(slower.values()) > 0
+extra = {b: (n_kda * (2 * (kda_sum - mla_sum) + b * (2 * state - per_token)),  # hybrid - all-MLA
+             n * (2 * mla_sum + b * per_token) + other_weights(b)) for b in decode_batches}  # bytes
 print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
-      f"(KDA weights {kda_sum / 2**19:.0f} > MLA's {mla_sum / 2**19:.0f} MiB, state read+written)")
+      "\nits extra bytes (heavier KDA weights, states read+written) of all-MLA's, by batch:",
+      {b: f"{x / 1e9:.2f} of {a / 1e9:.1f} GB" for b, (x, a) in extra.items()}, "\nas B grows, "
+      "other(B) dilutes the weights' difference; at large B the states, one a sequence, take over")
 
 # %% tags=["hide-input"]
 t_axis = np.geomspace(256, 4 * t_long, 64)
 fig, ax = plt.subplots(figsize=(9, 4.6))
 shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.15, 0.8, len(decode_batches)))
-low = 0.8  # lowered below the lowest curve (large batches at short contexts)
-for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
-    curve = np.array([ratio(t, b) for t in t_axis])
-    low = min(low, 0.9 * curve.min())
-    room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
-                                   for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
-    ax.plot(t_axis, np.where(room, curve, np.nan), color=color,
-            label=f"batch {b}: weights + all-MLA caches fit one H200 SXM")
-    ax.plot(t_axis, np.where(room, np.nan, curve), color=color, linestyle=":", alpha=0.6,
-            label=f"batch {b}, does not fit on one H200 SXM")
-ax.axhline(bound, color="0.3", linestyle="--", label=f"bound: layers / global layers = {bound:.2f}")
-ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
-        label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
+curves = {b: np.array([ratio(t, b) for t in t_axis]) for b in decode_batches}
+low = min(0.8, 0.9 * min(c.min() for c in curves.values()))  # below the lowest curve
+for fit in (True, False):  # the legend's two columns: fits, then does not fit, one batch a row
+    for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
+        room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
+                                       for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
+        ax.plot(t_axis, np.where(room == fit, curves[b], np.nan), color=color, alpha=1 - 0.4 * (
+            not fit), linestyle="-" if fit else ":", label=f"batch {b}: weights + all-MLA caches "
+                + ("fit one H200 SXM" if fit else "do not fit on one H200 SXM"))
+    if fit:
+        ax.axhline(bound, c="0.3", ls="--", label=f"bound: layers / global layers = {bound:.2f}")
+        ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"],
+                markersize=12, label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
        ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
 ax.set_yticks(t := [y for y in (0.1, 0.2, 0.3, 0.5, 0.8, 1, 2, 3, 4, 6) if y >= low], t)
 ax.yaxis.set_minor_formatter(plt.NullFormatter())  # only the labelled ticks above
-fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
+fig.legend(loc="outside lower center", ncol=2, fontsize=8)
 viz.show(fig, "10_decode_speedup")
 
 # %% [markdown]
 # ## Summary
 #
 # - Parameters, flops and cache bytes per layer are formulas of the configs (sections 2, 4);
-#   the traced matrix products of a chunked prefill and a decode step equal them (section 3).
+#   traced programs check the flops (section 3); the decode model is written out (section 6).
 # - A KDA layer's cost and cache do not grow with $T$, MLA's do: the cache reduction tends to
 #   KDA layers / layers; "up to 75%" is the limit of a 3:1 ratio (section 6).
 # - If a global layer and the rest of a step cost the same in both models, the 1M-token decode
@@ -411,13 +412,12 @@ viz.show(fig, "10_decode_speedup")
 # Replace `answer = None` and run the cell: `check` says right or not, never the solution.
 # Worked solutions (try first): [`notebooks/solutions/ch10.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch10.py).
 #
-# 1. **How long until the cache halves?** Write `reduction_context(fraction, kda_layers,
-#    global_layers, heads, head_dim, conv_size, latent, state_bytes, cache_bytes)` (no kda_lib):
-#    the real $T$ at which the hybrid's decode memory of one sequence is `fraction` below an
-#    all-global model's ($0 \le$ `fraction` $<$ kda_layers / layers): the KDA state ($d_v = d_k$ =
-#    `head_dim`) in `state_bytes` a number, its conv history and the `latent` $= d_c + d_R$ numbers
-#    a token in `cache_bytes`. *Explain why* (open): for Kimi K3 at a half, which helps the hybrid,
-#    (2, 2) (a bf16 state) or (4, 1) (an fp8 cache), against section 4's (4, 2)?
+# 1. **Against grouped-query attention.** Write `reduction_context(fraction, kda_layers,
+#    global_layers, heads, head_dim, conv_size, latent, kv_heads)` (no kda_lib): the real $T$ at
+#    which the decode memory of one sequence (section 4's KDA cache, MLA's `latent` bf16 numbers a
+#    token) is `fraction` below that of as many GQA layers of `kv_heads` (0 $\le$ `fraction` $<$
+#    its limit). *Explain why* (open): why is a half reached sooner against GQA with 8 key/value
+#    heads than against all-MLA, and not at all with 1?
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
 #    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
 #    state summaries and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim,
@@ -426,8 +426,8 @@ viz.show(fig, "10_decode_speedup")
 #    conv_size, latent, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
 #    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
 #    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
-#    sequence MLA's $T$ bf16 latents, KDA's section-4 cache read and written. How far do fp8
-#    and int4 weights move the bf16 crossing at batch 1?
+#    sequence MLA's $T$ bf16 latents, KDA's section-4 cache read and written. How far do fp8 and
+#    int4 weights move the bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

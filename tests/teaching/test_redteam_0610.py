@@ -183,15 +183,16 @@ def _library_attacks():
 
 def _reduction_by_library(f, *_):
     """10.1 through kda_lib: the notebook's preset, whatever numbers are passed: the T at which
-    at_scale's reduction reaches f, bisected."""
+    the reduction of at_scale's hybrid cache against 8-head GQA reaches f, bisected."""
     from kda_lib.lab import at_scale
     from kda_lib.models import presets
 
     p, low, high = presets.KIMI_K3, 1.0, 1e9
+    per_token = at_scale.attention_cache_numbers(8, p.head_dim) * at_scale.BF16
     for _ in range(200):
         mid = (low + high) / 2
-        hybrid, full = (at_scale.model_cache_bytes(p, mid, hybrid=h) for h in (True, False))
-        low, high = (low, mid) if 1 - hybrid / full >= f else (mid, high)
+        reduction = 1 - at_scale.model_cache_bytes(p, mid) / (p.num_layers * mid * per_token)
+        low, high = (low, mid) if reduction >= f else (mid, high)
     return high
 
 
@@ -810,13 +811,19 @@ def _rule_breakers():
          lambda f, *a: s10.reduction_context(0.0, *a)),
         ("10.1", "the KDA state without its conv history", lambda f, kda, glob, h, d, w, *a:
          s10.reduction_context(f, kda, glob, h, d, 1, *a)),
-        ("10.1", "section 4's float32 state and bf16 cache (the page), dtypes ignored",
-         lambda *a: s10.reduction_context(*a[:-2], 4, 2)),
-        ("10.1", "the conv history in state_bytes", lambda f, kda, glob, h, d, w, latent, sb, cb:
-         kda * sb * (h * d * d + 3 * max(w - 1, 0) * h * d)
-         / (cb * latent * (kda - f * (kda + glob)))),
-        ("10.1", "the latents in state_bytes", lambda f, kda, glob, h, d, w, latent, sb, cb:
-         kda * s10.kda_layer_bytes(h, d, w, sb, cb) / (sb * latent * (kda - f * (kda + glob)))),
+        ("10.1", "section 6's all-MLA baseline (the page), kv_heads ignored",
+         lambda f, k, g, h, d, w, latent, kv: s10.reduction_context(f, k, g, h, d, w, latent,
+                                                                    latent / (2 * d))),
+        ("10.1", "the conv history in float32", lambda f, kda, glob, h, d, w, latent, kv:
+         kda * 4 * (h * d * d + 3 * max(w - 1, 0) * h * d)
+         / ((1 - f) * (kda + glob) * 4 * kv * d - glob * 2 * latent)),
+        ("10.1", "the global layers cached as GQA", lambda f, kda, glob, h, d, w, latent, kv:
+         s10.reduction_context(f, kda, glob, h, d, w, 2 * kv * d, kv)),
+        ("10.1", "GQA's keys only (values forgotten)", lambda f, kda, glob, h, d, w, latent, kv:
+         s10.reduction_context(f, kda, glob, h, d, w, latent, kv / 2)),
+        ("10.1", "Kimi K3's count at a half (the worked value)", lambda *a: 2_760.0),
+        ("10.1", "section 6's all-MLA count for Kimi K3 at a half (the old exercise)",
+         lambda *a: 17_336.888888888887),
         ("10.1", "fraction of the limit (f kda / L in place of f)", lambda f, kda, glob, *a:
          s10.reduction_context(f * kda / (kda + glob), kda, glob, *a)),
         ("10.1", "all layers counted as KDA (L in place of kda above)", lambda f, kda, glob, *a:
@@ -1017,18 +1024,20 @@ def _alternatives():
     s08, s10 = _solutions("08"), _solutions("10")
     from kda_lib.models import presets
 
-    def reduction_f32(f, kda, glob, h, d, w, latent, sb, cb):
-        state = np.float32(sb * h * d * d) + np.float32(cb * 3 * max(w - 1, 0) * h * d)
-        share = np.float32(1) - np.float32(f) * np.float32(kda + glob) / np.float32(kda)
-        return state / (np.float32(cb * latent) * share)  # numpy float32 throughout
+    def reduction_f32(f, kda, glob, h, d, w, latent, kv):
+        state = np.float32(4 * h * d * d) + np.float32(2 * 3 * max(w - 1, 0) * h * d)
+        gqa, mla = np.float32(4 * kv * d), np.float32(2 * latent)
+        share = (np.float32(1) - np.float32(f)) * np.float32(kda + glob) * gqa
+        return np.float32(kda) * state / (share - np.float32(glob) * mla)  # float32 throughout
 
-    def reduction_closed(f, kda, glob, h, d, w, latent, sb, cb):  # (k / L)(1 - S / (T c)) = f
-        return s10.kda_layer_bytes(h, d, w, sb, cb) / (cb * latent * (1 - f * (kda + glob) / kda))
+    def reduction_closed(f, kda, glob, h, d, w, latent, kv):  # 1 - f = (k S / T + g c) / (L c_G)
+        per_token = (1 - f) * (kda + glob) * 4 * kv * d - glob * 2 * latent
+        return 1 / (per_token / (kda * s10.kda_layer_bytes(h, d, w)))
 
-    def reduction_search(f, kda, glob, h, d, w, latent, sb, cb):  # bisect one's own reduction
+    def reduction_search(f, kda, glob, h, d, w, latent, kv):  # bisect one's own reduction
         def reduction(t):
-            hybrid = kda * s10.kda_layer_bytes(h, d, w, sb, cb) + glob * t * cb * latent
-            return 1 - hybrid / ((kda + glob) * t * cb * latent)
+            hybrid = kda * s10.kda_layer_bytes(h, d, w) + glob * t * 2 * latent
+            return 1 - hybrid / ((kda + glob) * t * 2 * 2 * kv * d)
         low, high = 1e-3, 1e12
         for _ in range(200):
             mid = (low + high) / 2
@@ -1105,7 +1114,7 @@ def _alternatives():
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
         ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
         ("10.1", "numpy float32 throughout", reduction_f32, dict(preset=k3, fraction=0.5)),
-        ("10.1", "the closed form S / (c (1 - f L / kda))", reduction_closed,
+        ("10.1", "the closed form, solved for 1 / T", reduction_closed,
          dict(preset=k3, fraction=0.5)),
         ("10.1", "a bisection on one's own reduction", reduction_search,
          dict(preset=k3, fraction=0.5)),
@@ -1345,6 +1354,12 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
     assert "at least 1" in clamp, clamp
     assert "batch 1 with weight_bytes = 1" in exercises.verdict("10.3", lambda *a: 21_824, **kimi)
 
+    def floor_plus_one(b, h, d, w, latent, kp, mp, wb):  # ">" for ">=" (review r10, #7)
+        return max(1, math.floor((wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w))
+                                 / (b * 2 * latent)) + 1)
+
+    assert "one too many" in exercises.verdict("10.3", floor_plus_one, **kimi)
+
     def state_only(b, h, d, w, latent, kp, mp, wb):  # NOTATION's S_t alone (teacher t10, #10-4)
         return max(1, math.ceil((wb * (kp - mp) + b * 2 * 4 * h * d * d) / (b * 2 * latent)))
 
@@ -1361,21 +1376,19 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
 
 
 def test_10_1_model_answer_numbers():
-    """The worked solution's model answer for 10.1 (Kimi K3, a half): 17,337 tokens with a float32
-    state and a bf16 cache, 8,963 with a bf16 state, 34,085 with an fp8 cache; break-evens
-    5,653, 2,923, 11,115; 100,021 at 0.7; at fraction 0 it is section 4's ceil(S / c) = 1,885 for
-    Kimi Linear, less than one token before it."""
+    """The worked solution's model answer for 10.1 (Kimi K3, a half): 2,760 tokens against GQA
+    with 8 key/value heads (limit 92.7%), 17,337 against all-MLA (section 6's reduction, limit
+    74.2%); with 1 key/value head the limit is 41.9% and a quarter takes 55,726 tokens."""
     s10 = _solutions("10")
     shape, layers = s10.preset_numbers("Kimi-K3")
-    t = {(f, d): s10.reduction_context(f, *layers, **shape, state_bytes=d[0], cache_bytes=d[1])
-         for f in (0.0, 0.5) for d in ((4, 2), (2, 2), (4, 1))}
-    assert [round(t[0.5, d]) for d in ((4, 2), (2, 2), (4, 1))] == [17_337, 8_963, 34_085]
-    assert [round(t[0.0, d]) for d in ((4, 2), (2, 2), (4, 1))] == [5_653, 2_923, 11_115]
-    assert round(s10.reduction_context(0.7, *layers, **shape, state_bytes=4, cache_bytes=2)) == (
-        100_021)
-    shape, layers = s10.preset_numbers("Kimi-Linear-48B-A3B")
-    break_even = s10.reduction_context(0.0, *layers, **shape, state_bytes=4, cache_bytes=2)
-    assert math.ceil(break_even) == 1885
+    assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=8)) == 2_760
+    mla_as_gqa = shape["latent"] / (2 * shape["head_dim"])  # GQA caching MLA's bytes a token
+    assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=mla_as_gqa)) == 17_337
+    assert round(s10.reduction_context(0.25, *layers, **shape, kv_heads=1)) == 55_726
+    limits = [1 - layers[1] * shape["latent"] / (sum(layers) * 2 * g * shape["head_dim"])
+              for g in (8, mla_as_gqa, 1)]
+    assert [round(x, 3) for x in limits] == [0.927, 0.742, 0.419]
+    assert s10.reduction_context(0.5, *layers, **shape, kv_heads=1) < 0  # a half: out of reach
 
 
 @pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])

@@ -1,9 +1,9 @@
 """Checkers for notebook 10 (Kimi Linear at scale); worked solutions in
-``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers with
-dtypes the page does not use (10.1 the state's and the cache's, 10.3 the weights'), tried on the
-notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale` at the page's
-dtypes), on models of the checker's own and on drawn ones (``seed`` repeats a call); so does
-10.2, checked against at_scale's ring and summary bytes. Each returns None (right) or a hint
+``notebooks/solutions/ch10.py``. 10.1 and 10.3 ask for a function of a model's numbers in a
+variant the page does not compute (10.1 the reduction against GQA, 10.3 fp8 and int4 weights),
+tried on the notebook's preset (their count checked against :mod:`kda_lib.lab.at_scale`), on
+models of the checker's own and on drawn ones (``seed`` repeats a call); so does 10.2, checked
+against at_scale's ring and summary bytes. Each returns None (right) or a hint
 that does not give the answer away."""
 
 from __future__ import annotations
@@ -68,9 +68,6 @@ def _first_miss(answer, trials, name, count, largest):
     return None, None
 
 
-_DTYPES = [(4, 2), (2, 2), (4, 1)]  # (state_bytes, cache_bytes); (2, 1) would give (4, 2)'s
-
-
 def _drawn(rng, *, params: bool = False) -> tuple:
     """A model drawn at check time (so a table of the fixed trials fails): heads, head_dim,
     conv_size, latent, and with ``params`` the KDA and MLA layers' parameter counts."""
@@ -91,13 +88,19 @@ def _kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) -
 
 
 def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-                       state_bytes=4, cache_bytes=2) -> Fraction:
-    """The T at which ``1 - hybrid / all-global`` equals ``fraction`` (exact): ``T c (k - f L) =
-    k S``, c the bytes of one token's latents, k of the L layers KDA, S one KDA cache."""
-    kda = _kda_layer_bytes(heads, head_dim, conv_size, state_bytes, cache_bytes)
-    layers = kda_layers + global_layers
+                       kv_heads, baseline=None) -> Fraction:
+    """The T at which ``1 - hybrid / all-GQA`` equals ``fraction`` (exact): ``T (L (1 - f) c_G -
+    g c) = k S``, c_G and c the bytes of one token's GQA keys and values and MLA latents, k of
+    the L layers KDA, g global, S one KDA cache. ``baseline``: c_G replaced (the hints' slips)."""
+    kda, layers = _kda_layer_bytes(heads, head_dim, conv_size), kda_layers + global_layers
+    gqa = 2 * 2 * kv_heads * head_dim if baseline is None else baseline
     return Fraction(kda_layers * kda) / (
-        latent * cache_bytes * (kda_layers - Fraction(fraction) * layers))
+        (1 - Fraction(fraction)) * layers * gqa - global_layers * 2 * latent)
+
+
+def _reduction_limit(kda_layers, global_layers, head_dim, latent, kv_heads) -> float:
+    """The largest reduction, T -> infinity: 1 - g latent / (L 2 G d_k)."""
+    return 1 - global_layers * latent / ((kda_layers + global_layers) * 2 * kv_heads * head_dim)
 
 
 def _preset_shape(p) -> dict:
@@ -111,50 +114,58 @@ def _preset_shape(p) -> dict:
                 latent=at_scale.mla_cache_numbers(p))
 
 
-_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent, dtypes)
-    (3, 1, 4, 64, 4, 96, 4, 2),
-    (5, 2, 8, 32, 2, 200, 2, 2),
-    (2, 2, 1, 128, 1, 40, 4, 1),
+_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent, kv_heads)
+    (3, 1, 4, 64, 4, 96, 2),
+    (5, 2, 8, 32, 2, 200, 8),
+    (2, 2, 1, 128, 1, 40, 1),
 ]
-_FRACTIONS = (0.0, 0.25, 0.5, 0.625)  # exact in binary; each trial keeps those below kda / L
+_FRACTIONS = (0.0, 0.25, 0.5, 0.625, 0.875)  # exact in binary; each trial keeps those < limit
 
 
-def _fractions(kda_layers, global_layers, first=()) -> list[float]:
-    return [f for f in (*first, *_FRACTIONS) if f < kda_layers / (kda_layers + global_layers)]
+def _fractions(model, first=()) -> list[float]:
+    kda, glob, _, head_dim, _, latent, kv_heads = model
+    limit = _reduction_limit(kda, glob, head_dim, latent, kv_heads)
+    return [f for f in (*first, *_FRACTIONS) if f < limit]
+
+
+def _drawn_gqa(rng) -> tuple:
+    """A hybrid drawn at check time: at least as many KDA as global layers, and latents no
+    wider than GQA's keys and values (so a reduction of a half is always reachable)."""
+    kda = int(rng.integers(2, 9))
+    heads, head_dim, conv_size, _ = _drawn(rng)
+    kv_heads = int(rng.choice([g for g in range(1, heads + 1) if heads % g == 0]))
+    latent = int(rng.integers(8, 2 * kv_heads * head_dim + 1))
+    return kda, int(rng.integers(1, kda + 1)), heads, head_dim, conv_size, latent, kv_heads
 
 
 @checker("10.1")
 def reduction_context(answer, *, preset: str, fraction: float, seed=None):
     """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-    state_bytes, cache_bytes) -> float``: the context T at which ``1 - hybrid / all-global``
-    decode memory of one sequence equals ``fraction`` (0 <= fraction < kda_layers / layers), the
-    hybrid's KDA layers keeping a state of ``state_bytes`` per number (d_v = d_k = head_dim) and
-    a conv history of ``cache_bytes``, each global layer ``latent`` numbers per token of
-    ``cache_bytes``. Tried on ``preset`` at ``fraction`` and others with a bf16 state or an fp8
-    cache (never the page's float32 state and bf16 cache), then on models of the checker's own
-    and one drawn (``seed`` repeats it); kda_lib may not be called."""
+    kv_heads) -> float``: the context T at which the decode memory of one sequence in a hybrid
+    (KDA layers: float32 state, d_v = d_k = head_dim, bf16 conv history; global layers: MLA,
+    ``latent`` bf16 numbers a token) is ``fraction`` below that of the same depth of GQA layers
+    (``kv_heads`` bf16 keys and values of ``head_dim`` a token), 0 <= fraction < the limit
+    1 - global latent / (layers 2 kv_heads head_dim). Tried on ``preset`` at ``fraction`` and
+    other fractions, with 8, 1 and 32 key/value heads, then on models of the checker's own and
+    one drawn (``seed`` repeats it); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
     shape = _preset_shape(p)
-    layers = (len(p.kda_layers), len(p.global_layers))
-    if not 0 <= fraction < layers[0] / sum(layers):
-        raise ValueError(f"fraction must be in [0, {layers[0]}/{sum(layers)}), got {fraction}")
-    t = float(_reduction_context(fraction, *layers, **shape))
-    library = 1 - at_scale.model_cache_bytes(p, t) / at_scale.model_cache_bytes(p, t, hybrid=False)
-    own = [_kda_layer_bytes(*list(shape.values())[:3], *d) for d in _DTYPES]
-    if not math.isclose(library, fraction, abs_tol=1e-12) or (
-            own != [at_scale.kda_state_bytes(p, *d) for d in _DTYPES]):
+    model = (len(p.kda_layers), len(p.global_layers), *shape.values())
+    limit = _reduction_limit(*model[:2], model[3], model[5], 8)
+    if not 0 <= fraction < limit:
+        raise ValueError(f"fraction must be in [0, {limit:.4f}), got {fraction}")
+    t = float(_reduction_context(fraction, *model, 8))
+    gqa = p.num_layers * t * at_scale.attention_cache_numbers(8, p.head_dim) * at_scale.BF16
+    if not math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa, fraction, abs_tol=1e-12):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
-    trials = [(f, *layers, *shape.values(), *d) for f in _fractions(*layers, (fraction,))[:3]
-              for d in _DTYPES[1:]]
-    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(*m[:2])[::2]]
+    trials = [(f, *model, g) for g in (8, 1, 32) for f in _fractions((*model, g), (fraction,))[:3]]
+    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]]
     seed, rng = seeded(seed)
-    kda_layers = int(rng.integers(2, 9))  # a hybrid: at least as many KDA as global layers
-    model = (kda_layers, int(rng.integers(1, kda_layers + 1)))
-    choices = _fractions(*model)
-    trials.append((choices[int(rng.integers(len(choices)))], *model, *_drawn(rng),
-                   *_DTYPES[int(rng.integers(len(_DTYPES)))]))
+    drawn = _drawn_gqa(rng)
+    choices = _fractions(drawn)
+    trials.append((choices[int(rng.integers(len(choices)))], *drawn))
     hint = _reduction_hint(answer, trials)
     return hint and hint + again(seed)
 
@@ -168,19 +179,28 @@ def _reduction_hint(answer, trials) -> str | None:
         want, got = float(_reduction_context(*args)), float(got)
         if math.isclose(got, want, rel_tol=1e-6):
             continue
-        fraction, kda, glob, *model, state_bytes, cache_bytes = args
-        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, state_bytes ="
-                 f" {state_bytes}, cache_bytes = {cache_bytes}")
-        if math.isclose(got, float(_reduction_context(*args[:-2])), rel_tol=1e-6):
-            return (f"{where}, yours is the page's float32 state and bf16 caches: use "
-                    "state_bytes and cache_bytes")
+        fraction, kda, glob, heads, head_dim, conv_size, latent, kv_heads = args
+        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
+                 "key/value heads")
+        slips = {"yours is against all-MLA (section 6's reduction): the baseline here is GQA, "
+                 "its keys and values cached": 2 * latent,
+                 "your hybrid's global layers cache GQA's keys and values: they are MLA layers, "
+                 "caching latents": None}
+        for words, baseline in slips.items():
+            if baseline is None:  # the global layers priced as GQA: T c_G (L (1 - f) - g) = k S
+                slip = Fraction(kda * _kda_layer_bytes(heads, head_dim, conv_size)) / (
+                    4 * kv_heads * head_dim * ((1 - Fraction(fraction)) * (kda + glob) - glob))
+            else:
+                slip = _reduction_context(*args, baseline=baseline)
+            if slip > 0 and math.isclose(got, float(slip), rel_tol=1e-6):
+                return f"{where}, {words}"
         if fraction and math.isclose(got, float(_reduction_context(0, *args[1:])), rel_tol=1e-6):
             return f"{where}, yours is where the reduction is 0: use fraction"
         if abs(got - want) < 1 and got.is_integer():
             return f"{where}, yours is a whole number of tokens: give T as a real number"
         return (f"{where}, your T is {'above' if got > want else 'below'} the count: the "
-                "reduction is 1 - hybrid / all-global, the state takes state_bytes per number, "
-                "its conv history and the latents cache_bytes")
+                "reduction is 1 - hybrid / all-GQA, the KDA state float32, its conv history, "
+                "the latents and GQA's keys and values bf16")
     return None
 
 
@@ -298,6 +318,9 @@ def decode_crossover(answer, *, preset: str, seed=None):
     if hint or miss is None:
         return hint and hint + again(seed)
     (batch, *_, weight_bytes), got, want = miss
+    if got == want + 1:
+        return (f"at batch {batch} with weight_bytes = {weight_bytes} your T is one too many: MLA "
+                "must move at least as many bytes, equal counts" + again(seed))
     if got < 1:
         return ("T is at least 1: where MLA's weights alone outweigh KDA's bytes, the formula "
                 "gives T <= 0 and MLA moves more from T = 1 on" + again(seed))
