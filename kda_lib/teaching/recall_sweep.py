@@ -298,7 +298,8 @@ def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view, score=Non
     mean = np.array([x.mean() for x in a])
     spread = [mean - [x.min() for x in a], [x.max() for x in a] - mean]
     x = np.array(ts) * 2 ** (0.03 * (MIXER_ORDER.index(mixer) - 2.5))
-    ax.errorbar(x, mean, yerr=spread, color=color, capsize=3, label=name)
+    # markers only: two lengths joined by a line would read as a trend
+    ax.errorbar(x, mean, yerr=spread, color=color, capsize=3, label=name, linestyle="none")
     fill = [color if (task, mixer, t) in complete else "white" for t in ts]
     ax.scatter(x, mean, edgecolors=color, zorder=3, color=fill, marker=MARKERS[mixer])
     if ax_steps is not None and (task, mixer, lens[0]) in cells:
@@ -312,16 +313,17 @@ def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view, score=Non
 
 
 def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figure:
-    """Top: mean test accuracy over seeds against length per task, bars from the lowest seed to
-    the highest, incomplete cells hollow, each mixer nudged sideways and marked; last, stack's
-    accuracy beyond the conv reach (the claims' endpoint). Bottom: validation accuracy against
-    steps at each task's first length (incomplete cells dashed), then the legend (its note on
-    incomplete cells only if there are any). For a protocol-2 record (``sweep_cells``)."""
+    """Top: mean test accuracy over seeds at each length per task (markers, not joined), bars
+    from the lowest seed to the highest, incomplete cells hollow, each mixer nudged sideways and
+    marked; last, stack's accuracy beyond the conv reach (the claims' endpoint). Bottom:
+    validation accuracy against steps at each task's first length (incomplete cells dashed),
+    then the legend (its note on incomplete cells only if there are any). For a protocol-2
+    record (``sweep_cells``)."""
     tasks = list(dict.fromkeys(c[0] for c in cells))
     mixers = [m for m in MIXER_ORDER if any(c[1] == m for c in cells)]
     fig, axes = plt.subplots(2, len(tasks) + 1, figsize=(4 * len(tasks) + 4, 7.4), squeeze=False,
                              layout="constrained")  # fmt: skip
-    panels = [(t, None, f"{t}: accuracy vs length") for t in tasks]
+    panels = [(t, None, f"{t}: accuracy at each length") for t in tasks]
     if "stack" in tasks:
         panels.append(("stack", beyond_reach, "stack, pops beyond the conv reach"))
     for i, (task, score, title) in enumerate(panels):

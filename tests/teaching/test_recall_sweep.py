@@ -60,6 +60,7 @@ def test_the_recorded_figure_has_a_beyond_reach_panel_and_mamba2_style_labels():
     beyond = fig.axes[titles.index("stack, pops beyond the conv reach")]
     means = [round(float(c.lines[0].get_ydata()[0]), 3) for c in beyond.containers]
     assert means == [0.55] * 3  # (0.5 + 0.6) / 2 per mixer at the first length
+    assert {c.lines[0].get_linestyle() for c in beyond.containers} == {"None"}  # not joined
     labels = fig.axes[-1].get_legend_handles_labels()[1] or [
         t.get_text() for t in fig.axes[-1].get_legend().get_texts()
     ]

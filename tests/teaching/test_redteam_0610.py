@@ -482,6 +482,21 @@ def _p_imported(a, b):
     return 2 * special.stdtr(len(a) - 1, -abs(_t(a, b)))
 
 
+def _p_lax_betainc(a, b):
+    """The two-sided t p through jax.lax.betainc, the regularised incomplete beta (r0809)."""
+    t, v = _t(a, b), len(a) - 1
+    return float(jax.lax.betainc(v / 2, 0.5, v / (v + t * t)))
+
+
+def _p_stdtr_by_name(a, b, through_map=False):
+    """The two-sided t p through scipy.special.stdtr, module and name built at run time (r0809),
+    called directly or through map (a C caller)."""
+    stdtr = getattr(importlib.import_module("sci" + "py.special"), "std" + "tr")
+    if through_map:
+        return 2 * next(map(stdtr, [len(a) - 1], [-abs(_t(a, b))]))
+    return 2 * stdtr(len(a) - 1, -abs(_t(a, b)))
+
+
 def _holm_by(p_of, adjust=True, running=True, cap=True):
     """08.2 answers: each row's p from ``p_of(a, b)``, then Holm (or a named piece left out)."""
 
@@ -761,6 +776,13 @@ def _rule_breakers():
         ("08.2", "scipy.special.betainc for the tail", _holm_by(_p_betainc)),
         ("08.2", "stdtr held as a default argument", _holm_by(_p_stdtr_default)),
         ("08.2", "scipy.special imported inside the answer", _holm_by(_p_imported)),
+        # JAX's incomplete beta and a scipy name built at run time (review r0809: accepted)
+        ("08.2", "jax.lax.betainc for the tail (r0809)", _holm_by(_p_lax_betainc)),
+        ("08.2", "jax.scipy.special.betainc for the tail", _holm_by(lambda a, b: float(
+            jax.scipy.special.betainc(2.0, 0.5, 4 / (4 + _t(a, b) ** 2))))),
+        ("08.2", "importlib-built scipy.special.stdtr (r0809)", _holm_by(_p_stdtr_by_name)),
+        ("08.2", "importlib-built stdtr through map", _holm_by(
+            functools.partial(_p_stdtr_by_name, through_map=True))),
         ("08.2", "each row's own p, unadjusted", _holm_by(_p4, adjust=False)),
         ("08.2", "Bonferroni", lambda fam: {row: min(1.0, len(fam) * _p4(*pair))
                                             for row, pair in fam.items()}),

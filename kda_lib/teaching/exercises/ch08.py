@@ -3,8 +3,11 @@ scales)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import types
 
+import jax
 import numpy as np
 import scipy.special
 
@@ -46,16 +49,21 @@ def mqar_chance(answer, **_):
 
 
 _TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.2 and 08.3
-_SCIPY = ("scipy", "jax.scipy")  # 08.2 is numpy only: its tables (special.stdtr, betainc) too
-_SCIPY_UFUNCS = {id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items()
-                 if isinstance(f, np.ufunc)}  # C routines: no Python frame to watch
+# 08.2 is numpy only: the t and beta tails of scipy and JAX (special.stdtr, betainc, lax.betainc,
+# the igamma family) too
+_SCIPY = ("scipy", "jax.scipy", "jax._src.scipy", "jax._src.lax.special")
+_TABLES = {
+    id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items() if isinstance(f, np.ufunc)
+}  # C routines: no Python frame to watch
+_TABLES |= {id(getattr(jax.lax, n)): f"jax.lax.{n}" for n in ("betainc", "igamma", "igammac")}
 
 
 def _scipy_named(x) -> str | None:
-    """The scipy routine or module ``x`` is (a scipy.special ufunc, anything from a module named
-    scipy.*), or the scipy module a function's code imports by name; else None."""
-    if id(x) in _SCIPY_UFUNCS:
-        return _SCIPY_UFUNCS[id(x)]
+    """The scipy or JAX tail routine or module ``x`` is (a scipy.special ufunc, jax.lax.betainc,
+    anything from a module of ``_SCIPY``), or the scipy module a function's code imports by
+    name; else None."""
+    if id(x) in _TABLES:
+        return _TABLES[id(x)]
     module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
     if isinstance(module, str) and module.startswith(_SCIPY):
         return module
@@ -154,16 +162,45 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     return values, None
 
 
+@contextlib.contextmanager
+def _tables_called(watch: bool):
+    """While the block runs (if ``watch``), record in the list yielded the first routine of
+    ``_TABLES`` any thread's Python code calls, however it was reached (a name built at run
+    time included): the callable, the object it is bound to, or its first argument (map)."""
+    seen, mon = [], sys.monitoring
+    tool = next((i for i in range(6) if mon.get_tool(i) is None), None) if watch else None
+    if tool is None:
+        yield seen
+        return
+
+    def on_call(_code, _offset, fn, arg0):
+        if not seen:
+            hits = [x for x in (fn, getattr(fn, "__self__", None), arg0) if id(x) in _TABLES]
+            seen.extend(_TABLES[id(x)] for x in hits[:1])
+
+    mon.use_tool_id(tool, "kda_lib 08.2")
+    try:
+        mon.register_callback(tool, mon.events.CALL, on_call)
+        mon.set_events(tool, mon.events.CALL)
+        yield seen
+    finally:
+        mon.set_events(tool, 0)
+        mon.register_callback(tool, mon.events.CALL, None)
+        mon.free_tool_id(tool)
+
+
 def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
     """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (all
-    of scipy, held or run, where ``refused`` is ``_SCIPY``)."""
+    of scipy and JAX's tails, held, run or called, where ``refused`` is ``_SCIPY``)."""
     if copies_reference(answer):  # refused by call_own_work, with the copy's own hint
         refused = _TESTS
     holding = held(answer, _scipy_named) if refused == _SCIPY else None
     if holding:
         return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
-    with modules_entered(refused) as entered:
+    with modules_entered(refused) as entered, _tables_called(refused == _SCIPY) as tables:
         got, hint = call_own_work(answer, _rows(family), name=name)
+    if tables:
+        return None, f"{name} calls {tables[0]}: numpy only here, derive the t tail yourself"
     if entered:
         return None, f"{name} calls {entered[0]}, which does the test: derive it yourself"
     return got, hint
@@ -174,7 +211,8 @@ def holm_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
     (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
     ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
-    Numpy only: all of scipy (stats, special's stdtr and betainc) and kda_lib refused."""
+    Numpy only: all of scipy (stats, special's stdtr and betainc), JAX's (jax.scipy,
+    jax.lax.betainc and the igamma family) and kda_lib refused."""
     seed, rng = seeded(seed)
     for fam in [family, *_holm_families(rng)]:
         got, hint = _own_call(answer, fam, "holm_column(family)", _SCIPY)
