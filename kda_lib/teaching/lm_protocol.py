@@ -89,6 +89,7 @@ def plot_curves_and_positions(
     curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]]) for m in models}
     bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in models}
     steps = runs[reference][0]["curve"]["step"]
+    every = [2**k - 1 for k in range(bits[reference].shape[1].bit_length())]  # log-spaced
     for i, m in enumerate(models):
         style = dict(color=COLORS[m], linestyle=_STYLES[i % 4], marker=_MARKERS[i % 5], label=m)
         rows = [(curves[m], bits[m])]
@@ -98,14 +99,14 @@ def plot_curves_and_positions(
             left.plot(steps, curve.mean(0), **style)
             left.fill_between(steps, curve.min(0), curve.max(0), color=COLORS[m], alpha=0.12)
             mean = by_position.mean(0)
-            right.plot(np.arange(1, mean.size + 1), mean, linewidth=1, markevery=16, **style)
+            right.plot(np.arange(1, mean.size + 1), mean, linewidth=1, markevery=every, **style)
     seeds = "mean over seeds"
     axes[0, 0].set(ylabel="validation bits per byte", title=f"validation ({seeds}, range shaded)")
     axes[0, 1].set(ylabel="test bits per byte", title=f"test bits per byte by position ({seeds})")
+    off = f"; {', '.join(off_scale)} off scale: top" if off_scale else ""
     axes[1, 0].set(
         ylabel=f"minus {reference}'s",
-        title=f"validation minus {reference}'s, "
-        f"paired by seed (range shaded; {', '.join(off_scale)} off scale: top)",
+        title=f"validation minus {reference}'s, paired by seed (range shaded{off})",
     )
     axes[1, 1].set(ylabel=f"minus {reference}'s", title=f"test by position minus {reference}'s")
     for ax in axes.flat:
@@ -116,7 +117,8 @@ def plot_curves_and_positions(
         ax.set(xlabel="optimiser step")
     for ax in axes[:, 1]:
         ax.set(xscale="log", xlabel="position in the window (bytes seen, log scale)")
-    axes[0, 0].legend(fontsize=8)
+    for ax in axes[:, 0]:
+        ax.legend(fontsize=8)
     return fig
 
 
