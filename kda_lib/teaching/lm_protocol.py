@@ -8,7 +8,7 @@ the runs per model at its chosen rate, the scores the notebook compares, and the
 * :func:`position_gap` -- a model's mean test bits per byte at given window positions minus
   another's, over seeds.
 * :func:`plot_curves_and_positions` -- validation curves (mean over seeds) and test bits per
-  byte by position.
+  byte by position, and both minus a reference model's.
 * :func:`plot_decode_cost`, :func:`plot_live_and_recorded` -- the figures of the notebook's
   live run: decode cache against context, validation curves beside the recorded run's.
 
@@ -28,6 +28,7 @@ from kda_lib.teaching.viz import MODEL_COLORS
 
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
 COLORS = {m: MODEL_COLORS[m] for m in MODEL_ORDER}  # viz's one colour per model
+_STYLES, _MARKERS = ("-", "--", "-.", ":"), ("o", "s", "^", "D", "v")  # told apart in grey
 
 
 def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:
@@ -65,33 +66,59 @@ def one_byte_bound(data) -> float:
     of the previous byte alone scores on ``data`` (Gibbs' inequality)."""
     data = np.asarray(data)
     if data.ndim != 1 or data.size < 2 or data.dtype != np.uint8:
-        raise ValueError(f"one_byte_bound: data must be 1-d uint8 bytes, at least 2, got "
-                         f"{data.dtype} {data.shape}")
+        raise ValueError(
+            f"one_byte_bound: data must be 1-d uint8 bytes, at least 2, got "
+            f"{data.dtype} {data.shape}"
+        )
     pairs = np.bincount(data[:-1].astype(np.int64) * 256 + data[1:], minlength=256 * 256)
     pairs = pairs.reshape(256, 256)
     rows = np.maximum(pairs.sum(1, keepdims=True), 1)
     return float(-(pairs * np.log2(np.maximum(pairs, 1) / rows)).sum() / pairs.sum())
 
 
-def plot_curves_and_positions(runs: dict, models) -> plt.Figure:
-    """Left: validation bits per byte against steps, mean over seeds, range shaded. Right:
-    test bits per byte by position (mean over seeds, log-scaled positions)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
-    for m in models:
-        steps = runs[m][0]["curve"]["step"]
-        curves = np.array([r["curve"]["validation_bpb"] for r in runs[m]])
-        left.plot(steps, curves.mean(0), color=COLORS[m], label=m)
-        left.fill_between(steps, curves.min(0), curves.max(0), color=COLORS[m], alpha=0.15)
-        bits = np.array([r["test"]["bits_by_position"] for r in runs[m]]).mean(0)
-        right.plot(np.arange(1, bits.size + 1), bits, color=COLORS[m], label=m, linewidth=1)
-    left.set(xlabel="optimiser step", ylabel="validation bits per byte",
-             title="validation during training (mean over seeds, range shaded)")  # fmt: skip
-    right.set(xscale="log", xlabel="position in the window (bytes seen, log scale)",
-              ylabel="test bits per byte",
-              title="test bits per byte by position (mean over seeds)")  # fmt: skip
-    for ax in (left, right):
+def plot_curves_and_positions(
+    runs: dict, models, reference: str = "kda", off_scale=("attention",)
+) -> plt.Figure:
+    """Top: validation bits per byte against steps (mean over seeds, range shaded) and test
+    bits per byte by position (mean over seeds, log-scaled positions), one line style per model.
+    Bottom: the same minus ``reference``'s, paired by seed (range shaded), for every model but
+    ``reference`` and ``off_scale`` (differences too large for the panel's scale)."""
+    if reference not in models:
+        raise ValueError(f"plot_curves_and_positions: reference {reference!r} not in {models}")
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.6), layout="constrained")
+    curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]]) for m in models}
+    bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in models}
+    steps = runs[reference][0]["curve"]["step"]
+    every = [2**k - 1 for k in range(bits[reference].shape[1].bit_length())]  # log-spaced
+    for i, m in enumerate(models):
+        style = dict(color=COLORS[m], linestyle=_STYLES[i % 4], marker=_MARKERS[i % 5], label=m)
+        rows = [(curves[m], bits[m])]
+        if m != reference and m not in off_scale:  # paired by seed: the same seeds, in order
+            rows.append((curves[m] - curves[reference], bits[m] - bits[reference]))
+        for (left, right), (curve, by_position) in zip(axes, rows, strict=False):
+            left.plot(steps, curve.mean(0), **style)
+            left.fill_between(steps, curve.min(0), curve.max(0), color=COLORS[m], alpha=0.12)
+            mean = by_position.mean(0)
+            right.plot(np.arange(1, mean.size + 1), mean, linewidth=1, markevery=every, **style)
+    seeds = "mean over seeds"
+    axes[0, 0].set(ylabel="validation bits per byte", title=f"validation ({seeds}, range shaded)")
+    axes[0, 1].set(ylabel="test bits per byte", title=f"test bits per byte by position ({seeds})")
+    off = f"; {', '.join(off_scale)} off scale: top" if off_scale else ""
+    axes[1, 0].set(
+        ylabel=f"minus {reference}'s",
+        title=f"validation minus {reference}'s, paired by seed (range shaded{off})",
+    )
+    axes[1, 1].set(ylabel=f"minus {reference}'s", title=f"test by position minus {reference}'s")
+    for ax in axes.flat:
         ax.title.set_fontsize(9)
-    left.legend(fontsize=8)
+    for ax in axes[1]:
+        ax.axhline(0.0, color=COLORS[reference], linewidth=1, label=f"{reference} (0)")
+    for ax in axes[:, 0]:
+        ax.set(xlabel="optimiser step")
+    for ax in axes[:, 1]:
+        ax.set(xscale="log", xlabel="position in the window (bytes seen, log scale)")
+    for ax in axes[:, 0]:
+        ax.legend(fontsize=8)
     return fig
 
 
@@ -113,14 +140,15 @@ def plot_decode_cost(costs: dict) -> plt.Figure:
     return fig
 
 
-def plot_live_and_recorded(sources: dict, baseline: float, bound: float | None = None
-                           ) -> plt.Figure:
+def plot_live_and_recorded(
+    sources: dict, baseline: float, bound: float | None = None
+) -> plt.Figure:
     """One panel per ``{title: {model: {"curve": {"step", "bpb"}}}}`` (this run, the recorded
-    one): validation bits per byte against steps, ``baseline`` (byte frequencies) dotted and,
-    when given, ``bound`` (:func:`one_byte_bound`) dashed in every panel."""
-    fig, axes = plt.subplots(
-        1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False, layout="constrained"
-    )
+    one), one y axis for all: validation bits per byte against steps, ``baseline`` (byte
+    frequencies) dotted and, when given, ``bound`` (:func:`one_byte_bound`) dashed in every
+    panel."""
+    fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 3.6), squeeze=False,
+                             sharey=True, layout="constrained")  # fmt: skip
     for ax, (title, models) in zip(axes[0], sources.items(), strict=True):
         for name, r in models.items():
             curve = r["curve"]
@@ -128,8 +156,15 @@ def plot_live_and_recorded(sources: dict, baseline: float, bound: float | None =
         ax.axhline(baseline, color="0.3", linestyle=":", label="byte frequencies")
         if bound is not None:  # labelled in each panel, not only in the legend
             ax.axhline(bound, color="0.3", linestyle="--", label="one-byte bound")
-            ax.text(0.99, bound, "one-byte bound: no model of the previous byte alone goes below",
-                    transform=ax.get_yaxis_transform(), ha="right", va="bottom", fontsize=7)
+            ax.text(
+                0.99,
+                bound,
+                "one-byte bound: no model of the previous byte alone goes below",
+                transform=ax.get_yaxis_transform(),
+                ha="right",
+                va="bottom",
+                fontsize=7,
+            )
         ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
         ax.set_title(title, fontsize=9)
     axes[0, -1].legend(fontsize=8)

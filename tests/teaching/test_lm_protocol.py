@@ -62,9 +62,16 @@ def test_position_gap_is_the_mean_over_seeds_at_the_positions():
 def test_the_figure_draws_every_model():
     runs, _ = lm_protocol.seed_runs(_record(), min_seeds=2)
     fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"])
-    left, right = fig.axes
+    left, right, left_minus, right_minus = fig.axes
     assert [line.get_label() for line in left.lines] == ["kda", "attention"]
     assert len(right.lines) == 2 and not right.patches  # no shaded positions
+    assert len({line.get_linestyle() for line in left.lines}) == 2  # told apart without colour
+    assert [line.get_label() for line in left_minus.lines] == ["kda (0)"]  # attention off scale
+    fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"], off_scale=())
+    minus = fig.axes[3].lines[0]  # attention's ramp + seed minus kda's, paired by seed: 0
+    assert minus.get_label() == "attention" and np.allclose(minus.get_ydata(), 0.0)
+    with pytest.raises(ValueError, match="reference"):
+        lm_protocol.plot_curves_and_positions(runs, ["attention"])
 
 
 def test_the_live_run_figures_draw_every_model():
