@@ -357,6 +357,10 @@ latest, older = same[-1], same[:-1]
 kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
 _ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
+cos = np.abs(np.asarray(embedding) @ np.asarray(embedding).T)[np.triu_indices(vocab_size, 1)]
+others = np.flatnonzero(ids[:t_last] != ids[t_last])  # the row's non-occurrences
+s_other = others[np.argmax(np.abs(Omega[t_last, others]))]
+assert 0 < abs(Omega[t_last, s_other]) < Omega[t_last, latest], "small weights on other tokens"
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
@@ -370,10 +374,6 @@ if n_between := t_last - latest - 1:  # moves the weight under per-channel decay
              for b in (b_same, b_u)]  # beta q_t^T M_t ... M_(s+1) k_s, s = latest
         assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
 assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
-cos = np.abs(np.asarray(embedding) @ np.asarray(embedding).T)[np.triu_indices(vocab_size, 1)]
-others = np.flatnonzero(ids[:t_last] != ids[t_last])  # the row's non-occurrences
-s_other = others[np.argmax(np.abs(Omega[t_last, others]))]
-assert 0 < abs(Omega[t_last, s_other]) < Omega[t_last, latest], "small weights on other tokens"
 between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
 exact = (f"exact only when {between} nothing ($\\beta$ = 0 there: "
          f"{Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
