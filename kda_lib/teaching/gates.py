@@ -60,22 +60,7 @@ def plot_mixing_matrices(Omega, Omega_soft, same, *, temperature: float, title: 
     (linear), the last token's earlier occurrences ``same`` (indices) circled."""
     t_last = Omega.shape[0] - 1
     fig, (ax_kda, ax_soft, ax_row) = plt.subplots(1, 3, figsize=(15, 4.2))
-    viz.heatmap(
-        ax_kda,
-        Omega,
-        title=r"KDA head: $o = \Omega v$ (signed)",
-        xlabel="source token s",
-        ylabel="output token t",
-        cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
-        diverging=True,
-        norm=viz.signed_log_norm(Omega),
-    )
-    ax_kda.imshow(
-        np.where(np.triu(np.ones_like(Omega), 1) > 0, 1.0, np.nan),
-        aspect="auto",
-        interpolation="nearest",
-        cmap=plt.matplotlib.colors.ListedColormap(["0.3"]),
-    )  # s > t
+    viz.mixing_heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)")
     viz.heatmap(
         ax_soft,
         np.where(Omega_soft >= 1e-3, Omega_soft, np.nan),
