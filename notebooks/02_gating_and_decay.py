@@ -410,7 +410,8 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #   e^{g_{\min}}$): $\mathbf b$ shifts the input axis, $a_h$ scales it (safe) or the output.
 # - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
 #   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
-# - Retention only shrinks (every $g \le 0$), never faster than $g_{\min}$ a token (safe gate).
+# - Without a gate an old context's pairs stay (the delta rule erases only along new keys); a
+#   gate that closes at the switch clears them and recalls the new ones best (first section).
 # - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
 #   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
 #   occurrence (no writes between), less on older ones here; softmax the same on all of them.

@@ -340,6 +340,7 @@ viz.show(fig, "07_decode_time")
 #
 # - Prefill in one call (the chunked kernel, and whatever `auto` runs here), then decoding
 #   token by token from the cache, reproduces one full forward pass: outputs, state, conv.
+# - One step by hand (decay, read, delta write, output; float64 NumPy) equals the library's step.
 # - The cache is $H d_k d_v + \max(w - 1, 0) H (2 d_k + d_v)$ floats per sequence and layer,
 #   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
 # - A KDA step is one program at every context (its cache has the same shapes, asserted), timed
