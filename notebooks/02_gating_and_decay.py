@@ -107,14 +107,14 @@ def half_life(g):
 #
 # The delta rule (notebook 01) overwrites only along the key it writes: what an earlier context
 # stored along other directions stays. Below, $n = d_k / 4$ pairs of a context A, then $n$ of a
-# context B (random unit keys, $\beta$ = `beta_value`, one $g_t$ for all channels, float64) under
+# context B (random unit keys, strong writes: $\beta$ printed, one $g_t$ for all channels) under
 # three gates: none, a constant decay, and one that closes once at the switch ($g = -5$ on B's
 # first token, as a gate driven by the tokens can learn). Without a gate most of A stays ("stale":
 # what A's keys still read of A's values); a constant decay clears A but fades B too; the gate
 # that closes at the switch clears A and recalls B best (printed, asserted).
 
 # %%
-rng, n, runs = np.random.default_rng(seed), key_dim // 4, {}  # n pairs per context: A, then B
+rng, n, runs, beta_pairs = np.random.default_rng(seed), key_dim // 4, {}, 0.9  # n pairs: A, B
 pair_k, pair_v = rng.normal(size=(2, 2 * n, key_dim))
 pair_k /= np.linalg.norm(pair_k, axis=1, keepdims=True)  # unit keys
 
@@ -123,7 +123,7 @@ def recalled(g, values):  # every key's read of the last state: S = D S + beta k
     S = np.zeros((key_dim, key_dim))
     for k_t, v_t, g_t in zip(pair_k, values, g, strict=True):
         S = np.exp(g_t) * S
-        S += beta_value * np.outer(k_t, v_t - k_t @ S)
+        S += beta_pairs * np.outer(k_t, v_t - k_t @ S)
     return pair_k @ S
 
 
@@ -132,7 +132,7 @@ for name, g in (("no gate", np.zeros(2 * n)), ("constant g = -0.1", np.full(2 * 
     a_only = recalled(g, pair_v * (np.arange(2 * n) < n)[:, None])  # S is linear in v: A's share
     runs[name] = (np.linalg.norm(a_only[:n]) / np.linalg.norm(pair_v[:n]),
                   relative_l2(recalled(g, pair_v)[n:], pair_v[n:]))
-    print(f"{name:26s} stale {runs[name][0]:.3f}, B's recall error {runs[name][1]:.3f}")
+    print(f"beta {beta_pairs}, {name}: stale {runs[name][0]:.3f}, B's error {runs[name][1]:.3f}")
 (stale_0, err_0), (_, err_c), (stale_s, err_s) = runs.values()
 assert stale_0 > 0.5 and stale_s < 0.01 and err_s <= err_0 < err_c, runs
 
