@@ -74,14 +74,13 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, explain, gates, viz
-from kda_lib.testing import assert_close
+from kda_lib.testing import assert_close, relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
@@ -102,6 +101,40 @@ def half_life(g):
     """Tokens until a channel with per-token log decay g keeps half of what it stored."""
     return LN2 / np.maximum(-np.asarray(g, np.float64), 1e-30)
 
+
+# %% [markdown]
+# ## Why a forget gate
+#
+# The delta rule (notebook 01) overwrites only along the key it writes: what an earlier context
+# stored along other directions stays. Below, $n = d_k / 4$ pairs of a context A, then $n$ of a
+# context B (random unit keys, strong writes: $\beta$ printed, one $g_t$ for all channels) under
+# three gates: none, a constant decay, and one that closes once at the switch ($g = -5$ on B's
+# first token, as a gate driven by the tokens can learn). Without a gate most of A stays ("stale":
+# what A's keys still read of A's values); a constant decay clears A but fades B too; the gate
+# that closes at the switch clears A and recalls B best (printed, asserted).
+
+# %%
+rng, n, runs, beta_pairs = np.random.default_rng(seed), key_dim // 4, {}, 0.9  # n pairs: A, B
+pair_k, pair_v = rng.normal(size=(2, 2 * n, key_dim))
+pair_k /= np.linalg.norm(pair_k, axis=1, keepdims=True)  # unit keys
+
+
+def recalled(g, values):  # every key's read of the last state: S = D S + beta k (v - k^T D S)
+    S = np.zeros((key_dim, key_dim))
+    for k_t, v_t, g_t in zip(pair_k, values, g, strict=True):
+        S = np.exp(g_t) * S
+        S += beta_pairs * np.outer(k_t, v_t - k_t @ S)
+    return pair_k @ S
+
+
+for name, g in (("no gate", np.zeros(2 * n)), ("constant g = -0.1", np.full(2 * n, -0.1)),
+                ("g = -5 at the switch only", -5.0 * (np.arange(2 * n) == n))):
+    a_only = recalled(g, pair_v * (np.arange(2 * n) < n)[:, None])  # S is linear in v: A's share
+    runs[name] = (np.linalg.norm(a_only[:n]) / np.linalg.norm(pair_v[:n]),
+                  relative_l2(recalled(g, pair_v)[n:], pair_v[n:]))
+    print(f"beta {beta_pairs}, {name}: stale {runs[name][0]:.3f}, B's error {runs[name][1]:.3f}")
+(stale_0, err_0), (_, err_c), (stale_s, err_s) = runs.values()
+assert stale_0 > 0.5 and stale_s < 0.01 and err_s <= err_0 < err_c, runs
 
 # %% [markdown]
 # ## 1. Two gate functions
@@ -134,23 +167,7 @@ def gate_curve(a_log, bound=None, bias=0.0):
 
 
 # %% tags=["hide-input"]
-fig, (ax_sp, ax_safe) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
-for a in (1.0, 4.0, 16.0):
-    ax_sp.plot(x, gate_curve(np.log(a)), label=f"$a = {a:g}$")
-ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a = 1$, $b = +2$")
-ax_sp.set_ylim(-20, 1)
-ax_sp.set_title(r"Softplus gate  $g = -a\,\mathrm{softplus}(f + b)$")
-for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (lower_bound / 5, 1.0)):
-    ax_safe.plot(x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a = {a:g}$")
-ax_safe.plot(x, gate_curve(0.0, lower_bound, bias=2.0), linestyle="--",
-             label=f"$g_{{\\min}} = {lower_bound:g}$, $a = 1$, $b = +2$")
-ax_safe.axhline(lower_bound, color="0.4", linewidth=1, linestyle=":")
-ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a (f + b))$")
-for ax in (ax_sp, ax_safe):
-    ax.set(xlabel="raw gate input $f$ (bias $b = 0$ unless stated)",
-           ylabel="log decay per token $g$")
-    ax.legend(loc="lower left", fontsize=8)
-viz.show(fig, "02_gate_functions")
+viz.show(gates.plot_gate_functions(x, gate_curve, lower_bound), "02_gate_functions")
 
 # %%
 # the curves are the formulas, g <= 0 everywhere, the safe gate never goes below its bound
@@ -211,16 +228,10 @@ per_head = life_sp.max(axis=1) / life_sp.min(axis=1)  # within a head only tau v
 assert per_head.max() <= 100 * (1 + 1e-4), "inside a head: at most the range of tau"
 assert per_head.min() > 10, "over one decade: needs key_dim >= 32 (P(fail) < 1e-8 per head)"
 assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
-
-# %%
-display(Markdown(
-    f"Possible range at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens. Drawn: "
-    + "; ".join(f"{name}, {life.min():.2f} to {life.max():.1f} tokens (median "
-                f"{np.median(life):.1f}) over {life.size} channels"
-                for name, life in (("softplus gate", life_sp), ("safe gate", life_safe)))
-    + ". Softplus gate, spread inside each head: " + ", ".join(f"{s:.0f}x" for s in per_head)
-    + " (rates $a_h$ " + ", ".join(f"{a:.2f}" for a in a_h) + "); pooled over all channels "
-    + f"{life_sp.max() / life_sp.min():.0f}x."))
+print(f"possible at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens; drawn: "
+      + "; ".join(f"{gate} gate {life.min():.2f} to {life.max():.1f} (median {np.median(life):.1f})"
+                  for gate, life in (("softplus", life_sp), ("safe", life_safe))) + "\nsoftplus, "
+      + "spread in each head (a_h): " + ", ".join(map("{:.0f}x ({:.2f})".format, per_head, a_h)))
 
 # %% tags=["hide-input"]
 viz.show(gates.plot_half_lives(
@@ -264,6 +275,8 @@ viz.show(gates.plot_cumulative_decay([
 # lower-triangular $\Omega \in \mathbb R^{T \times T}$ (`explain.kda_mixing_matrix`, checked
 # against `jax.jacobian`). Tokens from a small vocabulary, $\mathbf q_t = \mathbf k_t$ = the
 # token's unit embedding, `scale=1`: $\Omega_{ts}$ is the weight of $\mathbf v_s$ in the read.
+# The embeddings are random, so they overlap ($\lvert\cos\rvert$ printed at the end): a write
+# along one token's key changes what another's reads, so other tokens get small signed weights.
 #
 # **What to expect, derived.** $\mathbf v_s$ enters the state by token $s$'s write, and every
 # later token $t'$ multiplies the state by $M_{t'} = (I - \beta_{t'} \mathbf k_{t'}
@@ -321,25 +334,10 @@ _ = assert_close(np.diag(Omega), np.full(mix_len, beta_value), atol=1e-5, name="
 # %% tags=["hide-input"]
 Omega_soft = np.asarray(
     explain.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
-fig, (ax_kda, ax_soft, ax_row) = plt.subplots(1, 3, figsize=(15, 4.2))
-viz.heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)", xlabel="source token s",
-            ylabel="output token t", cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
-            diverging=True, norm=viz.signed_log_norm(Omega))
-ax_kda.imshow(np.where(np.triu(np.ones_like(Omega), 1) > 0, 1.0, np.nan), aspect="auto",
-              interpolation="nearest", cmap=plt.matplotlib.colors.ListedColormap(["0.3"]))  # s > t
-viz.heatmap(ax_soft, np.where(Omega_soft >= 1e-3, Omega_soft, np.nan), xlabel="source token s",
-            title=f"Causal softmax attention, temperature {softmax_temperature:g}",
-            ylabel="output token t", cbar_label="weight (log; white: below 1e-3, or s > t)",
-            norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0))
-fig.suptitle(f"Token stream over a vocabulary of {vocab_size} tokens, $q_t = k_t$, "
-             f"$\\beta = {beta_value:g}$")
-for ax in (ax_kda, ax_soft):  # the last token's row: its earlier occurrences circled
-    ax.plot(same, np.full(same.size, t_last), "o", mfc="none", mec="black", ms=7, clip_on=False)
-for row, name in ((Omega, r"KDA $\Omega_{ts}$"), (Omega_soft, "softmax weight")):  # s < t
-    ax_row.plot(row[t_last, :t_last], "o-", lw=0.8, mfc="none", markevery=list(same), label=name)
-ax_row.set(xlabel="source token s", ylabel="weight", title=f"Row t = {t_last} (s < t), linear")
-ax_row.legend(fontsize=8)
-viz.show(fig, "02_mixing_matrices")
+viz.show(gates.plot_mixing_matrices(Omega, Omega_soft, same, temperature=softmax_temperature,
+                                    title=f"Token stream over a vocabulary of {vocab_size} "
+                                    f"tokens, $q_t = k_t$, $\\beta = {beta_value:g}$"),
+         "02_mixing_matrices")
 
 # %%
 # float64: the product formula for every entry; the stream with the other tokens' writes off
@@ -359,6 +357,10 @@ latest, older = same[-1], same[:-1]
 kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
 w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
 _ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
+cos = np.abs(np.asarray(embedding) @ np.asarray(embedding).T)[np.triu_indices(vocab_size, 1)]
+others = np.flatnonzero(ids[:t_last] != ids[t_last])  # the row's non-occurrences
+s_other = others[np.argmax(np.abs(Omega[t_last, others]))]
+assert 0 < abs(Omega[t_last, s_other]) < Omega[t_last, latest], "small weights on other tokens"
 
 # %%
 assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
@@ -368,12 +370,8 @@ if n_between := t_last - latest - 1:  # moves the weight under per-channel decay
     k_u[latest + 1] = (u - (u @ kk) * kk) / np.linalg.norm(u - (u @ kk) * kk)
     b_u = np.where(np.arange(mix_len) == latest + 1, beta_value, b_same)
     for g_u, moves in ((g_np, True), (g_np.mean(1, keepdims=True) + 0 * g_np, False)):
-        w = []
-        for b in (b_same, b_u):  # beta q_t^T M_t ... M_(s+1) k_s, s = latest, row by row
-            r = k_u[t_last]
-            for j in range(t_last, latest, -1):
-                r = (r - b[j] * (r @ k_u[j]) * k_u[j]) * np.exp(g_u[j])
-            w.append(r @ k_u[latest])
+        w = [explain.mixing_matrix_by_products(k_u, k_u, g_u, b)[t_last, latest]
+             for b in (b_same, b_u)]  # beta q_t^T M_t ... M_(s+1) k_s, s = latest
         assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
 assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
 between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
@@ -384,7 +382,9 @@ display(Markdown(
     f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest earlier "
     f"occurrence; the formula gives {w_latest:.4f}, {exact}. Older ones get at most "
     f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} on "
-    "itself and on each earlier occurrence (the same score)."))
+    "itself and on each earlier occurrence (the same score). The embeddings overlap (mean "
+    f"$|\\cos|$ {cos.mean():.2f}, max {cos.max():.2f}): KDA's largest weight on another token "
+    f"is {Omega[t_last, s_other]:.4f} (s = {s_other})."))
 
 # %% [markdown]
 # ## 5. Explore: move the gate parameters yourself
@@ -410,7 +410,8 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #   e^{g_{\min}}$): $\mathbf b$ shifts the input axis, $a_h$ scales it (safe) or the output.
 # - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
 #   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
-# - Retention only shrinks (every $g \le 0$), never faster than $g_{\min}$ a token (safe gate).
+# - Without a gate an old context's pairs stay (the delta rule erases only along new keys); a
+#   gate that closes at the switch clears them and recalls the new ones best (first section).
 # - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
 #   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
 #   occurrence (no writes between), less on older ones here; softmax the same on all of them.
@@ -419,8 +420,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #
 # 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
 #    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction
-#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$). For which
-#    $\zeta$ does such an $f$ exist?
+#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$).
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do

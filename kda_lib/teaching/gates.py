@@ -23,6 +23,65 @@ from kda_lib.teaching import explain, viz
 _mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
 
 
+def plot_gate_functions(x, gate_curve, lower_bound: float) -> plt.Figure:
+    """Notebook 02's section 1: the softplus gate (left) and the safe gate (right) as log decay
+    ``g`` over the raw inputs ``x``, for rates a = 1, 4, 16 (safe: two floors) and a bias of +2;
+    ``gate_curve(a_log, bound=None, bias=0.0)`` gives g on ``x`` for one head and channel."""
+    fig, (ax_sp, ax_safe) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+    for a in (1.0, 4.0, 16.0):
+        ax_sp.plot(x, gate_curve(np.log(a)), label=f"$a = {a:g}$")
+    ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a = 1$, $b = +2$")
+    ax_sp.set_ylim(-20, 1)
+    ax_sp.set_title(r"Softplus gate  $g = -a\,\mathrm{softplus}(f + b)$")
+    for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (lower_bound / 5, 1.0)):
+        ax_safe.plot(
+            x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a = {a:g}$"
+        )
+    ax_safe.plot(
+        x,
+        gate_curve(0.0, lower_bound, bias=2.0),
+        linestyle="--",
+        label=f"$g_{{\\min}} = {lower_bound:g}$, $a = 1$, $b = +2$",
+    )
+    ax_safe.axhline(lower_bound, color="0.4", linewidth=1, linestyle=":")
+    ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a (f + b))$")
+    for ax in (ax_sp, ax_safe):
+        ax.set(
+            xlabel="raw gate input $f$ (bias $b = 0$ unless stated)",
+            ylabel="log decay per token $g$",
+        )
+        ax.legend(loc="lower left", fontsize=8)
+    return fig
+
+
+def plot_mixing_matrices(Omega, Omega_soft, same, *, temperature: float, title: str) -> plt.Figure:
+    """Notebook 02's section 4: the KDA mixing matrix ``Omega [T, T]`` (signed, symmetric log),
+    the causal softmax weights ``Omega_soft [T, T]`` (log, below 1e-3 blank) and their last rows
+    (linear), the last token's earlier occurrences ``same`` (indices) circled."""
+    t_last = Omega.shape[0] - 1
+    fig, (ax_kda, ax_soft, ax_row) = plt.subplots(1, 3, figsize=(15, 4.2))
+    viz.mixing_heatmap(ax_kda, Omega, title=r"KDA head: $o = \Omega v$ (signed)")
+    viz.heatmap(
+        ax_soft,
+        np.where(Omega_soft >= 1e-3, Omega_soft, np.nan),
+        xlabel="source token s",
+        title=f"Causal softmax attention, temperature {temperature:g}",
+        ylabel="output token t",
+        cbar_label="weight (log; white: below 1e-3, or s > t)",
+        norm=plt.matplotlib.colors.LogNorm(vmin=1e-3, vmax=1.0),
+    )
+    fig.suptitle(title)
+    for ax in (ax_kda, ax_soft):  # the last token's row: its earlier occurrences circled
+        ax.plot(same, np.full(same.size, t_last), "o", mfc="none", mec="black", ms=7, clip_on=False)
+    for row, name in ((Omega, r"KDA $\Omega_{ts}$"), (Omega_soft, "softmax weight")):  # s < t
+        ax_row.plot(
+            row[t_last, :t_last], "o-", lw=0.8, mfc="none", markevery=list(same), label=name
+        )
+    ax_row.set(xlabel="source token s", ylabel="weight", title=f"Row t = {t_last} (s < t), linear")
+    ax_row.legend(fontsize=8)
+    return fig
+
+
 def plot_half_lives(lives: dict, bounds, *, title: str) -> plt.Figure:
     """Histograms (log scale) of the half-lives ``lives[label]`` (tokens), with the range
     ``bounds = (shortest, longest)`` the softplus gate can draw at initialisation."""

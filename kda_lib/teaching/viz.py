@@ -338,6 +338,24 @@ def signed_log_norm(data, *, decades: float = 3.0) -> mpl.colors.SymLogNorm:
     return mpl.colors.SymLogNorm(linthresh=bound * 10.0**-decades, vmin=-bound, vmax=bound)
 
 
+def mixing_heatmap(ax, mixing, *, title: str) -> None:
+    """A causal mixing matrix ``mixing [T, T]`` on ``ax``: signed, symmetric log colours
+    (:func:`signed_log_norm`), the entries above the diagonal (s > t) dark grey."""
+    heatmap(
+        ax,
+        mixing,
+        title=title,
+        xlabel="source token s",
+        ylabel="output token t",
+        cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
+        diverging=True,
+        norm=signed_log_norm(mixing),
+    )
+    upper = np.where(np.triu(np.ones_like(mixing), 1) > 0, 1.0, np.nan)
+    grey = mpl.colors.ListedColormap(["0.3"])
+    ax.imshow(upper, aspect="auto", interpolation="nearest", cmap=grey)
+
+
 def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0) -> plt.Figure:
     """Three views of one head: cumulative decay ``log10_kept [K, T]`` (rows sorted by the
     caller), the mixing matrix ``[T', T']`` and the state norm ``[T]`` after every token."""
@@ -356,19 +374,7 @@ def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0)
         colorbar=False,
     )
     fig.colorbar(kept, ax=ax0, shrink=0.9, extend="min", label="log10 fraction retained")
-    heatmap(
-        ax1,
-        mixing,
-        title=r"Mixing matrix $\Omega$",
-        xlabel="source token s",
-        ylabel="output token t",
-        cbar_label=r"$\Omega_{ts}$ (symmetric log; dark grey: s > t)",
-        diverging=True,
-        norm=signed_log_norm(mixing),
-    )
-    upper = np.where(np.triu(np.ones_like(mixing), 1) > 0, 1.0, np.nan)  # as notebook 02's s > t
-    grey = mpl.colors.ListedColormap(["0.3"])
-    ax1.imshow(upper, aspect="auto", interpolation="nearest", cmap=grey)
+    mixing_heatmap(ax1, mixing, title=r"Mixing matrix $\Omega$")
     ax2.plot(np.arange(1, len(norms) + 1), norms)
     ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
     fig.suptitle(title)
