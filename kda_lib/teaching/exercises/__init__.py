@@ -550,6 +550,9 @@ def library_calls() -> Iterator[list[str]]:
             _retire_watched()
 
 
+ANSWER_RUNNING: list = []  # the answer call_answer is running (a time limit stops only it)
+
+
 def call_answer(
     answer: Any,
     *args: Any,
@@ -572,7 +575,11 @@ def call_answer(
     result = None
     try:
         with guard as entered, frames_refused(entered):
-            result = answer(*args)
+            ANSWER_RUNNING.append(answer)
+            try:
+                result = answer(*args)
+            finally:
+                ANSWER_RUNNING.pop()
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         if own_code and entered:
             return None, HINTS.get(entered[0], LIBRARY_HINT)

@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from kda_lib.teaching.exercises import (
+    ANSWER_RUNNING,
     MACHINERY_CODE,
     again,
     call_answer,
@@ -65,20 +66,20 @@ _RETRY_S = 1.0  # SIGALRM repeats this often until the block ends
 
 @machinery
 def _stop(_signum, frame):
-    # the checker's own code (watching an answer, or letting go of it) is not stopped: the next
-    # alarm stops the answer. A stop Python drops (raised in a finaliser or a weakref callback,
-    # which print it and go on) also comes again, so a slow answer cannot run on unwatched
-    if frame is not None and (frame.f_code in MACHINERY_CODE
-                              or frame.f_code.co_filename.startswith(_TEACHING)):
+    # raised into the answer while it runs, never into the checkers' own code (setting up or
+    # letting go of the watch); Python drops an exception raised in a finaliser or a weakref
+    # callback (it prints it and goes on), so the stop comes again while the answer runs on
+    if not ANSWER_RUNNING or frame is None or frame.f_code in MACHINERY_CODE or (
+            frame.f_code.co_filename.startswith(_TEACHING)):
         return
     raise _TooSlow(_SLOW.format(TIME_LIMIT_S))
 
 
 @contextlib.contextmanager
 def _time_limit(seconds: float = TIME_LIMIT_S):
-    """Stop the block after ``seconds`` with SIGALRM, raising :class:`_TooSlow` (main thread
-    only) and again every ``_RETRY_S`` until it ends, restoring any timer set around it (a
-    test's own limit) with the time it has left."""
+    """Stop the block after ``seconds`` with SIGALRM, raising :class:`_TooSlow` into the answer
+    (main thread only) and again every ``_RETRY_S`` while it runs on, restoring any timer set
+    around it (a test's own limit) with the time it has left."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
