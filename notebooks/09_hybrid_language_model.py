@@ -397,9 +397,9 @@ assert max(p.mean() for p in probe.values()) < 0.05 and round(share[top], 3) == 
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
 # - **The question it cannot reach.** Whether the 3:1 hybrid beats pure KDA needs a global layer
 #   with long-range work; in 128-byte windows every layer sees the whole window, so it has none,
-#   and five seeds detect only gaps of 0.038 to 0.145 bits per byte. The hybrid is level with KDA,
-#   +0.020 (interval contains 0; above on 4 of 5 seeds, the MHA hybrid too), and the one-seed
-#   recorded full run has the opposite order: section 6 shows the protocol, not a verdict.
+#   and five seeds detect only gaps of 0.038 to 0.145 bits per byte. The hybrid is level with KDA:
+#   +0.020 bits per byte, i.e. worse (interval contains 0; worse on 4 of 5 seeds, the MHA hybrid
+#   too); the one-seed full run has the opposite order: section 6 shows the protocol, no verdict.
 # - Under the protocol every recurrent model and hybrid beats attention at equal steps early in
 #   training (t-test; sign-flip p 0.0625 at best; attention's gap closing), mostly from the first
 #   byte, the cause unresolved (attention trained 2.1x the tokens/s, runs varying up to 1.8x). The

@@ -368,7 +368,7 @@ assert min(slower.values()) > 0
 extra = {b: (n_kda * (2 * (kda_sum - mla_sum) + b * (2 * state - per_token)),  # hybrid - all-MLA
              n * (2 * mla_sum + b * per_token) + other_weights(b)) for b in decode_batches}  # bytes
 print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
-      "\nits extra bytes (heavier KDA weights, states read+written) of all-MLA's, by batch:",
+      "\nits extra bytes of all-MLA's (= slowdown while all layers are bandwidth-bound), by batch:",
       {b: f"{x / 1e9:.2f} of {a / 1e9:.1f} GB" for b, (x, a) in extra.items()}, "\nas B grows, "
       "other(B) dilutes the weights' difference; at large B the states, one a sequence, take over")
 
