@@ -39,20 +39,40 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
+from jax._src import lru_cache  # noqa: E402  # the file cache's writer (see _put_whole)
 
 # Many tests build the same program from new Python objects (a fresh model, a new closure), which
 # jax's in-memory caches cannot match, so XLA compiles it again. jax's persistent cache keys on
-# the program itself: with it on, a worker compiles each distinct program once (-17% on
-# tests/layers/test_kda_layer.py, measured). Each pytest process gets its own empty directory,
-# removed at exit: jax writes entries without a lock, so a process must never read a file
-# another is writing, and a run starts from nothing, so it tests no state left by an earlier
-# one. Only this process uses it (set through jax.config, not the environment): notebook
-# kernels and the multi-process tests compile for themselves.
-COMPILE_CACHE_DIR = tempfile.mkdtemp(prefix="kda-tests-jax-cache-")
+# the program itself: with it on, each distinct program compiles once per run (-17% on
+# tests/layers/test_kda_layer.py, measured). One empty directory per `pytest` run, made by the
+# first process (the xdist controller, whose workers inherit the variable) and removed by it at
+# exit, so a run tests no state left by an earlier one and the two workers share their
+# compilations (a third of the programs a worker compiles, the other compiles too). jax writes
+# an entry in place without a lock, so a reader could see half a file: entries are written under
+# a temporary name and renamed (atomic on one filesystem). Only pytest's processes use it (set
+# through jax.config, not jax's environment variable): notebook kernels and the multi-process
+# tests compile for themselves.
+if "KDA_TESTS_JAX_CACHE" not in os.environ:
+    os.environ["KDA_TESTS_JAX_CACHE"] = tempfile.mkdtemp(prefix="kda-tests-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["KDA_TESTS_JAX_CACHE"], ignore_errors=True)
+COMPILE_CACHE_DIR = os.environ["KDA_TESTS_JAX_CACHE"]
 jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-atexit.register(shutil.rmtree, COMPILE_CACHE_DIR, ignore_errors=True)
+
+
+def _put_whole(cache, key: str, value: bytes) -> None:
+    """jax's file-cache ``put`` (no eviction: the default size limit) written to a temporary
+    name and renamed, so that another process reads a whole entry or none."""
+    path = cache.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+    if not path.exists():
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_bytes(value)
+        os.replace(partial, path)
+
+
+assert jax.config.jax_compilation_cache_max_size == -1  # the only case _put_whole covers
+lru_cache.LRUCache.put = _put_whole
 
 
 # ``jitted_call(module, x, **kwargs)`` is ``module(x, **kwargs)`` for a layer or model, compiled
