@@ -51,7 +51,7 @@ def keeping_input(answer, *, seed=None):
         if not hint and one_token > 1 and not np.all(np.isfinite(np.asarray(got, float))):
             return (f"your f is not a finite number at zeta = {p!r}, m = {n}: a formula for "
                     f"one token has no f here (it would need sigmoid(a f) = {one_token:.3g} > 1); "
-                    f"the channel keeps zeta after m tokens" + again(seed))
+                    "the channel keeps zeta after m tokens" + again(seed))
         hint = hint or refuse_degenerate(got, shape=(), what="the input f")
         if hint:
             return hint
