@@ -227,11 +227,11 @@ assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before
 #
 # A chip runs a step at min(peak, arithmetic intensity x bandwidth), the intensity its flops per
 # byte moved: a *roofline*, whose ridge, peak / bandwidth, is the intensity above which a step is
-# compute-bound. Kimi Linear's layers (`at_scale.operating_point`, bf16): a
-# prefill of `contexts[0]` tokens, decode steps at `contexts[1]` of one sequence and of the largest
-# of `decode_batches`. All decode steps sit left of all ridges, all prefills right (asserted). At ~1
-# flop/byte three points nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads
-# its own cache, so batching never raises MHA's intensity); GQA's two: printed, with their gap.
+# compute-bound. Kimi Linear's layers (`at_scale.operating_point`, bf16): a prefill of `contexts[0]`
+# tokens, decode steps at `contexts[1]` of one sequence and of the largest of `decode_batches`. All
+# decode steps sit left of all ridges, all prefills right (asserted). At ~1 flop/byte three points
+# nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads its own cache, so
+# batching never raises MHA's intensity); GQA's two: printed, with their gap.
 
 # %%
 points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
@@ -245,7 +245,7 @@ for kind in at_scale.MIXERS:
     print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
 assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
 assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-top = max(c.ridge for c in chips)  # prefill intensity grows with T: the first T past it
+top, h200 = max(c.ridge for c in chips), at_scale.CHIPS["H200 SXM"]  # h200: 5 and 6's chip
 print(f"prefills pass the highest ridge ({top:.0f}) from T =", {k: next(t for t in range(1, 2**20)
       if np.divide(*at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads)) > top)
       for k in at_scale.MIXERS})
@@ -253,7 +253,7 @@ g1, g2 = [intensity[("GQA", s)] for s in steps[1:]]  # its two decode points (G 
 print(f"GQA's decode points: {g2 / g1:.2f}x apart" + " (touching)" * (g2 < 1.25 * g1))
 
 # %% tags=["hide-input"]
-(fig, ax), h200 = plt.subplots(figsize=(8, 4.2)), at_scale.CHIPS["H200 SXM"]
+fig, ax = plt.subplots(figsize=(8, 4.2))
 x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
 for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
     ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
@@ -291,9 +291,9 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 
 # %% [markdown]
 # **The decoding speed, in a model.** On section 5's roofline a step takes the longer of its flops
-# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). Per layer, a decode
-# step of $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes)
-# or reads *and* writes each KDA cache (2 x state, section 4's bytes):
+# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). Per layer, a decode step of
+# $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes) or reads
+# *and* writes each KDA cache (2 x state, section 4's bytes):
 #
 # $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
@@ -373,11 +373,11 @@ print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slo
       "other(B) dilutes the weights' difference; at large B the states, one a sequence, take over")
 
 # %% tags=["hide-input"]
-t_axis = np.geomspace(256, 4 * t_long, 64)
+t_axis, ticks = np.geomspace(256, 4 * t_long, 64), (.1, .2, .3, .4, .5, .6, .8, 1, 2, 3, 4, 6)
 fig, ax = plt.subplots(figsize=(9, 4.6))
 shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.15, 0.8, len(decode_batches)))
 curves = {b: np.array([ratio(t, b) for t in t_axis]) for b in decode_batches}
-low = min(0.8, 0.9 * min(c.min() for c in curves.values()))  # below the lowest curve
+low = max(y for y in (0.05, *ticks) if y <= 0.9 * min(0.9, *map(min, curves.values())))  # a tick
 for fit in (True, False):  # the legend's two columns: fits, then does not fit, one batch a row
     for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
         room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
@@ -392,7 +392,7 @@ for fit in (True, False):  # the legend's two columns: fits, then does not fit, 
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
        ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
-ax.set_yticks(t := [y for y in (0.1, 0.2, 0.3, 0.5, 0.8, 1, 2, 3, 4, 6) if y >= low], t)
+ax.set_yticks(t := [y for y in ticks if y >= low], t)
 ax.yaxis.set_minor_formatter(plt.NullFormatter())  # only the labelled ticks above
 fig.legend(loc="outside lower center", ncol=2, fontsize=8)
 viz.show(fig, "10_decode_speedup")

@@ -25,9 +25,11 @@ def reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv
     limit 1 - g c / (L c_G) only (T -> infinity).
 
     Explain why (model answer): Kimi K3 at a half against GQA with 8 key/value heads: 2,760
-    tokens (limit 92.7%); against section 6's all-MLA baseline 17,337 (limit 74.2%). GQA's 4,096
-    bytes a token against MLA's 1,152 make every GQA layer's cache 3.6x larger, so the hybrid's
-    global layers alone already save most of it, and its KDA states pay off sooner. With one
+    tokens (limit 92.7%); against section 6's all-MLA baseline 17,337 (limit 74.2%). Two effects:
+    GQA's 4,096 bytes a token against MLA's 1,152 make every GQA layer's cache 3.6x larger, so
+    each KDA cache is outgrown 3.6x sooner (with the hybrid's global layers as dear as GQA's, a
+    half at 4,876 tokens instead of 17,337); the global layers' latents then save
+    g (c_G - c) / (L c_G) = 18.5 points of the half on top, which brings it to 2,760. With one
     key/value head (512 bytes a token, below MLA's) the limit falls to 41.9%: a half is out of
     reach, a quarter takes 55,726 tokens."""
     kda = kda_layer_bytes(heads, head_dim, conv_size)

@@ -1400,10 +1400,16 @@ def test_10_hints_say_what_went_wrong_and_end_with_the_seed():
 def test_10_1_model_answer_numbers():
     """The worked solution's model answer for 10.1 (Kimi K3, a half): 2,760 tokens against GQA
     with 8 key/value heads (limit 92.7%), 17,337 against all-MLA (section 6's reduction, limit
-    74.2%); with 1 key/value head the limit is 41.9% and a quarter takes 55,726 tokens."""
+    74.2%); with 1 key/value head the limit is 41.9% and a quarter takes 55,726 tokens. Its two
+    effects: with global layers as dear as GQA's a half comes at 4,876 tokens, and the latents
+    save 18.5 points of it on top."""
     s10 = _solutions("10")
     shape, layers = s10.preset_numbers("Kimi-K3")
     assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=8)) == 2_760
+    as_gqa = dict(shape, latent=2 * 8 * shape["head_dim"])  # global layers caching GQA's bytes
+    assert round(s10.reduction_context(0.5, *layers, **as_gqa, kv_heads=8)) == 4_876
+    saved = layers[1] * (1 - shape["latent"] / as_gqa["latent"]) / sum(layers)  # g(c_G - c)/(L c_G)
+    assert round(100 * saved, 1) == 18.5
     mla_as_gqa = shape["latent"] / (2 * shape["head_dim"])  # GQA caching MLA's bytes a token
     assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=mla_as_gqa)) == 17_337
     assert round(s10.reduction_context(0.25, *layers, **shape, kv_heads=1)) == 55_726
