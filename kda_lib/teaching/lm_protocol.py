@@ -29,6 +29,7 @@ from kda_lib.teaching.viz import MODEL_COLORS
 MODEL_ORDER = ("hybrid", "hybrid_mha", "kda", "gdn", "attention")
 COLORS = {m: MODEL_COLORS[m] for m in MODEL_ORDER}  # viz's one colour per model
 _STYLES, _MARKERS = ("-", "--", "-.", ":"), ("o", "s", "^", "D", "v")  # told apart in grey
+_BUCKETS = (0, 1, 4, 32)  # where the position buckets start (0-based): 1, 2-4, 5-32, 33 on
 
 
 def seed_runs(record: dict, min_seeds: int = 5) -> tuple[dict, set]:
@@ -81,45 +82,61 @@ def plot_curves_and_positions(
 ) -> plt.Figure:
     """Top: validation bits per byte against steps (mean over seeds, range shaded) and test
     bits per byte by position (mean over seeds, log-scaled positions), one line style per model.
-    Bottom: the same minus ``reference``'s, paired by seed (range shaded), for every model but
-    ``reference`` and ``off_scale`` (differences too large for the panel's scale)."""
+    Bottom: the same minus ``reference``'s, paired by seed, for every model but ``reference`` and
+    ``off_scale`` (differences too large for the panel's scale): against steps with the seeds'
+    range shaded; by position averaged within the buckets 1, 2-4, 5-32 and 33 on (one number a
+    seed and bucket), the mean over seeds with min-max bars."""
     if reference not in models:
         raise ValueError(f"plot_curves_and_positions: reference {reference!r} not in {models}")
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.6), layout="constrained")
     curves = {m: np.array([r["curve"]["validation_bpb"] for r in runs[m]]) for m in models}
     bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in models}
-    steps = runs[reference][0]["curve"]["step"]
-    every = [2**k - 1 for k in range(bits[reference].shape[1].bit_length())]  # log-spaced
+    steps, size = runs[reference][0]["curve"]["step"], bits[reference].shape[1]
+    every = [2**k - 1 for k in range(size.bit_length())]  # log-spaced markers
+    styles, diffs = {}, {}
     for i, m in enumerate(models):
-        style = dict(color=COLORS[m], linestyle=_STYLES[i % 4], marker=_MARKERS[i % 5], label=m)
+        styles[m] = dict(color=COLORS[m], linestyle=_STYLES[i % 4], marker=_MARKERS[i % 5], label=m)
         rows = [(curves[m], bits[m])]
         if m != reference and m not in off_scale:  # paired by seed: the same seeds, in order
-            rows.append((curves[m] - curves[reference], bits[m] - bits[reference]))
-        for (left, right), (curve, by_position) in zip(axes, rows, strict=False):
-            left.plot(steps, curve.mean(0), **style)
-            left.fill_between(steps, curve.min(0), curve.max(0), color=COLORS[m], alpha=0.12)
-            mean = by_position.mean(0)
-            right.plot(np.arange(1, mean.size + 1), mean, linewidth=1, markevery=every, **style)
-    seeds = "mean over seeds"
+            rows.append((curves[m] - curves[reference], None))
+            diffs[m] = bits[m] - bits[reference]
+        for ax, curve in zip(axes[:, 0], (row[0] for row in rows), strict=False):
+            ax.plot(steps, curve.mean(0), **styles[m])
+            ax.fill_between(steps, curve.min(0), curve.max(0), color=COLORS[m], alpha=0.12)
+        axes[0, 1].plot(np.arange(1, size + 1), bits[m].mean(0), lw=1, markevery=every, **styles[m])
+    _plot_buckets(axes[1, 1], diffs, size, styles)
+    seeds, unit = "mean over seeds", f"bpb minus {reference}'s (bits per byte)"
     axes[0, 0].set(ylabel="validation bits per byte", title=f"validation ({seeds}, range shaded)")
     axes[0, 1].set(ylabel="test bits per byte", title=f"test bits per byte by position ({seeds})")
     off = f"; {', '.join(off_scale)} off scale: top" if off_scale else ""
-    axes[1, 0].set(
-        ylabel=f"minus {reference}'s",
-        title=f"validation minus {reference}'s, paired by seed (range shaded{off})",
-    )
-    axes[1, 1].set(ylabel=f"minus {reference}'s", title=f"test by position minus {reference}'s")
+    axes[1, 0].set(ylabel=unit, title=f"validation minus {reference}'s, paired by seed "
+                   f"(range shaded{off})")  # fmt: skip
+    axes[1, 1].set(ylabel=unit, title=f"test minus {reference}'s by position bucket ({seeds}, "
+                   "range bars)")  # fmt: skip
     for ax in axes.flat:
         ax.title.set_fontsize(9)
     for ax in axes[1]:
         ax.axhline(0.0, color=COLORS[reference], linewidth=1, label=f"{reference} (0)")
     for ax in axes[:, 0]:
         ax.set(xlabel="optimiser step")
-    for ax in axes[:, 1]:
-        ax.set(xscale="log", xlabel="position in the window (bytes seen, log scale)")
-    for ax in axes[:, 0]:
         ax.legend(fontsize=8)
+    axes[0, 1].set(xscale="log", xlabel="position in the window (bytes seen, log scale)")
+    axes[1, 1].set(xlabel="positions in the window (bytes seen)")
     return fig
+
+
+def _plot_buckets(ax, diffs: dict, size: int, styles: dict) -> None:
+    """``diffs[model]`` (seeds x positions) averaged within the position buckets 1, 2-4, 5-32,
+    33-``size`` (those below ``size``): per model the mean over seeds, min-max bars, nudged."""
+    edges = [e for e in _BUCKETS if e < size] + [size]
+    spans = list(zip(edges[:-1], edges[1:], strict=True))
+    x = np.arange(len(spans), dtype=float)
+    for i, (m, d) in enumerate(diffs.items()):
+        per_seed = np.stack([d[:, a:b].mean(1) for a, b in spans], 1)  # seeds x buckets
+        mean, shift = per_seed.mean(0), 0.08 * (i - (len(diffs) - 1) / 2)
+        ax.errorbar(x + shift, mean, yerr=(mean - per_seed.min(0), per_seed.max(0) - mean),
+                    capsize=3, **styles[m])  # fmt: skip
+    ax.set_xticks(x, [f"{a + 1}" if b == a + 1 else f"{a + 1}-{b}" for a, b in spans])
 
 
 def plot_decode_cost(costs: dict) -> plt.Figure:

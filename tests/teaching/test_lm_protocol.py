@@ -68,8 +68,11 @@ def test_the_figure_draws_every_model():
     assert len({line.get_linestyle() for line in left.lines}) == 2  # told apart without colour
     assert [line.get_label() for line in left_minus.lines] == ["kda (0)"]  # attention off scale
     fig = lm_protocol.plot_curves_and_positions(runs, ["kda", "attention"], off_scale=())
-    minus = fig.axes[3].lines[0]  # attention's ramp + seed minus kda's, paired by seed: 0
-    assert minus.get_label() == "attention" and np.allclose(minus.get_ydata(), 0.0)
+    by_bucket = fig.axes[3]  # attention's ramp + seed minus kda's, paired by seed: 0
+    assert by_bucket.containers[0].get_label() == "attention"
+    assert np.allclose(by_bucket.lines[0].get_ydata(), 0.0)  # per bucket: 1, 2-4, 5-12
+    assert [t.get_text() for t in by_bucket.get_xticklabels()] == ["1", "2-4", "5-12"]
+    assert all(ax.get_ylabel() == "bpb minus kda's (bits per byte)" for ax in fig.axes[2:])
     with pytest.raises(ValueError, match="reference"):
         lm_protocol.plot_curves_and_positions(runs, ["attention"])
 
