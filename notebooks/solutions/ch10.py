@@ -21,8 +21,9 @@ def reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv
     those of its GQA keys and values, k = kda_layers and g = global_layers of L layers and m the
     bytes of one KDA cache (float32 state, bf16 conv history),
     1 - hybrid / all-GQA = 1 - (k m + g T c) / (L T c_G). Setting it to f:
-    T (L (1 - f) c_G - g c) = k m, so T = k m / (L (1 - f) c_G - g c), finite for f below the
-    limit 1 - g c / (L c_G) only (T -> infinity).
+    T (L (1 - f) c_G - g c) = k m, so T = k m / (L (1 - f) c_G - g c), positive for f below the
+    limit 1 - g c / (L c_G) only (the reduction as T -> infinity); at or above it no T reaches
+    f: math.inf.
 
     Explain why (model answer): Kimi K3 at a half against GQA with 8 key/value heads: 2,760
     tokens (limit 92.7%); against section 6's all-MLA baseline 17,337 (limit 74.2%). Two effects:
@@ -31,11 +32,11 @@ def reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv
     half at 4,876 tokens instead of 17,337); the global layers' latents then save
     g (c_G - c) / (L c_G) = 18.5 points of the half on top, which brings it to 2,760. With one
     key/value head (512 bytes a token, below MLA's) the limit falls to 41.9%: a half is out of
-    reach, a quarter takes 55,726 tokens."""
+    reach (math.inf), a quarter takes 55,726 tokens."""
     kda = kda_layer_bytes(heads, head_dim, conv_size)
     gqa, mla = 2 * 2 * kv_heads * head_dim, 2 * latent
-    layers = kda_layers + global_layers
-    return kda_layers * kda / (layers * (1 - fraction) * gqa - global_layers * mla)
+    room = (kda_layers + global_layers) * (1 - fraction) * gqa - global_layers * mla
+    return kda_layers * kda / room if room > 0 else math.inf
 
 
 def ring_crossover(ranks, heads, head_dim, conv_size, latent) -> int:

@@ -854,6 +854,16 @@ def _rule_breakers():
          lambda *a: math.ceil(s10.reduction_context(*a))),
         ("10.1", "section 4's break-even on the page, scaled", _page_break_even_scaled),
         ("10.1", "section 4's break-even on the page (an echo)", lambda *a: 1885),
+        ("10.1", "past the limit the formula's negative T (no math.inf)",
+         lambda f, k, g, h, d, w, latent, kv: k * s10.kda_layer_bytes(h, d, w)
+         / ((k + g) * (1 - f) * 4 * kv * d - g * 2 * latent)),
+        ("10.1", "math.inf past section 6's limit k / L (all-MLA's), not GQA's",
+         lambda f, k, g, *a: math.inf if f >= k / (k + g) else s10.reduction_context(f, k, g, *a)),
+        ("10.1", "NaN past the limit", lambda *a: (lambda t: math.nan if t == math.inf else t)(
+            s10.reduction_context(*a))),
+        ("10.1", "the limit itself past the limit", lambda f, k, g, h, d, w, latent, kv: (
+            lambda t: 1 - g * latent / ((k + g) * 2 * kv * d) if t == math.inf else t)(
+            s10.reduction_context(f, k, g, h, d, w, latent, kv))),
         ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp, wb: max(1, math.ceil(
             (wb * (kp - mp) + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
         ("10.3", "weights left out (section 4's crossing, doubled)",
@@ -1050,17 +1060,21 @@ def _alternatives():
         state = np.float32(4 * h * d * d) + np.float32(2 * 3 * max(w - 1, 0) * h * d)
         gqa, mla = np.float32(4 * kv * d), np.float32(2 * latent)
         share = (np.float32(1) - np.float32(f)) * np.float32(kda + glob) * gqa
+        if share <= np.float32(glob) * mla:
+            return np.float32(np.inf)  # at or past the limit
         return np.float32(kda) * state / (share - np.float32(glob) * mla)  # float32 throughout
 
     def reduction_closed(f, kda, glob, h, d, w, latent, kv):  # 1 - f = (k S / T + g c) / (L c_G)
         per_token = (1 - f) * (kda + glob) * 4 * kv * d - glob * 2 * latent
-        return 1 / (per_token / (kda * s10.kda_layer_bytes(h, d, w)))
+        return 1 / (per_token / (kda * s10.kda_layer_bytes(h, d, w))) if per_token > 0 else math.inf
 
     def reduction_search(f, kda, glob, h, d, w, latent, kv):  # bisect one's own reduction
         def reduction(t):
             hybrid = kda * s10.kda_layer_bytes(h, d, w) + glob * t * 2 * latent
             return 1 - hybrid / ((kda + glob) * t * 2 * 2 * kv * d)
         low, high = 1e-3, 1e12
+        if reduction(1e300) < f:  # not even near infinity: out of reach
+            return float("inf")
         for _ in range(200):
             mid = (low + high) / 2
             low, high = (low, mid) if reduction(mid) >= f else (mid, high)
@@ -1416,7 +1430,7 @@ def test_10_1_model_answer_numbers():
     limits = [1 - layers[1] * shape["latent"] / (sum(layers) * 2 * g * shape["head_dim"])
               for g in (8, mla_as_gqa, 1)]
     assert [round(x, 3) for x in limits] == [0.927, 0.742, 0.419]
-    assert s10.reduction_context(0.5, *layers, **shape, kv_heads=1) < 0  # a half: out of reach
+    assert s10.reduction_context(0.5, *layers, **shape, kv_heads=1) == math.inf  # out of reach
 
 
 @pytest.mark.parametrize("exercise_id", ["06.1", "06.2", "06.3", "10.1", "10.2", "10.3"])

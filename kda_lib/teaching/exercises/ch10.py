@@ -88,14 +88,15 @@ def _kda_layer_bytes(heads, head_dim, conv_size, state_bytes=4, cache_bytes=2) -
 
 
 def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-                       kv_heads, baseline=None) -> Fraction:
+                       kv_heads, baseline=None) -> Fraction | float:
     """The T at which ``1 - hybrid / all-GQA`` equals ``fraction`` (exact): ``T (L (1 - f) c_G -
     g c) = k S``, c_G and c the bytes of one token's GQA keys and values and MLA latents, k of
-    the L layers KDA, g global, S one KDA cache. ``baseline``: c_G replaced (the hints' slips)."""
+    the L layers KDA, g global, S one KDA cache; ``math.inf`` where no T reaches it (f at or
+    above the limit). ``baseline``: c_G replaced (the hints' slips)."""
     kda, layers = _kda_layer_bytes(heads, head_dim, conv_size), kda_layers + global_layers
     gqa = 2 * 2 * kv_heads * head_dim if baseline is None else baseline
-    return Fraction(kda_layers * kda) / (
-        (1 - Fraction(fraction)) * layers * gqa - global_layers * 2 * latent)
+    room = (1 - Fraction(fraction)) * layers * gqa - global_layers * 2 * latent
+    return Fraction(kda_layers * kda) / room if room > 0 else math.inf
 
 
 def _reduction_limit(kda_layers, global_layers, head_dim, latent, kv_heads) -> float:
@@ -122,10 +123,11 @@ _OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, laten
 _FRACTIONS = (0.0, 0.25, 0.5, 0.625, 0.875)  # exact in binary; each trial keeps those < limit
 
 
-def _fractions(model, first=()) -> list[float]:
+def _fractions(model, first=(), reached=True) -> list[float]:
+    """``first`` and _FRACTIONS below ``model``'s limit, or (``reached`` False) at or above it."""
     kda, glob, _, head_dim, _, latent, kv_heads = model
     limit = _reduction_limit(kda, glob, head_dim, latent, kv_heads)
-    return [f for f in (*first, *_FRACTIONS) if f < limit]
+    return [f for f in (*first, *_FRACTIONS) if (f < limit) == reached]
 
 
 def _drawn_gqa(rng) -> tuple:
@@ -144,28 +146,31 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
     kv_heads) -> float``: the context T at which the decode memory of one sequence in a hybrid
     (KDA layers: float32 state, d_v = d_k = head_dim, bf16 conv history; global layers: MLA,
     ``latent`` bf16 numbers a token) is ``fraction`` below that of the same depth of GQA layers
-    (``kv_heads`` bf16 keys and values of ``head_dim`` a token), 0 <= fraction < the limit
-    1 - global latent / (layers 2 kv_heads head_dim). Tried on ``preset`` at ``fraction`` and
-    other fractions, with 8, 1 and 32 key/value heads, then on models of the checker's own and
-    one drawn (``seed`` repeats it); kda_lib may not be called."""
+    (``kv_heads`` bf16 keys and values of ``head_dim`` a token), 0 <= fraction < 1; ``math.inf``
+    where no T reaches it, fraction at or above the limit 1 - global latent / (layers 2
+    kv_heads head_dim). Tried on ``preset`` at ``fraction`` and other fractions, with 8, 1 and
+    32 key/value heads (with 1, fractions out of reach too), then on models of the checker's
+    own and one drawn (``seed`` repeats it); kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
     shape = _preset_shape(p)
     model = (len(p.kda_layers), len(p.global_layers), *shape.values())
-    limit = _reduction_limit(*model[:2], model[3], model[5], 8)
-    if not 0 <= fraction < limit:
-        raise ValueError(f"fraction must be in [0, {limit:.4f}), got {fraction}")
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     t = float(_reduction_context(fraction, *model, 8))
     gqa = p.num_layers * t * at_scale.attention_cache_numbers(8, p.head_dim) * at_scale.BF16
-    if not math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa, fraction, abs_tol=1e-12):
+    if t < math.inf and not math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa, fraction,
+                                         abs_tol=1e-12):  # fmt: skip
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
     trials = [(f, *model, g) for g in (8, 1, 32) for f in _fractions((*model, g), (fraction,))[:3]]
+    trials += [(f, *model, 1) for f in _fractions((*model, 1), (fraction,), reached=False)[:2]]
     trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]]
     seed, rng = seeded(seed)
     drawn = _drawn_gqa(rng)
     choices = _fractions(drawn)
     trials.append((choices[int(rng.integers(len(choices)))], *drawn))
+    trials += [(f, *drawn) for f in _fractions(drawn, reached=False)[:1]]
     hint = _reduction_hint(answer, trials)
     return hint and hint + again(seed)
 
@@ -173,23 +178,31 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
         got, hint = call_own_work(answer, *args, name="reduction_context(fraction, ...)")
+        want, (fraction, kda, glob, heads, head_dim, conv_size, latent, kv_heads) = (
+            float(_reduction_context(*args)), args)
+        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
+                 "key/value heads")
+        if not hint and want == math.inf:
+            if _is_inf(got):
+                continue
+            return refuse_degenerate(got, shape=(), what="T", allow_zeros=True) or (
+                f"{where}, yours is a finite T, yet no context reaches this fraction (the "
+                "reduction only nears its limit as T grows): return math.inf there")
         hint = hint or refuse_degenerate(got, shape=(), what="T", allow_zeros=True)
         if hint:
             return hint
-        want, got = float(_reduction_context(*args)), float(got)
+        got = float(got)
         if math.isclose(got, want, rel_tol=1e-6):
             continue
-        fraction, kda, glob, heads, head_dim, conv_size, latent, kv_heads = args
-        where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
-                 "key/value heads")
         slips = {"yours is against all-MLA (section 6's reduction): the baseline here is GQA, "
                  "its keys and values cached": 2 * latent,
                  "your hybrid's global layers cache GQA's keys and values: they are MLA layers, "
                  "caching latents": None}
         for words, baseline in slips.items():
             if baseline is None:  # the global layers priced as GQA: T c_G (L (1 - f) - g) = k S
-                slip = Fraction(kda * _kda_layer_bytes(heads, head_dim, conv_size)) / (
-                    4 * kv_heads * head_dim * ((1 - Fraction(fraction)) * (kda + glob) - glob))
+                room = 4 * kv_heads * head_dim * ((1 - Fraction(fraction)) * (kda + glob) - glob)
+                slip = Fraction(kda * _kda_layer_bytes(heads, head_dim, conv_size)) / room if (
+                    room > 0) else math.inf
             else:
                 slip = _reduction_context(*args, baseline=baseline)
             if slip > 0 and math.isclose(got, float(slip), rel_tol=1e-6):
@@ -202,6 +215,15 @@ def _reduction_hint(answer, trials) -> str | None:
                 "reduction is 1 - hybrid / all-GQA, the KDA state float32, its conv history, "
                 "the latents and GQA's keys and values bf16")
     return None
+
+
+def _is_inf(got) -> bool:
+    """``got`` is one float, +infinity (Python's, numpy's or a 0-d array of one)."""
+    try:
+        value = np.asarray(got)
+    except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
+        return False
+    return value.shape == () and value.dtype.kind == "f" and bool(value == np.inf)
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
