@@ -16,7 +16,10 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 * :func:`stop_label` -- a run's stop, "rising" only where validation rose (net) at the budget.
 * :func:`solve_step`, :func:`claim_a`, :func:`claim_b` -- steps to the solved level and the
   verdict rules for the paper's two claims.
-* :func:`plot_task_examples`, :func:`plot_recorded` -- the figures.
+* :func:`induction_reads` -- where the two-step (previous-token, induction) circuit reads
+  each MQAR answer.
+* :func:`plot_task_examples`, :func:`plot_induction_steps`, :func:`plot_recorded` -- the
+  figures.
 """
 
 from __future__ import annotations
@@ -274,6 +277,49 @@ def plot_task_examples(examples: dict, vocab_size: int) -> plt.Figure:
             vocab_size=vocab_size,
             title=f"{name}: input tokens (top) and scored targets (bottom)",
         )
+    return fig
+
+
+def induction_reads(inputs, mask) -> dict[int, int]:
+    """For each scored position ``t`` of one MQAR example (``inputs``, ``mask``: ``[T]``), the
+    earlier position ``s`` whose predecessor is ``t``'s token: where an induction head reads,
+    once a previous-token head (or a short convolution) has put ``inputs[s - 1]`` at ``s``.
+    ``{t: s}``; ``inputs[s]`` is the value that followed the queried key."""
+    inputs, reads = np.asarray(inputs), {}
+    for t in np.flatnonzero(np.asarray(mask)):
+        earlier = np.flatnonzero(inputs[: t - 1] == inputs[t])
+        if earlier.size == 0:
+            raise ValueError(f"induction_reads: inputs[{t}] (a scored position) has no earlier "
+                             "occurrence before its predecessor: not an MQAR query")  # fmt: skip
+        reads[int(t)] = int(earlier[0]) + 1
+    return reads
+
+
+def plot_induction_steps(inputs, targets, mask, vocab_size: int) -> plt.Figure:
+    """MQAR answered in two steps, on one example (``[T]`` arrays): top row the tokens, bottom
+    row each position's predecessor (grey arrows: what a previous-token head or the short
+    convolution puts there); for the first query, the induction step (outlined): match its key
+    among the predecessors, read the token at that position (its target)."""
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    previous = np.r_[-1, inputs[:-1]]
+    fig, ax = plt.subplots(figsize=(9, 2.6), layout="constrained")
+    token_rows(ax, inputs, previous, previous >= 0, vocab_size=vocab_size,
+               title="layer 1 (grey): each position gets its predecessor; layer 2 (outlined): "
+               "the query's key\nis matched among the predecessors, the token above the match "
+               "is read")  # fmt: skip
+    ax.set_yticks([0, 1], ["token $x_t$", "predecessor $x_{t-1}$"])
+    for s in range(1, inputs.size):
+        ax.annotate("", xy=(s - 0.15, 0.62), xytext=(s - 0.85, 0.38),
+                    arrowprops=dict(arrowstyle="->", color="0.6", lw=0.8))  # fmt: skip
+    t, s = next(iter(induction_reads(inputs, mask).items()))
+    ink = COLORS["attention_conv"]
+    for x, y in ((t, 0), (s, 1), (s, 0)):
+        ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, ec=ink, lw=2))
+    ax.annotate("", xy=(s, -0.5), xytext=(t, -0.5), arrowprops=dict(
+        arrowstyle="->", color=ink, lw=1.6, connectionstyle="arc3,rad=0.25"))  # fmt: skip
+    note = f"query {inputs[t]} at t = {t}: its key is the predecessor at {s}, read {inputs[s]}"
+    ax.text((s + t) / 2, -1.05, f"{note} (target {targets[t]})", ha="center", color=ink, fontsize=9)
+    ax.set_ylim(1.5, -1.4)
     return fig
 
 

@@ -86,3 +86,26 @@ def test_vote_accuracy_is_the_expected_largest_multiplicity_over_n():
     assert rs.vote_accuracy(1, 7) == 1.0
     assert abs(rs.vote_accuracy(3, 10**4) - 1 / 3) < 2e-4  # collisions: about 3 / 10^4
     assert abs(rs.vote_accuracy(2, 2) - 0.75) < 1e-12
+
+
+def test_the_induction_step_reads_every_mqar_answer_and_is_drawn():
+    """Matching a query's key among the predecessors and reading the token there gives every
+    scored target of MQAR examples (odd and even vocabularies); the figure outlines the first."""
+    import jax
+
+    from kda_lib.lab.train import make_task
+
+    for vocab, pairs, seed in ((32, 4, 0), (33, 6, 1), (64, 8, 2)):
+        batch = make_task("mqar", vocab_size=vocab, num_pairs=pairs)(jax.random.key(seed), 1, 40)
+        inputs, targets, mask = (np.asarray(a[0]) for a in batch)
+        reads = rs.induction_reads(inputs, mask)
+        assert sorted(reads) == np.flatnonzero(mask).tolist() and len(reads) == pairs
+        assert all(inputs[s] == targets[t] and s < t for t, s in reads.items())
+    fig = rs.plot_induction_steps(inputs, targets, mask, vocab)
+    assert len(fig.axes[0].patches) == 3 and "predecessor" in fig.axes[0].get_title()
+    try:  # a scored token with no earlier occurrence is no MQAR query: named, not an IndexError
+        rs.induction_reads([3, 4, 5], [False, False, True])
+    except ValueError as error:
+        assert "inputs[2]" in str(error)
+    else:
+        raise AssertionError("induction_reads accepted a query with no earlier key")

@@ -488,6 +488,17 @@ def _p_lax_betainc(a, b):
     return float(jax.lax.betainc(v / 2, 0.5, v / (v + t * t)))
 
 
+def _p_bound(a, b, bind=None, unbound=False):
+    """The two-sided t p through the primitive under jax.lax.betainc, bound directly (review
+    r0809c: accepted once the checker's context had compiled it), through ``bind`` held, or
+    through Primitive.bind in a partial (``unbound``: a C caller, no CALL of the primitive)."""
+    from jax._src.lax import special
+
+    prim = special.regularized_incomplete_beta_p
+    bind = bind or (functools.partial(type(prim).bind, prim) if unbound else prim.bind)
+    return float(bind(jnp.float32(2.0), jnp.float32(0.5), jnp.float32(4 / (4 + _t(a, b) ** 2))))
+
+
 def _p_stdtr_by_name(a, b, through_map=False):
     """The two-sided t p through scipy.special.stdtr, module and name built at run time (r0809),
     called directly or through map (a C caller)."""
@@ -778,6 +789,13 @@ def _rule_breakers():
         ("08.2", "scipy.special imported inside the answer", _holm_by(_p_imported)),
         # JAX's incomplete beta and a scipy name built at run time (review r0809: accepted)
         ("08.2", "jax.lax.betainc for the tail (r0809)", _holm_by(_p_lax_betainc)),
+        # the first row compiles the primitive in the checker's context; the next ones then run
+        # no frame of jax._src.lax.special (accepted before r0809c): refused as the primitive
+        ("08.2", "its primitive bound directly (r0809c)", _holm_by(_p_bound)),
+        ("08.2", "its primitive through a partial of Primitive.bind", _holm_by(
+            functools.partial(_p_bound, unbound=True))),
+        ("08.2", "its primitive's bind held as a default", _holm_by(functools.partial(
+            _p_bound, bind=jax._src.lax.special.regularized_incomplete_beta_p.bind))),
         ("08.2", "jax.scipy.special.betainc for the tail", _holm_by(lambda a, b: float(
             jax.scipy.special.betainc(2.0, 0.5, 4 / (4 + _t(a, b) ** 2))))),
         ("08.2", "importlib-built scipy.special.stdtr (r0809)", _holm_by(_p_stdtr_by_name)),

@@ -10,6 +10,7 @@ import types
 import jax
 import numpy as np
 import scipy.special
+from jax._src.lax import special as lax_special  # the primitives under jax.lax.betainc, igamma
 
 from kda_lib.teaching.exercises import (
     again,
@@ -56,14 +57,19 @@ _TABLES = {
     id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items() if isinstance(f, np.ufunc)
 }  # C routines: no Python frame to watch
 _TABLES |= {id(getattr(jax.lax, n)): f"jax.lax.{n}" for n in ("betainc", "igamma", "igammac")}
+_TABLES |= {  # their primitives, bound directly (compiled before or not: review r0809c)
+    id(getattr(lax_special, n)): f"jax._src.lax.special.{n}"
+    for n in ("regularized_incomplete_beta_p", "igamma_p", "igammac_p")
+}
 
 
 def _scipy_named(x) -> str | None:
     """The scipy or JAX tail routine or module ``x`` is (a scipy.special ufunc, jax.lax.betainc,
-    anything from a module of ``_SCIPY``), or the scipy module a function's code imports by
-    name; else None."""
-    if id(x) in _TABLES:
-        return _TABLES[id(x)]
+    a primitive of their tails or its bound method, anything from a module of ``_SCIPY``), or
+    the scipy module a function's code imports by name; else None."""
+    for y in (x, getattr(x, "__self__", None)):
+        if id(y) in _TABLES:
+            return _TABLES[id(y)]
     module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
     if isinstance(module, str) and module.startswith(_SCIPY):
         return module
@@ -212,7 +218,7 @@ def holm_column(answer, *, family: dict, seed=None):
     (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
     ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
     Numpy only: all of scipy (stats, special's stdtr and betainc), JAX's (jax.scipy,
-    jax.lax.betainc and the igamma family) and kda_lib refused."""
+    jax.lax.betainc, the igamma family, their primitives) and kda_lib refused."""
     seed, rng = seeded(seed)
     for fam in [family, *_holm_families(rng)]:
         got, hint = _own_call(answer, fam, "holm_column(family)", _SCIPY)
