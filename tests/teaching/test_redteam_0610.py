@@ -32,6 +32,7 @@ from namespace_attack import time_limit as _time_limit  # one SIGALRM guard
 
 import kda_lib
 from kda_lib.teaching import exercises
+from kda_lib.teaching.exercises import ch07
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 IDS = ["06.1", "06.2", "06.3", "07.1", "07.2", "07.3", "08.1", "08.2", "08.3", "08.4",
@@ -410,12 +411,13 @@ def _per_token(solve):
 
 
 def _solve_then_closed_form(solve):
-    """07.2 right: :func:`_per_token` with ``solve`` below d_k = 999,999, the closed form only at
-    that probe (every draft's d_k x d_k matrix is too large now: refused by memory or route)."""
+    """07.2 right: :func:`_per_token` with ``solve`` below the largest draft's d_k, the closed
+    form only at that probe (every draft's d_k x d_k matrix is too large: refused by memory or
+    route)."""
     by_token = _per_token(solve)
 
     def roll_back(state, k, v, g, beta, rejected):
-        if len(k[0]) >= 999_999:
+        if len(k[0]) >= max(d[0] for d in ch07._DRAFTS):
             return _solutions("07").roll_back(state, k, v, g, beta, rejected)
         return by_token(state, k, v, g, beta, rejected)
 
@@ -424,7 +426,7 @@ def _solve_then_closed_form(solve):
 
 def _dense_below_probe(solve):
     """07.2 right: each token's dense M_t X = B solved by ``solve`` (the answer's own
-    Gauss-Jordan) wherever d_k < 999,999, the closed form only at that probe."""
+    Gauss-Jordan) below the largest draft's d_k, the closed form only at that probe."""
     return _solve_then_closed_form(solve)
 
 
@@ -659,7 +661,7 @@ def _rule_breakers():
         ("07.3", "a lookup table of the old fixed shapes", lambda *a: old_inputs["07.3"].get(a, 1)),
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
-        ("07.2", "a dense d_k x d_k inverse below the d_k = 999,999 probe, the closed form at it "
+        ("07.2", "a dense d_k x d_k inverse below the largest d_k, the closed form at it "
          "(teacher t0203, 07-6)", _dense_below_probe(gauss_jordan)),
         ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
         ("07.2", "_umath_linalg.solve held as a default argument (teacher t10, #07-5)",
@@ -1343,7 +1345,7 @@ def test_07_hints_end_with_the_seed_that_repeats_them(exercise_id):
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/statm").exists(), reason="Linux's /proc")
 def test_07_2_caps_the_address_space_for_its_largest_draft():
-    """07.2's d_k = 999,999 trial refuses a d_k x d_k array by memory, even where the kernel
+    """07.2's trials refuse a d_k x d_k array by memory, even where the kernel
     overcommits: inside the cap an allocation the machine grants (4 GiB, untouched) fails; the
     limit is restored after."""
     import resource

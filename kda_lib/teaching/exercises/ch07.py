@@ -12,7 +12,7 @@ spelling: ``LAPACKE_sgesv``, ``scipy_dgesv_``, ``DGETRF``), and an answer naming
 any route left, by value and by memory, not by speed: every draft's last token (and for
 d_k >= 8 every third) has beta in (1.2, 1.8) (a negative eigenvalue 1 - beta along k), where an
 iteration by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form
-holds, and every draft has ``d_k`` of 250,007 to 999,999, where any d_k x d_k array (62 GB even
+holds, and every draft has ``d_k`` of 200,003 to 220,013, where any d_k x d_k array (40 GB even
 at one byte a number: a dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated,
 with the process's address space capped (Linux) so that holds where the kernel overcommits
 memory too: the rule is checked at every size tried, not at one probe an answer could single
@@ -340,9 +340,10 @@ def draft_states(state, k, v, g, beta):
 
 
 # K, V, n, rejected: odd d_k (XLA handles their squares' sizes cleanly), each so large that a
-# d_k x d_k array does not fit the capped address space even at one byte a number (>= 62 GB)
-# three drafts: d_v of 1 to 3; 1, 2 and all of a draft's tokens rejected
-_DRAFTS = ((250_007, 3, 5, 2), (270_001, 2, 4, 4), (999_999, 1, 2, 1))
+# d_k x d_k array does not fit the capped address space even at one byte a number (>= 40 GB)
+# three drafts: d_v of 1 to 3; 1, 2 and all of a draft's tokens rejected; the cheapest first, so
+# that an answer refused at the first draft (a series that diverges on its last token) is cheap
+_DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2))
 
 
 def _roll_back_call(answer, *args):
@@ -374,8 +375,8 @@ def roll_back(answer, *, seed=None):
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
-    array or kda_lib; the draft drawn at each call. How: every draft at d_k >= 250,007 (a
-    d_k x d_k array: >= 62 GB at one byte a number; the address space is capped), a beta in
+    array or kda_lib; the draft drawn at each call. How: every draft at d_k >= 200,003 (a
+    d_k x d_k array: >= 40 GB at one byte a number; the address space is capped), a beta in
     (1, 2) in every draft (a
     series in beta diverges), library solvers refused whether called, held (code, closures,
     partials, default arguments) or reached through ctypes; linalg's products (``outer``,
