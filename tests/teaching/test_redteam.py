@@ -610,7 +610,7 @@ def test_answers_that_break_the_stated_rule_are_refused():
 @pytest.mark.timeout(60)  # the old one-shot stop hangs here: fail, not hang
 def test_a_dropped_stop_comes_again():
     """Python drops an exception raised in a finaliser or weakref callback (it prints it and
-    goes on): the checkers' time limit stops again every second, so an answer whose first stop
+    goes on): the checkers' time limit stops again every 50 ms, so an answer whose first stop
     is lost is still stopped (one ran on unwatched for minutes: a hung test under -n 2)."""
     from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
 
@@ -627,6 +627,26 @@ def test_a_dropped_stop_comes_again():
     with pytest.raises(_TooSlow), _time_limit(0.1):
         exercises.call_answer(first_stop_dropped)
     assert time.monotonic() - start < 5
+
+
+def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
+    """An answer calling small Python functions under a route watch (a trace hook that runs at
+    every call): most stops land in the hook, which is never interrupted; the next comes 50 ms
+    later, so the answer is stopped within a second of its limit (04.2's finite differences ran
+    13-21 s past a 0.25 s limit when the stop came again only every second)."""
+    from kda_lib.teaching.exercises._routes import modules_entered
+    from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+
+    def many_calls():
+        x = np.ones(4)
+        while True:
+            np.mean(x)
+
+    start = time.monotonic()
+    with (pytest.raises(_TooSlow), _time_limit(0.1),
+          modules_entered(("jax._src.interpreters.ad",))):
+        exercises.call_answer(many_calls, own_code=True)
+    assert time.monotonic() - start < 1.0
 
 
 def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
