@@ -323,7 +323,9 @@ ax.axhline(step_ms["KDA"], color=viz.PALETTE["blue"], linewidth=2,
            label="KDA layer: one program, timed once (same cache shapes at every T)")
 ax.plot(attention_contexts, [step_ms[t] for t in attention_contexts], "s-", ms=8,
         color=viz.MODEL_COLORS["attention"], label="softmax attention layer: KV cache of T tokens")
-times = [step_ms["KDA"], *(step_ms[t] for t in attention_contexts)]
+ax.plot([1], [step_ms[1]], "s", ms=8, mfc="white", color=viz.MODEL_COLORS["attention"],
+        label="softmax attention layer, T = 1: a step that reads almost no cache")
+times = [step_ms["KDA"], step_ms[1], *(step_ms[t] for t in attention_contexts)]
 ax.set(xscale="log", yscale="log", ylim=(min(times) / 2, max(times) * 2),
        xlabel="context length T (tokens, log scale)", ylabel="wall time per step (ms, log scale)",
        title=f"Measured time per decoded token, batch {batch} ({jax.default_backend()}), "
@@ -331,7 +333,7 @@ ax.set(xscale="log", yscale="log", ylim=(min(times) / 2, max(times) * 2),
 ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))  # plain decimals: 0.02, 0.05
 ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
 ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-ax.set_xticks(attention_contexts, [f"{t:,}" for t in attention_contexts], minor=False)
+ax.set_xticks([1, *attention_contexts], [f"{t:,}" for t in [1, *attention_contexts]], minor=False)
 ax.xaxis.set_minor_formatter(mpl.ticker.NullFormatter())
 ax.legend(loc="upper left", fontsize=8)
 viz.show(fig, "07_decode_time")
