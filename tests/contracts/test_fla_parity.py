@@ -146,6 +146,10 @@ def test_core_matches_fla_float32(impl, op_case):
     )
 
 
+# one program per case (eagerly: one per operation)
+_gate = jax.jit(kda_lib.kda_gate, static_argnames="lower_bound")
+
+
 @pytest.mark.parametrize("dt_bias_layout", ["flat_HK", "H_K"])
 @pytest.mark.parametrize("x64", [True, False], ids=["f64", "f32"])
 def test_gate_matches_fla(op_case, dt_bias_layout, x64):
@@ -158,7 +162,7 @@ def test_gate_matches_fla(op_case, dt_bias_layout, x64):
     dtype = jnp.float64 if x64 else jnp.float32
     ctx = _x64() if x64 else contextlib.nullcontext()
     with ctx:
-        g = kda_lib.kda_gate(
+        g = _gate(
             jnp.asarray(op_case["f"], dtype),
             jnp.asarray(op_case["A_log"], dtype),
             jnp.asarray(dt_bias, dtype),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kda_lib import kda, kda_chunked, kda_recurrent
-from kda_lib.testing import assert_close, cast_inputs, random_kda_inputs, relative_l2
+from kda_lib.testing import assert_close, random_kda_inputs, relative_l2
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
@@ -49,20 +49,31 @@ CASES = {  # name: (T, segments). T256 without segments was measured too; it ran
 }
 
 
-def _case(seq_len, segments):
-    x = random_kda_inputs(jax.random.key(0), 2, seq_len, 2, 64, 64, with_state=True)
+@jax.jit  # one program (eagerly: some ten)
+def _bf16_and_cotangents(x):
     x = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
-    ids = None
-    if segments:  # several documents per row, and leading padding
-        ids = np.ones((2, seq_len), np.int32)
-        ids[0, 100:], ids[0, 180:], ids[1, :30], ids[1, 150:] = 2, 3, 0, 2
-        ids = jnp.asarray(ids)
     ct_o, ct_s = jax.random.split(jax.random.key(100))
     cot = (
         jax.random.normal(ct_o, x["v"].shape, jnp.float32),
         jax.random.normal(ct_s, x["initial_state"].shape, jnp.float32),
     )
+    return x, cot
+
+
+def _case(seq_len, segments):
+    x = random_kda_inputs(jax.random.key(0), 2, seq_len, 2, 64, 64, with_state=True)
+    x, cot = _bf16_and_cotangents(x)
+    ids = None
+    if segments:  # several documents per row, and leading padding
+        ids = np.ones((2, seq_len), np.int32)
+        ids[0, 100:], ids[0, 180:], ids[1, :30], ids[1, 150:] = 2, 3, 0, 2
+        ids = jnp.asarray(ids)
     return x, ids, cot
+
+
+def _float64(tree):
+    """``tree``'s arrays as float64 numpy arrays (cast on the host: no compiled casts)."""
+    return jax.tree.map(lambda a: np.asarray(a).astype(np.float64), tree)
 
 
 def _outputs_and_grads(fn, x, ids, cot):
@@ -80,12 +91,7 @@ def _outputs_and_grads(fn, x, ids, cot):
 def test_both_policies_close_to_float64_oracle(case):
     x, ids, cot = _case(*CASES[case])
     with jax.enable_x64(True):
-        want = _outputs_and_grads(
-            kda_recurrent,
-            cast_inputs(x, jnp.float64),
-            ids,
-            tuple(c.astype(jnp.float64) for c in cot),
-        )
+        want = _outputs_and_grads(kda_recurrent, _float64(x), ids, _float64(cot))
         want = jax.tree.map(np.asarray, want)
     for precision, bounds in BOUNDS.items():
         got = _outputs_and_grads(functools.partial(kda_chunked, precision=precision), x, ids, cot)
@@ -112,7 +118,7 @@ def test_highest_is_the_float32_computation_bit_for_bit():
         )
 
     o, s = run(x, "highest")
-    o32, s32 = run(cast_inputs(x, jnp.float32), None)
+    o32, s32 = run(jax.tree.map(lambda a: np.asarray(a, np.float32), x), None)
     np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(o32.astype(o.dtype)))
     np.testing.assert_array_equal(np.asarray(s), np.asarray(s32))
     # and the default for bf16 inputs is the "input" policy (the same program), not "highest"
@@ -263,12 +269,12 @@ FLA_BOUND = FLA_RATIO / 2
 FLA_NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 
 
-def _fla_cp_case(heads=2, dim=128):
+@functools.partial(jax.jit, static_argnames=("heads", "dim"))  # one program, not thirty
+def _fla_cp_draws(heads, dim):
     from kda_lib.ops.gating import init_dt_bias
 
-    seq_len = sum(FLA_LENGTHS)
     ks = jax.random.split(jax.random.key(42), 6)
-    shape = (1, seq_len, heads, dim)
+    shape = (1, sum(FLA_LENGTHS), heads, dim)
     normal = functools.partial(jax.random.normal, shape=shape)
     args = (
         (normal(ks[0]) + 1).astype(jnp.bfloat16),  # q
@@ -280,10 +286,14 @@ def _fla_cp_case(heads=2, dim=128):
     gate = dict(
         a_log=jnp.log(jnp.linspace(1.0, 8.0, heads)),
         dt_bias=init_dt_bias(jax.random.key(7), heads, dim),
-        lower_bound=FLA_LOWER_BOUND,
     )
+    return args, gate, normal(ks[5]).astype(jnp.bfloat16)
+
+
+def _fla_cp_case(heads=2, dim=128):
+    args, gate, cot = _fla_cp_draws(heads, dim)
     ids = jnp.asarray(np.repeat(np.arange(1, 4), FLA_LENGTHS)[None].astype(np.int32))
-    return args, gate, ids, normal(ks[5]).astype(jnp.bfloat16)
+    return args, dict(gate, lower_bound=FLA_LOWER_BOUND), ids, cot
 
 
 def _fla_oracle(args, gate, ids, cot):
@@ -415,6 +425,20 @@ def test_float16_large_values_stay_finite_and_match_the_recurrence(scan):
     # issue 30: float16 inputs all in range (|v| <= 15000 * 4 < 65504), but the state, W/U and
     # the corrected values exceed float16's range; the earlier default rounded them to float16
     # (inf/NaN on half the tokens). No computed quantity may be rounded to the input dtype.
+    x = _float16_large_values()
+    assert all(np.isfinite(np.asarray(a)).all() for a in x.values())
+    # each side one compiled program (eagerly: some hundred small ones)
+    o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True, scan=scan))(**x)
+    want_o, want_s = _float32_recurrence(jax.tree.map(lambda a: np.asarray(a, np.float32), x))
+    assert o.dtype == jnp.float16
+    assert np.isfinite(np.asarray(o)).all() and np.isfinite(np.asarray(s)).all()
+    # measured: o 2.1e-4 (the float16 rounding of o), s 3.8e-7; earlier policy: all 256 tokens
+    # non-finite at 15000 (fine at 8000: o 1.1e-3, s 6e-4)
+    assert relative_l2(o, want_o) < 1e-3 and relative_l2(s, want_s) < 1e-5
+
+
+@jax.jit  # one program (eagerly: some twenty small ones)
+def _float16_large_values():
     key_q, key_k, key_v = jax.random.split(jax.random.key(30), 3)
     shape = (1, 256, 2, 32)
     unit = functools.partial(jax.random.normal, shape=shape)
@@ -422,16 +446,7 @@ def test_float16_large_values_stay_finite_and_match_the_recurrence(scan):
     k = unit(key_k) / jnp.linalg.norm(unit(key_k), axis=-1, keepdims=True)
     v = 15000 * jnp.clip(jax.random.normal(key_v, shape), -4, 4)
     x = dict(q=q, k=k, v=v, g=jnp.zeros(shape), beta=jnp.ones(shape[:3]))
-    x = {n: a.astype(jnp.float16) for n, a in x.items()}
-    assert all(bool(jnp.isfinite(a).all()) for a in x.values())
-    # each side one compiled program (eagerly: some hundred small ones)
-    o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True, scan=scan))(**x)
-    want_o, want_s = _float32_recurrence(cast_inputs(x, jnp.float32))
-    assert o.dtype == jnp.float16
-    assert bool(jnp.isfinite(o).all()) and bool(jnp.isfinite(s).all())
-    # measured: o 2.1e-4 (the float16 rounding of o), s 3.8e-7; earlier policy: all 256 tokens
-    # non-finite at 15000 (fine at 8000: o 1.1e-3, s 6e-4)
-    assert relative_l2(o, want_o) < 1e-3 and relative_l2(s, want_s) < 1e-5
+    return {n: a.astype(jnp.float16) for n, a in x.items()}
 
 
 _float32_recurrence = jax.jit(lambda x: kda_recurrent(**x, output_final_state=True))
@@ -485,11 +500,17 @@ def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_abov
         return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
     x = jax.random.uniform(jax.random.key(6), (64, 128), minval=-1, maxval=1)
-    np.testing.assert_array_equal(l2_normalize(x), unscaled(x))
-    np.testing.assert_array_equal(l2_normalize(4 * x), unscaled(4 * x))
-    bf16 = (3 * x).astype(jnp.bfloat16)
-    assert l2_normalize(bf16).dtype == jnp.bfloat16
-    assert l2_normalize(bf16, keep_float32=True).dtype == jnp.float32
+
+    @jax.jit  # one program (eagerly: some twenty small ones)
+    def both(x):
+        bf16 = (3 * x).astype(jnp.bfloat16)
+        dtypes = (l2_normalize(bf16), l2_normalize(bf16, keep_float32=True))
+        return [(l2_normalize(a), unscaled(a)) for a in (x, 4 * x)], dtypes
+
+    pairs, (low, kept) = both(x)
+    for got, want in pairs:
+        np.testing.assert_array_equal(got, want)
+    assert low.dtype == jnp.bfloat16 and kept.dtype == jnp.float32
 
 
 def test_assert_close_defaults_follow_the_dtype_given():

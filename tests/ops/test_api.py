@@ -16,6 +16,7 @@ from kda_lib.testing import assert_close, random_kda_inputs, random_normal
 B, T, H, K, V = 2, 100, 2, 32, 16
 
 
+@functools.partial(jax.jit, static_argnames="with_state")  # one program (eagerly: ten)
 def _raw_inputs(seed=0, *, with_state=True):
     ks = jax.random.split(jax.random.key(seed), 8)
     return dict(
@@ -66,23 +67,23 @@ def test_tokamax_direct_parity(lower_bound):
     impls = ["xla"] + (["xla_chunked"] if lower_bound is not None else [])
     for impl in impls:
         seq = T - T % 64 if impl == "xla_chunked" else T  # fixed-length xla_chunked: T % 64 == 0
-        tokamax = jax.jit(
-            functools.partial(
-                api.kimi_delta_attention,
+
+        @jax.jit  # the layout changes too: one program
+        def tokamax(x, impl=impl, seq=seq):
+            o, s = api.kimi_delta_attention(
+                *(_head_first(x[n][:, :seq]) for n in ("q", "k", "v", "g", "beta")),
+                a_log=x["a_log"],
+                delta_time_bias=x["dt_bias"],
+                initial_state=x["initial_state"][:, None],
                 use_gate_in_kernel=True,
                 lower_bound=lower_bound,
                 use_qk_l2norm=True,
                 output_final_state=True,
                 implementation=impl,
             )
-        )
-        o_tk, s_tk = tokamax(
-            *(_head_first(x[n][:, :seq]) for n in ("q", "k", "v", "g", "beta")),
-            a_log=x["a_log"],
-            delta_time_bias=x["dt_bias"],
-            initial_state=x["initial_state"][:, None],
-        )
-        o_tk = jnp.moveaxis(o_tk, 0, 2)
+            return jnp.moveaxis(o, 0, 2), s
+
+        o_tk, s_tk = tokamax(x)
         if seq == T:
             assert_close(o_tk, o_rec, atol=2e-6, rtol=1e-5, name=f"tokamax {impl} vs recurrent")
             assert_close(s_tk[:, 0], s_rec, atol=5e-6, rtol=1e-5)
@@ -214,9 +215,13 @@ def test_forward_mode_autodiff_through_auto(seq_len):
         assert_close(a, b, atol=2e-5, rtol=1e-4, name=name)
     if seq_len == 16:
         return
-    short = tuple(a[:, :20] for a in args[:5])  # 20 tokens: above 16, past the custom_vjp of old
-    jac = jax.jacfwd(lambda v: kda(short[0], short[1], v, *short[3:])[0])(short[2])
-    assert jac.shape == short[2].shape * 2
+
+    @jax.jit  # one program (eagerly: some hundred small ones)
+    def jacobian(args):
+        short = tuple(a[:, :20] for a in args)  # 20 tokens: above 16, past the custom_vjp of old
+        return jax.jacfwd(lambda v: kda(short[0], short[1], v, *short[3:])[0])(short[2])
+
+    assert jacobian(args[:5]).shape == (1, 20, 1, 4) * 2
 
 
 def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
@@ -255,9 +260,16 @@ def test_l2_normalize_is_finite_up_to_float32s_largest_values():
     """Before, 2^-127 (the inverse of the scale at 1.8e38) was flushed to zero: NaN."""
     x = jnp.array([[1.8e38, 1.8e38], [-3.4e38, 1.0], [3.0, 4.0]], jnp.float32)
     want = np.array([[0.5**0.5, 0.5**0.5], [-1.0, 0.0], [0.6, 0.8]], np.float32)
-    for keep in (False, True):
-        np.testing.assert_allclose(l2_normalize(x, keep_float32=keep), want, rtol=2e-7, atol=1e-38)
-    assert np.isfinite(np.asarray(jax.grad(lambda x: l2_normalize(x).sum())(x))).all()
+
+    @jax.jit  # one program (eagerly: some forty small ones)
+    def both_and_grad(x):
+        grad = jax.grad(lambda x: l2_normalize(x).sum())(x)
+        return [l2_normalize(x, keep_float32=keep) for keep in (False, True)], grad
+
+    normalized, grad = both_and_grad(x)
+    for got in normalized:
+        np.testing.assert_allclose(got, want, rtol=2e-7, atol=1e-38)
+    assert np.isfinite(np.asarray(grad)).all()
 
 
 def test_auto_policy():

@@ -21,6 +21,13 @@ SHAPES = [  # (B, H, K, V)
 ]
 
 
+def _on_host(inputs, dtype):
+    """Every array of ``inputs`` cast to ``dtype`` on the host (eagerly: a compiled cast per
+    array shape; float64 needs x64 on)."""
+    return {n: jnp.asarray(np.asarray(x).astype(dtype)) for n, x in inputs.items()}
+
+
+@jax.jit  # one program per shape (eagerly: three)
 def _cotangents(key, inputs):
     b, t, h, k = inputs["q"].shape
     v = inputs["v"].shape[-1]
@@ -94,7 +101,7 @@ def _float64_case(seq_len, gate):
     """float64 inputs (shape ``SHAPES[seq_len % 3]``, a state at odd T) and cotangents."""
     batch, heads, key_dim, value_dim = SHAPES[seq_len % len(SHAPES)]
     with jax.enable_x64(True):
-        inputs = cast_inputs(
+        inputs = _on_host(
             random_kda_inputs(
                 jax.random.key(seq_len), batch, seq_len, heads, key_dim, value_dim,
                 gate=gate, with_state=seq_len % 2 == 1,
@@ -226,7 +233,7 @@ def test_chunked_segments_match_oracle(x64):
     gradients (the streaming scan's with segments and a state: test_interior_states.py's
     float64 test, through the outputs and the chunk states)."""
     seq_len = 200
-    inputs = cast_inputs(
+    inputs = _on_host(
         random_kda_inputs(jax.random.key(3), 2, seq_len, 2, 16, 8, with_state=True), jnp.float64
     )
     ids = _segment_cases(seq_len)
@@ -247,7 +254,7 @@ def test_packed_documents_equal_separate_runs():
     # program for the packed and the separate runs
     inputs = random_kda_inputs(jax.random.key(5), 1, 150, 2, 16, 16)
     ids = jnp.asarray(np.r_[np.full(75, 1), np.full(75, 2)][None], jnp.int32)
-    alone = {n: jnp.concatenate([x[:, :75], x[:, 75:]]) for n, x in inputs.items()}
+    alone = {n: np.concatenate([x[:, :75], x[:, 75:]]) for n, x in inputs.items()}  # host
 
     @jax.jit
     def run(inputs, ids, alone):
@@ -279,10 +286,10 @@ def _outputs_and_state_grads(x):
     return jax.value_and_grad(loss, has_aux=True)(x)
 
 
-def _saturated(g, case):
+def _saturated(g, case):  # on the host (float64 numpy)
     if case == "at_lower_bound":
-        return jnp.full_like(g, -5.0)
-    return g * jnp.exp(20.0)  # "huge_a_log": A = exp(20), softplus gates of order -1e8
+        return jnp.asarray(np.full_like(g, -5.0))
+    return jnp.asarray(np.asarray(g) * np.exp(20.0))  # "huge_a_log": A = exp(20), gates ~ -1e8
 
 
 @functools.cache
@@ -290,7 +297,7 @@ def _gate_case(case):
     """float64 inputs ``[1, 300, 2, 16, 16]`` with a state, their gates normal or saturated,
     and the oracle's ``(o, s)``."""
     with jax.enable_x64(True):
-        base = cast_inputs(
+        base = _on_host(
             random_kda_inputs(jax.random.key(13), 1, 300, 2, 16, 16, with_state=True),
             jnp.float64,
         )
@@ -308,11 +315,11 @@ def test_float32_chunked_close_to_float64_oracle(seq_len):
             inputs = _float64_case(64, "softplus")[0]
             o_ref, s_ref, _ = _oracle_runs(64, "softplus")["recurrent"]
         o, s = jax.jit(functools.partial(kda_chunked, output_final_state=True))(
-            **cast_inputs(inputs, jnp.float32)
+            **_on_host(inputs, jnp.float32)
         )
     else:
         inputs, (o_ref, s_ref) = _gate_case("normal")
-        (_, (o, s)), _ = _outputs_and_state_grads(cast_inputs(inputs, jnp.float32))
+        (_, (o, s)), _ = _outputs_and_state_grads(_on_host(inputs, jnp.float32))
     assert o.dtype == jnp.float32 and s.dtype == jnp.float32
     assert_close(o, o_ref, atol=1e-5, rtol=1e-4)
     assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
@@ -320,7 +327,8 @@ def test_float32_chunked_close_to_float64_oracle(seq_len):
 
 def test_bf16_inputs_float32_accumulation():
     inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
-    bf16 = {n: x if n == "initial_state" else x.astype(jnp.bfloat16) for n, x in inputs.items()}
+    bf16 = {n: x if n == "initial_state" else _on_host({n: x}, jnp.bfloat16)[n]
+            for n, x in inputs.items()}  # fmt: skip
 
     @jax.jit  # the forward, its reference and the gradients in one program
     def run(bf16):
@@ -365,7 +373,7 @@ def test_saturated_gates_are_finite_and_exact():
         assert o.dtype == jnp.float64
         check(o, s, grads, o_ref, s_ref, 1e-10, case)
         inputs, (o_ref, s_ref) = _gate_case(case)
-        (_, (o, s)), grads = _outputs_and_state_grads(cast_inputs(inputs, jnp.float32))
+        (_, (o, s)), grads = _outputs_and_state_grads(_on_host(inputs, jnp.float32))
         assert o.dtype == jnp.float32
         check(o, s, grads, o_ref, s_ref, 1e-5, case)
 

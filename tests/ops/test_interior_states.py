@@ -16,7 +16,7 @@ import pytest
 
 from kda_lib import kda, kda_chunked, kda_recurrent
 from kda_lib.ops.contract import KDAResult
-from kda_lib.testing import assert_close, cast_inputs, relative_l2
+from kda_lib.testing import assert_close, relative_l2
 
 B, T, H, HV, K, V, C = 2, 72, 2, 4, 16, 8, 16  # K != V: the default scale is K's
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -36,6 +36,11 @@ def _inputs(seed=0):
         beta=(1 / (1 + np.exp(-rng.normal(size=(B, T, HV))))).astype(np.float32),
         initial_state=(0.5 * rng.normal(size=(B, HV, K, V))).astype(np.float32),
     )
+
+
+def _float64(x):
+    """``x``'s arrays as float64 (cast on the host: no compiled casts; use under x64)."""
+    return {n: jnp.asarray(np.asarray(a).astype(np.float64)) for n, a in x.items()}
 
 
 def _segment_ids():
@@ -113,7 +118,7 @@ def test_chunk_states_equal_the_recurrence_on_each_prefix_float64(x64, segments)
     chunk states (and the outputs) agree with the float64 oracle. Every form (chunked, the
     associative scan, recurrent), with segments and without (the segment-free path; T not a
     multiple of the chunk)."""
-    x = cast_inputs({n: jnp.asarray(a) for n, a in _inputs().items()}, jnp.float64)
+    x = _float64(_inputs())
     ids = jnp.asarray(_segment_ids()) if segments else None
     forms = ALL
     runs = _values_and_grads(x, ids, _cotangents(jnp.float64), forms)
@@ -135,8 +140,7 @@ def test_chunk_states_float32_and_bf16_close_to_the_oracle():
 
     def oracle(x):
         with jax.enable_x64(True):
-            x64 = cast_inputs(x, jnp.float64)
-            return _values_and_grads(x64, ids, _cotangents(jnp.float64), ALL)["oracle"]
+            return _values_and_grads(_float64(x), ids, _cotangents(jnp.float64), ALL)["oracle"]
 
     x = {n: jnp.asarray(a) for n, a in _inputs(1).items()}
     ids = jnp.asarray(_segment_ids())
@@ -149,8 +153,7 @@ def test_chunk_states_float32_and_bf16_close_to_the_oracle():
         for n in NAMES:
             assert relative_l2(grads[n], g_ref[n]) < 1e-5, (form, n)
 
-    x = {n: jnp.asarray(a) for n, a in _inputs(2).items()}
-    bf16 = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in x.items()}
+    bf16 = {n: a if n == "initial_state" else a.astype(jnp.bfloat16) for n, a in _inputs(2).items()}
     (_, (_, s)), grads = _values_and_grads(bf16, ids, _cotangents(jnp.float32), ("chunked",))[
         "chunked"
     ]
@@ -158,7 +161,7 @@ def test_chunk_states_float32_and_bf16_close_to_the_oracle():
     assert s.dtype == jnp.float32
     assert relative_l2(s, s_ref) < 1e-2
     for n in NAMES:
-        assert relative_l2(jnp.asarray(grads[n], jnp.float32), g_ref[n]) < 2e-2, n
+        assert relative_l2(np.asarray(grads[n], np.float32), g_ref[n]) < 2e-2, n
 
 
 @jax.jit
@@ -174,7 +177,7 @@ def test_boundary_state_is_the_state_of_the_segment_running_there():
     20..31 from zero: the initial state belongs to the first document only), not zero though
     document 3 starts right after it; at boundary 48 (inside padding) it is document 3's state
     after its last token 43; a document starting inside a chunk does not see the one before."""
-    x = {n: jnp.asarray(a) for n, a in _inputs(3).items()}
+    x = _inputs(3)  # numpy: slices and changes on the host (eagerly: a program each)
     ids = jnp.asarray(_segment_ids())
     doc2 = {n: x[n][:, 20:32] for n in NAMES if n != "initial_state"}
     doc3 = {n: x[n][:, 32:44] for n in NAMES if n != "initial_state"}
@@ -183,7 +186,8 @@ def test_boundary_state_is_the_state_of_the_segment_running_there():
     assert_close(states[0, 1], alone2[0], atol=1e-5, rtol=1e-4, name="boundary 32")
     assert_close(states[0, 2], alone3[0], atol=1e-5, rtol=1e-4, name="boundary 48")
     # changing document 1 changes boundary 16 only
-    x2 = dict(x, v=x["v"].at[0, :20].add(1.0))
+    x2 = dict(x, v=x["v"].copy())
+    x2["v"][0, :20] += 1.0
     states2, _ = _boundary_cases(x2, ids, doc2)
     assert not np.allclose(states2[0, 0], states[0, 0])
     np.testing.assert_array_equal(states2[0, 1:], states[0, 1:])
@@ -196,8 +200,8 @@ def test_chunk_states_non_finite_where_the_recurrence_is():
     """A NaN column of the initial state: the chunked forms' chunk states are NaN exactly where
     the recurrence's are (that column, while the first document runs). The float32 program of
     the test above (its gradients unused)."""
-    x = {n: jnp.asarray(a) for n, a in _inputs(4).items()}
-    x["initial_state"] = x["initial_state"].at[:, 1, :, 3].set(jnp.nan)
+    x = _inputs(4)  # numpy
+    x["initial_state"][:, 1, :, 3] = np.nan
     ids = jnp.asarray(_segment_ids())
     runs = _values_and_grads(x, ids, _cotangents(jnp.float32), tuple(FORMS))
     ref = np.asarray(runs["recurrent"][0][1][1])
@@ -266,7 +270,7 @@ def test_token_states_equal_the_recurrence_on_each_prefix(x64):
     """``kda(output_token_states=True)`` (``"auto"`` picks the scan at any T): the state after
     token t is the final state of the prefix t + 1, across document starts and padding;
     gradients through the token states too."""
-    x = cast_inputs({n: jnp.asarray(a) for n, a in _inputs(6).items()}, jnp.float64)
+    x = _float64(_inputs(6))
     ((_, got), g_got), ((_, ref), g_ref) = _token_runs(x, jnp.asarray(_segment_ids()))
     assert_close(got, ref, atol=1e-12, rtol=1e-12, name="token_states")
     for n in NAMES:
