@@ -37,13 +37,25 @@ def _with_impl(layer, implementation):
     return layer
 
 
+def _per_implementation(layer, impls, fn):
+    """``{impl: fn(layer on impl)}`` for each of ``impls``, as one jitted program of the
+    layer's parameters (one compilation instead of one per implementation)."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state):
+        return {impl: fn(_with_impl(nnx.merge(graphdef, state), impl)) for impl in impls}
+
+    return jax.jit(run)(state)
+
+
 @pytest.mark.parametrize("fixture", ["default", "safe_gate"])
 def test_fla_layer_parity(fixture):
     config, state_dict, x, y_fla = load_fla_layer_fixture(fixture)
     layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
-    for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
-        # jitted: one compilation per implementation instead of one per eager op
-        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(x))
+    impls = ("auto", "recurrent", "chunked", "tokamax_xla")
+    # one program for the four implementations (shared projections compile once)
+    outputs = _per_implementation(layer, impls, lambda m: m(jnp.asarray(x)))
+    for impl, y in outputs.items():
         err = assert_close(y, y_fla, atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
         print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
 
@@ -266,15 +278,19 @@ def _fast_implementations(config):
     return ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if fused_safe else [])
 
 
-def _sin_loss_grads(layer, x):
-    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+def _sin_loss_grads(layer, x, impls):
+    """``{impl: (layer(x), the parameter gradients of sum(sin(layer(x))))}`` on each of
+    ``impls``, one program."""
 
     def loss(m):
         y = m(x)
         return jnp.sum(jnp.sin(y)), y
 
-    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)
-    return np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(grads)}
+    results = _per_implementation(layer, impls, nnx.grad(loss, has_aux=True))
+    return {
+        impl: (np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(g)})
+        for impl, (g, y) in results.items()
+    }
 
 
 def _oracle_f64(layer, x):
@@ -289,7 +305,7 @@ def _oracle_f64(layer, x):
         oracle = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
         params = nnx.state(layer, nnx.Param)
         nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params))
-        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64))
+        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64), ["recurrent"])["recurrent"]
 
 
 # a covering design instead of every option on every implementation: each case combines options
@@ -332,9 +348,8 @@ def test_options_match_the_float64_oracle_and_implementations_agree(case):
     assert set(impls) <= {"recurrent", *_fast_implementations(layer.config)}
     x = _x(seq_len=70)
     y64, g64 = _oracle_f64(layer, x)
-    results = {}
-    for impl in impls:
-        y, g = results[impl] = _sin_loss_grads(_with_impl(layer, impl), x)
+    results = _sin_loss_grads(layer, x, impls)  # every implementation in one program
+    for impl, (y, g) in results.items():
         assert relative_l2(y, y64) < 2e-6, (case, impl, relative_l2(y, y64))
         assert set(g) == set(g64)
         for name in g64:
@@ -503,14 +518,17 @@ def test_forward_mode_autodiff_through_the_layer():
     x_dot = random_normal(jax.random.key(7), x.shape)
     p_dot = jax.tree.map(lambda p: 0.1 * random_normal(jax.random.key(8), p.shape), params)
 
-    def tangents(implementation):
-        def run(params, x):
+    def tangents(params, x):  # both implementations in one program
+        def run(params, x, implementation):
             layer = _with_impl(nnx.merge(graphdef, params), implementation)
             return layer(x, segment_ids=ids)
 
-        return jax.jit(lambda p, x: jax.jvp(run, (p, x), (p_dot, x_dot)))(params, x)
+        return [
+            jax.jvp(lambda p, x, i=impl: run(p, x, i), (params, x), (p_dot, x_dot))
+            for impl in ("auto", "recurrent")
+        ]
 
-    (y, y_dot), (y_ref, y_dot_ref) = tangents("auto"), tangents("recurrent")
+    (y, y_dot), (y_ref, y_dot_ref) = jax.jit(tangents)(params, x)
     assert_close(y, y_ref, atol=2e-6, rtol=1e-5, name="y")
     assert_close(y_dot, y_dot_ref, atol=2e-5, rtol=1e-4, name="tangent")
     assert float(jnp.abs(y_dot[:, :37]).max()) > 0 and not np.any(np.asarray(y_dot[:, 37:]))
