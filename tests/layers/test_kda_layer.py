@@ -76,11 +76,12 @@ def test_forward_float32_and_bf16_close(lower_bound, gate_rank):
     ranks = dict(forget_gate_rank=gate_rank, output_gate_rank=gate_rank)
     layer = _layer(lower_bound=lower_bound, **ranks)
     x = _x()
-    y = jitted_call(layer, x)
-    assert y.shape == x.shape and y.dtype == jnp.float32
     bf16 = _layer(lower_bound=lower_bound, **ranks, dtype=jnp.bfloat16)
     assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
-    y16, (y16_cached, cache16) = nnx.jit(lambda m: (m(x), m(x, cache=m.init_cache(len(x)))))(bf16)
+    y, y16, (y16_cached, cache16) = nnx.jit(  # one program
+        lambda m, m16: (m(x), m16(x), m16(x, cache=m16.init_cache(len(x))))
+    )(layer, bf16)
+    assert y.shape == x.shape and y.dtype == jnp.float32
     assert y16.dtype == y16_cached.dtype == cache16.q_conv.dtype == jnp.bfloat16
     assert cache16.state.dtype == jnp.float32  # the decode state stays float32
     assert relative_l2(y16, y) < 3e-2 and relative_l2(y16_cached, y) < 3e-2
@@ -90,10 +91,11 @@ def test_packed_documents_are_isolated():
     layer = _layer()
     x = _x(batch=1, seq_len=90)
     ids = jnp.asarray([[1] * 40 + [2] * 40 + [0] * 10], jnp.int32)  # equal lengths: one program
-    run = nnx.jit(lambda m, x, ids=None: m(x, segment_ids=ids))
-    y = run(layer, x, ids)
-    assert_close(y[:, :40], run(layer, x[:, :40]), atol=2e-6, rtol=1e-5, name="document 1")
-    assert_close(y[:, 40:80], run(layer, x[:, 40:80]), atol=2e-6, rtol=1e-5, name="document 2")
+    # one program: the packed call and each document alone
+    run = nnx.jit(lambda m, x, ids: (m(x, segment_ids=ids), m(x[:, :40]), m(x[:, 40:80])))
+    y, alone_1, alone_2 = run(layer, x, ids)
+    assert_close(y[:, :40], alone_1, atol=2e-6, rtol=1e-5, name="document 1")
+    assert_close(y[:, 40:80], alone_2, atol=2e-6, rtol=1e-5, name="document 2")
     assert np.all(np.asarray(y[:, 80:]) == 0)
 
 
@@ -116,15 +118,20 @@ def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     assert cache.state.shape == (2, 2, 16, 8) and cache.state.dtype == jnp.float32
 
 
+@nnx.jit
+def _full_and_in_two_halves(layer, x):
+    """``layer(x)`` and the same from a prefill of the first half of ``x`` then the second
+    half, the cache carried (one program)."""
+    split = x.shape[1] // 2
+    y1, cache = layer(x[:, :split], cache=layer.init_cache(len(x)))
+    y2, _ = layer(x[:, split:], cache=cache)
+    return layer(x), jnp.concatenate([y1, y2], 1)
+
+
 def test_no_conv_and_neg_eigval_variants():
     for changes in (dict(conv_size=0), dict(allow_neg_eigval=True)):
-        layer = _layer(**changes)
-        x = _x(seq_len=20)
-        cache = layer.init_cache(2)
-        y_full = jitted_call(layer, x)
-        y1, cache = jitted_call(layer, x[:, :10], cache=cache)
-        y2, _ = jitted_call(layer, x[:, 10:], cache=cache)
-        assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
+        y_full, y_pieces = _full_and_in_two_halves(_layer(**changes), _x(seq_len=20))
+        assert_close(y_pieces, y_full, atol=1e-5, rtol=1e-5)
 
 
 def test_parameter_names_dtypes_and_decay_mask():
@@ -187,17 +194,17 @@ def test_per_head_decay_is_gated_deltanet():
         return jnp.sum(y**2), y
 
     @nnx.jit
-    def gate_output_and_grads(m):  # one program
+    def gate_output_grads_and_decoded(m):  # one program
         kw = m.kernel_kwargs()
         g = kda_gate(m.project(x).f, kw["a_log"], kw["dt_bias"])
         grads, y = nnx.grad(loss, has_aux=True)(m)
-        return g, y, grads
+        y1, cache = m(x[:, :10], cache=m.init_cache(2))
+        y2, _ = m(x[:, 10:], cache=cache)
+        return g, y, grads, jnp.concatenate([y1, y2], 1)
 
-    g, y, grads = gate_output_and_grads(layer)
+    g, y, grads, decoded = gate_output_grads_and_decoded(layer)
     np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
-    y1, cache = jitted_call(layer, x[:, :10], cache=layer.init_cache(2))
-    y2, _ = jitted_call(layer, x[:, 10:], cache=cache)  # the same program
-    assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
+    assert_close(decoded, y, atol=1e-5, rtol=1e-5)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
 
 
@@ -370,8 +377,7 @@ def test_options_match_the_float64_oracle_and_implementations_agree(case):
 def test_options_prefill_then_decode_equals_full_forward(case):
     layer = _layer(**CASES[case][0])
     x = _x(batch=2, seq_len=24)
-    full = jitted_call(layer, x)
-    y, cache = jitted_call(layer, x[:, :9], cache=layer.init_cache(2))
+    full, (y, cache) = nnx.jit(lambda m: (m(x), m(x[:, :9], cache=m.init_cache(2))))(layer)
     outs = [y]
     for t in range(9, 24):
         y, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
@@ -393,10 +399,10 @@ def test_fused_qkv_conv_is_three_convs_in_one_tensor():
     fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels, axis=1))
     x = _x(seq_len=30)
     ids = jnp.asarray([[1] * 12 + [2] * 18, [0] * 3 + [4] * 27], jnp.int32)
-    run = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
-    assert_close(run(fused, x, ids), run(separate, x, ids), atol=1e-6, rtol=1e-6)
+    both = nnx.jit(lambda a, b: (a(x, segment_ids=ids), b(x, segment_ids=ids)))  # one program
+    assert_close(*both(fused, separate), atol=1e-6, rtol=1e-6)
     fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels[::-1], axis=1))  # wrong order
-    assert relative_l2(run(fused, x, ids), run(separate, x, ids)) > 1e-2
+    assert relative_l2(*both(fused, separate)) > 1e-2
 
 
 def test_each_gate_projection_takes_its_own_rank():
@@ -477,13 +483,14 @@ def test_grouped_value_heads_share_q_and_k_by_groups():
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         getattr(expanded, name).kernel.set_value(by_group(getattr(grouped, name).kernel[...]))
     x = _x(seq_len=30)
-    err = assert_close(jitted_call(grouped, x), jitted_call(expanded, x), atol=2e-6, rtol=1e-5)
+    both = nnx.jit(lambda a, b: (a(x), b(x)))  # one program
+    err = assert_close(*both(grouped, expanded), atol=2e-6, rtol=1e-5)
     print(f"grouped value heads vs the expanded layer: max abs err {err:.1e}")
     # a wrong grouping (value head j on q/k head j % 2) is a different layer
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         kernel = getattr(grouped, name).kernel[...]
         getattr(expanded, name).kernel.set_value(jnp.concatenate([kernel, kernel], axis=-1))
-    assert relative_l2(jitted_call(grouped, x), jitted_call(expanded, x)) > 1e-2
+    assert relative_l2(*both(grouped, expanded)) > 1e-2
 
 
 def test_safe_gate_without_a_log_has_no_rate_parameter():
@@ -498,7 +505,8 @@ def test_safe_gate_without_a_log_has_no_rate_parameter():
     nnx.update(with_rate, nnx.state(layer, nnx.Param))
     with_rate.A_log.set_value(jnp.zeros(2))
     x = _x(seq_len=20)
-    assert_close(jitted_call(layer, x), jitted_call(with_rate, x), atol=1e-6, rtol=1e-6)
+    both = nnx.jit(lambda a, b: (a(x), b(x)))  # one program
+    assert_close(*both(layer, with_rate), atol=1e-6, rtol=1e-6)
     f = layer.project(x).f
     np.testing.assert_allclose(
         kda_gate(f, None, layer.dt_bias[...], lower_bound=-5.0),
