@@ -3,7 +3,6 @@ layers, NoPE attention, attention with short convolutions, fixed-capacity attent
 equal-parameter configs; the training command line's --layers."""
 
 import dataclasses
-import functools
 import json
 import pathlib
 
@@ -48,14 +47,6 @@ def _apply(model, tokens, cache=None):
 _jitted = nnx.jit(_apply)
 
 
-@functools.partial(nnx.jit, static_argnums=(2, 3))
-def _full_and_prefill(model, tokens, prefill, max_len):
-    """``model(tokens)`` and the prefill of the first ``prefill`` tokens into a fresh cache of
-    ``max_len`` (None: growing), one program."""
-    cache = model.init_cache(len(tokens), max_len=max_len)
-    return model(tokens), model(tokens[:, :prefill], cache=cache)
-
-
 def test_hybrid_prefill_then_decode_equals_full_forward():
     """A growing attention cache (a new shape, so a new program, each step) beside fixed KDA
     states. A fixed-capacity attention cache beside KDA, GDN, Mamba2 and conv layers:
@@ -64,7 +55,8 @@ def test_hybrid_prefill_then_decode_equals_full_forward():
     kinds = [type(b.mixer).__name__ for b in model.blocks]
     assert kinds == ["KimiDeltaAttention"] * 3 + ["CausalSelfAttention"]
     tokens = jax.random.randint(jax.random.key(0), (2, 11), 0, 11)
-    full, (out, cache) = _full_and_prefill(model, tokens, 9, None)
+    full = _jitted(model, tokens)
+    out, cache = _jitted(model, tokens[:, :9], model.init_cache(2))
     pieces = [out]
     for t in range(9, 11):
         out, cache = _jitted(model, tokens[:, t : t + 1], cache)
@@ -104,15 +96,11 @@ def test_nope_attention_sees_a_set_and_rope_an_order():
     cfg = dataclasses.replace(HYBRID, num_layers=1, layers=("attention",))
     x = jax.random.normal(jax.random.key(1), (1, 6, 16))
     swapped = x[:, jnp.array([1, 0, 3, 2, 4, 5])]
-    layers = [
-        CausalSelfAttention(
+    for rope in (False, True):
+        layer = CausalSelfAttention(
             AttentionConfig(hidden_size=16, num_heads=2, head_dim=8, rope=rope), rngs=nnx.Rngs(0)
         )
-        for rope in (False, True)
-    ]
-    # one program: both layers on both orders
-    ys = nnx.jit(lambda layers: [(m(x)[0, -1], m(swapped)[0, -1]) for m in layers])(layers)
-    for rope, (y, y_swapped) in zip((False, True), ys, strict=True):
+        y, y_swapped = (_jitted(layer, a)[0, -1] for a in (x, swapped))  # one program
         if rope:
             assert float(jnp.abs(y - y_swapped).max()) > 1e-4
         else:
@@ -127,7 +115,8 @@ def test_attention_with_short_conv_decodes_and_sees_its_predecessor():
     mixer = model.blocks[0].mixer
     assert mixer.config.short_conv and mixer.q_conv1d.kernel.shape == (4, 16)
     tokens = jax.random.randint(jax.random.key(2), (1, 9), 0, 11)
-    full, (out, cache) = _full_and_prefill(model, tokens, 4, 9)
+    full = _jitted(model, tokens)
+    out, cache = _jitted(model, tokens[:, :4], model.init_cache(1, max_len=9))
     pieces = [out]
     for t in range(4, 9):
         out, cache = _jitted(model, tokens[:, t : t + 1], cache)
@@ -284,11 +273,10 @@ def test_norm_eps_reaches_every_norm_of_every_mixer(mixer):
 
 def test_norm_eps_changes_the_kda_mixer_output():
     x = jax.random.normal(jax.random.key(3), (1, 5, 16)) * 1e-2  # small: eps matters
-    mixers = []
+    outs = []
     for eps in (1e-5, 0.25):
         cfg = dataclasses.replace(_with_mixer(HYBRID, norm_eps=eps), layers=(), num_layers=1)
-        mixers.append(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer)
-    outs = nnx.jit(lambda mixers: [m(x) for m in mixers])(mixers)  # one program
+        outs.append(_jitted(TinyLM(cfg, rngs=nnx.Rngs(0)).blocks[0].mixer, x))
     assert float(jnp.abs(outs[0] - outs[1]).max()) > 1e-3
 
 
