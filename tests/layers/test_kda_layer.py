@@ -37,13 +37,25 @@ def _with_impl(layer, implementation):
     return layer
 
 
+def _per_implementation(layer, impls, fn):
+    """``{impl: fn(layer on impl)}`` for each of ``impls``, as one jitted program of the
+    layer's parameters (one compilation instead of one per implementation)."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state):
+        return {impl: fn(_with_impl(nnx.merge(graphdef, state), impl)) for impl in impls}
+
+    return jax.jit(run)(state)
+
+
 @pytest.mark.parametrize("fixture", ["default", "safe_gate"])
 def test_fla_layer_parity(fixture):
     config, state_dict, x, y_fla = load_fla_layer_fixture(fixture)
     layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
-    for impl in ("auto", "recurrent", "chunked", "tokamax_xla"):
-        # jitted: one compilation per implementation instead of one per eager op
-        y = nnx.jit(lambda m, x: m(x))(_with_impl(layer, impl), jnp.asarray(x))
+    impls = ("auto", "recurrent", "chunked", "tokamax_xla")
+    # one program for the four implementations (shared projections compile once)
+    outputs = _per_implementation(layer, impls, lambda m: m(jnp.asarray(x)))
+    for impl, y in outputs.items():
         err = assert_close(y, y_fla, atol=5e-6, rtol=1e-5, name=f"{fixture} {impl}")
         print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
 
@@ -64,11 +76,12 @@ def test_forward_float32_and_bf16_close(lower_bound, gate_rank):
     ranks = dict(forget_gate_rank=gate_rank, output_gate_rank=gate_rank)
     layer = _layer(lower_bound=lower_bound, **ranks)
     x = _x()
-    y = jitted_call(layer, x)
-    assert y.shape == x.shape and y.dtype == jnp.float32
     bf16 = _layer(lower_bound=lower_bound, **ranks, dtype=jnp.bfloat16)
     assert bf16.A_log[...].dtype == jnp.float32 and bf16.q_proj.kernel[...].dtype == jnp.float32
-    y16, (y16_cached, cache16) = nnx.jit(lambda m: (m(x), m(x, cache=m.init_cache(len(x)))))(bf16)
+    y, y16, (y16_cached, cache16) = nnx.jit(  # one program
+        lambda m, m16: (m(x), m16(x), m16(x, cache=m16.init_cache(len(x))))
+    )(layer, bf16)
+    assert y.shape == x.shape and y.dtype == jnp.float32
     assert y16.dtype == y16_cached.dtype == cache16.q_conv.dtype == jnp.bfloat16
     assert cache16.state.dtype == jnp.float32  # the decode state stays float32
     assert relative_l2(y16, y) < 3e-2 and relative_l2(y16_cached, y) < 3e-2
@@ -78,10 +91,11 @@ def test_packed_documents_are_isolated():
     layer = _layer()
     x = _x(batch=1, seq_len=90)
     ids = jnp.asarray([[1] * 40 + [2] * 40 + [0] * 10], jnp.int32)  # equal lengths: one program
-    run = nnx.jit(lambda m, x, ids=None: m(x, segment_ids=ids))
-    y = run(layer, x, ids)
-    assert_close(y[:, :40], run(layer, x[:, :40]), atol=2e-6, rtol=1e-5, name="document 1")
-    assert_close(y[:, 40:80], run(layer, x[:, 40:80]), atol=2e-6, rtol=1e-5, name="document 2")
+    # one program: the packed call and each document alone
+    run = nnx.jit(lambda m, x, ids: (m(x, segment_ids=ids), m(x[:, :40]), m(x[:, 40:80])))
+    y, alone_1, alone_2 = run(layer, x, ids)
+    assert_close(y[:, :40], alone_1, atol=2e-6, rtol=1e-5, name="document 1")
+    assert_close(y[:, 40:80], alone_2, atol=2e-6, rtol=1e-5, name="document 2")
     assert np.all(np.asarray(y[:, 80:]) == 0)
 
 
@@ -104,15 +118,20 @@ def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     assert cache.state.shape == (2, 2, 16, 8) and cache.state.dtype == jnp.float32
 
 
+@nnx.jit
+def _full_and_in_two_halves(layer, x):
+    """``layer(x)`` and the same from a prefill of the first half of ``x`` then the second
+    half, the cache carried (one program)."""
+    split = x.shape[1] // 2
+    y1, cache = layer(x[:, :split], cache=layer.init_cache(len(x)))
+    y2, _ = layer(x[:, split:], cache=cache)
+    return layer(x), jnp.concatenate([y1, y2], 1)
+
+
 def test_no_conv_and_neg_eigval_variants():
     for changes in (dict(conv_size=0), dict(allow_neg_eigval=True)):
-        layer = _layer(**changes)
-        x = _x(seq_len=20)
-        cache = layer.init_cache(2)
-        y_full = jitted_call(layer, x)
-        y1, cache = jitted_call(layer, x[:, :10], cache=cache)
-        y2, _ = jitted_call(layer, x[:, 10:], cache=cache)
-        assert_close(jnp.concatenate([y1, y2], 1), y_full, atol=1e-5, rtol=1e-5)
+        y_full, y_pieces = _full_and_in_two_halves(_layer(**changes), _x(seq_len=20))
+        assert_close(y_pieces, y_full, atol=1e-5, rtol=1e-5)
 
 
 def test_parameter_names_dtypes_and_decay_mask():
@@ -175,17 +194,17 @@ def test_per_head_decay_is_gated_deltanet():
         return jnp.sum(y**2), y
 
     @nnx.jit
-    def gate_output_and_grads(m):  # one program
+    def gate_output_grads_and_decoded(m):  # one program
         kw = m.kernel_kwargs()
         g = kda_gate(m.project(x).f, kw["a_log"], kw["dt_bias"])
         grads, y = nnx.grad(loss, has_aux=True)(m)
-        return g, y, grads
+        y1, cache = m(x[:, :10], cache=m.init_cache(2))
+        y2, _ = m(x[:, 10:], cache=cache)
+        return g, y, grads, jnp.concatenate([y1, y2], 1)
 
-    g, y, grads = gate_output_and_grads(layer)
+    g, y, grads, decoded = gate_output_grads_and_decoded(layer)
     np.testing.assert_array_equal(g, jnp.broadcast_to(g[..., :1], g.shape))
-    y1, cache = jitted_call(layer, x[:, :10], cache=layer.init_cache(2))
-    y2, _ = jitted_call(layer, x[:, 10:], cache=cache)  # the same program
-    assert_close(jnp.concatenate([y1, y2], 1), y, atol=1e-5, rtol=1e-5)
+    assert_close(decoded, y, atol=1e-5, rtol=1e-5)
     assert np.abs(np.asarray(grads["dt_bias"][...])).max() > 0
 
 
@@ -266,15 +285,19 @@ def _fast_implementations(config):
     return ["chunked", "tokamax_xla"] + (["tokamax_xla_chunked"] if fused_safe else [])
 
 
-def _sin_loss_grads(layer, x):
-    """``layer(x)`` and the parameter gradients of ``sum(sin(layer(x)))``, one program."""
+def _sin_loss_grads(layer, x, impls):
+    """``{impl: (layer(x), the parameter gradients of sum(sin(layer(x))))}`` on each of
+    ``impls``, one program."""
 
     def loss(m):
         y = m(x)
         return jnp.sum(jnp.sin(y)), y
 
-    grads, y = nnx.jit(nnx.grad(loss, has_aux=True))(layer)
-    return np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(grads)}
+    results = _per_implementation(layer, impls, nnx.grad(loss, has_aux=True))
+    return {
+        impl: (np.asarray(y), {_name(p): np.asarray(g) for p, g in jax.tree.leaves_with_path(g)})
+        for impl, (g, y) in results.items()
+    }
 
 
 def _oracle_f64(layer, x):
@@ -289,7 +312,7 @@ def _oracle_f64(layer, x):
         oracle = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
         params = nnx.state(layer, nnx.Param)
         nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params))
-        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64))
+        return _sin_loss_grads(oracle, jnp.asarray(x, jnp.float64), ["recurrent"])["recurrent"]
 
 
 # a covering design instead of every option on every implementation: each case combines options
@@ -332,9 +355,8 @@ def test_options_match_the_float64_oracle_and_implementations_agree(case):
     assert set(impls) <= {"recurrent", *_fast_implementations(layer.config)}
     x = _x(seq_len=70)
     y64, g64 = _oracle_f64(layer, x)
-    results = {}
-    for impl in impls:
-        y, g = results[impl] = _sin_loss_grads(_with_impl(layer, impl), x)
+    results = _sin_loss_grads(layer, x, impls)  # every implementation in one program
+    for impl, (y, g) in results.items():
         assert relative_l2(y, y64) < 2e-6, (case, impl, relative_l2(y, y64))
         assert set(g) == set(g64)
         for name in g64:
@@ -355,8 +377,7 @@ def test_options_match_the_float64_oracle_and_implementations_agree(case):
 def test_options_prefill_then_decode_equals_full_forward(case):
     layer = _layer(**CASES[case][0])
     x = _x(batch=2, seq_len=24)
-    full = jitted_call(layer, x)
-    y, cache = jitted_call(layer, x[:, :9], cache=layer.init_cache(2))
+    full, (y, cache) = nnx.jit(lambda m: (m(x), m(x[:, :9], cache=m.init_cache(2))))(layer)
     outs = [y]
     for t in range(9, 24):
         y, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
@@ -378,10 +399,10 @@ def test_fused_qkv_conv_is_three_convs_in_one_tensor():
     fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels, axis=1))
     x = _x(seq_len=30)
     ids = jnp.asarray([[1] * 12 + [2] * 18, [0] * 3 + [4] * 27], jnp.int32)
-    run = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))
-    assert_close(run(fused, x, ids), run(separate, x, ids), atol=1e-6, rtol=1e-6)
+    both = nnx.jit(lambda a, b: (a(x, segment_ids=ids), b(x, segment_ids=ids)))  # one program
+    assert_close(*both(fused, separate), atol=1e-6, rtol=1e-6)
     fused.qkv_conv1d.kernel.set_value(jnp.concatenate(kernels[::-1], axis=1))  # wrong order
-    assert relative_l2(run(fused, x, ids), run(separate, x, ids)) > 1e-2
+    assert relative_l2(*both(fused, separate)) > 1e-2
 
 
 def test_each_gate_projection_takes_its_own_rank():
@@ -462,13 +483,14 @@ def test_grouped_value_heads_share_q_and_k_by_groups():
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         getattr(expanded, name).kernel.set_value(by_group(getattr(grouped, name).kernel[...]))
     x = _x(seq_len=30)
-    err = assert_close(jitted_call(grouped, x), jitted_call(expanded, x), atol=2e-6, rtol=1e-5)
+    both = nnx.jit(lambda a, b: (a(x), b(x)))  # one program
+    err = assert_close(*both(grouped, expanded), atol=2e-6, rtol=1e-5)
     print(f"grouped value heads vs the expanded layer: max abs err {err:.1e}")
     # a wrong grouping (value head j on q/k head j % 2) is a different layer
     for name in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
         kernel = getattr(grouped, name).kernel[...]
         getattr(expanded, name).kernel.set_value(jnp.concatenate([kernel, kernel], axis=-1))
-    assert relative_l2(jitted_call(grouped, x), jitted_call(expanded, x)) > 1e-2
+    assert relative_l2(*both(grouped, expanded)) > 1e-2
 
 
 def test_safe_gate_without_a_log_has_no_rate_parameter():
@@ -483,7 +505,8 @@ def test_safe_gate_without_a_log_has_no_rate_parameter():
     nnx.update(with_rate, nnx.state(layer, nnx.Param))
     with_rate.A_log.set_value(jnp.zeros(2))
     x = _x(seq_len=20)
-    assert_close(jitted_call(layer, x), jitted_call(with_rate, x), atol=1e-6, rtol=1e-6)
+    both = nnx.jit(lambda a, b: (a(x), b(x)))  # one program
+    assert_close(*both(layer, with_rate), atol=1e-6, rtol=1e-6)
     f = layer.project(x).f
     np.testing.assert_allclose(
         kda_gate(f, None, layer.dt_bias[...], lower_bound=-5.0),
@@ -503,14 +526,17 @@ def test_forward_mode_autodiff_through_the_layer():
     x_dot = random_normal(jax.random.key(7), x.shape)
     p_dot = jax.tree.map(lambda p: 0.1 * random_normal(jax.random.key(8), p.shape), params)
 
-    def tangents(implementation):
-        def run(params, x):
+    def tangents(params, x):  # both implementations in one program
+        def run(params, x, implementation):
             layer = _with_impl(nnx.merge(graphdef, params), implementation)
             return layer(x, segment_ids=ids)
 
-        return jax.jit(lambda p, x: jax.jvp(run, (p, x), (p_dot, x_dot)))(params, x)
+        return [
+            jax.jvp(lambda p, x, i=impl: run(p, x, i), (params, x), (p_dot, x_dot))
+            for impl in ("auto", "recurrent")
+        ]
 
-    (y, y_dot), (y_ref, y_dot_ref) = tangents("auto"), tangents("recurrent")
+    (y, y_dot), (y_ref, y_dot_ref) = jax.jit(tangents)(params, x)
     assert_close(y, y_ref, atol=2e-6, rtol=1e-5, name="y")
     assert_close(y_dot, y_dot_ref, atol=2e-5, rtol=1e-4, name="tangent")
     assert float(jnp.abs(y_dot[:, :37]).max()) > 0 and not np.any(np.asarray(y_dot[:, 37:]))
