@@ -167,10 +167,10 @@ S = S + beta_t[..., None, None] * k_t[..., None] * (v_t - recalled)[..., None, :
 o_t = np.einsum("bhk,bhkv->bhv", q_t, S) / np.sqrt(head_dim)  # output: S^T q / sqrt(d_k)
 y_hand = layer.project_output(x_t, jnp.asarray(o_t[:, None], jnp.float32))
 y_lib, cache_lib = run(layer, x_t, cache)
-print(f"one step by hand vs the library: state {relative_l2(S, cache_lib.state):.1e}, "
-      f"output {relative_l2(y_hand, y_lib):.1e} (relative)")
 assert_close(S, cache_lib.state, atol=1e-5, rtol=1e-4, name="hand-written state")
 assert_close(y_hand, y_lib, atol=1e-5, rtol=1e-4, name="hand-written output")
+print(f"one step by hand vs the library: state {relative_l2(S, cache_lib.state):.1e}, "
+      f"output {relative_l2(y_hand, y_lib):.1e} (relative)")
 
 # %%
 decode_cache, outputs, measured_bytes = cache, [], []

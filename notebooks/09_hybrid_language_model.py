@@ -282,19 +282,19 @@ print(f"left, trained here (train, validate, decode from caches): validation {li
 protocol = load_recorded("results", recorded_protocol)
 ps = protocol["setting"]
 runs, complete = lm.seed_runs(protocol, min_seeds=5)
-models = [m for m in lm.MODEL_ORDER if m in complete]
-assert ps["protocol_version"] == 2 and set(models) == set(protocol["grids"]), complete
+names = [m for m in lm.MODEL_ORDER if m in complete]
+assert ps["protocol_version"] == 2 and set(names) == set(protocol["grids"]), complete
 assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8)  # as the text says
-test_bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], models)
-mlp = {m: runs[m][0]["config"]["mlp_width"] for m in models}  # sizes matched through the MLP
+test_bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], names)
+mlp = {m: runs[m][0]["config"]["mlp_width"] for m in names}  # sizes matched through the MLP
 print(f"{ps['num_layers']} layers, width {ps['hidden_size']}, T={ps['seq_len']}, {ps['steps']} "
-      f"steps; {ps['test_windows']} test windows; seeds {[r['seed'] for r in runs[models[0]]]}")
-for m in models:
+      f"steps; {ps['test_windows']} test windows; seeds {[r['seed'] for r in runs[names[0]]]}")
+for m in names:
     g, b = protocol["grids"][m], test_bpb[m]
     print(f"{m:10s} {runs[m][0]['params']:,d} parameters, MLP width {mlp[m]}; rate {g['best']:g} "
           f"of {g['rates']}: test bpb {b.mean():.4f} +- {b.std(ddof=1):.4f} [{b.min():.4f}, "
           f"{b.max():.4f}] (windows' SE {np.mean([r['test']['bpb_se'] for r in runs[m]]):.4f})")
-pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(models) for b in models[i + 1:]}
+pairs = {(a, b): (test_bpb[a], test_bpb[b]) for i, a in enumerate(names) for b in names[i + 1:]}
 tests = compare_family(pairs, alpha=ALPHA)
 flip = {k: sign_flip_p(*v) for k, v in pairs.items()}
 for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
@@ -302,17 +302,17 @@ for (a, b), c in tests.items():  # "<": a's bits per byte lower (better)
           f"detectable at alpha/{len(tests)} {c.detectable:.3f}")
 
 # %% tags=["hide-input"]
-viz.show(lm.plot_curves_and_positions(runs, models), "09_protocol_curves")
-near = np.ptp([np.mean([r["curve"]["validation_bpb"] for r in runs[m]], 0) for m in models[:-1]], 0)
-print(f"top left: {', '.join(models[:-1])} overlap, means within {near.max():.3f} bpb at each step")
+viz.show(lm.plot_curves_and_positions(runs, names), "09_protocol_curves")
+near = np.ptp([np.mean([r["curve"]["validation_bpb"] for r in runs[m]], 0) for m in names[:-1]], 0)
+print(f"top left: {', '.join(names[:-1])} overlap, means within {near.max():.3f} bpb at each step")
 
 # %%
 gap = {m: [round(lm.position_gap(runs, "attention", m, slice(*w)), 3) for w in ((0, 1), (
-    4, 32), (32, None), (None,))] for m in models if m != "attention"}  # attention - m, bpb
-speed = lm.by_seed(runs, lambda r: r["train_tokens_per_second"], models)
+    4, 32), (32, None), (None,))] for m in names if m != "attention"}  # attention - m, bpb
+speed = lm.by_seed(runs, lambda r: r["train_tokens_per_second"], names)
 print("attention - other, test positions 1, 5-32, 33-128, all:", gap, "\ntraining tokens/s "
       "[min, max]:", {m: [round(v.min()), round(v.max())] for m, v in speed.items()})
-late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], models)
+late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], names)
 ordered = [f"{a} {c.verdict} {b} ({c.mean:+.3f})" for (a, b), c in tests.items()
            if c.verdict != "level"]
 level = {k: c for k, c in tests.items() if c.verdict == "level"}
@@ -323,7 +323,7 @@ p1, whole = ([d[i] for d in gap.values()] for i in (0, -1))  # position 1; the w
 fast, spread = max(speed[m].max() for m in gap), max(v.max() / v.min() for v in speed.values())
 ratio = speed["attention"].mean() / np.mean([speed[m] for m in gap])  # tokens/s, mean runs
 assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
-sd = [test_bpb[m].std(ddof=1) for m in models]  # section 6's "seed sd", and its margin:
+sd = [test_bpb[m].std(ddof=1) for m in names]  # section 6's "seed sd", and its margin:
 rec_bpb = {m: r["bpb"] for m, r in recorded["models"].items()}  # one seed, printed
 assert rec_bpb["hybrid"] == min(rec_bpb.values()) > sorted(rec_bpb.values())[1] - min(sd) and (
     round(min(gaps), 3), round(max(gaps), 3), round(h.mean, 3)) == (0.038, 0.145, 0.020)  # Summary
@@ -366,25 +366,25 @@ assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items
 # bar the last scored byte); against 0 (Holm over five), per run in SEs.
 
 # %%
-probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], models)
-probe_z = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"], models)
+probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], names)
+probe_z = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"], names)
 assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in runs for r in runs[m]} == {(32, 64)}
-control = lm.by_seed(runs, lambda r: r["probe"]["control_bpb"], models)  # bits the copy could save
-share = {m: probe[m].mean() / control[m].mean() for m in models}
-context = compare_family({m: (probe[m], np.zeros(probe[m].size)) for m in models}, alpha=ALPHA)
+control = lm.by_seed(runs, lambda r: r["probe"]["control_bpb"], names)  # bits the copy could save
+share = {m: probe[m].mean() / control[m].mean() for m in names}
+context = compare_family({m: (probe[m], np.zeros(probe[m].size)) for m in names}, alpha=ALPHA)
 for m, c in context.items():
     print(f"{m:10s} copy probe {c.describe(' bpb')}, {share[m]:.1%} of the control's "
           f"{control[m].mean():.2f} bpb; per run, z over windows {probe_z[m].round(1)}")
-shown, top = [m for m in models if context[m].verdict == ">"], max(models, key=share.get)
-run_top = max((probe[m] / control[m]).max() for m in models)  # the largest share of one run
+shown, top = [m for m in names if context[m].verdict == ">"], max(names, key=share.get)
+run_top = max((probe[m] / control[m]).max() for m in names)  # the largest share of one run
 display(Markdown(
     f"Above zero after Holm's correction: {shown}: at this budget, on these windows, they read "
     f"beyond 32 bytes, by {max(p.mean() for p in probe.values()):.3f} bits per byte at most on "
     f"average, {share[top]:.1%} ({top}) of the control's bits (up to {run_top:.1%} in one run). "
     + "".join(f"{m}: not shown over seeds, its gain positive on {context[m].above} of "
               f"{context[m].n} seeds, more than 3 window standard errors on "
-              f"{int((probe_z[m] > 3).sum())}. " for m in models if m not in shown)))
-assert shown == [m for m in models if m != "gdn"] and context["gdn"].above == context["gdn"].n == 5
+              f"{int((probe_z[m] > 3).sum())}. " for m in names if m not in shown)))
+assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == context["gdn"].n == 5
 assert max(p.mean() for p in probe.values()) < 0.05 and round(share[top], 3) == 0.018 and not any(
     c.verdict == "<" for c in context.values()) and round(run_top, 3) == 0.021  # the Summary's
 

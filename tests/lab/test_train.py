@@ -431,7 +431,7 @@ def test_run_sweep_order_report_and_shared_compilation():
         ["conv"],
         [12, 16],
         report=lambda r: lines.append(summary_line(r)),
-        steps=3,  # run_experiment_record's schedule: its compiled training step at T = 12
+        steps=2,
         batch_size=2,
         eval_batches=1,
         model_options=tiny,

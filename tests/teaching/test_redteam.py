@@ -632,7 +632,7 @@ def test_a_dropped_stop_comes_again():
 def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
     """An answer calling small Python functions under a route watch (a trace hook that runs at
     every call): most stops land in the hook, which is never interrupted; the next comes 50 ms
-    later, so the answer is stopped within a second of its limit (04.2's finite differences ran
+    later, so the answer is stopped within seconds of its limit (04.2's finite differences ran
     13-21 s past a 0.25 s limit when the stop came again only every second)."""
     from kda_lib.teaching.exercises._routes import modules_entered
     from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
@@ -646,7 +646,7 @@ def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
     with (pytest.raises(_TooSlow), _time_limit(0.1),
           modules_entered(("jax._src.interpreters.ad",))):
         exercises.call_answer(many_calls, own_code=True)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 2.5  # with one stop a second: 3 to 10 s (measured)
 
 
 def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():

@@ -83,6 +83,7 @@ _BAD_VALUES = [
     ("nan", np.nan), ("inf", np.inf), ("zero", 0), ("zeros", np.zeros(3)), ("constant", 1.0),
     ("constant array", np.ones(4)), ("string", "1"), ("complex", 1 + 1j), ("bool", True),
     ("empty", []), ("None in a list", [None]), ("dict", {"a": 1}),
+    ("an int past float64 (r0710d)", 10**400),
 ]
 
 
@@ -477,6 +478,14 @@ def _p_stdtr_default(a, b, stdtr=scipy.special.stdtr):
     return 2 * stdtr(len(a) - 1, -abs(_t(a, b)))
 
 
+_STDTR_UFUNC = np.frompyfunc(scipy.special.stdtr, 2, 1)  # built before the check (r0809d)
+
+
+def _p_stdtr_ufunc(a, b):
+    """The two-sided t p through scipy's stdtr wrapped by np.frompyfunc in an earlier cell."""
+    return 2 * _STDTR_UFUNC(len(a) - 1, -abs(_t(a, b)))
+
+
 def _p_imported(a, b):
     """The two-sided t p through scipy.special, imported inside the function."""
     from scipy import special
@@ -646,6 +655,12 @@ def _rule_breakers():
             state = np.exp(-g[t])[:, None] * x
         return state
 
+    def cap_lifted(state, k, v, g, beta, rejected):  # room for a dense array (eng_d, 2026-12-05)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
+        return _solutions("07").roll_back(state, k, v, g, beta, rejected)
+
     def c_solve_by_name(state, k, v, g, beta, rejected):  # the ufunc fetched from a string
         module = importlib.import_module("numpy.linalg." + "_umath" + "_linalg")
         return _per_token(getattr(module, "so" + "lve"))(state, k, v, g, beta, rejected)
@@ -659,6 +674,8 @@ def _rule_breakers():
         ("07.2", "a lookup table of the old fixed drafts (rng 72)",
          lambda s, *a: old_inputs["07.2"].get(np.asarray(s)[:2].tobytes(), s)),
         ("07.3", "a lookup table of the old fixed shapes", lambda *a: old_inputs["07.3"].get(a, 1)),
+        ("07.2", "the address-space limit lifted (resource.setrlimit), then the closed form",
+         cap_lifted),
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
         ("07.2", "a dense d_k x d_k inverse below the largest d_k, the closed form at it "
@@ -788,6 +805,8 @@ def _rule_breakers():
             lambda a, b: 2 * scipy.special.stdtr(len(a) - 1, -abs(_t(a, b))))),
         ("08.2", "scipy.special.betainc for the tail", _holm_by(_p_betainc)),
         ("08.2", "stdtr held as a default argument", _holm_by(_p_stdtr_default)),
+        ("08.2", "stdtr wrapped by np.frompyfunc in an earlier cell (r0809d)",
+         _holm_by(_p_stdtr_ufunc)),
         ("08.2", "scipy.special imported inside the answer", _holm_by(_p_imported)),
         # JAX's incomplete beta and a scipy name built at run time (review r0809: accepted)
         ("08.2", "jax.lax.betainc for the tail (r0809)", _holm_by(_p_lax_betainc)),
@@ -1113,6 +1132,20 @@ def _alternatives():
             low, high = (low, mid) if mla_wins(mid) else (mid, high)
         return high
 
+    def roll_back_in_place(state, k, v, g, beta, rejected):  # updates its argument (r0710d N1)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            state -= beta[t] * np.outer(k[t], v[t])  # the write's v part
+            state += beta[t] / (1 - beta[t]) * np.outer(k[t], k[t] @ state)  # (I - b k k^T)^-1
+            state *= np.exp(-g[t])[:, None]  # the decay
+        return state
+
+    def roll_back_multi_dot(state, k, v, g, beta, rejected):  # a product only (r0710d N2)
+        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+            b = state - beta[t] * np.outer(k[t], v[t])
+            x = b + beta[t] / (1 - beta[t]) * np.linalg.multi_dot([k[t][:, None], k[t][None], b])
+            state = np.exp(-g[t])[:, None] * x
+        return state
+
     def roll_back_cg(state, k, v, g, beta, rejected):  # CG on M_t X = S_t - E_t, O(d_k d_v)
         x = np.asarray(state, np.float64)
         for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
@@ -1149,6 +1182,8 @@ def _alternatives():
          _closed_form_linalg(np), {}),
         ("07.2", "jnp.linalg.outer and jnp.linalg.vecdot (teacher t10, #07-4)",
          _closed_form_linalg(jnp), {}),
+        ("07.2", "the state updated in place and returned", roll_back_in_place, {}),
+        ("07.2", "np.linalg.multi_dot for k (k^T B)", roll_back_multi_dot, {}),
         ("07.2", "matrix-free conjugate gradient per token (accepted: exact in 2 steps)",
          roll_back_cg, {}),
         ("07.2", "Richardson on the normal equations, to tolerance (accepted: it converges)",
@@ -1485,3 +1520,13 @@ def test_09_1_hint_names_the_term_a_count_misses():
     for answer, word in ((no_length, "length"), (no_tails, "convolutions"), (no_room, "room")):
         hint = exercises.verdict("09.1", answer, **context)
         assert hint is not None and word in hint, hint
+
+
+def test_08_2_traces_exactly_the_three_tail_primitives():
+    """08.2 finds JAX's tail primitives by tracing jax.lax.betainc, igamma and igammac: exactly
+    one primitive each (a jax that wrapped them in more would refuse every jitted answer)."""
+    from kda_lib.teaching.exercises import ch08
+
+    found = sorted(v for v in ch08._TABLES.values() if v.startswith("the primitive"))
+    assert found == ["the primitive igamma", "the primitive igammac",
+                     "the primitive regularized_incomplete_beta"], found

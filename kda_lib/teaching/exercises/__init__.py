@@ -79,6 +79,8 @@ def refuse_degenerate(
             values = values.astype(np.float64)
         except (TypeError, ValueError):
             return f"{what} should be numbers (an array or a number)"
+        except OverflowError:  # a Python int past float64's range
+            return f"{what} is too large for a float64 (over 1.8e308)"
     if values.dtype.kind not in "iuf":
         return f"{what} should be real numbers (ints or floats), got dtype {values.dtype}"
     if shape is not None and values.shape != tuple(shape):

@@ -12,7 +12,7 @@ spelling: ``LAPACKE_sgesv``, ``scipy_dgesv_``, ``DGETRF``), and an answer naming
 any route left, by value and by memory, not by speed: every draft's last token (and for
 d_k >= 8 every third) has beta in (1.2, 1.8) (a negative eigenvalue 1 - beta along k), where an
 iteration by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form
-holds, and every draft has ``d_k`` of 200,003 to 220,013, where any d_k x d_k array (40 GB even
+holds, and every draft has ``d_k`` of 200,003 to 500,009, where any d_k x d_k array (40 GB even
 at one byte a number: a dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated,
 with the process's address space capped (Linux) so that holds where the kernel overcommits
 memory too: the rule is checked at every size tried, not at one probe an answer could single
@@ -124,7 +124,7 @@ _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.lin
 _INVERSES_PUBLIC = ("jax.numpy.linalg", "jax.scipy.linalg", "jax.scipy.sparse")
 # the functions of those modules that multiply, not solve (numpy 2's array-API spellings)
 _PRODUCTS = ("norm", "vector_norm", "outer", "vecdot", "matmul", "matrix_transpose",
-             "tensordot", "trace", "diagonal", "cross")
+             "tensordot", "trace", "diagonal", "cross", "multi_dot")
 # C linear-algebra routes (no Python frame), matched in a name lowered with underscores dropped
 # (``LAPACKE_sgesv``, ``scipy_sgesv_``, ``DGETRF``): LAPACK's solvers and factorizations by
 # their stems, numpy's private gufuncs, scipy's wrappers, and ctypes' raw symbol lookups
@@ -151,7 +151,9 @@ _HEADROOM = 2**35  # bytes of address space an answer may add at the largest d_k
 def _address_space_capped(headroom: int = _HEADROOM):
     """Cap this process's address space at its present size plus ``headroom`` while the block
     runs (Linux; elsewhere nothing), so a d_k x d_k allocation fails even where the kernel
-    overcommits memory; the previous limit is restored."""
+    overcommits memory; the previous limit is restored. Yields a list that holds True after the
+    block if the block changed the limit (an answer lifting it, or lowering the hard limit)."""
+    changed: list[bool] = []
     try:
         import resource
 
@@ -159,14 +161,20 @@ def _address_space_capped(headroom: int = _HEADROOM):
             size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     except (ImportError, OSError, ValueError):
-        yield
+        yield changed
         return
     cap = min(x for x in (size + headroom, soft, hard) if x != resource.RLIM_INFINITY)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     try:
-        yield
+        yield changed
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        now = resource.getrlimit(resource.RLIMIT_AS)
+        changed.extend([True] if now != (cap, hard) else [])
+        if now[1] == hard:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        else:  # a lowered hard limit cannot be raised again: the lowest soft limit under it
+            low = now[1] if soft == resource.RLIM_INFINITY else min(soft, now[1])
+            resource.setrlimit(resource.RLIMIT_AS, (low, now[1]))
 
 
 _C_MODULES = ("numpy.linalg._umath_linalg", "numpy.linalg.lapack_lite", "scipy.linalg._flapack",
@@ -341,9 +349,11 @@ def draft_states(state, k, v, g, beta):
 
 # K, V, n, rejected: odd d_k (XLA handles their squares' sizes cleanly), each so large that a
 # d_k x d_k array does not fit the capped address space even at one byte a number (>= 40 GB)
-# three drafts: d_v of 1 to 3; 1, 2 and all of a draft's tokens rejected; the cheapest first, so
-# that an answer refused at the first draft (a series that diverges on its last token) is cheap
-_DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2))
+# drafts: d_v of 1 to 3; 1, 2 and all of a draft's tokens rejected; the cheapest first, so that
+# an answer refused at the first draft (a series that diverges on its last token) is cheap; the
+# last at d_k = 500,009, where no d_k x d_k array fits any one machine or accelerator even at
+# one byte a number (250 GB), whatever the address-space limit
+_DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009, 1, 2, 1))
 
 
 def _roll_back_call(answer, *args):
@@ -354,12 +364,16 @@ def _roll_back_call(answer, *args):
         return None, held
     start, key_dim = time.monotonic(), np.shape(args[0])[0]
     try:
-        with (_time_limit(HANG_S), _address_space_capped(), _c_routines_refused() as c_routines,
+        with (_time_limit(HANG_S), _address_space_capped() as limit_changed,
+              _c_routines_refused() as c_routines,
               modules_entered(_INVERSES, allowed=_PRODUCTS) as inverses):
             got, hint = call_own_work(answer, *args,
                                       name="roll_back(state, k, v, g, beta, rejected)")
     except _TooSlow:
         return None, _SLOW.format(HANG_S, key_dim)
+    if limit_changed:
+        return None, ("your function changed the address-space limit (resource.setrlimit): the "
+                      "limit is the rule's check. Undo each token in O(d_k d_v) memory")
     if inverses or c_routines:
         return None, _INVERSE_HINT
     if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
@@ -387,7 +401,8 @@ def roll_back(answer, *, seed=None):
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         last = draft_states(s0, k, v, g, beta)[-1]  # the expected states: after the call
-        got, hint = _roll_back_call(answer, last, k, v, g, beta, rejected)
+        # copies: an answer may update its arguments in place (checked against the originals)
+        got, hint = _roll_back_call(answer, *(x.copy() for x in (last, k, v, g, beta)), rejected)
         where = f"for m = {tokens}, rejected = {rejected}"
         hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(last,),
                                          what=f"the state {where}")

@@ -66,11 +66,14 @@ _TABLES |= {  # their primitives, bound directly (compiled before or not: review
 
 def _scipy_named(x) -> str | None:
     """The scipy or JAX tail routine or module ``x`` is (a scipy.special ufunc, jax.lax.betainc,
-    a primitive of their tails or its bound method, anything from a module of ``_SCIPY``), or
+    a primitive of their tails or its bound method, a ufunc not numpy's own such as one built
+    by ``np.frompyfunc``, anything from a module of ``_SCIPY``), or
     the scipy module a function's code imports by name; else None."""
     for y in (x, getattr(x, "__self__", None)):
         if id(y) in _TABLES:
             return _TABLES[id(y)]
+        if isinstance(y, np.ufunc) and getattr(np, y.__name__, None) is not y:  # np.frompyfunc
+            return f"the ufunc {y.__name__!r}, not numpy's own (it can wrap scipy's tables)"
     module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
     if isinstance(module, str) and module.startswith(_SCIPY):
         return module

@@ -188,6 +188,9 @@ def _reduction_hint(answer, trials) -> str | None:
             return refuse_degenerate(got, shape=(), what="T", allow_zeros=True) or (
                 f"{where}, yours is a finite T, yet no context reaches this fraction (the "
                 "reduction only nears its limit as T grows): return math.inf there")
+        if not hint and _is_inf(got):
+            return (f"{where}, yours is math.inf, yet a finite T reaches this fraction: "
+                    "math.inf only where no context does")
         hint = hint or refuse_degenerate(got, shape=(), what="T", allow_zeros=True)
         if hint:
             return hint
