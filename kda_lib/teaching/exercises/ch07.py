@@ -391,12 +391,11 @@ def roll_back(answer, *, seed=None):
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
     array or kda_lib; the draft drawn at each call. How: every draft at d_k >= 200,003 (a
     d_k x d_k array: >= 40 GB at one byte a number; the address space is capped), a beta in
-    (1, 2) in every draft (a
-    series in beta diverges), library solvers refused whether called, held (code, closures,
-    partials, default arguments) or reached through ctypes; linalg's products (``outer``,
-    ``vecdot``, ``norm``, ...) are allowed. An iteration of the answer's own that converges
-    (conjugate gradient, Richardson on the normal equations) passes: it is no closed form, but
-    it is O(d_k d_v) a token."""
+    (1, 2) in every draft (a series in beta diverges), library solvers refused whether called,
+    held (code, closures, partials, default arguments) or reached through ctypes; linalg's
+    products (``outer``, ``vecdot``, ``norm``, ...) are allowed. An iteration of the answer's
+    own that converges (conjugate gradient, Richardson on the normal equations) passes: it is
+    no closed form, but it is O(d_k d_v) a token."""
     seed, rng = seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)

@@ -178,7 +178,7 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
         got, hint = call_own_work(answer, *args, name="reduction_context(fraction, ...)")
-        want, (fraction, kda, glob, heads, head_dim, conv_size, latent, kv_heads) = (
+        want, (fraction, kda, glob, _, head_dim, _, latent, kv_heads) = (
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
@@ -197,17 +197,13 @@ def _reduction_hint(answer, trials) -> str | None:
         got = float(got)
         if math.isclose(got, want, rel_tol=1e-6):
             continue
-        slips = {"yours is against all-MLA (section 6's reduction): the baseline here is GQA, "
-                 "its keys and values cached": 2 * latent,
-                 "your hybrid's global layers cache GQA's keys and values: they are MLA layers, "
-                 "caching latents": None}
-        for words, baseline in slips.items():
-            if baseline is None:  # the global layers priced as GQA: T c_G (L (1 - f) - g) = k S
-                room = 4 * kv_heads * head_dim * ((1 - Fraction(fraction)) * (kda + glob) - glob)
-                slip = Fraction(kda * _kda_layer_bytes(heads, head_dim, conv_size)) / room if (
-                    room > 0) else math.inf
-            else:
-                slip = _reduction_context(*args, baseline=baseline)
+        slips = {  # the baseline priced as all-MLA; the global layers priced as GQA (a latent
+            # of 2 G d_k numbers a token)
+            "yours is against all-MLA (section 6's reduction): the baseline here is GQA, its "
+            "keys and values cached": _reduction_context(*args, baseline=2 * latent),
+            "your hybrid's global layers cache GQA's keys and values: they are MLA layers, "
+            "caching latents": _reduction_context(*args[:6], 2 * kv_heads * head_dim, kv_heads)}
+        for words, slip in slips.items():
             if slip > 0 and math.isclose(got, float(slip), rel_tol=1e-6):
                 return f"{where}, {words}"
         if fraction and math.isclose(got, float(_reduction_context(0, *args[1:])), rel_tol=1e-6):
