@@ -976,14 +976,18 @@ def _alternatives():
         rows = (w - 1 + n) * (w > 1)
         return 4.0 * (n + 1) * b * hv * k * v + cb * b * rows * (2.0 * h * k + hv * v)
 
-    def roll_back_loop(state, k, v, g, beta, rejected):  # loops over channels, no outer()
+    def roll_back_loop(state, k, v, g, beta, rejected):  # Python lists, loops over channels
         state, k, v, g, beta = (np.asarray(x, np.float64).tolist() for x in (state, k, v, g, beta))
         for t in reversed(range(len(beta) - rejected, len(beta))):
             rate = beta[t] / (1 - beta[t])
-            recalled = [sum(k[t][i] * state[i][j] for i in range(len(k[t])))
-                        for j in range(len(v[t]))]
-            state = [[(state[i][j] - rate * k[t][i] * (v[t][j] - recalled[j])) * math.exp(-g[t][i])
-                      for j in range(len(v[t]))] for i in range(len(k[t]))]
+            recalled = [0.0] * len(v[t])
+            for k_i, row in zip(k[t], state, strict=True):
+                for j, s_ij in enumerate(row):
+                    recalled[j] += k_i * s_ij
+            decay = [math.exp(-x) for x in g[t]]
+            state = [[(s_ij - rate * k_i * (v_j - r_j)) * d_i
+                      for s_ij, v_j, r_j in zip(row, v[t], recalled, strict=True)]
+                     for row, k_i, d_i in zip(state, k[t], decay, strict=True)]
         return state
 
     def roll_back_normalised(state, k, v, g, beta, rejected):  # keys re-normalised (norm is ok)
