@@ -977,6 +977,8 @@ def _alternatives():
         return 4.0 * (n + 1) * b * hv * k * v + cb * b * rows * (2.0 * h * k + hv * v)
 
     def roll_back_loop(state, k, v, g, beta, rejected):  # Python lists, loops over channels
+        # (plain loops: under the checker's call hook, a generator per channel made this one
+        # answer half of the test's time; the same recurrence, plain rather than compensated sums)
         state, k, v, g, beta = (np.asarray(x, np.float64).tolist() for x in (state, k, v, g, beta))
         for t in reversed(range(len(beta) - rejected, len(beta))):
             rate = beta[t] / (1 - beta[t])
