@@ -184,5 +184,6 @@ def plot_live_and_recorded(
             )
         ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
         ax.set_title(title, fontsize=9)
-    axes[0, -1].legend(fontsize=8)
+    # beside the panels, not over them: the recorded curves fill the panel's corners
+    fig.legend(*axes[0, -1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
     return fig

@@ -88,7 +88,9 @@ def test_the_live_run_figures_draw_every_model():
         {"this run": {"kda": curve}, "recorded": {"kda": curve, "gdn": curve}}, baseline=5.5
     )
     assert [len(ax.lines) for ax in fig.axes] == [2, 3]  # models + the byte-frequency line
-    assert fig.axes[1].get_legend() is not None and fig.axes[0].get_title() == "this run"
+    (legend,) = fig.legends  # the figure's, outside the panels: every line of the last panel
+    assert [t.get_text() for t in legend.get_texts()] == ["kda", "gdn", "byte frequencies"]
+    assert fig.axes[0].get_title() == "this run"
     fig = lm_protocol.plot_live_and_recorded({"a": {"kda": curve}, "b": {"kda": curve}}, 5.5, 3.2)
     bounds = [[ln for ln in ax.lines if ln.get_label().startswith("one-byte")] for ax in fig.axes]
     assert [[ln.get_ydata()[0] for ln in b] for b in bounds] == [[3.2], [3.2]]  # in both panels
