@@ -1117,9 +1117,11 @@ def _alternatives():
         def reduction(t):
             hybrid = kda * s10.kda_layer_bytes(h, d, w) + glob * t * 2 * latent
             return 1 - hybrid / ((kda + glob) * t * 2 * 2 * kv * d)
-        low, high = 1e-3, 1e12
-        if reduction(1e300) < f:  # not even near infinity: out of reach
+        if reduction(1e300) <= f:  # out of reach (at the limit itself the floats round to it)
             return float("inf")
+        low, high = 0.0, 1.0
+        while reduction(high) < f:
+            low, high = high, 2 * high
         for _ in range(200):
             mid = (low + high) / 2
             low, high = (low, mid) if reduction(mid) >= f else (mid, high)
@@ -1178,6 +1180,7 @@ def _alternatives():
     return [
         ("06.1", "a Python loop, a list out", floor_loop, {}),
         ("06.1", "jax.numpy float32", floor_jnp32, {}),
+        ("06.1", "jax.numpy float32, a drawn probability of 0.999996", floor_jnp32, {"seed": 35}),
         ("06.2", "a set grown layer by layer, numpy out", positions_loop, {}),
         ("06.3", "numpy, reversed", lost_numpy, {}),
         ("07.1", "numpy int64", cache_numpy, {}),
@@ -1215,6 +1218,8 @@ def _alternatives():
          dict(preset=k3, fraction=0.5)),
         ("10.1", "a bisection on one's own reduction", reduction_search,
          dict(preset=k3, fraction=0.5)),
+        ("10.1", "a bisection, a drawn fraction at its limit", reduction_search,
+         dict(preset=k3, fraction=0.5, seed=54)),
         ("10.2", "numpy int64 out", lambda *a: np.int64(s10.ring_crossover(*a)),
          dict(preset=kimi, ranks=8)),
         ("10.2", "a 0-d jax int32 out", lambda *a: jnp.asarray(s10.ring_crossover(*a), jnp.int32),
