@@ -1056,9 +1056,10 @@ def _alternatives():
         out = {}
         for row, (a, b) in fam.items():
             d = [x - y for x, y in zip(a, b, strict=True)]
-            obs = abs(sum(d))
+            obs, scale = abs(sum(d)), sum(map(abs, d))  # ties on the differences' scale
             hits = [abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= obs
-                    or math.isclose(abs(sum(s * x for s, x in zip(signs, d, strict=True))), obs)
+                    or math.isclose(abs(sum(s * x for s, x in zip(signs, d, strict=True))), obs,
+                                    abs_tol=1e-9 * scale)
                     for signs in itertools.product((1, -1), repeat=len(d))]
             out[row] = sum(hits) / len(hits)
         return out
@@ -1069,8 +1070,9 @@ def _alternatives():
             sums = np.zeros(1)
             for x in np.subtract(a, b):
                 sums = np.concatenate([sums + x, sums - x])
-            obs = abs(np.subtract(a, b).sum())
-            out[row] = np.float32(np.mean(np.abs(sums) >= obs * (1 - 1e-9)))
+            d = np.subtract(a, b)  # ties: a tolerance on the differences' scale (an observed
+            obs = abs(d.sum()) - 1e-9 * np.abs(d).sum()  # sum near 0 has none of its own)
+            out[row] = np.float32(np.mean(np.abs(sums) >= obs))
         return out
 
     def context_search09(f, *a):
@@ -1202,6 +1204,8 @@ def _alternatives():
         ("08.2", "pure Python, math only, a loop for Holm", holm_loop, _cases()["08.2"][1]),
         ("08.2", "numpy float32 throughout", holm_f32, _cases()["08.2"][1]),
         ("08.3", "itertools.product, math.isclose for ties", flip_product, _cases()["08.3"][1]),
+        ("08.3", "itertools.product, a drawn row whose sum ties at 0", flip_product,
+         {**_cases()["08.3"][1], "seed": 190}),
         ("08.3", "zero differences dropped (each doubles both counts: the same p)",
          lambda fam: s08.sign_flip_column(
              {row: ([x for x, y in zip(*pair, strict=True) if x != y],
@@ -1209,6 +1213,8 @@ def _alternatives():
               for row, pair in fam.items()}), _cases()["08.3"][1]),
         ("08.3", "the null distribution seed by seed, float32 out", flip_distribution,
          _cases()["08.3"][1]),
+        ("08.3", "seed by seed, a drawn row whose sum ties at 0", flip_distribution,
+         {**_cases()["08.3"][1], "seed": 73}),
         ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
         ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a Python loop over pairs", bigram_loop, {}),
