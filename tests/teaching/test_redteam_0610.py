@@ -1070,9 +1070,8 @@ def _alternatives():
             sums = np.zeros(1)
             for x in np.subtract(a, b):
                 sums = np.concatenate([sums + x, sums - x])
-            d = np.subtract(a, b)  # ties: a tolerance on the differences' scale (an observed
-            obs = abs(d.sum()) - 1e-9 * np.abs(d).sum()  # sum near 0 has none of its own)
-            out[row] = np.float32(np.mean(np.abs(sums) >= obs))
+            obs = abs(np.subtract(a, b).sum()) - 1e-12  # ties: a fixed tolerance (scores in
+            out[row] = np.float32(np.mean(np.abs(sums) >= obs))  # [0, 1]; a sum may be 0)
         return out
 
     def context_search09(f, *a):
@@ -1547,3 +1546,20 @@ def test_08_2_traces_exactly_the_three_tail_primitives():
     found = sorted(v for v in ch08._TABLES.values() if v.startswith("the primitive"))
     assert found == ["the primitive igamma", "the primitive igammac",
                      "the primitive regularized_incomplete_beta"], found
+
+
+def test_08_3_ties_relative_to_a_zero_sum_get_their_own_hint():
+    """A row whose differences sum to 0 ties with every pattern (p = 1); math.isclose's default
+    (relative to the observed sum) has no tolerance there (drawn at seed 190)."""
+    def flip_relative(fam):
+        out = {}
+        for row, (a, b) in fam.items():
+            d = [x - y for x, y in zip(a, b, strict=True)]
+            sums = [abs(sum(s * x for s, x in zip(signs, d, strict=True)))
+                    for signs in itertools.product((1, -1), repeat=len(d))]
+            obs = abs(sum(d))
+            out[row] = sum(t >= obs or math.isclose(t, obs) for t in sums) / len(sums)
+        return out
+
+    hint = exercises.verdict("08.3", flip_relative, **{**_cases()["08.3"][1], "seed": 190})
+    assert hint and hint.startswith("a row's differences sum to 0"), hint

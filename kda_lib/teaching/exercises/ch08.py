@@ -288,6 +288,12 @@ _FLIP_HINTS = {
 }
 
 
+_ZERO_SUM_HINT = (
+    "a row's differences sum to 0: every sign pattern ties with it, so its p is 1; compare ties "
+    "on the differences' scale (sum |d|), not relative to the observed sum"
+)
+
+
 @checker("08.3")
 def sign_flip_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: p}``: each row's exact two-sided sign-flip p (every sign
@@ -306,6 +312,9 @@ def sign_flip_column(answer, *, family: dict, seed=None):
         for how, text in _FLIP_HINTS.items():
             if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
                 return text + again(seed)
+        zero_sums = [abs(x.sum()) <= 1e-9 * np.abs(x).sum() for x in d]  # all patterns tie
+        if any(zero and p < 1 for zero, p in zip(zero_sums, got, strict=True)):
+            return _ZERO_SUM_HINT + again(seed)
         return (
             "some rows are off: under no difference each seed's difference is as likely "
             "negative as positive; count every pattern of signs, exactly (not a sample)"
