@@ -242,6 +242,11 @@ def holm_column(answer, *, family: dict, seed=None):
     return None
 
 
+def _tie_tolerance(d) -> float:
+    """Sums within this of each other tie: 1e-9 of the differences' scale, sum |d|."""
+    return 1e-9 * max(float(np.abs(d).sum()), 1e-300)
+
+
 def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
     """The exact two-sided sign-flip p of the differences ``d``: the share of the 2^n sign
     patterns whose |sum| reaches the observed |sum| (or a mistake: ties left out, one tail,
@@ -249,7 +254,7 @@ def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
     d = np.asarray(d, np.float64)
     signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
     sums, observed = signs @ d, d.sum()
-    tol = 0.0 if exact else 1e-9 * max(np.abs(d).sum(), 1e-300)
+    tol = 0.0 if exact else _tie_tolerance(d)
     if one_sided:
         return float(
             np.mean(sums >= observed - tol) if observed >= 0 else np.mean(sums <= observed + tol)
@@ -312,7 +317,7 @@ def sign_flip_column(answer, *, family: dict, seed=None):
         for how, text in _FLIP_HINTS.items():
             if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
                 return text + again(seed)
-        zero_sums = [abs(x.sum()) <= 1e-9 * np.abs(x).sum() for x in d]  # all patterns tie
+        zero_sums = [abs(x.sum()) <= _tie_tolerance(x) for x in d]  # every pattern ties
         if any(zero and p < 1 for zero, p in zip(zero_sums, got, strict=True)):
             return _ZERO_SUM_HINT + again(seed)
         return (
