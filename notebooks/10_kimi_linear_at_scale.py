@@ -415,9 +415,9 @@ viz.show(fig, "10_decode_speedup")
 # 1. **Against grouped-query attention.** Write `reduction_context(fraction, kda_layers,
 #    global_layers, heads, head_dim, conv_size, latent, kv_heads)` (no kda_lib): the real $T$ at
 #    which the decode memory of one sequence (section 4's KDA cache, MLA's `latent` bf16 numbers a
-#    token) is `fraction` below that of as many GQA layers of `kv_heads`; `math.inf` where no $T$
-#    does, at the limit too (find it as $T$ grows; 0 $\le$ `fraction` $<$ 1). *Explain why* (open):
-#    for Kimi K3, why is a half reached sooner against GQA with 8 key/value heads than all-MLA?
+#    token) is `fraction` below that of as many GQA layers of `kv_heads` (0 $\le$ `fraction` $<$ 1);
+#    `math.inf` where no $T$ does: `fraction` at or above this reduction's limit as $T$ grows.
+#    *Explain why* (open): why does Kimi K3 reach a half sooner against GQA ($G = 8$) than all-MLA?
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
 #    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
 #    state summaries and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim,

@@ -1563,3 +1563,39 @@ def test_08_3_ties_relative_to_a_zero_sum_get_their_own_hint():
 
     hint = exercises.verdict("08.3", flip_relative, **{**_cases()["08.3"][1], "seed": 190})
     assert hint and hint.startswith("a row's differences sum to 0"), hint
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_08_3_a_row_summing_to_0_is_tried_at_every_draw(seed):
+    """The fixed zero-sum row: sign patterns summed as one matrix product, ties compared
+    relative to the observed sum (5.6e-17), are refused at any seed with their own hint."""
+    def flip_relative(fam):
+        out = {}
+        for row, (a, b) in fam.items():
+            d = np.subtract(a, b)
+            signs = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
+            out[row] = float(np.mean(np.abs(signs @ d) >= abs(d.sum()) * (1 - 1e-9)))
+        return out
+
+    hint = exercises.verdict("08.3", flip_relative, **{**_cases()["08.3"][1], "seed": seed})
+    assert hint and hint.startswith("a row's differences sum to 0"), hint
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
+    """A finite T only below the limit: an answer that divides by a room of exactly 0 (``>=``
+    for ``>``) fails at any seed, not only where a drawn model's limit meets a fixed fraction."""
+    from kda_lib.teaching.exercises import ch10
+
+    def at_limit_divides(fraction, kda_layers, global_layers, heads, head_dim, conv_size,
+                         latent, kv_heads):
+        kda = 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
+        room = ((1 - fraction) * (kda_layers + global_layers) * 4 * kv_heads * head_dim
+                - global_layers * 2 * latent)
+        return kda_layers * kda / room if room >= 0 else math.inf
+
+    hint = exercises.verdict("10.1", at_limit_divides, **{**_cases()["10.1"][1], "seed": seed})
+    assert hint and "ZeroDivisionError" in hint, hint
+    model = (3, 1, 4, 64, 4, 96, 1)
+    assert len(set(ch10._fractions(model, (0.5,), reached=False))) == len(
+        ch10._fractions(model, (0.5,), reached=False))

@@ -266,7 +266,8 @@ def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
 
 def _flip_families(rng) -> list:
     """Families drawn with ``rng``: rows of 3 to 10 seeds, of continuous scores or of eighths
-    with a zero difference, and a row whose tying sums differ in their last bits."""
+    with a zero difference, a row whose tying sums differ in their last bits and one whose
+    differences sum to 0."""
     out = []
     for _ in range(3):
         fam = {}
@@ -281,6 +282,8 @@ def _flip_families(rng) -> list:
         out.append(fam)
     # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
     out[0]["ties"] = ([-0.4, -0.5, 0.3, 0.1], [0.0] * 4)
+    # differences that sum to 0 (5.6e-17 in floats): every pattern ties, p = 1
+    out[0]["zero sum"] = ([0.1, 0.2, 0.0, 0.0], [0.0, 0.0, 0.3, 0.0])
     return out
 
 
@@ -312,14 +315,15 @@ def sign_flip_column(answer, *, family: dict, seed=None):
         if hint:
             return hint + again(seed)
         d = [np.subtract(*map(np.asarray, pair)) for pair in _rows(fam).values()]
-        if np.allclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9):
+        wrong = ~np.isclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9)
+        if not wrong.any():
             continue
+        zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # all patterns tie
+        if (zero_sums | ~wrong).all():  # only rows that sum to 0 are off
+            return _ZERO_SUM_HINT + again(seed)
         for how, text in _FLIP_HINTS.items():
             if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
                 return text + again(seed)
-        zero_sums = [abs(x.sum()) <= _tie_tolerance(x) for x in d]  # every pattern ties
-        if any(zero and p < 1 for zero, p in zip(zero_sums, got, strict=True)):
-            return _ZERO_SUM_HINT + again(seed)
         return (
             "some rows are off: under no difference each seed's difference is as likely "
             "negative as positive; count every pattern of signs, exactly (not a sample)"

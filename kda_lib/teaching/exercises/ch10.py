@@ -121,13 +121,15 @@ _OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, laten
     (2, 2, 1, 128, 1, 40, 1),
 ]
 _FRACTIONS = (0.0, 0.25, 0.5, 0.625, 0.875)  # exact in binary; each trial keeps those < limit
+# a fraction exactly at its model's limit, 1 - 128 / 1024: no T reaches it (room exactly 0)
+_AT_LIMIT = (0.875, 3, 1, 4, 64, 4, 128, 2)
 
 
 def _fractions(model, first=(), reached=True) -> list[float]:
     """``first`` and _FRACTIONS below ``model``'s limit, or (``reached`` False) at or above it."""
     kda, glob, _, head_dim, _, latent, kv_heads = model
     limit = _reduction_limit(kda, glob, head_dim, latent, kv_heads)
-    return [f for f in (*first, *_FRACTIONS) if (f < limit) == reached]
+    return [f for f in dict.fromkeys((*first, *_FRACTIONS)) if (f < limit) == reached]
 
 
 def _drawn_gqa(rng) -> tuple:
@@ -165,7 +167,7 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
     trials = [(f, *model, g) for g in (8, 1, 32) for f in _fractions((*model, g), (fraction,))[:3]]
     trials += [(f, *model, 1) for f in _fractions((*model, 1), (fraction,), reached=False)[:2]]
-    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]]
+    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]] + [_AT_LIMIT]
     seed, rng = seeded(seed)
     drawn = _drawn_gqa(rng)
     choices = _fractions(drawn)
