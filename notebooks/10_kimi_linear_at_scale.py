@@ -417,7 +417,7 @@ viz.show(fig, "10_decode_speedup")
 #    which the decode memory of one sequence (section 4's KDA cache, MLA's `latent` bf16 numbers a
 #    token) is `fraction` below that of as many GQA layers of `kv_heads` (0 $\le$ `fraction` $<$ 1);
 #    `math.inf` where no $T$ does: `fraction` at or above this reduction's limit as $T$ grows.
-#    *Explain why* (open): why does Kimi K3 reach a half sooner against GQA ($G = 8$) than all-MLA?
+#    *Explain why* (open): Kimi K3 reaches a half sooner against GQA ($G = 8$) than against all-MLA.
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
 #    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
 #    state summaries and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim,

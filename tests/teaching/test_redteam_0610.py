@@ -1596,6 +1596,12 @@ def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
 
     hint = exercises.verdict("10.1", at_limit_divides, **{**_cases()["10.1"][1], "seed": seed})
     assert hint and "ZeroDivisionError" in hint, hint
-    model = (3, 1, 4, 64, 4, 96, 1)
-    assert len(set(ch10._fractions(model, (0.5,), reached=False))) == len(
-        ch10._fractions(model, (0.5,), reached=False))
+    model = (3, 1, 4, 64, 4, 96, 1)  # limit 0.8125: 0.875 out of reach, 0.5 within
+    for first, reached in (((0.875,), False), ((0.5,), True)):  # each tried once
+        got = ch10._fractions(model, first, reached=reached)
+        assert len(set(got)) == len(got), got
+
+
+def test_10_1_a_nan_answer_is_told_it_is_nan_not_that_inf_is_refused():
+    hint = exercises.verdict("10.1", lambda *args: math.nan, **{**_cases()["10.1"][1], "seed": 0})
+    assert hint and "yours is NaN" in hint and "math.inf where no context" in hint, hint

@@ -282,7 +282,7 @@ def _flip_families(rng) -> list:
         out.append(fam)
     # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
     out[0]["ties"] = ([-0.4, -0.5, 0.3, 0.1], [0.0] * 4)
-    # differences that sum to 0 (5.6e-17 in floats): every pattern ties, p = 1
+    # differences that sum to 0 (5.6e-17 in floats): every pattern's |sum| reaches it, p = 1
     out[0]["zero sum"] = ([0.1, 0.2, 0.0, 0.0], [0.0, 0.0, 0.3, 0.0])
     return out
 
@@ -297,8 +297,8 @@ _FLIP_HINTS = {
 
 
 _ZERO_SUM_HINT = (
-    "a row's differences sum to 0: every sign pattern ties with it, so its p is 1; compare ties "
-    "on the differences' scale (sum |d|), not relative to the observed sum"
+    "a row's differences sum to 0: every sign pattern's |sum| reaches 0, so its p is 1; compare "
+    "ties on the differences' scale (sum |d|), not relative to the observed sum"
 )
 
 
@@ -318,7 +318,7 @@ def sign_flip_column(answer, *, family: dict, seed=None):
         wrong = ~np.isclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9)
         if not wrong.any():
             continue
-        zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # all patterns tie
+        zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # p = 1 exactly
         if (zero_sums | ~wrong).all():  # only rows that sum to 0 are off
             return _ZERO_SUM_HINT + again(seed)
         for how, text in _FLIP_HINTS.items():

@@ -184,6 +184,9 @@ def _reduction_hint(answer, trials) -> str | None:
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
+        if not hint and _is_nan(got):
+            return (f"{where}, yours is NaN: give T as a real number, or math.inf where no "
+                    "context reaches the fraction")
         if not hint and want == math.inf:
             if _is_inf(got):
                 continue
@@ -218,13 +221,22 @@ def _reduction_hint(answer, trials) -> str | None:
     return None
 
 
-def _is_inf(got) -> bool:
-    """``got`` is one float, +infinity (Python's, numpy's or a 0-d array of one)."""
+def _one_float(got) -> float | None:
+    """``got`` as one float (Python's, numpy's or a 0-d array of one), else None."""
     try:
         value = np.asarray(got)
     except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
-        return False
-    return value.shape == () and value.dtype.kind == "f" and bool(value == np.inf)
+        return None
+    return float(value) if value.shape == () and value.dtype.kind == "f" else None
+
+
+def _is_inf(got) -> bool:
+    return _one_float(got) == math.inf
+
+
+def _is_nan(got) -> bool:
+    value = _one_float(got)
+    return value is not None and math.isnan(value)
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
