@@ -1567,14 +1567,16 @@ def test_08_3_ties_relative_to_a_zero_sum_get_their_own_hint():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_08_3_a_row_summing_to_0_is_tried_at_every_draw(seed):
-    """The fixed zero-sum row: sign patterns summed as one matrix product, ties compared
-    relative to the observed sum (5.6e-17), are refused at any seed with their own hint."""
+    """The fixed zero-sum row: ties compared relative to the observed sum (np.sum, 5.6e-17)
+    while the patterns' sums round otherwise (math.fsum, 2.8e-17) are refused at seeds 0-2 with
+    their own hint (each sum's rounding fixed, whatever the BLAS)."""
     def flip_relative(fam):
         out = {}
         for row, (a, b) in fam.items():
             d = np.subtract(a, b)
-            signs = 1 - 2 * ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1)
-            out[row] = float(np.mean(np.abs(signs @ d) >= abs(d.sum()) * (1 - 1e-9)))
+            sums = [abs(math.fsum(s * x for s, x in zip(signs, d, strict=True)))
+                    for signs in itertools.product((1, -1), repeat=len(d))]
+            out[row] = float(np.mean(np.array(sums) >= abs(np.sum(d)) * (1 - 1e-9)))
         return out
 
     hint = exercises.verdict("08.3", flip_relative, **{**_cases()["08.3"][1], "seed": seed})
@@ -1585,8 +1587,6 @@ def test_08_3_a_row_summing_to_0_is_tried_at_every_draw(seed):
 def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
     """A finite T only below the limit: an answer that divides by a room of exactly 0 (``>=``
     for ``>``) fails at any seed, not only where a drawn model's limit meets a fixed fraction."""
-    from kda_lib.teaching.exercises import ch10
-
     def at_limit_divides(fraction, kda_layers, global_layers, heads, head_dim, conv_size,
                          latent, kv_heads):
         kda = 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
@@ -1596,10 +1596,21 @@ def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
 
     hint = exercises.verdict("10.1", at_limit_divides, **{**_cases()["10.1"][1], "seed": seed})
     assert hint and "ZeroDivisionError" in hint, hint
-    model = (3, 1, 4, 64, 4, 96, 1)  # limit 0.8125: 0.875 out of reach, 0.5 within
-    for first, reached in (((0.875,), False), ((0.5,), True)):  # each tried once
-        got = ch10._fractions(model, first, reached=reached)
-        assert len(set(got)) == len(got), got
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5])
+def test_10_1_tries_each_setting_once(fraction):
+    """The notebook's fraction is one of the checker's own: it is not tried twice."""
+    right, context = _cases()["10.1"]
+    calls = []
+
+    def recorded(*args):
+        calls.append(args)
+        return right(*args)
+
+    hint = exercises.verdict("10.1", recorded, **{**context, "fraction": fraction, "seed": 0})
+    assert hint is None, hint
+    assert len(calls) == len(set(calls)), calls
 
 
 def test_10_1_a_nan_answer_is_told_it_is_nan_not_that_inf_is_refused():

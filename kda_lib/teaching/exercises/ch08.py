@@ -266,8 +266,8 @@ def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
 
 def _flip_families(rng) -> list:
     """Families drawn with ``rng``: rows of 3 to 10 seeds, of continuous scores or of eighths
-    with a zero difference, a row whose tying sums differ in their last bits and one whose
-    differences sum to 0."""
+    with a zero difference; the first also holds two fixed rows, one whose tying sums differ in
+    their last bits and one whose differences sum to 0."""
     out = []
     for _ in range(3):
         fam = {}
@@ -282,7 +282,8 @@ def _flip_families(rng) -> list:
         out.append(fam)
     # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
     out[0]["ties"] = ([-0.4, -0.5, 0.3, 0.1], [0.0] * 4)
-    # differences that sum to 0 (5.6e-17 in floats): every pattern's |sum| reaches it, p = 1
+    # differences that sum to 0 exactly (p = 1: every pattern's |sum| reaches 0); in floats 5.6e-17
+    # by np.sum, 2.8e-17 correctly rounded: a tie relative to the observed sum misses patterns
     out[0]["zero sum"] = ([0.1, 0.2, 0.0, 0.0], [0.0, 0.0, 0.3, 0.0])
     return out
 

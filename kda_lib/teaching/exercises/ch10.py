@@ -122,11 +122,12 @@ _OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, laten
 ]
 _FRACTIONS = (0.0, 0.25, 0.5, 0.625, 0.875)  # exact in binary; each trial keeps those < limit
 # a fraction exactly at its model's limit, 1 - 128 / 1024: no T reaches it (room exactly 0)
-_AT_LIMIT = (0.875, 3, 1, 4, 64, 4, 128, 2)
+_AT_LIMIT_TRIAL = (0.875, 3, 1, 4, 64, 4, 128, 2)
 
 
 def _fractions(model, first=(), reached=True) -> list[float]:
-    """``first`` and _FRACTIONS below ``model``'s limit, or (``reached`` False) at or above it."""
+    """``first`` and _FRACTIONS below ``model``'s limit, or (``reached`` False) at or above it,
+    each once, in first-seen order."""
     kda, glob, _, head_dim, _, latent, kv_heads = model
     limit = _reduction_limit(kda, glob, head_dim, latent, kv_heads)
     return [f for f in dict.fromkeys((*first, *_FRACTIONS)) if (f < limit) == reached]
@@ -152,7 +153,8 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
     where no T reaches it, fraction at or above the limit 1 - global latent / (layers 2
     kv_heads head_dim). Tried on ``preset`` at ``fraction`` and other fractions, with 8, 1 and
     32 key/value heads (with 1, fractions out of reach too), then on models of the checker's
-    own and one drawn (``seed`` repeats it); kda_lib may not be called."""
+    own, a fraction exactly at a model's limit and one model drawn (``seed`` repeats it);
+    kda_lib may not be called."""
     from kda_lib.lab import at_scale
 
     p = _preset(preset)
@@ -165,9 +167,11 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
     if t < math.inf and not math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa, fraction,
                                          abs_tol=1e-12):  # fmt: skip
         raise AssertionError(f"{preset}: the checker's count disagrees with at_scale")
+    if _reduction_context(*_AT_LIMIT_TRIAL) != math.inf:
+        raise AssertionError(f"{_AT_LIMIT_TRIAL}: not at its model's limit")
     trials = [(f, *model, g) for g in (8, 1, 32) for f in _fractions((*model, g), (fraction,))[:3]]
     trials += [(f, *model, 1) for f in _fractions((*model, 1), (fraction,), reached=False)[:2]]
-    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]] + [_AT_LIMIT]
+    trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]] + [_AT_LIMIT_TRIAL]
     seed, rng = seeded(seed)
     drawn = _drawn_gqa(rng)
     choices = _fractions(drawn)
@@ -221,22 +225,23 @@ def _reduction_hint(answer, trials) -> str | None:
     return None
 
 
-def _one_float(got) -> float | None:
-    """``got`` as one float (Python's, numpy's or a 0-d array of one), else None."""
+def _one_float(got):
+    """``got`` as one numpy float scalar (a Python, numpy or jax float, or a 0-d array of one),
+    else None (bfloat16, whose dtype kind is not "f", included)."""
     try:
         value = np.asarray(got)
     except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
         return None
-    return float(value) if value.shape == () and value.dtype.kind == "f" else None
+    return value[()] if value.shape == () and value.dtype.kind == "f" else None
 
 
 def _is_inf(got) -> bool:
-    return _one_float(got) == math.inf
+    return bool(_one_float(got) == np.inf)
 
 
 def _is_nan(got) -> bool:
     value = _one_float(got)
-    return value is not None and math.isnan(value)
+    return value is not None and bool(np.isnan(value))
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
