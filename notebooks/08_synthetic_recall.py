@@ -412,7 +412,7 @@ assert len(ordered[35]) == 13 and len(both) == 4 and {(t, m.split()[0]) for _, t
 #    sign-flip p (no normality: with no difference, each seed's difference is as likely negated),
 #    for any number of seeds (no scipy.stats, no kda_lib); checked on `claims` and families of 3 to
 #    10 seeds with ties (sums equal but for rounding, a zero-sum row). *Explain why* (open): why is
-#    no `claims` row below 0.0625? How many seeds would a row need to pass Holm's first step alone?
+#    no `claims` row below 0.0625? How many seeds let a row's sign-flip p pass Holm's first step?
 # 4. **Three time scales in one head.** A KDA head whose key, query, gate and $\beta$ are the same
 #    at every token filters its input with $\phi(\nu) = \beta\, \mathbf q^\top A^\nu \mathbf k$, $A
 #    = (I - \beta \mathbf k \mathbf k^\top) D$; with a scalar gate ($D = \alpha I$) that is one
