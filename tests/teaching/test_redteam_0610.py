@@ -1613,6 +1613,7 @@ def test_10_1_tries_each_setting_once(fraction):
     assert len(calls) == len(set(calls)), calls
 
 
-def test_10_1_a_nan_answer_is_told_it_is_nan_not_that_inf_is_refused():
-    hint = exercises.verdict("10.1", lambda *args: math.nan, **{**_cases()["10.1"][1], "seed": 0})
-    assert hint and "yours is NaN" in hint and "math.inf where no context" in hint, hint
+@pytest.mark.parametrize(("value", "named"), [(math.nan, "NaN"), (-math.inf, "-math.inf")])
+def test_10_1_a_nan_or_minus_inf_answer_is_told_which_not_that_inf_is_refused(value, named):
+    hint = exercises.verdict("10.1", lambda *args: value, **{**_cases()["10.1"][1], "seed": 0})
+    assert hint and f"yours is {named}:" in hint and "math.inf where no context" in hint, hint

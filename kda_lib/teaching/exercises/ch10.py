@@ -186,9 +186,10 @@ def _reduction_hint(answer, trials) -> str | None:
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
-        if not hint and _is_nan(got):
-            return (f"{where}, yours is NaN: give T as a real number, or math.inf where no "
-                    "context reaches the fraction")
+        wrong = _nan_or_minus_inf(got)
+        if not hint and wrong:
+            return (f"{where}, yours is {wrong}: give T as a positive real number, or math.inf "
+                    "where no context reaches the fraction")
         if not hint and want == math.inf:
             if _is_inf(got):
                 continue
@@ -237,9 +238,12 @@ def _is_inf(got) -> bool:
     return bool(_one_float(got) == np.inf)
 
 
-def _is_nan(got) -> bool:
+def _nan_or_minus_inf(got) -> str | None:
+    """"NaN" or "-math.inf" where ``got`` is one of them, else None."""
     value = _one_float(got)
-    return value is not None and bool(np.isnan(value))
+    if value is None or not (np.isnan(value) or value == -np.inf):
+        return None
+    return "NaN" if np.isnan(value) else "-math.inf"
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
