@@ -1614,6 +1614,15 @@ def test_10_1_tries_each_setting_once(fraction):
 
 
 @pytest.mark.parametrize(("value", "named"), [(math.nan, "NaN"), (-math.inf, "-math.inf")])
-def test_10_1_a_nan_or_minus_inf_answer_is_told_which_not_that_inf_is_refused(value, named):
-    hint = exercises.verdict("10.1", lambda *args: value, **{**_cases()["10.1"][1], "seed": 0})
+@pytest.mark.parametrize("where", ["everywhere", "past the limit"])
+def test_10_1_a_nan_or_minus_inf_answer_is_told_which_not_that_inf_is_refused(value, named,
+                                                                              where):
+    """Past the limit (the right T elsewhere) the hint is the same: it is not told to return
+    math.inf as if its T were finite."""
+    right = _solutions("10").reduction_context
+
+    def answer(*args):
+        return value if where == "everywhere" or right(*args) == math.inf else right(*args)
+
+    hint = exercises.verdict("10.1", answer, **{**_cases()["10.1"][1], "seed": 0})
     assert hint and f"yours is {named}:" in hint and "math.inf where no context" in hint, hint

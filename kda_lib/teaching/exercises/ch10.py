@@ -239,7 +239,7 @@ def _is_inf(got) -> bool:
 
 
 def _nan_or_minus_inf(got) -> str | None:
-    """"NaN" or "-math.inf" where ``got`` is one of them, else None."""
+    """Which of NaN and -inf ``got`` is, as the hint names it; None for anything else."""
     value = _one_float(got)
     if value is None or not (np.isnan(value) or value == -np.inf):
         return None
