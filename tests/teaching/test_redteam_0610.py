@@ -1587,9 +1587,11 @@ def test_08_3_a_row_summing_to_0_is_tried_at_every_draw(seed):
 def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
     """A finite T only below the limit: an answer that divides by a room of exactly 0 (``>=``
     for ``>``) fails at any seed, not only where a drawn model's limit meets a fixed fraction."""
+    kda_layer_bytes = _solutions("10").kda_layer_bytes
+
     def at_limit_divides(fraction, kda_layers, global_layers, heads, head_dim, conv_size,
                          latent, kv_heads):
-        kda = 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
+        kda = kda_layer_bytes(heads, head_dim, conv_size)
         room = ((1 - fraction) * (kda_layers + global_layers) * 4 * kv_heads * head_dim
                 - global_layers * 2 * latent)
         return kda_layers * kda / room if room >= 0 else math.inf

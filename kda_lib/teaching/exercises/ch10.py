@@ -186,17 +186,17 @@ def _reduction_hint(answer, trials) -> str | None:
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
-        wrong = _nan_or_minus_inf(got)
-        if not hint and wrong:
-            return (f"{where}, yours is {wrong}: give T as a positive real number, or math.inf "
+        special = None if hint else _special_float(got)
+        if special in ("NaN", "-math.inf"):
+            return (f"{where}, yours is {special}: give T as a positive real number, or math.inf "
                     "where no context reaches the fraction")
         if not hint and want == math.inf:
-            if _is_inf(got):
+            if special == "math.inf":
                 continue
             return refuse_degenerate(got, shape=(), what="T", allow_zeros=True) or (
                 f"{where}, yours is a finite T, yet no context reaches this fraction (the "
                 "reduction only nears its limit as T grows): return math.inf there")
-        if not hint and _is_inf(got):
+        if special == "math.inf":
             return (f"{where}, yours is math.inf, yet a finite T reaches this fraction: "
                     "math.inf only where no context does")
         hint = hint or refuse_degenerate(got, shape=(), what="T", allow_zeros=True)
@@ -224,26 +224,16 @@ def _reduction_hint(answer, trials) -> str | None:
     return None
 
 
-def _one_float(got):
-    """``got`` as one numpy float scalar (a Python, numpy or jax float, or a 0-d array of one),
-    else None (bfloat16, whose dtype kind is not "f", included)."""
+def _special_float(got) -> str | None:
+    """"NaN", "math.inf" or "-math.inf" where ``got`` is one float of that value (a Python, numpy
+    or jax float, or a 0-d array of one), else None (bfloat16, dtype kind not "f", included)."""
     try:
         value = np.asarray(got)
     except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
         return None
-    return value[()] if value.shape == () and value.dtype.kind == "f" else None
-
-
-def _is_inf(got) -> bool:
-    return bool(_one_float(got) == np.inf)
-
-
-def _nan_or_minus_inf(got) -> str | None:
-    """Which of NaN and -inf ``got`` is, as the hint names it; None for anything else."""
-    value = _one_float(got)
-    if value is None or not (np.isnan(value) or value == -np.inf):
+    if value.shape != () or value.dtype.kind != "f" or np.isfinite(value):
         return None
-    return "NaN" if np.isnan(value) else "-math.inf"
+    return "NaN" if np.isnan(value) else "math.inf" if value > 0 else "-math.inf"
 
 
 def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
