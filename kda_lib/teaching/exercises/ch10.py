@@ -186,7 +186,7 @@ def _reduction_hint(answer, trials) -> str | None:
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
-        special = None if hint else _special_float(got)
+        special = None if hint else _special_float(got)  # None too where the answer failed
         if special in ("NaN", "-math.inf"):
             return (f"{where}, yours is {special}: give T as a positive real number, or math.inf "
                     "where no context reaches the fraction")
