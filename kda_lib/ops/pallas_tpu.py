@@ -1,0 +1,454 @@
+"""KDA's chunked form as two Pallas TPU kernels (forward, and a reverse-chunk backward).
+
+One program per (batch row, value head); the sequence runs in blocks of ``BLOCK_T`` tokens, in
+order (forward) or in reverse (backward), ``chunk_size`` tokens at a time inside a block, with
+the state ``S [K, V]`` (or its cotangent) in float32 in VMEM between chunks. q, k, v, g are read
+once from the batch-first layout (``[B, T, H, K]`` viewed as ``[B, T, H * K]``: a head's tile is
+a column block, no transpose in HBM) and o is written once. One chunk's math is
+:func:`chunk_step` (the steps of :mod:`kda_lib.ops.chunked`'s docstring); the backward kernel
+runs ``jax.vjp`` of the same function from the states the forward saved at chunk boundaries.
+
+Decay ratios are products of ``exp(g) <= 1`` (or exponentials of sums of ``g <= 0``) over
+exactly their own range: any ``g <= 0`` is safe. Matmuls of float32 operands are split into
+bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
+interpret mode on a CPU. Serves ``K``, ``V`` multiples of 128, no segment ids, no interior
+states (:func:`refusals`); non-finite inputs: the recurrence's result (``kda_pallas``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+LANES = 128  # K and V: multiples of the TPU's lane width
+SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
+BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 128 lanes)
+VMEM_LIMIT = 64 * 2**20
+
+
+# ------------------------------------------------------------------ matmuls, exact or not
+def _pieces(x, count: int):
+    """``x`` float32 as ``count`` bfloat16 pieces summing to it (to 8, 16, 24 bits)."""
+    out = []
+    for _ in range(count):
+        hi = x.astype(jnp.bfloat16)
+        out.append(hi)
+        x = x - hi.astype(jnp.float32)
+    return out
+
+
+def _dot_fwd_impl(a, b, passes: int, dims):
+    """``dot_general(a, b, dims)`` accumulated in float32 from bfloat16 pieces: 1 pass (bf16
+    operands), 3 (pieces 2 + 2, ``hi hi + hi lo + lo hi``) or 6 (pieces 3 + 3, orders <= 2)."""
+    f32 = jnp.float32
+    dot = functools.partial(jax.lax.dot_general, dimension_numbers=(dims, ((), ())),
+                            preferred_element_type=f32)  # fmt: skip
+    if passes == 1 or (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16):
+        return dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16))
+    count = {3: 2, 6: 3}[passes]
+    pa = [a.astype(jnp.bfloat16)] if a.dtype == jnp.bfloat16 else _pieces(a.astype(f32), count)
+    pb = [b.astype(jnp.bfloat16)] if b.dtype == jnp.bfloat16 else _pieces(b.astype(f32), count)
+    out = None
+    for i, x in enumerate(pa):
+        for j, y in enumerate(pb):
+            if i + j < count:
+                term = dot(x, y)
+                out = term if out is None else out + term
+    return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dot(a, b, passes: int, trans_b: bool = False):
+    """``a @ b`` (``a @ b.T`` with ``trans_b``) in float32 by :func:`_dot_fwd_impl`; its
+    gradients at the same number of passes."""
+    return _dot_fwd_impl(a, b, passes, ((1,), (1,) if trans_b else (0,)))
+
+
+def _dot_t(a, b, passes: int):
+    """``a.T @ b`` (a float32 transpose first: it lowers everywhere)."""
+    return _dot(a.astype(jnp.float32).T, b, passes)
+
+
+def _dot_vjp_fwd(a, b, passes, trans_b):
+    return _dot(a, b, passes, trans_b), (a, b)
+
+
+def _dot_vjp_bwd(passes, trans_b, residuals, d_out):
+    a, b = residuals  # out = a @ op(b)
+    d_a = _dot(d_out, b, passes, not trans_b)  # d_out @ op(b).T
+    d_b = _dot_t(a, d_out, passes)  # d op(b) = a.T @ d_out
+    return d_a.astype(a.dtype), (d_b.T if trans_b else d_b).astype(b.dtype)
+
+
+_dot.defvjp(_dot_vjp_fwd, _dot_vjp_bwd)
+
+
+# ------------------------------------------------------------------ shifts and scans
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _roll(x, shift: int):
+    """``jnp.roll(x, shift, axis=0)`` (rows), ``0 <= shift < rows``, as the TPU rotates."""
+    return pltpu.roll(x, jnp.int32(shift), 0) if shift else x
+
+
+_roll.defvjp(lambda x, s: (_roll(x, s), None),
+             lambda s, _, d: (_roll(d, (d.shape[0] - s) % d.shape[0]),))  # fmt: skip
+
+
+# typed: no 64-bit constants under jax_enable_x64 (Mosaic has none)
+_ZERO, _ONE, _I0 = np.float32(0), np.float32(1), np.int32(0)
+
+
+def _div(x, n: int):  # floor division of non-negative ints (jnp's // lowers through sign)
+    return jax.lax.div(x, jnp.asarray(n, x.dtype))
+
+
+def _rem(x, n: int):
+    return jax.lax.rem(x, jnp.asarray(n, x.dtype))
+
+
+def _rows(shape):
+    return jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+
+
+def _scan(x, width: int, *, reverse: bool = False):
+    """Inclusive scan of ``x [C, D]`` over rows within aligned segments of ``width`` rows (from
+    the end when ``reverse``): ``log2(width)`` rotations (Hillis-Steele)."""
+    rows, size = _rem(_rows(x.shape), width), x.shape[0]
+    d = 1
+    while d < width:
+        if reverse:  # row i takes row i + d of its segment
+            moved = jnp.where(rows < width - d, _roll(x, size - d), _ZERO)
+        else:
+            moved = jnp.where(rows >= d, _roll(x, d), _ZERO)
+        x = x + moved
+        d *= 2
+    return x
+
+
+def _after(x, width: int):
+    """Row i: ``x[i + 1]`` within its aligned segment of ``width`` rows, 0 at its last row."""
+    rows, size = _rem(_rows(x.shape), width), x.shape[0]
+    return jnp.where(rows < width - 1, _roll(x, size - 1), _ZERO)
+
+
+# ------------------------------------------------------------------ one chunk
+def _eye(size):
+    return _rows((size, size)) == jax.lax.broadcasted_iota(jnp.int32, (size, size), 1)
+
+
+def _row(x, i: int):
+    """Row ``i`` of ``x [C, D]`` as ``[1, D]``, by a masked sum (slices' transposes are pads)."""
+    return jnp.sum(jnp.where(_rows(x.shape) == i, x, _ZERO), axis=0, keepdims=True)
+
+
+def _column(row):
+    """``[1, D]`` -> ``[D, 1]`` by a masked sum."""
+    return jnp.sum(jnp.where(_eye(row.shape[1]), row, _ZERO), axis=1, keepdims=True)
+
+
+def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
+    """One chunk: ``(o [C, V] float32, state after [K, V])`` from q, k ``[C, K]``, v ``[C, V]``
+    (input dtype), g ``[C, K]`` and beta ``[C, 1]`` float32, the state entering ``[K, V]``
+    float32. ``low``: bfloat16 inputs (scores and the intra-chunk output in one bfloat16 pass,
+    the rest in three); else six passes throughout (float32's precision)."""
+    f32 = jnp.float32
+    size, sub = q.shape[0], min(SUB, q.shape[0])
+    p_score, p_inner = (1, 3) if low else (6, 6)
+    k32, q32 = k.astype(f32), q.astype(f32) * scale
+    rows, cols = _rows((size, size)), jax.lax.broadcasted_iota(jnp.int32, (size, size), 1)
+    same = _div(rows, sub) == _div(cols, sub)
+    block_of = _div(_rows(g.shape), sub)
+    # decays: exponentials of sums of g <= 0 over exactly their own range
+    row_f = jnp.exp(_scan(g, sub))  # from row i's block start through i
+    tail_f = jnp.exp(_scan(_after(g, sub), sub, reverse=True))  # after j to its block's end
+    decay_in = jnp.exp(_scan(g, size))  # exp(G_i)
+    decay_out = jnp.exp(_scan(_after(g, size), size, reverse=True))  # exp(G_C - G_j)
+    # decayed scores: the diagonal blocks along the band by products of exp(g) <= 1
+    a = jnp.exp(g)
+    band_kk = band_qk = jnp.zeros((size, size), f32)
+    ratio, keys = jnp.ones_like(g), k32
+    for d in range(sub):  # ratio[i] = exp(g_{i-d+1} + ... + g_i), keys[i] = k[i - d]
+        if d:
+            ratio, keys = ratio * _roll(a, d - 1), _roll(k32, d)
+        on_band = same & (cols == rows - d)
+        band_qk = jnp.where(on_band, jnp.sum(q32 * keys * ratio, axis=1, keepdims=True), band_qk)
+        if d:
+            kk = jnp.sum(k32 * keys * ratio, axis=1, keepdims=True)
+            band_kk = jnp.where(on_band, kk, band_kk)
+    # ... the rest by one matmul per row block, the reference point at the block's start
+    column_f = jnp.zeros_like(g)  # exp(g) products from after j to block b's start
+    for b in range(1, size // sub):
+        column_f = jnp.where(block_of == b - 1, tail_f, column_f * _row(row_f, b * sub - 1))
+        keys = k32 * column_f
+        mine = block_of == b
+        band_kk = band_kk + _dot(jnp.where(mine, k32 * row_f, _ZERO), keys, p_score, True)
+        band_qk = band_qk + _dot(jnp.where(mine, q32 * row_f, _ZERO), keys, p_score, True)
+    attn_kk = beta * jnp.where(cols < rows, band_kk, _ZERO)
+    attn_qk = jnp.where(cols <= rows, band_qk, _ZERO)
+    solve = _unit_lower_inverse(attn_kk, same, p_inner)
+    w = _dot(solve, beta * k32 * decay_in, p_inner)
+    u = _dot(solve, beta * v.astype(f32), p_inner)
+    corrected = u - _dot(w, state, p_inner)
+    o = _dot(q32 * decay_in, state, p_inner) + _dot(attn_qk, corrected, p_score)
+    keep = _column(_row(decay_in, size - 1))  # exp(G_C) [K, 1]
+    return o, keep * state + _dot_t(k32 * decay_out, corrected, p_inner)
+
+
+def _unit_lower_inverse(attn, same, passes: int):
+    """``(I + attn)^-1`` for strictly lower ``attn [C, C]``: the diagonal blocks by the Neumann
+    product ``(I - X)(I + X^2)...``, then ``(I + N)^-1 = (I - N)(I + N^2)...`` for the
+    strictly block-lower ``N = X'^-1 L`` (block counts powers of two)."""
+    size = attn.shape[0]
+    eye = jnp.where(_eye(size), _ONE, _ZERO)
+    diag = jnp.where(same, attn, _ZERO)
+    inv, power = eye - diag, diag
+    for _ in range(int(math.log2(min(SUB, size))) - 1):
+        power = _dot(power, power, passes)
+        inv = _dot(inv, eye + power, passes)
+    blocks = size // min(SUB, size)
+    if blocks == 1:
+        return inv
+    n = _dot(inv, jnp.where(same, _ZERO, attn), passes)
+    outer, power = eye - n, n
+    for _ in range(int(math.log2(blocks)) - 1):
+        power = _dot(power, power, passes)
+        outer = _dot(outer, eye + power, passes)
+    return _dot(outer, inv, passes)
+
+
+# ------------------------------------------------------------------ the kernels
+def _compiler_params(semantics):
+    params = getattr(pltpu, "CompilerParams", None) or pltpu.TPUCompilerParams  # JAX < 0.7
+    return params(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
+
+
+def _beta_column(beta_ref, column_ref):
+    """beta's row tile ``[1, BLOCK_T]`` into the column scratch ``[BLOCK_T, 1]``."""
+    column_ref[...] = _column(beta_ref[0, 0])
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_ref, *rest,
+                    chunk: int, scale: float, low: bool, save: bool):  # fmt: skip
+    states_ref, (state_ref, beta_col) = (rest[0] if save else None), rest[-2:]
+    key_dim = state_ref.shape[0]
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        state_ref[...] = s0_ref[0, 0]
+
+    _beta_column(beta_ref, beta_col)
+
+    def body(c, carry):
+        t = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        state = state_ref[...]
+        if save:
+            states_ref[0, 0, pl.ds(pl.multiple_of(c * key_dim, key_dim), key_dim), :] = state
+        o, new = chunk_step(q_ref[0, t, :], k_ref[0, t, :], v_ref[0, t, :],
+                            g_ref[0, t, :].astype(jnp.float32), beta_col[t, :], state,
+                            scale=scale, low=low)  # fmt: skip
+        o_ref[0, t, :] = o.astype(o_ref.dtype)
+        state_ref[...] = new
+        return carry
+
+    jax.lax.fori_loop(jnp.int32(0), jnp.int32(q_ref.shape[1] // chunk), body, jnp.int32(0))
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _():
+        final_ref[0, 0] = state_ref[...]
+
+
+def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d_final_ref,
+                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref,
+                     d_state_ref, beta_col, d_beta_col, *, chunk: int, scale: float,
+                     low: bool):  # fmt: skip
+    key_dim = d_state_ref.shape[0]
+    chunks = q_ref.shape[1] // chunk
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        d_state_ref[...] = d_final_ref[0, 0]
+
+    _beta_column(beta_ref, beta_col)
+
+    def body(i, carry):
+        c = chunks - 1 - i
+        t = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
+        state = states_ref[0, 0, pl.ds(pl.multiple_of(c * key_dim, key_dim), key_dim), :]
+        step = functools.partial(chunk_step, scale=scale, low=low)
+        _, pullback = jax.vjp(step, q_ref[0, t, :].astype(jnp.float32),
+                              k_ref[0, t, :].astype(jnp.float32),
+                              v_ref[0, t, :].astype(jnp.float32),
+                              g_ref[0, t, :].astype(jnp.float32), beta_col[t, :], state)
+        dq, dk, dv, dg, d_beta, d_state = pullback(
+            (do_ref[0, t, :].astype(jnp.float32), d_state_ref[...]))
+        dq_ref[0, t, :] = dq.astype(dq_ref.dtype)
+        dk_ref[0, t, :] = dk.astype(dk_ref.dtype)
+        dv_ref[0, t, :] = dv.astype(dv_ref.dtype)
+        dg_ref[0, t, :] = dg
+        d_beta_col[t, :] = d_beta
+        d_state_ref[...] = d_state
+        return carry
+
+    jax.lax.fori_loop(jnp.int32(0), jnp.int32(chunks), body, jnp.int32(0))
+    # the column back to beta's row layout: a masked sum over rows
+    size = d_beta_col.shape[0]
+    d_beta_ref[0, 0] = jnp.sum(jnp.where(_eye(size), d_beta_col[...], _ZERO), axis=0,
+                               keepdims=True)  # fmt: skip
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _():
+        d_s0_ref[0, 0] = d_state_ref[...]
+
+
+# ------------------------------------------------------------------ the calls
+def _interpret(interpret):
+    return jax.default_backend() != "tpu" if interpret is None else interpret
+
+
+def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, save, interpret=None):
+    """The forward kernel on padded inputs: ``(o, final_state, entering states or None)``."""
+    batch, seq_len, heads, value_dim = v.shape
+    key_dim = q.shape[-1]
+    n_blocks = seq_len // BLOCK_T
+    per_block = BLOCK_T // chunk
+    at = lambda b, h, n: (b, n, _div(h, groups))
+    mine = lambda b, h, n: (b, n, h)
+    tile = lambda width, index: pl.BlockSpec((1, BLOCK_T, width), index)
+    state_spec = pl.BlockSpec((1, 1, key_dim, value_dim), lambda b, h, n: (b, h, _I0, _I0))
+    in_specs = [tile(key_dim, at), tile(key_dim, at), tile(value_dim, mine), tile(key_dim, mine),
+                pl.BlockSpec((1, 1, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, n)), state_spec]
+    out_specs = [tile(value_dim, mine), state_spec]
+    out_shape = [jax.ShapeDtypeStruct((batch, seq_len, heads * value_dim), q.dtype),
+                 jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
+    if save:
+        out_specs.append(pl.BlockSpec((1, 1, per_block * key_dim, value_dim),
+                                      lambda b, h, n: (b, h, n, _I0)))  # fmt: skip
+        out_shape.append(jax.ShapeDtypeStruct(
+            (batch, heads, seq_len // chunk * key_dim, value_dim), jnp.float32))
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
+        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
+                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
+    kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale,
+                               low=q.dtype == jnp.bfloat16, save=save)  # fmt: skip
+    flat = lambda x: x.reshape(*x.shape[:2], -1)
+    out = pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
+        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
+    )(flat(q), flat(k), flat(v), flat(g), beta_rows, s0)
+    o = out[0].reshape(batch, seq_len, heads, value_dim)
+    return o, out[1], (out[2] if save else None)
+
+
+def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, groups,
+              interpret=None):  # fmt: skip
+    """The backward kernel: ``(dq, dk, dv, dg, d_beta_rows, d_s0)``, dq and dk per value head."""
+    batch, seq_len, heads, value_dim = v.shape
+    key_dim = q.shape[-1]
+    n_blocks = seq_len // BLOCK_T
+    per_block = BLOCK_T // chunk
+    last = lambda n: n_blocks - 1 - n
+    at = lambda b, h, n: (b, last(n), _div(h, groups))
+    mine = lambda b, h, n: (b, last(n), h)
+    tile = lambda width, index: pl.BlockSpec((1, BLOCK_T, width), index)
+    state_spec = pl.BlockSpec((1, 1, key_dim, value_dim), lambda b, h, n: (b, h, _I0, _I0))
+    beta_spec = pl.BlockSpec((1, 1, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, last(n)))
+    in_specs = [tile(key_dim, at), tile(key_dim, at), tile(value_dim, mine), tile(key_dim, mine),
+                beta_spec, pl.BlockSpec((1, 1, per_block * key_dim, value_dim),
+                                        lambda b, h, n: (b, h, last(n), _I0)),
+                tile(value_dim, mine), state_spec]  # fmt: skip
+    grad_dtype = q.dtype if groups == 1 else jnp.float32
+    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len, heads * width), dtype)
+    out_shape = [wide(key_dim, grad_dtype), wide(key_dim, grad_dtype), wide(value_dim, v.dtype),
+                 wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta_rows.shape, jnp.float32),
+                 jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
+    out_specs = [tile(key_dim, mine), tile(key_dim, mine), tile(value_dim, mine),
+                 tile(key_dim, mine), beta_spec, state_spec]  # fmt: skip
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
+        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
+                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32),
+                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
+    kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale,
+                               low=q.dtype == jnp.bfloat16)  # fmt: skip
+    flat = lambda x: x.reshape(*x.shape[:2], -1)
+    dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
+        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
+    )(flat(q), flat(k), flat(v), flat(g), beta_rows, states, flat(d_o), d_final)
+    per_value_head = lambda x: x.reshape(batch, seq_len, heads, -1)
+    return (*map(per_value_head, (dq, dk, dv, dg)), d_beta, d_s0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
+def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, interpret):
+    o, final, _ = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk, groups=groups,
+                           save=False, interpret=interpret)  # fmt: skip
+    return o, final
+
+
+def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, interpret):
+    o, final, states = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk,
+                                groups=groups, save=True, interpret=interpret)  # fmt: skip
+    return (o, final), (q, k, v, g, beta_rows, states)
+
+
+def _kda_bwd(scale, chunk, groups, interpret, residuals, cotangents):
+    q, k, v, g, beta_rows, states = residuals
+    d_o, d_final = cotangents
+    dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta_rows, states, d_o.astype(q.dtype),
+                                             d_final.astype(jnp.float32), scale=scale,
+                                             chunk=chunk, groups=groups,
+                                             interpret=interpret)  # fmt: skip
+    if groups > 1:  # a q/k head's gradient: the sum over the value heads that read it
+        b, t, hv, kd = dq.shape
+        dq, dk = (x.reshape(b, t, hv // groups, groups, kd).sum(3) for x in (dq, dk))
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
+            d_beta.astype(beta_rows.dtype), d_s0)  # fmt: skip
+
+
+_kda.defvjp(_kda_fwd, _kda_bwd)
+
+
+def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size: int = 64,
+               interpret: bool | None = None):  # fmt: skip
+    """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
+    final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
+    HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V multiples of 128, ``chunk_size``
+    a power of two from 16 to ``BLOCK_T``. ``interpret``: Pallas's interpreter (default: off a
+    TPU). Differentiable (reverse mode) in every array."""
+    batch, seq_len, heads, value_dim = v.shape
+    key_dim, groups = q.shape[-1], heads // q.shape[2]
+    pad = -seq_len % BLOCK_T  # padding tokens: no decay (g = 0), no write (beta = 0)
+    widen = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
+    q, k, v, g, beta = map(widen, (q, k, v, g, beta))
+    s0 = (jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32) if initial_state is None
+          else initial_state.astype(jnp.float32))  # fmt: skip
+    beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
+    o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
+                    groups, interpret)  # fmt: skip
+    return o[:, :seq_len], final
+
+
+def refusals(*, key_dim: int, value_dim: int, chunk_size: int, has_segments: bool,
+             interior_states: bool) -> list[str]:
+    """Why the kernels cannot serve a call (empty: they can)."""
+    out = []
+    if key_dim % LANES or value_dim % LANES:
+        out.append(f"the Pallas TPU kernel needs key and value head dims that are multiples of "
+                   f"{LANES} (got K={key_dim}, V={value_dim})")  # fmt: skip
+    if not SUB <= chunk_size <= BLOCK_T:
+        out.append(f"the Pallas TPU kernel needs {SUB} <= chunk_size <= {BLOCK_T} (got "
+                   f"{chunk_size})")  # fmt: skip
+    if has_segments:
+        out.append("the Pallas TPU kernel does not take segment_ids (use 'chunked')")
+    if interior_states:
+        out.append("the Pallas TPU kernel keeps no interior states (use 'chunked' or "
+                   "'recurrent')")  # fmt: skip
+    return out
