@@ -285,8 +285,8 @@ assert all(np.isclose(r, 1 - at_scale.model_cache_bytes(kimi, t) / at_scale.mode
     kimi, t, hybrid=False)) for t, r in reduction.items())
 print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_token}): " + ", ".join(
     f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = "
-    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: f"{len(
-        p.kda_layers) / p.num_layers:.1%}" for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
+    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: format(
+        len(p.kda_layers) / p.num_layers, ".1%") for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
 mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]
