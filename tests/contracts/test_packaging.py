@@ -156,6 +156,36 @@ def test_a_tokamax_implementation_without_tokamax_names_the_extra_before_any_wor
     assert chosen == "chunked"
 
 
+@pytest.mark.parametrize(
+    "python, why",
+    [
+        ((3, 11, 7), "on Python >= 3.12 (tokamax's releases need Python >= 3.12; this is Python "
+         "3.11, where the extra installs without it)"),
+        ((3, 12, 1), None),
+        ((3, 13, 0), None),
+    ],
+)
+def test_the_missing_tokamax_error_says_why_on_a_python_older_than_3_12(
+    without_tokamax, monkeypatch, python, why
+):
+    """A TPU image's Python 3.11 cannot install tokamax: the error names the extra and says why
+    it would not help there; on 3.12 and newer it names the extra alone."""
+    import jax
+
+    import kda_lib
+    from kda_lib.ops.tokamax import adapter
+    from kda_lib.testing import random_kda_inputs
+
+    problem = adapter.missing_tokamax_problem("implementation='tokamax_xla'", python)
+    assert re.search(EXTRA, problem), problem
+    assert (why in problem) if why else ("3.1" not in problem), problem
+    x = random_kda_inputs(jax.random.key(0), 1, 8, 2, 8, 8)
+    monkeypatch.setattr(sys, "version_info", python)  # what the raised error reads
+    with pytest.raises(ModuleNotFoundError) as raised:
+        kda_lib.kda(*(x[n] for n in ("q", "k", "v", "g", "beta")), implementation="tokamax_xla")
+    assert str(raised.value) == problem
+
+
 # ----------------------------------------------------------------------------- recorded data
 def test_recorded_data_is_found_and_parsed():
     assert records.recorded_files("benchmarks"), "no recorded benchmarks"
