@@ -22,8 +22,8 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 EXECUTED := $(patsubst notebooks/%,build/notebooks/%,$(NOTEBOOKS))
 PYTEST_ARGS ?=
 
-.PHONY: help test test-fast notebooks site lab lint sync lock repository-url clean check-python \
-	bench check-browser FORCE
+.PHONY: help test test-fast test-tpu notebooks site lab lint sync lock repository-url clean \
+	check-python bench check-browser FORCE
 
 # `make` alone, or `make help`: the targets, each with its one-line description (the `##` lines)
 help: ## list the targets
@@ -72,6 +72,14 @@ test: lint ## the whole suite (what CI runs): unit tests, every notebook under n
 FOLDER ?= ops
 test-fast: $(STAMP) ## one folder's quick tests: make test-fast FOLDER=layers
 	$(VPY) -m pytest $(XDIST) -m "not slow" tests/$(FOLDER) $(PYTEST_ARGS)
+
+# the tests marked `tpu` on the accelerator, in one process (one program holds a chip): with the
+# machine's own Python and JAX (a TPU VM image's python3, with kda_lib installed there or run from
+# this checkout), not .venv, which pins the CPU set of constraints.txt. Without make, the same:
+# JAX_PLATFORMS=tpu python3 -m pytest -p no:xdist -m tpu tests
+PYTHON_TPU ?= python3
+test-tpu: ## the tests marked tpu, on the TPU, with the image's python3 (no .venv)
+	JAX_PLATFORMS=tpu $(PYTHON_TPU) -m pytest -p no:xdist -m tpu tests $(PYTEST_ARGS)
 
 # execute every notebook with papermill (PARAMS=full: the bigger settings of notebooks/params/full/),
 # then render build/notebooks/ into the site build/html/ (Sphinx + myst-nb; renders the stored

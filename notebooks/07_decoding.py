@@ -49,14 +49,15 @@ seed: int = 0  # seed of the one jax.random.key below
 # %% tags=["hide-input"]
 # Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
+import os
 import runpy
 import subprocess
 import sys
 
-NEEDED = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
-missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
-if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
-    if "kda_lib" in missing:
+NEEDED = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib")
+sys.path += [d for d in map(os.path.abspath, (".", "..")) if os.path.isdir(f"{d}/kda_lib")][:1]
+if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None]:
+    if "kda_lib" in missing:  # not installed, and no checkout here or a folder up: install it
         KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
         print(f"Installing kda_lib from {KDA_LIB_SOURCE} (about 10 s) ...", flush=True)
         pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "--no-deps"]
@@ -67,7 +68,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
                                  f"run `pip install {KDA_LIB_SOURCE}` to see pip's whole output")
             error._render_traceback_ = lambda: [f"InstallFailed: {error}"]  # how Jupyter shows it
             raise error
-        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/teaching/install.py")["install_dependencies"](missing=missing)
 

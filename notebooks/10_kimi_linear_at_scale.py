@@ -46,14 +46,15 @@ seed: int = 0  # every notebook has one; this one draws no random numbers
 # %% tags=["hide-input"]
 # Install what is missing (Colab, a fresh VM; 1 to 3 minutes): see the notebook notes.
 import importlib.util
+import os
 import runpy
 import subprocess
 import sys
 
-NEEDED = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
-missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
-if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
-    if "kda_lib" in missing:
+NEEDED = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib")
+sys.path += [d for d in map(os.path.abspath, (".", "..")) if os.path.isdir(f"{d}/kda_lib")][:1]
+if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None]:
+    if "kda_lib" in missing:  # not installed, and no checkout here or a folder up: install it
         KDA_LIB_SOURCE = "git+https://github.com/kda-notebooks/kda-notebooks"
         print(f"Installing kda_lib from {KDA_LIB_SOURCE} (about 10 s) ...", flush=True)
         pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "--no-deps"]
@@ -64,7 +65,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
                                  f"run `pip install {KDA_LIB_SOURCE}` to see pip's whole output")
             error._render_traceback_ = lambda: [f"InstallFailed: {error}"]  # how Jupyter shows it
             raise error
-        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{kda_lib_dir}/teaching/install.py")["install_dependencies"](missing=missing)
 
@@ -285,8 +285,8 @@ assert all(np.isclose(r, 1 - at_scale.model_cache_bytes(kimi, t) / at_scale.mode
     kimi, t, hybrid=False)) for t, r in reduction.items())
 print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_token}): " + ", ".join(
     f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = "
-    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: f"{len(
-        p.kda_layers) / p.num_layers:.1%}" for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
+    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: format(
+        len(p.kda_layers) / p.num_layers, ".1%") for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
 mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]

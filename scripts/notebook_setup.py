@@ -9,9 +9,10 @@ The URL lives in one place: ``[project.urls] Repository`` in pyproject.toml. Fro
 * the README's ``pip install git+URL`` and ``git clone URL`` commands and its Colab links;
 * each notebook's link to the notation table, ``docs/NOTATION.md`` on GitHub (a relative link
   is broken on Colab, which opens the notebook alone);
-* the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL``), which installs
-  kda_lib where it is missing and then its dependencies for the machine's accelerator through
-  ``kda_lib/teaching/notebook.py``.
+* the install block of its setup cell (:data:`INSTALL_BLOCK`, with ``git+URL`` and the modules
+  that notebook needs, :func:`needed_modules`), which takes kda_lib from the checkout the notebook
+  sits in, or installs it where it is missing, and then what else that notebook needs for the
+  machine's accelerator through ``kda_lib/teaching/install.py``.
 
 Commands (``make repository-url URL=...`` runs the second, ``make sync`` the third, each then
 ``jupytext --sync``)::
@@ -52,23 +53,37 @@ _PYPROJECT_URL = re.compile(r'^Repository = "[^"]*"$', re.MULTILINE)
 _README_URL = re.compile(r"(?:git\+|git clone )(https://github\.com/[\w.-]+/[\w.-]+)")
 _README_COLAB = re.compile(r"https://colab\.research\.google\.com/github/([\w.-]+/[\w.-]+)/blob/")
 
-# The setup cell's install block, identical in every notebook. find_spec looks for kda_lib and
-# what the notebooks import without importing them: a missing one (a fresh runtime, or an
-# install cut short that left kda_lib without jax) installs what is missing. The installer runs
-# by path because `import kda_lib` needs jax. A failing pip ends the cell with one line
-# (InstallFailed: pip's reason and the command to run by hand), not pip's output and a traceback.
-# (scipy, which kda_lib.lab needs, is a requirement of jax: present wherever jax is)
-NEEDED_MODULES = ("kda_lib", "jax", "tokamax", "flax", "optax", "numpy", "matplotlib", "ipywidgets")
+# The setup cell's install block, the same in every notebook but for NEEDED. find_spec looks
+# for kda_lib and what that notebook imports without importing them: a missing one (a fresh
+# runtime, or an install cut short that left kda_lib without jax) installs what is missing. In a
+# checkout (the notebook's folder or the one above it holds kda_lib/) kda_lib is imported from
+# there, not installed: its folder goes at the end of sys.path, so an installed kda_lib wins.
+# The installer runs by path because `import kda_lib` needs jax; it leaves out what this Python
+# cannot install (tokamax below Python 3.12) with a one-line note. (A module pip has just put in
+# site-packages is found without importlib.invalidate_caches(): the import system re-reads a
+# folder whose modification time changed, and pip runs for seconds.) A failing pip ends the cell
+# with one line (InstallFailed: pip's reason and the command to run by hand), not pip's output
+# and a traceback. (scipy, which kda_lib.lab needs, is a requirement of jax and of kda_lib's core)
+BASE_MODULES = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib")
+# beyond the base, by notebook: 02's sliders (ipywidgets), 03's timing of tokamax's chunked
+# form beside kda_lib's and 05's layer on tokamax's TPU kernel (tokamax)
+MORE_MODULES = {
+    "02_gating_and_decay": ("ipywidgets",),
+    "03_chunkwise_algorithm": ("tokamax",),
+    "05_context_parallel": ("tokamax",),
+}
+NEEDED_MODULES = tuple(dict.fromkeys(BASE_MODULES + sum(MORE_MODULES.values(), ())))
 INSTALL_BLOCK = """\
 import importlib.util
+import os
 import runpy
 import subprocess
 import sys
 
 NEEDED = ({needed})
-missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
-if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and its dependencies
-    if "kda_lib" in missing:
+sys.path += [d for d in map(os.path.abspath, (".", "..")) if os.path.isdir(f"{{d}}/kda_lib")][:1]
+if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None]:
+    if "kda_lib" in missing:  # not installed, and no checkout here or a folder up: install it
         KDA_LIB_SOURCE = "{source}"
         print(f"Installing kda_lib from {{KDA_LIB_SOURCE}} (about 10 s) ...", flush=True)
         pip = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "--no-deps"]
@@ -79,7 +94,6 @@ if missing:  # Colab, a fresh VM or an install cut short: install kda_lib and it
                                  f"run `pip install {{KDA_LIB_SOURCE}}` to see pip's whole output")
             error._render_traceback_ = lambda: [f"InstallFailed: {{error}}"]  # how Jupyter shows it
             raise error
-        importlib.invalidate_caches()
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{{kda_lib_dir}}/teaching/install.py")["install_dependencies"](missing=missing)
 """
@@ -129,9 +143,16 @@ def solutions_link(url: str, notebook: str) -> str:
     return f"[`{path}`]({_checked(url)}/blob/{BRANCH}/{path})"
 
 
-def install_block(url: str) -> str:
-    """The setup cell's install block, installing kda_lib from ``git+url``."""
-    needed = ", ".join(f'"{name}"' for name in NEEDED_MODULES)
+def needed_modules(notebook: str) -> tuple[str, ...]:
+    """The modules the install cell of ``notebook`` (``NN_name``, any suffix) checks for:
+    :data:`BASE_MODULES` and that notebook's :data:`MORE_MODULES`."""
+    return BASE_MODULES + MORE_MODULES.get(pathlib.Path(notebook).stem, ())
+
+
+def install_block(url: str, notebook: str) -> str:
+    """The setup cell's install block of ``notebook`` (``NN_name``, any suffix), installing
+    kda_lib from ``git+url`` where no checkout or installed kda_lib is there."""
+    needed = ", ".join(f'"{name}"' for name in needed_modules(notebook))
     return INSTALL_BLOCK.format(source=f"git+{_checked(url)}", needed=needed)
 
 
@@ -143,7 +164,7 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
     badges = _BADGE.findall(text)
     if badges != [badge(url, ipynb)]:
         found.append(f"{source.name}: want exactly one badge {badge(url, ipynb)!r}, found {badges}")
-    if install_block(url) not in text:
+    if install_block(url, source.name) not in text:
         found.append(
             f"{source.name}: the setup cell lacks the install block for {url} "
             "(scripts/notebook_setup.py INSTALL_BLOCK)"
@@ -195,7 +216,7 @@ def set_repository_url(
         text = _BADGE.sub(lambda _, n=ipynb: badge(url, n), source.read_text())
         if len(_INSTALL_REGION.findall(text)) != 1:
             raise ValueError(f"{source}: want one install block (from 'import importlib.util')")
-        text = _INSTALL_REGION.sub(lambda _: install_block(url), text)
+        text = _INSTALL_REGION.sub(lambda _, n=source.name: install_block(url, n), text)
         text = _NOTATION_LINK.sub(lambda _: notation_link(url), text)
         text = _DOCS_LINK.sub(lambda m: m.group(0).replace(m.group(1), url), text)
         source.write_text(text)

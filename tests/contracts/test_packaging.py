@@ -1,17 +1,20 @@
 """Packaging: the wheel, the Colab path, tokamax as an extra and the recorded data.
 
 A plain install (the wheel, no extras) brings no tokamax: its metadata names tokamax only under
-the ``tokamax``, ``tpu``, ``notebook`` and ``dev`` extras, pip installs it offline where only the
-core's dependencies are there, and the README's first snippet runs; a tokamax implementation
-asked for without tokamax raises an error naming the extra, before any work.
+the ``tokamax``, ``tpu``, ``notebook`` and ``dev`` extras, and only on Python >= 3.12 (its
+releases need it; the package itself admits Python 3.11, a TPU image's), pip installs it offline
+where only the core's dependencies are there, and the README's first snippet runs; a tokamax
+implementation asked for without tokamax raises an error naming the extra (and, below Python
+3.12, why it cannot install), before any work.
 
 The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
 virtual environment without kda_lib, flax, optax, tokamax, matplotlib or ipywidgets, from a
 temporary folder with no checkout on ``sys.path``, the notebook's own setup cell installs the
 wheel (in place of the ``git+`` URL, ``--no-deps``), then the dependencies through
 ``kda_lib/teaching/install.py``: first with no wheel to install them from, where the cell must
-end with one line saying why pip failed, then with them, where the notebook must complete; then
-the recorded data that notebooks 03 and 08 read is loaded there.
+end with one line saying why pip failed, then with them, where the notebook must complete having
+installed only what notebook 00 imports (no tokamax, no ipywidgets); then the recorded data that
+notebooks 03 and 08 read is loaded there.
 
 To stay offline and fast, pip runs with ``PIP_NO_INDEX=1`` and finds kda_lib's missing direct
 requirements in a folder of wheels repacked from the project venv's installed files
@@ -29,6 +32,7 @@ import email.parser
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import pathlib
@@ -37,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tokenize
 import zipfile
 
 import pytest
@@ -58,6 +63,8 @@ from kda_lib.lab import records
 runs, notes = records.load_benchmark_runs()
 results = records.load_recorded("results", "synthetic_recall_full.json")
 print("recorded:", kda_lib.__file__, records.recorded_dir("benchmarks"), len(runs), len(results))
+import importlib.util
+print("not installed:", [m for m in ("tokamax", "ipywidgets") if not importlib.util.find_spec(m)])
 """
 NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
 
@@ -154,6 +161,36 @@ def test_a_tokamax_implementation_without_tokamax_names_the_extra_before_any_wor
         seq_len=4096, key_dim=128, dtype="bfloat16", lower_bound=-5.0, fused_gate=True
     )
     assert chosen == "chunked"
+
+
+@pytest.mark.parametrize(
+    "python, why",
+    [
+        ((3, 11, 7), "on Python >= 3.12 (tokamax's releases need Python >= 3.12; this is Python "
+         "3.11, where the extra installs without it)"),
+        ((3, 12, 1), None),
+        ((3, 13, 0), None),
+    ],
+)
+def test_the_missing_tokamax_error_says_why_on_a_python_older_than_3_12(
+    without_tokamax, monkeypatch, python, why
+):
+    """A TPU image's Python 3.11 cannot install tokamax: the error names the extra and says why
+    it would not help there; on 3.12 and newer it names the extra alone."""
+    import jax
+
+    import kda_lib
+    from kda_lib.ops.tokamax import adapter
+    from kda_lib.testing import random_kda_inputs
+
+    problem = adapter.missing_tokamax_problem("implementation='tokamax_xla'", python)
+    assert re.search(EXTRA, problem), problem
+    assert (why in problem) if why else ("3.1" not in problem), problem
+    x = random_kda_inputs(jax.random.key(0), 1, 8, 2, 8, 8)
+    monkeypatch.setattr(sys, "version_info", python)  # what the raised error reads
+    with pytest.raises(ModuleNotFoundError) as raised:
+        kda_lib.kda(*(x[n] for n in ("q", "k", "v", "g", "beta")), implementation="tokamax_xla")
+    assert str(raised.value) == problem
 
 
 # ----------------------------------------------------------------------------- recorded data
@@ -263,6 +300,24 @@ def test_plain_install_pulls_no_plotting_notebook_or_tokamax_package(wheel):
     # the TPU users, the notebooks and the suite keep it
     for extra in ("tokamax", "tpu", "notebook", "dev"):
         assert "tokamax" in extra_brings(extra), extra
+    # where its releases install: Python >= 3.12; the package itself admits a TPU image's 3.11
+    (tokamax,) = [r for r in requires if r.name == "tokamax"]
+    for python, holds in (("3.11", False), ("3.12", True), ("3.13", True)):
+        assert tokamax.marker.evaluate({"extra": "tokamax", "python_version": python}) is holds
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        assert "\nRequires-Python: >=3.11\n" in zf.read(name).decode()
+
+
+@WHEEL
+def test_the_checkout_reads_its_requirements_as_the_wheel_declares_them(wheel):
+    """A checkout's kda_lib, not installed: the notebooks' installer reads pyproject.toml into
+    what the installed metadata would say (markers included)."""
+    requires, version = installer.checkout_requirements(str(ROOT / "pyproject.toml"))
+    assert version == "0.1.0"
+    assert sorted(map(str, map(Requirement, requires))) == sorted(
+        map(str, map(Requirement, _wheel_requires(wheel)))
+    )
 
 
 def _dependency_closure(requirements: list[str]) -> set[str]:
@@ -484,10 +539,14 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     run = _run_notebook(python, workdir, env, wheels)
     assert run.returncode == 0, f"notebook 00 failed in the fresh venv:\n{run.stderr[-6000:]}"
     printed = "".join("".join(o["text"]) for o in _outputs(executed, "stream"))
-    assert "kda_lib 0.1.0 installed with [notebook] for the CPU" in printed, printed[:2000]
+    summary = "kda_lib 0.1.0 installed with its core requirements for the CPU of this machine"
+    assert summary in printed, printed[:2000]
     # the install says what it does before pip's silent minutes; setup() names no folder
-    (before,) = [line for line in printed.splitlines() if "Installing kda_lib" in line]
-    assert before.startswith("Installing kda_lib's dependencies (tokamax, flax, optax"), before
+    (before,) = [line for line in printed.splitlines() if "Installing kda_lib's" in line]
+    assert before.startswith("Installing kda_lib's dependencies (flax, optax missing): jax"), before
+    # only what notebook 00 imports: neither tokamax (03 and 05) nor ipywidgets (02)
+    assert "tokamax" not in before and "ipywidgets" not in before, before
+    assert "not installed: ['tokamax', 'ipywidgets']" in printed, printed[-2000:]
     (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]
     assert setup_line.endswith("| kda_lib 0.1.0 (installed)"), setup_line
     (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]
@@ -496,19 +555,39 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     assert int(n_runs) >= 1 and int(n_results) >= 1, line
 
 
-def test_install_cell_checks_every_module_the_notebooks_import():
+def _code(source: pathlib.Path) -> str:
+    """A notebook's code without its comments (markdown cells are comments in the .py)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source.read_text()).readline)
+    return " ".join(t.string for t in tokens if t.type != tokenize.COMMENT)
+
+
+def test_each_install_cell_checks_the_modules_its_notebook_imports_and_no_more():
     """The install cell skips the install only if these are all there: each third-party module
-    a notebook imports must be among them (IPython comes with every Jupyter kernel)."""
+    a notebook imports must be among its NEEDED (IPython comes with every Jupyter kernel), and
+    what kda_lib imports only for some notebooks is asked for only there: tokamax where the
+    notebook's code runs tokamax's kernels (an implementation="tokamax_*", emulate_tpu, or 03's
+    kda_forms, which times tokamax's chunked form), ipywidgets where it asks for sliders."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import notebook_setup
 
-    imported = set()
-    for source in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+    sources = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    for source in sources:
+        imported = set()
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"IPython"}
-    assert third_party, "no import found: the parser is broken"
-    assert third_party <= set(notebook_setup.NEEDED_MODULES), sorted(third_party)
+        third_party = imported - set(sys.stdlib_module_names) - {"IPython"}
+        assert "numpy" in third_party, f"{source.name}: no numpy import found: the parser broke"
+        needed = notebook_setup.needed_modules(source.name)
+        assert third_party <= set(needed), (source.name, sorted(third_party - set(needed)))
+        code = _code(source)
+        uses_tokamax = bool(re.search(r"""["']tokamax_|emulate_tpu|kda_forms \(""", code))
+        assert ("tokamax" in needed) is uses_tokamax, source.name
+        assert ("ipywidgets" in needed) is ("interactive (" in code), source.name
+        line = "NEEDED = (" + ", ".join(f'"{m}"' for m in needed) + ")\n"
+        assert line in source.read_text(), source.name
+    assert set(notebook_setup.NEEDED_MODULES) == {
+        m for s in sources for m in notebook_setup.needed_modules(s.name)
+    }

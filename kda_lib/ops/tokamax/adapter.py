@@ -9,6 +9,7 @@ import importlib.util
 import logging
 import math
 import re
+import sys
 from collections import namedtuple
 
 import jax
@@ -46,13 +47,27 @@ TOKAMAX_VARIANTS = {v.name: v for v in (
 MOSAIC = TOKAMAX_VARIANTS["tokamax_mosaic"]
 
 
-def missing_tokamax_problem(what: str) -> str | None:
-    """Why ``what`` cannot run for want of tokamax, naming the extra; None if installed."""
+def tokamax_install_hint(python: tuple[int, ...] | None = None) -> str:
+    """How to get tokamax: the extra, and where ``python`` (default: this interpreter's
+    version) is older than 3.12, that tokamax's releases need Python >= 3.12 (the extra's
+    marker skips tokamax there, so installing it here would not help)."""
+    major, minor = (sys.version_info if python is None else python)[:2]
+    if (major, minor) >= (3, 12):
+        return TOKAMAX_INSTALL
+    return (
+        f"{TOKAMAX_INSTALL} on Python >= 3.12 (tokamax's releases need Python >= 3.12; this is "
+        f"Python {major}.{minor}, where the extra installs without it)"
+    )
+
+
+def missing_tokamax_problem(what: str, python: tuple[int, ...] | None = None) -> str | None:
+    """Why ``what`` cannot run for want of tokamax, naming the extra (and, on Python < 3.12,
+    why it is missing: :func:`tokamax_install_hint`); None if installed."""
     if importlib.util.find_spec("tokamax") is not None:
         return None
     return (
-        f"{what} needs tokamax, which is not installed: {TOKAMAX_INSTALL} (kda_lib's own "
-        "implementations, 'chunked' and 'recurrent', need no tokamax)"
+        f"{what} needs tokamax, which is not installed: {tokamax_install_hint(python)} "
+        "(kda_lib's own implementations, 'chunked' and 'recurrent', need no tokamax)"
     )
 
 
@@ -227,7 +242,7 @@ def tokamax_mosaic_context_parallel(q, k, v, g, beta, options: KDAOptions, *, ax
                            f"K={dims.key_dim}, V={dims.value_dim}")  # fmt: skip
     if why := "; ".join(problems):
         raise ValueError(f"'tokamax_mosaic' cannot run inside shard_map here: {why}")
-    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (jax>=0.12.0.1, pyproject)
+    if axis_name in jax.typeof(q).mat.varying:  # q's varying axes (as in constraints.txt's jax)
         raise ValueError("'tokamax_mosaic' context parallelism needs jax.shard_map(..., "
                          "check_vma=False): tokamax's CP kernels build loop carries that do not "
                          "vary over the mesh axis, which the vma check rejects")  # fmt: skip

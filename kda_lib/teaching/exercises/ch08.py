@@ -176,9 +176,10 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
 def _tables_called(watch: bool):
     """While the block runs (if ``watch``), record in the list yielded the first routine of
     ``_TABLES`` any thread's Python code calls, however it was reached (a name built at run
-    time included): the callable, the object it is bound to, or its first argument (map)."""
-    seen, mon = [], sys.monitoring
-    tool = next((i for i in range(6) if mon.get_tool(i) is None), None) if watch else None
+    time included): the callable, the object it is bound to, or its first argument (map).
+    sys.monitoring is Python >= 3.12's: on 3.11 nothing is watched (the other refusals hold)."""
+    seen, mon = [], getattr(sys, "monitoring", None)
+    tool = next((i for i in range(6) if mon.get_tool(i) is None), None) if watch and mon else None
     if tool is None:
         yield seen
         return
