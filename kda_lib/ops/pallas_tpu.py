@@ -30,6 +30,8 @@ LANES = 128  # K and V: multiples of the TPU's lane width
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 128 lanes)
 VMEM_LIMIT = 64 * 2**20
+LOW_PASSES = (1, 3, 3)  # bfloat16 inputs: passes of the scores, the inverse and w, u, the state
+
 
 
 # ------------------------------------------------------------------ matmuls, exact or not
@@ -47,7 +49,8 @@ def _dot_fwd_impl(a, b, passes: int, dims):
     """``dot_general(a, b, dims)`` accumulated in float32 from bfloat16 pieces: 1 pass (bf16
     operands), 3 (pieces 2 + 2, ``hi hi + hi lo + lo hi``) or 6 (pieces 3 + 3, orders <= 2)."""
     f32 = jnp.float32
-    dot = functools.partial(jax.lax.dot_general, dimension_numbers=(dims, ((), ())),
+    batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
+    dot = functools.partial(jax.lax.dot_general, dimension_numbers=(dims, batch),
                             preferred_element_type=f32)  # fmt: skip
     if passes == 1 or (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16):
         return dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16))
@@ -65,14 +68,19 @@ def _dot_fwd_impl(a, b, passes: int, dims):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _dot(a, b, passes: int, trans_b: bool = False):
-    """``a @ b`` (``a @ b.T`` with ``trans_b``) in float32 by :func:`_dot_fwd_impl`; its
-    gradients at the same number of passes."""
-    return _dot_fwd_impl(a, b, passes, ((1,), (1,) if trans_b else (0,)))
+    """``a @ b`` (``a @ b.T`` with ``trans_b``) in float32 by :func:`_dot_fwd_impl`, batched
+    over a leading axis of 3-d operands; its gradients at the same number of passes."""
+    n = a.ndim
+    return _dot_fwd_impl(a, b, passes, ((n - 1,), (n - 1,) if trans_b else (n - 2,)))
 
 
 def _dot_t(a, b, passes: int):
     """``a.T @ b`` (a float32 transpose first: it lowers everywhere)."""
-    return _dot(a.astype(jnp.float32).T, b, passes)
+    return _dot(_t(a.astype(jnp.float32)), b, passes)
+
+
+def _t(x):
+    return jnp.swapaxes(x, -1, -2)
 
 
 def _dot_vjp_fwd(a, b, passes, trans_b):
@@ -83,7 +91,7 @@ def _dot_vjp_bwd(passes, trans_b, residuals, d_out):
     a, b = residuals  # out = a @ op(b)
     d_a = _dot(d_out, b, passes, not trans_b)  # d_out @ op(b).T
     d_b = _dot_t(a, d_out, passes)  # d op(b) = a.T @ d_out
-    return d_a.astype(a.dtype), (d_b.T if trans_b else d_b).astype(b.dtype)
+    return d_a.astype(a.dtype), (_t(d_b) if trans_b else d_b).astype(b.dtype)
 
 
 _dot.defvjp(_dot_vjp_fwd, _dot_vjp_bwd)
@@ -92,12 +100,13 @@ _dot.defvjp(_dot_vjp_fwd, _dot_vjp_bwd)
 # ------------------------------------------------------------------ shifts and scans
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _roll(x, shift: int):
-    """``jnp.roll(x, shift, axis=0)`` (rows), ``0 <= shift < rows``, as the TPU rotates."""
-    return pltpu.roll(x, jnp.int32(shift), 0) if shift else x
+    """``jnp.roll(x, shift)`` along the rows (axis -2), ``0 <= shift < rows``, as the TPU
+    rotates."""
+    return pltpu.roll(x, jnp.int32(shift), x.ndim - 2) if shift else x
 
 
 _roll.defvjp(lambda x, s: (_roll(x, s), None),
-             lambda s, _, d: (_roll(d, (d.shape[0] - s) % d.shape[0]),))  # fmt: skip
+             lambda s, _, d: (_roll(d, (d.shape[-2] - s) % d.shape[-2]),))  # fmt: skip
 
 
 # typed: no 64-bit constants under jax_enable_x64 (Mosaic has none)
@@ -113,13 +122,17 @@ def _rem(x, n: int):
 
 
 def _rows(shape):
-    return jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    return jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 2)
+
+
+def _cols(shape):
+    return jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
 
 
 def _scan(x, width: int, *, reverse: bool = False):
-    """Inclusive scan of ``x [C, D]`` over rows within aligned segments of ``width`` rows (from
-    the end when ``reverse``): ``log2(width)`` rotations (Hillis-Steele)."""
-    rows, size = _rem(_rows(x.shape), width), x.shape[0]
+    """Inclusive scan of ``x [..., C, D]`` over rows within aligned segments of ``width`` rows
+    (from the end when ``reverse``): ``log2(width)`` rotations (Hillis-Steele)."""
+    rows, size = _rem(_rows(x.shape), width), x.shape[-2]
     d = 1
     while d < width:
         if reverse:  # row i takes row i + d of its segment
@@ -133,35 +146,42 @@ def _scan(x, width: int, *, reverse: bool = False):
 
 def _after(x, width: int):
     """Row i: ``x[i + 1]`` within its aligned segment of ``width`` rows, 0 at its last row."""
-    rows, size = _rem(_rows(x.shape), width), x.shape[0]
+    rows, size = _rem(_rows(x.shape), width), x.shape[-2]
     return jnp.where(rows < width - 1, _roll(x, size - 1), _ZERO)
 
 
 # ------------------------------------------------------------------ one chunk
 def _eye(size):
-    return _rows((size, size)) == jax.lax.broadcasted_iota(jnp.int32, (size, size), 1)
+    return _rows((size, size)) == _cols((size, size))
 
 
 def _row(x, i: int):
-    """Row ``i`` of ``x [C, D]`` as ``[1, D]``, by a masked sum (slices' transposes are pads)."""
-    return jnp.sum(jnp.where(_rows(x.shape) == i, x, _ZERO), axis=0, keepdims=True)
+    """Row ``i`` of ``x [..., C, D]`` as ``[..., 1, D]``, by a masked sum (slices' transposes
+    are pads)."""
+    return jnp.sum(jnp.where(_rows(x.shape) == i, x, _ZERO), axis=-2, keepdims=True)
 
 
 def _column(row):
-    """``[1, D]`` -> ``[D, 1]`` by a masked sum."""
-    return jnp.sum(jnp.where(_eye(row.shape[1]), row, _ZERO), axis=1, keepdims=True)
+    """``[..., 1, D]`` -> ``[..., D, 1]`` by a masked sum."""
+    return jnp.sum(jnp.where(_eye(row.shape[-1]), row, _ZERO), axis=-1, keepdims=True)
 
 
-def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
-    """One chunk: ``(o [C, V] float32, state after [K, V])`` from q, k ``[C, K]``, v ``[C, V]``
-    (input dtype), g ``[C, K]`` and beta ``[C, 1]`` float32, the state entering ``[K, V]``
-    float32. ``low``: bfloat16 inputs (scores and the intra-chunk output in one bfloat16 pass,
-    the rest in three); else six passes throughout (float32's precision)."""
+def _passes(low: bool):
+    """``(scores, inverse and w/u, state)`` matmul passes."""
+    return LOW_PASSES if low else (6, 6, 6)
+
+
+def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
+    """Steps 1 and 2 of chunks ``[..., C, .]`` (q, k, v any float dtype; g, beta ``[..., C,
+    1]`` float32): ``(attn_qk [.., C, C], w, u, q_in, k_out, keep [.., K, 1])``; with ``U' = u -
+    w S``, the outputs are ``q_in S + attn_qk U'``, the state leaving ``keep * S + k_out^T U'``.
+    ``low``: bfloat16 inputs (fewer passes, :data:`LOW_PASSES`)."""
     f32 = jnp.float32
-    size, sub = q.shape[0], min(SUB, q.shape[0])
-    p_score, p_inner = (1, 3) if low else (6, 6)
+    size, sub = q.shape[-2], min(SUB, q.shape[-2])
+    p_score, p_inner, _ = _passes(low)
     k32, q32 = k.astype(f32), q.astype(f32) * scale
-    rows, cols = _rows((size, size)), jax.lax.broadcasted_iota(jnp.int32, (size, size), 1)
+    square = (*q.shape[:-2], size, size)
+    rows, cols = _rows(square), _cols(square)
     same = _div(rows, sub) == _div(cols, sub)
     block_of = _div(_rows(g.shape), sub)
     # decays: exponentials of sums of g <= 0 over exactly their own range
@@ -169,18 +189,17 @@ def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
     tail_f = jnp.exp(_scan(_after(g, sub), sub, reverse=True))  # after j to its block's end
     decay_in = jnp.exp(_scan(g, size))  # exp(G_i)
     decay_out = jnp.exp(_scan(_after(g, size), size, reverse=True))  # exp(G_C - G_j)
-    # decayed scores: the diagonal blocks along the band by products of exp(g) <= 1
+    # decayed scores: the diagonal blocks along the band, by products of exp(g) <= 1 ...
     a = jnp.exp(g)
-    band_kk = band_qk = jnp.zeros((size, size), f32)
-    ratio, keys = jnp.ones_like(g), k32
-    for d in range(sub):  # ratio[i] = exp(g_{i-d+1} + ... + g_i), keys[i] = k[i - d]
+    band_kk = band_qk = jnp.zeros(square, f32)
+    ratio = jnp.ones_like(g)
+    for d in range(sub):  # ratio[i] = exp(g_{i-d+1} + ... + g_i); row i of x k^T at column i-d
         if d:
-            ratio, keys = ratio * _roll(a, d - 1), _roll(k32, d)
+            ratio = ratio * _roll(a, d - 1)
         on_band = same & (cols == rows - d)
-        band_qk = jnp.where(on_band, jnp.sum(q32 * keys * ratio, axis=1, keepdims=True), band_qk)
+        band_qk = jnp.where(on_band, _dot(q32 * ratio, k32, p_score, True), band_qk)
         if d:
-            kk = jnp.sum(k32 * keys * ratio, axis=1, keepdims=True)
-            band_kk = jnp.where(on_band, kk, band_kk)
+            band_kk = jnp.where(on_band, _dot(k32 * ratio, k32, p_score, True), band_kk)
     # ... the rest by one matmul per row block, the reference point at the block's start
     column_f = jnp.zeros_like(g)  # exp(g) products from after j to block b's start
     for b in range(1, size // sub):
@@ -194,17 +213,46 @@ def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
     solve = _unit_lower_inverse(attn_kk, same, p_inner)
     w = _dot(solve, beta * k32 * decay_in, p_inner)
     u = _dot(solve, beta * v.astype(f32), p_inner)
-    corrected = u - _dot(w, state, p_inner)
-    o = _dot(q32 * decay_in, state, p_inner) + _dot(attn_qk, corrected, p_score)
-    keep = _column(_row(decay_in, size - 1))  # exp(G_C) [K, 1]
-    return o, keep * state + _dot_t(k32 * decay_out, corrected, p_inner)
+    keep = _column(_row(decay_in, size - 1))  # exp(G_C) [.., K, 1]
+    return attn_qk, w, u, q32 * decay_in, k32 * decay_out, keep
+
+
+def state_forward(intra, state, low: bool):
+    """Step 3 of one chunk from its :func:`chunk_intra` (2-d): ``(o [C, V], state after)``."""
+    attn_qk, w, u, q_in, k_out, keep = intra
+    p_score, _, p_state = _passes(low)
+    corrected = u - _dot(w, state, p_state)
+    o = _dot(q_in, state, p_state) + _dot(attn_qk, corrected, p_score)
+    return o, keep * state + _dot_t(k_out, corrected, p_state)
+
+
+def state_backward(intra, state, d_o, d_after, low: bool):
+    """The cotangents of :func:`state_forward`'s inputs: ``(d intra, d state)``."""
+    attn_qk, w, u, q_in, k_out, keep = intra
+    p_score, _, p_state = _passes(low)
+    corrected = u - _dot(w, state, p_state)
+    d_corrected = _dot_t(attn_qk, d_o, p_score) + _dot(k_out, d_after, p_state)
+    d_intra = (_dot(d_o, corrected, p_score, True),  # attn_qk
+               -_dot(d_corrected, state, p_state, True),  # w
+               d_corrected,  # u
+               _dot(d_o, state, p_state, True),  # q_in
+               _dot(corrected, d_after, p_state, True),  # k_out
+               jnp.sum(state * d_after, axis=1, keepdims=True))  # keep  # fmt: skip
+    d_state = keep * d_after + _dot_t(q_in, d_o, p_state) - _dot_t(w, d_corrected, p_state)
+    return d_intra, d_state
+
+
+def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
+    """One chunk (2-d): ``(o [C, V] float32, state after [K, V])``, :func:`chunk_intra` then
+    :func:`state_forward`."""
+    return state_forward(chunk_intra(q, k, v, g, beta, scale=scale, low=low), state, low)
 
 
 def _unit_lower_inverse(attn, same, passes: int):
     """``(I + attn)^-1`` for strictly lower ``attn [C, C]``: the diagonal blocks by the Neumann
     product ``(I - X)(I + X^2)...``, then ``(I + N)^-1 = (I - N)(I + N^2)...`` for the
     strictly block-lower ``N = X'^-1 L`` (block counts powers of two)."""
-    size = attn.shape[0]
+    size = attn.shape[-1]
     eye = jnp.where(_eye(size), _ONE, _ZERO)
     diag = jnp.where(same, attn, _ZERO)
     inv, power = eye - diag, diag
@@ -233,8 +281,16 @@ def _beta_column(beta_ref, column_ref):
     column_ref[...] = _column(beta_ref[0, 0])
 
 
+def _block(ref, chunk: int, dtype=None):
+    """A ``[1, BLOCK_T, D]`` tile as ``[BLOCK_T / chunk, chunk, D]`` (one row per chunk)."""
+    x = ref[0] if len(ref.shape) == 3 else ref[...]
+    x = x if dtype is None else x.astype(dtype)
+    return x.reshape(-1, chunk, x.shape[-1])
+
+
 def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_ref, *rest,
                     chunk: int, scale: float, low: bool, save: bool):  # fmt: skip
+    """One (row, head, block): every chunk's intra part at once, then the state chunk by chunk."""
     states_ref, (state_ref, beta_col) = (rest[0] if save else None), rest[-2:]
     key_dim = state_ref.shape[0]
 
@@ -243,67 +299,62 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_r
         state_ref[...] = s0_ref[0, 0]
 
     _beta_column(beta_ref, beta_col)
-
-    def body(c, carry):
-        t = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-        state = state_ref[...]
+    f32 = jnp.float32
+    intra = chunk_intra(_block(q_ref, chunk), _block(k_ref, chunk), _block(v_ref, chunk),
+                        _block(g_ref, chunk, f32), _block(beta_col, chunk), scale=scale,
+                        low=low)  # fmt: skip
+    state = state_ref[...]
+    for c in range(q_ref.shape[1] // chunk):
         if save:
-            states_ref[0, 0, pl.ds(pl.multiple_of(c * key_dim, key_dim), key_dim), :] = state
-        o, new = chunk_step(q_ref[0, t, :], k_ref[0, t, :], v_ref[0, t, :],
-                            g_ref[0, t, :].astype(jnp.float32), beta_col[t, :], state,
-                            scale=scale, low=low)  # fmt: skip
-        o_ref[0, t, :] = o.astype(o_ref.dtype)
-        state_ref[...] = new
-        return carry
-
-    jax.lax.fori_loop(jnp.int32(0), jnp.int32(q_ref.shape[1] // chunk), body, jnp.int32(0))
+            states_ref[0, 0, c * key_dim : (c + 1) * key_dim, :] = state
+        o, state = state_forward(tuple(x[c] for x in intra), state, low)
+        o_ref[0, c * chunk : (c + 1) * chunk, :] = o.astype(o_ref.dtype)
+    state_ref[...] = state
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
-        final_ref[0, 0] = state_ref[...]
+        final_ref[0, 0] = state
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d_final_ref,
                      dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref,
-                     d_state_ref, beta_col, d_beta_col, *, chunk: int, scale: float,
+                     d_state_ref, beta_col, *, chunk: int, scale: float,
                      low: bool):  # fmt: skip
+    """One (row, head, block) in reverse: the intra parts recomputed with their pullback, the
+    state's cotangent chunk by chunk from the last, then every chunk's pullback at once."""
     key_dim = d_state_ref.shape[0]
-    chunks = q_ref.shape[1] // chunk
+    f32 = jnp.float32
 
     @pl.when(pl.program_id(2) == 0)
     def _():
         d_state_ref[...] = d_final_ref[0, 0]
 
     _beta_column(beta_ref, beta_col)
-
-    def body(i, carry):
-        c = chunks - 1 - i
-        t = pl.ds(pl.multiple_of(c * chunk, chunk), chunk)
-        state = states_ref[0, 0, pl.ds(pl.multiple_of(c * key_dim, key_dim), key_dim), :]
-        step = functools.partial(chunk_step, scale=scale, low=low)
-        _, pullback = jax.vjp(step, q_ref[0, t, :].astype(jnp.float32),
-                              k_ref[0, t, :].astype(jnp.float32),
-                              v_ref[0, t, :].astype(jnp.float32),
-                              g_ref[0, t, :].astype(jnp.float32), beta_col[t, :], state)
-        dq, dk, dv, dg, d_beta, d_state = pullback(
-            (do_ref[0, t, :].astype(jnp.float32), d_state_ref[...]))
-        dq_ref[0, t, :] = dq.astype(dq_ref.dtype)
-        dk_ref[0, t, :] = dk.astype(dk_ref.dtype)
-        dv_ref[0, t, :] = dv.astype(dv_ref.dtype)
-        dg_ref[0, t, :] = dg
-        d_beta_col[t, :] = d_beta
-        d_state_ref[...] = d_state
-        return carry
-
-    jax.lax.fori_loop(jnp.int32(0), jnp.int32(chunks), body, jnp.int32(0))
-    # the column back to beta's row layout: a masked sum over rows
-    size = d_beta_col.shape[0]
-    d_beta_ref[0, 0] = jnp.sum(jnp.where(_eye(size), d_beta_col[...], _ZERO), axis=0,
+    step = functools.partial(chunk_intra, scale=scale, low=low)
+    intra, pullback = jax.vjp(step, _block(q_ref, chunk, f32), _block(k_ref, chunk, f32),
+                              _block(v_ref, chunk, f32), _block(g_ref, chunk, f32),
+                              _block(beta_col, chunk))  # fmt: skip
+    d_o = _block(do_ref, chunk, f32)
+    d_state = d_state_ref[...]
+    d_intra = [None] * (q_ref.shape[1] // chunk)
+    for c in reversed(range(len(d_intra))):
+        state = states_ref[0, 0, c * key_dim : (c + 1) * key_dim, :]
+        d_intra[c], d_state = state_backward(tuple(x[c] for x in intra), state, d_o[c],
+                                             d_state, low)  # fmt: skip
+    d_state_ref[...] = d_state
+    dq, dk, dv, dg, d_beta = pullback(tuple(jnp.stack(x) for x in zip(*d_intra, strict=True)))
+    flat = lambda x: x.reshape(-1, x.shape[-1])
+    dq_ref[0] = flat(dq).astype(dq_ref.dtype)
+    dk_ref[0] = flat(dk).astype(dk_ref.dtype)
+    dv_ref[0] = flat(dv).astype(dv_ref.dtype)
+    dg_ref[0] = flat(dg)
+    # beta's cotangent back to its row layout: a masked sum over rows
+    d_beta_ref[0, 0] = jnp.sum(jnp.where(_eye(BLOCK_T), flat(d_beta), _ZERO), axis=0,
                                keepdims=True)  # fmt: skip
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
-        d_s0_ref[0, 0] = d_state_ref[...]
+        d_s0_ref[0, 0] = d_state
 
 
 # ------------------------------------------------------------------ the calls
@@ -373,7 +424,6 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
         out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
-                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32),
                                              pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
     kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale,
                                low=q.dtype == jnp.bfloat16)  # fmt: skip
