@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from kda_lib.checks import MAX_SEED, allocation_problem, format_bytes
+from kda_lib.checks import MAX_LAYERS, MAX_SEED, allocation_problem, format_bytes
 from kda_lib.lab.record_runs import check_option_minimums
 from kda_lib.lab.records import RECORDED_DIR, dumps, output_path_problem
 from kda_lib.lab.tasks import TASKS
@@ -229,8 +229,8 @@ OPTION_MINIMUMS = dict(
 
 # the largest value of the counting options: a billion steps (or held-out batches, or steps
 # between records) is days of even the smallest model, and larger counts overflow the int32
-# step counter of the learning-rate schedule inside jit
-OPTION_MAXIMUMS = dict(steps=10**9, eval_batches=10**9, log_every=10**9)
+# step counter of the learning-rate schedule inside jit; layers: ModelConfig's bound
+OPTION_MAXIMUMS = dict(steps=10**9, eval_batches=10**9, log_every=10**9, num_layers=MAX_LAYERS)
 
 # the options the memory estimate of a run reads (see _memory_problem)
 SIZE_OPTIONS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "batch_size",
@@ -243,7 +243,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
     check_option_minimums(parser, args, OPTION_MINIMUMS)
     for name, maximum in OPTION_MAXIMUMS.items():
         value = getattr(args, name)
-        if value > maximum:
+        if value is not None and value > maximum:
             parser.error(f"--{name.replace('_', '-')} must be <= {maximum:,}, got {value}")
     problem = _memory_problem(args)
     if problem:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 import os
 
-from kda_lib.checks import check_int, check_number
+from kda_lib.checks import MAX_LAYERS, check_int, check_number
 
-MAX_LAYERS = 100_000  # more layers than any model: a config past it is refused, not read
 LIN = "linear_attn_config."
 _WIDTHS = ("num_heads", "head_dim", "short_conv_kernel_size")
 # model_type -> layer lists' base, linear_attn_config keys read (others refused), the gate
