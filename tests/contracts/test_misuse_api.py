@@ -320,6 +320,10 @@ ROWS = [
         jit_nan=True,
     ),
     Row("kda_pool_step", "q_t with a T axis", *_pool(q_t=Q), "q_t"),
+    # issue 75.5: the value checks name the step's arguments (they named g and beta)
+    Row("kda_pool_step", "g_t positive", *_pool(g_t=-GT), "g_t", jit=False),
+    Row("kda_pool_step", "beta_t past 1", *_pool(beta_t=BT * 3), "beta_t", jit=False),
+    Row("kda_step", "g_t positive", *_step(g_t=-GT), "g_t", jit=False),
     Row("kda_pool_step", "g_t wrong K", *_pool(g_t=GT[..., :4]), "g_t"),
     Row("kda_pool_step", "beta_t int", *_pool(beta_t=BT.astype(jnp.int32)), "beta_t"),
     # -- kda_pool_verify -----------------------------------------------------------------------
@@ -740,6 +744,12 @@ def _mixer_rows():
         Row("KimiDeltaAttention.__call__", "a Mamba2Cache of the same shapes",
             lambda: LAYER(HID, cache=mixer.init_cache(B)), match="cache must be a KDACache",
             jit=False),
+        # issue 75.5: the larger size is named (it named batch_size=1)
+        Row("CausalSelfAttention.init_cache", "max_len past memory",
+            lambda: conv_attention.init_cache(1, max_len=2**40), match="max_len", jit=False),
+        Row("MultiHeadLatentAttention.init_cache", "max_len past memory",
+            lambda: MultiHeadLatentAttention(mla(), rngs=nnx.Rngs(0)).init_cache(1, max_len=2**40),
+            match="max_len", jit=False),
         Row("ConvMixer.init_cache", "batch_size 0", lambda: conv_mixer.init_cache(0),
             match="batch_size", jit=False),
         Row("ConvMixer.init_cache", "batch_size bool", lambda: conv_mixer.init_cache(True),
