@@ -38,6 +38,7 @@ from kda_lib import (
     kda_step,
 )
 from kda_lib.layers import cache_at
+from kda_lib.layers.checkpoints import export_state_dict
 
 B, T, H, K, V, N = 2, 4, 2, 8, 8, 3
 F32 = jnp.float32
@@ -487,6 +488,17 @@ ROWS = [
         match="hidden_size",
         jit=False,
     ),
+    # the fla checkpoint loader (issue 75.6)
+    Row("KimiDeltaAttention.from_fla_state_dict", "state_dict a list",
+        lambda: KimiDeltaAttention.from_fla_state_dict([], KDAConfig(**CFG), rngs=nnx.Rngs(0)),
+        match="state_dict", jit=False),
+    Row("KimiDeltaAttention.from_fla_state_dict", "config a dict",
+        lambda: KimiDeltaAttention.from_fla_state_dict({}, CFG, rngs=nnx.Rngs(0)),
+        match="config", jit=False),
+    Row("KimiDeltaAttention.from_fla_state_dict", "a tensor of another shape",
+        lambda: KimiDeltaAttention.from_fla_state_dict(
+            {**export_state_dict(LAYER), "A_log": np.zeros(H + 1, np.float32)},
+            KDAConfig(**CFG), rngs=nnx.Rngs(0)), match="A_log", jit=False),
     Row("KimiDeltaAttention.__call__", "x rank 2", lambda x: LAYER(x), (HID[0],), "x"),
     Row("KimiDeltaAttention.__call__", "x wrong hidden", lambda x: LAYER(x), (HID[..., :8],), "x"),
     Row("KimiDeltaAttention.__call__", "x int", lambda x: LAYER(x), (HID.astype(jnp.int32),), "x"),
@@ -807,7 +819,7 @@ def test_every_public_name_has_rows():
     covered = {row.target.split(".")[0] for row in ROWS}
     missing = [n for n in kda_lib.__all__ if n not in covered and n not in EXEMPT]
     assert not missing, f"public names with no misuse rows: {missing}"
-    methods = {"__call__", "init_cache", "prefill", "draft", "accept_draft"}
+    methods = {"__call__", "init_cache", "prefill", "draft", "accept_draft", "from_fla_state_dict"}
     have = {row.target.split(".")[1] for row in ROWS if "." in row.target}
     assert methods <= have, f"layer methods with no misuse rows: {sorted(methods - have)}"
 
