@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 MAX_SEED = 2**63 - 1  # jax.random.key takes a signed 64-bit int
+MAX_LAYERS = 100_000  # more layers than any model: a config past it is refused, not built
 
 
 def shared_fields(source, config_class) -> dict:

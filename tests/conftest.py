@@ -8,6 +8,7 @@ flags where their time is compilation (``tests/teaching/test_notebooks.py`` says
 measured)."""
 
 import atexit
+import contextlib
 import gc
 import json
 import os
@@ -203,6 +204,21 @@ _WRITER = textwrap.dedent(
     script.main(sys.argv[3:])
     """
 )
+
+
+@contextlib.contextmanager
+def closed_stdout():
+    """Within: ``sys.stdout`` a pipe whose reader has gone, as ``command | true`` leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    stdout, saved = os.fdopen(write, "w"), sys.stdout
+    sys.stdout = stdout
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+        with contextlib.suppress(OSError):  # what is still buffered has nowhere to go
+            stdout.close()
 
 
 @pytest.fixture

@@ -88,8 +88,16 @@ from kda_lib.checks import allocation_problem
 from kda_lib.lab import policy_grid
 from kda_lib.lab.costs import matmul_flops
 from kda_lib.lab.measure import timed_call, xla_cost
-from kda_lib.lab.record_runs import check_option_minimums
-from kda_lib.lab.records import RECORDED_DIR, RUNS_DIR, dumps, output_path_problem, write_json
+from kda_lib.lab.record_runs import check_option_minimums, check_seed_option
+from kda_lib.lab.records import (
+    RECORDED_DIR,
+    RUNS_DIR,
+    dumps,
+    exit_on_broken_pipe,
+    output_path_problem,
+    replace_problem,
+    write_json,
+)
 from kda_lib.lab.tasks import TaskBatch
 from kda_lib.lab.train import make_optimizer, train_step
 from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
@@ -481,7 +489,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         default=None,
-        help="JSON path ('-' for none; default build/runs/benchmarks/<platform>-<date>.json)",
+        help="JSON path ('-': no file, the table on stdout; default build/runs/benchmarks/"
+        "<platform>-<date>.json); a file holding anything but a benchmark table is kept, refused",
     )
     parser.add_argument(
         "--record",
@@ -627,6 +636,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--grid-max-s must be > 0, got {args.grid_max_s}")
     if args.grid_max_s is not None and args.preset != "auto-grid":
         parser.error("--grid-max-s applies to --preset auto-grid only")
+    check_seed_option(parser, args)
     args.out_path = _out_path(parser, args)
 
 
@@ -644,6 +654,8 @@ def _out_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Path
     default = policy_grid.grid_path if grid else default_out_path
     out = default(platform, today, record=args.record) if args.out is None else args.out
     problem = output_path_problem(out)
+    if not grid:  # a grid file is resumed (checked below); any other is replaced if a table
+        problem = problem or replace_problem(out, "benchmark table", DOCUMENT_KEYS)
     if problem:
         parser.error(f"--out: {problem}")
     if grid:
@@ -897,6 +909,10 @@ def _time_jobs(jobs: list[TimedProgram], args) -> None:
                     attempt(group[index], group[index].time_once)
 
 
+# the keys of a benchmark table (_document's): --out replaces only such a file
+DOCUMENT_KEYS = ("platform", "config", "records")
+
+
 def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> dict:
     """The JSON document of a run: machine, versions, the configuration, records, ratios."""
     device = jax.devices()[0]
@@ -1015,7 +1031,9 @@ def _cpu_count() -> int | None:
         return os.cpu_count()
 
 
+@exit_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> None:
+    """The command line (:func:`run`); a closed stdout ends it with status 1, no traceback."""
     run(argv)
 
 

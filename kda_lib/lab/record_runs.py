@@ -31,6 +31,7 @@ import pathlib
 import re
 from collections.abc import Callable, Sequence
 
+from kda_lib.checks import MAX_SEED
 from kda_lib.lab.rate_grid import parse_grid
 from kda_lib.lab.records import output_path_problem, read_json_document, update_json
 
@@ -56,6 +57,13 @@ def check_option_minimums(parser, args, minimums: dict[str, int]) -> None:
         value = getattr(args, name, None)
         if value is not None and value < minimum:
             parser.error(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def check_seed_option(parser, args, name: str = "seed") -> None:
+    """argparse's error unless ``args.<name>`` is a seed of ``jax.random.key``, in [0, 2^63 - 1]."""
+    value = getattr(args, name)
+    if not 0 <= value <= MAX_SEED:
+        parser.error(f"--{name.replace('_', '-')} must lie in [0, 2**63 - 1], got {value}")
 
 
 def parse_with_preset(

@@ -25,11 +25,13 @@ notebook never draws an empty plot in silence.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import pathlib
 import stat
+import sys
 import tempfile
 from typing import Any
 
@@ -53,19 +55,42 @@ def output_path_problem(path: str | pathlib.Path) -> str | None:
         return "the path is empty; give a file path such as 'run.json'"
     given, real = str(path), os.path.realpath(path)
     path = pathlib.Path(real if real != os.path.abspath(path) else path)  # a link: its target
-    if path.is_dir():
+    if os.path.isdir(path):  # os.path's: False, not an OSError, for a name too long
         example = os.path.join(given, "run.json")
         return f"{given!r} is a directory; give a file path such as {example!r}"
     for ancestor in (path.parent, *path.parent.parents):
-        if ancestor.exists() and not ancestor.is_dir():
+        if os.path.exists(ancestor) and not os.path.isdir(ancestor):
             return f"{str(ancestor)!r} is a file, so {given!r} cannot be created"
-    try:
+    try:  # the temporary file write_json makes: the longest name it writes there
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
+        handle, temporary = _temporary_file(path)
+        os.close(handle)
+        os.unlink(temporary)
     except OSError as error:
-        return f"cannot write {given!r}: {error}"
+        return f"cannot write {given!r}: {error.strerror or error}"
     return None
+
+
+def replace_problem(path: str | pathlib.Path, kind: str, keys) -> str | None:
+    """Why a ``kind`` record (a JSON object with every key of ``keys``) must not replace the
+    file at ``path`` (None: there is none, or it holds a ``kind`` record): it is not a regular
+    file, is damaged, or holds another kind of record (another command's runs), kept as it is."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read
+        return f"{str(path)!r} is not a regular file: give a file path"
+    try:
+        document = read_json_document(path)
+    except ValueError as error:
+        return f"{error}; it is kept: move it away or give another path"
+    if document is None or set(keys) <= document.keys():
+        return None
+    missing = sorted(set(keys) - document.keys())
+    return (f"{str(path)!r} holds another kind of record, not a {kind} (no {missing}); it is "
+            "kept: move it away or give another path")  # fmt: skip
+
+
+def _temporary_file(path: pathlib.Path) -> tuple[int, str]:
+    """``tempfile.mkstemp`` beside ``path``, named after it: where :func:`write_json` writes."""
+    return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
 
 
 def strict_json(value):
@@ -100,9 +125,7 @@ def write_json(document, path: str | pathlib.Path) -> pathlib.Path:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    handle, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
-    )
+    handle, temporary = _temporary_file(target)
     try:
         with os.fdopen(handle, "w") as file:
             file.write(dumps(document))
@@ -129,6 +152,24 @@ def read_json_document(path: str | pathlib.Path) -> dict | None:
     if not isinstance(document, dict):
         raise ValueError(f"{str(path)!r} holds JSON {type(document).__name__}, not an object")
     return document
+
+
+def exit_on_broken_pipe(command):
+    """``command`` wrapped for the command line: a reader of stdout that went away (``| head``,
+    ``| true``) ends it with exit status 1 and no BrokenPipeError traceback."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            result = command(*args, **kwargs)
+            sys.stdout.flush()  # what is still buffered fails here, not at the exit
+            return result
+        except BrokenPipeError:
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # no real descriptor
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush
+            raise SystemExit(1) from None
+
+    return run
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ The command line of :mod:`kda_lib.lab.train`: every option and the output path a
 before any training (argparse's exit status 2, naming the option), then
 :func:`kda_lib.lab.train.run_experiment` runs and its record is written as JSON, by default
 under ``build/runs/results/`` (``--record``: the recorded ``data/results/``, which the notebooks
-read). ``--help`` lists the task and model options with their defaults.
+read; ``--output -``: on stdout, no file). ``--help`` lists the task and model options with
+their defaults.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ import sys
 import tempfile
 import time
 
-from kda_lib.checks import MAX_SEED, allocation_problem, format_bytes
-from kda_lib.lab.record_runs import check_option_minimums
-from kda_lib.lab.records import RECORDED_DIR, dumps, output_path_problem
+from kda_lib.checks import MAX_LAYERS, allocation_problem, format_bytes
+from kda_lib.lab.record_runs import check_option_minimums, check_seed_option
+from kda_lib.lab.records import (
+    RECORDED_DIR,
+    dumps,
+    exit_on_broken_pipe,
+    output_path_problem,
+    replace_problem,
+)
 from kda_lib.lab.tasks import TASKS
 from kda_lib.lab.train import DEFAULT_TASK_OPTIONS, default_result_path, run_experiment, save_record
 from kda_lib.models.tiny_lm import MIXERS, ModelConfig
@@ -111,8 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_options(parser.add_argument_group("model options"))
     parser.add_argument(
         "--output",
-        help="JSON record path (default: build/runs/results/<task>-<mixer>-T<seq_len>-seed<seed>"
-        ".json)",
+        help="JSON record path; '-': print the record on stdout, no file (default: build/runs/"
+        "results/<task>-<mixer>-T<seq_len>-seed<seed>.json); a file holding anything but a "
+        "training record is kept, refused",
     )
     parser.add_argument(
         "--record",
@@ -229,29 +237,33 @@ OPTION_MINIMUMS = dict(
 
 # the largest value of the counting options: a billion steps (or held-out batches, or steps
 # between records) is days of even the smallest model, and larger counts overflow the int32
-# step counter of the learning-rate schedule inside jit
-OPTION_MAXIMUMS = dict(steps=10**9, eval_batches=10**9, log_every=10**9)
+# step counter of the learning-rate schedule inside jit; layers: ModelConfig's bound
+OPTION_MAXIMUMS = dict(steps=10**9, eval_batches=10**9, log_every=10**9, num_layers=MAX_LAYERS)
 
 # the options the memory estimate of a run reads (see _memory_problem)
 SIZE_OPTIONS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim", "batch_size",
                 "seq_len")  # fmt: skip
 
 
-def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pathlib.Path:
+# the keys of a training record (run_experiment's): --output replaces only such a file
+RECORD_KEYS = ("task", "mixer", "training", "history")
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pathlib.Path | None:
     """Reject bad option values before any work (argparse's error: exit status 2, naming the
-    option) and return the record's path, checked to be writable."""
+    option) and return the record's path, checked to be writable and to hold no other kind of
+    record (None: ``--output -``, stdout)."""
     check_option_minimums(parser, args, OPTION_MINIMUMS)
     for name, maximum in OPTION_MAXIMUMS.items():
         value = getattr(args, name)
-        if value > maximum:
+        if value is not None and value > maximum:
             parser.error(f"--{name.replace('_', '-')} must be <= {maximum:,}, got {value}")
     problem = _memory_problem(args)
     if problem:
         parser.error(problem)
     if args.pop_probability is not None and not 0.0 <= args.pop_probability <= 1.0:
         parser.error(f"--pop-probability must lie in [0, 1], got {args.pop_probability}")
-    if not 0 <= args.seed <= MAX_SEED:
-        parser.error(f"--seed must lie in [0, 2**63 - 1], got {args.seed}")
+    check_seed_option(parser, args)
     if args.learning_rate < 0:  # NaN passes: such a run diverges and is recorded as diverged
         parser.error(f"--learning-rate must be >= 0, got {args.learning_rate}")
     where = dict(
@@ -261,9 +273,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
     )
     if args.record and args.output is not None:
         parser.error("--record writes the recorded data/results/ file: give --output or --record")
+    if args.output == "-":
+        return None
     folder = RECORDED_DIR / "results" if args.record else None
     path = default_result_path(where, folder) if args.output is None else args.output
-    problem = output_path_problem(path)
+    problem = output_path_problem(path) or replace_problem(path, "training record", RECORD_KEYS)
     if problem:
         parser.error(f"--output: {problem}")
     return pathlib.Path(path)
@@ -368,16 +382,20 @@ def _progress(args: argparse.Namespace):
     return bar, bar if bar else (style == "lines")
 
 
-def _report(record: dict, args: argparse.Namespace, path: pathlib.Path, started: float) -> None:
-    """One line on the finished run; a diverged run is said on stderr and exits with 1."""
+def _report(record: dict, args: argparse.Namespace, path: pathlib.Path | None,
+            started: float) -> None:  # fmt: skip
+    """One line on the finished run (on stderr when the record is on stdout: ``path`` None);
+    a diverged run is said on stderr and exits with 1."""
     run = f"{args.task} / {record['mixer']}, T={args.seq_len}"
+    where = "stdout" if path is None else path
     if record["diverged"]:
         history = record["history"]
         losses = zip(history["step"], history["loss"], strict=True)
         step = next((s for s, v in losses if not math.isfinite(v)), None)
-        where = f"the training loss at step {step}" if step else "the held-out loss"
+        step_at = f"the training loss at step {step}" if step else "the held-out loss"
         print(
-            f'{run}: diverged ({where} is not finite); recorded with "diverged": true in {path}',
+            f'{run}: diverged ({step_at} is not finite); recorded with "diverged": true in '
+            f"{where}",
             file=sys.stderr,
             flush=True,
         )
@@ -387,13 +405,16 @@ def _report(record: dict, args: argparse.Namespace, path: pathlib.Path, started:
         f"(validation {record['validation']['accuracy']:.3f}, chance "
         f"{record['chance_accuracy']:.3f}), loss {record['test']['loss']:.3f}; "
         f"{record['train_seconds']:.0f} s training "
-        f"(compilation included), {time.perf_counter() - started:.0f} s in all; wrote {path}",
+        f"(compilation included), {time.perf_counter() - started:.0f} s in all; "
+        + ("the record is on stdout" if path is None else f"wrote {path}"),
+        file=sys.stdout if path else sys.stderr,
         flush=True,
     )
 
 
+@exit_on_broken_pipe
 def main(argv: list[str] | None = None) -> dict:
-    """The command line; returns the record it wrote.
+    """The command line; returns the record it wrote (or printed: ``--output -``).
 
     Every option and the output path are checked before training (exit status 2). A run whose
     loss is not finite is recorded with ``"diverged": true`` (nulls for the non-finite numbers)
@@ -424,10 +445,13 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         if bar:
             bar.close()
-    try:
-        save_record(record, path)
-    except OSError as error:  # e.g. the disk filled up during training: keep the finished run
-        _rescue_record(record, path, error)
+    if path is None:
+        print(dumps(record), end="", flush=True)
+    else:
+        try:
+            save_record(record, path)
+        except OSError as error:  # e.g. the disk filled up during training: keep the run
+            _rescue_record(record, path, error)
     _report(record, args, path, started)
     return record
 

@@ -197,7 +197,9 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
     shapes = layer._cache_shapes(batch_size, max_len or 0)
     dtypes = {n: jnp.float32 if n == "state" else dtype for n in shapes}
     nbytes = sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
-    check_allocation("batch_size", batch_size, "the cache", nbytes)
+    sizes = {"batch_size": batch_size, "max_len": max_len or 0}  # the larger one is named
+    name = max(sizes, key=sizes.get)
+    check_allocation(name, sizes[name], "the cache", nbytes)
     zeros = {n: s and jnp.zeros(s, dtypes[n]) for n, s in shapes.items()}
     return layer.cache_type(**zeros, **fields)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -67,9 +67,18 @@ def _to_layer(entry: _Entry, w: np.ndarray) -> list[np.ndarray]:
 
 def _entries(layer, naming: str) -> dict[str, _Entry]:
     """Checkpoint name -> :class:`_Entry` for ``layer`` in ``naming`` (the one table)."""
+    from kda_lib.layers.kda_layer import KimiDeltaAttention  # it imports this module
+
+    if not isinstance(layer, (KimiDeltaAttention, MultiHeadLatentAttention)):
+        raise TypeError(f"layer must be a KimiDeltaAttention or MultiHeadLatentAttention, got "
+                        f"{type(layer).__name__}")  # fmt: skip
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {NAMINGS}, got {naming!r}")
     if isinstance(layer, MultiHeadLatentAttention):
+        if naming == "fla":
+            raise ValueError("naming 'fla' has no MLA layer: a MultiHeadLatentAttention is read "
+                             "in the 'kimi_linear' or 'transformers' naming (DeepSeek-V2's "
+                             "names)")  # fmt: skip
         return _mla_entries(layer)
     cfg, hf = layer.config, naming == "transformers"
     if cfg.fused_qkv_conv and not hf:
@@ -150,6 +159,8 @@ def load_state_dict(layer, state_dict, naming: str = "fla", *, prefix: str = "")
     all or nothing: a ValueError names every missing or unexpected name, or the first tensor of
     a wrong shape or with a non-finite or non-real value. ``prefix`` is printed in errors."""
     source = "fla" if naming == "fla" else "checkpoint"
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
     if not isinstance(state_dict, Mapping):
         raise ValueError(f"state_dict must be a mapping of {source} names to arrays, got "
                          f"{type(state_dict).__name__}")  # fmt: skip
@@ -289,6 +300,9 @@ def _read_file(path: str, prefix: str, versions: dict, headers: dict) -> dict[st
 def detect_kimi_linear_naming(names) -> str:
     """``"kimi_linear"`` or ``"transformers"``, told by one KDA layer's beta projection's name."""
     markers = {"kimi_linear": "b_proj.weight", "transformers": "beta_proj.weight"}
+    if isinstance(names, (str, bytes)) or not isinstance(names, Iterable):
+        raise TypeError(f"names must be a layer's tensor names (a list, or a dict by name), got "
+                        f"{type(names).__name__}")  # fmt: skip
     if len(found := [n for n, marker in markers.items() if marker in set(names)]) != 1:
         raise ValueError(f"cannot tell the naming of a KDA layer with tensors {sorted(names)}: "
                          f"expected one of {list(markers.values())} (remote code, "

@@ -39,19 +39,22 @@ def parameter_count(module: nnx.Module, *, nbytes: bool = False) -> int:
 
 
 @functools.lru_cache(maxsize=64)  # one eval_shape per recent (layer class, config)
-def _config_bytes(make, config) -> int:
+def config_bytes(make, config) -> int:
+    """Bytes of ``make(config, rngs=...)``'s parameters, built as shapes (``nnx.eval_shape``)."""
     return parameter_count(nnx.eval_shape(lambda: make(config, rngs=nnx.Rngs(0))), nbytes=True)
 
 
-def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None) -> None:
+def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None,
+                         nbytes: Callable | None = None) -> None:  # fmt: skip
     """Refuse a layer ``make(config, rngs=...)`` whose parameters cannot fit in memory, naming
     the largest int of ``fields`` (``config``'s field names, default all, or a dict
-    ``{"<Config>.<field>": value}``); not under a trace."""
+    ``{"<Config>.<field>": value}``); not under a trace. ``nbytes(config)``: the parameters'
+    bytes (default: ``make(config)``'s, built as shapes by ``nnx.eval_shape``)."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
     if not isinstance(fields, dict):
         names = fields or [f.name for f in dataclasses.fields(config)]
         fields = {f"{type(config).__name__}.{name}": getattr(config, name) for name in names}
     name = max((n for n, v in fields.items() if is_int(v, None)), key=fields.get)
-    nbytes = _config_bytes(make, config)
+    nbytes = config_bytes(make, config) if nbytes is None else nbytes(config)
     check_allocation(name, fields[name], f"the parameters of {make.__name__}", nbytes)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
-from kda_lib.checks import check_int, check_number
+from kda_lib.checks import MAX_LAYERS, check_int, check_number
 
-MAX_LAYERS = 100_000  # more layers than any model: a config past it is refused, not read
+MAX_CONFIG_BYTES = 2**24  # 16 MiB: published config.json files are a few KiB
 LIN = "linear_attn_config."
 _WIDTHS = ("num_heads", "head_dim", "short_conv_kernel_size")
 # model_type -> layer lists' base, linear_attn_config keys read (others refused), the gate
@@ -150,6 +151,9 @@ def preset_fields(config) -> dict:
     heads, head_dim, conv = (check_int(f"config field {f}", v) for v, f in map(read.get, _WIDTHS))
     bound, field = read[bound_key]
     bound = None if bound is None else check_number(f"config field {field}", bound)
+    if bound is not None and not bound < 0:  # -0.0 too: no decay bound is 0
+        raise ValueError(f"config field {field} must be < 0 (a bound on the log decay), got "
+                         f"{bound!r}")  # fmt: skip
     if "safe_gate" in linear:  # the gate's switch, by name (never the bound alone)
         explicit = bound_key in linear or flat.get(bound_key, (None,))[0] in config
         if not _bool(linear, "safe_gate", LIN) and bound is not None and explicit:
@@ -174,14 +178,34 @@ def preset_fields(config) -> dict:
     )  # fmt: skip
 
 
-def read_config_json(directory: str) -> dict:
-    """``directory/config.json`` parsed, or a ValueError naming the file."""
+def read_config_json(directory) -> dict:
+    """``directory/config.json`` parsed (``directory`` a str or os.PathLike folder), or a
+    ValueError naming the file: a regular file of at most :data:`MAX_CONFIG_BYTES` (a FIFO,
+    device, folder or larger file is refused unread)."""
+    if not isinstance(directory, (str, os.PathLike)) or not isinstance(os.fspath(directory), str):
+        raise TypeError(f"directory must be a folder's path (str or os.PathLike), got "
+                        f"{type(directory).__name__}")  # fmt: skip
+    if not os.path.isdir(directory):
+        raise ValueError(f"directory {os.fspath(directory)!r} is not a folder (a checkpoint "
+                         "folder holds config.json and *.safetensors)")  # fmt: skip
     path = os.path.join(directory, "config.json")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+    try:  # non-blocking: opening a FIFO waits for a writer
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise ValueError(f"no config.json in {directory!r}") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ValueError(f"{path} is not a regular file (a FIFO, device or folder): refused "
+                         "unread")  # fmt: skip
+    with os.fdopen(descriptor, "rb") as handle:
+        data = handle.read(MAX_CONFIG_BYTES + 1)  # at most: the file may grow meanwhile
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_CONFIG_BYTES:,} bytes (a config.json is "
+                         "a few KiB): refused unread")  # fmt: skip
+    try:
+        return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         what = "not UTF-8 text" if isinstance(error, UnicodeDecodeError) else "not JSON"
         raise ValueError(f"{path}: {what} ({error})") from None

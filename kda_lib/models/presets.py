@@ -9,10 +9,11 @@ import functools
 import math
 import os
 from collections import namedtuple
+from collections.abc import Sequence
 
 from flax import nnx
 
-from kda_lib.checks import is_number, shared_fields
+from kda_lib.checks import MAX_LAYERS, is_number, shared_fields
 from kda_lib.layers.attention import check_fields
 from kda_lib.layers.checkpoints import (
     detect_kimi_linear_naming,
@@ -86,8 +87,20 @@ class ModelPreset:
                              f"{self.num_heads}, got {self.num_v_heads}")  # fmt: skip
         form = check_gate_form(self.gate_form, self.lower_bound, where="ModelPreset.gate_form")
         object.__setattr__(self, "gate_form", form)  # a string is stored as the enum
-        if unknown := sorted(set(self.layer_kinds) - {"kda", "mla"}):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ModelPreset.name must be a non-empty str, got {self.name!r}")
+        kinds = self.layer_kinds
+        if isinstance(kinds, str) or not isinstance(kinds, Sequence) or not kinds:
+            raise ValueError(f"ModelPreset.layer_kinds must be a tuple of 'kda' and 'mla', one "
+                             f"per layer, got {kinds!r:.200}")  # fmt: skip
+        if len(kinds) > MAX_LAYERS:
+            raise ValueError(f"ModelPreset.layer_kinds must list at most {MAX_LAYERS:,} layers "
+                             f"(more than any model), got {len(kinds):,}")  # fmt: skip
+        if unknown := sorted(set(kinds) - {"kda", "mla"}, key=repr):
             raise ValueError(f"ModelPreset.layer_kinds: unknown kinds {unknown} (kda, mla)")
+        object.__setattr__(self, "layer_kinds", tuple(kinds))
+        if self.mla is not None and not isinstance(self.mla, MLAShape):
+            raise ValueError(f"ModelPreset.mla must be an MLAShape or None, got {self.mla!r:.200}")
 
     @property
     def num_layers(self) -> int:
@@ -172,14 +185,21 @@ def _shapes(config) -> dict[str, tuple[int, ...]]:
     return {".".join(map(str, path)): tuple(variable.shape) for path, variable in flat}
 
 
+def _check_preset(preset) -> ModelPreset:
+    if not isinstance(preset, ModelPreset):
+        raise TypeError(f"preset must be a ModelPreset (e.g. PRESETS[name]), got "
+                        f"{type(preset).__name__}")  # fmt: skip
+    return preset
+
+
 def build_kda_layer(preset: ModelPreset, **overrides) -> KimiDeltaAttention:
     """The preset's KDA layer as shapes only (``nnx.eval_shape``: no parameter memory)."""
-    return _eval_shape(preset.kda_config(**overrides))
+    return _eval_shape(_check_preset(preset).kda_config(**overrides))
 
 
 def build_mla_layer(preset: ModelPreset, **overrides) -> MultiHeadLatentAttention:
     """The preset's MLA layer as shapes only (``nnx.eval_shape``)."""
-    return _eval_shape(preset.mla_config(**overrides))
+    return _eval_shape(_check_preset(preset).mla_config(**overrides))
 
 
 def _kinds(num_layers: int, global_layers_1based) -> tuple[str, ...]:
@@ -233,11 +253,23 @@ KimiLinearCheckpoint = namedtuple("KimiLinearCheckpoint", "preset naming layers"
 def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides):
     """Every attention layer of a Kimi Linear checkpoint directory (``config.json``,
     ``*.safetensors``). ``naming``: "kimi_linear", "transformers" or "auto" (from the first KDA
-    layer); ``overrides`` go to both configs. A shard replaced during the load is refused."""
+    layer); ``overrides``: fields of :class:`kda_lib.KDAConfig` (e.g. ``chunk_size``,
+    ``implementation``) or :class:`~kda_lib.layers.mla.MLAConfig`, each given to the layers
+    whose config has it (a name neither has is refused). A shard replaced during the load is
+    refused."""
     if naming not in ("auto", "kimi_linear", "transformers"):
         raise ValueError(f"naming must be 'auto', 'kimi_linear' or 'transformers', got {naming!r}")
-    directory = os.fspath(directory)
+    fields = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (KDAConfig, MLAConfig)}
+    if unknown := sorted(set(overrides).difference(*fields.values())):
+        raise TypeError(f"load_kimi_linear_checkpoint got overrides {unknown} that neither "
+                        f"KDAConfig nor MLAConfig has")  # fmt: skip
+    routed = {cls: {n: v for n, v in overrides.items() if n in names}
+              for cls, names in fields.items()}  # fmt: skip
     preset = ModelPreset.from_hf_config(hf_config.read_config_json(directory))
+    directory = os.fspath(directory)
+    configs = {kind: (KimiDeltaAttention, preset.kda_config(**routed[KDAConfig])) if kind == "kda"
+               else (MultiHeadLatentAttention, preset.mla_config(**routed[MLAConfig]))
+               for kind in set(preset.layer_kinds)}  # fmt: skip  # checked before any read
     shards = sorted(os.path.join(directory, n) for n in os.listdir(directory)
                     if n.endswith(".safetensors"))  # fmt: skip
     if not shards:
@@ -250,9 +282,7 @@ def load_kimi_linear_checkpoint(directory, *, naming: str = "auto", **overrides)
             raise ValueError(f"no tensor named {prefix}* in {directory!r} (a {kind} layer)")
         if kind == "kda":
             naming = detect_kimi_linear_naming(tensors) if naming == "auto" else naming
-            cls, config = KimiDeltaAttention, preset.kda_config(**overrides)
-        else:
-            cls, config = MultiHeadLatentAttention, preset.mla_config(**overrides)
+        cls, config = configs[kind]
         layer = nnx.eval_shape(lambda c=cls, cfg=config: c(cfg, rngs=nnx.Rngs(0)))  # shapes only
         read_as = "kimi_linear" if naming == "auto" else naming  # no KDA layer seen yet
         load_state_dict(layer, tensors, read_as, prefix=prefix)

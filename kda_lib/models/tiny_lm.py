@@ -12,12 +12,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_array, check_int, check_token_ids, shared_fields
+from kda_lib.checks import (
+    MAX_LAYERS,
+    check_array,
+    check_float_dtype,
+    check_int,
+    check_token_ids,
+    shared_fields,
+)
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention, check_fields
 from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDAConfig, KimiDeltaAttention
 from kda_lib.layers.mamba2 import ConvMixer, Mamba2Config, Mamba2Mixer
 from kda_lib.layers.mla import MLAConfig, MultiHeadLatentAttention
-from kda_lib.layers.params import NO_DECAY, check_parameters_fit, parameter_count
+from kda_lib.layers.params import NO_DECAY, check_parameters_fit, config_bytes, parameter_count
 
 # The token mixer's config when none is given: H = 2 heads of K = V = 32 on a width of 64
 MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32))
@@ -26,8 +33,9 @@ MIXER_DEFAULTS = MappingProxyType(dict(hidden_size=64, num_heads=2, head_dim=32)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Hyper-parameters of :class:`TinyLM` (keyword-only): ``vocab_size``; ``num_layers`` N
-    (2); ``mixer``, the :data:`MIXERS` name of every layer ("kda"), unless ``layers``, a pattern
-    such as ``("kda", "kda", "kda", "attention")`` tiled over the N blocks; ``mixer_config``, the
+    (2; at most :data:`~kda_lib.checks.MAX_LAYERS`); ``mixer``, the :data:`MIXERS` name of
+    every layer ("kda"), unless ``layers``, a pattern such as ``("kda", "kda", "kda",
+    "attention")`` tiled over the N blocks; ``mixer_config``, the
     mixers' :class:`kda_lib.KDAConfig` (:data:`MIXER_DEFAULTS`; its ``hidden_size`` and
     ``norm_eps`` are the model's, DESIGN section 3); ``rope`` in attention layers (True; False:
     NoPE); ``kv_lora_rank`` of ``"mla"`` (None: ``head_dim``); the MLP width ``mlp_ratio *
@@ -46,6 +54,9 @@ class ModelConfig:
     def __post_init__(self):
         check_fields(self, int="vocab_size num_layers mlp_ratio", bool="rope",
                      width="mlp_width kv_lora_rank")  # fmt: skip
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"ModelConfig.num_layers must be <= {MAX_LAYERS:,} (more layers than "
+                             f"any model), got {self.num_layers}")  # fmt: skip
         layers, known = self.layers, sorted(MIXERS)
         if not isinstance(self.mixer_config, KDAConfig):
             raise ValueError(f"ModelConfig.mixer_config must be a KDAConfig (the mixer's widths "
@@ -75,7 +86,8 @@ class ModelConfig:
         mixer_fields = {name: value for name, value in fields.items() if name in mixer}
         for name in ("dtype", "param_dtype"):  # recorded by name: "float32" is jnp.float32
             if isinstance(mixer_fields.get(name), str):
-                mixer_fields[name] = getattr(jnp, jnp.dtype(mixer_fields[name]).name)
+                dtype = check_float_dtype(f"KDAConfig.{name}", mixer_fields[name])
+                mixer_fields[name] = getattr(jnp, dtype.name)
         own_fields = {name: value for name, value in fields.items() if name in own}
         return cls(**own_fields, mixer_config=KDAConfig(**{**MIXER_DEFAULTS, **mixer_fields}))
 
@@ -171,10 +183,11 @@ class TinyLM(nnx.Module):
     """``embed -> N x Block -> RMSNorm -> head``: tokens ``[B, T]`` -> logits (with a cache too)."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        _check_config(config)
         own = "vocab_size num_layers mlp_ratio mlp_width kv_lora_rank".split()
         sizes = {f"KDAConfig.{name}": getattr(config.mixer_config, name) for name in WIDTH_FIELDS}
         sizes |= {f"ModelConfig.{name}": getattr(config, name) for name in own}
-        check_parameters_fit(TinyLM, config, fields=sizes)
+        check_parameters_fit(TinyLM, config, fields=sizes, nbytes=_parameter_bytes)
         self.config = config
         hidden, vocab = config.hidden_size, config.vocab_size
         self.embed = nnx.Embed(vocab, hidden, embedding_metadata=NO_DECAY, rngs=rngs)
@@ -185,11 +198,13 @@ class TinyLM(nnx.Module):
 
     def __call__(self, tokens: jax.Array, *, cache: tuple | None = None):
         check_array("tokens", tokens)
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [B, T], got {tokens.shape}")
-        if cache is not None and len(cache) != len(self.blocks):
-            raise ValueError(f"cache must hold one entry per block ({len(self.blocks)}), got "
-                             f"{len(cache)}")  # fmt: skip
+        if tokens.ndim != 2 or 0 in tokens.shape:
+            raise ValueError(f"tokens must have shape [B, T] with B, T >= 1, got {tokens.shape}")
+        blocks = len(self.blocks)
+        if cache is not None and (not isinstance(cache, (tuple, list)) or len(cache) != blocks
+                                  or any(entry is None for entry in cache)):  # fmt: skip
+            raise ValueError(f"cache must hold one entry per block ({blocks}), as init_cache "
+                             f"returns, got {cache!r:.200}")  # fmt: skip
         check_token_ids("tokens", tokens, self.config.vocab_size)
         x, new_cache = self.embed(tokens), []
         for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks), strict=True):
@@ -202,18 +217,38 @@ class TinyLM(nnx.Module):
 
     def init_cache(self, batch_size: int, *, max_len: int | None = None) -> tuple:
         """One empty cache per block; attention/MLA ones hold ``max_len`` tokens (None: grow)."""
+        check_int("max_len", max_len, optional=True)
         sized = (CausalSelfAttention, MultiHeadLatentAttention)
         room = lambda mixer: dict(max_len=max_len) if isinstance(mixer, sized) else {}
         return tuple(b.mixer.init_cache(batch_size, **room(b.mixer)) for b in self.blocks)
 
 
+def _check_config(config) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+
+
+def _parameter_bytes(config: ModelConfig) -> int:
+    """Bytes of ``TinyLM(config)``'s parameters from one and two copies of its layer pattern
+    (built as shapes) and arithmetic: checking N layers costs no more than checking two."""
+    pattern = len(config.layers or (config.mixer,))
+    copies = config.num_layers // pattern
+    if copies <= 2:
+        return config_bytes(TinyLM, config)
+    one, two = (config_bytes(TinyLM, dataclasses.replace(config, num_layers=n * pattern))
+                for n in (1, 2))  # fmt: skip
+    return one + (copies - 1) * (two - one)
+
+
 def config_param_count(config: ModelConfig) -> int:
     """Parameters of ``TinyLM(config)``, from ``nnx.eval_shape`` (nothing is initialised)."""
+    _check_config(config)
     return parameter_count(nnx.eval_shape(lambda: TinyLM(config, rngs=nnx.Rngs(0))))
 
 
 def match_parameter_count(config: ModelConfig, target: int) -> ModelConfig:
     """``config`` with the ``mlp_width`` whose parameter count is nearest ``target``."""
+    _check_config(config)
     check_int("target", target)
     one = config_param_count(dataclasses.replace(config, mlp_width=1))
     per_unit = config.num_layers * (2 * config.hidden_size + 1)

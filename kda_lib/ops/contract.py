@@ -140,17 +140,20 @@ def check_kda_inputs(q, k, v, g, beta, *, initial_state=None, allow_neg_eigval=F
     return dims
 
 
-def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None) -> None:
-    """When concrete: finite beta in [0, 1] ([0, 2]: ``allow_neg_eigval``), g in [bound, 0]."""
+def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, bound=None,
+                 token: bool = False) -> None:  # fmt: skip
+    """When concrete: finite beta in [0, 1] ([0, 2]: ``allow_neg_eigval``), g in [bound, 0]
+    (``token``: named ``beta_t``, ``g_t``)."""
+    beta_name, g_name = ("beta_t", "g_t") if token else ("beta", "g")
     beta_max = 2.0 if allow_neg_eigval else 1.0
     lo, hi = _host_range(beta, np.isfinite)
     if lo < 0.0 or hi > beta_max:
         hint = " (pass allow_neg_eigval=True for [0, 2])" if allow_neg_eigval is False else ""
-        raise ValueError(f"beta must lie in [0, {beta_max:g}]{hint}, got values in "
+        raise ValueError(f"{beta_name} must lie in [0, {beta_max:g}]{hint}, got values in "
                          f"[{lo:g}, {hi:g}]")  # fmt: skip
     lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, lambda x: ~np.isnan(x))
     if hi > 0.0:
-        raise ValueError(f"g is a log-space decay and must be <= 0, got max {hi:g}")
+        raise ValueError(f"{g_name} is a log-space decay and must be <= 0, got max {hi:g}")
     if bound is not None and lo < bound:
         raise ValueError(
             f"g must be >= lower_bound={bound:g} (a log-space g: lower_bound is a promise "

@@ -105,10 +105,11 @@ def kda_pool_step(pool, state_indices, q_t, k_t, v_t, g_t, beta_t, *, scale=None
     dtype, **donated** (use the returned pool). ``state_indices [B]``: distinct slots in ``[0,
     N)`` (checked when concrete; under ``jit`` a bad row writes nothing and outputs NaN), other
     slots stay bit for bit. Tokens, ``scale`` as in :func:`kda_step`: ``(new_pool, o_t)``."""
-    contract.checked_dims(q_t, k_t, v_t, g_t, beta_t, token=True)  # refusals name q_t .. beta_t
+    dims = _check_token(q_t, k_t, v_t, g_t, beta_t)  # refusals name q_t .. beta_t
+    _check_pool(pool, state_indices, dims)
     tokens = (x[:, None] for x in (q_t, k_t, v_t, g_t, beta_t))
-    new_pool, o = kda_pool_verify(pool, state_indices, *tokens, np.ones(len(q_t), np.int32),
-                                  scale=scale)  # fmt: skip
+    new_pool, o = _pool_run(pool, state_indices, *tokens, np.ones(dims.batch, np.int32),
+                            scale=contract.resolve_scale(scale, dims.key_dim))  # fmt: skip
     return new_pool, o[:, 0]
 
 
@@ -130,7 +131,7 @@ def kda_pool_verify(pool, state_indices, q, k, v, g, beta, num_accepted_tokens, 
 def _check_token(q, k, v, g, beta, *, token: bool = True) -> contract.Dims:
     """A step's (``token``: q_t .. beta_t) or a draft's inputs, values as in :func:`kda_lib.kda`."""
     dims = contract.checked_dims(q, k, v, g, beta, token=token)
-    contract.check_values(beta, g, allow_neg_eigval=None, raw_gate=False)
+    contract.check_values(beta, g, allow_neg_eigval=None, raw_gate=False, token=token)
     return dims
 
 

@@ -38,6 +38,7 @@ from kda_lib import (
     kda_step,
 )
 from kda_lib.layers import cache_at
+from kda_lib.layers.checkpoints import export_state_dict
 
 B, T, H, K, V, N = 2, 4, 2, 8, 8, 3
 F32 = jnp.float32
@@ -320,6 +321,10 @@ ROWS = [
         jit_nan=True,
     ),
     Row("kda_pool_step", "q_t with a T axis", *_pool(q_t=Q), "q_t"),
+    # issue 75.5: the value checks name the step's arguments (they named g and beta)
+    Row("kda_pool_step", "g_t positive", *_pool(g_t=-GT), "g_t", jit=False),
+    Row("kda_pool_step", "beta_t past 1", *_pool(beta_t=BT * 3), "beta_t", jit=False),
+    Row("kda_step", "g_t positive", *_step(g_t=-GT), "g_t", jit=False),
     Row("kda_pool_step", "g_t wrong K", *_pool(g_t=GT[..., :4]), "g_t"),
     Row("kda_pool_step", "beta_t int", *_pool(beta_t=BT.astype(jnp.int32)), "beta_t"),
     # -- kda_pool_verify -----------------------------------------------------------------------
@@ -483,6 +488,17 @@ ROWS = [
         match="hidden_size",
         jit=False,
     ),
+    # the fla checkpoint loader (issue 75.6)
+    Row("KimiDeltaAttention.from_fla_state_dict", "state_dict a list",
+        lambda: KimiDeltaAttention.from_fla_state_dict([], KDAConfig(**CFG), rngs=nnx.Rngs(0)),
+        match="state_dict", jit=False),
+    Row("KimiDeltaAttention.from_fla_state_dict", "config a dict",
+        lambda: KimiDeltaAttention.from_fla_state_dict({}, CFG, rngs=nnx.Rngs(0)),
+        match="config", jit=False),
+    Row("KimiDeltaAttention.from_fla_state_dict", "a tensor of another shape",
+        lambda: KimiDeltaAttention.from_fla_state_dict(
+            {**export_state_dict(LAYER), "A_log": np.zeros(H + 1, np.float32)},
+            KDAConfig(**CFG), rngs=nnx.Rngs(0)), match="A_log", jit=False),
     Row("KimiDeltaAttention.__call__", "x rank 2", lambda x: LAYER(x), (HID[0],), "x"),
     Row("KimiDeltaAttention.__call__", "x wrong hidden", lambda x: LAYER(x), (HID[..., :8],), "x"),
     Row("KimiDeltaAttention.__call__", "x int", lambda x: LAYER(x), (HID.astype(jnp.int32),), "x"),
@@ -740,6 +756,12 @@ def _mixer_rows():
         Row("KimiDeltaAttention.__call__", "a Mamba2Cache of the same shapes",
             lambda: LAYER(HID, cache=mixer.init_cache(B)), match="cache must be a KDACache",
             jit=False),
+        # issue 75.5: the larger size is named (it named batch_size=1)
+        Row("CausalSelfAttention.init_cache", "max_len past memory",
+            lambda: conv_attention.init_cache(1, max_len=2**40), match="max_len", jit=False),
+        Row("MultiHeadLatentAttention.init_cache", "max_len past memory",
+            lambda: MultiHeadLatentAttention(mla(), rngs=nnx.Rngs(0)).init_cache(1, max_len=2**40),
+            match="max_len", jit=False),
         Row("ConvMixer.init_cache", "batch_size 0", lambda: conv_mixer.init_cache(0),
             match="batch_size", jit=False),
         Row("ConvMixer.init_cache", "batch_size bool", lambda: conv_mixer.init_cache(True),
@@ -797,7 +819,7 @@ def test_every_public_name_has_rows():
     covered = {row.target.split(".")[0] for row in ROWS}
     missing = [n for n in kda_lib.__all__ if n not in covered and n not in EXEMPT]
     assert not missing, f"public names with no misuse rows: {missing}"
-    methods = {"__call__", "init_cache", "prefill", "draft", "accept_draft"}
+    methods = {"__call__", "init_cache", "prefill", "draft", "accept_draft", "from_fla_state_dict"}
     have = {row.target.split(".")[1] for row in ROWS if "." in row.target}
     assert methods <= have, f"layer methods with no misuse rows: {sorted(methods - have)}"
 

@@ -81,10 +81,11 @@ COMMANDS = {
     ),
 }
 
-# a path option of each command that writes, and whether its file is resumed (so read first)
+# a path option of each command that writes, and whether a file there is read first (resumed,
+# or replaced only when it holds the command's own kind of record)
 PATH_OPTIONS = {
-    "kda-train": ("--output", False),
-    "kda-bench": ("--out", False),
+    "kda-train": ("--output", True),
+    "kda-bench": ("--out", True),
     "synthetic_sweep.py": ("--output", True),
     "stdlib_lm_seeds.py": ("--output", True),
     "auto_grad_vs_chunked.py": ("--out", False),
@@ -100,6 +101,15 @@ def _path_rows():
         yield command, [option, "{tmp}/link.json"], f"{option}: '{{tmp}}/afile' is a file, so"
         if resumed:
             yield command, [option, "{tmp}/damaged.json"], f"{option}: '{{tmp}}/damaged.json'"
+        # issue 75.4: a name past the folder's limit (255 bytes), or one whose temporary file
+        # (".<name>.XXXXXXXX.tmp") would be: refused, not a raw OSError after the work
+        for length in (300, 250):
+            yield (command, [option, "{tmp}/" + "a" * length + ".json"],
+                   f"{option}: cannot write '{{tmp}}/{'a' * length}.json': File name too long")
+    # issue 75.4: another command's record (here a sweep's runs) is kept, not replaced
+    for command in ("kda-train", "kda-bench"):
+        option = PATH_OPTIONS[command][0]
+        yield command, [option, "{tmp}/sweep.json"], f"{option}: '{{tmp}}/sweep.json' holds another"
     damaged_grid = "--out: '{tmp}/damaged.json' is not a readable JSON record"
     yield "kda-bench", ["--preset", "auto-grid", "--out", "{tmp}/damaged.json"], damaged_grid
     yield "kda-bench", ["--preset", "auto-grid", "--out", "-"], "--out -: --preset auto-grid"
@@ -108,6 +118,7 @@ def _path_rows():
         yield command, [option, ""], f"{option}: the path is empty"
         yield command, [option, UNWRITABLE], f"{option}: cannot write into '{UNWRITABLE}'"
         yield command, [option, "{tmp}/afile"], f"{option}: cannot write into '{{tmp}}/afile'"
+        yield command, [option, "{tmp}/" + "a" * 300], f"{option}: cannot write into"
 
 
 NUMBER_AND_NAME_ROWS = [
@@ -122,6 +133,9 @@ NUMBER_AND_NAME_ROWS = [
     ("kda-train", ["--mixer", "bogus"], "argument --mixer: invalid choice: 'bogus'"),
     ("kda-train", ["--layers", "kda,bogus"], "argument --layers: unknown mixers ['bogus']"),
     ("kda-train", ["--record", "--output", "x.json"], "give --output or --record"),
+    # issue 75.1: a million narrow layers fit memory but take hours to build
+    ("kda-train", ["--num-layers", "1000000", "--hidden-size", "1", "--num-heads", "1",
+                   "--head-dim", "1"], "--num-layers must be <= 100,000, got 1000000"),
     # kda-bench
     ("kda-bench", ["--heads", "0"], "--heads must be >= 1, got 0"),
     ("kda-bench", ["--seq-lens", "8", "-8"], "--seq-lens must all be >= 1, got [8, -8]"),
@@ -131,6 +145,9 @@ NUMBER_AND_NAME_ROWS = [
     ("kda-bench", ["--preset", "auto-grid", "--grid-max-s", "0"], "--grid-max-s must be > 0"),
     ("kda-bench", ["--preset", "auto-grid", "--grid-max-s", "-1"], "--grid-max-s must be > 0"),
     ("kda-bench", ["--grid-max-s", "5"], "--grid-max-s applies to --preset auto-grid only"),
+    # issue 75.4: the seed's range before any row compiles, as kda-train checks it
+    ("kda-bench", ["--seed", "-5"], "--seed must lie in [0, 2**63 - 1], got -5"),
+    ("kda-bench", ["--seed", str(2**64)], f"--seed must lie in [0, 2**63 - 1], got {2**64}"),
     # synthetic_sweep.py
     ("synthetic_sweep.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
     ("synthetic_sweep.py", ["--batch-size", "false"], "argument --batch-size: invalid int"),
@@ -211,6 +228,7 @@ def test_hostile_arguments_are_refused_before_any_work(
     (tmp_path / "afile").write_text("a file where a folder should be")
     (tmp_path / "link.json").symlink_to(tmp_path / "afile" / "runs" / "run.json")
     (tmp_path / "damaged.json").write_text('{"runs": [')
+    (tmp_path / "sweep.json").write_text('{"protocol": "", "setting": {}, "grids": {}, "runs": []}')
     (tmp_path / "01_a.ipynb").write_text("{}")
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "index.html").write_text("<html></html>")

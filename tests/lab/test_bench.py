@@ -8,6 +8,7 @@ import json
 
 import jax
 import pytest
+from conftest import closed_stdout
 
 from kda_lib.lab import bench, costs
 
@@ -239,3 +240,11 @@ def test_every_option_has_help_and_the_output_names_its_units(tmp_path, capsys):
     assert bench.RATIOS_HEADER in captured.out
     ratios = captured.out[captured.out.index(bench.RATIOS_HEADER) :]
     assert "chunked/softmax" in ratios.replace(" ", "")
+
+
+def test_a_closed_stdout_ends_kda_bench_with_status_1_and_no_traceback(monkeypatch):
+    """Issue 75.4: ``kda-bench --out - | true`` ended in a BrokenPipeError traceback."""
+    monkeypatch.setattr(bench, "_plan_jobs", lambda *args: ([], []))  # nothing to time
+    with closed_stdout(), pytest.raises(SystemExit) as exit_info:
+        bench.main([*TINY, "--seq-lens", "8", "--no-roofline", "--out", "-"])
+    assert exit_info.value.code == 1

@@ -1,11 +1,13 @@
 """The command lines as a user meets them: the console scripts, and retired module paths."""
 
 import importlib.metadata
+import json
 import pathlib
 import subprocess
 import sys
 
 import pytest
+from conftest import closed_stdout
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = {"kda-bench": "kda_lib.lab.bench:main", "kda-train": "kda_lib.lab.train_cli:command"}
@@ -72,3 +74,35 @@ def test_an_output_that_cannot_be_written_is_refused_before_training(
     assert exit_info.value.code == 2
     assert f"kda-train: error: {message.format(tmp=tmp_path)}" in capsys.readouterr().err
     assert not (tmp_path / "build").exists()
+
+
+# what run_experiment returns, as much as the command line reads of it
+FAKE_RECORD = dict(task="stack", mixer="kda", training=dict(seq_len=8, seed=0),
+                   history=dict(step=[1], loss=[1.0]), test=dict(accuracy=0.5, loss=1.0),
+                   validation=dict(accuracy=0.5, loss=1.0), chance_accuracy=0.25,
+                   train_seconds=1.0, diverged=False)  # fmt: skip
+
+
+def test_output_dash_is_stdout_as_kda_bench_s_out_dash(tmp_path, monkeypatch, capsys):
+    """Issue 75.4: ``--output -`` prints the record on stdout and writes no file (it wrote a
+    file named '-'); the closing line goes to stderr, so stdout is the JSON alone."""
+    from kda_lib.lab import train_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_cli, "run_experiment", lambda *a, **k: FAKE_RECORD)
+    record = train_cli.main(["stack", "--steps", "1", "--output", "-", "--progress", "none"])
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == record == FAKE_RECORD
+    assert "the record is on stdout" in printed.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_closed_stdout_ends_kda_train_with_status_1_and_no_traceback(tmp_path, monkeypatch):
+    """Issue 75.4: ``kda-train --output - | true`` ended in a BrokenPipeError traceback."""
+    from kda_lib.lab import train_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_cli, "run_experiment", lambda *a, **k: FAKE_RECORD)
+    with closed_stdout(), pytest.raises(SystemExit) as exit_info:
+        train_cli.main(["stack", "--steps", "1", "--output", "-", "--progress", "none"])
+    assert exit_info.value.code == 1

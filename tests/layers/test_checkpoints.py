@@ -653,3 +653,18 @@ def test_a_kimi_linear_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path)
         load_kimi_linear_checkpoint(directory)
     with pytest.raises(ValueError, match="no config.json"):
         load_kimi_linear_checkpoint(tmp_path)
+
+
+def test_each_override_goes_to_the_config_that_has_it(tmp_path):
+    """Issue 75.3: a KDA field (chunk_size, implementation) reaches the KDA layers only, an MLA
+    field (kv_lora_rank) the MLA layer only, a field both have (norm_eps) both; it ended in
+    MLAConfig's raw TypeError, every override going to both configs."""
+    directory = _write_checkpoint(tmp_path / "o", _tiny_layers(), "kimi_linear")
+    loaded = load_kimi_linear_checkpoint(directory, chunk_size=16, implementation="recurrent",
+                                         kv_lora_rank=16, norm_eps=1e-6)  # fmt: skip
+    kda_layers = [loaded.layers[i].config for i in loaded.preset.kda_layers]
+    (mla,) = [loaded.layers[i].config for i in loaded.preset.global_layers]
+    assert {(c.chunk_size, c.implementation, c.norm_eps) for c in kda_layers} == {
+        (16, "recurrent", 1e-6)
+    }
+    assert (mla.kv_lora_rank, mla.norm_eps) == (16, 1e-6)

@@ -372,3 +372,36 @@ def test_the_recorded_model_dicts_still_read():
         cfg = ModelConfig.from_flat(**record)
         assert (cfg.hidden_size, cfg.num_layers) == (record["hidden_size"], record["num_layers"])
         assert cfg.mixer_config.head_dim == record["head_dim"]
+
+
+def test_a_deep_model_is_refused_from_its_layers_arithmetic_not_by_building_them(monkeypatch):
+    """Issue 75.1: TinyLM's memory check builds (as shapes) at most two copies of the layer
+    pattern, then counts; 50,000 wide layers are refused at once naming num_layers (it built
+    all 50,000 first: ~0.05 s each), and ModelConfig refuses more layers than any model."""
+    from kda_lib.models import tiny_lm
+
+    built, block = [], tiny_lm.Block
+
+    def counted(*args, **kwargs):
+        built.append(args[1])
+        if len(built) > 8:
+            pytest.fail("the memory check builds every layer")
+        return block(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_lm, "Block", counted)
+    wide = KDAConfig(hidden_size=1024, num_heads=8, head_dim=128)
+    config = ModelConfig(vocab_size=8, num_layers=50_000, mixer_config=wide,
+                         layers=("kda", "attention"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"ModelConfig\.num_layers=50000: the parameters"):
+        TinyLM(config, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"ModelConfig\.num_layers must be <= 100,000"):
+        ModelConfig(vocab_size=8, num_layers=10**7)
+
+
+def test_the_parameter_bytes_arithmetic_matches_the_built_model():
+    """What the memory check counts for N layers (two pattern copies built, then arithmetic)
+    equals the whole model's bytes built as shapes."""
+    from kda_lib.models.tiny_lm import _parameter_bytes
+
+    config = dataclasses.replace(HYBRID, num_layers=12)
+    assert _parameter_bytes(config) == 4 * config_param_count(config)

@@ -145,7 +145,7 @@ def test_kda_step_follows_the_recurrence_rules():
     slots = jnp.arange(1)
     for step in (lambda b: kda_step(state, q, k, v, g, b),
                  lambda b: kda_pool_step(state, slots, q, k, v, g, b)):  # fmt: skip
-        with pytest.raises(ValueError, match=r"^beta must lie in \[0, 1\], got") as refused:
+        with pytest.raises(ValueError, match=r"^beta_t must lie in \[0, 1\], got") as refused:
             step(beta + 1.37)
         assert "allow_neg_eigval" not in str(refused.value)
     with pytest.raises(ValueError, match=r"pass allow_neg_eigval=True for \[0, 2\]"):
