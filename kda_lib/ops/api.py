@@ -16,6 +16,7 @@ from kda_lib.ops import contract
 from kda_lib.ops.chunked import Precision, ScanMode, chunked_core
 from kda_lib.ops.contract import Dims, KDAOptions, KDAResult
 from kda_lib.ops.gating import check_gate_switch, check_lower_bound, kda_gate
+from kda_lib.ops import pallas_tpu
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.ops.reference import recurrent_core
 from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_padding
@@ -81,7 +82,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 scan: ScanMode | None = None, precision: Precision | None = None,
                 output_chunk_states: bool = False):  # fmt: skip
     """:func:`kda` with ``implementation="chunked"`` (kda_lib/ops/chunked.py), ``g`` log-space.
-    ``scan``: ``"streaming"``, ``"associative"`` or None (streaming on CPU, else associative).
+    ``scan``: ``"streaming"`` (None: the default) or ``"associative"``.
     ``precision``: ``"highest"`` every matmul in float32 (float64); ``"input"`` or None:
     bfloat16/float16 inputs' scores in that dtype, accumulated in float32. Reverse mode only."""
     if scan not in (None, "streaming", "associative"):
@@ -151,6 +152,11 @@ def _chunked(arrays: KDAArrays, o: KDAOptions):
                        scan=o.scan, output_chunk_states=o.output_chunk_states), None)  # fmt: skip
 
 
+def _pallas(arrays: KDAArrays, o: KDAOptions):
+    return (*_own_form(pallas_tpu.pallas_core, arrays, o, chunk_size=o.chunk_size,
+                       precision=o.precision), None)  # fmt: skip
+
+
 def _recurrent_refuses(o: KDAOptions, here: bool = True) -> list[str]:
     return [f"precision={o.precision!r} applies to the 'chunked' implementation; 'recurrent' "
             "computes in float32 throughout (pass precision=None or 'highest')"
@@ -166,6 +172,7 @@ def _chunked_refuses(o: KDAOptions, here: bool = True) -> list[str]:
 REGISTRY: dict[str, Implementation] = {
     "recurrent": Implementation("recurrent", _recurrent, _recurrent_refuses, STATE_PASSING, None),
     "chunked": Implementation("chunked", _chunked, _chunked_refuses, STATE_PASSING, None),
+    "pallas_tpu": Implementation("pallas_tpu", _pallas, pallas_tpu.problems, None, None),
     **{name: Implementation(name, lambda arrays, o, v=v: (*tokamax_kda(v, arrays, o), None, None),
                             functools.partial(adapter.tokamax_problems, v),
                             adapter.tokamax_mosaic_context_parallel if v.mosaic else None, v)
@@ -256,10 +263,12 @@ def portable_forms(seq_len: int, state_size: int | None = None, platform: str | 
 
 def auto_forms(o: KDAOptions) -> tuple[str, str]:
     """``(forward, training)`` that ``"auto"`` runs: the first row serving the call of tokamax
-    Mosaic (a real TPU v6+), :func:`portable_forms`' pick, the training form, ``"recurrent"``."""
+    Mosaic (a real TPU v6+) and, above :data:`RECURRENT_MAX_AUTO_T` tokens on a TPU,
+    ``"pallas_tpu"``; then :func:`portable_forms`' pick, the training form, ``"recurrent"``."""
     d = o.dims
     forward, training = portable_forms(d.seq_len, d.batch * d.num_heads * d.key_dim * d.value_dim)
-    first = ("tokamax_mosaic",) if tpu_generation() else ()
+    kernel = ("pallas_tpu",) if d.seq_len > RECURRENT_MAX_AUTO_T else ()
+    first = ("tokamax_mosaic", *kernel) if tpu_generation() else ()
     pick = lambda *names: next(
         (n for n in (*first, *names) if not REGISTRY[n].refuses(o)), "recurrent")  # fmt: skip
     return pick(forward, training), pick(training)

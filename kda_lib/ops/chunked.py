@@ -10,10 +10,11 @@ chunk's cumulative log decay (per channel), the chunk's C tokens are computed in
 3. the state: ``U' = U - W S``, outputs ``O = scale (q * exp(G)) S + P U'``, and the state
    leaving the chunk ``exp(G_C) * S + (k * exp(G_C - G))^T U'``.
 
-Steps 1 and 2 need no state; step 3 chains the chunks (``scan=``): ``"streaming"`` (the CPU
-default) runs steps 1 to 3 in one ``lax.scan`` step per chunk; ``"associative"`` (the default
-elsewhere) writes each chunk as an affine map ``S -> M S + E`` and composes the maps with
-``lax.associative_scan``.
+Steps 1 and 2 need no state; step 3 chains the chunks (``scan=``): ``"streaming"`` (the
+default) runs steps 1 to 3 in one ``lax.scan`` step per chunk; ``"associative"`` writes each
+chunk as an affine map ``S -> M S + E`` and composes the maps with ``lax.associative_scan``
+(K x K maps the state never needs: 3x slower on a TPU v5e, DESIGN section 4; context
+parallelism builds one map per rank itself).
 
 Decay ratios are products of ``exp(g) <= 1`` over exactly their own range, never
 ``exp(G_i) * exp(-G_j)``: any ``g <= 0`` is safe. Precision: docs/DESIGN.md section 4.
@@ -77,7 +78,7 @@ def chunked_core(q, k, v, g, beta, *, dims, scale: float, initial_state, output_
         segments = tuple(jnp.moveaxis(x, 2, 0) for x in segment_masks(segment_ids, chunk_size))
     state0 = jnp.zeros((batch, heads, key_dim, value_dim), acc)
     state0 = state0 if initial_state is None else initial_state.astype(acc)
-    scan = scan or ("streaming" if jax.default_backend() == "cpu" else "associative")
+    scan = scan or "streaming"
     o, final_state, entering = _scan_chunks(chunks, segments, state0, scale, scan, low)
     o = jnp.moveaxis(o, (0, 2), (1, 3)).reshape(batch, seq_len + pad, heads, value_dim)
     chunk_states = None

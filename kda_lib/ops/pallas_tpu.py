@@ -26,11 +26,13 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kda_lib.ops.reference import recurrent_core
+
 LANES = 128  # K and V: multiples of the TPU's lane width
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 128 lanes)
 VMEM_LIMIT = 64 * 2**20
-LOW_PASSES = (1, 3, 3)  # bfloat16 inputs: passes of the scores, the inverse and w, u, the state
+LOW_PASSES = (1, 1, 3)  # bfloat16 inputs: passes of the scores, the inverse and w, u, the state
 
 
 
@@ -362,7 +364,7 @@ def _interpret(interpret):
     return jax.default_backend() != "tpu" if interpret is None else interpret
 
 
-def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, save, interpret=None):
+def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, low, save, interpret=None):
     """The forward kernel on padded inputs: ``(o, final_state, entering states or None)``."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim = q.shape[-1]
@@ -386,8 +388,8 @@ def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, save, interpret
         num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
         out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
                                              pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
-    kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale,
-                               low=q.dtype == jnp.bfloat16, save=save)  # fmt: skip
+    kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low,
+                               save=save)  # fmt: skip
     flat = lambda x: x.reshape(*x.shape[:2], -1)
     out = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
@@ -397,7 +399,7 @@ def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, save, interpret
     return o, out[1], (out[2] if save else None)
 
 
-def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, groups,
+def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, groups, low,
               interpret=None):  # fmt: skip
     """The backward kernel: ``(dq, dk, dv, dg, d_beta_rows, d_s0)``, dq and dk per value head."""
     batch, seq_len, heads, value_dim = v.shape
@@ -425,8 +427,7 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
         num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
         out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
                                              pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
-    kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale,
-                               low=q.dtype == jnp.bfloat16)  # fmt: skip
+    kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low)
     flat = lambda x: x.reshape(*x.shape[:2], -1)
     dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
@@ -436,25 +437,25 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
     return (*map(per_value_head, (dq, dk, dv, dg)), d_beta, d_s0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
+def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
     o, final, _ = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk, groups=groups,
-                           save=False, interpret=interpret)  # fmt: skip
+                           low=low, save=False, interpret=interpret)  # fmt: skip
     return o, final
 
 
-def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, interpret):
+def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
     o, final, states = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk,
-                                groups=groups, save=True, interpret=interpret)  # fmt: skip
+                                groups=groups, low=low, save=True, interpret=interpret)  # fmt: skip
     return (o, final), (q, k, v, g, beta_rows, states)
 
 
-def _kda_bwd(scale, chunk, groups, interpret, residuals, cotangents):
+def _kda_bwd(scale, chunk, groups, low, interpret, residuals, cotangents):
     q, k, v, g, beta_rows, states = residuals
     d_o, d_final = cotangents
     dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta_rows, states, d_o.astype(q.dtype),
                                              d_final.astype(jnp.float32), scale=scale,
-                                             chunk=chunk, groups=groups,
+                                             chunk=chunk, groups=groups, low=low,
                                              interpret=interpret)  # fmt: skip
     if groups > 1:  # a q/k head's gradient: the sum over the value heads that read it
         b, t, hv, kd = dq.shape
@@ -467,12 +468,13 @@ _kda.defvjp(_kda_fwd, _kda_bwd)
 
 
 def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size: int = 64,
-               interpret: bool | None = None):  # fmt: skip
+               low: bool | None = None, interpret: bool | None = None):  # fmt: skip
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V multiples of 128, ``chunk_size``
-    a power of two from 16 to ``BLOCK_T``. ``interpret``: Pallas's interpreter (default: off a
-    TPU). Differentiable (reverse mode) in every array."""
+    a power of two from 16 to ``BLOCK_T``. ``low``: fewer matmul passes (:data:`LOW_PASSES`;
+    default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
+    Differentiable (reverse mode) in every array."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim, groups = q.shape[-1], heads // q.shape[2]
     pad = -seq_len % BLOCK_T  # padding tokens: no decay (g = 0), no write (beta = 0)
@@ -481,24 +483,49 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     s0 = (jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32) if initial_state is None
           else initial_state.astype(jnp.float32))  # fmt: skip
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
+    low = q.dtype == jnp.bfloat16 if low is None else low
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
-                    groups, interpret)  # fmt: skip
+                    groups, low, interpret)  # fmt: skip
     return o[:, :seq_len], final
 
 
-def refusals(*, key_dim: int, value_dim: int, chunk_size: int, has_segments: bool,
-             interior_states: bool) -> list[str]:
-    """Why the kernels cannot serve a call (empty: they can)."""
-    out = []
-    if key_dim % LANES or value_dim % LANES:
-        out.append(f"the Pallas TPU kernel needs key and value head dims that are multiples of "
-                   f"{LANES} (got K={key_dim}, V={value_dim})")  # fmt: skip
-    if not SUB <= chunk_size <= BLOCK_T:
-        out.append(f"the Pallas TPU kernel needs {SUB} <= chunk_size <= {BLOCK_T} (got "
-                   f"{chunk_size})")  # fmt: skip
-    if has_segments:
-        out.append("the Pallas TPU kernel does not take segment_ids (use 'chunked')")
-    if interior_states:
-        out.append("the Pallas TPU kernel keeps no interior states (use 'chunked' or "
-                   "'recurrent')")  # fmt: skip
-    return out
+def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_ids,
+                output_final_state: bool, chunk_size: int, precision=None):  # fmt: skip
+    """:func:`kda_lib.kda` by the kernels on checked inputs (no segment ids): ``(o,
+    final_state or None, None)``. ``precision="highest"``: bfloat16 inputs at float32's passes.
+    Where the kernels' result is not finite, the recurrence's (:func:`recurrent_core`), which
+    keeps non-finite inputs to where the recurrence has them (a chunk would spread them)."""
+    del segment_ids  # refused by :func:`problems`
+    low = q.dtype == jnp.bfloat16 and precision != "highest"
+    o, final = kda_pallas(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          chunk_size=chunk_size, low=low)  # fmt: skip
+
+    def exact(_):
+        out, state, *_ = recurrent_core(q, k, v, g, beta, dims=dims, scale=scale,
+                                        initial_state=initial_state, segment_ids=None,
+                                        output_final_state=True)  # fmt: skip
+        return out.astype(o.dtype), state.astype(final.dtype)
+
+    finite = jax.lax.stop_gradient(jnp.isfinite(o).all() & jnp.isfinite(final).all())
+    o, final = jax.lax.cond(finite, lambda _: (o, final), exact, None)
+    return o, (final if output_final_state else None), None
+
+
+def problems(o, here: bool = True) -> list[str]:
+    """Why the kernels cannot serve the checked call ``o`` (:class:`KDAOptions`); ``here``
+    unused (off a TPU they run in Pallas's interpreter)."""
+    d, name = o.dims, "implementation='pallas_tpu'"
+    found = [problem for bad, problem in [
+        (d.key_dim % LANES or d.value_dim % LANES,
+         f"{name} needs key and value head dims that are multiples of {LANES} (got K="
+         f"{d.key_dim}, V={d.value_dim}); use 'chunked'"),
+        (not SUB <= o.chunk_size <= BLOCK_T,
+         f"{name} needs {SUB} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
+        (jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),
+         f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(o.dtype).name}; use "
+         "'chunked' or 'recurrent'"),
+        (o.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
+        *[(getattr(o, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
+           "'recurrent'") for flag in ("output_chunk_states", "output_token_states")],
+    ] if bad]  # fmt: skip
+    return found

@@ -1,0 +1,171 @@
+"""The Pallas TPU kernels (kda_lib/ops/pallas_tpu.py) against the float64 recurrence: outputs,
+final states and gradients, in Pallas's interpret mode on a CPU and compiled on a TPU (the
+tests marked ``tpu``: ``make test-tpu``). The kernels' float32 matmuls are bfloat16 pieces in
+both places, so one tolerance serves both: float32 inputs as every float32 form (1e-5 of the
+largest value), bfloat16 inputs the bfloat16 table's 2e-2."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kda_lib import kda
+from kda_lib.ops.api import select_implementation
+from kda_lib.ops import api, pallas_tpu
+from kda_lib.testing import random_kda_inputs
+
+NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _relative(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.isfinite(got).all()
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@functools.partial(jax.jit, static_argnames=("implementation",))
+def _run(inputs, cotangent, implementation):
+    """``(o, final_state, gradients of <o, cotangent> + |final|^2)`` by ``implementation``."""
+
+    def loss(x):
+        o, s = kda(**x, output_final_state=True, implementation=implementation)
+        return jnp.sum(o.astype(cotangent.dtype) * cotangent) + jnp.sum(s * s), (o, s)
+
+    (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
+    return o, s, grads
+
+
+def _case(dtype, seq_len, qk_heads, heads):
+    """Inputs (q, k with ``qk_heads`` heads, v, g, beta with ``heads``, a state) and a
+    cotangent; the oracle's result in float64."""
+    x = random_kda_inputs(jax.random.key(seq_len), 2, seq_len, heads, 128, with_state=True)
+    x["q"], x["k"] = x["q"][:, :, :qk_heads], x["k"][:, :, :qk_heads]
+    x = {n: a.astype(dtype) if n in ("q", "k", "v") else a for n, a in x.items()}
+    cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
+    with jax.enable_x64(True):
+        x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
+        want = _run(x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent")
+        want = jax.tree.map(np.asarray, want)
+    return x, cotangent, want
+
+
+# float32: grouped value heads (2 per q/k head), T past one block and not a chunk multiple;
+# bfloat16: one value head per q/k head, T within one block
+CASES = {"float32": (jnp.float32, 300, 1, 2, 1e-5), "bfloat16": (jnp.bfloat16, 200, 2, 2, 2e-2)}
+
+
+@pytest.mark.tpu
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernels_match_the_float64_oracle(case):
+    dtype, seq_len, qk_heads, heads, tol = CASES[case]
+    x, cotangent, (o_ref, s_ref, g_ref) = _case(dtype, seq_len, qk_heads, heads)
+    o, s, grads = _run(x, cotangent, "pallas_tpu")
+    assert o.dtype == dtype and s.dtype == jnp.float32
+    assert _relative(o, o_ref) < tol, "o"
+    assert _relative(s, s_ref) < tol, "final state"
+    for name in NAMES:
+        assert grads[name].dtype == x[name].dtype, name
+        assert _relative(grads[name], g_ref[name]) < tol, f"d{name}"
+
+
+@pytest.mark.tpu
+def test_non_finite_inputs_give_the_recurrences_result():
+    """A NaN value at token 50 of one head: NaN exactly where the recurrence has it (the
+    kernels would spread it over its chunk), the rest equal to the recurrence's."""
+    x = random_kda_inputs(jax.random.key(3), 1, 100, 2, 128)
+    x["v"] = x["v"].at[0, 50, 1, 3].set(jnp.nan)
+    o, s = kda(**x, output_final_state=True, implementation="pallas_tpu")
+    o_ref, s_ref = kda(**x, output_final_state=True, implementation="recurrent")
+    for got, want in ((o, o_ref), (s, s_ref)):
+        assert (np.isnan(got) == np.isnan(want)).all()
+        np.testing.assert_allclose(np.nan_to_num(got), np.nan_to_num(want), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(key_dim=64), "multiples of 128"),
+        (dict(value_dim=96), "multiples of 128"),
+        (dict(chunk_size=512), "chunk_size <= 256"),
+        (dict(chunk_size=8), "16 <= chunk_size"),
+        (dict(dtype=jnp.float16), "float32 or bfloat16"),
+        (dict(has_segments=True), "segment_ids"),
+        (dict(output_chunk_states=True), "output_chunk_states"),
+        (dict(output_token_states=True), "output_token_states"),
+    ],
+)
+def test_refusals_name_the_constraint(change, message):
+    config = dict(seq_len=256, num_heads=2, key_dim=128, value_dim=128) | change
+    (problem,) = api.refusals("pallas_tpu", **config)
+    assert message in problem and "pallas_tpu" in problem
+    assert not api.refusals("pallas_tpu", seq_len=256, key_dim=128)
+
+
+def test_auto_runs_the_kernels_on_a_tpu_where_they_serve(monkeypatch):
+    config = dict(seq_len=1024, num_heads=2, key_dim=128, dtype=jnp.bfloat16)
+    assert select_implementation(**config) == "chunked"  # the CPU
+    monkeypatch.setattr(api, "tpu_generation", lambda: 5)
+    assert select_implementation(**config) == "pallas_tpu"
+    assert select_implementation(differentiated=False, **config) == "pallas_tpu"
+    assert select_implementation(**config | dict(seq_len=16)) == "recurrent"  # decode steps
+    assert select_implementation(**config | dict(key_dim=64)) == "chunked"  # refused: portable
+    assert select_implementation(**config | dict(has_segments=True)) == "chunked"
+
+
+def _shapes(seq_len, dtype=jnp.bfloat16, heads=2):
+    sd = jax.ShapeDtypeStruct
+    big = (1, seq_len, heads, 128)
+    return (sd(big, dtype), sd(big, dtype), sd(big, dtype), sd(big, jnp.float32),
+            sd((1, seq_len, heads), jnp.float32))  # fmt: skip
+
+
+def _kernels(seq_len, grad: bool):
+    def forward(q, k, v, g, beta):
+        return pallas_tpu.kda_pallas(q, k, v, g, beta, scale=0.1, interpret=False)
+
+    def loss(*xs):
+        o, s = forward(*xs)
+        return jnp.sum(o.astype(jnp.float32)) + jnp.sum(s)
+
+    return jax.jit(jax.grad(loss, argnums=range(5)) if grad else forward), _shapes(seq_len)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_kernels_lower_for_the_tpu_without_one(grad):
+    """Mosaic's lowering (block shapes, ops, no 64-bit constants under x64) runs on a CPU."""
+    f, shapes = _kernels(512, grad)
+    with jax.enable_x64(True):
+        text = f.trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == (2 if grad else 1)
+
+
+def test_the_forward_reads_and_writes_each_array_once():
+    """HBM traffic from the forward kernel's BlockSpecs (grid steps x block bytes) at most 1.1x
+    the inputs' and output's bytes: no intermediate goes through HBM."""
+    seq_len, heads = 1024, 4
+    jaxpr = jax.make_jaxpr(_kernels(seq_len, False)[0])(*_shapes(seq_len, heads=heads))
+    (call,) = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+    mapping = call.params["grid_mapping"]
+    moved = 0
+    for m in mapping.block_mappings:  # a block is copied when its index changes between steps
+        index = lambda step: tuple(int(i) for i in jax.core.eval_jaxpr(
+            m.index_map_jaxpr.jaxpr, m.index_map_jaxpr.consts, *step))  # fmt: skip
+        visits = [index(step) for step in np.ndindex(*mapping.grid)]
+        copies = 1 + sum(a != b for a, b in zip(visits, visits[1:]))  # noqa: B905
+        moved += copies * np.prod(m.transformed_block_aval.shape) * m.array_aval.dtype.itemsize
+    ideal = sum(np.prod(s.shape) * s.dtype.itemsize for s in _shapes(seq_len, heads=heads))
+    ideal += seq_len * heads * 128 * 2  # o
+    assert moved <= 1.1 * ideal, moved / ideal
+
+
+def _equations(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs in its equations' parameters."""
+    for e in jaxpr.eqns:
+        yield e
+        for value in e.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                yield from _equations(inner)
