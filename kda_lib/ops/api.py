@@ -12,11 +12,10 @@ import jax
 import jax.numpy as jnp
 
 from kda_lib.checks import check_flag, check_float_dtype, check_int
-from kda_lib.ops import contract
+from kda_lib.ops import contract, pallas_tpu
 from kda_lib.ops.chunked import Precision, ScanMode, chunked_core
 from kda_lib.ops.contract import Dims, KDAOptions, KDAResult
 from kda_lib.ops.gating import check_gate_switch, check_lower_bound, kda_gate
-from kda_lib.ops import pallas_tpu
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.ops.reference import recurrent_core
 from kda_lib.ops.segments import NEUTRAL_RAW_GATE, canonical_segment_ids, zero_padding

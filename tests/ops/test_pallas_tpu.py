@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kda_lib import kda
-from kda_lib.ops.api import select_implementation
 from kda_lib.ops import api, pallas_tpu
+from kda_lib.ops.api import select_implementation
 from kda_lib.testing import random_kda_inputs
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -151,9 +151,9 @@ def test_the_forward_reads_and_writes_each_array_once():
     mapping = call.params["grid_mapping"]
     moved = 0
     for m in mapping.block_mappings:  # a block is copied when its index changes between steps
-        index = lambda step: tuple(int(i) for i in jax.core.eval_jaxpr(
-            m.index_map_jaxpr.jaxpr, m.index_map_jaxpr.consts, *step))  # fmt: skip
-        visits = [index(step) for step in np.ndindex(*mapping.grid)]
+        closed = m.index_map_jaxpr
+        visits = [tuple(int(i) for i in jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *step))
+                  for step in np.ndindex(*mapping.grid)]  # fmt: skip
         copies = 1 + sum(a != b for a, b in zip(visits, visits[1:]))  # noqa: B905
         moved += copies * np.prod(m.transformed_block_aval.shape) * m.array_aval.dtype.itemsize
     ideal = sum(np.prod(s.shape) * s.dtype.itemsize for s in _shapes(seq_len, heads=heads))
