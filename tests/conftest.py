@@ -57,6 +57,25 @@ if "KDA_TESTS_JAX_CACHE" not in os.environ:
     os.environ["KDA_TESTS_JAX_CACHE"] = tempfile.mkdtemp(prefix="kda-tests-jax-cache-")
     atexit.register(shutil.rmtree, os.environ["KDA_TESTS_JAX_CACHE"], ignore_errors=True)
 COMPILE_CACHE_DIR = os.environ["KDA_TESTS_JAX_CACHE"]
+if not hasattr(jax, "enable_x64"):  # JAX < 0.11 (a TPU image's 0.10.2): the same context
+
+    @contextlib.contextmanager
+    def _enable_x64(on: bool = True):
+        before = jax.config.jax_enable_x64
+        jax.config.update("jax_enable_x64", on)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_x64", before)
+
+    jax.enable_x64 = _enable_x64
+
+# `make test-tpu` (JAX_PLATFORMS=tpu): the chip's default float32 matmul is one bfloat16 pass
+# (about three digits), so the tests that hold float32 forms to the CPU's tolerances (1e-5)
+# run at full precision there, as a user checking values would; the Pallas kernels choose
+# their own passes (the same on both)
+if jax.default_backend() == "tpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

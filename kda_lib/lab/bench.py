@@ -23,8 +23,15 @@ Entries (``--impls``; default: all that run on this platform):
   (``--sequential-max-t``) only when named in ``--impls``, or in the modes ``auto`` runs them in
   at that T (the scan's forward on CPU); every skipped row gets a record (``skipped``) and a note
   with its estimated time (linear in T from the longest timed row). Mosaic only on TPU v6+.
-* ``softmax``: ``jax.nn.dot_product_attention`` (causal, ``implementation=None``: the fastest
-  backend available), same B, T, H and head dim K.
+* ``softmax``: causal softmax attention, same B, T, H and head dim K: on a TPU JAX's Pallas
+  ``flash_attention``, elsewhere ``jax.nn.dot_product_attention`` (``implementation=None``:
+  the fastest backend available).
+* ``pallas_tpu`` (kda_lib's Pallas TPU kernels) runs by default on a TPU only.
+
+Every row also gets ``io_bytes`` (its arguments' and results' bytes) and, where the device
+kind's HBM bandwidth is known (:data:`HBM_BYTES_PER_S`), ``hbm_roofline_fraction``: those
+bytes over the median time, over the bandwidth (1.0: the call moved no more than its inputs
+and outputs, at the chip's full bandwidth).
 * ``layer``: the full :class:`kda_lib.layers.kda_layer.KimiDeltaAttention` (hidden = H * K, safe
 gate),
   and, as separate rows, its kernel call alone (``layer_kernel``) and everything around the
@@ -112,6 +119,8 @@ LAYER_ENTRIES = ("layer", "layer_kernel", "layer_projections")
 LOWER_BOUND = -5.0  # safe gate: tokamax's chunked form needs it
 # ratios reported in the JSON and after the table: (numerator, denominator entries)
 RATIOS = (
+    ("pallas_tpu", ("softmax",)),
+    ("pallas_tpu", ("chunked",)),
     ("chunked", ("tokamax_xla_chunked",)),
     ("chunked", ("softmax",)),
     ("chunked", ("recurrent",)),
@@ -130,7 +139,7 @@ PRESETS = {
         key_dim=128,
         value_dim=128,
         dtype="bfloat16",
-        impls=["chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"],
+        impls=["pallas_tpu", "chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"],
         reps=10,
     ),
 }
@@ -138,6 +147,10 @@ PRESETS = {
 PRESETS["auto-grid"] = {}
 # fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
 # anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
+# HBM bandwidth by device kind (bytes/s; vendors' figures): the roofline of io_bytes
+HBM_BYTES_PER_S = {"TPU v5 lite": 819e9, "TPU v5e": 819e9, "TPU v6 lite": 1640e9,
+                   "TPU v5p": 2765e9, "TPU v4": 1200e9, "NVIDIA H200": 4.8e12,
+                   "NVIDIA H100 80GB HBM3": 3.35e12}  # fmt: skip
 H200_ANCHORS_MS = {
     "fla_chunk_kda": {2048: 3.72, 8192: 4.10, 32768: 9.66},
     "tokamax_xla_chunked": {2048: 7.27, 8192: 23.1, 32768: 81.8},
@@ -161,8 +174,10 @@ def default_out_path(platform: str, today: datetime.date, *, record: bool = Fals
 
 
 def default_impls(platform_ok: Callable[[str], str | None]) -> list[str]:
-    """Every entry that can run here (``platform_ok(name)`` is None when it can)."""
-    names = [n for n in IMPLEMENTATIONS if platform_ok(n) is None]
+    """Every entry that can run here (``platform_ok(name)`` is None when it can); the Pallas
+    TPU kernels on a TPU only (elsewhere Pallas's interpreter runs them, slowly)."""
+    tpu = jax.default_backend() == "tpu"
+    names = [n for n in IMPLEMENTATIONS if platform_ok(n) is None and (tpu or n != "pallas_tpu")]
     return names + ["softmax", "layer"]
 
 
@@ -215,11 +230,23 @@ def kda_entry(implementation: str):
 
 
 def softmax_entry(cfg: BenchConfig, seq_len: int, key: jax.Array):
+    """Causal softmax attention as a user of this platform runs it: JAX's Pallas TPU
+    ``flash_attention`` (heads-major, default blocks) on a TPU, else
+    ``jax.nn.dot_product_attention`` (the fastest backend available)."""
     shape = (cfg.batch, seq_len, cfg.heads, cfg.key_dim)
     dtype = jnp.dtype(cfg.dtype)
     args = tuple(
         jax.random.normal(k, shape, jnp.float32).astype(dtype) for k in jax.random.split(key, 3)
     )
+    if jax.default_backend() == "tpu":
+        from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+        heads_major = tuple(jnp.moveaxis(x, 1, 2) for x in args)  # [B, H, T, K]
+
+        def flash(q, k, v):
+            return flash_attention(q, k, v, causal=True, sm_scale=cfg.key_dim**-0.5)
+
+        return flash, heads_major
 
     def run(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=None)
@@ -332,6 +359,9 @@ class TimedProgram:
                 + memory.output_size_in_bytes
                 - memory.alias_size_in_bytes
             )
+        results = jax.eval_shape(self.fn, *self.args)
+        self.info["io_bytes"] = int(sum(x.size * x.dtype.itemsize
+                                        for x in jax.tree.leaves((self.args, results))))
         matmuls = matmul_flops(self.fn, *self.args)
         if matmuls > 0:  # a Pallas kernel's products are inside a custom call: none counted
             self.info["matmul_flops"] = matmuls
@@ -369,6 +399,9 @@ class TimedProgram:
             derived["bytes_per_token"] = self.info["bytes_accessed"] / self.tokens
         if self.mode == "train" and self.tokens:
             derived["tokens_per_s"] = self.tokens / median_s
+        bandwidth = HBM_BYTES_PER_S.get(jax.devices()[0].device_kind)
+        if bandwidth and "io_bytes" in self.info:
+            derived["hbm_roofline_fraction"] = self.info["io_bytes"] / median_s / bandwidth
         stats = dict(
             median_ms=statistics.median(times),
             min_ms=min(times),
@@ -755,6 +788,8 @@ def compare_with_anchors(records: list[dict]) -> dict:
 def format_table(records: list[dict]) -> str:
     header = f"{'impl':<22}{'T':>7}  {'mode':<8}{'median ms':>11}{'p25 ms':>10}{'p75 ms':>10}"
     header += f"{'min ms':>10}{'reps':>6}{'compile s':>11}"
+    if any("hbm_roofline_fraction" in r for r in records):  # a device kind of known bandwidth
+        header += f"{'HBM roof':>9}"
     lines = [header, "-" * len(header)]
     for r in records:
         if r.get("median_ms") is None:
@@ -764,7 +799,9 @@ def format_table(records: list[dict]) -> str:
         lines.append(
             f"{r['impl']:<22}{r['T']:>7}  {r['mode']:<8}{r['median_ms']:>11.2f}"
             f"{r['p25_ms']:>10.2f}{r['p75_ms']:>10.2f}{r['min_ms']:>10.2f}{r['reps']:>6}"
-            f"{r['compile_s']:>11.2f}" + ("  bimodal" if r.get("bimodal") else "")
+            f"{r['compile_s']:>11.2f}"
+            + (f"{r['hbm_roofline_fraction']:>9.1%}" if "hbm_roofline_fraction" in r else "")
+            + ("  bimodal" if r.get("bimodal") else "")
         )
     return "\n".join(lines)
 

@@ -171,7 +171,8 @@ def _chunked_refuses(o: KDAOptions, here: bool = True) -> list[str]:
 REGISTRY: dict[str, Implementation] = {
     "recurrent": Implementation("recurrent", _recurrent, _recurrent_refuses, STATE_PASSING, None),
     "chunked": Implementation("chunked", _chunked, _chunked_refuses, STATE_PASSING, None),
-    "pallas_tpu": Implementation("pallas_tpu", _pallas, pallas_tpu.problems, None, None),
+    "pallas_tpu": Implementation("pallas_tpu", _pallas, pallas_tpu.problems, STATE_PASSING,
+                                 None),
     **{name: Implementation(name, lambda arrays, o, v=v: (*tokamax_kda(v, arrays, o), None, None),
                             functools.partial(adapter.tokamax_problems, v),
                             adapter.tokamax_mosaic_context_parallel if v.mosaic else None, v)

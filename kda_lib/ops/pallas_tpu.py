@@ -471,22 +471,26 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
                low: bool | None = None, interpret: bool | None = None):  # fmt: skip
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
-    HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V multiples of 128, ``chunk_size``
+    HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
+    copies: fastest at multiples), ``chunk_size``
     a power of two from 16 to ``BLOCK_T``. ``low``: fewer matmul passes (:data:`LOW_PASSES`;
     default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
     Differentiable (reverse mode) in every array."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim, groups = q.shape[-1], heads // q.shape[2]
     pad = -seq_len % BLOCK_T  # padding tokens: no decay (g = 0), no write (beta = 0)
-    widen = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)) if pad else x
-    q, k, v, g, beta = map(widen, (q, k, v, g, beta))
+    # K and V to lane multiples: zero keys, queries and values, no decay (g = 0), zero state
+    widen = lambda x, *last: jnp.pad(x, [(0, 0), (0, pad), *last]) if pad or any(last[-1]) else x
+    q, k, g = (widen(x, (0, 0), (0, -key_dim % LANES)) for x in (q, k, g))
+    v, beta = widen(v, (0, 0), (0, -value_dim % LANES)), widen(beta, (0, 0))
     s0 = (jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32) if initial_state is None
           else initial_state.astype(jnp.float32))  # fmt: skip
+    s0 = jnp.pad(s0, [(0, 0), (0, 0), (0, -key_dim % LANES), (0, -value_dim % LANES)])
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     low = q.dtype == jnp.bfloat16 if low is None else low
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
                     groups, low, interpret)  # fmt: skip
-    return o[:, :seq_len], final
+    return o[:, :seq_len, :, :value_dim], final[:, :, :key_dim, :value_dim]
 
 
 def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_ids,
@@ -514,11 +518,8 @@ def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_
 def problems(o, here: bool = True) -> list[str]:
     """Why the kernels cannot serve the checked call ``o`` (:class:`KDAOptions`); ``here``
     unused (off a TPU they run in Pallas's interpreter)."""
-    d, name = o.dims, "implementation='pallas_tpu'"
+    name = "implementation='pallas_tpu'"
     found = [problem for bad, problem in [
-        (d.key_dim % LANES or d.value_dim % LANES,
-         f"{name} needs key and value head dims that are multiples of {LANES} (got K="
-         f"{d.key_dim}, V={d.value_dim}); use 'chunked'"),
         (not SUB <= o.chunk_size <= BLOCK_T,
          f"{name} needs {SUB} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
         (jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),

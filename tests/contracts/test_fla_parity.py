@@ -98,6 +98,7 @@ def _run(impl: str, case: dict, dtype):
     return np.asarray(o), np.asarray(state)
 
 
+@pytest.mark.tpu
 @pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS))
 def test_core_matches_fla_float64(impl, op_case):
     name = op_case["meta"]["case"]
@@ -125,6 +126,7 @@ def test_core_matches_fla_float64(impl, op_case):
         )
 
 
+@pytest.mark.tpu
 @pytest.mark.parametrize("impl", sorted(IMPLEMENTATIONS))
 def test_core_matches_fla_float32(impl, op_case):
     name = op_case["meta"]["case"]
@@ -150,6 +152,7 @@ def test_core_matches_fla_float32(impl, op_case):
 _gate = jax.jit(kda_lib.kda_gate, static_argnames="lower_bound")
 
 
+@pytest.mark.tpu
 @pytest.mark.parametrize("dt_bias_layout", ["flat_HK", "H_K"])
 @pytest.mark.parametrize("x64", [True, False], ids=["f64", "f32"])
 def test_gate_matches_fla(op_case, dt_bias_layout, x64):

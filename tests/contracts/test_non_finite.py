@@ -213,6 +213,7 @@ def test_padding_values_change_nothing(implementation, data):
         np.testing.assert_array_equal(grad[real], grad_clean[real], err_msg=f"{name} {found}")
 
 
+@pytest.mark.tpu
 def test_the_layer_keeps_a_bad_token_in_its_segment_under_jit():
     from flax import nnx
 

@@ -48,6 +48,7 @@ def _per_implementation(layer, impls, fn):
     return jax.jit(run)(state)
 
 
+@pytest.mark.tpu
 @pytest.mark.parametrize("fixture", ["default", "safe_gate"])
 def test_fla_layer_parity(fixture):
     config, state_dict, x, y_fla = load_fla_layer_fixture(fixture)
@@ -87,6 +88,7 @@ def test_forward_float32_and_bf16_close(lower_bound, gate_rank):
     assert relative_l2(y16, y) < 3e-2 and relative_l2(y16_cached, y) < 3e-2
 
 
+@pytest.mark.tpu
 def test_packed_documents_are_isolated():
     layer = _layer()
     x = _x(batch=1, seq_len=90)
@@ -102,6 +104,7 @@ def test_packed_documents_are_isolated():
 # prefill of one token, of T not a multiple of the chunk and of one whole chunk; the safe gate
 # (lower_bound) changes the gate, not the cache: it runs in
 # test_options_prefill_then_decode_equals_full_forward[no_a_log_grouped] (prefill of 9 tokens)
+@pytest.mark.tpu
 @pytest.mark.parametrize("lower_bound,prefill", [(None, 1), (None, 37), (None, 64)])
 def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     layer = _layer(lower_bound=lower_bound)

@@ -47,6 +47,7 @@ def _assert_caches_close(got, want, name):
 @pytest.mark.parametrize(
     "fused,resumed", [(False, 0), (True, 1)], ids=["three-convs", "fused-qkv-conv"]
 )
+@pytest.mark.tpu
 def test_prefill_boundary_cache_then_continue_equals_the_full_run(fused, resumed):
     """A prompt prefilled once: resuming from a boundary (the first 16 tokens, a shared prefix;
     the first 32 with the fused conv) gives the full run's outputs and final cache without
@@ -86,6 +87,7 @@ def _row(cache, row):
     return type(cache)(*(None if a is None else a[row] for a in cache))
 
 
+@pytest.mark.tpu
 def test_draft_then_accept_a_prefix_equals_decoding_only_it():
     """A 5-token draft from a decoded cache; rows accept 0, 1 or all 5 tokens: the cache after
     the accepted tokens equals the cache from feeding only those (0: the cache itself)."""

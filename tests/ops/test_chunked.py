@@ -131,6 +131,7 @@ def _oracle_runs(seq_len, gate):
         return _every_form(*_float64_case(seq_len, gate), grads=grads)
 
 
+@pytest.mark.tpu
 @ORACLE_PROGRAMS
 @pytest.mark.parametrize("seq_len", [*FORWARD_SCANS, *GRADIENT_SCANS])
 def test_chunked_matches_float64_oracle(x64, seq_len):
@@ -228,6 +229,7 @@ def _segment_cases(seq_len):
     return jnp.asarray(ids)
 
 
+@pytest.mark.tpu
 def test_chunked_segments_match_oracle(x64):
     """Segments with a state: both scans' outputs and final states, the associative scan's
     gradients (the streaming scan's with segments and a state: test_interior_states.py's
@@ -247,6 +249,7 @@ def test_chunked_segments_match_oracle(x64):
         assert np.all(np.asarray(forms[scan][0])[np.asarray(ids) == 0] == 0)
 
 
+@pytest.mark.tpu
 def test_packed_documents_equal_separate_runs():
     """Two documents packed in one row give exactly what each gives alone."""
     # two documents of 75 tokens (the boundary inside the second chunk; each alone ends in a
@@ -305,6 +308,7 @@ def _gate_case(case):
         return inputs, _oracle_with_state(**inputs)
 
 
+@pytest.mark.tpu
 @ORACLE_PROGRAMS
 @pytest.mark.parametrize("seq_len", [64, 300])
 def test_float32_chunked_close_to_float64_oracle(seq_len):
@@ -325,6 +329,7 @@ def test_float32_chunked_close_to_float64_oracle(seq_len):
     assert_close(s, s_ref, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.tpu
 def test_bf16_inputs_float32_accumulation():
     inputs = random_kda_inputs(jax.random.key(12), 1, 256, 2, 32, 32, with_state=True)
     bf16 = {n: x if n == "initial_state" else _on_host({n: x}, jnp.bfloat16)[n]
@@ -350,6 +355,7 @@ def test_bf16_inputs_float32_accumulation():
         assert grad.dtype == jnp.bfloat16 and np.isfinite(np.asarray(grad, np.float32)).all(), name
 
 
+@pytest.mark.tpu
 @ORACLE_PROGRAMS
 def test_saturated_gates_are_finite_and_exact():
     """Gates at the lower bound, and softplus gates of order -1e8 (A = exp(20)): outputs and
@@ -397,6 +403,7 @@ def _edit_from(base, prefix, seed, which):
     return {**base, which: jnp.where(mask, changed, base[which])}
 
 
+@pytest.mark.tpu
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefix=st.integers(1, 159), seed=st.integers(0, 2**16), which=st.sampled_from(NAMES))
 def test_prefix_invariance(prefix, seed, which):

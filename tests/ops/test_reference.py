@@ -38,6 +38,7 @@ def numpy_kda(q, k, v, g, beta, scale, state0, segment_ids):
     return out, final, states
 
 
+@pytest.mark.tpu
 @pytest.mark.parametrize("with_segments", [False, True])
 def test_recurrent_matches_numpy_loop(x64, with_segments):
     inputs = random_kda_inputs(
@@ -74,6 +75,7 @@ def test_recurrent_matches_numpy_loop(x64, with_segments):
         assert np.all(np.asarray(o)[ids == 0] == 0)  # padding outputs exactly 0
 
 
+@pytest.mark.tpu
 def test_step_by_step_decoding_equals_recurrence():
     """kda_step token by token, grouped value heads (HV = 2 H), equals kda_recurrent."""
     inputs = random_kda_inputs(jax.random.key(1), 2, 9, 6, 8, 4, with_state=True)
@@ -90,6 +92,7 @@ def test_step_by_step_decoding_equals_recurrence():
 
 
 # T a multiple of the chunk (4) in float32, not in bfloat16
+@pytest.mark.tpu
 @pytest.mark.parametrize("dtype, seq_len", [(jnp.float32, 8), (jnp.bfloat16, 5)])
 def test_serving_surface_matches_the_float64_loop(dtype, seq_len):
     """Every serving entry at combined settings: the default scale with K != V, grouped value
