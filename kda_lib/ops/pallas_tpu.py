@@ -26,6 +26,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kda_lib.ops.contract import Dims
 from kda_lib.ops.reference import recurrent_core
 
 LANES = 128  # K and V: multiples of the TPU's lane width
@@ -437,16 +438,35 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
     return (*map(per_value_head, (dq, dk, dv, dg)), d_beta, d_s0)
 
 
+def _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale):
+    """``(o, final)``, or where either is not finite the recurrence's (:func:`recurrent_core`,
+    which keeps non-finite inputs to where the recurrence has them; a chunk would spread
+    them). Inside the custom VJP's forward: never differentiated (no residuals)."""
+
+    def exact(_):
+        batch, seq_len, heads, value_dim = v.shape
+        dims = Dims(batch, seq_len, heads, q.shape[-1], value_dim, q.shape[2])
+        beta = jnp.moveaxis(beta_rows[:, :, 0], 1, 2)
+        out, state, *_ = recurrent_core(q, k, v, g, beta, dims=dims, scale=scale,
+                                        initial_state=s0, segment_ids=None,
+                                        output_final_state=True)  # fmt: skip
+        return out.astype(o.dtype), state.astype(final.dtype)
+
+    finite = jnp.isfinite(o).all() & jnp.isfinite(final).all()
+    return jax.lax.cond(finite, lambda _: (o, final), exact, None)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
 def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
     o, final, _ = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk, groups=groups,
                            low=low, save=False, interpret=interpret)  # fmt: skip
-    return o, final
+    return _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
 
 
 def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
     o, final, states = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk,
                                 groups=groups, low=low, save=True, interpret=interpret)  # fmt: skip
+    o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
     return (o, final), (q, k, v, g, beta_rows, states)
 
 
@@ -497,21 +517,12 @@ def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_
                 output_final_state: bool, chunk_size: int, precision=None):  # fmt: skip
     """:func:`kda_lib.kda` by the kernels on checked inputs (no segment ids): ``(o,
     final_state or None, None)``. ``precision="highest"``: bfloat16 inputs at float32's passes.
-    Where the kernels' result is not finite, the recurrence's (:func:`recurrent_core`), which
-    keeps non-finite inputs to where the recurrence has them (a chunk would spread them)."""
-    del segment_ids  # refused by :func:`problems`
+    Where the result is not finite, the recurrence's outputs (:func:`_exact_where_not_finite`);
+    the gradients are the kernels' (non-finite values may spread over a chunk there)."""
+    del dims, segment_ids  # segment ids: refused by :func:`problems`
     low = q.dtype == jnp.bfloat16 and precision != "highest"
     o, final = kda_pallas(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           chunk_size=chunk_size, low=low)  # fmt: skip
-
-    def exact(_):
-        out, state, *_ = recurrent_core(q, k, v, g, beta, dims=dims, scale=scale,
-                                        initial_state=initial_state, segment_ids=None,
-                                        output_final_state=True)  # fmt: skip
-        return out.astype(o.dtype), state.astype(final.dtype)
-
-    finite = jax.lax.stop_gradient(jnp.isfinite(o).all() & jnp.isfinite(final).all())
-    o, final = jax.lax.cond(finite, lambda _: (o, final), exact, None)
     return o, (final if output_final_state else None), None
 
 
