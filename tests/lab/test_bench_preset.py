@@ -18,7 +18,9 @@ def test_preset_sets_the_accelerator_shapes():
         128,
         "bfloat16",
     )
-    assert args.impls == ["pallas_tpu", "chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"]
+    assert args.impls == [
+        "pallas_tpu", "chunked", "tokamax_xla_chunked", "tokamax_mosaic", "softmax"
+    ]  # fmt: skip
     plain = bench.parse_args(["--out", "-"])
     assert (plain.heads, plain.dtype, plain.impls, plain.preset) == (4, "float32", None, None)
 
