@@ -26,17 +26,19 @@ Entries (``--impls``; default: all that run on this platform):
 * ``softmax``: causal softmax attention, same B, T, H and head dim K: on a TPU JAX's Pallas
   ``flash_attention``, elsewhere ``jax.nn.dot_product_attention`` (``implementation=None``:
   the fastest backend available).
-* ``pallas_tpu`` (kda_lib's Pallas TPU kernels) runs by default on a TPU only.
-
-Every row also gets ``io_bytes`` (its arguments' and results' bytes) and, where the device
-kind's HBM bandwidth is known (:data:`HBM_BYTES_PER_S`), ``hbm_roofline_fraction``: those
-bytes over the median time, over the bandwidth (1.0: the call moved no more than its inputs
-and outputs, at the chip's full bandwidth).
+* ``pallas_tpu`` (kda_lib's Pallas TPU kernels) runs by default on a TPU only (the
+  accelerator preset leaves it out elsewhere). The softmax row on a TPU uses flash_attention's
+  default block sizes.
 * ``layer``: the full :class:`kda_lib.layers.kda_layer.KimiDeltaAttention` (hidden = H * K, safe
 gate),
   and, as separate rows, its kernel call alone (``layer_kernel``) and everything around the
   kernel (``layer_projections``: projections, convs, gates, output norm and projection), so the
   layer's overhead is ``layer / (layer_kernel + layer_projections)``.
+
+Every row also gets ``io_bytes`` (its arguments' and results' bytes) and, where the device
+kind's HBM bandwidth is known (:data:`HBM_BYTES_PER_S`), ``hbm_roofline_fraction``: those
+bytes over the median time, over the bandwidth (1.0: the call moved no more than its inputs
+and outputs, at the chip's full bandwidth).
 
 Every run also times a ``2048 x 2048`` float32 matmul (row ``matmul``): each row whose program
 has matrix products gets ``matmul_flops`` (:func:`kda_lib.lab.costs.matmul_flops`: every
@@ -145,12 +147,12 @@ PRESETS = {
 }
 # --preset auto-grid: the grid of kda_lib.lab.policy_grid (its own loop over shapes)
 PRESETS["auto-grid"] = {}
-# fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
-# anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
 # HBM bandwidth by device kind (bytes/s; vendors' figures): the roofline of io_bytes
 HBM_BYTES_PER_S = {"TPU v5 lite": 819e9, "TPU v5e": 819e9, "TPU v6 lite": 1640e9,
                    "TPU v5p": 2765e9, "TPU v4": 1200e9, "NVIDIA H200": 4.8e12,
                    "NVIDIA H100 80GB HBM3": 3.35e12}  # fmt: skip
+# fwd+bwd milliseconds on one H200 at the accelerator preset's shapes (the issue tracker's
+# anchors, measured by others): fla's Triton chunk_kda and tokamax's xla_chunked
 H200_ANCHORS_MS = {
     "fla_chunk_kda": {2048: 3.72, 8192: 4.10, 32768: 9.66},
     "tokamax_xla_chunked": {2048: 7.27, 8192: 23.1, 32768: 81.8},
@@ -819,6 +821,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
         )
     cfg = BenchConfig(args.batch, args.heads, args.key_dim, args.value_dim, args.dtype)
     impls = args.impls or default_impls(lambda n: kernel_problem(n, cfg))
+    if args.preset == "accelerator" and jax.default_backend() != "tpu" and "pallas_tpu" in impls:
+        impls = [n for n in impls if n != "pallas_tpu"]  # the interpreter, at 32K: not a row
+        _note("pallas_tpu: left out of the accelerator preset off a TPU")
     key = jax.random.key(args.seed)
     jobs, records = _plan_jobs(args, cfg, impls, key)
     _time_jobs(jobs, args)

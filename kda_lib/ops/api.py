@@ -83,7 +83,7 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
     """:func:`kda` with ``implementation="chunked"`` (kda_lib/ops/chunked.py), ``g`` log-space.
     ``scan``: ``"streaming"`` (None: the default) or ``"associative"``.
     ``precision``: ``"highest"`` every matmul in float32 (float64); ``"input"`` or None:
-    bfloat16/float16 inputs' scores in that dtype, accumulated in float32. Reverse mode only."""
+    bfloat16/float16 inputs' scores in that dtype, accumulated in float32."""
     if scan not in (None, "streaming", "associative"):
         raise ValueError(f"scan must be one of 'streaming', 'associative' or None, got {scan!r}")
     kw = {**kda.__kwdefaults__, **locals(), "implementation": "chunked"}
@@ -101,18 +101,17 @@ def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **k
 
 
 def _run_call(impl, arrays, options):
-    """:func:`run`, forward-mode autodiff's error named, the result as :func:`kda` returns it."""
+    """:func:`run`, forward-mode autodiff through the Pallas kernels refused by name, the
+    result as :func:`kda` returns it."""
     try:
         result = run(impl, arrays, options)
-    except TypeError as e:  # forward mode reached the chunked form's hand-written backward
+    except TypeError as e:  # forward mode reached the kernels' custom_vjp
         if "custom_vjp" not in str(e):
             raise
         raise TypeError(
-            "forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run "
-            "through implementation='chunked' (which 'auto' runs above 16 tokens off "
-            "CPU, on CPU from a state B*HV*K*V of 65536, and for derivatives of a "
-            "gradient (jax.hessian), DESIGN section 4): its "
-            "backward is hand-written; pass implementation='recurrent'"
+            f"forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
+            f"implementation={impl.name!r}: its backward is a Pallas kernel; pass "
+            "implementation='chunked' (forward and reverse mode)"
         ) from e
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
@@ -153,7 +152,7 @@ def _chunked(arrays: KDAArrays, o: KDAOptions):
 
 def _pallas(arrays: KDAArrays, o: KDAOptions):
     return (*_own_form(pallas_tpu.pallas_core, arrays, o, chunk_size=o.chunk_size,
-                       precision=o.precision), None)  # fmt: skip
+                       precision=o.precision, dtype=o.dtype), None)  # fmt: skip
 
 
 def _recurrent_refuses(o: KDAOptions, here: bool = True) -> list[str]:

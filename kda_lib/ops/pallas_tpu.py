@@ -5,14 +5,16 @@ order (forward) or in reverse (backward), ``chunk_size`` tokens at a time inside
 the state ``S [K, V]`` (or its cotangent) in float32 in VMEM between chunks. q, k, v, g are read
 once from the batch-first layout (``[B, T, H, K]`` viewed as ``[B, T, H * K]``: a head's tile is
 a column block, no transpose in HBM) and o is written once. One chunk's math is
-:func:`chunk_step` (the steps of :mod:`kda_lib.ops.chunked`'s docstring); the backward kernel
-runs ``jax.vjp`` of the same function from the states the forward saved at chunk boundaries.
+:func:`chunk_intra` then :func:`state_forward` (the steps of :mod:`kda_lib.ops.chunked`'s
+docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the states
+the forward saved at chunk boundaries and carries the state's cotangent by
+:func:`state_backward`.
 
 Decay ratios are products of ``exp(g) <= 1`` (or exponentials of sums of ``g <= 0``) over
 exactly their own range: any ``g <= 0`` is safe. Matmuls of float32 operands are split into
 bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
-interpret mode on a CPU. Serves ``K``, ``V`` multiples of 128, no segment ids, no interior
-states (:func:`refusals`); non-finite inputs: the recurrence's result (``kda_pallas``).
+interpret mode on a CPU. K and V are padded to multiples of 128; no segment ids, no interior
+states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from kda_lib.ops.reference import recurrent_core
 
 LANES = 128  # K and V: multiples of the TPU's lane width
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
-BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 128 lanes)
-VMEM_LIMIT = 64 * 2**20
-LOW_PASSES = (1, 1, 3)  # bfloat16 inputs: passes of the scores, the inverse and w, u, the state
+BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
+VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
+# bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products (v5e,
+# T = 8,192: (1, 3, 3) forward 4.5 ms, final state within 8.6e-5 of its largest value; (1, 1, 3)
+# 3.9 ms and 2.8e-3: the inverse stays at three passes)
+LOW_PASSES = (1, 3, 3)
 
 
 
@@ -175,12 +180,12 @@ def _passes(low: bool):
 
 
 def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
-    """Steps 1 and 2 of chunks ``[..., C, .]`` (q, k, v any float dtype; g, beta ``[..., C,
-    1]`` float32): ``(attn_qk [.., C, C], w, u, q_in, k_out, keep [.., K, 1])``; with ``U' = u -
-    w S``, the outputs are ``q_in S + attn_qk U'``, the state leaving ``keep * S + k_out^T U'``.
-    ``low``: bfloat16 inputs (fewer passes, :data:`LOW_PASSES`)."""
+    """Steps 1 and 2 of chunks ``[..., C, .]`` (q, k, v any float dtype; g ``[..., C, K]`` and
+    beta ``[..., C, 1]`` float32): ``(attn_qk [.., C, C], w, u, q_in, k_out, keep [.., K,
+    1])``; with ``U' = u - w S``, the outputs are ``q_in S + attn_qk U'``, the state leaving
+    ``keep * S + k_out^T U'``. ``low``: bfloat16 inputs (fewer passes, :data:`LOW_PASSES`)."""
     f32 = jnp.float32
-    size, sub = q.shape[-2], min(SUB, q.shape[-2])
+    size, sub = q.shape[-2], SUB  # problems() refuses chunks below SUB
     p_score, p_inner, _ = _passes(low)
     k32, q32 = k.astype(f32), q.astype(f32) * scale
     square = (*q.shape[:-2], size, size)
@@ -259,10 +264,10 @@ def _unit_lower_inverse(attn, same, passes: int):
     eye = jnp.where(_eye(size), _ONE, _ZERO)
     diag = jnp.where(same, attn, _ZERO)
     inv, power = eye - diag, diag
-    for _ in range(int(math.log2(min(SUB, size))) - 1):
+    for _ in range(int(math.log2(SUB)) - 1):
         power = _dot(power, power, passes)
         inv = _dot(inv, eye + power, passes)
-    blocks = size // min(SUB, size)
+    blocks = size // SUB
     if blocks == 1:
         return inv
     n = _dot(inv, jnp.where(same, _ZERO, attn), passes)
@@ -452,6 +457,8 @@ def _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale):
                                         output_final_state=True)  # fmt: skip
         return out.astype(o.dtype), state.astype(final.dtype)
 
+    # one flag for the whole call (under jax.vmap the cond becomes a select: the recurrence
+    # then runs on every call, which kda_context_parallel on one device pays)
     finite = jnp.isfinite(o).all() & jnp.isfinite(final).all()
     return jax.lax.cond(finite, lambda _: (o, final), exact, None)
 
@@ -514,23 +521,29 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
 
 
 def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_ids,
-                output_final_state: bool, chunk_size: int, precision=None):  # fmt: skip
+                output_final_state: bool, chunk_size: int, dtype, precision=None):  # fmt: skip
     """:func:`kda_lib.kda` by the kernels on checked inputs (no segment ids): ``(o,
-    final_state or None, None)``. ``precision="highest"``: bfloat16 inputs at float32's passes.
+    final_state or None, None)``. ``dtype``: the caller's (bfloat16: :data:`LOW_PASSES`, q and
+    k back in bfloat16 after an L2 norm in float32); ``precision="highest"``: float32's passes.
     Where the result is not finite, the recurrence's outputs (:func:`_exact_where_not_finite`);
     the gradients are the kernels' (non-finite values may spread over a chunk there)."""
     del dims, segment_ids  # segment ids: refused by :func:`problems`
-    low = q.dtype == jnp.bfloat16 and precision != "highest"
+    low = jnp.dtype(dtype) == jnp.bfloat16 and precision != "highest"
+    if low:
+        q, k = q.astype(dtype), k.astype(dtype)
     o, final = kda_pallas(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           chunk_size=chunk_size, low=low)  # fmt: skip
     return o, (final if output_final_state else None), None
 
 
 def problems(o, here: bool = True) -> list[str]:
-    """Why the kernels cannot serve the checked call ``o`` (:class:`KDAOptions`); ``here``
-    unused (off a TPU they run in Pallas's interpreter)."""
+    """Why the kernels cannot serve the checked call ``o`` (:class:`KDAOptions`); ``here``: on
+    this machine too (compiled on a TPU, Pallas's interpreter on a CPU, neither elsewhere)."""
     name = "implementation='pallas_tpu'"
+    backend = jax.default_backend() if here else "tpu"
     found = [problem for bad, problem in [
+        (backend not in ("tpu", "cpu"),
+         f"{name} runs on a TPU (and interpreted on a CPU), not on {backend}; use 'chunked'"),
         (not SUB <= o.chunk_size <= BLOCK_T,
          f"{name} needs {SUB} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
         (jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),

@@ -52,17 +52,29 @@ def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim):
     return x, cotangent, want
 
 
-# float32: grouped value heads (2 per q/k head), T past one block and not a chunk multiple,
-# K = V = 128; bfloat16: one value head per q/k head, T within one block, K = 64 and V = 192
+# float32: one value head per q/k head, T past one block and not a chunk multiple, K = V = 128;
+# bfloat16: grouped value heads (2 per q/k head), T within one block, K = 64 and V = 192
 # (padded to lane multiples)
-CASES = {"float32": (jnp.float32, 300, 1, 2, 128, 128, 1e-5),
-         "bfloat16": (jnp.bfloat16, 200, 2, 2, 64, 192, 2e-2)}  # fmt: skip
+CASES = {"float32": (jnp.float32, 300, 2, 2, 128, 128, 1e-5),
+         "bfloat16": (jnp.bfloat16, 200, 1, 2, 64, 192, 2e-2)}  # fmt: skip
+
+
+@pytest.fixture
+def kernels_alone(monkeypatch):
+    """The kernels' own result: the non-finite fallback (the recurrence, which would pass the
+    same tolerances) switched off; the programs traced meanwhile forgotten after."""
+    monkeypatch.setattr(pallas_tpu, "_exact_where_not_finite", lambda o, final, *_: (o, final))
+    api.clear_compiled_forms()
+    _run.clear_cache()
+    yield
+    api.clear_compiled_forms()
+    _run.clear_cache()
 
 
 @pytest.mark.tpu
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernels_match_the_float64_oracle(case):
+def test_kernels_match_the_float64_oracle(case, kernels_alone):
     dtype, seq_len, qk_heads, heads, key_dim, value_dim, tol = CASES[case]
     x, cotangent, (o_ref, s_ref, g_ref) = _case(dtype, seq_len, qk_heads, heads, key_dim,
                                                 value_dim)  # fmt: skip
@@ -73,6 +85,28 @@ def test_kernels_match_the_float64_oracle(case):
     for name in NAMES:
         assert grads[name].dtype == x[name].dtype, name
         assert _relative(grads[name], g_ref[name]) < tol, f"d{name}"
+
+
+@pytest.mark.tpu
+def test_the_smallest_and_largest_chunks_match_the_oracle(kernels_alone):
+    """chunk_size 16 (one 16-row block: no block-lower part to invert) and 256 (one chunk per
+    grid step), float32, forward."""
+    x = random_kda_inputs(jax.random.key(7), 1, 300, 2, 128, with_state=True)
+    want = kda(**x, output_final_state=True, implementation="recurrent")
+    both = jax.jit(lambda x: [kda(**x, output_final_state=True, chunk_size=c,
+                                  implementation="pallas_tpu") for c in (16, 256)])  # fmt: skip
+    for got in both(x):
+        for a, b in zip(got, want, strict=True):
+            assert _relative(a, b) < 1e-5
+
+
+def test_bfloat16_queries_stay_bfloat16_after_the_l2_norm():
+    """The layer's path (use_qk_l2norm, bfloat16): the kernel reads q and k in bfloat16 and
+    takes the bfloat16 passes, not float32's."""
+    x = random_kda_inputs(jax.random.key(8), 1, 64, 2, 128, dtype=jnp.bfloat16)
+    jaxpr = jax.make_jaxpr(lambda x: kda(**x, use_qk_l2norm=True, implementation="pallas_tpu"))(x)
+    calls = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+    assert calls and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in calls)
 
 
 @pytest.mark.tpu
@@ -103,7 +137,14 @@ def test_refusals_name_the_constraint(change, message):
     config = dict(seq_len=256, num_heads=2, key_dim=128, value_dim=128) | change
     (problem,) = api.refusals("pallas_tpu", **config)
     assert message in problem and "pallas_tpu" in problem
-    assert not api.refusals("pallas_tpu", seq_len=256, key_dim=128)
+    assert not api.refusals("pallas_tpu", seq_len=256, key_dim=96)
+
+
+def test_a_gpu_is_refused_here_not_in_principle(monkeypatch):
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    (problem,) = api.refusals("pallas_tpu", seq_len=256, key_dim=128)
+    assert "not on gpu" in problem
+    assert not api.refusals("pallas_tpu", here=False, seq_len=256, key_dim=128)
 
 
 @pytest.mark.tpu

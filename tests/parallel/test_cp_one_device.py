@@ -1,7 +1,9 @@
-"""Context parallelism's algorithm on one device: the sequence in R slices under ``jax.vmap``
-with the context axis named (the collectives of :func:`kda_context_parallel` run over the
-mapped axis), each slice by the Pallas kernels, equal to one pass over the whole sequence:
-outputs, final state, gradients. On a TPU (``make test-tpu``) the kernels run compiled."""
+"""Context parallelism's algorithm on one TPU: the sequence in R slices under ``jax.vmap`` with
+the context axis named (the collectives of :func:`kda_context_parallel` run over the mapped
+axis), each slice by the Pallas kernels, equal to one pass over the whole sequence: outputs,
+final state, gradients. A TPU test (``make test-tpu``): on a CPU the interpreter under vmap
+also runs the recurrence (the non-finite fallback's cond becomes a select) and CP is tested on
+simulated devices (tests/parallel/test_context_parallel.py)."""
 
 import jax
 import jax.numpy as jnp
