@@ -187,8 +187,8 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # float32 rounding accumulated over the sequence, and not more. The yardstick printed below is
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
-# the **unit roundoff** $2^{-24}$. The assert allows $10^{-5}$ of the largest output, about 84
-# machine epsilons.
+# the **unit roundoff** $2^{-24}$. The errors below come out near 2 machine epsilons of the
+# largest output (printed); the assert allows 8.
 
 # %%
 with jax.enable_x64(True):
@@ -199,9 +199,10 @@ err_rec = np.abs(np.asarray(o_rec, np.float64) - o_exact).max(axis=(0, 2, 3))
 err_chk = np.abs(np.asarray(o_chk, np.float64) - o_exact).max(axis=(0, 2, 3))
 scale_o, eps32 = np.abs(o_exact).max(), float(np.finfo(np.float32).eps)
 print(f"float32 machine epsilon 2^-23 = {eps32:.1e}")
-print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, "
-      f"chunked {err_chk.max() / scale_o:.1e}")
-assert err_rec.max() < 1e-5 * scale_o and err_chk.max() < 1e-5 * scale_o
+worst = max(err_rec.max(), err_chk.max()) / scale_o / eps32  # in machine epsilons
+print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, chunked "
+      f"{err_chk.max() / scale_o:.1e} (the larger: {worst:.1f} eps)")
+assert err_rec.max() < 8 * eps32 * scale_o and err_chk.max() < 8 * eps32 * scale_o
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -227,8 +228,8 @@ viz.show(fig, "00_quickstart_precision")
 #   multiple of the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
-# - Both float32 forms stay within $10^{-5}$ of the largest output (about 84 float32 machine
-#   epsilons, $2^{-23}$ each) of the float64 oracle (asserted).
+# - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
+#   output of the float64 oracle (asserted; measured about 2, printed).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.

@@ -386,28 +386,33 @@ viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, title="Ass
 # %%
 lin, delta_curve = curves["linear attention"], curves["delta rule"]
 upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. d_k (n = 1 is exact for both)
-if key_dim >= 16:  # single seeds (and 8-seed means at d_k = 4, 8) can lose: see the text below
+if key_dim >= 32:  # single seeds can lose at any d_k, 8-seed means at 16 and below (notes)
     assert np.all(delta_curve[upto_k] < lin[upto_k]), "on average delta beats linear, n <= d_k"
 assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
 at_k = min(key_dim, max_pairs) - 1
-assert abs(lin[at_k] - at_k / key_dim) < 0.3 * at_k / key_dim, "linear: about (n - 1) / d_k"
+expected = at_k / key_dim * value_dim / (value_dim - 2) if value_dim > 2 else np.inf
+if value_dim > 4:  # (below 5 the ratio's spread is too wide for a 30% bound)
+    assert abs(lin[at_k] - expected) < 0.3 * expected, "linear: (n - 1)/d_k d_v/(d_v - 2)"
 newest, second = by_age["delta rule"][:2]
 assert newest < 1e-12 and second > 1e-3, "the newest pair exactly, the one before it not"
 old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
 if max_pairs >= 2 * key_dim:
     assert old_delta > 1, "beyond capacity, old pairs: worse than nothing"
 display(Markdown(
-    f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention), "
+    f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention; expected "
+    f"{expected:.2f}), "
     f"{delta_curve[at_k]:.2f} (delta rule); at $n = {max_pairs}$: {lin[-1]:.2f}, "
     f"{delta_curve[-1]:.2f}. Delta rule, all written: newest pair {newest:.0e}, the one before "
     f"{second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
 
 # %% [markdown]
-# Linear attention's squared error grows like $(n-1)/d_k$. The delta rule recalls the newest pair
-# exactly and, averaged over seeds, stays below linear attention up to $n = d_k$ (asserted at
-# $d_k \ge 16$; single seeds at $d_k \le 8$ can lose), not at zero (section 3). Beyond capacity
-# its old pairs end above 1 (right panel). Decay per channel on a task with two time scales: the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ ($\mathbb
+# E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values; printed, asserted within 30% for $d_v > 4$).
+# The delta rule recalls the newest pair exactly and, averaged over seeds, stays below linear
+# attention up to $n = d_k$ (asserted at $d_k \ge 32$; single seeds can lose at any $d_k$, 8-seed
+# means at 16 and below: notes), not at zero (section 3). Beyond capacity its old pairs end above
+# 1 (right panel). Two time scales: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+#
 # ## Summary
 #
 # - Linear attention recalls with crosstalk; the delta rule writes $\beta \mathbf k (\mathbf v -
@@ -415,7 +420,7 @@ display(Markdown(
 # - KDA's transition $(I - \beta \mathbf k \mathbf k^\top) D_t$ is diagonal plus rank one, of
 #   norm at most 1; `toy_kda` writes it in six lines, equal to `kda_lib`.
 # - Averaged over seeds, the delta rule beats linear attention for every $n \le d_k$ (asserted
-#   at $d_k \ge 16$; here $d_k = 32$); single seeds at $d_k \le 8$ can lose.
+#   at $d_k \ge 32$, as here); single seeds can lose at any $d_k$ (notes).
 #
 # ## Exercises
 #
