@@ -418,27 +418,27 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #
 # ## Exercises
 #
-# 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
-#    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction
-#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$).
+# 1. **How likely is a narrow head?** Section 2's half-lives span over a decade in each head but
+#    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(n, ratio, width)`, the
+#    chance that $n$ time steps drawn log-uniformly over a range `width` wide (100 for
+#    `init_dt_bias`) span less than `ratio` ($> 1$; $n = 1$, `ratio` $\ge$ `width` too). Some
+#    are below $10^{-12}$, where no simulation reaches.
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
-#    not write. Derive $\Omega_{ts}$, the weight on the **older** one. It depends on $\mathbf k$
-#    and the decays only through $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, $\mathbf k^\top
-#    D_t \cdots D_{s'+1} \mathbf k$ and $\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf k$ (symmetric
-#    in the last two): write `older_weight(kk_ts, kk_tsp, kk_sps, beta)` (`sp`: $s'$). Is it
-#    $\beta(1-\beta)^2$ times the decay, as with one decay for all channels? No `kda_lib` code.
+#    not write. The weight on the **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots
+#    D_{s+1} \mathbf k + c_2\, (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top
+#    D_{s'} \cdots D_{s+1} \mathbf k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`.
+#    Is it $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
 #
-# Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
+# NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function keeping_input(zeta, m, a, lower_bound) -> f
+answer = None  # exercise 1: a function spread_below(n, ratio, width) -> a probability
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function older_weight(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts
+answer = None  # exercise 2: a function older_weight(beta) -> (c1, c2)
 exercises.check("02.2", answer)
 
 # %% [markdown]

@@ -407,9 +407,8 @@ for mode in modes:
 #
 # ## Exercises
 #
-# Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
-# without showing it: it judges the values your function returns on chunks drawn afresh at each
-# call (float32 or float64, NumPy or `jnp`; no `kda_lib` code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
+# `check` judges the values your function returns on chunks drawn afresh at each call (float32
+# or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
 # 1. **Backward through a chunk.** The part of the state's gradient that comes from $\mathrm dS_C$
 #    (without the chunk's own reads) runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm
@@ -420,8 +419,9 @@ for mode in modes:
 #    ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$
 #    `rhs`, $L'$ strictly triangular. Derive: upper or lower, which decays, which right-hand side?
 #    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row
-#    scaled or combined) and `rhs` $[C, d_k]$. Some checked chunks are longer than $d_k$, some have
-#    forget bursts ($g = -1024$ in some channels: $e^{-\boldsymbol\gamma_t}$ overflows in float64).
+#    scaled or combined) and `rhs` $[C, d_k]$. Some checked chunks are longer than $d_k$, some
+#    have forget bursts ($g = -12 \cdot 2^{10}$ in some channels: $e^{-\boldsymbol\gamma_t}$
+#    overflows in float32, float64 and x86's 80-bit long double).
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

@@ -407,7 +407,7 @@ assert len(ordered[35]) == 13 and len(both) == 4 and {(t, m.split()[0]) for _, t
 #    (KDA's 5 per-seed scores, the other's)}, each row's paired t statistic, its two-sided p at 4
 #    degrees of freedom, then Holm's adjustment over the family: {row: Holm p}. Numpy only (no
 #    scipy, no kda_lib); checked on `claims` and drawn families. Hint: at 4 degrees of freedom
-#    the t tail has a closed form (`t = 2 tan(a)` in the density, `~ (1 + t**2 / 4) ** -2.5`).
+#    the t tail has a closed form (`t = 2 tan(a)` in the density `(1 + t**2 / 4) ** (-5 / 2)`).
 # 3. **The sign-flip column.** Write `sign_flip_column(family)`: each row's exact two-sided
 #    sign-flip p (no normality: with no difference, each seed's difference is as likely negated),
 #    for any number of seeds (no scipy.stats, no kda_lib); checked on `claims` and families of 3 to

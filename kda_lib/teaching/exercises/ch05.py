@@ -9,19 +9,11 @@ the forward fold."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching.exercises.ch04 import AUTODIFF
 
-_AUTODIFF = ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")
-_AUTODIFF_HINT = (
-    "your answer runs JAX's autodiff (jax.grad, jax.vjp, jax.experimental.jet, ...), which "
-    "would do the derivation for you: write the recursion yourself (NumPy or jnp)"
-)
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 _LARGE = (32, 64, 128)  # R, K, V of the last trial
 TIME_LIMIT_S = 10.0
@@ -60,18 +52,10 @@ def summary_cotangents_reference(ms, es, hs):
 
 
 def _call(answer, *args, name):
-    """``call_answer`` (own code only) watched for autodiff, within ``TIME_LIMIT_S``."""
-    start, size = time.monotonic(), f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
-    try:
-        with _time_limit(TIME_LIMIT_S), modules_entered(_AUTODIFF) as autodiff:
-            got, hint = call_answer(answer, *args, name=name, own_code=True)
-    except _TooSlow:
-        return None, _SLOW.format(TIME_LIMIT_S, size)
-    if autodiff:
-        return None, _AUTODIFF_HINT
-    if hint is None and time.monotonic() - start > TIME_LIMIT_S:
-        return None, _SLOW.format(TIME_LIMIT_S, size)
-    return got, hint
+    """``call_answer`` refusing autodiff, within ``TIME_LIMIT_S``."""
+    size = f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
+    return call_answer(answer, *args, name=name, refused=AUTODIFF, limit_s=TIME_LIMIT_S,
+                       slow=_SLOW.format(TIME_LIMIT_S, size))
 
 
 def _close(got, want) -> bool:

@@ -3,15 +3,20 @@ conv stack's positions, clearing at every ``period`` tokens)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, held, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
+from kda_lib.teaching.exercises import (
+    SCIPY,
+    again,
+    call_answer,
+    checker,
+    holds_scipy,
+    refuse_degenerate,
+    seeded,
+)
 
 _SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
     [0.5, 0.25, 0.125, 0.125],
@@ -34,61 +39,17 @@ def _listed(got):
     return sorted(got) if isinstance(got, (set, frozenset)) else got
 
 
-_ENTROPY_HINT = ("blind_floor(probs) calls {}, which does the derivation: write the entropy "
+_ENTROPY_HINT = ("blind_floor(probs) uses {}, which does the derivation: write the entropy "
                  "-sum_v p(v) log p(v) yourself (numpy), 0 log 0 counting as 0")
 
 
-def _entropy_routines() -> list:
-    """``(module, name, routine)`` of the library entropies 06.1 refuses: scipy's and
-    jax.scipy's (``entropy``, ``entr``, ``xlogy``, ``xlog1py``, ``rel_entr``, ``kl_div``)."""
-    import jax.scipy.special
-    import jax.scipy.stats
-
-    names = ("entr", "xlogy", "xlog1py", "rel_entr", "kl_div")
-    out = [(m, "entropy", m.entropy) for m in (jax.scipy.stats,) if hasattr(m, "entropy")]
-    out += [(jax.scipy.special, n, getattr(jax.scipy.special, n)) for n in names]
-    try:
-        import scipy.special
-        import scipy.stats
-    except ImportError:  # no scipy, only jax's to refuse
-        return out
-    return out + [(scipy.stats, "entropy", scipy.stats.entropy)] + [
-        (scipy.special, n, getattr(scipy.special, n)) for n in names]
-
-
-def _routine_codes(routines) -> frozenset:
-    """The Python code objects of ``routines`` (a custom_jvp's function, a wrapper's wrapped),
-    watched as they run: reached by any name (a private module's), they are refused too."""
-    codes = set()
-    for _, _, r in routines:
-        for f in (r, getattr(r, "fun", None), getattr(r, "__wrapped__", None)):
-            if getattr(f, "__code__", None) is not None:
-                codes.add(f.__code__)
-    return frozenset(codes)
-
-
-def _held_routine(answer, routines) -> str | None:
-    """The routine's name if ``answer`` holds one of ``routines`` (by name in its module's
-    globals, a closure, a default argument, a partial or a container: :func:`held`), else
-    None."""
-    by_id = {id(r): f"{m.__name__}.{n}" for m, n, r in routines}
-    return held(answer, lambda x: by_id.get(id(x)))
-
-
 def _floor_call(answer, probs):
-    """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
-    routines = _entropy_routines()
-    holding = _held_routine(answer, routines)
+    """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib, no scipy or jax.scipy."""
+    holding = holds_scipy(answer)
     if holding:
         return None, _ENTROPY_HINT.format(holding)
-    with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
-        stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
-            m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
-        codes = _routine_codes(routines)
-        with modules_entered(("scipy.stats",), codes=codes) as entered:
-            got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
-    used = [name for name, stub in stubs.items() if stub.called] + entered
-    return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
+    return call_answer(answer, list(probs), name="blind_floor(probs)",
+                       refused={p: _ENTROPY_HINT.format(p) for p in SCIPY})
 
 
 @checker("06.1")
@@ -96,9 +57,8 @@ def blind_floor(answer, *, seed=None):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
     from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry. The
-    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's or
-    jax.scipy's ``stats.entropy``, ``special.entr``, ``xlogy``, ``xlog1py``, ``rel_entr``,
-    ``kl_div``) is refused."""
+    checker's distributions and one drawn (``seed`` repeats it); scipy and jax.scipy (their
+    entropies) are refused."""
     seed, rng = seeded(seed)
     hint = _floor_hint(answer, [*_SKEWED, _random_probs(rng)])
     return hint and hint + again(seed)
@@ -166,8 +126,8 @@ def dilated_positions(answer, *, seed=None):
 
 def _positions_hint(answer, stacks) -> str | None:
     for last, widths, dilations in stacks:
-        got, hint = call_own_work(answer, last, list(widths), list(dilations),
-                                  name="seen_positions(last, widths, dilations)")
+        got, hint = call_answer(answer, last, list(widths), list(dilations),
+                                name="seen_positions(last, widths, dilations)")
         got = _listed(got)
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:
@@ -215,8 +175,8 @@ def periodic_clearing(answer, *, seed=None):
 
 def _lost_hint(answer, cases) -> str | None:
     for case in cases:
-        got, hint = call_own_work(answer, *case,
-                                  name="lost_positions(seq_len, delay, conv_size, period)")
+        got, hint = call_answer(answer, *case,
+                                name="lost_positions(seq_len, delay, conv_size, period)")
         got = _listed(got)
         hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
         if hint:

@@ -2,51 +2,25 @@
 back over rejected draft tokens, the crossover of a verify call). Every call draws its inputs
 afresh (``seed``, printed in each hint, repeats a call).
 
-07.2 refuses linear-algebra routines three ways: Python frames of ``numpy.linalg``, ``scipy``'s
-``linalg`` and ``sparse`` and jax's linalg and ``jax.scipy.sparse.linalg`` (``cg``, ``bicgstab``,
-``gmres``; ``np.linalg.norm`` excepted); C routines, which run no Python frame: while the answer
-runs, ``np.linalg._umath_linalg``'s ufuncs, ``lapack_lite``'s and ``scipy.linalg``'s LAPACK
-wrappers are replaced by stubs that refuse and ctypes refuses to look up a LAPACK symbol (any
-spelling: ``LAPACKE_sgesv``, ``scipy_dgesv_``, ``DGETRF``), and an answer naming or holding one
-(or a program compiled before it ran, or its executables) is refused before it runs; and, for
-any route left, by value and by memory, not by speed: every draft's last token (and for
-d_k >= 8 every third) has beta in (1.2, 1.8) (a negative eigenvalue 1 - beta along k), where an
-iteration by powers of beta k k^T (Richardson, a Neumann series) diverges while the closed form
-holds, and every draft has ``d_k`` of 200,003 to 500,009, where any d_k x d_k array (40 GB even
-at one byte a number: a dense inverse, a solve or Gauss-Jordan by hand) cannot be allocated,
-with the process's address space capped (Linux) so that holds where the kernel overcommits
-memory too: the rule is checked at every size tried, not at one probe an answer could single
-out (teacher t0203's 07-6: dense below d_k = 1000, the closed form above). The closed-form
-rollback needs O(d_k d_v) memory and time a token; ``HANG_S`` only stops an answer that never
-returns. An iteration written by hand that converges for every beta != 1, O(d_k d_v) a step, is
-accepted, as the exercise text says: matrix-free conjugate gradient (exact in two iterations),
-Richardson on the normal equations M_t^T M_t X = M_t^T B (positive definite): the answer's own
-work, which no checker can tell from the closed form by its values, memory or speed.
+07.2 refuses the linear-algebra routines of NumPy, SciPy and JAX that solve or invert (their
+products, ``np.linalg.norm`` and the like, pass) and, by memory, any d_k x d_k array: every
+draft has ``d_k`` of 200,003 to 500,009, where one takes 40 GB even at a byte a number (the
+address space is capped on Linux, so that holds where the kernel overcommits memory too).
+Every draft's last token (and every third) has beta in (1.2, 1.8), where a series in powers of
+beta k k^T (Richardson, Neumann) diverges while the closed form holds. An iteration of the
+answer's own that converges for every beta != 1, O(d_k d_v) a step (conjugate gradient, exact
+in two iterations), is accepted, as the exercise text says.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
-import re
-import sys
-import time
-import types
 
 import numpy as np
 
-from kda_lib.teaching.exercises import (
-    COMPILED_HINT,
-    again,
-    checker,
-    machinery,
-    refuse_degenerate,
-    seeded,
-)
-from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
 
 
 def _window_rows(conv_size: int, draft: int) -> int:
@@ -106,8 +80,8 @@ def layer_cache_bytes(answer, *, seed=None):
     number), tried on layers drawn at each call."""
     seed, rng = seeded(seed)
     for case in _layers(rng):
-        got, hint = call_own_work(answer, *case,
-                                  name="draft_cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
+        got, hint = call_answer(answer, *case,
+                                name="draft_cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
         hint = hint or refuse_degenerate(got, shape=(), what=f"bytes for {case}")
         if hint:
             return hint + again(seed)
@@ -119,41 +93,26 @@ def layer_cache_bytes(answer, *, seed=None):
 
 
 _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.linalg",
-             "jax._src.lax.linalg", "jax._src.scipy.linalg", "jax._src.scipy.sparse", "torch")
-# the public modules jax's linear algebra is held under (``jnp.linalg.solve.__module__``)
-_INVERSES_PUBLIC = ("jax.numpy.linalg", "jax.scipy.linalg", "jax.scipy.sparse")
+             "jax._src.lax.linalg", "jax._src.scipy", "torch")
 # the functions of those modules that multiply, not solve (numpy 2's array-API spellings)
 _PRODUCTS = ("norm", "vector_norm", "outer", "vecdot", "matmul", "matrix_transpose",
              "tensordot", "trace", "diagonal", "cross", "multi_dot")
-# C linear-algebra routes (no Python frame), matched in a name lowered with underscores dropped
-# (``LAPACKE_sgesv``, ``scipy_sgesv_``, ``DGETRF``): LAPACK's solvers and factorizations by
-# their stems, numpy's private gufuncs, scipy's wrappers, and ctypes' raw symbol lookups
-_C_ROUTE = re.compile(
-    r"lapack|umathlinalg|spsolve|splu|funcptr|dlsym|indll"
-    r"|[sdcz](ge|po|sy|he|gb|gt|pt|pp|sp|tr)(sv|trf|tri|trs|con|qrf|lsd|lss|lsy|sdd|svd)")
-
-
-def _c_route_name(name: str) -> bool:
-    """Whether ``name`` (an identifier, a string constant, a C symbol) names a C
-    linear-algebra route (:data:`_C_ROUTE`)."""
-    return bool(_C_ROUTE.search(name.lower().replace("_", "")))
-
-
+_INVERSE_HINT = (
+    "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
+    "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
+)
 HANG_S = 60.0  # the closed form takes milliseconds at the largest d_k
 _SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
          "a token; is yours O(d_k^2)?")
 _DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k float32 array takes "
           "{:,.0f} GB there. Undo each token in O(d_k d_v) memory, no d_k x d_k matrix")
-_HEADROOM = 2**35  # bytes of address space an answer may add at the largest d_k (32 GiB)
 
 
 @contextlib.contextmanager
-def _address_space_capped(headroom: int = _HEADROOM):
-    """Cap this process's address space at its present size plus ``headroom`` while the block
-    runs (Linux; elsewhere nothing), so a d_k x d_k allocation fails even where the kernel
-    overcommits memory; the previous limit is restored. Yields a list that holds True after the
-    block if the block changed the limit (an answer lifting it, or lowering the hard limit)."""
-    changed: list[bool] = []
+def _address_space_capped(headroom: int = 2**35):
+    """Cap this process's address space at its present size plus ``headroom`` (32 GiB) while
+    the block runs (Linux; elsewhere nothing), so a d_k x d_k allocation fails even where the
+    kernel overcommits memory; the previous limit is restored."""
     try:
         import resource
 
@@ -161,166 +120,14 @@ def _address_space_capped(headroom: int = _HEADROOM):
             size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     except (ImportError, OSError, ValueError):
-        yield changed
+        yield
         return
     cap = min(x for x in (size + headroom, soft, hard) if x != resource.RLIM_INFINITY)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
     try:
-        yield changed
+        yield
     finally:
-        now = resource.getrlimit(resource.RLIMIT_AS)
-        changed.extend([True] if now != (cap, hard) else [])
-        if now[1] == hard:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-        else:  # a lowered hard limit cannot be raised again: the lowest soft limit under it
-            low = now[1] if soft == resource.RLIM_INFINITY else min(soft, now[1])
-            resource.setrlimit(resource.RLIMIT_AS, (low, now[1]))
-
-
-_C_MODULES = ("numpy.linalg._umath_linalg", "numpy.linalg.lapack_lite", "scipy.linalg._flapack",
-              "scipy.linalg.lapack")
-
-
-def _c_routine_items():
-    """``(module, name, routine)`` of every C linear-algebra routine of :data:`_C_MODULES`
-    already imported (ufuncs, LAPACK wrappers, builtins)."""
-    for module_name in _C_MODULES:
-        module = sys.modules.get(module_name)
-        for name, value in list(vars(module).items()) if module else ():
-            if isinstance(value, (np.ufunc, types.BuiltinFunctionType)) or (
-                    type(value).__name__ == "fortran"):
-                yield module, name, value
-
-
-def _c_routines() -> set[int]:
-    """The ids of the C linear-algebra routines already imported."""
-    return {id(value) for _, _, value in _c_routine_items()}
-
-
-@machinery
-def _refusing(name: str, used: list[str]):
-    def refuse(*_args, **_kwargs):
-        used.append(name)
-        raise RuntimeError(f"{name} is a linear-algebra routine: refused in this exercise")
-
-    return refuse
-
-
-@machinery
-def _symbol_refusing(original, used: list[str]):
-    """``original`` (a ctypes symbol lookup: ``CDLL.__getitem__``, ``_ctypes.dlsym``), refusing
-    the C linear-algebra routes' names (:func:`_c_route_name`)."""
-
-    def lookup(library, name, *args):
-        if isinstance(name, (str, bytes)) and _c_route_name(str(name)):
-            used.append(f"ctypes {name}")
-            raise RuntimeError(f"{name} is a linear-algebra routine: refused in this exercise")
-        return original(library, name, *args)
-
-    return lookup
-
-
-def _symbol_lookups() -> list[tuple[object, str, object]]:
-    """``(owner, name, lookup)`` of ctypes' symbol lookups (a ctypes.CDLL's attribute or item,
-    ``_ctypes.dlsym``), where ctypes is imported."""
-    ctypes, raw = sys.modules.get("ctypes"), sys.modules.get("_ctypes")
-    out = [(ctypes.CDLL, "__getitem__", ctypes.CDLL.__dict__["__getitem__"])] if ctypes else []
-    return out + [(raw, "dlsym", raw.dlsym)] if raw and hasattr(raw, "dlsym") else out
-
-
-@contextlib.contextmanager
-def _c_routines_refused():
-    """While the block runs, every routine of :func:`_c_routine_items` is replaced by a stub
-    that records its name in the list yielded and raises, and ctypes refuses to look up a C
-    linear-algebra routine by name; the originals are restored after."""
-    used: list[str] = []
-    saved = list(_c_routine_items())
-    lookups = _symbol_lookups()
-    for module, name, _ in saved:
-        setattr(module, name, _refusing(f"{module.__name__}.{name}", used))
-    for owner, name, lookup in lookups:
-        setattr(owner, name, _symbol_refusing(lookup, used))
-    try:
-        yield used
-    finally:
-        for owner, name, value in saved + lookups:
-            setattr(owner, name, value)
-
-
-def _held_route(fn) -> str | None:
-    """What ``fn`` (an object an answer holds) is, when it runs a linear-algebra routine or code
-    the checker cannot watch: ``"c"`` for a C linear-algebra symbol (a ctypes function, a
-    library that looked one up, its name) or a Python function of :data:`_INVERSES` (held, not
-    yet run), ``"compiled"`` for a program compiled before the answer ran (a
-    ``jax.stages.Compiled``, its executables, its fast call); else ``None``."""
-    ctypes = sys.modules.get("ctypes")
-    if isinstance(fn, str):  # a symbol's name, held to be looked up
-        return "c" if fn.isidentifier() and _c_route_name(fn) else None
-    if ctypes is not None and isinstance(fn, ctypes._CFuncPtr):
-        return "c" if _c_route_name(str(getattr(fn, "__name__", ""))) else None
-    if ctypes is not None and isinstance(fn, ctypes.CDLL):  # the symbols it looked up before
-        return next(("c" for x in vars(fn).values() if _held_route(x) == "c"), None)
-    module = getattr(fn, "__module__", None)
-    if callable(fn) and isinstance(module, str) and module.startswith(
-            _INVERSES + _INVERSES_PUBLIC) and getattr(
-                getattr(fn, "__code__", None), "co_name", getattr(fn, "__name__", "")
-            ) not in _PRODUCTS:
-        return "c"  # a linear-algebra function of Python (np.linalg.solve, jax's cg), held
-    kind = type(fn).__module__ + "." + type(fn).__qualname__
-    if kind in _COMPILED_TYPES or getattr(getattr(fn, "_cache_miss", None), "__name__",
-                                          None) == "aot_cache_miss":
-        return "compiled"
-    return None
-
-
-_COMPILED_TYPES = {"jax._src.stages.Compiled", "jax._src.interpreters.pxla.MeshExecutable",
-                   "jax._src.interpreters.pxla.ExecuteReplicated", "jaxlib._jax.LoadedExecutable"}
-
-
-def _names_c_route(answer, depth: int = 4) -> str | None:
-    """The hint for ``answer`` when its code (its nested functions, closures, partials, the
-    containers they hold, its default arguments and the functions of its module it names,
-    ``depth`` levels deep) names or holds a C linear-algebra routine or a compiled program;
-    else ``None``."""
-    routines, seen, todo = _c_routines(), set(), [(answer, depth)]
-    while todo:
-        fn, level = todo.pop()
-        if id(fn) in seen or level < 0:
-            continue
-        seen.add(id(fn))
-        held = "c" if id(fn) in routines else _held_route(fn)
-        if held:
-            return COMPILED_HINT if held == "compiled" else _INVERSE_HINT
-        if isinstance(fn, (dict, list, tuple, set)):
-            items = list(fn.values() if isinstance(fn, dict) else fn)[:64]
-            todo += [(x, level - 1) for x in items]
-        if isinstance(fn, functools.partial):
-            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
-        defaults = getattr(fn, "__defaults__", None) or ()  # def f(..., solve=np.linalg.solve)
-        todo += [(x, level - 1) for x in (*defaults, *(getattr(fn, "__kwdefaults__", None)
-                                                        or {}).values())]
-        code = getattr(fn, "__code__", None)
-        if code is None:
-            continue
-        codes = [code]
-        while codes:
-            c = codes.pop()
-            strings = [x for x in c.co_consts if isinstance(x, str) and x.isidentifier()]
-            if any(_c_route_name(n) for n in (*c.co_names, *strings)):
-                return _INVERSE_HINT
-            codes += [x for x in c.co_consts if isinstance(x, type(c))]
-            names = getattr(fn, "__globals__", {})
-            todo += [(names[n], level - 1) for n in c.co_names if n in names]
-        for cell in getattr(fn, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                todo.append((cell.cell_contents, level - 1))
-    return None
-
-
-_INVERSE_HINT = (
-    "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
-    "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
-)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
@@ -359,27 +166,14 @@ _DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009,
 def _roll_back_call(answer, *args):
     """``(got, hint)`` of ``answer(*args)``: its own work (no kda_lib, no linear-algebra
     routine, no d_k x d_k array: every draft's is too large to allocate) within ``HANG_S``."""
-    held = _names_c_route(answer)
-    if held:
-        return None, held
-    start, key_dim = time.monotonic(), np.shape(args[0])[0]
-    try:
-        with (_time_limit(HANG_S), _address_space_capped() as limit_changed,
-              _c_routines_refused() as c_routines,
-              modules_entered(_INVERSES, allowed=_PRODUCTS) as inverses):
-            got, hint = call_own_work(answer, *args,
-                                      name="roll_back(state, k, v, g, beta, rejected)")
-    except _TooSlow:
-        return None, _SLOW.format(HANG_S, key_dim)
-    if limit_changed:
-        return None, ("your function changed the address-space limit (resource.setrlimit): the "
-                      "limit is the rule's check. Undo each token in O(d_k d_v) memory")
-    if inverses or c_routines:
-        return None, _INVERSE_HINT
+    key_dim = np.shape(args[0])[0]
+    with _address_space_capped():
+        got, hint = call_answer(answer, *args, name="roll_back(state, k, v, g, beta, rejected)",
+                                refused=dict.fromkeys(_INVERSES, _INVERSE_HINT),
+                                allowed=_PRODUCTS, limit_s=HANG_S,
+                                slow=_SLOW.format(HANG_S, key_dim))
     if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
         return None, _DENSE.format(key_dim, 4 * key_dim**2 / 1e9)
-    if hint is None and time.monotonic() - start > HANG_S:
-        return None, _SLOW.format(HANG_S, key_dim)
     return got, hint
 
 
@@ -389,13 +183,7 @@ def roll_back(answer, *, seed=None):
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
-    array or kda_lib; the draft drawn at each call. How: every draft at d_k >= 200,003 (a
-    d_k x d_k array: >= 40 GB at one byte a number; the address space is capped), a beta in
-    (1, 2) in every draft (a series in beta diverges), library solvers refused whether called,
-    held (code, closures, partials, default arguments) or reached through ctypes; linalg's
-    products (``outer``, ``vecdot``, ``norm``, ...) are allowed. An iteration of the answer's
-    own that converges (conjugate gradient, Richardson on the normal equations) passes: it is
-    no closed form, but it is O(d_k d_v) a token."""
+    array or kda_lib; the draft drawn at each call (the module's docstring says how)."""
     seed, rng = seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
@@ -501,7 +289,7 @@ def decode_crossover(answer, *, seed=None):
     in the state's dtype), on shapes drawn at each call (one where the count gives T <= 0)."""
     seed, rng = seeded(seed)
     for case in _cases(rng):
-        got, hint = call_own_work(answer, *case, name="t_star(...)")
+        got, hint = call_answer(answer, *case, name="t_star(...)")
         hint = hint or refuse_degenerate(got, shape=(), integer=True, allow_zeros=True,
                                          what=f"T for {case}")
         if hint:

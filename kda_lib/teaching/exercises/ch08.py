@@ -3,23 +3,18 @@ scales)."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
-
-import jax
 import numpy as np
 import scipy.special
 
 from kda_lib.teaching.exercises import (
+    SCIPY,
     again,
+    call_answer,
     checker,
-    copies_reference,
-    held,
+    holds_scipy,
     refuse_degenerate,
     seeded,
 )
-from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
 
 
 def _mqar_values(vocab_size: int) -> int:
@@ -28,63 +23,30 @@ def _mqar_values(vocab_size: int) -> int:
 
 
 @checker("08.1")
-def mqar_chance(answer, **_):
+def mqar_chance(answer, *, seed=None, **_):
     """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, tried on
-    vocabularies of the checker's own (odd and even), the last two drawn at check time between
+    vocabularies of the checker's own (odd and even), the last two drawn at each call between
     10^5 and 10^6 and compared to 1e-7 relative (a table made in advance, or 2 / V beside one,
     misses them), without calling kda_lib."""
-    drawn = 2 * int(np.random.default_rng().integers(5 * 10**4, 5 * 10**5))
+    seed, rng = seeded(seed)
+    drawn = 2 * int(rng.integers(5 * 10**4, 5 * 10**5))
     for size in (8, 9, 17, 32, 101, drawn, drawn + 1):
-        got, hint = call_own_work(answer, size, name="mqar_chance(vocab_size)")
+        got, hint = call_answer(answer, size, name="mqar_chance(vocab_size)")
         hint = hint or refuse_degenerate(got, shape=(), what=f"the accuracy at V = {size}")
         if hint:
-            return hint
+            return hint + again(seed)
         if not np.isclose(float(got), 1 / _mqar_values(size), rtol=1e-7, atol=1e-8 * (size < 200)):
             return (
                 f"wrong at V = {size}: draw MQAR sequences at this V and at its neighbours "
                 "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "
-                "appear as values"
+                "appear as values" + again(seed)
             )
     return None
 
 
-_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.2 and 08.3
-# 08.2 is numpy only: the t and beta tails of scipy and JAX (special.stdtr, betainc, lax.betainc,
-# the igamma family) too
-_SCIPY = ("scipy", "jax.scipy", "jax._src.scipy", "jax._src.lax.special")
-_TABLES = {
-    id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items() if isinstance(f, np.ufunc)
-}  # C routines: no Python frame to watch
-_TABLES |= {id(getattr(jax.lax, n)): f"jax.lax.{n}" for n in ("betainc", "igamma", "igammac")}
-_TABLES |= {  # their primitives, bound directly (compiled before or not: review r0809c), found
-    # by tracing each routine once (no private import)
-    id(e.primitive): f"the primitive {e.primitive.name}"
-    for fn, n in ((jax.lax.betainc, 3), (jax.lax.igamma, 2), (jax.lax.igammac, 2))
-    for e in jax.make_jaxpr(fn)(*[0.5] * n).eqns
-}
-
-
-def _scipy_named(x) -> str | None:
-    """The scipy or JAX tail routine or module ``x`` is (a scipy.special ufunc, jax.lax.betainc,
-    a primitive of their tails or its bound method, a ufunc not numpy's own such as one built
-    by ``np.frompyfunc``, anything from a module of ``_SCIPY``), or
-    the scipy module a function's code imports by name; else None."""
-    for y in (x, getattr(x, "__self__", None)):
-        if id(y) in _TABLES:
-            return _TABLES[id(y)]
-        if isinstance(y, np.ufunc) and getattr(np, y.__name__, None) is not y:  # np.frompyfunc
-            return f"the ufunc {y.__name__!r}, not numpy's own (it can wrap scipy's tables)"
-    module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
-    if isinstance(module, str) and module.startswith(_SCIPY):
-        return module
-    stack = [x.__code__] if isinstance(getattr(x, "__code__", None), types.CodeType) else []
-    while stack:
-        code = stack.pop()
-        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        names = [n for n in code.co_names if n.startswith(_SCIPY)]
-        if names:
-            return names[0]
-    return None
+_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.3
+# 08.2 is numpy only: all of scipy and jax.scipy, and JAX's t and beta tails (lax.betainc, igamma)
+_TAILS = (*SCIPY, "jax._src.lax.special")
 
 
 def _rows(family: dict) -> dict:
@@ -172,48 +134,16 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     return values, None
 
 
-@contextlib.contextmanager
-def _tables_called(watch: bool):
-    """While the block runs (if ``watch``), record in the list yielded the first routine of
-    ``_TABLES`` any thread's Python code calls, however it was reached (a name built at run
-    time included): the callable, the object it is bound to, or its first argument (map)."""
-    seen, mon = [], sys.monitoring
-    tool = next((i for i in range(6) if mon.get_tool(i) is None), None) if watch else None
-    if tool is None:
-        yield seen
-        return
-
-    def on_call(_code, _offset, fn, arg0):
-        if not seen:
-            hits = [x for x in (fn, getattr(fn, "__self__", None), arg0) if id(x) in _TABLES]
-            seen.extend(_TABLES[id(x)] for x in hits[:1])
-
-    mon.use_tool_id(tool, "kda_lib 08.2")
-    try:
-        mon.register_callback(tool, mon.events.CALL, on_call)
-        mon.set_events(tool, mon.events.CALL)
-        yield seen
-    finally:
-        mon.set_events(tool, 0)
-        mon.register_callback(tool, mon.events.CALL, None)
-        mon.free_tool_id(tool)
-
-
 def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
-    """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (all
-    of scipy and JAX's tails, held, run or called, where ``refused`` is ``_SCIPY``)."""
-    if copies_reference(answer):  # refused by call_own_work, with the copy's own hint
-        refused = _TESTS
-    holding = held(answer, _scipy_named) if refused == _SCIPY else None
+    """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (with
+    ``_TAILS``, nothing of scipy held either: its ufuncs run no frame)."""
+    holding = holds_scipy(answer) if refused == _TAILS else None
     if holding:
         return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
-    with modules_entered(refused) as entered, _tables_called(refused == _SCIPY) as tables:
-        got, hint = call_own_work(answer, _rows(family), name=name)
-    if tables:
-        return None, f"{name} calls {tables[0]}: numpy only here, derive the t tail yourself"
-    if entered:
-        return None, f"{name} calls {entered[0]}, which does the test: derive it yourself"
-    return got, hint
+    hint = (f"{name} calls {{}}, which does the test: derive it yourself" if refused == _TESTS
+            else f"{name} calls {{}}: numpy only here, derive the t tail yourself")
+    return call_answer(answer, _rows(family), name=name,
+                       refused={p: hint.format(p) for p in refused})
 
 
 @checker("08.2")
@@ -221,11 +151,10 @@ def holm_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
     (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
     ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
-    Numpy only: all of scipy (stats, special's stdtr and betainc), JAX's (jax.scipy,
-    jax.lax.betainc, the igamma family, their primitives) and kda_lib refused."""
+    Numpy only: scipy, jax.scipy, jax.lax's betainc and igamma and kda_lib refused."""
     seed, rng = seeded(seed)
     for fam in [family, *_holm_families(rng)]:
-        got, hint = _own_call(answer, fam, "holm_column(family)", _SCIPY)
+        got, hint = _own_call(answer, fam, "holm_column(family)", _TAILS)
         got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
         if hint:
             return hint + again(seed)

@@ -13,8 +13,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import call_own_work
+from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
 
 
 def _preset(name):
@@ -55,7 +54,7 @@ def _first_miss(answer, trials, name, count, largest):
     largest product); ``(None, (args, got, count(*args)))`` at the first wrong count;
     ``(None, None)`` when all are right."""
     for args in trials:
-        got, hint = call_own_work(answer, *args, name=name)
+        got, hint = call_answer(answer, *args, name=name)
         hint = hint or refuse_degenerate(got, shape=(), integer=True, what="T", allow_zeros=True)
         if not hint and not _is_int(got):
             hint = "answer with a whole number of tokens"
@@ -181,7 +180,7 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
 
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
-        got, hint = call_own_work(answer, *args, name="reduction_context(fraction, ...)")
+        got, hint = call_answer(answer, *args, name="reduction_context(fraction, ...)")
         want, (fraction, kda, glob, _, head_dim, _, latent, kv_heads) = (
             float(_reduction_context(*args)), args)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
