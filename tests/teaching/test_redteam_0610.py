@@ -1345,3 +1345,29 @@ def test_10_1_a_nan_or_minus_inf_answer_is_told_which_not_that_inf_is_refused(va
     hint = exercises.verdict("10.1", answer, **{**_cases()["10.1"][1], "seed": 0})
     assert hint and f"yours is {named}: give T as a positive real number" in hint, hint
     assert "math.inf where no context" in hint, hint
+
+
+@pytest.mark.parametrize("preset", ["Kimi-K3", "Kimi-Linear-48B-A3B"])
+def test_10_checkers_counts_agree_with_at_scale(preset):
+    """10.1-10.3's own counts (exact fractions and integers) against kda_lib.lab.at_scale on the
+    presets the notebook names: the reduction at 0, 1/4 and 1/2 against 8-head GQA, the ring's
+    crossing at 2, 8 and 64 ranks, the bf16 decode crossing at batch 1."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+    from kda_lib.teaching.exercises import ch10
+
+    p, model = presets.PRESETS[preset], ch10._preset_model(preset)
+    for fraction in (0.0, 0.25, 0.5):
+        t = float(ch10._reduction_context(fraction, *model, 8))
+        gqa = p.num_layers * t * at_scale.attention_cache_numbers(8, p.head_dim) * at_scale.BF16
+        assert t < math.inf and math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa,
+                                             fraction, abs_tol=1e-12)
+    mla = at_scale.mla_cache_numbers(p)
+    for ranks in (2, 8, 64):
+        t, flat = ch10._ring(ranks, *model[2:]), (at_scale.cp_summary_bytes(p, ranks)
+                                                  + at_scale.cp_halo_bytes(p))
+        assert (at_scale.ring_attention_bytes(mla, t, ranks) > flat
+                >= at_scale.ring_attention_bytes(mla, t - 1, ranks))
+    t = ch10._crossover(1, *model[2:], p.kda_parameter_count(), p.mla_parameter_count(), 2)
+    assert [at_scale.mla_decode_bytes(p, x) >= at_scale.kda_decode_bytes(p)
+            for x in (t - 1, t)] == [False, True]

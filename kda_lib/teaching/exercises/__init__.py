@@ -1,25 +1,17 @@
 """Exercise checkers: say whether a student's answer is right without printing the answer.
 
-Each notebook's exercises leave an answer cell for the student (``answer = None`` to start) and
-call ``check("03.2", answer, ...)``. A checker lives in ``kda_lib/teaching/exercises/chNN.py`` (one
-module per notebook), registered with ``@checker("NN.M")``; it calls the student's function on
-inputs drawn afresh at every call (``seed`` repeats a call), compares in float64 and returns
-``None`` when the answer is right or a short hint (never the expected value) when it is not.
-Worked solutions are in ``notebooks/solutions/`` (plain Python, one module per notebook); the test
-suite feeds every solution and the wrong answers an honest student may write to the checkers
-(``tests/teaching/test_exercises.py`` and the red teams).
+A notebook's exercise cell calls ``check("03.2", answer, ...)``; the checker, registered with
+``@checker("NN.M")`` in ``chNN.py``, calls the student's function on inputs drawn afresh at every
+call (``seed`` repeats one), compares in float64 and returns ``None`` (right) or a short hint,
+never the expected value. Worked solutions: ``notebooks/solutions/``; the tests feed them, and
+the wrong answers an honest student may write, to the checkers.
 
 **Scope.** The checkers give feedback to an honest attempt: they refuse every wrong answer and
 every shortcut taken without meaning to cheat (the library function the exercise is about,
 wrapped or not, a value or function from the page, a neighbouring exercise's solution, a table
-or fit of their trials, degenerate values) with a hint. Deliberate tampering (running the
-library's or the checker's own source under another name, worker processes, patching NumPy,
-reading the checker's frames) is out of their scope, and nothing here guards against it.
-
-Shared machinery: :func:`refuse_degenerate` (NaN, inf, zeros, shapes, dtypes, an input handed
-back), :func:`call_answer` (runs the answer, stops it at its first frame of ``kda_lib`` or of
-another module the exercise rules out, and after a time limit), :func:`held` (what an answer
-holds: a C routine has no frame to stop at), :func:`seeded` and :func:`again`.
+or fit of their trials, degenerate values), with a hint. Deliberate tampering (running the
+library's or the checker's source under another name, other processes, patching NumPy, reading
+the checker's frames) is out of their scope, and nothing here guards against it.
 """
 
 from __future__ import annotations
@@ -57,11 +49,9 @@ def checker(exercise_id: str) -> Callable[[Callable[..., str | None]], Callable[
 def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
                       inputs: Sequence[Any] = (), what: str = "the answer",
                       integer: bool = False, allow_zeros: bool = False) -> str | None:
-    """The refusals every checker shares: ``None`` if ``answer`` is real numbers (ints or floats,
-    not bools, complex numbers, strings or objects; whole numbers where ``integer``), of
-    ``shape`` (when given), all finite, not all zeros (unless ``allow_zeros``) and not one of
-    ``inputs`` handed back unchanged (arrays of more than one entry); else a hint saying which.
-    It never compares with the expected answer: the checker does that after."""
+    """``None`` if ``answer`` is real numbers (no bools, complex numbers, strings or objects;
+    whole where ``integer``) of ``shape``, finite, not all zeros (unless ``allow_zeros``) and
+    not one of ``inputs`` handed back (arrays of more than one entry); else a hint saying which."""
     if callable(answer) or isinstance(answer, (str, bytes, dict, set)):
         return f"{what} should be numbers (an array or a number), got {type(answer).__name__}"
     try:
@@ -90,8 +80,7 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
 
 
 def seeded(seed) -> tuple[int, np.random.Generator]:
-    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given (a checker's trials
-    drawn afresh at every call, so no table of answers keyed on its inputs passes)."""
+    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given."""
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
     return seed, np.random.default_rng(seed)
 
@@ -101,10 +90,38 @@ def again(seed) -> str:
     return f" (these inputs again: check(..., seed={seed}))"
 
 
+def parts(got, n: int, what: str) -> str | None:
+    """A hint unless ``got`` is a tuple or list of ``n`` parts (``what`` names them)."""
+    return None if isinstance(got, (tuple, list)) and len(got) == n else f"return {what}"
+
+
+def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:
+    """Whether ``got`` is ``want`` in float64 to ``rtol`` of the largest ``|want|`` (at least
+    ``floor``)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    scale = max(float(np.abs(want).max(initial=0.0)), floor)
+    return bool(np.abs(got - want).max(initial=0.0) <= rtol * scale)
+
+
+def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None = None,
+               **refuse) -> tuple[str | None, tuple | None]:
+    """``answer(*args)`` for each trial: ``(hint, None)`` at the first call that fails or is
+    degenerate (:func:`refuse_degenerate` with ``refuse``), ``(None, (args, got, want(*args)))``
+    at the first wrong value (``equal``, else ``==``), ``(None, None)`` when all are right."""
+    for args in trials:
+        got, hint = call_answer(answer, *args, name=name)
+        hint = hint or refuse_degenerate(got, **refuse)
+        if hint:
+            return hint, None
+        expected = want(*args)
+        if not (equal(got, expected) if equal else got == expected):
+            return None, (args, got, expected)
+    return None, None
+
+
 def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
-    """The first ``found(x)`` that is truthy, ``x`` an object ``answer`` holds: itself, in a
-    closure, a default, a partial, a global its code names or a container of those, ``depth``
-    levels deep; else ``None``. (A C routine, a scipy ufunc, runs no frame a hook can stop.)"""
+    """The first truthy ``found(x)``, ``x`` an object ``answer`` holds (itself, in a closure, a
+    default, a partial, a global its code names, a container), ``depth`` levels deep."""
     todo, seen = [(answer, depth)], set()
     while todo:
         fn, level = todo.pop()
@@ -167,8 +184,8 @@ _KINDS: dict[tuple, bool] = {}
 
 
 def _library(module: str) -> bool:
-    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters' checkers count)
-    or another KDA library's; remembered per name (the hook asks at every call)."""
+    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or another
+    KDA library's; remembered (the hook asks at every call)."""
     known = _KINDS.get((module, OTHER_KDA))
     if known is None:
         top = module.split(".")[0]
@@ -178,8 +195,7 @@ def _library(module: str) -> bool:
 
 
 class _Stop(BaseException):
-    """Raised into an answer at the first frame it may not run, or past its time limit (not an
-    ``Exception``: an answer's ``except Exception`` does not swallow it)."""
+    """Stops an answer (no ``Exception``: an answer's ``except Exception`` does not catch it)."""
 
 
 MACHINERY: set = set()  # code an answer may run although it lives in a checker (a given helper)
@@ -200,10 +216,9 @@ _WATCHED = 1_000_001  # the JAX context answers run in (below)
 
 @contextlib.contextmanager
 def _fresh_jax_context() -> Iterator[None]:
-    """A JAX context only answers run in: a function jitted and compiled before
-    (``jax.jit(kda_lib.kda_step)`` on the page) traces again inside it, so its Python frames
-    run where the hook sees them. It is a value of ``jax_xla_profile_version``, in every jit
-    and trace cache key and ignored by XLA:CPU."""
+    """A JAX context only answers run in (a value of ``jax_xla_profile_version``: in every jit
+    cache key, ignored by XLA:CPU): a library function jitted on the page traces again inside
+    it, so its Python frames run where the hook sees them."""
     jax = sys.modules.get("jax")
     if jax is None:  # nothing jitted yet
         yield
@@ -226,8 +241,8 @@ def _alarm(_signum, _frame):
 
 @contextlib.contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
-    """SIGALRM after ``seconds`` and every 50 ms after (a stop dropped in a finaliser comes
-    again), main thread only; an outer timer (a test's) is re-armed with what it had left."""
+    """SIGALRM after ``seconds``, again every 50 ms (Python drops one raised in a finaliser),
+    main thread only; an outer timer is re-armed with what it had left."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -258,10 +273,9 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
                 refused: dict[str, str] | None = None, allowed: tuple[str, ...] = (),
                 limit_s: float | None = None, slow: str = "") -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable, raises,
-    runs a frame of ``kda_lib``, tokamax or fla (wrapped in a partial, a lambda or ``jax.jit``
-    too), a frame of a module whose name starts with a key of ``refused`` (its value is the
-    hint; functions named in ``allowed`` pass), or runs past ``limit_s`` seconds (``slow``, the
-    hint). The hook watches the calling thread only."""
+    runs a frame of ``kda_lib``, tokamax or fla (through a partial, a lambda, ``jax.jit`` too)
+    or of a module starting with a key of ``refused`` (the value: its hint; functions named in
+    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint). Calling thread only."""
     if not callable(answer):
         return None, f"answer with a function {name}, not a {type(answer).__name__}"
     refused = refused or {}

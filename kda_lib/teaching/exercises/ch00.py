@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import (
-    again,
-    call_answer,
-    checker,
-    machinery,
-    refuse_degenerate,
-    seeded,
-)
+from kda_lib.teaching import exercises as ex
 
 
-@machinery
+@ex.machinery
 def _memory(state):
     """``(read, calls)``: ``read(x)`` returns ``state^T x`` for one vector ``x`` of ``K``
     numbers; ``calls`` counts the reads."""
@@ -57,28 +50,23 @@ def _output(state, q, k, v, g, beta, order=1, decay=True, write=True):
     return (state.T @ x + out) / np.sqrt(len(q))
 
 
-def _close(got, want) -> bool:
-    return bool(np.abs(np.asarray(got, np.float64) - want).max()
-                <= 1e-4 * max(float(np.abs(want).max()), 1.0))
-
-
 def _read_once(answer, seed, many: bool, name: str) -> str | None:
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for _ in range(3):
         K, V = (int(n) for n in rng.integers(3, 9, 2))
         state = rng.standard_normal((K, V))
         q, k, v, g, beta = _tokens(rng, int(rng.integers(2, 6)) if many else 1, K, V)
         read, calls = _memory(state)
         given = (q, k, v, g, beta) if many else (q, k[0], v[0], g[0], float(beta[0]))
-        got, hint = call_answer(answer, read, *(np.copy(a) for a in given), name=name)
+        got, hint = ex.call_answer(answer, read, *(np.copy(a) for a in given), name=name)
         if not hint and len(calls) > 1:
             hint = (f"your function read the memory {len(calls)} times: the output needs one "
                     "read of the old state, along one vector (which?)")
-        hint = hint or refuse_degenerate(got, shape=(V,), inputs=(v[0], v[-1]), what="o")
+        hint = hint or ex.refuse_degenerate(got, shape=(V,), inputs=(v[0], v[-1]), what="o")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         want = _output(state, q, k, v, g, beta)
-        if _close(got, want):
+        if ex.close(got, want, 1e-4, 1.0):
             continue
         slips = [((state.T @ q) / np.sqrt(K), "that is the old memory's read: the tokens wrote "
                   "and decayed it first"),
@@ -90,13 +78,13 @@ def _read_once(answer, seed, many: bool, name: str) -> str | None:
         if many:
             slips.append((_output(state, q, k, v, g, beta, order=-1), "the newest token's "
                           "transition is the last one applied to the state: which meets q first?"))
-        return next((text for want_slip, text in slips if _close(got, want_slip)), (
+        return next((text for want_slip, text in slips if ex.close(got, want_slip, 1e-4, 1.0)), (
             "o is off: transpose the step, S_t^T q = S^T D (I - beta k k^T) q + ..., and push q "
-            "through it")) + again(seed)
+            "through it")) + ex.again(seed)
     return None
 
 
-@checker("00.1")
+@ex.checker("00.1")
 def one_token(answer, *, seed=None):
     """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (unit
     ``q, k, g [K]``, ``v [V]``, a number ``beta``), reading the state before it only through
@@ -104,7 +92,7 @@ def one_token(answer, *, seed=None):
     return _read_once(answer, seed, False, "output_after_one(read, q, k, v, g, beta)")
 
 
-@checker("00.2")
+@ex.checker("00.2")
 def many_tokens(answer, *, seed=None):
     """``answer(read, q, k, v, g, beta) -> o [V]``: the output ``S_T^T q / sqrt(K)`` after the
     ``T`` tokens ``k, g [T, K]``, ``v [T, V]``, ``beta [T]`` (the oldest first) from the hidden

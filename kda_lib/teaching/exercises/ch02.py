@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
 
 def _scalar(got):
@@ -20,10 +20,6 @@ def _scalar(got):
         return np.reshape(got, ()) if np.ndim(got) == 1 and np.size(got) == 1 else got
     except Exception:  # noqa: BLE001 - ragged lists and the like: refused after
         return got
-
-
-def _close(got, want, rtol=1e-5) -> bool:
-    return abs(float(got) - want) <= rtol * abs(want) + 1e-300
 
 
 def _spread(n, ratio, width, how="right") -> float:
@@ -59,64 +55,63 @@ _SPREAD_HINTS = {
 }
 
 
-@checker("02.1")
+@ex.checker("02.1")
 def spread_below(answer, *, seed=None):
     """``answer(n, ratio, width) -> p``: the probability that ``n`` time steps drawn
     log-uniformly over a range ``width`` wide (largest over smallest: 100 for init_dt_bias)
     span less than ``ratio`` (largest half-life over smallest), ``ratio > 1``."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for n, ratio, width in _spreads(rng):
         where = f"at n = {n}, ratio = {ratio}, width = {width}"
-        got, hint = call_answer(answer, n, ratio, width, name="spread_below(n, ratio, width)")
+        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(n, ratio, width)")
         got = got if hint else _scalar(got)
         want = _spread(n, ratio, width)
         if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
             return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
-                    "cannot see such draws; derive the distribution of the span" + again(seed))
-        hint = hint or refuse_degenerate(got, shape=(), what="the probability")
+                    "cannot see such draws; derive the distribution of the span" + ex.again(seed))
+        hint = hint or ex.refuse_degenerate(got, shape=(), what="the probability")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         if not -1e-12 <= float(got) <= 1 + 1e-12:  # (rounding may pass 1 by an ulp or two)
-            return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]" + again(seed)
-        if _close(got, want):
+            return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]" + ex.again(seed)
+        if ex.close(got, want, 1e-5):
             continue
         if n == 1 or ratio >= width:
             return (f"wrong {where}: " + ("one draw spans nothing" if n == 1 else "no draws "
-                    "can span more than the whole range") + again(seed))
+                    "can span more than the whole range") + ex.again(seed))
         slip = next((text for how, text in _SPREAD_HINTS.items()
-                     if _close(got, _spread(n, ratio, width, how))), None)
+                     if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
         return (f"wrong {where}: " + (slip or "measure spans in log(tau), where the draws are "
                 "uniform; what is the chance the span of n uniform draws is below rho?")
-                + again(seed))
+                + ex.again(seed))
     return None
 
 
-@checker("02.2")
+@ex.checker("02.2")
 def older_weight(answer, *, seed=None):
     """``answer(beta) -> (c1, c2)``: the coefficients of ``Omega_ts = c1 kk_ts + c2 kk_tsp
     kk_sps``, the weight on the older of three writes of one unit key with ``beta`` (tokens
     between them not writing), at betas drawn at each call."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for beta in (round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)):
-        got, hint = call_answer(answer, beta, name="older_weight(beta)")
-        if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
-            hint = "return the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps"
+        got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
+        hint = hint or ex.parts(got, 2, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps")
         for part, what in ((0, "c1"), (1, "c2")) if not hint else ():
-            hint = hint or refuse_degenerate(_scalar(got[part]), shape=(), what=what,
+            hint = hint or ex.refuse_degenerate(_scalar(got[part]), shape=(), what=what,
                                              allow_zeros=True)
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         c1, c2 = (float(_scalar(x)) for x in got)
-        if _close(c1, beta * (1 - beta)) and _close(c2, -beta**2 * (1 - beta)):
+        if ex.close(c1, beta * (1 - beta), 1e-5) and ex.close(c2, -beta**2 * (1 - beta), 1e-5):
             continue
-        if _close(c1, beta * (1 - beta) ** 2) and abs(c2) < 1e-12:
+        if ex.close(c1, beta * (1 - beta) ** 2, 1e-5) and abs(c2) < 1e-12:
             text = ("beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
                     "middle write removes beta (k^T B k) k, the decayed memory's projection on k")
-        elif _close(c1, beta * (1 - beta)):
+        elif ex.close(c1, beta * (1 - beta), 1e-5):
             text = ("c1 is right; the middle write at s' acts on the decayed k: expand "
                     "k^T A (I - beta k k^T) B k")
         else:
             text = ("write Omega_ts = beta k^T M_t ... M_(s+1) k with the two writes that are not "
                     "D, and use k^T (I - beta k k^T) = (1 - beta) k^T")
-        return f"wrong at beta = {beta}: {text}" + again(seed)
+        return f"wrong at beta = {beta}: {text}" + ex.again(seed)
     return None

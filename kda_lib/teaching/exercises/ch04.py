@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
 AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), which would do "
                "the derivation: write the gradient yourself (NumPy or jnp)"
@@ -23,14 +23,14 @@ def _far(answer, expected, rtol: float = 1e-4) -> bool:
     return bool(np.abs(answer - expected).max() > rtol * max(float(np.abs(expected).max()), 1e-3))
 
 
-@checker("04.1")
+@ex.checker("04.1")
 def conv_ring_step(answer, *, seed=None):
     """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: one
     decode step of the depthwise causal conv (no SiLU) from a ring buffer: ``ring[:, (start + i)
     % (w - 1)]`` is the ``i``-th oldest of the ``w - 1`` inputs before ``t``; the step writes
     ``x_t`` over the oldest (no other row changes) and returns the new start and ``y_t``
     (``kernel[w - 1]`` on ``x_t``), for w = 2 to 5, five steps each."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     name = "conv_step(ring, start, x_t, kernel)"
     for width in (2, 3, 4, 5):
         B, C = (int(n) for n in rng.integers(1, 5, 2))
@@ -40,15 +40,15 @@ def conv_ring_step(answer, *, seed=None):
         kernel = rng.standard_normal((width, C)).astype(np.float32)
         for step in range(5):
             x_t = rng.standard_normal((B, C)).astype(np.float32)
-            got, hint = call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
-            if not hint and not (isinstance(got, (tuple, list)) and len(got) == 3):
-                hint = "return the triple (ring, start, y_t)"
+            got, hint = ex.call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
+            hint = hint or ex.parts(got, 3, "the triple (ring, start, y_t)")
             for part, shape, what in ((0, ring.shape, "ring"), (2, x_t.shape, "y_t"), (
                     1, (), "start")) if not hint else ():
-                hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(x_t,), what=what,
-                                                 integer=part == 1, allow_zeros=part == 1)
+                hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(x_t,),
+                                                    what=what, integer=part == 1,
+                                                    allow_zeros=part == 1)
             if hint:
-                return hint + again(seed)
+                return hint + ex.again(seed)
             where = f" (w = {width}, step {step + 1})"
             window = np.stack([*history, x_t]).astype(np.float64)  # oldest first, x_t last
             if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
@@ -56,17 +56,18 @@ def conv_ring_step(answer, *, seed=None):
                     [np.moveaxis(ring, 1, 0), x_t[None]]), kernel))
                 return ("y_t is off" + where + (": the ring's rows are not oldest first; slot "
                         "start holds the oldest" if slots_in_order and start else ": kernel row "
-                        "w - 1 meets x_t, row j the input w - 1 - j tokens before") + again(seed))
+                        "w - 1 meets x_t, row j the input w - 1 - j tokens before")
+                        + ex.again(seed))
             want = ring.copy()
             want[:, start] = x_t
             if _far(got[0], want):
                 moved = not _far(np.asarray(got[0])[:, -1], x_t) and width > 2
                 return ("ring is off" + where + (": a ring buffer moves no row; write x_t over "
                         "the oldest input only" if moved else ": which slot does x_t replace?")
-                        + again(seed))
+                        + ex.again(seed))
             if int(got[1]) != (start + 1) % (width - 1):
                 return ("start is off" + where + ": after the write, which slot holds the oldest?"
-                        + again(seed))
+                        + ex.again(seed))
             ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
     return None
 
@@ -88,26 +89,26 @@ _NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
                ((14, 19), (16000, 16500), 1e-5, 1e-3))
 
 
-@checker("04.2")
+@ex.checker("04.2")
 def rmsnorm_backward(answer, *, seed=None, **_):
     """``answer(o [N, V], eta [V], dy [N, V], eps) -> do [N, V]``: the gradient of
     ``sum(dy * y)`` with respect to ``o``, for ``y = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
     row one head and token), without JAX's autodiff; N and V drawn at every call."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for rows, width, eps, small in _NORM_SIZES:
         rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dy), want = _norm_trial(rng, rows, width, eps, small)
-        got, hint = call_answer(
+        got, hint = ex.call_answer(
             answer, o, eta, dy, eps, name="rmsnorm_backward(o, eta, dy, eps)", refused=AUTODIFF,
             limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s at N, V = "
             f"{rows}, {width}: the gradient is a few sums per row; finite differences cannot get "
             "there")
-        hint = hint or refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
+        hint = hint or ex.refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         if _far(got, want, rtol=1e-3):
             if not _far(got, eta * dy / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), 1e-3):
-                return "that treats the RMS as a constant: it depends on o too" + again(seed)
+                return "that treats the RMS as a constant: it depends on o too" + ex.again(seed)
             return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
-                    "the RMS; differentiate both (eps inside the square root)" + again(seed))
+                    "the RMS; differentiate both (eps inside the square root)" + ex.again(seed))
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 from kda_lib.teaching.exercises.ch04 import AUTODIFF
 
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
@@ -54,7 +54,7 @@ def summary_cotangents_reference(ms, es, hs):
 def _call(answer, *args, name):
     """``call_answer`` refusing autodiff, within ``TIME_LIMIT_S``."""
     size = f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
-    return call_answer(answer, *args, name=name, refused=AUTODIFF, limit_s=TIME_LIMIT_S,
+    return ex.call_answer(answer, *args, name=name, refused=AUTODIFF, limit_s=TIME_LIMIT_S,
                        slow=_SLOW.format(TIME_LIMIT_S, size))
 
 
@@ -63,16 +63,16 @@ def _close(got, want) -> bool:
     return np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
-@checker("05.1")
+@ex.checker("05.1")
 def backward_fold(answer, *, seed=None, **_):
     """``state_gradients(ms, hs) -> gs [R, K, V]``: the gradient of the loss with respect to
     the state entering every rank, from the summaries ``ms`` and each rank's own-output
     gradients ``hs`` (the loss has no term in the final state)."""
-    seed, rng = seeded(seed)  # drawn afresh at every call: no table of answers passes
+    seed, rng = ex.seeded(seed)  # drawn afresh at every call: no table of answers passes
     for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
         ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
-        hint = hint or refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
+        hint = hint or ex.refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
                                          what=f"the gradients for R = {ranks}")
         if hint:
             return hint
@@ -80,20 +80,21 @@ def backward_fold(answer, *, seed=None, **_):
             continue
         if _close(got, state_gradients_reference(np.swapaxes(ms, 1, 2), hs)):
             return (f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
-                    "transpose, not M" + again(seed))
+                    "transpose, not M" + ex.again(seed))
         if _close(np.asarray(got)[-1], hs[-1]) is False and _close(np.asarray(got)[0], hs[0]):
-            return f"wrong for R = {ranks}: which rank's gradient is known first?" + again(seed)
+            return f"wrong for R = {ranks}: which rank's gradient is known first?" + ex.again(seed)
         return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
-                "rank r's own outputs and through the state it hands to rank r + 1" + again(seed))
+                "rank r's own outputs and through the state it hands to rank r + 1"
+                + ex.again(seed))
     return None
 
 
-@checker("05.2")
+@ex.checker("05.2")
 def summary_gradients(answer, *, seed=None, **_):
     """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the gradient of
     the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
     all-gather returns to each rank."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     # at R = 2 every dms is zero (S^(0) = 0, the last unused)
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
@@ -104,17 +105,17 @@ def summary_gradients(answer, *, seed=None, **_):
             return "summary_cotangents should return the pair (dms, des)"
         want = summary_cotangents_reference(ms, es, hs)
         for part, shape, what in ((got[0], ms.shape, "dms"), (got[1], es.shape, "des")):
-            hint = refuse_degenerate(part, shape=shape, inputs=(ms, es, hs),
+            hint = ex.refuse_degenerate(part, shape=shape, inputs=(ms, es, hs),
                                      what=f"{what} for R = {ranks}")
             if hint:
                 return hint
         if not _close(got[1], want[1]):
             return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
-                    "it adds to, S^(r + 1)" + again(seed))
+                    "it adds to, S^(r + 1)" + ex.again(seed))
         if _close(got[0], np.swapaxes(want[0], 1, 2)):
             return (f"dms for R = {ranks} is transposed: which index of M meets the state?"
-                    + again(seed))
+                    + ex.again(seed))
         if not _close(got[0], want[0]):
             return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
-                    "which gradient does the product pass on?" + again(seed))
+                    "which gradient does the product pass on?" + ex.again(seed))
     return None

@@ -1,15 +1,11 @@
 """Checkers of notebook 07's exercises (the cache that rolls back a draft, rolling the state
-back over rejected draft tokens, the crossover of a verify call). Every call draws its inputs
-afresh (``seed``, printed in each hint, repeats a call).
+back over rejected tokens, the crossover of a verify call), on inputs drawn at each call.
 
-07.2 refuses the linear-algebra routines of NumPy, SciPy and JAX that solve or invert (their
-products, ``np.linalg.norm`` and the like, pass) and, by memory, any d_k x d_k array: every
-draft has ``d_k`` of 200,003 to 500,009, where one takes 40 GB even at a byte a number (the
-address space is capped on Linux, so that holds where the kernel overcommits memory too).
-Every draft's last token (and every third) has beta in (1.2, 1.8), where a series in powers of
-beta k k^T (Richardson, Neumann) diverges while the closed form holds. An iteration of the
-answer's own that converges for every beta != 1, O(d_k d_v) a step (conjugate gradient, exact
-in two iterations), is accepted, as the exercise text says.
+07.2 refuses the NumPy, SciPy and JAX routines that solve or invert (their products pass) and,
+by memory, any d_k x d_k array: every draft has d_k of 200,003 to 500,009 (40 GB at a byte a
+number; the address space capped on Linux, where the kernel may overcommit). Every draft's last
+token (and every third) has beta in (1.2, 1.8), where a series in beta k k^T diverges. An
+iteration of the answer's own that converges, O(d_k d_v) a step (conjugate gradient), passes.
 """
 
 from __future__ import annotations
@@ -20,21 +16,18 @@ import os
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
 
 def _window_rows(conv_size: int, draft: int) -> int:
-    """Rows of conv inputs that give the history after any prefix of a ``draft``-token draft:
-    the last ``conv_size - 1`` before each, ``conv_size - 1 + draft`` in all (none for
-    ``conv_size`` < 2: such a conv keeps no history)."""
+    """Conv rows giving the history after any prefix of a draft (none for ``conv_size`` < 2)."""
     return conv_size - 1 + draft if conv_size >= 2 else 0
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes,
                  draft):
-    """The cache that rolls a grouped-value-head KDA layer back to any prefix of a ``draft``-token
-    draft: ``draft + 1`` float32 states B HV K V, and one window of conv input rows
-    (:func:`_window_rows`) of q, k (H K each) and v (HV V), ``conv_bytes`` bytes a number."""
+    """``draft + 1`` float32 states B HV K V and one window of conv rows (:func:`_window_rows`) of
+    q, k (H K each) and v (HV V), ``conv_bytes`` a number."""
     conv = batch * _window_rows(conv_size, draft) * (2 * num_heads * key_dim
                                                      + num_v_heads * value_dim)
     return 4 * (draft + 1) * batch * num_v_heads * key_dim * value_dim + conv_bytes * conv
@@ -45,8 +38,7 @@ _LAYOUTS = ((0, 2, 2), (4, 1, 4), (4, 4, 2), (1, 2, 2), (2, 3, 2), (3, 4, 4))
 
 
 def _layers(rng):
-    """Six layers (B, H, HV, K, V, w, conv bytes, draft) of :data:`_LAYOUTS`, sizes and drafts
-    (1 to 8 tokens) drawn from ``rng``."""
+    """Six layers (B, H, HV, K, V, w, conv bytes, draft) of :data:`_LAYOUTS`, sizes drawn."""
     out = []
     for conv_size, group, conv_bytes in _LAYOUTS:
         heads = int(rng.integers(1, 5))
@@ -72,24 +64,17 @@ def _cache_hint(case, got: int) -> str:
     return "how many states, which tensors have H heads and which HV, how many conv rows?"
 
 
-@checker("07.1")
+@ex.checker("07.1")
 def layer_cache_bytes(answer, *, seed=None):
     """``answer(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes, draft)
-    -> int``: the bytes of the cache that rolls a grouped-value-head KDA layer back to any prefix
-    of a ``draft``-token draft (float32 states, one window of conv rows of ``conv_bytes`` bytes a
-    number), tried on layers drawn at each call."""
-    seed, rng = seeded(seed)
-    for case in _layers(rng):
-        got, hint = call_answer(answer, *case,
-                                name="draft_cache_bytes(B, H, HV, K, V, w, conv_bytes, draft)")
-        hint = hint or refuse_degenerate(got, shape=(), what=f"bytes for {case}")
-        if hint:
-            return hint + again(seed)
-        if float(got) != round(float(got)):
-            return f"bytes for {case} should be a whole number" + again(seed)
-        if int(round(float(got))) != _cache_bytes(*case):
-            return f"wrong for {case}: " + _cache_hint(case, int(round(float(got)))) + again(seed)
-    return None
+    -> int``: the bytes of the cache that rolls a KDA layer back to any prefix of a draft."""
+    seed, rng = ex.seeded(seed)
+    hint, miss = ex.first_miss(answer, _layers(rng), "draft_cache_bytes(B, H, HV, K, V, w, "
+                            "conv_bytes, draft)", _cache_bytes, shape=(), integer=True,
+                            what="the bytes")
+    if miss:
+        hint = f"wrong for {miss[0]}: " + _cache_hint(miss[0], int(miss[1]))
+    return hint and hint + ex.again(seed)
 
 
 _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.linalg",
@@ -110,9 +95,8 @@ _DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k float32 ar
 
 @contextlib.contextmanager
 def _address_space_capped(headroom: int = 2**35):
-    """Cap this process's address space at its present size plus ``headroom`` (32 GiB) while
-    the block runs (Linux; elsewhere nothing), so a d_k x d_k allocation fails even where the
-    kernel overcommits memory; the previous limit is restored."""
+    """Cap the address space at its present size plus ``headroom`` (Linux) while the block
+    runs, so a d_k x d_k allocation fails even where the kernel overcommits memory."""
     try:
         import resource
 
@@ -131,9 +115,8 @@ def _address_space_capped(headroom: int = 2**35):
 
 
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
-    """A head's state before a draft and the draft's unit keys, values, log decays and write
-    strengths (beta in [0.1, 0.6], g in [-0.4, 0]: each token's transition well conditioned;
-    the last beta and every third is in [1.2, 1.8]: 1 - beta < 0 along k)."""
+    """A head's state before a draft, its unit keys, values, log decays in [-0.4, 0] and betas
+    in [0.1, 0.6], the last and every third in [1.2, 1.8]."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     beta = rng.uniform(0.1, 0.6, tokens)
@@ -145,8 +128,7 @@ def _draft(rng, tokens: int, key_dim: int, value_dim: int):
 
 
 def draft_states(state, k, v, g, beta):
-    """The state after each draft token, ``[n + 1, K, V]`` (the first: ``state``), float64:
-    decay, then the delta-rule write (notebook 01's recurrence)."""
+    """The state after each draft token, ``[n + 1, K, V]`` (the first: ``state``), float64."""
     out = [np.asarray(state, np.float64)]
     for k_t, v_t, g_t, b_t in zip(k, v, g, beta, strict=True):
         s = np.exp(g_t)[:, None] * out[-1]
@@ -164,11 +146,10 @@ _DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009,
 
 
 def _roll_back_call(answer, *args):
-    """``(got, hint)`` of ``answer(*args)``: its own work (no kda_lib, no linear-algebra
-    routine, no d_k x d_k array: every draft's is too large to allocate) within ``HANG_S``."""
+    """``(got, hint)`` of ``answer(*args)``: no kda_lib, no solver, no d_k x d_k array."""
     key_dim = np.shape(args[0])[0]
     with _address_space_capped():
-        got, hint = call_answer(answer, *args, name="roll_back(state, k, v, g, beta, rejected)",
+        got, hint = ex.call_answer(answer, *args, name="roll_back(state, k, v, g, beta, rejected)",
                                 refused=dict.fromkeys(_INVERSES, _INVERSE_HINT),
                                 allowed=_PRODUCTS, limit_s=HANG_S,
                                 slow=_SLOW.format(HANG_S, key_dim))
@@ -177,24 +158,24 @@ def _roll_back_call(answer, *args):
     return got, hint
 
 
-@checker("07.2")
+@ex.checker("07.2")
 def roll_back(answer, *, seed=None):
     """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; without a linear-algebra routine (inverse, solve), a d_k x d_k
     array or kda_lib; the draft drawn at each call (the module's docstring says how)."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         last = draft_states(s0, k, v, g, beta)[-1]  # the expected states: after the call
         # copies: an answer may update its arguments in place (checked against the originals)
         got, hint = _roll_back_call(answer, *(x.copy() for x in (last, k, v, g, beta)), rejected)
         where = f"for m = {tokens}, rejected = {rejected}"
-        hint = hint or refuse_degenerate(got, shape=s0.shape, inputs=(last,),
+        hint = hint or ex.refuse_degenerate(got, shape=s0.shape, inputs=(last,),
                                          what=f"the state {where}")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         states = draft_states(s0, k, v, g, beta)
         got, want = np.asarray(got, np.float64), states[tokens - rejected]
         if np.linalg.norm(got - want) <= 1e-4 * np.linalg.norm(want):
@@ -204,14 +185,13 @@ def roll_back(answer, *, seed=None):
             if 0 <= n <= tokens and np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(
                     states[n]):
                 return (f"off by one token {where}: undo exactly the last `rejected` tokens"
-                        + again(seed))
-        return _roll_back_hint(got, want, last, k, v, beta, rejected, where) + again(seed)
+                        + ex.again(seed))
+        return _roll_back_hint(got, want, last, k, v, beta, rejected, where) + ex.again(seed)
     return None
 
 
 def _roll_back_hint(got, want, last, k, v, beta, rejected, where) -> str:
-    """The hint of a wrong roll-back: the decay left in place (the write and I - beta k k^T
-    undone, no division by e^g), a diverged series (a state 10x too large), or neither."""
+    """The hint of a wrong roll-back: the decay left in place, a diverged series, or neither."""
     undecayed = np.asarray(last, np.float64)
     for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
         undecayed = undecayed - beta[t] / (1 - beta[t]) * np.outer(k[t], v[t] - k[t] @ undecayed)
@@ -226,9 +206,8 @@ def _roll_back_hint(got, want, last, k, v, beta, rejected, where) -> str:
 
 
 def _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft):
-    """Bytes a KDA verify call of a ``draft``-token draft moves: the state read once and the
-    state after each token written, the conv history's w - 1 rows read and the draft's rows
-    written (none for conv_size < 2), all of ``state_bytes`` bytes a number."""
+    """Bytes a KDA verify call moves: the state read, the state after each token written, the
+    conv history's rows read and the draft's written, ``state_bytes`` a number."""
     return state_bytes * heads * ((1 + draft) * key_dim * value_dim
                                   + _window_rows(conv_size, draft) * (2 * key_dim + value_dim))
 
@@ -280,20 +259,16 @@ def _t_star_hint(case, got: int) -> str:
     return "count both calls' bytes; is it the smallest whole T >= 1?"
 
 
-@checker("07.3")
+@ex.checker("07.3")
 def decode_crossover(answer, *, seed=None):
     """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
     draft)``: the smallest whole context T >= 1 at which an attention call verifying a
     ``draft``-token draft (write its entries, read all T + draft) moves at least the bytes of a
     KDA verify call (state read, the state after each token written, conv rows read and written,
     in the state's dtype), on shapes drawn at each call (one where the count gives T <= 0)."""
-    seed, rng = seeded(seed)
-    for case in _cases(rng):
-        got, hint = call_answer(answer, *case, name="t_star(...)")
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, allow_zeros=True,
-                                         what=f"T for {case}")
-        if hint:
-            return hint + again(seed)
-        if int(got) != _t_star(*case):
-            return f"wrong for {case}: " + _t_star_hint(case, int(got)) + again(seed)
-    return None
+    seed, rng = ex.seeded(seed)
+    hint, miss = ex.first_miss(answer, _cases(rng), "t_star(...)", _t_star, shape=(), integer=True,
+                            allow_zeros=True, what="T")
+    if miss:
+        hint = f"wrong for {miss[0]}: " + _t_star_hint(miss[0], int(miss[1]))
+    return hint and hint + ex.again(seed)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
 _NAMES = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size")
 
@@ -47,37 +47,37 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
 
 def _integer_or_inf(got, what) -> str | None:
     if not isinstance(got, float) or got != math.inf:
-        return refuse_degenerate(got, shape=(), integer=True, what=what)
+        return ex.refuse_degenerate(got, shape=(), integer=True, what=what)
     return None
 
 
-@checker("09.1")
+@ex.checker("09.1")
 def half_context(answer, *, shape: dict, seed=None):
     """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the
     least whole context T >= 1 at which the hybrid's MLA latents take at least half of its decode
     cache (``math.inf`` without MLA layers); on the notebook's hybrid (``shape``), drawn
     hybrids, one without conv rows, one without MLA layers and one without KDA layers."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     models = _models(shape, rng)
     models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
     for model in models:
-        got, hint = call_answer(answer, *model, name="half_context(kda_layers, ...)")
+        got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)")
         hint = hint or _integer_or_inf(got, "T")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         want, where = _half(*model), f"for {dict(zip(_NAMES, model, strict=True))}"
         if got == want:
             continue
         if want == math.inf or got == math.inf:
             return (f"wrong {where}: math.inf only where no context brings the latents level "
-                    "(no MLA layer)" + again(seed))
+                    "(no MLA layer)" + ex.again(seed))
         if int(got) == _half(*model, states=False):
-            return f"wrong {where}: a KDA layer keeps its d_k x d_k states too" + again(seed)
+            return f"wrong {where}: a KDA layer keeps its d_k x d_k states too" + ex.again(seed)
         if int(got) in (want - 1, want + 1) or int(got) < 1:
             return (f"off by one {where}: the least whole T >= 1 where the latents hold at least "
-                    "as many bytes" + again(seed))
+                    "as many bytes" + ex.again(seed))
         return (f"your T is {'above' if got > want else 'below'} the count {where}: per layer, "
-                "what does decoding one more token need (section 5)?" + again(seed))
+                "what does decoding one more token need (section 5)?" + ex.again(seed))
     return None
 
 
@@ -89,35 +89,35 @@ def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
     return max(0, -(-need // (16 * mla * rank)))
 
 
-@checker("09.2")
+@ex.checker("09.2")
 def context_at_factor(answer, *, shape: dict, seed=None):
     """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``:
     the least whole context T >= 0 at which the hybrid's decode cache is at least ``factor``
     times that of a pure-KDA model of the same depth (09.1's count); on the notebook's hybrid and
     drawn ones, factors drawn too, one below the hybrid's KDA share (T = 0)."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     trials = [(f, model) for model in _models(shape, rng)
               for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
     kda, mla = trials[0][1][:2]
     trials.append((math.floor(4 * kda / (kda + mla)) / 4, trials[0][1]))  # at most its share
     for factor, model in trials:
-        got, hint = call_answer(answer, factor, *model, name="context_at(factor, ...)")
+        got, hint = ex.call_answer(answer, factor, *model, name="context_at(factor, ...)")
         want = _context_at(factor, *model)
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, allow_zeros=want == 0,
+        hint = hint or ex.refuse_degenerate(got, shape=(), integer=True, allow_zeros=want == 0,
                                          what="the context")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         if int(got) == want:
             continue
         where = f"for factor {factor} and {dict(zip(_NAMES, model, strict=True))}"
         if want == 0:
             return (f"wrong {where}: the hybrid's KDA layers alone reach this factor: which "
-                    "context is the least, and can a context be negative?" + again(seed))
+                    "context is the least, and can a context be negative?" + ex.again(seed))
         if int(got) in (want - 1, want + 1):
-            return f"off by one {where}: the least whole context" + again(seed)
+            return f"off by one {where}: the least whole context" + ex.again(seed)
         return (f"wrong {where}: the hybrid's cache grows with context (09.1's count); a "
                 "pure-KDA model of the same depth has kda_layers + mla_layers KDA layers"
-                + again(seed))
+                + ex.again(seed))
     return None
 
 
@@ -150,20 +150,20 @@ def _strings(rng) -> list:
             (noise, 1), (text, 0), (noise, int(rng.integers(3, 6)))]
 
 
-@checker("09.3")
+@ex.checker("09.3")
 def context_bound(answer, *, seed=None):
     """``answer(data, k) -> float``: the bits per byte of ``data[k:]`` under ``data``'s own
     frequencies of each byte after the ``k`` bytes before it (unsmoothed, the conditional
     entropy; k = 1 is ``lm.one_byte_bound``), on uint8 strings drawn at each call; kda_lib may
     not be called."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     for data, k in _strings(rng):
-        got, hint = call_answer(answer, data.copy(), k, name="context_bound(data, k)")
+        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)")
         want = _bound(data, k)
-        hint = hint or refuse_degenerate(got, shape=(), allow_zeros=want == 0,
+        hint = hint or ex.refuse_degenerate(got, shape=(), allow_zeros=want == 0,
                                          what="the bits per byte")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         if np.isclose(float(got), want, rtol=1e-9, atol=1e-12):
             continue
         where = f"on a {data.size}-byte string at k = {k}"
@@ -176,5 +176,5 @@ def context_bound(answer, *, seed=None):
         text = next((t for t, v in slips.items() if k and np.isclose(float(got), v, rtol=1e-9)),
                     "count each (k bytes, next byte) pair and each k-byte context in data; mind "
                     "uint8 overflow if you pack bytes into one number")
-        return f"wrong {where}: {text}" + again(seed)
+        return f"wrong {where}: {text}" + ex.again(seed)
     return None
