@@ -1,11 +1,6 @@
-"""Checkers of notebook 00's exercises (quick start): section 1's output, read from a memory
-the answer may read once.
-
-Both hand the answer ``read``, a function that returns ``S^T x`` for one vector ``x`` [K] of the
-state ``S`` [K, V] it hides (one head, drawn at each call), and count its calls: more than one
-read is refused, so neither the state nor the page's step can be rebuilt. The expected output
-is computed after the call, in float64, from the hidden state.
-"""
+"""Checkers of notebook 00's exercises: section 1's output, from a memory read once. The answer
+gets ``read`` (``read(x) = S^T x`` for one vector of a state it hides, drawn at each call); a
+second read is refused, so neither the state nor the page's step can be rebuilt."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Checkers of notebook 01's exercises: the two pieces of each closed form (a per-step factor
-and a limit or a first value), as functions of parameters drawn at every call (``seed``
-repeats one), the edge cases the statements name among them. Expected values in float64, after
-the answer ran; hints never contain them.
-"""
+"""Checkers of notebook 01's exercises: the two pieces of each closed form (a per-step factor, a
+limit or a first value) as functions of parameters drawn at each call, the named edge cases
+among them."""
 
 from __future__ import annotations
 
@@ -35,7 +33,7 @@ def write_map(answer, *, seed=None):
         hint = hint or ex.parts(got, 2, "the pair (r, f_inf)")
         for part, what in ((0, "r"), (1, "f_inf")) if not hint else ():
             hint = hint or ex.refuse_degenerate(got[part], shape=(), what=what,
-                                             allow_zeros=part == 0 and beta == 1.0)
+                                                allow_zeros=part == 0 and beta == 1.0)
         r, limit = alpha * (1 - beta), beta / (1 - alpha + alpha * beta)
         where = f"at beta = {beta!r}, alpha = {alpha!r}"
         if beta < 1e-6 and ("NaN or inf" in hint if hint else not ex.close(got[1], limit)
@@ -72,9 +70,9 @@ def sweep_map(answer, *, seed=None):
         hint = hint or ex.parts(got, 2, "the pair (e1, factor)")
         if not hint:
             hint = (ex.refuse_degenerate(got[0], shape=(V,), inputs=(v1, v2), what="e1",
-                                      allow_zeros=mu == 0.0)
+                                         allow_zeros=mu == 0.0)
                     or ex.refuse_degenerate(got[1], shape=(), what="the factor",
-                                         allow_zeros=mu == 0.0))
+                                            allow_zeros=mu == 0.0))
         if hint:
             return hint + ex.again(seed)
         e1, where = mu * (v2 - mu * v1), f"at mu = {mu}"

@@ -1,9 +1,6 @@
-"""Checkers of notebook 02's exercises (gating and decay); hints never contain the answer.
-
-02.1 asks for a probability at parameters drawn at each call (``seed`` repeats one), some of
-them below 1e-12, where no simulation reaches it; 02.2 for the two coefficients of a weight as
-functions of beta. Float32 answers pass (relative 1e-5), as a number or a 1-element array.
-"""
+"""Checkers of notebook 02's exercises: 02.1 a probability at drawn parameters, some below
+1e-12 where no simulation reaches; 02.2 two coefficients as functions of beta. Float32 answers
+pass (relative 1e-5), as a number or a 1-element array."""
 
 from __future__ import annotations
 
@@ -98,7 +95,7 @@ def older_weight(answer, *, seed=None):
         hint = hint or ex.parts(got, 2, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps")
         for part, what in ((0, "c1"), (1, "c2")) if not hint else ():
             hint = hint or ex.refuse_degenerate(_scalar(got[part]), shape=(), what=what,
-                                             allow_zeros=True)
+                                                allow_zeros=True)
         if hint:
             return hint + ex.again(seed)
         c1, c2 = (float(_scalar(x)) for x in got)

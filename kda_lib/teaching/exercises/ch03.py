@@ -94,7 +94,7 @@ def backward_system(answer, *, seed=None):
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
         k, _, g, beta = _chunk(rng, C, K, 1, bursts)
         got, hint = ex.call_answer(answer, k.copy(), g.copy(), beta.copy(),
-                                name="wy_backward_system(k, g, beta)")
+                                   name="wy_backward_system(k, g, beta)")
         hint = hint or ex.parts(got, 2, "two arrays, (lhs, rhs): lhs K~' = rhs")
         for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
             hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)

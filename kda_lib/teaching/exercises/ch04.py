@@ -1,10 +1,6 @@
-"""Checkers of notebook 04's exercises (the KDA layer); hints never contain the answer.
-
-04.1 asks for the short convolution's decode step from a ring buffer (a start index, no row
-moved), which the page's ``conv`` does not keep; 04.2 for the per-head RMSNorm's backward pass,
-refusing JAX's autodiff (which would do the derivation) and, through a time limit on a wide
-trial, finite differences. Inputs drawn at every call (``seed`` repeats one).
-"""
+"""Checkers of notebook 04's exercises: 04.1 the short convolution's decode step from a ring
+buffer (no row moved), 04.2 the per-head RMSNorm's backward pass, refusing JAX's autodiff and,
+through a time limit on a wide trial, finite differences."""
 
 from __future__ import annotations
 
@@ -19,17 +15,14 @@ TIME_LIMIT_S = 5.0
 
 
 def _far(answer, expected, rtol: float = 1e-4) -> bool:
-    answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
-    return bool(np.abs(answer - expected).max() > rtol * max(float(np.abs(expected).max()), 1e-3))
+    return not ex.close(answer, expected, rtol, floor=1e-3)
 
 
 @ex.checker("04.1")
 def conv_ring_step(answer, *, seed=None):
-    """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: one
-    decode step of the depthwise causal conv (no SiLU) from a ring buffer: ``ring[:, (start + i)
-    % (w - 1)]`` is the ``i``-th oldest of the ``w - 1`` inputs before ``t``; the step writes
-    ``x_t`` over the oldest (no other row changes) and returns the new start and ``y_t``
-    (``kernel[w - 1]`` on ``x_t``), for w = 2 to 5, five steps each."""
+    """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: the
+    depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + i) % (w - 1)]``
+    the i-th oldest input), writing ``x_t`` over the oldest; w = 2 to 5, five steps each."""
     seed, rng = ex.seeded(seed)
     name = "conv_step(ring, start, x_t, kernel)"
     for width in (2, 3, 4, 5):
@@ -73,9 +66,8 @@ def conv_ring_step(answer, *, seed=None):
 
 
 def _norm_trial(rng, rows, width, eps, small):
-    """``o [N, V]`` (every third row scaled by ``small``: its mean square near ``eps``),
-    ``eta [V]`` (not 1: the Jacobian is then not symmetric), ``dy [N, V]``, float32, and the
-    float64 gradient ``do``."""
+    """Float32 ``o [N, V]`` (every third row scaled by ``small``: mean square near ``eps``),
+    ``eta [V]`` (not 1: the Jacobian not symmetric), ``dy [N, V]``; the float64 ``do``."""
     o = rng.standard_normal((rows, width))
     o[::3] *= small
     eta, dy = rng.uniform(0.5, 1.5, width), rng.standard_normal((rows, width))

@@ -35,7 +35,7 @@ def blind_floor(answer, *, seed=None):
 def _floor_hint(answer, trials) -> str | None:
     for probs in trials:
         got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
-                                refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY})
+                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY})
         hint = hint or ex.refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
         if hint:
             return hint

@@ -119,7 +119,7 @@ def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
     hint = (f"{name} calls {{}}, which does the test: derive it yourself" if refused == _TESTS
             else f"{name} calls {{}}: numpy only here, derive the t tail yourself")
     return ex.call_answer(answer, _rows(family), name=name,
-                       refused={p: hint.format(p) for p in refused})
+                          refused={p: hint.format(p) for p in refused})
 
 
 @ex.checker("08.2")

@@ -1,9 +1,6 @@
-"""Checkers of notebook 09's exercises (where the hybrid's latents outweigh its states, where it
-outgrows pure KDA, the k-byte bound). Trials on the notebook's hybrid and on models and byte
-strings drawn at each call (``seed`` repeats one); hints never contain the answer. The caches
-are counted in model terms, float32: a KDA layer keeps its H d_k x d_k states and the last
-w - 1 inputs of its q, k and v convolutions (3 H d_k numbers a row), an MLA layer d_c numbers a
-token of context (no room for steps to come, no length)."""
+"""Checkers of notebook 09's exercises, on the notebook's hybrid and on models and byte strings
+drawn at each call. Caches in model terms, float32: a KDA layer keeps its H d_k x d_k states and
+w - 1 rows of its q, k, v convolutions (3 H d_k numbers a row), an MLA layer d_c a token."""
 
 from __future__ import annotations
 
@@ -96,29 +93,21 @@ def context_at_factor(answer, *, shape: dict, seed=None):
     times that of a pure-KDA model of the same depth (09.1's count); on the notebook's hybrid and
     drawn ones, factors drawn too, one below the hybrid's KDA share (T = 0)."""
     seed, rng = ex.seeded(seed)
-    trials = [(f, model) for model in _models(shape, rng)
+    trials = [(f, *model) for model in _models(shape, rng)
               for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
-    kda, mla = trials[0][1][:2]
-    trials.append((math.floor(4 * kda / (kda + mla)) / 4, trials[0][1]))  # at most its share
-    for factor, model in trials:
-        got, hint = ex.call_answer(answer, factor, *model, name="context_at(factor, ...)")
-        want = _context_at(factor, *model)
-        hint = hint or ex.refuse_degenerate(got, shape=(), integer=True, allow_zeros=want == 0,
-                                         what="the context")
-        if hint:
-            return hint + ex.again(seed)
-        if int(got) == want:
-            continue
+    kda, mla = trials[0][1:3]
+    trials.append((math.floor(4 * kda / (kda + mla)) / 4, *trials[0][1:]))  # at most its share
+    hint, miss = ex.first_miss(answer, trials, "context_at(factor, ...)", _context_at, shape=(),
+                               integer=True, allow_zeros=True, what="the context")
+    if miss:
+        (factor, *model), got, want = miss
         where = f"for factor {factor} and {dict(zip(_NAMES, model, strict=True))}"
-        if want == 0:
-            return (f"wrong {where}: the hybrid's KDA layers alone reach this factor: which "
-                    "context is the least, and can a context be negative?" + ex.again(seed))
-        if int(got) in (want - 1, want + 1):
-            return f"off by one {where}: the least whole context" + ex.again(seed)
-        return (f"wrong {where}: the hybrid's cache grows with context (09.1's count); a "
-                "pure-KDA model of the same depth has kda_layers + mla_layers KDA layers"
-                + ex.again(seed))
-    return None
+        hint = (f"wrong {where}: the hybrid's KDA layers alone reach this factor: which context "
+                "is the least, and can a context be negative?" if want == 0 else
+                f"off by one {where}: the least whole context" if int(got) in (want - 1, want + 1)
+                else f"wrong {where}: the hybrid's cache grows with context (09.1's count); a "
+                "pure-KDA model of the same depth has kda_layers + mla_layers KDA layers")
+    return hint and hint + ex.again(seed)
 
 
 def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
@@ -161,7 +150,7 @@ def context_bound(answer, *, seed=None):
         got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)")
         want = _bound(data, k)
         hint = hint or ex.refuse_degenerate(got, shape=(), allow_zeros=want == 0,
-                                         what="the bits per byte")
+                                            what="the bits per byte")
         if hint:
             return hint + ex.again(seed)
         if np.isclose(float(got), want, rtol=1e-9, atol=1e-12):

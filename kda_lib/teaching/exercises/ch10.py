@@ -47,7 +47,7 @@ def _tokens_miss(answer, trials, name, count, largest):
     """:func:`first_miss` on whole numbers of tokens; an int32 count past 2^31 - 1 gets its own
     hint (``largest(*args)``: the trial's largest product)."""
     hint, miss = ex.first_miss(answer, trials, name, count, _whole_count, shape=(), integer=True,
-                            what="T", allow_zeros=True)
+                               what="T", allow_zeros=True)
     if miss and not _is_int(miss[1]):
         return "answer with a whole number of tokens", None
     dtype = np.asarray(miss[1]).dtype if miss else None
