@@ -33,16 +33,13 @@ import numpy as np
 _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
 
-def checker(exercise_id: str) -> Callable[[Callable[..., str | None]], Callable[..., str | None]]:
-    """Register ``fn(answer, **context) -> None | hint`` as the checker of ``exercise_id``
-    ("NN.M": notebook NN, exercise M)."""
-
+def checker(exercise_id: str) -> Callable:
+    """Register ``fn(answer, **context) -> None | hint`` as the checker of ``exercise_id``."""
     def register(fn: Callable[..., str | None]) -> Callable[..., str | None]:
         if exercise_id in _CHECKERS:
             raise ValueError(f"exercise {exercise_id!r} has two checkers")
         _CHECKERS[exercise_id] = fn
         return fn
-
     return register
 
 
@@ -179,7 +176,7 @@ def holds_scipy(answer) -> str | None:
     return held(answer, found)
 
 
-OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib (fla: if so)
+OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib
 _KINDS: dict[tuple, bool] = {}
 
 
@@ -236,7 +233,7 @@ _RUNNING: list = []  # the answer running under a time limit (the alarm stops on
 
 def _alarm(_signum, _frame):
     if _RUNNING:
-        raise _Stop("slow")
+        raise _Stop
 
 
 @contextlib.contextmanager
@@ -318,24 +315,22 @@ def _checker_for(exercise_id: str) -> Callable[..., str | None]:
     if not isinstance(exercise_id, str):
         raise ValueError(f"exercise_id must be a string like '03.2', got {exercise_id!r} "
                          f"({type(exercise_id).__name__})")
-    chapter = exercise_id.split(".")[0]
+    chapter, module = exercise_id.split(".")[0], f"{__name__}.ch{exercise_id.split('.')[0]}"
     if not (chapter.isdigit() and len(chapter) == 2):
         raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
     try:
-        importlib.import_module(f"{__name__}.ch{chapter}")
+        importlib.import_module(module)
     except ModuleNotFoundError as err:
-        if err.name != f"{__name__}.ch{chapter}":  # a missing import inside the chapter
+        if err.name != module:  # a missing import inside the chapter
             raise
-        raise ValueError(f"no exercises for notebook {chapter} (exercise_id {exercise_id!r})"
-                         ) from err
+        raise ValueError(f"no exercises for notebook {chapter} ({exercise_id!r})") from err
     if exercise_id not in _CHECKERS:
         raise ValueError(f"no exercise {exercise_id!r}; known: {sorted(_CHECKERS)}")
     return _CHECKERS[exercise_id]
 
 
 def verdict(exercise_id: str, answer: Any, **context: Any) -> str | None:
-    """``None`` if ``answer`` solves ``exercise_id``, else a hint; raises if it was not tried
-    (``answer is None``). The tests call this; notebooks call :func:`check`."""
+    """``None`` if ``answer`` solves ``exercise_id``, else a hint (the tests' :func:`check`)."""
     fn = _checker_for(exercise_id)
     if answer is None:
         raise ValueError(f"exercise {exercise_id}: no answer given")
@@ -343,12 +338,10 @@ def verdict(exercise_id: str, answer: Any, **context: Any) -> str | None:
 
 
 def check(exercise_id: str, answer: Any, **context: Any) -> bool | None:
-    """Print whether ``answer`` solves ``exercise_id``: ``True`` right, ``False`` wrong (with a
-    hint), ``None`` not tried yet (``answer is None``). Never prints the expected answer."""
+    """Print whether ``answer`` solves ``exercise_id`` (``True``, ``False`` with a hint, ``None``
+    not tried yet); never the expected answer."""
     fn = _checker_for(exercise_id)
-    if answer is None:
-        print(f"exercise {exercise_id}: not tried yet (replace None with your answer)")
-        return None
-    hint = fn(answer, **context)
-    print(f"exercise {exercise_id}: " + ("right" if hint is None else f"not yet: {hint}"))
-    return hint is None
+    hint = "" if answer is None else fn(answer, **context)
+    print(f"exercise {exercise_id}: " + ("not tried yet (replace None with your answer)" if (
+        answer is None) else "right" if hint is None else f"not yet: {hint}"))
+    return None if answer is None else hint is None

@@ -11,8 +11,7 @@ from kda_lib.teaching import exercises as ex
 
 @ex.machinery
 def _memory(state):
-    """``(read, calls)``: ``read(x)`` returns ``state^T x`` for one vector ``x`` of ``K``
-    numbers; ``calls`` counts the reads."""
+    """``(read, calls)``: ``read(x) = state^T x`` for one vector ``x`` of K numbers, counted."""
     calls = []
 
     def read(x):
@@ -26,8 +25,7 @@ def _memory(state):
 
 
 def _tokens(rng, tokens, K, V):
-    """Unit keys [T, K], values [T, V], log decays [T, K] in [-1, -0.05], beta [T] in
-    (0.1, 0.9), and a unit query [K]."""
+    """A unit query [K], unit keys [T, K], values [T, V], g in [-1, -0.05], beta in (0.1, 0.9)."""
     k = rng.standard_normal((tokens, K))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     q = rng.standard_normal(K)
@@ -36,8 +34,7 @@ def _tokens(rng, tokens, K, V):
 
 
 def _output(state, q, k, v, g, beta, order=1, decay=True, write=True):
-    """``S_T^T q / sqrt(K)`` after the tokens (or a slip: ``order=-1`` the tokens' transitions
-    applied oldest first to q, ``decay``/``write`` False without that part)."""
+    """``S_T^T q / sqrt(K)`` (slips: transitions applied oldest first, no decay, no write)."""
     x, out = q.copy(), np.zeros(state.shape[1])
     for t in range(len(beta))[::-order]:
         out += write * beta[t] * (k[t] @ x) * v[t]

@@ -13,10 +13,9 @@ _FLOAT32 = ("at beta = {}: 1 - beta rounds to 1 in float32 (beta below its resol
 
 
 def _writes(rng):
-    """(beta, alpha): decay and no decay, beta = 1, alpha = 1, a tiny beta with and without
-    decay (below float32's resolution)."""
-    def uniform(low, high):
-        return round(float(rng.uniform(low, high)), 4)
+    """(beta, alpha): decay, no decay, beta = 1, alpha = 1, a tiny beta (below float32's
+    resolution) with and without decay."""
+    uniform = lambda low, high: round(float(rng.uniform(low, high)), 4)  # noqa: E731
 
     return [(uniform(0.1, 0.9), uniform(0.6, 0.99)), (uniform(0.1, 0.9), 1.0),
             (1.0, uniform(0.6, 0.99)), (uniform(0.5, 3.0) * 1e-9, 1.0),

@@ -4,6 +4,7 @@ pass (relative 1e-5), as a number or a 1-element array."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -13,10 +14,9 @@ from kda_lib.teaching import exercises as ex
 
 def _scalar(got):
     """A 1-element array as the number it holds; anything else unchanged (refused later)."""
-    try:
+    with contextlib.suppress(Exception):  # ragged lists and the like: refused after
         return np.reshape(got, ()) if np.ndim(got) == 1 and np.size(got) == 1 else got
-    except Exception:  # noqa: BLE001 - ragged lists and the like: refused after
-        return got
+    return got
 
 
 def _spread(n, ratio, width, how="right") -> float:
@@ -48,8 +48,7 @@ _SPREAD_HINTS = {
     "one window": "that is the chance all n draws fall in one fixed window of that width; the "
                   "window may sit anywhere: condition on the lowest draw",
     "from the lowest": "a window that starts at the lowest draw can stick out of the range's top: "
-                       "the lowest draw's density changes there",
-}
+                       "the lowest draw's density changes there",}
 
 
 @ex.checker("02.1")

@@ -58,9 +58,8 @@ def _backward_system(k, g, beta):
 
 
 def _system_hint(a, b, k, g, beta, where) -> str:
-    """Why ``(a, b)`` is not 03.1's system ``(I + L', diag(beta) K_out)`` (the first found)."""
-    want_a = _backward_system(k, g, beta)[0]
-    gamma = np.cumsum(g, axis=0)
+    """Why ``(a, b)`` is not 03.1's system (the first slip found)."""
+    want_a, gamma = _backward_system(k, g, beta)[0], np.cumsum(g, axis=0)
     if np.abs(np.tril(a, -1)).max() > 1e-5 * max(1.0, np.abs(a).max()):
         forward = np.eye(len(beta)) + np.tril(
             beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
@@ -73,21 +72,17 @@ def _system_hint(a, b, k, g, beta, where) -> str:
         return (f"lhs is wrong above the diagonal {where} (it must be exactly I + L', no row "
                 "scaled or combined): unroll dS_t from dS_C as in step 1; which decay and which "
                 "beta multiply k_t^T k_s?")
-    forward_rhs = _close(b, beta[:, None] * k * np.exp(gamma))
-    echo = " (that is step 3's, the forward one)" if forward_rhs else ""
+    echo = " (that is step 3's, the forward one)" if _close(b, beta[:, None] * k * np.exp(
+        gamma)) else ""
     return (f"rhs is wrong {where}{echo}: which keys, decayed over which tokens and scaled by "
             "what, meet dS_C in delta'_t?")
 
 
 @ex.checker("03.1")
 def backward_system(answer, *, seed=None):
-    """answer: ``fn(k, g, beta) -> (lhs [C, C], rhs [C, K])`` for a chunk of unit keys ``k``
-    [C, K], log decays ``g`` [C, K] and ``beta`` [C]: the system ``lhs K~' = rhs`` of the backward
-    pass's pseudo-values per unit of gradient (``M^T = Gamma_C - K_in^T K~'``), judged by value:
-    exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s`` (s > t; an
-    equivalent system with rows scaled or combined is refused, as the exercise states),
-    ``rhs = diag(beta) K_out``, and ``lhs^-1 rhs`` the backward factor K~'. Chunks longer
-    than ``d_k`` (two of three) and forget bursts (two of three)."""
+    """``answer(k, g, beta) -> (lhs [C, C], rhs [C, K])``: the backward pass's system ``lhs K~' =
+    rhs`` (``M^T = Gamma_C - K_in^T K~'``), exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T
+    Gamma_s Gamma_t^-1 k_s`` (s > t; no row scaled or combined), ``rhs = diag(beta) K_out``."""
     seed, rng = ex.seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
@@ -125,11 +120,9 @@ def _merge_problem(rng, bursts):
 
 @ex.checker("03.2")
 def merged_chunks(answer, *, seed=None):
-    """answer: ``fn(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)`` returning
-    ``(K_tilde, V_tilde)``: the K~ [C1 + C2, K] and
-    V~ [C1 + C2, V] of two consecutive chunks taken as one, from the first chunk's K~, V~,
-    K_out and log decay across it ``gamma1`` [K], and the second's K~, V~ (its own start as
-    reference). Compared with step 3 run on the combined chunk (bursts in two of three)."""
+    """``answer(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)``:
+    two consecutive chunks' K~, V~ taken as one, from their factors (the second's from its own
+    start); compared with step 3 on the combined chunk."""
     seed, rng = ex.seeded(seed)
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)

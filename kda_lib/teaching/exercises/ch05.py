@@ -34,8 +34,7 @@ def state_gradients_reference(ms, hs):
 
 
 def summary_cotangents_reference(ms, es, hs):
-    """``(dms, des)``: ``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (zero for the last
-    rank), ``S[r]`` the state entering rank ``r`` (float64)."""
+    """``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (the last rank's 0), float64."""
     gs = state_gradients_reference(ms, hs)
     after = np.concatenate([gs[1:], np.zeros_like(gs[:1])])  # the gradient leaving each rank
     states, s = [], np.zeros(es.shape[1:])

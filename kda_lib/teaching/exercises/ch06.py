@@ -127,8 +127,7 @@ def periodic_clearing(answer, *, seed=None):
     seed, rng = ex.seeded(seed)
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     period = int(rng.integers(delay + 1, 3 * delay + 2))
-    for case in [*_PERIODIC, (int(rng.integers(2 * period, 5 * period)), delay, conv_size,
-                              period)]:
+    for case in [*_PERIODIC, (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)]:
         got, hint = _positions(answer, case, "lost_positions(seq_len, delay, conv_size, period)")
         if hint or got == _lost(*case):
             if hint:

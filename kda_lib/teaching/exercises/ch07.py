@@ -24,8 +24,7 @@ def _window_rows(conv_size: int, draft: int) -> int:
     return conv_size - 1 + draft if conv_size >= 2 else 0
 
 
-def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes,
-                 draft):
+def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes, draft):
     """``draft + 1`` float32 states B HV K V and one window of conv rows (:func:`_window_rows`) of
     q, k (H K each) and v (HV V), ``conv_bytes`` a number."""
     conv = batch * _window_rows(conv_size, draft) * (2 * num_heads * key_dim
@@ -84,8 +83,7 @@ _PRODUCTS = ("norm", "vector_norm", "outer", "vecdot", "matmul", "matrix_transpo
              "tensordot", "trace", "diagonal", "cross", "multi_dot")
 _INVERSE_HINT = (
     "your answer runs a linear-algebra routine (an inverse, a solve, a factorization): undo "
-    "each token with the inverse of its transition written out by hand, O(d_k d_v) a token"
-)
+    "each token with the inverse of its transition written out by hand, O(d_k d_v) a token")
 HANG_S = 60.0  # the closed form takes milliseconds at the largest d_k
 _SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
          "a token; is yours O(d_k^2)?")
@@ -123,8 +121,7 @@ def _draft(rng, tokens: int, key_dim: int, value_dim: int):
     beta[::3] = rng.uniform(1.2, 1.8, len(beta[::3]))
     beta[-1] = rng.uniform(1.2, 1.8)  # rejected in every draft: a series diverges at every size
     return (rng.standard_normal((key_dim, value_dim)), k,
-            rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)),
-            beta)
+            rng.standard_normal((tokens, value_dim)), -0.4 * rng.random((tokens, key_dim)), beta)
 
 
 def draft_states(state, k, v, g, beta):
@@ -208,11 +205,8 @@ def _t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_by
 
 
 def _cases(rng):
-    """Seven (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft),
-    conv_size 4, 4, 4, 0, 1, 2, 3, drafts of 1 to 8 tokens, drawn from ``rng``; an eighth, a
-    small head against a large cache and a long draft, where the count gives T <= 0 (T* = 1);
-    and a ninth whose kv_numbers x kv_bytes divides the KDA bytes: attention moves exactly
-    as many bytes at T* (a floor + 1 in place of the ceiling is one too many there)."""
+    """Drawn (heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft):
+    seven, one whose count gives T <= 0 (T* = 1), one whose quotient is whole (equality)."""
     out = [(int(rng.choice([8, 16, 32])), int(rng.choice([64, 128])), int(rng.choice([64, 128])),
             w, int(rng.integers(96, 4097)), int(rng.choice([2, 4])), int(rng.choice([2, 4])),
             int(rng.integers(1, 9))) for w in (4, 4, 4, 0, 1, 2, 3, int(rng.integers(0, 5)))]

@@ -69,15 +69,13 @@ def _family_p(family: dict, how: str) -> np.ndarray:
             "no running maximum": _holm(p, running=False)}.get(how, _holm(p))
 
 
-_HOLM_HINTS = {
-    "unadjusted": "these are each row's own p: Holm adjusts them over the family",
+_HOLM_HINTS = {"unadjusted": "these are each row's own p: Holm adjusts them over the family",
     "Bonferroni": "that is Bonferroni (every p times m): Holm multiplies the i-th smallest of m "
     "by m - i + 1",
     "no running maximum": "Holm's adjusted values never fall in the sorted order: after the "
     "products, take the running maximum",
     "sd over n": "the sd of the differences divides by n - 1 (the t statistic's)",
-    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",
-}
+    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",}
 
 
 def _holm_families(rng) -> list:

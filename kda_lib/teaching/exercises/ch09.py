@@ -42,12 +42,6 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
     return max(1, -(-fixed // (4 * mla * rank)))
 
 
-def _integer_or_inf(got, what) -> str | None:
-    if not isinstance(got, float) or got != math.inf:
-        return ex.refuse_degenerate(got, shape=(), integer=True, what=what)
-    return None
-
-
 @ex.checker("09.1")
 def half_context(answer, *, shape: dict, seed=None):
     """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the
@@ -59,7 +53,8 @@ def half_context(answer, *, shape: dict, seed=None):
     models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
     for model in models:
         got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)")
-        hint = hint or _integer_or_inf(got, "T")
+        if not hint and not (isinstance(got, float) and got == math.inf):
+            hint = ex.refuse_degenerate(got, shape=(), integer=True, what="T")
         if hint:
             return hint + ex.again(seed)
         want, where = _half(*model), f"for {dict(zip(_NAMES, model, strict=True))}"
@@ -160,8 +155,7 @@ def context_bound(answer, *, seed=None):
                  "unsmoothed: the bound uses the string's own frequencies": _bound(data, k,
                                                                                    smoothing=1.0),
                  "score only the bytes that have k bytes before them, data[k:]": _bound(
-                     data, k, start=0),
-                 "condition on the k bytes before": _bound(data, 0)}
+                     data, k, start=0), "condition on the k bytes before": _bound(data, 0)}
         text = next((t for t, v in slips.items() if k and np.isclose(float(got), v, rtol=1e-9)),
                     "count each (k bytes, next byte) pair and each k-byte context in data; mind "
                     "uint8 overflow if you pack bytes into one number")

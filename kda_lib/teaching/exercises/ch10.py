@@ -28,8 +28,7 @@ def _preset_model(name) -> tuple:
 
 
 def _is_int(answer) -> bool:
-    """A whole number of tokens: a Python, numpy or jax int, a 0-d array of one, or a whole
-    float (``np.ceil``'s)."""
+    """A whole number: a Python, numpy or jax int (or 0-d array), or a whole float."""
     value = answer.item() if np.ndim(answer) == 0 and hasattr(answer, "item") else answer
     if isinstance(value, float):
         return math.isfinite(value) and value.is_integer()
@@ -39,15 +38,11 @@ def _is_int(answer) -> bool:
 _INT32_MAX = 2**31 - 1
 
 
-def _whole_count(got, expected) -> bool:
-    return _is_int(got) and int(got) == expected
-
-
 def _tokens_miss(answer, trials, name, count, largest):
     """:func:`first_miss` on whole numbers of tokens; an int32 count past 2^31 - 1 gets its own
     hint (``largest(*args)``: the trial's largest product)."""
-    hint, miss = ex.first_miss(answer, trials, name, count, _whole_count, shape=(), integer=True,
-                               what="T", allow_zeros=True)
+    hint, miss = ex.first_miss(answer, trials, name, count, lambda got, want: _is_int(
+        got) and int(got) == want, shape=(), integer=True, what="T", allow_zeros=True)
     if miss and not _is_int(miss[1]):
         return "answer with a whole number of tokens", None
     dtype = np.asarray(miss[1]).dtype if miss else None
@@ -59,8 +54,7 @@ def _tokens_miss(answer, trials, name, count, largest):
 
 
 def _drawn(rng, *, params: bool = False) -> tuple:
-    """A model drawn at check time: heads, head_dim, conv_size, latent (and with ``params`` the
-    KDA and MLA layers' parameter counts)."""
+    """Drawn heads, head_dim, conv_size, latent (``params``: the layers' parameter counts)."""
     shape = (int(rng.integers(1, 17)), int(rng.choice([16, 32, 64, 128])),
              int(rng.integers(1, 6)), int(rng.integers(32, 700)))
     mla = int(rng.integers(100_000, 5_000_000))
@@ -68,8 +62,7 @@ def _drawn(rng, *, params: bool = False) -> tuple:
 
 
 def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
-    """One sequence's KDA cache: a float32 state of H d_k d_v numbers (d_v = d_k) and the bf16
-    conv history, w - 1 rows of the 3 H d_k conv channels."""
+    """One sequence's KDA cache: float32 state H d_k^2, bf16 conv history (w - 1) 3 H d_k."""
     return 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
 
 
@@ -99,8 +92,7 @@ def _fractions(model, first=(), reached=True) -> list[float]:
 
 
 def _drawn_gqa(rng) -> tuple:
-    """A hybrid drawn at check time, at least as many KDA as global layers, latents no wider than
-    GQA's keys and values (a half always reachable)."""
+    """A drawn hybrid, KDA layers no fewer than global ones, latents no wider than GQA's."""
     kda, (heads, head_dim, conv_size, _) = int(rng.integers(2, 9)), _drawn(rng)
     kv_heads = int(rng.choice([g for g in range(1, heads + 1) if heads % g == 0]))
     latent = int(rng.integers(8, 2 * kv_heads * head_dim + 1))
@@ -110,12 +102,9 @@ def _drawn_gqa(rng) -> tuple:
 @ex.checker("10.1")
 def reduction_context(answer, *, preset: str, fraction: float, seed=None):
     """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
-    kv_heads) -> float``: the context T at which the decode memory of one sequence in a hybrid
-    (KDA: float32 state, d_v = d_k, bf16 conv history; MLA: ``latent`` bf16 numbers a token) is
-    ``fraction`` below that of as many GQA layers (``kv_heads`` bf16 keys and values of
-    ``head_dim``), ``math.inf`` where no T reaches it. Tried on ``preset`` at ``fraction`` and
-    others, with 8, 1 and 32 key/value heads, on models of the checker's own, a fraction exactly
-    at a model's limit and one model drawn."""
+    kv_heads) -> float``: the context T at which a hybrid's decode memory is ``fraction`` below
+    as many GQA layers', ``math.inf`` where no T reaches it; on ``preset`` (8, 1 and 32 key/value
+    heads), models of the checker's own, one at its limit exactly and one drawn."""
     if not 0 <= fraction < 1:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     model = _preset_model(preset)
@@ -132,7 +121,7 @@ def reduction_context(answer, *, preset: str, fraction: float, seed=None):
 
 
 def _special_float(got) -> str | None:
-    """"NaN", "math.inf" or "-math.inf" where ``got`` is one float of that value, else None."""
+    """"NaN", "math.inf" or "-math.inf" where ``got`` is one such float, else None."""
     try:
         value = np.asarray(got)
     except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
@@ -200,10 +189,8 @@ def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
 @ex.checker("10.2")
 def ring_crossover(answer, *, preset: str, ranks: int, seed=None):
     """``answer(ranks, heads, head_dim, conv_size, latent) -> int``: the smallest whole T at
-    which ring attention over the MLA latents (bf16, (R - 1)/R of the sequence) brings each rank
-    more bytes than the KDA summaries (float32, (R - 1) H d_k 2 d_k) plus the conv halo (bf16,
-    (w - 1) 3 H d_k). Tried on ``preset`` at ``ranks`` and other rank counts, then on models of
-    the checker's own and one drawn."""
+    which ring attention over the MLA latents brings each rank more bytes than the KDA summaries
+    plus the conv halo; on ``preset`` at ``ranks`` and others, models of its own, one drawn."""
     shape = _preset_model(preset)[2:]
     seed, rng = ex.seeded(seed)
     trials = [(r, *shape) for r in (ranks, 2, 64)]
@@ -240,8 +227,7 @@ _OWN_LAYERS = [  # (heads, head_dim, conv_size, latent, kda_params, mla_params, 
 
 
 def _clamped(rng) -> tuple:
-    """A drawn layer whose MLA weights outweigh KDA's bytes by more than the batch's states:
-    the formula gives T <= 0, the answer is T = 1."""
+    """A drawn layer whose MLA weights outweigh KDA's bytes: the formula's T <= 0, T* = 1."""
     batch, (heads, head_dim, conv_size, latent) = int(rng.integers(1, 5)), _drawn(rng)
     weight_bytes, kda = float(rng.choice([0.5, 1, 2])), int(rng.integers(100_000, 2_000_000))
     state = batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size)
@@ -252,11 +238,9 @@ def _clamped(rng) -> tuple:
 @ex.checker("10.3")
 def decode_crossover(answer, *, preset: str, seed=None):
     """``answer(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
-    weight_bytes) -> int``: the smallest whole T >= 1 at which one MLA layer's decode step of
-    ``batch`` sequences moves at least as many bytes as one KDA layer's (weights read once per
-    step, ``weight_bytes`` a parameter; MLA each sequence's T bf16 latents, KDA each sequence's
-    cache read and written). Tried on ``preset`` with fp8 and int4 weights, on layers of the
-    checker's own and two drawn, one where MLA's weights alone outweigh KDA's bytes."""
+    weight_bytes) -> int``: the smallest whole T >= 1 at which an MLA layer's decode step of
+    ``batch`` sequences moves at least a KDA layer's bytes; on ``preset`` with fp8 and int4
+    weights, layers of its own, two drawn (one where MLA's weights alone outweigh KDA's)."""
     from kda_lib.models import presets
 
     p = presets.PRESETS[preset]
