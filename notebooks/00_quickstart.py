@@ -186,8 +186,8 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # float32 rounding accumulated over the sequence, and not more. The yardstick printed below is
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
-# the **unit roundoff** $2^{-24}$. The assert allows $10^{-5}$ of the largest output, about 84
-# machine epsilons.
+# the **unit roundoff** $2^{-24}$. The errors below come out near 2 machine epsilons of the
+# largest output (printed); the assert allows 8.
 
 # %%
 with jax.enable_x64(True):
@@ -198,9 +198,10 @@ err_rec = np.abs(np.asarray(o_rec, np.float64) - o_exact).max(axis=(0, 2, 3))
 err_chk = np.abs(np.asarray(o_chk, np.float64) - o_exact).max(axis=(0, 2, 3))
 scale_o, eps32 = np.abs(o_exact).max(), float(np.finfo(np.float32).eps)
 print(f"float32 machine epsilon 2^-23 = {eps32:.1e}")
-print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, "
-      f"chunked {err_chk.max() / scale_o:.1e}")
-assert err_rec.max() < 1e-5 * scale_o and err_chk.max() < 1e-5 * scale_o
+worst = max(err_rec.max(), err_chk.max()) / scale_o / eps32  # in machine epsilons
+print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, chunked "
+      f"{err_chk.max() / scale_o:.1e} (the larger: {worst:.1f} eps)")
+assert err_rec.max() < 8 * eps32 * scale_o and err_chk.max() < 8 * eps32 * scale_o
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -226,41 +227,39 @@ viz.show(fig, "00_quickstart_precision")
 #   multiple of the chunk size.
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
-# - Both float32 forms stay within $10^{-5}$ of the largest output (about 84 float32 machine
-#   epsilons, $2^{-23}$ each) of the float64 oracle (asserted).
+# - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
+#   output of the float64 oracle (asserted; measured about 2, printed).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
 #
 # ## Exercises
 #
-# Both ask for a variant of section 1's step that this page does not compute: derive it, then
-# write it as a function of `(state, q, k, v, g, beta)` returning `(new_state, o)`, in `jnp` or
-# NumPy, without `kda_lib` (`state [B, H, K, V]`, `q, k [B, H, K]`, `v [B, H, V]`,
-# `beta [B, H]`, $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$). The checkers call it on
-# states and tokens of their own and refuse any answer that runs `kda_lib`'s, tokamax's or fla's
-# code.
+# Each asks for what this page does not compute, as a function the checker calls on inputs of its
+# own; it says right or not, with a hint, never the expected answer, and refuses the shortcuts an
+# honest attempt may take (the library function the exercise is about, a value from the page, a
+# table of its trials). It gives feedback; it is no proctor: deliberate tampering (running the
+# library's or the checker's source under another name, other processes, patching NumPy) is out
+# of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
-# 1. **Write, then decay.** Some recurrences forget after the write:
-#    $S_t = \operatorname{diag}(e^{\mathbf g_t}) \big[(I - \beta_t \mathbf k_t
-#    \mathbf k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top\big]$, `g [B, H, K]`.
-#    Which state does the write's recall read now? Write `step_write_first`. Along which
-#    direction does this step write, compared with section 1's?
-# 2. **Decay per value channel.** Let the gate forget value channels instead of key channels:
-#    $S_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) S_{t-1}
-#    \operatorname{diag}(e^{\mathbf g_t}) + \beta_t \mathbf k_t \mathbf v_t^\top$ with
-#    $\mathbf g_t \in \mathbb R^{d_v}$, `g [B, H, V]`. Which axis of `state` does the decay
-#    scale, and what does the write's recall become? Write `step_value_decay`.
+# Both hand your function `read`, which returns $S^\top \mathbf x$ for one vector $\mathbf x \in
+# \mathbb R^{d_k}$ of a state $S$ (one head, $d_k \times d_v$) it hides, and allow **one** read:
+# the state cannot be rebuilt, so section 1's step cannot be run. NumPy or `jnp`, no `kda_lib`.
 #
-# Each cell below says whether your answer is right without showing the expected one; worked
-# solutions, checked by the test suite, are in [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
+# 1. **One token, one read.** Write `output_after_one(read, q, k, v, g, beta)`: the output
+#    $\mathbf o_t = S_t^\top \mathbf q / \sqrt{d_k}$ after section 1's step on the hidden $S =
+#    S_{t-1}$ (`q, k, g` $[d_k]$, `v` $[d_v]$, `beta` a number). Which vector must you read?
+# 2. **Many tokens, one read.** Now $T$ tokens come after the hidden $S_0$ (`k, g` $[T, d_k]$,
+#    `v` $[T, d_v]$, `beta` $[T]$, oldest first): `output_after(read, q, k, v, g, beta)`, the
+#    output $S_T^\top \mathbf q / \sqrt{d_k}$, reading $S_0$ once. Which token's step meets
+#    $\mathbf q$ first? (Notebook 03's chunkwise form does this for every query at once.)
 
 # %%
-answer = None  # exercise 1: step_write_first(state, q, k, v, g, beta) -> (new_state, o)
+answer = None  # exercise 1: output_after_one(read, q, k, v, g, beta) -> o [d_v]
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: step_value_decay(state, q, k, v, g, beta) -> (new_state, o)
+answer = None  # exercise 2: output_after(read, q, k, v, g, beta) -> o [d_v]
 exercises.check("00.2", answer)
 
 # %% [markdown]

@@ -33,7 +33,7 @@
 
 # %% tags=["parameters"]
 num_heads: int = 4  # heads whose gate parameters are drawn at initialisation
-key_dim: int = 64  # K: channels per head (one decay rate each; at least 32: section 2)
+key_dim: int = 64  # K: channels per head (one decay rate each; at least 32: section 3)
 seq_len: int = 96  # tokens in the decay figures
 lower_bound: float = -5.0  # safe gate: the most negative log decay per token, in [-5, 0)
 beta_value: float = 0.9  # write strength beta in section 4 and the explorer, in [0.1, 0.99]
@@ -90,7 +90,7 @@ value_dim = key_dim  # V = K in every example here
 assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len gate values"
 assert 0.1 <= beta_value <= 0.99, "beta_value: in [0.1, 0.99] here (at 1, Omega = I: section 4)"
 assert 3 <= vocab_size <= mix_len / 4, "vocab_size: from 3 to mix_len / 4 (section 4's repeats)"
-assert key_dim >= 32, "key_dim: at least 32 (section 2's over-one-decade spread per head)"
+assert key_dim >= 32, "key_dim: at least 32 (section 3's over-one-decade spread per head)"
 key = jax.random.key(seed)
 key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
 LN2 = float(np.log(2.0))
@@ -102,7 +102,7 @@ def half_life(g):
 
 
 # %% [markdown]
-# ## Why a forget gate
+# ## 1. Why a forget gate
 #
 # The delta rule (notebook 01) overwrites only along the key it writes: what an earlier context
 # stored along other directions stays. Below, $n = d_k / 4$ pairs of a context A, then $n$ of a
@@ -137,7 +137,7 @@ print(f"B alone, empty state: B's error {relative_l2(b_alone[n:], pair_v[n:]):.3
 assert stale_0 > 0.5 and stale_s < 0.01 and stale_c < stale_0 and err_s <= err_0 < err_c, runs
 
 # %% [markdown]
-# ## 1. Two gate functions
+# ## 2. Two gate functions
 #
 # The layer projects each token to a raw gate input $\mathbf f_t \in \mathbb R^{d_k}$ per head
 # (`f: [B, T, H, K]`), adds a learned per-channel bias $\mathbf b$ and activates the sum into a
@@ -188,7 +188,7 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
                  name="dt_bias shifts the input axis")
 
 # %% [markdown]
-# ## 2. Half-lives at initialisation
+# ## 3. Half-lives at initialisation
 #
 # `init_a_log` draws $a_h$ uniformly in $[1, 16]$ per head; `init_dt_bias` draws the time step
 # $\boldsymbol\tau = \operatorname{softplus}(\mathbf b)$ log-uniformly in $[10^{-3}, 10^{-1}]$ per
@@ -241,33 +241,6 @@ viz.show(gates.plot_half_lives(
           "channels)"), "02_half_lives_at_init")
 
 # %% [markdown]
-# ## 3. Cumulative decay over a sequence
-#
-# What a channel stored at token 0 is still there at token $t$ with weight $e^{g_1 + \dots + g_t}$.
-# With a random raw input $\mathbf f$ (for real tokens' projections, std `gate_input_std`) the
-# decays fluctuate: the softplus gate's median rate is the init rate, its mean larger (softplus is
-# convex; the notes). A row is one channel (sorted by half-life at init). First two panels: the
-# heads with the smallest and largest $a_h$. The safe gate looks like the softplus gate with
-# $a = \lvert g_{\min}\rvert$ (section 2); its cumulative decay never drops below $g_{\min}\, t$.
-
-# %%
-f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))
-g_sp = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64)  # [T, H, K]
-g_safe = np.asarray(kda_lib.kda_gate(f, a_log_safe, dt_bias, lower_bound=lower_bound)[0],
-                    np.float64)
-slow, fast = int(np.argmin(a_h)), int(np.argmax(a_h))
-assert g_safe.min() >= lower_bound, "safe gate: every g_t >= g_min here too, so sums >= g_min t"
-
-# %% tags=["hide-input"]
-floor = -6.0  # log10 of the smallest fraction drawn
-viz.show(gates.plot_cumulative_decay([
-    (f"softplus gate, head {slow} ($a$ = {a_h[slow]:.1f})", g_sp[:, slow], life_sp[slow]),
-    (f"softplus gate, head {fast} ($a$ = {a_h[fast]:.1f})", g_sp[:, fast], life_sp[fast]),
-    (f"safe gate, head {slow} ($a$ = 1, $g_{{\\min}}$ = {lower_bound:g})", g_safe[:, slow],
-     life_safe[slow])], floor=floor, title=r"Cumulative decay $e^{g_1 + \dots + g_t}$ per "
-    f"channel, $f \\sim N(0, {gate_input_std:g}^2)$"), "02_cumulative_decay")
-
-# %% [markdown]
 # ## 4. The gate's effect on a read, pictured: a $T \times T$ mixing matrix
 #
 # For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, the
@@ -306,6 +279,10 @@ viz.show(gates.plot_cumulative_decay([
 # panel: that row, linear).
 
 # %%
+f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))  # raw gate input
+g_sp, slow = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64), int(np.argmin(a_h))
+
+# %%
 key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
 tokens_ids = jax.random.randint(key_tok, (mix_len,), 0, vocab_size)  # the last: the commonest
 tokens_ids = tokens_ids.at[-1].set(jnp.bincount(tokens_ids[:-1], length=vocab_size).argmax())
@@ -313,7 +290,7 @@ ids, t_last = np.asarray(tokens_ids), mix_len - 1
 same = np.flatnonzero(ids[:t_last] == ids[t_last])  # its earlier occurrences: 2 or more
 embedding = l2_normalize(jax.random.normal(key_emb, (vocab_size, key_dim)))
 q_mix = k_mix = embedding[tokens_ids]  # [T, K]
-g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays (section 3)
+g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays, random input
 beta_mix = jnp.full((mix_len,), beta_value)
 mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
 Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
@@ -389,8 +366,9 @@ display(Markdown(
 # %% [markdown]
 # ## 5. Explore: move the gate parameters yourself
 #
-# `kda_lib.teaching.gates.explore` redraws section 3's decay, section 4's $\Omega$ and the state's
-# norm (the notes) for one head with one shared $a$, $b$, $g_{\min}$, $\beta$ ($\mathbf f$ varies):
+# `kda_lib.teaching.gates.explore` redraws, for one head with one shared $a$, $b$, $g_{\min}$,
+# $\beta$ ($\mathbf f$ random), what it keeps of each channel over the tokens, $e^{g_1 + \dots +
+# g_t}$ (down to $10^{-6}$), section 4's $\Omega$ and the state's norm (all three: the notes):
 # sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once.
 
 # %% tags=["hide-input"]
@@ -398,7 +376,7 @@ key_k, key_v = jax.random.split(key_state)  # a random stream for the state-norm
 k_rand = l2_normalize(jax.random.normal(key_k, (seq_len, key_dim)))
 v_rand = jax.random.normal(key_v, (seq_len, value_dim))
 gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_rand, v_norm=v_rand,
-                   floor=floor), dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound,
+                   floor=-6.0), dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound,
                                       beta=beta_value, gate="safe"),
               interactive=kda_lib.teaching.notebook.interactive(interactive))
 
@@ -411,34 +389,34 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 # - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
 #   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
 # - Without a gate an old context's pairs stay (the delta rule erases only along new keys); a
-#   gate that closes at the switch removes them, the new ones recalled as well (first section).
+#   gate that closes at the switch removes them, the new ones recalled as well (section 1).
 # - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
 #   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
 #   occurrence (no writes between), less on older ones here; softmax the same on all of them.
 #
 # ## Exercises
 #
-# 1. **Keeping a fraction.** A safe-gate channel (rate $a_h$, bias 0, floor $g_{\min}$) sees the
-#    same raw input $f$ for $m$ tokens. Derive the $f$ at which it keeps exactly the fraction
-#    $\zeta$ of what it stored, `keeping_input(zeta, m, a, lower_bound)` ($a = a_h$).
+# 1. **How likely is a narrow head?** Section 2's half-lives span over a decade in each head but
+#    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(n, ratio, width)`, the
+#    chance that $n$ time steps drawn log-uniformly over a range `width` wide (100 for
+#    `init_dt_bias`) span less than `ratio` ($> 1$; $n = 1$, `ratio` $\ge$ `width` too). Some
+#    are below $10^{-12}$, where no simulation reaches.
 # 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
 #    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
-#    not write. Derive $\Omega_{ts}$, the weight on the **older** one. It depends on $\mathbf k$
-#    and the decays only through $\mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, $\mathbf k^\top
-#    D_t \cdots D_{s'+1} \mathbf k$ and $\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf k$ (symmetric
-#    in the last two): write `older_weight(kk_ts, kk_tsp, kk_sps, beta)` (`sp`: $s'$). Is it
-#    $\beta(1-\beta)^2$ times the decay, as with one decay for all channels? No `kda_lib` code.
+#    not write. The weight on the **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots
+#    D_{s+1} \mathbf k + c_2\, (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top
+#    D_{s'} \cdots D_{s+1} \mathbf k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`.
+#    Is it $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
 #
-# Each cell below says whether your answer is right without showing the expected one; worked
-# solutions are in [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
+# NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function keeping_input(zeta, m, a, lower_bound) -> f
+answer = None  # exercise 1: a function spread_below(n, ratio, width) -> a probability
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function older_weight(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts
+answer = None  # exercise 2: a function older_weight(beta) -> (c1, c2)
 exercises.check("02.2", answer)
 
 # %% [markdown]

@@ -71,12 +71,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.lab import costs
-from kda_lib.ops.chunked import chain_states, chunk_affine_maps, unit_lower_inverse
+from kda_lib.ops.chunked import chunk_affine_maps, unit_lower_inverse
 from kda_lib.teaching import chunkwise, viz
 from kda_lib.teaching.exercises import check
 from kda_lib.testing import assert_close, random_kda_inputs
@@ -111,9 +111,8 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). Section 2 works a
-# chunk by hand, section 3 derives every symbol (in code `W`, `U` are $\tilde K$, $\tilde V$);
-# section 4's function solves $I + L$ whole, `kda_chunked` inverts it in the 16-token blocks drawn.
+# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes; `kda_chunked` inverts
+# in the 16-token blocks drawn). Sections 2 to 4: a chunk by hand, every symbol, one function.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -190,10 +189,9 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # $S_{t-1}$). With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$, the
 # decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
 # \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
-# the diagonal the exponent is positive and for a steep gate overflows even in float64 (the
-# cell's gate falls by 800 over the chunk; $e^{800}$ is past float64's range), so it is masked
-# before `exp`. Each step is checked in float64 on chunk 0 of head 0 against the recurrence run
-# through it (keeping each $S_t$ and $\boldsymbol\delta_t$).
+# the diagonal the exponent is positive and for a steep gate (falling by 800 over the chunk)
+# overflows even in float64, so it is masked before `exp`. Each step is checked in float64 on
+# chunk 0 of head 0 against the recurrence run through it (keeping $S_t$, $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$:
 # $S_t = \Gamma_t S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
@@ -233,6 +231,33 @@ with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(800) 
 print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after exp, {nan[1]} before")
 
 # %% [markdown]
+# **Why a product of transitions stays thin: the WY form.** Without decay, two of notebook 01's
+# transitions multiply to $(I - \beta_2 \mathbf k_2 \mathbf k_2^\top)(I - \beta_1 \mathbf k_1
+# \mathbf k_1^\top) = I - \mathbf k_1 \mathbf w_1^\top - \mathbf k_2 \mathbf w_2^\top$ with
+# $\mathbf w_1 = \beta_1 \mathbf k_1$, $\mathbf w_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top
+# \mathbf k_1) \mathbf w_1)$: the identity minus two outer products. Each further factor adds
+# one, its $\mathbf w_t = \beta_t (\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top \mathbf k_s)
+# \mathbf w_s)$ corrected by the earlier ones, so $C$ factors are $I - K^\top W$ ($C \times d_k$,
+# rows $\mathbf k_t$, $\mathbf w_t$; Bischof and Van Loan's WY form): no $d_k \times d_k$ product
+# is formed. Stacked, the $\mathbf w_t$ solve $(I + L) W = \operatorname{diag}(\boldsymbol\beta)
+# K$ (the UT transform): step 3's $\tilde K$ without decay (figure, checked in float64).
+
+# %%
+no_decay_L = np.tril(bc[:, None] * (kc @ kc.T), -1)  # chunk 0 of head 0, its decays left out
+W_nd = np.linalg.solve(np.eye(chunk_size) + no_decay_L, bc[:, None] * kc)  # rows w_t
+product_nd = np.eye(key_dim)
+for k_t, b_t in zip(kc, bc, strict=True):
+    product_nd = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product_nd
+assert_close(product_nd, np.eye(key_dim) - kc.T @ W_nd, atol=1e-12, name="I - K^T W")
+fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+for ax, (mat, title) in zip(axes, ((product_nd, f"product of {chunk_size} factors"), (
+        kc.T, "$K^\\top$ ($d_k \\times C$)"), (W_nd, "$W$ ($C \\times d_k$)")), strict=True):
+    viz.heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
+                cbar_label="entry")
+fig.suptitle("$(I - \\beta_C k_C k_C^\\top) \\cdots (I - \\beta_1 k_1 k_1^\\top) = I - K^\\top W$")
+viz.show(fig, "03_wy_form")
+
+# %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of
 # $S_{\text{in}}$: one solve per chunk gives the pseudo-values for **any** entering state,
 #
@@ -242,8 +267,7 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in the WY literature and code; `unit_lower_inverse`: matmuls only). Gated linear
-# attention writes $\boldsymbol\delta_t = \mathbf v_t$: no $L$, no solve, no read of $S_\text{in}$.
+# (`U`, `W` in code; `unit_lower_inverse`: matmuls only); $\tilde K$ is the figure's $W$, decayed.
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
@@ -276,11 +300,9 @@ _ = assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
 
 # %%
 product = np.eye(key_dim)
-for t in range(chunk_size):
-    D_t = np.diag(np.exp(gc[t]))
-    M_t = (np.eye(key_dim) - bc[t] * np.outer(kc[t], kc[t])) @ D_t
-    assert_close(M_t, D_t - bc[t] * np.outer(kc[t], D_t @ kc[t]), atol=1e-14, name="DPLR")
-    product = M_t @ product
+for t in range(chunk_size):  # notebook 01's M_t = (I - beta k k^T) D_t, newest on the left
+    decayed = np.exp(gc[t])[:, None] * product
+    product = decayed - bc[t] * np.outer(kc[t], kc[t] @ decayed)
 assert_close(M, product, name="M = M_C ... M_1")
 print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
@@ -357,33 +379,13 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
       f"{max(errors[:2]):.1e}, to kda_chunked {max(errors[2:]):.1e}")
 
 # %% [markdown]
-# **Chaining by maps.** Step 4's maps compose associatively, $S \mapsto M_{[2]} M_{[1]} S +
-# (M_{[2]} E_{[1]} + E_{[2]})$, so `lax.associative_scan` finds every entering state in at most
-# $2 \lceil \log_2 N \rceil - 1$ rounds ($N = T / C$; exactly that for $N$ a power of two), at the
-# price of $d_k \times d_k$ products (notebook 05 composes them across devices). Checked; rounds
-# counted, drawn (schedule: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)):
-
-# %%
-with jax.enable_x64(True):
-    entering, final = chain_states(*map(jnp.asarray, (maps.transition, maps.state_ext, S_in)))
-    o_maps = jnp.einsum("bhnck,bhnkv->bhncv", maps.q_eff, entering) + maps.o_intra
-assert_close(final, s_ref, name="associative scan: final state")
-assert_close(np.moveaxis(np.asarray(o_maps), 1, 3).reshape(o_ref.shape), o_ref, name="outputs")
-for n in sorted({num_chunks, 12, 16, 64} - {1}):
-    rounds, j = costs.associative_scan_rounds(n), int(np.ceil(np.log2(n)))
-    got, bound = (len(rounds), sum(rounds)), (2 * j - 1, 2 * n - 2 - j)  # met at N = 2^j
-    assert got == bound if n == 2**j else got[0] <= bound[0] and got[1] <= bound[1], (n, rounds)
-    print(f"N = {n:2d} maps: {len(rounds)} rounds, {sum(rounds)} compositions (a loop: {n - 1})")
-viz.show(viz.scan_rounds(max(num_chunks, 16)), "03_scan_rounds")  # drawn for 16 maps or more
-
-# %% [markdown]
 # ## 5. Measured time on this machine
 #
 # The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms (at `kda_lib.kda`'s default
-# $C = 64$, not this page's `chunk_size`), causal softmax attention: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked (reruns on a shared CPU moved them 10x). This page
-# shows the $T / C$ sequential steps and the flops (Eq. 13, the table: all matrix products), not
-# their speed on matrix units: a CPU has none, and the chunked form is often slower here (notes).
+# $C = 64$), causal softmax attention: batch 1, medians of `timing_repeats` calls, not asserted or
+# ranked (reruns on a shared CPU moved them 10x); points only below three lengths (two carry no
+# slope). The page shows the $T / C$ sequential steps and the flops, not their speed on matrix
+# units: a CPU has none, and the chunked form is often slower here (notes).
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -403,13 +405,12 @@ for mode in modes:
 #   five float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the
 #   affine map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top
 #   \tilde K$ (WY form). The forward pass is one short function, equal to `kda_recurrent` and
-#   `kda_chunked` in float64; the maps also chain by `lax.associative_scan`.
+#   `kda_chunked` in float64; the maps also chain by `lax.associative_scan` (notes, notebook 05).
 #
 # ## Exercises
 #
-# Each exercise cell leaves `answer = None` for you; `check` says whether your answer is right
-# without showing it: it judges the values your function returns on chunks drawn afresh at each
-# call (float32 or float64, NumPy or `jnp`; no `kda_lib` code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
+# `check` judges the values your function returns on chunks drawn afresh at each call (float32
+# or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
 # 1. **Backward through a chunk.** The part of the state's gradient that comes from $\mathrm dS_C$
 #    (without the chunk's own reads) runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm
@@ -420,21 +421,20 @@ for mode in modes:
 #    ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$
 #    `rhs`, $L'$ strictly triangular. Derive: upper or lower, which decays, which right-hand side?
 #    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row
-#    scaled or combined) and `rhs` $[C, d_k]$. Some checked chunks are longer than $d_k$, some have
-#    forget bursts ($g = -1024$ in some channels: $e^{-\boldsymbol\gamma_t}$ overflows in float64).
+#    scaled or combined) and `rhs` $[C, d_k]$. Some checked chunks are longer than $d_k$, some
+#    have forget bursts ($g = -12 \cdot 2^{10}$ in some channels: $e^{-\boldsymbol\gamma_t}$
+#    overflows in float32, float64 and x86's 80-bit long double).
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
 check("03.1", answer)
 
 # %% [markdown]
-# 2. **Two chunks as one.** Given two consecutive chunks' factors, not their tokens (the first's
-#    $\tilde K_{[1]}$, $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$ and log decay across it
-#    $\boldsymbol\gamma_C^{[1]}$ $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its
-#    own start), derive the $\tilde K$, $\tilde V$ of the two as one chunk ($\Delta = \tilde V -
-#    \tilde K S_{\text{in}}$ for any $S_{\text{in}}$ entering the first): `merge_chunks(K_tilde1,
-#    V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`. Compared with step 3
-#    on the whole.
+# 2. **Two chunks as one.** From two consecutive chunks' factors (the first's $\tilde K_{[1]}$,
+#    $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$, log decay across it $\boldsymbol\gamma_C^{[1]}$
+#    $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its own start), derive the two
+#    as one chunk's $\tilde K$, $\tilde V$: `merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1,
+#    K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
 
 # %%
 answer = None  # a function merge_chunks(...) -> (K_tilde, V_tilde), arguments as above

@@ -340,10 +340,11 @@ viz.show(fig, "04_ablation_state_norm")
 # %% [markdown]
 # **The short convolution lets one write bind two tokens.** Associative recall needs the layer
 # to store "value of token $t$ under the key of token $t - 1$" in a single write. The write at
-# token $t$ uses $\mathbf k_t$ and $\mathbf v_t$; without the convolution both depend on
-# $\mathbf x_t$ alone, so one layer cannot store that pair (it needs a second layer to move
-# $\mathbf x_{t-1}$ forward first). With it, $\mathbf k_t$ sees $\mathbf x_{t-w+1}, \dots,
-# \mathbf x_t$: the Jacobian of $\mathbf k_t$ with respect to every input token shows it.
+# token $t$ pairs $\mathbf k_t$ with $\mathbf v_t$; without the convolution both depend on
+# $\mathbf x_t$ alone (shown below): the pair a write stores comes from one token. That one such
+# layer then fails at associative recall is cited, not run here (Zoology, Arora et al.; attention
+# needs a previous-token head in an earlier layer, notebook 08 section 5). With it, $\mathbf k_t$
+# sees $\mathbf x_{t-w+1}, \dots, \mathbf x_t$: the Jacobian of $\mathbf k_t$ shows it.
 
 # %%
 t_probe = seq_len // 2
@@ -412,13 +413,12 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #
 # ## Exercises
 #
-# Both ask for a part of the layer this page does not compute; the checkers call your function
-# on inputs of their own and refuse any that runs `kda_lib`'s, tokamax's or fla's code.
-#
-# 1. **The convolution, one token at a time.** A decoder gets one input $\boldsymbol\xi_t$ per
-#    step. What must it keep of the inputs before, in which order? Write `conv_step(cache, x_t,
-#    kernel) -> (new_cache, y_t)`: `cache [B, w - 1, C]` the inputs before $t$, oldest first,
-#    `x_t [B, C]`, `kernel [w, C]` as in section 1 (no SiLU).
+# Both ask for a part of the layer this page does not compute (NumPy or `jnp`, no `kda_lib`).
+# 1. **The convolution, one token at a time, from a ring buffer.** A decoder gets one input
+#    $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in a ring: slot `(start + i) %
+#    (w - 1)` of `ring [B, w - 1, C]` holds the $i$-th oldest; a step writes one slot and moves
+#    `start`, no row moves. Write `conv_step(ring, start, x_t, kernel) -> (ring, start, y_t)`,
+#    `x_t [B, C]`, `kernel [w, C]` as in section 1 (no SiLU), $w \ge 2$.
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dy * y).sum()`,
 #    $\mathbf y = \mathbf o \odot \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
 #    \epsilon}$, with respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy [N, V]`,
@@ -428,7 +428,7 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
 # %%
-answer = None  # exercise 1: conv_step(cache, x_t, kernel) -> (new_cache, y_t)
+answer = None  # exercise 1: conv_step(ring, start, x_t, kernel) -> (ring, start, y_t)
 exercises.check("04.1", answer)
 
 # %%

@@ -1,7 +1,7 @@
 """Notebook 02's figures of the forget gate, and its gate explorer.
 
-* :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the figures of sections 2 and 3
-  (half-lives at initialisation, retention over a sequence).
+* :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the half-lives at initialisation
+  (section 3's figure) and the retention over a sequence (the notes' figure).
 * The explorer: :func:`view` recomputes one head's cumulative decay, mixing matrix and state
   norm for one shared ``A_log``, ``dt_bias``, floor and beta (the raw gate input still varies
   by channel and token); :func:`explore` draws it at the defaults and, with

@@ -56,7 +56,8 @@ def by_seed(runs: dict, score: Callable[[dict], float], models) -> dict:
 
 def position_gap(runs: dict, model: str, other: str, positions: slice) -> float:
     """Mean over seeds of ``model``'s test bits per byte at the window ``positions`` (0-based:
-    ``slice(0, 1)`` is the first byte, predicted with no context) minus ``other``'s."""
+    ``slice(0, 1)`` is the first target, the window's second byte, predicted from one byte of
+    context: ``bits_by_position`` scores targets 1..T) minus ``other``'s."""
     bits = {m: np.array([r["test"]["bits_by_position"] for r in runs[m]]) for m in (model, other)}
     return float(bits[model][:, positions].mean() - bits[other][:, positions].mean())
 

@@ -203,16 +203,18 @@ def time_vs_length(
 
 
 def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
-    for name, (ts, ms) in series.items():
-        ax.loglog(ts, ms, "o-", color=colours[name], label=name, markersize=4)
     every_t = sorted({t for ts, _ in series.values() for t in ts})
-    if every_t:
+    few = len(every_t) < 3  # two lengths carry no slope: points only, no guides to read it by
+    for name, (ts, ms) in series.items():
+        ax.loglog(ts, ms, "o" if few else "o-", color=colours[name], label=name, markersize=4)
+    if every_t and not few:
         t_ref = np.array([every_t[0], every_t[-1]], float)
         base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
         ax.loglog(t_ref, base * t_ref / t_ref[0], color="0.6", lw=1, label="slope 1: O(T)")
         ax.loglog(
             t_ref, base * (t_ref / t_ref[0]) ** 2, color="0.6", lw=1, ls=":", label="slope 2: O(T²)"
         )
+    if every_t:
         ax.set_xticks(every_t, [str(t) for t in every_t])
         ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")

@@ -5,28 +5,31 @@ from __future__ import annotations
 import numpy as np
 
 
-def conv_step(cache, x_t, kernel):
+def conv_step(ring, start, x_t, kernel):
     """1: section 1's tap formula at the newest token ``t`` needs ``xi_{t-w+1} .. xi_t``: the
-    ``w - 1`` inputs before ``t`` (the cache, oldest first) and ``x_t``. Stack them as a window
-    ``[B, w, C]``; row ``j`` of the window is ``xi_{t-(w-1)+j}``, so ``y_t = sum_j kappa_j
-    window_j``. The next step needs the last ``w - 1`` rows of the window: drop the oldest.
-    Per step ``w C`` multiplications and a cache of ``(w - 1) C`` numbers, whatever ``t``."""
-    window = np.concatenate([np.asarray(cache), np.asarray(x_t)[:, None]], axis=1)
+    ``w - 1`` inputs before ``t`` and ``x_t``. In the ring they sit oldest first from slot
+    ``start`` on, so the window is the ring rolled left by ``start`` (``np.roll(ring, -start,
+    1)``), then ``x_t``; ``y_t = sum_j kappa_j window_j``. The next step no longer needs the
+    oldest input: ``x_t`` takes its slot and the oldest is now the one after it, ``start + 1``
+    (mod ``w - 1``). No row moves: one slot written per step, ``C`` numbers, where shifting the
+    cache moves all ``(w - 1) C``."""
+    ring = np.array(ring)
+    window = np.concatenate([np.roll(ring, -start, axis=1), np.asarray(x_t)[:, None]], axis=1)
     y_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
-    return window[:, 1:], y_t
+    ring[:, start] = x_t
+    return ring, (start + 1) % ring.shape[1], y_t
 
 
-def conv_step_ring(cache, x_t, kernel):
+def conv_step_taps(ring, start, x_t, kernel):
     """1, written differently: jnp, the taps one by one (``kernel[w - 1]`` on ``x_t``, then
-    ``kernel[w - 1 - i]`` on the input ``i`` tokens back, ``cache[:, -i]``), and the cache
-    rolled left with ``x_t`` written into its last row."""
+    ``kernel[w - 1 - i]`` on the input ``i`` tokens back, the slot ``(start - i) % (w - 1)``)."""
     import jax.numpy as jnp
 
     width = kernel.shape[0]
     y_t = kernel[width - 1] * x_t
     for i in range(1, width):
-        y_t = y_t + kernel[width - 1 - i] * cache[:, -i]
-    return jnp.roll(cache, -1, axis=1).at[:, -1].set(x_t), y_t
+        y_t = y_t + kernel[width - 1 - i] * ring[:, (start - i) % (width - 1)]
+    return jnp.asarray(ring).at[:, start].set(x_t), (start + 1) % (width - 1), y_t
 
 
 def rmsnorm_backward(o, eta, dy, eps):
@@ -53,22 +56,23 @@ def rmsnorm_backward_jnp(o, eta, dy, eps):
 
 
 def cases():
-    def conv_newest_last(cache, x_t, kernel):  # kernel read backwards: row 0 on x_t
-        return conv_step(cache, x_t, np.asarray(kernel)[::-1])
+    def conv_shifted(ring, start, x_t, kernel):  # y_t right, the ring shifted like a cache
+        window = np.concatenate([np.roll(ring, -start, 1), np.asarray(x_t)[:, None]], axis=1)
+        return window[:, 1:], 0, np.einsum("bwc,wc->bc", window, np.asarray(kernel))
 
     def rms_constant(o, eta, dy, eps):  # r treated as a constant
         return np.asarray(eta) * dy / np.sqrt(np.mean(np.square(o), -1, keepdims=True) + eps)
 
-    def cache_not_shifted(cache, x_t, kernel):  # y_t right, the cache kept as it was plus x_t
-        new, y_t = conv_step(cache, x_t, kernel)
-        return np.concatenate([np.asarray(cache)[:, :-1], np.asarray(x_t)[:, None]], 1), y_t
+    def ring_as_oldest_first(ring, start, x_t, kernel):  # slot 0 read as the oldest
+        return conv_step(ring, 0, x_t, kernel)[0], (start + 1) % ring.shape[1], conv_step(
+            ring, 0, x_t, kernel)[2]
 
     def eps_outside(o, eta, dy, eps):  # r = sqrt(mean(o^2)) + eps
         return rmsnorm_backward(o, eta, dy, 0.0)
 
     return [
-        ("04.1", conv_step, {}, conv_newest_last),
-        ("04.1", conv_step_ring, {}, cache_not_shifted),
+        ("04.1", conv_step, {}, conv_shifted),
+        ("04.1", conv_step_taps, {}, ring_as_oldest_first),
         ("04.2", rmsnorm_backward, {}, rms_constant),
         ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
     ]

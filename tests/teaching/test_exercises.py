@@ -8,12 +8,8 @@ A solutions module defines ``cases()``: a list of ``(exercise_id, answer, contex
 from __future__ import annotations
 
 import functools
-import gc
 import importlib.util
-import inspect
 import pathlib
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -32,7 +28,6 @@ def _load(path: pathlib.Path):
 
 
 MODULES = sorted(SOLUTIONS.glob("ch[0-9][0-9].py"))
-NO_REFERENCE = ("ch02",)  # chapters whose checkers keep no reference function of a solution's arity
 
 
 @functools.cache
@@ -50,50 +45,8 @@ def test_solutions_pass_and_wrong_answers_fail(path):
     for exercise_id, answer, context, wrong in cases:
         assert exercise_id.startswith(path.stem[2:] + "."), (path.name, exercise_id)
         assert exercises.verdict(exercise_id, answer, **context) is None, exercise_id
-        if getattr(wrong, "__name__", "") in _SLOW_WRONG:
-            assert refused_by_time(exercise_id, wrong, **context), exercise_id
-            continue
         hint = exercises.verdict(exercise_id, wrong, **context)
         assert isinstance(hint, str) and hint, f"{exercise_id}: a wrong answer passed"
-
-
-# wrong answers that only the time limit refuses (simulations of 10^9 writes)
-_SLOW_WRONG = ("exercise_1_loop", "exercise_2_simulated")
-
-
-def _required(fn) -> int:
-    return sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-               for p in inspect.signature(fn).parameters.values())
-
-
-def _recreated(fn):
-    """``fn`` re-created from its source (``exec(inspect.getsource(fn))``) in its module's
-    globals: a copy the library hooks do not see (its file is ``<string>``)."""
-    namespace = dict(vars(sys.modules[fn.__module__]))
-    exec(textwrap.dedent(inspect.getsource(fn)), namespace)  # noqa: S102 - the attack itself
-    return namespace[fn.__name__]
-
-
-@pytest.mark.xdist_group("solutions")
-@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
-def test_answers_recreated_from_a_checkers_reference_are_refused(path):
-    """Every function of the chapter's checker module (undecorated), re-created from its source,
-    is refused as the answer of every exercise whose solution takes as many arguments (review
-    r08: the references of 08.2, 08.3, 09.1-09.3 passed); the solution itself passes."""
-    module = sys.modules[exercises._checker_for(f"{path.stem[2:]}.1").__module__]
-    refs = [f for f in vars(module).values() if inspect.isfunction(f)
-            and f.__module__ == module.__name__ and not inspect.getsource(f).startswith("@")]
-    tried, passed = 0, []
-    for exercise_id, answer, context, _ in _cases(path):
-        if not inspect.isfunction(answer):
-            continue
-        for ref in (f for f in refs if _required(f) == _required(answer)):
-            hint = exercises.verdict(exercise_id, _recreated(ref), **context)
-            if not (hint or "").startswith(exercises.COPY_HINT):
-                passed.append((exercise_id, ref.__name__, hint))
-            tried += 1
-    assert not passed, f"not refused as copies (a reference needs a docstring): {passed}"
-    assert tried or path.stem in NO_REFERENCE, f"{path.stem}: no reference function tried"
 
 
 @pytest.mark.xdist_group("solutions")
@@ -197,19 +150,18 @@ def test_every_checker_refuses_nan_inf_zeros_echo_shape_and_dtype(path):
             assert isinstance(hint, str) and hint, f"{exercise_id} accepted a {name} answer"
 
 
-def _shortcut_00_1_kda_step():
-    import jax
+def _shortcut_00_1_rebuilt_state():
     import jax.numpy as jnp
 
     import kda_lib
 
-    step = jax.jit(kda_lib.kda_step)  # as notebook 00 holds it
+    def output_after_one(read, q, k, v, g, beta):  # the state read back row by row, then the
+        state = jnp.stack([read(e) for e in np.eye(len(q))])  # page's kda_step (d_k reads)
+        new, o = kda_lib.kda_step(state[None, None], *(jnp.asarray(x)[None, None] for x in (
+            q, k, v, g)), jnp.asarray(beta)[None, None])
+        return o[0, 0]
 
-    def step_write_first(state, q, k, v, g, beta):  # right, through the page's step
-        new, o = step(state, q * jnp.exp(g), k, v, jnp.zeros_like(g), beta)
-        return jnp.exp(g)[..., None] * new, o
-
-    return "00.1", step_write_first, {}
+    return "00.1", output_after_one, {}
 
 
 def _shortcut_00_1_the_library_function_itself():
@@ -218,17 +170,11 @@ def _shortcut_00_1_the_library_function_itself():
     return "00.1", kda_lib.kda_step, {}
 
 
-def _shortcut_00_2_swapaxes_around_the_library_step():
-    import jax.numpy as jnp
+def _shortcut_00_2_one_read_per_token():
+    def output_after(read, q, k, v, g, beta):  # each token's read of the query: T reads
+        return sum(read(np.asarray(q)) * b for b in beta) / np.sqrt(len(q))
 
-    import kda_lib
-
-    def step_value_decay(state, q, k, v, g, beta):  # right: S D_v first, then the undecayed step
-        decayed = state * jnp.exp(g)[..., None, :]
-        return kda_lib.kda_step(jnp.swapaxes(jnp.swapaxes(decayed, -1, -2), -1, -2), q, k, v,
-                                jnp.zeros_like(k), beta)
-
-    return "00.2", step_value_decay, {}
+    return "00.2", output_after, {}
 
 
 def _shortcut_03_1_transition_product():
@@ -263,9 +209,11 @@ def _shortcut_04_1_library_conv():
 
     from kda_lib.layers.conv import depthwise_causal_conv
 
-    def conv_step(cache, x_t, kernel):  # right: the library's conv over the window
-        window = jnp.concatenate([cache, x_t[:, None]], axis=1)
-        return window[:, 1:], depthwise_causal_conv(window, kernel)[:, -1]
+    def conv_step(ring, start, x_t, kernel):  # right: the library's conv over the window
+        window = jnp.concatenate([jnp.roll(ring, -start, axis=1), x_t[:, None]], axis=1)
+        ring = np.array(ring)
+        ring[:, start] = x_t
+        return ring, (start + 1) % ring.shape[1], depthwise_causal_conv(window, kernel)[:, -1]
 
     return "04.1", conv_step, {}
 
@@ -345,12 +293,14 @@ def test_05_the_checkers_references_equal_jax_grad_of_the_forward_fold():
     assert not np.any(want_des[-1]) and np.all(np.any(want_des[:-1], axis=(1, 2)))
 
 
-def _shortcut_01_1_matrix_power():
-    def fraction(beta, alpha, writes):  # the affine step as a 2 x 2 matrix, squared log2 n times
-        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
-        return np.linalg.matrix_power(step, writes)[0, 1]
+def _shortcut_01_1_simulated_limit():
+    def write_map(beta, alpha):  # the page's writes run 10^4 times; r from the last two gaps
+        f = [0.0]
+        for _ in range(10_000):
+            f.append(alpha * f[-1] + beta * (1 - alpha * f[-1]))
+        return (f[-1] - f[-2]) / (f[-2] - f[-3]) if f[-2] != f[-3] else 0.0, f[-1]
 
-    return "01.1", fraction, {}
+    return "01.1", write_map, {}
 
 
 def _shortcut_07_2_matrix_inverse():
@@ -363,28 +313,17 @@ def _shortcut_07_2_matrix_inverse():
     return "07.2", roll_back, {}
 
 
-def test_01_a_float32_closed_form_gets_a_float64_hint():
-    """Beta = 1e-9 (c = 1 - 1e-9) is below float32's resolution: a right closed form computed
-    in jnp or NumPy float32 is wrong there, and the hint says why (not "NaN or inf")."""
+def test_01_a_float32_limit_gets_a_float64_hint():
+    """Beta = 1e-9 is below float32's resolution: f_inf = beta / (1 - r) in float32 is inf there,
+    and the hint says why (not only "NaN or inf")."""
     import jax.numpy as jnp
 
-    def fraction_jnp(beta, alpha, writes):
+    def write_map_jnp(beta, alpha):
         r = jnp.float32(alpha) * (1 - jnp.float32(beta))
-        return beta * (1 - r**writes) / (1 - r)
+        return r, jnp.float32(beta) / (1 - r)
 
-    def fraction_f32(beta, alpha, writes):
-        r = np.float32(alpha) * (1 - np.float32(beta))
-        with np.errstate(all="ignore"):
-            return np.float32(beta) * (1 - r**writes) / (1 - r)
-
-    def error_jnp(c, v1, v2, sweeps):
-        c = jnp.float32(c)
-        return c ** (2 * sweeps - 1) * (jnp.asarray(v2, jnp.float32) - c * jnp.asarray(v1))
-
-    for exercise_id, answer in (("01.1", fraction_jnp), ("01.1", fraction_f32),
-                                ("01.2", error_jnp)):
-        hint = exercises.verdict(exercise_id, answer)
-        assert hint and "float64" in hint and "float32" in hint, (exercise_id, hint)
+    hint = exercises.verdict("01.1", write_map_jnp)
+    assert hint and "float64" in hint and "float32" in hint, hint
 
 
 def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilations ignored
@@ -392,9 +331,9 @@ def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilatio
 
 
 SHORTCUTS = [
-    _shortcut_00_1_kda_step,
+    _shortcut_00_1_rebuilt_state,
     _shortcut_00_1_the_library_function_itself,
-    _shortcut_00_2_swapaxes_around_the_library_step,
+    _shortcut_00_2_one_read_per_token,
     _shortcut_03_1_transition_product,
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
@@ -403,7 +342,7 @@ SHORTCUTS = [
     _shortcut_04_2_finite_differences,
     _shortcut_05_1_jax_grad,
     _shortcut_05_2_jax_vjp_jitted,
-    _shortcut_01_1_matrix_power,
+    _shortcut_01_1_simulated_limit,
     _shortcut_07_2_matrix_inverse,
     _shortcut_06_2_printed_positions,
 ]
@@ -449,48 +388,3 @@ def test_the_checkers_own_functions_are_refused(path):
                 if not (isinstance(hint, str) and hint):
                     accepted.append((exercise_id, fn.__name__))
     assert not accepted, f"a checker's own function passed: {accepted}"
-
-
-# ------------------------------------------------- answers that read the checker's frames
-def _stack_readers(right) -> list:
-    """``right`` after reading the locals of every frame above it, four ways: the checker's
-    frames hold its trials (07.2's expected states, before the fix), so every read is refused."""
-
-    def by_getframe(*args):
-        frame = sys._getframe(1)
-        while frame is not None:
-            frame.f_locals  # noqa: B018 - what an answer would search
-            frame = frame.f_back
-        return right(*args)
-
-    def by_traceback(*args):
-        try:
-            raise ValueError
-        except ValueError as error:
-            error.__traceback__.tb_frame.f_back.f_locals  # noqa: B018
-        return right(*args)
-
-    def by_inspect(*args):
-        [info.frame.f_locals for info in inspect.stack(0)]
-        return right(*args)
-
-    def by_gc(*args):
-        gc.get_referrers(args[0])
-        return right(*args)
-
-    return [by_getframe, by_traceback, by_inspect, by_gc]
-
-
-@pytest.mark.xdist_group("solutions")
-def test_answers_reading_the_call_stack_are_refused_in_every_exercise():
-    tried = 0
-    for path in MODULES:
-        for exercise_id, answer, context, _ in _cases(path):
-            if not callable(answer):
-                continue
-            readers = _stack_readers(answer)
-            for reader in readers if exercise_id == "07.2" else readers[tried % 4:][:1]:
-                hint = exercises.verdict(exercise_id, reader, **context)
-                assert isinstance(hint, str) and "call stack" in hint, (exercise_id, hint)
-            tried += 1
-    assert tried >= 20

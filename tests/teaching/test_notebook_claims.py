@@ -251,6 +251,39 @@ def test_01_more_pairs_than_key_channels_leave_a_residual():
     assert np.allclose(keys[:K] @ np.linalg.lstsq(keys[:K], values[:K], rcond=None)[0], values[:K])
 
 
+def _01_losing_shares(key_dim: int, draws: int = 400, group: int = 8) -> tuple[float, float]:
+    """Notebook 01 section 6's experiment at ``key_dim`` (d_v = d_k, 2 d_k pairs, beta = 1):
+    the share of single draws, and of means over ``group`` draws, where the delta rule's mean
+    error is at least linear attention's at some n in 2..d_k (seed 0, float64)."""
+    from kda_lib.teaching import recall
+
+    rng, n = np.random.default_rng(0), 2 * key_dim
+    stored = np.tril(np.ones((n, n)))
+    curves = []
+    for _ in range(draws):
+        k = rng.standard_normal((n, key_dim))
+        k /= np.linalg.norm(k, axis=1, keepdims=True)
+        v = rng.standard_normal((n, key_dim)) / np.sqrt(key_dim)
+        delta, S = [], np.zeros((key_dim, key_dim))
+        for k_t, v_t in zip(k, v, strict=True):
+            S = S + np.outer(k_t, v_t - k_t @ S)
+            delta.append(S)
+        curves.append([(recall.recall_errors(states, k, v) * stored).sum(1) / stored.sum(1)
+                       for states in (np.cumsum(np.einsum("tk,tv->tkv", k, v), 0),
+                                      np.array(delta))])
+    lin, dlt = np.array(curves)[:, 0, 1:key_dim], np.array(curves)[:, 1, 1:key_dim]
+    means = [x.reshape(draws // group, group, -1).mean(1) for x in (lin, dlt)]
+    return float(np.mean((dlt >= lin).any(1))), float(np.mean((means[1] >= means[0]).any(1)))
+
+
+def test_01_single_seeds_lose_at_every_key_dim_and_8_seed_means_up_to_16():
+    """Notebook 01 section 6 and the notes: single draws lose at d_k = 4, 8, 16 and 32; means of
+    8 draws lose at 4, 8 and 16, never at 32 (400 draws each, the notes' numbers)."""
+    shares = {d: _01_losing_shares(d) for d in (4, 8, 16, 32)}
+    rounded = {d: (round(a, 3), round(b, 2)) for d, (a, b) in shares.items()}
+    assert rounded == {4: (0.395, 0.06), 8: (0.333, 0.02), 16: (0.11, 0.02), 32: (0.005, 0.0)}
+
+
 def test_01_two_timescales_per_channel_decay_beats_the_best_scalar_decay_for_every_seed():
     """Notebook 01's two time scales (now in the notes; kda_lib/teaching/recall.py), at small
     sizes, seeds 0..4."""

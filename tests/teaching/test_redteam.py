@@ -1,13 +1,15 @@
 """A red team for every checker of notebooks 00-05 (issue 54, item 4): each exercise is attacked
 mechanically, and the test fails if any attack is accepted.
 
-Attacks: answers that are NaN, inf, zeros, a constant, of the wrong shape or dtype (as values,
-and as functions whose outputs are so made); every function of ``kda_lib`` (public and private,
-module level) whose signature takes the exercise's arguments, and ``functools.partial``,
-``jax.jit`` and lambda wrappers of each; the other exercises' worked solutions; answers that
-break the exercise's stated rule. Every value and function the notebook defines before its
-exercise cells is fed to them in the notebook's own kernel while test_notebooks executes it
-(tests/teaching/namespace_attack.py, run by run_nbval.py). Correct answers written differently
+Attacks, the shortcuts an honest student may take (deliberate tampering is out of the checkers'
+scope, ``kda_lib/teaching/exercises/__init__.py``): answers that are NaN, inf, zeros, a
+constant, of the wrong shape or dtype (as values, and as functions whose outputs are so made);
+every function of ``kda_lib`` (public and private, module level) whose signature takes the
+exercise's arguments, and ``functools.partial``, ``jax.jit`` and lambda wrappers of each; the
+other exercises' worked solutions; answers that break the exercise's stated rule. Every value
+and function the notebook defines before its exercise cells is fed to them in the notebook's
+own kernel while test_notebooks executes it (tests/teaching/namespace_attack.py, run by
+run_nbval.py). Correct answers written differently
 (the worked solution and at least one other form from ``notebooks/solutions/chNN.py``: float32
 ``jnp``, NumPy, a loop) must be there; tests/teaching/test_exercises.py runs each through its
 checker.
@@ -19,7 +21,6 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import itertools
 import pathlib
 import pkgutil
 import time
@@ -36,13 +37,13 @@ SOLUTIONS = ROOT / "notebooks" / "solutions"
 EXERCISES = {
     "00.1": ("00_quickstart", 6),
     "00.2": ("00_quickstart", 6),
-    "01.1": ("01_delta_rule", 3),
-    "01.2": ("01_delta_rule", 4),
-    "02.1": ("02_gating_and_decay", 4),
-    "02.2": ("02_gating_and_decay", 4),
+    "01.1": ("01_delta_rule", 2),
+    "01.2": ("01_delta_rule", 3),
+    "02.1": ("02_gating_and_decay", 3),
+    "02.2": ("02_gating_and_decay", 1),
     "03.1": ("03_chunkwise_algorithm", 3),
     "03.2": ("03_chunkwise_algorithm", 6),
-    "04.1": ("04_kda_layer", 3),
+    "04.1": ("04_kda_layer", 4),
     "04.2": ("04_kda_layer", 4),
     "05.1": ("05_context_parallel", 2),
     "05.2": ("05_context_parallel", 3),
@@ -233,65 +234,20 @@ def fold_loss(ms, es, hs, nudges=None, xp=np):
     return total
 
 
-# ------------------------------------------------------------------ routes through other threads
-def _in_threads(fn, warm):
-    """``fn`` run in a new thread pool, in a plain thread, and in a pool started before the call
-    (its worker already running): the library guard must see all three."""
-    import concurrent.futures
-    import threading
-
-    def plain_thread(*args):
-        out = []
-        worker = threading.Thread(target=lambda: out.append(fn(*args)))
-        worker.start()
-        worker.join()
-        return out[0]
-
-    return [
-        ("new pool", lambda *a: concurrent.futures.ThreadPoolExecutor(1).submit(fn, *a).result()),
-        ("plain thread", plain_thread),
-        ("warm pool", lambda *a: warm.submit(fn, *a).result()),
-        *_hooks_dodged(fn),
-    ]
-
-
-def _hooks_dodged(fn):
-    """``fn`` in a thread started by ``_thread``, and after the profile hook is turned off
-    (through ``sys.setprofile`` and through a ``setprofile`` bound before the call): the second
-    teacher review's routes past the guard."""
-    import _thread
-    import sys
-    import threading
-    from sys import setprofile as bound_setprofile
-
-    def raw_thread(*args):
-        out, done = [], threading.Event()
-        _thread.start_new_thread(lambda: (out.append(fn(*args)), done.set()), ())
-        done.wait(10)
-        return out[0]
-
-    def profile_off(*args):
-        sys.setprofile(None)
-        return fn(*args)
-
-    def bound_profile_off(*args):
-        bound_setprofile(None)
-        return fn(*args)
-
-    return [("_thread", raw_thread), ("sys.setprofile(None)", profile_off),
-            ("setprofile bound before", bound_profile_off)]
-
-
-def _write_first_by(step):
-    """00.1's step (write, then decay) through a step of section 1's form (decay, then write):
-    ``step`` with no decay and ``q`` decayed, the state decayed after: right, if allowed."""
+# ------------------------------------------------------------------ tokamax's KDA code
+def _one_read_by(step):
+    """00.1 right through a library step: the write term from ``step`` on a zero state, the rest
+    from one read (the step's own output on the state it cannot see)."""
     import jax.numpy as jnp
 
-    def write_first(state, q, k, v, g, beta):
-        new, o = step(state, q * jnp.exp(g), k, v, jnp.zeros_like(g), beta)
-        return jnp.exp(g)[..., None] * new, o
+    def output_after_one(read, q, k, v, g, beta):
+        zeros = jnp.zeros((1, 1, len(q), len(v)))
+        _, o = step(zeros, *(jnp.asarray(x)[None, None] for x in (q, k, v, g)),
+                    jnp.asarray([[beta]]))
+        x = np.exp(g) * (q - beta * (k @ q) * k)
+        return np.asarray(o[0, 0]) + read(x) / np.sqrt(len(q))
 
-    return write_first
+    return output_after_one
 
 
 def _tokamax_step(state, q, k, v, g, beta):
@@ -308,26 +264,18 @@ def _tokamax_step(state, q, k, v, g, beta):
     return new[:, 0], jnp.swapaxes(o[:, :, 0], 0, 1)
 
 
-def test_tokamax_routes_are_refused_and_right_without_the_guard(monkeypatch):
-    """The guard refuses tokamax's (and fla's) KDA code as it does kda_lib's: 00.1 through
-    tokamax's reference is refused, and accepted with the guard told to let tokamax through."""
+def test_library_and_tokamax_routes_are_refused_and_right_without_the_guard(monkeypatch):
+    """The guard refuses kda_lib's and tokamax's KDA code alike: 00.1 through either step (the
+    write term from a zero state) is refused, and tokamax's is accepted with the guard told to
+    let tokamax through (the attack is right: only the guard refuses it)."""
+    from kda_lib.ops import reference
+
+    assert _refused("00.1", _one_read_by(reference.kda_step))
     pytest.importorskip("tokamax")
-    answer = _write_first_by(_tokamax_step)
+    answer = _one_read_by(_tokamax_step)
     assert _refused("00.1", answer)
     monkeypatch.setattr(exercises, "OTHER_KDA", ())
     assert not _refused("00.1", answer), "the attack is right: only the guard refuses it"
-
-
-def test_library_routes_in_other_threads_are_refused():
-    import concurrent.futures
-
-    from kda_lib.ops import reference
-
-    with concurrent.futures.ThreadPoolExecutor(1) as warm:
-        warm.submit(int).result()  # its worker thread runs before the checker's call
-        accepted = [how for how, attack in _in_threads(_write_first_by(reference.kda_step), warm)
-                    if not _refused("00.1", attack)]
-    assert not accepted, f"00.1 accepted kda_step run in: {accepted}"
 
 
 def _factored_backward(exp):
@@ -347,7 +295,8 @@ def _factored_backward(exp):
 def test_positive_exponents_give_wrong_values_whatever_the_route():
     """03.1 is judged by values alone: an exponent above 0, formed by ``np.exp``, the ``**``
     operator, a ``umath.exp`` or ``exp`` bound before the call, ``np.vectorize`` of
-    ``math.exp`` or capped (at 5, at 700), overflows or is far off after a forget burst."""
+    ``math.exp``, in x86's 80-bit long double (up to e^11356), or capped (at 5, at 700),
+    overflows or is far off after a forget burst (-12288)."""
     import math
 
     from numpy import exp as bound_exp
@@ -362,6 +311,7 @@ def test_positive_exponents_give_wrong_values_whatever_the_route():
         "np.exp capped at 5": lambda x: np.exp(np.minimum(x, 5.0)),
         "np.vectorize(math.exp(min(d, 5)))": capped,
         "2 ** (x / ln 2) capped": lambda x: 2.0 ** (np.minimum(x, 1000.0) / np.log(2.0)),
+        "np.exp in long double (review 2026-12-06, #4)": lambda x: np.exp(np.longdouble(x)),
     }
     accepted = [name for name, exp in routes.items()
                 if not _refused("03.1", _factored_backward(exp))]
@@ -402,98 +352,14 @@ def _rule_breakers():
         gs = grads_forward(ms[::-1], hs[::-1])[::-1]
         return np.zeros(ms.shape) + 1.0, gs
 
-    def delta_write(S, k, v, beta):  # notebook 01's cell, copied
-        return S + beta * np.outer(k, v - k @ S)
+    def limit_simulated(beta, alpha):  # 01.1: the page's writes run 10^4 times, r read off
+        f = [0.0]  # the last two gaps: wrong where beta is tiny (the limit is not reached)
+        for _ in range(10_000):
+            f.append(alpha * f[-1] + beta * (1 - alpha * f[-1]))
+        return ((f[-1] - f[-2]) / (f[-2] - f[-3]) if f[-2] != f[-3] else 0.0), f[-1]
 
-    # 01.1 with the page's delta_write, in a loop that swallows every Exception
-    def fraction_simulated(beta, alpha, writes):
-        k, v, S = np.eye(4)[0], np.ones(3), np.zeros((4, 3))
-        for _ in range(writes):
-            try:
-                S = delta_write(alpha * S, k, v, beta)
-            except Exception:  # noqa: BLE001, S112
-                continue
-        return float(k @ S @ v / (v @ v))
-
-    def sweeps_simulated(c, v1, v2, sweeps):  # 01.2 with the page's sweep
-        keys = np.array([[1.0, 0.0], [c, np.sqrt(1 - c * c)]])
-        S = np.zeros((2, len(v1)))
-        for _ in range(sweeps):
-            for k, v in zip(keys, (v1, v2), strict=True):
-                S = delta_write(S, k, v, 1.0)
-        return keys[0] @ S - v1
-
-    def fraction_matrix_power(beta, alpha, writes):  # 01.1 by repeated squaring (numpy)
-        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
-        return np.linalg.matrix_power(step, writes)[0, 1]
-
-    def fraction_squaring(beta, alpha, writes):  # square-and-multiply on the count's bits
-        f, r, b, n = 0.0, alpha * (1 - beta), beta, writes
-        while n:
-            f, r, b, n = (r * f + b if n & 1 else f), r * r, r * b + b, n >> 1
-        return f
-
-    def fraction_squaring_laundered(beta, alpha, writes):  # the count as a plain int, as bits
-        f, r, b = 0.0, alpha * (1 - beta), beta
-        for bit in reversed(bin(int(writes))[2:]):
-            f = r * f + b if bit == "1" else f
-            r, b = r * r, r * b + b
-        return f
-
-    def fraction_fixed_squarings(beta, alpha, writes):  # 64 squarings whatever the count
-        n, f, r, b = np.int64(int(writes)), 0.0, alpha * (1 - beta), beta
-        for i in range(64):
-            f = r * f + b if (n >> i) & 1 else f
-            r, b = r * r, r * b + b
-        return f
-
-    def fraction_jax_x64(beta, alpha, writes):  # right, in jax: the exercise asks for NumPy
-        with jax.enable_x64(True):
-            r = jnp.float64(alpha) * (1 - beta)
-            return float(beta * (1 - r**writes) / (1 - r))
-
-    def sweeps_matrix_power(mu, v1, v2, sweeps):  # 01.2: err_1 -> mu^2 err_1 squared
-        first = mu * (np.asarray(v2) - mu * np.asarray(v1))
-        return np.linalg.matrix_power(np.array([[mu * mu]]), int(sweeps) - 1)[0, 0] * first
-
-    # review 2026-12-04: 64 squarings over the count unpacked as a uint64, in a lambda
-    def fraction_unpacked_squarings(beta, alpha, writes):  # 01.1, the 2 x 2 affine map
-        bits = np.unpackbits(np.array([int(writes)], ">u8").view(np.uint8))[::-1]
-        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
-        return functools.reduce(lambda a, b: (a[0] @ a[0], a[1] @ a[0] if b else a[1]),
-                                bits, (step, np.eye(2)))[1][0, 1]
-
-    def fraction_clipped_squarings(beta, alpha, writes):  # the same, the count cut to 64 bits
-        return fraction_unpacked_squarings(beta, alpha, min(int(writes), 2**64 - 1))
-
-    def sweeps_unpacked_squarings(mu, v1, v2, sweeps):  # 01.2, mu^2 squared 64 times
-        bits = np.unpackbits(np.array([int(sweeps) - 1], ">u8").view(np.uint8))[::-1]
-        power = functools.reduce(lambda a, b: (a[0] * a[0], a[1] * a[0] if b else a[1]),
-                                 bits, (mu * mu, 1.0))[1]
-        return power * mu * (np.asarray(v2) - mu * np.asarray(v1))
-
-    # teacher re-read 2026-12-04: 128 squarings in C calls (accumulate, compress), and a loop
-    # compiled under numpy's filename (its lines count as library lines): refused at math.inf
-    def fraction_c_squarings(beta, alpha, writes):  # 01.1, the 2 x 2 affine map
-        bits = map("1".__eq__, format(int(writes), "0128b")[::-1])
-        step = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]])
-        powers = itertools.accumulate(itertools.repeat(2, 127), np.linalg.matrix_power,
-                                      initial=step)
-        return functools.reduce(np.matmul, itertools.compress(powers, bits), np.eye(2))[0, 1]
-
-    def sweeps_c_squarings(mu, v1, v2, sweeps):  # 01.2, mu^2 squared in C calls
-        bits = map("1".__eq__, format(int(sweeps) - 1, "0128b")[::-1])
-        powers = itertools.accumulate(itertools.repeat(2, 127), pow, initial=mu * mu)
-        power = functools.reduce(float.__mul__, itertools.compress(powers, bits), 1.0)
-        return power * mu * (np.asarray(v2) - mu * np.asarray(v1))
-
-    as_numpy = {"np": np}
-    exec(compile(  # noqa: S102 - the attack itself
-        "def fraction(beta, alpha, writes):\n"
-        "    step, out = np.array([[alpha * (1 - beta), beta], [0.0, 1.0]]), np.eye(2)\n"
-        "    for bit in format(int(writes), '0128b')[::-1]:\n"
-        "        out, step = (out @ step if bit == '1' else out), step @ step\n"
-        "    return out[0, 1]\n", np.__file__, "exec"), as_numpy)
+    def factor_per_write(mu, v1, v2):  # 01.2: one write's disturbance factor, not a sweep's
+        return mu * (np.asarray(v2) - mu * np.asarray(v1)), mu
 
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
@@ -525,28 +391,12 @@ def _rule_breakers():
             grads.append(grad)
         return tuple(grads)
 
-    fraction_lookup, sweeps_lookup = _old_fixed_inputs_01()
-
     return [
-        ("01.1", fraction_lookup),
-        ("01.2", sweeps_lookup),
-        ("01.1", fraction_matrix_power),
-        ("01.1", fraction_squaring),
-        ("01.1", fraction_squaring_laundered),
-        ("01.1", fraction_fixed_squarings),
-        ("01.1", fraction_jax_x64),
-        ("01.2", sweeps_matrix_power),
-        ("01.1", fraction_unpacked_squarings),
-        ("01.1", fraction_clipped_squarings),
-        ("01.2", sweeps_unpacked_squarings),
-        ("01.1", fraction_c_squarings),
-        ("01.1", as_numpy["fraction"]),
-        ("01.2", sweeps_c_squarings),
+        ("01.1", limit_simulated),
+        ("01.2", factor_per_write),
         ("05.1", grads_by_jet),
         ("05.1", grads_by_differences),
         ("05.2", cotangents_by_differences),
-        ("01.1", fraction_simulated),
-        ("01.2", sweeps_simulated),
         ("05.1", grads_by_autodiff),
         ("05.1", grads_by_linear_transpose),
         ("05.1", grads_forward),
@@ -555,49 +405,22 @@ def _rule_breakers():
     ]
 
 
-def _old_fixed_inputs_01():
-    """01.1 and 01.2 answered by a lookup table of the inputs their checkers used before they
-    drew them per call (teacher 2026-12-05)."""
-    import math
-
-    writes = ((0.5, 1.0, 3), (0.3, 0.9, 1), (0.9, 0.8, 4), (0.2, 0.95, 7), (1.0, 0.5, 5),
-              (0.6, 0.7, 40), (1e-9, 1.0, 10**9), (2e-9, 1 - 1e-9, 10**9), (0.3, 0.9, 10**30),
-              (1e-9, 1.0, 2**100), (0.2, 0.95, math.inf))
-    sweeps = ((0.6, 1, 3), (-0.3, 2, 5), (0.9, 5, 4), (0.0, 3, 2), (0.97, 40, 6),
-              (1 - 1e-9, 10**9, 3), (1.0, 2**100, 3), (0.6, 10**30, 2), (-0.8, math.inf, 2))
-    fraction, error = _right_answers()["01.1"][0], _right_answers()["01.2"][0]
-    fractions = {w: float(fraction(*w)) for w in writes}
-    rng, errors = np.random.default_rng(12), {}
-    for mu, n, width in sweeps:
-        v1, v2 = rng.standard_normal(width), rng.standard_normal(width)
-        errors[(mu, n)] = np.asarray(error(mu, v1, v2, n))
-
-    def fraction_lookup(beta, alpha, writes):
-        return fractions.get((beta, alpha, writes), 0.5)
-
-    def sweeps_lookup(mu, v1, v2, sweeps):
-        return errors.get((mu, sweeps), 0.5 * np.asarray(v1))
-
-    return fraction_lookup, sweeps_lookup
-
-
 def refused_by_time(exercise_id: str, answer, seconds: float = 0.25, **context) -> bool:
     """Whether ``answer``, right but slow by construction (a simulation of 10^9 writes, finite
     differences over 2.6e5 entries: minutes at the checker's largest trial), is refused for its
     time, with every checker's limit lowered to ``seconds`` (the limit, 2 to 10 s, is all such an
     answer costs a test; the hint must name the time)."""
-    from kda_lib.teaching.exercises import ch01, ch04, ch05
+    from kda_lib.teaching.exercises import ch04, ch05
 
     with pytest.MonkeyPatch.context() as patch:
-        for module in (ch01, ch04, ch05):
+        for module in (ch04, ch05):
             patch.setattr(module, "TIME_LIMIT_S", seconds)
         hint = exercises.verdict(exercise_id, answer, **context)
     return isinstance(hint, str) and "took over" in hint
 
 
 # rule breakers that only the time limit refuses: right values, too slow at the last trial
-_SLOW_RULE_BREAKERS = ("fraction_simulated", "sweeps_simulated", "grads_by_differences",
-                       "cotangents_by_differences")
+_SLOW_RULE_BREAKERS = ("grads_by_differences", "cotangents_by_differences")
 
 
 def test_answers_that_break_the_stated_rule_are_refused():
@@ -607,35 +430,29 @@ def test_answers_that_break_the_stated_rule_are_refused():
     assert not accepted, f"rule breakers accepted: {accepted}"
 
 
-@pytest.mark.timeout(60)  # the old one-shot stop hangs here: fail, not hang
-def test_a_dropped_stop_comes_again():
-    """Python drops an exception raised in a finaliser or weakref callback (it prints it and
-    goes on): the checkers' time limit stops again every 50 ms, so an answer whose first stop
-    is lost is still stopped (one ran on unwatched for minutes: a hung test under -n 2)."""
-    from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
-
-    def first_stop_dropped():
-        try:
-            while True:
-                pass
-        except _TooSlow:
-            pass
+@pytest.mark.timeout(60)  # a stop that did not come: fail, not hang
+def test_a_slow_answer_that_swallows_exceptions_is_stopped():
+    """A loop whose body catches every Exception (an honest way to skip bad steps) is still
+    stopped at its limit: the stop is no Exception, and it comes again every 50 ms (Python drops
+    one raised in a finaliser)."""
+    def swallowing():
+        x = 0
         while True:
-            pass
+            try:
+                x += 1
+            except Exception:  # noqa: BLE001, S112
+                continue
 
     start = time.monotonic()
-    with pytest.raises(_TooSlow), _time_limit(0.1):
-        exercises.call_answer(first_stop_dropped)
-    assert time.monotonic() - start < 5
+    got, hint = exercises.call_answer(swallowing, limit_s=0.1, slow="slow")
+    assert (got, hint) == (None, "slow") and time.monotonic() - start < 5
 
 
 def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
-    """An answer calling small Python functions under a route watch (a trace hook that runs at
-    every call): most stops land in the hook, which is never interrupted; the next comes 50 ms
-    later, so the answer is stopped within seconds of its limit (04.2's finite differences ran
-    13-21 s past a 0.25 s limit when the stop came again only every second)."""
-    from kda_lib.teaching.exercises._routes import modules_entered
-    from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+    """An answer calling small Python functions under the hook (a call of it at every call):
+    stopped within seconds of its limit (04.2's finite differences ran 13-21 s past a 0.25 s
+    limit when the stop came again only every second)."""
+    from kda_lib.teaching.exercises.ch04 import AUTODIFF
 
     def many_calls():
         x = np.ones(4)
@@ -643,36 +460,8 @@ def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
             np.mean(x)
 
     start = time.monotonic()
-    with (pytest.raises(_TooSlow), _time_limit(0.1),
-          modules_entered(("jax._src.interpreters.ad",))):
-        exercises.call_answer(many_calls, own_code=True)
-    assert time.monotonic() - start < 2.5  # with one stop a second: 3 to 10 s (measured)
-
-
-def test_a_library_trace_left_by_a_swallowed_stop_serves_no_later_answer():
-    """An answer that swallows the stop at its first kda_lib frame runs on unwatched, so a
-    jitted library function it calls after is traced in the checkers' context: a later answer
-    calling the same jitted function must still be seen (the context is retired)."""
-    import jax
-    import jax.numpy as jnp
-
-    from kda_lib.ops import reference
-    from kda_lib.teaching.exercises import ch00
-
-    step = jax.jit(reference.kda_step)
-
-    def swallowing(*args):
-        try:
-            reference.kda_step(*args)
-        except BaseException:  # noqa: BLE001, S110 - the stop, swallowed
-            pass
-        for b, h, k, v in ch00._SIZES:  # unwatched now: trace every size the checker tries
-            zeros = [jnp.zeros(s) for s in ((b, h, k, v), *[(b, h, k)] * 2, (b, h, v))]
-            step(*zeros, jnp.zeros((b, h, k)), jnp.zeros((b, h)))
-        return _write_first_by(step)(*args)
-
-    assert _refused("00.1", swallowing)
-    assert _refused("00.1", _write_first_by(lambda *args: step(*args)))
+    got, hint = exercises.call_answer(many_calls, refused=AUTODIFF, limit_s=0.1, slow="slow")
+    assert hint == "slow" and time.monotonic() - start < 2.5  # one stop a second: 3 to 10 s
 
 
 # ------------------------------------------------------------------ echoes of notebooks 02 and 03
@@ -682,69 +471,55 @@ def _page_echoes_02_03():
     import jax
     import jax.numpy as jnp
 
-    import kda_lib
     from kda_lib.ops.chunked import unit_lower_inverse
     from kda_lib.teaching import explain
 
-    def erase_bound(p, n, a, lower_bound):  # 02.1: section 1's printed bound
-        return 1 - np.exp(lower_bound)
+    def one_window(n, ratio, width):  # 02.1: all n in one fixed window, rho^n
+        return (np.log(ratio) / np.log(width)) ** n
 
-    def logit_without_rate(p, n, a, lower_bound):  # 02.1: forgets to divide by a
-        s = np.log(p) / (n * lower_bound)
-        return np.log(s / (1 - s))
+    def from_the_lowest(n, ratio, width):  # 02.1: the window at the lowest draw, never cut
+        return min(1.0, n * (np.log(ratio) / np.log(width)) ** (n - 1))
 
-    def one_token(p, n, a, lower_bound):  # 02.1: n ignored (one token keeps p)
-        s = np.log(p) / lower_bound
-        return np.log(s / (1 - s)) / a
+    def linear_span(n, ratio, width):  # 02.1: spans measured in tau, not log(tau)
+        rho = min((ratio - 1) / (width - 1), 1.0)
+        return n * rho ** (n - 1) - (n - 1) * rho**n
 
-    def half_erasing(p, n, a, lower_bound):  # 02.1: last round's answer (one token erases half)
-        s = np.log(2.0) / -lower_bound
-        return np.log(s / (1 - s)) / a
+    def monte_carlo(n, ratio, width):  # 02.1: 10^5 simulated heads
+        u = np.random.default_rng(0).uniform(0, np.log(width), (10**5, n))
+        return float(np.mean(np.ptp(u, axis=1) < np.log(ratio)))
 
-    def gate_probe(p, n, a, lower_bound):  # 02.1: bisection on the library's gate
-        lo, hi = -40.0 / a, 40.0 / a
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            g = kda_lib.kda_gate(jnp.full((1, 1, 1, 1), mid), jnp.log(jnp.array([a])),
-                                 jnp.zeros(1), lower_bound=lower_bound)
-            lo, hi = (mid, hi) if n * float(g.ravel()[0]) > np.log(p) else (lo, mid)
-        return (lo + hi) / 2
+    def page_bound(n, ratio, width):  # 02.1: section 2's "below 1e-8", echoed
+        return 1e-8
 
-    def keep_jnp(p, n, a, lower_bound):  # 02.1 right, float32 jnp
-        s = jnp.log(jnp.float32(p)) / (jnp.float32(n) * jnp.float32(lower_bound))
-        return jnp.log(s / (1 - s)) / jnp.float32(a)
+    def spread_jnp(n, ratio, width):  # 02.1 right, float32 jnp
+        rho = jnp.minimum(jnp.log(jnp.float32(ratio)) / jnp.log(jnp.float32(width)), 1.0)
+        return n * rho ** (n - 1) - (n - 1) * rho**n
 
-    def keep_one_element(p, n, a, lower_bound):  # 02.1 right, as a 1-element array (r02 02-9)
-        s = np.log(p) / (n * lower_bound)
-        return np.array([np.log(s / (1 - s)) / a])
+    def spread_one_element(n, ratio, width):  # 02.1 right, as a 1-element array (r02 02-9)
+        rho = min(np.log(ratio) / np.log(width), 1.0)
+        return np.array([n * rho ** (n - 1) - (n - 1) * rho**n])
 
-    def older_one_element(kk_ts, kk_tr, kk_rs, beta):  # 02.2 right, as a 1-element array
-        return np.array([beta * (1 - beta) * (kk_ts - beta * kk_rs * kk_tr)])
+    def older_one_element(beta):  # 02.2 right, each coefficient a 1-element array
+        return np.array([beta * (1 - beta)]), np.array([-(beta**2) * (1 - beta)])
 
-    def latest_formula(kk_ts, kk_tr, kk_rs, beta):  # 02.2: section 4's formula, echoed
-        return beta * (1 - beta) * kk_ts
+    def latest_formula(beta):  # 02.2: section 4's formula, echoed
+        return beta * (1 - beta), 0.0
 
-    def scalar_intuition(kk_ts, kk_tr, kk_rs, beta):  # 02.2: right only for a scalar gate
-        return beta * (1 - beta) ** 2 * kk_ts
+    def scalar_intuition(beta):  # 02.2: right only for a scalar gate
+        return beta * (1 - beta) ** 2, 0.0
 
-    def by_library_stream(kk_ts, kk_tr, kk_rs, beta):  # 02.2: the page's mixing matrix, 1 channel
-        keys, g = np.ones((3, 1)), np.log([[1.0], [kk_rs], [kk_tr]])
-        return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
+    def by_library_stream(beta):  # 02.2: the page's mixing matrix, fitted on two streams
+        def omega(x, a, b):
+            keys, g = np.ones((3, 1)), np.log([[1.0], [b], [a]])
+            return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
+        return omega(1.0, 1.0, 1.0) - omega(0.5, 1.0, 0.5), 0.0
 
-    def simulated_one_channel(kk_ts, kk_tr, kk_rs, beta):  # 02.2: the three writes, one channel
-        S = beta  # k = 1: after writing (k, v = 1) into an empty state
-        for decay in (kk_rs, kk_tr):
-            S = decay * S
-            S = S - beta * S
-        return S
+    def coefficients_swapped(beta):  # 02.2: c2 for c1
+        return -(beta**2) * (1 - beta), beta * (1 - beta)
 
-    def older_jnp(kk_ts, kk_tr, kk_rs, beta):  # 02.2 right, float32 jnp
-        x, a, b = (jnp.float32(z) for z in (kk_ts, kk_tr, kk_rs))
-        return beta * (1 - beta) * (x - beta * b * a)
-
-    def fixed_inputs_table(p, n, a, lower_bound):  # 02.1: a table of answers at fixed inputs
-        table = {(0.5, 10, 1.0, -5.0): -4.26, (0.25, 4, 4.0, -1.0): 0.20}
-        return table.get((p, n, a, lower_bound), 0.0)
+    def older_jnp(beta):  # 02.2 right, float32 jnp
+        b = jnp.float32(beta)
+        return b * (1 - b), -b * b * (1 - b)
 
     def _decay(gamma):  # [t, s, K]: e^(gamma_t - gamma_s) for s <= t, masked before exp
         causal = np.tril(np.ones((len(gamma), len(gamma)), bool))[..., None]
@@ -857,13 +632,12 @@ def _page_echoes_02_03():
         return np.array(W), np.array(U)
 
     return [
-        ("02.1", erase_bound, False), ("02.1", logit_without_rate, False),
-        ("02.1", one_token, False), ("02.1", half_erasing, False),
-        ("02.1", gate_probe, False), ("02.1", keep_jnp, True),
+        ("02.1", one_window, False), ("02.1", from_the_lowest, False),
+        ("02.1", linear_span, False), ("02.1", monte_carlo, False), ("02.1", page_bound, False),
+        ("02.1", spread_jnp, True), ("02.1", spread_one_element, True),
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
-        ("02.2", by_library_stream, False), ("02.2", simulated_one_channel, False),
-        ("02.2", older_jnp, True), ("02.1", fixed_inputs_table, False),
-        ("02.1", keep_one_element, True), ("02.2", older_one_element, True),
+        ("02.2", by_library_stream, False), ("02.2", coefficients_swapped, False),
+        ("02.2", older_jnp, True), ("02.2", older_one_element, True),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
         ("03.1", recurrence, False), ("03.1", jacobian_of_forward, False),
@@ -882,89 +656,6 @@ def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
     assert not wrong, f"refused a right answer or accepted a wrong one: {wrong}"
 
 
-def test_programs_compiled_before_the_answer_are_refused():
-    """03.1 (teacher 2026-12-05): a ``jax.stages.Compiled`` built before the answer (here
-    ``jnp.exp``; the attack's was a jacobian through ``kda_recurrent``) runs no Python frame the
-    profile hook sees; an answer calling it is refused, a right one otherwise."""
-    import jax
-    import jax.numpy as jnp
-
-    from kda_lib.teaching.exercises import COMPILED_HINT
-
-    right = _right_answers()["03.1"][0]
-    one = jax.jit(jnp.exp).lower(jax.ShapeDtypeStruct((), jnp.float32)).compile()
-
-    def through_compiled(k, g, beta):
-        a, b = right(k, g, beta)
-        return a * float(one(np.float32(0.0))), b
-
-    assert exercises.verdict("03.1", right) is None
-    hint = exercises.verdict("03.1", through_compiled)
-    assert hint and COMPILED_HINT.split(":")[0][len("your answer"):] in hint, hint
-
-
-def _jaxpr_replays():
-    """00.1, 04.2 and 05.1 answered by jaxprs traced before the call (teacher 2026-12-05): of
-    ``kda_step``, of ``jax.grad`` of the RMSNorm forward and of the fold, one per trial shape
-    (recorded from a right answer's calls, at a fixed ``seed``), replayed by ``eval_jaxpr`` or
-    ``jaxpr_as_fun``: held in a closure (refused before the call) or hidden in an object's
-    attribute (refused when evaluated). Rows ``(id, how, answer, context)``."""
-    import types
-
-    import jax
-    import jax.extend.core
-    import jax.numpy as jnp
-
-    from kda_lib.ops import reference
-
-    def rms_grad(o, eta, dy, eps):
-        y = lambda o: o * eta / jnp.sqrt(jnp.mean(o**2, -1, keepdims=True) + eps)  # noqa: E731
-        return jax.grad(lambda o: jnp.sum(dy * y(o)))(o)
-
-    def fold_grad(ms, hs):
-        return jax.grad(lambda n: fold_loss(ms, None, hs, n, jnp))(jnp.zeros(hs.shape))
-
-    rows = []
-    for eid, traced, ctx in (("00.1", _write_first_by(reference.kda_step), {}),
-                             ("04.2", rms_grad, dict(seed=42)), ("05.1", fold_grad, dict(seed=4))):
-        calls = []
-        right = _right_answers()[eid][0]
-        spy = functools.partial(lambda c, r, *a: c.append(a) or r(*a), calls, right)
-        assert exercises.verdict(eid, spy, **ctx) is None
-        table = {tuple(np.shape(x) for x in a): jax.make_jaxpr(traced)(*a) for a in calls}
-        box = types.SimpleNamespace(table=table)
-        pair = eid == "00.1"
-
-        def held(*a, table=table, pair=pair):
-            c = table[tuple(np.shape(x) for x in a)]
-            out = jax.core.eval_jaxpr(c.jaxpr, c.consts, *a)
-            return tuple(out) if pair else out[0]
-
-        def hidden(*a, box=box, pair=pair):
-            c = box.table[tuple(np.shape(x) for x in a)]
-            out = jax.core.eval_jaxpr(c.jaxpr, c.consts, *a)
-            return tuple(out) if pair else out[0]
-
-        def as_fun(*a, box=box, pair=pair):
-            out = jax.extend.core.jaxpr_as_fun(box.table[tuple(np.shape(x) for x in a)])(*a)
-            return tuple(out) if pair else out[0]
-
-        rows += [(eid, f"{how} (jaxpr)", fn, ctx) for how, fn in (
-            ("a shape-keyed table held", held), ("hidden in an object, eval_jaxpr", hidden),
-            ("hidden in an object, jaxpr_as_fun", as_fun))]
-    return rows
-
-
-def test_jaxprs_traced_before_the_answer_are_refused():
-    """Evaluating a jaxpr the answer did not trace runs no frame the hooks see: refused."""
-    from kda_lib.teaching.exercises import JAXPR_HINT
-
-    wrong = [(eid, how, hint) for eid, how, fn, ctx in _jaxpr_replays()
-             if not ((hint := exercises.verdict(eid, fn, **ctx))
-                     and JAXPR_HINT.split(":")[0][len("your answer"):] in hint)]
-    assert not wrong, wrong
-
-
 def test_04_2_draws_its_shapes_per_call():
     """A table keyed on 04.2's trial shapes of one call misses those of another."""
     shapes = []
@@ -975,27 +666,20 @@ def test_04_2_draws_its_shapes_per_call():
 
 
 def test_hints_name_the_mistake_not_a_symptom():
-    """teacher t0203 (02-6, 03-5): 02.1's one-token answer (m ignored) is told it missed m, not
-    only that its f is NaN; 03.1's exp(-gamma_t) * exp(gamma_s) is told to form the exponent
-    before exp, not only that it overflowed."""
-    def one_token(zeta, m, a, lower_bound):
-        with np.errstate(all="ignore"):
-            s = np.log(zeta) / lower_bound
-            return np.log(s / (1 - s)) / a
+    """02.1's simulation (0 where the chance is tiny) is told a simulation cannot get there, not
+    only that it is 0; 03.1's exp(-gamma_t) * exp(gamma_s) is told to form the exponent before
+    exp, not only that it overflowed; 07.2's roll-back that never divides by e^g is told so, not
+    that a series diverges; a NaN 02.1 gets the shared refusal, not a slip's hint."""
+    def monte_carlo(n, ratio, width):
+        u = np.random.default_rng(0).uniform(0, np.log(width), (10**4, n))
+        return float(np.mean(np.ptp(u, axis=1) < np.log(ratio)))
 
-    hints = [exercises.verdict("02.1", one_token, seed=seed) for seed in range(6)]
-    named = [h for h in hints if h and "NaN" not in h and "after m tokens" in h]
-    assert named and all(h and ("after m tokens" in h or "wrong at" in h) for h in hints), hints
+    hint = exercises.verdict("02.1", monte_carlo)
+    assert hint and "simulation" in hint, hint
+    hint = exercises.verdict("02.1", lambda *a: float("nan"))
+    assert hint and "NaN" in hint, hint
     hint = exercises.verdict("03.1", _factored_backward(np.exp))
     assert hint and "before exp" in hint, hint
-
-
-def test_hints_of_a_nan_02_1_and_an_undecayed_07_2_name_their_own_mistake():
-    """teacher t0207b (11): a NaN constant for 02.1 is not told it used the one-token formula
-    (the answer is called once a trial: a second call could run a looping answer unwatched);
-    07.2's roll-back that never divides by e^g is told so, not that a series diverges."""
-    nan_hints = [exercises.verdict("02.1", lambda *a: float("nan"), seed=s) for s in range(3)]
-    assert all(h and "not a finite" in h and "your f" in h for h in nan_hints), nan_hints
 
     def undecayed(state, k, v, g, beta, rejected):  # the write and I - beta k k^T undone only
         state = np.asarray(state, np.float64)

@@ -1,10 +1,12 @@
 """Red team of notebooks 06-10's exercise checkers: every attack must be refused with a hint,
 every correct answer written another way must pass.
 
-Attack families, per exercise: degenerate answers (NaN, inf, zeros, a constant, the wrong shape
-and dtype; for a function, one returning them); routes through kda_lib (a library function,
-``functools.partial`` or ``jax.jit`` of one, a lambda around the right answer that calls the
-library); rule breakers the exercise text names; and the other exercises' worked solutions.
+Attack families, per exercise, the shortcuts an honest student may take (deliberate tampering is
+out of the checkers' scope, ``kda_lib/teaching/exercises/__init__.py``): degenerate answers
+(NaN, inf, zeros, a constant, the wrong shape and dtype; for a function, one returning them);
+routes through kda_lib (a library function, ``functools.partial`` or ``jax.jit`` of one, a
+lambda around the right answer that calls the library); rule breakers the exercise text names;
+and the other exercises' worked solutions.
 Every value and function each notebook defines before its exercise cell (08's and 09's trained
 results included) is fed to its exercises in the notebook's own kernel while test_notebooks
 executes it
@@ -168,8 +170,12 @@ def _library_attacks():
          lambda fam: {row: significance.sign_flip_p(*pair) for row, pair in fam.items()}),
         ("08.3", "the checker's own _sign_flip (review f08)",
          lambda fam: {row: ch08._sign_flip(np.subtract(*pair)) for row, pair in fam.items()}),
-        ("09.1", "solution after a library call", through_library(s09.hybrid_cache_bytes)),
-        ("09.3", "solution after a library call", through_library(s09.bigram_bpb)),
+        ("09.1", "solution after a library call", through_library(s09.half_context)),
+        ("09.2", "solution after a library call", through_library(s09.context_at)),
+        ("09.3", "solution after a library call", through_library(s09.context_bound)),
+        ("09.3", "lm_protocol.one_byte_bound at k = 1", lambda data, k: __import__(
+            "kda_lib.teaching.lm_protocol").teaching.lm_protocol.one_byte_bound(data)
+         if k == 1 else s09.context_bound(data, k)),
         ("10.1", "solution after a library call", through_library(s10.reduction_context)),
         ("10.1", "at_scale's model_cache_bytes on the named preset", _reduction_by_library),
         ("10.3", "solution after a library call", through_library(s10.decode_crossover)),
@@ -177,7 +183,7 @@ def _library_attacks():
         ("10.2", "at_scale's ring and summary bytes on the named preset", _ring_by_library),
         ("10.3", "at_scale's decode bytes, searched", _crossover_by_library),
         ("09.1", "at_scale in the count",
-         lambda c, *a: s09.hybrid_cache_bytes(c, *a) + 0 * at_scale.BF16
+         lambda *a: s09.half_context(*a) + 0 * at_scale.BF16
          + 0 * int(kda_lib.checks.is_int(1, None))),
     ]
     return attacks
@@ -306,76 +312,6 @@ def _matrix_free(solver):
     return roll_back
 
 
-def _openblas():
-    """numpy's or scipy's bundled OpenBLAS through ctypes and its symbols' prefix, or the
-    process itself (a stub: no LAPACK symbol, the lookup refused before it fails)."""
-    import ctypes
-
-    for package, prefix in (("scipy", "scipy_"), ("numpy", "scipy_")):
-        libs = pathlib.Path(importlib.util.find_spec(package).origin).parents[1] / f"{package}.libs"
-        for path in sorted(libs.glob("libscipy_openblas-*.so")) if libs.is_dir() else ():
-            return ctypes.CDLL(str(path)), prefix
-    return ctypes.CDLL(None), ""
-
-
-def _lapacke_solves():
-    """07.2's per-token solve by LAPACKE_dgesv through ctypes: looked up before the answer runs,
-    and looked up while it runs by a name built then (no name in its code)."""
-    import ctypes
-
-    library, prefix = _openblas()
-    found = getattr(library, prefix + "LAPACKE_dgesv", None)
-
-    def by(dgesv, m, b):
-        a, x = np.array(m, np.float64, order="C"), np.array(b, np.float64, order="C")
-        pivots, to = np.zeros(len(a), np.int32), ctypes.POINTER(ctypes.c_double)
-        assert dgesv(101, len(a), x.shape[1], a.ctypes.data_as(to), len(a),  # row major
-                     pivots.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), x.ctypes.data_as(to),
-                     x.shape[1]) == 0
-        return x
-
-    fresh = ctypes.CDLL(library._name)  # no symbol looked up yet
-
-    def late(m, b):
-        return by(getattr(fresh, "".join(reversed("vsegd_EKCAPAL")).join([prefix, ""])), m, b)
-
-    return functools.partial(by, found), late
-
-
-@functools.cache
-def _compiled_solves() -> dict:
-    """jnp.linalg.solve compiled at small d_k (and called once: its fast path built), before any
-    answer runs (held, so refused before it runs, whatever the checker's d_k)."""
-    compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
-        jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
-        jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim in ((4, 3), (8, 4))}
-    for c in compiled.values():
-        c(*(jnp.ones(a.shape, a.dtype) for a in c.in_avals[0]))
-    return compiled
-
-
-def _compiled_solve(how):
-    """A solve compiled before the answer runs (:func:`_compiled_solves`), run through
-    ``how``: its executable, never the ``Compiled`` itself."""
-    compiled = _compiled_solves()
-
-    def solve(m, b):
-        c, args = compiled[len(m)], (jnp.asarray(m, jnp.float32), jnp.asarray(b, jnp.float32))
-        if how == "_executable.call":
-            out = c._executable.call(*args)[0]
-        elif how == "_executable.unsafe_call":
-            out = c._executable.unsafe_call(*args)[0]
-        elif how.startswith("_call"):
-            out = c._call(*args)
-        else:
-            out = c._executable.xla_executable.execute_sharded([jax.device_put(a) for a in args])
-            out = out.disassemble_into_single_device_arrays()[0][0]
-        return np.asarray(out, np.float64)
-
-    return solve
-
-
 def _floor_plus_one(h, k, v, w, n, bs, bc, d):
     """07.3 with floor(x) + 1 in place of ceil(x): wrong only when x is a whole number."""
     kda = bs * h * ((1 + d) * k * v + (w - 1 + d if w >= 2 else 0) * (2 * k + v))
@@ -431,19 +367,6 @@ def _dense_below_probe(solve):
     return _solve_then_closed_form(solve)
 
 
-def _solve_as_default(keyword: bool):
-    """07.2 right by :func:`_solve_then_closed_form`, numpy's C solve held as a default argument
-    (positional or keyword-only), never named in the answer's code (teacher t10's #07-5)."""
-
-    def roll_back(state, k, v, g, beta, rejected, _solve=np.linalg._umath_linalg.solve):
-        return _solve_then_closed_form(_solve)(state, k, v, g, beta, rejected)
-
-    def roll_back_kw(state, k, v, g, beta, rejected, *, _solve=np.linalg._umath_linalg.solve):
-        return _solve_then_closed_form(_solve)(state, k, v, g, beta, rejected)
-
-    return roll_back_kw if keyword else roll_back
-
-
 def _solve_named_norm():
     """07.2 right by :func:`_solve_then_closed_form`, jnp.linalg.solve wrapped in the answer's
     own function named like the product the checker lets through."""
@@ -478,14 +401,6 @@ def _p_stdtr_default(a, b, stdtr=scipy.special.stdtr):
     return 2 * stdtr(len(a) - 1, -abs(_t(a, b)))
 
 
-_STDTR_UFUNC = np.frompyfunc(scipy.special.stdtr, 2, 1)  # built before the check (r0809d)
-
-
-def _p_stdtr_ufunc(a, b):
-    """The two-sided t p through scipy's stdtr wrapped by np.frompyfunc in an earlier cell."""
-    return 2 * _STDTR_UFUNC(len(a) - 1, -abs(_t(a, b)))
-
-
 def _p_imported(a, b):
     """The two-sided t p through scipy.special, imported inside the function."""
     from scipy import special
@@ -497,26 +412,6 @@ def _p_lax_betainc(a, b):
     """The two-sided t p through jax.lax.betainc, the regularised incomplete beta (r0809)."""
     t, v = _t(a, b), len(a) - 1
     return float(jax.lax.betainc(v / 2, 0.5, v / (v + t * t)))
-
-
-def _p_bound(a, b, bind=None, unbound=False):
-    """The two-sided t p through the primitive under jax.lax.betainc, bound directly (review
-    r0809c: accepted once the checker's context had compiled it), through ``bind`` held, or
-    through Primitive.bind in a partial (``unbound``: a C caller, no CALL of the primitive)."""
-    from jax._src.lax import special
-
-    prim = special.regularized_incomplete_beta_p
-    bind = bind or (functools.partial(type(prim).bind, prim) if unbound else prim.bind)
-    return float(bind(jnp.float32(2.0), jnp.float32(0.5), jnp.float32(4 / (4 + _t(a, b) ** 2))))
-
-
-def _p_stdtr_by_name(a, b, through_map=False):
-    """The two-sided t p through scipy.special.stdtr, module and name built at run time (r0809),
-    called directly or through map (a C caller)."""
-    stdtr = getattr(importlib.import_module("sci" + "py.special"), "std" + "tr")
-    if through_map:
-        return 2 * next(map(stdtr, [len(a) - 1], [-abs(_t(a, b))]))
-    return 2 * stdtr(len(a) - 1, -abs(_t(a, b)))
 
 
 def _holm_by(p_of, adjust=True, running=True, cap=True):
@@ -558,16 +453,12 @@ def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
     _, ctx082 = _cases()["08.2"]
     holm_echo, flip_echo = s08.holm_column(**ctx082), s08.sign_flip_column(**ctx082)
-    _, ctx091 = _cases()["09.1"]
     from kda_lib.lab.tasks import chance_accuracy
     from kda_lib.teaching.exercises import ch09
 
     chance_table = {v: chance_accuracy("mqar", vocab_size=v) for v in range(3, 300)}
-    bigram_table = {len(t): ch09._bigram_bpb(t, v)  # the trials once fixed (seed 93)
-                    for t, v in ch09._bigram_trials(np.random.default_rng(93))}  # fmt: skip
-    measured = ctx091["measured"]
-    (c0, b0), (c1, b1) = list(measured.items())[:2]
-    slope = (b1 - b0) / (c1 - c0)
+    bound_table = {len(d): ch09._bound(d, k)  # the trials of one draw (seed 93)
+                   for d, k in ch09._strings(np.random.default_rng(93))}
 
     def undo(state, k, v, g, beta, rejected, *, rate=None, decay=True, order=-1, extra=0):
         """07.2's roll-back, wrong in one named way."""
@@ -655,18 +546,7 @@ def _rule_breakers():
             state = np.exp(-g[t])[:, None] * x
         return state
 
-    def cap_lifted(state, k, v, g, beta, rejected):  # room for a dense array (eng_d, 2026-12-05)
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
-        return _solutions("07").roll_back(state, k, v, g, beta, rejected)
-
-    def c_solve_by_name(state, k, v, g, beta, rejected):  # the ufunc fetched from a string
-        module = importlib.import_module("numpy.linalg." + "_umath" + "_linalg")
-        return _per_token(getattr(module, "so" + "lve"))(state, k, v, g, beta, rejected)
-
     old_inputs = _old_fixed_inputs()
-    lapack_by_ctypes, lapack_by_ctypes_looked_up_late = _lapacke_solves()
 
     return [
         ("07.1", "a lookup table of the old fixed layers (teacher 2026-12-05)",
@@ -674,28 +554,15 @@ def _rule_breakers():
         ("07.2", "a lookup table of the old fixed drafts (rng 72)",
          lambda s, *a: old_inputs["07.2"].get(np.asarray(s)[:2].tobytes(), s)),
         ("07.3", "a lookup table of the old fixed shapes", lambda *a: old_inputs["07.3"].get(a, 1)),
-        ("07.2", "the address-space limit lifted (resource.setrlimit), then the closed form",
-         cap_lifted),
         ("07.2", "Gauss-Jordan at small d_k, a Neumann series at the largest",
          gauss_jordan_then_neumann),
         ("07.2", "a dense d_k x d_k inverse below the largest d_k, the closed form at it "
          "(teacher t0203, 07-6)", _dense_below_probe(gauss_jordan)),
-        ("07.2", "numpy's _umath_linalg.solve fetched by a string", c_solve_by_name),
-        ("07.2", "_umath_linalg.solve held as a default argument (teacher t10, #07-5)",
-         _solve_as_default(keyword=False)),
-        ("07.2", "_umath_linalg.solve held as a keyword-only default (teacher t10, #07-5)",
-         _solve_as_default(keyword=True)),
         ("07.2", "jnp.linalg.solve inside the answer's own function named `norm`",
          _solve_named_norm()),
         *[("07.2", f"jax.scipy.sparse.linalg.{name}, matrix-free, per token (teacher 2026-12-05)",
            _matrix_free(getattr(jax.scipy.sparse.linalg, name)))
           for name in ("cg", "bicgstab", "gmres")],
-        ("07.2", "LAPACKE_dgesv by ctypes.CDLL, looked up before", _per_token(lapack_by_ctypes)),
-        ("07.2", "LAPACKE_dgesv through ctypes, its name built at run time",
-         _per_token(lapack_by_ctypes_looked_up_late)),
-        *[("07.2", f"a compiled solve run by {how}", _per_token(_compiled_solve(how)))
-          for how in ("_executable.call", "_executable.unsafe_call", "_call (its fast path)",
-                      "xla_executable.execute_sharded")],
         ("06.1", "entropy in bits", lambda p: (
             s06.blind_floor(p)[0] / math.log(2), s06.blind_floor(p)[1])),
         ("06.1", "1/|V| accuracy", lambda p: (s06.blind_floor(p)[0], 1 / len(p))),
@@ -753,10 +620,6 @@ def _rule_breakers():
             lambda m, b: scipy.sparse.linalg.spsolve(scipy.sparse.csc_matrix(m), b))),
         ("07.2", "LAPACK's dgesv from scipy.linalg.lapack (a C wrapper)",
          _per_token(lambda m, b: scipy.linalg.lapack.dgesv(m, b)[2])),
-        ("07.2", "numpy's private _umath_linalg.solve (a ufunc)",
-         _per_token(lambda m, b: np.linalg._umath_linalg.solve(m, b))),
-        ("07.2", "numpy's private _umath_linalg.inv (a ufunc)",
-         _per_token(lambda m, b: np.linalg._umath_linalg.inv(m) @ b)),
         ("07.2", "Gauss-Jordan by hand, per token", _per_token(gauss_jordan)),
         ("07.2", "200 rounds of Richardson iteration, per token", _per_token(richardson)),
         ("07.2", "200 rounds of Richardson, M_t applied in O(d_k d_v)", richardson_structured),
@@ -805,23 +668,11 @@ def _rule_breakers():
             lambda a, b: 2 * scipy.special.stdtr(len(a) - 1, -abs(_t(a, b))))),
         ("08.2", "scipy.special.betainc for the tail", _holm_by(_p_betainc)),
         ("08.2", "stdtr held as a default argument", _holm_by(_p_stdtr_default)),
-        ("08.2", "stdtr wrapped by np.frompyfunc in an earlier cell (r0809d)",
-         _holm_by(_p_stdtr_ufunc)),
         ("08.2", "scipy.special imported inside the answer", _holm_by(_p_imported)),
         # JAX's incomplete beta and a scipy name built at run time (review r0809: accepted)
         ("08.2", "jax.lax.betainc for the tail (r0809)", _holm_by(_p_lax_betainc)),
-        # the first row compiles the primitive in the checker's context; the next ones then run
-        # no frame of jax._src.lax.special (accepted before r0809c): refused as the primitive
-        ("08.2", "its primitive bound directly (r0809c)", _holm_by(_p_bound)),
-        ("08.2", "its primitive through a partial of Primitive.bind", _holm_by(
-            functools.partial(_p_bound, unbound=True))),
-        ("08.2", "its primitive's bind held as a default", _holm_by(functools.partial(
-            _p_bound, bind=jax._src.lax.special.regularized_incomplete_beta_p.bind))),
         ("08.2", "jax.scipy.special.betainc for the tail", _holm_by(lambda a, b: float(
             jax.scipy.special.betainc(2.0, 0.5, 4 / (4 + _t(a, b) ** 2))))),
-        ("08.2", "importlib-built scipy.special.stdtr (r0809)", _holm_by(_p_stdtr_by_name)),
-        ("08.2", "importlib-built stdtr through map", _holm_by(
-            functools.partial(_p_stdtr_by_name, through_map=True))),
         ("08.2", "each row's own p, unadjusted", _holm_by(_p4, adjust=False)),
         ("08.2", "Bonferroni", lambda fam: {row: min(1.0, len(fam) * _p4(*pair))
                                             for row, pair in fam.items()}),
@@ -851,23 +702,29 @@ def _rule_breakers():
         ("08.3", "one tail", lambda fam: {row: float(np.mean(
             _flip_sums(pair, signed=True) >= np.subtract(*pair).sum() - 1e-9))
             for row, pair in fam.items()}),
-        ("09.1", "a lookup of the measurements", lambda c, *a: measured[c]),
-        ("09.1", "an affine fit of two measurements", lambda c, *a: int(b0 + slope * (c - c0))),
-        ("09.1", "capacity = context", lambda c, *a: s09.hybrid_cache_bytes(c, *a[:-1], -1)),
-        ("09.2", "no room for the decode steps (teacher 2026-12-05)",
-         lambda f, *a: s09.context_at(f, *a[:-1], -1)),
-        ("09.2", "pure KDA with kda_layers layers only", lambda f, k, m, *a: max(0, -(-(
-            f * k * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
-            // (4 * m * a[2])))),
-        ("09.2", "rounded down, not up", lambda f, k, m, *a: max(0, (
-            f * (k + m) * s09.hybrid_cache_bytes(0, 1, 0, *a) - s09.hybrid_cache_bytes(0, k, m, *a))
-            // (4 * m * a[2]))),
-        ("09.2", "a share (09.1 divided by the total, the old exercise)", lambda f, *a: 1 - (
-            s09.hybrid_cache_bytes(0, *a) / s09.hybrid_cache_bytes(2048, *a))),
+        ("09.1", "the states only, conv rows left out", lambda kda, mla, h, d, r, w:
+         s09.half_context(kda, mla, h, d, r, 1)),
+        ("09.1", "no clamp at T >= 1 (0 without KDA layers)", lambda kda, mla, *a: 0 if not kda
+         else s09.half_context(kda, mla, *a)),
+        ("09.1", "no MLA layer: a finite T", lambda kda, mla, *a: s09.half_context(
+            kda, max(mla, 1), *a)),
+        ("09.1", "bf16 latents (2 bytes) against float32 states", lambda kda, mla, h, d, r, w:
+         s09.half_context(2 * kda, mla, h, d, r, w) if kda else 1),
+        ("09.2", "pure KDA with kda_layers layers only", lambda f, k, m, *a: s09.context_at(
+            f * k / (k + m), k, m, *a)),
+        ("09.2", "rounded down, not up", lambda f, *a: max(0, s09.context_at(f, *a) - 1)),
+        ("09.2", "no clamp at 0 (a negative context)", lambda f, k, m, h, d, r, w: math.floor(
+            (f * (k + m) - k) * s09._kda_layer_bytes(h, d, w) / (4 * m * r))),
         ("09.2", "the notebook's answer at factor 10 only", lambda f, *a: s09.context_at(10, *a)),
-        ("09.3", "section 2's unigram (no context)", _unigram_bpb),
-        ("09.3", "a table of the checker's trials keyed on len(train) (review r08)",
-         lambda t, v: bigram_table[len(t)]),
+        ("09.3", "section 2's unigram (no context)", lambda data, k: s09.context_bound(data, 0)),
+        ("09.3", "a table of one draw's trials keyed on len(data) (review r08)",
+         lambda d, k: bound_table.get(len(d), 1.0)),
+        ("09.3", "in nats", lambda d, k: s09.context_bound(d, k) * math.log(2)),
+        ("09.3", "add-one over the 256 next bytes", lambda d, k: ch09._bound(d, k, smoothing=1.0)),
+        ("09.3", "every position scored, shorter contexts first",
+         lambda d, k: ch09._bound(d, k, start=0)),
+        ("09.3", "the last byte before alone, not all k", lambda d, k: s09.context_bound(
+            np.asarray(d), min(k, 1))),
         ("10.1", "fraction ignored (the break-even S / c)",
          lambda f, *a: s10.reduction_context(0.0, *a)),
         ("10.1", "the KDA state without its conv history", lambda f, kda, glob, h, d, w, *a:
@@ -917,32 +774,7 @@ def _rule_breakers():
         ("10.3", "no clamp at T >= 1", lambda b, h, d, w, latent, kp, mp, wb: math.ceil(
             (wb * (kp - mp) + b * 2 * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent))),
         ("10.2", "int32 arithmetic (jnp's default ints wrap past 2^31 - 1)", _ring_int32),
-        ("09.3", "in nats", lambda t, v: s09.bigram_bpb(t, v) * math.log(2)),
-        ("09.3", "no add-one", functools.partial(_bigram_variant, smoothing=0.0)),
-        ("09.3", "add-one over the pairs seen only", functools.partial(_bigram_variant,
-                                                                       smoothing=1e-12)),
-        ("09.3", "the table transposed", functools.partial(_bigram_variant, transposed=True)),
-        ("09.3", "counts from validation", lambda t, v: s09.bigram_bpb(v, v)),
-        ("09.3", "the first byte scored too", lambda t, v: (
-            s09.bigram_bpb(t, v) * (v.size - 1) + 8.0) / v.size),
-        ("09.3", "previous * 256 in uint8", lambda t, v: _bigram_variant(t, v, wide=False)),
     ]
-
-
-def _unigram_bpb(train, validation):
-    counts = np.bincount(train, minlength=256) + 1
-    return float(-np.log2(counts / counts.sum())[validation].mean())
-
-
-def _bigram_variant(train, validation, smoothing=1.0, transposed=False, wide=True):
-    """09.3's bigram bits per byte, wrong in one named way."""
-    t = train.astype(np.int64) if wide else train
-    v = validation.astype(np.int64) if wide else validation
-    pairs = (t[1:], t[:-1]) if transposed else (t[:-1], t[1:])
-    flat = np.bincount(pairs[0] * 256 + pairs[1], minlength=256 * 256).reshape(256, 256)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = (flat + smoothing) / (flat + smoothing).sum(1, keepdims=True)
-        return float(-np.log2(p[v[:-1], v[1:]]).mean())
 
 
 # --- correct answers written differently -------------------------------------------------------
@@ -1074,30 +906,27 @@ def _alternatives():
             out[row] = np.float32(np.mean(np.abs(sums) >= obs))  # [0, 1]; a sum may be 0)
         return out
 
-    def context_search09(f, *a):
-        s09, c = _solutions("09"), 0
-        while s09.hybrid_cache_bytes(c, *a) < f * (a[0] + a[1]) * s09.hybrid_cache_bytes(
-                0, 1, 0, *a[2:]):
-            c += 1
-        return c
+    def context_search09(f, *a):  # search T upward with 09.1's count
+        s09, t = _solutions("09"), 0
+        layer = s09._kda_layer_bytes(*a[2:4], a[5])
+        while a[0] * layer + t * 4 * a[1] * a[4] < f * (a[0] + a[1]) * layer:
+            t += 1
+        return t
 
-    def cache_numpy09(c, kda, mla, h, k, r, w, steps):
-        state = np.float64(4) * h * k * k + 12 * max(w - 1, 0) * h * k
-        return int(kda * state + mla * (4 * r * (c + steps + 1) + 4))
+    def half_numpy09(kda, mla, h, d, r, w):  # numpy int64 out, inf as a numpy float
+        if mla == 0:
+            return np.float64(np.inf)
+        state = np.int64(4) * h * d * d + 12 * max(w - 1, 0) * h * d
+        return np.int64(max(1, -(-kda * state // (4 * mla * r))))
 
-    def bigram_loop(train, validation):  # dicts, math.log2, no numpy arrays
-        pairs, rows = {}, {}
-        for a, b in zip(train[:-1].tolist(), train[1:].tolist(), strict=True):
-            pairs[a, b] = pairs.get((a, b), 0) + 1
-            rows[a] = rows.get(a, 0) + 1
-        bits = [-math.log2((pairs.get((a, b), 0) + 1) / (rows.get(a, 0) + 256))
-                for a, b in zip(validation[:-1].tolist(), validation[1:].tolist(), strict=True)]
-        return sum(bits) / len(bits)
-
-    def bigram_jnp32(train, validation):
-        t, v = jnp.asarray(train, jnp.int32), jnp.asarray(validation, jnp.int32)
-        counts = jnp.ones((256, 256), jnp.float32).at[t[:-1], t[1:]].add(1)
-        return -jnp.log2((counts / counts.sum(1, keepdims=True))[v[:-1], v[1:]]).mean()
+    def bound_loop(data, k):  # dicts of bytes, math.log2
+        data, counts, contexts = bytes(data), {}, {}
+        for t in range(k, len(data)):
+            key = (data[t - k:t], data[t])
+            counts[key] = counts.get(key, 0) + 1
+            contexts[key[0]] = contexts.get(key[0], 0) + 1
+        n = sum(counts.values())
+        return -sum(c * math.log2(c / contexts[key[0]]) for key, c in counts.items()) / n
 
     s08, s10 = _solutions("08"), _solutions("10")
     from kda_lib.models import presets
@@ -1214,10 +1043,9 @@ def _alternatives():
          _cases()["08.3"][1]),
         ("08.3", "seed by seed, a drawn row whose sum ties at 0", flip_distribution,
          {**_cases()["08.3"][1], "seed": 73}),
-        ("09.1", "numpy floats, int out", cache_numpy09, _cases()["09.1"][1]),
+        ("09.1", "numpy int64 out", half_numpy09, _cases()["09.1"][1]),
         ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
-        ("09.3", "a Python loop over pairs", bigram_loop, {}),
-        ("09.3", "jax.numpy float32, a jax scalar out", bigram_jnp32, {}),
+        ("09.3", "a dict of contexts, math.log2", bound_loop, {}),
         ("10.1", "numpy float32 throughout", reduction_f32, dict(preset=k3, fraction=0.5)),
         ("10.1", "the closed form, solved for 1 / T", reduction_closed,
          dict(preset=k3, fraction=0.5)),
@@ -1280,51 +1108,6 @@ def test_correct_answers_written_differently_pass():
     assert not refused, f"refused: {refused}"
 
 
-def test_library_routes_in_other_threads_are_refused():
-    """A library call made in a new pool, a plain thread, a pool started before the call, or
-    past the profile hook (test_redteam's routes)."""
-    import concurrent.futures
-
-    from test_redteam import _in_threads
-
-    def lib_then(fn):
-        def wrapped(*args):
-            kda_lib.checks.is_int(1, None)
-            return fn(*args)
-        return wrapped
-
-    with concurrent.futures.ThreadPoolExecutor(1) as warm:
-        warm.submit(int).result()  # its worker thread runs before the checker's call
-        accepted = [(eid, how) for eid in ("06.1", "07.3")
-                    for how, attack in _in_threads(lib_then(_cases()[eid][0]), warm)
-                    if not _refused(eid, attack, _cases()[eid][1])]
-    assert not accepted, f"accepted: {accepted}"
-
-
-def test_programs_compiled_before_the_answer_are_refused():
-    """07.2 (teacher 2026-12-05): ``jax.jit(jnp.linalg.solve).lower(...).compile()`` built before
-    the answer runs no Python frame when called; calling it from the answer is refused."""
-    from kda_lib.teaching.exercises import COMPILED_HINT
-
-    compiled = {key_dim: jax.jit(jnp.linalg.solve).lower(
-        jax.ShapeDtypeStruct((key_dim, key_dim), jnp.float32),
-        jax.ShapeDtypeStruct((key_dim, value_dim), jnp.float32)).compile()
-        for key_dim, value_dim in ((4, 3), (8, 4))}
-
-    def roll_back(state, k, v, g, beta, rejected):
-        state = np.asarray(state, np.float64)
-        for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
-            rhs = state - beta[t] * np.outer(k[t], v[t])
-            solve = compiled[len(k[t])]
-            state = np.asarray(solve(m.astype(np.float32), rhs.astype(np.float32)), np.float64)
-        return state
-
-    hint = exercises.verdict("07.2", roll_back)
-    assert hint is not None and "compiled" in hint, hint
-    assert COMPILED_HINT.split(":")[0][len("your answer"):] in hint
-
-
 def test_07_3_kv_numbers_per_head_is_named():
     """07.3 (teacher t0203, 07-1): the page now says ``kv_numbers`` counts the whole layer's
     numbers a token; the per-head reading is refused with a hint that says so."""
@@ -1334,44 +1117,6 @@ def test_07_3_kv_numbers_per_head_is_named():
 
     hint = exercises.verdict("07.3", per_head)
     assert hint is not None and "whole layer" in hint, hint
-
-
-def test_07_2_rule_breakers_compute_the_right_state():
-    """07.2's library-solver, ctypes and compiled-program rule breakers are right answers (run
-    outside the checker, on a small draft): each is refused for its route, not its value."""
-    from kda_lib.teaching.exercises import ch07
-
-    s0, k, v, g, beta = ch07._draft(np.random.default_rng(0), 5, 8, 4)
-    states = ch07.draft_states(s0, k, v, g, beta)
-    names = ("jax.scipy", "LAPACKE", "compiled")
-    attacks = [(name, fn) for eid, name, fn in _rule_breakers()
-               if eid == "07.2" and any(n in name for n in names)]
-    assert len(attacks) == 9, [name for name, _ in attacks]
-    for name, fn in attacks:
-        if "LAPACKE" in name and not _openblas()[1]:
-            continue  # no bundled OpenBLAS here: the stub has no LAPACK to run
-        got = np.asarray(fn(states[-1], k, v, g, beta, 3), np.float64)
-        assert np.abs(got - states[2]).max() <= 1e-4 * np.abs(states[2]).max(), name
-
-
-def test_07_2_holds_no_expected_state_above_the_answer(monkeypatch):
-    """The review's frame peek (the checker's ``states`` read from its locals) finds nothing
-    even with the frame guard off: 07.2 computes its expected states after the call."""
-    import contextlib
-    import sys
-
-    def peek(state, k, v, g, beta, rejected):
-        frame = sys._getframe(1)
-        while frame is not None:
-            seen = frame.f_locals
-            if "states" in seen and "tokens" in seen:
-                return seen["states"][seen["tokens"] - seen["rejected"]]
-            frame = frame.f_back
-        return None
-
-    assert "call stack" in exercises.verdict("07.2", peek, seed=1)
-    monkeypatch.setattr(exercises, "frames_refused", lambda _: contextlib.nullcontext())
-    assert _refused("07.2", peek, {"seed": 1})
 
 
 def test_07_3_floor_plus_one_is_refused_on_a_whole_quotient():
@@ -1416,7 +1161,8 @@ def _lookup_tables():
     """Answers that know the fixed trials only: the right value of every trial the checker ran
     once (recorded through the worked solution), 0 for anything else."""
     out = []
-    for eid in ("06.1", "06.2", "06.3", "08.1", "08.2", "08.3", "09.3", "10.1", "10.2", "10.3"):
+    for eid in ("06.1", "06.2", "06.3", "08.1", "08.2", "08.3", "09.1", "09.2", "09.3", "10.1",
+                "10.2", "10.3"):
         right, context = _cases()[eid]
         table = {}
 
@@ -1518,36 +1264,6 @@ def test_06_10_hints_end_with_the_seed_that_repeats_them(exercise_id):
         assert exercises.verdict(eid, wrong, seed=seed, **context) == hint
 
 
-def test_09_1_hint_names_the_term_a_count_misses():
-    """09.1's statement no longer lists the terms (review t0809b): a count missing one of them
-    is refused with a hint naming it."""
-    s09 = _solutions("09")
-    _, context = _cases()["09.1"]
-
-    def no_length(c, kda, mla, *rest):
-        return s09.hybrid_cache_bytes(c, kda, mla, *rest) - 4 * mla
-
-    def no_tails(c, kda, mla, h, d, r, w, s):
-        return s09.hybrid_cache_bytes(c, kda, mla, h, d, r, 1, s)
-
-    def no_room(c, *rest):
-        return s09.hybrid_cache_bytes(c, *rest[:-1], -1)
-
-    for answer, word in ((no_length, "length"), (no_tails, "convolutions"), (no_room, "room")):
-        hint = exercises.verdict("09.1", answer, **context)
-        assert hint is not None and word in hint, hint
-
-
-def test_08_2_traces_exactly_the_three_tail_primitives():
-    """08.2 finds JAX's tail primitives by tracing jax.lax.betainc, igamma and igammac: exactly
-    one primitive each (a jax that wrapped them in more would refuse every jitted answer)."""
-    from kda_lib.teaching.exercises import ch08
-
-    found = sorted(v for v in ch08._TABLES.values() if v.startswith("the primitive"))
-    assert found == ["the primitive igamma", "the primitive igammac",
-                     "the primitive regularized_incomplete_beta"], found
-
-
 def test_08_3_ties_relative_to_a_zero_sum_get_their_own_hint():
     """A row whose differences sum to 0 ties with every pattern (p = 1); math.isclose's default
     (relative to the observed sum) has no tolerance there (drawn at seed 190)."""
@@ -1629,3 +1345,29 @@ def test_10_1_a_nan_or_minus_inf_answer_is_told_which_not_that_inf_is_refused(va
     hint = exercises.verdict("10.1", answer, **{**_cases()["10.1"][1], "seed": 0})
     assert hint and f"yours is {named}: give T as a positive real number" in hint, hint
     assert "math.inf where no context" in hint, hint
+
+
+@pytest.mark.parametrize("preset", ["Kimi-K3", "Kimi-Linear-48B-A3B"])
+def test_10_checkers_counts_agree_with_at_scale(preset):
+    """10.1-10.3's own counts (exact fractions and integers) against kda_lib.lab.at_scale on the
+    presets the notebook names: the reduction at 0, 1/4 and 1/2 against 8-head GQA, the ring's
+    crossing at 2, 8 and 64 ranks, the bf16 decode crossing at batch 1."""
+    from kda_lib.lab import at_scale
+    from kda_lib.models import presets
+    from kda_lib.teaching.exercises import ch10
+
+    p, model = presets.PRESETS[preset], ch10._preset_model(preset)
+    for fraction in (0.0, 0.25, 0.5):
+        t = float(ch10._reduction_context(fraction, *model, 8))
+        gqa = p.num_layers * t * at_scale.attention_cache_numbers(8, p.head_dim) * at_scale.BF16
+        assert t < math.inf and math.isclose(1 - at_scale.model_cache_bytes(p, t) / gqa,
+                                             fraction, abs_tol=1e-12)
+    mla = at_scale.mla_cache_numbers(p)
+    for ranks in (2, 8, 64):
+        t, flat = ch10._ring(ranks, *model[2:]), (at_scale.cp_summary_bytes(p, ranks)
+                                                  + at_scale.cp_halo_bytes(p))
+        assert (at_scale.ring_attention_bytes(mla, t, ranks) > flat
+                >= at_scale.ring_attention_bytes(mla, t - 1, ranks))
+    t = ch10._crossover(1, *model[2:], p.kda_parameter_count(), p.mla_parameter_count(), 2)
+    assert [at_scale.mla_decode_bytes(p, x) >= at_scale.kda_decode_bytes(p)
+            for x in (t - 1, t)] == [False, True]

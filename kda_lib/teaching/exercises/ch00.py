@@ -1,139 +1,92 @@
-"""Checkers of notebook 00's exercises (quick start): two variants of section 1's step that
-the page does not show.
-
-Both exercises ask for a function, which the checker calls on inputs of its own (``q, k:
-[B, H, K]``, ``v: [B, H, V]``, ``beta: [B, H]``, the log decays ``g`` of the variant, a state
-``[B, H, K, V]`` that no run of the notebook produced) and compares with its own float64 NumPy
-step; the answer may not run any ``kda_lib``, tokamax or fla code
-(:func:`~kda_lib.teaching.exercises.call_answer` with ``own_code``). A hint never contains the
-expected values.
-"""
+"""Checkers of notebook 00's exercises: section 1's output, from a memory read once. The answer
+gets ``read`` (``read(x) = S^T x`` for one vector of a state it hides, drawn at each call); a
+second read is refused, so neither the state nor the page's step can be rebuilt."""
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
-from kda_lib.teaching.exercises import call_answer, checker, refuse_degenerate
-
-_SIZES = ((1, 2, 8, 6), (2, 1, 4, 4))  # (B, H, K, V): K != V catches a transpose, K == V an echo
+from kda_lib.teaching import exercises as ex
 
 
-def _inputs(seed: int, batch: int, heads: int, key_dim: int, value_dim: int, decay_dim: int):
-    """A random state ``[B, H, K, V]``, unit q, k, values, log decays ``g < 0`` of
-    ``[B, H, decay_dim]`` and beta in (0, 1), float32 ``jnp`` arrays, for one token (drawn with
-    NumPy: nothing to compile)."""
-    rng = np.random.default_rng(seed)
-    shape = (batch, heads, key_dim)
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    arrays = (
-        rng.standard_normal((batch, heads, key_dim, value_dim)),
-        unit(rng.standard_normal(shape)),
-        unit(rng.standard_normal(shape)),
-        rng.standard_normal((batch, heads, value_dim)),
-        -rng.uniform(0.05, 1.0, (batch, heads, decay_dim)),
-        rng.uniform(0.1, 0.9, (batch, heads)),
-    )
-    return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
+@ex.machinery
+def _memory(state):
+    """``(read, calls)``: ``read(x) = state^T x`` for one vector ``x`` of K numbers, counted."""
+    calls = []
+
+    def read(x):
+        x = np.asarray(x, np.float64)
+        if x.shape != (state.shape[0],):
+            raise ValueError(f"read takes one vector of {state.shape[0]} numbers, got {x.shape}")
+        calls.append(x)
+        return state.T @ x
+
+    return read, calls
 
 
-def _matrices(state, q, k, v, g, beta):
-    """Float64 NumPy per (batch row, head): ``S [K, V]``, ``q, k, v, e^g`` and ``beta``."""
-    for b in range(state.shape[0]):
-        for h in range(state.shape[1]):
-            yield (
-                b,
-                h,
-                *(np.asarray(a, np.float64)[b, h] for a in (state, q, k, v)),
-                np.exp(np.asarray(g, np.float64)[b, h]),
-                float(beta[b, h]),
-            )
+def _tokens(rng, tokens, K, V):
+    """A unit query [K], unit keys [T, K], values [T, V], g in [-1, -0.05], beta in (0.1, 0.9)."""
+    k = rng.standard_normal((tokens, K))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    q = rng.standard_normal(K)
+    return (q / np.linalg.norm(q), k, rng.standard_normal((tokens, V)),
+            -rng.uniform(0.05, 1.0, (tokens, K)), rng.uniform(0.1, 0.9, tokens))
 
 
-def _expected(state, q, k, v, g, beta, *, write_first: bool):
-    """The variant step, one matrix per head: ``write_first``: ``S_t = D [(I - beta k k^T) S
-    + beta k v^T]`` (D = diag(e^g) on the key axis); else ``S_t = (I - beta k k^T) S D_v
-    + beta k v^T`` (D_v = diag(e^g) on the value axis); ``o = S_t^T q / sqrt(K)``."""
-    new, out = np.empty(np.shape(state)), np.empty(np.shape(v))
-    for b, h, s, q_, k_, v_, decay, b_ in _matrices(state, q, k, v, g, beta):
-        erase = np.eye(len(k_)) - b_ * np.outer(k_, k_)
-        if write_first:
-            s_t = np.diag(decay) @ (erase @ s + b_ * np.outer(k_, v_))
-        else:
-            s_t = erase @ s @ np.diag(decay) + b_ * np.outer(k_, v_)
-        new[b, h], out[b, h] = s_t, s_t.T @ q_ / np.sqrt(len(k_))
-    return new, out
+def _output(state, q, k, v, g, beta, order=1, decay=True, write=True):
+    """``S_T^T q / sqrt(K)`` (slips: transitions applied oldest first, no decay, no write)."""
+    x, out = q.copy(), np.zeros(state.shape[1])
+    for t in range(len(beta))[::-order]:
+        out += write * beta[t] * (k[t] @ x) * v[t]
+        x = (np.exp(g[t]) if decay else 1.0) * (x - beta[t] * (k[t] @ x) * k[t])
+    return (state.T @ x + out) / np.sqrt(len(q))
 
 
-def _page_step(state, q, k, v, g, beta):
-    """Section 1's step (decay on the key axis, before the write): the echo the hints name."""
-    new, out = np.empty(np.shape(state)), np.empty(np.shape(v))
-    for b, h, s, q_, k_, v_, decay, b_ in _matrices(state, q, k, v, g, beta):
-        s_t = (np.eye(len(k_)) - b_ * np.outer(k_, k_)) @ (decay[:, None] * s)
-        new[b, h] = s_t + b_ * np.outer(k_, v_)
-        out[b, h] = new[b, h].T @ q_ / np.sqrt(len(k_))
-    return new, out
-
-
-def _far(answer, expected) -> bool:
-    answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
-    return bool(np.abs(answer - expected).max() > 1e-4 * max(float(np.abs(expected).max()), 1.0))
-
-
-def _variant(answer, name: str, write_first: bool, seed: int, hints: tuple[str, str]) -> str | None:
-    for offset, (b, h, k, v) in enumerate(_SIZES):
-        args = _inputs(seed + offset, b, h, k, v, k if write_first else v)
-        result, hint = call_answer(answer, *args, name=name, own_code=True)
+def _read_once(answer, seed, many: bool, name: str) -> str | None:
+    seed, rng = ex.seeded(seed)
+    for _ in range(3):
+        K, V = (int(n) for n in rng.integers(3, 9, 2))
+        state = rng.standard_normal((K, V))
+        q, k, v, g, beta = _tokens(rng, int(rng.integers(2, 6)) if many else 1, K, V)
+        read, calls = _memory(state)
+        given = (q, k, v, g, beta) if many else (q, k[0], v[0], g[0], float(beta[0]))
+        got, hint = ex.call_answer(answer, read, *(np.copy(a) for a in given), name=name)
+        if not hint and len(calls) > 1:
+            hint = (f"your function read the memory {len(calls)} times: the output needs one "
+                    "read of the old state, along one vector (which?)")
+        hint = hint or ex.refuse_degenerate(got, shape=(V,), inputs=(v[0], v[-1]), what="o")
         if hint:
-            return hint
-        if not (isinstance(result, (tuple, list)) and len(result) == 2):
-            return "the function should return the pair (new_state, o)"
-        want = _expected(*args, write_first=write_first)
-        for got, expected, what in zip(result, want, ("new_state", "o"), strict=True):
-            hint = refuse_degenerate(got, shape=expected.shape, inputs=args, what=what)
-            if hint:
-                return hint
-        if write_first or k == v:  # section 1's step fits these shapes
-            page = _page_step(*args)
-            if not (_far(result[0], page[0]) or _far(result[1], page[1])):
-                return "that is section 1's step (decay first, then write); this variant differs"
-        for got, expected, hint in zip(result, want, hints, strict=True):
-            if _far(got, expected):
-                return hint
+            return hint + ex.again(seed)
+        want = _output(state, q, k, v, g, beta)
+        if ex.close(got, want, 1e-4, 1.0):
+            continue
+        slips = [((state.T @ q) / np.sqrt(K), "that is the old memory's read: the tokens wrote "
+                  "and decayed it first"),
+                 (_output(state, q, k, v, g, beta, write=False), "the write adds beta k v^T: what "
+                  "does q read of it?"),
+                 (_output(state, q, k, v, g, beta, decay=False), "the decay scales the old "
+                  "state's rows (key channels): where does D meet q?"),
+                 (_output(state, q, k, v, g, beta) * np.sqrt(K), "o is S^T q / sqrt(d_k)")]
+        if many:
+            slips.append((_output(state, q, k, v, g, beta, order=-1), "the newest token's "
+                          "transition is the last one applied to the state: which meets q first?"))
+        return next((text for want_slip, text in slips if ex.close(got, want_slip, 1e-4, 1.0)), (
+            "o is off: transpose section 1's step and apply it to q; which vector reaches the "
+            "old state, and what does the write add?")) + ex.again(seed)
     return None
 
 
-@checker("00.1")
-def write_then_decay(answer, **_):
-    """``answer(state, q, k, v, g, beta) -> (new_state [B, H, K, V], o [B, H, V])``: one token
-    of ``S_t = diag(e^g) [(I - beta k k^T) S_{t-1} + beta k v^T]``, ``o = S_t^T q / sqrt(K)``
-    (``q, k, g [B, H, K]``, ``v [B, H, V]``, ``beta [B, H]``)."""
-    return _variant(
-        answer,
-        "step_write_first(state, q, k, v, g, beta)",
-        True,
-        0,
-        (
-            "new_state is off: the write corrects what the undecayed state recalls for k; the "
-            "decay then scales every key channel (row) of the written state",
-            "o is off: read the state after the decay with q, scaled by 1 / sqrt(K)",
-        ),
-    )
+@ex.checker("00.1")
+def one_token(answer, *, seed=None):
+    """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (unit
+    ``q, k, g [K]``, ``v [V]``, a number ``beta``), reading the state before it only through
+    one call of ``read`` (``read(x) = S^T x``)."""
+    return _read_once(answer, seed, False, "output_after_one(read, q, k, v, g, beta)")
 
 
-@checker("00.2")
-def value_channel_decay(answer, **_):
-    """``answer(state, q, k, v, g, beta) -> (new_state [B, H, K, V], o [B, H, V])``: one token
-    of ``S_t = (I - beta k k^T) S_{t-1} diag(e^g) + beta k v^T`` with ``g [B, H, V]``, one decay
-    per value channel (``q, k [B, H, K]``, ``v [B, H, V]``, ``beta [B, H]``)."""
-    return _variant(
-        answer,
-        "step_value_decay(state, q, k, v, g, beta)",
-        False,
-        10,
-        (
-            "new_state is off: diag(e^g) now multiplies S from the right (it scales the value "
-            "axis, the columns); the write corrects what that decayed state recalls for k",
-            "o is off: read the new state with q, scaled by 1 / sqrt(K)",
-        ),
-    )
+@ex.checker("00.2")
+def many_tokens(answer, *, seed=None):
+    """``answer(read, q, k, v, g, beta) -> o [V]``: the output ``S_T^T q / sqrt(K)`` after the
+    ``T`` tokens ``k, g [T, K]``, ``v [T, V]``, ``beta [T]`` (the oldest first) from the hidden
+    state ``S_0``, read once (``read(x) = S_0^T x``)."""
+    return _read_once(answer, seed, True, "output_after(read, q, k, v, g, beta)")

@@ -1,106 +1,113 @@
-"""Checkers of notebook 02's exercises (gating and decay); hints never contain the answer.
-
-Every answer is a function the checker calls on inputs drawn afresh at each call (``seed``
-repeats one), so a number read off the notebook, or a table keyed on the inputs, cannot pass;
-nor can a function that runs ``kda_lib`` code (the notebook's ``mixing``, say). The expected
-value is computed in float64 after the answer ran; float32 answers are accepted (relative 1e-5),
-as a number, a 0-d array or a 1-element array. 02.2 hands the answer three numbers, not the key
-and decays, so no stream is given to simulate: an answer has to derive the weight from them
-(the closed form, or a key and decays rebuilt to match them).
-"""
+"""Checkers of notebook 02's exercises: 02.1 a probability at drawn parameters, some below
+1e-12 where no simulation reaches; 02.2 two coefficients as functions of beta. Float32 answers
+pass (relative 1e-5), as a number or a 1-element array."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
 
 def _scalar(got):
     """A 1-element array as the number it holds; anything else unchanged (refused later)."""
-    try:
+    with contextlib.suppress(Exception):  # ragged lists and the like: refused after
         return np.reshape(got, ()) if np.ndim(got) == 1 and np.size(got) == 1 else got
-    except Exception:  # noqa: BLE001 - ragged lists and the like: refused after
-        return got
+    return got
 
 
-def _close(got, want, tol=1e-5, size=1e-2) -> bool:
-    return abs(float(got) - want) <= tol * max(abs(want), size)
+def _spread(n, ratio, width, how="right") -> float:
+    """P(n log-uniform draws on a range ``width`` wide (max / min) span less than ``ratio``),
+    or a slip (``one window``: all in one fixed window; ``from the lowest``: no edge term)."""
+    rho = min(math.log(ratio) / math.log(width), 1.0)
+    return {"one window": rho**n, "from the lowest": min(1.0, n * rho ** (n - 1))}.get(
+        how, n * rho ** (n - 1) - (n - 1) * rho**n)
 
 
-@checker("02.1")
-def keeping_input(answer, *, seed=None):
-    """``answer(zeta, m, a, lower_bound) -> f``: the constant raw gate input ``f`` (bias 0)
-    at which a safe-gate channel, ``g = lower_bound * sigmoid(a f)`` per token, keeps the fraction
-    ``zeta`` (``p`` here) of what it stored after ``m`` tokens, for a rate ``a > 0``. Four
-    trials drawn afresh at every call, ``m >= 2`` (so the one-token answer is wrong; where it has
-    no f, its NaN gets a hint that names m), ``p`` from e^-40 to e^-1."""
-    seed, rng = seeded(seed)
-    for _ in range(4):
-        a = float(np.exp(rng.uniform(np.log(0.25), np.log(32.0))))  # a from 1/4 to 32
-        bound = -float(rng.uniform(0.5, 5.0))
-        x = float(rng.choice([-1, 1]) * rng.uniform(0.1, 0.45) + 0.5)  # sigmoid(a f), not 1/2
-        lo, hi = int(np.ceil(1.0 / (-bound * x))), int(40.0 / (-bound * x))  # -ln p in [1, 40]
-        n = int(rng.integers(max(lo, 2), max(hi, lo + 1, 3)))
-        p = float(np.exp(n * bound * x))
-        got, hint = call_answer(
-            answer, p, n, a, bound, name="keeping_input(zeta, m, a, lower_bound)", own_code=True
-        )
+def _spreads(rng):
+    """(n, ratio, width): the page's (32 channels, a decade of two), two drawn, one drawn with a
+    chance between 1e-30 and 1e-12 (float32 holds it, no simulation reaches it), n = 1 and a
+    ratio past the range (both 1)."""
+    width = float(rng.choice([10.0, 100.0, 1000.0]))
+
+    def drawn(n_range, rho_range):
+        n, rho = int(rng.integers(*n_range)), float(rng.uniform(*rho_range))
+        return n, round(width**rho, 3), width
+
+    while not 1e-30 < _spread(*(tiny := drawn((20, 65), (0.15, 0.5)))) < 1e-12:
+        pass
+    return [(32, 10.0, 100.0), drawn((2, 9), (0.3, 0.9)), drawn((10, 65), (0.5, 0.95)), tiny,
+            (1, round(float(rng.uniform(1.5, 9.0)), 2), 100.0),
+            (int(rng.integers(2, 40)), width * 2, width)]
+
+
+_SPREAD_HINTS = {
+    "one window": "that is the chance all n draws fall in one fixed window of that width; the "
+                  "window may sit anywhere: condition on the lowest draw",
+    "from the lowest": "a window that starts at the lowest draw can stick out of the range's top: "
+                       "the lowest draw's density changes there",}
+
+
+@ex.checker("02.1")
+def spread_below(answer, *, seed=None):
+    """``answer(n, ratio, width) -> p``: the probability that ``n`` time steps drawn
+    log-uniformly over a range ``width`` wide (largest over smallest: 100 for init_dt_bias)
+    span less than ``ratio`` (largest half-life over smallest), ``ratio > 1``."""
+    seed, rng = ex.seeded(seed)
+    for n, ratio, width in _spreads(rng):
+        where = f"at n = {n}, ratio = {ratio}, width = {width}"
+        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(n, ratio, width)")
         got = got if hint else _scalar(got)
-        one_token = np.log(p) / bound  # the sigmoid(a f) that keeps p after ONE token: > 1 here
-        if not hint and one_token > 1 and not np.all(np.isfinite(np.asarray(got, float))):
-            return (f"your f is not a finite number at zeta = {p!r}, m = {n}: a formula for "
-                    f"one token has no f here (it would need sigmoid(a f) = {one_token:.3g} > 1); "
-                    "the channel keeps zeta after m tokens" + again(seed))
-        hint = hint or refuse_degenerate(got, shape=(), what="the input f")
+        want = _spread(n, ratio, width)
+        if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
+            return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
+                    "cannot see such draws; derive the distribution of the span" + ex.again(seed))
+        hint = hint or ex.refuse_degenerate(got, shape=(), what="the probability")
         if hint:
-            return hint
-        s = np.log(p) / (n * bound)  # the sigmoid(a f) that keeps p after n tokens
-        if not _close(got, np.log(s / (1 - s)) / a):
-            return (
-                f"wrong at zeta = {p!r}, m = {n}, a = {a!r}, lower_bound = {bound!r}: what does "
-                "the channel keep after m equal tokens, and which sigmoid(a f) gives that?"
-                + again(seed)
-            )
+            return hint + ex.again(seed)
+        if not -1e-12 <= float(got) <= 1 + 1e-12:  # (rounding may pass 1 by an ulp or two)
+            return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]" + ex.again(seed)
+        if ex.close(got, want, 1e-5):
+            continue
+        if n == 1 or ratio >= width:
+            return (f"wrong {where}: " + ("one draw spans nothing" if n == 1 else "no draws "
+                    "can span more than the whole range") + ex.again(seed))
+        slip = next((text for how, text in _SPREAD_HINTS.items()
+                     if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
+        return (f"wrong {where}: " + (slip or "measure spans in log(tau), where the draws are "
+                "uniform; what is the chance the span of n uniform draws is below rho?")
+                + ex.again(seed))
     return None
 
 
-def _unit(rng, size):
-    x = rng.normal(size=size)
-    return x / np.linalg.norm(x)
-
-
-@checker("02.2")
-def older_occurrence(answer, *, seed=None):
-    """``answer(kk_ts, kk_tsp, kk_sps, beta) -> Omega_ts``: the weight the read at t puts on the
-    older occurrence s of the unit key k (q_t = k_t = k), written at s, again at s' (s < s' < t)
-    and at t, each with ``beta``, the tokens in between writing nothing, as a function of the three
-    numbers k^T D_t...D_(s+1) k, k^T D_t...D_(s'+1) k and k^T D_s'...D_(s+1) k.
-    They come from keys and decays drawn afresh at every call (one trial with one decay for all
-    channels); the checker recomputes the weight in float64 as the product of the transitions."""
-    seed, rng = seeded(seed)
-    for K, beta, scalar in ((5, 0.7, False), (8, 0.3, False), (4, 0.9, True), (6, 0.5, False)):
-        beta = float(np.clip(beta + rng.uniform(-0.05, 0.05), 0.05, 0.95))
-        k = _unit(rng, K)
-        gamma_a, gamma_b = -rng.uniform(0.05, 2.0, K), -rng.uniform(0.05, 2.0, K)
-        if scalar:
-            gamma_a, gamma_b = np.full(K, gamma_a[0]), np.full(K, gamma_b[0])
-        A, B = np.diag(np.exp(gamma_a)), np.diag(np.exp(gamma_b))
-        numbers = [float(k @ A @ B @ k), float(k @ A @ k), float(k @ B @ k)]
-        got, hint = call_answer(
-            answer, *numbers, beta, name="older_weight(kk_ts, kk_tsp, kk_sps, beta)", own_code=True
-        )
-        got = got if hint else _scalar(got)
-        hint = hint or refuse_degenerate(got, shape=(), what="Omega_ts")
+@ex.checker("02.2")
+def older_weight(answer, *, seed=None):
+    """``answer(beta) -> (c1, c2)``: the coefficients of ``Omega_ts = c1 kk_ts + c2 kk_tsp
+    kk_sps``, the weight on the older of three writes of one unit key with ``beta`` (tokens
+    between them not writing), at betas drawn at each call."""
+    seed, rng = ex.seeded(seed)
+    for beta in (round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)):
+        got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
+        hint = hint or ex.parts(got, 2, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps")
+        for part, what in ((0, "c1"), (1, "c2")) if not hint else ():
+            hint = hint or ex.refuse_degenerate(_scalar(got[part]), shape=(), what=what,
+                                                allow_zeros=True)
         if hint:
-            return hint
-        erase = np.eye(K) - beta * np.outer(k, k)  # I - beta k k^T, the writes at s' and t
-        want = beta * k @ erase @ A @ erase @ B @ k
-        if not _close(got, float(want)):
-            return (
-                f"wrong at beta = {beta!r} with kk_ts, kk_tsp, kk_sps = {numbers} "
-                f"({'one decay for all channels' if scalar else 'one decay per channel'}): "
-                "write Omega_ts = beta q_t^T M_t ... M_(s+1) k_s with the two writes that are "
-                "not D; does the middle write act on a decayed k?" + again(seed)
-            )
+            return hint + ex.again(seed)
+        c1, c2 = (float(_scalar(x)) for x in got)
+        if ex.close(c1, beta * (1 - beta), 1e-5) and ex.close(c2, -beta**2 * (1 - beta), 1e-5):
+            continue
+        if ex.close(c1, beta * (1 - beta) ** 2, 1e-5) and abs(c2) < 1e-12:
+            text = ("beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
+                    "middle write removes beta (k^T B k) k, the decayed memory's projection on k")
+        elif ex.close(c1, beta * (1 - beta), 1e-5):
+            text = ("c1 is right; the middle write at s' acts on the decayed k: expand "
+                    "k^T A (I - beta k k^T) B k")
+        else:
+            text = ("write Omega_ts = beta k^T M_t ... M_(s+1) k with the two writes that are not "
+                    "D, and use k^T (I - beta k k^T) = (1 - beta) k^T")
+        return f"wrong at beta = {beta}: {text}" + ex.again(seed)
     return None

@@ -1,42 +1,34 @@
-"""Checkers for notebook 03 (the chunkwise algorithm); worked solutions in
-``notebooks/solutions/ch03.py``. Each calls the answer on chunks of its own, drawn afresh at every
-call (``seed``, printed in each hint, repeats a call), refuses any answer that runs ``kda_lib``
-code, and judges the answer by its values only, against float64 references computed after it ran.
-Float32 answers are accepted (relative 1e-5).
-
-The chunks are sized so that shortcuts give wrong values: every call has a chunk longer than
-``d_k`` (where a product of transitions does not determine a chunk's factor) and forget bursts
-(a gate of -1024 in some channels at some tokens), after which ``exp(-gamma_t)`` overflows in
-float32 and float64 and a capped exponent is off by far more than the tolerance. The gates are
-multiples of 1/1024, so every ``gamma_t - gamma_s`` is exact in float32 too."""
+"""Checkers of notebook 03's exercises (the chunkwise algorithm), on chunks drawn at each call,
+judged by value in float64 (float32 answers pass, relative 1e-5). Every call has a chunk longer
+than d_k (a product of transitions does not determine a chunk's factor there) and forget bursts
+(a gate of -12288 in some channels), after which exp(-gamma_t) overflows in float32, float64 and
+x86's 80-bit long double (up to e^11356). The gates are multiples of 1/1024 and every gamma_t is
+above -2^14, so every gamma_t - gamma_s is exact in float32 too."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
+from kda_lib.teaching import exercises as ex
 
-BURST = -1024.0  # a forget burst: exp(-gamma) overflows float32 and float64 after one
+BURST = -12288.0  # a forget burst: exp(-gamma) overflows float32, float64 and long double
 
 
 def _close(actual, expected, tol=1e-5) -> bool:
-    actual = np.asarray(actual, np.float64)
-    return actual.shape == np.shape(expected) and bool(
-        np.all(np.abs(actual - expected) <= tol * max(1.0, float(np.abs(expected).max())))
-    )
+    return ex.close(actual, expected, tol, floor=1.0)
 
 
 def _chunk(rng, C, K, V, bursts):
-    """Unit keys k [C, K], values [C, V], log decays g [C, K] (mild, in multiples of 1/1024;
-    with ``bursts``, about one entry in eight is a burst, one at least, at most 8 per channel,
-    none in channel 0), beta [C]."""
+    """Unit keys k [C, K], values [C, V], log decays g [C, K] (multiples of 1/1024; with
+    ``bursts`` one entry in eight a burst, at least one, one per channel at most, none in
+    channel 0), beta [C]."""
     k = rng.standard_normal((C, K))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     g = -rng.integers(10, 600, (C, K)) / 1024.0
     if bursts:  # at least one, before the last token; channel 0 never (K~ is not all zeros)
         burst = rng.random((C, K)) < 0.125
         burst[:, 0], burst[rng.integers(max(C - 1, 1)), rng.integers(1, K)] = False, True
-        g[burst & (np.cumsum(burst, axis=0) <= 8)] = BURST
+        g[burst & (np.cumsum(burst, axis=0) <= 1)] = BURST
     return k, rng.standard_normal((C, V)), g, rng.uniform(0.1, 0.9, C)
 
 
@@ -66,9 +58,8 @@ def _backward_system(k, g, beta):
 
 
 def _system_hint(a, b, k, g, beta, where) -> str:
-    """Why ``(a, b)`` is not 03.1's system ``(I + L', diag(beta) K_out)`` (the first found)."""
-    want_a = _backward_system(k, g, beta)[0]
-    gamma = np.cumsum(g, axis=0)
+    """Why ``(a, b)`` is not 03.1's system (the first slip found)."""
+    want_a, gamma = _backward_system(k, g, beta)[0], np.cumsum(g, axis=0)
     if np.abs(np.tril(a, -1)).max() > 1e-5 * max(1.0, np.abs(a).max()):
         forward = np.eye(len(beta)) + np.tril(
             beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
@@ -81,43 +72,38 @@ def _system_hint(a, b, k, g, beta, where) -> str:
         return (f"lhs is wrong above the diagonal {where} (it must be exactly I + L', no row "
                 "scaled or combined): unroll dS_t from dS_C as in step 1; which decay and which "
                 "beta multiply k_t^T k_s?")
-    forward_rhs = _close(b, beta[:, None] * k * np.exp(gamma))
-    echo = " (that is step 3's, the forward one)" if forward_rhs else ""
+    echo = " (that is step 3's, the forward one)" if _close(b, beta[:, None] * k * np.exp(
+        gamma)) else ""
     return (f"rhs is wrong {where}{echo}: which keys, decayed over which tokens and scaled by "
             "what, meet dS_C in delta'_t?")
 
 
-@checker("03.1")
+@ex.checker("03.1")
 def backward_system(answer, *, seed=None):
-    """answer: ``fn(k, g, beta) -> (lhs [C, C], rhs [C, K])`` for a chunk of unit keys ``k``
-    [C, K], log decays ``g`` [C, K] and ``beta`` [C]: the system ``lhs K~' = rhs`` of the backward
-    pass's pseudo-values per unit of gradient (``M^T = Gamma_C - K_in^T K~'``), judged by value:
-    exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s`` (s > t; an
-    equivalent system with rows scaled or combined is refused, as the exercise states),
-    ``rhs = diag(beta) K_out``, and ``lhs^-1 rhs`` the backward factor K~'. Chunks longer
-    than ``d_k`` (two of three) and forget bursts (two of three)."""
-    seed, rng = seeded(seed)
+    """``answer(k, g, beta) -> (lhs [C, C], rhs [C, K])``: the backward pass's system ``lhs K~' =
+    rhs`` (``M^T = Gamma_C - K_in^T K~'``), exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T
+    Gamma_s Gamma_t^-1 k_s`` (s > t; no row scaled or combined), ``rhs = diag(beta) K_out``."""
+    seed, rng = ex.seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
         k, _, g, beta = _chunk(rng, C, K, 1, bursts)
-        got, hint = call_answer(answer, k.copy(), g.copy(), beta.copy(),
-                                name="wy_backward_system(k, g, beta)", own_code=True)
-        if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
-            hint = "wy_backward_system should return two arrays, (lhs, rhs): lhs K~' = rhs"
+        got, hint = ex.call_answer(answer, k.copy(), g.copy(), beta.copy(),
+                                   name="wy_backward_system(k, g, beta)")
+        hint = hint or ex.parts(got, 2, "two arrays, (lhs, rhs): lhs K~' = rhs")
         for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
-            hint = hint or refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
+            hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
         if hint and bursts and "NaN or inf" in hint:  # e^(-gamma_t) overflows after a burst
             hint += (" (this chunk has a forget burst: form each exponent, a difference of "
                      "cumulative log decays that is <= 0, before exp)")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
-            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + again(seed)
+            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + ex.again(seed)
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
-            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}" + again(seed)
+            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}" + ex.again(seed)
     return None
 
 
@@ -132,31 +118,29 @@ def _merge_problem(rng, bursts):
     return (*first, *second), _forward_factors(k, v, g, beta)[:2]
 
 
-@checker("03.2")
+@ex.checker("03.2")
 def merged_chunks(answer, *, seed=None):
-    """answer: ``fn(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)`` returning
-    ``(K_tilde, V_tilde)``: the K~ [C1 + C2, K] and
-    V~ [C1 + C2, V] of two consecutive chunks taken as one, from the first chunk's K~, V~,
-    K_out and log decay across it ``gamma1`` [K], and the second's K~, V~ (its own start as
-    reference). Compared with step 3 run on the combined chunk (bursts in two of three)."""
-    seed, rng = seeded(seed)
+    """``answer(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)``:
+    two consecutive chunks' K~, V~ taken as one, from their factors (the second's from its own
+    start); compared with step 3 on the combined chunk."""
+    seed, rng = ex.seeded(seed)
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
         name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
-        got, hint = call_answer(answer, *(a.copy() for a in given), name=name, own_code=True)
-        if not hint and not (isinstance(got, (tuple, list)) and len(got) == 2):
-            hint = "merge_chunks should return two arrays, (K_tilde, V_tilde)"
+        got, hint = ex.call_answer(answer, *(a.copy() for a in given), name=name)
+        hint = hint or ex.parts(got, 2, "two arrays, (K_tilde, V_tilde)")
         names = ((0, want_w, "K_tilde"), (1, want_u, "V_tilde"))
         for part, want, what in names if not hint else ():
-            hint = hint or refuse_degenerate(got[part], shape=want.shape, inputs=given, what=what)
+            hint = hint or ex.refuse_degenerate(got[part], shape=want.shape, inputs=given,
+                                                what=what)
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
                 first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
                 where = "its rows of the second chunk" if first_rows else "its rows"
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_0" + again(seed))
+                        "as a function of S_0" + ex.again(seed))
     return None

@@ -1,85 +1,73 @@
-"""Checkers of notebook 04's exercises (the KDA layer); hints never contain the answer.
-
-Both ask for a function that the page does not compute, which the checker calls on inputs of
-its own and compares with its own float64 NumPy: 04.1 the short convolution's decode step
-(a cache of past inputs instead of the whole sequence), 04.2 the per-head RMSNorm's backward
-pass. An answer that runs ``kda_lib``, tokamax or fla code is refused, and 04.2 also refuses
-JAX's autodiff (which would do the derivation) and, through a time limit on a wide trial,
-finite differences.
-"""
+"""Checkers of notebook 04's exercises: 04.1 the short convolution's decode step from a ring
+buffer (no row moved), 04.2 the per-head RMSNorm's backward pass, refusing JAX's autodiff and,
+through a time limit on a wide trial, finite differences."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching import exercises as ex
 
-_CONV_SIZES = ((2, 5, 4), (1, 3, 2), (3, 4, 3))  # (B, C, w): w = 2 to 4
-_TOKENS = 5  # decode steps per size, from a cache of earlier (random) inputs
-_AUTODIFF = ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")
-# (N range, V range, eps, scale of the small rows), N and V drawn per call (no table keyed on
-# the shapes passes); the last is wide, under the time limit
-_NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
-               ((14, 19), (16000, 16500), 1e-5, 1e-3))
+AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), which would do "
+               "the derivation: write the gradient yourself (NumPy or jnp)"
+            for p in ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")}
 TIME_LIMIT_S = 5.0
 
 
 def _far(answer, expected, rtol: float = 1e-4) -> bool:
-    answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
-    return bool(np.abs(answer - expected).max() > rtol * max(float(np.abs(expected).max()), 1e-3))
+    return not ex.close(answer, expected, rtol, floor=1e-3)
 
 
-def _conv_trial(rng, batch, channels, width):
-    """Float32 inputs: a cache ``[B, w - 1, C]`` (the w - 1 inputs before, oldest first), the
-    new inputs ``[T, B, C]`` and a kernel ``[w, C]``; and the float64 conv outputs ``[T, B, C]``
-    of the whole sequence (cache, then inputs) at the new tokens."""
-    cache = rng.standard_normal((batch, width - 1, channels)).astype(np.float32)
-    xs = rng.standard_normal((_TOKENS, batch, channels)).astype(np.float32)
-    kernel = rng.standard_normal((width, channels)).astype(np.float32)
-    seq = np.concatenate([cache.transpose(1, 0, 2), xs]).astype(np.float64)  # [w - 1 + T, B, C]
-    want = [sum(kernel[j] * seq[t + j] for j in range(width)) for t in range(_TOKENS)]
-    return cache, xs, kernel, np.stack(want)
-
-
-@checker("04.1")
-def conv_decode_step(answer, **_):
-    """``answer(cache [B, w-1, C], x_t [B, C], kernel [w, C]) -> (new_cache [B, w-1, C],
-    y_t [B, C])``: one decode step of the depthwise causal conv (no SiLU), ``kernel[w - 1]`` on
-    the current token, the cache holding the ``w - 1`` inputs before it, oldest first."""
-    rng = np.random.default_rng(4)
-    name = "conv_step(cache, x_t, kernel)"
-    for batch, channels, width in _CONV_SIZES:
-        cache, xs, kernel, want = _conv_trial(rng, batch, channels, width)
-        for t in range(_TOKENS):
-            result, hint = call_answer(answer, cache, xs[t], kernel, name=name, own_code=True)
+@ex.checker("04.1")
+def conv_ring_step(answer, *, seed=None):
+    """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: the
+    depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + i) % (w - 1)]``
+    the i-th oldest input), writing ``x_t`` over the oldest; w = 2 to 5, five steps each."""
+    seed, rng = ex.seeded(seed)
+    name = "conv_step(ring, start, x_t, kernel)"
+    for width in (2, 3, 4, 5):
+        B, C = (int(n) for n in rng.integers(1, 5, 2))
+        history = list(rng.standard_normal((width - 1, B, C)).astype(np.float32))  # oldest first
+        start = int(rng.integers(width - 1))
+        ring = np.stack(np.roll(np.stack(history), start, axis=0), axis=1)  # slot start: oldest
+        kernel = rng.standard_normal((width, C)).astype(np.float32)
+        for step in range(5):
+            x_t = rng.standard_normal((B, C)).astype(np.float32)
+            got, hint = ex.call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
+            hint = hint or ex.parts(got, 3, "the triple (ring, start, y_t)")
+            for part, shape, what in ((0, ring.shape, "ring"), (2, x_t.shape, "y_t"), (
+                    1, (), "start")) if not hint else ():
+                hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(x_t,),
+                                                    what=what, integer=part == 1,
+                                                    allow_zeros=part == 1)
             if hint:
-                return hint
-            if not (isinstance(result, (tuple, list)) and len(result) == 2):
-                return "the function should return the pair (new_cache, y_t)"
-            for got, shape, what in zip(result, (cache.shape, xs[t].shape), ("new_cache", "y_t"),
-                                        strict=True):  # fmt: skip
-                hint = refuse_degenerate(got, shape=shape, inputs=(cache, xs[t]), what=what)
-                if hint:
-                    return hint
-            if _far(result[1], want[t]):
-                return (f"y_t is off (w = {width}, step {t + 1}): kernel row w - 1 multiplies the "
-                        "current input, row j the input w - 1 - j tokens before it")
-            seq = np.concatenate([cache, xs[t][:, None]], axis=1)
-            if _far(result[0], seq[:, 1:]):
-                return (f"new_cache is off (w = {width}, step {t + 1}): what must the next step "
-                        "find there, in which order?")
-            cache = np.asarray(result[0], np.float32)
+                return hint + ex.again(seed)
+            where = f" (w = {width}, step {step + 1})"
+            window = np.stack([*history, x_t]).astype(np.float64)  # oldest first, x_t last
+            if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
+                slots_in_order = not _far(got[2], np.einsum("wbc,wc->bc", np.concatenate(
+                    [np.moveaxis(ring, 1, 0), x_t[None]]), kernel))
+                return ("y_t is off" + where + (": the ring's rows are not oldest first; slot "
+                        "start holds the oldest" if slots_in_order and start else ": kernel row "
+                        "w - 1 meets x_t, row j the input w - 1 - j tokens before")
+                        + ex.again(seed))
+            want = ring.copy()
+            want[:, start] = x_t
+            if _far(got[0], want):
+                moved = not _far(np.asarray(got[0])[:, -1], x_t) and width > 2
+                return ("ring is off" + where + (": a ring buffer moves no row; write x_t over "
+                        "the oldest input only" if moved else ": which slot does x_t replace?")
+                        + ex.again(seed))
+            if int(got[1]) != (start + 1) % (width - 1):
+                return ("start is off" + where + ": after the write, which slot holds the oldest?"
+                        + ex.again(seed))
+            ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
     return None
 
 
 def _norm_trial(rng, rows, width, eps, small):
-    """``o [N, V]`` (every third row scaled by ``small``: its mean square near ``eps``),
-    ``eta [V]`` (not 1: the Jacobian is then not symmetric), ``dy [N, V]``, float32, and the
-    float64 gradient ``do``."""
+    """Float32 ``o [N, V]`` (every third row scaled by ``small``: mean square near ``eps``),
+    ``eta [V]`` (not 1: the Jacobian not symmetric), ``dy [N, V]``; the float64 ``do``."""
     o = rng.standard_normal((rows, width))
     o[::3] *= small
     eta, dy = rng.uniform(0.5, 1.5, width), rng.standard_normal((rows, width))
@@ -88,36 +76,31 @@ def _norm_trial(rng, rows, width, eps, small):
     return tuple(a.astype(np.float32) for a in (o, eta, dy)), want
 
 
-@checker("04.2")
+# (N range, V range, eps, scale of the small rows); the last is wide, under the time limit
+_NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
+               ((14, 19), (16000, 16500), 1e-5, 1e-3))
+
+
+@ex.checker("04.2")
 def rmsnorm_backward(answer, *, seed=None, **_):
     """``answer(o [N, V], eta [V], dy [N, V], eps) -> do [N, V]``: the gradient of
     ``sum(dy * y)`` with respect to ``o``, for ``y = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
-    row one head and token), without JAX's autodiff; N and V drawn at every call (``seed``
-    repeats them)."""
-    seed, rng = seeded(seed)
-    name = "rmsnorm_backward(o, eta, dy, eps)"
+    row one head and token), without JAX's autodiff; N and V drawn at every call."""
+    seed, rng = ex.seeded(seed)
     for rows, width, eps, small in _NORM_SIZES:
         rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dy), want = _norm_trial(rng, rows, width, eps, small)
-        start = time.monotonic()
-        try:
-            with _time_limit(TIME_LIMIT_S), modules_entered(_AUTODIFF) as autodiff:
-                got, hint = call_answer(answer, o, eta, dy, eps, name=name, own_code=True)
-        except _TooSlow:
-            got, hint = None, "slow"
-        if hint == "slow" or (hint is None and time.monotonic() - start > TIME_LIMIT_S):
-            return (f"your function took over {TIME_LIMIT_S:.0f} s at N, V = {rows}, {width}: the "
-                    "gradient is a few sums per row; finite differences cannot get there"
-                    + again(seed))
-        if autodiff:
-            return ("your answer runs JAX's autodiff (jax.grad, jax.vjp, ...), which would do "
-                    "the derivation for you: write the gradient yourself (NumPy or jnp)")
-        hint = hint or refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
+        got, hint = ex.call_answer(
+            answer, o, eta, dy, eps, name="rmsnorm_backward(o, eta, dy, eps)", refused=AUTODIFF,
+            limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s at N, V = "
+            f"{rows}, {width}: the gradient is a few sums per row; finite differences cannot get "
+            "there")
+        hint = hint or ex.refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
         if hint:
-            return hint
+            return hint + ex.again(seed)
         if _far(got, want, rtol=1e-3):
             if not _far(got, eta * dy / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), 1e-3):
-                return "that treats the RMS as a constant: it depends on o too" + again(seed)
+                return "that treats the RMS as a constant: it depends on o too" + ex.again(seed)
             return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
-                    "the RMS; differentiate both (eps inside the square root)" + again(seed))
+                    "the RMS; differentiate both (eps inside the square root)" + ex.again(seed))
     return None

@@ -1,27 +1,15 @@
-"""Checkers of notebook 05's exercises: the backward pass of context parallelism (the fold run
-right to left, and what each rank's summary receives). Answers that run ``kda_lib`` code or
-JAX's autodiff (``jax.grad``, ``jax.vjp``, ``jax.experimental.jet``, ...: it would do the
-derivation) are refused. The last trial (``R, K, V = _LARGE``) must finish within
-``TIME_LIMIT_S``: the backward fold is R small products there, while finite differences of the
-forward fold need one fold per entry (R K V of them, 2.6 10^5), far past it. The reference is
-the float64 recursion, checked in ``tests/teaching/test_exercises.py`` against ``jax.grad`` of
-the forward fold."""
+"""Checkers of notebook 05's exercises: the backward pass of context parallelism, refusing JAX's
+autodiff; the last trial (R, K, V = 32, 64, 128) must finish within ``TIME_LIMIT_S``, where
+finite differences (a forward fold per entry, 2.6e5 of them) cannot. The float64 references
+equal jax.grad of the forward fold (``tests/teaching/test_exercises.py``)."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from kda_lib.teaching.exercises import again, call_answer, checker, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import modules_entered
-from kda_lib.teaching.exercises.ch01 import _time_limit, _TooSlow
+from kda_lib.teaching import exercises as ex
+from kda_lib.teaching.exercises.ch04 import AUTODIFF
 
-_AUTODIFF = ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")
-_AUTODIFF_HINT = (
-    "your answer runs JAX's autodiff (jax.grad, jax.vjp, jax.experimental.jet, ...), which "
-    "would do the derivation for you: write the recursion yourself (NumPy or jnp)"
-)
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 _LARGE = (32, 64, 128)  # R, K, V of the last trial
 TIME_LIMIT_S = 10.0
@@ -30,9 +18,7 @@ _SLOW = ("your function took over {:.0f} s at R, K, V = {}: the backward fold is
 
 
 def _problem(rng, ranks: int, key_dim: int = 4, value_dim: int = 3):
-    """``ms [R, K, K]``, ``es [R, K, V]``, ``hs [R, K, V]``: random summaries (maps of
-    spectral norm about 1, as a chunk's ``M`` is at most 1) and each rank's own-output
-    gradients."""
+    """Summaries ``ms [R, K, K]`` (spectral norm about 1), ``es``, own-output gradients ``hs``."""
     ms = rng.standard_normal((ranks, key_dim, key_dim)) / (2 * np.sqrt(key_dim))
     return (ms, rng.standard_normal((ranks, key_dim, value_dim)),
             rng.standard_normal((ranks, key_dim, value_dim)))
@@ -48,8 +34,7 @@ def state_gradients_reference(ms, hs):
 
 
 def summary_cotangents_reference(ms, es, hs):
-    """``(dms, des)``: ``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (zero for the last
-    rank), ``S[r]`` the state entering rank ``r`` (float64)."""
+    """``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (the last rank's 0), float64."""
     gs = state_gradients_reference(ms, hs)
     after = np.concatenate([gs[1:], np.zeros_like(gs[:1])])  # the gradient leaving each rank
     states, s = [], np.zeros(es.shape[1:])
@@ -60,77 +45,66 @@ def summary_cotangents_reference(ms, es, hs):
 
 
 def _call(answer, *args, name):
-    """``call_answer`` (own code only) watched for autodiff, within ``TIME_LIMIT_S``."""
-    start, size = time.monotonic(), f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
-    try:
-        with _time_limit(TIME_LIMIT_S), modules_entered(_AUTODIFF) as autodiff:
-            got, hint = call_answer(answer, *args, name=name, own_code=True)
-    except _TooSlow:
-        return None, _SLOW.format(TIME_LIMIT_S, size)
-    if autodiff:
-        return None, _AUTODIFF_HINT
-    if hint is None and time.monotonic() - start > TIME_LIMIT_S:
-        return None, _SLOW.format(TIME_LIMIT_S, size)
-    return got, hint
+    """``call_answer`` refusing autodiff, within ``TIME_LIMIT_S``."""
+    size = f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
+    return ex.call_answer(answer, *args, name=name, refused=AUTODIFF, limit_s=TIME_LIMIT_S,
+                          slow=_SLOW.format(TIME_LIMIT_S, size))
 
 
-def _close(got, want) -> bool:
-    """Whether ``got`` matches ``want`` to 1e-4 relative, 1e-5 absolute."""
+def _close(got, want) -> bool:  # 1e-4 relative, 1e-5 absolute
     return np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
-@checker("05.1")
+@ex.checker("05.1")
 def backward_fold(answer, *, seed=None, **_):
     """``state_gradients(ms, hs) -> gs [R, K, V]``: the gradient of the loss with respect to
     the state entering every rank, from the summaries ``ms`` and each rank's own-output
     gradients ``hs`` (the loss has no term in the final state)."""
-    seed, rng = seeded(seed)  # drawn afresh at every call: no table of answers passes
+    seed, rng = ex.seeded(seed)  # drawn afresh at every call: no table of answers passes
     for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
         ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)")
-        hint = hint or refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
-                                         what=f"the gradients for R = {ranks}")
+        hint = hint or ex.refuse_degenerate(got, shape=hs.shape, inputs=(hs,),
+                                            what=f"the gradients for R = {ranks}")
         if hint:
-            return hint
+            return hint + ex.again(seed)
         if _close(got, state_gradients_reference(ms, hs)):
             continue
         if _close(got, state_gradients_reference(np.swapaxes(ms, 1, 2), hs)):
             return (f"wrong for R = {ranks}: S' = M S + E sends a gradient back through M's "
-                    "transpose, not M" + again(seed))
+                    "transpose, not M" + ex.again(seed))
         if _close(np.asarray(got)[-1], hs[-1]) is False and _close(np.asarray(got)[0], hs[0]):
-            return f"wrong for R = {ranks}: which rank's gradient is known first?" + again(seed)
+            return f"wrong for R = {ranks}: which rank's gradient is known first?" + ex.again(seed)
         return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
-                "rank r's own outputs and through the state it hands to rank r + 1" + again(seed))
+                "rank r's own outputs and through the state it hands to rank r + 1"
+                + ex.again(seed))
     return None
 
 
-@checker("05.2")
+@ex.checker("05.2")
 def summary_gradients(answer, *, seed=None, **_):
     """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the gradient of
     the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
     all-gather returns to each rank."""
-    seed, rng = seeded(seed)
+    seed, rng = ex.seeded(seed)
     # at R = 2 every dms is zero (S^(0) = 0, the last unused)
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
+        hint = hint or ex.parts(got, 2, "the pair (dms, des)")
+        for part, shape, what in ((0, ms.shape, "dms"), (1, es.shape, "des")) if not hint else ():
+            hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(ms, es, hs),
+                                                what=f"{what} for R = {ranks}")
         if hint:
-            return hint
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
-            return "summary_cotangents should return the pair (dms, des)"
+            return hint + ex.again(seed)
         want = summary_cotangents_reference(ms, es, hs)
-        for part, shape, what in ((got[0], ms.shape, "dms"), (got[1], es.shape, "des")):
-            hint = refuse_degenerate(part, shape=shape, inputs=(ms, es, hs),
-                                     what=f"{what} for R = {ranks}")
-            if hint:
-                return hint
         if not _close(got[1], want[1]):
             return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
-                    "it adds to, S^(r + 1)" + again(seed))
+                    "it adds to, S^(r + 1)" + ex.again(seed))
         if _close(got[0], np.swapaxes(want[0], 1, 2)):
             return (f"dms for R = {ranks} is transposed: which index of M meets the state?"
-                    + again(seed))
+                    + ex.again(seed))
         if not _close(got[0], want[0]):
             return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
-                    "which gradient does the product pass on?" + again(seed))
+                    "which gradient does the product pass on?" + ex.again(seed))
     return None

@@ -1,127 +1,53 @@
 """Checkers of notebook 06's exercises (a blind model's floor on a skewed vocabulary, a dilated
-conv stack's positions, clearing at every ``period`` tokens)."""
+conv stack's positions, clearing at every ``period`` tokens): trials of the checker's own and
+one drawn at each call (``seed`` repeats it)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-from unittest import mock
 
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, held, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
+from kda_lib.teaching import exercises as ex
 
-_SKEWED = (  # token distributions of the checker's own: Zipf, with zeros, two-valued
-    [0.5, 0.25, 0.125, 0.125],
-    [0.7, 0.1, 0.1, 0.1, 0.0, 0.0],
-    list(np.arange(1, 17)[::-1] / np.arange(1, 17).sum()),
-    [0.25, 0.25, 0.25, 0.25],
-    list(1 / np.arange(1, 101) / (1 / np.arange(1, 101)).sum()),
-)
-
-
-def _random_probs(rng):
-    """A distribution drawn at check time (so a table of the fixed trials fails), one zero."""
-    p = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
-    p[-1] = 0.0
-    return list(p / p.sum())
-
-
-def _listed(got):
-    """A set of positions, sorted into a list (the checkers compare sorted positions)."""
-    return sorted(got) if isinstance(got, (set, frozenset)) else got
-
-
-_ENTROPY_HINT = ("blind_floor(probs) calls {}, which does the derivation: write the entropy "
+_SKEWED = ([0.5, 0.25, 0.125, 0.125], [0.7, 0.1, 0.1, 0.1, 0.0, 0.0],  # Zipf, zeros, uniform
+           list(np.arange(1, 17)[::-1] / np.arange(1, 17).sum()), [0.25] * 4,
+           list(1 / np.arange(1, 101) / (1 / np.arange(1, 101)).sum()))
+_ENTROPY_HINT = ("blind_floor(probs) uses {}, which does the derivation: write the entropy "
                  "-sum_v p(v) log p(v) yourself (numpy), 0 log 0 counting as 0")
 
 
-def _entropy_routines() -> list:
-    """``(module, name, routine)`` of the library entropies 06.1 refuses: scipy's and
-    jax.scipy's (``entropy``, ``entr``, ``xlogy``, ``xlog1py``, ``rel_entr``, ``kl_div``)."""
-    import jax.scipy.special
-    import jax.scipy.stats
-
-    names = ("entr", "xlogy", "xlog1py", "rel_entr", "kl_div")
-    out = [(m, "entropy", m.entropy) for m in (jax.scipy.stats,) if hasattr(m, "entropy")]
-    out += [(jax.scipy.special, n, getattr(jax.scipy.special, n)) for n in names]
-    try:
-        import scipy.special
-        import scipy.stats
-    except ImportError:  # no scipy, only jax's to refuse
-        return out
-    return out + [(scipy.stats, "entropy", scipy.stats.entropy)] + [
-        (scipy.special, n, getattr(scipy.special, n)) for n in names]
-
-
-def _routine_codes(routines) -> frozenset:
-    """The Python code objects of ``routines`` (a custom_jvp's function, a wrapper's wrapped),
-    watched as they run: reached by any name (a private module's), they are refused too."""
-    codes = set()
-    for _, _, r in routines:
-        for f in (r, getattr(r, "fun", None), getattr(r, "__wrapped__", None)):
-            if getattr(f, "__code__", None) is not None:
-                codes.add(f.__code__)
-    return frozenset(codes)
-
-
-def _held_routine(answer, routines) -> str | None:
-    """The routine's name if ``answer`` holds one of ``routines`` (by name in its module's
-    globals, a closure, a default argument, a partial or a container: :func:`held`), else
-    None."""
-    by_id = {id(r): f"{m.__name__}.{n}" for m, n, r in routines}
-    return held(answer, lambda x: by_id.get(id(x)))
-
-
-def _floor_call(answer, probs):
-    """``(got, hint)`` of ``answer(probs)``: its own work, no kda_lib and no library entropy."""
-    routines = _entropy_routines()
-    holding = _held_routine(answer, routines)
-    if holding:
-        return None, _ENTROPY_HINT.format(holding)
-    with contextlib.ExitStack() as stack:  # each routine's module attribute: a mock that raises
-        stubs = {f"{m.__name__}.{n}": stack.enter_context(mock.patch.object(
-            m, n, side_effect=RuntimeError("refused"))) for m, n, _ in routines}
-        codes = _routine_codes(routines)
-        with modules_entered(("scipy.stats",), codes=codes) as entered:
-            got, hint = call_own_work(answer, list(probs), name="blind_floor(probs)")
-    used = [name for name, stub in stubs.items() if stub.called] + entered
-    return (None, _ENTROPY_HINT.format(used[0])) if used else (got, hint)
-
-
-@checker("06.1")
+@ex.checker("06.1")
 def blind_floor(answer, *, seed=None):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
-    accuracy of a model that cannot see the token it must copy, when tokens are drawn i.i.d.
-    from ``probs`` (zeros allowed): the entropy of ``probs`` and its largest entry. The
-    checker's distributions and one drawn (``seed`` repeats it); a library entropy (scipy's or
-    jax.scipy's ``stats.entropy``, ``special.entr``, ``xlogy``, ``xlog1py``, ``rel_entr``,
-    ``kl_div``) is refused."""
-    seed, rng = seeded(seed)
-    hint = _floor_hint(answer, [*_SKEWED, _random_probs(rng)])
-    return hint and hint + again(seed)
+    accuracy of a model that cannot see the token it must copy, tokens i.i.d. from ``probs``
+    (zeros allowed): the entropy and the largest entry; scipy and jax.scipy refused."""
+    seed, rng = ex.seeded(seed)
+    drawn = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
+    drawn[-1] = 0.0  # one zero
+    holding = ex.holds_scipy(answer)
+    hint = _ENTROPY_HINT.format(holding) if holding else _floor_hint(
+        answer, [*_SKEWED, list(drawn / drawn.sum())])
+    return hint and hint + ex.again(seed)
 
 
 def _floor_hint(answer, trials) -> str | None:
     for probs in trials:
-        got, hint = _floor_call(answer, probs)
-        hint = hint or refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
+        got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
+                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY})
+        hint = hint or ex.refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
         if hint:
             return hint
-        loss, acc = (float(g) for g in np.ravel(got))
-        p = np.asarray(probs, np.float64)
-        entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
-        if math.isclose(loss, math.log(len(p)), rel_tol=1e-5) and not math.isclose(
-            entropy, math.log(len(p)), rel_tol=1e-5
-        ):
+        (loss, acc), p = (float(g) for g in np.ravel(got)), np.asarray(probs, np.float64)
+        entropy, uniform = float(-(p[p > 0] * np.log(p[p > 0])).sum()), math.log(len(p))
+        if math.isclose(loss, uniform, rel_tol=1e-5) and not math.isclose(entropy, uniform,
+                                                                          rel_tol=1e-5):
             return "log |V| is the floor of the uniform stream only; the tokens here are skewed"
         if math.isclose(loss, entropy / math.log(2), rel_tol=1e-5) and len(p) > 2:
             return "that loss is in bits; the notebook's losses are in nats"
-        # abs_tol: probs rounded to float32 move a near-zero entropy by ~3e-8 nats (relative
-        # 6e-4 at seed 35's 0.999996), and jax.numpy computes in float32; the fixed trials'
-        # entropies (0.94 nats or more) keep rel_tol in charge there
+        # abs_tol: probs rounded to float32 move a near-zero entropy by ~3e-8 nats (seed 35's
+        # 0.999996), and jax.numpy computes in float32
         if not math.isclose(loss, entropy, rel_tol=1e-5, abs_tol=1e-6):
             return "wrong loss: what should a model predict when it cannot see the source token?"
         if math.isclose(acc, 1 / len(p), rel_tol=1e-6) and p.max() > 1 / len(p) + 1e-9:
@@ -131,16 +57,21 @@ def _floor_hint(answer, trials) -> str | None:
     return None
 
 
+def _positions(answer, args, name):
+    """``(sorted int positions, None)`` of ``answer(*args)`` (a list, array or set), or
+    ``(None, hint)``."""
+    got, hint = ex.call_answer(answer, *args, name=name)
+    got = sorted(got) if isinstance(got, (set, frozenset)) else got
+    hint = hint or ex.refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
+    if not hint and np.ndim(got) != 1:
+        hint = "give a list (or set) of positions t (ints)"
+    return (None, hint) if hint else (sorted(int(t) for t in got), None)
+
+
 # (last, widths, dilations): gaps (2, 2 / 1, 4), WaveNet-style doubling, a width 1, clipping at 0
-_STACKS = (
-    (20, (2, 2), (1, 4)),
-    (31, (4, 4), (1, 4)),
-    (12, (3,), (2,)),
-    (30, (2, 2, 2), (1, 2, 4)),
-    (9, (3, 2), (3, 1)),
-    (25, (1, 4), (5, 2)),
-    (4, (4, 3), (1, 3)),
-)
+_STACKS = ((20, (2, 2), (1, 4)), (31, (4, 4), (1, 4)), (12, (3,), (2,)),
+           (30, (2, 2, 2), (1, 2, 4)), (9, (3, 2), (3, 1)), (25, (1, 4), (5, 2)),
+           (4, (4, 3), (1, 3)))
 
 
 def _seen(last, widths, dilations):
@@ -150,41 +81,30 @@ def _seen(last, widths, dilations):
     return sorted(last - o for o in offsets if o <= last)
 
 
-@checker("06.2")
+@ex.checker("06.2")
 def dilated_positions(answer, *, seed=None):
     """``answer(last, widths, dilations) -> positions``: the positions an output at ``last``
     depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
-    dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d). The checker tries stacks
-    of its own, some with gaps in the positions, and one drawn (``seed`` repeats it)."""
-    seed, rng = seeded(seed)
+    dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d)."""
+    seed, rng = ex.seeded(seed)
     depth = int(rng.integers(1, 4))
     drawn = (int(rng.integers(5, 40)), tuple(int(w) for w in rng.integers(1, 5, depth)),
              tuple(int(d) for d in rng.integers(1, 6, depth)))
-    hint = _positions_hint(answer, [*_STACKS, drawn])
-    return hint and hint + again(seed)
-
-
-def _positions_hint(answer, stacks) -> str | None:
-    for last, widths, dilations in stacks:
-        got, hint = call_own_work(answer, last, list(widths), list(dilations),
-                                  name="seen_positions(last, widths, dilations)")
-        got = _listed(got)
-        hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
-        if hint:
-            return hint
-        got = sorted(int(t) for t in np.ravel(got))
-        want = _seen(last, widths, dilations)
-        if got == want:
+    for last, widths, dilations in [*_STACKS, drawn]:
+        got, hint = _positions(answer, (last, list(widths), list(dilations)),
+                               "seen_positions(last, widths, dilations)")
+        if hint or got == _seen(last, widths, dilations):
+            if hint:
+                return hint + ex.again(seed)
             continue
         where = f"at last = {last}, widths {widths}, dilations {dilations}"
-        if any(t < 0 for t in got):
-            return f"negative positions {where}: the sequence starts at 0"
-        if len(set(got)) != len(got):
-            return f"a position listed twice {where}"
         span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
-        if got == list(range(max(0, last - span), last + 1)):
-            return f"wrong {where}: the reach is right; does a dilated stack see all of it?"
-        return f"wrong {where}: which offsets can the taps of the layers add up to?"
+        text = (f"negative positions {where}: the sequence starts at 0" if min(got, default=0) < 0
+                else f"a position listed twice {where}" if len(set(got)) != len(got)
+                else f"wrong {where}: the reach is right; does a dilated stack see all of it?"
+                if got == list(range(max(0, last - span), last + 1))
+                else f"wrong {where}: which offsets can the taps of the layers add up to?")
+        return text + ex.again(seed)
     return None
 
 
@@ -192,49 +112,34 @@ def _positions_hint(answer, stacks) -> str | None:
 _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20))
 
 
-def _lost(seq_len, delay, conv_size, period):
+def _lost(seq_len, delay, conv_size, period, first_only=False):
     """The positions whose input ``delay`` tokens back was cleared (before the last clearing,
-    beyond the conv's reach)."""
-    return [t for t in range(delay, seq_len)
-            if t >= period and t - delay < (t // period) * period - (conv_size - 1)]
+    or the first with ``first_only``, beyond the conv's reach)."""
+    return [t for t in range(delay, seq_len) if t >= period and t - delay < (
+        period if first_only else t // period * period) - (conv_size - 1)]
 
 
-@checker("06.3")
+@ex.checker("06.3")
 def periodic_clearing(answer, *, seed=None):
     """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
     token (at t - delay) has no path left when the states and the conv histories above layer 0
-    are cleared at every multiple of ``period`` (period, 2 period, ...). The checker's cases
-    and one drawn (``seed`` repeats it)."""
-    seed, rng = seeded(seed)
+    are cleared at every multiple of ``period``."""
+    seed, rng = ex.seeded(seed)
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     period = int(rng.integers(delay + 1, 3 * delay + 2))
-    drawn = (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)
-    hint = _lost_hint(answer, [*_PERIODIC, drawn])
-    return hint and hint + again(seed)
-
-
-def _lost_hint(answer, cases) -> str | None:
-    for case in cases:
-        got, hint = call_own_work(answer, *case,
-                                  name="lost_positions(seq_len, delay, conv_size, period)")
-        got = _listed(got)
-        hint = hint or refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
-        if hint:
-            return hint
-        if np.ndim(got) != 1:
-            return "give a list (or set) of positions t (ints)"
-        got = sorted(int(t) for t in got)
-        want = _lost(*case)
-        if got == want:
+    for case in [*_PERIODIC, (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)]:
+        got, hint = _positions(answer, case, "lost_positions(seq_len, delay, conv_size, period)")
+        if hint or got == _lost(*case):
+            if hint:
+                return hint + ex.again(seed)
             continue
-        seq_len, delay, conv_size, period = case
-        if len(set(got)) != len(got):
-            return "give each position once"
-        if any(t < delay or t >= seq_len for t in got):
-            return f"positions must be scored ones, delay..T-1 = {delay}..{seq_len - 1}"
-        first_only = [t for t in range(max(delay, period), seq_len)
-                      if t - delay < period - (conv_size - 1)]
-        if got == first_only:
-            return f"wrong for {case}: only the first clearing counted; which matters at t?"
-        return f"wrong for {case}: after the last clearing before t, which tokens keep a path?"
+        seq_len, delay, _, _ = case
+        text = ("give each position once" if len(set(got)) != len(got)
+                else f"positions must be scored ones, delay..T-1 = {delay}..{seq_len - 1}"
+                if any(t < delay or t >= seq_len for t in got)
+                else f"wrong for {case}: only the first clearing counted; which matters at t?"
+                if got == _lost(*case, first_only=True)
+                else f"wrong for {case}: after the last clearing before t, which tokens keep a "
+                "path?")
+        return text + ex.again(seed)
     return None

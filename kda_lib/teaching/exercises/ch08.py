@@ -1,25 +1,12 @@
 """Checkers of notebook 08's exercises (chance, the Holm column, the sign-flip column, time
-scales)."""
+scales): the notebook's family and families drawn at each call (``seed`` repeats them)."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
-
-import jax
 import numpy as np
 import scipy.special
 
-from kda_lib.teaching.exercises import (
-    again,
-    checker,
-    copies_reference,
-    held,
-    refuse_degenerate,
-    seeded,
-)
-from kda_lib.teaching.exercises._routes import call_own_work, modules_entered
+from kda_lib.teaching import exercises as ex
 
 
 def _mqar_values(vocab_size: int) -> int:
@@ -27,82 +14,42 @@ def _mqar_values(vocab_size: int) -> int:
     return vocab_size - 1 - (vocab_size - 1) // 2
 
 
-@checker("08.1")
-def mqar_chance(answer, **_):
-    """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, tried on
-    vocabularies of the checker's own (odd and even), the last two drawn at check time between
-    10^5 and 10^6 and compared to 1e-7 relative (a table made in advance, or 2 / V beside one,
-    misses them), without calling kda_lib."""
-    drawn = 2 * int(np.random.default_rng().integers(5 * 10**4, 5 * 10**5))
-    for size in (8, 9, 17, 32, 101, drawn, drawn + 1):
-        got, hint = call_own_work(answer, size, name="mqar_chance(vocab_size)")
-        hint = hint or refuse_degenerate(got, shape=(), what=f"the accuracy at V = {size}")
-        if hint:
-            return hint
-        if not np.isclose(float(got), 1 / _mqar_values(size), rtol=1e-7, atol=1e-8 * (size < 200)):
-            return (
-                f"wrong at V = {size}: draw MQAR sequences at this V and at its neighbours "
+@ex.checker("08.1")
+def mqar_chance(answer, *, seed=None, **_):
+    """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, on
+    vocabularies odd and even, two drawn between 10^5 and 10^6 (1e-7 relative)."""
+    seed, rng = ex.seeded(seed)
+    drawn = 2 * int(rng.integers(5 * 10**4, 5 * 10**5))
+    sizes = [(v,) for v in (8, 9, 17, 32, 101, drawn, drawn + 1)]
+    hint, miss = ex.first_miss(answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (
+        _mqar_values(v)), lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
+    if miss:
+        hint = (f"wrong at V = {miss[0][0]}: draw MQAR sequences at this V and at its neighbours "
                 "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "
-                "appear as values"
-            )
-    return None
+                "appear as values")
+    return hint and hint + ex.again(seed)
 
 
-_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.2 and 08.3
-# 08.2 is numpy only: the t and beta tails of scipy and JAX (special.stdtr, betainc, lax.betainc,
-# the igamma family) too
-_SCIPY = ("scipy", "jax.scipy", "jax._src.scipy", "jax._src.lax.special")
-_TABLES = {
-    id(f): f"scipy.special.{n}" for n, f in vars(scipy.special).items() if isinstance(f, np.ufunc)
-}  # C routines: no Python frame to watch
-_TABLES |= {id(getattr(jax.lax, n)): f"jax.lax.{n}" for n in ("betainc", "igamma", "igammac")}
-_TABLES |= {  # their primitives, bound directly (compiled before or not: review r0809c), found
-    # by tracing each routine once (no private import)
-    id(e.primitive): f"the primitive {e.primitive.name}"
-    for fn, n in ((jax.lax.betainc, 3), (jax.lax.igamma, 2), (jax.lax.igammac, 2))
-    for e in jax.make_jaxpr(fn)(*[0.5] * n).eqns
-}
-
-
-def _scipy_named(x) -> str | None:
-    """The scipy or JAX tail routine or module ``x`` is (a scipy.special ufunc, jax.lax.betainc,
-    a primitive of their tails or its bound method, a ufunc not numpy's own such as one built
-    by ``np.frompyfunc``, anything from a module of ``_SCIPY``), or
-    the scipy module a function's code imports by name; else None."""
-    for y in (x, getattr(x, "__self__", None)):
-        if id(y) in _TABLES:
-            return _TABLES[id(y)]
-        if isinstance(y, np.ufunc) and getattr(np, y.__name__, None) is not y:  # np.frompyfunc
-            return f"the ufunc {y.__name__!r}, not numpy's own (it can wrap scipy's tables)"
-    module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
-    if isinstance(module, str) and module.startswith(_SCIPY):
-        return module
-    stack = [x.__code__] if isinstance(getattr(x, "__code__", None), types.CodeType) else []
-    while stack:
-        code = stack.pop()
-        stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        names = [n for n in code.co_names if n.startswith(_SCIPY)]
-        if names:
-            return names[0]
-    return None
+_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.3
+# 08.2 is numpy only: all of scipy and jax.scipy, and JAX's t and beta tails (lax.betainc, igamma)
+_TAILS = (*ex.SCIPY, "jax._src.lax.special")
 
 
 def _rows(family: dict) -> dict:
-    """The family as ``{row: (kda scores, other scores)}``, lists of floats (the answer's copy)."""
+    """The family as ``{row: (kda scores, other scores)}``, lists of floats (a copy)."""
     return {row: tuple([float(x) for x in side] for side in pair) for row, pair in family.items()}
 
 
 def _t_p(d, ddof: int = 1) -> float:
-    """The two-sided p of the paired t statistic of the differences ``d`` (n - 1 degrees of
-    freedom), the sd with ``ddof``."""
+    """The two-sided p of the paired t of the differences ``d`` (n - 1 degrees of freedom)."""
     d = np.asarray(d, np.float64)
     t = d.mean() / (d.std(ddof=ddof) / np.sqrt(d.size))
     return float(2 * scipy.special.stdtr(d.size - 1, -abs(t)))
 
 
 def _holm(p, running: bool = True, cap: bool = True) -> np.ndarray:
-    """Holm's step-down adjusted ``p`` in the input's order: the i-th smallest of m times
-    m - i + 1, then the running maximum (``running``), capped at 1 (``cap``)."""
+    """Holm's adjusted ``p`` in the input's order: the i-th smallest of m times m - i + 1, the
+    running maximum (``running``), capped at 1 (``cap``)."""
     p = np.asarray(p, np.float64)
     order, m = np.argsort(p, kind="stable"), p.size
     stepped = (m - np.arange(m)) * p[order]
@@ -118,42 +65,31 @@ def _family_p(family: dict, how: str) -> np.ndarray:
     p = np.array([_t_p(x, ddof=0 if how == "sd over n" else 1) for x in d])
     if how == "one-sided":
         p = np.where([x.mean() > 0 for x in d], p / 2, 1 - p / 2)
-    return {
-        "unadjusted": p,
-        "Bonferroni": np.minimum(p * p.size, 1.0),
-        "no running maximum": _holm(p, running=False),
-    }.get(how, _holm(p))
+    return {"unadjusted": p, "Bonferroni": np.minimum(p * p.size, 1.0),
+            "no running maximum": _holm(p, running=False)}.get(how, _holm(p))
 
 
-_HOLM_HINTS = {
-    "unadjusted": "these are each row's own p: Holm adjusts them over the family",
+_HOLM_HINTS = {"unadjusted": "these are each row's own p: Holm adjusts them over the family",
     "Bonferroni": "that is Bonferroni (every p times m): Holm multiplies the i-th smallest of m "
     "by m - i + 1",
     "no running maximum": "Holm's adjusted values never fall in the sorted order: after the "
     "products, take the running maximum",
     "sd over n": "the sd of the differences divides by n - 1 (the t statistic's)",
-    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",
-}
+    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",}
 
 
 def _holm_families(rng) -> list:
-    """Families of 5 paired seeds drawn with ``rng``: 3 to 9 rows, p from 0.001 to 0.99, one
-    row negative, the running maximum and the cap at 1 both at work."""
+    """Families of 5 paired seeds: 3 to 9 rows, p from 0.001 to 0.99, one row negative, the
+    running maximum and the cap at 1 both at work."""
     out = []
     while len(out) < 3:
         m = int(rng.integers(3, 10))
-        gaps = rng.uniform(-0.2, 1.5, m) * rng.choice([1, 1, -1], m)
-        fam = {
-            f"row {i}": ((b + g + 0.05 * rng.standard_normal(5)).round(4).tolist(), b.tolist())
-            for i, (g, b) in enumerate(zip(gaps * 0.05, rng.uniform(0.3, 0.7, (m, 5)), strict=True))
-        }
+        gaps = rng.uniform(-0.2, 1.5, m) * rng.choice([1, 1, -1], m) * 0.05
+        fam = {f"row {i}": ((b + g + 0.05 * rng.standard_normal(5)).round(4).tolist(), b.tolist())
+               for i, (g, b) in enumerate(zip(gaps, rng.uniform(0.3, 0.7, (m, 5)), strict=True))}
         p = _family_p(fam, "unadjusted")
-        if (
-            p.min() > 1e-3
-            and (_holm(p) > _holm(p, running=False)).any()
-            and (_holm(p, cap=False) > 1).any()
-            and (_holm(p) < 0.5).sum() >= 2
-        ):
+        if p.min() > 1e-3 and (_holm(p) > _holm(p, running=False)).any() and (
+                _holm(p, cap=False) > 1).any() and (_holm(p) < 0.5).sum() >= 2:
             out.append(fam)
     return out
 
@@ -163,7 +99,7 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     if not isinstance(got, dict) or set(got) != set(family):
         return None, f"return a dict {{row: {what}}} with the family's rows as keys"
     values = [got[row] for row in family]
-    hint = refuse_degenerate(values, shape=(len(family),), what=f"the {what}s", allow_zeros=True)
+    hint = ex.refuse_degenerate(values, shape=(len(family),), what=f"the {what}s", allow_zeros=True)
     if hint:
         return None, hint
     values = np.asarray(values, np.float64)
@@ -172,74 +108,37 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     return values, None
 
 
-@contextlib.contextmanager
-def _tables_called(watch: bool):
-    """While the block runs (if ``watch``), record in the list yielded the first routine of
-    ``_TABLES`` any thread's Python code calls, however it was reached (a name built at run
-    time included): the callable, the object it is bound to, or its first argument (map).
-    sys.monitoring is Python >= 3.12's: on 3.11 nothing is watched (the other refusals hold)."""
-    seen, mon = [], getattr(sys, "monitoring", None)
-    tool = next((i for i in range(6) if mon.get_tool(i) is None), None) if watch and mon else None
-    if tool is None:
-        yield seen
-        return
-
-    def on_call(_code, _offset, fn, arg0):
-        if not seen:
-            hits = [x for x in (fn, getattr(fn, "__self__", None), arg0) if id(x) in _TABLES]
-            seen.extend(_TABLES[id(x)] for x in hits[:1])
-
-    mon.use_tool_id(tool, "kda_lib 08.2")
-    try:
-        mon.register_callback(tool, mon.events.CALL, on_call)
-        mon.set_events(tool, mon.events.CALL)
-        yield seen
-    finally:
-        mon.set_events(tool, 0)
-        mon.register_callback(tool, mon.events.CALL, None)
-        mon.free_tool_id(tool)
-
-
 def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
-    """``answer(copy of family)``: its own work, no kda_lib and no module of ``refused`` (all
-    of scipy and JAX's tails, held, run or called, where ``refused`` is ``_SCIPY``)."""
-    if copies_reference(answer):  # refused by call_own_work, with the copy's own hint
-        refused = _TESTS
-    holding = held(answer, _scipy_named) if refused == _SCIPY else None
+    """``answer(copy of family)``, no kda_lib, no module of ``refused`` (``_TAILS``: no scipy
+    held either)."""
+    holding = ex.holds_scipy(answer) if refused == _TAILS else None
     if holding:
         return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
-    with modules_entered(refused) as entered, _tables_called(refused == _SCIPY) as tables:
-        got, hint = call_own_work(answer, _rows(family), name=name)
-    if tables:
-        return None, f"{name} calls {tables[0]}: numpy only here, derive the t tail yourself"
-    if entered:
-        return None, f"{name} calls {entered[0]}, which does the test: derive it yourself"
-    return got, hint
+    hint = (f"{name} calls {{}}, which does the test: derive it yourself" if refused == _TESTS
+            else f"{name} calls {{}}: numpy only here, derive the t tail yourself")
+    return ex.call_answer(answer, _rows(family), name=name,
+                          refused={p: hint.format(p) for p in refused})
 
 
-@checker("08.2")
+@ex.checker("08.2")
 def holm_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
-    (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family; tried on
-    ``family`` (the claims family) and on families drawn at check time (``seed`` repeats them).
-    Numpy only: all of scipy (stats, special's stdtr and betainc), JAX's (jax.scipy,
-    jax.lax.betainc, the igamma family, their primitives) and kda_lib refused."""
-    seed, rng = seeded(seed)
+    (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family. Numpy only:
+    scipy, jax.scipy, jax.lax's betainc and igamma refused."""
+    seed, rng = ex.seeded(seed)
     for fam in [family, *_holm_families(rng)]:
-        got, hint = _own_call(answer, fam, "holm_column(family)", _SCIPY)
+        got, hint = _own_call(answer, fam, "holm_column(family)", _TAILS)
         got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         if np.allclose(got, _family_p(fam, "right"), rtol=1e-4, atol=1e-6):
             continue
         for how, text in _HOLM_HINTS.items():
             if np.allclose(got, _family_p(fam, how), rtol=1e-4, atol=1e-6):
-                return text + again(seed)
-        return (
-            "some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
-            "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm"
-            + again(seed)
-        )
+                return text + ex.again(seed)
+        return ("some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
+                "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm"
+                + ex.again(seed))
     return None
 
 
@@ -249,36 +148,30 @@ def _tie_tolerance(d) -> float:
 
 
 def _sign_flip(d, strict=False, one_sided=False, exact=False) -> float:
-    """The exact two-sided sign-flip p of the differences ``d``: the share of the 2^n sign
-    patterns whose |sum| reaches the observed |sum| (or a mistake: ties left out, one tail,
-    ties compared to the last bit)."""
+    """The exact two-sided sign-flip p of ``d``: the share of the 2^n sign patterns whose |sum|
+    reaches the observed |sum| (or a slip: ties left out, one tail, ties to the last bit)."""
     d = np.asarray(d, np.float64)
     signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
     sums, observed = signs @ d, d.sum()
     tol = 0.0 if exact else _tie_tolerance(d)
     if one_sided:
-        return float(
-            np.mean(sums >= observed - tol) if observed >= 0 else np.mean(sums <= observed + tol)
-        )
+        return float(np.mean(sums >= observed - tol if observed >= 0 else sums <= observed + tol))
     if strict:
         return float(np.mean(np.abs(sums) > abs(observed) + tol))
     return float(np.mean(np.abs(sums) >= abs(observed) - tol))
 
 
 def _flip_families(rng) -> list:
-    """Families drawn with ``rng``: rows of 3 to 10 seeds, of continuous scores or of eighths
-    with a zero difference; the first also holds two fixed rows, one whose tying sums differ in
-    their last bits and one whose differences sum to 0."""
+    """Families of rows of 3 to 10 seeds, continuous scores or eighths with a zero difference;
+    the first also holds a row whose tying sums differ in their last bits, one summing to 0."""
     out = []
     for _ in range(3):
         fam = {}
         for i in range(int(rng.integers(3, 7))):
             n = int(rng.integers(3, 11))
             b = rng.uniform(0, 1, n).round(3)
-            if i % 2:  # one zero difference (dropping it leaves p as it is), the rest eighths
-                d = np.append(0.0, rng.integers(-2, 6, n - 1) / 8)
-            else:
-                d = rng.normal(rng.uniform(0, 0.1), 0.05, n)
+            d = (np.append(0.0, rng.integers(-2, 6, n - 1) / 8) if i % 2  # a zero, eighths
+                 else rng.normal(rng.uniform(0, 0.1), 0.05, n))
             fam[f"row {i}"] = ((b + d).tolist(), b.tolist())
         out.append(fam)
     # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
@@ -291,46 +184,38 @@ def _flip_families(rng) -> list:
 
 _FLIP_HINTS = {
     "strict": "a pattern whose |sum| equals the observed one counts (the observed pattern "
-    "itself and its mirror do)",
+              "itself and its mirror do)",
     "one_sided": "the test is two-sided: a pattern as far out on the other side counts too",
     "exact": "sums that tie in exact arithmetic can differ in their last bits (0.7 - 0.5 is not "
-    "0.8 - 0.6 in floats): compare with a tolerance",
-}
+             "0.8 - 0.6 in floats): compare with a tolerance"}
+_ZERO_SUM_HINT = ("a row's differences sum to 0: every sign pattern's |sum| reaches 0, so its p "
+                  "is 1; compare ties on the differences' scale (sum |d|), not relative to the "
+                  "observed sum")
 
 
-_ZERO_SUM_HINT = (
-    "a row's differences sum to 0: every sign pattern's |sum| reaches 0, so its p is 1; compare "
-    "ties on the differences' scale (sum |d|), not relative to the observed sum"
-)
-
-
-@checker("08.3")
+@ex.checker("08.3")
 def sign_flip_column(answer, *, family: dict, seed=None):
     """``answer(family) -> {row: p}``: each row's exact two-sided sign-flip p (every sign
-    pattern of its paired differences), tried on ``family`` (the claims family) and on families
-    of 3 to 10 seeds drawn at check time (``seed`` repeats them). scipy.stats and kda_lib
-    refused."""
-    seed, rng = seeded(seed)
+    pattern of its paired differences), families of 3 to 10 seeds; scipy.stats refused."""
+    seed, rng = ex.seeded(seed)
     for fam in [family, *_flip_families(rng)]:
         got, hint = _own_call(answer, fam, "sign_flip_column(family)")
         got, hint = (None, hint) if hint else _column(got, fam, "sign-flip p")
         if hint:
-            return hint + again(seed)
+            return hint + ex.again(seed)
         d = [np.subtract(*map(np.asarray, pair)) for pair in _rows(fam).values()]
         wrong = ~np.isclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9)
         if not wrong.any():
             continue
         zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # p = 1 exactly
         if (zero_sums | ~wrong).all():  # only rows that sum to 0 are off
-            return _ZERO_SUM_HINT + again(seed)
+            return _ZERO_SUM_HINT + ex.again(seed)
         for how, text in _FLIP_HINTS.items():
             if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
-                return text + again(seed)
-        return (
-            "some rows are off: under no difference each seed's difference is as likely "
-            "negative as positive; count every pattern of signs, exactly (not a sample)"
-            + again(seed)
-        )
+                return text + ex.again(seed)
+        return ("some rows are off: under no difference each seed's difference is as likely "
+                "negative as positive; count every pattern of signs, exactly (not a sample)"
+                + ex.again(seed))
     return None
 
 
@@ -345,16 +230,16 @@ def head_filter(decays, beta, k, q, length: int) -> np.ndarray:
     return np.asarray(out)
 
 
-@checker("08.4")
+@ex.checker("08.4")
 def three_time_scales(answer, *, half_lives, length: int):
     """A KDA head whose filter is the mean of three exponentials."""
     if not isinstance(answer, dict) or set(answer) != {"decays", "beta", "k", "q"}:
         return "give a dict with the keys decays, beta, k, q"
     for name in ("decays", "k", "q"):
-        hint = refuse_degenerate(answer[name], shape=(len(half_lives),), what=name)
+        hint = ex.refuse_degenerate(answer[name], shape=(len(half_lives),), what=name)
         if hint:
             return hint + f" ({name} needs {len(half_lives)} entries, one per channel)"
-    hint = refuse_degenerate(answer["beta"], shape=(), what="beta")
+    hint = ex.refuse_degenerate(answer["beta"], shape=(), what="beta")
     if hint:
         return hint
     decays, k, q = (np.asarray(answer[n], np.float64) for n in ("decays", "k", "q"))
@@ -369,9 +254,6 @@ def three_time_scales(answer, *, half_lives, length: int):
     target = np.mean([(0.5 ** (1 / h)) ** lag for h in half_lives], axis=0)
     got = head_filter(decays, beta, k, q, length)
     error = np.linalg.norm(got - target) / np.linalg.norm(target)
-    if error < 1e-6:
-        return None
-    return (
+    return None if error < 1e-6 else (
         f"the head's filter is {error:.2g} off (relative L2); are A's eigenvalues the three "
-        "per-token ratios 2^(-1/h), h the half-lives?"
-    )
+        "per-token ratios 2^(-1/h), h the half-lives?")

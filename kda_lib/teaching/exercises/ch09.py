@@ -1,185 +1,163 @@
-"""Checkers of notebook 09's exercises (the hybrid's cache, where it outgrows pure KDA's, a
-bigram baseline)."""
+"""Checkers of notebook 09's exercises, on the notebook's hybrid and on models and byte strings
+drawn at each call. Caches in model terms, float32: a KDA layer keeps its H d_k x d_k states and
+w - 1 rows of its q, k, v convolutions (3 H d_k numbers a row), an MLA layer d_c a token."""
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import numpy as np
 
-from kda_lib.teaching.exercises import again, checker, refuse_degenerate, seeded
-from kda_lib.teaching.exercises._routes import call_own_work
+from kda_lib.teaching import exercises as ex
+
+_NAMES = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size")
 
 
-def _hybrid_bytes(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
-                  decode_steps) -> int:
-    """A hybrid's decode cache in bytes (KDA states and conv tails, MLA latents)."""
-    kda_layer = 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
-    mla_layer = 4 * (context + decode_steps + 1) * kv_lora_rank + 4
-    return kda_layers * kda_layer + mla_layers * mla_layer
+def _kda_layer(heads, key_dim, conv_size) -> int:
+    """Bytes of one KDA layer's decode cache."""
+    return 4 * (heads * key_dim * key_dim + 3 * max(conv_size - 1, 0) * heads * key_dim)
 
 
-_SHAPES = [  # (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size, decode_steps)
-    (3, 1, 4, 32, 64, 4, 8),
-    (2, 2, 2, 16, 8, 2, 0),
-    (5, 1, 1, 8, 48, 1, 3),
-]
+def _drawn(rng) -> tuple:
+    """A hybrid drawn at check time: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank,
+    conv_size)."""
+    return (int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(1, 9)),
+            int(rng.choice([16, 32, 64, 128])), int(rng.integers(8, 600)), int(rng.integers(0, 6)))
 
 
-@checker("09.1")
-def hybrid_cache_bytes(answer, *, measured: dict, shape: dict):
-    """``answer(context, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
-    decode_steps) -> int``: a hybrid's decode cache in bytes. Compared with the notebook's
-    measurement (``measured``: context -> bytes, for the model ``shape``, a dict of those
-    arguments), then tried on contexts nobody measured and on models of the checker's own, so a
-    lookup or a fit of the measurements cannot pass. kda_lib may not be called."""
-    names = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size",
-             "decode_steps")
-    own = tuple(int(shape[n]) for n in names)
-    trials = [(int(c), own, int(b)) for c, b in measured.items()]
-    unmeasured = [c for c in (3, 100, 777, 5000) if c not in measured]
-    trials += [(c, own, _hybrid_bytes(c, *own)) for c in unmeasured]
-    trials += [(c, sh, _hybrid_bytes(c, *sh)) for sh in _SHAPES for c in (10, 300)]
-    for context, sh, want in trials:
-        got, hint = call_own_work(
-            answer, context, *sh, name="hybrid_cache_bytes(context, ...)"
-        )
-        hint = hint or refuse_degenerate(got, shape=(), integer=True, what="the bytes")
+def _models(shape: dict, rng) -> list[tuple]:
+    """The notebook's hybrid, three drawn, one with conv_size 1 (no conv rows)."""
+    own = tuple(int(shape[n]) for n in _NAMES)
+    return [own, _drawn(rng), _drawn(rng), (*_drawn(rng)[:5], 1), _drawn(rng)]
+
+
+def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
+    """The least whole T >= 1 where the MLA latents hold at least the KDA layers' bytes
+    (``states`` False: the conv rows left out, a slip)."""
+    if mla == 0:
+        return math.inf
+    fixed = kda * (_kda_layer(heads, key_dim, conv) if states else
+                   _kda_layer(heads, key_dim, conv) - 4 * heads * key_dim * key_dim)
+    return max(1, -(-fixed // (4 * mla * rank)))
+
+
+@ex.checker("09.1")
+def half_context(answer, *, shape: dict, seed=None):
+    """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the
+    least whole context T >= 1 at which the hybrid's MLA latents take at least half of its decode
+    cache (``math.inf`` without MLA layers); on the notebook's hybrid (``shape``), drawn
+    hybrids, one without conv rows, one without MLA layers and one without KDA layers."""
+    seed, rng = ex.seeded(seed)
+    models = _models(shape, rng)
+    models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
+    for model in models:
+        got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)")
+        if not hint and not (isinstance(got, float) and got == math.inf):
+            hint = ex.refuse_degenerate(got, shape=(), integer=True, what="T")
         if hint:
-            return hint
-        if int(got) != want:
-            where = "measured" if context in measured and sh == own else "expected"
-            return (
-                f"at context {context} for {dict(zip(names, sh, strict=True))} your count is "
-                f"{'above' if got > want else 'below'} the {where} cache; "
-                + _missing_term(int(got), context, *sh)
-            )
+            return hint + ex.again(seed)
+        want, where = _half(*model), f"for {dict(zip(_NAMES, model, strict=True))}"
+        if got == want:
+            continue
+        if want == math.inf or got == math.inf:
+            return (f"wrong {where}: math.inf only where no context brings the latents level "
+                    "(no MLA layer)" + ex.again(seed))
+        if int(got) == _half(*model, states=False):
+            return f"wrong {where}: a KDA layer keeps its d_k x d_k states too" + ex.again(seed)
+        if int(got) in (want - 1, want + 1) or int(got) < 1:
+            return (f"off by one {where}: the least whole T >= 1 where the latents hold at least "
+                    "as many bytes" + ex.again(seed))
+        return (f"your T is {'above' if got > want else 'below'} the count {where}: per layer, "
+                "what does decoding one more token need (section 5)?" + ex.again(seed))
     return None
 
 
-def _missing_term(got, context, kda, mla, heads, key_dim, rank, conv, steps) -> str:
-    """The hint naming the term of 09.1's count that ``got`` leaves out (or gets wrong)."""
-    want = _hybrid_bytes(context, kda, mla, heads, key_dim, rank, conv, steps)
-    tails = kda * 4 * 3 * max(conv - 1, 0) * heads * key_dim
-    misses = {  # what the answer would be without each term -> the hint naming it
-        "the MLA cache has room for more than the context: read decode_cost": want
-        - mla * 4 * (steps + 1) * rank,
-        "a KDA layer also keeps the last w - 1 inputs of its short convolutions": want - tails,
-        "a KDA layer keeps q's, k's and v's convolution tails (three)": want - tails // 3 * 2,
-        "each MLA cache also stores its length (an int32)": want - 4 * mla,
-        "a KDA head's state is d_k x d_v, float32": want
-        - kda * 4 * heads * key_dim * (key_dim - 1),
-    }
-    return next((text for text, value in misses.items() if value == got),
-                "count, layer by layer, what decoding one more token needs (section 5)")
+def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
+    """The least whole context T >= 0 at which the hybrid's cache is at least ``factor`` times
+    a pure-KDA model's of the same depth, in integers (``factor`` a multiple of 1/4)."""
+    layer = _kda_layer(heads, key_dim, conv)
+    need = int(4 * factor) * (kda + mla) * layer - 4 * kda * layer  # in quarter bytes
+    return max(0, -(-need // (16 * mla * rank)))
 
 
-def _context_at(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
-                decode_steps, kda_bytes=None) -> int:
-    """The smallest whole context at which the hybrid's cache is ``factor`` times a pure-KDA
-    model's of the same depth (``kda_bytes``, or counted), in integers."""
-    rest = (heads, key_dim, kv_lora_rank, conv_size, decode_steps)
-    pure = (kda_layers + mla_layers) * _hybrid_bytes(0, 1, 0, *rest)
-    pure = pure if kda_bytes is None else kda_bytes
-    fixed = _hybrid_bytes(0, kda_layers, mla_layers, *rest)
-    return max(0, -(-(factor * pure - fixed) // (4 * mla_layers * kv_lora_rank)))
+@ex.checker("09.2")
+def context_at_factor(answer, *, shape: dict, seed=None):
+    """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``:
+    the least whole context T >= 0 at which the hybrid's decode cache is at least ``factor``
+    times that of a pure-KDA model of the same depth (09.1's count); on the notebook's hybrid and
+    drawn ones, factors drawn too, one below the hybrid's KDA share (T = 0)."""
+    seed, rng = ex.seeded(seed)
+    trials = [(f, *model) for model in _models(shape, rng)
+              for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
+    kda, mla = trials[0][1:3]
+    trials.append((math.floor(4 * kda / (kda + mla)) / 4, *trials[0][1:]))  # at most its share
+    hint, miss = ex.first_miss(answer, trials, "context_at(factor, ...)", _context_at, shape=(),
+                               integer=True, allow_zeros=True, what="the context")
+    if miss:
+        (factor, *model), got, want = miss
+        where = f"for factor {factor} and {dict(zip(_NAMES, model, strict=True))}"
+        hint = (f"wrong {where}: the hybrid's KDA layers alone reach this factor: which context "
+                "is the least, and can a context be negative?" if want == 0 else
+                f"off by one {where}: the least whole context" if int(got) in (want - 1, want + 1)
+                else f"wrong {where}: the hybrid's cache grows with context (09.1's count); a "
+                "pure-KDA model of the same depth has kda_layers + mla_layers KDA layers")
+    return hint and hint + ex.again(seed)
 
 
-@checker("09.2")
-def context_at_factor(answer, *, shape: dict, kda_bytes: int):
-    """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size,
-    decode_steps) -> int``: the smallest whole context at which the hybrid's decode cache is at
-    least ``factor`` times that of a pure-KDA model of the same depth. Tried on the notebook's
-    hybrid (``shape``; ``kda_bytes``: its pure-KDA twin's measured cache) and on models and
-    factors of the checker's own. kda_lib may not be called."""
-    names = ("kda_layers", "mla_layers", "heads", "key_dim", "kv_lora_rank", "conv_size",
-             "decode_steps")
-    own = tuple(int(shape[n]) for n in names)
-    trials = [(f, own, _context_at(f, *own, kda_bytes=int(kda_bytes))) for f in (10, 3, 40)]
-    trials += [(f, sh, _context_at(f, *sh)) for sh in _SHAPES for f in (10, 2)]
-    for factor, sh, want in trials:
-        got, hint = call_own_work(answer, factor, *sh, name="context_at(factor, ...)")
-        hint = hint or refuse_degenerate(
-            got, shape=(), integer=True, allow_zeros=want == 0, what="the context"
-        )
-        if hint:
-            return hint
-        if int(got) in (want - 1, want + 1):
-            return "off by one: the smallest whole context where the cache reaches the factor"
-        if int(got) != want:
-            return (
-                f"wrong for factor {factor} and shape {dict(zip(names, sh, strict=True))}: the "
-                "hybrid's cache grows with context (09.1's count); a pure-KDA model of the same "
-                "depth has kda_layers + mla_layers KDA layers and a fixed cache"
-            )
-    return None
+def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
+    """Bits per byte of ``data[k:]`` under ``data``'s own frequencies of each byte after the
+    ``k`` bytes before it (or a slip: ``log`` natural, ``smoothing`` added, every position from
+    ``start`` scored with the bytes it has)."""
+    data = bytes(np.asarray(data, np.uint8))
+    start = k if start is None else start
+    pairs = Counter((data[max(0, t - k):t], data[t]) for t in range(start, len(data)))
+    contexts = Counter()
+    for (context, _), n in pairs.items():
+        contexts[context] += n
+    bits = sum(n * -log((n + smoothing) / (contexts[c] + 256 * smoothing))
+               for (c, _), n in pairs.items())
+    return float(bits / sum(pairs.values()))
 
 
-def _bigram_bpb(train, validation, smoothing=1.0, log=np.log2) -> float:
-    """Bits per byte of validation[1:] given the byte before, pair counts from ``train``."""
-    train, validation = np.asarray(train, np.int64), np.asarray(validation, np.int64)
-    counts = np.full((256, 256), smoothing)
-    np.add.at(counts, (train[:-1], train[1:]), 1)
-    with np.errstate(divide="ignore", invalid="ignore"):  # smoothing 0: rows never seen
-        p = counts / counts.sum(1, keepdims=True)
-        return float(-log(p[validation[:-1], validation[1:]]).mean())
-
-
-def _unigram_bpb(train, validation) -> float:
-    """Bits per byte of ``validation`` under add-one byte counts of ``train``."""
-    counts = np.bincount(np.asarray(train, np.int64), minlength=256) + 1.0
-    return float(-np.log2(counts / counts.sum())[np.asarray(validation, np.int64)].mean())
-
-
-def _bigram_trials(rng):
-    """(train, validation) uint8 byte strings of the checker's own: a hand case, a Markov chain
-    over 12 bytes (validation may hold pairs train never saw) and a text of the corpus' kind, the
-    last two drawn from ``rng`` (lengths and split points too)."""
-    hand = (np.frombuffer(b"abababbbab", np.uint8), np.frombuffer(b"abba", np.uint8))
+def _strings(rng) -> list:
+    """uint8 byte strings: a Markov chain over 12 bytes, a text of the corpus' kind, random
+    bytes, each with a k drawn; and k = 0 and a k at which every context occurs once."""
     symbols = rng.choice(256, 12, replace=False)
-    steps = rng.dirichlet(np.full(12, 0.3), size=12)
-    state, chain = 0, []
-    for _ in range(int(rng.integers(2000, 3000))):
+    steps, state, chain = rng.dirichlet(np.full(12, 0.3), size=12), 0, []
+    for _ in range(int(rng.integers(1500, 2500))):
         state = rng.choice(12, p=steps[state])
         chain.append(symbols[state])
-    chain, split = np.asarray(chain, np.uint8), int(rng.integers(1500, 1900))
-    text = np.frombuffer(b"def f(x):\n    return x + 1\n" * 40 + bytes(range(200, 256)), np.uint8)
-    cut = int(rng.integers(700, 1000))
-    return [hand, (chain[:split], chain[split:]), (text[:cut], text[cut:])]
+    text = np.frombuffer(b"def f(x):\n    return x + 1\n" * 30 + bytes(range(200, 256)), np.uint8)
+    noise = rng.integers(0, 256, int(rng.integers(300, 600))).astype(np.uint8)
+    return [(np.asarray(chain, np.uint8), int(rng.integers(1, 4))), (text, int(rng.integers(1, 5))),
+            (noise, 1), (text, 0), (noise, int(rng.integers(3, 6)))]
 
 
-@checker("09.3")
-def bigram_baseline(answer, *, seed=None):
-    """``answer(train, validation) -> float``: the bits per byte of ``validation[1:]`` under
-    the model that predicts a byte from the byte before, from the pair counts of ``train`` with
-    one added to each of the 256 x 256 counts (add-one, as section 2's unigram). Tried on
-    byte strings of the checker's own (uint8, as the corpus), drawn at each call (``seed``
-    repeats a draw); kda_lib may not be called."""
-    seed, rng = seeded(seed)
-    hint = _bigram_hint(answer, _bigram_trials(rng))
-    return hint and hint + again(seed)
-
-
-def _bigram_hint(answer, trials) -> str | None:
-    """``None`` when ``answer`` gives the bigram bits per byte of every (train, validation)."""
-    for train, validation in trials:
-        got, hint = call_own_work(answer, train.copy(), validation.copy(),
-                                  name="bigram_bpb(train, validation)")
-        hint = hint or refuse_degenerate(got, shape=(), what="the bits per byte")
+@ex.checker("09.3")
+def context_bound(answer, *, seed=None):
+    """``answer(data, k) -> float``: the bits per byte of ``data[k:]`` under ``data``'s own
+    frequencies of each byte after the ``k`` bytes before it (unsmoothed, the conditional
+    entropy; k = 1 is ``lm.one_byte_bound``), on uint8 strings drawn at each call; kda_lib may
+    not be called."""
+    seed, rng = ex.seeded(seed)
+    for data, k in _strings(rng):
+        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)")
+        want = _bound(data, k)
+        hint = hint or ex.refuse_degenerate(got, shape=(), allow_zeros=want == 0,
+                                            what="the bits per byte")
         if hint:
-            return hint
-        want = _bigram_bpb(train, validation)
-        got = float(got)
-        if np.isclose(got, want, rtol=1e-6):
+            return hint + ex.again(seed)
+        if np.isclose(float(got), want, rtol=1e-9, atol=1e-12):
             continue
-        if np.isclose(got, _unigram_bpb(train, validation), rtol=1e-6):
-            return "that ignores the byte before: count pairs (previous byte, next byte)"
-        if np.isclose(got, want * np.log(2), rtol=1e-6):
-            return "bits, not nats: log base 2"
-        if np.isclose(got, _bigram_bpb(train, validation, smoothing=0.0), rtol=1e-6):
-            return "add one to every one of the 256 x 256 pair counts, as the unigram cell does"
-        return (
-            f"on a {train.size}-byte training string your bits per byte are "
-            f"{'above' if got > want else 'below'} the bigram model's: count (previous, next) "
-            "pairs in train, add one to each, normalise each row, average -log2 p(next | "
-            "previous) over validation's bytes after its first (mind uint8 overflow)"
-        )
+        where = f"on a {data.size}-byte string at k = {k}"
+        slips = {"bits, not nats: log base 2": _bound(data, k, log=np.log),
+                 "unsmoothed: the bound uses the string's own frequencies": _bound(data, k,
+                                                                                   smoothing=1.0),
+                 "score only the bytes that have k bytes before them, data[k:]": _bound(
+                     data, k, start=0), "condition on the k bytes before": _bound(data, 0)}
+        text = next((t for t, v in slips.items() if k and np.isclose(float(got), v, rtol=1e-9)),
+                    "count each (k bytes, next byte) pair and each k-byte context in data; mind "
+                    "uint8 overflow if you pack bytes into one number")
+        return f"wrong {where}: {text}" + ex.again(seed)
     return None
