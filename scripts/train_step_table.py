@@ -22,6 +22,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).parent))
 import synthetic_sweep as sweep  # noqa: E402
 
+from kda_lib.lab.records import output_path_problem, write_json  # noqa: E402
 from kda_lib.lab.train import make_optimizer, make_task, train_step  # noqa: E402
 from kda_lib.models.tiny_lm import TinyLM  # noqa: E402
 from kda_lib.ops.api import select_implementation  # noqa: E402
@@ -47,14 +48,34 @@ def seconds_per_step(mixer: str, seq_len: int, args, reps: int = 10) -> dict:
                 min_s=min(times), max_s=max(times), reps=reps, first_step_s=compile_s)
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """``(own options, synthetic_sweep's arguments)``, checked before any work (argparse's
+    error, exit status 2); the rest of ``argv`` goes to synthetic_sweep.py's parser."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--output", required=True)
-    p.add_argument("--seq-lens", default="256,2048")
+    p.add_argument("--output", required=True, help="the JSON record (replaced)")
+    p.add_argument("--seq-lens", default="256,2048", help="comma-separated T")
     p.add_argument("--mixers", default="kda,gdn,mamba2,attention")
     own, rest = p.parse_known_args(argv)
-    _, args = sweep.parse(["--phase", "all", "--output", own.output, "--preset", "paper",
-                           "--implementation", "auto", *rest])
+    sweep_parser, args = sweep.parse(["--phase", "all", "--output", own.output, "--preset",
+                                      "paper", "--implementation", "auto", *rest])  # fmt: skip
+    sweep.check_arguments(sweep_parser, args)
+    try:
+        own.seq_lens = [int(t) for t in own.seq_lens.split(",")]
+    except ValueError:
+        p.error(f"--seq-lens must be comma-separated ints, got {own.seq_lens!r}")
+    shortest = 3 * args.num_pairs  # MQAR: the pairs, then room for every query
+    if min(own.seq_lens) < shortest:
+        p.error(f"--seq-lens must all be >= 3 * num_pairs = {shortest}, got {own.seq_lens}")
+    own.mixers = own.mixers.split(",")
+    if unknown := sorted(set(own.mixers) - set(sweep.MIXERS.split(","))):
+        p.error(f"--mixers: unknown {unknown}; choose from {sweep.MIXERS}")
+    if problem := output_path_problem(own.output):
+        p.error(f"--output: {problem}")
+    return own, args
+
+
+def main(argv=None):
+    own, args = parse_args(argv)
     device = jax.devices()[0]
     record = dict(kind="train_step_table", device_kind=device.device_kind,
                   platform=device.platform, jax=jax.__version__,
@@ -62,17 +83,17 @@ def main(argv=None):
                   batch_size=args.batch_size, hidden_size=args.hidden_size,
                   num_layers=args.num_layers, num_heads=args.num_heads, head_dim=args.head_dim,
                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                  rows=[])
-    for seq_len in (int(t) for t in own.seq_lens.split(",")):
+                  rows=[])  # fmt: skip
+    for seq_len in own.seq_lens:
         kernel = select_implementation(seq_len=seq_len, num_heads=args.num_heads,
                                        key_dim=args.head_dim, batch=args.batch_size)
-        for mixer in own.mixers.split(","):
+        for mixer in own.mixers:
             row = seconds_per_step(mixer, seq_len, args)
             if mixer == "kda":
                 row["kda_implementation"] = kernel
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
-            Path(own.output).write_text(json.dumps(record, indent=1) + "\n")
+            write_json(own.output, record)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,18 @@ def _to_layer(entry: _Entry, w: np.ndarray) -> list[np.ndarray]:
     return [w]
 
 
+_KDA_LAYER = "kda_lib.layers.kda_layer.KimiDeltaAttention"  # named: kda_layer imports this module
+
+
+def _is_kda_layer(layer) -> bool:
+    """Whether ``layer`` is a :class:`kda_lib.KimiDeltaAttention` (or a subclass), told by its
+    classes' qualified names: importing the class here would make an import cycle."""
+    return any(f"{c.__module__}.{c.__qualname__}" == _KDA_LAYER for c in type(layer).__mro__)
+
+
 def _entries(layer, naming: str) -> dict[str, _Entry]:
     """Checkpoint name -> :class:`_Entry` for ``layer`` in ``naming`` (the one table)."""
-    from kda_lib.layers.kda_layer import KimiDeltaAttention  # it imports this module
-
-    if not isinstance(layer, (KimiDeltaAttention, MultiHeadLatentAttention)):
+    if not (_is_kda_layer(layer) or isinstance(layer, MultiHeadLatentAttention)):
         raise TypeError(f"layer must be a KimiDeltaAttention or MultiHeadLatentAttention, got "
                         f"{type(layer).__name__}")  # fmt: skip
     if naming not in NAMINGS:
@@ -80,7 +87,17 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
                              "in the 'kimi_linear' or 'transformers' naming (DeepSeek-V2's "
                              "names)")  # fmt: skip
         return _mla_entries(layer)
-    cfg, hf = layer.config, naming == "transformers"
+    _check_kda_naming(layer.config, naming)
+    return {
+        **_projection_and_conv_entries(layer, naming),
+        **_gate_entries(layer, naming),
+        **_per_head_entries(layer, naming),
+    }
+
+
+def _check_kda_naming(cfg, naming: str) -> None:
+    """Refuse a KDA layer of config ``cfg`` that ``naming`` has no tensors for (ValueError)."""
+    hf = naming == "transformers"
     if cfg.fused_qkv_conv and not hf:
         raise ValueError(f"the {naming!r} naming has separate q_conv1d/k_conv1d/v_conv1d "
                          "weights; this layer has one fused qkv_conv1d (KDAConfig.fused_qkv_conv"
@@ -94,6 +111,12 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
     if hf and lacking:
         raise ValueError("the 'transformers' naming (KimiLinearDeltaAttention of the transformers "
                          "library) has no tensors for " + "; ".join(lacking))  # fmt: skip
+
+
+def _projection_and_conv_entries(layer, naming: str) -> dict[str, _Entry]:
+    """A KDA layer's q/k/v/beta/output projections and short-conv kernels (the transformers
+    naming concatenates the kernels into one ``conv1d.weight``)."""
+    hf = naming == "transformers"
     names = _TRANSFORMERS_NAMES if hf else {}
     entries = {
         f"{names.get(p, p)}.weight": _Entry((getattr(layer, p).kernel,), "linear")
@@ -105,7 +128,15 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         entries["conv1d.weight"] = _Entry(tuple(convs.values()), "conv")
     else:
         entries.update({f"{c}.weight": _Entry((kernel,), "conv") for c, kernel in convs.items()})
-    for gate, has_bias in (("f_proj", False), ("g_proj", cfg.output_gate_bias)):
+    return entries
+
+
+def _gate_entries(layer, naming: str) -> dict[str, _Entry]:
+    """A KDA layer's forget and output gate projections (full rank, or low-rank down and up),
+    with the output gate's bias when it has one."""
+    names = _TRANSFORMERS_NAMES if naming == "transformers" else {}
+    entries = {}
+    for gate, has_bias in (("f_proj", False), ("g_proj", layer.config.output_gate_bias)):
         module = getattr(layer, gate)
         full, *low = (n.format(g=gate[0], gate=names.get(gate)) for n in _GATE_NAMES[naming])
         sequential = isinstance(module, nnx.Sequential)
@@ -113,13 +144,20 @@ def _entries(layer, naming: str) -> dict[str, _Entry]:
         entries.update({f"{name}.weight": _Entry((sub.kernel,), "linear") for name, sub in parts})
         if has_bias:
             entries[f"{parts[-1][0]}.bias"] = _Entry((parts[-1][1].bias,))
+    return entries
+
+
+def _per_head_entries(layer, naming: str) -> dict[str, _Entry]:
+    """A KDA layer's ``A_log`` (when it has one), ``dt_bias`` and ``o_norm`` weight, in the
+    layouts of ``naming``."""
+    entries = {}
     if layer.A_log is not None:
         layout = {"kimi_linear": ((1, 1, -1, 1), "Kimi Linear's A_log layout [1, 1, H, 1]"),
                   "transformers": ((-1, 1), "the transformers A_log layout [HV, 1]")}  # fmt: skip
         entries["A_log"] = _Entry((layer.A_log,), layout.get(naming, "same"))
-    heads = cfg.value_heads
+    heads = layer.config.value_heads
     per_head = ((heads, -1), f"the transformers layout [HV={heads}, channels]")
-    entries["dt_bias"] = _Entry((layer.dt_bias,), per_head if hf else "same")
+    entries["dt_bias"] = _Entry((layer.dt_bias,), per_head if naming == "transformers" else "same")
     entries["o_norm.weight"] = _Entry((layer.o_norm,))
     return entries
 

@@ -101,17 +101,20 @@ def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **k
 
 
 def _run_call(impl, arrays, options):
-    """:func:`run`, forward-mode autodiff through the Pallas kernels refused by name, the
-    result as :func:`kda` returns it."""
+    """:func:`run`, forward-mode autodiff's error named, the result as :func:`kda` returns it."""
     try:
         result = run(impl, arrays, options)
-    except TypeError as e:  # forward mode reached the kernels' custom_vjp
+    except TypeError as e:  # forward mode reached a hand-written backward (a custom_vjp)
         if "custom_vjp" not in str(e):
             raise
+        name = "pallas_tpu" if impl.name == "pallas_tpu" else "chunked"
+        where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
+                 "which 'auto' runs above 16 tokens off CPU, on CPU from a state B*HV*K*V of "
+                 "65536, and for derivatives of a gradient (jax.hessian), DESIGN section 4")
         raise TypeError(
             f"forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            f"implementation={impl.name!r}: its backward is a Pallas kernel; pass "
-            "implementation='chunked' (forward and reverse mode)"
+            f"implementation={name!r} ({where}): its backward is hand-written; pass "
+            "implementation='recurrent'"
         ) from e
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]

@@ -218,15 +218,13 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
     return (*replaced, flags)
 
 
-# ------------------------------------------------------------------ hand-written derivatives
-# Both pieces are custom_jvp (not custom_vjp): forward mode, reverse mode (JAX transposes the
-# linear tangent map) and their compositions (jax.hessian) all run through them.
-@jax.custom_jvp
+# ------------------------------------------------------------------ hand-written gradients
+@jax.custom_vjp
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C a power of two, by
     matmuls only: diagonal blocks of ``min(C, 16)`` by the Neumann product ``(I - X)(I +
     X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
-    X1^-1, X2^-1]]``). Tangent: ``dX = -X da X`` (da's strictly lower part)."""
+    X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
     if a.ndim < 2 or a.shape[-2] != size or size < 1 or size & (size - 1):
         raise ValueError(f"unit_lower_inverse needs a [..., C, C] with C a power of two, got shape "
@@ -257,13 +255,15 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
     return inv.reshape(*lead, size, size)
 
 
-@unit_lower_inverse.defjvp
-def _unit_lower_inverse_jvp(primals, tangents):
-    inv = unit_lower_inverse(*primals)
-    return inv, -_mm("...ij,...jk,...kl->...il", inv, jnp.tril(tangents[0], -1), inv)
+def _unit_lower_inverse_bwd(inv, d_inv):
+    inv_t = jnp.swapaxes(inv, -1, -2)
+    return (jnp.tril(-_mm("...ij,...jk,...kl->...il", inv_t, d_inv, inv_t), -1),)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse(a),) * 2, _unit_lower_inverse_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _decayed_scores(xs, k, g, operand_dtype=None):
     """Step 1: ``S_x[i, j] = sum_c x_ic k_jc exp(G_ic - G_jc)`` for j <= i (zero above), for
     each row set x in ``xs`` (e.g. ``(k, q)``); xs, k, g ``[..., C, K]``. Returns ``(tuple of
@@ -344,14 +344,8 @@ def _decayed_scores_bwd(_, residuals, cotangents):
     return tuple(d_xs), d_k, d_g
 
 
-@_decayed_scores.defjvp
-def _decayed_scores_jvp(operand_dtype, primals, tangents):
-    """The tangent map is the transpose of :func:`_decayed_scores_bwd` (linear in its
-    cotangents); reverse mode transposes it back."""
-    out = _decayed_scores(*primals, operand_dtype)
-    pullback = functools.partial(_decayed_scores_bwd, operand_dtype, primals)
-    (tangent_out,) = jax.linear_transpose(pullback, out)(tangents)
-    return out, tangent_out
+_decayed_scores.defvjp(lambda xs, k, g, low: (_decayed_scores(xs, k, g, low), (xs, k, g)),
+                       _decayed_scores_bwd)  # fmt: skip
 
 
 def _segment_decays(g) -> list[tuple[jax.Array, jax.Array]]:

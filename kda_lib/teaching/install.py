@@ -254,13 +254,40 @@ def plan_install(
     python = tuple(sys.version_info[:2] if python is None else python[:2])
     groups = _split_requirements(requires)
     core = groups.get("", [])
-    minimum = _minimum_version(core, "jax")
-    runtime_jax = installed.get("jax")
-    # kept only if jax and jaxlib are both new enough: pinned, an old jaxlib would not resolve
-    keep_jax = all(
+    keep_jax = _keeps_runtime_jax(core, installed)
+    extras = _extras_for(accelerator, installed, keep_jax)
+    chosen = _chosen_requirements(groups, extras, modules)
+    requirements, skipped, skipped_names = _for_this_python(chosen, python)
+    constraints = [f"{name}=={v}" for name, v in sorted(installed.items())] if keep_jax else []
+    where = "Colab" if colab else "this machine"
+    label = f"kda_lib {version}" if version else "kda_lib"
+    label += " (from the checkout, not installed)" if checkout else " installed"
+    beyond = [_label(r) for r in requirements if r not in {r for r, _ in core}]
+    what = "its core requirements" + (f" and {', '.join(beyond)}" if beyond else "")
+    jax_note = _jax_note(core, installed.get("jax"), keep_jax)
+    summary = f"{label} with {what} for the {accelerator.upper()} of {where}; {jax_note}"
+    return InstallPlan(
+        tuple(extras),
+        tuple(requirements),
+        tuple(constraints),
+        summary,
+        tuple(skipped),
+        tuple(skipped_names),
+    )
+
+
+def _keeps_runtime_jax(core: Sequence[tuple[str, str]], installed: Mapping[str, str]) -> bool:
+    """Whether the runtime's JAX is kept: jax and jaxlib both installed and at least kda_lib's
+    lower bounds (pinned, an old jaxlib would not resolve)."""
+    return all(
         name in installed and _version_tuple(installed[name]) >= _minimum_version(core, name)
         for name in ("jax", "jaxlib")
     )
+
+
+def _extras_for(accelerator: str, installed: Mapping[str, str], keep_jax: bool) -> list[str]:
+    """The extras drawn on: ``notebook``, plus the accelerator's (``gpu``, ``cuda12``, ``tpu``)
+    where the runtime's JAX is replaced or cannot drive the accelerator."""
     has_cuda = [n for n in installed if n.startswith("jax-cuda") and n.endswith("-plugin")]
     drives = {
         "cpu": True,
@@ -271,8 +298,18 @@ def plan_install(
     if not (keep_jax and drives) and accelerator != "cpu":
         # a runtime on CUDA 12 keeps CUDA 12: mixing the two plugins breaks JAX's GPU backend
         extras.append("cuda12" if "jax-cuda12-plugin" in installed else accelerator)
+    return extras
+
+
+def _chosen_requirements(
+    groups: Mapping[str, list[tuple[str, str]]],
+    extras: Sequence[str],
+    modules: Collection[str] | None,
+) -> list[tuple[str, str]]:
+    """``(requirement, python marker)`` pairs: the core's, then those of ``extras`` (expanded)
+    whose package ``modules`` names (all where ``modules`` is None) or that are JAX's."""
     wanted = None if modules is None else {_canonical(m) for m in modules}
-    chosen = list(core)
+    chosen = list(groups.get("", []))
     seen: set[str] = set()
     for extra in extras:
         chosen += [
@@ -282,6 +319,14 @@ def plan_install(
             or _requirement_name(requirement) in wanted
             or _JAX_FAMILY.match(_requirement_name(requirement))
         ]
+    return chosen
+
+
+def _for_this_python(
+    chosen: Sequence[tuple[str, str]], python: tuple[int, ...]
+) -> tuple[list[str], list[str], list[str]]:
+    """``(requirements, skipped, skipped_names)``: the requirements of ``chosen`` whose marker
+    Python ``python`` meets (each once), and a note and the name of each one it fails."""
     requirements, skipped, skipped_names = [], [], []
     this = ".".join(map(str, python))
     for requirement, marker in chosen:
@@ -298,28 +343,17 @@ def plan_install(
                 f"Skipping {name}: its releases need {needs} and this is Python {this} (what "
                 f"needs {name} raises an error saying so)"
             )
-    constraints = [f"{name}=={v}" for name, v in sorted(installed.items())] if keep_jax else []
-    where = "Colab" if colab else "this machine"
-    label = f"kda_lib {version}" if version else "kda_lib"
-    label += " (from the checkout, not installed)" if checkout else " installed"
+    return requirements, skipped, skipped_names
+
+
+def _jax_note(core: Sequence[tuple[str, str]], runtime_jax: str | None, keep_jax: bool) -> str:
+    """The summary's words on the runtime's JAX: kept, replaced (and why) or installed."""
     if keep_jax:
-        jax_note = f"kept the runtime's jax {runtime_jax}"
-    elif runtime_jax:
-        needed = ".".join(map(str, minimum))
-        jax_note = f"replaced the runtime's jax {runtime_jax} (kda_lib needs >= {needed})"
-    else:
-        jax_note = "installed jax"
-    beyond = [_label(r) for r in requirements if r not in {r for r, _ in core}]
-    what = "its core requirements" + (f" and {', '.join(beyond)}" if beyond else "")
-    summary = f"{label} with {what} for the {accelerator.upper()} of {where}; {jax_note}"
-    return InstallPlan(
-        tuple(extras),
-        tuple(requirements),
-        tuple(constraints),
-        summary,
-        tuple(skipped),
-        tuple(skipped_names),
-    )
+        return f"kept the runtime's jax {runtime_jax}"
+    if runtime_jax:
+        needed = ".".join(map(str, _minimum_version(core, "jax")))
+        return f"replaced the runtime's jax {runtime_jax} (kda_lib needs >= {needed})"
+    return "installed jax"
 
 
 def checkout_requirements(pyproject: str) -> tuple[list[str], str]:
@@ -398,30 +432,12 @@ def install_dependencies(
     if missing and not set(map(_canonical, missing)) - set(plan.skipped_names):
         return plan  # only what this Python cannot install was missing
     with tempfile.TemporaryDirectory() as tmp:
-        constraints = os.path.join(tmp, "constraints.txt")
-        with open(constraints, "w") as f:
-            f.write("".join(f"{line}\n" for line in plan.constraints))
-        # no colour: the reason line is read from pip's output (a kernel may force colours)
-        command = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "-c", constraints]
-        command += plan.requirements
+        command = _pip_command(plan, os.path.join(tmp, "constraints.txt"))
         if dry_run:
             print(f"{plan.summary} | would run: {shlex.join(command)}")
             return plan
         before = _installed_versions()
-        dependencies = [name for name in missing if name != "kda_lib"]
-        why = f" ({', '.join(dependencies)} missing)" if dependencies else ""
-        names = [_requirement_name(r) for r in plan.requirements]
-        listed = ", ".join(
-            f"{n} (which brings about 90 packages: google-cloud-storage, duckdb, grpcio, ...)"
-            if n == "tokamax"
-            else n
-            for n in dict.fromkeys(names)
-        )
-        print(
-            f"Installing kda_lib's dependencies{why}: {listed}. pip prints nothing meanwhile; "
-            "this takes about 1 to 3 minutes on Colab ...",
-            flush=True,
-        )
+        _announce(plan, missing)
         start = time.monotonic()
         result = run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -432,6 +448,42 @@ def install_dependencies(
             "pip's whole output, then this cell again"
         )
     importlib.invalidate_caches()  # what pip installed, found by the next import at once
+    _report(plan, before, start)
+    return plan
+
+
+def _pip_command(plan: InstallPlan, constraints: str) -> list[str]:
+    """The ``pip install`` command for ``plan``, its constraints written to the file
+    ``constraints``."""
+    with open(constraints, "w") as f:
+        f.write("".join(f"{line}\n" for line in plan.constraints))
+    # no colour: the reason line is read from pip's output (a kernel may force colours)
+    command = [sys.executable, "-m", "pip", "install", "-qq", "--no-color", "-c", constraints]
+    return command + list(plan.requirements)
+
+
+def _announce(plan: InstallPlan, missing: Sequence[str]) -> None:
+    """Print what pip is about to install (and which missing modules asked for it) and how
+    long that takes: pip prints nothing meanwhile."""
+    dependencies = [name for name in missing if name != "kda_lib"]
+    why = f" ({', '.join(dependencies)} missing)" if dependencies else ""
+    names = [_requirement_name(r) for r in plan.requirements]
+    listed = ", ".join(
+        f"{n} (which brings about 90 packages: google-cloud-storage, duckdb, grpcio, ...)"
+        if n == "tokamax"
+        else n
+        for n in dict.fromkeys(names)
+    )
+    print(
+        f"Installing kda_lib's dependencies{why}: {listed}. pip prints nothing meanwhile; "
+        "this takes about 1 to 3 minutes on Colab ...",
+        flush=True,
+    )
+
+
+def _report(plan: InstallPlan, before: Mapping[str, str], start: float) -> None:
+    """Print the plan's summary with the time since ``start`` and the packages whose installed
+    version changed from ``before`` (restart the runtime if it had imported them)."""
     after = _installed_versions()
     changed = [
         f"{n} {before[n]}->{after[n]}"
@@ -441,7 +493,6 @@ def install_dependencies(
     restart = f"; changed {', '.join(changed)}: restart the runtime if it had imported them"
     took = f" ({time.monotonic() - start:.0f} s)"
     print(plan.summary + took + (restart if changed else ""))
-    return plan
 
 
 def _installed_versions() -> dict[str, str]:

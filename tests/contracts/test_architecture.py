@@ -40,8 +40,9 @@ OPS_RANKS = {
     "scalar_decay": 2,
     "chunked": 2,
     "tokamax": 2,
-    "api": 3,
-    "__init__": 4,
+    "pallas_tpu": 3,
+    "api": 4,
+    "__init__": 5,
 }
 
 

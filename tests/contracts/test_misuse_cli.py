@@ -73,6 +73,12 @@ COMMANDS = {
         ["check_site", "check_lab"],
         ["--site", "{tmp}/site", "--screenshots", "{tmp}/shots"],
     ),
+    "train_step_table.py": (
+        lambda: _script("train_step_table.py"),
+        "main",
+        ["seconds_per_step"],
+        ["--output", "{tmp}/steps.json"],
+    ),
     "notebook_setup.py": (
         lambda: _script("notebook_setup.py"),
         "main",
@@ -89,6 +95,7 @@ PATH_OPTIONS = {
     "synthetic_sweep.py": ("--output", True),
     "stdlib_lm_seeds.py": ("--output", True),
     "auto_grad_vs_chunked.py": ("--out", False),
+    "train_step_table.py": ("--output", False),
 }
 
 
@@ -148,6 +155,11 @@ NUMBER_AND_NAME_ROWS = [
     # issue 75.4: the seed's range before any row compiles, as kda-train checks it
     ("kda-bench", ["--seed", "-5"], "--seed must lie in [0, 2**63 - 1], got -5"),
     ("kda-bench", ["--seed", str(2**64)], f"--seed must lie in [0, 2**63 - 1], got {2**64}"),
+    # train_step_table.py
+    ("train_step_table.py", ["--seq-lens", "256,x"], "--seq-lens must be comma-separated ints"),
+    ("train_step_table.py", ["--seq-lens", "64"], "--seq-lens must all be >= 3 * num_pairs = 96"),
+    ("train_step_table.py", ["--mixers", "kda,bogus"], "--mixers: unknown ['bogus']"),
+    ("train_step_table.py", ["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     # synthetic_sweep.py
     ("synthetic_sweep.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
     ("synthetic_sweep.py", ["--batch-size", "false"], "argument --batch-size: invalid int"),

@@ -224,47 +224,44 @@ def test_forward_mode_autodiff_through_auto(seq_len):
     assert jacobian(args[:5]).shape == (1, 20, 1, 4) * 2
 
 
-@pytest.mark.parametrize("seq_len, implementation", [(16, "auto"), (17, "chunked"), (1024, "auto")])
-def test_forward_over_reverse_matches_float64_finite_differences(seq_len, implementation):
-    """Hessian-vector products (jax.jvp of jax.grad) and JVPs equal central finite differences
-    of the float64 gradient and loss: the default kda() on the scan (16 tokens) and routed (its
-    forward the scan, derivatives the chunked form's: 1024), and the chunked form (whose pieces
-    are custom_jvp: both modes, any order)."""
-    with jax.enable_x64(True):
-        x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, 1, 4, 4, with_state=True)
-        x = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
-        direction = {n: random_normal(jax.random.key(i), a.shape, jnp.float64)
-                     for i, (n, a) in enumerate(x.items())}  # fmt: skip
-        eps = 1e-5
-
-        @functools.partial(jax.jit, static_argnames="implementation")
-        def derivatives(x, implementation):
-            def loss(x):
-                o, s = kda(**x, output_final_state=True, implementation=implementation)
-                return jnp.sum(jnp.sin(o)) + jnp.sum(s**2)
-
-            grad = jax.grad(loss)
-            shifted = lambda sign: {n: a + sign * eps * direction[n] for n, a in x.items()}  # noqa: E731
-            hvp = jax.jvp(grad, (x,), (direction,))[1]
-            jvp = jax.jvp(loss, (x,), (direction,))[1]
-            fd_hvp = jax.tree.map(lambda a, b: (a - b) / (2 * eps), grad(shifted(1)),
-                                  grad(shifted(-1)))  # fmt: skip
-            fd_jvp = (loss(shifted(1)) - loss(shifted(-1))) / (2 * eps)
-            return hvp, jvp, fd_hvp, fd_jvp
-
-        hvp, jvp, fd_hvp, fd_jvp = derivatives(x, implementation)
-        np.testing.assert_allclose(jvp, fd_jvp, rtol=1e-7)
-        for name in x:
-            np.testing.assert_allclose(hvp[name], fd_hvp[name], rtol=1e-5, atol=1e-8,
-                                       err_msg=name)  # fmt: skip
+def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
+    """jax.jvp through kda(implementation="chunked") (and "auto" where it runs the chunked form
+    forward: B * HV * K * V >= 65536 on CPU) names the implementation that works."""
+    for seq_len, heads, dim, impl in ((80, 1, 4, "chunked"), (20, 4, 128, "auto")):
+        x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, heads, dim, dim)
+        args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+        run = functools.partial(kda, implementation=impl)
+        with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+            jax.jvp(run, args, args)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
     x = random_kda_inputs(jax.random.key(9), 1, 40, 1, 128)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
     run = functools.partial(kda, implementation="pallas_tpu")
-    with pytest.raises(TypeError, match="implementation='pallas_tpu'.*implementation='chunked'"):
+    with pytest.raises(TypeError, match="implementation='pallas_tpu'.*implementation='recurrent'"):
         jax.jvp(run, args, args)
+
+
+def test_forward_over_reverse_runs_on_the_scan_and_is_refused_by_name_on_the_chunked_form():
+    """jax.hessian of a scalar of kda()'s output w.r.t. q: up to 16 tokens "auto" runs the scan
+    (plain JAX, any order); the chunked form's backward is hand-written, so forward mode over
+    it is refused naming implementation='chunked' and 'recurrent'."""
+
+    def hessian(seq_len, implementation):
+        x = random_kda_inputs(jax.random.key(8), 1, seq_len, 1, 4, 4)
+        rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
+        loss = lambda q: jnp.sum(kda(q, *rest, implementation=implementation)[0] ** 2)  # noqa: E731
+        return jax.jit(jax.hessian(loss))(x["q"])  # one program (eagerly: some sixty)
+
+    want = hessian(8, "recurrent")
+    assert want.shape == (1, 8, 1, 4) * 2 and float(jnp.abs(want).max()) > 0
+    np.testing.assert_array_equal(hessian(8, "auto"), want)
+    assert hessian(20, "recurrent").shape == (1, 20, 1, 4) * 2
+    for seq_len, implementation in ((20, "auto"), (8, "chunked")):
+        says = r"implementation='chunked'.*derivatives of a gradient \(jax.hessian\).*'recurrent'"
+        with pytest.raises(TypeError, match=says):
+            hessian(seq_len, implementation)
 
 
 def test_l2_normalize_is_finite_up_to_float32s_largest_values():

@@ -315,11 +315,12 @@ def _checker_for(exercise_id: str) -> Callable[..., str | None]:
     if not isinstance(exercise_id, str):
         raise ValueError(f"exercise_id must be a string like '03.2', got {exercise_id!r} "
                          f"({type(exercise_id).__name__})")
-    chapter, module = exercise_id.split(".")[0], f"{__name__}.ch{exercise_id.split('.')[0]}"
+    chapter = exercise_id.split(".")[0]
+    module = f"{__name__}.ch{chapter}"
     if not (chapter.isdigit() and len(chapter) == 2):
         raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
     try:
-        importlib.import_module(module)
+        importlib.import_module(f"{__name__}.ch{chapter}")  # a chapter of this package only
     except ModuleNotFoundError as err:
         if err.name != module:  # a missing import inside the chapter
             raise
