@@ -110,7 +110,7 @@ def half_life(g):
 # three gates: none, a constant decay, one closing once at the switch ($g = -5$ on B's first
 # token, as a token-driven gate can learn). With no gate most of A stays ("stale": what A's keys
 # still read of A's values); a constant decay leaves less of A but fades B; the switch gate
-# removes A, B's error that of no gate (about B's alone, printed; asserted).
+# removes A, leaving B's error about B's alone (printed; asserted).
 
 # %%
 rng, n, runs, beta_pairs = np.random.default_rng(seed), key_dim // 4, {}, 0.9  # n pairs: A, B
@@ -396,7 +396,7 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #
 # ## Exercises
 #
-# 1. **How likely is a narrow head?** Section 2's half-lives span over a decade in each head but
+# 1. **How likely is a narrow head?** Section 3's half-lives span over a decade in each head but
 #    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(n, ratio, width)`, the
 #    chance that $n$ time steps drawn log-uniformly over a range `width` wide (100 for
 #    `init_dt_bias`) span less than `ratio` ($> 1$; $n = 1$, `ratio` $\ge$ `width` too). Some

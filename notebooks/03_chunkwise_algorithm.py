@@ -383,8 +383,8 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms (at `kda_lib.kda`'s default
 # $C = 64$), causal softmax attention: batch 1, medians of `timing_repeats` calls, not asserted or
-# ranked (reruns on a shared CPU moved them 10x); points only below three lengths (two carry no
-# slope). The page shows the $T / C$ sequential steps and the flops, not their speed on matrix
+# ranked (reruns on a shared CPU moved them 10x); with fewer than three lengths, points without
+# lines. The page shows the $T / C$ sequential steps and the flops, not their speed on matrix
 # units: a CPU has none, and the chunked form is often slower here (notes).
 
 # %%

@@ -24,7 +24,7 @@
 # one short function, check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance
 # (conv and L2 norm in NumPy; gate and recurrence from `kda_lib`, checked in 01-03; fla's layer
 # outputs: `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside
-# softmax attention, and show what goes wrong without each part.
+# softmax attention, and show what goes wrong without the L2 norm or the $\beta$ sigmoid.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -405,8 +405,8 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #   (its own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
-# - Without the L2 norm the state leaves the bound and grows by orders of magnitude over the
-#   sequence; without the $\beta$ sigmoid it ends many times larger (figure); without the
+# - At this seed and scale, without the L2 norm the state leaves the bound and grows by orders
+#   of magnitude; without the $\beta$ sigmoid it ends many times larger (figure; seeds 1-3: notes); without the
 #   convolution a key sees only its own token; the gate's input has rank $r$; at initialisation
 #   the RMSNorm brings a head's output to RMS 1 where its mean square is well above $\epsilon$
 #   (the fraction of head-tokens printed in section 4) and keeps the rest below 1.

@@ -713,7 +713,8 @@ def _rule_breakers():
         ("09.2", "pure KDA with kda_layers layers only", lambda f, k, m, *a: s09.context_at(
             f * k / (k + m), k, m, *a)),
         ("09.2", "rounded down, not up", lambda f, *a: max(0, s09.context_at(f, *a) - 1)),
-        ("09.2", "no clamp at 0 (a negative context)", lambda f, k, m, h, d, r, w: math.floor(
+        ("09.2", "no clamp at 0 (a negative context; review 2026-12-06 r2)",
+         lambda f, k, m, h, d, r, w: math.ceil(
             (f * (k + m) - k) * s09._kda_layer_bytes(h, d, w) / (4 * m * r))),
         ("09.2", "the notebook's answer at factor 10 only", lambda f, *a: s09.context_at(10, *a)),
         ("09.3", "section 2's unigram (no context)", lambda data, k: s09.context_bound(data, 0)),

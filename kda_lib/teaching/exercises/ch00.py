@@ -71,8 +71,8 @@ def _read_once(answer, seed, many: bool, name: str) -> str | None:
             slips.append((_output(state, q, k, v, g, beta, order=-1), "the newest token's "
                           "transition is the last one applied to the state: which meets q first?"))
         return next((text for want_slip, text in slips if ex.close(got, want_slip, 1e-4, 1.0)), (
-            "o is off: transpose section 1's step and apply it to q; which vector reaches the "
-            "old state, and what does the write add?")) + ex.again(seed)
+            "o is off: what does S_t^T q contain of the old state S, and what of the newest "
+            "write?")) + ex.again(seed)
     return None
 
 

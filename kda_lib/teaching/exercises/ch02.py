@@ -104,10 +104,10 @@ def older_weight(answer, *, seed=None):
             text = ("beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
                     "middle write removes beta (k^T B k) k, the decayed memory's projection on k")
         elif ex.close(c1, beta * (1 - beta), 1e-5):
-            text = ("c1 is right; the middle write at s' acts on the decayed k: expand "
-                    "k^T A (I - beta k k^T) B k")
+            text = ("c1 is right; c2 is the middle write's share: what does k^T (I - beta k "
+                    "k^T) leave of k^T, and what remains of the decays around it?")
         else:
-            text = ("write Omega_ts = beta k^T M_t ... M_(s+1) k with the two writes that are not "
-                    "D, and use k^T (I - beta k k^T) = (1 - beta) k^T")
+            text = ("follow k from t back to s through section 4's step: which factors does each "
+                    "write and each decay contribute?")
         return f"wrong at beta = {beta}: {text}" + ex.again(seed)
     return None

@@ -93,8 +93,8 @@ def rmsnorm_backward(answer, *, seed=None, **_):
         got, hint = ex.call_answer(
             answer, o, eta, dy, eps, name="rmsnorm_backward(o, eta, dy, eps)", refused=AUTODIFF,
             limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s at N, V = "
-            f"{rows}, {width}: the gradient is a few sums per row; finite differences cannot get "
-            "there")
+            f"{rows}, {width}: the gradient is a few sums per row; an explicit V x V Jacobian per "
+            "row (or finite differences) is too slow at these sizes")
         hint = hint or ex.refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
         if hint:
             return hint + ex.again(seed)

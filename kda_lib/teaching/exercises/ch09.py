@@ -91,7 +91,8 @@ def context_at_factor(answer, *, shape: dict, seed=None):
     trials = [(f, *model) for model in _models(shape, rng)
               for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
     kda, mla = trials[0][1:3]
-    trials.append((math.floor(4 * kda / (kda + mla)) / 4, *trials[0][1:]))  # at most its share
+    share = 4 * kda / (kda + mla)  # in quarters: a factor strictly below it needs T = 0
+    trials.append((max(1, math.ceil(share) - 1) / 4, *trials[0][1:]))
     hint, miss = ex.first_miss(answer, trials, "context_at(factor, ...)", _context_at, shape=(),
                                integer=True, allow_zeros=True, what="the context")
     if miss:
