@@ -417,8 +417,8 @@ display(Markdown(
 #
 # ## Exercises
 #
-# Each asks you to find the two pieces of a closed form (the checker tries parameters drawn at
-# every call; it cannot tell a derivation from a careful measurement) (NumPy or `jnp`, no `kda_lib`). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Find the two pieces of each closed form (NumPy or `jnp`, no `kda_lib`); the checker draws
+# parameters at every call but cannot tell a derivation from a measurement. Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, again and again: decay the
 #    state by $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf

@@ -406,10 +406,10 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
 # - At this seed and scale, without the L2 norm the state leaves the bound and grows by orders
-#   of magnitude; without the $\beta$ sigmoid it ends many times larger (figure; seeds 1-3: notes); without the
-#   convolution a key sees only its own token; the gate's input has rank $r$; at initialisation
-#   the RMSNorm brings a head's output to RMS 1 where its mean square is well above $\epsilon$
-#   (the fraction of head-tokens printed in section 4) and keeps the rest below 1.
+#   of magnitude; without the $\beta$ sigmoid it ends many times larger (figure; other seeds:
+#   notes); without the convolution a key sees only its own token; the gate's input has rank $r$;
+#   at initialisation the RMSNorm brings a head's output to RMS 1 where its mean square is well
+#   above $\epsilon$ (the fraction of head-tokens printed in section 4) and keeps the rest below 1.
 #
 # ## Exercises
 #
