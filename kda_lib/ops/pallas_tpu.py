@@ -31,7 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kda_lib.ops.contract import Dims
 from kda_lib.ops.reference import recurrent_core
 
-LANES = 128  # K and V: multiples of the TPU's lane width
+LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
@@ -248,12 +248,6 @@ def state_backward(intra, state, d_o, d_after, low: bool):
                jnp.sum(state * d_after, axis=1, keepdims=True))  # keep  # fmt: skip
     d_state = keep * d_after + _dot_t(q_in, d_o, p_state) - _dot_t(w, d_corrected, p_state)
     return d_intra, d_state
-
-
-def chunk_step(q, k, v, g, beta, state, *, scale: float, low: bool):
-    """One chunk (2-d): ``(o [C, V] float32, state after [K, V])``, :func:`chunk_intra` then
-    :func:`state_forward`."""
-    return state_forward(chunk_intra(q, k, v, g, beta, scale=scale, low=low), state, low)
 
 
 def _unit_lower_inverse(attn, same, passes: int):
