@@ -33,13 +33,23 @@ import numpy as np
 _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
 
-def checker(exercise_id: str) -> Callable:
-    """Register ``fn(answer, **context) -> None | hint`` as the checker of ``exercise_id``."""
+def checker(exercise_id: str, seeded: bool = True) -> Callable:
+    """Register ``fn(answer, rng, **context) -> None | hint`` as the checker of ``exercise_id``,
+    called as ``(answer, seed=None, **context)``: ``rng`` from ``seed`` (a fresh one from
+    ``os.urandom`` unless given), a hint ending in the seed that repeats the call. ``seeded``
+    False: ``fn(answer, **context)`` as it is."""
     def register(fn: Callable[..., str | None]) -> Callable[..., str | None]:
         if exercise_id in _CHECKERS:
             raise ValueError(f"exercise {exercise_id!r} has two checkers")
-        _CHECKERS[exercise_id] = fn
-        return fn
+
+        @functools.wraps(fn)
+        def drawn(answer, *, seed=None, **context):
+            seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+            hint = fn(answer, np.random.default_rng(seed), **context)
+            return hint and f"{hint} (these inputs again: check(..., seed={seed}))"
+
+        _CHECKERS[exercise_id] = drawn if seeded else fn
+        return _CHECKERS[exercise_id]
     return register
 
 
@@ -74,17 +84,6 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
             if np.array_equal(np.asarray(given), values):
                 return f"{what} is one of the inputs handed back unchanged"
     return None
-
-
-def seeded(seed) -> tuple[int, np.random.Generator]:
-    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given."""
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
-
-
-def again(seed) -> str:
-    """The hint's suffix that repeats a call's drawn inputs."""
-    return f" (these inputs again: check(..., seed={seed}))"
 
 
 def parts(got, n: int, what: str) -> str | None:

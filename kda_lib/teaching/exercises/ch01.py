@@ -23,10 +23,9 @@ def _writes(rng):
 
 
 @ex.checker("01.1")
-def write_map(answer, *, seed=None):
+def write_map(answer, rng):
     """``answer(beta, alpha) -> (r, f_inf)``: each decay-then-write step multiplies the gap
     ``f_inf - f`` of the recalled fraction by ``r``; ``f_inf`` is its limit."""
-    seed, rng = ex.seeded(seed)
     for beta, alpha in _writes(rng):
         got, hint = ex.call_answer(answer, beta, alpha, name="write_map(beta, alpha)")
         hint = hint or ex.parts(got, 2, "the pair (r, f_inf)")
@@ -37,29 +36,28 @@ def write_map(answer, *, seed=None):
         where = f"at beta = {beta!r}, alpha = {alpha!r}"
         if beta < 1e-6 and ("NaN or inf" in hint if hint else not ex.close(got[1], limit)
                             and np.asarray(got[1]).dtype.itemsize < 8):
-            return _FLOAT32.format(beta) + ex.again(seed)
+            return _FLOAT32.format(beta)
         if hint:
-            return hint + ex.again(seed)
+            return hint
         if not ex.close(got[0], r):
             text = ("each step decays first, then writes: what does each do to the gap?"
                     if ex.close(got[0], 1 - beta) and alpha < 1 else
                     "follow the fraction f through one step: decay, then section 2's write; "
                     "f -> r f + (what?)")
-            return f"r is wrong {where}: {text}" + ex.again(seed)
+            return f"r is wrong {where}: {text}"
         if not ex.close(got[1], limit):
             text = ("with decay the memory never holds all of v"
                     if ex.close(got[1], 1.0) and alpha < 1 else
                     "the limit is the fraction one more step leaves unchanged")
-            return f"f_inf is wrong {where}: {text}" + ex.again(seed)
+            return f"f_inf is wrong {where}: {text}"
     return None
 
 
 @ex.checker("01.2")
-def sweep_map(answer, *, seed=None):
+def sweep_map(answer, rng):
     """``answer(mu, v1, v2) -> (e1 [V], factor)``: pair 1's recall error after the first sweep
     (beta = 1, pair 1 then pair 2, from S = 0, unit keys of overlap ``mu``) and the factor each
     later sweep multiplies it by; mu drawn positive and negative, and 0, 1 and -1."""
-    seed, rng = ex.seeded(seed)
     mus = [round(float(rng.uniform(0.2, 0.95)), 3), -round(float(rng.uniform(0.2, 0.95)), 3),
            0.0, 1.0, -1.0]
     for mu in mus:
@@ -73,14 +71,14 @@ def sweep_map(answer, *, seed=None):
                     or ex.refuse_degenerate(got[1], shape=(), what="the factor",
                                             allow_zeros=mu == 0.0))
         if hint:
-            return hint + ex.again(seed)
+            return hint
         e1, where = mu * (v2 - mu * v1), f"at mu = {mu}"
         if not ex.close(got[0], e1, 1e-6) if mu else np.abs(np.asarray(got[0])).max() > 1e-12:
             return (f"e1 is wrong {where}: after pair 1's write its error is 0; what does pair 2's "
-                    "write (section 3's disturbance formula) do to it?" + ex.again(seed))
+                    "write (section 3's disturbance formula) do to it?")
         if not ex.close(got[1], mu * mu) if mu else abs(float(got[1])) > 1e-12:
             text = ("one sweep writes both pairs: follow pair 1's error through pair 1's "
                     "write, then pair 2's" if ex.close(got[1], mu) or ex.close(got[1], abs(mu))
                     else "follow both errors through one whole sweep")
-            return f"the factor is wrong {where}: {text}" + ex.again(seed)
+            return f"the factor is wrong {where}: {text}"
     return None

@@ -79,11 +79,10 @@ def _system_hint(a, b, k, g, beta, where) -> str:
 
 
 @ex.checker("03.1")
-def backward_system(answer, *, seed=None):
+def backward_system(answer, rng):
     """``answer(k, g, beta) -> (lhs [C, C], rhs [C, K])``: the backward pass's system ``lhs K~' =
     rhs`` (``M^T = Gamma_C - K_in^T K~'``), exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T
     Gamma_s Gamma_t^-1 k_s`` (s > t; no row scaled or combined), ``rhs = diag(beta) K_out``."""
-    seed, rng = ex.seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
@@ -97,13 +96,13 @@ def backward_system(answer, *, seed=None):
             hint += (" (this chunk has a forget burst: form each exponent, a difference of "
                      "cumulative log decays that is <= 0, before exp)")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
-            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + ex.again(seed)
+            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}")
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
-            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}" + ex.again(seed)
+            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}"
     return None
 
 
@@ -119,11 +118,10 @@ def _merge_problem(rng, bursts):
 
 
 @ex.checker("03.2")
-def merged_chunks(answer, *, seed=None):
+def merged_chunks(answer, rng):
     """``answer(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)``:
     two consecutive chunks' K~, V~ taken as one, from their factors (the second's from its own
     start); compared with step 3 on the combined chunk."""
-    seed, rng = ex.seeded(seed)
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
@@ -135,12 +133,12 @@ def merged_chunks(answer, *, seed=None):
             hint = hint or ex.refuse_degenerate(got[part], shape=want.shape, inputs=given,
                                                 what=what)
         if hint:
-            return hint + ex.again(seed)
+            return hint
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
                 first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
                 where = "its rows of the second chunk" if first_rows else "its rows"
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_0" + ex.again(seed))
+                        "as a function of S_0")
     return None
