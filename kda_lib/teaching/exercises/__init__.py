@@ -86,9 +86,13 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
     return None
 
 
-def parts(got, n: int, what: str) -> str | None:
-    """A hint unless ``got`` is a tuple or list of ``n`` parts (``what`` names them)."""
-    return None if isinstance(got, (tuple, list)) and len(got) == n else f"return {what}"
+def parts(got, what: str, *refuse: dict) -> str | None:
+    """A hint unless ``got`` is a tuple or list of one part per ``refuse`` (``what`` names them),
+    each passing :func:`refuse_degenerate` with its ``refuse``."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(refuse)):
+        return f"return {what}"
+    hints = (refuse_degenerate(g, **r) for g, r in zip(got, refuse, strict=True))
+    return next(filter(None, hints), None)
 
 
 def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:

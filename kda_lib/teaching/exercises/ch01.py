@@ -28,10 +28,8 @@ def write_map(answer, rng):
     ``f_inf - f`` of the recalled fraction by ``r``; ``f_inf`` is its limit."""
     for beta, alpha in _writes(rng):
         got, hint = ex.call_answer(answer, beta, alpha, name="write_map(beta, alpha)")
-        hint = hint or ex.parts(got, 2, "the pair (r, f_inf)")
-        for part, what in ((0, "r"), (1, "f_inf")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=(), what=what,
-                                                allow_zeros=part == 0 and beta == 1.0)
+        hint = hint or ex.parts(got, "the pair (r, f_inf)", dict(
+            shape=(), what="r", allow_zeros=beta == 1.0), dict(shape=(), what="f_inf"))
         r, limit = alpha * (1 - beta), beta / (1 - alpha + alpha * beta)
         where = f"at beta = {beta!r}, alpha = {alpha!r}"
         if beta < 1e-6 and ("NaN or inf" in hint if hint else not ex.close(got[1], limit)
@@ -64,12 +62,9 @@ def sweep_map(answer, rng):
         V = int(rng.integers(2, 7))
         v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
         got, hint = ex.call_answer(answer, mu, v1.copy(), v2.copy(), name="sweep_map(mu, v1, v2)")
-        hint = hint or ex.parts(got, 2, "the pair (e1, factor)")
-        if not hint:
-            hint = (ex.refuse_degenerate(got[0], shape=(V,), inputs=(v1, v2), what="e1",
-                                         allow_zeros=mu == 0.0)
-                    or ex.refuse_degenerate(got[1], shape=(), what="the factor",
-                                            allow_zeros=mu == 0.0))
+        hint = hint or ex.parts(got, "the pair (e1, factor)", dict(
+            shape=(V,), inputs=(v1, v2), what="e1", allow_zeros=mu == 0.0), dict(
+            shape=(), what="the factor", allow_zeros=mu == 0.0))
         if hint:
             return hint
         e1, where = mu * (v2 - mu * v1), f"at mu = {mu}"

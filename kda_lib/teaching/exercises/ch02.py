@@ -88,13 +88,12 @@ def older_weight(answer, rng):
     between them not writing), at betas drawn at each call."""
     for beta in (round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)):
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
-        hint = hint or ex.parts(got, 2, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps")
-        for part, what in ((0, "c1"), (1, "c2")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(_scalar(got[part]), shape=(), what=what,
-                                                allow_zeros=True)
+        got = [*map(_scalar, got)] if isinstance(got, (tuple, list)) else got
+        hint = hint or ex.parts(got, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps",
+                                *(dict(shape=(), what=w, allow_zeros=True) for w in ("c1", "c2")))
         if hint:
             return hint
-        c1, c2 = (float(_scalar(x)) for x in got)
+        c1, c2 = (float(x) for x in got)
         if ex.close(c1, beta * (1 - beta), 1e-5) and ex.close(c2, -beta**2 * (1 - beta), 1e-5):
             continue
         if ex.close(c1, beta * (1 - beta) ** 2, 1e-5) and abs(c2) < 1e-12:

@@ -89,9 +89,8 @@ def backward_system(answer, rng):
         k, _, g, beta = _chunk(rng, C, K, 1, bursts)
         got, hint = ex.call_answer(answer, k.copy(), g.copy(), beta.copy(),
                                    name="wy_backward_system(k, g, beta)")
-        hint = hint or ex.parts(got, 2, "two arrays, (lhs, rhs): lhs K~' = rhs")
-        for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
+        hint = hint or ex.parts(got, "two arrays, (lhs, rhs): lhs K~' = rhs", dict(
+            shape=(C, C), inputs=(k, g), what="lhs"), dict(shape=(C, K), inputs=(k, g), what="rhs"))
         if hint and bursts and "NaN or inf" in hint:  # e^(-gamma_t) overflows after a burst
             hint += (" (this chunk has a forget burst: form each exponent, a difference of "
                      "cumulative log decays that is <= 0, before exp)")
@@ -127,11 +126,9 @@ def merged_chunks(answer, rng):
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
         name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
         got, hint = ex.call_answer(answer, *(a.copy() for a in given), name=name)
-        hint = hint or ex.parts(got, 2, "two arrays, (K_tilde, V_tilde)")
-        names = ((0, want_w, "K_tilde"), (1, want_u, "V_tilde"))
-        for part, want, what in names if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=want.shape, inputs=given,
-                                                what=what)
+        hint = hint or ex.parts(got, "two arrays, (K_tilde, V_tilde)", dict(
+            shape=want_w.shape, inputs=given, what="K_tilde"), dict(
+            shape=want_u.shape, inputs=given, what="V_tilde"))
         if hint:
             return hint
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):

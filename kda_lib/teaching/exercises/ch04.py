@@ -33,12 +33,10 @@ def conv_ring_step(answer, rng):
         for step in range(5):
             x_t = rng.standard_normal((B, C)).astype(np.float32)
             got, hint = ex.call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
-            hint = hint or ex.parts(got, 3, "the triple (ring, start, y_t)")
-            for part, shape, what in ((0, ring.shape, "ring"), (2, x_t.shape, "y_t"), (
-                    1, (), "start")) if not hint else ():
-                hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(x_t,),
-                                                    what=what, integer=part == 1,
-                                                    allow_zeros=part == 1)
+            hint = hint or ex.parts(got, "the triple (ring, start, y_t)", dict(
+                shape=ring.shape, inputs=(x_t,), what="ring"), dict(
+                shape=(), what="start", integer=True, allow_zeros=True), dict(
+                shape=x_t.shape, inputs=(x_t,), what="y_t"))
             if hint:
                 return hint
             where = f" (w = {width}, step {step + 1})"

@@ -88,10 +88,9 @@ def summary_gradients(answer, rng, **_):
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
-        hint = hint or ex.parts(got, 2, "the pair (dms, des)")
-        for part, shape, what in ((0, ms.shape, "dms"), (1, es.shape, "des")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(ms, es, hs),
-                                                what=f"{what} for R = {ranks}")
+        hint = hint or ex.parts(got, "the pair (dms, des)", *(dict(
+            shape=a.shape, inputs=(ms, es, hs), what=f"{w} for R = {ranks}")
+            for a, w in ((ms, "dms"), (es, "des"))))
         if hint:
             return hint
         want = summary_cotangents_reference(ms, es, hs)
