@@ -109,8 +109,7 @@ def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None
     degenerate (:func:`refuse_degenerate` with ``refuse``), ``(None, (args, got, want(*args)))``
     at the first wrong value (``equal``, else ``==``), ``(None, None)`` when all are right."""
     for args in trials:
-        got, hint = call_answer(answer, *args, name=name)
-        hint = hint or refuse_degenerate(got, **refuse)
+        got, hint = call_answer(answer, *args, name=name, refuse=refuse)
         if hint:
             return hint, None
         expected = want(*args)
@@ -271,11 +270,13 @@ def _allowed(frame, prefixes: tuple[str, ...], allowed: tuple[str, ...]) -> bool
 
 def call_answer(answer: Any, *args: Any, name: str = "your function",
                 refused: dict[str, str] | None = None, allowed: tuple[str, ...] = (),
-                limit_s: float | None = None, slow: str = "") -> tuple[Any, str | None]:
+                limit_s: float | None = None, slow: str = "",
+                refuse: dict | None = None) -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable, raises,
     runs a frame of ``kda_lib``, tokamax or fla (through a partial, a lambda, ``jax.jit`` too)
     or of a module starting with a key of ``refused`` (the value: its hint; functions named in
-    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint). Calling thread only."""
+    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint); ``(result, hint)`` when
+    ``refuse`` is given and :func:`refuse_degenerate` refuses it. Calling thread only."""
     if not callable(answer):
         return None, f"answer with a function {name}, not a {type(answer).__name__}"
     refused = refused or {}
@@ -311,7 +312,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
     if limit_s is not None and time.monotonic() - start > limit_s:
         return None, slow
-    return result, None
+    return result, None if refuse is None else refuse_degenerate(result, **refuse)
 
 
 def _checker_for(exercise_id: str) -> Callable[..., str | None]:

@@ -34,8 +34,8 @@ def blind_floor(answer, rng):
 def _floor_hint(answer, trials) -> str | None:
     for probs in trials:
         got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
-                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY})
-        hint = hint or ex.refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
+                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY},
+                                   refuse=dict(shape=(2,), what="(loss, accuracy)"))
         if hint:
             return hint
         (loss, acc), p = (float(g) for g in np.ravel(got)), np.asarray(probs, np.float64)

@@ -150,17 +150,16 @@ def roll_back(answer, rng):
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         states = draft_states(s0, k, v, g, beta)
+        where = f"for m = {tokens}, rejected = {rejected}"
         with _address_space_capped():  # copies: an answer may update its arguments in place
             got, hint = ex.call_answer(
                 answer, *(x.copy() for x in (states[-1], k, v, g, beta)), rejected,
                 name="roll_back(state, k, v, g, beta, rejected)", allowed=_PRODUCTS,
                 refused=dict.fromkeys(_INVERSES, _INVERSE_HINT), limit_s=HANG_S,
-                slow=_SLOW.format(HANG_S, key_dim))
+                slow=_SLOW.format(HANG_S, key_dim),
+                refuse=dict(shape=s0.shape, inputs=(states[-1],), what=f"the state {where}"))
         if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
             hint = _DENSE.format(key_dim, 4 * key_dim**2 / 1e9)
-        where = f"for m = {tokens}, rejected = {rejected}"
-        hint = hint or ex.refuse_degenerate(got, shape=s0.shape, inputs=(states[-1],),
-                                            what=f"the state {where}")
         if hint:
             return hint
         got = np.asarray(got, np.float64)

@@ -140,10 +140,9 @@ def context_bound(answer, rng):
     entropy; k = 1 is ``lm.one_byte_bound``), on uint8 strings drawn at each call; kda_lib may
     not be called."""
     for data, k in _strings(rng):
-        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)")
         want = _bound(data, k)
-        hint = hint or ex.refuse_degenerate(got, shape=(), allow_zeros=want == 0,
-                                            what="the bits per byte")
+        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)", refuse={
+            "shape": (), "allow_zeros": want == 0, "what": "the bits per byte"})
         if hint:
             return hint
         if np.isclose(float(got), want, rtol=1e-9, atol=1e-12):
