@@ -179,18 +179,14 @@ def holds_scipy(answer) -> str | None:
 
 
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib
-_KINDS: dict[tuple, bool] = {}
 
 
-def _library(module: str) -> bool:
-    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or another
-    KDA library's; remembered (the hook asks at every call)."""
-    known = _KINDS.get((module, OTHER_KDA))
-    if known is None:
-        top = module.split(".")[0]
-        known = (top == "kda_lib" and module != __name__) or top in OTHER_KDA
-        _KINDS[module, OTHER_KDA] = known
-    return known
+@functools.cache  # the hook asks at every call
+def _library(module: str, others: tuple[str, ...]) -> bool:
+    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or one of
+    ``others``'s."""
+    top = module.split(".")[0]
+    return (top == "kda_lib" and module != __name__) or top in others
 
 
 class _Stop(BaseException):
@@ -287,7 +283,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
         if event != "call" or stopped or frame.f_code in MACHINERY:
             return
         module = frame.f_globals.get("__name__") or ""
-        if _library(module):
+        if _library(module, OTHER_KDA):
             stopped.append(f"{name} runs {module} (kda_lib's, tokamax's or fla's code): the "
                            "exercise asks you to write it yourself (NumPy or jnp)")
         elif prefixes and module.startswith(prefixes) and not _allowed(frame, prefixes, allowed):

@@ -12,21 +12,15 @@ _FLOAT32 = ("at beta = {}: 1 - beta rounds to 1 in float32 (beta below its resol
             "1 - r is lost; compute in float64, or write f_inf without 1 - r")
 
 
-def _writes(rng):
-    """(beta, alpha): decay, no decay, beta = 1, alpha = 1, a tiny beta (below float32's
-    resolution) with and without decay."""
-    uniform = lambda low, high: round(float(rng.uniform(low, high)), 4)  # noqa: E731
-
-    return [(uniform(0.1, 0.9), uniform(0.6, 0.99)), (uniform(0.1, 0.9), 1.0),
-            (1.0, uniform(0.6, 0.99)), (uniform(0.5, 3.0) * 1e-9, 1.0),
-            (uniform(0.5, 3.0) * 1e-9, uniform(0.9, 0.999))]
-
-
 @ex.checker("01.1")
 def write_map(answer, rng):
     """``answer(beta, alpha) -> (r, f_inf)``: each decay-then-write step multiplies the gap
     ``f_inf - f`` of the recalled fraction by ``r``; ``f_inf`` is its limit."""
-    for beta, alpha in _writes(rng):
+    uniform = lambda low, high: round(float(rng.uniform(low, high)), 4)
+    # (beta, alpha): decay, no decay, beta = 1, tiny betas (below float32's resolution)
+    for beta, alpha in [(uniform(0.1, 0.9), uniform(0.6, 0.99)), (uniform(0.1, 0.9), 1.0),
+                        (1.0, uniform(0.6, 0.99)), (uniform(0.5, 3.0) * 1e-9, 1.0),
+                        (uniform(0.5, 3.0) * 1e-9, uniform(0.9, 0.999))]:
         got, hint = ex.call_answer(answer, beta, alpha, name="write_map(beta, alpha)")
         hint = hint or ex.parts(got, "the pair (r, f_inf)", dict(
             shape=(), what="r", allow_zeros=beta == 1.0), dict(shape=(), what="f_inf"))

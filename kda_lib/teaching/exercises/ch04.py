@@ -54,7 +54,7 @@ def conv_ring_step(answer, rng):
                 return ("ring is off" + where + (": a ring buffer moves no row; write x_t over "
                         "the oldest input only" if moved else ": which slot does x_t replace?"))
             if int(got[1]) != (start + 1) % (width - 1):
-                return ("start is off" + where + ": after the write, which slot holds the oldest?")
+                return "start is off" + where + ": after the write, which slot holds the oldest?"
             ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
     return None
 

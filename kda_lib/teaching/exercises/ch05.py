@@ -97,7 +97,7 @@ def summary_gradients(answer, rng, **_):
             return (f"des wrong for R = {ranks}: E^(r) enters the loss only through the state "
                     "it adds to, S^(r + 1)")
         if _close(got[0], np.swapaxes(want[0], 1, 2)):
-            return (f"dms for R = {ranks} is transposed: which index of M meets the state?")
+            return f"dms for R = {ranks} is transposed: which index of M meets the state?"
         if not _close(got[0], want[0]):
             return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
                     "which gradient does the product pass on?")

@@ -26,13 +26,9 @@ def blind_floor(answer, rng):
     drawn = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
     drawn[-1] = 0.0  # one zero
     holding = ex.holds_scipy(answer)
-    hint = _ENTROPY_HINT.format(holding) if holding else _floor_hint(
-        answer, [*_SKEWED, list(drawn / drawn.sum())])
-    return hint
-
-
-def _floor_hint(answer, trials) -> str | None:
-    for probs in trials:
+    if holding:
+        return _ENTROPY_HINT.format(holding)
+    for probs in [*_SKEWED, list(drawn / drawn.sum())]:
         got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
                                    refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY},
                                    refuse=dict(shape=(2,), what="(loss, accuracy)"))

@@ -9,19 +9,15 @@ import scipy.special
 from kda_lib.teaching import exercises as ex
 
 
-def _mqar_values(vocab_size: int) -> int:
-    """How many value tokens MQAR draws from at ``vocab_size``."""
-    return vocab_size - 1 - (vocab_size - 1) // 2
-
-
 @ex.checker("08.1")
 def mqar_chance(answer, rng, **_):
     """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, on
     vocabularies odd and even, two drawn between 10^5 and 10^6 (1e-7 relative)."""
     drawn = 2 * int(rng.integers(5 * 10**4, 5 * 10**5))
     sizes = [(v,) for v in (8, 9, 17, 32, 101, drawn, drawn + 1)]
-    hint, miss = ex.first_miss(answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (
-        _mqar_values(v)), lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
+    hint, miss = ex.first_miss(  # MQAR draws its values from v - 1 - (v - 1) // 2 tokens
+        answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (v - 1 - (v - 1) // 2),
+        lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
     if miss:
         hint = (f"wrong at V = {miss[0][0]}: draw MQAR sequences at this V and at its neighbours "
                 "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "

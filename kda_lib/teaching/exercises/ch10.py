@@ -6,6 +6,7 @@ checker's own and on drawn ones (``seed`` repeats a call); kda_lib may not be ca
 
 from __future__ import annotations
 
+import contextlib
 import math
 from fractions import Fraction
 
@@ -121,13 +122,11 @@ def reduction_context(answer, rng, *, preset: str, fraction: float):
 
 def _special_float(got) -> str | None:
     """"NaN", "math.inf" or "-math.inf" where ``got`` is one such float, else None."""
-    try:
+    with contextlib.suppress(Exception):  # a ragged list or the like: not one number
         value = np.asarray(got)
-    except Exception:  # noqa: BLE001 - a ragged list or the like: not one number
-        return None
-    if value.shape != () or value.dtype.kind != "f" or np.isfinite(value):
-        return None
-    return "NaN" if np.isnan(value) else "math.inf" if value > 0 else "-math.inf"
+        if value.shape == () and value.dtype.kind == "f" and not np.isfinite(value):
+            return "NaN" if np.isnan(value) else "math.inf" if value > 0 else "-math.inf"
+    return None
 
 
 def _reduction_hint(answer, trials) -> str | None:
