@@ -72,7 +72,6 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
         return next((text for want_slip, text in slips if ex.close(got, want_slip, 1e-4, 1.0)), (
             "o is off: what does S_t^T q contain of the old state S, and what of the newest "
             "write?"))
-    return None
 
 
 @ex.checker("00.1")

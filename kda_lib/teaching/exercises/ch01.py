@@ -42,7 +42,6 @@ def write_map(answer, rng):
                     if ex.close(got[1], 1.0) and alpha < 1 else
                     "the limit is the fraction one more step leaves unchanged")
             return f"f_inf is wrong {where}: {text}"
-    return None
 
 
 @ex.checker("01.2")
@@ -70,4 +69,3 @@ def sweep_map(answer, rng):
                     "write, then pair 2's" if ex.close(got[1], mu) or ex.close(got[1], abs(mu))
                     else "follow both errors through one whole sweep")
             return f"the factor is wrong {where}: {text}"
-    return None

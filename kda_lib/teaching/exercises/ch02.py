@@ -78,7 +78,6 @@ def spread_below(answer, rng):
                      if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
         return (f"wrong {where}: " + (slip or "measure spans in log(tau), where the draws are "
                 "uniform; what is the chance the span of n uniform draws is below rho?"))
-    return None
 
 
 @ex.checker("02.2")
@@ -106,4 +105,3 @@ def older_weight(answer, rng):
             text = ("follow k from t back to s through section 4's step: which factors does each "
                     "write and each decay contribute?")
         return f"wrong at beta = {beta}: {text}"
-    return None

@@ -48,9 +48,8 @@ def _forward_factors(k, v, g, beta):
 
 
 def _backward_system(k, g, beta):
-    """(I + L', diag(beta) K_out): L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t, 0 on
-    and below the diagonal), K_out rows Gamma_C Gamma_t^-1 k_t; K~' solves (I + L') K~' =
-    diag(beta) K_out."""
+    """(I + L', diag(beta) K_out), whose solution is K~': L'_ts = beta_t k_t^T Gamma_s
+    Gamma_t^-1 k_s (s > t, else 0), K_out rows Gamma_C Gamma_t^-1 k_t."""
     gamma = np.cumsum(g, axis=0)
     upper = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)) * np.triu(np.ones((len(g),) * 2), 1)
     k_out = k * np.exp(gamma[-1] - gamma)
@@ -102,7 +101,6 @@ def backward_system(answer, rng):
             return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}")
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
             return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}"
-    return None
 
 
 def _merge_problem(rng, bursts):
@@ -138,4 +136,3 @@ def merged_chunks(answer, rng):
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
                         "as a function of S_0")
-    return None

@@ -56,7 +56,6 @@ def conv_ring_step(answer, rng):
             if int(got[1]) != (start + 1) % (width - 1):
                 return "start is off" + where + ": after the write, which slot holds the oldest?"
             ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
-    return None
 
 
 def _norm_trial(rng, rows, width, eps, small):
@@ -96,4 +95,3 @@ def rmsnorm_backward(answer, rng, **_):
                 return "that treats the RMS as a constant: it depends on o too"
             return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
                     "the RMS; differentiate both (eps inside the square root)")
-    return None

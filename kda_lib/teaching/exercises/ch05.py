@@ -75,7 +75,6 @@ def backward_fold(answer, rng, **_):
             return f"wrong for R = {ranks}: which rank's gradient is known first?"
         return (f"wrong for R = {ranks}: the state entering rank r reaches the loss through "
                 "rank r's own outputs and through the state it hands to rank r + 1")
-    return None
 
 
 @ex.checker("05.2")
@@ -101,4 +100,3 @@ def summary_gradients(answer, rng, **_):
         if not _close(got[0], want[0]):
             return (f"dms wrong for R = {ranks}: M^(r) multiplies the state entering rank r; "
                     "which gradient does the product pass on?")
-    return None

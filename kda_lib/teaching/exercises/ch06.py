@@ -49,7 +49,6 @@ def blind_floor(answer, rng):
             return "1/|V| is the uniform stream's accuracy; which guess is right most often here?"
         if not math.isclose(acc, float(p.max()), rel_tol=1e-6):
             return "wrong accuracy: the best blind guess is one fixed token"
-    return None
 
 
 def _positions(answer, args, name):
@@ -99,7 +98,6 @@ def dilated_positions(answer, rng):
                 if got == list(range(max(0, last - span), last + 1))
                 else f"wrong {where}: which offsets can the taps of the layers add up to?")
         return text
-    return None
 
 
 # (seq_len, delay, conv_size, period): some positions lost, some kept after each clearing
@@ -135,4 +133,3 @@ def periodic_clearing(answer, rng):
                 else f"wrong for {case}: after the last clearing before t, which tokens keep a "
                 "path?")
         return text
-    return None

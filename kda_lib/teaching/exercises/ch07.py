@@ -162,7 +162,6 @@ def roll_back(answer, rng):
         if {tokens - rejected - 1, tokens - rejected + 1} & set(near):
             return f"off by one token {where}: undo exactly the last `rejected` tokens"
         return _roll_back_hint(got, states, k, v, beta, rejected, where)
-    return None
 
 
 def _roll_back_hint(got, states, k, v, beta, rejected, where) -> str:

@@ -132,7 +132,6 @@ def holm_column(answer, rng, *, family: dict):
                 return text
         return ("some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
                 "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm")
-    return None
 
 
 def _tie_tolerance(d) -> float:
@@ -207,7 +206,6 @@ def sign_flip_column(answer, rng, *, family: dict):
                 return text
         return ("some rows are off: under no difference each seed's difference is as likely "
                 "negative as positive; count every pattern of signs, exactly (not a sample)")
-    return None
 
 
 def head_filter(decays, beta, k, q, length: int) -> np.ndarray:

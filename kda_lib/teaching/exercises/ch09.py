@@ -69,7 +69,6 @@ def half_context(answer, rng, *, shape: dict):
                     "as many bytes")
         return (f"your T is {'above' if got > want else 'below'} the count {where}: per layer, "
                 "what does decoding one more token need (section 5)?")
-    return None
 
 
 def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
@@ -157,4 +156,3 @@ def context_bound(answer, rng):
                     "count each (k bytes, next byte) pair and each k-byte context in data; mind "
                     "uint8 overflow if you pack bytes into one number")
         return f"wrong {where}: {text}"
-    return None

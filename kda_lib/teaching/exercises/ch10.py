@@ -1,8 +1,7 @@
-"""Checkers of notebook 10's exercises (Kimi Linear at scale): functions of a model's numbers in
-variants the page does not compute (10.1 the reduction against GQA, 10.2 ring attention against
-summaries, 10.3 fp8 and int4 weights), tried on the notebook's preset (the counts agree with
-:mod:`kda_lib.lab.at_scale`: ``tests/teaching/test_redteam_0610.py``), on models of the
-checker's own and on drawn ones (``seed`` repeats a call); kda_lib may not be called."""
+"""Checkers of notebook 10's exercises (Kimi Linear at scale): variants the page does not compute
+(10.1 the reduction against GQA, 10.2 ring attention against summaries, 10.3 fp8 and int4
+weights), on the notebook's preset (the counts agree with :mod:`kda_lib.lab.at_scale`:
+``tests/teaching/test_redteam_0610.py``), models of the checker's own and drawn ones."""
 
 from __future__ import annotations
 
@@ -126,7 +125,6 @@ def _special_float(got) -> str | None:
         value = np.asarray(got)
         if value.shape == () and value.dtype.kind == "f" and not np.isfinite(value):
             return "NaN" if np.isnan(value) else "math.inf" if value > 0 else "-math.inf"
-    return None
 
 
 def _reduction_hint(answer, trials) -> str | None:
@@ -170,7 +168,6 @@ def _reduction_hint(answer, trials) -> str | None:
         return (f"{where}, your T is {'above' if got > want else 'below'} the count: the "
                 "reduction is 1 - hybrid / all-GQA, the KDA state float32, its conv history, "
                 "the latents and GQA's keys and values bf16")
-    return None
 
 
 def _ring_bytes(ranks, heads, head_dim, conv_size) -> int:
