@@ -33,13 +33,23 @@ import numpy as np
 _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
 
-def checker(exercise_id: str) -> Callable:
-    """Register ``fn(answer, **context) -> None | hint`` as the checker of ``exercise_id``."""
+def checker(exercise_id: str, seeded: bool = True) -> Callable:
+    """Register ``fn(answer, rng, **context) -> None | hint`` as the checker of ``exercise_id``,
+    called as ``(answer, seed=None, **context)``: ``rng`` from ``seed`` (a fresh one from
+    ``os.urandom`` unless given), a hint ending in the seed that repeats the call. ``seeded``
+    False: ``fn(answer, **context)`` as it is."""
     def register(fn: Callable[..., str | None]) -> Callable[..., str | None]:
         if exercise_id in _CHECKERS:
             raise ValueError(f"exercise {exercise_id!r} has two checkers")
-        _CHECKERS[exercise_id] = fn
-        return fn
+
+        @functools.wraps(fn)
+        def drawn(answer, *, seed=None, **context):
+            seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
+            hint = fn(answer, np.random.default_rng(seed), **context)
+            return hint and f"{hint} (these inputs again: check(..., seed={seed}))"
+
+        _CHECKERS[exercise_id] = drawn if seeded else fn
+        return _CHECKERS[exercise_id]
     return register
 
 
@@ -76,20 +86,13 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
     return None
 
 
-def seeded(seed) -> tuple[int, np.random.Generator]:
-    """``(seed, rng)``: a fresh seed from ``os.urandom`` unless one is given."""
-    seed = int.from_bytes(os.urandom(4), "little") if seed is None else int(seed)
-    return seed, np.random.default_rng(seed)
-
-
-def again(seed) -> str:
-    """The hint's suffix that repeats a call's drawn inputs."""
-    return f" (these inputs again: check(..., seed={seed}))"
-
-
-def parts(got, n: int, what: str) -> str | None:
-    """A hint unless ``got`` is a tuple or list of ``n`` parts (``what`` names them)."""
-    return None if isinstance(got, (tuple, list)) and len(got) == n else f"return {what}"
+def parts(got, what: str, *refuse: dict) -> str | None:
+    """A hint unless ``got`` is a tuple or list of one part per ``refuse`` (``what`` names them),
+    each passing :func:`refuse_degenerate` with its ``refuse``."""
+    if not (isinstance(got, (tuple, list)) and len(got) == len(refuse)):
+        return f"return {what}"
+    hints = (refuse_degenerate(g, **r) for g, r in zip(got, refuse, strict=True))
+    return next(filter(None, hints), None)
 
 
 def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:
@@ -106,8 +109,7 @@ def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None
     degenerate (:func:`refuse_degenerate` with ``refuse``), ``(None, (args, got, want(*args)))``
     at the first wrong value (``equal``, else ``==``), ``(None, None)`` when all are right."""
     for args in trials:
-        got, hint = call_answer(answer, *args, name=name)
-        hint = hint or refuse_degenerate(got, **refuse)
+        got, hint = call_answer(answer, *args, name=name, refuse=refuse)
         if hint:
             return hint, None
         expected = want(*args)
@@ -177,18 +179,14 @@ def holds_scipy(answer) -> str | None:
 
 
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib
-_KINDS: dict[tuple, bool] = {}
 
 
-def _library(module: str) -> bool:
-    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or another
-    KDA library's; remembered (the hook asks at every call)."""
-    known = _KINDS.get((module, OTHER_KDA))
-    if known is None:
-        top = module.split(".")[0]
-        known = (top == "kda_lib" and module != __name__) or top in OTHER_KDA
-        _KINDS[module, OTHER_KDA] = known
-    return known
+@functools.cache  # the hook asks at every call
+def _library(module: str, others: tuple[str, ...]) -> bool:
+    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or one of
+    ``others``'s."""
+    top = module.split(".")[0]
+    return (top == "kda_lib" and module != __name__) or top in others
 
 
 class _Stop(BaseException):
@@ -268,11 +266,13 @@ def _allowed(frame, prefixes: tuple[str, ...], allowed: tuple[str, ...]) -> bool
 
 def call_answer(answer: Any, *args: Any, name: str = "your function",
                 refused: dict[str, str] | None = None, allowed: tuple[str, ...] = (),
-                limit_s: float | None = None, slow: str = "") -> tuple[Any, str | None]:
+                limit_s: float | None = None, slow: str = "",
+                refuse: dict | None = None) -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable, raises,
     runs a frame of ``kda_lib``, tokamax or fla (through a partial, a lambda, ``jax.jit`` too)
     or of a module starting with a key of ``refused`` (the value: its hint; functions named in
-    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint). Calling thread only."""
+    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint); ``(result, hint)`` when
+    ``refuse`` is given and :func:`refuse_degenerate` refuses it. Calling thread only."""
     if not callable(answer):
         return None, f"answer with a function {name}, not a {type(answer).__name__}"
     refused = refused or {}
@@ -283,7 +283,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
         if event != "call" or stopped or frame.f_code in MACHINERY:
             return
         module = frame.f_globals.get("__name__") or ""
-        if _library(module):
+        if _library(module, OTHER_KDA):
             stopped.append(f"{name} runs {module} (kda_lib's, tokamax's or fla's code): the "
                            "exercise asks you to write it yourself (NumPy or jnp)")
         elif prefixes and module.startswith(prefixes) and not _allowed(frame, prefixes, allowed):
@@ -308,7 +308,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
     if limit_s is not None and time.monotonic() - start > limit_s:
         return None, slow
-    return result, None
+    return result, None if refuse is None else refuse_degenerate(result, **refuse)
 
 
 def _checker_for(exercise_id: str) -> Callable[..., str | None]:

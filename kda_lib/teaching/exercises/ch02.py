@@ -52,11 +52,10 @@ _SPREAD_HINTS = {
 
 
 @ex.checker("02.1")
-def spread_below(answer, *, seed=None):
+def spread_below(answer, rng):
     """``answer(n, ratio, width) -> p``: the probability that ``n`` time steps drawn
     log-uniformly over a range ``width`` wide (largest over smallest: 100 for init_dt_bias)
     span less than ``ratio`` (largest half-life over smallest), ``ratio > 1``."""
-    seed, rng = ex.seeded(seed)
     for n, ratio, width in _spreads(rng):
         where = f"at n = {n}, ratio = {ratio}, width = {width}"
         got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(n, ratio, width)")
@@ -64,40 +63,36 @@ def spread_below(answer, *, seed=None):
         want = _spread(n, ratio, width)
         if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
             return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
-                    "cannot see such draws; derive the distribution of the span" + ex.again(seed))
+                    "cannot see such draws; derive the distribution of the span")
         hint = hint or ex.refuse_degenerate(got, shape=(), what="the probability")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         if not -1e-12 <= float(got) <= 1 + 1e-12:  # (rounding may pass 1 by an ulp or two)
-            return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]" + ex.again(seed)
+            return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]"
         if ex.close(got, want, 1e-5):
             continue
         if n == 1 or ratio >= width:
             return (f"wrong {where}: " + ("one draw spans nothing" if n == 1 else "no draws "
-                    "can span more than the whole range") + ex.again(seed))
+                    "can span more than the whole range"))
         slip = next((text for how, text in _SPREAD_HINTS.items()
                      if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
         return (f"wrong {where}: " + (slip or "measure spans in log(tau), where the draws are "
-                "uniform; what is the chance the span of n uniform draws is below rho?")
-                + ex.again(seed))
-    return None
+                "uniform; what is the chance the span of n uniform draws is below rho?"))
 
 
 @ex.checker("02.2")
-def older_weight(answer, *, seed=None):
+def older_weight(answer, rng):
     """``answer(beta) -> (c1, c2)``: the coefficients of ``Omega_ts = c1 kk_ts + c2 kk_tsp
     kk_sps``, the weight on the older of three writes of one unit key with ``beta`` (tokens
     between them not writing), at betas drawn at each call."""
-    seed, rng = ex.seeded(seed)
     for beta in (round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)):
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
-        hint = hint or ex.parts(got, 2, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps")
-        for part, what in ((0, "c1"), (1, "c2")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(_scalar(got[part]), shape=(), what=what,
-                                                allow_zeros=True)
+        got = [*map(_scalar, got)] if isinstance(got, (tuple, list)) else got
+        hint = hint or ex.parts(got, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps",
+                                *(dict(shape=(), what=w, allow_zeros=True) for w in ("c1", "c2")))
         if hint:
-            return hint + ex.again(seed)
-        c1, c2 = (float(_scalar(x)) for x in got)
+            return hint
+        c1, c2 = (float(x) for x in got)
         if ex.close(c1, beta * (1 - beta), 1e-5) and ex.close(c2, -beta**2 * (1 - beta), 1e-5):
             continue
         if ex.close(c1, beta * (1 - beta) ** 2, 1e-5) and abs(c2) < 1e-12:
@@ -109,5 +104,4 @@ def older_weight(answer, *, seed=None):
         else:
             text = ("follow k from t back to s through section 4's step: which factors does each "
                     "write and each decay contribute?")
-        return f"wrong at beta = {beta}: {text}" + ex.again(seed)
-    return None
+        return f"wrong at beta = {beta}: {text}"

@@ -48,9 +48,8 @@ def _forward_factors(k, v, g, beta):
 
 
 def _backward_system(k, g, beta):
-    """(I + L', diag(beta) K_out): L'_ts = beta_t k_t^T Gamma_s Gamma_t^-1 k_s (s > t, 0 on
-    and below the diagonal), K_out rows Gamma_C Gamma_t^-1 k_t; K~' solves (I + L') K~' =
-    diag(beta) K_out."""
+    """(I + L', diag(beta) K_out), whose solution is K~': L'_ts = beta_t k_t^T Gamma_s
+    Gamma_t^-1 k_s (s > t, else 0), K_out rows Gamma_C Gamma_t^-1 k_t."""
     gamma = np.cumsum(g, axis=0)
     upper = np.einsum("tc,sc,stc->ts", k, k, _decay(gamma)) * np.triu(np.ones((len(g),) * 2), 1)
     k_out = k * np.exp(gamma[-1] - gamma)
@@ -79,32 +78,29 @@ def _system_hint(a, b, k, g, beta, where) -> str:
 
 
 @ex.checker("03.1")
-def backward_system(answer, *, seed=None):
+def backward_system(answer, rng):
     """``answer(k, g, beta) -> (lhs [C, C], rhs [C, K])``: the backward pass's system ``lhs K~' =
     rhs`` (``M^T = Gamma_C - K_in^T K~'``), exactly ``lhs = I + L'``, ``L'_ts = beta_t k_t^T
     Gamma_s Gamma_t^-1 k_s`` (s > t; no row scaled or combined), ``rhs = diag(beta) K_out``."""
-    seed, rng = ex.seeded(seed)
     for bursts, longer in ((True, True), (False, True), (True, False)):
         K = int(rng.integers(3, 7))
         C = int(rng.integers(K + 3, 3 * K + 4) if longer else rng.integers(2, K))
         k, _, g, beta = _chunk(rng, C, K, 1, bursts)
         got, hint = ex.call_answer(answer, k.copy(), g.copy(), beta.copy(),
                                    name="wy_backward_system(k, g, beta)")
-        hint = hint or ex.parts(got, 2, "two arrays, (lhs, rhs): lhs K~' = rhs")
-        for part, shape, what in ((0, (C, C), "lhs"), (1, (C, K), "rhs")) if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(k, g), what=what)
+        hint = hint or ex.parts(got, "two arrays, (lhs, rhs): lhs K~' = rhs", dict(
+            shape=(C, C), inputs=(k, g), what="lhs"), dict(shape=(C, K), inputs=(k, g), what="rhs"))
         if hint and bursts and "NaN or inf" in hint:  # e^(-gamma_t) overflows after a burst
             hint += (" (this chunk has a forget burst: form each exponent, a difference of "
                      "cumulative log decays that is <= 0, before exp)")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
-            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}") + ex.again(seed)
+            return _system_hint(a, b, k, g, beta, f"at C = {C}, d_k = {K}")
         if not _close(np.linalg.solve(a, b), np.linalg.solve(want_a, want_b), 1e-4):
-            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}" + ex.again(seed)
-    return None
+            return f"lhs^-1 rhs is not K~' at C = {C}, d_k = {K}"
 
 
 def _merge_problem(rng, bursts):
@@ -119,28 +115,24 @@ def _merge_problem(rng, bursts):
 
 
 @ex.checker("03.2")
-def merged_chunks(answer, *, seed=None):
+def merged_chunks(answer, rng):
     """``answer(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)``:
     two consecutive chunks' K~, V~ taken as one, from their factors (the second's from its own
     start); compared with step 3 on the combined chunk."""
-    seed, rng = ex.seeded(seed)
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
         name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
         got, hint = ex.call_answer(answer, *(a.copy() for a in given), name=name)
-        hint = hint or ex.parts(got, 2, "two arrays, (K_tilde, V_tilde)")
-        names = ((0, want_w, "K_tilde"), (1, want_u, "V_tilde"))
-        for part, want, what in names if not hint else ():
-            hint = hint or ex.refuse_degenerate(got[part], shape=want.shape, inputs=given,
-                                                what=what)
+        hint = hint or ex.parts(got, "two arrays, (K_tilde, V_tilde)", dict(
+            shape=want_w.shape, inputs=given, what="K_tilde"), dict(
+            shape=want_u.shape, inputs=given, what="V_tilde"))
         if hint:
-            return hint + ex.again(seed)
+            return hint
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
                 first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
                 where = "its rows of the second chunk" if first_rows else "its rows"
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_0" + ex.again(seed))
-    return None
+                        "as a function of S_0")

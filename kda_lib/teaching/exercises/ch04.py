@@ -19,11 +19,10 @@ def _far(answer, expected, rtol: float = 1e-4) -> bool:
 
 
 @ex.checker("04.1")
-def conv_ring_step(answer, *, seed=None):
+def conv_ring_step(answer, rng):
     """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: the
     depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + i) % (w - 1)]``
     the i-th oldest input), writing ``x_t`` over the oldest; w = 2 to 5, five steps each."""
-    seed, rng = ex.seeded(seed)
     name = "conv_step(ring, start, x_t, kernel)"
     for width in (2, 3, 4, 5):
         B, C = (int(n) for n in rng.integers(1, 5, 2))
@@ -34,14 +33,12 @@ def conv_ring_step(answer, *, seed=None):
         for step in range(5):
             x_t = rng.standard_normal((B, C)).astype(np.float32)
             got, hint = ex.call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
-            hint = hint or ex.parts(got, 3, "the triple (ring, start, y_t)")
-            for part, shape, what in ((0, ring.shape, "ring"), (2, x_t.shape, "y_t"), (
-                    1, (), "start")) if not hint else ():
-                hint = hint or ex.refuse_degenerate(got[part], shape=shape, inputs=(x_t,),
-                                                    what=what, integer=part == 1,
-                                                    allow_zeros=part == 1)
+            hint = hint or ex.parts(got, "the triple (ring, start, y_t)", dict(
+                shape=ring.shape, inputs=(x_t,), what="ring"), dict(
+                shape=(), what="start", integer=True, allow_zeros=True), dict(
+                shape=x_t.shape, inputs=(x_t,), what="y_t"))
             if hint:
-                return hint + ex.again(seed)
+                return hint
             where = f" (w = {width}, step {step + 1})"
             window = np.stack([*history, x_t]).astype(np.float64)  # oldest first, x_t last
             if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
@@ -49,20 +46,16 @@ def conv_ring_step(answer, *, seed=None):
                     [np.moveaxis(ring, 1, 0), x_t[None]]), kernel))
                 return ("y_t is off" + where + (": the ring's rows are not oldest first; slot "
                         "start holds the oldest" if slots_in_order and start else ": kernel row "
-                        "w - 1 meets x_t, row j the input w - 1 - j tokens before")
-                        + ex.again(seed))
+                        "w - 1 meets x_t, row j the input w - 1 - j tokens before"))
             want = ring.copy()
             want[:, start] = x_t
             if _far(got[0], want):
                 moved = not _far(np.asarray(got[0])[:, -1], x_t) and width > 2
                 return ("ring is off" + where + (": a ring buffer moves no row; write x_t over "
-                        "the oldest input only" if moved else ": which slot does x_t replace?")
-                        + ex.again(seed))
+                        "the oldest input only" if moved else ": which slot does x_t replace?"))
             if int(got[1]) != (start + 1) % (width - 1):
-                return ("start is off" + where + ": after the write, which slot holds the oldest?"
-                        + ex.again(seed))
+                return "start is off" + where + ": after the write, which slot holds the oldest?"
             ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
-    return None
 
 
 def _norm_trial(rng, rows, width, eps, small):
@@ -82,11 +75,10 @@ _NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
 
 
 @ex.checker("04.2")
-def rmsnorm_backward(answer, *, seed=None, **_):
+def rmsnorm_backward(answer, rng, **_):
     """``answer(o [N, V], eta [V], dy [N, V], eps) -> do [N, V]``: the gradient of
     ``sum(dy * y)`` with respect to ``o``, for ``y = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
     row one head and token), without JAX's autodiff; N and V drawn at every call."""
-    seed, rng = ex.seeded(seed)
     for rows, width, eps, small in _NORM_SIZES:
         rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dy), want = _norm_trial(rng, rows, width, eps, small)
@@ -94,13 +86,12 @@ def rmsnorm_backward(answer, *, seed=None, **_):
             answer, o, eta, dy, eps, name="rmsnorm_backward(o, eta, dy, eps)", refused=AUTODIFF,
             limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s at N, V = "
             f"{rows}, {width}: the gradient is a few sums per row; an explicit V x V Jacobian per "
-            "row (or finite differences) is too slow at these sizes")
-        hint = hint or ex.refuse_degenerate(got, shape=o.shape, inputs=(o, dy), what="do")
+            "row (or finite differences) is too slow at these sizes",
+            refuse=dict(shape=o.shape, inputs=(o, dy), what="do"))
         if hint:
-            return hint + ex.again(seed)
+            return hint
         if _far(got, want, rtol=1e-3):
             if not _far(got, eta * dy / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), 1e-3):
-                return "that treats the RMS as a constant: it depends on o too" + ex.again(seed)
+                return "that treats the RMS as a constant: it depends on o too"
             return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
-                    "the RMS; differentiate both (eps inside the square root)" + ex.again(seed))
-    return None
+                    "the RMS; differentiate both (eps inside the square root)")

@@ -19,24 +19,19 @@ _ENTROPY_HINT = ("blind_floor(probs) uses {}, which does the derivation: write t
 
 
 @ex.checker("06.1")
-def blind_floor(answer, *, seed=None):
+def blind_floor(answer, rng):
     """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
     accuracy of a model that cannot see the token it must copy, tokens i.i.d. from ``probs``
     (zeros allowed): the entropy and the largest entry; scipy and jax.scipy refused."""
-    seed, rng = ex.seeded(seed)
     drawn = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
     drawn[-1] = 0.0  # one zero
     holding = ex.holds_scipy(answer)
-    hint = _ENTROPY_HINT.format(holding) if holding else _floor_hint(
-        answer, [*_SKEWED, list(drawn / drawn.sum())])
-    return hint and hint + ex.again(seed)
-
-
-def _floor_hint(answer, trials) -> str | None:
-    for probs in trials:
+    if holding:
+        return _ENTROPY_HINT.format(holding)
+    for probs in [*_SKEWED, list(drawn / drawn.sum())]:
         got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
-                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY})
-        hint = hint or ex.refuse_degenerate(got, shape=(2,), what="(loss, accuracy)")
+                                   refused={p: _ENTROPY_HINT.format(p) for p in ex.SCIPY},
+                                   refuse=dict(shape=(2,), what="(loss, accuracy)"))
         if hint:
             return hint
         (loss, acc), p = (float(g) for g in np.ravel(got)), np.asarray(probs, np.float64)
@@ -54,7 +49,6 @@ def _floor_hint(answer, trials) -> str | None:
             return "1/|V| is the uniform stream's accuracy; which guess is right most often here?"
         if not math.isclose(acc, float(p.max()), rel_tol=1e-6):
             return "wrong accuracy: the best blind guess is one fixed token"
-    return None
 
 
 def _positions(answer, args, name):
@@ -82,11 +76,10 @@ def _seen(last, widths, dilations):
 
 
 @ex.checker("06.2")
-def dilated_positions(answer, *, seed=None):
+def dilated_positions(answer, rng):
     """``answer(last, widths, dilations) -> positions``: the positions an output at ``last``
     depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
     dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d)."""
-    seed, rng = ex.seeded(seed)
     depth = int(rng.integers(1, 4))
     drawn = (int(rng.integers(5, 40)), tuple(int(w) for w in rng.integers(1, 5, depth)),
              tuple(int(d) for d in rng.integers(1, 6, depth)))
@@ -95,7 +88,7 @@ def dilated_positions(answer, *, seed=None):
                                "seen_positions(last, widths, dilations)")
         if hint or got == _seen(last, widths, dilations):
             if hint:
-                return hint + ex.again(seed)
+                return hint
             continue
         where = f"at last = {last}, widths {widths}, dilations {dilations}"
         span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
@@ -104,8 +97,7 @@ def dilated_positions(answer, *, seed=None):
                 else f"wrong {where}: the reach is right; does a dilated stack see all of it?"
                 if got == list(range(max(0, last - span), last + 1))
                 else f"wrong {where}: which offsets can the taps of the layers add up to?")
-        return text + ex.again(seed)
-    return None
+        return text
 
 
 # (seq_len, delay, conv_size, period): some positions lost, some kept after each clearing
@@ -120,18 +112,17 @@ def _lost(seq_len, delay, conv_size, period, first_only=False):
 
 
 @ex.checker("06.3")
-def periodic_clearing(answer, *, seed=None):
+def periodic_clearing(answer, rng):
     """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
     token (at t - delay) has no path left when the states and the conv histories above layer 0
     are cleared at every multiple of ``period``."""
-    seed, rng = ex.seeded(seed)
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     period = int(rng.integers(delay + 1, 3 * delay + 2))
     for case in [*_PERIODIC, (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)]:
         got, hint = _positions(answer, case, "lost_positions(seq_len, delay, conv_size, period)")
         if hint or got == _lost(*case):
             if hint:
-                return hint + ex.again(seed)
+                return hint
             continue
         seq_len, delay, _, _ = case
         text = ("give each position once" if len(set(got)) != len(got)
@@ -141,5 +132,4 @@ def periodic_clearing(answer, *, seed=None):
                 if got == _lost(*case, first_only=True)
                 else f"wrong for {case}: after the last clearing before t, which tokens keep a "
                 "path?")
-        return text + ex.again(seed)
-    return None
+        return text

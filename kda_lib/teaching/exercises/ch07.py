@@ -1,12 +1,10 @@
 """Checkers of notebook 07's exercises (the cache that rolls back a draft, rolling the state
 back over rejected tokens, the crossover of a verify call), on inputs drawn at each call.
 
-07.2 refuses the NumPy, SciPy and JAX routines that solve or invert (their products pass) and,
-by memory, any d_k x d_k array: every draft has d_k of 200,003 to 500,009 (40 GB at a byte a
-number; the address space capped on Linux, where the kernel may overcommit). Every draft's last
-token (and every third) has beta in (1.2, 1.8), where a series in beta k k^T diverges. An
-iteration of the answer's own that converges, O(d_k d_v) a step (conjugate gradient), passes.
-"""
+07.2 refuses the routines that solve or invert (their products pass) and, by memory, any d_k x
+d_k array: d_k is 200,003 to 500,009 (40 GB at a byte a number; the address space capped on
+Linux, where the kernel may overcommit). Every draft's last token (and every third) has beta in
+(1.2, 1.8), where a series in beta k k^T diverges; a converging iteration of O(d_k d_v) passes."""
 
 from __future__ import annotations
 
@@ -38,13 +36,10 @@ _LAYOUTS = ((0, 2, 2), (4, 1, 4), (4, 4, 2), (1, 2, 2), (2, 3, 2), (3, 4, 4))
 
 def _layers(rng):
     """Six layers (B, H, HV, K, V, w, conv bytes, draft) of :data:`_LAYOUTS`, sizes drawn."""
-    out = []
-    for conv_size, group, conv_bytes in _LAYOUTS:
-        heads = int(rng.integers(1, 5))
-        out.append((int(rng.integers(1, 6)), heads, heads * group, int(rng.choice([4, 8, 16, 32])),
-                    int(rng.choice([8, 12, 16, 32])), conv_size, conv_bytes,
-                    int(rng.integers(1, 9))))
-    return out
+    drawn = ((int(rng.integers(1, 5)), layout) for layout in _LAYOUTS)  # H first, then the rest
+    return [(int(rng.integers(1, 6)), h, h * group, int(rng.choice([4, 8, 16, 32])),
+             int(rng.choice([8, 12, 16, 32])), w, conv_bytes, int(rng.integers(1, 9)))
+            for h, (w, group, conv_bytes) in drawn]
 
 
 def _cache_hint(case, got: int) -> str:
@@ -64,16 +59,15 @@ def _cache_hint(case, got: int) -> str:
 
 
 @ex.checker("07.1")
-def layer_cache_bytes(answer, *, seed=None):
+def layer_cache_bytes(answer, rng):
     """``answer(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes, draft)
     -> int``: the bytes of the cache that rolls a KDA layer back to any prefix of a draft."""
-    seed, rng = ex.seeded(seed)
     hint, miss = ex.first_miss(answer, _layers(rng), "draft_cache_bytes(B, H, HV, K, V, w, "
                                "conv_bytes, draft)", _cache_bytes, shape=(), integer=True,
                                what="the bytes")
     if miss:
         hint = f"wrong for {miss[0]}: " + _cache_hint(miss[0], int(miss[1]))
-    return hint and hint + ex.again(seed)
+    return hint
 
 
 _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.linalg",
@@ -133,48 +127,41 @@ def draft_states(state, k, v, g, beta):
     return np.stack(out)
 
 
-# K, V, n, rejected: odd d_k (XLA handles their squares' sizes cleanly), each so large that a
-# d_k x d_k array does not fit the capped address space even at one byte a number (>= 40 GB)
-# drafts: d_v of 1 to 3; 1, 2 and all of a draft's tokens rejected; the cheapest first, so that
-# an answer refused at the first draft (a series that diverges on its last token) is cheap; the
-# last at d_k = 500,009, where no d_k x d_k array fits any one machine or accelerator even at
-# one byte a number (250 GB), whatever the address-space limit
+# K, V, n, rejected: odd d_k (XLA sizes their squares cleanly); 1, 2 and all tokens rejected; the
+# cheapest first (a diverging series is refused cheaply); the last's d_k x d_k array (250 GB at a
+# byte a number) fits no machine, whatever the address-space limit
 _DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009, 1, 2, 1))
 
 
 @ex.checker("07.2")
-def roll_back(answer, *, seed=None):
+def roll_back(answer, rng):
     """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
     ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
     draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
     strengths ``beta [n]``; no solver, no d_k x d_k array (the module's docstring says how)."""
-    seed, rng = ex.seeded(seed)
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         states = draft_states(s0, k, v, g, beta)
+        where = f"for m = {tokens}, rejected = {rejected}"
         with _address_space_capped():  # copies: an answer may update its arguments in place
             got, hint = ex.call_answer(
                 answer, *(x.copy() for x in (states[-1], k, v, g, beta)), rejected,
                 name="roll_back(state, k, v, g, beta, rejected)", allowed=_PRODUCTS,
                 refused=dict.fromkeys(_INVERSES, _INVERSE_HINT), limit_s=HANG_S,
-                slow=_SLOW.format(HANG_S, key_dim))
+                slow=_SLOW.format(HANG_S, key_dim),
+                refuse=dict(shape=s0.shape, inputs=(states[-1],), what=f"the state {where}"))
         if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
             hint = _DENSE.format(key_dim, 4 * key_dim**2 / 1e9)
-        where = f"for m = {tokens}, rejected = {rejected}"
-        hint = hint or ex.refuse_degenerate(got, shape=s0.shape, inputs=(states[-1],),
-                                            what=f"the state {where}")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         got = np.asarray(got, np.float64)
         near = [n for n in range(tokens + 1)  # the right state, or one token off
                 if np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(states[n])]
         if tokens - rejected in near:
             continue
         if {tokens - rejected - 1, tokens - rejected + 1} & set(near):
-            return (f"off by one token {where}: undo exactly the last `rejected` tokens"
-                    + ex.again(seed))
-        return _roll_back_hint(got, states, k, v, beta, rejected, where) + ex.again(seed)
-    return None
+            return f"off by one token {where}: undo exactly the last `rejected` tokens"
+        return _roll_back_hint(got, states, k, v, beta, rejected, where)
 
 
 def _roll_back_hint(got, states, k, v, beta, rejected, where) -> str:
@@ -221,15 +208,15 @@ def _cases(rng):
 def _t_star_hint(case, got: int) -> str:
     """Why ``got`` is not 07.3's T* for ``case``: the named slips, else a question."""
     h, k, v, w, n, bs, bc, d = case
-    raw = math.ceil(_kda_verify_bytes(h, k, v, w, bs, d) / (n * bc)) - 2 * d
+    kda = _kda_verify_bytes(h, k, v, w, bs, d)
+    raw = math.ceil(kda / (n * bc)) - 2 * d
     if raw < 1 and got < 1:
         return ("attention moves more bytes here even at the smallest context: T is a number "
                 "of tokens, at least 1")
-    if raw >= 1 and got == raw + 1 and _kda_verify_bytes(h, k, v, w, bs, d) % (n * bc) == 0:
+    if raw >= 1 and got == raw + 1 and kda % (n * bc) == 0:
         return (f"at T = {raw} attention moves exactly the KDA call's bytes: 'no fewer' "
                 "includes equality (the quotient is a whole number here)")
-    if h > 1 and got == max(1, math.ceil(_kda_verify_bytes(h, k, v, w, bs, d) / (h * n * bc))
-                                - 2 * d):
+    if h > 1 and got == max(1, math.ceil(kda / (h * n * bc)) - 2 * d):
         return ("that reads kv_numbers as one head's: it counts the whole layer's numbers per "
                 "token, all heads together (576 for MLA)")
     if got == _t_star(h, k, v, w, n, bs, bc, 1) and d > 1:
@@ -237,22 +224,21 @@ def _t_star_hint(case, got: int) -> str:
     if got == math.ceil(2 * h * k * v * bs / (n * bc)):
         return ("that is one decode step's T*_step (the state read and written); count the "
                 "verify call's states, conv rows, entries")
-    one_state = _kda_verify_bytes(h, k, v, w, bs, d) - (d - 1) * h * k * v * bs
+    one_state = kda - (d - 1) * h * k * v * bs
     if d > 1 and got == max(1, math.ceil(one_state / (n * bc)) - 2 * d):
         return "one state written: the call keeps the state after every draft token (exercise 1)"
     return "count both calls' bytes; is it the smallest whole T >= 1?"
 
 
 @ex.checker("07.3")
-def decode_crossover(answer, *, seed=None):
+def decode_crossover(answer, rng):
     """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
     draft)``: the smallest whole context T >= 1 at which an attention call verifying a
     ``draft``-token draft (write its entries, read all T + draft) moves at least the bytes of a
     KDA verify call (state read, the state after each token written, conv rows read and written,
     in the state's dtype), on shapes drawn at each call (one where the count gives T <= 0)."""
-    seed, rng = ex.seeded(seed)
     hint, miss = ex.first_miss(answer, _cases(rng), "t_star(...)", _t_star, shape=(), integer=True,
                                allow_zeros=True, what="T")
     if miss:
         hint = f"wrong for {miss[0]}: " + _t_star_hint(miss[0], int(miss[1]))
-    return hint and hint + ex.again(seed)
+    return hint

@@ -9,25 +9,20 @@ import scipy.special
 from kda_lib.teaching import exercises as ex
 
 
-def _mqar_values(vocab_size: int) -> int:
-    """How many value tokens MQAR draws from at ``vocab_size``."""
-    return vocab_size - 1 - (vocab_size - 1) // 2
-
-
 @ex.checker("08.1")
-def mqar_chance(answer, *, seed=None, **_):
+def mqar_chance(answer, rng, **_):
     """``answer(vocab_size) -> float``: uniform guessing among MQAR's value tokens, on
     vocabularies odd and even, two drawn between 10^5 and 10^6 (1e-7 relative)."""
-    seed, rng = ex.seeded(seed)
     drawn = 2 * int(rng.integers(5 * 10**4, 5 * 10**5))
     sizes = [(v,) for v in (8, 9, 17, 32, 101, drawn, drawn + 1)]
-    hint, miss = ex.first_miss(answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (
-        _mqar_values(v)), lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
+    hint, miss = ex.first_miss(  # MQAR draws its values from v - 1 - (v - 1) // 2 tokens
+        answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (v - 1 - (v - 1) // 2),
+        lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
     if miss:
         hint = (f"wrong at V = {miss[0][0]}: draw MQAR sequences at this V and at its neighbours "
                 "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "
                 "appear as values")
-    return hint and hint + ex.again(seed)
+    return hint
 
 
 _TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.3
@@ -121,25 +116,22 @@ def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
 
 
 @ex.checker("08.2")
-def holm_column(answer, *, family: dict, seed=None):
+def holm_column(answer, rng, *, family: dict):
     """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds
     (``family``: {row: (KDA's scores, the other's)}), Holm-adjusted over the family. Numpy only:
     scipy, jax.scipy, jax.lax's betainc and igamma refused."""
-    seed, rng = ex.seeded(seed)
     for fam in [family, *_holm_families(rng)]:
         got, hint = _own_call(answer, fam, "holm_column(family)", _TAILS)
         got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         if np.allclose(got, _family_p(fam, "right"), rtol=1e-4, atol=1e-6):
             continue
         for how, text in _HOLM_HINTS.items():
             if np.allclose(got, _family_p(fam, how), rtol=1e-4, atol=1e-6):
-                return text + ex.again(seed)
+                return text
         return ("some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
-                "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm"
-                + ex.again(seed))
-    return None
+                "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm")
 
 
 def _tie_tolerance(d) -> float:
@@ -194,29 +186,26 @@ _ZERO_SUM_HINT = ("a row's differences sum to 0: every sign pattern's |sum| reac
 
 
 @ex.checker("08.3")
-def sign_flip_column(answer, *, family: dict, seed=None):
+def sign_flip_column(answer, rng, *, family: dict):
     """``answer(family) -> {row: p}``: each row's exact two-sided sign-flip p (every sign
     pattern of its paired differences), families of 3 to 10 seeds; scipy.stats refused."""
-    seed, rng = ex.seeded(seed)
     for fam in [family, *_flip_families(rng)]:
         got, hint = _own_call(answer, fam, "sign_flip_column(family)")
         got, hint = (None, hint) if hint else _column(got, fam, "sign-flip p")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         d = [np.subtract(*map(np.asarray, pair)) for pair in _rows(fam).values()]
         wrong = ~np.isclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9)
         if not wrong.any():
             continue
         zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # p = 1 exactly
         if (zero_sums | ~wrong).all():  # only rows that sum to 0 are off
-            return _ZERO_SUM_HINT + ex.again(seed)
+            return _ZERO_SUM_HINT
         for how, text in _FLIP_HINTS.items():
             if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
-                return text + ex.again(seed)
+                return text
         return ("some rows are off: under no difference each seed's difference is as likely "
-                "negative as positive; count every pattern of signs, exactly (not a sample)"
-                + ex.again(seed))
-    return None
+                "negative as positive; count every pattern of signs, exactly (not a sample)")
 
 
 def head_filter(decays, beta, k, q, length: int) -> np.ndarray:
@@ -230,7 +219,7 @@ def head_filter(decays, beta, k, q, length: int) -> np.ndarray:
     return np.asarray(out)
 
 
-@ex.checker("08.4")
+@ex.checker("08.4", seeded=False)
 def three_time_scales(answer, *, half_lives, length: int):
     """A KDA head whose filter is the mean of three exponentials."""
     if not isinstance(answer, dict) or set(answer) != {"decays", "beta", "k", "q"}:

@@ -43,12 +43,11 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
 
 
 @ex.checker("09.1")
-def half_context(answer, *, shape: dict, seed=None):
+def half_context(answer, rng, *, shape: dict):
     """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the
     least whole context T >= 1 at which the hybrid's MLA latents take at least half of its decode
     cache (``math.inf`` without MLA layers); on the notebook's hybrid (``shape``), drawn
     hybrids, one without conv rows, one without MLA layers and one without KDA layers."""
-    seed, rng = ex.seeded(seed)
     models = _models(shape, rng)
     models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
     for model in models:
@@ -56,21 +55,20 @@ def half_context(answer, *, shape: dict, seed=None):
         if not hint and not (isinstance(got, float) and got == math.inf):
             hint = ex.refuse_degenerate(got, shape=(), integer=True, what="T")
         if hint:
-            return hint + ex.again(seed)
+            return hint
         want, where = _half(*model), f"for {dict(zip(_NAMES, model, strict=True))}"
         if got == want:
             continue
         if want == math.inf or got == math.inf:
             return (f"wrong {where}: math.inf only where no context brings the latents level "
-                    "(no MLA layer)" + ex.again(seed))
+                    "(no MLA layer)")
         if int(got) == _half(*model, states=False):
-            return f"wrong {where}: a KDA layer keeps its d_k x d_k states too" + ex.again(seed)
+            return f"wrong {where}: a KDA layer keeps its d_k x d_k states too"
         if int(got) in (want - 1, want + 1) or int(got) < 1:
             return (f"off by one {where}: the least whole T >= 1 where the latents hold at least "
-                    "as many bytes" + ex.again(seed))
+                    "as many bytes")
         return (f"your T is {'above' if got > want else 'below'} the count {where}: per layer, "
-                "what does decoding one more token need (section 5)?" + ex.again(seed))
-    return None
+                "what does decoding one more token need (section 5)?")
 
 
 def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
@@ -82,12 +80,11 @@ def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
 
 
 @ex.checker("09.2")
-def context_at_factor(answer, *, shape: dict, seed=None):
+def context_at_factor(answer, rng, *, shape: dict):
     """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``:
     the least whole context T >= 0 at which the hybrid's decode cache is at least ``factor``
     times that of a pure-KDA model of the same depth (09.1's count); on the notebook's hybrid and
     drawn ones, factors drawn too, one below the hybrid's KDA share (T = 0)."""
-    seed, rng = ex.seeded(seed)
     trials = [(f, *model) for model in _models(shape, rng)
               for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
     kda, mla = trials[0][1:3]
@@ -103,7 +100,7 @@ def context_at_factor(answer, *, shape: dict, seed=None):
                 f"off by one {where}: the least whole context" if int(got) in (want - 1, want + 1)
                 else f"wrong {where}: the hybrid's cache grows with context (09.1's count); a "
                 "pure-KDA model of the same depth has kda_layers + mla_layers KDA layers")
-    return hint and hint + ex.again(seed)
+    return hint
 
 
 def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
@@ -136,19 +133,17 @@ def _strings(rng) -> list:
 
 
 @ex.checker("09.3")
-def context_bound(answer, *, seed=None):
+def context_bound(answer, rng):
     """``answer(data, k) -> float``: the bits per byte of ``data[k:]`` under ``data``'s own
     frequencies of each byte after the ``k`` bytes before it (unsmoothed, the conditional
     entropy; k = 1 is ``lm.one_byte_bound``), on uint8 strings drawn at each call; kda_lib may
     not be called."""
-    seed, rng = ex.seeded(seed)
     for data, k in _strings(rng):
-        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)")
         want = _bound(data, k)
-        hint = hint or ex.refuse_degenerate(got, shape=(), allow_zeros=want == 0,
-                                            what="the bits per byte")
+        got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)", refuse={
+            "shape": (), "allow_zeros": want == 0, "what": "the bits per byte"})
         if hint:
-            return hint + ex.again(seed)
+            return hint
         if np.isclose(float(got), want, rtol=1e-9, atol=1e-12):
             continue
         where = f"on a {data.size}-byte string at k = {k}"
@@ -160,5 +155,4 @@ def context_bound(answer, *, seed=None):
         text = next((t for t, v in slips.items() if k and np.isclose(float(got), v, rtol=1e-9)),
                     "count each (k bytes, next byte) pair and each k-byte context in data; mind "
                     "uint8 overflow if you pack bytes into one number")
-        return f"wrong {where}: {text}" + ex.again(seed)
-    return None
+        return f"wrong {where}: {text}"
