@@ -76,14 +76,14 @@ test-fast: $(STAMP) ## one folder's quick tests: make test-fast FOLDER=layers
 # the tests marked `tpu` on the accelerator, in one process (one program holds a chip): with the
 # machine's own Python and JAX (a TPU VM image's python3, with kda_lib installed there or run from
 # this checkout), not .venv, which pins the CPU set of constraints.txt. Without make, the same:
-# JAX_PLATFORMS=tpu python3 -m pytest -p no:xdist -m tpu $(TPU_TESTS)
+# JAX_PLATFORMS=tpu,cpu python3 -m pytest -p no:xdist -m tpu $(TPU_TESTS)
 PYTHON_TPU ?= python3
 # the folders holding tests marked tpu: they import only the core and pytest/hypothesis (the
 # notebooks' and site's tests need packages a TPU image lacks)
 TPU_TESTS := tests/ops tests/layers tests/parallel tests/contracts/test_fla_parity.py \
 	tests/contracts/test_non_finite.py
 test-tpu: ## the tests marked tpu, on the TPU, with the image's python3 (no .venv)
-	JAX_PLATFORMS=tpu $(PYTHON_TPU) -m pytest -p no:xdist -m tpu $(TPU_TESTS) $(PYTEST_ARGS)
+	JAX_PLATFORMS=tpu,cpu $(PYTHON_TPU) -m pytest -p no:xdist -m tpu $(TPU_TESTS) $(PYTEST_ARGS)
 
 # execute every notebook with papermill (PARAMS=full: the bigger settings of notebooks/params/full/),
 # then render build/notebooks/ into the site build/html/ (Sphinx + myst-nb; renders the stored

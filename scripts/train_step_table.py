@@ -93,7 +93,7 @@ def main(argv=None):
                 row["kda_implementation"] = kernel
             record["rows"].append(row)
             print(json.dumps(row), flush=True)
-            write_json(own.output, record)
+            write_json(record, own.output)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,17 @@ if not hasattr(jax, "enable_x64"):  # JAX < 0.11 (a TPU image's 0.10.2): the sam
 # their own passes (the same on both)
 if jax.default_backend() == "tpu":
     jax.config.update("jax_default_matmul_precision", "highest")
+    # float64 (the oracles) on the host's CPU: the chip has none (a float64 oracle test on the
+    # v5e ran for over 6 minutes without finishing, 2026-12-06); make test-tpu keeps the CPU
+    # platform beside the TPU (JAX_PLATFORMS=tpu,cpu)
+    _enable_x64_here = jax.enable_x64
+
+    @contextlib.contextmanager
+    def _enable_x64_on_cpu(on: bool = True):
+        with _enable_x64_here(on), jax.default_device(jax.devices("cpu")[0] if on else None):
+            yield
+
+    jax.enable_x64 = _enable_x64_on_cpu
 jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,17 +1,18 @@
 """KDA's chunked form as two Pallas TPU kernels (forward, and a reverse-chunk backward).
 
-One program per (batch row, value head); the sequence runs in blocks of ``BLOCK_T`` tokens, in
-order (forward) or in reverse (backward), ``chunk_size`` tokens at a time inside a block, with
-the state ``S [K, V]`` (or its cotangent) in float32 in VMEM between chunks. q, k, v, g are read
-once from the batch-first layout (``[B, T, H, K]`` viewed as ``[B, T, H * K]``: a head's tile is
-a column block, no transpose in HBM) and o is written once. One chunk's math is
-:func:`chunk_intra` then :func:`state_forward` (the steps of :mod:`kda_lib.ops.chunked`'s
-docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the states
-the forward saved at chunk boundaries and carries the state's cotangent by
+One program per (batch row, up to :data:`HEADS` value heads); the sequence runs in blocks of
+``BLOCK_T`` tokens, in order (forward) or in reverse (backward), ``chunk_size`` tokens at a time
+inside a block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM
+between blocks. q, k, v, g are read once from the batch-first layout (``[B, T, H, K]`` viewed
+as ``[B, T, H * K]``: a head's tile is a column block, no transpose in HBM) and o is written
+once. One chunk's math is :func:`chunk_intra` (every chunk of a block and every head at once)
+then :func:`state_forward` (chunk by chunk; the steps of :mod:`kda_lib.ops.chunked`'s
+docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the
+states the forward saved at chunk boundaries and carries the states' cotangents by
 :func:`state_backward`.
 
-Decay ratios are products of ``exp(g) <= 1`` (or exponentials of sums of ``g <= 0``) over
-exactly their own range: any ``g <= 0`` is safe. Matmuls of float32 operands are split into
+Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
+(:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into
 bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
 interpret mode on a CPU. K and V are padded to multiples of 128; no segment ids, no interior
 states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
@@ -35,11 +36,10 @@ LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
-# bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products (v5e,
-# T = 8,192: (1, 3, 3) forward 4.5 ms, final state within 8.6e-5 of its largest value; (1, 1, 3)
-# 3.9 ms and 2.8e-3: the inverse stays at three passes)
-LOW_PASSES = (1, 3, 3)
-
+# bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products (the
+# inputs' dtype, the state's products at three: measured in DESIGN section 4)
+LOW_PASSES = (1, 1, 3)
+HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
 
 # ------------------------------------------------------------------ matmuls, exact or not
@@ -137,27 +137,6 @@ def _cols(shape):
     return jax.lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
 
 
-def _scan(x, width: int, *, reverse: bool = False):
-    """Inclusive scan of ``x [..., C, D]`` over rows within aligned segments of ``width`` rows
-    (from the end when ``reverse``): ``log2(width)`` rotations (Hillis-Steele)."""
-    rows, size = _rem(_rows(x.shape), width), x.shape[-2]
-    d = 1
-    while d < width:
-        if reverse:  # row i takes row i + d of its segment
-            moved = jnp.where(rows < width - d, _roll(x, size - d), _ZERO)
-        else:
-            moved = jnp.where(rows >= d, _roll(x, d), _ZERO)
-        x = x + moved
-        d *= 2
-    return x
-
-
-def _after(x, width: int):
-    """Row i: ``x[i + 1]`` within its aligned segment of ``width`` rows, 0 at its last row."""
-    rows, size = _rem(_rows(x.shape), width), x.shape[-2]
-    return jnp.where(rows < width - 1, _roll(x, size - 1), _ZERO)
-
-
 # ------------------------------------------------------------------ one chunk
 def _eye(size):
     return _rows((size, size)) == _cols((size, size))
@@ -179,45 +158,65 @@ def _passes(low: bool):
     return LOW_PASSES if low else (6, 6, 6)
 
 
+def _fill(x, h: int, *, first: bool):
+    """Within aligned segments of ``2h`` rows of ``x [..., C, D]``: the segment's last row on its
+    first ``h`` rows (``first``), or its row ``h - 1`` on its last ``h`` rows; 0 elsewhere."""
+    size, width, lanes = x.shape[-2], 2 * h, x.shape[-1]
+    source, keep = (width - 1, lambda r: r < h) if first else (h - 1, lambda r: r >= h)
+    if h >= 8:  # whole (8, 128) tiles: a masked sum over each segment's rows, broadcast back
+        seg = x.reshape(-1, width, lanes)
+        rows = _rows(seg.shape[-2:])
+        row = jnp.sum(jnp.where(rows == source, seg, _ZERO), axis=-2, keepdims=True)
+        return jnp.where(keep(rows), row, _ZERO).reshape(x.shape)
+    rows = _rem(_rows(x.shape[-2:]), width)
+    y, shift = jnp.where(rows == source, x, _ZERO), 1
+    while shift <= h:  # spread by doubling (over 2h rows: the last segment's spill is dropped)
+        y = y + _roll(y, size - shift if first else shift)
+        shift *= 2
+    return jnp.where(keep(rows), y, _ZERO)
+
+
+def _level_sums(g):
+    """``[(h, inclusive, exclusive)]`` for ``h = 1, 2, 4, ..., C``: the sums of ``g [..., C, K]``
+    within aligned segments of ``h`` rows from the segment's start through row i, and from after
+    row j through the segment's end (None for h = 1: 0), each over exactly its own range."""
+    levels, inclusive, exclusive, h = [], g, None, 1
+    while True:
+        levels.append((h, inclusive, exclusive))
+        if h == g.shape[-2]:
+            return levels
+        after = _fill(inclusive, h, first=True)  # the second half's total, on the first half
+        exclusive = after if exclusive is None else exclusive + after
+        inclusive = inclusive + _fill(inclusive, h, first=False)
+        h *= 2
+
+
 def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
     """Steps 1 and 2 of chunks ``[..., C, .]`` (q, k, v any float dtype; g ``[..., C, K]`` and
     beta ``[..., C, 1]`` float32): ``(attn_qk [.., C, C], w, u, q_in, k_out, keep [.., K,
     1])``; with ``U' = u - w S``, the outputs are ``q_in S + attn_qk U'``, the state leaving
     ``keep * S + k_out^T U'``. ``low``: bfloat16 inputs (fewer passes, :data:`LOW_PASSES`)."""
     f32 = jnp.float32
-    size, sub = q.shape[-2], SUB  # problems() refuses chunks below SUB
+    size = q.shape[-2]
     p_score, p_inner, _ = _passes(low)
     k32, q32 = k.astype(f32), q.astype(f32) * scale
-    square = (*q.shape[:-2], size, size)
-    rows, cols = _rows(square), _cols(square)
-    same = _div(rows, sub) == _div(cols, sub)
-    block_of = _div(_rows(g.shape), sub)
-    # decays: exponentials of sums of g <= 0 over exactly their own range
-    row_f = jnp.exp(_scan(g, sub))  # from row i's block start through i
-    tail_f = jnp.exp(_scan(_after(g, sub), sub, reverse=True))  # after j to its block's end
-    decay_in = jnp.exp(_scan(g, size))  # exp(G_i)
-    decay_out = jnp.exp(_scan(_after(g, size), size, reverse=True))  # exp(G_C - G_j)
-    # decayed scores: the diagonal blocks along the band, by products of exp(g) <= 1 ...
-    a = jnp.exp(g)
-    band_kk = band_qk = jnp.zeros(square, f32)
-    ratio = jnp.ones_like(g)
-    for d in range(sub):  # ratio[i] = exp(g_{i-d+1} + ... + g_i); row i of x k^T at column i-d
-        if d:
-            ratio = ratio * _roll(a, d - 1)
-        on_band = same & (cols == rows - d)
-        band_qk = jnp.where(on_band, _dot(q32 * ratio, k32, p_score, True), band_qk)
-        if d:
-            band_kk = jnp.where(on_band, _dot(k32 * ratio, k32, p_score, True), band_kk)
-    # ... the rest by one matmul per row block, the reference point at the block's start
-    column_f = jnp.zeros_like(g)  # exp(g) products from after j to block b's start
-    for b in range(1, size // sub):
-        column_f = jnp.where(block_of == b - 1, tail_f, column_f * _row(row_f, b * sub - 1))
-        keys = k32 * column_f
-        mine = block_of == b
-        band_kk = band_kk + _dot(jnp.where(mine, k32 * row_f, _ZERO), keys, p_score, True)
-        band_qk = band_qk + _dot(jnp.where(mine, q32 * row_f, _ZERO), keys, p_score, True)
-    attn_kk = beta * jnp.where(cols < rows, band_kk, _ZERO)
-    attn_qk = jnp.where(cols <= rows, band_qk, _ZERO)
+    rows, cols = _rows((size, size)), _cols((size, size))
+    levels = _level_sums(g)
+    _, last_in, last_out = levels.pop()
+    decay_in, decay_out = jnp.exp(last_in), jnp.exp(last_out)  # exp(G_i), exp(G_C - G_j)
+    # decayed scores, pair (i > j) at the level h where i and j part: both halves of their
+    # 2h-segment, the decay split at its middle m into exp(G_i - G_m) exp(G_m - G_j) <= 1 each
+    attn_qk = jnp.where(rows == cols, _dot(q32, k32, p_score, True), _ZERO)
+    attn_kk = jnp.zeros((*q.shape[:-2], size, size), f32)
+    for h, inclusive, exclusive in levels:
+        mine = ((_div(rows, 2 * h) == _div(cols, 2 * h)) & (_rem(rows, 2 * h) >= h)
+                & (_rem(cols, 2 * h) < h))  # fmt: skip
+        row_f = jnp.exp(inclusive)
+        keys = k32 if exclusive is None else k32 * jnp.exp(exclusive)
+        attn_qk = attn_qk + jnp.where(mine, _dot(q32 * row_f, keys, p_score, True), _ZERO)
+        attn_kk = attn_kk + jnp.where(mine, _dot(k32 * row_f, keys, p_score, True), _ZERO)
+    attn_kk = beta * attn_kk
+    same = _div(rows, SUB) == _div(cols, SUB)
     solve = _unit_lower_inverse(attn_kk, same, p_inner)
     w = _dot(solve, beta * k32 * decay_in, p_inner)
     u = _dot(solve, beta * v.astype(f32), p_inner)
@@ -245,7 +244,7 @@ def state_backward(intra, state, d_o, d_after, low: bool):
                d_corrected,  # u
                _dot(d_o, state, p_state, True),  # q_in
                _dot(corrected, d_after, p_state, True),  # k_out
-               jnp.sum(state * d_after, axis=1, keepdims=True))  # keep  # fmt: skip
+               jnp.sum(state * d_after, axis=-1, keepdims=True))  # keep  # fmt: skip
     d_state = keep * d_after + _dot_t(q_in, d_o, p_state) - _dot_t(w, d_corrected, p_state)
     return d_intra, d_state
 
@@ -278,85 +277,115 @@ def _compiler_params(semantics):
     return params(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
 
 
-def _beta_column(beta_ref, column_ref):
-    """beta's row tile ``[1, BLOCK_T]`` into the column scratch ``[BLOCK_T, 1]``."""
-    column_ref[...] = _column(beta_ref[0, 0])
+def _heads_per_program(heads: int, groups: int, most: int) -> int:
+    """Value heads per program: the largest power of two up to ``most`` that divides ``heads``
+    and ``groups`` (one q/k head for them all) or is a multiple of ``groups``."""
+    m = most
+    while heads % m or (groups % m and m % groups):
+        m //= 2
+    return m
 
 
-def _block(ref, chunk: int, dtype=None):
-    """A ``[1, BLOCK_T, D]`` tile as ``[BLOCK_T / chunk, chunk, D]`` (one row per chunk)."""
-    x = ref[0] if len(ref.shape) == 3 else ref[...]
+def _tiles(ref, count: int, width: int, chunk: int, dtype=None):
+    """``count`` heads' column blocks of a ``[1, BLOCK_T, count * width]`` tile as ``[count *
+    BLOCK_T / chunk, chunk, width]`` (head-major, one row per chunk)."""
+    x = jnp.stack([ref[0, :, i * width : (i + 1) * width] for i in range(count)])
     x = x if dtype is None else x.astype(dtype)
-    return x.reshape(-1, chunk, x.shape[-1])
+    return x.reshape(-1, chunk, width)
+
+
+def _for_heads(x, heads: int, q_heads: int):
+    """``[q_heads * N, ...]`` -> ``[heads * N, ...]``: value head i reads q/k head ``i * q_heads
+    // heads`` (grouped value heads share theirs)."""
+    if q_heads == heads:
+        return x
+    x = x.reshape(q_heads, -1, *x.shape[1:])
+    return jnp.concatenate([x[i * q_heads // heads] for i in range(heads)])
+
+
+def _write(ref, x, heads: int, rows: slice):
+    """``x [heads, rows, D]`` into the column blocks of ``ref [1, BLOCK_T, heads * D]``."""
+    width = x.shape[-1]
+    for i in range(heads):
+        ref[0, rows, i * width : (i + 1) * width] = x[i].astype(ref.dtype)
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_ref, *rest,
                     chunk: int, scale: float, low: bool, save: bool):  # fmt: skip
-    """One (row, head, block): every chunk's intra part at once, then the state chunk by chunk."""
+    """One (row, heads, block): every chunk's intra part at once, then the states chunk by
+    chunk (the heads' together)."""
     states_ref, (state_ref, beta_col) = (rest[0] if save else None), rest[-2:]
-    key_dim = state_ref.shape[0]
+    heads, key_dim, value_dim = state_ref.shape
+    q_heads = q_ref.shape[-1] // key_dim
+    per_block = q_ref.shape[1] // chunk
 
     @pl.when(pl.program_id(2) == 0)
     def _():
-        state_ref[...] = s0_ref[0, 0]
+        state_ref[...] = s0_ref[0]
 
-    _beta_column(beta_ref, beta_col)
     f32 = jnp.float32
-    intra = chunk_intra(_block(q_ref, chunk), _block(k_ref, chunk), _block(v_ref, chunk),
-                        _block(g_ref, chunk, f32), _block(beta_col, chunk), scale=scale,
+    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk), heads, q_heads) for r in (q_ref, k_ref)]
+    beta_col[...] = _column(beta_ref[0])  # [heads, 1, BLOCK_T] -> [heads, BLOCK_T, 1]
+    beta = beta_col[...].reshape(-1, chunk, 1)
+    intra = chunk_intra(*qk, _tiles(v_ref, heads, value_dim, chunk),
+                        _tiles(g_ref, heads, key_dim, chunk, f32), beta, scale=scale,
                         low=low)  # fmt: skip
+    intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
     state = state_ref[...]
-    for c in range(q_ref.shape[1] // chunk):
+    for c in range(per_block):
         if save:
-            states_ref[0, 0, c * key_dim : (c + 1) * key_dim, :] = state
-        o, state = state_forward(tuple(x[c] for x in intra), state, low)
-        o_ref[0, c * chunk : (c + 1) * chunk, :] = o.astype(o_ref.dtype)
+            states_ref[0, :, c * key_dim : (c + 1) * key_dim, :] = state
+        o, state = state_forward(tuple(x[:, c] for x in intra), state, low)
+        _write(o_ref, o, heads, slice(c * chunk, (c + 1) * chunk))
     state_ref[...] = state
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
-        final_ref[0, 0] = state
+        final_ref[0] = state
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d_final_ref,
-                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref,
-                     d_state_ref, beta_col, *, chunk: int, scale: float,
-                     low: bool):  # fmt: skip
-    """One (row, head, block) in reverse: the intra parts recomputed with their pullback, the
-    state's cotangent chunk by chunk from the last, then every chunk's pullback at once."""
-    key_dim = d_state_ref.shape[0]
+                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref, d_state_ref, beta_col, *,
+                     chunk: int, scale: float, low: bool):  # fmt: skip
+    """One (row, heads, block) in reverse: the intra parts recomputed with their pullback, the
+    states' cotangents chunk by chunk from the last, then every chunk's pullback at once."""
+    heads, key_dim, value_dim = d_state_ref.shape
+    q_heads = q_ref.shape[-1] // key_dim
+    per_block = q_ref.shape[1] // chunk
     f32 = jnp.float32
 
     @pl.when(pl.program_id(2) == 0)
     def _():
-        d_state_ref[...] = d_final_ref[0, 0]
+        d_state_ref[...] = d_final_ref[0]
 
-    _beta_column(beta_ref, beta_col)
     step = functools.partial(chunk_intra, scale=scale, low=low)
-    intra, pullback = jax.vjp(step, _block(q_ref, chunk, f32), _block(k_ref, chunk, f32),
-                              _block(v_ref, chunk, f32), _block(g_ref, chunk, f32),
-                              _block(beta_col, chunk))  # fmt: skip
-    d_o = _block(do_ref, chunk, f32)
+    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk, f32), heads, q_heads)
+          for r in (q_ref, k_ref)]  # fmt: skip
+    beta_col[...] = _column(beta_ref[0])
+    beta = beta_col[...].reshape(-1, chunk, 1)
+    intra, pullback = jax.vjp(step, *qk, _tiles(v_ref, heads, value_dim, chunk, f32),
+                              _tiles(g_ref, heads, key_dim, chunk, f32), beta)  # fmt: skip
+    intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
+    d_o = _tiles(do_ref, heads, value_dim, chunk, f32).reshape(heads, per_block, chunk, -1)
     d_state = d_state_ref[...]
-    d_intra = [None] * (q_ref.shape[1] // chunk)
-    for c in reversed(range(len(d_intra))):
-        state = states_ref[0, 0, c * key_dim : (c + 1) * key_dim, :]
-        d_intra[c], d_state = state_backward(tuple(x[c] for x in intra), state, d_o[c],
+    d_intra = [None] * per_block
+    for c in reversed(range(per_block)):
+        state = states_ref[0, :, c * key_dim : (c + 1) * key_dim, :]
+        d_intra[c], d_state = state_backward(tuple(x[:, c] for x in intra), state, d_o[:, c],
                                              d_state, low)  # fmt: skip
     d_state_ref[...] = d_state
-    dq, dk, dv, dg, d_beta = pullback(tuple(jnp.stack(x) for x in zip(*d_intra, strict=True)))
-    flat = lambda x: x.reshape(-1, x.shape[-1])
-    dq_ref[0] = flat(dq).astype(dq_ref.dtype)
-    dk_ref[0] = flat(dk).astype(dk_ref.dtype)
-    dv_ref[0] = flat(dv).astype(dv_ref.dtype)
-    dg_ref[0] = flat(dg)
+    d_intra = [jnp.stack(x, 1).reshape(-1, *x[0].shape[1:]) for x in zip(*d_intra, strict=True)]
+    dq, dk, dv, dg, d_beta = pullback(tuple(d_intra))
+    every = slice(0, q_ref.shape[1])
+    for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dg_ref, dg)):
+        _write(ref, x.reshape(heads, -1, x.shape[-1]), heads, every)
     # beta's cotangent back to its row layout: a masked sum over rows
-    d_beta_ref[0, 0] = jnp.sum(jnp.where(_eye(BLOCK_T), flat(d_beta), _ZERO), axis=0,
-                               keepdims=True)  # fmt: skip
+    d_beta = d_beta.reshape(heads, -1, 1)
+    d_beta_ref[0] = jnp.sum(jnp.where(_eye(BLOCK_T), d_beta, _ZERO), axis=1, keepdims=True)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
-        d_s0_ref[0, 0] = d_state
+        d_s0_ref[0] = d_state
 
 
 # ------------------------------------------------------------------ the calls
@@ -364,30 +393,47 @@ def _interpret(interpret):
     return jax.default_backend() != "tpu" if interpret is None else interpret
 
 
+def _specs(v, q_width: int, groups: int, most: int, reverse: bool):
+    """``(heads per program m, grid, tile(width, own), state spec, beta spec)`` for the grid
+    (batch, value heads / m, blocks); ``tile(width, False)``: the q/k heads the program's
+    value heads read."""
+    batch, seq_len, heads, value_dim = v.shape
+    m = _heads_per_program(heads, groups, most)
+    q_heads = max(1, m // groups)
+    n_blocks = seq_len // BLOCK_T
+    at = (lambda n: n_blocks - 1 - n) if reverse else (lambda n: n)
+
+    def tile(width, own=True):
+        if own:
+            return pl.BlockSpec((1, BLOCK_T, m * width), lambda b, h, n: (b, at(n), h))
+        index = lambda b, h, n: (b, at(n), _div(_div(h * m, groups), q_heads))  # noqa: E731
+        return pl.BlockSpec((1, BLOCK_T, q_heads * q_width), index)
+
+    state = pl.BlockSpec((1, m, q_width, value_dim), lambda b, h, n: (b, h, _I0, _I0))
+    beta = pl.BlockSpec((1, m, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, at(n)))
+    return m, (batch, heads // m, n_blocks), tile, state, beta
+
+
 def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, low, save, interpret=None):
     """The forward kernel on padded inputs: ``(o, final_state, entering states or None)``."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim = q.shape[-1]
-    n_blocks = seq_len // BLOCK_T
     per_block = BLOCK_T // chunk
-    at = lambda b, h, n: (b, n, _div(h, groups))
-    mine = lambda b, h, n: (b, n, h)
-    tile = lambda width, index: pl.BlockSpec((1, BLOCK_T, width), index)
-    state_spec = pl.BlockSpec((1, 1, key_dim, value_dim), lambda b, h, n: (b, h, _I0, _I0))
-    in_specs = [tile(key_dim, at), tile(key_dim, at), tile(value_dim, mine), tile(key_dim, mine),
-                pl.BlockSpec((1, 1, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, n)), state_spec]
-    out_specs = [tile(value_dim, mine), state_spec]
+    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[0], False)
+    in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
+                beta_spec, state_spec]  # fmt: skip
+    out_specs = [tile(value_dim), state_spec]
     out_shape = [jax.ShapeDtypeStruct((batch, seq_len, heads * value_dim), q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
     if save:
-        out_specs.append(pl.BlockSpec((1, 1, per_block * key_dim, value_dim),
+        out_specs.append(pl.BlockSpec((1, m, per_block * key_dim, value_dim),
                                       lambda b, h, n: (b, h, n, _I0)))  # fmt: skip
         out_shape.append(jax.ShapeDtypeStruct(
             (batch, heads, seq_len // chunk * key_dim, value_dim), jnp.float32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
-        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
-                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
+        num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
     kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low,
                                save=save)  # fmt: skip
     flat = lambda x: x.reshape(*x.shape[:2], -1)
@@ -404,29 +450,24 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
     """The backward kernel: ``(dq, dk, dv, dg, d_beta_rows, d_s0)``, dq and dk per value head."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim = q.shape[-1]
-    n_blocks = seq_len // BLOCK_T
     per_block = BLOCK_T // chunk
-    last = lambda n: n_blocks - 1 - n
-    at = lambda b, h, n: (b, last(n), _div(h, groups))
-    mine = lambda b, h, n: (b, last(n), h)
-    tile = lambda width, index: pl.BlockSpec((1, BLOCK_T, width), index)
-    state_spec = pl.BlockSpec((1, 1, key_dim, value_dim), lambda b, h, n: (b, h, _I0, _I0))
-    beta_spec = pl.BlockSpec((1, 1, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, last(n)))
-    in_specs = [tile(key_dim, at), tile(key_dim, at), tile(value_dim, mine), tile(key_dim, mine),
-                beta_spec, pl.BlockSpec((1, 1, per_block * key_dim, value_dim),
-                                        lambda b, h, n: (b, h, last(n), _I0)),
-                tile(value_dim, mine), state_spec]  # fmt: skip
+    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[1], True)
+    n_blocks = grid[2]
+    in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
+                beta_spec, pl.BlockSpec((1, m, per_block * key_dim, value_dim),
+                                        lambda b, h, n: (b, h, n_blocks - 1 - n, _I0)),
+                tile(value_dim), state_spec]  # fmt: skip
     grad_dtype = q.dtype if groups == 1 else jnp.float32
     wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len, heads * width), dtype)
     out_shape = [wide(key_dim, grad_dtype), wide(key_dim, grad_dtype), wide(value_dim, v.dtype),
                  wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta_rows.shape, jnp.float32),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
-    out_specs = [tile(key_dim, mine), tile(key_dim, mine), tile(value_dim, mine),
-                 tile(key_dim, mine), beta_spec, state_spec]  # fmt: skip
+    out_specs = [tile(key_dim), tile(key_dim), tile(value_dim), tile(key_dim), beta_spec,
+                 state_spec]  # fmt: skip
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=0, grid=(batch, heads, n_blocks), in_specs=in_specs,
-        out_specs=out_specs, scratch_shapes=[pltpu.VMEM((key_dim, value_dim), jnp.float32),
-                                             pltpu.VMEM((BLOCK_T, 1), jnp.float32)])  # fmt: skip
+        num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
     kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low)
     flat = lambda x: x.reshape(*x.shape[:2], -1)
     dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(

@@ -152,7 +152,6 @@ def test_core_matches_fla_float32(impl, op_case):
 _gate = jax.jit(kda_lib.kda_gate, static_argnames="lower_bound")
 
 
-@pytest.mark.tpu
 @pytest.mark.parametrize("dt_bias_layout", ["flat_HK", "H_K"])
 @pytest.mark.parametrize("x64", [True, False], ids=["f64", "f32"])
 def test_gate_matches_fla(op_case, dt_bias_layout, x64):

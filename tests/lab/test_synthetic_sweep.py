@@ -194,3 +194,19 @@ def test_a_tiny_paper_preset_sweep_records_validation_and_test(script, tmp_path)
         assert run["eval"] == run["validation"] and run["conv_reach"] == 3
         assert {"beyond_reach_accuracy", "beyond_reach_scored"} <= set(run["test"])
         assert len(run["curve"]["accuracy"]) == run["training"]["steps"]
+
+
+def test_train_step_table_writes_its_record(tmp_path):
+    """scripts/train_step_table.py end to end at a tiny size: one row a mixer and T, written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "steps.json"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "train_step_table.py"), "--output",
+                    str(out), "--seq-lens", "24", "--mixers", "attention", "--batch-size", "2",
+                    "--hidden-size", "32", "--num-heads", "2", "--head-dim", "16",
+                    "--num-pairs", "2"], check=True, capture_output=True)  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["kind"] == "train_step_table"
+    ((row,),) = [record["rows"]]
+    assert row["mixer"] == "attention" and row["T"] == 24 and row["seconds_per_step"] > 0

@@ -131,7 +131,6 @@ def _oracle_runs(seq_len, gate):
         return _every_form(*_float64_case(seq_len, gate), grads=grads)
 
 
-@pytest.mark.tpu
 @ORACLE_PROGRAMS
 @pytest.mark.parametrize("seq_len", [*FORWARD_SCANS, *GRADIENT_SCANS])
 def test_chunked_matches_float64_oracle(x64, seq_len):
@@ -229,7 +228,6 @@ def _segment_cases(seq_len):
     return jnp.asarray(ids)
 
 
-@pytest.mark.tpu
 def test_chunked_segments_match_oracle(x64):
     """Segments with a state: both scans' outputs and final states, the associative scan's
     gradients (the streaming scan's with segments and a state: test_interior_states.py's

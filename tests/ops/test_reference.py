@@ -38,7 +38,6 @@ def numpy_kda(q, k, v, g, beta, scale, state0, segment_ids):
     return out, final, states
 
 
-@pytest.mark.tpu
 @pytest.mark.parametrize("with_segments", [False, True])
 def test_recurrent_matches_numpy_loop(x64, with_segments):
     inputs = random_kda_inputs(
