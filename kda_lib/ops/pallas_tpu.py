@@ -36,9 +36,9 @@ LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
 SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
-# bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products (the
-# inputs' dtype, the state's products at three: measured in DESIGN section 4)
-LOW_PASSES = (1, 1, 3)
+# bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products
+# (fewer lose the UT inverse's cancellations where keys correlate: DESIGN section 4)
+LOW_PASSES = (3, 6, 3)
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
 
