@@ -206,7 +206,7 @@ class KimiDeltaAttention(nnx.Module):
     def __call__(
         self, x: jax.Array, *, segment_ids: jax.Array | None = None, cache: KDACache | None = None
     ):
-        """``x [B, T, hidden]`` (outside ``jit`` a NaN or inf raises naming its position) -> ``y
+        """``x [B, T, hidden]`` (its values are not read: a NaN or inf gives NaN outputs) -> ``y
         [B, T, hidden]``; with a ``cache`` (:meth:`init_cache`'s or a previous call's; one
         device, no ids) ``(y, new_cache)``. ``segment_ids [B, T]`` int, 0 = padding: packed
         documents never see each other (through the conv or the state); padding outputs 0."""
@@ -368,11 +368,12 @@ class KimiDeltaAttention(nnx.Module):
             ends = jnp.arange(1, seq_len // every + 1) * every  # tokens before each boundary
             pos = ends[:, None] - width + jnp.arange(width)[None]  # [N, W-1], < 0: the history
             picked = x[:, jnp.clip(pos, 0, seq_len - 1)].astype(cfg.dtype)  # [B, N, W-1, hidden]
-            cached = self.init_cache(x.shape[0]) if cache is None else cache
             projs = (self.q_proj, self.k_proj, self.v_proj)
+            before = jnp.clip(width + pos, 0, width - 1)  # the history's rows
+            histories = [None] * 3 if cache is None else cache[1:]  # no cache: zeros before x
             convs = [jnp.where((pos < 0)[None, :, :, None],
-                               history[:, jnp.clip(width + pos, 0, width - 1)], proj(picked))
-                     for proj, history in zip(projs, cached[1:], strict=True)]  # fmt: skip
+                               0.0 if history is None else history[:, before], proj(picked))
+                     for proj, history in zip(projs, histories, strict=True)]  # fmt: skip
         return y, new_cache, KDACache(getattr(result, states), *convs)
 
     @classmethod
@@ -384,28 +385,24 @@ class KimiDeltaAttention(nnx.Module):
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache, serving=False):
-        """:func:`check_call` and the layer's own checks: ``(ids, segments per row)`` or None."""
+        """:func:`check_call` and the layer's own checks, on shapes, dtypes and the ids only (x's
+        values are never read here): ``(ids, segments per row)`` or None."""
         if self.mesh is not None and (cache is not None or serving):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
-        cfg = self.config
-        if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
-            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-            batch, seq_len, _ = x.shape
+        if ids is None:
+            return None
+        cfg, ranks = self.config, 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        if bound := max_segments_bound((ids, count), cfg, ranks):  # tokamax's states fit (the
+            batch, seq_len, _ = x.shape  # call's one size check: kda_prechecked skips it)
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
                         cfg.value_dim, cfg.num_heads)  # fmt: skip
-            if problem := segment_slots_problem(cfg.implementation, dims, cfg.max_num_segments,
-                                                name="KDAConfig.max_num_segments"):  # fmt: skip
+            name = "KDAConfig.max_num_segments" if cfg.max_num_segments else "max_num_segments"
+            if problem := segment_slots_problem(cfg.implementation, dims, bound, name=name,
+                                                segments_per_row=count if ranks == 1 else None):
                 raise ValueError(problem)
-        if is_concrete(x):
-            bad = ~np.isfinite(values := checks.host_values(x))
-            if bad.any():
-                first = tuple(int(i) for i in np.argwhere(bad)[0])
-                raise ValueError(f"x contains NaN/inf at {list(first)} ({int(bad.sum())} non-"
-                                 f"finite values in all, the first is "
-                                 f"{float(values[first])})")  # fmt: skip
-        return None if ids is None else (ids, count)
+        return ids, count
 
 
 def cache_at(caches: KDACache, index) -> KDACache:

@@ -1,7 +1,8 @@
 """Bad input to the layer fails at the boundary, naming the argument, before any work.
 
-KDAConfig at construction, ``init_cache``, the cache, ``x`` (type, dtype, empty, NaN), segment
-ids on the context-parallel layer exactly as on one device, and the all-or-nothing fla loader.
+KDAConfig at construction, ``init_cache``, the cache, ``x`` (type, dtype, empty; a NaN is not
+read: NaN outputs), segment ids on the context-parallel layer exactly as on one device, and the
+all-or-nothing fla loader.
 Tiny shapes and the recurrent kernel: nothing here compiles more than a few small programs.
 """
 
@@ -137,14 +138,16 @@ def test_empty_prefill_raises_before_touching_the_cache():
         layer(jnp.ones((1, 0, 8)), cache=layer.init_cache(1))
 
 
-def test_nan_in_x_is_named_with_its_position_not_blamed_on_beta():
+def test_nan_in_x_is_not_read_on_the_host_and_gives_nan_outputs_from_its_token():
+    """Issue 75.9: x is an activation, never read on the host (the eager call used to copy all
+    of it to raise "x contains NaN/inf at [..]"). A NaN or inf in x gives NaN outputs from its
+    token on, eager as under jit: never a silent finite result, and no error blames beta."""
     layer = _layer()
-    x = _x().at[0, 2, 5].set(jnp.nan)
-    with pytest.raises(ValueError, match=r"x contains NaN/inf at \[0, 2, 5\]") as error:
-        layer(x)
-    assert "beta" not in str(error.value)
-    with pytest.raises(ValueError, match=r"x contains NaN/inf at \[0, 3, 0\] \(2 non-finite"):
-        layer(_x().at[0, 3, 0].set(jnp.inf).at[0, 3, 1].set(-jnp.inf))
+    for x, first in [(_x().at[0, 2, 5].set(jnp.nan), 2),
+                     (_x().at[0, 3, 0].set(jnp.inf).at[0, 3, 1].set(-jnp.inf), 3)]:  # fmt: skip
+        for y in (layer(x), jax.jit(lambda x: layer(x))(x)):
+            bad = np.isnan(np.asarray(y)).any(axis=-1)[0]
+            np.testing.assert_array_equal(bad, np.arange(4) >= first)
     # a numpy x is fine and gives what the jax array gives
     np.testing.assert_array_equal(layer(np.asarray(_x())), layer(_x()))
 
@@ -166,11 +169,10 @@ def _mesh(ranks=2):
         (_x(), [[1, 2, 1, 1]], "segment_ids row 0 uses id 1 for two separate runs"),
         (_x(), [[1, -1, 2, 2]], r"segment_ids must be >= 0 \(0 = padding\), got min -1"),
         (_x(), [[1.0, 1.0, 2.0, 2.0]], "segment_ids must be an integer array"),
-        (_x().at[0, 1, 1].set(jnp.nan), None, r"x contains NaN/inf at \[0, 1, 1\]"),
         (jnp.ones((1, 0, 8)), None, r"x \[B, T, hidden\] is empty: T = 0"),
         (jnp.ones((0, 4, 8)), None, r"x \[B, T, hidden\] is empty: B = 0"),
     ],
-    ids=["reused_ids", "negative_ids", "float_ids", "nan_x", "empty_T", "empty_B"],
+    ids=["reused_ids", "negative_ids", "float_ids", "empty_T", "empty_B"],
 )
 def test_context_parallel_layer_runs_the_one_device_checks(with_mesh, x, ids, message, monkeypatch):
     layer = _layer(mesh=_mesh() if with_mesh else None)

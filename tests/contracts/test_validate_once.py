@@ -8,6 +8,7 @@ beta, the segment count); the ids canonicalised twice on the scan's path; paddin
 """
 
 import collections
+import contextlib
 import dataclasses
 
 import jax
@@ -116,11 +117,12 @@ def test_a_new_segment_count_compiles_nothing_new_for_kda_libs_forms(implementat
     assert not [m for m in compiled if "_compiled" in m], compiled
 
 
-def test_one_eager_layer_call_reads_x_and_the_segment_ids_once_each(monkeypatch):
+def test_one_eager_layer_call_reads_the_segment_ids_once_and_x_never(monkeypatch):
     """Issue 53: the layer, its three convs and kda() each read the ids (five reads), then the
-    layer read them once and kda() ran the segment rule on that copy again and read beta; now
-    the layer reads and checks the ids once, at its entry, and x once (finite), and kda()
-    reads nothing. Every check's host read goes through checks.host_values, counted here."""
+    layer read them once and kda() ran the segment rule on that copy again and read beta; then
+    the layer read and checked the ids once, at its entry, and x once (finite). Issue 75.9: x
+    is an activation, never read on the host (a NaN in x gives NaN outputs); kda() reads
+    nothing. Every check's host read goes through checks.host_values, counted here."""
     from flax import nnx
 
     from kda_lib import KDAConfig, KimiDeltaAttention
@@ -143,7 +145,7 @@ def test_one_eager_layer_call_reads_x_and_the_segment_ids_once_each(monkeypatch)
                        lower_bound=-5.0, implementation="tokamax_xla")  # fmt: skip
     layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0))
     y = layer(x, segment_ids=ids)
-    assert reads == [("ids", "device", (2, 20)), ("floats", "device", (2, 20, 32))], reads
+    assert reads == [("ids", "device", (2, 20))], reads
     oracle = dataclasses.replace(config, implementation="recurrent")
     nnx.update(want_layer := KimiDeltaAttention(oracle, rngs=nnx.Rngs(1)), nnx.state(layer))
     want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(want_layer, x, ids)
@@ -165,3 +167,93 @@ def test_the_prechecked_entry_reads_nothing_and_matches_kda(calls):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     with pytest.raises(ValueError, match="chunk_size must be a power of two"):
         kda_lib.ops.api.kda_prechecked(*args, chunk_size=3)
+
+
+# ------------------------------------------------------------ issue 75.9: check once, then compute
+def _small_layer(**overrides):
+    from flax import nnx
+
+    from kda_lib import KDAConfig, KimiDeltaAttention
+
+    config = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, lower_bound=-5.0, **overrides)
+    return KimiDeltaAttention(config, rngs=nnx.Rngs(0))
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Any read of a jax array's values on the host raises. On CPU a transfer guard lets
+    ``np.asarray`` through (the host's buffer is shared), so the array's own doors are shut too:
+    the buffer protocol, ``__array__`` and ``_value`` (float(), bool(), tolist(), device_get)."""
+    from jax._src.array import ArrayImpl
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError(f"host read of a jax array {self.shape} {self.dtype}")
+
+    with pytest.MonkeyPatch.context() as patch, jax.transfer_guard_device_to_host("disallow"):
+        patch.setattr(ArrayImpl, "__buffer__", refuse)
+        patch.setattr(ArrayImpl, "__array__", refuse)
+        patch.setattr(ArrayImpl, "_value", property(refuse))
+        yield
+
+
+def test_an_eager_layer_call_reads_no_activation_on_the_host():
+    """Issue 75.9: before, the eager call read all of x on the host (a finiteness check: a
+    device-to-host copy of the layer's input every call). Shapes and dtypes are metadata."""
+    layer = _small_layer()
+    x = jax.random.normal(jax.random.key(0), (2, 20, 32))
+    want = jax.block_until_ready(layer(x))  # compiled outside: the hot path is checked
+    with no_host_reads():
+        y = jax.block_until_ready(layer(x))
+        y_cache, _ = layer(x, cache=layer.init_cache(2))
+        with pytest.raises(ValueError, match=r"x must have shape \[B, T, hidden_size=32\]"):
+            layer(x[..., :8])  # misuse is still refused by name, from the shape alone
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(want))  # the doors open again
+    np.testing.assert_allclose(np.asarray(y_cache), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_the_layer_reaches_its_first_projection_within_three_kda_lib_frames(monkeypatch):
+    """Issue 75.9: ``__call__`` -> ``_forward`` -> ``project`` -> ``q_proj(x)``: the checks
+    run and return before, none of them wraps the computation."""
+    import traceback
+
+    layer = _small_layer()
+    stacks = []
+    original = type(layer.q_proj).__call__
+
+    def recording(self, *args, **kwargs):
+        if self is layer.q_proj and not stacks:
+            stacks.append([f for f in traceback.extract_stack() if "kda_lib" in f.filename
+                           and "/tests/" not in f.filename])  # fmt: skip
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(layer.q_proj), "__call__", recording)
+    layer(jax.random.normal(jax.random.key(0), (1, 8, 32)))
+    assert stacks and len(stacks[0]) <= 3, [f"{f.filename}:{f.name}" for f in stacks[0]]
+    assert stacks[0][0].name == "__call__", stacks[0]
+
+
+@pytest.mark.parametrize("case", ["plain", "ids", "tokamax_bound", "tokamax_count", "prefill",
+                                  "draft", "decode"])  # fmt: skip
+def test_one_memory_size_check_per_layer_call(monkeypatch, case):
+    """Issue 75.9: every size check asks checks.memory_limit (counted here); a call makes at
+    most one. Before: tokamax's per-segment states were checked at the layer's entry and again
+    in kda(), and prefill checked its chunk states and an empty cache it built for zeros."""
+    tokamax = case.startswith("tokamax")
+    bound = 4 if case == "tokamax_bound" else None
+    layer = _small_layer(implementation="tokamax_xla" if tokamax else "auto",
+                         max_num_segments=bound)  # fmt: skip
+    x = jax.random.normal(jax.random.key(0), (2, 16, 32))
+    ids = jnp.asarray([[1] * 8 + [2] * 8, [3] * 16], jnp.int32)
+    cache = layer.init_cache(2)
+    calls = []
+    original = kda_lib.checks.memory_limit
+    monkeypatch.setattr(kda_lib.checks, "memory_limit", lambda: calls.append(1) or original())
+    if case in ("plain", "decode"):
+        layer(x, cache=cache if case == "decode" else None)
+    elif case == "prefill":
+        layer.prefill(x)
+    elif case == "draft":
+        layer.draft(x, cache=cache)
+    else:
+        layer(x, segment_ids=ids)
+    assert len(calls) <= 1, (case, len(calls))
