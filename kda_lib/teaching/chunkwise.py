@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -66,7 +68,8 @@ def roofline_figure(table: dict, chip: Chip, K: int) -> plt.Figure:
 
 def kda_forms(lower_bound: float) -> dict:
     """The forms notebook 03 times: ``{name: fn(q, k, v, f, beta, a_log, dt_bias) -> output}``,
-    three KDA implementations through ``kda_lib.kda`` (safe gate applied inside) and causal
+    KDA through ``kda_lib.kda`` (safe gate applied inside: the recurrence, the chunked form,
+    tokamax's chunked form where tokamax is installed, the Pallas kernels on a TPU) and causal
     softmax attention (``jax.nn.dot_product_attention``)."""
     import kda_lib
 
@@ -87,7 +90,10 @@ def kda_forms(lower_bound: float) -> dict:
 
         return run
 
-    forms = {name: kda_form(name) for name in ("recurrent", "chunked", "tokamax_xla_chunked")}
+    names = ["recurrent", "chunked"]
+    names += ["tokamax_xla_chunked"] * (importlib.util.find_spec("tokamax") is not None)
+    names += ["pallas_tpu"] * (jax.default_backend() == "tpu")
+    forms = {name: kda_form(name) for name in names}
     forms["softmax attention"] = lambda q, k, v, *gates: jax.nn.dot_product_attention(
         q, k, v, is_causal=True
     )

@@ -79,6 +79,12 @@ COMMANDS = {
         ["seconds_per_step"],
         ["--output", "{tmp}/steps.json"],
     ),
+    "run_notebooks_sandboxed.py": (
+        lambda: _script("run_notebooks_sandboxed.py"),
+        "main",
+        ["run"],
+        ["--output", "{tmp}/notebooks.json"],
+    ),
     "notebook_setup.py": (
         lambda: _script("notebook_setup.py"),
         "main",
@@ -96,6 +102,7 @@ PATH_OPTIONS = {
     "stdlib_lm_seeds.py": ("--output", True),
     "auto_grad_vs_chunked.py": ("--out", False),
     "train_step_table.py": ("--output", False),
+    "run_notebooks_sandboxed.py": ("--output", False),
 }
 
 
@@ -160,6 +167,9 @@ NUMBER_AND_NAME_ROWS = [
     ("train_step_table.py", ["--seq-lens", "64"], "--seq-lens must all be >= 3 * num_pairs = 96"),
     ("train_step_table.py", ["--mixers", "kda,bogus"], "--mixers: unknown ['bogus']"),
     ("train_step_table.py", ["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    # run_notebooks_sandboxed.py
+    ("run_notebooks_sandboxed.py", ["--cell-timeout", "0"], "--cell-timeout must be positive"),
+    ("run_notebooks_sandboxed.py", ["{tmp}/none.ipynb"], "no such notebook: {tmp}/none.ipynb"),
     # synthetic_sweep.py
     ("synthetic_sweep.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
     ("synthetic_sweep.py", ["--batch-size", "false"], "argument --batch-size: invalid int"),
