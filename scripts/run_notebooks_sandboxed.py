@@ -65,7 +65,7 @@ def _first_error(nb) -> str | None:
 
 def parse_args(argv=None):
     """The checked arguments (argparse's error, exit status 2, before any work)."""
-    from kda_lib.lab.records import output_path_problem
+    from kda_lib.lab.records import output_path_problem, replace_problem
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output", required=True, help="the JSON record (replaced)")
@@ -80,8 +80,18 @@ def parse_args(argv=None):
         ROOT.glob("notebooks/[0-9]*.ipynb"))
     if missing := [str(n) for n in args.notebooks if not n.is_file()]:
         p.error(f"no such notebook: {', '.join(missing)}")
-    if problem := output_path_problem(args.output):
+    if problem := output_path_problem(args.output) or replace_problem(
+            args.output, "notebook run", ("kind", "device_kind", "notebooks")):
         p.error(f"--output: {problem}")
+    executed = pathlib.Path(args.executed)
+    if executed.exists() and not executed.is_dir():
+        p.error(f"--executed: {args.executed!r} is not a folder")
+    here = executed.resolve()
+    if sources := sorted({str(n.parent) for n in args.notebooks if n.parent.resolve() == here}):
+        p.error(f"--executed: {sources[0]!r} holds the notebooks run: their executed "
+                "copies would replace them; give another folder")
+    if len({n.name for n in args.notebooks}) < len(args.notebooks):
+        p.error("two notebooks have one name: their executed copies would replace each other")
     return args
 
 
@@ -93,11 +103,12 @@ def run(paths, output: str, cell_timeout: int, executed: str) -> bool:
 
     from kda_lib.lab.records import write_json
 
+    # the probe and every kernel import this checkout's kda_lib, as the record describes
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = dict(os.environ, KDA_NONINTERACTIVE="1", PYTHONPATH=path)
-    os.environ.update(KDA_NONINTERACTIVE="1")
-    probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True,
-                           text=True, check=True)  # fmt: skip
+    os.environ.update(KDA_NONINTERACTIVE="1", PYTHONPATH=path)
+    probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True)
+    if probe.returncode:
+        sys.exit(f"the device probe failed (no notebook ran):\n{probe.stderr[-2000:]}")
     record = dict(kind="notebook_run", **json.loads(probe.stdout.strip().splitlines()[-1]),
                   python=sys.version.split()[0], cell_timeout_s=cell_timeout,
                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -391,18 +391,16 @@ class KimiDeltaAttention(nnx.Module):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
         ids, count = check_call(self, x, segment_ids, cache)
-        if ids is None:
-            return None
-        cfg, ranks = self.config, 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-        if bound := max_segments_bound((ids, count), cfg, ranks):  # tokamax's states fit (the
-            batch, seq_len, _ = x.shape  # call's one size check: kda_prechecked skips it)
+        cfg = self.config
+        if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
+            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+            batch, seq_len, _ = x.shape
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
                         cfg.value_dim, cfg.num_heads)  # fmt: skip
-            name = "KDAConfig.max_num_segments" if cfg.max_num_segments else "max_num_segments"
-            if problem := segment_slots_problem(cfg.implementation, dims, bound, name=name,
-                                                segments_per_row=count if ranks == 1 else None):
+            if problem := segment_slots_problem(cfg.implementation, dims, cfg.max_num_segments,
+                                                name="KDAConfig.max_num_segments"):  # fmt: skip
                 raise ValueError(problem)
-        return ids, count
+        return None if ids is None else (ids, count)
 
 
 def cache_at(caches: KDACache, index) -> KDACache:

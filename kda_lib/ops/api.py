@@ -92,9 +92,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
 
 
 def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
-    """:func:`kda` for the KDA layer, which checked the ids and tokamax's per-segment states at
-    its entry: shapes and options checked, nothing read on the host; ``segment_ids`` canonical
-    with at most ``segments_per_row`` segments in a row (None: unknown)."""
+    """:func:`kda` for the KDA layer, which checked the values at its entry: shapes and options
+    checked, nothing read on the host; ``segment_ids`` canonical with at most
+    ``segments_per_row`` segments in a row (None: unknown)."""
     kw = {**kda.__kwdefaults__, **kwargs}
     return _run_call(*check_call(q, k, v, g, beta, prechecked=True,
                                  segments_per_row=segments_per_row, **kw))  # fmt: skip
@@ -331,9 +331,8 @@ def refusals(implementation: str, *, here: bool = True, **config) -> list[str]:
 
 # ------------------------------------------------------------------ one check per call
 def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refused="", **kw):
-    """Each argument of a :func:`kda` call checked once, by name, before any work (values and
-    tokamax's per-segment states' size unless ``prechecked``): ``(row, arrays, options)``;
-    ``refused`` prefixes a refusal's message."""
+    """Each argument of a :func:`kda` call checked once, by name, before any work (values unless
+    ``prechecked``): ``(row, arrays, options)``; ``refused`` prefixes a refusal's message."""
     row = implementation_row(kw["implementation"])  # a misspelt name: no shape checks, no reads
     fused = check_gate_switch(kw["use_gate_in_kernel"], kw["a_log"], kw["dt_bias"],
                               kw["lower_bound"])  # fmt: skip
@@ -359,10 +358,6 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refuse
     if problems := row.refuses(o, True):
         raise ValueError(refused + "; ".join(problems))
     impl = _route(*auto_forms(o)) if row is AUTO else row
-    if impl.variant is not None and ids is not None and not prechecked and (  # the one size check
-            problem := adapter.segment_slots_problem(impl.name, dims, o.max_num_segments,
-                                                     segments_per_row=segments_per_row)):
-        raise ValueError(refused + problem)
     return impl, _arrays(q, k, v, g, beta, kw, fused, canonical=prechecked), o
 
 

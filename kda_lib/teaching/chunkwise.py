@@ -4,7 +4,6 @@ timing loop and the tables it renders. The algebra stays in the notebook; these 
 from __future__ import annotations
 
 import functools
-
 import importlib.util
 
 import jax

@@ -170,6 +170,8 @@ NUMBER_AND_NAME_ROWS = [
     # run_notebooks_sandboxed.py
     ("run_notebooks_sandboxed.py", ["--cell-timeout", "0"], "--cell-timeout must be positive"),
     ("run_notebooks_sandboxed.py", ["{tmp}/none.ipynb"], "no such notebook: {tmp}/none.ipynb"),
+    ("run_notebooks_sandboxed.py", ["--executed", "{tmp}", "{tmp}/01_a.ipynb"],
+     "--executed: '{tmp}' holds the notebooks run"),
     # synthetic_sweep.py
     ("synthetic_sweep.py", ["--max-steps", "0"], "--max-steps must be >= 1, got 0"),
     ("synthetic_sweep.py", ["--batch-size", "false"], "argument --batch-size: invalid int"),

@@ -13,7 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_a_notebook_runs_over_unix_sockets_and_is_recorded(tmp_path):
     good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
-    for path, source in ((good, "import os\nprint(os.environ['KDA_NONINTERACTIVE'])"),
+    transport = ("import json, os\nfrom ipykernel.connect import get_connection_file\n"
+                 "print(os.environ['KDA_NONINTERACTIVE'], "
+                 "json.load(open(get_connection_file()))['transport'])")
+    for path, source in ((good, transport),
                          (bad, "assert 1 == 2, 'held?'")):  # fmt: skip
         nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), path)
     out = tmp_path / "run.json"
@@ -29,4 +32,4 @@ def test_a_notebook_runs_over_unix_sockets_and_is_recorded(tmp_path):
     assert good_row["completed"] and good_row["error"] is None
     assert not bad_row["completed"] and "held?" in bad_row["error"]
     executed = nbformat.read(tmp_path / "run" / "good.ipynb", as_version=4)
-    assert executed.cells[0].outputs[0]["text"] == "1\n"
+    assert executed.cells[0].outputs[0]["text"] == "1 ipc\n"  # the kernel on unix sockets

@@ -132,7 +132,10 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
         (segments and bound is not None and (o.segments_per_row or 0) > bound,
          f"segment_ids has a row with {o.segments_per_row} segments but max_num_segments={bound}"),
     ] if bad and problem]  # fmt: skip
-    return found  # the per-segment states' size: kda_lib.ops.api.check_call, once
+    if segments and bound is not None and (o.segments_per_row or 0) <= bound:
+        found += filter(None, [segment_slots_problem(name, dims, bound,
+                                                     segments_per_row=o.segments_per_row)])
+    return found
 
 
 def segment_slot_count(
