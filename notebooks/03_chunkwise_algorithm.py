@@ -381,12 +381,11 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # %% [markdown]
 # ## 5. Measured time on this machine
 #
-# The recurrence, `kda_lib`'s and tokamax's pure-JAX chunked forms (at `kda_lib.kda`'s default
-# $C = 64$; tokamax's where it installs, and on a TPU `kda_lib`'s Pallas kernels too), causal
-# softmax attention: batch 1, medians of `timing_repeats` calls, not asserted or
-# ranked (reruns on a shared CPU moved them 10x); with fewer than three lengths, points without
-# lines. The page shows the $T / C$ sequential steps and the flops, not their speed on matrix
-# units: a CPU has none, and the chunked form is often slower here (notes).
+# The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
+# $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
+# `timing_repeats` calls, not asserted or ranked (reruns on a shared CPU moved them 10x); fewer
+# than three lengths: points, no lines. The page shows the $T / C$ sequential steps and flops,
+# not their speed on matrix units: a CPU has none; the chunked form is often slower here (notes).
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]

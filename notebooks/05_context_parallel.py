@@ -84,7 +84,6 @@ if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None
 
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -374,28 +373,19 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
 # tokamax's TPU (Mosaic) kernel (`implementation="tokamax_mosaic"`), computes what one device
 # computes. On a TPU VM it runs on
 # the chips; here `kda_lib.emulate_tpu()` interprets the same kernel on the CPU (slowly: a small
-# layer, forward only, 128-wide heads). Asserted: relative error below $10^{-5}$ against one device.
-# tokamax's releases need Python 3.12 or newer: without tokamax the section says so and stops.
+# layer, forward only, 128-wide heads). Asserted: relative error below $10^{-5}$ against one device
+# (without tokamax, which needs Python 3.12 or newer, the section says so and stops).
 
 # %%
-tokamax_here = importlib.util.find_spec("tokamax") is not None
 tpu_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim=128,
                                lower_bound=-5.0, implementation="tokamax_mosaic")
 x_tpu = jax.random.normal(key_tpu, (batch, 32 * ranks, hidden_size))
-run_layer = nnx.jit(lambda layer, x: layer(x))
-if not tokamax_here:
-    print(f"tokamax is not installed (Python {sys.version.split()[0]}; its releases need 3.12 or "
-          "newer): section 6 skipped")
-else:
-    with kda_lib.emulate_tpu() as chip:  # chip is None on a real TPU: the block runs unchanged
-        y_tpu_cp = run_layer(kda_lib.KimiDeltaAttention(tpu_config, rngs=nnx.Rngs(layer_seed),
-                                                        mesh=mesh), x_tpu)
-    one_config = dataclasses.replace(tpu_config, implementation="chunked")
-    y_one = run_layer(kda_lib.KimiDeltaAttention(one_config, rngs=nnx.Rngs(layer_seed)), x_tpu)
-    tpu_error = relative_l2(y_tpu_cp, y_one)
-    print(f"ran on {'TPU chips' if chip is None else f'the CPU, emulating a TPU {chip}'}: the "
-          f"layer on {ranks} ranks (tokamax's Mosaic kernel) vs one device: relative error "
-          f"{tpu_error:.1e}")
+if importlib.util.find_spec("tokamax") is None:  # its releases need Python 3.12 or newer
+    print(f"tokamax is not installed (Python {sys.version.split()[0]}): section 6 skipped")
+else:  # the layer on the mesh's ranks inside kda_lib.emulate_tpu(), one device by "chunked"
+    tpu_error, where = cpt.layer_on_ranks_vs_one(tpu_config, x_tpu, mesh, seed=layer_seed)
+    print(f"ran on {where}: the layer on {ranks} ranks (tokamax's Mosaic kernel) vs one device: "
+          f"relative error {tpu_error:.1e}")
     assert tpu_error < 1e-5
 
 # %% [markdown]

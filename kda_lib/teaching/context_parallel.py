@@ -238,3 +238,23 @@ def plot_traffic(
     ax.title.set_fontsize(10)
     ax.legend(loc="upper left", fontsize=8)
     return fig
+
+
+def layer_on_ranks_vs_one(config, x, mesh, *, seed: int) -> tuple[float, str]:
+    """``(relative L2 error, where it ran)``: notebook 04's layer with ``config`` (a TPU kernel)
+    on ``mesh``'s ranks against the same weights on one device by the chunked form, forward;
+    on a CPU inside :func:`kda_lib.emulate_tpu` (the kernel interpreted), on a TPU as it is."""
+    import dataclasses
+
+    from flax import nnx
+
+    import kda_lib
+    from kda_lib.testing import relative_l2
+
+    run = nnx.jit(lambda layer, x: layer(x))
+    with kda_lib.emulate_tpu() as chip:  # None on a real TPU: the block runs unchanged
+        y_ranks = run(kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(seed), mesh=mesh), x)
+    one = dataclasses.replace(config, implementation="chunked")
+    y_one = run(kda_lib.KimiDeltaAttention(one, rngs=nnx.Rngs(seed)), x)
+    where = "TPU chips" if chip is None else f"the CPU, emulating a TPU {chip}"
+    return relative_l2(y_ranks, y_one), where
