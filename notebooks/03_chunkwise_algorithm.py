@@ -20,7 +20,7 @@
 # state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
 # with matrix products; between chunks only the state travels. The result equals the recurrence
 # (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps of matrix
-# products, what GPU and TPU matrix units are built for (this CPU page counts it, cannot time it).
+# products, what GPU and TPU matrix units are built for (on a CPU the page counts, cannot time it).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -383,9 +383,9 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
 # $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked (reruns on a shared CPU moved them 10x); fewer
-# than three lengths: points, no lines. The page shows the $T / C$ sequential steps and flops,
-# not their speed on matrix units: a CPU has none; the chunked form is often slower here (notes).
+# `timing_repeats` calls, not asserted or ranked; with fewer than three lengths, points without
+# lines. The page shows the $T / C$ sequential steps and the flops; on a CPU, not the speed of
+# matrix units (it has none, and the chunked form is often slower; notes), on a TPU that speed.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]

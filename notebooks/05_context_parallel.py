@@ -18,11 +18,12 @@
 #
 # **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute what one
 # device computes to float32 rounding (relative error below $10^{-5}$: the kernel's outputs and
-# gradients in section 4, the layer on tokamax's TPU kernel in section 6), while the devices
-# exchange two small things: the $w - 1$ tokens before each slice (the short convolution's
-# *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$ of each
-# slice's effect on the state. Neither grows with the sequence length $T$; gathering the
-# sequence does (section 5, read off the compiled program). Devices are simulated on a CPU.
+# gradients in section 4; where tokamax runs, the layer on its TPU kernel in section 6), while
+# the devices exchange two small things: the $w - 1$ tokens before each slice (the short
+# convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S +
+# E^{(\rho)}$ of each slice's effect on the state. Neither grows with the sequence length $T$;
+# gathering the sequence does (section 5, read off the compiled program). Devices are
+# simulated on a CPU unless the machine has two or more accelerators.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
@@ -84,7 +85,6 @@ if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None
 
 # %%
 # Imports; kda_lib.teaching.notebook.setup() applies the settings every notebook shares.
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -368,20 +368,20 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
 # %% [markdown]
 # ## 6. On TPU chips: the layer split over ranks, each running tokamax's kernel
 #
-# The path the course's layer takes on TPUs: the same equality as section 4, on tokamax's
-# kernel. Notebook 04's layer, its sequence split over $R$ TPU chips, each rank running
-# tokamax's TPU (Mosaic) kernel (`implementation="tokamax_mosaic"`), computes what one device
-# computes. On a TPU VM it runs on
-# the chips; here `kda_lib.emulate_tpu()` interprets the same kernel on the CPU (slowly: a small
-# layer, forward only, 128-wide heads). Asserted: relative error below $10^{-5}$ against one device
-# (without tokamax, which needs Python 3.12 or newer, the section says so and stops).
+# The path the course's layer takes on TPUs. Notebook 04's layer, its sequence split over $R$
+# ranks, each running tokamax's TPU (Mosaic) kernel (`implementation="tokamax_mosaic"`), against
+# the same layer (the same weights: the same seed) on one device by `kda_lib`'s pure-JAX chunked
+# form, forward only: the split and the kernel checked together. On two or more TPU v6 chips it
+# runs on them; on a CPU `kda_lib.emulate_tpu()` interprets the same kernel (slowly: a small
+# layer, 128-wide heads); elsewhere (an older TPU, one chip, no tokamax) the section says why it
+# stops. Asserted: relative error below $10^{-5}$.
 
 # %%
 tpu_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim=128,
                                lower_bound=-5.0, implementation="tokamax_mosaic")
 x_tpu = jax.random.normal(key_tpu, (batch, 32 * ranks, hidden_size))
-if importlib.util.find_spec("tokamax") is None:  # its releases need Python 3.12 or newer
-    print(f"tokamax is not installed (Python {sys.version.split()[0]}): section 6 skipped")
+if problem := cpt.tpu_kernel_problem():
+    print(f"section 6 skipped: {problem}")
 else:  # the layer on the mesh's ranks inside kda_lib.emulate_tpu(), one device by "chunked"
     tpu_error, where = cpt.layer_on_ranks_vs_one(tpu_config, x_tpu, mesh, seed=layer_seed)
     print(f"ran on {where}: the layer on {ranks} ranks (tokamax's Mosaic kernel) vs one device: "
@@ -394,9 +394,9 @@ else:  # the layer on the mesh's ranks inside kda_lib.emulate_tpu(), one device 
 # - A slice acts on the state as an affine map $S_{\text{out}} = M^{(\rho)} S_{\text{in}} +
 #   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries
 #   gives the state at every slice boundary.
-# - The kernel on $R$ devices matches one device, outputs and gradients; the layer on tokamax's
-#   TPU kernel matches it too (outputs, section 6); what the devices exchange does not grow with
-#   $T$ (measured, equal to the formula), gathering the sequence does. What each rank
+# - The kernel on $R$ devices matches one device, outputs and gradients; where tokamax runs, the
+#   layer on its TPU kernel matches too (outputs, section 6); what the devices exchange does not
+#   grow with $T$ (measured, equal to the formula), gathering the sequence does. What each rank
 #   computes, and when the split is faster: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md).
 #
 # ## Exercises

@@ -258,3 +258,23 @@ def layer_on_ranks_vs_one(config, x, mesh, *, seed: int) -> tuple[float, str]:
     y_one = run(kda_lib.KimiDeltaAttention(one, rngs=nnx.Rngs(seed)), x)
     where = "TPU chips" if chip is None else f"the CPU, emulating a TPU {chip}"
     return relative_l2(y_ranks, y_one), where
+
+
+def tpu_kernel_problem() -> str | None:
+    """Why notebook 05's section 6 cannot run here (None: it can): tokamax missing, or a TPU
+    below v6 or a single chip (on a CPU the kernel is interpreted, :func:`kda_lib.emulate_tpu`)."""
+    import importlib.util
+    import sys
+
+    from kda_lib.ops.api import refusals
+
+    if importlib.util.find_spec("tokamax") is None:
+        old = sys.version_info < (3, 12)
+        return "tokamax is not installed" + (
+            f" (its releases need Python 3.12 or newer; this is {sys.version.split()[0]})" * old)
+    if jax.default_backend() != "tpu":
+        return None
+    found = refusals("tokamax_mosaic", lower_bound=-5.0)
+    if len(jax.devices()) < 2:
+        found.append(f"one {jax.devices()[0].device_kind} chip: no ranks to split over")
+    return "; ".join(found) or None
