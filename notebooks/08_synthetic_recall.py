@@ -418,10 +418,10 @@ assert len(ordered[35]) == 13 and len(both) == 4 and {(t, m.split()[0]) for _, t
 #    = (I - \beta \mathbf k \mathbf k^\top) D$; with a scalar gate ($D = \alpha I$) that is one
 #    exponential whatever $\mathbf k$ and $\mathbf q$ (show it). Build a three-channel head (decays
 #    $e^{g_c} \in (0, 1]$, $\beta \in [0.05, 1]$, unit key $\mathbf k$, query $\mathbf q$) whose
-#    filter over 256 lags is the mean of three exponentials of half-lives 1, 8 and 64 tokens: a dict
-#    `decays` (the $e^{g_c}$), `beta`, `k`, `q`. Read first the two-channel case worked in the
-#    notebook notes ("Two time scales in one head"). Hint: $A$ is similar to $D - \mathbf u
-#    \mathbf u^\top$, $u_c^2 = \beta e^{g_c} k_c^2$, whose eigenvalues interlace the decays.
+#    filter over 256 lags is the mean of three exponentials of given half-lives (the checker draws
+#    them): `three_time_scales(half_lives)` -> a dict `decays` (the $e^{g_c}$), `beta`, `k`, `q`
+#    (notes: "Two time scales in one head"). Hint: $A$ is similar to $D - \mathbf u \mathbf
+#    u^\top$, $u_c^2 = \beta e^{g_c} k_c^2$, whose eigenvalues interlace the decays.
 
 # %%
 from kda_lib.teaching import exercises
@@ -432,7 +432,7 @@ answer = None  # 2: a function holm_column(family) -> {row: Holm-adjusted p}
 exercises.check("08.2", answer, family=claims)
 answer = None  # 3: a function sign_flip_column(family) -> {row: exact sign-flip p}
 exercises.check("08.3", answer, family=claims)
-answer = None  # 4: dict(decays=[3 floats], beta=float, k=[3 floats], q=[3 floats])
+answer = None  # 4: a function three_time_scales(half_lives) -> dict(decays, beta, k, q)
 exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=256)
 
 # %% [markdown]

@@ -53,7 +53,7 @@ def sign_flip_column(family: dict) -> dict:
     return out
 
 
-def three_time_scales(half_lives, length: int) -> dict:
+def three_time_scales(half_lives) -> dict:
     """4: A = (I - beta k k^T) D, D = diag(d_i) with the decays d_i = e^(g_i), is similar to
     D - u u^T (u_i^2 = beta d_i k_i^2), a rank-one downdate of a diagonal matrix, whose
     eigenvalues lam interlace the decays. Pick decays just above the wanted lam (d_1 > lam_1 >
@@ -62,11 +62,11 @@ def three_time_scales(half_lives, length: int) -> dict:
     k_i^2 = u_i^2 / (beta d_i). Then the filter is a sum of the three exponentials and q (three
     weights) comes from least squares."""
     lam = np.sort(0.5 ** (1 / np.asarray(half_lives, np.float64)))[::-1]
-    decays = lam + 0.2 * np.append(1 - lam[0], -np.diff(lam))  # strictly interlacing
+    decays = lam + 0.5 * np.append(1 - lam[0], -np.diff(lam))  # strictly interlacing, midway
     u2 = np.array([np.prod(a - lam) / np.prod([a - b for b in decays if b != a]) for a in decays])
     beta = float(np.sum(u2 / decays))
     k = np.sqrt(u2 / (beta * decays))
-    lag = np.arange(length)
+    lag = np.arange(16)  # three weights: any 3 or more lags fit them exactly
     target = np.mean([lam_i**lag for lam_i in lam], axis=0)
     a = (np.eye(3) - beta * np.outer(k, k)) @ np.diag(decays)
     basis, vec = [], beta * k
@@ -89,11 +89,11 @@ def cases():
         return {row: holm_column({row: pair})[row] for row, pair in fam.items()}
 
     scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
-    head = three_time_scales(**scales)
     return [
         ("08.1", mqar_chance, {}, lambda v: 1 / (v - 1)),
         ("08.2", holm_column, dict(family=family), unadjusted),
         ("08.3", sign_flip_column, dict(family=family),
          lambda fam: {row: p / 2 for row, p in sign_flip_column(fam).items()}),  # one tail
-        ("08.4", head, scales, dict(head, decays=[0.99, 0.9, 0.5])),
+        ("08.4", three_time_scales, scales,
+         lambda lives: dict(three_time_scales(lives), decays=[0.99, 0.9, 0.5])),
     ]

@@ -263,11 +263,10 @@ def _ring_int32(r, h, d, w, latent):
     return r * flat // ((r - 1) * 2 * latent) + 1
 
 
-def _tiny_beta_head():
+def _tiny_beta_head(half_lives):
     """A head that is nearly diagonal (beta ~ 0), its query scaled up to make up for it: no
     delta-rule coupling, which 08.4 is about."""
-    _, context = _cases()["08.4"]
-    decays = np.asarray([0.5 ** (1 / h) for h in context["half_lives"]])
+    decays = np.asarray([0.5 ** (1 / h) for h in half_lives])
     k = np.ones(len(decays)) / np.sqrt(len(decays))
     beta = 1e-9
     return dict(decays=decays.tolist(), beta=beta, k=k.tolist(), q=(1 / (3 * beta * k)).tolist())
@@ -634,7 +633,7 @@ def _rule_breakers():
         ("07.2", "one token too many", functools.partial(undo, extra=1)),
         ("07.2", "the write only, forward (notebook 01's delta_write)",
          lambda s, k, v, g, beta, r: s + beta[-1] * np.outer(k[-1], v[-1] - k[-1] @ s)),
-        ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head()),
+        ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head),
         ("07.3", "no clamp at T >= 1 (a long draft, a small state: T <= 0)",
          lambda h, k, v, w, n, bs, bc, d: math.ceil(bs * h * ((1 + d) * k * v + (
              w - 1 + d if w >= 2 else 0) * (2 * k + v)) / (n * bc)) - 2 * d),

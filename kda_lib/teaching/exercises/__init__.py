@@ -33,11 +33,10 @@ import numpy as np
 _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
 
-def checker(exercise_id: str, seeded: bool = True) -> Callable:
+def checker(exercise_id: str) -> Callable:
     """Register ``fn(answer, rng, **context) -> None | hint`` as the checker of ``exercise_id``,
     called as ``(answer, seed=None, **context)``: ``rng`` from ``seed`` (a fresh one from
-    ``os.urandom`` unless given), a hint ending in the seed that repeats the call. ``seeded``
-    False: ``fn(answer, **context)`` as it is."""
+    ``os.urandom`` unless given), a hint ending in the seed that repeats the call."""
     def register(fn: Callable[..., str | None]) -> Callable[..., str | None]:
         if exercise_id in _CHECKERS:
             raise ValueError(f"exercise {exercise_id!r} has two checkers")
@@ -48,7 +47,7 @@ def checker(exercise_id: str, seeded: bool = True) -> Callable:
             hint = fn(answer, np.random.default_rng(seed), **context)
             return hint and f"{hint} (these inputs again: check(..., seed={seed}))"
 
-        _CHECKERS[exercise_id] = drawn if seeded else fn
+        _CHECKERS[exercise_id] = drawn
         return _CHECKERS[exercise_id]
     return register
 

@@ -94,8 +94,8 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
     if not isinstance(got, dict) or set(got) != set(family):
         return None, f"return a dict {{row: {what}}} with the family's rows as keys"
     values = [got[row] for row in family]
-    hint = ex.refuse_degenerate(values, shape=(len(family),), what=f"the {what}s", allow_zeros=True)
-    if hint:
+    if hint := ex.refuse_degenerate(values, shape=(len(family),), what=f"the {what}s",
+                                    allow_zeros=True):
         return None, hint
     values = np.asarray(values, np.float64)
     if ((values < 0) | (values > 1)).any():
@@ -106,8 +106,7 @@ def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None
 def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
     """``answer(copy of family)``, no kda_lib, no module of ``refused`` (``_TAILS``: no scipy
     held either)."""
-    holding = ex.holds_scipy(answer) if refused == _TAILS else None
-    if holding:
+    if holding := (ex.holds_scipy(answer) if refused == _TAILS else None):
         return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
     hint = (f"{name} calls {{}}, which does the test: derive it yourself" if refused == _TESTS
             else f"{name} calls {{}}: numpy only here, derive the t tail yourself")
@@ -219,30 +218,32 @@ def head_filter(decays, beta, k, q, length: int) -> np.ndarray:
     return np.asarray(out)
 
 
-@ex.checker("08.4", seeded=False)
-def three_time_scales(answer, *, half_lives, length: int):
-    """A KDA head whose filter is the mean of three exponentials."""
+@ex.checker("08.4")
+def three_time_scales(answer, rng, *, half_lives, length: int):
+    """``answer(half_lives) -> dict(decays, beta, k, q)``: a head filtering by the mean of three
+    exponentials of those half-lives; the page's, and three drawn (1-3, 5-20, 30-120 tokens)."""
+    drawn = tuple(round(float(rng.uniform(*b)), 2) for b in ((1, 3), (5, 20), (30, 120)))
+    for lives in (tuple(half_lives), drawn):
+        head, hint = ex.call_answer(answer, lives, name="three_time_scales(half_lives)")
+        if hint or (hint := _head_problem(head, lives, length)):
+            return f"{hint} (half-lives {lives})"
+
+
+def _head_problem(answer, half_lives, length: int) -> str | None:
     if not isinstance(answer, dict) or set(answer) != {"decays", "beta", "k", "q"}:
-        return "give a dict with the keys decays, beta, k, q"
-    for name in ("decays", "k", "q"):
-        hint = ex.refuse_degenerate(answer[name], shape=(len(half_lives),), what=name)
-        if hint:
-            return hint + f" ({name} needs {len(half_lives)} entries, one per channel)"
-    hint = ex.refuse_degenerate(answer["beta"], shape=(), what="beta")
-    if hint:
-        return hint
-    decays, k, q = (np.asarray(answer[n], np.float64) for n in ("decays", "k", "q"))
-    beta = float(answer["beta"])
+        return "return a dict with the keys decays, beta, k, q"
+    for name, shape in (("decays", (3,)), ("k", (3,)), ("q", (3,)), ("beta", ())):
+        if hint := ex.refuse_degenerate(answer[name], shape=shape, what=name):
+            return hint + (f" ({name} needs 3 entries, one per channel)" if shape else "")
+    decays, k, q, beta = (np.asarray(answer[n], float) for n in ("decays", "k", "q", "beta"))
     if not ((decays > 0).all() and (decays <= 1).all() and 0.05 <= beta <= 1):
         return "a decay must lie in (0, 1] and beta in [0.05, 1] (a real delta-rule write)"
     if np.linalg.norm(q) > 100:
         return "keep |q| <= 100: a query that large only hides a tiny beta"
     if not np.isclose(np.linalg.norm(k), 1.0):
         return "the key must have unit norm (the layer L2-normalises it)"
-    lag = np.arange(length)
-    target = np.mean([(0.5 ** (1 / h)) ** lag for h in half_lives], axis=0)
-    got = head_filter(decays, beta, k, q, length)
-    error = np.linalg.norm(got - target) / np.linalg.norm(target)
+    want = np.mean([(0.5 ** (1 / h)) ** np.arange(length) for h in half_lives], axis=0)
+    error = np.linalg.norm(head_filter(decays, beta, k, q, length) - want) / np.linalg.norm(want)
     return None if error < 1e-6 else (
         f"the head's filter is {error:.2g} off (relative L2); are A's eigenvalues the three "
         "per-token ratios 2^(-1/h), h the half-lives?")
