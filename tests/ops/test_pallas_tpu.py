@@ -25,12 +25,13 @@ def _relative(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@functools.partial(jax.jit, static_argnames=("implementation",))
-def _run(inputs, cotangent, implementation):
+@functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
+def _run(inputs, cotangent, implementation, chunk_size=64):
     """``(o, final_state, gradients of <o, cotangent> + |final|^2)`` by ``implementation``."""
 
     def loss(x):
-        o, s = kda(**x, output_final_state=True, implementation=implementation)
+        o, s = kda(**x, output_final_state=True, chunk_size=chunk_size,
+                   implementation=implementation)  # fmt: skip
         return jnp.sum(o.astype(cotangent.dtype) * cotangent) + jnp.sum(s * s), (o, s)
 
     (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
@@ -93,18 +94,9 @@ def test_every_chunk_size_matches_the_oracle(chunk, kernels_alone):
     """chunk_size 16 (one 16-row block: no block-lower part to invert) to 256 (one chunk per
     grid step), float32, T within one block: outputs, final state and gradients."""
     x, cotangent, want = _case(jnp.float32, 200, 1, 1, 128, 128)
-    got = jax.jit(functools.partial(_run_chunk, chunk=chunk))(x, cotangent)
+    got = _run(x, cotangent, "pallas_tpu", chunk)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert _relative(a, b) < 1e-5
-
-
-def _run_chunk(inputs, cotangent, chunk):
-    def loss(x):
-        o, s = kda(**x, output_final_state=True, chunk_size=chunk, implementation="pallas_tpu")
-        return jnp.sum(o * cotangent) + jnp.sum(s * s), (o, s)
-
-    (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
-    return o, s, grads
 
 
 def _correlated(noise: float, beta: float, gate: float):
