@@ -117,6 +117,20 @@ if sys.version_info < (3, 14):
     gc.set_threshold(50_000, 20, 10)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _record_platform(request, record_testsuite_property):
+    """Under ``--junitxml`` (``make test-tpu``'s record in data/): the device and versions."""
+    if request.config.option.xmlpath:
+        import flax
+        import jaxlib
+
+        device = jax.devices()[0]
+        for name, value in (("device_kind", device.device_kind), ("platform", device.platform),
+                            ("python", sys.version.split()[0]), ("jax", jax.__version__),
+                            ("jaxlib", jaxlib.__version__), ("flax", flax.__version__)):
+            record_testsuite_property(name, value)
+
+
 # ``jitted_call(module, x, **kwargs)`` is ``module(x, **kwargs)`` for a layer or model, compiled
 # as one program: called eagerly, each of its small ops compiles on its own at every new shape
 # (about 16 ms each, up to 250 a test). Tests of errors raised before any work call the module.

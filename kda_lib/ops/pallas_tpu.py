@@ -58,7 +58,10 @@ def _dot_fwd_impl(a, b, passes: int, dims):
     operands), 3 (pieces 2 + 2, ``hi hi + hi lo + lo hi``) or 6 (pieces 3 + 3, orders <= 2)."""
     f32 = jnp.float32
     batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
+    # every piece is one bfloat16 pass: precision named, so that a caller's
+    # jax.default_matmul_precision("highest") cannot ask Mosaic for float32 bf16 matmuls
     dot = functools.partial(jax.lax.dot_general, dimension_numbers=(dims, batch),
+                            precision=jax.lax.Precision.DEFAULT,
                             preferred_element_type=f32)  # fmt: skip
     if passes == 1 or (a.dtype == jnp.bfloat16 and b.dtype == jnp.bfloat16):
         return dot(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16))

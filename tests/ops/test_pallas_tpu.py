@@ -274,6 +274,29 @@ def test_kernels_lower_for_the_tpu_without_one(grad):
     assert text.count("tpu_custom_call") == (2 if grad else 1)
 
 
+def _dot_precisions(jaxpr):
+    """The ``precision`` of every dot_general in ``jaxpr`` and the jaxprs inside its equations."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            yield eqn.params["precision"]
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                yield from _dot_precisions(inner)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_callers_highest_precision_leaves_the_kernels_passes(grad):
+    """Under jax.default_matmul_precision("highest") (make test-tpu's setting) the kernels'
+    matmuls stay one bfloat16 pass each: Mosaic refuses float32 precision on bfloat16 operands
+    ("Bad lhs type", seen on the v5e)."""
+    f, shapes = _kernels(64, grad)
+    with jax.default_matmul_precision("highest"):
+        jaxpr = jax.make_jaxpr(f)(*shapes).jaxpr
+    precisions = list(_dot_precisions(jaxpr))
+    assert precisions and all(p == (jax.lax.Precision.DEFAULT,) * 2 for p in precisions)
+
+
 def test_the_forward_reads_and_writes_each_array_once():
     """HBM traffic from the forward kernel's BlockSpecs (grid steps x block bytes) at most 1.1x
     the inputs' and output's bytes: no intermediate goes through HBM."""
