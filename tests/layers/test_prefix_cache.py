@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tolerance
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
@@ -41,7 +42,7 @@ def _assert_caches_close(got, want, name):
     for field, a, b in zip(got._fields, got, want, strict=True):
         assert (a is None) == (b is None), field
         if a is not None:
-            assert_close(a, b, atol=1e-5, rtol=1e-5, name=f"{name}.{field}")
+            assert_close(a, b, **tolerance(1e-5, 1e-5), name=f"{name}.{field}")
 
 
 @pytest.mark.parametrize(
@@ -58,11 +59,11 @@ def test_prefill_boundary_cache_then_continue_equals_the_full_run(fused, resumed
     y, cache, boundaries = _prefill(layer, x)
     assert boundaries.state.shape == (2, T // 16, 4, 16, 8)
     assert boundaries.q_conv.shape == (2, T // 16, 3, 32)
-    assert_close(y, y_full, atol=1e-5, rtol=1e-5, name="prefill y")
+    assert_close(y, y_full, **tolerance(1e-5, 1e-5), name="prefill y")
     _assert_caches_close(cache, cache_full, "prefill cache")
     start = (resumed + 1) * 16  # (each resumed length is a program of its own)
     y_rest, cache_rest = _apply(layer, x[:, start:], cache_at(boundaries, resumed))
-    assert_close(y_rest, y_full[:, start:], atol=1e-5, rtol=1e-5, name=f"resumed at {start}")
+    assert_close(y_rest, y_full[:, start:], **tolerance(1e-5, 1e-5), name=f"resumed at {start}")
     _assert_caches_close(cache_rest, cache_full, f"final cache resumed at {start}")
 
 
@@ -96,7 +97,7 @@ def test_draft_then_accept_a_prefix_equals_decoding_only_it():
     _, cache = _apply(layer, x[:, :9], layer.init_cache(2))
     y, _, token_caches = _draft(layer, x[:, 9:], cache)
     y_ref, after5 = _apply(layer, x[:, 9:], cache)
-    assert_close(y, y_ref, atol=1e-5, rtol=1e-5, name="draft y")
+    assert_close(y, y_ref, **tolerance(1e-5, 1e-5), name="draft y")
     want = {0: cache, 1: _apply(layer, x[:, 9:10], cache)[1], 5: after5}
     for counts in ((0, 5), (1, 0), (5, 1)):
         kept = layer.accept_draft(cache, token_caches, jnp.asarray(counts))
