@@ -38,12 +38,29 @@ print(json.dumps(dict(device_kind=d.device_kind, platform=d.platform,
 """
 
 
+# ipykernel's kernel with its IOPub pipe off: the pipe (output of forked subprocesses) binds
+# tcp://127.0.0.1 whatever the transport, and where no TCP socket may open zmq aborts the kernel
+# there ("Address family not supported by protocol", the lent v5e, 2026-12-06)
+KERNEL_WITHOUT_TCP = (
+    "from ipykernel import iostream, kernelapp\n"
+    "iostream.IOPubThread._setup_pipe_in = lambda self: setattr(self, '_pipe_flag', False)\n"
+    "kernelapp.launch_new_instance()"
+)
+
+
 def _kernel_manager_class(socket_dir: str):
-    """A jupyter_client KernelManager whose channels are unix sockets under ``socket_dir``."""
+    """A jupyter_client KernelManager whose kernel opens no TCP socket: its channels are unix
+    sockets under ``socket_dir``, its IOPub pipe is off (:data:`KERNEL_WITHOUT_TCP`)."""
     from jupyter_client.manager import KernelManager
     from traitlets import default
 
     class UnixSocketKernelManager(KernelManager):
+        def format_kernel_cmd(self, extra_arguments=None):
+            cmd = super().format_kernel_cmd(extra_arguments)
+            if cmd[1:3] != ["-m", "ipykernel_launcher"]:
+                raise RuntimeError(f"expected ipykernel's kernel command, got {cmd}")
+            return [cmd[0], "-c", KERNEL_WITHOUT_TCP, *cmd[3:]]
+
         @default("transport")
         def _transport_default(self):
             return "ipc"

@@ -13,9 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_a_notebook_runs_over_unix_sockets_and_is_recorded(tmp_path):
     good, bad = tmp_path / "good.ipynb", tmp_path / "bad.ipynb"
-    transport = ("import json, os\nfrom ipykernel.connect import get_connection_file\n"
+    transport = ("import json, os, sys\nfrom ipykernel.connect import get_connection_file\n"
                  "print(os.environ['KDA_NONINTERACTIVE'], "
-                 "json.load(open(get_connection_file()))['transport'])")
+                 "json.load(open(get_connection_file()))['transport'], "
+                 "sys.stdout.pub_thread._pipe_flag)")
     for path, source in ((good, transport),
                          (bad, "assert 1 == 2, 'held?'")):  # fmt: skip
         nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)]), path)
@@ -32,4 +33,4 @@ def test_a_notebook_runs_over_unix_sockets_and_is_recorded(tmp_path):
     assert good_row["completed"] and good_row["error"] is None
     assert not bad_row["completed"] and "held?" in bad_row["error"]
     executed = nbformat.read(tmp_path / "run" / "good.ipynb", as_version=4)
-    assert executed.cells[0].outputs[0]["text"] == "1 ipc\n"  # the kernel on unix sockets
+    assert executed.cells[0].outputs[0]["text"] == "1 ipc False\n"  # unix sockets, no IOPub pipe
