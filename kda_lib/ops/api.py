@@ -60,8 +60,9 @@ def kda(
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
-      (float64 for float64 inputs); with interior states a :class:`KDAResult`. ``auto`` takes
-      ``jax.jvp`` up to 16 tokens, or on CPU below a state B*HV*K*V of 65536 (DESIGN section 4).
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`. ``auto`` serves
+      every autodiff mode: forward mode (``jax.jvp``, ``jax.hessian``) that reaches a
+      hand-written backward runs the recurrence instead (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -107,10 +108,12 @@ def _run_call(impl, arrays, options):
     except TypeError as e:  # forward mode reached a hand-written backward (a custom_vjp)
         if "custom_vjp" not in str(e):
             raise
+        if impl.forward_mode:  # "auto": the recurrence differentiates in every mode
+            return _run_call(REGISTRY[impl.forward_mode], arrays, options)
         name = "pallas_tpu" if impl.name == "pallas_tpu" else "chunked"
         where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
-                 "which 'auto' runs above 16 tokens off CPU, on CPU from a state B*HV*K*V of "
-                 "65536, and for derivatives of a gradient (jax.hessian), DESIGN section 4")
+                 "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
+                 "of 65536, DESIGN section 4")
         raise TypeError(
             f"forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
             f"implementation={name!r} ({where}): its backward is hand-written; pass "
@@ -125,8 +128,11 @@ STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_
 # one checked call's arrays as in kda() (None: absent; ids canonical, padding zeroed, dt_bias flat)
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
 # call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
-# not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None
-Implementation = namedtuple("Implementation", "name call refuses context_parallel variant")
+# not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None;
+# forward_mode: the row's name to run instead where forward-mode autodiff (jax.hessian, jvp of a
+# gradient) reaches a hand-written backward ("auto"'s rows: "recurrent"), else None: refused
+Implementation = namedtuple("Implementation", "name call refuses context_parallel variant "
+                            "forward_mode", defaults=(None,))  # fmt: skip
 
 
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
@@ -211,11 +217,12 @@ def _routed_jvp(forward, training, options, primals, tangents):
 
 @functools.cache
 def _route(forward: str, training: str) -> Implementation:
-    """One row per pair of forms: ``forward``'s result with ``training``'s derivatives."""
+    """``"auto"``'s row for a pair of forms: ``forward``'s result with ``training``'s
+    derivatives; forward-mode autodiff over a hand-written backward runs ``"recurrent"``."""
+    row = REGISTRY[training]._replace(forward_mode="recurrent")
     if forward == training:
-        return REGISTRY[forward]
-    call = functools.partial(_routed, REGISTRY[forward].call, REGISTRY[training].call)
-    return REGISTRY[training]._replace(call=call)
+        return row
+    return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call))
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
@@ -224,7 +231,7 @@ def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
         return impl.call(arrays, options)
-    return _compiled(impl, arrays, options)
+    return _compiled(impl._replace(forward_mode=None), arrays, options)  # auto's: one program
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

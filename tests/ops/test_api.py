@@ -225,14 +225,20 @@ def test_forward_mode_autodiff_through_auto(seq_len):
 
 
 def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
-    """jax.jvp through kda(implementation="chunked") (and "auto" where it runs the chunked form
-    forward: B * HV * K * V >= 65536 on CPU) names the implementation that works."""
-    for seq_len, heads, dim, impl in ((80, 1, 4, "chunked"), (20, 4, 128, "auto")):
-        x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, heads, dim, dim)
-        args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
-        run = functools.partial(kda, implementation=impl)
-        with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
-            jax.jvp(run, args, args)
+    """jax.jvp through kda(implementation="chunked") names the implementation that works;
+    "auto", where it runs the chunked form forward (B * HV * K * V >= 65536 on CPU), serves an
+    eager jvp by the recurrence: the recurrence's JVP."""
+    x = random_kda_inputs(jax.random.key(80), 1, 80, 1, 4, 4)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+        jax.jvp(functools.partial(kda, implementation="chunked"), args, args)
+    x = random_kda_inputs(jax.random.key(20), 1, 20, 4, 128, 128)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    # eagerly: under an outer jit JAX defers the jvp of kda's compiled call past the fallback
+    run = lambda impl: jax.jvp(functools.partial(kda, implementation=impl), args, args)  # noqa: E731
+    got, want = run("auto"), run("recurrent")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
@@ -243,25 +249,34 @@ def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
         jax.jvp(run, args, args)
 
 
-def test_forward_over_reverse_runs_on_the_scan_and_is_refused_by_name_on_the_chunked_form():
-    """jax.hessian of a scalar of kda()'s output w.r.t. q: up to 16 tokens "auto" runs the scan
-    (plain JAX, any order); the chunked form's backward is hand-written, so forward mode over
-    it is refused naming implementation='chunked' and 'recurrent'."""
+@pytest.mark.parametrize("seq_len", [16, 17, 1024])
+def test_hessian_and_jvp_through_the_default_match_float64_finite_differences(seq_len, x64):
+    """jax.hessian (forward over reverse) and jax.jvp of a scalar of the default kda()'s
+    output, w.r.t. three scalings (of q, v and the gates): central differences in float64.
+    Above 16 tokens "auto" differentiates by the chunked form, whose backward is hand-written:
+    forward mode over it runs the recurrence instead (eagerly and under jit)."""
+    x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, 2, 4, 4, with_state=True)
+    x = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
+    weights = jnp.asarray(np.random.default_rng(0).normal(size=(1, seq_len, 2, 4)))
 
-    def hessian(seq_len, implementation):
-        x = random_kda_inputs(jax.random.key(8), 1, seq_len, 1, 4, 4)
-        rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
-        loss = lambda q: jnp.sum(kda(q, *rest, implementation=implementation)[0] ** 2)  # noqa: E731
-        return jax.jit(jax.hessian(loss))(x["q"])  # one program (eagerly: some sixty)
+    def loss(theta, implementation="auto"):
+        o, _ = kda(x["q"] * jnp.exp(theta[0]), x["k"], x["v"] * (1 + theta[1]),
+                   x["g"] * (1 + theta[2]), x["beta"], initial_state=x["initial_state"],
+                   implementation=implementation)  # fmt: skip
+        return jnp.sum(weights * o) + 0.5 * jnp.sum(o * o)
 
-    want = hessian(8, "recurrent")
-    assert want.shape == (1, 8, 1, 4) * 2 and float(jnp.abs(want).max()) > 0
-    np.testing.assert_array_equal(hessian(8, "auto"), want)
-    assert hessian(20, "recurrent").shape == (1, 20, 1, 4) * 2
-    for seq_len, implementation in ((20, "auto"), (8, "chunked")):
-        says = r"implementation='chunked'.*derivatives of a gradient \(jax.hessian\).*'recurrent'"
-        with pytest.raises(TypeError, match=says):
-            hessian(seq_len, implementation)
+    theta, h, eye = jnp.asarray([0.1, -0.2, 0.05]), 1e-4, np.eye(3)
+    f = jax.jit(loss)
+    want = np.array([[(f(theta + h * (eye[i] + eye[j])) - f(theta + h * (eye[i] - eye[j]))
+                       - f(theta - h * (eye[i] - eye[j])) + f(theta - h * (eye[i] + eye[j])))
+                      / (4 * h * h) for j in range(3)] for i in range(3)])  # fmt: skip
+    slope = np.array([(f(theta + h * e) - f(theta - h * e)) / (2 * h) for e in eye])
+    np.testing.assert_allclose(jax.jit(jax.hessian(loss))(theta), want, rtol=1e-5, atol=1e-6)
+    _, along = jax.jvp(loss, (theta,), (jnp.asarray([1.0, 2.0, -1.0]),))  # eagerly
+    np.testing.assert_allclose(along, slope @ [1.0, 2.0, -1.0], rtol=1e-6, atol=1e-7)
+    if seq_len == 17:  # the chunked form named: forward mode over its backward refused by name
+        with pytest.raises(TypeError, match="implementation='chunked'.*'recurrent'"):
+            jax.hessian(functools.partial(loss, implementation="chunked"))(theta)
 
 
 def test_l2_normalize_is_finite_up_to_float32s_largest_values():
