@@ -27,11 +27,16 @@ def _relative(got, want):
 
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
 def _run(inputs, cotangent, implementation, chunk_size=64):
-    """``(o, final_state, gradients of <o, cotangent> + |final|^2)`` by ``implementation``."""
+    """``(o, final_state, gradients of <o, cotangent> + |final|^2)`` by ``implementation``
+    (``"kernels"``: :func:`pallas_tpu.kda_pallas`, the kernels alone)."""
 
     def loss(x):
-        o, s = kda(**x, output_final_state=True, chunk_size=chunk_size,
-                   implementation=implementation)  # fmt: skip
+        if implementation == "kernels":  # alone: no non-finite fallback to hide a NaN
+            o, s = pallas_tpu.kda_pallas(**x, scale=x["q"].shape[-1] ** -0.5,
+                                         chunk_size=chunk_size)  # fmt: skip
+        else:
+            o, s = kda(**x, output_final_state=True, chunk_size=chunk_size,
+                       implementation=implementation)  # fmt: skip
         return jnp.sum(o.astype(cotangent.dtype) * cotangent) + jnp.sum(s * s), (o, s)
 
     (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(inputs)
@@ -60,26 +65,14 @@ CASES = {"float32": (jnp.float32, 300, 1, 4, 128, 128, 1e-5),
          "bfloat16": (jnp.bfloat16, 200, 2, 4, 64, 192, 2e-2)}  # fmt: skip
 
 
-@pytest.fixture
-def kernels_alone(monkeypatch):
-    """The kernels' own result: the non-finite fallback (the recurrence, which would pass the
-    same tolerances) switched off; the programs traced meanwhile forgotten after."""
-    monkeypatch.setattr(pallas_tpu, "_exact_where_not_finite", lambda o, final, *_: (o, final))
-    api.clear_compiled_forms()
-    _run.clear_cache()
-    yield
-    api.clear_compiled_forms()
-    _run.clear_cache()
-
-
 @pytest.mark.tpu
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernels_match_the_float64_oracle(case, kernels_alone):
+def test_kernels_match_the_float64_oracle(case):
     dtype, seq_len, qk_heads, heads, key_dim, value_dim, tol = CASES[case]
     x, cotangent, (o_ref, s_ref, g_ref) = _case(dtype, seq_len, qk_heads, heads, key_dim,
                                                 value_dim)  # fmt: skip
-    o, s, grads = _run(x, cotangent, "pallas_tpu")
+    o, s, grads = _run(x, cotangent, "kernels")
     assert o.dtype == dtype and s.dtype == jnp.float32
     assert _relative(o, o_ref) < tol, "o"
     assert _relative(s, s_ref) < tol, "final state"
@@ -90,11 +83,11 @@ def test_kernels_match_the_float64_oracle(case, kernels_alone):
 
 @pytest.mark.tpu
 @pytest.mark.parametrize("chunk", [16, 32, 128, 256])
-def test_every_chunk_size_matches_the_oracle(chunk, kernels_alone):
+def test_every_chunk_size_matches_the_oracle(chunk):
     """chunk_size 16 (one 16-row block: no block-lower part to invert) to 256 (one chunk per
     grid step), float32, T within one block: outputs, final state and gradients."""
     x, cotangent, want = _case(jnp.float32, 200, 1, 1, 128, 128)
-    got = _run(x, cotangent, "pallas_tpu", chunk)
+    got = _run(x, cotangent, "kernels", chunk)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert _relative(a, b) < 1e-5
 
@@ -113,28 +106,28 @@ def _correlated(noise: float, beta: float, gate: float):
 
 
 @pytest.mark.tpu
-@pytest.mark.parametrize("noise, beta, gate", [(0.0, 1.0, 0.0), (0.05, 1.0, 0.0),
-                                               (0.3, 0.9, 0.0), (0.1, 1.0, -0.2)])
-def test_bfloat16_with_correlated_keys_matches_the_oracle(noise, beta, gate, kernels_alone):
+def test_bfloat16_with_correlated_keys_matches_the_oracle():
     """Keys along one direction, beta near 1, no decay: the UT inverse's Neumann products
     cancel large terms, which one bfloat16 pass cannot (28x the largest output at noise 0.3)
     and three passes hold only to 2.5e-2; the bfloat16 passes keep every case within the
-    bfloat16 tolerance, outputs, final state and gradients."""
-    x = _correlated(noise, beta, gate)
-    cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
-    with jax.enable_x64(True):
-        x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
-        want = jax.tree.map(np.asarray, _run(x64, jnp.asarray(np.asarray(cotangent, np.float64)),
-                                             "recurrent"))  # fmt: skip
-    o, s, grads = _run(x, cotangent, "pallas_tpu")
-    assert _relative(o, want[0]) < 2e-2, "o"
-    assert _relative(s, want[1]) < 2e-2, "final state"
-    for name in ("q", "k", "v", "g", "beta"):
-        assert _relative(grads[name], want[2][name]) < 2e-2, f"d{name}"
+    bfloat16 tolerance, outputs, final state and gradients (four cases, one program)."""
+    for noise, beta, gate in [(0.0, 1.0, 0.0), (0.05, 1.0, 0.0), (0.3, 0.9, 0.0), (0.1, 1.0, -0.2)]:
+        x = _correlated(noise, beta, gate)
+        cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
+        with jax.enable_x64(True):
+            x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
+            want = jax.tree.map(np.asarray, _run(
+                x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent"))  # fmt: skip
+        o, s, grads = _run(x, cotangent, "kernels")
+        case = f"noise {noise}, beta {beta}, gate {gate}"
+        assert _relative(o, want[0]) < 2e-2, f"o, {case}"
+        assert _relative(s, want[1]) < 2e-2, f"final state, {case}"
+        for name in ("q", "k", "v", "g", "beta"):
+            assert _relative(grads[name], want[2][name]) < 2e-2, f"d{name}, {case}"
 
 
 @pytest.mark.tpu
-def test_any_gate_at_most_zero_stays_finite_and_exact(kernels_alone):
+def test_any_gate_at_most_zero_stays_finite_and_exact():
     """Gates of -1e4 and -inf on some tokens, -80 everywhere on one head (the kernels alone: the
     recurrence's fallback would hide an overflow): finite, and the recurrence's values."""
     x = random_kda_inputs(jax.random.key(5), 1, 200, 2, 128, with_state=True)
@@ -142,7 +135,7 @@ def test_any_gate_at_most_zero_stays_finite_and_exact(kernels_alone):
     g[0, ::7, 0], g[0, 3::11, 0], g[0, :, 1] = -1e4, -np.inf, -80.0
     x["g"] = jnp.asarray(g)
     cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
-    o, s, grads = _run(x, cotangent, "pallas_tpu")
+    o, s, grads = _run(x, cotangent, "kernels")
     o_ref, s_ref, _ = _run(x, cotangent, "recurrent")
     assert _relative(o, o_ref) < 1e-5 and _relative(s, s_ref) < 1e-5
     assert all(np.isfinite(a).all() for a in jax.tree.leaves(grads))
