@@ -101,15 +101,19 @@ def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **k
                                  segments_per_row=segments_per_row, **kw))  # fmt: skip
 
 
+# the start of JAX's error where forward-mode autodiff meets a custom_vjp (jax._src.interpreters.ad)
+JAX_CUSTOM_VJP_JVP_ERROR = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
+
+
 def _run_call(impl, arrays, options):
     """:func:`run`, forward-mode autodiff's error named, the result as :func:`kda` returns it."""
     try:
         result = run(impl, arrays, options)
     except TypeError as e:  # forward mode reached a hand-written backward (a custom_vjp)
-        if "custom_vjp" not in str(e):
+        if not str(e).startswith(JAX_CUSTOM_VJP_JVP_ERROR):
             raise
-        if impl.forward_mode:  # "auto": the recurrence differentiates in every mode
-            return _run_call(REGISTRY[impl.forward_mode], arrays, options)
+        if impl.forward_mode_fallback:  # "auto": the recurrence differentiates in every mode
+            return _run_call(REGISTRY[impl.forward_mode_fallback], arrays, options)
         name = "pallas_tpu" if impl.name == "pallas_tpu" else "chunked"
         where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
                  "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
@@ -129,10 +133,10 @@ STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
 # call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
 # not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None;
-# forward_mode: the row's name to run instead where forward-mode autodiff (jax.hessian, jvp of a
-# gradient) reaches a hand-written backward ("auto"'s rows: "recurrent"), else None: refused
+# forward_mode_fallback: the row's name to run instead where forward-mode autodiff (jax.hessian,
+# jvp of a gradient) reaches a hand-written backward ("auto"'s rows: "recurrent"), else None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant "
-                            "forward_mode", defaults=(None,))  # fmt: skip
+                            "forward_mode_fallback", defaults=(None,))  # fmt: skip
 
 
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
@@ -219,7 +223,7 @@ def _routed_jvp(forward, training, options, primals, tangents):
 def _route(forward: str, training: str) -> Implementation:
     """``"auto"``'s row for a pair of forms: ``forward``'s result with ``training``'s
     derivatives; forward-mode autodiff over a hand-written backward runs ``"recurrent"``."""
-    row = REGISTRY[training]._replace(forward_mode="recurrent")
+    row = REGISTRY[training]._replace(forward_mode_fallback="recurrent")
     if forward == training:
         return row
     return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call))
@@ -231,7 +235,8 @@ def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
         options = options._replace(segments_per_row=None)
     elif impl.variant.mosaic:
         return impl.call(arrays, options)
-    return _compiled(impl._replace(forward_mode=None), arrays, options)  # auto's: one program
+    # auto's row and the explicit one: one program
+    return _compiled(impl._replace(forward_mode_fallback=None), arrays, options)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

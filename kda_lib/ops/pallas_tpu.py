@@ -501,21 +501,22 @@ def _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale):
     return jax.lax.cond(finite, lambda _: (o, final), exact, None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10))
-def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
-    o, final, _ = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk, groups=groups,
-                           low=low, save=False, interpret=interpret)  # fmt: skip
-    return _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
+def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback):
+    return _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
+                    save=False)[0]  # fmt: skip
 
 
-def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret):
+def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
+             save=True):  # fmt: skip
     o, final, states = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk,
-                                groups=groups, low=low, save=True, interpret=interpret)  # fmt: skip
-    o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
+                                groups=groups, low=low, save=save, interpret=interpret)  # fmt: skip
+    if fallback:
+        o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
     return (o, final), (q, k, v, g, beta_rows, states)
 
 
-def _kda_bwd(scale, chunk, groups, low, interpret, residuals, cotangents):
+def _kda_bwd(scale, chunk, groups, low, interpret, fallback, residuals, cotangents):
     q, k, v, g, beta_rows, states = residuals
     d_o, d_final = cotangents
     dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta_rows, states, d_o.astype(q.dtype),
@@ -533,14 +534,17 @@ _kda.defvjp(_kda_fwd, _kda_bwd)
 
 
 def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size: int = 64,
-               low: bool | None = None, interpret: bool | None = None):  # fmt: skip
+               low: bool | None = None, interpret: bool | None = None,
+               fallback: bool = True):  # fmt: skip
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
     copies: fastest at multiples), ``chunk_size``
     a power of two from 16 to ``BLOCK_T``. ``low``: fewer matmul passes (:data:`LOW_PASSES`;
     default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
-    Differentiable (reverse mode) in every array."""
+    ``fallback``: where the result is not finite, the recurrence's outputs
+    (:func:`_exact_where_not_finite`); False: the kernels' own. Differentiable (reverse mode)
+    in every array."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim, groups = q.shape[-1], heads // q.shape[2]
     pad = -seq_len % BLOCK_T  # padding tokens: no decay (g = 0), no write (beta = 0)
@@ -554,7 +558,7 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     low = q.dtype == jnp.bfloat16 if low is None else low
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
-                    groups, low, interpret)  # fmt: skip
+                    groups, low, interpret, fallback)  # fmt: skip
     return o[:, :seq_len, :, :value_dim], final[:, :, :key_dim, :value_dim]
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kda_lib import kda, kda_chunked, kda_gate, kda_recurrent
+from kda_lib.ops import api
 from kda_lib.ops.api import select_implementation
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.ops.tokamax.adapter import tokamax_kda_api
@@ -224,7 +225,7 @@ def test_forward_mode_autodiff_through_auto(seq_len):
     assert jacobian(args[:5]).shape == (1, 20, 1, 4) * 2
 
 
-def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
+def test_forward_mode_through_chunked_is_refused_by_name_and_served_by_auto():
     """jax.jvp through kda(implementation="chunked") names the implementation that works;
     "auto", where it runs the chunked form forward (B * HV * K * V >= 65536 on CPU), serves an
     eager jvp by the recurrence: the recurrence's JVP."""
@@ -239,6 +240,48 @@ def test_forward_mode_autodiff_through_the_chunked_form_is_refused_by_name():
     got, want = run("auto"), run("recurrent")
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert_close(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_jit_around_a_jvp_of_auto_on_the_chunked_form_alone_keeps_jaxs_error():
+    """Where JAX differentiates kda()'s compiled chunked call after kda() has returned (jit
+    around jvp, auto on the chunked form alone: B * HV * K * V >= 65536 on CPU), JAX's own
+    error stands (DESIGN section 4): this test notices when a JAX release changes that."""
+    big = random_kda_inputs(jax.random.key(4), 1, 20, 4, 128, 128)
+    big = tuple(big[n] for n in ("q", "k", "v", "g", "beta"))
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jit(lambda a: jax.jvp(kda, a, a))(big)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="known bug (DESIGN section 4): the "
+                   "chunked backward's custom_vjp gets another computation's residuals")
+def test_grad_of_a_jvp_through_auto_equals_the_recurrences():
+    """Reverse over forward (jax.grad of a jax.jvp) through auto above 16 tokens."""
+    x = random_kda_inputs(jax.random.key(3), 1, 20, 1, 4, 4)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+
+    def grad_of_jvp(implementation):
+        run = functools.partial(kda, implementation=implementation)
+        return jax.grad(lambda q: jnp.sum(jax.jvp(run, (q, *args[1:]), args)[1][0] ** 2))(args[0])
+
+    assert_close(grad_of_jvp("auto"), grad_of_jvp("recurrent"), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known limit (DESIGN section 4): "
+                   "forward mode reaches pallas_call's own JVP rule, which asserts, before the "
+                   "custom_vjp's error that auto catches")
+def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatch):
+    """On a TPU auto's row can be the Pallas kernels (here interpreted): jax.hessian through it
+    would reach their hand-written backward and should run the recurrence instead."""
+    monkeypatch.setattr(api, "tpu_generation", lambda: 5)
+    x = random_kda_inputs(jax.random.key(5), 1, 24, 1, 128, 128)
+    rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
+    assert select_implementation(seq_len=24, key_dim=128) == "pallas_tpu"
+
+    def hessian(implementation):
+        loss = lambda s: jnp.sum(kda(x["q"] * s, *rest, implementation=implementation)[0] ** 2)  # noqa: E731
+        return jax.hessian(loss)(1.5)
+
+    assert_close(hessian("auto"), hessian("recurrent"), atol=1e-5, rtol=1e-5)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():

@@ -28,12 +28,12 @@ def _relative(got, want):
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
 def _run(inputs, cotangent, implementation, chunk_size=64):
     """``(o, final_state, gradients of <o, cotangent> + |final|^2)`` by ``implementation``
-    (``"kernels"``: :func:`pallas_tpu.kda_pallas`, the kernels alone)."""
+    (``"kernels"``: :func:`pallas_tpu.kda_pallas` without its non-finite fallback)."""
 
     def loss(x):
         if implementation == "kernels":  # alone: no non-finite fallback to hide a NaN
             o, s = pallas_tpu.kda_pallas(**x, scale=x["q"].shape[-1] ** -0.5,
-                                         chunk_size=chunk_size)  # fmt: skip
+                                         chunk_size=chunk_size, fallback=False)  # fmt: skip
         else:
             o, s = kda(**x, output_final_state=True, chunk_size=chunk_size,
                        implementation=implementation)  # fmt: skip
@@ -267,15 +267,21 @@ def test_kernels_lower_for_the_tpu_without_one(grad):
     assert text.count("tpu_custom_call") == (2 if grad else 1)
 
 
-def _dot_precisions(jaxpr):
-    """The ``precision`` of every dot_general in ``jaxpr`` and the jaxprs inside its equations."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            yield eqn.params["precision"]
-        for value in eqn.params.values():
+def _inner_jaxprs(eqn):
+    for param in eqn.params.values():
+        for value in param if isinstance(param, tuple | list) else (param,):  # cond branches
             inner = getattr(value, "jaxpr", value)
             if hasattr(inner, "eqns"):
-                yield from _dot_precisions(inner)
+                yield inner
+
+
+def _dot_precisions(jaxpr, in_kernel=False):
+    """The ``precision`` of every dot_general inside a pallas_call of ``jaxpr`` (at any depth)."""
+    for eqn in jaxpr.eqns:
+        if in_kernel and eqn.primitive.name == "dot_general":
+            yield eqn.params["precision"]
+        for inner in _inner_jaxprs(eqn):
+            yield from _dot_precisions(inner, in_kernel or eqn.primitive.name == "pallas_call")
 
 
 @pytest.mark.parametrize("grad", [False, True])
