@@ -145,6 +145,21 @@ def test_chunked_matches_float64_oracle(x64, seq_len):
         _check_against_oracle(forms)
 
 
+@pytest.mark.parametrize("seq_len", [64, 192])
+def test_a_state_that_survives_the_chunks_matches_the_oracle(x64, seq_len):
+    """T == C and T == 3C (no partial chunk), gates of -0.02 a token on average (a state keeps
+    about a quarter of itself over a chunk, asserted: the tests above decay it within one, so a
+    mistake at a chunk boundary would not show there), an initial state: both scans against the
+    float64 recurrence, outputs, final state and every gradient."""
+    x = random_kda_inputs(jax.random.key(seq_len), 1, seq_len, 2, 16, 16, with_state=True)
+    x["g"] = -0.02 * jnp.abs(x["g"]) / jnp.abs(x["g"]).mean()  # mean -0.02 a token
+    x = _on_host(x, jnp.float64)
+    forms = _every_form(x, _cotangents(jax.random.key(2), x))
+    kept = float(jnp.exp(x["g"][:, :64].sum(1)).mean())  # the state kept over the first chunk
+    assert 0.1 < kept < 0.5, kept
+    _check_against_oracle(forms)
+
+
 def _saved_bytes(fn, *args):
     """The bytes of the residuals that autodiff of ``fn`` saves for the backward."""
     import contextlib
