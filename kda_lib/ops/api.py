@@ -60,9 +60,10 @@ def kda(
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
-      (float64 for float64 inputs); with interior states a :class:`KDAResult`. ``auto`` serves
-      every autodiff mode: forward mode (``jax.jvp``, ``jax.hessian``) that reaches a
-      hand-written backward runs the recurrence instead (DESIGN section 4).
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`. Under ``auto``,
+      forward mode (``jax.jvp``, ``jax.hessian``) that reaches a hand-written backward while
+      ``kda()`` runs takes the recurrence instead; where JAX differentiates after it returned
+      (``jit`` around ``jvp`` or a Hessian-vector product) JAX's error stands (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 

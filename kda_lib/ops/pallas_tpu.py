@@ -535,14 +535,14 @@ _kda.defvjp(_kda_fwd, _kda_bwd)
 
 def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size: int = 64,
                low: bool | None = None, interpret: bool | None = None,
-               fallback: bool = True):  # fmt: skip
+               non_finite_fallback: bool = True):  # fmt: skip
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
     copies: fastest at multiples), ``chunk_size``
     a power of two from 16 to ``BLOCK_T``. ``low``: fewer matmul passes (:data:`LOW_PASSES`;
     default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
-    ``fallback``: where the result is not finite, the recurrence's outputs
+    ``non_finite_fallback``: where the result is not finite, the recurrence's outputs
     (:func:`_exact_where_not_finite`); False: the kernels' own. Differentiable (reverse mode)
     in every array."""
     batch, seq_len, heads, value_dim = v.shape
@@ -558,7 +558,7 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     low = q.dtype == jnp.bfloat16 if low is None else low
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
-                    groups, low, interpret, fallback)  # fmt: skip
+                    groups, low, interpret, non_finite_fallback)  # fmt: skip
     return o[:, :seq_len, :, :value_dim], final[:, :, :key_dim, :value_dim]
 
 

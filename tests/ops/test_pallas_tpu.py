@@ -33,7 +33,8 @@ def _run(inputs, cotangent, implementation, chunk_size=64):
     def loss(x):
         if implementation == "kernels":  # alone: no non-finite fallback to hide a NaN
             o, s = pallas_tpu.kda_pallas(**x, scale=x["q"].shape[-1] ** -0.5,
-                                         chunk_size=chunk_size, fallback=False)  # fmt: skip
+                                         chunk_size=chunk_size,
+                                         non_finite_fallback=False)  # fmt: skip
         else:
             o, s = kda(**x, output_final_state=True, chunk_size=chunk_size,
                        implementation=implementation)  # fmt: skip
@@ -293,6 +294,7 @@ def test_a_callers_highest_precision_leaves_the_kernels_passes(grad):
     with jax.default_matmul_precision("highest"):
         jaxpr = jax.make_jaxpr(f)(*shapes).jaxpr
     precisions = list(_dot_precisions(jaxpr))
+    assert str(jaxpr).count("pallas_call[") == (2 if grad else 1)  # the backward's kernel too
     assert precisions and all(p == (jax.lax.Precision.DEFAULT,) * 2 for p in precisions)
 
 
