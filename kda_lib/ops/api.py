@@ -224,7 +224,8 @@ def _routed_jvp(forward, training, options, primals, tangents):
 def _route(forward: str, training: str) -> Implementation:
     """``"auto"``'s row for a pair of forms: ``forward``'s result with ``training``'s
     derivatives; forward-mode autodiff over a hand-written backward runs ``"recurrent"``."""
-    row = REGISTRY[training]._replace(forward_mode_fallback="recurrent")
+    fallback = None if training == "recurrent" else "recurrent"  # the scan needs none
+    row = REGISTRY[training]._replace(forward_mode_fallback=fallback)
     if forward == training:
         return row
     return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call))
