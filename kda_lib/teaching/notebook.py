@@ -24,7 +24,11 @@ def setup(*, style: bool = True) -> None:
       it is);
     * random numbers from the non-partitionable threefry: on CPU it compiles multi-dimensional
       draws many times faster (seconds per shape otherwise); it only changes which numbers are
-      drawn.
+      drawn;
+    * on a TPU, float32 matmuls at float32's precision (``jax_default_matmul_precision``
+      "highest"; the chip's default is one bfloat16 pass, 3e-3 from the float64 oracle in
+      notebook 07's decode), so the course's float32 comparisons mean there what they mean on a
+      CPU. The Pallas kernels name their own passes.
     """
     import jax
 
@@ -35,6 +39,8 @@ def setup(*, style: bool = True) -> None:
 
         viz.setup_style()
     jax.config.update("jax_threefry_partitionable", False)
+    if jax.default_backend() == "tpu":
+        jax.config.update("jax_default_matmul_precision", "highest")
     devices = jax.devices()
     count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
     print(
