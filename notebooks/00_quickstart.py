@@ -182,7 +182,8 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # %% [markdown]
 # ## 4. How close to exact?
 #
-# The same recurrence in float64 is the oracle. Both float32 forms should differ from it by
+# The same recurrence in float64 is the oracle (on the host's CPU: a TPU has no float64
+# arithmetic of its own). Both float32 forms should differ from it by
 # float32 rounding accumulated over the sequence, and not more. The yardstick printed below is
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
@@ -190,7 +191,7 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # largest output (printed); the assert allows 8.
 
 # %%
-with jax.enable_x64(True):
+with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
     to64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, g, beta)]
     o_exact = np.asarray(recurrent(*to64)[0])
 

@@ -81,7 +81,7 @@ from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
 from kda_lib.teaching import exercises, explain, layer_diagram, viz
-from kda_lib.testing import assert_close
+from kda_lib.testing import assert_close, float32_tolerance
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
@@ -186,7 +186,7 @@ def layer_from_parts(layer, x):
 # %%
 parts = layer_from_parts(layer, x)  # not jitted: the conv and L2 norm run in NumPy
 y_layer = nnx.jit(lambda m, x: m(x))(layer, x)
-err = assert_close(parts["y"], y_layer, atol=1e-5, rtol=1e-4, name="parts == KimiDeltaAttention")
+err = assert_close(parts["y"], y_layer, **float32_tolerance(1e-5, 1e-4), name="parts == layer")
 print(f"layer built from its parts vs kda_lib.KimiDeltaAttention: max |diff| {err:.1e} "
       f"(max |y| {float(jnp.abs(y_layer).max()):.2f})")
 

@@ -42,6 +42,8 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax._src import lru_cache  # noqa: E402  # the file cache's writer (see _put_whole)
 
+from kda_lib.testing import float32_tolerance  # noqa: E402
+
 # Many tests build the same program from new Python objects (a fresh model, a new closure), which
 # jax's in-memory caches cannot match, so XLA compiles it again. jax's persistent cache keys on
 # the program itself: with it on, each distinct program compiles once per run (-17% on
@@ -142,19 +144,8 @@ def _record_platform(request, record_testsuite_property):
 jitted_call = nnx.jit(lambda module, x, **kwargs: module(x, **kwargs))
 
 
-# float32 layer comparisons on the chip (make test-tpu): the layer's float32 forms (on a TPU
-# auto's is the Pallas kernels above 16 tokens, float32 as six bfloat16 passes; XLA's matmuls at
-# "highest"; the chip's exp, log and rsqrt) measured up to 2.6e-5 apart from each other and from
-# fla's recorded output (v5e, 2026-12-06, data/tests/tpu-v5e/), where the CPU keeps them within
-# the 2e-6 to 1e-5 they are held to: an absolute 5e-5 there, the relative part unchanged
-CHIP_FLOAT32_ATOL = 5e-5
-
-
-def tolerance(atol: float, rtol: float) -> dict:
-    """``dict(atol=, rtol=)`` for a float32 comparison: as given on a CPU; on a TPU ``atol`` at
-    least :data:`CHIP_FLOAT32_ATOL`."""
-    floor = CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu" else 0.0
-    return dict(atol=max(atol, floor), rtol=rtol)
+# float32 comparisons on the chip (make test-tpu): the library's, shared with the notebooks
+tolerance = float32_tolerance
 
 
 @pytest.fixture

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from kda_lib import kda, kda_chunked, kda_recurrent
-from kda_lib.testing import assert_close, random_kda_inputs, relative_l2
+from kda_lib.testing import (
+    CHIP_FLOAT32_ATOL,
+    assert_close,
+    float32_tolerance,
+    random_kda_inputs,
+    relative_l2,
+)
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 QUANTITIES = ("o", "s") + tuple("d" + n for n in NAMES)
@@ -511,6 +517,15 @@ def test_l2_normalize_unchanged_bit_for_bit_below_one_and_for_powers_of_two_abov
     for got, want in pairs:
         np.testing.assert_array_equal(got, want)
     assert low.dtype == jnp.bfloat16 and kept.dtype == jnp.float32
+
+
+def test_float32_tolerance_raises_only_atol_and_only_on_a_tpu(monkeypatch):
+    """The chip's floor (shared by make test-tpu and the notebooks) leaves a CPU's tolerance and
+    every rtol as given."""
+    assert float32_tolerance(1e-5, 2e-5) == dict(atol=1e-5, rtol=2e-5)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert float32_tolerance(1e-5, 2e-5) == dict(atol=CHIP_FLOAT32_ATOL, rtol=2e-5)
+    assert float32_tolerance(1e-3, 2e-5) == dict(atol=1e-3, rtol=2e-5)
 
 
 def test_assert_close_defaults_follow_the_dtype_given():
