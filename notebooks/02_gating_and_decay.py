@@ -407,8 +407,10 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
 #    not write. The weight on the **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots
 #    D_{s+1} \mathbf k + c_2\, (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top
-#    D_{s'} \cdots D_{s+1} \mathbf k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`.
-#    Is it $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
+#    D_{s'} \cdots D_{s+1} \mathbf k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`,
+#    right for $\beta$ below $10^{-14}$ too, where $c_2$'s term is below float64's rounding of a
+#    weight computed from matrices (no fit finds it). Is it $\beta(1-\beta)^2$ times the decay, as
+#    with one decay for all channels?
 #
 # NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 

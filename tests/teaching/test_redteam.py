@@ -558,6 +558,16 @@ def _page_echoes_02_03():
             return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
         return omega(1.0, 1.0, 1.0) - omega(0.5, 1.0, 0.5), 0.0
 
+    def rebuilt_two_channel(beta):  # 02.2 (review 2026-12-06, #5): the product formula on a
+        k, rows, weights = np.ones(2) / np.sqrt(2), [], []  # 2-channel key and diagonal decays
+        step = np.eye(2) - beta * np.outer(k, k)  # matching (kk_ts, kk_tsp, kk_sps), solved
+        for x, a, b in ((0.5, 0.6, 0.7), (0.2, 0.5, 0.3)):  # for (c1, c2) on two of them
+            d, sign = np.sqrt(abs(x - a * b)), np.sign(x - a * b)
+            A, B = np.diag([a + d, a - d]), np.diag([b + sign * d, b - sign * d])
+            weights.append(beta * k @ step @ A @ step @ B @ k)
+            rows.append([k @ A @ B @ k, (k @ A @ k) * (k @ B @ k)])
+        return tuple(np.linalg.solve(np.array(rows), np.array(weights)))
+
     def coefficients_swapped(beta):  # 02.2: c2 for c1
         return -(beta**2) * (1 - beta), beta * (1 - beta)
 
@@ -681,6 +691,7 @@ def _page_echoes_02_03():
         ("02.1", spread_jnp, True), ("02.1", spread_one_element, True),
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
         ("02.2", by_library_stream, False), ("02.2", coefficients_swapped, False),
+        ("02.2", rebuilt_two_channel, False),
         ("02.2", older_jnp, True), ("02.2", older_one_element, True),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
@@ -702,11 +713,14 @@ def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
 
 def test_measured_answers_are_told_that_only_a_formula_gets_there():
     """01.1's r read off three simulated writes, 01.2's error extrapolated from two simulated
-    sweeps (or all n run) (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at
+    sweeps (or all n run) and 02.2's coefficients solved from weights computed on a rebuilt key
+    (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at
     the last trial, where the measurement is rounding noise, with a hint that says so."""
     shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
+    shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
     for name, said in (("three_writes_measured", "14th digit"), ("limit_from_r", "14th digit"),
-                       ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise")):
+                       ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
+                       ("rebuilt_two_channel", "noise")):
         exercise_id, answer = shortcuts[name]
         hint = exercises.verdict(exercise_id, answer)
         assert hint and said in hint and "e-" in hint.split(":")[0], (name, hint)
