@@ -546,7 +546,7 @@ def _page_echoes_02_03():
     def older_one_element(beta):  # 02.2 right, each coefficient a 1-element array
         return np.array([beta * (1 - beta)]), np.array([-(beta**2) * (1 - beta)])
 
-    def latest_formula(beta):  # 02.2: section 4's formula, echoed
+    def latest_formula(beta):  # 02.2: the statement's latest-occurrence formula, echoed
         return beta * (1 - beta), 0.0
 
     def scalar_intuition(beta):  # 02.2: right only for a scalar gate
