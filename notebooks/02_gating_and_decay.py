@@ -24,8 +24,7 @@
 #   one token can erase.
 # - At initialisation every head mixes short- and long-lived channels: inside a head the
 #   half-lives span one to two orders of magnitude (the range of $\tau$); $a_h$ divides them all.
-# - The gate's effect on a read, pictured (section 4): a head is a causal, signed $T \times T$
-#   mixing $\Omega$ of the values, whose weight on an earlier token is set by the decays between.
+#   Section 4 lets you move the gate's parameters and watch what a head keeps.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/02_gating_and_decay.ipynb)
 #
@@ -34,13 +33,9 @@
 # %% tags=["parameters"]
 num_heads: int = 4  # heads whose gate parameters are drawn at initialisation
 key_dim: int = 64  # K: channels per head (one decay rate each; at least 32: section 3)
-seq_len: int = 96  # tokens in the decay figures
+seq_len: int = 96  # tokens in the explorer's figure (section 4)
 lower_bound: float = -5.0  # safe gate: the most negative log decay per token, in [-5, 0)
-beta_value: float = 0.9  # write strength beta in section 4 and the explorer, in [0.1, 0.99]
 gate_input_std: float = 1.0  # std of the random raw gate input f (stands in for f_proj(x))
-mix_len: int = 48  # tokens in the mixing-matrix example
-vocab_size: int = 8  # distinct tokens (keys) in section 4, from 3 to mix_len / 4
-softmax_temperature: float = 0.1  # softmax attention scores are q.k / temperature
 interactive: bool = True  # add ipywidgets sliders when ipywidgets is available
 seed: int = 0  # seed of the one jax.random.key below
 
@@ -75,11 +70,9 @@ if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None
 import jax
 import jax.numpy as jnp
 import numpy as np
-from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
-from kda_lib.ops.norms import l2_normalize
-from kda_lib.teaching import exercises, explain, gates, viz
+from kda_lib.teaching import exercises, gates, viz
 from kda_lib.testing import assert_close, relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
@@ -87,13 +80,9 @@ kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type a
 kda_lib.teaching.notebook.setup(on_host=True)
 
 # %%
-value_dim = key_dim  # V = K in every example here
-assert mix_len <= seq_len, "the mixing-matrix example reuses the first mix_len gate values"
-assert 0.1 <= beta_value <= 0.99, "beta_value: in [0.1, 0.99] here (at 1, Omega = I: section 4)"
-assert 3 <= vocab_size <= mix_len / 4, "vocab_size: from 3 to mix_len / 4 (section 4's repeats)"
 assert key_dim >= 32, "key_dim: at least 32 (section 3's over-one-decade spread per head)"
 key = jax.random.key(seed)
-key_a_log, key_dt, key_f, key_stream, key_state = jax.random.split(key, 5)
+key_a_log, key_dt, key_f = jax.random.split(key, 3)
 LN2 = float(np.log(2.0))
 A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)  # init_a_log and init_dt_bias draw from these
 
@@ -242,143 +231,19 @@ viz.show(gates.plot_half_lives(
           "channels)"), "02_half_lives_at_init")
 
 # %% [markdown]
-# ## 4. The gate's effect on a read, pictured: a $T \times T$ mixing matrix
+# ## 4. Explore: move the gate parameters yourself
 #
-# For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ the recurrence is linear in the values, the
-# same map for every value channel: $\mathbf o_t = \sum_s \Omega_{ts} \mathbf v_s$, one
-# lower-triangular $\Omega \in \mathbb R^{T \times T}$ (`explain.kda_mixing_matrix`, checked
-# against `jax.jacobian`). Tokens from a small vocabulary, $\mathbf q_t = \mathbf k_t$ = the
-# token's unit embedding, `scale=1`: $\Omega_{ts}$ is the weight of $\mathbf v_s$ in the read.
-# The embeddings are random, so they overlap ($\lvert\cos\rvert$ printed at the end): a write
-# along one token's key changes what another's reads, so other tokens get small signed weights.
-#
-# **What to expect, derived.** $\mathbf v_s$ enters the state by token $s$'s write, and every
-# later token $t'$ multiplies the state by $M_{t'} = (I - \beta_{t'} \mathbf k_{t'}
-# \mathbf k_{t'}^\top) D_{t'}$ (notebook 01), so
-#
-# $$
-# \Omega_{ts} = \beta_s\, \mathbf q_t^\top M_t M_{t-1} \cdots M_{s+1}\, \mathbf k_s
-#   \quad (s < t), \qquad \Omega_{tt} = \beta_t\, \mathbf q_t^\top \mathbf k_t .
-# $$
-#
-# The diagonal is $\beta$. Let $s$ be the latest earlier occurrence of the current key
-# $\mathbf k$ and the tokens between **not write** ($\beta_{t'} = 0$: $M_{t'} = D_{t'}$); since
-# $\mathbf k^\top (I - \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf k^\top$,
-#
-# $$
-# \Omega_{ts} = \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k
-#   = \beta (1 - \beta) \sum_c k_c^2\, e^{g_{s+1, c} + \dots + g_{t, c}} ,
-# $$
-#
-# a quadratic form over the channels, weighted by $k_c^2$: the gate's decays set the weight.
-# It needs $\beta_{t'} = 0$, not merely keys orthogonal to $\mathbf k$: per-channel decay turns
-# $D_t \cdots D_{s+1} \mathbf k$ out of $\mathbf k$'s direction, so an orthogonal write still
-# changes the weight; with one decay for all channels it does not (both asserted below). Each
-# off-diagonal entry of row $t$ carries $1 - \beta$ (from $\mathbf k^\top M_t$): at $\beta = 1$,
-# $\Omega = I$. Softmax weighs **every** earlier occurrence as the current one (same score).
-# Slowest head, symmetric log colours; circled: the last token's earlier occurrences (third
-# panel: that row, linear).
-
-# %%
-f = gate_input_std * jax.random.normal(key_f, (1, seq_len, num_heads, key_dim))  # raw gate input
-g_sp, slow = np.asarray(kda_lib.kda_gate(f, a_log_sp, dt_bias)[0], np.float64), int(np.argmin(a_h))
-
-# %%
-key_tok, key_emb, key_fm = jax.random.split(key_stream, 3)
-tokens_ids = jax.random.randint(key_tok, (mix_len,), 0, vocab_size)  # the last: the commonest
-tokens_ids = tokens_ids.at[-1].set(jnp.bincount(tokens_ids[:-1], length=vocab_size).argmax())
-ids, t_last = np.asarray(tokens_ids), mix_len - 1
-same = np.flatnonzero(ids[:t_last] == ids[t_last])  # its earlier occurrences: 2 or more
-embedding = l2_normalize(jax.random.normal(key_emb, (vocab_size, key_dim)))
-q_mix = k_mix = embedding[tokens_ids]  # [T, K]
-g_mix = jnp.asarray(g_sp[:mix_len, slow], jnp.float32)  # slowest head's decays, random input
-beta_mix = jnp.full((mix_len,), beta_value)
-mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
-Omega = np.asarray(mixing(q_mix, k_mix, g_mix, beta_mix, scale=1.0))
-v_probe = jax.random.normal(key_fm, (mix_len, 1))
-
-
-def one_channel(v_col):  # the outputs of one value channel, by the recurrence
-    inputs = (a[None, :, None] for a in (q_mix, k_mix, v_col, g_mix, beta_mix))  # [1, T, H=1, ...]
-    return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
-
-
-jac = np.asarray(jax.jacobian(one_channel)(v_probe)[:, :, 0])
-assert_close(Omega, jac, atol=1e-5, name="mixing matrix = d o / d v")
-assert_close(Omega @ np.asarray(v_probe[:, 0]), one_channel(v_probe), atol=1e-5, name="o = Ω v")
-assert np.all(np.triu(Omega, 1) == 0), "causal: o_t never sees v_s for s > t"
-_ = assert_close(np.diag(Omega), np.full(mix_len, beta_value), atol=1e-5, name="diagonal = beta")
+# `kda_lib.teaching.gates.explore` redraws, for one head with one shared $a$, $b$ and $g_{\min}$
+# (the raw input $\mathbf f$ random, so the channels still differ), what the head keeps of each
+# channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), longest memory on top:
+# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. What a head
+# then does with what it keeps, a $T \times T$ mixing of the values set by these decays, is
+# pictured and derived in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02).
 
 # %% tags=["hide-input"]
-Omega_soft = np.asarray(
-    explain.softmax_attention_matrix(q_mix, k_mix, scale=1 / softmax_temperature))
-viz.show(gates.plot_mixing_matrices(Omega, Omega_soft, same, temperature=softmax_temperature,
-                                    title=f"Token stream over a vocabulary of {vocab_size} "
-                                    f"tokens, $q_t = k_t$, $\\beta = {beta_value:g}$"),
-         "02_mixing_matrices")
-
-# %%
-# float64: the product formula for every entry; the stream with the other tokens' writes off
-with jax.enable_x64(True):
-    k64, g64 = (jnp.asarray(np.asarray(x), jnp.float64) for x in (k_mix, g_mix))
-    k64 = k64 / jnp.linalg.norm(k64, axis=-1, keepdims=True)  # unit in float64 (k^T k = 1)
-    beta64 = jnp.full(mix_len, beta_value, jnp.float64)
-    only_same = jnp.where(ids == ids[t_last], beta_value, 0.0)  # other tokens write nothing
-    Omega64 = np.asarray(explain.kda_mixing_matrix(k64, k64, g64, beta64, scale=1.0))
-    Omega_same = np.asarray(explain.kda_mixing_matrix(k64, k64, g64, only_same, scale=1.0))
-assert_close(Omega64, explain.mixing_matrix_by_products(k64, k64, g64, beta64), atol=1e-12,
-             name="Omega_ts = beta q_t^T M_t ... M_(s+1) k_s")
-assert_close(Omega64, Omega, atol=1e-5, name="float32 == float64 mixing matrix")
-assert np.all(Omega_soft >= 0) and Omega.min() < -0.01 * np.tril(Omega, -1).max(), "KDA: < 0"
-_ = assert_close(Omega_soft.sum(axis=1), np.ones(mix_len), atol=1e-5, name="softmax rows sum to 1")
-latest, older = same[-1], same[:-1]
-kk, g_np = np.asarray(k64[t_last]), np.asarray(g64)
-w_latest = beta_value * (1 - beta_value) * kk @ (np.exp(g_np[latest + 1:].sum(0)) * kk)
-_ = assert_close(Omega_same[t_last, latest], w_latest, atol=1e-12, name="latest occurrence")
-cos = np.abs(np.asarray(embedding) @ np.asarray(embedding).T)[np.triu_indices(vocab_size, 1)]
-others = np.flatnonzero(ids[:t_last] != ids[t_last])  # the row's non-occurrences
-s_other = others[np.argmax(np.abs(Omega[t_last, others]))]
-assert 0 < abs(Omega[t_last, s_other]) < Omega[t_last, latest], "small weights on other tokens"
-
-# %%
-assert abs(Omega[t_last, latest]) > np.abs(Omega[t_last, older]).max(), "latest > older"
-k_u, b_same = np.array(k64), np.asarray(only_same)  # a write of u orthogonal to k in between
-if n_between := t_last - latest - 1:  # moves the weight under per-channel decay only (float64)
-    u = np.random.default_rng(seed).normal(size=key_dim)
-    k_u[latest + 1] = (u - (u @ kk) * kk) / np.linalg.norm(u - (u @ kk) * kk)
-    b_u = np.where(np.arange(mix_len) == latest + 1, beta_value, b_same)
-    for g_u, moves in ((g_np, True), (g_np.mean(1, keepdims=True) + 0 * g_np, False)):
-        w = [explain.mixing_matrix_by_products(k_u, k_u, g_u, b)[t_last, latest]
-             for b in (b_same, b_u)]  # beta q_t^T M_t ... M_(s+1) k_s, s = latest
-        assert (abs(w[1] - w[0]) > 1e-9 * abs(w[0])) == moves, ("orthogonal write", moves)
-assert np.allclose(Omega_soft[t_last, same], Omega_soft[t_last, t_last], rtol=1e-5, atol=0)
-between = "the token between writes" if n_between == 1 else f"the {n_between} tokens between write"
-exact = (f"exact only when {between} nothing ($\\beta$ = 0 there: "
-         f"{Omega_same[t_last, latest]:.4f})") if n_between else "exact: no token between"
-display(Markdown(
-    f"Last token (it occurred {same.size} times before): KDA puts $\\beta$ = "
-    f"{Omega[t_last, t_last]:.3f} on itself and {Omega[t_last, latest]:.4f} on its latest earlier "
-    f"occurrence; the formula gives {w_latest:.4f}, {exact}. Older ones get at most "
-    f"{np.abs(Omega[t_last, older]).max():.4f}; softmax puts {Omega_soft[t_last, t_last]:.3f} on "
-    "itself and on each earlier occurrence (the same score). The embeddings overlap (mean "
-    f"$|\\cos|$ {cos.mean():.2f}, max {cos.max():.2f}): KDA's largest weight on another token "
-    f"is {Omega[t_last, s_other]:.4f} (s = {s_other})."))
-
-# %% [markdown]
-# ## 5. Explore: move the gate parameters yourself
-#
-# `kda_lib.teaching.gates.explore` redraws, for one head with one shared $a$, $b$, $g_{\min}$,
-# $\beta$ ($\mathbf f$ random), what it keeps of each channel over the tokens, $e^{g_1 + \dots +
-# g_t}$ (down to $10^{-6}$), section 4's $\Omega$ and the state's norm (all three: the notes):
-# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once.
-
-# %% tags=["hide-input"]
-key_k, key_v = jax.random.split(key_state)  # a random stream for the state-norm view
-k_rand = l2_normalize(jax.random.normal(key_k, (seq_len, key_dim)))
-v_rand = jax.random.normal(key_v, (seq_len, value_dim))
-gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_rand, v_norm=v_rand,
-                   floor=-6.0), dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound,
-                                      beta=beta_value, gate="safe"),
+f_head = gate_input_std * jax.random.normal(key_f, (1, seq_len, 1, key_dim))  # raw gate input
+gates.explore(dict(f_head=f_head, floor=-6.0),
+              dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, gate="safe"),
               interactive=kda_lib.teaching.notebook.interactive(interactive))
 
 # %% [markdown]
@@ -391,9 +256,6 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
 # - Without a gate an old context's pairs stay (the delta rule erases only along new keys); a
 #   gate that closes at the switch removes them, the new ones recalled as well (section 1).
-# - The gate's effect on a read: a head is a causal, signed mixing $\Omega$ of the values; it puts
-#   $\beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$ on a repeated key's latest
-#   occurrence (no writes between), less on older ones here; softmax the same on all of them.
 #
 # ## Exercises
 #
@@ -402,13 +264,20 @@ gates.explore(dict(f_head=f[:, :, slow: slow + 1], q=q_mix, k=k_mix, k_norm=k_ra
 #    chance that $n$ time steps drawn log-uniformly over a range `width` wide (100 for
 #    `init_dt_bias`) span less than `ratio` ($> 1$; $n = 1$, `ratio` $\ge$ `width` too). Some
 #    are below $10^{-12}$, where no simulation reaches.
-# 2. **An older occurrence.** Section 4 derived the weight on the *latest* earlier occurrence.
-#    Now the unit key $\mathbf k$ ($\mathbf q_t = \mathbf k_t$) is written at $s$, again at
-#    $s'$ ($s < s' < t$) and at $t$, each with the same $\beta < 1$, and the tokens in between do
-#    not write. The weight on the **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots
-#    D_{s+1} \mathbf k + c_2\, (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top
-#    D_{s'} \cdots D_{s+1} \mathbf k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`.
-#    Is it $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
+# 2. **An older occurrence.** A head's read is linear in the values, $\mathbf o_t = \sum_s
+#    \Omega_{ts} \mathbf v_s$, with $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
+#    \mathbf k_s$ and $M_{t'} = (I - \beta_{t'} \mathbf k_{t'} \mathbf k_{t'}^\top) D_{t'}$
+#    (notebook 01's step; the notes picture $\Omega$). A unit key $\mathbf k$ ($\mathbf q_t =
+#    \mathbf k_t$) written at $s$ and again at $t$ only, with one $\beta$, gets $\Omega_{ts} =
+#    \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, since $\mathbf k^\top (I -
+#    \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf k^\top$. Now it is written at $s$, again
+#    at $s'$ ($s < s' < t$) and at $t$, the tokens in between not writing. The weight on the
+#    **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + c_2\,
+#    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
+#    k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`, right for $\beta$ below
+#    $10^{-14}$ too, where $c_2$'s term is below float64's rounding of a weight computed from
+#    matrices (no fit finds it). Is it $\beta(1-\beta)^2$ times the decay, as with one decay for
+#    all channels?
 #
 # NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 

@@ -52,7 +52,7 @@ def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array
 def mixing_matrix_by_products(q, k, g, beta, *, scale: float = 1.0) -> np.ndarray:
     """The mixing matrix of one KDA head from its closed form, in float64 NumPy:
     ``A[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with the
-    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (notebook 02, section 4).
+    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (the notebook notes, notebook 02).
 
     Args:
       q, k, g: ``[T, K]`` for one head; beta: ``[T]``.

@@ -1,30 +1,29 @@
-"""Notebook 02's figures of the forget gate, and its gate explorer.
+"""Notebook 02's figures of the forget gate, its gate explorer, and the notes' mixing matrices.
 
 * :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the half-lives at initialisation
-  (section 3's figure) and the retention over a sequence (the notes' figure).
-* The explorer: :func:`view` recomputes one head's cumulative decay, mixing matrix and state
-  norm for one shared ``A_log``, ``dt_bias``, floor and beta (the raw gate input still varies
-  by channel and token); :func:`explore` draws it at the defaults and, with
-  ``interactive=True`` and ipywidgets installed, adds sliders that redraw it.
+  (section 3's figure) and the retention over a sequence (the explorer's and the notes' figure).
+* The explorer: :func:`view` recomputes one head's cumulative decay for one shared ``A_log``,
+  ``dt_bias`` and floor (the raw gate input still varies by channel and token); :func:`explore`
+  draws it at the defaults and, with ``interactive=True`` and ipywidgets installed, adds
+  sliders that redraw it.
+* :func:`plot_mixing_matrices`: a head as a ``T x T`` mixing of the values beside softmax (the
+  notes' figure: ``docs/NOTEBOOK_NOTES.md``, notebook 02).
 """
 
 from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 from kda_lib.ops.gating import kda_gate
-from kda_lib.teaching import explain, viz
-
-_mixing = jax.jit(explain.kda_mixing_matrix, static_argnames=["scale"])
+from kda_lib.teaching import viz
 
 
 def plot_gate_functions(x, gate_curve, lower_bound: float) -> plt.Figure:
-    """Notebook 02's section 1: the softplus gate (left) and the safe gate (right) as log decay
+    """Notebook 02's section 2: the softplus gate (left) and the safe gate (right) as log decay
     ``g`` over the raw inputs ``x``, for rates a = 1, 4, 16 (safe: two floors) and a bias of +2;
     ``gate_curve(a_log, bound=None, bias=0.0)`` gives g on ``x`` for one head and channel."""
     fig, (ax_sp, ax_safe) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
@@ -55,8 +54,8 @@ def plot_gate_functions(x, gate_curve, lower_bound: float) -> plt.Figure:
 
 
 def plot_mixing_matrices(Omega, Omega_soft, same, *, temperature: float, title: str) -> plt.Figure:
-    """Notebook 02's section 4: the KDA mixing matrix ``Omega [T, T]`` (signed, symmetric log),
-    the causal softmax weights ``Omega_soft [T, T]`` (log, below 1e-3 blank) and their last rows
+    """The notes' figure: the KDA mixing matrix ``Omega [T, T]`` (signed, symmetric log), the
+    causal softmax weights ``Omega_soft [T, T]`` (log, below 1e-3 blank) and their last rows
     (linear), the last token's earlier occurrences ``same`` (indices) circled."""
     t_last = Omega.shape[0] - 1
     fig, (ax_kda, ax_soft, ax_row) = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -114,8 +113,9 @@ def plot_half_lives(lives: dict, bounds, *, title: str) -> plt.Figure:
 def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
     """One heatmap per ``(title, g [T, K], half-life [K])`` of ``panels``: log10 of the fraction
     each channel keeps since token 0, channels sorted longest memory on top."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.8), sharey=True)
-    for n, (ax, (panel_title, g_head, life)) in enumerate(zip(axes, panels, strict=True)):
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 + 4 * len(panels), 3.8), sharey=True,
+                             squeeze=False)
+    for n, (ax, (panel_title, g_head, life)) in enumerate(zip(axes[0], panels, strict=True)):
         log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)
         seq_len, key_dim = g_head.shape
         image = viz.heatmap(
@@ -130,58 +130,34 @@ def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
             colorbar=False,
             extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5),
         )
-    fig.colorbar(image, ax=axes, shrink=0.9, extend="min", label="log10 fraction retained")
+    fig.colorbar(image, ax=list(axes[0]), shrink=0.9, extend="min",
+                 label="log10 fraction retained")
     fig.suptitle(title)
     return fig
 
 
-def view(
-    f_head,
-    q,
-    k,
-    k_norm,
-    v_norm,
-    *,
-    a_log=0.0,
-    dt_bias_value=-6.0,
-    bound=-5.0,
-    beta=0.9,
-    gate="safe",
-    floor=-6.0,
-) -> None:
-    """Show the three views for one head.
-
-    ``f_head [1, T, 1, K]``: the raw gate input; ``q, k [T', K]``: the mixing-matrix stream
-    (``T' <= T``); ``k_norm [T, K]``, ``v_norm [T, V]``: the state-norm stream; ``gate``:
-    ``"safe"`` (floor ``bound``) or ``"softplus"``.
-    """
-    key_dim, seq_len = f_head.shape[-1], f_head.shape[1]
+def view(f_head, *, a_log=0.0, dt_bias_value=-6.0, bound=-5.0, gate="safe", floor=-6.0) -> None:
+    """Show what one head keeps of each channel over the tokens: ``f_head [1, T, 1, K]``, the
+    raw gate input; ``gate``: ``"safe"`` (floor ``bound``) or ``"softplus"``; one ``A_log``
+    and one ``dt_bias`` for every channel (``f`` still varies by channel and token)."""
+    key_dim = f_head.shape[-1]
     g = kda_gate(
         f_head,
         jnp.array([a_log], jnp.float32),
         jnp.full((key_dim,), dt_bias_value, jnp.float32),
         lower_bound=bound if gate == "safe" else None,
     )[0, :, 0]  # [T, K]
-    b = jnp.full((seq_len,), beta)
-    matrix = np.asarray(_mixing(q, k, g[: len(q)], b[: len(q)], scale=1.0))
-    norm = np.asarray(explain.state_norms(k_norm, v_norm, g, b))
-    assert np.isfinite(matrix).all() and np.isfinite(norm).all()
-    life = np.log(2.0) / np.maximum(-np.median(np.asarray(g, np.float64), axis=0), 1e-30)
-    log10_kept = np.cumsum(np.asarray(g, np.float64), axis=0).T / np.log(10)
+    g = np.asarray(g, np.float64)
+    assert np.isfinite(g).all()
+    life = np.log(2.0) / np.maximum(-np.median(g, axis=0), 1e-30)  # tokens, per channel
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
-    fig = viz.gate_explorer(
-        log10_kept[np.argsort(life)[::-1]],
-        matrix,
-        norm,
-        floor=floor,
-        title=f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}, $\\beta$ {beta:g}; "
-        f"median half-life {np.median(life):.3g} tokens",
-    )
-    viz.show(fig, "02_gate_explorer")
+    title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}; median half-life "
+             f"{np.median(life):.3g} tokens")
+    viz.show(plot_cumulative_decay([(title, g, life)], floor=floor, title=""), "02_gate_explorer")
 
 
 def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
-    """:func:`view` with ``inputs`` (its arrays) at ``defaults`` (its five settings); sliders
+    """:func:`view` with ``inputs`` (its arrays) at ``defaults`` (its four settings); sliders
     that redraw it when ``interactive`` and ipywidgets is installed."""
     draw = functools.partial(view, **inputs)
     widgets = None
@@ -206,9 +182,6 @@ def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
         ),
         "bound": widgets.FloatSlider(
             defaults["bound"], min=-5, max=-0.1, step=0.1, description="lower_bound", **slider
-        ),
-        "beta": widgets.FloatSlider(
-            defaults["beta"], min=0, max=1, step=0.05, description="beta", **slider
         ),
         "gate": widgets.Dropdown(
             options=["safe", "softplus"], value=defaults["gate"], description="gate", style=style

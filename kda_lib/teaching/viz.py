@@ -6,7 +6,6 @@
   also saves it there as ``<name>.png`` (how figures are reviewed outside a browser).
 * :func:`heatmap` draws a labelled matrix with a colour bar; :func:`signed_log_norm` is a colour
   scale on which a dominant diagonal and small off-diagonal weights are both visible.
-* :func:`gate_explorer` draws one head's cumulative decay, mixing matrix and state norm.
 * :func:`time_vs_length` draws live timings and recorded ones
   (:func:`kda_lib.lab.records.load_benchmark_runs`) in separate panels.
 * :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
@@ -356,31 +355,6 @@ def mixing_heatmap(ax, mixing, *, title: str) -> None:
     upper = np.where(np.triu(np.ones_like(mixing), 1) > 0, 1.0, np.nan)
     grey = mpl.colors.ListedColormap(["0.3"])
     ax.imshow(upper, aspect="auto", interpolation="nearest", cmap=grey)
-
-
-def gate_explorer(log10_kept, mixing, norms, *, title: str, floor: float = -6.0) -> plt.Figure:
-    """Three views of one head: cumulative decay ``log10_kept [K, T]`` (rows sorted by the
-    caller), the mixing matrix ``[T', T']`` and the state norm ``[T]`` after every token."""
-    fig, (ax0, ax1, ax2) = plt.subplots(
-        1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1.1, 1.1, 1]}
-    )
-    kept = heatmap(
-        ax0,
-        np.maximum(log10_kept, floor),
-        title="Cumulative decay",
-        xlabel="tokens since the write",
-        ylabel="channel (one b; rows differ by f)",
-        cbar_label="",
-        vmin=floor,
-        vmax=0.0,
-        colorbar=False,
-    )
-    fig.colorbar(kept, ax=ax0, shrink=0.9, extend="min", label="log10 fraction retained")
-    mixing_heatmap(ax1, mixing, title=r"Mixing matrix $\Omega$")
-    ax2.plot(np.arange(1, len(norms) + 1), norms)
-    ax2.set(title="State norm", xlabel="token t (tokens)", ylabel=r"$\|S_t\|_F$")
-    fig.suptitle(title)
-    return fig
 
 
 def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -> plt.Figure:

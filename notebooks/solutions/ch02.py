@@ -54,7 +54,7 @@ def cases():
     def one_window(n, ratio, width):  # all n in one fixed window: rho^n
         return (math.log(ratio) / math.log(width)) ** n
 
-    def page_formula(beta):  # section 4's latest-occurrence weight, no second term
+    def page_formula(beta):  # the statement's latest-occurrence weight, no second term
         return beta * (1 - beta), 0.0
 
     return [

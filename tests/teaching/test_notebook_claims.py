@@ -496,6 +496,71 @@ def test_02_mixing_weight_of_the_latest_and_second_latest_occurrence():
     assert np.isclose(scalar, want, rtol=0, atol=1e-14)
 
 
+def test_02_a_head_as_a_mixing_matrix():
+    """The notes' mixing-matrix view of a head (moved out of notebook 02), on the notebook's old
+    stream: 48 tokens over a vocabulary of 8, q = k = the token's random unit embedding, beta =
+    0.9, the slowest initialised head's decays under a random gate input. Omega is d o / d v of
+    the recurrence, causal, beta on its diagonal, signed (an entry below -1% of the largest
+    off-diagonal weight), the product formula in float64, I at beta = 1; with only the read
+    token's occurrences writing, its latest occurrence gets beta (1 - beta) k^T D_t ... D_(s+1) k;
+    with all writing, it gets more than the older occurrences and than any other token; softmax
+    weighs every occurrence as the token itself, its rows summing to 1; the figure draws."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import kda_lib
+    from kda_lib.ops.norms import l2_normalize
+    from kda_lib.teaching import explain, gates
+    from kda_lib.testing import assert_close
+
+    T, K, heads, vocab, beta = 48, 64, 4, 8, 0.9
+    key_a, key_dt, key_f, key_tok, key_emb, key_v = jax.random.split(jax.random.key(0), 6)
+    a_log, dt_bias = kda_lib.init_a_log(key_a, heads), kda_lib.init_dt_bias(key_dt, heads, K)
+    f = jax.random.normal(key_f, (1, T, heads, K))
+    g = kda_lib.kda_gate(f, a_log, dt_bias)[0, :, int(np.argmin(np.asarray(a_log)))]  # [T, K]
+    ids = jax.random.randint(key_tok, (T,), 0, vocab)
+    ids = np.asarray(ids.at[-1].set(jnp.bincount(ids[:-1], length=vocab).argmax()))
+    t = T - 1
+    same = np.flatnonzero(ids[:t] == ids[t])  # the read token's earlier occurrences
+    k = l2_normalize(jax.random.normal(key_emb, (vocab, K)))[ids]
+    b = jnp.full((T,), beta)
+    omega = np.asarray(explain.kda_mixing_matrix(k, k, g, b, scale=1.0))
+
+    def one_channel(v):  # one value channel's outputs by the recurrence
+        inputs = (x[None, :, None] for x in (k, k, v, g, b))
+        return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
+
+    v = jax.random.normal(key_v, (T, 1))
+    assert_close(omega, jax.jacobian(one_channel)(v)[:, :, 0], atol=1e-5, name="d o / d v")
+    assert np.all(np.triu(omega, 1) == 0)
+    assert_close(np.diag(omega), np.full(T, beta), atol=1e-5, name="diagonal = beta")
+    with jax.enable_x64(True):
+        k64 = jnp.asarray(np.asarray(k), jnp.float64)
+        k64, g64 = k64 / jnp.linalg.norm(k64, axis=-1, keepdims=True), np.asarray(g, np.float64)
+        omega64 = np.asarray(explain.kda_mixing_matrix(k64, k64, jnp.asarray(g64), b, scale=1.0))
+        only_same = jnp.where(ids == ids[t], beta, 0.0)
+        omega_same = explain.mixing_matrix_by_products(k64, k64, g64, only_same)
+        at_one = explain.mixing_matrix_by_products(k64, k64, g64, np.ones(T))
+    assert_close(omega64, explain.mixing_matrix_by_products(k64, k64, g64, b), atol=1e-12)
+    assert_close(omega64, omega, atol=1e-5, name="float32 == float64")
+    assert_close(at_one, np.eye(T), atol=1e-12, name="Omega = I at beta = 1")
+    assert omega.min() < -0.01 * np.tril(omega, -1).max(), "signed"
+    latest, older = same[-1], same[:-1]
+    kk = np.asarray(k64[t])
+    want = beta * (1 - beta) * kk @ (np.exp(g64[latest + 1 :].sum(0)) * kk)
+    assert abs(omega_same[t, latest] - want) < 1e-12
+    others = np.flatnonzero(ids[:t] != ids[t])
+    assert np.abs(omega[t, older]).max() < omega[t, latest]
+    assert 0 < np.abs(omega[t, others]).max() < omega[t, latest]
+    soft = np.asarray(explain.softmax_attention_matrix(k, k, scale=1 / 0.1))
+    assert np.all(soft >= 0) and np.allclose(soft[t, same], soft[t, t], rtol=1e-5, atol=0)
+    assert_close(soft.sum(axis=1), np.ones(T), atol=1e-5, name="softmax rows sum to 1")
+    figure = gates.plot_mixing_matrices(omega, soft, same, temperature=0.1, title="")
+    assert len(figure.axes) > 2
+    figure.clf()
+
+
 def test_04_output_gate_up_projection_is_r_over_d_of_a_matrix():
     import jax
     from flax import nnx

@@ -38,7 +38,7 @@ EXERCISES = {
     "00.1": ("00_quickstart", 6),
     "00.2": ("00_quickstart", 6),
     "01.1": ("01_delta_rule", 2),
-    "01.2": ("01_delta_rule", 3),
+    "01.2": ("01_delta_rule", 4),
     "02.1": ("02_gating_and_decay", 3),
     "02.2": ("02_gating_and_decay", 1),
     "03.1": ("03_chunkwise_algorithm", 3),
@@ -358,8 +358,47 @@ def _rule_breakers():
             f.append(alpha * f[-1] + beta * (1 - alpha * f[-1]))
         return ((f[-1] - f[-2]) / (f[-2] - f[-3]) if f[-2] != f[-3] else 0.0), f[-1]
 
-    def factor_per_write(mu, v1, v2):  # 01.2: one write's disturbance factor, not a sweep's
-        return mu * (np.asarray(v2) - mu * np.asarray(v1)), mu
+    def _writes(beta, alpha, n):  # the page's decay-then-write steps, f read off S^T k
+        k, v, S, f = np.array([1.0, 0.0]), np.array([0.6, -0.8]), np.zeros((2, 2)), []
+        for _ in range(n):
+            S = alpha * S
+            S = S + beta * np.outer(k, v - S.T @ k)
+            f.append((S.T @ k) @ v / (v @ v))
+        return f
+
+    def three_writes_measured(beta, alpha):  # 01.1 (review 2026-12-06, #5): r from 3 writes
+        f1, f2, f3 = _writes(beta, alpha, 3)  # the ratio of successive differences
+        r = (f3 - f2) / (f2 - f1) if f2 != f1 else 0.0
+        return r, f1 / (1 - r)
+
+    def limit_from_r(beta, alpha):  # 01.1: r derived, f_inf = beta / (1 - r) left unsimplified
+        r = alpha * (1 - beta)
+        return r, beta / (1 - r)
+
+    def _sweeps(mu, v1, v2, n):  # pair 1's error S^T k_1 - v_1 after each of n simulated sweeps
+        keys = np.array([[1.0, 0.0], [mu, np.sqrt(max(1 - mu * mu, 0.0))]])
+        S, errors = np.zeros((2, len(v1))), []
+        for _ in range(n):
+            for k, v in zip(keys, (v1, v2), strict=True):
+                S = S + np.outer(k, v - S.T @ k)
+            errors.append(S.T @ keys[0] - v1)
+        return errors
+
+    def two_sweeps_extrapolated(mu, v1, v2, n):  # 01.2 (review 2026-12-06, #5): mu^2 measured
+        if n == 0:
+            return -np.asarray(v1)
+        e1, e2 = _sweeps(mu, np.asarray(v1), np.asarray(v2), 2)
+        factor = (e2 @ e1) / (e1 @ e1) if e1 @ e1 > 0 else 0.0
+        return e1 * factor ** (n - 1)
+
+    def sweeps_simulated(mu, v1, v2, n):  # 01.2: the n sweeps run, the error read off
+        return _sweeps(mu, np.asarray(v1), np.asarray(v2), n)[-1] if n else -np.asarray(v1)
+
+    def factor_per_write(mu, v1, v2, n):  # 01.2: one write's disturbance factor, not a sweep's
+        return mu**n * (np.asarray(v2) - mu * np.asarray(v1))
+
+    def formula_at_zero_sweeps(mu, v1, v2, n):  # 01.2 (review 2026-12-06, #8): n >= 1's formula
+        return mu ** (2 * n - 1) * (np.asarray(v2) - mu * np.asarray(v1))
 
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
@@ -393,7 +432,12 @@ def _rule_breakers():
 
     return [
         ("01.1", limit_simulated),
+        ("01.1", three_writes_measured),
+        ("01.1", limit_from_r),
         ("01.2", factor_per_write),
+        ("01.2", two_sweeps_extrapolated),
+        ("01.2", sweeps_simulated),
+        ("01.2", formula_at_zero_sweeps),
         ("05.1", grads_by_jet),
         ("05.1", grads_by_differences),
         ("05.2", cotangents_by_differences),
@@ -502,7 +546,7 @@ def _page_echoes_02_03():
     def older_one_element(beta):  # 02.2 right, each coefficient a 1-element array
         return np.array([beta * (1 - beta)]), np.array([-(beta**2) * (1 - beta)])
 
-    def latest_formula(beta):  # 02.2: section 4's formula, echoed
+    def latest_formula(beta):  # 02.2: the statement's latest-occurrence formula, echoed
         return beta * (1 - beta), 0.0
 
     def scalar_intuition(beta):  # 02.2: right only for a scalar gate
@@ -513,6 +557,16 @@ def _page_echoes_02_03():
             keys, g = np.ones((3, 1)), np.log([[1.0], [b], [a]])
             return explain.kda_mixing_matrix(keys, keys, g, np.full(3, beta), scale=1.0)[2, 0]
         return omega(1.0, 1.0, 1.0) - omega(0.5, 1.0, 0.5), 0.0
+
+    def rebuilt_two_channel(beta):  # 02.2 (review 2026-12-06, #5): the product formula on a
+        k, rows, weights = np.ones(2) / np.sqrt(2), [], []  # 2-channel key and diagonal decays
+        step = np.eye(2) - beta * np.outer(k, k)  # matching (kk_ts, kk_tsp, kk_sps), solved
+        for x, a, b in ((0.5, 0.6, 0.7), (0.2, 0.5, 0.3)):  # for (c1, c2) on two of them
+            d, sign = np.sqrt(abs(x - a * b)), np.sign(x - a * b)
+            A, B = np.diag([a + d, a - d]), np.diag([b + sign * d, b - sign * d])
+            weights.append(beta * k @ step @ A @ step @ B @ k)
+            rows.append([k @ A @ B @ k, (k @ A @ k) * (k @ B @ k)])
+        return tuple(np.linalg.solve(np.array(rows), np.array(weights)))
 
     def coefficients_swapped(beta):  # 02.2: c2 for c1
         return -(beta**2) * (1 - beta), beta * (1 - beta)
@@ -637,6 +691,7 @@ def _page_echoes_02_03():
         ("02.1", spread_jnp, True), ("02.1", spread_one_element, True),
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
         ("02.2", by_library_stream, False), ("02.2", coefficients_swapped, False),
+        ("02.2", rebuilt_two_channel, False),
         ("02.2", older_jnp, True), ("02.2", older_one_element, True),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
@@ -654,6 +709,21 @@ def _page_echoes_02_03():
 def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
     wrong = [(i, fn.__name__) for i, fn, ok in _page_echoes_02_03() if _refused(i, fn) == ok]
     assert not wrong, f"refused a right answer or accepted a wrong one: {wrong}"
+
+
+def test_measured_answers_are_told_that_only_a_formula_gets_there():
+    """01.1's r read off three simulated writes, 01.2's error extrapolated from two simulated
+    sweeps (or all n run) and 02.2's coefficients solved from weights computed on a rebuilt key
+    (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at
+    the last trial, where the measurement is rounding noise, with a hint that says so."""
+    shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
+    shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
+    for name, said in (("three_writes_measured", "14th digit"), ("limit_from_r", "14th digit"),
+                       ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
+                       ("rebuilt_two_channel", "noise")):
+        exercise_id, answer = shortcuts[name]
+        hint = exercises.verdict(exercise_id, answer)
+        assert hint and said in hint and "e-" in hint.split(":")[0], (name, hint)
 
 
 def test_04_2_draws_its_shapes_per_call():
