@@ -33,12 +33,13 @@ from kda_lib.ops.contract import Dims
 from kda_lib.ops.reference import recurrent_core
 
 LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
-SUB = 16  # rows of a diagonal score block (the decay's reference points are its boundaries)
+MIN_CHUNK = 16  # the smallest chunk_size served (tested from it to BLOCK_T)
+DIAG = 8  # rows of the UT inverse's diagonal blocks (Neumann products: terms up to C(6, 3))
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
 # bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products
-# (fewer lose the UT inverse's cancellations where keys correlate: DESIGN section 4)
-LOW_PASSES = (3, 6, 3)
+# (one pass anywhere loses where keys correlate: DESIGN section 4)
+LOW_PASSES = (3, 3, 3)
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
 
@@ -219,8 +220,7 @@ def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
         attn_qk = attn_qk + jnp.where(mine, _dot(q32 * row_f, keys, p_score, True), _ZERO)
         attn_kk = attn_kk + jnp.where(mine, _dot(k32 * row_f, keys, p_score, True), _ZERO)
     attn_kk = beta * attn_kk
-    same = _div(rows, SUB) == _div(cols, SUB)
-    solve = _unit_lower_inverse(attn_kk, same, p_inner)
+    solve = _unit_lower_inverse(attn_kk, p_inner)
     w = _dot(solve, beta * k32 * decay_in, p_inner)
     u = _dot(solve, beta * v.astype(f32), p_inner)
     keep = _column(_row(decay_in, size - 1))  # exp(G_C) [.., K, 1]
@@ -252,26 +252,26 @@ def state_backward(intra, state, d_o, d_after, low: bool):
     return d_intra, d_state
 
 
-def _unit_lower_inverse(attn, same, passes: int):
-    """``(I + attn)^-1`` for strictly lower ``attn [C, C]``: the diagonal blocks by the Neumann
-    product ``(I - X)(I + X^2)...``, then ``(I + N)^-1 = (I - N)(I + N^2)...`` for the
-    strictly block-lower ``N = X'^-1 L`` (block counts powers of two)."""
+def _unit_lower_inverse(attn, passes: int):
+    """``(I + attn)^-1`` for strictly lower ``attn [..., C, C]``: the :data:`DIAG`-row diagonal
+    blocks by the Neumann product ``(I - X)(I + X^2)(I + X^4)``, then blocks of h rows merged
+    into 2h, ``[[X1, 0], [A21, X2]]^-1 = [[X1, 0], [-X2 A21 X1, X2]]``: products of inverses and
+    of ``attn``'s own entries, whose sizes the keys bound (no cancellation of large terms)."""
     size = attn.shape[-1]
+    rows, cols = _rows(attn.shape[-2:]), _cols(attn.shape[-2:])
     eye = jnp.where(_eye(size), _ONE, _ZERO)
-    diag = jnp.where(same, attn, _ZERO)
+    diag = jnp.where(_div(rows, DIAG) == _div(cols, DIAG), attn, _ZERO)
     inv, power = eye - diag, diag
-    for _ in range(int(math.log2(SUB)) - 1):
+    for _ in range(int(math.log2(DIAG)) - 1):
         power = _dot(power, power, passes)
         inv = _dot(inv, eye + power, passes)
-    blocks = size // SUB
-    if blocks == 1:
-        return inv
-    n = _dot(inv, jnp.where(same, _ZERO, attn), passes)
-    outer, power = eye - n, n
-    for _ in range(int(math.log2(blocks)) - 1):
-        power = _dot(power, power, passes)
-        outer = _dot(outer, eye + power, passes)
-    return _dot(outer, inv, passes)
+    h = DIAG
+    while h < size:  # rows of a 2h-segment's second half, columns of its first: -X2 A21 X1
+        lower = ((_div(rows, 2 * h) == _div(cols, 2 * h)) & (_rem(rows, 2 * h) >= h)
+                 & (_rem(cols, 2 * h) < h))  # fmt: skip
+        inv = inv - _dot(_dot(inv, jnp.where(lower, attn, _ZERO), passes), inv, passes)
+        h *= 2
+    return inv
 
 
 # ------------------------------------------------------------------ the kernels
@@ -586,8 +586,8 @@ def problems(o, here: bool = True) -> list[str]:
     found = [problem for bad, problem in [
         (backend not in ("tpu", "cpu"),
          f"{name} runs on a TPU (and interpreted on a CPU), not on {backend}; use 'chunked'"),
-        (not SUB <= o.chunk_size <= BLOCK_T,
-         f"{name} needs {SUB} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
+        (not MIN_CHUNK <= o.chunk_size <= BLOCK_T,
+         f"{name} needs {MIN_CHUNK} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
         (jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(o.dtype).name}; use "
          "'chunked' or 'recurrent'"),
