@@ -62,6 +62,25 @@ def test_a_nan_at_a_chunk_s_first_token_spreads_as_in_the_recurrence(implementat
     assert np.isfinite(np.asarray(o[:, :16])).all() and not np.isfinite(np.asarray(o)).all()
 
 
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
+def test_a_bad_value_at_a_chunk_s_first_token_leaves_the_boundary_before_it(x64, name):
+    """A NaN (g: -inf, a full erase) in one channel of the second chunk's first token, with
+    the chunk states asked for (T = 48, C = 16, prefix caching), in float64: the chunked form's
+    outputs, chunk states and final state are non-finite exactly where the float64 recurrence's
+    are and equal it elsewhere; the boundary before the bad token (after token C - 1) stays
+    finite."""
+    x = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in _inputs(48, seed=4).items()}
+    where = (0, 16, 1) + ((2,) if x[name].ndim == 4 else ())
+    x[name] = x[name].at[where].set(-jnp.inf if name == "g" else jnp.nan)
+    got, want = (kda(**x, implementation=form, chunk_size=16, output_final_state=True,
+                     output_chunk_states=True) for form in ("chunked", "recurrent"))  # fmt: skip
+    for field in ("output", "final_state", "chunk_states"):
+        a, b = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b), err_msg=field)
+        assert_close(a[np.isfinite(b)], b[np.isfinite(b)], name=field)  # float64's table
+    assert np.isfinite(np.asarray(got.chunk_states[:, 0])).all()
+
+
 def _token(seed=2):
     """Four tokens' inputs in kda's argument order, and a state."""
     x = _inputs(4, seed)
