@@ -1,6 +1,7 @@
 """The KDA layer's cache entry points: prefill keeps the cache at every chunk boundary
 (prefix caching), draft keeps it after every token (speculative decoding); resuming from a
-kept cache equals the run that never stopped."""
+kept cache equals the run that never stopped. A cache a caller keeps in bfloat16 is read as its
+float32 values; a bfloat16 layer's boundaries against the float64 oracle (issue 75.7)."""
 
 import dataclasses
 
@@ -13,7 +14,7 @@ from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.layers import cache_at
-from kda_lib.testing import assert_close
+from kda_lib.testing import assert_close, relative_l2
 
 # grouped value heads (HV = 2 H), conv width 4, chunks of 16
 CONFIG = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8, num_v_heads=4,
@@ -154,3 +155,59 @@ def test_cache_entry_points_refuse_what_they_cannot_serve():
     tokamax = _layer(implementation="tokamax_xla")
     with pytest.raises(ValueError, match="tokamax_xla returns no interior states"):
         tokamax.prefill(x)
+
+
+def _cast(cache, dtype):
+    return type(cache)(*(None if a is None else a.astype(dtype) for a in cache))
+
+
+def test_a_bfloat16_cache_is_read_as_its_float32_values():
+    """A cache a caller keeps in bfloat16 (the state and the conv histories): the layer's call
+    over one token, prefill over two chunks (its outputs, final cache and two boundaries) and a
+    draft with accept_draft continue from it as from the same values in float32, and return
+    float32 caches."""
+    layer = _layer()
+    x = _x()
+    _, cache = _apply(layer, x[:, :8], layer.init_cache(2))
+    half = _cast(cache, jnp.bfloat16)
+    runs = {}
+    for name, start in (("bfloat16", half), ("float32", _cast(half, jnp.float32))):
+        y1, after1 = _apply(layer, x[:, 8:9], start)
+        y_pre, cache_pre, boundaries = _prefill(layer, x[:, 8:], start)
+        y_draft, _, token_caches = _draft(layer, x[:, 8:13], start)
+        kept = layer.accept_draft(start, token_caches, jnp.asarray([0, 3]))
+        runs[name] = (y1, after1, y_pre, cache_pre, boundaries, y_draft, kept)
+    for got, want in zip(runs["bfloat16"], runs["float32"], strict=True):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert a.dtype == b.dtype == jnp.float32
+            assert_close(a, b, **tolerance(1e-5, 1e-5), name=type(got).__name__)
+    # the count-0 row keeps the bfloat16 cache's values
+    np.testing.assert_array_equal(runs["bfloat16"][-1].state[0], half.state[0].astype(jnp.float32))
+
+
+def test_a_bfloat16_layer_resumes_from_a_boundary_as_the_float64_oracle():
+    """A bfloat16 layer (bfloat16 conv histories, a float32 state) over T = 3C: its prefill's
+    outputs and boundary states against the same layer in float64 on the recurrence (the
+    bfloat16 layer's table: relative L2 3e-2); resumed from each boundary before the last, the
+    rest of the outputs as the prefill's."""
+    layer = _layer(dtype=jnp.bfloat16)
+    x = _x(seq_len=48)
+    y, final, boundaries = _prefill(layer, x)
+    assert y.dtype == boundaries.q_conv.dtype == jnp.bfloat16
+    assert boundaries.state.dtype == jnp.float32 and boundaries.state.shape[1] == 3
+    with jax.enable_x64(True):
+        config = dataclasses.replace(layer.config, dtype=jnp.float64, param_dtype=jnp.float64,
+                                     implementation="recurrent")  # fmt: skip
+        oracle = nnx.eval_shape(lambda: KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+        nnx.update(oracle, jax.tree.map(lambda a: jnp.asarray(a, jnp.float64),
+                                        nnx.state(layer, nnx.Param)))  # fmt: skip
+        y64, _, boundaries64 = _prefill(oracle, jnp.asarray(x, jnp.float64))
+        y64, states64 = np.asarray(y64), np.asarray(boundaries64.state)
+    assert relative_l2(y, y64) < 3e-2, relative_l2(y, y64)
+    for i in range(3):
+        error = relative_l2(boundaries.state[:, i], states64[:, i])
+        assert error < 3e-2, (i, error)
+    for i in range(2):
+        start = (i + 1) * 16
+        y_rest, _ = _apply(layer, x[:, start:], cache_at(boundaries, i))
+        assert_close(y_rest, y[:, start:], name=f"resumed at {start}")  # bfloat16's table

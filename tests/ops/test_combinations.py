@@ -1,7 +1,8 @@
 """Values across combinations (issue 75.7): the chunked form at its chunk boundaries with gates
 under which the state survives every chunk (a test whose gates erase the state within a chunk
 cannot see a boundary mistake), at the default chunk size too; a NaN at the first token of a
-chunk; and the bfloat16 states and pools a caller may pass, each against the recurrence."""
+chunk (with the chunk states too); and the bfloat16 and float16 states and pools a caller may
+pass, each against the recurrence."""
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,25 @@ def test_a_nan_at_a_chunk_s_first_token_spreads_as_in_the_recurrence(implementat
     assert np.isfinite(np.asarray(o[:, :16])).all() and not np.isfinite(np.asarray(o)).all()
 
 
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
+def test_a_bad_value_at_a_chunk_s_first_token_leaves_the_boundary_before_it(x64, name):
+    """A NaN (g: -inf, a full erase) in one channel of the second chunk's first token, with
+    the chunk states asked for (T = 48, C = 16, prefix caching), in float64: the chunked form's
+    outputs, chunk states and final state are non-finite exactly where the float64 recurrence's
+    are and equal it elsewhere; the boundary before the bad token (after token C - 1) stays
+    finite."""
+    x = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in _inputs(48, seed=4).items()}
+    where = (0, 16, 1) + ((2,) if x[name].ndim == 4 else ())
+    x[name] = x[name].at[where].set(-jnp.inf if name == "g" else jnp.nan)
+    got, want = (kda(**x, implementation=form, chunk_size=16, output_final_state=True,
+                     output_chunk_states=True) for form in ("chunked", "recurrent"))  # fmt: skip
+    for field in ("output", "final_state", "chunk_states"):
+        a, b = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b), err_msg=field)
+        assert_close(a[np.isfinite(b)], b[np.isfinite(b)], name=field)  # float64's table
+    assert np.isfinite(np.asarray(got.chunk_states[:, 0])).all()
+
+
 def _token(seed=2):
     """Four tokens' inputs in kda's argument order, and a state."""
     x = _inputs(4, seed)
@@ -73,37 +93,43 @@ def _first(x):
     return tuple(a[:, 0] for a in x.values())
 
 
-def test_a_bfloat16_pool_stays_bfloat16_and_steps_as_its_values_in_float32():
-    """kda_pool_step and kda_pool_verify on a bfloat16 pool: the pool stays bfloat16, a touched
-    slot holds the float32 step from its bfloat16 values, rounded; untouched slots keep their
-    bits."""
+HALF = [jnp.bfloat16, jnp.float16]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: jnp.dtype(d).name)
+def test_a_half_precision_pool_keeps_its_dtype_and_steps_as_its_values_in_float32(dtype):
+    """kda_pool_step and kda_pool_verify on a bfloat16 (float16) pool: the pool keeps its dtype,
+    a touched slot holds the float32 step from its values, rounded (one rounding: the dtype's
+    relative spacing); untouched slots keep their bits."""
     x, state = _token()
-    pool = jnp.concatenate([state, -state]).astype(jnp.bfloat16)  # slots 0..3
+    spacing = 2.0 ** -jnp.finfo(dtype).nmant
+    pool = jnp.concatenate([state, -state]).astype(dtype)  # slots 0..3
     slots = jnp.array([3, 0], jnp.int32)
     start = pool[slots].astype(jnp.float32)
     want_state, want_o = kda_step(start, *_first(x))
     new_pool, o = kda_pool_step(jnp.array(pool), slots, *_first(x))
-    assert new_pool.dtype == jnp.bfloat16 and o.dtype == jnp.float32
+    assert new_pool.dtype == dtype and o.dtype == jnp.float32
     assert_close(o, want_o, atol=1e-6, rtol=1e-6, name="pool step outputs")
-    assert_close(new_pool[slots].astype(jnp.float32), want_state.astype(jnp.bfloat16),
-                 atol=0, rtol=2**-7, name="pool step states")  # fmt: skip
+    assert_close(new_pool[slots].astype(jnp.float32), want_state.astype(dtype),
+                 atol=0, rtol=spacing, name="pool step states")  # fmt: skip
     np.testing.assert_array_equal(np.asarray(new_pool[1:3]), np.asarray(pool[1:3]))
     accepted = jnp.array([4, 2], jnp.int32)
     new_pool, o = kda_pool_verify(jnp.array(pool), slots, *x.values(), accepted)
     ref = kda(**x, initial_state=start, output_token_states=True)
-    assert new_pool.dtype == jnp.bfloat16
+    assert new_pool.dtype == dtype
     assert_close(o, ref.output, atol=1e-5, rtol=1e-5, name="pool verify outputs")
-    kept = ref.token_states[jnp.arange(2), accepted - 1].astype(jnp.bfloat16)
-    assert_close(new_pool[slots].astype(jnp.float32), kept, atol=1e-6, rtol=2**-7,
+    kept = ref.token_states[jnp.arange(2), accepted - 1].astype(dtype)
+    assert_close(new_pool[slots].astype(jnp.float32), kept, atol=1e-6, rtol=spacing,
                  name="pool verify states")  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("implementation", ["recurrent", "chunked"])
-def test_a_bfloat16_initial_state_is_read_as_its_float32_values(implementation):
-    """kda and kda_step take a bfloat16 state as its values in float32 (the state they return
-    is float32): the same results as the state cast to float32 first."""
+def test_a_half_precision_initial_state_is_read_as_its_float32_values(implementation, dtype):
+    """kda and kda_step take a bfloat16 (float16) state as its values in float32 (the state
+    they return is float32): the same results as the state cast to float32 first."""
     x, state = _token(seed=3)
-    half = state.astype(jnp.bfloat16)
+    half = state.astype(dtype)
     o16, s16 = kda(**x, initial_state=half, implementation=implementation, chunk_size=2,
                    output_final_state=True)  # fmt: skip
     o32, s32 = kda(**x, initial_state=half.astype(jnp.float32), implementation=implementation,
