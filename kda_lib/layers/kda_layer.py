@@ -28,15 +28,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import checks
-from kda_lib.checks import is_concrete, is_int
-from kda_lib.layers.attention import (
-    Widths,
-    check_cache,
-    check_call,
-    check_fields,
-    empty_cache,
-    mix_convs,
-)
+from kda_lib.checks import check_cache, check_call, is_concrete, is_int
+from kda_lib.layers.attention import Widths, check_fields, empty_cache, mix_convs
 from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
@@ -240,9 +233,9 @@ class KimiDeltaAttention(nnx.Module):
         or zeros); ``history_segment_ids [B, W-1]`` the halo tokens' ids."""
         cfg = self.config
         batch, seq_len, _ = x.shape
-        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
         x = x.astype(cfg.dtype)
         raw = [proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj)]
+        h, kd, vd, hv = cfg.num_heads, cfg.head_dim, cfg.value_dim, cfg.value_heads
         states = None if cache is None else cache[1:]  # the W-1 inputs before x (else zeros)
         ids = (segment_ids, history_segment_ids)
         if cfg.fused_qkv_conv:  # one depthwise conv over the concatenation, split after it
