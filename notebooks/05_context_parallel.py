@@ -98,9 +98,7 @@ from kda_lib.teaching import explain, viz
 from kda_lib.testing import random_kda_inputs, relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
-kda_lib.teaching.notebook.setup()
-# full float32 matmuls: every difference below is context parallelism's, not matmul precision's
-jax.config.update("jax_default_matmul_precision", "highest")
+kda_lib.teaching.notebook.setup()  # float32 matmuls at "highest": differences below are CP's
 
 # %%
 accelerators = [d for d in jax.devices() if d.platform != "cpu"]

@@ -97,7 +97,9 @@ if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None
     (kda_lib_dir,) = importlib.util.find_spec("kda_lib").submodule_search_locations
     runpy.run_path(f"{{kda_lib_dir}}/teaching/install.py")["install_dependencies"](missing=missing)
 """
-SETUP_CALL = "kda_lib.teaching.notebook.setup()"
+SETUP_CALL = "kda_lib.teaching.notebook.setup(...)"
+# the call on a line of its own (a comment that names it is not a call)
+CALLS_SETUP = re.compile(r"^kda_lib\.teaching\.notebook\.setup\(", re.MULTILINE)
 
 
 def repository_url(pyproject: pathlib.Path = PYPROJECT) -> str:
@@ -178,7 +180,7 @@ def problems(source: pathlib.Path, url: str) -> list[str]:
     others = sorted({o for o in _DOCS_LINK.findall(text) if o != _checked(url)})
     if others:
         found.append(f"{source.name}: links to docs/ of {others}, not of {url}")
-    if SETUP_CALL not in text:
+    if not CALLS_SETUP.search(text):
         found.append(f"{source.name}: the setup cell does not call {SETUP_CALL}")
     return found
 

@@ -42,8 +42,6 @@ import pytest  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax._src import lru_cache  # noqa: E402  # the file cache's writer (see _put_whole)
 
-from kda_lib.testing import float32_tolerance  # noqa: E402
-
 # Many tests build the same program from new Python objects (a fresh model, a new closure), which
 # jax's in-memory caches cannot match, so XLA compiles it again. jax's persistent cache keys on
 # the program itself: with it on, each distinct program compiles once per run (-17% on
@@ -144,9 +142,6 @@ def _record_platform(request, record_testsuite_property):
 jitted_call = nnx.jit(lambda module, x, **kwargs: module(x, **kwargs))
 
 
-# float32 comparisons on the chip (make test-tpu): the library's, shared with the notebooks
-tolerance = float32_tolerance
-
 
 @pytest.fixture
 def x64():
@@ -162,6 +157,7 @@ GUARDED_SETTINGS = (
     "jax_enable_x64",
     "jax_default_matmul_precision",
     "jax_default_prng_impl",
+    "jax_default_device",
 )
 
 

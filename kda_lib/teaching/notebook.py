@@ -19,19 +19,22 @@ from kda_lib.teaching.install import DISTRIBUTION
 def setup(*, style: bool = True, on_host: bool = False) -> None:
     """The settings every notebook shares; prints one line about JAX and kda_lib.
 
-    * the plot style of :func:`kda_lib.teaching.viz.setup_style` (``style=False`` leaves matplotlib
-    as
-      it is);
+    * the plot style of :func:`kda_lib.teaching.viz.setup_style` (``style=False`` leaves
+      matplotlib as it is);
     * random numbers from the non-partitionable threefry: on CPU it compiles multi-dimensional
       draws many times faster (seconds per shape otherwise); it only changes which numbers are
       drawn;
-    * on a TPU, float32 matmuls at float32's precision (``jax_default_matmul_precision``
-      "highest"; the chip's default is one bfloat16 pass, 3e-3 from the float64 oracle in
-      notebook 07's decode), so the course's float32 comparisons mean there what they mean on a
-      CPU. The Pallas kernels name their own passes;
+    * float32 matmuls at float32's precision (``jax_default_matmul_precision`` "highest") on every
+      backend, so the course's float32 comparisons mean on a TPU (whose default is one bfloat16
+      pass: 3e-3 from the float64 oracle in notebook 07's decode on the v5e) or a GPU (TF32)
+      what they mean on a CPU; the line says so off a CPU. The Pallas kernels name their own
+      passes;
     * ``on_host``: new arrays and computations on the host's CPU (``jax_default_device``), for a
-      page that checks formulas against float64 NumPy to float32's rounding: a TPU's float32
-      softplus differs from float64 by up to 1.6e-4 (measured on the v5e in notebook 02).
+      page that checks formulas against float64 NumPy to float32's rounding (a TPU's float32
+      softplus is 1.6e-4 off at the largest element measured, notebook 02 on the v5e). Only for
+      such pages: ``jax.default_backend()`` still names the accelerator, so ``auto``'s choice,
+      the Pallas kernels' interpret switch and :func:`kda_lib.testing.float32_tolerance` would
+      answer for it; needs the CPU platform (not ``JAX_PLATFORMS=tpu``).
     """
     import jax
 
@@ -42,14 +45,14 @@ def setup(*, style: bool = True, on_host: bool = False) -> None:
 
         viz.setup_style()
     jax.config.update("jax_threefry_partitionable", False)
-    if jax.default_backend() == "tpu":
-        jax.config.update("jax_default_matmul_precision", "highest")
+    jax.config.update("jax_default_matmul_precision", "highest")
     if on_host:
         jax.config.update("jax_default_device", jax.devices("cpu")[0])
     devices = jax.devices()
     count = f"{len(devices)} device" + ("s" if len(devices) > 1 else "")
     print(
         f"jax {jax.__version__} on {jax.default_backend()} ({count}, {devices[0].device_kind})"
+        + ("" if jax.default_backend() == "cpu" else " | float32 matmuls: highest")
         + (" | this page on the host's CPU" if on_host else "")
         + " | "
         f"kda_lib {_installed_version()} ({_origin(kda_lib.__file__)})"

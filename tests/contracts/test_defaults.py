@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import jitted_call, load_fla_layer_fixture, tolerance
+from conftest import jitted_call, load_fla_layer_fixture
 from flax import nnx
 
 import kda_lib
@@ -33,7 +33,7 @@ from kda_lib import (
     kda_step,
 )
 from kda_lib.ops.contract import KDAResult
-from kda_lib.testing import assert_close, random_kda_inputs, relative_l2
+from kda_lib.testing import assert_close, float32_tolerance, random_kda_inputs, relative_l2
 
 B, T, H, K, V = 2, 192, 2, 8, 4
 C = 64  # the default chunk size, never passed here
@@ -292,7 +292,7 @@ def test_the_default_layer_matches_the_float64_oracle():
     for what, got, want in (("cache", cache, final64), ("prefill cache", final, final64), *kept):
         for field, a, b in zip(got._fields, got, want, strict=True):
             assert a.dtype == (jnp.float32 if field == "state" else CONFIG.dtype)
-            assert_close(a, b, **tolerance(1e-5, 1e-5), name=f"{what}.{field}")
+            assert_close(a, b, **float32_tolerance(1e-5, 1e-5), name=f"{what}.{field}")
 
 
 def test_the_default_config_is_fla_s_default_layer():
@@ -305,7 +305,7 @@ def test_the_default_config_is_fla_s_default_layer():
                        output_gate_rank=16)  # fmt: skip
     assert config == fla_config  # the fixture's loader spells fla's values out
     layer = KimiDeltaAttention.from_fla_state_dict(state_dict, config, rngs=nnx.Rngs(0))
-    assert_close(jitted_call(layer, jnp.asarray(x)), y_fla, **tolerance(5e-6, 1e-5))
+    assert_close(jitted_call(layer, jnp.asarray(x)), y_fla, **float32_tolerance(5e-6, 1e-5))
     spelled = dict(num_v_heads=None, value_head_dim=None, conv_size=4, fused_qkv_conv=False,
                    gate_form="softplus", lower_bound=None, use_a_log=True, per_head_decay=False,
                    forget_gate_rank=None, allow_neg_eigval=False, output_gate_rank=None,

@@ -446,7 +446,7 @@ def test_every_notebook_checks_its_parameters_before_its_setup():
         # the imports-and-setup cell: the check comes before setup() and any work
         code = cells[install + 1].source
         check = code.index("kda_lib.teaching.notebook.check_parameters(globals())")
-        assert check < code.index("\nkda_lib.teaching.notebook.setup()"), source.name
+        assert check < code.index("\nkda_lib.teaching.notebook.setup("), source.name
 
 
 def test_conv_size_has_an_upper_bound():

@@ -76,11 +76,13 @@ def test_setup_is_reachable_from_import_kda_lib_and_prints_no_path(capsys):
 
     # `import kda_lib; kda_lib.teaching.notebook.setup()` works
     assert kda_lib.teaching.notebook is nb_setup
-    partitionable = jax.config.jax_threefry_partitionable
+    names = ("jax_threefry_partitionable", "jax_default_matmul_precision")
+    before = {n: getattr(jax.config, n) for n in names}
     try:
         nb_setup.setup(style=False)
-    finally:  # setup() switches the random-number scheme: give the other tests theirs back
-        jax.config.update("jax_threefry_partitionable", partitionable)
+    finally:  # setup() switches the random numbers and the precision: give the others theirs back
+        for name, value in before.items():
+            jax.config.update(name, value)
     line = capsys.readouterr().out
     assert "kda_lib 0.1.0" in line and str(ROOT) not in line and os.sep + "kda_lib" not in line
     assert nb_setup._origin("/x/lib/python3.12/site-packages/kda_lib/__init__.py") == "installed"

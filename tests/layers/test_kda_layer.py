@@ -7,12 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import jitted_call, load_fla_layer_fixture, tolerance
+from conftest import jitted_call, load_fla_layer_fixture
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.layers.params import weight_decay_mask
-from kda_lib.testing import assert_close, random_normal, relative_l2
+from kda_lib.testing import assert_close, float32_tolerance, random_normal, relative_l2
 
 HAS_TOKAMAX = importlib.util.find_spec("tokamax") is not None
 
@@ -61,7 +61,7 @@ def test_fla_layer_parity(fixture):
     # one program for the implementations (shared projections compile once)
     outputs = _per_implementation(layer, impls, lambda m: m(jnp.asarray(x)))
     for impl, y in outputs.items():
-        err = assert_close(y, y_fla, **tolerance(5e-6, 1e-5), name=f"{fixture} {impl}")
+        err = assert_close(y, y_fla, **float32_tolerance(5e-6, 1e-5), name=f"{fixture} {impl}")
         print(f"fla layer parity {fixture} {impl}: max abs err {err:.2e}")
 
 
@@ -100,8 +100,8 @@ def test_packed_documents_are_isolated():
     # one program: the packed call and each document alone
     run = nnx.jit(lambda m, x, ids: (m(x, segment_ids=ids), m(x[:, :40]), m(x[:, 40:80])))
     y, alone_1, alone_2 = run(layer, x, ids)
-    assert_close(y[:, :40], alone_1, **tolerance(2e-6, 1e-5), name="document 1")
-    assert_close(y[:, 40:80], alone_2, **tolerance(2e-6, 1e-5), name="document 2")
+    assert_close(y[:, :40], alone_1, **float32_tolerance(2e-6, 1e-5), name="document 1")
+    assert_close(y[:, 40:80], alone_2, **float32_tolerance(2e-6, 1e-5), name="document 2")
     assert np.all(np.asarray(y[:, 80:]) == 0)
 
 
@@ -120,7 +120,7 @@ def test_prefill_then_decode_equals_full_forward(prefill, lower_bound):
     for t in range(prefill, 75):
         y, cache = jitted_call(layer, x[:, t : t + 1], cache=cache)
         outs.append(y)
-    err = assert_close(jnp.concatenate(outs, 1), full, **tolerance(1e-5, 1e-5))
+    err = assert_close(jnp.concatenate(outs, 1), full, **float32_tolerance(1e-5, 1e-5))
     print(f"prefill {prefill} + decode vs full forward: max abs err {err:.2e}")
     assert cache.state.shape == (2, 2, 16, 8) and cache.state.dtype == jnp.float32
 

@@ -9,12 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tolerance
 from flax import nnx
 
 from kda_lib import KDAConfig, KimiDeltaAttention
 from kda_lib.layers import cache_at
-from kda_lib.testing import assert_close, relative_l2
+from kda_lib.testing import assert_close, float32_tolerance, relative_l2
 
 # grouped value heads (HV = 2 H), conv width 4, chunks of 16
 CONFIG = KDAConfig(hidden_size=32, num_heads=2, head_dim=16, value_head_dim=8, num_v_heads=4,
@@ -43,7 +42,7 @@ def _assert_caches_close(got, want, name):
     for field, a, b in zip(got._fields, got, want, strict=True):
         assert (a is None) == (b is None), field
         if a is not None:
-            assert_close(a, b, **tolerance(1e-5, 1e-5), name=f"{name}.{field}")
+            assert_close(a, b, **float32_tolerance(1e-5, 1e-5), name=f"{name}.{field}")
 
 
 @pytest.mark.parametrize(
@@ -60,11 +59,12 @@ def test_prefill_boundary_cache_then_continue_equals_the_full_run(fused, resumed
     y, cache, boundaries = _prefill(layer, x)
     assert boundaries.state.shape == (2, T // 16, 4, 16, 8)
     assert boundaries.q_conv.shape == (2, T // 16, 3, 32)
-    assert_close(y, y_full, **tolerance(1e-5, 1e-5), name="prefill y")
+    assert_close(y, y_full, **float32_tolerance(1e-5, 1e-5), name="prefill y")
     _assert_caches_close(cache, cache_full, "prefill cache")
     start = (resumed + 1) * 16  # (each resumed length is a program of its own)
     y_rest, cache_rest = _apply(layer, x[:, start:], cache_at(boundaries, resumed))
-    assert_close(y_rest, y_full[:, start:], **tolerance(1e-5, 1e-5), name=f"resumed at {start}")
+    tol = float32_tolerance(1e-5, 1e-5)
+    assert_close(y_rest, y_full[:, start:], **tol, name=f"resumed at {start}")
     _assert_caches_close(cache_rest, cache_full, f"final cache resumed at {start}")
 
 
@@ -98,7 +98,7 @@ def test_draft_then_accept_a_prefix_equals_decoding_only_it():
     _, cache = _apply(layer, x[:, :9], layer.init_cache(2))
     y, _, token_caches = _draft(layer, x[:, 9:], cache)
     y_ref, after5 = _apply(layer, x[:, 9:], cache)
-    assert_close(y, y_ref, **tolerance(1e-5, 1e-5), name="draft y")
+    assert_close(y, y_ref, **float32_tolerance(1e-5, 1e-5), name="draft y")
     want = {0: cache, 1: _apply(layer, x[:, 9:10], cache)[1], 5: after5}
     for counts in ((0, 5), (1, 0), (5, 1)):
         kept = layer.accept_draft(cache, token_caches, jnp.asarray(counts))
@@ -180,7 +180,7 @@ def test_a_bfloat16_cache_is_read_as_its_float32_values():
     for got, want in zip(runs["bfloat16"], runs["float32"], strict=True):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             assert a.dtype == b.dtype == jnp.float32
-            assert_close(a, b, **tolerance(1e-5, 1e-5), name=type(got).__name__)
+            assert_close(a, b, **float32_tolerance(1e-5, 1e-5), name=type(got).__name__)
     # the count-0 row keeps the bfloat16 cache's values
     np.testing.assert_array_equal(runs["bfloat16"][-1].state[0], half.state[0].astype(jnp.float32))
 

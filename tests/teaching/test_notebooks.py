@@ -125,10 +125,11 @@ def test_badge_and_setup_cell_follow_the_repository_url(source):
     # the install cell comes right after the parameters cell (after the one cell that requests
     # simulated devices, which must run before jax is imported); the next cell calls setup()
     assert install[0] in (1, 2), f"{source.name}: the install cell is code cell {install[0]}"
-    assert install[0] + 1 < len(code) and notebook_setup.SETUP_CALL in code[install[0] + 1], (
+    calls_setup = notebook_setup.CALLS_SETUP.search
+    assert install[0] + 1 < len(code) and calls_setup(code[install[0] + 1]), (
         f"{source.name}: the cell after the install cell must call {notebook_setup.SETUP_CALL}"
     )
-    assert not any(notebook_setup.SETUP_CALL in c for c in code[: install[0] + 1]), source.name
+    assert not any(calls_setup(c) for c in code[: install[0] + 1]), source.name
 
 
 # a cell a reader must read is short; longer logic lives in kda_lib. 24 lines of code, so that
