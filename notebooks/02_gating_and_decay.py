@@ -260,10 +260,10 @@ gates.explore(dict(f_head=f_head, floor=-6.0),
 # ## Exercises
 #
 # 1. **How likely is a narrow head?** Section 3's half-lives span over a decade in each head but
-#    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(n, ratio, width)`, the
-#    chance that $n$ time steps drawn log-uniformly over a range `width` wide (100 for
-#    `init_dt_bias`) span less than `ratio` ($> 1$; $n = 1$, `ratio` $\ge$ `width` too). Some
-#    are below $10^{-12}$, where no simulation reaches.
+#    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(d_k, ratio, width)`, the
+#    chance that a head's $d_k$ time steps, drawn log-uniformly over a range `width` wide (100 for
+#    `init_dt_bias`), span less than `ratio` ($> 1$; $d_k = 1$, `ratio` $\ge$ `width` too). Some
+#    are below $10^{-12}$, where no sampling reaches.
 # 2. **An older occurrence.** A head's read is linear in the values, $\mathbf o_t = \sum_s
 #    \Omega_{ts} \mathbf v_s$, with $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
 #    \mathbf k_s$ and $M_{t'} = (I - \beta_{t'} \mathbf k_{t'} \mathbf k_{t'}^\top) D_{t'}$
@@ -272,21 +272,21 @@ gates.explore(dict(f_head=f_head, floor=-6.0),
 #    \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, since $\mathbf k^\top (I -
 #    \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf k^\top$. Now it is written at $s$, again
 #    at $s'$ ($s < s' < t$) and at $t$, the tokens in between not writing. The weight on the
-#    **older** one is $\Omega_{ts} = c_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + c_2\,
+#    **older** one is $\Omega_{ts} = \psi_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + \psi_2\,
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
-#    k)$: derive the coefficients, `older_weight(beta) -> (c1, c2)`, right for $\beta$ below
-#    $10^{-14}$ too, where $c_2$'s term is below float64's rounding of a weight computed from
-#    matrices (no fit finds it). Is it $\beta(1-\beta)^2$ times the decay, as with one decay for
-#    all channels?
+#    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, right for $\beta$ below
+#    $10^{-14}$ too, where $\psi_2$'s term is below float64's rounding of a weight computed from
+#    matrices (no float64 fit finds it). Is it $\beta(1-\beta)^2$ times the decay, as with one
+#    decay for all channels?
 #
 # NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
-answer = None  # exercise 1: a function spread_below(n, ratio, width) -> a probability
+answer = None  # exercise 1: a function spread_below(d_k, ratio, width) -> a probability
 exercises.check("02.1", answer)
 
 # %%
-answer = None  # exercise 2: a function older_weight(beta) -> (c1, c2)
+answer = None  # exercise 2: a function older_weight(beta) -> (psi1, psi2)
 exercises.check("02.2", answer)
 
 # %% [markdown]

@@ -315,7 +315,7 @@ def _shortcut_07_2_matrix_inverse():
 
 
 def test_01_a_float32_limit_gets_a_float64_hint():
-    """Beta = 1e-9 is below float32's resolution: f_inf = beta / (1 - r) in float32 is inf there,
+    """Beta = 1e-9 is below float32's resolution: zeta_inf = beta / (1 - lam) in float32 is inf,
     and the hint says why (not only "NaN or inf")."""
     import jax.numpy as jnp
 
