@@ -239,7 +239,10 @@ viz.show(gates.plot_half_lives(
 # `kda_lib.teaching.gates.explore` redraws, for one head with one shared $a$, $b$ and $g_{\min}$
 # (the raw input $\mathbf f$ random, so the channels still differ), what the head keeps of each
 # channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), longest memory on top:
-# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. What a head
+# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. Its title
+# gives the half-life at $\mathbf f = 0$ and the measured one, the median over the channels of
+# the first token at which a channel keeps half or less: shorter at the default, where the gate
+# is convex in $\mathbf f$ and random inputs raise the mean decay (Jensen; the notes). What a head
 # then does with what it keeps, a $T \times T$ mixing of the values set by these decays, is
 # pictured and derived in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02).
 
