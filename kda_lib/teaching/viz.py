@@ -206,8 +206,10 @@ def time_vs_length(
 def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
     every_t = sorted({t for ts, _ in series.values() for t in ts})
     few = len(every_t) < 3  # two lengths carry no slope: points only, no guides to read it by
-    for name, (ts, ms) in series.items():
-        ax.loglog(ts, ms, "o" if few else "o-", color=colours[name], label=name, markersize=4)
+    for i, (name, (ts, ms)) in enumerate(series.items()):  # hollow markers, each a shape and
+        marker = "osD^v"[i % 5]  # size of its own, so that equal times show every series
+        ax.loglog(ts, ms, marker if few else marker + "-", color=colours[name], label=name,
+                  markersize=max(10 - 2 * i, 4), markerfacecolor="none", markeredgewidth=1.5)
     if every_t and not few:
         t_ref = np.array([every_t[0], every_t[-1]], float)
         base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
