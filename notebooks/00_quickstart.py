@@ -244,8 +244,11 @@ viz.show(fig, "00_quickstart_precision")
 # of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
 # Both hand your function `read`, which returns $S^\top \mathbf x$ for one vector $\mathbf x \in
-# \mathbb R^{d_k}$ of a state $S$ (one head, $d_k \times d_v$) it hides, and allow **one** read:
-# the state cannot be rebuilt, so section 1's step cannot be run. NumPy or `jnp`, no `kda_lib`.
+# \mathbb R^{d_k}$ of a state $S$ (one head, $d_k \times d_v$) it hides, and allow **one** read,
+# so the state cannot be read back. The checker cannot tell how you found the vector to read:
+# section 1's step, written in NumPy, can be run on states you make up (the output is affine in
+# $S$, so probing it, or `jax.grad` of your own recurrence, finds the vector). The exercise is to
+# derive it, by transposing the step. NumPy or `jnp`, no `kda_lib`.
 #
 # 1. **One token, one read.** Write `output_after_one(read, q, k, v, g, beta)`: the output
 #    $\mathbf o_t = S_t^\top \mathbf q / \sqrt{d_k}$ after section 1's step on the hidden $S =

@@ -418,24 +418,24 @@ display(Markdown(
 # ## Exercises
 #
 # Derive a closed form for each (NumPy or `jnp`, no `kda_lib`): the checker draws parameters at
-# every call, last where a simulated or measured answer is rounding noise. Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# every call, last where a float64 simulation or fit gives rounding noise. Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
-# 1. **Partial writes with a forget gate.** Into an empty memory, again and again: decay the
-#    state by $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf
-#    v)$ with strength $\beta \in (0, 1]$. The recalled fraction of $\mathbf v$ tends to $f_\infty$;
-#    by what factor $r$ does a write shrink the gap to it? `write_map(beta, alpha) -> (r, f_inf)`,
-#    right at $\alpha = 1$, $\beta = 1$ and $\beta, 1 - \alpha \approx 10^{-14}$ ($1 - r$ formed
-#    from $r$ keeps 2 digits there: simplify it). Does the memory hold $\mathbf v$ if $\alpha < 1$?
+# 1. **Partial writes with a forget gate.** Into an empty memory, repeatedly: decay the state by
+#    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
+#    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
+#    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
+#    hold $\mathbf v$ if $\alpha < 1$? `write_map(beta, alpha) -> (lam, zeta_inf)`, right at $\alpha
+#    = 1$, $\beta = 1$, $\beta, 1 - \alpha \approx 10^{-14}$ (simplify $1 - \lambda$ by hand there).
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance
-#    formula): `sweep_error(mu, v1, v2, n) -> e`, pair 1's error after $n$ sweeps, right at $n =
+#    formula): `sweep_error(mu, v1, v2, m) -> e`, pair 1's error after $m$ sweeps, right at $m =
 #    0$, $\mu = 0$, $\pm 1$, and $\lvert\mu\rvert < 10^{-6}$ (below float64's rounding in 2 sweeps).
 
 # %%
-answer = None  # exercise 1: a function write_map(beta, alpha) -> (r, f_inf)
+answer = None  # exercise 1: a function write_map(beta, alpha) -> (lam, zeta_inf)
 exercises.check("01.1", answer)
-answer = None  # exercise 2: a function sweep_error(mu, v1, v2, n) -> e [V]
+answer = None  # exercise 2: a function sweep_error(mu, v1, v2, m) -> e [V]
 exercises.check("01.2", answer)
 
 # %% [markdown]

@@ -74,7 +74,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 from IPython.display import Markdown, display
@@ -321,17 +320,12 @@ assert grows["no sigmoid on beta"].min() > 0.25, "a raw beta leaves [0, 2] at ma
 assert grows["no L2 norm on k"].max() < 0.1, "at initialisation the raw keys are short"
 
 # %% tags=["hide-input"]
-fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), sharey=True)
-for ax, w in zip(axes, runs[0], strict=True):
-    ax.plot(np.arange(1, seq_len + 1), np.array([r[w][0] / r[w][2] for r in runs]).T, lw=0.8)
-    ax.axhline(1, color="black", ls="--", lw=1)
-    ax.set(title=w, xlabel="token t (tokens)")
-axes[0].set(ylabel=r"$\|S_t\|_F$ / write bound")
-fig.suptitle(f"Every head ({len(runs)}): state / write bound (above 1 only after an expansion)")
-viz.show(fig, "04_ablation_state_norm")
+viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
 # %% [markdown]
-# Without its sigmoid, $\beta$ leaves $[0, 2]$ and about half the transitions expand; the states
+# Top, $\lVert M_t\rVert_2$ at every token of every head; below, the built layer's state norm
+# and each other way's over it. Without its sigmoid, $\beta$ leaves $[0, 2]$ and about half the
+# transitions expand, and the states outgrow the built layer's (the factors printed above); they
 # stay under their (loose) write bounds, so how much of the growth the writes make and how much
 # the expansions is not separated here. Without the L2 norm few expand at initialisation. The
 # parts buy a guarantee, $\lVert M_t\rVert_2 \le 1$ for any weights; with 3x inputs the largest
@@ -391,7 +385,7 @@ print(f"RMS of o per head and token: {rms_o.min():.2e} .. {rms_o.max():.2e}; aft
       f"RMSNorm, where the mean square exceeds 100 eps ({above_eps.mean():.0%} of them): "
       f"{rms_normed[above_eps].min():.4f} .. {rms_normed[above_eps].max():.4f}")
 print(f"below 100 eps: {rms_normed[~above_eps].min():.2e} .. {rms_normed[~above_eps].max():.2f}"
-      " (by construction: eta = 1 at initialisation, the gate sigmoid(z) in (0, 1))")
+      " (eta = 1 at initialisation, so below 1 where eps dominates; the gate divided out)")
 assert rms_o.max() / rms_o.min() > 2 and above_eps.any()
 assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 

@@ -139,7 +139,9 @@ def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
 def view(f_head, *, a_log=0.0, dt_bias_value=-6.0, bound=-5.0, gate="safe", floor=-6.0) -> None:
     """Show what one head keeps of each channel over the tokens: ``f_head [1, T, 1, K]``, the
     raw gate input; ``gate``: ``"safe"`` (floor ``bound``) or ``"softplus"``; one ``A_log``
-    and one ``dt_bias`` for every channel (``f`` still varies by channel and token)."""
+    and one ``dt_bias`` for every channel (``f`` still varies by channel and token). The title:
+    the half-life at ``f = 0`` and the measured one, the median over the channels of the first
+    token at which a channel keeps 1/2 or less (shorter where the gate is convex in ``f``)."""
     key_dim = f_head.shape[-1]
     g = kda_gate(
         f_head,
@@ -150,9 +152,15 @@ def view(f_head, *, a_log=0.0, dt_bias_value=-6.0, bound=-5.0, gate="safe", floo
     g = np.asarray(g, np.float64)
     assert np.isfinite(g).all()
     life = np.log(2.0) / np.maximum(-np.median(g, axis=0), 1e-30)  # tokens, per channel
+    g_zero = float(kda_gate(jnp.zeros((1, 1, 1, 1)), jnp.array([a_log], jnp.float32), jnp.array(
+        [dt_bias_value], jnp.float32), lower_bound=bound if gate == "safe" else None)[0, 0, 0, 0])
+    halved = np.cumsum(g, axis=0) <= -np.log(2.0)  # [T, K]: the channel keeps 1/2 or less
+    first = np.where(halved.any(axis=0), halved.argmax(axis=0) + 1.0, np.inf)  # tokens
+    measured = np.median(first)
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
-    title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}; median half-life "
-             f"{np.median(life):.3g} tokens")
+    title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}\nhalf-life at $f = 0$: "
+             f"{np.log(2.0) / max(-g_zero, 1e-30):.3g} tokens; measured: median " + (
+                 f"{measured:.0f}" if np.isfinite(measured) else f"over {len(g)}") + " tokens")
     viz.show(plot_cumulative_decay([(title, g, life)], floor=floor, title=""), "02_gate_explorer")
 
 

@@ -10,6 +10,8 @@
   (:func:`kda_lib.lab.records.load_benchmark_runs`) in separate panels.
 * :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
   receives and the state summaries the ranks exchange.
+* :func:`ablation_norms` draws notebook 04's ablation: every transition's ``||M_t||_2`` and
+  each state's norm against the built layer's, per way of building the layer.
 """
 
 from __future__ import annotations
@@ -204,8 +206,10 @@ def time_vs_length(
 def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
     every_t = sorted({t for ts, _ in series.values() for t in ts})
     few = len(every_t) < 3  # two lengths carry no slope: points only, no guides to read it by
-    for name, (ts, ms) in series.items():
-        ax.loglog(ts, ms, "o" if few else "o-", color=colours[name], label=name, markersize=4)
+    for i, (name, (ts, ms)) in enumerate(series.items()):  # hollow markers, each a shape and
+        marker = "osD^v"[i % 5]  # size of its own, so that equal times show every series
+        ax.loglog(ts, ms, marker if few else marker + "-", color=colours[name], label=name,
+                  markersize=max(10 - 2 * i, 4), markerfacecolor="none", markeredgewidth=1.5)
     if every_t and not few:
         t_ref = np.array([every_t[0], every_t[-1]], float)
         base = 0.5 * min(min(ms) for _, ms in series.values())  # guides below the data
@@ -437,3 +441,33 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
     ax.text(x - 0.5, 1.25, f"$S_{{[{i}]}}$", ha="center", fontsize=9)
 
+
+def ablation_norms(runs: list[dict]) -> plt.Figure:
+    """Notebook 04's ablation, one column per way (the keys of each ``runs`` entry, the first
+    ``"as built"``), every head a series: on top ``||M_t||_2`` at every token (above 1: the
+    transition expands the state), below ``||S_t||_F`` for the built layer and, for each other
+    way, its ratio to that. ``runs``: ``{way: (||S_t||_F [T], ||M_t||_2 [T], write bound [T])}``
+    per head."""
+    ways = list(runs[0])
+    fig, axes = plt.subplots(2, len(ways), figsize=(11, 5.8), sharex=True)
+    t = np.arange(1, len(runs[0][ways[0]][0]) + 1)
+    norms = {w: np.array([r[w][1] for r in runs]) for w in ways}  # [heads, T] each
+    built = np.array([r[ways[0]][0] for r in runs])
+    ratios = {w: np.array([r[w][0] for r in runs]) / built for w in ways[1:]}
+    span = (min(map(np.min, ratios.values())) / 1.2, max(map(np.max, ratios.values())) * 1.2)
+    for col, way in enumerate(ways):
+        top, bottom = axes[0, col], axes[1, col]
+        for row in norms[way]:
+            top.plot(t, row, ".", ms=3, alpha=0.6)
+        top.axhline(1, color="black", ls="--", lw=1)
+        top.set(title=f"{way}\n{np.mean(norms[way] > 1 + 1e-6):.0%} of all $M_t$ expand",
+                ylim=(0, 1.05 * max(max(map(np.max, norms.values())), 1.2)))
+        bottom.plot(t, (built if col == 0 else ratios[way]).T, lw=0.8)
+        bottom.set(xlabel="token t", yscale="log")
+        if col:
+            bottom.axhline(1, color="black", ls="--", lw=1)
+            bottom.set(ylim=span, ylabel=r"$\|S_t\|_F$ / as built's" if col == 1 else "")
+    axes[0, 0].set(ylabel=r"$\|M_t\|_2$ (above 1: expands)")
+    axes[1, 0].set(ylabel=r"$\|S_t\|_F$ as built")
+    fig.suptitle(f"Every head ({len(runs)}): the transitions (top), the state (bottom)")
+    return fig

@@ -8,6 +8,7 @@ A solutions module defines ``cases()``: a list of ``(exercise_id, answer, contex
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import pathlib
 
@@ -314,7 +315,7 @@ def _shortcut_07_2_matrix_inverse():
 
 
 def test_01_a_float32_limit_gets_a_float64_hint():
-    """Beta = 1e-9 is below float32's resolution: f_inf = beta / (1 - r) in float32 is inf there,
+    """Beta = 1e-9 is below float32's resolution: zeta_inf = beta / (1 - lam) in float32 is inf,
     and the hint says why (not only "NaN or inf")."""
     import jax.numpy as jnp
 
@@ -324,6 +325,16 @@ def test_01_a_float32_limit_gets_a_float64_hint():
 
     hint = exercises.verdict("01.1", write_map_jnp)
     assert hint and "float64" in hint and "float32" in hint, hint
+
+
+@pytest.mark.parametrize("xp", ["numpy", "jax.numpy"])
+def test_a_pair_returned_as_one_array_is_accepted(xp):
+    """01.1's (lam, zeta_inf) and 02.2's (psi1, psi2), right, as one 2-element NumPy or jnp array
+    (teacher s3, D8: refused with "return the pair"); 3 elements are still refused."""
+    array = importlib.import_module(xp).array
+    assert exercises.verdict("01.1", lambda b, a: array([a * (1 - b), b / (1 - a + a * b)])) is None
+    assert exercises.verdict("02.2", lambda b: array([b * (1 - b), -b * b * (1 - b)])) is None
+    assert exercises.verdict("02.2", lambda b: array([b * (1 - b), -b * b * (1 - b), 0.0]))
 
 
 def _shortcut_06_2_printed_positions():  # section 2's contiguous reach, dilations ignored

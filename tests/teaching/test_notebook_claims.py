@@ -391,6 +391,20 @@ def test_01_relative_error_above_one_iff_norm_exceeds_twice_the_projection():
     assert np.isclose(np.sum((3 * v - v) ** 2) / np.sum(v**2), 4.0)  # r = 3v points at v
 
 
+@pytest.mark.parametrize("key_dim", [32, 64])
+def test_02_section_1_asserts_hold_at_allowed_parameters(key_dim):
+    """02 section 1's cell, run as written at 40 seeds (teacher s3, D3: its old `err_s <= err_0`
+    failed at seed 3, key_dim 32): the switch gate's error within 1% of B alone's, A gone."""
+    from kda_lib.testing import relative_l2
+
+    source = (NOTEBOOK_DIR / "02_gating_and_decay.py").read_text()
+    cell = next(c for c in source.split("# %%") if c.lstrip().startswith("rng, n, runs"))
+    for seed in range(40):
+        space = dict(np=np, relative_l2=relative_l2, seed=seed, key_dim=key_dim, print=len)
+        exec(compile(cell, "02 section 1", "exec"), space)  # noqa: S102 - the notebook's cell
+        assert abs(space["err_s"] / space["err_alone"] - 1) < 1e-3, seed  # 10x inside the assert
+
+
 def test_02_delta_rule_steady_state():
     """E|S|_F^2 -> beta d_k d_v / (2 - beta) for unit keys and unit-variance values."""
     import numpy as np

@@ -371,7 +371,7 @@ def _rule_breakers():
         r = (f3 - f2) / (f2 - f1) if f2 != f1 else 0.0
         return r, f1 / (1 - r)
 
-    def limit_from_r(beta, alpha):  # 01.1: r derived, f_inf = beta / (1 - r) left unsimplified
+    def limit_from_r(beta, alpha):  # 01.1: lam derived, zeta_inf = beta / (1 - lam) unsimplified
         r = alpha * (1 - beta)
         return r, beta / (1 - r)
 
@@ -561,7 +561,7 @@ def _page_echoes_02_03():
     def rebuilt_two_channel(beta):  # 02.2 (review 2026-12-06, #5): the product formula on a
         k, rows, weights = np.ones(2) / np.sqrt(2), [], []  # 2-channel key and diagonal decays
         step = np.eye(2) - beta * np.outer(k, k)  # matching (kk_ts, kk_tsp, kk_sps), solved
-        for x, a, b in ((0.5, 0.6, 0.7), (0.2, 0.5, 0.3)):  # for (c1, c2) on two of them
+        for x, a, b in ((0.5, 0.6, 0.7), (0.2, 0.5, 0.3)):  # for (psi1, psi2) on two
             d, sign = np.sqrt(abs(x - a * b)), np.sign(x - a * b)
             A, B = np.diag([a + d, a - d]), np.diag([b + sign * d, b - sign * d])
             weights.append(beta * k @ step @ A @ step @ B @ k)

@@ -86,9 +86,10 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
 
 
 def parts(got, what: str, *refuse: dict) -> str | None:
-    """A hint unless ``got`` is a tuple or list of one part per ``refuse`` (``what`` names them),
-    each passing :func:`refuse_degenerate` with its ``refuse``."""
-    if not (isinstance(got, (tuple, list)) and len(got) == len(refuse)):
+    """A hint unless ``got`` is a tuple, list or 1-D array of one part per ``refuse`` (``what``
+    names them), each passing :func:`refuse_degenerate` with its ``refuse``."""
+    vector = isinstance(getattr(got, "shape", None), tuple) and len(got.shape) == 1
+    if not ((isinstance(got, (tuple, list)) or vector) and len(got) == len(refuse)):
         return f"return {what}"
     hints = (refuse_degenerate(g, **r) for g, r in zip(got, refuse, strict=True))
     return next(filter(None, hints), None)

@@ -1,6 +1,6 @@
 """Checkers of notebook 00's exercises: section 1's output, from a memory read once. The answer
 gets ``read`` (``read(x) = S^T x`` for one vector of a state it hides, drawn at each call); a
-second read is refused, so neither the state nor the page's step can be rebuilt."""
+second read is refused, so the state cannot be read back (made-up states can still be probed)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checkers of notebook 02's exercises: 02.1 a probability at drawn parameters, some below
-1e-12 where no simulation reaches; 02.2 two coefficients as functions of beta, one below 1e-14
-where no fit finds them. Float32 answers pass (relative 1e-5), as a number or 1-element array."""
+1e-12 where no sampling reaches; 02.2 two coefficients as functions of beta, one below 1e-14
+where no float64 fit finds them. Float32 answers pass (relative 1e-5), as numbers or arrays."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _spread(n, ratio, width, how="right") -> float:
 
 
 def _spreads(rng):
-    """(n, ratio, width): the page's (32 channels, a decade of two), two drawn, one drawn with a
-    chance between 1e-30 and 1e-12 (float32 holds it, no simulation reaches it), n = 1 and a
+    """(d_k, ratio, width): the page's (32 channels, a decade of two), two drawn, one drawn with
+    a chance between 1e-30 and 1e-12 (float32 holds it, no sampling reaches it), d_k = 1 and a
     ratio past the range (both 1)."""
     width = float(rng.choice([10.0, 100.0, 1000.0]))
 
@@ -45,7 +45,7 @@ def _spreads(rng):
 
 
 _SPREAD_HINTS = {
-    "one window": "that is the chance all n draws fall in one fixed window of that width; the "
+    "one window": "that is the chance all d_k draws fall in one fixed window of that width; the "
                   "window may sit anywhere: condition on the lowest draw",
     "from the lowest": "a window that starts at the lowest draw can stick out of the range's top: "
                        "the lowest draw's density changes there",}
@@ -53,17 +53,17 @@ _SPREAD_HINTS = {
 
 @ex.checker("02.1")
 def spread_below(answer, rng):
-    """``answer(n, ratio, width) -> p``: the probability that ``n`` time steps drawn
+    """``answer(d_k, ratio, width) -> p``: the probability that a head's ``d_k`` time steps drawn
     log-uniformly over a range ``width`` wide (largest over smallest: 100 for init_dt_bias)
     span less than ``ratio`` (largest half-life over smallest), ``ratio > 1``."""
     for n, ratio, width in _spreads(rng):
-        where = f"at n = {n}, ratio = {ratio}, width = {width}"
-        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(n, ratio, width)")
+        where = f"at d_k = {n}, ratio = {ratio}, width = {width}"
+        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(d_k, ratio, width)")
         got = got if hint else _scalar(got)
         want = _spread(n, ratio, width)
         if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
             return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
-                    "cannot see such draws; derive the distribution of the span")
+                    "(sampling) cannot see such draws; derive the distribution of the span")
         hint = hint or ex.refuse_degenerate(got, shape=(), what="the probability")
         if hint:
             return hint
@@ -76,35 +76,35 @@ def spread_below(answer, rng):
                     "can span more than the whole range"))
         slip = next((text for how, text in _SPREAD_HINTS.items()
                      if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
-        return (f"wrong {where}: " + (slip or "measure spans in log(tau), where the draws are "
-                "uniform; what is the chance the span of n uniform draws is below rho?"))
+        return (f"wrong {where}: " + (slip or "in log(tau) the draws are uniform; rescaled to "
+                "[0, 1], what is the chance d_k of them span under ln(ratio) / ln(width)?"))
 
 
 @ex.checker("02.2")
 def older_weight(answer, rng):
-    """``answer(beta) -> (c1, c2)``, ``Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps`` (the older of three
-    writes of one unit key): four betas drawn, last one below 1e-14, where c2's term is below
-    float64's rounding of a computed weight (a fit of computed weights finds noise)."""
+    """``answer(beta) -> (psi1, psi2)``, ``Omega_ts = psi1 kk_ts + psi2 kk_tsp kk_sps`` (the older
+    of three writes of one unit key): four betas drawn, last one below 1e-14, where psi2's term is
+    below float64's rounding of a computed weight (a float64 fit of such weights finds noise)."""
     for beta in [*(round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)),
                  float(f"{rng.uniform(1.0, 5.0):.3f}e-15")]:
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
         got = [*map(_scalar, got)] if isinstance(got, (tuple, list)) else got
-        hint = hint or ex.parts(got, "the pair (c1, c2): Omega_ts = c1 kk_ts + c2 kk_tsp kk_sps",
-                                *(dict(shape=(), what=w, allow_zeros=True) for w in ("c1", "c2")))
+        hint = hint or ex.parts(got, "the pair (psi1, psi2): Omega_ts = psi1 kk_ts + psi2 "
+            "kk_tsp kk_sps", *(dict(shape=(), what=w, allow_zeros=True) for w in ("psi1", "psi2")))
         if hint:
             return hint
-        c1, c2 = (float(x) for x in got)
-        right_c1 = ex.close(c1, beta * (1 - beta), 1e-5)
-        if right_c1 and ex.close(c2, -beta**2 * (1 - beta), 1e-5):
+        psi1, psi2 = (float(x) for x in got)
+        right_psi1 = ex.close(psi1, beta * (1 - beta), 1e-5)
+        if right_psi1 and ex.close(psi2, -beta**2 * (1 - beta), 1e-5):
             continue
-        text = ("c2's term is far below float64's rounding of a weight computed from the "
-                "matrices (I - beta k k^T) here, so a fitted or measured c2 is noise: derive it "
+        text = ("psi2's term is far below float64's rounding of a weight computed from the "
+                "matrices (I - beta k k^T) here, so a float64 fit of psi2 gives noise: derive it "
                 "as a formula in beta" if beta < 1e-6 else
                 "beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
                 "middle write removes beta (k^T B k) k, the decayed memory's projection on k"
-                if ex.close(c1, beta * (1 - beta) ** 2, 1e-5) and abs(c2) < 1e-12 else
-                "c1 is right; c2 is the middle write's share: what does k^T (I - beta k k^T) "
-                "leave of k^T, and what remains of the decays around it?" if right_c1 else
+                if ex.close(psi1, beta * (1 - beta) ** 2, 1e-5) and abs(psi2) < 1e-12 else
+                "psi1 is right; psi2 is the middle write's share: what does k^T (I - beta k k^T) "
+                "leave of k^T, and what remains of the decays around it?" if right_psi1 else
                 "follow k from t back to s through the steps (I - beta k k^T) D: which factors "
                 "does each write and each decay contribute?")
         return f"wrong at beta = {beta}: {text}"
