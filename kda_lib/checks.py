@@ -155,44 +155,12 @@ def check_allocation(name: str, value, what: str, nbytes: int, *, limit=None) ->
         raise ValueError(f"{name}={value if isinstance(value, str) else repr(value)}: {problem}")
 
 
-def check_call(layer, x, segment_ids, cache):
-    """A mixer's entry checks: ``x`` floating ``[B, T, hidden_size]`` (B, T >= 1), ``cache``
-    (:func:`check_cache`), ``segment_ids [B, T]`` ints (0 = padding), not with a cache.
-    Returns ``(canonical ids, the most segments in one row)`` or ``(None, None)``."""
-    check_array("x", x, floating=True)
-    hidden = layer.config.hidden_size
-    if x.ndim != 3 or x.shape[-1] != hidden:
-        raise ValueError(f"x must have shape [B, T, hidden_size={hidden}], got {x.shape}")
-    batch, seq_len, _ = x.shape
-    if batch < 1 or seq_len < 1:
-        empty = " and ".join(n for n, d in (("B", batch), ("T", seq_len)) if d < 1)
-        raise ValueError(f"x [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
+def check_activation(name: str, x, hidden_size: int) -> None:
+    """``x`` a floating ``[B, T, hidden_size]`` array with B, T >= 1 (a mixer's input)."""
+    check_array(name, x, floating=True)
+    if x.ndim != 3 or x.shape[-1] != hidden_size:
+        raise ValueError(f"{name} must have shape [B, T, hidden_size={hidden_size}], got {x.shape}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        empty = " and ".join(n for n, d in (("B", x.shape[0]), ("T", x.shape[1])) if d < 1)
+        raise ValueError(f"{name} [B, T, hidden] is empty: {empty} = 0 (shape {x.shape}); the "
                          "layer needs at least one row and one token")  # fmt: skip
-    if cache is not None and hasattr(layer, "cache_type"):
-        check_cache(cache, layer, batch)
-    if segment_ids is None:
-        return None, None
-    if cache is not None:
-        raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
-    from kda_lib.ops.contract import check_segment_ids  # kda_lib.ops imports this module
-    from kda_lib.ops.segments import canonical_segment_ids
-
-    count = check_segment_ids(segment_ids, batch, seq_len)  # the call's one host read
-    return canonical_segment_ids(segment_ids), count
-
-
-def check_cache(cache, layer, batch: int) -> None:
-    """``cache`` a ``layer.cache_type`` of floating arrays shaped ``layer._cache_shapes``."""
-    kind, cls = layer.cache_kind, layer.cache_type
-    build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
-    if not isinstance(cache, cls):
-        raise ValueError(f"cache must be {kind}, got {type(cache).__name__}; {build}")
-    first = tuple(getattr(cache[0], "shape", ()))
-    for name, shape in layer._cache_shapes(batch, first[1] if len(first) > 1 else 0).items():
-        got = getattr(cache, name)
-        if got is not None:
-            check_array(f"cache.{name}", got, floating=True)
-            got = tuple(got.shape)
-        if got != shape:
-            raise ValueError(f"cache.{name} has shape {got}, expected {shape} for batch size "
-                             f"{batch}; {build}")  # fmt: skip

@@ -17,12 +17,12 @@ import jax
 import numpy as np
 
 
-def inverse_flops(C: int, base: int = 2) -> int:
+def inverse_flops(C: int, base: int = 16) -> int:
     """Flops of :func:`kda_lib.ops.chunked.unit_lower_inverse` on one ``C x C`` matrix.
 
-    Diagonal blocks of ``b = min(base, C)`` (2: inverted without products; larger: ``log2(b) -
-    1`` Neumann steps of two ``b x b`` products each); then merges of ``m x m`` blocks (m = b,
-    2b, ..., C/2), ``C / 2m`` of them, each ``X2 L21 X1``: two ``m x m`` products.
+    Diagonal blocks of ``b = min(base, C)``: ``log2(b) - 1`` Neumann steps of two ``b x b``
+    products each; then merges of ``m x m`` blocks (m = b, 2b, ..., C/2), ``C / 2m`` of them,
+    each ``X2 L21 X1``: two ``m x m`` products.
     """
     b = min(base, C)
     flops = (C // b) * (int(math.log2(b)) - 1) * 2 * (2 * b**3)

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib import checks
-from kda_lib.checks import check_allocation, check_call, check_int
+from kda_lib.checks import check_activation, check_allocation, check_array, check_int
 from kda_lib.layers.conv import ShortConvolution, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
+from kda_lib.ops.contract import check_segment_ids
+from kda_lib.ops.segments import canonical_segment_ids
 
 _FIELD_CHECKS = {  # kind -> check(name, value), returning the value stored
     "int": lambda name, value: checks.check_positive_int(name, value, 1),
@@ -146,6 +148,44 @@ class CausalSelfAttention(nnx.Module):
 
 
 # ------------------------------------------------------------------ shared by the mixers
+def check_call(layer, x, segment_ids, cache):
+    """A mixer's entry checks: ``x`` (:func:`kda_lib.checks.check_activation`), then
+    :func:`check_cache_and_ids`. Returns ``(canonical ids, the most segments in one row)`` or
+    ``(None, None)``."""
+    check_activation("x", x, layer.config.hidden_size)
+    return check_cache_and_ids(layer, x.shape[0], x.shape[1], segment_ids, cache)
+
+
+def check_cache_and_ids(layer, batch: int, seq_len: int, segment_ids, cache):
+    """``cache`` (:func:`check_cache`), ``segment_ids [B, T]`` ints (0 = padding), not with a
+    cache: :func:`check_call`'s return."""
+    if cache is not None and hasattr(layer, "cache_type"):
+        check_cache(cache, layer, batch)
+    if segment_ids is None:
+        return None, None
+    if cache is not None:
+        raise ValueError("segment_ids cannot be combined with a cache: decode one document per row")
+    count = check_segment_ids(segment_ids, batch, seq_len)  # the call's one host read
+    return canonical_segment_ids(segment_ids), count
+
+
+def check_cache(cache, layer, batch: int) -> None:
+    """``cache`` a ``layer.cache_type`` of floating arrays shaped ``layer._cache_shapes``."""
+    kind, cls = layer.cache_kind, layer.cache_type
+    build = f"build it with init_cache({batch}) (or pass on the cache a call returned)"
+    if not isinstance(cache, cls):
+        raise ValueError(f"cache must be {kind}, got {type(cache).__name__}; {build}")
+    first = tuple(getattr(cache[0], "shape", ()))
+    for name, shape in layer._cache_shapes(batch, first[1] if len(first) > 1 else 0).items():
+        got = getattr(cache, name)
+        if got is not None:
+            check_array(f"cache.{name}", got, floating=True)
+            got = tuple(got.shape)
+        if got != shape:
+            raise ValueError(f"cache.{name} has shape {got}, expected {shape} for batch size "
+                             f"{batch}; {build}")  # fmt: skip
+
+
 def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
     """A ``layer.cache_type`` of zeros for ``batch_size`` rows, ``max_len`` tokens (past memory:
     refused); ``state`` float32, else the layer's dtype."""

@@ -28,8 +28,15 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from kda_lib import checks
-from kda_lib.checks import check_cache, check_call, is_concrete, is_int
-from kda_lib.layers.attention import Widths, check_fields, empty_cache, mix_convs
+from kda_lib.checks import check_activation, is_concrete, is_int
+from kda_lib.layers.attention import (
+    Widths,
+    check_cache,
+    check_cache_and_ids,
+    check_fields,
+    empty_cache,
+    mix_convs,
+)
 from kda_lib.layers.checkpoints import load_state_dict
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param
@@ -378,12 +385,15 @@ class KimiDeltaAttention(nnx.Module):
 
     # ----------------------------------------------------------------- checks
     def _check_inputs(self, x, segment_ids, cache, serving=False):
-        """:func:`check_call` and the layer's own checks, on shapes, dtypes and the ids only (x's
+        """A mixer's entry checks (``check_call``'s: ``x`` by :func:`check_activation`, then the
+        cache and ids where given) and the layer's own, on shapes, dtypes and the ids only (x's
         values are never read here): ``(ids, segments per row)`` or None."""
         if self.mesh is not None and (cache is not None or serving):
             raise ValueError("a layer built with a mesh (context parallel) does not decode, "
                              "prefill or draft; build one without a mesh for these")  # fmt: skip
-        ids, count = check_call(self, x, segment_ids, cache)
+        check_activation("x", x, self.config.hidden_size)
+        ids, count = (None, None) if cache is None and segment_ids is None else (
+            check_cache_and_ids(self, x.shape[0], x.shape[1], segment_ids, cache))  # fmt: skip
         cfg = self.config
         if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
             ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_call, check_int
-from kda_lib.layers.attention import Widths, check_fields, mix_convs
+from kda_lib.checks import check_int
+from kda_lib.layers.attention import Widths, check_call, check_fields, mix_convs
 from kda_lib.layers.conv import ShortConvolution
 from kda_lib.layers.kda_layer import WIDTH_FIELDS, KDACache, KDAConfig, KimiDeltaAttention
 from kda_lib.layers.params import NO_DECAY, check_parameters_fit, no_decay_param

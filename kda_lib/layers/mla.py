@@ -21,13 +21,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kda_lib.checks import check_call
 from kda_lib.layers.attention import (
     AttentionCache,
     CausalSelfAttention,
     Widths,
     attend,
     attention_mask,
+    check_call,
     check_fields,
     write_rows,
 )

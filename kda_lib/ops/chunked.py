@@ -23,6 +23,7 @@ Decay ratios are products of ``exp(g) <= 1`` over exactly their own range, never
 from __future__ import annotations
 
 import functools
+import math
 from collections import namedtuple
 from typing import Literal
 
@@ -221,15 +222,14 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
 @jax.custom_vjp
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C a power of two, by
-    matmuls only: the 2 x 2 diagonal blocks ``[[1, 0], [x, 1]]^-1 = [[1, 0], [-x, 1]]``, merged
-    pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L X1^-1, X2^-1]]``): products of
-    inverses and of ``a``'s entries, no Neumann series (whose terms grow far above the result
-    where keys share a direction). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
+    matmuls only: diagonal blocks of ``min(C, 16)`` by the Neumann product ``(I - X)(I +
+    X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
+    X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
     if a.ndim < 2 or a.shape[-2] != size or size < 1 or size & (size - 1):
         raise ValueError(f"unit_lower_inverse needs a [..., C, C] with C a power of two, got shape "
                          f"{a.shape}")  # fmt: skip
-    block = min(2, size)
+    block = min(16, size)
     a = a.reshape(-1, size, size)  # one flat batch dimension and slices (DESIGN section 6)
 
     def blocks(rows, cols, width):  # [N, count, width, width] from block offsets
@@ -237,7 +237,11 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
         return jnp.stack([a[:, r : r + width, c : c + width] for r, c in pairs], axis=1)
 
     starts = list(range(0, size, block))
-    inv = jnp.eye(block, dtype=a.dtype) - blocks(starts, starts, block)
+    x, eye = blocks(starts, starts, block), jnp.eye(block, dtype=a.dtype)
+    inv, power = eye - x, x
+    for _ in range(int(math.log2(block)) - 1):
+        power = _mm("...ij,...jk->...ik", power, power)
+        inv = _mm("...ij,...jk->...ik", inv, eye + power)
     m = block
     while m < size:
         pairs = size // (2 * m)

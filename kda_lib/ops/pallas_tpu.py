@@ -36,7 +36,7 @@ MIN_CHUNK = 16  # the smallest chunk_size served: a bfloat16 (16, 128) tile (tes
 BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
 # bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products
-# (one pass anywhere loses where keys correlate: DESIGN section 4)
+# (one pass for the scores or the state's products fails where keys correlate: DESIGN section 4)
 LOW_PASSES = (3, 3, 3)
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
@@ -253,9 +253,8 @@ def state_backward(intra, state, d_o, d_after, low: bool):
 def _unit_lower_inverse(attn, passes: int):
     """``(I + attn)^-1`` for strictly lower ``attn [..., C, C]``: the 2 x 2 diagonal blocks
     ``[[1, 0], [a, 1]]^-1 = [[1, 0], [-a, 1]]``, then blocks of h rows merged into 2h,
-    ``[[X1, 0], [A21, X2]]^-1 = [[X1, 0], [-X2 A21 X1, X2]]``: every product of inverses and of
-    ``attn``'s own entries (no Neumann series, whose terms grow far above the result where keys
-    share a direction)."""
+    ``[[X1, 0], [A21, X2]]^-1 = [[X1, 0], [-X2 A21 X1, X2]]``: products of inverses and of
+    ``attn``'s own entries only (DESIGN section 4)."""
     size = attn.shape[-1]
     rows, cols = _rows(attn.shape[-2:]), _cols(attn.shape[-2:])
     pairs = jnp.where(_div(rows, 2) == _div(cols, 2), attn, _ZERO)  # a_(2i+1, 2i)

@@ -184,6 +184,19 @@ def test_repository_url_rewrites_every_badge_and_install_line(tmp_path):
         notebook_setup.set_repository_url("https://example.org/x", copies, pyproject, readme)
 
 
+def test_a_setup_call_only_in_a_comment_is_found_missing(tmp_path):
+    """02 names ``kda_lib.teaching.notebook.setup()`` in a comment above its call
+    ``setup(on_host=True)``: with the call commented out the check must say it is missing."""
+    source = next(s for s in SOURCES if s.name.startswith("02_"))
+    copy = tmp_path / source.name
+    text = source.read_text()
+    assert notebook_setup.problems(source, notebook_setup.repository_url()) == []
+    call = "\nkda_lib.teaching.notebook.setup("
+    copy.write_text(text.replace(call, call.replace("\n", "\n# ")))
+    found = notebook_setup.problems(copy, notebook_setup.repository_url())
+    assert any("does not call" in f for f in found), found
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=_ids(SOURCES))
 def test_parameters_cell(source):
     params = _parameters(jupytext.read(source))

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_kda_lib_loads_no_lab_and_reaches_teaching():
     code = (
@@ -18,9 +20,10 @@ def test_import_kda_lib_loads_no_lab_and_reaches_teaching():
     assert done.stdout.split() == ["[]", "True"]
 
 
-def test_setup_asks_for_float32_matmuls_and_the_host_when_told(monkeypatch, capsys):
-    """On a TPU (its backend name patched in) ``setup`` asks for float32's matmul precision and
-    says so; ``on_host=True`` puts new arrays on the CPU and says so (settings restored)."""
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_setup_asks_for_float32_matmuls_and_the_host_when_told(monkeypatch, capsys, backend):
+    """On every backend (its name patched in) ``setup`` asks for float32's matmul precision and
+    says so off a CPU; ``on_host=True`` puts new arrays on the CPU and says so (restored)."""
     import jax
 
     from kda_lib.teaching import notebook
@@ -28,13 +31,14 @@ def test_setup_asks_for_float32_matmuls_and_the_host_when_told(monkeypatch, caps
     names = ("jax_default_matmul_precision", "jax_default_device", "jax_threefry_partitionable")
     before = {n: getattr(jax.config, n) for n in names}
     try:
-        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        monkeypatch.setattr(jax, "default_backend", lambda: backend)
         notebook.setup(style=False, on_host=True)
         line = capsys.readouterr().out
         assert jax.config.jax_default_matmul_precision == "highest"
         assert jax.config.jax_default_device == jax.devices("cpu")[0]
         assert jax.numpy.ones(2).devices() == {jax.devices("cpu")[0]}
-        assert "float32 matmuls: highest" in line and "this page on the host's CPU" in line
+        assert ("float32 matmuls: highest" in line) == (backend != "cpu")
+        assert "this page on the host's CPU" in line
     finally:
         for name, value in before.items():
             jax.config.update(name, value)

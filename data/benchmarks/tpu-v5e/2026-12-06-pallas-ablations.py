@@ -1,8 +1,11 @@
-"""A tidied copy of the script (build/device/tpu_probe4.py, not kept) that made
+"""A tidied copy, not rerun, of the script (build/device/tpu_probe4.py, not kept) that made
 2026-12-06-pallas-ablations.json on the lent v5e, from the checkout at commit 3dbbc9d (the
-16-row Neumann inverse, LOW_PASSES (3, 6, 3)); the same variants and timings:
+16-row Neumann inverse, LOW_PASSES (3, 6, 3)), with kda_lib importable from it (PYTHONPATH=.);
+the variants are the record's rows without their results:
 
-    python3 data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.py "$(cat VARIANTS.json)"
+    V=$(jq -c '[.rows[] | del(.fwd_ms, .fwd_compile_s, .fwdbwd_ms, .fwdbwd_compile_s,
+        .corr_err, .error)]' data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.json)
+    PYTHONPATH=. python3 data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.py "$V"
 
 Each variant patches :mod:`kda_lib.ops.pallas_tpu` (its passes, chunk, block, or a stand-in for
 one part) and times the kernel's forward at T = 8,192 (bf16 q/k/v, B = 1, H = 16, K = V = 128,
