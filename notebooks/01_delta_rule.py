@@ -19,8 +19,8 @@
 # **Claim.** Linear attention stores key/value pairs by adding outer products into a $d_k \times
 # d_v$ matrix, so every stored pair leaks into every recall. The delta rule writes only what the
 # memory gets wrong: one gradient step on the recall error $\tfrac12\lVert S^\top \mathbf k -
-# \mathbf v\rVert^2$ with learning rate $\beta$. It recalls the newest pair exactly and, on
-# average, beats linear attention up to $d_k$ pairs, though one pass cannot store them all. A
+# \mathbf v\rVert^2$ with learning rate $\beta$. At $\beta = 1$ it recalls the newest pair exactly;
+# on average it beats linear attention up to $d_k$ pairs, though one pass cannot store them all. A
 # forget gate gives the gated delta rule (one decay per head) and KDA (one per key channel). Each
 # step is derived, checked in float64, and built in NumPy against `kda_lib`.
 #

@@ -281,9 +281,9 @@ gates.explore(dict(f_head=f_head, floor=-6.0),
 #    **older** one is $\Omega_{ts} = \psi_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + \psi_2\,
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
 #    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, right for $\beta$ below
-#    $10^{-14}$ too, where $\psi_2$'s term is below float64's rounding of a weight computed from
-#    matrices (no float64 fit finds it). Is it $\beta(1-\beta)^2$ times the decay, as with one
-#    decay for all channels?
+#    $10^{-14}$ too, where $\psi_2$'s term is a few float64 ulps of a weight computed from
+#    matrices (a fit of such weights misses the 1e-5 asked). Is it $\beta(1-\beta)^2$ times the
+#    decay, as with one decay for all channels?
 #
 # NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 

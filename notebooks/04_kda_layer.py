@@ -364,14 +364,14 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # (§4, beside its Eq. 10), which is not tested here.
 #
 # **The per-head RMSNorm and the output gate set the output's scale and let it be switched off.**
-# The recurrence's output scale differs between heads and along the sequence (how full the
-# state is, the decays). The RMSNorm divides each head's output by its RMS, so
-# $\hat{\mathbf o} = \mathbf o / \operatorname{RMS}(\mathbf o)$ has RMS 1 (up to $\epsilon$),
-# then multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at initialisation; a
-# trained one: the notes). So a head's output leaves with RMS 1 where its mean square is well
-# above $\epsilon$ (on this page's $X$, the fraction printed below); where $\epsilon$
-# dominates, the gain is at most $1/\sqrt\epsilon$ and the output stays below RMS 1. The sigmoid
-# gate scales each channel by $\sigma(\mathbf z_t) \in (0, 1)$, from the token: a head can be muted.
+# The recurrence's output scale differs between heads and along the sequence (how full the state is,
+# the decays). The RMSNorm divides each head's output by its RMS, so $\hat{\mathbf o} = \mathbf o /
+# \operatorname{RMS}(\mathbf o)$ has RMS 1 where $\epsilon$ is small beside it, then multiplies
+# channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at initialisation; a trained one: the
+# notes). So a head's output leaves with RMS 1 where its mean square is well above $\epsilon$ (on
+# this page's $X$, the fraction printed below); where $\epsilon$ dominates, the gain is at most
+# $1/\sqrt\epsilon$ and the output stays below RMS 1. The sigmoid gate scales each channel by
+# $\sigma(\mathbf z_t) \in (0, 1)$, from the token: a head can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)

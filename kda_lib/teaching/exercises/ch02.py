@@ -1,6 +1,6 @@
 """Checkers of notebook 02's exercises: 02.1 a probability at drawn parameters, some below
 1e-12 where no sampling reaches; 02.2 two coefficients as functions of beta, one below 1e-14
-where no float64 fit finds them. Float32 answers pass (relative 1e-5), as numbers or arrays."""
+where a fit of computed weights misses. Float32 answers pass (relative 1e-5), numbers or arrays."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def spread_below(answer, rng):
 def older_weight(answer, rng):
     """``answer(beta) -> (psi1, psi2)``, ``Omega_ts = psi1 kk_ts + psi2 kk_tsp kk_sps`` (the older
     of three writes of one unit key): four betas drawn, last one below 1e-14, where psi2's term is
-    below float64's rounding of a computed weight (a float64 fit of such weights finds noise)."""
+    a few float64 ulps of a computed weight (a fit of such weights misses the 1e-5 asked)."""
     for beta in [*(round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)),
                  float(f"{rng.uniform(1.0, 5.0):.3f}e-15")]:
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
@@ -97,8 +97,8 @@ def older_weight(answer, rng):
         right_psi1 = ex.close(psi1, beta * (1 - beta), 1e-5)
         if right_psi1 and ex.close(psi2, -beta**2 * (1 - beta), 1e-5):
             continue
-        text = ("psi2's term is far below float64's rounding of a weight computed from the "
-                "matrices (I - beta k k^T) here, so a float64 fit of psi2 gives noise: derive it "
+        text = ("psi2's term is a few float64 ulps of a weight computed from the matrices "
+                "(I - beta k k^T) here, so a fit of psi2 misses the 1e-5 asked: derive it "
                 "as a formula in beta" if beta < 1e-6 else
                 "beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
                 "middle write removes beta (k^T B k) k, the decayed memory's projection on k"
