@@ -60,11 +60,13 @@ def fake(script, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _jax_random_scheme_restored():
-    """The script's setup() switches jax's random scheme, as the notebooks' does: give it back
-    after each test (a leak would change later tests' draws on this worker)."""
-    partitionable = jax.config.jax_threefry_partitionable
+    """The script's setup() switches jax's random scheme and matmul precision, as the notebooks'
+    does: give them back after each test (a leak would change later tests on this worker)."""
+    names = ("jax_threefry_partitionable", "jax_default_matmul_precision")
+    before = {n: getattr(jax.config, n) for n in names}
     yield
-    jax.config.update("jax_threefry_partitionable", partitionable)
+    for name, value in before.items():
+        jax.config.update(name, value)
 
 
 def test_configs_are_the_recorded_ones(script):

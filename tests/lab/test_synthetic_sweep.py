@@ -180,11 +180,13 @@ def test_a_tiny_paper_preset_sweep_records_validation_and_test(script, tmp_path)
             "8", "--chunk-size", "8", "--batch-size", "2", "--max-steps", "2", "--eval-every",
             "1", "--eval-batches", "1", "--test-batches", "2", "--grid", "0.003",
             "--max-extensions", "0", "--seeds", "0,1"]  # fmt: skip
-    partitionable = jax.config.jax_threefry_partitionable
+    names = ("jax_threefry_partitionable", "jax_default_matmul_precision")
+    before = {n: getattr(jax.config, n) for n in names}
     try:
         script.main(["--preset", "paper", "--phase", "all", "--output", str(output), *tiny])
-    finally:  # the script's setup() switches jax's random scheme, as the notebooks' does
-        jax.config.update("jax_threefry_partitionable", partitionable)
+    finally:  # the script's setup() switches jax's random scheme and precision, as notebooks'
+        for name, value in before.items():
+            jax.config.update(name, value)
     document = json.loads(output.read_text())
     assert document["setting"]["protocol_version"] == 2
     runs = {(r["phase"], r["training"]["seed"]): r for r in document["runs"]}
