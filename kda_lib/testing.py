@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kda_lib.checks import check_number
 from kda_lib.ops.gating import kda_gate
 
 GATES = ("softplus", "safe", "raw")
@@ -110,6 +111,7 @@ def assert_close(actual, expected, *, atol: float | None = None, rtol: float | N
 def float32_tolerance(atol: float, rtol: float) -> dict:
     """``dict(atol=, rtol=)`` for a float32 comparison: as given on a CPU (or GPU); on a TPU
     ``atol`` at least :data:`CHIP_FLOAT32_ATOL`, ``rtol`` unchanged."""
+    atol, rtol = (check_number(n, v, minimum=0.0) for n, v in (("atol", atol), ("rtol", rtol)))
     floor = CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu" else 0.0
     return dict(atol=max(atol, floor), rtol=rtol)
 

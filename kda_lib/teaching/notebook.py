@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from kda_lib.checks import is_int
+from kda_lib.checks import check_flag, is_int
 from kda_lib.teaching.install import DISTRIBUTION
 
 
@@ -40,6 +40,7 @@ def setup(*, style: bool = True, on_host: bool = False) -> None:
 
     import kda_lib
 
+    style, on_host = check_flag("style", style), check_flag("on_host", on_host)
     if style:
         from kda_lib.teaching import viz
 

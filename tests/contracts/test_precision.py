@@ -526,6 +526,10 @@ def test_float32_tolerance_raises_only_atol_and_only_on_a_tpu(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     assert float32_tolerance(1e-5, 2e-5) == dict(atol=CHIP_FLOAT32_ATOL, rtol=2e-5)
     assert float32_tolerance(1e-3, 2e-5) == dict(atol=1e-3, rtol=2e-5)
+    bad_rows = (((-1e-5, 1e-5), "atol"), ((1e-5, "x"), "rtol"), ((float("nan"), 0.0), "atol"))
+    for bad, name in bad_rows:
+        with pytest.raises(ValueError, match=name):
+            float32_tolerance(*bad)
 
 
 def test_assert_close_defaults_follow_the_dtype_given():

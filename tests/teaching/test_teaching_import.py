@@ -20,6 +20,18 @@ def test_import_kda_lib_loads_no_lab_and_reaches_teaching():
     assert done.stdout.split() == ["[]", "True"]
 
 
+@pytest.mark.parametrize("flag", ["style", "on_host"])
+def test_setup_refuses_a_flag_that_is_not_a_bool_before_changing_anything(flag):
+    import jax
+
+    from kda_lib.teaching import notebook
+
+    before = jax.config.jax_default_matmul_precision
+    with pytest.raises(ValueError, match=f"{flag} must be a bool"):
+        notebook.setup(**{flag: "yes"})
+    assert jax.config.jax_default_matmul_precision == before
+
+
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
 def test_setup_asks_for_float32_matmuls_and_the_host_when_told(monkeypatch, capsys, backend):
     """On every backend (its name patched in) ``setup`` asks for float32's matmul precision and
