@@ -118,8 +118,8 @@ dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 g = kda_lib.kda_gate(f, a_log, dt_bias)
 beta = jax.nn.sigmoid(jax.random.normal(key_beta, (batch, seq_len, num_heads)))
 
-for name, x in dict(q=q, k=k, v=v, g=g, beta=beta, a_log=a_log, dt_bias=dt_bias).items():
-    print(f"{name:8s} {str(x.shape):20s} {x.dtype}")
+for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, a_log=a_log, dt_bias=dt_bias).items():
+    print(f"{name:8s} {str(arr.shape):20s} {arr.dtype}")
 assert float(g.max()) <= 0.0, "log-space decay must be <= 0"
 _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5, name="|k|")
 
@@ -192,7 +192,7 @@ _ = assert_close(state, state_rec, name="state after decoding")
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
-    to64 = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v, g, beta)]
+    to64 = [jnp.asarray(np.asarray(arr), jnp.float64) for arr in (q, k, v, g, beta)]
     o_exact = np.asarray(recurrent(*to64)[0])
 
 err_rec = np.abs(np.asarray(o_rec, np.float64) - o_exact).max(axis=(0, 2, 3))
@@ -243,9 +243,9 @@ viz.show(fig, "00_quickstart_precision")
 # library's or the checker's source under another name, other processes, patching NumPy) is out
 # of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
-# Both hand your function `read`, which returns $S^\top \mathbf x$ for one vector $\mathbf x \in
-# \mathbb R^{d_k}$ of a state $S$ (one head, $d_k \times d_v$) it hides, and allow **one** read,
-# so the state cannot be read back. The checker cannot tell how you found the vector to read:
+# Both hand your function `read`: `read(vec)` returns $S^\top$ times `vec`, one vector of $d_k$
+# numbers, for a state $S$ (one head, $d_k \times d_v$) it hides. **One** read is allowed, so the
+# state cannot be read back. The checker cannot tell how you found the vector to read:
 # section 1's step, written in NumPy, can be run on states you make up (the output is affine in
 # $S$, so probing it, or `jax.grad` of your own recurrence, finds the vector). The exercise is to
 # derive it, by transposing the step. NumPy or `jnp`, no `kda_lib`.

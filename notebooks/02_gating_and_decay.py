@@ -241,16 +241,23 @@ viz.show(gates.plot_half_lives(
 # channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), longest memory on top:
 # sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. Its title
 # gives the half-life at $\mathbf f = 0$ and the measured one, the median over the channels of
-# the first token at which a channel keeps half or less: shorter at the default, where the gate
-# is convex in $\mathbf f$ and random inputs raise the mean decay (Jensen; the notes). What a head
+# the first token at which a channel keeps half or less. At the default the measured one is the
+# shorter, and the mean rate $-g$ over the random inputs is above the rate at $\mathbf f = 0$
+# (printed; both asserted): with $b < 0$ the rate $\lvert g_{\min}\rvert\, \sigma\big(a (f +
+# b)\big)$ rises more from $f = 0$ to $\lvert f\rvert$ than it falls to $-\lvert f\rvert$, for
+# every input drawn (asserted; the sigmoid is steeper nearer its midpoint, $f = -b$). What a head
 # then does with what it keeps, a $T \times T$ mixing of the values set by these decays, is
 # pictured and derived in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02).
 
 # %% tags=["hide-input"]
 f_head = gate_input_std * jax.random.normal(key_f, (1, seq_len, 1, key_dim))  # raw gate input
-gates.explore(dict(f_head=f_head, floor=-6.0),
-              dict(a_log=0.0, dt_bias_value=-6.0, bound=lower_bound, gate="safe"),
-              interactive=kda_lib.teaching.notebook.interactive(interactive))
+seen = gates.explore(dict(f_head=f_head, floor=-6.0),
+                     dict(a_log=0.5, dt_bias_value=-3.0, bound=lower_bound, gate="safe"),
+                     interactive=kda_lib.teaching.notebook.interactive(interactive))
+print(f"default: mean rate -g {seen['mean_rate']:.3f} per token over the inputs, "
+      f"{seen['rate_at_zero']:.3f} at f = 0; half-lives: the title")
+assert seen["measured"] < seen["half_life_at_zero"] and seen["mean_rate"] > seen["rate_at_zero"]
+assert seen["pair_gain"] >= 0, "b < 0: an input |f| raises the rate more than -|f| lowers it"
 
 # %% [markdown]
 # ## Summary

@@ -409,20 +409,23 @@ assert np.allclose(rms_normed[above_eps], 1.0, atol=1e-2)
 #
 # Both ask for a part of the layer this page does not compute (NumPy or `jnp`, no `kda_lib`).
 # 1. **The convolution, one token at a time, from a ring buffer.** A decoder gets one input
-#    $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in a ring: slot `(start + i) %
-#    (w - 1)` of `ring [B, w - 1, C]` holds the $i$-th oldest; a step writes one slot and moves
-#    `start`, no row moves. Write `conv_step(ring, start, x_t, kernel) -> (ring, start, y_t)`,
-#    `x_t [B, C]`, `kernel [w, C]` as in section 1 (no SiLU), $w \ge 2$.
-# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dy * y).sum()`,
-#    $\mathbf y = \mathbf o \odot \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
-#    \epsilon}$, with respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy [N, V]`,
-#    a row per head and token, `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$?
-#    JAX's autodiff is refused, and finite differences by a time limit on a wide trial.
+#    $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in a ring: slot `(start + j) %
+#    (w - 1)` of `ring [B, w - 1, C]` holds $\boldsymbol\xi_{t-(w-1)+j}$, the input tap
+#    $\boldsymbol\kappa_j$ multiplies ($j = 0, \dots, w - 2$: counted from 0, as the taps of
+#    section 1; slot `start` holds the oldest); a step writes one slot and moves `start`, no row
+#    moves. Write `conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)`, `xi_t [B, C]`,
+#    `kernel [w, C]` as in section 1, `conv_t` $= \operatorname{conv}(\Xi)_t$ (no SiLU), $w \ge 2$.
+# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dy * y).sum()`, `y` the norm's
+#    output $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot \boldsymbol\eta
+#    / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$ (not the layer's $\mathbf y_t$), with
+#    respect to $\mathbf o$: `rmsnorm_backward(o, eta, dy, eps)` (`o, dy`: a row of $d_v$ numbers
+#    per head and token; `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$? JAX's
+#    autodiff is refused, and finite differences by a time limit on a wide trial.
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
 # %%
-answer = None  # exercise 1: conv_step(ring, start, x_t, kernel) -> (ring, start, y_t)
+answer = None  # exercise 1: conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)
 exercises.check("04.1", answer)
 
 # %%

@@ -136,38 +136,57 @@ def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
     return fig
 
 
-def view(f_head, *, a_log=0.0, dt_bias_value=-6.0, bound=-5.0, gate="safe", floor=-6.0) -> None:
+def measure(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe") -> dict:
+    """What :func:`view` shows of one head (``f_head [1, T, 1, K]``, one ``A_log`` and one
+    ``dt_bias`` for every channel), as numbers: ``g [T, K]``; ``rate_at_zero``, the rate ``-g``
+    at ``f = 0``, and ``mean_rate``, its mean over the inputs; ``half_life_at_zero``, ``ln 2 /
+    rate_at_zero``; ``measured``, the median over the channels of the first token at which a
+    channel keeps 1/2 or less (inf where at most half reach it); ``pair_gain``, the least over
+    the inputs ``f`` of ``rate(|f|) + rate(-|f|) - 2 rate(0)`` (float64, the gate's formula:
+    at or above 0 where an input raises the rate more than its negative lowers it)."""
+    key_dim = f_head.shape[-1]
+    lower_bound = bound if gate == "safe" else None
+    g = np.asarray(kda_gate(f_head, jnp.array([a_log], jnp.float32), jnp.full(
+        (key_dim,), dt_bias_value, jnp.float32), lower_bound=lower_bound)[0, :, 0], np.float64)
+    assert np.isfinite(g).all()
+    g_zero = float(kda_gate(jnp.zeros((1, 1, 1, 1)), jnp.array([a_log], jnp.float32), jnp.array(
+        [dt_bias_value], jnp.float32), lower_bound=lower_bound)[0, 0, 0, 0])
+    halved = np.cumsum(g, axis=0) <= -np.log(2.0)  # [T, K]: the channel keeps 1/2 or less
+    first = np.where(halved.any(axis=0), halved.argmax(axis=0) + 1.0, np.inf)  # tokens
+
+    def rate(f):  # -g in float64, from the gate's formula (kda_gate computes in float32)
+        shift, a = np.asarray(f, np.float64) + dt_bias_value, np.exp(a_log)
+        return -bound / (1.0 + np.exp(-a * shift)) if gate == "safe" else a * np.logaddexp(
+            0.0, shift)
+
+    size = np.abs(np.asarray(f_head, np.float64))
+    return dict(g=g, rate_at_zero=-g_zero, mean_rate=float(-g.mean()),
+                half_life_at_zero=float(np.log(2.0) / max(-g_zero, 1e-30)),
+                measured=float(np.median(first)),
+                pair_gain=float(np.min(rate(size) + rate(-size) - 2.0 * rate(0.0))))
+
+
+def view(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe", floor=-6.0) -> None:
     """Show what one head keeps of each channel over the tokens: ``f_head [1, T, 1, K]``, the
     raw gate input; ``gate``: ``"safe"`` (floor ``bound``) or ``"softplus"``; one ``A_log``
     and one ``dt_bias`` for every channel (``f`` still varies by channel and token). The title:
-    the half-life at ``f = 0`` and the measured one, the median over the channels of the first
-    token at which a channel keeps 1/2 or less (shorter where the gate is convex in ``f``)."""
-    key_dim = f_head.shape[-1]
-    g = kda_gate(
-        f_head,
-        jnp.array([a_log], jnp.float32),
-        jnp.full((key_dim,), dt_bias_value, jnp.float32),
-        lower_bound=bound if gate == "safe" else None,
-    )[0, :, 0]  # [T, K]
-    g = np.asarray(g, np.float64)
-    assert np.isfinite(g).all()
+    the half-life at ``f = 0`` and the measured one (:func:`measure`)."""
+    seen = measure(f_head, a_log=a_log, dt_bias_value=dt_bias_value, bound=bound, gate=gate)
+    g, measured = seen["g"], seen["measured"]
     life = np.log(2.0) / np.maximum(-np.median(g, axis=0), 1e-30)  # tokens, per channel
-    g_zero = float(kda_gate(jnp.zeros((1, 1, 1, 1)), jnp.array([a_log], jnp.float32), jnp.array(
-        [dt_bias_value], jnp.float32), lower_bound=bound if gate == "safe" else None)[0, 0, 0, 0])
-    halved = np.cumsum(g, axis=0) <= -np.log(2.0)  # [T, K]: the channel keeps 1/2 or less
-    first = np.where(halved.any(axis=0), halved.argmax(axis=0) + 1.0, np.inf)  # tokens
-    measured = np.median(first)
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
     title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}\nhalf-life at $f = 0$: "
-             f"{np.log(2.0) / max(-g_zero, 1e-30):.3g} tokens; measured: median " + (
+             f"{seen['half_life_at_zero']:.3g} tokens; measured: median " + (
                  f"{measured:.0f}" if np.isfinite(measured) else f"over {len(g)}") + " tokens")
     viz.show(plot_cumulative_decay([(title, g, life)], floor=floor, title=""), "02_gate_explorer")
 
 
-def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
+def explore(inputs: dict, defaults: dict, *, interactive: bool) -> dict:
     """:func:`view` with ``inputs`` (its arrays) at ``defaults`` (its four settings); sliders
-    that redraw it when ``interactive`` and ipywidgets is installed."""
+    that redraw it when ``interactive`` and ipywidgets is installed. Returns :func:`measure` at
+    the defaults."""
     draw = functools.partial(view, **inputs)
+    seen = measure(**{name: a for name, a in inputs.items() if name != "floor"}, **defaults)
     widgets = None
     if interactive:
         try:
@@ -176,7 +195,7 @@ def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
             print("ipywidgets is not installed: no sliders, the default view only")
     if widgets is None:
         draw(**defaults)
-        return
+        return seen
     from IPython.display import display
 
     style = {"description_width": "initial"}
@@ -206,3 +225,4 @@ def explore(inputs: dict, defaults: dict, *, interactive: bool) -> None:
             ]
         )
     )
+    return seen

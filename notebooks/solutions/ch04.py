@@ -5,31 +5,32 @@ from __future__ import annotations
 import numpy as np
 
 
-def conv_step(ring, start, x_t, kernel):
+def conv_step(ring, start, xi_t, kernel):
     """1: section 1's tap formula at the newest token ``t`` needs ``xi_{t-w+1} .. xi_t``: the
-    ``w - 1`` inputs before ``t`` and ``x_t``. In the ring they sit oldest first from slot
+    ``w - 1`` inputs before ``t`` and ``xi_t``. In the ring they sit oldest first from slot
     ``start`` on, so the window is the ring rolled left by ``start`` (``np.roll(ring, -start,
-    1)``), then ``x_t``; ``y_t = sum_j kappa_j window_j``. The next step no longer needs the
-    oldest input: ``x_t`` takes its slot and the oldest is now the one after it, ``start + 1``
+    1)``), then ``xi_t``; ``conv_t = sum_j kappa_j window_j``. The next step no longer needs the
+    oldest input: ``xi_t`` takes its slot and the oldest is now the one after it, ``start + 1``
     (mod ``w - 1``). No row moves: one slot written per step, ``C`` numbers, where shifting the
     cache moves all ``(w - 1) C``."""
     ring = np.array(ring)
-    window = np.concatenate([np.roll(ring, -start, axis=1), np.asarray(x_t)[:, None]], axis=1)
-    y_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
-    ring[:, start] = x_t
-    return ring, (start + 1) % ring.shape[1], y_t
+    window = np.concatenate([np.roll(ring, -start, axis=1), np.asarray(xi_t)[:, None]], axis=1)
+    conv_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
+    ring[:, start] = xi_t
+    return ring, (start + 1) % ring.shape[1], conv_t
 
 
-def conv_step_taps(ring, start, x_t, kernel):
-    """1, written differently: jnp, the taps one by one (``kernel[w - 1]`` on ``x_t``, then
-    ``kernel[w - 1 - i]`` on the input ``i`` tokens back, the slot ``(start - i) % (w - 1)``)."""
+def conv_step_taps(ring, start, xi_t, kernel):
+    """1, written differently: jnp, the taps one by one (``kernel[w - 1]`` on ``xi_t``, then
+    ``kernel[w - 1 - back]`` on the input ``back`` tokens before it, the slot ``(start - back)
+    % (w - 1)``)."""
     import jax.numpy as jnp
 
     width = kernel.shape[0]
-    y_t = kernel[width - 1] * x_t
-    for i in range(1, width):
-        y_t = y_t + kernel[width - 1 - i] * ring[:, (start - i) % (width - 1)]
-    return jnp.asarray(ring).at[:, start].set(x_t), (start + 1) % (width - 1), y_t
+    conv_t = kernel[width - 1] * xi_t
+    for back in range(1, width):
+        conv_t = conv_t + kernel[width - 1 - back] * ring[:, (start - back) % (width - 1)]
+    return jnp.asarray(ring).at[:, start].set(xi_t), (start + 1) % (width - 1), conv_t
 
 
 def rmsnorm_backward(o, eta, dy, eps):
@@ -56,16 +57,16 @@ def rmsnorm_backward_jnp(o, eta, dy, eps):
 
 
 def cases():
-    def conv_shifted(ring, start, x_t, kernel):  # y_t right, the ring shifted like a cache
-        window = np.concatenate([np.roll(ring, -start, 1), np.asarray(x_t)[:, None]], axis=1)
+    def conv_shifted(ring, start, xi_t, kernel):  # conv_t right, the ring shifted like a cache
+        window = np.concatenate([np.roll(ring, -start, 1), np.asarray(xi_t)[:, None]], axis=1)
         return window[:, 1:], 0, np.einsum("bwc,wc->bc", window, np.asarray(kernel))
 
     def rms_constant(o, eta, dy, eps):  # r treated as a constant
         return np.asarray(eta) * dy / np.sqrt(np.mean(np.square(o), -1, keepdims=True) + eps)
 
-    def ring_as_oldest_first(ring, start, x_t, kernel):  # slot 0 read as the oldest
-        return conv_step(ring, 0, x_t, kernel)[0], (start + 1) % ring.shape[1], conv_step(
-            ring, 0, x_t, kernel)[2]
+    def ring_as_oldest_first(ring, start, xi_t, kernel):  # slot 0 read as the oldest
+        return conv_step(ring, 0, xi_t, kernel)[0], (start + 1) % ring.shape[1], conv_step(
+            ring, 0, xi_t, kernel)[2]
 
     def eps_outside(o, eta, dy, eps):  # r = sqrt(mean(o^2)) + eps
         return rmsnorm_backward(o, eta, dy, 0.0)

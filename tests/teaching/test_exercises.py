@@ -210,10 +210,10 @@ def _shortcut_04_1_library_conv():
 
     from kda_lib.layers.conv import depthwise_causal_conv
 
-    def conv_step(ring, start, x_t, kernel):  # right: the library's conv over the window
-        window = jnp.concatenate([jnp.roll(ring, -start, axis=1), x_t[:, None]], axis=1)
+    def conv_step(ring, start, xi_t, kernel):  # right: the library's conv over the window
+        window = jnp.concatenate([jnp.roll(ring, -start, axis=1), xi_t[:, None]], axis=1)
         ring = np.array(ring)
-        ring[:, start] = x_t
+        ring[:, start] = xi_t
         return ring, (start + 1) % ring.shape[1], depthwise_causal_conv(window, kernel)[:, -1]
 
     return "04.1", conv_step, {}
@@ -234,7 +234,7 @@ def _shortcut_04_2_jax_grad():
 
 def _shortcut_04_2_finite_differences():
     def rmsnorm_backward(o, eta, dy, eps):  # central differences, a channel at a time (rows
-        o = np.asarray(o, np.float64)  # are independent): V forward passes of [N, V]
+        o = np.asarray(o, np.float64)  # are independent): V forward passes of [rows, V]
         out, h = np.zeros_like(o), 1e-6
 
         def total(o):

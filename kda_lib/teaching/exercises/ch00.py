@@ -1,5 +1,5 @@
 """Checkers of notebook 00's exercises: section 1's output, from a memory read once. The answer
-gets ``read`` (``read(x) = S^T x`` for one vector of a state it hides, drawn at each call); a
+gets ``read`` (``read(vec) = S^T vec`` for one vector of a state it hides, drawn at each call); a
 second read is refused, so the state cannot be read back (made-up states can still be probed)."""
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from kda_lib.teaching import exercises as ex
 
 @ex.machinery
 def _memory(state):
-    """``(read, calls)``: ``read(x) = state^T x`` for one vector ``x`` of K numbers, counted."""
+    """``(read, calls)``: ``read(vec) = state^T vec`` for one vector ``vec`` of K numbers,
+    counted."""
     calls = []
 
-    def read(x):
-        x = np.asarray(x, np.float64)
-        if x.shape != (state.shape[0],):
-            raise ValueError(f"read takes one vector of {state.shape[0]} numbers, got {x.shape}")
-        calls.append(x)
-        return state.T @ x
+    def read(vec):
+        vec = np.asarray(vec, np.float64)
+        if vec.shape != (state.shape[0],):
+            raise ValueError(f"read takes one vector of {state.shape[0]} numbers, got {vec.shape}")
+        calls.append(vec)
+        return state.T @ vec
 
     return read, calls
 
@@ -35,11 +36,11 @@ def _tokens(rng, tokens, K, V):
 
 def _output(state, q, k, v, g, beta, order=1, decay=True, write=True):
     """``S_T^T q / sqrt(K)`` (slips: transitions applied oldest first, no decay, no write)."""
-    x, out = q.copy(), np.zeros(state.shape[1])
+    vec, out = q.copy(), np.zeros(state.shape[1])  # vec: q carried back to the old state
     for t in range(len(beta))[::-order]:
-        out += write * beta[t] * (k[t] @ x) * v[t]
-        x = (np.exp(g[t]) if decay else 1.0) * (x - beta[t] * (k[t] @ x) * k[t])
-    return (state.T @ x + out) / np.sqrt(len(q))
+        out += write * beta[t] * (k[t] @ vec) * v[t]
+        vec = (np.exp(g[t]) if decay else 1.0) * (vec - beta[t] * (k[t] @ vec) * k[t])
+    return (state.T @ vec + out) / np.sqrt(len(q))
 
 
 def _read_once(answer, rng, many: bool, name: str) -> str | None:
@@ -78,7 +79,7 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
 def one_token(answer, rng):
     """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (unit
     ``q, k, g [K]``, ``v [V]``, a number ``beta``), reading the state before it only through
-    one call of ``read`` (``read(x) = S^T x``)."""
+    one call of ``read`` (``read(vec) = S^T vec``)."""
     return _read_once(answer, rng, False, "output_after_one(read, q, k, v, g, beta)")
 
 
@@ -86,5 +87,5 @@ def one_token(answer, rng):
 def many_tokens(answer, rng):
     """``answer(read, q, k, v, g, beta) -> o [V]``: the output ``S_T^T q / sqrt(K)`` after the
     ``T`` tokens ``k, g [T, K]``, ``v [T, V]``, ``beta [T]`` (the oldest first) from the hidden
-    state ``S_0``, read once (``read(x) = S_0^T x``)."""
+    state ``S_0``, read once (``read(vec) = S_0^T vec``)."""
     return _read_once(answer, rng, True, "output_after(read, q, k, v, g, beta)")

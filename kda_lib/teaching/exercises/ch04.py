@@ -20,10 +20,12 @@ def _far(answer, expected, rtol: float = 1e-4) -> bool:
 
 @ex.checker("04.1")
 def conv_ring_step(answer, rng):
-    """``answer(ring [B, w-1, C], start, x_t [B, C], kernel [w, C]) -> (ring, start, y_t)``: the
-    depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + i) % (w - 1)]``
-    the i-th oldest input), writing ``x_t`` over the oldest; w = 2 to 5, five steps each."""
-    name = "conv_step(ring, start, x_t, kernel)"
+    """``answer(ring [B, w-1, C], start, xi_t [B, C], kernel [w, C]) -> (ring, start, conv_t)``:
+    the depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + j) % (w -
+    1)]`` holds ``xi_{t-(w-1)+j}``, the input tap ``kernel[j]`` multiplies, j = 0 .. w - 2 from 0
+    like the taps: slot ``start`` the oldest), writing ``xi_t`` over the oldest; w = 2 to 5, five
+    steps each."""
+    name = "conv_step(ring, start, xi_t, kernel)"
     for width in (2, 3, 4, 5):
         B, C = (int(n) for n in rng.integers(1, 5, 2))
         history = list(rng.standard_normal((width - 1, B, C)).astype(np.float32))  # oldest first
@@ -31,36 +33,36 @@ def conv_ring_step(answer, rng):
         ring = np.stack(np.roll(np.stack(history), start, axis=0), axis=1)  # slot start: oldest
         kernel = rng.standard_normal((width, C)).astype(np.float32)
         for step in range(5):
-            x_t = rng.standard_normal((B, C)).astype(np.float32)
-            got, hint = ex.call_answer(answer, ring.copy(), start, x_t.copy(), kernel, name=name)
-            hint = hint or ex.parts(got, "the triple (ring, start, y_t)", dict(
-                shape=ring.shape, inputs=(x_t,), what="ring"), dict(
+            xi_t = rng.standard_normal((B, C)).astype(np.float32)
+            got, hint = ex.call_answer(answer, ring.copy(), start, xi_t.copy(), kernel, name=name)
+            hint = hint or ex.parts(got, "the triple (ring, start, conv_t)", dict(
+                shape=ring.shape, inputs=(xi_t,), what="ring"), dict(
                 shape=(), what="start", integer=True, allow_zeros=True), dict(
-                shape=x_t.shape, inputs=(x_t,), what="y_t"))
+                shape=xi_t.shape, inputs=(xi_t,), what="conv_t"))
             if hint:
                 return hint
             where = f" (w = {width}, step {step + 1})"
-            window = np.stack([*history, x_t]).astype(np.float64)  # oldest first, x_t last
+            window = np.stack([*history, xi_t]).astype(np.float64)  # oldest first, xi_t last
             if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
                 slots_in_order = not _far(got[2], np.einsum("wbc,wc->bc", np.concatenate(
-                    [np.moveaxis(ring, 1, 0), x_t[None]]), kernel))
-                return ("y_t is off" + where + (": the ring's rows are not oldest first; slot "
+                    [np.moveaxis(ring, 1, 0), xi_t[None]]), kernel))
+                return ("conv_t is off" + where + (": the ring's rows are not oldest first; slot "
                         "start holds the oldest" if slots_in_order and start else ": kernel row "
-                        "w - 1 meets x_t, row j the input w - 1 - j tokens before"))
+                        "w - 1 meets xi_t, row j the input w - 1 - j tokens before"))
             want = ring.copy()
-            want[:, start] = x_t
+            want[:, start] = xi_t
             if _far(got[0], want):
-                moved = not _far(np.asarray(got[0])[:, -1], x_t) and width > 2
-                return ("ring is off" + where + (": a ring buffer moves no row; write x_t over "
-                        "the oldest input only" if moved else ": which slot does x_t replace?"))
+                moved = not _far(np.asarray(got[0])[:, -1], xi_t) and width > 2
+                return ("ring is off" + where + (": a ring buffer moves no row; write xi_t over "
+                        "the oldest input only" if moved else ": which slot does xi_t replace?"))
             if int(got[1]) != (start + 1) % (width - 1):
                 return "start is off" + where + ": after the write, which slot holds the oldest?"
-            ring, start, history = want, (start + 1) % (width - 1), [*history[1:], x_t]
+            ring, start, history = want, (start + 1) % (width - 1), [*history[1:], xi_t]
 
 
 def _norm_trial(rng, rows, width, eps, small):
-    """Float32 ``o [N, V]`` (every third row scaled by ``small``: mean square near ``eps``),
-    ``eta [V]`` (not 1: the Jacobian not symmetric), ``dy [N, V]``; the float64 ``do``."""
+    """Float32 ``o [rows, V]`` (every third row scaled by ``small``: mean square near ``eps``),
+    ``eta [V]`` (not 1: the Jacobian not symmetric), ``dy [rows, V]``; the float64 ``do``."""
     o = rng.standard_normal((rows, width))
     o[::3] *= small
     eta, dy = rng.uniform(0.5, 1.5, width), rng.standard_normal((rows, width))
@@ -69,29 +71,29 @@ def _norm_trial(rng, rows, width, eps, small):
     return tuple(a.astype(np.float32) for a in (o, eta, dy)), want
 
 
-# (N range, V range, eps, scale of the small rows); the last is wide, under the time limit
+# (rows range, V range, eps, scale of the small rows); the last is wide, under the time limit
 _NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
                ((14, 19), (16000, 16500), 1e-5, 1e-3))
 
 
 @ex.checker("04.2")
 def rmsnorm_backward(answer, rng, **_):
-    """``answer(o [N, V], eta [V], dy [N, V], eps) -> do [N, V]``: the gradient of
+    """``answer(o [rows, V], eta [V], dy [rows, V], eps) -> do [rows, V]``: the gradient of
     ``sum(dy * y)`` with respect to ``o``, for ``y = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
-    row one head and token), without JAX's autodiff; N and V drawn at every call."""
+    row one head and token), without JAX's autodiff; rows and V drawn at every call."""
     for rows, width, eps, small in _NORM_SIZES:
         rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dy), want = _norm_trial(rng, rows, width, eps, small)
         got, hint = ex.call_answer(
             answer, o, eta, dy, eps, name="rmsnorm_backward(o, eta, dy, eps)", refused=AUTODIFF,
-            limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s at N, V = "
-            f"{rows}, {width}: the gradient is a few sums per row; an explicit V x V Jacobian per "
-            "row (or finite differences) is too slow at these sizes",
+            limit_s=TIME_LIMIT_S, slow=f"your function took over {TIME_LIMIT_S:.0f} s on o "
+            f"[{rows}, {width}]: the gradient is a few sums per row; an explicit V x V Jacobian "
+            "per row (or finite differences) is too slow at these sizes",
             refuse=dict(shape=o.shape, inputs=(o, dy), what="do"))
         if hint:
             return hint
         if _far(got, want, rtol=1e-3):
             if not _far(got, eta * dy / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), 1e-3):
                 return "that treats the RMS as a constant: it depends on o too"
-            return (f"do is off at N, V = {rows}, {width}: y depends on o directly and through "
+            return (f"do is off on o [{rows}, {width}]: y depends on o directly and through "
                     "the RMS; differentiate both (eps inside the square root)")
