@@ -75,7 +75,7 @@ import numpy as np
 import kda_lib.teaching.notebook
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, viz
-from kda_lib.testing import assert_close
+from kda_lib.testing import CHIP_FLOAT32_ATOL, assert_close
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()
@@ -188,7 +188,9 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
 # the **unit roundoff** $2^{-24}$. The errors below come out near 2 machine epsilons of the
-# largest output (printed); the assert allows 8.
+# largest output (printed); the assert allows 8. On a TPU the float32 forms run on the chip's
+# own `exp` and its float32 matmuls (bfloat16 passes), which round differently: there the assert
+# allows `kda_lib.testing.CHIP_FLOAT32_ATOL` (the suite's float32 floor on a TPU) instead.
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
@@ -202,7 +204,9 @@ print(f"float32 machine epsilon 2^-23 = {eps32:.1e}")
 worst = max(err_rec.max(), err_chk.max()) / scale_o / eps32  # in machine epsilons
 print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, chunked "
       f"{err_chk.max() / scale_o:.1e} (the larger: {worst:.1f} eps)")
-assert err_rec.max() < 8 * eps32 * scale_o and err_chk.max() < 8 * eps32 * scale_o
+bound = CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu" else 8 * eps32 * scale_o
+print(f"bound on {jax.default_backend()}: {bound:.1e}")
+assert err_rec.max() < bound and err_chk.max() < bound
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.2))
@@ -229,7 +233,8 @@ viz.show(fig, "00_quickstart_precision")
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
-#   output of the float64 oracle (asserted; measured about 2, printed).
+#   output of the float64 oracle on a CPU (asserted; measured about 2, printed); on a TPU
+#   within `CHIP_FLOAT32_ATOL` (asserted).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
