@@ -119,6 +119,18 @@ _roll.defvjp(lambda x, s: (_roll(x, s), None),
              lambda s, _, d: (_roll(d, (d.shape[-2] - s) % d.shape[-2]),))  # fmt: skip
 
 
+@jax.custom_vjp
+def _halves(x):
+    """``x [..., 2n, D]`` as its first and last ``n`` rows (the pullback concatenates: a
+    slice's own transpose is a pad)."""
+    n = x.shape[-2] // 2
+    return x[..., :n, :], x[..., n:, :]
+
+
+_halves.defvjp(lambda x: (_halves(x), None),
+               lambda _, d: (jnp.concatenate(d, axis=-2),))  # fmt: skip
+
+
 # typed: no 64-bit constants under jax_enable_x64 (Mosaic has none)
 _ZERO, _ONE, _I0 = np.float32(0), np.float32(1), np.int32(0)
 
@@ -207,16 +219,20 @@ def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
     _, last_in, last_out = levels.pop()
     decay_in, decay_out = jnp.exp(last_in), jnp.exp(last_out)  # exp(G_i), exp(G_C - G_j)
     # decayed scores, pair (i > j) at the level h where i and j part: both halves of their
-    # 2h-segment, the decay split at its middle m into exp(G_i - G_m) exp(G_m - G_j) <= 1 each
-    attn_qk = jnp.where(rows == cols, _dot(q32, k32, p_score, True), _ZERO)
-    attn_kk = jnp.zeros((*q.shape[:-2], size, size), f32)
+    # 2h-segment, the decay split at its middle m into exp(G_i - G_m) exp(G_m - G_j) <= 1 each;
+    # one product per level, the keys against queries and keys stacked ([C, 2C]: the MXU's
+    # whole width at C = 64), transposed once; the diagonal q_i . k_i on the vector unit
+    key_row, col = _rows((size, 2 * size)), _rem(_cols((size, 2 * size)), size)
+    scores_t = jnp.zeros((*q.shape[:-2], size, 2 * size), f32)
     for h, inclusive, exclusive in levels:
-        mine = ((_div(rows, 2 * h) == _div(cols, 2 * h)) & (_rem(rows, 2 * h) >= h)
-                & (_rem(cols, 2 * h) < h))  # fmt: skip
+        mine = ((_div(col, 2 * h) == _div(key_row, 2 * h)) & (_rem(col, 2 * h) >= h)
+                & (_rem(key_row, 2 * h) < h))  # fmt: skip
         row_f = jnp.exp(inclusive)
         keys = k32 if exclusive is None else k32 * jnp.exp(exclusive)
-        attn_qk = attn_qk + jnp.where(mine, _dot(q32 * row_f, keys, p_score, True), _ZERO)
-        attn_kk = attn_kk + jnp.where(mine, _dot(k32 * row_f, keys, p_score, True), _ZERO)
+        both = jnp.concatenate([q32 * row_f, k32 * row_f], axis=-2)
+        scores_t = scores_t + jnp.where(mine, _dot(keys, both, p_score, True), _ZERO)
+    attn_qk, attn_kk = _halves(_t(scores_t))
+    attn_qk = attn_qk + jnp.where(rows == cols, jnp.sum(q32 * k32, -1, keepdims=True), _ZERO)
     attn_kk = beta * attn_kk
     solve = _unit_lower_inverse(attn_kk, p_inner)
     w = _dot(solve, beta * k32 * decay_in, p_inner)
