@@ -9,6 +9,8 @@
   pass; widths are the flops of :func:`critical_path`.
 * :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
   (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
+* :func:`context_parallel_on_one_device` -- the algorithm on one device (a single chip): the
+  sequence in R slices under ``jax.vmap`` with the context axis named, against one pass.
 * :func:`plot_folded_states`, :func:`plot_rank_errors`, :func:`plot_traffic`,
   :func:`plot_compute_model` -- notebook 05's figures and docs/NOTEBOOK_NOTES.md's.
 """
@@ -278,3 +280,39 @@ def tpu_kernel_problem() -> str | None:
     if len(jax.devices()) < 2:
         found.append(f"one {jax.devices()[0].device_kind} chip: no ranks to split over")
     return "; ".join(found) or None
+
+
+def context_parallel_on_one_device(inputs: dict, cotangent, *, ranks: int,
+                                   implementation: str = "pallas_tpu") -> dict:
+    """CP's algorithm where one device is all there is: the sequence in ``ranks`` slices under
+    ``jax.vmap`` with the context axis named (``kda_context_parallel``'s all-gather runs over
+    the mapped axis), each slice by ``implementation``, against one pass over the whole
+    sequence. ``inputs``: ``kda``'s q, k, v, g, beta ``[B, T, ...]`` (T a multiple of
+    ``ranks``); ``cotangent`` ``[B, T, HV, V]``. Returns ``{name: max |cp - one| / max |one|}``
+    for the outputs ``o``, the final state and the gradients (``d<name>``) of ``<o, cotangent>
+    + |state|^2``."""
+    import kda_lib
+
+    split = lambda x: jnp.moveaxis(x.reshape(x.shape[0], ranks, -1, *x.shape[2:]), 1, 0)  # noqa: E731
+    merge = lambda x: jnp.moveaxis(x, 0, 1).reshape(x.shape[1], -1, *x.shape[3:])  # noqa: E731
+
+    def whole(x):
+        return kda_lib.kda(**x, output_final_state=True, implementation=implementation)
+
+    def parallel(x):
+        per_rank = lambda x: kda_context_parallel(**x, output_final_state=True,  # noqa: E731
+                                                  implementation=implementation)  # fmt: skip
+        o, s = jax.vmap(per_rank, axis_name="context")({n: split(a) for n, a in x.items()})
+        return merge(o), s[0]
+
+    def run(f, x):
+        def loss(x):
+            o, s = f(x)
+            return jnp.sum(o.astype(jnp.float32) * cotangent) + jnp.sum(s * s), (o, s)
+
+        (_, (o, s)), grads = jax.value_and_grad(loss, has_aux=True)(x)
+        return {"o": o, "state": s, **{f"d{n}": g for n, g in grads.items()}}
+
+    one, cp = jax.jit(lambda x: (run(whole, x), run(parallel, x)))(inputs)
+    largest = lambda x: float(np.abs(np.asarray(x, np.float64)).max())  # noqa: E731
+    return {n: largest(np.asarray(cp[n], np.float64) - one[n]) / largest(one[n]) for n in one}
