@@ -17,16 +17,11 @@ import jax
 import numpy as np
 
 
-def inverse_flops(C: int, base: int = 16) -> int:
-    """Flops of :func:`kda_lib.ops.chunked.unit_lower_inverse` on one ``C x C`` matrix.
-
-    Diagonal blocks of ``b = min(base, C)``: ``log2(b) - 1`` Neumann steps of two ``b x b``
-    products each; then merges of ``m x m`` blocks (m = b, 2b, ..., C/2), ``C / 2m`` of them,
-    each ``X2 L21 X1``: two ``m x m`` products.
-    """
-    b = min(base, C)
-    flops = (C // b) * (int(math.log2(b)) - 1) * 2 * (2 * b**3)
-    m = b
+def inverse_flops(C: int) -> int:
+    """Flops of :func:`kda_lib.ops.chunked.unit_lower_inverse` on one ``C x C`` matrix: merges
+    of ``m x m`` blocks (m = 2, 4, ..., C/2; the 2 x 2 blocks cost none), ``C / 2m`` of them,
+    each ``X2 L21 X1``: two ``m x m`` products."""
+    flops, m = 0, 2
     while m < C:
         flops += (C // (2 * m)) * 2 * (2 * m**3)
         m *= 2

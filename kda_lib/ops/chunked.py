@@ -222,33 +222,26 @@ def isolate_non_finite_if_any(q, k, v, g, beta, initial_state, segment_ids):
 @jax.custom_vjp
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
     """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, C a power of two, by
-    matmuls only: diagonal blocks of ``min(C, 16)`` by the Neumann product ``(I - X)(I +
-    X^2)(I + X^4)...``, merged pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L
-    X1^-1, X2^-1]]``). Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
+    matmuls only: the 2 x 2 diagonal blocks ``[[1, 0], [x, 1]]^-1 = [[1, 0], [-x, 1]]``, merged
+    pairwise (``[[X1, 0], [L, X2]]^-1 = [[X1^-1, 0], [-X2^-1 L X1^-1, X2^-1]]``): products of
+    inverses and of ``a``'s own entries. Gradient: ``da = -X^T dX X^T`` (strictly lower part)."""
     size, lead = a.shape[-1], a.shape[:-2]
     if a.ndim < 2 or a.shape[-2] != size or size < 1 or size & (size - 1):
         raise ValueError(f"unit_lower_inverse needs a [..., C, C] with C a power of two, got shape "
                          f"{a.shape}")  # fmt: skip
-    block = min(16, size)
-    a = a.reshape(-1, size, size)  # one flat batch dimension and slices (DESIGN section 6)
+    a = a.reshape(-1, size, size)  # one flat batch dimension (DESIGN section 6)
 
-    def blocks(rows, cols, width):  # [N, count, width, width] from block offsets
-        pairs = zip(rows, cols, strict=True)
-        return jnp.stack([a[:, r : r + width, c : c + width] for r, c in pairs], axis=1)
+    def blocks(m):  # [N, C / m, m, m]: the diagonal blocks of m rows, gathered
+        x = a.reshape(-1, size // m, m, size // m, m)
+        return jnp.moveaxis(jnp.diagonal(x, axis1=1, axis2=3), -1, 1)
 
-    starts = list(range(0, size, block))
-    x, eye = blocks(starts, starts, block), jnp.eye(block, dtype=a.dtype)
-    inv, power = eye - x, x
-    for _ in range(int(math.log2(block)) - 1):
-        power = _mm("...ij,...jk->...ik", power, power)
-        inv = _mm("...ij,...jk->...ik", inv, eye + power)
-    m = block
+    m = min(2, size)
+    inv = jnp.eye(m, dtype=a.dtype) - blocks(m)  # exact: a 2 x 2 strictly lower block squares to 0
     while m < size:
         pairs = size // (2 * m)
         inv = inv.reshape(-1, pairs, 2, m, m)
         x1, x2 = inv[:, :, 0], inv[:, :, 1]
-        l21 = blocks([(2 * p + 1) * m for p in range(pairs)], [2 * p * m for p in range(pairs)], m)
-        lower = -_mm("...ij,...jk,...kl->...il", x2, l21, x1)
+        lower = -_mm("...ij,...jk,...kl->...il", x2, blocks(2 * m)[..., m:, :m], x1)
         top = jnp.concatenate([x1, jnp.zeros_like(x1)], axis=-1)
         inv = jnp.concatenate([top, jnp.concatenate([lower, x2], axis=-1)], axis=-2)
         m *= 2
