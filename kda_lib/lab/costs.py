@@ -11,8 +11,6 @@ count.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import numpy as np
 

@@ -23,7 +23,6 @@ Decay ratios are products of ``exp(g) <= 1`` over exactly their own range, never
 from __future__ import annotations
 
 import functools
-import math
 from collections import namedtuple
 from typing import Literal
 
