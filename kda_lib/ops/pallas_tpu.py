@@ -214,7 +214,6 @@ def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
     size = q.shape[-2]
     p_score, p_inner, _ = _passes(low)
     k32, q32 = k.astype(f32), q.astype(f32) * scale
-    rows, cols = _rows((size, size)), _cols((size, size))
     levels = _level_sums(g)
     _, last_in, last_out = levels.pop()
     decay_in, decay_out = jnp.exp(last_in), jnp.exp(last_out)  # exp(G_i), exp(G_C - G_j)
@@ -222,17 +221,16 @@ def chunk_intra(q, k, v, g, beta, *, scale: float, low: bool):
     # 2h-segment, the decay split at its middle m into exp(G_i - G_m) exp(G_m - G_j) <= 1 each;
     # one product per level, the keys against queries and keys stacked ([C, 2C]: the MXU's
     # whole width at C = 64), transposed once; the diagonal q_i . k_i on the vector unit
-    key_row, col = _rows((size, 2 * size)), _rem(_cols((size, 2 * size)), size)
+    j, i = _rows((size, 2 * size)), _rem(_cols((size, 2 * size)), size)  # key j, row i
     scores_t = jnp.zeros((*q.shape[:-2], size, 2 * size), f32)
-    for h, inclusive, exclusive in levels:
-        mine = ((_div(col, 2 * h) == _div(key_row, 2 * h)) & (_rem(col, 2 * h) >= h)
-                & (_rem(key_row, 2 * h) < h))  # fmt: skip
+    for h, inclusive, exclusive in levels:  # i in the h rows right after j's, j's 2h-aligned
+        mine = (_div(i, h) - _div(j, h) == 1) & (_rem(_div(j, h), 2) == 0)
         row_f = jnp.exp(inclusive)
         keys = k32 if exclusive is None else k32 * jnp.exp(exclusive)
         both = jnp.concatenate([q32 * row_f, k32 * row_f], axis=-2)
         scores_t = scores_t + jnp.where(mine, _dot(keys, both, p_score, True), _ZERO)
     attn_qk, attn_kk = _halves(_t(scores_t))
-    attn_qk = attn_qk + jnp.where(rows == cols, jnp.sum(q32 * k32, -1, keepdims=True), _ZERO)
+    attn_qk = attn_qk + jnp.where(_eye(size), jnp.sum(q32 * k32, -1, keepdims=True), _ZERO)
     attn_kk = beta * attn_kk
     solve = _unit_lower_inverse(attn_kk, p_inner)
     w = _dot(solve, beta * k32 * decay_in, p_inner)
@@ -286,8 +284,7 @@ def _unit_lower_inverse(attn, passes: int):
 
 # ------------------------------------------------------------------ the kernels
 def _compiler_params(semantics):
-    params = getattr(pltpu, "CompilerParams", None) or pltpu.TPUCompilerParams  # JAX < 0.7
-    return params(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
 
 
 def _heads_per_program(heads: int, groups: int, most: int) -> int:
@@ -549,9 +546,8 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
-    copies: fastest at multiples), ``chunk_size``
-    a power of two from 16 to ``BLOCK_T``. ``low``: fewer matmul passes (:data:`LOW_PASSES`;
-    default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
+    copies: fastest at multiples), ``chunk_size`` a power of two from 16 to ``BLOCK_T``.
+    ``low``: fewer matmul passes (:data:`LOW_PASSES`; default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
     ``non_finite_fallback``: where the result is not finite, the recurrence's outputs
     (:func:`_exact_where_not_finite`); False: the kernels' own. Differentiable (reverse mode)
     in every array."""
@@ -588,21 +584,21 @@ def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_
     return o, (final if output_final_state else None), None
 
 
-def problems(o, here: bool = True) -> list[str]:
-    """Why the kernels cannot serve the checked call ``o`` (:class:`KDAOptions`); ``here``: on
+def problems(options, here: bool = True) -> list[str]:
+    """Why the kernels cannot serve the checked call ``options`` (:class:`KDAOptions`); ``here``: on
     this machine too (compiled on a TPU, Pallas's interpreter on a CPU, neither elsewhere)."""
     name = "implementation='pallas_tpu'"
     backend = jax.default_backend() if here else "tpu"
     found = [problem for bad, problem in [
         (backend not in ("tpu", "cpu"),
          f"{name} runs on a TPU (and interpreted on a CPU), not on {backend}; use 'chunked'"),
-        (not MIN_CHUNK <= o.chunk_size <= BLOCK_T,
-         f"{name} needs {MIN_CHUNK} <= chunk_size <= {BLOCK_T}, got {o.chunk_size}"),
-        (jnp.dtype(o.dtype) not in (jnp.float32, jnp.bfloat16),
-         f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(o.dtype).name}; use "
+        (not MIN_CHUNK <= options.chunk_size <= BLOCK_T,
+         f"{name} needs {MIN_CHUNK} <= chunk_size <= {BLOCK_T}, got {options.chunk_size}"),
+        (jnp.dtype(options.dtype) not in (jnp.float32, jnp.bfloat16),
+         f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
-        (o.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
-        *[(getattr(o, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
+        (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
+        *[(getattr(options, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
            "'recurrent'") for flag in ("output_chunk_states", "output_token_states")],
     ] if bad]  # fmt: skip
     return found
