@@ -547,7 +547,8 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
     copies: fastest at multiples), ``chunk_size`` a power of two from 16 to ``BLOCK_T``.
-    ``low``: fewer matmul passes (:data:`LOW_PASSES`; default: q in bfloat16). ``interpret``: Pallas's interpreter (default: off a TPU).
+    ``low``: fewer matmul passes (:data:`LOW_PASSES`; default: q in bfloat16). ``interpret``:
+    Pallas's interpreter (default: off a TPU).
     ``non_finite_fallback``: where the result is not finite, the recurrence's outputs
     (:func:`_exact_where_not_finite`); False: the kernels' own. Differentiable (reverse mode)
     in every array."""

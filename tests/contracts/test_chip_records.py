@@ -13,8 +13,10 @@ CHIP = ROOT / "data" / "benchmarks" / "tpu-v5e" / "2026-12-06-accelerator-3-3-3.
 TESTS = ROOT / "data" / "tests" / "tpu-v5e"
 
 
-@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT) for p in (ROOT / "data").rglob("*.json")),
-                         ids=str)  # fmt: skip
+RECORDS = sorted(p.relative_to(ROOT) for p in (ROOT / "data").rglob("*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=str)
 def test_every_record_parses(path):
     json.loads((ROOT / path).read_text())
 
