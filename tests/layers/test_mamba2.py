@@ -105,8 +105,9 @@ def _mamba2_loop(f, a_log, dt_bias, b, c, x, scale, *, scale_writes):
             for t in range(x.shape[1]):
                 dt = np.log1p(np.exp(f[i, t, h] + dt_bias[h]))
                 write = dt if scale_writes else 1.0
-                state = np.exp(-np.exp(a_log[h]) * dt) * state + write * np.outer(b[i, t, h],
-                                                                                  x[i, t, h])
+                state = np.exp(-np.exp(a_log[h]) * dt) * state + write * np.outer(
+                    b[i, t, h], x[i, t, h]
+                )
                 out[i, t, h] = scale * c[i, t, h] @ state
             final[i, h] = state
     return out, final
