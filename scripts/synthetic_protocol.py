@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import synthetic_sweep as sweep  # noqa: E402
 
-from kda_lib.lab.records import read_json_document, write_json  # noqa: E402
+from kda_lib.lab.records import output_path_problem, read_json_document, write_json  # noqa: E402
 from kda_lib.lab.significance import (  # noqa: E402
     ALPHA,
     POWER,
@@ -193,12 +193,17 @@ def protocol_id(protocol: dict) -> str:
 
 
 def load_protocol(path) -> dict:
-    """The protocol at ``path``; SystemExit when it is not one or its id does not match."""
-    protocol = read_json_document(path)
+    """The protocol at ``path``; ValueError when there is none, it is damaged, it is not one or
+    its id does not match its binding entries."""
+    protocol = read_json_document(path)  # ValueError: damaged
+    if protocol is None:
+        raise ValueError(f"no file at {str(path)!r}")
     if not isinstance(protocol, dict) or protocol.get("kind") != KIND:
-        raise SystemExit(f"{path} is not a {KIND} file")
+        raise ValueError(f"{str(path)!r} is not a {KIND} file")
+    if any(key not in protocol for key in (*BINDING, "id")):
+        raise ValueError(f"{str(path)!r} lacks some of {[*BINDING, 'id']}")
     if protocol.get("id") != protocol_id(protocol):
-        raise SystemExit(
+        raise ValueError(
             f"{path}: its id {protocol.get('id')} does not match its binding entries "
             f"({protocol_id(protocol)}): changed after it was fixed?"
         )
@@ -904,12 +909,37 @@ def copier(protocol, protocol_path, destination):
     return copy_records
 
 
-def main_run(options) -> int:
+def check_run(p: argparse.ArgumentParser, options) -> dict:
+    """The protocol of a ``run`` command, every check made before any work (argparse's error,
+    exit 2): the numbers, the protocol file, ``--copy-to``, every part's synthetic_sweep command
+    (its record writable, undamaged, of the same setting) and the record's protocol id."""
+    if not options.time_limit > 0:
+        p.error(f"--time-limit must be > 0, got {options.time_limit}")
+    if options.max_runs is not None and options.max_runs < 1:
+        p.error(f"--max-runs must be >= 1, got {options.max_runs}")
+    try:
+        protocol = load_protocol(options.protocol)
+    except ValueError as error:
+        p.error(f"--protocol: {error}")
+    if options.copy_to is not None and (problem := output_path_problem(options.copy_to / "x.json")):
+        p.error(f"--copy-to: {problem}")
+    for part in protocol["parts"]:
+        parse_part(part, options.protocol)  # the sweep's own refusals, exit 2
+        record = read_json_document(output_path(options.protocol, part["output"]))
+        theirs = (record or {}).get("preregistration") or {}
+        if theirs and theirs.get("id") != protocol["id"]:
+            p.error(
+                f"--protocol: the record {part['output']} was made under protocol "
+                f"{theirs.get('id')}, not {protocol['id']}: give its parts other outputs"
+            )
+    return protocol
+
+
+def main_run(options, protocol) -> int:
     import jax
 
     import kda_lib.teaching.notebook
 
-    protocol = load_protocol(options.protocol)
     if options.compile_cache:
         jax.config.update("jax_compilation_cache_dir", str(options.compile_cache))
     kda_lib.teaching.notebook.setup(style=False)  # as synthetic_sweep.main: the same runs
@@ -991,6 +1021,10 @@ def main(argv=None) -> int:
     status.add_argument("--protocol", type=pathlib.Path, default=PROTOCOL)
     options = p.parse_args(argv)
     if options.command == "plan":
+        if problem := output_path_problem(options.output):
+            p.error(f"--output: {problem}")
+        if not options.step_table.is_file():
+            p.error(f"--step-table: no file at {str(options.step_table)!r}")
         protocol = build_protocol(json.loads(options.step_table.read_text()))
         write_json(protocol, options.output)
         plan = protocol["time_plan"]
@@ -1001,10 +1035,11 @@ def main(argv=None) -> int:
         )
         return 0
     if options.command == "run":
-        if not options.time_limit > 0:
-            p.error(f"--time-limit must be > 0, got {options.time_limit}")
-        return main_run(options)
-    protocol = load_protocol(options.protocol)
+        return main_run(options, check_run(p, options))
+    try:
+        protocol = load_protocol(options.protocol)
+    except ValueError as error:
+        p.error(f"--protocol: {error}")
     print(f"protocol {protocol['name']} ({protocol['id']})")
     print_status(protocol, options.protocol)
     return 0

@@ -129,7 +129,7 @@ def test_a_protocol_changed_after_it_was_fixed_is_refused(script, tmp_path):
     protocol = json.loads(path.read_text())
     protocol["test"]["seeds"] = [0, 1, 2]
     path.write_text(json.dumps(protocol))
-    with pytest.raises(SystemExit, match="does not match its binding entries"):
+    with pytest.raises(ValueError, match="does not match its binding entries"):
         script.load_protocol(path)
 
 
@@ -246,7 +246,7 @@ def test_the_time_limit_stops_before_a_run_that_would_overrun_and_the_next_comma
 
 
 def test_a_record_stamped_by_another_protocol_is_refused(
-    script, tmp_path, monkeypatch, restore_jax_settings
+    script, tmp_path, monkeypatch, capsys, restore_jax_settings
 ):
     namespace = dict(clock=type("C", (), {"now": 0.0})())
     exec(FAKE_RUN, namespace)
@@ -257,8 +257,9 @@ def test_a_record_stamped_by_another_protocol_is_refused(
     protocol["name"] = "another"
     protocol["id"] = script.protocol_id(protocol)
     path.write_text(json.dumps(protocol))
-    with pytest.raises(SystemExit, match="was made under protocol"):
+    with pytest.raises(SystemExit) as exit_info:
         script.main(["run", "--protocol", str(path), "--time-limit", "1e9"])
+    assert exit_info.value.code == 2 and "was made under protocol" in capsys.readouterr().err
 
 
 SLOW_RUN = """
