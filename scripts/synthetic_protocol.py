@@ -833,8 +833,9 @@ class Clock:
             elapsed = time.monotonic() - self.start
             estimate = self.estimate(part, args, document.doc, key)
             if elapsed >= self.limit or (estimate is not None and elapsed + estimate > self.limit):
+                needs = "an unknown time" if estimate is None else f"about {estimate:.0f} s"
                 raise OutOfTime(
-                    f"the next run {key} needs about {estimate or 0:.0f} s; "
+                    f"the next run {key} needs {needs}; "
                     f"{max(self.limit - elapsed, 0):.0f} s of --time-limit {self.limit:g} left"
                 )
             self.started += 1
@@ -857,7 +858,7 @@ def stamp(document, protocol, path, args) -> None:
         seeds=protocol["test"]["seeds"],
         test=protocol["test"]["name"],
         max_steps=args.max_steps,
-        retune=protocol.get("retune"),
+        retune=retune if (retune := protocol.get("retune")) and retune["task"] in tasks else None,
     )
     theirs = document.doc.get("preregistration")
     if theirs is not None and theirs.get("id") != mine["id"]:
