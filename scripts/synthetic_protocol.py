@@ -37,7 +37,9 @@ On the chip, one command (at most 10 minutes; the device README's install first)
       --compile-cache build/jax_cache
 
 then copy the records that come back (``data/results/synthetic_tpu_*.json`` under the files'
-folder) over ``data/results/`` and commit them; the next command resumes.
+folder) over ``data/results/`` and commit them; the next command resumes. (Should a fresh
+machine's start count against its first command's 10 minutes, give that one ``--time-limit
+300``: the driver then starts fewer runs, none is lost.)
 """
 
 from __future__ import annotations
@@ -987,6 +989,14 @@ def print_status(protocol, protocol_path) -> None:
             f"  {part['name']:11s} cells tuned {tuned}/{len(sweep.cells(args))}, seed runs "
             f"{phases.count('seeds')}/{wanted}, tuning runs {phases.count('tune')}"
         )
+        retune = protocol.get("retune")
+        if retune and retune["part"] == part["name"]:
+            cell = f"{retune['task']}/{retune['mixer']}"
+            first, second = doc["grids"].get(cell), doc["grids"].get(f"{cell}@seed{retune['seed']}")
+            if first and second:
+                same = "the same rate" if first["best"] == second["best"] else "another rate"
+                print(f"  {cell}: tuning seed {first['seed']} chose {first['best']:g}, tuning seed "
+                      f"{second['seed']} {second['best']:g} ({same})")  # fmt: skip
     rows = analyse(protocol, documents)
     for r in rows:
         got = (
