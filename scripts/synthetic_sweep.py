@@ -39,12 +39,19 @@ Protocol (stated once, recorded in the JSON under ``protocol``):
 - **Controls**: the conv-only mixer (``conv``, blind beyond ``ModelConfig.conv_reach`` tokens)
   runs on every task; for stack every score also gives the accuracy on the scored pops whose
   answer lies beyond that reach (``beyond_reach_accuracy``).
+- **Sizes**: with ``--match-params M`` (recorded in ``setting`` as ``match_params``; without
+  it, records before 2026-12-06, each mixer keeps the MLP width ``2 * hidden_size``) every model
+  gets the MLP width whose parameter count is nearest that of mixer M's model at that width
+  (:func:`kda_lib.models.tiny_lm.match_parameter_count`, notebook 09's rule: within half an
+  MLP unit, ``num_layers * (2 * hidden_size + 1)`` parameters); every run records its
+  ``params``, its ``model`` (``mlp_width``) and the ``params_target``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import math
 import time
 
@@ -61,7 +68,7 @@ from kda_lib.lab.train import TRAIN_STREAM, evaluate, make_optimizer, make_task,
 from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.params import parameter_count
 from kda_lib.models.tiny_lm import MIXERS as MODEL_MIXERS
-from kda_lib.models.tiny_lm import ModelConfig, TinyLM
+from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 
 FLAT_WINDOW = 0.2  # the last fifth of the steps, for the "flat" verdict
 
@@ -145,6 +152,12 @@ def parser() -> argparse.ArgumentParser:
     add_grid_arguments(p, "task and mixer")
     record_runs.add_seed_arguments(p)
     p.add_argument("--only", default="", help="restrict to 'task/mixer,...' (for a quick check)")
+    p.add_argument(
+        "--match-params",
+        metavar="MIXER",
+        help="every model's MLP width chosen so its parameter count is nearest MIXER's model's "
+        "(default: no matching, the MLP 2 * hidden_size wide)",
+    )
     return p
 
 
@@ -173,6 +186,9 @@ SETTING_KEYS = (
     "tune_seed",
 )
 PROTOCOL_VERSION = 2  # 2: validation and test streams, tuning seed apart (issue 39)
+# settings recorded only when given, so that a document made before they existed resumes:
+# name -> the value that leaves it out
+OPTIONAL_SETTINGS = {"match_params": None}
 
 
 def task_options(task: str, args) -> dict:
@@ -201,6 +217,20 @@ _DRAWERS: dict = {}
 
 
 def _model_config(mixer: str, args) -> ModelConfig:
+    """The model of ``mixer`` at the options ``args``; with ``--match-params M`` its MLP width
+    is the one whose parameter count is nearest M's model's (:func:`params_target`)."""
+    config = _unmatched_config(mixer, args)
+    target = params_target(args)
+    return config if target is None else match_parameter_count(config, target)
+
+
+def params_target(args) -> int | None:
+    """The parameter count every model is matched to (``--match-params``), else None."""
+    match = getattr(args, "match_params", None)
+    return None if match is None else config_param_count(_unmatched_config(match, args))
+
+
+def _unmatched_config(mixer: str, args) -> ModelConfig:
     mixer_config = KDAConfig(
         hidden_size=args.hidden_size,
         num_heads=args.num_heads,
@@ -269,12 +299,16 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
     test = evaluate(
         model, task_fn, **held_out, **reach, num_batches=args.test_batches, split="test"
     )
+    target = params_target(args)
+    matched = {} if target is None else dict(params_target=target)
+    device = jax.devices()[0]
     return dict(
         task=task,
         task_options=options,
         mixer=mixer,
         model=config.record(),
         params=parameter_count(model),
+        **matched,
         training=dict(
             steps=steps_run,
             max_steps=args.max_steps,
@@ -292,7 +326,9 @@ def run_one(task: str, mixer: str, seq_len: int, lr: float, seed: int, args) -> 
         chance_accuracy=chance_accuracy(task, **options),
         train_seconds=curve["seconds"][-1],
         seconds_per_step=curve["seconds"][-1] / steps_run,
-        platform=jax.devices()[0].platform,
+        platform=device.platform,
+        device_kind=device.device_kind,
+        versions={name: importlib.metadata.version(name) for name in ("jax", "flax", "optax")},
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
 
@@ -324,14 +360,24 @@ def best_rate(rows: list[dict]) -> float:
 
 
 def setting_of(args) -> dict:
-    return record_runs.setting_of(args, SETTING_KEYS, PROTOCOL_VERSION)
+    """The options that make a run what it is (:data:`SETTING_KEYS`), and those of
+    :data:`OPTIONAL_SETTINGS` given a value other than the one that leaves them out."""
+    setting = record_runs.setting_of(args, SETTING_KEYS, PROTOCOL_VERSION)
+    for name, absent in OPTIONAL_SETTINGS.items():
+        if getattr(args, name, absent) != absent:
+            setting[name] = getattr(args, name)
+    return setting
 
 
 class Sweep(record_runs.RunDocument):
-    """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent."""
+    """The JSON document and the runs in it; :meth:`ensure` trains a run only when absent.
 
-    def __init__(self, args):
-        self.args = args
+    ``before_train(key)`` (optional), called with a run's ``(task, mixer, seq_len, lr, seed)``
+    just before it is trained (never for a run the document or the file holds), may raise to
+    stop the sweep there (a driver's time limit: ``scripts/synthetic_protocol.py``)."""
+
+    def __init__(self, args, before_train=None):
+        self.args, self.before_train = args, before_train
         document = dict(
             protocol=__doc__.split("Protocol (stated once")[1].strip(),
             setting=setting_of(args),
@@ -342,6 +388,8 @@ class Sweep(record_runs.RunDocument):
 
     def ensure(self, task, mixer, seq_len, lr, seed, phase) -> dict:
         def train() -> dict:
+            if self.before_train is not None:
+                self.before_train((task, mixer, seq_len, float(lr), int(seed)))
             return dict(run_one(task, mixer, seq_len, lr, seed, self.args), phase=phase)
 
         def announce(record: dict) -> None:
@@ -356,11 +404,16 @@ class Sweep(record_runs.RunDocument):
         key = (task, mixer, seq_len, float(lr), int(seed))
         return super().ensure(key, train, announce)
 
-    def tune(self, task, mixer):
+    def tune(self, task, mixer, seed: int | None = None):
         """The rate of the cell, chosen on validation at the task's first length with the
-        tuning seed (:func:`kda_lib.lab.rate_grid.tune_rate`), recorded in ``grids``."""
+        tuning seed (:func:`kda_lib.lab.rate_grid.tune_rate`), recorded in ``grids`` under
+        ``"task/mixer"``. ``seed``: another tuning seed (never a reported one), for the rate's
+        robustness to it: recorded under ``"task/mixer@seed<seed>"``, the seeds' rate unchanged."""
         a = self.args
-        seq_len, seed = a.seq_lens[task][0], a.tune_seed
+        seq_len = a.seq_lens[task][0]
+        seed = a.tune_seed if seed is None else seed
+        if seed in a.seeds:
+            raise ValueError(f"tuning seed {seed} is one of the reported seeds {a.seeds}")
         grid = tune_rate(
             lambda lr: score(self.ensure(task, mixer, seq_len, lr, seed, "tune")),
             initial_grid(a),
@@ -368,7 +421,7 @@ class Sweep(record_runs.RunDocument):
             max_extensions=a.max_extensions,
         )
         self.set_grid(
-            f"{task}/{mixer}",
+            grid_name(task, mixer, seed, a.tune_seed),
             dict(seq_len=seq_len, seed=seed, **{k: grid[k] for k in ("rates", "best", "inside")}),
         )
 
@@ -378,6 +431,11 @@ class Sweep(record_runs.RunDocument):
             raise SystemExit(f"{task}/{mixer} is not tuned yet: run --phase tune first")
         for key in seed_plan(self.args, {f"{task}/{mixer}": tuned["best"]}):
             self.ensure(*key, "seeds")
+
+
+def grid_name(task: str, mixer: str, seed: int, tune_seed: int) -> str:
+    """``"task/mixer"`` for the tuning seed's grid, ``"task/mixer@seed<seed>"`` for another's."""
+    return f"{task}/{mixer}" + ("" if seed == tune_seed else f"@seed{seed}")
 
 
 def initial_grid(args) -> list[float]:
@@ -434,6 +492,9 @@ def check_arguments(p: argparse.ArgumentParser, args) -> None:
     if not args.flat_tol >= 0:
         p.error(f"--flat-tol must be >= 0, got {args.flat_tol}")
     record_runs.check_seeds_and_grid(p, args)
+    if args.match_params is not None and args.match_params not in MODEL_MIXERS:
+        p.error(f"--match-params: unknown mixer {args.match_params!r}; known: "
+                f"{', '.join(sorted(MODEL_MIXERS))}")  # fmt: skip
     check_cells(p, args)
     record_runs.check_output(p, args, setting_of(args))
 
@@ -454,7 +515,7 @@ def check_cells(p: argparse.ArgumentParser, args) -> None:
     unknown = sorted(only - {f"{t}/{m}" for t in tasks for m in mixers})
     if unknown:
         p.error(f"--only: {unknown} are not task/mixer cells of --tasks and --mixers")
-    for mixer in mixers:
+    for mixer in mixers:  # (with --match-params: a target below a 1-unit MLP is refused here)
         record_runs.check_model(p, lambda m=mixer: _model_config(m, args))
     batch = args.batch_size
     for task in tasks:

@@ -13,6 +13,9 @@ made on the differences ``d[i] = a[i] - b[i]``.
   :func:`scipy.stats.false_discovery_control`, but no Holm: it is written here, a few lines).
 * :func:`detectable_gap` -- the smallest mean paired difference a two-sided paired t-test
   detects with the stated power (noncentral t, :data:`scipy.stats.nct`).
+* :func:`sign_flip_power`, :func:`sign_flip_detectable` -- the same for the exact sign-flip
+  (paired permutation) test of :func:`sign_flip_p`, whose p-values are exact and whose power at
+  normal differences is drawn (Monte Carlo, a fixed seed: the same answer every call).
 
 **The test.** The caller chooses it before looking at the scores (choosing it from a normality
 pretest of the same scores changes the test's error rate, and a pretest has no power at 3-5
@@ -243,6 +246,65 @@ def detectable_gap(n: int, sd: float, alpha: float = ALPHA, power: float = POWER
     )
     with np.errstate(over="ignore"):
         return float(np.float64(effect) * sd)
+
+
+def _sign_patterns(n: int) -> np.ndarray:
+    """All ``2^n`` sign vectors ``[2^n, n]`` of +-1."""
+    bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    return 1.0 - 2.0 * bits
+
+
+def sign_flip_power(
+    effect: float, n: int, alpha: float, *, draws: int = 20000, seed: int = 0
+) -> float:
+    """Probability that the exact two-sided sign-flip test (:func:`sign_flip_p`) at level
+    ``alpha`` finds ``a > b`` (p <= ``alpha`` and a positive mean difference) from ``n`` paired
+    differences drawn normal with mean ``effect`` and standard deviation 1 (``effect`` is in
+    units of the differences' standard deviation). Exact p-values (all ``2^n`` sign patterns,
+    ``n`` <= 16) of ``draws`` samples from ``numpy.random.default_rng(seed)``.
+
+    Where ``alpha < 4 / 2^n`` only the all-positive pattern passes, and the power is
+    ``Phi(effect) ** n`` (the test checks it).
+    """
+    if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 2 <= n <= 16):
+        raise ValueError(f"n must be an int in [2, 16] (pairs); got {n!r}")
+    if not (is_number(effect) and math.isfinite(effect)):
+        raise ValueError(f"effect must be a finite number; got {effect!r}")
+    alpha = _level("alpha", alpha)
+    differences = effect + np.random.default_rng(seed).standard_normal((draws, int(n)))
+    p = sign_flip_p_rows(differences)
+    return float(np.mean((p <= alpha) & (differences.mean(axis=1) > 0)))
+
+
+def sign_flip_p_rows(differences) -> np.ndarray:
+    """:func:`sign_flip_p` of each row of ``differences [rows, n]`` (paired differences
+    ``a - b``, ``n`` <= 16), vectorised: the share of the ``2^n`` sign patterns whose mean is at
+    least as far out, in the observed direction, doubled and capped at 1."""
+    differences = np.asarray(differences, np.float64)
+    n = differences.shape[1]
+    observed = differences.mean(axis=1)
+    null = differences @ _sign_patterns(n).T / n  # [rows, 2^n]: every sign pattern's mean
+    tolerance = 1e-12 * np.maximum(np.abs(observed), 1.0)
+    greater = (null >= (observed - tolerance)[:, None]).mean(axis=1)
+    less = (null <= (observed + tolerance)[:, None]).mean(axis=1)
+    return np.minimum(1.0, 2.0 * np.minimum(greater, less))
+
+
+def sign_flip_detectable(n: int, alpha: float, power: float = POWER, **draws) -> float:
+    """The smallest ``effect`` (mean paired difference over its standard deviation) at which
+    :func:`sign_flip_power` reaches ``power`` (bisection to 0.001, the same draws at every
+    ``effect``); ``draws``: ``draws`` and ``seed`` as :func:`sign_flip_power` takes them.
+    Infinity when even an effect of 50 does not reach it (``alpha`` below ``2 / 2^n``: no
+    pattern of ``n`` signs can pass)."""
+    power = _level("power", power)
+    if sign_flip_power(50.0, n, alpha, **draws) < power:
+        return math.inf
+    low, high = 0.0, 50.0
+    while high - low > 1e-3:
+        middle = (low + high) / 2
+        low, high = (low, middle) if sign_flip_power(middle, n, alpha, **draws) >= power else (
+            middle, high)  # fmt: skip
+    return high
 
 
 def compare(a, b, *, test: str = "t", alpha: float = ALPHA, family_size: int = 1) -> Comparison:

@@ -75,6 +75,8 @@ MIXER_HELP = {
     "attention": "causal softmax attention, RoPE",
     "attention_conv": "that attention with KDA's short convs on q, k, v: an ablation",
     "conv": "the short conv alone, no recurrence",
+    "mamba2": "Mamba2-style stand-in: one decay per head, writes not scaled by the step size",
+    "mamba2_dt": "Mamba2's discretisation: one decay per head, writes scaled by the step size",
 }
 
 

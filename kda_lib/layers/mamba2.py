@@ -2,12 +2,18 @@
 and :class:`ConvMixer` (KDA's short-conv path alone).
 
 ``y = o_proj(gated_rmsnorm(o, o_norm, g_proj(x)))`` with ``o`` per head from
-:func:`kda_lib.ops.scalar_decay.scalar_decay_chunked`::
+:func:`kda_lib.ops.scalar_decay.scalar_decay_chunked`; per head, with the step size
+``dt_t = softplus(f_t + dt_bias)`` and ``A = -exp(A_log)`` (:func:`discretize`)::
 
-    S <- a_t S + k_t v_t^T,   o_t = scale q_t^T S,   a_t = exp(-exp(A_log) softplus(f_t + dt_bias))
+    S <- exp(dt_t A) S + w_t k_t v_t^T,   o_t = scale q_t^T S
 
-``q, k, v``: projections of ``x`` through KDA's short causal convs (+ SiLU), q and k
-L2-normalised; ``f_t = f_proj(x_t)`` one number per head; the KDA layer's parameter names.
+``w_t = dt_t`` with ``scale_writes=True`` (the ``"mamba2_dt"`` mixer): Mamba2's
+discretisation, ``h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t`` with ``k`` as B, ``v`` as x and
+``q`` as C; ``w_t = 1`` with ``scale_writes=False`` (the ``"mamba2"`` mixer, the default): a
+stand-in whose step size sets the decay alone, so a small step keeps the state and still
+writes in full. ``q, k, v``: projections of ``x`` through KDA's short causal convs (+ SiLU),
+q and k L2-normalised (Mamba2 normalises neither and adds a skip ``D x``: neither mixer has
+that); ``f_t = f_proj(x_t)`` one number per head; the KDA layer's parameter names.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from kda_lib.ops.segments import segment_starts
 class Mamba2Config(Widths):
     """Sizes of :class:`Mamba2Mixer`, named as in :class:`kda_lib.KDAConfig`: ``hidden_size``;
     ``num_heads`` H of ``head_dim`` K and ``value_head_dim`` V (None = K); ``conv_size`` W (4;
-    0: SiLU only); ``norm_eps`` (1e-5); ``chunk_size`` of the kernel (64)."""
+    0: SiLU only); ``norm_eps`` (1e-5); ``chunk_size`` of the kernel (64); ``scale_writes``
+    (False): each write scaled by the step size ``dt_t``, Mamba2's discretisation (module
+    docstring; False: the stand-in whose writes are not scaled)."""
 
     hidden_size: int
     num_heads: int
@@ -43,10 +51,11 @@ class Mamba2Config(Widths):
     conv_size: int = 4
     norm_eps: float = 1e-5
     chunk_size: int = 64
+    scale_writes: bool = False
 
     def __post_init__(self):
         check_fields(self, int="hidden_size num_heads head_dim chunk_size", width="value_head_dim",
-                     int0="conv_size", eps="norm_eps")  # fmt: skip
+                     int0="conv_size", eps="norm_eps", bool="scale_writes")  # fmt: skip
 
 
 # decode state with KDACache's fields (its own type: a KDA layer refuses it)
@@ -90,7 +99,8 @@ class Mamba2Mixer(nnx.Module):
         streams, conv_states = mix_convs(convs, streams, states, segment_ids)
         q, k, v = (z.reshape(batch, seq_len, cfg.num_heads, -1) for z in streams)
         q, k = l2_normalize(q, keep_float32=True), l2_normalize(k, keep_float32=True)
-        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.f_proj(x) + self.dt_bias[...])
+        g, k = discretize(self.f_proj(x), self.A_log[...], self.dt_bias[...], k,
+                          scale_writes=cfg.scale_writes)  # fmt: skip
         if segment_ids is None:
             initial = None if cache is None else cache.state
             o, final = scalar_decay_chunked(q, k, v, g, initial_state=initial,
@@ -105,6 +115,16 @@ class Mamba2Mixer(nnx.Module):
 
     # zero state and conv history, as the KDA layer's (Mamba2Cache has KDACache's fields)
     init_cache, _cache_shapes = KimiDeltaAttention.init_cache, KimiDeltaAttention._cache_shapes
+
+
+def discretize(f, a_log, dt_bias, k, *, scale_writes: bool):
+    """``(g, k_written)``: the log decay ``g = dt A`` ``[B, T, H]`` and the write's key, ``dt k``
+    with ``scale_writes`` (Mamba2's discretisation), else ``k`` (the stand-in), from the gate
+    input ``f [B, T, H]``, ``a_log``, ``dt_bias [H]`` and ``k [B, T, H, K]``; the step size is
+    ``dt = softplus(f + dt_bias)`` and ``A = -exp(a_log)``."""
+    dt = jax.nn.softplus(f + dt_bias)
+    g = -jnp.exp(a_log) * dt
+    return g, (dt[..., None] * k if scale_writes else k)
 
 
 class ConvMixer(nnx.Module):

@@ -135,11 +135,14 @@ def _layer(make, kind, c: ModelConfig, rngs: nnx.Rngs, **fields) -> nnx.Module:
 
 
 # name -> factory(config, rngs) of a token mixer [B, T, hidden] -> [B, T, hidden] with init_cache;
-# "gdn": KDA with one decay per head; "attention_conv": attention with KDA's short convs
+# "gdn": KDA with one decay per head; "attention_conv": attention with KDA's short convs;
+# "mamba2": the Mamba2-style stand-in (writes not scaled by the step size), "mamba2_dt": with
+# Mamba2's discretisation (writes scaled by it; kda_lib.layers.mamba2)
 MIXERS = {
     "kda": lambda c, r: KimiDeltaAttention(c.mixer_config, rngs=r),
     "gdn": lambda c, r: _layer(KimiDeltaAttention, KDAConfig, c, r, per_head_decay=True),
     "mamba2": lambda c, r: _layer(Mamba2Mixer, Mamba2Config, c, r),
+    "mamba2_dt": lambda c, r: _layer(Mamba2Mixer, Mamba2Config, c, r, scale_writes=True),
     "attention": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r),
     "attention_conv": lambda c, r: _layer(CausalSelfAttention, AttentionConfig, c, r,
                                           short_conv=True),

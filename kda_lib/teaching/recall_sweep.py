@@ -24,6 +24,7 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
 
 from __future__ import annotations
 
+import re
 from math import factorial
 
 import matplotlib.pyplot as plt
@@ -40,8 +41,9 @@ MARKERS = dict(zip(MIXER_ORDER, "osD^vP", strict=True))  # ceiling lines stay to
 
 def label(mixer: str) -> str:
     """The name a mixer is shown by: ``"mamba2"`` (``"mamba2 beyond"``) reads ``"mamba2-style"``
-    (not Mamba2 itself)."""
-    return mixer.replace("mamba2", "mamba2-style")
+    (the stand-in whose writes are not scaled by the step size: not Mamba2 itself);
+    ``"mamba2_dt"``, with Mamba2's discretisation, reads ``"mamba2 (Δt)"``."""
+    return re.sub(r"mamba2(?!_dt)", "mamba2-style", mixer).replace("mamba2_dt", "mamba2 (Δt)")
 
 
 def reporter(tuning: list, records: list, path: str):

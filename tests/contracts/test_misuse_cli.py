@@ -91,6 +91,12 @@ COMMANDS = {
         ["set_repository_url", "problems"],
         [],
     ),
+    "synthetic_protocol.py": (
+        lambda: _script("synthetic_protocol.py"),
+        "main",
+        ["main_run", "build_protocol"],
+        ["run", "--time-limit", "60"],
+    ),
 }
 
 # a path option of each command that writes, and whether a file there is read first (resumed,
@@ -207,6 +213,14 @@ NUMBER_AND_NAME_ROWS = [
     ("notebook_setup.py", ["--set-repository-url", ""], "--set-repository-url: url must look"),
     ("notebook_setup.py", ["--set-repository-url", "gitlab.com/a/b"], "--set-repository-url:"),
     ("notebook_setup.py", ["--check", "--write"], "argument --write: not allowed with"),
+    # synthetic_protocol.py (its subcommand run; the recorded protocol where none is given)
+    ("synthetic_protocol.py", ["--time-limit", "0"], "--time-limit must be > 0, got 0.0"),
+    ("synthetic_protocol.py", ["--time-limit", "nan"], "--time-limit must be > 0, got nan"),
+    ("synthetic_protocol.py", ["--max-runs", "0"], "--max-runs must be >= 1, got 0"),
+    ("synthetic_protocol.py", ["--protocol", "{tmp}/none.json"], "--protocol: no file at"),
+    ("synthetic_protocol.py", ["--protocol", "{tmp}/damaged.json"], "--protocol: '{tmp}/damaged"),
+    ("synthetic_protocol.py", ["--protocol", "{tmp}/sweep.json"], "is not a synthetic_recall_pr"),
+    ("synthetic_protocol.py", ["--copy-to", "{tmp}/afile"], "--copy-to: '{tmp}/afile' is a file"),
 ]
 
 ROWS = [*_path_rows(), *NUMBER_AND_NAME_ROWS]

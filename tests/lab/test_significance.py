@@ -253,3 +253,32 @@ def test_sign_flip_p_is_exact_over_all_sign_patterns():
     assert sig.sign_flip_p(a, b) == pytest.approx(want)
     with pytest.raises(ValueError, match="one score per seed"):
         sig.sign_flip_p([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_sign_flip_p_rows_equals_sign_flip_p_row_by_row():
+    """The vectorised exact p (the power's) equals scipy's permutation test, ties and zeros
+    included."""
+    from kda_lib.lab.significance import sign_flip_p, sign_flip_p_rows
+
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.5, 1, size=(60, 9))
+    d[0], d[1], d[2, :4] = 0.0, np.round(d[1], 1), 0.0
+    want = [sign_flip_p(row, np.zeros(9)) for row in d]
+    np.testing.assert_allclose(sign_flip_p_rows(d), want, rtol=0, atol=1e-15)
+
+
+def test_sign_flip_power_has_the_closed_form_where_only_all_signs_pass():
+    """Issue 73: at 9 seeds and Holm's first step over 9 rows (0.05 / 9 < 4 / 2^9) only the
+    all-positive pattern passes, so the power is Phi(d)^9 and 80% needs d = 1.97 standard
+    deviations of the differences; 5 seeds can pass no step of 9 rows (2 / 2^5 > 0.05 / 9)."""
+    from scipy import stats
+
+    from kda_lib.lab.significance import sign_flip_detectable, sign_flip_power
+
+    for effect in (0.5, 1.5, 2.5):
+        want = stats.norm.cdf(effect) ** 9
+        assert abs(sign_flip_power(effect, 9, 0.05 / 9) - want) < 4 * np.sqrt(want / 20000) + 1e-3
+    closed = stats.norm.ppf(0.8 ** (1 / 9))
+    assert abs(sign_flip_detectable(9, 0.05 / 9) - closed) < 0.02
+    assert sign_flip_detectable(5, 0.05 / 9) == float("inf")
+    assert sign_flip_detectable(9, 0.05) < closed  # later steps of Holm pass more patterns

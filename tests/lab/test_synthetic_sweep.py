@@ -8,6 +8,8 @@ import pathlib
 import jax
 import pytest
 
+from kda_lib.models.tiny_lm import config_param_count
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "synthetic_sweep.py"
 
@@ -212,3 +214,72 @@ def test_train_step_table_writes_its_record(tmp_path):
     assert record["kind"] == "train_step_table"
     ((row,),) = [record["rows"]]
     assert row["mixer"] == "attention" and row["T"] == 24 and row["seconds_per_step"] > 0
+
+
+def _notebook_08_ci_sizes() -> dict:
+    """Notebook 08's CI parameters (its parameters cell) that size a model."""
+    import ast
+    import re
+
+    text = (ROOT / "notebooks" / "08_synthetic_recall.py").read_text()
+    cell = text.split('# %% tags=["parameters"]\n')[1].split("\n# %%")[0]
+    values = {
+        m[1]: ast.literal_eval(m[2]) for m in re.finditer(r"^(\w+): [^=]+= (.+?)  #", cell, re.M)
+    }
+    names = ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_dim")
+    return {name: values[name] for name in names}
+
+
+RECURRENT = ("kda", "gdn", "mamba2", "mamba2_dt")
+
+
+@pytest.mark.parametrize("preset", ["paper", "cpu", "notebook 08 CI"])
+def test_match_params_puts_kda_gdn_and_mamba2_within_two_percent(script, tmp_path, preset):
+    """Issue 73 item 1: with --match-params kda the recurrent mixers' models are within 2% of
+    each other's parameter count (without it KDA's is 9.5% above GDN's at the CPU preset);
+    every mixer of the sweep, the controls too, is matched."""
+    argv = ["--phase", "all", "--output", str(tmp_path / "s.json")]
+    if preset == "notebook 08 CI":
+        sizes = _notebook_08_ci_sizes()
+        argv += ["--preset", "cpu"] + [f"--{k.replace('_', '-')}={v}" for k, v in sizes.items()]
+    else:
+        argv += ["--preset", preset]
+    _, plain = script.parse(argv)
+    _, matched = script.parse([*argv, "--match-params", "kda"])
+    count = {}
+    for name, args in (("plain", plain), ("matched", matched)):
+        count[name] = {m: config_param_count(script._model_config(m, args))
+                       for m in script.MIXERS.split(",") + ["mamba2_dt"]}  # fmt: skip
+    target = script.params_target(matched)
+    assert target == count["plain"]["kda"] == count["matched"]["kda"]
+    assert script.params_target(plain) is None
+    for mixer, n in count["matched"].items():
+        assert abs(n / target - 1) <= 0.02, (mixer, n, target)
+    recurrent = [count["matched"][m] for m in RECURRENT]
+    assert max(recurrent) / min(recurrent) - 1 <= 0.02
+    unmatched = [count["plain"][m] for m in RECURRENT]
+    assert max(unmatched) / min(unmatched) - 1 > 0.05  # the gap the matching closes
+
+
+def test_match_params_is_recorded_only_when_given_so_old_records_resume(script, tmp_path):
+    """The recorded CPU sweep's setting is the CPU preset's without --match-params (the same
+    command resumes it); with --match-params the setting says so, and that record is refused
+    as made with another setting."""
+    recorded = ROOT / "data" / "results" / "synthetic_sweep_protocol2.json"
+    setting = json.loads(recorded.read_text())["setting"]
+    p, args = script.parse(["--preset", "cpu", "--phase", "all", "--output", str(recorded)])
+    script.record_runs.check_seeds_and_grid(p, args)
+    assert script.setting_of(args) == setting and "match_params" not in setting
+    _, matched = script.parse(["--preset", "cpu", "--phase", "all", "--output", str(recorded),
+                               "--match-params", "kda"])  # fmt: skip
+    assert script.setting_of(matched) == {**setting, "match_params": "kda"}
+    with pytest.raises(SystemExit):
+        script.record_runs.check_output(p, matched, script.setting_of(matched))
+
+
+def test_an_unknown_match_params_mixer_is_refused(script, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(script, "run_one", lambda *a: pytest.fail("trained despite bad args"))
+    with pytest.raises(SystemExit) as exit_info:
+        script.main([*COMMON, "--output", str(tmp_path / "s.json"), "--match-params", "kdaa"])
+    assert exit_info.value.code == 2
+    assert "--match-params: unknown mixer 'kdaa'" in capsys.readouterr().err

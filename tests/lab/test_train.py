@@ -660,10 +660,12 @@ NO_DECAY_BY_MIXER = {
     "attention": _SHARED_NO_DECAY,
     "attention_conv": _SHARED_NO_DECAY,
     "mamba2": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
+    "mamba2_dt": _SHARED_NO_DECAY | {f"blocks.0.mixer.{n}" for n in _KDA_NO_DECAY},
     "conv": _SHARED_NO_DECAY | {"blocks.0.mixer.g_proj.bias", "blocks.0.mixer.o_norm"},
     "mla": _SHARED_NO_DECAY | {"blocks.0.mixer.kv_a_layernorm.scale"},
 }
-PARAMS_BY_MIXER = dict(kda=23, gdn=23, mamba2=22, attention=13, attention_conv=16, conv=15, mla=14)
+PARAMS_BY_MIXER = dict(kda=23, gdn=23, mamba2=22, mamba2_dt=22, attention=13, attention_conv=16,
+                       conv=15, mla=14)
 
 
 @pytest.mark.parametrize("mixer", sorted(NO_DECAY_BY_MIXER))
