@@ -8,6 +8,8 @@ These are for teaching and figures, not for speed: each is computed from the ora
   its closed form (products of transitions), in float64 NumPy.
 * :func:`softmax_attention_matrix` -- causal softmax attention weights, for comparison.
 * :func:`state_norms` -- ``||S_t||_F`` after every token of one head (the state's size over time).
+* :func:`transition_norms` -- the same with every transition's ``||M_t||_2`` and the write bound
+  (notebook 04's ablation).
 """
 
 from __future__ import annotations
@@ -96,3 +98,22 @@ def state_norms(k, v, g, beta) -> jax.Array:
 
     state0 = jnp.zeros((1, 1, k.shape[-1], v.shape[-1]), jnp.result_type(v.dtype, jnp.float32))
     return jax.lax.scan(step, state0, (k, v, g, beta))[1]
+
+
+def transition_norms(k, v, g, beta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One head's ``||S_t||_F`` (:func:`state_norms`, float32), ``||M_t||_2`` of every transition
+    ``M_t = (I - beta_t k_t k_t^T) D_t`` and the write bound ``sum_{s <= t} |beta_s| ||k_s||
+    ||v_s||`` (float64), each ``[T]``: while every ``||M_t||_2 <= 1``, ``||S_t||_F`` stays under
+    the write bound (the triangle inequality), so a state above it had some transition expand it.
+    Any ``k`` and ``beta`` (unnormalised keys, a ``beta`` outside ``[0, 1]``).
+
+    Args:
+      k, g: ``[T, K]``; v: ``[T, V]``; beta: ``[T]``.
+    """
+    k, v, g, beta = (np.asarray(a, np.float64) for a in (k, v, g, beta))
+    eye = np.eye(k.shape[-1])
+    m = [np.linalg.norm((eye - b * np.outer(kk, kk)) * np.exp(gg), 2)
+         for kk, b, gg in zip(k, beta, g, strict=True)]
+    writes = np.abs(beta) * np.linalg.norm(k, axis=-1) * np.linalg.norm(v, axis=-1)
+    norms = state_norms(*(jnp.asarray(a, jnp.float32) for a in (k, v, g, beta)))
+    return np.asarray(norms), np.array(m), np.cumsum(writes)

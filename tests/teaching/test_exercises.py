@@ -223,9 +223,9 @@ def _shortcut_04_2_jax_grad():
     import jax
     import jax.numpy as jnp
 
-    def rmsnorm_backward(o, eta, dy, eps):  # right, but jax.grad derives it
+    def rmsnorm_backward(o, eta, dn, eps):  # right, but jax.grad derives it
         def total(o):
-            return jnp.sum(dy * o * eta / jnp.sqrt(jnp.mean(o**2, -1, keepdims=True) + eps))
+            return jnp.sum(dn * o * eta / jnp.sqrt(jnp.mean(o**2, -1, keepdims=True) + eps))
 
         return jax.grad(total)(jnp.asarray(o))
 
@@ -233,12 +233,12 @@ def _shortcut_04_2_jax_grad():
 
 
 def _shortcut_04_2_finite_differences():
-    def rmsnorm_backward(o, eta, dy, eps):  # central differences, a channel at a time (rows
+    def rmsnorm_backward(o, eta, dn, eps):  # central differences, a channel at a time (rows
         o = np.asarray(o, np.float64)  # are independent): V forward passes of [rows, V]
         out, h = np.zeros_like(o), 1e-6
 
         def total(o):
-            return np.sum(dy * o * eta / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), -1)
+            return np.sum(dn * o * eta / np.sqrt(np.mean(o**2, -1, keepdims=True) + eps), -1)
 
         for e in range(o.shape[1]):
             up, down = o.copy(), o.copy()

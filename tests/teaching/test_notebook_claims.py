@@ -621,6 +621,41 @@ def test_04_gate_factors_are_r_over_d_of_attention_and_most_of_the_extra_paramet
     assert rest < r * d  # all other extra parts together are smaller than one factor
 
 
+def test_04_raw_key_length_grows_with_head_width_at_the_pages_draws():
+    """docs/NOTEBOOK_NOTES.md (notebook 04, the ablation with longer keys): at the page's draws
+    (seeds 0 to 6 at its default sizes, seed 0 at PARAMS=full) and initialisation, the raw key's
+    mean square per channel is 0.08 to 0.11 at d_k = 16, 64, 128, the median beta 0.48 to 0.52,
+    and beta ||k||^2 > 2 at 3-6%, 66-74% and 90-94% of the tokens (as the page prints them)."""
+    import dataclasses
+
+    import jax
+    from flax import nnx
+
+    import kda_lib
+
+    shares = {16: [], 64: [], 128: []}
+    runs = [(seed, 2, 48, 64, 2, 8) for seed in range(7)] + [(0, 2, 256, 256, 4, 64)]
+    for seed, batch, seq_len, hidden, heads, rank in runs:
+        with jax.threefry_partitionable(False):  # the notebooks' setup(), the layers' draws too
+            key_layer, key_x, _ = jax.random.split(jax.random.key(seed), 3)
+            layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
+            x = jax.random.normal(key_x, (batch, seq_len, hidden))
+            config = kda_lib.KDAConfig(hidden_size=hidden, num_heads=heads, head_dim=16,
+                                       forget_gate_rank=rank, output_gate_rank=rank)
+            for width in shares if hidden == 64 else (64, 128):
+                layer = kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=width),
+                                                   rngs=nnx.Rngs(layer_seed))
+                projected = layer.project(x)
+                squared = np.sum(np.square(np.asarray(projected.k, np.float64)), -1)
+                beta = np.asarray(projected.beta)
+                assert 0.08 <= round(squared.mean() / width, 2) <= 0.11, (seed, width)
+                assert 0.48 <= round(float(np.median(beta)), 2) <= 0.52, (seed, width)
+                shares[width].append(round(100 * float(np.mean(beta * squared > 2))))
+    assert 3 <= min(shares[16]) and max(shares[16]) <= 6, shares
+    assert 66 <= min(shares[64]) and max(shares[64]) <= 74, shares
+    assert 90 <= min(shares[128]) and max(shares[128]) <= 94, shares
+
+
 def test_05_compute_model_peaks_near_64_ranks():
     """docs/NOTEBOOK_NOTES.md (notebook 05): T = 65536, d_k = d_v = 128, about 8 d_k flops per
     value column and token; a rank does three slices' work plus R fold steps of 2 d^3."""

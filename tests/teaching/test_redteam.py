@@ -418,6 +418,14 @@ def _rule_breakers():
             out[i] = fold_loss(ms, es, hs, nudge) - fold_loss(ms, es, hs, base)
         return out
 
+    def do_ten_percent_off_on_ordinary_rows(o, eta, dn, eps):  # 04.2 (teacher review): right on
+        # the rows near eps (gradients ~300), 1.1 x on every other row: a whole-array scale (the
+        # largest |do|, a near-eps row's) let it through
+        o, eta, dn = (np.asarray(a, np.float64) for a in (o, eta, dn))
+        r = np.sqrt(np.mean(o**2, -1, keepdims=True) + eps)
+        right = eta * dn / r - o * np.sum(eta * dn * o, -1, keepdims=True) / (o.shape[-1] * r**3)
+        return np.where(r < 10 * np.sqrt(eps), right, 1.1 * right)
+
     def cotangents_by_differences(ms, es, hs):  # 05.2: central differences, every entry
         zero, grads = np.zeros(hs.shape), []
         for which in (0, 1):
@@ -438,6 +446,7 @@ def _rule_breakers():
         ("01.2", two_sweeps_extrapolated),
         ("01.2", sweeps_simulated),
         ("01.2", formula_at_zero_sweeps),
+        ("04.2", do_ten_percent_off_on_ordinary_rows),
         ("05.1", grads_by_jet),
         ("05.1", grads_by_differences),
         ("05.2", cotangents_by_differences),
