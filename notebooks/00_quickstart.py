@@ -20,9 +20,9 @@
 # recurrence (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`, the fast
 # portable path), and dispatches between them through one entry point (`kda`, which can also
 # apply the gate inside); the three calls give the same outputs and final states, a decoding
-# loop with `kda_step` reproduces them token by token, and float32 results sit at float32
-# rounding distance from a float64 oracle. This notebook runs each once on random inputs and
-# asserts all of that.
+# loop with `kda_step` reproduces them token by token, and on a CPU the float32 results sit
+# within a few float32 machine epsilons of a float64 oracle (on a TPU, within the suite's float32
+# tolerance there). This notebook runs each once on random inputs and asserts all of that.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
@@ -187,10 +187,13 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # float32 rounding accumulated over the sequence, and not more. The yardstick printed below is
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
-# the **unit roundoff** $2^{-24}$. The errors below come out near 2 machine epsilons of the
-# largest output (printed); the assert allows 8. On a TPU the float32 forms run on the chip's
-# own `exp` and its float32 matmuls (bfloat16 passes), which round differently: there the assert
-# allows `kda_lib.testing.CHIP_FLOAT32_ATOL` (the suite's float32 floor on a TPU) instead.
+# the **unit roundoff** $2^{-24}$. On a CPU the errors below come out at about 1 to 3 machine
+# epsilons of the largest output (printed); the assert allows 8. On the lent TPU v5e, where the
+# float32 forms run on the chip, this cell measured 141 (recorded, printed below): there the
+# assert allows `kda_lib.testing.CHIP_FLOAT32_ATOL` = 5e-5 (the suite's float32 floor on a TPU)
+# instead, which that run met. The cause was not isolated: the chip's own `exp` and its float32
+# matmuls (made of bfloat16 passes) round differently from a CPU's, but neither was measured
+# alone.
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
@@ -206,6 +209,10 @@ print(f"largest error / max|o|: recurrent {err_rec.max() / scale_o:.1e}, chunked
       f"{err_chk.max() / scale_o:.1e} (the larger: {worst:.1f} eps)")
 bound = CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu" else 8 * eps32 * scale_o
 print(f"bound on {jax.default_backend()}: {bound:.1e}")
+# this cell on the lent TPU v5e at commit 7568792 (data/tests/tpu-v5e/2026-12-06-notebooks.json)
+V5E_RUN = dict(eps=141, bound=5e-5)
+assert V5E_RUN["bound"] == CHIP_FLOAT32_ATOL
+print(f"recorded on a TPU v5e: {V5E_RUN['eps']} eps, bound {V5E_RUN['bound']:.0e}")
 assert err_rec.max() < bound and err_chk.max() < bound
 
 # %% tags=["hide-input"]
@@ -233,8 +240,8 @@ viz.show(fig, "00_quickstart_precision")
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
-#   output of the float64 oracle on a CPU (asserted; measured about 2, printed); on a TPU
-#   within `CHIP_FLOAT32_ATOL` (asserted).
+#   output of the float64 oracle on a CPU (asserted; measured about 1 to 3, printed); on a TPU
+#   within `CHIP_FLOAT32_ATOL` (asserted; 141 epsilons on the lent v5e, cause not isolated).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
 # layer around it.
@@ -248,27 +255,27 @@ viz.show(fig, "00_quickstart_precision")
 # library's or the checker's source under another name, other processes, patching NumPy) is out
 # of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
-# Both hand your function `read`: `read(vec)` returns $S^\top$ times `vec`, one vector of $d_k$
-# numbers, for a state $S$ (one head, $d_k \times d_v$) it hides. **One** read is allowed, so the
-# state cannot be read back. The checker cannot tell how you found the vector to read:
-# section 1's step, written in NumPy, can be run on states you make up (the output is affine in
-# $S$, so probing it, or `jax.grad` of your own recurrence, finds the vector). The exercise is to
-# derive it, by transposing the step. NumPy or `jnp`, no `kda_lib`.
+# Both hand your function `read`: for one vector `vec` of $d_k$ numbers (`[K]`), `read(vec)`
+# returns $S^\top$ times `vec`, $d_v$ numbers (`[V]`), for a state $S$ (one head, `[K, V]`) it
+# hides. **One** read is allowed, so the state cannot be read back. The checker cannot tell how
+# you found the vector to read: section 1's step, written in NumPy, can be run on states you make
+# up (the output is affine in $S$, so probing it, or `jax.grad` of your own recurrence, finds the
+# vector). The exercise is to derive it, by transposing the step. NumPy or `jnp`, no `kda_lib`.
 #
 # 1. **One token, one read.** Write `output_after_one(read, q, k, v, g, beta)`: the output
 #    $\mathbf o_t = S_t^\top \mathbf q / \sqrt{d_k}$ after section 1's step on the hidden $S =
-#    S_{t-1}$ (`q, k, g` $[d_k]$, `v` $[d_v]$, `beta` a number). Which vector must you read?
-# 2. **Many tokens, one read.** Now $T$ tokens come after the hidden $S_0$ (`k, g` $[T, d_k]$,
-#    `v` $[T, d_v]$, `beta` $[T]$, oldest first): `output_after(read, q, k, v, g, beta)`, the
+#    S_{t-1}$ (`q, k, g`: `[K]`, `v`: `[V]`, `beta` a number). Which vector must you read?
+# 2. **Many tokens, one read.** Now $T$ tokens come after the hidden $S_0$ (`k, g`: `[T, K]`,
+#    `v`: `[T, V]`, `beta`: `[T]`, oldest first): `output_after(read, q, k, v, g, beta)`, the
 #    output $S_T^\top \mathbf q / \sqrt{d_k}$, reading $S_0$ once. Which token's step meets
 #    $\mathbf q$ first? (Notebook 03's chunkwise form does this for every query at once.)
 
 # %%
-answer = None  # exercise 1: output_after_one(read, q, k, v, g, beta) -> o [d_v]
+answer = None  # exercise 1: output_after_one(read, q, k, v, g, beta) -> o [V]
 exercises.check("00.1", answer)
 
 # %%
-answer = None  # exercise 2: output_after(read, q, k, v, g, beta) -> o [d_v]
+answer = None  # exercise 2: output_after(read, q, k, v, g, beta) -> o [V]
 exercises.check("00.2", answer)
 
 # %% [markdown]

@@ -24,7 +24,8 @@
 #   one token can erase.
 # - At initialisation every head mixes short- and long-lived channels: inside a head the
 #   half-lives span one to two orders of magnitude (the range of $\tau$); $a_h$ divides them all.
-#   Section 4 lets you move the gate's parameters and watch what a head keeps.
+#   Section 3 pictures one head beside a scalar gate, which gives all its channels one memory;
+#   section 4 lets you move the gate's parameters and watch what a head keeps.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/02_gating_and_decay.ipynb)
 #
@@ -89,6 +90,12 @@ A_RANGE, DT_RANGE = (1.0, 16.0), (1e-3, 1e-1)  # init_a_log and init_dt_bias dra
 def half_life(g):
     """Tokens until a channel with per-token log decay g keeps half of what it stored."""
     return LN2 / np.maximum(-np.asarray(g, np.float64), 1e-30)
+
+
+def first_half(g):
+    """g [T, K] -> the first token at which each channel keeps half or less (inf: none does)."""
+    kept_half = np.cumsum(g, axis=0) <= -LN2
+    return np.where(kept_half.any(axis=0), kept_half.argmax(axis=0) + 1.0, np.inf)
 
 
 # %% [markdown]
@@ -183,10 +190,46 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 # %% [markdown]
 # ## 3. Half-lives at initialisation
 #
-# `init_a_log` draws $a_h$ uniformly in $[1, 16]$ per head; `init_dt_bias` draws the time step
-# $\boldsymbol\tau = \operatorname{softplus}(\mathbf b)$ log-uniformly in $[10^{-3}, 10^{-1}]$ per
-# channel. For a zero raw input the softplus gate then decays channel $c$ of head $h$ by
-# $g = -a_h \tau_c$ per token, a **half-life**
+# `init_a_log` draws a rate $a_h$ per head and `init_dt_bias` a bias $\mathbf b$ per channel. The
+# picture first: what the initialised head with the smallest $a_h$ keeps of each channel over the
+# tokens of a random raw input $\mathbf f$ (left: one row per channel, the longest half-life at
+# init on top), beside a scalar gate (right: Gated DeltaNet's one decay $\alpha_t = e^{g_t}$ for
+# all channels of a head, with the same $a_h$, the head's median time step and one raw input per
+# token, channel 0's); a white dot marks where a channel first keeps half or less. Inside one KDA
+# head the channels first keep half at tokens over a factor of 10 apart, or never within the
+# tokens drawn (printed; asserted): short and long memories side by side. The scalar gate gives
+# every channel the same memory.
+
+# %%
+a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)  # [H]: log a_h
+dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)  # [H * K]: b
+a_h = np.exp(np.asarray(a_log_sp, np.float64))
+tau = np.logaddexp(0.0, np.asarray(dt_bias, np.float64)).reshape(num_heads, key_dim)
+slow = int(np.argmin(a_h))  # the head whose channels keep longest
+f_head = gate_input_std * jax.random.normal(key_f, (1, seq_len, 1, key_dim))  # raw gate input
+g_kda = kda_lib.kda_gate(f_head, a_log_sp[slow, None], dt_bias.reshape(num_heads, key_dim)[slow])
+b_scalar = jnp.log(jnp.expm1(jnp.median(jnp.asarray(tau[slow], jnp.float32))))  # softplus^-1
+g_scalar = kda_lib.kda_gate(f_head[..., :1], a_log_sp[slow, None], b_scalar[None])  # [1, T, 1, 1]
+panels = [(f"KDA: one decay per channel (head {slow}, $a_h$ = {a_h[slow]:.1f})",
+           np.asarray(g_kda[0, :, 0]), LN2 / tau[slow]),  # rows sorted by half-life at init
+          ("scalar gate (GDN): one decay per head", np.repeat(np.asarray(g_scalar[0, :, 0]),
+                                                               key_dim, axis=1), np.ones(key_dim))]
+halving, halving_scalar = first_half(panels[0][1]), first_half(panels[1][1])
+print(f"KDA head {slow}: its channels first keep half between token {halving.min():.0f} and "
+      f"{halving.max():.0f} (inf: not within {seq_len}); scalar gate: every channel at token "
+      f"{halving_scalar[0]:.0f}")
+assert halving.max() > 10 * halving.min(), "one KDA head: memories over a factor of 10 apart"
+
+# %% tags=["hide-input"]
+viz.show(gates.plot_cumulative_decay(panels, floor=-6.0, title=(
+    f"What an initialised head keeps of each channel ({seq_len} tokens of random gate input, std "
+    f"{gate_input_std:g})")), "02_retention_at_init")
+
+# %% [markdown]
+# Now the algebra. `init_a_log` draws $a_h$ uniformly in $[1, 16]$ per head; `init_dt_bias` draws
+# the time step $\boldsymbol\tau = \operatorname{softplus}(\mathbf b)$ log-uniformly in
+# $[10^{-3}, 10^{-1}]$ per channel. For a zero raw input the softplus gate then decays channel $c$
+# of head $h$ by $g = -a_h \tau_c$ per token, a **half-life**
 #
 # $$
 # t_{1/2} = \frac{\ln 2}{a_h \tau_c} \in \Big[\frac{\ln 2}{16 \cdot 10^{-1}},\
@@ -195,21 +238,18 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 #
 # The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since $e^{b} =
 # e^{\tau} - 1$ (the inverse softplus), $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its
-# initial decay is $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$: at initialisation the safe
-# gate behaves like a softplus gate with $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$
-# varies: a spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws span under one
-# decade of the two with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
+# initial decay is $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$ (half-lives within 6% for
+# $\tau \le 0.1$; asserted): at initialisation the safe gate behaves like a softplus gate with
+# $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$ varies: a spread of at most 100x, over
+# 10x for $d_k \ge 32$ (32 log-uniform draws span under one decade of the two with chance below
+# $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
 
 # %%
-a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)
 a_log_safe = kda_lib.init_a_log(key_a_log, num_heads, safe_gate=True)
-dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 zero_f = jnp.zeros((1, 1, num_heads, key_dim))
 g0_sp = np.asarray(kda_lib.kda_gate(zero_f, a_log_sp, dt_bias)[0, 0])  # [H, K]
 g0_safe = np.asarray(kda_lib.kda_gate(zero_f, a_log_safe, dt_bias, lower_bound=lower_bound)[0, 0])
-tau = np.logaddexp(0.0, np.asarray(dt_bias, np.float64)).reshape(num_heads, key_dim)
 assert tau.min() >= DT_RANGE[0] * (1 - 1e-4) and tau.max() <= DT_RANGE[1] * (1 + 1e-4)
-a_h = np.exp(np.asarray(a_log_sp, np.float64))
 assert np.all((a_h >= A_RANGE[0]) & (a_h <= A_RANGE[1])), "a in [1, 16]"
 assert_close(g0_sp, -a_h[:, None] * tau, rtol=1e-5, name="g = -a tau at f = 0")
 assert_close(g0_safe, lower_bound * -np.expm1(-tau), rtol=1e-5, name="g_min (1 - exp(-tau))")
@@ -220,7 +260,7 @@ assert_close(life_sp * a_h[:, None], LN2 / tau, rtol=1e-5, name="half-life = ln 
 per_head = life_sp.max(axis=1) / life_sp.min(axis=1)  # within a head only tau varies: <= 100x
 assert per_head.max() <= 100 * (1 + 1e-4), "inside a head: at most the range of tau"
 assert per_head.min() > 10, "over one decade: needs key_dim >= 32 (P(fail) < 1e-8 per head)"
-assert np.ptp(np.log(life_safe)) < np.ptp(np.log(life_sp)), "the safe gate's span less"
+assert_close(life_safe, LN2 / (-lower_bound * tau), atol=0.0, rtol=0.06, name="safe ~ a = |g_min|")
 print(f"possible at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens; drawn: "
       + "; ".join(f"{gate} gate {life.min():.2f} to {life.max():.1f} (median {np.median(life):.1f})"
                   for gate, life in (("softplus", life_sp), ("safe", life_safe))) + "\nsoftplus, "
@@ -236,28 +276,51 @@ viz.show(gates.plot_half_lives(
 # %% [markdown]
 # ## 4. Explore: move the gate parameters yourself
 #
-# `kda_lib.teaching.gates.explore` redraws, for one head with one shared $a$, $b$ and $g_{\min}$
-# (the raw input $\mathbf f$ random, so the channels still differ), what the head keeps of each
-# channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), longest memory on top:
+# `kda_lib.teaching.gates.explore` redraws section 3's picture for one head whose channels share
+# one $a$, $b$ and $g_{\min}$, so that only the random input $\mathbf f$ (section 3's) sets them
+# apart: what the head keeps of each channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to
+# $10^{-6}$), channels sorted by the token at which each first keeps half or less (latest on top):
 # sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. Its title
-# gives the half-life at $\mathbf f = 0$ and the measured one, the median over the channels of
-# the first token at which a channel keeps half or less. At the default the measured one is the
-# shorter, and the mean rate $-g$ over the random inputs is above the rate at $\mathbf f = 0$
-# (printed; both asserted): with $b < 0$ the rate $\lvert g_{\min}\rvert\, \sigma\big(a (f +
-# b)\big)$ rises more from $f = 0$ to $\lvert f\rvert$ than it falls to $-\lvert f\rvert$, for
-# every input drawn (asserted; the sigmoid is steeper nearer its midpoint, $f = -b$). What a head
-# then does with what it keeps, a $T \times T$ mixing of the values set by these decays, is
-# pictured and derived in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02).
+# gives the half-life at $\mathbf f = 0$, the token at which a channel with $\mathbf f = 0$ first
+# keeps half (the half-life rounded up), and the measured one, the median of that token over the
+# channels. The measured one comes no later (asserted; trivially so where the half-life at
+# $\mathbf f = 0$ lies past the tokens drawn): random inputs shorten what the head keeps.
+#
+# Why: with $b < 0$ the rate $-g = \lvert g_{\min}\rvert \,\sigma\big(a (f + b)\big)$ rises
+# from $f = 0$ to $\lvert f\rvert$ at least as much as it falls to $-\lvert f\rvert$. By
+# $\sigma(-\,\cdot\,) = 1 - \sigma(\cdot)$ the fall, $\sigma(ab) - \sigma(ab - a\lvert f\rvert)$,
+# equals $\sigma(a\lvert f\rvert - ab) - \sigma(-ab)$, a rise over $[-ab, -ab + a\lvert f\rvert]$,
+# which lies farther from 0 than the rise's own $[ab, ab + a\lvert f\rvert]$, where $\sigma'$
+# (even, falling away from 0) is larger. An input symmetric about 0 averages the two, so the
+# expected rate is at least the rate at $\mathbf f = 0$, whatever the spread. The sample's mean
+# rate is checked against that expectation, computed by Gauss-Hermite quadrature: within 4
+# standard errors of a mean of the $T d_k$ independent inputs (printed; asserted).
+#
+# What a head then does with what it keeps, a $T \times T$ mixing of the values set by these
+# decays, is derived in exercise 2 and pictured in the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-02).
 
-# %% tags=["hide-input"]
-f_head = gate_input_std * jax.random.normal(key_f, (1, seq_len, 1, key_dim))  # raw gate input
-seen = gates.explore(dict(f_head=f_head, floor=-6.0),
-                     dict(a_log=0.5, dt_bias_value=-3.0, bound=lower_bound, gate="safe"),
+# %%
+explorer = dict(a_log=0.5, dt_bias_value=-3.0, bound=lower_bound, gate="safe")  # b < 0
+seen = gates.explore(dict(f_head=f_head, floor=-6.0), explorer,
                      interactive=kda_lib.teaching.notebook.interactive(interactive))
-print(f"default: mean rate -g {seen['mean_rate']:.3f} per token over the inputs, "
-      f"{seen['rate_at_zero']:.3f} at f = 0; half-lives: the title")
-assert seen["measured"] < seen["half_life_at_zero"] and seen["mean_rate"] > seen["rate_at_zero"]
-assert seen["pair_gain"] >= 0, "b < 0: an input |f| raises the rate more than -|f| lowers it"
+halved_at_zero = np.ceil(seen["half_life_at_zero"])  # where a channel with f = 0 keeps half
+assert seen["measured"] <= halved_at_zero or halved_at_zero > seq_len, seen["measured"]
+
+# %%
+def rate(f):  # the safe gate's -g at the explorer's settings, float64
+    a, b = np.exp(explorer["a_log"]), explorer["dt_bias_value"]
+    return -lower_bound / (1.0 + np.exp(-a * (f + b)))
+
+
+nodes, weights = np.polynomial.hermite_e.hermegauss(64)  # E h(z), z ~ N(0, 1): weights @ h(nodes)
+weights = weights / weights.sum()
+expected = weights @ rate(gate_input_std * nodes)  # over f ~ N(0, gate_input_std^2)
+std_error = np.sqrt((weights @ rate(gate_input_std * nodes) ** 2 - expected**2) / f_head.size)
+print(f"mean rate -g {seen['mean_rate']:.4g} per token over the inputs, expected {expected:.4g} "
+      f"(standard error {std_error:.1e}), {seen['rate_at_zero']:.4g} at f = 0; halved: median "
+      f"token {seen['measured']:.0f}, token {halved_at_zero:.0f} at f = 0")
+assert abs(seen["mean_rate"] - expected) < 4 * std_error, "the sample mean, off its expectation"
 
 # %% [markdown]
 # ## Summary
@@ -266,7 +329,8 @@ assert seen["pair_gain"] >= 0, "b < 0: an input |f| raises the rate more than -|
 #   $g_{\min}\, \sigma\big(a_h (\mathbf f + \mathbf b)\big)$ (a token erases at most $1 -
 #   e^{g_{\min}}$): $\mathbf b$ shifts the input axis, $a_h$ scales it (safe) or the output.
 # - At init the half-lives inside every head span one to two decades (the range of $\tau$) and
-#   scale as $1/a_h$ between heads: every head mixes fast and slow memories.
+#   scale as $1/a_h$ between heads: every KDA head mixes fast and slow memories, where a scalar
+#   gate gives all channels of a head one.
 # - Without a gate an old context's pairs stay (the delta rule erases only along new keys); a
 #   gate that closes at the switch removes them, the new ones recalled as well (section 1).
 #
@@ -274,13 +338,18 @@ assert seen["pair_gain"] >= 0, "b < 0: an input |f| raises the rate more than -|
 #
 # 1. **How likely is a narrow head?** Section 3's half-lives span over a decade in each head but
 #    for a chance below $10^{-8}$ at $d_k = 32$. Derive it: `spread_below(d_k, ratio, width)`, the
-#    chance that a head's $d_k$ time steps, drawn log-uniformly over a range `width` wide (100 for
-#    `init_dt_bias`), span less than `ratio` ($> 1$; $d_k = 1$, `ratio` $\ge$ `width` too). Some
-#    are below $10^{-12}$, where no sampling reaches.
-# 2. **An older occurrence.** A head's read is linear in the values, $\mathbf o_t = \sum_s
-#    \Omega_{ts} \mathbf v_s$, with $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1}
-#    \mathbf k_s$ and $M_{t'} = (I - \beta_{t'} \mathbf k_{t'} \mathbf k_{t'}^\top) D_{t'}$
-#    (notebook 01's step; the notes picture $\Omega$). A unit key $\mathbf k$ ($\mathbf q_t =
+#    chance that a head's $d_k$ time steps, drawn log-uniformly over a range `width` wide (largest
+#    over smallest: 100 for `init_dt_bias`), span less than `ratio` (largest over smallest, above
+#    1). The checker also asks about a head of one channel and about a `ratio` of `width` or more.
+#    Some chances are below $10^{-12}$, where no sampling reaches.
+# 2. **An older occurrence.** For fixed $\mathbf q, \mathbf k, \mathbf g, \beta$ a head's read is
+#    linear in the values. Unroll section 1's step, $S_t = M_t S_{t-1} + \beta_t \mathbf k_t
+#    \mathbf v_t^\top$ with $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$ and $D_t =
+#    \operatorname{diag}(e^{\mathbf g_t})$, from $S_0 = 0$: $S_t = \sum_{s \le t} M_t \cdots
+#    M_{s+1}\, \beta_s \mathbf k_s \mathbf v_s^\top$. Read with scale 1, $\mathbf o_t = S_t^\top
+#    \mathbf q_t$ (the kernel also divides by $\sqrt{d_k}$); then $\mathbf o_t = \sum_s \Omega_{ts}
+#    \mathbf v_s$ with $\Omega_{ts} = \beta_s \mathbf q_t^\top M_t \cdots M_{s+1} \mathbf k_s$, one
+#    $T \times T$ mixing matrix for every value channel. A unit key $\mathbf k$ ($\mathbf q_t =
 #    \mathbf k_t$) written at $s$ and again at $t$ only, with one $\beta$, gets $\Omega_{ts} =
 #    \beta (1 - \beta)\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k$, since $\mathbf k^\top (I -
 #    \beta \mathbf k \mathbf k^\top) = (1 - \beta) \mathbf k^\top$. Now it is written at $s$, again
@@ -289,10 +358,10 @@ assert seen["pair_gain"] >= 0, "b < 0: an input |f| raises the rate more than -|
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
 #    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, right for $\beta$ below
 #    $10^{-14}$ too, where $\psi_2$'s term is a few float64 ulps of a weight computed from
-#    matrices (a fit of such weights misses the 1e-5 asked). Is it $\beta(1-\beta)^2$ times the
+#    matrices: measured there, $\psi_2$ is rounding noise. Is it $\beta(1-\beta)^2$ times the
 #    decay, as with one decay for all channels?
 #
-# NumPy or `jnp`, no `kda_lib`. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
+# NumPy or `jnp`, no `kda_lib` and no scipy. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
 # %%
 answer = None  # exercise 1: a function spread_below(d_k, ratio, width) -> a probability

@@ -1,11 +1,13 @@
 """Notebook 02's figures of the forget gate, its gate explorer, and the notes' mixing matrices.
 
-* :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the half-lives at initialisation
-  (section 3's figure) and the retention over a sequence (the explorer's and the notes' figure).
+* :func:`plot_half_lives`, :func:`plot_cumulative_decay`: the half-lives at initialisation and
+  the retention over a sequence, one row per channel (section 3's figure: an initialised KDA
+  head beside a scalar gate; the explorer's).
 * The explorer: :func:`view` recomputes one head's cumulative decay for one shared ``A_log``,
-  ``dt_bias`` and floor (the raw gate input still varies by channel and token); :func:`explore`
-  draws it at the defaults and, with ``interactive=True`` and ipywidgets installed, adds
-  sliders that redraw it.
+  ``dt_bias`` and floor (the raw gate input still varies by channel and token), channels sorted
+  by the token at which each first keeps half; :func:`explore` draws it at the defaults and,
+  with ``interactive=True`` and ipywidgets installed, adds sliders (ranges that hold the
+  defaults) that redraw it.
 * :func:`plot_mixing_matrices`: a head as a ``T x T`` mixing of the values beside softmax (the
   notes' figure: ``docs/NOTEBOOK_NOTES.md``, notebook 02).
 """
@@ -110,28 +112,36 @@ def plot_half_lives(lives: dict, bounds, *, title: str) -> plt.Figure:
     return fig
 
 
-def plot_cumulative_decay(panels, *, floor: float, title: str) -> plt.Figure:
-    """One heatmap per ``(title, g [T, K], half-life [K])`` of ``panels``: log10 of the fraction
-    each channel keeps since token 0, channels sorted longest memory on top."""
+def plot_cumulative_decay(panels, *, floor: float, title: str,
+                          order: str = "longest memory on top") -> plt.Figure:
+    """One heatmap per ``(title, g [T, K], memory [K])`` of ``panels``: log10 of the fraction
+    each channel keeps since token 0, one row per channel, the largest ``memory`` (a half-life,
+    a halving token) on top, among equal ones the channel keeping more at the last token; a
+    white dot where each row first keeps half or less."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4 + 4 * len(panels), 3.8), sharey=True,
                              squeeze=False)
-    for n, (ax, (panel_title, g_head, life)) in enumerate(zip(axes[0], panels, strict=True)):
-        log10_kept = np.cumsum(g_head[:, np.argsort(life)[::-1]], axis=0).T / np.log(10)
-        seq_len, key_dim = g_head.shape
+    for n, (ax, (panel_title, g_head, memory)) in enumerate(zip(axes[0], panels, strict=True)):
+        g_head = np.asarray(g_head, np.float64)
+        rows = np.lexsort((g_head.sum(axis=0), np.asarray(memory, np.float64)))[::-1]
+        kept = np.cumsum(g_head[:, rows], axis=0).T  # [K, T]: log of the fraction kept
+        key_dim, seq_len = kept.shape
         image = viz.heatmap(
             ax,
-            np.maximum(log10_kept, floor),
+            np.maximum(kept / np.log(10), floor),
             title=panel_title,
             xlabel="tokens since the write",
-            ylabel="channel (longest memory on top)" if n == 0 else "",
+            ylabel=f"channel ({order})" if n == 0 else "",
             cbar_label="",
             vmin=floor,
             vmax=0.0,
             colorbar=False,
             extent=(0.5, seq_len + 0.5, key_dim - 0.5, -0.5),
         )
+        halved = kept <= -np.log(2.0)
+        where = np.flatnonzero(halved.any(axis=1))
+        ax.plot(halved[where].argmax(axis=1) + 1, where, "o", color="white", ms=1.5)
     fig.colorbar(image, ax=list(axes[0]), shrink=0.9, extend="min",
-                 label="log10 fraction retained")
+                 label="log10 fraction retained (dot: half)")
     fig.suptitle(title)
     return fig
 
@@ -140,10 +150,8 @@ def measure(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe") -
     """What :func:`view` shows of one head (``f_head [1, T, 1, K]``, one ``A_log`` and one
     ``dt_bias`` for every channel), as numbers: ``g [T, K]``; ``rate_at_zero``, the rate ``-g``
     at ``f = 0``, and ``mean_rate``, its mean over the inputs; ``half_life_at_zero``, ``ln 2 /
-    rate_at_zero``; ``measured``, the median over the channels of the first token at which a
-    channel keeps 1/2 or less (inf where at most half reach it); ``pair_gain``, the least over
-    the inputs ``f`` of ``rate(|f|) + rate(-|f|) - 2 rate(0)`` (float64, the gate's formula:
-    at or above 0 where an input raises the rate more than its negative lowers it)."""
+    rate_at_zero``; ``halved [K]``, the first token at which each channel keeps 1/2 or less (inf
+    where it never does), and ``measured``, their median (inf where at most half reach it)."""
     key_dim = f_head.shape[-1]
     lower_bound = bound if gate == "safe" else None
     g = np.asarray(kda_gate(f_head, jnp.array([a_log], jnp.float32), jnp.full(
@@ -153,17 +161,9 @@ def measure(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe") -
         [dt_bias_value], jnp.float32), lower_bound=lower_bound)[0, 0, 0, 0])
     halved = np.cumsum(g, axis=0) <= -np.log(2.0)  # [T, K]: the channel keeps 1/2 or less
     first = np.where(halved.any(axis=0), halved.argmax(axis=0) + 1.0, np.inf)  # tokens
-
-    def rate(f):  # -g in float64, from the gate's formula (kda_gate computes in float32)
-        shift, a = np.asarray(f, np.float64) + dt_bias_value, np.exp(a_log)
-        return -bound / (1.0 + np.exp(-a * shift)) if gate == "safe" else a * np.logaddexp(
-            0.0, shift)
-
-    size = np.abs(np.asarray(f_head, np.float64))
     return dict(g=g, rate_at_zero=-g_zero, mean_rate=float(-g.mean()),
-                half_life_at_zero=float(np.log(2.0) / max(-g_zero, 1e-30)),
-                measured=float(np.median(first)),
-                pair_gain=float(np.min(rate(size) + rate(-size) - 2.0 * rate(0.0))))
+                half_life_at_zero=float(np.log(2.0) / max(-g_zero, 1e-30)), halved=first,
+                measured=float(np.median(first)))
 
 
 def view(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe", floor=-6.0) -> None:
@@ -172,19 +172,20 @@ def view(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe", floo
     and one ``dt_bias`` for every channel (``f`` still varies by channel and token). The title:
     the half-life at ``f = 0`` and the measured one (:func:`measure`)."""
     seen = measure(f_head, a_log=a_log, dt_bias_value=dt_bias_value, bound=bound, gate=gate)
-    g, measured = seen["g"], seen["measured"]
-    life = np.log(2.0) / np.maximum(-np.median(g, axis=0), 1e-30)  # tokens, per channel
+    g, measured, life = seen["g"], seen["measured"], seen["half_life_at_zero"]
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
     title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}\nhalf-life at $f = 0$: "
-             f"{seen['half_life_at_zero']:.3g} tokens; measured: median " + (
-                 f"{measured:.0f}" if np.isfinite(measured) else f"over {len(g)}") + " tokens")
-    viz.show(plot_cumulative_decay([(title, g, life)], floor=floor, title=""), "02_gate_explorer")
+             f"{life:.3g} tokens (halved at token {np.ceil(life):.0f}); measured: median token " + (
+                 f"{measured:.0f}" if np.isfinite(measured) else f"past {len(g)}"))
+    # channels sorted by the token at which each halved: their a, b and floor are the same
+    viz.show(plot_cumulative_decay([(title, g, seen["halved"])], floor=floor, title="",
+                                   order="latest to keep half on top"), "02_gate_explorer")
 
 
 def explore(inputs: dict, defaults: dict, *, interactive: bool) -> dict:
     """:func:`view` with ``inputs`` (its arrays) at ``defaults`` (its four settings); sliders
-    that redraw it when ``interactive`` and ipywidgets is installed. Returns :func:`measure` at
-    the defaults."""
+    that redraw it when ``interactive`` and ipywidgets is installed, each range widened to hold
+    its default (the bound's: any kda_gate takes). Returns :func:`measure` at the defaults."""
     draw = functools.partial(view, **inputs)
     seen = measure(**{name: a for name, a in inputs.items() if name != "floor"}, **defaults)
     widgets = None
@@ -199,17 +200,16 @@ def explore(inputs: dict, defaults: dict, *, interactive: bool) -> dict:
     from IPython.display import display
 
     style = {"description_width": "initial"}
-    slider = dict(continuous_update=False, style=style)
+
+    def slider(name, low, high, step, description):  # the range holds the default
+        value = defaults[name]
+        return widgets.FloatSlider(value, min=min(low, value), max=max(high, value), step=step,
+                                   description=description, continuous_update=False, style=style)
+
     sliders = {
-        "a_log": widgets.FloatSlider(
-            defaults["a_log"], min=-2, max=3, step=0.1, description="A_log", **slider
-        ),
-        "dt_bias_value": widgets.FloatSlider(
-            defaults["dt_bias_value"], min=-10, max=4, step=0.25, description="dt_bias", **slider
-        ),
-        "bound": widgets.FloatSlider(
-            defaults["bound"], min=-5, max=-0.1, step=0.1, description="lower_bound", **slider
-        ),
+        "a_log": slider("a_log", -2, 3, 0.1, "A_log"),
+        "dt_bias_value": slider("dt_bias_value", -10, 4, 0.25, "dt_bias"),
+        "bound": slider("bound", -5, -0.01, 0.01, "lower_bound"),
         "gate": widgets.Dropdown(
             options=["safe", "softplus"], value=defaults["gate"], description="gate", style=style
         ),

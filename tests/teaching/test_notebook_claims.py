@@ -155,6 +155,26 @@ def test_00_float32_eps_is_machine_epsilon_not_unit_roundoff():
     assert "2^{-23}" in (NOTEBOOK_DIR / "00_quickstart.py").read_text()
 
 
+def test_00_the_recorded_v5e_run_is_what_the_page_states():
+    """Notebook 00 section 4 states the lent v5e's 141 machine epsilons within CHIP_FLOAT32_ATOL
+    (teacher 2026-12-06, 17): its constant is the record's (the run at 7568792, after the fix)."""
+    import json
+
+    from kda_lib.testing import CHIP_FLOAT32_ATOL
+
+    record = json.loads((NOTEBOOK_DIR.parent / "data" / "tests" / "tpu-v5e" /
+                         "2026-12-06-notebooks.json").read_text())
+    (run,) = [r for r in record["runs"] if r["commit"].startswith("7568792")]
+    (nb00,) = [n for n in run["notebooks"] if n["notebook"] == "00_quickstart"]
+    eps, bound = re.search(r"\((\d+) eps\) for both float32 forms, bound on tpu ([\d.e-]+)",
+                           run["note"]).groups()
+    source = (NOTEBOOK_DIR / "00_quickstart.py").read_text()
+    (stated,) = re.findall(r"V5E_RUN = dict\(eps=(\d+), bound=([\d.e-]+)\)", source)
+    assert nb00["completed"] and int(stated[0]) == int(eps) == 141
+    assert float(stated[1]) == float(bound) == CHIP_FLOAT32_ATOL
+    assert "7568792" in source and "not isolated" in source
+
+
 def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
     """The bound holds at zero gate input; f ~ N(0, 1) takes some channel-tokens past it
     (issue 42, 3.1). docs/NOTEBOOK_NOTES.md (notebook 02) states it; DESIGN states the bound."""
@@ -403,6 +423,61 @@ def test_02_section_1_asserts_hold_at_allowed_parameters(key_dim):
         space = dict(np=np, relative_l2=relative_l2, seed=seed, key_dim=key_dim, print=len)
         exec(compile(cell, "02 section 1", "exec"), space)  # noqa: S102 - the notebook's cell
         assert abs(space["err_s"] / space["err_alone"] - 1) < 1e-3, seed  # 10x inside the assert
+
+
+def test_02_a_symmetric_input_raises_the_safe_gates_rate_where_b_is_negative():
+    """Notebook 02 section 4's fact (teacher 2026-12-06, 9): for x = a b <= 0, sigma(x + u) +
+    sigma(x - u) >= 2 sigma(x) for every u (float64 grid, x = 0 with equality), and not for
+    x > 0, so the proof needs b < 0."""
+    x, u = np.linspace(-12.0, 0.0, 241)[:, None], np.linspace(-30.0, 30.0, 601)[None]
+    sigma = lambda y: 0.5 * (1.0 + np.tanh(0.5 * y))  # noqa: E731
+    gain = sigma(x + u) + sigma(x - u) - 2.0 * sigma(x)
+    assert gain.min() >= -1e-15 and np.abs(gain[-1]).max() < 1e-15
+    assert (sigma(1.0 + u) + sigma(1.0 - u) - 2.0 * sigma(1.0)).min() < -0.1
+
+
+@pytest.mark.parametrize("change", [{}, {"gate_input_std": 0.05}, {"gate_input_std": 0.3},
+                                    {"gate_input_std": 0.5}, {"gate_input_std": 2.0},
+                                    {"key_dim": 32}, {"lower_bound": -1.0},
+                                    {"lower_bound": -0.5}, {"lower_bound": -0.5, "gate_input_std":
+                                                            0.3}, "full"], ids=str)
+def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
+    """Notebook 02 section 4's two asserts, the explorer cell's and the quadrature cell as
+    written, at seeds 0 to 6 at its defaults, params/full and the teacher's settings (2026-12-06,
+    9 and 10: the sample mean rate within 4 standard errors of its Gauss-Hermite expectation; the
+    median halving token no later than the half-life rounded up, where both fall inside the
+    tokens drawn), plus one setting past them (an f = 0 half-life beyond the tokens)."""
+    import types
+
+    import jax
+
+    from kda_lib.teaching import gates
+
+    params = dict(key_dim=64, seq_len=96, lower_bound=-5.0, gate_input_std=1.0)
+    params.update({"key_dim": 128, "seq_len": 512} if change == "full" else change)
+    cells = (NOTEBOOK_DIR / "02_gating_and_decay.py").read_text().split("# %%")
+    explorer_cell = next(c for c in cells if c.lstrip().startswith("explorer = dict("))
+    rate_cell = next(c for c in cells if c.lstrip().startswith("def rate(f)"))
+    no_figure = types.SimpleNamespace(explore=lambda inputs, defaults, interactive: gates.measure(
+        inputs["f_head"], **defaults))  # explore() returns measure() at the defaults
+    page = types.SimpleNamespace(teaching=types.SimpleNamespace(notebook=types.SimpleNamespace(
+        interactive=lambda wanted: False)))
+    for seed in range(7):
+        with jax.threefry_partitionable(False):  # the notebook's setup()
+            key_f = jax.random.split(jax.random.key(seed), 3)[2]
+            f_head = params["gate_input_std"] * jax.random.normal(
+                key_f, (1, params["seq_len"], 1, params["key_dim"]))
+        space = dict(np=np, gates=no_figure, kda_lib=page, f_head=f_head, print=len,
+                     interactive=False, **params)
+        exec(compile(explorer_cell, "02 explorer", "exec"), space)  # noqa: S102
+        exec(compile(rate_cell, "02 quadrature", "exec"), space)  # noqa: S102
+        measured = space["seen"]["measured"]  # inf: half the channels or more never halved
+        beyond = change == {"lower_bound": -0.5, "gate_input_std": 0.3}  # halving past 96 tokens
+        assert np.isfinite(measured) != beyond and (measured <= space["halved_at_zero"]) != beyond
+    if not change:  # the quadrature assert can fail: a sample 20% wider than stated is caught
+        space["seen"] = gates.measure(1.2 * f_head, **space["explorer"])
+        with pytest.raises(AssertionError, match="off its expectation"):
+            exec(compile(rate_cell, "02 quadrature", "exec"), space)  # noqa: S102
 
 
 def test_02_delta_rule_steady_state():

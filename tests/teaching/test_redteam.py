@@ -584,6 +584,16 @@ def _page_echoes_02_03():
         b = jnp.float32(beta)
         return b * (1 - b), -b * b * (1 - b)
 
+    def cubic_fit(beta):  # 02.2 right (teacher 2026-12-06, 14): (psi1, psi2) solved from weights
+        k = np.ones(2) / np.sqrt(2)  # of NumPy matrices at 7 betas, fitted by cubics, rounded
+        A, B = np.diag([0.9, 0.3]), np.diag([0.4, 0.8])  # to 1e-6: a formula in beta after all
+        rows = [[k @ A @ B @ k, (k @ A @ k) * (k @ B @ k)], [k @ A @ A @ k, (k @ A @ k) ** 2]]
+        betas = np.linspace(0.2, 0.8, 7)
+        psi = [np.linalg.solve(rows, [b * k @ (np.eye(2) - b * np.outer(k, k)) @ A @ (np.eye(2) - b
+               * np.outer(k, k)) @ D @ k for D in (B, A)]) for b in betas]
+        fits = [np.round(np.polyfit(betas, column, 3), 6) for column in np.transpose(psi)]
+        return tuple(float(np.polyval(c, beta)) for c in fits)
+
     def _decay(gamma):  # [t, s, K]: e^(gamma_t - gamma_s) for s <= t, masked before exp
         causal = np.tril(np.ones((len(gamma), len(gamma)), bool))[..., None]
         return np.exp(np.where(causal, gamma[:, None] - gamma[None], -np.inf))
@@ -701,7 +711,7 @@ def _page_echoes_02_03():
         ("02.2", latest_formula, False), ("02.2", scalar_intuition, False),
         ("02.2", by_library_stream, False), ("02.2", coefficients_swapped, False),
         ("02.2", rebuilt_two_channel, False),
-        ("02.2", older_jnp, True), ("02.2", older_one_element, True),
+        ("02.2", older_jnp, True), ("02.2", older_one_element, True), ("02.2", cubic_fit, True),
         ("03.1", step3_cell, False), ("03.1", step3_reversed, False),
         ("03.1", old_answer, False), ("03.1", no_solve, False), ("03.1", identity, False),
         ("03.1", recurrence, False), ("03.1", jacobian_of_forward, False),
@@ -724,16 +734,42 @@ def test_measured_answers_are_told_that_only_a_formula_gets_there():
     """01.1's r read off three simulated writes, 01.2's error extrapolated from two simulated
     sweeps (or all n run) and 02.2's coefficients solved from weights computed on a rebuilt key
     (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at
-    the last trial, where the measurement is rounding noise (02.2: a few ulps, too few for the
-    1e-5 asked), with a hint that says so."""
+    the last trial, where the measurement is rounding noise (02.2: a few ulps of the weight), with
+    a hint that says so."""
     shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
     shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
     for name, said in (("three_writes_measured", "14th digit"), ("limit_from_r", "14th digit"),
                        ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
-                       ("rebuilt_two_channel", "misses the 1e-5")):
+                       ("rebuilt_two_channel", "rounding noise")):
         exercise_id, answer = shortcuts[name]
         hint = exercises.verdict(exercise_id, answer)
         assert hint and said in hint and "e-" in hint.split(":")[0], (name, hint)
+
+
+def test_02_1_refuses_the_beta_law_from_scipy_and_jax():
+    """The span of d_k uniform draws is Beta(d_k - 1, 2): scipy's cdf or betainc (a ufunc, held),
+    jax.scipy's and jax.lax's betainc do the exercise (teacher 2026-12-06, 15); each is refused
+    with the hint that says so, and the same formula by hand passes."""
+    import jax
+    import scipy.special
+    import scipy.stats
+
+    def chi(ratio, width):
+        return min(np.log(ratio) / np.log(width), 1.0)
+
+    routes = {
+        "scipy.stats": lambda n, r, w: scipy.stats.beta.cdf(chi(r, w), max(n - 1, 1e-9), 2),
+        "scipy.special.betainc": lambda n, r, w: scipy.special.betainc(max(n - 1, 1e-9), 2,
+                                                                        chi(r, w)),
+        "jax": lambda n, r, w: float(jax.scipy.special.betainc(max(n - 1, 1e-9), 2.0, chi(r, w))),
+        "jax._src.lax.special": lambda n, r, w: float(jax.lax.betainc(max(n - 1, 1e-9), 2.0,
+                                                                      chi(r, w))),
+    }
+    for name, route in routes.items():
+        hint = exercises.verdict("02.1", route, seed=3)
+        assert hint and "span's law for you: derive it yourself" in hint, (name, hint)
+    by_hand = lambda n, r, w: n * chi(r, w) ** (n - 1) - (n - 1) * chi(r, w) ** n  # noqa: E731
+    assert exercises.verdict("02.1", by_hand, seed=3) is None
 
 
 def test_04_2_draws_its_shapes_per_call():

@@ -1,6 +1,6 @@
-"""Checkers of notebook 02's exercises: 02.1 a probability at drawn parameters, some below
-1e-12 where no sampling reaches; 02.2 two coefficients as functions of beta, one below 1e-14
-where a fit of computed weights misses. Float32 answers pass (relative 1e-5), numbers or arrays."""
+"""Checkers of notebook 02's exercises: 02.1 a probability, some below 1e-12 where no sampling
+reaches (no scipy); 02.2 two coefficients as functions of beta, one below 1e-14 where psi2 measured
+from computed weights is rounding noise. Float32 answers pass (relative 1e-5), numbers or arrays."""
 
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ def _spread(n, ratio, width, how="right") -> float:
 
 
 def _spreads(rng):
-    """(d_k, ratio, width): the page's (32 channels, a decade of two), two drawn, one drawn with
-    a chance between 1e-30 and 1e-12 (float32 holds it, no sampling reaches it), d_k = 1 and a
-    ratio past the range (both 1)."""
+    """(d_k, ratio, width): the page's (32, 10, 100), two drawn, one of chance 1e-30 to 1e-12
+    (float32 holds it, no sampling reaches it), d_k = 1 and a ratio past the range (both 1)."""
     width = float(rng.choice([10.0, 100.0, 1000.0]))
 
     def drawn(n_range, rho_range):
@@ -44,32 +43,34 @@ def _spreads(rng):
             (int(rng.integers(2, 40)), width * 2, width)]
 
 
-_SPREAD_HINTS = {
-    "one window": "that is the chance all d_k draws fall in one fixed window of that width; the "
-                  "window may sit anywhere: condition on the lowest draw",
-    "from the lowest": "a window that starts at the lowest draw can stick out of the range's top: "
-                       "the lowest draw's density changes there",}
+_SPREAD_HINTS = {  # the slips of _spread, and what to say
+    "one window": "that is the chance all fall in one fixed window: condition on the lowest draw",
+    "from the lowest": "a window from the lowest draw can stick out of the range: cut it there"}
+_BETA = (*ex.SCIPY, "jax._src.lax.special")  # scipy, jax.scipy, jax.lax.betainc: the span's law
+_BETA_HINT = "spread_below uses {}, which evaluates the span's law for you: derive it yourself"
+_PSI = [dict(shape=(), what=w, allow_zeros=True) for w in ("psi1", "psi2")]  # 02.2's two numbers
 
 
 @ex.checker("02.1")
 def spread_below(answer, rng):
-    """``answer(d_k, ratio, width) -> p``: the probability that a head's ``d_k`` time steps drawn
-    log-uniformly over a range ``width`` wide (largest over smallest: 100 for init_dt_bias)
-    span less than ``ratio`` (largest half-life over smallest), ``ratio > 1``."""
+    """``answer(d_k, ratio, width) -> p``: the chance that ``d_k`` log-uniform draws over a range
+    ``width`` wide (largest over smallest) span less than ``ratio > 1``; no scipy, jax.scipy or
+    jax.lax.betainc (the span of d_k uniform draws is Beta(d_k - 1, 2) distributed)."""
+    if holding := ex.holds_scipy(answer):
+        return _BETA_HINT.format(holding)
     for n, ratio, width in _spreads(rng):
         where = f"at d_k = {n}, ratio = {ratio}, width = {width}"
-        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(d_k, ratio, width)")
+        got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(d_k, ratio, width)",
+                                   refused={p: _BETA_HINT.format(p) for p in _BETA})
         got = got if hint else _scalar(got)
-        want = _spread(n, ratio, width)
         if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
             return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
                     "(sampling) cannot see such draws; derive the distribution of the span")
-        hint = hint or ex.refuse_degenerate(got, shape=(), what="the probability")
-        if hint:
+        if hint := hint or ex.refuse_degenerate(got, shape=(), what="the probability"):
             return hint
         if not -1e-12 <= float(got) <= 1 + 1e-12:  # (rounding may pass 1 by an ulp or two)
             return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]"
-        if ex.close(got, want, 1e-5):
+        if ex.close(got, _spread(n, ratio, width), 1e-5):
             continue
         if n == 1 or ratio >= width:
             return (f"wrong {where}: " + ("one draw spans nothing" if n == 1 else "no draws "
@@ -83,23 +84,22 @@ def spread_below(answer, rng):
 @ex.checker("02.2")
 def older_weight(answer, rng):
     """``answer(beta) -> (psi1, psi2)``, ``Omega_ts = psi1 kk_ts + psi2 kk_tsp kk_sps`` (the older
-    of three writes of one unit key): four betas drawn, last one below 1e-14, where psi2's term is
-    a few float64 ulps of a computed weight (a fit of such weights misses the 1e-5 asked)."""
+    of three writes of one unit key): four betas drawn, then one below 1e-14, where psi2's term is
+    a few float64 ulps of a computed weight (psi2 measured from such weights is rounding noise)."""
     for beta in [*(round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)),
                  float(f"{rng.uniform(1.0, 5.0):.3f}e-15")]:
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
         got = [*map(_scalar, got)] if isinstance(got, (tuple, list)) else got
-        hint = hint or ex.parts(got, "the pair (psi1, psi2): Omega_ts = psi1 kk_ts + psi2 "
-            "kk_tsp kk_sps", *(dict(shape=(), what=w, allow_zeros=True) for w in ("psi1", "psi2")))
-        if hint:
+        if hint := hint or ex.parts(got, "the pair (psi1, psi2): Omega_ts = psi1 kk_ts + psi2 "
+                                    "kk_tsp kk_sps", *_PSI):
             return hint
         psi1, psi2 = (float(x) for x in got)
         right_psi1 = ex.close(psi1, beta * (1 - beta), 1e-5)
         if right_psi1 and ex.close(psi2, -beta**2 * (1 - beta), 1e-5):
             continue
         text = ("psi2's term is a few float64 ulps of a weight computed from the matrices "
-                "(I - beta k k^T) here, so a fit of psi2 misses the 1e-5 asked: derive it "
-                "as a formula in beta" if beta < 1e-6 else
+                "(I - beta k k^T) here, so psi2 measured from such weights is rounding noise: "
+                "derive it as a formula in beta" if beta < 1e-6 else
                 "beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
                 "middle write removes beta (k^T B k) k, the decayed memory's projection on k"
                 if ex.close(psi1, beta * (1 - beta) ** 2, 1e-5) and abs(psi2) < 1e-12 else
