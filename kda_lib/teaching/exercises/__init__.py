@@ -1,17 +1,15 @@
 """Exercise checkers: say whether a student's answer is right without printing the answer.
 
-A notebook's exercise cell calls ``check("03.2", answer, ...)``; the checker, registered with
-``@checker("NN.M")`` in ``chNN.py``, calls the student's function on inputs drawn afresh at every
-call (``seed`` repeats one), compares in float64 and returns ``None`` (right) or a short hint,
-never the expected value. Worked solutions: ``notebooks/solutions/``; the tests feed them, and
-the wrong answers an honest student may write, to the checkers.
+``check("03.2", answer, ...)`` runs the checker registered with ``@checker("NN.M")`` in
+``chNN.py`` on inputs drawn afresh at every call (``seed`` repeats one), compares in float64 and
+returns ``None`` (right) or a short hint, never the expected value (worked solutions:
+``notebooks/solutions/``, fed to the checkers by the tests with the honest wrong answers).
 
-**Scope.** The checkers give feedback to an honest attempt: they refuse every wrong answer and
-every shortcut taken without meaning to cheat (the library function the exercise is about,
-wrapped or not, a value or function from the page, a neighbouring exercise's solution, a table
-or fit of their trials, degenerate values), with a hint. Deliberate tampering (running the
-library's or the checker's source under another name, other processes, patching NumPy, reading
-the checker's frames) is out of their scope, and nothing here guards against it.
+**Scope.** Feedback to an honest attempt: every wrong answer and every shortcut taken without
+meaning to cheat (the library function at issue, a value or function from the page, another
+exercise's solution, a table or fit of trials, degenerate values) is refused with a hint.
+Deliberate tampering (the library's or checker's source under another name, other processes,
+patching NumPy, reading the checker's frames) is out of scope; nothing here guards against it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Checkers of notebook 00's exercises: section 1's output, from a memory read once. The answer
-gets ``read`` (``read(vec) = S^T vec`` for one vector of a state it hides, drawn at each call); a
-second read is refused, so the state cannot be read back (made-up states can still be probed)."""
+"""Checkers of notebook 00: section 1's output from a hidden state read once (``read(vec) = S^T
+vec``; a second read is refused, made-up states can still be probed)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ from kda_lib.teaching import exercises as ex
 
 @ex.machinery
 def _memory(state):
-    """``(read, calls)``: ``read(vec) = state^T vec`` for one vector ``vec`` of K numbers,
-    counted."""
+    """``(read, calls)``: ``read(vec) = state^T vec`` for one ``vec [K]``, counted."""
     calls = []
 
     def read(vec):
@@ -27,9 +25,8 @@ def _memory(state):
 
 def _tokens(rng, tokens, K, V):
     """A unit query [K], unit keys [T, K], values [T, V], g in [-1, -0.05], beta in (0.1, 0.9)."""
-    k = rng.standard_normal((tokens, K))
+    k, q = rng.standard_normal((tokens, K)), rng.standard_normal(K)
     k /= np.linalg.norm(k, axis=1, keepdims=True)
-    q = rng.standard_normal(K)
     return (q / np.linalg.norm(q), k, rng.standard_normal((tokens, V)),
             -rng.uniform(0.05, 1.0, (tokens, K)), rng.uniform(0.1, 0.9, tokens))
 
@@ -77,15 +74,13 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
 
 @ex.checker("00.1")
 def one_token(answer, rng):
-    """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (unit
-    ``q, k, g [K]``, ``v [V]``, a number ``beta``), reading the state before it only through
-    one call of ``read`` (``read(vec) = S^T vec``)."""
+    """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (``q, k, g
+    [K]``, ``v [V]``, a number ``beta``), the state before it read once by ``read``."""
     return _read_once(answer, rng, False, "output_after_one(read, q, k, v, g, beta)")
 
 
 @ex.checker("00.2")
 def many_tokens(answer, rng):
-    """``answer(read, q, k, v, g, beta) -> o [V]``: the output ``S_T^T q / sqrt(K)`` after the
-    ``T`` tokens ``k, g [T, K]``, ``v [T, V]``, ``beta [T]`` (the oldest first) from the hidden
-    state ``S_0``, read once (``read(vec) = S_0^T vec``)."""
+    """``answer(read, q, k, v, g, beta) -> o [V]``: ``S_T^T q / sqrt(K)`` after ``k, g [T, K]``,
+    ``v [T, V]``, ``beta [T]`` (oldest first) from the hidden ``S_0``, read once by ``read``."""
     return _read_once(answer, rng, True, "output_after(read, q, k, v, g, beta)")

@@ -1,8 +1,5 @@
-"""Checkers of notebook 04's exercises: 04.1 the short convolution's decode step from a ring
-buffer (no row moved), 04.2 the per-head RMSNorm's backward pass, compared row by row (each row
-to its own scale), refusing JAX's autodiff and, through a time limit on a wide trial, naive
-finite differences (a full forward pass per entry; differences that update running sums are
-fast, and not refused)."""
+"""Checkers of notebook 04: 04.1 the conv's decode step from a ring buffer, 04.2 the RMSNorm's
+backward (row by row; no autodiff; naive finite differences fail a time limit)."""
 
 from __future__ import annotations
 
@@ -21,9 +18,7 @@ def _far(answer, expected, rtol: float = 1e-4) -> bool:
 
 
 def _far_rows(answer, expected, rtol: float) -> bool:
-    """Whether some row of ``answer [rows, V]`` is off by more than ``rtol`` of that row's
-    largest ``|expected|``: rows near ``eps`` have gradients 100s of times larger than the
-    others, and one scale for the whole array would let every ordinary row be 10% off."""
+    """Some row of ``answer [rows, V]`` off by over ``rtol`` of that row's largest |expected|."""
     answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
     scale = np.maximum(np.abs(expected).max(axis=-1), 1e-3)
     return not bool(np.all(np.abs(answer - expected).max(axis=-1) <= rtol * scale))
@@ -32,11 +27,8 @@ def _far_rows(answer, expected, rtol: float) -> bool:
 @ex.checker("04.1")
 def conv_ring_step(answer, rng):
     """``answer(ring [B, w-1, channels], start, xi_t [B, channels], kernel [w, channels]) ->
-    (ring, start, conv_t)``:
-    the depthwise causal conv's decode step (no SiLU) from a ring (``ring[:, (start + j) % (w -
-    1)]`` holds ``xi_{t-(w-1)+j}``, the input tap ``kernel[j]`` multiplies, j = 0 .. w - 2 from 0
-    like the taps: slot ``start`` the oldest), writing ``xi_t`` over the oldest; w = 2 to 5, five
-    steps each."""
+    (ring, start, conv_t)``: the conv's decode step (no SiLU); ``ring[:, (start + j) % (w - 1)]``
+    holds ``xi_{t-(w-1)+j}`` (tap ``kernel[j]``; slot ``start`` the oldest); w = 2 to 5."""
     name = "conv_step(ring, start, xi_t, kernel)"
     for width in (2, 3, 4, 5):
         B, C = (int(n) for n in rng.integers(1, 5, 2))
@@ -73,8 +65,7 @@ def conv_ring_step(answer, rng):
 
 
 def _norm_trial(rng, rows, width, eps, small):
-    """Float32 ``o [rows, V]`` (every third row scaled by ``small``: mean square near ``eps``),
-    ``eta [V]`` (not 1: the Jacobian not symmetric), ``dn [rows, V]``; the float64 ``do``."""
+    """Float32 ``o [rows, V]`` (every third row times ``small``), ``eta``, ``dn``; float64 do."""
     o = rng.standard_normal((rows, width))
     o[::3] *= small
     eta, dn = rng.uniform(0.5, 1.5, width), rng.standard_normal((rows, width))
@@ -90,10 +81,8 @@ _NORM_SIZES = (((4, 9), (6, 12), 1e-5, 1e-3), ((3, 7), (12, 24), 1e-6, 3e-3),
 
 @ex.checker("04.2")
 def rmsnorm_backward(answer, rng, **_):
-    """``answer(o [rows, V], eta [V], dn [rows, V], eps) -> do [rows, V]``: the gradient of
-    ``sum(dn * n)`` with respect to ``o``, for ``n = o * eta / sqrt(mean(o^2, -1) + eps)`` (each
-    row one head and token), without JAX's autodiff; rows and V drawn at every call; each row
-    compared with its own scale."""
+    """``answer(o [rows, V], eta [V], dn [rows, V], eps) -> do [rows, V]``: d sum(dn * n) / do for
+    ``n = o * eta / sqrt(mean(o^2, -1) + eps)``, without autodiff; sizes drawn at every call."""
     for rows, width, eps, small in _NORM_SIZES:
         rows, width = int(rng.integers(*rows)), int(rng.integers(*width))
         (o, eta, dn), want = _norm_trial(rng, rows, width, eps, small)
