@@ -16,14 +16,14 @@
 # %% [markdown]
 # # 05 · Context parallelism: split the sequence, pass the state, get the same answer
 #
-# **Claim.** A KDA layer can run with its sequence split over $R$ devices and compute what one
-# device computes to float32 rounding (relative error below $10^{-5}$: the kernel's outputs and
-# gradients in section 4; where tokamax runs, the layer on its TPU kernel in section 6), while
-# the devices exchange two small things: the $w - 1$ tokens before each slice (the short
+# **Claim.** A KDA layer can run with its sequence split over $R$ devices, its recurrence computing
+# what one device computes to float32 rounding (below $10^{-5}$: outputs and gradients in section
+# 4, and the same per-rank code on one device, its ranks a `vmap` axis, in section 6), while the
+# devices exchange two small things: the $w - 1$ tokens before each slice (the short
 # convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S +
 # E^{(\rho)}$ of each slice's effect on the state. Neither grows with the sequence length $T$;
-# gathering the sequence does (section 5, read off the compiled program). Devices are
-# simulated on a CPU unless the machine has two or more accelerators.
+# gathering the sequence does (section 5, read off the compiled program). Devices are simulated
+# on a CPU unless the machine has two or more accelerators.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
@@ -66,7 +66,7 @@ import runpy
 import subprocess
 import sys
 
-NEEDED = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib", "tokamax")
+NEEDED = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib")
 sys.path += [d for d in map(os.path.abspath, (".", "..")) if os.path.isdir(f"{d}/kda_lib")][:1]
 if missing := [name for name in NEEDED if importlib.util.find_spec(name) is None]:
     if "kda_lib" in missing:  # not installed, and no checkout here or a folder up: install it
@@ -95,7 +95,7 @@ import kda_lib.teaching.notebook
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 from kda_lib.teaching import context_parallel as cpt
 from kda_lib.teaching import explain, viz
-from kda_lib.testing import random_kda_inputs, relative_l2
+from kda_lib.testing import relative_l2
 
 kda_lib.teaching.notebook.check_parameters(globals())  # each parameter's type and range, by name
 kda_lib.teaching.notebook.setup()  # float32 matmuls at "highest": differences below are CP's
@@ -106,7 +106,6 @@ pool = accelerators if len(accelerators) >= 2 else jax.devices("cpu")
 ranks = min(num_devices, len(pool))
 assert ranks >= 2, (f"context parallelism needs at least 2 devices, found {len(pool)}: restart "
                     "the kernel so the device cell runs before jax is imported")
-simulated = pool[0].platform == "cpu"
 total_len = ranks * -(-seq_len // ranks)  # T: seq_len rounded up to a multiple of the ranks
 local_len = total_len // ranks
 halo = conv_size - 1
@@ -114,9 +113,9 @@ mesh = jax.make_mesh((ranks,), ("context",), axis_types=(jax.sharding.AxisType.E
                      devices=pool[:ranks])
 SEQ = PartitionSpec(None, "context")  # arrays [B, T, ...] split along T
 key = jax.random.key(seed)
-key_inputs, key_cotangent, key_layer, key_tpu = jax.random.split(key, 4)
+key_inputs, key_state, key_cotangent, key_layer, key_vmap = jax.random.split(key, 5)
 layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
-print(f"{ranks} {'simulated ' if simulated else ''}{pool[0].platform} devices (asked for "
+print(f"{ranks} {'simulated ' * (pool[0].platform == 'cpu')}{pool[0].platform} devices (asked for "
       f"{num_devices}); T = {total_len} tokens, {local_len} per rank; halo {halo} tokens")
 for r, device in enumerate(mesh.devices.flat):
     print(f"rank {r}: {device} -> tokens {r * local_len + 1}..{(r + 1) * local_len} (from 1)")
@@ -134,6 +133,19 @@ for r, device in enumerate(mesh.devices.flat):
 # 3. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
 # 4. **Fold.** Rank $\rho$ applies the summaries of ranks $0, \dots, \rho - 1$ in order.
 # 5. **Output pass.** Each rank reruns its slice from that state and writes its outputs.
+#
+# So each rank runs its slice twice, on $d_k + d_v$ value columns (summary) and on $d_v$ (output):
+# about three slices' flops at $d_k = d_v$, plus the fold; the split is at most about $R / 3$
+# times faster than one device (box widths below: XLA's flop counts; more in the notes).
+
+# %%
+path = cpt.critical_path(ranks, local_len, key_dim, value_dim)  # flops per sequence and head
+passes = (path["summary"] + path["output"]) / path["output"]  # in slices: (d_k + 2 d_v) / d_v
+fold, speedup = path["fold"] / path["output"], path["one_device"] / path["rank"]
+print(f"each rank: {passes:.2f} slices' flops in two passes, the fold {fold:.2f}; speed-up over "
+      f"one device {speedup:.2f}x (R / 3 = {ranks / 3:.2f})")
+assert abs(passes / ((key_dim + 2 * value_dim) / value_dim) - 1) < 0.05
+viz.show(cpt.draw_critical_path(ranks, halo, path), "05_critical_path")
 
 # %% [markdown]
 # ## 2. The halo
@@ -178,11 +190,9 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
 # E^{(\rho - 1)}$) and compare with the state one device reaches at each slice boundary.
 
 # %%
-raw = random_kda_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim, gate="raw")
-key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))  # one key per parameter
-g = kda_lib.kda_gate(raw["g"], kda_lib.init_a_log(key_a, num_heads),
-                     kda_lib.init_dt_bias(key_dt, num_heads, key_dim))  # log decay <= 0
-inputs = (raw["q"], raw["k"], raw["v"], g, raw["beta"])
+# q, k, v, g, beta [B, T, ...], g from notebook 04's gate as the layer is initialised
+inputs = tuple(cpt.layer_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim)
+               .values())
 kernel = jax.jit(kda_lib.kda, static_argnames=("output_final_state", "implementation"))
 
 
@@ -219,7 +229,7 @@ assert max(boundary_errors) < 1e-5
 
 # %%
 # affine, not just at zero: any incoming state maps through the same (M, E)
-s_in = jax.random.normal(key_cotangent, (batch, num_heads, key_dim, value_dim))
+s_in = jax.random.normal(key_state, (batch, num_heads, key_dim, value_dim))
 _, s_out = kernel(*slices(1), initial_state=s_in, output_final_state=True,
                   implementation=implementation)
 m1, e1 = summaries[1]
@@ -230,14 +240,13 @@ o_zero = kernel(*slices(1), implementation=implementation)[0]
 carried = relative_l2(o_zero, o_true)
 print(f"slice 1 run from a zero state instead of the carried one: {carried:.0%} off")
 assert carried > 0.05
-q0, k0, v0, g0, beta0 = (x[0, :, 0] for x in inputs)  # row 0, head 0
+q0, k0, v0, g0, beta0 = (x[0, :, 0] for x in inputs)  # sequence 0, head 0
 norms = np.asarray(explain.state_norms(k0, v0, g0, beta0))
 boundaries = np.arange(1, ranks + 1) * local_len
-assert np.allclose([float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]], norms[boundaries - 1],
-                   rtol=1e-4)
+folded_norms = [float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]]
+assert np.allclose(folded_norms, norms[boundaries - 1], rtol=1e-4)
 
 # %% tags=["hide-input"]
-folded_norms = [float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]]
 viz.show(cpt.plot_folded_states(norms, boundaries, folded_norms), "05_folded_states")
 
 # %% [markdown]
@@ -256,16 +265,9 @@ cp_kernel = jax.shard_map(
 cp = jax.jit(lambda *a: cp_kernel(*(shard_as(x, mesh, SEQ) for x in a)))
 one = jax.jit(lambda *a: kda_lib.kda(*a, implementation=implementation)[0])
 cotangent = jax.random.normal(key_cotangent, inputs[2].shape)
-
-
 loss = lambda fn: lambda *a: jnp.sum(fn(*a) * cotangent)  # a random projection of fn's output
-
-
-def per_rank(a, b):
-    pairs = zip(np.split(np.asarray(a), ranks, axis=1), np.split(np.asarray(b), ranks, axis=1),
-                strict=True)
-    return [relative_l2(x, y) for x, y in pairs]
-
+per_rank = lambda a, b: [relative_l2(x, y) for x, y in zip(  # the error of each rank's slice
+    np.split(np.asarray(a), ranks, axis=1), np.split(np.asarray(b), ranks, axis=1), strict=True)]
 
 # %%
 grad_all = lambda fn: jax.jit(jax.grad(loss(fn), argnums=tuple(range(5))))  # noqa: E731
@@ -364,31 +366,31 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
          "05_traffic")
 
 # %% [markdown]
-# ## 6. On TPU chips: the split on the chip's kernel
+# ## 6. One device, $R$ slices: the ranks as a `vmap` axis
 #
-# Notebook 04's layer split over $R$ ranks on tokamax's TPU kernel (`"tokamax_mosaic"`) vs the
-# same weights on one device, forward: on TPU v6 chips, or on a CPU by `kda_lib.emulate_tpu()`.
-# On one chip tokamax cannot serve (a v5e): $R$ slices under `jax.vmap`, the context axis named,
-# each by kda_lib's Pallas kernel, vs one pass (outputs, state, gradients). Asserted < $10^{-5}$.
+# A collective names an axis, not devices: under `jax.vmap(f, axis_name="context")` the
+# all-gather in `kda_context_parallel` gathers across the $R$ mapped slices, so section 4's
+# per-rank code runs unchanged where one device is all there is (one TPU chip, a laptop).
+# `cpt.context_parallel_on_one_device` runs $T = 128 R$ tokens as $R$ slices (on a TPU by
+# kda_lib's Pallas kernel, `"pallas_tpu"`, $d_k = d_v = 128$; elsewhere by `implementation`)
+# against one pass: outputs, final state and gradients, each error the largest $|\text{CP} -
+# \text{one pass}|$ over the largest $|\text{one pass}|$ (section 4: relative L2 per slice). The
+# last slice run alone, from a zero state, shows that the state carried into it matters.
 
 # %%
-tpu_config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=1, head_dim=128,
-                               lower_bound=-5.0, implementation="tokamax_mosaic")
-x_tpu = jax.random.normal(key_tpu, (batch, 32 * ranks, hidden_size))
-if (problem := cpt.tpu_kernel_problem()) and jax.default_backend() == "tpu":  # one chip
-    chip = random_kda_inputs(key_tpu, 1, 512, 1, 128)
-    cot = jax.random.normal(key_cotangent, chip["v"].shape)
-    chip_errors = cpt.context_parallel_on_one_device(chip, cot, ranks=4)
-    print(f"{problem}: kda_lib's kernel, 4 slices, one chip; largest |cp - one| / largest |one|:",
-          "  ".join(f"{n} {e:.1e}" for n, e in chip_errors.items()))
-    assert max(chip_errors.values()) < 1e-5
-elif problem:
-    print(f"section 6 skipped: {problem}")
-else:  # the layer on the mesh's ranks inside kda_lib.emulate_tpu(), one device by "chunked"
-    tpu_error, where = cpt.layer_on_ranks_vs_one(tpu_config, x_tpu, mesh, seed=layer_seed)
-    print(f"ran on {where}: the layer on {ranks} ranks (tokamax's Mosaic kernel) vs one device: "
-          f"relative error {tpu_error:.1e}")
-    assert tpu_error < 1e-5
+vmap_impl = "pallas_tpu" if jax.default_backend() == "tpu" else implementation
+key_vmap_inputs, key_vmap_cotangent = jax.random.split(key_vmap)
+x_vmap = cpt.layer_inputs(key_vmap_inputs, batch, 128 * ranks, num_heads,
+                          *((128, 128) if vmap_impl == "pallas_tpu" else (key_dim, value_dim)))
+last = {n: a[:, -128:] for n, a in x_vmap.items()}  # the last slice, run alone from zero
+carried = relative_l2(kernel(**last, implementation=vmap_impl)[0],
+                      kernel(**x_vmap, implementation=vmap_impl)[0][:, -128:])
+vmap_errors = cpt.context_parallel_on_one_device(x_vmap, jax.random.normal(
+    key_vmap_cotangent, x_vmap["v"].shape), ranks=ranks, implementation=vmap_impl)
+print(f"the last slice run alone, without the state before it: {carried:.0%} off")
+print(f"{ranks} slices under vmap, one {jax.default_backend()} device, vs one pass; largest |CP - "
+      "one| / largest |one|: " + ", ".join(f"{n} {e:.1e}" for n, e in vmap_errors.items()))
+assert max(vmap_errors.values()) < 1e-5 and carried > 0.01
 
 # %% [markdown]
 # ## Summary
@@ -396,17 +398,16 @@ else:  # the layer on the mesh's ranks inside kda_lib.emulate_tpu(), one device 
 # - A slice acts on the state as an affine map $S_{\text{out}} = M^{(\rho)} S_{\text{in}} +
 #   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries
 #   gives the state at every slice boundary.
-# - The kernel on $R$ devices matches one device, outputs and gradients; where tokamax runs, the
-#   layer on its TPU kernel matches too (outputs), on one chip kda_lib's kernel (section 6); what
-#   the devices exchange does not
-#   grow with $T$ (measured, equal to the formula), gathering the sequence does. What each rank
-#   computes, and when the split is faster: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md).
+# - The kernel on $R$ devices matches one device, outputs and gradients, and so does the same
+#   per-rank code with the ranks a named `vmap` axis of one device; what the devices exchange
+#   does not grow with $T$ (measured, equal to the formula), gathering the sequence does. Each
+#   rank does about three slices' work, so the split is at most about $R / 3$ times faster (more
+#   in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md)).
 #
 # ## Exercises
 #
-# Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
-# solutions (try first) are in [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
+# Replace `answer = None` with your answer and run the cell: `exercises.check` says whether it is
+# right, never the solution. Worked solutions (try first): [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
 #
 # Both exercises are the **backward pass**, which the page leaves to `jax.grad`. Rank $\rho$'s
 # outputs depend on the state entering it, $S^{(\rho)}$; call $\bar S^{(\rho)}_{\text{own}}$ the
@@ -445,6 +446,5 @@ exercises.check("05.2", answer)
 # - S. Li et al., *Sequence parallelism: long sequence training from system perspective*,
 #   2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
 # - JAX, *Manual parallelism with `shard_map`*: [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
-# - tokamax's KDA kernels and their context parallelism:
-#   [openxla/tokamax](https://github.com/openxla/tokamax); fla's chunk-state passing:
+# - Chunk-state passing in [openxla/tokamax](https://github.com/openxla/tokamax) and
 #   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

@@ -66,11 +66,10 @@ _README_COLAB = re.compile(r"https://colab\.research\.google\.com/github/([\w.-]
 # and a traceback. (scipy, which kda_lib.lab needs, is a requirement of jax and of kda_lib's core)
 BASE_MODULES = ("kda_lib", "jax", "flax", "optax", "numpy", "matplotlib")
 # beyond the base, by notebook: 02's sliders (ipywidgets), 03's timing of tokamax's chunked
-# form beside kda_lib's and 05's layer on tokamax's TPU kernel (tokamax)
+# form beside kda_lib's (tokamax)
 MORE_MODULES = {
     "02_gating_and_decay": ("ipywidgets",),
     "03_chunkwise_algorithm": ("tokamax",),
-    "05_context_parallel": ("tokamax",),
 }
 NEEDED_MODULES = tuple(dict.fromkeys(BASE_MODULES + sum(MORE_MODULES.values(), ())))
 INSTALL_BLOCK = """\

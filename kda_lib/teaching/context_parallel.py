@@ -10,7 +10,8 @@
 * :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
   (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
 * :func:`context_parallel_on_one_device` -- the algorithm on one device (a single chip): the
-  sequence in R slices under ``jax.vmap`` with the context axis named, against one pass.
+  sequence in R slices under ``jax.vmap`` with the context axis named, against one pass;
+  :func:`layer_inputs` -- its inputs (and section 3's), with the layer's initial gate.
 * :func:`plot_folded_states`, :func:`plot_rank_errors`, :func:`plot_traffic`,
   :func:`plot_compute_model` -- notebook 05's figures and docs/NOTEBOOK_NOTES.md's.
 """
@@ -205,7 +206,7 @@ def plot_folded_states(norms, boundaries, folded_norms) -> plt.Figure:
     for b in boundaries[:-1]:
         ax.axvline(b + 0.5, color="0.6", linewidth=0.8, linestyle=":")
     ax.set(title="The state at every slice boundary, from the summaries alone",
-           xlabel="tokens processed t (tokens)", ylabel=r"$\|S_t\|_F$ (row 0, head 0)")
+           xlabel="tokens processed t", ylabel=r"$\|S_t\|_F$ (sequence 0, head 0)")
     ax.legend(loc="lower right")
     return fig
 
@@ -242,44 +243,20 @@ def plot_traffic(
     return fig
 
 
-def layer_on_ranks_vs_one(config, x, mesh, *, seed: int) -> tuple[float, str]:
-    """``(relative L2 error, where it ran)``: notebook 04's layer with ``config`` (a TPU kernel)
-    on ``mesh``'s ranks against the same weights on one device by the chunked form, forward;
-    on a CPU inside :func:`kda_lib.emulate_tpu` (the kernel interpreted), on a TPU as it is."""
-    import dataclasses
-
-    from flax import nnx
-
+def layer_inputs(key, batch: int, seq_len: int, heads: int, key_dim: int, value_dim: int) -> dict:
+    """``kda``'s q, k, v, g, beta ``[B, T, ...]`` (:func:`kda_lib.testing.random_kda_inputs`)
+    with ``g`` from notebook 04's gate at the layer's initial ``a_log`` and ``dt_bias`` (keys
+    from ``fold_in(key, 1)``): its slowest channels keep a state for hundreds of tokens, where
+    ``random_kda_inputs``' own gate forgets it within tens (what enters a slice would not
+    matter)."""
     import kda_lib
-    from kda_lib.testing import relative_l2
+    from kda_lib.testing import random_kda_inputs
 
-    run = nnx.jit(lambda layer, x: layer(x))
-    with kda_lib.emulate_tpu() as chip:  # None on a real TPU: the block runs unchanged
-        y_ranks = run(kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(seed), mesh=mesh), x)
-    one = dataclasses.replace(config, implementation="chunked")
-    y_one = run(kda_lib.KimiDeltaAttention(one, rngs=nnx.Rngs(seed)), x)
-    where = "TPU chips" if chip is None else f"the CPU, emulating a TPU {chip}"
-    return relative_l2(y_ranks, y_one), where
-
-
-def tpu_kernel_problem() -> str | None:
-    """Why notebook 05's section 6 cannot run here (None: it can): tokamax missing, or a TPU
-    below v6 or a single chip (on a CPU the kernel is interpreted, :func:`kda_lib.emulate_tpu`)."""
-    import importlib.util
-    import sys
-
-    from kda_lib.ops.api import refusals
-
-    if importlib.util.find_spec("tokamax") is None:
-        old = sys.version_info < (3, 12)
-        return "tokamax is not installed" + (
-            f" (its releases need Python 3.12 or newer; this is {sys.version.split()[0]})" * old)
-    if jax.default_backend() != "tpu":
-        return None
-    found = refusals("tokamax_mosaic", lower_bound=-5.0)
-    if len(jax.devices()) < 2:
-        found.append(f"one {jax.devices()[0].device_kind} chip: no ranks to split over")
-    return "; ".join(found) or None
+    raw = random_kda_inputs(key, batch, seq_len, heads, key_dim, value_dim, gate="raw")
+    key_a, key_dt = jax.random.split(jax.random.fold_in(key, 1))  # one key per parameter
+    g = kda_lib.kda_gate(raw["g"], kda_lib.init_a_log(key_a, heads),
+                         kda_lib.init_dt_bias(key_dt, heads, key_dim))  # log decay <= 0
+    return dict(q=raw["q"], k=raw["k"], v=raw["v"], g=g, beta=raw["beta"])
 
 
 def context_parallel_on_one_device(inputs: dict, cotangent, *, ranks: int,

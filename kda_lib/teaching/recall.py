@@ -54,7 +54,7 @@ def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str) -> plt.Fig
     ax_n.set(
         title="Recall error vs pairs stored",
         xlabel="stored key/value pairs $n$",
-        ylabel=r"mean $\|S^\top k - v\|^2 / \|v\|^2$",
+        ylabel=r"mean $\|S^\top \mathbf{k} - \mathbf{v}\|^2 / \|\mathbf{v}\|^2$",
     )
     ax_n.legend(loc="upper left")
     ax_age.axhline(1.0, color="0.4", linewidth=1, linestyle=":")
@@ -71,7 +71,7 @@ def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str) -> plt.Fig
     ax_age.set(
         title=f"After {n_max} writes: error by age of the pair",
         xlabel="age of the pair (writes since it was stored)",
-        ylabel=r"$\|S^\top k - v\|^2 / \|v\|^2$",
+        ylabel=r"$\|S^\top \mathbf{k} - \mathbf{v}\|^2 / \|\mathbf{v}\|^2$",
     )
     fig.suptitle(title)
     return fig
@@ -162,7 +162,7 @@ def plot_two_timescales(errors, half_lives, *, title: str) -> plt.Figure:
     ax_s.set(
         xscale="log",
         xlabel="half-life of the one decay (tokens; right end: no decay)",
-        ylabel=r"$\|S^\top k - \mathrm{target}\|^2 / \|v\|^2$",
+        ylabel=r"$\|S^\top \mathbf{k} - \mathrm{target}\|^2 / \|\mathbf{v}\|^2$",
         title="One decay per head (Gated DeltaNet)",
     )
     ax_s.set_ylim(0, 1.5)  # room for the legend

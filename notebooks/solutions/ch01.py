@@ -13,7 +13,7 @@ def write_map(beta, alpha):
     k = zeta v``. Decay multiplies it by ``alpha``; section 2's write then turns the error
     ``(alpha zeta - 1) v`` into ``(1 - beta)`` times itself: ``zeta -> lam zeta + beta``, ``lam
     = alpha (1 - beta)``. Its fixed point ``zeta_inf = beta / (1 - lam)`` (written ``1 - alpha +
-    alpha beta`` below, which keeps its digits when beta is tiny) and ``zeta_inf - zeta`` shrinks
+    alpha beta`` below, which subtracts no nearly equal numbers) and ``zeta_inf - zeta`` shrinks
     by ``lam`` per write, from ``zeta_inf`` in the empty memory. With ``alpha < 1``, ``zeta_inf <
     1`` unless ``beta = 1``: a decayed memory never holds all of ``v``."""
     return alpha * (1 - beta), beta / (1 - alpha + alpha * beta)
@@ -21,11 +21,21 @@ def write_map(beta, alpha):
 
 def write_map_by_limit(beta, alpha):
     """1, written differently: float64 NumPy, ``zeta_inf`` as the fraction one more write leaves
-    unchanged, ``zeta = lam zeta + beta``, so ``zeta = beta / (1 - lam)``, with ``1 - lam = (1 -
-    alpha) + alpha beta`` divided through by beta. Not ``beta / (1 - lam)`` from a float64 ``lam``:
-    at beta = 1e-14, alpha = 1, ``lam`` is 1 to 14 digits and ``1 - lam`` keeps about 2 of them."""
+    unchanged, ``zeta = lam zeta + beta``, so ``zeta = beta / (1 - lam)`` with ``lam`` as
+    derived. At beta near 1e-9 ``1 - lam`` formed from a float64 ``lam`` keeps about 7 digits:
+    enough for the checker's 1e-6 (in float32 it keeps none: see the next form)."""
     lam = np.float64(alpha) * (1 - np.float64(beta))
-    return lam, 1 / ((1 - np.float64(alpha)) / beta + alpha)
+    return lam, beta / (1 - lam)
+
+
+def write_map_float32(beta, alpha):
+    """1, written differently: float32 ``jnp``, ``1 - lam`` simplified by hand to ``1 - alpha +
+    alpha beta`` (where beta is near 1e-9, float32's ``lam`` rounds to 1 or within 6e-8 of it, so
+    ``1 - lam`` formed from it would keep no digits)."""
+    import jax.numpy as jnp
+
+    beta, alpha = jnp.float32(beta), jnp.float32(alpha)
+    return alpha * (1 - beta), beta / (1 - alpha + alpha * beta)
 
 
 def sweep_error(mu, v1, v2, m):
@@ -64,6 +74,7 @@ def cases():
     return [
         ("01.1", write_map, {}, no_decay),
         ("01.1", write_map_by_limit, {}, no_decay),
+        ("01.1", write_map_float32, {}, no_decay),
         ("01.2", sweep_error, {}, one_sweep_factor_mu),
         ("01.2", sweep_error_loop, {}, one_sweep_factor_mu),
     ]

@@ -546,7 +546,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     # the install says what it does before pip's silent minutes; setup() names no folder
     (before,) = [line for line in printed.splitlines() if "Installing kda_lib's" in line]
     assert before.startswith("Installing kda_lib's dependencies (flax, optax missing): jax"), before
-    # only what notebook 00 imports: neither tokamax (03 and 05) nor ipywidgets (02)
+    # only what notebook 00 imports: neither tokamax (03) nor ipywidgets (02)
     assert "tokamax" not in before and "ipywidgets" not in before, before
     assert "not installed: ['tokamax', 'ipywidgets']" in printed, printed[-2000:]
     (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]

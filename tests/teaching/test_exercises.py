@@ -315,8 +315,9 @@ def _shortcut_07_2_matrix_inverse():
 
 
 def test_01_a_float32_limit_gets_a_float64_hint():
-    """Beta = 1e-9 is below float32's resolution: zeta_inf = beta / (1 - lam) in float32 is inf,
-    and the hint says why (not only "NaN or inf")."""
+    """Beta near 1e-9 is below float32's resolution of 1 - beta: zeta_inf = beta / (1 - lam) with
+    a float32 lam keeps no digit (or is inf), and the hint says why (not only "NaN or inf");
+    the same formula simplified by hand passes in float32 (notebooks/solutions/ch01.py)."""
     import jax.numpy as jnp
 
     def write_map_jnp(beta, alpha):

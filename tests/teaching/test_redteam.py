@@ -371,9 +371,17 @@ def _rule_breakers():
         r = (f3 - f2) / (f2 - f1) if f2 != f1 else 0.0
         return r, f1 / (1 - r)
 
-    def limit_from_r(beta, alpha):  # 01.1: lam derived, zeta_inf = beta / (1 - lam) unsimplified
-        r = alpha * (1 - beta)
-        return r, beta / (1 - r)
+    def limit_converged(beta, alpha):  # 01.1: lam derived, the writes run until zeta stops moving
+        lam, zeta = alpha * (1 - beta), 0.0  # right to 1e-7, but some 10^10 steps at beta ~ 1e-9
+        while (after := lam * zeta + beta) != zeta:
+            zeta = after
+        return lam, zeta
+
+    def limit_from_float32_r(beta, alpha):  # 01.1: float32 lam, zeta_inf = beta / (1 - lam)
+        import jax.numpy as jnp  # (right in float64; float32's 1 - lam keeps no digit at 1e-9)
+
+        r = jnp.float32(alpha) * (1 - jnp.float32(beta))
+        return r, jnp.float32(beta) / (1 - r)
 
     def _sweeps(mu, v1, v2, n):  # pair 1's error S^T k_1 - v_1 after each of n simulated sweeps
         keys = np.array([[1.0, 0.0], [mu, np.sqrt(max(1 - mu * mu, 0.0))]])
@@ -441,7 +449,8 @@ def _rule_breakers():
     return [
         ("01.1", limit_simulated),
         ("01.1", three_writes_measured),
-        ("01.1", limit_from_r),
+        ("01.1", limit_converged),
+        ("01.1", limit_from_float32_r),
         ("01.2", factor_per_write),
         ("01.2", two_sweeps_extrapolated),
         ("01.2", sweeps_simulated),
@@ -459,21 +468,21 @@ def _rule_breakers():
 
 
 def refused_by_time(exercise_id: str, answer, seconds: float = 0.25, **context) -> bool:
-    """Whether ``answer``, right but slow by construction (a simulation of 10^9 writes, finite
+    """Whether ``answer``, right but slow by construction (a simulation of 10^10 steps, finite
     differences over 2.6e5 entries: minutes at the checker's largest trial), is refused for its
     time, with every checker's limit lowered to ``seconds`` (the limit, 2 to 10 s, is all such an
     answer costs a test; the hint must name the time)."""
-    from kda_lib.teaching.exercises import ch04, ch05
+    from kda_lib.teaching.exercises import ch01, ch04, ch05
 
     with pytest.MonkeyPatch.context() as patch:
-        for module in (ch04, ch05):
+        for module in (ch01, ch04, ch05):
             patch.setattr(module, "TIME_LIMIT_S", seconds)
         hint = exercises.verdict(exercise_id, answer, **context)
     return isinstance(hint, str) and "took over" in hint
 
 
 # rule breakers that only the time limit refuses: right values, too slow at the last trial
-_SLOW_RULE_BREAKERS = ("grads_by_differences", "cotangents_by_differences")
+_SLOW_RULE_BREAKERS = ("limit_converged", "grads_by_differences", "cotangents_by_differences")
 
 
 def test_answers_that_break_the_stated_rule_are_refused():
@@ -733,12 +742,14 @@ def test_echoes_of_the_pages_of_02_and_03_are_refused_and_rewrites_accepted():
 def test_measured_answers_are_told_that_only_a_formula_gets_there():
     """01.1's r read off three simulated writes, 01.2's error extrapolated from two simulated
     sweeps (or all n run) and 02.2's coefficients solved from weights computed on a rebuilt key
-    (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at
-    the last trial, where the measurement is rounding noise (02.2: a few ulps of the weight), with
-    a hint that says so."""
+    (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at an
+    edge trial, where the measurement is rounding noise (01.1: alpha near 1e-8; 02.2: a few ulps
+    of the weight), with a hint that says so; so is 01.1's zeta_inf formed as beta / (1 - lam)
+    from a float32 lam (right in float64) where beta is near 1e-9."""
     shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
     shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
-    for name, said in (("three_writes_measured", "14th digit"), ("limit_from_r", "14th digit"),
+    for name, said in (("three_writes_measured", "lam^2 beta"),
+                       ("limit_from_float32_r", "float32 lam keeps no digits"),
                        ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
                        ("rebuilt_two_channel", "rounding noise")):
         exercise_id, answer = shortcuts[name]
