@@ -10,8 +10,10 @@ measured)."""
 import atexit
 import contextlib
 import gc
+import importlib.util
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -238,13 +240,23 @@ def load_fla_layer_fixture(case: str):
     return config, state_dict, data["x"], data["y"]
 
 
-# --- shared by the tests of the resumable record scripts (scripts/synthetic_sweep.py,
-# scripts/stdlib_lm_seeds.py): several processes writing one --output at once. (Here, not in
-# tests/lab/conftest.py: a second conftest module would shadow this one for `from conftest
-# import ...`.)
-# loads the script by path (argv[1]) as ``script``, runs the patch source (argv[2]: replaces
-# its training with a fast fake), then the script's main on the remaining arguments
-_WRITER = textwrap.dedent(
+# --- shared by the tests of the scripts/ command lines. (Here, not in tests/lab/conftest.py: a
+# second conftest module would shadow this one for `from conftest import ...`.)
+def load_script(file_name: str):
+    """``scripts/<file_name>`` imported as a module (registered in ``sys.modules``: dataclasses
+    look their module up there)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / file_name
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# in a subprocess: loads the script by path (argv[1]) as ``script``, runs the patch source
+# (argv[2]: e.g. replaces its training with a fast fake), then exits with the script's main on
+# the remaining arguments
+SCRIPT_RUNNER = textwrap.dedent(
     """
     import importlib.util, sys
 
@@ -252,7 +264,7 @@ _WRITER = textwrap.dedent(
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     exec(sys.argv[2])
-    script.main(sys.argv[3:])
+    sys.exit(script.main(sys.argv[3:]))
     """
 )
 
@@ -282,7 +294,8 @@ def concurrent_writers():
     def run(script_path, patch: str, argvs: list[list[str]], timeout: float = 300) -> None:
         processes = [
             subprocess.Popen(
-                [sys.executable, "-c", _WRITER, str(script_path), textwrap.dedent(patch), *argv],
+                [sys.executable, "-c", SCRIPT_RUNNER, str(script_path), textwrap.dedent(patch)]
+                + list(argv),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

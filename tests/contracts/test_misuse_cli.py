@@ -8,21 +8,16 @@ fail the test). A new command line is not done until it has its rows here."""
 import importlib
 import importlib.util
 import pathlib
-import sys
 import tomllib
 
 import pytest
+from conftest import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 UNWRITABLE = "/proc/kda-misuse/run.json"  # no one, root included, makes a folder in /proc
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"misuse_{name}", ROOT / "scripts" / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+_script = load_script
 
 
 SWEEP = ["--phase", "all", "--tasks", "mqar", "--mixers", "kda", "--seq-lens", "mqar=8",

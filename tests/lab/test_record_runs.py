@@ -3,11 +3,11 @@ scripts built on it still write the settings their documents were made with (a c
 would refuse to resume every recorded or running document)."""
 
 import argparse
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from conftest import load_script
 
 from kda_lib.lab import record_runs
 
@@ -50,10 +50,7 @@ LM_SETTINGS = {
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"{name}.py")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 validation with a tuning seed apart, fresh seeds, test scored once), bad arguments refused
 before any work, resuming, and two writers on one output."""
 
-import importlib.util
 import json
 import math
 import pathlib
@@ -10,6 +9,7 @@ import pathlib
 import jax
 import pytest
 import yaml
+from conftest import load_script
 
 from kda_lib.models.tiny_lm import ModelConfig, config_param_count
 
@@ -33,10 +33,7 @@ script.run_one = fake_run
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("stdlib_lm_seeds", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("stdlib_lm_seeds.py")
 
 
 @pytest.fixture

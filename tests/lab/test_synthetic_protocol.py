@@ -2,7 +2,6 @@
 the chip's step times; it fixes the family, seeds, sizes and budgets; the driver stops within its
 time limit, resumes, and a cut (a killed process) ends in the record of an uninterrupted run."""
 
-import importlib.util
 import json
 import math
 import os
@@ -16,6 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from conftest import SCRIPT_RUNNER, load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "synthetic_protocol.py"
@@ -25,10 +25,7 @@ TIMING = ("seconds", "train_seconds", "seconds_per_step", "date")  # differ betw
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("synthetic_protocol", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("synthetic_protocol.py")
 
 
 @pytest.fixture
@@ -273,21 +270,8 @@ def slow(*args):  # a run long enough for the kill to land inside it
 
 synthetic_sweep.run_one = slow
 """
-_DRIVER = textwrap.dedent(
-    """
-    import importlib.util, sys
-
-    spec = importlib.util.spec_from_file_location("script_under_test", sys.argv[1])
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    exec(sys.argv[2])
-    sys.exit(script.main(sys.argv[3:]))
-    """
-)
-
-
 def _driver(protocol, *extra, patch=""):
-    command = [sys.executable, "-c", _DRIVER, str(SCRIPT), textwrap.dedent(patch), "run",
+    command = [sys.executable, "-c", SCRIPT_RUNNER, str(SCRIPT), textwrap.dedent(patch), "run",
                "--protocol", str(protocol), "--time-limit", "600", *extra]  # fmt: skip
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

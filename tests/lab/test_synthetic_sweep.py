@@ -1,12 +1,12 @@
 """scripts/synthetic_sweep.py: arguments refused before any work; two writers lose nothing."""
 
-import importlib.util
 import json
 import math
 import pathlib
 
 import jax
 import pytest
+from conftest import load_script
 
 from kda_lib.models.tiny_lm import config_param_count
 
@@ -31,10 +31,7 @@ COMMON += ["--seeds", "0,1,2"]
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("synthetic_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("synthetic_sweep.py")
 
 
 def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
