@@ -1,17 +1,20 @@
-"""A tidied copy, not rerun, of the script (build/device/tpu_probe4.py, not kept) that made
-2026-12-06-pallas-ablations.json on the lent v5e, from the checkout at commit 3dbbc9d (the
-16-row Neumann inverse, LOW_PASSES (3, 6, 3)), with kda_lib importable from it (PYTHONPATH=.);
-the variants are the record's rows without their results:
+"""The script behind the kernel ablations on the lent v5e: 2026-12-06-pallas-ablations.json (a
+tidied copy of the probe that ran at commit 3dbbc9d: the 16-row Neumann inverse, LOW_PASSES
+(3, 6, 3)) and 2026-12-06-pallas-ablations-7baba4e.json (this file as run at commit 7baba4e;
+``heads`` and ``bwd_only`` added since the first). With kda_lib importable from the checkout
+(append to the image's PYTHONPATH: its JAX lives on it), the variants are a record's rows
+without their results:
 
     V=$(jq -c '[.rows[] | del(.fwd_ms, .fwd_compile_s, .fwdbwd_ms, .fwdbwd_compile_s,
-        .corr_err, .error)]' data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.json)
-    PYTHONPATH=. python3 data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.py "$V"
+        .corr_err, .error)]' data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations-7baba4e.json)
+    PYTHONPATH=$PYTHONPATH:. python3 data/benchmarks/tpu-v5e/2026-12-06-pallas-ablations.py "$V"
 
-Each variant patches :mod:`kda_lib.ops.pallas_tpu` (its passes, chunk, block, or a stand-in for
-one part) and times the kernel's forward at T = 8,192 (bf16 q/k/v, B = 1, H = 16, K = V = 128,
-no non-finite fallback): compile, 2 warm-ups, the median of 10 calls. ``acc``: also the forward's
-largest error over the four correlated-key cases of tests/ops/test_pallas_tpu.py against the
-float64 recurrence on the host; ``bwd``: also forward + backward. Rows: ``$OUT/ablations.json``.
+Each variant patches :mod:`kda_lib.ops.pallas_tpu` (its passes, chunk, block, heads per
+program, or a stand-in for one part) and times the kernel's forward at T = 8,192 (bf16 q/k/v,
+B = 1, H = 16, K = V = 128, no non-finite fallback): compile, 2 warm-ups, the median of 10
+calls. ``acc``: also the forward's largest error over the four correlated-key cases of
+tests/ops/test_pallas_tpu.py against the float64 recurrence on the host; ``bwd``: also forward
++ backward (``bwd_only``: that alone). Rows: ``$OUT/ablations.json``.
 """
 
 import json
@@ -99,6 +102,7 @@ def main(variants):
         for name, value in ORIGINAL.items():
             setattr(P, name, value)
         P.LOW_PASSES, P.BLOCK_T = tuple(v.get("passes", P.LOW_PASSES)), v.get("block_t", P.BLOCK_T)
+        P.HEADS = tuple(v.get("heads", P.HEADS))
         for patch in v.get("patch", []):
             for name, value in PATCHES[patch].items():
                 setattr(P, name, value)
@@ -114,7 +118,8 @@ def main(variants):
             if v.get("acc"):
                 row["corr_err"] = [round(rel(jax.jit(fwd)(c)[0].astype(jnp.float32), w), 5)
                                    for c, w in zip(cases, want, strict=True)]  # fmt: skip
-            row["fwd_ms"], row["fwd_compile_s"] = bench(jax.jit(fwd), x)
+            if not v.get("bwd_only"):
+                row["fwd_ms"], row["fwd_compile_s"] = bench(jax.jit(fwd), x)
             if v.get("bwd"):
                 loss = lambda x, fwd=fwd: jnp.sum(fwd(x)[0].astype(jnp.float32) ** 2)  # noqa: E731
                 row["fwdbwd_ms"], row["fwdbwd_compile_s"] = bench(jax.jit(jax.grad(loss)), x)
