@@ -269,6 +269,32 @@ SCRIPT_RUNNER = textwrap.dedent(
 )
 
 
+# patch source for a SCRIPT_RUNNER subprocess: this run's persistent compilation cache (the
+# directory above, entries written whole as in this process), so that processes running the
+# same programs (a driver, then the same driver resumed) compile each of them once
+SHARED_COMPILE_CACHE = textwrap.dedent(
+    f"""
+    import os as _os
+
+    import jax as _jax
+    from jax._src import lru_cache as _lru_cache
+
+    def _put_whole(cache, key, value):
+        path = cache.path / f"{{key}}{{_lru_cache._CACHE_SUFFIX}}"
+        if not path.exists():
+            partial = path.with_name(f".{{path.name}}.{{_os.getpid()}}")
+            partial.write_bytes(value)
+            _os.replace(partial, path)
+
+    assert _jax.config.jax_compilation_cache_max_size == -1
+    _lru_cache.LRUCache.put = _put_whole
+    _jax.config.update("jax_compilation_cache_dir", {COMPILE_CACHE_DIR!r})
+    _jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    _jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    """
+)
+
+
 @contextlib.contextmanager
 def closed_stdout():
     """Within: ``sys.stdout`` a pipe whose reader has gone, as ``command | true`` leaves it."""

@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import SCRIPT_RUNNER, load_script
+from conftest import SCRIPT_RUNNER, SHARED_COMPILE_CACHE, load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "synthetic_protocol.py"
@@ -264,14 +264,19 @@ import time
 import synthetic_sweep
 train = synthetic_sweep.run_one
 
-def slow(*args):  # a run long enough for the kill to land inside it
-    time.sleep(1.5)
+calls = []
+
+def slow(*args):  # the fourth run long enough for the kill to land inside it
+    calls.append(args)
+    if len(calls) >= 4:
+        time.sleep(1.5)
     return train(*args)
 
 synthetic_sweep.run_one = slow
 """
 def _driver(protocol, *extra, patch=""):
-    command = [sys.executable, "-c", SCRIPT_RUNNER, str(SCRIPT), textwrap.dedent(patch), "run",
+    patch = SHARED_COMPILE_CACHE + textwrap.dedent(patch)
+    command = [sys.executable, "-c", SCRIPT_RUNNER, str(SCRIPT), patch, "run",
                "--protocol", str(protocol), "--time-limit", "600", *extra]  # fmt: skip
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -287,7 +292,11 @@ def test_a_killed_driver_resumes_to_the_record_of_an_uninterrupted_one(script, t
     whole, whole_record = tiny_protocol(script, tmp_path, "whole", mixers="mamba2_dt,conv")
     cut, cut_record = tiny_protocol(script, tmp_path, "cut", mixers="mamba2_dt,conv")
     copies = tmp_path / "out"
+    # the uninterrupted driver first, to its end: the others find its programs compiled in
+    # the run's compilation cache (SHARED_COMPILE_CACHE) and compile none of them again
     first = _driver(whole)
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-3000:]
     victim = _driver(cut, "--copy-to", str(copies), patch=SLOW_RUN)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and victim.poll() is None:
@@ -302,9 +311,9 @@ def test_a_killed_driver_resumes_to_the_record_of_an_uninterrupted_one(script, t
     assert len(json.loads(cut_record.read_text())["runs"]) == 3  # the run in progress is lost
     copied = json.loads((copies / cut_record.name).read_text())
     assert len(copied["runs"]) == 3  # the copy taken before the fourth run started
-    for process in (first, _driver(cut)):
-        _, stderr = process.communicate(timeout=600)
-        assert process.returncode == 0, stderr[-3000:]
+    resumed = _driver(cut)
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
     got, want = (json.loads(p.read_text()) for p in (cut_record, whole_record))
     assert len(got["runs"]) == 7 and comparable(got) == comparable(want)
     assert all(math.isfinite(r["test"]["accuracy"]) for r in got["runs"])

@@ -44,14 +44,22 @@ def _run(inputs, cotangent, implementation, chunk_size=64):
     return o, s, grads
 
 
-def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim):
+def _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim, key=None):
     """Inputs (q, k with ``qk_heads`` heads, v, g, beta with ``heads``, a state) and a
-    cotangent; the oracle's result in float64."""
-    x = random_kda_inputs(jax.random.key(seq_len), 2, seq_len, heads, key_dim, value_dim,
-                          with_state=True)  # fmt: skip
+    cotangent."""
+    key = jax.random.key(seq_len) if key is None else key
+    x = random_kda_inputs(key, 2, seq_len, heads, key_dim, value_dim, with_state=True)
     x["q"], x["k"] = x["q"][:, :, :qk_heads], x["k"][:, :, :qk_heads]
     x = {n: a.astype(dtype) if n in ("q", "k", "v") else a for n, a in x.items()}
-    cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
+    return x, jax.random.normal(jax.random.key(1), x["v"].shape)
+
+
+# computed once per worker for each shape (the chunk sizes share theirs; the tests that use it,
+# one xdist group, read it only)
+@functools.cache
+def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim):
+    """:func:`_inputs` and the oracle's result in float64."""
+    x, cotangent = _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim)
     with jax.enable_x64(True):
         x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
         want = _run(x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent")
@@ -66,8 +74,14 @@ CASES = {"float32": (jnp.float32, 300, 1, 4, 128, 128, 1e-5),
          "bfloat16": (jnp.bfloat16, 200, 2, 4, 64, 192, 2e-2)}  # fmt: skip
 
 
+# the tests below share compiled programs (the kernels' float32 program of CASES["float32"] with
+# test_any_gate_at_most_zero_stays_finite_and_exact) and _case's oracles: one worker runs them
+KERNEL_PROGRAMS = pytest.mark.xdist_group("pallas_kernel_programs")
+
+
 @pytest.mark.tpu
 @pytest.mark.slow
+@KERNEL_PROGRAMS
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernels_match_the_float64_oracle(case):
     dtype, seq_len, qk_heads, heads, key_dim, value_dim, tol = CASES[case]
@@ -83,6 +97,7 @@ def test_kernels_match_the_float64_oracle(case):
 
 
 @pytest.mark.tpu
+@KERNEL_PROGRAMS
 @pytest.mark.parametrize("chunk", [16, 32, 128, 256])
 def test_every_chunk_size_matches_the_oracle(chunk):
     """chunk_size 16 (the smallest served: three merges in the inverse) to 256 (one chunk per
@@ -129,14 +144,18 @@ def test_bfloat16_with_correlated_keys_matches_the_oracle():
 
 
 @pytest.mark.tpu
+@KERNEL_PROGRAMS
 def test_any_gate_at_most_zero_stays_finite_and_exact():
     """Gates of -1e4 and -inf on some tokens, -80 everywhere on one head (the kernels alone: the
-    recurrence's fallback would hide an overflow): finite, and the recurrence's values."""
-    x = random_kda_inputs(jax.random.key(5), 1, 200, 2, 128, with_state=True)
+    recurrence's fallback would hide an overflow): finite, and the recurrence's values. The
+    shapes of CASES["float32"] (two blocks, four value heads on one q/k head), so the kernels'
+    program is the one test_kernels_match_the_float64_oracle compiles."""
+    _, seq_len, qk_heads, heads, key_dim, value_dim, _ = CASES["float32"]
+    x, cotangent = _inputs(jnp.float32, seq_len, qk_heads, heads, key_dim, value_dim,
+                           key=jax.random.key(5))  # fmt: skip
     g = np.array(x["g"])
     g[0, ::7, 0], g[0, 3::11, 0], g[0, :, 1] = -1e4, -np.inf, -80.0
     x["g"] = jnp.asarray(g)
-    cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
     o, s, grads = _run(x, cotangent, "kernels")
     o_ref, s_ref, _ = _run(x, cotangent, "recurrent")
     assert _relative(o, o_ref) < 1e-5 and _relative(s, s_ref) < 1e-5
