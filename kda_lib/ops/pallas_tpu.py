@@ -514,10 +514,24 @@ def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallba
                     save=False)[0]  # fmt: skip
 
 
+def _reverse_only(f):
+    """``f`` behind a custom VJP that nothing differentiates in reverse (it runs inside
+    ``_kda``'s forward): forward-mode autodiff (``jax.hessian``) then meets JAX's custom_vjp
+    error, which ``kda``'s ``"auto"`` answers with the recurrence, not ``pallas_call``'s JVP
+    rule, which fails on these kernels with a bare AssertionError."""
+    def never(*_):
+        raise NotImplementedError("the Pallas forward kernel is differentiated through _kda")
+
+    guarded = jax.custom_vjp(f)
+    guarded.defvjp(lambda *args: (f(*args), None), never)
+    return guarded
+
+
 def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
              save=True):  # fmt: skip
-    o, final, states = _forward(q, k, v, g, beta_rows, s0, scale=scale, chunk=chunk,
-                                groups=groups, low=low, save=save, interpret=interpret)  # fmt: skip
+    forward = functools.partial(_forward, scale=scale, chunk=chunk, groups=groups, low=low,
+                                save=save, interpret=interpret)  # fmt: skip
+    o, final, states = _reverse_only(forward)(q, k, v, g, beta_rows, s0)
     if fallback:
         o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
     return (o, final), (q, k, v, g, beta_rows, states)
