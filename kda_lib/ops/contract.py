@@ -4,6 +4,7 @@ segment-id runs) read concrete arrays once on the host; under ``jax.jit`` only s
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -146,12 +147,12 @@ def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, boun
     (``token``: named ``beta_t``, ``g_t``)."""
     beta_name, g_name = ("beta_t", "g_t") if token else ("beta", "g")
     beta_max = 2.0 if allow_neg_eigval else 1.0
-    lo, hi = _host_range(beta, np.isfinite)
+    lo, hi = _host_range(beta, finite_only=True)
     if lo < 0.0 or hi > beta_max:
         hint = " (pass allow_neg_eigval=True for [0, 2])" if allow_neg_eigval is False else ""
         raise ValueError(f"{beta_name} must lie in [0, {beta_max:g}]{hint}, got values in "
                          f"[{lo:g}, {hi:g}]")  # fmt: skip
-    lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, lambda x: ~np.isnan(x))
+    lo, hi = (0.0, 0.0) if raw_gate else _host_range(g, finite_only=False)
     if hi > 0.0:
         raise ValueError(f"{g_name} is a log-space decay and must be <= 0, got max {hi:g}")
     if bound is not None and lo < bound:
@@ -161,11 +162,21 @@ def check_values(beta, g, *, allow_neg_eigval: bool | None, raw_gate: bool, boun
         )
 
 
-def _host_range(x, keep) -> tuple[float, float]:
-    """``(min, max)`` of concrete ``x``'s values that ``keep`` keeps (else ``(0, 0)``)."""
-    values = checks.host_values(x, np.float32) if is_concrete(x) else np.zeros(0)
-    values = values[keep(values)]
-    return (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
+def _host_range(x, *, finite_only: bool) -> tuple[float, float]:
+    """``(min, max)`` of concrete ``x``'s values, NaN left out (``finite_only``: every
+    non-finite value), else ``(0, 0)``: reduced where ``x`` lives, two numbers read back."""
+    if not is_concrete(x) or not np.size(x):
+        return (0.0, 0.0)
+    with jax.ensure_compile_time_eval():  # a concrete x inside an outer trace: run it now
+        lo, hi = checks.host_values(_range(x, finite_only), np.float64)
+    return (float(lo), float(hi)) if lo <= hi else (0.0, 0.0)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _range(x, finite_only: bool):
+    x = x.astype(jnp.float32)
+    keep = jnp.isfinite(x) if finite_only else ~jnp.isnan(x)
+    return jnp.stack([jnp.where(keep, x, jnp.inf).min(), jnp.where(keep, x, -jnp.inf).max()])
 
 
 def check_gate_parameters(a_log, dt_bias, dims: Dims) -> None:

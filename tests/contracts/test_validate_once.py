@@ -1,6 +1,7 @@
 """One eager ``kda()`` call checks its inputs once (issue 26): the segment ids are
 canonicalised once, padding is zeroed once, T is padded to a chunk multiple once, and the checks
-read two arrays on the host (beta and the segment ids; the raw gate's sign is not checked).
+read on the host the segment ids and beta's (min, max), reduced on the device (the raw gate's
+sign is not checked; a log-space g's (min, max) is read the same way).
 
 Before one check per call (the step-0 code of issue 26): 5 host reads for kda_lib's forms (the ids,
 beta, and again ids, beta and the activated gate inside the form) and 3 for tokamax's (ids,
@@ -77,7 +78,7 @@ def test_one_eager_call_checks_once(calls, implementation, pads):
     assert calls["canonical_segment_ids"] == 1, calls
     assert calls["zero_padding"] == 1, calls
     assert calls["pad_time"] == pads, calls  # tokamax_xla: called with multiple 1, pads nothing
-    assert calls["host_values"] == 2, calls  # beta and the segment ids
+    assert calls["host_values"] == 2, calls  # beta's (min, max) and the segment ids
 
 
 @pytest.mark.parametrize("implementation", ["recurrent", "chunked", "tokamax_xla"])
@@ -150,6 +151,33 @@ def test_one_eager_layer_call_reads_the_segment_ids_once_and_x_never(monkeypatch
     nnx.update(want_layer := KimiDeltaAttention(oracle, rngs=nnx.Rngs(1)), nnx.state(layer))
     want = nnx.jit(lambda m, x, ids: m(x, segment_ids=ids))(want_layer, x, ids)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), atol=2e-6, rtol=1e-5)
+
+
+def test_an_eager_call_with_a_log_space_gate_reads_two_numbers_per_checked_array(monkeypatch):
+    """Issue 75.9 (an engineer's review, 2026-12-06): with a log-space g, kda() checks g in
+    [lower_bound, 0] and beta in [0, 1]; before, each was read whole on the host ([B, T, HV, K]
+    for g); now each is reduced where it lives and its (min, max) read back. The refusals
+    still name the argument and the extreme value."""
+    seen = []
+    original = kda_lib.checks.host_values
+
+    def host_values(x, *args):
+        seen.append(tuple(np.shape(x)))
+        return original(x, *args)
+
+    monkeypatch.setattr(kda_lib.checks, "host_values", host_values)
+    x = random_kda_inputs(jax.random.key(3), 1, 40, 2, 8, 8)
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    args[3] = jnp.maximum(args[3], -4.0)  # inside lower_bound's range [-5, 0)
+    kda(*args, lower_bound=-5.0, implementation="chunked")
+    assert seen == [(2,), (2,)], seen  # beta's range, g's range
+    with pytest.raises(ValueError, match=r"g is a log-space decay and must be <= 0, got max 0\.5"):
+        kda(*args[:3], args[3].at[0, 3, 1, 2].set(0.5), args[4])
+    with pytest.raises(ValueError, match=r"g must be >= lower_bound=-5 .*got min -6;"):
+        kda(*args[:3], args[3].at[0, 5, 0, 0].set(-6.0), args[4], lower_bound=-5.0)
+    beta_message = r"beta must lie in \[0, 1\].*got values in \[0\.\d+, 1\.5\]"  # NaN left out
+    with pytest.raises(ValueError, match=beta_message):
+        kda(*args[:4], args[4].at[0, 7, 1].set(1.5).at[0, 8, 0].set(jnp.nan))
 
 
 def test_the_prechecked_entry_reads_nothing_and_matches_kda(calls):
