@@ -220,6 +220,12 @@ def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
     if every_t:
         ax.set_xticks(every_t, [str(t) for t in every_t])
         ax.xaxis.set_minor_locator(plt.NullLocator())
+        low = ax.get_ylim()[0]  # down to a labelled 1-2-5 tick, so no point sits below them all
+        decade = 10.0 ** np.floor(np.log10(low))
+        ax.set_ylim(bottom=decade * max(m for m in (1, 2, 5) if m * decade <= low))
+        ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))  # plain decimals
+        ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
     ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # off the data
 
@@ -365,15 +371,15 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     """Dataflow of the chunked form (notebook 03), for the first ``shown_chunks`` chunks.
 
     Each chunk's ``C x C`` triangular blocks (the decayed scores ``P``, the key overlaps ``L``
-    and ``(I + L)^-1``, drawn in the 16-token sub-blocks ``kda_chunked`` inverts by, the
-    diagonal ones darker) are computed for every chunk at once; they give the chunk's
-    ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state travels between chunks
-    (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the values (``V~ - K~ S``),
-    reads the outputs and updates the state.
+    and ``(I + L)^-1``, drawn as the last merge of ``kda_chunked``'s doubling inverse: two
+    ``C/2`` diagonal halves, darker, and their coupling block) are computed for every chunk at
+    once; they give the chunk's ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state
+    travels between chunks (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the
+    values (``V~ - K~ S``), reads the outputs and updates the state.
     """
     shown = min(num_chunks, shown_chunks)
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    subs = max(chunk_size // 16, 1)
+    subs = 2 if chunk_size >= 2 else 1  # the doubling inverse's last merge: two halves
     for i in range(shown):
         _draw_chunk(ax, i, subs)
     end = 1.2 + 3.0 * shown
