@@ -71,7 +71,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
@@ -112,9 +111,8 @@ def to_chunks(a):
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
 # once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). `kda_chunked`
-# inverts $I + L$ by doubling, from $2 \times 2$ diagonal blocks merged pairwise up to $C$; the
-# figure shades the last merge, two $C/2$-token halves (dark) and their coupling block (light).
-# Sections 2 to 4: a chunk by hand, every symbol, one function.
+# inverts $I + L$ by doubling $2 \times 2$ diagonal blocks up to $C$; shaded: the last merge, two
+# $C/2$ halves and their coupling. Sections 2 to 4: a chunk by hand, every symbol, one function.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -242,37 +240,21 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # \mathbf w_s)$ corrected by the earlier ones, so $C$ factors are $I - K^\top W$ ($C \times d_k$,
 # rows $\mathbf k_t$, $\mathbf w_t$; Bischof and Van Loan's WY form): no $d_k \times d_k$ product
 # is formed. Stacked, the $\mathbf w_t$ solve $(I + L) W = \operatorname{diag}(\boldsymbol\beta)
-# K$ (the UT transform): step 3's $\tilde K$ without decay (checked in float64 on the whole
-# chunk). The two factors hold $2 C d_k$ numbers against the product's $d_k^2$, a saving only
-# when $C < d_k$: the figure takes the chunk's first $d_k / 4$ tokens (numbers printed).
+# K$ (the UT transform): step 3's $\tilde K$ without decay. $2 C d_k$ numbers against $d_k^2$: thin
+# for $C < d_k$, so the check (float64) and figure take $d_k / 4$ tokens of a chunk.
 
 # %%
-def wy_form(c):  # chunk 0 of head 0, its first c tokens, decays left out: I - product, K, W
-    k_c, b_c = kc[:c], bc[:c]
-    L_c = np.tril(b_c[:, None] * (k_c @ k_c.T), -1)  # step 2's L without decay
-    W_c = np.linalg.solve(np.eye(c) + L_c, b_c[:, None] * k_c)  # rows w_t
-    product = np.eye(key_dim)
-    for k_t, b_t in zip(k_c, b_c, strict=True):
-        product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
-    assert_close(product, np.eye(key_dim) - k_c.T @ W_c, atol=1e-12, name=f"I - K^T W, C = {c}")
-    return np.eye(key_dim) - product, k_c, W_c
-_ = wy_form(chunk_size)  # the whole chunk (asserted inside)
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
-gap, k_thin, W_thin = wy_form(thin)
-rank = np.linalg.matrix_rank(gap)
-print(f"first {thin} tokens: I - product ({key_dim} x {key_dim}) = K^T ({key_dim} x {thin}) W "
-      f"({thin} x {key_dim}), rank {rank}: {2 * thin * key_dim} numbers, not {key_dim**2}")
-assert rank <= thin  # a product of two factors of width thin
-fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[key_dim, thin + 6, key_dim])
-for ax, (mat, title) in zip(axes, ((gap, f"I - product of {thin} factors"), (
-        k_thin.T, f"$K^\\top$ (${key_dim} \\times {thin}$)"), (
-        W_thin, f"$W$ (${thin} \\times {key_dim}$)")), strict=True):
-    viz.heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
-                cbar_label="entry")
-    ax.set_aspect("equal")  # square cells: the factors' shapes as they are
-fig.suptitle(f"$I - (I - \\beta_{{{thin}}} k_{{{thin}}} k_{{{thin}}}^\\top) \\cdots "
-             "(I - \\beta_1 k_1 k_1^\\top) = K^\\top W$: thin factors when C < $d_k$")
-viz.show(fig, "03_wy_form")
+kt, bt = kc[:thin], bc[:thin]  # chunk 0 of head 0, its first tokens, decays left out
+Wt = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
+product = np.eye(key_dim)
+for k_t, b_t in zip(kt, bt, strict=True):
+    product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
+assert_close(product, np.eye(key_dim) - kt.T @ Wt, atol=1e-12, name="I - K^T W")
+assert (rank := np.linalg.matrix_rank(np.eye(key_dim) - product)) <= thin  # two thin factors
+print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) W ({thin} x {key_dim}), "
+      f"rank {rank}")
+viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of

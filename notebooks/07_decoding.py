@@ -326,6 +326,8 @@ for context in attention_contexts:  # time ratio next to the ratio of cache byte
           f"its KV cache {bytes_ratio:.1f}x KDA's cache bytes: time ratio "
           f"{bytes_ratio / time_ratio:.0f}x below; {step_ms[context] / mib:.3f} ms per MiB cached)")
     assert time_ratio < bytes_ratio, context
+
+# %%
 largest = max(attention_contexts)  # its KV cache: `mib` MiB; below ~1 MiB the fixed cost hides it
 print(f"attention at T = {largest:,} ({largest * kv_bytes_per_token / 2**20:.0f} MiB cached): "
       f"{step_ms[largest] / step_ms[1]:.1f}x its T = 1 step")

@@ -399,6 +399,22 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     return fig
 
 
+def wy_factors(gap, keys_t_src, w) -> plt.Figure:
+    """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
+    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``W`` (``C x d_k``), square cells."""
+    d_k, c = gap.shape[0], w.shape[0]
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 6, d_k])
+    for ax, (mat, title) in zip(axes, ((gap, f"I - product of {c} factors"), (
+            keys_t_src.T, f"$K^\\top$ (${d_k} \\times {c}$)"), (w, f"$W$ (${c} \\times {d_k}$)")),
+            strict=True):
+        heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
+                cbar_label="entry")
+        ax.set_aspect("equal")  # square cells: the factors' shapes as they are
+    fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots "
+                 "(I - \\beta_1 k_1 k_1^\\top) = K^\\top W$: thin factors when C < $d_k$")
+    return fig
+
+
 def scan_rounds(scan_maps: int) -> plt.Figure:
     """The compositions in each round of ``lax.associative_scan`` over ``scan_maps`` maps
     (:func:`kda_lib.lab.costs.associative_scan_rounds`)."""
