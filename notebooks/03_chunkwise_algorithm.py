@@ -71,7 +71,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
@@ -111,8 +110,9 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes; `kda_chunked` inverts
-# in the 16-token blocks drawn). Sections 2 to 4: a chunk by hand, every symbol, one function.
+# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). `kda_chunked`
+# inverts $I + L$ by doubling $2 \times 2$ diagonal blocks up to $C$; shaded: the last merge, two
+# $C/2$ halves and their coupling. Sections 2 to 4: a chunk by hand, every symbol, one function.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -240,22 +240,21 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # \mathbf w_s)$ corrected by the earlier ones, so $C$ factors are $I - K^\top W$ ($C \times d_k$,
 # rows $\mathbf k_t$, $\mathbf w_t$; Bischof and Van Loan's WY form): no $d_k \times d_k$ product
 # is formed. Stacked, the $\mathbf w_t$ solve $(I + L) W = \operatorname{diag}(\boldsymbol\beta)
-# K$ (the UT transform): step 3's $\tilde K$ without decay (figure, checked in float64).
+# K$ (the UT transform): step 3's $\tilde K$ without decay. $2 C d_k$ numbers against $d_k^2$: thin
+# for $C < d_k$, so the check (float64) and figure take $d_k / 4$ tokens of a chunk.
 
 # %%
-no_decay_L = np.tril(bc[:, None] * (kc @ kc.T), -1)  # chunk 0 of head 0, its decays left out
-W_nd = np.linalg.solve(np.eye(chunk_size) + no_decay_L, bc[:, None] * kc)  # rows w_t
-product_nd = np.eye(key_dim)
-for k_t, b_t in zip(kc, bc, strict=True):
-    product_nd = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product_nd
-assert_close(product_nd, np.eye(key_dim) - kc.T @ W_nd, atol=1e-12, name="I - K^T W")
-fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
-for ax, (mat, title) in zip(axes, ((product_nd, f"product of {chunk_size} factors"), (
-        kc.T, "$K^\\top$ ($d_k \\times C$)"), (W_nd, "$W$ ($C \\times d_k$)")), strict=True):
-    viz.heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
-                cbar_label="entry")
-fig.suptitle("$(I - \\beta_C k_C k_C^\\top) \\cdots (I - \\beta_1 k_1 k_1^\\top) = I - K^\\top W$")
-viz.show(fig, "03_wy_form")
+thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
+kt, bt = kc[:thin], bc[:thin]  # chunk 0 of head 0, its first tokens, decays left out
+Wt = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
+product = np.eye(key_dim)
+for k_t, b_t in zip(kt, bt, strict=True):
+    product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
+assert_close(product, np.eye(key_dim) - kt.T @ Wt, atol=1e-12, name="I - K^T W")
+assert (rank := np.linalg.matrix_rank(np.eye(key_dim) - product)) <= thin  # two thin factors
+print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) W ({thin} x {key_dim}), "
+      f"rank {rank}")
+viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of
@@ -410,7 +409,8 @@ for mode in modes:
 # ## Exercises
 #
 # `check` judges the values your function returns on chunks drawn afresh at each call (float32
-# or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
+# or float64, NumPy or `jnp`; no `kda_lib`; the checkers catch honest slips, not deliberate copies
+# of their own code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
 # 1. **Backward through a chunk.** The part of the state's gradient that comes from $\mathrm dS_C$
 #    (without the chunk's own reads) runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm

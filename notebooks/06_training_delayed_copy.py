@@ -378,15 +378,15 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 #   depends on the run (printed, not asserted; other seeds: the notes). The $d_k \times d_v$
 #   states are the layer's only long-range memory; notebook 07 decodes with exactly this state.
 #
-# Try: `delay` larger than `seq_len / 2` (learnt more slowly: at delay 20 and 250 `steps` the
-# loss stays near chance and section 3's asserts fail; raise `steps`), a bigger `vocab_size`, a
-# safe gate via `KDAConfig(lower_bound=...)` as the model's `mixer_config`, or the `full`
-# parameter set.
+# Try: `delay` larger than `seq_len / 2` (raise `steps` if the loss stays near chance), a bigger
+# `vocab_size`, a safe gate via `KDAConfig(lower_bound=...)` as the model's `mixer_config`, or
+# the `full` parameter set.
 #
 # ## Exercises
 #
 # Each exercise cell leaves `answer = None`; replace it with your answer and run the cell:
-# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution. Worked
+# `kda_lib.teaching.exercises.check` says whether it is right without showing the solution (it
+# catches honest slips, not deliberate copies of its own code). Worked
 # solutions (try first) are in [`notebooks/solutions/ch06.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch06.py).
 #
 # 1. **A blind model's floor, skewed tokens.** Section 3's floor $\log \lvert\mathcal V\rvert$

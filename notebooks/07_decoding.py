@@ -19,10 +19,11 @@
 # **Claim.** To generate with a KDA layer you keep a cache of fixed size: the $d_k \times d_v$
 # state per head plus the last $w - 1$ inputs of each short convolution (notebook 04).
 # Prefilling a prompt in one call and then decoding token by token from that cache reproduces
-# the layer's full forward pass to float32 rounding. The cache does not grow with the context,
-# where a softmax attention KV cache grows linearly, and a decoding step does the same work at
-# every position, where an attention step reads the whole KV cache: we compute the context
-# length beyond which a KV cache holds more bytes than the KDA cache, and time both steps.
+# the layer's full forward pass to float32 rounding (within 10 float32 epsilons, asserted). The
+# cache does not grow with the context, where a softmax attention KV cache grows linearly, and a
+# decoding step does the same work at every position, where an attention step reads the whole KV
+# cache: we compute the context length beyond which a KV cache holds more bytes than the KDA
+# cache, and time both steps.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/07_decoding.ipynb)
 #
@@ -182,9 +183,11 @@ y_decoded = jnp.concatenate([y_prompt, *outputs], axis=1)
 
 y_full, cache_full = run(layer, x, layer.init_cache(batch))
 err = relative_l2(y_decoded, y_full)
-print(f"prefill + {decode_steps} decode steps vs one full pass: relative error {err:.1e}")
+eps = float(np.finfo(np.float32).eps)  # float32 rounding: 1.2e-7
+print(f"prefill + {decode_steps} decode steps vs one full pass: relative error {err:.1e}, "
+      f"{err / eps:.1f} float32 eps")
 assert_close(y_decoded, y_full, atol=1e-5, rtol=1e-4, name="decoded outputs")
-assert err < 1e-5
+assert err < 10 * eps  # float32 rounding: a few eps, not a looser path's tens
 for name, a, b in zip(cache_full._fields, decode_cache, cache_full, strict=True):
     if a is not None or b is not None:  # conv parts are None when conv_size is 0
         assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name}")  # state, conv histories
@@ -200,11 +203,12 @@ for t in range(prompt_len, total_len):
     chunked_outputs.append(y_t)
 y_chunked = jnp.concatenate([y_chunked, *chunked_outputs], axis=1)
 err_chunked = relative_l2(y_chunked, y_full)
-print(f"chunked-kernel prefill + {decode_steps} decode steps: relative error {err_chunked:.1e}")
+print(f"chunked-kernel prefill + {decode_steps} decode steps: relative error {err_chunked:.1e}, "
+      f"{err_chunked / eps:.1f} float32 eps")
 if picks[prompt_len] == "chunked":  # auto's prefill was the chunked kernel too: same program
     np.testing.assert_array_equal(np.asarray(y_chunked), np.asarray(y_decoded))
     print("auto picked the chunked kernel here too: the two prefills agree bit for bit")
-assert err_chunked < 1e-5
+assert err_chunked < 10 * eps
 for name, a, b in zip(cache_full._fields, chunked_cache, cache_full, strict=True):
     if a is not None or b is not None:
         assert_close(a, b, atol=1e-5, rtol=1e-4, name=f"cache.{name} after a chunked prefill")
@@ -289,10 +293,13 @@ viz.show(fig, "07_memory")
 # printed time ratio is below the bytes ratio (the gap, printed per row, varies between runs on a
 # CPU; asserted: time ratio < bytes ratio at every $T$): a KDA step's time is a fixed per-step
 # cost (projections, gate, dispatch), not its small cache read; an attention step with a
-# one-token KV cache (timed too) shows what a step costs that reads almost nothing. Only
-# attention's time grows with the cache it reads, and not in proportion to it on a CPU: its time
-# per MiB cached (printed per row) changes with $T$ (a KV cache outgrowing the processor's caches
-# is a likely cause, not measured here): a time ratio is not the bytes ratio's effect alone.
+# one-token KV cache (timed too) shows what a step costs that reads almost nothing. Attention's
+# time grows with the cache it reads only once that cache is large: at small $T$ its fixed
+# per-step cost hides the read (compare its $T = 1$ row), at the largest $T$ it is slower than at
+# $T = 1$ (printed; asserted where that cache holds 8 MiB or more, as at CI's settings). Nor does
+# it grow in proportion to the cache on a CPU: its time per MiB cached (printed per row) changes
+# with $T$ (a KV cache outgrowing the processor's caches is a likely cause, not measured here): a
+# time ratio is not the bytes ratio's effect alone.
 
 # %%
 for context in attention_contexts:  # shapes only: nothing runs
@@ -319,6 +326,12 @@ for context in attention_contexts:  # time ratio next to the ratio of cache byte
           f"its KV cache {bytes_ratio:.1f}x KDA's cache bytes: time ratio "
           f"{bytes_ratio / time_ratio:.0f}x below; {step_ms[context] / mib:.3f} ms per MiB cached)")
     assert time_ratio < bytes_ratio, context
+
+# %%
+largest = max(attention_contexts)  # its KV cache: `mib` MiB; below ~1 MiB the fixed cost hides it
+print(f"attention at T = {largest:,} ({largest * kv_bytes_per_token / 2**20:.0f} MiB cached): "
+      f"{step_ms[largest] / step_ms[1]:.1f}x its T = 1 step")
+assert step_ms[largest] > step_ms[1] or largest * kv_bytes_per_token < 2**23  # asserted from 8 MiB
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 3.4))
@@ -350,7 +363,8 @@ viz.show(fig, "07_decode_time")
 # - The cache is $H d_k d_v + \max(w - 1, 0) H (2 d_k + d_v)$ floats per sequence and layer,
 #   constant while decoding; a softmax KV cache passes it after $T^\ast$ tokens and keeps growing.
 # - A KDA step is one program at every context (its cache has the same shapes, asserted), timed
-#   once; an attention step's time grows with the KV cache it reads (section 4). Why bytes
+#   once; an attention step's time grows with the KV cache it reads once that cache is large
+#   (section 4). Why bytes
 #   decide on a GPU (both steps memory-bound): the notes.
 #
 # ## Exercises
@@ -360,7 +374,8 @@ viz.show(fig, "07_decode_time")
 # agrees with; decoding resumes from the cache after the last kept token. A KV cache drops its
 # last rows; a KDA state has no rows to drop: it is rolled back (exercise 2) or kept after every
 # draft token (exercise 1), and the verify call moves those states (exercise 3). Replace each
-# `answer = None` and run the cell: `check` says right or not, never the solution. Worked
+# `answer = None` and run the cell: `check` says right or not, never the solution (it catches
+# honest slips, not deliberate copies of its own code). Worked
 # solutions (try first): [`notebooks/solutions/ch07.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch07.py).
 #
 # 1. **The cache that rolls back a draft.** To return to any prefix of an $m$-token draft

@@ -255,13 +255,15 @@ print(f"GQA's decode points: {g2 / g1:.2f}x apart" + " (touching)" * (g2 < 1.25 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 4.2))
 x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
-for chip, style in zip(chips, ("-", "--", "-.", ":"), strict=True):
-    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.4", linestyle=style,
-            label=f"{chip.name} (ridge {chip.ridge:.0f})")
+for chip, style in zip(chips, ("--", "-.", ":", (0, (5, 1, 1, 1))), strict=True):  # H200: solid
+    ours = chip is h200  # the roof the points sit on, drawn dark; the other chips thin and grey
+    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.1" if ours else "0.6",
+            linestyle="-" if ours else style, lw=2 if ours else 1, zorder=1, label=f"{chip.name} "
+            f"(ridge {chip.ridge:.0f})" + (": the points' roof" if ours else ""))
 for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
     ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], mfc="none",
             ms=14 - 3 * at_scale.MIXERS.index(kind), mew=2, color=viz.MODEL_COLORS[kind.lower()],
-            label=kind if s == steps[0] else None)
+            zorder=2 + at_scale.MIXERS.index(kind), label=kind if s == steps[0] else None)
 for marker, s in zip("os^", steps, strict=True):  # the step types, keyed in the legend
     ax.plot([], [], marker, mfc="none", color="k", label=f"{s}, T = {contexts[s != steps[0]]:,}")
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
@@ -298,13 +300,10 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 # $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
 #   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
-# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA. Other weights, bf16 (`decode_scaling`),
-# split the reported 48B = dense + routed and 3B active = dense + routed x $k_{\text{exp}}$ /
-# $n_{\text{exp}}$ ($k_{\text{exp}}$ = 8 of $n_{\text{exp}}$ = 256 experts a token). If tokens pick
-# experts uniformly and independently, an expert escapes all $B$ tokens with probability
-# $(1 - k_{\text{exp}}/n_{\text{exp}})^B$ = escape; a step reads other$(B) = 2\,(\text{dense} +
-# \text{routed}\,(1 - \text{escape}) - \text{mixers})$ bytes, 2 x (3B - mixers) at $B = 1$
-# (printed); the cell below writes the model out, asserted equal to `at_scale.model_decode_time`.
+# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA, and other$(B)$ the bf16 weights outside
+# the mixers that a step of $B$ tokens reads: the dense ones and the routed experts the batch
+# touches (`decode_scaling.moe_weight_bytes`; how they are counted: the notes). The cell below
+# writes the model out, asserted equal to `at_scale.model_decode_time`.
 # Assume a global layer and other cost the same in both (same layer, kernel, batch, serving); only
 # MLA grows with $T$, so with 27 layers, 7 global,
 #
@@ -330,11 +329,9 @@ def step_time(t, b, hybrid, chip=h200):  # the equation above: b sequences at T 
     return n_mla * mla_layer + (n - n_mla) * kda_layer + other_weights(b) / bw
 def ratio(t, b, chip=h200):  # all-MLA's step time over the hybrid's: above 1, the hybrid is faster
     return step_time(t, b, False, chip) / step_time(t, b, True, chip)
-assert np.isclose(other_weights(1), 2 * (reported_active_params - mixer_params))
 assert all(np.isclose(step_time(t, b, y, c), at_scale.model_decode_time(kimi, c, t, b, hybrid=y,
     other_weight_bytes=other_weights(b)), rtol=1e-12) for c in at_scale.CHIPS.values()  # library
     for t in (1, *contexts) for b in decode_batches for y in (False, True))
-print("other(B) in GB, by B:", {b: round(other_weights(b) / 1e9, 2) for b in decode_batches})
 
 # %%
 speedup = {(c, b): ratio(t_long, b, chip) for c, chip in at_scale.CHIPS.items()
@@ -354,23 +351,9 @@ display(Markdown(
     f"most {max(speedup.values()):.2f}x over `decode_batches` {decode_batches}; as the batch "
     f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The paper "
     f"measured {paper_tpot_speedup}x, so its all-MLA step must cost more (global layers or rest)."))
-
-# %%
-free = h200.hbm_bytes - weights  # what one H200 SXM leaves for the caches
-most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=h)) for h in (False, True)}
-throughput = np.divide(*[most[h] / step_time(t_long, most[h], h) for h in (True, False)])  # tok/s
-assert 1 <= most[False] < most[True] and 1 < throughput < 6  # short of the paper's "up to 6x"
-print(f"Filling one H200 SXM at T = {t_long:,} (batch {most[True]} hybrid, {most[False]} all-MLA),"
-      f" the hybrid decodes {throughput:.2f}x all-MLA's tokens per second: {throughput / 6:.0%} of"
-      " the paper's \"up to 6x\" (throughput at unequal batches has no 27/7 bound)")
 slower = {b: 1 / ratio(1, b) - 1 for b in decode_batches}  # the grey band below (exercise 10.3)
-assert min(slower.values()) > 0
-extra = {b: (n_kda * (2 * (kda_sum - mla_sum) + b * (2 * state - per_token)),  # hybrid - all-MLA
-             n * (2 * mla_sum + b * per_token) + other_weights(b)) for b in decode_batches}  # bytes
-print("At T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()},
-      "\nits extra bytes of all-MLA's (= slowdown while all layers are bandwidth-bound), by batch:",
-      {b: f"{x / 1e9:.2f} of {a / 1e9:.1f} GB" for b, (x, a) in extra.items()}, "\nas B grows, "
-      "other(B) dilutes the weights' difference; at large B the states, one a sequence, take over")
+assert min(slower.values()) > 0  # why, and where it ends: the notes
+print("at T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()})
 
 # %% tags=["hide-input"]
 t_axis, ticks = np.geomspace(256, 4 * t_long, 64), (.1, .2, .3, .4, .5, .6, .8, 1, 2, 3, 4, 6)
@@ -409,25 +392,30 @@ viz.show(fig, "10_decode_speedup")
 #
 # ## Exercises
 #
-# Replace `answer = None` and run the cell: `check` says right or not, never the solution.
+# Replace `answer = None` and run the cell: `check` says right or not, never the solution (it
+# catches honest slips, not deliberate copies of its own code).
 # Worked solutions (try first): [`notebooks/solutions/ch10.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch10.py).
 #
+# In all three, `mla_numbers` is what an MLA layer caches a token: $d_c + d_R$ bf16 numbers
+# (latent and shared key, section 4), not $d_c$ alone.
+#
 # 1. **Against grouped-query attention.** Write `reduction_context(fraction, kda_layers,
-#    global_layers, heads, head_dim, conv_size, latent, kv_heads)` (no kda_lib): the real $T$ at
-#    which the decode memory of one sequence (section 4's KDA cache, MLA's `latent` bf16 numbers a
+#    global_layers, heads, head_dim, conv_size, mla_numbers, kv_heads)` (no kda_lib): the real $T$
+#    at which the decode memory of one sequence (section 4's KDA cache, MLA's `mla_numbers` a
 #    token) is `fraction` below that of as many GQA layers of `kv_heads` (0 $\le$ `fraction` $<$ 1);
 #    `math.inf` where no $T$ does: `fraction` at or above this reduction's limit as $T$ grows.
 #    *Explain why* (open): Kimi K3 reaches a half sooner against GQA ($G = 8$) than against all-MLA.
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
 #    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
-#    state summaries and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim,
-#    conv_size, latent)` (no kda_lib): the smallest whole $T$ at which the ring brings a rank more.
+#    state summaries (notebook 05's all-gather: each rank receives the other $R - 1$ ranks'
+#    $(M, E)$) and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim, conv_size,
+#    mla_numbers)` (no kda_lib): the smallest whole $T$ at which the ring brings a rank more.
 # 3. **Quantised weights move the crossing.** Write `decode_crossover(batch, heads, head_dim,
-#    conv_size, latent, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
+#    conv_size, mla_numbers, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
 #    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
 #    bytes as a KDA layer's: weights read once, `weight_bytes` each (fp8: 1, int4: 0.5); per
-#    sequence MLA's $T$ bf16 latents, KDA's section-4 cache read and written. How far do fp8 and
-#    int4 weights move the bf16 crossing at batch 1?
+#    sequence MLA's $T$ times `mla_numbers` bf16 numbers, KDA's section-4 cache read and
+#    written. How far do fp8 and int4 weights move the bf16 crossing at batch 1?
 
 # %%
 from kda_lib.teaching import exercises

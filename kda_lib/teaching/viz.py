@@ -220,6 +220,12 @@ def _time_panel(ax, series: dict, colours: dict, title: str) -> None:
     if every_t:
         ax.set_xticks(every_t, [str(t) for t in every_t])
         ax.xaxis.set_minor_locator(plt.NullLocator())
+        low = ax.get_ylim()[0]  # down to a labelled 1-2-5 tick, so no point sits below them all
+        decade = 10.0 ** np.floor(np.log10(low))
+        ax.set_ylim(bottom=decade * max(m for m in (1, 2, 5) if m * decade <= low))
+        ax.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))  # plain decimals
+        ax.yaxis.set_major_formatter(mpl.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
     ax.set(title=title, xlabel="sequence length T (tokens)", ylabel="median time (ms)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))  # off the data
 
@@ -365,15 +371,15 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     """Dataflow of the chunked form (notebook 03), for the first ``shown_chunks`` chunks.
 
     Each chunk's ``C x C`` triangular blocks (the decayed scores ``P``, the key overlaps ``L``
-    and ``(I + L)^-1``, drawn in the 16-token sub-blocks ``kda_chunked`` inverts by, the
-    diagonal ones darker) are computed for every chunk at once; they give the chunk's
-    ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state travels between chunks
-    (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the values (``V~ - K~ S``),
-    reads the outputs and updates the state.
+    and ``(I + L)^-1``, drawn as the last merge of ``kda_chunked``'s doubling inverse: two
+    ``C/2`` diagonal halves, darker, and their coupling block) are computed for every chunk at
+    once; they give the chunk's ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state
+    travels between chunks (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the
+    values (``V~ - K~ S``), reads the outputs and updates the state.
     """
     shown = min(num_chunks, shown_chunks)
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    subs = max(chunk_size // 16, 1)
+    subs = 2 if chunk_size >= 2 else 1  # the doubling inverse's last merge: two halves
     for i in range(shown):
         _draw_chunk(ax, i, subs)
     end = 1.2 + 3.0 * shown
@@ -390,6 +396,22 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     ax.axis("off")
     ax.set_title(f"Chunked KDA, C = {chunk_size}: triangular blocks in parallel, "
                  "the state between chunks")
+    return fig
+
+
+def wy_factors(gap, keys_t_src, w) -> plt.Figure:
+    """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
+    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``W`` (``C x d_k``), square cells."""
+    d_k, c = gap.shape[0], w.shape[0]
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 6, d_k])
+    for ax, (mat, title) in zip(axes, ((gap, f"I - product of {c} factors"), (
+            keys_t_src.T, f"$K^\\top$ (${d_k} \\times {c}$)"), (w, f"$W$ (${c} \\times {d_k}$)")),
+            strict=True):
+        heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
+                cbar_label="entry")
+        ax.set_aspect("equal")  # square cells: the factors' shapes as they are
+    fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots "
+                 "(I - \\beta_1 k_1 k_1^\\top) = K^\\top W$: thin factors when C < $d_k$")
     return fig
 
 

@@ -55,8 +55,8 @@ def wy_backward_system_by_rows(k, g, beta):
 #    Delta_2 = (V~2 - K~2 K_out1^T V~1) - K~2 (Gamma^(1) - K_out1^T K~1) S_0:
 #    the merged chunk's K~ stacks K~1 on K~2 Gamma^(1) - (K~2 K_out1^T) K~1, and its V~ stacks V~1
 #    on V~2 - (K~2 K_out1^T) V~1. (K~2 Gamma^(1) is K~2 with its keys decayed from the merged
-#    chunk's start.) Only C2 x C1 coupling products, no solve: how unit_lower_inverse and the
-#    kernels build a 64-token chunk's inverse from 16-token blocks.
+#    chunk's start.) Only C2 x C1 coupling products, no solve: the same doubling by which
+#    unit_lower_inverse builds a chunk's (I + L)^-1 from 2 x 2 diagonal blocks, merged pairwise.
 def merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):
     coupling = K_tilde2 @ K_out1.T  # [C2, C1]
     K_tilde = np.concatenate([K_tilde1, K_tilde2 * np.exp(gamma1) - coupling @ K_tilde1])

@@ -1682,9 +1682,10 @@ def test_nb04_layer_diagram_draws_every_part():
 def test_nb10_decode_scaling_model():
     """docs/NOTEBOOK_NOTES.md, notebook 10 (moved from section 6): E (1 - (1 - k/E)^B) distinct
     experts agrees with a simulation of uniform top-k routing (about 102 of 256 at B = 16); one
-    token reads the reported active weights; with one rank the head-parallel model is
-    at_scale's; over 8 head-parallel ranks the batch-1 ratio at 1M tokens rises from 2.63 to
-    3.61 (MLA's latent read on every rank)."""
+    token reads the reported active weights, and B = 1, 16, 256 tokens 4.01, 38.11 and 93.98
+    GB (section 6's other(B)); with one rank the head-parallel model is at_scale's; over 8
+    head-parallel ranks the batch-1 ratio at 1M tokens rises from 2.63 to 3.61 (MLA's latent
+    read on every rank)."""
     import numpy as np
 
     from kda_lib.lab import at_scale
@@ -1701,8 +1702,10 @@ def test_nb10_decode_scaling_model():
         len(kimi.kda_layers) * kimi.kda_parameter_count()
         + len(kimi.global_layers) * kimi.mla_parameter_count()
     )
-    other = {b: decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers) for b in (1, 16)}
+    other = {b: decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers)
+             for b in (1, 16, 256)}
     assert np.isclose(other[1], (3e9 - mixers) * 2)
+    assert {b: round(o / 1e9, 2) for b, o in other.items()} == {1: 4.01, 16: 38.11, 256: 93.98}
     for chip in at_scale.CHIPS.values():
         for b in (1, 16):
             for hybrid in (False, True):
@@ -1805,9 +1808,11 @@ def test_nb10_notes_short_context_and_batching_limits():
     """docs/NOTEBOOK_NOTES.md, notebook 10 (moved from sections 5 and 6): on the H200 SXM
     roofline the hybrid is 9.0% slower at T = 1 and batch 1, 23.3% at batch 256, and stops
     being slower at T = 21,824 at batch 1 (10.3's bf16 crossing); a KDA layer's weights 75 MiB
-    against MLA's 56 MiB, its cache read and written 4.14 MiB (1,060 MiB for 256); a KDA decode
-    step tends to 19.0 flop/byte, MLA at T = 131,072 to 60.8, its latents to 60.4, below the
-    lowest ridge, 206."""
+    against MLA's 56 MiB, its cache read and written 4.14 MiB (1,060 MiB for 256); the hybrid's
+    extra bytes at T = 1 0.50 of 5.6 GB, 1.80 of 39.7, 22.64 of 95.6 at batch 1, 16, 256 (moved
+    from section 6); one H200 filled at 1M tokens: 5 hybrid sequences against 1, 3.21x all-MLA's
+    tokens per second, 54% of 6x (moved from section 6); a KDA decode step tends to 19.0
+    flop/byte, MLA at T = 131,072 to 60.8, its latents to 60.4, below the lowest ridge, 206."""
     from kda_lib.lab import at_scale
     from kda_lib.models import presets
     from kda_lib.teaching import decode_scaling
@@ -1816,13 +1821,29 @@ def test_nb10_notes_short_context_and_batching_limits():
     mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
               + len(kimi.global_layers) * kimi.mla_parameter_count())
 
+    def other(b):
+        return decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers)
+
+    def step(t, b, hybrid):
+        return at_scale.model_decode_time(kimi, h200, t, b, hybrid=hybrid,
+                                          other_weight_bytes=other(b))
+
     def ratio(t, b):
-        other = decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers)
-        time = [at_scale.model_decode_time(kimi, h200, t, b, hybrid=h, other_weight_bytes=other)
-                for h in (False, True)]
-        return time[0] / time[1]
+        return step(t, b, False) / step(t, b, True)
 
     assert [round(100 * (1 / ratio(1, b) - 1), 1) for b in (1, 256)] == [9.0, 23.3]
+    state, per_token = at_scale.kda_state_bytes(kimi), 2 * at_scale.mla_cache_numbers(kimi)
+    kda_w, mla_w, n = kimi.kda_parameter_count(), kimi.mla_parameter_count(), kimi.num_layers
+    extra = {b: (len(kimi.kda_layers) * (2 * (kda_w - mla_w) + b * (2 * state - per_token)),
+                 n * (2 * mla_w + b * per_token) + other(b)) for b in (1, 16, 256)}
+    assert {b: (round(x / 1e9, 2), round(a / 1e9, 1)) for b, (x, a) in extra.items()} == {
+        1: (0.50, 5.6), 16: (1.80, 39.7), 256: (22.64, 95.6)}
+    t_long, free = 2**20, h200.hbm_bytes - 2 * 48e9
+    most = {h: int(free // at_scale.model_cache_bytes(kimi, t_long, hybrid=bool(h)))
+            for h in (0, 1)}
+    rate = {h: most[h] / step(t_long, most[h], bool(h)) for h in (0, 1)}
+    assert (most[1], most[0], round(rate[1] / rate[0], 2), round(rate[1] / rate[0] / 6, 2)) == (
+        5, 1, 3.21, 0.54)
     assert ratio(21_823, 1) < 1 <= ratio(21_824, 1)
     weights = [2 * p / 2**20 for p in (kimi.kda_parameter_count(), kimi.mla_parameter_count())]
     cache = 2 * at_scale.kda_state_bytes(kimi) / 2**20

@@ -256,11 +256,11 @@ def _jax_entropy(name):
     return through
 
 
-def _ring_int32(r, h, d, w, latent):
+def _ring_int32(r, h, d, w, mla_n):
     """10.2 in jnp's default int32: R (summaries + halo) passes 2^31 - 1 at 64 ranks and wraps."""
-    r, h, d, w, latent = (jnp.int32(x) for x in (r, h, d, w, latent))
+    r, h, d, w, mla_n = (jnp.int32(x) for x in (r, h, d, w, mla_n))
     flat = (r - 1) * h * d * 2 * d * 4 + 2 * jnp.maximum(w - 1, 0) * 3 * h * d
-    return r * flat // ((r - 1) * 2 * latent) + 1
+    return r * flat // ((r - 1) * 2 * mla_n) + 1
 
 
 def _tiny_beta_head(half_lives):
@@ -730,15 +730,15 @@ def _rule_breakers():
         ("10.1", "the KDA state without its conv history", lambda f, kda, glob, h, d, w, *a:
          s10.reduction_context(f, kda, glob, h, d, 1, *a)),
         ("10.1", "section 6's all-MLA baseline (the page), kv_heads ignored",
-         lambda f, k, g, h, d, w, latent, kv: s10.reduction_context(f, k, g, h, d, w, latent,
-                                                                    latent / (2 * d))),
-        ("10.1", "the conv history in float32", lambda f, kda, glob, h, d, w, latent, kv:
+         lambda f, k, g, h, d, w, mla_n, kv: s10.reduction_context(f, k, g, h, d, w, mla_n,
+                                                                    mla_n / (2 * d))),
+        ("10.1", "the conv history in float32", lambda f, kda, glob, h, d, w, mla_n, kv:
          kda * 4 * (h * d * d + 3 * max(w - 1, 0) * h * d)
-         / ((1 - f) * (kda + glob) * 4 * kv * d - glob * 2 * latent)),
-        ("10.1", "the global layers cached as GQA", lambda f, kda, glob, h, d, w, latent, kv:
+         / ((1 - f) * (kda + glob) * 4 * kv * d - glob * 2 * mla_n)),
+        ("10.1", "the global layers cached as GQA", lambda f, kda, glob, h, d, w, mla_n, kv:
          s10.reduction_context(f, kda, glob, h, d, w, 2 * kv * d, kv)),
-        ("10.1", "GQA's keys only (values forgotten)", lambda f, kda, glob, h, d, w, latent, kv:
-         s10.reduction_context(f, kda, glob, h, d, w, latent, kv / 2)),
+        ("10.1", "GQA's keys only (values forgotten)", lambda f, kda, glob, h, d, w, mla_n, kv:
+         s10.reduction_context(f, kda, glob, h, d, w, mla_n, kv / 2)),
         ("10.1", "Kimi K3's count at a half (the worked value)", lambda *a: 2_760.0),
         ("10.1", "section 6's all-MLA count for Kimi K3 at a half (the old exercise)",
          lambda *a: 17_336.888888888887),
@@ -751,21 +751,21 @@ def _rule_breakers():
         ("10.1", "section 4's break-even on the page, scaled", _page_break_even_scaled),
         ("10.1", "section 4's break-even on the page (an echo)", lambda *a: 1885),
         ("10.1", "past the limit the formula's negative T (no math.inf)",
-         lambda f, k, g, h, d, w, latent, kv: k * s10.kda_layer_bytes(h, d, w)
-         / ((k + g) * (1 - f) * 4 * kv * d - g * 2 * latent)),
+         lambda f, k, g, h, d, w, mla_n, kv: k * s10.kda_layer_bytes(h, d, w)
+         / ((k + g) * (1 - f) * 4 * kv * d - g * 2 * mla_n)),
         ("10.1", "math.inf past section 6's limit k / L (all-MLA's), not GQA's",
          lambda f, k, g, *a: math.inf if f >= k / (k + g) else s10.reduction_context(f, k, g, *a)),
         ("10.1", "NaN past the limit", lambda *a: (lambda t: math.nan if t == math.inf else t)(
             s10.reduction_context(*a))),
-        ("10.1", "the limit itself past the limit", lambda f, k, g, h, d, w, latent, kv: (
-            lambda t: 1 - g * latent / ((k + g) * 2 * kv * d) if t == math.inf else t)(
-            s10.reduction_context(f, k, g, h, d, w, latent, kv))),
-        ("10.3", "the state read only", lambda b, h, d, w, latent, kp, mp, wb: max(1, math.ceil(
-            (wb * (kp - mp) + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * latent)))),
+        ("10.1", "the limit itself past the limit", lambda f, k, g, h, d, w, mla_n, kv: (
+            lambda t: 1 - g * mla_n / ((k + g) * 2 * kv * d) if t == math.inf else t)(
+            s10.reduction_context(f, k, g, h, d, w, mla_n, kv))),
+        ("10.3", "the state read only", lambda b, h, d, w, mla_n, kp, mp, wb: max(1, math.ceil(
+            (wb * (kp - mp) + b * s10.kda_layer_bytes(h, d, w)) / (b * 2 * mla_n)))),
         ("10.3", "weights left out (section 4's crossing, doubled)",
-         lambda b, h, d, w, latent, *a: math.ceil(2 * s10.kda_layer_bytes(h, d, w) / (2 * latent))),
-        ("10.3", "weights read per sequence", lambda b, h, d, w, latent, kp, mp, wb: max(
-            1, math.ceil((wb * (kp - mp) + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * latent)))),
+         lambda b, h, d, w, mla_n, *a: math.ceil(2 * s10.kda_layer_bytes(h, d, w) / (2 * mla_n))),
+        ("10.3", "weights read per sequence", lambda b, h, d, w, mla_n, kp, mp, wb: max(
+            1, math.ceil((wb * (kp - mp) + 2 * s10.kda_layer_bytes(h, d, w)) / (2 * mla_n)))),
         ("10.3", "section 4's first_mla at batch 1", lambda *a: 1885),
         ("10.3", "the bf16 crossing at batch 1 (an echo of the notes)",
          lambda *a: 21_824),
@@ -1237,14 +1237,15 @@ def test_10_1_model_answer_numbers():
     s10 = _solutions("10")
     shape, layers = s10.preset_numbers("Kimi-K3")
     assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=8)) == 2_760
-    as_gqa = dict(shape, latent=2 * 8 * shape["head_dim"])  # global layers caching GQA's bytes
+    as_gqa = dict(shape, mla_numbers=2 * 8 * shape["head_dim"])  # global layers caching GQA's bytes
     assert round(s10.reduction_context(0.5, *layers, **as_gqa, kv_heads=8)) == 4_876
-    saved = layers[1] * (1 - shape["latent"] / as_gqa["latent"]) / sum(layers)  # g(c_G - c)/(L c_G)
+    # g (c_G - c) / (L c_G)
+    saved = layers[1] * (1 - shape["mla_numbers"] / as_gqa["mla_numbers"]) / sum(layers)
     assert round(100 * saved, 1) == 18.5
-    mla_as_gqa = shape["latent"] / (2 * shape["head_dim"])  # GQA caching MLA's bytes a token
+    mla_as_gqa = shape["mla_numbers"] / (2 * shape["head_dim"])  # GQA caching MLA's bytes a token
     assert round(s10.reduction_context(0.5, *layers, **shape, kv_heads=mla_as_gqa)) == 17_337
     assert round(s10.reduction_context(0.25, *layers, **shape, kv_heads=1)) == 55_726
-    limits = [1 - layers[1] * shape["latent"] / (sum(layers) * 2 * g * shape["head_dim"])
+    limits = [1 - layers[1] * shape["mla_numbers"] / (sum(layers) * 2 * g * shape["head_dim"])
               for g in (8, mla_as_gqa, 1)]
     assert [round(x, 3) for x in limits] == [0.927, 0.742, 0.419]
     assert s10.reduction_context(0.5, *layers, **shape, kv_heads=1) == math.inf  # out of reach

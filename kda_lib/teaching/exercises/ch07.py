@@ -81,8 +81,8 @@ _INVERSE_HINT = (
 HANG_S = 60.0  # the closed form takes milliseconds at the largest d_k
 _SLOW = ("your function took over {:.0f} s at d_k = {}: the closed-form rollback is O(d_k d_v) "
          "a token; is yours O(d_k^2)?")
-_DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k float32 array takes "
-          "{:,.0f} GB there. Undo each token in O(d_k d_v) memory, no d_k x d_k matrix")
+_DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k array takes {:,.0f} GB "
+          "there in float32, {:,.0f} GB in float64. Undo each token in O(d_k d_v) memory")
 
 
 @contextlib.contextmanager
@@ -151,7 +151,7 @@ def roll_back(answer, rng):
                 slow=_SLOW.format(HANG_S, key_dim),
                 refuse=dict(shape=s0.shape, inputs=(states[-1],), what=f"the state {where}"))
         if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
-            hint = _DENSE.format(key_dim, 4 * key_dim**2 / 1e9)
+            hint = _DENSE.format(key_dim, 4 * key_dim**2 / 1e9, 8 * key_dim**2 / 1e9)
         if hint:
             return hint
         got = np.asarray(got, np.float64)

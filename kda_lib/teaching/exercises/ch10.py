@@ -15,7 +15,7 @@ from kda_lib.teaching import exercises as ex
 
 
 def _preset_model(name) -> tuple:
-    """(kda_layers, global_layers, heads, head_dim, conv_size, latent) of a preset."""
+    """(kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers) of a preset."""
     from kda_lib.lab import at_scale
     from kda_lib.models import presets
 
@@ -54,7 +54,7 @@ def _tokens_miss(answer, trials, name, count, largest):
 
 
 def _drawn(rng, *, params: bool = False) -> tuple:
-    """Drawn heads, head_dim, conv_size, latent (``params``: the layers' parameter counts)."""
+    """Drawn heads, head_dim, conv_size, mla_numbers (``params``: the layers' parameter counts)."""
     shape = (int(rng.integers(1, 17)), int(rng.choice([16, 32, 64, 128])),
              int(rng.integers(1, 6)), int(rng.integers(32, 700)))
     mla = int(rng.integers(100_000, 5_000_000))
@@ -66,19 +66,19 @@ def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
     return 4 * heads * head_dim**2 + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim
 
 
-def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers,
                        kv_heads, baseline=None):
     """The T at which ``1 - hybrid / all-GQA`` equals ``fraction`` (exact): ``T (L (1 - f) c_G -
     g c) = k S`` (c_G, c a token's GQA and MLA bytes, S one KDA cache); ``math.inf`` at or past
     the limit. ``baseline``: c_G replaced (the hints' slips)."""
     gqa = 2 * 2 * kv_heads * head_dim if baseline is None else baseline
     room = ((1 - Fraction(fraction)) * (kda_layers + global_layers) * gqa
-            - global_layers * 2 * latent)
+            - global_layers * 2 * mla_numbers)
     kda = kda_layers * _kda_layer_bytes(heads, head_dim, conv_size)
     return Fraction(kda) / room if room > 0 else math.inf
 
 
-_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, latent, kv_heads)
+_OWN_MODELS = [  # (kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers, kv_heads)
     (3, 1, 4, 64, 4, 96, 2), (5, 2, 8, 32, 2, 200, 8), (2, 2, 1, 128, 1, 40, 1)]
 _FRACTIONS = (0.0, 0.25, 0.5, 0.625, 0.875)  # exact in binary
 _AT_LIMIT_TRIAL = (0.875, 3, 1, 4, 64, 4, 128, 2)  # exactly at its limit 1 - 128 / 1024
@@ -86,8 +86,8 @@ _AT_LIMIT_TRIAL = (0.875, 3, 1, 4, 64, 4, 128, 2)  # exactly at its limit 1 - 12
 
 def _fractions(model, first=(), reached=True) -> list[float]:
     """``first`` and _FRACTIONS below ``model``'s limit (``reached`` False: at or above it)."""
-    kda, glob, _, head_dim, _, latent, kv_heads = model
-    limit = 1 - glob * latent / ((kda + glob) * 2 * kv_heads * head_dim)
+    kda, glob, _, head_dim, _, mla_numbers, kv_heads = model
+    limit = 1 - glob * mla_numbers / ((kda + glob) * 2 * kv_heads * head_dim)
     return [f for f in dict.fromkeys((*first, *_FRACTIONS)) if (f < limit) == reached]
 
 
@@ -95,13 +95,13 @@ def _drawn_gqa(rng) -> tuple:
     """A drawn hybrid, KDA layers no fewer than global ones, latents no wider than GQA's."""
     kda, (heads, head_dim, conv_size, _) = int(rng.integers(2, 9)), _drawn(rng)
     kv_heads = int(rng.choice([g for g in range(1, heads + 1) if heads % g == 0]))
-    latent = int(rng.integers(8, 2 * kv_heads * head_dim + 1))
-    return kda, int(rng.integers(1, kda + 1)), heads, head_dim, conv_size, latent, kv_heads
+    mla_numbers = int(rng.integers(8, 2 * kv_heads * head_dim + 1))
+    return kda, int(rng.integers(1, kda + 1)), heads, head_dim, conv_size, mla_numbers, kv_heads
 
 
 @ex.checker("10.1")
 def reduction_context(answer, rng, *, preset: str, fraction: float):
-    """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, latent,
+    """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers,
     kv_heads) -> float``: the context T at which a hybrid's decode memory is ``fraction`` below
     as many GQA layers', ``math.inf`` where no T reaches it; on ``preset`` (8, 1 and 32 key/value
     heads), models of the checker's own, one at its limit exactly and one drawn."""
@@ -130,7 +130,7 @@ def _special_float(got) -> str | None:
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
         got, hint = ex.call_answer(answer, *args, name="reduction_context(fraction, ...)")
-        fraction, kda, glob, _, head_dim, _, latent, kv_heads = args
+        fraction, kda, glob, _, head_dim, _, mla_numbers, kv_heads = args
         want = float(_reduction_context(*args))
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
@@ -155,7 +155,7 @@ def _reduction_hint(answer, trials) -> str | None:
             continue
         slips = {  # the baseline priced as all-MLA; the global layers priced as GQA
             "yours is against all-MLA (section 6's reduction): the baseline here is GQA, its "
-            "keys and values cached": _reduction_context(*args, baseline=2 * latent),
+            "keys and values cached": _reduction_context(*args, baseline=2 * mla_numbers),
             "your hybrid's global layers cache GQA's keys and values: they are MLA layers, "
             "caching latents": _reduction_context(*args[:6], 2 * kv_heads * head_dim, kv_heads),
             "yours is where the reduction is 0: use fraction": _reduction_context(0, *args[1:])}
@@ -176,14 +176,14 @@ def _ring_bytes(ranks, heads, head_dim, conv_size) -> int:
                     + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
-def _ring(ranks, heads, head_dim, conv_size, latent) -> int:
-    """The smallest whole T with T (R - 1) 2 latent > R (summaries + halo), in integers."""
-    return _ring_bytes(ranks, heads, head_dim, conv_size) // ((ranks - 1) * 2 * latent) + 1
+def _ring(ranks, heads, head_dim, conv_size, mla_numbers) -> int:
+    """The smallest whole T with T (R - 1) 2 mla_numbers > R (summaries + halo), in integers."""
+    return _ring_bytes(ranks, heads, head_dim, conv_size) // ((ranks - 1) * 2 * mla_numbers) + 1
 
 
 @ex.checker("10.2")
 def ring_crossover(answer, rng, *, preset: str, ranks: int):
-    """``answer(ranks, heads, head_dim, conv_size, latent) -> int``: the smallest whole T at
+    """``answer(ranks, heads, head_dim, conv_size, mla_numbers) -> int``: the smallest whole T at
     which ring attention over the MLA latents brings each rank more bytes than the KDA summaries
     plus the conv halo; on ``preset`` at ``ranks`` and others, models of its own, one drawn."""
     shape = _preset_model(preset)[2:]
@@ -202,35 +202,35 @@ def ring_crossover(answer, rng, *, preset: str, ranks: int):
                 "jnp's int32 it wraps around, so compute in Python ints or int64"
                 if largest > _INT32_MAX else "")
     return (f"at {args[0]} ranks your T is {'above' if got > want else 'below'} the crossing: "
-            "the summaries are float32 (4 bytes), the halo and the latents bf16 (2 bytes); each "
-            "rank receives (R - 1)/R of the latents" + overflow)
+            "each rank receives R - 1 summaries (M, E), H d_k (d_k + d_v) float32 numbers each, "
+            "a bf16 halo, and (R - 1)/R of the latents (bf16)" + overflow)
 
 
-def _crossover(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
+def _crossover(batch, heads, head_dim, conv_size, mla_numbers, kda_params, mla_params,
                weight_bytes) -> int:
     """The least whole T >= 1 where MLA's step moves at least KDA's bytes (exact)."""
     excess = (Fraction(weight_bytes) * (kda_params - mla_params)
               + batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size))
-    return max(1, math.ceil(excess / (batch * 2 * latent)))
+    return max(1, math.ceil(excess / (batch * 2 * mla_numbers)))
 
 
-_OWN_LAYERS = [  # (heads, head_dim, conv_size, latent, kda_params, mla_params, weight_bytes)
+_OWN_LAYERS = [  # (heads, head_dim, conv_size, mla_numbers, kda_params, mla_params, weight_bytes)
     (4, 64, 4, 96, 900_000, 700_000, 2), (8, 32, 2, 200, 3_000_000, 2_900_000, 1),
     (2, 128, 1, 40, 500_000, 450_000, 0.5)]
 
 
 def _clamped(rng) -> tuple:
     """A drawn layer whose MLA weights outweigh KDA's bytes: the formula's T <= 0, T* = 1."""
-    batch, (heads, head_dim, conv_size, latent) = int(rng.integers(1, 5)), _drawn(rng)
+    batch, (heads, head_dim, conv_size, mla_numbers) = int(rng.integers(1, 5)), _drawn(rng)
     weight_bytes, kda = float(rng.choice([0.5, 1, 2])), int(rng.integers(100_000, 2_000_000))
     state = batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size)
     mla = kda + math.ceil(state / weight_bytes) + int(rng.integers(0, 10**6))
-    return batch, heads, head_dim, conv_size, latent, kda, mla, weight_bytes
+    return batch, heads, head_dim, conv_size, mla_numbers, kda, mla, weight_bytes
 
 
 @ex.checker("10.3")
 def decode_crossover(answer, rng, *, preset: str):
-    """``answer(batch, heads, head_dim, conv_size, latent, kda_params, mla_params,
+    """``answer(batch, heads, head_dim, conv_size, mla_numbers, kda_params, mla_params,
     weight_bytes) -> int``: the smallest whole T >= 1 at which an MLA layer's decode step of
     ``batch`` sequences moves at least a KDA layer's bytes; on ``preset`` with fp8 and int4
     weights, layers of its own, two drawn (one where MLA's weights alone outweigh KDA's)."""
