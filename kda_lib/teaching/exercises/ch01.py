@@ -10,13 +10,11 @@ TIME_LIMIT_S = 5.0  # the closed form takes microseconds; 10^10 simulated steps 
 GRID = 1000  # 01.1's, 02.2's last call: GRID^2 parameters as arrays; ms for the closed form
 
 
-def f32(*arrays):  # float64 copies that float32 holds exactly: a float32 answer's inputs too
-    return [np.asarray(a, np.float32).astype(np.float64) for a in arrays]
+f32 = lambda *xs: [np.asarray(x, np.float32).astype(np.float64) for x in xs]  # noqa: E731
 
 
 def on_grid(answer, name, params, want) -> str | None:
-    """A hint unless ``answer(*params)`` returns the arrays ``want(*params)`` (each entry to 1e-5)
-    within TIME_LIMIT_S, where an exact (fractions) simulation per point takes over 20 s."""
+    """A hint unless ``answer(*params)`` returns ``want(*params)`` (1e-5) within TIME_LIMIT_S."""
     where, wants = f"on a grid of {GRID**2:,} parameters passed as arrays", want(*params)
     got, hint = ex.call_answer(answer, *params, name=name, limit_s=TIME_LIMIT_S, slow=f"{name} "
         f"took over {TIME_LIMIT_S:.0f} s {where}: too slow for exact rationals per point")
