@@ -358,8 +358,9 @@ assert abs(seen["mean_rate"] - expected) < 4 * std_error, "the sample mean, off 
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
 #    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, right for $\beta$ below
 #    $10^{-14}$ too, where $\psi_2$'s term is a few float64 ulps of a weight computed from
-#    matrices: measured there, $\psi_2$ is rounding noise. Is it $\beta(1-\beta)^2$ times the
-#    decay, as with one decay for all channels?
+#    matrices: measured there, $\psi_2$ is rounding noise; last for $10^6$ values of $\beta$ passed
+#    as one array within 5 s (exact rationals, `fractions`, point by point: too slow). Is it
+#    $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
 #
 # NumPy or `jnp`, no `kda_lib` and no scipy. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 

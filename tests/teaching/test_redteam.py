@@ -408,6 +408,54 @@ def _rule_breakers():
     def formula_at_zero_sweeps(mu, v1, v2, n):  # 01.2 (review 2026-12-06, #8): n >= 1's formula
         return mu ** (2 * n - 1) * (np.asarray(v2) - mu * np.asarray(v1))
 
+    def exact_fit_per_point(beta, alpha):  # 01.1 (review 00-05, #1): 3 writes in exact
+        from fractions import Fraction  # rationals, lam the ratio of differences: right at every
+        # point (no rounding); at the grid of 10^6 points, one simulation each, some 25 s
+
+        def fit(b, a):
+            z = [Fraction(0)]
+            for _ in range(3):
+                z.append(a * z[-1] + b * (1 - a * z[-1]))
+            lam = (z[3] - z[2]) / (z[2] - z[1]) if z[2] != z[1] else Fraction(0)
+            return float(lam), float(z[1] / (1 - lam)) if lam != 1 else 1.0
+
+        pairs = [fit(Fraction(b), Fraction(a))
+                 for b, a in zip(np.ravel(beta), np.ravel(alpha), strict=True)]
+        return tuple(np.reshape(x, np.shape(beta)) for x in zip(*pairs, strict=True))
+
+    def exact_sweeps(mu, v1, v2, n):  # 01.2 (review 00-05, #1): the sweeps in exact rationals,
+        from fractions import Fraction  # S = k1 c1^T + k2 c2^T read through the Gram matrix
+
+        mu, vs = Fraction(mu), [[Fraction(x) for x in v] for v in (v1, v2)]
+        c = [[Fraction(0)] * len(v1) for _ in range(2)]
+        read = lambda j: [c[j][e] + mu * c[1 - j][e] for e in range(len(v1))]  # noqa: E731
+        for _ in range(n):
+            for t in (0, 1):
+                c[t] = [c_e + v_e - r_e for c_e, v_e, r_e in zip(c[t], vs[t], read(t), strict=True)]
+        return np.array([float(r - v) for r, v in zip(read(0), vs[0], strict=True)])
+
+    def exact_solve_per_point(beta):  # 02.2 (review 00-05, #1): three writes of k = (3, 4)/5
+        from fractions import Fraction as F  # under two rational decays, exact; a 2x2 solve
+
+        def psi(b):
+            def omega(A, B):  # b k^T (I - b k k^T) A (I - b k k^T) B k
+                x = [B[i] * k[i] for i in (0, 1)]
+                for D in (None, A):
+                    x = [A[i] * x[i] for i in (0, 1)] if D else x
+                    x = [x[i] - b * (k[0] * x[0] + k[1] * x[1]) * k[i] for i in (0, 1)]
+                return b * (k[0] * x[0] + k[1] * x[1])
+
+            k, rows = [F(3, 5), F(4, 5)], []
+            for A, B in (([F(1, 2), F(1, 3)], [F(1, 5), F(1, 7)]), ([F(2, 3), F(1, 4)], [1, 1])):
+                ab, a, bb = (sum(k[i] ** 2 * X[i] for i in (0, 1)) for X in
+                             ([A[0] * B[0], A[1] * B[1]], A, B))
+                rows.append((ab, a * bb, omega(A, B)))
+            (p, q, r), (s, t, u) = rows
+            det = p * t - q * s
+            return float((r * t - q * u) / det), float((p * u - s * r) / det)
+
+        return tuple(np.array(x) for x in zip(*map(psi, map(F, np.ravel(beta))), strict=True))
+
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
 
@@ -455,6 +503,9 @@ def _rule_breakers():
         ("01.2", two_sweeps_extrapolated),
         ("01.2", sweeps_simulated),
         ("01.2", formula_at_zero_sweeps),
+        ("01.1", exact_fit_per_point),
+        ("01.2", exact_sweeps),
+        ("02.2", exact_solve_per_point),
         ("04.2", do_ten_percent_off_on_ordinary_rows),
         ("05.1", grads_by_jet),
         ("05.1", grads_by_differences),
@@ -482,7 +533,8 @@ def refused_by_time(exercise_id: str, answer, seconds: float = 0.25, **context) 
 
 
 # rule breakers that only the time limit refuses: right values, too slow at the last trial
-_SLOW_RULE_BREAKERS = ("limit_converged", "grads_by_differences", "cotangents_by_differences")
+_SLOW_RULE_BREAKERS = ("limit_converged", "grads_by_differences", "cotangents_by_differences",
+                       "exact_fit_per_point", "exact_sweeps", "exact_solve_per_point")
 
 
 def test_answers_that_break_the_stated_rule_are_refused():
@@ -601,7 +653,7 @@ def _page_echoes_02_03():
         psi = [np.linalg.solve(rows, [b * k @ (np.eye(2) - b * np.outer(k, k)) @ A @ (np.eye(2) - b
                * np.outer(k, k)) @ D @ k for D in (B, A)]) for b in betas]
         fits = [np.round(np.polyfit(betas, column, 3), 6) for column in np.transpose(psi)]
-        return tuple(float(np.polyval(c, beta)) for c in fits)
+        return tuple(np.polyval(c, beta) for c in fits)  # (no float(): arrays at the last trial)
 
     def _decay(gamma):  # [t, s, K]: e^(gamma_t - gamma_s) for s <= t, masked before exp
         causal = np.tril(np.ones((len(gamma), len(gamma)), bool))[..., None]

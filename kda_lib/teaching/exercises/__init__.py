@@ -56,8 +56,9 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
     """``None`` if ``answer`` is real numbers (no bools, complex numbers, strings or objects;
     whole where ``integer``) of ``shape``, finite, not all zeros (unless ``allow_zeros``) and
     not one of ``inputs`` handed back (arrays of more than one entry); else a hint saying which."""
-    if callable(answer) or isinstance(answer, (str, bytes, dict, set)):
-        return f"{what} should be numbers (an array or a number), got {type(answer).__name__}"
+    if answer is None or callable(answer) or isinstance(answer, (str, bytes, dict, set)):
+        return f"{what} should be numbers (an array or a number), got {type(answer).__name__}" + (
+            " (a missing return?)" if answer is None else "")
     try:
         values = np.asarray(answer)
         if values.dtype.kind == "O":

@@ -74,13 +74,11 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
 
 @ex.checker("00.1")
 def one_token(answer, rng):
-    """``answer(read, q, k, v, g, beta) -> o [V]``: section 1's output after one token (``q, k, g
-    [K]``, ``v [V]``, a number ``beta``), the state before it read once by ``read``."""
+    """``answer(read, q, k, v, g, beta) -> o [V]``: one token's output, the old state read once."""
     return _read_once(answer, rng, False, "output_after_one(read, q, k, v, g, beta)")
 
 
 @ex.checker("00.2")
 def many_tokens(answer, rng):
-    """``answer(read, q, k, v, g, beta) -> o [V]``: ``S_T^T q / sqrt(K)`` after ``k, g [T, K]``,
-    ``v [T, V]``, ``beta [T]`` (oldest first) from the hidden ``S_0``, read once by ``read``."""
+    """``answer(read, q, k, v, g, beta) -> o [V]``: ``S_T^T q / sqrt(K)``, S_0 read once."""
     return _read_once(answer, rng, True, "output_after(read, q, k, v, g, beta)")

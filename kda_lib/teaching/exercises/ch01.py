@@ -7,6 +7,28 @@ import numpy as np
 from kda_lib.teaching import exercises as ex
 
 TIME_LIMIT_S = 5.0  # the closed form takes microseconds; 10^10 simulated steps take minutes
+GRID = 1000  # 01.1's, 02.2's last call: GRID^2 parameters as arrays; ms for the closed form
+
+
+f32 = lambda *xs: [np.asarray(x, np.float32).astype(np.float64) for x in xs]  # noqa: E731
+
+
+def on_grid(answer, name, params, want) -> str | None:
+    """A hint unless ``answer(*params)`` returns ``want(*params)`` (1e-5) within TIME_LIMIT_S."""
+    where, wants = f"on a grid of {GRID**2:,} parameters passed as arrays", want(*params)
+    got, hint = ex.call_answer(answer, *params, name=name, limit_s=TIME_LIMIT_S, slow=f"{name} "
+        f"took over {TIME_LIMIT_S:.0f} s {where}: too slow for exact rationals per point")
+    got = list(got) if np.shape(got)[:1] == (len(wants),) and np.ndim(got) > 1 else got
+    if hint or (hint := ex.parts(got, f"{len(wants)} arrays", *[{"allow_zeros": True}] * 2)):
+        return hint if "took over" in hint else f"{hint} ({where}: use array operations)"
+    for got_i, want_i in zip(got, wants, strict=True):
+        if np.size(got_i) != np.size(want_i):
+            return f"shape {np.shape(got_i)} {where} of shape {np.shape(want_i)}: array operations"
+        got_i = np.reshape(np.asarray(got_i, np.float64), np.shape(want_i))
+        if (bad := ~(np.abs(got_i - want_i) <= 1e-5 * abs(want_i))).any():
+            at = ", ".join(f"{p.flat[np.argmax(bad)]!r}" for p in params)
+            return f"wrong {where}, first at {at}: scalar trials passed; is it array-safe?"
+    return None
 
 
 @ex.checker("01.1")
@@ -38,6 +60,10 @@ def write_map(answer, rng):
                 and ex.close(got[1], 1.0) else "the limit is the fraction one more step leaves "
                 "unchanged" if beta > 1e-6 else "lam is within 1e-6 of 1: 10^10 steps to simulate;"
                 " 1 - lam from a float32 lam keeps no digits (float64: 7): simplify it by hand")
+    betas = rng.permutation(np.r_[rng.uniform(0.05, 0.95, GRID - 2), 2e-9, 1.0])
+    alphas = rng.permutation(np.r_[rng.uniform(0.5, 1, GRID - 3), 1.0, 2e-8, 1 - 3 * 2.0**-24])
+    return on_grid(answer, "write_map(beta, alpha)", np.meshgrid(*f32(betas, alphas)),
+                   lambda b, a: (a * (1 - b), b / (1 - a + a * b)))
 
 
 @ex.checker("01.2")
@@ -47,16 +73,19 @@ def sweep_error(answer, rng):
     |mu| < 1e-6, where the error after two sweeps is below float64's rounding of S^T k_1 - v_1."""
     drawn, sweeps = lambda: round(float(rng.uniform(0.2, 0.95)), 3), lambda: int(rng.integers(1, 7))
     tiny = float(f"{rng.choice([-1, 1]) * rng.uniform(1, 10):.3f}e-7"), int(rng.integers(2, 4))
+    many = float(rng.choice([-1, 1]) * (1 - rng.integers(1, 5) / 4096)), int(rng.integers(3e3, 4e3))
     for mu, m in [(drawn(), sweeps()), (-drawn(), sweeps()), (drawn(), 0), (0.0, sweeps()),
-                  (0.0, 0), (1.0, sweeps()), (-1.0, sweeps()), tiny]:
+                  (0.0, 0), (1.0, sweeps()), (-1.0, sweeps()), tiny, many]:
         V = int(rng.integers(2, 7))
         v1, v2 = rng.standard_normal(V), rng.standard_normal(V)
         got, hint = ex.call_answer(answer, mu, v1.copy(), v2.copy(), m, refuse=dict(
             shape=(V,), inputs=(v1, v2), what="the error", allow_zeros=abs(mu) < 1e-3 and m > 0),
-            name="sweep_error(mu, v1, v2, m)")
+            name="sweep_error(mu, v1, v2, m)", limit_s=TIME_LIMIT_S, slow=f"sweep_error took over "
+            f"{TIME_LIMIT_S:.0f} s at m = {m}: exact (fractions) sweeps grow too long numbers")
         if hint:
             return hint
-        if not ex.close(got, -v1 if m == 0 else mu ** (2 * m - 1) * (v2 - mu * v1), 1e-5):
+        tol = 1e-5 * (1 + m) ** 0.5  # (float32 loops over m sweeps round m times)
+        if not ex.close(got, -v1 if m == 0 else mu ** (2 * m - 1) * (v2 - mu * v1), tol):
             return f"wrong at mu = {mu}, m = {m}: " + ("no sweep: S = 0; what does pair 1 read?"
                 if m == 0 else "the error is far below float64's rounding of S^T k_1 - v_1 here "
                 "(about 1e-16 of v_1): a float64 simulation or fit of sweeps gives noise; find "

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from kda_lib.teaching import exercises as ex
+from kda_lib.teaching.exercises.ch01 import GRID, f32, on_grid
 
 
 def _scalar(got):
@@ -83,15 +84,14 @@ def spread_below(answer, rng):
 
 @ex.checker("02.2")
 def older_weight(answer, rng):
-    """``answer(beta) -> (psi1, psi2)``, ``Omega_ts = psi1 kk_ts + psi2 kk_tsp kk_sps`` (the older
-    of three writes of one unit key): four betas drawn, then one below 1e-14, where psi2's term is
-    a few float64 ulps of a computed weight (psi2 measured from such weights is rounding noise)."""
+    """``answer(beta) -> (psi1, psi2)`` (the older of three writes of one unit key): four betas
+    drawn, one below 1e-14, where psi2's term is a few float64 ulps of a computed weight (psi2
+    measured from such weights is rounding noise), then 10^6 betas as one array (01's on_grid)."""
     for beta in [*(round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)),
                  float(f"{rng.uniform(1.0, 5.0):.3f}e-15")]:
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")
         got = [*map(_scalar, got)] if isinstance(got, (tuple, list)) else got
-        if hint := hint or ex.parts(got, "the pair (psi1, psi2): Omega_ts = psi1 kk_ts + psi2 "
-                                    "kk_tsp kk_sps", *_PSI):
+        if hint := hint or ex.parts(got, "the pair (psi1, psi2)", *_PSI):
             return hint
         psi1, psi2 = (float(x) for x in got)
         right_psi1 = ex.close(psi1, beta * (1 - beta), 1e-5)
@@ -101,10 +101,13 @@ def older_weight(answer, rng):
                 "(I - beta k k^T) here, so psi2 measured from such weights is rounding noise: "
                 "derive it as a formula in beta" if beta < 1e-6 else
                 "beta (1 - beta)^2 is the one-decay-for-all-channels weight: per channel the "
-                "middle write removes beta (k^T B k) k, the decayed memory's projection on k"
+                "middle write removes beta (k^T D_s' ... D_(s+1) k) k, the decayed memory's "
+                "projection on k"
                 if ex.close(psi1, beta * (1 - beta) ** 2, 1e-5) and abs(psi2) < 1e-12 else
                 "psi1 is right; psi2 is the middle write's share: what does k^T (I - beta k k^T) "
                 "leave of k^T, and what remains of the decays around it?" if right_psi1 else
                 "follow k from t back to s through the steps (I - beta k k^T) D: which factors "
                 "does each write and each decay contribute?")
         return f"wrong at beta = {beta}: {text}"
+    return on_grid(answer, "older_weight(beta)", f32(np.r_[rng.uniform(0.05, 0.95, GRID**2 - 1),
+                   3e-15]), lambda b: (b * (1 - b), -b * b * (1 - b)))

@@ -1,7 +1,5 @@
-"""Checkers of notebook 05's exercises: the backward pass of context parallelism, refusing JAX's
-autodiff; the last trial (R, K, V = 32, 64, 128) must finish within ``TIME_LIMIT_S``, where
-finite differences (a forward fold per entry, 2.6e5 of them) cannot. The float64 references
-equal jax.grad of the forward fold (``tests/teaching/test_exercises.py``)."""
+"""Checkers of notebook 05: context parallelism's backward pass, no autodiff; the last trial
+(R, K, V = 32, 64, 128) within ``TIME_LIMIT_S``, where finite differences (2.6e5 folds) cannot."""
 
 from __future__ import annotations
 
