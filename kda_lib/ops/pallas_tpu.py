@@ -14,8 +14,9 @@ states the forward saved at chunk boundaries and carries the states' cotangents 
 Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
 (:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into
 bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
-interpret mode on a CPU. K and V are padded to multiples of 128; no segment ids, no interior
-states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
+interpret mode on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256: what ran on
+a chip); no segment ids, no interior states (:func:`problems`); non-finite results: the
+recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
@@ -604,6 +605,7 @@ def problems(options, here: bool = True) -> list[str]:
     this machine too (compiled on a TPU, Pallas's interpreter on a CPU, neither elsewhere)."""
     name = "implementation='pallas_tpu'"
     backend = jax.default_backend() if here else "tpu"
+    key_dim, value_dim = options.dims.key_dim, options.dims.value_dim
     found = [problem for bad, problem in [
         (backend not in ("tpu", "cpu"),
          f"{name} runs on a TPU (and interpreted on a CPU), not on {backend}; use 'chunked'"),
@@ -613,6 +615,9 @@ def problems(options, here: bool = True) -> list[str]:
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
         (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
+        (-(-key_dim // LANES) > 1 or -(-value_dim // LANES) > 2,
+         f"{name} was compiled on a TPU for key_dim <= {LANES} and value_dim <= {2 * LANES} "
+         f"(each padded to {LANES}-lane multiples), got {key_dim} and {value_dim}; use 'chunked'"),
         *[(getattr(options, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
            "'recurrent'") for flag in ("output_chunk_states", "output_token_states")],
     ] if bad]  # fmt: skip

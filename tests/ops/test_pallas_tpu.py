@@ -236,6 +236,8 @@ def test_non_finite_inputs_give_the_recurrences_result():
         (dict(chunk_size=8), "16 <= chunk_size"),
         (dict(dtype=jnp.float16), "float32 or bfloat16"),
         (dict(has_segments=True), "segment_ids"),
+        (dict(key_dim=256), "key_dim <= 128"),
+        (dict(value_dim=384), "value_dim <= 256"),
         (dict(output_chunk_states=True), "output_chunk_states"),
         (dict(output_token_states=True), "output_token_states"),
     ],
