@@ -360,13 +360,13 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refuse
     o = kda_options("kda", dims, **{n: kw[n] for n in _RULES if n in kw}, dtype=q.dtype,
                     fused_gate=fused, scale=contract.resolve_scale(kw["scale"], dims.key_dim),
                     has_segments=ids is not None, segments_per_row=segments_per_row)  # fmt: skip
-    if o.output_token_states:  # interior states past memory, by name
-        contract.check_states_fit("output_token_states", True, "token_states [B, T, HV, K, V]",
-                                  dims.seq_len, dims, o.dtype)  # fmt: skip
-    if o.output_chunk_states:
-        contract.check_states_fit("output_chunk_states", True, f"at chunk_size={o.chunk_size}, "
-                                  "chunk_states [B, T // chunk_size, HV, K, V]",
-                                  dims.seq_len // o.chunk_size, dims, o.dtype)  # fmt: skip
+    interior = [(flag, what, count) for flag, what, count in (
+        ("output_token_states", "token_states [B, T, HV, K, V]", dims.seq_len),
+        ("output_chunk_states", f"at chunk_size={o.chunk_size}, chunk_states [B, T // "
+         "chunk_size, HV, K, V]", dims.seq_len // o.chunk_size)) if getattr(o, flag)]
+    if interior:  # one size check: the interior states asked for, together, past memory by name
+        contract.check_states_fit(" and ".join(f for f, _, _ in interior), True, " plus ".join(
+            w for _, w, _ in interior), sum(c for _, _, c in interior), dims, o.dtype)  # fmt: skip
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
     if problems := row.refuses(o, True):

@@ -349,3 +349,21 @@ def test_a_tiny_lm_too_large_names_the_field_that_drives_its_size(fields, named)
     config = ModelConfig.from_flat(**fields)
     with pytest.raises(ValueError, match=rf"^{re.escape(named)}: the parameters of .* would take"):
         TinyLM(config, rngs=nnx.Rngs(0))
+
+
+def test_interior_states_asked_for_together_are_sized_together(monkeypatch):
+    """Issue 75.9, one memory-size check: token and chunk states that each fit but not together
+    are refused by one check naming both flags (before, each was checked alone)."""
+    import kda_lib.checks
+    from kda_lib.testing import random_kda_inputs
+
+    x = random_kda_inputs(jax.random.key(0), 1, 64, 1, 8, 8)
+    token_bytes, chunk_bytes = 64 * 8 * 8 * 4, 64 // 16 * 8 * 8 * 4  # float32 [HV, K, V] each
+    monkeypatch.setattr(kda_lib.checks, "memory_limit", lambda: token_bytes + chunk_bytes - 1)
+    for flag in ("output_token_states", "output_chunk_states"):
+        kda(**x, chunk_size=16, implementation="recurrent", **{flag: True})
+    both = (r"output_token_states and output_chunk_states=True: token_states .* plus at "
+            r"chunk_size=16, chunk_states .* = \[1, 68, 1, 8, 8\]")  # 64 + 4 states, one check
+    with pytest.raises(ValueError, match=both):
+        kda(**x, chunk_size=16, implementation="recurrent", output_token_states=True,
+                    output_chunk_states=True)  # fmt: skip
