@@ -134,13 +134,14 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 #   \boldsymbol\xi_{t - (w - 1) + j}$ (zeros before the first token), then
 #   $\operatorname{SiLU}(\xi) = \xi\, \sigma(\xi)$;
 # - **L2 norm** $\operatorname{L2}(\boldsymbol\xi) = \boldsymbol\xi /
-#   \sqrt{\lVert \boldsymbol\xi\rVert^2 + \epsilon}$, $\epsilon = 10^{-6}$;
+#   \sqrt{\lVert \boldsymbol\xi\rVert^2 + \epsilon_{\text{L2}}}$, $\epsilon_{\text{L2}} = 10^{-6}$;
 # - **gate**: the softplus gate of notebook 02 (or the safe gate with `lower_bound`), its input
 #   through a rank-$r$ bottleneck $W_f^{\downarrow} \in \mathbb R^{d \times r}$,
 #   $W_f^{\uparrow} \in \mathbb R^{r \times H d_k}$;
 # - **per-head RMSNorm** $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot
-#   \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$, $\epsilon$ = `norm_eps`,
-#   one $\boldsymbol\eta \in \mathbb R^{d_v}$ shared by the heads.
+#   \boldsymbol\eta / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon_{\text{RMS}}}$,
+#   $\epsilon_{\text{RMS}}$ = `norm_eps` (not $\epsilon_{\text{L2}}$), one $\boldsymbol\eta \in
+#   \mathbb R^{d_v}$ shared by the heads.
 #
 # The function below is these equations with the layer's own parameters and nothing else; the
 # conv (kernel `[w, channels]`) and the L2 norm are written here in float64 NumPy, not `kda_lib`.
@@ -152,14 +153,13 @@ def conv(xi, kernel):  # [B, T, channels], [w, channels]: sum_j kappa_j xi_{t-(w
     return sum(kappa * padded[:, j:j + xi.shape[1]] for j, kappa in enumerate(kernel))
 
 
-l2 = lambda xi, eps=1e-6: xi / np.sqrt(np.sum(xi**2, -1, keepdims=True) + eps)  # noqa: E731
+l2 = lambda xi, eps_l2=1e-6: xi / np.sqrt(np.sum(xi**2, -1, keepdims=True) + eps_l2)  # noqa: E731
 
 
 # %%
 def layer_from_parts(layer, x):
     """The KDA layer written out part by part; returns every intermediate (batch-first)."""
-    B, T, _ = x.shape
-    kda_ = layer.config
+    (B, T, _), kda_ = x.shape, layer.config
     H, K, V = kda_.num_heads, kda_.head_dim, kda_.value_dim
 
     def stream(proj, conv_, dim, norm=lambda xi: xi):  # projection, conv, SiLU, (L2), heads
@@ -275,8 +275,8 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # $\beta \lVert\mathbf k\rVert^2 < 2$ (the paper's L2Norm "to ensure eigenvalues stability", §4).
 # While every $\lVert M_t\rVert_2 \le 1$, $\lVert S_t\rVert_F \le \sum_{s \le t} \lvert\beta_s\rvert
 # \lVert\mathbf k_s\rVert \lVert\mathbf v_s\rVert$ (the write bound). Below: every head of
-# `ablation_draws` layers at initialisation, each on the first sequence of its own input (draw 0:
-# this page's), as built, keys unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# `ablation_draws` layers at init, each on the first sequence of its own input, as built, keys
+# unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
 
 # %%
 def ablations(layer, x, head):  # row 0, one head: {way: (||S_t||_F, ||M_t||_2, write bound)}
@@ -299,12 +299,13 @@ runs = [ablations(m, xi, h) for m, xi in draws for h in range(H)]  # one a head 
 grows = {w: np.array([np.mean(r[w][1] > 1 + 1e-6) for r in runs]) for w in runs[0]}
 above = {w: np.array([np.nanmax(r[w][0] / r[w][2]) > 1 + 1e-5 for r in runs]) for w in runs[0]}
 size = {w: np.array([np.nanmax(r[w][0]) / r["as built"][0].max() for r in runs]) for w in runs[0]}
-rng = lambda a, f: f"{f(np.median(a))} (median; {f(a.min())} .. {f(a.max())})"  # noqa: E731
+bound = {w: np.array([r[w][2][-1] / r["as built"][2][-1] for r in runs]) for w in runs[0]}
+rng = lambda a, f="{:.3g}".format: f"{f(np.median(a))} (median; {f(a.min())} .. {f(a.max())})"  # noqa: E731
 pct, pooled = "{:.0%}".format, {w: grows[w].mean() for w in runs[0]}  # all M_t, as the figure
 for w in runs[0]:
     print(f"{w}: ||M_t||_2 > 1 at {pct(pooled[w])} of all M_t (per head {rng(grows[w], pct)}); "
           f"above the write bound in {above[w].sum()} of {len(runs)} heads; largest ||S_t||_F "
-          f"{rng(size[w], '{:.3g}'.format)} x the built layer's")
+          f"{rng(size[w])} x the built layer's, write bound {rng(bound[w])} x")
 assert grows["as built"].max() == 0 and not above["as built"].any(), "contractive as built"
 assert 0.3 < pooled["no sigmoid on beta"] < 0.7 and size["no sigmoid on beta"].min() > 1
 assert not any((above[w] & (grows[w] == 0)).any() for w in runs[0]), "above: some M_t expands"
@@ -312,16 +313,16 @@ viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib
 
 # %% [markdown]
 # Top, $\lVert M_t\rVert_2$ at every token of every head; below, the built layer's state norm and
-# each other way's over it. Without its sigmoid, $\beta$ leaves $[0, 2]$, about half of all
-# transitions expand (30% to 70%), and every head's largest state exceeds the built layer's (the
-# factors printed). A state above its write bound shows that expansions made part of its growth
-# (heads counted above); below it, growth by writes and by expansions is not separated. Without the
-# L2 norm, the share that expands depends on the head's width: a raw key's channels have about the
-# same mean square at any $d_k$ (printed), so $\lVert\mathbf k_t\rVert^2$ grows in proportion to
-# $d_k$, and $\beta \lVert\mathbf k_t\rVert^2 > 2$ (an expansion along $\mathbf k_t$ unless the
-# decay holds it back) at over half the tokens at $d_k$ = 64, over 80% at 128 (layers at
-# initialisation, the same $X$, keys only, below). The parts buy a guarantee: $\lVert M_t\rVert_2
-# \le 1$ for any weights and any width.
+# each other way's over it. Without its sigmoid, $\beta$ leaves $[0, 2]$ and about half of all
+# transitions expand (30% to 70%). Every head's largest state is larger than the built layer's
+# (factors printed), but a $\lvert\beta_t\rvert$ above 1 also enlarges the write $\beta_t \mathbf
+# k_t \mathbf v_t^\top$ and the write bound (printed). A state above its write bound shows that
+# expansions made part of its growth (heads counted above); below it, growth by larger writes and by
+# expansions is not separated. Without the L2 norm, the share that expands depends on the head's
+# width: a raw key's channels have about the same mean square at any $d_k$ (printed), so
+# $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and $\beta \lVert\mathbf k_t\rVert^2 >
+# 2$ at over half the tokens at $d_k$ = 64, over 80% at 128 (layers at init, the same $X$, keys
+# only, below). The parts buy a guarantee: $\lVert M_t\rVert_2 \le 1$ for any weights and any width.
 
 # %%
 widths, law = sorted({K, 64, 128}), {}  # d_k: (||k_t||^2, beta_t) [B, T, H] before the L2 norm
@@ -370,28 +371,27 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # (§4, beside its Eq. 10), which is not tested here.
 #
 # **The per-head RMSNorm and the output gate set the output's scale and let it be switched off.**
-# The recurrence's output scale differs between heads and along the sequence. The RMSNorm multiplies
-# a head's output by $1 / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$ (at most $1 /
-# \sqrt\epsilon$), then channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at initialisation; a
-# trained one: the notes). At initialisation $\mathbf o$ is small: its mean square is below
-# $100\epsilon$ at most head-tokens (printed), where $\epsilon$ is not negligible and the output
-# leaves short of RMS 1 (down to the printed minimum); scaled up until every mean square is at least
-# $100\epsilon$, every head-token leaves the library's norm at RMS 1 (to 1%). The sigmoid gate
-# scales each channel by $\sigma(\mathbf z_t) \in (0, 1)$, from the token: a head can be muted.
+# The RMSNorm multiplies a head's output by $1 / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
+# \epsilon_{\text{RMS}}}$, then channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init; a
+# trained one: the notes). At init $\mathbf o$ is small: its mean square is below
+# $100\epsilon_{\text{RMS}}$ at most head-tokens (printed), where $\epsilon_{\text{RMS}}$ is not
+# negligible and the output leaves short of RMS 1; scaled up until every mean square is at least
+# $100\epsilon_{\text{RMS}}$, every head-token leaves the library's norm at RMS 1 (to 1%). The gate
+# $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel per token: a head can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
 print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = {gate_rank})")
 assert f_rank == min(gate_rank, seq_len, H * K)
-ms, eps = np.mean(np.square(np.asarray(parts["o"], np.float64)), -1), config.norm_eps  # [B, T, H]
+ms, eps_rms = np.mean(np.square(np.asarray(parts["o"], float)), -1), config.norm_eps  # [B, T, H]
 norm = lambda o: kda_lib.ops.norms.gated_rms_norm(o, layer.o_norm[...], parts["z"])  # noqa: E731
 rms_after = lambda o: np.sqrt(np.mean(np.square(norm(o) / jax.nn.sigmoid(parts["z"])), -1))  # noqa: E731
 rms_init = rms_after(parts["o"])  # the library's norm, gate divided out; then o scaled up
-rms_grown = rms_after(parts["o"] * np.float32(np.sqrt(100 * eps / ms.min())))
-print(f"mean square of o per head-token {ms.min():.1e} .. {ms.max():.1e}, below 100 eps "
-      f"(eps = {eps:g}) at {np.mean(ms < 100 * eps):.0%}; RMS after the norm {rms_init.min():.2f}"
+rms_grown = rms_after(parts["o"] * np.float32(np.sqrt(100 * eps_rms / ms.min())))
+print(f"mean square of o per head-token {ms.min():.1e} .. {ms.max():.1e}, below 100 eps_rms "
+      f"({eps_rms:g}) at {np.mean(ms < 100 * eps_rms):.0%}; RMS after the norm {rms_init.min():.2f}"
       f" .. {rms_init.max():.3f}, o scaled up {rms_grown.min():.4f} .. {rms_grown.max():.4f}")
-assert np.mean(ms < 100 * eps) > 0.5 and rms_init[ms < 100 * eps].max() < 1
+assert np.mean(ms < 100 * eps_rms) > 0.5 and rms_init[ms < 100 * eps_rms].max() < 1
 assert np.allclose(rms_grown, 1, atol=1e-2)
 
 # %% [markdown]
@@ -403,10 +403,10 @@ assert np.allclose(rms_grown, 1, atol=1e-2)
 #   own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
-# - As built every transition contracts, in every head drawn; without the $\beta$ sigmoid about
-#   half expand; without the L2 norm $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and
-#   most would expand at $d_k$ = 64 and 128. Without the conv a key sees only its own token; the
-#   gate's input has rank $r$; at initialisation $\epsilon$ keeps most head-tokens short of RMS 1.
+# - As built every transition contracts, in every head drawn; without the $\beta$ sigmoid about half
+#   expand; without the L2 norm $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and most
+#   would expand at $d_k$ = 64 and 128. Without the conv a key sees only its own token; the gate's
+#   input has rank $r$; at init $\epsilon_{\text{RMS}}$ keeps most head-tokens short of RMS 1.
 #
 # ## Exercises
 #
@@ -418,12 +418,12 @@ assert np.allclose(rms_grown, 1, atol=1e-2)
 #    1; slot `start` holds the oldest); a step writes one slot and moves `start`, no row moves.
 #    Write `conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)` (`xi_t [B, channels]`,
 #    `kernel [w, channels]`; `conv_t` $= \operatorname{conv}(\Xi)_t$, no SiLU; $w \ge 2$).
-# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` the norm's
-#    output $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot \boldsymbol\eta
-#    / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon}$, with respect to $\mathbf o$:
+# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` the norm's output
+#    $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot \boldsymbol\eta /
+#    \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon_{\text{RMS}}}$, with respect to $\mathbf o$:
 #    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;
-#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at $\epsilon = 0$? JAX's autodiff is refused,
-#    and naive finite differences (a full forward pass per entry) by a time limit on a wide trial.
+#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? JAX's autodiff is refused,
+#    and naive finite differences (a forward pass per entry) by a time limit on a wide trial.
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
