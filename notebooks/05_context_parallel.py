@@ -135,8 +135,9 @@ for r, device in enumerate(mesh.devices.flat):
 # 5. **Output pass.** Each rank reruns its slice from that state and writes its outputs.
 #
 # So each rank runs its slice twice, on $d_k + d_v$ value columns (summary) and on $d_v$ (output):
-# about three slices' flops at $d_k = d_v$, plus the fold; the split is at most about $R / 3$
-# times faster than one device (box widths below: XLA's flop counts; more in the notes).
+# about three slices' flops at $d_k = d_v$, plus the fold; the split is at most about $R / 3$ times
+# faster than one device (box widths: XLA's flop counts). At the toy defaults the fold costs about
+# a slice: a speed-up of about 1, not $R / 3$ (printed); longer slices shrink the fold's share.
 
 # %%
 path = cpt.critical_path(ranks, local_len, key_dim, value_dim)  # flops per sequence and head
@@ -170,14 +171,13 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
 # %% [markdown]
 # ## 3. A slice is an affine map of the state that enters it
 #
-# Per token the recurrence is $S_t = M_t S_{t-1} + E_t$ with
-# $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$ and $E_t = \beta_t \mathbf k_t
-# \mathbf v_t^\top$ (notebook 01), so a whole slice is affine in the state that enters it:
-# $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$ with $M^{(\rho)}$ the product of the
-# slice's $M_t$. One kernel run computes both. Run the slice on the augmented state
-# $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with augmented values $[\,\mathbf 0 \mid
-# \mathbf v_t\,]$: the update is linear in the state's columns, the first $d_k$ columns start at
-# $I$ and receive no $E_t$ (their values are zero): only the transitions act on them (the delta
+# Per token the recurrence is $S_t = M_t S_{t-1} + E_t$ with $M_t = (I - \beta_t \mathbf k_t \mathbf
+# k_t^\top) D_t$ and $E_t = \beta_t \mathbf k_t \mathbf v_t^\top$ (notebook 01), so a whole slice is
+# affine in the state that enters it: $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$ with
+# $M^{(\rho)}$ the product of the slice's $M_t$. One kernel run computes both. Run the slice on the
+# augmented state $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with augmented values $[\,\mathbf 0
+# \mid \mathbf v_t\,]$: the update is linear in the state's columns, the first $d_k$ columns start
+# at $I$ and receive no $E_t$ (their values are zero): only the transitions act on them (the delta
 # correction $-\beta_t \mathbf k_t \mathbf k_t^\top D_t S$ is part of $M_t$), so they end at
 # $M^{(\rho)} I$; the last $d_v$ start at $0$ and receive the slice's writes: $E^{(\rho)}$:
 #
