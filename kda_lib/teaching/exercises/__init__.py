@@ -1,15 +1,11 @@
-"""Exercise checkers: say whether a student's answer is right without printing the answer.
+"""Exercise checkers: say whether a student's answer is right, never printing the answer.
 
-``check("03.2", answer, ...)`` runs the checker registered with ``@checker("NN.M")`` in
-``chNN.py`` on inputs drawn afresh at every call (``seed`` repeats one), compares in float64 and
-returns ``None`` (right) or a short hint, never the expected value (worked solutions:
-``notebooks/solutions/``, fed to the checkers by the tests with the honest wrong answers).
-
-**Scope.** Feedback to an honest attempt: every wrong answer and every shortcut taken without
-meaning to cheat (the library function at issue, a value or function from the page, another
-exercise's solution, a table or fit of trials, degenerate values) is refused with a hint.
-Deliberate tampering (the library's or checker's source under another name, other processes,
-patching NumPy, reading the checker's frames) is out of scope; nothing here guards against it.
+``check("03.2", answer)`` runs ``chNN.py``'s ``@checker("NN.M")`` on inputs drawn at every call
+(``seed`` repeats one) and returns ``None`` (right) or a hint (solutions: ``notebooks/solutions/``).
+**Scope.** Feedback to an honest attempt: wrong answers and shortcuts taken without meaning to
+cheat (the library function at issue, the page's values, another exercise's solution, a fit of
+trials, degenerate values) are refused with a hint. Deliberate tampering (the library's or
+checker's source under another name, other processes, patching NumPy) is out of scope.
 """
 
 from __future__ import annotations
@@ -32,9 +28,8 @@ _CHECKERS: dict[str, Callable[..., str | None]] = {}
 
 
 def checker(exercise_id: str) -> Callable:
-    """Register ``fn(answer, rng, **context) -> None | hint`` as the checker of ``exercise_id``,
-    called as ``(answer, seed=None, **context)``: ``rng`` from ``seed`` (a fresh one from
-    ``os.urandom`` unless given), a hint ending in the seed that repeats the call."""
+    """Register ``fn(answer, rng, **context) -> None | hint`` for ``exercise_id``, called as
+    ``(answer, seed=None, **context)`` (``rng`` from ``seed``; a hint names the seed)."""
     def register(fn: Callable[..., str | None]) -> Callable[..., str | None]:
         if exercise_id in _CHECKERS:
             raise ValueError(f"exercise {exercise_id!r} has two checkers")
@@ -53,9 +48,8 @@ def checker(exercise_id: str) -> Callable:
 def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
                       inputs: Sequence[Any] = (), what: str = "the answer",
                       integer: bool = False, allow_zeros: bool = False) -> str | None:
-    """``None`` if ``answer`` is real numbers (no bools, complex numbers, strings or objects;
-    whole where ``integer``) of ``shape``, finite, not all zeros (unless ``allow_zeros``) and
-    not one of ``inputs`` handed back (arrays of more than one entry); else a hint saying which."""
+    """``None`` if ``answer`` is finite real numbers (whole where ``integer``) of ``shape``, not
+    all zeros (unless ``allow_zeros``) nor one of ``inputs`` handed back; else a hint."""
     if answer is None or callable(answer) or isinstance(answer, (str, bytes, dict, set)):
         return f"{what} should be numbers (an array or a number), got {type(answer).__name__}" + (
             " (a missing return?)" if answer is None else "")
@@ -85,8 +79,7 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
 
 
 def parts(got, what: str, *refuse: dict) -> str | None:
-    """A hint unless ``got`` is a tuple, list or 1-D array of one part per ``refuse`` (``what``
-    names them), each passing :func:`refuse_degenerate` with its ``refuse``."""
+    """A hint unless ``got`` has one part per ``refuse``, each passing its refuse_degenerate."""
     vector = isinstance(getattr(got, "shape", None), tuple) and len(got.shape) == 1
     if not ((isinstance(got, (tuple, list)) or vector) and len(got) == len(refuse)):
         return f"return {what}"
@@ -95,8 +88,7 @@ def parts(got, what: str, *refuse: dict) -> str | None:
 
 
 def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:
-    """Whether ``got`` is ``want`` in float64 to ``rtol`` of the largest ``|want|`` (at least
-    ``floor``)."""
+    """Whether ``got`` is ``want`` to ``rtol`` of max ``|want|`` (at least ``floor``)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     scale = max(float(np.abs(want).max(initial=0.0)), floor)
     return bool(np.abs(got - want).max(initial=0.0) <= rtol * scale)
@@ -104,8 +96,7 @@ def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:
 
 def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None = None,
                **refuse) -> tuple[str | None, tuple | None]:
-    """``answer(*args)`` for each trial: ``(hint, None)`` at the first call that fails or is
-    degenerate (:func:`refuse_degenerate` with ``refuse``), ``(None, (args, got, want(*args)))``
+    """``(hint, None)`` at the first failed or degenerate call, ``(None, (args, got, want))``
     at the first wrong value (``equal``, else ``==``), ``(None, None)`` when all are right."""
     for args in trials:
         got, hint = call_answer(answer, *args, name=name, refuse=refuse)
@@ -118,8 +109,7 @@ def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None
 
 
 def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
-    """The first truthy ``found(x)``, ``x`` an object ``answer`` holds (itself, in a closure, a
-    default, a partial, a global its code names, a container), ``depth`` levels deep."""
+    """The first truthy ``found(x)``, ``x`` what ``answer`` holds (closures, globals, ...)."""
     todo, seen = [(answer, depth)], set()
     while todo:
         fn, level = todo.pop()
@@ -161,8 +151,7 @@ def _scipy_ufuncs() -> dict[int, str]:
 
 
 def holds_scipy(answer) -> str | None:
-    """The name of a scipy or jax.scipy function or module ``answer`` holds or imports in its
-    code (:func:`held`: a scipy.special ufunc runs no frame a hook can stop), else ``None``."""
+    """The scipy or jax.scipy function or module ``answer`` holds or imports, else ``None``."""
     def found(x):
         module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
         named = isinstance(module, str) and module.startswith(SCIPY)
@@ -182,8 +171,7 @@ OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_l
 
 @functools.cache  # the hook asks at every call
 def _library(module: str, others: tuple[str, ...]) -> bool:
-    """Whether ``module`` is kda_lib's (this machinery excepted: the chapters count) or one of
-    ``others``'s."""
+    """Whether ``module`` is kda_lib's (the chapters count, this file not) or ``others``'s."""
     top = module.split(".")[0]
     return (top == "kda_lib" and module != __name__) or top in others
 
@@ -210,9 +198,8 @@ _WATCHED = 1_000_001  # the JAX context answers run in (below)
 
 @contextlib.contextmanager
 def _fresh_jax_context() -> Iterator[None]:
-    """A JAX context only answers run in (a value of ``jax_xla_profile_version``: in every jit
-    cache key, ignored by XLA:CPU): a library function jitted on the page traces again inside
-    it, so its Python frames run where the hook sees them."""
+    """A JAX context (``jax_xla_profile_version``, in every jit cache key) only answers run in:
+    a library function jitted on the page traces again there, where the hook sees it."""
     jax = sys.modules.get("jax")
     if jax is None:  # nothing jitted yet
         yield
@@ -235,8 +222,7 @@ def _alarm(_signum, _frame):
 
 @contextlib.contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
-    """SIGALRM after ``seconds``, again every 50 ms (Python drops one raised in a finaliser),
-    main thread only; an outer timer is re-armed with what it had left."""
+    """SIGALRM after ``seconds``, then every 50 ms; main thread only; an outer timer re-armed."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -253,8 +239,7 @@ def _time_limit(seconds: float | None) -> Iterator[None]:
 
 
 def _allowed(frame, prefixes: tuple[str, ...], allowed: tuple[str, ...]) -> bool:
-    """Whether ``frame`` (of a refused module) runs for a function of ``allowed`` (by name, in
-    those modules: ``np.linalg.norm`` among ``numpy.linalg``) or a NumPy dispatcher."""
+    """Whether ``frame`` (a refused module's) runs for an ``allowed`` name or a dispatcher."""
     while frame is not None and (frame.f_globals.get("__name__") or "").startswith(prefixes):
         name = frame.f_code.co_name
         if name in allowed or name.endswith("_dispatcher"):
@@ -268,10 +253,8 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
                 limit_s: float | None = None, slow: str = "",
                 refuse: dict | None = None) -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable, raises,
-    runs a frame of ``kda_lib``, tokamax or fla (through a partial, a lambda, ``jax.jit`` too)
-    or of a module starting with a key of ``refused`` (the value: its hint; functions named in
-    ``allowed`` pass), or runs past ``limit_s`` (``slow``: the hint); ``(result, hint)`` when
-    ``refuse`` is given and :func:`refuse_degenerate` refuses it. Calling thread only."""
+    runs kda_lib's, tokamax's or fla's code or a ``refused`` module's (``allowed`` names pass),
+    or runs past ``limit_s`` (hint ``slow``); ``(result, hint)`` when ``refuse`` refuses it."""
     if not callable(answer):
         return None, f"answer with a function {name}, not a {type(answer).__name__}"
     refused = refused or {}
@@ -338,8 +321,7 @@ def verdict(exercise_id: str, answer: Any, **context: Any) -> str | None:
 
 
 def check(exercise_id: str, answer: Any, **context: Any) -> bool | None:
-    """Print whether ``answer`` solves ``exercise_id`` (``True``, ``False`` with a hint, ``None``
-    not tried yet); never the expected answer."""
+    """Print whether ``answer`` solves ``exercise_id`` (True, False with a hint, None untried)."""
     fn = _checker_for(exercise_id)
     hint = "" if answer is None else fn(answer, **context)
     print(f"exercise {exercise_id}: " + ("not tried yet (replace None with your answer)" if (

@@ -1,5 +1,4 @@
-"""Checkers of notebook 00: section 1's output from a hidden state read once (``read(vec) = S^T
-vec``; a second read is refused, made-up states can still be probed)."""
+"""Checkers of notebook 00: section 1's output from a hidden state ``S`` read once (``S^T vec``)."""
 
 from __future__ import annotations
 

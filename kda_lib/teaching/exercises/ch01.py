@@ -33,8 +33,8 @@ def on_grid(answer, name, params, want) -> str | None:
 
 @ex.checker("01.1")
 def write_map(answer, rng):
-    """``answer(beta, alpha) -> (lam, zeta_inf)``; last, float32-exact: alpha ~ 1e-8 (lam read off
-    simulated writes keeps few digits), beta ~ 1e-9 (10^10 steps to simulate), 1 - alpha ~ 1e-7."""
+    """``answer(beta, alpha) -> (lam, zeta_inf)``; last, float32-exact: alpha ~ 1e-8, beta ~ 1e-9
+    (10^10 steps to simulate), 1 - alpha ~ 1e-7."""
     uniform = lambda low, high: round(float(rng.uniform(low, high)), 4)
     tiny = lambda scale: float(np.float32(rng.uniform(1.0, 3.0) * scale))
     for beta, alpha in [(uniform(0.1, 0.9), uniform(0.6, 0.99)), (uniform(0.1, 0.9), 1.0),
@@ -69,8 +69,7 @@ def write_map(answer, rng):
 @ex.checker("01.2")
 def sweep_error(answer, rng):
     """``answer(mu, v1, v2, m) -> e [V]``: pair 1's recall error after ``m`` sweeps (beta = 1,
-    from S = 0, unit keys of overlap ``mu``): drawn mu of both signs, m = 0, mu = 0, 1, -1, last
-    |mu| < 1e-6, where the error after two sweeps is below float64's rounding of S^T k_1 - v_1."""
+    S = 0, unit keys of overlap ``mu``): mu of each sign, m = 0, mu = 0, 1, -1, last |mu| < 1e-6."""
     drawn, sweeps = lambda: round(float(rng.uniform(0.2, 0.95)), 3), lambda: int(rng.integers(1, 7))
     tiny = float(f"{rng.choice([-1, 1]) * rng.uniform(1, 10):.3f}e-7"), int(rng.integers(2, 4))
     many = float(rng.choice([-1, 1]) * (1 - rng.integers(1, 5) / 4096)), int(rng.integers(3e3, 4e3))

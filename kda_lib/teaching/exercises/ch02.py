@@ -1,6 +1,5 @@
-"""Checkers of notebook 02's exercises: 02.1 a probability, some below 1e-12 where no sampling
-reaches (no scipy); 02.2 two coefficients as functions of beta, one below 1e-14 where psi2 measured
-from computed weights is rounding noise. Float32 answers pass (relative 1e-5), numbers or arrays."""
+"""Checkers of notebook 02: 02.1 a probability (no scipy), 02.2 two coefficients of beta; float32
+answers pass (relative 1e-5), numbers or arrays."""
 
 from __future__ import annotations
 
@@ -21,16 +20,15 @@ def _scalar(got):
 
 
 def _spread(n, ratio, width, how="right") -> float:
-    """P(n log-uniform draws on a range ``width`` wide (max / min) span less than ``ratio``),
-    or a slip (``one window``: all in one fixed window; ``from the lowest``: no edge term)."""
+    """P(n log-uniform draws over ``width`` span less than ``ratio``), or a slip (``how``)."""
     rho = min(math.log(ratio) / math.log(width), 1.0)
     return {"one window": rho**n, "from the lowest": min(1.0, n * rho ** (n - 1))}.get(
         how, n * rho ** (n - 1) - (n - 1) * rho**n)
 
 
 def _spreads(rng):
-    """(d_k, ratio, width): the page's (32, 10, 100), two drawn, one of chance 1e-30 to 1e-12
-    (float32 holds it, no sampling reaches it), d_k = 1 and a ratio past the range (both 1)."""
+    """(d_k, ratio, width): the page's (32, 10, 100), two drawn, one of chance 1e-30 to 1e-12,
+    d_k = 1 and a ratio past the range (both 1)."""
     width = float(rng.choice([10.0, 100.0, 1000.0]))
 
     def drawn(n_range, rho_range):
@@ -55,8 +53,7 @@ _PSI = [dict(shape=(), what=w, allow_zeros=True) for w in ("psi1", "psi2")]  # 0
 @ex.checker("02.1")
 def spread_below(answer, rng):
     """``answer(d_k, ratio, width) -> p``: the chance that ``d_k`` log-uniform draws over a range
-    ``width`` wide (largest over smallest) span less than ``ratio > 1``; no scipy, jax.scipy or
-    jax.lax.betainc (the span of d_k uniform draws is Beta(d_k - 1, 2) distributed)."""
+    ``width`` wide span less than ``ratio > 1``; no scipy, jax.scipy or jax.lax.betainc."""
     if holding := ex.holds_scipy(answer):
         return _BETA_HINT.format(holding)
     for n, ratio, width in _spreads(rng):
@@ -84,9 +81,8 @@ def spread_below(answer, rng):
 
 @ex.checker("02.2")
 def older_weight(answer, rng):
-    """``answer(beta) -> (psi1, psi2)`` (the older of three writes of one unit key): four betas
-    drawn, one below 1e-14, where psi2's term is a few float64 ulps of a computed weight (psi2
-    measured from such weights is rounding noise), then 10^6 betas as one array (01's on_grid)."""
+    """``answer(beta) -> (psi1, psi2)`` (the older of three writes of one unit key): four betas,
+    one below 1e-14 (psi2 measured there is rounding noise), then 10^6 as one array."""
     for beta in [*(round(float(b), 3) for b in rng.uniform(0.05, 0.95, 4)),
                  float(f"{rng.uniform(1.0, 5.0):.3f}e-15")]:
         got, hint = ex.call_answer(answer, beta, name="older_weight(beta)")

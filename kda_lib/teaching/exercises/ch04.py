@@ -1,5 +1,4 @@
-"""Checkers of notebook 04: 04.1 the conv's decode step from a ring buffer, 04.2 the RMSNorm's
-backward (row by row; no autodiff; naive finite differences fail a time limit)."""
+"""Checkers of notebook 04: 04.1 the conv's ring-buffer decode step, 04.2 the RMSNorm's backward."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ def _far_rows(answer, expected, rtol: float) -> bool:
 
 @ex.checker("04.1")
 def conv_ring_step(answer, rng):
-    """``answer(ring [B, w-1, channels], start, xi_t [B, channels], kernel [w, channels]) ->
-    (ring, start, conv_t)``: the conv's decode step (no SiLU); ``ring[:, (start + j) % (w - 1)]``
-    holds ``xi_{t-(w-1)+j}`` (tap ``kernel[j]``; slot ``start`` the oldest); w = 2 to 5."""
+    """``answer(ring [B, w-1, C], start, xi_t [B, C], kernel [w, C]) -> (ring, start, conv_t)``:
+    ``ring[:, (start + j) % (w - 1)]`` holds ``xi_{t-(w-1)+j}`` (tap ``kernel[j]``); w = 2 to 5."""
     name = "conv_step(ring, start, xi_t, kernel)"
     for width in (2, 3, 4, 5):
         B, C = (int(n) for n in rng.integers(1, 5, 2))

@@ -1,5 +1,4 @@
-"""Checkers of notebook 05: context parallelism's backward pass, no autodiff; the last trial
-(R, K, V = 32, 64, 128) within ``TIME_LIMIT_S``, where finite differences (2.6e5 folds) cannot."""
+"""Checkers of notebook 05: context parallelism's backward pass (no autodiff, ``TIME_LIMIT_S``)."""
 
 from __future__ import annotations
 
@@ -55,9 +54,8 @@ def _close(got, want) -> bool:  # 1e-4 relative, 1e-5 absolute
 
 @ex.checker("05.1")
 def backward_fold(answer, rng, **_):
-    """``state_gradients(ms, hs) -> gs [R, K, V]``: the gradient of the loss with respect to
-    the state entering every rank, from the summaries ``ms`` and each rank's own-output
-    gradients ``hs`` (the loss has no term in the final state)."""
+    """``state_gradients(ms, hs) -> gs [R, K, V]``: the loss's gradient for the state entering
+    every rank, from the summaries ``ms`` and the own-output gradients ``hs``."""
     for ranks, *size in [(r,) for r in _RANKS] + [_LARGE]:
         ms, _, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, hs, name="state_gradients(ms, hs)", refuse=dict(
@@ -77,9 +75,8 @@ def backward_fold(answer, rng, **_):
 
 @ex.checker("05.2")
 def summary_gradients(answer, rng, **_):
-    """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the gradient of
-    the loss with respect to every rank's summary ``(M, E)``, what the backward pass of the
-    all-gather returns to each rank."""
+    """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the loss's gradient
+    for every rank's summary ``(M, E)`` (the all-gather's backward)."""
     # at R = 2 every dms is zero (S^(0) = 0, the last unused)
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
