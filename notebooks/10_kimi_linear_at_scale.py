@@ -28,7 +28,7 @@
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md);
 # for MLA, $d_c$ is the cached key/value latent, $d_R$ the cached key channels all heads share
 # (DeepSeek's rotary slot, NoPE in Kimi Linear), $d_{qk}$ each head's own. Other models
-# (Kimi K3, GLM-5.3-Flash), softmax attention (GQA, MHA), other chips, batched experts, short
+# (Kimi K3, a GLM model), softmax attention (GQA, MHA), other chips, batched experts, short
 # contexts, context parallelism, tests: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
@@ -97,7 +97,7 @@ routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its F
 #
 # The preset records Kimi Linear's KDA layer, its layer pattern and its MLA widths, each number
 # citing its source (`models/presets.py`). Both layers build here (`eval_shape`, parameters as
-# counted; $H_v = H$). Kimi K3 and GLM-5.3-Flash: the notes' table.
+# counted; $H_v = H$). Kimi K3 and the GLM model: the notes' table.
 
 # %%
 kimi = presets.KIMI_LINEAR_48B
