@@ -19,8 +19,9 @@
 # **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the
 # state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
 # with matrix products; between chunks only the state travels. The result equals the recurrence
-# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps of matrix
-# products, what GPU and TPU matrix units are built for (on a CPU the page counts, cannot time it).
+# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps; the chunked
+# form does about twice the flops (section 5's table), all as $C \times C$ and $C \times d_k$
+# matrix products: far faster on a chip with matrix units, while a CPU shows only the extra flops.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -110,9 +111,10 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once**; then $T / C$ steps carry the state from chunk to chunk (the boxes). `kda_chunked`
-# inverts $I + L$ by doubling $2 \times 2$ diagonal blocks up to $C$; shaded: the last merge, two
-# $C/2$ halves and their coupling. Sections 2 to 4: a chunk by hand, every symbol, one function.
+# once**; then $T / C$ steps carry the state $S_{[i]}$ entering chunk $i$ (the boxes).
+# `kda_chunked` inverts $I + L$ by doubling $2 \times 2$ diagonal blocks up to $C$; shaded: the
+# last merge, two $C/2$ halves and their coupling. Sections 2 to 4: a chunk by hand, every
+# symbol, one function.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -240,8 +242,8 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # \mathbf w_s)$ corrected by the earlier ones, so $C$ factors are $I - K^\top W$ ($C \times d_k$,
 # rows $\mathbf k_t$, $\mathbf w_t$; Bischof and Van Loan's WY form): no $d_k \times d_k$ product
 # is formed. Stacked, the $\mathbf w_t$ solve $(I + L) W = \operatorname{diag}(\boldsymbol\beta)
-# K$ (the UT transform): step 3's $\tilde K$ without decay. $2 C d_k$ numbers against $d_k^2$: thin
-# for $C < d_k$, so the check (float64) and figure take $d_k / 4$ tokens of a chunk.
+# K$ (the UT transform): step 3's $\tilde K$ without decay. Rank $C < d_k$; fewer numbers, $2 C d_k$
+# against $d_k^2$, only for $C < d_k / 2$: the check (float64) and figure take $d_k / 4$ tokens.
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
@@ -382,9 +384,9 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
 # $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked; with fewer than three lengths, points without
-# lines. The page shows the $T / C$ sequential steps and the flops; on a CPU, not the speed of
-# matrix units (it has none, and the chunked form is often slower; notes), on a TPU that speed.
+# `timing_repeats` calls, not asserted or ranked. The table shows the $T / C$ sequential steps
+# and the flops; on a CPU, not the speed of matrix units (it has none, and the chunked form is
+# often slower; notes), on a TPU that speed. A plot of these times: the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -392,10 +394,6 @@ forms = chunkwise.kda_forms(lower_bound)
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
-for mode in modes:
-    title = f"live: {jax.default_backend()}, {mode}, B=1, H={timing_heads}, K=V={timing_dim}"
-    viz.show(viz.time_vs_length(timing_lengths, timings[mode], [], mode=mode, live_title=title),
-             f"03_time_vs_length_{mode}")
 
 # %% [markdown]
 # ## Summary

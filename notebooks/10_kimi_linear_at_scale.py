@@ -16,10 +16,10 @@
 # %% [markdown]
 # # 10 · Kimi Linear at scale: the published models' arithmetic, from their configs
 #
-# **Claim.** From the widths of the published models that use KDA (`kda_lib.models.presets`),
-# as the JAX scaling book does, we write down what a KDA layer, an MLA layer (the paper's global
-# layer) and softmax attention cost in parameters, flops per token and cache memory, and check
-# the flops against real programs at a small size. The KV cache reduction follows from the layer
+# **Claim.** From Kimi Linear's published widths (`kda_lib.models.presets`), as the JAX scaling
+# book does, we write down what its KDA layer and its MLA layer (the paper's global layer) cost in
+# parameters, flops per token and cache memory, and check the flops against real programs at a
+# small size. The KV cache reduction follows from the layer
 # pattern; the decoding speed-up does not: with equal global layers and an equal rest of the step,
 # the hybrid decodes at most 27/7 times faster, short of the paper's measured 6.3x.
 #
@@ -27,12 +27,12 @@
 #
 # Symbols: [`docs/NOTATION.md`](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTATION.md);
 # for MLA, $d_c$ is the cached key/value latent, $d_R$ the cached key channels all heads share
-# (DeepSeek's rotary slot, NoPE in Kimi Linear), $d_{qk}$ each head's own. Batched experts,
-# short contexts, context parallelism, tests: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
+# (DeepSeek's rotary slot, NoPE in Kimi Linear), $d_{qk}$ each head's own. Other models
+# (Kimi K3, a GLM model), softmax attention (GQA, MHA), other chips, batched experts, short
+# contexts, context parallelism, tests: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-10).
 
 # %% tags=["parameters"]
 contexts: list = [4096, 131072, 1048576]  # ascending; first 1024 or more, last 2^20 (1M)
-gqa_kv_heads: int = 8  # key/value heads of the grouped-query attention compared; divides 32
 check_hidden: int = 512  # width d of the scaled-down layers checked against XLA
 check_heads: int = 4  # heads H of the scaled-down layers
 check_head_dim: int = 128  # d_k and d_v (and the gate rank) of the scaled-down layers
@@ -85,8 +85,6 @@ kda_lib.teaching.notebook.setup()
 if len(contexts) < 2 or contexts != sorted(contexts) or contexts[0] < 1024 or contexts[-1] != 2**20:
     raise ValueError("contexts: two or more, ascending, [0] >= 1024, [-1] = 1048576 (the "
                      f"paper's 1M context, sections 5, 6), got {contexts}")
-if 32 % gqa_kv_heads:
-    raise ValueError(f"gqa_kv_heads must divide 32, got {gqa_kv_heads}")
 if not (check_seq_len in (2, 4, 8, 16, 32) or (check_seq_len > 0 and check_seq_len % 64 == 0)):
     raise ValueError(f"check_seq_len must be 2, 4, .., 64 or a multiple of 64, got {check_seq_len}")
 if 1 not in decode_batches:  # at 1M tokens, the one batch one chip fits
@@ -95,25 +93,20 @@ reported_active_params, reported_total_params = 3e9, 48e9  # facts: Kimi Linear'
 routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its Figure 1b
 
 # %% [markdown]
-# ## 1. The models, from their configs
+# ## 1. The model, from its config
 #
-# Each preset records a published model's KDA layer, its layer pattern and, where given, its MLA
-# widths, each number citing its source (`models/presets.py`). All three KDA layers build here
-# (`eval_shape`, parameters as counted; $H_v = H$ in each); of the MLA layers, costed from their
-# widths, only Kimi Linear's builds (Kimi K3's has an output gate this repository lacks).
+# The preset records Kimi Linear's KDA layer, its layer pattern and its MLA widths, each number
+# citing its source (`models/presets.py`). Both layers build here (`eval_shape`, parameters as
+# counted; $H_v = H$). Kimi K3 and the GLM model: the notes' table.
 
 # %%
-rows = [f"| {p.name} | {p.hidden_size} | {p.num_heads} x {p.head_dim} | {len(p.kda_layers)} + "
-        f"{len(p.global_layers)} | {p.kda_parameter_count():,} | "
-        + (f"{p.mla_parameter_count():,} |" if p.mla else "not given |")
-        for p in presets.PRESETS.values()]
-display(Markdown("| model | d | KDA heads | KDA + global layers | KDA layer params | MLA layer "
-                 "params |\n|---|---|---|---|---|---|\n" + "\n".join(rows)))
-assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # gqa_kv_heads divides all
-for p in presets.PRESETS.values():  # every KDA layer builds (or raises), as counted
-    assert parameter_count(presets.build_kda_layer(p)) == p.kda_parameter_count(), p.name
 kimi = presets.KIMI_LINEAR_48B
-assert parameter_count(presets.build_mla_layer(kimi)) == kimi.mla_parameter_count()
+for build, count in ((presets.build_kda_layer, kimi.kda_parameter_count),
+                     (presets.build_mla_layer, kimi.mla_parameter_count)):
+    assert parameter_count(build(kimi)) == count()  # each layer builds (or raises), as counted
+print(f"{kimi.name}: d = {kimi.hidden_size}, KDA heads {kimi.num_heads} x {kimi.head_dim}, "
+      f"{len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers; parameters a layer: "
+      f"KDA {kimi.kda_parameter_count():,}, MLA {kimi.mla_parameter_count():,}")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
@@ -127,30 +120,17 @@ assert parameter_count(presets.build_mla_layer(kimi)) == kimi.mla_parameter_coun
 #   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
 #   2, $S^\top q$ 2 (XLA's count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
-#   expanded (prefill, training); decoding absorbs `kv_b_proj` into the query and the output:
+#   expanded (prefill); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
-# - **Softmax attention**, $G$ key/value heads of $d_h$ channels (MHA: $G = H$):
-#   $4 d\, d_h (H + G) + 4 H T_k d_h$.
 #
-# Training is three forward passes (within 5% of XLA's count: the notes). A masked prefill of
-# $T$ tokens scores $T_k = (T + 1)/2$ keys a query on average (a flash kernel skips the masked
-# half), a decode step $T_k = T$. MHA/GQA take the KDA layer's $d$, $H$ and $d_h = d_k$.
+# A masked prefill of $T$ tokens scores $T_k = (T + 1)/2$ keys a query on average (a flash kernel
+# skips the masked half), a decode step $T_k = T$. Training, GQA and MHA: the notes.
 
 # %%
-def flops_row(preset, t):  # per token: KDA, MLA, GQA, MHA forward flops (T_k = (T + 1)/2)
-    row = {"KDA": at_scale.kda_flops_per_token(preset),
-           "MLA": at_scale.mla_flops_per_token(preset, (t + 1) / 2) if preset.mla else np.nan}
-    for kind, g in (("GQA", gqa_kv_heads), ("MHA", None)):
-        shape = at_scale.full_attention_shape(preset, g)
-        row[kind] = at_scale.attention_flops_per_token(**shape, keys=(t + 1) / 2)
-    return row
-lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(v) else f"{v / 1e6:,.0f}"
-                                              for v in flops_row(p, t).values())
-         + f" | {3 * flops_row(p, t)['KDA'] / 1e6:,.0f} |" for p in presets.PRESETS.values()
-         for t in contexts]
-display(Markdown("Forward MFLOP per token and layer (prefill; training is 3x)\n\n| model | T | "
-                 "KDA | MLA | GQA | MHA | KDA training (3x) |\n|---|---|---|---|---|---|---|\n"
-                 + "\n".join(lines)))
+lines = [f"| {t:,} | {at_scale.kda_flops_per_token(kimi) / 1e6:,.0f} | "
+         f"{at_scale.mla_flops_per_token(kimi, (t + 1) / 2) / 1e6:,.0f} |" for t in contexts]
+display(Markdown(f"{kimi.name}: forward MFLOP per token and layer (prefill)\n\n| T | KDA | MLA |"
+                 "\n|---|---|---|\n" + "\n".join(lines)))
 
 # %%
 theta, m, t_k = at_scale.mla_matmul_params(kimi), kimi.mla, (contexts[-1] + 1) / 2  # by hand
@@ -176,7 +156,7 @@ assert (kda_sum, mla_sum) == (kimi.kda_parameter_count(), kimi.mla_parameter_cou
 # ## 3. Each formula against the real program
 #
 # Kimi Linear's layers scaled down (`at_scale.scaled_down`), as real programs: KDA's chunked
-# prefill and decode step, MLA's prefill and absorbed decode step, MHA. Test: the traced matrix
+# prefill and decode step, MLA's prefill and absorbed decode step. Test: the traced matrix
 # products (`kda_lib.lab.costs.matmul_flops`: a `lax.scan`'s body times its length, so the chunk
 # count $H F_C / C$ is checked too) equal the formula's. Prefills score the full causal square,
 # $T_k = T$; of the KDA step's 7 $d_k d_v$ it checks the 4 in $k^\top S$ and $S^\top q$.
@@ -188,7 +168,7 @@ small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_
 checks = at_scale.program_costs(small, check_seq_len, check_context, compile=False)  # lowered
 print(f"KDA prefill: {check_seq_len} tokens in {max(1, check_seq_len // 64)} chunk(s)\n"
       f"{'program':16s} {'traced matmul flops':>20s} {'formula':>14s}")
-for name, row in checks.items():
+for name, row in ((k, v) for k, v in checks.items() if not k.startswith("MHA")):  # notes
     print(f"{name:16s} {row['traced_matmul']:20,.0f} {row['formula_matmul']:14,.0f}")
     assert row["traced_matmul"] == row["formula_matmul"], name
 
@@ -197,22 +177,14 @@ for name, row in checks.items():
 #
 # Per sequence and layer, a KDA layer keeps $H d_k d_v$ float32 state numbers and the last
 # $w - 1$ inputs of its $2 H d_k + H d_v$ conv channels (bf16), whatever the context; per token
-# an MLA layer caches $d_c + d_R$ bf16 numbers (latent, shared key), GQA $2 G d_h$, MHA $2 H d_h$.
+# an MLA layer caches $d_c + d_R$ bf16 numbers (latent, shared key).
 
 # %%
-def cache_row(p, t):  # bytes per sequence and layer: KDA cache, MLA / GQA / MHA caches at T
-    kda = 4 * p.num_heads * p.head_dim**2 + 2 * (p.conv_size - 1) * 3 * p.num_heads * p.head_dim
-    assert kda == at_scale.kda_state_bytes(p), "H_v = H and d_v = d_k in each preset"
-    mla = 2 * t * (p.mla.kv_lora_rank + p.mla.shared_key_dim) if p.mla else np.nan
-    return [kda, mla, 2 * t * 2 * gqa_kv_heads * p.head_dim, 2 * t * 2 * p.num_heads * p.head_dim]
-lines = [f"| {p.name} | {t:,} | " + " | ".join("–" if np.isnan(b) else f"{b / 2**20:,.1f}"
-                                              for b in cache_row(p, t)) + " |"
-         for p in presets.PRESETS.values() for t in contexts]
-display(Markdown("MiB per sequence and layer (KDA: float32 state + bf16 conv history; caches "
-                 "bf16)\n\n| model | T | KDA | MLA | GQA | MHA |\n|---|---|---|---|---|---|\n"
-                 + "\n".join(lines)))
-state, per_token = cache_row(kimi, 1)[:2]  # Kimi Linear: one KDA cache, and MLA's per token
-assert per_token == at_scale.mla_cache_numbers(kimi) * at_scale.BF16 == 1152
+state = 4 * h * dk**2 + 2 * (w - 1) * 3 * h * dk  # bytes: float32 state, bf16 conv history
+per_token = 2 * (dc + dr)  # MLA's bf16 bytes a token
+assert state == at_scale.kda_state_bytes(kimi) and per_token == 2 * at_scale.mla_cache_numbers(kimi)
+display(Markdown("MiB per sequence and layer\n\n| T | KDA | MLA |\n|---|---|---|\n" + "\n".join(
+    f"| {t:,} | {state / 2**20:.1f} | {t * per_token / 2**20:,.1f} |" for t in contexts)))
 first_mla = -(-state // per_token)  # the first whole T with T x per_token >= state
 print(f"{kimi.name}: state = 4 x {kimi.num_heads} x {kimi.head_dim}^2 + 2 x ({kimi.conv_size} - 1)"
       f" x 3 x {kimi.num_heads} x {kimi.head_dim} = {state:,} bytes; MLA 2 x ({m.kv_lora_rank} + "
@@ -223,52 +195,46 @@ mem = [at_scale.model_cache_bytes(kimi, first_mla - d, hybrid=h)
 assert mem[0] > mem[1] and mem[2] <= mem[3]  # hybrid vs all-MLA: a token before the crossing, at it
 
 # %% [markdown]
-# ## 5. The roofline: where each layer sits on each chip
+# ## 5. The roofline: where each layer sits on the H200 SXM
 #
 # A chip runs a step at min(peak, arithmetic intensity x bandwidth), the intensity its flops per
 # byte moved: a *roofline*, whose ridge, peak / bandwidth, is the intensity above which a step is
-# compute-bound. Kimi Linear's layers (`at_scale.operating_point`, bf16): a prefill of `contexts[0]`
-# tokens, decode steps at `contexts[1]` of one sequence and of the largest of `decode_batches`. All
-# decode steps sit left of all ridges, all prefills right (asserted). At ~1 flop/byte three points
-# nest: KDA's decode at B = 1 and MHA's at both batches (each sequence reads its own cache, so
-# batching never raises MHA's intensity); GQA's two: printed, with their gap.
+# compute-bound. Kimi Linear's two layers (`at_scale.operating_point`, bf16) on the H200 SXM
+# (section 6's chip; three other chips: the notes): a prefill of `contexts[0]` tokens, decode
+# steps at `contexts[1]` of one sequence and of the largest of `decode_batches`. The decode steps
+# sit left of the ridge, the prefills right (asserted). A hollow marker: the hybrid model's
+# weights and that batch's caches do not fit one H200 (printed).
 
 # %%
-points = {(kind, s): at_scale.operating_point(kimi, kind, s.split()[0], t, b, kv_heads=gqa_kv_heads)
-          for kind in at_scale.MIXERS for s, t, b in [("prefill", contexts[0], 1)] + [
-              (f"decode B={n}", contexts[1], n) for n in (1, max(decode_batches))]}
-intensity = {k: f / q for k, (f, q) in points.items()}
-chips, steps = list(at_scale.CHIPS.values()), list(dict.fromkeys(s for _, s in points))
-print("flop/byte " + "".join(f"{s:>14s}" for s in steps) + "   ridges: " + ", ".join(
-    f"{c.name} {c.ridge:.0f}" for c in chips))
-for kind in at_scale.MIXERS:
-    print(f"{kind:9s} " + "".join(f"{intensity[(kind, s)]:14,.1f}" for s in steps))
-assert all(i < min(c.ridge for c in chips) for (_, s), i in intensity.items() if s != "prefill")
-assert all(intensity[(k, "prefill")] > max(c.ridge for c in chips) for k in at_scale.MIXERS)
-top, h200 = max(c.ridge for c in chips), at_scale.CHIPS["H200 SXM"]  # h200: 5 and 6's chip
-print(f"prefills pass the highest ridge ({top:.0f}) from T =", {k: next(t for t in range(1, 2**20)
-      if np.divide(*at_scale.operating_point(kimi, k, "prefill", t, 1, gqa_kv_heads)) > top)
-      for k in at_scale.MIXERS})
-g1, g2 = [intensity[("GQA", s)] for s in steps[1:]]  # its two decode points (G = gqa_kv_heads)
-print(f"GQA's decode points: {g2 / g1:.2f}x apart" + " (touching)" * (g2 < 1.25 * g1))
+h200 = at_scale.CHIPS["H200 SXM"]  # the chip of sections 5 and 6
+steps = {"prefill": (contexts[0], 1), **{f"decode B={n}": (contexts[1], n)
+                                         for n in (1, max(decode_batches))}}
+intensity = {(kind, s): np.divide(*at_scale.operating_point(kimi, kind, s.split()[0], t, b))
+             for kind in ("KDA", "MLA") for s, (t, b) in steps.items()}
+fits = {s: 2 * reported_total_params + b * at_scale.model_cache_bytes(kimi, t) <= h200.hbm_bytes
+        for s, (t, b) in steps.items()}  # bf16 weights + b hybrid caches on one chip
+print(f"flop/byte, Kimi Linear's layers; H200 SXM ridge {h200.ridge:.0f}")
+for s, (t, _) in steps.items():
+    print(f"  {s:13s} at T = {t:7,}: KDA {intensity[('KDA', s)]:8,.1f}, MLA "
+          f"{intensity[('MLA', s)]:8,.1f}" + ("" if fits[s] else "; does not fit one H200"))
+assert all((i > h200.ridge) == (s == "prefill") for (_, s), i in intensity.items())
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(8, 4.2))
 x = np.geomspace(0.3, 3e4, 200)  # intensities spanned by the roofline
-for chip, style in zip(chips, ("--", "-.", ":", (0, (5, 1, 1, 1))), strict=True):  # H200: solid
-    ours = chip is h200  # the roof the points sit on, drawn dark; the other chips thin and grey
-    ax.plot(x, np.minimum(chip.peak_flops, x * chip.hbm_bandwidth), color="0.1" if ours else "0.6",
-            linestyle="-" if ours else style, lw=2 if ours else 1, zorder=1, label=f"{chip.name} "
-            f"(ridge {chip.ridge:.0f})" + (": the points' roof" if ours else ""))
-for (kind, s), i in intensity.items():  # each point on the H200 SXM's roof; nested sizes
-    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[steps.index(s)], mfc="none",
-            ms=14 - 3 * at_scale.MIXERS.index(kind), mew=2, color=viz.MODEL_COLORS[kind.lower()],
-            zorder=2 + at_scale.MIXERS.index(kind), label=kind if s == steps[0] else None)
-for marker, s in zip("os^", steps, strict=True):  # the step types, keyed in the legend
-    ax.plot([], [], marker, mfc="none", color="k", label=f"{s}, T = {contexts[s != steps[0]]:,}")
+ax.plot(x, np.minimum(h200.peak_flops, x * h200.hbm_bandwidth), color="0.1", lw=2, zorder=1,
+        label=f"H200 SXM roof (ridge {h200.ridge:.0f} flop/byte)")
+for (kind, s), i in intensity.items():  # hollow: the batch's caches do not fit one chip
+    color = viz.MODEL_COLORS[kind.lower()]
+    ax.plot(i, min(h200.peak_flops, i * h200.hbm_bandwidth), "os^"[list(steps).index(s)], ms=11,
+            mew=2, color=color, mfc=color if fits[s] else "white", zorder=2,
+            label=kind if s == "prefill" else None)
+for marker, (s, (t, _)) in zip("os^", steps.items(), strict=True):  # step types in the legend
+    ax.plot([], [], marker, color="k", mfc="k" if fits[s] else "white", label=f"{s}, T = {t:,}"
+            + ("" if fits[s] else " (does not fit one H200)"))
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
        ylabel="attainable flop/s (log)", title="Kimi Linear's layers on the H200 SXM's roof")
-ax.legend(fontsize=8, ncol=2)
+ax.legend(fontsize=8, loc="lower right")
 viz.show(fig, "10_roofline")
 
 # %% [markdown]
@@ -287,8 +253,7 @@ assert all(np.isclose(r, 1 - at_scale.model_cache_bytes(kimi, t) / at_scale.mode
     kimi, t, hybrid=False)) for t, r in reduction.items())
 print(f"1 - ({n_kda} x state + {n_glob} x T x {per_token}) / ({n} x T x {per_token}): " + ", ".join(
     f"{r:.1%} at T = {t:,}" for t, r in reduction.items()) + f"; limit {n_kda}/{n} = "
-    f"{n_kda / n:.1%} (the paper: up to 75%); limits, KDA layers / layers:", {p.name: format(
-        len(p.kda_layers) / p.num_layers, ".1%") for p in (presets.KIMI_K3, presets.GLM_5_3_FLASH)})
+    f"{n_kda / n:.1%} (the paper: up to 75%)")
 mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the speed below
 
 # %% [markdown]
@@ -301,9 +266,13 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 #   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
 #   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
 # with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA, and other$(B)$ the bf16 weights outside
-# the mixers that a step of $B$ tokens reads: the dense ones and the routed experts the batch
-# touches (`decode_scaling.moe_weight_bytes`; how they are counted: the notes). The cell below
-# writes the model out, asserted equal to `at_scale.model_decode_time`.
+# the mixers that a step of $B$ tokens reads: the dense ones $N$ and the routed experts $R$ the
+# batch touches, $N + R$ = 48B and $N + R\,k/n$ = 3B active ($k$ = 8 of $n$ = 256 experts a
+# token), tokens picking experts uniformly (`decode_scaling.moe_weight_bytes`, written out below):
+#
+# $$\text{other}(B) = 2\,\big(N + R\,(1 - (1 - k/n)^B) - \text{mixer weights}\big)\ \text{bytes}.$$
+#
+# The cell below writes the model out, asserted equal to `at_scale.model_decode_time`.
 # Assume a global layer and other cost the same in both (same layer, kernel, batch, serving); only
 # MLA grows with $T$, so with 27 layers, 7 global,
 #
@@ -317,9 +286,10 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 
 # %%
 t_long, weights, bound = contexts[-1], 2 * reported_total_params, n / n_glob  # bf16; 27/7
-def other_weights(b):  # other(B) above: the non-mixer weights' bytes a step of b tokens reads
-    return decode_scaling.moe_weight_bytes(b, reported_total_params, reported_active_params,
-                                           routed_experts, experts_per_token, mixer_params)
+routed = (reported_total_params - reported_active_params) / (1 - experts_per_token / routed_experts)
+def other_weights(b):  # other(B) above, in bf16 bytes; N = 48B - R
+    read = reported_total_params - routed * (1 - experts_per_token / routed_experts) ** b
+    return 2 * (read - mixer_params)
 kda_flops = 2 * at_scale.kda_matmul_params(kimi) + 2 * w * 3 * h * dk + 7 * h * dk * dk  # a token
 def step_time(t, b, hybrid, chip=h200):  # the equation above: b sequences at T = t, in seconds
     peak, bw, n_mla = chip.peak_flops, chip.hbm_bandwidth, n_glob if hybrid else n
@@ -332,22 +302,21 @@ def ratio(t, b, chip=h200):  # all-MLA's step time over the hybrid's: above 1, t
 assert all(np.isclose(step_time(t, b, y, c), at_scale.model_decode_time(kimi, c, t, b, hybrid=y,
     other_weight_bytes=other_weights(b)), rtol=1e-12) for c in at_scale.CHIPS.values()  # library
     for t in (1, *contexts) for b in decode_batches for y in (False, True))
+assert all(np.isclose(other_weights(b), decode_scaling.moe_weight_bytes(b, reported_total_params,
+    reported_active_params, routed_experts, experts_per_token, mixer_params)) for b in (1, 16))
 
 # %%
-speedup = {(c, b): ratio(t_long, b, chip) for c, chip in at_scale.CHIPS.items()
-           for b in decode_batches}  # memory-bound everywhere: one ratio per batch (asserted)
-fits = {(c, b): weights + b * at_scale.model_cache_bytes(kimi, t_long, hybrid=False)
-        <= chip.hbm_bytes for c, chip in at_scale.CHIPS.items() for b in decode_batches}
-print("\n".join(f"batch {b:3d}: ratio {speedup[(h200.name, b)]:.2f} on all four rooflines; "
-                f"weights + all-MLA caches fit on: {[c for c in at_scale.CHIPS if fits[(c, b)]]}"
-                for b in decode_batches))
-assert all(np.ptp([speedup[(c, b)] for c in at_scale.CHIPS]) < 1e-9 for b in decode_batches)
-feasible = max((k for k in speedup if fits[k]), key=speedup.get)
+speedup = {b: ratio(t_long, b) for b in decode_batches}  # on the H200 SXM (other chips: notes)
+fits = {b: weights + b * at_scale.model_cache_bytes(kimi, t_long, hybrid=False) <= h200.hbm_bytes
+        for b in decode_batches}  # bf16 weights and b all-MLA caches on one H200
+print("\n".join(f"batch {b:3d}: ratio {speedup[b]:.2f}; weights + all-MLA caches "
+                + ("fit" if fits[b] else "do not fit") + " one H200 SXM" for b in decode_batches))
+feasible = max((b for b in speedup if fits[b]), key=speedup.get)
 batch_limit = n * t_long * per_token / (n_glob * t_long * per_token + n_kda * 2 * state)  # B: inf
 assert max(speedup.values()) < batch_limit < bound
 display(Markdown(
     f"In this model, at {t_long:,} tokens the speed-up is {speedup[feasible]:.2f}x where one "
-    f"chip holds the weights and the all-MLA caches ({feasible[0]}, batch {feasible[1]}), at "
+    f"chip holds the weights and the all-MLA caches (H200 SXM, batch {feasible}), at "
     f"most {max(speedup.values()):.2f}x over `decode_batches` {decode_batches}; as the batch "
     f"grows it tends to {batch_limit:.2f} (the bound {bound:.2f} needs T to grow too). The paper "
     f"measured {paper_tpot_speedup}x, so its all-MLA step must cost more (global layers or rest)."))
@@ -402,7 +371,8 @@ viz.show(fig, "10_decode_speedup")
 # 1. **Against grouped-query attention.** Write `reduction_context(fraction, kda_layers,
 #    global_layers, heads, head_dim, conv_size, mla_numbers, kv_heads)` (no kda_lib): the real $T$
 #    at which the decode memory of one sequence (section 4's KDA cache, MLA's `mla_numbers` a
-#    token) is `fraction` below that of as many GQA layers of `kv_heads` (0 $\le$ `fraction` $<$ 1);
+#    token) is `fraction` below that of as many GQA layers of `kv_heads` $G$ (each caching $2 G d_k$
+#    bf16 numbers a token; 0 $\le$ `fraction` $<$ 1);
 #    `math.inf` where no $T$ does: `fraction` at or above this reduction's limit as $T$ grows.
 #    *Explain why* (open): Kimi K3 reaches a half sooner against GQA ($G = 8$) than against all-MLA.
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a

@@ -404,14 +404,17 @@ def wy_factors(gap, keys_t_src, w) -> plt.Figure:
     (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``W`` (``C x d_k``), square cells."""
     d_k, c = gap.shape[0], w.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 6, d_k])
-    for ax, (mat, title) in zip(axes, ((gap, f"I - product of {c} factors"), (
-            keys_t_src.T, f"$K^\\top$ (${d_k} \\times {c}$)"), (w, f"$W$ (${c} \\times {d_k}$)")),
-            strict=True):
+    mats = (gap, keys_t_src.T, w)
+    titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
+              f"$W$ (${c} \\times {d_k}$)")
+    top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
+    for ax, mat, title in zip(axes, mats, titles, strict=True):
         heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
-                cbar_label="entry")
+                cbar_label="entry", vmin=-top, vmax=top)
         ax.set_aspect("equal")  # square cells: the factors' shapes as they are
-    fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots "
-                 "(I - \\beta_1 k_1 k_1^\\top) = K^\\top W$: thin factors when C < $d_k$")
+    fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
+                 f"k_1 k_1^\\top) = K^\\top W$: the first {c} tokens (< $d_k$ = {d_k}), one "
+                 "colour scale")
     return fig
 
 

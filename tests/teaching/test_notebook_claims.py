@@ -1867,3 +1867,90 @@ def test_nb10_notes_short_context_and_batching_limits():
     assert (round(cap["KDA"], 1), round(cap["MLA"], 1), round(latents, 1), round(ridge)) == (
         19.0, 60.8, 60.4, 206)
     assert max(cap.values()) < ridge == h200.ridge
+
+
+def test_nb10_notes_models_mixers_chips():
+    """docs/NOTEBOOK_NOTES.md, notebook 10, other models, softmax attention and other chips
+    (moved from sections 1, 2, 4, 5 and 6 with the asserts that backed them): every preset's KDA
+    layer (and Kimi Linear's MLA) builds as counted; the tables' parameters, limits, MFLOP and MiB;
+    the scaled-down MHA programs trace to their formula; on all four chips every decode step
+    sits left of every ridge and every prefill right, prefills pass the highest ridge from
+    T = 560/561/594/638; the flop/byte table; MHA at B = 256, T = 131,072 fits on no chip; the
+    1M-token speed-up is the same on all four rooflines (2.63, 3.18, 3.70) and the weights with
+    the all-MLA caches fit on the H200 SXM alone, at batch 1."""
+    import numpy as np
+
+    from kda_lib.lab import at_scale
+    from kda_lib.layers.params import parameter_count
+    from kda_lib.models import presets
+    from kda_lib.teaching import decode_scaling
+
+    kimi, chips = presets.KIMI_LINEAR_48B, list(at_scale.CHIPS.values())
+    assert all(p.num_heads % 32 == 0 for p in presets.PRESETS.values())  # G = 8 divides all
+    for p in presets.PRESETS.values():
+        assert parameter_count(presets.build_kda_layer(p)) == p.kda_parameter_count(), p.name
+    assert parameter_count(presets.build_mla_layer(kimi)) == kimi.mla_parameter_count()
+    table = {p.name: (p.hidden_size, p.num_heads, len(p.kda_layers), len(p.global_layers),
+                      p.kda_parameter_count(), p.mla_parameter_count() if p.mla else None,
+                      round(100 * len(p.kda_layers) / p.num_layers, 1))
+             for p in presets.PRESETS.values()}
+    assert table == {
+        "Kimi-Linear-48B-A3B": (2304, 32, 20, 7, 39_514_272, 29_114_880, 74.1),
+        "Kimi-K3": (7168, 96, 69, 24, 443_740_384, 232_196_096, 74.2),
+        "GLM-5.3-Flash": (4096, 64, 34, 11, 137_732_288, None, 75.6)}
+
+    def row(p, t):  # MFLOP: KDA, MLA, GQA, MHA; MiB: KDA, MLA, GQA, MHA
+        flops = [at_scale.kda_flops_per_token(p),
+                 at_scale.mla_flops_per_token(p, (t + 1) / 2) if p.mla else None]
+        flops += [at_scale.attention_flops_per_token(**at_scale.full_attention_shape(p, g),
+                                                     keys=(t + 1) / 2) for g in (8, None)]
+        cache = [at_scale.kda_state_bytes(p),
+                 2 * t * at_scale.mla_cache_numbers(p) if p.mla else None,
+                 2 * t * 2 * 8 * p.head_dim, 2 * t * 2 * p.num_heads * p.head_dim]
+        return ([None if f is None else round(f / 1e6) for f in flops]
+                + [None if b is None else round(b / 2**20, 1) for b in cache])
+
+    got = {(p.name, t): row(p, t) for p in presets.PRESETS.values() for t in (4096, 2**20)}
+    assert got == {
+        ("Kimi-Linear-48B-A3B", 4096): [84, 100, 81, 109, 2.1, 4.5, 16.0, 64.0],
+        ("Kimi-Linear-48B-A3B", 2**20): [84, 10796, 8637, 8665, 2.1, 1152.0, 4096.0, 16384.0],
+        ("Kimi-K3", 4096): [903, 590, 482, 805, 6.2, 4.5, 16.0, 192.0],
+        ("Kimi-K3", 2**20): [903, 32677, 26152, 26474, 6.2, 1152.0, 4096.0, 49152.0],
+        ("GLM-5.3-Flash", 4096): [286, None, 218, 336, 4.1, None, 16.0, 128.0],
+        ("GLM-5.3-Flash", 2**20): [286, None, 17331, 17448, 4.1, None, 4096.0, 32768.0]}
+    small = at_scale.scaled_down(kimi, hidden=512, heads=4, head_dim=128, rank=128,
+                                 kv_lora_rank=128, shared_key_dim=64)
+    for name, r in at_scale.program_costs(small, 256, 256, compile=False).items():
+        assert r["traced_matmul"] == r["formula_matmul"], name
+    steps = {"prefill": (4096, 1), "B1": (131_072, 1), "B256": (131_072, 256)}
+    intensity = {(k, s): np.divide(*at_scale.operating_point(kimi, k, s if s == "prefill"
+                                                              else "decode", t, b))
+                 for k in at_scale.MIXERS for s, (t, b) in steps.items()}
+    ridges = [c.ridge for c in chips]
+    assert [round(r) for r in ridges] == [295, 206, 241, 560]
+    assert all((i > max(ridges)) if s == "prefill" else (i < min(ridges))
+               for (_, s), i in intensity.items())
+    assert {k: [round(intensity[(k, s)], 1) for s in steps] for k in at_scale.MIXERS} == {
+        "KDA": [2958.3, 1.0, 17.8], "MLA": [4075.0, 43.9, 60.7], "GQA": [3251.8, 3.8, 4.1],
+        "MHA": [2476.8, 1.0, 1.0]}
+    passes = {k: next(t for t in range(1, 2**20) if np.divide(
+        *at_scale.operating_point(kimi, k, "prefill", t, 1)) > max(ridges))
+        for k in at_scale.MIXERS}
+    assert passes == {"KDA": 560, "MLA": 561, "GQA": 594, "MHA": 638}
+    mha_cache = 256 * 2 * 131_072 * 2 * kimi.num_heads * kimi.head_dim
+    assert mha_cache == 512 * 2**30 and all(mha_cache > c.hbm_bytes for c in chips)
+    mixers = (len(kimi.kda_layers) * kimi.kda_parameter_count()
+              + len(kimi.global_layers) * kimi.mla_parameter_count())
+    t = 2**20
+    speedup, fits = {}, {}
+    for b in (1, 16, 256):
+        other = decode_scaling.moe_weight_bytes(b, 48e9, 3e9, 256, 8, mixers)
+        speedup[b] = [at_scale.model_decode_time(kimi, c, t, b, hybrid=False,
+                                                 other_weight_bytes=other)
+                      / at_scale.model_decode_time(kimi, c, t, b, other_weight_bytes=other)
+                      for c in chips]
+        fits[b] = [c.name for c in chips
+                   if 96e9 + b * at_scale.model_cache_bytes(kimi, t, hybrid=False) <= c.hbm_bytes]
+    assert all(np.ptp(v) < 1e-9 for v in speedup.values())
+    assert {b: round(v[0], 2) for b, v in speedup.items()} == {1: 2.63, 16: 3.18, 256: 3.70}
+    assert fits == {1: ["H200 SXM"], 16: [], 256: []}
