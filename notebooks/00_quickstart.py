@@ -190,8 +190,9 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # the **unit roundoff** $2^{-24}$. On a CPU the errors below come out at about 1 to 3 machine
 # epsilons of the largest output (printed); the assert allows 8. On a TPU, where the float32
 # forms run on the chip, the assert allows `kda_lib.testing.CHIP_FLOAT32_ATOL` (the suite's
-# float32 floor there) instead; what the lent TPU v5e measured is in the notebook notes (from
-# [the chip's record](https://github.com/kda-notebooks/kda-notebooks/blob/main/data/tests/tpu-v5e/2026-12-06-notebooks.json)).
+# float32 floor there) instead; what the lent TPU v5e measured is in the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00),
+# from the chip's record.
 # The cell also prints how far the two forms
 # are from each other. Where that is far smaller than their distance from float64 (on the lent
 # v5e: the notes), the gap is common to both forms, so it is not rounding accumulated in their

@@ -158,7 +158,8 @@ def test_00_float32_eps_is_machine_epsilon_not_unit_roundoff():
 def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     """Notebook 00's notes state the lent v5e's 141 machine epsilons within CHIP_FLOAT32_ATOL
     (teacher 2026-12-06, 17): the record's (the run at 7568792, after the fix); the page points
-    to the record and asserts the same constant on a TPU (review 00-05, 2 and 8)."""
+    to the notes, which cite the record, and asserts the same constant on a TPU (review 00-05, 2
+    and 8; a link into data/ is not rewritten for a fork, one into docs/ is)."""
     import json
 
     from kda_lib.testing import CHIP_FLOAT32_ATOL
@@ -177,7 +178,8 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     assert nb00["completed"] and int(stated[0]) == int(eps) == 141
     assert float(stated[1]) == float(bound) == CHIP_FLOAT32_ATOL
     assert "7568792" in notes and "not measured alone" in notes
-    assert "2026-12-06-notebooks.json" in source and "7568792" not in source
+    assert "NOTEBOOK_NOTES.md#notebook-00" in source and "7568792" not in source  # notes cite it
+    assert "2026-12-06-notebooks.json" in notes
     assert 'CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu"' in source
 
 
