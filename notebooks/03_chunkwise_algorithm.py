@@ -19,9 +19,10 @@
 # **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the
 # state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
 # with matrix products; between chunks only the state travels. The result equals the recurrence
-# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps; the chunked
-# form does about twice the flops (section 5's table), all as $C \times C$ and $C \times d_k$
-# matrix products: far faster on a chip with matrix units, while a CPU shows only the extra flops.
+# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps, the rest
+# $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units. In matrix
+# products alone the chunked form does a few times the recurrence's $4 d_k d_v$ flops a token
+# (printed in section 5); a CPU's timings are too noisy here to rank the two (notes).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -111,10 +112,8 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once**; then $T / C$ steps carry the state $S_{[i]}$ entering chunk $i$ (the boxes).
-# `kda_chunked` inverts $I + L$ by doubling $2 \times 2$ diagonal blocks up to $C$; shaded: the
-# last merge, two $C/2$ halves and their coupling. Sections 2 to 4: a chunk by hand, every
-# symbol, one function.
+# once** (the triangles: intra-chunk, no state); then $T / C$ steps carry the state $S_{[i]}$
+# entering chunk $i$ (the boxes). Sections 2 to 4: a chunk by hand, every symbol, one function.
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -253,7 +252,7 @@ product = np.eye(key_dim)
 for k_t, b_t in zip(kt, bt, strict=True):
     product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
 assert_close(product, np.eye(key_dim) - kt.T @ Wt, atol=1e-12, name="I - K^T W")
-assert (rank := np.linalg.matrix_rank(np.eye(key_dim) - product)) <= thin  # two thin factors
+rank = np.linalg.matrix_rank(np.eye(key_dim) - product)  # at most thin, by the assert above
 print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) W ({thin} x {key_dim}), "
       f"rank {rank}")
 viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
@@ -268,7 +267,9 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code; `unit_lower_inverse`: matmuls only); $\tilde K$ is the figure's $W$, decayed.
+# (`U`, `W` in code); $\tilde K$ is the figure's $W$, decayed. `unit_lower_inverse` inverts
+# $I + L$ in matmuls, doubling $2 \times 2$ diagonal blocks up to $C$; section 1 shades the last
+# merge, two $C/2$ halves and their coupling (as exercise 03.2 couples two chunks).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
@@ -384,9 +385,10 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
 # $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked. The table shows the $T / C$ sequential steps
-# and the flops; on a CPU, not the speed of matrix units (it has none, and the chunked form is
-# often slower; notes), on a TPU that speed. A plot of these times: the notes.
+# `timing_repeats` calls, not asserted or ranked. The table gives both forms' matrix-product
+# flops (elementwise work not counted) and their ratio, below it the ratio at other $d_k$, $C$;
+# a time marked * is below the same form's at a shorter $T$: noise. On a CPU the times are not
+# the speed of matrix units (it has none; notes), on a TPU they are; a plot of them: the notes.
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]

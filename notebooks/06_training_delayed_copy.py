@@ -366,8 +366,9 @@ assert strict[after_p].mean() > 0.8 * kept_all, "tokens after the clearing are s
 # crossing through a state. With the states alone cleared, nothing in the training forces the
 # model to use layer 1's kept history: **which path is used depends on the run**. This run's
 # scores are printed above, not asserted: at the default seed 0 they sit at chance, so this run
-# does not; in the RNG mode printed before section 1, seeds 1-3 do, three of seeds 0-3
-# (table: [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
+# does not. Seeds 1-3 do, in the RNG mode printed before section 1: that rests on one recorded
+# retraining, a table in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06),
+# which no test re-runs.
 #
 # ## Summary
 #

@@ -258,36 +258,44 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 
 # %% [markdown]
 # **The decoding speed, in a model.** On section 5's roofline a step takes the longer of its flops
-# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). Per layer, a decode step of
-# $B$ sequences at $T$ reads the weights once, each sequence's MLA cache (cache$(T)$ bytes) or reads
-# *and* writes each KDA cache (2 x state, section 4's bytes):
+# at the peak rate and its bytes at the bandwidth (`at_scale.CHIPS`). A decode step of $B$
+# sequences at context $T$ reads each layer's bf16 weights once, and per sequence an MLA layer's
+# cache (cache$(T)$ bytes) or a KDA layer's state, read *and* written (2 x state, section 4).
+# The step times, in seconds, of one MLA layer, one KDA layer and the weights outside the mixers:
 #
-# $$\text{step time}(B, T) = \sum_{\text{layers}} \max\Big(\frac{B \times \text{flops a token}}
-#   {\text{peak}}, \frac{\text{weights} + B \times \text{bytes}(T)}{\text{bandwidth}}\Big)
-#   + \frac{\text{other weights}(B)}{\text{bandwidth}},$$
-# with bytes$(T)$ = cache$(T)$ for MLA, 2 x state for KDA, and other$(B)$ the bf16 weights outside
-# the mixers that a step of $B$ tokens reads: the dense ones $N$ and the routed experts $R$ the
-# batch touches, $N + R$ = 48B and $N + R\,k/n$ = 3B active ($k$ = 8 of $n$ = 256 experts a
-# token), tokens picking experts uniformly (`decode_scaling.moe_weight_bytes`, written out below):
+# $$t_{\text{MLA}}(B, T) = \max\Big(\frac{B\,\text{flops}_{\text{MLA}}(T)}{\text{peak}},
+#   \frac{\text{weights}_{\text{MLA}} + B\,\text{cache}(T)}{\text{bandwidth}}\Big),\quad
+#   t_{\text{KDA}}(B) = \max\Big(\frac{B\,\text{flops}_{\text{KDA}}}{\text{peak}},
+#   \frac{\text{weights}_{\text{KDA}} + 2B\,\text{state}}{\text{bandwidth}}\Big),\quad
+#   t_{\text{other}}(B) = \frac{\text{other}(B)}{\text{bandwidth}}.$$
 #
-# $$\text{other}(B) = 2\,\big(N + R\,(1 - (1 - k/n)^B) - \text{mixer weights}\big)\ \text{bytes}.$$
+# other$(B)$ counts the bf16 bytes a step of $B$ tokens reads outside the mixers: the dense
+# weights $\lvert\theta_{\text{dense}}\rvert$ and the routed experts' $\lvert\theta_{\text{exp}}
+# \rvert$ the batch touches, $\lvert\theta_{\text{dense}}\rvert + \lvert\theta_{\text{exp}}\rvert$
+# = 48B and $\lvert\theta_{\text{dense}}\rvert + \lvert\theta_{\text{exp}}\rvert\,k_{\text{exp}} /
+# n_{\text{exp}}$ = 3B active ($k_{\text{exp}}$ = 8 of $n_{\text{exp}}$ = 256 experts a token),
+# tokens picking experts uniformly (`decode_scaling.moe_weight_bytes`, written out below):
 #
-# The cell below writes the model out, asserted equal to `at_scale.model_decode_time`.
-# Assume a global layer and other cost the same in both (same layer, kernel, batch, serving); only
-# MLA grows with $T$, so with 27 layers, 7 global,
+# $$\text{other}(B) = 2\,\big(\lvert\theta_{\text{dense}}\rvert + \lvert\theta_{\text{exp}}\rvert
+#   \,(1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B) - \text{mixer weights}\big)\ \text{bytes}.$$
 #
-# $$\frac{\text{all-MLA}}{\text{hybrid}} = \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
-#   + 20\,\text{KDA} + \text{other}} \le \frac{27\,\text{MLA} + \text{other}}{7\,\text{MLA}
-#   + \text{other}} \le \frac{27}{7}$$
-# (the same other $\ge 0$ added above and below brings a ratio above 1 toward 1) for any additive
-# step time; a dearer global layer or other in all-MLA alone lifts it. As $B$ grows the
-# weights are shared away; at a fixed $T$ the ratio tends to $27\,\text{cache}(T) /
-# (7\,\text{cache}(T) + 20 \times 2\,\text{state})$, 27/7 only as $T$ grows.
+# With 27 layers, 7 global, all-MLA takes $27\,t_{\text{MLA}} + t_{\text{other}}$ a step and the
+# hybrid $7\,t_{\text{MLA}} + 20\,t_{\text{KDA}} + t_{\text{other}}$ (the cell below, asserted
+# equal to `at_scale.model_decode_time`). Assume the same global layer and other in both (same
+# layer, kernel, batch, serving). Since $t_{\text{KDA}} \ge 0$ and $t_{\text{other}} \ge 0$, the
+# bound is one line:
+#
+# $$\frac{\text{all-MLA}}{\text{hybrid}} \le \frac{27\,t_{\text{MLA}} + t_{\text{other}}}
+#   {7\,t_{\text{MLA}} + t_{\text{other}}} \le \frac{27}{7}.$$
+#
+# A dearer global layer or other in all-MLA alone lifts it. As $B$ grows the weights are shared
+# away; at a fixed $T$ the ratio tends to $27\,\text{cache}(T) / (7\,\text{cache}(T) + 20 \times
+# 2\,\text{state})$, 27/7 only as $T$ grows.
 
 # %%
 t_long, weights, bound = contexts[-1], 2 * reported_total_params, n / n_glob  # bf16; 27/7
 routed = (reported_total_params - reported_active_params) / (1 - experts_per_token / routed_experts)
-def other_weights(b):  # other(B) above, in bf16 bytes; N = 48B - R
+def other_weights(b):  # other(B) above, in bf16 bytes; routed = |theta_exp|
     read = reported_total_params - routed * (1 - experts_per_token / routed_experts) ** b
     return 2 * (read - mixer_params)
 kda_flops = 2 * at_scale.kda_matmul_params(kimi) + 2 * w * 3 * h * dk + 7 * h * dk * dk  # a token

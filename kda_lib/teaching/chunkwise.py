@@ -126,24 +126,33 @@ def _summed(fn, *args):
     return jnp.sum(fn(*args))
 
 
-def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64) -> str:
+def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
+                    others=((64, 32), (128, 32), (128, 64))) -> str:
     """The live timings (median ms per form) as a Markdown table, one row per pass and length,
-    with the flops per head of the recurrence and of the chunked form (``K = V = dim``, ``T``
-    padded up to a multiple of ``chunk_size``, ``kda_lib.kda``'s default), forward only."""
+    with the matrix-product flops per head of the recurrence (``4 T K V``: ``k^T S`` and
+    ``S^T q``) and of the chunked form (``K = V = dim``, ``T`` padded up to a multiple of
+    ``chunk_size``, ``kda_lib.kda``'s default), forward only, and their ratio; then that ratio
+    per token at the ``(d, C)`` of ``others``. A time below the same form's at a shorter ``T``
+    is marked ``*`` (more tokens cannot need less work: noise)."""
     names = list(next(iter(timings.values())))
     rows = [
-        f"Median ms on this machine ({jax.default_backend()}), flops per head (forward):\n",
-        "| pass | $T$ | " + " | ".join(names)
-        + f" | flops: recurrence | flops: chunked ($C$ = {chunk_size}, as timed) |",
-        "|---|---|" + "---|" * (len(names) + 2),
+        f"Median ms on this machine ({jax.default_backend()}; * below the same form's time at a "
+        "shorter T: noise), matrix-product flops per head (forward):\n",
+        "| pass | $T$ | " + " | ".join(names) + " | flops: recurrence | flops: chunked "
+        f"($C$ = {chunk_size}, as timed) | chunked / recurrence |",
+        "|---|---|" + "---|" * (len(names) + 3),
     ]
     for mode, per_form in timings.items():
         for n, T in enumerate(lengths):
-            times = " | ".join(f"{per_form[name][n]:.2f}" for name in names)
+            times = " | ".join(f"{per_form[name][n]:.2f}" + (
+                "*" if n and per_form[name][n] < min(per_form[name][:n]) else "")
+                for name in names)
             padded = -(-T // chunk_size) * chunk_size
-            flops = (
-                costs.recurrent_flops(T, dim, dim),
-                costs.chunked_flops(padded, chunk_size, dim, dim),
-            )
-            rows.append(f"| {mode} | {T:,} | {times} | {flops[0]:.3g} | {flops[1]:.3g} |")
+            flops = (4 * T * dim * dim, costs.chunked_flops(padded, chunk_size, dim, dim))
+            rows.append(f"| {mode} | {T:,} | {times} | {flops[0]:.3g} | {flops[1]:.3g} | "
+                        f"{flops[1] / flops[0]:.2f} |")
+    ratios = (f"$d_k = d_v$ = {d}, $C$ = {c}: "
+              f"{costs.chunked_flops(c, c, d, d) / (4 * c * d * d):.2f}" for d, c in others)
+    rows.append("\nChunked / recurrence matrix-product flops per token at other sizes: "
+                + ", ".join(ratios) + ".")
     return "\n".join(rows)

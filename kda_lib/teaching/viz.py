@@ -370,9 +370,10 @@ def mixing_heatmap(ax, mixing, *, title: str) -> None:
 def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -> plt.Figure:
     """Dataflow of the chunked form (notebook 03), for the first ``shown_chunks`` chunks.
 
-    Each chunk's ``C x C`` triangular blocks (the decayed scores ``P``, the key overlaps ``L``
-    and ``(I + L)^-1``, drawn as the last merge of ``kda_chunked``'s doubling inverse: two
-    ``C/2`` diagonal halves, darker, and their coupling block) are computed for every chunk at
+    Each chunk's ``C x C`` triangular blocks, labelled "intra-chunk, no state" (the decayed
+    scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``, drawn as the last merge of
+    ``kda_chunked``'s doubling inverse: two ``C/2`` diagonal halves, darker, and their coupling
+    block) are computed for every chunk at
     once; they give the chunk's ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state
     travels between chunks (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the
     values (``V~ - K~ S``), reads the outputs and updates the state.
@@ -403,15 +404,17 @@ def wy_factors(gap, keys_t_src, w) -> plt.Figure:
     """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
     (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``W`` (``C x d_k``), square cells."""
     d_k, c = gap.shape[0], w.shape[0]
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 6, d_k])
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
+                             layout="constrained")
     mats = (gap, keys_t_src.T, w)
     titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
               f"$W$ (${c} \\times {d_k}$)")
     top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
     for ax, mat, title in zip(axes, mats, titles, strict=True):
-        heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
-                cbar_label="entry", vmin=-top, vmax=top)
+        image = heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
+                        cbar_label="entry", vmin=-top, vmax=top, colorbar=False)
         ax.set_aspect("equal")  # square cells: the factors' shapes as they are
+    fig.colorbar(image, ax=list(axes), label="entry", shrink=0.8)  # the one shared scale
     fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
                  f"k_1 k_1^\\top) = K^\\top W$: the first {c} tokens (< $d_k$ = {d_k}), one "
                  "colour scale")
@@ -450,16 +453,16 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
             else:
                 ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
                                                    alpha=0.3, edgecolor="white"))
-    ax.text(x + 2.0, 4.4, f"chunk {i}\n$P, L, (I+L)^{{-1}}$", fontsize=7.5, ha="right",
+    ax.text(x + 2.0, 4.4, f"chunk {i}\nintra-chunk,\nno state", fontsize=7.5, ha="right",
             va="top")
     ax.annotate("", xy=(x + 1.0, 1.75), xytext=(x + 1.0, 2.55),
                 arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
     ax.text(x + 1.1, 2.15, r"$\tilde K, \tilde V, P$", fontsize=8, va="center")
     ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.4), 2.2, 1.3,
                                             boxstyle="round,pad=0.05", color=colour))
-    update = ("$\\Delta = \\tilde V - \\tilde K S$\n"
-              "$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
-              "$S \\leftarrow \\Gamma_C S + \\overrightarrow{K}^\\top \\Delta$")
+    update = ("$\\Delta = \\tilde V - \\tilde K S$\n"  # Q_in, K_out: the code's names
+              "$O = Q_{\\mathrm{in}} S / \\sqrt{d_k} + P \\Delta$\n"
+              "$S \\leftarrow \\Gamma_C S + K_{\\mathrm{out}}^\\top \\Delta$")
     ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=8, color="white",
             linespacing=1.9)  # room for the accents over Q and K
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),

@@ -30,9 +30,8 @@ def _preset_model(name) -> tuple:
 def _is_int(answer) -> bool:
     """A whole number: a Python, numpy or jax int (or 0-d array), or a whole float."""
     value = answer.item() if np.ndim(answer) == 0 and hasattr(answer, "item") else answer
-    if isinstance(value, float):
-        return math.isfinite(value) and value.is_integer()
-    return isinstance(value, int) and not isinstance(value, bool)
+    return (math.isfinite(value) and value.is_integer() if isinstance(value, float)
+            else isinstance(value, int) and not isinstance(value, bool))
 
 
 _INT32_MAX = 2**31 - 1
@@ -50,6 +49,9 @@ def _tokens_miss(answer, trials, name, count, largest):
         return (f"your count is a 32-bit int (jnp's default) and a product here is "
                 f"{largest(*miss[0]):,}, past 2^31 - 1 = 2,147,483,647, where int32 wraps around "
                 "to a wrong value: compute in Python ints (or int64)"), None
+    if miss and dtype == np.float32 and abs(float(miss[1]) - miss[2]) <= 2 + miss[2] / 2**20:
+        return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: float32 (jnp's default) keeps "
+                "24 bits, too few for this quotient; divide in Python ints or float64"), None
     return hint, miss and (miss[0], int(miss[1]), miss[2])
 
 
@@ -111,12 +113,10 @@ def reduction_context(answer, rng, *, preset: str, fraction: float):
     trials = [(f, *model, g) for g in (8, 1, 32) for f in _fractions((*model, g), (fraction,))[:3]]
     trials += [(f, *model, 1) for f in _fractions((*model, 1), (fraction,), reached=False)[:2]]
     trials += [(f, *m) for m in _OWN_MODELS for f in _fractions(m)[::2]] + [_AT_LIMIT_TRIAL]
-    drawn = _drawn_gqa(rng)
-    choices = _fractions(drawn)
+    choices = _fractions(drawn := _drawn_gqa(rng))
     trials += [(choices[int(rng.integers(len(choices)))], *drawn)]
     trials += [(f, *drawn) for f in _fractions(drawn, reached=False)[:1]]
-    hint = _reduction_hint(answer, trials)
-    return hint
+    return _reduction_hint(answer, trials)
 
 
 def _special_float(got) -> str | None:
