@@ -16,13 +16,13 @@
 # %% [markdown]
 # # 00 · Quick start: two kernels and one entry point, one answer
 #
-# **Claim.** `kda_lib` computes Kimi Delta Attention (KDA) with a plain token-by-token
-# recurrence (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`, the fast
-# portable path), and dispatches between them through one entry point (`kda`, which can also
-# apply the gate inside); the three calls give the same outputs and final states, a decoding
-# loop with `kda_step` reproduces them token by token, and on a CPU the float32 results sit
-# within a few float32 machine epsilons of a float64 oracle (on a TPU, within the suite's float32
-# tolerance there). This notebook runs each once on random inputs and asserts all of that.
+# **Claim.** `kda_lib` computes Kimi Delta Attention (KDA) with a plain token-by-token recurrence
+# (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`, the fast portable path),
+# and has one entry point, `kda`, that can run either form and apply the gate inside (here it is
+# told to run the chunked one, gate inside). The three calls give the same outputs and final states,
+# a decoding loop with `kda_step` reproduces them token by token, and on a CPU the float32 results
+# sit within a few float32 machine epsilons of a float64 oracle (on a TPU, within the suite's
+# float32 tolerance there). This notebook runs each once on random inputs and asserts all of it.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
@@ -105,8 +105,8 @@ key_q, key_k, key_v, key_f, key_beta, key_a, key_dt = jax.random.split(key, 7)
 # (notebook 01 derives it). In a model, $\mathbf g_t$ comes from a raw projection
 # $\mathbf f_t$ of the input through `kda_gate`, $\mathbf g_t = -a_h
 # \operatorname{softplus}(\mathbf f_t + \mathbf b)$, with a learned rate $a_h$ per head
-# (stored as `A_log`) and bias $\mathbf b$ per channel (`dt_bias`); here $\mathbf f$ is random
-# and the parameters are at their initial values.
+# (stored as `A_log`) and bias $\mathbf b$ per channel (`dt_bias`, stored flat as `[H * K]`, printed
+# below as `(H, K)`); here $\mathbf f$ is random and the parameters are at their initial values.
 
 # %%
 q = l2_normalize(jax.random.normal(key_q, shape_qk))
@@ -118,7 +118,8 @@ dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 g = kda_lib.kda_gate(f, a_log, dt_bias)
 beta = jax.nn.sigmoid(jax.random.normal(key_beta, (batch, seq_len, num_heads)))
 
-for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, a_log=a_log, dt_bias=dt_bias).items():
+bias_hk = dt_bias.reshape(num_heads, key_dim)  # stored flat [H * K]; one b per head and channel
+for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, a_log=a_log, dt_bias=bias_hk).items():
     print(f"{name:8s} {str(arr.shape):20s} {arr.dtype}")
 assert float(g.max()) <= 0.0, "log-space decay must be <= 0"
 _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5, name="|k|")
@@ -127,13 +128,12 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # ## 2. Three implementations, one answer
 #
 # `kda_recurrent` scans over tokens; `kda_chunked` processes `chunk_size` tokens at a time with
-# matrix products (notebook 03 derives it); `kda(...)` dispatches: it picks an implementation
-# for the platform and input size (`implementation="auto"`) or runs the one you name. Given
-# `a_log=` (and optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`.
-# Each function is wrapped in `jax.jit` once (the flags that change the computation are static).
-# So that the `kda` row checks a different computation than the first two, it names the chunked
-# kernel with the gate applied inside (`auto` picks the recurrence for these sizes on a CPU; which
-# form `auto` picks where: the notebook notes).
+# matrix products (notebook 03 derives it); `kda(...)` can run either: it picks one for the platform
+# and input size (`implementation="auto"`, not run here; which form it picks where: the notebook
+# notes) or runs the one you name. Given `a_log=` (and optionally `dt_bias=`), `kda` applies the
+# gate itself, so it takes the raw `f`. Each function is wrapped in `jax.jit` once (the flags that
+# change the computation are static). So that the `kda` row checks a different computation than the
+# first two, it is told to run the chunked form with the gate applied inside.
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])

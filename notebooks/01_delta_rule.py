@@ -422,10 +422,8 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
 #    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
-#    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`; it is
-#    checked at $\alpha = 1$, at $\beta = 1$, at $\alpha \approx 10^{-8}$ (a fit of simulated steps
-#    keeps few digits of $\lambda$) and at $\beta \approx 10^{-9}$ with $\alpha = 1$ or $1 - \alpha
-#    \approx 10^{-7}$ ($10^{10}$ steps; float32: simplify $1 - \lambda$); last, $10^6$ as arrays.
+#    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`. The
+#    checker also tries extreme parameters, so simulation will not do.
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance

@@ -269,14 +269,13 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # **L2 norm and the $\beta$ sigmoid keep the transition contractive.** Along any $\mathbf k$, $I -
 # \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$ (apply it
 # to $\mathbf k$), in $(0, 1)$ for $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$. If $\beta
-# \lVert \mathbf k\rVert^2 \notin [0, 2]$ it leaves $[-1, 1]$: the transition multiplies the state's
-# part along $\mathbf k$ by more than 1 in magnitude, and the state grows unless the decay holds it
-# back. The raw key's length depends on $W_k$, the conv, the input and $d_k$; only the L2 norm keeps
-# $\beta \lVert\mathbf k\rVert^2 < 2$ (the paper's L2Norm "to ensure eigenvalues stability", §4).
-# While every $\lVert M_t\rVert_2 \le 1$, $\lVert S_t\rVert_F \le \sum_{s \le t} \lvert\beta_s\rvert
-# \lVert\mathbf k_s\rVert \lVert\mathbf v_s\rVert$ (the write bound). Below: every head of
-# `ablation_draws` layers at init, each on the first sequence of its own input, as built, keys
-# unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# \lVert \mathbf k\rVert^2 \notin [0, 2]$ it leaves $[-1, 1]$ and stretches the decayed state's part
+# along $\mathbf k$. The raw key's length depends on $W_k$, the conv, the input and $d_k$; only the
+# L2 norm keeps $\beta \lVert\mathbf k\rVert^2 < 2$ (the paper's L2Norm "to ensure eigenvalues
+# stability", §4). While every $\lVert M_t\rVert_2 \le 1$, $\lVert S_t\rVert_F \le \sum_{s \le t}
+# \lvert\beta_s\rvert \lVert\mathbf k_s\rVert \lVert\mathbf v_s\rVert$ (the write bound). Below:
+# every head of `ablation_draws` layers at init, each on the first sequence of its own input, as
+# built, keys unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
 
 # %%
 def ablations(layer, x, head):  # row 0, one head: {way: (||S_t||_F, ||M_t||_2, write bound)}
@@ -302,27 +301,29 @@ size = {w: np.array([np.nanmax(r[w][0]) / r["as built"][0].max() for r in runs])
 bound = {w: np.array([r[w][2][-1] / r["as built"][2][-1] for r in runs]) for w in runs[0]}
 rng = lambda a, f="{:.3g}".format: f"{f(np.median(a))} (median; {f(a.min())} .. {f(a.max())})"  # noqa: E731
 pct, pooled = "{:.0%}".format, {w: grows[w].mean() for w in runs[0]}  # all M_t, as the figure
+raw = np.concatenate([np.asarray(m.b_proj(xi)[0]).ravel() for m, xi in draws])  # beta, no sigmoid
 for w in runs[0]:
     print(f"{w}: ||M_t||_2 > 1 at {pct(pooled[w])} of all M_t (per head {rng(grows[w], pct)}); "
           f"above the write bound in {above[w].sum()} of {len(runs)} heads; largest ||S_t||_F "
           f"{rng(size[w])} x the built layer's, write bound {rng(bound[w])} x")
-assert grows["as built"].max() == 0 and not above["as built"].any(), "contractive as built"
-assert 0.3 < pooled["no sigmoid on beta"] < 0.7 and size["no sigmoid on beta"].min() > 1
-assert not any((above[w] & (grows[w] == 0)).any() for w in runs[0]), "above: some M_t expands"
+print(f"no sigmoid: beta < 0 at {pct(np.mean(raw < 0))}, beta > 2 at {pct(np.mean(raw > 2))}")
+assert grows["as built"].max() == 0 and 0.3 < pooled["no sigmoid on beta"] < 0.7, "contracts"
+assert size["no sigmoid on beta"].min() > 1 and 0.3 < np.mean(raw < 0) < 0.7, "beta < 0 at half"
 viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
 # %% [markdown]
 # Top, $\lVert M_t\rVert_2$ at every token of every head; below, the built layer's state norm and
-# each other way's over it. Without its sigmoid, $\beta$ leaves $[0, 2]$ and about half of all
-# transitions expand (30% to 70%). Every head's largest state is larger than the built layer's
-# (factors printed), but a $\lvert\beta_t\rvert$ above 1 also enlarges the write $\beta_t \mathbf
-# k_t \mathbf v_t^\top$ and the write bound (printed). A state above its write bound shows that
-# expansions made part of its growth (heads counted above); below it, growth by larger writes and by
-# expansions is not separated. Without the L2 norm, the share that expands depends on the head's
-# width: a raw key's channels have about the same mean square at any $d_k$ (printed), so
-# $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and $\beta \lVert\mathbf k_t\rVert^2 >
-# 2$ at over half the tokens at $d_k$ = 64, over 80% at 128 (layers at init, the same $X$, keys
-# only, below). The parts buy a guarantee: $\lVert M_t\rVert_2 \le 1$ for any weights and any width.
+# each other way's over it. Without its sigmoid, $\beta = \mathbf x_t W_\beta$ is negative at about
+# half the tokens, above 2 at few (printed); where $\beta < 0$ the eigenvalue $1 - \beta$ along the
+# unit $\mathbf k_t$ exceeds 1: about half of all transitions expand (30% to 70%). Every head's
+# largest state is larger than the built layer's, but so are the writes where $\lvert\beta_t\rvert >
+# 1$ (factors printed). Only a state above its write bound shows expansions at work; at the default
+# seed and sizes the printout counts none, in any way, so these panels do not separate expansions
+# from larger writes: they show only that $\lVert M_t\rVert_2 > 1$ occurs. Without the L2 norm, the
+# share that expands depends on the head's width: a raw key's channels have about the same mean
+# square at any $d_k$ (printed), so $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and
+# $\beta \lVert\mathbf k_t\rVert^2 > 2$ at over half the tokens at $d_k$ = 64, over 80% at 128
+# (layers at init, below). The parts guarantee $\lVert M_t\rVert_2 \le 1$ for any weights and width.
 
 # %%
 widths, law = sorted({K, 64, 128}), {}  # d_k: (||k_t||^2, beta_t) [B, T, H] before the L2 norm
@@ -371,13 +372,14 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # (§4, beside its Eq. 10), which is not tested here.
 #
 # **The per-head RMSNorm and the output gate set the output's scale and let it be switched off.**
-# The RMSNorm multiplies a head's output by $1 / \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 +
-# \epsilon_{\text{RMS}}}$, then channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init; a
-# trained one: the notes). At init $\mathbf o$ is small: its mean square is below
-# $100\epsilon_{\text{RMS}}$ at most head-tokens (printed), where $\epsilon_{\text{RMS}}$ is not
-# negligible and the output leaves short of RMS 1; scaled up until every mean square is at least
-# $100\epsilon_{\text{RMS}}$, every head-token leaves the library's norm at RMS 1 (to 1%). The gate
-# $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel per token: a head can be muted.
+# The RMSNorm divides a head's output by $\sqrt{\overline{o^2} + \epsilon_{\text{RMS}}}$,
+# $\overline{o^2}$ its mean square over the channels, then multiplies channel $e$ by $\eta_e$
+# ($\boldsymbol\eta = \mathbf 1$ at init; trained: the notes). So the RMS is $\sqrt{\overline{o^2} /
+# (\overline{o^2} + \epsilon_{\text{RMS}})}$: below 1 always, within 1% of 1 once $\overline{o^2}
+# \ge 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, printed). At init $\overline{o^2} <
+# 100\epsilon_{\text{RMS}}$ at most head-tokens (RMS printed, the median asserted below
+# $\sqrt{100/101}$). The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel per token: a head
+# can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -388,11 +390,10 @@ norm = lambda o: kda_lib.ops.norms.gated_rms_norm(o, layer.o_norm[...], parts["z
 rms_after = lambda o: np.sqrt(np.mean(np.square(norm(o) / jax.nn.sigmoid(parts["z"])), -1))  # noqa: E731
 rms_init = rms_after(parts["o"])  # the library's norm, gate divided out; then o scaled up
 rms_grown = rms_after(parts["o"] * np.float32(np.sqrt(100 * eps_rms / ms.min())))
-print(f"mean square of o per head-token {ms.min():.1e} .. {ms.max():.1e}, below 100 eps_rms "
-      f"({eps_rms:g}) at {np.mean(ms < 100 * eps_rms):.0%}; RMS after the norm {rms_init.min():.2f}"
-      f" .. {rms_init.max():.3f}, o scaled up {rms_grown.min():.4f} .. {rms_grown.max():.4f}")
-assert np.mean(ms < 100 * eps_rms) > 0.5 and rms_init[ms < 100 * eps_rms].max() < 1
-assert np.allclose(rms_grown, 1, atol=1e-2)
+print(f"mean square of o {ms.min():.1e} .. {ms.max():.1e}, below 100 eps_rms ({eps_rms:g}) at "
+      f"{np.mean(ms < 100 * eps_rms):.0%}; RMS after the norm {rms_init.min():.2f} (median "
+      f"{np.median(rms_init):.3f}) .. {rms_init.max():.3f}; o scaled up >= {rms_grown.min():.4f}")
+assert np.mean(ms < 100 * eps_rms) > 0.5 and np.median(rms_init) < np.sqrt(100 / 101)
 
 # %% [markdown]
 # ## Summary
@@ -404,9 +405,9 @@ assert np.allclose(rms_grown, 1, atol=1e-2)
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
 # - As built every transition contracts, in every head drawn; without the $\beta$ sigmoid about half
-#   expand; without the L2 norm $\lVert\mathbf k_t\rVert^2$ grows in proportion to $d_k$, and most
-#   would expand at $d_k$ = 64 and 128. Without the conv a key sees only its own token; the gate's
-#   input has rank $r$; at init $\epsilon_{\text{RMS}}$ keeps most head-tokens short of RMS 1.
+#   expand ($\beta < 0$); without the L2 norm $\lVert\mathbf k_t\rVert^2$ grows in proportion to
+#   $d_k$, and most would expand at $d_k$ = 64 and 128. Without the conv a key sees only its own
+#   token; the gate's input has rank $r$; $\epsilon_{\text{RMS}}$ lowers most outputs' RMS at init.
 #
 # ## Exercises
 #
@@ -422,8 +423,7 @@ assert np.allclose(rms_grown, 1, atol=1e-2)
 #    $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot \boldsymbol\eta /
 #    \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon_{\text{RMS}}}$, with respect to $\mathbf o$:
 #    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;
-#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? JAX's autodiff is refused,
-#    and naive finite differences (a forward pass per entry) by a time limit on a wide trial.
+#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? Autodiff is refused.
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 

@@ -65,6 +65,9 @@ def critical_path(ranks: int, local_len: int, k_dim: int, v_dim: int) -> dict[st
     return path | dict(rank=sum(path.values()), one_device=ranks * local_len * f_v)
 
 
+IDLE = "0.93"  # face colour of idle time in draw_critical_path
+
+
 def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 4) -> plt.Figure:
     """Gantt sketch of context parallelism: a row per rank (the first ``shown_ranks`` and the
     last), phases left to right, widths the flops of ``path`` (:func:`critical_path`);
@@ -83,10 +86,14 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
                         arrowprops=dict(arrowstyle="->", lw=1.2))
         _box(ax, comm, path["summary"], y, colour, f"summary pass: $(M^{{({r})}}, E^{{({r})}})$")
         step = path["fold"] / ranks
-        for j in range(ranks):  # the steps rank r needs for S^(r) dark, the rest light
-            _box(ax, x_fold + j * step, step, y, colour if j < r else "white", "", edge=colour)
-        ax.text(x_fold + path["fold"] / 2, y, f"fold: $S^{{({r})}}$ after {r} of {ranks}",
-                ha="center", va="center", fontsize=7, color="0.1")
+        for j in range(ranks):  # the steps rank r needs for S^(r) in its colour; the rest idle
+            busy = j < r
+            _box(ax, x_fold + j * step, step, y, colour if busy else IDLE, "",
+                 edge=colour if busy else "0.6", hatch=None if busy else "..")
+        fold_text = (f"$S^{{({r})}}$ after {r} upstream summar{'y' if r == 1 else 'ies'}"
+                     if r else "$S^{(0)}$: the initial state")
+        ax.text(x_fold + path["fold"] / 2, y, fold_text, ha="center", va="center", fontsize=6.5,
+                color="0.1", bbox=dict(facecolor="white", alpha=0.7, edgecolor="none", pad=1))
         _box(ax, x_out, path["output"], y, colour, f"output from $S^{{({r})}}$")
         ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
     top = len(rows) + 1.45
@@ -95,6 +102,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     ax.text(comm + path["summary"] + comm / 2, top + 0.12, "all-gather\n$(M, E)$",
             ha="center", va="bottom", fontsize=8)
     ax.text(comm / 2, top + 0.12, f"halo\n{halo} tokens", ha="center", va="bottom", fontsize=8)
+    ax.text(x_fold + path["fold"] / 2, top + 0.12, f"fold\n({ranks} steps' time)", ha="center",
+            va="bottom", fontsize=8)
     _box(ax, comm, path["one_device"], 0.7, "0.55", "one device: the whole sequence, $F(T, d_v)$")
     ax.text(-0.01 * path["rank"], 0.7, "1 device", ha="right", va="center", fontsize=9)
     end = x_out + path["output"]
@@ -106,8 +115,11 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
            ylim=(-0.1, top + 0.8), xticks=[], yticks=[],
            xlabel="time on each device: boxes as wide as their flops (per sequence and head); "
            "halo and all-gather (communication) at a fixed width")
-    ax.set_title("Context parallelism, who waits for whom: rank r needs rank r - 1's halo, "
-                 "every rank needs all summaries", fontsize=10)
+    ax.legend(handles=[mpl.patches.Patch(facecolor=IDLE, edgecolor="0.6", hatch="..",
+                                         label="idle: the rank waits (fewer folds)")],
+              loc="upper right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.set_title("Context parallelism, who waits for whom: rank $\\rho$ needs rank $\\rho - 1$'s "
+                 "halo, every rank needs the all-gathered summaries", fontsize=10)
     ax.grid(False)
     ax.spines[["left", "top", "right"]].set_visible(False)
     return fig
