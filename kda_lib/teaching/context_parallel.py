@@ -78,24 +78,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     x_out = x_fold + path["fold"]
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.62 * (len(rows) + 2)))
     for i, r in enumerate(rows):
-        y, colour = len(rows) - i + 1, CYCLE[r % len(CYCLE)]
-        _box(ax, 0, comm, y, "white", "0" if r == 0 else "halo", edge=colour, hatch="///",
-             text="0.2")
-        if i > 0 and rows[i - 1] == r - 1:  # the halo comes from the row above (rank r - 1)
-            ax.annotate("", xy=(comm / 2, y + 0.28), xytext=(comm / 2, y + 0.72),
-                        arrowprops=dict(arrowstyle="->", lw=1.2))
-        _box(ax, comm, path["summary"], y, colour, f"summary pass: $(M^{{({r})}}, E^{{({r})}})$")
-        step = path["fold"] / ranks
-        for j in range(ranks):  # the steps rank r needs for S^(r) in its colour; the rest idle
-            busy = j < r
-            _box(ax, x_fold + j * step, step, y, colour if busy else IDLE, "",
-                 edge=colour if busy else "0.6", hatch=None if busy else "..")
-        fold_text = (f"$S^{{({r})}}$ after {r} upstream summar{'y' if r == 1 else 'ies'}"
-                     if r else "$S^{(0)}$: the initial state")
-        ax.text(x_fold + path["fold"] / 2, y, fold_text, ha="center", va="center", fontsize=6.5,
-                color="0.1", bbox=dict(facecolor="white", alpha=0.7, edgecolor="none", pad=1))
-        _box(ax, x_out, path["output"], y, colour, f"output from $S^{{({r})}}$")
-        ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
+        _rank_row(ax, r, len(rows) - i + 1, path, comm, ranks,
+                  halo_from_above=i > 0 and rows[i - 1] == r - 1)  # fmt: skip
     top = len(rows) + 1.45
     ax.add_patch(mpl.patches.Rectangle((comm + path["summary"], 1.55), comm, top - 1.55,
                                        color="0.8"))
@@ -123,6 +107,28 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     ax.grid(False)
     ax.spines[["left", "top", "right"]].set_visible(False)
     return fig
+
+
+def _rank_row(ax, r: int, y: float, path: dict, comm: float, ranks: int, halo_from_above: bool):
+    """Rank ``r``'s row of :func:`draw_critical_path` at height ``y``: halo, summary pass, its
+    fold steps (the rest idle) and its output."""
+    colour, x_fold = CYCLE[r % len(CYCLE)], comm + path["summary"] + comm
+    _box(ax, 0, comm, y, "white", "0" if r == 0 else "halo", edge=colour, hatch="///", text="0.2")
+    if halo_from_above:  # the halo comes from the row above (rank r - 1)
+        ax.annotate("", xy=(comm / 2, y + 0.28), xytext=(comm / 2, y + 0.72),
+                    arrowprops=dict(arrowstyle="->", lw=1.2))
+    _box(ax, comm, path["summary"], y, colour, f"summary pass: $(M^{{({r})}}, E^{{({r})}})$")
+    step = path["fold"] / ranks
+    for j in range(ranks):  # the steps rank r needs for S^(r) in its colour; the rest idle
+        busy = j < r
+        _box(ax, x_fold + j * step, step, y, colour if busy else IDLE, "",
+             edge=colour if busy else "0.6", hatch=None if busy else "..")
+    fold_text = (f"$S^{{({r})}}$ after {r} upstream summar{'y' if r == 1 else 'ies'}"
+                 if r else "$S^{(0)}$: the initial state")
+    ax.text(x_fold + path["fold"] / 2, y, fold_text, ha="center", va="center", fontsize=6.5,
+            color="0.1", bbox=dict(facecolor="white", alpha=0.7, edgecolor="none", pad=1))
+    _box(ax, x_fold + path["fold"], path["output"], y, colour, f"output from $S^{{({r})}}$")
+    ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
 
 
 def _box(ax, x, width, y, colour, label, *, edge=None, hatch=None, text="white"):
