@@ -615,7 +615,7 @@ def problems(options, here: bool = True) -> list[str]:
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
         (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
-        (-(-key_dim // LANES) > 1 or -(-value_dim // LANES) > 2,
+        (key_dim > LANES or value_dim > 2 * LANES,
          f"{name} was compiled on a TPU for key_dim <= {LANES} and value_dim <= {2 * LANES} "
          f"(each padded to {LANES}-lane multiples), got {key_dim} and {value_dim}; use 'chunked'"),
         *[(getattr(options, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
