@@ -198,7 +198,9 @@ _ = assert_close(shifted[:-n_shift], gate_curve(0.0, lower_bound)[n_shift:], ato
 # token, channel 0's); a white dot marks where a channel first keeps half or less. Inside one KDA
 # head the channels first keep half at tokens over a factor of 10 apart, or never within the
 # tokens drawn (printed; asserted): short and long memories side by side. The scalar gate gives
-# every channel the same memory.
+# every channel the same memory. Part of that spread is the random input's: at $\mathbf f = 0$
+# the same head's channels first keep half at other tokens (printed); the spread the
+# initialisation alone sets is that of the zero-input half-lives, below.
 
 # %%
 a_log_sp = kda_lib.init_a_log(key_a_log, num_heads)  # [H]: log a_h
@@ -215,8 +217,10 @@ panels = [(f"KDA: one decay per channel (head {slow}, $a_h$ = {a_h[slow]:.1f})",
           ("scalar gate (GDN): one decay per head", np.repeat(np.asarray(g_scalar[0, :, 0]),
                                                                key_dim, axis=1), np.ones(key_dim))]
 halving, halving_scalar = first_half(panels[0][1]), first_half(panels[1][1])
+at_zero = first_half(np.broadcast_to(-a_h[slow] * tau[slow], panels[0][1].shape))  # f = 0
 print(f"KDA head {slow}: its channels first keep half between token {halving.min():.0f} and "
-      f"{halving.max():.0f} (inf: not within {seq_len}); scalar gate: every channel at token "
+      f"{halving.max():.0f} (inf: not within {seq_len}), at f = 0 between token "
+      f"{at_zero.min():.0f} and {at_zero.max():.0f}; scalar gate: every channel at token "
       f"{halving_scalar[0]:.0f}")
 assert halving.max() > 10 * halving.min(), "one KDA head: memories over a factor of 10 apart"
 
@@ -360,11 +364,10 @@ assert expected >= seen["rate_at_zero"], "the expected rate, below the rate at f
 #    at $s'$ ($s < s' < t$) and at $t$, the tokens in between not writing. The weight on the
 #    **older** one is $\Omega_{ts} = \psi_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + \psi_2\,
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
-#    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, right for $\beta$ below
-#    $10^{-14}$ too, where $\psi_2$'s term is a few float64 ulps of a weight computed from
-#    matrices: measured there, $\psi_2$ is rounding noise; last for $10^6$ values of $\beta$ passed
-#    as one array within 5 s (exact rationals, `fractions`, point by point: too slow). Is it
-#    $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
+#    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, as formulas in $\beta$
+#    that also work on a NumPy array of $\beta$ (the checker also tries tiny $\beta$, so measuring
+#    them from matrices will not do). Is it $\beta(1-\beta)^2$ times the decay, as with one decay
+#    for all channels?
 #
 # NumPy or `jnp`, no `kda_lib` and no scipy. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 
