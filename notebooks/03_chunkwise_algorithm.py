@@ -20,9 +20,9 @@
 # state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
 # with matrix products; between chunks only the state travels. The result equals the recurrence
 # (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps, the rest
-# $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units. In matrix
-# products alone the chunked form does a few times the recurrence's $4 d_k d_v$ flops a token
-# (printed in section 5); a CPU's timings are too noisy here to rank the two (notes).
+# $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units, at more
+# flops a token than the recurrence's $6 d_k d_v$ multiply-add flops (4 of them traced as dot
+# products; both ratios: section 5). A CPU's timings are too noisy here to rank the two (notes).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -77,6 +77,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import kda_lib.teaching.notebook
+from kda_lib.lab import costs
 from kda_lib.ops.chunked import chunk_affine_maps, unit_lower_inverse
 from kda_lib.teaching import chunkwise, viz
 from kda_lib.teaching.exercises import check
@@ -89,8 +90,7 @@ kda_lib.teaching.notebook.setup()
 assert seq_len % chunk_size == 0, "the chunks below need T to be a multiple of C"
 num_chunks = seq_len // chunk_size
 scale = key_dim**-0.5
-key = jax.random.key(seed)
-key_inputs, key_state, key_timing = jax.random.split(key, 3)
+key_inputs, key_state, key_timing = jax.random.split(jax.random.key(seed), 3)
 x = random_kda_inputs(key_inputs, 1, seq_len, num_heads, key_dim, value_dim, gate="raw")
 key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))
 a_log = kda_lib.init_a_log(key_a, num_heads, safe_gate=True)  # the gates of a new layer
@@ -194,9 +194,8 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # overflows even in float64, so it is masked before `exp`. Each step is checked in float64 on
 # chunk 0 of head 0 against the recurrence run through it (keeping $S_t$, $\boldsymbol\delta_t$).
 #
-# **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$:
-# $S_t = \Gamma_t S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
-# \boldsymbol\delta_s^\top$.
+# **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$: $S_t = \Gamma_t
+# S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s \boldsymbol\delta_s^\top$.
 #
 # **Step 2: a triangular system.** Put the unrolled $S_{t-1}$ into $\boldsymbol\delta_t$
 # ($D_t \Gamma_{t-1} = \Gamma_t$, diagonal): $\boldsymbol\delta_t = \beta_t \mathbf v_t -
@@ -252,9 +251,8 @@ product = np.eye(key_dim)
 for k_t, b_t in zip(kt, bt, strict=True):
     product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
 assert_close(product, np.eye(key_dim) - kt.T @ Wt, atol=1e-12, name="I - K^T W")
-rank = np.linalg.matrix_rank(np.eye(key_dim) - product)  # at most thin, by the assert above
 print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) W ({thin} x {key_dim}), "
-      f"rank {rank}")
+      f"rank {np.linalg.matrix_rank(np.eye(key_dim) - product)}")  # <= thin: the assert above
 viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 
 # %% [markdown]
@@ -267,9 +265,8 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code); $\tilde K$ is the figure's $W$, decayed. `unit_lower_inverse` inverts
-# $I + L$ in matmuls, doubling $2 \times 2$ diagonal blocks up to $C$; section 1 shades the last
-# merge, two $C/2$ halves and their coupling (as exercise 03.2 couples two chunks).
+# (`U`, `W` in code; $\tilde K$: the figure's $W$, decayed). `unit_lower_inverse` inverts $I + L$ in
+# matmuls, doubling diagonal blocks up to $C$ (section 1 shades the last merge of two halves).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
@@ -385,10 +382,11 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
 # $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked. The table gives both forms' matrix-product
-# flops (elementwise work not counted) and their ratio, below it the ratio at other $d_k$, $C$;
-# a time marked * is below the same form's at a shorter $T$: noise. On a CPU the times are not
-# the speed of matrix units (it has none; notes), on a TPU they are; a plot of them: the notes.
+# `timing_repeats` calls, not asserted or ranked: on a CPU they are not the speed of matrix units
+# (it has none; notes), on a TPU they are (a plot: the notes). The flops are matrix products, the
+# recurrence's as traced in the table ($\mathbf k^\top S$, $S^\top \mathbf q$: $4 d_k d_v$ a
+# token), below it all $6 d_k d_v$ of its multiply-add flops (the write $\mathbf k
+# \boldsymbol\delta^\top$ too).
 
 # %%
 modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
@@ -396,6 +394,10 @@ forms = chunkwise.kda_forms(lower_bound)
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
+per_token = costs.chunked_flops(64, 64, timing_dim, timing_dim) / 64 / timing_dim**2  # / d_k d_v
+print(f"chunked / recurrence a token (d_k = d_v = {timing_dim}, C = 64): {per_token / 4:.2f} over "
+      f"its 4 d_k d_v in dot products, {per_token / 6:.2f} over its 6 d_k d_v multiply-add flops")
+assert per_token > 6, "the chunked form: more matrix-product flops a token than the recurrence"
 
 # %% [markdown]
 # ## Summary
@@ -409,8 +411,7 @@ display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_d
 # ## Exercises
 #
 # `check` judges the values your function returns on chunks drawn afresh at each call (float32
-# or float64, NumPy or `jnp`; no `kda_lib`; the checkers catch honest slips, not deliberate copies
-# of their own code). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
+# or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
 # 1. **Backward through a chunk.** The part of the state's gradient that comes from $\mathrm dS_C$
 #    (without the chunk's own reads) runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm
@@ -421,9 +422,8 @@ display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_d
 #    ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$
 #    `rhs`, $L'$ strictly triangular. Derive: upper or lower, which decays, which right-hand side?
 #    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row
-#    scaled or combined) and `rhs` $[C, d_k]$. Some checked chunks are longer than $d_k$, some
-#    have forget bursts ($g = -12 \cdot 2^{10}$ in some channels: $e^{-\boldsymbol\gamma_t}$
-#    overflows in float32, float64 and x86's 80-bit long double).
+#    scaled or combined) and `rhs` $[C, d_k]$. The checker also tries chunks longer than $d_k$
+#    and forget bursts where $e^{-\boldsymbol\gamma_t}$ overflows, even in float64.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
