@@ -10,8 +10,8 @@
   (:func:`kda_lib.lab.records.load_benchmark_runs`) in separate panels.
 * :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
   receives and the state summaries the ranks exchange.
-* :func:`ablation_norms` draws notebook 04's ablation: every transition's ``||M_t||_2`` and
-  each state's norm against the built layer's, per way of building the layer.
+* :func:`ablation_norms` draws notebook 04's ablation: every transition's ``||M_t||_2`` and a
+  state carried by ``I - beta_t k_t k_t^T`` alone, per way of building the layer.
 """
 
 from __future__ import annotations
@@ -471,18 +471,18 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
 
 
 def ablation_norms(runs: list[dict]) -> plt.Figure:
-    """Notebook 04's ablation, one column per way (the keys of each ``runs`` entry, the first
-    ``"as built"``), every head a series: on top ``||M_t||_2`` at every token (above 1: the
-    transition expands the state), below ``||S_t||_F`` for the built layer and, for each other
-    way, its ratio to that. ``runs``: ``{way: (||S_t||_F [T], ||M_t||_2 [T], write bound [T])}``
-    per head."""
+    """Notebook 04's ablation, one column per way (the keys of each ``runs`` entry), every head a
+    series: on top ``||M_t||_2`` at every token (above 1: the transition expands the state),
+    below ``||S_t||_F / ||S_0||_F`` for a state carried by ``I - beta_t k_t k_t^T`` alone (no
+    write, no decay: above 1 only through an eigenvalue outside ``[-1, 1]``), with the count of
+    heads whose state rises above ``S_0``. ``runs``: ``{way: (||M_t||_2 [T], ||S_t||_F /
+    ||S_0||_F [T])}`` per head."""
     ways = list(runs[0])
     fig, axes = plt.subplots(2, len(ways), figsize=(11, 5.8), sharex=True)
     t = np.arange(1, len(runs[0][ways[0]][0]) + 1)
-    norms = {w: np.array([r[w][1] for r in runs]) for w in ways}  # [heads, T] each
-    built = np.array([r[ways[0]][0] for r in runs])
-    ratios = {w: np.array([r[w][0] for r in runs]) / built for w in ways[1:]}
-    span = (min(map(np.min, ratios.values())) / 1.2, max(map(np.max, ratios.values())) * 1.2)
+    norms = {w: np.array([r[w][0] for r in runs]) for w in ways}  # [heads, T] each
+    kept = {w: np.array([r[w][1] for r in runs]) for w in ways}
+    span = (min(map(np.min, kept.values())) / 1.5, max(map(np.max, kept.values())) * 1.5)
     for col, way in enumerate(ways):
         top, bottom = axes[0, col], axes[1, col]
         for row in norms[way]:
@@ -490,12 +490,14 @@ def ablation_norms(runs: list[dict]) -> plt.Figure:
         top.axhline(1, color="black", ls="--", lw=1)
         top.set(title=f"{way}\n{np.mean(norms[way] > 1 + 1e-6):.0%} of all $M_t$ expand",
                 ylim=(0, 1.05 * max(max(map(np.max, norms.values())), 1.2)))
-        bottom.plot(t, (built if col == 0 else ratios[way]).T, lw=0.8)
-        bottom.set(xlabel="token t", yscale="log")
-        if col:
-            bottom.axhline(1, color="black", ls="--", lw=1)
-            bottom.set(ylim=span, ylabel=r"$\|S_t\|_F$ / as built's" if col == 1 else "")
+        bottom.plot(t, kept[way].T, lw=0.8)
+        bottom.axhline(1, color="black", ls="--", lw=1)
+        bottom.set(xlabel="token t", yscale="log", ylim=span)
+        above = int(np.sum(kept[way].max(axis=1) > 1))
+        bottom.text(0.03, 0.95, f"above $\\|S_0\\|_F$: {above} of {len(runs)} heads",
+                    transform=bottom.transAxes, va="top", fontsize=9)
     axes[0, 0].set(ylabel=r"$\|M_t\|_2$ (above 1: expands)")
-    axes[1, 0].set(ylabel=r"$\|S_t\|_F$ as built")
-    fig.suptitle(f"Every head ({len(runs)}): the transitions (top), the state (bottom)")
+    axes[1, 0].set(ylabel=r"$\|S_t\|_F / \|S_0\|_F$ (no write, no decay)")
+    fig.suptitle(f"Every head ({len(runs)}): the transitions $M_t$ (top); a random state $S_0$ "
+                 r"through $I - \beta_t \mathbf{k}_t \mathbf{k}_t^\top$ alone (bottom)")
     return fig
