@@ -7,7 +7,8 @@ every function is timed once per round for ``--reps`` rounds (15 by default; int
 new random order each round, so a change of load, or the after-effects of one call on the next,
 hit all of them alike; rows whose programs need over 256 MiB are interleaved among themselves
 after the others, since the calls after them pay to fault their freed memory back in;
-``--no-interleave`` times each one's reps back to back instead). The
+``--no-interleave`` times each one's reps back to back instead; ``--calls N`` makes a rep the
+mean of N calls dispatched back to back, the device's time without the host's wait per call). The
 table shows the median, the quartiles, the minimum and the reps; a row whose
 minimum is under half its median is flagged ``bimodal`` (and warned about: its median is no
 typical call's time). A JSON file keeps everything. ``--preset auto-grid`` records the grid
@@ -383,8 +384,8 @@ class TimedProgram:
                 # within each entry); compiled_bytes is this function's own footprint
                 self.info["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
 
-    def time_once(self) -> None:
-        seconds, _ = timed_call(self.compiled, *self.args)
+    def time_once(self, calls: int = 1) -> None:
+        seconds, _ = timed_call(self.compiled, *self.args, calls=calls)
         self.times_ms.append(1e3 * seconds)
 
     def record(self) -> dict:
@@ -474,6 +475,7 @@ OPTION_MINIMUMS = dict(
     key_dim=1,
     value_dim=1,
     reps=1,
+    calls=1,
     warmup=0,
     sequential_max_t=0,
     train_batch=1,
@@ -617,13 +619,21 @@ def _add_grid_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_timing_options(parser: argparse.ArgumentParser) -> None:
-    """How rows are timed: ``--reps``, ``--no-interleave``, ``--warmup``, ``--seed``,
+    """How rows are timed: ``--reps``, ``--calls``, ``--no-interleave``, ``--warmup``, ``--seed``,
     ``--no-roofline``."""
     parser.add_argument(
         "--reps",
         type=int,
         default=15,
         help="timed calls per row (the table shows their median and quartiles)",
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=1,
+        help="calls per timed rep, dispatched back to back with one wait at the end; a rep is "
+        "their mean (default 1: each call waits for its result, which on a TPU host adds about "
+        "0.5 ms; more calls time the device alone)",
     )
     parser.add_argument(
         "--no-interleave",
@@ -933,7 +943,7 @@ def _time_jobs(jobs: list[TimedProgram], args) -> None:
         attempt(job, lambda job=job: job.prepare(args.warmup))
         if args.no_interleave:
             for _ in range(args.reps):
-                attempt(job, job.time_once)
+                attempt(job, lambda job=job: job.time_once(args.calls))
             job.args = job.compiled = None  # free its inputs before the next one
         print(f"compiled {job.impl} T={job.seq_len} {job.mode}", file=sys.stderr, flush=True)
     if not args.no_interleave:
@@ -948,7 +958,7 @@ def _time_jobs(jobs: list[TimedProgram], args) -> None:
         for group in ([job for job in jobs if job not in heavy], heavy):
             for _ in range(args.reps):
                 for index in order.permutation(len(group)):
-                    attempt(group[index], group[index].time_once)
+                    attempt(group[index], lambda job=group[index]: job.time_once(args.calls))
 
 
 # the keys of a benchmark table (_document's): --out replaces only such a file
@@ -970,6 +980,7 @@ def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> di
             modes=args.modes,
             impls=impls,
             reps=args.reps,
+            calls=args.calls,
             warmup=args.warmup,
             interleaved=not args.no_interleave,
             roofline=not args.no_roofline,

@@ -88,17 +88,21 @@ def hlo_collectives(hlo_text: str, num_ranks: int) -> list[dict]:
     return found
 
 
-def timed_call(fn, *args) -> tuple[float, object]:
-    """``(seconds, output)`` of one call ``fn(*args)``, waiting for every result
-    (``jax.block_until_ready``), so asynchronous dispatch is not mistaken for speed: the
-    package's one timer (the benchmark, decode speed and :func:`median_ms` use it)."""
+def timed_call(fn, *args, calls: int = 1) -> tuple[float, object]:
+    """``(seconds per call, last output)`` of ``calls`` calls ``fn(*args)`` dispatched back to
+    back, waiting once for the last one's results (``jax.block_until_ready``; calls run in
+    order), so asynchronous dispatch is not mistaken for speed: the package's one timer (the
+    benchmark, decode speed and :func:`median_ms` use it). ``calls=1`` includes the host's wait
+    for the result; more calls leave the device's time per call."""
     import time
 
     import jax
 
     start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start, out
+    for _ in range(calls):
+        out = fn(*args)
+    out = jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls, out
 
 
 def xla_cost(program) -> dict[str, float]:

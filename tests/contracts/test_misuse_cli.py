@@ -155,6 +155,7 @@ NUMBER_AND_NAME_ROWS = [
     ("kda-bench", ["--heads", "0"], "--heads must be >= 1, got 0"),
     ("kda-bench", ["--seq-lens", "8", "-8"], "--seq-lens must all be >= 1, got [8, -8]"),
     ("kda-bench", ["--reps", "yes"], "argument --reps: invalid int value: 'yes'"),
+    ("kda-bench", ["--calls", "0"], "--calls must be >= 1, got 0"),
     ("kda-bench", ["--impls", "bogus"], "argument --impls: invalid choice: 'bogus'"),
     ("kda-bench", ["--skip-rows", "chunkd:fwd"], "--skip-rows: unknown rows ['chunkd:fwd']"),
     ("kda-bench", ["--preset", "auto-grid", "--grid-max-s", "0"], "--grid-max-s must be > 0"),

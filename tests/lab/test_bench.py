@@ -103,6 +103,7 @@ def test_default_impls_and_out_path():
         (["--value-dim", "0"], "--value-dim must be >= 1, got 0"),
         (["--seq-lens", "64", "0"], "--seq-lens must all be >= 1, got [64, 0]"),
         (["--reps", "0"], "--reps must be >= 1, got 0"),
+        (["--calls", "0"], "--calls must be >= 1, got 0"),
         (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
         (["--sequential-max-t", "-1"], "--sequential-max-t must be >= 0, got -1"),
         (["--skip-rows", "chunked:fwd", "chunkd:fwd"], "--skip-rows: unknown rows ['chunkd:fwd']"),

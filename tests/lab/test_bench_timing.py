@@ -82,7 +82,7 @@ def test_each_round_times_the_rows_in_a_new_seeded_order(monkeypatch):
     memory-hungry one pays for its freed pages); the order changes each round, from --seed."""
     calls = []
     monkeypatch.setattr(bench.TimedProgram, "prepare", lambda self, warmup: None)
-    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self: calls.append(self.impl))
+    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self, n=1: calls.append(self.impl))
 
     def rounds(seed):
         calls.clear()
@@ -100,9 +100,24 @@ def test_rows_needing_much_memory_are_timed_after_the_others(monkeypatch):
     are interleaved among themselves, after every other row's rounds."""
     calls = []
     monkeypatch.setattr(bench.TimedProgram, "prepare", lambda self, warmup: None)
-    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self: calls.append(self.impl))
+    monkeypatch.setattr(bench.TimedProgram, "time_once", lambda self, n=1: calls.append(self.impl))
     jobs = [bench.TimedProgram(name, 64, "fwd", fn=None, args=()) for name in "abcd"]
     for job, nbytes in zip(jobs, (1, bench.HEAVY_BYTES + 1, 2, bench.HEAVY_BYTES * 4), strict=True):
         job.info["compiled_bytes"] = nbytes
     bench._time_jobs(jobs, bench.parse_args([*TINY, "--reps", "4"]))
     assert sorted(calls[:8]) == sorted("ac" * 4) and sorted(calls[8:]) == sorted("bd" * 4)
+
+
+def test_calls_time_a_rep_as_the_mean_of_back_to_back_calls(monkeypatch):
+    """``--calls 3``: each rep dispatches the program three times and waits once (the device's
+    time per call, without the host's wait for each result); the record says so."""
+    seen = []
+
+    def program(x):
+        seen.append(x)
+        return x
+
+    monkeypatch.setattr(bench.TimedProgram, "prepare", lambda self, warmup: None)
+    job = bench.TimedProgram("a", 64, "fwd", fn=None, args=(1,), compiled=program)
+    bench._time_jobs([job], bench.parse_args([*TINY, "--reps", "2", "--calls", "3"]))
+    assert len(seen) == 6 and len(job.times_ms) == 2
