@@ -1,28 +1,27 @@
 """KDA's chunked form as two Pallas TPU kernels (forward, and a reverse-chunk backward).
 
-One program per (batch row, up to :data:`HEADS` value heads); the sequence runs in blocks of up
-to :data:`MAX_BLOCK_T` tokens (:func:`_block_t`), in order (forward) or in reverse (backward),
-``chunk_size`` tokens at a time inside a block, with the states ``S [heads, K, V]`` (or their
-cotangents) in float32 in VMEM between blocks. q, k, v, g ``[B, T, H, K]`` and beta ``[B, T, H]``
-are read once as they are (a block holds every head of its tokens: the heads of a token are one
-tile, so no relayout in HBM) and o is written once. One chunk's math is :func:`chunk_intra`
-(every chunk of a block and every head at once) then :func:`state_forward` (chunk by chunk; the
-steps of :mod:`kda_lib.ops.chunked`'s docstring); the backward kernel recomputes
-:func:`chunk_intra` under ``jax.vjp`` from the states the forward saved at chunk boundaries and
-carries the states' cotangents by :func:`state_backward`.
+One program per (batch row, up to :data:`HEADS` value heads); the sequence runs in blocks of
+``BLOCK_T`` tokens, in order (forward) or in reverse (backward), ``chunk_size`` tokens at a time
+inside a block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM
+between blocks. q, k, v, g are read once from the batch-first layout (``[B, T, H, K]`` viewed
+as ``[B, T, H * K]``: a head's tile is a column block, no transpose in HBM) and o is written
+once. One chunk's math is :func:`chunk_intra` (every chunk of a block and every head at once)
+then :func:`state_forward` (chunk by chunk; the steps of :mod:`kda_lib.ops.chunked`'s
+docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the
+states the forward saved at chunk boundaries and carries the states' cotangents by
+:func:`state_backward`.
 
 Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
 (:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into
 bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
 interpret mode on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256: what ran on
-a chip); up to 16 value heads, or a multiple of 16 without grouping; no segment ids, no interior
-states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
+a chip); no segment ids, no interior states (:func:`problems`); non-finite results: the
+recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -34,15 +33,13 @@ from kda_lib.ops.contract import Dims
 from kda_lib.ops.reference import recurrent_core
 
 LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
-MIN_CHUNK = 16  # the smallest chunk_size served: a bfloat16 (16, 128) tile
-MAX_BLOCK_T = 256  # the most tokens per grid step (and the largest chunk_size)
+MIN_CHUNK = 16  # the smallest chunk_size served: a bfloat16 (16, 128) tile (tested up to BLOCK_T)
+BLOCK_T = 256  # tokens per grid step (a multiple of the chunk; beta's row tile: 256 lanes)
 VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, v7x 64 MiB)
 # bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products
 # (one pass for the scores or the state's products fails where keys correlate: DESIGN section 4)
 LOW_PASSES = (3, 3, 3)
-HEADS = 16  # value heads per program: every head up to 16, else blocks of 16 (a block's heads
-# are its second-minor axis: all of them, or a multiple of 8)
-STEP = (16, 8)  # chunks x heads per grid step (forward, backward), within MAX_BLOCK_T tokens
+HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
 
 # ------------------------------------------------------------------ matmuls, exact or not
@@ -291,30 +288,21 @@ def _compiler_params(semantics):
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
 
 
-def _heads_per_program(heads: int) -> int:
-    """Value heads per program: every head up to :data:`HEADS`, else :data:`HEADS` (a block's
-    heads are its second-minor axis; :func:`problems` refuses head counts it cannot split)."""
-    return min(heads, HEADS)
+def _heads_per_program(heads: int, groups: int, most: int) -> int:
+    """Value heads per program: the largest power of two up to ``most`` that divides ``heads``
+    and ``groups`` (one q/k head for them all) or is a multiple of ``groups``."""
+    m = most
+    while heads % m or (groups % m and m % groups):
+        m //= 2
+    return m
 
 
-def _block_t(heads: int, chunk: int, step: int) -> int:
-    """Tokens per grid step: ``step`` chunks x heads where the heads allow, at least one chunk,
-    at most :data:`MAX_BLOCK_T` tokens."""
-    return chunk * max(1, min(step // _heads_per_program(heads), MAX_BLOCK_T // chunk))
-
-
-def _tiles(ref, chunk: int, dtype=None):
-    """A ``[1, block_t, heads, D]`` block as ``[heads * block_t / chunk, chunk, D]`` (head-major,
-    one row per chunk)."""
-    x = jnp.stack([ref[0, :, i, :] for i in range(ref.shape[2])])
+def _tiles(ref, count: int, width: int, chunk: int, dtype=None):
+    """``count`` heads' column blocks of a ``[1, BLOCK_T, count * width]`` tile as ``[count *
+    BLOCK_T / chunk, chunk, width]`` (head-major, one row per chunk)."""
+    x = jnp.stack([ref[0, :, i * width : (i + 1) * width] for i in range(count)])
     x = x if dtype is None else x.astype(dtype)
-    return x.reshape(-1, chunk, ref.shape[-1])
-
-
-def _beta(ref, chunk: int):
-    """A ``[1, block_t, heads]`` block of beta as ``[heads * block_t / chunk, chunk, 1]``."""
-    x = ref[0]
-    return jnp.stack([x[:, i : i + 1] for i in range(x.shape[-1])]).reshape(-1, chunk, 1)
+    return x.reshape(-1, chunk, width)
 
 
 def _for_heads(x, heads: int, q_heads: int):
@@ -326,18 +314,20 @@ def _for_heads(x, heads: int, q_heads: int):
     return jnp.concatenate([x[i * q_heads // heads] for i in range(heads)])
 
 
-def _write(ref, x, rows: slice):
-    """``x [heads, rows, D]`` into ``ref [1, block_t, heads, D]``."""
-    for i in range(x.shape[0]):
-        ref[0, rows, i, :] = x[i].astype(ref.dtype)
+def _write(ref, x, heads: int, rows: slice):
+    """``x [heads, rows, D]`` into the column blocks of ``ref [1, BLOCK_T, heads * D]``."""
+    width = x.shape[-1]
+    for i in range(heads):
+        ref[0, rows, i * width : (i + 1) * width] = x[i].astype(ref.dtype)
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_ref, *rest,
                     chunk: int, scale: float, low: bool, save: bool):  # fmt: skip
     """One (row, heads, block): every chunk's intra part at once, then the states chunk by
     chunk (the heads' together)."""
-    states_ref, state_ref = (rest[0] if save else None), rest[-1]
-    heads = state_ref.shape[0]
+    states_ref, (state_ref, beta_col) = (rest[0] if save else None), rest[-2:]
+    heads, key_dim, value_dim = state_ref.shape
+    q_heads = q_ref.shape[-1] // key_dim
     per_block = q_ref.shape[1] // chunk
 
     @pl.when(pl.program_id(2) == 0)
@@ -345,17 +335,19 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_r
         state_ref[...] = s0_ref[0]
 
     f32 = jnp.float32
-    qk = [_for_heads(_tiles(r, chunk), heads, q_ref.shape[2]) for r in (q_ref, k_ref)]
-    intra = chunk_intra(*qk, _tiles(v_ref, chunk), _tiles(g_ref, chunk, f32),
-                        _beta(beta_ref, chunk), scale=scale, low=low)  # fmt: skip
+    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk), heads, q_heads) for r in (q_ref, k_ref)]
+    beta_col[...] = _column(beta_ref[0])  # [heads, 1, BLOCK_T] -> [heads, BLOCK_T, 1]
+    beta = beta_col[...].reshape(-1, chunk, 1)
+    intra = chunk_intra(*qk, _tiles(v_ref, heads, value_dim, chunk),
+                        _tiles(g_ref, heads, key_dim, chunk, f32), beta, scale=scale,
+                        low=low)  # fmt: skip
     intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
     state = state_ref[...]
-    key_dim = state.shape[1]
     for c in range(per_block):
         if save:
             states_ref[0, :, c * key_dim : (c + 1) * key_dim, :] = state
         o, state = state_forward(tuple(x[:, c] for x in intra), state, low)
-        _write(o_ref, o, slice(c * chunk, (c + 1) * chunk))
+        _write(o_ref, o, heads, slice(c * chunk, (c + 1) * chunk))
     state_ref[...] = state
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
@@ -364,11 +356,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_r
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d_final_ref,
-                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref, d_state_ref, *,
+                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref, d_state_ref, beta_col, *,
                      chunk: int, scale: float, low: bool):  # fmt: skip
     """One (row, heads, block) in reverse: the intra parts recomputed with their pullback, the
     states' cotangents chunk by chunk from the last, then every chunk's pullback at once."""
-    heads, key_dim, _ = d_state_ref.shape
+    heads, key_dim, value_dim = d_state_ref.shape
+    q_heads = q_ref.shape[-1] // key_dim
     per_block = q_ref.shape[1] // chunk
     f32 = jnp.float32
 
@@ -377,11 +370,14 @@ def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d
         d_state_ref[...] = d_final_ref[0]
 
     step = functools.partial(chunk_intra, scale=scale, low=low)
-    qk = [_for_heads(_tiles(r, chunk, f32), heads, q_ref.shape[2]) for r in (q_ref, k_ref)]
-    intra, pullback = jax.vjp(step, *qk, _tiles(v_ref, chunk, f32), _tiles(g_ref, chunk, f32),
-                              _beta(beta_ref, chunk))  # fmt: skip
+    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk, f32), heads, q_heads)
+          for r in (q_ref, k_ref)]  # fmt: skip
+    beta_col[...] = _column(beta_ref[0])
+    beta = beta_col[...].reshape(-1, chunk, 1)
+    intra, pullback = jax.vjp(step, *qk, _tiles(v_ref, heads, value_dim, chunk, f32),
+                              _tiles(g_ref, heads, key_dim, chunk, f32), beta)  # fmt: skip
     intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
-    d_o = _tiles(do_ref, chunk, f32).reshape(heads, per_block, chunk, -1)
+    d_o = _tiles(do_ref, heads, value_dim, chunk, f32).reshape(heads, per_block, chunk, -1)
     d_state = d_state_ref[...]
     d_intra = [None] * per_block
     for c in reversed(range(per_block)):
@@ -393,10 +389,10 @@ def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d
     dq, dk, dv, dg, d_beta = pullback(tuple(d_intra))
     every = slice(0, q_ref.shape[1])
     for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dg_ref, dg)):
-        _write(ref, x.reshape(heads, -1, x.shape[-1]), every)
+        _write(ref, x.reshape(heads, -1, x.shape[-1]), heads, every)
+    # beta's cotangent back to its row layout: a masked sum over rows
     d_beta = d_beta.reshape(heads, -1, 1)
-    for i in range(heads):
-        d_beta_ref[0, :, i : i + 1] = d_beta[i]
+    d_beta_ref[0] = jnp.sum(jnp.where(_eye(BLOCK_T), d_beta, _ZERO), axis=1, keepdims=True)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
@@ -408,37 +404,37 @@ def _interpret(interpret):
     return jax.default_backend() != "tpu" if interpret is None else interpret
 
 
-def _specs(v, q_width: int, groups: int, chunk: int, step: int, reverse: bool):
-    """``(block_t, grid, tile(width, own), state spec, beta spec)`` for the grid (batch, value
-    heads / m, blocks) of m = :func:`_heads_per_program` heads and ``block_t`` tokens;
-    ``tile(width, False)``: the q/k heads the program's value heads read."""
+def _specs(v, q_width: int, groups: int, most: int, reverse: bool):
+    """``(heads per program m, grid, tile(width, own), state spec, beta spec)`` for the grid
+    (batch, value heads / m, blocks); ``tile(width, False)``: the q/k heads the program's
+    value heads read."""
     batch, seq_len, heads, value_dim = v.shape
-    m, block_t = _heads_per_program(heads), _block_t(heads, chunk, step)
+    m = _heads_per_program(heads, groups, most)
     q_heads = max(1, m // groups)
-    n_blocks = seq_len // block_t
+    n_blocks = seq_len // BLOCK_T
     at = (lambda n: n_blocks - 1 - n) if reverse else (lambda n: n)
 
     def tile(width, own=True):
         if own:
-            return pl.BlockSpec((1, block_t, m, width), lambda b, h, n: (b, at(n), h, _I0))
-        index = lambda b, h, n: (b, at(n), _div(_div(h * m, groups), q_heads), _I0)  # noqa: E731
-        return pl.BlockSpec((1, block_t, q_heads, width), index)
+            return pl.BlockSpec((1, BLOCK_T, m * width), lambda b, h, n: (b, at(n), h))
+        index = lambda b, h, n: (b, at(n), _div(_div(h * m, groups), q_heads))  # noqa: E731
+        return pl.BlockSpec((1, BLOCK_T, q_heads * q_width), index)
 
     state = pl.BlockSpec((1, m, q_width, value_dim), lambda b, h, n: (b, h, _I0, _I0))
-    beta = pl.BlockSpec((1, block_t, m), lambda b, h, n: (b, at(n), h))
-    return block_t, (batch, heads // m, n_blocks), tile, state, beta
+    beta = pl.BlockSpec((1, m, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, at(n)))
+    return m, (batch, heads // m, n_blocks), tile, state, beta
 
 
-def _forward(q, k, v, g, beta, s0, *, scale, chunk, groups, low, save, interpret=None):
+def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, low, save, interpret=None):
     """The forward kernel on padded inputs: ``(o, final_state, entering states or None)``."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim = q.shape[-1]
-    block_t, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, chunk, STEP[0], False)
-    m, per_block = heads // grid[1], block_t // chunk
+    per_block = BLOCK_T // chunk
+    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[0], False)
     in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
                 beta_spec, state_spec]  # fmt: skip
     out_specs = [tile(value_dim), state_spec]
-    out_shape = [jax.ShapeDtypeStruct(v.shape, q.dtype),
+    out_shape = [jax.ShapeDtypeStruct((batch, seq_len, heads * value_dim), q.dtype),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
     if save:
         out_specs.append(pl.BlockSpec((1, m, per_block * key_dim, value_dim),
@@ -447,45 +443,53 @@ def _forward(q, k, v, g, beta, s0, *, scale, chunk, groups, low, save, interpret
             (batch, heads, seq_len // chunk * key_dim, value_dim), jnp.float32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32)])
+        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
     kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low,
                                save=save)  # fmt: skip
+    flat = lambda x: x.reshape(*x.shape[:2], -1)
     out = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
         compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
-    )(q, k, v, g, beta, s0)
-    return out[0], out[1], (out[2] if save else None)
+    )(flat(q), flat(k), flat(v), flat(g), beta_rows, s0)
+    o = out[0].reshape(batch, seq_len, heads, value_dim)
+    return o, out[1], (out[2] if save else None)
 
 
-def _backward(q, k, v, g, beta, states, d_o, d_final, *, scale, chunk, groups, low,
+def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, groups, low,
               interpret=None):  # fmt: skip
-    """The backward kernel: ``(dq, dk, dv, dg, d_beta, d_s0)``, dq and dk per value head."""
+    """The backward kernel: ``(dq, dk, dv, dg, d_beta_rows, d_s0)``, dq and dk per value head."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim = q.shape[-1]
-    block_t, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, chunk, STEP[1], True)
-    m, per_block, n_blocks = heads // grid[1], block_t // chunk, grid[2]
+    per_block = BLOCK_T // chunk
+    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[1], True)
+    n_blocks = grid[2]
     in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
                 beta_spec, pl.BlockSpec((1, m, per_block * key_dim, value_dim),
                                         lambda b, h, n: (b, h, n_blocks - 1 - n, _I0)),
                 tile(value_dim), state_spec]  # fmt: skip
     grad_dtype = q.dtype if groups == 1 else jnp.float32
-    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len, heads, width), dtype)
+    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len, heads * width), dtype)
     out_shape = [wide(key_dim, grad_dtype), wide(key_dim, grad_dtype), wide(value_dim, v.dtype),
-                 wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta.shape, jnp.float32),
+                 wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta_rows.shape, jnp.float32),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
     out_specs = [tile(key_dim), tile(key_dim), tile(value_dim), tile(key_dim), beta_spec,
                  state_spec]  # fmt: skip
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32)])
+        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
     kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low)
-    return pl.pallas_call(
+    flat = lambda x: x.reshape(*x.shape[:2], -1)
+    dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
         compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
-    )(q, k, v, g, beta, states, d_o, d_final)
+    )(flat(q), flat(k), flat(v), flat(g), beta_rows, states, flat(d_o), d_final)
+    per_value_head = lambda x: x.reshape(batch, seq_len, heads, -1)
+    return (*map(per_value_head, (dq, dk, dv, dg)), d_beta, d_s0)
 
 
-def _exact_where_not_finite(o, final, q, k, v, g, beta, s0, scale):
+def _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale):
     """``(o, final)``, or where either is not finite the recurrence's (:func:`recurrent_core`,
     which keeps non-finite inputs to where the recurrence has them; a chunk would spread
     them). Inside the custom VJP's forward: never differentiated (no residuals)."""
@@ -493,6 +497,7 @@ def _exact_where_not_finite(o, final, q, k, v, g, beta, s0, scale):
     def exact(_):
         batch, seq_len, heads, value_dim = v.shape
         dims = Dims(batch, seq_len, heads, q.shape[-1], value_dim, q.shape[2])
+        beta = jnp.moveaxis(beta_rows[:, :, 0], 1, 2)
         out, state, *_ = recurrent_core(q, k, v, g, beta, dims=dims, scale=scale,
                                         initial_state=s0, segment_ids=None,
                                         output_final_state=True)  # fmt: skip
@@ -505,8 +510,8 @@ def _exact_where_not_finite(o, final, q, k, v, g, beta, s0, scale):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9, 10, 11))
-def _kda(q, k, v, g, beta, s0, scale, chunk, groups, low, interpret, fallback):
-    return _kda_fwd(q, k, v, g, beta, s0, scale, chunk, groups, low, interpret, fallback,
+def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback):
+    return _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
                     save=False)[0]  # fmt: skip
 
 
@@ -523,20 +528,20 @@ def _reverse_only(f):
     return guarded
 
 
-def _kda_fwd(q, k, v, g, beta, s0, scale, chunk, groups, low, interpret, fallback,
+def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
              save=True):  # fmt: skip
     forward = functools.partial(_forward, scale=scale, chunk=chunk, groups=groups, low=low,
                                 save=save, interpret=interpret)  # fmt: skip
-    o, final, states = _reverse_only(forward)(q, k, v, g, beta, s0)
+    o, final, states = _reverse_only(forward)(q, k, v, g, beta_rows, s0)
     if fallback:
-        o, final = _exact_where_not_finite(o, final, q, k, v, g, beta, s0, scale)
-    return (o, final), (q, k, v, g, beta, states)
+        o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
+    return (o, final), (q, k, v, g, beta_rows, states)
 
 
 def _kda_bwd(scale, chunk, groups, low, interpret, fallback, residuals, cotangents):
-    q, k, v, g, beta, states = residuals
+    q, k, v, g, beta_rows, states = residuals
     d_o, d_final = cotangents
-    dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta, states, d_o.astype(q.dtype),
+    dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta_rows, states, d_o.astype(q.dtype),
                                              d_final.astype(jnp.float32), scale=scale,
                                              chunk=chunk, groups=groups, low=low,
                                              interpret=interpret)  # fmt: skip
@@ -544,7 +549,7 @@ def _kda_bwd(scale, chunk, groups, low, interpret, fallback, residuals, cotangen
         b, t, hv, kd = dq.shape
         dq, dk = (x.reshape(b, t, hv // groups, groups, kd).sum(3) for x in (dq, dk))
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg.astype(g.dtype),
-            d_beta.astype(beta.dtype), d_s0)  # fmt: skip
+            d_beta.astype(beta_rows.dtype), d_s0)  # fmt: skip
 
 
 _kda.defvjp(_kda_fwd, _kda_bwd)
@@ -556,7 +561,7 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
-    copies: fastest at multiples), ``chunk_size`` a power of two from 16 to :data:`MAX_BLOCK_T`.
+    copies: fastest at multiples), ``chunk_size`` a power of two from 16 to ``BLOCK_T``.
     ``low``: fewer matmul passes (:data:`LOW_PASSES`; default: q in bfloat16). ``interpret``:
     Pallas's interpreter (default: off a TPU).
     ``non_finite_fallback``: where the result is not finite, the recurrence's outputs
@@ -564,8 +569,7 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     in every array."""
     batch, seq_len, heads, value_dim = v.shape
     key_dim, groups = q.shape[-1], heads // q.shape[2]
-    block = math.lcm(*(_block_t(heads, chunk_size, step) for step in STEP))
-    pad = -seq_len % block  # padding tokens: no decay (g = 0), no write (beta = 0)
+    pad = -seq_len % BLOCK_T  # padding tokens: no decay (g = 0), no write (beta = 0)
     # K and V to lane multiples: zero keys, queries and values, no decay (g = 0), zero state
     widen = lambda x, *last: jnp.pad(x, [(0, 0), (0, pad), *last]) if pad or any(last[-1]) else x
     q, k, g = (widen(x, (0, 0), (0, -key_dim % LANES)) for x in (q, k, g))
@@ -573,9 +577,9 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     s0 = (jnp.zeros((batch, heads, key_dim, value_dim), jnp.float32) if initial_state is None
           else initial_state.astype(jnp.float32))  # fmt: skip
     s0 = jnp.pad(s0, [(0, 0), (0, 0), (0, -key_dim % LANES), (0, -value_dim % LANES)])
-    beta = beta.astype(jnp.float32)
+    beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     low = q.dtype == jnp.bfloat16 if low is None else low
-    o, final = _kda(q, k, v, g.astype(jnp.float32), beta, s0, float(scale), chunk_size,
+    o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
                     groups, low, interpret, non_finite_fallback)  # fmt: skip
     return o[:, :seq_len, :, :value_dim], final[:, :, :key_dim, :value_dim]
 
@@ -602,19 +606,15 @@ def problems(options, here: bool = True) -> list[str]:
     name = "implementation='pallas_tpu'"
     backend = jax.default_backend() if here else "tpu"
     key_dim, value_dim = options.dims.key_dim, options.dims.value_dim
-    heads = options.dims.num_heads
     found = [problem for bad, problem in [
         (backend not in ("tpu", "cpu"),
          f"{name} runs on a TPU (and interpreted on a CPU), not on {backend}; use 'chunked'"),
-        (not MIN_CHUNK <= options.chunk_size <= MAX_BLOCK_T,
-         f"{name} needs {MIN_CHUNK} <= chunk_size <= {MAX_BLOCK_T}, got {options.chunk_size}"),
+        (not MIN_CHUNK <= options.chunk_size <= BLOCK_T,
+         f"{name} needs {MIN_CHUNK} <= chunk_size <= {BLOCK_T}, got {options.chunk_size}"),
         (jnp.dtype(options.dtype) not in (jnp.float32, jnp.bfloat16),
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
         (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
-        (heads > HEADS and (heads % HEADS or options.dims.groups > 1),
-         f"{name} takes up to {HEADS} value heads, or a multiple of {HEADS} with as many q/k "
-         f"heads, got {heads} value heads and {options.dims.qk_heads} q/k heads; use 'chunked'"),
         (key_dim > LANES or value_dim > 2 * LANES,
          f"{name} was compiled on a TPU for key_dim <= {LANES} and value_dim <= {2 * LANES} "
          f"(each padded to {LANES}-lane multiples), got {key_dim} and {value_dim}; use 'chunked'"),

@@ -14,7 +14,6 @@ import pytest
 from kda_lib import kda
 from kda_lib.ops import api, pallas_tpu
 from kda_lib.ops.api import select_implementation
-from kda_lib.ops.contract import Dims
 from kda_lib.testing import random_kda_inputs
 
 NAMES = ("q", "k", "v", "g", "beta", "initial_state")
@@ -239,7 +238,6 @@ def test_non_finite_inputs_give_the_recurrences_result():
         (dict(has_segments=True), "segment_ids"),
         (dict(key_dim=256), "key_dim <= 128"),
         (dict(value_dim=384), "value_dim <= 256"),
-        (dict(num_heads=24), "up to 16 value heads, or a multiple of 16"),
         (dict(output_chunk_states=True), "output_chunk_states"),
         (dict(output_token_states=True), "output_token_states"),
     ],
@@ -249,16 +247,6 @@ def test_refusals_name_the_constraint(change, message):
     (problem,) = api.refusals("pallas_tpu", **config)
     assert message in problem and "pallas_tpu" in problem
     assert not api.refusals("pallas_tpu", seq_len=256, key_dim=96)
-    assert not api.refusals("pallas_tpu", seq_len=256, num_heads=32)  # 2 programs of 16 heads
-
-
-def test_more_than_16_value_heads_are_served_ungrouped_only():
-    """A block's heads are its second-minor axis: all of them, or 16 of a multiple of 16 with as
-    many q/k heads (grouped q/k blocks would be narrower than a tile)."""
-    grouped = api.kda_options("test", Dims(1, 256, 32, 128, 128, 16))
-    (problem,) = pallas_tpu.problems(grouped)
-    assert "32 value heads and 16 q/k heads" in problem
-    assert not pallas_tpu.problems(api.kda_options("test", Dims(1, 256, 16, 128, 128, 4)))
 
 
 def test_a_gpu_is_refused_here_not_in_principle(monkeypatch):
