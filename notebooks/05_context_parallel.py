@@ -20,10 +20,9 @@
 # what one device computes to float32 rounding (below $10^{-5}$: outputs and gradients in section
 # 4, and the same per-rank code on one device, its ranks a `vmap` axis, in section 6), while the
 # devices exchange two small things: the $w - 1$ tokens before each slice (the short
-# convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S +
-# E^{(\rho)}$ of each slice's effect on the state. Neither grows with the sequence length $T$;
-# gathering the sequence does (section 5, read off the compiled program). Devices are simulated
-# on a CPU unless the machine has two or more accelerators.
+# convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$
+# of each slice's effect on the state. Neither grows with the sequence length $T$; gathering the
+# sequence does (section 5, read off the compiled program). Without 2 accelerators: CPU devices.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
@@ -131,20 +130,25 @@ for r, device in enumerate(mesh.devices.flat):
 # 2. **Summary pass.** Every rank, at once, runs the kernel over its slice to summarise what
 #    the slice does to *any* state that enters it (section 3 says how).
 # 3. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
-# 4. **Fold.** Rank $\rho$ applies the summaries of ranks $0, \dots, \rho - 1$ in order.
-# 5. **Output pass.** Each rank reruns its slice from that state and writes its outputs.
+# 4. **Fold.** Every rank folds all $R$ gathered summaries in order and keeps the state after the
+#    first $\rho$, $S^{(\rho)}$ ($S^{(0)} = 0$); the last gives the final state.
+# 5. **Output pass.** Each rank reruns its slice from $S^{(\rho)}$ and writes its outputs.
 #
 # So each rank runs its slice twice, on $d_k + d_v$ value columns (summary) and on $d_v$ (output):
-# about three slices' flops at $d_k = d_v$, plus the fold; the split is at most about $R / 3$ times
-# faster than one device (box widths: XLA's flop counts). At the toy defaults the fold costs about
-# a slice: a speed-up of about 1, not $R / 3$ (printed); longer slices shrink the fold's share.
+# about three slices' flops at $d_k = d_v$ (box widths: XLA's flop counts of the recurrent step),
+# plus the fold: this schedule is at most about $R / 3$ times faster than one device. The rerun is
+# a choice: the summary pass's outputs give the slice's once $S^{(\rho)}$ is known, at $2 d_k d_v$
+# flops a token (section 3), fewer slices' flops (printed). At the toy defaults the fold costs
+# about a slice: a speed-up of about 1, not $R / 3$ (printed); longer slices shrink its share.
 
 # %%
 path = cpt.critical_path(ranks, local_len, key_dim, value_dim)  # flops per sequence and head
 passes = (path["summary"] + path["output"]) / path["output"]  # in slices: (d_k + 2 d_v) / d_v
 fold, speedup = path["fold"] / path["output"], path["one_device"] / path["rank"]
-print(f"each rank: {passes:.2f} slices' flops in two passes, the fold {fold:.2f}; speed-up over "
-      f"one device {speedup:.2f}x (R / 3 = {ranks / 3:.2f})")
+read_off = (path["summary"] + local_len * 2 * key_dim * value_dim) / path["output"]
+print(f"each rank: {passes:.2f} slices' flops in two passes ({read_off:.2f} with the outputs read "
+      f"off the summary pass), the fold {fold:.2f}; speed-up over one device {speedup:.2f}x "
+      f"(R / 3 = {ranks / 3:.2f})")
 assert abs(passes / ((key_dim + 2 * value_dim) / value_dim) - 1) < 0.05
 viz.show(cpt.draw_critical_path(ranks, halo, path), "05_critical_path")
 
@@ -171,50 +175,47 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
 # %% [markdown]
 # ## 3. A slice is an affine map of the state that enters it
 #
-# Per token the recurrence is $S_t = M_t S_{t-1} + E_t$ with $M_t = (I - \beta_t \mathbf k_t \mathbf
-# k_t^\top) D_t$ and $E_t = \beta_t \mathbf k_t \mathbf v_t^\top$ (notebook 01), so a whole slice is
-# affine in the state that enters it: $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$ with
-# $M^{(\rho)}$ the product of the slice's $M_t$. One kernel run computes both. Run the slice on the
-# augmented state $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with augmented values $[\,\mathbf 0
-# \mid \mathbf v_t\,]$: the update is linear in the state's columns, the first $d_k$ columns start
-# at $I$ and receive no $E_t$ (their values are zero): only the transitions act on them (the delta
-# correction $-\beta_t \mathbf k_t \mathbf k_t^\top D_t S$ is part of $M_t$), so they end at
-# $M^{(\rho)} I$; the last $d_v$ start at $0$ and receive the slice's writes: $E^{(\rho)}$:
+# Per token $S_t = M_t S_{t-1} + E_t$, $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$,
+# $E_t = \beta_t \mathbf k_t \mathbf v_t^\top$ (notebook 01), so a slice is affine in the state
+# that enters it: $S_{\text{out}} = M^{(\rho)} S_{\text{in}} + E^{(\rho)}$, $M^{(\rho)}$ the
+# product of its $M_t$. One kernel run computes both: run the slice from the augmented state
+# $[\,I \mid 0\,]$ ($d_k \times (d_k + d_v)$) with values $[\,\mathbf 0 \mid \mathbf v_t\,]$. The
+# update acts on each column of the state alone; the first $d_k$ columns get zero values, so only
+# the $M_t$ act on them (the delta correction $-\beta_t \mathbf k_t \mathbf k_t^\top D_t S$ is
+# part of $M_t$) and they end at $M^{(\rho)}$; the last $d_v$ start at $0$ and end at $E^{(\rho)}$:
 #
-# $$
-# \big[\, I \mid 0 \,\big] \;\xrightarrow{\text{slice}}\;
-#   \big[\, M^{(\rho)} \mid E^{(\rho)} \,\big].
-# $$
+# $$\big[\, I \mid 0 \,\big] \;\xrightarrow{\text{slice}}\; \big[\, M^{(\rho)} \mid E^{(\rho)}
+# \,\big].$$
 #
 # Below we fold the summaries ($S^{(0)} = 0$, $S^{(\rho)} = M^{(\rho - 1)} S^{(\rho - 1)} +
-# E^{(\rho - 1)}$) and compare with the state one device reaches at each slice boundary.
+# E^{(\rho - 1)}$) and compare with the state one device reaches at each slice boundary. The
+# slice's outputs are affine in $S^{(\rho)}$ as well, $O = Q^{\text{eff}} S^{(\rho)} +
+# O^{\text{intra}}$ (notebook 03's form for a chunk), and the same run outputs $[\,Q^{\text{eff}}
+# \mid O^{\text{intra}}\,]$: the product costs $2 d_k d_v$ flops a token (checked below).
 
 # %%
 # q, k, v, g, beta [B, T, ...], g from notebook 04's gate as the layer is initialised
 inputs = tuple(cpt.layer_inputs(key_inputs, batch, total_len, num_heads, key_dim, value_dim)
                .values())
 kernel = jax.jit(kda_lib.kda, static_argnames=("output_final_state", "implementation"))
+slices = lambda r: [x[:, r * local_len: (r + 1) * local_len] for x in inputs]  # rank r's slice
 
 
 def slice_summary(q, k, v, g, beta):
-    """(M, E) of one slice: the final state of a run from [I | 0] with values [0 | v]."""
+    """(M, E, [Q_eff | O_intra]) of one slice: a run from [I | 0] with values [0 | v]."""
     eye = jnp.broadcast_to(jnp.eye(key_dim), (batch, num_heads, key_dim, key_dim))
     start = jnp.concatenate([eye, jnp.zeros((batch, num_heads, key_dim, value_dim))], -1)
     v_aug = jnp.concatenate([jnp.zeros(v.shape[:-1] + (key_dim,)), v], -1)
-    _, final = kernel(q, k, v_aug, g, beta, initial_state=start, output_final_state=True,
-                      implementation=implementation)
-    return final[..., :key_dim], final[..., key_dim:]
-
-
-def slices(r):
-    return [x[:, r * local_len: (r + 1) * local_len] for x in inputs]
+    out, final = kernel(q, k, v_aug, g, beta, initial_state=start, output_final_state=True,
+                        implementation=implementation)
+    return final[..., :key_dim], final[..., key_dim:], out
 
 
 # %%
 summaries = [slice_summary(*slices(r)) for r in range(ranks)]
 state = jnp.zeros((batch, num_heads, key_dim, value_dim))
 folded = []
-for m, e in summaries:
+for m, e, _ in summaries:
     folded.append(state)  # the state entering this slice
     state = jnp.einsum("bhij,bhjv->bhiv", m, state) + e
 folded.append(state)
@@ -232,16 +233,18 @@ assert max(boundary_errors) < 1e-5
 s_in = jax.random.normal(key_state, (batch, num_heads, key_dim, value_dim))
 _, s_out = kernel(*slices(1), initial_state=s_in, output_final_state=True,
                   implementation=implementation)
-m1, e1 = summaries[1]
+m1, e1, _ = summaries[1]
 assert relative_l2(jnp.einsum("bhij,bhjv->bhiv", m1, s_in) + e1, s_out) < 1e-5
 # and the carried state matters: a slice run from zero instead gives visibly other outputs
-o_true = kernel(*slices(1), initial_state=folded[1], implementation=implementation)[0]
-o_zero = kernel(*slices(1), implementation=implementation)[0]
-carried = relative_l2(o_zero, o_true)
+o_one = np.split(np.asarray(kernel(*inputs, implementation=implementation)[0]), ranks, axis=1)
+carried = relative_l2(kernel(*slices(1), implementation=implementation)[0], o_one[1])
 print(f"slice 1 run from a zero state instead of the carried one: {carried:.0%} off")
 assert carried > 0.05
-q0, k0, v0, g0, beta0 = (x[0, :, 0] for x in inputs)  # sequence 0, head 0
-norms = np.asarray(explain.state_norms(k0, v0, g0, beta0))
+read = [relative_l2(out[..., key_dim:] + jnp.einsum("bthi,bhiv->bthv", out[..., :key_dim], s), o)
+        for (_, _, out), s, o in zip(summaries, folded[:-1], o_one, strict=True)]  # O_intra + ..
+print(f"outputs read off the summary pass vs one device, largest relative error {max(read):.1e}")
+assert max(read) < 1e-5
+norms = np.asarray(explain.state_norms(*(x[0, :, 0] for x in inputs[1:])))  # sequence 0, head 0
 boundaries = np.arange(1, ranks + 1) * local_len
 folded_norms = [float(jnp.linalg.norm(s[0, 0])) for s in folded[1:]]
 assert np.allclose(folded_norms, norms[boundaries - 1], rtol=1e-4)
@@ -252,11 +255,11 @@ viz.show(cpt.plot_folded_states(norms, boundaries, folded_norms), "05_folded_sta
 # %% [markdown]
 # ## 4. The kernel: context parallel == one device, outputs and gradients
 #
-# `kda_context_parallel` does sections 2-3 inside `shard_map`: each rank computes its summary,
-# all-gathers the summaries, folds the upstream ones and reruns its slice from the true
-# initial state. We compare the sharded result with one device's, slice by slice, for the
-# outputs and for the gradients of a random projection of the outputs with respect to every
-# input. Gradients flow back through the all-gather.
+# `kda_context_parallel` does section 3 inside `shard_map` (the halo of section 2 is the layer's,
+# section 5): each rank computes its summary, all-gathers the summaries, folds all $R$, keeps
+# $S^{(\rho)}$ and reruns its slice from it. We compare the sharded result with one device's,
+# slice by slice: the outputs, and the gradients of a random projection of the outputs with
+# respect to every input, which flow back through the all-gather.
 
 # %%
 cp_kernel = jax.shard_map(
@@ -308,12 +311,10 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
 
 # %%
 bytes_f32 = 4
-formula = {
-    "state passing (kernel)": lambda t: (ranks - 1) * batch * num_heads * key_dim
-    * (key_dim + value_dim) * bytes_f32,
-    "gather the sequence": lambda t: (ranks - 1) / ranks * batch * t * num_heads
-    * (3 * key_dim + value_dim + 1) * bytes_f32,
-}
+formula = {"state passing (kernel)": lambda t: (ranks - 1) * batch * num_heads * key_dim
+           * (key_dim + value_dim) * bytes_f32,
+           "gather the sequence": lambda t: (ranks - 1) / ranks * batch * t * num_heads
+           * (3 * key_dim + value_dim + 1) * bytes_f32}
 formula["state passing + halo (layer)"] = lambda t: formula["state passing (kernel)"](t) + (
     halo * batch * num_heads * (2 * key_dim + value_dim) * bytes_f32)
 
@@ -334,8 +335,6 @@ config = kda_lib.KDAConfig(hidden_size=hidden_size, num_heads=num_heads, head_di
                            value_head_dim=value_dim, conv_size=conv_size,
                            implementation=implementation)  # notebook 04's layer, on the mesh
 layer_cp = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(layer_seed), mesh=mesh)
-
-# %%
 measured = {name: [] for name in formula}
 lengths = [ranks * -(-t // ranks) for t in traffic_lengths]
 for t in lengths:
@@ -370,12 +369,12 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
 #
 # A collective names an axis, not devices: under `jax.vmap(f, axis_name="context")` the
 # all-gather in `kda_context_parallel` gathers across the $R$ mapped slices, so section 4's
-# per-rank code runs unchanged where one device is all there is (one TPU chip, a laptop).
+# per-rank code runs unchanged on one device (a TPU chip, a laptop).
 # `cpt.context_parallel_on_one_device` runs $T = 128 R$ tokens as $R$ slices (on a TPU by
 # kda_lib's Pallas kernel, `"pallas_tpu"`, $d_k = d_v = 128$; elsewhere by `implementation`)
-# against one pass: outputs, final state and gradients, each error the largest $|\text{CP} -
-# \text{one pass}|$ over the largest $|\text{one pass}|$ (section 4: relative L2 per slice). The
-# last slice run alone, from a zero state, shows that the state carried into it matters.
+# against one pass: outputs, final state, gradients, each error the largest $|\text{CP} -
+# \text{one pass}|$ over the largest $|\text{one pass}|$. The last slice run alone, from a zero
+# state, shows that the state carried into it matters.
 
 # %%
 vmap_impl = "pallas_tpu" if jax.default_backend() == "tpu" else implementation
@@ -396,26 +395,26 @@ assert max(vmap_errors.values()) < 1e-5 and carried > 0.01
 # ## Summary
 #
 # - A slice acts on the state as an affine map $S_{\text{out}} = M^{(\rho)} S_{\text{in}} +
-#   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries
-#   gives the state at every slice boundary.
+#   E^{(\rho)}$, computed by one kernel run from $[\,I \mid 0\,]$; folding the summaries gives
+#   the state at every slice boundary, and the same run's outputs give the slice's.
 # - The kernel on $R$ devices matches one device, outputs and gradients, and so does the same
 #   per-rank code with the ranks a named `vmap` axis of one device; what the devices exchange
-#   does not grow with $T$ (measured, equal to the formula), gathering the sequence does. Each
-#   rank does about three slices' work, so the split is at most about $R / 3$ times faster (more
-#   in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md)).
+#   does not grow with $T$ (measured, equal to the formula), gathering the sequence does. In this
+#   schedule (a summary pass, then a rerun) each rank does about three slices' work: at most
+#   about $R / 3$ times faster (more in the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md)).
 #
 # ## Exercises
 #
-# Replace `answer = None` with your answer and run the cell: `exercises.check` says whether it is
-# right, never the solution. Worked solutions (try first): [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
+# `exercises.check` says whether an answer is right, never the solution. Worked solutions (try
+# first): [`notebooks/solutions/ch05.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch05.py).
 #
 # Both exercises are the **backward pass**, which the page leaves to `jax.grad`. Rank $\rho$'s
 # outputs depend on the state entering it, $S^{(\rho)}$; call $\bar S^{(\rho)}_{\text{own}}$ the
 # gradient of the loss with respect to $S^{(\rho)}$ through those outputs only (what the backward
 # of rank $\rho$'s output pass returns) and $\bar S^{(\rho)}$ the whole gradient. The loss has no
-# term in the final state. JAX's autodiff would do the derivation: answers that run it (`jax.grad`,
-# `jax.vjp`, `jax.experimental.jet`) are refused. The last trial ($R = 32$, $d_k = 64$,
-# $d_v = 2d_k$) must finish within 10 s: finite differences, a forward fold per entry, cannot.
+# term in the final state. Autodiff (`jax.grad`, `jax.vjp`, `jax.experimental.jet`) is refused.
+# The last trial ($R = 32$, $d_k = 64$, $d_v = 2d_k$) must finish within 10 s: finite
+# differences, a forward fold per entry, cannot.
 #
 # 1. **The backward fold.** Derive $\bar S^{(\rho)}$ from $\bar S^{(\rho + 1)}$ and write
 #    `state_gradients(ms, hs)`: from the summaries `ms [R, K, K]` ($M^{(\rho)}$) and `hs [R, K, V]`

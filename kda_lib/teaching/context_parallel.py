@@ -5,8 +5,8 @@
   value columns; :func:`critical_path` -- the flops on each rank's path (summary pass, fold,
   output pass) and one device's, from those counts.
 * :func:`draw_critical_path` -- who waits for whom: the conv halo from the rank before, the
-  summary pass, the all-gather, the fold that carries the state from rank to rank, the output
-  pass; widths are the flops of :func:`critical_path`.
+  summary pass, the all-gather, the fold (all R summaries on every rank, ``S^(rho)`` kept), the
+  output pass; widths are the flops of :func:`critical_path`.
 * :func:`fold_matmuls` -- the fold's ``M S`` products counted in a traced program
   (:func:`cp_jaxpr`: ``kda_context_parallel`` traced on a given set of devices).
 * :func:`context_parallel_on_one_device` -- the algorithm on one device (a single chip): the
@@ -65,13 +65,15 @@ def critical_path(ranks: int, local_len: int, k_dim: int, v_dim: int) -> dict[st
     return path | dict(rank=sum(path.values()), one_device=ranks * local_len * f_v)
 
 
-IDLE = "0.93"  # face colour of idle time in draw_critical_path
+SKIPPABLE = ".."  # hatch of the fold steps past S^(rho) in draw_critical_path
 
 
 def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 4) -> plt.Figure:
     """Gantt sketch of context parallelism: a row per rank (the first ``shown_ranks`` and the
     last), phases left to right, widths the flops of ``path`` (:func:`critical_path`);
-    communication (halo, all-gather) is drawn at a fixed width. Below: one device."""
+    communication (halo, all-gather) is drawn at a fixed width. Every rank folds all ``ranks``
+    summaries, as ``kda_context_parallel`` does; those past ``S^(rho)`` are hatched (computed,
+    not needed for the rank's outputs). Below: one device."""
     rows = sorted({*range(min(ranks, shown_ranks) - 1), ranks - 1})
     comm = 0.07 * path["rank"]
     x_fold = comm + path["summary"] + comm
@@ -86,8 +88,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     ax.text(comm + path["summary"] + comm / 2, top + 0.12, "all-gather\n$(M, E)$",
             ha="center", va="bottom", fontsize=8)
     ax.text(comm / 2, top + 0.12, f"halo\n{halo} tokens", ha="center", va="bottom", fontsize=8)
-    ax.text(x_fold + path["fold"] / 2, top + 0.12, f"fold\n({ranks} steps' time)", ha="center",
-            va="bottom", fontsize=8)
+    ax.text(x_fold + path["fold"] / 2, top + 0.12, f"fold: all {ranks} steps\non every rank",
+            ha="center", va="bottom", fontsize=8)
     _box(ax, comm, path["one_device"], 0.7, "0.55", "one device: the whole sequence, $F(T, d_v)$")
     ax.text(-0.01 * path["rank"], 0.7, "1 device", ha="right", va="center", fontsize=9)
     end = x_out + path["output"]
@@ -99,9 +101,11 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
            ylim=(-0.1, top + 0.8), xticks=[], yticks=[],
            xlabel="time on each device: boxes as wide as their flops (per sequence and head); "
            "halo and all-gather (communication) at a fixed width")
-    ax.legend(handles=[mpl.patches.Patch(facecolor=IDLE, edgecolor="0.6", hatch="..",
-                                         label="idle: the rank waits (fewer folds)")],
-              loc="upper right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.legend(handles=[mpl.patches.Patch(facecolor="0.45", edgecolor="white", hatch=SKIPPABLE,
+                                         label="fold steps past $S^{(\\rho)}$, the state rank "
+                                         "$\\rho$ keeps: computed on every rank, not needed for "
+                                         "its outputs (the last gives the final state)")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.1), fontsize=8, frameon=False)
     ax.set_title("Context parallelism, who waits for whom: rank $\\rho$ needs rank $\\rho - 1$'s "
                  "halo, every rank needs the all-gathered summaries", fontsize=10)
     ax.grid(False)
@@ -110,8 +114,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
 
 
 def _rank_row(ax, r: int, y: float, path: dict, comm: float, ranks: int, halo_from_above: bool):
-    """Rank ``r``'s row of :func:`draw_critical_path` at height ``y``: halo, summary pass, its
-    fold steps (the rest idle) and its output."""
+    """Rank ``r``'s row of :func:`draw_critical_path` at height ``y``: halo, summary pass, all
+    ``ranks`` fold steps (hatched past ``S^(r)``, which a mark shows) and its output."""
     colour, x_fold = CYCLE[r % len(CYCLE)], comm + path["summary"] + comm
     _box(ax, 0, comm, y, "white", "0" if r == 0 else "halo", edge=colour, hatch="///", text="0.2")
     if halo_from_above:  # the halo comes from the row above (rank r - 1)
@@ -119,14 +123,12 @@ def _rank_row(ax, r: int, y: float, path: dict, comm: float, ranks: int, halo_fr
                     arrowprops=dict(arrowstyle="->", lw=1.2))
     _box(ax, comm, path["summary"], y, colour, f"summary pass: $(M^{{({r})}}, E^{{({r})}})$")
     step = path["fold"] / ranks
-    for j in range(ranks):  # the steps rank r needs for S^(r) in its colour; the rest idle
-        busy = j < r
-        _box(ax, x_fold + j * step, step, y, colour if busy else IDLE, "",
-             edge=colour if busy else "0.6", hatch=None if busy else "..")
-    fold_text = (f"$S^{{({r})}}$ after {r} upstream summar{'y' if r == 1 else 'ies'}"
-                 if r else "$S^{(0)}$: the initial state")
-    ax.text(x_fold + path["fold"] / 2, y, fold_text, ha="center", va="center", fontsize=6.5,
-            color="0.1", bbox=dict(facecolor="white", alpha=0.7, edgecolor="none", pad=1))
+    for j in range(ranks):  # every step computed; those past S^(r) hatched
+        _box(ax, x_fold + j * step, step, y, colour, "", edge="white",
+             hatch=None if j < r else SKIPPABLE)
+    x_keep = x_fold + r * step  # S^(r): the state after the first r summaries
+    ax.plot([x_keep, x_keep], [y - 0.32, y + 0.32], color="black", linewidth=2.0)
+    ax.text(x_keep, y + 0.33, f"keeps $S^{{({r})}}$", ha="center", va="bottom", fontsize=7)
     _box(ax, x_fold + path["fold"], path["output"], y, colour, f"output from $S^{{({r})}}$")
     ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
 

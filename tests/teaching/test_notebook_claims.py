@@ -760,6 +760,19 @@ def test_05_step_flops_are_about_8_dk_dv_and_linear_in_the_value_columns():
     assert 6 < f_v / (16 * 16) < 10
 
 
+def test_05_outputs_read_off_the_summary_pass_cost_about_two_and_a_quarter_slices():
+    """docs/NOTEBOOK_NOTES.md (notebook 05): the summary pass plus O = Q_eff S + O_intra at
+    2 d_k d_v flops a token is about 2.25 slices at d_k = d_v (XLA's step counts), against about
+    three for the summary pass and a rerun."""
+    from kda_lib.teaching import context_parallel as cpt
+
+    for d in (16, 64):
+        path = cpt.critical_path(4, 64, d, d)
+        read_off = (path["summary"] + 64 * 2 * d * d) / path["output"]
+        assert 2.15 < read_off < 2.35, (d, read_off)
+        assert 2.9 < (path["summary"] + path["output"]) / path["output"] < 3.1
+
+
 def test_05_the_fold_is_r_steps_on_every_rank():
     """docs/NOTEBOOK_NOTES.md (notebook 05): the traced kda_context_parallel program holds R fold
     products M S ([K, K] by [K, V]) per rank, for R = 2 and 4 (CPU devices of the test run)."""
