@@ -266,19 +266,20 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 #
 # ## 4. What each part is for: take it away
 #
-# **L2 norm and the $\beta$ sigmoid keep the transition contractive.** $I - \beta \mathbf k \mathbf
-# k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$ along $\mathbf k$ and 1 orthogonal
-# to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$; if $\beta \lVert
-# \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1, 1]$ and stretches a state's part along
-# $\mathbf k$. The raw key's length depends on $W_k$, the conv, the input and $d_k$; only the L2
-# norm keeps $\beta \lVert\mathbf k\rVert^2 < 2$ (the paper's L2Norm "to ensure eigenvalues
-# stability", §4). Below: every head of `ablation_draws` layers at init, each on the first sequence
-# of its own input, as built, keys unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# **L2 norm and the $\beta$ sigmoid keep the transition non-expansive ($\lVert M_t\rVert_2 \le
+# 1$).** $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf
+# k\rVert^2$ along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert =
+# 1$ and $\beta \in (0, 1)$; if $\beta \lVert \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1,
+# 1]$ and stretches a state's part along $\mathbf k$. The raw key's length depends on $W_k$, the
+# conv, the input and $d_k$; only the L2 norm keeps $\beta \lVert\mathbf k\rVert^2 < 2$ (the
+# paper's L2Norm "to ensure eigenvalues stability", §4). Below: every head of `ablation_draws`
+# layers at init, each on the first sequence of its own input, as built, keys unnormalised, and
+# $\beta = \mathbf x_t W_\beta$ (no sigmoid).
 
 # %%
 def ablations(layer, x, head, S_0):  # row 0, one head: {way: (||M_t||_2, ||S_t||_F / ||S_0||_F)}
-    k, v, g, beta = (np.asarray(layer_from_parts(layer, x)[n][0, :, head], np.float64)
-                     for n in ("k", "v", "g", "beta"))
+    f64 = lambda a: np.asarray(a[0, :, head], np.float64)  # noqa: E731
+    k, v, g, beta = (f64(layer_from_parts(layer, x)[n]) for n in ("k", "v", "g", "beta"))
     def norms(k, beta):  # every M_t = (I - beta_t k_t k_t^T) D_t; S_0 through I - beta k k^T alone
         S, kept = S_0, []
         for k_t, b_t in zip(k, beta, strict=True):  # no write, no decay
@@ -286,8 +287,8 @@ def ablations(layer, x, head, S_0):  # row 0, one head: {way: (||M_t||_2, ||S_t|
             kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
         return explain.transition_norms(k, v, g, beta)[1], np.array(kept)
     return {"as built": norms(k, beta),  # raw: keys after the conv and SiLU; beta, no sigmoid
-            "no L2 norm on k": norms(np.asarray(layer.project(x).k[0, :, head], np.float64), beta),
-            "no sigmoid on beta": norms(k, np.asarray(layer.b_proj(x)[0, :, head], np.float64))}
+            f"no L2 norm, d_k = {K}": norms(f64(layer.project(x).k), beta),
+            "no sigmoid on beta": norms(k, f64(layer.b_proj(x)))}
 
 
 # %%
@@ -298,16 +299,16 @@ for key in jax.random.split(jax.random.fold_in(jax.random.key(seed), 4), ablatio
         jax.random.randint(key_l, (), 0, 2**31 - 1)))), jax.random.normal(key_i, x.shape)))
 S_0 = np.random.default_rng(seed).normal(size=(len(draws), H, K, V))  # a random state a head
 runs = [ablations(m, xi, h, S_0[i, h]) for i, (m, xi) in enumerate(draws) for h in range(H)]
-grows = {w: np.array([np.mean(r[w][0] > 1 + 1e-6) for r in runs]) for w in runs[0]}
-kept = {w: np.array([r[w][1].max() for r in runs]) for w in runs[0]}  # largest ||S_t|| / ||S_0||
+grows = {way: np.array([np.mean(r[way][0] > 1 + 1e-6) for r in runs]) for way in runs[0]}
+kept = {way: np.array([r[way][1].max() for r in runs]) for way in runs[0]}  # max ||S_t|| / ||S_0||
 rng = lambda a, f="{:.3g}".format: f"{f(np.median(a))} (median; {f(a.min())} .. {f(a.max())})"  # noqa: E731
-pct, pooled = "{:.0%}".format, {w: grows[w].mean() for w in runs[0]}  # all M_t, as the figure
+pct, pooled = "{:.0%}".format, {way: grows[way].mean() for way in runs[0]}  # all M_t, as drawn
 raw = np.concatenate([np.asarray(m.b_proj(xi)[0]).ravel() for m, xi in draws])  # beta, no sigmoid
-for w in runs[0]:
-    print(f"{w}: ||M_t||_2 > 1 at {pct(pooled[w])} of all M_t (per head {rng(grows[w], pct)}); "
-          f"no write or decay, ||S_t||_F > ||S_0||_F in {np.sum(kept[w] > 1)} of {len(runs)} heads")
+for way, share in pooled.items():
+    print(f"{way}: ||M_t||_2 > 1 at {pct(share)} of all M_t (per head {rng(grows[way], pct)}); no "
+          f"write or decay, ||S_t||_F > ||S_0||_F in {np.sum(kept[way] > 1)} of {len(runs)} heads")
 print(f"no sigmoid: beta < 0 at {pct(np.mean(raw < 0))}, beta > 2 at {pct(np.mean(raw > 2))}")
-assert grows["as built"].max() == 0 and 0.3 < pooled["no sigmoid on beta"] < 0.7, "contracts"
+assert grows["as built"].max() == 0 and 0.3 < pooled["no sigmoid on beta"] < 0.7, "expands"
 assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) < 0.7, "grows"
 viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
@@ -318,22 +319,22 @@ viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib
 # x_t W_\beta$ is negative at about half the tokens, above 2 at few (printed); where $\beta < 0$ the
 # eigenvalue $1 - \beta$ along the unit $\mathbf k_t$ exceeds 1: about half of all transitions
 # expand (30% to 70%), and the state passes $S_0$ in over half the heads (asserted), as built in
-# none (printed). Without the L2 norm the share that expands grows with the head's width: a raw
-# key's channels have about the same mean square at any $d_k$ (printed), so $\beta \lVert\mathbf
-# k_t\rVert^2 > 2$ at over half the tokens at $d_k$ = 64, over 80% at 128 (layers at init, below).
-# The parts keep $\lVert M_t\rVert_2 \le 1$ for any weights and width.
+# none (printed). Without the L2 norm few expand at this page's $d_k$, where raw keys are short
+# (middle column); a raw key's channels have about the same mean square at any $d_k$ (printed), so
+# $\beta \lVert\mathbf k_t\rVert^2 > 2$ at over half the tokens at $d_k$ = 64, over 80% at 128
+# (below). The parts keep $\lVert M_t\rVert_2 \le 1$ for any weights and width.
 
 # %%
 widths, law = sorted({K, 64, 128}), {}  # d_k: (||k_t||^2, beta_t) [B, T, H] before the L2 norm
-for w in widths:  # project(): the conv and SiLU (kda() normalises)
-    wide = kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=w),
+for width in widths:  # project(): the conv and SiLU (kda() normalises)
+    wide = kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=width),
                                       rngs=nnx.Rngs(layer_seed)).project(x)
-    law[w] = np.sum(np.square(np.asarray(wide.k, np.float64)), -1), np.asarray(wide.beta)
-expand = {w: np.mean(np.prod(law[w], 0) > 2) for w in widths}  # beta ||k_t||^2 > 2
-for w in widths:
-    print(f"d_k = {w}: mean ||k_t||^2 / d_k {law[w][0].mean() / w:.3f}, median beta "
-          f"{np.median(law[w][1]):.2f}, beta ||k_t||^2 > 2 at {expand[w]:.0%}")
-assert all(0.05 < law[w][0].mean() / w < 0.2 for w in widths), "||k_t||^2 in proportion to d_k"
+    law[width] = np.sum(np.square(np.asarray(wide.k, np.float64)), -1), np.asarray(wide.beta)
+expand = {width: np.mean(np.prod(law[width], 0) > 2) for width in widths}  # beta ||k_t||^2 > 2
+for width in widths:
+    print(f"d_k = {width}: mean ||k_t||^2 / d_k {law[width][0].mean() / width:.3f}, median beta "
+          f"{np.median(law[width][1]):.2f}, beta ||k_t||^2 > 2 at {expand[width]:.0%}")
+assert all(0.05 < law[n][0].mean() / n < 0.2 for n in widths), "||k_t||^2 in proportion to d_k"
 assert all(np.diff(list(expand.values())) > 0) and expand[64] > 0.5 and expand[128] > 0.8
 
 # %% [markdown]
@@ -341,19 +342,16 @@ assert all(np.diff(list(expand.values())) > 0) and expand[64] > 0.5 and expand[1
 # store "value of token $t$ under the key of token $t - 1$" in a single write. The write at token
 # $t$ pairs $\mathbf k_t$ with $\mathbf v_t$; without the convolution both depend on $\mathbf x_t$
 # alone ($\mathbf k_t$ shown below): the pair a write stores comes from one token. That such a layer
-# then fails at associative recall is cited, not run (Zoology, Arora et al.; attention needs a
-# previous-token head in an earlier layer, notebook 08 section 5). With it, $\mathbf k_t$ sees
-# $\mathbf x_{t-w+1}, \dots, \mathbf x_t$: its Jacobian shows it.
+# then fails at associative recall is cited, not run (Zoology, Arora et al.). With it, $\mathbf
+# k_t$ sees $\mathbf x_{t-w+1}, \dots, \mathbf x_t$: its Jacobian shows it.
 
 # %%
-t_probe = seq_len // 2
-
-
 def key_reach(module):  # |d k_t / d x_s| summed over channels, every s (t = t_probe, row 0)
     jac = jax.jit(jax.jacobian(lambda x: module.project(x).k[0, t_probe]))(x[:1])  # [H,K,1,T,d]
     return np.abs(np.asarray(jac)).sum(axis=(0, 1, 2, 4))
 
 
+t_probe = seq_len // 2
 no_conv = kda_lib.KimiDeltaAttention(dataclasses.replace(config, conv_size=0),
                                      rngs=nnx.Rngs(layer_seed))
 reach = {"with conv": key_reach(layer), "without conv": key_reach(no_conv)}
@@ -370,13 +368,14 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # (§4, beside its Eq. 10), which is not tested here.
 #
 # **The per-head RMSNorm and the output gate set the output's scale and let it be switched off.**
-# The RMSNorm divides a head's output by $\sqrt{\overline{o^2} + \epsilon_{\text{RMS}}}$,
-# $\overline{o^2}$ its mean square over the channels, then multiplies channel $e$ by $\eta_e$
-# ($\boldsymbol\eta = \mathbf 1$ at init; trained: the notes). So the RMS is $\sqrt{\overline{o^2} /
-# (\overline{o^2} + \epsilon_{\text{RMS}})}$: below 1 always, within 1% of 1 once $\overline{o^2}
-# \ge 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, printed). At init $\overline{o^2} <
-# 100\epsilon_{\text{RMS}}$ at most head-tokens: the RMS is a little below 1 at the median, far
-# below at the lowest (printed; asserted). The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each
+# The RMSNorm divides a head's output by $\sqrt{\operatorname{ms}(\mathbf o) +
+# \epsilon_{\text{RMS}}}$, $\operatorname{ms}(\mathbf o)$ its mean square over the channels, then
+# multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init; trained: the notes).
+# So the RMS is $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) +
+# \epsilon_{\text{RMS}})}$: below 1 always, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge
+# 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, printed). At init it is below that at most
+# head-tokens: the RMS is a little below 1 at the median, far below at the lowest (printed;
+# asserted). The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each
 # channel per token: a head can be muted.
 
 # %%
@@ -403,11 +402,11 @@ assert rms_init.min() < 0.5, "the lowest head-token's RMS: far below 1"
 #   own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
 # - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
 #   more than softmax attention's parameters, and no KV cache.
-# - As built every transition contracts, in every head drawn; without the $\beta$ sigmoid about half
-#   expand ($\beta < 0$) and a state with no write or decay grows in most heads; without the L2 norm
-#   most would expand at $d_k$ = 64 and 128 ($\lVert\mathbf k_t\rVert^2 \propto d_k$). Without the
-#   conv a key sees only its own token; the gate's input has rank $r$; $\epsilon_{\text{RMS}}$
-#   lowers the RMS at init, a little at the median, far at the lowest.
+# - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head drawn; without the
+#   $\beta$ sigmoid about half expand ($\beta < 0$) and a state with no write or decay grows in
+#   most heads; without the L2 norm most would at $d_k$ = 64 and 128 ($\lVert\mathbf k_t\rVert^2
+#   \propto d_k$). Without the conv a key sees only its own token; the gate's input has rank $r$;
+#   $\epsilon_{\text{RMS}}$ lowers the RMS at init, a little at the median, far at the lowest.
 #
 # ## Exercises
 #
@@ -416,14 +415,15 @@ assert rms_init.min() < 0.5, "the lowest head-token's RMS: far below 1"
 #    $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in a ring: slot `(start + j) % (w -
 #    1)` of `ring [B, w - 1, channels]` holds $\boldsymbol\xi_{t-(w-1)+j}$, the input tap
 #    $\boldsymbol\kappa_j$ multiplies ($j = 0, \dots, w - 2$: counted from 0, as the taps of section
-#    1; slot `start` holds the oldest); a step writes one slot and moves `start`, no row moves.
-#    Write `conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)` (`xi_t [B, channels]`,
+#    1; slot `start` holds the oldest); a step writes $\boldsymbol\xi_t$ over the oldest and moves
+#    `start` (the checker reads this layout: every other slot keeps its input). Write
+#    `conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)` (`xi_t [B, channels]`,
 #    `kernel [w, channels]`; `conv_t` $= \operatorname{conv}(\Xi)_t$, no SiLU; $w \ge 2$).
-# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` the norm's output
-#    $\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o) = \mathbf o \odot \boldsymbol\eta /
-#    \sqrt{\tfrac{1}{d_v} \sum_e o_e^2 + \epsilon_{\text{RMS}}}$, with respect to $\mathbf o$:
+# 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
+#    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$ (section 1), with respect to $\mathbf o$:
 #    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;
-#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? Autodiff is refused.
+#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? Autodiff is refused; the
+#    last trial has $d_v > 10^4$ and must finish within 5 s (no $d_v \times d_v$ Jacobian).
 #
 # Worked solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 
