@@ -17,12 +17,15 @@
 # # 00 · Quick start: two kernels and one entry point, one answer
 #
 # **Claim.** `kda_lib` computes Kimi Delta Attention (KDA) with a plain token-by-token recurrence
-# (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`, the fast portable path),
-# and has one entry point, `kda`, that can run either form and apply the gate inside (here it is
-# told to run the chunked one, gate inside). The three calls give the same outputs and final states,
-# a decoding loop with `kda_step` reproduces them token by token, and on a CPU the float32 results
-# sit within a few float32 machine epsilons of a float64 oracle (on a TPU, within the suite's
-# float32 tolerance there). This notebook runs each once on random inputs and asserts all of it.
+# (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`: matrix products, for
+# training and for chips with matrix units; pure JAX, so it runs anywhere), and has one entry
+# point, `kda`, that can run either form and apply the gate inside (here it is told to run the
+# chunked one, gate inside; the form it picks by itself is printed in section 2: on a CPU, the
+# recurrence for a forward pass at these sizes). The three calls give the same outputs and final
+# states, a decoding loop with `kda_step` reproduces them token by token, and on a CPU the
+# float32 results sit within a few float32 machine epsilons of a float64 oracle (on a TPU, within
+# the suite's float32 tolerance there). This notebook runs each once on random inputs and asserts
+# all of it.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
@@ -73,6 +76,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import kda_lib.teaching.notebook
+from kda_lib.ops.api import select_implementation
 from kda_lib.ops.norms import l2_normalize
 from kda_lib.teaching import exercises, viz
 from kda_lib.testing import CHIP_FLOAT32_ATOL, assert_close
@@ -128,11 +132,12 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # ## 2. Three implementations, one answer
 #
 # `kda_recurrent` scans over tokens; `kda_chunked` processes `chunk_size` tokens at a time with
-# matrix products (notebook 03 derives it); `kda(...)` can run either: it picks one for the platform
-# and input size (`implementation="auto"`, not run here; which form it picks where: the notebook
-# notes) or runs the one you name. Given `a_log=` (and optionally `dt_bias=`), `kda` applies the
-# gate itself, so it takes the raw `f`. Each function is wrapped in `jax.jit` once (the flags that
-# change the computation are static). So that the `kda` row checks a different computation than the
+# matrix products (notebook 03 derives it); `kda(...)` can run either: it picks one for the
+# platform and input size (`implementation="auto"`, not run here; the cell prints its picks at
+# these sizes, the notebook notes give the rule) or runs the one you name. Given `a_log=` (and
+# optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`. Each function is
+# wrapped in `jax.jit` once (the flags that change the computation are static). So that the `kda`
+# row checks a different computation than the
 # first two, it is told to run the chunked form with the gate applied inside.
 
 # %%
@@ -148,6 +153,11 @@ o_kda, state_kda = kda(
     output_final_state=True, chunk_size=chunk_size, implementation="chunked",
 )
 
+sizes = dict(batch=batch, seq_len=seq_len, num_heads=num_heads, key_dim=key_dim,
+             value_dim=value_dim)
+picks = [select_implementation(**sizes, dtype=q.dtype, fused_gate=True, differentiated=grad)
+         for grad in (False, True)]
+print(f"auto on {jax.default_backend()} here: {picks[0]} forward, {picks[1]} under jax.grad")
 print("outputs     ", o_rec.shape, o_rec.dtype)
 print("final state ", state_rec.shape, state_rec.dtype)
 rows = [("kda_chunked", o_chk, state_chk), ("kda (chunked, gate inside)", o_kda, state_kda)]
@@ -188,16 +198,11 @@ _ = assert_close(state, state_rec, name="state after decoding")
 # `np.finfo(np.float32).eps` $= 2^{-23}$, float32's **machine
 # epsilon** (the gap between 1 and the next float32); one rounding errs by at most half of it,
 # the **unit roundoff** $2^{-24}$. On a CPU the errors below come out at about 1 to 3 machine
-# epsilons of the largest output (printed); the assert allows 8. On a TPU, where the float32
-# forms run on the chip, the assert allows `kda_lib.testing.CHIP_FLOAT32_ATOL` (the suite's
-# float32 floor there) instead; what the lent TPU v5e measured is in the
-# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00),
-# from the chip's record.
-# The cell also prints how far the two forms
-# are from each other. Where that is far smaller than their distance from float64 (on the lent
-# v5e: the notes), the gap is common to both forms, so it is not rounding accumulated in their
-# different matrix products; something both compute alike, such as a transcendental (`exp`) on
-# the chip, would give it. This page does not isolate which.
+# epsilons of the largest output at these sizes (printed), growing slowly with $T$, $d_k$ and
+# $d_v$ (the notes); the assert allows 8. The cell also prints how far the two forms are from
+# each other. On a TPU the assert allows `kda_lib.testing.CHIP_FLOAT32_ATOL` instead (what the
+# lent v5e measured: the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-00)).
 
 # %%
 with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):  # float64: the host's
@@ -239,7 +244,7 @@ viz.show(fig, "00_quickstart_precision")
 # - Prefill with the chunked form, then `kda_step` per token, reproduces the full forward pass:
 #   the `[B, H, K, V]` state is all the kernel carries from token to token.
 # - Both float32 forms stay within 8 float32 machine epsilons ($2^{-23}$ each) of the largest
-#   output of the float64 oracle on a CPU (asserted; measured about 1 to 3, printed); on a TPU
+#   output of the float64 oracle on a CPU (asserted; printed: about 1 to 3 at these sizes); on a TPU
 #   within `CHIP_FLOAT32_ATOL` (asserted; the lent v5e's record: the notebook notes).
 #
 # Next: notebook 01 derives the recurrence itself from linear attention; notebook 04 builds the
@@ -256,10 +261,9 @@ viz.show(fig, "00_quickstart_precision")
 #
 # Both hand your function `read`: for one vector `vec` of $d_k$ numbers (`[K]`), `read(vec)`
 # returns $S^\top$ times `vec`, $d_v$ numbers (`[V]`), for a state $S$ (one head, `[K, V]`) it
-# hides. **One** read is allowed, so the state cannot be read back. The checker cannot tell how
-# you found the vector to read: section 1's step, written in NumPy, can be run on states you make
-# up (the output is affine in $S$, so probing it, or `jax.grad` of your own recurrence, finds the
-# vector). The exercise is to derive it, by transposing the step. NumPy or `jnp`, no `kda_lib`.
+# hides. **One** read is allowed, so the state cannot be read back. The checker judges only the
+# value; derive the vector to read by transposing the step (the worked solution shows the
+# derivation). NumPy or `jnp`, no `kda_lib`.
 #
 # 1. **One token, one read.** Write `output_after_one(read, q, k, v, g, beta)`: the output
 #    $\mathbf o_t = S_t^\top \mathbf q / \sqrt{d_k}$ after section 1's step on the hidden $S =
