@@ -275,11 +275,12 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 # Collecting the terms in $S_{t-1}$, the delta rule is $S_t = (I - \beta_t \mathbf k_t \mathbf
 # k_t^\top) S_{t-1} + \beta_t \mathbf k_t \mathbf v_t^\top$. For a unit key, $I - \beta \mathbf k
 # \mathbf k^\top$ multiplies $\mathbf k$ by $1 - \beta$ and leaves the orthogonal directions alone:
-# for $\beta \in [0, 1]$ it never amplifies the state, but it edits only along the key being
-# written; pairs whose keys are never written again stay. The **gated delta rule** scales the
-# state by $\alpha_t = e^{g_t} \in (0, 1]$ before the write; **KDA** decays each key channel on its
-# own, $D_t = \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$: one head keeps some
-# channels long while others turn over fast (notebook 02). Decay first, then the delta write:
+# for $\beta \in [0, 1]$ it never amplifies the state, and it removes only what the state holds
+# along the key being written: what lies orthogonal to every later key stays for ever, nothing
+# fades with time alone. The **gated delta rule** scales the state by $\alpha_t = e^{g_t} \in
+# (0, 1]$ before the write; **KDA** decays each key channel on its own, $D_t =
+# \operatorname{diag}(e^{\mathbf g_t})$, $\mathbf g_t \le 0$: one head keeps some channels long
+# while others turn over fast (notebook 02). Decay first, then the delta write:
 #
 # $$
 # \begin{align*}
@@ -422,8 +423,9 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
 #    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
-#    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`. The
-#    checker also tries extreme parameters, so simulation will not do.
+#    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`, for
+#    numbers and for arrays of them. The checker tries extreme parameters (simulation will not
+#    do), $\beta$ near $10^{-9}$ too, where $1 - \lambda$ from a float32 $\lambda$ keeps no digits.
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance
