@@ -21,8 +21,8 @@
 # with matrix products; between chunks only the state travels. The result equals the recurrence
 # (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps, the rest
 # $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units, at more
-# flops a token than the recurrence's $6 d_k d_v$ multiply-add flops (4 of them traced as dot
-# products; both ratios: section 5). A CPU's timings are too noisy here to rank the two (notes).
+# flops a token than the recurrence's $6 d_k d_v$ (section 5). No recorded timing ranks the two:
+# a CPU's are too noisy, and the lent TPU v5e's record leaves out the recurrence (notes).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -112,8 +112,9 @@ def to_chunks(a):
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
 # form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
 # the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once** (the triangles: intra-chunk, no state); then $T / C$ steps carry the state $S_{[i]}$
-# entering chunk $i$ (the boxes). Sections 2 to 4: a chunk by hand, every symbol, one function.
+# once** (the triangles: intra-chunk, no state; drawn as step 3's last merge, two darker halves
+# and the lighter block coupling them); then $T / C$ steps carry the state $S_{[i]}$ entering
+# chunk $i$ (the boxes).
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -361,8 +362,7 @@ def kda_chunked_readable(q, k, v, g, beta, S, C):
 
 
 # %%
-# Only the three lines with `S` depend on the state; the rest could run for all chunks at once.
-# Run on every head (jax.vmap), checked against kda_recurrent and kda_chunked:
+# Only the lines with `S` need the state. Every head (jax.vmap), against both kda_lib forms:
 with jax.enable_x64(True):
     per_head = jax.vmap(functools.partial(kda_chunked_readable, C=chunk_size),
                         in_axes=(1, 1, 1, 1, 1, 0), out_axes=(1, 0))
@@ -380,33 +380,33 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # %% [markdown]
 # ## 5. Measured time on this machine
 #
-# The recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs) at
-# $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax: batch 1, medians of
-# `timing_repeats` calls, not asserted or ranked: on a CPU they are not the speed of matrix units
-# (it has none; notes), on a TPU they are (a plot: the notes). The flops are matrix products, the
-# recurrence's as traced in the table ($\mathbf k^\top S$, $S^\top \mathbf q$: $4 d_k d_v$ a
-# token), below it all $6 d_k d_v$ of its multiply-add flops (the write $\mathbf k
-# \boldsymbol\delta^\top$ too).
+# Timed: the recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs)
+# at $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax; batch 1, medians of
+# `timing_repeats` calls, not ranked: a CPU has no matrix units, and the lent v5e's record leaves
+# out the recurrence (notes). Flops are matrix products: the recurrence traces $\mathbf k^\top S$,
+# $S^\top \mathbf q$, $4 d_k d_v$ a token ($6 d_k d_v$ with the write $\mathbf k
+# \boldsymbol\delta^\top$); the chunked form, at $d_k = d_v = d$, $6 d^2$ (state pass and read) $+
+# (8C - 2) d + \tfrac23 (C^2 - 4)$: more at every $C$ (checked against `costs.chunked_flops`).
 
 # %%
-modes = ["fwd", "fwd+bwd"] if timing_backward else ["fwd"]
-forms = chunkwise.kda_forms(lower_bound)
+forms, modes = chunkwise.kda_forms(lower_bound), ["fwd", "fwd+bwd"][:1 + timing_backward]
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
-per_token = costs.chunked_flops(64, 64, timing_dim, timing_dim) / 64 / timing_dim**2  # / d_k d_v
-print(f"chunked / recurrence a token (d_k = d_v = {timing_dim}, C = 64): {per_token / 4:.2f} over "
-      f"its 4 d_k d_v in dot products, {per_token / 6:.2f} over its 6 d_k d_v multiply-add flops")
-assert per_token > 6, "the chunked form: more matrix-product flops a token than the recurrence"
+width, d = 64, timing_dim  # the timed C; d_k = d_v = d. Terms: d^2, C d, the inverse
+terms = 6 * d * d, (8 * width - 2) * d, 2 * (width**2 - 4) // 3
+assert costs.chunked_flops(width, width, d, d) / width == sum(terms), "chunked_flops, by term"
+print(f"chunked a token, d = {d}, C = {width}: 6 d^2 + (8C - 2) d + 2/3 (C^2 - 4) = "
+      f"{' + '.join(f'{t:,}' for t in terms)} = {sum(terms):,}, {sum(terms) / terms[0]:.2f}x 6 d^2")
 
 # %% [markdown]
 # ## Summary
 #
-# - A chunk's pseudo-values solve one unit-lower-triangular system (by hand at $C = 3$, then in
-#   five float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the
-#   affine map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top
-#   \tilde K$ (WY form). The forward pass is one short function, equal to `kda_recurrent` and
-#   `kda_chunked` in float64; the maps also chain by `lax.associative_scan` (notes, notebook 05).
+# - A chunk's pseudo-values solve one unit-lower-triangular system (by hand at $C = 3$, then in five
+#   float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the affine
+#   map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top \tilde K$
+#   (WY form). The forward pass is one short function, equal to `kda_recurrent` and `kda_chunked` in
+#   float64; the maps also chain by `lax.associative_scan` (notes, notebook 05).
 #
 # ## Exercises
 #
@@ -421,9 +421,9 @@ assert per_token > 6, "the chunked form: more matrix-product flops a token than 
 #    dS_{\text{in}} = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$ (rows
 #    ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$
 #    `rhs`, $L'$ strictly triangular. Derive: upper or lower, which decays, which right-hand side?
-#    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (no row
-#    scaled or combined) and `rhs` $[C, d_k]$. The checker also tries chunks longer than $d_k$
-#    and forget bursts where $e^{-\boldsymbol\gamma_t}$ overflows, even in float64.
+#    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (unit
+#    diagonal, $\beta_t$ in row $t$; no row scaled or combined) and `rhs` $[C, d_k]$. Also tried:
+#    chunks longer than $d_k$, forget bursts where $e^{-\boldsymbol\gamma_t}$ overflows in float64.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
