@@ -362,7 +362,7 @@ def kda_chunked_readable(q, k, v, g, beta, S, C):
 
 
 # %%
-# Only the lines with `S` need the state. Every head (jax.vmap), against both kda_lib forms:
+# Only the lines with `S` need the state; the rest could run for all chunks at once. All heads:
 with jax.enable_x64(True):
     per_head = jax.vmap(functools.partial(kda_chunked_readable, C=chunk_size),
                         in_axes=(1, 1, 1, 1, 1, 0), out_axes=(1, 0))
