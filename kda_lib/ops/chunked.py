@@ -336,7 +336,12 @@ def _decayed_scores_bwd(_, residuals, cotangents):
     return tuple(d_xs), d_k, d_g
 
 
-_decayed_scores.defvjp(lambda xs, k, g, low: (_decayed_scores(xs, k, g, low), (xs, k, g)),
+# the forward rule runs the plain body, not _decayed_scores itself: a custom_vjp call whose
+# residuals are its own inputs, left in a scan's forward program, gets other values as residuals
+# when that program is differentiated again (JAX's partial evaluation prepends the body's
+# input-free constants, ones_like and the like, to its arguments without moving the indices of
+# forwarded residuals; DESIGN section 4). The same operations run: first order is unchanged.
+_decayed_scores.defvjp(lambda xs, k, g, low: (_decayed_scores.fun(xs, k, g, low), (xs, k, g)),
                        _decayed_scores_bwd)  # fmt: skip
 
 
