@@ -155,7 +155,7 @@ class ModelPreset:
         if missing := self.unsupported_options():
             raise NotImplementedError(f"{self.name}: KimiDeltaAttention cannot express this "
                                       "layer yet; missing " + "; ".join(missing))  # fmt: skip
-        return KDAConfig(**shared_fields(self, KDAConfig) | overrides)
+        return _with_overrides(KDAConfig, shared_fields(self, KDAConfig), overrides, "kda_config")
 
     def _mla_or_raise(self) -> MLAShape:
         if self.mla is None:
@@ -168,9 +168,17 @@ class ModelPreset:
         if m.output_gate:
             raise NotImplementedError(f"{self.name}: MultiHeadLatentAttention has no output "
                                       "gate (mla_use_output_gate)")  # fmt: skip
-        return MLAConfig(
-            **{"hidden_size": self.hidden_size} | shared_fields(m, MLAConfig) | overrides
-        )
+        fields = {"hidden_size": self.hidden_size} | shared_fields(m, MLAConfig)
+        return _with_overrides(MLAConfig, fields, overrides, "mla_config")
+
+
+def _with_overrides(cls, fields: dict, overrides: dict, method: str):
+    """``cls(**fields | overrides)``; an override that is no field of ``cls`` refused by name
+    (before: Python's own 'unexpected keyword argument')."""
+    if unknown := sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)}):
+        raise TypeError(f"ModelPreset.{method} got overrides {unknown} that {cls.__name__} "
+                        "has no field for")  # fmt: skip
+    return cls(**fields | overrides)
 
 
 def _eval_shape(config):

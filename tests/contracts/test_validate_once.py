@@ -280,11 +280,16 @@ def test_the_layer_reaches_its_first_projection_in_three_stays():
     assert len(_stays_before_the_first_projection(layer, x, segment_ids=ids)) <= 9
 
 
-# (with tokamax and segment ids a layer with max_num_segments still checks tokamax's states
-# twice: at its entry, before any projection, and in the kernel row's refusals, which auto
-# and kda_lib.refusals read)
-@pytest.mark.parametrize("case, checks", [("plain", 0), ("ids", 0), ("tokamax_count", 1),
-                                          ("prefill", 1), ("draft", 1), ("decode", 0)])
+# a known fault: with tokamax, segment ids and max_num_segments a layer checks tokamax's states
+# twice, at its entry (before any projection) and in the kernel row's refusals (which auto and
+# kda_lib.refusals read)
+TWO_CHECKS = pytest.mark.xfail(strict=True, raises=AssertionError,
+                               reason="fault: tokamax's states checked twice")  # fmt: skip
+CASES = [("plain", 0), ("ids", 0), ("tokamax_count", 1), ("prefill", 1), ("draft", 1),
+         ("decode", 0), pytest.param("tokamax_bound", 1, marks=TWO_CHECKS)]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, checks", CASES)
 def test_one_memory_size_check_per_layer_call(monkeypatch, case, checks):
     """Issue 75.9: every size check asks checks.memory_limit (counted here); a call makes at
     most one. Before: prefill checked its chunk states and an empty cache it built for zeros."""
