@@ -126,8 +126,8 @@ print(f"seed {seed}, jax_threefry_partitionable = {jax.config.jax_threefry_parti
 # scored only for $t \ge \ell$ (the mask). A model that cannot see $\ell$ tokens back can do no
 # better than guessing: cross-entropy $\log \lvert\mathcal V\rvert$, accuracy
 # $1 / \lvert\mathcal V\rvert$. `delayed_copy` is a pure function of its key, so a batch is
-# reproducible anywhere. In the figure each cell shows a token id; the target row is blank
-# where nothing is scored.
+# reproducible anywhere with the same RNG mode (printed above). In the figure each cell shows a
+# token id; the target row is blank where nothing is scored.
 
 # %%
 example = task(key_example, 2, seq_len)

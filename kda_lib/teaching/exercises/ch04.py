@@ -10,10 +10,7 @@ AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), w
                "the derivation: write the gradient yourself (NumPy or jnp)"
             for p in ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")}
 TIME_LIMIT_S = 5.0
-
-
-def _far(answer, expected, rtol: float = 1e-4) -> bool:
-    return not ex.close(answer, expected, rtol, floor=1e-3)
+_far = lambda answer, expected, rtol=1e-4: not ex.close(answer, expected, rtol, floor=1e-3)
 
 
 def _far_rows(answer, expected, rtol: float) -> bool:

@@ -25,8 +25,7 @@ def state_gradients_reference(ms, hs):
     """``gs[r] = hs[r] + ms[r]^T gs[r + 1]``, ``gs[R - 1] = hs[R - 1]`` (float64)."""
     gs, g = np.zeros_like(hs), np.zeros(hs.shape[1:])
     for r in range(len(ms) - 1, -1, -1):
-        g = hs[r] + ms[r].T @ g
-        gs[r] = g
+        gs[r] = g = hs[r] + ms[r].T @ g
     return gs
 
 
@@ -34,10 +33,9 @@ def summary_cotangents_reference(ms, es, hs):
     """``des[r] = gs[r + 1]``, ``dms[r] = gs[r + 1] S[r]^T`` (the last rank's 0), float64."""
     gs = state_gradients_reference(ms, hs)
     after = np.concatenate([gs[1:], np.zeros_like(gs[:1])])  # the gradient leaving each rank
-    states, s = [], np.zeros(es.shape[1:])
-    for m, e in zip(ms, es, strict=True):
-        states.append(s)
-        s = m @ s + e
+    states = [np.zeros(es.shape[1:])]  # S^(r), the state entering rank r
+    for m, e in zip(ms[:-1], es[:-1], strict=True):
+        states.append(m @ states[-1] + e)
     return np.einsum("rkv,rjv->rkj", after, np.stack(states)), after
 
 

@@ -52,8 +52,7 @@ def blind_floor(answer, rng):
 
 
 def _positions(answer, args, name):
-    """``(sorted int positions, None)`` of ``answer(*args)`` (a list, array or set), or
-    ``(None, hint)``."""
+    """``(sorted positions, None)`` of ``answer(*args)`` (list, array, set) or ``(None, hint)``."""
     got, hint = ex.call_answer(answer, *args, name=name)
     got = sorted(got) if isinstance(got, (set, frozenset)) else got
     hint = hint or ex.refuse_degenerate(got, integer=True, allow_zeros=True, what="positions")
@@ -115,10 +114,11 @@ def _lost(seq_len, delay, conv_size, period, first_only=False):
 def periodic_clearing(answer, rng):
     """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
     token (at t - delay) has no path left when the states and the conv histories above layer 0
-    are cleared at every multiple of ``period``."""
+    are cleared at every multiple of ``period`` (drawn: one period above the delay, one below)."""
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
-    period = int(rng.integers(delay + 1, 3 * delay + 2))
-    for case in [*_PERIODIC, (int(rng.integers(2 * period, 5 * period)), delay, conv_size, period)]:
+    periods = (int(rng.integers(delay + 1, 3 * delay + 2)), int(rng.integers(2, delay)))
+    for case in [*_PERIODIC, *((delay + int(rng.integers(2 * p, 5 * p)), delay,
+                                min(conv_size, p + 1), p) for p in periods)]:
         got, hint = _positions(answer, case, "lost_positions(seq_len, delay, conv_size, period)")
         if hint or got == _lost(*case):
             if hint:

@@ -1,10 +1,9 @@
-"""Checkers of notebook 07's exercises (the cache that rolls back a draft, rolling the state
-back over rejected tokens, the crossover of a verify call), on inputs drawn at each call.
-
-07.2 refuses the routines that solve or invert (their products pass) and, by memory, any d_k x
-d_k array: d_k is 200,003 to 500,009 (40 GB at a byte a number; the address space capped on
-Linux, where the kernel may overcommit). Every draft's last token (and every third) has beta in
-(1.2, 1.8), where a series in beta k k^T diverges; a converging iteration of O(d_k d_v) passes."""
+"""Checkers of notebook 07 (the cache that rolls back a draft, rolling the state back over
+rejected tokens, the crossover of a verify call), on inputs drawn at each call. 07.2 refuses
+the routines that solve or invert (their products pass) and, by memory, any d_k x d_k array:
+d_k is 200,003 to 500,009 (40 GB at a byte a number; the address space capped on Linux, where
+the kernel may overcommit). Every draft's last token (and every third) has beta in (1.2, 1.8),
+where a series in beta k k^T diverges; a converging iteration of O(d_k d_v) passes."""
 
 from __future__ import annotations
 
@@ -45,8 +44,9 @@ def _layers(rng):
 def _cache_hint(case, got: int) -> str:
     """Why ``got`` is not 07.1's bytes for ``case``: the named slips, else a question."""
     b, h, hv, k, v, w, cb, n = case
-    conv = b * (2 * h * k + hv * v) * cb
-    states = 4 * b * hv * k * v
+    conv, states = b * (2 * h * k + hv * v) * cb, 4 * b * hv * k * v
+    if hv != h and got == states // hv * h * (n + 1) + conv * _window_rows(w, n):
+        return "a state per key head: the states have one per value head, HV, not H"
     if got == states * (n + 1) + conv * max(w - 1, 0) * (n + 1):
         return "a conv history per prefix: the m + 1 histories overlap; one window holds them all"
     if got == states * n + conv * _window_rows(w, n):
@@ -87,8 +87,7 @@ _DENSE = ("your function ran out of memory at d_k = {:,}: a d_k x d_k array take
 
 @contextlib.contextmanager
 def _address_space_capped(headroom: int = 2**35):
-    """Cap the address space at its present size plus ``headroom`` (Linux) while the block
-    runs, so a d_k x d_k allocation fails even where the kernel overcommits memory."""
+    """Cap the address space (Linux) at its size plus ``headroom`` while the block runs."""
     try:
         import resource
 
@@ -128,8 +127,7 @@ def draft_states(state, k, v, g, beta):
 
 
 # K, V, n, rejected: odd d_k (XLA sizes their squares cleanly); 1, 2 and all tokens rejected; the
-# cheapest first (a diverging series is refused cheaply); the last's d_k x d_k array (250 GB at a
-# byte a number) fits no machine, whatever the address-space limit
+# cheapest first (a diverging series is refused cheaply); the last's d_k x d_k array fits nowhere
 _DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009, 1, 2, 1))
 
 
@@ -161,17 +159,23 @@ def roll_back(answer, rng):
             continue
         if {tokens - rejected - 1, tokens - rejected + 1} & set(near):
             return f"off by one token {where}: undo exactly the last `rejected` tokens"
-        return _roll_back_hint(got, states, k, v, beta, rejected, where)
+        return _roll_back_hint(got, states, k, v, g, beta, rejected, where)
 
 
-def _roll_back_hint(got, states, k, v, beta, rejected, where) -> str:
-    """The hint of a wrong roll-back: the decay left in place, a diverged series, or neither."""
-    undecayed = states[-1]
+def _roll_back_hint(got, states, k, v, g, beta, rejected, where) -> str:
+    """The hint of a wrong roll-back: D_t left in place or undone first, a diverged series, or
+    neither."""
+    undo = lambda s, t: s + beta[t] / (1 - beta[t]) * np.outer(k[t], k[t] @ s)  # (I - b k k^T)^-1
+    kept = first = states[-1]  # D_t never undone; D_t undone before I - beta k k^T
     for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-        undecayed = undecayed - beta[t] / (1 - beta[t]) * np.outer(k[t], v[t] - k[t] @ undecayed)
-    if np.linalg.norm(got - undecayed) <= 1e-4 * np.linalg.norm(undecayed):
+        kept = undo(kept - beta[t] * np.outer(k[t], v[t]), t)
+        first = undo(np.exp(-g[t])[:, None] * (first - beta[t] * np.outer(k[t], v[t])), t)
+    if np.linalg.norm(got - kept) <= 1e-4 * np.linalg.norm(kept):
         return (f"wrong {where}: the write and I - beta k k^T are undone, but M_t = "
                 "(I - beta k k^T) D_t: what undoes D_t?")
+    if np.linalg.norm(got - first) <= 1e-4 * np.linalg.norm(first):
+        return (f"wrong {where}: M_t = (I - beta k k^T) D_t, D_t applied first: undo the left "
+                "factor, I - beta k k^T, first and D_t last")
     diverged = np.linalg.norm(got) > 10 * np.linalg.norm(states[len(beta) - rejected])
     return (f"wrong {where}" + (" (some beta > 1 here: a series in beta k k^T diverges)"
                                 if diverged else "")
