@@ -15,6 +15,7 @@ executes it
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import itertools
@@ -261,6 +262,28 @@ def _ring_int32(r, h, d, w, mla_n):
     r, h, d, w, mla_n = (jnp.int32(x) for x in (r, h, d, w, mla_n))
     flat = (r - 1) * h * d * 2 * d * 4 + 2 * jnp.maximum(w - 1, 0) * 3 * h * d
     return r * flat // ((r - 1) * 2 * mla_n) + 1
+
+
+def _three_scales_f32(xp):
+    """08.4's worked solution computed in float32 throughout (numpy, or jnp with x64 off), its
+    numbers returned as float32 arrays (teacher C, 1: 1e-6 refused a quarter of them)."""
+    def head(half_lives):
+        f32 = xp.float32
+        lam = xp.sort(xp.asarray(0.5 ** (1 / np.asarray(half_lives)), f32))[::-1]
+        decays = lam + f32(0.5) * xp.concatenate([f32(1) - lam[:1], -xp.diff(lam)])
+        others = [xp.stack([e for j, e in enumerate(decays) if j != i]) for i in range(3)]
+        u2 = xp.stack([xp.prod(d - lam) / xp.prod(d - o) for d, o in zip(decays, others,
+                                                                        strict=True)])
+        beta = xp.sum(u2 / decays)
+        k = xp.sqrt(u2 / (beta * decays))
+        a = (xp.eye(3, dtype=f32) - beta * xp.outer(k, k)) @ xp.diag(decays)
+        basis = [beta * k]
+        for _ in range(15):
+            basis.append(a @ basis[-1])
+        target = xp.mean(xp.stack([lam[i] ** xp.arange(16, dtype=f32) for i in range(3)]), axis=0)
+        q = xp.linalg.lstsq(xp.stack(basis), target, rcond=None)[0]
+        return dict(decays=decays, beta=beta, k=k, q=q)
+    return head
 
 
 def _tiny_beta_head(half_lives):
@@ -634,6 +657,9 @@ def _rule_breakers():
         ("07.2", "the write only, forward (notebook 01's delta_write)",
          lambda s, k, v, g, beta, r: s + beta[-1] * np.outer(k[-1], v[-1] - k[-1] @ s)),
         ("08.4", "beta near 0 with a huge query (review 2026-12-04)", _tiny_beta_head),
+        ("08.4", "q off by 1e-3 of itself (20x float32's slack; teacher C, 1)", lambda lives: dict(
+            s08.three_time_scales(lives), q=np.multiply(s08.three_time_scales(lives)["q"],
+                                                        1 + 1e-3 * np.array([1, -1, 1])))),
         ("07.3", "no clamp at T >= 1 (a long draft, a small state: T <= 0)",
          lambda h, k, v, w, n, bs, bc, d: math.ceil(bs * h * ((1 + d) * k * v + (
              w - 1 + d if w >= 2 else 0) * (2 * k + v)) / (n * bc)) - 2 * d),
@@ -1043,7 +1069,17 @@ def _alternatives():
          _cases()["08.3"][1]),
         ("08.3", "seed by seed, a drawn row whose sum ties at 0", flip_distribution,
          {**_cases()["08.3"][1], "seed": 73}),
+        # float32 heads: the filter's error 1.1e-6 to 2.3e-6 at these seeds (teacher C, 1)
+        *[("08.4", f"the worked solution cast to float32, seed {seed}", lambda lives: {
+            k: np.float32(v) for k, v in s08.three_time_scales(lives).items()},
+           {**_cases()["08.4"][1], "seed": seed}) for seed in (2, 4, 13, 35)],
+        *[("08.4", f"the worked solution in float32 throughout ({xp.__name__}), seed {seed}",
+           _three_scales_f32(xp), {**_cases()["08.4"][1], "seed": seed})
+          for xp, seed in ((np, 13), (np, 35), (jnp, 13))],
         ("09.1", "numpy int64 out", half_numpy09, _cases()["09.1"][1]),
+        ("09.1", "jnp.where: a 0-d jnp inf without MLA layers (teacher C, 14)",
+         lambda k, m, h, d, r, w: jnp.where(m == 0, jnp.inf, jnp.maximum(1, jnp.ceil(
+             k * h * d * (d + 3 * max(w - 1, 0)) / max(m * r, 1)))), _cases()["09.1"][1]),
         ("09.2", "a search over contexts", context_search09, _cases()["09.2"][1]),
         ("09.3", "a dict of contexts, math.log2", bound_loop, {}),
         ("10.1", "numpy float32 throughout", reduction_f32, dict(preset=k3, fraction=0.5)),
@@ -1372,3 +1408,46 @@ def test_10_checkers_counts_agree_with_at_scale(preset):
     t = ch10._crossover(1, *model[2:], p.kda_parameter_count(), p.mla_parameter_count(), 2)
     assert [at_scale.mla_decode_bytes(p, x) >= at_scale.kda_decode_bytes(p)
             for x in (t - 1, t)] == [False, True]
+
+
+def test_hints_that_named_the_wrong_mistake_now_name_the_right_one():
+    """Teacher C: an honest 08.3 in exact fractions is told about ties (7); 09.1 without the
+    clamp to T >= 1 is told so (14); 09.3 in float32 is told float32 (15); 10.2 with Python-int
+    products, a float32 floor and int32 out is told float32, not int32 wrap-around (20)."""
+    import fractions
+
+    def flip_fractions(fam):  # exact rationals of the floats: no tolerance needed, it thinks
+        out = {}
+        for row, (a, b) in fam.items():
+            d = [fractions.Fraction(x) - fractions.Fraction(y) for x, y in zip(a, b, strict=True)]
+            hits = [abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= abs(sum(d))
+                    for signs in itertools.product((1, -1), repeat=len(d))]
+            out[row] = sum(hits) / len(hits)
+        return out
+
+    s09 = _solutions("09")
+    for seed in range(3):
+        hint = exercises.verdict("08.3", flip_fractions, **{**_cases()["08.3"][1], "seed": seed})
+        assert hint.startswith("only rows whose sums tie in decimals"), hint
+        clamp = exercises.verdict("09.1", lambda k, *a: s09.half_context(k, *a) if k else 0,
+                                  **{**_cases()["09.1"][1], "seed": seed})
+        assert "T >= 1 (at T = 0 nothing is cached)" in clamp, clamp
+
+    def bound_f32(data, k):  # the solution's counts, logs and sums in float32
+        data = bytes(np.asarray(data, np.uint8))
+        pairs = collections.Counter((data[t - k:t], data[t]) for t in range(k, len(data)))
+        ctx = collections.Counter()
+        for (c, _), n in pairs.items():
+            ctx[c] += n
+        n = jnp.asarray(list(pairs.values()), jnp.float32)
+        c = jnp.asarray([ctx[x] for x, _ in pairs], jnp.float32)
+        return float(-(n * jnp.log2(n / c)).sum() / n.sum())
+
+    assert "float32 keeps 7 digits" in exercises.verdict("09.3", bound_f32, seed=1)
+
+    def ring_f32(r, h, d, w, mla_n):  # Python-int products, a jnp (float32) floor, int32 out
+        flat = (r - 1) * h * d * 2 * d * 4 + 2 * max(w - 1, 0) * 3 * h * d
+        return jnp.floor(r * flat / ((r - 1) * 2 * mla_n)).astype(jnp.int32) + 1
+
+    hint = exercises.verdict("10.2", ring_f32, preset="Kimi-Linear-48B-A3B", ranks=8, seed=1)
+    assert "rounded to float32" in hint and "wraps" not in hint, hint

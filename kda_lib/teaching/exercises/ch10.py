@@ -1,7 +1,6 @@
-"""Checkers of notebook 10's exercises (Kimi Linear at scale): variants the page does not compute
-(10.1 the reduction against GQA, 10.2 ring attention against summaries, 10.3 fp8 and int4
-weights), on the notebook's preset (the counts agree with :mod:`kda_lib.lab.at_scale`:
-``tests/teaching/test_redteam_0610.py``), models of the checker's own and drawn ones."""
+"""Checkers of notebook 10's exercises: variants the page does not compute (10.1 against GQA,
+10.2 ring attention, 10.3 fp8 and int4 weights), on its preset (the counts agree with
+:mod:`kda_lib.lab.at_scale`: ``tests/teaching/test_redteam_0610.py``), own and drawn models."""
 
 from __future__ import annotations
 
@@ -38,20 +37,19 @@ _INT32_MAX = 2**31 - 1
 
 
 def _tokens_miss(answer, trials, name, count, largest):
-    """:func:`first_miss` on whole numbers of tokens; an int32 count past 2^31 - 1 gets its own
-    hint (``largest(*args)``: the trial's largest product)."""
+    """:func:`first_miss` on whole tokens, float32, int32 slips hinted (``largest``: products)."""
     hint, miss = ex.first_miss(answer, trials, name, count, lambda got, want: _is_int(
         got) and int(got) == want, shape=(), integer=True, what="T", allow_zeros=True)
     if miss and not _is_int(miss[1]):
         return "answer with a whole number of tokens", None
+    if miss and int(miss[1]) == count(*miss[0], f32=True):  # whatever dtype it returns
+        return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: the quotient rounded to "
+                "float32 (jnp's default, 24 bits); divide in Python ints or float64"), None
     dtype = np.asarray(miss[1]).dtype if miss else None
     if miss and dtype.kind in "iu" and dtype.itemsize <= 4 and largest(*miss[0]) > _INT32_MAX:
         return (f"your count is a 32-bit int (jnp's default) and a product here is "
                 f"{largest(*miss[0]):,}, past 2^31 - 1 = 2,147,483,647, where int32 wraps around "
                 "to a wrong value: compute in Python ints (or int64)"), None
-    if miss and dtype == np.float32 and abs(float(miss[1]) - miss[2]) <= 2 + miss[2] / 2**20:
-        return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: float32 (jnp's default) keeps "
-                "24 bits, too few for this quotient; divide in Python ints or float64"), None
     return hint, miss and (miss[0], int(miss[1]), miss[2])
 
 
@@ -70,9 +68,8 @@ def _kda_layer_bytes(heads, head_dim, conv_size) -> int:
 
 def _reduction_context(fraction, kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers,
                        kv_heads, baseline=None):
-    """The T at which ``1 - hybrid / all-GQA`` equals ``fraction`` (exact): ``T (L (1 - f) c_G -
-    g c) = k S`` (c_G, c a token's GQA and MLA bytes, S one KDA cache); ``math.inf`` at or past
-    the limit. ``baseline``: c_G replaced (the hints' slips)."""
+    """T with ``1 - hybrid / all-GQA = fraction`` (exact): ``T (L (1 - f) c_G - g c) = k S`` (c_G,
+    c a token's GQA, MLA bytes; S a KDA cache); ``math.inf`` past the limit; ``baseline``: slips."""
     gqa = 2 * 2 * kv_heads * head_dim if baseline is None else baseline
     room = ((1 - Fraction(fraction)) * (kda_layers + global_layers) * gqa
             - global_layers * 2 * mla_numbers)
@@ -104,9 +101,8 @@ def _drawn_gqa(rng) -> tuple:
 @ex.checker("10.1")
 def reduction_context(answer, rng, *, preset: str, fraction: float):
     """``answer(fraction, kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers,
-    kv_heads) -> float``: the context T at which a hybrid's decode memory is ``fraction`` below
-    as many GQA layers', ``math.inf`` where no T reaches it; on ``preset`` (8, 1 and 32 key/value
-    heads), models of the checker's own, one at its limit exactly and one drawn."""
+    kv_heads) -> float``: T where a hybrid's decode memory is ``fraction`` below all-GQA's, else
+    ``math.inf``; on ``preset`` (8, 1, 32 kv heads), own models, one at its limit, one drawn."""
     if not 0 <= fraction < 1:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     model = _preset_model(preset)
@@ -176,9 +172,10 @@ def _ring_bytes(ranks, heads, head_dim, conv_size) -> int:
                     + 2 * max(conv_size - 1, 0) * 3 * heads * head_dim)
 
 
-def _ring(ranks, heads, head_dim, conv_size, mla_numbers) -> int:
-    """The smallest whole T with T (R - 1) 2 mla_numbers > R (summaries + halo), in integers."""
-    return _ring_bytes(ranks, heads, head_dim, conv_size) // ((ranks - 1) * 2 * mla_numbers) + 1
+def _ring(ranks, heads, head_dim, conv_size, mla_numbers, f32=False) -> int:
+    """The least whole T with T (R - 1) 2 mla_numbers > R (summaries + halo); ``f32``: a slip."""
+    num, den = _ring_bytes(ranks, heads, head_dim, conv_size), (ranks - 1) * 2 * mla_numbers
+    return int(np.float32(num / den)) + 1 if f32 else num // den + 1
 
 
 @ex.checker("10.2")
@@ -207,11 +204,11 @@ def ring_crossover(answer, rng, *, preset: str, ranks: int):
 
 
 def _crossover(batch, heads, head_dim, conv_size, mla_numbers, kda_params, mla_params,
-               weight_bytes) -> int:
-    """The least whole T >= 1 where MLA's step moves at least KDA's bytes (exact)."""
+               weight_bytes, f32=False) -> int:
+    """The least whole T >= 1 where MLA's step moves at least KDA's bytes; ``f32``: a slip."""
     excess = (Fraction(weight_bytes) * (kda_params - mla_params)
               + batch * 2 * _kda_layer_bytes(heads, head_dim, conv_size))
-    return max(1, math.ceil(excess / (batch * 2 * mla_numbers)))
+    return max(1, math.ceil((np.float32 if f32 else Fraction)(excess / (batch * 2 * mla_numbers))))
 
 
 _OWN_LAYERS = [  # (heads, head_dim, conv_size, mla_numbers, kda_params, mla_params, weight_bytes)
@@ -231,9 +228,8 @@ def _clamped(rng) -> tuple:
 @ex.checker("10.3")
 def decode_crossover(answer, rng, *, preset: str):
     """``answer(batch, heads, head_dim, conv_size, mla_numbers, kda_params, mla_params,
-    weight_bytes) -> int``: the smallest whole T >= 1 at which an MLA layer's decode step of
-    ``batch`` sequences moves at least a KDA layer's bytes; on ``preset`` with fp8 and int4
-    weights, layers of its own, two drawn (one where MLA's weights alone outweigh KDA's)."""
+    weight_bytes) -> int``: the least whole T >= 1 where an MLA decode step of ``batch`` moves at
+    least KDA's bytes; on ``preset`` (fp8, int4), own layers, two drawn (one MLA-weight-bound)."""
     from kda_lib.models import presets
 
     p = presets.PRESETS[preset]
