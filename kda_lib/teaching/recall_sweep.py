@@ -388,7 +388,8 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
         if ax_steps is not None:
             ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
                          xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
-            ax_steps.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
+            ax_steps.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2,
+                             label="chance (every panel)")
     axes[1, -1].axis("off")
     title = "hollow / dashed: incomplete" if set(cells) - set(complete) else None
     axes[1, -1].legend(*axes[1, 0].get_legend_handles_labels(), loc="center", fontsize=9,

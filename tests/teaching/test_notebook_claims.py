@@ -1113,7 +1113,7 @@ def test_synthetic_recall_limits_as_notebook_08_and_its_notes_state_them():
 def test_recorded_two_layer_attention_sits_at_the_mqar_vote_level():
     """08 sections 5-6: voting for the sequence's most frequent value scores E[largest
     multiplicity] / n (exact; checked by sampling), 0.337 at CI's 4 pairs of 16 values and
-    0.208 at the record's 8 of 32, against 0.297 and 0.152 for uniform guessing; the sweep's
+    0.208 at the record's 8 of 32, against 0.297 and 0.152 for a random pair's value; the sweep's
     two-layer attention scores that level on MQAR (0.2081, 0.2066) and the phase run's plateau
     (0.193-0.210) holds it; the one-sided stop label leaves 6 of the sweep's 51 'rising' runs
     'moving' (4 of them MQAR attention or conv), none of palindrome's."""

@@ -64,7 +64,7 @@ def test_the_recorded_figure_has_a_beyond_reach_panel_and_mamba2_style_labels():
     labels = fig.axes[-1].get_legend_handles_labels()[1] or [
         t.get_text() for t in fig.axes[-1].get_legend().get_texts()
     ]
-    assert labels == ["kda", "gdn", "mamba2-style"]
+    assert labels == ["kda", "gdn", "mamba2-style", "chance (every panel)"]  # dotted (teacher C)
     assert rs.label("mamba2 beyond") == "mamba2-style beyond" and rs.label("gdn") == "gdn"
 
 
