@@ -119,8 +119,8 @@ assert "hybrid" in train_models and set(train_models) <= set(model_names), train
 # %% [markdown]
 # ## 1. The hybrid decoder, its MHA twin and three baselines of the same size
 #
-# Every model is `embed -> N x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`, its mixers the
-# pattern `layers` tiled over `num_layers` (`("kda", "kda", "kda", "mla")` is Kimi Linear's). MLA
+# Every model is `embed -> num_layers x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`, its
+# mixers the pattern `layers` tiled (`("kda", "kda", "kda", "mla")` is Kimi Linear's). MLA
 # (`kda_lib.layers.mla`, NoPE) compresses each token to a latent $\mathbf c^{KV}_t$ (DeepSeek-V2's
 # name; not the key-channel index $c$) of $d_c$ = `kv_lora_rank` numbers; each head's key and value
 # are linear maps of it, $\mathbf k_{t,h} = W^{K}_h \mathbf c^{KV}_t$, $\mathbf v_{t,h} = W^{V}_h
@@ -313,8 +313,7 @@ speed = lm.by_seed(runs, lambda r: r["train_tokens_per_second"], names)
 print("attention - other, test positions 1, 5-32, 33-128, all:", gap, "\ntraining tokens/s "
       "[min, max]:", {m: [round(v.min()), round(v.max())] for m, v in speed.items()})
 late = lm.by_seed(runs, lambda r: -np.diff(r["curve"]["validation_bpb"][-2:])[0], names)
-ordered = [f"{a} {c.verdict} {b} ({c.mean:+.3f})" for (a, b), c in tests.items()
-           if c.verdict != "level"]
+ordered = {k: c.verdict for k, c in tests.items() if c.verdict != "level"}  # a < b: a better
 level = {k: c for k, c in tests.items() if c.verdict == "level"}
 epoch = ps["steps"] * ps["batch_size"] * ps["seq_len"] / protocol["corpus"]["train_bytes"]
 h, h_mha = tests[("hybrid", "kda")], tests[("hybrid_mha", "kda")]  # hybrid - KDA
@@ -331,39 +330,40 @@ assert (round(min(sd), 3), round(max(sd), 3)) == (0.008, 0.033) and (
     max(late, key=lambda m: late[m].mean()) == "attention")  # falls fastest: its gap closes
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
+mark = {k: f"{c.mean:+.3f}" + ("" if c.verdict == "level" else " *") for k, c in tests.items()}
 
 # %%
+table = "\n".join([f"| a \\ b | {' | '.join(names[1:])} |", "|---" * len(names) + "|", *(
+    f"| {a} | " + " | ".join(mark.get((a, b), "") for b in names[1:]) + " |" for a in names[:-1])])
 display(Markdown(
-    f"On the {ps['test_windows']} fixed test windows (from {protocol['corpus']['test_files']} "
-    "files, the same for every seed: the tests condition on them), at an equal budget of "
-    f"{ps['steps']} steps ({epoch:.2f} of an epoch), with validation still falling (by "
-    f"{min(fall):.3f} to {max(fall):.3f} bits per byte over the last {ps['eval_every']} steps; "
-    f"attention's the fastest, {max(fall):.3f} against {min(fall):.3f} to {sorted(fall)[-2]:.3f}: "
-    f"its gap is closing), {len(ordered)} of the {len(tests)} pairs are ordered after Holm's "
-    f"correction: {'; '.join(ordered)} (a - b, bits per byte, '<' better; sign-flip p "
-    f"{min(flip.values()):.4f} each). Attention's gap is there at position 1, where every model "
-    f"has seen one byte ({min(p1):.3f} to {max(p1):.3f} bits per byte; {min(whole):.3f} to "
-    f"{max(whole):.3f} over the window): mostly per-token processing or how much a model learns "
-    "per step, the rest unresolved (attention also lacks KDA's short convolution and SiLU path "
-    f"and has a {mlp['attention'] / mlp['kda'] - 1:.0%} wider MLP, {mlp['attention']} units to "
-    f"KDA's {mlp['kda']}; no `attention_conv` here). On this CPU it trained {ratio:.1f}x the "
-    f"tokens/s of the others (slowest run {speed['attention'].min():,.0f}, their fastest "
-    f"{fast:,.0f}), runs varying up to {spread:.1f}x within a model: no claim at equal wall time. "
-    f"The other {len(level)} pairs are level (detectable at alpha/{len(tests)}: "
-    f"{min(gaps):.3f} to {max(gaps):.3f}); the largest mean gap, MLA hybrid - KDA, {h.mean:+.3f} "
+    f"Test bits per byte, a - b (< 0: a better; * ordered after Holm, sign-flip p "
+    f"{min(flip.values()):.4f} each) on {ps['test_windows']} fixed test windows of "
+    f"{protocol['corpus']['test_files']} files (the tests condition on them), {ps['steps']} steps "
+    f"({epoch:.2f} of an epoch; validation still falling, {min(fall):.3f} to {max(fall):.3f} "
+    f"bits per byte over the last {ps['eval_every']} steps):\n\n{table}\n\n"
+    f"- **Attention is behind every other model**, already at position 1, where every model has "
+    f"seen one byte ({min(p1):.3f} to {max(p1):.3f} bits per byte; {min(whole):.3f} to "
+    f"{max(whole):.3f} over the window): mostly not long context; the cause unresolved (attention "
+    f"lacks KDA's short convolution and SiLU path, its MLP {mlp['attention']} units to KDA's "
+    f"{mlp['kda']}; no `attention_conv` here), and its validation falls fastest: the gap closes.\n"
+    f"- **The other {len(level)} pairs are level** (detectable at alpha/{len(tests)}: "
+    f"{min(gaps):.3f} to {max(gaps):.3f}); the largest, MLA hybrid - KDA, {h.mean:+.3f} "
     f"[{h.low:+.3f}, {h.high:+.3f}] ({h.above}/{h.n} seeds; MHA hybrid {h_mha.mean:+.3f}), is "
     f"unresolved; the one-seed recorded run has the opposite order ({rec_bpb['hybrid']:.3f} < "
-    f"{rec_bpb['kda']:.3f})."))
+    f"{rec_bpb['kda']:.3f}).\n- **No claim at equal wall time:** on this CPU attention trained "
+    f"{ratio:.1f}x the tokens/s of the others (slowest run {speed['attention'].min():,.0f}, their "
+    f"fastest {fast:,.0f}), runs varying up to {spread:.1f}x within a model."))
+assert ordered == {(m, "attention"): "<" for m in gap}  # attention behind every other model
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items() if (
     c.verdict != "level")) and speed["attention"].min() > fast and [round(x, 2 - (x > 1)) for x in (
     min(p1), max(p1), min(whole), max(whole), ratio, spread)] == [0.17, 0.2, 0.21, 0.23, 2.1, 1.8]
 
 # %% [markdown]
 # **Does every model read beyond its last 32 bytes?** The *copy probe* (`kda_lib.lab.corpus.
-# copy_probe_windows`, test split): the gain from a verbatim copy 64 bytes back (windows repeating
-# their first half, against other text, scored where the last 32 bytes and the current one agree:
-# blind beyond 32 bytes gains nothing), as a share of the control's bits (an ideal copier's ceiling
-# bar the last scored byte); against 0 (Holm over five), per run in SEs.
+# copy_probe_windows`, test split): copy windows repeat their first 64 bytes; control windows put
+# other text there but keep the same last 32 bytes before each scored byte, so a model that sees
+# only 32 bytes back scores both alike. The gain (control minus copy), as a share of the control's
+# bits (an ideal copier's ceiling bar the last scored byte); against 0 (Holm over five), in SEs.
 
 # %%
 probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], names)
@@ -422,8 +422,8 @@ assert max(p.mean() for p in probe.values()) < 0.05 and round(share[top], 3) == 
 #    least whole context $T \ge 0$ where its cache reaches `factor` x a same-depth pure-KDA one's.
 # 3. **The k-byte bound.** Section 2's one-byte bound is the bits per byte of the best predictor
 #    of a byte from the one before, fitted on the data it scores. Write `context_bound(data, k)`
-#    (numpy, no kda_lib) for the $k$ bytes before, scored on `data[k:]` ($k = 0$ too). *Explain
-#    why* (open): why does it reach 0 as $k$ grows, and why is it then no bound for a model?
+#    (numpy, no kda_lib) for the `k` bytes before, scored on `data[k:]` (`k = 0` too). *Explain
+#    why* (open): why does it reach 0 as `k` grows, and why is it then no bound for a model?
 
 # %%
 from kda_lib.teaching import exercises

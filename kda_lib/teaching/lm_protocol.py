@@ -18,6 +18,7 @@ script's docstring, stored in the record under ``protocol``.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt
@@ -184,7 +185,9 @@ def plot_live_and_recorded(
                 fontsize=7,
             )
         ax.set(xlabel="optimiser step", ylabel="validation bits per byte")
-        ax.set_title(title, fontsize=9)
-    # beside the panels, not over them: the recorded curves fill the panel's corners
-    fig.legend(*axes[0, -1].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+        ax.set_title(textwrap.fill(title, 60), fontsize=9)  # a long one on two lines
+    # below the panels, not over them (the recorded curves fill the corners) nor beside them (a
+    # long title would run under it)
+    handles, labels = axes[0, -1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), fontsize=8)
     return fig
