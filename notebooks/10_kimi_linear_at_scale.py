@@ -117,8 +117,9 @@ print(f"{kimi.name}: d = {kimi.hidden_size}, KDA heads {kimi.num_heads} x {kimi.
 # - **KDA**: $2 \lvert\theta_{\text{mm}}\rvert$ for `q/k/v/f/b/g/o_proj`, $2 w (2 H d_k + H d_v)$
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
-#   recurrent step, $7 d_k d_v$ per head: per state entry the decay 1, $k^\top S$ 2, the write
-#   2, $S^\top q$ 2 (XLA's count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
+#   recurrent step, $7 d_k d_v$ per head: per state entry $\mathbf k^\top S$ 2, the write 2,
+#   $S^\top \mathbf q$ 2 (notebook 03's 6 multiply-add flops) and the decay's multiply 1 (XLA's
+#   count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
@@ -155,11 +156,11 @@ assert (kda_sum, mla_sum) == (kimi.kda_parameter_count(), kimi.mla_parameter_cou
 # %% [markdown]
 # ## 3. Each formula against the real program
 #
-# Kimi Linear's layers scaled down (`at_scale.scaled_down`), as real programs: KDA's chunked
-# prefill and decode step, MLA's prefill and absorbed decode step. Test: the traced matrix
-# products (`kda_lib.lab.costs.matmul_flops`: a `lax.scan`'s body times its length, so the chunk
-# count $H F_C / C$ is checked too) equal the formula's. Prefills score the full causal square,
-# $T_k = T$; of the KDA step's 7 $d_k d_v$ it checks the 4 in $k^\top S$ and $S^\top q$.
+# Kimi Linear's layers scaled down (`at_scale.scaled_down`), as real programs: KDA's chunked prefill
+# and decode step, MLA's prefill and absorbed decode step. Test: the traced matrix products
+# (`kda_lib.lab.costs.matmul_flops`: a `lax.scan`'s body times its length, so the chunk count $H F_C
+# / C$ is checked too) equal the formula's. Prefills score the full causal square, $T_k = T$; of the
+# KDA step's 7 $d_k d_v$ it checks the 4 of $\mathbf k^\top S$ and $S^\top \mathbf q$.
 
 # %%
 small = at_scale.scaled_down(kimi, hidden=check_hidden, heads=check_heads, head_dim=check_head_dim,
@@ -352,7 +353,7 @@ def draw_batches(fit):  # one line a batch, where weights + all-MLA caches fit o
 draw_batches(fit=True)  # the legend's first column: fits, one batch a row, the bound, the paper
 ax.axhline(bound, c="0.3", ls="--", label=f"bound: layers / global layers = {bound:.2f}")
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
-        label=f"the paper reports {paper_tpot_speedup}x TPOT (measured)")
+        label=f"the paper reports {paper_tpot_speedup}x TPOT (measured, its own setup)")
 draw_batches(fit=False)  # the second column: does not fit, then the band below 1
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
@@ -393,8 +394,8 @@ viz.show(fig, "10_decode_speedup")
 # 2. **Ring attention against summaries.** Split one sequence over $R$ ranks (notebook 05): a
 #    global layer's ranks pass their MLA latents around a ring, a KDA layer's exchange float32
 #    state summaries (notebook 05's all-gather: each rank receives the other $R - 1$ ranks'
-#    $(M, E)$) and a bf16 conv halo. Write `ring_crossover(ranks, heads, head_dim, conv_size,
-#    mla_numbers)` (no kda_lib): the smallest whole $T$ at which the ring brings a rank more.
+#    $(M^{(\rho)}, E^{(\rho)})$) and a bf16 conv halo. Write `ring_crossover(ranks, heads,
+#    head_dim, conv_size, mla_numbers)` (no kda_lib): the least whole $T$ where the ring moves more.
 # 3. **Quantised weights move the crossing.** Write `decode_crossover(batch, heads, head_dim,
 #    conv_size, mla_numbers, kda_params, mla_params, weight_bytes)` (no kda_lib): the smallest whole
 #    $T \ge 1$ at which an MLA layer's decode step of `batch` sequences moves at least as many
