@@ -85,11 +85,11 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     top = len(rows) + 1.45
     ax.add_patch(mpl.patches.Rectangle((comm + path["summary"], 1.55), comm, top - 1.55,
                                        color="0.8"))
-    ax.text(comm + path["summary"] + comm / 2, top + 0.12, "all-gather\n$(M, E)$",
-            ha="center", va="bottom", fontsize=8)
+    ax.text(x_fold - 0.005 * path["rank"], top + 0.12, "all-gather\n$(M, E)$", ha="right",
+            va="bottom", fontsize=8)  # right-aligned, the fold's label left-aligned: no overlap
     ax.text(comm / 2, top + 0.12, f"halo\n{halo} tokens", ha="center", va="bottom", fontsize=8)
-    ax.text(x_fold + path["fold"] / 2, top + 0.12, f"fold: all {ranks} steps\non every rank",
-            ha="center", va="bottom", fontsize=8)
+    ax.text(x_fold + 0.005 * path["rank"], top + 0.12, f"fold: all {ranks} steps\non every rank",
+            ha="left", va="bottom", fontsize=8)
     _box(ax, comm, path["one_device"], 0.7, "0.55", "one device: the whole sequence, $F(T, d_v)$")
     ax.text(-0.01 * path["rank"], 0.7, "1 device", ha="right", va="center", fontsize=9)
     end = x_out + path["output"]
@@ -128,7 +128,7 @@ def _rank_row(ax, r: int, y: float, path: dict, comm: float, ranks: int, halo_fr
              hatch=None if j < r else SKIPPABLE)
     x_keep = x_fold + r * step  # S^(r): the state after the first r summaries
     ax.plot([x_keep, x_keep], [y - 0.32, y + 0.32], color="black", linewidth=2.0)
-    ax.text(x_keep, y + 0.33, f"keeps $S^{{({r})}}$", ha="center", va="bottom", fontsize=7)
+    ax.text(x_keep, y + 0.33, f" keeps $S^{{({r})}}$", ha="left", va="bottom", fontsize=7)
     _box(ax, x_fold + path["fold"], path["output"], y, colour, f"output from $S^{{({r})}}$")
     ax.text(-0.01 * path["rank"], y, f"rank {r}", ha="right", va="center", fontsize=9)
 
