@@ -22,7 +22,7 @@
 # devices exchange two small things: the $w - 1$ tokens before each slice (the short
 # convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$
 # of each slice's effect on the state. Neither grows with the sequence length $T$; gathering the
-# sequence does (section 5, read off the compiled program). Without 2 accelerators: CPU devices.
+# sequence does (section 5, read off the compiled program). Without 2 accelerators: simulated CPUs.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/05_context_parallel.ipynb)
 #
