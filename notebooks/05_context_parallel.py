@@ -191,7 +191,8 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
 # E^{(\rho - 1)}$) and compare with the state one device reaches at each slice boundary. The
 # slice's outputs are affine in $S^{(\rho)}$ as well, $O = Q^{\text{eff}} S^{(\rho)} +
 # O^{\text{intra}}$ (notebook 03's form for a chunk), and the same run outputs $[\,Q^{\text{eff}}
-# \mid O^{\text{intra}}\,]$: the product costs $2 d_k d_v$ flops a token (checked below).
+# \mid O^{\text{intra}}\,]$ (checked below against one device); the product $Q^{\text{eff}}
+# S^{(\rho)}$ is $d_k d_v$ multiply-adds a token, $2 d_k d_v$ flops: counted, not measured.
 
 # %%
 # q, k, v, g, beta [B, T, ...], g from notebook 04's gate as the layer is initialised

@@ -261,8 +261,8 @@ def draw_context_parallel(
         "(hatched) from its predecessor (ppermute)"
     )
     ax_bot.set_title(
-        "State passing: slice summaries $S \\mapsto M S + E$ are all-gathered, "
-        "each rank folds the upstream ones"
+        "State passing: slice summaries $S \\mapsto M S + E$ are all-gathered; "
+        "every rank folds all $R$ of them and keeps $S^{(\\rho)}$"
     )
     return fig
 
