@@ -267,14 +267,12 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # ## 4. What each part is for: take it away
 #
 # **L2 norm and the $\beta$ sigmoid keep the transition non-expansive ($\lVert M_t\rVert_2 \le
-# 1$).** $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf
-# k\rVert^2$ along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert =
-# 1$ and $\beta \in (0, 1)$; if $\beta \lVert \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1,
-# 1]$ and stretches a state's part along $\mathbf k$. The raw key's length depends on $W_k$, the
-# conv, the input and $d_k$; only the L2 norm keeps $\beta \lVert\mathbf k\rVert^2 < 2$ (the
-# paper's L2Norm "to ensure eigenvalues stability", §4). Below: every head of `ablation_draws`
-# layers at init, each on the first sequence of its own input, as built, keys unnormalised, and
-# $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# 1$).** $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$
+# along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert = 1$ and
+# $\beta \in (0, 1)$. If $\beta \lVert \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1, 1]$ and
+# stretches a state's part along $\mathbf k$; the two parts rule that out (the paper's L2Norm "to
+# ensure eigenvalues stability", §4). Below: every head of `ablation_draws` layers at init, each on
+# its own input, as built, keys unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
 
 # %%
 def ablations(layer, x, head, S_0):  # row 0, one head: {way: (||M_t||_2, ||S_t||_F / ||S_0||_F)}
@@ -313,16 +311,16 @@ assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) 
 viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
 # %% [markdown]
-# Top, $\lVert M_t\rVert_2$ at every token of every head; below, a random state $S_0$ carried by
-# $I - \beta_t \mathbf k_t \mathbf k_t^\top$ alone (no write, no decay), whose norm can pass $\lVert
-# S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$. Without its sigmoid $\beta = \mathbf
-# x_t W_\beta$ is negative at about half the tokens, above 2 at few (printed); where $\beta < 0$ the
-# eigenvalue $1 - \beta$ along the unit $\mathbf k_t$ exceeds 1: about half of all transitions
-# expand (30% to 70%), and the state passes $S_0$ in over half the heads (asserted), as built in
-# none (printed). Without the L2 norm few expand at this page's $d_k$, where raw keys are short
-# (middle column); a raw key's channels have about the same mean square at any $d_k$ (printed), so
-# $\beta \lVert\mathbf k_t\rVert^2 > 2$ at over half the tokens at $d_k$ = 64, over 80% at 128
-# (below). The parts keep $\lVert M_t\rVert_2 \le 1$ for any weights and width.
+# Top: $\lVert M_t\rVert_2$ at every token of every head. Bottom: a random state $S_0$ carried by
+# $I - \beta_t \mathbf k_t \mathbf k_t^\top$ alone, with no write and no decay; its norm can pass
+# $\lVert S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$. Without the sigmoid, $\beta =
+# \mathbf x_t W_\beta$ is negative at about half the tokens, and there the eigenvalue $1 - \beta$
+# along $\mathbf k_t$ exceeds 1: about half of all transitions expand and the state grows past
+# $S_0$ in most heads. As built, none expand.
+#
+# Without the L2 norm it depends on the width. A raw key's channels have about the same mean square
+# at any $d_k$, so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at most tokens at $d_k$ = 64 and 128
+# (below), at few at this page's $d_k$ (middle column). With both, $\lVert M_t\rVert_2 \le 1$.
 
 # %%
 widths, law = sorted({K, 64, 128}), {}  # d_k: (||k_t||^2, beta_t) [B, T, H] before the L2 norm
@@ -373,10 +371,11 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init; trained: the notes).
 # So the RMS is $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) +
 # \epsilon_{\text{RMS}})}$: below 1 always, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge
-# 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, printed). At init it is below that at most
-# head-tokens: the RMS is a little below 1 at the median, far below at the lowest (printed;
-# asserted). The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each
-# channel per token: a head can be muted.
+# 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, below). At init $\mathbf o$ is tiny: the
+# state starts at 0, each token writes one $\beta_t \mathbf k_t \mathbf v_t^\top$ with small
+# $\mathbf v_t$, and $\mathbf o$ grows from the first token to the last (medians below). So the
+# RMS is a little below 1 at the median, far below at the lowest. The gate $\sigma(\mathbf z_t) \in
+# (0, 1)$ scales each channel per token: a head can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -390,8 +389,10 @@ rms_grown = rms_after(parts["o"] * np.float32(np.sqrt(100 * eps_rms / ms.min()))
 print(f"mean square of o {ms.min():.1e} .. {ms.max():.1e}, below 100 eps_rms ({eps_rms:g}) at "
       f"{np.mean(ms < 100 * eps_rms):.0%}; RMS after the norm {rms_init.min():.2f} (median "
       f"{np.median(rms_init):.3f}) .. {rms_init.max():.3f}; o scaled up >= {rms_grown.min():.4f}")
+first, last, ms_v = np.median(ms[:, 0]), np.median(ms[:, -1]), np.median(np.square(parts["v"]))
+print(f"median ms(o): first token {first:.1e}, last {last:.1e}; median v^2 {ms_v:.3f}")
 assert np.mean(ms < 100 * eps_rms) > 0.5 and 0.9 < np.median(rms_init) < np.sqrt(100 / 101)
-assert rms_init.min() < 0.5, "the lowest head-token's RMS: far below 1"
+assert rms_init.min() < 0.5 and first < last, "the lowest RMS far below 1; o fills from S = 0"
 
 # %% [markdown]
 # ## Summary
@@ -404,9 +405,8 @@ assert rms_init.min() < 0.5, "the lowest head-token's RMS: far below 1"
 #   more than softmax attention's parameters, and no KV cache.
 # - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head drawn; without the
 #   $\beta$ sigmoid about half expand ($\beta < 0$) and a state with no write or decay grows in
-#   most heads; without the L2 norm most would at $d_k$ = 64 and 128 ($\lVert\mathbf k_t\rVert^2
-#   \propto d_k$). Without the conv a key sees only its own token; the gate's input has rank $r$;
-#   $\epsilon_{\text{RMS}}$ lowers the RMS at init, a little at the median, far at the lowest.
+#   most heads; without the L2 norm most would at $d_k$ = 64 and 128. Without the conv a key sees
+#   only its own token; the gate's input has rank $r$; the RMSNorm lowers the tiny init outputs.
 #
 # ## Exercises
 #
