@@ -130,6 +130,6 @@ def periodic_clearing(answer, rng):
                 if any(t < delay or t >= seq_len for t in got)
                 else f"wrong for {case}: only the first clearing counted; which matters at t?"
                 if got == _lost(*case, first_only=True)
-                else f"wrong for {case}: after the last clearing before t, which tokens keep a "
-                "path?")
+                else f"wrong for {case}: after the last clearing at or before t, which tokens "
+                "keep a path?")
         return text
