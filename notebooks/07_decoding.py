@@ -235,7 +235,8 @@ ax.axvline(prompt_len - 0.5, color="0.3", linestyle="--", linewidth=1)
 ax.axhline(np.finfo(np.float32).eps, color="0.4", linestyle=":", linewidth=1, label="float32 eps")
 ax.set(ylim=(5e-11 if zeros else 1e-8, 1e-3), xlabel="token position t (tokens): prefilled "
        "left of the dashed line, decoded one per step right of it",
-       ylabel=r"$\|y_t - y_t^{\mathrm{full}}\| / \|y_t^{\mathrm{full}}\|$",
+       ylabel=r"$\|\mathbf{y}_t - \mathbf{y}_t^{\mathrm{full}}\|"
+       r" / \|\mathbf{y}_t^{\mathrm{full}}\|$",
        title="Prefill + decode vs one full pass, per token"
        + (f" ({zeros} equal bit for bit, drawn at 1e-10)" if zeros else ""))
 ax.legend(loc="upper left", ncol=3, fontsize=8)
@@ -314,7 +315,7 @@ step_ms = decode_timing.step_ms(calls, timing_steps, timing_repeats)  # ms per s
 print(f"ms per decode step, fastest of {timing_repeats} rounds of {timing_steps}-step loops "
       f"({jax.devices()[0].device_kind}): KDA {step_ms['KDA']:.3f} at every T; attention "
       + ", ".join(f"{step_ms[t]:.3f} at T = {t:,}" for t in [1, *attention_contexts]))
-largest = max(attention_contexts)  # below ~1 MiB cached attention's fixed step cost hides the read
+largest = max(attention_contexts)  # below 8 MiB cached a fixed step cost can hide the read
 print(f"attention at T = {largest:,} ({largest * kv_bytes_per_token / 2**20:.0f} MiB cached): "
       f"{step_ms[largest] / step_ms[1]:.1f}x its T = 1 step")
 assert step_ms[largest] > step_ms[1] or largest * kv_bytes_per_token < 2**23  # asserted from 8 MiB
@@ -380,7 +381,8 @@ viz.show(fig, "07_decode_time")
 #    draft token's state instead (notes)?
 # 3. **The crossover of a verify call.** Verifying an $m$-token draft, a KDA layer (`heads`
 #    heads, one state each, `conv_size` $= w$) moves exercise 1's cache once (reads what it held
-#    before the draft, writes the rest), `state_bytes` bytes a number; attention over $T$ cached
+#    before the draft, writes the rest), every number of it (states and conv rows alike, no
+#    separate conv width here) `state_bytes` bytes; attention over $T$ cached
 #    tokens writes $m$ entries and reads all $T + m$, an entry being `kv_numbers` numbers for the
 #    **whole layer**, all heads together (MLA: its latent and shared key), `kv_bytes` bytes each.
 #    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
