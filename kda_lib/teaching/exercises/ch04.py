@@ -45,11 +45,11 @@ def conv_ring_step(answer, rng):
             if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
                 slots_in_order = not _far(got[2], np.einsum("wbc,wc->bc", np.concatenate(
                     [np.moveaxis(ring, 1, 0), xi_t[None]]), kernel))
-                return ("conv_t is off" + where + (": the ring's rows are not oldest first; slot "
-                        "start holds the oldest" if slots_in_order and start else ": kernel row "
-                        "w - 1 meets xi_t, row j the input w - 1 - j tokens before"))
-            want = ring.copy()
-            want[:, start] = xi_t
+                return ("conv_t is off" + where + (": it is 16-bit; compute in float32 or wider"
+                        if np.asarray(got[2]).dtype.itemsize < 4 else ": the ring's rows are not "
+                        "oldest first; slot start holds the oldest" if slots_in_order and start else
+                        ": kernel row w - 1 meets xi_t, row j the input w - 1 - j tokens before"))
+            want = np.where(np.arange(width - 1)[None, :, None] == start, xi_t[:, None], ring)
             if _far(got[0], want):
                 moved = not _far(np.asarray(got[0])[:, -1], xi_t) and width > 2
                 return ("ring is off" + where + (": a ring buffer moves no row; write xi_t over "
