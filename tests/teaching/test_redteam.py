@@ -893,3 +893,21 @@ def test_03_1_hints_do_not_name_the_answer():
         assert hint, wrong.__name__
         leaked = [w for w in ("upper", "K_out", "its end", "its beta", "diag(beta)") if w in hint]
         assert not leaked, (wrong.__name__, leaked, hint)
+
+
+def test_review_d_hints_name_the_slip():
+    """Strict-teacher review D (defects 1 and 6): 02.1's density integral without a d_k = 1 case
+    (0 there, where the chance is 1) is told one draw spans nothing, not that a simulation cannot
+    see it; 01.2 with the error as v - S^T k (the sign flipped) is told the sign."""
+    def density_integral(n, ratio, width):  # integral of n (n - 1) x^(n-2) (1 - x) from 0 to chi
+        chi = min(np.log(ratio) / np.log(width), 1.0)
+        return n * chi ** (n - 1) - (n - 1) * chi**n if n > 1 else 0.0
+
+    def flipped(mu, v1, v2, m):  # 01.2's closed form for v_1 - S^T k_1
+        return v1 if m == 0 else -(mu ** (2 * m - 1)) * (v2 - mu * v1)
+
+    for seed in range(8):
+        hint = exercises.verdict("02.1", density_integral, seed=seed)
+        assert hint and "one draw spans nothing" in hint and "simulation" not in hint, hint
+        hint = exercises.verdict("01.2", flipped, seed=seed)
+        assert hint and "the sign" in hint, hint

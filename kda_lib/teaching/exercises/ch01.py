@@ -9,7 +9,6 @@ from kda_lib.teaching import exercises as ex
 TIME_LIMIT_S = 5.0  # the closed form takes microseconds; 10^10 simulated steps take minutes
 GRID = 1000  # 01.1's, 02.2's last call: GRID^2 parameters as arrays; ms for the closed form
 
-
 f32 = lambda *xs: [np.asarray(x, np.float32).astype(np.float64) for x in xs]  # noqa: E731
 
 
@@ -84,11 +83,13 @@ def sweep_error(answer, rng):
         if hint:
             return hint
         tol = 1e-5 * (1 + m) ** 0.5  # (float32 loops over m sweeps round m times)
-        if not ex.close(got, -v1 if m == 0 else mu ** (2 * m - 1) * (v2 - mu * v1), tol):
-            return f"wrong at mu = {mu}, m = {m}: " + ("no sweep: S = 0; what does pair 1 read?"
-                if m == 0 else "the error is far below float64's rounding of S^T k_1 - v_1 here "
-                "(about 1e-16 of v_1): a float64 simulation or fit of sweeps gives noise; find "
-                "what a sweep does to the error as a formula in mu" if 0 < abs(mu) < 1e-3 else
+        if not ex.close(got, want := -v1 if m == 0 else mu ** (2 * m - 1) * (v2 - mu * v1), tol):
+            return f"wrong at mu = {mu}, m = {m}: " + ("the exercise's error is S^T k_1 - v_1, "
+                "not v_1 - S^T k_1 (the sign)" if ex.close(got, -want, tol) else "no sweep: "
+                "S = 0; what does pair 1 read?" if m == 0 else "the error is far below float64's "
+                "rounding of S^T k_1 - v_1 here (about 1e-16 of v_1): a float64 simulation or fit "
+                "of sweeps gives noise; find what a sweep does to the error as a formula in mu"
+                if 0 < abs(mu) < 1e-3 else
                 "one sweep writes both pairs: follow pair 1's error through pair 1's write, "
                 "then pair 2's" if ex.close(got, mu**m * (v2 - mu * v1), 1e-5) else
                 "after pair 1's write its error is 0; what does pair 2's write (section 3's "

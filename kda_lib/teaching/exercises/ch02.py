@@ -1,5 +1,4 @@
-"""Checkers of notebook 02: 02.1 a probability (no scipy), 02.2 two coefficients of beta; float32
-answers pass (relative 1e-5), numbers or arrays."""
+"""Checkers of notebook 02: 02.1 a probability (no scipy), 02.2 two coefficients of beta."""
 
 from __future__ import annotations
 
@@ -61,18 +60,20 @@ def spread_below(answer, rng):
         got, hint = ex.call_answer(answer, n, ratio, width, name="spread_below(d_k, ratio, width)",
                                    refused={p: _BETA_HINT.format(p) for p in _BETA})
         got = got if hint else _scalar(got)
-        if not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0:
+        zero = not hint and np.ndim(got) == 0 and np.asarray(got).dtype.kind in "iuf" and got == 0
+        if not (edge := n == 1 or ratio >= width) and zero:  # (at an edge the chance is 1)
             return (f"yours is 0 {where}, where the chance is small but not 0: a simulation "
                     "(sampling) cannot see such draws; derive the distribution of the span")
-        if hint := hint or ex.refuse_degenerate(got, shape=(), what="the probability"):
+        if not zero and (hint := hint or ex.refuse_degenerate(got, shape=(), what="a probability")):
             return hint
         if not -1e-12 <= float(got) <= 1 + 1e-12:  # (rounding may pass 1 by an ulp or two)
             return f"yours is {float(got)!r} {where}: a probability lies in [0, 1]"
         if ex.close(got, _spread(n, ratio, width), 1e-5):
             continue
-        if n == 1 or ratio >= width:
-            return (f"wrong {where}: " + ("one draw spans nothing" if n == 1 else "no draws "
-                    "can span more than the whole range"))
+        if edge:
+            return f"wrong {where}: " + ("one draw spans nothing; what is the chance it spans less"
+                                         " than any ratio?" if n == 1 else "no draws can span "
+                                         "more than the whole range")
         slip = next((text for how, text in _SPREAD_HINTS.items()
                      if ex.close(got, _spread(n, ratio, width, how), 1e-5)), None)
         return (f"wrong {where}: " + (slip or "in log(tau) the draws are uniform; rescaled to "

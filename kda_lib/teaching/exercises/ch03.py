@@ -1,9 +1,8 @@
 """Checkers of notebook 03's exercises (the chunkwise algorithm), on chunks drawn at each call,
 judged by value in float64 (float32 answers pass, relative 1e-5). Every call has a chunk longer
 than d_k (a product of transitions does not determine a chunk's factor there) and forget bursts
-(a gate of -12288 in some channels), after which exp(-gamma_t) overflows in float32, float64 and
-x86's 80-bit long double (up to e^11356). The gates are multiples of 1/1024 and every gamma_t is
-above -2^14, so every gamma_t - gamma_s is exact in float32 too."""
+(gates of -12288: exp(-gamma_t) overflows float32, float64 and x86's long double). Gates are
+multiples of 1/1024 and every gamma_t is above -2^14, so gamma_t - gamma_s is exact in float32."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ def _close(actual, expected, tol=1e-5) -> bool:
 
 
 def _chunk(rng, C, K, V, bursts):
-    """Unit keys k [C, K], values [C, V], log decays g [C, K] (multiples of 1/1024; with
-    ``bursts`` one entry in eight a burst, at least one, one per channel at most, none in
-    channel 0), beta [C]."""
+    """Unit keys k [C, K], values [C, V], log decays g [C, K] (multiples of 1/1024; ``bursts``:
+    one entry in eight a burst, at least one, one per channel at most, none in channel 0), beta."""
     k = rng.standard_normal((C, K))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     g = -rng.integers(10, 600, (C, K)) / 1024.0
