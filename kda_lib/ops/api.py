@@ -60,10 +60,12 @@ def kda(
 
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
-      (float64 for float64 inputs); with interior states a :class:`KDAResult`. Under ``auto``,
-      forward mode (``jax.jvp``, ``jax.hessian``) that reaches a hand-written backward while
-      ``kda()`` runs takes the recurrence instead; where JAX differentiates after it returned
-      (``jit`` around ``jvp`` or a Hessian-vector product) JAX's error stands (DESIGN section 4).
+      (float64 for float64 inputs); with interior states a :class:`KDAResult`. Forward over
+      reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Under
+      ``auto``, forward mode (``jax.jvp``; on a TPU ``jax.hessian`` too) that reaches a
+      hand-written backward while ``kda()`` runs takes the recurrence instead; where JAX
+      differentiates after it returned (``jit`` around ``jvp``; on a TPU around ``jvp`` of
+      ``grad`` too) JAX's error stands (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -118,11 +120,12 @@ def _run_call(impl, arrays, options):
         name = "pallas_tpu" if impl.name == "pallas_tpu" else "chunked"
         where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
                  "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
-                 "of 65536, DESIGN section 4")
+                 "of 65536, DESIGN section 4")  # fmt: skip
+        modes = ("jax.jvp, jax.jacfwd, jax.hessian" if name == "pallas_tpu" else
+                 "jax.jvp, jax.jacfwd; forward over reverse, jax.hessian, runs")  # fmt: skip
         raise TypeError(
-            f"forward-mode autodiff (jax.jvp, jax.jacfwd, jax.hessian) cannot run through "
-            f"implementation={name!r} ({where}): its backward is hand-written; pass "
-            "implementation='recurrent'"
+            f"forward-mode autodiff ({modes}) cannot run through implementation={name!r} "
+            f"({where}): its backward is hand-written; pass implementation='recurrent'"
         ) from e
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
@@ -134,8 +137,9 @@ STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
 # call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
 # not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None;
-# forward_mode_fallback: the row's name to run instead where forward-mode autodiff (jax.hessian,
-# jvp of a gradient) reaches a hand-written backward ("auto"'s rows: "recurrent"), else None
+# forward_mode_fallback: the row's name to run instead where forward-mode autodiff reaches a
+# hand-written backward (jax.jvp of the chunked form itself; jax.hessian too on the Pallas
+# kernels) ("auto"'s rows: "recurrent"), else None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant "
                             "forward_mode_fallback", defaults=(None,))  # fmt: skip
 

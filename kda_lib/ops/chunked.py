@@ -252,7 +252,9 @@ def _unit_lower_inverse_bwd(inv, d_inv):
     return (jnp.tril(-_mm("...ij,...jk,...kl->...il", inv_t, d_inv, inv_t), -1),)
 
 
-unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse(a),) * 2, _unit_lower_inverse_bwd)
+# the forward rule runs the plain body (as _decayed_scores' does, below): a custom_vjp call
+# left inside it would meet the outer jvp of forward over reverse (jax.hessian, jvp of grad)
+unit_lower_inverse.defvjp(lambda a: (unit_lower_inverse.fun(a),) * 2, _unit_lower_inverse_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -246,26 +246,40 @@ def test_forward_mode_through_chunked_is_refused_by_name_and_served_by_auto():
 
 def test_jit_around_forward_mode_after_kda_returned_keeps_jaxs_error():
     """Where JAX differentiates kda()'s compiled call after kda() has returned (jit around a
-    jvp of auto on the chunked form alone, B * HV * K * V >= 65536 on CPU; jit around a
-    Hessian-vector product, jvp of grad, on the routed form, in k: it reaches the UT inverse's
-    custom_vjp), JAX's own error stands (DESIGN section 4): this test notices when a JAX
-    release changes that. In q alone the HVP runs: the recurrence's values."""
+    jvp of auto on the chunked form alone, B * HV * K * V >= 65536 on CPU, or of the chunked
+    form named), JAX's own error stands (DESIGN section 4): this test notices when a JAX
+    release changes that."""
     big = random_kda_inputs(jax.random.key(4), 1, 20, 4, 128, 128)
     big = tuple(big[n] for n in ("q", "k", "v", "g", "beta"))
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
         jax.jit(lambda a: jax.jvp(kda, a, a))(big)
-    q, k, *rest = tuple(a[:, :, :1, :4] for a in big[:4]) + (big[4][:, :, :1],)  # routed: T = 20
-    loss = lambda k: jnp.sum(kda(q, k, *rest)[0] ** 2)  # noqa: E731
-    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):  # jit of an HVP
-        jax.jit(lambda k: jax.jvp(jax.grad(loss), (k,), (k,)))(k)
+    small = tuple(a[:, :, :1, :4] for a in big[:4]) + (big[4][:, :, :1],)
+    run = functools.partial(kda, implementation="chunked")
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jit(lambda a: jax.jvp(run, a, a))(small)
 
-    @jax.jit  # both implementations in one program
-    def hvps_in_q(q):
-        loss = lambda q, impl: jnp.sum(kda(q, k, *rest, implementation=impl)[0] ** 2)  # noqa: E731
-        return [jax.jvp(jax.grad(functools.partial(loss, impl=i)), (q,), (q,))[1]
-                for i in ("auto", "recurrent")]  # fmt: skip
 
-    assert_close(*hvps_in_q(q), atol=1e-7, rtol=1e-5)
+def test_jit_around_a_hessian_vector_product_runs_through_the_chunked_backward():
+    """jit around a Hessian-vector product (jvp of grad) whose tangent moves every input: the
+    outer jvp runs through the chunked form's hand-written backward, since the forward rules of
+    its custom_vjps run their plain bodies (before, a tangent in k, g or beta met JAX's error at
+    unit_lower_inverse's custom_vjp, DESIGN section 4). auto's (routed, T = 20) and chunked's
+    equal the recurrence's."""
+    x = random_kda_inputs(jax.random.key(4), 1, 20, 1, 4, 4)
+    args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+
+    @jax.jit  # the three implementations in one program
+    def hvps(args):
+        def hvp(implementation):
+            loss = lambda a: jnp.sum(kda(*a, implementation=implementation)[0] ** 2)  # noqa: E731
+            return jax.jvp(jax.grad(loss), (args,), (args,))[1]
+
+        return [hvp(i) for i in ("auto", "chunked", "recurrent")]
+
+    auto, chunked, want = hvps(args)
+    for name, a, b, c in zip(("q", "k", "v", "g", "beta"), auto, chunked, want, strict=True):
+        assert_close(a, c, atol=1e-6, rtol=1e-5, name=f"auto d{name}")
+        assert_close(b, c, atol=1e-6, rtol=1e-5, name=f"chunked d{name}")
 
 
 def test_grad_of_a_jvp_through_auto_equals_the_recurrences():
@@ -285,7 +299,9 @@ def test_grad_of_a_jvp_through_auto_equals_the_recurrences():
 def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatch):
     """On a TPU auto's row can be the Pallas kernels (here interpreted): jax.hessian through it
     reaches their hand-written backward, so auto runs the recurrence instead (pallas_call's own
-    JVP rule, which asserts on these kernels, is never reached)."""
+    JVP rule, which asserts on these kernels, is never reached). Under jit around a jvp of a
+    gradient JAX reaches the backward kernels' pallas_call after kda() has returned: its bare
+    AssertionError stands (DESIGN section 4; this test notices when that changes)."""
     monkeypatch.setattr(api, "tpu_generation", lambda: 5)
     x = random_kda_inputs(jax.random.key(5), 1, 24, 1, 128, 128)
     rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
@@ -296,6 +312,9 @@ def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatc
         return jax.hessian(loss)(1.5)
 
     assert_close(hessian("auto"), hessian("recurrent"), atol=1e-5, rtol=1e-5)
+    loss = lambda s: jnp.sum(kda(x["q"] * s, *rest)[0] ** 2)  # noqa: E731
+    with pytest.raises(AssertionError):
+        jax.jit(lambda s: jax.jvp(jax.grad(loss), (s,), (1.0,))[1])(1.5)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
@@ -342,16 +361,17 @@ def test_hessian_and_jvp_through_the_default_match_float64_finite_differences(se
     """jax.hessian (forward over reverse) and jax.jvp of a scalar of the default kda()'s
     output, w.r.t. three scalings (of q, v and the gates): central differences in float64.
     Above 16 tokens "auto" differentiates by the chunked form, whose backward is hand-written:
-    forward mode over it runs the recurrence instead (eagerly and under jit)."""
+    the Hessian is forward mode over that backward, the jvp auto's route (the chunked VJP
+    transposed); the chunked form named refuses a jvp of itself by name."""
     loss = functools.partial(_scaled_loss, *_float64_inputs(seq_len))
     f = jax.jit(loss)
     slope, want = _central_slope(f, THETA), _central_hessian(f, THETA)
     np.testing.assert_allclose(jax.jit(jax.hessian(loss))(THETA), want, rtol=1e-5, atol=1e-6)
     _, along = jax.jvp(loss, (THETA,), (DIRECTION,))  # eagerly
     np.testing.assert_allclose(along, slope @ DIRECTION, rtol=1e-6, atol=1e-7)
-    if seq_len == 17:  # the chunked form named: forward mode over its backward refused by name
+    if seq_len == 17:  # the chunked form named: forward mode over its forward refused by name
         with pytest.raises(TypeError, match="implementation='chunked'.*'recurrent'"):
-            jax.hessian(functools.partial(loss, implementation="chunked"))(THETA)
+            jax.jvp(functools.partial(loss, implementation="chunked"), (THETA,), (DIRECTION,))
 
 
 # T past a whole number of chunks. Before, the chunked backward's custom_vjp was handed other
@@ -393,6 +413,21 @@ def test_reverse_over_forward_through_auto_matches_float64_finite_differences(
     if chunk_size == 1:
         hessian = jax.jit(jax.jacrev(jax.jacfwd(loss)))(THETA)
         np.testing.assert_allclose(hessian, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seq_len, chunk_size", [(17, 16), (70, 64)])
+def test_forward_over_reverse_through_the_chunked_form_matches_float64_finite_differences(
+    seq_len, chunk_size, x64
+):
+    """jax.hessian (jacfwd of jacrev) and a Hessian-vector product (jvp of grad) through
+    kda(implementation="chunked"), under jit: forward mode over its hand-written backward, the
+    tangent moving the gates, so unit_lower_inverse's input (before: refused by name eagerly,
+    JAX's error under jit around the product; DESIGN section 4)."""
+    loss, want = _second_order_setup(seq_len, chunk_size, "chunked")
+    derivatives = lambda t: (jax.hessian(loss)(t), jax.jvp(jax.grad(loss), (t,), (DIRECTION,))[1])  # noqa: E731
+    hessian, hvp = jax.jit(derivatives)(THETA)  # one program
+    np.testing.assert_allclose(hessian, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hvp, want @ DIRECTION, rtol=1e-5, atol=1e-6)
 
 
 @functools.cache  # one layer for the lengths (built eagerly: some hundred small programs)
