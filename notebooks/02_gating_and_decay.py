@@ -151,8 +151,8 @@ assert stale_s < 0.01 and abs(err_s - err_alone) < 0.01 * err_alone, runs  # A g
 #
 # The softplus gate (`lower_bound=None`) is unbounded below: one token can wipe a channel. The
 # safe gate stays above $g_{\min}$: one token removes at most $1 - e^{g_{\min}}$ of a channel.
-# $\mathbf b$ shifts the curve (which inputs count as "forget"), $a_h$ stretches it (softplus
-# gate: vertically; safe gate: horizontally).
+# $\mathbf b$ shifts the curve (which inputs count as "forget"), $a_h$ scales it (softplus gate:
+# the output, by $a_h$; safe gate: the input axis, by $1/a_h$ about $f = -b$).
 
 # %%
 x = np.linspace(-8.0, 8.0, 401, dtype=np.float32)
@@ -287,20 +287,15 @@ viz.show(gates.plot_half_lives(
 # sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. Its title
 # gives the half-life at $\mathbf f = 0$, the token at which a channel with $\mathbf f = 0$ first
 # keeps half (the half-life rounded up), and the measured one, the median of that token over the
-# channels. Here random inputs make the median channel halve no later (both tokens printed below;
-# asserted where the $\mathbf f = 0$ token lies within the tokens drawn); the last cell counts the
-# draws where it halves later, of 50 fresh draws of $\mathbf f$ at each of the spreads 0.1, 0.5, 1
-# and 2. Why, for the mean rate: with $b < 0$ the rate $-g = \lvert g_{\min}\rvert
-# \,\sigma\big(a (f + b)\big)$ rises from $f = 0$ to $\lvert f\rvert$ at least as much as it
-# falls to $-\lvert f\rvert$. By
-# $\sigma(-\,\cdot\,) = 1 - \sigma(\cdot)$ the fall, $\sigma(ab) - \sigma(ab - a\lvert f\rvert)$,
-# equals $\sigma(a\lvert f\rvert - ab) - \sigma(-ab)$, a rise over $[-ab, -ab + a\lvert f\rvert]$,
-# which lies farther from 0 than the rise's own $[ab, ab + a\lvert f\rvert]$, where $\sigma'$
-# (even, falling away from 0) is larger. An input symmetric about 0 averages the two, so the
-# expected rate is at least the rate at $\mathbf f = 0$, whatever the spread (proved for $b < 0$;
-# the quadrature below is checked against it). The sample's mean rate is checked against that
-# expectation, computed by Gauss-Hermite quadrature: within 4 standard errors of a mean of the $T
-# d_k$ independent inputs (printed; asserted).
+# channels. What was measured: in the draw below the median channel halves no later than a
+# channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f = 0$ token lies
+# within the tokens drawn), and the last cell prints, of 50 fresh draws of $\mathbf f$ at each of
+# the spreads 0.1, 0.5, 1 and 2, how many halve later. That is a count, not a proof.
+#
+# The sample's mean rate $-g$ is checked against its expectation, computed by Gauss-Hermite
+# quadrature: within 4 standard errors of a mean of the $T d_k$ independent inputs (printed;
+# asserted). That expectation is at least the rate at $\mathbf f = 0$ (asserted; the proof for
+# $b < 0$ is in the notebook notes linked below).
 #
 # What a head then does with what it keeps, a $T \times T$ mixing of the values set by these
 # decays, is derived in exercise 2 and pictured in the
