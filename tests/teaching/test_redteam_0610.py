@@ -1336,6 +1336,30 @@ def test_08_3_a_row_summing_to_0_is_tried_at_every_draw(seed):
     assert hint and hint.startswith("a row's differences sum to 0"), hint
 
 
+def _flip_no_tolerance(add):
+    """08.3 in plain Python, no tolerance: each pattern's sum by ``add`` against |add(d)|."""
+    def flip(fam):
+        out = {}
+        for row, (a, b) in fam.items():
+            d = [x - y for x, y in zip(a, b, strict=True)]
+            hits = [abs(add([s * x for s, x in zip(signs, d, strict=True)])) >= abs(add(d))
+                    for signs in itertools.product((1, -1), repeat=len(d))]
+            out[row] = sum(hits) / len(hits)
+        return out
+    return flip
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 7, 21, 39])
+@pytest.mark.parametrize("add", [sum, lambda xs: sum(reversed(xs)), math.fsum, np.sum],
+                         ids=["left to right", "reversed", "math.fsum", "np.sum"])
+def test_08_3_a_plain_loop_without_tolerance_is_refused_at_every_draw(seed, add):
+    """Review F, 1: a Python loop comparing sums without a tolerance passed at 21 of 40 seeds;
+    the fixed row "ties, any sum" ties in decimals and misses a tie in each of these sums."""
+    flip = _flip_no_tolerance(add)
+    hint = exercises.verdict("08.3", flip, **{**_cases()["08.3"][1], "seed": seed})
+    assert hint and hint.startswith("only rows whose sums tie in decimals"), hint
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_10_1_a_fraction_exactly_at_its_limit_is_tried_at_every_draw(seed):
     """A finite T only below the limit: an answer that divides by a room of exactly 0 (``>=``
