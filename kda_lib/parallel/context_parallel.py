@@ -7,9 +7,9 @@ Two things cross device boundaries, inside ``jax.shard_map`` (gradients flow thr
 * the recurrence needs the state leaving all earlier slices. Each rank summarises its slice as
   the affine map ``S_out = M S_in + S_ext`` (``M [B, HV, K, K]``, ``S_ext [B, HV, K, V]``): one
   local run with values ``[0 | v]`` from the state ``[I | 0]`` ends in exactly ``[M | S_ext]``.
-  The summaries are all-gathered (size independent of T), each rank folds the upstream ones
-  into its true initial state, and a second local run from it gives its outputs (and, with
-  ``output_chunk_states``, the global states at its chunk boundaries).
+  The summaries are all-gathered (size independent of T), every rank folds all of them in
+  order and keeps the state entering its slice, and a second local run from it gives its
+  outputs (and, with ``output_chunk_states``, the global states at its chunk boundaries).
 """
 
 from __future__ import annotations
