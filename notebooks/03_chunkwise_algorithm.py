@@ -21,8 +21,9 @@
 # with matrix products; between chunks only the state travels. The result equals the recurrence
 # (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps, the rest
 # $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units, at more
-# flops a token than the recurrence's $6 d_k d_v$ (section 5). No recorded timing ranks the two:
-# a CPU's are too noisy, and the lent TPU v5e's record leaves out the recurrence (notes).
+# flops a token than the recurrence's $6 d_k d_v$ (section 5). No recorded timing ranks the two on
+# the hardware the chunked form is for: a CPU has no matrix units (here the recurrence is faster),
+# and the lent TPU v5e's record leaves out the recurrence (notes).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -110,11 +111,10 @@ def to_chunks(a):
 #
 # The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
 # last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need
-# the state entering it ($C \times C$ triangular matrices) is computed for **all chunks at
-# once** (the triangles: intra-chunk, no state; drawn as step 3's last merge, two darker halves
-# and the lighter block coupling them); then $T / C$ steps carry the state $S_{[i]}$ entering
-# chunk $i$ (the boxes).
+# form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need the
+# state entering it ($C \times C$ triangular matrices) is computed for **all chunks at once**
+# (the triangles: intra-chunk, no state; drawn as step 3's last merge, two darker halves and the
+# lighter block coupling them); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes).
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -383,10 +383,10 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # Timed: the recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs)
 # at $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax; batch 1, medians of
 # `timing_repeats` calls, not ranked: a CPU has no matrix units, and the lent v5e's record leaves
-# out the recurrence (notes). Flops are matrix products: the recurrence traces $\mathbf k^\top S$,
-# $S^\top \mathbf q$, $4 d_k d_v$ a token ($6 d_k d_v$ with the write $\mathbf k
-# \boldsymbol\delta^\top$); the chunked form, at $d_k = d_v = d$, $6 d^2$ (state pass and read) $+
-# (8C - 2) d + \tfrac23 (C^2 - 4)$: more at every $C$ (checked against `costs.chunked_flops`).
+# out the recurrence (notes). The table's flops count multiply and add: the recurrence $6 d_k d_v$
+# a token ($\mathbf k^\top S$, $S^\top \mathbf q$, the write $\mathbf k \boldsymbol\delta^\top$; 4 of
+# the 6 trace as dots; notebook 10 counts 7, with the decay); the chunked form, at $d_k = d_v = d$,
+# $6 d^2$ (state pass and read) $+ (8C - 2) d + \tfrac23 (C^2 - 4)$: more at every $C$ (asserted).
 
 # %%
 forms, modes = chunkwise.kda_forms(lower_bound), ["fwd", "fwd+bwd"][:1 + timing_backward]

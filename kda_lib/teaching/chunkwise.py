@@ -129,16 +129,18 @@ def _summed(fn, *args):
 def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
                     others=((64, 32), (128, 32), (128, 64))) -> str:
     """The live timings (median ms per form) as a Markdown table, one row per pass and length,
-    with the matrix-product flops per head of the recurrence (``4 T K V``: ``k^T S`` and
-    ``S^T q``) and of the chunked form (``K = V = dim``, ``T`` padded up to a multiple of
-    ``chunk_size``, ``kda_lib.kda``'s default), forward only, and their ratio; then that ratio
+    with the flops per head of the recurrence (``6 T K V``: ``k^T S``, ``S^T q`` and the write
+    ``k delta^T``, multiply and add counted; the decay left out) and of the chunked form
+    (``K = V = dim``, ``T`` padded up to a multiple of ``chunk_size``, ``kda_lib.kda``'s
+    default), forward only, and their ratio; then that ratio
     per token at the ``(d, C)`` of ``others``. A time below the same form's at a shorter ``T``
     is marked ``*`` (more tokens cannot need less work: noise)."""
     names = list(next(iter(timings.values())))
     rows = [
         f"Median ms on this machine ({jax.default_backend()}; * below the same form's time at a "
-        "shorter T: noise), matrix-product flops per head (forward):\n",
-        "| pass | $T$ | " + " | ".join(names) + " | flops: recurrence | flops: chunked "
+        "shorter T: noise), flops per head (forward):\n",
+        "| pass | $T$ | " + " | ".join(names) + " | flops: recurrence ($6 d_k d_v$ a token) | "
+        "flops: chunked "
         f"($C$ = {chunk_size}, as timed) | chunked / recurrence |",
         "|---|---|" + "---|" * (len(names) + 3),
     ]
@@ -148,11 +150,11 @@ def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
                 "*" if n and per_form[name][n] < min(per_form[name][:n]) else "")
                 for name in names)
             padded = -(-T // chunk_size) * chunk_size
-            flops = (4 * T * dim * dim, costs.chunked_flops(padded, chunk_size, dim, dim))
+            flops = (6 * T * dim * dim, costs.chunked_flops(padded, chunk_size, dim, dim))
             rows.append(f"| {mode} | {T:,} | {times} | {flops[0]:.3g} | {flops[1]:.3g} | "
                         f"{flops[1] / flops[0]:.2f} |")
     ratios = (f"$d_k = d_v$ = {d}, $C$ = {c}: "
-              f"{costs.chunked_flops(c, c, d, d) / (4 * c * d * d):.2f}" for d, c in others)
-    rows.append("\nChunked / recurrence matrix-product flops per token at other sizes: "
+              f"{costs.chunked_flops(c, c, d, d) / (6 * c * d * d):.2f}" for d, c in others)
+    rows.append("\nChunked / recurrence flops per token at other sizes: "
                 + ", ".join(ratios) + ".")
     return "\n".join(rows)

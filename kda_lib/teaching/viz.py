@@ -460,9 +460,9 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
     ax.text(x + 1.1, 2.15, r"$\tilde K, \tilde V, P$", fontsize=8, va="center")
     ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.4), 2.2, 1.3,
                                             boxstyle="round,pad=0.05", color=colour))
-    update = ("$\\Delta = \\tilde V - \\tilde K S$\n"  # Q_in, K_out: the code's names
-              "$O = Q_{\\mathrm{in}} S / \\sqrt{d_k} + P \\Delta$\n"
-              "$S \\leftarrow \\Gamma_C S + K_{\\mathrm{out}}^\\top \\Delta$")
+    update = ("$\\Delta = \\tilde V - \\tilde K S$\n"  # the code's Q_in, K_out: the text's arrows
+              "$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
+              "$S \\leftarrow \\Gamma_C S + \\overrightarrow{K}^\\top \\Delta$")
     ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=8, color="white",
             linespacing=1.9)  # room for the accents over Q and K
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
