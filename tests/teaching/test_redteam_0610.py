@@ -1475,3 +1475,13 @@ def test_hints_that_named_the_wrong_mistake_now_name_the_right_one():
 
     hint = exercises.verdict("10.2", ring_f32, preset="Kimi-Linear-48B-A3B", ranks=8, seed=1)
     assert "rounded to float32" in hint and "wraps" not in hint, hint
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_09_1_the_page_formula_w_minus_1_without_a_clamp_passes(seed):
+    """Review F, 2: conv_size 0 was drawn, where the page's "w - 1 rows" gives -1; w >= 1 now."""
+    def half_literal(kda, mla, h, d, r, w):
+        fixed = kda * 4 * (h * d * d + 3 * (w - 1) * h * d)
+        return math.inf if mla == 0 else max(1, -(-fixed // (4 * mla * r)))
+
+    assert exercises.verdict("09.1", half_literal, **{**_cases()["09.1"][1], "seed": seed}) is None

@@ -19,9 +19,10 @@ def _kda_layer(heads, key_dim, conv_size) -> int:
 
 
 def _drawn(rng) -> tuple:
-    """A hybrid drawn: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size)."""
+    """A hybrid drawn: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size), w >= 1
+    (the page's w - 1 conv rows; KDAConfig's w = 0, no conv, is not drawn: review F, 2)."""
     return (int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(1, 9)),
-            int(rng.choice([16, 32, 64, 128])), int(rng.integers(8, 600)), int(rng.integers(0, 6)))
+            int(rng.choice([16, 32, 64, 128])), int(rng.integers(8, 600)), int(rng.integers(1, 6)))
 
 
 def _models(shape: dict, rng) -> list[tuple]:
