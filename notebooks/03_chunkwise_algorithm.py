@@ -431,7 +431,7 @@ check("03.1", answer)
 
 # %% [markdown]
 # 2. **Two chunks as one.** From two consecutive chunks' factors (the first's $\tilde K_{[1]}$,
-#    $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$, log decay across it $\boldsymbol\gamma_C^{[1]}$
+#    $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$, log decay across it $\boldsymbol\gamma_{C,[1]}$
 #    $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its own start), derive the two
 #    as one chunk's $\tilde K$, $\tilde V$: `merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1,
 #    K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
