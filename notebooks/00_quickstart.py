@@ -16,16 +16,10 @@
 # %% [markdown]
 # # 00 · Quick start: two kernels and one entry point, one answer
 #
-# **Claim.** `kda_lib` computes Kimi Delta Attention (KDA) with a plain token-by-token recurrence
-# (`kda_recurrent`, the oracle) and a chunkwise matrix form (`kda_chunked`: matrix products, for
-# training and for chips with matrix units; pure JAX, so it runs anywhere), and has one entry
-# point, `kda`, that can run either form and apply the gate inside (here it is told to run the
-# chunked one, gate inside; the form it picks by itself is printed in section 2: on a CPU, the
-# recurrence for a forward pass at these sizes). The three calls give the same outputs and final
-# states, a decoding loop with `kda_step` reproduces them token by token, and on a CPU the
-# float32 results sit within a few float32 machine epsilons of a float64 oracle (on a TPU, within
-# the suite's float32 tolerance there). This notebook runs each once on random inputs and asserts
-# all of it.
+# **Claim.** Two forms of Kimi Delta Attention (KDA), a token-by-token recurrence (`kda_recurrent`)
+# and a chunkwise matrix form (`kda_chunked`), and the entry point `kda` give the same outputs and
+# states; a decoding loop reproduces them; both forms sit within a few float32 epsilons of a
+# float64 oracle (on a CPU; on a TPU, within the suite's float32 tolerance). All of it is asserted.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/00_quickstart.ipynb)
 #
@@ -136,9 +130,8 @@ _ = assert_close(jnp.linalg.norm(k, axis=-1), jnp.ones(shape_qk[:-1]), atol=1e-5
 # platform and input size (`implementation="auto"`, not run here; the cell prints its picks at
 # these sizes, the notebook notes give the rule) or runs the one you name. Given `a_log=` (and
 # optionally `dt_bias=`), `kda` applies the gate itself, so it takes the raw `f`. Each function is
-# wrapped in `jax.jit` once (the flags that change the computation are static). So that the `kda`
-# row checks a different computation than the
-# first two, it is told to run the chunked form with the gate applied inside.
+# wrapped in `jax.jit` once (the flags that change the computation are static). Here `kda` is
+# told to run the chunked form with the gate applied inside.
 
 # %%
 recurrent = jax.jit(kda_lib.kda_recurrent, static_argnames=["output_final_state"])
@@ -228,7 +221,8 @@ tokens = np.arange(seq_len)
 ax.semilogy(tokens, err_rec, label="kda_recurrent (float32)")
 ax.semilogy(tokens, err_chk, label=f"kda_chunked (float32, C={chunk_size})", linestyle="--")
 ax.axhline(eps32 * scale_o, color="0.4", linewidth=1, linestyle=":",
-           label=r"float32 eps $\times$ max$|o|$")
+           label=r"1 float32 eps $\times$ max$|o|$ (not the bound)")
+ax.axhline(bound, color="0.2", linewidth=1, linestyle="-.", label="the assert's bound")
 ax.set_title(f"Distance of the float32 forms (on {jax.default_backend()}) from the float64 oracle")
 ax.set_xlabel("token position t (tokens)")
 ax.set_ylabel(r"max $|o_t - o_t^{\mathrm{float64}}|$")
