@@ -416,8 +416,7 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #
 # ## Exercises
 #
-# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`): the checker draws parameters at
-# every call, last where floats or exact `fractions` fall short (5 s limit). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, repeatedly: decay the state by
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
