@@ -17,10 +17,10 @@
 # # 09 · Kimi Linear in miniature: a hybrid KDA + attention decoder on real text
 #
 # **Claim.** Kimi Linear stacks three KDA layers per global layer, multi-head latent attention (MLA)
-# with no positional encoding (NoPE), which caches one compressed latent per token, not every head's
-# keys and values. Trained here, and in records beside its MHA twin (multi-head attention in MLA's
-# place) and three same-size baselines (softmax attention, KDA, Gated DeltaNet), it models Python's
-# standard library byte by byte. 128-byte windows give the global layer no long-range work.
+# with no positional encoding (NoPE): exact lookup of any earlier token, caching one latent a token
+# (Kimi Linear's: and a shared rotary key, notebook 10). Beside its MHA twin (multi-head attention
+# in MLA's place) and same-size softmax attention, KDA and Gated DeltaNet, it models Python's
+# standard library byte by byte; 128-byte windows cannot show the hybrid beating pure KDA.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
@@ -127,7 +127,7 @@ assert "hybrid" in train_models and set(train_models) <= set(model_names), train
 # \mathbf c^{KV}_t$. Decoding caches the latent alone, $d_c$ numbers per token where MHA caches $2 H
 # d_k$, and folds $W^{K}_h$ into the query and $W^{V}_h$ into the output. `hybrid_mha` puts NoPE MHA
 # in MLA's place (full setting only). Softmax attention keeps RoPE, the usual choice (why: notes).
-# Every model gets the KDA model's parameter count through its MLP (a unit: $2d + 1$).
+# Every model gets the KDA model's parameter count through its MLP (a unit: $2d + 1$ a layer).
 
 # %%
 target = config_param_count(dataclasses.replace(base, layers=patterns["kda"]))
@@ -363,7 +363,7 @@ assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items
 # copy_probe_windows`, test split): copy windows repeat their first 64 bytes; control windows put
 # other text there but keep the same last 32 bytes before each scored byte, so a model that sees
 # only 32 bytes back scores both alike. The gain (control minus copy), as a share of the control's
-# bits (an ideal copier's ceiling bar the last scored byte); against 0 (Holm over five), in SEs.
+# bits (an exact copier saves nearly all of them); against 0 (Holm over five), in SEs.
 
 # %%
 probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], names)
