@@ -232,7 +232,7 @@ for (kind, s), i in intensity.items():  # hollow: the batch's caches do not fit 
             label=kind if s == "prefill" else None)
 for marker, (s, (t, _)) in zip("os^", steps.items(), strict=True):  # step types in the legend
     ax.plot([], [], marker, color="k", mfc="k" if fits[s] else "white", label=f"{s}, T = {t:,}"
-            + ("" if fits[s] else " (does not fit one H200)"))
+            + ("" if fits[s] else " (weights + hybrid caches do not fit one H200)"))
 ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (flop/byte, log)",
        ylabel="attainable flop/s (log)", title="Kimi Linear's layers on the H200 SXM's roof")
 ax.legend(fontsize=8, loc="lower right")
@@ -280,6 +280,9 @@ mixer_params = n_kda * kda_sum + n_glob * mla_sum  # section 2's sums, for the s
 # $$\text{other}(B) = 2\,\big(\lvert\theta_{\text{dense}}\rvert + \lvert\theta_{\text{exp}}\rvert
 #   \,(1 - (1 - k_{\text{exp}}/n_{\text{exp}})^B) - \text{mixer weights}\big)\ \text{bytes}.$$
 #
+# $t_{\text{other}}$ has no compute term: at the largest batch its flops (2 a weight a token, the
+# active weights) take a fraction of the time its weight reads do (printed below).
+#
 # With 27 layers, 7 global, all-MLA takes $27\,t_{\text{MLA}} + t_{\text{other}}$ a step and the
 # hybrid $7\,t_{\text{MLA}} + 20\,t_{\text{KDA}} + t_{\text{other}}$ (the cell below, asserted
 # equal to `at_scale.model_decode_time`). Assume the same global layer and other in both (same
@@ -313,6 +316,14 @@ assert all(np.isclose(step_time(t, b, y, c), at_scale.model_decode_time(kimi, c,
     for t in (1, *contexts) for b in decode_batches for y in (False, True))
 assert all(np.isclose(other_weights(b), decode_scaling.moe_weight_bytes(b, reported_total_params,
     reported_active_params, routed_experts, experts_per_token, mixer_params)) for b in (1, 16))
+
+# %%
+b_max = max(decode_batches)  # the rest of the step: flops at peak against its weight reads
+rest = (b_max * 2 * reported_active_params / h200.peak_flops,
+        other_weights(b_max) / h200.hbm_bandwidth)
+print(f"outside the mixers at B = {b_max}: compute {rest[0] * 1e3:.1f} ms at peak, weight reads "
+      f"{rest[1] * 1e3:.1f} ms")
+assert rest[0] < rest[1] / 4
 
 # %%
 speedup = {b: ratio(t_long, b) for b in decode_batches}  # on the H200 SXM (other chips: notes)
@@ -355,7 +366,7 @@ ax.axhline(bound, c="0.3", ls="--", label=f"bound: layers / global layers = {bou
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
         label=f"the paper reports {paper_tpot_speedup}x TPOT (measured, its own setup)")
 draw_batches(fit=False)  # the second column: does not fit, then the band below 1
-ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower (one chip)")
+ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
        ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
 ax.set_yticks(t := [y for y in ticks if y >= low], t)

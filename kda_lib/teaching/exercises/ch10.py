@@ -43,8 +43,8 @@ def _tokens_miss(answer, trials, name, count, largest):
     if miss and not _is_int(miss[1]):
         return "answer with a whole number of tokens", None
     if miss and int(miss[1]) == count(*miss[0], f32=True):  # whatever dtype it returns
-        return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: the quotient rounded to "
-                "float32 (jnp's default, 24 bits); divide in Python ints or float64"), None
+        return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: the quotient "
+                "rounded to float32 (24 bits) is off a whole token here (rare); use ints"), None
     dtype = np.asarray(miss[1]).dtype if miss else None
     if miss and dtype.kind in "iu" and dtype.itemsize <= 4 and largest(*miss[0]) > _INT32_MAX:
         return (f"your count is a 32-bit int (jnp's default) and a product here is "
