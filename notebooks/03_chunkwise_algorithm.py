@@ -383,8 +383,8 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # Timed: the recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs)
 # at $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax; batch 1, medians of
 # `timing_repeats` calls, not ranked: a CPU has no matrix units, and the lent v5e's record leaves
-# out the recurrence (notes). The table's flops count multiply and add: the recurrence $6 d_k d_v$
-# a token ($\mathbf k^\top S$, $S^\top \mathbf q$, the write $\mathbf k \boldsymbol\delta^\top$; 4 of
+# out the recurrence (notes). The table's flops count multiply and add: the recurrence $6 d_k d_v$ a
+# token ($\mathbf k^\top S$, $S^\top \mathbf q$, the write $\mathbf k \boldsymbol\delta^\top$; 4 of
 # the 6 trace as dots; notebook 10 counts 7, with the decay); the chunked form, at $d_k = d_v = d$,
 # $6 d^2$ (state pass and read) $+ (8C - 2) d + \tfrac23 (C^2 - 4)$: more at every $C$ (asserted).
 
