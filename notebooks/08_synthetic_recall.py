@@ -342,14 +342,13 @@ LENS = (64, 128)
 lim = rs.recorded_limits(sweep, cells, chance["palindrome"])  # unsolved: steps = the budget
 kda_rising = {t: [rs.stop_label(r, setting["flat_tol"]) for r in cells[("palindrome", "kda", t)]]
               .count("rising") for t in LENS}
-pal = lim["palindrome"]  # (mixer, T) -> test accuracies / chance
+pal, mq = lim["palindrome"], families["no verdict"][("mqar", 128, "gdn")]  # pal: runs / chance
 span = [round(f(map(f, pal.values())), 1) for f in (min, max)]  # the Reading's span, asserted
 assert span == [8.3, 37.4], span
 print(f"palindrome / chance: runs {span[0]} to {span[1]}; {lim['rising']} of 30 runs rising (KDA "
       f"{kda_rising}); ordered tokens {[(t - 1) // 2 for t in LENS]}, d_k {setting['head_dim']}"
       f"\nMQAR T=128, steps to solve: {lim['solve']}; pairs {setting['num_pairs']} (d_k above); "
-      f"KDA - GDN seeds +/- {(mq := families['no verdict'][('mqar', 128, 'gdn')]).above}"
-      f"/{mq.below}")
+      f"KDA - GDN seeds +/- {mq.above}/{mq.below}")
 assert 4 * setting["num_pairs"] <= setting["head_dim"] and (mq.above, mq.below) == (0, 5)
 assert all(c.low < 0 < c.high for k, c in families["no verdict"].items() if k[0] == "palindrome")
 # the Reading's larger families: MQAR and palindrome kept (17 rows), the controls too (35 rows)
