@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,13 @@ def _record_platform(request, record_testsuite_property):
 # (about 16 ms each, up to 250 a test). Tests of errors raised before any work call the module.
 jitted_call = nnx.jit(lambda module, x, **kwargs: module(x, **kwargs))
 
+
+
+# Python's own refusal of a call's arguments ("got an unexpected keyword argument 'chunk_size'")
+# names the argument too, but no check of the library's made it: such a misuse row fails
+PYTHONS_OWN_REFUSAL = re.compile(r"got an unexpected keyword argument|missing \d+ required "
+                                 r"(positional|keyword-only) argument|takes \d+ positional "
+                                 r"argument|got multiple values for argument")  # fmt: skip
 
 
 @pytest.fixture

@@ -395,13 +395,16 @@ class KimiDeltaAttention(nnx.Module):
         ids, count = (None, None) if cache is None and segment_ids is None else (
             check_cache_and_ids(self, x.shape[0], x.shape[1], segment_ids, cache))  # fmt: skip
         cfg = self.config
-        if ids is not None and cfg.max_num_segments:  # tokamax's per-segment states fit
-            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+        # tokamax's per-segment states fit: the one check (kda_prechecked's kernel row skips it)
+        if ids is not None and (bound := max_segments_bound((ids, count), cfg, ranks)):
             batch, seq_len, _ = x.shape
             dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
                         cfg.value_dim, cfg.num_heads)  # fmt: skip
-            if problem := segment_slots_problem(cfg.implementation, dims, cfg.max_num_segments,
-                                                name="KDAConfig.max_num_segments"):  # fmt: skip
+            name = ("KDAConfig.max_num_segments" if cfg.max_num_segments else
+                    "the segments counted in segment_ids")  # fmt: skip
+            if problem := segment_slots_problem(cfg.implementation, dims, bound, name=name,
+                                                segments_per_row=count):  # fmt: skip
                 raise ValueError(problem)
         return None if ids is None else (ids, count)
 

@@ -61,11 +61,10 @@ def kda(
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
       (float64 for float64 inputs); with interior states a :class:`KDAResult`. Forward over
-      reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Under
-      ``auto``, forward mode (``jax.jvp``; on a TPU ``jax.hessian`` too) that reaches a
-      hand-written backward while ``kda()`` runs takes the recurrence instead; where JAX
-      differentiates after it returned (``jit`` around ``jvp``; on a TPU around ``jvp`` of
-      ``grad`` too) JAX's error stands (DESIGN section 4).
+      reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Forward
+      mode a form's hand-written backward cannot serve (``jax.jvp`` of ``"chunked"``; any on
+      ``"pallas_tpu"``) is refused by name, and ``auto`` runs the recurrence there, eagerly or
+      under ``jit``; a ``jvp`` of a jitted ``kda()`` meets JAX's error (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -98,37 +97,49 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
 def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **kwargs):
     """:func:`kda` for the KDA layer, which checked the values at its entry: shapes and options
     checked, nothing read on the host; ``segment_ids`` canonical with at most
-    ``segments_per_row`` segments in a row (None: unknown)."""
+    ``segments_per_row`` segments in a row (None: unknown); tokamax's per-segment states at
+    ``max_num_segments`` checked to fit (``KDALayer._check_inputs``)."""
     kw = {**kda.__kwdefaults__, **kwargs}
     return _run_call(*check_call(q, k, v, g, beta, prechecked=True,
                                  segments_per_row=segments_per_row, **kw))  # fmt: skip
 
 
-# the start of JAX's error where forward-mode autodiff meets a custom_vjp (jax._src.interpreters.ad)
-JAX_CUSTOM_VJP_JVP_ERROR = "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
-
-
 def _run_call(impl, arrays, options):
-    """:func:`run`, forward-mode autodiff's error named, the result as :func:`kda` returns it."""
-    try:
-        result = run(impl, arrays, options)
-    except TypeError as e:  # forward mode reached a hand-written backward (a custom_vjp)
-        if not str(e).startswith(JAX_CUSTOM_VJP_JVP_ERROR):
-            raise
+    """:func:`run`, forward-mode autodiff that ``impl`` cannot serve refused by name (``"auto"``:
+    the recurrence run instead), the result as :func:`kda` returns it."""
+    if impl.forward_mode_limit and forward_mode(arrays, impl.forward_mode_limit == "any"):
         if impl.forward_mode_fallback:  # "auto": the recurrence differentiates in every mode
-            return _run_call(REGISTRY[impl.forward_mode_fallback], arrays, options)
-        name = "pallas_tpu" if impl.name == "pallas_tpu" else "chunked"
-        where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
-                 "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
-                 "of 65536, DESIGN section 4")  # fmt: skip
-        modes = ("jax.jvp, jax.jacfwd, jax.hessian" if name == "pallas_tpu" else
-                 "jax.jvp, jax.jacfwd; forward over reverse, jax.hessian, runs")  # fmt: skip
-        raise TypeError(
-            f"forward-mode autodiff ({modes}) cannot run through implementation={name!r} "
-            f"({where}): its backward is hand-written; pass implementation='recurrent'"
-        ) from e
+            impl = REGISTRY[impl.forward_mode_fallback]
+        else:
+            name = impl.name
+            where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
+                     "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
+                     "of 65536, DESIGN section 4")  # fmt: skip
+            modes = ("jax.jvp, jax.jacfwd, jax.hessian" if name == "pallas_tpu" else
+                     "jax.jvp, jax.jacfwd; forward over reverse, jax.hessian, runs")  # fmt: skip
+            raise TypeError(
+                f"forward-mode autodiff ({modes}) cannot run through implementation={name!r} "
+                f"({where}): its backward is hand-written; pass implementation='recurrent'")
+    result = run(impl, arrays, options)
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
+
+
+def forward_mode(arrays, anywhere: bool) -> bool:
+    """Whether forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``) differentiates ``arrays``
+    directly (``anywhere``: at any depth, as ``jax.hessian``'s outer jvp does), read from the
+    tracers that carry them (JAX's JVP and linearize tracers, through ``jit``, ``vmap`` and the
+    like). A jvp JAX applies after the call has returned (``jax.jvp`` of a jitted function)
+    leaves none to read: JAX's own error stands there (DESIGN section 4)."""
+    for x in jax.tree.leaves(tuple(arrays)):
+        while isinstance(x, jax.core.Tracer):
+            kind = type(x).__name__
+            if kind == "JVPTracer":
+                return True
+            if kind == "LinearizeTracer" and not anywhere:
+                break  # reverse mode the innermost: forward over reverse runs
+            x = getattr(x, "primal", getattr(x, "val", None))
+    return False
 
 
 # ------------------------------------------------------------------ the implementations
@@ -137,11 +148,12 @@ STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
 # call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
 # not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None;
-# forward_mode_fallback: the row's name to run instead where forward-mode autodiff reaches a
-# hand-written backward (jax.jvp of the chunked form itself; jax.hessian too on the Pallas
-# kernels) ("auto"'s rows: "recurrent"), else None
+# forward_mode_limit: the forward-mode autodiff its hand-written backward cannot serve, "pure"
+# (a jvp straight over the call; forward over reverse runs) or "any" (the Pallas kernels), else
+# None; forward_mode_fallback: the row run instead there ("auto"'s rows: "recurrent"), else None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant "
-                            "forward_mode_fallback", defaults=(None,))  # fmt: skip
+                            "forward_mode_limit forward_mode_fallback",
+                            defaults=(None, None))  # fmt: skip
 
 
 def _own_form(core, arrays: KDAArrays, o: KDAOptions, **extra):
@@ -187,9 +199,9 @@ def _chunked_refuses(o: KDAOptions, here: bool = True) -> list[str]:
 
 REGISTRY: dict[str, Implementation] = {
     "recurrent": Implementation("recurrent", _recurrent, _recurrent_refuses, STATE_PASSING, None),
-    "chunked": Implementation("chunked", _chunked, _chunked_refuses, STATE_PASSING, None),
+    "chunked": Implementation("chunked", _chunked, _chunked_refuses, STATE_PASSING, None, "pure"),
     "pallas_tpu": Implementation("pallas_tpu", _pallas, pallas_tpu.problems, STATE_PASSING,
-                                 None),
+                                 None, "any"),
     **{name: Implementation(name, lambda arrays, o, v=v: (*tokamax_kda(v, arrays, o), None, None),
                             functools.partial(adapter.tokamax_problems, v),
                             adapter.tokamax_mosaic_context_parallel if v.mosaic else None, v)
@@ -232,7 +244,8 @@ def _route(forward: str, training: str) -> Implementation:
     row = REGISTRY[training]._replace(forward_mode_fallback=fallback)
     if forward == training:
         return row
-    return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call))
+    return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call),
+                        forward_mode_limit=None)  # the route's JVP serves forward mode
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
@@ -373,7 +386,8 @@ def check_call(q, k, v, g, beta, prechecked=False, segments_per_row=None, refuse
             w for _, w, _ in interior), sum(c for _, _, c in interior), dims, o.dtype)  # fmt: skip
     if row.variant is not None:
         adapter.require_tokamax(f"implementation={row.name!r}")
-    if problems := row.refuses(o, True):
+    slots = {"slots_checked": prechecked} if row.variant is not None else {}  # the layer's
+    if problems := row.refuses(o, True, **slots):
         raise ValueError(refused + "; ".join(problems))
     impl = _route(*auto_forms(o)) if row is AUTO else row
     return impl, _arrays(q, k, v, g, beta, kw, fused, canonical=prechecked), o

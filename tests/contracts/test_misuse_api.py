@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import PYTHONS_OWN_REFUSAL
 from flax import nnx
 
 import kda_lib
@@ -59,11 +60,6 @@ SLOTS = jnp.array([0, 2], jnp.int32)
 A_LOG = init_a_log(jax.random.key(0), H)
 DT_BIAS = init_dt_bias(jax.random.key(1), H, K)
 BIG = 2**20  # a T or a batch whose states (B * T * H * K * V * 4 bytes) are far past memory
-# Python's own refusal of a call's arguments ("got an unexpected keyword argument 'chunk_size'")
-# names the argument too, but no check of the library's made it: such a row fails
-PYTHONS_OWN_REFUSAL = re.compile(r"got an unexpected keyword argument|missing \d+ required "
-                                 r"(positional|keyword-only) argument|takes \d+ positional "
-                                 r"argument|got multiple values for argument")  # fmt: skip
 
 CFG = dict(hidden_size=16, num_heads=H, head_dim=K, chunk_size=4)
 

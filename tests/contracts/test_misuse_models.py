@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import PYTHONS_OWN_REFUSAL
 from flax import nnx
 from safetensors.numpy import save_file
 
@@ -49,11 +50,6 @@ from kda_lib.models.presets import (
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM, config_param_count, match_parameter_count
 
 LIMIT_S = 20  # a row still running after this long has hung: it fails
-# Python's own refusal of a call's arguments ("got an unexpected keyword argument 'chunk_size'")
-# names the argument too, but no check of the library's made it: such a row fails
-PYTHONS_OWN_REFUSAL = re.compile(r"got an unexpected keyword argument|missing \d+ required "
-                                 r"(positional|keyword-only) argument|takes \d+ positional "
-                                 r"argument|got multiple values for argument")  # fmt: skip
 
 # a tiny Kimi Linear config.json: layers 1 and 3 KDA, 2 MLA (1-based)
 TINY = {

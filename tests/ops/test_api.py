@@ -244,19 +244,26 @@ def test_forward_mode_through_chunked_is_refused_by_name_and_served_by_auto():
         assert_close(a, b, atol=2e-5, rtol=1e-4)
 
 
-def test_jit_around_forward_mode_after_kda_returned_keeps_jaxs_error():
-    """Where JAX differentiates kda()'s compiled call after kda() has returned (jit around a
-    jvp of auto on the chunked form alone, B * HV * K * V >= 65536 on CPU, or of the chunked
-    form named), JAX's own error stands (DESIGN section 4): this test notices when a JAX
-    release changes that."""
+def test_jit_around_forward_mode_is_served_by_auto_and_refused_by_chunked():
+    """jit around a jvp: auto, on the chunked form alone (B * HV * K * V >= 65536 on CPU), runs
+    the recurrence, read from the tracers kda() receives (before, JAX's bare error at
+    compilation); the chunked form named refuses by name. A jvp of a jitted kda() is applied
+    after kda() has returned: JAX's own error stands (DESIGN section 4; this test notices when
+    a JAX release changes that)."""
     big = random_kda_inputs(jax.random.key(4), 1, 20, 4, 128, 128)
     big = tuple(big[n] for n in ("q", "k", "v", "g", "beta"))
-    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
-        jax.jit(lambda a: jax.jvp(kda, a, a))(big)
+    run = lambda impl: jax.jit(lambda a: jax.jvp(  # noqa: E731
+        functools.partial(kda, implementation=impl), a, a))(big)  # fmt: skip
+    for a, b in zip(jax.tree.leaves(run("auto")), jax.tree.leaves(run("recurrent")), strict=True):
+        assert_close(a, b, atol=2e-5, rtol=1e-4)
     small = tuple(a[:, :, :1, :4] for a in big[:4]) + (big[4][:, :, :1],)
-    run = functools.partial(kda, implementation="chunked")
+    named = functools.partial(kda, implementation="chunked")
+    with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+        jax.jit(lambda a: jax.jvp(named, a, a))(small)
+    with pytest.raises(TypeError, match="implementation='chunked'.*implementation='recurrent'"):
+        jax.jit(jax.vmap(lambda a: jax.jvp(named, a, a)))(tuple(a[None] for a in small))
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
-        jax.jit(lambda a: jax.jvp(run, a, a))(small)
+        jax.jvp(jax.jit(named), small, small)
 
 
 def test_jit_around_a_hessian_vector_product_runs_through_the_chunked_backward():
@@ -297,32 +304,37 @@ def test_grad_of_a_jvp_through_auto_equals_the_recurrences():
 
 
 def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatch):
-    """On a TPU auto's row can be the Pallas kernels (here interpreted): jax.hessian through it
-    reaches their hand-written backward, so auto runs the recurrence instead (pallas_call's own
-    JVP rule, which asserts on these kernels, is never reached). Under jit around a jvp of a
-    gradient JAX reaches the backward kernels' pallas_call after kda() has returned: its bare
-    AssertionError stands (DESIGN section 4; this test notices when that changes)."""
+    """On a TPU auto's row can be the Pallas kernels (here interpreted): forward mode at any
+    depth (jax.hessian; jit around a jvp of a gradient, which before reached the backward
+    kernels' pallas_call JVP rule after kda() had returned: a bare AssertionError) runs the
+    recurrence, read from the tracers kda() receives."""
     monkeypatch.setattr(api, "tpu_generation", lambda: 5)
     x = random_kda_inputs(jax.random.key(5), 1, 24, 1, 128, 128)
     rest = tuple(x[n] for n in ("k", "v", "g", "beta"))
     assert select_implementation(seq_len=24, key_dim=128) == "pallas_tpu"
 
-    def hessian(implementation):
-        loss = lambda s: jnp.sum(kda(x["q"] * s, *rest, implementation=implementation)[0] ** 2)  # noqa: E731
-        return jax.hessian(loss)(1.5)
+    def loss(implementation):
+        return lambda s: jnp.sum(kda(x["q"] * s, *rest, implementation=implementation)[0] ** 2)
 
-    assert_close(hessian("auto"), hessian("recurrent"), atol=1e-5, rtol=1e-5)
-    loss = lambda s: jnp.sum(kda(x["q"] * s, *rest)[0] ** 2)  # noqa: E731
-    with pytest.raises(AssertionError):
-        jax.jit(lambda s: jax.jvp(jax.grad(loss), (s,), (1.0,))[1])(1.5)
+    assert_close(jax.hessian(loss("auto"))(1.5), jax.hessian(loss("recurrent"))(1.5), atol=1e-5,
+                 rtol=1e-5)  # fmt: skip
+    hvp = lambda impl: jax.jit(lambda s: jax.jvp(jax.grad(loss(impl)), (s,), (1.0,))[1])(1.5)  # noqa: E731
+    assert_close(hvp("auto"), hvp("recurrent"), atol=1e-5, rtol=1e-5)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
+    """jvp, jit around it, and forward over reverse (jax.hessian) through the Pallas kernels
+    named: a TypeError naming them and the recurrence, before any kernel runs."""
     x = random_kda_inputs(jax.random.key(9), 1, 40, 1, 128)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
     run = functools.partial(kda, implementation="pallas_tpu")
-    with pytest.raises(TypeError, match="implementation='pallas_tpu'.*implementation='recurrent'"):
+    refusal = "implementation='pallas_tpu'.*implementation='recurrent'"
+    with pytest.raises(TypeError, match=refusal):
         jax.jvp(run, args, args)
+    with pytest.raises(TypeError, match=refusal):
+        jax.jit(lambda a: jax.jvp(run, a, a))(args)
+    with pytest.raises(TypeError, match=refusal):
+        jax.hessian(lambda s: jnp.sum(run(args[0] * s, *args[1:])[0]))(1.0)
 
 
 def _float64_inputs(seq_len):
@@ -353,7 +365,8 @@ def _central_hessian(f, theta, h=1e-4):
                      for a in eye])  # fmt: skip
 
 
-THETA, DIRECTION = jnp.asarray([0.1, -0.2, 0.05]), jnp.asarray([1.0, 2.0, -1.0])
+# numpy float64: jax converts them under the x64 fixture (a jnp array made here is float32)
+THETA, DIRECTION = np.array([0.1, -0.2, 0.05]), np.array([1.0, 2.0, -1.0])
 
 
 @pytest.mark.parametrize("seq_len", [16, 17, 1024])

@@ -564,3 +564,38 @@ def test_isolate_non_finite_shortcut_equals_segments(bad):
     got, want = (got, got_grads), (want, want_grads)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_custom_vjp_calling_itself_in_its_forward_rule_breaks_grad_of_grad_under_scan():
+    """Why unit_lower_inverse's and _decayed_scores' forward rules call ``.fun``: in JAX 0.12 a
+    custom_vjp whose forward rule calls the function itself and saves its inputs, inside a
+    lax.scan differentiated twice, gets other values as its residuals (wrong values, no
+    error; DESIGN section 4). The plain body (``.fun``) gives plain autodiff's values; the
+    self-call's failure is asserted so that a JAX release fixing it is noticed."""
+
+    def loss_with(forward_rule_calls_itself: bool):
+        @jax.custom_vjp
+        def f(x):
+            return jnp.sin(x) * jnp.ones(x.shape)  # an input-free constant in the body
+
+        call = f if forward_rule_calls_itself else f.fun
+        f.defvjp(lambda x: (call(x), (x,)), lambda r, d: (d * jnp.cos(r[0]),))
+        return _scanned_loss(f)
+
+    x = jnp.linspace(0.1, 0.5, 6).reshape(3, 2)
+    grad_of_grad = lambda loss: jax.grad(lambda x: jax.grad(loss)(x).sum())(x)  # noqa: E731
+    want = grad_of_grad(_scanned_loss(jnp.sin))
+    assert_close(grad_of_grad(loss_with(False)), want, atol=1e-6, rtol=1e-6)
+    assert not jnp.allclose(grad_of_grad(loss_with(True)), want, atol=1e-3)
+
+
+def _scanned_loss(f):
+    def loss(x):
+        def step(c, xi):
+            y = f(xi * c)
+            return c + y.sum(), y
+
+        c, ys = jax.lax.scan(step, 1.0, x)
+        return c + ys.sum()
+
+    return loss

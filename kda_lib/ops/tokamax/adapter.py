@@ -99,8 +99,11 @@ def tpu_generation() -> int | None:
 
 
 # ------------------------------------------------------------------ what a kernel cannot serve
-def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) -> list[str]:
-    """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too)."""
+def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True, *,
+                     slots_checked: bool = False) -> list[str]:  # fmt: skip
+    """Why ``variant`` cannot serve the checked call ``o`` (``here``: on this machine too;
+    ``slots_checked``: the caller, the KDA layer at its entry, checked that the per-segment
+    states of the bound fit, which is at least as strict as the count's check here)."""
     name, dims, mosaic, segments = variant.name, o.dims, variant.mosaic, o.has_segments
     emulated, _ = (mosaic and here and emulated_tpu()) or (None, None)  # Mosaic here only
     tpu = (tpu_generation() or emulated) if mosaic and here else 6
@@ -132,7 +135,7 @@ def tokamax_problems(variant: TokamaxVariant, o: KDAOptions, here: bool = True) 
         (segments and bound is not None and (o.segments_per_row or 0) > bound,
          f"segment_ids has a row with {o.segments_per_row} segments but max_num_segments={bound}"),
     ] if bad and problem]  # fmt: skip
-    if segments and bound is not None and (o.segments_per_row or 0) <= bound:
+    if segments and bound is not None and (o.segments_per_row or 0) <= bound and not slots_checked:
         found += filter(None, [segment_slots_problem(name, dims, bound,
                                                      segments_per_row=o.segments_per_row)])
     return found
