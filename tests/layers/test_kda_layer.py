@@ -524,28 +524,12 @@ def test_safe_gate_without_a_log_has_no_rate_parameter():
         dataclasses.replace(BASE, use_a_log=False)
 
 
-@pytest.mark.parametrize("seq_len", [17, 1024])
-def test_hessian_through_the_layer_equals_the_recurrences(seq_len):
-    """jax.hessian (forward over reverse) through the default layer, w.r.t. two scalings of its
-    input, equals the same layer's on the recurrence (plain autodiff; kda()'s own against float64
-    finite differences: tests/ops/test_api.py). Above 16 tokens the layer differentiates by the
-    chunked form, whose backward is hand-written: forward mode over it runs the recurrence."""
-    x = _x(batch=1, seq_len=seq_len)
-    x2, w = (random_normal(jax.random.key(s), x.shape) for s in (2, 3))
-    graphdef, params = nnx.split(_layer())
-
-    @jax.jit  # both implementations in one program
-    def hessians(params, theta):
-        def loss(theta, implementation):
-            layer = _with_impl(nnx.merge(graphdef, params), implementation)
-            y = layer(x * (1 + theta[0]) + theta[1] * x2)
-            return jnp.sum(w * y) + 0.5 * jnp.sum(y * y)
-
-        return [jax.hessian(loss)(theta, impl) for impl in ("auto", "recurrent")]
-
-    got, want = hessians(params, jnp.asarray([0.1, -0.05]))
-    assert float(jnp.abs(want).max()) > 0
-    assert_close(got, want, atol=1e-4 * float(jnp.abs(want).max()), rtol=1e-4)
+# jax.hessian (forward over reverse) through the default layer, w.r.t. two scalings of its
+# input, at T = 16, 17 and 1024 (auto on the recurrence; on the chunked form, whose backward is
+# hand-written, one partial chunk and sixteen whole ones): tests/ops/test_api.py::
+# test_hessian_and_jvp_through_the_layer_match_float64_finite_differences, against float64
+# finite differences of the recurrence's gradient. float32 forward over the chunked backward:
+# test_api.py::test_jit_around_a_hessian_vector_product_runs_through_the_chunked_backward.
 
 
 def test_forward_mode_autodiff_through_the_layer():
