@@ -538,3 +538,34 @@ def test_errors_name_the_constraint():
         kda(**plain, g=-jnp.abs(x["g"]), dt_bias=x["dt_bias"])
     with pytest.raises(ValueError, match="supports chunk_size=64 only"):
         kda(**x, lower_bound=-5.0, chunk_size=32, implementation="tokamax_xla_chunked")
+
+
+def test_forward_mode_is_read_from_the_tracers_of_each_transform():
+    """api.forward_mode on one array under each transform (the same answers on the TPU image's
+    JAX 0.10.2, checked on CPU 2026-12-07): reverse mode (grad, vjp, value_and_grad, jit of
+    grad, grad of grad) is never forward mode; a jvp straight over the call is, under jit and
+    vmap too; jax.hessian's outer jvp only at any depth."""
+    seen = {}
+
+    def probe(name):
+        def f(x):
+            seen[name] = (api.forward_mode([x], False), api.forward_mode([x], True))
+            return jnp.sin(x).sum()
+
+        return f
+
+    x = jnp.ones(3)
+    jax.grad(probe("grad"))(x)
+    jax.vjp(probe("vjp"), x)
+    jax.value_and_grad(probe("value_and_grad"))(x)
+    jax.jit(jax.grad(probe("jit(grad)")))(x)
+    jax.grad(lambda x: jax.grad(probe("grad(grad)"))(x).sum())(x)
+    jax.jvp(probe("jvp"), (x,), (x,))
+    jax.jit(lambda x: jax.jvp(probe("jit(jvp)"), (x,), (x,)))(x)
+    jax.vmap(lambda x: jax.jvp(probe("vmap(jvp)"), (x,), (x,)))(x[None])
+    jax.jacfwd(probe("jacfwd"))(x)
+    jax.hessian(probe("hessian"))(x)
+    reverse = ("grad", "vjp", "value_and_grad", "jit(grad)", "grad(grad)")
+    assert seen == {**dict.fromkeys(reverse, (False, False)),
+                    **dict.fromkeys(("jvp", "jit(jvp)", "vmap(jvp)", "jacfwd"), (True, True)),
+                    "hessian": (False, True)}  # fmt: skip
