@@ -234,27 +234,27 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # %% [markdown]
 # **Why a product of transitions stays thin: the WY form.** Without decay, two of notebook 01's
 # transitions multiply to $(I - \beta_2 \mathbf k_2 \mathbf k_2^\top)(I - \beta_1 \mathbf k_1
-# \mathbf k_1^\top) = I - \mathbf k_1 \mathbf w_1^\top - \mathbf k_2 \mathbf w_2^\top$ with
-# $\mathbf w_1 = \beta_1 \mathbf k_1$, $\mathbf w_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top
-# \mathbf k_1) \mathbf w_1)$: the identity minus two outer products. Each further factor adds
-# one, its $\mathbf w_t = \beta_t (\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top \mathbf k_s)
-# \mathbf w_s)$ corrected by the earlier ones, so $C$ factors are $I - K^\top W$ ($C \times d_k$,
-# rows $\mathbf k_t$, $\mathbf w_t$; Bischof and Van Loan's WY form): no $d_k \times d_k$ product
-# is formed. Stacked, the $\mathbf w_t$ solve $(I + L) W = \operatorname{diag}(\boldsymbol\beta)
-# K$ (the UT transform): step 3's $\tilde K$ without decay. Rank $C < d_k$; fewer numbers, $2 C d_k$
-# against $d_k^2$, only for $C < d_k / 2$: the check (float64) and figure take $d_k / 4$ tokens.
+# \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf k}_1^\top - \mathbf k_2 \tilde{\mathbf
+# k}_2^\top$ with $\tilde{\mathbf k}_1 = \beta_1 \mathbf k_1$, $\tilde{\mathbf k}_2 = \beta_2
+# (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1) \tilde{\mathbf k}_1)$: the identity minus two outer
+# products. Each further factor adds one, its $\tilde{\mathbf k}_t = \beta_t (\mathbf k_t -
+# \sum_{s < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}_s)$, so $C$ factors are
+# $I - K^\top \tilde K$ (rows $\mathbf k_t$, $\tilde{\mathbf k}_t$: the WY form): no $d_k \times
+# d_k$ product is formed. Stacked, they solve $(I + L) \tilde K =
+# \operatorname{diag}(\boldsymbol\beta) K$: step 3's $\tilde K$, undecayed. Rank $C < d_k$; fewer
+# numbers ($2 C d_k$ against $d_k^2$) only for $C < d_k/2$ (checked, float64, on $d_k/4$ tokens).
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
 kt, bt = kc[:thin], bc[:thin]  # chunk 0 of head 0, its first tokens, decays left out
-Wt = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
+Kt = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
 product = np.eye(key_dim)
 for k_t, b_t in zip(kt, bt, strict=True):
     product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
-assert_close(product, np.eye(key_dim) - kt.T @ Wt, atol=1e-12, name="I - K^T W")
-print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) W ({thin} x {key_dim}), "
+assert_close(product, np.eye(key_dim) - kt.T @ Kt, atol=1e-12, name="I - K^T K~")
+print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) K~ ({thin} x {key_dim}), "
       f"rank {np.linalg.matrix_rank(np.eye(key_dim) - product)}")  # <= thin: the assert above
-viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
+viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Kt), "03_wy_form")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of
@@ -266,7 +266,7 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Wt), "03_wy_form")
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code; $\tilde K$: the figure's $W$, decayed). `unit_lower_inverse` inverts $I + L$ in
+# (`U`, `W` in code; $\tilde K$: the figure's, now decayed). `unit_lower_inverse` inverts $I + L$ in
 # matmuls, doubling diagonal blocks up to $C$ (section 1 shades the last merge of two halves).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys

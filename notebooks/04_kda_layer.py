@@ -21,9 +21,9 @@
 # a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2 norm on $\mathbf
 # q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the forget gate, and an
 # output gate with a per-head RMSNorm. We build the layer from these parts in one short function,
-# check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance (fla's layer outputs:
-# `tests/layers/test_kda_layer.py`), tabulate every shape, count the parameters beside softmax
-# attention, and take parts away to see what each is for.
+# check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance (fla's outputs:
+# `tests/layers/`), tabulate every shape, count the parameters beside softmax attention, and take
+# parts away to see what each is for.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -105,9 +105,9 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 
 # %% [markdown]
 # Stack the tokens as the rows of $X \in \mathbb R^{T \times d}$. In this section a token's
-# vectors are **rows**, as in the code (`x @ W`): $\mathbf x_t W$ stands for $\mathbf x_t^\top W$,
-# NOTATION's column convention written as a row. Per head $h$ (the projections' outputs are cut
-# into $H$ slices of $d_k$ or $d_v$ channels):
+# vectors are **rows**, as in the code (`x @ W`): $\mathbf x_t W_q$ stands for $\mathbf x_t^\top
+# W_q$, NOTATION's column convention written as a row. Per head $h$ (the projections' outputs are
+# cut into $H$ slices of $d_k$ or $d_v$ channels):
 #
 # $$
 # \begin{align*}
@@ -129,9 +129,9 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 #
 # The parts, one line each:
 #
-# - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1}$ on the current
-#   token: $\operatorname{conv}(\Xi)_t = \sum_{j=0}^{w-1} \boldsymbol\kappa_j \odot
-#   \boldsymbol\xi_{t - (w - 1) + j}$ (zeros before the first token), then
+# - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1-\nu}$ on the input
+#   $\nu$ tokens back: $\operatorname{conv}(\Xi)_t = \sum_{\nu=0}^{w-1} \boldsymbol\kappa_{w-1-\nu}
+#   \odot \boldsymbol\xi_{t-\nu}$ (zeros before the first token), then
 #   $\operatorname{SiLU}(\xi) = \xi\, \sigma(\xi)$;
 # - **L2 norm** $\operatorname{L2}(\boldsymbol\xi) = \boldsymbol\xi /
 #   \sqrt{\lVert \boldsymbol\xi\rVert^2 + \epsilon_{\text{L2}}}$, $\epsilon_{\text{L2}} = 10^{-6}$;
@@ -147,7 +147,7 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 # conv (kernel `[w, channels]`) and the L2 norm are written here in float64 NumPy, not `kda_lib`.
 
 # %%
-def conv(xi, kernel):  # [B, T, channels], [w, channels]: sum_j kappa_j xi_{t-(w-1)+j}, 0 before 0
+def conv(xi, kernel):  # [B, T, channels], [w, channels]: sum_nu kappa_{w-1-nu} xi_{t-nu}
     xi, kernel = np.asarray(xi, np.float64), np.asarray(kernel, np.float64)
     padded = np.pad(xi, ((0, 0), (len(kernel) - 1, 0), (0, 0)))
     return sum(kappa * padded[:, j:j + xi.shape[1]] for j, kappa in enumerate(kernel))
@@ -229,7 +229,6 @@ def kda_parameters(d, H, K, V, r, w):
             "A_log, dt_bias": H + H * K, "o_norm": V, "o_proj": H * V * d}
 
 
-# %%
 counted = lambda module: sum(a.size for a in jax.tree.leaves(nnx.state(module, nnx.Param)))  # noqa: E731
 big_k = big_hidden // big_heads  # d_k = d_v, and the gates' rank r
 big = kda_lib.KDAConfig(hidden_size=big_hidden, num_heads=big_heads, head_dim=big_k,
@@ -261,8 +260,6 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # At realistic sizes the same four $d \times H d_k$ matrices as attention dominate: the gates go
 # through rank-$r$ bottlenecks, the convolutions have $w$ taps per channel (where the rest goes:
 # the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-04)).
-# The layer keeps no KV cache: what it keeps between decode steps does not grow with the length
-# (exercise 1 writes the convolution's part of it; notebook 07 counts it all).
 #
 # ## 4. What each part is for: take it away
 #
@@ -270,72 +267,78 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # 1$).** $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$
 # along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert = 1$ and
 # $\beta \in (0, 1)$. If $\beta \lVert \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1, 1]$ and
-# stretches a state's part along $\mathbf k$; the two parts rule that out (the paper's L2Norm "to
-# ensure eigenvalues stability", §4). Below: every head of `ablation_draws` layers at init, each on
-# its own input, as built, keys unnormalised, and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# stretches a state's part along $\mathbf k$; the two parts rule that out (the paper's L2Norm, §4).
+# Below: every head of `ablation_draws` layers at init, each on its own input, as built, keys
+# unnormalised (at this page's $d_k$ and at 128), and $\beta = \mathbf x_t W_\beta$ (no sigmoid).
+# The bottom row's state (no write, no decay) passes $\lVert S_0\rVert_F$ only through an eigenvalue
+# outside $[-1, 1]$.
 
 # %%
-def ablations(layer, x, head, S_0):  # row 0, one head: {way: (||M_t||_2, ||S_t||_F / ||S_0||_F)}
+def norms(k, v, g, beta, S_0):  # every ||M_t||_2; S_0 through I - beta_t k_t k_t^T alone
+    S, kept = S_0, []
+    for k_t, b_t in zip(k, beta, strict=True):  # no write, no decay
+        S = S - b_t * np.outer(k_t, k_t @ S)
+        kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
+    return explain.transition_norms(k, v, g, beta)[1], np.array(kept)
+
+
+def ablations(layers, x, head, S_0s):  # row 0, one head of a layer at d_k and at wide_k
     f64 = lambda a: np.asarray(a[0, :, head], np.float64)  # noqa: E731
-    k, v, g, beta = (f64(layer_from_parts(layer, x)[n]) for n in ("k", "v", "g", "beta"))
-    def norms(k, beta):  # every M_t = (I - beta_t k_t k_t^T) D_t; S_0 through I - beta k k^T alone
-        S, kept = S_0, []
-        for k_t, b_t in zip(k, beta, strict=True):  # no write, no decay
-            S = S - b_t * np.outer(k_t, k_t @ S)
-            kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
-        return explain.transition_norms(k, v, g, beta)[1], np.array(kept)
-    return {"as built": norms(k, beta),  # raw: keys after the conv and SiLU; beta, no sigmoid
-            f"no L2 norm, d_k = {K}": norms(f64(layer.project(x).k), beta),
-            "no sigmoid on beta": norms(k, f64(layer.b_proj(x)))}
+    (k, v, g, beta), (_, *wide) = ([f64(layer_from_parts(layers[n], x)[p]) for p in "k v g beta"
+                                    .split()] for n in (K, wide_k))
+    raw_k = [f64(layers[n].project(x).k) for n in (K, wide_k)]  # after the conv and SiLU
+    return {"as built": norms(k, v, g, beta, S_0s[0]),
+            f"no L2 norm, d_k = {K}": norms(raw_k[0], v, g, beta, S_0s[0]),
+            f"no L2 norm, d_k = {wide_k}": norms(raw_k[1], *wide, S_0s[1]),
+            "no sigmoid on beta": norms(k, v, g, f64(layers[K].b_proj(x)), S_0s[0])}
 
 
 # %%
-draws = [(layer, x)]  # draw 0: this page's; then layers and inputs from the next keys
-for key in jax.random.split(jax.random.fold_in(jax.random.key(seed), 4), ablation_draws - 1):
-    key_l, key_i = jax.random.split(key)
-    draws.append((kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(int(
-        jax.random.randint(key_l, (), 0, 2**31 - 1)))), jax.random.normal(key_i, x.shape)))
-S_0 = np.random.default_rng(seed).normal(size=(len(draws), H, K, V))  # a random state a head
-runs = [ablations(m, xi, h, S_0[i, h]) for i, (m, xi) in enumerate(draws) for h in range(H)]
+wide_k, widths = 128, sorted({K, 64, 128})  # the third column's d_k; the width table's
+keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 4), ablation_draws - 1)
+seeds = [layer_seed] + [int(jax.random.randint(jax.random.split(k)[0], (), 0, 2**31 - 1))
+                        for k in keys]  # draw 0: this page's layer and x; then the next keys'
+inputs = [x] + [jax.random.normal(jax.random.split(k)[1], x.shape) for k in keys]
+draws = [{n: kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=n), rngs=nnx.Rngs(s))
+          for n in widths} for s in seeds]
+S_0 = [np.random.default_rng(seed + i).normal(size=(len(seeds), H, n, n))  # a random state a head
+       for i, n in enumerate((K, wide_k))]
+runs = [ablations(layers, xi, h, (S_0[0][i, h], S_0[1][i, h]))
+        for i, (layers, xi) in enumerate(zip(draws, inputs, strict=True)) for h in range(H)]
 grows = {way: np.array([np.mean(r[way][0] > 1 + 1e-6) for r in runs]) for way in runs[0]}
 kept = {way: np.array([r[way][1].max() for r in runs]) for way in runs[0]}  # max ||S_t|| / ||S_0||
 rng = lambda a, f="{:.3g}".format: f"{f(np.median(a))} (median; {f(a.min())} .. {f(a.max())})"  # noqa: E731
 pct, pooled = "{:.0%}".format, {way: grows[way].mean() for way in runs[0]}  # all M_t, as drawn
-raw = np.concatenate([np.asarray(m.b_proj(xi)[0]).ravel() for m, xi in draws])  # beta, no sigmoid
+raw = np.concatenate([np.asarray(d[K].b_proj(inputs[i])[0]).ravel() for i, d in enumerate(draws)])
 for way, share in pooled.items():
     print(f"{way}: ||M_t||_2 > 1 at {pct(share)} of all M_t (per head {rng(grows[way], pct)}); no "
           f"write or decay, ||S_t||_F > ||S_0||_F in {np.sum(kept[way] > 1)} of {len(runs)} heads")
 print(f"no sigmoid: beta < 0 at {pct(np.mean(raw < 0))}, beta > 2 at {pct(np.mean(raw > 2))}")
 assert grows["as built"].max() == 0 and 0.3 < pooled["no sigmoid on beta"] < 0.7, "expands"
 assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) < 0.7, "grows"
-viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
-
-# %% [markdown]
-# Top: $\lVert M_t\rVert_2$ at every token of every head. Bottom: a random state $S_0$ carried by
-# $I - \beta_t \mathbf k_t \mathbf k_t^\top$ alone, with no write and no decay; its norm can pass
-# $\lVert S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$. Without the sigmoid, $\beta =
-# \mathbf x_t W_\beta$ is negative at about half the tokens, and there the eigenvalue $1 - \beta$
-# along $\mathbf k_t$ exceeds 1: about half of all transitions expand and the state grows past
-# $S_0$ in most heads. As built, none expand.
-#
-# Without the L2 norm it depends on the width. A raw key's channels have about the same mean square
-# at any $d_k$, so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at most tokens at $d_k$ = 64 and 128
-# (below), at few at this page's $d_k$ (middle column). With both, $\lVert M_t\rVert_2 \le 1$.
+wide_way = f"no L2 norm, d_k = {wide_k}"
+assert pooled[wide_way] > 0.8 and np.mean(kept[wide_way] > 1) > 0.9, "wide keys expand"
 
 # %%
-widths, law = sorted({K, 64, 128}), {}  # d_k: (||k_t||^2, beta_t) [B, T, H] before the L2 norm
-for width in widths:  # project(): the conv and SiLU (kda() normalises)
-    wide = kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=width),
-                                      rngs=nnx.Rngs(layer_seed)).project(x)
-    law[width] = np.sum(np.square(np.asarray(wide.k, np.float64)), -1), np.asarray(wide.beta)
+law = {n: (np.sum(np.square(np.asarray(p.k, np.float64)), -1), np.asarray(p.beta)) for n, p in
+       ((n, m.project(x)) for n, m in draws[0].items())}  # d_k: (||k_t||^2, beta_t), no L2 norm
 expand = {width: np.mean(np.prod(law[width], 0) > 2) for width in widths}  # beta ||k_t||^2 > 2
 for width in widths:
     print(f"d_k = {width}: mean ||k_t||^2 / d_k {law[width][0].mean() / width:.3f}, median beta "
           f"{np.median(law[width][1]):.2f}, beta ||k_t||^2 > 2 at {expand[width]:.0%}")
 assert all(0.05 < law[n][0].mean() / n < 0.2 for n in widths), "||k_t||^2 in proportion to d_k"
 assert all(np.diff(list(expand.values())) > 0) and expand[64] > 0.5 and expand[128] > 0.8
+viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
 # %% [markdown]
+# As built, no transition expands. Without the sigmoid, $\beta = \mathbf x_t W_\beta$ is negative at
+# about half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half
+# of all transitions expand and the state grows past $S_0$ in most heads. Without the L2 norm it
+# depends on the width: a raw key's channels have about the same mean square at any $d_k$ (printed),
+# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at few tokens at the default $d_k$ = 16 (second column)
+# but at most at $d_k$ = 64 and 128; at 128 (third column) most transitions expand and the state
+# grows past $S_0$ in nearly every head. With both parts, $\lVert M_t\rVert_2 \le 1$.
+#
 # **The short convolution lets one write bind two tokens.** Associative recall needs the layer to
 # store "value of token $t$ under the key of token $t - 1$" in a single write. The write at token
 # $t$ pairs $\mathbf k_t$ with $\mathbf v_t$; without the convolution both depend on $\mathbf x_t$
@@ -360,22 +363,20 @@ assert np.flatnonzero(reach["with conv"]).tolist() == window
 assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 
 # %% [markdown]
-# **The low-rank gate projections are the paper's design choice.** The raw gate input
-# $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of the $H d_k$
-# dimensions (checked below); the paper reports "performance comparable to full-rank gating"
-# (§4, beside its Eq. 10), which is not tested here.
+# **The low-rank gate projections are the paper's design choice.** The raw gate input $\mathbf x_t
+# W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of the $H d_k$ dimensions
+# (checked below); the paper reports "performance comparable to full-rank gating" (§4), untested.
 #
 # **The per-head RMSNorm and the output gate set the output's scale and let it be switched off.**
 # The RMSNorm divides a head's output by $\sqrt{\operatorname{ms}(\mathbf o) +
 # \epsilon_{\text{RMS}}}$, $\operatorname{ms}(\mathbf o)$ its mean square over the channels, then
-# multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init; trained: the notes).
-# So the RMS is $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) +
-# \epsilon_{\text{RMS}})}$: below 1 always, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge
-# 100\epsilon_{\text{RMS}}$ ($\mathbf o$ scaled up, below). At init $\mathbf o$ is tiny: the
-# state starts at 0, each token writes one $\beta_t \mathbf k_t \mathbf v_t^\top$ with small
-# $\mathbf v_t$, and $\mathbf o$ grows from the first token to the last (medians below). So the
-# RMS is a little below 1 at the median, far below at the lowest. The gate $\sigma(\mathbf z_t) \in
-# (0, 1)$ scales each channel per token: a head can be muted.
+# multiplies channel $e$ by $\eta_e$ ($\boldsymbol\eta = \mathbf 1$ at init). So the RMS is
+# $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$:
+# below 1 always, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$
+# (scaled up, below). At init $\mathbf o$ is tiny: the state starts at 0 and each token writes one
+# $\beta_t \mathbf k_t \mathbf v_t^\top$ with small $\mathbf v_t$, so $\mathbf o$ grows from the
+# first token to the last and the RMS is a little below 1 at the median, far below at the lowest.
+# The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel per token: a head can be muted.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -399,26 +400,25 @@ assert rms_init.min() < 0.5 and first < last, "the lowest RMS far below 1; o fil
 #
 # - `KimiDeltaAttention` is projections, a short causal conv with SiLU, L2-normalised $\mathbf q$
 #   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the recurrence, a
-#   per-head RMSNorm, a sigmoid output gate and an output projection: a function of these parts (its
-#   own conv and L2 norm) equals the layer to float32 tolerance (fla's outputs: the tests).
-# - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little
-#   more than softmax attention's parameters, and no KV cache.
-# - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head drawn; without the
-#   $\beta$ sigmoid about half expand ($\beta < 0$) and a state with no write or decay grows in
-#   most heads; without the L2 norm most would at $d_k$ = 64 and 128. Without the conv a key sees
-#   only its own token; the gate's input has rank $r$; the RMSNorm lowers the tiny init outputs.
+#   per-head RMSNorm, an output gate and projection; built from these parts, it equals the layer.
+# - Shapes and parameter counts come from the arrays; at realistic sizes the layer has a little more
+#   than softmax attention's parameters, and no KV cache.
+# - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head; without the $\beta$
+#   sigmoid about half expand ($\beta < 0$) and a state with no write or decay grows in most heads;
+#   without the L2 norm most do at $d_k$ = 128, few at 16. Without the conv a key sees only its own
+#   token; the gate's input has rank $r$; the RMSNorm lowers the tiny init outputs.
 #
 # ## Exercises
 #
 # Both ask for a part of the layer this page does not compute (NumPy or `jnp`, no `kda_lib`).
 # 1. **The convolution, one token at a time, from a ring buffer.** A decoder gets one input
-#    $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in a ring: slot `(start + j) % (w -
-#    1)` of `ring [B, w - 1, channels]` holds $\boldsymbol\xi_{t-(w-1)+j}$, the input tap
-#    $\boldsymbol\kappa_j$ multiplies ($j = 0, \dots, w - 2$: counted from 0, as the taps of section
-#    1; slot `start` holds the oldest); a step writes $\boldsymbol\xi_t$ over the oldest and moves
-#    `start` (the checker reads this layout: every other slot keeps its input). Write
-#    `conv_step(ring, start, xi_t, kernel) -> (ring, start, conv_t)` (`xi_t [B, channels]`,
-#    `kernel [w, channels]`; `conv_t` $= \operatorname{conv}(\Xi)_t$, no SiLU; $w \ge 2$).
+#   $\boldsymbol\xi_t$ per step and keeps the $w - 1$ before it in `ring [B, w - 1, channels]`,
+#   the oldest in slot `start`: the input $\nu$ tokens back, $\boldsymbol\xi_{t-\nu}$, which tap
+#   $\boldsymbol\kappa_{w-1-\nu}$ multiplies, sits in slot $(\texttt{start} + w - 1 - \nu)  \bmod
+#   (w - 1)$, $\nu = 1, \dots, w - 1$. A step writes $\boldsymbol\xi_t$ over the oldest and  moves
+#   `start` (every other slot keeps its input). Write  `conv_step(ring, start, xi_t, kernel) ->
+#   (ring, start, conv_t)` (`xi_t [B, channels]`,  `kernel [w, channels]`; `conv_t` $=
+#   \operatorname{conv}(\Xi)_t$, no SiLU; $w \ge 2$).
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
 #    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$ (section 1), with respect to $\mathbf o$:
 #    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;

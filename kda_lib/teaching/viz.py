@@ -400,15 +400,16 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     return fig
 
 
-def wy_factors(gap, keys_t_src, w) -> plt.Figure:
+def wy_factors(gap, keys_t_src, k_tilde) -> plt.Figure:
     """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
-    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``W`` (``C x d_k``), square cells."""
-    d_k, c = gap.shape[0], w.shape[0]
+    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~`` (``C x d_k``; the WY literature's
+    ``W``), square cells."""
+    d_k, c = gap.shape[0], k_tilde.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
                              layout="constrained")
-    mats = (gap, keys_t_src.T, w)
+    mats = (gap, keys_t_src.T, k_tilde)
     titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
-              f"$W$ (${c} \\times {d_k}$)")
+              f"$\\tilde K$ (${c} \\times {d_k}$)")
     top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
     for ax, mat, title in zip(axes, mats, titles, strict=True):
         image = heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
@@ -416,8 +417,8 @@ def wy_factors(gap, keys_t_src, w) -> plt.Figure:
         ax.set_aspect("equal")  # square cells: the factors' shapes as they are
     fig.colorbar(image, ax=list(axes), label="entry", shrink=0.8)  # the one shared scale
     fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
-                 f"k_1 k_1^\\top) = K^\\top W$: the first {c} tokens (< $d_k$ = {d_k}), one "
-                 "colour scale")
+                 f"k_1 k_1^\\top) = K^\\top \\tilde K$: the first {c} tokens (< $d_k$ = {d_k}), "
+                 "one colour scale")
     return fig
 
 
@@ -478,7 +479,7 @@ def ablation_norms(runs: list[dict]) -> plt.Figure:
     heads whose state rises above ``S_0``. ``runs``: ``{way: (||M_t||_2 [T], ||S_t||_F /
     ||S_0||_F [T])}`` per head."""
     ways = list(runs[0])
-    fig, axes = plt.subplots(2, len(ways), figsize=(11, 5.8), sharex=True)
+    fig, axes = plt.subplots(2, len(ways), figsize=(3.7 * len(ways), 5.8), sharex=True)
     t = np.arange(1, len(runs[0][ways[0]][0]) + 1)
     norms = {w: np.array([r[w][0] for r in runs]) for w in ways}  # [heads, T] each
     kept = {w: np.array([r[w][1] for r in runs]) for w in ways}

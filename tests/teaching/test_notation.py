@@ -226,3 +226,85 @@ def test_the_docs_keep_the_index_letters_too(doc):
     08's filter as c times a power, c the key-channel index)."""
     misuses = index_misuses((ROOT / "docs" / doc).read_text())
     assert not misuses, f"{doc}: index letters used as something else: {misuses}"
+
+
+def plain_only() -> set[str]:
+    """The letters NOTATION declares only plain (never bold): ``w``, ``d``, ``j``, ``W``, ..."""
+    global_rows, local_rows = declarations()
+    bold, plain = set(), set()
+    for item in [i for _, its in global_rows for i in its] + [i for its, _, _ in local_rows
+                                                               for i in its]:
+        letters = symbols(item)
+        if letters:
+            is_bold = re.match(r"\s*(\\tilde\s*\{?\s*)?\\(mathbf|boldsymbol)", item)
+            (bold if is_bold else plain).add(letters[0])
+    return plain - bold
+
+
+def subscript_owners(letter: str, tex: str) -> list[str]:
+    """The symbols that take the index ``letter`` as a subscript in ``tex``'s math (``k`` of
+    ``\\mathbf k_{j'}``); a bound variable (``\\sum_{j=0}``) has no owner."""
+    out = []
+    for span in math_spans(tex):
+        for m in re.finditer(rf"_\s*\{{?\s*{letter}(?![A-Za-z])", span):
+            before = span[:m.start()].rstrip().rstrip("}").rstrip()
+            macro = re.search(r"\\([A-Za-z]+)$", before)
+            if macro and macro.group(1) not in GREEK:
+                continue  # \sum_{j ...}, \max_j: the letter is bound there
+            letters = symbols(before)
+            if letters:
+                out.append(letters[-1])
+    return out
+
+
+# notebook 09's bold c^{KV} (DeepSeek's cached latent) is INDEX_EXCEPTIONS' known exception
+SUBSCRIPTED = {"W"}  # NOTATION: every W with a subscript is a learned weight matrix, no bare W
+
+
+def one_meaning_misuses(tex: str, allowed: frozenset = frozenset()) -> list[str]:
+    """Symbols written with another meaning than NOTATION's: a letter declared only plain
+    written bold (03 once wrote the WY factors as bold w_t, w the conv width), a bare W (03's
+    WY factor; every W with a subscript is a weight matrix), and an index whose NOTATION row
+    names the symbols it indexes subscripting another one (04 once indexed the conv taps
+    kappa_j by j, the index of a stored pair)."""
+    out, plain = [], plain_only() - allowed
+    owners = {}  # index letter -> the symbols its NOTATION row lets it subscript
+    for cells in table_rows(sections()["## Sizes and indices"]):
+        letter = symbols(cells[0])
+        if len(letter) == 1 and letter[0] in INDICES and subscript_owners(letter[0], cells[1]):
+            owners[letter[0]] = set(subscript_owners(letter[0], cells[1]))
+    for span in math_spans(tex):
+        for m in re.finditer(r"\\(mathbf|boldsymbol)\s*\{?\s*(\\[A-Za-z]+|[A-Za-z])", span):
+            if m.group(2) in plain:
+                out.append(f"bold {m.group(2)}: {span.strip()[:60]}")
+        for letter in SUBSCRIPTED - allowed:
+            if re.search(rf"(?<![\\A-Za-z]){letter}(?![A-Za-z]|\s*[_^])", span):
+                out.append(f"bare {letter}: {span.strip()[:60]}")
+    for letter, ok in owners.items():
+        out += [f"{owner}_{letter}: not one of {sorted(ok)}"
+                for owner in subscript_owners(letter, tex) if owner not in ok]
+    return out
+
+
+def test_the_one_meaning_check_finds_the_old_clashes():
+    assert one_meaning_misuses(r"rows $\mathbf w_t = \beta_t \mathbf k_t$") == [
+        r"bold w: \mathbf w_t = \beta_t \mathbf k_t"]
+    assert one_meaning_misuses(r"$(I + L) W = \operatorname{diag}(\boldsymbol\beta) K$") == [
+        r"bare W: (I + L) W = \operatorname{diag}(\boldsymbol\beta) K"]
+    assert one_meaning_misuses(r"$\sum_{j=0}^{w-1} \boldsymbol\kappa_j \odot \xi_{t-j}$") == [
+        r"\kappa_j: not one of ['k', 'v']"]
+    assert not one_meaning_misuses(r"$\mathbf k_{j'}^\top S = \mathbf v_j^\top$, $W_q$, "
+                                   r"$W^{K}_h$, $\operatorname{diag}(\boldsymbol\beta)$, "
+                                   r"$\sum_{j'} \tilde{\mathbf k}_t$")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_symbol_keeps_its_one_meaning(path):
+    allowed = frozenset(INDEX_EXCEPTIONS.get(path.stem, set()))
+    misuses = one_meaning_misuses(markdown_of(path), allowed)
+    assert not misuses, f"{path.name}: symbols used with another meaning: {misuses}"
+
+
+def test_the_notes_keep_one_meaning_too():
+    misuses = one_meaning_misuses((ROOT / "docs" / "NOTEBOOK_NOTES.md").read_text())
+    assert not misuses, f"NOTEBOOK_NOTES.md: symbols used with another meaning: {misuses}"

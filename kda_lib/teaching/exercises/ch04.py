@@ -48,7 +48,7 @@ def conv_ring_step(answer, rng):
                 return ("conv_t is off" + where + (": it is 16-bit; compute in float32 or wider"
                         if np.asarray(got[2]).dtype.itemsize < 4 else ": the ring's rows are not "
                         "oldest first; slot start holds the oldest" if slots_in_order and start else
-                        ": kernel row w - 1 meets xi_t, row j the input w - 1 - j tokens before"))
+                        ": kernel row w - 1 meets xi_t, row w - 1 - lag the input lag tokens back"))
             want = np.where(np.arange(width - 1)[None, :, None] == start, xi_t[:, None], ring)
             if _far(got[0], want):
                 moved = not _far(np.asarray(got[0])[:, -1], xi_t) and width > 2
