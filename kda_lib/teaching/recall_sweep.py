@@ -360,13 +360,15 @@ def _draw_mixer(ax, ax_steps, task: str, mixer: str, lens, sweep_view, score=Non
         ax_steps.fill_between(steps, y.min(0), y.max(0), color=color, alpha=0.15)
 
 
-def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figure:
+def plot_recorded(cells, complete, acc, setting: dict, chance: dict,
+                  levels: dict | None = None) -> plt.Figure:
     """Top: mean test accuracy over seeds at each length per task (markers, not joined), bars
     from the lowest seed to the highest, incomplete cells hollow, each mixer nudged sideways and
     marked; last, stack's accuracy beyond the conv reach (the claims' endpoint). Bottom:
     validation accuracy against steps at each task's first length (incomplete cells dashed),
-    then the legend (its note on incomplete cells only if there are any). For a protocol-2
-    record (``sweep_cells``)."""
+    then the legend (its note on incomplete cells only if there are any). ``levels``: {task:
+    (accuracy, label)}, a dash-dot line on that task's panels (MQAR's vote level). For a
+    protocol-2 record (``sweep_cells``)."""
     tasks = list(dict.fromkeys(c[0] for c in cells))
     mixers = [m for m in MIXER_ORDER if any(c[1] == m for c in cells)]
     fig, axes = plt.subplots(2, len(tasks) + 1, figsize=(4 * len(tasks) + 4, 7.4), squeeze=False,
@@ -385,6 +387,10 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
         ax.set(ylim=(-0.02, 1.02), title=title, ylabel="test accuracy",
                xlabel="sequence length T (log scale)")  # fmt: skip
         ax.axhline(chance[task], color="0.3", linestyle=":", linewidth=1.2)
+        level, label = (levels or {}).get(task, (None, None))
+        for axis in [ax, ax_steps] if level is not None and score is None else []:
+            if axis is not None:
+                axis.axhline(level, color="0.3", linestyle="-.", linewidth=1.0, label=label)
         if ax_steps is not None:
             ax_steps.set(ylim=(-0.02, 1.02), title=f"{task}, T = {lens[0]}: accuracy vs steps",
                          xlabel="optimiser step", ylabel="validation accuracy")  # fmt: skip
@@ -392,7 +398,10 @@ def plot_recorded(cells, complete, acc, setting: dict, chance: dict) -> plt.Figu
                              label="chance (every panel)")
     axes[1, -1].axis("off")
     title = "hollow / dashed: incomplete" if set(cells) - set(complete) else None
-    axes[1, -1].legend(*axes[1, 0].get_legend_handles_labels(), loc="center", fontsize=9,
+    handles = {}  # every bottom panel's entries, once each (a level line is on one panel)
+    for ax in axes[1, :-1]:
+        handles.update(zip(*ax.get_legend_handles_labels()[::-1], strict=True))
+    axes[1, -1].legend(list(handles.values()), list(handles), loc="center", fontsize=9,
                        title=title, title_fontsize=8)  # fmt: skip
     if len(panels) == len(tasks):
         axes[0, -1].axis("off")
