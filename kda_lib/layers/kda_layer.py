@@ -51,7 +51,7 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.tokamax.adapter import segment_slots_problem
+from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, segment_slots_problem
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
@@ -395,14 +395,13 @@ class KimiDeltaAttention(nnx.Module):
         ids, count = (None, None) if cache is None and segment_ids is None else (
             check_cache_and_ids(self, x.shape[0], x.shape[1], segment_ids, cache))  # fmt: skip
         cfg = self.config
-        ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
-        # tokamax's per-segment states fit: the one check (kda_prechecked's kernel row skips it)
-        if ids is not None and (bound := max_segments_bound((ids, count), cfg, ranks)):
-            batch, seq_len, _ = x.shape
-            dims = Dims(batch, -(-seq_len // ranks), cfg.value_heads, cfg.head_dim,
-                        cfg.value_dim, cfg.num_heads)  # fmt: skip
+        # one device, tokamax: its per-segment states fit, the one check (kda_prechecked's kernel
+        # row skips it; under context parallelism kda_context_parallel's check is the one)
+        if ids is not None and cfg.implementation in TOKAMAX_VARIANTS and self.mesh is None:
+            bound = max_segments_bound((ids, count), cfg)
+            dims = Dims(*x.shape[:2], cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
             name = ("KDAConfig.max_num_segments" if cfg.max_num_segments else
-                    "the segments counted in segment_ids")  # fmt: skip
+                    "the segment count of segment_ids")  # fmt: skip
             if problem := segment_slots_problem(cfg.implementation, dims, bound, name=name,
                                                 segments_per_row=count):  # fmt: skip
                 raise ValueError(problem)

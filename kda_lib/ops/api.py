@@ -62,9 +62,10 @@ def kda(
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
       (float64 for float64 inputs); with interior states a :class:`KDAResult`. Forward over
       reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Forward
-      mode a form's hand-written backward cannot serve (``jax.jvp`` of ``"chunked"``; any on
-      ``"pallas_tpu"``) is refused by name, and ``auto`` runs the recurrence there, eagerly or
-      under ``jit``; a ``jvp`` of a jitted ``kda()`` meets JAX's error (DESIGN section 4).
+      mode a form's hand-written backward cannot serve (``jax.jvp`` of ``"chunked"`` with a
+      tangent in q, k, g or beta; any on ``"pallas_tpu"`` and tokamax's) is refused by name,
+      and ``auto`` runs the recurrence there, eagerly or under ``jit``; a ``jvp`` of a jitted
+      ``kda()`` meets JAX's error (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -107,19 +108,19 @@ def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **k
 def _run_call(impl, arrays, options):
     """:func:`run`, forward-mode autodiff that ``impl`` cannot serve refused by name (``"auto"``:
     the recurrence run instead), the result as :func:`kda` returns it."""
-    if impl.forward_mode_limit and forward_mode(arrays, impl.forward_mode_limit == "any"):
-        if impl.forward_mode_fallback:  # "auto": the recurrence differentiates in every mode
+    limit = impl.forward_mode_limit  # "pure": the chunked form's custom_vjps see q, k, g, beta
+    if limit and forward_mode(arrays if limit == "any" else (arrays.q, arrays.k, arrays.g,
+                              arrays.beta, arrays.a_log, arrays.dt_bias), limit == "any"):
+        if impl.forward_mode_fallback:  # "auto": the recurrence (float32) in every mode
             impl = REGISTRY[impl.forward_mode_fallback]
         else:
-            name = impl.name
-            where = ("which 'auto' runs on a TPU above 16 tokens" if name == "pallas_tpu" else
-                     "which 'auto' runs above 16 tokens off CPU and on CPU from a state B*HV*K*V "
-                     "of 65536, DESIGN section 4")  # fmt: skip
-            modes = ("jax.jvp, jax.jacfwd, jax.hessian" if name == "pallas_tpu" else
-                     "jax.jvp, jax.jacfwd; forward over reverse, jax.hessian, runs")  # fmt: skip
+            modes = ("jax.jvp, jax.jacfwd, jax.hessian" if limit == "any" else
+                     "jax.jvp, jax.jacfwd with a tangent in q, k, g or beta; forward over reverse, "
+                     "jax.hessian, runs")  # fmt: skip
             raise TypeError(
-                f"forward-mode autodiff ({modes}) cannot run through implementation={name!r} "
-                f"({where}): its backward is hand-written; pass implementation='recurrent'")
+                f"forward-mode autodiff ({modes}) cannot run through implementation="
+                f"{impl.name!r}: its backward is hand-written (DESIGN section 4); pass "
+                "implementation='recurrent'")
     result = run(impl, arrays, options)
     interior = options.output_chunk_states or options.output_token_states
     return KDAResult(*result) if interior else result[:2]
@@ -204,7 +205,8 @@ REGISTRY: dict[str, Implementation] = {
                                  None, "any"),
     **{name: Implementation(name, lambda arrays, o, v=v: (*tokamax_kda(v, arrays, o), None, None),
                             functools.partial(adapter.tokamax_problems, v),
-                            adapter.tokamax_mosaic_context_parallel if v.mosaic else None, v)
+                            adapter.tokamax_mosaic_context_parallel if v.mosaic else None, v,
+                            "any")
        for name, v in TOKAMAX_VARIANTS.items()},
 }  # fmt: skip
 IMPLEMENTATIONS = tuple(REGISTRY)

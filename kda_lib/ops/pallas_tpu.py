@@ -516,10 +516,10 @@ def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallba
 
 
 def _reverse_only(f):
-    """``f`` behind a custom VJP that nothing differentiates in reverse (it runs inside
-    ``_kda``'s forward): forward-mode autodiff (``jax.hessian``) then meets JAX's custom_vjp
-    error, which ``kda``'s ``"auto"`` answers with the recurrence, not ``pallas_call``'s JVP
-    rule, which fails on these kernels with a bare AssertionError."""
+    """``f`` (a kernel: ``_kda``'s forward or backward) behind a custom VJP that nothing
+    differentiates in reverse: forward mode that ``kda()`` cannot see (a ``jax.jvp`` of a
+    jitted gradient) meets JAX's custom_vjp error, not ``pallas_call``'s JVP rule, which fails
+    on these kernels with a bare AssertionError."""
     def never(*_):
         raise NotImplementedError("the Pallas forward kernel is differentiated through _kda")
 
@@ -541,10 +541,11 @@ def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fa
 def _kda_bwd(scale, chunk, groups, low, interpret, fallback, residuals, cotangents):
     q, k, v, g, beta_rows, states = residuals
     d_o, d_final = cotangents
-    dq, dk, dv, dg, d_beta, d_s0 = _backward(q, k, v, g, beta_rows, states, d_o.astype(q.dtype),
-                                             d_final.astype(jnp.float32), scale=scale,
-                                             chunk=chunk, groups=groups, low=low,
-                                             interpret=interpret)  # fmt: skip
+    backward = functools.partial(_backward, scale=scale, chunk=chunk, groups=groups, low=low,
+                                 interpret=interpret)  # fmt: skip
+    dq, dk, dv, dg, d_beta, d_s0 = _reverse_only(backward)(q, k, v, g, beta_rows, states,
+                                                           d_o.astype(q.dtype),
+                                                           d_final.astype(jnp.float32))  # fmt: skip
     if groups > 1:  # a q/k head's gradient: the sum over the value heads that read it
         b, t, hv, kd = dq.shape
         dq, dk = (x.reshape(b, t, hv // groups, groups, kd).sum(3) for x in (dq, dk))

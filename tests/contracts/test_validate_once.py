@@ -280,11 +280,6 @@ def test_the_layer_reaches_its_first_projection_in_three_stays():
     assert len(_stays_before_the_first_projection(layer, x, segment_ids=ids)) <= 9
 
 
-# a known fault: with tokamax, segment ids and max_num_segments a layer checks tokamax's states
-# twice, at its entry (before any projection) and in the kernel row's refusals (which auto and
-# kda_lib.refusals read)
-TWO_CHECKS = pytest.mark.xfail(strict=True, raises=AssertionError,
-                               reason="fault: tokamax's states checked twice")  # fmt: skip
 CASES = [("plain", 0), ("ids", 0), ("tokamax_count", 1), ("prefill", 1), ("draft", 1),
          ("decode", 0), ("tokamax_bound", 1)]  # fmt: skip
 
@@ -312,3 +307,25 @@ def test_one_memory_size_check_per_layer_call(monkeypatch, case, checks):
     else:
         layer(x, segment_ids=ids)
     assert len(calls) == checks, (case, len(calls))
+
+
+def test_one_memory_size_check_per_context_parallel_layer_call(monkeypatch):
+    """Issue 75.9 under context parallelism: the tokamax Mosaic CP layer with segment ids checks
+    its per-segment states once, in kda_context_parallel (before: the layer's entry too).
+    Traced only (jax.eval_shape): the checks run while the program is built."""
+    from flax import nnx
+
+    from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu
+
+    mesh = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices()[:2])  # fmt: skip
+    config = KDAConfig(hidden_size=32, num_heads=1, head_dim=128, lower_bound=-5.0,
+                       implementation="tokamax_mosaic", max_num_segments=4)  # fmt: skip
+    ids = jnp.asarray([[1] * 64 + [2] * 64], jnp.int32)
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0), mesh=mesh)  # its parameters' checks
+    calls = []
+    original = kda_lib.checks.memory_limit
+    monkeypatch.setattr(kda_lib.checks, "memory_limit", lambda: calls.append(1) or original())
+    with emulate_tpu():
+        jax.eval_shape(lambda x: layer(x, segment_ids=ids), jnp.zeros((1, 128, 32)))
+    assert len(calls) == 1, len(calls)

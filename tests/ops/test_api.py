@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kda_lib import KDAConfig, KimiDeltaAttention, kda, kda_chunked, kda_gate, kda_recurrent
+from kda_lib import (
+    KDAConfig,
+    KimiDeltaAttention,
+    emulate_tpu,
+    kda,
+    kda_chunked,
+    kda_gate,
+    kda_recurrent,
+)
 from kda_lib.ops import api
 from kda_lib.ops.api import select_implementation
 from kda_lib.ops.norms import l2_normalize
@@ -320,6 +328,11 @@ def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatc
                  rtol=1e-5)  # fmt: skip
     hvp = lambda impl: jax.jit(lambda s: jax.jvp(jax.grad(loss(impl)), (s,), (1.0,))[1])(1.5)  # noqa: E731
     assert_close(hvp("auto"), hvp("recurrent"), atol=1e-5, rtol=1e-5)
+    # a jvp of a jitted gradient reaches the kernels after kda() returned: JAX's custom_vjp
+    # message (both kernels sit behind a reverse-only custom_vjp), not pallas_call's assertion
+    jitted = jax.jit(jax.grad(loss("auto")))
+    with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
+        jax.jvp(jitted, (1.5,), (1.0,))
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
@@ -569,3 +582,43 @@ def test_forward_mode_is_read_from_the_tracers_of_each_transform():
     assert seen == {**dict.fromkeys(reverse, (False, False)),
                     **dict.fromkeys(("jvp", "jit(jvp)", "vmap(jvp)", "jacfwd"), (True, True)),
                     "hessian": (False, True)}  # fmt: skip
+
+
+def test_forward_mode_over_tokamax_is_refused_by_name_and_auto_runs_the_recurrence(monkeypatch):
+    """tokamax's rows serve no forward mode (a jvp meets its custom_vjp, jax.hessian a vmap
+    error): named, they refuse by name; auto on a TPU v6 (emulated here), which picks tokamax's
+    Mosaic kernel first, runs the recurrence for jax.jvp and jax.hessian (before: the bare
+    errors)."""
+    x = random_kda_inputs(jax.random.key(12), 1, 64, 1, 128, 128)
+    a = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    gate = dict(lower_bound=-5.0, use_gate_in_kernel=True, a_log=jnp.zeros(1),
+                dt_bias=jnp.zeros(128))  # fmt: skip
+
+    def loss(implementation):
+        run = functools.partial(kda, **gate, implementation=implementation)
+        return lambda s: jnp.sum(run(a[0] * s, *a[1:])[0] ** 2)
+
+    for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,)), lambda f: jax.hessian(f)(1.5)):
+        with pytest.raises(TypeError, match="implementation='tokamax_xla'.*'recurrent'"):
+            mode(loss("tokamax_xla"))
+    monkeypatch.setattr(api, "tpu_generation", lambda: 6)
+    with emulate_tpu():
+        assert select_implementation(seq_len=64, key_dim=128, lower_bound=-5.0,
+                                     fused_gate=True) == "tokamax_mosaic"  # fmt: skip
+        for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,))[1], lambda f: jax.hessian(f)(1.5)):
+            assert_close(mode(loss("auto")), mode(loss("recurrent")), atol=1e-5, rtol=1e-5)
+
+
+def test_forward_mode_with_a_tangent_in_v_or_the_state_runs_through_chunked():
+    """A tangent only in v and the initial state meets no custom_vjp of the chunked form (they
+    see q, k, g and beta): jax.jvp through "chunked" runs and equals the recurrence's."""
+    x = random_kda_inputs(jax.random.key(13), 1, 40, 1, 4, 4, with_state=True)
+
+    def run(implementation):
+        f = lambda v, s: kda(x["q"], x["k"], v, x["g"], x["beta"], initial_state=s,  # noqa: E731
+                             output_final_state=True, implementation=implementation)  # fmt: skip
+        return jax.jit(lambda v, s: jax.jvp(f, (v, s), (v, s)))(x["v"], x["initial_state"])
+
+    got, want = run("chunked"), run("recurrent")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_close(a, b, atol=2e-5, rtol=1e-4)
