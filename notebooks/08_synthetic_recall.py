@@ -309,9 +309,9 @@ viz.show(rs.plot_recorded(cells, complete, acc, setting, chance, {"mqar": (
 # row below is KDA minus another mixer over the 5 paired seeds: a paired t-test, Holm over the
 # family (*ordered* below 0.05, else *level*), the exact sign-flip p (never below 0.0625 at 5 seeds:
 # every *ordered* rests on the t-test's normal differences) and the gap detectable at 80% power at
-# 0.05 / the family's size (`kda_lib.lab.significance`; exercises 2-3 rebuild two columns). The
-# **claims** (fixed after reading the record: exploratory): stack against GDN and mamba2-style in
-# accuracy (also beyond the conv reach) and claim B's steps to solve MQAR where both always solve.
+# 0.05 / the family's size (`kda_lib.lab.significance`). The **claims** (fixed after reading the
+# record: exploratory): stack against GDN and mamba2-style in accuracy (also beyond the conv reach)
+# and claim B's steps to solve MQAR where both always solve.
 # **No verdict** on MQAR: a ceiling, its pairs far fewer than a head's $d_k$ key directions
 # (printed), room for all in every recurrent state (notebook 01), so runs stop at `solved`; and
 # palindrome, unsolved by every recurrent mixer: claim A *not shown*, every palindrome interval
@@ -403,16 +403,16 @@ assert len(ordered[35]) == 13 and len(both) == 4 and {(t, m.split()[0]) for _, t
 # 1. **Chance by hand.** A scored MQAR answer is a value token; find which ids are filler, keys
 #    and values from `make_task("mqar", vocab_size=..., num_pairs=...)` at odd and even sizes,
 #    then write `mqar_chance(vocab_size)` (no kda_lib): guessing uniformly among the values.
-# 2. **Holm's column by hand.** Write `holm_column(family)`: from a dict like `claims`, {row:
-#    (KDA's 5 per-seed scores, the other's)}, each row's paired t statistic, its two-sided p at 4
-#    degrees of freedom, then Holm's adjustment over the family: {row: Holm p}. Numpy only (no
-#    scipy, no kda_lib); checked on `claims` and drawn families. Hint: at 4 degrees of freedom
-#    the t tail has a closed form (`t = 2 tan(a)` in the density `(1 + t**2 / 4) ** (-5 / 2)`).
-# 3. **The sign-flip column.** Write `sign_flip_column(family)`: each row's exact two-sided
-#    sign-flip p (no normality: with no difference, each seed's difference is as likely negated),
-#    for any number of seeds (no scipy.stats, no kda_lib); checked on `claims` and families of 3 to
-#    10 seeds with ties (sums equal but for rounding, a zero-sum row). *Explain why* (open): why is
-#    no `claims` row below 0.0625? How many seeds let a row's sign-flip p pass Holm's first step?
+# 2. **The vote level, exactly.** Section 5's vote answers every query with the most frequent
+#    value. Write `vote_level(n_pairs, n_values)` (no kda_lib): its expected accuracy, the
+#    `n_pairs` values drawn uniformly with replacement from `n_values`; checked to seven digits
+#    (float64: no simulation gets that close). Hint: E[largest count] is the sum over k of
+#    P(largest count >= k); count the sequences in which every value appears fewer than k times.
+# 3. **The pops beyond the conv reach.** Section 6's right panel scores stack where the answer
+#    was pushed more than the conv-only model's reach back. Write `beyond_reach(inputs, mask,
+#    reach)` (no kda_lib): from stack inputs `[B, T]` (1 is POP, other tokens push themselves) and
+#    their scored `mask`, a `[B, T]` bool array, True where a scored position's answer (the top of
+#    the stack after it) was pushed more than `reach` tokens earlier; checked on drawn stacks.
 # 4. **Three time scales in one head.** A KDA head whose key, query, gate and $\beta$ are the same
 #    at every token filters its input with $\phi(\nu) = \beta\, \mathbf q^\top A^\nu \mathbf k$, $A
 #    = (I - \beta \mathbf k \mathbf k^\top) D$; with a scalar gate ($D = \alpha I$) that is one
@@ -428,10 +428,10 @@ from kda_lib.teaching import exercises
 
 answer = None  # 1: a function mqar_chance(vocab_size) -> float
 exercises.check("08.1", answer)
-answer = None  # 2: a function holm_column(family) -> {row: Holm-adjusted p}
-exercises.check("08.2", answer, family=claims)
-answer = None  # 3: a function sign_flip_column(family) -> {row: exact sign-flip p}
-exercises.check("08.3", answer, family=claims)
+answer = None  # 2: a function vote_level(n_pairs, n_values) -> float
+exercises.check("08.2", answer)
+answer = None  # 3: a function beyond_reach(inputs, mask, reach) -> [B, T] bool
+exercises.check("08.3", answer)
 answer = None  # 4: a function three_time_scales(half_lives) -> dict(decays, beta, k, q)
 exercises.check("08.4", answer, half_lives=(1.0, 8.0, 64.0), length=256)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import factorial
+
 import numpy as np
 
 
@@ -12,44 +14,44 @@ def mqar_chance(vocab_size: int) -> float:
     return 1 / n_values
 
 
-def holm_column(family: dict) -> dict:
-    """2: per row, the differences d = KDA minus other (one per seed), t = mean(d) / (sd(d) /
-    sqrt(n)) with the sd over n - 1; at n = 5 seeds t has 4 degrees of freedom, whose two-sided
-    tail is p = 1 - u (3 - u^2) / 2, u = |t| / sqrt(t^2 + 4) (integrate the density (1 + t^2 /
-    4)^(-5/2) with t = 2 tan theta). Holm: sort the m p values ascending, multiply the i-th by
-    m - i + 1, take the running maximum (an adjusted value never falls), cap at 1."""
-    rows = list(family)
-    p = []
-    for row in rows:
-        d = np.subtract(*map(np.asarray, family[row]))
-        n = d.size
-        assert n == 5, "the closed form is the t tail at 4 degrees of freedom"
-        t = d.mean() / (d.std(ddof=1) / np.sqrt(n))
-        u = abs(t) / np.sqrt(t * t + 4)
-        p.append(1 - u * (3 - u * u) / 2)
-    order = np.argsort(p)
-    adjusted, running = {}, 0.0
-    for i, j in enumerate(order):
-        running = max(running, (len(p) - i) * p[j])
-        adjusted[rows[j]] = min(running, 1.0)
-    return adjusted
+def vote_level(n_pairs: int, n_values: int) -> float:
+    """2: the vote answers every query with the most frequent of the n values (drawn uniformly,
+    with replacement, from n_values); it is right at as many queries as that value occurs, so
+    its accuracy is E[M] / n, M the largest count. E[M] = sum_{k >= 1} P(M >= k), and
+    P(M < k) = (ways to place n labelled draws into n_values values, each fewer than k times) /
+    n_values^n: a dynamic programme over the values, f[r] = the ways of r draws among the values
+    so far, each value taking j < k of them in C(r + j, j) ways. Exact, float64 (probabilities
+    per value, so nothing overflows)."""
+    n, m = n_pairs, n_values
+    expected = 0.0
+    for k in range(1, n + 1):
+        f = np.zeros(n + 1)
+        f[0] = 1.0  # f[r]: P(the first values hold r given draws, each fewer than k), unnormalised
+        for _ in range(m):
+            g = np.zeros(n + 1)
+            for j in range(min(k, n + 1)):  # this value takes j draws
+                g[j:] += f[: n + 1 - j] / factorial(j)
+            f = g
+        expected += 1 - f[n] * factorial(n) / m**n  # 1 - P(M < k)
+    return expected / n
 
 
-def sign_flip_column(family: dict) -> dict:
-    """3: under no difference each seed's difference d_i is as likely -d_i as d_i: the 2^n
-    sign patterns are equally likely, and the exact two-sided p is the share of them whose
-    |sum| reaches the observed |sum|, ties included (the observed pattern and its mirror always
-    tie: p >= 2 / 2^n, 0.0625 at 5 seeds, whatever the scores). A zero difference may stay or
-    go (it doubles both counts). Sums that tie in exact arithmetic may differ in their last bits:
-    compare with a tolerance. Open part: Holm's first step in the 9-row claims family needs p <=
-    0.05 / 9 = 0.0056, so 2 / 2^n <= 0.0056: n >= 9 seeds (2 / 512 = 0.0039), all one way."""
-    out = {}
-    for row, (a, b) in family.items():
-        d = np.subtract(a, b)
-        n = d.size
-        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # every pattern
-        sums = np.abs(signs @ d)
-        out[row] = float(np.mean(sums >= abs(d.sum()) - 1e-9 * np.abs(d).sum()))
+def beyond_reach(inputs, mask, reach: int):
+    """3: replay each row's pushes and pops with a stack of *positions* (not values: a value
+    pushed again later is another push); after token t the top is the position t' of the push
+    whose value is the answer. A scored position is beyond reach when t - t' > reach (a pop's
+    answer is at least 2 back: the popped push sits between)."""
+    inputs, mask = np.asarray(inputs), np.asarray(mask, bool)
+    out = np.zeros(inputs.shape, bool)
+    for b, row in enumerate(inputs):
+        stack = []
+        for t, token in enumerate(row):
+            if token == 1:  # POP
+                if stack:
+                    stack.pop()
+            else:  # PUSH token
+                stack.append(t)
+            out[b, t] = bool(mask[b, t]) and bool(stack) and t - stack[-1] > reach
     return out
 
 
@@ -78,22 +80,12 @@ def three_time_scales(half_lives) -> dict:
 
 
 def cases():
-    family = {  # 5 paired seeds a row: KDA's scores, the other's
-        ("stack", 64, "gdn"): ([0.9, 0.85, 0.95, 0.8, 0.9], [0.85, 0.86, 0.9, 0.7, 0.84]),
-        ("stack", 128, "gdn"): ([0.7, 0.72, 0.69, 0.75, 0.7], [0.66, 0.7, 0.65, 0.7, 0.68]),
-        ("stack", 128, "mamba2"): ([0.7, 0.72, 0.69, 0.75, 0.7], [0.5, 0.8, 0.6, 0.74, 0.6]),
-        ("mqar", 64, "steps"): ([900, 400, 700, 500, 600], [400, 400, 500, 400, 400]),
-    }
-
-    def unadjusted(fam):  # each row's own p (a family of one), not Holm's
-        return {row: holm_column({row: pair})[row] for row, pair in fam.items()}
-
     scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
     return [
         ("08.1", mqar_chance, {}, lambda v: 1 / (v - 1)),
-        ("08.2", holm_column, dict(family=family), unadjusted),
-        ("08.3", sign_flip_column, dict(family=family),
-         lambda fam: {row: p / 2 for row, p in sign_flip_column(fam).items()}),  # one tail
+        ("08.2", vote_level, {}, lambda n, m: (1 + (n - 1) / m) / n),  # a random pair's value
+        ("08.3", beyond_reach, {}, lambda inputs, mask, reach: beyond_reach(  # ">= reach"
+            inputs, mask, reach - 1)),
         ("08.4", three_time_scales, scales,
          lambda lives: dict(three_time_scales(lives), decays=[0.99, 0.9, 0.5])),
     ]

@@ -1,12 +1,16 @@
-"""Checkers of notebook 08's exercises (chance, the Holm column, the sign-flip column, time
-scales): the notebook's family and families drawn at each call (``seed`` repeats them)."""
+"""Checkers of notebook 08's exercises (chance, the vote level, pops beyond the conv reach, time
+scales): trials drawn at each call (``seed`` repeats them)."""
 
 from __future__ import annotations
 
-import numpy as np
-import scipy.special
+import contextlib
 
+import jax
+import numpy as np
+
+from kda_lib.lab import tasks
 from kda_lib.teaching import exercises as ex
+from kda_lib.teaching import recall_sweep as rs
 
 
 @ex.checker("08.1")
@@ -25,187 +29,119 @@ def mqar_chance(answer, rng, **_):
     return hint
 
 
-_TESTS = ("scipy.stats", "jax.scipy.stats")  # the tests themselves, refused in 08.3
-# 08.2 is numpy only: all of scipy and jax.scipy, and JAX's t and beta tails (lax.betainc, igamma)
-_TAILS = (*ex.SCIPY, "jax._src.lax.special")
-
-
-def _rows(family: dict) -> dict:
-    """The family as ``{row: (kda scores, other scores)}``, lists of floats (a copy)."""
-    return {row: tuple([float(x) for x in side] for side in pair) for row, pair in family.items()}
-
-
-def _t_p(d, ddof: int = 1) -> float:
-    """The two-sided p of the paired t of the differences ``d`` (n - 1 degrees of freedom)."""
-    d = np.asarray(d, np.float64)
-    t = d.mean() / (d.std(ddof=ddof) / np.sqrt(d.size))
-    return float(2 * scipy.special.stdtr(d.size - 1, -abs(t)))
-
-
-def _holm(p, running: bool = True, cap: bool = True) -> np.ndarray:
-    """Holm's adjusted ``p``, input order: i-th smallest x (m - i + 1), ``running`` max, ``cap``."""
-    p = np.asarray(p, np.float64)
-    order, m = np.argsort(p, kind="stable"), p.size
-    stepped = (m - np.arange(m)) * p[order]
-    stepped = np.maximum.accumulate(stepped) if running else stepped
-    out = np.empty(m)
-    out[order] = np.minimum(stepped, 1.0) if cap else stepped
-    return out
-
-
-def _family_p(family: dict, how: str) -> np.ndarray:
-    """Each row's p of ``family`` ({row: (a, b)}), worked out ``how`` (right or one mistake)."""
-    d = [np.subtract(*map(np.asarray, pair)) for pair in family.values()]
-    p = np.array([_t_p(x, ddof=0 if how == "sd over n" else 1) for x in d])
-    if how == "one-sided":
-        p = np.where([x.mean() > 0 for x in d], p / 2, 1 - p / 2)
-    return {"unadjusted": p, "Bonferroni": np.minimum(p * p.size, 1.0),
-            "no running maximum": _holm(p, running=False)}.get(how, _holm(p))
-
-
-_HOLM_HINTS = {"unadjusted": "these are each row's own p: Holm adjusts them over the family",
-    "Bonferroni": "that is Bonferroni (every p times m): Holm multiplies the i-th smallest of m "
-    "by m - i + 1",
-    "no running maximum": "Holm's adjusted values never fall in the sorted order: after the "
-    "products, take the running maximum",
-    "sd over n": "the sd of the differences divides by n - 1 (the t statistic's)",
-    "one-sided": "the test is two-sided: KDA behind counts as much as KDA ahead",}
-
-
-def _holm_families(rng) -> list:
-    """Families of 5 seeds, 3-9 rows, p 0.001-0.99, one negative, Holm's max and cap at work."""
-    out = []
-    while len(out) < 3:
-        m = int(rng.integers(3, 10))
-        gaps = rng.uniform(-0.2, 1.5, m) * rng.choice([1, 1, -1], m) * 0.05
-        fam = {f"row {i}": ((b + g + 0.05 * rng.standard_normal(5)).round(4).tolist(), b.tolist())
-               for i, (g, b) in enumerate(zip(gaps, rng.uniform(0.3, 0.7, (m, 5)), strict=True))}
-        p = _family_p(fam, "unadjusted")
-        if p.min() > 1e-3 and (_holm(p) > _holm(p, running=False)).any() and (
-                _holm(p, cap=False) > 1).any() and (_holm(p) < 0.5).sum() >= 2:
-            out.append(fam)
-    return out
-
-
-def _column(got, family: dict, what: str) -> tuple[np.ndarray | None, str | None]:
-    """The answer's values in ``family``'s row order, or a hint on their form."""
-    if not isinstance(got, dict) or set(got) != set(family):
-        return None, f"return a dict {{row: {what}}} with the family's rows as keys"
-    values = [got[row] for row in family]
-    if hint := ex.refuse_degenerate(values, shape=(len(family),), what=f"the {what}s",
-                                    allow_zeros=True):
-        return None, hint
-    values = np.asarray(values, np.float64)
-    if ((values < 0) | (values > 1)).any():
-        return None, f"a {what} lies in [0, 1]"
-    return values, None
-
-
-def _own_call(answer, family: dict, name: str, refused: tuple = _TESTS):
-    """``answer(copy of family)``: no kda_lib, no module of ``refused`` (_TAILS: none held)."""
-    if holding := (ex.holds_scipy(answer) if refused == _TAILS else None):
-        return None, f"{name} uses {holding}: numpy only here, derive the t tail yourself"
-    hint = (f"{name} calls {{}}, which does the test: derive it yourself" if refused == _TESTS
-            else f"{name} calls {{}}: numpy only here, derive the t tail yourself")
-    return ex.call_answer(answer, _rows(family), name=name,
-                          refused={p: hint.format(p) for p in refused})
+def _vote_problem(got: float, n: int, m: int) -> str | None:
+    """None if ``got`` is the vote level of ``n`` pairs among ``m`` values, else a hint."""
+    want = rs.vote_accuracy(n, m)
+    if ex.close(got, want, 1e-7):
+        return None
+    where = f"wrong at n_pairs = {n}, n_values = {m}"
+    if ex.close(got, (1 + (n - 1) / m) / n, 1e-7):
+        return (f"{where}: that is guessing a random pair's value; the vote answers every query "
+                "with the sequence's most frequent value (right at as many queries as it occurs)")
+    if ex.close(got, n * want, 1e-7):
+        return (f"{where}: that is the expected largest count, queries answered right; the "
+                "accuracy divides it by n_pairs")
+    if abs(got - want) < 0.02:
+        return (f"{where}: off by {abs(got - want):.1g}, an estimate's error (a simulation "
+                "needs ~10^14 draws for 1e-7) or float32's rounding: count the ways exactly, "
+                "E[largest count] = sum over k of P(largest count >= k), in float64")
+    return (f"{where}: accuracy = E[largest count of a value among the n_pairs draws] / n_pairs, "
+            "the values drawn uniformly with replacement")
 
 
 @ex.checker("08.2")
-def holm_column(answer, rng, *, family: dict):
-    """``answer(family) -> {row: Holm p}``: each row's paired two-sided t-test over 5 seeds ({row:
-    (KDA's, other's)}), Holm-adjusted. Numpy only: scipy, jax.scipy, lax.betainc, igamma refused."""
-    for fam in [family, *_holm_families(rng)]:
-        got, hint = _own_call(answer, fam, "holm_column(family)", _TAILS)
-        got, hint = (None, hint) if hint else _column(got, fam, "Holm-adjusted p")
-        if hint:
+def vote_level(answer, rng, **_):
+    """``answer(n_pairs, n_values) -> float``: MQAR's vote level, exact (1e-7 relative), at
+    small cases and at two drawn sizes (12-32 pairs, 12-128 values) no sampling resolves."""
+    drawn = [(int(rng.integers(12, 33)), int(rng.integers(12, 129))) for _ in range(2)]
+    for n, m in [(1, 7), (3, 1), (2, 2), (5, 3), *drawn]:
+        got, hint = ex.call_answer(answer, n, m, name="vote_level(n_pairs, n_values)",
+                                   refuse=dict(shape=(), what="the vote level"))
+        if hint or (hint := _vote_problem(float(got), n, m)):
             return hint
-        if np.allclose(got, _family_p(fam, "right"), rtol=1e-4, atol=1e-6):
-            continue
-        for how, text in _HOLM_HINTS.items():
-            if np.allclose(got, _family_p(fam, how), rtol=1e-4, atol=1e-6):
-                return text
-        return ("some rows are off: t = mean(d) / (sd(d) / sqrt(n)), d the per-seed differences "
-                "KDA minus other; p its two-sided tail at n - 1 degrees of freedom; then Holm")
 
 
-def _tie_tolerance(d) -> float:
-    """Sums within this of each other tie: 1e-9 of the differences' scale, sum |d|."""
-    return 1e-9 * max(float(np.abs(d).sum()), 1e-300)
-
-
-def _sign_flip(d, strict=False, one_sided=False) -> float:
-    """The two-sided sign-flip p of ``d``: the share of the 2^n sign patterns whose |sum| reaches
-    the observed (slips: ties left out, one tail)."""
-    d = np.asarray(d, np.float64)
-    signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
-    sums, observed, tol = signs @ d, d.sum(), _tie_tolerance(d)
-    if one_sided:
-        return float(np.mean(sums >= observed - tol if observed >= 0 else sums <= observed + tol))
-    if strict:
-        return float(np.mean(np.abs(sums) > abs(observed) + tol))
-    return float(np.mean(np.abs(sums) >= abs(observed) - tol))
-
-
-def _flip_families(rng) -> list:
-    """Families of rows of 3 to 10 seeds, continuous scores or eighths with a zero difference;
-    the first also holds a row whose tying sums differ in their last bits, one summing to 0."""
-    out = []
-    for _ in range(3):
-        fam = {}
-        for i in range(int(rng.integers(3, 7))):
-            n = int(rng.integers(3, 11))
-            b = rng.uniform(0, 1, n).round(3)
-            d = (np.append(0.0, rng.integers(-2, 6, n - 1) / 8) if i % 2  # a zero, eighths
-                 else rng.normal(rng.uniform(0, 0.1), 0.05, n))
-            fam[f"row {i}"] = ((b + d).tolist(), b.tolist())
-        out.append(fam)
-    # sums that tie exactly, apart in the last bits (-0.4 - 0.5 + 0.3 + 0.1 against 0.4 + 0.5 ...)
-    out[0]["ties"] = ([-0.4, -0.5, 0.3, 0.1], [0.0] * 4)
-    # decimal ties that some pattern misses in floats summed left to right or reversed, by numpy's
-    # matmul or sum, math.fsum or exact Fractions of the floats (p 28/32; any of those gives 26)
-    out[0]["ties, any sum"] = ([0.7, -0.9, -0.2, 0.1, 0.1], [0.0] * 5)
-    # differences that sum to 0 exactly (p = 1: every pattern's |sum| reaches 0); in floats 5.6e-17
-    # by np.sum, 2.8e-17 correctly rounded: a tie relative to the observed sum misses patterns
-    out[0]["zero sum"] = ([0.1, 0.2, 0.0, 0.0], [0.0, 0.0, 0.3, 0.0])
+def _sources(inputs: np.ndarray, last_push: bool = False, by_value: bool = False) -> np.ndarray:
+    """Where each position's stack top was pushed (-1: empty); slips: the last push so far, or
+    the last occurrence of the top's value."""
+    out = np.full(inputs.shape, -1)
+    for b, row in enumerate(inputs):
+        stack: list[int] = []
+        for t, token in enumerate(row.tolist()):
+            if token == 1:
+                stack = stack[:-1]
+            else:
+                stack.append(t)
+            src = stack[-1] if stack else -1
+            if src >= 0 and last_push:
+                src = max(s for s in range(t + 1) if row[s] != 1)
+            elif src >= 0 and by_value:
+                src = max(s for s in range(t + 1) if row[s] == row[src])
+            out[b, t] = src
     return out
 
 
-_FLIP_HINTS = {
-    "strict": "a pattern whose |sum| equals the observed one counts (the observed pattern "
-              "itself and its mirror do)",
-    "one_sided": "the test is two-sided: a pattern as far out on the other side counts too"}
-_TIE_HINT = ("only rows whose sums tie in decimals are off: 0.7 - 0.5 is not 0.8 - 0.6 in floats "
-             "nor in exact fractions of them; compare with a tolerance on the scale sum |d|")
-_ZERO_SUM_HINT = ("a row's differences sum to 0: every sign pattern's |sum| reaches 0, so its p "
-                  "is 1; compare ties on the differences' scale (sum |d|), not relative to the "
-                  "observed sum")
+def _reach_slips(inputs, mask, reach: int) -> dict:
+    """Each slip's mask, and the hint it earns."""
+    t = np.arange(inputs.shape[1])
+
+    def beyond(src, over=reach, masked=True):
+        return (mask if masked else True) & (src >= 0) & (t - src > over)
+
+    right = _sources(inputs)
+    return {
+        "a pop whose answer is exactly `reach` tokens back is within reach: beyond means "
+        "t - (where it was pushed) > reach": [beyond(right, reach - 1), beyond(right, reach + 1)],
+        "the answer is the top of the stack after the pop, not the last push (that one was "
+        "popped): keep a stack": [beyond(_sources(inputs, last_push=True))],
+        "values repeat: the same value pushed later is not the top's push; keep the positions "
+        "of the pushes on the stack, not their values": [beyond(_sources(inputs, by_value=True))],
+        "only positions the mask scores can be beyond reach: and your answer with `mask`":
+            [beyond(right, masked=False)]}
+
+
+def _reach_trials(rng):
+    """(inputs, mask, reach): the docstring's example, drawn stacks (few values, so they
+    repeat) with their masks, and with a mask scoring a random half of the positions."""
+    hand = np.array([[5, 7, 1, 3, 1, 1, 6]]), np.array([[0, 0, 1, 0, 1, 0, 0]], bool)
+    out = [(*hand, r) for r in (1, 2, 4)]  # pops 2 and 4 back: each off-by-one fails
+    for vocab, pop in ((4, 0.45), (6, 0.4)):
+        batch = tasks.stack(jax.random.key(int(rng.integers(2**31))), 4, 64, vocab_size=vocab,
+                            pop_probability=pop)
+        inputs, mask = np.asarray(batch.inputs), np.asarray(batch.mask)
+        out += [(inputs, mask, int(rng.integers(2, 7))),
+                (inputs, rng.random(mask.shape) < 0.5, int(rng.integers(2, 7)))]
+    return out
 
 
 @ex.checker("08.3")
-def sign_flip_column(answer, rng, *, family: dict):
-    """``answer(family) -> {row: p}``: each row's exact two-sided sign-flip p (every sign
-    pattern of its paired differences), families of 3 to 10 seeds; scipy.stats refused."""
-    for fam in [family, *_flip_families(rng)]:
-        got, hint = _own_call(answer, fam, "sign_flip_column(family)")
-        got, hint = (None, hint) if hint else _column(got, fam, "sign-flip p")
+def beyond_reach(answer, rng, **_):
+    """``answer(inputs, mask, reach) -> [B, T] bool``: the scored stack positions whose answer
+    was pushed more than ``reach`` tokens back; a hand example and drawn stacks and masks."""
+    for inputs, mask, reach in _reach_trials(rng):
+        got, hint = ex.call_answer(answer, inputs.copy(), mask.copy(), reach,
+                                   name="beyond_reach(inputs, mask, reach)")
         if hint:
             return hint
-        d = [np.subtract(*map(np.asarray, pair)) for pair in _rows(fam).values()]
-        wrong = ~np.isclose(got, [_sign_flip(x) for x in d], rtol=0, atol=1e-9)
-        if not wrong.any():
+        if isinstance(got, (list, tuple)) or hasattr(got, "__array__"):
+            with contextlib.suppress(Exception):  # ragged: refuse_degenerate says so
+                got = np.asarray(got)
+        got = got.astype(np.int8) if isinstance(got, np.ndarray) and got.dtype == bool else got
+        if hint := ex.refuse_degenerate(got, shape=inputs.shape, what="the mask",
+                                        allow_zeros=True):
+            return hint + " (bools, one per position of inputs)"
+        if not np.isin(got, (0, 1)).all():
+            return "the answer is a mask: True / False (or 1 / 0) at each position"
+        want = np.asarray(tasks.beyond_reach_mask("stack", tasks.TaskBatch(
+            inputs, inputs, mask), reach))
+        if (got == want).all():
             continue
-        zero_sums = np.array([abs(x.sum()) <= _tie_tolerance(x) for x in d])  # p = 1 exactly
-        if (zero_sums | ~wrong).all():  # only rows that sum to 0 are off
-            return _ZERO_SUM_HINT
-        for how, text in _FLIP_HINTS.items():
-            if np.allclose(got, [_sign_flip(x, **{how: True}) for x in d], rtol=0, atol=1e-9):
-                return text
-        if all(_sign_flip(x, strict=True) - 1e-9 <= g < _sign_flip(x)  # wrong rows: some ties
-               for x, g, w in zip(d, got, wrong, strict=True) if w):  # missed (no tolerance)
-            return _TIE_HINT
-        return ("some rows are off: under no difference each seed's difference is as likely "
-                "negative as positive; count every pattern of signs, exactly (not a sample)")
+        for text, slips in _reach_slips(inputs, mask, reach).items():
+            if any((got == slip).all() for slip in slips):
+                return f"{text} (reach {reach})"
+        return (f"some positions are off (reach {reach}): at a scored pop the answer is the new "
+                "top; find the position t' of the PUSH that put it there (a stack of positions) "
+                "and mark t where t - t' > reach")
 
 
 def head_filter(p, length: int) -> np.ndarray:
