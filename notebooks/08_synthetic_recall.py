@@ -405,8 +405,8 @@ assert len(ordered[35]) == 13 and len(both) == 4 and {(t, m.split()[0]) for _, t
 #    then write `mqar_chance(vocab_size)` (no kda_lib): guessing uniformly among the values.
 # 2. **The vote level, exactly.** Section 5's vote answers every query with the most frequent
 #    value. Write `vote_level(n_pairs, n_values)` (no kda_lib): its expected accuracy, the
-#    `n_pairs` values drawn uniformly with replacement from `n_values`; checked to seven digits
-#    (float64: no simulation gets that close). Hint: E[largest count] is the sum over k of
+#    `n_pairs` values drawn uniformly with replacement from `n_values`; checked to five digits
+#    (no simulation gets that close). Hint: E[largest count] is the sum over k of
 #    P(largest count >= k); count the sequences in which every value appears fewer than k times.
 # 3. **The pops beyond the conv reach.** Section 6's right panel scores stack where the answer
 #    was pushed more than the conv-only model's reach back. Write `beyond_reach(inputs, mask,

@@ -399,6 +399,21 @@ def _solve_named_norm():
     return _solve_then_closed_form(norm)
 
 
+def _vote_float32(n, m):
+    """08.2's worked solution with every array and sum in float32 (up to 7e-7 off)."""
+    expected = np.float32(0)
+    for k in range(1, n + 1):
+        f = np.zeros(n + 1, np.float32)
+        f[0] = 1
+        for _ in range(m):
+            g = np.zeros(n + 1, np.float32)
+            for j in range(min(k, n + 1)):
+                g[j:] += f[: n + 1 - j] / np.float32(math.factorial(j))
+            f = g
+        expected += np.float32(1) - f[n] * np.float32(math.factorial(n) / m**n)
+    return float(expected / np.float32(n))
+
+
 def _vote_sampled(n, m, draws=200_000):
     """08.2 by simulation: the vote's mean accuracy over ``draws`` sequences (an estimate)."""
     values = np.random.default_rng(0).integers(0, m, (draws, n))
@@ -993,6 +1008,7 @@ def _alternatives():
         ("07.3", "integer ceiling", t_star_int, {}),
         ("08.1", "a loop over tokens", mqar_loop, {}),
         ("08.2", "exact integer counts, a Fraction out", vote_integers, {}),
+        ("08.2", "the worked solution in float32 (numpy)", _vote_float32, {}),
         ("08.2", "the largest count's distribution, binomial splits value by value",
          vote_distribution, {}),
         ("08.3", "pure Python lists, 0 / 1 out", beyond_lists, {}),
