@@ -16,14 +16,12 @@
 # %% [markdown]
 # # 03 · The chunkwise algorithm: KDA with matrix multiplies
 #
-# **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the
-# state follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once
-# with matrix products; between chunks only the state travels. The result equals the recurrence
-# (checked in float64). Why: $T$ dependent matrix-vector steps become $T / C$ steps, the rest
-# $C \times C$ and $C \times d_k$ matrix products, the work of a chip's matrix units, at more
-# flops a token than the recurrence's $6 d_k d_v$ (section 5). No recorded timing ranks the two on
-# the hardware the chunked form is for: a CPU has no matrix units (here the recurrence is faster),
-# and the lent TPU v5e's record leaves out the recurrence (notes).
+# **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the state
+# follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once with
+# matrix products; between chunks only the state travels. The result equals the recurrence (checked
+# in float64). What changes: $T$ dependent matrix-vector steps become $T / C$ sequential steps, the
+# rest matrix products ($C \times C$, $C \times d_k$: the work of a chip's matrix units), at more
+# flops a token than the recurrence's $6 d_k d_v$ (section 5). Speed is not measured on this page.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -109,12 +107,12 @@ def to_chunks(a):
 # %% [markdown]
 # ## 1. The idea: chunks in parallel, the state in sequence
 #
-# The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the
-# last, each a matrix-vector product too small to keep a chip's matrix units busy. The chunked
-# form splits the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need the
-# state entering it ($C \times C$ triangular matrices) is computed for **all chunks at once**
-# (the triangles: intra-chunk, no state; drawn as step 3's last merge, two darker halves and the
-# lighter block coupling them); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes).
+# The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the last,
+# each a matrix-vector product too small to keep a chip's matrix units busy. The chunked form splits
+# the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need the state entering
+# it ($C \times C$ triangular matrices) is computed for **all chunks at once** (triangles:
+# intra-chunk products, no state); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$
+# (boxes; $Q_{\text{in}}$, $K_{\text{out}}$: section 3's $\overleftarrow Q$, $\overrightarrow K$).
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
@@ -232,17 +230,17 @@ with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(800) 
 print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after exp, {nan[1]} before")
 
 # %% [markdown]
-# **Why a product of transitions stays thin: the WY form.** Without decay, two of notebook 01's
-# transitions multiply to $(I - \beta_2 \mathbf k_2 \mathbf k_2^\top)(I - \beta_1 \mathbf k_1
-# \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf k}_1^\top - \mathbf k_2 \tilde{\mathbf
-# k}_2^\top$ with $\tilde{\mathbf k}_1 = \beta_1 \mathbf k_1$, $\tilde{\mathbf k}_2 = \beta_2
-# (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1) \tilde{\mathbf k}_1)$: the identity minus two outer
-# products. Each further factor adds one, its $\tilde{\mathbf k}_t = \beta_t (\mathbf k_t -
-# \sum_{s < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}_s)$, so $C$ factors are
-# $I - K^\top \tilde K$ (rows $\mathbf k_t$, $\tilde{\mathbf k}_t$: the WY form): no $d_k \times
-# d_k$ product is formed. Stacked, they solve $(I + L) \tilde K =
-# \operatorname{diag}(\boldsymbol\beta) K$: step 3's $\tilde K$, undecayed. Rank $C < d_k$; fewer
-# numbers ($2 C d_k$ against $d_k^2$) only for $C < d_k/2$ (checked, float64, on $d_k/4$ tokens).
+# **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0; step 3's
+# $\tilde K$ has the decays), two of notebook 01's transitions multiply to $(I - \beta_2 \mathbf k_2
+# \mathbf k_2^\top)(I - \beta_1 \mathbf k_1 \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf
+# k}_1^{0\top} - \mathbf k_2 \tilde{\mathbf k}_2^{0\top}$, $\tilde{\mathbf k}^0_1 = \beta_1 \mathbf
+# k_1$, $\tilde{\mathbf k}^0_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1)
+# \tilde{\mathbf k}^0_1)$. Each further factor adds one outer product, $\tilde{\mathbf k}^0_t =
+# \beta_t (\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}^0_s)$: $C$
+# factors are $I - K^\top \tilde K^0$ (the WY form), $(I + L) \tilde K^0 =
+# \operatorname{diag}(\boldsymbol\beta) K$ stacked; no $d_k \times d_k$ product is formed. $I$ minus
+# the product has rank $\le C$; its factors hold $2 C d_k$ numbers instead of $d_k^2$, fewer only
+# for $C < d_k/2$ (equal at $C = 64$, $d_k = 128$; checked on $d_k/4$ tokens).
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
@@ -266,8 +264,8 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Kt), "03_wy_form")
 # \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code; $\tilde K$: the figure's, now decayed). `unit_lower_inverse` inverts $I + L$ in
-# matmuls, doubling diagonal blocks up to $C$ (section 1 shades the last merge of two halves).
+# (`U`, `W` in code; $\tilde K$: the WY paragraph's $\tilde K^0$ with the decays). `kda_lib`'s
+# `unit_lower_inverse` gives the same inverse by matrix products only (how: the notes).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
@@ -331,11 +329,11 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 # ## 4. The whole forward pass in one function
 #
 # Steps 3 to 5 give everything a chunk needs from the state $S_{\text{in}}$ entering it (`S` in the
-# code): its pseudo-values $\Delta = \tilde V - \tilde K S_{\text{in}}$, its outputs
-# $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta$ and the state it passes
-# on, $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's boxes). Loop over the
-# chunks: the whole algorithm for one head in plain `jax.numpy`, one triangular solve per chunk.
-# Its `where` keeps every exponent $\le 0$ (section 3; float32: the notes).
+# code): its pseudo-values $\Delta = \tilde V - \tilde K S_{\text{in}}$, its outputs $O =
+# \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta$ and the state it passes on,
+# $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's boxes). Loop over the
+# chunks: the whole algorithm for one head in plain `jax.numpy`, one triangular solve per chunk; its
+# `where` keeps every exponent $\le 0$ (section 3; float32: the notes).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -378,26 +376,28 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
       f"{max(errors[:2]):.1e}, to kda_chunked {max(errors[2:]):.1e}")
 
 # %% [markdown]
-# ## 5. Measured time on this machine
+# ## 5. Flops, and time on this machine
 #
-# Timed: the recurrence, the pure-JAX chunked forms of `kda_lib` and of tokamax (where it installs)
-# at $C = 64$, `kda_lib`'s Pallas kernels on a TPU, causal softmax; batch 1, medians of
-# `timing_repeats` calls, not ranked: a CPU has no matrix units, and the lent v5e's record leaves
-# out the recurrence (notes). The table's flops count multiply and add: the recurrence $6 d_k d_v$ a
-# token ($\mathbf k^\top S$, $S^\top \mathbf q$, the write $\mathbf k \boldsymbol\delta^\top$; 4 of
-# the 6 trace as dots; notebook 10 counts 7, with the decay); the chunked form, at $d_k = d_v = d$,
-# $6 d^2$ (state pass and read) $+ (8C - 2) d + \tfrac23 (C^2 - 4)$: more at every $C$ (asserted).
+# Timed here (batch 1, medians of `timing_repeats` calls), not ranked: a CPU has no matrix units.
+# Flops, both forms counted alike (products' multiply-adds, 2 flops each; elementwise decays left
+# out: notebook 10 adds the recurrence's, 7), a token at $d_k = d_v = d$: the recurrence $6 d^2$
+# ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked form
+# $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) $+ (8C - 2) d +
+# \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (scores of $P$, $L$) $+ 4 C d$ ($\tilde
+# K$, $\tilde V$) $+ 2 C d$ ($P \Delta$): more than the recurrence at every $C$ from 16 to 128.
 
 # %%
 forms, modes = chunkwise.kda_forms(lower_bound), ["fwd", "fwd+bwd"][:1 + timing_backward]
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
-width, d = 64, timing_dim  # the timed C; d_k = d_v = d. Terms: d^2, C d, the inverse
-terms = 6 * d * d, (8 * width - 2) * d, 2 * (width**2 - 4) // 3
-assert costs.chunked_flops(width, width, d, d) / width == sum(terms), "chunked_flops, by term"
-print(f"chunked a token, d = {d}, C = {width}: 6 d^2 + (8C - 2) d + 2/3 (C^2 - 4) = "
-      f"{' + '.join(f'{t:,}' for t in terms)} = {sum(terms):,}, {sum(terms) / terms[0]:.2f}x 6 d^2")
+d, recurrent = timing_dim, 6 * timing_dim**2  # d_k = d_v = d; the recurrence: 6 d^2 a token
+for C in (16, 32, 64, 128):  # terms: d^2; scores 2d(C-1) + K~, V~ 4Cd + P Delta 2Cd; inverse
+    terms = 6 * d * d, 2 * d * (C - 1) + 4 * C * d + 2 * C * d, 2 * (C**2 - 4) // 3
+    assert terms[1] == (8 * C - 2) * d, "scores + K~, V~ + P Delta = (8C - 2) d"
+    assert costs.chunked_flops(C, C, d, d) / C == sum(terms) > recurrent, f"C = {C}"
+    print(f"C = {C}: {' + '.join(f'{t:,}' for t in terms)} = {sum(terms):,} = "
+          f"{sum(terms) / recurrent:.2f}x the recurrence's {recurrent:,} (d = {d})")
 
 # %% [markdown]
 # ## Summary

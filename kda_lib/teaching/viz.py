@@ -370,19 +370,17 @@ def mixing_heatmap(ax, mixing, *, title: str) -> None:
 def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -> plt.Figure:
     """Dataflow of the chunked form (notebook 03), for the first ``shown_chunks`` chunks.
 
-    Each chunk's ``C x C`` triangular blocks, labelled "intra-chunk, no state" (the decayed
-    scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``, drawn as the last merge of
-    ``kda_chunked``'s doubling inverse: two ``C/2`` diagonal halves, darker, and their coupling
-    block) are computed for every chunk at
+    Each chunk's ``C x C`` triangle, labelled "intra-chunk products, no state" (the decayed
+    scores ``P``, the key overlaps ``L`` and ``(I + L)^-1``), is computed for every chunk at
     once; they give the chunk's ``K~``, ``V~``, ``P`` (notebook 03's symbols). Only the state
     travels between chunks (arrows, ``S_[i]`` entering chunk ``i``): each step corrects the
-    values (``V~ - K~ S``), reads the outputs and updates the state.
+    values (``V~ - K~ S``), reads the outputs and updates the state (``Q_in``, ``K_out``: the
+    code's names of the text's decayed queries and keys, no accents to float off the line).
     """
     shown = min(num_chunks, shown_chunks)
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    subs = 2 if chunk_size >= 2 else 1  # the doubling inverse's last merge: two halves
     for i in range(shown):
-        _draw_chunk(ax, i, subs)
+        _draw_chunk(ax, i)
     end = 1.2 + 3.0 * shown
     ax.annotate("", xy=(end + 0.05, 1.05), xytext=(end - 0.85, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
@@ -402,14 +400,14 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
 
 def wy_factors(gap, keys_t_src, k_tilde) -> plt.Figure:
     """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
-    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~`` (``C x d_k``; the WY literature's
-    ``W``), square cells."""
+    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~^0`` (``C x d_k``, no decay; the WY
+    literature's ``W``), square cells."""
     d_k, c = gap.shape[0], k_tilde.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
                              layout="constrained")
     mats = (gap, keys_t_src.T, k_tilde)
     titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
-              f"$\\tilde K$ (${c} \\times {d_k}$)")
+              f"$\\tilde K^0$ (${c} \\times {d_k}$)")
     top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
     for ax, mat, title in zip(axes, mats, titles, strict=True):
         image = heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
@@ -417,7 +415,7 @@ def wy_factors(gap, keys_t_src, k_tilde) -> plt.Figure:
         ax.set_aspect("equal")  # square cells: the factors' shapes as they are
     fig.colorbar(image, ax=list(axes), label="entry", shrink=0.8)  # the one shared scale
     fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
-                 f"k_1 k_1^\\top) = K^\\top \\tilde K$: the first {c} tokens (< $d_k$ = {d_k}), "
+                 f"k_1 k_1^\\top) = K^\\top \\tilde K^0$: the first {c} tokens (< $d_k$ = {d_k}), "
                  "one colour scale")
     return fig
 
@@ -438,23 +436,14 @@ def scan_rounds(scan_maps: int) -> plt.Figure:
     return fig
 
 
-def _draw_chunk(ax, i: int, subs: int) -> None:
-    """Chunk ``i`` of :func:`chunk_dataflow`: its triangular blocks in ``subs`` x ``subs``
-    sub-blocks, the arrow to ``K~, V~, P`` and the box of the three lines with the state."""
+def _draw_chunk(ax, i: int) -> None:
+    """Chunk ``i`` of :func:`chunk_dataflow`: its triangle, the arrow to ``K~, V~, P`` and the
+    box of the three lines with the state."""
     x = 1.2 + 3.0 * i
     colour = CYCLE[i % len(CYCLE)]
-    side = 2.0 / subs
-    for r in range(subs):  # sub-blocks of the lower triangle; the diagonal ones darker
-        for c in range(r + 1):
-            corner = (x + c * side, 4.6 - (r + 1) * side)
-            if r == c:
-                cells = [corner, (corner[0], corner[1] + side),
-                         (corner[0] + side, corner[1])]
-                ax.add_patch(mpl.patches.Polygon(cells, color=colour, alpha=0.75, lw=0))
-            else:
-                ax.add_patch(mpl.patches.Rectangle(corner, side, side, facecolor=colour,
-                                                   alpha=0.3, edgecolor="white"))
-    ax.text(x + 2.0, 4.4, f"chunk {i}\nintra-chunk,\nno state", fontsize=7.5, ha="right",
+    ax.add_patch(mpl.patches.Polygon([(x, 2.6), (x, 4.6), (x + 2.0, 2.6)], color=colour,
+                                     alpha=0.75, lw=0))
+    ax.text(x + 2.0, 4.4, f"chunk {i}\nintra-chunk\nproducts,\nno state", fontsize=7.5, ha="right",
             va="top")
     ax.annotate("", xy=(x + 1.0, 1.75), xytext=(x + 1.0, 2.55),
                 arrowprops=dict(arrowstyle="->", color="0.3", lw=1.2))
@@ -462,10 +451,10 @@ def _draw_chunk(ax, i: int, subs: int) -> None:
     ax.add_patch(mpl.patches.FancyBboxPatch((x - 0.1, 0.4), 2.2, 1.3,
                                             boxstyle="round,pad=0.05", color=colour))
     update = ("$\\Delta = \\tilde V - \\tilde K S$\n"  # the code's Q_in, K_out: the text's arrows
-              "$O = \\overleftarrow{Q} S / \\sqrt{d_k} + P \\Delta$\n"
-              "$S \\leftarrow \\Gamma_C S + \\overrightarrow{K}^\\top \\Delta$")
+              "$O = Q_{\\rm in} S / \\sqrt{d_k} + P \\Delta$\n"
+              "$S \\leftarrow \\Gamma_C S + K_{\\rm out}^\\top \\Delta$")
     ax.text(x + 1.0, 1.05, update, ha="center", va="center", fontsize=8, color="white",
-            linespacing=1.9)  # room for the accents over Q and K
+            linespacing=1.7)
     ax.annotate("", xy=(x - 0.1, 1.05), xytext=(x - 0.9, 1.05),
                 arrowprops=dict(arrowstyle="->", color="black", lw=2))
     ax.text(x - 0.5, 1.25, f"$S_{{[{i}]}}$", ha="center", fontsize=9)
