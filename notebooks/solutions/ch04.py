@@ -5,32 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 
-def conv_step(ring, start, xi_t, kernel):
-    """1: section 1's tap formula at the newest token ``t`` needs ``xi_{t-w+1} .. xi_t``: the
-    ``w - 1`` inputs before ``t`` and ``xi_t``. In the ring they sit oldest first from slot
-    ``start`` on, so the window is the ring rolled left by ``start`` (``np.roll(ring, -start,
-    1)``), then ``xi_t``; ``conv_t = sum_j kappa_j window_j``. The next step no longer needs the
-    oldest input: ``xi_t`` takes its slot and the oldest is now the one after it, ``start + 1``
-    (mod ``w - 1``). No row moves: one slot written per step, ``channels`` numbers, where
-    shifting the cache moves all ``(w - 1) channels``."""
-    ring = np.array(ring)
-    window = np.concatenate([np.roll(ring, -start, axis=1), np.asarray(xi_t)[:, None]], axis=1)
-    conv_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
-    ring[:, start] = xi_t
-    return ring, (start + 1) % ring.shape[1], conv_t
+def gate_input_for(half_life, a_log, dt_bias):
+    """1: the softplus gate keeps ``e^g`` of a channel a token, ``g = -a_h softplus(f + b)``,
+    ``a_h = e^A_log``. After ``t`` tokens it keeps ``e^(g t)``; half at ``t``: ``e^(g t) = 1/2``,
+    ``-g = ln 2 / t`` (natural log: the decay is ``e^g``). So ``softplus(f + b) = ln 2 / (a_h t)
+    =: y``, and ``softplus(x) = log(1 + e^x) = y`` gives ``x = log(e^y - 1)``: ``f = log(expm1(y))
+    - b``. ``expm1``: at long half-lives ``y`` is tiny (``4e-6`` at ``t = 10^4``, ``a_h = 16``)
+    and ``e^y - 1`` in float32 would keep two digits. The safe gate, ``g = g_min sigma(a_h (f +
+    b))``, has ``-g < |g_min|``: a half-life under ``ln 2 / |g_min|`` tokens (0.14 at ``g_min =
+    -5``) is out of its reach, where the softplus gate reaches any ``t > 0``."""
+    rate = np.exp(np.asarray(a_log, np.float64))[:, None]
+    y = np.log(2.0) / (rate * np.asarray(half_life, np.float64))
+    return np.log(np.expm1(y)) - np.asarray(dt_bias, np.float64)
 
 
-def conv_step_taps(ring, start, xi_t, kernel):
-    """1, written differently: jnp, the taps one by one (``kernel[w - 1]`` on ``xi_t``, then
-    ``kernel[w - 1 - back]`` on the input ``back`` tokens before it, the slot ``(start - back)
-    % (w - 1)``)."""
+def gate_input_for_jnp(half_life, a_log, dt_bias):
+    """1, written differently: float32 jnp, ``log(e^y - 1) = y + log(1 - e^-y)``."""
     import jax.numpy as jnp
 
-    width = kernel.shape[0]
-    conv_t = kernel[width - 1] * xi_t
-    for back in range(1, width):
-        conv_t = conv_t + kernel[width - 1 - back] * ring[:, (start - back) % (width - 1)]
-    return jnp.asarray(ring).at[:, start].set(xi_t), (start + 1) % (width - 1), conv_t
+    y = jnp.log(2.0) / (jnp.exp(jnp.asarray(a_log))[:, None] * jnp.asarray(half_life))
+    return y + jnp.log(-jnp.expm1(-y)) - jnp.asarray(dt_bias)
 
 
 def rmsnorm_backward(o, eta, dn, eps):
@@ -57,23 +51,23 @@ def rmsnorm_backward_jnp(o, eta, dn, eps):
 
 
 def cases():
-    def conv_shifted(ring, start, xi_t, kernel):  # conv_t right, the ring shifted like a cache
-        window = np.concatenate([np.roll(ring, -start, 1), np.asarray(xi_t)[:, None]], axis=1)
-        return window[:, 1:], 0, np.einsum("bwc,wc->bc", window, np.asarray(kernel))
+    def gate_input_exp_approximated(half_life, a_log, dt_bias):  # softplus(x) read as e^x
+        y = np.log(2.0) / (np.exp(a_log)[:, None] * half_life)
+        return np.log(y) - dt_bias
 
     def rms_constant(o, eta, dn, eps):  # r treated as a constant
         return np.asarray(eta) * dn / np.sqrt(np.mean(np.square(o), -1, keepdims=True) + eps)
 
-    def ring_as_oldest_first(ring, start, xi_t, kernel):  # slot 0 read as the oldest
-        return conv_step(ring, 0, xi_t, kernel)[0], (start + 1) % ring.shape[1], conv_step(
-            ring, 0, xi_t, kernel)[2]
+    def gate_input_float32_naive(half_life, a_log, dt_bias):  # float32 log(exp(y) - 1)
+        y = np.float32(np.log(2.0)) / (np.exp(a_log)[:, None] * np.float32(half_life))
+        return np.log(np.exp(y) - np.float32(1)) - dt_bias
 
     def eps_outside(o, eta, dn, eps):  # r = sqrt(mean(o^2)) + eps
         return rmsnorm_backward(o, eta, dn, 0.0)
 
     return [
-        ("04.1", conv_step, {}, conv_shifted),
-        ("04.1", conv_step_taps, {}, ring_as_oldest_first),
+        ("04.1", gate_input_for, {}, gate_input_exp_approximated),
+        ("04.1", gate_input_for_jnp, {}, gate_input_float32_naive),
         ("04.2", rmsnorm_backward, {}, rms_constant),
         ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
     ]

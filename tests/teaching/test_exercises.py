@@ -205,18 +205,21 @@ def _shortcut_03_2_second_chunk_unchanged():
     return "03.2", merge, {}
 
 
-def _shortcut_04_1_library_conv():
+def _shortcut_04_1_library_gate_bisected():
     import jax.numpy as jnp
 
-    from kda_lib.layers.conv import depthwise_causal_conv
+    from kda_lib import kda_gate
 
-    def conv_step(ring, start, xi_t, kernel):  # right: the library's conv over the window
-        window = jnp.concatenate([jnp.roll(ring, -start, axis=1), xi_t[:, None]], axis=1)
-        ring = np.array(ring)
-        ring[:, start] = xi_t
-        return ring, (start + 1) % ring.shape[1], depthwise_causal_conv(window, kernel)[:, -1]
+    def gate_input_for(half_life, a_log, dt_bias):  # right: bisection on the library's gate
+        low, high = np.full(half_life.shape, -60.0), np.full(half_life.shape, 60.0)
+        for _ in range(60):
+            mid = (low + high) / 2
+            g = np.asarray(kda_gate(jnp.asarray(mid, jnp.float32)[None, None], a_log, dt_bias))
+            longer = np.log(2.0) / -g[0, 0] > half_life
+            low, high = np.where(longer, mid, low), np.where(longer, high, mid)
+        return (low + high) / 2
 
-    return "04.1", conv_step, {}
+    return "04.1", gate_input_for, {}
 
 
 def _shortcut_04_2_jax_grad():
@@ -349,7 +352,7 @@ SHORTCUTS = [
     _shortcut_03_1_transition_product,
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
-    _shortcut_04_1_library_conv,
+    _shortcut_04_1_library_gate_bisected,
     _shortcut_04_2_jax_grad,
     _shortcut_04_2_finite_differences,
     _shortcut_05_1_jax_grad,

@@ -1,7 +1,8 @@
 """Red team rows for notebooks 04-07's checkers from the strict-teacher review B (2026-12-06):
 each slip it found passing, or refused with a hint that blamed another mistake, is refused at
-every seed tried with the hint that names it; and the layout rule of 04.1 as the page now states
-it (the checker reads which slot holds which input, not how the ring was written).
+every seed tried with the hint that names it. And 04.1 as set after review G (2026-12-07, defect
+9: the gate input for a half-life, replacing the ring-buffer step): each slip refused with its own
+hint, correct answers written differently accepted.
 """
 
 from __future__ import annotations
@@ -64,14 +65,62 @@ def test_06_3_draws_a_period_below_the_delay_and_the_solution_passes():
     assert all(exercises.verdict("06.3", right, seed=seed) is None for seed in range(40))
 
 
-def test_04_1_a_ring_rebuilt_by_np_roll_in_the_same_layout_passes():
-    """04.1's rule is the layout the checker reads (defect 12): rolling the whole ring to oldest
-    first and back every step, slot ``start`` overwritten in effect, is a right answer."""
-    def rebuilt(ring, start, xi_t, kernel):
-        oldest_first = np.roll(np.asarray(ring), -start, axis=1)
-        window = np.concatenate([oldest_first, np.asarray(xi_t)[:, None]], axis=1)
-        conv_t = np.einsum("bwc,wc->bc", window, np.asarray(kernel))
-        width = len(kernel) - 1
-        return np.roll(window[:, 1:], start + 1, axis=1), (start + 1) % width, conv_t
+LN2 = np.log(2.0)
 
-    assert all(exercises.verdict("04.1", rebuilt, seed=seed) is None for seed in range(10))
+
+def _y(t, a_log):  # softplus(f + b) = ln 2 / (a_h t)
+    return LN2 / (np.exp(np.asarray(a_log, np.float64))[:, None] * np.asarray(t, np.float64))
+
+
+GATE_SLIPS = {  # 04.1: name -> (answer, a word of the hint that names the slip)
+    "1 / t, no ln 2": (lambda t, a, b: np.log(np.expm1(_y(t, a) / LN2)) - b, "ln 2 / t"),
+    "log10 2": (lambda t, a, b: np.log(np.expm1(_y(t, a) * np.log10(2) / LN2)) - b, "natural"),
+    "no softplus": (lambda t, a, b: _y(t, a) - b, "invert softplus"),
+    "softplus read as e^x": (lambda t, a, b: np.log(_y(t, a)) - b, "invert it exactly"),
+    "A_log as the rate": (lambda t, a, b: np.log(np.expm1(LN2 / (a[:, None] * t))) - b,
+                          "stores log a_h"),
+    "no rate": (lambda t, a, b: np.log(np.expm1(LN2 / t)) - b, "scales softplus"),
+    "+ dt_bias": (lambda t, a, b: np.log(np.expm1(_y(t, a))) + b, "inside the softplus"),
+    "no dt_bias": (lambda t, a, b: np.log(np.expm1(_y(t, a))), "inside the softplus"),
+    "per-step halving": (lambda t, a, b: np.log(np.expm1(_y(np.ones_like(t), a))) - b,
+                         "one token"),
+    "t - 1 tokens": (lambda t, a, b: np.log(np.expm1(_y(t - 1, a))) - b, "t - 1 or t + 1"),
+    "t + 1 tokens": (lambda t, a, b: np.log(np.expm1(_y(t + 1, a))) - b, "t - 1 or t + 1"),
+    "float32 log(exp(y) - 1)": (lambda t, a, b: np.log(np.exp(_y(t, a).astype(np.float32))
+                                                       - np.float32(1)) - b, "expm1"),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(GATE_SLIPS))
+def test_04_1_gate_slips_are_refused_with_their_own_hint(slip):
+    answer, named = GATE_SLIPS[slip]
+    for seed in range(10):
+        hint = exercises.verdict("04.1", answer, seed=seed)
+        assert hint and named in hint, (slip, seed, hint)
+
+
+def _bisected(t, a, b):  # 04.1 right without the inverse: bisection on the page's gate, float64
+    low, high = np.full(np.shape(t), -60.0), np.full(np.shape(t), 60.0)
+    for _ in range(200):
+        mid = (low + high) / 2
+        g = -np.exp(np.asarray(a, np.float64))[:, None] * np.logaddexp(0.0, mid + b)
+        low, high = np.where(LN2 / -g > t, mid, low), np.where(LN2 / -g > t, high, mid)
+    return (low + high) / 2
+
+
+def _loop(t, a, b):  # 04.1 right, a Python loop with the math module, a list of lists out
+    import math
+
+    return [[math.log(math.expm1(math.log(2) / (math.exp(a[h]) * t[h][c]))) - float(b[h][c])
+             for c in range(len(t[h]))] for h in range(len(t))]
+
+
+def _float32_expm1(t, a, b):  # 04.1 right in float32 NumPy (expm1: e^y - 1 to float32's digits)
+    y = np.float32(LN2) / (np.exp(a)[:, None] * t.astype(np.float32))
+    return np.log(np.expm1(y)) - b
+
+
+@pytest.mark.parametrize("answer", [_bisected, _loop, _float32_expm1],
+                         ids=["bisection", "math loop", "float32 expm1"])
+def test_04_1_correct_answers_written_differently_pass(answer):
+    assert all(exercises.verdict("04.1", answer, seed=seed) is None for seed in range(10))

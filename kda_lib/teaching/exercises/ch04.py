@@ -1,4 +1,4 @@
-"""Checkers of notebook 04: 04.1 the conv's ring-buffer decode step, 04.2 the RMSNorm's backward."""
+"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.2 the RMSNorm's backward."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), w
                "the derivation: write the gradient yourself (NumPy or jnp)"
             for p in ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")}
 TIME_LIMIT_S = 5.0
-_far = lambda answer, expected, rtol=1e-4: not ex.close(answer, expected, rtol, floor=1e-3)
 
 
 def _far_rows(answer, expected, rtol: float) -> bool:
@@ -20,43 +19,71 @@ def _far_rows(answer, expected, rtol: float) -> bool:
     return not bool(np.all(np.abs(answer - expected).max(axis=-1) <= rtol * scale))
 
 
+LN2 = float(np.log(2.0))
+_softplus_inverse = lambda y: np.log(np.expm1(y))
+# 04.1's slips: the f each gives from (half-life t, A_log, dt_bias b), and its hint
+_GATE_SLIPS = (
+    (lambda t, a, b: _softplus_inverse(1 / (np.exp(a) * t)) - b, "half is kept where e^(g t) = "
+     "1/2, -g = ln 2 / t (1 / t keeps 1/e: a time constant; log base 2 of 2 is 1, not ln 2)"),
+    (lambda t, a, b: _softplus_inverse(np.log10(2) / (np.exp(a) * t)) - b,
+     "the decay is e^g: solve e^(g t) = 1/2 with the natural log"),
+    (lambda t, a, b: LN2 / (np.exp(a) * t) - b, "f + dt_bias goes through softplus before "
+     "e^A_log scales it: invert softplus(x) = log(1 + e^x)"),
+    (lambda t, a, b: np.log(LN2 / (np.exp(a) * t)) - b, "softplus(x) = log(1 + e^x) is e^x "
+     "only for x << 0 (long half-lives): invert it exactly"),
+    (lambda t, a, b: _softplus_inverse(LN2 / (a * t)) - b, "A_log stores log a_h: the rate is "
+     "e^A_log"),
+    (lambda t, a, b: _softplus_inverse(LN2 / t) - b, "the rate a_h = e^A_log scales softplus"),
+    *((lambda t, a, b, s=s: _softplus_inverse(LN2 / (np.exp(a) * t)) + s * b, "dt_bias is "
+       "added to f inside the softplus: take it off the softplus' argument") for s in (0, 1)),
+    (lambda t, a, b: _softplus_inverse(LN2 / np.exp(a)) - b + 0 * t, "that halves in one token "
+     "whatever t: t tokens of decay keep e^(g t)"),
+    *((lambda t, a, b, n=n: _softplus_inverse(LN2 / (np.exp(a) * (t + n))) - b, "t tokens of "
+       "decay, each keeping e^g, keep e^(g t): not t - 1 or t + 1 of them") for n in (-1, 1)),
+)
+
+
+def _half_lives(f, a_log, dt_bias):
+    """The half-life (tokens) of each channel under ``kda_lib.kda_gate`` in float64."""
+    import jax
+    import jax.numpy as jnp
+
+    from kda_lib import kda_gate
+
+    with jax.enable_x64(True):
+        g = kda_gate(*(jnp.asarray(x, jnp.float64) for x in (np.asarray(f)[None, None], a_log,
+                                                            dt_bias)))
+    return LN2 / -np.asarray(g[0, 0], np.float64)
+
+
 @ex.checker("04.1")
-def conv_ring_step(answer, rng):
-    """``answer(ring [B, w-1, C], start, xi_t [B, C], kernel [w, C]) -> (ring, start, conv_t)``:
-    ``ring[:, (start + j) % (w - 1)]`` holds ``xi_{t-(w-1)+j}`` (tap ``kernel[j]``); w = 2 to 5."""
-    name = "conv_step(ring, start, xi_t, kernel)"
-    for width in (2, 3, 4, 5):
-        B, C = (int(n) for n in rng.integers(1, 5, 2))
-        history = list(rng.standard_normal((width - 1, B, C)).astype(np.float32))  # oldest first
-        start = int(rng.integers(width - 1))
-        ring = np.stack(np.roll(np.stack(history), start, axis=0), axis=1)  # slot start: oldest
-        kernel = rng.standard_normal((width, C)).astype(np.float32)
-        for step in range(5):
-            xi_t = rng.standard_normal((B, C)).astype(np.float32)
-            got, hint = ex.call_answer(answer, ring.copy(), start, xi_t.copy(), kernel, name=name)
-            hint = hint or ex.parts(got, "the triple (ring, start, conv_t)", dict(
-                shape=ring.shape, inputs=(xi_t,), what="ring"), dict(
-                shape=(), what="start", integer=True, allow_zeros=True), dict(
-                shape=xi_t.shape, inputs=(xi_t,), what="conv_t"))
-            if hint:
-                return hint
-            where = f" (w = {width}, step {step + 1})"
-            window = np.stack([*history, xi_t]).astype(np.float64)  # oldest first, xi_t last
-            if _far(got[2], np.einsum("wbc,wc->bc", window, kernel)):
-                slots_in_order = not _far(got[2], np.einsum("wbc,wc->bc", np.concatenate(
-                    [np.moveaxis(ring, 1, 0), xi_t[None]]), kernel))
-                return ("conv_t is off" + where + (": it is 16-bit; compute in float32 or wider"
-                        if np.asarray(got[2]).dtype.itemsize < 4 else ": the ring's rows are not "
-                        "oldest first; slot start holds the oldest" if slots_in_order and start else
-                        ": kernel row w - 1 meets xi_t, row w - 1 - lag the input lag tokens back"))
-            want = np.where(np.arange(width - 1)[None, :, None] == start, xi_t[:, None], ring)
-            if _far(got[0], want):
-                moved = not _far(np.asarray(got[0])[:, -1], xi_t) and width > 2
-                return ("ring is off" + where + (": a ring buffer moves no row; write xi_t over "
-                        "the oldest input only" if moved else ": which slot does xi_t replace?"))
-            if int(got[1]) != (start + 1) % (width - 1):
-                return "start is off" + where + ": after the write, which slot holds the oldest?"
-            ring, start, history = want, (start + 1) % (width - 1), [*history[1:], xi_t]
+def gate_input_for(answer, rng):
+    """``answer(half_life [H, K], a_log [H], dt_bias [H, K]) -> f [H, K]``: the raw input, held,
+    at which the softplus gate keeps half after ``half_life`` tokens, to 1e-5 by kda_lib's gate;
+    half-lives 3 to 300 tokens, then 0.3 to 3, then 10^3 to 10^4."""
+    for low, high in ((3.0, 300.0), (0.3, 3.0), (1e3, 1e4)):
+        H, K = (int(n) for n in rng.integers((1, 2), (4, 9)))
+        t = np.exp(rng.uniform(np.log(low), np.log(high), (H, K)))
+        a_log = np.log(rng.uniform(1, 16, H)).astype(np.float32)  # as init_a_log draws it
+        b = rng.uniform(-7, 1, (H, K)).astype(np.float32)  # init_dt_bias's -6.9 .. -2.3, wider
+        got, hint = ex.call_answer(answer, t.copy(), a_log.copy(), b.copy(), refuse=dict(
+            shape=(H, K), inputs=(t, b), what="f"), name="gate_input_for(t, a_log, dt_bias)")
+        if hint:
+            return hint
+        error = np.abs(_half_lives(got, a_log, b) / t - 1)
+        if error.max() <= 1e-5:
+            continue
+        where = f"f is off at half-lives of {low:g} to {high:g} tokens: "
+        with np.errstate(all="ignore"):
+            args = t, a_log.astype(np.float64)[:, None], b.astype(np.float64)
+            slip = next((why for wrong, why in _GATE_SLIPS if np.allclose(
+                got, wrong(*args), rtol=1e-3, atol=1e-3)), None)
+        if slip:
+            return where + slip
+        if error.max() < 0.05 and np.all(error[LN2 / (np.exp(args[1]) * t) > 0.05] <= 1e-5):
+            return where + ("close, but off where y = softplus(f + dt_bias) is tiny: e^y - 1 "
+                            "keeps few digits there in float32 (np.expm1, or float64)")
+        return where + "solve e^(g t) = 1/2 for f, g = -e^A_log softplus(f + dt_bias)"
 
 
 def _norm_trial(rng, rows, width, eps, small):
