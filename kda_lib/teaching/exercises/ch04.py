@@ -70,7 +70,8 @@ def gate_input_for(answer, rng):
             shape=(H, K), inputs=(t, b), what="f"), name="gate_input_for(t, a_log, dt_bias)")
         if hint:
             return hint
-        error = np.abs(_half_lives(got, a_log, b) / t - 1)
+        with np.errstate(all="ignore"):  # a huge f: g = 0, an infinite half-life
+            error = np.abs(_half_lives(got, a_log, b) / t - 1)
         if error.max() <= 1e-5:
             continue
         where = f"f is off at half-lives of {low:g} to {high:g} tokens: "
