@@ -51,7 +51,7 @@ from kda_lib.ops.gating import (
     kda_gate,
 )
 from kda_lib.ops.norms import gated_rms_norm
-from kda_lib.ops.tokamax.adapter import TOKAMAX_VARIANTS, segment_slots_problem
+from kda_lib.ops.tokamax.adapter import segment_slots_problem
 from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
@@ -169,6 +169,8 @@ class KimiDeltaAttention(nnx.Module):
                              "is not one of them")  # fmt: skip
         cfg = self.config = config
         self.mesh, self.context_axis = mesh, context_axis
+        # tokamax's row: its per-segment states are checked at each call's entry
+        self._tokamax = implementation_row(cfg.implementation).variant is not None
         kd, vd, hv = cfg.head_dim, cfg.value_dim, cfg.value_heads
         d, qk, vc = cfg.hidden_size, cfg.num_heads * kd, hv * vd
         linear = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype, rngs=rngs)
@@ -397,7 +399,7 @@ class KimiDeltaAttention(nnx.Module):
         cfg = self.config
         # one device, tokamax: its per-segment states fit, the one check (kda_prechecked's kernel
         # row skips it; under context parallelism kda_context_parallel's check is the one)
-        if ids is not None and cfg.implementation in TOKAMAX_VARIANTS and self.mesh is None:
+        if ids is not None and self._tokamax and self.mesh is None:
             bound = max_segments_bound((ids, count), cfg)
             dims = Dims(*x.shape[:2], cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
             name = ("KDAConfig.max_num_segments" if cfg.max_num_segments else

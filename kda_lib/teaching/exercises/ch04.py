@@ -48,7 +48,7 @@ def _half_lives(f, a_log, dt_bias):
     import jax
     import jax.numpy as jnp
 
-    from kda_lib import kda_gate
+    from kda_lib.ops.gating import kda_gate
 
     with jax.enable_x64(True):
         g = kda_gate(*(jnp.asarray(x, jnp.float64) for x in (np.asarray(f)[None, None], a_log,
