@@ -383,7 +383,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # out: notebook 10 adds the recurrence's, 7), a token at $d_k = d_v = d$: the recurrence $6 d^2$
 # ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked form
 # $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) $+ (8C - 2) d +
-# \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (scores of $P$, $L$) $+ 4 C d$ ($\tilde
+# \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (off-diag. $P$, $L$) $+ 4 C d$ ($\tilde
 # K$, $\tilde V$) $+ 2 C d$ ($P \Delta$): more than the recurrence at every $C$ from 16 to 128.
 
 # %%

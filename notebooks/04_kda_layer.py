@@ -376,7 +376,7 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # square over the channels) and multiplies channel $e$ by $\eta_e$ (1 at init): the RMS becomes
 # $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$,
 # below 1, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled
-# up, below). At init $\mathbf o$ is tiny (the state starts at 0): the norm raises its RMS, to a
+# up, below). At init $\mathbf o$ is tiny (its RMS printed below): the norm raises its RMS, to a
 # little below 1 at the median, far below at the lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$
 # scales each channel per token down, never to 0.
 
@@ -408,8 +408,8 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #   sigmoid about half do ($\beta < 0$) and a state with no write or decay grows in most heads;
 #   without the L2 norm most do at $d_k$ = 128, few at 16. Without the conv a key sees only its
 #   own token; the gate's input has rank $r$; the RMSNorm raises the tiny init outputs to RMS near
-#   1 (median above 0.9), far less (under 0.5) where $\operatorname{ms}(\mathbf o) \lesssim
-#   100\,\epsilon_{\text{RMS}}$.
+#   1 (median above 0.9), under 0.5 only where $\operatorname{ms}(\mathbf o) <
+#   \epsilon_{\text{RMS}} / 3$ (the formula above).
 #
 # ## Exercises
 #
