@@ -52,7 +52,11 @@ from kda_lib.ops.gating import (
 )
 from kda_lib.ops.norms import gated_rms_norm
 from kda_lib.ops.tokamax.adapter import segment_slots_problem
-from kda_lib.parallel.context_parallel import halo_exchange, kda_context_parallel, shard_as
+from kda_lib.parallel.context_parallel import (
+    halo_exchange,
+    kda_context_parallel_prechecked,
+    shard_as,
+)
 
 MAX_CONV_SIZE = 64  # a *short* conv (4 in fla and Kimi Linear); why the bound: DESIGN section 2
 # the fields the parameters grow with: a layer too large for this machine names the largest
@@ -397,13 +401,16 @@ class KimiDeltaAttention(nnx.Module):
         ids, count = (None, None) if cache is None and segment_ids is None else (
             check_cache_and_ids(self, x.shape[0], x.shape[1], segment_ids, cache))  # fmt: skip
         cfg = self.config
-        # one device, tokamax: its per-segment states fit, the one check (kda_prechecked's kernel
-        # row skips it; under context parallelism kda_context_parallel's check is the one)
-        if ids is not None and self._tokamax and self.mesh is None:
-            bound = max_segments_bound((ids, count), cfg)
-            dims = Dims(*x.shape[:2], cfg.value_heads, cfg.head_dim, cfg.value_dim, cfg.num_heads)
+        # tokamax: its per-segment states (a rank's under context parallelism) fit, checked
+        # here, naming what set the bound (kda_prechecked's kernel row skips this check)
+        if ids is not None and self._tokamax:
+            ranks = 1 if self.mesh is None else self.mesh.shape[self.context_axis]
+            bound = max_segments_bound((ids, count), cfg, ranks)
+            dims = Dims(x.shape[0], -(-x.shape[1] // ranks), cfg.value_heads, cfg.head_dim,
+                        cfg.value_dim, cfg.num_heads)  # fmt: skip
             name = ("KDAConfig.max_num_segments" if cfg.max_num_segments else
-                    "the segment count of segment_ids")  # fmt: skip
+                    "the segment count of segment_ids" + (" + 1 (a rank's slice can hold the "
+                    "end of one more)" if ranks > 1 else ""))  # fmt: skip
             if problem := segment_slots_problem(cfg.implementation, dims, bound, name=name,
                                                 segments_per_row=count):  # fmt: skip
                 raise ValueError(problem)
@@ -472,9 +479,10 @@ def _context_parallel_program(graphdef, axis, cfg, mesh, has_segments, own_cp=Fa
         q, k, v, f, beta, _ = module.project(x, segment_ids=segment_ids,
                                              halo=halo if width else None,
                                              history_segment_ids=history_ids)  # fmt: skip
-        o = kda_context_parallel(q, k, v, f, beta, axis_name=axis, segment_ids=segment_ids,
-                                 implementation=cfg.implementation, chunk_size=cfg.chunk_size,
-                                 **mosaic, **module.kernel_kwargs())[0]  # fmt: skip
+        o = kda_context_parallel_prechecked(
+            q, k, v, f, beta, axis_name=axis, scale=None, segment_ids=segment_ids,
+            implementation=cfg.implementation, chunk_size=cfg.chunk_size,
+            **{"mesh": None, **mosaic}, **module.kernel_kwargs())[0]  # fmt: skip
         return module.project_output(x, o)
 
     seq, tokens = P(None, axis), P(None, axis, None)

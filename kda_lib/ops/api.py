@@ -61,11 +61,12 @@ def kda(
     Returns:
       ``(o [B, T, HV, V] in q's dtype, final_state [B, HV, K, V] | None)``, states in float32
       (float64 for float64 inputs); with interior states a :class:`KDAResult`. Forward over
-      reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Forward
-      mode a form's hand-written backward cannot serve (``jax.jvp`` of ``"chunked"`` with a
-      tangent in q, k, g or beta; any on ``"pallas_tpu"`` and tokamax's) is refused by name,
-      and ``auto`` runs the recurrence there, eagerly or under ``jit``; a ``jvp`` of a jitted
-      ``kda()`` meets JAX's error (DESIGN section 4).
+      reverse (``jax.hessian``, ``jvp`` of ``grad``) runs through the chunked form. Autodiff a
+      form's hand-written backward cannot serve (``jax.jvp`` of ``"chunked"`` with a tangent
+      in q, k, g or beta; on ``"pallas_tpu"`` and tokamax's any forward mode and a gradient of
+      a gradient) is refused by name, eagerly or under ``jit``; ``auto`` runs the recurrence
+      there instead (float32 token by token: ``precision`` and ``chunk_size`` no longer apply).
+      A transform of a jitted ``kda()`` or gradient meets JAX's error (DESIGN section 4).
     """
     return _run_call(*check_call(**locals()))  # every parameter, before any other local
 
@@ -106,19 +107,19 @@ def kda_prechecked(q, k, v, g, beta, *, segments_per_row: int | None = None, **k
 
 
 def _run_call(impl, arrays, options):
-    """:func:`run`, forward-mode autodiff that ``impl`` cannot serve refused by name (``"auto"``:
-    the recurrence run instead), the result as :func:`kda` returns it."""
-    limit = impl.forward_mode_limit  # "pure": the chunked form's custom_vjps see q, k, g, beta
-    if limit and forward_mode(arrays if limit == "any" else (arrays.q, arrays.k, arrays.g,
-                              arrays.beta, arrays.a_log, arrays.dt_bias), limit == "any"):
-        if impl.forward_mode_fallback:  # "auto": the recurrence (float32) in every mode
-            impl = REGISTRY[impl.forward_mode_fallback]
+    """:func:`run`, autodiff that ``impl``'s hand-written backward cannot serve refused by name
+    (``"auto"``: the recurrence run instead), the result as :func:`kda` returns it."""
+    limit = impl.autodiff_limit  # "pure": the chunked form's custom_vjps see q, k, g, beta
+    if limit and unserved_autodiff(arrays if limit == "any" else (
+            arrays.q, arrays.k, arrays.g, arrays.beta, arrays.a_log, arrays.dt_bias), limit):
+        if impl.autodiff_fallback:  # "auto": the recurrence (float32, no chunks) in every mode
+            impl = REGISTRY[impl.autodiff_fallback]
         else:
-            modes = ("jax.jvp, jax.jacfwd, jax.hessian" if limit == "any" else
-                     "jax.jvp, jax.jacfwd with a tangent in q, k, g or beta; forward over reverse, "
-                     "jax.hessian, runs")  # fmt: skip
+            modes = ("jax.jvp, jax.jacfwd, jax.hessian, a gradient of a gradient" if limit == "any"
+                     else "jax.jvp, jax.jacfwd with a tangent in q, k, g or beta; forward over "
+                     "reverse, jax.hessian, runs")  # fmt: skip
             raise TypeError(
-                f"forward-mode autodiff ({modes}) cannot run through implementation="
+                f"autodiff beyond one reverse pass ({modes}) cannot run through implementation="
                 f"{impl.name!r}: its backward is hand-written (DESIGN section 4); pass "
                 "implementation='recurrent'")
     result = run(impl, arrays, options)
@@ -126,19 +127,26 @@ def _run_call(impl, arrays, options):
     return KDAResult(*result) if interior else result[:2]
 
 
-def forward_mode(arrays, anywhere: bool) -> bool:
-    """Whether forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``) differentiates ``arrays``
-    directly (``anywhere``: at any depth, as ``jax.hessian``'s outer jvp does), read from the
-    tracers that carry them (JAX's JVP and linearize tracers, through ``jit``, ``vmap`` and the
-    like). A jvp JAX applies after the call has returned (``jax.jvp`` of a jitted function)
-    leaves none to read: JAX's own error stands there (DESIGN section 4)."""
+def unserved_autodiff(arrays, limit: str) -> bool:
+    """Whether ``arrays`` are differentiated in a way a hand-written backward cannot serve, read
+    from the tracers that carry them (JAX's JVP and linearize tracers, through ``jit``, ``vmap``
+    and the like). ``limit="pure"``: forward mode (``jax.jvp``, ``jax.jacfwd``) straight over
+    the call (forward over reverse runs); ``"any"``: forward mode at any depth (``jax.hessian``'s
+    outer jvp) or a second reverse pass (``jax.grad`` of ``jax.grad``). A transform JAX applies
+    after the call has returned (``jax.jvp`` or ``jax.grad`` of a jitted gradient) leaves none
+    to read: the error there is JAX's or the kernel's (DESIGN section 4)."""
     for x in jax.tree.leaves(tuple(arrays)):
+        reverse = 0
         while isinstance(x, jax.core.Tracer):
             kind = type(x).__name__
             if kind == "JVPTracer":
                 return True
-            if kind == "LinearizeTracer" and not anywhere:
-                break  # reverse mode the innermost: forward over reverse runs
+            if kind == "LinearizeTracer":
+                if limit == "pure":
+                    break  # reverse mode the innermost: forward over reverse runs
+                reverse += 1
+                if reverse == 2:
+                    return True
             x = getattr(x, "primal", getattr(x, "val", None))
     return False
 
@@ -149,11 +157,11 @@ STATE_PASSING = "state_passing"  # kda_lib's CP route (kda_lib.parallel.context_
 KDAArrays = namedtuple("KDAArrays", "q k v g beta initial_state segment_ids a_log dt_bias")
 # call(arrays, options) -> (o, final, chunk_states, token_states); refuses(options, here) -> [why
 # not]; context_parallel: STATE_PASSING, a function or None; variant: tokamax's kernel or None;
-# forward_mode_limit: the forward-mode autodiff its hand-written backward cannot serve, "pure"
-# (a jvp straight over the call; forward over reverse runs) or "any" (the Pallas kernels), else
-# None; forward_mode_fallback: the row run instead there ("auto"'s rows: "recurrent"), else None
+# autodiff_limit: the autodiff its hand-written backward cannot serve (unserved_autodiff), "pure"
+# (a jvp straight over the call) or "any" (the Pallas kernels, tokamax's: once in reverse only),
+# else None; autodiff_fallback: the row run there instead ("auto"'s rows: "recurrent"), else None
 Implementation = namedtuple("Implementation", "name call refuses context_parallel variant "
-                            "forward_mode_limit forward_mode_fallback",
+                            "autodiff_limit autodiff_fallback",
                             defaults=(None, None))  # fmt: skip
 
 
@@ -243,11 +251,11 @@ def _route(forward: str, training: str) -> Implementation:
     """``"auto"``'s row for a pair of forms: ``forward``'s result with ``training``'s
     derivatives; forward-mode autodiff over a hand-written backward runs ``"recurrent"``."""
     fallback = None if training == "recurrent" else "recurrent"  # the scan needs none
-    row = REGISTRY[training]._replace(forward_mode_fallback=fallback)
+    row = REGISTRY[training]._replace(autodiff_fallback=fallback)
     if forward == training:
         return row
     return row._replace(call=functools.partial(_routed, REGISTRY[forward].call, row.call),
-                        forward_mode_limit=None)  # the route's JVP serves forward mode
+                        autodiff_limit=None)  # the route's JVP serves forward mode
 
 
 def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
@@ -257,7 +265,7 @@ def run(impl: Implementation, arrays: KDAArrays, options: KDAOptions):
     elif impl.variant.mosaic:
         return impl.call(arrays, options)
     # auto's row and the explicit one: one program
-    return _compiled(impl._replace(forward_mode_fallback=None), arrays, options)
+    return _compiled(impl._replace(autodiff_fallback=None), arrays, options)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))

@@ -70,6 +70,22 @@ class KDAResult(NamedTuple):
     token_states: jax.Array | None = None
 
 
+def not_differentiated(f, kernel: str):
+    """``f`` (a kernel's call on arrays) behind a ``custom_vjp`` that nothing differentiates: a
+    transform JAX applies to ``kernel`` after :func:`kda_lib.kda` has returned (a ``jax.jvp`` or
+    ``jax.grad`` of a jitted gradient) meets JAX's custom_vjp error or this one naming
+    ``kernel``, not a bare error from inside the kernel."""
+
+    def never(*_):
+        raise NotImplementedError(
+            f"{kernel} is differentiated once, in reverse mode: a gradient of a jitted gradient "
+            "through it needs implementation='recurrent' (DESIGN section 4)")
+
+    guarded = jax.custom_vjp(f)
+    guarded.defvjp(lambda *args: (f(*args), None), never)
+    return guarded
+
+
 def accumulation_dtype(dtype) -> jnp.dtype:
     """float32, or float64 when the inputs are float64 (the oracle under jax_enable_x64)."""
     return jnp.promote_types(dtype, jnp.float32)

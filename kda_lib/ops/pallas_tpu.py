@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kda_lib.ops.contract import Dims
+from kda_lib.ops.contract import Dims, not_differentiated
 from kda_lib.ops.reference import recurrent_core
 
 LANES = 128  # the TPU's lane width: K and V are padded to multiples of it
@@ -39,6 +39,7 @@ VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, 
 # bfloat16 inputs: passes of the scores, of the inverse and w, u, of the state's products
 # (one pass for the scores or the state's products fails where keys correlate: DESIGN section 4)
 LOW_PASSES = (3, 3, 3)
+KERNELS = "the Pallas TPU kernels (implementation='pallas_tpu')"
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
 
 
@@ -515,24 +516,11 @@ def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallba
                     save=False)[0]  # fmt: skip
 
 
-def _reverse_only(f):
-    """``f`` (a kernel: ``_kda``'s forward or backward) behind a custom VJP that nothing
-    differentiates in reverse: forward mode that ``kda()`` cannot see (a ``jax.jvp`` of a
-    jitted gradient) meets JAX's custom_vjp error, not ``pallas_call``'s JVP rule, which fails
-    on these kernels with a bare AssertionError."""
-    def never(*_):
-        raise NotImplementedError("the Pallas forward kernel is differentiated through _kda")
-
-    guarded = jax.custom_vjp(f)
-    guarded.defvjp(lambda *args: (f(*args), None), never)
-    return guarded
-
-
 def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
              save=True):  # fmt: skip
     forward = functools.partial(_forward, scale=scale, chunk=chunk, groups=groups, low=low,
                                 save=save, interpret=interpret)  # fmt: skip
-    o, final, states = _reverse_only(forward)(q, k, v, g, beta_rows, s0)
+    o, final, states = not_differentiated(forward, KERNELS)(q, k, v, g, beta_rows, s0)
     if fallback:
         o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
     return (o, final), (q, k, v, g, beta_rows, states)
@@ -543,9 +531,8 @@ def _kda_bwd(scale, chunk, groups, low, interpret, fallback, residuals, cotangen
     d_o, d_final = cotangents
     backward = functools.partial(_backward, scale=scale, chunk=chunk, groups=groups, low=low,
                                  interpret=interpret)  # fmt: skip
-    dq, dk, dv, dg, d_beta, d_s0 = _reverse_only(backward)(q, k, v, g, beta_rows, states,
-                                                           d_o.astype(q.dtype),
-                                                           d_final.astype(jnp.float32))  # fmt: skip
+    dq, dk, dv, dg, d_beta, d_s0 = not_differentiated(backward, KERNELS)(
+        q, k, v, g, beta_rows, states, d_o.astype(q.dtype), d_final.astype(jnp.float32))
     if groups > 1:  # a q/k head's gradient: the sum over the value heads that read it
         b, t, hv, kd = dq.shape
         dq, dk = (x.reshape(b, t, hv // groups, groups, kd).sum(3) for x in (dq, dk))

@@ -52,6 +52,20 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
     without states. Returns this slice of a one-device run's outputs ``[B, T_local, HV, V]``,
     the final state ``[B, HV, K, V]`` float32 (equal on every rank) or None, and with
     ``output_chunk_states`` this slice's ``chunk_states [B, T_local // chunk_size, HV, K, V]``."""
+    return _context_parallel(q, k, v, g, beta, axis_name=axis_name, scale=scale,
+                             segment_ids=segment_ids, implementation=implementation, mesh=mesh,
+                             prechecked=False, **kernel_kwargs)  # fmt: skip
+
+
+def kda_context_parallel_prechecked(q, k, v, g, beta, **kwargs):
+    """:func:`kda_context_parallel` for the KDA layer, which checked its inputs at its entry
+    (tokamax's per-segment states among them, named as the layer sets them:
+    ``KDALayer._check_inputs``)."""
+    return _context_parallel(q, k, v, g, beta, prechecked=True, **kwargs)
+
+
+def _context_parallel(q, k, v, g, beta, *, axis_name, scale, segment_ids, implementation, mesh,
+                      prechecked: bool, **kernel_kwargs):  # fmt: skip
     implementation, route = context_parallel_route(implementation, q.shape[1])
     kw = dict(scale=scale, segment_ids=segment_ids, **kernel_kwargs)
     output_chunk_states = check_flag("output_chunk_states", kw.pop("output_chunk_states", False))
@@ -62,11 +76,14 @@ def kda_context_parallel(q, k, v, g, beta, *, axis_name: str = "context", scale=
                              "own")  # fmt: skip
         if unknown := sorted(set(kw) - set(kda.__kwdefaults__)):
             raise TypeError(f"kda_context_parallel got unexpected keyword arguments {unknown}")
-        if segment_ids is not None:  # at most a segment slot per token of this slice
-            kw["max_num_segments"] = kw.get("max_num_segments") or q.shape[1]
+        refused = f"{implementation!r} cannot run inside shard_map here: "
+        if segment_ids is not None and kw.get("max_num_segments") is None:
+            kw["max_num_segments"] = q.shape[1]  # at most a segment slot per token of this slice
+            refused += (f"max_num_segments not given, so a state slot per token of this slice "
+                        f"(T_local={q.shape[1]}); ")  # fmt: skip
         _, _, options = check_call(
             q, k, v, g, beta, **{**kda.__kwdefaults__, **kw, "implementation": implementation},
-            refused=f"{implementation!r} cannot run inside shard_map here: ")  # fmt: skip
+            prechecked=prechecked, refused=refused)  # fmt: skip
         return route(q, k, v, g, beta, options, axis_name=axis_name, mesh=mesh, **kw), None
     initial_state = kw.pop("initial_state", None)
     output_final_state = check_flag("output_final_state", kw.pop("output_final_state", False))

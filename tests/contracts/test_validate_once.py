@@ -311,8 +311,9 @@ def test_one_memory_size_check_per_layer_call(monkeypatch, case, checks):
 
 def test_one_memory_size_check_per_context_parallel_layer_call(monkeypatch):
     """Issue 75.9 under context parallelism: the tokamax Mosaic CP layer with segment ids checks
-    its per-segment states once, in kda_context_parallel (before: the layer's entry too).
-    Traced only (jax.eval_shape): the checks run while the program is built."""
+    its per-segment states once, at the layer's entry (before: there and in
+    kda_context_parallel). Traced only (jax.eval_shape): the checks run while the program is
+    built."""
     from flax import nnx
 
     from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu
@@ -329,3 +330,44 @@ def test_one_memory_size_check_per_context_parallel_layer_call(monkeypatch):
     with emulate_tpu():
         jax.eval_shape(lambda x: layer(x, segment_ids=ids), jnp.zeros((1, 128, 32)))
     assert len(calls) == 1, len(calls)
+
+
+@pytest.mark.parametrize("bound", [None, 4])
+def test_a_context_parallel_refusal_names_what_set_tokamax_s_segment_bound(monkeypatch, bound):
+    """Per-segment states past memory under context parallelism (the limit lowered to 1 KiB):
+    the layer names what set the bound, KDAConfig.max_num_segments or the ids' segment count
+    + 1 (before: 'max_num_segments=3', which the caller never set); kda_context_parallel
+    called without max_num_segments says it assumed a slot per token of the slice."""
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    from kda_lib import KDAConfig, KimiDeltaAttention, emulate_tpu
+    from kda_lib.parallel import kda_context_parallel
+
+    mesh = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Explicit,),
+                         devices=jax.devices()[:2])  # fmt: skip
+    config = KDAConfig(hidden_size=32, num_heads=1, head_dim=128, lower_bound=-5.0,
+                       implementation="tokamax_mosaic", max_num_segments=bound)  # fmt: skip
+    ids = jnp.asarray([[1] * 64 + [2] * 64], jnp.int32)
+    layer = KimiDeltaAttention(config, rngs=nnx.Rngs(0), mesh=mesh)
+    monkeypatch.setattr(kda_lib.checks, "memory_limit", lambda: 1024)
+    named = ("KDAConfig.max_num_segments=4" if bound else
+             r"the segment count of segment_ids \+ 1 \(a rank's slice .*\)=3")  # fmt: skip
+    with emulate_tpu(), pytest.raises(ValueError, match=f"^{named}: tokamax_mosaic's per-segment"):
+        jax.eval_shape(lambda x: layer(x, segment_ids=ids), jnp.zeros((1, 128, 32)))
+    if bound:
+        return
+    x = random_kda_inputs(jax.random.key(0), 1, 128, 1, 128, 128)
+    mesh = jax.make_mesh((2,), ("context",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:2])  # fmt: skip
+    run = jax.shard_map(
+        lambda q, k, v, g, beta, ids: kda_context_parallel(
+            q, k, v, g, beta, segment_ids=ids, implementation="tokamax_mosaic", mesh=mesh,
+            a_log=jnp.zeros(1), dt_bias=jnp.zeros(128), lower_bound=-5.0,
+            use_gate_in_kernel=True)[0],
+        mesh=mesh, in_specs=(P(None, "context"),) * 6, out_specs=P(None, "context"),
+        check_vma=False)  # fmt: skip
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    with emulate_tpu(), pytest.raises(ValueError, match="max_num_segments not given, so a state "
+                                      r"slot per token of this slice \(T_local=64\)"):
+        jax.eval_shape(run, *args, ids)

@@ -333,11 +333,17 @@ def test_forward_mode_over_the_pallas_row_of_auto_runs_the_recurrence(monkeypatc
     jitted = jax.jit(jax.grad(loss("auto")))
     with pytest.raises(TypeError, match="can't apply forward-mode autodiff"):
         jax.jvp(jitted, (1.5,), (1.0,))
+    # a gradient of a gradient runs the recurrence too; of a jitted one, the kernels named
+    second = lambda impl: jax.grad(jax.grad(loss(impl)))(1.5)  # noqa: E731
+    assert_close(second("auto"), second("recurrent"), atol=1e-5, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="Pallas TPU kernels.*'recurrent'"):
+        jax.grad(jitted)(1.5)
 
 
 def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
-    """jvp, jit around it, and forward over reverse (jax.hessian) through the Pallas kernels
-    named: a TypeError naming them and the recurrence, before any kernel runs."""
+    """jvp, jit around it, forward over reverse (jax.hessian) and a gradient of a gradient
+    through the Pallas kernels named: a TypeError naming them and the recurrence, before any
+    kernel runs."""
     x = random_kda_inputs(jax.random.key(9), 1, 40, 1, 128)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
     run = functools.partial(kda, implementation="pallas_tpu")
@@ -348,6 +354,8 @@ def test_forward_mode_through_the_pallas_kernels_is_refused_by_name():
         jax.jit(lambda a: jax.jvp(run, a, a))(args)
     with pytest.raises(TypeError, match=refusal):
         jax.hessian(lambda s: jnp.sum(run(args[0] * s, *args[1:])[0]))(1.0)
+    with pytest.raises(TypeError, match=refusal):  # before: the kernels' bare error
+        jax.grad(jax.grad(lambda s: jnp.sum(run(args[0] * s, *args[1:])[0])))(1.0)
 
 
 def _float64_inputs(seq_len):
@@ -553,16 +561,17 @@ def test_errors_name_the_constraint():
         kda(**x, lower_bound=-5.0, chunk_size=32, implementation="tokamax_xla_chunked")
 
 
-def test_forward_mode_is_read_from_the_tracers_of_each_transform():
-    """api.forward_mode on one array under each transform (the same answers on the TPU image's
-    JAX 0.10.2, checked on CPU 2026-12-07): reverse mode (grad, vjp, value_and_grad, jit of
-    grad, grad of grad) is never forward mode; a jvp straight over the call is, under jit and
-    vmap too; jax.hessian's outer jvp only at any depth."""
+def test_unserved_autodiff_is_read_from_the_tracers_of_each_transform():
+    """api.unserved_autodiff on one array under each transform (the same tracers on the TPU
+    image's JAX 0.10.2, checked on CPU 2026-12-07): one reverse pass (grad, vjp,
+    value_and_grad, jit of grad) is served by every row; a jvp straight over the call is not,
+    under jit and vmap too; jax.hessian's outer jvp and a gradient of a gradient only where
+    the backward is served once ("any")."""
     seen = {}
 
     def probe(name):
         def f(x):
-            seen[name] = (api.forward_mode([x], False), api.forward_mode([x], True))
+            seen[name] = (api.unserved_autodiff([x], "pure"), api.unserved_autodiff([x], "any"))
             return jnp.sin(x).sum()
 
         return f
@@ -578,17 +587,17 @@ def test_forward_mode_is_read_from_the_tracers_of_each_transform():
     jax.vmap(lambda x: jax.jvp(probe("vmap(jvp)"), (x,), (x,)))(x[None])
     jax.jacfwd(probe("jacfwd"))(x)
     jax.hessian(probe("hessian"))(x)
-    reverse = ("grad", "vjp", "value_and_grad", "jit(grad)", "grad(grad)")
+    reverse = ("grad", "vjp", "value_and_grad", "jit(grad)")
     assert seen == {**dict.fromkeys(reverse, (False, False)),
                     **dict.fromkeys(("jvp", "jit(jvp)", "vmap(jvp)", "jacfwd"), (True, True)),
-                    "hessian": (False, True)}  # fmt: skip
+                    **dict.fromkeys(("hessian", "grad(grad)"), (False, True))}  # fmt: skip
 
 
 def test_forward_mode_over_tokamax_is_refused_by_name_and_auto_runs_the_recurrence(monkeypatch):
     """tokamax's rows serve no forward mode (a jvp meets its custom_vjp, jax.hessian a vmap
-    error): named, they refuse by name; auto on a TPU v6 (emulated here), which picks tokamax's
-    Mosaic kernel first, runs the recurrence for jax.jvp and jax.hessian (before: the bare
-    errors)."""
+    error) and no gradient of a gradient (JAX's 'Linearization failed'): named, they refuse by
+    name; auto on a TPU v6 (emulated here), which picks tokamax's Mosaic kernel first, runs the
+    recurrence for all three (before: the bare errors)."""
     x = random_kda_inputs(jax.random.key(12), 1, 64, 1, 128, 128)
     a = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
     gate = dict(lower_bound=-5.0, use_gate_in_kernel=True, a_log=jnp.zeros(1),
@@ -598,14 +607,16 @@ def test_forward_mode_over_tokamax_is_refused_by_name_and_auto_runs_the_recurren
         run = functools.partial(kda, **gate, implementation=implementation)
         return lambda s: jnp.sum(run(a[0] * s, *a[1:])[0] ** 2)
 
-    for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,)), lambda f: jax.hessian(f)(1.5)):
+    for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,)), lambda f: jax.hessian(f)(1.5),
+                 lambda f: jax.grad(jax.grad(f))(1.5)):  # before: bare errors from tokamax
         with pytest.raises(TypeError, match="implementation='tokamax_xla'.*'recurrent'"):
             mode(loss("tokamax_xla"))
     monkeypatch.setattr(api, "tpu_generation", lambda: 6)
     with emulate_tpu():
         assert select_implementation(seq_len=64, key_dim=128, lower_bound=-5.0,
                                      fused_gate=True) == "tokamax_mosaic"  # fmt: skip
-        for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,))[1], lambda f: jax.hessian(f)(1.5)):
+        for mode in (lambda f: jax.jvp(f, (1.5,), (1.0,))[1], lambda f: jax.hessian(f)(1.5),
+                     lambda f: jax.grad(jax.grad(f))(1.5)):  # fmt: skip
             assert_close(mode(loss("auto")), mode(loss("recurrent")), atol=1e-5, rtol=1e-5)
 
 

@@ -222,6 +222,19 @@ def _shortcut_04_1_library_gate_bisected():
     return "04.1", gate_input_for, {}
 
 
+def _shortcut_04_1b_library_gate_at_a_huge_f():
+    import jax.numpy as jnp
+
+    from kda_lib import kda_gate
+
+    def shortest_half_life(lower_bound, a_log, dt_bias):  # right: the library's safe gate, f big
+        f = jnp.full((1, 1, *np.shape(dt_bias)), 1e9, jnp.float32)
+        g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound)
+        return np.log(2.0) / -np.asarray(g[0, 0], np.float64)
+
+    return "04.1b", shortest_half_life, {}
+
+
 def _shortcut_04_2_jax_grad():
     import jax
     import jax.numpy as jnp
@@ -353,6 +366,7 @@ SHORTCUTS = [
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
     _shortcut_04_1_library_gate_bisected,
+    _shortcut_04_1b_library_gate_at_a_huge_f,
     _shortcut_04_2_jax_grad,
     _shortcut_04_2_finite_differences,
     _shortcut_05_1_jax_grad,

@@ -44,6 +44,7 @@ EXERCISES = {
     "03.1": ("03_chunkwise_algorithm", 3),
     "03.2": ("03_chunkwise_algorithm", 6),
     "04.1": ("04_kda_layer", 3),
+    "04.1b": ("04_kda_layer", 3),
     "04.2": ("04_kda_layer", 4),
     "05.1": ("05_context_parallel", 2),
     "05.2": ("05_context_parallel", 3),

@@ -2,7 +2,9 @@
 each slip it found passing, or refused with a hint that blamed another mistake, is refused at
 every seed tried with the hint that names it. And 04.1 as set after review G (2026-12-07, defect
 9: the gate input for a half-life, replacing the ring-buffer step): each slip refused with its own
-hint, correct answers written differently accepted.
+hint, correct answers written differently accepted; its part 04.1b (teacher review of 03-04:
+a root-finder passed 04.1 without the derivation), the safe gate's shortest half-life, has no
+root to find: each slip refused with its own hint, a search over a finite range of f refused.
 """
 
 from __future__ import annotations
@@ -124,3 +126,59 @@ def _float32_expm1(t, a, b):  # 04.1 right in float32 NumPy (expm1: e^y - 1 to f
                          ids=["bisection", "math loop", "float32 expm1"])
 def test_04_1_correct_answers_written_differently_pass(answer):
     assert all(exercises.verdict("04.1", answer, seed=seed) is None for seed in range(10))
+
+
+FLOOR_SLIPS = {  # 04.1b: name -> (answer(g_min, A_log, dt_bias), a word of the hint naming it)
+    "softplus gate's 0": (lambda m, a, b: np.zeros(np.shape(b)), "softplus gate's"),
+    "1 / |g_min|": (lambda m, a, b: np.full(np.shape(b), 1 / -m), "time constant"),
+    "log10 2": (lambda m, a, b: np.full(np.shape(b), np.log10(2) / -m), "natural log"),
+    "g_min's sign": (lambda m, a, b: np.full(np.shape(b), LN2 / m), "positive"),
+    "ln 2 times |g_min|": (lambda m, a, b: np.full(np.shape(b), LN2 * -m), "not ln 2 times"),
+    "1 - e^g_min": (lambda m, a, b: np.full(np.shape(b), LN2 / (1 - np.exp(m))), "share lost"),
+    "rate outside": (lambda m, a, b: LN2 / (-m * np.exp(a)[:, None]) + 0 * b, "inside the sigmoid"),
+    "whole tokens": (lambda m, a, b: np.full(np.shape(b), np.ceil(LN2 / -m)), "whole number"),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(FLOOR_SLIPS))
+def test_04_1b_floor_slips_are_refused_with_their_own_hint(slip):
+    answer, named = FLOOR_SLIPS[slip]
+    for seed in range(10):
+        hint = exercises.verdict("04.1b", answer, seed=seed)
+        assert hint and named in hint, (slip, seed, hint)
+
+
+def _safe_half_life(f, m, a, b):  # the page's safe gate, by hand, float64: ln 2 / -g
+    rate = np.exp(np.asarray(a, np.float64))[:, None]
+    with np.errstate(over="ignore", divide="ignore"):  # far below the floor: sigma 0, t inf
+        return LN2 / (-m / (1 + np.exp(-rate * (f + np.asarray(b, np.float64)))))
+
+
+def _searched(m, a, b):  # 04.1b by a search: the least half-life over f in [-60, 60], no limit
+    return np.min([_safe_half_life(f, m, a, b) for f in np.linspace(-60, 60, 241)], axis=0)
+
+
+def _at_f_zero(m, a, b):  # 04.1b as the half-life at f = 0
+    return _safe_half_life(0.0, m, a, b)
+
+
+@pytest.mark.parametrize("answer", [_searched, _at_f_zero], ids=["search f in [-60, 60]", "f = 0"])
+def test_04_1b_a_finite_f_is_refused_with_the_limit_hint(answer):
+    for seed in range(10):
+        hint = exercises.verdict("04.1b", answer, seed=seed)
+        assert hint and "f -> inf" in hint, (seed, hint)
+
+
+def _at_infinite_f(m, a, b):  # 04.1b right: the page's safe gate at f = inf, where sigma is 1
+    return _safe_half_life(np.inf, m, a, b)
+
+
+def _floor_loop(m, a, b):  # 04.1b right, a Python loop with the math module, a list of lists out
+    import math
+
+    return [[math.log(2) / abs(m) for _ in row] for row in np.asarray(b).tolist()]
+
+
+@pytest.mark.parametrize("answer", [_at_infinite_f, _floor_loop], ids=["f = inf", "math loop"])
+def test_04_1b_correct_answers_written_differently_pass(answer):
+    assert all(exercises.verdict("04.1b", answer, seed=seed) is None for seed in range(10))

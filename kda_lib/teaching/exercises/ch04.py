@@ -1,4 +1,5 @@
-"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.2 the RMSNorm's backward."""
+"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.1b the safe gate's shortest
+half-life, 04.2 the RMSNorm's backward."""
 
 from __future__ import annotations
 
@@ -85,6 +86,57 @@ def gate_input_for(answer, rng):
             return where + ("close, but off where y = softplus(f + dt_bias) is tiny: e^y - 1 "
                             "keeps few digits there in float32 (np.expm1, or float64)")
         return where + "solve e^(g t) = 1/2 for f, g = -e^A_log softplus(f + dt_bias)"
+
+
+# 04.1b's slips: the answer each gives from (g_min m, A_log a [H, 1], dt_bias b [H, K]), its hint
+_FLOOR_SLIPS = (
+    (lambda m, a, b: 0 * b, "0 is the softplus gate's shortest (its -g grows without bound); "
+     "the safe gate's -g = |g_min| sigma(a_h (f + dt_bias)) stays below |g_min|"),
+    (lambda m, a, b: 1 / -m + 0 * b, "half is kept where e^(g t) = 1/2: ln 2 / -g (1 / |g_min| "
+     "keeps 1/e: a time constant)"),
+    (lambda m, a, b: np.log10(2) / -m + 0 * b, "the decay is e^g: the natural log of 2"),
+    (lambda m, a, b: LN2 / m + 0 * b, "a half-life is positive: g_min < 0, divide by |g_min|"),
+    (lambda m, a, b: LN2 * -m + 0 * b, "e^(g t) = 1/2 gives t = ln 2 / -g, not ln 2 times -g"),
+    (lambda m, a, b: LN2 / (1 - np.exp(m)) + 0 * b, "1 - e^g is the share lost a token, not -g: "
+     "e^(g t) = 1/2 gives t = ln 2 / -g exactly"),
+    (lambda m, a, b: LN2 / (-m * np.exp(a)) + 0 * b, "a_h = e^A_log sits inside the sigmoid: it "
+     "sets how fast sigma saturates, not its limit"),
+    (lambda m, a, b: np.ceil(LN2 / -m) + 0 * b, "the half-life is real (e^(g t) = 1/2 at a real "
+     "t), not a whole number of tokens"),
+)
+
+
+@ex.checker("04.1b")
+def shortest_half_life(answer, rng):
+    """``answer(lower_bound, a_log [H], dt_bias [H, K]) -> [H, K]``: the infimum over real f of
+    the safe gate's half-life, ln 2 / |g_min| (no f reaches it), to 1e-6; the second trial has
+    a_h <= 0.05 and dt_bias <= -40, where sigma(a_h (f + dt_bias)) < 0.74 for every f <= 60."""
+    for m_low, rates, biases in ((0.2, (1, 16), (-7, 1)), (0.05, (0.005, 0.05), (-80, -40)),
+                                 (4.0, (1, 16), (-7, 1))):
+        H, K = (int(n) for n in rng.integers((1, 2), (4, 9)))
+        m = -float(rng.uniform(m_low, 5.0))
+        a_log = np.log(rng.uniform(*rates, H)).astype(np.float32)
+        b = rng.uniform(*biases, (H, K)).astype(np.float32)
+        got, hint = ex.call_answer(answer, m, a_log.copy(), b.copy(), refuse=dict(
+            shape=(H, K), inputs=(b,), what="the shortest half-life", allow_zeros=True),
+            name="shortest_half_life(lower_bound, a_log, dt_bias)")
+        if hint:
+            return hint
+        got, want = np.asarray(got, np.float64), LN2 / -m
+        if np.all(np.abs(got / want - 1) <= 1e-6):
+            continue
+        args = m, a_log.astype(np.float64)[:, None], b.astype(np.float64)
+        with np.errstate(all="ignore"):
+            slip = next((why for wrong, why in _FLOOR_SLIPS if np.allclose(
+                got, wrong(*args), rtol=1e-3, atol=1e-3)), None)
+        where = f"off at g_min = {m:.3g}: "
+        if slip:
+            return where + slip
+        if np.all(got >= want):
+            return where + ("too long: sigma(a_h (f + dt_bias)) < 1 at every real f (far below 1 "
+                            "at f = 0, or at the end of a searched range, where a_h is small or "
+                            "dt_bias far below 0); the shortest half-life is its limit f -> inf")
+        return where + "-g = |g_min| sigma(a_h (f + dt_bias)): how large can it get over all f?"
 
 
 def _norm_trial(rng, rows, width, eps, small):
