@@ -117,18 +117,15 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 # \qquad
 # \mathbf v_t = \operatorname{SiLU}(\operatorname{conv}_v(X W_v)_t), \\
 # \mathbf g_t &= -a_h \operatorname{softplus}\big(\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}
-#   + \mathbf b\big),
-# \qquad \beta_t = \sigma(\mathbf x_t W_\beta),
+#   + \mathbf b\big), \qquad \beta_t = \sigma(\mathbf x_t W_\beta),
 # \qquad \mathbf o_t = \text{KDA}(\mathbf q, \mathbf k, \mathbf v, \mathbf g, \beta)_t, \\
-# \mathbf z_t &= \mathbf x_t W_z^{\downarrow} W_z^{\uparrow} + \mathbf b_z,
-# \qquad
+# \mathbf z_t &= \mathbf x_t W_z^{\downarrow} W_z^{\uparrow} + \mathbf b_z, \qquad
 # \mathbf y_t = \Big[\operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o_t^{(h)}) \odot
 #   \sigma(\mathbf z_t^{(h)})\Big]_{h = 1..H}\, W_o .
 # \end{align*}
 # $$
 #
 # The parts, one line each:
-#
 # - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1-\nu}$ on the input
 #   $\nu$ tokens back: $\operatorname{conv}(\Xi)_t = \sum_{\nu=0}^{w-1} \boldsymbol\kappa_{w-1-\nu}
 #   \odot \boldsymbol\xi_{t-\nu}$ (zeros before the first token), then
@@ -307,8 +304,13 @@ draws = [{n: kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=n),
           for n in widths} for s in seeds]
 S_0 = {n: np.random.default_rng(seed + i).normal(size=(len(seeds), H, n, n))  # a state a head
        for i, n in enumerate((K, wide_k))}
-runs = [{way: growth(*ablate(layers[n], xi, h), S_0[n][i, h]) for way, (ablate, n) in ways.items()}
-        for i, (layers, xi) in enumerate(zip(draws, inputs, strict=True)) for h in range(H)]
+runs = []  # one entry a head of every draw: {way: (||M_t||_2 [T], ||S_t||_F / ||S_0||_F [T])}
+for i, (layers, xi) in enumerate(zip(draws, inputs, strict=True)):
+    for h in range(H):
+        run = {}
+        for way, (ablate, n) in ways.items():  # ablate: the way's function, n: its d_k
+            run[way] = growth(*ablate(layers[n], xi, h), S_0[n][i, h])
+        runs.append(run)
 
 # %%
 grows = {way: np.array([np.mean(r[way][0] > 1 + 1e-6) for r in runs]) for way in ways}  # a head
@@ -322,8 +324,6 @@ print(f"no sigmoid: beta < 0 at {np.mean(raw < 0):.0%}, beta > 2 at {np.mean(raw
 assert grows["as built"].max() == 0 and 0.3 < grows["no sigmoid on beta"].mean() < 0.7, "expands"
 assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) < 0.7, "grows"
 assert grows[wide].mean() > 0.8 and np.mean(kept[wide] > 1) > 0.9, "wide keys expand"
-
-# %%
 law = {n: (np.sum(np.square(np.asarray(p.k, np.float64)), -1), np.asarray(p.beta)) for n, p in
        ((n, m.project(x)) for n, m in draws[0].items())}  # d_k: (||k_t||^2, beta_t), no L2 norm
 expand = {width: np.mean(np.prod(law[width], 0) > 2) for width in widths}  # beta ||k_t||^2 > 2
@@ -399,11 +399,8 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 # %% [markdown]
 # ## Summary
 #
-# - `KimiDeltaAttention` is projections, a short causal conv with SiLU, L2-normalised $\mathbf q$
-#   and $\mathbf k$, $\beta = \sigma(\mathbf x W_\beta)$, a low-rank forget gate, the recurrence,
-#   a per-head RMSNorm, an output gate and projection; built from these parts it equals the layer.
-#   At realistic sizes it has a little more than softmax attention's parameters (counted from the
-#   arrays), and no KV cache.
+# - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has a little
+#   more parameters than softmax attention, and no KV cache (decoding: notebook 07).
 # - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head; without the $\beta$
 #   sigmoid about half do ($\beta < 0$) and a state with no write or decay grows in most heads;
 #   without the L2 norm most do at $d_k$ = 128, few at 16. Without the conv a key sees only its
@@ -413,14 +410,15 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #
 # ## Exercises
 #
-# Both ask for something this page does not compute (NumPy or `jnp`, no `kda_lib`); worked
-# solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
+# Each asks for what this page does not compute (NumPy or `jnp`, no `kda_lib`); solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 # 1. **The gate input for a half-life.** Held at a raw input $f$, channel $c$ of head $h$ keeps
 #    $e^{g}$ of its state a token, $g = -a_h \operatorname{softplus}(f + b_c)$: half after
-#    $t_{1/2}$ tokens, $e^{g\, t_{1/2}} = 1/2$. Derive the $f$ for a wanted (real) $t_{1/2}$:
+#    $t_{1/2}$ tokens, $e^{g\, t_{1/2}} = 1/2$. (a) Derive the $f$ for a wanted (real) $t_{1/2}$:
 #    `gate_input_for(half_life, a_log, dt_bias) -> f` (`half_life`, `dt_bias`, `f`: `[H, K]`;
 #    `a_log [H]`: the layer's `A_log`), judged by `kda_lib`'s gate in float64 to $10^{-5}$,
-#    half-lives 0.3 to $10^4$ tokens. Which can the safe gate $g_{\min} \sigma(\cdot)$ not reach?
+#    half-lives 0.3 to $10^4$ tokens (a root-finder on the gate passes too). (b) Derive the least
+#    half-life the safe gate $g_{\min} \sigma(a_h (f + b_c))$ approaches but no $f$ gives (no root):
+#    `shortest_half_life(lower_bound, a_log, dt_bias)` $[H, K]$, to $10^{-6}$ at drawn $a_h$, $b_c$.
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
 #    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$ (section 1), with respect to $\mathbf o$:
 #    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;
@@ -428,8 +426,10 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #    last trial has $d_v > 10^4$ and must finish within 5 s (no $d_v \times d_v$ Jacobian).
 
 # %%
-answer = None  # exercise 1: gate_input_for(half_life, a_log, dt_bias) -> f [H, K]
+answer = None  # exercise 1a: gate_input_for(half_life, a_log, dt_bias) -> f [H, K]
 exercises.check("04.1", answer)
+answer = None  # exercise 1b: shortest_half_life(lower_bound, a_log, dt_bias) -> [H, K]
+exercises.check("04.1b", answer)
 
 # %%
 answer = None  # exercise 2: rmsnorm_backward(o, eta, dn, eps) -> do

@@ -27,6 +27,28 @@ def gate_input_for_jnp(half_life, a_log, dt_bias):
     return y + jnp.log(-jnp.expm1(-y)) - jnp.asarray(dt_bias)
 
 
+def shortest_half_life(lower_bound, a_log, dt_bias):
+    """1b: the safe gate ``g = g_min sigma(a_h (f + b))`` keeps ``e^g`` a token, so a channel
+    halves after ``t = ln 2 / -g`` tokens (as in 1), and ``-g = |g_min| sigma(a_h (f + b))``.
+    ``sigma < 1`` at every real ``f``, and ``sigma -> 1`` as ``f -> inf`` for any ``a_h > 0`` and
+    ``b``: ``-g`` never reaches ``|g_min|`` but comes as close as one likes, so the half-lives
+    reachable are all ``t > ln 2 / |g_min|`` (0.14 tokens at ``g_min = -5``), the same in every
+    channel: ``a_h`` and ``b`` only move the ``f`` at which ``sigma`` nears 1. There is no root
+    to find: a search over ``f`` in a finite range stops where ``sigma < 1`` (far from 1 where
+    ``a_h`` is small or ``b`` far below 0)."""
+    return np.full(np.shape(dt_bias), np.log(2.0) / abs(lower_bound))
+
+
+def shortest_half_life_jnp(lower_bound, a_log, dt_bias):
+    """1b, written differently: float32 jnp, the page's safe gate at ``f = inf`` (sigma = 1)."""
+    import jax
+    import jax.numpy as jnp
+
+    f = jnp.full(jnp.shape(dt_bias), jnp.inf)
+    g = lower_bound * jax.nn.sigmoid(jnp.exp(a_log)[:, None] * (f + dt_bias))
+    return jnp.log(2.0) / -g
+
+
 def rmsnorm_backward(o, eta, dn, eps):
     """2: with ``r = sqrt(mean(o^2) + eps)`` (per row) and ``n_e = eta_e o_e / r``:
     ``∂r/∂o_i = o_i / (V r)``, so ``∂n_e/∂o_i = eta_e delta_ei / r - eta_e o_e o_i / (V r^3)``
@@ -65,9 +87,18 @@ def cases():
     def eps_outside(o, eta, dn, eps):  # r = sqrt(mean(o^2)) + eps
         return rmsnorm_backward(o, eta, dn, 0.0)
 
+    def shortest_at_f_zero(lower_bound, a_log, dt_bias):  # the half-life at f = 0, not the least
+        rate = np.exp(np.asarray(a_log, np.float64))[:, None]
+        return np.log(2.0) / (-lower_bound / (1 + np.exp(-rate * dt_bias)))
+
+    def shortest_as_a_time_constant(lower_bound, a_log, dt_bias):  # 1 / |g_min|: keeps 1/e
+        return np.full(np.shape(dt_bias), 1 / -lower_bound)
+
     return [
         ("04.1", gate_input_for, {}, gate_input_exp_approximated),
         ("04.1", gate_input_for_jnp, {}, gate_input_float32_naive),
+        ("04.1b", shortest_half_life, {}, shortest_at_f_zero),
+        ("04.1b", shortest_half_life_jnp, {}, shortest_as_a_time_constant),
         ("04.2", rmsnorm_backward, {}, rms_constant),
         ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
     ]
