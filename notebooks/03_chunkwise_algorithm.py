@@ -21,7 +21,7 @@
 # matrix products; between chunks only the state travels. The result equals the recurrence (checked
 # in float64). What changes: $T$ dependent matrix-vector steps become $T / C$ sequential steps, the
 # rest matrix products ($C \times C$, $C \times d_k$: the work of a chip's matrix units), at more
-# flops a token than the recurrence's $6 d_k d_v$ (section 5). Speed is not measured on this page.
+# flops a token than the recurrence's $6 d_k d_v$ (section 5). Speed on matrix units: untested.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -245,14 +245,14 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
 kt, bt = kc[:thin], bc[:thin]  # chunk 0 of head 0, its first tokens, decays left out
-Kt = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
+K0_tilde = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
 product = np.eye(key_dim)
 for k_t, b_t in zip(kt, bt, strict=True):
     product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
-assert_close(product, np.eye(key_dim) - kt.T @ Kt, atol=1e-12, name="I - K^T K~")
-print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) K~ ({thin} x {key_dim}), "
+assert_close(product, np.eye(key_dim) - kt.T @ K0_tilde, atol=1e-12, name="I - K^T K~^0")
+print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) K~^0 ({thin} x {key_dim}), "
       f"rank {np.linalg.matrix_rank(np.eye(key_dim) - product)}")  # <= thin: the assert above
-viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, Kt), "03_wy_form")
+viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 
 # %% [markdown]
 # **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of
@@ -294,9 +294,7 @@ K_out = kc * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_s^-1 k_s
 assert_close(np.exp(gamma[-1])[:, None] * S_in[0, h] + K_out.T @ Delta, states[-1], atol=1e-12,
              name="step 4: S_C = Gamma_C S_in + K_out^T Delta")
 assert_close(np.diag(np.exp(gamma[-1])) - K_out.T @ W, M, name="step 4: M = Gamma_C - K_out^T K~")
-_ = assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
-
-# %%
+assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
 product = np.eye(key_dim)
 for t in range(chunk_size):  # notebook 01's M_t = (I - beta k k^T) D_t, newest on the left
     decayed = np.exp(gc[t])[:, None] * product
@@ -378,7 +376,8 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # %% [markdown]
 # ## 5. Flops, and time on this machine
 #
-# Timed here (batch 1, medians of `timing_repeats` calls), not ranked: a CPU has no matrix units.
+# Timed here (batch 1, medians of `timing_repeats` calls; the table says what each column is), not
+# ranked: a CPU has no matrix units, so these times cannot test the claim about them.
 # Flops, both forms counted alike (products' multiply-adds, 2 flops each; elementwise decays left
 # out: notebook 10 adds the recurrence's, 7), a token at $d_k = d_v = d$: the recurrence $6 d^2$
 # ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked form

@@ -67,9 +67,9 @@ def roofline_figure(table: dict, chip: Chip, K: int) -> plt.Figure:
 
 def kda_forms(lower_bound: float) -> dict:
     """The forms notebook 03 times: ``{name: fn(q, k, v, f, beta, a_log, dt_bias) -> output}``,
-    KDA through ``kda_lib.kda`` (safe gate applied inside: the recurrence, the chunked form,
-    tokamax's chunked form where tokamax is installed, the Pallas kernels on a TPU) and causal
-    softmax attention (``jax.nn.dot_product_attention``)."""
+    KDA through ``kda_lib.kda`` (safe gate applied inside): the recurrence, the chunked form,
+    tokamax's chunked form where tokamax is installed, the Pallas kernel on a TPU (the page needs
+    no other column: notebook 07 times softmax attention beside KDA, decoding)."""
     import kda_lib
 
     def kda_form(name):
@@ -92,11 +92,10 @@ def kda_forms(lower_bound: float) -> dict:
     names = ["recurrent", "chunked"]
     names += ["tokamax_xla_chunked"] * (importlib.util.find_spec("tokamax") is not None)
     names += ["pallas_tpu"] * (jax.default_backend() == "tpu")
-    forms = {name: kda_form(name) for name in names}
-    forms["softmax attention"] = lambda q, k, v, *gates: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True
-    )
-    return forms
+    return {name: kda_form(name) for name in names}
+
+
+AGREE = dict(atol=2e-4, rtol=2e-3)  # the timed KDA forms' outputs against the recurrence's
 
 
 def time_forms(forms: dict, lengths, *, key, heads: int, dim: int, modes, repeats: int) -> dict:
@@ -116,7 +115,7 @@ def time_forms(forms: dict, lengths, *, key, heads: int, dim: int, modes, repeat
                 timings[mode][name].append(ms)
             if mode == "fwd":  # the KDA implementations compute the same thing
                 for name in {"chunked", "tokamax_xla_chunked", "pallas_tpu"} & outs.keys():
-                    assert_close(outs[name], outs["recurrent"], atol=2e-4, rtol=2e-3, name=name)
+                    assert_close(outs[name], outs["recurrent"], **AGREE, name=name)
     for per_form in timings.values():
         assert all(np.isfinite(ms).all() and min(ms) > 0 for ms in per_form.values())
     return timings
@@ -126,6 +125,15 @@ def _summed(fn, *args):
     return jnp.sum(fn(*args))
 
 
+# what each column of :func:`timing_markdown` holds, one sentence a form of :func:`kda_forms`
+COLUMNS = {
+    "recurrent": "`kda_lib`'s recurrence, one token after another",
+    "chunked": "`kda_lib`'s chunked form, this page's algorithm",
+    "tokamax_xla_chunked": "the same chunked algorithm as the tokamax library writes it (XLA)",
+    "pallas_tpu": "`kda_lib`'s Pallas kernel of the chunked form (on a TPU only)",
+}
+
+
 def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
                     others=((64, 32), (128, 32), (128, 64))) -> str:
     """The live timings (median ms per form) as a Markdown table, one row per pass and length,
@@ -133,8 +141,9 @@ def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
     ``k delta^T``, multiply and add counted; the decay left out) and of the chunked form
     (``K = V = dim``, ``T`` padded up to a multiple of ``chunk_size``, ``kda_lib.kda``'s
     default), forward only, and their ratio; then that ratio
-    per token at the ``(d, C)`` of ``others``. A time below the same form's at a shorter ``T``
-    is marked ``*`` (more tokens cannot need less work: noise)."""
+    per token at the ``(d, C)`` of ``others``, what each timed column is (:data:`COLUMNS`) and,
+    on a CPU, that its times cannot test the claim about matrix units. A time below the same
+    form's at a shorter ``T`` is marked ``*`` (more tokens cannot need less work: noise)."""
     names = list(next(iter(timings.values())))
     rows = [
         f"Median ms on this machine ({jax.default_backend()}; * below the same form's time at a "
@@ -157,4 +166,9 @@ def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
               f"{costs.chunked_flops(c, c, d, d) / (6 * c * d * d):.2f}" for d, c in others)
     rows.append("\nChunked / recurrence flops per token at other sizes: "
                 + ", ".join(ratios) + ".")
+    rows.append("\nColumns: " + "; ".join(f"`{name}`: {COLUMNS[name]}" for name in names)
+                + ". Their forward outputs are asserted equal to the recurrence's "
+                + f"(atol {AGREE['atol']:g}, rtol {AGREE['rtol']:g}).")
+    if jax.default_backend() == "cpu":
+        rows.append("\nA CPU has no matrix units: these times cannot test the claim about them.")
     return "\n".join(rows)

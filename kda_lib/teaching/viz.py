@@ -398,14 +398,15 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
     return fig
 
 
-def wy_factors(gap, keys_t_src, k_tilde) -> plt.Figure:
+def wy_factors(gap, keys_t_src, k0_tilde) -> plt.Figure:
     """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
     (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~^0`` (``C x d_k``, no decay; the WY
-    literature's ``W``), square cells."""
-    d_k, c = gap.shape[0], k_tilde.shape[0]
+    literature's ``W``), square cells; the suptitle at the panels' title size, as the other
+    figures of 03 (no larger title over the panels)."""
+    d_k, c = gap.shape[0], k0_tilde.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
                              layout="constrained")
-    mats = (gap, keys_t_src.T, k_tilde)
+    mats = (gap, keys_t_src.T, k0_tilde)
     titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
               f"$\\tilde K^0$ (${c} \\times {d_k}$)")
     top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
@@ -416,7 +417,7 @@ def wy_factors(gap, keys_t_src, k_tilde) -> plt.Figure:
     fig.colorbar(image, ax=list(axes), label="entry", shrink=0.8)  # the one shared scale
     fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
                  f"k_1 k_1^\\top) = K^\\top \\tilde K^0$: the first {c} tokens (< $d_k$ = {d_k}), "
-                 "one colour scale")
+                 "one colour scale", fontsize=mpl.rcParams["axes.titlesize"])
     return fig
 
 
