@@ -10,6 +10,7 @@ XPASS failure, so the mark must then be removed. A new public name is not done u
 """
 
 import functools
+import json
 import re
 import subprocess
 import sys
@@ -151,23 +152,55 @@ def _verify(**replace):
     return (lambda *xs: kda_pool_verify(*xs)), tuple(base.values())
 
 
+# the rows that may kill the interpreter, evaluated in a child process (kda_lib's names in scope)
+ISOLATED = ("init_a_log(jax.random.key(0), 2**40)",
+            "init_dt_bias(jax.random.key(0), 2**20, 2**20)")  # fmt: skip
+ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+def _child(expressions) -> subprocess.CompletedProcess:
+    """``expressions`` run one after the other in one child process; each one's ValueError or
+    TypeError printed as a JSON line ``[kind, message]`` (``null`` if it returned)."""
+    code = "import jax, json, sys\nfrom kda_lib import *\n" + "".join(
+        f"try:\n    {e}\n    print('null')\nexcept (ValueError, TypeError) as e:\n"
+        "    print(json.dumps([type(e).__name__, str(e)]))\n"
+        for e in expressions
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+@functools.cache
+def _isolated_outcomes() -> dict:
+    """expression -> its ``[kind, message]`` (None: it returned), the ISOLATED rows in one child
+    process (one interpreter start, not one each); empty if that child died: each row then
+    runs in a child of its own, so a crash is reported by the row that crashed."""
+    run = _child(ISOLATED)
+    lines = run.stdout.splitlines()
+    if run.returncode != 0 or len(lines) != len(ISOLATED):
+        return {}
+    return dict(zip(ISOLATED, map(json.loads, lines), strict=True))
+
+
 def _isolated(expression: str):
     """Evaluate ``expression`` (kda_lib's names in scope) in a child process, for rows that may
-    kill the interpreter; its ValueError/TypeError is raised here, a crash as RuntimeError."""
+    kill the interpreter; its ValueError/TypeError is raised here, a crash (or no error) as
+    RuntimeError."""
+    assert expression in ISOLATED, expression
 
     def call():
-        code = (
-            f"import jax, sys\nfrom kda_lib import *\ntry:\n    {expression}\n"
-            "except (ValueError, TypeError) as e:\n"
-            "    print(type(e).__name__, e, sep='\\n'); sys.exit(3)\n"
-        )
-        run = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-        )
-        if run.returncode == 3:
-            kind, message = run.stdout.split("\n", 1)
-            raise {"ValueError": ValueError, "TypeError": TypeError}[kind](message)
-        raise RuntimeError(f"exit status {run.returncode}: {run.stderr[-300:]}")
+        outcomes = _isolated_outcomes()
+        if expression in outcomes:
+            outcome = outcomes[expression]
+        else:  # the shared child died: this row alone, in a child of its own
+            run = _child([expression])
+            if run.returncode != 0:
+                raise RuntimeError(f"exit status {run.returncode}: {run.stderr[-300:]}")
+            outcome = json.loads(run.stdout)
+        if outcome is None:
+            raise RuntimeError(f"{expression} returned without an error")
+        kind, message = outcome
+        raise ERRORS[kind](message)
 
     return call
 
@@ -413,7 +446,7 @@ ROWS = [
     Row(
         "init_a_log",
         "num_heads past memory",
-        _isolated("init_a_log(jax.random.key(0), 2**40)"),
+        _isolated(ISOLATED[0]),
         match="num_heads",
         jit=False,
     ),
@@ -434,7 +467,7 @@ ROWS = [
     Row(
         "init_dt_bias",
         "sizes past memory",
-        _isolated("init_dt_bias(jax.random.key(0), 2**20, 2**20)"),
+        _isolated(ISOLATED[1]),
         match="num_heads|head_dim",
         jit=False,
     ),
