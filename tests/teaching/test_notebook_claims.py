@@ -710,27 +710,34 @@ def test_04_raw_key_length_grows_with_head_width_at_the_pages_draws():
     mean square per channel is 0.08 to 0.11 at d_k = 16, 64, 128, the median beta 0.48 to 0.52,
     and beta ||k||^2 > 2 at 3-6%, 66-74% and 90-94% of the tokens (as the page prints them)."""
     import dataclasses
+    import functools
 
     import jax
     from flax import nnx
 
     import kda_lib
 
+    # the layer built from nnx.Rngs(layer_seed) and its projections, one program per config
+    # (eagerly: about 160 small ones); the same parameters, keys within float32 rounding
+    @functools.partial(jax.jit, static_argnums=0)
+    def keys_and_betas(config, layer_seed, x):
+        layer = kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(jax.random.key(layer_seed)))
+        projected = layer.project(x)
+        return projected.k, projected.beta
+
     shares = {16: [], 64: [], 128: []}
     runs = [(seed, 2, 48, 64, 2, 8) for seed in range(7)] + [(0, 2, 256, 256, 4, 64)]
     for seed, batch, seq_len, hidden, heads, rank in runs:
         with jax.threefry_partitionable(False):  # the notebooks' setup(), the layers' draws too
             key_layer, key_x, _ = jax.random.split(jax.random.key(seed), 3)
-            layer_seed = int(jax.random.randint(key_layer, (), 0, 2**31 - 1))
+            layer_seed = jax.random.randint(key_layer, (), 0, 2**31 - 1)
             x = jax.random.normal(key_x, (batch, seq_len, hidden))
             config = kda_lib.KDAConfig(hidden_size=hidden, num_heads=heads, head_dim=16,
                                        forget_gate_rank=rank, output_gate_rank=rank)
             for width in shares if hidden == 64 else (64, 128):
-                layer = kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=width),
-                                                   rngs=nnx.Rngs(layer_seed))
-                projected = layer.project(x)
-                squared = np.sum(np.square(np.asarray(projected.k, np.float64)), -1)
-                beta = np.asarray(projected.beta)
+                k, beta = keys_and_betas(dataclasses.replace(config, head_dim=width), layer_seed, x)
+                squared = np.sum(np.square(np.asarray(k, np.float64)), -1)
+                beta = np.asarray(beta)
                 assert 0.08 <= round(squared.mean() / width, 2) <= 0.11, (seed, width)
                 assert 0.48 <= round(float(np.median(beta)), 2) <= 0.52, (seed, width)
                 shares[width].append(round(100 * float(np.mean(beta * squared > 2))))
