@@ -2,6 +2,7 @@
 validation with a tuning seed apart, fresh seeds, test scored once), bad arguments refused
 before any work, resuming, and two writers on one output."""
 
+import functools
 import json
 import math
 import pathlib
@@ -11,7 +12,9 @@ import pytest
 import yaml
 from conftest import load_script
 
-from kda_lib.models.tiny_lm import ModelConfig, config_param_count
+from kda_lib.lab import corpus
+from kda_lib.models import tiny_lm
+from kda_lib.models.tiny_lm import ModelConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "stdlib_lm_seeds.py"
@@ -36,13 +39,30 @@ def script():
     return load_script("stdlib_lm_seeds.py")
 
 
+# Pure functions of their arguments that every command of the script calls again: a model's
+# parameter count (an abstract model built, about 0.1 s; the argument checks match every model's
+# size) and the standard library's file list (a walk of some 5,000 files). Each is computed once
+# per argument for this module's tests (in this process; the two-process test's own processes
+# compute them as a user's command does).
+config_param_count = functools.cache(tiny_lm.config_param_count)
+_source_files = functools.cache(corpus.source_files)
+
+
+@pytest.fixture(autouse=True)
+def _computed_once(script, monkeypatch):
+    for module in (tiny_lm, script):  # tiny_lm's match_parameter_count calls it too
+        monkeypatch.setattr(module, "config_param_count", config_param_count)
+    monkeypatch.setattr(corpus, "source_files", _source_files)
+
+
 @pytest.fixture
 def fake(script, monkeypatch):
     """Training replaced by :data:`FAKE_RUN`'s fake; the list of runs it was asked for (each
     call checks that the runs asked for before it are in ``--output`` already)."""
     namespace = {"script": script}
     exec(FAKE_RUN, namespace)
-    calls = []
+    namespace["time"] = type("NoSleep", (), {"sleep": staticmethod(lambda s: None)})
+    calls = []  # (in one process the runs need no spacing: it interleaves two processes' writes)
 
     def counted(model_name, lr, seed, args, data):
         output = pathlib.Path(args.output)

@@ -1,5 +1,6 @@
 """scripts/synthetic_sweep.py: arguments refused before any work; two writers lose nothing."""
 
+import functools
 import json
 import math
 import pathlib
@@ -8,7 +9,7 @@ import jax
 import pytest
 from conftest import load_script
 
-from kda_lib.models.tiny_lm import config_param_count
+from kda_lib.models import tiny_lm
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "synthetic_sweep.py"
@@ -32,6 +33,18 @@ COMMON += ["--seeds", "0,1,2"]
 @pytest.fixture(scope="module")
 def script():
     return load_script("synthetic_sweep.py")
+
+
+# a model's parameter count (an abstract model built, about 0.1 s), which --match-params asks
+# for per mixer and the tests below per preset: computed once per config for this module's
+# tests (in this process; the two-process test's processes compute their own)
+config_param_count = functools.cache(tiny_lm.config_param_count)
+
+
+@pytest.fixture(autouse=True)
+def _counted_once(script, monkeypatch):
+    for module in (tiny_lm, script):  # tiny_lm's match_parameter_count calls it too
+        monkeypatch.setattr(module, "config_param_count", config_param_count)
 
 
 def test_two_processes_on_one_output_lose_nothing(tmp_path, concurrent_writers):
@@ -197,16 +210,15 @@ def test_a_tiny_paper_preset_sweep_records_validation_and_test(script, tmp_path)
         assert len(run["curve"]["accuracy"]) == run["training"]["steps"]
 
 
-def test_train_step_table_writes_its_record(tmp_path):
-    """scripts/train_step_table.py end to end at a tiny size: one row a mixer and T, written."""
-    import subprocess
-    import sys
-
+def test_train_step_table_writes_its_record(tmp_path, capsys):
+    """scripts/train_step_table.py end to end at a tiny size (its main, in this process: no
+    interpreter and imports of its own to wait for): one row a mixer and T, written."""
     out = tmp_path / "steps.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "train_step_table.py"), "--output",
-                    str(out), "--seq-lens", "24", "--mixers", "attention", "--batch-size", "2",
-                    "--hidden-size", "32", "--num-heads", "2", "--head-dim", "16",
-                    "--num-pairs", "2"], check=True, capture_output=True)  # fmt: skip
+    load_script("train_step_table.py").main(
+        ["--output", str(out), "--seq-lens", "24", "--mixers", "attention", "--batch-size", "2",
+         "--hidden-size", "32", "--num-heads", "2", "--head-dim", "16", "--num-pairs", "2"]
+    )  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["mixer"] == "attention"  # the row, printed
     record = json.loads(out.read_text())
     assert record["kind"] == "train_step_table"
     ((row,),) = [record["rows"]]

@@ -179,9 +179,9 @@ def test_optimizer_decays_only_the_masked_params():
 
 def test_masked_metrics():
     logits = jnp.log(jnp.array([[[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]]))
-    batch = delayed_copy(jax.random.key(0), 1, 2, vocab_size=3, delay=1)
+    batch = jax.jit(lambda key: delayed_copy(key, 1, 2, vocab_size=3, delay=1))(jax.random.key(0))
     batch = batch._replace(targets=jnp.array([[0, 2]]), mask=jnp.array([[False, True]]))
-    loss, acc = masked_metrics(logits, batch)
+    loss, acc = jax.jit(masked_metrics)(logits, batch)  # one program, not op by op
     assert float(loss) == pytest.approx(-np.log(0.8), rel=1e-5) and float(acc) == 1.0
 
 
@@ -297,7 +297,8 @@ def test_mixer_registry_and_errors():
     MIXERS["identity_for_test"] = _identity
     try:
         model = _model(mixer="identity_for_test")
-        assert model(jnp.zeros((1, 3), jnp.int32)).shape == (1, 3, 8)
+        logits = nnx.jit(lambda m, t: m(t))(model, jnp.zeros((1, 3), jnp.int32))  # one program
+        assert logits.shape == (1, 3, 8)
     finally:
         del MIXERS["identity_for_test"]
     with pytest.raises(ValueError, match="steps must be an int >= 1, got 0"):
@@ -319,7 +320,8 @@ def test_make_task_binds_defaults_and_rejects_unknown_options():
 
 
 # run_experiment_record's run and the command line's runs below: one model, task, batch shape
-# and schedule, so one compiled training step and batch drawer for all of them (one worker)
+# and schedule, so one compiled training step and batch drawer for all of them (one worker); the
+# sweep's runs at T = 12 and evaluate's splits below run the same programs
 SHARED_RUN_STEP = pytest.mark.xdist_group("train_run_step")
 
 
@@ -422,7 +424,9 @@ def test_python_dash_m_entry_point():
     assert "optimiser steps (default: 1000)" in " ".join(result.stdout.split())
 
 
+@SHARED_RUN_STEP
 def test_run_sweep_order_report_and_shared_compilation():
+    # the command line's model and schedule (CLI_TINY): its runs' compiled step at T = 12
     tiny = dict(hidden_size=16, num_layers=1, num_heads=2, head_dim=8)
     lines = []
     before = _train_step_cache_size()
@@ -431,7 +435,7 @@ def test_run_sweep_order_report_and_shared_compilation():
         ["conv"],
         [12, 16],
         report=lambda r: lines.append(summary_line(r)),
-        steps=2,
+        steps=3,
         batch_size=2,
         eval_batches=1,
         model_options=tiny,
@@ -742,12 +746,14 @@ def test_training_validation_and_test_streams_are_disjoint():
                 seen[inputs] = (seed, stream, i)
 
 
+@SHARED_RUN_STEP
 def test_evaluate_draws_validation_or_test_and_refuses_another_split():
+    # the command line's model, task and batch shape (CLI_RUN): its compiled evaluation
     task = make_task("mqar", vocab_size=9, num_pairs=2)
-    model = TinyLM(ModelConfig(vocab_size=9, mixer="conv", num_layers=1,
-                               mixer_config=KDAConfig(hidden_size=8, num_heads=1, head_dim=8)),
-                   rngs=nnx.Rngs(0))  # fmt: skip
-    shape = dict(batch_size=4, seq_len=12, num_batches=2)
+    config = ModelConfig.from_flat(vocab_size=9, mixer="conv", hidden_size=16, num_layers=1,
+                                   num_heads=2, head_dim=8)  # fmt: skip
+    model = TinyLM(config, rngs=nnx.Rngs(0))
+    shape = dict(batch_size=2, seq_len=12, num_batches=2)
     default = evaluate(model, task, **shape)
     assert default == evaluate(model, task, **shape, split="validation")
     assert default != evaluate(model, task, **shape, split="test")
@@ -770,10 +776,12 @@ def test_stack_evaluation_reports_accuracy_beyond_the_conv_reach():
                       reach=reach)  # fmt: skip
     correct = scored = 0
     key = _stream(0, TEST_STREAM)
-    apply = nnx.jit(lambda model, tokens: model(tokens))  # one program, not op by op
+    apply = nnx.jit(lambda model, tokens: model(tokens))  # one program each, not op by op
+    draw = jax.jit(lambda key: task(key, 4, 24))  # the generator itself (not evaluate's drawer)
+    answer_positions = jax.jit(stack_answer_positions)
     for i in range(2):
-        batch = task(jax.random.fold_in(key, i), 4, 24)
-        positions = np.asarray(stack_answer_positions(batch.inputs))
+        batch = draw(jax.random.fold_in(key, i))
+        positions = np.asarray(answer_positions(batch.inputs))
         beyond = np.asarray(batch.mask) & (np.arange(24) - positions > reach)
         guess = np.asarray(jnp.argmax(apply(model, batch.inputs), -1))
         correct += int((guess == np.asarray(batch.targets))[beyond].sum())
