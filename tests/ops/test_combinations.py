@@ -1,6 +1,7 @@
 """Values across combinations (issue 75.7): the chunked form at its chunk boundaries with gates
 under which the state survives every chunk (a test whose gates erase the state within a chunk
-cannot see a boundary mistake), at the default chunk size too; a NaN at the first token of a
+cannot see a boundary mistake; at the default chunk size: tests/ops/test_chunked.py's
+test_a_state_that_survives_the_chunks_matches_the_oracle); a NaN at the first token of a
 chunk (with the chunk states too); and the bfloat16 and float16 states and pools a caller may
 pass, each against the recurrence."""
 
@@ -21,23 +22,24 @@ def _inputs(seq_len, seed=0):
                              gate_scale=SURVIVING, with_state=True)  # fmt: skip
 
 
-# (T, chunk_size): T == C, and T a multiple of C with three or more chunks; None: the default
-# chunk size (64), not given
-BOUNDARIES = [(16, 16), (48, 16), (64, 16), (64, None), (192, None)]
+# (T, chunk_size): T == C, and T a multiple of C with three chunks. (Rows at 4C and at the
+# default chunk size, 64 and 192 tokens, ran the same programs but for sizes; T = 3C at the
+# default chunk size, a state surviving each chunk, outputs, final state and gradients and this
+# test's boundary check: tests/ops/test_chunked.py::test_a_state_that_survives_the_chunks_...)
+BOUNDARIES = [(16, 16), (48, 16)]
 
 
 @pytest.mark.parametrize(("seq_len", "chunk_size"), BOUNDARIES)
 def test_chunk_boundaries_with_a_state_that_survives_each_chunk(x64, seq_len, chunk_size):
     """The chunked form's outputs and final state equal the float64 recurrence at T == C and
-    T = 3C, 4C; the gates keep > 0.1 of the state across every chunk, and the test can see a
+    T = 3C; the gates keep > 0.1 of the state across every chunk, and the test can see a
     boundary mistake: dropping the state at the last chunk's first token moves its outputs by
     far more than the tolerance."""
     x = {n: a.astype(jnp.float64) for n, a in _inputs(seq_len).items()}
-    size = {} if chunk_size is None else dict(chunk_size=chunk_size)
-    chunk = chunk_size or 64
+    chunk = chunk_size
     kept = np.exp(np.asarray(x["g"]).reshape(B, -1, chunk, H, K).sum(axis=2))
     assert kept.min() > 0.1, kept.min()  # the state survives each chunk
-    o, state = kda(**x, implementation="chunked", output_final_state=True, **size)
+    o, state = kda(**x, implementation="chunked", output_final_state=True, chunk_size=chunk)
     o_ref, state_ref = kda_recurrent(**x, output_final_state=True)
     assert o.dtype == jnp.float64
     assert_close(o, o_ref, atol=1e-10, rtol=1e-10, name="outputs")
