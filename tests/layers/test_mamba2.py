@@ -125,11 +125,14 @@ def test_the_discretisation_in_float64_equals_a_direct_loop(x64, scale_writes):
     b, c = rng.normal(size=(2, batch, seq_len, heads, key_dim))
     x = rng.normal(size=(batch, seq_len, heads, value_dim))
     want, want_final = _mamba2_loop(f, a_log, dt_bias, b, c, x, 0.5, scale_writes=scale_writes)
-    g, written = mamba2.discretize(jnp.asarray(f), jnp.asarray(a_log), jnp.asarray(dt_bias),
-                                   jnp.asarray(b), scale_writes=scale_writes)  # fmt: skip
+    # each function one program (eagerly, each of their small ops would compile on its own)
+    discretize = jax.jit(functools.partial(mamba2.discretize, scale_writes=scale_writes))
+    g, written = discretize(jnp.asarray(f), jnp.asarray(a_log), jnp.asarray(dt_bias),
+                            jnp.asarray(b))  # fmt: skip
     assert g.dtype == written.dtype == jnp.float64
     for form in (functools.partial(scalar_decay_chunked, chunk_size=4), scalar_decay_recurrent):
-        o, final = form(jnp.asarray(c), written, jnp.asarray(x), g, scale=0.5)
+        o, final = jax.jit(functools.partial(form, scale=0.5))(jnp.asarray(c), written,
+                                                               jnp.asarray(x), g)  # fmt: skip
         np.testing.assert_allclose(o, want, rtol=1e-11, atol=1e-12)
         np.testing.assert_allclose(final, want_final, rtol=1e-11, atol=1e-12)
 
