@@ -74,17 +74,8 @@ def _context_parallel(q, k, v, g, beta, *, axis_name, scale, segment_ids, implem
             raise ValueError(f"output_chunk_states is served by kda_lib's context parallelism "
                              f"('chunked' or 'recurrent'), not by {implementation!r}'s "
                              "own")  # fmt: skip
-        if unknown := sorted(set(kw) - set(kda.__kwdefaults__)):
-            raise TypeError(f"kda_context_parallel got unexpected keyword arguments {unknown}")
-        refused = f"{implementation!r} cannot run inside shard_map here: "
-        if segment_ids is not None and kw.get("max_num_segments") is None:
-            kw["max_num_segments"] = q.shape[1]  # at most a segment slot per token of this slice
-            refused += (f"max_num_segments not given, so a state slot per token of this slice "
-                        f"(T_local={q.shape[1]}); ")  # fmt: skip
-        _, _, options = check_call(
-            q, k, v, g, beta, **{**kda.__kwdefaults__, **kw, "implementation": implementation},
-            prechecked=prechecked, refused=refused)  # fmt: skip
-        return route(q, k, v, g, beta, options, axis_name=axis_name, mesh=mesh, **kw), None
+        return _own_route(route, implementation, (q, k, v, g, beta), kw, prechecked,
+                          axis_name=axis_name, mesh=mesh), None  # fmt: skip
     initial_state = kw.pop("initial_state", None)
     output_final_state = check_flag("output_final_state", kw.pop("output_final_state", False))
     if check_flag("output_token_states", kw.pop("output_token_states", False)):
@@ -119,6 +110,22 @@ def _context_parallel(q, k, v, g, beta, *, axis_name, scale, segment_ids, implem
         before_any = (seen[:, : states.shape[1]] == 0)[:, :, None, None, None]
         states = jnp.where(before_any, arriving[:, None], states)
     return KDAResult(result[0], final, states, None)
+
+
+def _own_route(route, implementation: str, arrays, kw: dict, prechecked: bool, **where):
+    """A kernel's own context parallelism (tokamax Mosaic's ``route``) on this rank's
+    ``arrays``, the call checked as :func:`kda_lib.kda`'s (``prechecked``: by the layer)."""
+    if unknown := sorted(set(kw) - set(kda.__kwdefaults__)):
+        raise TypeError(f"kda_context_parallel got unexpected keyword arguments {unknown}")
+    refused, seq_len = f"{implementation!r} cannot run inside shard_map here: ", arrays[0].shape[1]
+    if kw.get("segment_ids") is not None and kw.get("max_num_segments") is None:
+        kw["max_num_segments"] = seq_len  # at most a segment slot per token of this slice
+        refused += (f"max_num_segments not given, so a state slot per token of this slice "
+                    f"(T_local={seq_len}); ")  # fmt: skip
+    _, _, options = check_call(
+        *arrays, **{**kda.__kwdefaults__, **kw, "implementation": implementation},
+        prechecked=prechecked, refused=refused)  # fmt: skip
+    return route(*arrays, options, **where, **kw)
 
 
 def _fold_summaries(transition, state_ext, initial_state, segment_ids, axis_name, state_shape):

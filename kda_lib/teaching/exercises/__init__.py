@@ -94,6 +94,12 @@ def close(got, want, rtol: float = 1e-6, floor: float = 1e-300) -> bool:
     return bool(np.abs(got - want).max(initial=0.0) <= rtol * scale)
 
 
+def slip(got, slips, *args, tol: float = 1e-3) -> str | None:
+    """The hint of the first ``(wrong, hint)`` of ``slips`` whose ``wrong(*args)`` ``got`` is."""
+    with np.errstate(all="ignore"):
+        return next((h for wrong, h in slips if np.allclose(got, wrong(*args), tol, tol)), None)
+
+
 def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None = None,
                **refuse) -> tuple[str | None, tuple | None]:
     """``(hint, None)`` at the first failed or degenerate call, ``(None, (args, got, want))``

@@ -3,8 +3,11 @@ half-life, 04.2 the RMSNorm's backward."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from kda_lib.ops.gating import kda_gate
 from kda_lib.teaching import exercises as ex
 
 AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), which would do "
@@ -46,11 +49,6 @@ _GATE_SLIPS = (
 
 def _half_lives(f, a_log, dt_bias):
     """The half-life (tokens) of each channel under ``kda_lib.kda_gate`` in float64."""
-    import jax
-    import jax.numpy as jnp
-
-    from kda_lib.ops.gating import kda_gate
-
     with jax.enable_x64(True):
         g = kda_gate(*(jnp.asarray(x, jnp.float64) for x in (np.asarray(f)[None, None], a_log,
                                                             dt_bias)))
@@ -76,11 +74,8 @@ def gate_input_for(answer, rng):
         if error.max() <= 1e-5:
             continue
         where = f"f is off at half-lives of {low:g} to {high:g} tokens: "
-        with np.errstate(all="ignore"):
-            args = t, a_log.astype(np.float64)[:, None], b.astype(np.float64)
-            slip = next((why for wrong, why in _GATE_SLIPS if np.allclose(
-                got, wrong(*args), rtol=1e-3, atol=1e-3)), None)
-        if slip:
+        args = t, a_log.astype(np.float64)[:, None], b.astype(np.float64)
+        if slip := ex.slip(got, _GATE_SLIPS, *args):
             return where + slip
         if error.max() < 0.05 and np.all(error[LN2 / (np.exp(args[1]) * t) > 0.05] <= 1e-5):
             return where + ("close, but off where y = softplus(f + dt_bias) is tiny: e^y - 1 "
@@ -88,21 +83,18 @@ def gate_input_for(answer, rng):
         return where + "solve e^(g t) = 1/2 for f, g = -e^A_log softplus(f + dt_bias)"
 
 
-# 04.1b's slips: the answer each gives from (g_min m, A_log a [H, 1], dt_bias b [H, K]), its hint
+# 04.1b's slips: the answer each gives from (g_min m, A_log a [H, 1]), its hint
 _FLOOR_SLIPS = (
-    (lambda m, a, b: 0 * b, "0 is the softplus gate's shortest (its -g grows without bound); "
-     "the safe gate's -g = |g_min| sigma(a_h (f + dt_bias)) stays below |g_min|"),
-    (lambda m, a, b: 1 / -m + 0 * b, "half is kept where e^(g t) = 1/2: ln 2 / -g (1 / |g_min| "
-     "keeps 1/e: a time constant)"),
-    (lambda m, a, b: np.log10(2) / -m + 0 * b, "the decay is e^g: the natural log of 2"),
-    (lambda m, a, b: LN2 / m + 0 * b, "a half-life is positive: g_min < 0, divide by |g_min|"),
-    (lambda m, a, b: LN2 * -m + 0 * b, "e^(g t) = 1/2 gives t = ln 2 / -g, not ln 2 times -g"),
-    (lambda m, a, b: LN2 / (1 - np.exp(m)) + 0 * b, "1 - e^g is the share lost a token, not -g: "
-     "e^(g t) = 1/2 gives t = ln 2 / -g exactly"),
-    (lambda m, a, b: LN2 / (-m * np.exp(a)) + 0 * b, "a_h = e^A_log sits inside the sigmoid: it "
-     "sets how fast sigma saturates, not its limit"),
-    (lambda m, a, b: np.ceil(LN2 / -m) + 0 * b, "the half-life is real (e^(g t) = 1/2 at a real "
-     "t), not a whole number of tokens"),
+    (lambda m, a: 0.0, "0 is the softplus gate's shortest (its -g grows without bound); the "
+     "safe gate's -g = |g_min| sigma(a_h (f + dt_bias)) stays below |g_min|"),
+    (lambda m, a: 1 / -m, "half is kept at ln 2 / -g tokens (1 / |g_min|: a time constant)"),
+    (lambda m, a: np.log10(2) / -m, "the decay is e^g: the natural log of 2"),
+    (lambda m, a: LN2 / m, "a half-life is positive: g_min < 0, divide by |g_min|"),
+    (lambda m, a: LN2 * -m, "e^(g t) = 1/2 gives t = ln 2 / -g, not ln 2 times -g"),
+    (lambda m, a: LN2 / (1 - np.exp(m)), "1 - e^g is the share lost a token, not -g"),
+    (lambda m, a: LN2 / (-m * np.exp(a)), "a_h = e^A_log sits inside the sigmoid: it sets how "
+     "fast sigma saturates, not its limit"),
+    (lambda m, a: np.ceil(LN2 / -m), "the half-life is real, not a whole number of tokens"),
 )
 
 
@@ -125,12 +117,8 @@ def shortest_half_life(answer, rng):
         got, want = np.asarray(got, np.float64), LN2 / -m
         if np.all(np.abs(got / want - 1) <= 1e-6):
             continue
-        args = m, a_log.astype(np.float64)[:, None], b.astype(np.float64)
-        with np.errstate(all="ignore"):
-            slip = next((why for wrong, why in _FLOOR_SLIPS if np.allclose(
-                got, wrong(*args), rtol=1e-3, atol=1e-3)), None)
         where = f"off at g_min = {m:.3g}: "
-        if slip:
+        if slip := ex.slip(got, _FLOOR_SLIPS, m, a_log.astype(np.float64)[:, None]):
             return where + slip
         if np.all(got >= want):
             return where + ("too long: sigma(a_h (f + dt_bias)) < 1 at every real f (far below 1 "
