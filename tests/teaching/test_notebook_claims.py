@@ -612,24 +612,31 @@ def test_02_a_head_as_a_mixing_matrix():
     from kda_lib.testing import assert_close
 
     T, K, heads, vocab, beta = 48, 64, 4, 8, 0.9
-    key_a, key_dt, key_f, key_tok, key_emb, key_v = jax.random.split(jax.random.key(0), 6)
-    a_log, dt_bias = kda_lib.init_a_log(key_a, heads), kda_lib.init_dt_bias(key_dt, heads, K)
-    f = jax.random.normal(key_f, (1, T, heads, K))
-    g = kda_lib.kda_gate(f, a_log, dt_bias)[0, :, int(np.argmin(np.asarray(a_log)))]  # [T, K]
-    ids = jax.random.randint(key_tok, (T,), 0, vocab)
-    ids = np.asarray(ids.at[-1].set(jnp.bincount(ids[:-1], length=vocab).argmax()))
+
+    @jax.jit  # the draws, Omega, d o / d v and softmax's weights: one program (eagerly ~100)
+    def head(key):
+        key_a, key_dt, key_f, key_tok, key_emb, key_v = jax.random.split(key, 6)
+        a_log, dt_bias = kda_lib.init_a_log(key_a, heads), kda_lib.init_dt_bias(key_dt, heads, K)
+        f = jax.random.normal(key_f, (1, T, heads, K))
+        g = kda_lib.kda_gate(f, a_log, dt_bias)[0, :, jnp.argmin(a_log)]  # [T, K]
+        ids = jax.random.randint(key_tok, (T,), 0, vocab)
+        ids = ids.at[-1].set(jnp.bincount(ids[:-1], length=vocab).argmax())
+        k = l2_normalize(jax.random.normal(key_emb, (vocab, K)))[ids]
+        b = jnp.full((T,), beta)
+
+        def one_channel(v):  # one value channel's outputs by the recurrence
+            inputs = (x[None, :, None] for x in (k, k, v, g, b))
+            return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
+
+        jacobian = jax.jacobian(one_channel)(jax.random.normal(key_v, (T, 1)))[:, :, 0]
+        soft = explain.softmax_attention_matrix(k, k, scale=1 / 0.1)
+        return g, ids, k, b, explain.kda_mixing_matrix(k, k, g, b, scale=1.0), jacobian, soft
+
+    g, ids, k, b, omega, jacobian, soft = head(jax.random.key(0))
+    ids, omega, soft = np.asarray(ids), np.asarray(omega), np.asarray(soft)
     t = T - 1
     same = np.flatnonzero(ids[:t] == ids[t])  # the read token's earlier occurrences
-    k = l2_normalize(jax.random.normal(key_emb, (vocab, K)))[ids]
-    b = jnp.full((T,), beta)
-    omega = np.asarray(explain.kda_mixing_matrix(k, k, g, b, scale=1.0))
-
-    def one_channel(v):  # one value channel's outputs by the recurrence
-        inputs = (x[None, :, None] for x in (k, k, v, g, b))
-        return kda_lib.kda_recurrent(*inputs, scale=1.0)[0][0, :, 0, 0]
-
-    v = jax.random.normal(key_v, (T, 1))
-    assert_close(omega, jax.jacobian(one_channel)(v)[:, :, 0], atol=1e-5, name="d o / d v")
+    assert_close(omega, jacobian, atol=1e-5, name="d o / d v")
     assert np.all(np.triu(omega, 1) == 0)
     assert_close(np.diag(omega), np.full(T, beta), atol=1e-5, name="diagonal = beta")
     with jax.enable_x64(True):
@@ -650,7 +657,6 @@ def test_02_a_head_as_a_mixing_matrix():
     others = np.flatnonzero(ids[:t] != ids[t])
     assert np.abs(omega[t, older]).max() < omega[t, latest]
     assert 0 < np.abs(omega[t, others]).max() < omega[t, latest]
-    soft = np.asarray(explain.softmax_attention_matrix(k, k, scale=1 / 0.1))
     assert np.all(soft >= 0) and np.allclose(soft[t, same], soft[t, t], rtol=1e-5, atol=0)
     assert_close(soft.sum(axis=1), np.ones(T), atol=1e-5, name="softmax rows sum to 1")
     figure = gates.plot_mixing_matrices(omega, soft, same, temperature=0.1, title="")
