@@ -72,9 +72,8 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
     if not allow_zeros and values.size and not values.any():
         return f"{what} is all zeros"
     for given in inputs:
-        if values.size > 1 and np.shape(given) == values.shape:
-            if np.array_equal(np.asarray(given), values):
-                return f"{what} is one of the inputs handed back unchanged"
+        if values.size > 1 and np.shape(given) == values.shape and np.array_equal(given, values):
+            return f"{what} is one of the inputs handed back unchanged"
     return None
 
 
@@ -173,6 +172,8 @@ def holds_scipy(answer) -> str | None:
 
 
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib
+_WATCHED = 1_000_001  # the JAX context answers run in (_fresh_jax_context)
+_RUNNING: list = []  # the answer running under a time limit (the alarm stops only it)
 
 
 @functools.cache  # the hook asks at every call
@@ -199,9 +200,6 @@ def machinery(fn):
     return fn
 
 
-_WATCHED = 1_000_001  # the JAX context answers run in (below)
-
-
 @contextlib.contextmanager
 def _fresh_jax_context() -> Iterator[None]:
     """A JAX context (``jax_xla_profile_version``, in every jit cache key) only answers run in:
@@ -216,9 +214,6 @@ def _fresh_jax_context() -> Iterator[None]:
         yield
     finally:
         jax.config.update("jax_xla_profile_version", before)
-
-
-_RUNNING: list = []  # the answer running under a time limit (the alarm stops only it)
 
 
 def _alarm(_signum, _frame):

@@ -48,13 +48,11 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
         given = (q, k, v, g, beta) if many else (q, k[0], v[0], g[0], float(beta[0]))
         got, hint = ex.call_answer(answer, read, *(np.copy(a) for a in given), name=name)
         if not hint and len(calls) > 1:
-            hint = (f"your function read the memory {len(calls)} times: the output needs one "
+            return (f"your function read the memory {len(calls)} times: the output needs one "
                     "read of the old state, along one vector (which?)")
-        hint = hint or ex.refuse_degenerate(got, shape=(V,), inputs=(v[0], v[-1]), what="o")
-        if hint:
+        if hint := hint or ex.refuse_degenerate(got, shape=(V,), inputs=(v[0], v[-1]), what="o"):
             return hint
-        want = _output(state, q, k, v, g, beta)
-        if ex.close(got, want, 1e-4, 1.0):
+        if ex.close(got, _output(state, q, k, v, g, beta), 1e-4, 1.0):
             continue
         slips = [((state.T @ q) / np.sqrt(K), "that is the old memory's read: the tokens wrote "
                   "and decayed it first"),

@@ -88,11 +88,10 @@ def backward_system(answer, rng):
                                    name="wy_backward_system(k, g, beta)")
         hint = hint or ex.parts(got, "two arrays, (lhs, rhs): lhs K~' = rhs", dict(
             shape=(C, C), inputs=(k, g), what="lhs"), dict(shape=(C, K), inputs=(k, g), what="rhs"))
-        if hint and bursts and "NaN or inf" in hint:  # e^(-gamma_t) overflows after a burst
-            hint += (" (this chunk has a forget burst: form each exponent, a difference of "
-                     "cumulative log decays that is <= 0, before exp)")
-        if hint:
-            return hint
+        if hint:  # e^(-gamma_t) overflows after a burst
+            return hint + (" (this chunk has a forget burst: form each exponent, a difference of "
+                           "cumulative log decays that is <= 0, before exp)"
+                           if bursts and "NaN or inf" in hint else "")
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
@@ -122,10 +121,9 @@ def merged_chunks(answer, rng):
         size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
         name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
         got, hint = ex.call_answer(answer, *(a.copy() for a in given), name=name)
-        hint = hint or ex.parts(got, "two arrays, (K_tilde, V_tilde)", dict(
-            shape=want_w.shape, inputs=given, what="K_tilde"), dict(
-            shape=want_u.shape, inputs=given, what="V_tilde"))
-        if hint:
+        if hint := hint or ex.parts(got, "two arrays, (K_tilde, V_tilde)", dict(
+                shape=want_w.shape, inputs=given, what="K_tilde"), dict(
+                shape=want_u.shape, inputs=given, what="V_tilde")):
             return hint
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):

@@ -14,15 +14,6 @@ AUTODIFF = {p: "your answer runs JAX's autodiff (jax.grad, jax.vjp, jet, ...), w
                "the derivation: write the gradient yourself (NumPy or jnp)"
             for p in ("jax._src.interpreters.ad", "jax.experimental.jet", "jax.experimental.ode")}
 TIME_LIMIT_S = 5.0
-
-
-def _far_rows(answer, expected, rtol: float) -> bool:
-    """Some row of ``answer [rows, V]`` off by over ``rtol`` of that row's largest |expected|."""
-    answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
-    scale = np.maximum(np.abs(expected).max(axis=-1), 1e-3)
-    return not bool(np.all(np.abs(answer - expected).max(axis=-1) <= rtol * scale))
-
-
 LN2 = float(np.log(2.0))
 _softplus_inverse = lambda y: np.log(np.expm1(y))
 # 04.1's slips: the f each gives from (half-life t, A_log, dt_bias b), and its hint
@@ -135,6 +126,13 @@ def _norm_trial(rng, rows, width, eps, small):
     r = np.sqrt(np.mean(o**2, axis=-1, keepdims=True) + eps)
     want = eta * dn / r - o * np.sum(eta * dn * o, axis=-1, keepdims=True) / (width * r**3)
     return tuple(a.astype(np.float32) for a in (o, eta, dn)), want
+
+
+def _far_rows(answer, expected, rtol: float) -> bool:
+    """Some row of ``answer [rows, V]`` off by over ``rtol`` of that row's largest |expected|."""
+    answer, expected = np.asarray(answer, np.float64), np.asarray(expected, np.float64)
+    scale = np.maximum(np.abs(expected).max(axis=-1), 1e-3)
+    return not bool(np.all(np.abs(answer - expected).max(axis=-1) <= rtol * scale))
 
 
 # (rows range, V range, eps, scale of the small rows); the last is wide, under the time limit

@@ -79,10 +79,9 @@ def summary_gradients(answer, rng, **_):
     for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
         ms, es, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
-        hint = hint or ex.parts(got, "the pair (dms, des)", *(dict(
-            shape=a.shape, inputs=(ms, es, hs), what=f"{w} for R = {ranks}")
-            for a, w in ((ms, "dms"), (es, "des"))))
-        if hint:
+        if hint := hint or ex.parts(got, "the pair (dms, des)", *(dict(
+                shape=a.shape, inputs=(ms, es, hs), what=f"{w} for R = {ranks}")
+                for a, w in ((ms, "dms"), (es, "des")))):
             return hint
         want = summary_cotangents_reference(ms, es, hs)
         if not _close(got[1], want[1]):

@@ -1,6 +1,5 @@
-"""Checkers of notebook 06's exercises (a blind model's floor on a skewed vocabulary, a dilated
-conv stack's positions, clearing at every ``period`` tokens): trials of the checker's own and
-one drawn at each call (``seed`` repeats it)."""
+"""Checkers of notebook 06 (a blind model's floor on a skewed vocabulary, a dilated conv stack's
+positions, clearing at every ``period`` tokens): the checker's own trials and one drawn."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def blind_floor(answer, rng):
     (zeros allowed): the entropy and the largest entry; scipy and jax.scipy refused."""
     drawn = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
     drawn[-1] = 0.0  # one zero
-    holding = ex.holds_scipy(answer)
-    if holding:
+    if holding := ex.holds_scipy(answer):
         return _ENTROPY_HINT.format(holding)
     for probs in [*_SKEWED, list(drawn / drawn.sum())]:
         got, hint = ex.call_answer(answer, list(probs), name="blind_floor(probs)",
@@ -91,12 +89,11 @@ def dilated_positions(answer, rng):
             continue
         where = f"at last = {last}, widths {widths}, dilations {dilations}"
         span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
-        text = (f"negative positions {where}: the sequence starts at 0" if min(got, default=0) < 0
+        return (f"negative positions {where}: the sequence starts at 0" if min(got, default=0) < 0
                 else f"a position listed twice {where}" if len(set(got)) != len(got)
                 else f"wrong {where}: the reach is right; does a dilated stack see all of it?"
                 if got == list(range(max(0, last - span), last + 1))
                 else f"wrong {where}: which offsets can the taps of the layers add up to?")
-        return text
 
 
 # (seq_len, delay, conv_size, period): some positions lost, some kept after each clearing
@@ -125,11 +122,10 @@ def periodic_clearing(answer, rng):
                 return hint
             continue
         seq_len, delay, _, _ = case
-        text = ("give each position once" if len(set(got)) != len(got)
+        return ("give each position once" if len(set(got)) != len(got)
                 else f"positions must be scored ones, delay..T-1 = {delay}..{seq_len - 1}"
                 if any(t < delay or t >= seq_len for t in got)
                 else f"wrong for {case}: only the first clearing counted; which matters at t?"
                 if got == _lost(*case, first_only=True)
                 else f"wrong for {case}: after the last clearing at or before t, which tokens "
                 "keep a path?")
-        return text

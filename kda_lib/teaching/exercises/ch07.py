@@ -65,9 +65,7 @@ def layer_cache_bytes(answer, rng):
     hint, miss = ex.first_miss(answer, _layers(rng), "draft_cache_bytes(B, H, HV, K, V, w, "
                                "conv_bytes, draft)", _cache_bytes, shape=(), integer=True,
                                what="the bytes")
-    if miss:
-        hint = f"wrong for {miss[0]}: " + _cache_hint(miss[0], int(miss[1]))
-    return hint
+    return f"wrong for {miss[0]}: " + _cache_hint(miss[0], int(miss[1])) if miss else hint
 
 
 _INVERSES = ("numpy.linalg", "scipy.linalg", "scipy.sparse", "jax._src.numpy.linalg",
@@ -148,10 +146,9 @@ def roll_back(answer, rng):
                 refused=dict.fromkeys(_INVERSES, _INVERSE_HINT), limit_s=HANG_S,
                 slow=_SLOW.format(HANG_S, key_dim),
                 refuse=dict(shape=s0.shape, inputs=(states[-1],), what=f"the state {where}"))
-        if hint and ("MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint):
-            hint = _DENSE.format(key_dim, 4 * key_dim**2 / 1e9, 8 * key_dim**2 / 1e9)
-        if hint:
-            return hint
+        if hint:  # a d_k x d_k array: out of memory
+            return _DENSE.format(key_dim, 4 * key_dim**2 / 1e9, 8 * key_dim**2 / 1e9) if (
+                "MemoryError" in hint or "RESOURCE_EXHAUSTED" in hint) else hint
         got = np.asarray(got, np.float64)
         near = [n for n in range(tokens + 1)  # the right state, or one token off
                 if np.linalg.norm(got - states[n]) <= 1e-4 * np.linalg.norm(states[n])]
@@ -163,8 +160,7 @@ def roll_back(answer, rng):
 
 
 def _roll_back_hint(got, states, k, v, g, beta, rejected, where) -> str:
-    """The hint of a wrong roll-back: D_t left in place or undone first, a diverged series, or
-    neither."""
+    """A wrong roll-back's hint: D_t left in place or undone first, a diverged series, else."""
     undo = lambda s, t: s + beta[t] / (1 - beta[t]) * np.outer(k[t], k[t] @ s)  # (I - b k k^T)^-1
     kept = first = states[-1]  # D_t never undone; D_t undone before I - beta k k^T
     for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
@@ -243,6 +239,4 @@ def decode_crossover(answer, rng):
     in the state's dtype), on shapes drawn at each call (one where the count gives T <= 0)."""
     hint, miss = ex.first_miss(answer, _cases(rng), "t_star(...)", _t_star, shape=(), integer=True,
                                allow_zeros=True, what="T")
-    if miss:
-        hint = f"wrong for {miss[0]}: " + _t_star_hint(miss[0], int(miss[1]))
-    return hint
+    return f"wrong for {miss[0]}: " + _t_star_hint(miss[0], int(miss[1])) if miss else hint

@@ -1,5 +1,4 @@
-"""Checkers of notebook 08's exercises (chance, the vote level, pops beyond the conv reach, time
-scales): trials drawn at each call (``seed`` repeats them)."""
+"""Checkers of notebook 08: chance, the vote level, pops beyond the conv reach, time scales."""
 
 from __future__ import annotations
 
@@ -22,11 +21,9 @@ def mqar_chance(answer, rng, **_):
     hint, miss = ex.first_miss(  # MQAR draws its values from v - 1 - (v - 1) // 2 tokens
         answer, sizes, "mqar_chance(vocab_size)", lambda v: 1 / (v - 1 - (v - 1) // 2),
         lambda got, want: ex.close(got, want, 1e-7), shape=(), what="accuracy")
-    if miss:
-        hint = (f"wrong at V = {miss[0][0]}: draw MQAR sequences at this V and at its neighbours "
-                "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "
-                "appear as values")
-    return hint
+    return (f"wrong at V = {miss[0][0]}: draw MQAR sequences at this V and at its neighbours "
+            "(make_task('mqar', vocab_size=V, num_pairs=...)) and count the ids that ever "
+            "appear as values") if miss else hint
 
 
 # 08.2's tolerance: float32's rounding (up to 7e-7 here) passes, a simulation (2e5 sequences:
@@ -73,10 +70,7 @@ def _sources(inputs: np.ndarray, last_push: bool = False, by_value: bool = False
     for b, row in enumerate(inputs):
         stack: list[int] = []
         for t, token in enumerate(row.tolist()):
-            if token == 1:
-                stack = stack[:-1]
-            else:
-                stack.append(t)
+            stack = stack[:-1] if token == 1 else [*stack, t]  # a pop, else a push
             src = stack[-1] if stack else -1
             if src >= 0 and last_push:
                 src = max(s for s in range(t + 1) if row[s] != 1)

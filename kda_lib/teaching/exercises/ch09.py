@@ -35,8 +35,7 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
     """The least whole T >= 1 with latents >= the KDA layers' bytes (``states`` False: a slip)."""
     if mla == 0:
         return math.inf
-    fixed = kda * (_kda_layer(heads, key_dim, conv) if states else
-                   _kda_layer(heads, key_dim, conv) - 4 * heads * key_dim * key_dim)
+    fixed = kda * (_kda_layer(heads, key_dim, conv) - (0 if states else 4 * heads * key_dim**2))
     return max(1, -(-fixed // (4 * mla * rank)))
 
 
@@ -106,9 +105,7 @@ def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
     data = bytes(np.asarray(data, np.uint8))
     start = k if start is None else start
     pairs = Counter((data[max(0, t - k):t], data[t]) for t in range(start, len(data)))
-    contexts = Counter()
-    for (context, _), n in pairs.items():
-        contexts[context] += n
+    contexts = Counter(data[max(0, t - k):t] for t in range(start, len(data)))
     bits = sum(n * -log((n + smoothing) / (contexts[c] + 256 * smoothing))
                for (c, _), n in pairs.items())
     return float(bits / sum(pairs.values()))

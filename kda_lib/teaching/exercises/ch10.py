@@ -12,6 +12,8 @@ import numpy as np
 
 from kda_lib.teaching import exercises as ex
 
+_INT32_MAX = 2**31 - 1  # where jnp's default int wraps around
+
 
 def _preset_model(name) -> tuple:
     """(kda_layers, global_layers, heads, head_dim, conv_size, mla_numbers) of a preset."""
@@ -31,9 +33,6 @@ def _is_int(answer) -> bool:
     value = answer.item() if np.ndim(answer) == 0 and hasattr(answer, "item") else answer
     return (math.isfinite(value) and value.is_integer() if isinstance(value, float)
             else isinstance(value, int) and not isinstance(value, bool))
-
-
-_INT32_MAX = 2**31 - 1
 
 
 def _tokens_miss(answer, trials, name, count, largest):
