@@ -44,11 +44,11 @@ def _run(inputs, cotangent, implementation, chunk_size=64):
     return o, s, grads
 
 
-def _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim, key=None):
-    """Inputs (q, k with ``qk_heads`` heads, v, g, beta with ``heads``, a state) and a
-    cotangent."""
+def _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim, key=None, batch=2):
+    """Inputs (``batch`` rows; q, k with ``qk_heads`` heads, v, g, beta with ``heads``, a state)
+    and a cotangent."""
     key = jax.random.key(seq_len) if key is None else key
-    x = random_kda_inputs(key, 2, seq_len, heads, key_dim, value_dim, with_state=True)
+    x = random_kda_inputs(key, batch, seq_len, heads, key_dim, value_dim, with_state=True)
     x["q"], x["k"] = x["q"][:, :, :qk_heads], x["k"][:, :, :qk_heads]
     x = {n: a.astype(dtype) if n in ("q", "k", "v") else a for n, a in x.items()}
     return x, jax.random.normal(jax.random.key(1), x["v"].shape)
@@ -57,9 +57,9 @@ def _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim, key=None):
 # computed once per worker for each shape (the chunk sizes share theirs; the tests that use it,
 # one xdist group, read it only)
 @functools.cache
-def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim):
+def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim, batch=2):
     """:func:`_inputs` and the oracle's result in float64."""
-    x, cotangent = _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim)
+    x, cotangent = _inputs(dtype, seq_len, qk_heads, heads, key_dim, value_dim, batch=batch)
     with jax.enable_x64(True):
         x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
         want = _run(x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent")
@@ -76,6 +76,10 @@ ON_TPU = jax.default_backend() == "tpu"
 # the chunk size of each case: 64 (the default) on the chip; on a CPU the bfloat16 case runs
 # chunk size 256, one end of test_every_chunk_size_matches_the_oracle's range (see there)
 CASE_CHUNK = {"float32": 64, "bfloat16": 64 if ON_TPU else 256}
+# rows: two on the chip; on a CPU, where interpreting the kernels and the float64 oracle's
+# gradients take the time, one for float32 (here and in test_every_chunk_size_...), two for
+# bfloat16 (the grid's batch axis still indexed)
+BATCH = {"float32": 2 if ON_TPU else 1, "bfloat16": 2}
 
 
 # the tests below share compiled programs (the kernels' float32 program of CASES["float32"] with
@@ -90,7 +94,7 @@ KERNEL_PROGRAMS = pytest.mark.xdist_group("pallas_kernel_programs")
 def test_kernels_match_the_float64_oracle(case):
     dtype, seq_len, qk_heads, heads, key_dim, value_dim, tol = CASES[case]
     x, cotangent, (o_ref, s_ref, g_ref) = _case(dtype, seq_len, qk_heads, heads, key_dim,
-                                                value_dim)  # fmt: skip
+                                                value_dim, BATCH[case])  # fmt: skip
     o, s, grads = _run(x, cotangent, "kernels", CASE_CHUNK[case])
     assert o.dtype == dtype and s.dtype == jnp.float32
     assert _relative(o, o_ref) < tol, "o"
@@ -117,7 +121,7 @@ CHUNK_SIZES = [16, 32, 128, 256] if ON_TPU else [16]
 def test_every_chunk_size_matches_the_oracle(chunk):
     """chunk_size 16 (the smallest served: three merges in the inverse) to 256 (one chunk per
     grid step), float32, T within one block: outputs, final state and gradients."""
-    x, cotangent, want = _case(jnp.float32, 200, 1, 1, 128, 128)
+    x, cotangent, want = _case(jnp.float32, 200, 1, 1, 128, 128, BATCH["float32"])
     got = _run(x, cotangent, "kernels", chunk)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert _relative(a, b) < 1e-5
@@ -167,7 +171,7 @@ def test_any_gate_at_most_zero_stays_finite_and_exact():
     program is the one test_kernels_match_the_float64_oracle compiles."""
     _, seq_len, qk_heads, heads, key_dim, value_dim, _ = CASES["float32"]
     x, cotangent = _inputs(jnp.float32, seq_len, qk_heads, heads, key_dim, value_dim,
-                           key=jax.random.key(5))  # fmt: skip
+                           key=jax.random.key(5), batch=BATCH["float32"])  # fmt: skip
     g = np.array(x["g"])
     g[0, ::7, 0], g[0, 3::11, 0], g[0, :, 1] = -1e4, -np.inf, -80.0
     x["g"] = jnp.asarray(g)
