@@ -237,11 +237,19 @@ def test_bfloat16_queries_stay_bfloat16_after_the_l2_norm():
     assert calls and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in calls)
 
 
+# the forward program's shape of the two tests below: on a CPU one (test_outputs_before_a_change_
+# are_bitwise_unchanged's; interpreted, compiling a kernel program takes the time), on the chip
+# each test's own
+NON_FINITE_T = 100 if ON_TPU else 300
+FORWARD_PROGRAM = pytest.mark.xdist_group("pallas_forward_program")
+
+
 @pytest.mark.tpu
+@FORWARD_PROGRAM
 def test_non_finite_inputs_give_the_recurrences_result():
     """A NaN value at token 50 of one head: NaN exactly where the recurrence has it (the
     kernels would spread it over its chunk), the rest equal to the recurrence's."""
-    x = random_kda_inputs(jax.random.key(3), 1, 100, 2, 128)
+    x = random_kda_inputs(jax.random.key(3), 1, NON_FINITE_T, 2, 128)
     x["v"] = x["v"].at[0, 50, 1, 3].set(jnp.nan)
     o, s = kda(**x, output_final_state=True, implementation="pallas_tpu")
     o_ref, s_ref = kda(**x, output_final_state=True, implementation="recurrent")
@@ -278,13 +286,15 @@ def test_a_gpu_is_refused_here_not_in_principle(monkeypatch):
 
 
 @pytest.mark.tpu
+@FORWARD_PROGRAM
 def test_outputs_before_a_change_are_bitwise_unchanged():
     """Changing every input from token 100 on (mid-chunk) leaves the outputs before it equal
     bit for bit."""
     x = random_kda_inputs(jax.random.key(4), 1, 300, 2, 128)
     y = random_kda_inputs(jax.random.key(5), 1, 300, 2, 128)
     edited = {n: a.at[:, 100:].set(y[n][:, 100:]) for n, a in x.items()}
-    run = jax.jit(lambda x: kda(**x, implementation="pallas_tpu")[0])
+    # kda's own compiled program, the call of test_non_finite_inputs_give_the_recurrences_result
+    run = lambda x: kda(**x, output_final_state=True, implementation="pallas_tpu")[0]  # noqa: E731
     before, after = np.asarray(run(x)), np.asarray(run(edited))
     assert (before[:, :100] == after[:, :100]).all()
     assert (before[:, 100:] != after[:, 100:]).any()
