@@ -1,8 +1,9 @@
 """Every Python snippet of the README and of docs/LIBRARY.md runs as written (a reader pastes
 them), except the multi-host one, which needs several processes:
-tests/parallel/test_multihost.py runs that one. The README stays a front door (at most 200
-lines) and its facts agree with the code: the number of notebooks, the mixers `kda-train`
-offers, notebook 05's devices, `make check-browser`'s time."""
+tests/parallel/test_multihost.py runs that one; the README's first runs as written in
+tests/contracts/test_packaging.py's plain install of the wheel. The README stays a front door
+(at most 200 lines) and its facts agree with the code: the number of notebooks, the mixers
+`kda-train` offers, notebook 05's devices, `make check-browser`'s time."""
 
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ def test_the_readme_has_its_snippets_and_at_most_200_lines():
     assert len(README.splitlines()) <= 200
 
 
-@pytest.mark.parametrize("where,snippet", RUN, ids=[f"snippet{i}" for i in range(len(RUN))])
+def test_the_readmes_first_snippet_is_the_one_the_plain_install_runs():
+    """test_packaging's plain install runs the README's first snippet as written (a fresh venv,
+    the core requirements, no tokamax): it is not run a second time here."""
+    assert RUN[0] == ("README.md", README.split("```python\n", 1)[1].split("```", 1)[0])
+
+
+@pytest.mark.parametrize("where,snippet", RUN[1:], ids=[f"snippet{i}" for i in range(1, len(RUN))])
 def test_readme_snippet_runs(where, snippet):
     namespace: dict = {}
     exec(compile(snippet, where, "exec"), namespace)  # noqa: S102
