@@ -250,8 +250,8 @@ viz.show(fig, "00_quickstart_precision")
 # own; it says right or not, with a hint, never the expected answer, and refuses the shortcuts an
 # honest attempt may take (the library function the exercise is about, a value from the page, a
 # table of its trials). It gives feedback; it is no proctor: deliberate tampering (running the
-# library's or the checker's source under another name, other processes, patching NumPy) is out
-# of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
+# library's or the checker's source under another name, other processes or threads, patching
+# NumPy) is out of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
 # Both hand your function `read`: for one vector `vec` of $d_k$ numbers (`[K]`), `read(vec)`
 # returns $S^\top$ times `vec`, $d_v$ numbers (`[V]`), for a state $S$ (one head, `[K, V]`) it

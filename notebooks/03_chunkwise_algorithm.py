@@ -379,11 +379,12 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # Timed here (batch 1, medians of `timing_repeats` calls; the table says what each column is), not
 # ranked: a CPU has no matrix units, so these times cannot test the claim about them.
 # Flops, both forms counted alike (products' multiply-adds, 2 flops each; elementwise decays left
-# out: notebook 10 adds the recurrence's, 7), a token at $d_k = d_v = d$: the recurrence $6 d^2$
-# ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked form
-# $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) $+ (8C - 2) d +
-# \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (off-diag. $P$, $L$) $+ 4 C d$ ($\tilde
-# K$, $\tilde V$) $+ 2 C d$ ($P \Delta$): more than the recurrence at every $C$ from 16 to 128.
+# out: notebook 10 adds the recurrence's $7 d_k d_v$), a token at $d_k = d_v = d$: the recurrence
+# $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked
+# form $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) $+ (8C - 2) d
+# + \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (off-diag. $P$, $L$) $+ 4 C d$
+# ($\tilde K$, $\tilde V$) $+ 2 C d$ ($P \Delta$): the recurrence's $6 d^2$ plus positive terms,
+# so always more (the ratio falls toward 1 as $d$ grows).
 
 # %%
 forms, modes = chunkwise.kda_forms(lower_bound), ["fwd", "fwd+bwd"][:1 + timing_backward]

@@ -339,8 +339,8 @@ viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib
 # about half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half
 # of all transitions expand and the state grows past $S_0$ in most heads. Without the L2 norm it
 # depends on the width: a raw key's channels have about the same mean square at any $d_k$ (printed),
-# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at few tokens at $d_k$ = 16 (second column), at most at
-# 64 and 128 (at 128, third column, most transitions expand; the state grows in nearly all heads).
+# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at few tokens at this $d_k$ (second column), most at 64
+# and 128 (at 128, third column, most transitions expand; the state grows in nearly all heads).
 #
 # **The short convolution lets one write bind two tokens.** Associative recall needs the layer to
 # store "value of token $t$ under the key of token $t - 1$" in a single write. The write at token
@@ -375,7 +375,7 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # output by $\sqrt{\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}}}$ ($\operatorname{ms}$: mean
 # square over the channels) and multiplies channel $e$ by $\eta_e$ (1 at init): the RMS becomes
 # $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$,
-# below 1, within 1% of 1 once $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled
+# below 1, within 0.5% of 1 once $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled
 # up, below). At init $\mathbf o$ is tiny (its RMS printed below): the norm raises its RMS, to a
 # little below 1 at the median, far below at the lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$
 # scales each channel per token down, never to 0.
@@ -400,7 +400,7 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 # ## Summary
 #
 # - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has a little
-#   more parameters than softmax attention, and no KV cache (decoding: notebook 07).
+#   more parameters than softmax attention, and a fixed-size state, no KV cache (decoding: 07).
 # - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head; without the $\beta$
 #   sigmoid about half do ($\beta < 0$) and a state with no write or decay grows in most heads;
 #   without the L2 norm most do at $d_k$ = 128, few at 16. Without the conv a key sees only its

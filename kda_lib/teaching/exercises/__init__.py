@@ -5,7 +5,7 @@
 **Scope.** Feedback to an honest attempt: wrong answers and shortcuts taken without meaning to
 cheat (the library function at issue, the page's values, another exercise's solution, a fit of
 trials, degenerate values) are refused with a hint. Deliberate tampering (the library's or
-checker's source under another name, other processes, patching NumPy) is out of scope.
+checker's source under another name, other processes or threads, patching NumPy) is out of scope.
 """
 
 from __future__ import annotations

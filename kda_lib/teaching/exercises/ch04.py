@@ -75,7 +75,8 @@ def gate_input_for(answer, rng):
 
 
 # 04.1b's slips: the answer each gives from (g_min m, A_log a [H, 1]), its hint
-_FLOOR_SLIPS = (
+_FLOOR_SLIPS = (  # ceil first: at g_min near -1.18 it is 1 - e^g's value too
+    (lambda m, a: np.ceil(LN2 / -m), "the half-life is real, not a whole number of tokens"),
     (lambda m, a: 0.0, "0 is the softplus gate's shortest (its -g grows without bound); the "
      "safe gate's -g = |g_min| sigma(a_h (f + dt_bias)) stays below |g_min|"),
     (lambda m, a: 1 / -m, "half is kept at ln 2 / -g tokens (1 / |g_min|: a time constant)"),
@@ -85,7 +86,6 @@ _FLOOR_SLIPS = (
     (lambda m, a: LN2 / (1 - np.exp(m)), "1 - e^g is the share lost a token, not -g"),
     (lambda m, a: LN2 / (-m * np.exp(a)), "a_h = e^A_log sits inside the sigmoid: it sets how "
      "fast sigma saturates, not its limit"),
-    (lambda m, a: np.ceil(LN2 / -m), "the half-life is real, not a whole number of tokens"),
 )
 
 
