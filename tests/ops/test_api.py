@@ -279,14 +279,16 @@ def test_jit_around_a_hessian_vector_product_runs_through_the_chunked_backward()
     outer jvp runs through the chunked form's hand-written backward, since the forward rules of
     its custom_vjps run their plain bodies (before, a tangent in k, g or beta met JAX's error at
     unit_lower_inverse's custom_vjp, DESIGN section 4). auto's (routed, T = 20) and chunked's
-    equal the recurrence's."""
+    equal the recurrence's. Chunks of 4 (five, one merge in the inverse; at 64, one partial
+    chunk, the same programs but for sizes, 1.5 s more to compile)."""
     x = random_kda_inputs(jax.random.key(4), 1, 20, 1, 4, 4)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
+    run = functools.partial(kda, chunk_size=4)
 
     @jax.jit  # the three implementations in one program
     def hvps(args):
         def hvp(implementation):
-            loss = lambda a: jnp.sum(kda(*a, implementation=implementation)[0] ** 2)  # noqa: E731
+            loss = lambda a: jnp.sum(run(*a, implementation=implementation)[0] ** 2)  # noqa: E731
             return jax.jvp(jax.grad(loss), (args,), (args,))[1]
 
         return [hvp(i) for i in ("auto", "chunked", "recurrent")]
@@ -300,12 +302,13 @@ def test_jit_around_a_hessian_vector_product_runs_through_the_chunked_backward()
 def test_grad_of_a_jvp_through_auto_equals_the_recurrences():
     """Reverse over forward (jax.grad of a jax.jvp of kda()'s output) through auto above 16
     tokens. Before, the chunked backward's custom_vjp got another computation's values as its
-    residuals: numpy's 'Incompatible shapes for broadcasting' here (DESIGN section 4)."""
+    residuals: numpy's 'Incompatible shapes for broadcasting' here (DESIGN section 4). Chunks of
+    4: five, across boundaries (at 64, one partial chunk: the same programs but for sizes)."""
     x = random_kda_inputs(jax.random.key(3), 1, 20, 1, 4, 4)
     args = tuple(x[n] for n in ("q", "k", "v", "g", "beta"))
 
     def grad_of_jvp(implementation):
-        run = functools.partial(kda, implementation=implementation)
+        run = functools.partial(kda, implementation=implementation, chunk_size=4)
         return jax.grad(lambda q: jnp.sum(jax.jvp(run, (q, *args[1:]), args)[1][0] ** 2))(args[0])
 
     want = jax.jit(grad_of_jvp, static_argnums=0)("recurrent")  # one program (eagerly: twelve)
@@ -417,11 +420,12 @@ def test_hessian_and_jvp_through_the_default_match_float64_finite_differences(se
 
 # T past a whole number of chunks. Before, the chunked backward's custom_vjp was handed other
 # values as its residuals (DESIGN section 4): at chunk size 1 a wrong value with no error, at
-# the others numpy's 'Incompatible shapes for broadcasting'. Chunk size 1 (no merges in the
-# inverse) and 16 (two chunks, the second of one token); the default 64 runs the same programs
-# but for sizes (the inverse's merges are unrolled), second order at 64: jax.hessian and jvp in
-# test_hessian_and_jvp_through_the_default_match_float64_finite_differences[70]
-SECOND_ORDER_CASES = [(17, 1), (17, 16)]  # (T, chunk size)
+# the others numpy's 'Incompatible shapes for broadcasting'. Chunk size 1 (the inverse without
+# a merge) and 4 (five chunks, the last of one token; one merge of the inverse's blocks): 16 and
+# 64 run the same programs but for sizes (the merges are unrolled: 3 at 16, 5 at 64; 4 compiles
+# in 2.5 s, 16 in 4.1 s). Second order at the default 64: jax.hessian and jvp in
+# test_hessian_and_jvp_through_the_default_match_float64_finite_differences[70] and the layer's
+SECOND_ORDER_CASES = [(17, 1), (17, 4)]  # (T, chunk size)
 SECOND_ORDER_PROGRAMS = pytest.mark.xdist_group("second_order_oracles")  # one oracle a case
 
 
@@ -473,7 +477,7 @@ def test_reverse_over_forward_through_auto_matches_float64_finite_differences(
 
 
 @SECOND_ORDER_PROGRAMS
-@pytest.mark.parametrize("seq_len, chunk_size", [(17, 16)])
+@pytest.mark.parametrize("seq_len, chunk_size", [(17, 4)])
 def test_forward_over_reverse_through_the_chunked_form_matches_float64_finite_differences(
     seq_len, chunk_size, x64
 ):
