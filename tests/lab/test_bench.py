@@ -177,7 +177,8 @@ def test_a_run_never_replaces_the_recorded_benchmark_unless_asked(tmp_path, monk
 def test_the_json_is_written_before_the_table_and_never_lost(
     tmp_path, monkeypatch, capsys, small_matmul
 ):
-    args = [*TINY, "--impls", "softmax", "--seq-lens", "8", "--modes", "fwd"]
+    # T = 64: test_bench_kernels_both_modes's program (from the compilation cache)
+    args = [*TINY, "--impls", "softmax", "--seq-lens", "64", "--modes", "fwd"]
     out = tmp_path / "b.json"
     document = bench.run([*args, "--out", str(out)])
     printed = capsys.readouterr().out
@@ -228,7 +229,9 @@ def test_every_option_has_help_and_the_output_names_its_units(tmp_path, capsys):
     assert "no-roofline" in options and "warmup" in options
     # the defaults formatter adds "(default: ...)" to an option only if it has help text
     assert [o for o, block in zip(options, blocks, strict=True) if "(default:" not in block] == []
-    args = [*TINY, "--impls", "chunked", "softmax", "--seq-lens", "8", "--modes", "fwd"]
+    # T = 64: the programs of test_bench_chunked_and_layer and test_bench_kernels_both_modes
+    # (from the compilation cache)
+    args = [*TINY, "--impls", "chunked", "softmax", "--seq-lens", "64", "--modes", "fwd"]
     document = bench.run([*args, "--no-roofline", "--warmup", "0", "--out", str(tmp_path / "b")])
     captured = capsys.readouterr()
     assert "warning: --warmup 0" in captured.err
