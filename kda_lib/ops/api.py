@@ -116,8 +116,8 @@ def _run_call(impl, arrays, options):
             impl = REGISTRY[impl.autodiff_fallback]
         else:
             modes = ("jax.jvp, jax.jacfwd, jax.hessian, a gradient of a gradient" if limit == "any"
-                     else "jax.jvp, jax.jacfwd with a tangent in q, k, g or beta; forward over "
-                     "reverse, jax.hessian, runs")  # fmt: skip
+                     else "jax.jvp, jax.jacfwd innermost with a tangent in q, k, g or beta; "
+                     "forward over reverse, jax.hessian, runs")  # fmt: skip
             raise TypeError(
                 f"autodiff beyond one reverse pass ({modes}) cannot run through implementation="
                 f"{impl.name!r}: its backward is hand-written (DESIGN section 4); pass "
@@ -130,25 +130,30 @@ def _run_call(impl, arrays, options):
 def unserved_autodiff(arrays, limit: str) -> bool:
     """Whether ``arrays`` are differentiated in a way a hand-written backward cannot serve, read
     from the tracers that carry them (JAX's JVP and linearize tracers, through ``jit``, ``vmap``
-    and the like). ``limit="pure"``: forward mode (``jax.jvp``, ``jax.jacfwd``) straight over
-    the call (forward over reverse runs); ``"any"``: forward mode at any depth (``jax.hessian``'s
-    outer jvp) or a second reverse pass (``jax.grad`` of ``jax.grad``). A transform JAX applies
-    after the call has returned (``jax.jvp`` or ``jax.grad`` of a jitted gradient) leaves none
-    to read: the error there is JAX's or the kernel's (DESIGN section 4)."""
+    and the like), ordered by how deep each transform is nested. ``limit="pure"``: the innermost
+    transform carrying them is forward mode (``jax.jvp``, ``jax.jacfwd``; forward over reverse,
+    ``jax.hessian``, runs); ``"any"``: forward mode at any depth or two reverse passes (``jax.grad``
+    of ``jax.grad``, of the same array or of two). A transform JAX applies after the call has
+    returned (``jax.jvp`` or ``jax.grad`` of a jitted gradient) leaves none to read: the error
+    there is JAX's or the kernel's (DESIGN section 4)."""
+    traces = {}  # id: (depth, kind) of each JVP or linearize trace carrying one of the arrays
     for x in jax.tree.leaves(tuple(arrays)):
-        reverse = 0
         while isinstance(x, jax.core.Tracer):
-            kind = type(x).__name__
-            if kind == "JVPTracer":
-                return True
-            if kind == "LinearizeTracer":
-                if limit == "pure":
-                    break  # reverse mode the innermost: forward over reverse runs
-                reverse += 1
-                if reverse == 2:
-                    return True
+            if (kind := type(x).__name__) in ("JVPTracer", "LinearizeTracer"):
+                traces[id(x._trace)] = (_nesting(x._trace), kind)
             x = getattr(x, "primal", getattr(x, "val", None))
-    return False
+    kinds = [kind for _, kind in sorted(traces.values())]  # outermost first
+    if limit == "pure":
+        return kinds[-1:] == ["JVPTracer"]
+    return "JVPTracer" in kinds or kinds.count("LinearizeTracer") > 1
+
+
+def _nesting(trace) -> int:
+    """How many traces ``trace`` is nested in (its chain of ``parent_trace``)."""
+    depth = 0
+    while (trace := getattr(trace, "parent_trace", None)) is not None:
+        depth += 1
+    return depth
 
 
 # ------------------------------------------------------------------ the implementations
