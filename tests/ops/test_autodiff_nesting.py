@@ -12,6 +12,7 @@ from kda_lib.ops import api
 from kda_lib.testing import assert_close, random_kda_inputs
 
 
+@pytest.mark.tpu  # the tracers of the TPU image's JAX (0.10.2) too
 def test_the_innermost_transform_decides_across_inputs():
     """Two inputs, each carried by a different transform: forward over reverse (a jvp in q of a
     gradient in k) is served where one reverse pass is ("pure"), reverse over forward is not;
