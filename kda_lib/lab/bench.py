@@ -526,7 +526,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         default=None,
-        help="JSON path ('-': no file, the table on stdout; default build/runs/benchmarks/"
+        help="JSON path ('-': no file, the JSON alone on stdout, the table on stderr; default "
+        "build/runs/benchmarks/"
         "<platform>-<date>.json); a file holding anything but a benchmark table is kept, refused",
     )
     parser.add_argument(
@@ -1003,8 +1004,13 @@ def _document(args, cfg: BenchConfig, impls, records, matmul_gflops, argv) -> di
 
 def _write_and_print(document: dict, path: Path | None) -> None:
     """Write the JSON first (a failure to write it prints the document instead of losing it),
-    then print the table and the ratios."""
-    if path is not None:
+    then print the table and the ratios; ``--out -`` (``path`` None): the JSON alone on
+    stdout, the table and the ratios on stderr (as ``kda-train --output -``)."""
+    table = sys.stdout
+    if path is None:
+        print(dumps(document), end="", flush=True)
+        table = sys.stderr
+    else:
         try:
             write_json(document, path)
         except OSError as error:
@@ -1012,15 +1018,15 @@ def _write_and_print(document: dict, path: Path | None) -> None:
             raise SystemExit(
                 f"error: could not write {path} ({error}); the JSON document is printed above"
             ) from error
-    print()
-    print(format_table(document["records"]))
+    print(file=table)
+    print(format_table(document["records"]), file=table)
     if document["ratios"]:
-        print()
-        print(RATIOS_HEADER)
+        print(file=table)
+        print(RATIOS_HEADER, file=table)
     for name, per_mode in document["ratios"].items():
         for mode, per_t in per_mode.items():
             values = "  ".join(f"T={t}: {r:.3f}" for t, r in per_t.items())
-            print(f"{name:<45} {mode:<8} {values}")
+            print(f"{name:<45} {mode:<8} {values}", file=table)
     if path is not None:
         print(f"wrote {path}")
 

@@ -230,11 +230,12 @@ def train(
     return history
 
 
-def print_record(record: dict) -> None:
-    """One plain line per training record."""
+def print_record(record: dict, file=None) -> None:
+    """One plain line per training record, on ``file`` (default: stdout)."""
     print(
         f"step {record['step']:6d}  loss {record['loss']:.4f}  "
         f"accuracy {record['accuracy']:.3f}  {record['seconds']:.1f} s",
+        file=file,
         flush=True,
     )
 

@@ -5,8 +5,8 @@ The command line of :mod:`kda_lib.lab.train`: every option and the output path a
 before any training (argparse's exit status 2, naming the option), then
 :func:`kda_lib.lab.train.run_experiment` runs and its record is written as JSON, by default
 under ``build/runs/results/`` (``--record``: the recorded ``data/results/``, which the notebooks
-read; ``--output -``: on stdout, no file). ``--help`` lists the task and model options with
-their defaults.
+read; ``--output -``: on stdout alone, no file, progress on stderr). ``--help`` lists the task
+and model options with their defaults.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ from kda_lib.lab.records import (
     replace_problem,
 )
 from kda_lib.lab.tasks import TASKS
-from kda_lib.lab.train import DEFAULT_TASK_OPTIONS, default_result_path, run_experiment, save_record
+from kda_lib.lab.train import (
+    DEFAULT_TASK_OPTIONS,
+    default_result_path,
+    print_record,
+    run_experiment,
+    save_record,
+)
 from kda_lib.models.tiny_lm import MIXERS, ModelConfig
 
 
@@ -120,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_options(parser.add_argument_group("model options"))
     parser.add_argument(
         "--output",
-        help="JSON record path; '-': print the record on stdout, no file (default: build/runs/"
+        help="JSON record path; '-': the record alone on stdout (progress on stderr), no file "
+        "(default: build/runs/"
         "results/<task>-<mixer>-T<seq_len>-seed<seed>.json); a file holding anything but a "
         "training record is kept, refused",
     )
@@ -368,8 +375,9 @@ def _experiment_options(args: argparse.Namespace) -> tuple[dict, dict]:
 
 def _progress(args: argparse.Namespace):
     """``(bar, progress)``: a tqdm bar (to close after training) or None, and what
-    :func:`kda_lib.lab.train.train` gets as ``progress``. Says on stderr that compiling comes
-    first, unless ``--progress none``."""
+    :func:`kda_lib.lab.train.train` gets as ``progress`` (``--output -``: lines on stderr, the
+    record alone on stdout). Says on stderr that compiling comes first, unless ``--progress
+    none``."""
     style = args.progress
     if style == "auto":
         style = "bar" if sys.stdout.isatty() else "lines"
@@ -381,7 +389,13 @@ def _progress(args: argparse.Namespace):
             flush=True,
         )
     bar = _ProgressBar(args.steps, f"{args.task}/{args.mixer}") if style == "bar" else None
-    return bar, bar if bar else (style == "lines")
+    lines = style == "lines" and (args.output != "-" or print_to_stderr)
+    return bar, bar if bar else lines
+
+
+def print_to_stderr(record: dict) -> None:
+    """:func:`kda_lib.lab.train.print_record` on stderr."""
+    print_record(record, file=sys.stderr)
 
 
 def _report(record: dict, args: argparse.Namespace, path: pathlib.Path | None,
