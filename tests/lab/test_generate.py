@@ -26,8 +26,9 @@ from kda_lib.layers.kda_layer import KDAConfig
 from kda_lib.layers.mla import MLACache
 from kda_lib.models.tiny_lm import ModelConfig, TinyLM
 
+# byte-level (vocabulary 256): generate_text runs on the module's model and its compiled steps
 CFG = ModelConfig(
-    vocab_size=13,
+    vocab_size=256,
     num_layers=2,
     layers=("kda", "attention"),
     rope=False,
@@ -73,7 +74,7 @@ def test_sampling_is_seeded(model):
     [
         (np.zeros((1, 0), int), 2, 1.0, "prompt must be token ids"),
         (np.array([1.5]), 2, 1.0, "integer token ids"),
-        (np.array([13]), 2, 1.0, r"must lie in \[0, 13\)"),
+        (np.array([256]), 2, 1.0, r"must lie in \[0, 256\)"),
         (np.array([1]), 0, 1.0, "steps must be an int >= 1"),
         (np.array([1]), 2, -0.5, "temperature must be a finite number >= 0"),
         (np.array([1]), 2, "hot", "temperature must be a number"),
@@ -85,13 +86,17 @@ def test_generate_rejects_bad_arguments(model, prompt, steps, temperature, messa
 
 
 def test_generate_text_needs_bytes(model):
+    small_config = dataclasses.replace(CFG, vocab_size=13)
+    small = nnx.eval_shape(lambda: TinyLM(small_config, rngs=nnx.Rngs(0)))  # abstract: no work
     with pytest.raises(ValueError, match="byte-level model"):
-        generate_text(model, "def", 3)
-    byte_model = TinyLM(dataclasses.replace(CFG, vocab_size=256), rngs=nnx.Rngs(0))
-    text = generate_text(byte_model, "def f", 5, temperature=0.0)
-    assert text.startswith("def f") and len(text.encode("utf-8", "replace")) >= 5
+        generate_text(small, "def", 3)
+    # 3 bytes and 6 steps at one row: the greedy test's compiled steps for its single prompt
+    text = generate_text(model, "def", 6, temperature=0.0)
+    want = generate(model, np.frombuffer(b"def", np.uint8).astype(np.int32), 6, temperature=0.0)
+    assert text == bytes(want.astype(np.uint8)).decode("utf-8", "replace")
+    assert text.startswith("def") and len(text.encode("utf-8", "replace")) >= 6
     with pytest.raises(ValueError, match="non-empty str"):
-        generate_text(byte_model, "", 3)
+        generate_text(model, "", 3)
 
 
 def test_score_text_is_the_mean_cross_entropy(model):
