@@ -150,6 +150,20 @@ def allocation_problem(what: str, nbytes: int, *, limit: int | None = None) -> s
             f"{format_bytes(limit)})")  # fmt: skip
 
 
+def dominant_size(sizes: dict, nbytes) -> str:
+    """The key of ``sizes`` (ints) behind most of ``nbytes(sizes)``: the one whose value set to 1
+    leaves the fewest bytes (a size that cannot be 1, ``nbytes`` raising, is passed over). What
+    a memory refusal names, not the largest number."""
+
+    def without(name):
+        try:
+            return nbytes({**sizes, name: 1})
+        except (ValueError, TypeError):
+            return float("inf")
+
+    return min(sizes, key=without)
+
+
 def check_allocation(name: str, value, what: str, nbytes: int, *, limit=None) -> None:
     """``ValueError("<name>=<value>: <allocation_problem>")`` before anything is allocated."""
     if problem := allocation_problem(what, nbytes, limit=limit):

@@ -94,7 +94,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kda_lib.checks import allocation_problem
+from kda_lib.checks import allocation_problem, dominant_size
 from kda_lib.lab import policy_grid
 from kda_lib.lab.costs import matmul_flops
 from kda_lib.lab.measure import timed_call, xla_cost
@@ -737,7 +737,7 @@ def input_bytes(args: argparse.Namespace) -> int:
 
 def _memory_problem(args: argparse.Namespace) -> str | None:
     """Why the planned inputs (:func:`input_bytes`) cannot fit this machine's memory, naming
-    the largest shape option, or None."""
+    the shape option behind most of the bytes (:func:`kda_lib.checks.dominant_size`), or None."""
     sizes = {
         "--seq-lens": max(args.seq_lens),
         "--batch": args.batch,
@@ -751,7 +751,11 @@ def _memory_problem(args: argparse.Namespace) -> str | None:
     problem = allocation_problem("the rows' inputs (all built before timing)", nbytes)
     if problem is None:
         return None
-    name = max(sizes, key=sizes.get)
+    option = {"--seq-lens": "seq_lens", "--train-batch": "train_batch", "--key-dim": "key_dim",
+              "--value-dim": "value_dim", "--batch": "batch", "--heads": "heads"}
+    with_sizes = lambda s: argparse.Namespace(**{**vars(args), **{  # noqa: E731
+        option[n]: [v] if n == "--seq-lens" else v for n, v in s.items() if v != sizes[n]}})
+    name = dominant_size(sizes, lambda s: input_bytes(with_sizes(s)))
     shown = {**sizes, "--seq-lens": " ".join(map(str, args.seq_lens))}
     others = ", ".join(f"{n} {v}" for n, v in shown.items() if n != name)
     return f"{name} {shown[name]} (with {others}, --dtype {args.dtype}): {problem}"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from kda_lib.checks import MAX_LAYERS, allocation_problem, format_bytes
+from kda_lib.checks import MAX_LAYERS, allocation_problem, dominant_size, format_bytes
 from kda_lib.lab.record_runs import check_option_minimums, check_seed_option
 from kda_lib.lab.records import (
     RECORDED_DIR,
@@ -293,7 +293,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pa
 
 
 def _memory_problem(args: argparse.Namespace) -> str | None:
-    """Why the run cannot fit this machine's memory, naming the largest size option, or None.
+    """Why the run cannot fit this machine's memory, naming the size option behind most of the
+    bytes (:func:`kda_lib.checks.dominant_size`), or None.
 
     A lower bound, from the sizes alone (nothing is built): AdamW training keeps 16 bytes a
     parameter (float32 parameters, gradients and two moments), and every model has at least
@@ -308,18 +309,21 @@ def _memory_problem(args: argparse.Namespace) -> str | None:
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
     }
-    vocab, hidden, layers, heads, head_dim, batch, seq_len = sizes.values()
-    params = 2 * vocab * hidden + layers * (4 * hidden * hidden + 2 * hidden * heads * head_dim)
-    activations = 4 * batch * seq_len * (vocab + layers * hidden)
+    def nbytes(sizes: dict) -> tuple[int, int]:  # parameters (x 16 bytes), activations
+        vocab, hidden, layers, heads, head_dim, batch, seq_len = sizes.values()
+        params = 2 * vocab * hidden + layers * (4 * hidden * hidden + 2 * hidden * heads * head_dim)
+        return 16 * params, 4 * batch * seq_len * (vocab + layers * hidden)
+
+    params, activations = nbytes(sizes)
     what = (
         f"training (at least: parameters, gradients and AdamW's moments "
-        f"~{format_bytes(16 * params)}, one batch's logits and residual streams "
+        f"~{format_bytes(params)}, one batch's logits and residual streams "
         f"~{format_bytes(activations)})"
     )
-    problem = allocation_problem(what, 16 * params + activations)
+    problem = allocation_problem(what, params + activations)
     if problem is None:
         return None
-    name = max(sizes, key=sizes.get)
+    name = dominant_size(sizes, lambda s: sum(nbytes(s)))
     others = ", ".join(f"--{n.replace('_', '-')} {v}" for n, v in sizes.items() if n != name)
     return f"--{name.replace('_', '-')} {sizes[name]} (with {others}): {problem}"
 

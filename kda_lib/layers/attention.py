@@ -14,7 +14,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kda_lib import checks
-from kda_lib.checks import check_activation, check_allocation, check_array, check_int
+from kda_lib.checks import (
+    allocation_problem,
+    check_activation,
+    check_array,
+    check_int,
+    dominant_size,
+)
 from kda_lib.layers.conv import ShortConvolution, window_segment_ids
 from kda_lib.layers.params import check_parameters_fit
 from kda_lib.ops.contract import check_segment_ids
@@ -194,10 +200,15 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
     dtype = getattr(layer.config, "dtype", jnp.float32)
     shapes = layer._cache_shapes(batch_size, max_len or 0)
     dtypes = {n: jnp.float32 if n == "state" else dtype for n in shapes}
-    nbytes = sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
-    sizes = {"batch_size": batch_size, "max_len": max_len or 0}  # the larger one is named
-    name = max(sizes, key=sizes.get)
-    check_allocation(name, sizes[name], "the cache", nbytes)
+
+    def nbytes(sizes):
+        shapes = layer._cache_shapes(sizes["batch_size"], sizes["max_len"])
+        return sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
+
+    sizes = {"batch_size": batch_size, "max_len": max_len or 0}
+    if problem := allocation_problem("the cache", nbytes(sizes)):
+        name = dominant_size(sizes, nbytes)
+        raise ValueError(f"{name}={sizes[name]!r}: {problem}")
     zeros = {n: s and jnp.zeros(s, dtypes[n]) for n, s in shapes.items()}
     return layer.cache_type(**zeros, **fields)
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kda_lib.checks import check_allocation, is_int
+from kda_lib.checks import allocation_problem, check_allocation, dominant_size, is_int
 
 NO_DECAY = MappingProxyType({"weight_decay": False})  # metadata: AdamW does not decay it
 
@@ -47,14 +47,43 @@ def config_bytes(make, config) -> int:
 def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None,
                          nbytes: Callable | None = None) -> None:  # fmt: skip
     """Refuse a layer ``make(config, rngs=...)`` whose parameters cannot fit in memory, naming
-    the largest int of ``fields`` (``config``'s field names, default all, or a dict
-    ``{"<Config>.<field>": value}``); not under a trace. ``nbytes(config)``: the parameters'
-    bytes (default: ``make(config)``'s, built as shapes by ``nnx.eval_shape``)."""
+    the int of ``fields`` behind most of the bytes (:func:`kda_lib.checks.dominant_size`;
+    ``config``'s field names, default all, or ``"<Config>.<field>"`` names of ``config`` or of
+    a config it holds); not under a trace. ``nbytes(config)``: the parameters' bytes (default:
+    ``make(config)``'s, built as shapes by ``nnx.eval_shape``)."""
     if isinstance(jnp.zeros(()), jax.core.Tracer):
         return
-    if not isinstance(fields, dict):
-        names = fields or [f.name for f in dataclasses.fields(config)]
-        fields = {f"{type(config).__name__}.{name}": getattr(config, name) for name in names}
-    name = max((n for n, v in fields.items() if is_int(v, None)), key=fields.get)
-    nbytes = config_bytes(make, config) if nbytes is None else nbytes(config)
-    check_allocation(name, fields[name], f"the parameters of {make.__name__}", nbytes)
+    owner = type(config).__name__
+    names = fields or [f"{owner}.{f.name}" for f in dataclasses.fields(config)]
+    names = [n if "." in n else f"{owner}.{n}" for n in names]
+    sizes = {n: v for n in names if is_int(v := getattr(_holder(config, n), n.split(".")[1]), None)}
+    nbytes = functools.partial(config_bytes, make) if nbytes is None else nbytes
+    what = f"the parameters of {make.__name__}"
+    if allocation_problem(what, total := nbytes(config)) is None:
+        return
+    changed = lambda s: {n: v for n, v in s.items() if v != sizes[n]}  # noqa: E731
+    name = dominant_size(sizes, lambda s: nbytes(_with(config, changed(s))))
+    check_allocation(name, sizes[name], what, total)
+
+
+def _holder(config, name: str):
+    """The config of ``name`` (``"<Config>.<field>"``): ``config`` or a config field of it."""
+    owner = name.split(".")[0]
+    if type(config).__name__ == owner:
+        return config
+    return next(getattr(config, f.name) for f in dataclasses.fields(config)
+                if type(getattr(config, f.name)).__name__ == owner)  # fmt: skip
+
+
+def _with(config, values: dict):
+    """``config`` with ``values`` (``{"<Config>.<field>": value}``) replaced, nested too."""
+    for name, value in values.items():
+        owner, field = name.split(".")
+        if type(config).__name__ == owner:
+            config = dataclasses.replace(config, **{field: value})
+        else:
+            outer = next(f.name for f in dataclasses.fields(config)
+                         if type(getattr(config, f.name)).__name__ == owner)  # fmt: skip
+            inner = dataclasses.replace(getattr(config, outer), **{field: value})
+            config = dataclasses.replace(config, **{outer: inner})
+    return config
