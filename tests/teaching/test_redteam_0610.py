@@ -401,7 +401,8 @@ def _solve_named_norm():
 
 
 def _vote_float32(n, m):
-    """08.2's worked solution with every array and sum in float32 (up to 7e-7 off)."""
+    """08.2's worked solution with every array and sum in float32 (up to 1.3e-5 relative at the
+    sizes the checker draws)."""
     expected = np.float32(0)
     for k in range(1, n + 1):
         f = np.zeros(n + 1, np.float32)
