@@ -73,9 +73,9 @@ def _case(dtype, seq_len, qk_heads, heads, key_dim, value_dim, batch=2):
 CASES = {"float32": (jnp.float32, 300, 1, 4, 128, 128, 1e-5),
          "bfloat16": (jnp.bfloat16, 200, 2, 4, 64, 192, 2e-2)}  # fmt: skip
 ON_TPU = jax.default_backend() == "tpu"
-# the chunk size of each case: 64 (the default) on the chip; on a CPU the bfloat16 case runs
-# chunk size 256, one end of test_every_chunk_size_matches_the_oracle's range (see there)
-CASE_CHUNK = {"float32": 64, "bfloat16": 64 if ON_TPU else 256}
+# the chunk size of each case: 64 (the default) on the chip; on a CPU the two ends of
+# test_every_chunk_size_matches_the_oracle's range (see there): float32 16, bfloat16 256
+CASE_CHUNK = {"float32": 64 if ON_TPU else 16, "bfloat16": 64 if ON_TPU else 256}
 # rows: two on the chip; on a CPU, where interpreting the kernels and the float64 oracle's
 # gradients take the time, one for float32 (here and in test_every_chunk_size_...), two for
 # bfloat16 (the grid's batch axis still indexed)
@@ -83,8 +83,18 @@ BATCH = {"float32": 2 if ON_TPU else 1, "bfloat16": 2}
 
 
 # the tests below share compiled programs (the kernels' float32 program of CASES["float32"] with
-# test_any_gate_at_most_zero_stays_finite_and_exact) and _case's oracles: one worker runs them
+# test_any_gate_at_most_zero_stays_finite_and_exact), _case's oracles and _kernel_run's runs:
+# one worker runs them
 KERNEL_PROGRAMS = pytest.mark.xdist_group("pallas_kernel_programs")
+
+
+@functools.cache
+def _kernel_run(shape, batch, chunk):
+    """The kernels' ``(o, final state, gradients)`` on :func:`_case`'s inputs at ``chunk``
+    (once per worker: on a CPU test_every_chunk_size_matches_the_oracle[16] reads the run of
+    test_kernels_match_the_float64_oracle[float32])."""
+    x, cotangent, _ = _case(*shape, batch)
+    return _run(x, cotangent, "kernels", chunk)
 
 
 @pytest.mark.tpu
@@ -93,9 +103,9 @@ KERNEL_PROGRAMS = pytest.mark.xdist_group("pallas_kernel_programs")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_kernels_match_the_float64_oracle(case):
     dtype, seq_len, qk_heads, heads, key_dim, value_dim, tol = CASES[case]
-    x, cotangent, (o_ref, s_ref, g_ref) = _case(dtype, seq_len, qk_heads, heads, key_dim,
-                                                value_dim, BATCH[case])  # fmt: skip
-    o, s, grads = _run(x, cotangent, "kernels", CASE_CHUNK[case])
+    shape = (dtype, seq_len, qk_heads, heads, key_dim, value_dim)
+    x, _, (o_ref, s_ref, g_ref) = _case(*shape, BATCH[case])
+    o, s, grads = _kernel_run(shape, BATCH[case], CASE_CHUNK[case])
     assert o.dtype == dtype and s.dtype == jnp.float32
     assert _relative(o, o_ref) < tol, "o"
     assert _relative(s, s_ref) < tol, "final state"
@@ -108,11 +118,15 @@ def test_kernels_match_the_float64_oracle(case):
 # In interpret mode on a CPU the sizes run the same code, differing only in trip counts (chunks
 # per 256-token block 16, 8, 4, 2, 1; log2(C) + 1 levels of decay sums, log2(C) - 1 merges in
 # the inverse; _fill's two branches, h < 8 and h >= 8, at every size from 16): the two ends run
-# there, 16 (the smallest served: the most chunks per block, the fewest merges) here and 256
-# (one chunk per block, the most merges) as test_kernels_match_the_float64_oracle[bfloat16]'s
-# chunk size (CASE_CHUNK: one kernel program fewer to compile, 6.7 s); 64, between them, is the
-# other tests' default chunk size (the float32 case's, with gradients).
+# there, as the chunk sizes of test_kernels_match_the_float64_oracle's cases (CASE_CHUNK): 16
+# (the smallest served: the most chunks per block, the fewest merges) the float32 case's, whose
+# run this test reads (the float32 case at 64 and this test's own shape at 16 were two kernel
+# programs, 8 s and 5 s to compile), and 256 (one chunk per block, the most merges) the
+# bfloat16 case's; 64, between them, is the other tests' default chunk size (with gradients:
+# test_bfloat16_with_correlated_keys_matches_the_oracle, in bfloat16).
 CHUNK_SIZES = [16, 32, 128, 256] if ON_TPU else [16]
+# the chip: T within one block, one value head; a CPU: the float32 case's shape (and run)
+CHUNK_CASE = (jnp.float32, 200, 1, 1, 128, 128) if ON_TPU else CASES["float32"][:6]
 
 
 @pytest.mark.tpu
@@ -120,9 +134,10 @@ CHUNK_SIZES = [16, 32, 128, 256] if ON_TPU else [16]
 @pytest.mark.parametrize("chunk", CHUNK_SIZES)
 def test_every_chunk_size_matches_the_oracle(chunk):
     """chunk_size 16 (the smallest served: three merges in the inverse) to 256 (one chunk per
-    grid step), float32, T within one block: outputs, final state and gradients."""
-    x, cotangent, want = _case(jnp.float32, 200, 1, 1, 128, 128, BATCH["float32"])
-    got = _run(x, cotangent, "kernels", chunk)
+    grid step), float32, T within one block (on a CPU the float32 case's: two blocks, four value
+    heads): outputs, final state and gradients."""
+    _, _, want = _case(*CHUNK_CASE, BATCH["float32"])
+    got = _kernel_run(CHUNK_CASE, BATCH["float32"], chunk)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert _relative(a, b) < 1e-5
 
@@ -146,20 +161,24 @@ def test_bfloat16_with_correlated_keys_matches_the_oracle():
     bfloat16 passes (:data:`pallas_tpu.LOW_PASSES`) keep every case within the bfloat16
     tolerance, outputs, final state and gradients (four cases, one program), and the final state
     within 1e-3 (one pass for the scores, the inverse or the state's products fails one of the
-    two bounds: DESIGN section 4)."""
-    for noise, beta, gate in [(0.0, 1.0, 0.0), (0.05, 1.0, 0.0), (0.3, 0.9, 0.0), (0.1, 1.0, -0.2)]:
-        x = _correlated(noise, beta, gate)
-        cotangent = jax.random.normal(jax.random.key(1), x["v"].shape)
-        with jax.enable_x64(True):
-            x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
-            want = jax.tree.map(np.asarray, _run(
-                x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent"))  # fmt: skip
-        o, s, grads = _run(x, cotangent, "kernels")
+    two bounds: DESIGN section 4). The cases are the rows of one batch (rows are independent:
+    each row's outputs, state and gradients are its case's alone), each held to its bounds."""
+    cases = [(0.0, 1.0, 0.0), (0.05, 1.0, 0.0), (0.3, 0.9, 0.0), (0.1, 1.0, -0.2)]
+    rows = [_correlated(*case) for case in cases]
+    x = {n: jnp.concatenate([row[n] for row in rows]) for n in rows[0]}
+    one = jax.random.normal(jax.random.key(1), rows[0]["v"].shape)  # each case's, as alone
+    cotangent = jnp.tile(one, (len(cases), 1, 1, 1))
+    with jax.enable_x64(True):
+        x64 = {n: jnp.asarray(np.asarray(a, np.float64)) for n, a in x.items()}
+        want = jax.tree.map(np.asarray, _run(
+            x64, jnp.asarray(np.asarray(cotangent, np.float64)), "recurrent"))  # fmt: skip
+    o, s, grads = _run(x, cotangent, "kernels")
+    for i, (noise, beta, gate) in enumerate(cases):
         case = f"noise {noise}, beta {beta}, gate {gate}"
-        assert _relative(o, want[0]) < 2e-2, f"o, {case}"
-        assert _relative(s, want[1]) < 1e-3, f"final state, {case}"
+        assert _relative(o[i], want[0][i]) < 2e-2, f"o, {case}"
+        assert _relative(s[i], want[1][i]) < 1e-3, f"final state, {case}"
         for name in ("q", "k", "v", "g", "beta"):
-            assert _relative(grads[name], want[2][name]) < 2e-2, f"d{name}, {case}"
+            assert _relative(grads[name][i], want[2][name][i]) < 2e-2, f"d{name}, {case}"
 
 
 @pytest.mark.tpu
