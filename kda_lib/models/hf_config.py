@@ -123,7 +123,7 @@ def _mla(config: dict) -> dict:
                          "part is used unrotated only in the NoPE form")  # fmt: skip
     return dict(
         num_heads=_int(config, "num_attention_heads"),
-        head_dim=_int(config, "qk_nope_head_dim", minimum=0),
+        head_dim=_int(config, "qk_nope_head_dim"),  # the NoPE part: MLA's head_dim
         value_head_dim=_int(config, "v_head_dim"),
         kv_lora_rank=_int(config, "kv_lora_rank"),
         q_lora_rank=None if config.get("q_lora_rank") is None else _int(config, "q_lora_rank"),
@@ -162,8 +162,10 @@ def preset_fields(config) -> dict:
         # configuration_glm5_next.py: safe_gate without a bound means -5
         bound = (bound if bound is not None else -5.0) if linear["safe_gate"] else None
     kimi = model_type == "kimi_linear"
+    if not isinstance(name := config.get("_name_or_path") or model_type, str):
+        raise ValueError(f"config field _name_or_path must be a string, got {name!r:.200}")
     return dict(
-        name=config.get("_name_or_path") or model_type, hidden_size=_int(config, "hidden_size"),
+        name=name, hidden_size=_int(config, "hidden_size"),
         num_heads=heads, num_v_heads=heads, head_dim=head_dim, conv_size=conv,
         fused_qkv_conv=not kimi, gate_form="softplus" if bound is None else "safe_sigmoid",
         lower_bound=bound, use_a_log=True, forget_gate_rank=head_dim,
