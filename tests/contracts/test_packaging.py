@@ -7,14 +7,15 @@ where only the core's dependencies are there, and the README's first snippet run
 implementation asked for without tokamax raises an error naming the extra (and, below Python
 3.12, why it cannot install), before any work.
 
-The end-to-end test builds kda_lib's wheel and runs notebook 00 the way Colab does: in a fresh
+The end-to-end test builds kda_lib's wheel and runs notebook 00's first cells (parameters, setup,
+imports; the whole notebook runs in tests/teaching/test_notebooks.py) the way Colab does: in a fresh
 virtual environment without kda_lib, flax, optax, tokamax, matplotlib or ipywidgets, from a
 temporary folder with no checkout on ``sys.path``, the notebook's own setup cell installs the
 wheel (in place of the ``git+`` URL, ``--no-deps``), then the dependencies through
 ``kda_lib/teaching/install.py``: first with no wheel to install them from, where the cell must
-end with one line saying why pip failed, then with them, where the notebook must complete having
-installed only what notebook 00 imports (no tokamax, no ipywidgets); then the recorded data that
-notebooks 03 and 08 read is loaded there.
+end with one line saying why pip failed, then with them, where the cells must complete having
+installed only what notebook 00 imports (no tokamax, no ipywidgets) and a call of kda_lib must
+run; then the recorded data that notebooks 03 and 08 read is loaded there.
 
 To stay offline and fast, pip runs with ``PIP_NO_INDEX=1`` and finds kda_lib's missing direct
 requirements in a folder of wheels repacked from the project venv's installed files
@@ -65,6 +66,14 @@ results = records.load_recorded("results", "synthetic_recall_full.json")
 print("recorded:", kda_lib.__file__, records.recorded_dir("benchmarks"), len(runs), len(results))
 import importlib.util
 print("not installed:", [m for m in ("tokamax", "ipywidgets") if not importlib.util.find_spec(m)])
+"""
+# one call of the installed kda_lib in the notebook's kernel (the chunked form: T 20 over
+# chunks of 16, one partial chunk)
+ONE_CALL = """\
+x = [jax.random.normal(key, (1, 20, 2, 8)) for key in jax.random.split(jax.random.key(0), 3)]
+o, _ = kda_lib.kda(*x, -jnp.ones((1, 20, 2, 8)) / 4, jnp.full((1, 20, 2), 0.5),
+                   implementation="chunked", chunk_size=16)
+print("one call:", o.shape, o.dtype, "finite", bool(jnp.isfinite(o).all()))
 """
 NOTEBOOK_ONLY = {"matplotlib", "ipywidgets", "jupyterlab", "papermill", "nbval", "tqdm"}
 
@@ -501,16 +510,21 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     source = "".join(setup_cells[0]["source"])
     start = source.index('KDA_LIB_SOURCE = "') + len('KDA_LIB_SOURCE = "')
     setup_cells[0]["source"] = source[:start] + str(wheel) + source[source.index('"', start) :]
-    # then what notebooks 03 and 08 load: the recorded benchmarks and training results
-    notebook["cells"].append(
-        {
-            "cell_type": "code",
-            "execution_count": None,
-            "metadata": {},
-            "outputs": [],
-            "source": RECORDED_CHECK,
-        }
-    )
+    # the notebook up to its imports cell (parameters, install, imports, setup()): the rest is
+    # kda_lib's code, which tests/teaching/test_notebooks.py runs in full; here one call of it
+    # shows the installed package computes, then what notebooks 03 and 08 load: the recorded
+    # benchmarks and training results
+    (imports,) = [
+        i
+        for i, c in enumerate(notebook["cells"])
+        if "kda_lib.teaching.notebook.setup()" in "".join(c["source"])
+    ]
+    assert notebook["cells"].index(setup_cells[0]) < imports
+    notebook["cells"] = notebook["cells"][: imports + 1]
+    notebook["cells"] += [
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s}
+        for s in (ONE_CALL, RECORDED_CHECK)
+    ]
     workdir = tmp_path / "colab"  # no checkout here or above it
     workdir.mkdir()
     (workdir / "00.ipynb").write_text(json.dumps(notebook))
@@ -537,7 +551,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     assert "Traceback" not in printed, printed[:2000]
 
     # 2. with the wheels: kda_lib is there (from the wheel, --no-deps), flax and the rest are
-    # not; the cell installs them and the notebook completes
+    # not; the cell installs them and the cells complete
     run = _run_notebook(python, workdir, env, wheels)
     assert run.returncode == 0, f"notebook 00 failed in the fresh venv:\n{run.stderr[-6000:]}"
     printed = "".join("".join(o["text"]) for o in _outputs(executed, "stream"))
@@ -551,6 +565,7 @@ def test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebo
     assert "not installed: ['tokamax', 'ipywidgets']" in printed, printed[-2000:]
     (setup_line,) = [line for line in printed.splitlines() if "| kda_lib" in line]
     assert setup_line.endswith("| kda_lib 0.1.0 (installed)"), setup_line
+    assert "one call: (1, 20, 2, 8) float32 finite True" in printed, printed[-2000:]
     (line,) = [line for line in printed.splitlines() if line.startswith("recorded:")]
     _, module, benchmarks, n_runs, n_results = line.split()
     assert module.startswith(purelib) and benchmarks.startswith(purelib), line
