@@ -82,8 +82,9 @@ def test_step_by_step_decoding_equals_recurrence():
     o, s = kda_recurrent(**inputs, output_final_state=True)
     state = inputs["initial_state"]
     outs = []
+    tokens = [np.asarray(inputs[n]) for n in ("q", "k", "v", "g", "beta")]  # host slices below
     for t in range(9):
-        state, o_t = kda_step(state, *(inputs[n][:, t] for n in ("q", "k", "v", "g", "beta")))
+        state, o_t = kda_step(state, *(a[:, t] for a in tokens))
         outs.append(o_t)
     assert state.dtype == jnp.float32
     assert_close(jnp.stack(outs, 1), o, atol=1e-6, rtol=1e-6)
@@ -117,15 +118,16 @@ def test_serving_surface_matches_the_float64_loop(dtype, seq_len):
         assert_close(states, s_want, atol=s_tol, rtol=s_tol, name=f"{what} states")
 
     state, outs = jnp.asarray(state0), []
+    tokens = [np.asarray(a) for a in x.values()]  # sliced on the host: no program per token
     for t in range(seq_len):
-        state, o_t = kda_step(state, *(a[:, t] for a in x.values()))
+        state, o_t = kda_step(state, *(a[:, t] for a in tokens))
         outs.append(o_t)
     check(jnp.stack(outs, 1), o_ref, state, s_ref[:, -1], "kda_step")
     slots = np.array([4, 0, 2])
     pool = np.full((6, hv, k, v), 1e30, np.float32)
     pool[slots] = state0
     pool, slots = jnp.asarray(pool), jnp.asarray(slots)
-    new_pool, o = kda_pool_step(jnp.array(pool), slots, *(a[:, 0] for a in x.values()))
+    new_pool, o = kda_pool_step(jnp.array(pool), slots, *(a[:, 0] for a in tokens))
     check(o, o_ref[:, 0], new_pool[slots], s_ref[:, 0], "kda_pool_step")
     counts = np.array([0, 1, seq_len])
     new_pool, o = kda_pool_verify(pool, slots, *x.values(), jnp.asarray(counts))
