@@ -393,8 +393,11 @@ def _progress(args: argparse.Namespace):
             flush=True,
         )
     bar = _ProgressBar(args.steps, f"{args.task}/{args.mixer}") if style == "bar" else None
-    lines = style == "lines" and (args.output != "-" or print_to_stderr)
-    return bar, bar if bar else lines
+    if bar:
+        return bar, bar
+    if style != "lines":
+        return None, False
+    return None, print_to_stderr if args.output == "-" else True
 
 
 def print_to_stderr(record: dict) -> None:
