@@ -12,6 +12,7 @@ and model options with their defaults.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import math
 import pathlib
@@ -397,12 +398,7 @@ def _progress(args: argparse.Namespace):
         return bar, bar
     if style != "lines":
         return None, False
-    return None, print_to_stderr if args.output == "-" else True
-
-
-def print_to_stderr(record: dict) -> None:
-    """:func:`kda_lib.lab.train.print_record` on stderr."""
-    print_record(record, file=sys.stderr)
+    return None, functools.partial(print_record, file=sys.stderr) if args.output == "-" else True
 
 
 def _report(record: dict, args: argparse.Namespace, path: pathlib.Path | None,

@@ -17,6 +17,7 @@ from kda_lib import checks
 from kda_lib.checks import (
     allocation_problem,
     check_activation,
+    check_allocation,
     check_array,
     check_int,
     dominant_size,
@@ -206,9 +207,9 @@ def empty_cache(layer, batch_size, max_len: int | None = None, **fields):
         return sum(math.prod(s) * jnp.dtype(dtypes[n]).itemsize for n, s in shapes.items() if s)
 
     sizes = {"batch_size": batch_size, "max_len": max_len or 0}
-    if problem := allocation_problem("the cache", nbytes(sizes)):
+    if allocation_problem("the cache", total := nbytes(sizes)):
         name = dominant_size(sizes, nbytes)
-        raise ValueError(f"{name}={sizes[name]!r}: {problem}")
+        check_allocation(name, sizes[name], "the cache", total)
     zeros = {n: s and jnp.zeros(s, dtypes[n]) for n, s in shapes.items()}
     return layer.cache_type(**zeros, **fields)
 

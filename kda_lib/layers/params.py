@@ -56,7 +56,8 @@ def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None
     owner = type(config).__name__
     names = fields or [f"{owner}.{f.name}" for f in dataclasses.fields(config)]
     names = [n if "." in n else f"{owner}.{n}" for n in names]
-    sizes = {n: v for n in names if is_int(v := getattr(_holder(config, n), n.split(".")[1]), None)}
+    sizes = {n: v for n in names
+             if is_int(v := getattr(_holder(config, n)[1], n.split(".")[1]), None)}  # fmt: skip
     nbytes = functools.partial(config_bytes, make) if nbytes is None else nbytes
     what = f"the parameters of {make.__name__}"
     if allocation_problem(what, total := nbytes(config)) is None:
@@ -66,24 +67,20 @@ def check_parameters_fit(make: Callable[..., nnx.Module], config, *, fields=None
     check_allocation(name, sizes[name], what, total)
 
 
-def _holder(config, name: str):
-    """The config of ``name`` (``"<Config>.<field>"``): ``config`` or a config field of it."""
+def _holder(config, name: str) -> tuple[str | None, object]:
+    """``(field, holder)`` of ``name`` (``"<Config>.<field>"``): ``(None, config)``, or the
+    field of ``config`` holding the ``<Config>`` and that config."""
     owner = name.split(".")[0]
     if type(config).__name__ == owner:
-        return config
-    return next(getattr(config, f.name) for f in dataclasses.fields(config)
+        return None, config
+    return next((f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
                 if type(getattr(config, f.name)).__name__ == owner)  # fmt: skip
 
 
 def _with(config, values: dict):
     """``config`` with ``values`` (``{"<Config>.<field>": value}``) replaced, nested too."""
     for name, value in values.items():
-        owner, field = name.split(".")
-        if type(config).__name__ == owner:
-            config = dataclasses.replace(config, **{field: value})
-        else:
-            outer = next(f.name for f in dataclasses.fields(config)
-                         if type(getattr(config, f.name)).__name__ == owner)  # fmt: skip
-            inner = dataclasses.replace(getattr(config, outer), **{field: value})
-            config = dataclasses.replace(config, **{outer: inner})
+        outer, holder = _holder(config, name)
+        holder = dataclasses.replace(holder, **{name.split(".")[1]: value})
+        config = holder if outer is None else dataclasses.replace(config, **{outer: holder})
     return config
