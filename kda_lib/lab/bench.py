@@ -751,10 +751,9 @@ def _memory_problem(args: argparse.Namespace) -> str | None:
     problem = allocation_problem("the rows' inputs (all built before timing)", nbytes)
     if problem is None:
         return None
-    option = {"--seq-lens": "seq_lens", "--train-batch": "train_batch", "--key-dim": "key_dim",
-              "--value-dim": "value_dim", "--batch": "batch", "--heads": "heads"}
     with_sizes = lambda s: argparse.Namespace(**{**vars(args), **{  # noqa: E731
-        option[n]: [v] if n == "--seq-lens" else v for n, v in s.items() if v != sizes[n]}})
+        n[2:].replace("-", "_"): [v] if n == "--seq-lens" else v
+        for n, v in s.items() if v != sizes[n]}})  # fmt: skip
     name = dominant_size(sizes, lambda s: input_bytes(with_sizes(s)))
     shown = {**sizes, "--seq-lens": " ".join(map(str, args.seq_lens))}
     others = ", ".join(f"{n} {v}" for n, v in shown.items() if n != name)
