@@ -21,7 +21,8 @@
 # matrix products; between chunks only the state travels. The result equals the recurrence (checked
 # in float64). What changes: $T$ dependent matrix-vector steps become $T / C$ sequential steps, the
 # rest matrix products ($C \times C$, $C \times d_k$: the work of a chip's matrix units), at more
-# flops a token than the recurrence's $6 d_k d_v$ (section 5). Speed on matrix units: untested.
+# flops a token than the recurrence's $6 d_k d_v$ (both counted in section 5). Speed on matrix
+# units: untested.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -118,6 +119,39 @@ def to_chunks(a):
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 
 # %% [markdown]
+# **First without the delta rule and without decay: linear attention.** Its state adds each
+# token's write, $S_t = S_{t-1} + \mathbf k_t \mathbf v_t^\top$, and each token reads $\mathbf o_t =
+# S_t^\top \mathbf q_t / \sqrt{d_k}$. Unrolled over a chunk with rows $Q, K, V$ and the state
+# $S_{\text{in}}$ entering it, a token reads the entering state plus the writes of the chunk's
+# tokens up to itself:
+#
+# $$
+# O = \tfrac{1}{\sqrt{d_k}} \big( Q S_{\text{in}} + \operatorname{tril}(Q K^\top)\, V \big),
+# \qquad S_C = S_{\text{in}} + K^\top V .
+# $$
+#
+# $\operatorname{tril}(Q K^\top)$ (the causal scores, $s \le t$) is the figure's triangle, free of
+# the state; the two lines with $S_{\text{in}}$ are its box. Checked below in float64 against the
+# token loop (head 0, this page's inputs). KDA changes what a token writes: $\boldsymbol\delta_t$,
+# which depends on the state through its prediction, instead of $\mathbf v_t$, and it decays the
+# state first. Sections 2 and 3 show the $\boldsymbol\delta_t$ still come out of one triangular
+# system per chunk, free of the state.
+
+# %%
+S_loop, o_loop = S_in[0, 0], []
+for q_t, k_t, v_t in zip(q[0, :, 0], k[0, :, 0], v[0, :, 0], strict=True):  # T steps
+    S_loop = S_loop + np.outer(k_t, v_t)  # write v_t, no decay, no correction
+    o_loop.append(scale * S_loop.T @ q_t)
+S_lin, o_lin = S_in[0, 0], []
+for Qc, Kc, Vc in zip(*(to_chunks(a)[0, 0] for a in (q, k, v)), strict=True):  # T / C steps
+    o_lin.append(scale * (Qc @ S_lin + np.tril(Qc @ Kc.T) @ Vc))
+    S_lin = S_lin + Kc.T @ Vc
+assert_close(np.concatenate(o_lin), np.array(o_loop), atol=1e-12, name="chunked linear attention")
+assert_close(S_lin, S_loop, atol=1e-12, name="S_C = S_in + K^T V")
+print(f"linear attention, T = {seq_len}: {seq_len} token steps == {num_chunks} chunk steps "
+      f"(outputs and final state, float64)")
+
+# %% [markdown]
 # ## 2. One chunk by hand: $C = 3$ tokens, $d_k = d_v = 2$
 #
 # Keys $\mathbf k_1 = (1, 0)$, $\mathbf k_2 = (0.6, 0.8)$, $\mathbf k_3 = (0, 1)$; values
@@ -190,8 +224,9 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
 # \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
 # the diagonal the exponent is positive and for a steep gate (falling by 800 over the chunk)
-# overflows even in float64, so it is masked before `exp`. Each step is checked in float64 on
-# chunk 0 of head 0 against the recurrence run through it (keeping $S_t$, $\boldsymbol\delta_t$).
+# overflows even in float64 (counted below), so it is masked before `exp`. Each step is checked in
+# float64 on chunk 0 of head 0 against the recurrence run through it (keeping $S_t$,
+# $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$: $S_t = \Gamma_t
 # S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s \boldsymbol\delta_s^\top$.
@@ -227,7 +262,14 @@ assert_close((np.eye(chunk_size) + L) @ Delta, rhs, atol=1e-12, name="step 2: (I
 steep = np.subtract.outer(*[-800.0 / (chunk_size - 1) * np.arange(chunk_size)] * 2)  # -800 per C
 with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(800) * 0 = NaN
     nan = [np.isnan(np.exp(e) * causal).sum() for e in (steep, np.where(causal, steep, -np.inf))]
-print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after exp, {nan[1]} before")
+    nan32 = np.isnan(np.exp(steep.astype(np.float32)) * causal).sum()  # float32: e^88.8 = inf
+gamma_all = np.cumsum(to_chunks(g), axis=3)  # [1, H, N, C, K]: every chunk, head and channel
+largest = np.max(gamma_all[..., 0, :] - gamma_all[..., -1, :])  # the largest gamma_t - gamma_s
+print(f"steps 1 and 2 checked; steep gate: {nan[0]} (float64), {nan32} (float32) NaN of "
+      f"{chunk_size * (chunk_size - 1) // 2} entries above the diagonal masked after exp, {nan[1]} "
+      f"before; this page's gates: largest exponent above the diagonal {largest:.1f} (float32 "
+      f"overflows above {np.log(np.finfo(np.float32).max):.1f})")
+assert nan[1] == 0 and 0 < nan[0] < nan32
 
 # %% [markdown]
 # **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0; step 3's
@@ -237,15 +279,17 @@ print(f"steps 1 and 2 checked; steep gate, float64: {nan[0]} NaN masked after ex
 # k_1$, $\tilde{\mathbf k}^0_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1)
 # \tilde{\mathbf k}^0_1)$. Each further factor adds one outer product, $\tilde{\mathbf k}^0_t =
 # \beta_t (\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}^0_s)$: $C$
-# factors are $I - K^\top \tilde K^0$ (the WY form), $(I + L) \tilde K^0 =
-# \operatorname{diag}(\boldsymbol\beta) K$ stacked; no $d_k \times d_k$ product is formed. $I$ minus
-# the product has rank $\le C$; its factors hold $2 C d_k$ numbers instead of $d_k^2$, fewer only
-# for $C < d_k/2$ (equal at $C = 64$, $d_k = 128$; checked on $d_k/4$ tokens).
+# factors are $I - K^\top \tilde K^0$ (the WY form), $(I + L^0) \tilde K^0 =
+# \operatorname{diag}(\boldsymbol\beta) K$ stacked ($L^0_{ts} = \beta_t \mathbf k_t^\top
+# \mathbf k_s$ for $s < t$: step 2's $L$ without the decays); no $d_k \times d_k$ product is
+# formed. $I$ minus the product has rank $\le C$; its factors hold $2 C d_k$ numbers instead of
+# $d_k^2$, fewer only for $C < d_k/2$ (equal at $C = 64$, $d_k = 128$; checked on $d_k/4$ tokens).
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
 kt, bt = kc[:thin], bc[:thin]  # chunk 0 of head 0, its first tokens, decays left out
-K0_tilde = np.linalg.solve(np.eye(thin) + np.tril(bt[:, None] * (kt @ kt.T), -1), bt[:, None] * kt)
+L0 = np.tril(bt[:, None] * (kt @ kt.T), -1)  # L without the decays
+K0_tilde = np.linalg.solve(np.eye(thin) + L0, bt[:, None] * kt)
 product = np.eye(key_dim)
 for k_t, b_t in zip(kt, bt, strict=True):
     product = (np.eye(key_dim) - b_t * np.outer(k_t, k_t)) @ product
@@ -331,7 +375,7 @@ print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
 # \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta$ and the state it passes on,
 # $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's boxes). Loop over the
 # chunks: the whole algorithm for one head in plain `jax.numpy`, one triangular solve per chunk; its
-# `where` keeps every exponent $\le 0$ (section 3; float32: the notes).
+# `where` keeps every exponent $\le 0$ (section 3 counts what overflows without it).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -374,8 +418,34 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
       f"{max(errors[:2]):.1e}, to kda_chunked {max(errors[2:]):.1e}")
 
 # %% [markdown]
-# ## 5. Flops, and time on this machine
+# ## 5. Dependent steps, flops, and time on this machine
 #
+# **What the chunked form buys: fewer steps that wait for each other.** Counted in the programs
+# that `kda_lib.kda` traces at the timed lengths (the longest `lax.scan` of each: its steps run one
+# after another, each needing the state the last one left): the recurrence takes one step a
+# token, each a matrix-vector product; the chunked form one step a chunk, each a product of $C$
+# rows. The scores, the inverse, $\tilde K$ and $\tilde V$ do not need the state at all (their
+# share of the chunked flops is printed): work that can run for all chunks at once.
+
+# %%
+forms = chunkwise.kda_forms(lower_bound)
+for T in timing_lengths:
+    probe = random_kda_inputs(jax.random.fold_in(key_timing, T), 1, T, timing_heads, timing_dim,
+                              gate="raw")
+    args = [probe[n] for n in ("q", "k", "v", "g", "beta", "a_log", "dt_bias")]
+    steps = {name: chunkwise.dependent_steps(forms[name], *args) for name in ("recurrent",
+                                                                              "chunked")}
+    C_run = T // steps["chunked"]  # the chunk size kda_lib.kda chose
+    terms = costs.chunk_terms(C_run, timing_dim, timing_dim)
+    free = sum(terms[t] for t in ("scores", "inverse", "wu")) / sum(
+        terms[t] for t in costs.SEQUENTIAL_TERMS)
+    print(f"T = {T:,}: recurrence {steps['recurrent']:,} dependent steps (matrix-vector), "
+          f"chunked {steps['chunked']:,} (C = {C_run}: products of {C_run} rows); "
+          f"{free:.0%} of the chunked flops need no state")
+    assert steps["recurrent"] == T and steps["chunked"] * C_run == T and C_run > 1
+
+# %% [markdown]
+# **What it costs.**
 # Timed here (batch 1, medians of `timing_repeats` calls; the table says what each column is), not
 # ranked: a CPU has no matrix units, so these times cannot test the claim about them.
 # Flops, both forms counted alike (products' multiply-adds, 2 flops each; elementwise decays left
@@ -387,7 +457,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # so always more (the ratio falls toward 1 as $d$ grows).
 
 # %%
-forms, modes = chunkwise.kda_forms(lower_bound), ["fwd", "fwd+bwd"][:1 + timing_backward]
+modes = ["fwd", "fwd+bwd"][:1 + timing_backward]
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
@@ -407,23 +477,31 @@ for C in (16, 32, 64, 128):  # terms: d^2; scores 2d(C-1) + K~, V~ 4Cd + P Delta
 #   map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top \tilde K$
 #   (WY form). The forward pass is one short function, equal to `kda_recurrent` and `kda_chunked` in
 #   float64; the maps also chain by `lax.associative_scan` (notes, notebook 05).
+# - Chunked linear attention is the same split without the triangular solve. What the chunked
+#   form buys: $T / C$ dependent steps instead of $T$, each a product of $C$ rows (counted in the
+#   traced programs); what it costs: more flops than the recurrence at every $C$ (counted).
 #
 # ## Exercises
 #
 # `check` judges the values your function returns on chunks drawn afresh at each call (float32
 # or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
-# 1. **Backward through a chunk.** The part of the state's gradient that comes from $\mathrm dS_C$
-#    (without the chunk's own reads) runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm
-#    dS_t = D_t (I - \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$, to $\mathrm dS_{\text{in}}
-#    = M_{[i]}^\top \mathrm dS_C$: token $t$ erases its backward pseudo-value $\boldsymbol\delta'_t
-#    = \beta_t \mathrm dS_t^\top \mathbf k_t$, then decays. Mirror steps 1 to 3: $\mathrm
-#    dS_{\text{in}} = \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$ (rows
-#    ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K' \mathrm dS_C$, $(I + L')\, \tilde K' =$
-#    `rhs`, $L'$ strictly triangular. Derive: upper or lower, which decays, which right-hand side?
-#    Write `wy_backward_system(k, g, beta)` returning `lhs` $= I + L'$ $[C, C]$ exactly (unit
-#    diagonal, $\beta_t$ in row $t$; no row scaled or combined) and `rhs` $[C, d_k]$. Also tried:
-#    chunks longer than $d_k$, forget bursts where $e^{-\boldsymbol\gamma_t}$ overflows in float64.
+# 1. **Backward through a chunk.** Training needs the gradient of the state entering a chunk. Its
+#    part that comes from $\mathrm dS_C$, the gradient of the state leaving it (the chunk's own
+#    reads left out), runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm dS_t = D_t (I -
+#    \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$: token $t$ first erases its backward
+#    pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm dS_t^\top \mathbf k_t$, then decays.
+#    - *Given* (steps 1 to 3 mirrored): unrolled to the chunk start, $\mathrm dS_{\text{in}} =
+#      \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$, with rows
+#      ${\boldsymbol\delta'_t}^\top$ in $\Delta'$; and $\Delta' = \tilde K' \mathrm dS_C$, where
+#      $\tilde K'$ solves $(I + L')\, \tilde K' =$ `rhs`, $L'$ strictly triangular and free of
+#      $\mathrm dS_C$ (as $L$ in step 2).
+#    - *Derive*: is $L'$ upper or lower triangular? Which decays and which $\beta$ multiply
+#      $\mathbf k_t^\top \mathbf k_s$ in it? What is `rhs`?
+#    - *Return* `wy_backward_system(k, g, beta) -> (lhs, rhs)` (`k`, `g`: $[C, d_k]$, `beta`:
+#      $[C]$): `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, $\beta_t$ in row $t$, no row scaled
+#      or combined), `rhs` $[C, d_k]$. The checker also tries chunks longer than $d_k$ and forget
+#      bursts, after which $e^{-\boldsymbol\gamma_t}$ overflows in float64.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

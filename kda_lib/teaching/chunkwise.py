@@ -125,6 +125,23 @@ def _summed(fn, *args):
     return jnp.sum(fn(*args))
 
 
+def dependent_steps(fn, *args) -> int:
+    """The longest ``lax.scan`` in ``fn(*args)``'s traced program (nested programs included): the
+    steps that run one after another, each waiting for the carry of the last (traced, not run)."""
+
+    def lengths(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan":
+                yield eqn.params["length"]
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        yield from lengths(inner)
+
+    return max(lengths(jax.make_jaxpr(fn)(*args).jaxpr), default=1)
+
+
 # what each column of :func:`timing_markdown` holds, one sentence a form of :func:`kda_forms`
 COLUMNS = {
     "recurrent": "`kda_lib`'s recurrence, one token after another",
