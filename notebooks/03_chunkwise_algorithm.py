@@ -19,10 +19,9 @@
 # **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the state
 # follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once with
 # matrix products; between chunks only the state travels. The result equals the recurrence (checked
-# in float64). What changes: $T$ dependent matrix-vector steps become $T / C$ sequential steps, the
-# rest matrix products ($C \times C$, $C \times d_k$: the work of a chip's matrix units), at more
-# flops a token than the recurrence's $6 d_k d_v$ (both counted in section 5). Speed on matrix
-# units: untested.
+# in float64). $T$ dependent matrix-vector steps become $T / C$, the rest matrix products ($C
+# \times C$, $C \times d_k$: a chip's matrix units' work), at more flops a token than the
+# recurrence's $6 d_k d_v$ (both counted in section 5). Speed on matrix units: untested.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -108,48 +107,14 @@ def to_chunks(a):
 # %% [markdown]
 # ## 1. The idea: chunks in parallel, the state in sequence
 #
-# The recurrence updates one $d_k \times d_v$ state per token: $T$ steps, each waiting for the last,
-# each a matrix-vector product too small to keep a chip's matrix units busy. The chunked form splits
-# the $T$ tokens into chunks of $C$. Everything inside a chunk that does not need the state entering
-# it ($C \times C$ triangular matrices) is computed for **all chunks at once** (triangles:
-# intra-chunk products, no state); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$
-# (boxes; $Q_{\text{in}}$, $K_{\text{out}}$: section 3's $\overleftarrow Q$, $\overrightarrow K$).
+# The recurrence: $T$ steps, each waiting for the last, each a matrix-vector product too small for
+# a chip's matrix units. The chunked form cuts the tokens into chunks of $C$: what a chunk needs
+# without the state entering it is computed for **all chunks at once** (triangles: $C \times C$
+# intra-chunk products); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes;
+# $Q_{\text{in}}$, $K_{\text{out}}$: section 3's $\overleftarrow Q$, $\overrightarrow K$).
 
 # %% tags=["hide-input"]
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
-
-# %% [markdown]
-# **First without the delta rule and without decay: linear attention.** Its state adds each
-# token's write, $S_t = S_{t-1} + \mathbf k_t \mathbf v_t^\top$, and each token reads $\mathbf o_t =
-# S_t^\top \mathbf q_t / \sqrt{d_k}$. Unrolled over a chunk with rows $Q, K, V$ and the state
-# $S_{\text{in}}$ entering it, a token reads the entering state plus the writes of the chunk's
-# tokens up to itself:
-#
-# $$
-# O = \tfrac{1}{\sqrt{d_k}} \big( Q S_{\text{in}} + \operatorname{tril}(Q K^\top)\, V \big),
-# \qquad S_C = S_{\text{in}} + K^\top V .
-# $$
-#
-# $\operatorname{tril}(Q K^\top)$ (the causal scores, $s \le t$) is the figure's triangle, free of
-# the state; the two lines with $S_{\text{in}}$ are its box. Checked below in float64 against the
-# token loop (head 0, this page's inputs). KDA changes what a token writes: $\boldsymbol\delta_t$,
-# which depends on the state through its prediction, instead of $\mathbf v_t$, and it decays the
-# state first. Sections 2 and 3 show the $\boldsymbol\delta_t$ still come out of one triangular
-# system per chunk, free of the state.
-
-# %%
-S_loop, o_loop = S_in[0, 0], []
-for q_t, k_t, v_t in zip(q[0, :, 0], k[0, :, 0], v[0, :, 0], strict=True):  # T steps
-    S_loop = S_loop + np.outer(k_t, v_t)  # write v_t, no decay, no correction
-    o_loop.append(scale * S_loop.T @ q_t)
-S_lin, o_lin = S_in[0, 0], []
-for Qc, Kc, Vc in zip(*(to_chunks(a)[0, 0] for a in (q, k, v)), strict=True):  # T / C steps
-    o_lin.append(scale * (Qc @ S_lin + np.tril(Qc @ Kc.T) @ Vc))
-    S_lin = S_lin + Kc.T @ Vc
-assert_close(np.concatenate(o_lin), np.array(o_loop), atol=1e-12, name="chunked linear attention")
-assert_close(S_lin, S_loop, atol=1e-12, name="S_C = S_in + K^T V")
-print(f"linear attention, T = {seq_len}: {seq_len} token steps == {num_chunks} chunk steps "
-      f"(outputs and final state, float64)")
 
 # %% [markdown]
 # ## 2. One chunk by hand: $C = 3$ tokens, $d_k = d_v = 2$
@@ -259,31 +224,23 @@ L = np.tril(bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio), -1)
 K_in = kc * np.exp(gamma)  # rows Gamma_t k_t
 rhs = bc[:, None] * vc - bc[:, None] * (K_in @ S_in[0, h])
 assert_close((np.eye(chunk_size) + L) @ Delta, rhs, atol=1e-12, name="step 2: (I + L) Delta")
-steep = np.subtract.outer(*[-800.0 / (chunk_size - 1) * np.arange(chunk_size)] * 2)  # -800 per C
-with np.errstate(over="ignore", invalid="ignore"):  # masked after exp: e^(800) * 0 = NaN
-    nan = [np.isnan(np.exp(e) * causal).sum() for e in (steep, np.where(causal, steep, -np.inf))]
-    nan32 = np.isnan(np.exp(steep.astype(np.float32)) * causal).sum()  # float32: e^88.8 = inf
-gamma_all = np.cumsum(to_chunks(g), axis=3)  # [1, H, N, C, K]: every chunk, head and channel
-largest = np.max(gamma_all[..., 0, :] - gamma_all[..., -1, :])  # the largest gamma_t - gamma_s
-print(f"steps 1 and 2 checked; steep gate: {nan[0]} (float64), {nan32} (float32) NaN of "
-      f"{chunk_size * (chunk_size - 1) // 2} entries above the diagonal masked after exp, {nan[1]} "
-      f"before; this page's gates: largest exponent above the diagonal {largest:.1f} (float32 "
-      f"overflows above {np.log(np.finfo(np.float32).max):.1f})")
-assert nan[1] == 0 and 0 < nan[0] < nan32
+nan = chunkwise.masked_overflow(chunk_size, fall=800.0)  # a gate falling by 800 over the chunk
+print(f"steps 1 and 2 checked; steep gate, entries above the diagonal masked after exp: "
+      f"{nan['float64']} (float64), {nan['float32']} (float32) NaN; before: {nan['before']}")
+assert nan["before"] == 0 and 0 < nan["float64"] < nan["float32"]
 
 # %% [markdown]
-# **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0; step 3's
-# $\tilde K$ has the decays), two of notebook 01's transitions multiply to $(I - \beta_2 \mathbf k_2
-# \mathbf k_2^\top)(I - \beta_1 \mathbf k_1 \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf
-# k}_1^{0\top} - \mathbf k_2 \tilde{\mathbf k}_2^{0\top}$, $\tilde{\mathbf k}^0_1 = \beta_1 \mathbf
-# k_1$, $\tilde{\mathbf k}^0_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1)
-# \tilde{\mathbf k}^0_1)$. Each further factor adds one outer product, $\tilde{\mathbf k}^0_t =
-# \beta_t (\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}^0_s)$: $C$
-# factors are $I - K^\top \tilde K^0$ (the WY form), $(I + L^0) \tilde K^0 =
-# \operatorname{diag}(\boldsymbol\beta) K$ stacked ($L^0_{ts} = \beta_t \mathbf k_t^\top
-# \mathbf k_s$ for $s < t$: step 2's $L$ without the decays); no $d_k \times d_k$ product is
-# formed. $I$ minus the product has rank $\le C$; its factors hold $2 C d_k$ numbers instead of
-# $d_k^2$, fewer only for $C < d_k/2$ (equal at $C = 64$, $d_k = 128$; checked on $d_k/4$ tokens).
+# **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0), two of
+# notebook 01's transitions multiply to $(I - \beta_2 \mathbf k_2 \mathbf k_2^\top)(I -
+# \beta_1 \mathbf k_1 \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf k}_1^{0\top} - \mathbf
+# k_2 \tilde{\mathbf k}_2^{0\top}$, $\tilde{\mathbf k}^0_1 = \beta_1 \mathbf k_1$, $\tilde{\mathbf
+# k}^0_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1) \tilde{\mathbf k}^0_1)$; each
+# further factor adds one outer product, $\tilde{\mathbf k}^0_t = \beta_t (\mathbf k_t - \sum_{s
+# < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}^0_s)$: $C$ factors are $I - K^\top \tilde
+# K^0$ (the WY form), $(I + L^0) \tilde K^0 = \operatorname{diag}(\boldsymbol\beta) K$ ($L^0_{ts}
+# = \beta_t \mathbf k_t^\top \mathbf k_s$, $s < t$: step 2's $L$ without decays). $I$ minus the
+# product has rank $\le C$, its factors $2 C d_k$ numbers instead of $d_k^2$ (fewer for $C <
+# d_k/2$); checked on $d_k/4$ tokens. Step 3's $\tilde K$ is $\tilde K^0$ with the decays.
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
@@ -347,15 +304,11 @@ assert_close(M, product, name="M = M_C ... M_1")
 print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
 # %% [markdown]
-# **Step 5: the outputs.** Put step 1 into the read $\mathbf o_t = S_t^\top \mathbf q_t /
-# \sqrt{d_k}$, with the causal decayed scores $P_{ts} = \mathbf q_t^\top \Gamma_t \Gamma_s^{-1}
-# \mathbf k_s / \sqrt{d_k}$ ($s \le t$) and $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$):
-#
-# $$
-# O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta
-#   = \underbrace{\big(\tfrac{1}{\sqrt{d_k}} \overleftarrow Q
-#   - P \tilde K\big)}_{Q^{\text{eff}}} S_{\text{in}} + \underbrace{P \tilde V}_{O^{\text{intra}}} .
-# $$
+# **Step 5: the outputs.** Step 1 in the read $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$,
+# with $P$ and $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$): $O = \tfrac{1}{\sqrt{d_k}}
+# \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$,
+# $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$, $O^{\text{intra}} = P
+# \tilde V$.
 
 # %%
 P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
@@ -364,17 +317,15 @@ outputs_chunk = np.array([scale * s_t.T @ q_t for s_t, q_t in zip(states, qc, st
 assert_close(scale * Q_in @ S_in[0, h] + P @ Delta, outputs_chunk, atol=1e-12,
              name="step 5: O = Q_in S_in / sqrt(d_k) + P Delta")
 assert_close(scale * Q_in - P @ W, maps.q_eff[0, h, i], name="step 5: Q_eff")
-assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")
-print("step 5 checked: Q_eff and O_intra by hand == chunk_affine_maps")
+assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")  # == chunk_affine_maps
 
 # %% [markdown]
 # ## 4. The whole forward pass in one function
 #
-# Steps 3 to 5 give everything a chunk needs from the state $S_{\text{in}}$ entering it (`S` in the
-# code): its pseudo-values $\Delta = \tilde V - \tilde K S_{\text{in}}$, its outputs $O =
-# \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta$ and the state it passes on,
-# $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's boxes). Loop over the
-# chunks: the whole algorithm for one head in plain `jax.numpy`, one triangular solve per chunk; its
+# Steps 3 to 5 give all a chunk needs from its entering state $S_{\text{in}}$ (`S`): $\Delta =
+# \tilde V - \tilde K S_{\text{in}}$, $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P
+# \Delta$, the state passed on $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section
+# 1's boxes). Looped over the chunks, one head, plain `jax.numpy`, one triangular solve a chunk;
 # `where` keeps every exponent $\le 0$ (section 3 counts what overflows without it).
 
 # %%
@@ -420,88 +371,59 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # %% [markdown]
 # ## 5. Dependent steps, flops, and time on this machine
 #
-# **What the chunked form buys: fewer steps that wait for each other.** Counted in the programs
-# that `kda_lib.kda` traces at the timed lengths (the longest `lax.scan` of each: its steps run one
-# after another, each needing the state the last one left): the recurrence takes one step a
-# token, each a matrix-vector product; the chunked form one step a chunk, each a product of $C$
-# rows. The scores, the inverse, $\tilde K$ and $\tilde V$ do not need the state at all (their
-# share of the chunked flops is printed): work that can run for all chunks at once.
+# **What the chunked form buys: fewer steps that wait for each other** (the longest `lax.scan` of
+# the programs `kda_lib.kda` traces at the timed lengths), and the share of its flops that need no
+# state (scores, inverse, $\tilde K$, $\tilde V$: work for all chunks at once).
+# **What it costs**, timed here (batch 1, medians of `timing_repeats` calls), not ranked: a CPU
+# has no matrix units. Flops a token at $d_k = d_v = d$ (products, 2 a multiply-add; decays left
+# out, notebook 10 adds them): the recurrence $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$,
+# $\mathbf k \boldsymbol\delta^\top$); the chunked form the same $6 d^2$ ($\tilde K S$,
+# $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ (off-diagonal $P$, $L$)
+# $+ 4 C d$ ($\tilde K$, $\tilde V$) $+ 2 C d$ ($P \Delta$) $+ \tfrac23 (C^2 - 4)$ (inverse):
+# always more.
 
 # %%
-forms = chunkwise.kda_forms(lower_bound)
-for T in timing_lengths:
-    probe = random_kda_inputs(jax.random.fold_in(key_timing, T), 1, T, timing_heads, timing_dim,
-                              gate="raw")
-    args = [probe[n] for n in ("q", "k", "v", "g", "beta", "a_log", "dt_bias")]
-    steps = {name: chunkwise.dependent_steps(forms[name], *args) for name in ("recurrent",
-                                                                              "chunked")}
-    C_run = T // steps["chunked"]  # the chunk size kda_lib.kda chose
-    terms = costs.chunk_terms(C_run, timing_dim, timing_dim)
-    free = sum(terms[t] for t in ("scores", "inverse", "wu")) / sum(
-        terms[t] for t in costs.SEQUENTIAL_TERMS)
-    print(f"T = {T:,}: recurrence {steps['recurrent']:,} dependent steps (matrix-vector), "
-          f"chunked {steps['chunked']:,} (C = {C_run}: products of {C_run} rows); "
-          f"{free:.0%} of the chunked flops need no state")
-    assert steps["recurrent"] == T and steps["chunked"] * C_run == T and C_run > 1
-
-# %% [markdown]
-# **What it costs.**
-# Timed here (batch 1, medians of `timing_repeats` calls; the table says what each column is), not
-# ranked: a CPU has no matrix units, so these times cannot test the claim about them.
-# Flops, both forms counted alike (products' multiply-adds, 2 flops each; elementwise decays left
-# out: notebook 10 adds the recurrence's $7 d_k d_v$), a token at $d_k = d_v = d$: the recurrence
-# $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k \boldsymbol\delta^\top$); the chunked
-# form $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) $+ (8C - 2) d
-# + \tfrac23 (C^2 - 4)$ (inverse), $(8C - 2) d = 2 d (C - 1)$ (off-diag. $P$, $L$) $+ 4 C d$
-# ($\tilde K$, $\tilde V$) $+ 2 C d$ ($P \Delta$): the recurrence's $6 d^2$ plus positive terms,
-# so always more (the ratio falls toward 1 as $d$ grows).
-
-# %%
-modes = ["fwd", "fwd+bwd"][:1 + timing_backward]
+modes, forms = ["fwd", "fwd+bwd"][:1 + timing_backward], chunkwise.kda_forms(lower_bound)
+for T, recurrent, chunked, C_run, free in chunkwise.step_counts(
+        forms, timing_lengths, key=key_timing, heads=timing_heads, dim=timing_dim):
+    print(f"T = {T:,}: recurrence {recurrent:,} dependent steps (matrix-vector), chunked "
+          f"{chunked:,} (C = {C_run}: products of {C_run} rows); {free:.0%} of the chunked "
+          "flops need no state")
+    assert recurrent == T and chunked * C_run == T and C_run > 1
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
-d, recurrent = timing_dim, 6 * timing_dim**2  # d_k = d_v = d; the recurrence: 6 d^2 a token
-for C in (16, 32, 64, 128):  # terms: d^2; scores 2d(C-1) + K~, V~ 4Cd + P Delta 2Cd; inverse
-    terms = 6 * d * d, 2 * d * (C - 1) + 4 * C * d + 2 * C * d, 2 * (C**2 - 4) // 3
-    assert terms[1] == (8 * C - 2) * d, "scores + K~, V~ + P Delta = (8C - 2) d"
-    assert costs.chunked_flops(C, C, d, d) / C == sum(terms) > recurrent, f"C = {C}"
-    print(f"C = {C}: {' + '.join(f'{t:,}' for t in terms)} = {sum(terms):,} = "
-          f"{sum(terms) / recurrent:.2f}x the recurrence's {recurrent:,} (d = {d})")
+for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # the formula above
+    extra = 2 * d * (C - 1) + 4 * C * d + 2 * C * d + 2 * (C**2 - 4) // 3  # always > 0
+    assert costs.chunked_flops(C, C, d, d) / C == 6 * d * d + extra and extra > 0, (C, d)
 
 # %% [markdown]
 # ## Summary
 #
 # - A chunk's pseudo-values solve one unit-lower-triangular system (by hand at $C = 3$, then in five
 #   float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the affine
-#   map $M_{[i]} S_{\text{in}} + E_{[i]}$, $M_{[i]} = \Gamma_C - \overrightarrow K^\top \tilde K$
-#   (WY form). The forward pass is one short function, equal to `kda_recurrent` and `kda_chunked` in
-#   float64; the maps also chain by `lax.associative_scan` (notes, notebook 05).
-# - Chunked linear attention is the same split without the triangular solve. What the chunked
-#   form buys: $T / C$ dependent steps instead of $T$, each a product of $C$ rows (counted in the
-#   traced programs); what it costs: more flops than the recurrence at every $C$ (counted).
+#   map $M_{[i]} S_{\text{in}} + E_{[i]}$ (WY form). The forward pass is one short function, equal
+#   to `kda_recurrent` and `kda_chunked` in float64; the maps also chain by `lax.associative_scan`
+#   (notes, notebook 05). It buys $T / C$ dependent steps instead of $T$, each a product of $C$
+#   rows (counted in the traced programs), for more flops than the recurrence (counted).
 #
 # ## Exercises
 #
 # `check` judges the values your function returns on chunks drawn afresh at each call (float32
 # or float64, NumPy or `jnp`; no `kda_lib`). Worked solutions: [`notebooks/solutions/ch03.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch03.py).
 #
-# 1. **Backward through a chunk.** Training needs the gradient of the state entering a chunk. Its
-#    part that comes from $\mathrm dS_C$, the gradient of the state leaving it (the chunk's own
-#    reads left out), runs back token by token, $\mathrm dS_{t-1} = M_t^\top \mathrm dS_t = D_t (I -
-#    \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$: token $t$ first erases its backward
-#    pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm dS_t^\top \mathbf k_t$, then decays.
-#    - *Given* (steps 1 to 3 mirrored): unrolled to the chunk start, $\mathrm dS_{\text{in}} =
-#      \Gamma_C \mathrm dS_C - \overleftarrow K^\top \Delta'$, with rows
-#      ${\boldsymbol\delta'_t}^\top$ in $\Delta'$; and $\Delta' = \tilde K' \mathrm dS_C$, where
-#      $\tilde K'$ solves $(I + L')\, \tilde K' =$ `rhs`, $L'$ strictly triangular and free of
-#      $\mathrm dS_C$ (as $L$ in step 2).
-#    - *Derive*: is $L'$ upper or lower triangular? Which decays and which $\beta$ multiply
-#      $\mathbf k_t^\top \mathbf k_s$ in it? What is `rhs`?
-#    - *Return* `wy_backward_system(k, g, beta) -> (lhs, rhs)` (`k`, `g`: $[C, d_k]$, `beta`:
-#      $[C]$): `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, $\beta_t$ in row $t$, no row scaled
-#      or combined), `rhs` $[C, d_k]$. The checker also tries chunks longer than $d_k$ and forget
-#      bursts, after which $e^{-\boldsymbol\gamma_t}$ overflows in float64.
+# 1. **Backward through a chunk.** The gradient of the state entering a chunk, from $\mathrm dS_C$
+#    (the chunk's own reads left out), runs back token by token, $\mathrm dS_{t-1} = M_t^\top
+#    \mathrm dS_t = D_t (I - \beta_t \mathbf k_t \mathbf k_t^\top) \mathrm dS_t$: token $t$ erases
+#    its backward pseudo-value $\boldsymbol\delta'_t = \beta_t \mathrm dS_t^\top \mathbf k_t$, then
+#    decays. *Given* (steps 1 to 3 mirrored): $\mathrm dS_{\text{in}} = \Gamma_C \mathrm dS_C -
+#    \overleftarrow K^\top \Delta'$ (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K'
+#    \mathrm dS_C$, $(I + L') \tilde K' =$ `rhs`, $L'$ strictly triangular, free of $\mathrm dS_C$.
+#    *Derive*: is $L'$ upper or lower? Which decays and $\beta$ multiply $\mathbf k_t^\top
+#    \mathbf k_s$ in it? What is `rhs`? *Return* `wy_backward_system(k, g, beta) -> (lhs, rhs)`
+#    (`k`, `g` $[C, d_k]$, `beta` $[C]$): `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal,
+#    $\beta_t$ in row $t$, no row scaled or combined), `rhs` $[C, d_k]$; also tried: chunks longer
+#    than $d_k$, forget bursts after which $e^{-\boldsymbol\gamma_t}$ overflows in float64.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

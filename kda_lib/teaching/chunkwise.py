@@ -189,3 +189,31 @@ def timing_markdown(timings: dict, lengths, dim: int, chunk_size: int = 64,
     if jax.default_backend() == "cpu":
         rows.append("\nA CPU has no matrix units: these times cannot test the claim about them.")
     return "\n".join(rows)
+
+
+def masked_overflow(chunk_size: int, fall: float = 800.0) -> dict:
+    """NaN entries of ``exp(gamma_t - gamma_s) * causal`` for a gate falling by ``fall`` over a
+    chunk (every exponent formed, masked after ``exp``: ``inf * 0``), in float64 and float32, and
+    with the exponent masked before ``exp`` (``"before"``, float64)."""
+    steep = np.subtract.outer(*[-fall / (chunk_size - 1) * np.arange(chunk_size)] * 2)
+    causal = np.tril(np.ones((chunk_size, chunk_size)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        count = lambda e: int(np.isnan(np.exp(e) * causal).sum())  # noqa: E731
+        return {"float64": count(steep), "float32": count(steep.astype(np.float32)),
+                "before": count(np.where(causal > 0, steep, -np.inf))}
+
+
+def step_counts(forms: dict, lengths, *, key, heads: int, dim: int) -> list[tuple]:
+    """``[(T, recurrent steps, chunked steps, C, share of chunked flops free of the state)]``:
+    :func:`dependent_steps` of the forms' traced programs (inputs as :func:`time_forms` draws
+    them); the share from :func:`kda_lib.lab.costs.chunk_terms` (scores, inverse, K~ and V~)."""
+    rows = []
+    for T in lengths:
+        inputs = random_kda_inputs(jax.random.fold_in(key, T), 1, T, heads, dim, gate="raw")
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta", "a_log", "dt_bias")]
+        steps = [dependent_steps(forms[name], *args) for name in ("recurrent", "chunked")]
+        terms = costs.chunk_terms(T // steps[1], dim, dim)
+        free = sum(terms[t] for t in ("scores", "inverse", "wu")) / sum(
+            terms[t] for t in costs.SEQUENTIAL_TERMS)
+        rows.append((T, *steps, T // steps[1], free))
+    return rows
