@@ -16,14 +16,13 @@
 # %% [markdown]
 # # 04 · The KDA layer: from hidden states to hidden states
 #
-# **Claim.** The recurrence of notebooks 01-03 is the middle of a layer that maps hidden states
-# $\mathbf x_t \in \mathbb R^d$ to $\mathbf y_t \in \mathbb R^d$. Around it sit linear projections,
-# a short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2 norm on $\mathbf
-# q$ and $\mathbf k$, a sigmoid for $\beta$, a low-rank projection for the forget gate, and an
-# output gate with a per-head RMSNorm. We build the layer from these parts in one short function,
-# check that it equals `kda_lib.KimiDeltaAttention` to float32 tolerance (fla's: `tests/layers/`),
-# tabulate every shape, count the parameters beside softmax attention, and take parts away to see
-# what each is for.
+# **Claim.** The recurrence of notebooks 01-03 is the middle of a layer mapping hidden states
+# $\mathbf x_t \in \mathbb R^d$ to $\mathbf y_t \in \mathbb R^d$, between linear projections, a
+# short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2 norm on $\mathbf q,
+# \mathbf k$, a sigmoid for $\beta$, a low-rank forget gate and an output gate with a per-head
+# RMSNorm. Built from these parts in one short function, it equals `kda_lib.KimiDeltaAttention` to
+# float32 tolerance; then every shape, the parameters beside softmax attention, and each part
+# taken away to see what it is for.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -98,16 +97,16 @@ H, K, V = num_heads, head_dim, head_dim
 # ## 1. The layer: a picture, then the equations
 #
 # One token's way through the layer (our drawing of the layer the paper describes in §4): six
-# projections of $\mathbf x_t$, the recurrence in the middle, the output norm and gate after it.
+# projections of $\mathbf x_t$, the recurrence in the middle, the output norm and gate after it;
+# under an arrow, the numbers it carries a token ($H d_k$: $d_k$ for each of the $H$ heads).
 
 # %% tags=["hide-input"]
 viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 
 # %% [markdown]
-# Stack the tokens as the rows of $X \in \mathbb R^{T \times d}$. In this section a token's
-# vectors are **rows**, as in the code (`x @ W`): $\mathbf x_t W_q$ stands for $\mathbf x_t^\top
-# W_q$, NOTATION's column convention written as a row. Per head $h$ (the projections' outputs are
-# cut into $H$ slices of $d_k$ or $d_v$ channels):
+# The tokens are the rows of $X \in \mathbb R^{T \times d}$; here a token's vectors are **rows**,
+# as in the code (`x @ W`): $\mathbf x_t W_q$ stands for $\mathbf x_t^\top W_q$. Per head $h$ (the
+# projections' outputs cut into $H$ slices of $d_k$ or $d_v$ channels):
 #
 # $$
 # \begin{align*}
@@ -126,6 +125,9 @@ viz.show(layer_diagram.draw_kda_layer(), "04_layer_diagram")
 # $$
 #
 # The parts, one line each:
+# - **projections**: matrices (`x @ W`, `layer.q_proj(x)`: `nnx.Linear`), no bias but $\mathbf b_z$:
+#   $W_q, W_k$: $d \to H d_k$, $W_v$: $d \to H d_v$, $W_\beta$: $d \to H$ (a $\beta$ a head), $W_o$:
+#   $H d_v \to d$; each gate two in a row, $d \to r \to H d_k$ (`f_proj`), $H d_v$ (`g_proj`);
 # - **short causal convolution** per channel, $w$ taps, $\boldsymbol\kappa_{w-1-\nu}$ on the input
 #   $\nu$ tokens back: $\operatorname{conv}(\Xi)_t = \sum_{\nu=0}^{w-1} \boldsymbol\kappa_{w-1-\nu}
 #   \odot \boldsymbol\xi_{t-\nu}$ (zeros before the first token), then
@@ -211,10 +213,9 @@ assert parts["q"].shape == (batch, seq_len, H, K) and parts["state"].shape == (b
 # %% [markdown]
 # ## 3. Parameters, beside softmax attention
 #
-# Counted from the layer's arrays and compared with the formula per part. A softmax attention
-# layer with the same heads has only $W_q, W_k, W_v, W_o$: $d\,H(2 d_k + d_v) + H d_v\, d$. We
-# count both for this notebook's small layer and for a realistic one ($d$ = `big_hidden`, $H$ =
-# `big_heads`, $r = d_v$ as fla uses; from shapes, `nnx.eval_shape`).
+# Counted from the layer's arrays, against the formula per part; softmax attention with the same
+# heads has only $W_q, W_k, W_v, W_o$: $d\,H(2 d_k + d_v) + H d_v\, d$. This page's layer and a
+# realistic one ($d$ = `big_hidden`, $H$ = `big_heads`, $r = d_v$ as fla; `nnx.eval_shape`).
 
 # %%
 def kda_parameters(d, H, K, V, r, w):
@@ -260,14 +261,16 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 #
 # ## 4. What each part is for: take it away
 #
-# **L2 norm and the $\beta$ sigmoid keep the transition non-expansive ($\lVert M_t\rVert_2 \le
-# 1$).** $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 - \beta \lVert\mathbf k\rVert^2$
-# along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for $\lVert\mathbf k\rVert = 1$ and
-# $\beta \in (0, 1)$. If $\beta \lVert \mathbf k\rVert^2 \notin [0, 2]$ one is outside $[-1, 1]$ and
-# stretches a state's part along $\mathbf k$; the two parts rule that out (the paper's L2Norm, §4).
-# Below, a function per way, every head of `ablation_draws` layers at init on its own input: as
-# built, keys unnormalised ($d_k$ here, 128), $\beta = \mathbf x_t W_\beta$. The bottom row's state
-# (no write, no decay) passes $\lVert S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$.
+# ### The L2 norm and the $\beta$ sigmoid keep the transition non-expansive
+# That is, $\lVert M_t\rVert_2 \le 1$: $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 -
+# \beta \lVert\mathbf k\rVert^2$ along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for
+# $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$. If $\beta \lVert \mathbf k\rVert^2 \notin [0,
+# 2]$ one is outside $[-1, 1]$ and stretches a state's part along $\mathbf k$; the two parts rule
+# that out (the paper's L2Norm, §4). Below, a function per way, every head of `ablation_draws`
+# layers at init on its own input: as built, keys unnormalised ($d_k$ here, 128), $\beta = \mathbf
+# x_t W_\beta$. The bottom row's state (no write, no decay: `explain.growth`) passes $\lVert
+# S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$; its log axis: the ways' largest growths
+# (printed) lie orders of magnitude apart.
 
 # %%
 def as_built(layer, x, head):  # the recurrence's inputs k, v, g, beta: row 0, one head, float64
@@ -281,14 +284,6 @@ def no_l2_norm(layer, x, head):  # keys after the conv and SiLU, not normalised
 
 def no_beta_sigmoid(layer, x, head):  # beta = x_t W_beta, not squashed
     return [*as_built(layer, x, head)[:3], np.asarray(layer.b_proj(x)[0, :, head], np.float64)]
-
-
-def growth(k, v, g, beta, S_0):  # every ||M_t||_2; ||S_t||_F / ||S_0||_F, S_t through I - b k k^T
-    S, kept = S_0, []
-    for k_t, b_t in zip(k, beta, strict=True):  # no write, no decay
-        S = S - b_t * np.outer(k_t, k_t @ S)
-        kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
-    return explain.transition_norms(k, v, g, beta)[1], np.array(kept)
 
 
 # %%
@@ -309,7 +304,7 @@ for i, (layers, xi) in enumerate(zip(draws, inputs, strict=True)):
     for h in range(H):
         run = {}
         for way, (ablate, n) in ways.items():  # ablate: the way's function, n: its d_k
-            run[way] = growth(*ablate(layers[n], xi, h), S_0[n][i, h])
+            run[way] = explain.growth(*ablate(layers[n], xi, h), S_0[n][i, h])
         runs.append(run)
 
 # %%
@@ -318,12 +313,14 @@ kept = {way: np.array([r[way][1].max() for r in runs]) for way in ways}  # max |
 for way, share in grows.items():
     print(f"{way}: ||M_t||_2 > 1 at {share.mean():.0%} of all M_t ({share.min():.0%} .. "
           f"{share.max():.0%} a head); no write or decay, ||S_t||_F > ||S_0||_F in "
-          f"{np.sum(kept[way] > 1)} of {len(runs)} heads")
+          f"{np.sum(kept[way] > 1)} of {len(runs)} heads, largest ||S_t||_F / ||S_0||_F "
+          f"{kept[way].max():.2g}")
 raw = np.concatenate([np.asarray(d[K].b_proj(inputs[i])[0]).ravel() for i, d in enumerate(draws)])
 print(f"no sigmoid: beta < 0 at {np.mean(raw < 0):.0%}, beta > 2 at {np.mean(raw > 2):.0%}")
 assert grows["as built"].max() == 0 and 0.3 < grows["no sigmoid on beta"].mean() < 0.7, "expands"
 assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) < 0.7, "grows"
 assert grows[wide].mean() > 0.8 and np.mean(kept[wide] > 1) > 0.9, "wide keys expand"
+assert kept[wide].max() > 100 * kept["no sigmoid on beta"].max(), "orders of magnitude apart"
 law = {n: (np.sum(np.square(np.asarray(p.k, np.float64)), -1), np.asarray(p.beta)) for n, p in
        ((n, m.project(x)) for n, m in draws[0].items())}  # d_k: (||k_t||^2, beta_t), no L2 norm
 expand = {width: np.mean(np.prod(law[width], 0) > 2) for width in widths}  # beta ||k_t||^2 > 2
@@ -335,20 +332,20 @@ assert all(np.diff(list(expand.values())) > 0) and expand[64] > 0.5 and expand[1
 viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib/teaching/viz.py
 
 # %% [markdown]
-# As built, no transition expands. Without the sigmoid, $\beta = \mathbf x_t W_\beta$ is negative at
-# about half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half
-# of all transitions expand and the state grows past $S_0$ in most heads. Without the L2 norm it
-# depends on the width: a raw key's channels have about the same mean square at any $d_k$ (printed),
-# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at few tokens at this $d_k$ (second column), most at 64
-# and 128 (at 128, third column, most transitions expand; the state grows in nearly all heads).
+# As built, no transition expands. Without the sigmoid, $\beta = \mathbf x_t W_\beta < 0$ at about
+# half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half of all
+# transitions expand, the state grows past $S_0$ in most heads. Without the L2 norm it depends on
+# the width: a raw key's channels keep about one mean square at any $d_k$ (printed), so $\beta
+# \lVert\mathbf k_t\rVert^2 > 2$ at few tokens at this $d_k$ (second column), most at 64 and 128
+# (third column: most transitions expand, the state grows in nearly all heads).
 #
-# **The short convolution lets one write bind two tokens.** Associative recall needs the layer to
-# store "value of token $t$ under the key of token $t - 1$" in a single write. The write at token
-# $t$ pairs $\mathbf k_t$ with $\mathbf v_t$; without the convolution both depend on $\mathbf x_t$
-# alone ($\mathbf k_t$ shown below): the pair a write stores comes from one token. Recall without
-# it is not run here; notebook 08 (section 5) runs the attention analogue, one layer on MQAR with
-# and without a short conv (Zoology, Arora et al.). With it, $\mathbf k_t$ sees $\mathbf
-# x_{t-w+1}, \dots, \mathbf x_t$: its Jacobian shows it.
+# ### The short convolution lets one write bind two tokens
+# Associative recall needs the layer to store "value of token $t$ under the key of token $t - 1$" in
+# a single write. The write at token $t$ pairs $\mathbf k_t$ with $\mathbf v_t$; without the
+# convolution both depend on $\mathbf x_t$ alone ($\mathbf k_t$ shown below): the pair a write
+# stores comes from one token. Recall without it is not run here; notebook 08 (section 5) runs the
+# attention analogue, one layer on MQAR with and without a short conv (Zoology, Arora et al.). With
+# it, $\mathbf k_t$ sees $\mathbf x_{t-w+1}, \dots, \mathbf x_t$: its Jacobian shows it.
 
 # %%
 def key_reach(module):  # |d k_t / d x_s| summed over channels, every s (t = t_probe, row 0)
@@ -367,18 +364,18 @@ assert np.flatnonzero(reach["with conv"]).tolist() == window
 assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 
 # %% [markdown]
-# **The low-rank gate projections are the paper's design choice.** The raw gate input $\mathbf x_t
-# W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of the $H d_k$ dimensions
-# (checked below); the paper reports "performance comparable to full-rank gating" (§4), untested.
+# ### The low-rank gate projections are the paper's design choice
+# The raw gate input $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans $\le r$ of
+# $H d_k$ dimensions (checked); the paper (§4) reports it comparable to full rank (untested).
 #
-# **The per-head RMSNorm and the output gate set the output's scale.** The RMSNorm divides a head's
-# output by $\sqrt{\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}}}$ ($\operatorname{ms}$: mean
-# square over the channels) and multiplies channel $e$ by $\eta_e$ (1 at init): the RMS becomes
-# $\sqrt{\operatorname{ms}(\mathbf o) / (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$,
-# below 1, within 0.5% of 1 once $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled
-# up, below). At init $\mathbf o$ is tiny (its RMS printed below): the norm raises its RMS, to a
-# little below 1 at the median, far below at the lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$
-# scales each channel per token down, never to 0.
+# ### The RMSNorm and the output gate set the output's scale
+# The RMSNorm divides a head's output by $\sqrt{\operatorname{ms}(\mathbf o) +
+# \epsilon_{\text{RMS}}}$ ($\operatorname{ms}$: mean square over the channels) and multiplies
+# channel $e$ by $\eta_e$ (1 at init): the RMS becomes $\sqrt{\operatorname{ms}(\mathbf o) /
+# (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$, below 1, within 0.5% of 1 once
+# $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled up, below). At init $\mathbf
+# o$ is tiny (RMS printed): the norm raises it, a little below 1 at the median, far below at the
+# lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel down, never to 0.
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -401,29 +398,30 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #
 # - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has a little
 #   more parameters than softmax attention, and a fixed-size state, no KV cache (decoding: 07).
-# - As built no transition expands ($\lVert M_t\rVert_2 \le 1$) in any head; without the $\beta$
-#   sigmoid about half do ($\beta < 0$) and a state with no write or decay grows in most heads;
-#   without the L2 norm most do at $d_k$ = 128, few at 16. Without the conv a key sees only its
-#   own token; the gate's input has rank $r$; the RMSNorm raises the tiny init outputs to RMS near
-#   1 (median above 0.9), under 0.5 only where $\operatorname{ms}(\mathbf o) <
-#   \epsilon_{\text{RMS}} / 3$ (the formula above).
+# - As built no transition expands ($\lVert M_t\rVert_2 \le 1$); without the $\beta$ sigmoid about
+#   half do and a state with no write or decay grows in most heads; without the L2 norm most do at
+#   $d_k$ = 128, few at 16. Without the conv a key sees its own token only; the gate's input has
+#   rank $r$; the RMSNorm raises the tiny init outputs to RMS near 1 (median above 0.9), under 0.5
+#   only where $\operatorname{ms}(\mathbf o) < \epsilon_{\text{RMS}} / 3$.
 #
 # ## Exercises
 #
 # Each asks for what this page does not compute (NumPy or `jnp`, no `kda_lib`); solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 # 1. **The gate input for a half-life.** Held at a raw input $f$, channel $c$ of head $h$ keeps
-#    $e^{g}$ of its state a token, $g = -a_h \operatorname{softplus}(f + b_c)$: half after
-#    $t_{1/2}$ tokens, $e^{g\, t_{1/2}} = 1/2$. (a) Derive the $f$ for a wanted (real) $t_{1/2}$:
-#    `gate_input_for(half_life, a_log, dt_bias) -> f` (`half_life`, `dt_bias`, `f`: `[H, K]`;
-#    `a_log [H]`: the layer's `A_log`), judged by `kda_lib`'s gate in float64 to $10^{-5}$,
-#    half-lives 0.3 to $10^4$ tokens (a root-finder on the gate passes too). (b) Derive the least
-#    half-life the safe gate $g_{\min} \sigma(a_h (f + b_c))$ approaches but no $f$ gives (no root):
+#    $e^{g}$ of its state a token, $g = -a_h \operatorname{softplus}(f + b_c)$, half after $t_{1/2}$
+#    tokens. (a) Derive the $f$ for a wanted (real) $t_{1/2}$: `gate_input_for(half_life, a_log,
+#    dt_bias) -> f` (`[H, K]` but `a_log [H]`, the layer's `A_log`), judged by `kda_lib`'s gate in
+#    float64 to $10^{-5}$ at half-lives 0.3 to $10^4$ (a root-finder passes too). (b) Derive the
+#    least half-life the safe gate $g_{\min} \sigma(a_h (f + b_c))$ approaches but no $f$ gives:
 #    `shortest_half_life(lower_bound, a_log, dt_bias)` $[H, K]$, to $10^{-6}$ at drawn $a_h$, $b_c$.
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
-#    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$ (section 1), with respect to $\mathbf o$:
-#    `rmsnorm_backward(o, eta, dn, eps)` (`o, dn`: a row of $d_v$ numbers per head and token;
-#    `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $= 0$? Autodiff is refused; the
-#    last trial has $d_v > 10^4$ and must finish within 5 s (no $d_v \times d_v$ Jacobian).
+#    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$, in $\mathbf o$: `rmsnorm_backward(o, eta,
+#    dn, eps)` (`o, dn`: rows of $d_v$; `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $=
+#    0$? No autodiff; the last trial has $d_v > 10^4$, within 5 s (no $d_v \times d_v$ Jacobian).
+# 3. **What the layer keeps between decode steps.** Decoding brings one token a call (notebook 07).
+#    Which parts of section 1 look back past the new token, and how much of their past do they
+#    need? Write `decode_cache_numbers(d, H, d_k, d_v, w) -> int`, the numbers one layer keeps per
+#    sequence ($w = 0$: no convolution), judged against the layer's `init_cache` at drawn sizes.
 
 # %%
 answer = None  # exercise 1a: gate_input_for(half_life, a_log, dt_bias) -> f [H, K]
@@ -434,6 +432,8 @@ exercises.check("04.1b", answer)
 # %%
 answer = None  # exercise 2: rmsnorm_backward(o, eta, dn, eps) -> do
 exercises.check("04.2", answer)
+answer = None  # exercise 3: decode_cache_numbers(d, H, d_k, d_v, w) -> int
+exercises.check("04.3", answer)
 
 # %% [markdown]
 # ## References

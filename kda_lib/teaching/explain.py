@@ -100,6 +100,17 @@ def state_norms(k, v, g, beta) -> jax.Array:
     return jax.lax.scan(step, state0, (k, v, g, beta))[1]
 
 
+def growth(k, v, g, beta, S_0) -> tuple[np.ndarray, np.ndarray]:
+    """Notebook 04's ablation for one head: every ``||M_t||_2`` (:func:`transition_norms`) and
+    ``||S_t||_F / ||S_0||_F`` for ``S_0`` carried through ``I - beta_t k_t k_t^T`` alone (no write,
+    no decay: only an eigenvalue outside [-1, 1] can make it grow), each ``[T]``."""
+    S, kept = S_0, []
+    for k_t, b_t in zip(k, beta, strict=True):
+        S = S - b_t * np.outer(k_t, k_t @ S)
+        kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
+    return transition_norms(k, v, g, beta)[1], np.array(kept)
+
+
 def transition_norms(k, v, g, beta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One head's ``||S_t||_F`` (:func:`state_norms`, float32), ``||M_t||_2`` of every transition
     ``M_t = (I - beta_t k_t k_t^T) D_t`` and the write bound ``sum_{s <= t} |beta_s| ||k_s||

@@ -488,7 +488,7 @@ def ablation_norms(runs: list[dict]) -> plt.Figure:
         bottom.text(0.03, 0.95, f"above $\\|S_0\\|_F$: {above} of {len(runs)} heads",
                     transform=bottom.transAxes, va="top", fontsize=9)
     axes[0, 0].set(ylabel=r"$\|M_t\|_2$ (above 1: expands)")
-    axes[1, 0].set(ylabel=r"$\|S_t\|_F / \|S_0\|_F$ (no write, no decay)")
+    axes[1, 0].set(ylabel="$\\|S_t\\|_F / \\|S_0\\|_F$, log scale\n(no write, no decay)")
     fig.suptitle(f"Every head ({len(runs)}): the transitions $M_t$ (top); a random state $S_0$ "
                  r"through $I - \beta_t \mathbf{k}_t \mathbf{k}_t^\top$ alone (bottom)")
     return fig

@@ -72,6 +72,25 @@ def rmsnorm_backward_jnp(o, eta, dn, eps):
     return (g - n_hat * jnp.mean(g * n_hat, axis=-1, keepdims=True)) / r
 
 
+def decode_cache_numbers(d, H, d_k, d_v, w):
+    """3: decoding brings one token, so the layer keeps what that token's output needs from the
+    tokens before it. Section 1, part by part: the projections, the gates, ``beta``, the L2
+    norm, SiLU, the RMSNorm and ``W_o`` see token ``t`` alone; the recurrence needs ``S_{t-1}``,
+    ``d_k x d_v`` a head (``H d_k d_v``); each short convolution sums its inputs at ``t - w + 1 ..
+    t``, so it needs the ``w - 1`` before ``t``: of its own input, the projected channels (``H
+    d_k`` for q and for k, ``H d_v`` for v), not ``x`` (``d``, which never appears). ``w = 0``
+    (no convolution) and ``w = 1`` (the current token only) keep nothing for it."""
+    return H * d_k * d_v + max(w - 1, 0) * H * (2 * d_k + d_v)
+
+
+def decode_cache_numbers_by_parts(d, H, d_k, d_v, w):
+    """3, written differently: a dict of the cache's arrays' shapes, summed (NumPy)."""
+    history = max(w - 1, 0)
+    shapes = {"state": (H, d_k, d_v), "q_conv": (history, H * d_k),
+              "k_conv": (history, H * d_k), "v_conv": (history, H * d_v)}
+    return int(sum(np.prod(shape) for shape in shapes.values()))
+
+
 def cases():
     def gate_input_exp_approximated(half_life, a_log, dt_bias):  # softplus(x) read as e^x
         y = np.log(2.0) / (np.exp(a_log)[:, None] * half_life)
@@ -94,6 +113,12 @@ def cases():
     def shortest_as_a_time_constant(lower_bound, a_log, dt_bias):  # 1 / |g_min|: keeps 1/e
         return np.full(np.shape(dt_bias), 1 / -lower_bound)
 
+    def conv_on_the_input(d, H, d_k, d_v, w):  # the histories of x, not of q, k, v
+        return H * d_k * d_v + max(w - 1, 0) * 3 * d
+
+    def full_windows(d, H, d_k, d_v, w):  # w inputs kept, the new token's among them
+        return H * d_k * d_v + w * H * (2 * d_k + d_v)
+
     return [
         ("04.1", gate_input_for, {}, gate_input_exp_approximated),
         ("04.1", gate_input_for_jnp, {}, gate_input_float32_naive),
@@ -101,4 +126,6 @@ def cases():
         ("04.1b", shortest_half_life_jnp, {}, shortest_as_a_time_constant),
         ("04.2", rmsnorm_backward, {}, rms_constant),
         ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
+        ("04.3", decode_cache_numbers, {}, conv_on_the_input),
+        ("04.3", decode_cache_numbers_by_parts, {}, full_windows),
     ]

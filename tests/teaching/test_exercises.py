@@ -266,6 +266,27 @@ def _shortcut_04_2_finite_differences():
     return "04.2", rmsnorm_backward, {}
 
 
+def _shortcut_04_3_library_cache():
+    from flax import nnx
+
+    import kda_lib
+
+    def decode_cache_numbers(d, H, d_k, d_v, w):  # right: the library's own cache, counted
+        config = kda_lib.KDAConfig(hidden_size=d, num_heads=H, head_dim=d_k, value_head_dim=d_v,
+                                   conv_size=w)
+        layer = nnx.eval_shape(lambda: kda_lib.KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
+        return sum(int(np.prod(a.shape)) for a in layer.init_cache(1) if a is not None)
+
+    return "04.3", decode_cache_numbers, {}
+
+
+def _shortcut_04_3_page_parameter_count():
+    def decode_cache_numbers(d, H, d_k, d_v, w):  # the page's "conv (q, k, v)" row: w taps, not
+        return H * d_k * d_v + w * H * (2 * d_k + d_v)  # w - 1 inputs
+
+    return "04.3", decode_cache_numbers, {}
+
+
 def _shortcut_05_1_jax_grad():
     import jax
     import jax.numpy as jnp
@@ -369,6 +390,8 @@ SHORTCUTS = [
     _shortcut_04_1b_library_gate_at_a_huge_f,
     _shortcut_04_2_jax_grad,
     _shortcut_04_2_finite_differences,
+    _shortcut_04_3_library_cache,
+    _shortcut_04_3_page_parameter_count,
     _shortcut_05_1_jax_grad,
     _shortcut_05_2_jax_vjp_jitted,
     _shortcut_01_1_simulated_limit,

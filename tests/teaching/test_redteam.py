@@ -46,6 +46,7 @@ EXERCISES = {
     "04.1": ("04_kda_layer", 3),
     "04.1b": ("04_kda_layer", 3),
     "04.2": ("04_kda_layer", 4),
+    "04.3": ("04_kda_layer", 5),
     "05.1": ("05_context_parallel", 2),
     "05.2": ("05_context_parallel", 3),
 }

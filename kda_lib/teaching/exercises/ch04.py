@@ -1,5 +1,5 @@
 """Checkers of notebook 04: 04.1 the gate input for a half-life, 04.1b the safe gate's shortest
-half-life, 04.2 the RMSNorm's backward."""
+half-life, 04.2 the RMSNorm's backward, 04.3 what the layer keeps between decode steps."""
 
 from __future__ import annotations
 
@@ -162,3 +162,52 @@ def rmsnorm_backward(answer, rng, **_):
             return (f"do is off on o [{rows}, {width}] (row by row, each to its own scale): n "
                     "depends on o directly and through the RMS; differentiate both (eps inside "
                     "the square root)")
+
+
+# 04.3's slips: the count each gives from (d, H, d_k K, d_v V, w), and its hint
+_CACHE_SLIPS = (
+    (lambda d, H, K, V, w: H * K * V + w * H * (2 * K + V), "a convolution's window holds w "
+     "tokens, the new one among them: the cache keeps the w - 1 before it"),
+    (lambda d, H, K, V, w: H * K * V + max(w - 1, 0) * 3 * d, "the short convolutions run after "
+     "the projections, on the channels of q, k and v (H d_k, H d_k, H d_v), not on x"),
+    (lambda d, H, K, V, w: H * K * V, "a decode step brings one token: the short convolutions "
+     "need the inputs of the tokens before it too"),
+    (lambda d, H, K, V, w: H * K * V + (w - 1) * H * (2 * K + V), "w = 0 means no convolution, "
+     "and nothing to keep for it (not a negative count)"),
+    (lambda d, H, K, V, w: H * K * K + max(w - 1, 0) * H * (2 * K + V), "the state of a head is "
+     "d_k x d_v (keys by values), not d_k x d_k"),
+    (lambda d, H, K, V, w: K * V + max(w - 1, 0) * H * (2 * K + V), "every head has its own "
+     "state: H of them"),
+    (lambda d, H, K, V, w: H * K * V + max(w - 1, 0) * H * (K + V), "q has its own short "
+     "convolution too: three of them (q, k, v)"),
+)
+
+
+@ex.checker("04.3")
+def decode_cache_numbers(answer, rng):
+    """``answer(d, H, d_k, d_v, w) -> int``: the numbers one layer keeps per sequence between
+    decode steps, against ``KimiDeltaAttention.init_cache`` (w from 2 to 6, then 0, then 1)."""
+    from flax import nnx
+
+    from kda_lib import KDAConfig, KimiDeltaAttention
+
+    for w in (int(rng.integers(2, 7)), 0, 1):
+        H, K = int(rng.integers(2, 5)), int(rng.integers(2, 9))  # each slip its own count
+        V = int(rng.choice([v for v in range(2, 10) if v not in (K, H * K)]))
+        d = int(rng.choice([n for n in range(8, 65, 4) if n != H * K]))
+        got, hint = ex.call_answer(answer, d, H, K, V, w, refuse=dict(
+            shape=(), what="the count", integer=True), name="decode_cache_numbers(d, H, d_k, "
+            "d_v, w)")
+        if hint:
+            return hint
+        config = KDAConfig(hidden_size=d, num_heads=H, head_dim=K, value_head_dim=V, conv_size=w)
+        layer = nnx.eval_shape(lambda c=config: KimiDeltaAttention(c, rngs=nnx.Rngs(0)))
+        want = sum(int(np.prod(a.shape)) for a in layer.init_cache(1) if a is not None)
+        if float(got) == want:
+            continue
+        where = f"wrong at d = {d}, H = {H}, d_k = {K}, d_v = {V}, w = {w}: "
+        if slip := next((h for wrong, h in _CACHE_SLIPS if float(got) == wrong(d, H, K, V, w)),
+                        None):
+            return where + slip
+        return where + ("which parts of section 1's equations look back past the new token? "
+                        "Those are all the layer must keep (count per sequence)")
