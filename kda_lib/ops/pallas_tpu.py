@@ -1,22 +1,21 @@
 """KDA's chunked form as two Pallas TPU kernels (forward, and a reverse-chunk backward).
 
-One program per (batch row, up to :data:`HEADS` value heads); the sequence runs in blocks of
-``BLOCK_T`` tokens, in order (forward) or in reverse (backward), ``chunk_size`` tokens at a time
-inside a block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM
-between blocks. q, k, v, g are read once from the batch-first layout (``[B, T, H, K]`` viewed
-as ``[B, T, H * K]``: a head's tile is a column block, no transpose in HBM) and o is written
-once. One chunk's math is :func:`chunk_intra` (every chunk of a block and every head at once)
-then :func:`state_forward` (chunk by chunk; the steps of :mod:`kda_lib.ops.chunked`'s
-docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the
-states the forward saved at chunk boundaries and carries the states' cotangents by
-:func:`state_backward`.
+One program per (batch row, block of ``BLOCK_T`` tokens, up to :data:`HEADS` value heads); the
+blocks run in order (forward) or in reverse (backward), ``chunk_size`` tokens at a time inside a
+block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM between blocks.
+q, k, v, g are read once from the batch-first layout (``[B, T, H, K]`` viewed as ``[B, T * H, K]``,
+the same bytes: a block holds every head of its tokens, unpacked head-major by strided loads in
+VMEM) and o is written once. One chunk's math is :func:`chunk_intra` (every chunk of a block and
+every head at once) then :func:`state_forward` (chunk by chunk; the steps of
+:mod:`kda_lib.ops.chunked`'s docstring); the backward kernel recomputes :func:`chunk_intra` under
+``jax.vjp`` from the states the forward saved at chunk boundaries and carries the states' cotangents
+by :func:`state_backward`.
 
 Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
-(:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into
-bfloat16 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's
-interpret mode on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256: what ran on
-a chip); no segment ids, no interior states (:func:`problems`); non-finite results: the
-recurrence's (:func:`kda_pallas`).
+(:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into bfloat16
+pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's interpret mode
+on a CPU. K and V are padded to 128 lanes (K, V <= 128); no segment ids, no interior states
+(:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
@@ -289,115 +288,165 @@ def _compiler_params(semantics):
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT)
 
 
-def _heads_per_program(heads: int, groups: int, most: int) -> int:
-    """Value heads per program: the largest power of two up to ``most`` that divides ``heads``
-    and ``groups`` (one q/k head for them all) or is a multiple of ``groups``."""
+def _heads_per_program(heads: int, most: int) -> int:
+    """Value heads per program: the largest power of two up to ``most`` that divides ``heads``."""
     m = most
-    while heads % m or (groups % m and m % groups):
+    while heads % m:
         m //= 2
     return m
 
 
-def _tiles(ref, count: int, width: int, chunk: int, dtype=None):
-    """``count`` heads' column blocks of a ``[1, BLOCK_T, count * width]`` tile as ``[count *
-    BLOCK_T / chunk, chunk, width]`` (head-major, one row per chunk)."""
-    x = jnp.stack([ref[0, :, i * width : (i + 1) * width] for i in range(count)])
+def _rows_of(ref, head: int, heads: int, interpret: bool):
+    """Head ``head``'s rows ``[BLOCK_T, D]`` of a block ``[1, BLOCK_T * heads, D]`` of a ``[B, T *
+    heads, D]`` array (``[B, T, heads, D]`` in the same bytes), in the block's dtype: a load with
+    a stride of ``heads`` rows from a static start (Mosaic compiles no other). 16-bit rows pair
+    up in 32-bit words (:func:`pltpu.bitcast`'s packing, the even row in the low half: Mosaic
+    loads 32-bit rows only), so their ``heads`` is even (:func:`kda_pallas` widens the others)."""
+    if interpret:  # Pallas's interpreter has no strided slices: the same rows by a reshape
+        return ref[0].reshape(BLOCK_T, heads, ref.shape[-1])[:, head]
+    if ref.dtype.itemsize == 4:
+        return ref[0, pl.ds(head, BLOCK_T, stride=heads), :]
+    words = ref.bitcast(jnp.uint32)[0, pl.ds(head // 2, BLOCK_T, stride=heads // 2), :]
+    bits = words << 16 if head % 2 == 0 else words & np.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32).astype(ref.dtype)
+
+
+def _unpack(ref, scratch, interpret: bool):
+    """Every head's rows of a block ``ref [1, BLOCK_T * H, D]`` into ``scratch [H, BLOCK_T, D]``
+    (head-major: a program then takes its heads at a dynamic index)."""
+    heads = scratch.shape[0]
+    for h in range(heads):
+        scratch[h] = _rows_of(ref, h, heads, interpret).astype(scratch.dtype)
+
+
+def _pack(scratch, ref, interpret: bool):
+    """``scratch [H, BLOCK_T, D]`` (every head) into the rows of ``ref [1, BLOCK_T * H, D]``
+    (strided stores; 16-bit rows two heads to a word, the even head's bits low)."""
+    heads, _, width = scratch.shape
+    if interpret:
+        ref[0] = jnp.swapaxes(scratch[...], 0, 1).reshape(-1, width).astype(ref.dtype)
+    elif ref.dtype.itemsize == 4:
+        for h in range(heads):
+            ref[0, pl.ds(h, BLOCK_T, stride=heads), :] = scratch[h].astype(ref.dtype)
+    else:  # round to the 16-bit dtype, then two heads' bits to a word
+        words = ref.bitcast(jnp.uint32)
+        bits = lambda h: jax.lax.bitcast_convert_type(  # noqa: E731
+            scratch[h].astype(ref.dtype).astype(jnp.float32), jnp.uint32)
+        for h in range(0, heads, 2):
+            pair = (bits(h) >> 16) | (bits(h + 1) & np.uint32(0xFFFF0000))
+            words[0, pl.ds(h // 2, BLOCK_T, stride=heads // 2), :] = pair
+
+
+def _mine(scratch, first, count: int, chunk: int, groups: int = 1, dtype=None):
+    """Value heads ``first, ..., first + count - 1`` of ``scratch [H, BLOCK_T, D]`` as ``[count *
+    BLOCK_T / chunk, chunk, D]`` (head-major, one row per chunk); with ``groups``, value head j
+    reads head ``j // groups`` (grouped value heads share a q/k head)."""
+    if groups == 1:
+        x = scratch[pl.ds(first, count)]
+    else:
+        x = jnp.stack([scratch[_div(first + i, groups)] for i in range(count)])
     x = x if dtype is None else x.astype(dtype)
-    return x.reshape(-1, chunk, width)
-
-
-def _for_heads(x, heads: int, q_heads: int):
-    """``[q_heads * N, ...]`` -> ``[heads * N, ...]``: value head i reads q/k head ``i * q_heads
-    // heads`` (grouped value heads share theirs)."""
-    if q_heads == heads:
-        return x
-    x = x.reshape(q_heads, -1, *x.shape[1:])
-    return jnp.concatenate([x[i * q_heads // heads] for i in range(heads)])
-
-
-def _write(ref, x, heads: int, rows: slice):
-    """``x [heads, rows, D]`` into the column blocks of ``ref [1, BLOCK_T, heads * D]``."""
-    width = x.shape[-1]
-    for i in range(heads):
-        ref[0, rows, i * width : (i + 1) * width] = x[i].astype(ref.dtype)
+    return x.reshape(-1, chunk, x.shape[-1])
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, final_ref, *rest,
-                    chunk: int, scale: float, low: bool, save: bool):  # fmt: skip
-    """One (row, heads, block): every chunk's intra part at once, then the states chunk by
-    chunk (the heads' together)."""
-    states_ref, (state_ref, beta_col) = (rest[0] if save else None), rest[-2:]
+                    chunk: int, scale: float, low: bool, save: bool, m: int,
+                    interpret: bool):  # fmt: skip
+    """One (row, block, m heads): every chunk's intra part at once, then the states chunk by
+    chunk (the heads' together). The block's first program unpacks every head's rows into
+    head-major scratch; its last packs every head's outputs."""
+    states_ref = rest[0] if save else None
+    state_ref, beta_col, qs, ks, vs, gs, outs = rest[-7:]
     heads, key_dim, value_dim = state_ref.shape
-    q_heads = q_ref.shape[-1] // key_dim
-    per_block = q_ref.shape[1] // chunk
+    per_block = BLOCK_T // chunk
+    group, first = pl.program_id(2), pl.program_id(2) * m
+    mine = pl.ds(first, m)
 
-    @pl.when(pl.program_id(2) == 0)
+    @pl.when(pl.program_id(1) == 0)
     def _():
-        state_ref[...] = s0_ref[0]
+        state_ref[mine] = s0_ref[0, mine]
 
-    f32 = jnp.float32
-    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk), heads, q_heads) for r in (q_ref, k_ref)]
-    beta_col[...] = _column(beta_ref[0])  # [heads, 1, BLOCK_T] -> [heads, BLOCK_T, 1]
+    @pl.when(group == 0)
+    def _():
+        for ref, scratch in ((q_ref, qs), (k_ref, ks), (v_ref, vs), (g_ref, gs)):
+            _unpack(ref, scratch, interpret)
+
+    take = functools.partial(_mine, first=first, count=m, chunk=chunk)
+    qk = [take(x, groups=heads // x.shape[0]) for x in (qs, ks)]
+    beta_col[...] = _column(beta_ref[0])  # [m, 1, BLOCK_T] -> [m, BLOCK_T, 1]
     beta = beta_col[...].reshape(-1, chunk, 1)
-    intra = chunk_intra(*qk, _tiles(v_ref, heads, value_dim, chunk),
-                        _tiles(g_ref, heads, key_dim, chunk, f32), beta, scale=scale,
-                        low=low)  # fmt: skip
-    intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
-    state = state_ref[...]
+    intra = chunk_intra(*qk, take(vs), take(gs), beta, scale=scale, low=low)
+    intra = [x.reshape(m, per_block, *x.shape[1:]) for x in intra]
+    state = state_ref[mine]
     for c in range(per_block):
         if save:
             states_ref[0, :, c * key_dim : (c + 1) * key_dim, :] = state
         o, state = state_forward(tuple(x[:, c] for x in intra), state, low)
-        _write(o_ref, o, heads, slice(c * chunk, (c + 1) * chunk))
-    state_ref[...] = state
+        outs[mine, c * chunk : (c + 1) * chunk, :] = o
+    state_ref[mine] = state
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    @pl.when(group == pl.num_programs(2) - 1)
     def _():
-        final_ref[0] = state
+        _pack(outs, o_ref, interpret)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _():
+        final_ref[0, mine] = state
 
 
 def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d_final_ref,
-                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref, d_state_ref, beta_col, *,
-                     chunk: int, scale: float, low: bool):  # fmt: skip
-    """One (row, heads, block) in reverse: the intra parts recomputed with their pullback, the
-    states' cotangents chunk by chunk from the last, then every chunk's pullback at once."""
+                     dq_ref, dk_ref, dv_ref, dg_ref, d_beta_ref, d_s0_ref, d_state_ref, beta_col,
+                     qs, ks, vs, gs, d_os, dqs, dks, dvs, dgs, *, chunk: int, scale: float,
+                     low: bool, m: int, interpret: bool):  # fmt: skip
+    """One (row, block in reverse, m heads): the intra parts recomputed with their pullback, the
+    states' cotangents chunk by chunk from the last, then every chunk's pullback at once (rows
+    unpacked and packed as in :func:`_forward_kernel`)."""
     heads, key_dim, value_dim = d_state_ref.shape
-    q_heads = q_ref.shape[-1] // key_dim
-    per_block = q_ref.shape[1] // chunk
+    per_block = BLOCK_T // chunk
+    group, first = pl.program_id(2), pl.program_id(2) * m
+    mine = pl.ds(first, m)
     f32 = jnp.float32
 
-    @pl.when(pl.program_id(2) == 0)
+    @pl.when(pl.program_id(1) == 0)
     def _():
-        d_state_ref[...] = d_final_ref[0]
+        d_state_ref[mine] = d_final_ref[0, mine]
+
+    @pl.when(group == 0)
+    def _():
+        for ref, scratch in ((q_ref, qs), (k_ref, ks), (v_ref, vs), (g_ref, gs), (do_ref, d_os)):
+            _unpack(ref, scratch, interpret)
 
     step = functools.partial(chunk_intra, scale=scale, low=low)
-    qk = [_for_heads(_tiles(r, q_heads, key_dim, chunk, f32), heads, q_heads)
-          for r in (q_ref, k_ref)]  # fmt: skip
+    take = functools.partial(_mine, first=first, count=m, chunk=chunk, dtype=f32)
+    qk = [take(x, groups=heads // x.shape[0]) for x in (qs, ks)]
     beta_col[...] = _column(beta_ref[0])
     beta = beta_col[...].reshape(-1, chunk, 1)
-    intra, pullback = jax.vjp(step, *qk, _tiles(v_ref, heads, value_dim, chunk, f32),
-                              _tiles(g_ref, heads, key_dim, chunk, f32), beta)  # fmt: skip
-    intra = [x.reshape(heads, per_block, *x.shape[1:]) for x in intra]
-    d_o = _tiles(do_ref, heads, value_dim, chunk, f32).reshape(heads, per_block, chunk, -1)
-    d_state = d_state_ref[...]
+    intra, pullback = jax.vjp(step, *qk, take(vs), take(gs), beta)
+    intra = [x.reshape(m, per_block, *x.shape[1:]) for x in intra]
+    d_o = take(d_os).reshape(m, per_block, chunk, -1)
+    d_state = d_state_ref[mine]
     d_intra = [None] * per_block
     for c in reversed(range(per_block)):
         state = states_ref[0, :, c * key_dim : (c + 1) * key_dim, :]
         d_intra[c], d_state = state_backward(tuple(x[:, c] for x in intra), state, d_o[:, c],
                                              d_state, low)  # fmt: skip
-    d_state_ref[...] = d_state
+    d_state_ref[mine] = d_state
     d_intra = [jnp.stack(x, 1).reshape(-1, *x[0].shape[1:]) for x in zip(*d_intra, strict=True)]
     dq, dk, dv, dg, d_beta = pullback(tuple(d_intra))
-    every = slice(0, q_ref.shape[1])
-    for ref, x in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv), (dg_ref, dg)):
-        _write(ref, x.reshape(heads, -1, x.shape[-1]), heads, every)
+    for scratch, x in ((dqs, dq), (dks, dk), (dvs, dv), (dgs, dg)):
+        scratch[mine] = x.reshape(m, BLOCK_T, x.shape[-1])
     # beta's cotangent back to its row layout: a masked sum over rows
-    d_beta = d_beta.reshape(heads, -1, 1)
+    d_beta = d_beta.reshape(m, -1, 1)
     d_beta_ref[0] = jnp.sum(jnp.where(_eye(BLOCK_T), d_beta, _ZERO), axis=1, keepdims=True)
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    @pl.when(group == pl.num_programs(2) - 1)
     def _():
-        d_s0_ref[0] = d_state
+        for scratch, ref in ((dqs, dq_ref), (dks, dk_ref), (dvs, dv_ref), (dgs, dg_ref)):
+            _pack(scratch, ref, interpret)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _():
+        d_s0_ref[0, mine] = d_state
 
 
 # ------------------------------------------------------------------ the calls
@@ -405,55 +454,74 @@ def _interpret(interpret):
     return jax.default_backend() != "tpu" if interpret is None else interpret
 
 
-def _specs(v, q_width: int, groups: int, most: int, reverse: bool):
-    """``(heads per program m, grid, tile(width, own), state spec, beta spec)`` for the grid
-    (batch, value heads / m, blocks); ``tile(width, False)``: the q/k heads the program's
-    value heads read."""
+def _specs(v, most: int, reverse: bool):
+    """``(heads per program m, grid, rows(count, width), whole heads spec, beta spec)`` for the
+    grid (batch, blocks, value heads / m): a block of every head (``rows``: a ``[B, T * count,
+    width]`` array's block of ``BLOCK_T`` tokens, the same across a block's programs, so read
+    once), a program's m heads taken out by strided loads; state specs hold every head."""
     batch, seq_len, heads, value_dim = v.shape
-    m = _heads_per_program(heads, groups, most)
-    q_heads = max(1, m // groups)
+    m = _heads_per_program(heads, most)
     n_blocks = seq_len // BLOCK_T
     at = (lambda n: n_blocks - 1 - n) if reverse else (lambda n: n)
 
-    def tile(width, own=True):
-        if own:
-            return pl.BlockSpec((1, BLOCK_T, m * width), lambda b, h, n: (b, at(n), h))
-        index = lambda b, h, n: (b, at(n), _div(_div(h * m, groups), q_heads))  # noqa: E731
-        return pl.BlockSpec((1, BLOCK_T, q_heads * q_width), index)
+    def rows(count, width):
+        return pl.BlockSpec((1, BLOCK_T * count, width), lambda b, n, h: (b, at(n), _I0))
 
-    state = pl.BlockSpec((1, m, q_width, value_dim), lambda b, h, n: (b, h, _I0, _I0))
-    beta = pl.BlockSpec((1, m, 1, BLOCK_T), lambda b, h, n: (b, h, _I0, at(n)))
-    return m, (batch, heads // m, n_blocks), tile, state, beta
+    def whole(key_dim):
+        return pl.BlockSpec((1, heads, key_dim, value_dim), lambda b, n, h: (b, _I0, _I0, _I0))
+
+    beta = pl.BlockSpec((1, m, 1, BLOCK_T), lambda b, n, h: (b, h, _I0, at(n)))
+    return m, (batch, n_blocks, heads // m), rows, whole, beta
 
 
-def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, groups, low, save, interpret=None):
+def _flat(x):
+    """``[B, T, H, D]`` -> ``[B, T * H, D]`` (the same bytes where H fills whole tiles)."""
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+def _out_dtype(dtype, heads: int):
+    """The kernel's dtype for an output of ``dtype`` over ``heads`` heads: 16-bit rows go two
+    heads to a word, so an odd count writes float32 (cast by the caller)."""
+    return dtype if jnp.dtype(dtype).itemsize == 4 or heads % 2 == 0 else jnp.float32
+
+
+def _scratch(shape, *dtypes):
+    return [pltpu.VMEM(shape, d) for d in dtypes]
+
+
+def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, low, save, interpret=None):
     """The forward kernel on padded inputs: ``(o, final_state, entering states or None)``."""
     batch, seq_len, heads, value_dim = v.shape
-    key_dim = q.shape[-1]
+    key_dim, q_heads = q.shape[-1], q.shape[2]
     per_block = BLOCK_T // chunk
-    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[0], False)
-    in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
-                beta_spec, state_spec]  # fmt: skip
-    out_specs = [tile(value_dim), state_spec]
-    out_shape = [jax.ShapeDtypeStruct((batch, seq_len, heads * value_dim), q.dtype),
+    m, grid, rows, whole, beta_spec = _specs(v, HEADS[0], False)
+    in_specs = [rows(q_heads, key_dim), rows(q_heads, key_dim), rows(heads, value_dim),
+                rows(heads, key_dim), beta_spec, whole(key_dim)]  # fmt: skip
+    out_specs = [rows(heads, value_dim), whole(key_dim)]
+    out_shape = [jax.ShapeDtypeStruct((batch, seq_len * heads, value_dim),
+                                      _out_dtype(q.dtype, heads)),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
     if save:
         out_specs.append(pl.BlockSpec((1, m, per_block * key_dim, value_dim),
-                                      lambda b, h, n: (b, h, n, _I0)))  # fmt: skip
+                                      lambda b, n, h: (b, h, n, _I0)))  # fmt: skip
         out_shape.append(jax.ShapeDtypeStruct(
             (batch, heads, seq_len // chunk * key_dim, value_dim), jnp.float32))
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
-                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
-    kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low,
-                               save=save)  # fmt: skip
-    flat = lambda x: x.reshape(*x.shape[:2], -1)
+        scratch_shapes=[pltpu.VMEM((heads, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32),
+                        *_scratch((q_heads, BLOCK_T, key_dim), q.dtype, k.dtype),
+                        *_scratch((heads, BLOCK_T, value_dim), v.dtype),
+                        *_scratch((heads, BLOCK_T, key_dim), jnp.float32),
+                        *_scratch((heads, BLOCK_T, value_dim), jnp.float32)])  # fmt: skip
+    interpret = _interpret(interpret)
+    kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low, save=save,
+                               m=m, interpret=interpret)  # fmt: skip
     out = pl.pallas_call(
-        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
-        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
-    )(flat(q), flat(k), flat(v), flat(g), beta_rows, s0)
-    o = out[0].reshape(batch, seq_len, heads, value_dim)
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret,
+        compiler_params=_compiler_params(("parallel", "arbitrary", "arbitrary")),
+    )(_flat(q), _flat(k), _flat(v), _flat(g), beta_rows, s0)
+    o = out[0].reshape(batch, seq_len, heads, value_dim).astype(q.dtype)
     return o, out[1], (out[2] if save else None)
 
 
@@ -461,32 +529,42 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
               interpret=None):  # fmt: skip
     """The backward kernel: ``(dq, dk, dv, dg, d_beta_rows, d_s0)``, dq and dk per value head."""
     batch, seq_len, heads, value_dim = v.shape
-    key_dim = q.shape[-1]
+    key_dim, q_heads = q.shape[-1], q.shape[2]
     per_block = BLOCK_T // chunk
-    m, grid, tile, state_spec, beta_spec = _specs(v, key_dim, groups, HEADS[1], True)
-    n_blocks = grid[2]
-    in_specs = [tile(key_dim, False), tile(key_dim, False), tile(value_dim), tile(key_dim),
-                beta_spec, pl.BlockSpec((1, m, per_block * key_dim, value_dim),
-                                        lambda b, h, n: (b, h, n_blocks - 1 - n, _I0)),
-                tile(value_dim), state_spec]  # fmt: skip
+    m, grid, rows, whole, beta_spec = _specs(v, HEADS[1], True)
+    n_blocks = grid[1]
+    in_specs = [rows(q_heads, key_dim), rows(q_heads, key_dim), rows(heads, value_dim),
+                rows(heads, key_dim), beta_spec,
+                pl.BlockSpec((1, m, per_block * key_dim, value_dim),
+                             lambda b, n, h: (b, h, n_blocks - 1 - n, _I0)),
+                rows(heads, value_dim), whole(key_dim)]  # fmt: skip
     grad_dtype = q.dtype if groups == 1 else jnp.float32
-    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len, heads * width), dtype)
+    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len * heads, width),  # noqa: E731
+                                                     _out_dtype(dtype, heads))
     out_shape = [wide(key_dim, grad_dtype), wide(key_dim, grad_dtype), wide(value_dim, v.dtype),
                  wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta_rows.shape, jnp.float32),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
-    out_specs = [tile(key_dim), tile(key_dim), tile(value_dim), tile(key_dim), beta_spec,
-                 state_spec]  # fmt: skip
+    out_specs = [rows(heads, key_dim), rows(heads, key_dim), rows(heads, value_dim),
+                 rows(heads, key_dim), beta_spec, whole(key_dim)]  # fmt: skip
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
-        scratch_shapes=[pltpu.VMEM((m, key_dim, value_dim), jnp.float32),
-                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32)])  # fmt: skip
-    kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low)
-    flat = lambda x: x.reshape(*x.shape[:2], -1)
+        scratch_shapes=[pltpu.VMEM((heads, key_dim, value_dim), jnp.float32),
+                        pltpu.VMEM((m, BLOCK_T, 1), jnp.float32),
+                        *_scratch((q_heads, BLOCK_T, key_dim), q.dtype, k.dtype),
+                        *_scratch((heads, BLOCK_T, value_dim), v.dtype),
+                        *_scratch((heads, BLOCK_T, key_dim), jnp.float32),
+                        *_scratch((heads, BLOCK_T, value_dim), d_o.dtype),
+                        *_scratch((heads, BLOCK_T, key_dim), jnp.float32, jnp.float32),
+                        *_scratch((heads, BLOCK_T, value_dim), jnp.float32),
+                        *_scratch((heads, BLOCK_T, key_dim), jnp.float32)])  # fmt: skip
+    interpret = _interpret(interpret)
+    kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low, m=m,
+                               interpret=interpret)  # fmt: skip
     dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(
-        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=_interpret(interpret),
-        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary")),
-    )(flat(q), flat(k), flat(v), flat(g), beta_rows, states, flat(d_o), d_final)
-    per_value_head = lambda x: x.reshape(batch, seq_len, heads, -1)
+        kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret,
+        compiler_params=_compiler_params(("parallel", "arbitrary", "arbitrary")),
+    )(_flat(q), _flat(k), _flat(v), _flat(g), beta_rows, states, _flat(d_o), d_final)
+    per_value_head = lambda x: x.reshape(batch, seq_len, heads, -1)  # noqa: E731
     return (*map(per_value_head, (dq, dk, dv, dg)), d_beta, d_s0)
 
 
@@ -518,8 +596,8 @@ def _kda(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallba
 
 def _kda_fwd(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback,
              save=True):  # fmt: skip
-    forward = functools.partial(_forward, scale=scale, chunk=chunk, groups=groups, low=low,
-                                save=save, interpret=interpret)  # fmt: skip
+    forward = functools.partial(_forward, scale=scale, chunk=chunk, low=low, save=save,
+                                interpret=interpret)  # fmt: skip
     o, final, states = not_differentiated(forward, KERNELS)(q, k, v, g, beta_rows, s0)
     if fallback:
         o, final = _exact_where_not_finite(o, final, q, k, v, g, beta_rows, s0, scale)
@@ -566,10 +644,15 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
           else initial_state.astype(jnp.float32))  # fmt: skip
     s0 = jnp.pad(s0, [(0, 0), (0, 0), (0, -key_dim % LANES), (0, -value_dim % LANES)])
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
-    low = q.dtype == jnp.bfloat16 if low is None else low
+    dtype = q.dtype
+    low = dtype == jnp.bfloat16 if low is None else low
+    # 16-bit rows are read two heads to a 32-bit word (_rows_of): an odd head count in float32
+    # (the kernels compute in float32 from the inputs' values: the same numerics)
+    q, k, v = (x.astype(jnp.float32) if x.dtype.itemsize == 2 and x.shape[2] % 2 else x
+               for x in (q, k, v))  # fmt: skip
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
                     groups, low, interpret, non_finite_fallback)  # fmt: skip
-    return o[:, :seq_len, :, :value_dim], final[:, :, :key_dim, :value_dim]
+    return o[:, :seq_len, :, :value_dim].astype(dtype), final[:, :, :key_dim, :value_dim]
 
 
 def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_ids,
@@ -603,9 +686,10 @@ def problems(options, here: bool = True) -> list[str]:
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
         (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
-        (key_dim > LANES or value_dim > 2 * LANES,
-         f"{name} was compiled on a TPU for key_dim <= {LANES} and value_dim <= {2 * LANES} "
-         f"(each padded to {LANES}-lane multiples), got {key_dim} and {value_dim}; use 'chunked'"),
+        (key_dim > LANES or value_dim > LANES,
+         f"{name} needs key_dim <= {LANES} and value_dim <= {LANES} (each padded to {LANES} "
+         f"lanes: Mosaic's strided loads take {LANES}-lane rows), got {key_dim} and "
+         f"{value_dim}; use 'chunked'"),
         *[(getattr(options, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
            "'recurrent'") for flag in ("output_chunk_states", "output_token_states")],
     ] if bad]  # fmt: skip
