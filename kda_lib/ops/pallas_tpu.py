@@ -14,8 +14,8 @@ by :func:`state_backward`.
 Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
 (:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into bfloat16
 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's interpret mode
-on a CPU. K and V are padded to 128 lanes (K, V <= 128); no segment ids, no interior states
-(:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
+on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256); no segment ids, no
+interior states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
@@ -297,22 +297,29 @@ def _heads_per_program(heads: int, most: int) -> int:
 
 
 def _rows_of(ref, head: int, heads: int, interpret: bool):
-    """Head ``head``'s rows ``[BLOCK_T, D]`` of a block ``[1, BLOCK_T * heads, D]`` of a ``[B, T *
-    heads, D]`` array (``[B, T, heads, D]`` in the same bytes), in the block's dtype: a load with
-    a stride of ``heads`` rows from a static start (Mosaic compiles no other). 16-bit rows pair
-    up in 32-bit words (:func:`pltpu.bitcast`'s packing, the even row in the low half: Mosaic
-    loads 32-bit rows only), so their ``heads`` is even (:func:`kda_pallas` widens the others)."""
+    """Head ``head``'s rows ``[BLOCK_T, W]`` of a block ``[1, BLOCK_T * heads * parts, 128]`` of a
+    ``[B, T * heads * parts, 128]`` array (``[B, T, heads, W = parts * 128]``; the same bytes at
+    ``parts = 1``), in the block's dtype: per part a load with a stride of ``heads * parts`` rows
+    from a static start (Mosaic compiles no other, and only 128-lane rows). 16-bit rows pair up in
+    32-bit words (:func:`pltpu.bitcast`'s packing, the even row in the low half: Mosaic loads
+    32-bit rows only), so ``heads * parts`` is even for them (:func:`kda_pallas` widens others)."""
+    n = ref.shape[1] // BLOCK_T  # heads * parts
+    parts = n // heads
     if interpret:  # Pallas's interpreter has no strided slices: the same rows by a reshape
-        return ref[0].reshape(BLOCK_T, heads, ref.shape[-1])[:, head]
-    if ref.dtype.itemsize == 4:
-        return ref[0, pl.ds(head, BLOCK_T, stride=heads), :]
-    words = ref.bitcast(jnp.uint32)[0, pl.ds(head // 2, BLOCK_T, stride=heads // 2), :]
-    bits = words << 16 if head % 2 == 0 else words & np.uint32(0xFFFF0000)
-    return jax.lax.bitcast_convert_type(bits, jnp.float32).astype(ref.dtype)
+        return ref[0].reshape(BLOCK_T, heads, parts * LANES)[:, head]
+    pieces = []
+    for row in range(head * parts, (head + 1) * parts):
+        if ref.dtype.itemsize == 4:
+            pieces.append(ref[0, pl.ds(row, BLOCK_T, stride=n), :])
+            continue
+        words = ref.bitcast(jnp.uint32)[0, pl.ds(row // 2, BLOCK_T, stride=n // 2), :]
+        bits = words << 16 if row % 2 == 0 else words & np.uint32(0xFFFF0000)
+        pieces.append(jax.lax.bitcast_convert_type(bits, jnp.float32).astype(ref.dtype))
+    return pieces[0] if parts == 1 else jnp.concatenate(pieces, axis=-1)
 
 
 def _unpack(ref, scratch, interpret: bool):
-    """Every head's rows of a block ``ref [1, BLOCK_T * H, D]`` into ``scratch [H, BLOCK_T, D]``
+    """Every head's rows of a block ``ref`` (:func:`_rows_of`) into ``scratch [H, BLOCK_T, W]``
     (head-major: a program then takes its heads at a dynamic index)."""
     heads = scratch.shape[0]
     for h in range(heads):
@@ -320,21 +327,25 @@ def _unpack(ref, scratch, interpret: bool):
 
 
 def _pack(scratch, ref, interpret: bool):
-    """``scratch [H, BLOCK_T, D]`` (every head) into the rows of ``ref [1, BLOCK_T * H, D]``
-    (strided stores; 16-bit rows two heads to a word, the even head's bits low)."""
+    """``scratch [H, BLOCK_T, W]`` (every head) into the rows of ``ref`` (:func:`_rows_of`'s
+    layout; strided stores, 16-bit rows two to a word, the even row's bits low)."""
     heads, _, width = scratch.shape
     if interpret:
-        ref[0] = jnp.swapaxes(scratch[...], 0, 1).reshape(-1, width).astype(ref.dtype)
-    elif ref.dtype.itemsize == 4:
-        for h in range(heads):
-            ref[0, pl.ds(h, BLOCK_T, stride=heads), :] = scratch[h].astype(ref.dtype)
-    else:  # round to the 16-bit dtype, then two heads' bits to a word
-        words = ref.bitcast(jnp.uint32)
-        bits = lambda h: jax.lax.bitcast_convert_type(  # noqa: E731
-            scratch[h].astype(ref.dtype).astype(jnp.float32), jnp.uint32)
-        for h in range(0, heads, 2):
-            pair = (bits(h) >> 16) | (bits(h + 1) & np.uint32(0xFFFF0000))
-            words[0, pl.ds(h // 2, BLOCK_T, stride=heads // 2), :] = pair
+        ref[0] = jnp.swapaxes(scratch[...], 0, 1).reshape(-1, LANES).astype(ref.dtype)
+        return
+    n = ref.shape[1] // BLOCK_T
+    parts = n // heads
+    row = lambda r: scratch[r // parts, :, (r % parts) * LANES : (r % parts + 1) * LANES]  # noqa: E731
+    if ref.dtype.itemsize == 4:
+        for r in range(n):
+            ref[0, pl.ds(r, BLOCK_T, stride=n), :] = row(r).astype(ref.dtype)
+        return
+    words = ref.bitcast(jnp.uint32)  # round to the 16-bit dtype, then two rows' bits to a word
+    bits = lambda r: jax.lax.bitcast_convert_type(  # noqa: E731
+        row(r).astype(ref.dtype).astype(jnp.float32), jnp.uint32)
+    for r in range(0, n, 2):
+        pair = (bits(r) >> 16) | (bits(r + 1) & np.uint32(0xFFFF0000))
+        words[0, pl.ds(r // 2, BLOCK_T, stride=n // 2), :] = pair
 
 
 def _mine(scratch, first, count: int, chunk: int, groups: int = 1, dtype=None):
@@ -465,7 +476,8 @@ def _specs(v, most: int, reverse: bool):
     at = (lambda n: n_blocks - 1 - n) if reverse else (lambda n: n)
 
     def rows(count, width):
-        return pl.BlockSpec((1, BLOCK_T * count, width), lambda b, n, h: (b, at(n), _I0))
+        size = BLOCK_T * count * (width // LANES)
+        return pl.BlockSpec((1, size, LANES), lambda b, n, h: (b, at(n), _I0))
 
     def whole(key_dim):
         return pl.BlockSpec((1, heads, key_dim, value_dim), lambda b, n, h: (b, _I0, _I0, _I0))
@@ -475,14 +487,15 @@ def _specs(v, most: int, reverse: bool):
 
 
 def _flat(x):
-    """``[B, T, H, D]`` -> ``[B, T * H, D]`` (the same bytes where H fills whole tiles)."""
-    return x.reshape(x.shape[0], -1, x.shape[-1])
+    """``[B, T, H, D]`` -> ``[B, T * H * D / 128, 128]`` (the same bytes where D = 128 and H fills
+    whole tiles; an XLA copy otherwise)."""
+    return x.reshape(x.shape[0], -1, LANES)
 
 
-def _out_dtype(dtype, heads: int):
-    """The kernel's dtype for an output of ``dtype`` over ``heads`` heads: 16-bit rows go two
-    heads to a word, so an odd count writes float32 (cast by the caller)."""
-    return dtype if jnp.dtype(dtype).itemsize == 4 or heads % 2 == 0 else jnp.float32
+def _out_dtype(dtype, rows: int):
+    """The kernel's dtype for an output of ``dtype`` with ``rows`` 128-lane rows a token: 16-bit
+    rows go two to a word, so an odd count writes float32 (cast by the caller)."""
+    return dtype if jnp.dtype(dtype).itemsize == 4 or rows % 2 == 0 else jnp.float32
 
 
 def _scratch(shape, *dtypes):
@@ -498,8 +511,8 @@ def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, low, save, interpret=No
     in_specs = [rows(q_heads, key_dim), rows(q_heads, key_dim), rows(heads, value_dim),
                 rows(heads, key_dim), beta_spec, whole(key_dim)]  # fmt: skip
     out_specs = [rows(heads, value_dim), whole(key_dim)]
-    out_shape = [jax.ShapeDtypeStruct((batch, seq_len * heads, value_dim),
-                                      _out_dtype(q.dtype, heads)),
+    out_shape = [jax.ShapeDtypeStruct((batch, seq_len * heads * value_dim // LANES, LANES),
+                                      _out_dtype(q.dtype, heads * value_dim // LANES)),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
     if save:
         out_specs.append(pl.BlockSpec((1, m, per_block * key_dim, value_dim),
@@ -539,8 +552,8 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
                              lambda b, n, h: (b, h, n_blocks - 1 - n, _I0)),
                 rows(heads, value_dim), whole(key_dim)]  # fmt: skip
     grad_dtype = q.dtype if groups == 1 else jnp.float32
-    wide = lambda width, dtype: jax.ShapeDtypeStruct((batch, seq_len * heads, width),  # noqa: E731
-                                                     _out_dtype(dtype, heads))
+    wide = lambda width, dtype: jax.ShapeDtypeStruct(  # noqa: E731
+        (batch, seq_len * heads * width // LANES, LANES), _out_dtype(dtype, heads * width // LANES))
     out_shape = [wide(key_dim, grad_dtype), wide(key_dim, grad_dtype), wide(value_dim, v.dtype),
                  wide(key_dim, jnp.float32), jax.ShapeDtypeStruct(beta_rows.shape, jnp.float32),
                  jax.ShapeDtypeStruct((batch, heads, key_dim, value_dim), jnp.float32)]
@@ -648,8 +661,8 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     low = dtype == jnp.bfloat16 if low is None else low
     # 16-bit rows are read two heads to a 32-bit word (_rows_of): an odd head count in float32
     # (the kernels compute in float32 from the inputs' values: the same numerics)
-    q, k, v = (x.astype(jnp.float32) if x.dtype.itemsize == 2 and x.shape[2] % 2 else x
-               for x in (q, k, v))  # fmt: skip
+    q, k, v = (x.astype(jnp.float32) if x.dtype.itemsize == 2 and x.shape[2] * x.shape[3] //
+               LANES % 2 else x for x in (q, k, v))  # fmt: skip
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
                     groups, low, interpret, non_finite_fallback)  # fmt: skip
     return o[:, :seq_len, :, :value_dim].astype(dtype), final[:, :, :key_dim, :value_dim]
@@ -686,10 +699,9 @@ def problems(options, here: bool = True) -> list[str]:
          f"{name} takes float32 or bfloat16 inputs, got {jnp.dtype(options.dtype).name}; use "
          "'chunked' or 'recurrent'"),
         (options.has_segments, f"{name} does not take segment_ids; use 'chunked'"),
-        (key_dim > LANES or value_dim > LANES,
-         f"{name} needs key_dim <= {LANES} and value_dim <= {LANES} (each padded to {LANES} "
-         f"lanes: Mosaic's strided loads take {LANES}-lane rows), got {key_dim} and "
-         f"{value_dim}; use 'chunked'"),
+        (key_dim > LANES or value_dim > 2 * LANES,
+         f"{name} was compiled on a TPU for key_dim <= {LANES} and value_dim <= {2 * LANES} "
+         f"(each padded to {LANES}-lane multiples), got {key_dim} and {value_dim}; use 'chunked'"),
         *[(getattr(options, flag), f"{name} returns no interior states ({flag}); use 'chunked' or "
            "'recurrent'") for flag in ("output_chunk_states", "output_token_states")],
     ] if bad]  # fmt: skip
