@@ -189,7 +189,7 @@ def decode_cache_numbers(answer, rng):
     decode steps, against ``KimiDeltaAttention.init_cache`` (w from 2 to 6, then 0, then 1)."""
     from flax import nnx
 
-    from kda_lib import KDAConfig, KimiDeltaAttention
+    from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 
     for w in (int(rng.integers(2, 7)), 0, 1):
         H, K = int(rng.integers(2, 5)), int(rng.integers(2, 9))  # each slip its own count
