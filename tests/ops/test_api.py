@@ -396,10 +396,10 @@ def _central_hessian(f, theta, h=1e-4):
 THETA, DIRECTION = np.array([0.1, -0.2, 0.05]), np.array([1.0, 2.0, -1.0])
 
 
-# T = 16: auto runs the recurrence; T = 70: the chunked form's backward at the default chunk
-# size (64), across a chunk boundary into a partial chunk (before: 17, one partial chunk, and
-# 1024, sixteen whole ones: the same programs but for sizes)
-@pytest.mark.parametrize("seq_len", [16, 70])
+# T = 16: auto runs the recurrence; above, the chunked form's backward at the default chunk size
+# (64): 17, one partial chunk; 70, across a chunk boundary into a partial chunk; 1024, sixteen
+# whole chunks (issue 75's lengths)
+@pytest.mark.parametrize("seq_len", [16, 17, 70, 1024])
 def test_hessian_and_jvp_through_the_default_match_float64_finite_differences(seq_len, x64):
     """jax.hessian (forward over reverse) and jax.jvp of a scalar of the default kda()'s
     output, w.r.t. three scalings (of q, v and the gates): central differences in float64.
@@ -501,11 +501,12 @@ def _float64_layer():
         return config, *nnx.split(KimiDeltaAttention(config, rngs=nnx.Rngs(0)))
 
 
-# T = 70: the chunked form's backward across a boundary of the default chunk (64). (T = 16,
-# where auto runs the recurrence, was a row: the layer has no other branch on T, its own ops run
-# here, and the recurrence's Hessian and jvp under auto are checked against float64 finite
-# differences by test_hessian_and_jvp_through_the_default_match_float64_finite_differences[16].)
-@pytest.mark.parametrize("seq_len", [70])
+# T = 17 (one partial chunk of the default 64) and 1024 (sixteen whole ones): the chunked form's
+# backward. (T = 16, where auto runs the recurrence, was a row: the layer has no other branch on
+# T, its own ops run here, and the recurrence's Hessian and jvp under auto are checked against
+# float64 finite differences by test_hessian_and_jvp_through_the_default_match_float64_finite_
+# differences[16].)
+@pytest.mark.parametrize("seq_len", [17, 1024])
 def test_hessian_and_jvp_through_the_layer_match_float64_finite_differences(seq_len, x64):
     """jax.hessian and jax.jvp of a scalar of the default layer's output (KimiDeltaAttention in
     float64, hidden size 8) w.r.t. two scalings of its input, against central differences (at h
