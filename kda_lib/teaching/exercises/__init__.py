@@ -113,35 +113,6 @@ def first_miss(answer, trials, name: str, want: Callable, equal: Callable | None
     return None, None
 
 
-def held(answer, found: Callable[[Any], Any], depth: int = 3) -> Any:
-    """The first truthy ``found(x)``, ``x`` what ``answer`` holds (closures, globals, ...)."""
-    todo, seen = [(answer, depth)], set()
-    while todo:
-        fn, level = todo.pop()
-        hit = found(fn)
-        if hit:
-            return hit
-        if level < 0 or id(fn) in seen or isinstance(fn, (str, bytes, np.ndarray)):
-            continue
-        seen.add(id(fn))
-        if isinstance(fn, (dict, list, tuple, set, frozenset)):
-            todo += [(x, level - 1) for x in list(fn.values() if isinstance(fn, dict) else fn)[:64]]
-        if isinstance(fn, functools.partial):
-            todo += [(x, level) for x in (fn.func, *fn.args, *fn.keywords.values())]
-        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", None) or {}
-        stack = [code] if code is not None else []
-        while stack:
-            c = stack.pop()
-            stack += [x for x in c.co_consts if isinstance(x, type(c))]
-            todo += [(names[n], level - 1) for n in c.co_names if n in names]
-        todo += [(x, level - 1) for x in (getattr(fn, "__defaults__", None) or ())]
-        todo += [(x, level - 1) for x in (getattr(fn, "__kwdefaults__", None) or {}).values()]
-        for cell in getattr(fn, "__closure__", None) or ():
-            with contextlib.suppress(ValueError):  # an empty cell
-                todo.append((cell.cell_contents, level - 1))
-    return None
-
-
 SCIPY = ("scipy", "jax.scipy", "jax._src.scipy")  # the statistics libraries some exercises refuse
 
 
@@ -155,20 +126,38 @@ def _scipy_ufuncs() -> dict[int, str]:
             if isinstance(f, np.ufunc)}
 
 
-def holds_scipy(answer) -> str | None:
-    """The scipy or jax.scipy function or module ``answer`` holds or imports, else ``None``."""
-    def found(x):
+def holds_scipy(answer, depth: int = 3) -> str | None:
+    """The scipy or jax.scipy function or module that ``answer`` holds (closures, globals,
+    defaults, containers, partials; ``depth`` deep) or imports in its code, else ``None``."""
+    todo, seen = [(answer, depth)], set()
+    while todo:
+        x, level = todo.pop()
         module = x.__name__ if isinstance(x, types.ModuleType) else getattr(x, "__module__", None)
-        named = isinstance(module, str) and module.startswith(SCIPY)
-        codes = [x.__code__] if isinstance(getattr(x, "__code__", None), types.CodeType) else []
-        while codes and not named:
-            code = codes.pop()
-            codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-            named = any(n == "scipy" or n.startswith("scipy.") for n in code.co_names)
-            module = "scipy" if named else module
-        return _scipy_ufuncs().get(id(x)) or (module if named else None)
-
-    return held(answer, found)
+        if hit := _scipy_ufuncs().get(id(x)) or (
+                module if isinstance(module, str) and module.startswith(SCIPY) else None):
+            return hit
+        codes, stack = [], [getattr(x, "__code__", None)]
+        while stack:  # the code and the code nested in it
+            if isinstance(code := stack.pop(), types.CodeType):
+                codes.append(code)
+                stack += code.co_consts
+        if any(n == "scipy" or n.startswith("scipy.") for c in codes for n in c.co_names):
+            return "scipy"
+        if level < 0 or id(x) in seen or isinstance(x, (str, bytes, np.ndarray)):
+            continue
+        seen.add(id(x))
+        if isinstance(x, (dict, list, tuple, set, frozenset)):
+            todo += [(y, level - 1) for y in list(x.values() if isinstance(x, dict) else x)[:64]]
+        if isinstance(x, functools.partial):
+            todo += [(y, level) for y in (x.func, *x.args, *x.keywords.values())]
+        names = getattr(x, "__globals__", None) or {}
+        todo += [(names[n], level - 1) for c in codes for n in c.co_names if n in names]
+        todo += [(y, level - 1) for y in (getattr(x, "__defaults__", None) or ())]
+        todo += [(y, level - 1) for y in (getattr(x, "__kwdefaults__", None) or {}).values()]
+        for cell in getattr(x, "__closure__", None) or ():
+            with contextlib.suppress(ValueError):  # an empty cell
+                todo.append((cell.cell_contents, level - 1))
+    return None
 
 
 OTHER_KDA = ("tokamax", "fla")  # the other KDA libraries installed beside kda_lib
@@ -299,11 +288,10 @@ def _checker_for(exercise_id: str) -> Callable[..., str | None]:
         raise ValueError(f"exercise_id must be a string like '03.2', got {exercise_id!r} "
                          f"({type(exercise_id).__name__})")
     chapter = exercise_id.split(".")[0]
-    module = f"{__name__}.ch{chapter}"
     if not (chapter.isdigit() and len(chapter) == 2):
         raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
     try:
-        importlib.import_module(f"{__name__}.ch{chapter}")  # a chapter of this package only
+        importlib.import_module(module := f"{__name__}.ch{chapter}")  # this package's chapter
     except ModuleNotFoundError as err:
         if err.name != module:  # a missing import inside the chapter
             raise
