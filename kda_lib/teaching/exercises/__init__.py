@@ -46,10 +46,11 @@ def checker(exercise_id: str) -> Callable:
 
 
 def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
-                      inputs: Sequence[Any] = (), what: str = "the answer",
-                      integer: bool = False, allow_zeros: bool = False) -> str | None:
-    """``None`` if ``answer`` is finite real numbers (whole where ``integer``) of ``shape``, not
-    all zeros (unless ``allow_zeros``) nor one of ``inputs`` handed back; else a hint."""
+                      inputs: Sequence[Any] = (), what: str = "the answer", integer: bool = False,
+                      allow_zeros: bool = False, infinite: bool = False) -> str | None:
+    """``None`` if ``answer`` is finite (or +inf, where ``infinite``) real numbers (whole where
+    ``integer``) of ``shape``, not all zeros (unless ``allow_zeros``) nor one of ``inputs`` handed
+    back; else a hint."""
     if answer is None or callable(answer) or isinstance(answer, (str, bytes, dict, set)):
         return f"{what} should be numbers (an array or a number), got {type(answer).__name__}" + (
             " (a missing return?)" if answer is None else "")
@@ -65,7 +66,7 @@ def refuse_degenerate(answer: Any, *, shape: Sequence[int] | None = None,
         return f"{what} should be real numbers (ints or floats), got dtype {values.dtype}"
     if shape is not None and values.shape != tuple(shape):
         return f"{what} should have shape {tuple(shape)}, got {values.shape}"
-    if not np.isfinite(values).all():
+    if not (np.isfinite(values) | (infinite & (values == np.inf))).all():
         return f"{what} has NaN or inf entries"
     if integer and not (values.dtype.kind in "iu" or (values == np.round(values)).all()):
         return f"{what} should be whole numbers"

@@ -47,10 +47,9 @@ def half_context(answer, rng, *, shape: dict):
     models = _models(shape, rng)
     models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
     for model in models:
-        got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)")
-        one = isinstance(got, float) or getattr(got, "shape", 1) == ()  # a float or a 0-d array
-        if not hint and not (one and np.asarray(got).dtype.kind == "f" and got == math.inf):
-            hint = ex.refuse_degenerate(got, shape=(), integer=True, what="T", allow_zeros=True)
+        got, hint = ex.call_answer(answer, *model, name="half_context(kda_layers, ...)",
+                                   refuse=dict(shape=(), integer=True, what="T", allow_zeros=True,
+                                               infinite=True))
         if hint:
             return hint
         want, where = _half(*model), f"for {dict(zip(_NAMES, model, strict=True))}"
