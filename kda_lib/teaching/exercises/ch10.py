@@ -1,6 +1,5 @@
-"""Checkers of notebook 10's exercises: variants the page does not compute (10.1 against GQA,
-10.2 ring attention, 10.3 fp8 and int4 weights), on its preset (the counts agree with
-:mod:`kda_lib.lab.at_scale`: ``tests/teaching/test_redteam_0610.py``), own and drawn models."""
+"""Checkers of notebook 10: what the page does not compute (10.1 against GQA, 10.2 ring attention,
+10.3 fp8 and int4 weights), on its preset (as :mod:`kda_lib.lab.at_scale`), own and drawn models."""
 
 from __future__ import annotations
 
@@ -28,19 +27,10 @@ def _preset_model(name) -> tuple:
             at_scale.mla_cache_numbers(p))
 
 
-def _is_int(answer) -> bool:
-    """A whole number: a Python, numpy or jax int (or 0-d array), or a whole float."""
-    value = answer.item() if np.ndim(answer) == 0 and hasattr(answer, "item") else answer
-    return (math.isfinite(value) and value.is_integer() if isinstance(value, float)
-            else isinstance(value, int) and not isinstance(value, bool))
-
-
 def _tokens_miss(answer, trials, name, count, largest):
     """:func:`first_miss` on whole tokens, float32, int32 slips hinted (``largest``: products)."""
-    hint, miss = ex.first_miss(answer, trials, name, count, lambda got, want: _is_int(
-        got) and int(got) == want, shape=(), integer=True, what="T", allow_zeros=True)
-    if miss and not _is_int(miss[1]):
-        return "answer with a whole number of tokens", None
+    hint, miss = ex.first_miss(answer, trials, name, count, lambda got, want: int(
+        got) == want and got == want, shape=(), integer=True, what="T", allow_zeros=True)
     if miss and int(miss[1]) == count(*miss[0], f32=True):  # whatever dtype it returns
         return (f"your T is {int(miss[1]):,}, the count {miss[2]:,}: the quotient "
                 "rounded to float32 (24 bits) is off a whole token here (rare); use ints"), None
@@ -125,26 +115,25 @@ def _special_float(got) -> str | None:
 def _reduction_hint(answer, trials) -> str | None:
     for args in trials:
         got, hint = ex.call_answer(answer, *args, name="reduction_context(fraction, ...)")
+        if hint:
+            return hint
         fraction, kda, glob, _, head_dim, _, mla_numbers, kv_heads = args
-        want = float(_reduction_context(*args))
+        want, special = float(_reduction_context(*args)), _special_float(got)
         where = (f"at fraction {fraction} with {kda} KDA and {glob} global layers, {kv_heads} "
                  "key/value heads")
-        special = None if hint else _special_float(got)
         if special in ("NaN", "-math.inf"):
             return (f"{where}, yours is {special}: give T as a positive real number, or math.inf "
                     "where no context reaches the fraction")
-        if not hint and want == math.inf:
-            if special == "math.inf":
-                continue
-            return ex.refuse_degenerate(got, shape=(), what="T", allow_zeros=True) or (
-                f"{where}, yours is a finite T, yet no context reaches this fraction (the "
-                "reduction only nears its limit as T grows): return math.inf there")
+        if want == math.inf and special == "math.inf":
+            continue
         if special == "math.inf":
             return (f"{where}, yours is math.inf, yet a finite T reaches this fraction: "
                     "math.inf only where no context does")
-        hint = hint or ex.refuse_degenerate(got, shape=(), what="T", allow_zeros=True)
-        if hint:
+        if hint := ex.refuse_degenerate(got, shape=(), what="T", allow_zeros=True):
             return hint
+        if want == math.inf:
+            return (f"{where}, yours is a finite T, yet no context reaches this fraction (the "
+                    "reduction only nears its limit as T grows): return math.inf there")
         got = float(got)
         if math.isclose(got, want, rel_tol=1e-6):
             continue
@@ -179,9 +168,8 @@ def _ring(ranks, heads, head_dim, conv_size, mla_numbers, f32=False) -> int:
 
 @ex.checker("10.2")
 def ring_crossover(answer, rng, *, preset: str, ranks: int):
-    """``answer(ranks, heads, head_dim, conv_size, mla_numbers) -> int``: the smallest whole T at
-    which ring attention over the MLA latents brings each rank more bytes than the KDA summaries
-    plus the conv halo; on ``preset`` at ``ranks`` and others, models of its own, one drawn."""
+    """``answer(ranks, heads, head_dim, conv_size, mla_numbers) -> int``: the least whole T where
+    ring attention over MLA latents brings a rank more bytes than KDA's summaries and conv halo."""
     shape = _preset_model(preset)[2:]
     trials = [(r, *shape) for r in (ranks, 2, 64)]
     trials += [(r, *m[2:6]) for m in _OWN_MODELS for r in (3, 16)]
