@@ -26,8 +26,7 @@ def _spread(n, ratio, width, how="right") -> float:
 
 
 def _spreads(rng):
-    """(d_k, ratio, width): the page's (32, 10, 100), two drawn, one of chance 1e-30 to 1e-12,
-    d_k = 1 and a ratio past the range (both 1)."""
+    """(d_k, ratio, width): the page's, two drawn, one of chance 1e-30..1e-12, two of chance 1."""
     width = float(rng.choice([10.0, 100.0, 1000.0]))
 
     def drawn(n_range, rho_range):

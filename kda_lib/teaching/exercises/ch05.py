@@ -75,8 +75,7 @@ def backward_fold(answer, rng, **_):
 def summary_gradients(answer, rng, **_):
     """``summary_cotangents(ms, es, hs) -> (dms [R, K, K], des [R, K, V])``: the loss's gradient
     for every rank's summary ``(M, E)`` (the all-gather's backward)."""
-    # at R = 2 every dms is zero (S^(0) = 0, the last unused)
-    for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:
+    for ranks, *size in [(r,) for r in _RANKS[1:]] + [_LARGE]:  # at R = 2 every dms is 0
         ms, es, hs = _problem(rng, ranks, *size)
         got, hint = _call(answer, ms, es, hs, name="summary_cotangents(ms, es, hs)")
         if hint := hint or ex.parts(got, "the pair (dms, des)", *(dict(

@@ -1,5 +1,4 @@
-"""Checkers of notebook 06 (a blind model's floor on a skewed vocabulary, a dilated conv stack's
-positions, clearing at every ``period`` tokens): the checker's own trials and one drawn."""
+"""Checkers of notebook 06: a blind model's floor, a dilated stack's reach, periodic clearing."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ _ENTROPY_HINT = ("blind_floor(probs) uses {}, which does the derivation: write t
 
 @ex.checker("06.1")
 def blind_floor(answer, rng):
-    """``answer(probs) -> (loss, accuracy)``: the lowest cross-entropy (nats) and the highest
-    accuracy of a model that cannot see the token it must copy, tokens i.i.d. from ``probs``
-    (zeros allowed): the entropy and the largest entry; scipy and jax.scipy refused."""
+    """``answer(probs) -> (loss, accuracy)``: the least cross-entropy (nats), the best accuracy of a
+    model blind to the token it copies, tokens i.i.d. from ``probs`` (zeros allowed); no scipy."""
     drawn = rng.dirichlet(np.full(int(rng.integers(3, 12)), 0.5))
     drawn[-1] = 0.0  # one zero
     if holding := ex.holds_scipy(answer):
@@ -39,8 +37,7 @@ def blind_floor(answer, rng):
             return "log |V| is the floor of the uniform stream only; the tokens here are skewed"
         if math.isclose(loss, entropy / math.log(2), rel_tol=1e-5) and len(p) > 2:
             return "that loss is in bits; the notebook's losses are in nats"
-        # abs_tol: probs rounded to float32 move a near-zero entropy by ~3e-8 nats (seed 35's
-        # 0.999996), and jax.numpy computes in float32
+        # abs_tol: float32 probs move a near-zero entropy by ~3e-8 nats (jnp computes in float32)
         if not math.isclose(loss, entropy, rel_tol=1e-5, abs_tol=1e-6):
             return "wrong loss: what should a model predict when it cannot see the source token?"
         if math.isclose(acc, 1 / len(p), rel_tol=1e-6) and p.max() > 1 / len(p) + 1e-9:
@@ -74,9 +71,8 @@ def _seen(last, widths, dilations):
 
 @ex.checker("06.2")
 def dilated_positions(answer, rng):
-    """``answer(last, widths, dilations) -> positions``: the positions an output at ``last``
-    depends on in a conv-only stack whose layer i has a causal conv of width ``widths[i]`` and
-    dilation ``dilations[i]`` (taps at t, t - d, ..., t - (w - 1) d)."""
+    """``answer(last, widths, dilations) -> positions`` an output at ``last`` sees, layer i a causal
+    conv of width ``widths[i]``, dilation ``dilations[i]`` (taps t, t - d, ..., t - (w - 1) d)."""
     depth = int(rng.integers(1, 4))
     drawn = (int(rng.integers(5, 40)), tuple(int(w) for w in rng.integers(1, 5, depth)),
              tuple(int(d) for d in rng.integers(1, 6, depth)))
@@ -101,17 +97,15 @@ _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64
 
 
 def _lost(seq_len, delay, conv_size, period, first_only=False):
-    """The positions whose input ``delay`` tokens back was cleared (before the last clearing,
-    or the first with ``first_only``, beyond the conv's reach)."""
+    """Positions whose input was cleared beyond the conv's reach (``first_only``: a slip's)."""
     return [t for t in range(delay, seq_len) if t >= period and t - delay < (
         period if first_only else t // period * period) - (conv_size - 1)]
 
 
 @ex.checker("06.3")
 def periodic_clearing(answer, rng):
-    """``answer(seq_len, delay, conv_size, period) -> positions``: the scored positions t whose
-    token (at t - delay) has no path left when the states and the conv histories above layer 0
-    are cleared at every multiple of ``period`` (drawn: one period above the delay, one below)."""
+    """``answer(seq_len, delay, conv_size, period) -> positions`` t whose token t - delay has no
+    path left, states and conv histories above layer 0 cleared at every multiple of ``period``."""
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     periods = (int(rng.integers(delay + 1, 3 * delay + 2)), int(rng.integers(2, delay)))
     for case in [*_PERIODIC, *((delay + int(rng.integers(2 * p, 5 * p)), delay,

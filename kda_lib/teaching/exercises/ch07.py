@@ -1,9 +1,5 @@
-"""Checkers of notebook 07 (the cache that rolls back a draft, rolling the state back over
-rejected tokens, the crossover of a verify call), on inputs drawn at each call. 07.2 refuses
-the routines that solve or invert (their products pass) and, by memory, any d_k x d_k array:
-d_k is 200,003 to 500,009 (40 GB at a byte a number; the address space capped on Linux, where
-the kernel may overcommit). Every draft's last token (and every third) has beta in (1.2, 1.8),
-where a series in beta k k^T diverges; a converging iteration of O(d_k d_v) passes."""
+"""Checkers of notebook 07: the cache that rolls back a draft (07.1), rolling the state back over
+rejected tokens (07.2), the crossover of a verify call (07.3); inputs drawn at each call."""
 
 from __future__ import annotations
 
@@ -22,8 +18,7 @@ def _window_rows(conv_size: int, draft: int) -> int:
 
 
 def _cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes, draft):
-    """``draft + 1`` float32 states B HV K V and one window of conv rows (:func:`_window_rows`) of
-    q, k (H K each) and v (HV V), ``conv_bytes`` a number."""
+    """``draft + 1`` float32 states [B, HV, K, V], one window of conv rows (q, k: H K; v: HV V)."""
     conv = batch * _window_rows(conv_size, draft) * (2 * num_heads * key_dim
                                                      + num_v_heads * value_dim)
     return 4 * (draft + 1) * batch * num_v_heads * key_dim * value_dim + conv_bytes * conv
@@ -104,8 +99,7 @@ def _address_space_capped(headroom: int = 2**35):
 
 
 def _draft(rng, tokens: int, key_dim: int, value_dim: int):
-    """A head's state before a draft, its unit keys, values, log decays in [-0.4, 0] and betas
-    in [0.1, 0.6], the last and every third in [1.2, 1.8]."""
+    """State, unit keys, values, g in [-0.4, 0], beta in [0.1, 0.6] (last, every third 1.2-1.8)."""
     k = rng.standard_normal((tokens, key_dim))
     k /= np.linalg.norm(k, axis=1, keepdims=True)
     beta = rng.uniform(0.1, 0.6, tokens)
@@ -124,17 +118,16 @@ def draft_states(state, k, v, g, beta):
     return np.stack(out)
 
 
-# K, V, n, rejected: odd d_k (XLA sizes their squares cleanly); 1, 2 and all tokens rejected; the
-# cheapest first (a diverging series is refused cheaply); the last's d_k x d_k array fits nowhere
+# (K, V, n, rejected), cheapest first: odd d_k, 1, 2 and all rejected; the last's K x K fits nowhere
 _DRAFTS = ((220_013, 1, 2, 1), (210_011, 2, 4, 4), (200_003, 3, 5, 2), (500_009, 1, 2, 1))
 
 
 @ex.checker("07.2")
 def roll_back(answer, rng):
-    """``answer(state, k, v, g, beta, rejected) -> [K, V]``: the state after the first
-    ``n - rejected`` of ``n`` draft tokens, from the state after all ``n`` (one head) and the
-    draft's unit keys ``k [n, K]``, values ``v [n, V]``, log decays ``g [n, K]`` and write
-    strengths ``beta [n]``; no solver, no d_k x d_k array (the module's docstring says how)."""
+    """``answer(state, k, v, g, beta, rejected) -> [K, V]``: one head's state before the last
+    ``rejected`` of ``n`` draft tokens, from the state after all, unit keys ``k [n, K]``, values
+    ``v [n, V]``, log decays ``g [n, K]``, ``beta [n]`` (some in (1.2, 1.8)); d_k 200,003 to
+    500,009: no solver or inverse (products pass), no d_k x d_k array (address space capped)."""
     for key_dim, value_dim, tokens, rejected in _DRAFTS:
         s0, k, v, g, beta = _draft(rng, tokens, key_dim, value_dim)
         states = draft_states(s0, k, v, g, beta)
@@ -180,8 +173,7 @@ def _roll_back_hint(got, states, k, v, g, beta, rejected, where) -> str:
 
 
 def _kda_verify_bytes(heads, key_dim, value_dim, conv_size, state_bytes, draft):
-    """Bytes a KDA verify call moves: the state read, the state after each token written, the
-    conv history's rows read and the draft's written, ``state_bytes`` a number."""
+    """Bytes of a KDA verify call: state read, every token's state written, conv rows in and out."""
     return state_bytes * heads * ((1 + draft) * key_dim * value_dim
                                   + _window_rows(conv_size, draft) * (2 * key_dim + value_dim))
 
@@ -232,11 +224,10 @@ def _t_star_hint(case, got: int) -> str:
 
 @ex.checker("07.3")
 def decode_crossover(answer, rng):
-    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
-    draft)``: the smallest whole context T >= 1 at which an attention call verifying a
-    ``draft``-token draft (write its entries, read all T + draft) moves at least the bytes of a
-    KDA verify call (state read, the state after each token written, conv rows read and written,
-    in the state's dtype), on shapes drawn at each call (one where the count gives T <= 0)."""
+    """``answer(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes, draft)``:
+    the least whole T >= 1 where attention verifying a draft (its entries written, all T + draft
+    read) moves at least a KDA verify call's bytes (state read, each token's state written, conv
+    rows read and written); shapes drawn at each call, one where the count gives T <= 0."""
     hint, miss = ex.first_miss(answer, _cases(rng), "t_star(...)", _t_star, shape=(), integer=True,
                                allow_zeros=True, what="T")
     return f"wrong for {miss[0]}: " + _t_star_hint(miss[0], int(miss[1])) if miss else hint

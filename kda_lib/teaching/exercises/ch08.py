@@ -26,8 +26,7 @@ def mqar_chance(answer, rng, **_):
             "appear as values") if miss else hint
 
 
-# 08.2's tolerance: float32's rounding (the worked solution in float32: at most 1.3e-5 relative
-# over every size the checker draws) passes, a simulation (2e5 sequences: about 6e-4 off) does not
+# 08.2's tolerance: float32 rounding (<= 1.3e-5) passes, a 2e5-sequence simulation (6e-4) does not
 VOTE_RTOL = 5e-5
 
 
@@ -64,8 +63,7 @@ def vote_level(answer, rng, **_):
 
 
 def _sources(inputs: np.ndarray, last_push: bool = False, by_value: bool = False) -> np.ndarray:
-    """Where each position's stack top was pushed (-1: empty); slips: the last push so far, or
-    the last occurrence of the top's value."""
+    """Where each position's stack top was pushed (-1: empty), or a slip's (last push, by value)."""
     out = np.full(inputs.shape, -1)
     for b, row in enumerate(inputs):
         stack: list[int] = []
@@ -100,8 +98,7 @@ def _reach_slips(inputs, mask, reach: int) -> dict:
 
 
 def _reach_trials(rng):
-    """(inputs, mask, reach): the docstring's example, drawn stacks (few values, so they
-    repeat) with their masks, and with a mask scoring a random half of the positions."""
+    """(inputs, mask, reach): the docstring's example; drawn stacks, their masks, random halves."""
     hand = np.array([[5, 7, 1, 3, 1, 1, 6]]), np.array([[0, 0, 1, 0, 1, 0, 0]], bool)
     out = [(*hand, r) for r in (1, 2, 4)]  # pops 2 and 4 back: each off-by-one fails
     for vocab, pop in ((4, 0.45), (6, 0.4)):
@@ -180,8 +177,7 @@ def _head_problem(answer, half_lives, length: int) -> str | None:
         return "the key must have unit norm (the layer L2-normalises it)"
     want = np.mean([(0.5 ** (1 / h)) ** np.arange(length) for h in half_lives], axis=0)
     p, scale = np.concatenate([decays, [beta], k, q]), np.linalg.norm(want)
-    # float32's slack: each of the 10 numbers off by 4 float32 eps of itself (2^-21; rounding is
-    # 2^-24), each its worst way: sum_i |p_i| ||d filter / d p_i|| 2^-21 (central differences)
+    # float32's slack: sum_i |p_i| ||d filter / d p_i|| 2^-21, each number off by 4 float32 eps
     slack = max(1e-6, 2.0**-21 * sum(np.linalg.norm(head_filter(p + s, length) - head_filter(
         p - s, length)) / 2e-6 for s in 1e-6 * np.diag(np.abs(p))) / scale)
     error = np.linalg.norm(head_filter(p, length) - want) / scale

@@ -19,8 +19,7 @@ def _kda_layer(heads, key_dim, conv_size) -> int:
 
 
 def _drawn(rng) -> tuple:
-    """A hybrid drawn: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size), w >= 1
-    (the page's w - 1 conv rows; KDAConfig's w = 0, no conv, is not drawn: review F, 2)."""
+    """A hybrid drawn: (kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size), w >= 1."""
     return (int(rng.integers(1, 8)), int(rng.integers(1, 4)), int(rng.integers(1, 9)),
             int(rng.choice([16, 32, 64, 128])), int(rng.integers(8, 600)), int(rng.integers(1, 6)))
 
@@ -42,8 +41,7 @@ def _half(kda, mla, heads, key_dim, rank, conv, states=True) -> float:
 @ex.checker("09.1")
 def half_context(answer, rng, *, shape: dict):
     """``answer(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``: the least
-    whole T >= 1 where MLA latents take at least half the decode cache (``math.inf`` without MLA);
-    on ``shape``'s hybrid, drawn ones, one without conv rows, one without MLA, one without KDA."""
+    whole T >= 1 where MLA latents take at least half the cache (``math.inf`` without MLA)."""
     models = _models(shape, rng)
     models += [(models[1][0], 0, *models[1][2:]), (0, *models[2][1:])]
     for model in models:
@@ -68,8 +66,7 @@ def half_context(answer, rng, *, shape: dict):
 
 
 def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
-    """The least whole context T >= 0 at which the hybrid's cache is at least ``factor`` times
-    a pure-KDA model's of the same depth, in integers (``factor`` a multiple of 1/4)."""
+    """The least whole T >= 0 with the cache ``factor`` (k / 4) x a same-depth pure-KDA one's."""
     layer = _kda_layer(heads, key_dim, conv)
     need = int(4 * factor) * (kda + mla) * layer - 4 * kda * layer  # in quarter bytes
     return max(0, -(-need // (16 * mla * rank)))
@@ -78,8 +75,7 @@ def _context_at(factor, kda, mla, heads, key_dim, rank, conv) -> int:
 @ex.checker("09.2")
 def context_at_factor(answer, rng, *, shape: dict):
     """``answer(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size) -> T``:
-    the least whole T >= 0 where the cache is ``factor`` x a same-depth pure-KDA one's (09.1's
-    count); on ``shape``'s hybrid and drawn ones, factors drawn, one below the KDA share (T = 0)."""
+    the least whole T >= 0 where the cache is ``factor`` x a same-depth pure-KDA one's (09.1's)."""
     trials = [(f, *model) for model in _models(shape, rng)
               for f in (float(rng.integers(2, 41)), float(rng.integers(5, 13)) / 4)]
     kda, mla = trials[0][1:3]
@@ -99,8 +95,7 @@ def context_at_factor(answer, rng, *, shape: dict):
 
 
 def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
-    """Bits per byte of ``data[k:]`` under ``data``'s own frequencies of a byte after its ``k``
-    bytes (slips: ``log`` natural, ``smoothing`` added, scored from ``start`` on)."""
+    """Bits per byte of ``data[k:]``, ``data``'s own frequencies after ``k`` bytes (or a slip's)."""
     data = bytes(np.asarray(data, np.uint8))
     start = k if start is None else start
     pairs = Counter((data[max(0, t - k):t], data[t]) for t in range(start, len(data)))
@@ -111,8 +106,7 @@ def _bound(data, k, log=np.log2, smoothing=0.0, start=None) -> float:
 
 
 def _strings(rng) -> list:
-    """uint8 byte strings: a Markov chain over 12 bytes, a text of the corpus' kind, random
-    bytes, each with a k drawn; and k = 0 and a k at which every context occurs once."""
+    """(uint8 string, k): a 12-byte Markov chain, a text, noise; k = 0, k with contexts unique."""
     symbols = rng.choice(256, 12, replace=False)
     steps, state, chain = rng.dirichlet(np.full(12, 0.3), size=12), 0, []
     for _ in range(int(rng.integers(1500, 2500))):
@@ -127,8 +121,7 @@ def _strings(rng) -> list:
 @ex.checker("09.3")
 def context_bound(answer, rng):
     """``answer(data, k) -> float``: bits per byte of ``data[k:]`` under ``data``'s own frequencies
-    of a byte after its ``k`` bytes (unsmoothed; k = 1 is ``lm.one_byte_bound``), on uint8 strings
-    drawn at each call; no kda_lib."""
+    of a byte after its ``k`` bytes (unsmoothed; k = 1 is ``lm.one_byte_bound``); no kda_lib."""
     for data, k in _strings(rng):
         want = _bound(data, k)
         got, hint = ex.call_answer(answer, data.copy(), k, name="context_bound(data, k)", refuse={
