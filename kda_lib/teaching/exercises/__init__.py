@@ -292,9 +292,9 @@ def _checker_for(exercise_id: str) -> Callable[..., str | None]:
     if not (chapter.isdigit() and len(chapter) == 2):
         raise ValueError(f"exercise_id must look like 'NN.M', got {exercise_id!r}")
     try:
-        importlib.import_module(module := f"{__name__}.ch{chapter}")  # this package's chapter
+        importlib.import_module(f"{__name__}.ch{chapter}")  # a chapter of this package only
     except ModuleNotFoundError as err:
-        if err.name != module:  # a missing import inside the chapter
+        if err.name != f"{__name__}.ch{chapter}":  # a missing import inside the chapter
             raise
         raise ValueError(f"no exercises for notebook {chapter} ({exercise_id!r})") from err
     if exercise_id not in _CHECKERS:
