@@ -3,9 +3,10 @@
 One program per (batch row, block of ``BLOCK_T`` tokens, up to :data:`HEADS` value heads); the
 blocks run in order (forward) or in reverse (backward), ``chunk_size`` tokens at a time inside a
 block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM between blocks.
-q, k, v, g are read once from the batch-first layout (``[B, T, H, K]`` viewed as ``[B, T * H, K]``,
-the same bytes: a block holds every head of its tokens, unpacked head-major by strided loads in
-VMEM) and o is written once. One chunk's math is :func:`chunk_intra` (every chunk of a block and
+q, k, v, g are read once from the batch-first layout (``[B, T, H, D]`` viewed as ``[B, T * H * D /
+128, 128]``, the same bytes at D = 128: a block holds every head of its tokens, unpacked head-major
+by strided loads in VMEM; past :data:`ROWS` rows a token, calls of fewer heads) and o is written
+once. One chunk's math is :func:`chunk_intra` (every chunk of a block and
 every head at once) then :func:`state_forward` (chunk by chunk; the steps of
 :mod:`kda_lib.ops.chunked`'s docstring); the backward kernel recomputes :func:`chunk_intra` under
 ``jax.vjp`` from the states the forward saved at chunk boundaries and carries the states' cotangents
@@ -40,6 +41,10 @@ VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, 
 LOW_PASSES = (3, 3, 3)
 KERNELS = "the Pallas TPU kernels (implementation='pallas_tpu')"
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
+# at most this many 128-lane rows of a token in one kernel call's blocks (VMEM holds every head of
+# a block: 42 MiB of blocks and scratch in the backward at 16, bfloat16, before temporaries); more
+# heads are split into calls over a batch axis by one XLA copy (:func:`kda_pallas`)
+ROWS = 16
 
 
 # ------------------------------------------------------------------ matmuls, exact or not
@@ -313,8 +318,7 @@ def _rows_of(ref, head: int, heads: int, interpret: bool):
             pieces.append(ref[0, pl.ds(row, BLOCK_T, stride=n), :])
             continue
         words = ref.bitcast(jnp.uint32)[0, pl.ds(row // 2, BLOCK_T, stride=n // 2), :]
-        bits = words << 16 if row % 2 == 0 else words & np.uint32(0xFFFF0000)
-        pieces.append(jax.lax.bitcast_convert_type(bits, jnp.float32).astype(ref.dtype))
+        pieces.append(_half(words, row % 2).astype(ref.dtype))
     return pieces[0] if parts == 1 else jnp.concatenate(pieces, axis=-1)
 
 
@@ -340,12 +344,23 @@ def _pack(scratch, ref, interpret: bool):
         for r in range(n):
             ref[0, pl.ds(r, BLOCK_T, stride=n), :] = row(r).astype(ref.dtype)
         return
-    words = ref.bitcast(jnp.uint32)  # round to the 16-bit dtype, then two rows' bits to a word
-    bits = lambda r: jax.lax.bitcast_convert_type(  # noqa: E731
-        row(r).astype(ref.dtype).astype(jnp.float32), jnp.uint32)
+    words = ref.bitcast(jnp.uint32)
     for r in range(0, n, 2):
-        pair = (bits(r) >> 16) | (bits(r + 1) & np.uint32(0xFFFF0000))
+        pair = _word(row(r).astype(ref.dtype), row(r + 1).astype(ref.dtype))
         words[0, pl.ds(r // 2, BLOCK_T, stride=n // 2), :] = pair
+
+
+def _half(words, odd: int):
+    """The float32 values of the 16-bit rows packed in uint32 ``words`` (:func:`pltpu.bitcast`'s
+    packing: the even row in the low half, the odd one in the high half)."""
+    bits = words & np.uint32(0xFFFF0000) if odd else words << 16
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _word(even, odd):
+    """bfloat16 rows ``even`` and ``odd`` as one uint32 array (:func:`_half`'s inverse)."""
+    bits = [jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32) for x in (even, odd)]
+    return (bits[0] >> 16) | (bits[1] & np.uint32(0xFFFF0000))
 
 
 def _mine(scratch, first, count: int, chunk: int, groups: int = 1, dtype=None):
@@ -462,14 +477,20 @@ def _backward_kernel(q_ref, k_ref, v_ref, g_ref, beta_ref, states_ref, do_ref, d
 
 # ------------------------------------------------------------------ the calls
 def _interpret(interpret):
-    return jax.default_backend() != "tpu" if interpret is None else interpret
+    """``pallas_call``'s ``interpret`` (None: the HLO interpreter off a TPU), and whether the
+    kernels take rows by reshapes (the HLO interpreter has no strided slices; Pallas's TPU
+    interpreter, a ``pltpu.InterpretParams``, runs the compiled branches)."""
+    mode = jax.default_backend() != "tpu" if interpret is None else interpret
+    return mode, mode is True
 
 
 def _specs(v, most: int, reverse: bool):
     """``(heads per program m, grid, rows(count, width), whole heads spec, beta spec)`` for the
-    grid (batch, blocks, value heads / m): a block of every head (``rows``: a ``[B, T * count,
-    width]`` array's block of ``BLOCK_T`` tokens, the same across a block's programs, so read
-    once), a program's m heads taken out by strided loads; state specs hold every head."""
+    grid (batch, blocks, value heads / m): a block of every head (``rows``: a ``[B, T * count *
+    width / 128, 128]`` array's block of ``BLOCK_T`` tokens, the same across a block's programs,
+    so read once), a program's m heads taken from scratch its block's first program unpacked;
+    state specs hold every head. The head axis must stay "arbitrary" (one core walks it: only
+    group 0 unpacks), so a megacore chip splits only the batch axis (at B = 1, one core)."""
     batch, seq_len, heads, value_dim = v.shape
     m = _heads_per_program(heads, most)
     n_blocks = seq_len // BLOCK_T
@@ -527,9 +548,9 @@ def _forward(q, k, v, g, beta_rows, s0, *, scale, chunk, low, save, interpret=No
                         *_scratch((heads, BLOCK_T, value_dim), v.dtype),
                         *_scratch((heads, BLOCK_T, key_dim), jnp.float32),
                         *_scratch((heads, BLOCK_T, value_dim), jnp.float32)])  # fmt: skip
-    interpret = _interpret(interpret)
+    interpret, reshaped = _interpret(interpret)
     kernel = functools.partial(_forward_kernel, chunk=chunk, scale=scale, low=low, save=save,
-                               m=m, interpret=interpret)  # fmt: skip
+                               m=m, interpret=reshaped)  # fmt: skip
     out = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret,
         compiler_params=_compiler_params(("parallel", "arbitrary", "arbitrary")),
@@ -570,9 +591,9 @@ def _backward(q, k, v, g, beta_rows, states, d_o, d_final, *, scale, chunk, grou
                         *_scratch((heads, BLOCK_T, key_dim), jnp.float32, jnp.float32),
                         *_scratch((heads, BLOCK_T, value_dim), jnp.float32),
                         *_scratch((heads, BLOCK_T, key_dim), jnp.float32)])  # fmt: skip
-    interpret = _interpret(interpret)
+    interpret, reshaped = _interpret(interpret)
     kernel = functools.partial(_backward_kernel, chunk=chunk, scale=scale, low=low, m=m,
-                               interpret=interpret)  # fmt: skip
+                               interpret=reshaped)  # fmt: skip
     dq, dk, dv, dg, d_beta, d_s0 = pl.pallas_call(
         kernel, grid_spec=grid_spec, out_shape=out_shape, interpret=interpret,
         compiler_params=_compiler_params(("parallel", "arbitrary", "arbitrary")),
@@ -659,13 +680,46 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     dtype = q.dtype
     low = dtype == jnp.bfloat16 if low is None else low
-    # 16-bit rows are read two heads to a 32-bit word (_rows_of): an odd head count in float32
-    # (the kernels compute in float32 from the inputs' values: the same numerics)
+    # at most ROWS rows a token a call: n calls of `size` value heads, as a batch axis (one XLA
+    # copy of each array where n > 1); a call's value heads read whole q/k heads, or one repeated
+    size = _call_heads(heads, groups, v.shape[-1] // LANES)
+    n = heads // size
+    if size < groups:
+        q, k = (jnp.repeat(x, groups // size, axis=2) for x in (q, k))
+    q, k, v, g = (_split(x, n) for x in (q, k, v, g))
+    s0, beta_rows = (x.reshape(batch * n, size, *x.shape[2:]) for x in (s0, beta_rows))
+    # 16-bit rows are read two to a 32-bit word (_rows_of): an odd row count in float32 (the
+    # kernels compute in float32 from the inputs' values: the same numerics)
     q, k, v = (x.astype(jnp.float32) if x.dtype.itemsize == 2 and x.shape[2] * x.shape[3] //
                LANES % 2 else x for x in (q, k, v))  # fmt: skip
     o, final = _kda(q, k, v, g.astype(jnp.float32), beta_rows, s0, float(scale), chunk_size,
-                    groups, low, interpret, non_finite_fallback)  # fmt: skip
+                    size // q.shape[2], low, interpret, non_finite_fallback)  # fmt: skip
+    o, final = _merge(o, n), final.reshape(batch, heads, *final.shape[2:])
     return o[:, :seq_len, :, :value_dim].astype(dtype), final[:, :, :key_dim, :value_dim]
+
+
+def _call_heads(heads: int, groups: int, parts: int) -> int:
+    """Value heads per kernel call: all where their rows of ``parts`` a token are at most
+    :data:`ROWS`, else the largest power of two dividing ``heads`` within it whose q/k heads are
+    whole (a multiple of ``groups``) or one (dividing it)."""
+    if heads * parts <= ROWS:
+        return heads
+    size = max(1, ROWS // parts)
+    while heads % size or (size % groups and groups % size):
+        size //= 2
+    return size
+
+
+def _split(x, n: int):
+    """``[B, T, n * h, D]`` -> ``[B * n, T, h, D]`` (no copy at n = 1)."""
+    b, t, heads, d = x.shape
+    return jnp.moveaxis(x.reshape(b, t, n, heads // n, d), 2, 1).reshape(b * n, t, heads // n, d)
+
+
+def _merge(x, n: int):
+    """:func:`_split`'s inverse."""
+    bn, t, heads, d = x.shape
+    return jnp.moveaxis(x.reshape(bn // n, n, t, heads, d), 1, 2).reshape(bn // n, t, n * heads, d)
 
 
 def pallas_core(q, k, v, g, beta, *, dims, scale: float, initial_state, segment_ids,

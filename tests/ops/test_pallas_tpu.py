@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 from kda_lib import kda
 from kda_lib.ops import api, pallas_tpu
@@ -331,14 +332,14 @@ def test_auto_runs_the_kernels_on_a_tpu_where_they_serve(monkeypatch):
     assert select_implementation(**config | dict(has_segments=True)) == "chunked"
 
 
-def _shapes(seq_len, dtype=jnp.bfloat16, heads=2):
+def _shapes(seq_len, dtype=jnp.bfloat16, heads=2, value_dim=128):
     sd = jax.ShapeDtypeStruct
     big = (1, seq_len, heads, 128)
-    return (sd(big, dtype), sd(big, dtype), sd(big, dtype), sd(big, jnp.float32),
-            sd((1, seq_len, heads), jnp.float32))  # fmt: skip
+    return (sd(big, dtype), sd(big, dtype), sd((1, seq_len, heads, value_dim), dtype),
+            sd(big, jnp.float32), sd((1, seq_len, heads), jnp.float32))  # fmt: skip
 
 
-def _kernels(seq_len, grad: bool):
+def _kernels(seq_len, grad: bool, **shape):
     def forward(q, k, v, g, beta):
         return pallas_tpu.kda_pallas(q, k, v, g, beta, scale=0.1, interpret=False)
 
@@ -346,16 +347,140 @@ def _kernels(seq_len, grad: bool):
         o, s = forward(*xs)
         return jnp.sum(o.astype(jnp.float32)) + jnp.sum(s)
 
-    return jax.jit(jax.grad(loss, argnums=range(5)) if grad else forward), _shapes(seq_len)
+    return jax.jit(jax.grad(loss, argnums=range(5)) if grad else forward), _shapes(seq_len,
+                                                                                 **shape)
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_kernels_lower_for_the_tpu_without_one(grad):
-    """Mosaic's lowering (block shapes, ops, no 64-bit constants under x64) runs on a CPU."""
-    f, shapes = _kernels(512, grad)
+# (grad, shape): bfloat16 rows in pairs; values of two 128-lane parts (V = 256); an odd bfloat16
+# head count (widened to float32); 48 heads, three calls of 16 (pallas_tpu.ROWS)
+LOWERED = {"fwd": (False, {}), "fwd+bwd": (True, {}), "V256": (True, dict(value_dim=256)),
+           "odd_bf16": (True, dict(heads=3)), "48_heads": (False, dict(heads=48))}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(LOWERED))
+def test_kernels_lower_for_the_tpu_without_one(case):
+    """Mosaic's lowering (block shapes, strided loads, no 64-bit constants under x64) runs on a
+    CPU (the chip's compiler then decides what it takes: a dynamic start crashed it)."""
+    grad, shape = LOWERED[case]
+    f, shapes = _kernels(512, grad, **shape)
     with jax.enable_x64(True):
         text = f.trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
     assert text.count("tpu_custom_call") == (2 if grad else 1)
+
+
+def _kernel_values(x, interpret):
+    """:func:`pallas_tpu.kda_pallas`'s outputs and gradients (of a fixed scalar) on ``x``."""
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+
+    def loss(*a):
+        o, s = pallas_tpu.kda_pallas(*a, scale=0.2, interpret=interpret)
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s), (o, s)
+
+    values = jax.jit(jax.value_and_grad(loss, argnums=range(5), has_aux=True))
+    (_, outputs), grads = values(*args)
+    return jax.tree.map(np.asarray, (outputs, grads))
+
+
+def _qk_heads(x, heads):
+    return x | {n: x[n][:, :, :heads] for n in ("q", "k")}
+
+
+# (q/k heads, value heads, value_dim): grouped heads over two parts; whole q/k heads in pairs
+COMPILED_BRANCHES = {"grouped_V256": (1, 3, 256), "pairs": (2, 4, 128)}
+
+
+@pytest.mark.parametrize("case", sorted(COMPILED_BRANCHES))
+def test_compiled_branches_equal_the_reshapes_under_the_tpu_interpreter(case):
+    """The kernels' strided loads and stores (the branches compiled on a TPU) under Pallas's TPU
+    interpreter give the values of the reshapes the HLO interpreter runs: outputs and gradients,
+    to float32 rounding (two XLA programs; a wrong row is off by the values themselves). float32
+    (that interpreter has no 16-bit ref bitcast: the pairs are tested below)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    qk_heads, heads, value_dim = COMPILED_BRANCHES[case]
+    x = _qk_heads(random_kda_inputs(jax.random.key(3), 1, 40, heads, 128, value_dim), qk_heads)
+    jax.tree.map(_same, _kernel_values(x, pltpu.InterpretParams()), _kernel_values(x, True))
+
+
+def _same(got, want):
+    """Equal to float32 rounding: 1e-6 of the largest value."""
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+
+
+def test_more_rows_than_a_call_holds_split_into_calls(monkeypatch):
+    """Value heads past pallas_tpu.ROWS rows a token run as calls over a batch axis, whole q/k
+    heads to a call (ROWS = 2) or, a call of fewer value heads than share one, that head repeated
+    (ROWS = 1): the values of one call, to float32 rounding."""
+    x = _qk_heads(random_kda_inputs(jax.random.key(4), 1, 40, 4, 128, 128), 2)
+    want = _kernel_values(x, True)
+    for rows in (2, 1):
+        monkeypatch.setattr(pallas_tpu, "ROWS", rows)
+        jax.tree.map(_same, _kernel_values(x, True), want)
+
+
+def test_16_bit_rows_pair_up_as_pltpu_bitcast_packs_them():
+    """``_word`` packs two bfloat16 rows as :func:`pltpu.bitcast` does (the even row low) and
+    ``_half`` takes each back exactly."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    rows = jax.random.normal(jax.random.key(5), (2, 8, 128)).astype(jnp.bfloat16)
+    interleaved = jnp.stack([rows[0], rows[1]], axis=1).reshape(16, 128)  # rows 2a, 2a + 1
+    words = jax.jit(pltpu.bitcast, static_argnums=1)(interleaved, jnp.uint32)  # [8, 128]
+    np.testing.assert_array_equal(pallas_tpu._word(rows[0], rows[1]), words)
+    for odd in (0, 1):
+        np.testing.assert_array_equal(pallas_tpu._half(words, odd), rows[odd].astype(jnp.float32))
+
+
+class _Ref:
+    """A numpy stand-in for a kernel's VMEM ref: ``[1, rows, 128]``, strided ``pl.ds`` reads and
+    writes, and ``bitcast(uint32)`` as a view of row pairs (the even row in the low half)."""
+
+    def __init__(self, a, parent=None):
+        self.a, self.parent = a, parent
+
+    shape = property(lambda self: self.a.shape)
+    dtype = property(lambda self: jnp.dtype(self.a.dtype))
+
+    @staticmethod
+    def _index(key):
+        return tuple(slice(k.start, k.start + k.size * k.stride, k.stride)
+                     if isinstance(k, pl.Slice) else k
+                     for k in (key if isinstance(key, tuple) else (key,)))  # fmt: skip
+
+    def __getitem__(self, key):
+        return self.a[self._index(key)]
+
+    def __setitem__(self, key, value):
+        self.a[self._index(key)] = np.asarray(value).astype(self.a.dtype)
+        if self.parent is not None:  # words back into the 16-bit rows
+            half = self.parent.a.view(np.uint16)
+            half[:, 0::2], half[:, 1::2] = self.a & 0xFFFF, self.a >> 16
+
+    def bitcast(self, dtype):
+        assert jnp.dtype(dtype) == jnp.uint32 and self.a.dtype.itemsize == 2
+        half = self.a.view(np.uint16).astype(np.uint32)
+        return _Ref(half[:, 0::2] | (half[:, 1::2] << 16), parent=self)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_strided_rows_are_each_heads_rows(dtype):
+    """``_rows_of`` and ``_pack``'s compiled branches (strided loads and stores; 16-bit rows two
+    to a word) on a numpy ref equal the reshapes of their interpreted branches, for every head
+    count and parts (1, 2) with an even row count in 16 bits."""
+    rng = np.random.default_rng(0)
+    for heads, parts in [(h, p) for h in (1, 2, 3, 4, 6, 16) for p in (1, 2)]:
+        rows = heads * parts
+        if np.dtype(dtype).itemsize == 2 and rows % 2:
+            continue  # kda_pallas widens these to float32
+        block = _Ref(rng.standard_normal((1, pallas_tpu.BLOCK_T * rows, 128)).astype(dtype))
+        for h in range(heads):
+            np.testing.assert_array_equal(pallas_tpu._rows_of(block, h, heads, False),
+                                          pallas_tpu._rows_of(block, h, heads, True))
+        scratch = rng.standard_normal((heads, pallas_tpu.BLOCK_T, parts * 128), np.float32)
+        strided, reshaped = (_Ref(np.zeros_like(block.a)) for _ in range(2))
+        pallas_tpu._pack(scratch, strided, False)
+        pallas_tpu._pack(scratch, reshaped, True)
+        np.testing.assert_array_equal(strided.a, reshaped.a)
 
 
 def _inner_jaxprs(eqn):
