@@ -78,8 +78,9 @@ def decode_cache_numbers(d, H, d_k, d_v, w):
     norm, SiLU, the RMSNorm and ``W_o`` see token ``t`` alone; the recurrence needs ``S_{t-1}``,
     ``d_k x d_v`` a head (``H d_k d_v``); each short convolution sums its inputs at ``t - w + 1 ..
     t``, so it needs the ``w - 1`` before ``t``: of its own input, the projected channels (``H
-    d_k`` for q and for k, ``H d_v`` for v), not ``x`` (``d``, which never appears). ``w = 0``
-    (no convolution) and ``w = 1`` (the current token only) keep nothing for it."""
+    d_k`` for q and for k, ``H d_v`` for v), which the layer as built caches (``d`` never
+    appears; keeping ``x`` and recomputing the projections is another design, not this one's).
+    ``w = 0`` (no convolution) and ``w = 1`` (the current token only) keep nothing for it."""
     return H * d_k * d_v + max(w - 1, 0) * H * (2 * d_k + d_v)
 
 

@@ -5,6 +5,9 @@ every seed tried with the hint that names it. And 04.1 as set after review G (20
 hint, correct answers written differently accepted; its part 04.1b (teacher review of 03-04:
 a root-finder passed 04.1 without the derivation), the safe gate's shortest half-life, has no
 root to find: each slip refused with its own hint, a search over a finite range of f refused.
+And 04.3 after the teacher review of 03-04 (defects 8, 9): one history of x (d a token) was
+accepted where d = H(2 d_k + d_v) and other slips got another slip's hint where their counts met;
+now every slip, the x history among them, is refused with its own hint at every seed tried.
 """
 
 from __future__ import annotations
@@ -182,3 +185,34 @@ def _floor_loop(m, a, b):  # 04.1b right, a Python loop with the math module, a 
 @pytest.mark.parametrize("answer", [_at_infinite_f, _floor_loop], ids=["f = inf", "math loop"])
 def test_04_1b_correct_answers_written_differently_pass(answer):
     assert all(exercises.verdict("04.1b", answer, seed=seed) is None for seed in range(10))
+
+
+def _history(w):  # the w - 1 tokens before the new one a convolution still needs
+    return max(w - 1, 0)
+
+
+CACHE_SLIPS = {  # 04.3: name -> (answer(d, H, d_k, d_v, w), a few words of the hint naming it)
+    "x history": (lambda d, H, K, V, w: H * K * V + _history(w) * d, "one history of x"),
+    "x history per conv": (lambda d, H, K, V, w: H * K * V + _history(w) * 3 * d, "not on x"),
+    "w inputs": (lambda d, H, K, V, w: H * K * V + w * H * (2 * K + V), "the w - 1 before it"),
+    "state only": (lambda d, H, K, V, w: H * K * V, "the tokens before it too"),
+    "w - 1 at w = 0": (lambda d, H, K, V, w: H * K * V + (w - 1) * H * (2 * K + V),
+                       "not a negative count"),
+    "d_k x d_k state": (lambda d, H, K, V, w: H * K * K + _history(w) * H * (2 * K + V),
+                        "not d_k x d_k"),
+    "one state": (lambda d, H, K, V, w: K * V + _history(w) * H * (2 * K + V), "H of them"),
+    "no q conv": (lambda d, H, K, V, w: H * K * V + _history(w) * H * (K + V), "q has its own"),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(CACHE_SLIPS))
+def test_04_3_cache_slips_are_refused_with_their_own_hint(slip):
+    answer, named = CACHE_SLIPS[slip]
+    for seed in range(40):
+        hint = exercises.verdict("04.3", answer, seed=seed)
+        assert hint and named in hint, (slip, seed, hint)
+
+
+def test_04_3_the_worked_solution_passes_every_seed_tried():
+    right = _solutions("04").decode_cache_numbers
+    assert all(exercises.verdict("04.3", right, seed=seed) is None for seed in range(40))

@@ -170,6 +170,9 @@ _CACHE_SLIPS = (
      "tokens, the new one among them: the cache keeps the w - 1 before it"),
     (lambda d, H, K, V, w: H * K * V + max(w - 1, 0) * 3 * d, "the short convolutions run after "
      "the projections, on the channels of q, k and v (H d_k, H d_k, H d_v), not on x"),
+    (lambda d, H, K, V, w: H * K * V + max(w - 1, 0) * d, "one history of x, the projections "
+     "recomputed, is a valid design (smaller when d < H(2 d_k + d_v)), but not this layer's: its "
+     "caches keep q, k and v after the projections, as its convolutions read them"),
     (lambda d, H, K, V, w: H * K * V, "a decode step brings one token: the short convolutions "
      "need the inputs of the tokens before it too"),
     (lambda d, H, K, V, w: H * K * V + (w - 1) * H * (2 * K + V), "w = 0 means no convolution, "
@@ -183,6 +186,17 @@ _CACHE_SLIPS = (
 )
 
 
+def _cache_sizes(rng, w):
+    """(d, H, d_k, d_v) at which the slips' counts that are wrong at this w differ from each other
+    and from 0 (a count names one slip), and at w >= 2 only the w = 0 slip's is right."""
+    while True:
+        H, K, V, d = (int(rng.integers(*span)) for span in ((2, 5), (2, 9), (2, 10), (2, 17)))
+        right = H * K * V + max(w - 1, 0) * H * (2 * K + V)
+        off = [n for n in (wrong(4 * d, H, K, V, w) for wrong, _ in _CACHE_SLIPS) if n != right]
+        if 0 not in off and len(set(off)) == len(off) >= (len(_CACHE_SLIPS) - 1) * (w >= 2):
+            return 4 * d, H, K, V
+
+
 @ex.checker("04.3")
 def decode_cache_numbers(answer, rng):
     """``answer(d, H, d_k, d_v, w) -> int``: the numbers one layer keeps per sequence between
@@ -192,9 +206,7 @@ def decode_cache_numbers(answer, rng):
     from kda_lib.layers.kda_layer import KDAConfig, KimiDeltaAttention
 
     for w in (int(rng.integers(2, 7)), 0, 1):
-        H, K = int(rng.integers(2, 5)), int(rng.integers(2, 9))  # each slip its own count
-        V = int(rng.choice([v for v in range(2, 10) if v not in (K, H * K)]))
-        d = int(rng.choice([n for n in range(8, 65, 4) if n != H * K]))
+        d, H, K, V = _cache_sizes(rng, w)
         got, hint = ex.call_answer(answer, d, H, K, V, w, refuse=dict(
             shape=(), what="the count", integer=True), name="decode_cache_numbers(d, H, d_k, "
             "d_v, w)")
@@ -209,5 +221,5 @@ def decode_cache_numbers(answer, rng):
         if slip := next((h for wrong, h in _CACHE_SLIPS if float(got) == wrong(d, H, K, V, w)),
                         None):
             return where + slip
-        return where + ("which parts of section 1's equations look back past the new token? "
-                        "Those are all the layer must keep (count per sequence)")
+        return where + ("which parts of section 1 look back past the new token, and how much of "
+                        "their past does the layer as built keep? (count per sequence)")
