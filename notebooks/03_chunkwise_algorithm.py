@@ -317,7 +317,7 @@ outputs_chunk = np.array([scale * s_t.T @ q_t for s_t, q_t in zip(states, qc, st
 assert_close(scale * Q_in @ S_in[0, h] + P @ Delta, outputs_chunk, atol=1e-12,
              name="step 5: O = Q_in S_in / sqrt(d_k) + P Delta")
 assert_close(scale * Q_in - P @ W, maps.q_eff[0, h, i], name="step 5: Q_eff")
-assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")  # == chunk_affine_maps
+_ = assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")  # == chunk_affine_maps
 
 # %% [markdown]
 # ## 4. The whole forward pass in one function
