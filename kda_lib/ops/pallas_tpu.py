@@ -5,18 +5,17 @@ blocks run in order (forward) or in reverse (backward), ``chunk_size`` tokens at
 block, with the states ``S [heads, K, V]`` (or their cotangents) in float32 in VMEM between blocks.
 q, k, v, g are read once from the batch-first layout (``[B, T, H, D]`` viewed as ``[B, T * H * D /
 128, 128]``, the same bytes at D = 128: a block holds every head of its tokens, unpacked head-major
-by strided loads in VMEM; past :data:`ROWS` rows a token, calls of fewer heads) and o is written
-once. One chunk's math is :func:`chunk_intra` (every chunk of a block and
-every head at once) then :func:`state_forward` (chunk by chunk; the steps of
-:mod:`kda_lib.ops.chunked`'s docstring); the backward kernel recomputes :func:`chunk_intra` under
-``jax.vjp`` from the states the forward saved at chunk boundaries and carries the states' cotangents
-by :func:`state_backward`.
+by strided loads in VMEM; past :data:`ROW_BYTES` a token and lane, calls of fewer heads) and o is
+written once. One chunk's math is :func:`chunk_intra` (every chunk of a block and every head at
+once) then :func:`state_forward` (chunk by chunk; the steps of :mod:`kda_lib.ops.chunked`'s
+docstring); the backward kernel recomputes :func:`chunk_intra` under ``jax.vjp`` from the states the
+forward saved at chunk boundaries and carries the states' cotangents by :func:`state_backward`.
 
 Decay ratios are exponentials of sums of ``g <= 0`` over exactly their own range
 (:func:`_level_sums`): any ``g <= 0`` is safe. Matmuls of float32 operands are split into bfloat16
 pieces (:func:`_dot`: 1, 3 or 6 passes), the same numerics on a chip and in Pallas's interpret mode
-on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256); no segment ids, no
-interior states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
+on a CPU. K and V are padded to multiples of 128 (K <= 128, V <= 256); no segment ids, no interior
+states (:func:`problems`); non-finite results: the recurrence's (:func:`kda_pallas`).
 """
 
 from __future__ import annotations
@@ -41,10 +40,11 @@ VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, 
 LOW_PASSES = (3, 3, 3)
 KERNELS = "the Pallas TPU kernels (implementation='pallas_tpu')"
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
-# at most this many 128-lane rows of a token in one kernel call's blocks (VMEM holds every head of
-# a block: 42 MiB of blocks and scratch in the backward at 16, bfloat16, before temporaries); more
-# heads are split into calls over a batch axis by one XLA copy (:func:`kda_pallas`)
-ROWS = 16
+# at most this many bytes of a token's q, k, v per lane in one kernel call (VMEM holds every head
+# of a block: 16 bfloat16 rows compiled on the v5e, 42 MiB of blocks and scratch in the backward
+# before temporaries; float32 rows count twice); more heads are split into calls over a batch
+# axis by one XLA copy (:func:`kda_pallas`)
+ROW_BYTES = 32
 
 
 # ------------------------------------------------------------------ matmuls, exact or not
@@ -310,6 +310,7 @@ def _rows_of(ref, head: int, heads: int, interpret: bool):
     32-bit rows only), so ``heads * parts`` is even for them (:func:`kda_pallas` widens others)."""
     n = ref.shape[1] // BLOCK_T  # heads * parts
     parts = n // heads
+    assert ref.dtype.itemsize == 4 or n % 2 == 0, "odd 16-bit rows: kda_pallas widens them"
     if interpret:  # Pallas's interpreter has no strided slices: the same rows by a reshape
         return ref[0].reshape(BLOCK_T, heads, parts * LANES)[:, head]
     pieces = []
@@ -339,6 +340,7 @@ def _pack(scratch, ref, interpret: bool):
         return
     n = ref.shape[1] // BLOCK_T
     parts = n // heads
+    assert ref.dtype.itemsize == 4 or n % 2 == 0, "odd 16-bit rows: kda_pallas widens them"
     row = lambda r: scratch[r // parts, :, (r % parts) * LANES : (r % parts + 1) * LANES]  # noqa: E731
     if ref.dtype.itemsize == 4:
         for r in range(n):
@@ -680,9 +682,12 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     beta_rows = jnp.moveaxis(beta.astype(jnp.float32), 1, 2)[:, :, None, :]  # [B, HV, 1, T]
     dtype = q.dtype
     low = dtype == jnp.bfloat16 if low is None else low
-    # at most ROWS rows a token a call: n calls of `size` value heads, as a batch axis (one XLA
+    # at most ROW_BYTES a token a call: n calls of `size` value heads, as a batch axis (one XLA
     # copy of each array where n > 1); a call's value heads read whole q/k heads, or one repeated
-    size = _call_heads(heads, groups, v.shape[-1] // LANES)
+    parts = v.shape[-1] // LANES
+    size = _call_heads(heads, groups, parts, max(x.dtype.itemsize for x in (q, k, v)))
+    if max(1, size // groups) % 2 or size * parts % 2:  # odd 16-bit rows: read in float32 below
+        size = _call_heads(heads, groups, parts, 4)
     n = heads // size
     if size < groups:
         q, k = (jnp.repeat(x, groups // size, axis=2) for x in (q, k))
@@ -698,13 +703,14 @@ def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size
     return o[:, :seq_len, :, :value_dim].astype(dtype), final[:, :, :key_dim, :value_dim]
 
 
-def _call_heads(heads: int, groups: int, parts: int) -> int:
-    """Value heads per kernel call: all where their rows of ``parts`` a token are at most
-    :data:`ROWS`, else the largest power of two dividing ``heads`` within it whose q/k heads are
-    whole (a multiple of ``groups``) or one (dividing it)."""
-    if heads * parts <= ROWS:
+def _call_heads(heads: int, groups: int, parts: int, itemsize: int) -> int:
+    """Value heads per kernel call: all where their rows of ``parts`` a token, ``itemsize`` bytes
+    each, take at most :data:`ROW_BYTES`, else the largest power of two dividing ``heads`` within
+    it whose q/k heads are whole (a multiple of ``groups``) or one (dividing it)."""
+    rows = max(1, ROW_BYTES // itemsize)
+    if heads * parts <= rows:
         return heads
-    size = max(1, ROWS // parts)
+    size = max(1, rows // parts)
     while heads % size or (size % groups and groups % size):
         size //= 2
     return size

@@ -352,7 +352,7 @@ def _kernels(seq_len, grad: bool, **shape):
 
 
 # (grad, shape): bfloat16 rows in pairs; values of two 128-lane parts (V = 256); an odd bfloat16
-# head count (widened to float32); 48 heads, three calls of 16 (pallas_tpu.ROWS)
+# head count (widened to float32); 48 heads, three calls of 16 (pallas_tpu.ROW_BYTES)
 LOWERED = {"fwd": (False, {}), "fwd+bwd": (True, {}), "V256": (True, dict(value_dim=256)),
            "odd_bf16": (True, dict(heads=3)), "48_heads": (False, dict(heads=48))}  # fmt: skip
 
@@ -370,13 +370,13 @@ def test_kernels_lower_for_the_tpu_without_one(case):
 
 def _kernel_values(x, interpret):
     """:func:`pallas_tpu.kda_pallas`'s outputs and gradients (of a fixed scalar) on ``x``."""
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
 
     def loss(*a):
-        o, s = pallas_tpu.kda_pallas(*a, scale=0.2, interpret=interpret)
-        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s), (o, s)
+        o, s = pallas_tpu.kda_pallas(*a[:5], scale=0.2, initial_state=a[5], interpret=interpret)
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s * s), (o, s)
 
-    values = jax.jit(jax.value_and_grad(loss, argnums=range(5), has_aux=True))
+    values = jax.jit(jax.value_and_grad(loss, argnums=range(6), has_aux=True))
     (_, outputs), grads = values(*args)
     return jax.tree.map(np.asarray, (outputs, grads))
 
@@ -398,7 +398,8 @@ def test_compiled_branches_equal_the_reshapes_under_the_tpu_interpreter(case):
     from jax.experimental.pallas import tpu as pltpu
 
     qk_heads, heads, value_dim = COMPILED_BRANCHES[case]
-    x = _qk_heads(random_kda_inputs(jax.random.key(3), 1, 40, heads, 128, value_dim), qk_heads)
+    x = _qk_heads(random_kda_inputs(jax.random.key(3), 1, 40, heads, 128, value_dim,
+                                    with_state=True), qk_heads)
     jax.tree.map(_same, _kernel_values(x, pltpu.InterpretParams()), _kernel_values(x, True))
 
 
@@ -408,13 +409,15 @@ def _same(got, want):
 
 
 def test_more_rows_than_a_call_holds_split_into_calls(monkeypatch):
-    """Value heads past pallas_tpu.ROWS rows a token run as calls over a batch axis, whole q/k
-    heads to a call (ROWS = 2) or, a call of fewer value heads than share one, that head repeated
-    (ROWS = 1): the values of one call, to float32 rounding."""
-    x = _qk_heads(random_kda_inputs(jax.random.key(4), 1, 40, 4, 128, 128), 2)
+    """Value heads past pallas_tpu.ROW_BYTES a token and lane run as calls over a batch axis
+    (two rows, an initial state: its reshape and the final state's), whole q/k heads to a call
+    (8 bytes: 2 float32 rows) or, a call of fewer value heads than share one, that head repeated
+    (4 bytes): the values of one call, to float32 rounding."""
+    x = random_kda_inputs(jax.random.key(4), 2, 40, 4, 128, 128, with_state=True)
+    x = _qk_heads(x, 2)
     want = _kernel_values(x, True)
-    for rows in (2, 1):
-        monkeypatch.setattr(pallas_tpu, "ROWS", rows)
+    for row_bytes in (8, 4):
+        monkeypatch.setattr(pallas_tpu, "ROW_BYTES", row_bytes)
         jax.tree.map(_same, _kernel_values(x, True), want)
 
 
