@@ -218,8 +218,12 @@ def decode_cache_numbers(answer, rng):
         if float(got) == want:
             continue
         where = f"wrong at d = {d}, H = {H}, d_k = {K}, d_v = {V}, w = {w}: "
-        if slip := next((h for wrong, h in _CACHE_SLIPS if float(got) == wrong(d, H, K, V, w)),
-                        None):
-            return where + slip
+        more = [_cache_sizes(rng, w) for _ in range(2)]  # a slip named where it matches thrice
+        calls = [ex.call_answer(answer, *sizes, w, refuse=dict(shape=(), integer=True))
+                 for sizes in more]  # fmt: skip
+        for wrong, slip in _CACHE_SLIPS:
+            if float(got) == wrong(d, H, K, V, w) and all(h is None and float(g) == wrong(
+                    *m, w) for (g, h), m in zip(calls, more, strict=True)):
+                return where + slip
         return where + ("which parts of section 1 look back past the new token, and how much of "
                         "their past does the layer as built keep? (count per sequence)")
