@@ -335,9 +335,9 @@ viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib
 # As built, no transition expands. Without the sigmoid, $\beta = \mathbf x_t W_\beta < 0$ at about
 # half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half of all
 # transitions expand, the state grows past $S_0$ in most heads. Without the L2 norm it depends on
-# the width: a raw key's mean square per channel is within 0.05 to 0.2 at each width printed
-# (asserted), so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at a share of tokens that grows with $d_k$ (printed), most at 64
-# and 128 (third column: most transitions expand, the state grows in nearly all heads).
+# the width: a raw key's mean square per channel is within 0.05 to 0.2 at each width (asserted),
+# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at a share of tokens that grows with $d_k$ (printed),
+# most at 64 and 128 (third column: most transitions expand, the state grows in nearly all heads).
 #
 # ### The short convolution lets one write bind two tokens
 # Associative recall needs the layer to store "value of token $t$ under the key of token $t - 1$" in
