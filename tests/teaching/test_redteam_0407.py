@@ -98,10 +98,14 @@ GATE_SLIPS = {  # 04.1: name -> (answer, a word of the hint that names the slip)
 
 @pytest.mark.parametrize("slip", sorted(GATE_SLIPS))
 def test_04_1_gate_slips_are_refused_with_their_own_hint(slip):
-    answer, named = GATE_SLIPS[slip]
-    for seed in range(10):
-        hint = exercises.verdict("04.1", answer, seed=seed)
-        assert hint and named in hint, (slip, seed, hint)
+    _refused_with_its_hint("04.1", *GATE_SLIPS[slip], seeds=10)
+
+
+def _refused_with_its_hint(exercise, answer, named, seeds):
+    """``answer`` refused at seeds 0 to ``seeds`` - 1, each hint naming ``named``."""
+    for seed in range(seeds):
+        hint = exercises.verdict(exercise, answer, seed=seed)
+        assert hint and named in hint, (exercise, seed, hint)
 
 
 def _bisected(t, a, b):  # 04.1 right without the inverse: bisection on the page's gate, float64
@@ -207,10 +211,7 @@ CACHE_SLIPS = {  # 04.3: name -> (answer(d, H, d_k, d_v, w), a few words of the 
 
 @pytest.mark.parametrize("slip", sorted(CACHE_SLIPS))
 def test_04_3_cache_slips_are_refused_with_their_own_hint(slip):
-    answer, named = CACHE_SLIPS[slip]
-    for seed in range(40):
-        hint = exercises.verdict("04.3", answer, seed=seed)
-        assert hint and named in hint, (slip, seed, hint)
+    _refused_with_its_hint("04.3", *CACHE_SLIPS[slip], seeds=40)
 
 
 def test_04_3_the_worked_solution_passes_every_seed_tried():
