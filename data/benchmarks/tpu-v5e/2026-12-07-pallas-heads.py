@@ -33,12 +33,16 @@ def times(f, x):
 
 rows = []
 T = int(os.environ.get("T", 8192))
-for dtype, H in (("bfloat16", 16), ("bfloat16", 32), ("bfloat16", 64), ("bfloat16", 96),
-                 ("float32", 16), ("float32", 32)):
+for dtype, H in [("bfloat16", h) for h in (16, 32, 64, 96)] + [("float32", 16), ("float32", 32)]:
     x = random_kda_inputs(jax.random.key(1), 1, T, H, 128, dtype=jnp.dtype(dtype))
     x = {n: jnp.asarray(a, jnp.float32) if n in ("g", "beta") else a for n, a in x.items()}
-    fwd = lambda x: pallas_tpu.kda_pallas(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=128**-0.5)  # noqa: E731
-    loss = lambda x: jnp.sum(fwd(x)[0].astype(jnp.float32) ** 2)  # noqa: E731
+
+    def fwd(x):
+        return pallas_tpu.kda_pallas(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=128**-0.5)
+
+    def loss(x):
+        return jnp.sum(fwd(x)[0].astype(jnp.float32) ** 2)
+
     row = {"dtype": dtype, "H": H, "T": T}
     for mode, f in (("fwd", jax.jit(fwd)), ("fwdbwd", jax.jit(jax.grad(loss)))):
         t = time.perf_counter()
