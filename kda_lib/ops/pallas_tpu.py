@@ -40,10 +40,10 @@ VMEM_LIMIT = 64 * 2**20  # the scoped-VMEM cap asked for (v5e/v6e have 128 MiB, 
 LOW_PASSES = (3, 3, 3)
 KERNELS = "the Pallas TPU kernels (implementation='pallas_tpu')"
 HEADS = (4, 2)  # at most this many value heads per program (forward, backward)
-# at most this many bytes of a token's q, k, v per lane in one kernel call (VMEM holds every head
-# of a block: 16 bfloat16 rows compiled on the v5e, 42 MiB of blocks and scratch in the backward
-# before temporaries; float32 rows count twice); more heads are split into calls over a batch
-# axis by one XLA copy (:func:`kda_pallas`)
+# at most this many bytes a token and lane in one kernel call: its value heads' 128-lane rows
+# times the widest item of q, k, v (VMEM holds every head of a block: 16 bfloat16 or 8 float32
+# rows compiled on the v5e at every chunk size, DESIGN section 4); more heads are split into
+# calls over a batch axis by one XLA copy (:func:`kda_pallas`)
 ROW_BYTES = 32
 
 
@@ -658,14 +658,15 @@ _kda.defvjp(_kda_fwd, _kda_bwd)
 
 
 def kda_pallas(q, k, v, g, beta, *, scale: float, initial_state=None, chunk_size: int = 64,
-               low: bool | None = None, interpret: bool | None = None,
+               low: bool | None = None, interpret: bool | pltpu.InterpretParams | None = None,
                non_finite_fallback: bool = True):  # fmt: skip
     """KDA by the Pallas kernels on checked inputs: ``(o [B, T, HV, V] in q's dtype,
     final_state [B, HV, K, V] float32)``. q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T,
     HV, K]`` (log-space, ``<= 0``), beta ``[B, T, HV]``; K, V padded to multiples of 128 (HBM
     copies: fastest at multiples), ``chunk_size`` a power of two from 16 to ``BLOCK_T``.
     ``low``: fewer matmul passes (:data:`LOW_PASSES`; default: q in bfloat16). ``interpret``:
-    Pallas's interpreter (default: off a TPU).
+    Pallas's interpreter (default: off a TPU); a ``pltpu.InterpretParams`` runs the branches
+    compiled on a TPU (strided loads) under Pallas's TPU interpreter.
     ``non_finite_fallback``: where the result is not finite, the recurrence's outputs
     (:func:`_exact_where_not_finite`); False: the kernels' own. Differentiable (reverse mode)
     in every array."""

@@ -127,8 +127,9 @@ def test_kernels_match_the_float64_oracle(case):
 # bfloat16 case's; 64, between them, is the other tests' default chunk size (with gradients:
 # test_bfloat16_with_correlated_keys_matches_the_oracle, in bfloat16).
 CHUNK_SIZES = [16, 32, 128, 256] if ON_TPU else [16]
-# the chip: T within one block, one value head; a CPU: the float32 case's shape (and run)
-CHUNK_CASE = (jnp.float32, 200, 1, 1, 128, 128) if ON_TPU else CASES["float32"][:6]
+# the chip: T within one block, a whole call of float32 (8 value heads, pallas_tpu.ROW_BYTES),
+# grouped on one q/k head (VMEM at every chunk size); a CPU: the float32 case's shape (and run)
+CHUNK_CASE = (jnp.float32, 200, 1, 8, 128, 128) if ON_TPU else CASES["float32"][:6]
 
 
 @pytest.mark.tpu
@@ -368,6 +369,43 @@ def test_kernels_lower_for_the_tpu_without_one(case):
     assert text.count("tpu_custom_call") == (2 if grad else 1)
 
 
+def _pallas_grids(jaxpr):
+    """The grid of every ``pallas_call`` in ``jaxpr`` and the jaxprs nested in it."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn.params["grid_mapping"].grid
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                yield from _pallas_grids(inner)
+
+
+# (dtype, value heads, q/k heads, V): calls of the forward (its grid's batch axis, B = 1) at
+# pallas_tpu.ROW_BYTES = 32 a token and lane: 16 bfloat16 rows, 8 float32 rows; V = 256 two
+# rows a head; an odd count of bfloat16 rows read as float32 (here one head a call)
+CALLS = {(jnp.bfloat16, 16, 16, 128): 1, (jnp.bfloat16, 48, 48, 128): 3,
+         (jnp.bfloat16, 32, 8, 128): 2, (jnp.float32, 8, 8, 128): 1, (jnp.float32, 16, 16, 128): 2,
+         (jnp.bfloat16, 16, 16, 256): 2, (jnp.float32, 8, 8, 256): 2,
+         (jnp.bfloat16, 13, 13, 128): 13}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", sorted(CALLS, key=str), ids=str)
+def test_calls_hold_at_most_row_bytes_a_token(shape):
+    """How many kernel calls kda_pallas makes (VMEM holds every head of a call's block: review
+    91 of the kernels; each whole call compiled on the v5e at every chunk size, data/benchmarks/
+    tpu-v5e/2026-12-07-pallas-chunks.json)."""
+    dtype, heads, qk_heads, value_dim = shape
+    sd = jax.ShapeDtypeStruct
+    qk, v = sd((1, 512, qk_heads, 128), dtype), sd((1, 512, heads, value_dim), dtype)
+    gates = sd((1, 512, heads, 128), jnp.float32), sd((1, 512, heads), jnp.float32)
+
+    def forward(q, k, v, g, beta):
+        return pallas_tpu.kda_pallas(q, k, v, g, beta, scale=0.1, interpret=False)
+
+    (grid,) = _pallas_grids(jax.make_jaxpr(forward)(qk, qk, v, *gates).jaxpr)
+    assert grid[0] == CALLS[shape]
+
+
 def _kernel_values(x, interpret):
     """:func:`pallas_tpu.kda_pallas`'s outputs and gradients (of a fixed scalar) on ``x``."""
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
@@ -385,21 +423,16 @@ def _qk_heads(x, heads):
     return x | {n: x[n][:, :, :heads] for n in ("q", "k")}
 
 
-# (q/k heads, value heads, value_dim): grouped heads over two parts; whole q/k heads in pairs
-COMPILED_BRANCHES = {"grouped_V256": (1, 3, 256), "pairs": (2, 4, 128)}
-
-
-@pytest.mark.parametrize("case", sorted(COMPILED_BRANCHES))
-def test_compiled_branches_equal_the_reshapes_under_the_tpu_interpreter(case):
+def test_compiled_branches_equal_the_reshapes_under_the_tpu_interpreter():
     """The kernels' strided loads and stores (the branches compiled on a TPU) under Pallas's TPU
     interpreter give the values of the reshapes the HLO interpreter runs: outputs and gradients,
-    to float32 rounding (two XLA programs; a wrong row is off by the values themselves). float32
-    (that interpreter has no 16-bit ref bitcast: the pairs are tested below)."""
+    to float32 rounding (two XLA programs; a wrong row is off by the values themselves). Two q/k
+    heads, each read by two value heads of two 128-lane parts (V = 256). float32 (that
+    interpreter has no 16-bit ref bitcast: the pairs, and strides of every head count, are
+    tested below on a numpy ref)."""
     from jax.experimental.pallas import tpu as pltpu
 
-    qk_heads, heads, value_dim = COMPILED_BRANCHES[case]
-    x = _qk_heads(random_kda_inputs(jax.random.key(3), 1, 40, heads, 128, value_dim,
-                                    with_state=True), qk_heads)
+    x = _qk_heads(random_kda_inputs(jax.random.key(3), 1, 40, 4, 128, 256, with_state=True), 2)
     jax.tree.map(_same, _kernel_values(x, pltpu.InterpretParams()), _kernel_values(x, True))
 
 
@@ -408,11 +441,23 @@ def _same(got, want):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
 
 
+def _recurrent_call(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback):
+    """``pallas_tpu._kda``'s contract (its padded, per-call arrays in, ``(o, final state)``
+    out) by the recurrence: the split into calls tested on its own, without compiling the
+    kernels for each split (their rows, batch axis and grouped heads are tested above)."""
+    assert q.shape[2] * groups == v.shape[2]
+    beta = jnp.moveaxis(beta_rows[:, :, 0, :], 1, 2)  # [B, HV, 1, T] -> [B, T, HV]
+    return kda(q, k, v, g, beta, scale=scale, initial_state=s0, output_final_state=True,
+               implementation="recurrent")  # fmt: skip
+
+
 def test_more_rows_than_a_call_holds_split_into_calls(monkeypatch):
     """Value heads past pallas_tpu.ROW_BYTES a token and lane run as calls over a batch axis
     (two rows, an initial state: its reshape and the final state's), whole q/k heads to a call
     (8 bytes: 2 float32 rows) or, a call of fewer value heads than share one, that head repeated
-    (4 bytes): the values of one call, to float32 rounding."""
+    (4 bytes): the values of one call, to float32 rounding. Each call by the recurrence
+    (:func:`_recurrent_call`)."""
+    monkeypatch.setattr(pallas_tpu, "_kda", _recurrent_call)
     x = random_kda_inputs(jax.random.key(4), 2, 40, 4, 128, 128, with_state=True)
     x = _qk_heads(x, 2)
     want = _kernel_values(x, True)
