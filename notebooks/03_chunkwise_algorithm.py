@@ -165,8 +165,7 @@ for t in range(3):  # the recurrence
 assert np.allclose(deltas, [[0.5, 0.0], [-0.15, 0.5], [0.53, 0.4]])
 
 # %%
-lag = np.subtract.outer(np.arange(3), np.arange(3))  # t - s
-between = keep ** np.maximum(lag, 0)[..., None]  # [t, s, channel]: decay after s through t
+between = keep ** np.tril(np.arange(3)[:, None] - np.arange(3))[..., None]  # [t, s, c]: keep^(t-s)
 L3 = np.tril(beta3[:, None] * np.einsum("tc,sc,tsc->ts", k3, k3, between), -1)
 assert np.allclose(L3, [[0, 0, 0], [0.3, 0, 0], [0, 0.2, 0]])
 Delta3 = np.linalg.solve(np.eye(3) + L3, beta3[:, None] * v3)  # (I + L) Delta = diag(beta) V
@@ -305,10 +304,11 @@ print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
 # %% [markdown]
 # **Step 5: the outputs.** Step 1 in the read $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$,
-# with $P$ and $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$): $O = \tfrac{1}{\sqrt{d_k}}
-# \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$,
-# $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$, $O^{\text{intra}} = P
-# \tilde V$.
+# with $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$) and $P_{ts} = \mathbf q_t^\top \Gamma_t
+# \Gamma_s^{-1} \mathbf k_s / \sqrt{d_k}$ ($s \le t$: section 2's $P$ with the read's scale): $O =
+# \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} +
+# O^{\text{intra}}$, $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$,
+# $O^{\text{intra}} = P \tilde V$.
 
 # %%
 P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
