@@ -21,8 +21,8 @@
 # short causal convolution with SiLU on $\mathbf q, \mathbf k, \mathbf v$, an L2 norm on $\mathbf q,
 # \mathbf k$, a sigmoid for $\beta$, a low-rank forget gate and an output gate with a per-head
 # RMSNorm. Built from these parts in one short function, it equals `kda_lib.KimiDeltaAttention` to
-# float32 tolerance; then every shape, the parameters beside softmax attention, and each part
-# taken away to see what it is for.
+# float32 tolerance; then every shape, the parameters beside softmax attention, and what each part
+# is for (three of them taken away).
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/04_kda_layer.ipynb)
 #
@@ -259,18 +259,19 @@ assert 1 < ratio[f"d = {big_hidden}, H = {big_heads}"] < 1.6
 # through rank-$r$ bottlenecks, the convolutions have $w$ taps per channel (where the rest goes:
 # the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-04)).
 #
-# ## 4. What each part is for: take it away
+# ## 4. What each part is for (three parts taken away)
 #
 # ### The L2 norm and the $\beta$ sigmoid keep the transition non-expansive
 # That is, $\lVert M_t\rVert_2 \le 1$: $I - \beta \mathbf k \mathbf k^\top$ has the eigenvalue $1 -
 # \beta \lVert\mathbf k\rVert^2$ along $\mathbf k$ and 1 orthogonal to it: all in $(0, 1]$ for
 # $\lVert\mathbf k\rVert = 1$ and $\beta \in (0, 1)$. If $\beta \lVert \mathbf k\rVert^2 \notin [0,
 # 2]$ one is outside $[-1, 1]$ and stretches a state's part along $\mathbf k$; the two parts rule
-# that out (the paper's L2Norm, §4). Below, a function per way, every head of `ablation_draws`
-# layers at init on its own input: as built, keys unnormalised ($d_k$ here, 128), $\beta = \mathbf
-# x_t W_\beta$. The bottom row's state (no write, no decay: `explain.growth`) passes $\lVert
-# S_0\rVert_F$ only through an eigenvalue outside $[-1, 1]$. Its log axis: growths compound with $T$
-# (the largest printed, and its log over $T$), wide keys' over twice as fast as without the sigmoid.
+# that out (the paper's L2Norm, §4). Four ways, one function each, on every head of `ablation_draws`
+# layers at init (each with its own $\mathbf x$): as built; keys not normalised at this $d_k$; the
+# same at $d_k$ = 128; and $\beta = \mathbf x_t W_\beta$ without the sigmoid. The bottom row's state
+# (no write, no decay: `explain.growth`) passes $\lVert S_0\rVert_F$ only through an eigenvalue
+# outside $[-1, 1]$. Its log axis: growths compound with $T$ (the table gives the largest and its
+# log over $T$), wide keys' over twice as fast as without the sigmoid.
 
 # %%
 def as_built(layer, x, head):  # the recurrence's inputs k, v, g, beta: row 0, one head, float64
@@ -291,36 +292,28 @@ wide_k, widths = 128, sorted({K, 64, 128})  # the third column's d_k; the width 
 wide = f"no L2 norm, d_k = {wide_k}"  # the third column
 ways = {"as built": (as_built, K), f"no L2 norm, d_k = {K}": (no_l2_norm, K),  # way: (part, d_k)
         wide: (no_l2_norm, wide_k), "no sigmoid on beta": (no_beta_sigmoid, K)}
-keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 4), ablation_draws - 1)
-seeds = [layer_seed] + [int(jax.random.randint(jax.random.split(k)[0], (), 0, 2**31 - 1))
-                        for k in keys]  # draw 0: this page's layer and x; then the next keys'
-inputs = [x] + [jax.random.normal(jax.random.split(k)[1], x.shape) for k in keys]
-draws = [{n: kda_lib.KimiDeltaAttention(dataclasses.replace(config, head_dim=n), rngs=nnx.Rngs(s))
-          for n in widths} for s in seeds]
-S_0 = {n: np.random.default_rng(seed + i).normal(size=(len(seeds), H, n, n))  # a state a head
-       for i, n in enumerate((K, wide_k))}
-runs = []  # one entry a head of every draw: {way: (||M_t||_2 [T], ||S_t||_F / ||S_0||_F [T])}
-for i, (layers, xi) in enumerate(zip(draws, inputs, strict=True)):
-    for h in range(H):
-        run = {}
-        for way, (ablate, n) in ways.items():  # ablate: the way's function, n: its d_k
-            run[way] = explain.growth(*ablate(layers[n], xi, h), S_0[n][i, h])
-        runs.append(run)
-
-# %%
+runs, draws, inputs = explain.ablation(ways, config, x, layer_seed, draws=ablation_draws,
+                                       seed=seed, widths=widths)  # draw 0: this page's layer, x
 grows = {way: np.array([np.mean(r[way][0] > 1 + 1e-6) for r in runs]) for way in ways}  # a head
 kept = {way: np.array([r[way][1].max() for r in runs]) for way in ways}  # max ||S_t|| / ||S_0||
+table = [r"| way | $M_t$ expanding: all (a head: least .. most) | heads above $\lVert S_0\rVert_F$ "
+         r"| largest $\lVert S_t\rVert_F / \lVert S_0\rVert_F$ | its log / $T$ |",
+         "| --- |" + " ---: |" * 4]
 for way, share in grows.items():
-    print(f"{way}: ||M_t||_2 > 1 at {share.mean():.0%} of all M_t ({share.min():.0%} .. "
-          f"{share.max():.0%} a head); no write or decay, ||S_t||_F > ||S_0||_F in "
-          f"{np.sum(kept[way] > 1)} of {len(runs)} heads, largest ||S_t||_F / ||S_0||_F "
-          f"{kept[way].max():.2g} (log / T {np.log(kept[way].max()) / seq_len:.3f})")
-raw = np.concatenate([np.asarray(d[K].b_proj(inputs[i])[0]).ravel() for i, d in enumerate(draws)])
-print(f"no sigmoid: beta < 0 at {np.mean(raw < 0):.0%}, beta > 2 at {np.mean(raw > 2):.0%}")
+    top, above = kept[way].max(), f"{np.sum(kept[way] > 1)} of {len(runs)}"
+    ratio = f"{top:.3g} | {np.log(top) / seq_len:.3f}" if top > 1 else "stays ≤ 1 | -"
+    table.append(f"| {way} | {share.mean():.0%} ({share.min():.0%} .. {share.max():.0%}) | "
+                 f"{above} | {ratio} |")
+display(Markdown("\n".join(table)))
 assert grows["as built"].max() == 0 and 0.3 < grows["no sigmoid on beta"].mean() < 0.7, "expands"
-assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5 and 0.3 < np.mean(raw < 0) < 0.7, "grows"
+assert np.mean(kept["no sigmoid on beta"] > 1) > 0.5, "grows"
 assert grows[wide].mean() > 0.8 and np.mean(kept[wide] > 1) > 0.9, "wide keys expand"
 assert np.log(kept[wide].max()) > 2 * np.log(kept["no sigmoid on beta"].max()), "compounds faster"
+
+# %%
+raw = np.concatenate([np.asarray(d[K].b_proj(inputs[i])[0]).ravel() for i, d in enumerate(draws)])
+print(f"no sigmoid: beta < 0 at {np.mean(raw < 0):.0%}, beta > 2 at {np.mean(raw > 2):.0%}")
+assert 0.3 < np.mean(raw < 0) < 0.7
 law = {n: (np.sum(np.square(np.asarray(p.k, np.float64)), -1), np.asarray(p.beta)) for n, p in
        ((n, m.project(x)) for n, m in draws[0].items())}  # d_k: (||k_t||^2, beta_t), no L2 norm
 expand = {width: np.mean(np.prod(law[width], 0) > 2) for width in widths}  # beta ||k_t||^2 > 2
@@ -363,22 +356,26 @@ assert np.flatnonzero(reach["with conv"]).tolist() == window
 assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 
 # %% [markdown]
-# ### The low-rank gate projections are the paper's design choice
-# The raw gate input $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans $\le r$ of
-# $H d_k$ dimensions (checked); the paper (§4) reports it comparable to full rank (untested).
+# ### The low-rank gates: a parameter choice
+# Both gates go through rank-$r$ bottlenecks ($r = d_k$ in the paper), so by construction the raw
+# gate input $\mathbf x_t W_f^{\downarrow} W_f^{\uparrow}$ of all tokens spans at most $r$ of $H
+# d_k$ dimensions (printed). For the output gate the paper (§4, after Eq. 10) reports performance
+# comparable to full-rank gating (not tested here).
 #
-# ### The RMSNorm and the output gate set the output's scale
+# ### The RMSNorm and output gate: the output's scale (and, per the paper, the attention sink)
 # The RMSNorm divides a head's output by $\sqrt{\operatorname{ms}(\mathbf o) +
 # \epsilon_{\text{RMS}}}$ ($\operatorname{ms}$: mean square over the channels) and multiplies
 # channel $e$ by $\eta_e$ (1 at init): the RMS becomes $\sqrt{\operatorname{ms}(\mathbf o) /
 # (\operatorname{ms}(\mathbf o) + \epsilon_{\text{RMS}})}$, below 1, within 0.5% of 1 once
 # $\operatorname{ms}(\mathbf o) \ge 100\epsilon_{\text{RMS}}$ (scaled up, below). At init $\mathbf
 # o$ is tiny (RMS printed): the norm raises it, a little below 1 at the median, far below at the
-# lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel down, never to 0.
+# lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel down, never to 0; its
+# purpose, per the paper (§4, after Eq. 10), is alleviating the attention sink, after Qiu et al.
+# (2025), whose sigmoid gate after softmax attention mitigated it (not tested here).
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
-print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (r = {gate_rank})")
+print(f"gate input over {seq_len} tokens: rank {f_rank} of {H * K} dimensions (<= r = {gate_rank})")
 assert f_rank == min(gate_rank, seq_len, H * K)
 ms, eps_rms = np.mean(np.square(np.asarray(parts["o"], float)), -1), config.norm_eps  # [B, T, H]
 norm = lambda o: kda_lib.ops.norms.gated_rms_norm(o, layer.o_norm[...], parts["z"])
@@ -395,8 +392,9 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 # %% [markdown]
 # ## Summary
 #
-# - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has a little
-#   more parameters than softmax attention, and a fixed-size state, no KV cache (decoding: 07).
+# - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has slightly
+#   more parameters than softmax attention (1.07x at $d$ = 2048), and a fixed-size state, no KV
+#   cache (decoding: 07).
 # - As built no transition expands ($\lVert M_t\rVert_2 \le 1$); without the $\beta$ sigmoid about
 #   half do and a state with no write or decay grows in most heads; without the L2 norm most do at
 #   $d_k$ = 128, fewer the narrower the keys. Without the conv a key sees its own token only; the
@@ -446,5 +444,7 @@ exercises.check("04.3", answer)
 #   (L2-normalised keys, short convs), NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
 # - S. Arora et al., *Zoology: measuring and improving recall in efficient language models*
 #   (why short convolutions help recall), 2023. [arXiv:2312.04927](https://arxiv.org/abs/2312.04927)
+# - Z. Qiu et al., *Gated attention for large language models: non-linearity, sparsity, and
+#   attention-sink-free* (the output gate), NeurIPS 2025. [arXiv:2505.06708](https://arxiv.org/abs/2505.06708)
 # - B. Zhang, R. Sennrich, *Root mean square layer normalization*, NeurIPS 2019. [arXiv:1910.07467](https://arxiv.org/abs/1910.07467)
 # - fla's layer, `fla/layers/kda.py`: [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)

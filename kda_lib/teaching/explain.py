@@ -8,8 +8,8 @@ These are for teaching and figures, not for speed: each is computed from the ora
   its closed form (products of transitions), in float64 NumPy.
 * :func:`softmax_attention_matrix` -- causal softmax attention weights, for comparison.
 * :func:`state_norms` -- ``||S_t||_F`` after every token of one head (the state's size over time).
-* :func:`transition_norms` -- the same with every transition's ``||M_t||_2`` and the write bound
-  (notebook 04's ablation).
+* :func:`transition_norms` -- the same with every transition's ``||M_t||_2`` and the write bound;
+  :func:`growth` and :func:`ablation` -- notebook 04's ablation, one head and every drawn head.
 """
 
 from __future__ import annotations
@@ -109,6 +109,38 @@ def growth(k, v, g, beta, S_0) -> tuple[np.ndarray, np.ndarray]:
         S = S - b_t * np.outer(k_t, k_t @ S)
         kept.append(np.linalg.norm(S) / np.linalg.norm(S_0))
     return transition_norms(k, v, g, beta)[1], np.array(kept)
+
+
+def ablation(ways: dict, config, x, layer_seed: int, *, draws: int, seed: int, widths) -> tuple:
+    """Notebook 04's ablation on every head of ``draws`` layers at initialisation: draw 0 is the
+    page's layer (``nnx.Rngs(layer_seed)``) on its ``x``; each further draw takes a layer seed and
+    a standard-normal input like ``x`` from ``jax.random.fold_in(jax.random.key(seed), 4)``. Each
+    draw builds the layer at ``config`` with every ``head_dim`` in ``widths``. ``ways``: ``{way:
+    (part, d_k)}``, ``part(layer, x, head)`` returning that head's ``k, v, g, beta`` as the way
+    makes them. Each head of each draw gets one random ``S_0`` per width the ways use (NumPy seeds
+    ``seed``, ``seed + 1``, ... in the order the ways name them), carried by :func:`growth`.
+
+    Returns ``(runs, layers, inputs)``: ``runs``, one ``{way: growth(...)}`` per head of every
+    draw (draw-major); ``layers[i][d_k]``, the draws' layers; ``inputs[i]``, their inputs.
+    """
+    import dataclasses
+
+    from flax import nnx
+
+    from kda_lib.layers import KimiDeltaAttention
+
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(seed), 4), draws - 1)
+    seeds = [layer_seed] + [int(jax.random.randint(jax.random.split(key)[0], (), 0, 2**31 - 1))
+                            for key in keys]
+    inputs = [x] + [jax.random.normal(jax.random.split(key)[1], x.shape) for key in keys]
+    layers = [{n: KimiDeltaAttention(dataclasses.replace(config, head_dim=n), rngs=nnx.Rngs(s))
+               for n in widths} for s in seeds]
+    heads, used = config.num_heads, dict.fromkeys(n for _, n in ways.values())
+    S_0 = {n: np.random.default_rng(seed + i).normal(size=(draws, heads, n, n))
+           for i, n in enumerate(used)}
+    runs = [{way: growth(*part(layers[i][n], inputs[i], h), S_0[n][i, h])
+             for way, (part, n) in ways.items()} for i in range(draws) for h in range(heads)]
+    return runs, layers, inputs
 
 
 def transition_norms(k, v, g, beta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
