@@ -19,9 +19,9 @@
 # **Claim.** Cut the sequence into chunks of $C$ tokens. What a chunk's tokens write into the state
 # follows from one $C \times C$ unit-lower-triangular system, solved for all chunks at once with
 # matrix products; between chunks only the state travels. The result equals the recurrence (checked
-# in float64). $T$ dependent matrix-vector steps become $T / C$, the rest matrix products ($C
-# \times C$, $C \times d_k$: a chip's matrix units' work), at more flops a token than the
-# recurrence's $6 d_k d_v$ (both counted in section 5). Speed on matrix units: untested.
+# in float64). $T$ dependent matrix-vector steps become $T / C$, the rest matrix products ($C \times
+# C$, $C \times d_k$: a chip's matrix units' work), at more flops a token than the recurrence's $6
+# d_k d_v$ (both counted in section 5). Speed: timed on this machine, not ranked.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/03_chunkwise_algorithm.ipynb)
 #
@@ -87,8 +87,7 @@ kda_lib.teaching.notebook.setup()
 
 # %%
 assert seq_len % chunk_size == 0, "the chunks below need T to be a multiple of C"
-num_chunks = seq_len // chunk_size
-scale = key_dim**-0.5
+num_chunks, scale = seq_len // chunk_size, key_dim**-0.5
 key_inputs, key_state, key_timing = jax.random.split(jax.random.key(seed), 3)
 x = random_kda_inputs(key_inputs, 1, seq_len, num_heads, key_dim, value_dim, gate="raw")
 key_a, key_dt = jax.random.split(jax.random.fold_in(key_inputs, 1))
@@ -107,9 +106,9 @@ def to_chunks(a):
 # %% [markdown]
 # ## 1. The idea: chunks in parallel, the state in sequence
 #
-# The recurrence: $T$ steps, each waiting for the last, each a matrix-vector product too small for
-# a chip's matrix units. The chunked form cuts the tokens into chunks of $C$: what a chunk needs
-# without the state entering it is computed for **all chunks at once** (triangles: $C \times C$
+# The recurrence: $T$ steps, each waiting for the last, each a matrix-vector product too small for a
+# chip's matrix units. The chunked form cuts the tokens into chunks of $C$: what a chunk needs
+# without its entering state is computed for **all chunks at once** (triangles: $C \times C$
 # intra-chunk products); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes;
 # $Q_{\text{in}}$, $K_{\text{out}}$: section 3's $\overleftarrow Q$, $\overrightarrow K$).
 
@@ -138,11 +137,10 @@ viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 # no state in it, by forward substitution:
 #
 # $$
-# \begin{pmatrix} 1 & & \\ 0.3 & 1 & \\ 0 & 0.2 & 1 \end{pmatrix}
-# \begin{pmatrix} \boldsymbol\delta_1^\top \\ \boldsymbol\delta_2^\top \\
-#   \boldsymbol\delta_3^\top \end{pmatrix}
-# = 0.5 \begin{pmatrix} 1 & 0 \\ 0 & 1 \\ 1 & 1 \end{pmatrix},
-# \qquad \boldsymbol\delta_3 = 0.5\,(1, 1) - 0.2\, \boldsymbol\delta_2 = (0.53, 0.4) .
+# \begin{pmatrix} 1 & & \\ 0.3 & 1 & \\ 0 & 0.2 & 1 \end{pmatrix} \begin{pmatrix}
+# \boldsymbol\delta_1^\top \\ \boldsymbol\delta_2^\top \\ \boldsymbol\delta_3^\top \end{pmatrix} =
+# 0.5 \begin{pmatrix} 1 & 0 \\ 0 & 1 \\ 1 & 1 \end{pmatrix}, \qquad \boldsymbol\delta_3 = 0.5\,(1,
+# 1) - 0.2\, \boldsymbol\delta_2 = (0.53, 0.4) .
 # $$
 #
 # Then the state and outputs are products over the chunk: $S_3 = \overrightarrow K^\top \Delta$
@@ -151,9 +149,8 @@ viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 # \mathbf k_s$, $s \le t$), checked below against `kda_recurrent`.
 
 # %%
-k3 = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])  # rows are tokens
-v3 = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-q3, beta3 = np.ones((3, 2)), np.full(3, 0.5)
+k3, v3 = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]]), np.array([[1.0, 0], [0, 1], [1, 1]])
+q3, beta3 = np.ones((3, 2)), np.full(3, 0.5)  # rows of k3, v3, q3: the tokens
 keep = np.array([1.0, 0.5])  # the diagonal of D_t, the same at every token
 S, deltas, outs = np.zeros((2, 2)), [], []
 for t in range(3):  # the recurrence
@@ -184,13 +181,12 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # ## 3. The general chunk in five steps
 #
 # Now any $C$, $d_k$, $d_v$, and a state $S_{\text{in}}$ entering the chunk (its first token's
-# $S_{t-1}$). With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$, the
-# decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots +
-# \mathbf g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above
-# the diagonal the exponent is positive and for a steep gate (falling by 800 over the chunk)
-# overflows even in float64 (counted below), so it is masked before `exp`. Each step is checked in
-# float64 on chunk 0 of head 0 against the recurrence run through it (keeping $S_t$,
-# $\boldsymbol\delta_t$).
+# $S_{t-1}$). With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$ the
+# decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots + \mathbf
+# g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above the
+# diagonal its exponent is positive, and for a steep gate (a fall of 800 over the chunk) overflows
+# even in float64 (counted below), so it is masked before `exp`. Each step is checked in float64 on
+# chunk 0 of head 0 against the recurrence run through it (keeping $S_t$, $\boldsymbol\delta_t$).
 #
 # **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$: $S_t = \Gamma_t
 # S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s \boldsymbol\delta_s^\top$.
@@ -229,17 +225,22 @@ print(f"steps 1 and 2 checked; steep gate, entries above the diagonal masked aft
 assert nan["before"] == 0 and 0 < nan["float64"] < nan["float32"]
 
 # %% [markdown]
-# **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0), two of
-# notebook 01's transitions multiply to $(I - \beta_2 \mathbf k_2 \mathbf k_2^\top)(I -
-# \beta_1 \mathbf k_1 \mathbf k_1^\top) = I - \mathbf k_1 \tilde{\mathbf k}_1^{0\top} - \mathbf
-# k_2 \tilde{\mathbf k}_2^{0\top}$, $\tilde{\mathbf k}^0_1 = \beta_1 \mathbf k_1$, $\tilde{\mathbf
-# k}^0_2 = \beta_2 (\mathbf k_2 - (\mathbf k_2^\top \mathbf k_1) \tilde{\mathbf k}^0_1)$; each
-# further factor adds one outer product, $\tilde{\mathbf k}^0_t = \beta_t (\mathbf k_t - \sum_{s
-# < t} (\mathbf k_t^\top \mathbf k_s) \tilde{\mathbf k}^0_s)$: $C$ factors are $I - K^\top \tilde
-# K^0$ (the WY form), $(I + L^0) \tilde K^0 = \operatorname{diag}(\boldsymbol\beta) K$ ($L^0_{ts}
-# = \beta_t \mathbf k_t^\top \mathbf k_s$, $s < t$: step 2's $L$ without decays). $I$ minus the
-# product has rank $\le C$, its factors $2 C d_k$ numbers instead of $d_k^2$ (fewer for $C <
-# d_k/2$); checked on $d_k/4$ tokens. Step 3's $\tilde K$ is $\tilde K^0$ with the decays.
+# **Why a product of transitions stays thin: the WY form.** Without decay (superscript 0), each of
+# notebook 01's transitions adds one outer product to the product before it (induction from
+# $\tilde{\mathbf k}^0_1 = \beta_1 \mathbf k_1$):
+#
+# $$
+# (I - \beta_t \mathbf k_t \mathbf k_t^\top) \Big(I - \sum_{s < t} \mathbf k_s
+# \tilde{\mathbf k}_s^{0\top}\Big) = I - \sum_{s \le t} \mathbf k_s \tilde{\mathbf k}_s^{0\top},
+# \qquad \tilde{\mathbf k}^0_t = \beta_t \Big(\mathbf k_t - \sum_{s < t} (\mathbf k_t^\top
+# \mathbf k_s)\, \tilde{\mathbf k}^0_s\Big) .
+# $$
+#
+# Stacked ($\tilde K^0$: rows $\tilde{\mathbf k}_t^{0\top}$), the product of $C$ factors is $I -
+# K^\top \tilde K^0$ with $(I + L^0) \tilde K^0 = \operatorname{diag}(\boldsymbol\beta) K$
+# ($L^0_{ts} = \beta_t \mathbf k_t^\top \mathbf k_s$, $s < t$: step 2's $L$ without decays). So $I$
+# minus the product has rank $\le C$, kept in $2 C d_k$ numbers, not $d_k^2$ (fewer for $C <
+# d_k/2$); checked on $d_k/4$ tokens. Step 3's $\tilde K$ is $\tilde K^0$ with decays.
 
 # %%
 thin = max(1, min(chunk_size, key_dim // 4))  # fewer tokens than d_k: the factors are thin
@@ -255,25 +256,26 @@ print(f"first {thin} tokens: I - product = K^T ({key_dim} x {thin}) K~^0 ({thin}
 viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 
 # %% [markdown]
-# **Step 3: the UT transform.** $I + L$ is unit lower triangular (invertible) and free of
-# $S_{\text{in}}$: one solve per chunk gives the pseudo-values for **any** entering state,
+# **Step 3: the UT transform** (Joffrain et al.'s name: one small triangular matrix inverted instead
+# of the $C$ factors multiplied; lower here, as the newest factor stands on the left). $I + L$ is
+# unit lower triangular (invertible) and free of $S_{\text{in}}$: one solve per chunk gives the
+# pseudo-values for **any** entering state,
 #
 # $$
-# \Delta = \tilde V - \tilde K S_{\text{in}}, \qquad
-# \tilde V = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) V, \qquad
-# \tilde K = (I + L)^{-1} \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
+# \Delta = \tilde V - \tilde K S_{\text{in}}, \qquad \tilde V = (I + L)^{-1}
+# \operatorname{diag}(\boldsymbol\beta) V, \qquad \tilde K = (I + L)^{-1}
+# \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code; $\tilde K$: the WY paragraph's $\tilde K^0$ with the decays). `kda_lib`'s
-# `unit_lower_inverse` gives the same inverse by matrix products only (how: the notes).
+# (`U`, `W` in code; `kda_lib`'s `unit_lower_inverse`: the same inverse by matrix products only).
 #
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
 #
 # $$
-# S_C = \Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta
-#   = \underbrace{\big(\Gamma_C - \overrightarrow K^\top \tilde K\big)}_{M_{[i]}} S_{\text{in}}
-#   + \underbrace{\overrightarrow K^\top \tilde V}_{E_{[i]}} .
+# S_C = \Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta = \underbrace{\big(\Gamma_C -
+# \overrightarrow K^\top \tilde K\big)}_{M_{[i]}} S_{\text{in}} + \underbrace{\overrightarrow K^\top
+# \tilde V}_{E_{[i]}} .
 # $$
 #
 # $M_{[i]}$, the product of notebook 01's transitions $M_t = (I - \beta_t \mathbf k_t \mathbf
@@ -324,9 +326,9 @@ _ = assert_close(P @ U, maps.o_intra[0, h, i], name="step 5: O_intra")  # == chu
 #
 # Steps 3 to 5 give all a chunk needs from its entering state $S_{\text{in}}$ (`S`): $\Delta =
 # \tilde V - \tilde K S_{\text{in}}$, $O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P
-# \Delta$, the state passed on $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section
-# 1's boxes). Looped over the chunks, one head, plain `jax.numpy`, one triangular solve a chunk;
-# `where` keeps every exponent $\le 0$ (section 3 counts what overflows without it).
+# \Delta$, the state passed on $\Gamma_C S_{\text{in}} + \overrightarrow K^\top \Delta$ (section 1's
+# boxes). Looped over the chunks, one head, plain `jax.numpy`, one triangular matrix a chunk, two
+# right-hand sides; `where` keeps every exponent $\le 0$ (section 3).
 
 # %%
 def kda_chunked_readable(q, k, v, g, beta, S, C):
@@ -373,29 +375,28 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 #
 # **What the chunked form buys: fewer steps that wait for each other** (the longest `lax.scan` of
 # the programs `kda_lib.kda` traces at the timed lengths), and the share of its flops that need no
-# state (scores, inverse, $\tilde K$, $\tilde V$: work for all chunks at once).
-# **What it costs**, timed here (batch 1, medians of `timing_repeats` calls), not ranked: a CPU
-# has no matrix units. Flops a token at $d_k = d_v = d$ (products, 2 a multiply-add; decays left
-# out, notebook 10 adds them): the recurrence $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$,
-# $\mathbf k \boldsymbol\delta^\top$); the chunked form the same $6 d^2$ ($\tilde K S$,
-# $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ (off-diagonal $P$, $L$)
-# $+ 4 C d$ ($\tilde K$, $\tilde V$) $+ 2 C d$ ($P \Delta$) $+ \tfrac23 (C^2 - 4)$ (inverse):
-# always more.
+# state (scores, inverse, $\tilde K$, $\tilde V$: work for all chunks at once). **What it costs**,
+# timed here (batch 1, medians of `timing_repeats` calls), not ranked: at these sizes a call's fixed
+# cost can dominate its time. Flops a token at $d_k = d_v = d$ (2 a multiply-add; decays left out:
+# notebook 10): the recurrence $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k
+# \boldsymbol\delta^\top$); the chunked form the same $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$,
+# $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ (off-diagonal $P$, $L$) $+ 4 C d$ ($\tilde K$,
+# $\tilde V$) $+ 2 C d$ ($P \Delta$) $+ \tfrac23 (C^2 - 4)$ (inverse): more, every term being
+# positive.
 
 # %%
 modes, forms = ["fwd", "fwd+bwd"][:1 + timing_backward], chunkwise.kda_forms(lower_bound)
 for T, recurrent, chunked, C_run, free in chunkwise.step_counts(
         forms, timing_lengths, key=key_timing, heads=timing_heads, dim=timing_dim):
-    print(f"T = {T:,}: recurrence {recurrent:,} dependent steps (matrix-vector), chunked "
-          f"{chunked:,} (C = {C_run}: products of {C_run} rows); {free:.0%} of the chunked "
-          "flops need no state")
+    print(f"T = {T:,}: recurrence {recurrent:,} dependent steps (matrix-vector); chunked "
+          f"{chunked:,} (products of C = {C_run} rows), {free:.0%} of its flops state-free")
     assert recurrent == T and chunked * C_run == T and C_run > 1
 timings = chunkwise.time_forms(forms, timing_lengths, key=key_timing, heads=timing_heads,
                                dim=timing_dim, modes=modes, repeats=timing_repeats)
 display(Markdown(chunkwise.timing_markdown(timings, timing_lengths, dim=timing_dim)))
 for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # the formula above
-    extra = 2 * d * (C - 1) + 4 * C * d + 2 * C * d + 2 * (C**2 - 4) // 3  # always > 0
-    assert costs.chunked_flops(C, C, d, d) / C == 6 * d * d + extra and extra > 0, (C, d)
+    extra = 2 * d * (C - 1) + 4 * C * d + 2 * C * d + 2 * (C**2 - 4) // 3  # each term > 0
+    assert costs.chunked_flops(C, C, d, d) / C == 6 * d * d + extra, (C, d)
 
 # %% [markdown]
 # ## Summary
@@ -419,11 +420,10 @@ for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # t
 #    decays. *Given* (steps 1 to 3 mirrored): $\mathrm dS_{\text{in}} = \Gamma_C \mathrm dS_C -
 #    \overleftarrow K^\top \Delta'$ (rows ${\boldsymbol\delta'_t}^\top$), $\Delta' = \tilde K'
 #    \mathrm dS_C$, $(I + L') \tilde K' =$ `rhs`, $L'$ strictly triangular, free of $\mathrm dS_C$.
-#    *Derive*: is $L'$ upper or lower? Which decays and $\beta$ multiply $\mathbf k_t^\top
-#    \mathbf k_s$ in it? What is `rhs`? *Return* `wy_backward_system(k, g, beta) -> (lhs, rhs)`
-#    (`k`, `g` $[C, d_k]$, `beta` $[C]$): `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal,
-#    $\beta_t$ in row $t$, no row scaled or combined), `rhs` $[C, d_k]$; also tried: chunks longer
-#    than $d_k$, forget bursts after which $e^{-\boldsymbol\gamma_t}$ overflows in float64.
+#    *Derive*: is $L'$ upper or lower? Which decays and $\beta$ multiply $\mathbf k_t^\top \mathbf
+#    k_s$ in it? What is `rhs`? *Return* from `wy_backward_system(k, g, beta)` (`k`, `g` $[C, d_k]$,
+#    `beta` $[C]$) `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, no row scaled or combined) and
+#    `rhs` $[C, d_k]$; also tried: $C > d_k$; forget bursts overflowing $e^{-\boldsymbol\gamma_t}$.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

@@ -399,15 +399,16 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
 
 
 def wy_factors(gap, keys_t_src, k0_tilde) -> plt.Figure:
-    """Notebook 03's WY form: ``I - product`` (``d_k x d_k``) next to its thin factors ``K^T``
-    (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~^0`` (``C x d_k``, no decay; the WY
-    literature's ``W``), square cells; the suptitle at the panels' title size, as the other
-    figures of 03 (no larger title over the panels)."""
+    """Notebook 03's WY form: ``I - product`` (``d_k x d_k``, its rank in its title) next to its
+    thin factors ``K^T`` (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~^0`` (``C x
+    d_k``, no decay; the WY literature's ``W``), square cells; the suptitle at the panels' title
+    size, as the other figures of 03 (no larger title over the panels)."""
     d_k, c = gap.shape[0], k0_tilde.shape[0]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
                              layout="constrained")
     mats = (gap, keys_t_src.T, k0_tilde)
-    titles = (f"I - product of {c} factors", f"$K^\\top$ (${d_k} \\times {c}$)",
+    titles = (f"I - product of {c} factors: rank {np.linalg.matrix_rank(gap)}",
+              f"$K^\\top$ (${d_k} \\times {c}$)",
               f"$\\tilde K^0$ (${c} \\times {d_k}$)")
     top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
     for ax, mat, title in zip(axes, mats, titles, strict=True):

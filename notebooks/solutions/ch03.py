@@ -19,7 +19,7 @@ def _decay(gamma):
 # 1. The backward pass through a chunk. Backpropagation runs dS_{t-1} = M_t^T dS_t from dS_C,
 #    and M_t^T = D_t (I - beta_t k_t k_t^T): token t first erases delta'_t^T = beta_t k_t^T dS_t
 #    (its backward pseudo-value), then decays: dS_{t-1} = D_t dS_t - (D_t k_t) delta'_t^T.
-#    Unrolled down to 0 (step 1, mirrored): dS_0 = Gamma_C dS_C - sum_t Gamma_t k_t delta'_t^T
+#    Unrolled down to 0 (step 1, mirrored): dS_in = Gamma_C dS_C - sum_t Gamma_t k_t delta'_t^T
 #    = Gamma_C dS_C - K_in^T Delta', and from C down to t:
 #    dS_t = Gamma_C Gamma_t^-1 dS_C - sum_{s > t} Gamma_s Gamma_t^-1 k_s delta'_s^T.
 #    Put that into delta'_t (step 2, mirrored): delta'_t^T = beta_t (Gamma_C Gamma_t^-1 k_t)^T dS_C
@@ -50,9 +50,9 @@ def wy_backward_system_by_rows(k, g, beta):
 
 
 # 2. Two chunks into one. Step 3 for the second chunk, entered by S_C:
-#    Delta_2 = V~2 - K~2 S_C, and step 4 for the first: S_C = M_1 S_0 + E_1 with
-#    M_1 = Gamma^(1) - K_out1^T K~1, E_1 = K_out1^T V~1. So
-#    Delta_2 = (V~2 - K~2 K_out1^T V~1) - K~2 (Gamma^(1) - K_out1^T K~1) S_0:
+#    Delta_2 = V~2 - K~2 S_C, and step 4 for the first: S_C = M_1 S_in + E_1 with
+#    M_1 = Gamma^(1) - K_out1^T K~1, E_1 = K_out1^T V~1 (S_in: the state entering the first). So
+#    Delta_2 = (V~2 - K~2 K_out1^T V~1) - K~2 (Gamma^(1) - K_out1^T K~1) S_in:
 #    the merged chunk's K~ stacks K~1 on K~2 Gamma^(1) - (K~2 K_out1^T) K~1, and its V~ stacks V~1
 #    on V~2 - (K~2 K_out1^T) V~1. (K~2 Gamma^(1) is K~2 with its keys decayed from the merged
 #    chunk's start.) Only C2 x C1 coupling products, no solve: the same doubling by which

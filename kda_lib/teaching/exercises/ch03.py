@@ -131,4 +131,4 @@ def merged_chunks(answer, rng):
                 where = "its rows of the second chunk" if first_rows else "its rows"
                 return (f"{what} is wrong at {size}, {where}: write the second chunk's "
                         "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_0")
+                        "as a function of S_in")
