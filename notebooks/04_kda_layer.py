@@ -371,7 +371,7 @@ assert np.flatnonzero(reach["without conv"]).tolist() == [t_probe]
 # o$ is tiny (RMS printed): the norm raises it, a little below 1 at the median, far below at the
 # lowest. The gate $\sigma(\mathbf z_t) \in (0, 1)$ scales each channel down, never to 0; its
 # purpose, per the paper (§4, after Eq. 10), is alleviating the attention sink, after Qiu et al.
-# (2025), whose sigmoid gate after softmax attention mitigated it (not tested here).
+# (references), whose sigmoid gate after softmax attention mitigated it (not tested here).
 
 # %%
 f_rank = np.linalg.matrix_rank(np.asarray(parts["f"][0]).reshape(seq_len, H * K), tol=1e-4)
@@ -393,7 +393,7 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 # ## Summary
 #
 # - Built from its parts, the layer equals `KimiDeltaAttention`; at realistic sizes it has slightly
-#   more parameters than softmax attention (1.07x at $d$ = 2048), and a fixed-size state, no KV
+#   more parameters than softmax attention (the ratio: section 3), and a fixed-size state, no KV
 #   cache (decoding: 07).
 # - As built no transition expands ($\lVert M_t\rVert_2 \le 1$); without the $\beta$ sigmoid about
 #   half do and a state with no write or decay grows in most heads; without the L2 norm most do at
@@ -408,23 +408,23 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #    $e^{g}$ of its state a token, $g = -a_h \operatorname{softplus}(f + b_c)$, half after $t_{1/2}$
 #    tokens. (a) Derive the $f$ for a wanted (real) $t_{1/2}$: `gate_input_for(half_life, a_log,
 #    dt_bias) -> f` (`[H, K]` but `a_log [H]`, the layer's `A_log`), judged by `kda_lib`'s gate in
-#    float64 to $10^{-5}$ at half-lives 0.3 to $10^4$ (a root-finder passes too). (b) Derive the
-#    least half-life the safe gate $g_{\min} \sigma(a_h (f + b_c))$ approaches but no $f$ gives:
-#    `shortest_half_life(lower_bound, a_log, dt_bias)` $[H, K]$, to $10^{-6}$ at drawn $a_h$, $b_c$.
+#    float64 to $10^{-5}$ at half-lives 0.3 to $10^4$ (a root-finder passes too). (b) The same for
+#    the safe gate $g = g_{\min} \sigma(a_h (f + b_c))$: `safe_gate_input_for(half_life,
+#    lower_bound, a_log, dt_bias) -> f`, `inf` where no real $f$ gives $t_{1/2}$ (which $t_{1/2}$
+#    are those?).
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
 #    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$, in $\mathbf o$: `rmsnorm_backward(o, eta,
 #    dn, eps)` (`o, dn`: rows of $d_v$; `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $=
 #    0$? No autodiff; the last trial has $d_v > 10^4$, within 5 s (no $d_v \times d_v$ Jacobian).
 # 3. **What the layer keeps between decode steps.** Decoding brings one token a call (notebook 07).
-#    Which parts of section 1 look back past the new token, and how much of their past do they
-#    need? Write `decode_cache_numbers(d, H, d_k, d_v, w) -> int`, the numbers the layer as built
-#    caches per sequence (a convolution's input as it reads it: after the projection; $w = 0$: no
-#    convolution), judged against its `init_cache` at drawn sizes.
+#    Which parts of section 1 look back past the new token, and how much of their past do they need?
+#    Write `decode_cache_numbers(d, H, d_k, d_v, w) -> int`, the numbers the layer as built caches
+#    per sequence ($w = 0$: no convolution), judged against its `init_cache` at drawn sizes.
 
 # %%
 answer = None  # exercise 1a: gate_input_for(half_life, a_log, dt_bias) -> f [H, K]
 exercises.check("04.1", answer)
-answer = None  # exercise 1b: shortest_half_life(lower_bound, a_log, dt_bias) -> [H, K]
+answer = None  # exercise 1b: safe_gate_input_for(half_life, lower_bound, a_log, dt_bias) -> f
 exercises.check("04.1b", answer)
 
 # %%

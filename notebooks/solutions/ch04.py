@@ -11,9 +11,7 @@ def gate_input_for(half_life, a_log, dt_bias):
     ``-g = ln 2 / t`` (natural log: the decay is ``e^g``). So ``softplus(f + b) = ln 2 / (a_h t)
     =: y``, and ``softplus(x) = log(1 + e^x) = y`` gives ``x = log(e^y - 1)``: ``f = log(expm1(y))
     - b``. ``expm1``: at long half-lives ``y`` is tiny (``4e-6`` at ``t = 10^4``, ``a_h = 16``)
-    and ``e^y - 1`` in float32 would keep two digits. The safe gate, ``g = g_min sigma(a_h (f +
-    b))``, has ``-g < |g_min|``: a half-life under ``ln 2 / |g_min|`` tokens (0.14 at ``g_min =
-    -5``) is out of its reach, where the softplus gate reaches any ``t > 0``."""
+    and ``e^y - 1`` in float32 would keep two digits. The softplus gate reaches any ``t > 0``."""
     rate = np.exp(np.asarray(a_log, np.float64))[:, None]
     y = np.log(2.0) / (rate * np.asarray(half_life, np.float64))
     return np.log(np.expm1(y)) - np.asarray(dt_bias, np.float64)
@@ -27,26 +25,29 @@ def gate_input_for_jnp(half_life, a_log, dt_bias):
     return y + jnp.log(-jnp.expm1(-y)) - jnp.asarray(dt_bias)
 
 
-def shortest_half_life(lower_bound, a_log, dt_bias):
-    """1b: the safe gate ``g = g_min sigma(a_h (f + b))`` keeps ``e^g`` a token, so a channel
-    halves after ``t = ln 2 / -g`` tokens (as in 1), and ``-g = |g_min| sigma(a_h (f + b))``.
-    ``sigma < 1`` at every real ``f``, and ``sigma -> 1`` as ``f -> inf`` for any ``a_h > 0`` and
-    ``b``: ``-g`` never reaches ``|g_min|`` but comes as close as one likes, so the half-lives
-    reachable are all ``t > ln 2 / |g_min|`` (0.14 tokens at ``g_min = -5``), the same in every
-    channel: ``a_h`` and ``b`` only move the ``f`` at which ``sigma`` nears 1. There is no root
-    to find: a search over ``f`` in a finite range stops where ``sigma < 1`` (far from 1 where
-    ``a_h`` is small or ``b`` far below 0)."""
-    return np.full(np.shape(dt_bias), np.log(2.0) / abs(lower_bound))
+def safe_gate_input_for(half_life, lower_bound, a_log, dt_bias):
+    """1b: the safe gate ``g = g_min sigma(a_h (f + b))`` keeps ``e^g`` a token; half after ``t``
+    tokens where ``-g = ln 2 / t`` (as in 1), so ``sigma(a_h (f + b)) = ln 2 / (|g_min| t) =: y``
+    and ``f = logit(y) / a_h - b``, ``logit(y) = log(y / (1 - y)) = log y - log1p(-y)`` (``log1p``
+    keeps the digits of ``1 - y`` for ``y`` near 1). ``sigma < 1`` at every real ``f`` and ``-> 1``
+    as ``f -> inf``: ``-g`` stays below ``|g_min|``, so ``t`` is reached exactly where ``y < 1``,
+    ``t > ln 2 / |g_min|`` (0.14 tokens at ``g_min = -5``), with ``f -> inf`` as ``t`` nears that
+    bound; below it no real ``f`` exists (``inf``). ``a_h`` and ``b`` move ``f``, not the bound:
+    unlike the softplus gate of 1, the safe gate has a shortest half-life."""
+    t, rate = np.asarray(half_life, np.float64), np.exp(np.asarray(a_log, np.float64))[:, None]
+    y = np.log(2.0) / (abs(lower_bound) * t)
+    with np.errstate(divide="ignore", invalid="ignore"):  # y >= 1: out of reach, replaced below
+        f = (np.log(y) - np.log1p(-y)) / rate - np.asarray(dt_bias, np.float64)
+    return np.where(y < 1, f, np.inf)
 
 
-def shortest_half_life_jnp(lower_bound, a_log, dt_bias):
-    """1b, written differently: float32 jnp, the page's safe gate at ``f = inf`` (sigma = 1)."""
-    import jax
+def safe_gate_input_for_jnp(half_life, lower_bound, a_log, dt_bias):
+    """1b, written differently: float32 jnp, ``logit(y) = -log(1 / y - 1)``."""
     import jax.numpy as jnp
 
-    f = jnp.full(jnp.shape(dt_bias), jnp.inf)
-    g = lower_bound * jax.nn.sigmoid(jnp.exp(a_log)[:, None] * (f + dt_bias))
-    return jnp.log(2.0) / -g
+    y = jnp.log(2.0) / (-lower_bound * jnp.asarray(half_life, jnp.float32))
+    f = -jnp.log(1 / y - 1) / jnp.exp(jnp.asarray(a_log))[:, None] - jnp.asarray(dt_bias)
+    return jnp.where(y < 1, f, jnp.inf)
 
 
 def rmsnorm_backward(o, eta, dn, eps):
@@ -107,12 +108,13 @@ def cases():
     def eps_outside(o, eta, dn, eps):  # r = sqrt(mean(o^2)) + eps
         return rmsnorm_backward(o, eta, dn, 0.0)
 
-    def shortest_at_f_zero(lower_bound, a_log, dt_bias):  # the half-life at f = 0, not the least
-        rate = np.exp(np.asarray(a_log, np.float64))[:, None]
-        return np.log(2.0) / (-lower_bound / (1 + np.exp(-rate * dt_bias)))
+    def safe_gate_nan_out_of_reach(half_life, lower_bound, a_log, dt_bias):  # NaN, not inf
+        y = np.log(2.0) / (-lower_bound * np.asarray(half_life))
+        return (np.log(y) - np.log1p(-y)) / np.exp(a_log)[:, None] - dt_bias
 
-    def shortest_as_a_time_constant(lower_bound, a_log, dt_bias):  # 1 / |g_min|: keeps 1/e
-        return np.full(np.shape(dt_bias), 1 / -lower_bound)
+    def safe_gate_as_softplus(half_life, lower_bound, a_log, dt_bias):  # 1's f, g_min unused
+        return np.where(half_life > np.log(2.0) / -lower_bound, gate_input_for(
+            half_life, a_log, dt_bias), np.inf)
 
     def conv_on_the_input(d, H, d_k, d_v, w):  # the histories of x, not of q, k, v
         return H * d_k * d_v + max(w - 1, 0) * 3 * d
@@ -123,8 +125,8 @@ def cases():
     return [
         ("04.1", gate_input_for, {}, gate_input_exp_approximated),
         ("04.1", gate_input_for_jnp, {}, gate_input_float32_naive),
-        ("04.1b", shortest_half_life, {}, shortest_at_f_zero),
-        ("04.1b", shortest_half_life_jnp, {}, shortest_as_a_time_constant),
+        ("04.1b", safe_gate_input_for, {}, safe_gate_nan_out_of_reach),
+        ("04.1b", safe_gate_input_for_jnp, {}, safe_gate_as_softplus),
         ("04.2", rmsnorm_backward, {}, rms_constant),
         ("04.2", rmsnorm_backward_jnp, {}, eps_outside),
         ("04.3", decode_cache_numbers, {}, conv_on_the_input),

@@ -222,17 +222,22 @@ def _shortcut_04_1_library_gate_bisected():
     return "04.1", gate_input_for, {}
 
 
-def _shortcut_04_1b_library_gate_at_a_huge_f():
+def _shortcut_04_1b_library_safe_gate_bisected():
     import jax.numpy as jnp
 
     from kda_lib import kda_gate
 
-    def shortest_half_life(lower_bound, a_log, dt_bias):  # right: the library's safe gate, f big
-        f = jnp.full((1, 1, *np.shape(dt_bias)), 1e9, jnp.float32)
-        g = kda_gate(f, a_log, dt_bias, lower_bound=lower_bound)
-        return np.log(2.0) / -np.asarray(g[0, 0], np.float64)
+    def safe_gate_input_for(half_life, lower_bound, a_log, dt_bias):  # right: bisection, library
+        low, high = np.full(half_life.shape, -1e4), np.full(half_life.shape, 1e4)
+        for _ in range(80):
+            mid = (low + high) / 2
+            g = kda_gate(jnp.asarray(mid, jnp.float32)[None, None], a_log, dt_bias,
+                         lower_bound=lower_bound)
+            longer = np.log(2.0) / -np.asarray(g[0, 0], np.float64) > half_life
+            low, high = np.where(longer, mid, low), np.where(longer, high, mid)
+        return np.where(half_life > np.log(2.0) / -lower_bound, (low + high) / 2, np.inf)
 
-    return "04.1b", shortest_half_life, {}
+    return "04.1b", safe_gate_input_for, {}
 
 
 def _shortcut_04_2_jax_grad():
@@ -387,7 +392,7 @@ SHORTCUTS = [
     _shortcut_03_1_factored_exponents_capped,
     _shortcut_03_2_second_chunk_unchanged,
     _shortcut_04_1_library_gate_bisected,
-    _shortcut_04_1b_library_gate_at_a_huge_f,
+    _shortcut_04_1b_library_safe_gate_bisected,
     _shortcut_04_2_jax_grad,
     _shortcut_04_2_finite_differences,
     _shortcut_04_3_library_cache,

@@ -44,7 +44,7 @@ EXERCISES = {
     "03.1": ("03_chunkwise_algorithm", 3),
     "03.2": ("03_chunkwise_algorithm", 6),
     "04.1": ("04_kda_layer", 3),
-    "04.1b": ("04_kda_layer", 3),
+    "04.1b": ("04_kda_layer", 4),
     "04.2": ("04_kda_layer", 4),
     "04.3": ("04_kda_layer", 5),
     "05.1": ("05_context_parallel", 2),

@@ -1,5 +1,5 @@
-"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.1b the safe gate's shortest
-half-life, 04.2 the RMSNorm's backward, 04.3 what the layer keeps between decode steps."""
+"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.1b the same for the safe gate
+(inf where out of its reach), 04.2 the RMSNorm's backward, 04.3 what the layer keeps decoding."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ _GATE_SLIPS = (
 )
 
 
-def _half_lives(f, a_log, dt_bias):
+def _half_lives(f, a_log, dt_bias, lower_bound=None):
     """The half-life (tokens) of each channel under ``kda_lib.kda_gate`` in float64."""
     with jax.enable_x64(True):
         g = kda_gate(*(jnp.asarray(x, jnp.float64) for x in (np.asarray(f)[None, None], a_log,
-                                                            dt_bias)))
+                                                            dt_bias)), lower_bound=lower_bound)
     return LN2 / -np.asarray(g[0, 0], np.float64)
 
 
@@ -74,48 +74,51 @@ def gate_input_for(answer, rng):
         return where + "solve e^(g t) = 1/2 for f, g = -e^A_log softplus(f + dt_bias)"
 
 
-# 04.1b's slips: the answer each gives from (g_min m, A_log a [H, 1]), its hint
-_FLOOR_SLIPS = (  # ceil first: at g_min near -1.18 it is 1 - e^g's value too
-    (lambda m, a: np.ceil(LN2 / -m), "the half-life is real, not a whole number of tokens"),
-    (lambda m, a: 0.0, "0 is the softplus gate's shortest (its -g grows without bound); the "
-     "safe gate's -g = |g_min| sigma(a_h (f + dt_bias)) stays below |g_min|"),
-    (lambda m, a: 1 / -m, "half is kept at ln 2 / -g tokens (1 / |g_min|: a time constant)"),
-    (lambda m, a: np.log10(2) / -m, "the decay is e^g: the natural log of 2"),
-    (lambda m, a: LN2 / m, "a half-life is positive: g_min < 0, divide by |g_min|"),
-    (lambda m, a: LN2 * -m, "e^(g t) = 1/2 gives t = ln 2 / -g, not ln 2 times -g"),
-    (lambda m, a: LN2 / (1 - np.exp(m)), "1 - e^g is the share lost a token, not -g"),
-    (lambda m, a: LN2 / (-m * np.exp(a)), "a_h = e^A_log sits inside the sigmoid: it sets how "
-     "fast sigma saturates, not its limit"),
+_logit = lambda y: np.log(y) - np.log1p(-y)  # the sigmoid's inverse
+# 04.1b's slips: the f each gives from (half-life t, g_min m, A_log a, dt_bias b), and its hint
+_SAFE_SLIPS = (
+    (lambda t, m, a, b: _logit(LN2 / (-m * t)) - b, "a_h = e^A_log multiplies f + dt_bias in the "
+     "sigmoid: divide by it"),
+    (lambda t, m, a, b: _logit(LN2 / (-m * t)) / a - b, "A_log stores log a_h: a_h = e^A_log"),
+    (lambda t, m, a, b: _logit(LN2 / (-m * t)) / np.exp(a) + b, "dt_bias is added to f inside "
+     "the sigmoid: take it off"),
+    (lambda t, m, a, b: np.log(LN2 / (-m * t)) / np.exp(a) - b, "sigma(x) = 1 / (1 + e^-x) is "
+     "e^x only for x << 0: its inverse is log(y / (1 - y))"),
+    (lambda t, m, a, b: _softplus_inverse(LN2 / (np.exp(a) * t)) - b, "that is the softplus "
+     "gate's f (1a); the safe gate is g = g_min sigma(a_h (f + dt_bias))"),
 )
 
 
 @ex.checker("04.1b")
-def shortest_half_life(answer, rng):
-    """``answer(lower_bound, a_log [H], dt_bias [H, K]) -> [H, K]``: the infimum over real f of
-    the safe gate's half-life, ln 2 / |g_min| (no f reaches it), to 1e-6; the second trial has
-    a_h <= 0.05 and dt_bias <= -40, where sigma(a_h (f + dt_bias)) < 0.74 for every f <= 60."""
+def safe_gate_input_for(answer, rng):
+    """``answer(half_life [H, K], lower_bound, a_log [H], dt_bias [H, K]) -> f [H, K]``: 04.1 for
+    the safe gate, inf where no real f does (t <= ln 2 / |g_min|); a_h <= 0.05 in the second."""
     for m_low, rates, biases in ((0.2, (1, 16), (-7, 1)), (0.05, (0.005, 0.05), (-80, -40)),
-                                 (4.0, (1, 16), (-7, 1))):
+                                 (4.0, (0.3, 16), (-7, 1))):
         H, K = (int(n) for n in rng.integers((1, 2), (4, 9)))
-        m = -float(rng.uniform(m_low, 5.0))
+        m, out = -float(rng.uniform(m_low, 5.0)), rng.random((H, K)) < 0.25  # out of reach
+        out.flat[:2] = True, False  # one of each at least
+        t = LN2 / -m * np.where(out, rng.uniform(0.2, 1, (H, K)), np.exp(rng.uniform(0, 6, (H, K))))
         a_log = np.log(rng.uniform(*rates, H)).astype(np.float32)
         b = rng.uniform(*biases, (H, K)).astype(np.float32)
-        got, hint = ex.call_answer(answer, m, a_log.copy(), b.copy(), refuse=dict(
-            shape=(H, K), inputs=(b,), what="the shortest half-life", allow_zeros=True),
-            name="shortest_half_life(lower_bound, a_log, dt_bias)")
-        if hint:
-            return hint
-        got, want = np.asarray(got, np.float64), LN2 / -m
-        if np.all(np.abs(got / want - 1) <= 1e-6):
+        got, hint = ex.call_answer(answer, t.copy(), m, a_log.copy(), b.copy(), refuse=dict(
+            shape=(H, K), inputs=(t, b), what="f", infinite=True),
+            name="safe_gate_input_for(half_life, lower_bound, a_log, dt_bias)")
+        if hint:  # NaN only where t is out of reach: the answer there is inf
+            band = "NaN" in hint and not np.isnan(np.asarray(got, np.float64))[~out].any()
+            return hint + (" (inf where no real f gives the half-life)" if band else "")
+        got, where = np.asarray(got, np.float64), f"f is off at g_min = {m:.3g}: "
+        if not np.array_equal(np.isinf(got), out):
+            return where + ("-g = |g_min| sigma(a_h (f + dt_bias)) < |g_min| at every real f, so "
+                            "f exists exactly where t > ln 2 / |g_min| (f -> inf at the bound): "
+                            "inf where it does not, a real f elsewhere")
+        with np.errstate(all="ignore"):
+            error = np.abs(_half_lives(np.where(out, 0, got), a_log, b, m) / t - 1)[~out]
+        if error.max() <= 1e-5:
             continue
-        where = f"off at g_min = {m:.3g}: "
-        if slip := ex.slip(got, _FLOOR_SLIPS, m, a_log.astype(np.float64)[:, None]):
-            return where + slip
-        if np.all(got >= want):
-            return where + ("too long: sigma(a_h (f + dt_bias)) < 1 at every real f (far below 1 "
-                            "at f = 0, or at the end of a searched range, where a_h is small or "
-                            "dt_bias far below 0); the shortest half-life is its limit f -> inf")
-        return where + "-g = |g_min| sigma(a_h (f + dt_bias)): how large can it get over all f?"
+        args = (np.asarray(x, np.float64) for x in (t, m, a_log[:, None] + 0 * b, b))
+        return where + (ex.slip(got[~out], _SAFE_SLIPS, *(x[~out] if x.ndim else x for x in args))
+                        or "solve e^(g t) = 1/2 for f, g = g_min sigma(a_h (f + dt_bias))")
 
 
 def _norm_trial(rng, rows, width, eps, small):
@@ -186,13 +189,15 @@ _CACHE_SLIPS = (
 )
 
 
-def _cache_sizes(rng, w):
+def _cache_sizes(rng, w, k_not=None):
     """(d, H, d_k, d_v) at which the slips' counts that are wrong at this w differ from each other
-    and from 0 (a count names one slip), and at w >= 2 only the w = 0 slip's is right."""
+    and from 0 (a count names one slip), and at w >= 2 only the w = 0 slip's is right; d_k !=
+    k_not (at d_k = w - 1, v's conv at d_k channels counts as the d_k x d_k state slip)."""
     while True:
         H, K, V, d = (int(rng.integers(*span)) for span in ((2, 5), (2, 9), (2, 10), (2, 17)))
         right = H * K * V + max(w - 1, 0) * H * (2 * K + V)
         off = [n for n in (wrong(4 * d, H, K, V, w) for wrong, _ in _CACHE_SLIPS) if n != right]
+        off += [0] * (K == k_not)  # drawn again
         if 0 not in off and len(set(off)) == len(off) >= (len(_CACHE_SLIPS) - 1) * (w >= 2):
             return 4 * d, H, K, V
 
@@ -218,7 +223,7 @@ def decode_cache_numbers(answer, rng):
         if float(got) == want:
             continue
         where = f"wrong at d = {d}, H = {H}, d_k = {K}, d_v = {V}, w = {w}: "
-        more = [_cache_sizes(rng, w) for _ in range(2)]  # a slip named where it matches thrice
+        more = [_cache_sizes(rng, w, k_not=w - 1) for _ in range(2)]  # a slip: matches thrice
         calls = [ex.call_answer(answer, *sizes, w, refuse=dict(shape=(), integer=True))
                  for sizes in more]  # fmt: skip
         for wrong, slip in _CACHE_SLIPS:
