@@ -382,7 +382,7 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # \boldsymbol\delta^\top$); the chunked form the same $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$,
 # $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ (off-diagonal $P$, $L$) $+ 4 C d$ ($\tilde K$,
 # $\tilde V$) $+ 2 C d$ ($P \Delta$) $+ \tfrac23 (C^2 - 4)$ (inverse): more, every term being
-# positive.
+# positive (the paper's Eq. 13 counts otherwise: [notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)).
 
 # %%
 modes, forms = ["fwd", "fwd+bwd"][:1 + timing_backward], chunkwise.kda_forms(lower_bound)

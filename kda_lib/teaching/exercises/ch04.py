@@ -1,5 +1,4 @@
-"""Checkers of notebook 04: 04.1 the gate input for a half-life, 04.1b the same for the safe gate
-(inf where out of its reach), 04.2 the RMSNorm's backward, 04.3 what the layer keeps decoding."""
+"""Notebook 04's checkers: 04.1/b a gate input for a half-life, 04.2 a backward, 04.3 a cache."""
 
 from __future__ import annotations
 
@@ -95,10 +94,11 @@ def safe_gate_input_for(answer, rng):
     the safe gate, inf where no real f does (t <= ln 2 / |g_min|); a_h <= 0.05 in the second."""
     for m_low, rates, biases in ((0.2, (1, 16), (-7, 1)), (0.05, (0.005, 0.05), (-80, -40)),
                                  (4.0, (0.3, 16), (-7, 1))):
-        H, K = (int(n) for n in rng.integers((1, 2), (4, 9)))
+        H, K = (int(n) for n in rng.integers((1, 3), (4, 9)))
         m, out = -float(rng.uniform(m_low, 5.0)), rng.random((H, K)) < 0.25  # out of reach
-        out.flat[:2] = True, False  # one of each at least
+        out.flat[:3] = True, False, False  # one out, two just within: (1, 1.05], (1.05, 1.5] x
         t = LN2 / -m * np.where(out, rng.uniform(0.2, 1, (H, K)), np.exp(rng.uniform(0, 6, (H, K))))
+        t.flat[1:3] = LN2 / -m * rng.uniform((1.001, 1.05), (1.05, 1.5))  # the bound
         a_log = np.log(rng.uniform(*rates, H)).astype(np.float32)
         b = rng.uniform(*biases, (H, K)).astype(np.float32)
         got, hint = ex.call_answer(answer, t.copy(), m, a_log.copy(), b.copy(), refuse=dict(
@@ -109,9 +109,9 @@ def safe_gate_input_for(answer, rng):
             return hint + (" (inf where no real f gives the half-life)" if band else "")
         got, where = np.asarray(got, np.float64), f"f is off at g_min = {m:.3g}: "
         if not np.array_equal(np.isinf(got), out):
-            return where + ("-g = |g_min| sigma(a_h (f + dt_bias)) < |g_min| at every real f, so "
-                            "f exists exactly where t > ln 2 / |g_min| (f -> inf at the bound): "
-                            "inf where it does not, a real f elsewhere")
+            return where + ("inf marks the wrong half-lives: -g = |g_min| sigma(a_h (f + "
+                            "dt_bias)) stays below |g_min| at every real f; which half-lives can "
+                            "it then not reach? inf exactly there, a real f elsewhere")
         with np.errstate(all="ignore"):
             error = np.abs(_half_lives(np.where(out, 0, got), a_log, b, m) / t - 1)[~out]
         if error.max() <= 1e-5:
