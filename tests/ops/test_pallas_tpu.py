@@ -80,7 +80,8 @@ CASE_CHUNK = {"float32": 64 if ON_TPU else 16, "bfloat16": 64 if ON_TPU else 256
 # rows: two on the chip; on a CPU, where interpreting the kernels and the float64 oracle's
 # gradients take the time (the bfloat16 case's second row: 4 s), one (here and in
 # test_every_chunk_size_...): the grid's batch axis is indexed there by the four rows of
-# test_bfloat16_with_correlated_keys_matches_the_oracle (outputs, final state, gradients)
+# test_bfloat16_with_correlated_keys_matches_the_oracle (outputs, final state, gradients; no
+# initial state: with one, test_more_rows_than_a_call_holds_split_into_calls)
 BATCH = {"float32": 2 if ON_TPU else 1, "bfloat16": 2 if ON_TPU else 1}
 
 
@@ -407,12 +408,13 @@ def test_calls_hold_at_most_row_bytes_a_token(shape):
     assert grid[0] == CALLS[shape]
 
 
-def _kernel_values(x, interpret):
+def _kernel_values(x, interpret, **options):
     """:func:`pallas_tpu.kda_pallas`'s outputs and gradients (of a fixed scalar) on ``x``."""
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"])
 
     def loss(*a):
-        o, s = pallas_tpu.kda_pallas(*a[:5], scale=0.2, initial_state=a[5], interpret=interpret)
+        o, s = pallas_tpu.kda_pallas(*a[:5], scale=0.2, initial_state=a[5], interpret=interpret,
+                                     **options)  # fmt: skip
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s * s), (o, s)
 
     values = jax.jit(jax.value_and_grad(loss, argnums=range(6), has_aux=True))
@@ -445,7 +447,7 @@ def _same(got, want):
 def _recurrent_call(q, k, v, g, beta_rows, s0, scale, chunk, groups, low, interpret, fallback):
     """``pallas_tpu._kda``'s contract (its padded, per-call arrays in, ``(o, final state)``
     out) by the recurrence: the split into calls tested on its own, without compiling the
-    kernels for each split (their rows, batch axis and grouped heads are tested above)."""
+    kernels for each split."""
     assert q.shape[2] * groups == v.shape[2]
     beta = jnp.moveaxis(beta_rows[:, :, 0, :], 1, 2)  # [B, HV, 1, T] -> [B, T, HV]
     return kda(q, k, v, g, beta, scale=scale, initial_state=s0, output_final_state=True,
@@ -456,12 +458,16 @@ def test_more_rows_than_a_call_holds_split_into_calls(monkeypatch):
     """Value heads past pallas_tpu.ROW_BYTES a token and lane run as calls over a batch axis
     (two rows, an initial state: its reshape and the final state's), whole q/k heads to a call
     (8 bytes: 2 float32 rows) or, a call of fewer value heads than share one, that head repeated
-    (4 bytes): the kernels' values in one call (each row's initial state and its gradient: the
-    state arrays' batch index), to 1e-5 of the largest; the split calls each by the recurrence
-    (:func:`_recurrent_call`: the kernels once, not once a split)."""
+    (4 bytes): the kernels' values in one call, to 1e-5 of the largest; the split calls each by
+    the recurrence (:func:`_recurrent_call`: the kernels once, not once a split). The one call
+    is the only CPU run of the kernels with two rows and an initial state (the state arrays'
+    batch index) and, with pallas_tpu.HEADS at (2, 2), two head groups in the forward (its grid's
+    head axis: each group's states, outputs and packing); without the non-finite fallback,
+    which would repair a forward that leaves NaN (engineer reviews 94 and 95)."""
     x = random_kda_inputs(jax.random.key(4), 2, 40, 4, 128, 128, with_state=True)
     x = _qk_heads(x, 2)
-    want = _kernel_values(x, True)
+    monkeypatch.setattr(pallas_tpu, "HEADS", (2, 2))
+    want = _kernel_values(x, True, non_finite_fallback=False)
     monkeypatch.setattr(pallas_tpu, "_kda", _recurrent_call)
     for row_bytes in (8, 4):
         monkeypatch.setattr(pallas_tpu, "ROW_BYTES", row_bytes)
