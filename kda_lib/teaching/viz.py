@@ -401,24 +401,31 @@ def chunk_dataflow(num_chunks: int, chunk_size: int, *, shown_chunks: int = 4) -
 def wy_factors(gap, keys_t_src, k0_tilde) -> plt.Figure:
     """Notebook 03's WY form: ``I - product`` (``d_k x d_k``, its rank in its title) next to its
     thin factors ``K^T`` (``d_k x C``, from ``keys_t_src``, ``[C, d_k]``) and ``K~^0`` (``C x
-    d_k``, no decay; the WY literature's ``W``), square cells; the suptitle at the panels' title
-    size, as the other figures of 03 (no larger title over the panels)."""
+    d_k``, no decay; the WY literature's ``W``). Square cells (the first panel 2.4 inches square),
+    placed by hand (a layout engine leaves gaps beside fixed-aspect axes); each panel its own
+    symmetric scale, its bar against it (the product's entries are smaller than the factors');
+    the suptitle at the panels' title size, as the other figures of 03."""
     d_k, c = gap.shape[0], k0_tilde.shape[0]
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4), width_ratios=[d_k, c + 2, d_k],
-                             layout="constrained")
-    mats = (gap, keys_t_src.T, k0_tilde)
+    cell, mats = 2.4 / d_k, (gap, keys_t_src.T, k0_tilde)
     titles = (f"I - product of {c} factors: rank {np.linalg.matrix_rank(gap)}",
-              f"$K^\\top$ (${d_k} \\times {c}$)",
-              f"$\\tilde K^0$ (${c} \\times {d_k}$)")
-    top = max(float(np.abs(m).max()) for m in mats)  # one symmetric scale: a colour, one value
-    for ax, mat, title in zip(axes, mats, titles, strict=True):
+              f"$K^\\top$ (${d_k} \\times {c}$)", f"$\\tilde K^0$ (${c} \\times {d_k}$)")
+    left, bar, right, bottom, top = 0.6, 0.12, 0.75, 0.55, 0.75  # inches around each panel
+    width = sum(left + m.shape[1] * cell + 0.08 + bar + right for m in mats)
+    height = bottom + d_k * cell + top
+    fig, x = plt.figure(figsize=(width, height), layout="none"), left
+    for mat, title in zip(mats, titles, strict=True):
+        w, h = mat.shape[1] * cell, mat.shape[0] * cell
+        y = bottom + (d_k * cell - h) / 2  # centred on the tallest panel
+        ax = fig.add_axes((x / width, y / height, w / width, h / height))
         image = heatmap(ax, mat, diverging=True, title=title, xlabel="column", ylabel="row",
-                        cbar_label="entry", vmin=-top, vmax=top, colorbar=False)
-        ax.set_aspect("equal")  # square cells: the factors' shapes as they are
-    fig.colorbar(image, ax=list(axes), label="entry", shrink=0.8)  # the one shared scale
+                        cbar_label="entry", colorbar=False)
+        cax = fig.add_axes(((x + w + 0.08) / width, y / height, bar / width, h / height))
+        fig.colorbar(image, cax=cax, label="entry")
+        x += left + w + 0.08 + bar + right
     fig.suptitle(f"$I - (I - \\beta_{{{c}}} k_{{{c}}} k_{{{c}}}^\\top) \\cdots (I - \\beta_1 "
                  f"k_1 k_1^\\top) = K^\\top \\tilde K^0$: the first {c} tokens (< $d_k$ = {d_k}), "
-                 "one colour scale", fontsize=mpl.rcParams["axes.titlesize"])
+                 "each panel its own scale", fontsize=mpl.rcParams["axes.titlesize"],
+                 y=1 - 0.12 / height, va="top")
     return fig
 
 
