@@ -897,6 +897,36 @@ def test_03_1_hints_do_not_name_the_answer():
         assert not leaked, (wrong.__name__, leaked, hint)
 
 
+def test_03_hints_point_without_the_method_or_a_wrong_cause():
+    """Teacher review of 03-04 (fifth, defect 7): an all-NaN 03.1 answer is not blamed on a forget
+    burst (the factored exponents still are: test_hints_name_the_mistake_not_a_symptom); 03.2's
+    hint to the second chunk's rows asks what enters it instead of spelling the method (S_C from
+    step 4 as a function of S_in), and wrong rows of the first chunk are told so."""
+    right = _right_answers()["03.2"][0]
+
+    def all_nan(k, g, beta):
+        return np.full((len(beta), len(beta)), np.nan), np.full(k.shape, np.nan)
+
+    def unmerged(W1, U1, K_out1, gamma1, W2, U2):  # the second chunk's factors, not coupled
+        return np.concatenate([W1, W2]), np.concatenate([U1, U2])
+
+    def first_rows_doubled(*given):  # right rows of the second chunk, the first chunk's doubled
+        w, u = (np.array(a, np.float64) for a in right(*given))
+        w[: len(given[0])] *= 2
+        u[: len(given[0])] *= 2
+        return w, u
+
+    for seed in range(10):
+        hint = exercises.verdict("03.1", all_nan, seed=seed)
+        assert hint and "NaN" in hint and "burst" not in hint, (seed, hint)
+        hint = exercises.verdict("03.2", unmerged, seed=seed)
+        assert hint and "second chunk" in hint and "what state enters" in hint, (seed, hint)
+        leaked = [w for w in ("S_C", "S_in", "step 4", "function of") if w in hint]
+        assert not leaked, (seed, leaked, hint)
+        hint = exercises.verdict("03.2", first_rows_doubled, seed=seed)
+        assert hint and "rows of the first chunk" in hint, (seed, hint)
+
+
 def test_review_d_hints_name_the_slip():
     """Strict-teacher review D (defects 1 and 6): 02.1's density integral without a d_k = 1 case
     (0 there, where the chance is 1) is told one draw spans nothing, not that a simulation cannot

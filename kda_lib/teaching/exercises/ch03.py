@@ -88,10 +88,11 @@ def backward_system(answer, rng):
                                    name="wy_backward_system(k, g, beta)")
         hint = hint or ex.parts(got, "two arrays, (lhs, rhs): lhs K~' = rhs", dict(
             shape=(C, C), inputs=(k, g), what="lhs"), dict(shape=(C, K), inputs=(k, g), what="rhs"))
-        if hint:  # e^(-gamma_t) overflows after a burst
+        if hint:  # e^(-gamma_t) overflows after a burst: some entries finite (not an all-NaN)
+            part = np.asarray(got[hint[:3] == "rhs"], float) if "NaN or inf" in hint else np.nan
             return hint + (" (this chunk has a forget burst: form each exponent, a difference of "
                            "cumulative log decays that is <= 0, before exp)"
-                           if bursts and "NaN or inf" in hint else "")
+                           if bursts and np.isfinite(part).any() else "")
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
@@ -127,8 +128,7 @@ def merged_chunks(answer, rng):
             return hint
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
-                first_rows = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
-                where = "its rows of the second chunk" if first_rows else "its rows"
-                return (f"{what} is wrong at {size}, {where}: write the second chunk's "
-                        "pseudo-values for the state S_C that enters it, with S_C from step 4, "
-                        "as a function of S_in")
+                first = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
+                return f"{what} is wrong at {size}, " + ("its rows of the second chunk: its tokens "
+                    "now see the first chunk's too; what state enters them?" if first else
+                    "its rows of the first chunk: do those tokens see any of the second chunk's?")
