@@ -412,7 +412,10 @@ def wy_factors(gap, keys_t_src, k0_tilde) -> plt.Figure:
     left, bar, right, bottom, top = 0.6, 0.12, 0.75, 0.55, 0.75  # inches around each panel
     width = sum(left + m.shape[1] * cell + 0.08 + bar + right for m in mats)
     height = bottom + d_k * cell + top
-    fig, x = plt.figure(figsize=(width, height), layout="none"), left
+    # no layout engine (a placeholder: "none" comes back as the rc's constrained after a savefig)
+    engine = mpl.layout_engine.PlaceHolderLayoutEngine(adjust_compatible=True,
+                                                      colorbar_gridspec=False)
+    fig, x = plt.figure(figsize=(width, height), layout=engine), left
     for mat, title in zip(mats, titles, strict=True):
         w, h = mat.shape[1] * cell, mat.shape[0] * cell
         y = bottom + (d_k * cell - h) / 2  # centred on the tallest panel
