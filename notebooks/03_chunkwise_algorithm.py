@@ -96,23 +96,32 @@ dt_bias = kda_lib.init_dt_bias(key_dt, num_heads, key_dim)
 g32 = kda_lib.kda_gate(x["g"], a_log, dt_bias, lower_bound=lower_bound)  # raw input x["g"]
 q, k, v, g, beta = (np.asarray(a, np.float64) for a in (x["q"], x["k"], x["v"], g32, x["beta"]))
 S_in = np.asarray(jax.random.normal(key_state, (1, num_heads, key_dim, value_dim)), np.float64)
-
-
-def to_chunks(a):
-    """[1, T, H, ...] -> [1, H, N, C, ...], the layout of kda_lib.ops.chunked.chunk_affine_maps."""
-    return np.moveaxis(a.reshape(1, num_chunks, chunk_size, num_heads, *a.shape[3:]), 3, 1)
-
+to_chunks = lambda a: np.moveaxis(  # [1, T, H, ...] -> [1, H, N, C, ...], chunk_affine_maps' layout
+    a.reshape(1, num_chunks, chunk_size, num_heads, *a.shape[3:]), 3, 1)
 
 # %% [markdown]
 # ## 1. The idea: chunks in parallel, the state in sequence
 #
 # The recurrence: $T$ steps, each waiting for the last, each a matrix-vector product too small for a
-# chip's matrix units. The chunked form cuts the tokens into chunks of $C$: what a chunk needs
-# without its entering state is computed for **all chunks at once** (triangles: $C \times C$
-# intra-chunk products); then $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes;
-# $Q_{\text{in}}$, $K_{\text{out}}$: section 3's $\overleftarrow Q$, $\overrightarrow K$).
+# chip's matrix units. **Warm-up**, linear attention ($S_t = S_{t-1} + \mathbf k_t \mathbf
+# v_t^\top$, $\mathbf o_t = S_t^\top \mathbf q_t$): a chunk (rows: its tokens) entered with the
+# state $S_{\text{in}}$ gives $O = \operatorname{tril}(Q K^\top) V + Q S_{\text{in}}$ (scores of
+# $s > t$ zeroed) and hands on $S_{\text{in}} + K^\top V$: products only (checked below). The delta
+# rule writes, for $\mathbf v_t$, a pseudo-value depending on the earlier ones: a triangular system.
+#
+# So the chunked form cuts the tokens into chunks of $C$: what a chunk needs without its entering
+# state is computed for **all chunks at once** (triangles: $C \times C$ intra-chunk products); then
+# $T / C$ steps carry the state $S_{[i]}$ into chunk $i$ (boxes). The figure's symbols, defined
+# below: $\Delta$ (section 2); $\tilde K$, $\tilde V$, $\Gamma_C$, $K_{\text{out}} =
+# \overrightarrow K$, $P$, $Q_{\text{in}} = \overleftarrow Q$ (section 3, steps 3 to 5).
 
-# %% tags=["hide-input"]
+# %%
+h, i = 0, 0  # head 0, chunk 0 (here and in section 3)
+qc, kc, vc, gc, bc = (to_chunks(a)[0, h, i] for a in (q, k, v, g, beta))  # one chunk, one head
+S_w = S_in[0, h] + np.cumsum(kc[:, :, None] * vc[:, None], axis=0)  # S_t = S_{t-1} + k_t v_t^T
+assert_close(np.tril(qc @ kc.T) @ vc + qc @ S_in[0, h], np.einsum("tk,tkv->tv", qc, S_w),
+             atol=1e-12, name="warm-up: O = tril(Q K^T) V + Q S_in, o_t = S_t^T q_t")
+assert_close(S_in[0, h] + kc.T @ vc, S_w[-1], atol=1e-12, name="warm-up: S_in + K^T V")
 viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 
 # %% [markdown]
@@ -144,14 +153,13 @@ viz.show(viz.chunk_dataflow(num_chunks, chunk_size), "03_dataflow")
 # $$
 #
 # Then the state and outputs are products over the chunk: $S_3 = \overrightarrow K^\top \Delta$
-# ($\overrightarrow K$: rows $D_3 \cdots D_{s+1} \mathbf k_s$, keys decayed to the chunk end)
-# and $O = P \Delta$ (causal decayed scores $P_{ts} = \mathbf q_t^\top D_t \cdots D_{s+1}
-# \mathbf k_s$, $s \le t$), checked below against `kda_recurrent`.
+# ($\overrightarrow K$: rows $D_3 \cdots D_{s+1} \mathbf k_s$, keys decayed to the chunk end) and
+# $O = \sqrt{d_k}\, P \Delta$ (this read lacks $1/\sqrt{d_k}$; $P_{ts} = \mathbf q_t^\top D_t \cdots
+# D_{s+1} \mathbf k_s / \sqrt{d_k}$, $s \le t$: causal decayed scores), checked below.
 
 # %%
 k3, v3 = np.array([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]]), np.array([[1.0, 0], [0, 1], [1, 1]])
-q3, beta3 = np.ones((3, 2)), np.full(3, 0.5)  # rows of k3, v3, q3: the tokens
-keep = np.array([1.0, 0.5])  # the diagonal of D_t, the same at every token
+q3, beta3, keep = np.ones((3, 2)), np.full(3, 0.5), np.array([1.0, 0.5])  # keep: diagonal of D_t
 S, deltas, outs = np.zeros((2, 2)), [], []
 for t in range(3):  # the recurrence
     S = keep[:, None] * S  # decay
@@ -167,10 +175,10 @@ L3 = np.tril(beta3[:, None] * np.einsum("tc,sc,tsc->ts", k3, k3, between), -1)
 assert np.allclose(L3, [[0, 0, 0], [0.3, 0, 0], [0, 0.2, 0]])
 Delta3 = np.linalg.solve(np.eye(3) + L3, beta3[:, None] * v3)  # (I + L) Delta = diag(beta) V
 K_out3 = k3 * keep ** (2 - np.arange(3))[:, None]  # rows D_3 ... D_{s+1} k_s
-P3 = np.tril(np.einsum("tc,sc,tsc->ts", q3, k3, between))
+P3 = np.tril(np.einsum("tc,sc,tsc->ts", q3, k3, between))  # sqrt(d_k) P
 S3, O3 = K_out3.T @ Delta3, P3 @ Delta3
-print(f"L = {L3.tolist()}\nDelta = {np.round(Delta3, 4).tolist()}\n"
-      f"S_3 = K_out^T Delta = {np.round(S3, 4).tolist()}\nO = P Delta = {np.round(O3, 4).tolist()}")
+print(f"L = {L3.tolist()}\nDelta = {np.round(Delta3, 4).tolist()}\nS_3 = K_out^T Delta = "
+      f"{np.round(S3, 4).tolist()}\nO = sqrt(d_k) P Delta = {np.round(O3, 4).tolist()}")
 with jax.enable_x64(True):
     o3, s3 = kda_lib.kda_recurrent(*(jnp.asarray(a)[None, :, None] for a in (
         q3, k3, v3, np.tile(np.log(keep), (3, 1)), beta3)), scale=1.0, output_final_state=True)
@@ -200,8 +208,6 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # \operatorname{diag}(\boldsymbol\beta)\, \overleftarrow K S_{\text{in}}$.
 
 # %%
-h, i = 0, 0  # head 0, chunk 0
-qc, kc, vc, gc, bc = (to_chunks(a)[0, h, i] for a in (q, k, v, g, beta))  # one chunk, one head
 S_t, states, deltas = S_in[0, h], [], []
 for t in range(chunk_size):  # the recurrence, keeping the pseudo-values
     decayed = np.exp(gc[t])[:, None] * S_t
@@ -267,8 +273,6 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 # \operatorname{diag}(\boldsymbol\beta) \overleftarrow K
 # $$
 #
-# (`U`, `W` in code; `kda_lib`'s `unit_lower_inverse`: the same inverse by matrix products only).
-#
 # **Step 4: the chunk's affine map.** Step 1 at $t = C$, with $\overrightarrow K$ the keys
 # decayed from their token to the chunk end (rows $\Gamma_C \Gamma_s^{-1} \mathbf k_s$), step 3:
 #
@@ -284,7 +288,7 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 # (checked, with `kda_lib`'s `chunk_affine_maps`).
 
 # %%
-solve = np.linalg.inv(np.eye(chunk_size) + L)
+solve = np.linalg.inv(np.eye(chunk_size) + L)  # kda_lib's unit_lower_inverse: by products only
 U, W = solve @ (bc[:, None] * vc), solve @ (bc[:, None] * K_in)  # V~ and K~
 assert_close(U - W @ S_in[0, h], Delta, atol=1e-12, name="step 3: Delta = V~ - K~ S_in")
 with jax.enable_x64(True):
@@ -297,20 +301,18 @@ assert_close(np.exp(gamma[-1])[:, None] * S_in[0, h] + K_out.T @ Delta, states[-
              name="step 4: S_C = Gamma_C S_in + K_out^T Delta")
 assert_close(np.diag(np.exp(gamma[-1])) - K_out.T @ W, M, name="step 4: M = Gamma_C - K_out^T K~")
 assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
-product = np.eye(key_dim)
-for t in range(chunk_size):  # notebook 01's M_t = (I - beta k k^T) D_t, newest on the left
-    decayed = np.exp(gc[t])[:, None] * product
-    product = decayed - bc[t] * np.outer(kc[t], kc[t] @ decayed)
-assert_close(M, product, name="M = M_C ... M_1")
+transitions = [(np.eye(key_dim) - b_t * np.outer(k_t, k_t)) * np.exp(g_t)  # 01's M_t, D_t right
+               for k_t, g_t, b_t in zip(kc, gc, bc, strict=True)]  # (I - beta_t k_t k_t^T) D_t
+assert_close(M, np.linalg.multi_dot(transitions[::-1]), name="M = M_C ... M_1")  # newest left
 print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
 # %% [markdown]
 # **Step 5: the outputs.** Step 1 in the read $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$,
 # with $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$) and $P_{ts} = \mathbf q_t^\top \Gamma_t
-# \Gamma_s^{-1} \mathbf k_s / \sqrt{d_k}$ ($s \le t$: section 2's $P$ with the read's scale): $O =
-# \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} +
-# O^{\text{intra}}$, $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$,
-# $O^{\text{intra}} = P \tilde V$.
+# \Gamma_s^{-1} \mathbf k_s / \sqrt{d_k}$ ($s \le t$, section 2's $P$): $O = \tfrac{1}{\sqrt{d_k}}
+# \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$,
+# $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$, $O^{\text{intra}} = P
+# \tilde V$.
 
 # %%
 P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
@@ -379,8 +381,9 @@ print(f"T = {seq_len}, C = {chunk_size}, {num_heads} heads, float64: max |diff| 
 # timed here (batch 1, medians of `timing_repeats` calls), not ranked: at these sizes a call's fixed
 # cost can dominate its time. Flops a token at $d_k = d_v = d$ (2 a multiply-add; decays left out:
 # notebook 10): the recurrence $6 d^2$ ($\mathbf k^\top S$, $S^\top \mathbf q$, $\mathbf k
-# \boldsymbol\delta^\top$); the chunked form the same $6 d^2$ ($\tilde K S$, $\overleftarrow Q S$,
-# $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ (off-diagonal $P$, $L$) $+ 4 C d$ ($\tilde K$,
+# \boldsymbol\delta^\top$); `kda_chunked`'s matrix products the same $6 d^2$ ($\tilde K S$,
+# $\overleftarrow Q S$, $\overrightarrow K^\top \Delta$) plus $2 d (C - 1)$ ($P$, $L$ below the
+# diagonal; $P$'s diagonal, $2 d$ a token, is elementwise there, not counted) $+ 4 C d$ ($\tilde K$,
 # $\tilde V$) $+ 2 C d$ ($P \Delta$) $+ \tfrac23 (C^2 - 4)$ (inverse): more, every term being
 # positive (the paper's Eq. 13 counts otherwise: [notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-03)).
 
@@ -424,12 +427,6 @@ for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # t
 #    k_s$ in it? What is `rhs`? *Return* from `wy_backward_system(k, g, beta)` (`k`, `g` $[C, d_k]$,
 #    `beta` $[C]$) `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, no row scaled or combined) and
 #    `rhs` $[C, d_k]$; also tried: $C > d_k$; forget bursts overflowing $e^{-\boldsymbol\gamma_t}$.
-
-# %%
-answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
-check("03.1", answer)
-
-# %% [markdown]
 # 2. **Two chunks as one.** From two consecutive chunks' factors (the first's $\tilde K_{[1]}$,
 #    $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$, log decay across it $\boldsymbol\gamma_{C,[1]}$
 #    $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its own start), derive the two
@@ -437,14 +434,17 @@ check("03.1", answer)
 #    K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
 
 # %%
+answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])
+check("03.1", answer)
 answer = None  # a function merge_chunks(...) -> (K_tilde, V_tilde), arguments as above
 check("03.2", answer)
 
 # %% [markdown]
 # ## References
 #
-# - S. Yang et al., *Parallelizing linear transformers with the delta rule*, NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
+# - S. Yang et al., *Parallelizing linear transformers with the delta rule over sequence length*,
+#   NeurIPS 2024. [arXiv:2406.06484](https://arxiv.org/abs/2406.06484)
 # - Kimi Team, *Kimi Linear* (KDA's chunkwise algorithm; section 6.3, Eq. 13: flops), 2025. [arXiv:2510.26692](https://arxiv.org/abs/2510.26692)
 # - C. Bischof, C. Van Loan, *The WY representation for products of Householder matrices*, 1987. [doi:10.1137/0908009](https://doi.org/10.1137/0908009)
 # - T. Joffrain et al., *Accumulating Householder transformations, revisited* (UT transform), 2006. [doi:10.1145/1141885.1141886](https://doi.org/10.1145/1141885.1141886)
-# - G. E. Blelloch, *Prefix sums and their applications*, 1990. [CMU-CS-90-190](https://www.cs.cmu.edu/~guyb/papers/Ble93.pdf)
+# - G. E. Blelloch, *Prefix sums and their applications* (Synthesis of Parallel Algorithms), 1993. [PDF](https://www.cs.cmu.edu/~guyb/papers/Ble93.pdf)
