@@ -22,7 +22,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 EXECUTED := $(patsubst notebooks/%,build/notebooks/%,$(NOTEBOOKS))
 PYTEST_ARGS ?=
 
-.PHONY: help test test-fast test-tpu notebooks site lab lint sync lock repository-url clean \
+.PHONY: help test test-all test-fast test-tpu notebooks site lab lint sync lock repository-url clean \
 	check-python bench check-browser FORCE
 
 # `make` alone, or `make help`: the targets, each with its one-line description (the `##` lines)
@@ -64,7 +64,11 @@ lint: $(STAMP) ## ruff over the package, tests, notebooks and scripts
 # with --no-loadscope-reorder, everything in collection order, where tests/conftest.py puts the
 # longest tests first (xdist's default reorder puts the largest groups first: 817 s against 741 s)
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
-test: lint ## the whole suite (what CI runs): unit tests, every notebook under nbval, the site
+test: lint ## what CI runs (10 minutes): the suite but tests/extended.py's, every notebook under nbval
+	$(VPY) -m pytest $(XDIST) -m "not extended" $(PYTEST_ARGS)
+
+# every test, tests/extended.py's too (about 15 minutes on 2 cores)
+test-all: lint ## the whole suite, the extended tests included
 	$(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # the fast inner loop: one folder's tests without the slow ones (FOLDER=ops, parallel, layers,

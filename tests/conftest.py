@@ -42,6 +42,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from extended import EXTENDED  # noqa: E402  # tests/extended.py: what make test leaves out
 from flax import nnx  # noqa: E402
 from jax._src import lru_cache  # noqa: E402  # the file cache's writer (see _put_whole)
 
@@ -210,6 +211,15 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
+    found = set()
+    for item in items:
+        if item.nodeid in EXTENDED:
+            item.add_marker(pytest.mark.extended(EXTENDED[item.nodeid]))
+            found.add(item.nodeid)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    whole_suite = [pathlib.Path(root, a).resolve() for a in config.args] in ([], [root / "tests"])
+    if whole_suite and found != set(EXTENDED):
+        raise pytest.UsageError(f"tests/extended.py names no test: {sorted(set(EXTENDED) - found)}")
 
 
 def pytest_unconfigure(config):
