@@ -328,9 +328,11 @@ viz.show(viz.ablation_norms(runs), "04_ablation_norms")  # the plotting: kda_lib
 # As built, no transition expands. Without the sigmoid, $\beta = \mathbf x_t W_\beta < 0$ at about
 # half the tokens, where the eigenvalue $1 - \beta$ along $\mathbf k_t$ exceeds 1: about half of all
 # transitions expand, the state grows past $S_0$ in most heads. Without the L2 norm it depends on
-# the width: a raw key's mean square per channel is within 0.05 to 0.2 at each width (asserted),
-# so $\beta \lVert\mathbf k_t\rVert^2 > 2$ at a share of tokens that grows with $d_k$ (printed),
-# most at 64 and 128 (third column: most transitions expand, the state grows in nearly all heads).
+# the width: a raw key's mean square per channel is within 0.05 to 0.2 at each width (asserted), so
+# $\beta \lVert\mathbf k_t\rVert^2 > 2$ at a share of tokens that grows with $d_k$, most at 64 and
+# 128 (third column: most transitions expand, the state grows in nearly all heads). Counted: the
+# table ($\lVert M_t\rVert_2 > 1$, decay included) and the $\beta < 0$ line on row 0 of every draw;
+# the width lines on the page's layer and $\mathbf x$, every row, no decay.
 #
 # ### The short convolution lets one write bind two tokens
 # Associative recall needs the layer to store "value of token $t$ under the key of token $t - 1$" in
@@ -406,12 +408,12 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 # Each asks for what this page does not compute (NumPy or `jnp`, no `kda_lib`); solutions: [`notebooks/solutions/ch04.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch04.py).
 # 1. **The gate input for a half-life.** Held at a raw input $f$, channel $c$ of head $h$ keeps
 #    $e^{g}$ of its state a token, $g = -a_h \operatorname{softplus}(f + b_c)$, half after $t_{1/2}$
-#    tokens. (a) Derive the $f$ for a wanted (real) $t_{1/2}$: `gate_input_for(half_life, a_log,
-#    dt_bias) -> f` (`[H, K]` but `a_log [H]`, the layer's `A_log`), judged by `kda_lib`'s gate in
-#    float64 to $10^{-5}$ at half-lives 0.3 to $10^4$ (a root-finder passes too). (b) The same for
-#    the safe gate $g = g_{\min} \sigma(a_h (f + b_c))$: `safe_gate_input_for(half_life,
-#    lower_bound, a_log, dt_bias) -> f`, `inf` where no real $f$ gives $t_{1/2}$ (which $t_{1/2}$
-#    are those?).
+#    tokens. (a) Derive $f$ in closed form for a wanted (real) $t_{1/2}$: `gate_input_for(half_life,
+#    a_log, dt_bias) -> f` (`[H, K]` but `a_log [H]`, the layer's `A_log`), judged by `kda_lib`'s
+#    gate in float64: half-lives of 0.3 to $10^4$ tokens, each to a relative $10^{-5}$. (b) The same
+#    for the safe gate $g = g_{\min} \sigma(a_h (f + b_c))$: `safe_gate_input_for(half_life,
+#    lower_bound, a_log, dt_bias) -> f`. At which $t_{1/2}$ does your closed form's $f$ go to
+#    $\infty$, and which $t_{1/2}$ has no real $f$? `inf` there.
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
 #    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$, in $\mathbf o$: `rmsnorm_backward(o, eta,
 #    dn, eps)` (`o, dn`: rows of $d_v$; `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $=
@@ -426,8 +428,6 @@ answer = None  # exercise 1a: gate_input_for(half_life, a_log, dt_bias) -> f [H,
 exercises.check("04.1", answer)
 answer = None  # exercise 1b: safe_gate_input_for(half_life, lower_bound, a_log, dt_bias) -> f
 exercises.check("04.1b", answer)
-
-# %%
 answer = None  # exercise 2: rmsnorm_backward(o, eta, dn, eps) -> do
 exercises.check("04.2", answer)
 answer = None  # exercise 3: decode_cache_numbers(d, H, d_k, d_v, w) -> int
