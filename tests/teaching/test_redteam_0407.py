@@ -159,6 +159,10 @@ SAFE_SLIPS = {  # 04.1b: name -> (answer(t, g_min, A_log, dt_bias), a few words 
                                     - b), "softplus gate's f"),
     "NaN out of reach": (lambda t, m, a, b: _logit(LN2 / (-m * t)) / np.exp(a)[:, None] - b,
                          "inf where no real f"),
+    # teacher review 03-04 (fifth, defect 3): -inf there was told "NaN or inf entries (inf where
+    # no real f ...)", self-contradictory to a student who returned an infinity
+    "-inf out of reach": (lambda t, m, a, b: np.where(np.isposinf(r := _SAFE_RIGHT(t, m, a, b)),
+                                                      -np.inf, r), "not NaN or -inf"),
     "the bound's f as a big number": (lambda t, m, a, b: np.minimum(_safe(
         lambda t, m, a, b, y: _logit(y) / np.exp(a) - b)(t, m, a, b), 1e6), "inf marks the wrong"),
     "the old 1b, the shortest half-life": (lambda t, m, a, b: np.full(np.shape(b), LN2 / -m),

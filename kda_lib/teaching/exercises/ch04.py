@@ -104,9 +104,10 @@ def safe_gate_input_for(answer, rng):
         got, hint = ex.call_answer(answer, t.copy(), m, a_log.copy(), b.copy(), refuse=dict(
             shape=(H, K), inputs=(t, b), what="f", infinite=True),
             name="safe_gate_input_for(half_life, lower_bound, a_log, dt_bias)")
-        if hint:  # NaN only where t is out of reach: the answer there is inf
-            band = "NaN" in hint and not np.isnan(np.asarray(got, np.float64))[~out].any()
-            return hint + (" (inf where no real f gives the half-life)" if band else "")
+        if hint:  # NaN or -inf only where t is out of reach: +inf there, f's limit at the bound
+            band = "NaN" in hint and bool(np.isfinite(np.asarray(got, np.float64))[~out].all())
+            return hint + (" (+inf where no real f exists, not NaN or -inf: f -> +inf as t nears "
+                           "those half-lives)" * band)
         got, where = np.asarray(got, np.float64), f"f is off at g_min = {m:.3g}: "
         if not np.array_equal(np.isinf(got), out):
             return where + ("inf marks the wrong half-lives: -g = |g_min| sigma(a_h (f + "
@@ -212,9 +213,8 @@ def decode_cache_numbers(answer, rng):
 
     for w in (int(rng.integers(2, 7)), 0, 1):
         d, H, K, V = _cache_sizes(rng, w)
-        got, hint = ex.call_answer(answer, d, H, K, V, w, refuse=dict(
-            shape=(), what="the count", integer=True), name="decode_cache_numbers(d, H, d_k, "
-            "d_v, w)")
+        got, hint = ex.call_answer(answer, d, H, K, V, w, name="decode_cache_numbers(d, H, d_k, "
+                                   "d_v, w)", refuse=dict(shape=(), what="the count", integer=True))
         if hint:
             return hint
         config = KDAConfig(hidden_size=d, num_heads=H, head_dim=K, value_head_dim=V, conv_size=w)
