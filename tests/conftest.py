@@ -214,10 +214,13 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
+    files = [key for key in EXTENDED if key.endswith("::")]
     for item in items:
-        if item.nodeid in EXTENDED:
-            item.add_marker(pytest.mark.extended(EXTENDED[item.nodeid]))
-    config.stash[COLLECTED] = {item.nodeid for item in items}  # before -m deselects any
+        node = item.nodeid.split("@")[0]  # xdist appends "@group" to a grouped test's id
+        key = node if node in EXTENDED else next((f for f in files if node.startswith(f)), None)
+        if key:
+            item.add_marker(pytest.mark.extended(EXTENDED[key]))
+    config.stash[COLLECTED] = {item.nodeid.split("@")[0] for item in items}  # before -m
 
 
 def pytest_unconfigure(config):

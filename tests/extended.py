@@ -1,25 +1,39 @@
 """The tests `make test` (CI, within 10 minutes on 2 CPU cores) leaves to `make test-all`.
 
 On two cores the whole suite takes about 15 minutes, most of it XLA:CPU compiling programs that
-run once (DESIGN, "Test time"). Each test below repeats, at another size, dtype, implementation
-or option, a check that a test in `make test` makes (its reason names which), or runs a whole
-program in a second process; `make test-all` runs them with the rest, and its last run is
-recorded in ``data/tests/cpu/``. Keys are pytest node ids; a key that matches no collected test
-fails a whole-suite collection (tests/conftest.py)."""
+run once (docs/DESIGN.md, section 7). Each test below repeats, at another size, dtype,
+implementation or option, a check that a test in `make test` makes (its reason says which), runs
+an experiment driver that notebooks in `make test` run too, runs a whole
+program in a second process, or is run on the chip by `make test-tpu`; `make test-all` runs
+them with the rest. Keys are pytest node ids without xdist's ``@group`` suffix, or a
+file's path and ``::`` (every test in it); tests/contracts/test_extended.py fails on a key that
+names no test."""
 
 ROW = "a further row: the rows left in make test check the same code"
 BIG_T = "T = 1,024 or 70: sixteen or two whole chunks of the program T = 17 checks (in make test)"
 PROCESS = "a whole program in another process; its parts are tested in-process in make test"
 RUN = "an experiment driver's whole run and record; make test runs its steps and record format"
+LAB = ("an experiment driver's tests (training, sweeps, generation, scale); notebooks 06, 09 "
+       "and 10 run these drivers in make test")
+NOTEBOOK = ("notebook 08, a recorded sweep at CI scale (29 s alone, the longest); make test "
+            "executes the other ten, 06 and 09 training through the same kda_lib.lab.train")
 CHIP = "make test-tpu runs it on the chip, where its branch is compiled; make test keeps the rest"
 
 _API = "tests/ops/test_api.py::"
 _HESSIAN = "match_float64_finite_differences"
 _MATCHES = "matches_float64_finite_differences"
 EXTENDED = {
+    **{f"tests/lab/{name}.py::": LAB for name in (
+        "test_train", "test_generate", "test_synthetic_sweep", "test_stdlib_lm_seeds",
+        "test_at_scale", "test_synthetic_protocol", "test_notebook_runner")},
+    "tests/teaching/test_notebooks.py::test_notebook_executes[08_synthetic_recall]": NOTEBOOK,
+    "tests/ops/test_pallas_tpu.py::test_the_gradient_keeps_no_per_token_states":
+        "the kernels' saved residuals by their shapes; make test runs their gradients' values",
     # ops: every implementation still meets the float64 oracle in make test
     "tests/contracts/test_precision.py::test_fla_cp_inputs_pass_fla_tolerance_on_every_path":
         "fla's CP inputs on every path; each path meets the float64 oracle in make test",
+    "tests/contracts/test_precision.py::test_fla_cp_inputs_fail_with_every_matmul_in_bf16":
+        "the companion of the test above (its fla inputs, the same fixture)",
     "tests/contracts/test_precision.py::test_both_policies_close_to_float64_oracle[T256_segments]":
         ROW,
     "tests/contracts/test_precision.py::"
@@ -40,6 +54,8 @@ EXTENDED = {
     "tests/ops/test_interior_states.py::"
     "test_chunk_states_equal_the_recurrence_on_each_prefix_float64[one-document]":
         "the segments row (in make test) holds one document and more",
+    "tests/ops/test_interior_states.py::test_chunk_states_float32_and_bf16_close_to_the_oracle":
+        "the float32 and bfloat16 rows; the float64 states (segments) are checked in make test",
     "tests/ops/test_emulation.py::test_layer_and_cp_layer_through_mosaic_equal_chunked_layer":
         "tokamax's emulated kernel under the layer and CP; the adapter's own test is in make test",
     "tests/ops/test_emulation.py::test_cp_mosaic_segments_across_ranks_and_padding": ROW,
@@ -48,6 +64,10 @@ EXTENDED = {
     "tests/ops/test_pallas_tpu.py::"
     "test_compiled_branches_equal_the_reshapes_under_the_tpu_interpreter": CHIP,
     "tests/ops/test_pallas_tpu.py::test_bfloat16_with_correlated_keys_matches_the_oracle": CHIP,
+    "tests/ops/test_pallas_tpu.py::test_kernels_match_the_float64_oracle[float32]":
+        "make test-tpu runs it on the chip; make test keeps the bfloat16 row (the chip's dtype)",
+    "tests/ops/test_pallas_tpu.py::test_non_finite_inputs_give_the_recurrences_result":
+        "make test-tpu runs it on the chip; auto never routes a CPU call to the kernels",
     "tests/ops/test_pallas_tpu.py::test_unit_lower_inverse_holds_where_keys_share_a_direction[64]":
         ROW,
     "tests/ops/test_pallas_tpu.py::test_unit_lower_inverse_holds_where_keys_share_a_direction[256]":
@@ -79,15 +99,4 @@ EXTENDED = {
     "test_colab_path_installs_what_is_missing_says_why_pip_failed_and_runs_notebook_00": PROCESS,
     "tests/contracts/test_packaging.py::"
     "test_a_plain_install_brings_no_tokamax_and_runs_the_readme_first_snippet": PROCESS,
-    "tests/lab/test_synthetic_protocol.py::"
-    "test_a_killed_driver_resumes_to_the_record_of_an_uninterrupted_one": PROCESS,
-    "tests/lab/test_stdlib_lm_seeds.py::test_two_processes_on_one_output_lose_nothing": PROCESS,
-    "tests/lab/test_synthetic_sweep.py::test_two_processes_on_one_output_lose_nothing": PROCESS,
-    "tests/lab/test_notebook_runner.py::test_a_notebook_runs_over_unix_sockets_and_is_recorded":
-        PROCESS,
-    "tests/lab/test_stdlib_lm_seeds.py::test_a_tiny_run_records_validation_test_and_bits_by_position":
-        RUN,
-    "tests/lab/test_synthetic_sweep.py::test_train_step_table_writes_its_record": RUN,
-    "tests/lab/test_synthetic_sweep.py::test_a_tiny_paper_preset_sweep_records_validation_and_test":
-        RUN,
 }
