@@ -1,4 +1,4 @@
-"""The tests `make test` (CI, within 10 minutes on 2 CPU cores) leaves to `make test-all`.
+"""The tests `make test` (CI) leaves to `make test-all`.
 
 On two cores the whole suite takes about 15 minutes, most of it XLA:CPU compiling programs that
 run once (docs/DESIGN.md, section 7). Each test below repeats, at another size, dtype,
