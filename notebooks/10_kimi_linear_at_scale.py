@@ -96,17 +96,16 @@ routed_experts, experts_per_token, paper_tpot_speedup = 256, 8, 6.3  # and its F
 # ## 1. The model, from its config
 #
 # The preset records Kimi Linear's KDA layer, its layer pattern and its MLA widths, each number
-# citing its source (`models/presets.py`). Both layers build here (`eval_shape`, parameters as
-# counted; $H_v = H$). Kimi K3 and the GLM model: the notes' table.
+# citing its source (`models/presets.py`). Both layers build here (`eval_shape`: shapes, no
+# weights; $H_v = H$); section 2 counts their parameters by hand. Kimi K3, the GLM model: notes.
 
 # %%
 kimi = presets.KIMI_LINEAR_48B
-for build, count in ((presets.build_kda_layer, kimi.kda_parameter_count),
-                     (presets.build_mla_layer, kimi.mla_parameter_count)):
-    assert parameter_count(build(kimi)) == count()  # each layer builds (or raises), as counted
+built = {kind: parameter_count(build(kimi)) for kind, build in (  # the modules' own parameters
+    ("KDA", presets.build_kda_layer), ("MLA", presets.build_mla_layer))}
 print(f"{kimi.name}: d = {kimi.hidden_size}, KDA heads {kimi.num_heads} x {kimi.head_dim}, "
-      f"{len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers; parameters a layer: "
-      f"KDA {kimi.kda_parameter_count():,}, MLA {kimi.mla_parameter_count():,}")
+      f"{len(kimi.kda_layers)} KDA + {len(kimi.global_layers)} MLA layers; parameters of a built "
+      f"layer: KDA {built['KDA']:,}, MLA {built['MLA']:,}")
 
 # %% [markdown]
 # ## 2. Parameters and flops per token, as formulas
@@ -118,8 +117,8 @@ print(f"{kimi.name}: d = {kimi.hidden_size}, KDA heads {kimi.num_heads} x {kimi.
 #   for the short convolutions, and the chunked kernel, $H \cdot F_C / C$ with $F_C$ the flops
 #   of one chunk of $C$ tokens (notebook 03): **independent of the context**. Decoding runs the
 #   recurrent step, $7 d_k d_v$ per head: per state entry $\mathbf k^\top S$ 2, the write 2,
-#   $S^\top \mathbf q$ 2 (notebook 03's 6 multiply-add flops) and the decay's multiply 1 (XLA's
-#   count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
+#   $S^\top \mathbf q$ 2 (notebook 03's 6 flops: three multiply-adds) and the decay's multiply 1
+#   (XLA's count: [notebook 07's notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-07)).
 # - **MLA**: $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (d_{qk} + d_R + d_v)$ with the latents
 #   expanded (prefill); decoding absorbs `kv_b_proj` into the query and the output:
 #   $2 \lvert\theta_{\text{mm}}\rvert + 2 H T_k (2 d_c + d_R)$.
@@ -134,24 +133,26 @@ display(Markdown(f"{kimi.name}: forward MFLOP per token and layer (prefill)\n\n|
                  "\n|---|---|---|\n" + "\n".join(lines)))
 
 # %%
-theta, m, t_k = at_scale.mla_matmul_params(kimi), kimi.mla, (contexts[-1] + 1) / 2  # by hand
-mla_hand = 2 * theta + 2 * m.num_heads * t_k * (m.head_dim + m.shared_key_dim + m.value_head_dim)
-kda_terms = (2 * at_scale.kda_matmul_params(kimi), at_scale.kda_conv_flops_per_token(kimi),
-             at_scale.kda_kernel_flops_per_token(kimi))  # projections, convs, chunked kernel
-assert np.isclose(mla_hand, at_scale.mla_flops_per_token(kimi, t_k))
-assert np.isclose(sum(kda_terms), at_scale.kda_flops_per_token(kimi))
-print(f"{kimi.name} at T = {contexts[-1]:,}, T_k = {t_k:,.1f}:\n  MLA: 2 x {theta:,} + 2 x "
-      f"{m.num_heads} x T_k x ({m.head_dim} + {m.shared_key_dim} + {m.value_head_dim}) = "
-      f"{mla_hand / 1e6:,.1f} MFLOP\n  KDA: " + " + ".join(f"{f / 1e6:.2f}" for f in kda_terms)
-      + f" (projections + convs + kernel) = {sum(kda_terms) / 1e6:.1f} MFLOP: MLA costs "
-      f"{mla_hand / sum(kda_terms):.1f}x KDA")
 d, h, dk, w = kimi.hidden_size, kimi.num_heads, kimi.head_dim, kimi.conv_size  # d_v = d_k = rank
+m, t_k = kimi.mla, (contexts[-1] + 1) / 2  # MLA's widths; the keys a query scores at T = 1M
 dc, dr = m.kv_lora_rank, m.shared_key_dim  # MLA's latent d_c and shared key d_R
-kda_sum = (3 * d * h * dk + h * dk * d + 2 * (d * dk + dk * h * dk)  # q/k/v, o, low-rank f/g
-           + d * h + 3 * w * h * dk + h + h * dk + dk)  # b, convs, A_log, dt_bias, o_norm
-mla_sum = (d * h * (m.head_dim + dr) + d * (dc + dr) + dc  # q, kv_a (latent, shared key), norm
-           + dc * h * (m.head_dim + m.value_head_dim) + h * m.value_head_dim * d)  # kv_b, o
-assert (kda_sum, mla_sum) == (kimi.kda_parameter_count(), kimi.mla_parameter_count())
+theta_kda = 3 * d * h * dk + h * dk * d + 2 * (d * dk + dk * h * dk) + d * h  # q/k/v, o, f/g, b
+kda_sum = theta_kda + 3 * w * h * dk + h + h * dk + dk  # + the convs, A_log, dt_bias, o_norm
+theta = (d * h * (m.head_dim + dr) + d * (dc + dr)  # q, kv_a (latent, shared key)
+         + dc * h * (m.head_dim + m.value_head_dim) + h * m.value_head_dim * d)  # kv_b, o
+mla_sum = theta + dc  # + the latent's RMSNorm
+assert (kda_sum, mla_sum) == (built["KDA"], built["MLA"])  # by hand == the built modules
+kda_terms = (2 * theta_kda, 2 * w * 3 * h * dk, at_scale.kda_kernel_flops_per_token(kimi))
+mla_hand = 2 * theta + 2 * m.num_heads * t_k * (m.head_dim + dr + m.value_head_dim)
+assert kda_terms[:2] == (2 * at_scale.kda_matmul_params(kimi), at_scale.kda_conv_flops_per_token(
+    kimi)) and theta == at_scale.mla_matmul_params(kimi)  # the library's terms, one by one
+assert np.isclose(mla_hand, at_scale.mla_flops_per_token(kimi, t_k)) and np.isclose(
+    sum(kda_terms), at_scale.kda_flops_per_token(kimi))  # the table's columns, by hand
+print(f"{kimi.name} at T = {contexts[-1]:,}, T_k = {t_k:,.1f}:\n  MLA: 2 x {theta:,} + 2 x "
+      f"{m.num_heads} x T_k x ({m.head_dim} + {dr} + {m.value_head_dim}) = {mla_hand / 1e6:,.1f} "
+      f"MFLOP\n  KDA: 2 x {theta_kda:,} + 2 x {w} x 3 x {h} x {dk} + H F_C / C (notebook 03) = "
+      + " + ".join(f"{f / 1e6:.2f}" for f in kda_terms) + f" = {sum(kda_terms) / 1e6:.1f} MFLOP: "
+      f"MLA costs {mla_hand / sum(kda_terms):.1f}x KDA")
 
 # %% [markdown]
 # ## 3. Each formula against the real program
@@ -349,26 +350,26 @@ assert min(slower.values()) > 0  # why, and where it ends: the notes
 print("at T = 1 the hybrid is slower, by batch:", {b: f"{v:.1%}" for b, v in slower.items()})
 
 # %% tags=["hide-input"]
-t_axis, ticks = np.geomspace(256, 4 * t_long, 64), (.1, .2, .3, .4, .5, .6, .8, 1, 2, 3, 4, 6)
-fig, ax = plt.subplots(figsize=(9, 4.6))
-shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.15, 0.8, len(decode_batches)))
+t_axis, ticks = np.geomspace(256, t_long, 64), (.1, .2, .3, .4, .5, .6, .8, 1, 2, 3, 4, 6)
+fig, ax = plt.subplots(figsize=(9, 4.6))  # to the paper's 1M context, no further; no pale shade:
+shades = plt.get_cmap(viz.SEQUENTIAL_CMAP)(np.linspace(0.1, 0.7, len(decode_batches)))
 curves = {b: np.array([ratio(t, b) for t in t_axis]) for b in decode_batches}
 low = max(y for y in (0.05, *ticks) if y <= 0.9 * min(0.9, *map(min, curves.values())))  # a tick
 def draw_batches(fit):  # one line a batch, where weights + all-MLA caches fit one H200 (or not)
     for b, color in zip(decode_batches, shades, strict=True):  # batch sizes: a sequential map
-        room = weights + b * np.array([at_scale.model_cache_bytes(kimi, t, hybrid=False)
-                                       for t in t_axis]) <= h200.hbm_bytes  # one H200 holds it
-        ax.plot(t_axis, np.where(room == fit, curves[b], np.nan), color=color, alpha=1 - 0.4 * (
-            not fit), linestyle="-" if fit else ":", label=f"batch {b}: weights + all-MLA caches "
-                + ("fit one H200 SXM" if fit else "do not fit on one H200 SXM"))
-draw_batches(fit=True)  # the legend's first column: fits, one batch a row, the bound, the paper
+        room = weights + b * n * t_axis * per_token <= h200.hbm_bytes  # all-MLA caches: n T c
+        ax.plot(t_axis, np.where(room == fit, curves[b], np.nan), color=color, lw=2.5 - 0.5 * fit,
+                ls="-" if fit else ":", label=f"batch {b}: weights + all-MLA caches " + (
+                "fit one H200 SXM" if fit else "do not fit") if (room == fit).any() else "_")
+draw_batches(fit=True)  # the legend in order: fits, one batch a row, the bound, the paper
 ax.axhline(bound, c="0.3", ls="--", label=f"bound: layers / global layers = {bound:.2f}")
 ax.plot([t_long], [paper_tpot_speedup], "*", color=viz.PALETTE["vermillion"], markersize=12,
-        label=f"the paper reports {paper_tpot_speedup}x TPOT (measured, its own setup)")
-draw_batches(fit=False)  # the second column: does not fit, then the band below 1
+        clip_on=False, label=f"the paper reports {paper_tpot_speedup}x TPOT (measured, own setup)")
+draw_batches(fit=False)  # then does not fit (where a batch has such contexts), the band below 1
 ax.axhspan(low, 1, fc="0.9", ec="0.5", lw=1, label="below 1: the hybrid is slower")
 ax.set(xscale="log", yscale="log", xlabel="context T (tokens, log scale)", ylim=(low, 7.5),
-       ylabel="all-MLA / hybrid step time (log)", title="Kimi Linear decode, H200 SXM roofline")
+       xlim=(t_axis[0], t_long), ylabel="all-MLA / hybrid step time (log)",
+       title="Kimi Linear decode, H200 SXM roofline (to the paper's 1M context)")
 ax.set_yticks(t := [y for y in ticks if y >= low], t)
 ax.yaxis.set_minor_formatter(plt.NullFormatter())  # only the labelled ticks above
 fig.legend(loc="outside lower center", ncol=2, fontsize=8)
