@@ -20,7 +20,7 @@
 # with no positional encoding (NoPE): exact lookup of any earlier token, caching one latent a token
 # (Kimi Linear's: and a shared rotary key, notebook 10). Beside its MHA twin (multi-head attention
 # in MLA's place) and same-size softmax attention, KDA and Gated DeltaNet, it models Python's
-# standard library byte by byte; 128-byte windows cannot show the hybrid beating pure KDA.
+# standard library byte by byte; in 128-byte windows it did not show the hybrid beating pure KDA.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/09_hybrid_language_model.ipynb)
 #
@@ -149,8 +149,7 @@ assert max(abs(n - target) for n in sizes.values()) <= 0.01 * target
 # uniform guess; byte frequencies (*unigram*, add-one) give a baseline.
 
 # %%
-corpus = load_stdlib_corpus()
-info = corpus.describe()
+info = (corpus := load_stdlib_corpus()).describe()
 print({k: info[k] for k in ("python_version", "train_files", "validation_files",
                             "train_bytes", "validation_bytes", "fingerprint")})
 counts = np.bincount(corpus.train, minlength=256) + 1  # add-one: no byte has probability 0
@@ -239,7 +238,7 @@ viz.show(lm.plot_decode_cost(costs), "09_decode_cost")  # KDA's and GDN's lines 
 # %% [markdown]
 # ## 6. The recorded full run, beside this one
 #
-# Right: `recorded_results` (`data/results/README.md`), one seed: MLA hybrid first, by < a seed sd.
+# Right: `recorded_results` (`data/results/README.md`), one seed: its order printed, not asserted.
 
 # %%
 if record_results:  # everything above, as JSON (the recorded file of a full run)
@@ -250,16 +249,17 @@ if record_results:  # everything above, as JSON (the recorded file of a full run
                       name].record(), decode=costs[name]) for name, r in results.items()},
                   date=time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()))
     print("wrote", save_record(record, record_results))
-recorded = load_recorded("results", recorded_results)
-rc = recorded["config"]
-rec_setting = (f"recorded: {rc['num_layers']} layers ({'/'.join(rc['hybrid_layers'])} hybrid, "
-               f"d_c={rc['kv_lora_rank']}), width {rc['hidden_size']}, T={rc['seq_len']}, "
-               f"{rc['steps']} steps")
+rc = (recorded := load_recorded("results", recorded_results))["config"]
+rec_setting = ("recorded: {num_layers} layers ({0} hybrid, d_c={kv_lora_rank}), width {hidden_size}"
+               ", T={seq_len}, {steps} steps").format("/".join(rc["hybrid_layers"]), **rc)
 print(rec_setting, "| corpus", *(recorded["corpus"][k] for k in ("fingerprint", "python_version")))
 for name, r in recorded["models"].items():
     print(f"{name:10s} {r['params']:8,d} parameters (MLP width {r['config']['mlp_width']}), "
           f"validation {r['bpb']:.3f} bits per byte; recorded sample:\n{r['sample']}")
-assert rc["hybrid_layers"] == ["kda", "kda", "kda", "mla"]  # 3:1 (its ranking: one seed)
+rec_bpb, rec_size = ({n: r[k] for n, r in recorded["models"].items()} for k in ("bpb", "params"))
+print("one seed, lowest bits per byte first (no ranking):", sorted(rec_bpb, key=rec_bpb.get))
+assert rc["hybrid_layers"] == ["kda", "kda", "kda", "mla"] and np.ptp([*rec_size.values()]) <= (
+    0.01 * rec_size["kda"])  # 3:1, sizes matched; a PARAMS=full run writes under build/, not here
 
 # %% tags=["hide-input"]
 titles = (f"this run: {'/'.join(results)}, {num_layers} layers, width {hidden_size}", rec_setting)
@@ -279,12 +279,11 @@ print(f"left, trained here (train, validate, decode from caches): validation {li
 # exact sign-flip p (never below 2/32 = 0.0625 > 0.05/10: an *ordered* rests on t's normality).
 
 # %%
-protocol = load_recorded("results", recorded_protocol)
-ps = protocol["setting"]
+ps = (protocol := load_recorded("results", recorded_protocol))["setting"]
 runs, complete = lm.seed_runs(protocol, min_seeds=5)
 names = [m for m in lm.MODEL_ORDER if m in complete]
-assert ps["protocol_version"] == 2 and set(names) == set(protocol["grids"]), complete
-assert (ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8)  # as the text says
+assert ps["protocol_version"] == 2 and set(names) == set(protocol["grids"]) and (
+    ALPHA, CONFIDENCE, POWER) == (0.05, 0.95, 0.8), complete  # as the text says
 test_bpb = lm.by_seed(runs, lambda r: r["test"]["bpb"], names)
 mlp = {m: runs[m][0]["config"]["mlp_width"] for m in names}  # sizes matched through the MLP
 print(f"{ps['num_layers']} layers, width {ps['hidden_size']}, T={ps['seq_len']}, {ps['steps']} "
@@ -322,12 +321,8 @@ p1, whole = ([d[i] for d in gap.values()] for i in (0, -1))  # position 1; the w
 fast, spread = max(speed[m].max() for m in gap), max(v.max() / v.min() for v in speed.values())
 ratio = speed["attention"].mean() / np.mean([speed[m] for m in gap])  # tokens/s, mean runs
 assert min(fall) > 0 and ordered and ps["seq_len"] == 128 and len(tests) == 10  # as the text says
-sd = [test_bpb[m].std(ddof=1) for m in names]  # section 6's "seed sd", and its margin:
-rec_bpb = {m: r["bpb"] for m, r in recorded["models"].items()}  # one seed, printed
-assert rec_bpb["hybrid"] == min(rec_bpb.values()) > sorted(rec_bpb.values())[1] - min(sd) and (
-    round(min(gaps), 3), round(max(gaps), 3), round(h.mean, 3)) == (0.038, 0.145, 0.020)  # Summary
-assert (round(min(sd), 3), round(max(sd), 3)) == (0.008, 0.033) and (
-    max(late, key=lambda m: late[m].mean()) == "attention")  # falls fastest: its gap closes
+assert (round(min(gaps), 3), round(max(gaps), 3), round(h.mean, 3)) == (0.038, 0.145, 0.020)
+assert max(late, key=lambda m: late[m].mean()) == "attention"  # falls fastest: its gap closes
 assert max(level.values(), key=lambda c: abs(c.mean)) is h and all(  # the Summary's 4 of 5
     c.mean > 0 and (c.above, c.below) == (4, 1) for c in (h, h_mha))
 mark = {k: f"{c.mean:+.3f}" + ("" if c.verdict == "level" else " *") for k, c in tests.items()}
@@ -349,10 +344,10 @@ display(Markdown(
     f"- **The other {len(level)} pairs are level** (detectable at alpha/{len(tests)}: "
     f"{min(gaps):.3f} to {max(gaps):.3f}); the largest, MLA hybrid - KDA, {h.mean:+.3f} "
     f"[{h.low:+.3f}, {h.high:+.3f}] ({h.above}/{h.n} seeds; MHA hybrid {h_mha.mean:+.3f}), is "
-    f"unresolved; the one-seed recorded run has the opposite order ({rec_bpb['hybrid']:.3f} < "
-    f"{rec_bpb['kda']:.3f}).\n- **No claim at equal wall time:** on this CPU attention trained "
-    f"{ratio:.1f}x the tokens/s of the others (slowest run {speed['attention'].min():,.0f}, their "
-    f"fastest {fast:,.0f}), runs varying up to {spread:.1f}x within a model."))
+    "unresolved (section 6's one seed orders nothing).\n- **No claim at equal wall time:** on "
+    f"this CPU attention trained {ratio:.1f}x the tokens/s of the others (slowest run "
+    f"{speed['attention'].min():,.0f}, their fastest {fast:,.0f}), runs varying up to "
+    f"{spread:.1f}x within a model."))
 assert ordered == {(m, "attention"): "<" for m in gap}  # attention behind every other model
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items() if (
     c.verdict != "level")) and speed["attention"].min() > fast and [round(x, 2 - (x > 1)) for x in (
@@ -366,10 +361,10 @@ assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items
 # bits (an exact copier saves nearly all of them); against 0 (Holm over five), in SEs.
 
 # %%
-probe = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"], names)
-probe_z = lm.by_seed(runs, lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"], names)
+probe, probe_z, control = (lm.by_seed(runs, f, names) for f in (  # control: bits a copy could save
+    lambda r: r["probe"]["gain_bpb"], lambda r: r["probe"]["gain_bpb"] / r["probe"]["gain_se"],
+    lambda r: r["probe"]["control_bpb"]))
 assert {(r["probe"]["reach"], r["probe"]["distance"]) for m in runs for r in runs[m]} == {(32, 64)}
-control = lm.by_seed(runs, lambda r: r["probe"]["control_bpb"], names)  # bits the copy could save
 share = {m: probe[m].mean() / control[m].mean() for m in names}
 context = compare_family({m: (probe[m], np.zeros(probe[m].size)) for m in names}, alpha=ALPHA)
 for m, c in context.items():
@@ -377,16 +372,19 @@ for m, c in context.items():
           f"{control[m].mean():.2f} bpb; per run, z over windows {probe_z[m].round(1)}")
 shown, top = [m for m in names if context[m].verdict == ">"], max(names, key=share.get)
 run_top = max((probe[m] / control[m]).max() for m in names)  # the largest share of one run
+reads = compare_family({(m, "kda"): (probe[m], probe["kda"]) for m in ("hybrid", "hybrid_mha")})
 display(Markdown(
     f"Above zero after Holm's correction: {shown}: at this budget, on these windows, they read "
     f"beyond 32 bytes, by {max(p.mean() for p in probe.values()):.3f} bits per byte at most on "
     f"average, {share[top]:.1%} ({top}) of the control's bits (up to {run_top:.1%} in one run). "
     + "".join(f"{m}: not shown over seeds, its gain positive on {context[m].above} of "
-              f"{context[m].n} seeds, more than 3 window standard errors on "
-              f"{int((probe_z[m] > 3).sum())}. " for m in names if m not in shown)))
+              f"{context[m].n} seeds, over 3 window SEs on {int((probe_z[m] > 3).sum())}. "
+              for m in names if m not in shown) + "Gain minus pure KDA's, paired by seed (a "
+    "global layer in a fourth KDA layer's place; a comparison chosen after reading the record): "
+    + "; ".join(f"{a} {c.describe(' bpb')}" for (a, _), c in reads.items()) + "."))
 assert shown == [m for m in names if m != "gdn"] and context["gdn"].above == context["gdn"].n == 5
-assert max(p.mean() for p in probe.values()) < 0.05 and round(share[top], 3) == 0.018 and not any(
-    c.verdict == "<" for c in context.values()) and round(run_top, 3) == 0.021  # the Summary's
+assert (round(share[top], 3), round(run_top, 3), round(reads[("hybrid", "kda")].mean, 3)) == (
+    0.018, 0.021, 0.014) and {c.above for c in reads.values()} == {5}  # the Summary's
 
 # %% [markdown]
 # ## Summary
@@ -395,31 +393,34 @@ assert max(p.mean() for p in probe.values()) < 0.05 and round(share[top], 3) == 
 #   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's is
 #   the same at every context; per token and global layer MHA's grows by $2 H d_k$ floats, MLA's by
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
-# - **The question it cannot reach.** Whether the 3:1 hybrid beats pure KDA needs a global layer
-#   with long-range work; in 128-byte windows every layer sees the whole window, so it has none,
-#   and five seeds detect only gaps of 0.038 to 0.145 bits per byte. The hybrid's bits per byte
-#   are 0.020 higher than KDA's (worse, yet level: the interval contains 0; higher on 4 of 5 seeds,
-#   the MHA hybrid's too); the one-seed full run has the opposite order: a protocol, no verdict.
+# - **The question it cannot reach.** In 128-byte windows the global layer has little to do. On
+#   copies 64 bytes back the MLA hybrid reads better than pure KDA (+0.014 bits per byte on 5 of 5
+#   seeds; exploratory), but such lookups are rare in this text (all but GDN read beyond 32 bytes,
+#   for 1.8% of a copier's bits at most, 2.1% in one run), and five seeds detect only gaps of 0.038
+#   to 0.145 bits per byte. Over the window the hybrid is 0.020 bits per byte worse than KDA (level:
+#   the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too): a protocol, no verdict.
 # - Under the protocol every recurrent model and hybrid beats attention at equal steps early in
 #   training (t-test; sign-flip p 0.0625 at best; attention's gap closing), a gap already there at
 #   the first scored byte (0.17-0.20 of the 0.21-0.23 bpb): mostly not from long context, the
-#   cause unresolved (attention trained 2.1x the tokens/s, runs varying up to 1.8x). The copy
-#   probe: beyond 32 bytes for all but GDN, 1.8% of a copier's bits at most (2.1% in one run).
-# - Not done (new runs): windows of 1 KB or more (the global layer's work); GDN-H (3 GDN : 1 MLA),
-#   all-MLA, attention_conv baselines; a longer budget. No support for or against the paper here.
+#   cause unresolved (attention trained 2.1x the tokens/s, runs varying up to 1.8x).
+# - Not done: windows of 1 KB or more (the global layer's work); GDN-H (3 GDN : 1 MLA), all-MLA,
+#   attention_conv baselines; a longer budget. No support for or against the paper here.
 #
 # ## Exercises
 #
 # Replace `answer = None` and run the cell: `check` says right or not, never the solution.
 # Worked solutions (try first): [`notebooks/solutions/ch09.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch09.py).
 #
-# 1. **Half latents.** Count in model terms, float32, from section 5 (a KDA layer: its $H$
-#    states $d_k \times d_k$ and $w - 1$ rows of its q, k, v convolutions, $3 H d_k$ each; MLA:
-#    $d_c$ a token; `decode_cost` adds room for its steps and a length, left out here). Write
-#    `half_context(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size)`: the least
-#    whole $T \ge 1$ where the latents hold at least half the cache (`math.inf` without MLA).
-# 2. **When does the hybrid outgrow KDA?** `context_at(factor, ...)`, 09.1's arguments: the
-#    least whole context $T \ge 0$ where its cache reaches `factor` x a same-depth pure-KDA one's.
+# 1. **Half latents.** Count in model terms, float32, from section 5 (a KDA layer: its $H$ states
+#    $d_k \times d_k$ and $w - 1$ rows of its q, k, v convolutions, $3 H d_k$ each; MLA: $d_c$ a
+#    token; `decode_cost`'s room for its steps and a length left out). Write `half_context(
+#    kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size)`: the least whole $T \ge 1$
+#    where the latents hold at least half the cache (`math.inf` without MLA).
+# 2. **MLA's absorbed read.** Section 1's fold: `absorbed_read(q, latents, w_k, w_v)` (no kda_lib;
+#    q [H, d_k], latents [T, d_c], $W^K$ [H, d_k, d_c], $W^V$ [H, d_v, d_c]) forms no key or value
+#    and returns `(q_latent, read, out)`: each head's query in latent space, the latents weighted by
+#    the softmax over $t$ of $\mathbf q_h^\top \mathbf k_{t,h} / \sqrt{d_k}$, and $W^V_h$ times that
+#    (*explain why*, open: which way costs less a step at context $T$?).
 # 3. **The k-byte bound.** Section 2's one-byte bound is the bits per byte of the best predictor
 #    of a byte from the one before, fitted on the data it scores. Write `context_bound(data, k)`
 #    (numpy, no kda_lib) for the `k` bytes before, scored on `data[k:]` (`k = 0` too). *Explain
@@ -433,8 +434,8 @@ shape = dict(kda_layers=mixers.count("kda"), mla_layers=mixers.count("mla"), hea
              key_dim=head_dim, kv_lora_rank=kv_lora_rank, conv_size=base.mixer_config.conv_size)
 answer = None  # 1: a function half_context(kda_layers, mla_layers, ..., conv_size) -> int
 exercises.check("09.1", answer, shape=shape)
-answer = None  # 2: a function context_at(factor, kda_layers, ..., conv_size) -> int
-exercises.check("09.2", answer, shape=shape)
+answer = None  # 2: a function absorbed_read(q, latents, w_k, w_v) -> (q_latent, read, out)
+exercises.check("09.2", answer)
 answer = None  # 3: a function context_bound(data, k) -> bits per byte (a float)
 exercises.check("09.3", answer)
 

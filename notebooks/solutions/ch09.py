@@ -34,14 +34,36 @@ def half_context_float(kda_layers, mla_layers, heads, key_dim, kv_lora_rank, con
     return max(1, math.ceil(kda_layers * state / (mla_layers * kv_lora_rank)))
 
 
-def context_at(factor, kda_layers, mla_layers, heads, key_dim, kv_lora_rank, conv_size):
-    """2: the hybrid holds ``L_kda kda_layer + T 4 g d_c`` bytes, a pure-KDA model of the same
-    depth ``(L_kda + g) kda_layer`` at every context. Solve ``L_kda kda_layer + T 4 g d_c >=
-    factor (L_kda + g) kda_layer`` for the least whole ``T >= 0`` (0 when the factor is at most
-    the hybrid's KDA share, ``L_kda / (L_kda + g)``)."""
-    layer = _kda_layer_bytes(heads, key_dim, conv_size)
-    need = factor * (kda_layers + mla_layers) * layer - kda_layers * layer
-    return max(0, math.ceil(need / (4 * mla_layers * kv_lora_rank)))
+def absorbed_read(q, latents, w_k, w_v):
+    """2: the score of head h at token t is q_h . k_{t,h} = q_h . (W^K_h c_t) = (W^K_h^T q_h) . c_t,
+    so the query moves into latent space once, ``q_latent`` (d_k d_c multiply-adds a head), and
+    scores the cached latents directly. The output is sum_t a_t v_{t,h} = W^V_h (sum_t a_t c_t):
+    the softmax weights the latents, ``read``, and W^V_h maps that one vector. No key or value
+    is formed.
+
+    Explain why (model answer): at context T the expanded read forms T keys and values, 2 T d_c
+    (d_k + d_v) multiply-adds a head, then scores and weights them, T (d_k + d_v); the absorbed
+    read pays d_c (d_k + d_v) once and 2 T d_c for the scores and the weighted sum. The term in
+    T shrinks from about 2 d_c (d_k + d_v) to 2 d_c a head: decoding reads only the latents."""
+    q_latent = np.einsum("hk,hkc->hc", q, w_k)
+    scores = q_latent @ np.asarray(latents).T / math.sqrt(q.shape[1])
+    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+    read = (weights / weights.sum(axis=1, keepdims=True)) @ latents
+    return q_latent, read, np.einsum("hvc,hc->hv", w_v, read)
+
+
+def absorbed_read_jnp(q, latents, w_k, w_v):
+    """2, written differently: jnp in float32, a loop over heads, jax.nn.softmax."""
+    import jax
+    import jax.numpy as jnp
+
+    parts = []
+    for h in range(len(q)):
+        q_latent = jnp.asarray(w_k[h], jnp.float32).T @ jnp.asarray(q[h], jnp.float32)
+        weights = jax.nn.softmax(jnp.asarray(latents, jnp.float32) @ q_latent / len(q[h]) ** 0.5)
+        read = weights @ jnp.asarray(latents, jnp.float32)
+        parts.append((q_latent, read, jnp.asarray(w_v[h], jnp.float32) @ read))
+    return tuple(jnp.stack(p) for p in zip(*parts, strict=True))
 
 
 def context_bound(data, k) -> float:
@@ -86,10 +108,15 @@ def cases():
     def conv_rows_left_out(kda, mla, heads, key_dim, rank, conv):  # the states only
         return max(1, -(-kda * 4 * heads * key_dim**2 // (4 * mla * rank))) if mla else math.inf
 
+    def unscaled(q, c, w_k, w_v):  # scores without 1 / sqrt(d_k)
+        return (absorbed_read(q, c, w_k, w_v)[0], *absorbed_read(q * len(q[0]) ** 0.5, c, w_k,
+                                                                  w_v)[1:])
+
     return [
         ("09.1", half_context, dict(shape=shape), conv_rows_left_out),
         ("09.1", half_context_float, dict(shape=shape), lambda *a: half_context(*a) + 1),
-        ("09.2", context_at, dict(shape=shape), lambda f, *a: context_at(f, *a) - 1),
+        ("09.2", absorbed_read, {}, unscaled),
+        ("09.2", absorbed_read_jnp, {}, lambda q, c, w_k, w_v: absorbed_read(q, c, w_k, -w_v)),
         ("09.3", context_bound, {}, lambda data, k: context_bound(data, 0)),
         ("09.3", context_bound_numpy, {}, lambda data, k: context_bound(data, k) * math.log(2)),
     ]
