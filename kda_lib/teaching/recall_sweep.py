@@ -10,7 +10,8 @@ stated in the notebook (and in ``docs/DESIGN.md``, section 6); the statistics ar
   and which cells are complete (enough seeds, best rate strictly inside its grid);
   :func:`print_cells` prints them.
 * :func:`kda_family` -- KDA against every other complete mixer, paired by seed: the family of
-  comparisons the claims' verdicts are read from.
+  comparisons the claims' verdicts are read from; :func:`ordered_in_every_family` -- which
+  ordered rows survive larger families.
 * :func:`beyond_reach` -- stack's test accuracy on the pops beyond the conv-only reach.
 * :func:`vote_accuracy` -- MQAR accuracy of voting for the sequence's most frequent value.
 * :func:`stop_label` -- a run's stop, "rising" only where validation rose (net) at the budget.
@@ -30,7 +31,7 @@ from math import factorial
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kda_lib.lab.significance import check_paired
+from kda_lib.lab.significance import check_paired, compare_family
 from kda_lib.lab.train import record_scores, save_record, summary_line
 from kda_lib.teaching.viz import MODEL_COLORS, token_rows
 
@@ -126,16 +127,18 @@ def beyond_reach(runs) -> np.ndarray | None:
     return None if None in scores else np.array(scores)
 
 
-def vote_accuracy(num_pairs: int, num_values: int) -> float:
+def vote_accuracy(num_pairs: int, num_values: int, probs=None) -> float:
     """MQAR accuracy of answering every query with the sequence's most frequent value (the
     best rule that sees which values are present but not which key each follows): E[largest
-    multiplicity] / ``num_pairs`` for ``num_pairs`` values drawn uniformly, with replacement,
-    from ``num_values``; exact (truncated exponential generating functions)."""
+    multiplicity] / ``num_pairs`` for ``num_pairs`` values drawn independently, with
+    replacement, from ``num_values`` (uniformly, or value i with probability ``probs[i]``);
+    exact (truncated exponential generating functions)."""
     n, expected_max = num_pairs, 0.0
+    scale = np.ones(num_values) if probs is None else num_values * np.asarray(probs, np.float64)
     for k in range(1, n + 1):  # P(largest count >= k) = 1 - P(every count < k)
         poly, part = np.ones(1), np.array([1 / factorial(j) for j in range(k)])
-        for _ in range(num_values):
-            poly = np.convolve(poly, part)[: n + 1]
+        for s in scale:  # value i taking j draws: (m p_i)^j / j!, the m^n divided out below
+            poly = np.convolve(poly, part * s ** np.arange(k))[: n + 1]
         expected_max += 1 - factorial(n) * (poly[n] if poly.size > n else 0.0) / num_values**n
     return expected_max / n
 
@@ -184,6 +187,16 @@ def kda_family(cells: dict, complete: set, acc: dict, solved: float) -> dict:
             if None not in steps[0] + steps[1]:
                 family[(task, t, "steps")] = tuple(steps)
     return family
+
+
+def ordered_in_every_family(*families: dict, against=("gdn", "mamba2")) -> tuple[dict, list]:
+    """Holm over each family of :func:`kda_family` comparisons in turn: ``({family size: its
+    ordered rows}, the rows against ``against`` ordered in every family)``, the check that an
+    exploratory family's ordered rows do not hang on which rows were put in it."""
+    ordered = {len(f): [k for k, c in compare_family(f).items() if c.verdict != "level"]
+               for f in families}  # fmt: skip
+    every = set.intersection(*(set(v) for v in ordered.values()))
+    return ordered, sorted(k for k in every if k[2].split()[0] in against)
 
 
 def recorded_limits(sweep: dict, cells: dict, chance: float) -> dict:

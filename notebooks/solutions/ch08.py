@@ -7,32 +7,35 @@ from math import factorial
 import numpy as np
 
 
-def mqar_chance(vocab_size: int) -> float:
-    """1: token 0 is filler, (V - 1) // 2 tokens are keys, the rest values (kda_lib.lab.tasks.mqar):
-    uniform guessing among the values is right once in n_values."""
-    n_values = vocab_size - 1 - (vocab_size - 1) // 2
-    return 1 / n_values
+def pair_guess(n_pairs: int, probs) -> float:
+    """1: the rule picks one of the n pairs uniformly and answers its value. It is right when it
+    picks the queried pair itself (probability 1 / n), or another pair (probability (n - 1) / n)
+    whose value, drawn independently, equals the queried one: P(two draws agree) = sum_i p_i^2.
+    Uniform values (section 5): (1 + (n - 1) / m) / n."""
+    p = np.asarray(probs, np.float64)
+    return 1 / n_pairs + (n_pairs - 1) / n_pairs * float(np.sum(p * p))
 
 
-def vote_level(n_pairs: int, n_values: int) -> float:
-    """2: the vote answers every query with the most frequent of the n values (drawn uniformly,
-    with replacement, from n_values); it is right at as many queries as that value occurs, so
-    its accuracy is E[M] / n, M the largest count. E[M] = sum_{k >= 1} P(M >= k), and
-    P(M < k) = (ways to place n labelled draws into n_values values, each fewer than k times) /
-    n_values^n: a dynamic programme over the values, f[r] = the ways of r draws among the values
-    so far, each value taking j < k of them in C(r + j, j) ways. Exact, float64 (probabilities
-    per value, so nothing overflows)."""
-    n, m = n_pairs, n_values
+def vote_level(n_pairs: int, probs) -> float:
+    """2: the vote answers every query with the most frequent of the n values (drawn
+    independently, value i with probability p_i); it is right at as many queries as that value
+    occurs, so its accuracy is E[M] / n, M the largest count. E[M] = sum_{k >= 1} P(M >= k), and
+    P(M < k) sums, over the count vectors (c_1, ..., c_m) with every c_i < k and sum n, the
+    multinomial n! prod_i p_i^c_i / c_i!: a dynamic programme over the values, f[r] = sum over
+    the values so far of prod p_i^c_i / c_i! with r draws placed, each value taking j < k of
+    them (the exponential generating function's coefficients). Exact, float64; every f[r] <= 1,
+    so nothing overflows."""
+    n, p = n_pairs, np.asarray(probs, np.float64)
     expected = 0.0
     for k in range(1, n + 1):
         f = np.zeros(n + 1)
-        f[0] = 1.0  # f[r]: P(the first values hold r given draws, each fewer than k), unnormalised
-        for _ in range(m):
+        f[0] = 1.0
+        for p_i in p:
             g = np.zeros(n + 1)
             for j in range(min(k, n + 1)):  # this value takes j draws
-                g[j:] += f[: n + 1 - j] / factorial(j)
+                g[j:] += f[: n + 1 - j] * p_i**j / factorial(j)
             f = g
-        expected += 1 - f[n] * factorial(n) / m**n  # 1 - P(M < k)
+        expected += 1 - f[n] * factorial(n)  # 1 - P(M < k)
     return expected / n
 
 
@@ -82,8 +85,8 @@ def three_time_scales(half_lives) -> dict:
 def cases():
     scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
     return [
-        ("08.1", mqar_chance, {}, lambda v: 1 / (v - 1)),
-        ("08.2", vote_level, {}, lambda n, m: (1 + (n - 1) / m) / n),  # a random pair's value
+        ("08.1", pair_guess, {}, lambda n, p: (1 + (n - 1) / len(p)) / n),  # the uniform formula
+        ("08.2", vote_level, {}, lambda n, p: 1 / n + (n - 1) / n * np.sum(np.square(p))),
         ("08.3", beyond_reach, {}, lambda inputs, mask, reach: beyond_reach(  # ">= reach"
             inputs, mask, reach - 1)),
         ("08.4", three_time_scales, scales,

@@ -88,6 +88,33 @@ def test_vote_accuracy_is_the_expected_largest_multiplicity_over_n():
     assert abs(rs.vote_accuracy(2, 2) - 0.75) < 1e-12
 
 
+def test_vote_accuracy_with_unequal_probabilities_is_the_enumerated_expectation():
+    """Exercise 08.2's checker reads the vote level at unequal probabilities (teacher s13, 4):
+    equal to every sequence enumerated, and to the uniform case at equal ones."""
+    import itertools
+
+    probs = np.array([0.6, 0.25, 0.1, 0.05])
+    for n in (1, 2, 4):
+        want = sum(np.prod(probs[list(seq)]) * max(seq.count(v) for v in set(seq))
+                   for seq in itertools.product(range(4), repeat=n)) / n
+        assert abs(rs.vote_accuracy(n, 4, probs=probs) - want) < 1e-12, n
+    assert abs(rs.vote_accuracy(8, 32, probs=np.full(32, 1 / 32)) - rs.vote_accuracy(8, 32)) < 1e-12
+
+
+def test_ordered_in_every_family_keeps_only_rows_ordered_in_each():
+    """Notebook 08's larger families: a row ordered alone but level once ten noisy rows share
+    its Holm correction is dropped; the row against a control (conv) is never kept."""
+    rng = np.random.default_rng(0)
+    strong = (np.array([0.9, 0.91, 0.92, 0.9, 0.93]), np.full(5, 0.5))
+    weak = (np.array([0.52, 0.55, 0.51, 0.56, 0.53]), np.full(5, 0.5))  # p about 0.01
+    noise = {("stack", 64, f"gdn {i}"): (rng.random(5), rng.random(5)) for i in range(10)}
+    small = {("stack", 64, "gdn"): strong, ("stack", 128, "gdn"): weak,
+             ("stack", 64, "conv"): strong}
+    ordered, kept = rs.ordered_in_every_family(small, small | noise)
+    assert set(ordered) == {3, 13} and ("stack", 128, "gdn") in ordered[3]
+    assert kept == [("stack", 64, "gdn")], kept
+
+
 def test_the_induction_step_reads_every_mqar_answer_and_is_drawn():
     """Matching a query's key among the predecessors and reading the token there gives every
     scored target of MQAR examples (odd and even vocabularies); the figure outlines the first."""

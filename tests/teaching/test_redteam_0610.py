@@ -159,9 +159,12 @@ def _library_attacks():
         ("07.3", "solution after a library call", through_library(s07.t_star)),
         ("07.3", "jax.jit around a library call",
          jax.jit(lambda *a: jnp.asarray(kda_lib.checks.is_int(1, None)) * 0 + 1)),
-        ("08.1", "chance_accuracy", lambda v: tasks.chance_accuracy("mqar", vocab_size=v)),
-        ("08.1", "partial of chance_accuracy", functools.partial(tasks.chance_accuracy, "mqar")),
+        ("08.1", "solution after a library call", through_library(s08.pair_guess)),
+        ("08.1", "chance_accuracy in the count", lambda n, p: s08.pair_guess(n, p) + 0 * (
+            tasks.chance_accuracy("mqar", vocab_size=9))),
         ("08.2", "recall_sweep.vote_accuracy", rs.vote_accuracy),
+        ("08.2", "recall_sweep.vote_accuracy with probs", lambda n, p: rs.vote_accuracy(
+            n, len(p), probs=p)),
         ("08.2", "partial of vote_accuracy", functools.partial(rs.vote_accuracy)),
         ("08.2", "solution after a library call", through_library(s08.vote_level)),
         ("08.3", "tasks.beyond_reach_mask", lambda i, m, r: tasks.beyond_reach_mask(
@@ -413,34 +416,39 @@ def _solve_named_norm():
     return _solve_then_closed_form(norm)
 
 
-def _vote_float32(n, m):
-    """08.2's worked solution with every array and sum in float32 (up to 1.3e-5 relative at the
-    sizes the checker draws)."""
-    expected = np.float32(0)
-    for k in range(1, n + 1):
-        f = np.zeros(n + 1, np.float32)
-        f[0] = 1
-        for _ in range(m):
-            g = np.zeros(n + 1, np.float32)
-            for j in range(min(k, n + 1)):
-                g[j:] += f[: n + 1 - j] / np.float32(math.factorial(j))
-            f = g
-        expected += np.float32(1) - f[n] * np.float32(math.factorial(n) / m**n)
-    return float(expected / np.float32(n))
+def _vote_float32(xp):
+    """08.2's worked solution with every array and sum in float32, numpy or jnp (x64 off): up to
+    1.2e-5 relative at the sizes the checker draws (teacher s13, 4)."""
+    def vote(n, probs):
+        f32, expected = xp.float32, xp.float32(0)
+        for k in range(1, n + 1):
+            f = xp.asarray([1] + [0] * n, f32)  # f[r]: r draws among the values so far, each < k
+            for p_i in xp.asarray(probs, f32):  # this value takes j < k draws: p_i^j / j!
+                w = p_i ** xp.arange(k, dtype=f32) / xp.asarray(
+                    [math.factorial(j) for j in range(k)], f32)
+                f = xp.convolve(f, w)[: n + 1]
+            expected = expected + f32(1) - f[n] * f32(math.factorial(n))
+        return float(expected / f32(n))
+    return vote
 
 
-def _vote_sampled(n, m, draws=200_000):
+def _vote_sampled(n, probs, draws=200_000):
     """08.2 by simulation: the vote's mean accuracy over ``draws`` sequences (an estimate)."""
-    values = np.random.default_rng(0).integers(0, m, (draws, n))
+    values = np.random.default_rng(0).choice(len(probs), (draws, n), p=probs)
     largest = np.zeros(draws, int)
-    for v in range(m):
+    for v in range(len(probs)):
         largest = np.maximum(largest, (values == v).sum(1))
     return float(largest.mean() / n)
 
 
-def _vote_unnormalised(n, m):
+def _vote_unnormalised(n, probs):
     """08.2 without the division by n: E[largest count]."""
-    return n * _solutions("08").vote_level(n, m)
+    return n * _solutions("08").vote_level(n, probs)
+
+
+def _random_pair(n, probs):
+    """08.2's slip: guessing a random pair's value, right at its own pair or an equal value."""
+    return 1 / n + (n - 1) / n * float(np.sum(np.square(probs)))
 
 
 def _stack_sources(inputs, last_push=False, by_value=False):
@@ -469,13 +477,16 @@ def _beyond_by(over=lambda r: r, masked=True, **slip):
 
 def _rule_breakers():
     s06, s07, s08, s09, s10 = (_solutions(c) for c in ("06", "07", "08", "09", "10"))
+    from kda_lib.lab.tasks import chance_accuracy
+    from kda_lib.teaching.exercises import ch09
     from kda_lib.teaching.recall_sweep import vote_accuracy
 
     page_vote = vote_accuracy(4, 16)  # the page's vote level at CI size (printed)
-    from kda_lib.lab.tasks import chance_accuracy
-    from kda_lib.teaching.exercises import ch09
+    page_chance = chance_accuracy("mqar", vocab_size=32)  # the page's (section 4)
 
-    chance_table = {v: chance_accuracy("mqar", vocab_size=v) for v in range(3, 300)}
+    def s08_uniform(n, m):
+        return s08.vote_level(n, np.full(m, 1 / m))
+
     bound_table = {len(d): ch09._bound(d, k)  # the trials of one draw (seed 93)
                    for d, k in ch09._strings(np.random.default_rng(93))}
 
@@ -675,14 +686,20 @@ def _rule_breakers():
             bs * h * (1 + d) * k * v / (n * bc)) - 2 * d)),
         ("07.3", "not the smallest whole T", lambda *a: s07.t_star(*a) + 1),
         ("07.3", "floor + 1 for the ceiling (teacher 2026-12-05)", _floor_plus_one),
-        ("08.1", "a table of chance_accuracy for V < 300, made before the check (teacher "
-         "2026-12-05)", chance_table.__getitem__),
-        ("08.1", "that table, 2 / V beyond it", lambda v: chance_table.get(v, 2 / v)),
-        ("08.2", "a random pair's value (section 5's guess)", lambda n, m: (1 + (n - 1) / m) / n),
+        ("08.1", "section 5's uniform formula, m = len(probs) (teacher s13, 10)",
+         lambda n, p: (1 + (n - 1) / len(p)) / n),
+        ("08.1", "chance, 1 / len(probs)", lambda n, p: 1 / len(p)),
+        ("08.1", "the queried pair's own 1 / n forgotten", lambda n, p: float(np.square(p).sum())),
+        ("08.1", "another pair's value only", lambda n, p: 1 / n),
+        ("08.1", "the MQAR chance of the page (section 4), echoed", lambda n, p: page_chance),
+        ("08.2", "a random pair's value (section 5's guess)", _random_pair),
         ("08.2", "E[largest count], not divided by n", _vote_unnormalised),
         ("08.2", "a simulation of 200,000 sequences", _vote_sampled),
-        ("08.2", "chance, 1 / n_values", lambda n, m: 1 / m),
-        ("08.2", "the page's vote level, echoed", lambda n, m: page_vote),
+        ("08.2", "chance, 1 / n_values", lambda n, p: 1 / len(p)),
+        ("08.2", "the likeliest value's probability", lambda n, p: max(p)),
+        ("08.2", "the uniform vote level of len(probs) values (the old exercise)",
+         lambda n, p: s08_uniform(n, len(p))),
+        ("08.2", "the page's vote level, echoed", lambda n, p: page_vote),
         ("08.3", "the off-by-one at reach (>=)", _beyond_by(lambda r: r - 1)),
         ("08.3", "the off-by-one at reach (> reach + 1)", _beyond_by(lambda r: r + 1)),
         ("08.3", "the last push, not the stack's top", _beyond_by(last_push=True)),
@@ -846,29 +863,31 @@ def _alternatives():
             x = np.exp(-g[t])[:, None] * y
         return x
 
-    def mqar_loop(v):
-        values = [t for t in range(1, v) if t > (v - 1) // 2]
-        return 1.0 / len(values)
+    def pair_loop(n, probs):  # over the picked pair, Python floats
+        same = sum(p * p for p in probs)  # another pair drawn the queried value
+        return sum((1.0 if j == 0 else same) for j in range(n)) / n
 
-    def vote_integers(n, m):  # exact: integer counts of sequences, one Fraction per k
-        from fractions import Fraction
+    def pair_jnp32(n, probs):  # jnp float32 throughout, a 0-d array out
+        p = jnp.asarray(probs, jnp.float32)
+        return (1 + (n - 1) * jnp.vdot(p, p)) / n
 
-        total = Fraction(0)
-        for k in range(1, n + 1):
-            ways = [1] + [0] * n  # ways[r]: sequences of r draws over the values so far, each < k
-            for _ in range(m):
-                ways = [sum(ways[r - j] * math.comb(r, j) for j in range(min(k, r + 1)))
-                        for r in range(n + 1)]
-            total += 1 - Fraction(ways[n], m**n)
-        return total / n
-
-    def vote_distribution(n, m):  # the distribution of the largest count, value by value
+    def vote_lists(n, probs):  # Python floats and lists, math.fsum, a plain float out
         expected = 0.0
+        for k in range(1, n + 1):
+            f = [1.0] + [0.0] * n  # f[r]: r draws placed among the values so far, each < k
+            for p_i in list(probs):
+                f = [math.fsum(f[r - j] * p_i**j / math.factorial(j) for j in range(min(k, r + 1)))
+                     for r in range(n + 1)]
+            expected += 1 - f[n] * math.factorial(n)
+        return expected / n
+
+    def vote_distribution(n, probs):  # the distribution of the largest count, value by value
+        expected, probs = 0.0, np.asarray(probs, np.float64)
         for c in range(1, n + 1):
             below = np.zeros(n + 1)  # P(the first i values take r draws, each < c), scaled
             below[0] = 1.0
-            for i in range(m):
-                q = 1 / (m - i)  # a remaining draw picks this value
+            for i in range(len(probs)):
+                q = min(1.0, probs[i] / probs[i:].sum())  # a remaining draw picks this value
                 new = np.zeros(n + 1)
                 for r in range(n + 1):
                     left = n - r
@@ -1039,9 +1058,11 @@ def _alternatives():
         ("07.2", "Richardson on the normal equations, to tolerance (accepted: it converges)",
          roll_back_normal_richardson, {}),
         ("07.3", "integer ceiling", t_star_int, {}),
-        ("08.1", "a loop over tokens", mqar_loop, {}),
-        ("08.2", "exact integer counts, a Fraction out", vote_integers, {}),
-        ("08.2", "the worked solution in float32 (numpy)", _vote_float32, {}),
+        ("08.1", "a loop over the picked pair", pair_loop, {}),
+        ("08.1", "jnp float32, a 0-d array out", pair_jnp32, {}),
+        ("08.2", "Python floats and lists, math.fsum", vote_lists, {}),
+        ("08.2", "the worked solution in float32 (numpy)", _vote_float32(np), {}),
+        ("08.2", "the worked solution in float32 (jnp, x64 off)", _vote_float32(jnp), {}),
         ("08.2", "the largest count's distribution, binomial splits value by value",
          vote_distribution, {}),
         ("08.3", "pure Python lists, 0 / 1 out", beyond_lists, {}),
@@ -1290,7 +1311,7 @@ def test_08_2_and_08_3_hints_name_the_slip(seed):
     missing division by n and a simulation; 08.3's off-by-one at reach, the last push, values
     for positions and the mask ignored."""
     named = [
-        ("08.2", lambda n, m: (1 + (n - 1) / m) / n, "a random pair's value"),
+        ("08.2", _random_pair, "a random pair's value"),
         ("08.2", _vote_unnormalised, "divides it by n_pairs"),
         ("08.2", _vote_sampled, "an estimate's error"),
         ("08.3", _beyond_by(lambda r: r - 1), "exactly `reach` tokens back"),
@@ -1302,6 +1323,25 @@ def test_08_2_and_08_3_hints_name_the_slip(seed):
     for eid, answer, words in named:
         hint = exercises.verdict(eid, answer, seed=seed)
         assert hint and words in hint and "check(..., seed=" in hint, (eid, words, hint)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_08_2_a_table_of_the_library_made_before_the_check_is_refused(seed):
+    """08.2 (teacher s13, 4): a table of recall_sweep.vote_accuracy made before the check over
+    every uniform size the checker draws (the old exercise's whole range, n 1-32 by m 1-128, was
+    4,096 entries and a few seconds) is refused: two trials draw unequal probabilities."""
+    from kda_lib.teaching.recall_sweep import vote_accuracy
+
+    sizes = set()
+
+    def spy(n, probs):  # the sizes this seed draws, with the right answer
+        sizes.add((n, len(probs)))
+        return _solutions("08").vote_level(n, probs)
+
+    assert exercises.verdict("08.2", spy, seed=seed) is None
+    table = {size: vote_accuracy(*size) for size in sizes}
+    hint = exercises.verdict("08.2", lambda n, p: table[(n, len(p))], seed=seed)
+    assert hint and "unequally likely" in hint, hint
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
