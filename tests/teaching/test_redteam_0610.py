@@ -1195,6 +1195,39 @@ def test_07_2_caps_the_address_space_for_its_largest_draft():
     assert np.empty(2**29).nbytes == 2**32
 
 
+def test_07_2_s13_rejected_none_and_a_truncated_series_get_their_own_hint():
+    """Teacher review 06-07 s13: 07.2's ``k[-rejected:]`` loop undoes the whole draft at
+    rejected = 0 (a trial now draws it, the hint names x[-0:]; defect 3); a truncated series is
+    told it diverges, 07.1's constant state (312) is not (defect 10)."""
+    def sliced(state, k, v, g, beta, rejected):  # right for rejected >= 1 only
+        state = np.asarray(state, np.float64)
+        rows = zip(k[-rejected:], v[-rejected:], g[-rejected:], beta[-rejected:], strict=True)
+        for k_t, v_t, g_t, b in reversed(list(rows)):
+            state = state - b / (1 - b) * np.outer(k_t, v_t - k_t @ state)
+            state = np.exp(-g_t)[:, None] * state
+        return state
+
+    def series(terms):  # (I - b k k^T)^-1 as I + b k k^T + ... + (b k k^T)^terms
+        def roll_back(state, k, v, g, beta, rejected):
+            for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
+                x = term = state - beta[t] * np.outer(k[t], v[t])
+                for _ in range(terms):
+                    term = beta[t] * np.outer(k[t], k[t] @ term)
+                    x = x + term
+                state = np.exp(-g[t])[:, None] * x
+            return state
+        return roll_back
+
+    for seed in range(3):
+        hint = exercises.verdict("07.2", sliced, seed=seed)
+        assert hint and "rejected = 0" in hint and "x[-0:]" in hint, hint
+        for terms in (2, 30):
+            hint = exercises.verdict("07.2", series(terms), seed=seed)
+            assert hint and "diverges" in hint, (terms, hint)
+        hint = exercises.verdict("07.2", lambda s, *a: np.full_like(s, 312.0), seed=seed)
+        assert hint and "diverges" not in hint, hint
+
+
 # --- a lookup table of the checkers' fixed trials (review 2026-12-05) --------------------------
 
 def _lookup_tables():
