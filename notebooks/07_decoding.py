@@ -86,7 +86,9 @@ import numpy as np
 from flax import nnx
 
 import kda_lib.teaching.notebook
+from kda_lib.lab import at_scale
 from kda_lib.layers.attention import AttentionConfig, CausalSelfAttention
+from kda_lib.models import presets
 from kda_lib.ops.api import select_implementation
 from kda_lib.ops.gating import kda_gate
 from kda_lib.teaching import decode_timing, viz
@@ -115,9 +117,10 @@ def run(layer, x, cache):
 #
 # `layer(x, cache=layer.init_cache(B))` runs the whole prompt at once and returns the outputs
 # and the cache after its last token. With `implementation="auto"` the kernel is chosen per
-# call (printed; the rules are in the notebook notes): the recurrent scan for one token, and
-# the chunked form of notebook 03 or the scan for a prompt. Section 2 also prefills with the
-# chunked kernel on every machine. Both compute
+# call (printed): the recurrent scan for one token, and the chunked form of notebook 03 or the
+# scan for a prompt; the rules are in DESIGN's
+# [engineering notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/DESIGN.md#engineering-notes-decoding-and-serving-from-notebook-07).
+# Section 2 also prefills with the chunked kernel on every machine. Both compute
 #
 # $$
 # S_t = \big(I - \beta_t \mathbf k_t \mathbf k_t^\top\big) D_t S_{t-1} + \beta_t \mathbf k_t
@@ -257,7 +260,9 @@ viz.show(fig, "07_decode_error")
 # fixed for KDA, growing with the context for softmax attention (same heads). We read the KDA
 # cache size off the arrays after every decoding step and the KV cache's from shapes; they are
 # equal at $T^\ast = \frac{d_k d_v + \max(w - 1, 0)(2 d_k + d_v)}{d_k + d_v}$, which is
-# $\frac{d_v}{2} + \frac{3 \max(w - 1, 0)}{2}$ for $d_k = d_v$ (printed below).
+# $\frac{d_v}{2} + \frac{3 \max(w - 1, 0)}{2}$ for $d_k = d_v$ (printed below). That is this toy
+# layer's, against attention with the same heads; the last line below gives it at Kimi Linear's
+# published size against the MLA cache it is paired with (notebook 10's cost functions).
 
 # %%
 kda_bytes = measured_bytes[0]
@@ -268,6 +273,11 @@ assert len(set(measured_bytes)) == 1 and kda_bytes == state_bytes + conv_bytes, 
 crossover = kda_bytes / kv_bytes_per_token
 print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes:,}); "
       f"KV cache: {kv_bytes_per_token:,} bytes per token; equal at T = {crossover:.1f} tokens")
+kimi = presets.KIMI_LINEAR_48B  # float32 state, bf16 conv rows; MLA: latent + shared key, bf16
+kimi_bytes, mla_bytes = at_scale.kda_state_bytes(kimi), 2 * at_scale.mla_cache_numbers(kimi)
+print(f"{kimi.name} (H = {kimi.num_heads}, d_k = d_v = {kimi.head_dim}, w = {kimi.conv_size}): "
+      f"KDA cache {kimi_bytes:,} bytes, MLA {mla_bytes:,} bytes per token; equal at "
+      f"T = {kimi_bytes / mla_bytes:,.1f} tokens")
 
 # %% tags=["hide-input"]
 contexts = np.unique(np.geomspace(1, memory_max_len, 200).astype(int))
@@ -381,8 +391,8 @@ viz.show(fig, "07_decode_time")
 #    draft token's state instead (notes)?
 # 3. **The crossover of a verify call.** Verifying an $m$-token draft, a KDA layer (`heads`
 #    heads, one state each, `conv_size` $= w$) moves exercise 1's cache once (reads what it held
-#    before the draft, writes the rest), every number of it (states and conv rows alike, no
-#    separate conv width here) `state_bytes` bytes; attention over $T$ cached
+#    before the draft, writes the rest), every number of it (states and conv rows alike: no
+#    separate `conv_bytes` here) `state_bytes` bytes; attention over $T$ cached
 #    tokens writes $m$ entries and reads all $T + m$, an entry being `kv_numbers` numbers for the
 #    **whole layer**, all heads together (MLA: its latent and shared key), `kv_bytes` bytes each.
 #    Write `t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,

@@ -10,14 +10,14 @@ import numpy as np
 
 def layer_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
                       conv_bytes, draft) -> int:
-    """1: to go back to any of the n + 1 prefixes of an n-token draft (0 to n tokens accepted)
-    without recomputing, keep the state before the draft and after each token: n + 1 states of
+    """1: to go back to any of the m + 1 prefixes of an m-token draft (0 to m tokens accepted)
+    without recomputing, keep the state before the draft and after each token: m + 1 states of
     B HV K V float32 numbers (grouped value heads: one K x V state per *value* head). The conv
     history after a prefix of j tokens is the last w - 1 conv inputs before position j; these
-    windows overlap, and together they are the w - 1 rows before the draft and the n draft rows:
-    one window of w - 1 + n rows of q, k (H K channels each) and v (HV V), B (w - 1 + n)
-    (2 H K + HV V) numbers of ``conv_bytes`` bytes, where n + 1 separate histories would take
-    (n + 1)(w - 1) rows. A conv of width w < 2 keeps no history (w = 0: no conv; w = 1: each
+    windows overlap, and together they are the w - 1 rows before the draft and the m draft rows:
+    one window of w - 1 + m rows of q, k (H K channels each) and v (HV V), B (w - 1 + m)
+    (2 H K + HV V) numbers of ``conv_bytes`` bytes, where m + 1 separate histories would take
+    (m + 1)(w - 1) rows. A conv of width w < 2 keeps no history (w = 0: no conv; w = 1: each
     output reads its own input only), so no rows at all, draft or not."""
     rows = conv_size - 1 + draft if conv_size >= 2 else 0
     conv = batch * rows * (2 * num_heads * key_dim + num_v_heads * value_dim)
@@ -63,21 +63,21 @@ def roll_back_jnp(state, k, v, g, beta, rejected):
 
 def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
            draft) -> int:
-    """3: a KDA call verifying an n-token draft reads its state once and writes the state after
-    each token (n states, kept to roll back, exercise 1): (1 + n) H K V numbers; it reads the
-    w - 1 conv rows and writes the n draft rows (exercise 1's window; none for w < 2):
-    (w - 1 + n) H (2 K + V) numbers, all of b_S bytes. An attention call over T cached tokens
-    writes the draft's n entries and reads all T + n: (T + 2 n) kv_numbers b_KV bytes
+    """3: a KDA call verifying an m-token draft reads its state once and writes the state after
+    each token (m states, kept to roll back, exercise 1): (1 + m) H K V numbers; it reads the
+    w - 1 conv rows and writes the m draft rows (exercise 1's window; none for w < 2):
+    (w - 1 + m) H (2 K + V) numbers, all of b_S bytes. An attention call over T cached tokens
+    writes the draft's m entries and reads all T + m: (T + 2 m) kv_numbers b_KV bytes
     (``kv_numbers``: the whole layer's numbers a token, all heads together; b_KV: ``kv_bytes``).
-    The first whole T with (T + 2 n) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
-    b_KV)) - 2 n, and at least 1: a context has at least one token (with a small state and a
+    The first whole T with (T + 2 m) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
+    b_KV)) - 2 m, and at least 1: a context has at least one token (with a small state and a
     long draft the count goes to 0 or below: attention moves more bytes at every context).
-    With n = 1 this is one decode step's T*_step (notes) plus the conv rows and the new
+    With m = 1 this is one decode step's T*_step (notes) plus the conv rows and the new
     entry; each extra draft token adds a state write (H K V numbers) to KDA but only two
-    entries to attention, so T* grows about (n + 1) / 2 times: keeping every draft token's
+    entries to attention, so T* grows about (m + 1) / 2 times: keeping every draft token's
     state costs bandwidth. At Kimi Linear's shape (H = 32, K = V = 128, w = 4) against its MLA
-    cache (576 bf16 numbers a token) with a float32 state: 3,810 at n = 1 (one step's
-    T*_step: 3,641), 9,393 at n = 4 (asserted in ``cases()``)."""
+    cache (576 bf16 numbers a token) with a float32 state: 3,810 at m = 1 (one step's
+    T*_step: 3,641), 9,393 at m = 4 (asserted in ``cases()``)."""
     rows = conv_size - 1 + draft if conv_size >= 2 else 0
     kda = state_bytes * heads * ((1 + draft) * key_dim * value_dim
                                  + rows * (2 * key_dim + value_dim))
@@ -85,9 +85,9 @@ def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_byt
 
 
 def cases():
-    assert [t_star(32, 128, 128, 4, 576, 4, 2, n) for n in (1, 4)] == [3810, 9393]  # 3's text
+    assert [t_star(32, 128, 128, 4, 576, 4, 2, m) for m in (1, 4)] == [3810, 9393]  # 3's text
 
-    def section_3(b, h, hv, k, v, w, cb, n):  # the page's layout: one state, all float32
+    def section_3(b, h, hv, k, v, w, cb, m):  # the page's layout: one state, all float32
         return 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))
 
     def inverted_by_solve(state, k, v, g, beta, rejected):  # right, but np.linalg.solve
