@@ -214,12 +214,10 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.originalname in LONG_TESTS else 2
 
     items.sort(key=rank)  # stable: the original order within each rank
-    files = [key for key in EXTENDED if key.endswith("::")]
     for item in items:
         node = item.nodeid.split("@")[0]  # xdist appends "@group" to a grouped test's id
-        key = node if node in EXTENDED else next((f for f in files if node.startswith(f)), None)
-        if key:
-            item.add_marker(pytest.mark.extended(EXTENDED[key]))
+        if node in EXTENDED:
+            item.add_marker(pytest.mark.extended(EXTENDED[node]))
     config.stash[COLLECTED] = {item.nodeid.split("@")[0] for item in items}  # before -m
 
 
