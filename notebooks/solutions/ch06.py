@@ -8,11 +8,11 @@ import numpy as np
 
 
 def blind_floor(probs) -> tuple[float, float]:
-    """1: a model that cannot see the source token can only predict one distribution q, the
-    same whatever the source. The expected loss -sum_v p(v) log q(v) is smallest at q = p
-    (Gibbs' inequality), where it is the entropy H(p) = -sum_v p(v) log p(v) in nats (0 log 0
-    counts as 0); the best guess is always the likeliest token, right with probability
-    max_v p(v). For uniform tokens these are the page's log |V| and 1 / |V|."""
+    """1: a model that cannot see the source token can only predict one distribution r, the
+    same whatever the source. The expected loss -sum_v probs[v] log r[v] is smallest at
+    r = probs (Gibbs' inequality), where it is the entropy -sum_v probs[v] log probs[v] in nats
+    (0 log 0 counts as 0); the best guess is always the likeliest token, right with probability
+    max_v probs[v]. For uniform tokens these are the page's log |V| and 1 / |V|."""
     p = np.asarray(probs, np.float64)
     seen = p[p > 0]
     return float(-(seen * np.log(seen)).sum()), float(p.max())
@@ -28,17 +28,27 @@ def seen_positions(last: int, widths: list[int], dilations: list[int]) -> list[i
     return sorted(last - o for o in offsets if o <= last)
 
 
-def lost_positions(seq_len: int, delay: int, conv_size: int, period: int) -> list[int]:
-    """3: only the last clearing before t matters. At a clearing p every state and every conv
-    history above layer 0 is emptied, so what crosses p is layer 0's history, the embeddings
-    of tokens p - w + 1 .. p - 1 (section 4's argument); an earlier clearing's survivors are
-    wiped again at p. A scored position t (t >= delay) in the block [p, p + period) loses its
-    token s = t - delay when s < p - (w - 1); before the first clearing nothing is lost. The
-    first clearing can be checked in the notebook with ``accuracy_after(period, True, True)``."""
+def lost_positions(seq_len: int, delay: int, conv_size: int, period: int,
+                   clear_upper_convs: bool = True) -> list[int]:
+    """3: let p be the last clearing at or before t (0: none yet, nothing lost) and s = t - delay.
+    Upper histories cleared too: at p every state and every conv history above layer 0 is
+    emptied, so what crosses p is layer 0's history, the embeddings of tokens p - w + 1 .. p - 1
+    (section 4's argument); an earlier clearing's survivors are wiped again at p, so only the
+    last clearing matters: t loses its token when s < p - (w - 1).
+    Upper histories kept: tokens from p - w + 1 on cross as before, older ones only through
+    layer 1's kept history, layer 1's inputs at p - w + 1 .. p - 1. Those hold layer 0's outputs
+    there, read from layer 0's state, which was itself emptied at the clearing q at or before
+    p - w + 1 (q = p - period when w - 1 < period) and since then holds the tokens from
+    q - (w - 1) on (its own history at q, then the new tokens); layer 0's conv adds nothing older.
+    So t loses its token when s < q - (w - 1), q > 0: the same rule applied at p - (w - 1). With
+    one clearing q = 0 and nothing is lost, as on the page; layer 1's state feeds nothing that
+    crosses a clearing (no layer above it). The first clearing with the upper histories cleared
+    can be checked in the notebook with ``accuracy_after(period, True, True)``."""
     lost = []
     for t in range(delay, seq_len):
         p = (t // period) * period  # the last clearing at or before t (0: none yet)
-        if p > 0 and t - delay < p - (conv_size - 1):
+        q = p if clear_upper_convs else (p - (conv_size - 1)) // period * period
+        if q > 0 and t - delay < q - (conv_size - 1):
             lost.append(t)
     return lost
 
@@ -54,5 +64,6 @@ def cases():
     return [
         ("06.1", blind_floor, {}, uniform_floor),
         ("06.2", seen_positions, {}, contiguous),
-        ("06.3", lost_positions, {}, lambda s, d, w, period: lost_positions(s, d, w, s // 2)),
+        ("06.3", lost_positions, {},
+         lambda s, d, w, period, upper: lost_positions(s, d, w, s // 2, upper)),
     ]

@@ -32,7 +32,7 @@ def _solutions(chapter: str):
     return module
 
 
-def unscored_included(seq_len, delay, conv_size, period):
+def unscored_included(seq_len, delay, conv_size, period, clear_upper_convs=True):
     """06.3 with "scored" forgotten: positions t < delay listed too (defect 13)."""
     return [t for t in range(period, seq_len)
             if t - delay < t // period * period - (conv_size - 1)]

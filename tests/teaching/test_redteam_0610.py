@@ -612,13 +612,13 @@ def _rule_breakers():
         ("06.1", "0 log 0 as NaN", lambda p: (
             float(-(np.asarray(p) * np.log(np.asarray(p))).sum()), max(p))),
         ("06.3", "every position from the first clearing on",
-         lambda s, d, w, period: list(range(max(d, period), s))),
-        ("06.3", "section 4's one clearing at T / 2 (the page)",
-         lambda s, d, w, period: [t for t in range(s // 2, s) if t - d < s // 2 - (w - 1)]),
-        ("06.3", "the first clearing only", lambda s, d, w, period: [
+         lambda s, d, w, period, upper: list(range(max(d, period), s))),
+        ("06.3", "section 4's one clearing at T / 2 (the page)", lambda s, d, w, period, upper: [
+            t for t in range(s // 2, s) if upper and t - d < s // 2 - (w - 1)]),
+        ("06.3", "the first clearing only", lambda s, d, w, period, upper: [
             t for t in range(max(d, period), s) if t - d < period - (w - 1)]),
         ("06.3", "no w - 1 kept tokens",
-         lambda s, d, w, period: s06.lost_positions(s, d, 1, period)),
+         lambda s, d, w, period, upper: s06.lost_positions(s, d, 1, period, upper)),
         ("06.3", "a position twice", lambda *a: s06.lost_positions(*a) * 2),
         ("06.2", "section 2's contiguous reach (the page), dilations ignored",
          lambda last, widths, dil: list(range(max(0, last - sum(w - 1 for w in widths)),
@@ -806,10 +806,11 @@ def _alternatives():
             seen = {t - j * d for t in seen for j in range(w)}
         return np.asarray(sorted(t for t in seen if t >= 0))
 
-    def lost_numpy(seq_len, delay, conv_size, period):  # numpy, reversed order
+    def lost_numpy(seq_len, delay, conv_size, period, upper):  # numpy, reversed order
         t = np.arange(delay, seq_len)
         p = t // period * period
-        return t[(p > 0) & (t - delay < p - conv_size + 1)][::-1]
+        q = p if upper else (p - conv_size + 1) // period * period  # layer 1's history's reach
+        return t[(q > 0) & (t - delay < q - conv_size + 1)][::-1]
 
     def cache_numpy(b, h, hv, k, v, w, cb, n):  # the rows as a union of windows, counted
         rows = len({j - i for j in range(n + 1) for i in range(1, w)})
@@ -1226,6 +1227,20 @@ def test_07_2_s13_rejected_none_and_a_truncated_series_get_their_own_hint():
             assert hint and "diverges" in hint, (terms, hint)
         hint = exercises.verdict("07.2", lambda s, *a: np.full_like(s, 312.0), seed=seed)
         assert hint and "diverges" not in hint, hint
+
+
+def test_06_3_s13_upper_histories_kept_slips_are_named():
+    """Teacher review 06-07 s13, defect 9: 06.3 also asks which tokens are lost with the upper
+    conv histories kept (clearing every ``period``); nothing lost (the page's one clearing) and
+    the histories-cleared set are refused with the kept-history hint."""
+    s06 = _solutions("06")
+    slips = {"nothing lost (one clearing, the page)": lambda *a: [],
+             "the histories-cleared set": lambda *a: s06.lost_positions(*a[:4])}
+    for seed in range(3):
+        for name, slip in slips.items():
+            hint = exercises.verdict("06.3", lambda *a, f=slip: (
+                s06.lost_positions(*a) if a[4] else f(*a)), seed=seed)
+            assert hint and "layer 1's kept history" in hint and ", False)" in hint, (name, hint)
 
 
 # --- a lookup table of the checkers' fixed trials (review 2026-12-05) --------------------------

@@ -13,7 +13,7 @@ _SKEWED = ([0.5, 0.25, 0.125, 0.125], [0.7, 0.1, 0.1, 0.1, 0.0, 0.0],  # Zipf, z
            list(np.arange(1, 17)[::-1] / np.arange(1, 17).sum()), [0.25] * 4,
            list(1 / np.arange(1, 101) / (1 / np.arange(1, 101)).sum()))
 _ENTROPY_HINT = ("blind_floor(probs) uses {}, which does the derivation: write the entropy "
-                 "-sum_v p(v) log p(v) yourself (numpy), 0 log 0 counting as 0")
+                 "-sum_v probs[v] log probs[v] yourself (numpy), 0 log 0 counting as 0")
 
 
 @ex.checker("06.1")
@@ -79,47 +79,47 @@ def dilated_positions(answer, rng):
     for last, widths, dilations in [*_STACKS, drawn]:
         got, hint = _positions(answer, (last, list(widths), list(dilations)),
                                "seen_positions(last, widths, dilations)")
-        if hint or got == _seen(last, widths, dilations):
-            if hint:
-                return hint
-            continue
-        where = f"at last = {last}, widths {widths}, dilations {dilations}"
-        span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
-        return (f"negative positions {where}: the sequence starts at 0" if min(got, default=0) < 0
+        if hint or got != _seen(last, widths, dilations):
+            where = f"at last = {last}, widths {widths}, dilations {dilations}"
+            span = sum(d * (w - 1) for w, d in zip(widths, dilations, strict=True))
+            return hint or (
+                f"negative positions {where}: the sequence starts at 0" if min(got, default=0) < 0
                 else f"a position listed twice {where}" if len(set(got)) != len(got)
                 else f"wrong {where}: the reach is right; does a dilated stack see all of it?"
                 if got == list(range(max(0, last - span), last + 1))
                 else f"wrong {where}: which offsets can the taps of the layers add up to?")
 
 
-# (seq_len, delay, conv_size, period): some positions lost, some kept after each clearing
-_PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20))
+_PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20),
+             (40, 9, 3, 4), (64, 10, 4, 6))  # (T, delay, w, period); last two: lost either way
 
 
-def _lost(seq_len, delay, conv_size, period, first_only=False):
-    """Positions whose input was cleared beyond the conv's reach (``first_only``: a slip's)."""
-    return [t for t in range(delay, seq_len) if t >= period and t - delay < (
-        period if first_only else t // period * period) - (conv_size - 1)]
+def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False):
+    """Scored t whose token t - delay < q - (w - 1), q the last clearing at or before t (``upper``)
+    or at or before that one's p - (w - 1); ``first_only``: a slip's, the first clearing only."""
+    last = lambda t: min(t // period * period, period if first_only else t)
+    return [t for t in range(delay, seq_len) if (q := last(t) if upper else last(
+        last(t) - conv_size + 1)) > 0 and t - delay < q - conv_size + 1]
 
 
 @ex.checker("06.3")
 def periodic_clearing(answer, rng):
-    """``answer(seq_len, delay, conv_size, period) -> positions`` t whose token t - delay has no
-    path left, states and conv histories above layer 0 cleared at every multiple of ``period``."""
+    """``answer(seq_len, delay, conv_size, period, clear_upper_convs)``: the t whose token has no
+    path left, the page's model cleared (conv histories above layer 0 too?) every ``period``."""
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     periods = (int(rng.integers(delay + 1, 3 * delay + 2)), int(rng.integers(2, delay)))
-    for case in [*_PERIODIC, *((delay + int(rng.integers(2 * p, 5 * p)), delay,
-                                min(conv_size, p + 1), p) for p in periods)]:
-        got, hint = _positions(answer, case, "lost_positions(seq_len, delay, conv_size, period)")
-        if hint or got == _lost(*case):
-            if hint:
-                return hint
-            continue
-        seq_len, delay, _, _ = case
-        return ("give each position once" if len(set(got)) != len(got)
+    cases = [*_PERIODIC, *((delay + int(rng.integers(2 * p, 5 * p)), delay,
+                            min(conv_size, p + 1), p) for p in periods)]
+    for case in [(*c, True) for c in cases] + [(*c, False) for c in cases]:  # upper first
+        got, hint = _positions(answer, case, "lost_positions(..., clear_upper_convs)")
+        if hint or got != _lost(*case):
+            seq_len, delay, *_, upper = case
+            return hint or (
+                "give each position once" if len(set(got)) != len(got)
                 else f"positions must be scored ones, delay..T-1 = {delay}..{seq_len - 1}"
                 if any(t < delay or t >= seq_len for t in got)
                 else f"wrong for {case}: only the first clearing counted; which matters at t?"
-                if got == _lost(*case, first_only=True)
+                if upper and got == _lost(*case, first_only=True)
                 else f"wrong for {case}: after the last clearing at or before t, which tokens "
-                "keep a path?")
+                "keep a path?" if upper else f"wrong for {case}: layer 1's kept history holds "
+                "layer 0's outputs from before the clearing; which tokens can they carry?")
