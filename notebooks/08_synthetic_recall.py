@@ -395,18 +395,18 @@ assert len(ordered[35]) == 13 and len(kept) == 4 and {(t, m.split()[0]) for _, t
 #
 # ## Exercises
 #
-# Replace `answer = None` and run the cell: the checker says whether it is right without showing
-# the solution. Worked solutions (try first): [`notebooks/solutions/ch08.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch08.py).
+# Replace `answer = None` and run the cell: `check` says right or not, never the solution (it
+# catches honest slips, not deliberate copies of its own code).
+# Worked solutions (try first): [`notebooks/solutions/ch08.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch08.py).
 #
 # 1. **A random pair's value.** Section 5's weakest rule answers a query with the value of a pair
 #    picked uniformly. Write `pair_guess(n_pairs, probs)` (no kda_lib): its expected accuracy, the
 #    values drawn independently, value i with probability `probs[i]` (section 5's: uniform).
 # 2. **The vote level, exactly.** Section 5's vote answers every query with the most frequent
-#    value. Write `vote_level(n_pairs, probs)` (no kda_lib): its expected accuracy, the `n_pairs`
-#    values drawn independently, value i with probability `probs[i]` (section 5's: uniform);
-#    checked to five digits (no simulation gets that close). Hint: E[largest count] is the sum over
-#    k of P(largest count >= k); sum the probabilities of the counts in which every value appears
-#    fewer than k times, value by value.
+#    value. Write `vote_level(n_pairs, probs)` (no kda_lib): its expected accuracy, the values
+#    drawn as in exercise 1; checked to five digits (no simulation gets that close). Hint:
+#    E[largest count] is the sum over k of P(largest count >= k); sum the probabilities of the
+#    counts in which every value appears fewer than k times, value by value.
 # 3. **The pops beyond the conv reach.** Section 6's right panel scores stack where the answer
 #    was pushed more than the conv-only model's reach back. Write `beyond_reach(inputs, mask,
 #    reach)` (no kda_lib): from stack inputs `[B, T]` (1 is POP, other tokens push themselves) and

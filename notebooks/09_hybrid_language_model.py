@@ -344,10 +344,10 @@ display(Markdown(
     f"- **The other {len(level)} pairs are level** (detectable at alpha/{len(tests)}: "
     f"{min(gaps):.3f} to {max(gaps):.3f}); the largest, MLA hybrid - KDA, {h.mean:+.3f} "
     f"[{h.low:+.3f}, {h.high:+.3f}] ({h.above}/{h.n} seeds; MHA hybrid {h_mha.mean:+.3f}), is "
-    "unresolved (section 6's one seed orders nothing).\n- **No claim at equal wall time:** on "
-    f"this CPU attention trained {ratio:.1f}x the tokens/s of the others (slowest run "
-    f"{speed['attention'].min():,.0f}, their fastest {fast:,.0f}), runs varying up to "
-    f"{spread:.1f}x within a model."))
+    "unresolved (section 6's one seed orders nothing).\n- **No claim at equal wall time:** in the "
+    f"recorded runs (made on a CPU) attention trained {ratio:.1f}x the tokens/s of the others "
+    f"(slowest run {speed['attention'].min():,.0f}, their fastest {fast:,.0f}), runs varying up "
+    f"to {spread:.1f}x within a model."))
 assert ordered == {(m, "attention"): "<" for m in gap}  # attention behind every other model
 assert all(flip[k] == 0.0625 and 5 in (c.above, c.below) for k, c in tests.items() if (
     c.verdict != "level")) and speed["attention"].min() > fast and [round(x, 2 - (x > 1)) for x in (
@@ -388,17 +388,16 @@ assert (round(share[top], 3), round(run_top, 3), round(reads[("hybrid", "kda")].
 
 # %% [markdown]
 # ## Summary
-#
 # - `ModelConfig(layers=...)` mixes KDA, MLA and MHA layers, each decoding from its own cache
 #   (greedy decoding from the caches = the full forward pass, asserted). Decode memory: KDA's is
 #   the same at every context; per token and global layer MHA's grows by $2 H d_k$ floats, MLA's by
 #   $d_c$ (asserted); Kimi Linear's MLA caches 7% of an MHA of its KDA layers' 32 heads of 128.
 # - **The question it cannot reach.** In 128-byte windows the global layer has little to do. On
-#   copies 64 bytes back the MLA hybrid reads better than pure KDA (+0.014 bits per byte on 5 of 5
-#   seeds; exploratory), but such lookups are rare in this text (all but GDN read beyond 32 bytes,
-#   for 1.8% of a copier's bits at most, 2.1% in one run), and five seeds detect only gaps of 0.038
-#   to 0.145 bits per byte. Over the window the hybrid is 0.020 bits per byte worse than KDA (level:
-#   the interval contains 0; worse on 4 of 5 seeds, the MHA hybrid too): a protocol, no verdict.
+#   copies 64 bytes back the MLA hybrid reads better than pure KDA (+0.014 bpb on 5 of 5 seeds;
+#   exploratory). All but GDN read beyond 32 bytes, taking at most 1.8% (2.1% in one run) of a
+#   copier's possible saving on the constructed copy windows; five seeds detect only gaps of 0.038
+#   to 0.145 bpb. Over the window the hybrid is 0.020 bpb worse than KDA (level: the interval
+#   contains 0; worse on 4 of 5 seeds, the MHA hybrid too): a protocol, no verdict.
 # - Under the protocol every recurrent model and hybrid beats attention at equal steps early in
 #   training (t-test; sign-flip p 0.0625 at best; attention's gap closing), a gap already there at
 #   the first scored byte (0.17-0.20 of the 0.21-0.23 bpb): mostly not from long context, the
@@ -408,7 +407,8 @@ assert (round(share[top], 3), round(run_top, 3), round(reads[("hybrid", "kda")].
 #
 # ## Exercises
 #
-# Replace `answer = None` and run the cell: `check` says right or not, never the solution.
+# Replace `answer = None` and run the cell: `check` says right or not, never the solution (it
+# catches honest slips, not deliberate copies of its own code).
 # Worked solutions (try first): [`notebooks/solutions/ch09.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch09.py).
 #
 # 1. **Half latents.** Count in model terms, float32, from section 5 (a KDA layer: its $H$ states
@@ -418,9 +418,10 @@ assert (round(share[top], 3), round(run_top, 3), round(reads[("hybrid", "kda")].
 #    where the latents hold at least half the cache (`math.inf` without MLA).
 # 2. **MLA's absorbed read.** Section 1's fold: `absorbed_read(q, latents, w_k, w_v)` (no kda_lib;
 #    q [H, d_k], latents [T, d_c], $W^K$ [H, d_k, d_c], $W^V$ [H, d_v, d_c]) forms no key or value
-#    and returns `(q_latent, read, out)`: each head's query in latent space, the latents weighted by
-#    the softmax over $t$ of $\mathbf q_h^\top \mathbf k_{t,h} / \sqrt{d_k}$, and $W^V_h$ times that
-#    (*explain why*, open: which way costs less a step at context $T$?).
+#    (that rule is yours: the checker judges the values only) and returns `(q_latent, read, out)`:
+#    each head's query in latent space, the latents weighted by the softmax over $t$ of $\mathbf
+#    q_h^\top \mathbf k_{t,h} / \sqrt{d_k}$, and $W^V_h$ times that (*explain why*, open: which way
+#    costs less a step at context $T$?).
 # 3. **The k-byte bound.** Section 2's one-byte bound is the bits per byte of the best predictor
 #    of a byte from the one before, fitted on the data it scores. Write `context_bound(data, k)`
 #    (numpy, no kda_lib) for the `k` bytes before, scored on `data[k:]` (`k = 0` too). *Explain
