@@ -916,9 +916,12 @@ def test_03_hints_point_without_the_method_or_a_wrong_cause():
         u[: len(given[0])] *= 2
         return w, u
 
+    factored = _factored_backward(np.exp)  # its lhs all NaN where a trial's burst is at token 1
     for seed in range(10):
         hint = exercises.verdict("03.1", all_nan, seed=seed)
         assert hint and "NaN" in hint and "burst" not in hint, (seed, hint)
+        hint = exercises.verdict("03.1", factored, seed=seed)  # teacher s13: 43 of 100 missed it
+        assert hint and "forget burst" in hint, (seed, hint)
         hint = exercises.verdict("03.2", unmerged, seed=seed)
         assert hint and "second chunk" in hint and "what state enters" in hint, (seed, hint)
         leaked = [w for w in ("S_C", "S_in", "step 4", "function of") if w in hint]

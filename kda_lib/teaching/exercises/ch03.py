@@ -88,11 +88,11 @@ def backward_system(answer, rng):
                                    name="wy_backward_system(k, g, beta)")
         hint = hint or ex.parts(got, "two arrays, (lhs, rhs): lhs K~' = rhs", dict(
             shape=(C, C), inputs=(k, g), what="lhs"), dict(shape=(C, K), inputs=(k, g), what="rhs"))
-        if hint:  # e^(-gamma_t) overflows after a burst: some entries finite (not an all-NaN)
-            part = np.asarray(got[hint[:3] == "rhs"], float) if "NaN or inf" in hint else np.nan
+        if hint:  # e^(-gamma_t) overflows after a burst: some entries finite (not all-NaN arrays)
+            part = [np.asarray(x, float) for x in got] if "NaN or inf" in hint else []
             return hint + (" (this chunk has a forget burst: form each exponent, a difference of "
                            "cumulative log decays that is <= 0, before exp)"
-                           if bursts and np.isfinite(part).any() else "")
+                           if bursts and any(np.isfinite(x).any() for x in part) else "")
         a, b = (np.asarray(x, np.float64) for x in got)
         want_a, want_b = _backward_system(k, g, beta)
         if not (_close(a, want_a) and _close(b, want_b)):
