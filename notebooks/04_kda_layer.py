@@ -413,7 +413,7 @@ assert np.all(rms_init > np.sqrt(ms)), "the norm raises every head's RMS at init
 #    gate in float64: half-lives of 0.3 to $10^4$ tokens, each to a relative $10^{-5}$. (b) The same
 #    for the safe gate $g = g_{\min} \sigma(a_h (f + b_c))$: `safe_gate_input_for(half_life,
 #    lower_bound, a_log, dt_bias) -> f`. At which $t_{1/2}$ does your closed form's $f$ go to
-#    $\infty$, and which $t_{1/2}$ has no real $f$? `inf` there.
+#    $\infty$, and which $t_{1/2}$ have no real $f$? `inf` there.
 # 2. **The RMSNorm's backward pass.** Derive the gradient of `(dn * n).sum()`, `n` $=
 #    \operatorname{RMSNorm}_{\boldsymbol\eta}(\mathbf o)$, in $\mathbf o$: `rmsnorm_backward(o, eta,
 #    dn, eps)` (`o, dn`: rows of $d_v$; `eta [V]`). Why is it orthogonal to $\mathbf o$ at `eps` $=
