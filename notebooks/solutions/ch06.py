@@ -37,18 +37,18 @@ def lost_positions(seq_len: int, delay: int, conv_size: int, period: int,
     last clearing matters: t loses its token when s < p - (w - 1).
     Upper histories kept: tokens from p - w + 1 on cross as before, older ones only through
     layer 1's kept history, layer 1's inputs at p - w + 1 .. p - 1. Those hold layer 0's outputs
-    there, read from layer 0's state, which was itself emptied at the clearing q at or before
-    p - w + 1 (q = p - period when w - 1 < period) and since then holds the tokens from
-    q - (w - 1) on (its own history at q, then the new tokens); layer 0's conv adds nothing older.
-    So t loses its token when s < q - (w - 1), q > 0: the same rule applied at p - (w - 1). With
-    one clearing q = 0 and nothing is lost, as on the page; layer 1's state feeds nothing that
-    crosses a clearing (no layer above it). The first clearing with the upper histories cleared
-    can be checked in the notebook with ``accuracy_after(period, True, True)``."""
+    there, read from layer 0's state, which was itself emptied at the clearing p' at or before
+    p - w + 1 (p' = p - period when w - 1 < period) and since then holds the tokens from
+    p' - (w - 1) on (its own history at p', then the new tokens); layer 0's conv adds nothing
+    older. So t loses its token when s < p' - (w - 1), p' > 0: the same rule applied at
+    p - (w - 1). With one clearing p' = 0 and nothing is lost, as on the page; layer 1's state
+    feeds nothing that crosses a clearing (no layer above it). The first clearing with the upper
+    histories cleared can be checked in the notebook with ``accuracy_after(period, True, True)``."""
     lost = []
     for t in range(delay, seq_len):
         p = (t // period) * period  # the last clearing at or before t (0: none yet)
-        q = p if clear_upper_convs else (p - (conv_size - 1)) // period * period
-        if q > 0 and t - delay < q - (conv_size - 1):
+        p_cut = p if clear_upper_convs else (p - (conv_size - 1)) // period * period  # p or p'
+        if p_cut > 0 and t - delay < p_cut - (conv_size - 1):
             lost.append(t)
     return lost
 

@@ -95,11 +95,11 @@ _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64
 
 
 def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False):
-    """Scored t whose token t - delay < q - (w - 1), q the last clearing at or before t (``upper``)
+    """Scored t whose token t - delay < p - (w - 1), p the last clearing at or before t (``upper``)
     or at or before that one's p - (w - 1); ``first_only``: a slip's, the first clearing only."""
     last = lambda t: min(t // period * period, period if first_only else t)
-    return [t for t in range(delay, seq_len) if (q := last(t) if upper else last(
-        last(t) - conv_size + 1)) > 0 and t - delay < q - conv_size + 1]
+    return [t for t in range(delay, seq_len) if (p := last(t) if upper else last(
+        last(t) - conv_size + 1)) > 0 and t - delay < p - conv_size + 1]
 
 
 @ex.checker("06.3")
