@@ -458,6 +458,22 @@ def _rule_breakers():
 
         return tuple(np.array(x) for x in zip(*map(psi, map(F, np.ravel(beta))), strict=True))
 
+    def two_writes_geometric_limit(beta, alpha):  # 01.1 (teacher s13, #1): two float64 writes
+        z1 = np.float64(beta)  # on a one-channel key (v = 1), lam the ratio of the two gaps and
+        z2 = alpha * z1 + beta * (1 - alpha * z1)  # zeta_inf their geometric limit: right to
+        lam = (z2 - z1) / z1  # 1e-7 at beta ~ 1e-9, no digits where lam is 1e-15 from 1
+        return lam, z1 / (1 - lam)
+
+    def matrix_writes_geometric_limit(beta, alpha):  # 01.1 (teacher s13, #1): the same, read off
+        k, v, S, zetas = np.full(4, 0.5), np.array([1.0, -2.0]), np.zeros((4, 2)), [0.0]
+        for _ in range(2):  # a d_k = 4 state, decayed and written twice
+            S = alpha * S
+            S = S + beta * np.outer(k, v - k @ S)
+            zetas.append(k @ S @ v / (v @ v))
+        lam = (zetas[2] - zetas[1]) / zetas[1]
+        with np.errstate(divide="ignore"):  # lam may round to 1 where beta is tiny
+            return lam, zetas[1] / (1 - lam)
+
     def grads_by_jet(ms, hs):  # 05.1 by jax.experimental.jet, one probe per entry
         from jax.experimental import jet
 
@@ -506,6 +522,8 @@ def _rule_breakers():
         ("01.2", sweeps_simulated),
         ("01.2", formula_at_zero_sweeps),
         ("01.1", exact_fit_per_point),
+        ("01.1", two_writes_geometric_limit),
+        ("01.1", matrix_writes_geometric_limit),
         ("01.2", exact_sweeps),
         ("02.2", exact_solve_per_point),
         ("04.2", do_ten_percent_off_on_ordinary_rows),
@@ -562,6 +580,49 @@ def test_a_slow_answer_that_swallows_exceptions_is_stopped():
     start = time.monotonic()
     got, hint = exercises.call_answer(swallowing, limit_s=0.1, slow="slow")
     assert (got, hint) == (None, "slow") and time.monotonic() - start < 5
+
+
+def test_01_1_last_trial_leaves_float64_simulations_no_digits():
+    """docs/NOTEBOOK_NOTES.md, notebook 01's exercise 1 (teacher s13, #1): at 01.1's last scalar
+    trial (alpha 1 to 3 float64 ulps below 1, beta a quarter to three quarters of one), 2,000
+    draws: zeta_inf = beta / (1 - lam) with a float64 lam, read off two simulated writes or
+    computed, is 6% off or more; Aitken's delta-squared from the same writes 0.1%; the closed
+    form beta / (1 - alpha + alpha beta) within 3e-16 (the checker asks 1e-6)."""
+    from fractions import Fraction
+
+    rng, offs = np.random.default_rng(0), {}
+    for _ in range(2000):  # the checker's draw of that trial
+        beta = float(np.float32(rng.uniform(0.25, 0.75) * 2.0**-53))
+        alpha = 1 - int(rng.integers(1, 4)) * 2.0**-53
+        exact = Fraction(beta) / (1 - Fraction(alpha) + Fraction(alpha) * Fraction(beta))
+        z1, z2 = np.float64(beta), alpha * beta + beta * (1 - alpha * beta)  # two writes
+        with np.errstate(divide="ignore"):
+            routes = {"ratio": z1 / (1 - (z2 - z1) / z1), "aitken": z1 * z1 / (2 * z1 - z2),
+                      "computed": beta / (1 - np.float64(alpha) * (1 - beta)),
+                      "closed": beta / (1 - alpha + alpha * beta)}
+        for name, zeta in routes.items():
+            offs.setdefault(name, []).append(abs(zeta / float(exact) - 1))
+    assert min(offs["ratio"] + offs["computed"]) > 0.06 and min(offs["aitken"]) > 1e-3
+    assert max(offs["closed"]) < 3e-16
+
+
+def test_the_time_limit_counts_cpu_time_not_waiting():
+    """A right answer on a busy machine is not refused for the time other processes took (teacher
+    s13, #11: 01.1's np.vectorize answer, 0.5 s alone, refused 2 of 5 times beside a two-worker
+    pytest): the limit counts this process's CPU time, so an answer waiting 0.3 s passes a 0.1 s
+    limit that an answer computing for 0.3 s does not."""
+    def waiting():
+        time.sleep(0.3)
+        return 1.0
+
+    def computing():
+        start = time.process_time()
+        while time.process_time() - start < 0.3:
+            pass
+        return 1.0
+
+    assert exercises.call_answer(waiting, limit_s=0.1, slow="slow") == (1.0, None)
+    assert exercises.call_answer(computing, limit_s=0.1, slow="slow") == (None, "slow")
 
 
 def test_a_stop_that_lands_in_the_watch_comes_again_at_once():
@@ -799,13 +860,17 @@ def test_measured_answers_are_told_that_only_a_formula_gets_there():
     (review 2026-12-06, #5) are right to rounding at the drawn parameters: each is refused at an
     edge trial, where the measurement is rounding noise (01.1: alpha near 1e-8; 02.2: a few ulps
     of the weight), with a hint that says so; so is 01.1's zeta_inf formed as beta / (1 - lam)
-    from a float32 lam (right in float64) where beta is near 1e-9."""
+    from a float32 lam (right in float64) where beta is near 1e-9, and from a float64 lam read
+    off two simulated writes (a vector or a matrix state; teacher s13, #1) where lam is within
+    1e-15 of 1."""
     shortcuts = {fn.__name__: (i, fn) for i, fn in _rule_breakers()}
     shortcuts.update((fn.__name__, (i, fn)) for i, fn, _ in _page_echoes_02_03())
     for name, said in (("three_writes_measured", "lam^2 beta"),
                        ("limit_from_float32_r", "float32 lam keeps no digits"),
                        ("two_sweeps_extrapolated", "noise"), ("sweeps_simulated", "noise"),
-                       ("rebuilt_two_channel", "rounding noise")):
+                       ("rebuilt_two_channel", "rounding noise"),
+                       ("two_writes_geometric_limit", "1e-15 of 1"),
+                       ("matrix_writes_geometric_limit", "1e-15 of 1")):
         exercise_id, answer = shortcuts[name]
         hint = exercises.verdict(exercise_id, answer)
         assert hint and said in hint and "e-" in hint.split(":")[0], (name, hint)

@@ -213,19 +213,20 @@ def _alarm(_signum, _frame):
 
 @contextlib.contextmanager
 def _time_limit(seconds: float | None) -> Iterator[None]:
-    """SIGALRM after ``seconds``, then every 50 ms; main thread only; an outer timer re-armed."""
+    """SIGPROF after ``seconds`` of CPU time (not wall: load-proof), then every 50 ms; main
+    thread only; an outer timer re-armed."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    start, previous = time.monotonic(), signal.signal(signal.SIGALRM, _alarm)
-    outer, outer_every = signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    start, previous = time.process_time(), signal.signal(signal.SIGPROF, _alarm)
+    outer, outer_every = signal.setitimer(signal.ITIMER_PROF, seconds, 0.05)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
         if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 1e-3),
+            signal.setitimer(signal.ITIMER_PROF, max(outer - (time.process_time() - start), 1e-3),
                              outer_every)
 
 
@@ -244,8 +245,8 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
                 limit_s: float | None = None, slow: str = "",
                 refuse: dict | None = None) -> tuple[Any, str | None]:
     """``(answer(*args), None)``, or ``(None, hint)`` when ``answer`` is not callable, raises,
-    runs kda_lib's, tokamax's or fla's code or a ``refused`` module's (``allowed`` names pass),
-    or runs past ``limit_s`` (hint ``slow``); ``(result, hint)`` when ``refuse`` refuses it."""
+    runs kda_lib's, tokamax's, fla's or a ``refused`` module's code (``allowed`` names pass) or
+    ``limit_s`` CPU seconds (hint ``slow``); ``(result, hint)`` when ``refuse`` refuses it."""
     if not callable(answer):
         return None, f"answer with a function {name}, not a {type(answer).__name__}"
     refused = refused or {}
@@ -264,7 +265,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
         if stopped:
             raise _Stop
 
-    start, result, previous = time.monotonic(), None, sys.getprofile()
+    start, result, previous = time.process_time(), None, sys.getprofile()
     try:
         with _fresh_jax_context(), _time_limit(limit_s):
             _RUNNING.append(answer)
@@ -279,7 +280,7 @@ def call_answer(answer: Any, *args: Any, name: str = "your function",
     except Exception as error:  # noqa: BLE001 - a student's function may fail any way
         message = str(error).splitlines()[0][:120] if str(error) else ""
         return None, f"{name} raised {type(error).__name__}" + (f": {message}" if message else "")
-    if limit_s is not None and time.monotonic() - start > limit_s:
+    if limit_s is not None and time.process_time() - start > limit_s:
         return None, slow
     return result, None if refuse is None else refuse_degenerate(result, **refuse)
 

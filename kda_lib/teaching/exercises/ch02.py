@@ -28,11 +28,8 @@ def _spread(n, ratio, width, how="right") -> float:
 def _spreads(rng):
     """(d_k, ratio, width): the page's, two drawn, one of chance 1e-30..1e-12, two of chance 1."""
     width = float(rng.choice([10.0, 100.0, 1000.0]))
-
-    def drawn(n_range, rho_range):
-        n, rho = int(rng.integers(*n_range)), float(rng.uniform(*rho_range))
-        return n, round(width**rho, 3), width
-
+    drawn = lambda n_range, rho_range: (int(rng.integers(*n_range)), round(  # n, then rho
+        width ** float(rng.uniform(*rho_range)), 3), width)
     while not 1e-30 < _spread(*(tiny := drawn((20, 65), (0.15, 0.5)))) < 1e-12:
         pass
     return [(32, 10.0, 100.0), drawn((2, 9), (0.3, 0.9)), drawn((10, 65), (0.5, 0.95)), tiny,

@@ -10,8 +10,9 @@ from kda_lib.teaching.exercises.ch04 import AUTODIFF
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 _LARGE = (32, 64, 128)  # R, K, V of the last trial
 TIME_LIMIT_S = 10.0
-_SLOW = ("your function took over {:.0f} s at R, K, V = {}: the backward fold is R small "
+_SLOW = ("your function took over {:.0f} CPU s at R, K, V = {}: the backward fold is R small "
          "matrix products; finite differences (a forward fold per entry) cannot get there")
+_close = lambda got, want: np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
 def _problem(rng, ranks: int, key_dim: int = 4, value_dim: int = 3):
@@ -44,10 +45,6 @@ def _call(answer, *args, name, refuse=None):
     size = f"{len(args[0])}, {args[-1].shape[1]}, {args[-1].shape[2]}"
     return ex.call_answer(answer, *args, name=name, refused=AUTODIFF, limit_s=TIME_LIMIT_S,
                           slow=_SLOW.format(TIME_LIMIT_S, size), refuse=refuse)
-
-
-def _close(got, want) -> bool:  # 1e-4 relative, 1e-5 absolute
-    return np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
 @ex.checker("05.1")
