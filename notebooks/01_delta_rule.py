@@ -20,10 +20,10 @@
 # d_v$ matrix, so every stored pair whose key overlaps the query leaks into its recall; random keys
 # always overlap. The delta rule writes only what the memory gets wrong: one gradient step on the
 # recall error $\tfrac12\lVert S^\top \mathbf k - \mathbf v\rVert^2$ with learning rate $\beta$. At
-# $\beta = 1$ it recalls the newest pair exactly; on average it beats linear attention up to $d_k$
-# pairs, though one pass cannot store them all. A forget gate gives the gated delta rule (one decay
-# per head) and KDA (one per key channel). Each step is derived, checked in float64, and built in
-# NumPy against `kda_lib`.
+# $\beta = 1$ it recalls the newest pair exactly; averaged over draws it recalls better than linear
+# attention at every number of pairs tried, though one pass cannot store them all. A forget gate
+# gives the gated delta rule (one decay per head) and KDA (one per key channel). Each step is
+# derived, checked in float64, and built in NumPy against `kda_lib`.
 #
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/kda-notebooks/kda-notebooks/blob/main/notebooks/01_delta_rule.ipynb)
 #
@@ -121,16 +121,16 @@ def random_pairs(key, num, *, batch=()):
 # With orthonormal keys (at most $d_k$ of them) the crosstalk vanishes. For random unit keys
 # $\mathbb E[(\mathbf k_{j'}^\top \mathbf k_j)^2] = 1/d_k$ and the $n - 1$ terms are uncorrelated:
 # the crosstalk's squared size is about $\frac{n-1}{d_k}\lVert\mathbf v\rVert^2$, so the relative
-# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (squared, per pair: section 6).
+# error of the recalls grows like $\sqrt{(n-1)/d_k}$ (section 6 averages the squared error pair by
+# pair, which adds a factor $d_v / (d_v - 2)$).
 
 # %%
 n_demo = key_dim // 2
 key_pairs_demo, key_queries, key_ortho = jax.random.split(key_memory, 3)
 keys, values = random_pairs(key_pairs_demo, n_demo)
 queries = unit_rows(jax.random.normal(key_queries, (n_demo, key_dim)))
-causal = np.tril(np.ones((n_demo, n_demo)))
 states = np.cumsum(np.einsum("tk,tv->tkv", keys, values), axis=0)  # S_t for every t
-assert_close(np.einsum("tk,tkv->tv", queries, states), ((queries @ keys.T) * causal) @ values,
+assert_close(np.einsum("tk,tkv->tv", queries, states), np.tril(queries @ keys.T) @ values,
              atol=1e-12, name="o_t = S_t^T q_t (state form = attention form)")
 ortho = np.linalg.qr(np.asarray(jax.random.normal(key_ortho, (key_dim, key_dim)), np.float64))[0]
 ortho_keys = ortho.T[:n_demo]  # n_demo orthonormal rows: exact recall
@@ -301,11 +301,10 @@ assert sweep_errors[0] > 0.05 and sweep_errors[-1] < 1e-9, "one sweep misses; ma
 keys_g = jax.random.split(key_gate, 3)
 g_t = -np.asarray(jax.random.uniform(keys_g[0], (key_dim,), maxval=0.5), np.float64)
 (k_t,), (v_t,) = random_pairs(keys_g[1], 1)
-eigenvalues = np.linalg.eigvalsh(np.eye(key_dim) - beta_demo * np.outer(k_t, k_t))
-assert_close(eigenvalues, np.r_[1 - beta_demo, np.ones(key_dim - 1)], atol=1e-12,
+erase, decay = np.eye(key_dim) - beta_demo * np.outer(k_t, k_t), np.diag(np.exp(g_t))
+assert_close(np.linalg.eigvalsh(erase), np.r_[1 - beta_demo, np.ones(key_dim - 1)], atol=1e-12,
              name="eigenvalues of I - beta k k^T")  # eigvalsh sorts them: 1 - beta first
-decay = np.diag(np.exp(g_t))
-M_t = (np.eye(key_dim) - beta_demo * np.outer(k_t, k_t)) @ decay
+M_t = erase @ decay
 assert_close(M_t, decay - beta_demo * np.outer(k_t, decay @ k_t), atol=1e-12,
              name="diagonal plus rank one")
 assert_close(delta_write(decay @ S0, k_t, v_t, beta_demo),
@@ -375,23 +374,22 @@ for keys_s, values_s in zip(all_keys, all_values, strict=True):
 stored = np.tril(np.ones((max_pairs, max_pairs)))  # stored[n, j]: pair j is in memory n
 curves = {n: np.mean([(e * stored).sum(1) / stored.sum(1) for e in errs[n]], 0) for n in errs}
 by_age = {n: np.mean([e[-1, ::-1] for e in errs[n]], 0) for n in errs}  # newest first
+law = np.arange(max_pairs) / key_dim * value_dim / (value_dim - 2 if value_dim > 2 else np.nan)
 
 # %% tags=["hide-input"]
-viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, title="Associative recall, "
-         f"$d_k = d_v = {key_dim}$, mean over {num_seeds} seeds"), "01_recall_vs_pairs")
+viz.show(recall.plot_recall_vs_pairs(curves, by_age, key_dim=key_dim, law=law, title="Associative "
+         f"recall, $d_k = d_v = {key_dim}$, mean over {num_seeds} seeds"), "01_recall_vs_pairs")
 
 # %%
 lin, delta_curve = curves["linear attention"], curves["delta rule"]
-upto_k = slice(1, min(key_dim, max_pairs))  # n = 2 .. d_k (n = 1 is exact for both)
-if key_dim >= 32:  # single seeds can lose at any d_k, 8-seed means at 16 and below (notes)
-    assert np.all(delta_curve[upto_k] < lin[upto_k]), "on average delta beats linear, n <= d_k"
+if key_dim >= 32 and num_seeds >= 8:  # one seed loses at any d_k, 8 seeds' mean at d_k <= 16
+    assert np.all(delta_curve[1:] < lin[1:]), "on average delta beats linear at every n >= 2"
 assert max(lin[0], delta_curve[0]) < 1e-12, "one pair is recalled exactly"
-at_k = min(key_dim, max_pairs) - 1
-expected = at_k / key_dim * value_dim / (value_dim - 2) if value_dim > 2 else np.inf
+expected = law[at_k := min(key_dim, max_pairs) - 1]  # (n - 1) / d_k d_v / (d_v - 2) at n = d_k
 if value_dim >= 16 and (at_k + 1) * num_seeds >= 128:  # (fewer: the mean's spread is too wide)
     assert abs(lin[at_k] - expected) < 0.3 * expected, "linear: (n - 1)/d_k d_v/(d_v - 2)"
-newest, second = by_age["delta rule"][:2]
-assert newest < 1e-12 and second > 1e-3, "the newest pair exactly, the one before it not"
+newest, second = by_age["delta rule"][:2]  # one seed's second is below 1e-3 in 10% of draws
+assert newest < 1e-12 and (num_seeds < 8 or second > 1e-3), "newest exact, the one before not"
 old_delta, old_lin = (float(by_age[k][max_pairs // 2:].mean()) for k in reversed(by_age))
 assert max_pairs < 2 * key_dim or old_delta > 1, "beyond capacity, old pairs: worse than nothing"
 display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linear attention; "
@@ -400,12 +398,13 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
     f"one before {second:.3f}; older half {old_delta:.2f} (linear attention {old_lin:.2f})."))
 
 # %% [markdown]
-# Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ ($\mathbb
-# E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values; asserted within 30% at $d_v \ge 16$, $n \cdot$
-# `num_seeds` $\ge 128$: notes). The delta rule recalls the newest pair exactly and, averaged over
-# seeds, stays below linear attention up to $n = d_k$ (asserted at $d_k \ge 32$; single seeds lose
-# at any $d_k$: notes), not at zero (section 3). Beyond capacity its old pairs end above 1 (right
-# panel). Two time scales: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
+# Linear attention's squared error grows like $\frac{n-1}{d_k} \frac{d_v}{d_v - 2}$ (dotted;
+# $\mathbb E[1/\lVert\mathbf v\rVert^2]$ for Gaussian values; asserted within 30% at $d_v \ge
+# 16$, $n \cdot$ `num_seeds` $\ge 128$: notes). The delta rule recalls the newest pair exactly and,
+# averaged over seeds, stays below linear attention at every $n$ drawn, not at zero (section 3).
+# With `num_seeds` $\ge 8$ the page asserts this (at $d_k \ge 32$) and the pair before the newest
+# above $10^{-3}$; one seed can lose at any $d_k$, and misses $10^{-3}$ one draw in ten (notes).
+# Beyond capacity its old pairs end above 1 (right panel). Two time scales: the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-01).
 #
 # ## Summary
 #
@@ -416,15 +415,17 @@ display(Markdown(f"Mean errors at $n = d_k = {at_k + 1}$: {lin[at_k]:.2f} (linea
 #
 # ## Exercises
 #
-# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
+# Derive a closed form for each (NumPy or `jnp`, no `kda_lib`). The checkers judge values only, at
+# parameters where float64 simulations keep no digits. Worked solutions: [`notebooks/solutions/ch01.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch01.py).
 #
 # 1. **Partial writes with a forget gate.** Into an empty memory, repeatedly: decay the state by
 #    $\alpha \in (0, 1]$ (section 4), then write the unit-key pair $(\mathbf k, \mathbf v)$ with
 #    strength $\beta \in (0, 1]$. The recall $S^\top \mathbf k = \zeta \mathbf v$ tends to
 #    $\zeta_\infty \mathbf v$: by what factor $\lambda$ does a step shrink the gap? Does the memory
 #    hold $\mathbf v$ if $\alpha < 1$? Write `write_map(beta, alpha) -> (lam, zeta_inf)`, for
-#    numbers and for arrays of them. The checker tries extreme parameters (simulation will not
-#    do), $\beta$ near $10^{-9}$ too, where $1 - \lambda$ from a float32 $\lambda$ keeps no digits.
+#    numbers and for arrays of them. The checker tries $\beta$ near $10^{-9}$ ($10^{10}$ steps to
+#    converge; $1 - \lambda$ from a float32 $\lambda$ keeps no digits) and $\lambda$ within
+#    $10^{-15}$ of 1 ($1 - \lambda$ from a float64 $\lambda$, computed or simulated, keeps none).
 # 2. **How fast do sweeps converge? Two keys.** Sweep two pairs with unit keys of overlap $\mu =
 #    \mathbf k_1^\top \mathbf k_2$ (pair 1, then pair 2, $\beta = 1$, from $S = 0$). Follow both
 #    recall errors $S^\top \mathbf k_j - \mathbf v_j$ through a sweep (section 3's disturbance

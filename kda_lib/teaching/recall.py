@@ -33,14 +33,18 @@ def recall_errors(states, keys, values):
     return np.sum((recalled - values[None]) ** 2, -1) / np.sum(values**2, -1)[None]
 
 
-def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str) -> plt.Figure:
-    """Left: mean error against the number of stored pairs ``curves[name] [n]``; right: the
-    error after every write by age of the pair, ``by_age[name] [n]`` (newest first)."""
+def plot_recall_vs_pairs(curves, by_age, *, key_dim: int, title: str, law=None) -> plt.Figure:
+    """Left: mean error against the number of stored pairs ``curves[name] [n]`` (and ``law [n]``,
+    linear attention's expected error, dotted); right: the error after every write by age of the
+    pair, ``by_age[name] [n]`` (newest first)."""
     n_max = len(next(iter(curves.values())))
     fig, (ax_n, ax_age) = plt.subplots(1, 2, figsize=(10, 3.8))
     for (name, curve), style in zip(curves.items(), ("-", "--", "-."), strict=False):
         ax_n.plot(np.arange(1, n_max + 1), curve, style, label=name)
         ax_age.plot(np.arange(n_max), by_age[name], style, label=name)
+    if law is not None:
+        ax_n.plot(np.arange(1, n_max + 1), law, ":", color="0.3",
+                  label=r"$\frac{n-1}{d_k} \frac{d_v}{d_v-2}$ (linear, expected)")
     ax_n.axvline(key_dim, color="0.4", linewidth=1, linestyle=":")
     ax_n.annotate(
         f"$n = d_k = {key_dim}$",
