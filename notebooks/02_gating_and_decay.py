@@ -105,10 +105,13 @@ def first_half(g):
 # stored along other directions stays. Below, $n = d_k / 4$ pairs of a context A, then $n$ of a
 # context B (random unit keys, strong writes: $\beta$ printed, one $g_t$ for all channels) under
 # three gates: none, a constant decay, one closing once at the switch ($g = -5$ on B's first
-# token, as a token-driven gate can learn). With no gate most of A stays (over half: "stale",
-# what A's keys still read of A's values); a constant decay leaves less of A but fades B (B's
-# error above "B alone", B written into an empty state); the switch gate removes A (stale below
-# 1%) and leaves B's error within 1% of B alone's (printed; asserted).
+# token, as a token-driven gate can learn). Once B has begun, A is over: a query with one of A's
+# keys should read nothing, and whatever it reads of A's values is an error ("stale": its size
+# relative to A's values, 1 for reading them in full). That is the cost of not forgetting: with
+# no gate over half of A stays. It is not B's recall: with no gate B's error stays below 1.25
+# times that of "B alone" (B written into an empty state). A constant decay leaves less of A but
+# fades B (B's error above B alone's); the switch gate removes A (stale below 1%) and leaves B's
+# error within 1% of B alone's (each printed; asserted).
 
 # %%
 rng, n, runs, beta_pairs = np.random.default_rng(seed), key_dim // 4, {}, 0.9  # n pairs: A, B
@@ -122,18 +125,22 @@ def recalled(g, values):  # every key's read of the last state: S = D S + beta k
         S += beta_pairs * np.outer(k_t, v_t - k_t @ S)
     return pair_k @ S
 
+
+# %%
 for name, g in (("no gate", np.zeros(2 * n)), ("constant g = -0.1", np.full(2 * n, -0.1)),
                 ("g = -5 at the switch only", -5.0 * (np.arange(2 * n) == n))):
     a_only = recalled(g, pair_v * (np.arange(2 * n) < n)[:, None])  # S is linear in v: A's share
     runs[name] = (np.linalg.norm(a_only[:n]) / np.linalg.norm(pair_v[:n]),
                   relative_l2(recalled(g, pair_v)[n:], pair_v[n:]))
-    print(f"beta {beta_pairs}, {name}: stale {runs[name][0]:.3f}, B's error {runs[name][1]:.3f}")
+    print(f"beta {beta_pairs}, {name}: A's keys read {runs[name][0]:.3f} of A's values (stale; "
+          f"right: 0), B's error {runs[name][1]:.3f}")
 (stale_0, err_0), (stale_c, err_c), (stale_s, err_s) = runs.values()
 b_alone = recalled(np.zeros(2 * n), pair_v * (np.arange(2 * n) >= n)[:, None])[n:]  # A writes 0s
 err_alone = relative_l2(b_alone, pair_v[n:])
 print(f"B alone, empty state: B's error {err_alone:.3f}; switch gate / alone - 1: "
       f"{err_s / err_alone - 1:+.1e}")
-assert stale_0 > 0.5 and stale_c < stale_0 and err_c > err_alone, runs  # A stays; decay fades B
+assert stale_0 > 0.5 and err_0 < 1.25 * err_alone, runs  # A stays; B barely worse than alone
+assert stale_c < stale_0 and err_c > err_alone, runs  # a constant decay: less of A, B fades
 assert stale_s < 0.01 and abs(err_s - err_alone) < 0.01 * err_alone, runs  # A gone, B as alone
 
 # %% [markdown]
@@ -152,7 +159,7 @@ assert stale_s < 0.01 and abs(err_s - err_alone) < 0.01 * err_alone, runs  # A g
 # The softplus gate (`lower_bound=None`) is unbounded below: one token can wipe a channel. The
 # safe gate stays above $g_{\min}$: one token removes at most $1 - e^{g_{\min}}$ of a channel.
 # $\mathbf b$ shifts the curve (which inputs count as "forget"), $a_h$ scales it (softplus gate:
-# the output, by $a_h$; safe gate: the input axis, by $1/a_h$ about $f = -b$).
+# the output, by $a_h$; safe gate: channel $c$'s input axis, by $1/a_h$ about $f_c = -b_c$).
 
 # %%
 x = np.linspace(-8.0, 8.0, 401, dtype=np.float32)
@@ -240,13 +247,13 @@ viz.show(gates.plot_cumulative_decay(panels, floor=-6.0, title=(
 #   \frac{\ln 2}{1 \cdot 10^{-3}}\Big] \text{ tokens}.
 # $$
 #
-# The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since $e^{b} =
-# e^{\tau} - 1$ (the inverse softplus), $\sigma(b) = \frac{e^b}{1 + e^b} = 1 - e^{-\tau}$, so its
-# initial decay is $g = g_{\min}(1 - e^{-\tau}) \approx g_{\min} \tau$ (half-lives within 6% for
-# $\tau \le 0.1$; asserted): at initialisation the safe gate behaves like a softplus gate with
-# $a = \lvert g_{\min} \rvert$. Inside a head only $\tau$ varies: a spread of at most 100x, over
-# 10x for $d_k \ge 32$ (32 log-uniform draws span under one decade of the two with chance below
-# $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
+# The safe gate starts from `A_log = 0` ($a_h = 1$) and the same $\mathbf b$. Since $e^{b_c} =
+# e^{\tau_c} - 1$ (the inverse softplus), $\sigma(b_c) = \frac{e^{b_c}}{1 + e^{b_c}} = 1 -
+# e^{-\tau_c}$, so its initial decay is $g = g_{\min}(1 - e^{-\tau_c}) \approx g_{\min} \tau_c$
+# (half-lives within 6% for $\tau_c \le 0.1$; asserted): at initialisation the safe gate behaves
+# like a softplus gate with $a_h = \lvert g_{\min} \rvert$. Inside a head only $\tau$ varies: a
+# spread of at most 100x, over 10x for $d_k \ge 32$ (32 log-uniform draws span under one decade of
+# the two with chance below $10^{-8}$); at equal $\tau$ the half-life scales as $1/a_h$.
 
 # %%
 a_log_safe = kda_lib.init_a_log(key_a_log, num_heads, safe_gate=True)
@@ -264,7 +271,7 @@ assert_close(life_sp * a_h[:, None], LN2 / tau, rtol=1e-5, name="half-life = ln 
 per_head = life_sp.max(axis=1) / life_sp.min(axis=1)  # within a head only tau varies: <= 100x
 assert per_head.max() <= 100 * (1 + 1e-4), "inside a head: at most the range of tau"
 assert per_head.min() > 10, "over one decade: needs key_dim >= 32 (P(fail) < 1e-8 per head)"
-assert_close(life_safe, LN2 / (-lower_bound * tau), atol=0.0, rtol=0.06, name="safe ~ a = |g_min|")
+assert_close(life_safe, LN2 / (-lower_bound * tau), atol=0, rtol=0.06, name="safe ~ a_h = |g_min|")
 print(f"possible at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} tokens; drawn: "
       + "; ".join(f"{gate} gate {life.min():.2f} to {life.max():.1f} (median {np.median(life):.1f})"
                   for gate, life in (("softplus", life_sp), ("safe", life_safe))) + "\nsoftplus, "
@@ -272,8 +279,8 @@ print(f"possible at init, zero gate input: {bounds[0]:.2f} to {bounds[1]:.0f} to
 
 # %% tags=["hide-input"]
 viz.show(gates.plot_half_lives(
-    {r"softplus gate ($a \sim U(1, 16)$)": life_sp,
-     f"safe gate ($a = 1$, $g_{{\\min}} = {lower_bound:g}$)": life_safe}, bounds,
+    {r"softplus gate ($a_h \sim U(1, 16)$)": life_sp,
+     f"safe gate ($a_h = 1$, $g_{{\\min}} = {lower_bound:g}$)": life_safe}, bounds,
     title=f"Per-channel half-lives at init, zero gate input ({num_heads} heads x {key_dim} "
           "channels)"), "02_half_lives_at_init")
 
@@ -281,21 +288,16 @@ viz.show(gates.plot_half_lives(
 # ## 4. Explore: move the gate parameters yourself
 #
 # `kda_lib.teaching.gates.explore` redraws section 3's picture for one head whose channels share
-# one $a$, $b$ and $g_{\min}$, so that only the random input $\mathbf f$ (section 3's) sets them
-# apart: what the head keeps of each channel over the tokens, $e^{g_1 + \dots + g_t}$ (down to
-# $10^{-6}$), channels sorted by the token at which each first keeps half or less (latest on top):
-# sliders with `interactive=True` in a live notebook with ipywidgets, else drawn once. Its title
-# gives the half-life at $\mathbf f = 0$, the token at which a channel with $\mathbf f = 0$ first
-# keeps half (the half-life rounded up), and the measured one, the median of that token over the
-# channels. What was measured: in the draw below the median channel halves no later than a
-# channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f = 0$ token lies
-# within the tokens drawn), and the last cell prints, of 50 fresh draws of $\mathbf f$ at each of
-# the spreads 0.1, 0.5, 1 and 2, how many halve later. That is a count, not a proof.
-#
-# The sample's mean rate $-g$ is checked against its expectation, computed by Gauss-Hermite
-# quadrature: within 4 standard errors of a mean of the $T d_k$ independent inputs (printed;
-# asserted). That expectation is at least the rate at $\mathbf f = 0$ (asserted; the proof for
-# $b < 0$ is in the notebook notes linked below).
+# one rate $a_h$, one bias $b$ ($\mathbf b = b\,\mathbf 1$) and $g_{\min}$, so that only the random
+# input $\mathbf f$ (section 3's) sets them apart: what the head keeps of each channel over the
+# tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), channels sorted by the token at which each
+# first keeps half or less (latest on top): sliders with `interactive=True` in a live notebook
+# with ipywidgets, else drawn once. Its title gives the half-life at $\mathbf f = 0$ and the
+# measured one, the median over the channels of the token at which each first keeps half. Random
+# inputs make the head forget sooner than $\mathbf f = 0$ would: the median channel halves no
+# later than a channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f =
+# 0$ token lies within the tokens drawn). Why the mean rate rises for $b < 0$, and a count over
+# fresh draws of $\mathbf f$: the notebook notes.
 #
 # What a head then does with what it keeps, a $T \times T$ mixing of the values set by these
 # decays, is derived in exercise 2 and pictured in the
@@ -306,31 +308,9 @@ explorer = dict(a_log=0.5, dt_bias_value=-3.0, bound=lower_bound, gate="safe")  
 seen = gates.explore(dict(f_head=f_head, floor=-6.0), explorer,
                      interactive=kda_lib.teaching.notebook.interactive(interactive))
 halved_at_zero = np.ceil(seen["half_life_at_zero"])  # where a channel with f = 0 keeps half
+print(f"halved: the median channel at token {seen['measured']:.0f}, a channel with f = 0 at "
+      f"token {halved_at_zero:.0f} (its half-life {seen['half_life_at_zero']:.1f}, rounded up)")
 assert seen["measured"] <= halved_at_zero or halved_at_zero > seq_len, seen["measured"]
-
-# %%
-def rate(f):  # the safe gate's -g at the explorer's settings, float64
-    a, b = np.exp(explorer["a_log"]), explorer["dt_bias_value"]
-    return -lower_bound / (1.0 + np.exp(-a * (f + b)))
-
-
-nodes, weights = np.polynomial.hermite_e.hermegauss(64)  # E h(z), z ~ N(0, 1): weights @ h(nodes)
-weights = weights / weights.sum()
-expected = weights @ rate(gate_input_std * nodes)  # over f ~ N(0, gate_input_std^2)
-std_error = np.sqrt((weights @ rate(gate_input_std * nodes) ** 2 - expected**2) / f_head.size)
-print(f"mean rate -g {seen['mean_rate']:.4g} per token over the inputs, expected {expected:.4g} "
-      f"(standard error {std_error:.1e}), {seen['rate_at_zero']:.4g} at f = 0; halved: median "
-      f"token {seen['measured']:.0f}, token {halved_at_zero:.0f} at f = 0")
-assert abs(seen["mean_rate"] - expected) < 4 * std_error, "the sample mean, off its expectation"
-assert expected >= seen["rate_at_zero"], "the expected rate, below the rate at f = 0"
-
-# %%
-draws = np.random.default_rng(seed).standard_normal((50, seq_len, key_dim))  # 50 draws a spread
-later = {std: int(sum(np.median(first_half(-rate(std * f))) > halved_at_zero for f in draws))
-         for std in (0.1, 0.5, 1.0, 2.0)}
-print(f"median channel halved after token {halved_at_zero:.0f} in {list(later.values())} of "
-      f"{len(draws)} draws at std 0.1, 0.5, 1, 2" if halved_at_zero <= seq_len else
-      f"not counted: a channel with f = 0 halves past the {seq_len} tokens drawn")
 
 # %% [markdown]
 # ## Summary
@@ -367,9 +347,9 @@ print(f"median channel halved after token {halved_at_zero:.0f} in {list(later.va
 #    **older** one is $\Omega_{ts} = \psi_1\, \mathbf k^\top D_t \cdots D_{s+1} \mathbf k + \psi_2\,
 #    (\mathbf k^\top D_t \cdots D_{s'+1} \mathbf k)(\mathbf k^\top D_{s'} \cdots D_{s+1} \mathbf
 #    k)$: derive the coefficients, `older_weight(beta) -> (psi1, psi2)`, as formulas in $\beta$
-#    that also work on a NumPy array of $\beta$ (the checker also tries tiny $\beta$, so measuring
-#    them from matrices will not do). Is it $\beta(1-\beta)^2$ times the decay, as with one decay
-#    for all channels?
+#    that also work on a NumPy array of $\beta$ (the checker judges values only, and also tries
+#    $\beta$ near $10^{-15}$, where coefficients measured from float64 matrices are rounding
+#    noise). Is it $\beta(1-\beta)^2$ times the decay, as with one decay for all channels?
 #
 # NumPy or `jnp`, no `kda_lib` and no scipy. Worked solutions: [`notebooks/solutions/ch02.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch02.py).
 

@@ -30,25 +30,25 @@ def plot_gate_functions(x, gate_curve, lower_bound: float) -> plt.Figure:
     ``gate_curve(a_log, bound=None, bias=0.0)`` gives g on ``x`` for one head and channel."""
     fig, (ax_sp, ax_safe) = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
     for a in (1.0, 4.0, 16.0):
-        ax_sp.plot(x, gate_curve(np.log(a)), label=f"$a = {a:g}$")
-    ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a = 1$, $b = +2$")
+        ax_sp.plot(x, gate_curve(np.log(a)), label=f"$a_h = {a:g}$")
+    ax_sp.plot(x, gate_curve(0.0, bias=2.0), linestyle="--", label="$a_h = 1$, $b_c = +2$")
     ax_sp.set_ylim(-20, 1)
-    ax_sp.set_title(r"Softplus gate  $g = -a\,\mathrm{softplus}(f + b)$")
+    ax_sp.set_title(r"Softplus gate  $g = -a_h\,\mathrm{softplus}(f_c + b_c)$")
     for bound, a in ((lower_bound, 1.0), (lower_bound, 4.0), (lower_bound / 5, 1.0)):
         ax_safe.plot(
-            x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a = {a:g}$"
+            x, gate_curve(np.log(a), bound), label=f"$g_{{\\min}} = {bound:g}$, $a_h = {a:g}$"
         )
     ax_safe.plot(
         x,
         gate_curve(0.0, lower_bound, bias=2.0),
         linestyle="--",
-        label=f"$g_{{\\min}} = {lower_bound:g}$, $a = 1$, $b = +2$",
+        label=f"$g_{{\\min}} = {lower_bound:g}$, $a_h = 1$, $b_c = +2$",
     )
     ax_safe.axhline(lower_bound, color="0.4", linewidth=1, linestyle=":")
-    ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a (f + b))$")
+    ax_safe.set_title(r"Safe gate  $g = g_{\min}\,\sigma(a_h (f_c + b_c))$")
     for ax in (ax_sp, ax_safe):
         ax.set(
-            xlabel="raw gate input $f$ (bias $b = 0$ unless stated)",
+            xlabel="raw gate input $f_c$ of channel $c$ (bias $b_c = 0$ unless stated)",
             ylabel="log decay per token $g$",
         )
         ax.legend(loc="lower left", fontsize=8)
@@ -174,9 +174,9 @@ def view(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe", floo
     seen = measure(f_head, a_log=a_log, dt_bias_value=dt_bias_value, bound=bound, gate=gate)
     g, measured, life = seen["g"], seen["measured"], seen["half_life_at_zero"]
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
-    title = (f"{gate} gate: A_log {a_log:g}, $b$ {dt_bias_value:g}{detail}\nhalf-life at $f = 0$: "
-             f"{life:.3g} tokens (halved at token {np.ceil(life):.0f}); measured: median token " + (
-                 f"{measured:.0f}" if np.isfinite(measured) else f"past {len(g)}"))
+    title = (f"{gate} gate: A_log {a_log:g}, $b_c$ {dt_bias_value:g}{detail}\nhalf-life at "
+             f"$f = 0$: {life:.3g} tokens (halved at token {np.ceil(life):.0f}); measured: median "
+             "token " + (f"{measured:.0f}" if np.isfinite(measured) else f"past {len(g)}"))
     # channels sorted by the token at which each halved: their a, b and floor are the same
     viz.show(plot_cumulative_decay([(title, g, seen["halved"])], floor=floor, title="",
                                    order="latest to keep half on top"), "02_gate_explorer")

@@ -440,7 +440,9 @@ def test_02_section_1_asserts_hold_at_allowed_parameters(key_dim):
     from kda_lib.testing import relative_l2
 
     source = (NOTEBOOK_DIR / "02_gating_and_decay.py").read_text()
-    cell = next(c for c in source.split("# %%") if c.lstrip().startswith("rng, n, runs"))
+    cells = source.split("# %%")
+    first = next(i for i, c in enumerate(cells) if c.lstrip().startswith("rng, n, runs"))
+    cell = cells[first] + cells[first + 1]  # the pairs and their recall, then the three gates
     for seed in range(40):
         space = dict(np=np, relative_l2=relative_l2, seed=seed, key_dim=key_dim, print=len)
         exec(compile(cell, "02 section 1", "exec"), space)  # noqa: S102 - the notebook's cell
@@ -458,17 +460,32 @@ def test_02_a_symmetric_input_raises_the_safe_gates_rate_where_b_is_negative():
     assert (sigma(1.0 + u) + sigma(1.0 - u) - 2.0 * sigma(1.0)).min() < -0.1
 
 
+def _02_expected_rate(explorer: dict, lower_bound: float, std: float, size: int):
+    """The safe gate's rate -g at the explorer's settings, its expectation over f ~ N(0, std^2)
+    by Gauss-Hermite quadrature, and the standard error of a mean of ``size`` draws (float64):
+    ``(rate, expected, standard error)``."""
+    a, b = np.exp(explorer["a_log"]), explorer["dt_bias_value"]
+    rate = lambda f: -lower_bound / (1.0 + np.exp(-a * (f + b)))  # noqa: E731
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)  # E h(z), z ~ N(0, 1)
+    weights = weights / weights.sum()
+    expected = weights @ rate(std * nodes)
+    return rate, expected, np.sqrt((weights @ rate(std * nodes) ** 2 - expected**2) / size)
+
+
 @pytest.mark.parametrize("change", [{}, {"gate_input_std": 0.05}, {"gate_input_std": 0.3},
                                     {"gate_input_std": 0.5}, {"gate_input_std": 2.0},
                                     {"key_dim": 32}, {"lower_bound": -1.0},
                                     {"lower_bound": -0.5}, {"lower_bound": -0.5, "gate_input_std":
                                                             0.3}, "full"], ids=str)
 def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
-    """Notebook 02 section 4's two asserts, the explorer cell's and the quadrature cell as
-    written, at seeds 0 to 6 at its defaults, params/full and the teacher's settings (2026-12-06,
-    9 and 10: the sample mean rate within 4 standard errors of its Gauss-Hermite expectation; the
-    median halving token no later than the half-life rounded up, where both fall inside the
-    tokens drawn), plus one setting past them (an f = 0 half-life beyond the tokens)."""
+    """Notebook 02 section 4's assert, the explorer cell as written, and the notes' claims on it
+    (moved off the page: teacher s13, defect 5), at seeds 0 to 6 at its defaults, params/full and
+    the teacher's settings (2026-12-06, 9 and 10): the median halving token no later than the
+    half-life rounded up, where both fall inside the tokens drawn; the sample mean rate within 4
+    standard errors of its Gauss-Hermite expectation, which is at least the rate at f = 0; plus
+    one setting past them (an f = 0 half-life beyond the tokens). At the defaults, seed 0, the
+    notes' count: of 50 fresh draws of f at each spread 0.1, 0.5, 1 and 2, none has its median
+    channel halve later than a channel with f = 0."""
     import types
 
     import jax
@@ -479,7 +496,6 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
     params.update({"key_dim": 128, "seq_len": 512} if change == "full" else change)
     cells = (NOTEBOOK_DIR / "02_gating_and_decay.py").read_text().split("# %%")
     explorer_cell = next(c for c in cells if c.lstrip().startswith("explorer = dict("))
-    rate_cell = next(c for c in cells if c.lstrip().startswith("def rate(f)"))
     no_figure = types.SimpleNamespace(explore=lambda inputs, defaults, interactive: gates.measure(
         inputs["f_head"], **defaults))  # explore() returns measure() at the defaults
     page = types.SimpleNamespace(teaching=types.SimpleNamespace(notebook=types.SimpleNamespace(
@@ -492,14 +508,26 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
         space = dict(np=np, gates=no_figure, kda_lib=page, f_head=f_head, print=len,
                      interactive=False, **params)
         exec(compile(explorer_cell, "02 explorer", "exec"), space)  # noqa: S102
-        exec(compile(rate_cell, "02 quadrature", "exec"), space)  # noqa: S102
-        measured = space["seen"]["measured"]  # inf: half the channels or more never halved
+        seen = space["seen"]
+        measured = seen["measured"]  # inf: half the channels or more never halved
         beyond = change == {"lower_bound": -0.5, "gate_input_std": 0.3}  # halving past 96 tokens
         assert np.isfinite(measured) != beyond and (measured <= space["halved_at_zero"]) != beyond
-    if not change:  # the quadrature assert can fail: a sample 20% wider than stated is caught
-        space["seen"] = gates.measure(1.2 * f_head, **space["explorer"])
-        with pytest.raises(AssertionError, match="off its expectation"):
-            exec(compile(rate_cell, "02 quadrature", "exec"), space)  # noqa: S102
+        rate, expected, std_error = _02_expected_rate(
+            space["explorer"], params["lower_bound"], params["gate_input_std"], f_head.size)
+        assert abs(seen["mean_rate"] - expected) < 4 * std_error, (seed, seen["mean_rate"])
+        assert expected >= seen["rate_at_zero"], seed
+    if not change:  # the quadrature check can fail: a sample 20% wider than stated is caught
+        wider = gates.measure(1.2 * f_head, **space["explorer"])["mean_rate"]
+        assert abs(wider - expected) > 4 * std_error
+        draws = np.random.default_rng(0).standard_normal((50, params["seq_len"],
+                                                          params["key_dim"]))
+        def first_half(g):  # the page's: the first token each channel keeps half or less
+            kept_half = np.cumsum(g, axis=0) <= -np.log(2.0)
+            return np.where(kept_half.any(axis=0), kept_half.argmax(axis=0) + 1.0, np.inf)
+
+        later = [sum(np.median(first_half(-rate(std * f))) > space["halved_at_zero"]
+                     for f in draws) for std in (0.1, 0.5, 1.0, 2.0)]
+        assert later == [0, 0, 0, 0], later
 
 
 def test_02_delta_rule_steady_state():
