@@ -18,7 +18,7 @@
 #
 # **Claim.** A KDA layer can run with its sequence split over $R$ devices, its recurrence computing
 # what one device computes to float32 rounding (below $10^{-5}$: outputs and gradients in section
-# 4, and the same per-rank code on one device, its ranks a `vmap` axis, in section 6), while the
+# 3, and the same per-rank code on one device, its ranks a `vmap` axis, in section 6), while the
 # devices exchange two small things: the $w - 1$ tokens before each slice (the short
 # convolution's *halo*, notebook 04) and one affine summary $S \mapsto M^{(\rho)} S + E^{(\rho)}$
 # of each slice's effect on the state. Neither grows with the sequence length $T$; gathering the
@@ -120,42 +120,13 @@ for r, device in enumerate(mesh.devices.flat):
     print(f"rank {r}: {device} -> tokens {r * local_len + 1}..{(r + 1) * local_len} (from 1)")
 
 # %% [markdown]
-# ## 1. Devices, and who waits for whom
+# ## 1. Devices and the halo
 #
 # A `jax.sharding.Mesh` names the device axis the sequence is split over, `"context"`;
-# `jax.shard_map` hands each rank its $T / R$ consecutive tokens (printed above). The schedule:
-#
-# 1. **Halo.** The short convolution at a rank's first token needs the $w - 1$ tokens before
-#    it, which the rank before holds: one `ppermute` down the chain (rank 0 receives zeros).
-# 2. **Summary pass.** Every rank, at once, runs the kernel over its slice to summarise what
-#    the slice does to *any* state that enters it (section 3 says how).
-# 3. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
-# 4. **Fold.** Every rank folds all $R$ gathered summaries in order and keeps the state after the
-#    first $\rho$, $S^{(\rho)}$ ($S^{(0)} = 0$); the last gives the final state.
-# 5. **Output pass.** Each rank reruns its slice from $S^{(\rho)}$ and writes its outputs.
-#
-# So each rank runs its slice twice, on $d_k + d_v$ value columns (summary) and on $d_v$ (output):
-# about three slices' flops at $d_k = d_v$ (box widths: XLA's flop counts of the recurrent step),
-# plus the fold: this schedule is at most about $R / 3$ times faster than one device. The rerun is
-# a choice: the summary pass's outputs give the slice's once $S^{(\rho)}$ is known, at $2 d_k d_v$
-# flops a token (section 3), fewer slices' flops (printed). At the toy defaults the fold costs
-# about a slice: a speed-up of about 1, not $R / 3$ (printed); longer slices shrink its share.
-
-# %%
-path = cpt.critical_path(ranks, local_len, key_dim, value_dim)  # flops per sequence and head
-passes = (path["summary"] + path["output"]) / path["output"]  # in slices: (d_k + 2 d_v) / d_v
-fold, speedup = path["fold"] / path["output"], path["one_device"] / path["rank"]
-read_off = (path["summary"] + local_len * 2 * key_dim * value_dim) / path["output"]
-print(f"each rank: {passes:.2f} slices' flops in two passes ({read_off:.2f} with the outputs read "
-      f"off the summary pass), the fold {fold:.2f}; speed-up over one device {speedup:.2f}x "
-      f"(R / 3 = {ranks / 3:.2f})")
-assert abs(passes / ((key_dim + 2 * value_dim) / value_dim) - 1) < 0.05
-viz.show(cpt.draw_critical_path(ranks, halo, path), "05_critical_path")
-
-# %% [markdown]
-# ## 2. The halo
-#
-# Where the tokens and the summaries go (halo hatched). Below, step 1 checked: rank $\rho$
+# `jax.shard_map` hands each rank its $T / R$ consecutive tokens (printed above). The short
+# convolution at a rank's first token needs the $w - 1$ tokens before it, which the rank before
+# holds: one `ppermute` down the chain (rank 0 receives zeros). The picture: where the tokens go
+# (halo hatched), and the summaries of section 2. Below, the exchange checked: rank $\rho$
 # receives the $w - 1$ positions (numbered from 1) before its slice, rank 0 zeros.
 
 # %% tags=["hide-input"]
@@ -173,7 +144,7 @@ for r in range(ranks):  # rank r holds the halo, then its own slice
     print(f"rank {r} receives positions {with_halo[r, :halo].astype(int).tolist()}")
 
 # %% [markdown]
-# ## 3. A slice is an affine map of the state that enters it
+# ## 2. A slice is an affine map of the state that enters it
 #
 # Per token $S_t = M_t S_{t-1} + E_t$, $M_t = (I - \beta_t \mathbf k_t \mathbf k_t^\top) D_t$,
 # $E_t = \beta_t \mathbf k_t \mathbf v_t^\top$ (notebook 01), so a slice is affine in the state
@@ -254,13 +225,21 @@ assert np.allclose(folded_norms, norms[boundaries - 1], rtol=1e-4)
 viz.show(cpt.plot_folded_states(norms, boundaries, folded_norms), "05_folded_states")
 
 # %% [markdown]
-# ## 4. The kernel: context parallel == one device, outputs and gradients
+# ## 3. The kernel: context parallel == one device, outputs and gradients
 #
-# `kda_context_parallel` does section 3 inside `shard_map` (the halo of section 2 is the layer's,
-# section 5): each rank computes its summary, all-gathers the summaries, folds all $R$, keeps
-# $S^{(\rho)}$ and reruns its slice from it. We compare the sharded result with one device's,
-# slice by slice: the outputs, and the gradients of a random projection of the outputs with
-# respect to every input, which flow back through the all-gather.
+# `kda_context_parallel` does section 2 inside `shard_map` (section 1's halo is the layer's,
+# section 5), in steps:
+#
+# 1. **Summary pass.** Every rank, at once, runs the kernel over its slice from $[\,I \mid 0\,]$:
+#    its summary $(M^{(\rho)}, E^{(\rho)})$.
+# 2. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
+# 3. **Fold.** Every rank folds all $R$ gathered summaries in order and keeps the state after the
+#    first $\rho$, $S^{(\rho)}$ ($S^{(0)} = 0$); the last gives the final state.
+# 4. **Output pass.** Each rank reruns its slice from $S^{(\rho)}$ and writes its outputs.
+#
+# We compare the sharded result with one device's, slice by slice: the outputs, and the
+# gradients of a random projection of the outputs with respect to every input, which flow back
+# through the all-gather.
 
 # %%
 cp_kernel = jax.shard_map(
@@ -291,6 +270,25 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
                               "per rank's slice"), "05_kernel_errors")
 
 # %% [markdown]
+# ## 4. Who waits for whom, and what it costs
+#
+# The schedule of section 3 (for the layer, the halo first), per rank: each runs its slice twice,
+# on $d_k + d_v$ value columns (summary) and on $d_v$ (output), about three slices' flops at
+# $d_k = d_v$ (box widths: XLA's flop counts of the recurrent step), plus the fold: at most about
+# $R / 3$ times faster than one device. The rerun is a choice: section 2's run also gives the
+# outputs, for fewer flops (the notes). At the toy defaults the fold costs about a slice: a
+# speed-up of about 1, not $R / 3$ (printed); longer slices shrink its share.
+
+# %%
+path = cpt.critical_path(ranks, local_len, key_dim, value_dim)  # flops per sequence and head
+passes = (path["summary"] + path["output"]) / path["output"]  # in slices: (d_k + 2 d_v) / d_v
+fold, speedup = path["fold"] / path["output"], path["one_device"] / path["rank"]
+print(f"each rank: {passes:.2f} slices' flops in two passes, the fold {fold:.2f}; speed-up over "
+      f"one device {speedup:.2f}x (R / 3 = {ranks / 3:.2f})")
+assert abs(passes / ((key_dim + 2 * value_dim) / value_dim) - 1) < 0.05
+viz.show(cpt.draw_critical_path(ranks, halo, path), "05_critical_path")
+
+# %% [markdown]
 # ## 5. Bytes moved: passing summaries vs gathering the sequence
 #
 # The obvious alternative: every rank gathers the whole sequence ($\mathbf q, \mathbf k,
@@ -308,7 +306,8 @@ viz.show(cpt.plot_rank_errors(kernel_errors, 1e-5, "Kernel: context parallel vs 
 #
 # Passing summaries costs the same at every $T$; gathering sends more once
 # $T > R\, d_k (d_k + d_v) / (3 d_k + d_v + 1)$. We compile each program at a few lengths and add
-# up what each rank sends (`cpt.bytes_sent`; how it reads the compiled program: the notes).
+# up what each rank sends (`cpt.bytes_sent`; how it reads the program: the notes); the figure
+# draws the layer's bytes less the kernel's (its halo), as the two would lie on one line.
 
 # %%
 bytes_f32 = 4
@@ -369,7 +368,7 @@ viz.show(cpt.plot_traffic(long_t, analytic, lengths, measured, crossover=crossov
 # ## 6. One device, $R$ slices: the ranks as a `vmap` axis
 #
 # A collective names an axis, not devices: under `jax.vmap(f, axis_name="context")` the
-# all-gather in `kda_context_parallel` gathers across the $R$ mapped slices, so section 4's
+# all-gather in `kda_context_parallel` gathers across the $R$ mapped slices, so section 3's
 # per-rank code runs unchanged on one device (a TPU chip, a laptop).
 # `cpt.context_parallel_on_one_device` runs $T = 128 R$ tokens as $R$ slices (on a TPU by
 # kda_lib's Pallas kernel, `"pallas_tpu"`, $d_k = d_v = 128$; elsewhere by `implementation`)
@@ -413,9 +412,10 @@ assert max(vmap_errors.values()) < 1e-5 and carried > 0.01
 # outputs depend on the state entering it, $S^{(\rho)}$; call $\bar S^{(\rho)}_{\text{own}}$ the
 # gradient of the loss with respect to $S^{(\rho)}$ through those outputs only (what the backward
 # of rank $\rho$'s output pass returns) and $\bar S^{(\rho)}$ the whole gradient. The loss has no
-# term in the final state. Autodiff (`jax.grad`, `jax.vjp`, `jax.experimental.jet`) is refused.
-# The last trial ($R = 32$, $d_k = 64$, $d_v = 2d_k$) must finish within 10 s: finite
-# differences, a forward fold per entry, cannot.
+# term in the final state. Autodiff run by your function on its own thread (`jax.grad`,
+# `jax.vjp`, `jax.experimental.jet`) is refused; other threads and processes are beyond the checker
+# (it gives feedback; it is no proctor). The last trial ($R = 32$, $d_k = 64$, $d_v = 2d_k$) must
+# finish within 10 s of CPU time: finite differences, a forward fold per entry, cannot.
 #
 # 1. **The backward fold.** Derive $\bar S^{(\rho)}$ from $\bar S^{(\rho + 1)}$ and write
 #    `state_gradients(ms, hs)`: from the summaries `ms [R, K, K]` ($M^{(\rho)}$) and `hs [R, K, V]`
