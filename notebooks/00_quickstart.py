@@ -216,7 +216,7 @@ print(f"bound on {jax.default_backend()}: {bound:.1e}")
 assert err_rec.max() < bound and err_chk.max() < bound
 
 # %% tags=["hide-input"]
-fig, ax = plt.subplots(figsize=(8, 3.2))
+fig, ax = plt.subplots(figsize=(10, 3.2))
 tokens = np.arange(seq_len)
 ax.semilogy(tokens, err_rec, label="kda_recurrent (float32)")
 ax.semilogy(tokens, err_chk, label=f"kda_chunked (float32, C={chunk_size})", linestyle="--")
@@ -226,7 +226,7 @@ ax.axhline(bound, color="0.2", linewidth=1, linestyle="-.", label="the assert's 
 ax.set_title(f"Distance of the float32 forms (on {jax.default_backend()}) from the float64 oracle")
 ax.set_xlabel("token position t (tokens)")
 ax.set_ylabel(r"max $|o_t - o_t^{\mathrm{float64}}|$")
-ax.legend(loc="best")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside: off the curves
 viz.show(fig, "00_quickstart_precision")
 
 # %% [markdown]
@@ -247,11 +247,9 @@ viz.show(fig, "00_quickstart_precision")
 # ## Exercises
 #
 # Each asks for what this page does not compute, as a function the checker calls on inputs of its
-# own; it says right or not, with a hint, never the expected answer, and refuses the shortcuts an
-# honest attempt may take (the library function the exercise is about, a value from the page, a
-# table of its trials). It gives feedback; it is no proctor: deliberate tampering (running the
-# library's or the checker's source under another name, other processes or threads, patching
-# NumPy) is out of its scope. Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
+# own; it says right or not, with a hint, never the expected answer. It gives feedback and is no
+# proctor: it refuses the shortcuts an honest attempt may take, not deliberate tampering (the
+# notes list both). Worked solutions, checked by the test suite: [`notebooks/solutions/ch00.py`](https://github.com/kda-notebooks/kda-notebooks/blob/main/notebooks/solutions/ch00.py).
 #
 # Both hand your function `read`: for one vector `vec` of $d_k$ numbers (`[K]`), `read(vec)`
 # returns $S^\top$ times `vec`, $d_v$ numbers (`[V]`), for a state $S$ (one head, `[K, V]`) it
