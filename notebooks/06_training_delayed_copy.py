@@ -306,7 +306,6 @@ def guesses_after(p, clear, clear_upper_convs=False):
             for c in caches[1:])
     return np.asarray(run_cached(kda_model, held_out.inputs[:, p:], caches)[0].argmax(-1))
 
-
 def accuracy_after(p, clear, clear_upper_convs=False):
     """Accuracy at every scored position t >= max(p, delay), mean over the held-out batch."""
     scored = slice(max(delay - p, 0), None)  # t < delay: no token to copy (target 0)
