@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib.util
+import itertools
 import math
 import operator
 import pathlib
@@ -1241,6 +1242,54 @@ def test_06_3_s13_upper_histories_kept_slips_are_named():
             hint = exercises.verdict("06.3", lambda *a, f=slip: (
                 s06.lost_positions(*a) if a[4] else f(*a)), seed=seed)
             assert hint and "layer 1's kept history" in hint and ", False)" in hint, (name, hint)
+
+
+def _lost_by_dependencies(seq_len, delay, conv_size, period, clear_upper_convs, layers=2):
+    """06.3 by brute force: the set of input tokens each position of the page's two-layer stack
+    depends on (residual, conv window, state), the states emptied at every multiple of
+    ``period``, every conv history above layer 0 too when ``clear_upper_convs``."""
+    seen = [{t} for t in range(seq_len)]  # what layer 0's input at t depends on: token t
+    for layer in range(layers):
+        out, state, cleared_at = [], set(), 0
+        for t in range(seq_len):
+            if t and t % period == 0:
+                state, cleared_at = set(), t
+            first = max(0, t - conv_size + 1, cleared_at if clear_upper_convs and layer else 0)
+            window = set().union(*seen[first: t + 1])
+            state |= window
+            out.append(state | window)
+        seen = out
+    return [t for t in range(delay, seq_len) if t - delay not in seen[t]]
+
+
+def test_06_3_s14_previous_clearing_refused_when_w_minus_1_exceeds_period():
+    """Teacher review 06-07 s14, defect 1: with the upper conv histories kept, "p' = p - period"
+    is right only when w - 1 <= period; the checker now has cases with w - 1 > period (the page's
+    model, w = 4, cleared every 2 tokens) and names the slip. The checker's reference, the worked
+    solution and a brute-force dependency-set simulation agree on every case of a grid that
+    includes w - 1 > period."""
+    from kda_lib.teaching.exercises import ch06
+
+    s06 = _solutions("06")
+
+    def previous_clearing(seq_len, delay, conv_size, period, upper):
+        return [t for t in range(delay, seq_len) if (p := t // period * period - (
+            0 if upper else period)) > 0 and t - delay < p - (conv_size - 1)]
+
+    assert s06.lost_positions(32, 8, 4, 2, False) == list(range(8, 31, 2))
+    assert previous_clearing(32, 8, 4, 2, False) == list(range(8, 32))  # all 24: wrong
+    assert s06.lost_positions(24, 6, 4, 2, False) == [] != previous_clearing(24, 6, 4, 2, False)
+    for seed in range(30):
+        hint = exercises.verdict("06.3", previous_clearing, seed=seed)
+        assert hint and "w - 1 > period" in hint, hint
+        assert exercises.verdict("06.3", s06.lost_positions, seed=seed) is None
+    differ = 0
+    for case in itertools.product(range(8, 41, 4), range(1, 11, 3), range(2, 7), range(1, 13),
+                                  (True, False)):
+        want = _lost_by_dependencies(*case)
+        assert ch06._lost(*case) == s06.lost_positions(*case) == want, case
+        differ += previous_clearing(*case) != want
+    assert differ > 0  # the slip is wrong somewhere on the grid (always with w - 1 > period)
 
 
 # --- a lookup table of the checkers' fixed trials (review 2026-12-05) --------------------------

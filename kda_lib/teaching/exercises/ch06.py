@@ -91,15 +91,18 @@ def dilated_positions(answer, rng):
 
 
 _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20),
-             (40, 9, 3, 4), (64, 10, 4, 6))  # (T, delay, w, period); last two: lost either way
+             (40, 9, 3, 4), (64, 10, 4, 6),  # (T, delay, w, period); these two: lost either way
+             (32, 8, 4, 2), (24, 6, 4, 2))  # w - 1 > period: p' is not p - period
 
 
-def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False):
+def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False, previous=False):
     """Scored t whose token t - delay < p - (w - 1), p the last clearing at or before t (``upper``)
-    or at or before that one's p - (w - 1); ``first_only``: a slip's, the first clearing only."""
+    or at or before that one's p - (w - 1); slips: ``first_only``, the first clearing only;
+    ``previous``, the clearing before p for the kept histories (right only when w - 1 <= period)."""
     last = lambda t: min(t // period * period, period if first_only else t)
-    return [t for t in range(delay, seq_len) if (p := last(t) if upper else last(
-        last(t) - conv_size + 1)) > 0 and t - delay < p - conv_size + 1]
+    cut = (lambda t: last(t) - period) if previous else (lambda t: last(last(t) - conv_size + 1))
+    return [t for t in range(delay, seq_len) if (p := last(t) if upper else cut(t)) > 0
+            and t - delay < p - conv_size + 1]
 
 
 @ex.checker("06.3")
@@ -108,8 +111,11 @@ def periodic_clearing(answer, rng):
     path left, the page's model cleared (conv histories above layer 0 too?) every ``period``."""
     delay, conv_size = int(rng.integers(3, 12)), int(rng.integers(2, 6))
     periods = (int(rng.integers(delay + 1, 3 * delay + 2)), int(rng.integers(2, delay)))
+    short = int(rng.integers(1, 4))  # a period shorter than w - 1: conv_size up to 6
     cases = [*_PERIODIC, *((delay + int(rng.integers(2 * p, 5 * p)), delay,
-                            min(conv_size, p + 1), p) for p in periods)]
+                            min(conv_size, p + 1), p) for p in periods),
+             (delay + int(rng.integers(4 * short + 8, 40)), delay, int(rng.integers(short + 2, 7)),
+              short)]
     for case in [(*c, True) for c in cases] + [(*c, False) for c in cases]:  # upper first
         got, hint = _positions(answer, case, "lost_positions(..., clear_upper_convs)")
         if hint or got != _lost(*case):
@@ -121,5 +127,8 @@ def periodic_clearing(answer, rng):
                 else f"wrong for {case}: only the first clearing counted; which matters at t?"
                 if upper and got == _lost(*case, first_only=True)
                 else f"wrong for {case}: after the last clearing at or before t, which tokens "
-                "keep a path?" if upper else f"wrong for {case}: layer 1's kept history holds "
+                "keep a path?" if upper
+                else f"wrong for {case}: here w - 1 > period; which clearing emptied layer 0's "
+                "state before position p - (w - 1)?" if got == _lost(*case, previous=True)
+                else f"wrong for {case}: layer 1's kept history holds "
                 "layer 0's outputs from before the clearing; which tokens can they carry?")
