@@ -8,14 +8,14 @@ import numpy as np
 
 
 def blind_floor(probs) -> tuple[float, float]:
-    """1: a model that cannot see the source token can only predict one distribution r, the
-    same whatever the source. The expected loss -sum_v probs[v] log r[v] is smallest at
-    r = probs (Gibbs' inequality), where it is the entropy -sum_v probs[v] log probs[v] in nats
+    """1: a model that cannot see the source token can only predict one distribution pred, the
+    same whatever the source. The expected loss -sum_v probs[v] log pred[v] is smallest at
+    pred = probs (Gibbs' inequality), where it is the entropy -sum_v probs[v] log probs[v] in nats
     (0 log 0 counts as 0); the best guess is always the likeliest token, right with probability
     max_v probs[v]. For uniform tokens these are the page's log |V| and 1 / |V|."""
-    p = np.asarray(probs, np.float64)
-    seen = p[p > 0]
-    return float(-(seen * np.log(seen)).sum()), float(p.max())
+    probs = np.asarray(probs, np.float64)
+    seen = probs[probs > 0]
+    return float(-(seen * np.log(seen)).sum()), float(probs.max())
 
 
 def seen_positions(last: int, widths: list[int], dilations: list[int]) -> list[int]:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def layer_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
+def draft_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
                       conv_bytes, draft) -> int:
     """1: to go back to any of the m + 1 prefixes of an m-token draft (0 to m tokens accepted)
     without recomputing, keep the state before the draft and after each token: m + 1 states of
@@ -25,25 +25,26 @@ def layer_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_si
 
 
 def roll_back(state, k, v, g, beta, rejected):
-    """2: one token maps S_(t-1) to S_t = (I - b k k^T) D S_(t-1) + b k v^T (notebook 01,
+    """2: one token maps S_(t-1) to S_t = (I - beta k k^T) D S_(t-1) + beta k v^T (notebook 01,
     section 4). Undo it right to left: subtract the write, then invert the two factors.
-    For a unit k, (I - b k k^T) k = (1 - b) k and it leaves directions orthogonal to k alone,
-    so its inverse is I + b / (1 - b) k k^T (check: the product is I + (b / (1 - b) - b
-    - b^2 / (1 - b)) k k^T = I). Applied to S_t - b k v^T and simplified:
+    For a unit k, (I - beta k k^T) k = (1 - beta) k and it leaves directions orthogonal to k
+    alone, so its inverse is I + beta / (1 - beta) k k^T (check: the product is I + (beta /
+    (1 - beta) - beta - beta^2 / (1 - beta)) k k^T = I). Applied to S_t - beta k v^T and
+    simplified:
 
-        D S_(t-1) = S_t - b / (1 - b) k (v - S_t^T k)^T,
+        D S_(t-1) = S_t - beta / (1 - beta) k (v - S_t^T k)^T,
 
-    the delta-rule write run backwards with learning rate -b / (1 - b); then divide row c by
-    e^(g_c). O(K V) per token, no K x K matrix. It is exact for b in (1, 2) too (1 - b < 0:
-    a negative eigenvalue along k), where the series I + b k k^T + (b k k^T)^2 + ... that an
-    iteration sums diverges. It fails at b = 1 (the old value under k is
-    erased: nothing to undo from) and loses precision as b -> 1 or as decays get strong (the
+    the delta-rule write run backwards with learning rate -beta / (1 - beta); then divide row c
+    by e^(g_c). O(K V) per token, no K x K matrix. It is exact for beta in (1, 2) too
+    (1 - beta < 0: a negative eigenvalue along k), where the series I + beta k k^T + (beta k
+    k^T)^2 + ... that an iteration sums diverges. It fails at beta = 1 (the old value under k is
+    erased: nothing to undo from) and loses precision as beta -> 1 or as decays get strong (the
     division by e^g amplifies rounding): why servers keep the state after each draft token
     instead (the notebook notes)."""
     state = np.asarray(state, np.float64)
     for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-        k_t, b_t = np.asarray(k[t], np.float64), float(beta[t])
-        state = state - b_t / (1 - b_t) * np.outer(k_t, np.asarray(v[t]) - k_t @ state)
+        k_t, beta_t = np.asarray(k[t], np.float64), float(beta[t])
+        state = state - beta_t / (1 - beta_t) * np.outer(k_t, np.asarray(v[t]) - k_t @ state)
         state = np.exp(-np.asarray(g[t], np.float64))[:, None] * state
     return state
 
@@ -51,14 +52,14 @@ def roll_back(state, k, v, g, beta, rejected):
 def roll_back_jnp(state, k, v, g, beta, rejected):
     """2, written differently: float32 jnp, the write subtracted first and the rank-one
     inverse applied to it, keys as columns."""
-    s = jnp.asarray(state, jnp.float32)
+    state = jnp.asarray(state, jnp.float32)
     for t in reversed(range(len(beta) - rejected, len(beta))):
         k_t = jnp.asarray(k[t], jnp.float32)[:, None]
-        b = jnp.float32(beta[t])
-        w = s - b * k_t @ jnp.asarray(v[t], jnp.float32)[None]  # (I - b k k^T) D S_(t-1)
-        w = w + b / (1 - b) * k_t @ (k_t.T @ w)  # (I - b k k^T)^(-1) applied
-        s = jnp.exp(-jnp.asarray(g[t], jnp.float32))[:, None] * w
-    return s
+        beta_t = jnp.float32(beta[t])
+        written = state - beta_t * k_t @ jnp.asarray(v[t], jnp.float32)[None]  # (I - beta kk^T) D S
+        decayed = written + beta_t / (1 - beta_t) * k_t @ (k_t.T @ written)  # D S_(t-1)
+        state = jnp.exp(-jnp.asarray(g[t], jnp.float32))[:, None] * decayed
+    return state
 
 
 def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_bytes,
@@ -87,17 +88,17 @@ def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_byt
 def cases():
     assert [t_star(32, 128, 128, 4, 576, 4, 2, m) for m in (1, 4)] == [3810, 9393]  # 3's text
 
-    def section_3(b, h, hv, k, v, w, cb, m):  # the page's layout: one state, all float32
-        return 4 * (b * h * k * v + b * max(w - 1, 0) * h * (2 * k + v))
+    def section_3(batch, h, hv, k, v, w, cb, m):  # the page's layout: one state, all float32
+        return 4 * (batch * h * k * v + batch * max(w - 1, 0) * h * (2 * k + v))
 
     def inverted_by_solve(state, k, v, g, beta, rejected):  # right, but np.linalg.solve
         for t in range(len(beta) - 1, len(beta) - 1 - rejected, -1):
-            m = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
-            state = np.linalg.solve(m, state - beta[t] * np.outer(k[t], v[t]))
+            transition = (np.eye(len(k[t])) - beta[t] * np.outer(k[t], k[t])) * np.exp(g[t])
+            state = np.linalg.solve(transition, state - beta[t] * np.outer(k[t], v[t]))
         return state
 
     return [
-        ("07.1", layer_cache_bytes, {}, section_3),
+        ("07.1", draft_cache_bytes, {}, section_3),
         ("07.2", roll_back, {}, inverted_by_solve),
         ("07.2", roll_back_jnp, {}, lambda s, k, v, g, beta, rejected: s),
         ("07.3", t_star, {},

@@ -40,7 +40,7 @@ def unscored_included(seq_len, delay, conv_size, period, clear_upper_convs=True)
 
 def states_per_key_head(b, h, hv, k, v, w, cb, n):
     """07.1 with a state per key head, H, not per value head, HV (defect 15)."""
-    right = _solutions("07").layer_cache_bytes(b, h, hv, k, v, w, cb, n)
+    right = _solutions("07").draft_cache_bytes(b, h, hv, k, v, w, cb, n)
     return right + 4 * (n + 1) * b * (h - hv) * k * v
 
 

@@ -155,7 +155,7 @@ def _library_attacks():
         ("06.2", "solution after a library call", through_library(s06.seen_positions)),
         ("06.3", "solution after a library call", through_library(s06.lost_positions)),
         ("07.1", "a built layer, measured", measured_cache),
-        ("07.1", "solution after a library call", through_library(s07.layer_cache_bytes)),
+        ("07.1", "solution after a library call", through_library(s07.draft_cache_bytes)),
         ("07.2", "solution after a library call", through_library(s07.roll_back)),
         ("07.3", "solution after a library call", through_library(s07.t_star)),
         ("07.3", "jax.jit around a library call",
@@ -637,13 +637,13 @@ def _rule_breakers():
          lambda b, h, hv, k, v, w, cb, n: (n + 1) * (
              4 * b * hv * k * v + cb * b * max(w - 1, 0) * (2 * h * k + hv * v))),
         ("07.1", "n states, not n + 1", lambda b, h, hv, k, v, w, cb, n:
-         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n) - 4 * b * hv * k * v),
+         s07.draft_cache_bytes(b, h, hv, k, v, w, cb, n) - 4 * b * hv * k * v),
         ("07.1", "section 3's layout (the page): one state, HV = H, float32 conv",
          lambda b, h, hv, k, v, w, cb, n: 4 * b * (h * k * v + max(w - 1, 0) * h * (2 * k + v))),
         ("07.1", "states of H heads", lambda b, h, hv, k, v, w, cb, n:
-         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n) + 4 * (n + 1) * b * (h - hv) * k * v),
+         s07.draft_cache_bytes(b, h, hv, k, v, w, cb, n) + 4 * (n + 1) * b * (h - hv) * k * v),
         ("07.1", "v's conv with H heads", lambda b, h, hv, k, v, w, cb, n:
-         s07.layer_cache_bytes(b, h, hv, k, v, w, cb, n)
+         s07.draft_cache_bytes(b, h, hv, k, v, w, cb, n)
          + cb * b * (w - 1 + n) * (w >= 2) * (h - hv) * v),
         ("07.2", "a matrix solve per token (jnp.linalg)", inverse_by_solve),
         ("07.2", "a pseudo-inverse per token (np.linalg)", inverse_by_pinv),

@@ -54,7 +54,7 @@ def _cache_hint(case, got: int) -> str:
 
 
 @ex.checker("07.1")
-def layer_cache_bytes(answer, rng):
+def draft_cache_bytes(answer, rng):
     """``answer(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size, conv_bytes, draft)
     -> int``: the bytes of the cache that rolls a KDA layer back to any prefix of a draft."""
     hint, miss = ex.first_miss(answer, _layers(rng), "draft_cache_bytes(B, H, HV, K, V, w, "
