@@ -151,7 +151,7 @@ print(f"prefill of {prompt_len} tokens: {time.perf_counter() - start:.2f} s (inc
 # check follows with the prompt prefilled by the chunked kernel (same weights). The bound is on
 # the relative L2 error over all tokens: 10 float32 epsilons on a CPU, 1e-5 on a TPU, whose
 # float32 products are the chip's (notebook 00). A single token's error can be a few times
-# larger; the figure below draws each token's. Prefilled
+# larger; the figure below draws each token's, with the bound. Prefilled
 # tokens may differ from the full pass by about $10^{-7}$ even when `auto` runs the same scan
 # for both: prompt and full pass are separately compiled programs of different lengths, and
 # XLA may round their float32 operations differently.
@@ -228,21 +228,23 @@ per_token = {label: np.linalg.norm(np.asarray(y_ours - y_full), axis=-1)[0]  # r
                  (y_chunked, "chunked-kernel prefill"))}  # fmt: skip
 if np.array_equal(*per_token.values()):  # auto ran the chunked kernel: one curve, not two
     per_token = {"auto's prefill = chunked-kernel prefill (bit for bit)": per_token.popitem()[1]}
-zeros = sum(int((e == 0).sum()) for e in per_token.values())  # tokens equal bit for bit
+every = np.concatenate([*per_token.values()])  # every token's error, on every curve
+zeros, largest, lowest = int((every == 0).sum()), every.max(), every[every > 0].min(initial=1)
 print(f"{len(per_token)} curve(s); tokens equal to the full pass bit for bit: {zeros}; largest "
-      f"single-token error {max(e.max() for e in per_token.values()) / eps:.1f} float32 eps")
+      f"single-token error {largest / eps:.1f} float32 eps")
 fig, ax = plt.subplots(figsize=(8, 3.2))
 for (label, errors), style in zip(per_token.items(), ".x", strict=False):
     ax.semilogy(np.arange(total_len), np.maximum(errors, 1e-10), style, label=label)
 ax.axvline(prompt_len - 0.5, color="0.3", linestyle="--", linewidth=1)
-ax.axhline(np.finfo(np.float32).eps, color="0.4", linestyle=":", linewidth=1, label="float32 eps")
-ax.set(ylim=(5e-11 if zeros else 1e-8, 1e-3), xlabel="token position t (tokens): prefilled "
-       "left of the dashed line, decoded one per step right of it",
-       ylabel=r"$\|\mathbf{y}_t - \mathbf{y}_t^{\mathrm{full}}\|"
+ax.axhline(eps, color="0.4", linestyle=":", linewidth=1, label="float32 eps")
+ax.axhline(bound, color=viz.PALETTE["vermillion"], lw=1, label="bound asserted over all tokens")
+ax.set(ylim=(5e-11 if zeros else lowest / 3, max(10 * bound, 3 * largest)),
+       xlabel="token position t (tokens): prefilled left of the dashed line, decoded one per "
+       "step right of it", ylabel=r"$\|\mathbf{y}_t - \mathbf{y}_t^{\mathrm{full}}\|"
        r" / \|\mathbf{y}_t^{\mathrm{full}}\|$",
        title="Prefill + decode vs one full pass, per token"
        + (f" ({zeros} equal bit for bit, drawn at 1e-10)" if zeros else ""))
-ax.legend(loc="upper left", ncol=3, fontsize=8)
+ax.legend(loc="upper left", ncol=2, fontsize=8)
 viz.show(fig, "07_decode_error")
 
 # %% [markdown]
@@ -262,7 +264,9 @@ viz.show(fig, "07_decode_error")
 # equal at $T^\ast = \frac{d_k d_v + \max(w - 1, 0)(2 d_k + d_v)}{d_k + d_v}$, which is
 # $\frac{d_v}{2} + \frac{3 \max(w - 1, 0)}{2}$ for $d_k = d_v$ (printed below). That is this toy
 # layer's, against attention with the same heads; the last line below gives it at Kimi Linear's
-# published size against the MLA cache it is paired with (notebook 10's cost functions).
+# published size against the MLA cache it is paired with (notebook 10's cost functions), in
+# bytes as served: a float32 state against bf16 conv rows and a bf16 MLA cache. That is about
+# twice the crossing the formula gives in numbers, one dtype for all (printed in brackets).
 
 # %%
 kda_bytes = measured_bytes[0]
@@ -275,9 +279,11 @@ print(f"KDA cache: {kda_bytes:,} bytes (state {state_bytes:,} + conv {conv_bytes
       f"KV cache: {kv_bytes_per_token:,} bytes per token; equal at T = {crossover:.1f} tokens")
 kimi = presets.KIMI_LINEAR_48B  # float32 state, bf16 conv rows; MLA: latent + shared key, bf16
 kimi_bytes, mla_bytes = at_scale.kda_state_bytes(kimi), 2 * at_scale.mla_cache_numbers(kimi)
+one_dtype = at_scale.kda_state_bytes(kimi, state_bytes=2, conv_bytes=2) / mla_bytes  # all bf16
 print(f"{kimi.name} (H = {kimi.num_heads}, d_k = d_v = {kimi.head_dim}, w = {kimi.conv_size}): "
-      f"KDA cache {kimi_bytes:,} bytes, MLA {mla_bytes:,} bytes per token; equal at "
-      f"T = {kimi_bytes / mla_bytes:,.1f} tokens")
+      f"KDA cache {kimi_bytes:,} bytes (float32 state, bf16 conv rows), MLA {mla_bytes:,} "
+      f"bytes per token (bf16); equal at T = {kimi_bytes / mla_bytes:,.1f} tokens "
+      f"({one_dtype:,.1f} with one dtype for all)")
 
 # %% tags=["hide-input"]
 contexts = np.unique(np.geomspace(1, memory_max_len, 200).astype(int))
@@ -379,8 +385,9 @@ viz.show(fig, "07_decode_time")
 #    (0 to $m$ tokens accepted) without recomputing, keep the $m + 1$ states (before the draft,
 #    after each token) and the fewest conv rows from which every prefix's history can be read.
 #    Write `draft_cache_bytes(batch, num_heads, num_v_heads, key_dim, value_dim, conv_size,
-#    conv_bytes, draft)` (no kda_lib): `num_v_heads` value heads (a float32 state each, as
-#    `KDAConfig(num_v_heads=...)`), conv rows of `conv_bytes` bytes a number, `conv_size` 0, 1 too.
+#    conv_bytes, draft)` (no kda_lib): `num_v_heads` value heads $H_v$ (a float32 state each, as
+#    `KDAConfig(num_v_heads=...)`); conv rows of `conv_bytes` bytes a number, q and k keeping
+#    `num_heads` heads of $d_k$ and v $H_v$ heads of $d_v$; `conv_size` 0, 1 too.
 # 2. **Roll back a rejected draft.** From the state after the whole draft (one head, `[K, V]`)
 #    and the draft's unit keys `k`, values `v`, log decays `g`, strengths `beta` (a row per
 #    token), write `roll_back(state, k, v, g, beta, rejected)`: the state before the last
