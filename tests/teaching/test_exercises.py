@@ -356,6 +356,33 @@ def _shortcut_07_2_matrix_inverse():
     return "07.2", roll_back, {}
 
 
+def test_00_the_decay_before_the_erase_gets_its_own_hint():
+    """00.1 and 00.2's likeliest slip (teacher s14, #4): ``(I - beta k k^T) D`` transposed without
+    reversing, so ``q`` is decayed before the erase, is refused with a hint about the order of the
+    two factors, not the generic one; leaving the decay out keeps its own hint."""
+    def decay_first(read, q, k, v, g, beta):  # 00.2's form; 00.1 is the case of one token
+        vec, out = np.asarray(q, np.float64), np.zeros(np.shape(v)[-1])
+        for t in reversed(range(len(beta))):
+            out += beta[t] * (k[t] @ vec) * v[t]
+            vec = np.exp(g[t]) * vec  # the slip: D meets q first
+            vec = vec - beta[t] * (k[t] @ vec) * k[t]
+        return (read(vec) + out) / np.sqrt(len(q))
+
+    def no_decay(read, q, k, v, g, beta):
+        return decay_first(read, q, k, v, np.zeros_like(g), beta)
+
+    def one(fn):
+        return lambda read, q, k, v, g, beta: fn(read, q, k[None], v[None], g[None], [beta])
+
+    for seed in range(3):
+        for exercise_id, many in (("00.1", False), ("00.2", True)):
+            hint = exercises.verdict(exercise_id, decay_first if many else one(decay_first),
+                                     seed=seed)
+            assert "reverses the order of the two" in hint, (exercise_id, seed, hint)
+            hint = exercises.verdict(exercise_id, no_decay if many else one(no_decay), seed=seed)
+            assert "where does D meet q?" in hint, (exercise_id, seed, hint)
+
+
 def test_01_a_float32_limit_gets_a_float64_hint():
     """Beta near 1e-9 is below float32's resolution of 1 - beta: zeta_inf = beta / (1 - lam) with
     a float32 lam keeps no digit (or is inf), and the hint says why (not only "NaN or inf");

@@ -30,12 +30,15 @@ def _tokens(rng, tokens, K, V):
             -rng.uniform(0.05, 1.0, (tokens, K)), rng.uniform(0.1, 0.9, tokens))
 
 
-def _output(state, q, k, v, g, beta, order=1, decay=True, write=True):
-    """``S_T^T q / sqrt(K)`` (slips: transitions applied oldest first, no decay, no write)."""
+def _output(state, q, k, v, g, beta, order=1, decay=True, write=True, decay_first=False):
+    """``S_T^T q / sqrt(K)`` (slips: transitions applied oldest first, no decay, no write, the
+    decay applied to q before the erase: ``(I - beta k k^T) D`` transposed without reversing)."""
     vec, out = q.copy(), np.zeros(state.shape[1])  # vec: q carried back to the old state
     for t in range(len(beta))[::-order]:
         out += write * beta[t] * (k[t] @ vec) * v[t]
-        vec = (np.exp(g[t]) if decay else 1.0) * (vec - beta[t] * (k[t] @ vec) * k[t])
+        vec = np.exp(g[t]) * vec if decay_first else vec
+        vec = vec - beta[t] * (k[t] @ vec) * k[t]
+        vec = vec if decay_first else (np.exp(g[t]) if decay else 1.0) * vec
     return (state.T @ vec + out) / np.sqrt(len(q))
 
 
@@ -60,6 +63,8 @@ def _read_once(answer, rng, many: bool, name: str) -> str | None:
                   "does q read of it?"),
                  (_output(state, q, k, v, g, beta, decay=False), "the decay scales the old "
                   "state's rows (key channels): where does D meet q?"),
+                 (_output(state, q, k, v, g, beta, decay_first=True), "transposing (I - beta k "
+                  "k^T) D reverses the order of the two: which of them meets q first?"),
                  (_output(state, q, k, v, g, beta) * np.sqrt(K), "o is S^T q / sqrt(d_k)")]
         if many:
             slips.append((_output(state, q, k, v, g, beta, order=-1), "the newest token's "
