@@ -153,7 +153,7 @@ viz.show(fig, "06_task")
 # %% [markdown]
 # ## 2. Two models, one difference
 #
-# Both models are `embed -> 2 x (RMSNorm, mixer, RMSNorm, MLP) -> head`
+# Both models are `embed -> 2 x (RMSNorm, mixer, RMSNorm, MLP) -> RMSNorm -> head`
 # (`kda_lib.models.tiny_lm.TinyLM`). The KDA mixer runs short causal convolutions on $\mathbf q,
 # \mathbf k, \mathbf v$ and then the delta-rule recurrence (notebook 04). The conv-only mixer
 # (`kda_lib.models.tiny_lm.ConvMixer`) keeps the value path, its conv and the output gate, and drops
@@ -202,8 +202,9 @@ print(f"KDA: non-zero gradient at {np.sum(beyond > 0)} of the {beyond.size} posi
 # ## 3. Training both
 #
 # `kda_lib.lab.train.train` runs AdamW (warmup, cosine decay, clipping; no weight decay on norms,
-# biases, embeddings, `A_log` and `dt_bias`) with a jitted step that draws each batch inside
-# the step, and returns the mean masked loss and accuracy of every `log_every` steps.
+# biases, embeddings, `A_log` and `dt_bias`) with one jitted training step, each batch drawn just
+# before it by a separately jitted, pure function of its key, and returns the mean masked loss
+# and accuracy of every `log_every` steps.
 # `evaluate` then scores held-out batches (a random stream training never draws from).
 
 # %%
@@ -267,25 +268,22 @@ print(f"right at the {shown - delay} scored positions shown: " + ", ".join(
 # A causal test separates them. Run held-out sequences up to position $p = T/2$ with a cache,
 # then **set every layer's state $S$ to zero** while keeping the convolutions' histories (the
 # last $w - 1$ inputs of each conv), and run the rest. The token to copy at $t$ sits at
-# $s = t - \ell$. What can still reach position $t \ge p$ from before $p$?
+# $s = t - \ell$. What can still reach position $t \ge p$ from before $p$ (the figure)?
 #
-# - Layer 0's kept history holds projections of the *token embeddings* at $p - w + 1 .. p - 1$:
-#   tokens only, nothing read from a state.
-# - Layer 1's kept history holds projections of the residual stream at $p - w + 1 .. p - 1$,
-#   which contains **layer 0's output there, read from layer 0's state before it was
-#   cleared**. That output can carry information about any earlier token. Layer 1's conv at
-#   positions $p .. p + w - 2$ reads those entries, and layer 1 writes what it reads there
-#   into its fresh state, which every later position reads.
-#
-# So after clearing the states alone every earlier token still has a path, a token before
-# $p - w + 1$ only this one (layer 0's old state, layer 1's kept history, layer 1's new state):
-# whether the model uses it is an experiment on this trained model, not a proof. A second run also
-# clears the conv histories above layer 0: then the only information from before $p$ is layer 0's
-# history, the embeddings of tokens $p - w + 1 .. p - 1$, and every token before $p - w + 1$ has
-# no path to any later position, for any weights.
+# 1. A token $s \ge p - w + 1$ crosses in layer 0's kept history (its embedding) or comes
+#    after $p$.
+# 2. A token $s < p - w + 1$ has exactly one path left, the arrows: (1) layer 0 reads it before
+#    $p$ into its outputs at $p - w + 1 .. p - 1$, which layer 1's kept history holds; (2) layer
+#    1's conv reads them at $p .. p + w - 2$; (3) layer 1's new state carries them to every later
+#    $t$. Whether the model uses this path is an experiment on this trained model, not a proof.
+# 3. A second run also empties the conv histories above layer 0, cutting step (2): then a token
+#    $s < p - w + 1$ has no path to any later position, for any weights.
 #
 # The same run without the clearing is the control. A batch four times the training batch
 # shrinks each per-position accuracy's binomial standard error (printed below); it is not zero.
+
+# %% tags=["hide-input"]
+viz.show(viz.clearing_paths(seq_len // 2, conv_size, delay, seq_len), "06_clearing_paths")
 
 # %%
 run_cached = nnx.jit(lambda model, tokens, cache: model(tokens, cache=cache))
@@ -347,17 +345,18 @@ viz.show(fig, "06_state_clearing")
 kept, cleared = accuracy["states kept"], accuracy["states cleared at p"]
 strict, kept_all = accuracy["states and upper conv histories cleared"], kept.mean()
 back = source[no_path][cleared[no_path] > 0.5]  # the tokens this run brings back (above 0.5)
+low = lambda a: f"{a.min():.3f} at the lowest" if a.size else "- (there are none)"  # noqa: E731
 display(Markdown(
     f"With the states kept the lowest position scores {kept.min():.3f} (mean "
     f"{kept_all:.2f}). With the states alone cleared, the {(~no_path).sum()} positions whose "
     f"token enters through layer 0's kept history or after $p$ score "
-    f"{cleared[~no_path].min():.3f} at the lowest; the {no_path.sum()} whose token lies before "
+    f"{low(cleared[~no_path])}; the {no_path.sum()} whose token lies before "
     f"$p - (w - 1)$ = {p - halo} score " + ", ".join(
         f"{a:.2f} ($s = {s}$)" for s, a in zip(source[no_path], cleared[no_path], strict=True))
     + f" (chance {1 / vocab_size:.2f}); of these this run brings back (above 0.5) "
     f"{'$s$ = ' + ', '.join(map(str, back)) if back.size else 'none'}. With the upper layers' conv "
     f"histories cleared as well, those {no_path.sum()} score at most {strict[no_path].max():.2f},"
-    f" the others {strict[~no_path].min():.3f} at the lowest."))
+    f" the others {low(strict[~no_path])}."))
 assert (kept > 0.8).all(), "the control copies, at every position"
 assert strict[no_path].max() < 3 / vocab_size, "no path: the clearing leaks (any weights)"
 for run in (cleared, strict):  # per position: a pooled mean could hide one at chance
@@ -375,31 +374,32 @@ print("wrong at t:", {name: (np.flatnonzero((g != target) & (target >= 0)) + p).
                       for name, g in rows.items()})
 
 # %% [markdown]
-# What the two runs show. With layer 1's history cleared too, the tokens before $p - (w - 1)$ are
-# at chance for *any* weights (the argument above; its assert checks the clearing); copied with
-# the states kept (asserted per position; an untrained model fails it), they show the token
-# crossing through a state. With the states alone cleared they have one path left, which nothing
-# in the training forces the model to use: **which come back depends on the run**, printed per
-# position, not asserted. At seeds 0 to 5 every run brought back some and left others at chance,
-# which ones varying with the seed (one retraining each, in the RNG mode printed before section 1,
-# not re-run by a test:
-# the [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
+# What the runs show for the tokens before $p - (w - 1)$. With the states kept they are copied
+# (asserted per position; an untrained model fails this); with the states and layer 1's history
+# cleared they are at chance for *any* weights (point 3; the assert only guards the clearing
+# code): the copied token crossed through a state. With the states alone cleared they have one
+# path left, which nothing in the training forces the model to use: **which come back depends
+# on the run**, printed per position, not asserted. At seeds 0 to 5 every run brought back some
+# and left others at chance, which ones varying with the seed (one retraining each, in the RNG
+# mode printed before section 1, not re-run by a test: the
+# [notebook notes](https://github.com/kda-notebooks/kda-notebooks/blob/main/docs/NOTEBOOK_NOTES.md#notebook-06)).
 #
 # ## Summary
 #
 # - Delayed copy with $\ell$ beyond the convolutions' reach: the KDA model's held-out loss
 #   falls to a small fraction of $\log \lvert\mathcal V\rvert$, the conv-only ablation stays at
 #   chance, as its exactly-zero long-range gradients say it must.
-# - Section 4 makes it visible: the tokens its clearing leaves no path are copied with the states
-#   kept (asserted; at chance when cleared, by the path argument for any weights, its assert
-#   guarding the clearing only); which of them come back through layer 1's kept history when only
-#   the states are cleared depends on the run (printed per position; other seeds: the notes). The
-#   $d_k \times d_v$ states are the layer's only long-range memory; notebook 07 decodes with
-#   exactly this state.
+# - Section 4 makes it visible. The tokens left with no path once the states and upper histories
+#   are cleared are copied while the states are kept (asserted) and are at chance once they are
+#   cleared (true for any weights; the assert only guards the clearing code). Which of them come
+#   back through layer 1's kept history when only the states are cleared depends on the run
+#   (printed per position; other seeds: the notes). The $d_k \times d_v$ states are the layer's
+#   only long-range memory; notebook 07 decodes with exactly this state.
 #
-# Try: `delay` larger than `seq_len / 2` (raise `steps` if the loss stays near chance), a bigger
-# `vocab_size`, a safe gate via `KDAConfig(lower_bound=...)` as the model's `mixer_config`, or
-# the `full` parameter set.
+# Try: `delay` larger than `seq_len / 2` with more `steps` (4,000 at `delay = 20`: the notes;
+# from `seq_len / 2 + w - 1` on every token to copy lies before $p - (w - 1)$, the only group
+# section 4 then has), a bigger `vocab_size`, a safe gate via `KDAConfig(lower_bound=...)` as
+# the model's `mixer_config`, or the `full` parameter set.
 #
 # ## Exercises
 #

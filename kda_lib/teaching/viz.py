@@ -10,6 +10,8 @@
   (:func:`kda_lib.lab.records.load_benchmark_runs`) in separate panels.
 * :func:`draw_context_parallel` sketches a sequence split over devices: the conv halo each rank
   receives and the state summaries the ranks exchange.
+* :func:`clearing_paths` draws notebook 06's path argument: the one route left from a token
+  before ``p - (w - 1)`` once the states are emptied at ``p``.
 * :func:`ablation_norms` draws notebook 04's ablation: every transition's ``||M_t||_2`` and a
   state carried by ``I - beta_t k_t k_t^T`` alone, per way of building the layer.
 """
@@ -502,4 +504,56 @@ def ablation_norms(runs: list[dict]) -> plt.Figure:
     axes[1, 0].set(ylabel="$\\|S_t\\|_F / \\|S_0\\|_F$, log scale\n(no write, no decay)")
     fig.suptitle(f"Every head ({len(runs)}): the transitions $M_t$ (top); a random state $S_0$ "
                  r"through $I - \beta_t \mathbf{k}_t \mathbf{k}_t^\top$ alone (bottom)")
+    return fig
+
+
+def clearing_paths(p: int, conv_size: int, delay: int, seq_len: int) -> plt.Figure:
+    """Notebook 06, section 4: the one path left from a token ``s`` before ``p - (w - 1)``
+    (``p - w``, or the last whose copy is still in the sequence) to ``t = s + delay`` after every
+    state of the two-layer stack is emptied at ``p``, the conv histories kept. Rows: the tokens
+    (layer 0's input), the stream after layer 0 (layer 1's input), after layer 1. Boxed: each
+    layer's kept conv history, positions ``p - w + 1 .. p - 1``. Arrows: (1) layer 0 reads ``s``
+    before ``p`` into its outputs there, (2) layer 1's conv at ``p .. p + w - 2`` reads them from
+    its kept history, (3) layer 1's new state carries them on to ``t``."""
+    halo, path = conv_size - 1, PALETTE["vermillion"]
+    s = max(min(p - conv_size, seq_len - 1 - delay), 0)
+    t = s + delay
+    x1 = max(t, p + halo) + 2.5
+    x0 = s - max(3.5, (x1 - s) / 4)  # room for the labels left of s
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for row in range(3):
+        ax.plot(np.arange(int(x0) + 1, int(x1) + 1), np.full(int(x1) - int(x0), row), "o",
+                color="0.8", ms=4, zorder=1)
+    ax.axvline(p - 0.5, color="0.2", lw=1)
+    ax.text(p - 0.35, 2.65, "p: every state emptied", fontsize=8, va="center")
+    for row, colour, label, y in (
+            (0, PALETTE["orange"], "layer 0's kept history (tokens)", -0.45),
+            (1, PALETTE["sky"], "layer 1's kept history\n(emptied in the second run)", 1.3)):
+        ax.add_patch(mpl.patches.FancyBboxPatch(
+            (p - halo - 0.35, row - 0.2), halo - 0.3, 0.4, boxstyle="round,pad=0.05",
+            facecolor=colour, alpha=0.35, edgecolor=colour, zorder=2))
+        ax.text(p - 0.75, y, label, fontsize=8, ha="right", va="bottom" if row else "top",
+                color="0.25", multialignment="center")
+    arrow = dict(arrowstyle="->", color=path, lw=1.8, shrinkA=4, shrinkB=4)
+    for j in range(p - halo, p):  # (1) layer 0 reads s into its outputs at p - w + 1 .. p - 1
+        ax.annotate("", xy=(j, 1), xytext=(s, 0), arrowprops=dict(
+            arrow, connectionstyle="arc3,rad=-0.2", alpha=1 if j == p - 1 else 0.5))
+    ax.text(s - 0.3, 0.55, "(1) layer 0 reads s\nbefore p", fontsize=8, color=path, ha="right")
+    for j in range(p, p + halo):  # (2) layer 1's conv at p .. p + w - 2 reads its kept history
+        ax.annotate("", xy=(j, 2), xytext=(p - 1, 1), arrowprops=dict(arrow, alpha=0.75))
+    ax.text(p + halo - 0.5, 1.1, "(2) layer 1's conv reads\nits kept history", fontsize=8,
+            color=path)
+    if t > p + halo - 1:  # (3) layer 1's new state carries it on
+        ax.annotate("", xy=(t, 2), xytext=(p + halo - 1, 2), arrowprops=arrow)
+        ax.text((p + halo - 1 + t) / 2, 2.2, "(3) layer 1's\nnew state", fontsize=8, color=path,
+                ha="center")
+    ax.plot([s], [0], "o", color=path, ms=8, zorder=3)
+    ax.plot([t], [2], "*", color=path, ms=14, zorder=3)
+    ax.text(s, -0.25, f"s = {s}", ha="center", va="top", fontsize=8, color=path)
+    ax.text(t + 0.3, 2.08, f"t = s + ℓ = {t}", fontsize=8, color=path, va="bottom")
+    ax.set(xlim=(x0, x1), ylim=(-0.8, 2.85), xlabel="position", yticks=[0, 1, 2],
+           title=f"States emptied at p = {p} (w = {conv_size}): the one path left to a token "
+           f"s < p - (w - 1) = {p - halo}")
+    ax.set_yticklabels(["tokens", "after layer 0\n(layer 1's input)", "after layer 1"])
+    ax.grid(False)
     return fig
