@@ -225,10 +225,11 @@ panels = [(f"KDA: one decay per channel (head {slow}, $a_h$ = {a_h[slow]:.1f})",
                                                                key_dim, axis=1), np.ones(key_dim))]
 halving, halving_scalar = first_half(panels[0][1]), first_half(panels[1][1])
 at_zero = first_half(np.broadcast_to(-a_h[slow] * tau[slow], panels[0][1].shape))  # f = 0
+never = np.isinf([*halving, *at_zero, *halving_scalar]).any()  # some channel never keeps half
 print(f"KDA head {slow}: its channels first keep half between token {halving.min():.0f} and "
-      f"{halving.max():.0f} (inf: not within {seq_len}), at f = 0 between token "
-      f"{at_zero.min():.0f} and {at_zero.max():.0f}; scalar gate: every channel at token "
-      f"{halving_scalar[0]:.0f}")
+      f"{halving.max():.0f}, at f = 0 between token {at_zero.min():.0f} and "
+      f"{at_zero.max():.0f}; scalar gate: every channel at token {halving_scalar[0]:.0f}"
+      + (f" (inf: not within {seq_len} tokens)" if never else ""))
 assert halving.max() > 10 * halving.min(), "one KDA head: memories over a factor of 10 apart"
 
 # %% tags=["hide-input"]
@@ -292,12 +293,19 @@ viz.show(gates.plot_half_lives(
 # input $\mathbf f$ (section 3's) sets them apart: what the head keeps of each channel over the
 # tokens, $e^{g_1 + \dots + g_t}$ (down to $10^{-6}$), channels sorted by the token at which each
 # first keeps half or less (latest on top): sliders with `interactive=True` in a live notebook
-# with ipywidgets, else drawn once. Its title gives the half-life at $\mathbf f = 0$ and the
-# measured one, the median over the channels of the token at which each first keeps half. Random
-# inputs make the head forget sooner than $\mathbf f = 0$ would: the median channel halves no
-# later than a channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f =
-# 0$ token lies within the tokens drawn). Why the mean rate rises for $b < 0$, and a count over
-# fresh draws of $\mathbf f$: the notebook notes.
+# with ipywidgets, else drawn once. Its title gives $a_h$ (with `A_log`), the half-life at
+# $\mathbf f = 0$ and the measured median halving token: the median over the channels of the
+# token at which each first keeps half. At these settings ($b = -3 < 0$) random inputs make the
+# head forget sooner than $\mathbf f = 0$ would: the median channel halves no later than a
+# channel with $\mathbf f = 0$ (both tokens printed; asserted where the $\mathbf f = 0$ token lies
+# within the tokens drawn). That needs $b < 0$: $\sigma$ is convex below its midpoint and concave
+# above it, so a symmetric input raises the safe gate's mean rate where $b < 0$ and lowers it
+# where $b > 0$. Move $b$ above 0 and the order reverses: at $b = +1$, $g_{\min} = -0.1$ (same
+# $a_h$) the median channel halves no sooner than a channel with $\mathbf f = 0$ (printed;
+# asserted), and at the default spread the mean rate is below the rate at $\mathbf f = 0$
+# (printed). Random inputs raise the softplus gate's mean rate at every $b$ (it is convex
+# everywhere). The proofs, and counts over fresh draws of $\mathbf f$ on both sides: the notebook
+# notes.
 #
 # What a head then does with what it keeps, a $T \times T$ mixing of the values set by these
 # decays, is derived in exercise 2 and pictured in the
@@ -311,6 +319,12 @@ halved_at_zero = np.ceil(seen["half_life_at_zero"])  # where a channel with f = 
 print(f"halved: the median channel at token {seen['measured']:.0f}, a channel with f = 0 at "
       f"token {halved_at_zero:.0f} (its half-life {seen['half_life_at_zero']:.1f}, rounded up)")
 assert seen["measured"] <= halved_at_zero or halved_at_zero > seq_len, seen["measured"]
+above = gates.measure(f_head, **{**explorer, "dt_bias_value": 1.0, "bound": -0.1})  # b > 0
+above_at_zero = np.ceil(above["half_life_at_zero"])
+print(f"b = +1, g_min = -0.1: the median channel at token {above['measured']:.0f}, a channel with "
+      f"f = 0 at token {above_at_zero:.0f}; mean rate {above['mean_rate']:.4f}, at f = 0 "
+      f"{above['rate_at_zero']:.4f}")
+assert above["measured"] >= above_at_zero, above["measured"]  # reversed: no sooner than f = 0
 
 # %% [markdown]
 # ## Summary

@@ -170,13 +170,15 @@ def view(f_head, *, a_log=0.0, dt_bias_value=-3.0, bound=-5.0, gate="safe", floo
     """Show what one head keeps of each channel over the tokens: ``f_head [1, T, 1, K]``, the
     raw gate input; ``gate``: ``"safe"`` (floor ``bound``) or ``"softplus"``; one ``A_log``
     and one ``dt_bias`` for every channel (``f`` still varies by channel and token). The title:
-    the half-life at ``f = 0`` and the measured one (:func:`measure`)."""
+    ``a_h = exp(A_log)``, the half-life at ``f = 0`` and the measured median halving token
+    (:func:`measure`)."""
     seen = measure(f_head, a_log=a_log, dt_bias_value=dt_bias_value, bound=bound, gate=gate)
     g, measured, life = seen["g"], seen["measured"], seen["half_life_at_zero"]
     detail = f", $g_{{\\min}}$ {bound:g}" if gate == "safe" else ""
-    title = (f"{gate} gate: A_log {a_log:g}, $b_c$ {dt_bias_value:g}{detail}\nhalf-life at "
-             f"$f = 0$: {life:.3g} tokens (halved at token {np.ceil(life):.0f}); measured: median "
-             "token " + (f"{measured:.0f}" if np.isfinite(measured) else f"past {len(g)}"))
+    title = (f"{gate} gate: $a_h$ {np.exp(a_log):.3g} (A_log {a_log:g}), $b_c$ {dt_bias_value:g}"
+             f"{detail}\nhalf-life at $f = 0$: {life:.3g} tokens (halved at token "
+             f"{np.ceil(life):.0f}); measured: median halving token "
+             + (f"{measured:.0f}" if np.isfinite(measured) else f"past {len(g)}"))
     # channels sorted by the token at which each halved: their a, b and floor are the same
     viz.show(plot_cumulative_decay([(title, g, seen["halved"])], floor=floor, title="",
                                    order="latest to keep half on top"), "02_gate_explorer")

@@ -181,6 +181,20 @@ def test_00_the_recorded_v5e_run_is_what_the_notes_state():
     assert "NOTEBOOK_NOTES.md#notebook-00" in source and "7568792" not in source  # notes cite it
     assert "2026-12-06-notebooks.json" in notes
     assert 'CHIP_FLOAT32_ATOL if jax.default_backend() == "tpu"' in source
+    # the page says what the bound is and what it measured there, in words a student reads
+    # (teacher s14, #2): the record's 141 epsilons of max|o| = 0.393, over 7 times below 5e-5
+    page = " ".join(re.sub(r"\n# ?", " ", source).split())
+    assert f"measured {eps} epsilons of max|o|" in page and f"v5e = {eps} * eps32 * scale_o" in page
+    assert "`kda_lib.testing.CHIP_FLOAT32_ATOL` = 5e-5" in page and CHIP_FLOAT32_ATOL == 5e-5
+    assert int(eps) * 2.0**-23 * 0.393 < CHIP_FLOAT32_ATOL / 7 and "over 7 times below" in page
+    assert not re.search(r"\blent\b", source)
+    # the page says what the bound is and what it measured there, in words a student reads
+    # (teacher s14, #2): the record's 141 epsilons of max|o| = 0.393, over 7 times below 5e-5
+    page = " ".join(re.sub(r"\n# ?", " ", source).split())
+    assert f"measured {eps} epsilons of max|o|" in page and f"v5e = {eps} * eps32 * scale_o" in page
+    assert "`kda_lib.testing.CHIP_FLOAT32_ATOL` = 5e-5" in page and CHIP_FLOAT32_ATOL == 5e-5
+    assert int(eps) * 2.0**-23 * 0.393 < CHIP_FLOAT32_ATOL / 7 and "over 7 times below" in page
+    assert not re.search(r"\blent\b", source)
 
 
 def test_01_longest_half_life_at_init_is_693_tokens_at_zero_input_only():
@@ -452,12 +466,20 @@ def test_02_section_1_asserts_hold_at_allowed_parameters(key_dim):
 def test_02_a_symmetric_input_raises_the_safe_gates_rate_where_b_is_negative():
     """Notebook 02 section 4's fact (teacher 2026-12-06, 9): for x = a b <= 0, sigma(x + u) +
     sigma(x - u) >= 2 sigma(x) for every u (float64 grid, x = 0 with equality), and not for
-    x > 0, so the proof needs b < 0."""
+    x > 0, so the proof needs b < 0. The other side (teacher s14, defect 1): for x >= 0 the sum
+    is at most 2 sigma(x), so a symmetric input lowers the rate where b > 0; and softplus,
+    convex everywhere, gains at every x."""
     x, u = np.linspace(-12.0, 0.0, 241)[:, None], np.linspace(-30.0, 30.0, 601)[None]
     sigma = lambda y: 0.5 * (1.0 + np.tanh(0.5 * y))  # noqa: E731
     gain = sigma(x + u) + sigma(x - u) - 2.0 * sigma(x)
     assert gain.min() >= -1e-15 and np.abs(gain[-1]).max() < 1e-15
     assert (sigma(1.0 + u) + sigma(1.0 - u) - 2.0 * sigma(1.0)).min() < -0.1
+    loss = sigma(-x + u) + sigma(-x - u) - 2.0 * sigma(-x)  # x >= 0 now
+    assert loss.max() <= 1e-15 and loss.min() < -0.1
+    x_all = np.linspace(-12.0, 12.0, 481)[:, None]
+    softplus_gain = (np.logaddexp(0, x_all + u) + np.logaddexp(0, x_all - u)
+                     - 2.0 * np.logaddexp(0, x_all))
+    assert softplus_gain.min() >= -1e-12 and softplus_gain[:, 301:].min() > 0
 
 
 def _02_expected_rate(explorer: dict, lower_bound: float, std: float, size: int):
@@ -485,7 +507,9 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
     standard errors of its Gauss-Hermite expectation, which is at least the rate at f = 0; plus
     one setting past them (an f = 0 half-life beyond the tokens). At the defaults, seed 0, the
     notes' count: of 50 fresh draws of f at each spread 0.1, 0.5, 1 and 2, none has its median
-    channel halve later than a channel with f = 0."""
+    channel halve later than a channel with f = 0; at b = +1, g_min = -0.1 (teacher s14, defect
+    1) the page's reversed assert, the expectation at most the rate at f = 0, and of the same
+    draws none halves sooner than f = 0 (at spread 2 all 50 later)."""
     import types
 
     import jax
@@ -497,7 +521,7 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
     cells = (NOTEBOOK_DIR / "02_gating_and_decay.py").read_text().split("# %%")
     explorer_cell = next(c for c in cells if c.lstrip().startswith("explorer = dict("))
     no_figure = types.SimpleNamespace(explore=lambda inputs, defaults, interactive: gates.measure(
-        inputs["f_head"], **defaults))  # explore() returns measure() at the defaults
+        inputs["f_head"], **defaults), measure=gates.measure)  # explore(): measure() at defaults
     page = types.SimpleNamespace(teaching=types.SimpleNamespace(notebook=types.SimpleNamespace(
         interactive=lambda wanted: False)))
     for seed in range(7):
@@ -516,6 +540,13 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
             space["explorer"], params["lower_bound"], params["gate_input_std"], f_head.size)
         assert abs(seen["mean_rate"] - expected) < 4 * std_error, (seed, seen["mean_rate"])
         assert expected >= seen["rate_at_zero"], seed
+        above = space["above"]  # b = +1, g_min = -0.1 (teacher s14, defect 1): reversed
+        assert above["measured"] >= space["above_at_zero"], seed  # the page's assert ran too
+        _, expected_above, error_above = _02_expected_rate(
+            {**space["explorer"], "dt_bias_value": 1.0}, -0.1, params["gate_input_std"],
+            f_head.size)
+        assert abs(above["mean_rate"] - expected_above) < 4 * error_above, seed
+        assert expected_above <= above["rate_at_zero"], seed
     if not change:  # the quadrature check can fail: a sample 20% wider than stated is caught
         wider = gates.measure(1.2 * f_head, **space["explorer"])["mean_rate"]
         assert abs(wider - expected) > 4 * std_error
@@ -528,6 +559,13 @@ def test_02_explorer_asserts_hold_at_seeds_0_to_6(change):
         later = [sum(np.median(first_half(-rate(std * f))) > space["halved_at_zero"]
                      for f in draws) for std in (0.1, 0.5, 1.0, 2.0)]
         assert later == [0, 0, 0, 0], later
+        rate_above, *_ = _02_expected_rate({**space["explorer"], "dt_bias_value": 1.0}, -0.1,
+                                           1.0, 1)  # b > 0: none sooner, most later at spread 2
+        sooner = [sum(np.median(first_half(-rate_above(std * f))) < space["above_at_zero"]
+                      for f in draws) for std in (0.1, 0.5, 1.0, 2.0)]
+        later = [sum(np.median(first_half(-rate_above(std * f))) > space["above_at_zero"]
+                     for f in draws) for std in (0.1, 0.5, 1.0, 2.0)]
+        assert sooner == [0, 0, 0, 0] and later[0] == 0 and later[-1] == 50, (sooner, later)
 
 
 def test_02_delta_rule_steady_state():
