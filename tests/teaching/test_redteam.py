@@ -1016,3 +1016,25 @@ def test_review_d_hints_name_the_slip():
         assert hint and "one draw spans nothing" in hint and "simulation" not in hint, hint
         hint = exercises.verdict("01.2", flipped, seed=seed)
         assert hint and "the sign" in hint, hint
+
+
+def test_s14_02_1_a_quadrature_just_above_1_is_judged_by_its_value():
+    """Teacher s14, defect 4: 02.1's range test was stricter than its value test. The span's
+    density n (n - 1) x^(n-2) (1 - x) integrated by the midpoint rule gives 1 + 4e-10 where the
+    chance is 1: accepted (within the value test's 1e-5), while 1 + 1e-3 is told a probability
+    lies in [0, 1], and so is a negative chance."""
+    def quadrature(n, ratio, width, shift=0.0):  # shift: added where the chance is 1
+        chi = min(np.log(ratio) / np.log(width), 1.0)
+        if n == 1:
+            return 1.0 + shift
+        x = (np.arange(200_000) + 0.5) / 200_000 * chi
+        return float(np.sum(n * (n - 1) * x ** (n - 2) * (1 - x)) * chi / 200_000) + (
+            shift if chi == 1.0 else 0.0)
+
+    assert quadrature(40, 200.0, 100.0) > 1 + 1e-12  # past 1: the former range test refused it
+    for seed in range(3):
+        assert exercises.verdict("02.1", quadrature, seed=seed) is None, seed
+        hint = exercises.verdict("02.1", lambda *a: quadrature(*a, shift=1e-3), seed=seed)
+        assert hint and "a probability lies in [0, 1]" in hint, (seed, hint)
+        hint = exercises.verdict("02.1", lambda *a: -quadrature(*a), seed=seed)
+        assert hint and "a probability lies in [0, 1]" in hint, (seed, hint)
