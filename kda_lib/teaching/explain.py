@@ -23,17 +23,19 @@ from kda_lib.ops.reference import kda_step
 
 
 def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array:
-    """The implicit ``[T, T]`` mixing matrix ``A`` of one KDA head: ``o = A @ v``.
+    """The implicit ``[T, T]`` mixing matrix ``Omega`` (docs/NOTATION.md's Omega) of one KDA
+    head: ``o = Omega @ v``.
 
     For fixed ``q, k, g, beta`` the output is linear in ``v`` and every value channel goes
     through the same map, so feeding one-hot values (``v = I_T``, one channel per token) reads
-    ``A`` off the outputs: ``A[t, s]`` is how much ``v_s`` contributes to ``o_t``. It is lower
-    triangular (causal) and, unlike softmax attention, can be negative (the delta rule subtracts).
+    ``Omega`` off the outputs: ``Omega[t, s]`` is how much ``v_s`` contributes to ``o_t``. It is
+    lower triangular (causal) and, unlike softmax attention, can be negative (the delta rule
+    subtracts).
 
     Args:
       q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
     Returns:
-      ``A`` ``[T, T]`` in the accumulation dtype (float32, or float64 under x64).
+      ``Omega`` ``[T, T]`` in the accumulation dtype (float32, or float64 under x64).
     """
     # as jax arrays first: a float64 NumPy input is float32 unless x64 is on (asking
     # jnp.result_type for float64 itself would warn that it is truncated)
@@ -52,14 +54,15 @@ def kda_mixing_matrix(q, k, g, beta, *, scale: float | None = None) -> jax.Array
 
 
 def mixing_matrix_by_products(q, k, g, beta, *, scale: float = 1.0) -> np.ndarray:
-    """The mixing matrix of one KDA head from its closed form, in float64 NumPy:
-    ``A[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with the
-    transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (the notebook notes, notebook 02).
+    """The mixing matrix ``Omega`` of one KDA head from its closed form, in float64 NumPy:
+    ``Omega[t, s] = scale * beta_s * q_t^T M_t M_{t-1} ... M_{s+1} k_s`` for ``s <= t``, with
+    the transition ``M_u = (I - beta_u k_u k_u^T) diag(exp(g_u))`` (the notebook notes,
+    notebook 02).
 
     Args:
       q, k, g: ``[T, K]`` for one head; beta: ``[T]``.
     Returns:
-      ``A`` ``[T, T]`` float64, lower triangular; equals :func:`kda_mixing_matrix`.
+      ``Omega`` ``[T, T]`` float64, lower triangular; equals :func:`kda_mixing_matrix`.
     """
     q, k, g, beta = (np.asarray(x, np.float64) for x in (q, k, g, beta))
     seq_len = q.shape[0]
