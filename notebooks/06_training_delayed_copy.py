@@ -396,7 +396,7 @@ print("wrong at t:", {name: (np.flatnonzero((g != target) & (target >= 0)) + p).
 #   (printed per position; other seeds: the notes). The $d_k \times d_v$ states are the layer's
 #   only long-range memory; notebook 07 decodes with exactly this state.
 #
-# Try: `delay` larger than `seq_len / 2` with more `steps` (4,000 at `delay = 20`: the notes;
+# Try: `delay` larger than `seq_len / 2` with many more `steps` (the notes record such a run;
 # from `seq_len / 2 + w - 1` on every token to copy lies before $p - (w - 1)$, the only group
 # section 4 then has), a bigger `vocab_size`, a safe gate via `KDAConfig(lower_bound=...)` as
 # the model's `mixer_config`, or the `full` parameter set.
