@@ -177,6 +177,28 @@ SAFE_SLIPS = {  # 04.1b: name -> (answer(t, g_min, A_log, dt_bias), a few words 
 }
 
 
+def _band_too_narrow(t, m, a, b):  # inf only below 0.9 ln 2 / |g_min|, a finite 1e3 up to it
+    t = np.asarray(t, np.float64)
+    return np.where(t <= 0.9 * LN2 / -m, np.inf, np.where(t <= LN2 / -m, 1e3, _SAFE_RIGHT(
+        t, m, a, b)))
+
+
+# teacher review 03-04 (sixth, defect 04-2): half-lives were forced near the bound only on its
+# reachable side, so this band was accepted at 15 of seeds 0-49
+SAFE_SLIPS["the band 10% too narrow"] = (_band_too_narrow, "inf marks the wrong")
+
+
+def test_04_1b_a_band_too_narrow_is_refused_and_the_solutions_pass_at_many_seeds():
+    """04.1b forces one out-of-reach half-life in (0.95, 1) x ln 2 / |g_min| each trial: the band
+    10% too narrow is refused at seeds 0-49, the worked solutions still pass at 0-99."""
+    solutions = _solutions("04")
+    with np.errstate(all="ignore"):
+        _refused_with_its_hint("04.1b", _band_too_narrow, "inf marks the wrong", seeds=50)
+        for answer in (solutions.safe_gate_input_for, solutions.safe_gate_input_for_jnp):
+            assert all(exercises.verdict("04.1b", answer, seed=seed) is None
+                       for seed in range(100)), answer.__name__
+
+
 @pytest.mark.parametrize("slip", sorted(SAFE_SLIPS))
 def test_04_1b_safe_gate_slips_are_refused_with_their_own_hint(slip):
     """04.1b after the teacher review of 03-04 (fourth, defect 3): the safe gate's f for a

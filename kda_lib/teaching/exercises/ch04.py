@@ -96,9 +96,9 @@ def safe_gate_input_for(answer, rng):
                                  (4.0, (0.3, 16), (-7, 1))):
         H, K = (int(n) for n in rng.integers((1, 3), (4, 9)))
         m, out = -float(rng.uniform(m_low, 5.0)), rng.random((H, K)) < 0.25  # out of reach
-        out.flat[:3] = True, False, False  # one out, two just within: (1, 1.05], (1.05, 1.5] x
+        out.flat[:3] = True, False, False  # at the bound: (0.95, 1) x out, (1, 1.05], (1.05, 1.5]
         t = LN2 / -m * np.where(out, rng.uniform(0.2, 1, (H, K)), np.exp(rng.uniform(0, 6, (H, K))))
-        t.flat[1:3] = LN2 / -m * rng.uniform((1.001, 1.05), (1.05, 1.5))  # the bound
+        t.flat[:3] = LN2 / -m * rng.uniform((0.95, 1.001, 1.05), (1, 1.05, 1.5))  # x the bound
         a_log = np.log(rng.uniform(*rates, H)).astype(np.float32)
         b = rng.uniform(*biases, (H, K)).astype(np.float32)
         got, hint = ex.call_answer(answer, t.copy(), m, a_log.copy(), b.copy(), refuse=dict(
