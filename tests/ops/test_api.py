@@ -424,7 +424,8 @@ def test_hessian_and_jvp_through_the_default_match_float64_finite_differences(se
 # a merge) and 4 (five chunks, the last of one token; one merge of the inverse's blocks): 16 and
 # 64 run the same programs but for sizes (the merges are unrolled: 3 at 16, 5 at 64; 4 compiles
 # in 2.5 s, 16 in 4.1 s). Second order at the default 64: jax.hessian and jvp in
-# test_hessian_and_jvp_through_the_default_match_float64_finite_differences[70] and the layer's
+# test_hessian_and_jvp_through_the_default_match_float64_finite_differences[17] and the
+# layer's [17] (make test; their [70] and [1024] rows in make test-all, tests/extended.py)
 SECOND_ORDER_CASES = [(17, 1), (17, 4)]  # (T, chunk size)
 SECOND_ORDER_PROGRAMS = pytest.mark.xdist_group("second_order_oracles")  # one oracle a case
 
