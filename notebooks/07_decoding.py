@@ -156,11 +156,12 @@ print(f"prefill of {prompt_len} tokens: {time.perf_counter() - start:.2f} s (inc
 # for both: prompt and full pass are separately compiled programs of different lengths, and
 # XLA may round their float32 operations differently.
 #
-# First one step by hand, the equation of section 1 read left to right: decay the state
-# ($D_t S_{t-1}$), read what it recalls for the key ($\mathbf k_t^\top D_t S_{t-1}$), write
-# $\beta_t$ times the error ($\mathbf v_t$ minus that) along $\mathbf k_t$, then read with the
-# query. The layer's projections and gated norm before and after are reused; the library's
-# step must agree (asserted).
+# First one step by hand, the equation of section 1 applied from the right ($D_t$ acts first):
+# decay the state ($D_t S_{t-1}$), read what it recalls for the key
+# ($\mathbf k_t^\top D_t S_{t-1}$), write $\beta_t$ times the error ($\mathbf v_t$ minus that)
+# along $\mathbf k_t$ (the factor $I - \beta_t \mathbf k_t \mathbf k_t^\top$ and the added
+# term together), then read with the query. The layer's projections and gated norm before and
+# after are reused; the library's step must agree (asserted).
 
 # %%
 x_t = x[:, prompt_len: prompt_len + 1]  # the first decoded token, [B, 1, hidden]
