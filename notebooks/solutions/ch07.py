@@ -67,12 +67,13 @@ def t_star(heads, key_dim, value_dim, conv_size, kv_numbers, state_bytes, kv_byt
     """3: a KDA call verifying an m-token draft reads its state once and writes the state after
     each token (m states, kept to roll back, exercise 1): (1 + m) H K V numbers; it reads the
     w - 1 conv rows and writes the m draft rows (exercise 1's window; none for w < 2):
-    (w - 1 + m) H (2 K + V) numbers, all of b_S bytes. An attention call over T cached tokens
-    writes the draft's m entries and reads all T + m: (T + 2 m) kv_numbers b_KV bytes
-    (``kv_numbers``: the whole layer's numbers a token, all heads together; b_KV: ``kv_bytes``).
-    The first whole T with (T + 2 m) kv_numbers b_KV >= the KDA bytes is ceil(KDA / (kv_numbers
-    b_KV)) - 2 m, and at least 1: a context has at least one token (with a small state and a
-    long draft the count goes to 0 or below: attention moves more bytes at every context).
+    (w - 1 + m) H (2 K + V) numbers, each of ``state_bytes``. An attention call over T cached
+    tokens writes the draft's m entries and reads all T + m: (T + 2 m) kv_numbers numbers of
+    ``kv_bytes`` each (``kv_numbers``: the whole layer's numbers a token, all heads together).
+    The first whole T with (T + 2 m) kv_numbers kv_bytes >= the KDA bytes is ceil(KDA /
+    (kv_numbers kv_bytes)) - 2 m, and at least 1: a context has at least one token (with a small
+    state and a long draft the count goes to 0 or below: attention moves more bytes at every
+    context).
     With m = 1 this is one decode step's T*_step (notes) plus the conv rows and the new
     entry; each extra draft token adds a state write (H K V numbers) to KDA but only two
     entries to attention, so T* grows about (m + 1) / 2 times: keeping every draft token's
