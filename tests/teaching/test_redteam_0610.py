@@ -1292,6 +1292,32 @@ def test_06_3_s14_previous_clearing_refused_when_w_minus_1_exceeds_period():
     assert differ > 0  # the slip is wrong somewhere on the grid (always with w - 1 > period)
 
 
+def test_06_3_s14_after_strictly_before_refused_when_period_divides_w_minus_1():
+    """Teacher review 06-07 s14 after, defect 1: with the upper conv histories kept, p' is the last
+    clearing at or before p - (w - 1); "strictly before" differs exactly when period divides
+    w - 1. Fixed cases with period | w - 1 (the page's model cleared every 3 tokens among them)
+    refuse it at every seed with a hint naming the slip; the worked solution passes."""
+    from kda_lib.teaching.exercises import ch06
+
+    s06 = _solutions("06")
+
+    def strictly_before(seq_len, delay, conv_size, period, upper):
+        return [t for t in range(delay, seq_len) if (p := t // period * period if upper else (
+            t // period * period - conv_size) // period * period) > 0
+            and t - delay < p - (conv_size - 1)]
+
+    for case in ((32, 8, 4, 3), (40, 9, 5, 2), (30, 7, 3, 2)):
+        assert case in ch06._PERIODIC
+        assert strictly_before(*case, False) != ch06._lost(*case, False) == s06.lost_positions(
+            *case, False) == _lost_by_dependencies(*case, False), case
+    assert s06.lost_positions(32, 8, 4, 3, False)[:4] == [9, 10, 12, 13]
+    assert strictly_before(32, 8, 4, 3, False) == []
+    for seed in range(30):
+        hint = exercises.verdict("06.3", strictly_before, seed=seed)
+        assert hint and "not strictly before" in hint, hint
+        assert exercises.verdict("06.3", s06.lost_positions, seed=seed) is None
+
+
 # --- a lookup table of the checkers' fixed trials (review 2026-12-05) --------------------------
 
 def _lookup_tables():

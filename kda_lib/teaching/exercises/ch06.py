@@ -92,15 +92,19 @@ def dilated_positions(answer, rng):
 
 _PERIODIC = ((32, 8, 4, 12), (40, 6, 3, 10), (48, 10, 4, 16), (30, 5, 2, 7), (64, 12, 5, 20),
              (40, 9, 3, 4), (64, 10, 4, 6),  # (T, delay, w, period); these two: lost either way
-             (32, 8, 4, 2), (24, 6, 4, 2))  # w - 1 > period: p' is not p - period
+             (32, 8, 4, 2), (24, 6, 4, 2),  # w - 1 > period: p' is not p - period
+             (32, 8, 4, 3), (40, 9, 5, 2), (30, 7, 3, 2))  # period | w - 1: at p - w + 1 counts
 
 
-def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False, previous=False):
+def _lost(seq_len, delay, conv_size, period, upper=True, first_only=False, previous=False,
+          strict=False):
     """Scored t whose token t - delay < p - (w - 1), p the last clearing at or before t (``upper``)
     or at or before that one's p - (w - 1); slips: ``first_only``, the first clearing only;
-    ``previous``, the clearing before p for the kept histories (right only when w - 1 <= period)."""
+    ``previous``, the clearing before p for the kept histories (right only when w - 1 <= period);
+    ``strict``, the last clearing strictly before p - (w - 1) (wrong when period divides w - 1)."""
     last = lambda t: min(t // period * period, period if first_only else t)
-    cut = (lambda t: last(t) - period) if previous else (lambda t: last(last(t) - conv_size + 1))
+    cut = ((lambda t: last(t) - period) if previous
+           else lambda t: last(last(t) - conv_size + 1 - strict))
     return [t for t in range(delay, seq_len) if (p := last(t) if upper else cut(t)) > 0
             and t - delay < p - conv_size + 1]
 
@@ -130,5 +134,8 @@ def periodic_clearing(answer, rng):
                 "keep a path?" if upper
                 else f"wrong for {case}: here w - 1 > period; which clearing emptied layer 0's "
                 "state before position p - (w - 1)?" if got == _lost(*case, previous=True)
+                else f"wrong for {case}: layer 0's state was emptied at p - (w - 1) when that is "
+                "a clearing: the last clearing at or before it, not strictly before"
+                if got == _lost(*case, strict=True)
                 else f"wrong for {case}: layer 1's kept history holds "
                 "layer 0's outputs from before the clearing; which tokens can they carry?")
