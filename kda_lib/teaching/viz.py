@@ -513,8 +513,8 @@ def clearing_paths(p: int, conv_size: int, delay: int, seq_len: int) -> plt.Figu
     state of the two-layer stack is emptied at ``p``, the conv histories kept. Rows: the tokens
     (layer 0's input), the stream after layer 0 (layer 1's input), after layer 1. Boxed: each
     layer's kept conv history, positions ``p - w + 1 .. p - 1``. Arrows: (1) layer 0 reads ``s``
-    before ``p`` into its outputs there, (2) layer 1's conv at ``p .. p + w - 2`` reads them from
-    its kept history, (3) layer 1's new state carries them on to ``t``."""
+    before ``p`` into its outputs there, (2) layer 1's conv at ``p .. j + w - 1`` reads each kept
+    ``j`` (faint for ``j < p - 1``), (3) layer 1's new state carries them on to ``t``."""
     halo, path = conv_size - 1, PALETTE["vermillion"]
     s = max(min(p - conv_size, seq_len - 1 - delay), 0)
     t = s + delay
@@ -526,21 +526,24 @@ def clearing_paths(p: int, conv_size: int, delay: int, seq_len: int) -> plt.Figu
                 color="0.8", ms=4, zorder=1)
     ax.axvline(p - 0.5, color="0.2", lw=1)
     ax.text(p - 0.35, 2.65, "p: every state emptied", fontsize=8, va="center")
-    for row, colour, label, y in (
-            (0, PALETTE["orange"], "layer 0's kept history (tokens)", -0.45),
-            (1, PALETTE["sky"], "layer 1's kept history\n(emptied in the second run)", 1.3)):
+    for row, colour, label, x, y in (
+            (0, PALETTE["orange"], "layer 0's kept history (tokens)", p - 0.75, -0.45),
+            (1, PALETTE["sky"], "layer 1's kept history\n(emptied in the second run)",
+             p - halo - 0.45, 1.25)):
         ax.add_patch(mpl.patches.FancyBboxPatch(
             (p - halo - 0.35, row - 0.2), halo - 0.3, 0.4, boxstyle="round,pad=0.05",
             facecolor=colour, alpha=0.35, edgecolor=colour, zorder=2))
-        ax.text(p - 0.75, y, label, fontsize=8, ha="right", va="bottom" if row else "top",
+        ax.text(x, y, label, fontsize=8, ha="right", va="bottom" if row else "top",
                 color="0.25", multialignment="center")
     arrow = dict(arrowstyle="->", color=path, lw=1.8, shrinkA=4, shrinkB=4)
     for j in range(p - halo, p):  # (1) layer 0 reads s into its outputs at p - w + 1 .. p - 1
         ax.annotate("", xy=(j, 1), xytext=(s, 0), arrowprops=dict(
             arrow, connectionstyle="arc3,rad=-0.2", alpha=1 if j == p - 1 else 0.5))
     ax.text(s - 0.3, 0.55, "(1) layer 0 reads s\nbefore p", fontsize=8, color=path, ha="right")
-    for j in range(p, p + halo):  # (2) layer 1's conv at p .. p + w - 2 reads its kept history
-        ax.annotate("", xy=(j, 2), xytext=(p - 1, 1), arrowprops=dict(arrow, alpha=0.75))
+    for j in range(p - halo, p):  # (2) layer 1's conv at p .. j + w - 1 reads its kept j
+        for q in range(p, j + conv_size):
+            ax.annotate("", xy=(q, 2), xytext=(j, 1), arrowprops=dict(
+                arrow, alpha=0.75 if j == p - 1 else 0.3, lw=1.8 if j == p - 1 else 1.2))
     ax.text(p + halo - 0.5, 1.1, "(2) layer 1's conv reads\nits kept history", fontsize=8,
             color=path)
     if t > p + halo - 1:  # (3) layer 1's new state carries it on
