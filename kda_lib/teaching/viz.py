@@ -335,7 +335,7 @@ def _draw_summaries(ax, shown, drawn, colours):
         shown * drawn / 2,
         0.5,
         "all_gather of the summaries: $R \\times (d_k \\times d_k + d_k \\times d_v)$ floats per "
-        "row and head, independent of $T$",
+        "sequence and head, independent of $T$",
         ha="center",
         va="center",
         fontsize=9,
