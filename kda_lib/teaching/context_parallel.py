@@ -73,7 +73,8 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     last), phases left to right, widths the flops of ``path`` (:func:`critical_path`);
     communication (halo, all-gather) is drawn at a fixed width. Every rank folds all ``ranks``
     summaries, as ``kda_context_parallel`` does; those past ``S^(rho)`` are hatched (computed,
-    not needed for the rank's outputs). Below: one device."""
+    not needed for the rank's outputs). Below: one device, level with the summary pass, and a
+    dashed line where each rank's flops would end with no communication."""
     rows = sorted({*range(min(ranks, shown_ranks) - 1), ranks - 1})
     comm = 0.07 * path["rank"]
     x_fold = comm + path["summary"] + comm
@@ -85,22 +86,25 @@ def draw_critical_path(ranks: int, halo: int, path: dict, *, shown_ranks: int = 
     top = len(rows) + 1.45
     ax.add_patch(mpl.patches.Rectangle((comm + path["summary"], 1.55), comm, top - 1.55,
                                        color="0.8"))
-    ax.text(x_fold - 0.005 * path["rank"], top + 0.12, "all-gather\n$(M, E)$", ha="right",
-            va="bottom", fontsize=8)  # right-aligned, the fold's label left-aligned: no overlap
-    ax.text(comm / 2, top + 0.12, f"halo\n{halo} tokens", ha="center", va="bottom", fontsize=8)
+    ax.text(x_fold - 0.005 * path["rank"], top + 0.12, "all-gather $(M, E)$\n(not to scale)",
+            ha="right", va="bottom", fontsize=8)  # right-aligned, the fold's left-aligned
+    ax.text(comm / 2, top + 0.12, f"halo, {halo} tokens\n(not to scale)", ha="center",
+            va="bottom", fontsize=8)
     ax.text(x_fold + 0.005 * path["rank"], top + 0.12, f"fold: all {ranks} steps\non every rank",
             ha="left", va="bottom", fontsize=8)
     _box(ax, comm, path["one_device"], 0.7, "0.55", "one device: the whole sequence, $F(T, d_v)$")
     ax.text(-0.01 * path["rank"], 0.7, "1 device", ha="right", va="center", fontsize=9)
     end = x_out + path["output"]
-    ax.plot([end, end], [0.3, top], color=PALETTE["vermillion"], linestyle="--", linewidth=1.4)
-    ax.text(end, 0.12, f"each rank's flops: {path['rank'] / path['one_device']:.2f} x one "
-            "device's (communication not counted)", ha="right", va="center", fontsize=9,
+    flops_end = comm + path["rank"]  # a rank's flops from the summary pass, no communication
+    ax.plot([flops_end, flops_end], [0.3, 1.1], color=PALETTE["vermillion"], linestyle="--",
+            linewidth=1.4)
+    ax.text(flops_end, 0.12, f"each rank's flops end here: {path['rank'] / path['one_device']:.2f}"
+            " x one device's (communication not counted)", ha="right", va="center", fontsize=9,
             color=PALETTE["vermillion"])
     ax.set(xlim=(-0.12 * path["rank"], 1.03 * max(end, comm + path["one_device"])),
            ylim=(-0.1, top + 0.8), xticks=[], yticks=[],
            xlabel="time on each device: boxes as wide as their flops (per sequence and head); "
-           "halo and all-gather (communication) at a fixed width")
+           "communication (halo, all-gather) at a fixed width, not to scale")
     ax.legend(handles=[mpl.patches.Patch(facecolor="0.45", edgecolor="white", hatch=SKIPPABLE,
                                          label="fold steps past $S^{(\\rho)}$, the state rank "
                                          "$\\rho$ keeps: computed on every rank, not needed for "
