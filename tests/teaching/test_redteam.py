@@ -1038,3 +1038,31 @@ def test_s14_02_1_a_quadrature_just_above_1_is_judged_by_its_value():
         assert hint and "a probability lies in [0, 1]" in hint, (seed, hint)
         hint = exercises.verdict("02.1", lambda *a: -quadrature(*a), seed=seed)
         assert hint and "a probability lies in [0, 1]" in hint, (seed, hint)
+
+
+def test_s14_05_slow_hint_names_the_limit_not_a_method():
+    """Teacher s14, defect 10: a right 05.1 answer that is merely slow (a Python loop over every
+    element of M^T g) is told the time limit and that such a loop can exceed it, not blamed for
+    finite differences it did not use."""
+    def element_loop(ms, hs):
+        ranks, key_dim, value_dim = hs.shape
+        gs, g = np.zeros_like(hs), np.zeros((key_dim, value_dim))
+        for r in range(ranks - 1, -1, -1):
+            new = hs[r].copy()
+            for i in range(key_dim):
+                for j in range(key_dim):
+                    for c in range(value_dim):
+                        new[i, c] += ms[r][j, i] * g[j, c]
+            gs[r] = g = new
+        return gs
+
+    from kda_lib.teaching.exercises import ch05
+
+    ms, _, hs = ch05._problem(np.random.default_rng(0), 5)  # right, if slow
+    np.testing.assert_allclose(element_loop(ms, hs), ch05.state_gradients_reference(ms, hs),
+                               rtol=1e-12, atol=1e-12)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ch05, "TIME_LIMIT_S", 0.25)
+        hint = exercises.verdict("05.1", element_loop, seed=0)
+    assert hint and "took over 0.25 CPU s, the time limit" in hint, hint
+    assert "loop over every element can exceed" in hint and "cannot get there" not in hint, hint

@@ -10,8 +10,9 @@ from kda_lib.teaching.exercises.ch04 import AUTODIFF
 _RANKS = (2, 3, 5, 8)  # K = 4, V = 3
 _LARGE = (32, 64, 128)  # R, K, V of the last trial
 TIME_LIMIT_S = 10.0
-_SLOW = ("your function took over {:.0f} CPU s at R, K, V = {}: the backward fold is R small "
-         "matrix products; finite differences (a forward fold per entry) cannot get there")
+_SLOW = ("your function took over {:g} CPU s, the time limit, at R, K, V = {}: the backward "
+         "fold is R small matrix products; a Python loop over every element can exceed the "
+         "limit (on a slow CPU even if right), and so do finite differences: use matrix products")
 _close = lambda got, want: np.allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5)
 
 
