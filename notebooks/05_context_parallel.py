@@ -232,7 +232,8 @@ viz.show(cpt.plot_folded_states(norms, boundaries, folded_norms), "05_folded_sta
 #
 # 1. **Summary pass.** Every rank, at once, runs the kernel over its slice from $[\,I \mid 0\,]$:
 #    its summary $(M^{(\rho)}, E^{(\rho)})$.
-# 2. **All-gather.** The ranks exchange the summaries; every rank waits here for the slowest.
+# 2. **All-gather.** The ranks exchange the summaries (LASP-2's one all-gather of states; for the
+#    delta rule the summary is affine, not additive); every rank waits here for the slowest.
 # 3. **Fold.** Every rank folds all $R$ gathered summaries in order and keeps the state after the
 #    first $\rho$, $S^{(\rho)}$ ($S^{(0)} = 0$); the last gives the final state.
 # 4. **Output pass.** Each rank reruns its slice from $S^{(\rho)}$ and writes its outputs.
@@ -348,8 +349,6 @@ for t in lengths:
         assert measured[name][-1] == formula[name](t), (name, t, measured[name][-1])
     print(f"T = {t:5d}, bytes per rank: " + ", ".join(f"{n} {v[-1]:,d}"
                                                       for n, v in measured.items()))
-assert len(set(measured["state passing (kernel)"])) == 1, "state passing is flat in T"
-assert len(set(measured["state passing + halo (layer)"])) == 1
 
 # %%
 crossover = ranks * key_dim * (key_dim + value_dim) / (3 * key_dim + value_dim + 1)
@@ -415,7 +414,7 @@ assert max(vmap_errors.values()) < 1e-5 and carried > 0.01
 # term in the final state. Autodiff run by your function on its own thread (`jax.grad`,
 # `jax.vjp`, `jax.experimental.jet`) is refused; other threads and processes are beyond the checker
 # (it gives feedback; it is no proctor). The last trial ($R = 32$, $d_k = 64$, $d_v = 2d_k$) must
-# finish within 10 s of CPU time: finite differences, a forward fold per entry, cannot.
+# finish within 10 s of CPU time: finite differences cannot, and a loop over every element may not.
 #
 # 1. **The backward fold.** Derive $\bar S^{(\rho)}$ from $\bar S^{(\rho + 1)}$ and write
 #    `state_gradients(ms, hs)`: from the summaries `ms [R, K, K]` ($M^{(\rho)}$) and `hs [R, K, V]`
@@ -445,6 +444,7 @@ exercises.check("05.2", answer)
 #   near-infinite context*, 2023. [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)
 # - S. Li et al., *Sequence parallelism: long sequence training from system perspective*,
 #   2021. [arXiv:2105.13120](https://arxiv.org/abs/2105.13120)
+# - W. Sun et al., *LASP-2* (one all-gather of memory states), 2025. [arXiv:2502.07563](https://arxiv.org/abs/2502.07563)
 # - JAX, *Manual parallelism with `shard_map`*: [docs.jax.dev](https://docs.jax.dev/en/latest/notebooks/shard_map.html)
 # - Chunk-state passing in [openxla/tokamax](https://github.com/openxla/tokamax) and
 #   [fla-org/flash-linear-attention](https://github.com/fla-org/flash-linear-attention)
