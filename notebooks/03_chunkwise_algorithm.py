@@ -188,24 +188,28 @@ for got, want in ((Delta3, deltas), (S3, S), (O3, outs), (O3, o3[0, :, 0]), (S3,
 # %% [markdown]
 # ## 3. The general chunk in five steps
 #
-# Now any $C$, $d_k$, $d_v$, and a state $S_{\text{in}}$ entering the chunk (its first token's
-# $S_{t-1}$). With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$ the
-# decay from the chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots + \mathbf
-# g_t$), $D_t \cdots D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above the
-# diagonal its exponent is positive, and for a steep gate (a fall of 800 over the chunk) overflows
-# even in float64 (counted below), so it is masked before `exp`. Each step is checked in float64 on
-# chunk 0 of head 0 against the recurrence run through it (keeping $S_t$, $\boldsymbol\delta_t$).
+# Now any $C$, $d_k$, $d_v$ and an entering state $S_{\text{in}}$ (the first token's $S_{t-1}$).
+# With $\Gamma_t = D_t \cdots D_1 = \operatorname{diag}(e^{\boldsymbol\gamma_t})$ the decay from the
+# chunk start to token $t$ ($\boldsymbol\gamma_t = \mathbf g_1 + \dots + \mathbf g_t$), $D_t \cdots
+# D_{s+1} = \Gamma_t \Gamma_s^{-1}$, formed for $s \le t$ only: above the diagonal its exponent is
+# positive and, for a steep gate (falling 800 over the chunk), overflows even in float64 (counted
+# below), so it is masked before `exp`. Each step is checked in float64 on chunk 0, head 0.
 #
-# **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$: $S_t = \Gamma_t
-# S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s \boldsymbol\delta_s^\top$.
+# **Step 1: unroll** $S_t = D_t S_{t-1} + \mathbf k_t \boldsymbol\delta_t^\top$ to the chunk start:
 #
-# **Step 2: a triangular system.** Put the unrolled $S_{t-1}$ into $\boldsymbol\delta_t$
-# ($D_t \Gamma_{t-1} = \Gamma_t$, diagonal): $\boldsymbol\delta_t = \beta_t \mathbf v_t -
-# \beta_t S_{\text{in}}^\top (\Gamma_t \mathbf k_t) - \sum_{s < t} L_{ts} \boldsymbol\delta_s$ with
-# $L_{ts} = \beta_t\, \mathbf k_t^\top \Gamma_t \Gamma_s^{-1} \mathbf k_s$ (section 2's $L$).
-# Stacked, with $\overleftarrow K$ the keys decayed from the chunk start to their token (rows
-# $\Gamma_t \mathbf k_t$): $(I + L)\, \Delta = \operatorname{diag}(\boldsymbol\beta)\, V -
-# \operatorname{diag}(\boldsymbol\beta)\, \overleftarrow K S_{\text{in}}$.
+# $$
+# S_t = \Gamma_t S_{\text{in}} + \sum_{s \le t} \Gamma_t \Gamma_s^{-1}\, \mathbf k_s
+# \boldsymbol\delta_s^\top .
+# $$
+#
+# **Step 2: a triangular system.** Put step 1's $S_{t-1}$ in $\boldsymbol\delta_t$ and stack ($D_t
+# \Gamma_{t-1} = \Gamma_t$; $L$: section 2's; $\overleftarrow K$: rows $\Gamma_t \mathbf k_t$):
+#
+# $$
+# \boldsymbol\delta_t + \sum_{s < t} L_{ts} \boldsymbol\delta_s = \beta_t \big(\mathbf v_t -
+# S_{\text{in}}^\top \Gamma_t \mathbf k_t\big), \qquad (I + L)\, \Delta =
+# \operatorname{diag}(\boldsymbol\beta) \big(V - \overleftarrow K S_{\text{in}}\big) .
+# $$
 
 # %%
 S_t, states, deltas = S_in[0, h], [], []
@@ -215,15 +219,14 @@ for t in range(chunk_size):  # the recurrence, keeping the pseudo-values
     S_t = decayed + np.outer(kc[t], deltas[-1])
     states.append(S_t)
 Delta, gamma = np.array(deltas), np.cumsum(gc, axis=0)  # [C, V], [C, K]: rows delta_t, gamma_t
-causal = np.tril(np.ones((chunk_size, chunk_size)))
-exponent = np.where(causal[..., None] > 0, gamma[:, None] - gamma[None], -np.inf)  # <= 0 only
-ratio = np.exp(exponent)  # [t, s, K]: diagonal of Gamma_t Gamma_s^-1 for s <= t, 0 above
+causal = np.tril(np.ones((chunk_size, chunk_size)))  # ratio[t, s]: Gamma_t / Gamma_s, 0 above
+ratio = np.exp(np.where(causal[..., None] > 0, gamma[:, None] - gamma[None], -np.inf))  # <= 0
 for t in (0, chunk_size // 2, chunk_size - 1):
-    unrolled = np.exp(gamma[t])[:, None] * S_in[0, h] + (ratio[t] * kc).T @ Delta  # s <= t
-    assert_close(unrolled, states[t], atol=1e-12, name=f"step 1: unrolled S_{t + 1}")
+    assert_close(np.exp(gamma[t])[:, None] * S_in[0, h] + (ratio[t] * kc).T @ Delta,  # s <= t
+                 states[t], atol=1e-12, name=f"step 1: unrolled S_{t + 1}")
 L = np.tril(bc[:, None] * np.einsum("tc,sc,tsc->ts", kc, kc, ratio), -1)
 K_in = kc * np.exp(gamma)  # rows Gamma_t k_t
-rhs = bc[:, None] * vc - bc[:, None] * (K_in @ S_in[0, h])
+rhs = bc[:, None] * (vc - K_in @ S_in[0, h])  # diag(beta) (V - K_in S_in)
 assert_close((np.eye(chunk_size) + L) @ Delta, rhs, atol=1e-12, name="step 2: (I + L) Delta")
 nan = chunkwise.masked_overflow(chunk_size, fall=800.0)  # a gate falling by 800 over the chunk
 print(f"steps 1 and 2 checked; steep gate, entries above the diagonal masked after exp: "
@@ -264,8 +267,7 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 # %% [markdown]
 # **Step 3: the UT transform** (Joffrain et al.'s name: one small triangular matrix inverted instead
 # of the $C$ factors multiplied; lower here, as the newest factor stands on the left). $I + L$ is
-# unit lower triangular (invertible) and free of $S_{\text{in}}$: one solve per chunk gives the
-# pseudo-values for **any** entering state,
+# unit lower triangular and free of $S_{\text{in}}$: one solve serves **any** entering state,
 #
 # $$
 # \Delta = \tilde V - \tilde K S_{\text{in}}, \qquad \tilde V = (I + L)^{-1}
@@ -283,9 +285,8 @@ viz.show(viz.wy_factors(np.eye(key_dim) - product, kt, K0_tilde), "03_wy_form")
 # $$
 #
 # $M_{[i]}$, the product of notebook 01's transitions $M_t = (I - \beta_t \mathbf k_t \mathbf
-# k_t^\top) D_t = D_t - \beta_t \mathbf k_t (D_t \mathbf k_t)^\top$ (diagonal plus rank one), is
-# in **WY form** (Bischof and Van Loan): a diagonal minus $\overrightarrow K^\top \tilde K$
-# (checked, with `kda_lib`'s `chunk_affine_maps`).
+# k_t^\top) D_t$ (diagonal plus rank one), is in **WY form** (Bischof and Van Loan): a diagonal
+# minus $\overrightarrow K^\top \tilde K$ (checked, with `kda_lib`'s `chunk_affine_maps`).
 
 # %%
 solve = np.linalg.inv(np.eye(chunk_size) + L)  # kda_lib's unit_lower_inverse: by products only
@@ -295,12 +296,11 @@ with jax.enable_x64(True):
     assert_close(unit_lower_inverse(jnp.asarray(L)), solve, name="unit_lower_inverse")
     maps = jax.tree.map(np.asarray, jax.jit(chunk_affine_maps, static_argnames=["scale"])(
         *(jnp.asarray(to_chunks(a)) for a in (q, k, v, g, beta)), scale=scale))
-M, E = maps.transition[0, h, i], maps.state_ext[0, h, i]
-K_out = kc * np.exp(gamma[-1] - gamma)  # rows Gamma_C Gamma_s^-1 k_s
+M, K_out = maps.transition[0, h, i], kc * np.exp(gamma[-1] - gamma)  # rows Gamma_C / Gamma_s k_s
 assert_close(np.exp(gamma[-1])[:, None] * S_in[0, h] + K_out.T @ Delta, states[-1], atol=1e-12,
              name="step 4: S_C = Gamma_C S_in + K_out^T Delta")
 assert_close(np.diag(np.exp(gamma[-1])) - K_out.T @ W, M, name="step 4: M = Gamma_C - K_out^T K~")
-assert_close(K_out.T @ U, E, name="step 4: E = K_out^T V~")
+assert_close(K_out.T @ U, maps.state_ext[0, h, i], name="step 4: E = K_out^T V~")
 transitions = [(np.eye(key_dim) - b_t * np.outer(k_t, k_t)) * np.exp(g_t)  # 01's M_t, D_t right
                for k_t, g_t, b_t in zip(kc, gc, bc, strict=True)]  # (I - beta_t k_t k_t^T) D_t
 assert_close(M, np.linalg.multi_dot(transitions[::-1]), name="M = M_C ... M_1")  # newest left
@@ -308,15 +308,16 @@ print("steps 3 and 4 checked; M == chunk_affine_maps == M_C ... M_1")
 
 # %% [markdown]
 # **Step 5: the outputs.** Step 1 in the read $\mathbf o_t = S_t^\top \mathbf q_t / \sqrt{d_k}$,
-# with $\overleftarrow Q$ (rows $\Gamma_t \mathbf q_t$) and $P_{ts} = \mathbf q_t^\top \Gamma_t
-# \Gamma_s^{-1} \mathbf k_s / \sqrt{d_k}$ ($s \le t$, section 2's $P$): $O = \tfrac{1}{\sqrt{d_k}}
-# \overleftarrow Q S_{\text{in}} + P \Delta = Q^{\text{eff}} S_{\text{in}} + O^{\text{intra}}$,
-# $Q^{\text{eff}} = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K$, $O^{\text{intra}} = P
-# \tilde V$.
+# then step 3 ($\overleftarrow Q$: rows $\Gamma_t \mathbf q_t$; $P$: section 2's causal scores):
+#
+# $$
+# O = \tfrac{1}{\sqrt{d_k}} \overleftarrow Q S_{\text{in}} + P \Delta = \underbrace{\big(
+# \tfrac{1}{\sqrt{d_k}} \overleftarrow Q - P \tilde K\big)}_{Q^{\text{eff}}} S_{\text{in}} +
+# \underbrace{P \tilde V}_{O^{\text{intra}}} .
+# $$
 
 # %%
-P = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal
-Q_in = qc * np.exp(gamma)  # rows Gamma_t q_t
+P, Q_in = scale * np.einsum("tc,sc,tsc->ts", qc, kc, ratio) * causal, qc * np.exp(gamma)
 outputs_chunk = np.array([scale * s_t.T @ q_t for s_t, q_t in zip(states, qc, strict=True)])
 assert_close(scale * Q_in @ S_in[0, h] + P @ Delta, outputs_chunk, atol=1e-12,
              name="step 5: O = Q_in S_in / sqrt(d_k) + P Delta")
@@ -405,11 +406,10 @@ for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # t
 # ## Summary
 #
 # - A chunk's pseudo-values solve one unit-lower-triangular system (by hand at $C = 3$, then in five
-#   float64-checked steps), $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the affine
-#   map $M_{[i]} S_{\text{in}} + E_{[i]}$ (WY form). The forward pass is one short function, equal
-#   to `kda_recurrent` and `kda_chunked` in float64; the maps also chain by `lax.associative_scan`
-#   (notes, notebook 05). It buys $T / C$ dependent steps instead of $T$, each a product of $C$
-#   rows (counted in the traced programs), for more flops than the recurrence (counted).
+#   float64-checked steps): $\Delta = \tilde V - \tilde K S_{\text{in}}$; the chunk is the affine
+#   map $M_{[i]} S_{\text{in}} + E_{[i]}$ (WY form; the maps also chain by `lax.associative_scan`:
+#   notes, notebook 05). The forward pass is one short function, equal to `kda_recurrent` and
+#   `kda_chunked` in float64: $T / C$ dependent steps instead of $T$, at more flops (both counted).
 #
 # ## Exercises
 #
@@ -427,11 +427,11 @@ for C, d in ((C, d) for C in (16, 32, 64, 128) for d in (timing_dim, 128)):  # t
 #    k_s$ in it? What is `rhs`? *Return* from `wy_backward_system(k, g, beta)` (`k`, `g` $[C, d_k]$,
 #    `beta` $[C]$) `lhs` $= I + L'$ $[C, C]$ exactly (unit diagonal, no row scaled or combined) and
 #    `rhs` $[C, d_k]$; also tried: $C > d_k$; forget bursts overflowing $e^{-\boldsymbol\gamma_t}$.
-# 2. **Two chunks as one.** From two consecutive chunks' factors (the first's $\tilde K_{[1]}$,
-#    $\tilde V_{[1]}$, $\overrightarrow K_{[1]}$, log decay across it $\boldsymbol\gamma_{C,[1]}$
-#    $[d_k]$; the second's $\tilde K_{[2]}$, $\tilde V_{[2]}$, from its own start), derive the two
-#    as one chunk's $\tilde K$, $\tilde V$: `merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1,
-#    K_tilde2, V_tilde2) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
+# 2. **Two chunks as one.** From chunk $i$'s factors ($\tilde K_{[i]}$, $\tilde V_{[i]}$,
+#    $\overrightarrow K_{[i]}$, log decay across it $\boldsymbol\gamma_{C,[i]}$ $[d_k]$) and chunk
+#    $i + 1$'s ($\tilde K_{[i+1]}$, $\tilde V_{[i+1]}$, from its own start), derive the pair's
+#    $\tilde K$, $\tilde V$ as one chunk's: `merge_chunks(K_tilde_i, V_tilde_i, K_out_i, gamma_i,
+#    K_tilde_next, V_tilde_next) -> (K_tilde, V_tilde)`, compared with step 3 on the whole.
 
 # %%
 answer = None  # a function wy_backward_system(k, g, beta) -> (lhs [C, C], rhs [C, d_k])

@@ -49,31 +49,34 @@ def wy_backward_system_by_rows(k, g, beta):
     return jnp.eye(C) + jnp.stack(rows), beta[:, None] * k * jnp.exp(gamma[-1] - gamma)
 
 
-# 2. Two chunks into one. Step 3 for the second chunk, entered by S_C:
-#    Delta_2 = V~2 - K~2 S_C, and step 4 for the first: S_C = M_1 S_in + E_1 with
-#    M_1 = Gamma^(1) - K_out1^T K~1, E_1 = K_out1^T V~1 (S_in: the state entering the first). So
-#    Delta_2 = (V~2 - K~2 K_out1^T V~1) - K~2 (Gamma^(1) - K_out1^T K~1) S_in:
-#    the merged chunk's K~ stacks K~1 on K~2 Gamma^(1) - (K~2 K_out1^T) K~1, and its V~ stacks V~1
-#    on V~2 - (K~2 K_out1^T) V~1. (K~2 Gamma^(1) is K~2 with its keys decayed from the merged
-#    chunk's start.) Only C2 x C1 coupling products, no solve: the same doubling by which
-#    unit_lower_inverse builds a chunk's (I + L)^-1 from 2 x 2 diagonal blocks, merged pairwise.
-def merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):
-    coupling = K_tilde2 @ K_out1.T  # [C2, C1]
-    K_tilde = np.concatenate([K_tilde1, K_tilde2 * np.exp(gamma1) - coupling @ K_tilde1])
-    V_tilde = np.concatenate([V_tilde1, V_tilde2 - coupling @ V_tilde1])
+# 2. Two chunks into one: chunks i and i + 1 (NOTATION's [i]: S_[i] enters chunk i). Step 3 for
+#    chunk i + 1, entered by S_[i+1]: Delta_[i+1] = V~_[i+1] - K~_[i+1] S_[i+1], and step 4 for
+#    chunk i: S_[i+1] = M_[i] S_[i] + E_[i] with M_[i] = Gamma_C,[i] - K_out,[i]^T K~_[i] and
+#    E_[i] = K_out,[i]^T V~_[i] (Gamma_C,[i] = diag(e^gamma_C,[i]), the decay across chunk i). So
+#    Delta_[i+1] = (V~_[i+1] - K~_[i+1] K_out,[i]^T V~_[i]) - K~_[i+1] M_[i] S_[i]: the merged
+#    chunk's K~ stacks K~_[i] on K~_[i+1] Gamma_C,[i] - (K~_[i+1] K_out,[i]^T) K~_[i], and its V~
+#    stacks V~_[i] on V~_[i+1] - (K~_[i+1] K_out,[i]^T) V~_[i]. (K~_[i+1] Gamma_C,[i] is K~_[i+1]
+#    with its keys decayed from chunk i's start.) Only C_[i+1] x C_[i] coupling products, no solve:
+#    the same doubling by which unit_lower_inverse builds a chunk's (I + L)^-1 from 2 x 2 diagonal
+#    blocks, merged pairwise. In code, _i and _next stand for [i] and [i+1].
+def merge_chunks(K_tilde_i, V_tilde_i, K_out_i, gamma_i, K_tilde_next, V_tilde_next):
+    coupling = K_tilde_next @ K_out_i.T  # [C_[i+1], C_[i]]
+    K_tilde = np.concatenate([K_tilde_i, K_tilde_next * np.exp(gamma_i) - coupling @ K_tilde_i])
+    V_tilde = np.concatenate([V_tilde_i, V_tilde_next - coupling @ V_tilde_i])
     return K_tilde, V_tilde
 
 
-# 2, written differently: float32 jnp, through the first chunk's map (M_1, E_1) as matrices.
-def merge_chunks_by_maps(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):
+# 2, written differently: float32 jnp, through chunk i's map (M_[i], E_[i]) as matrices.
+def merge_chunks_by_maps(K_tilde_i, V_tilde_i, K_out_i, gamma_i, K_tilde_next, V_tilde_next):
     import jax.numpy as jnp
 
-    f32 = (jnp.asarray(a, jnp.float32) for a in (K_tilde1, V_tilde1, K_out1, K_tilde2, V_tilde2))
-    K_tilde1, V_tilde1, K_out1, K_tilde2, V_tilde2 = f32
-    M1 = jnp.diag(jnp.exp(jnp.asarray(gamma1, jnp.float32))) - K_out1.T @ K_tilde1
-    E1 = K_out1.T @ V_tilde1
-    return (jnp.concatenate([K_tilde1, K_tilde2 @ M1]),
-            jnp.concatenate([V_tilde1, V_tilde2 - K_tilde2 @ E1]))
+    f32 = (jnp.asarray(a, jnp.float32) for a in (K_tilde_i, V_tilde_i, K_out_i, K_tilde_next,
+                                                 V_tilde_next))
+    K_tilde_i, V_tilde_i, K_out_i, K_tilde_next, V_tilde_next = f32
+    M_i = jnp.diag(jnp.exp(jnp.asarray(gamma_i, jnp.float32))) - K_out_i.T @ K_tilde_i
+    E_i = K_out_i.T @ V_tilde_i
+    return (jnp.concatenate([K_tilde_i, K_tilde_next @ M_i]),
+            jnp.concatenate([V_tilde_i, V_tilde_next - K_tilde_next @ E_i]))
 
 
 def cases():
@@ -82,8 +85,8 @@ def cases():
         L = np.tril(beta[:, None] * np.einsum("tc,sc,tsc->ts", k, k, _decay(gamma)), -1)
         return np.eye(len(beta)) + L, beta[:, None] * k * np.exp(gamma)
 
-    def unmerged(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2):  # stacked, uncoupled
-        return np.concatenate([K_tilde1, K_tilde2]), np.concatenate([V_tilde1, V_tilde2])
+    def unmerged(K_tilde_i, V_tilde_i, K_out_i, gamma_i, K_tilde_next, V_tilde_next):  # uncoupled
+        return np.concatenate([K_tilde_i, K_tilde_next]), np.concatenate([V_tilde_i, V_tilde_next])
 
     return [
         ("03.1", wy_backward_system, {}, forward_system),

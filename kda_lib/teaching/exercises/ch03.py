@@ -114,13 +114,13 @@ def _merge_problem(rng, bursts):
 
 @ex.checker("03.2")
 def merged_chunks(answer, rng):
-    """``answer(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2) -> (K_tilde, V_tilde)``:
-    two consecutive chunks' K~, V~ taken as one, from their factors (the second's from its own
-    start); compared with step 3 on the combined chunk."""
+    """``answer(K_tilde_i, V_tilde_i, K_out_i, gamma_i, K_tilde_next, V_tilde_next) -> (K_tilde,
+    V_tilde)``: chunks i and i + 1's K~, V~ taken as one, from their factors (chunk i + 1's from
+    its own start); compared with step 3 on the combined chunk."""
     for bursts in (True, False, True):
         given, (want_w, want_u) = _merge_problem(rng, bursts)
-        size = f"C1 = {len(given[0])}, C2 = {len(given[4])}, d_k = {given[0].shape[1]}"
-        name = "merge_chunks(K_tilde1, V_tilde1, K_out1, gamma1, K_tilde2, V_tilde2)"
+        size = f"C = {len(given[0])} + {len(given[4])} (chunks i, i + 1), d_k = {given[0].shape[1]}"
+        name = "merge_chunks(K_tilde_i, V_tilde_i, K_out_i, gamma_i, K_tilde_next, V_tilde_next)"
         got, hint = ex.call_answer(answer, *(a.copy() for a in given), name=name)
         if hint := hint or ex.parts(got, "two arrays, (K_tilde, V_tilde)", dict(
                 shape=want_w.shape, inputs=given, what="K_tilde"), dict(
@@ -129,6 +129,6 @@ def merged_chunks(answer, rng):
         for part, want, what in ((0, want_w, "K_tilde (the merged K~)"), (1, want_u, "V_tilde")):
             if not _close(got[part], want):
                 first = _close(np.asarray(got[part])[: len(given[0])], want[: len(given[0])])
-                return f"{what} is wrong at {size}, " + ("its rows of the second chunk: its tokens "
-                    "now see the first chunk's too; what state enters them?" if first else
-                    "its rows of the first chunk: do those tokens see any of the second chunk's?")
+                return f"{what} is wrong at {size}, " + ("its rows of the second chunk (i + 1): "
+                    "its tokens now see chunk i's too; what state enters them?" if first else
+                    "its rows of the first chunk (i): do those tokens see any of chunk i + 1's?")
