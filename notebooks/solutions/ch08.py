@@ -7,24 +7,16 @@ from math import factorial
 import numpy as np
 
 
-def pair_guess(n_pairs: int, probs) -> float:
-    """1: the rule picks one of the n pairs uniformly and answers its value. It is right when it
-    picks the queried pair itself (probability 1 / n), or another pair (probability (n - 1) / n)
-    whose value, drawn independently, equals the queried one: P(two draws agree) = sum_i p_i^2.
-    Uniform values (section 5): (1 + (n - 1) / m) / n."""
-    p = np.asarray(probs, np.float64)
-    return 1 / n_pairs + (n_pairs - 1) / n_pairs * float(np.sum(p * p))
-
-
 def vote_level(n_pairs: int, probs) -> float:
-    """2: the vote answers every query with the most frequent of the n values (drawn
+    """1: the vote answers every query with the most frequent of the n values (drawn
     independently, value i with probability p_i); it is right at as many queries as that value
     occurs, so its accuracy is E[M] / n, M the largest count. E[M] = sum_{k >= 1} P(M >= k), and
     P(M < k) sums, over the count vectors (c_1, ..., c_m) with every c_i < k and sum n, the
     multinomial n! prod_i p_i^c_i / c_i!: a dynamic programme over the values, f[r] = sum over
     the values so far of prod p_i^c_i / c_i! with r draws placed, each value taking j < k of
     them (the exponential generating function's coefficients). Exact, float64; every f[r] <= 1,
-    so nothing overflows."""
+    so nothing overflows. (The hint's first step, a random pair's value, is right with
+    probability 1 / n + (n - 1) / n sum_i p_i^2: the pair itself, or another drawn the same.)"""
     n, p = n_pairs, np.asarray(probs, np.float64)
     expected = 0.0
     for k in range(1, n + 1):
@@ -40,7 +32,7 @@ def vote_level(n_pairs: int, probs) -> float:
 
 
 def beyond_reach(inputs, mask, reach: int):
-    """3: replay each row's pushes and pops with a stack of *positions* (not values: a value
+    """2: replay each row's pushes and pops with a stack of *positions* (not values: a value
     pushed again later is another push); after token t the top is the position t' of the push
     whose value is the answer. A scored position is beyond reach when t - t' > reach (a pop's
     answer is at least 2 back: the popped push sits between)."""
@@ -59,7 +51,7 @@ def beyond_reach(inputs, mask, reach: int):
 
 
 def three_time_scales(half_lives) -> dict:
-    """4: A = (I - beta k k^T) D, D = diag(d_i) with the decays d_i = e^(g_i), is similar to
+    """3: A = (I - beta k k^T) D, D = diag(d_i) with the decays d_i = e^(g_i), is similar to
     D - u u^T (u_i^2 = beta d_i k_i^2), a rank-one downdate of a diagonal matrix, whose
     eigenvalues lam interlace the decays. Pick decays just above the wanted lam (d_1 > lam_1 >
     d_2 > lam_2 > ...); the secular equation gives u_i^2 = prod_j (d_i - lam_j) /
@@ -85,10 +77,9 @@ def three_time_scales(half_lives) -> dict:
 def cases():
     scales = dict(half_lives=(1.0, 8.0, 64.0), length=256)
     return [
-        ("08.1", pair_guess, {}, lambda n, p: (1 + (n - 1) / len(p)) / n),  # the uniform formula
-        ("08.2", vote_level, {}, lambda n, p: 1 / n + (n - 1) / n * np.sum(np.square(p))),
-        ("08.3", beyond_reach, {}, lambda inputs, mask, reach: beyond_reach(  # ">= reach"
+        ("08.1", vote_level, {}, lambda n, p: 1 / n + (n - 1) / n * np.sum(np.square(p))),
+        ("08.2", beyond_reach, {}, lambda inputs, mask, reach: beyond_reach(  # ">= reach"
             inputs, mask, reach - 1)),
-        ("08.4", three_time_scales, scales,
+        ("08.3", three_time_scales, scales,
          lambda lives: dict(three_time_scales(lives), decays=[0.99, 0.9, 0.5])),
     ]

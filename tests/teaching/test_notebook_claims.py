@@ -1134,6 +1134,29 @@ def test_synthetic_recall_verdicts_as_notebook_08_states_them():
     assert _ordered(wide) == dict.fromkeys(kept, ">")
     every = {k: v for k, v in _ordered({**wide, **sanity}).items() if k[2] in ("gdn", "mamba2")}
     assert len({**wide, **sanity}) == 35 and every == dict.fromkeys(kept, ">")  # the Summary's two
+    assert len(_ordered({**wide, **sanity})) == 13  # the notes': 13 of the 35, 9 against controls
+
+
+def test_synthetic_recall_larger_families_through_the_library_as_notebook_08_reads_them():
+    """08 section 7's Reading, "in larger families ... stay ordered (notes; tested)" (moved off
+    the page, teacher s13 after, 3): the notebook's claims family, its 17 rows with MQAR and
+    palindrome kept and all 35 rows, through ``recall_sweep`` as the page builds them: 13 of the
+    35 ordered; against GDN and mamba2-style ordered in all three, KDA > GDN at 128 and
+    KDA > mamba2-style at 64, each in accuracy and beyond the conv reach."""
+    from kda_lib.teaching import recall_sweep as rs
+
+    sweep = _recorded("results", PROTOCOL_2_SWEEP)
+    cells, complete, acc = rs.sweep_cells(sweep, min_seeds=5)
+    family = rs.kda_family(cells, complete, acc, sweep["setting"]["solved"])
+    for t, m in ((t, m) for t in LENS for m in ("gdn", "mamba2")):
+        family[("stack", t, f"{m} beyond")] = tuple(
+            rs.beyond_reach(cells[("stack", x, t)]) for x in ("kda", m))
+    baselines = {k: v for k, v in family.items() if k[2].split()[0] in ("gdn", "mamba2", "steps")}
+    claims = {k: v for k, v in baselines.items() if k[0] == "stack" or k[2] == "steps"}
+    ordered, kept = rs.ordered_in_every_family(claims, baselines, family)
+    assert {n: len(v) for n, v in ordered.items()} == {9: 6, 17: 4, 35: 13}, ordered
+    assert kept == sorted(("stack", t, m + b) for t, m in ((128, "gdn"), (64, "mamba2"))
+                          for b in ("", " beyond"))
 
 
 def test_synthetic_recall_numbers_as_notebook_08_states_them():

@@ -89,7 +89,7 @@ def test_vote_accuracy_is_the_expected_largest_multiplicity_over_n():
 
 
 def test_vote_accuracy_with_unequal_probabilities_is_the_enumerated_expectation():
-    """Exercise 08.2's checker reads the vote level at unequal probabilities (teacher s13, 4):
+    """Exercise 08.1's checker reads the vote level at unequal probabilities (teacher s13, 4):
     equal to every sequence enumerated, and to the uniform case at equal ones."""
     import itertools
 

@@ -1,4 +1,4 @@
-"""Checkers of notebook 08: a random pair's value, the vote, pops beyond the reach, time scales."""
+"""Checkers of notebook 08: the vote level, pops beyond the reach, three time scales."""
 
 from __future__ import annotations
 
@@ -11,23 +11,7 @@ from kda_lib.lab import tasks
 from kda_lib.teaching import exercises as ex
 from kda_lib.teaching import recall_sweep as rs
 
-
-@ex.checker("08.1")
-def pair_guess(answer, rng, **_):
-    """``answer(n_pairs, probs) -> float``: MQAR accuracy of answering with a random pair's value,
-    values drawn with ``probs`` (a tuple): uniform, then two drawn unequal (1e-6 relative)."""
-    trials = [(n, (1 / m,) * m) for n, m in ((1, 7), (4, 16), (8, 32))] + [(int(rng.integers(
-        2, 41)), tuple(rng.dirichlet(np.full(int(rng.integers(2, 200)), a)))) for a in (0.3, 3.0)]
-    hint, miss = ex.first_miss(answer, trials, "pair_guess(n_pairs, probs)", lambda n, p: 1 / n + (
-        n - 1) / n * np.square(p).sum(), lambda got, want: ex.close(got, want, 1e-6), shape=())
-    (n, p), got, _ = miss or ((1, ()), 0, 0)
-    return hint or miss and f"wrong at n_pairs = {n}, {len(p)} values: " + (
-        "that is the uniform case's formula; here value i has probability probs[i]" if ex.close(
-            got, (1 + (n - 1) / len(p)) / n, 1e-6) else "right when the picked pair is the "
-        "queried one, or another pair drawn the same value")
-
-
-# 08.2's tolerance: float32 (numpy, jnp: <= 1.2e-5 at <= 24 pairs) passes, a 2e5-sequence simulation
+# 08.1's tolerance: float32 (numpy, jnp: <= 1.2e-5 at <= 24 pairs) passes, a 2e5-sequence simulation
 # (6e-4) does not; past 24 pairs 1/n! nears float32's floor, where XLA flushes to zero
 VOTE_RTOL = 5e-5
 
@@ -52,7 +36,7 @@ def _vote_problem(got: float, n: int, p: np.ndarray) -> str | None:
             "each draw value i with probability probs[i]")
 
 
-@ex.checker("08.2")
+@ex.checker("08.1")
 def vote_level(answer, rng, **_):
     """``answer(n_pairs, probs) -> float``: MQAR's vote level, exact (5e-5 relative), uniform at
     small cases and at a drawn size (12-24 pairs, 12-128 values), then at two drawn sizes of
@@ -115,7 +99,7 @@ def _reach_trials(rng):
     return out
 
 
-@ex.checker("08.3")
+@ex.checker("08.2")
 def beyond_reach(answer, rng, **_):
     """``answer(inputs, mask, reach) -> [B, T] bool``: the scored stack positions whose answer
     was pushed more than ``reach`` tokens back; a hand example and drawn stacks and masks."""
@@ -150,7 +134,7 @@ def head_filter(p, length: int) -> np.ndarray:
     return np.array([q @ np.linalg.matrix_power(a, tau) @ (beta * k) for tau in range(length)])
 
 
-@ex.checker("08.4")
+@ex.checker("08.3")
 def three_time_scales(answer, rng, *, half_lives, length: int):
     """``answer(half_lives) -> dict(decays, beta, k, q)``: a head filtering by the mean of three
     exponentials of those half-lives; the page's, and three drawn (1-3, 5-20, 30-120 tokens)."""
